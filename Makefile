@@ -1,0 +1,204 @@
+# deepepd — one GNU Makefile for the daemon, the client library, the ctl,
+# the CUDA kernels (where nvcc exists) and the tests.
+#
+#   make                 build everything into $(BUILD)/
+#   make check           build and run the test suite (GPU tests skip without a GPU)
+#   make check-gpu       only the GPU-tagged tests (on the GPU machine)
+#   make asan            the test suite under ASan + UBSan (in build-asan/)
+#   make fuzz            build the libFuzzer harnesses (clang) and run each briefly
+#   make deps            install missing Debian packages (apt-get; sudo when not root)
+#   make run             build and start deepepd in the foreground (host backend, ./run/)
+#   make install PREFIX=/usr/local DESTDIR=
+#
+# Knobs (?=): PREFIX SYSCONFDIR RUNSTATEDIR CUDA_HOME NVCC_GENCODE WERROR STATIC_DEPS
+
+PREFIX      ?= /usr/local
+BINDIR      ?= $(PREFIX)/bin
+SBINDIR     ?= $(PREFIX)/sbin
+LIBDIR      ?= $(PREFIX)/lib
+INCLUDEDIR  ?= $(PREFIX)/include
+MANDIR      ?= $(PREFIX)/share/man
+SYSCONFDIR  ?= /etc
+RUNSTATEDIR ?= /run
+UNITDIR     ?= $(PREFIX)/lib/systemd/system
+CUDA_HOME   ?= /usr/local/cuda
+NVCC        ?= $(CUDA_HOME)/bin/nvcc
+NVCC_GENCODE ?= -gencode arch=compute_80,code=sm_80 \
+                -gencode arch=compute_90,code=sm_90 \
+                -gencode arch=compute_100,code=sm_100 \
+                -gencode arch=compute_100,code=compute_100
+BUILD       ?= build
+WERROR      ?= $(if $(CI),1,0)
+# STATIC_DEPS=1 links libuv, libyaml, check and subunit statically so that the
+# binaries run on the GPU machine, which has none of them (DEVICE.md).
+STATIC_DEPS ?= 0
+
+CC      ?= cc
+CFLAGS  ?= -O2 -g
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+ifeq ($(WERROR),1)
+WARN    += -Werror
+endif
+CPPFLAGS += -std=c11 -D_GNU_SOURCE -Iclient -Iproto -Iconfig -Idaemon -Ikernels \
+            -DDEP_SYSCONFDIR='"$(SYSCONFDIR)"' -DDEP_RUNSTATEDIR='"$(RUNSTATEDIR)"'
+ALLCFLAGS = $(CPPFLAGS) $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -MMD -MP $(SANFLAGS)
+
+PKGS_DAEMON := libuv yaml-0.1
+PKGS_TEST   := check
+ifeq ($(STATIC_DEPS),1)
+ARCHLIB   := /usr/lib/$(shell $(CC) -print-multiarch)
+LIBS_UV   := $(ARCHLIB)/libuv_a.a -lpthread -ldl
+LIBS_YAML := $(ARCHLIB)/libyaml.a
+LIBS_CHECK := $(ARCHLIB)/libcheck_pic.a $(ARCHLIB)/libsubunit.a -lm -lrt -lpthread
+else
+LIBS_UV   := $(shell pkg-config --libs libuv 2>/dev/null || echo -luv)
+LIBS_YAML := $(shell pkg-config --libs yaml-0.1 2>/dev/null || echo -lyaml)
+LIBS_CHECK := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lm -lrt -lpthread)
+endif
+
+# ---- sources: the folder says which program a file belongs to -------------
+PROTO_SRC  := $(wildcard proto/*.c)
+CONFIG_SRC := $(wildcard config/*.c)
+KHOST_SRC  := $(wildcard kernels/*.c)
+KCUDA_SRC  := $(wildcard kernels/*.cu)
+DAEMON_SRC := $(wildcard daemon/*.c)
+CTL_SRC    := $(wildcard client/ctl*.c)
+LIB_SRC    := $(filter-out $(CTL_SRC),$(wildcard client/*.c))
+TEST_SRC   := $(wildcard tests/check_*.c) tests/runner.c
+TESTLIB_SRC := $(filter-out tests/runner.c tests/fuzz_%.c $(wildcard tests/check_*.c),$(wildcard tests/*.c))
+BENCH_SRC  := $(wildcard bench/*.c)
+FUZZ_SRC   := $(wildcard tests/fuzz_*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+PROTO_OBJ  := $(call obj,$(PROTO_SRC))
+CONFIG_OBJ := $(call obj,$(CONFIG_SRC))
+KHOST_OBJ  := $(call obj,$(KHOST_SRC))
+DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
+CTL_OBJ    := $(call obj,$(CTL_SRC))
+LIB_OBJ    := $(call obj,$(LIB_SRC))
+TEST_OBJ   := $(call obj,$(TEST_SRC))
+TESTLIB_OBJ := $(call obj,$(TESTLIB_SRC))
+DAEMON_MAIN := $(BUILD)/obj/daemon/main.o
+
+# ---- CUDA: a fatbin embedded in the library where nvcc exists ---------------
+HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
+ifneq ($(HAVE_NVCC),)
+ifneq ($(KCUDA_SRC),)
+FATBIN     := $(BUILD)/kernels/deepep_kernels.fatbin
+FATBIN_OBJ := $(BUILD)/obj/kernels/fatbin_blob.o
+LIB_OBJ    += $(FATBIN_OBJ)
+CPPFLAGS   += -DDEP_HAVE_FATBIN=1
+endif
+else
+$(info deepepd: nvcc not found at $(NVCC); building the host-only library (set CUDA_HOME to enable CUDA kernels))
+endif
+
+SONAME   := libdeepep-client.so.0
+LIB_SO   := $(BUILD)/$(SONAME).1.0
+LIB_A    := $(BUILD)/libdeepep-client.a
+DAEMON   := $(BUILD)/deepepd
+CTL      := $(BUILD)/deepepctl
+TESTS    := $(BUILD)/check_deepepd
+BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+
+.PHONY: all check check-gpu asan fuzz deps run install clean verify-unit
+all: $(DAEMON) $(CTL) $(LIB_SO) $(BUILD)/libdeepep-client.so $(LIB_A) $(BUILD)/deepep-client.pc $(BENCHES)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(ALLCFLAGS) -c $< -o $@
+
+ifneq ($(FATBIN),)
+$(FATBIN): $(KCUDA_SRC) $(wildcard kernels/*.cuh)
+	@mkdir -p $(@D)
+	$(NVCC) -fatbin -O3 -std=c++17 -Ikernels -Iclient $(NVCC_GENCODE) -o $@ $(KCUDA_SRC)
+# The fatbin is embedded with .incbin so the library needs no file at run time.
+$(FATBIN_OBJ): $(FATBIN)
+	@mkdir -p $(@D)
+	printf '.section .rodata\n.balign 64\n.global dep__fatbin\n.hidden dep__fatbin\ndep__fatbin:\n.incbin "%s"\n.global dep__fatbin_end\n.hidden dep__fatbin_end\ndep__fatbin_end:\n.section .note.GNU-stack,"",@progbits\n' $(abspath $<) | $(CC) -c -x assembler - -o $@
+endif
+
+$(LIB_SO): $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) client/libdeepep-client.map
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=client/libdeepep-client.map \
+	  -Wl,--no-undefined $(SANFLAGS) -o $@ $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) -ldl -lpthread -lm
+$(BUILD)/libdeepep-client.so: $(LIB_SO)
+	ln -sf $(notdir $(LIB_SO)) $(BUILD)/$(SONAME)
+	ln -sf $(notdir $(LIB_SO)) $@
+$(LIB_A): $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ)
+	rm -f $@
+	ar rcs $@ $^
+
+$(DAEMON): $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ)
+	$(CC) $(SANFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_YAML) -ldl -lpthread -lm
+
+$(CTL): $(CTL_OBJ) $(LIB_A)
+	$(CC) $(SANFLAGS) -o $@ $(CTL_OBJ) $(LIB_A) -ldl -lpthread -lm
+
+$(BUILD)/bench/%: bench/%.c $(LIB_A)
+	@mkdir -p $(@D)
+	$(CC) $(ALLCFLAGS) -o $@ $< $(LIB_A) -ldl -lpthread -lm
+
+$(BUILD)/deepep-client.pc: client/deepep-client.pc.in Makefile
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
+	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define DEP_VERSION_STRING "\(.*\)"/\1/p' client/deepep.h)|g' $< > $@
+
+# The test runner links the daemon's modules (minus main) so unit tests can
+# reach them; integration tests start $(DAEMON) as a real process.
+$(TESTS): $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) $(CONFIG_OBJ) $(LIB_A) | $(DAEMON) $(CTL) $(BENCHES)
+	$(CC) $(SANFLAGS) -o $@ $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) $(CONFIG_OBJ) \
+	  $(LIB_A) $(LIBS_CHECK) $(LIBS_UV) $(LIBS_YAML) -ldl -lpthread -lm
+
+# DEP_BUILD tells the tests where the binaries are.
+check: all $(TESTS)
+	DEP_BUILD=$(abspath $(BUILD)) $(TESTS)
+
+check-gpu: all $(TESTS)
+	DEP_BUILD=$(abspath $(BUILD)) DEP_TEST_TAGS=gpu $(TESTS)
+
+asan:
+	$(MAKE) BUILD=build-asan CFLAGS="-O1 -g -fno-omit-frame-pointer" \
+	  SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" check
+
+FUZZ_SECONDS ?= 30
+FUZZ_CFLAGS := $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined
+fuzz: $(patsubst tests/fuzz_%.c,$(BUILD)/fuzz/fuzz_%,$(FUZZ_SRC))
+	@for f in $^; do n=$$(basename $$f); mkdir -p $(BUILD)/fuzz/$$n.corpus; \
+	  echo "fuzz: $$n for $(FUZZ_SECONDS)s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=1 \
+	     $(BUILD)/fuzz/$$n.corpus tests/corpus/$${n#fuzz_} || exit 1; done
+$(BUILD)/fuzz/fuzz_%: tests/fuzz_%.c $(PROTO_SRC) $(CONFIG_SRC)
+	@mkdir -p $(@D)
+	clang $(FUZZ_CFLAGS) -o $@ $< $(PROTO_SRC) $(CONFIG_SRC) $(LIBS_YAML)
+
+deps:
+	./.ci/install-deps
+
+run: all
+	@mkdir -p run
+	@echo "deepepd: starting in the foreground on ./run/deepepd.sock (host backend)."
+	@echo "deepepd: in another shell: $(CTL) -s run/deepepd.sock status"
+	exec $(DAEMON) --backend host --socket run/deepepd.sock
+
+install: all
+	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
+	  $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSCONFDIR)/deepepd \
+	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8
+	install -m 0755 $(DAEMON) $(DESTDIR)$(SBINDIR)/deepepd
+	install -m 0755 $(CTL) $(DESTDIR)$(BINDIR)/deepepctl
+	install -m 0755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(LIB_SO)) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(notdir $(LIB_SO)) $(DESTDIR)$(LIBDIR)/libdeepep-client.so
+	install -m 0644 $(LIB_A) $(DESTDIR)$(LIBDIR)/
+	install -m 0644 client/deepep.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 0644 $(BUILD)/deepep-client.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
+	sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' systemd/deepepd.service.in \
+	  > $(DESTDIR)$(UNITDIR)/deepepd.service
+	test -e $(DESTDIR)$(SYSCONFDIR)/deepepd/deepepd.yaml || \
+	  install -m 0644 config/deepepd.yaml $(DESTDIR)$(SYSCONFDIR)/deepepd/deepepd.yaml
+	for m in man/*.[1-8]; do [ -e "$$m" ] || continue; s=$${m##*.}; \
+	  install -m 0644 $$m $(DESTDIR)$(MANDIR)/man$$s/; done
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,174 @@
+/*
+ * deepep.h — the public C API of libdeepep-client.
+ *
+ * A trainer process (one MoE rank) links this library to attach to the
+ * node's deepepd: it connects over a Unix socket, negotiates the protocol,
+ * registers its rank in a job, and receives the job's warm memory as file
+ * descriptors.  Every function returns 0 (DEP_OK) or a negative DEP_ERR_*
+ * code; the detailed message of the last failure on a handle is available
+ * from dep_errmsg().  The library never prints and never exits.
+ *
+ * Handles are independent: several ranks may live in one process, one
+ * dep_client_t each.  A handle must not be used from two threads at once.
+ */
+#ifndef DEEPEP_H
+#define DEEPEP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define DEP_EXPORT __attribute__((visibility("default")))
+#else
+#define DEP_EXPORT
+#endif
+
+/* Library version; the wire protocol has its own version (proto/proto.h). */
+#define DEP_VERSION_MAJOR 0
+#define DEP_VERSION_MINOR 1
+#define DEP_VERSION_PATCH 0
+#define DEP_VERSION_STRING "0.1.0"
+
+/* Where the daemon listens unless the caller or $DEEPEPD_SOCKET says otherwise. */
+#define DEP_DEFAULT_SOCKET "/run/deepepd/deepepd.sock"
+#define DEP_SOCKET_ENV "DEEPEPD_SOCKET"
+
+/*
+ * The one error table.  The wire carries the same numbers, so a code never
+ * changes meaning once released; new codes are appended.
+ *   XX(NAME, value, "short description")
+ */
+#define DEP_ERRNO_MAP(XX)                                                        \
+  XX(OK, 0, "success")                                                           \
+  XX(INVALID, -1, "invalid argument")                                            \
+  XX(NO_MEMORY, -2, "out of memory (host, pool or device)")                      \
+  XX(TIMEOUT, -3, "timed out")                                                   \
+  XX(DAEMON_GONE, -4, "connection to deepepd lost")                              \
+  XX(NO_DAEMON, -5, "deepepd is not running")                                    \
+  XX(VERSION, -6, "protocol version mismatch")                                   \
+  XX(PERMISSION, -7, "permission denied")                                        \
+  XX(PROTOCOL, -8, "malformed or unexpected message")                            \
+  XX(EXISTS, -9, "already exists")                                               \
+  XX(NOT_FOUND, -10, "not found")                                                \
+  XX(LIMIT, -11, "limit reached")                                                \
+  XX(MISMATCH, -12, "job parameters disagree between ranks")                     \
+  XX(CUDA, -13, "CUDA driver error")                                             \
+  XX(IO, -14, "I/O error")                                                       \
+  XX(CONFIG, -15, "configuration error")                                         \
+  XX(UNSUPPORTED, -16, "not supported by this build or backend")                 \
+  XX(STATE, -17, "operation not valid in the current state")                     \
+  XX(INTERNAL, -18, "internal error")
+
+typedef enum dep_err {
+#define DEP__ERR_ENUM(name, val, desc) DEP_ERR_##name = (val),
+  DEP_ERRNO_MAP(DEP__ERR_ENUM)
+#undef DEP__ERR_ENUM
+} dep_err_t;
+#define DEP_OK DEP_ERR_OK
+
+/* A fixed description of an error code ("unknown error" for others). */
+DEP_EXPORT const char *dep_strerror(int err);
+/* The symbolic name of an error code, e.g. "DEP_ERR_TIMEOUT". */
+DEP_EXPORT const char *dep_errname(int err);
+
+/* ---- connection --------------------------------------------------------- */
+
+typedef struct dep_client dep_client_t;
+
+/* Allocate an unconnected handle.  DEP_ERR_NO_MEMORY or DEP_ERR_INVALID. */
+DEP_EXPORT int dep_client_new(dep_client_t **out);
+/* Close the connection (detaching if attached) and free the handle. */
+DEP_EXPORT void dep_client_free(dep_client_t *c);
+/* The message of the last failure on this handle ("" if none). */
+DEP_EXPORT const char *dep_errmsg(const dep_client_t *c);
+
+/*
+ * Connect and say HELLO.  socket_path NULL means $DEEPEPD_SOCKET, else
+ * DEP_DEFAULT_SOCKET.  A missing daemon is DEP_ERR_NO_DAEMON with a message
+ * naming the path and how to start the daemon.
+ */
+DEP_EXPORT int dep_connect(dep_client_t *c, const char *socket_path);
+
+/* ---- status --------------------------------------------------------------- */
+
+#define DEP_UUID_STR_LEN 37 /* "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" + NUL */
+#define DEP_JOB_ID_MAX 64   /* including the NUL */
+
+struct dep_status_device {
+  char uuid[DEP_UUID_STR_LEN]; /* device UUID, text form */
+  char name[64];               /* e.g. "NVIDIA H200" or "host" */
+  char backend[8];             /* "cuda" or "host" */
+  uint64_t pool_total_bytes;   /* made (or to be made) for this device */
+  uint64_t pool_used_bytes;    /* lent to live jobs */
+  uint64_t pool_cached_bytes;  /* scrubbed slabs kept for the next job */
+};
+
+struct dep_status_job {
+  char job_id[DEP_JOB_ID_MAX];
+  uint32_t owner_uid;
+  uint32_t ranks_attached; /* local ranks attached now */
+  uint32_t ranks_expected; /* local world size */
+  uint32_t world_size;
+  uint64_t slab_bytes;     /* per rank */
+  uint64_t age_ms;
+};
+
+struct dep_status {
+  char version[32];        /* daemon version string */
+  uint32_t proto_version;
+  uint32_t pid;
+  uint64_t uptime_ms;
+  char backend[8];         /* "cuda" or "host" */
+  uint32_t num_clients;    /* connections open now */
+  uint32_t num_devices;
+  uint32_t num_jobs;
+  struct dep_status_device *devices;
+  struct dep_status_job *jobs;
+};
+
+/* Ask the daemon for its status.  Free the result with dep_status_free(). */
+DEP_EXPORT int dep_status(dep_client_t *c, struct dep_status **out);
+DEP_EXPORT void dep_status_free(struct dep_status *st);
+
+/* ---- attach ---------------------------------------------------------------- */
+
+#define DEP_MAX_WORLD 4096
+#define DEP_MAX_LOCAL_RANKS 64
+
+enum dep_dtype { DEP_DTYPE_BF16 = 1, DEP_DTYPE_FP8_E4M3 = 2 };
+
+/* The shape a job's memory is sized for (DESIGN §4). */
+struct dep_job_shape {
+  uint32_t max_tokens_per_rank; /* 1 .. 65536 */
+  uint32_t hidden;              /* multiple of 128, up to 16384 */
+  uint32_t num_experts;         /* divisible by world_size */
+  uint32_t topk;                /* 1 .. 16 */
+  uint32_t dtype;               /* enum dep_dtype */
+};
+
+struct dep_attach_args {
+  char job_id[DEP_JOB_ID_MAX];   /* shared by every rank of the job; [A-Za-z0-9._:-] */
+  uint32_t rank;                 /* global rank, < world_size */
+  uint32_t world_size;
+  uint32_t local_rank;           /* < local_world_size */
+  uint32_t local_world_size;     /* ranks of this job on this node */
+  uint8_t device_uuid[16];       /* the GPU this rank uses; all zero on the host backend */
+  struct dep_job_shape shape;
+};
+
+/*
+ * Register this rank in its job and wait until every local rank of the job
+ * has attached (or the daemon's attach timeout passes: DEP_ERR_TIMEOUT).
+ */
+DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args);
+/* Leave the job; the connection stays open for another attach. */
+DEP_EXPORT int dep_detach(dep_client_t *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DEEPEP_H */

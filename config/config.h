@@ -1,0 +1,104 @@
+/*
+ * config.h — deepepd's configuration (DESIGN §9): one typed struct, filled
+ * with the documented defaults and then from a YAML file through libyaml.
+ *
+ * The shipped config/deepepd.yaml documents every key; config_defaults()
+ * and that file must agree (a test checks it).  Errors name the place:
+ * "FILE:LINE:COLUMN: what is wrong".
+ */
+#ifndef DEP_CONFIG_H
+#define DEP_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define CONFIG_DEFAULT_PATH "/etc/deepepd/deepepd.yaml"
+#define CONFIG_MAX_LIST 64   /* users, groups, devices, peers */
+#define CONFIG_NAME_MAX 64
+#define CONFIG_PATH_MAX 108  /* sun_path; longer socket paths are rejected */
+
+enum config_backend { CONFIG_BACKEND_AUTO = 0, CONFIG_BACKEND_CUDA, CONFIG_BACKEND_HOST };
+enum config_log_level { CONFIG_LOG_ERR = 3, CONFIG_LOG_WARNING = 4, CONFIG_LOG_NOTICE = 5,
+                        CONFIG_LOG_INFO = 6, CONFIG_LOG_DEBUG = 7 };
+
+struct config_peer {
+  char host[256];
+  uint16_t port;
+};
+
+struct config {
+  /* socket: */
+  char socket_path[CONFIG_PATH_MAX];  /* socket.path, default /run/deepepd/deepepd.sock */
+  uint32_t socket_mode;               /* socket.mode, default 0660 (YAML int, e.g. 0660 or "0660") */
+  char socket_group[CONFIG_NAME_MAX]; /* socket.group, default "" (daemon's group) */
+
+  /* allow: who may connect besides root and the daemon's own uid */
+  size_t n_allow_users;
+  char allow_users[CONFIG_MAX_LIST][CONFIG_NAME_MAX]; /* names or numeric uids */
+  size_t n_allow_groups;
+  char allow_groups[CONFIG_MAX_LIST][CONFIG_NAME_MAX];
+  bool allow_any_user;                /* allow.any_user, default false */
+
+  /* memory */
+  enum config_backend backend;        /* backend: auto|cuda|host, default auto */
+  size_t n_devices;                   /* devices: [] = every GPU; else UUIDs ("GPU-..."/plain) */
+  char devices[CONFIG_MAX_LIST][48];
+  uint64_t pool_size_per_device;      /* pool.size_per_device, default 8 GiB */
+  uint64_t pool_chunk_size;           /* pool.chunk_size, default 64 MiB */
+  uint64_t host_pool_size;            /* pool.host_size, host backend pool, default 1 GiB */
+  bool preallocation;                 /* default true */
+  bool buffer_cache_enabled;          /* default true */
+
+  /* kernels */
+  bool kernel_warmup;                 /* default true */
+  char kernel_cache_dir[256];         /* default /var/cache/deepepd */
+  bool adaptive_optimization;         /* default false */
+  double warn_first_call_ratio;       /* default 1.5, >= 1.0 */
+
+  /* peers */
+  uint32_t connection_pool_size;      /* default 24, 1..1024 */
+  char listen_address[256];           /* listen.address, default "" (no peer listener) */
+  uint16_t listen_port;               /* listen.port, default 7470 */
+  size_t n_peers;
+  struct config_peer peers[CONFIG_MAX_LIST];
+  char peer_key_file[256];            /* default "" */
+
+  /* limits */
+  uint32_t max_clients;               /* limits.max_clients, default 1024 */
+  uint32_t max_jobs;                  /* limits.max_jobs, default 64 */
+  uint32_t attach_timeout_ms;         /* limits.attach_timeout_ms, default 30000 */
+  uint32_t op_timeout_ms;             /* limits.op_timeout_ms, default 10000 */
+  uint32_t client_queue_bytes;        /* limits.client_queue_bytes, default 4 MiB */
+
+  enum config_log_level log_level;    /* log_level: err|warning|notice|info|debug, default info */
+};
+
+/* Fill c with the documented defaults. */
+void config_defaults(struct config *c);
+
+/*
+ * Load a YAML file over the defaults already in c.  Returns 0, or
+ * DEP_ERR_CONFIG with err (errlen bytes) set to "FILE:LINE:COL: message"
+ * (or "FILE: strerror" when unreadable).  On error c is unchanged.
+ */
+int config_load_file(struct config *c, const char *path, char *err, size_t errlen);
+
+/* The same from a buffer; `name` stands for the file in messages. */
+int config_load_buffer(struct config *c, const char *name, const char *data, size_t len,
+                       char *err, size_t errlen);
+
+/*
+ * The keys whose change takes effect on SIGHUP without a restart, and the
+ * ones that need a restart: fills `restart_keys` with a comma-separated list
+ * of keys that differ between old and new and cannot change live.  Returns
+ * the number of such keys.
+ */
+size_t config_diff_restart(const struct config *old_c, const struct config *new_c,
+                           char *restart_keys, size_t len);
+
+const char *config_backend_name(enum config_backend b);
+const char *config_log_level_name(enum config_log_level l);
+
+#endif /* DEP_CONFIG_H */

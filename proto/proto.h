@@ -1,0 +1,162 @@
+/*
+ * proto.h — the deepepd control protocol (DESIGN §8), one definition shared
+ * by the daemon, libdeepep-client and deepepctl.
+ *
+ * A frame is a fixed 24-byte little-endian header followed by `body_len`
+ * bytes of body.  File descriptors ride as SCM_RIGHTS ancillary data on the
+ * frame that carries DEP_FRAME_F_FDS (see fdpass.h for who closes them).
+ *
+ *   offset size field
+ *        0    4 magic       DEP_PROTO_MAGIC ("DEP1" little-endian)
+ *        4    2 version     DEP_PROTO_VERSION
+ *        6    2 type        enum dep_msg_type
+ *        8    4 flags       DEP_FRAME_F_*
+ *       12    4 request_id  echoed in the reply
+ *       16    4 body_len    <= DEP_PROTO_MAX_BODY, checked before allocating
+ *       20    4 reserved    must be zero
+ *
+ * Checks happen in this order, each with its own error: magic, version,
+ * type, body length, then the body's fields.  Every request gets exactly one
+ * reply: the request's *_OK type with data, or DEP_MSG_ERROR {code, message}.
+ *
+ * Bodies are encoded field by field in little-endian order (never by
+ * copying a C struct), strings as u16 length + bytes (no NUL on the wire).
+ *
+ * Version history:
+ *   1  initial: HELLO, ERROR, STATUS, ATTACH, DETACH, SHUTDOWN notice.
+ * Bump the version only when an existing message's layout changes; add
+ * new message types otherwise.
+ */
+#ifndef DEP_PROTO_H
+#define DEP_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "deepep.h"
+
+#define DEP_PROTO_MAGIC 0x31504544u /* "DEP1" */
+#define DEP_PROTO_VERSION 1
+#define DEP_PROTO_HDR_LEN 24
+#define DEP_PROTO_MAX_BODY (256u * 1024u)
+/* Linux accepts at most 253 fds in one SCM_RIGHTS message. */
+#define DEP_PROTO_MAX_FDS 250
+
+#define DEP_FRAME_F_FDS 0x1u /* SCM_RIGHTS fds accompany this frame */
+#define DEP_FRAME_F_KNOWN (DEP_FRAME_F_FDS)
+
+enum dep_msg_type {
+  DEP_MSG_ERROR = 1,     /* reply: struct dep_msg_error */
+  DEP_MSG_HELLO = 2,     /* request: struct dep_msg_hello */
+  DEP_MSG_HELLO_OK = 3,  /* reply: struct dep_msg_hello_ok */
+  DEP_MSG_STATUS = 4,    /* request: empty body */
+  DEP_MSG_STATUS_OK = 5, /* reply: struct dep_status */
+  DEP_MSG_ATTACH = 6,    /* request: struct dep_attach_args */
+  DEP_MSG_ATTACH_OK = 7, /* reply: struct dep_msg_attach_ok */
+  DEP_MSG_DETACH = 8,    /* request: empty body */
+  DEP_MSG_DETACH_OK = 9, /* reply: empty body */
+  DEP_MSG_SHUTDOWN = 10, /* notice from the daemon, request_id 0: it is stopping */
+  DEP_MSG_TYPE_MAX_
+};
+
+struct dep_frame_hdr {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;
+  uint32_t flags;
+  uint32_t request_id;
+  uint32_t body_len;
+};
+
+#define DEP_MSG_TEXT_MAX 512 /* error messages, names */
+
+struct dep_msg_error {
+  int32_t code; /* a DEP_ERR_* value */
+  char message[DEP_MSG_TEXT_MAX];
+};
+
+struct dep_msg_hello {
+  uint32_t version;      /* the sender's protocol version */
+  uint32_t pid;          /* informational only: identity comes from SO_PEERCRED */
+  char name[64];         /* "libdeepep-client 0.1.0", "deepepctl 0.1.0" */
+};
+
+struct dep_msg_hello_ok {
+  uint32_t version;      /* the version this connection speaks */
+  char daemon_version[32];
+  char backend[8];
+};
+
+/* What a rank learns when its job's local rendezvous completes. */
+struct dep_msg_attach_ok {
+  uint64_t slab_bytes;        /* per local rank, as dep_slab_bytes() computes */
+  uint32_t local_world_size;
+  uint32_t num_fds;           /* fds riding on this frame (0 until pools exist) */
+  char backend[8];
+};
+
+/* ---- header ---- */
+
+/* Write a header into out[DEP_PROTO_HDR_LEN]. */
+void proto_hdr_encode(const struct dep_frame_hdr *h, uint8_t out[DEP_PROTO_HDR_LEN]);
+/*
+ * Parse and check a header: magic, version, type, flags, body length
+ * against max_body.  Returns 0 or DEP_ERR_PROTOCOL / DEP_ERR_VERSION; on
+ * error `why` (if not NULL, `whylen` bytes) says what was wrong.
+ */
+int proto_hdr_decode(const uint8_t in[DEP_PROTO_HDR_LEN], uint32_t max_body,
+                     struct dep_frame_hdr *h, char *why, size_t whylen);
+
+/* ---- bodies ----
+ * Encoders append to a growable buffer and return 0 or DEP_ERR_NO_MEMORY /
+ * DEP_ERR_INVALID (a value that cannot be represented).  Decoders read
+ * exactly `len` bytes: a short or long body, a bad string, or an
+ * out-of-range field is DEP_ERR_PROTOCOL.  Decoders never allocate except
+ * proto_decode_status (free with dep_status_free()).
+ */
+struct proto_buf {
+  uint8_t *data;
+  size_t len;
+  size_t cap;
+};
+
+void proto_buf_init(struct proto_buf *b);
+void proto_buf_free(struct proto_buf *b);
+void proto_buf_reset(struct proto_buf *b);
+
+/*
+ * Encode a whole frame (header + body) into b: the common path.  The body
+ * encoder is chosen by type; `msg` points to the matching struct (NULL for
+ * empty bodies).
+ */
+int proto_frame_encode(struct proto_buf *b, uint16_t type, uint32_t flags,
+                       uint32_t request_id, const void *msg);
+/* Decode a body of the given type into `msg` (the matching struct). */
+int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg);
+
+/* The per-type codecs proto_frame_encode / proto_body_decode dispatch to. */
+int proto_encode_error(struct proto_buf *b, const struct dep_msg_error *m);
+int proto_decode_error(const uint8_t *p, size_t len, struct dep_msg_error *m);
+int proto_encode_hello(struct proto_buf *b, const struct dep_msg_hello *m);
+int proto_decode_hello(const uint8_t *p, size_t len, struct dep_msg_hello *m);
+int proto_encode_hello_ok(struct proto_buf *b, const struct dep_msg_hello_ok *m);
+int proto_decode_hello_ok(const uint8_t *p, size_t len, struct dep_msg_hello_ok *m);
+int proto_encode_status(struct proto_buf *b, const struct dep_status *m);
+int proto_decode_status(const uint8_t *p, size_t len, struct dep_status *m);
+int proto_encode_attach(struct proto_buf *b, const struct dep_attach_args *m);
+int proto_decode_attach(const uint8_t *p, size_t len, struct dep_attach_args *m);
+int proto_encode_attach_ok(struct proto_buf *b, const struct dep_msg_attach_ok *m);
+int proto_decode_attach_ok(const uint8_t *p, size_t len, struct dep_msg_attach_ok *m);
+
+/* The name of a message type for logs ("ATTACH"), or "UNKNOWN". */
+const char *proto_type_name(uint16_t type);
+
+/*
+ * Field validation shared by both ends: a job id of 1..63 characters from
+ * [A-Za-z0-9._:-]; attach args within DEP_MAX_* and the shape limits of
+ * deepep.h.  Returns 0 or DEP_ERR_INVALID with a message naming the field.
+ */
+int proto_check_job_id(const char *id, char *why, size_t whylen);
+int proto_check_attach(const struct dep_attach_args *a, char *why, size_t whylen);
+
+#endif /* DEP_PROTO_H */

@@ -1,0 +1,12 @@
+/*
+ * suites.h — every Check suite the runner knows, one line each.
+ * A suite lives in tests/check_<name>.c as `Suite *<name>_suite(void)`.
+ */
+#ifndef DEP_TEST_SUITES_H
+#define DEP_TEST_SUITES_H
+#define DEP_TEST_SUITES(XX) \
+  XX(proto)                 \
+  XX(config)                \
+  XX(daemon)                \
+  XX(client)
+#endif

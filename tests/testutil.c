@@ -1,0 +1,197 @@
+/*
+ * testutil.c — shared test helpers: binary paths, temporary directories and a
+ * real daemon process on a temporary socket.
+ */
+#include "testutil.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *tu_bin(const char *name) {
+  static char path[4][512];
+  static int slot;
+  const char *b = getenv("DEP_BUILD");
+  char *out = path[slot++ % 4];
+  snprintf(out, sizeof path[0], "%s/%s", b != NULL && b[0] != '\0' ? b : "build", name);
+  return out;
+}
+
+void tu_tmpdir(char *out, size_t len) {
+  const char *t = getenv("TMPDIR");
+  snprintf(out, len, "%s/deptest.XXXXXX", t != NULL && t[0] != '\0' ? t : "/tmp");
+  if (mkdtemp(out) == NULL) {
+    perror("mkdtemp");
+    abort();
+  }
+  chmod(out, 0755);
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  return remove(p);
+}
+
+void tu_rmtree(const char *dir) {
+  if (dir != NULL && dir[0] != '\0')
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+int tu_write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (f == NULL)
+    return -1;
+  int rc = fputs(text, f) < 0 ? -1 : 0;
+  if (fclose(f) != 0)
+    rc = -1;
+  return rc;
+}
+
+int tu_connect_raw(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof sa.sun_path)
+    return -1;
+  strcpy(sa.sun_path, path);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -1;
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+char *tu_daemon_log(const struct tu_daemon *d) {
+  FILE *f = fopen(d->log, "r");
+  if (f == NULL)
+    return strdup("");
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&buf, &len);
+  char chunk[4096];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+    fwrite(chunk, 1, n, m);
+  fclose(f);
+  fclose(m);
+  return buf;
+}
+
+int tu_daemon_start_in(struct tu_daemon *d, const char *dir, const char *extra_yaml) {
+  if (dir != d->dir)
+    snprintf(d->dir, sizeof d->dir, "%s", dir);
+  snprintf(d->sock, sizeof d->sock, "%s/d.sock", d->dir);
+  snprintf(d->conf, sizeof d->conf, "%s/deepepd.yaml", d->dir);
+  snprintf(d->log, sizeof d->log, "%s/deepepd.log", d->dir);
+  /* make check-gpu runs the same suites with DEP_TEST_BACKEND=cuda. */
+  const char *backend = getenv("DEP_TEST_BACKEND");
+  char yaml[8192];
+  snprintf(yaml, sizeof yaml, "socket:\n  path: %s\n  mode: 0666\nbackend: %s\n%s", d->sock,
+           backend != NULL && backend[0] != '\0' ? backend : "host",
+           extra_yaml != NULL ? extra_yaml : "");
+  if (tu_write_file(d->conf, yaml) != 0)
+    return -1;
+  pid_t pid = fork();
+  if (pid < 0)
+    return -1;
+  if (pid == 0) {
+    int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 2);
+      dup2(fd, 1);
+      close(fd);
+    }
+    unsetenv("NOTIFY_SOCKET");
+    execl(tu_bin("deepepd"), "deepepd", "-c", d->conf, (char *)NULL);
+    perror("exec deepepd");
+    _exit(127);
+  }
+  d->pid = pid;
+  for (int i = 0; i < 1000; i++) {
+    int fd = tu_connect_raw(d->sock);
+    if (fd >= 0) {
+      close(fd);
+      return 0;
+    }
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      d->pid = 0;
+      break;
+    }
+    sleep_ms(10);
+  }
+  char *log = tu_daemon_log(d);
+  fprintf(stderr, "deepepd did not start; its log:\n%s\n", log);
+  free(log);
+  if (d->pid > 0) {
+    kill(d->pid, SIGKILL);
+    waitpid(d->pid, NULL, 0);
+    d->pid = 0;
+  }
+  return -1;
+}
+
+int tu_daemon_start(struct tu_daemon *d, const char *extra_yaml) {
+  memset(d, 0, sizeof *d);
+  tu_tmpdir(d->dir, sizeof d->dir);
+  return tu_daemon_start_in(d, d->dir, extra_yaml);
+}
+
+int tu_daemon_stop(struct tu_daemon *d) {
+  if (d->pid <= 0)
+    return -1;
+  kill(d->pid, SIGTERM);
+  int st = 0;
+  for (int i = 0; i < 1000; i++) {
+    pid_t r = waitpid(d->pid, &st, WNOHANG);
+    if (r == d->pid) {
+      d->pid = 0;
+      return st;
+    }
+    sleep_ms(10);
+  }
+  kill(d->pid, SIGKILL);
+  waitpid(d->pid, &st, 0);
+  d->pid = 0;
+  return -1;
+}
+
+void tu_daemon_cleanup(struct tu_daemon *d) {
+  if (d->pid > 0) {
+    kill(d->pid, SIGKILL);
+    waitpid(d->pid, NULL, 0);
+    d->pid = 0;
+  }
+  tu_rmtree(d->dir);
+}
+
+bool tu_have_gpu(void) {
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL)
+    return false;
+  int (*init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
+  int (*count)(int *) = (int (*)(int *))dlsym(h, "cuDeviceGetCount");
+  int n = 0;
+  bool ok = init != NULL && count != NULL && init(0) == 0 && count(&n) == 0 && n > 0;
+  dlclose(h);
+  return ok;
+}
