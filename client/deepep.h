@@ -148,6 +148,9 @@ struct dep_job_shape {
   uint32_t num_experts;         /* divisible by world_size */
   uint32_t topk;                /* 1 .. 16 */
   uint32_t dtype;               /* enum dep_dtype */
+  /* Low-latency mode's per-rank token bound (its receive buffers scale with
+   * it times topk); 0 means min(max_tokens_per_rank, 256). */
+  uint32_t max_ll_tokens_per_rank;
 };
 
 struct dep_attach_args {
@@ -167,6 +170,105 @@ struct dep_attach_args {
 DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args);
 /* Leave the job; the connection stays open for another attach. */
 DEP_EXPORT int dep_detach(dep_client_t *c);
+
+/*
+ * What an attached rank holds: its own slab and every local peer's, mapped
+ * into this process (device pointers on the cuda backend, host pointers on
+ * the host backend).  Valid until dep_detach / dep_client_free.
+ */
+struct dep_attach_info {
+  char backend[8];                     /* "cuda" or "host" */
+  uint64_t slab_bytes;                 /* mapped bytes of each slab */
+  uint32_t local_rank;
+  uint32_t local_world_size;
+  void *slabs[DEP_MAX_LOCAL_RANKS];    /* indexed by local rank; slabs[local_rank] is ours */
+  uint32_t ranks[DEP_MAX_LOCAL_RANKS]; /* global rank of each local rank */
+  double attach_ms;                    /* connect-side time spent in dep_attach */
+};
+
+/* Fill `out` for an attached handle; DEP_ERR_STATE when not attached. */
+DEP_EXPORT int dep_attach_info(const dep_client_t *c, struct dep_attach_info *out);
+
+
+/* ---- dispatch / combine (DESIGN §6) ----------------------------------------
+ * One call per operation, each taking the caller's CUDA stream (a CUstream /
+ * cudaStream_t; ignored on the host backend).  On the cuda backend every
+ * pointer argument is device memory; on the host backend host memory.
+ * Arguments are checked before anything runs: DEP_ERR_INVALID names the bad
+ * one.  A peer that never arrives is DEP_ERR_TIMEOUT after the daemon's
+ * op timeout, never a hang.  Experts are owned in contiguous blocks: expert
+ * e lives on rank e / (num_experts / world_size).
+ */
+typedef void *dep_stream_t;
+
+enum dep_index_type { DEP_INDEX_I64 = 1, DEP_INDEX_I32 = 2 };
+
+/* What dispatch leaves for the matching combine (opaque, reusable). */
+typedef struct dep_handle dep_handle_t;
+DEP_EXPORT int dep_handle_new(dep_client_t *c, dep_handle_t **out);
+DEP_EXPORT void dep_handle_free(dep_handle_t *h);
+
+/* layout: from topk_idx, tokens per rank, tokens per expert, token-in-rank mask. */
+struct dep_layout_args {
+  const void *topk_idx;        /* [num_tokens, topk] */
+  int index_type;              /* enum dep_index_type */
+  uint32_t num_tokens;
+  int32_t *tokens_per_rank;    /* out [world_size] */
+  int32_t *tokens_per_expert;  /* out [num_experts] */
+  uint8_t *token_in_rank;      /* out [num_tokens, world_size], 0/1 */
+};
+DEP_EXPORT int dep_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream_t stream);
+
+/* Throughput-mode dispatch. */
+struct dep_dispatch_args {
+  const void *x;               /* bf16 [num_tokens, hidden] */
+  const void *topk_idx;        /* [num_tokens, topk], -1 = none */
+  int index_type;
+  const float *topk_weights;   /* [num_tokens, topk] */
+  uint32_t num_tokens;
+  /* Outputs, capacity world_size * max_tokens_per_rank rows: */
+  void *recv_x;                /* bf16 [rows, hidden] */
+  int32_t *recv_topk_idx;      /* [rows, topk] local expert ids, -1 where not ours */
+  float *recv_topk_weights;    /* [rows, topk], 0 where not ours */
+  int32_t *recv_count_per_expert; /* [num_experts / world_size] */
+  uint32_t *num_recv;          /* host pointer: rows received (the call waits for it) */
+};
+DEP_EXPORT int dep_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, dep_handle_t *h,
+                            dep_stream_t stream);
+
+/* Throughput-mode combine: one bf16 vector per received row back to its origin, summed in float32. */
+struct dep_combine_args {
+  const void *x;               /* bf16 [num_recv, hidden] (the rows dispatch delivered) */
+  void *out;                   /* bf16 [num_tokens, hidden] of the dispatching call */
+};
+DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a,
+                           const dep_handle_t *h, dep_stream_t stream);
+
+/* Low-latency dispatch: fixed-shape per-local-expert output, no host sync. */
+struct dep_ll_dispatch_args {
+  const void *x;               /* bf16 [num_tokens, hidden] */
+  const void *topk_idx;
+  int index_type;
+  uint32_t num_tokens;         /* <= max_ll_tokens_per_rank */
+  int use_fp8;                 /* e4m3 with one float32 scale per 128 channels */
+  /* Outputs; rows = world_size * max_ll_tokens_per_rank per local expert: */
+  void *recv_x;                /* [local_experts, rows, hidden] bf16, or fp8 bytes */
+  float *recv_scales;          /* [local_experts, rows, hidden / 128] when use_fp8 */
+  int32_t *recv_count;         /* [local_experts] valid rows */
+};
+DEP_EXPORT int dep_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
+                               dep_handle_t *h, dep_stream_t stream);
+
+/* Low-latency combine: out[t] = sum_k topk_weights[t,k] * (expert output for k), in float32. */
+struct dep_ll_combine_args {
+  const void *x;               /* bf16 [local_experts, rows, hidden] expert outputs */
+  const void *topk_idx;        /* as given to the matching dispatch */
+  int index_type;
+  const float *topk_weights;   /* [num_tokens, topk] */
+  void *out;                   /* bf16 [num_tokens, hidden] */
+};
+DEP_EXPORT int dep_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
+                              const dep_handle_t *h, dep_stream_t stream);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,53 @@
+/*
+ * backend.h — where pool memory comes from (DESIGN §3).  A backend makes
+ * fixed-size chunks, each exportable on its own as a file descriptor, and
+ * scrubs them between jobs.  Two exist: `cuda` (VMM allocations on a GPU,
+ * exported as POSIX fds) and `host` (memfd shared memory).
+ */
+#ifndef DEP_BACKEND_H
+#define DEP_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "deepep.h"
+
+/* One device a backend serves: a GPU, or the single "host" device. */
+struct backend_dev {
+  uint8_t uuid[16];
+  char uuid_str[DEP_UUID_STR_LEN];
+  char name[64];
+  int ordinal;            /* CUDA device ordinal in the daemon; -1 for host */
+  void *ctx;              /* CUcontext (primary context) for cuda */
+  uint64_t granularity;   /* chunk sizes must be multiples of this */
+};
+
+/* One chunk of memory as the backend made it. */
+struct chunk_mem {
+  int fd;                 /* exported handle: what a client imports */
+  uint64_t bytes;
+  void *host_ptr;         /* host: the daemon's own mapping (for scrubbing) */
+  uint64_t dev_ptr;       /* cuda: the daemon's own mapping (for scrubbing) */
+  uint64_t handle;        /* cuda: CUmemGenericAllocationHandle */
+};
+
+struct backend_ops {
+  const char *name;       /* "cuda" or "host"; also the wire name */
+  /* Find the devices; fills at most max entries, returns how many or DEP_ERR_*. */
+  int (*probe)(struct backend_dev *devs, int max, char *why, size_t whylen);
+  int (*chunk_create)(struct backend_dev *d, uint64_t bytes, struct chunk_mem *out,
+                      char *why, size_t whylen);
+  void (*chunk_destroy)(struct backend_dev *d, struct chunk_mem *m);
+  /* Zero the chunk so no byte of one job reaches the next. */
+  int (*chunk_scrub)(struct backend_dev *d, struct chunk_mem *m, char *why, size_t whylen);
+  void (*release_dev)(struct backend_dev *d);
+};
+
+extern const struct backend_ops backend_host_ops;
+extern const struct backend_ops backend_cuda_ops;
+
+/* Whether a CUDA device is usable here (for backend: auto); why says why not. */
+bool backend_cuda_available(char *why, size_t whylen);
+
+#endif /* DEP_BACKEND_H */

@@ -1,0 +1,161 @@
+/*
+ * backend_cuda.c — the cuda backend: pool chunks are separate VMM
+ * allocations (cuMemCreate) on one GPU, each exported as a POSIX file
+ * descriptor, so each can be lent to one job alone and imported by any
+ * local process.  The daemon keeps its own mapping of every chunk to scrub
+ * it with cuMemsetD8.  The driver is reached through kernels/cudadrv.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "cudadrv.h"
+
+static const struct cudadrv *cu;
+
+bool backend_cuda_available(char *why, size_t whylen) {
+  return cudadrv_load(why, whylen) != NULL;
+}
+
+#define CU_TRY(call, what)                                                        \
+  do {                                                                            \
+    CUresult r_ = (call);                                                         \
+    if (r_ != CUDA_SUCCESS) {                                                     \
+      snprintf(why, whylen, "%s: %s", what, cudadrv_errstr(r_));                  \
+      rc = r_ == 2 /* CUDA_ERROR_OUT_OF_MEMORY */ ? DEP_ERR_NO_MEMORY : DEP_ERR_CUDA; \
+      goto fail;                                                                  \
+    }                                                                             \
+  } while (0)
+
+static void prop_for(const struct backend_dev *d, CUmemAllocationProp *p) {
+  memset(p, 0, sizeof *p);
+  p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p->location.id = d->ordinal;
+}
+
+static int cuda_probe(struct backend_dev *devs, int max, char *why, size_t whylen) {
+  int rc = 0, n = 0;
+  cu = cudadrv_load(why, whylen);
+  if (cu == NULL)
+    return DEP_ERR_UNSUPPORTED;
+  CU_TRY(cu->cuDeviceGetCount(&n), "cuDeviceGetCount");
+  int found = 0;
+  for (int i = 0; i < n && found < max; i++) {
+    struct backend_dev *d = &devs[found];
+    memset(d, 0, sizeof *d);
+    CUdevice dev;
+    CUuuid u;
+    int vmm = 0, fdok = 0;
+    CU_TRY(cu->cuDeviceGet(&dev, i), "cuDeviceGet");
+    CU_TRY(cu->cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                    dev), "cuDeviceGetAttribute(VMM)");
+    CU_TRY(cu->cuDeviceGetAttribute(&fdok,
+                                    CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                    dev), "cuDeviceGetAttribute(POSIX fd)");
+    if (!vmm || !fdok)
+      continue; /* cannot lend memory from this GPU; the caller logs the count */
+    CU_TRY(cu->cuDeviceGetUuid(&u, dev), "cuDeviceGetUuid");
+    memcpy(d->uuid, u.bytes, 16);
+    cudadrv_uuid_str(d->uuid, d->uuid_str);
+    CU_TRY(cu->cuDeviceGetName(d->name, (int)sizeof d->name, dev), "cuDeviceGetName");
+    d->ordinal = dev;
+    CUcontext ctx;
+    CU_TRY(cu->cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    d->ctx = ctx;
+    CUmemAllocationProp p;
+    prop_for(d, &p);
+    size_t gran = 0;
+    CU_TRY(cu->cuMemGetAllocationGranularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+           "cuMemGetAllocationGranularity");
+    d->granularity = gran;
+    found++;
+  }
+  return found;
+fail:
+  return rc;
+}
+
+static int cuda_chunk_create(struct backend_dev *d, uint64_t bytes, struct chunk_mem *out,
+                             char *why, size_t whylen) {
+  int rc = 0;
+  CUmemGenericAllocationHandle h = 0;
+  CUdeviceptr va = 0;
+  bool mapped = false;
+  int fd = -1;
+  memset(out, 0, sizeof *out);
+  out->fd = -1;
+  CU_TRY(cu->cuCtxSetCurrent((CUcontext)d->ctx), "cuCtxSetCurrent");
+  CUmemAllocationProp p;
+  prop_for(d, &p);
+  CU_TRY(cu->cuMemCreate(&h, bytes, &p, 0), "cuMemCreate");
+  CU_TRY(cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+         "cuMemExportToShareableHandle");
+  CU_TRY(cu->cuMemAddressReserve(&va, bytes, 0, 0, 0), "cuMemAddressReserve");
+  CU_TRY(cu->cuMemMap(va, bytes, 0, h, 0), "cuMemMap");
+  mapped = true;
+  CUmemAccessDesc acc = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, d->ordinal},
+                         .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CU_TRY(cu->cuMemSetAccess(va, bytes, &acc, 1), "cuMemSetAccess");
+  /* Fresh VMM memory is not guaranteed zero: scrub it once now. */
+  CU_TRY(cu->cuMemsetD8(va, 0, bytes), "cuMemsetD8");
+  CU_TRY(cu->cuCtxSynchronize(), "cuCtxSynchronize");
+  out->fd = fd;
+  out->bytes = bytes;
+  out->dev_ptr = va;
+  out->handle = h;
+  return 0;
+fail:
+  if (mapped)
+    cu->cuMemUnmap(va, bytes);
+  if (va != 0)
+    cu->cuMemAddressFree(va, bytes);
+  if (fd >= 0)
+    close(fd);
+  if (h != 0)
+    cu->cuMemRelease(h);
+  return rc;
+}
+
+static void cuda_chunk_destroy(struct backend_dev *d, struct chunk_mem *m) {
+  cu->cuCtxSetCurrent((CUcontext)d->ctx);
+  if (m->dev_ptr != 0) {
+    cu->cuMemUnmap(m->dev_ptr, m->bytes);
+    cu->cuMemAddressFree(m->dev_ptr, m->bytes);
+  }
+  /* Releasing the daemon's handle frees the memory once every process that
+   * imported it has released its own: a rank still mapping it keeps it. */
+  if (m->handle != 0)
+    cu->cuMemRelease(m->handle);
+  if (m->fd >= 0)
+    close(m->fd);
+  memset(m, 0, sizeof *m);
+  m->fd = -1;
+}
+
+static int cuda_chunk_scrub(struct backend_dev *d, struct chunk_mem *m, char *why, size_t whylen) {
+  int rc = 0;
+  CU_TRY(cu->cuCtxSetCurrent((CUcontext)d->ctx), "cuCtxSetCurrent");
+  CU_TRY(cu->cuMemsetD8(m->dev_ptr, 0, m->bytes), "cuMemsetD8 (scrub)");
+  CU_TRY(cu->cuCtxSynchronize(), "cuCtxSynchronize (scrub)");
+  return 0;
+fail:
+  return rc;
+}
+
+static void cuda_release_dev(struct backend_dev *d) {
+  if (cu != NULL && d->ctx != NULL)
+    cu->cuDevicePrimaryCtxRelease(d->ordinal);
+  d->ctx = NULL;
+}
+
+const struct backend_ops backend_cuda_ops = {
+    .name = "cuda",
+    .probe = cuda_probe,
+    .chunk_create = cuda_chunk_create,
+    .chunk_destroy = cuda_chunk_destroy,
+    .chunk_scrub = cuda_chunk_scrub,
+    .release_dev = cuda_release_dev,
+};

@@ -1,0 +1,127 @@
+/*
+ * cudadrv.h — the narrow seam to the CUDA driver API, reached with
+ * dlopen("libcuda.so.1") so that the daemon and libdeepep-client load and
+ * run on machines with no GPU (host backend).  The few driver types used
+ * are declared here with the driver's ABI layout, so the build needs no
+ * CUDA toolkit either.
+ *
+ * Usage: cudadrv_load() once (cheap after the first time, thread-safe);
+ * then call through the table it returns.  CU_CHECK-style logging is the
+ * caller's: cudadrv_errstr() turns a CUresult into the driver's text.
+ */
+#ifndef DEP_CUDADRV_H
+#define DEP_CUDADRV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+#define CUDA_SUCCESS 0
+#define CU_MEM_ALLOCATION_TYPE_PINNED 1
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 3
+#define CU_MEM_ALLOC_GRANULARITY_MINIMUM 0
+#define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_MODE 20
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+#define CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
+#define CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
+
+typedef struct {
+  int type;
+  int id;
+} CUmemLocation;
+
+typedef struct {
+  int type;                 /* CU_MEM_ALLOCATION_TYPE_PINNED */
+  int requestedHandleTypes; /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+  CUmemLocation location;
+  void *win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+} CUmemAllocationProp;
+
+typedef struct {
+  CUmemLocation location;
+  int flags;
+} CUmemAccessDesc;
+
+typedef struct {
+  char bytes[16];
+} CUuuid;
+
+struct cudadrv {
+  CUresult (*cuInit)(unsigned int);
+  CUresult (*cuGetErrorString)(CUresult, const char **);
+  CUresult (*cuDriverGetVersion)(int *);
+  CUresult (*cuDeviceGetCount)(int *);
+  CUresult (*cuDeviceGet)(CUdevice *, int);
+  CUresult (*cuDeviceGetName)(char *, int, CUdevice);
+  CUresult (*cuDeviceGetUuid)(CUuuid *, CUdevice);
+  CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
+  CUresult (*cuDeviceTotalMem)(size_t *, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+  CUresult (*cuCtxGetCurrent)(CUcontext *);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuCtxGetDevice)(CUdevice *);
+  CUresult (*cuCtxSynchronize)(void);
+  CUresult (*cuMemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, int);
+  CUresult (*cuMemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                          unsigned long long);
+  CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+  CUresult (*cuMemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int,
+                                           unsigned long long);
+  CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
+  CUresult (*cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
+                                  unsigned long long);
+  CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
+  CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                       unsigned long long);
+  CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+  CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+  CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
+  CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+  CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
+  CUresult (*cuModuleLoadData)(CUmodule *, const void *);
+  CUresult (*cuModuleUnload)(CUmodule);
+  CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void **, void **);
+  CUresult (*cuStreamSynchronize)(CUstream);
+};
+
+/*
+ * Load libcuda.so.1 and resolve the table (once per process).  Returns the
+ * table, or NULL with `why` set ("libcuda.so.1: cannot open shared object
+ * file" / "cuInit failed: no CUDA-capable device").  Calls cuInit(0): never
+ * call it before fork() in a process whose child will use CUDA.
+ */
+const struct cudadrv *cudadrv_load(char *why, size_t whylen);
+
+/* The driver's name for a result ("CUDA_ERROR_OUT_OF_MEMORY: out of memory"). */
+const char *cudadrv_errstr(CUresult r);
+
+/* Format a device UUID as text "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (37 bytes with NUL). */
+void cudadrv_uuid_str(const uint8_t uuid[16], char out[37]);
+/* Parse "GPU-xxxxxxxx-..." or "xxxxxxxx-..." (32 hex digits, dashes optional); 0 or -1. */
+int cudadrv_uuid_parse(const char *s, uint8_t out[16]);
+
+/* Find the device ordinal with this UUID in the calling process; 0 or -1. */
+int cudadrv_device_by_uuid(const struct cudadrv *cu, const uint8_t uuid[16], CUdevice *out);
+
+#endif /* DEP_CUDADRV_H */

@@ -1,0 +1,75 @@
+/*
+ * slab.h — the size and layout of one rank's slab, computed by one function
+ * that the daemon (to lend the memory) and the library (to check what it
+ * received and to address it) share.  Changing the layout changes what both
+ * ends compute, so it is part of the protocol: bump DEP_PROTO_VERSION with it.
+ *
+ * A slab is the receive side of one rank.  Peers push into it (DESIGN §6):
+ *
+ *   ctrl    4 KiB-aligned: an error word block, then for each call parity
+ *           (2) and each source rank (world_size) one 64-byte slot holding
+ *           the source's sequence flag and row count for that call.
+ *   data    for each parity, for each source rank, one block of
+ *           block_bytes: what that source pushed in a call of that parity.
+ *
+ * A block holds either max_tokens_per_rank rows of row_bytes (a bf16 token
+ * with its remapped top-k ids, weights and source index, or an FP8 token
+ * with its scales: dispatch; a bf16 vector: throughput combine), or the
+ * low-latency combine's vectors, one bf16 vector per (token, expert on the
+ * sending rank): max_ll_tokens * min(topk, local experts) of them.
+ */
+#ifndef DEP_SLAB_H
+#define DEP_SLAB_H
+
+#include <stdint.h>
+
+#include "deepep.h"
+
+#define DEP_SLAB_CTRL_SLOT 64u  /* bytes per (parity, source) control slot */
+#define DEP_SLAB_ERR_BYTES 64u  /* error words at the start of ctrl */
+#define DEP_SLAB_ALIGN 4096u
+
+struct dep_slab_layout {
+  uint32_t world_size;
+  uint32_t max_tokens;
+  uint64_t ctrl_off;    /* always 0 */
+  uint64_t ctrl_bytes;
+  uint32_t max_ll_tokens; /* the low-latency bound in effect */
+  uint64_t row_bytes;
+  uint64_t block_bytes;  /* one source's block in one parity */
+  uint64_t data_off;
+  uint64_t parity_bytes; /* world_size * block_bytes */
+  uint64_t total_bytes;  /* data_off + 2 * parity_bytes, before rounding to chunks */
+};
+
+/*
+ * Compute the layout for a job shape.  Returns 0, or DEP_ERR_INVALID when
+ * the shape is out of range or the size would overflow (message in why).
+ */
+int dep_slab_layout(const struct dep_job_shape *shape, uint32_t world_size,
+                    struct dep_slab_layout *out, char *why, size_t whylen);
+
+/* Offset of the control slot of (parity, source rank). */
+static inline uint64_t dep_slab_ctrl_slot(const struct dep_slab_layout *l, unsigned parity,
+                                          uint32_t src) {
+  return DEP_SLAB_ERR_BYTES + ((uint64_t)parity * l->world_size + src) * DEP_SLAB_CTRL_SLOT;
+}
+
+/* Offset of the block pushed by source `src` in a call of `parity`. */
+static inline uint64_t dep_slab_block(const struct dep_slab_layout *l, unsigned parity,
+                                      uint32_t src) {
+  return l->data_off + (uint64_t)parity * l->parity_bytes + (uint64_t)src * l->block_bytes;
+}
+
+/* Offset of row `row` pushed by source `src` in a call of `parity`. */
+static inline uint64_t dep_slab_row(const struct dep_slab_layout *l, unsigned parity,
+                                    uint32_t src, uint32_t row) {
+  return dep_slab_block(l, parity, src) + (uint64_t)row * l->row_bytes;
+}
+
+/* Round a size up to a whole number of chunks. */
+static inline uint64_t dep_round_up(uint64_t n, uint64_t unit) {
+  return (n + unit - 1) / unit * unit;
+}
+
+#endif /* DEP_SLAB_H */
