@@ -1,0 +1,588 @@
+/*
+ * client.c — libdeepep-client's connection to deepepd: connect and HELLO,
+ * one request and exactly one reply at a time over a blocking Unix socket,
+ * and the control requests built on that (status, attach, detach).
+ *
+ * Every failure leaves a message on the handle (dep_errmsg) that says what
+ * failed and what to do.  A failure that leaves the byte stream in an
+ * unknown state (the daemon gone, a malformed frame, a reply that never
+ * came) closes the connection; the handle itself stays valid, so the
+ * caller can dep_connect again or dep_client_free it.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "deepep.h"
+#include "fdpass.h"
+#include "proto.h"
+
+#ifndef DEP_SYSCONFDIR
+#define DEP_SYSCONFDIR "/etc"
+#endif
+
+#define CLIENT_DEFAULT_NAME "libdeepep-client " DEP_VERSION_STRING
+#define CLIENT_GONE_MSG                                                                  \
+  "deepepd closed the connection (daemon stopped or restarted); reconnect with dep_connect"
+
+/* ---- small helpers -------------------------------------------------------- */
+
+static int64_t client_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int client_seterr(dep_client_t *c, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+void client_disconnect(dep_client_t *c) {
+  if (c->fd >= 0)
+    close(c->fd);
+  c->fd = -1;
+  c->attached = false;
+  c->job_id[0] = '\0';
+  memset(&c->hello, 0, sizeof c->hello);
+  memset(&c->attach_ok, 0, sizeof c->attach_ok);
+}
+
+/* A failure after which the stream cannot be trusted: record it, close. */
+static int client_fail(dep_client_t *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int client_fail(dep_client_t *c, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
+  va_end(ap);
+  client_disconnect(c);
+  return code;
+}
+
+static int client_gone(dep_client_t *c) {
+  return client_fail(c, DEP_ERR_DAEMON_GONE, "%s", CLIENT_GONE_MSG);
+}
+
+void client_frame_init(struct client_frame *f) {
+  memset(&f->hdr, 0, sizeof f->hdr);
+  f->body = NULL;
+  f->nfds = 0;
+  for (int i = 0; i < DEP_PROTO_MAX_FDS; i++)
+    f->fds[i] = -1;
+}
+
+void client_frame_release(struct client_frame *f) {
+  free(f->body);
+  f->body = NULL;
+  fdpass_close_all(f->fds, f->nfds);
+  f->nfds = 0;
+}
+
+void client_set_name(dep_client_t *c, const char *name) {
+  if (c != NULL && name != NULL)
+    snprintf(c->name, sizeof c->name, "%s", name);
+}
+
+/* ---- framing -------------------------------------------------------------- */
+
+/* What the request in flight is, for messages. */
+struct client_wait {
+  const char *what;  /* request type name */
+  int timeout_ms;    /* < 0: no limit */
+  int64_t deadline;  /* monotonic ms, or -1 */
+};
+
+static int client_wait_readable(dep_client_t *c, const struct client_wait *w) {
+  for (;;) {
+    int wait = -1;
+    if (w->deadline >= 0) {
+      int64_t left = w->deadline - client_now_ms();
+      if (left <= 0)
+        return client_fail(c, DEP_ERR_TIMEOUT,
+                           "no reply from deepepd to %s within %d ms; the connection was "
+                           "closed, reconnect with dep_connect",
+                           w->what, w->timeout_ms);
+      wait = left > INT_MAX ? INT_MAX : (int)left;
+    }
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    int n = poll(&p, 1, wait);
+    if (n > 0)
+      return 0; /* readable, hung up or in error: the read says which */
+    if (n < 0 && errno != EINTR)
+      return client_fail(c, DEP_ERR_IO, "waiting for deepepd's reply to %s: %s", w->what,
+                         strerror(errno));
+  }
+}
+
+/* Read exactly len bytes of one frame, collecting any fds into f. */
+static int client_read_exact(dep_client_t *c, void *buf, size_t len, struct client_frame *f,
+                             const struct client_wait *w) {
+  size_t got = 0;
+  while (got < len) {
+    int rc = client_wait_readable(c, w);
+    if (rc != 0)
+      return rc;
+    ssize_t n = fdpass_recv(c->fd, (uint8_t *)buf + got, len - got, f->fds, DEP_PROTO_MAX_FDS,
+                            &f->nfds);
+    if (n == 0 || n == DEP_ERR_DAEMON_GONE)
+      return client_gone(c);
+    if (n == DEP_ERR_PROTOCOL)
+      return client_fail(c, DEP_ERR_PROTOCOL,
+                         "deepepd sent malformed or too many file descriptors with its "
+                         "reply to %s",
+                         w->what);
+    if (n < 0)
+      return client_fail(c, (int)n, "reading deepepd's reply to %s: %s", w->what,
+                         strerror(errno));
+    got += (size_t)n;
+  }
+  return 0;
+}
+
+/*
+ * Read one whole frame.  The header is checked (magic, version, type,
+ * flags, length) before the body is allocated.  On failure the frame holds
+ * nothing and the connection is closed.
+ */
+static int client_read_frame(dep_client_t *c, struct client_frame *f,
+                             const struct client_wait *w) {
+  uint8_t hdr[DEP_PROTO_HDR_LEN];
+  client_frame_init(f);
+  int rc = client_read_exact(c, hdr, sizeof hdr, f, w);
+  if (rc == 0) {
+    char why[256] = "";
+    rc = proto_hdr_decode(hdr, DEP_PROTO_MAX_BODY, &f->hdr, why, sizeof why);
+    if (rc != 0)
+      rc = client_fail(c, rc, "bad frame from deepepd in reply to %s: %s", w->what, why);
+  }
+  if (rc == 0 && f->hdr.body_len > 0) {
+    f->body = malloc(f->hdr.body_len);
+    if (f->body == NULL)
+      rc = client_fail(c, DEP_ERR_NO_MEMORY, "out of memory for a %u-byte reply to %s",
+                       f->hdr.body_len, w->what);
+    else
+      rc = client_read_exact(c, f->body, f->hdr.body_len, f, w);
+  }
+  if (rc == 0 && f->nfds > 0 && (f->hdr.flags & DEP_FRAME_F_FDS) == 0)
+    rc = client_fail(c, DEP_ERR_PROTOCOL,
+                     "deepepd sent %d file descriptors on a %s frame not flagged to carry any",
+                     f->nfds, proto_type_name(f->hdr.type));
+  if (rc != 0)
+    client_frame_release(f);
+  return rc;
+}
+
+/* Decode an ERROR frame (and release it) into the handle's message. */
+static int client_error_reply(dep_client_t *c, struct client_frame *f, const char *what) {
+  struct dep_msg_error e;
+  int rc = proto_decode_error(f->body, f->hdr.body_len, &e);
+  client_frame_release(f);
+  if (rc != 0)
+    return client_fail(c, DEP_ERR_PROTOCOL, "deepepd sent a malformed ERROR in reply to %s",
+                       what);
+  /* Codes added by a newer daemon pass through unchanged: the numbers never
+   * change meaning, and the message still explains them. */
+  return client_seterr(c, e.code, "%s", e.message[0] != '\0' ? e.message : dep_strerror(e.code));
+}
+
+/*
+ * A frame the daemon sent unasked (request id 0): the SHUTDOWN notice, or
+ * an ERROR saying why it is closing this connection (a user it does not
+ * allow, limits.max_clients reached).  Either way the connection is over;
+ * the ERROR's code and message are worth more than "connection closed".
+ */
+static int client_notice(dep_client_t *c, struct client_frame *f) {
+  uint16_t type = f->hdr.type;
+  if (type == DEP_MSG_ERROR && f->hdr.request_id == 0) {
+    int rc = client_error_reply(c, f, "this connection");
+    if (c->fd >= 0)
+      client_disconnect(c);
+    return rc;
+  }
+  client_frame_release(f);
+  if (type == DEP_MSG_SHUTDOWN)
+    return client_gone(c);
+  return client_fail(c, DEP_ERR_PROTOCOL, "deepepd sent an unsolicited %s frame",
+                     proto_type_name(type));
+}
+
+static bool client_is_notice(const struct dep_frame_hdr *h) {
+  return h->type == DEP_MSG_SHUTDOWN || (h->type == DEP_MSG_ERROR && h->request_id == 0);
+}
+
+/*
+ * Take a notice already waiting on the socket.  Looking before each request
+ * turns "daemon restarted while we were idle" into DAEMON_GONE up front,
+ * and after a failed write it recovers the daemon's reason for closing.
+ */
+static int client_check_notice(dep_client_t *c) {
+  struct pollfd p = {.fd = c->fd, .events = POLLIN};
+  int n;
+  do {
+    n = poll(&p, 1, 0);
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0)
+    return 0;
+  struct client_wait w = {.what = "a notice", .timeout_ms = 1000,
+                          .deadline = client_now_ms() + 1000};
+  struct client_frame f;
+  int rc = client_read_frame(c, &f, &w);
+  if (rc != 0)
+    return rc;
+  return client_notice(c, &f);
+}
+
+static int client_send_all(dep_client_t *c, const uint8_t *p, size_t len, const char *what) {
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = fdpass_send(c->fd, p + done, len - done, NULL, 0);
+    if (n == DEP_ERR_DAEMON_GONE) {
+      int rc = client_check_notice(c);
+      return rc != 0 ? rc : client_gone(c);
+    }
+    if (n < 0)
+      return client_fail(c, (int)n, "sending %s to deepepd: %s", what, strerror(errno));
+    done += (size_t)n;
+  }
+  return 0;
+}
+
+int client_request(dep_client_t *c, uint16_t type, const void *msg, uint16_t ok_type,
+                   int timeout_ms, struct client_frame *reply) {
+  const char *what = proto_type_name(type);
+  client_frame_init(reply);
+  if (c->fd < 0)
+    return client_seterr(c, DEP_ERR_STATE, "not connected to deepepd; call dep_connect first");
+  int rc = client_check_notice(c);
+  if (rc != 0)
+    return rc;
+
+  uint32_t id = c->next_request++;
+  if (c->next_request == 0)
+    c->next_request = 1;
+  proto_buf_reset(&c->tx);
+  rc = proto_frame_encode(&c->tx, type, 0, id, msg);
+  if (rc != 0)
+    return client_seterr(c, rc, "cannot encode the %s request: %s", what, dep_strerror(rc));
+  rc = client_send_all(c, c->tx.data, c->tx.len, what);
+  if (rc != 0)
+    return rc;
+
+  struct client_wait w = {.what = what, .timeout_ms = timeout_ms,
+                          .deadline = timeout_ms < 0 ? -1 : client_now_ms() + timeout_ms};
+  rc = client_read_frame(c, reply, &w);
+  if (rc != 0)
+    return rc;
+  const struct dep_frame_hdr *h = &reply->hdr;
+  if (client_is_notice(h))
+    return client_notice(c, reply);
+  if (h->request_id != id) {
+    uint32_t got = h->request_id;
+    client_frame_release(reply);
+    return client_fail(c, DEP_ERR_PROTOCOL,
+                       "deepepd's reply to %s carries request id %u, expected %u", what, got, id);
+  }
+  if (h->type == DEP_MSG_ERROR)
+    return client_error_reply(c, reply, what);
+  if (h->type != ok_type) {
+    uint16_t got = h->type;
+    client_frame_release(reply);
+    return client_fail(c, DEP_ERR_PROTOCOL, "deepepd answered %s with %s, expected %s", what,
+                       proto_type_name(got), proto_type_name(ok_type));
+  }
+  return 0;
+}
+
+/* ---- handle ----------------------------------------------------------------- */
+
+DEP_EXPORT int dep_client_new(dep_client_t **out) {
+  if (out == NULL)
+    return DEP_ERR_INVALID;
+  *out = NULL;
+  dep_client_t *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return DEP_ERR_NO_MEMORY;
+  c->fd = -1;
+  c->next_request = 1;
+  snprintf(c->name, sizeof c->name, "%s", CLIENT_DEFAULT_NAME);
+  proto_buf_init(&c->tx);
+  *out = c;
+  return DEP_OK;
+}
+
+DEP_EXPORT void dep_client_free(dep_client_t *c) {
+  if (c == NULL)
+    return;
+  /* An orderly DETACH lets the daemon log a clean leave; closing the socket
+   * alone would also release the rank, so a failure here changes nothing. */
+  if (c->fd >= 0 && c->attached) {
+    struct client_frame f;
+    if (client_request(c, DEP_MSG_DETACH, NULL, DEP_MSG_DETACH_OK, CLIENT_FREE_DETACH_TIMEOUT_MS,
+                       &f) == 0)
+      client_frame_release(&f);
+  }
+  client_disconnect(c);
+  proto_buf_free(&c->tx);
+  free(c);
+}
+
+DEP_EXPORT const char *dep_errmsg(const dep_client_t *c) {
+  if (c == NULL)
+    return "no handle (NULL dep_client_t)";
+  return c->errmsg;
+}
+
+/* ---- connect ------------------------------------------------------------------ */
+
+static int client_connect_error(dep_client_t *c, int err, const char *path, const char *from) {
+  switch (err) {
+  case ENOENT:
+  case ENOTDIR:
+    return client_seterr(c, DEP_ERR_NO_DAEMON,
+                         "deepepd not running: no socket at %s%s; start it with `systemctl "
+                         "start deepepd` or `deepepd -s %s`",
+                         path, from, path);
+  case ECONNREFUSED:
+    return client_seterr(c, DEP_ERR_NO_DAEMON,
+                         "deepepd not running: stale socket at %s%s (no daemon listening); "
+                         "start it with `systemctl start deepepd` or `deepepd -s %s`",
+                         path, from, path);
+  case EACCES:
+  case EPERM:
+    return client_seterr(c, DEP_ERR_PERMISSION,
+                         "permission denied connecting to deepepd at %s%s; ask an "
+                         "administrator to add your user to the socket's group (socket.group "
+                         "in " DEP_SYSCONFDIR "/deepepd/deepepd.yaml)",
+                         path, from);
+  case EAGAIN:
+    return client_seterr(c, DEP_ERR_LIMIT,
+                         "deepepd at %s%s is not accepting connections (listen queue full); "
+                         "retry later",
+                         path, from);
+  default:
+    return client_seterr(c, DEP_ERR_IO, "cannot connect to deepepd at %s%s: %s", path, from,
+                         strerror(err));
+  }
+}
+
+/* connect(2) interrupted by a signal keeps going in the background. */
+static int client_connect_finish(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLOUT};
+  int n;
+  do {
+    n = poll(&p, 1, CLIENT_REQUEST_TIMEOUT_MS);
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0)
+    return n == 0 ? ETIMEDOUT : errno;
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+    return errno;
+  return err;
+}
+
+static int client_hello(dep_client_t *c) {
+  struct dep_msg_hello hello = {.version = DEP_PROTO_VERSION, .pid = (uint32_t)getpid()};
+  snprintf(hello.name, sizeof hello.name, "%s", c->name);
+  struct client_frame f;
+  int rc = client_request(c, DEP_MSG_HELLO, &hello, DEP_MSG_HELLO_OK, CLIENT_REQUEST_TIMEOUT_MS, &f);
+  if (rc != 0) {
+    client_disconnect(c); /* a refused HELLO leaves nothing to talk over */
+    return rc;
+  }
+  struct dep_msg_hello_ok ok;
+  rc = proto_decode_hello_ok(f.body, f.hdr.body_len, &ok);
+  client_frame_release(&f);
+  if (rc != 0)
+    return client_fail(c, DEP_ERR_PROTOCOL, "deepepd sent a malformed HELLO_OK");
+  if (ok.version != DEP_PROTO_VERSION)
+    return client_fail(c, DEP_ERR_VERSION,
+                       "deepepd speaks protocol version %u, this library %u: upgrade deepepd "
+                       "and libdeepep-client together",
+                       ok.version, (unsigned)DEP_PROTO_VERSION);
+  c->hello = ok;
+  return 0;
+}
+
+DEP_EXPORT int dep_connect(dep_client_t *c, const char *socket_path) {
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  /* Connecting again replaces the old connection (and any attach on it). */
+  client_disconnect(c);
+  const char *path = socket_path;
+  const char *from = "";
+  if (path == NULL) {
+    path = secure_getenv(DEP_SOCKET_ENV);
+    if (path != NULL && path[0] != '\0')
+      from = " (from $" DEP_SOCKET_ENV ")";
+    else
+      path = DEP_DEFAULT_SOCKET;
+  }
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  size_t len = strlen(path);
+  if (len == 0)
+    return client_seterr(c, DEP_ERR_INVALID, "empty socket path%s", from);
+  if (len >= sizeof sa.sun_path)
+    return client_seterr(c, DEP_ERR_INVALID,
+                         "socket path%s is %zu bytes, longer than the %zu a Unix socket "
+                         "allows: %s",
+                         from, len, sizeof sa.sun_path - 1, path);
+  memcpy(sa.sun_path, path, len + 1);
+  snprintf(c->socket_path, sizeof c->socket_path, "%s", path);
+
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return client_seterr(c, errno == EMFILE || errno == ENFILE || errno == ENOMEM
+                                ? DEP_ERR_LIMIT
+                                : DEP_ERR_IO,
+                         "cannot create a socket to reach deepepd: %s", strerror(errno));
+  int err = 0;
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+    err = errno == EINTR ? client_connect_finish(fd) : errno;
+  if (err != 0) {
+    close(fd);
+    return client_connect_error(c, err, path, from);
+  }
+  c->fd = fd;
+  return client_hello(c);
+}
+
+/* ---- status ------------------------------------------------------------------- */
+
+DEP_EXPORT int dep_status(dep_client_t *c, struct dep_status **out) {
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  if (out == NULL)
+    return client_seterr(c, DEP_ERR_INVALID, "dep_status: out must not be NULL");
+  *out = NULL;
+  struct client_frame f;
+  int rc = client_request(c, DEP_MSG_STATUS, NULL, DEP_MSG_STATUS_OK, CLIENT_REQUEST_TIMEOUT_MS, &f);
+  if (rc != 0)
+    return rc;
+  struct dep_status *st = calloc(1, sizeof *st);
+  if (st == NULL) {
+    client_frame_release(&f);
+    return client_seterr(c, DEP_ERR_NO_MEMORY, "out of memory for the status reply");
+  }
+  rc = proto_decode_status(f.body, f.hdr.body_len, st);
+  client_frame_release(&f);
+  if (rc != 0) {
+    dep_status_free(st); /* the decoder left no arrays behind */
+    if (rc == DEP_ERR_NO_MEMORY)
+      return client_seterr(c, rc, "out of memory decoding the status reply");
+    return client_seterr(c, DEP_ERR_PROTOCOL, "deepepd sent a malformed STATUS_OK");
+  }
+  *out = st;
+  return DEP_OK;
+}
+
+/* ---- attach / detach --------------------------------------------------------------- */
+
+/* The client-side bound on the ATTACH wait: $DEEPEPD_ATTACH_TIMEOUT_MS + margin. */
+static int client_attach_timeout(dep_client_t *c, int *timeout_ms) {
+  const char *e = getenv(CLIENT_ATTACH_TIMEOUT_ENV);
+  unsigned long long v = CLIENT_ATTACH_TIMEOUT_DEFAULT_MS;
+  if (e != NULL && e[0] != '\0') {
+    char *end = NULL;
+    errno = 0;
+    v = strtoull(e, &end, 10);
+    if (e[0] < '0' || e[0] > '9' || errno != 0 || *end != '\0' || v == 0 || v > 86400000ull)
+      return client_seterr(c, DEP_ERR_INVALID,
+                           "$" CLIENT_ATTACH_TIMEOUT_ENV "=\"%s\" is not a number of "
+                           "milliseconds from 1 to 86400000; fix or unset it",
+                           e);
+  }
+  *timeout_ms = (int)v + CLIENT_ATTACH_MARGIN_MS;
+  return 0;
+}
+
+/*
+ * Take in the ATTACH_OK frame and the fds riding on it.  The body says how
+ * many fds the daemon meant to send; a different count means the stream
+ * lost or invented some, which must not pass silently.  Until the slab
+ * mapping exists no fd is taken, so client_frame_release closes them all.
+ */
+static int client_attach_ok(dep_client_t *c, struct client_frame *f) {
+  struct dep_msg_attach_ok ok;
+  if (proto_decode_attach_ok(f->body, f->hdr.body_len, &ok) != 0)
+    return client_fail(c, DEP_ERR_PROTOCOL, "deepepd sent a malformed ATTACH_OK");
+  if (ok.num_fds != (uint32_t)f->nfds)
+    return client_fail(c, DEP_ERR_PROTOCOL,
+                       "deepepd's ATTACH_OK announces %u file descriptors but %d arrived",
+                       ok.num_fds, f->nfds);
+  c->attach_ok = ok;
+  return 0;
+}
+
+DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  if (args == NULL)
+    return client_seterr(c, DEP_ERR_INVALID, "dep_attach: args must not be NULL");
+  /* Bad arguments are caught here, before anything goes on the wire. */
+  char why[256] = "";
+  int rc = proto_check_attach(args, why, sizeof why);
+  if (rc != 0)
+    return client_seterr(c, DEP_ERR_INVALID, "dep_attach: %s", why);
+  if (c->fd < 0)
+    return client_seterr(c, DEP_ERR_STATE, "not connected to deepepd; call dep_connect first");
+  if (c->attached)
+    return client_seterr(c, DEP_ERR_STATE,
+                         "this handle is already attached to job \"%s\"; dep_detach first",
+                         c->job_id);
+  int timeout_ms = 0;
+  rc = client_attach_timeout(c, &timeout_ms);
+  if (rc != 0)
+    return rc;
+
+  struct client_frame f;
+  rc = client_request(c, DEP_MSG_ATTACH, args, DEP_MSG_ATTACH_OK, timeout_ms, &f);
+  if (rc == DEP_ERR_TIMEOUT)
+    return client_seterr(c, rc,
+                         "deepepd did not answer ATTACH of job \"%s\" within %d ms "
+                         "($" CLIENT_ATTACH_TIMEOUT_ENV " + %d ms); the connection was closed, "
+                         "reconnect with dep_connect",
+                         args->job_id, timeout_ms, CLIENT_ATTACH_MARGIN_MS);
+  if (rc != 0)
+    return rc;
+  rc = client_attach_ok(c, &f);
+  client_frame_release(&f);
+  if (rc != 0)
+    return rc;
+  c->attached = true;
+  snprintf(c->job_id, sizeof c->job_id, "%s", args->job_id);
+  return DEP_OK;
+}
+
+DEP_EXPORT int dep_detach(dep_client_t *c) {
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  if (c->fd < 0)
+    return client_seterr(c, DEP_ERR_STATE, "not connected to deepepd; call dep_connect first");
+  if (!c->attached)
+    return client_seterr(c, DEP_ERR_STATE, "not attached to a job; nothing to detach");
+  struct client_frame f;
+  int rc = client_request(c, DEP_MSG_DETACH, NULL, DEP_MSG_DETACH_OK, CLIENT_REQUEST_TIMEOUT_MS, &f);
+  if (rc == 0)
+    client_frame_release(&f);
+  /* The daemon answering "not attached" means it already let go. */
+  if (rc == 0 || rc == DEP_ERR_STATE || rc == DEP_ERR_NOT_FOUND) {
+    c->attached = false;
+    c->job_id[0] = '\0';
+    memset(&c->attach_ok, 0, sizeof c->attach_ok);
+  }
+  return rc;
+}

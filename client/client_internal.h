@@ -1,0 +1,84 @@
+/*
+ * client_internal.h — the handle of libdeepep-client and the request/reply
+ * machinery its files share (client.c today; the slab mapping that attach
+ * grows into later).  Nothing declared here is exported from the shared
+ * library: the build hides every symbol that is not DEP_EXPORT, and the
+ * version script keeps only dep_*.  deepepctl links the static archive and
+ * may use client_set_name().
+ */
+#ifndef DEP_CLIENT_INTERNAL_H
+#define DEP_CLIENT_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "deepep.h"
+#include "proto.h"
+
+#define CLIENT_ERRMSG_MAX 1024
+#define CLIENT_NAME_MAX 64
+#define CLIENT_SOCKET_MAX 108 /* sizeof(sun_path) */
+
+/* How long an ordinary request (HELLO, STATUS, DETACH) may wait for its reply. */
+#define CLIENT_REQUEST_TIMEOUT_MS 30000
+/* ATTACH waits for the other local ranks; the daemon bounds that wait with
+ * its own limits.attach_timeout_ms and answers DEP_ERR_TIMEOUT.  The client
+ * waits that long plus a margin, so a daemon that never answers cannot hang
+ * the trainer.  $DEEPEPD_ATTACH_TIMEOUT_MS overrides the default. */
+#define CLIENT_ATTACH_TIMEOUT_ENV "DEEPEPD_ATTACH_TIMEOUT_MS"
+#define CLIENT_ATTACH_TIMEOUT_DEFAULT_MS 120000
+#define CLIENT_ATTACH_MARGIN_MS 2000
+/* Time dep_client_free gives an orderly DETACH before it just closes. */
+#define CLIENT_FREE_DETACH_TIMEOUT_MS 2000
+
+struct dep_client {
+  int fd;                         /* connected socket, -1 when not connected */
+  uint32_t next_request;          /* request ids count from 1; 0 marks daemon notices */
+  char name[CLIENT_NAME_MAX];     /* what HELLO calls this client */
+  char socket_path[CLIENT_SOCKET_MAX];
+  struct dep_msg_hello_ok hello;  /* the daemon's answer to our HELLO */
+  bool attached;
+  char job_id[DEP_JOB_ID_MAX];    /* the job while attached */
+  struct dep_msg_attach_ok attach_ok; /* the last ATTACH_OK */
+  struct proto_buf tx;            /* reused for every request */
+  char errmsg[CLIENT_ERRMSG_MAX]; /* the last failure on this handle */
+};
+
+/*
+ * One frame as received: the checked header, its body (malloc'd, body_len
+ * bytes, NULL when empty) and the fds that rode on it.  The fds belong to
+ * whoever holds the frame; a consumer that keeps one sets its slot to -1,
+ * and client_frame_release() closes the rest.
+ */
+struct client_frame {
+  struct dep_frame_hdr hdr;
+  uint8_t *body;
+  int fds[DEP_PROTO_MAX_FDS];
+  int nfds;
+};
+
+void client_frame_init(struct client_frame *f);
+/* Free the body and close every fd still in the frame. */
+void client_frame_release(struct client_frame *f);
+
+/* Record a failure on the handle and return `code` (printf-style message). */
+int client_seterr(dep_client_t *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Close the socket and forget attach state; the handle stays reusable. */
+void client_disconnect(dep_client_t *c);
+
+/*
+ * Send one request and wait (at most timeout_ms, < 0 for ever) for its one
+ * reply.  Returns 0 with the reply of type ok_type in *reply (release it),
+ * the daemon's code for an ERROR reply (message in dep_errmsg), or
+ * DEP_ERR_DAEMON_GONE / PROTOCOL / TIMEOUT / IO, after which the
+ * connection is closed because the stream can no longer be trusted.
+ */
+int client_request(dep_client_t *c, uint16_t type, const void *msg, uint16_t ok_type,
+                   int timeout_ms, struct client_frame *reply);
+
+/* The name sent in HELLO (deepepctl calls itself "deepepctl 0.1.0"). */
+void client_set_name(dep_client_t *c, const char *name);
+
+#endif /* DEP_CLIENT_INTERNAL_H */

@@ -1,0 +1,95 @@
+/*
+ * ctl.h — what the files of deepepctl share: the command table entry, the
+ * global options, and the output table that renders the same records as
+ * aligned text or as JSON (ctl_out.c).
+ */
+#ifndef DEP_CTL_H
+#define DEP_CTL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "deepep.h"
+
+/* Exit codes (deepepctl(1) documents them). */
+#define CTL_EXIT_OK 0
+#define CTL_EXIT_FAIL 1
+#define CTL_EXIT_USAGE 2
+
+/* Options that every command understands. */
+struct ctl {
+  const char *socket; /* -s SOCKET; NULL: $DEEPEPD_SOCKET, else the default */
+  bool json;          /* --json */
+};
+
+/* One subcommand: argv[0] is its name; returns an exit code. */
+struct ctl_cmd {
+  const char *name;
+  int (*run)(struct ctl *ctl, int argc, char **argv);
+  const char *help;
+};
+
+int ctl_status(struct ctl *ctl, int argc, char **argv);
+
+/* Parse a subcommand's own options (-s, --json, -h).  Returns -1 to go on,
+ * or the exit code to leave with (after --help, or a usage error). */
+int ctl_sub_options(struct ctl *ctl, int argc, char **argv);
+/* "deepepctl: <message>" on stderr; returns CTL_EXIT_FAIL. */
+int ctl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A new handle connected to the daemon, or NULL after printing why. */
+dep_client_t *ctl_connect(const struct ctl *ctl);
+/* Flush stdout and turn a write error into CTL_EXIT_FAIL. */
+int ctl_finish_output(int code);
+
+/* ---- the output table (ctl_out.c) ---------------------------------------- */
+
+enum ctl_kind {
+  CTL_STR,   /* text */
+  CTL_UINT,  /* a plain number */
+  CTL_BYTES, /* a byte count: "1.5 GiB" in text, a number in JSON */
+  CTL_MS,    /* a duration in ms: "3h 02m 11s" in text, a number in JSON */
+};
+
+/* In text, show this column as "/value" after the previous one ("1/2"). */
+#define CTL_COL_JOIN 0x1u
+
+struct ctl_col {
+  const char *key;   /* JSON key: stable, documented in deepepctl(1) */
+  const char *label; /* text label or column heading */
+  enum ctl_kind kind;
+  unsigned flags;
+};
+
+struct ctl_val {
+  const char *s; /* CTL_STR */
+  uint64_t u;    /* the numeric kinds */
+};
+
+struct ctl_table {
+  const char *key;   /* JSON key of the array; text section title */
+  const char *empty; /* text shown for no rows, e.g. "no jobs" */
+  const struct ctl_col *cols;
+  size_t ncols;
+  size_t nrows;
+  const struct ctl_val *cells; /* nrows * ncols, row by row */
+};
+
+/* One answer: summary fields, then tables. */
+struct ctl_doc {
+  const struct ctl_col *fields;
+  const struct ctl_val *values;
+  size_t nfields;
+  const struct ctl_table *tables;
+  size_t ntables;
+};
+
+/* Render d as text or as one JSON object, to f.  Returns 0 or -1 (ENOMEM). */
+int ctl_out_render(FILE *f, const struct ctl_doc *d, bool json);
+
+/* Human units, exposed for the tests of the renderer through deepepctl. */
+void ctl_out_bytes(char *buf, size_t len, uint64_t bytes);
+void ctl_out_duration(char *buf, size_t len, uint64_t ms);
+
+#endif /* DEP_CTL_H */

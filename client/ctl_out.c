@@ -1,0 +1,283 @@
+/*
+ * ctl_out.c — deepepctl's one output table: a command builds its answer as
+ * records (summary fields, then tables of rows) and this file renders them
+ * either as aligned text for people or as one JSON object for machines, so
+ * the two can never disagree about what the daemon said.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctl.h"
+
+#define CTL_CELL_MAX 128
+
+void ctl_out_bytes(char *buf, size_t len, uint64_t bytes) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) {
+    snprintf(buf, len, "%" PRIu64 " B", bytes);
+    return;
+  }
+  double v = (double)bytes;
+  size_t i = 0;
+  while (v >= 1024.0 && i + 1 < sizeof unit / sizeof unit[0]) {
+    v /= 1024.0;
+    i++;
+  }
+  snprintf(buf, len, "%.1f %s", v, unit[i]);
+}
+
+void ctl_out_duration(char *buf, size_t len, uint64_t ms) {
+  uint64_t s = ms / 1000;
+  uint64_t d = s / 86400, h = s / 3600 % 24, m = s / 60 % 60, sec = s % 60;
+  if (d > 0)
+    snprintf(buf, len, "%" PRIu64 "d %02" PRIu64 "h %02" PRIu64 "m %02" PRIu64 "s", d, h, m, sec);
+  else if (h > 0)
+    snprintf(buf, len, "%" PRIu64 "h %02" PRIu64 "m %02" PRIu64 "s", h, m, sec);
+  else if (m > 0)
+    snprintf(buf, len, "%" PRIu64 "m %02" PRIu64 "s", m, sec);
+  else if (s > 0)
+    snprintf(buf, len, "%" PRIu64 "s", sec);
+  else
+    snprintf(buf, len, "%" PRIu64 "ms", ms);
+}
+
+/* ---- text ------------------------------------------------------------------ */
+
+/* Strings come from the daemon: keep terminal control bytes out of the text. */
+static void ctl_out_cell(char *buf, size_t len, const struct ctl_col *col,
+                         const struct ctl_val *v) {
+  switch (col->kind) {
+  case CTL_STR: {
+    size_t i = 0;
+    for (const char *p = v->s != NULL ? v->s : ""; *p != '\0' && i + 1 < len; p++)
+      buf[i++] = ((unsigned char)*p < 0x20 || *p == 0x7f) ? '?' : *p;
+    buf[i] = '\0';
+    if (i == 0)
+      snprintf(buf, len, "-");
+    break;
+  }
+  case CTL_UINT:
+    snprintf(buf, len, "%" PRIu64, v->u);
+    break;
+  case CTL_BYTES:
+    ctl_out_bytes(buf, len, v->u);
+    break;
+  case CTL_MS:
+    ctl_out_duration(buf, len, v->u);
+    break;
+  }
+}
+
+static int ctl_out_text_table(FILE *f, const struct ctl_table *t) {
+  fprintf(f, "\n%s:\n", t->key);
+  if (t->nrows == 0) {
+    fprintf(f, "  %s\n", t->empty);
+    return 0;
+  }
+  /* Visible columns: a joined column folds into the one before it. */
+  size_t nvis = 0;
+  for (size_t c = 0; c < t->ncols; c++)
+    if ((t->cols[c].flags & CTL_COL_JOIN) == 0 || c == 0)
+      nvis++;
+  size_t ncells = (t->nrows + 1) * nvis;
+  char(*cell)[CTL_CELL_MAX] = calloc(ncells, sizeof *cell);
+  size_t *width = calloc(nvis, sizeof *width);
+  bool *right = calloc(nvis, sizeof *right);
+  if (cell == NULL || width == NULL || right == NULL) {
+    free(cell);
+    free(width);
+    free(right);
+    return -1;
+  }
+  for (size_t c = 0, v = 0; c < t->ncols; c++) {
+    if ((t->cols[c].flags & CTL_COL_JOIN) != 0 && c > 0)
+      continue;
+    snprintf(cell[v], CTL_CELL_MAX, "%s", t->cols[c].label);
+    right[v] = t->cols[c].kind != CTL_STR;
+    v++;
+  }
+  for (size_t r = 0; r < t->nrows; r++) {
+    char(*row)[CTL_CELL_MAX] = cell + (r + 1) * nvis;
+    size_t v = 0;
+    for (size_t c = 0; c < t->ncols; c++) {
+      char text[CTL_CELL_MAX];
+      ctl_out_cell(text, sizeof text, &t->cols[c], &t->cells[r * t->ncols + c]);
+      if ((t->cols[c].flags & CTL_COL_JOIN) != 0 && v > 0) {
+        size_t used = strlen(row[v - 1]);
+        snprintf(row[v - 1] + used, CTL_CELL_MAX - used, "/%s", text);
+      } else {
+        memcpy(row[v++], text, sizeof text);
+      }
+    }
+  }
+  for (size_t i = 0; i < ncells; i++) {
+    size_t w = strlen(cell[i]);
+    if (w > width[i % nvis])
+      width[i % nvis] = w;
+  }
+  for (size_t r = 0; r <= t->nrows; r++) {
+    fputs(" ", f);
+    for (size_t v = 0; v < nvis; v++) {
+      const char *s = cell[r * nvis + v];
+      bool last = v + 1 == nvis;
+      if (right[v])
+        fprintf(f, " %*s", (int)width[v], s);
+      else if (last)
+        fprintf(f, " %s", s);
+      else
+        fprintf(f, " %-*s", (int)width[v], s);
+      if (!last)
+        fputs(" ", f);
+    }
+    fputs("\n", f);
+  }
+  free(cell);
+  free(width);
+  free(right);
+  return 0;
+}
+
+static int ctl_out_text(FILE *f, const struct ctl_doc *d) {
+  size_t w = 0;
+  for (size_t i = 0; i < d->nfields; i++)
+    if (strlen(d->fields[i].label) > w)
+      w = strlen(d->fields[i].label);
+  for (size_t i = 0; i < d->nfields; i++) {
+    char text[CTL_CELL_MAX];
+    ctl_out_cell(text, sizeof text, &d->fields[i], &d->values[i]);
+    fprintf(f, "%s:%*s %s\n", d->fields[i].label, (int)(w - strlen(d->fields[i].label)), "",
+            text);
+  }
+  for (size_t i = 0; i < d->ntables; i++)
+    if (ctl_out_text_table(f, &d->tables[i]) != 0)
+      return -1;
+  return 0;
+}
+
+/* ---- JSON ------------------------------------------------------------------- */
+
+/* Length of the valid UTF-8 sequence at p (1..4), or 0 when it is not one. */
+static size_t ctl_out_utf8_len(const unsigned char *p) {
+  unsigned char b = p[0];
+  if (b < 0x80)
+    return 1;
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xbf;
+  if (b >= 0xc2 && b <= 0xdf)
+    n = 2;
+  else if (b >= 0xe0 && b <= 0xef) {
+    n = 3;
+    if (b == 0xe0)
+      lo = 0xa0; /* overlong */
+    if (b == 0xed)
+      hi = 0x9f; /* surrogates */
+  } else if (b >= 0xf0 && b <= 0xf4) {
+    n = 4;
+    if (b == 0xf0)
+      lo = 0x90;
+    if (b == 0xf4)
+      hi = 0x8f; /* beyond U+10FFFF */
+  } else
+    return 0;
+  if (p[1] < lo || p[1] > hi)
+    return 0;
+  for (size_t i = 2; i < n; i++)
+    if (p[i] < 0x80 || p[i] > 0xbf)
+      return 0;
+  return n;
+}
+
+/* A JSON string: escapes per RFC 8259; bytes that are not UTF-8 become U+FFFD. */
+static void ctl_out_json_str(FILE *f, const char *s) {
+  const unsigned char *p = (const unsigned char *)(s != NULL ? s : "");
+  fputc('"', f);
+  while (*p != '\0') {
+    unsigned char b = *p;
+    switch (b) {
+    case '"':
+      fputs("\\\"", f);
+      break;
+    case '\\':
+      fputs("\\\\", f);
+      break;
+    case '\b':
+      fputs("\\b", f);
+      break;
+    case '\f':
+      fputs("\\f", f);
+      break;
+    case '\n':
+      fputs("\\n", f);
+      break;
+    case '\r':
+      fputs("\\r", f);
+      break;
+    case '\t':
+      fputs("\\t", f);
+      break;
+    default:
+      if (b < 0x20) {
+        fprintf(f, "\\u%04x", b);
+      } else {
+        size_t n = ctl_out_utf8_len(p);
+        if (n == 0) {
+          fputs("\\ufffd", f);
+        } else {
+          fwrite(p, 1, n, f);
+          p += n - 1;
+        }
+      }
+    }
+    p++;
+  }
+  fputc('"', f);
+}
+
+static void ctl_out_json_val(FILE *f, const struct ctl_col *col, const struct ctl_val *v) {
+  ctl_out_json_str(f, col->key);
+  fputc(':', f);
+  if (col->kind == CTL_STR)
+    ctl_out_json_str(f, v->s);
+  else
+    fprintf(f, "%" PRIu64, v->u);
+}
+
+static void ctl_out_json(FILE *f, const struct ctl_doc *d) {
+  bool first = true;
+  fputc('{', f);
+  for (size_t i = 0; i < d->nfields; i++) {
+    if (!first)
+      fputc(',', f);
+    first = false;
+    ctl_out_json_val(f, &d->fields[i], &d->values[i]);
+  }
+  for (size_t i = 0; i < d->ntables; i++) {
+    const struct ctl_table *t = &d->tables[i];
+    if (!first)
+      fputc(',', f);
+    first = false;
+    ctl_out_json_str(f, t->key);
+    fputs(":[", f);
+    for (size_t r = 0; r < t->nrows; r++) {
+      fputs(r == 0 ? "{" : ",{", f);
+      for (size_t c = 0; c < t->ncols; c++) {
+        if (c > 0)
+          fputc(',', f);
+        ctl_out_json_val(f, &t->cols[c], &t->cells[r * t->ncols + c]);
+      }
+      fputc('}', f);
+    }
+    fputc(']', f);
+  }
+  fputs("}\n", f);
+}
+
+int ctl_out_render(FILE *f, const struct ctl_doc *d, bool json) {
+  if (json) {
+    ctl_out_json(f, d);
+    return 0;
+  }
+  return ctl_out_text(f, d);
+}

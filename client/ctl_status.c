@@ -1,0 +1,110 @@
+/*
+ * ctl_status.c — `deepepctl status`: the daemon's version, uptime, backend,
+ * devices, clients and jobs, as text or JSON from the same records.
+ */
+#include <stdlib.h>
+
+#include "ctl.h"
+
+/* The JSON keys are an interface: deepepctl(1) lists them; never rename. */
+static const struct ctl_col status_fields[] = {
+    {"version", "version", CTL_STR, 0},
+    {"pid", "pid", CTL_UINT, 0},
+    {"uptime_ms", "uptime", CTL_MS, 0},
+    {"backend", "backend", CTL_STR, 0},
+    {"proto_version", "protocol", CTL_UINT, 0},
+    {"clients", "clients", CTL_UINT, 0},
+};
+#define STATUS_NFIELDS (sizeof status_fields / sizeof status_fields[0])
+
+static const struct ctl_col device_cols[] = {
+    {"uuid", "UUID", CTL_STR, 0},
+    {"name", "NAME", CTL_STR, 0},
+    {"backend", "BACKEND", CTL_STR, 0},
+    {"pool_total_bytes", "TOTAL", CTL_BYTES, 0},
+    {"pool_used_bytes", "USED", CTL_BYTES, 0},
+    {"pool_cached_bytes", "CACHED", CTL_BYTES, 0},
+};
+#define DEVICE_NCOLS (sizeof device_cols / sizeof device_cols[0])
+
+static const struct ctl_col job_cols[] = {
+    {"job_id", "JOB", CTL_STR, 0},
+    {"owner_uid", "UID", CTL_UINT, 0},
+    {"ranks_attached", "RANKS", CTL_UINT, 0},
+    {"ranks_expected", "", CTL_UINT, CTL_COL_JOIN},
+    {"world_size", "WORLD", CTL_UINT, 0},
+    {"slab_bytes", "SLAB", CTL_BYTES, 0},
+    {"age_ms", "AGE", CTL_MS, 0},
+};
+#define JOB_NCOLS (sizeof job_cols / sizeof job_cols[0])
+
+/* Turn the daemon's status into the output records and render them. */
+static int status_render(const struct ctl *ctl, const struct dep_status *st) {
+  struct ctl_val fields[STATUS_NFIELDS] = {
+      {.s = st->version},
+      {.u = st->pid},
+      {.u = st->uptime_ms},
+      {.s = st->backend},
+      {.u = st->proto_version},
+      {.u = st->num_clients},
+  };
+  struct ctl_val *dev = calloc((size_t)st->num_devices * DEVICE_NCOLS + 1, sizeof *dev);
+  struct ctl_val *job = calloc((size_t)st->num_jobs * JOB_NCOLS + 1, sizeof *job);
+  if (dev == NULL || job == NULL) {
+    free(dev);
+    free(job);
+    return ctl_fail("out of memory");
+  }
+  for (uint32_t i = 0; i < st->num_devices; i++) {
+    const struct dep_status_device *d = &st->devices[i];
+    struct ctl_val *row = dev + (size_t)i * DEVICE_NCOLS;
+    row[0].s = d->uuid;
+    row[1].s = d->name;
+    row[2].s = d->backend;
+    row[3].u = d->pool_total_bytes;
+    row[4].u = d->pool_used_bytes;
+    row[5].u = d->pool_cached_bytes;
+  }
+  for (uint32_t i = 0; i < st->num_jobs; i++) {
+    const struct dep_status_job *j = &st->jobs[i];
+    struct ctl_val *row = job + (size_t)i * JOB_NCOLS;
+    row[0].s = j->job_id;
+    row[1].u = j->owner_uid;
+    row[2].u = j->ranks_attached;
+    row[3].u = j->ranks_expected;
+    row[4].u = j->world_size;
+    row[5].u = j->slab_bytes;
+    row[6].u = j->age_ms;
+  }
+  const struct ctl_table tables[] = {
+      {"devices", "no devices", device_cols, DEVICE_NCOLS, st->num_devices, dev},
+      {"jobs", "no jobs", job_cols, JOB_NCOLS, st->num_jobs, job},
+  };
+  const struct ctl_doc doc = {status_fields, fields, STATUS_NFIELDS, tables, 2};
+  int rc = ctl_out_render(stdout, &doc, ctl->json);
+  free(dev);
+  free(job);
+  if (rc != 0)
+    return ctl_fail("out of memory");
+  return CTL_EXIT_OK;
+}
+
+int ctl_status(struct ctl *ctl, int argc, char **argv) {
+  int rc = ctl_sub_options(ctl, argc, argv);
+  if (rc >= 0)
+    return rc;
+  dep_client_t *c = ctl_connect(ctl);
+  if (c == NULL)
+    return CTL_EXIT_FAIL;
+  struct dep_status *st = NULL;
+  rc = dep_status(c, &st);
+  if (rc != 0) {
+    rc = ctl_fail("%s", dep_errmsg(c));
+    dep_client_free(c);
+    return rc;
+  }
+  dep_client_free(c);
+  rc = status_render(ctl, st);
+  dep_status_free(st);
+  return ctl_finish_output(rc);
+}

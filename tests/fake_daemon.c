@@ -1,0 +1,127 @@
+/*
+ * fake_daemon.c — a scripted stand-in for deepepd, for the client tests: it
+ * does, on purpose, what a real daemon never should (wrong request ids,
+ * unexpected types, fds that disagree with their frame), so the tests can
+ * show that libdeepep-client refuses each with the right code and leaks
+ * nothing.  It runs in a forked process and serves one script.
+ */
+#include "fake_daemon.h"
+
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fdpass.h"
+#include "proto.h"
+
+/* A Unix stream socket bound to path (not listening). */
+int fake_daemon_bind(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  size_t len = strlen(path);
+  ck_assert_uint_lt(len, sizeof sa.sun_path);
+  memcpy(sa.sun_path, path, len + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  return fd;
+}
+
+static int fake_read(int fd, struct dep_frame_hdr *h) {
+  uint8_t hdr[DEP_PROTO_HDR_LEN], body[4096];
+  if (recv(fd, hdr, sizeof hdr, MSG_WAITALL) != (ssize_t)sizeof hdr)
+    return -1;
+  if (proto_hdr_decode(hdr, sizeof body, h, NULL, 0) != 0)
+    return -1;
+  if (h->body_len > 0 && recv(fd, body, h->body_len, MSG_WAITALL) != (ssize_t)h->body_len)
+    return -1;
+  return 0;
+}
+
+static void fake_send(int fd, uint16_t type, uint32_t id, const void *msg, const int *fds,
+                      int nfds) {
+  struct proto_buf b;
+  proto_buf_init(&b);
+  if (proto_frame_encode(&b, type, nfds > 0 ? DEP_FRAME_F_FDS : 0, id, msg) != 0 ||
+      fdpass_send(fd, b.data, b.len, fds, nfds) != (ssize_t)b.len)
+    _exit(3);
+  proto_buf_free(&b);
+}
+
+static void fake_serve(int lfd, enum fake_script script) {
+  if (script == FAKE_REFUSE) {
+    /* What deepepd does to a user it does not allow: say why, then close,
+     * whether or not the client's HELLO has arrived yet. */
+    struct dep_msg_error e = {.code = DEP_ERR_PERMISSION};
+    snprintf(e.message, sizeof e.message, "uid 4242 is not allowed by the fake deepepd");
+    for (int i = 0; i < FAKE_REFUSALS; i++) {
+      int fd = accept(lfd, NULL, NULL);
+      if (fd < 0)
+        _exit(2);
+      fake_send(fd, DEP_MSG_ERROR, 0, &e, NULL, 0);
+      close(fd);
+    }
+    _exit(0);
+  }
+  int fd = accept(lfd, NULL, NULL);
+  if (fd < 0)
+    _exit(2);
+  struct dep_frame_hdr h;
+  if (fake_read(fd, &h) != 0 || h.type != DEP_MSG_HELLO)
+    _exit(4);
+  struct dep_msg_hello_ok ok = {.version = DEP_PROTO_VERSION};
+  snprintf(ok.daemon_version, sizeof ok.daemon_version, "fake");
+  snprintf(ok.backend, sizeof ok.backend, "host");
+  if (script == FAKE_BAD_REQUEST_ID) {
+    fake_send(fd, DEP_MSG_HELLO_OK, h.request_id + 7, &ok, NULL, 0);
+  } else if (script == FAKE_VERSION_ERROR) {
+    struct dep_msg_error e = {.code = DEP_ERR_VERSION};
+    snprintf(e.message, sizeof e.message, "fake deepepd speaks protocol 9, you speak 1");
+    fake_send(fd, DEP_MSG_ERROR, h.request_id, &e, NULL, 0);
+  } else {
+    fake_send(fd, DEP_MSG_HELLO_OK, h.request_id, &ok, NULL, 0);
+    if (fake_read(fd, &h) != 0)
+      _exit(5);
+    if (script == FAKE_SHUTDOWN)
+      fake_send(fd, DEP_MSG_SHUTDOWN, 0, NULL, NULL, 0);
+    else if (script == FAKE_WRONG_TYPE)
+      fake_send(fd, DEP_MSG_DETACH_OK, h.request_id, NULL, NULL, 0);
+    else if (script == FAKE_ATTACH_FDS || script == FAKE_ATTACH_FDS_LIE) {
+      int fds[2] = {memfd_create("slab0", MFD_CLOEXEC), memfd_create("slab1", MFD_CLOEXEC)};
+      struct dep_msg_attach_ok a = {.slab_bytes = 4096, .local_world_size = 2,
+                                    .num_fds = script == FAKE_ATTACH_FDS ? 2 : 1};
+      snprintf(a.backend, sizeof a.backend, "host");
+      fake_send(fd, DEP_MSG_ATTACH_OK, h.request_id, &a, fds, 2);
+      if (script == FAKE_ATTACH_FDS && fake_read(fd, &h) == 0 && h.type == DEP_MSG_DETACH)
+        fake_send(fd, DEP_MSG_DETACH_OK, h.request_id, NULL, NULL, 0);
+    }
+  }
+  /* Hold the connection until the client closes it. */
+  char byte;
+  while (read(fd, &byte, 1) > 0)
+    ;
+  _exit(0);
+}
+
+/* Start a fake daemon on dir/fake.sock; returns its pid. */
+pid_t fake_daemon_start(const char *dir, char *sock, size_t len, enum fake_script script) {
+  snprintf(sock, len, "%s/fake.sock", dir);
+  int lfd = fake_daemon_bind(sock);
+  ck_assert_int_eq(listen(lfd, 4), 0);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0)
+    fake_serve(lfd, script);
+  close(lfd);
+  return pid;
+}
+
+void fake_daemon_stop(pid_t pid) {
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+}

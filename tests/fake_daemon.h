@@ -1,0 +1,34 @@
+/*
+ * fake_daemon.h — a scripted stand-in for deepepd (fake_daemon.c) and a
+ * bound-but-silent socket, for tests of what a real daemon never does.
+ */
+#ifndef DEP_FAKE_DAEMON_H
+#define DEP_FAKE_DAEMON_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+enum fake_script {
+  FAKE_BAD_REQUEST_ID,  /* HELLO answered with another request id */
+  FAKE_VERSION_ERROR,   /* HELLO answered with ERROR{VERSION} */
+  FAKE_SHUTDOWN,        /* STATUS answered with a SHUTDOWN notice, then EOF */
+  FAKE_WRONG_TYPE,      /* STATUS answered with DETACH_OK */
+  FAKE_SILENT_ATTACH,   /* ATTACH never answered */
+  FAKE_ATTACH_FDS,      /* ATTACH_OK with two fds, then DETACH_OK */
+  FAKE_ATTACH_FDS_LIE,  /* ATTACH_OK announcing one fd, carrying two */
+  FAKE_REFUSE,          /* ERROR with request id 0 on accept, then close: "not allowed" */
+};
+
+/* How many connections FAKE_REFUSE refuses before it exits. */
+#define FAKE_REFUSALS 20
+
+/* A Unix stream socket bound to path, not listening (asserts on failure). */
+int fake_daemon_bind(const char *path);
+
+/* Serve `script` on dir/fake.sock (path written to sock) in a child; returns its pid. */
+pid_t fake_daemon_start(const char *dir, char *sock, size_t len, enum fake_script script);
+
+/* Kill and reap the fake daemon. */
+void fake_daemon_stop(pid_t pid);
+
+#endif
