@@ -1,0 +1,833 @@
+/*
+ * check_proto.c — the wire protocol as a specification: every message
+ * round-trips, every malformed frame is refused with the right code, random
+ * bytes never crash a decoder, fds cross a socket intact and never leak,
+ * and every error code has a name and a description.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fdpass.h"
+#include "proto.h"
+
+/* ---- helpers ------------------------------------------------------------- */
+
+/* Encode a frame, check its header, and return a pointer to its body. */
+static const uint8_t *encode_frame(struct proto_buf *b, uint16_t type, const void *msg,
+                                   uint32_t *body_len) {
+  proto_buf_reset(b);
+  ck_assert_int_eq(proto_frame_encode(b, type, 0, 0xA1B2C3D4u, msg), 0);
+  ck_assert_uint_ge(b->len, DEP_PROTO_HDR_LEN);
+  struct dep_frame_hdr h;
+  char why[256] = "";
+  ck_assert_int_eq(proto_hdr_decode(b->data, DEP_PROTO_MAX_BODY, &h, why, sizeof why), 0);
+  ck_assert_uint_eq(h.magic, DEP_PROTO_MAGIC);
+  ck_assert_uint_eq(h.version, DEP_PROTO_VERSION);
+  ck_assert_uint_eq(h.type, type);
+  ck_assert_uint_eq(h.flags, 0);
+  ck_assert_uint_eq(h.request_id, 0xA1B2C3D4u);
+  ck_assert_uint_eq(h.body_len, b->len - DEP_PROTO_HDR_LEN);
+  *body_len = h.body_len;
+  return b->data + DEP_PROTO_HDR_LEN;
+}
+
+static struct dep_status *sample_status(uint32_t ndev, uint32_t njob) {
+  struct dep_status *st = calloc(1, sizeof *st);
+  ck_assert_ptr_nonnull(st);
+  snprintf(st->version, sizeof st->version, "0.1.0");
+  st->proto_version = DEP_PROTO_VERSION;
+  st->pid = 4242;
+  st->uptime_ms = 0x0123456789ABCDEFull;
+  snprintf(st->backend, sizeof st->backend, "host");
+  st->num_clients = 17;
+  st->num_devices = ndev;
+  st->num_jobs = njob;
+  if (ndev)
+    st->devices = calloc(ndev, sizeof *st->devices);
+  if (njob)
+    st->jobs = calloc(njob, sizeof *st->jobs);
+  for (uint32_t i = 0; i < ndev; i++) {
+    struct dep_status_device *d = &st->devices[i];
+    snprintf(d->uuid, sizeof d->uuid, "%08x-0000-4000-8000-%012x", i, i * 7u);
+    snprintf(d->name, sizeof d->name, "NVIDIA H200 #%u", i);
+    snprintf(d->backend, sizeof d->backend, "cuda");
+    d->pool_total_bytes = (uint64_t)i << 33;
+    d->pool_used_bytes = i * 3u;
+    d->pool_cached_bytes = UINT64_MAX - i;
+  }
+  for (uint32_t i = 0; i < njob; i++) {
+    struct dep_status_job *j = &st->jobs[i];
+    snprintf(j->job_id, sizeof j->job_id, "job-%u.train:%u", i, i * 11u);
+    j->owner_uid = 1000 + i;
+    j->ranks_attached = i % 8;
+    j->ranks_expected = 8;
+    j->world_size = 64;
+    j->slab_bytes = (uint64_t)(i + 1) << 30;
+    j->age_ms = 1000ull * i;
+  }
+  return st;
+}
+
+static void assert_status_eq(const struct dep_status *a, const struct dep_status *b) {
+  ck_assert_str_eq(a->version, b->version);
+  ck_assert_uint_eq(a->proto_version, b->proto_version);
+  ck_assert_uint_eq(a->pid, b->pid);
+  ck_assert_uint_eq(a->uptime_ms, b->uptime_ms);
+  ck_assert_str_eq(a->backend, b->backend);
+  ck_assert_uint_eq(a->num_clients, b->num_clients);
+  ck_assert_uint_eq(a->num_devices, b->num_devices);
+  ck_assert_uint_eq(a->num_jobs, b->num_jobs);
+  for (uint32_t i = 0; i < a->num_devices; i++) {
+    ck_assert_str_eq(a->devices[i].uuid, b->devices[i].uuid);
+    ck_assert_str_eq(a->devices[i].name, b->devices[i].name);
+    ck_assert_str_eq(a->devices[i].backend, b->devices[i].backend);
+    ck_assert_uint_eq(a->devices[i].pool_total_bytes, b->devices[i].pool_total_bytes);
+    ck_assert_uint_eq(a->devices[i].pool_used_bytes, b->devices[i].pool_used_bytes);
+    ck_assert_uint_eq(a->devices[i].pool_cached_bytes, b->devices[i].pool_cached_bytes);
+  }
+  for (uint32_t i = 0; i < a->num_jobs; i++) {
+    ck_assert_str_eq(a->jobs[i].job_id, b->jobs[i].job_id);
+    ck_assert_uint_eq(a->jobs[i].owner_uid, b->jobs[i].owner_uid);
+    ck_assert_uint_eq(a->jobs[i].ranks_attached, b->jobs[i].ranks_attached);
+    ck_assert_uint_eq(a->jobs[i].ranks_expected, b->jobs[i].ranks_expected);
+    ck_assert_uint_eq(a->jobs[i].world_size, b->jobs[i].world_size);
+    ck_assert_uint_eq(a->jobs[i].slab_bytes, b->jobs[i].slab_bytes);
+    ck_assert_uint_eq(a->jobs[i].age_ms, b->jobs[i].age_ms);
+  }
+}
+
+static struct dep_attach_args sample_attach(void) {
+  struct dep_attach_args a;
+  memset(&a, 0, sizeof a);
+  snprintf(a.job_id, sizeof a.job_id, "llama-moe.run_7:step-3");
+  a.rank = 13;
+  a.world_size = 64;
+  a.local_rank = 5;
+  a.local_world_size = 8;
+  for (int i = 0; i < 16; i++)
+    a.device_uuid[i] = (uint8_t)(0xF0 + i);
+  a.shape.max_tokens_per_rank = 4096;
+  a.shape.hidden = 7168;
+  a.shape.num_experts = 256;
+  a.shape.topk = 8;
+  a.shape.dtype = DEP_DTYPE_FP8_E4M3;
+  a.shape.max_ll_tokens_per_rank = 128;
+  return a;
+}
+
+/* One valid message of every body-carrying type, for the rejection tests. */
+struct sample {
+  uint16_t type;
+  const void *msg;
+};
+static struct dep_msg_error s_err = {.code = DEP_ERR_MISMATCH, .message = "ranks disagree"};
+static struct dep_msg_hello s_hello = {.version = 1, .pid = 77, .name = "deepepctl 0.1.0"};
+static struct dep_msg_hello_ok s_hello_ok = {.version = 1, .daemon_version = "0.1.0",
+                                             .backend = "cuda"};
+static struct dep_msg_attach_ok s_attach_ok = {.slab_bytes = 1ull << 34, .local_world_size = 8,
+                                               .num_fds = 3, .backend = "host"};
+static struct dep_attach_args s_attach;
+
+static int samples(struct sample *out, struct dep_status **st) {
+  s_attach = sample_attach();
+  *st = sample_status(2, 3);
+  int n = 0;
+  out[n++] = (struct sample){DEP_MSG_ERROR, &s_err};
+  out[n++] = (struct sample){DEP_MSG_HELLO, &s_hello};
+  out[n++] = (struct sample){DEP_MSG_HELLO_OK, &s_hello_ok};
+  out[n++] = (struct sample){DEP_MSG_STATUS_OK, *st};
+  out[n++] = (struct sample){DEP_MSG_ATTACH, &s_attach};
+  out[n++] = (struct sample){DEP_MSG_ATTACH_OK, &s_attach_ok};
+  return n;
+}
+
+/* Big enough for any decoded message. */
+union anymsg {
+  struct dep_msg_error err;
+  struct dep_msg_hello hello;
+  struct dep_msg_hello_ok hello_ok;
+  struct dep_status status;
+  struct dep_attach_args attach;
+  struct dep_msg_attach_ok attach_ok;
+};
+
+/* Decoding must fail with `want`; a status that somehow succeeded is freed. */
+static void expect_body_rc(uint16_t type, const uint8_t *p, size_t len, int want) {
+  union anymsg m;
+  int rc = proto_body_decode(type, p, len, &m);
+  if (rc == 0 && type == DEP_MSG_STATUS_OK) {
+    free(m.status.devices);
+    free(m.status.jobs);
+  }
+  ck_assert_msg(rc == want, "%s body of %zu bytes: got %s, want %s", proto_type_name(type), len,
+                dep_errname(rc), dep_errname(want));
+}
+
+static void make_hdr(uint8_t out[DEP_PROTO_HDR_LEN], uint16_t version, uint16_t type,
+                     uint32_t flags, uint32_t body_len) {
+  struct dep_frame_hdr h = {DEP_PROTO_MAGIC, version, type, flags, 9, body_len};
+  proto_hdr_encode(&h, out);
+}
+
+/* ---- round trips --------------------------------------------------------- */
+
+START_TEST(every_message_type_round_trips) {
+  struct proto_buf b;
+  proto_buf_init(&b);
+  uint32_t len;
+  const uint8_t *body;
+
+  body = encode_frame(&b, DEP_MSG_ERROR, &s_err, &len);
+  struct dep_msg_error e;
+  ck_assert_int_eq(proto_body_decode(DEP_MSG_ERROR, body, len, &e), 0);
+  ck_assert_int_eq(e.code, s_err.code);
+  ck_assert_str_eq(e.message, s_err.message);
+
+  struct dep_msg_error e_long = {.code = INT32_MIN};
+  memset(e_long.message, 'x', sizeof e_long.message - 1);
+  body = encode_frame(&b, DEP_MSG_ERROR, &e_long, &len);
+  ck_assert_int_eq(proto_body_decode(DEP_MSG_ERROR, body, len, &e), 0);
+  ck_assert_int_eq(e.code, INT32_MIN);
+  ck_assert_str_eq(e.message, e_long.message);
+
+  body = encode_frame(&b, DEP_MSG_HELLO, &s_hello, &len);
+  struct dep_msg_hello h;
+  ck_assert_int_eq(proto_body_decode(DEP_MSG_HELLO, body, len, &h), 0);
+  ck_assert_uint_eq(h.version, s_hello.version);
+  ck_assert_uint_eq(h.pid, s_hello.pid);
+  ck_assert_str_eq(h.name, s_hello.name);
+
+  body = encode_frame(&b, DEP_MSG_HELLO_OK, &s_hello_ok, &len);
+  struct dep_msg_hello_ok ho;
+  ck_assert_int_eq(proto_body_decode(DEP_MSG_HELLO_OK, body, len, &ho), 0);
+  ck_assert_uint_eq(ho.version, s_hello_ok.version);
+  ck_assert_str_eq(ho.daemon_version, s_hello_ok.daemon_version);
+  ck_assert_str_eq(ho.backend, s_hello_ok.backend);
+
+  struct dep_attach_args a = sample_attach(), a2;
+  body = encode_frame(&b, DEP_MSG_ATTACH, &a, &len);
+  ck_assert_int_eq(proto_body_decode(DEP_MSG_ATTACH, body, len, &a2), 0);
+  ck_assert_str_eq(a2.job_id, a.job_id);
+  ck_assert_uint_eq(a2.rank, a.rank);
+  ck_assert_uint_eq(a2.world_size, a.world_size);
+  ck_assert_uint_eq(a2.local_rank, a.local_rank);
+  ck_assert_uint_eq(a2.local_world_size, a.local_world_size);
+  ck_assert_mem_eq(a2.device_uuid, a.device_uuid, 16);
+  ck_assert_uint_eq(a2.shape.max_tokens_per_rank, a.shape.max_tokens_per_rank);
+  ck_assert_uint_eq(a2.shape.hidden, a.shape.hidden);
+  ck_assert_uint_eq(a2.shape.num_experts, a.shape.num_experts);
+  ck_assert_uint_eq(a2.shape.topk, a.shape.topk);
+  ck_assert_uint_eq(a2.shape.dtype, a.shape.dtype);
+  ck_assert_uint_eq(a2.shape.max_ll_tokens_per_rank, a.shape.max_ll_tokens_per_rank);
+
+  body = encode_frame(&b, DEP_MSG_ATTACH_OK, &s_attach_ok, &len);
+  struct dep_msg_attach_ok ao;
+  ck_assert_int_eq(proto_body_decode(DEP_MSG_ATTACH_OK, body, len, &ao), 0);
+  ck_assert_uint_eq(ao.slab_bytes, s_attach_ok.slab_bytes);
+  ck_assert_uint_eq(ao.local_world_size, s_attach_ok.local_world_size);
+  ck_assert_uint_eq(ao.num_fds, s_attach_ok.num_fds);
+  ck_assert_str_eq(ao.backend, s_attach_ok.backend);
+
+  const uint16_t empty[] = {DEP_MSG_STATUS, DEP_MSG_DETACH, DEP_MSG_DETACH_OK, DEP_MSG_SHUTDOWN};
+  for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++) {
+    body = encode_frame(&b, empty[i], NULL, &len);
+    ck_assert_uint_eq(len, 0);
+    ck_assert_int_eq(proto_body_decode(empty[i], body, len, NULL), 0);
+  }
+  proto_buf_free(&b);
+}
+END_TEST
+
+START_TEST(status_round_trips_with_0_1_and_many_records) {
+  const uint32_t counts[][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}, {300, 0}, {0, 500}, {700, 900}};
+  struct proto_buf b;
+  proto_buf_init(&b);
+  for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+    struct dep_status *st = sample_status(counts[i][0], counts[i][1]);
+    uint32_t len;
+    const uint8_t *body = encode_frame(&b, DEP_MSG_STATUS_OK, st, &len);
+    struct dep_status *got = malloc(sizeof *got);
+    ck_assert_ptr_nonnull(got);
+    ck_assert_int_eq(proto_body_decode(DEP_MSG_STATUS_OK, body, len, got), 0);
+    assert_status_eq(st, got);
+    if (counts[i][0] == 0)
+      ck_assert_ptr_null(got->devices);
+    dep_status_free(got);
+    dep_status_free(st);
+  }
+  dep_status_free(NULL);
+  proto_buf_free(&b);
+}
+END_TEST
+
+START_TEST(frames_append_and_failed_encodes_leave_the_buffer_alone) {
+  struct proto_buf b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_STATUS, 0, 1, NULL), 0);
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_HELLO, 0, 2, &s_hello), 0);
+  size_t len = b.len;
+  struct dep_frame_hdr h;
+  ck_assert_int_eq(proto_hdr_decode(b.data + DEP_PROTO_HDR_LEN, DEP_PROTO_MAX_BODY, &h, NULL, 0),
+                   0);
+  ck_assert_uint_eq(h.type, DEP_MSG_HELLO);
+  ck_assert_uint_eq(h.request_id, 2);
+  ck_assert_uint_eq(len, 2 * DEP_PROTO_HDR_LEN + h.body_len);
+
+  /* A name that fills its array has no room for the NUL: not representable. */
+  struct dep_msg_hello bad = s_hello;
+  memset(bad.name, 'n', sizeof bad.name);
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_HELLO, 0, 3, &bad), DEP_ERR_INVALID);
+  ck_assert_int_eq(proto_encode_hello(&b, &bad), DEP_ERR_INVALID);
+  struct dep_msg_error ok_code = {.code = 0, .message = "not an error"};
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_ERROR, 0, 3, &ok_code), DEP_ERR_INVALID);
+  struct dep_msg_attach_ok many = s_attach_ok;
+  many.num_fds = DEP_PROTO_MAX_FDS + 1;
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_ATTACH_OK, 0, 3, &many), DEP_ERR_INVALID);
+  ck_assert_int_eq(proto_frame_encode(&b, 0, 0, 3, NULL), DEP_ERR_INVALID);
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_TYPE_MAX_, 0, 3, NULL), DEP_ERR_INVALID);
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_STATUS, 0x80, 3, NULL), DEP_ERR_INVALID);
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_HELLO, 0, 3, NULL), DEP_ERR_INVALID);
+  struct dep_status nodev = {.num_devices = 2, .devices = NULL};
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_STATUS_OK, 0, 3, &nodev), DEP_ERR_INVALID);
+  /* A status too big for one frame is refused rather than cut. */
+  struct dep_status *huge = sample_status(4000, 0);
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_STATUS_OK, 0, 3, huge), DEP_ERR_INVALID);
+  dep_status_free(huge);
+  ck_assert_uint_eq(b.len, len);
+  proto_buf_reset(&b);
+  ck_assert_uint_eq(b.len, 0);
+  proto_buf_free(&b);
+  ck_assert_ptr_null(b.data);
+}
+END_TEST
+
+/* ---- header rejections --------------------------------------------------- */
+
+START_TEST(header_checks_each_field_in_order) {
+  uint8_t raw[DEP_PROTO_HDR_LEN];
+  struct dep_frame_hdr h;
+  char why[256];
+
+  make_hdr(raw, DEP_PROTO_VERSION, DEP_MSG_HELLO, DEP_FRAME_F_FDS, 100);
+  ck_assert_int_eq(proto_hdr_decode(raw, DEP_PROTO_MAX_BODY, &h, why, sizeof why), 0);
+  ck_assert_uint_eq(h.flags, DEP_FRAME_F_FDS);
+  ck_assert_uint_eq(h.request_id, 9);
+
+  make_hdr(raw, 7, 0xEEEE, 0x80, 0xFFFFFFFF);
+  raw[0] ^= 0xFF;
+  ck_assert_int_eq(proto_hdr_decode(raw, DEP_PROTO_MAX_BODY, &h, why, sizeof why),
+                   DEP_ERR_PROTOCOL);
+  ck_assert_ptr_nonnull(strstr(why, "magic"));
+
+  make_hdr(raw, 7, 0xEEEE, 0x80, 0xFFFFFFFF);
+  ck_assert_int_eq(proto_hdr_decode(raw, DEP_PROTO_MAX_BODY, &h, why, sizeof why),
+                   DEP_ERR_VERSION);
+  ck_assert_msg(strstr(why, "version 7") && strstr(why, "speaks 1"), "why: %s", why);
+
+  make_hdr(raw, DEP_PROTO_VERSION, 0xEEEE, 0x80, 0xFFFFFFFF);
+  ck_assert_int_eq(proto_hdr_decode(raw, DEP_PROTO_MAX_BODY, &h, why, sizeof why),
+                   DEP_ERR_PROTOCOL);
+  ck_assert_msg(strstr(why, "type 61166") != NULL, "why: %s", why);
+  make_hdr(raw, DEP_PROTO_VERSION, 0, 0, 0);
+  ck_assert_int_eq(proto_hdr_decode(raw, DEP_PROTO_MAX_BODY, &h, NULL, 0), DEP_ERR_PROTOCOL);
+  make_hdr(raw, DEP_PROTO_VERSION, DEP_MSG_TYPE_MAX_, 0, 0);
+  ck_assert_int_eq(proto_hdr_decode(raw, DEP_PROTO_MAX_BODY, &h, NULL, 0), DEP_ERR_PROTOCOL);
+
+  make_hdr(raw, DEP_PROTO_VERSION, DEP_MSG_HELLO, 0x80, 0xFFFFFFFF);
+  ck_assert_int_eq(proto_hdr_decode(raw, DEP_PROTO_MAX_BODY, &h, why, sizeof why),
+                   DEP_ERR_PROTOCOL);
+  ck_assert_msg(strstr(why, "flags") != NULL, "why: %s", why);
+
+  make_hdr(raw, DEP_PROTO_VERSION, DEP_MSG_HELLO, 0, DEP_PROTO_MAX_BODY + 1);
+  raw[20] = 1;
+  ck_assert_int_eq(proto_hdr_decode(raw, DEP_PROTO_MAX_BODY, &h, why, sizeof why),
+                   DEP_ERR_PROTOCOL);
+  ck_assert_msg(strstr(why, "262145 bytes") != NULL, "why: %s", why);
+  make_hdr(raw, DEP_PROTO_VERSION, DEP_MSG_HELLO, 0, DEP_PROTO_MAX_BODY);
+  ck_assert_int_eq(proto_hdr_decode(raw, DEP_PROTO_MAX_BODY, &h, NULL, 0), 0);
+  /* The caller's limit, not only the protocol's, is enforced. */
+  make_hdr(raw, DEP_PROTO_VERSION, DEP_MSG_HELLO, 0, 65);
+  ck_assert_int_eq(proto_hdr_decode(raw, 64, &h, NULL, 0), DEP_ERR_PROTOCOL);
+
+  make_hdr(raw, DEP_PROTO_VERSION, DEP_MSG_HELLO, 0, 10);
+  raw[23] = 0x01;
+  ck_assert_int_eq(proto_hdr_decode(raw, DEP_PROTO_MAX_BODY, &h, why, sizeof why),
+                   DEP_ERR_PROTOCOL);
+  ck_assert_msg(strstr(why, "reserved") != NULL, "why: %s", why);
+}
+END_TEST
+
+START_TEST(header_is_little_endian_on_the_wire) {
+  uint8_t raw[DEP_PROTO_HDR_LEN];
+  struct dep_frame_hdr h = {DEP_PROTO_MAGIC, 1, DEP_MSG_ATTACH, 1, 0x04030201u, 0x0000A0B0u};
+  proto_hdr_encode(&h, raw);
+  const uint8_t want[DEP_PROTO_HDR_LEN] = {'D', 'E', 'P', '1', 1, 0, 6, 0, 1, 0, 0, 0,
+                                           1,   2,   3,   4,   0xB0, 0xA0, 0, 0, 0, 0, 0, 0};
+  ck_assert_mem_eq(raw, want, DEP_PROTO_HDR_LEN);
+}
+END_TEST
+
+/* ---- body rejections ----------------------------------------------------- */
+
+START_TEST(every_truncation_and_extension_of_a_body_is_rejected) {
+  struct sample s[8];
+  struct dep_status *st;
+  int n = samples(s, &st);
+  struct proto_buf b;
+  proto_buf_init(&b);
+  for (int i = 0; i < n; i++) {
+    uint32_t len;
+    encode_frame(&b, s[i].type, s[i].msg, &len);
+    /* Every prefix of the frame that still holds a header: the body is short. */
+    for (size_t cut = DEP_PROTO_HDR_LEN; cut < b.len; cut++)
+      expect_body_rc(s[i].type, b.data + DEP_PROTO_HDR_LEN, cut - DEP_PROTO_HDR_LEN,
+                     DEP_ERR_PROTOCOL);
+    /* One trailing byte is as wrong as a missing one. */
+    uint8_t *longer = malloc(len + 1);
+    memcpy(longer, b.data + DEP_PROTO_HDR_LEN, len);
+    longer[len] = 0;
+    expect_body_rc(s[i].type, longer, len + 1, DEP_ERR_PROTOCOL);
+    free(longer);
+  }
+  const uint16_t empty[] = {DEP_MSG_STATUS, DEP_MSG_DETACH, DEP_MSG_DETACH_OK, DEP_MSG_SHUTDOWN};
+  const uint8_t one = 0;
+  for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++)
+    expect_body_rc(empty[i], &one, 1, DEP_ERR_PROTOCOL);
+  expect_body_rc(0, &one, 0, DEP_ERR_PROTOCOL);
+  expect_body_rc(DEP_MSG_TYPE_MAX_, &one, 0, DEP_ERR_PROTOCOL);
+  dep_status_free(st);
+  proto_buf_free(&b);
+}
+END_TEST
+
+START_TEST(strings_with_nul_or_too_long_are_rejected) {
+  /* HELLO: version, pid, then the name "ab\0d". */
+  uint8_t body[8 + 2 + 64] = {1, 0, 0, 0, 5, 0, 0, 0, 4, 0, 'a', 'b', 0, 'd'};
+  expect_body_rc(DEP_MSG_HELLO, body, 14, DEP_ERR_PROTOCOL);
+  body[12] = 'c';
+  expect_body_rc(DEP_MSG_HELLO, body, 14, 0);
+  /* 63 bytes fit name[64]; 64 do not. */
+  memset(body + 10, 'x', 64);
+  body[8] = 63;
+  expect_body_rc(DEP_MSG_HELLO, body, 10 + 63, 0);
+  body[8] = 64;
+  expect_body_rc(DEP_MSG_HELLO, body, 10 + 64, DEP_ERR_PROTOCOL);
+  /* A length that runs past the end of the body. */
+  body[8] = 0xFF;
+  body[9] = 0xFF;
+  expect_body_rc(DEP_MSG_HELLO, body, sizeof body, DEP_ERR_PROTOCOL);
+
+  /* ERROR with a non-negative code carries no error. */
+  const uint8_t err0[] = {0, 0, 0, 0, 1, 0, 'x'};
+  expect_body_rc(DEP_MSG_ERROR, err0, sizeof err0, DEP_ERR_PROTOCOL);
+  const uint8_t errneg[] = {0xF4, 0xFF, 0xFF, 0xFF, 1, 0, 'x'};
+  struct dep_msg_error e;
+  ck_assert_int_eq(proto_decode_error(errneg, sizeof errneg, &e), 0);
+  ck_assert_int_eq(e.code, DEP_ERR_MISMATCH);
+
+  /* ATTACH_OK announcing more fds than a frame can carry. */
+  uint8_t ao[8 + 4 + 4 + 2] = {0};
+  ao[12] = 251;
+  expect_body_rc(DEP_MSG_ATTACH_OK, ao, sizeof ao, DEP_ERR_PROTOCOL);
+  ao[12] = 250;
+  expect_body_rc(DEP_MSG_ATTACH_OK, ao, sizeof ao, 0);
+}
+END_TEST
+
+/* A STATUS_OK prefix with empty strings and the given counts. */
+static size_t status_prefix(uint8_t *p, uint32_t ndev, uint32_t njob) {
+  memset(p, 0, 38);
+  /* version "", proto, pid, uptime, backend "", clients, ndev, njob */
+  size_t off = 2 + 4 + 4 + 8 + 2 + 4;
+  for (int i = 0; i < 4; i++) {
+    p[off + i] = (uint8_t)(ndev >> (8 * i));
+    p[off + 4 + i] = (uint8_t)(njob >> (8 * i));
+  }
+  return off + 8;
+}
+
+START_TEST(status_counts_beyond_the_body_are_rejected_before_allocating) {
+  uint8_t body[4096];
+  struct dep_status st;
+  /* 4 billion devices in a 40-byte body: refused, not allocated (calloc of
+   * that size would succeed lazily or fail with NO_MEMORY, not PROTOCOL). */
+  size_t n = status_prefix(body, UINT32_MAX, 0);
+  ck_assert_int_eq(proto_decode_status(body, n, &st), DEP_ERR_PROTOCOL);
+  n = status_prefix(body, 0, UINT32_MAX);
+  ck_assert_int_eq(proto_decode_status(body, n, &st), DEP_ERR_PROTOCOL);
+  n = status_prefix(body, 0x10000000u, 0x10000000u);
+  memset(body + n, 0, 200);
+  ck_assert_int_eq(proto_decode_status(body, n + 200, &st), DEP_ERR_PROTOCOL);
+  /* One device announced, none present. */
+  n = status_prefix(body, 1, 0);
+  ck_assert_int_eq(proto_decode_status(body, n, &st), DEP_ERR_PROTOCOL);
+  /* Exactly enough bytes for the minimal records decodes. */
+  n = status_prefix(body, 3, 2);
+  memset(body + n, 0, 3 * 30 + 2 * 34);
+  ck_assert_int_eq(proto_decode_status(body, n + 3 * 30 + 2 * 34, &st), 0);
+  ck_assert_uint_eq(st.num_devices, 3);
+  ck_assert_uint_eq(st.num_jobs, 2);
+  free(st.devices);
+  free(st.jobs);
+  /* The same counts with a bad string in the last job: everything allocated
+   * is freed (ASan's leak check holds us to it) and the struct is clean. */
+  body[n + 3 * 30 + 34] = 0xFF;
+  ck_assert_int_eq(proto_decode_status(body, n + 3 * 30 + 2 * 34, &st), DEP_ERR_PROTOCOL);
+  ck_assert_ptr_null(st.devices);
+  ck_assert_ptr_null(st.jobs);
+  ck_assert_uint_eq(st.num_devices, 0);
+}
+END_TEST
+
+/* ---- random frames ------------------------------------------------------- */
+
+static uint64_t rng_state;
+static char fuzz_seed_msg[64];
+
+static uint64_t rng(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return rng_state;
+}
+
+/* A crash is the failure this test looks for: say which seed reproduces it. */
+static void on_crash(int sig) {
+  (void)!write(2, fuzz_seed_msg, strlen(fuzz_seed_msg));
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/* Decode `p` as every body type; whatever decodes must re-encode to the same bytes. */
+static void decode_all_types(const uint8_t *p, size_t len, struct proto_buf *b, uint64_t seed) {
+  for (uint16_t t = 0; t <= DEP_MSG_TYPE_MAX_; t++) {
+    union anymsg m;
+    int rc = proto_body_decode(t, p, len, &m);
+    ck_assert_msg(rc == 0 || rc == DEP_ERR_PROTOCOL, "seed %llu: type %u gave %d",
+                  (unsigned long long)seed, t, rc);
+    if (rc != 0)
+      continue;
+    proto_buf_reset(b);
+    ck_assert_msg(proto_frame_encode(b, t, 0, 0, &m) == 0, "seed %llu: re-encode of %s failed",
+                  (unsigned long long)seed, proto_type_name(t));
+    ck_assert_msg(b->len - DEP_PROTO_HDR_LEN == len &&
+                      memcmp(b->data + DEP_PROTO_HDR_LEN, p, len) == 0,
+                  "seed %llu: %s did not round-trip", (unsigned long long)seed,
+                  proto_type_name(t));
+    if (t == DEP_MSG_STATUS_OK) {
+      free(m.status.devices);
+      free(m.status.jobs);
+    }
+  }
+}
+
+START_TEST(random_frames_never_crash_a_decoder) {
+  const char *env = getenv("DEP_TEST_SEED");
+  uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+  if (seed == 0)
+    seed = 1;
+  rng_state = seed;
+  snprintf(fuzz_seed_msg, sizeof fuzz_seed_msg, "random frames: DEP_TEST_SEED=%llu\n",
+           (unsigned long long)seed);
+  signal(SIGSEGV, on_crash);
+  signal(SIGABRT, on_crash);
+  signal(SIGBUS, on_crash);
+
+  struct sample s[8];
+  struct dep_status *st;
+  int ns = samples(s, &st);
+  struct proto_buf valid[8], out;
+  for (int i = 0; i < ns; i++) {
+    proto_buf_init(&valid[i]);
+    ck_assert_int_eq(proto_frame_encode(&valid[i], s[i].type, 0, 1, s[i].msg), 0);
+  }
+  proto_buf_init(&out);
+  uint8_t buf[512];
+  for (int iter = 0; iter < 100000; iter++) {
+    size_t len;
+    if (rng() % 2) { /* a valid frame with a few bytes changed, cut or extended */
+      const struct proto_buf *v = &valid[rng() % (uint64_t)ns];
+      len = v->len <= sizeof buf ? v->len : sizeof buf;
+      memcpy(buf, v->data, len);
+      for (int k = (int)(rng() % 4); k >= 0; k--)
+        buf[rng() % len] ^= (uint8_t)(1u << (rng() % 8));
+      if (rng() % 4 == 0)
+        len = (size_t)(rng() % (len + 1));
+    } else {
+      len = (size_t)(rng() % sizeof buf);
+      for (size_t k = 0; k < len; k++)
+        buf[k] = (uint8_t)rng();
+    }
+    struct dep_frame_hdr h;
+    char why[256];
+    if (len >= DEP_PROTO_HDR_LEN) {
+      int rc = proto_hdr_decode(buf, DEP_PROTO_MAX_BODY, &h, why, sizeof why);
+      ck_assert_msg(rc == 0 || rc == DEP_ERR_PROTOCOL || rc == DEP_ERR_VERSION, "seed %llu",
+                    (unsigned long long)seed);
+      if (rc == 0)
+        ck_assert_msg(h.magic == DEP_PROTO_MAGIC && h.body_len <= DEP_PROTO_MAX_BODY &&
+                          h.type > 0 && h.type < DEP_MSG_TYPE_MAX_,
+                      "seed %llu", (unsigned long long)seed);
+      decode_all_types(buf + DEP_PROTO_HDR_LEN, len - DEP_PROTO_HDR_LEN, &out, seed);
+    }
+    decode_all_types(buf, len, &out, seed);
+  }
+  for (int i = 0; i < ns; i++)
+    proto_buf_free(&valid[i]);
+  proto_buf_free(&out);
+  dep_status_free(st);
+  signal(SIGSEGV, SIG_DFL);
+  signal(SIGABRT, SIG_DFL);
+  signal(SIGBUS, SIG_DFL);
+}
+END_TEST
+
+/* ---- field checks -------------------------------------------------------- */
+
+#define EXPECT_BAD_ATTACH(field_expr, needle)                                          \
+  do {                                                                                 \
+    struct dep_attach_args a_ = sample_attach();                                       \
+    field_expr;                                                                        \
+    char w_[256] = "";                                                                 \
+    ck_assert_int_eq(proto_check_attach(&a_, w_, sizeof w_), DEP_ERR_INVALID);        \
+    ck_assert_msg(strstr(w_, needle) != NULL, "want \"%s\" in \"%s\"", needle, w_);   \
+  } while (0)
+
+START_TEST(attach_fields_are_checked_with_messages_naming_them) {
+  struct dep_attach_args a = sample_attach();
+  char why[256] = "";
+  ck_assert_int_eq(proto_check_attach(&a, why, sizeof why), 0);
+  EXPECT_BAD_ATTACH(a_.job_id[0] = 0, "job_id length 0");
+  EXPECT_BAD_ATTACH(a_.job_id[2] = '/', "job_id");
+  EXPECT_BAD_ATTACH(a_.world_size = 0, "world_size 0 is out of range (allowed 1..4096)");
+  EXPECT_BAD_ATTACH(a_.world_size = 4097, "world_size 4097");
+  EXPECT_BAD_ATTACH(a_.rank = 64, "rank 64");
+  EXPECT_BAD_ATTACH(a_.local_world_size = 0, "local_world_size 0");
+  EXPECT_BAD_ATTACH(a_.local_world_size = 65, "local_world_size 65 is out of range (allowed 1..64)");
+  EXPECT_BAD_ATTACH((a_.world_size = 4, a_.rank = 0, a_.shape.num_experts = 8,
+                     a_.local_world_size = 8, a_.local_rank = 0),
+                    "local_world_size 8 exceeds world_size 4");
+  EXPECT_BAD_ATTACH(a_.local_rank = 8, "local_rank 8");
+  EXPECT_BAD_ATTACH(a_.shape.max_tokens_per_rank = 0, "max_tokens_per_rank 0");
+  EXPECT_BAD_ATTACH(a_.shape.max_tokens_per_rank = 65537, "max_tokens_per_rank 65537");
+  EXPECT_BAD_ATTACH(a_.shape.hidden = 100, "hidden 100");
+  EXPECT_BAD_ATTACH(a_.shape.hidden = 0, "hidden 0");
+  EXPECT_BAD_ATTACH(a_.shape.hidden = 200, "hidden 200");
+  EXPECT_BAD_ATTACH(a_.shape.hidden = 16384 + 128, "multiple of 128 in 128..16384");
+  EXPECT_BAD_ATTACH(a_.shape.topk = 0, "topk 0");
+  EXPECT_BAD_ATTACH(a_.shape.topk = 17, "topk 17 is out of range (allowed 1..16)");
+  EXPECT_BAD_ATTACH(a_.shape.num_experts = 0, "num_experts 0");
+  EXPECT_BAD_ATTACH(a_.shape.num_experts = 65536 + 64, "num_experts 65600");
+  EXPECT_BAD_ATTACH(a_.shape.num_experts = 100, "num_experts 100 is not divisible by world_size 64");
+  EXPECT_BAD_ATTACH((a_.world_size = 1, a_.rank = 0, a_.local_world_size = 1, a_.local_rank = 0,
+                     a_.shape.num_experts = 4),
+                    "topk 8 exceeds num_experts 4");
+  EXPECT_BAD_ATTACH(a_.shape.max_ll_tokens_per_rank = 4097,
+                    "max_ll_tokens_per_rank 4097 exceeds max_tokens_per_rank 4096");
+  EXPECT_BAD_ATTACH(a_.shape.dtype = 0, "dtype 0");
+  EXPECT_BAD_ATTACH(a_.shape.dtype = 3, "dtype 3");
+  /* The limits themselves are allowed. */
+  a.world_size = DEP_MAX_WORLD;
+  a.rank = DEP_MAX_WORLD - 1;
+  a.local_world_size = DEP_MAX_LOCAL_RANKS;
+  a.local_rank = DEP_MAX_LOCAL_RANKS - 1;
+  a.shape = (struct dep_job_shape){65536, 16384, 65536, 16, DEP_DTYPE_BF16, 65536};
+  ck_assert_int_eq(proto_check_attach(&a, why, sizeof why), 0);
+  a.shape = (struct dep_job_shape){1, 128, 4096, 1, DEP_DTYPE_BF16, 0};
+  ck_assert_int_eq(proto_check_attach(&a, NULL, 0), 0);
+}
+END_TEST
+
+START_TEST(job_ids_are_1_to_63_safe_characters) {
+  char id[80];
+  ck_assert_int_eq(proto_check_job_id("a", NULL, 0), 0);
+  ck_assert_int_eq(proto_check_job_id("Run-1.2_x:y", NULL, 0), 0);
+  memset(id, 'j', 63);
+  id[63] = 0;
+  ck_assert_int_eq(proto_check_job_id(id, NULL, 0), 0);
+  memset(id, 'j', 64);
+  id[64] = 0;
+  ck_assert_int_eq(proto_check_job_id(id, NULL, 0), DEP_ERR_INVALID);
+  const char *bad[] = {"", "a b", "a/b", "ä", "a\n", "$x", "a*"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char why[200] = "";
+    ck_assert_msg(proto_check_job_id(bad[i], why, sizeof why) == DEP_ERR_INVALID, "%s", bad[i]);
+    ck_assert_ptr_nonnull(strstr(why, "job_id"));
+  }
+  ck_assert_int_eq(proto_check_job_id(NULL, NULL, 0), DEP_ERR_INVALID);
+}
+END_TEST
+
+START_TEST(type_names_cover_every_type) {
+  ck_assert_str_eq(proto_type_name(DEP_MSG_ATTACH), "ATTACH");
+  ck_assert_str_eq(proto_type_name(DEP_MSG_STATUS_OK), "STATUS_OK");
+  ck_assert_str_eq(proto_type_name(DEP_MSG_SHUTDOWN), "SHUTDOWN");
+  for (uint16_t t = 1; t < DEP_MSG_TYPE_MAX_; t++)
+    ck_assert_str_ne(proto_type_name(t), "UNKNOWN");
+  ck_assert_str_eq(proto_type_name(0), "UNKNOWN");
+  ck_assert_str_eq(proto_type_name(DEP_MSG_TYPE_MAX_), "UNKNOWN");
+}
+END_TEST
+
+/* ---- error table --------------------------------------------------------- */
+
+START_TEST(every_error_code_has_a_name_and_description) {
+#define CHECK_ERR(name, val, desc)                                \
+  ck_assert_str_eq(dep_strerror(DEP_ERR_##name), desc);           \
+  ck_assert_str_eq(dep_errname(DEP_ERR_##name), "DEP_ERR_" #name);
+  DEP_ERRNO_MAP(CHECK_ERR)
+#undef CHECK_ERR
+  ck_assert_str_eq(dep_strerror(DEP_ERR_TIMEOUT), "timed out");
+  ck_assert_str_eq(dep_errname(DEP_ERR_PROTOCOL), "DEP_ERR_PROTOCOL");
+  ck_assert_str_eq(dep_errname(DEP_OK), "DEP_ERR_OK");
+  ck_assert_str_eq(dep_strerror(-9999), "unknown error");
+  ck_assert_str_eq(dep_strerror(5), "unknown error");
+  ck_assert_str_eq(dep_errname(-19), "DEP_ERR_UNKNOWN");
+  /* Names are distinct, so logs can tell codes apart. */
+  for (int a = 0; a >= DEP_ERR_INTERNAL; a--)
+    for (int b = a - 1; b >= DEP_ERR_INTERNAL; b--)
+      ck_assert_str_ne(dep_errname(a), dep_errname(b));
+}
+END_TEST
+
+/* ---- fd passing ---------------------------------------------------------- */
+
+static int count_open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    if (e->d_name[0] != '.')
+      n++;
+  closedir(d);
+  return n;
+}
+
+static void make_memfds(int *fds, int n) {
+  for (int i = 0; i < n; i++) {
+    fds[i] = memfd_create("check_proto", 0);
+    ck_assert_int_ge(fds[i], 0);
+  }
+}
+
+START_TEST(fds_cross_a_socket_and_refer_to_the_same_files) {
+  int sv[2], mine[3], got[4] = {-1, -1, -1, -1}, ngot = 0;
+  ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  make_memfds(mine, 3);
+  ck_assert_int_eq(fdpass_send(sv[0], "frame", 5, mine, 3), 5);
+  char buf[16] = "";
+  ck_assert_int_eq(fdpass_recv(sv[1], buf, sizeof buf, got, 4, &ngot), 5);
+  ck_assert_mem_eq(buf, "frame", 5);
+  ck_assert_int_eq(ngot, 3);
+  for (int i = 0; i < 3; i++) {
+    ck_assert_int_ne(got[i], mine[i]);
+    ck_assert_int_ne(fcntl(got[i], F_GETFD) & FD_CLOEXEC, 0);
+    char msg[16], back[16] = "";
+    int len = snprintf(msg, sizeof msg, "file %d", i);
+    ck_assert_int_eq(pwrite(got[i], msg, (size_t)len, 0), len);
+    ck_assert_int_eq(pread(mine[i], back, sizeof back, 0), len);
+    ck_assert_mem_eq(back, msg, (size_t)len);
+  }
+  ck_assert_int_eq(got[3], -1);
+  fdpass_close_all(got, 3);
+  ck_assert_int_eq(got[0], -1);
+  ck_assert_int_eq(fcntl(mine[0], F_GETFD), 0); /* sending kept our copies open */
+  fdpass_close_all(mine, 3);
+
+  /* Plain bytes, EOF, a non-blocking empty read and a dead peer. */
+  ck_assert_int_eq(fdpass_send(sv[0], "xy", 2, NULL, 0), 2);
+  ngot = 0;
+  ck_assert_int_eq(fdpass_recv(sv[1], buf, sizeof buf, NULL, 0, &ngot), 2);
+  ck_assert_int_eq(fcntl(sv[1], F_SETFL, O_NONBLOCK), 0);
+  errno = 0;
+  ck_assert_int_eq(fdpass_recv(sv[1], buf, sizeof buf, NULL, 0, &ngot), DEP_ERR_IO);
+  ck_assert_int_eq(errno, EAGAIN);
+  close(sv[0]);
+  ck_assert_int_eq(fdpass_recv(sv[1], buf, sizeof buf, NULL, 0, &ngot), 0);
+  ck_assert_int_eq(fdpass_send(sv[1], "z", 1, NULL, 0), DEP_ERR_DAEMON_GONE);
+  ck_assert_int_eq(fdpass_send(sv[1], "", 0, mine, 1), DEP_ERR_INVALID);
+  close(sv[1]);
+}
+END_TEST
+
+START_TEST(more_fds_than_room_is_refused_and_nothing_leaks) {
+  /* {fds sent, room}: 3 into 1 truncates the control data (MSG_CTRUNC);
+   * 2 into 1 fits the kernel's rounded-up buffer and must still be refused. */
+  const int cases[][2] = {{3, 0}, {3, 1}, {3, 2}, {2, 1}, {1, 0}};
+  for (size_t r = 0; r < sizeof cases / sizeof cases[0]; r++) {
+    int sv[2], mine[3], got[3] = {-1, -1, -1}, ngot = 0, nsend = cases[r][0];
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    int before = count_open_fds();
+    make_memfds(mine, nsend);
+    ck_assert_int_eq(fdpass_send(sv[0], "f", 1, mine, nsend), 1);
+    fdpass_close_all(mine, nsend);
+    char c;
+    ck_assert_int_eq(fdpass_recv(sv[1], &c, 1, got, cases[r][1], &ngot), DEP_ERR_PROTOCOL);
+    ck_assert_int_eq(ngot, 0);
+    ck_assert_int_eq(got[0], -1);
+    ck_assert_int_eq(count_open_fds(), before);
+    close(sv[0]);
+    close(sv[1]);
+  }
+}
+END_TEST
+
+START_TEST(ancillary_data_other_than_fds_is_refused_and_nothing_leaks) {
+  int sv[2], mine[1], got[64], ngot = 0, on = 1;
+  ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  /* With SO_PASSCRED the kernel adds SCM_CREDENTIALS to every message. */
+  ck_assert_int_eq(setsockopt(sv[1], SOL_SOCKET, SO_PASSCRED, &on, sizeof on), 0);
+  int before = count_open_fds();
+  make_memfds(mine, 1);
+  ck_assert_int_eq(fdpass_send(sv[0], "f", 1, mine, 1), 1);
+  fdpass_close_all(mine, 1);
+  char c;
+  /* Room for 64 fds: both messages fit, so only the type check refuses it. */
+  ck_assert_int_eq(fdpass_recv(sv[1], &c, 1, got, 64, &ngot), DEP_ERR_PROTOCOL);
+  ck_assert_int_eq(ngot, 0);
+  ck_assert_int_eq(count_open_fds(), before);
+  close(sv[0]);
+  close(sv[1]);
+}
+END_TEST
+
+Suite *proto_suite(void);
+Suite *proto_suite(void) {
+  Suite *s = suite_create("proto");
+  TCase *tc = tcase_create("codec");
+  tcase_add_test(tc, every_message_type_round_trips);
+  tcase_add_test(tc, status_round_trips_with_0_1_and_many_records);
+  tcase_add_test(tc, frames_append_and_failed_encodes_leave_the_buffer_alone);
+  tcase_add_test(tc, header_checks_each_field_in_order);
+  tcase_add_test(tc, header_is_little_endian_on_the_wire);
+  tcase_add_test(tc, every_truncation_and_extension_of_a_body_is_rejected);
+  tcase_add_test(tc, strings_with_nul_or_too_long_are_rejected);
+  tcase_add_test(tc, status_counts_beyond_the_body_are_rejected_before_allocating);
+  tcase_add_test(tc, attach_fields_are_checked_with_messages_naming_them);
+  tcase_add_test(tc, job_ids_are_1_to_63_safe_characters);
+  tcase_add_test(tc, type_names_cover_every_type);
+  tcase_add_test(tc, every_error_code_has_a_name_and_description);
+  suite_add_tcase(s, tc);
+
+  TCase *rnd = tcase_create("random");
+  tcase_set_timeout(rnd, 120); /* 100k frames take seconds under ASan */
+  tcase_add_test(rnd, random_frames_never_crash_a_decoder);
+  suite_add_tcase(s, rnd);
+
+  TCase *fd = tcase_create("fdpass");
+  tcase_add_test(fd, fds_cross_a_socket_and_refer_to_the_same_files);
+  tcase_add_test(fd, more_fds_than_room_is_refused_and_nothing_leaks);
+  tcase_add_test(fd, ancillary_data_other_than_fds_is_refused_and_nothing_leaks);
+  suite_add_tcase(s, fd);
+  return s;
+}
