@@ -51,6 +51,7 @@ int client_seterr(dep_client_t *c, int code, const char *fmt, ...) {
 }
 
 void client_disconnect(dep_client_t *c) {
+  client_unmap(c);
   if (c->fd >= 0)
     close(c->fd);
   c->fd = -1;
@@ -61,9 +62,7 @@ void client_disconnect(dep_client_t *c) {
 }
 
 /* A failure after which the stream cannot be trusted: record it, close. */
-static int client_fail(dep_client_t *c, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int client_fail(dep_client_t *c, int code, const char *fmt, ...) {
+int client_fail(dep_client_t *c, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
@@ -260,16 +259,13 @@ static int client_send_all(dep_client_t *c, const uint8_t *p, size_t len, const 
   return 0;
 }
 
-int client_request(dep_client_t *c, uint16_t type, const void *msg, uint16_t ok_type,
-                   int timeout_ms, struct client_frame *reply) {
+int client_send_request(dep_client_t *c, uint16_t type, const void *msg, uint32_t *id_out) {
   const char *what = proto_type_name(type);
-  client_frame_init(reply);
   if (c->fd < 0)
     return client_seterr(c, DEP_ERR_STATE, "not connected to deepepd; call dep_connect first");
   int rc = client_check_notice(c);
   if (rc != 0)
     return rc;
-
   uint32_t id = c->next_request++;
   if (c->next_request == 0)
     c->next_request = 1;
@@ -280,10 +276,16 @@ int client_request(dep_client_t *c, uint16_t type, const void *msg, uint16_t ok_
   rc = client_send_all(c, c->tx.data, c->tx.len, what);
   if (rc != 0)
     return rc;
+  *id_out = id;
+  return 0;
+}
 
-  struct client_wait w = {.what = what, .timeout_ms = timeout_ms,
-                          .deadline = timeout_ms < 0 ? -1 : client_now_ms() + timeout_ms};
-  rc = client_read_frame(c, reply, &w);
+int client_read_reply(dep_client_t *c, uint32_t id, const char *what, uint16_t ok_type,
+                      uint16_t part_type, int timeout_ms, int64_t deadline,
+                      struct client_frame *reply) {
+  client_frame_init(reply);
+  struct client_wait w = {.what = what, .timeout_ms = timeout_ms, .deadline = deadline};
+  int rc = client_read_frame(c, reply, &w);
   if (rc != 0)
     return rc;
   const struct dep_frame_hdr *h = &reply->hdr;
@@ -297,13 +299,28 @@ int client_request(dep_client_t *c, uint16_t type, const void *msg, uint16_t ok_
   }
   if (h->type == DEP_MSG_ERROR)
     return client_error_reply(c, reply, what);
-  if (h->type != ok_type) {
+  if (h->type != ok_type && (part_type == 0 || h->type != part_type)) {
     uint16_t got = h->type;
     client_frame_release(reply);
     return client_fail(c, DEP_ERR_PROTOCOL, "deepepd answered %s with %s, expected %s", what,
                        proto_type_name(got), proto_type_name(ok_type));
   }
   return 0;
+}
+
+int64_t client_deadline(int timeout_ms) {
+  return timeout_ms < 0 ? -1 : client_now_ms() + timeout_ms;
+}
+
+int client_request(dep_client_t *c, uint16_t type, const void *msg, uint16_t ok_type,
+                   int timeout_ms, struct client_frame *reply) {
+  uint32_t id = 0;
+  client_frame_init(reply);
+  int rc = client_send_request(c, type, msg, &id);
+  if (rc != 0)
+    return rc;
+  return client_read_reply(c, id, proto_type_name(type), ok_type, 0, timeout_ms,
+                           client_deadline(timeout_ms), reply);
 }
 
 /* ---- handle ----------------------------------------------------------------- */
@@ -489,100 +506,3 @@ DEP_EXPORT int dep_status(dep_client_t *c, struct dep_status **out) {
   return DEP_OK;
 }
 
-/* ---- attach / detach --------------------------------------------------------------- */
-
-/* The client-side bound on the ATTACH wait: $DEEPEPD_ATTACH_TIMEOUT_MS + margin. */
-static int client_attach_timeout(dep_client_t *c, int *timeout_ms) {
-  const char *e = getenv(CLIENT_ATTACH_TIMEOUT_ENV);
-  unsigned long long v = CLIENT_ATTACH_TIMEOUT_DEFAULT_MS;
-  if (e != NULL && e[0] != '\0') {
-    char *end = NULL;
-    errno = 0;
-    v = strtoull(e, &end, 10);
-    if (e[0] < '0' || e[0] > '9' || errno != 0 || *end != '\0' || v == 0 || v > 86400000ull)
-      return client_seterr(c, DEP_ERR_INVALID,
-                           "$" CLIENT_ATTACH_TIMEOUT_ENV "=\"%s\" is not a number of "
-                           "milliseconds from 1 to 86400000; fix or unset it",
-                           e);
-  }
-  *timeout_ms = (int)v + CLIENT_ATTACH_MARGIN_MS;
-  return 0;
-}
-
-/*
- * Take in the ATTACH_OK frame and the fds riding on it.  The body says how
- * many fds the daemon meant to send; a different count means the stream
- * lost or invented some, which must not pass silently.  Until the slab
- * mapping exists no fd is taken, so client_frame_release closes them all.
- */
-static int client_attach_ok(dep_client_t *c, struct client_frame *f) {
-  struct dep_msg_attach_ok ok;
-  if (proto_decode_attach_ok(f->body, f->hdr.body_len, &ok) != 0)
-    return client_fail(c, DEP_ERR_PROTOCOL, "deepepd sent a malformed ATTACH_OK");
-  if (ok.num_fds != (uint32_t)f->nfds)
-    return client_fail(c, DEP_ERR_PROTOCOL,
-                       "deepepd's ATTACH_OK announces %u file descriptors but %d arrived",
-                       ok.num_fds, f->nfds);
-  c->attach_ok = ok;
-  return 0;
-}
-
-DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
-  if (c == NULL)
-    return DEP_ERR_INVALID;
-  if (args == NULL)
-    return client_seterr(c, DEP_ERR_INVALID, "dep_attach: args must not be NULL");
-  /* Bad arguments are caught here, before anything goes on the wire. */
-  char why[256] = "";
-  int rc = proto_check_attach(args, why, sizeof why);
-  if (rc != 0)
-    return client_seterr(c, DEP_ERR_INVALID, "dep_attach: %s", why);
-  if (c->fd < 0)
-    return client_seterr(c, DEP_ERR_STATE, "not connected to deepepd; call dep_connect first");
-  if (c->attached)
-    return client_seterr(c, DEP_ERR_STATE,
-                         "this handle is already attached to job \"%s\"; dep_detach first",
-                         c->job_id);
-  int timeout_ms = 0;
-  rc = client_attach_timeout(c, &timeout_ms);
-  if (rc != 0)
-    return rc;
-
-  struct client_frame f;
-  rc = client_request(c, DEP_MSG_ATTACH, args, DEP_MSG_ATTACH_OK, timeout_ms, &f);
-  if (rc == DEP_ERR_TIMEOUT)
-    return client_seterr(c, rc,
-                         "deepepd did not answer ATTACH of job \"%s\" within %d ms "
-                         "($" CLIENT_ATTACH_TIMEOUT_ENV " + %d ms); the connection was closed, "
-                         "reconnect with dep_connect",
-                         args->job_id, timeout_ms, CLIENT_ATTACH_MARGIN_MS);
-  if (rc != 0)
-    return rc;
-  rc = client_attach_ok(c, &f);
-  client_frame_release(&f);
-  if (rc != 0)
-    return rc;
-  c->attached = true;
-  snprintf(c->job_id, sizeof c->job_id, "%s", args->job_id);
-  return DEP_OK;
-}
-
-DEP_EXPORT int dep_detach(dep_client_t *c) {
-  if (c == NULL)
-    return DEP_ERR_INVALID;
-  if (c->fd < 0)
-    return client_seterr(c, DEP_ERR_STATE, "not connected to deepepd; call dep_connect first");
-  if (!c->attached)
-    return client_seterr(c, DEP_ERR_STATE, "not attached to a job; nothing to detach");
-  struct client_frame f;
-  int rc = client_request(c, DEP_MSG_DETACH, NULL, DEP_MSG_DETACH_OK, CLIENT_REQUEST_TIMEOUT_MS, &f);
-  if (rc == 0)
-    client_frame_release(&f);
-  /* The daemon answering "not attached" means it already let go. */
-  if (rc == 0 || rc == DEP_ERR_STATE || rc == DEP_ERR_NOT_FOUND) {
-    c->attached = false;
-    c->job_id[0] = '\0';
-    memset(&c->attach_ok, 0, sizeof c->attach_ok);
-  }
-  return rc;
-}

@@ -13,7 +13,10 @@
 #include <stdint.h>
 
 #include "deepep.h"
+#include "host_ops.h"
+#include "mem.h"
 #include "proto.h"
+#include "slab.h"
 
 #define CLIENT_ERRMSG_MAX 1024
 #define CLIENT_NAME_MAX 64
@@ -40,6 +43,14 @@ struct dep_client {
   bool attached;
   char job_id[DEP_JOB_ID_MAX];    /* the job while attached */
   struct dep_msg_attach_ok attach_ok; /* the last ATTACH_OK */
+  struct dep_attach_args args;    /* what this rank attached with */
+  struct dep_slab_layout layout;  /* of every slab of the job */
+  struct mem_map maps[DEP_MAX_LOCAL_RANKS]; /* every local rank's slab, by local rank */
+  uint32_t ranks[DEP_MAX_LOCAL_RANKS];      /* global rank of each local rank */
+  bool cuda;                      /* slabs are GPU memory */
+  int cuda_dev;                   /* this rank's CUDA device ordinal */
+  double attach_ms;               /* time dep_attach took */
+  struct ops_ctx ops;             /* dispatch/combine state (host backend) */
   struct proto_buf tx;            /* reused for every request */
   char errmsg[CLIENT_ERRMSG_MAX]; /* the last failure on this handle */
 };
@@ -67,6 +78,23 @@ int client_seterr(dep_client_t *c, int code, const char *fmt, ...)
 
 /* Close the socket and forget attach state; the handle stays reusable. */
 void client_disconnect(dep_client_t *c);
+/* Unmap every slab and forget the attachment (attach.c). */
+void client_unmap(dep_client_t *c);
+/* A failure after which the stream cannot be trusted: record it, close. */
+int client_fail(dep_client_t *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Send a request; its id comes back in *id. */
+int client_send_request(dep_client_t *c, uint16_t type, const void *msg, uint32_t *id);
+/*
+ * Read the next reply frame to request `id`: ok_type, or part_type (a part
+ * of a multi-frame reply, 0 for none), or an ERROR (its code returned).
+ */
+int client_read_reply(dep_client_t *c, uint32_t id, const char *what, uint16_t ok_type,
+                      uint16_t part_type, int timeout_ms, int64_t deadline,
+                      struct client_frame *reply);
+/* The monotonic deadline timeout_ms from now (-1 for none). */
+int64_t client_deadline(int timeout_ms);
 
 /*
  * Send one request and wait (at most timeout_ms, < 0 for ever) for its one

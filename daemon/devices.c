@@ -1,8 +1,5 @@
 /*
- * devices.c — the daemon's devices and backend.  The memory pools are the
- * next layer of this project; until they exist the daemon serves the host
- * backend only, reports its one device with an empty pool, and refuses to
- * start when `backend: cuda` is asked for rather than pretend to serve it.
+ * devices.c — backend choice, device discovery and one pool per device.
  */
 #include "devices.h"
 
@@ -10,44 +7,131 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cudadrv.h"
 #include "log.h"
 
-static enum config_backend devices_backend = CONFIG_BACKEND_HOST;
+#include <uv.h>
 
-int devices_init(const struct config *cfg) {
-  switch (cfg->backend) {
-  case CONFIG_BACKEND_HOST:
-    devices_backend = CONFIG_BACKEND_HOST;
-    break;
-  case CONFIG_BACKEND_AUTO:
-    devices_backend = CONFIG_BACKEND_HOST;
-    log_info("backend auto: this build has no CUDA memory pools yet; serving the host backend");
-    break;
-  case CONFIG_BACKEND_CUDA:
-  default:
-    log_errx("backend cuda: this build has no CUDA memory pools yet; set backend: host (or "
-             "auto) in the configuration, or pass --backend host");
-    return -1;
+static uint64_t uv_hrtime_ms(void) { return uv_hrtime() / 1000000u; }
+
+#define DEVICES_MAX 64
+
+static struct {
+  const struct backend_ops *ops;
+  size_t n;
+  struct pool pools[DEVICES_MAX];
+} devs;
+
+static bool listed(const struct config *c, const struct backend_dev *d) {
+  if (c->n_devices == 0)
+    return true;
+  for (size_t i = 0; i < c->n_devices; i++) {
+    uint8_t u[16];
+    if (cudadrv_uuid_parse(c->devices[i], u) == 0 && memcmp(u, d->uuid, 16) == 0)
+      return true;
   }
-  log_info("backend: %s", devices_backend_name());
+  return false;
+}
+
+static const struct backend_ops *choose_backend(const struct config *c) {
+  char why[256] = "";
+  switch (c->backend) {
+  case CONFIG_BACKEND_HOST:
+    log_info("backend: host (configured)");
+    return &backend_host_ops;
+  case CONFIG_BACKEND_CUDA:
+    log_info("backend: cuda (configured)");
+    return &backend_cuda_ops;
+  case CONFIG_BACKEND_AUTO:
+  default:
+    if (backend_cuda_available(why, sizeof why)) {
+      log_info("backend: cuda (auto: a CUDA GPU is present)");
+      return &backend_cuda_ops;
+    }
+    log_info("backend: host (auto: %s)", why);
+    return &backend_host_ops;
+  }
+}
+
+int devices_init(const struct config *c, char *why, size_t whylen) {
+  memset(&devs, 0, sizeof devs);
+  devs.ops = choose_backend(c);
+  struct backend_dev found[DEVICES_MAX];
+  int n = devs.ops->probe(found, DEVICES_MAX, why, whylen);
+  if (n < 0)
+    return n;
+  bool host = devs.ops == &backend_host_ops;
+  uint64_t total = host ? c->host_pool_size : c->pool_size_per_device;
+  for (int i = 0; i < n; i++) {
+    if (!host && !listed(c, &found[i])) {
+      log_info("device %s (%s): not in devices:, skipped", found[i].uuid_str, found[i].name);
+      devs.ops->release_dev(&found[i]);
+      continue;
+    }
+    uint64_t t0 = uv_hrtime_ms();
+    int rc = pool_init(&devs.pools[devs.n], devs.ops, &found[i], total, c->pool_chunk_size,
+                       c->preallocation, why, whylen);
+    if (rc != 0) {
+      devices_fini();
+      return rc;
+    }
+    log_info("device %s (%s, %s): pool of %llu MiB in %u chunks of %llu MiB, %s",
+             found[i].uuid_str, found[i].name, devs.ops->name, (unsigned long long)(total >> 20),
+             devs.pools[devs.n].n_chunks, (unsigned long long)(c->pool_chunk_size >> 20),
+             c->preallocation ? "made now" : "made on first demand");
+    log_debug("device %s: pool made in %llu ms", found[i].uuid_str,
+              (unsigned long long)(uv_hrtime_ms() - t0));
+    devs.n++;
+  }
+  if (devs.n == 0) {
+    snprintf(why, whylen, "no %s device to serve (%d found, none listed in devices:)",
+             devs.ops->name, n);
+    return DEP_ERR_CONFIG;
+  }
   return 0;
 }
 
-void devices_fini(void) {}
+void devices_fini(void) {
+  for (size_t i = 0; i < devs.n; i++)
+    pool_fini(&devs.pools[i]);
+  devs.n = 0;
+}
 
-const char *devices_backend_name(void) { return config_backend_name(devices_backend); }
+const char *devices_backend_name(void) { return devs.ops != NULL ? devs.ops->name : "none"; }
+size_t devices_count(void) { return devs.n; }
+struct pool *devices_at(size_t i) { return i < devs.n ? &devs.pools[i] : NULL; }
+
+struct pool *devices_find(const uint8_t uuid[16], char *why, size_t whylen) {
+  for (size_t i = 0; i < devs.n; i++)
+    if (memcmp(devs.pools[i].dev.uuid, uuid, 16) == 0)
+      return &devs.pools[i];
+  char want[DEP_UUID_STR_LEN];
+  cudadrv_uuid_str(uuid, want);
+  size_t off = 0;
+  int k = snprintf(why, whylen, "device %s is not served by this deepepd (%s backend; it serves",
+                   want, devices_backend_name());
+  for (size_t i = 0; k > 0 && (off += (size_t)k) < whylen && i < devs.n; i++)
+    k = snprintf(why + off, whylen - off, " %s", devs.pools[i].dev.uuid_str);
+  if (off < whylen)
+    snprintf(why + off, whylen - off, "); pass the UUID of one of these");
+  return NULL;
+}
 
 int devices_fill_status(struct dep_status *st) {
-  st->devices = calloc(1, sizeof *st->devices);
+  st->num_devices = 0;
+  st->devices = calloc(devs.n ? devs.n : 1, sizeof *st->devices);
   if (st->devices == NULL)
     return DEP_ERR_NO_MEMORY;
-  struct dep_status_device *d = &st->devices[0];
-  snprintf(d->uuid, sizeof d->uuid, "00000000-0000-0000-0000-000000000000");
-  snprintf(d->name, sizeof d->name, "host");
-  snprintf(d->backend, sizeof d->backend, "%s", devices_backend_name());
-  d->pool_total_bytes = 0;
-  d->pool_used_bytes = 0;
-  d->pool_cached_bytes = 0;
-  st->num_devices = 1;
+  for (size_t i = 0; i < devs.n; i++) {
+    const struct pool *p = &devs.pools[i];
+    struct dep_status_device *d = &st->devices[i];
+    snprintf(d->uuid, sizeof d->uuid, "%s", p->dev.uuid_str);
+    snprintf(d->name, sizeof d->name, "%s", p->dev.name);
+    snprintf(d->backend, sizeof d->backend, "%s", devs.ops->name);
+    d->pool_total_bytes = pool_total_bytes(p);
+    d->pool_used_bytes = p->used_bytes;
+    d->pool_cached_bytes = p->cached_bytes;
+  }
+  st->num_devices = (uint32_t)devs.n;
   return 0;
 }

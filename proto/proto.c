@@ -22,7 +22,9 @@
  *              u32 max_tokens_per_rank, u32 hidden, u32 num_experts,
  *              u32 topk, u32 dtype, u32 max_ll_tokens_per_rank
  *   ATTACH_OK  u64 slab_bytes, u32 local_world_size, u32 num_fds (<= 250),
- *              str backend (<= 7)
+ *              str backend (<= 7), u32 op_timeout_ms
+ *   SLAB       u32 local_rank, u32 rank, u64 chunk_bytes, u32 n_chunks
+ *              (1..250), 16 bytes device_uuid
  *   STATUS, DETACH, DETACH_OK, SHUTDOWN: empty
  */
 #include "proto.h"
@@ -536,6 +538,7 @@ int proto_encode_attach_ok(struct proto_buf *b, const struct dep_msg_attach_ok *
   w_u32(&w, m->local_world_size);
   w_u32(&w, m->num_fds);
   w_str(&w, m->backend, sizeof m->backend);
+  w_u32(&w, m->op_timeout_ms);
   return w_finish(&w);
 }
 
@@ -547,7 +550,36 @@ int proto_decode_attach_ok(const uint8_t *p, size_t len, struct dep_msg_attach_o
   m->local_world_size = r_u32(&r);
   m->num_fds = r_u32(&r);
   r_str(&r, m->backend, sizeof m->backend);
+  m->op_timeout_ms = r_u32(&r);
   if (!r.bad && m->num_fds > DEP_PROTO_MAX_FDS)
+    return DEP_ERR_PROTOCOL;
+  return r_finish(&r);
+}
+
+int proto_encode_slab(struct proto_buf *b, const struct dep_msg_slab *m) {
+  if (m->n_chunks == 0 || m->n_chunks > DEP_PROTO_MAX_FDS)
+    return DEP_ERR_INVALID;
+  struct writer w;
+  w_init(&w, b);
+  w_u32(&w, m->local_rank);
+  w_u32(&w, m->rank);
+  w_u64(&w, m->chunk_bytes);
+  w_u32(&w, m->n_chunks);
+  w_bytes(&w, m->device_uuid, sizeof m->device_uuid);
+  return w_finish(&w);
+}
+
+int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m) {
+  struct reader r;
+  r_init(&r, p, len);
+  memset(m, 0, sizeof *m);
+  m->local_rank = r_u32(&r);
+  m->rank = r_u32(&r);
+  m->chunk_bytes = r_u64(&r);
+  m->n_chunks = r_u32(&r);
+  r_bytes(&r, m->device_uuid, sizeof m->device_uuid);
+  if (!r.bad && (m->n_chunks == 0 || m->n_chunks > DEP_PROTO_MAX_FDS ||
+                 m->local_rank >= DEP_MAX_LOCAL_RANKS || m->chunk_bytes == 0))
     return DEP_ERR_PROTOCOL;
   return r_finish(&r);
 }
@@ -577,6 +609,8 @@ static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
     return proto_encode_attach(b, msg);
   case DEP_MSG_ATTACH_OK:
     return proto_encode_attach_ok(b, msg);
+  case DEP_MSG_SLAB:
+    return proto_encode_slab(b, msg);
   default:
     return DEP_ERR_INVALID;
   }
@@ -629,6 +663,8 @@ int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg)
     return proto_decode_attach(body, len, msg);
   case DEP_MSG_ATTACH_OK:
     return proto_decode_attach_ok(body, len, msg);
+  case DEP_MSG_SLAB:
+    return proto_decode_slab(body, len, msg);
   default:
     return DEP_ERR_PROTOCOL;
   }
@@ -641,6 +677,7 @@ const char *proto_type_name(uint16_t type) {
       [DEP_MSG_STATUS_OK] = "STATUS_OK", [DEP_MSG_ATTACH] = "ATTACH",
       [DEP_MSG_ATTACH_OK] = "ATTACH_OK", [DEP_MSG_DETACH] = "DETACH",
       [DEP_MSG_DETACH_OK] = "DETACH_OK", [DEP_MSG_SHUTDOWN] = "SHUTDOWN",
+      [DEP_MSG_SLAB] = "SLAB",
   };
   return type < DEP_MSG_TYPE_MAX_ && names[type] != NULL ? names[type] : "UNKNOWN";
 }

@@ -23,7 +23,9 @@
  * copying a C struct), strings as u16 length + bytes (no NUL on the wire).
  *
  * Version history:
- *   1  initial: HELLO, ERROR, STATUS, ATTACH, DETACH, SHUTDOWN notice.
+ *   1  initial: HELLO, ERROR, STATUS, ATTACH, DETACH, SHUTDOWN notice;
+ *      the ATTACH reply is one SLAB frame per local rank (its chunk fds
+ *      riding on it) followed by ATTACH_OK, all with the request's id.
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -56,6 +58,7 @@ enum dep_msg_type {
   DEP_MSG_DETACH = 8,    /* request: empty body */
   DEP_MSG_DETACH_OK = 9, /* reply: empty body */
   DEP_MSG_SHUTDOWN = 10, /* notice from the daemon, request_id 0: it is stopping */
+  DEP_MSG_SLAB = 11,     /* part of the ATTACH reply: struct dep_msg_slab + its chunk fds */
   DEP_MSG_TYPE_MAX_
 };
 
@@ -89,10 +92,20 @@ struct dep_msg_hello_ok {
 
 /* What a rank learns when its job's local rendezvous completes. */
 struct dep_msg_attach_ok {
-  uint64_t slab_bytes;        /* per local rank, as dep_slab_bytes() computes */
+  uint64_t slab_bytes;        /* per local rank: the layout's size rounded to chunks */
   uint32_t local_world_size;
-  uint32_t num_fds;           /* fds riding on this frame (0 until pools exist) */
+  uint32_t num_fds;           /* fds riding on this frame (0: they came on SLAB frames) */
   char backend[8];
+  uint32_t op_timeout_ms;     /* the bound on every wait inside an operation */
+};
+
+/* One local rank's slab: n_chunks fds ride on the frame, in mapping order. */
+struct dep_msg_slab {
+  uint32_t local_rank;
+  uint32_t rank;
+  uint64_t chunk_bytes;
+  uint32_t n_chunks;          /* 1..DEP_PROTO_MAX_FDS, equal to the fds received */
+  uint8_t device_uuid[16];
 };
 
 /* ---- header ---- */
@@ -147,6 +160,8 @@ int proto_encode_attach(struct proto_buf *b, const struct dep_attach_args *m);
 int proto_decode_attach(const uint8_t *p, size_t len, struct dep_attach_args *m);
 int proto_encode_attach_ok(struct proto_buf *b, const struct dep_msg_attach_ok *m);
 int proto_decode_attach_ok(const uint8_t *p, size_t len, struct dep_msg_attach_ok *m);
+int proto_encode_slab(struct proto_buf *b, const struct dep_msg_slab *m);
+int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m);
 
 /* The name of a message type for logs ("ATTACH"), or "UNKNOWN". */
 const char *proto_type_name(uint16_t type);

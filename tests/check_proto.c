@@ -135,7 +135,12 @@ static struct dep_msg_hello s_hello = {.version = 1, .pid = 77, .name = "deepepc
 static struct dep_msg_hello_ok s_hello_ok = {.version = 1, .daemon_version = "0.1.0",
                                              .backend = "cuda"};
 static struct dep_msg_attach_ok s_attach_ok = {.slab_bytes = 1ull << 34, .local_world_size = 8,
-                                               .num_fds = 3, .backend = "host"};
+                                               .num_fds = 3, .backend = "host",
+                                               .op_timeout_ms = 10000};
+static struct dep_msg_slab s_slab = {.local_rank = 3, .rank = 11, .chunk_bytes = 64ull << 20,
+                                     .n_chunks = 17,
+                                     .device_uuid = {0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7,
+                                                     8, 9, 10, 11, 12}};
 static struct dep_attach_args s_attach;
 
 static int samples(struct sample *out, struct dep_status **st) {
@@ -148,6 +153,7 @@ static int samples(struct sample *out, struct dep_status **st) {
   out[n++] = (struct sample){DEP_MSG_STATUS_OK, *st};
   out[n++] = (struct sample){DEP_MSG_ATTACH, &s_attach};
   out[n++] = (struct sample){DEP_MSG_ATTACH_OK, &s_attach_ok};
+  out[n++] = (struct sample){DEP_MSG_SLAB, &s_slab};
   return n;
 }
 
@@ -159,6 +165,7 @@ union anymsg {
   struct dep_status status;
   struct dep_attach_args attach;
   struct dep_msg_attach_ok attach_ok;
+  struct dep_msg_slab slab;
 };
 
 /* Decoding must fail with `want`; a status that somehow succeeded is freed. */
@@ -237,6 +244,21 @@ START_TEST(every_message_type_round_trips) {
   ck_assert_uint_eq(ao.local_world_size, s_attach_ok.local_world_size);
   ck_assert_uint_eq(ao.num_fds, s_attach_ok.num_fds);
   ck_assert_str_eq(ao.backend, s_attach_ok.backend);
+  ck_assert_uint_eq(ao.op_timeout_ms, s_attach_ok.op_timeout_ms);
+
+  body = encode_frame(&b, DEP_MSG_SLAB, &s_slab, &len);
+  struct dep_msg_slab sl;
+  ck_assert_int_eq(proto_body_decode(DEP_MSG_SLAB, body, len, &sl), 0);
+  ck_assert_uint_eq(sl.local_rank, s_slab.local_rank);
+  ck_assert_uint_eq(sl.rank, s_slab.rank);
+  ck_assert_uint_eq(sl.chunk_bytes, s_slab.chunk_bytes);
+  ck_assert_uint_eq(sl.n_chunks, s_slab.n_chunks);
+  ck_assert_mem_eq(sl.device_uuid, s_slab.device_uuid, 16);
+  struct dep_msg_slab bad = s_slab;
+  bad.n_chunks = 0;
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_SLAB, 0, 1, &bad), DEP_ERR_INVALID);
+  bad.n_chunks = DEP_PROTO_MAX_FDS + 1;
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_SLAB, 0, 1, &bad), DEP_ERR_INVALID);
 
   const uint16_t empty[] = {DEP_MSG_STATUS, DEP_MSG_DETACH, DEP_MSG_DETACH_OK, DEP_MSG_SHUTDOWN};
   for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++) {
@@ -436,7 +458,7 @@ START_TEST(strings_with_nul_or_too_long_are_rejected) {
   ck_assert_int_eq(e.code, DEP_ERR_MISMATCH);
 
   /* ATTACH_OK announcing more fds than a frame can carry. */
-  uint8_t ao[8 + 4 + 4 + 2] = {0};
+  uint8_t ao[8 + 4 + 4 + 2 + 4] = {0}; /* ..., backend "", op_timeout_ms */
   ao[12] = 251;
   expect_body_rc(DEP_MSG_ATTACH_OK, ao, sizeof ao, DEP_ERR_PROTOCOL);
   ao[12] = 250;

@@ -92,11 +92,22 @@ static void fake_serve(int lfd, enum fake_script script) {
     else if (script == FAKE_WRONG_TYPE)
       fake_send(fd, DEP_MSG_DETACH_OK, h.request_id, NULL, NULL, 0);
     else if (script == FAKE_ATTACH_FDS || script == FAKE_ATTACH_FDS_LIE) {
-      int fds[2] = {memfd_create("slab0", MFD_CLOEXEC), memfd_create("slab1", MFD_CLOEXEC)};
-      struct dep_msg_attach_ok a = {.slab_bytes = 4096, .local_world_size = 2,
-                                    .num_fds = script == FAKE_ATTACH_FDS ? 2 : 1};
+      /* One SLAB frame per local rank, a 1 MiB memfd each (more than the
+       * test shape's layout needs), then ATTACH_OK; the lie announces an
+       * fd on ATTACH_OK that does not come. */
+      const uint64_t chunk = 1u << 20;
+      for (uint32_t r = 0; r < 2; r++) {
+        int mfd = memfd_create("slab", MFD_CLOEXEC);
+        ck_assert_int_eq(ftruncate(mfd, (off_t)chunk), 0);
+        struct dep_msg_slab sl = {.local_rank = r, .rank = r, .chunk_bytes = chunk, .n_chunks = 1};
+        fake_send(fd, DEP_MSG_SLAB, h.request_id, &sl, &mfd, 1);
+        close(mfd);
+      }
+      struct dep_msg_attach_ok a = {.slab_bytes = chunk, .local_world_size = 2,
+                                    .num_fds = script == FAKE_ATTACH_FDS ? 0 : 1,
+                                    .op_timeout_ms = 1000};
       snprintf(a.backend, sizeof a.backend, "host");
-      fake_send(fd, DEP_MSG_ATTACH_OK, h.request_id, &a, fds, 2);
+      fake_send(fd, DEP_MSG_ATTACH_OK, h.request_id, &a, NULL, 0);
       if (script == FAKE_ATTACH_FDS && fake_read(fd, &h) == 0 && h.type == DEP_MSG_DETACH)
         fake_send(fd, DEP_MSG_DETACH_OK, h.request_id, NULL, NULL, 0);
     }

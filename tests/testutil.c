@@ -104,10 +104,16 @@ int tu_daemon_start_in(struct tu_daemon *d, const char *dir, const char *extra_y
   snprintf(d->log, sizeof d->log, "%s/deepepd.log", d->dir);
   /* make check-gpu runs the same suites with DEP_TEST_BACKEND=cuda. */
   const char *backend = getenv("DEP_TEST_BACKEND");
+  /* A small pool keeps each daemon start fast; tests that need more
+   * memory say so with their own pool: section. */
+  const char *extra = extra_yaml != NULL ? extra_yaml : "";
+  const char *pool = strstr(extra, "pool:") != NULL
+                         ? ""
+                         : "pool:\n  host_size: 64MiB\n  chunk_size: 2MiB\n"
+                           "  size_per_device: 1GiB\n";
   char yaml[8192];
-  snprintf(yaml, sizeof yaml, "socket:\n  path: %s\n  mode: 0666\nbackend: %s\n%s", d->sock,
-           backend != NULL && backend[0] != '\0' ? backend : "host",
-           extra_yaml != NULL ? extra_yaml : "");
+  snprintf(yaml, sizeof yaml, "socket:\n  path: %s\n  mode: 0666\nbackend: %s\n%s%s", d->sock,
+           backend != NULL && backend[0] != '\0' ? backend : "host", pool, extra);
   if (tu_write_file(d->conf, yaml) != 0)
     return -1;
   pid_t pid = fork();

@@ -1,0 +1,223 @@
+/*
+ * attach.c — dep_attach / dep_detach: join a job through the daemon's
+ * node-local rendezvous, then map every local rank's slab (DESIGN §5).
+ *
+ * The ATTACH reply is a stream: one SLAB frame per local rank, its chunk
+ * fds riding on it, then ATTACH_OK.  Each slab is mapped as it arrives and
+ * checked against the layout this library computes itself from the shape,
+ * so a daemon of another layout cannot hand over a slab too small.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client_internal.h"
+
+/* The client-side bound on the ATTACH wait: $DEEPEPD_ATTACH_TIMEOUT_MS + margin. */
+static int attach_timeout(dep_client_t *c, int *timeout_ms) {
+  const char *e = getenv(CLIENT_ATTACH_TIMEOUT_ENV);
+  unsigned long long v = CLIENT_ATTACH_TIMEOUT_DEFAULT_MS;
+  if (e != NULL && e[0] != '\0') {
+    char *end = NULL;
+    errno = 0;
+    v = strtoull(e, &end, 10);
+    if (e[0] < '0' || e[0] > '9' || errno != 0 || *end != '\0' || v == 0 || v > 86400000ull)
+      return client_seterr(c, DEP_ERR_INVALID,
+                           "$" CLIENT_ATTACH_TIMEOUT_ENV "=\"%s\" is not a number of "
+                           "milliseconds from 1 to 86400000; fix or unset it",
+                           e);
+  }
+  *timeout_ms = (int)v + CLIENT_ATTACH_MARGIN_MS;
+  return 0;
+}
+
+void client_unmap(dep_client_t *c) {
+  host_ops_fini(&c->ops);
+  for (uint32_t i = 0; i < DEP_MAX_LOCAL_RANKS; i++)
+    mem_unmap_slab(&c->maps[i]);
+  memset(c->ranks, 0, sizeof c->ranks);
+}
+
+/* Map one SLAB frame's chunks; the frame's fds are taken (and closed). */
+static int attach_slab(dep_client_t *c, struct client_frame *f, bool *seen) {
+  struct dep_msg_slab m;
+  if (proto_decode_slab(f->body, f->hdr.body_len, &m) != 0)
+    return client_fail(c, DEP_ERR_PROTOCOL, "deepepd sent a malformed SLAB frame");
+  if (m.n_chunks != (uint32_t)f->nfds)
+    return client_fail(c, DEP_ERR_PROTOCOL,
+                       "deepepd's SLAB frame announces %u chunks but %d descriptors arrived",
+                       m.n_chunks, f->nfds);
+  if (m.local_rank >= c->args.local_world_size || seen[m.local_rank])
+    return client_fail(c, DEP_ERR_PROTOCOL, "deepepd sent local rank %u's slab twice or out of "
+                       "range (local world size %u)", m.local_rank, c->args.local_world_size);
+  if (m.n_chunks * m.chunk_bytes < c->layout.total_bytes)
+    return client_fail(c, DEP_ERR_PROTOCOL,
+                       "deepepd lent local rank %u a slab of %llu bytes; this library's layout "
+                       "needs %llu (daemon and library of different versions?)",
+                       m.local_rank, (unsigned long long)(m.n_chunks * m.chunk_bytes),
+                       (unsigned long long)c->layout.total_bytes);
+  char why[256] = "";
+  int rc = mem_map_slab(&c->maps[m.local_rank], c->cuda, f->fds, m.n_chunks, m.chunk_bytes,
+                        c->cuda_dev, why, sizeof why);
+  f->nfds = 0; /* mem_map_slab closed them */
+  if (rc != 0)
+    return client_seterr(c, rc, "mapping local rank %u's slab: %s", m.local_rank, why);
+  seen[m.local_rank] = true;
+  c->ranks[m.local_rank] = m.rank;
+  return 0;
+}
+
+static int attach_ok(dep_client_t *c, struct client_frame *f, const bool *seen) {
+  struct dep_msg_attach_ok ok;
+  if (proto_decode_attach_ok(f->body, f->hdr.body_len, &ok) != 0)
+    return client_fail(c, DEP_ERR_PROTOCOL, "deepepd sent a malformed ATTACH_OK");
+  if (ok.num_fds != (uint32_t)f->nfds)
+    return client_fail(c, DEP_ERR_PROTOCOL,
+                       "deepepd's ATTACH_OK announces %u file descriptors but %d arrived",
+                       ok.num_fds, f->nfds);
+  if (ok.local_world_size != c->args.local_world_size)
+    return client_fail(c, DEP_ERR_PROTOCOL, "deepepd's ATTACH_OK names local world size %u, "
+                       "not %u", ok.local_world_size, c->args.local_world_size);
+  for (uint32_t i = 0; i < ok.local_world_size; i++)
+    if (!seen[i] || c->maps[i].bytes != ok.slab_bytes)
+      return client_fail(c, DEP_ERR_PROTOCOL, "deepepd's ATTACH reply lacks local rank %u's slab "
+                         "of %llu bytes", i, (unsigned long long)ok.slab_bytes);
+  c->attach_ok = ok;
+  return 0;
+}
+
+/* Read the SLAB frames and the ATTACH_OK that ends the reply. */
+static int attach_reply(dep_client_t *c, uint32_t id, int timeout_ms) {
+  bool seen[DEP_MAX_LOCAL_RANKS] = {false};
+  int64_t deadline = client_deadline(timeout_ms);
+  for (;;) {
+    struct client_frame f;
+    int rc = client_read_reply(c, id, "ATTACH", DEP_MSG_ATTACH_OK, DEP_MSG_SLAB, timeout_ms,
+                               deadline, &f);
+    if (rc != 0)
+      return rc;
+    bool done = f.hdr.type == DEP_MSG_ATTACH_OK;
+    rc = done ? attach_ok(c, &f, seen) : attach_slab(c, &f, seen);
+    client_frame_release(&f);
+    if (rc != 0 || done)
+      return rc;
+  }
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Where the slabs will live: on cuda, a context on this rank's GPU. */
+static int attach_bind_device(dep_client_t *c, const struct dep_attach_args *a) {
+  c->cuda = strcmp(c->hello.backend, "cuda") == 0;
+  c->cuda_dev = -1;
+  if (!c->cuda)
+    return 0;
+  char why[256] = "";
+  int rc = mem_cuda_bind(a->device_uuid, &c->cuda_dev, why, sizeof why);
+  if (rc != 0)
+    return client_seterr(c, rc, "dep_attach: %s", why);
+  return 0;
+}
+
+DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  if (args == NULL)
+    return client_seterr(c, DEP_ERR_INVALID, "dep_attach: args must not be NULL");
+  double t0 = now_ms();
+  /* Bad arguments are caught here, before anything goes on the wire. */
+  char why[256] = "";
+  int rc = proto_check_attach(args, why, sizeof why);
+  if (rc == 0)
+    rc = dep_slab_layout(&args->shape, args->world_size, &c->layout, why, sizeof why);
+  if (rc != 0)
+    return client_seterr(c, DEP_ERR_INVALID, "dep_attach: %s", why);
+  if (c->fd < 0)
+    return client_seterr(c, DEP_ERR_STATE, "not connected to deepepd; call dep_connect first");
+  if (c->attached)
+    return client_seterr(c, DEP_ERR_STATE,
+                         "this handle is already attached to job \"%s\"; dep_detach first",
+                         c->job_id);
+  int timeout_ms = 0;
+  if ((rc = attach_timeout(c, &timeout_ms)) != 0 || (rc = attach_bind_device(c, args)) != 0)
+    return rc;
+  c->args = *args;
+  uint32_t id = 0;
+  rc = client_send_request(c, DEP_MSG_ATTACH, args, &id);
+  if (rc == 0)
+    rc = attach_reply(c, id, timeout_ms);
+  if (rc == DEP_ERR_TIMEOUT && c->fd < 0)
+    client_seterr(c, rc,
+                  "deepepd did not answer ATTACH of job \"%s\" within %d ms "
+                  "($" CLIENT_ATTACH_TIMEOUT_ENV " + %d ms); the connection was closed, "
+                  "reconnect with dep_connect",
+                  args->job_id, timeout_ms, CLIENT_ATTACH_MARGIN_MS);
+  if (rc != 0) {
+    client_unmap(c);
+    return rc;
+  }
+  c->attached = true;
+  snprintf(c->job_id, sizeof c->job_id, "%s", args->job_id);
+  /* The operations run among the ranks of one node; a job spanning nodes
+   * attaches (its memory is lent) but its operations need the proxy. */
+  if (!c->cuda && args->world_size == args->local_world_size) {
+    uint8_t *slabs[DEP_MAX_LOCAL_RANKS] = {NULL};
+    for (uint32_t i = 0; i < args->local_world_size; i++)
+      slabs[c->ranks[i]] = c->maps[i].base;
+    rc = host_ops_init(&c->ops, &args->shape, args->world_size, args->rank, slabs,
+                       c->attach_ok.op_timeout_ms, why, sizeof why);
+    if (rc != 0) {
+      dep_detach(c);
+      return client_seterr(c, rc, "dep_attach: %s", why);
+    }
+  }
+  c->attach_ms = now_ms() - t0;
+  return DEP_OK;
+}
+
+DEP_EXPORT int dep_detach(dep_client_t *c) {
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  if (c->fd < 0)
+    return client_seterr(c, DEP_ERR_STATE, "not connected to deepepd; call dep_connect first");
+  if (!c->attached)
+    return client_seterr(c, DEP_ERR_STATE, "not attached to a job; nothing to detach");
+  /* Unmap before telling the daemon: once it hears DETACH it may scrub and
+   * lend the memory to another job. */
+  client_unmap(c);
+  struct client_frame f;
+  int rc = client_request(c, DEP_MSG_DETACH, NULL, DEP_MSG_DETACH_OK, CLIENT_REQUEST_TIMEOUT_MS, &f);
+  if (rc == 0)
+    client_frame_release(&f);
+  /* The daemon answering "not attached" means it already let go. */
+  if (rc == 0 || rc == DEP_ERR_STATE || rc == DEP_ERR_NOT_FOUND) {
+    c->attached = false;
+    c->job_id[0] = '\0';
+    memset(&c->attach_ok, 0, sizeof c->attach_ok);
+  }
+  return rc;
+}
+
+DEP_EXPORT int dep_attach_info(const dep_client_t *c, struct dep_attach_info *out) {
+  if (c == NULL || out == NULL)
+    return DEP_ERR_INVALID;
+  if (!c->attached)
+    return DEP_ERR_STATE;
+  memset(out, 0, sizeof *out);
+  snprintf(out->backend, sizeof out->backend, "%s", c->attach_ok.backend);
+  out->slab_bytes = c->attach_ok.slab_bytes;
+  out->local_rank = c->args.local_rank;
+  out->local_world_size = c->args.local_world_size;
+  for (uint32_t i = 0; i < c->args.local_world_size; i++) {
+    out->slabs[i] = c->maps[i].base;
+    out->ranks[i] = c->ranks[i];
+  }
+  out->attach_ms = c->attach_ms;
+  return 0;
+}

@@ -1,0 +1,97 @@
+/*
+ * conn.h — one client connection of deepepd: a non-blocking Unix stream
+ * socket watched with uv_poll (libuv cannot send our fds), an input side
+ * that reads a header and then a body whose size was checked first, and a
+ * bounded output queue of encoded frames (with the fds that ride on them).
+ *
+ * Closing is deferred: conn_close() only marks the connection, stops its
+ * poll and hands it to uv_close; the job table hears of the departure and
+ * the memory is freed in the close callback.  So any code may close a
+ * connection (even one it is iterating over) without pulling state out
+ * from under its caller.
+ */
+#ifndef DEP_DAEMON_CONN_H
+#define DEP_DAEMON_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "log.h"
+#include "proto.h"
+
+struct job;
+struct conn_out;
+
+struct conn {
+  uv_poll_t poll;        /* watches fd; poll.data points back here */
+  int fd;
+  uint64_t id;           /* serial number for log lines */
+  pid_t pid;             /* SO_PEERCRED, never from the wire */
+  uid_t uid;
+  gid_t gid;
+  int events;            /* what the poll watches now */
+  bool hello_done;       /* HELLO accepted: other requests allowed */
+  bool closing;          /* read nothing more; close once the queue is flushed */
+  bool closed;           /* conn_close ran: ignore everything, wait for the callback */
+  char name[64];         /* from HELLO, for logs only */
+
+  /* input: header first, then a body of the size the header promised */
+  uint8_t hdr[DEP_PROTO_HDR_LEN];
+  size_t hdr_got;
+  struct dep_frame_hdr h;
+  uint8_t *body;
+  size_t body_got;
+
+  /* output: frames waiting for the socket, bounded by limits.client_queue_bytes */
+  struct conn_out *out_head, *out_tail;
+  size_t out_bytes;
+
+  /* the job this connection's rank belongs to (job.c owns these fields) */
+  struct job *job;
+  uint32_t job_local_rank;
+
+  struct conn *prev, *next;
+};
+
+void conn_init(uv_loop_t *loop);
+/* Close every connection now (the callbacks run on the next loop turn). */
+void conn_fini(void);
+
+/* Take over an accepted, non-blocking socket.  NULL (fd closed) on failure. */
+struct conn *conn_create(int fd, const struct ucred *cred);
+
+/*
+ * Queue one frame.  `fds` (may be NULL) are duplicated, so the caller keeps
+ * its own; they ride on the frame's first byte.  A connection whose queue
+ * would pass limits.client_queue_bytes is closed with a log line.  Returns
+ * 0 or a negative DEP_ERR_*.
+ */
+int conn_send(struct conn *c, uint16_t type, uint32_t request_id, const void *msg,
+              const int *fds, int nfds);
+/* Reply with DEP_MSG_ERROR {code, printf-style message}. */
+int conn_send_error(struct conn *c, uint32_t request_id, int code, const char *fmt, ...)
+    LOG_PRINTF(4, 5);
+
+/* Log why (a warning naming the peer) and close, after a best-effort flush. */
+void conn_drop(struct conn *c, const char *fmt, ...) LOG_PRINTF(2, 3);
+/* Reply with an ERROR and then drop the connection with the same reason. */
+void conn_fail(struct conn *c, uint32_t request_id, int code, const char *fmt, ...)
+    LOG_PRINTF(4, 5);
+/* Close quietly (debug log only): the peer left or the daemon is stopping. */
+void conn_close(struct conn *c, const char *why);
+
+/* Open connections that are not being closed. */
+uint32_t conn_count(void);
+
+/*
+ * Stop reading from every client and queue a DEP_MSG_SHUTDOWN notice; each
+ * connection closes once its queue is flushed.  `on_all_closed` runs when
+ * the last one is gone (at once when there are none).
+ */
+void conn_shutdown_all(void (*on_all_closed)(void));
+
+#endif /* DEP_DAEMON_CONN_H */

@@ -1,0 +1,140 @@
+/*
+ * control.c — request handlers.  Checks run in the order the protocol
+ * promises: the header was checked by conn.c; here the connection state
+ * (HELLO first), then the body, then its fields.  A client that breaks the
+ * protocol gets an ERROR and is dropped; one that asks for something it may
+ * not have gets an ERROR and keeps its connection.
+ */
+#include "control.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "conn.h"
+#include "deepepd.h"
+#include "devices.h"
+#include "job.h"
+#include "log.h"
+
+/*
+ * A STATUS body must fit DEP_PROTO_MAX_BODY: a job entry takes at most
+ * 2 + 63 + 4 * 4 + 2 * 8 bytes, so this many always fit with room to spare.
+ */
+#define CONTROL_STATUS_MAX_JOBS 2048u
+
+static void control_hello(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
+                          size_t len) {
+  struct dep_msg_hello m;
+  memset(&m, 0, sizeof m);
+  int rc = proto_decode_hello(body, len, &m);
+  if (rc != 0) {
+    conn_fail(c, h->request_id, rc, "malformed HELLO body (%zu bytes)", len);
+    return;
+  }
+  if (m.version != DEP_PROTO_VERSION) {
+    conn_fail(c, h->request_id, DEP_ERR_VERSION,
+              "protocol version mismatch: the client (%s) speaks version %u, deepepd %s speaks "
+              "version %u; upgrade deepepd and libdeepep-client together",
+              m.name[0] ? m.name : "unnamed", m.version, DEP_VERSION_STRING,
+              (unsigned)DEP_PROTO_VERSION);
+    return;
+  }
+  if (c->hello_done) {
+    conn_send_error(c, h->request_id, DEP_ERR_STATE, "HELLO was already sent on this connection");
+    return;
+  }
+  c->hello_done = true;
+  /* The name only ever reaches log lines: keep it printable. */
+  snprintf(c->name, sizeof c->name, "%s", m.name);
+  for (char *p = c->name; *p != '\0'; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f)
+      *p = '?';
+  log_debug("client %llu (pid %d uid %u): HELLO from \"%s\"", (unsigned long long)c->id,
+            (int)c->pid, (unsigned)c->uid, c->name);
+  struct dep_msg_hello_ok ok = {.version = DEP_PROTO_VERSION};
+  snprintf(ok.daemon_version, sizeof ok.daemon_version, "%s", DEP_VERSION_STRING);
+  snprintf(ok.backend, sizeof ok.backend, "%s", devices_backend_name());
+  conn_send(c, DEP_MSG_HELLO_OK, h->request_id, &ok, NULL, 0);
+}
+
+static void control_status(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
+  if (len != 0) {
+    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "STATUS carries no body, got %zu bytes", len);
+    return;
+  }
+  struct dep_status st;
+  memset(&st, 0, sizeof st);
+  snprintf(st.version, sizeof st.version, "%s", DEP_VERSION_STRING);
+  st.proto_version = DEP_PROTO_VERSION;
+  st.pid = (uint32_t)getpid();
+  st.uptime_ms = deepepd_uptime_ms();
+  snprintf(st.backend, sizeof st.backend, "%s", devices_backend_name());
+  st.num_clients = conn_count();
+  int rc = devices_fill_status(&st);
+  if (rc == 0)
+    rc = job_fill_status(&st, c->uid, CONTROL_STATUS_MAX_JOBS);
+  if (rc == 0)
+    conn_send(c, DEP_MSG_STATUS_OK, h->request_id, &st, NULL, 0);
+  else
+    conn_send_error(c, h->request_id, rc, "cannot build the status: %s", dep_strerror(rc));
+  free(st.devices);
+  free(st.jobs);
+}
+
+static void control_attach(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
+                           size_t len) {
+  struct dep_attach_args a;
+  memset(&a, 0, sizeof a);
+  int rc = proto_decode_attach(body, len, &a);
+  if (rc != 0) {
+    conn_fail(c, h->request_id, rc, "malformed ATTACH body (%zu bytes)", len);
+    return;
+  }
+  char why[DEP_MSG_TEXT_MAX];
+  rc = proto_check_attach(&a, why, sizeof why);
+  if (rc != 0) {
+    conn_send_error(c, h->request_id, rc, "ATTACH: %s", why);
+    return;
+  }
+  job_attach(c, h->request_id, &a);
+}
+
+static void control_detach(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
+  if (len != 0) {
+    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "DETACH carries no body, got %zu bytes", len);
+    return;
+  }
+  job_detach(c, h->request_id);
+}
+
+void control_handle(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
+                    size_t len) {
+  if (c->closed || c->closing)
+    return;
+  if (!c->hello_done && h->type != DEP_MSG_HELLO) {
+    conn_fail(c, h->request_id, DEP_ERR_STATE, "the first message must be HELLO, not %s",
+              proto_type_name(h->type));
+    return;
+  }
+  switch (h->type) {
+  case DEP_MSG_HELLO:
+    control_hello(c, h, body, len);
+    break;
+  case DEP_MSG_STATUS:
+    control_status(c, h, len);
+    break;
+  case DEP_MSG_ATTACH:
+    control_attach(c, h, body, len);
+    break;
+  case DEP_MSG_DETACH:
+    control_detach(c, h, len);
+    break;
+  default:
+    /* Replies and notices travel from the daemon only. */
+    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "clients may not send %s frames",
+              proto_type_name(h->type));
+    break;
+  }
+}

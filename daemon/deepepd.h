@@ -1,0 +1,50 @@
+/*
+ * deepepd.h — the daemon's process-wide state (the running configuration,
+ * where it came from, the command-line overrides) and its life cycle:
+ * signals, shutdown and reload.
+ */
+#ifndef DEP_DAEMON_DEEPEPD_H
+#define DEP_DAEMON_DEEPEPD_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "config.h"
+
+/* The configuration file read when -c is not given (and it exists). */
+#define DEEPEPD_DEFAULT_CONFIG DEP_SYSCONFDIR "/deepepd/deepepd.yaml"
+
+struct deepepd {
+  uv_loop_t *loop;
+  struct config cfg;            /* the running configuration */
+  char config_path[PATH_MAX];   /* the file it came from; "" for the built-in defaults */
+  /* command-line overrides, applied again after every reload */
+  char socket_override[CONFIG_PATH_MAX]; /* "" for none */
+  int backend_override;         /* -1 or an enum config_backend */
+  int log_level_override;       /* -1 or an enum config_log_level */
+  uint64_t start_ns;            /* uv_hrtime() at start */
+  bool stopping;
+};
+
+extern struct deepepd deepepd;
+
+/* Apply the command-line overrides to a configuration. */
+void deepepd_apply_overrides(struct config *c);
+
+/* Watch SIGTERM, SIGINT (shutdown) and SIGHUP (reload).  0 or -1. */
+int deepepd_init(uv_loop_t *loop);
+void deepepd_fini(void);
+
+/*
+ * Stop: STOPPING=1, stop accepting and remove the socket, send every client
+ * a SHUTDOWN notice, flush (bounded) and close them, then end the loop.
+ */
+void deepepd_shutdown(const char *why);
+/* Re-read the configuration file and apply what can change live. */
+void deepepd_reload(void);
+
+uint64_t deepepd_uptime_ms(void);
+
+#endif /* DEP_DAEMON_DEEPEPD_H */

@@ -1,0 +1,427 @@
+/*
+ * job.c — the job table and the node-local attach rendezvous.  Jobs are few
+ * (limits.max_jobs), so a singly linked list searched by id is plenty and
+ * easy to hold in one's head.
+ */
+#include "job.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "conn.h"
+#include "deepepd.h"
+#include "devices.h"
+#include "log.h"
+#include "pool.h"
+#include "proto.h"
+#include "slab.h"
+
+static uv_loop_t *job_loop;
+static struct job *job_list;
+static uint32_t job_n;
+
+void job_init(uv_loop_t *loop) { job_loop = loop; }
+
+uint32_t job_count(void) { return job_n; }
+
+static struct job *job_find(const char *id) {
+  for (struct job *j = job_list; j != NULL; j = j->next)
+    if (strcmp(j->id, id) == 0)
+      return j;
+  return NULL;
+}
+
+static uint64_t job_age_ms(const struct job *j) {
+  return (uv_hrtime() - j->created_ns) / 1000000u;
+}
+
+/* What the buffer cache matches on: the same shape and world, hashed. */
+static uint64_t job_shape_key(const struct job *j) {
+  const uint32_t v[] = {j->shape.max_tokens_per_rank, j->shape.hidden, j->shape.num_experts,
+                        j->shape.topk, j->shape.dtype, j->shape.max_ll_tokens_per_rank,
+                        j->world_size};
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+    for (int b = 0; b < 4; b++)
+      h = (h ^ ((v[i] >> (8 * b)) & 0xff)) * 1099511628211ull;
+  return h;
+}
+
+/* Return every slab the job holds to its pool, scrubbed (or cached). */
+static void job_release_slabs(struct job *j) {
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    if (j->ranks[i].slab != NULL)
+      pool_slab_put(j->ranks[i].slab, deepepd.cfg.buffer_cache_enabled);
+    j->ranks[i].slab = NULL;
+  }
+}
+
+/*
+ * The rendezvous completed: lend every local rank its slab from the pool of
+ * its device.  A failure fails every waiting rank with the returned code.
+ */
+static int job_on_complete(struct job *j, char *why, size_t whylen) {
+  uint64_t key = job_shape_key(j);
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    struct job_rank *r = &j->ranks[i];
+    struct pool *p = devices_find(r->device_uuid, why, whylen);
+    int rc = p == NULL ? DEP_ERR_NOT_FOUND
+                       : pool_slab_get(p, j->slab_bytes, j->owner_uid, key, &r->slab, why, whylen);
+    if (rc != 0) {
+      job_release_slabs(j);
+      return rc;
+    }
+  }
+  /* Every slab is a whole number of chunks: what the clients map. */
+  j->slab_bytes = j->ranks[0].slab->bytes;
+  return 0;
+}
+
+/* The last rank is gone (or the job failed): the slabs go back, scrubbed. */
+static void job_on_teardown(struct job *j) { job_release_slabs(j); }
+
+/* Send local rank i's slab to connection c: one SLAB frame, its fds riding on it. */
+static int job_send_slab(const struct job *j, uint32_t i, struct conn *c, uint32_t request_id) {
+  const struct job_rank *r = &j->ranks[i];
+  const struct pool_slab *sl = r->slab;
+  struct dep_msg_slab m = {.local_rank = i, .rank = r->rank,
+                           .chunk_bytes = sl->pool->chunk_bytes, .n_chunks = sl->n};
+  memcpy(m.device_uuid, r->device_uuid, sizeof m.device_uuid);
+  int fds[DEP_PROTO_MAX_FDS];
+  for (uint32_t k = 0; k < sl->n; k++)
+    fds[k] = pool_slab_fd(sl, k);
+  return conn_send(c, DEP_MSG_SLAB, request_id, &m, fds, (int)sl->n);
+}
+
+/*
+ * Check, before a rank joins, what would otherwise fail only at the
+ * rendezvous: its device is one this daemon serves, and a slab of the
+ * job's shape fits that device's pool at all.
+ */
+static int job_check_memory(const struct dep_attach_args *a, uint64_t *slab_bytes, char *why,
+                            size_t whylen) {
+  struct pool *p = devices_find(a->device_uuid, why, whylen);
+  if (p == NULL)
+    return DEP_ERR_NOT_FOUND;
+  struct dep_slab_layout l;
+  int rc = dep_slab_layout(&a->shape, a->world_size, &l, why, whylen);
+  if (rc != 0)
+    return rc;
+  uint64_t need = dep_round_up(l.total_bytes, p->chunk_bytes);
+  if (need / p->chunk_bytes > DEP_PROTO_MAX_FDS) {
+    snprintf(why, whylen, "a slab of %llu bytes would be %llu chunks of %llu bytes, more than "
+             "the %d one message can carry; raise pool.chunk_size",
+             (unsigned long long)l.total_bytes, (unsigned long long)(need / p->chunk_bytes),
+             (unsigned long long)p->chunk_bytes, DEP_PROTO_MAX_FDS);
+    return DEP_ERR_NO_MEMORY;
+  }
+  if (need * a->local_world_size > pool_total_bytes(p) && a->local_world_size > 0) {
+    snprintf(why, whylen, "this job shape needs %llu MiB per rank, %llu MiB for its %u local "
+             "ranks, but device %s's pool holds %llu MiB; lower max_tokens_per_rank or hidden, "
+             "or raise pool.size_per_device (pool.host_size on the host backend)",
+             (unsigned long long)(need >> 20), (unsigned long long)((need * a->local_world_size) >> 20),
+             a->local_world_size, p->dev.uuid_str, (unsigned long long)(pool_total_bytes(p) >> 20));
+    return DEP_ERR_NO_MEMORY;
+  }
+  *slab_bytes = l.total_bytes;
+  return 0;
+}
+
+static void job_free(uv_handle_t *h) { free(h->data); }
+
+static void job_destroy(struct job *j, const char *why) {
+  if (j->dead)
+    return;
+  j->dead = true;
+  for (struct job **pp = &job_list; *pp != NULL; pp = &(*pp)->next) {
+    if (*pp == j) {
+      *pp = j->next;
+      break;
+    }
+  }
+  job_n--;
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    struct job_rank *r = &j->ranks[i];
+    if (r->conn != NULL)
+      r->conn->job = NULL;
+    r->conn = NULL;
+  }
+  j->attached = 0;
+  job_on_teardown(j);
+  log_info("job %s: removed (%s) after %llu ms", j->id, why,
+           (unsigned long long)job_age_ms(j));
+  uv_timer_stop(&j->timer);
+  uv_close((uv_handle_t *)&j->timer, job_free);
+}
+
+/* Free one local rank's slot; the job goes when its last rank does. */
+static void job_remove_rank(struct job *j, uint32_t local_rank, const char *why) {
+  struct job_rank *r = &j->ranks[local_rank];
+  if (r->conn == NULL)
+    return;
+  log_info("job %s: rank %u (local %u, pid %d) %s (%u of %u local ranks left)", j->id, r->rank,
+           local_rank, (int)r->pid, why, j->attached - 1, j->local_world_size);
+  r->conn->job = NULL;
+  memset(r, 0, sizeof *r);
+  j->attached--;
+  if (j->attached == 0)
+    job_destroy(j, "no ranks left");
+}
+
+/* Fail every rank still waiting for the rendezvous, then tear the job down. */
+static void job_fail(struct job *j, int code, const char *msg) {
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    struct job_rank *r = &j->ranks[i];
+    if (r->conn != NULL && r->waiting) {
+      r->waiting = false;
+      conn_send_error(r->conn, r->request_id, code, "%s", msg);
+    }
+  }
+  job_destroy(j, dep_strerror(code));
+}
+
+static void job_on_timeout(uv_timer_t *t) {
+  struct job *j = t->data;
+  char missing[256];
+  size_t off = 0;
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    if (j->ranks[i].conn != NULL)
+      continue;
+    int n = snprintf(missing + off, sizeof missing - off, "%s%u", off ? "," : "", i);
+    if (n < 0 || (size_t)n >= sizeof missing - off - 4) {
+      snprintf(missing + off, sizeof missing - off, ",...");
+      break;
+    }
+    off += (size_t)n;
+  }
+  char msg[DEP_MSG_TEXT_MAX];
+  snprintf(msg, sizeof msg,
+           "job %s: %u of %u local ranks attached after %u ms; missing local ranks %s "
+           "(start every local rank, or raise limits.attach_timeout_ms)",
+           j->id, j->attached, j->local_world_size, j->timeout_ms, missing);
+  log_warnx("%s", msg);
+  job_fail(j, DEP_ERR_TIMEOUT, msg);
+}
+
+/* Every local rank is here: lend memory and answer them all. */
+static void job_complete(struct job *j) {
+  uv_timer_stop(&j->timer);
+  char why[DEP_MSG_TEXT_MAX] = "";
+  int rc = job_on_complete(j, why, sizeof why);
+  if (rc != 0) {
+    char msg[DEP_MSG_TEXT_MAX];
+    snprintf(msg, sizeof msg, "job %s: %s", j->id, why[0] ? why : dep_strerror(rc));
+    log_warnx("%s", msg);
+    job_fail(j, rc, msg);
+    return;
+  }
+  j->ready = true;
+  log_info("job %s: all %u local ranks attached after %llu ms", j->id, j->local_world_size,
+           (unsigned long long)job_age_ms(j));
+  struct dep_msg_attach_ok ok = {
+      .slab_bytes = j->slab_bytes,
+      .local_world_size = j->local_world_size,
+      .num_fds = 0,
+      .op_timeout_ms = deepepd.cfg.op_timeout_ms,
+  };
+  snprintf(ok.backend, sizeof ok.backend, "%s", devices_backend_name());
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    struct job_rank *r = &j->ranks[i];
+    if (r->conn == NULL || !r->waiting)
+      continue;
+    r->waiting = false;
+    /* Every rank maps every local rank's slab: the reply is one SLAB frame
+     * per local rank, then ATTACH_OK.  A rank whose queue overflows is
+     * dropped by conn_send, which ends its part in the job. */
+    int sent = 0;
+    for (uint32_t k = 0; k < j->local_world_size && sent == 0; k++)
+      sent = job_send_slab(j, k, r->conn, r->request_id);
+    if (sent == 0)
+      conn_send(r->conn, DEP_MSG_ATTACH_OK, r->request_id, &ok, NULL, 0);
+  }
+}
+
+static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {
+  struct job *j = calloc(1, sizeof *j + sizeof(struct job_rank) * a->local_world_size);
+  if (j == NULL)
+    return NULL;
+  snprintf(j->id, sizeof j->id, "%s", a->job_id);
+  j->owner_uid = c->uid;
+  j->world_size = a->world_size;
+  j->local_world_size = a->local_world_size;
+  j->shape = a->shape;
+  j->created_ns = uv_hrtime();
+  uv_timer_init(job_loop, &j->timer);
+  j->timer.data = j;
+  j->timeout_ms = deepepd.cfg.attach_timeout_ms;
+  uv_timer_start(&j->timer, job_on_timeout, j->timeout_ms, 0);
+  j->next = job_list;
+  job_list = j;
+  job_n++;
+  log_info("job %s: created by uid %u (world_size %u, %u local ranks)", j->id,
+           (unsigned)j->owner_uid, j->world_size, j->local_world_size);
+  return j;
+}
+
+/* The first field in which a joining rank disagrees with the job, or false. */
+static bool job_mismatch(const struct job *j, const struct dep_attach_args *a, char *msg,
+                         size_t len) {
+  struct {
+    const char *name;
+    uint32_t job, rank;
+  } f[] = {
+      {"world_size", j->world_size, a->world_size},
+      {"local_world_size", j->local_world_size, a->local_world_size},
+      {"max_tokens_per_rank", j->shape.max_tokens_per_rank, a->shape.max_tokens_per_rank},
+      {"hidden", j->shape.hidden, a->shape.hidden},
+      {"num_experts", j->shape.num_experts, a->shape.num_experts},
+      {"topk", j->shape.topk, a->shape.topk},
+      {"dtype", j->shape.dtype, a->shape.dtype},
+  };
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+    if (f[i].job != f[i].rank) {
+      snprintf(msg, len,
+               "job %s: this rank gives %s %u but the ranks already attached give %u; every "
+               "rank of a job must pass the same values",
+               j->id, f[i].name, f[i].rank, f[i].job);
+      return true;
+    }
+  }
+  return false;
+}
+
+void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_args *a) {
+  if (c->job != NULL) {
+    conn_send_error(c, request_id, DEP_ERR_STATE,
+                    "this connection is already attached to job %s as local rank %u; DETACH "
+                    "first or open another connection",
+                    c->job->id, c->job_local_rank);
+    return;
+  }
+  char why[DEP_MSG_TEXT_MAX] = "";
+  uint64_t slab_bytes = 0;
+  int rc = job_check_memory(a, &slab_bytes, why, sizeof why);
+  if (rc != 0) {
+    conn_send_error(c, request_id, rc, "job %s: %s", a->job_id, why);
+    return;
+  }
+  struct job *j = job_find(a->job_id);
+  if (j == NULL) {
+    if (job_n >= deepepd.cfg.max_jobs) {
+      conn_send_error(c, request_id, DEP_ERR_LIMIT,
+                      "deepepd already holds %u jobs (limits.max_jobs); wait for one to end or "
+                      "raise the limit",
+                      job_n);
+      return;
+    }
+    j = job_create(c, a);
+    if (j == NULL) {
+      conn_send_error(c, request_id, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
+      return;
+    }
+    j->slab_bytes = slab_bytes; /* the layout's size; rounded to chunks once lent */
+  } else {
+    char msg[DEP_MSG_TEXT_MAX];
+    /* Another user learns that the id is taken, and nothing else about the job. */
+    if (j->owner_uid != c->uid) {
+      log_warnx("job %s: uid %u (pid %d) tried to join a job of uid %u; refused", j->id,
+                (unsigned)c->uid, (int)c->pid, (unsigned)j->owner_uid);
+      conn_send_error(c, request_id, DEP_ERR_PERMISSION,
+                      "job %s belongs to another user; choose a job id of your own", a->job_id);
+      return;
+    }
+    if (j->ready) {
+      conn_send_error(c, request_id, DEP_ERR_STATE,
+                      "job %s has already started (all %u local ranks attached); a rank cannot "
+                      "join a running job: restart the whole job, or use a new job id",
+                      j->id, j->local_world_size);
+      return;
+    }
+    if (job_mismatch(j, a, msg, sizeof msg)) {
+      conn_send_error(c, request_id, DEP_ERR_MISMATCH, "%s", msg);
+      return;
+    }
+  }
+  struct job_rank *slot = &j->ranks[a->local_rank];
+  if (slot->conn != NULL) {
+    conn_send_error(c, request_id, DEP_ERR_EXISTS,
+                    "local rank %u of job %s is already attached by pid %d", a->local_rank, j->id,
+                    (int)slot->pid);
+    return;
+  }
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    if (j->ranks[i].conn != NULL && j->ranks[i].rank == a->rank) {
+      conn_send_error(c, request_id, DEP_ERR_EXISTS,
+                      "rank %u of job %s is already attached by pid %d (local rank %u)", a->rank,
+                      j->id, (int)j->ranks[i].pid, i);
+      return;
+    }
+  }
+  slot->conn = c;
+  slot->rank = a->rank;
+  slot->pid = c->pid;
+  slot->request_id = request_id;
+  slot->waiting = true;
+  memcpy(slot->device_uuid, a->device_uuid, sizeof slot->device_uuid);
+  c->job = j;
+  c->job_local_rank = a->local_rank;
+  j->attached++;
+  log_info("job %s: rank %u (local %u, pid %d) attached (%u of %u local ranks)", j->id, a->rank,
+           a->local_rank, (int)c->pid, j->attached, j->local_world_size);
+  if (j->attached == j->local_world_size)
+    job_complete(j);
+}
+
+void job_detach(struct conn *c, uint32_t request_id) {
+  struct job *j = c->job;
+  if (j == NULL) {
+    conn_send_error(c, request_id, DEP_ERR_STATE, "this connection is not attached to a job");
+    return;
+  }
+  struct job_rank *r = &j->ranks[c->job_local_rank];
+  if (r->waiting) {
+    /* Its ATTACH is still waiting: that request ends here, with an answer. */
+    r->waiting = false;
+    conn_send_error(c, r->request_id, DEP_ERR_STATE,
+                    "ATTACH to job %s was cancelled by DETACH before every local rank arrived",
+                    j->id);
+  }
+  job_remove_rank(j, c->job_local_rank, "detached");
+  conn_send(c, DEP_MSG_DETACH_OK, request_id, NULL, NULL, 0);
+}
+
+void job_conn_closed(struct conn *c) {
+  if (c->job != NULL)
+    job_remove_rank(c->job, c->job_local_rank, "disconnected");
+}
+
+int job_fill_status(struct dep_status *st, uid_t viewer_uid, uint32_t max_jobs) {
+  st->jobs = NULL;
+  st->num_jobs = 0;
+  if (job_n == 0 || max_jobs == 0)
+    return 0;
+  st->jobs = calloc(job_n, sizeof *st->jobs);
+  if (st->jobs == NULL)
+    return DEP_ERR_NO_MEMORY;
+  bool all = viewer_uid == 0 || viewer_uid == getuid();
+  for (struct job *j = job_list; j != NULL && st->num_jobs < max_jobs; j = j->next) {
+    if (!all && j->owner_uid != viewer_uid)
+      continue;
+    struct dep_status_job *o = &st->jobs[st->num_jobs++];
+    snprintf(o->job_id, sizeof o->job_id, "%s", j->id);
+    o->owner_uid = (uint32_t)j->owner_uid;
+    o->ranks_attached = j->attached;
+    o->ranks_expected = j->local_world_size;
+    o->world_size = j->world_size;
+    o->slab_bytes = j->slab_bytes;
+    o->age_ms = job_age_ms(j);
+  }
+  return 0;
+}
+
+void job_fini(void) {
+  while (job_list != NULL)
+    job_destroy(job_list, "the daemon is stopping");
+}

@@ -1,0 +1,77 @@
+/*
+ * job.h — deepepd's job table (DESIGN §4, §5): which ranks of which job are
+ * attached on this node, and the node-local rendezvous that answers every
+ * rank's ATTACH at once when the last local rank arrives (or fails them all
+ * when limits.attach_timeout_ms passes first).
+ *
+ * A job belongs to the uid that created it.  Its memory (pools and slabs,
+ * the next layer) attaches through two hooks in job.c: job_on_complete, run
+ * when the rendezvous completes and before the replies go out, and
+ * job_on_teardown, run when the last rank is gone.
+ */
+#ifndef DEP_DAEMON_JOB_H
+#define DEP_DAEMON_JOB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "deepep.h"
+
+struct conn;
+struct pool_slab; /* defined by the memory pools; NULL until they exist */
+
+/* One local rank's place in its job. */
+struct job_rank {
+  struct conn *conn;         /* NULL: the slot is free */
+  uint32_t rank;             /* global rank */
+  pid_t pid;                 /* from SO_PEERCRED */
+  uint32_t request_id;       /* of the ATTACH waiting for the rendezvous */
+  bool waiting;              /* that ATTACH has no reply yet */
+  uint8_t device_uuid[16];   /* the GPU this rank uses */
+  struct pool_slab *slab;    /* its slab, lent by job_on_complete */
+};
+
+struct job {
+  char id[DEP_JOB_ID_MAX];
+  uid_t owner_uid;           /* SO_PEERCRED of the creator */
+  uint32_t world_size;
+  uint32_t local_world_size;
+  struct dep_job_shape shape;
+  uint64_t created_ns;       /* uv_hrtime() */
+  uint32_t timeout_ms;       /* limits.attach_timeout_ms when the job was made */
+  uint64_t slab_bytes;       /* per rank: the layout's size, then the lent (chunk-rounded) size */
+  uint32_t attached;         /* occupied slots in ranks[] */
+  bool ready;                /* the rendezvous completed */
+  bool dead;                 /* torn down, waiting for the timer's close callback */
+  uv_timer_t timer;          /* the attach timeout */
+  struct job *next;
+  struct job_rank ranks[];   /* local_world_size slots, indexed by local rank */
+};
+
+void job_init(uv_loop_t *loop);
+/* Tear every job down (the daemon is stopping). */
+void job_fini(void);
+
+/*
+ * ATTACH from connection c (args already checked by proto_check_attach).
+ * Replies itself: an ERROR at once, or ATTACH_OK to every local rank when
+ * the last one arrives.
+ */
+void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_args *a);
+/* DETACH from connection c: leave its job and reply. */
+void job_detach(struct conn *c, uint32_t request_id);
+/* Connection c is gone (its rank died or left): free its slot. */
+void job_conn_closed(struct conn *c);
+
+/* Number of live jobs. */
+uint32_t job_count(void);
+/*
+ * Fill st->jobs / st->num_jobs with the jobs `viewer_uid` may see (root and
+ * the daemon's own uid see all; others their own), at most max_jobs of
+ * them.  Returns 0 or DEP_ERR_NO_MEMORY; free st->jobs with free().
+ */
+int job_fill_status(struct dep_status *st, uid_t viewer_uid, uint32_t max_jobs);
+
+#endif /* DEP_DAEMON_JOB_H */

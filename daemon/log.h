@@ -1,0 +1,37 @@
+/*
+ * log.h — the daemon's logging: one line per event on stderr, each with a
+ * syslog priority prefix ("<4>") that journald turns into the priority.
+ * Only the daemon logs; library code returns errors instead.
+ */
+#ifndef DEP_DAEMON_LOG_H
+#define DEP_DAEMON_LOG_H
+
+#include <stdnoreturn.h>
+
+/* Syslog priorities, as the prefixes use them. */
+enum log_prio { LOG_PRIO_CRIT = 2, LOG_PRIO_ERR = 3, LOG_PRIO_WARNING = 4,
+                LOG_PRIO_NOTICE = 5, LOG_PRIO_INFO = 6, LOG_PRIO_DEBUG = 7 };
+
+/* Start logging at `level` (a syslog priority: messages above it are dropped). */
+void log_init(int level);
+void log_fini(void);
+/* Change the level at run time (SIGHUP). */
+void log_set_level(int level);
+int log_get_level(void);
+
+#define LOG_PRINTF(a, b) __attribute__((format(printf, a, b)))
+
+/* A warning with ": strerror(errno)" appended. */
+void log_warn(const char *fmt, ...) LOG_PRINTF(1, 2);
+/* A warning without errno. */
+void log_warnx(const char *fmt, ...) LOG_PRINTF(1, 2);
+/* An error the daemon survives (priority err), without errno. */
+void log_errx(const char *fmt, ...) LOG_PRINTF(1, 2);
+void log_notice(const char *fmt, ...) LOG_PRINTF(1, 2);
+void log_info(const char *fmt, ...) LOG_PRINTF(1, 2);
+void log_debug(const char *fmt, ...) LOG_PRINTF(1, 2);
+/* Log at priority crit (with / without errno) and exit(1). */
+noreturn void fatal(const char *fmt, ...) LOG_PRINTF(1, 2);
+noreturn void fatalx(const char *fmt, ...) LOG_PRINTF(1, 2);
+
+#endif /* DEP_DAEMON_LOG_H */

@@ -1,0 +1,210 @@
+/*
+ * main.c — deepepd's command line and the order in which its modules start
+ * and stop.  No daemonizing: systemd runs it in the foreground
+ * (Type=notify) and collects stderr.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "config.h"
+#include "conn.h"
+#include "deepep.h"
+#include "deepepd.h"
+#include "devices.h"
+#include "job.h"
+#include "log.h"
+#include "notify.h"
+#include "proto.h"
+#include "server.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: deepepd [-c FILE] [-s SOCKET] [--backend auto|cuda|host] [--log-level LEVEL]\n"
+          "       deepepd --check-config FILE\n"
+          "\n"
+          "  -c, --config FILE     configuration file (default " DEEPEPD_DEFAULT_CONFIG
+          " if it exists,\n"
+          "                        else the built-in defaults)\n"
+          "  -s, --socket PATH     listen on PATH instead of socket.path\n"
+          "      --backend B       auto, cuda or host, instead of the configured backend\n"
+          "      --log-level L     err, warning, notice, info or debug\n"
+          "      --check-config F  validate F and exit (0: valid, 1: not)\n"
+          "  -h, --help            this text\n"
+          "  -V, --version         print the version and exit\n");
+}
+
+static int parse_backend(const char *s) {
+  for (int b = CONFIG_BACKEND_AUTO; b <= CONFIG_BACKEND_HOST; b++)
+    if (strcmp(s, config_backend_name((enum config_backend)b)) == 0)
+      return b;
+  return -1;
+}
+
+static int parse_log_level(const char *s) {
+  for (int l = CONFIG_LOG_ERR; l <= CONFIG_LOG_DEBUG; l++)
+    if (strcmp(s, config_log_level_name((enum config_log_level)l)) == 0)
+      return l;
+  return -1;
+}
+
+static int check_config(const char *path) {
+  static struct config c;
+  char err[1024];
+  config_defaults(&c);
+  if (config_load_file(&c, path, err, sizeof err) != 0) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  printf("%s: ok\n", path);
+  return 0;
+}
+
+/* Load the configuration deepepd runs with.  0 or -1 (logged). */
+static int load_config(const char *cli_path) {
+  struct config *c = &deepepd.cfg;
+  config_defaults(c);
+  const char *path = cli_path;
+  if (path == NULL && access(DEEPEPD_DEFAULT_CONFIG, F_OK) == 0)
+    path = DEEPEPD_DEFAULT_CONFIG;
+  if (path != NULL) {
+    char err[1024];
+    if (config_load_file(c, path, err, sizeof err) != 0) {
+      log_errx("%s", err);
+      return -1;
+    }
+    snprintf(deepepd.config_path, sizeof deepepd.config_path, "%s", path);
+  }
+  deepepd_apply_overrides(c);
+  log_set_level((int)c->log_level);
+  if (path != NULL)
+    log_info("configuration: %s", path);
+  else
+    log_info("configuration: built-in defaults (no %s)", DEEPEPD_DEFAULT_CONFIG);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  enum { OPT_BACKEND = 256, OPT_LOG_LEVEL, OPT_CHECK };
+  static const struct option opts[] = {
+      {"config", required_argument, NULL, 'c'},
+      {"socket", required_argument, NULL, 's'},
+      {"backend", required_argument, NULL, OPT_BACKEND},
+      {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+      {"check-config", required_argument, NULL, OPT_CHECK},
+      {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, 'V'},
+      {NULL, 0, NULL, 0}};
+  const char *config_path = NULL;
+  const char *check_path = NULL;
+  int o;
+  while ((o = getopt_long(argc, argv, "c:s:hV", opts, NULL)) != -1) {
+    switch (o) {
+    case 'c':
+      config_path = optarg;
+      break;
+    case 's':
+      if (strlen(optarg) >= CONFIG_PATH_MAX) {
+        fprintf(stderr, "deepepd: socket path too long (%zu bytes, max %d): %s\n", strlen(optarg),
+                CONFIG_PATH_MAX - 1, optarg);
+        return 1;
+      }
+      snprintf(deepepd.socket_override, sizeof deepepd.socket_override, "%s", optarg);
+      break;
+    case OPT_BACKEND:
+      if ((deepepd.backend_override = parse_backend(optarg)) < 0) {
+        fprintf(stderr, "deepepd: --backend %s: use auto, cuda or host\n", optarg);
+        return 2;
+      }
+      break;
+    case OPT_LOG_LEVEL:
+      if ((deepepd.log_level_override = parse_log_level(optarg)) < 0) {
+        fprintf(stderr, "deepepd: --log-level %s: use err, warning, notice, info or debug\n",
+                optarg);
+        return 2;
+      }
+      break;
+    case OPT_CHECK:
+      check_path = optarg;
+      break;
+    case 'h':
+      usage(stdout);
+      return 0;
+    case 'V':
+      printf("deepepd %s (protocol %d)\n", DEP_VERSION_STRING, DEP_PROTO_VERSION);
+      return 0;
+    default:
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "deepepd: unexpected argument: %s\n", argv[optind]);
+    usage(stderr);
+    return 2;
+  }
+  if (check_path != NULL)
+    return check_config(check_path);
+
+  /* Replies go out with MSG_NOSIGNAL; this covers anything else that writes. */
+  signal(SIGPIPE, SIG_IGN);
+  log_init(deepepd.log_level_override >= 0 ? deepepd.log_level_override : LOG_PRIO_INFO);
+  if (load_config(config_path) != 0)
+    return 1;
+  log_info("deepepd %s (protocol %d) starting, pid %d", DEP_VERSION_STRING, DEP_PROTO_VERSION,
+           (int)getpid());
+  notify_init();
+  notify_send("STATUS=starting");
+
+  int status = 1;
+  uv_loop_t loop;
+  int rc = uv_loop_init(&loop);
+  if (rc != 0) {
+    log_errx("uv_loop_init: %s", uv_strerror(rc));
+    goto out_notify;
+  }
+  if (deepepd_init(&loop) != 0)
+    goto out_loop;
+  conn_init(&loop);
+  job_init(&loop);
+  if (server_init(&loop, &deepepd.cfg) != 0)
+    goto out_jobs;
+  /* The pools are made after the socket is claimed (a second daemon must not
+   * allocate a whole pool before learning it cannot run) and before the loop
+   * runs: clients that connect meanwhile wait in the listen backlog. */
+  notify_send("STATUS=making device pools");
+  char why[DEP_MSG_TEXT_MAX] = "";
+  rc = devices_init(&deepepd.cfg, why, sizeof why);
+  if (rc != 0) {
+    log_errx("devices: %s", why);
+    goto out_server;
+  }
+
+  /* READY=1 only once the pools are warm (DESIGN §10). */
+  notify_send("READY=1");
+  notify_send("STATUS=listening on %s", deepepd.cfg.socket_path);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  status = 0;
+
+  job_fini(); /* every slab goes back before its pool does */
+  devices_fini();
+out_server:
+  server_fini();
+out_jobs:
+  conn_fini();
+  deepepd_fini();
+  /* Let every close callback run, so nothing is left allocated. */
+  uv_run(&loop, UV_RUN_DEFAULT);
+out_loop:
+  rc = uv_loop_close(&loop);
+  if (rc != 0)
+    log_warnx("uv_loop_close: %s (a handle was left open)", uv_strerror(rc));
+out_notify:
+  notify_fini();
+  log_fini();
+  return status;
+}
