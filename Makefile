@@ -21,6 +21,8 @@ MANDIR      ?= $(PREFIX)/share/man
 SYSCONFDIR  ?= /etc
 RUNSTATEDIR ?= /run
 UNITDIR     ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
 CUDA_HOME   ?= /usr/local/cuda
 NVCC        ?= $(CUDA_HOME)/bin/nvcc
 NVCC_GENCODE ?= -gencode arch=compute_80,code=sm_80 \
@@ -138,9 +140,11 @@ $(BUILD)/bench/%: bench/%.c $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) -o $@ $< $(LIB_A) -ldl -lpthread -lm
 
+# install writes the .pc again: PREFIX on the install line may differ from the build's.
+PC_SED = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
+	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define DEP_VERSION_STRING "\(.*\)"/\1/p' client/deepep.h)|g'
 $(BUILD)/deepep-client.pc: client/deepep-client.pc.in Makefile
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
-	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define DEP_VERSION_STRING "\(.*\)"/\1/p' client/deepep.h)|g' $< > $@
+	$(PC_SED) $< > $@
 
 # The test runner links the daemon's modules (minus main) so unit tests can
 # reach them; integration tests start $(DAEMON) as a real process.
@@ -182,6 +186,7 @@ run: all
 install: all
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 	  $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSCONFDIR)/deepepd \
+	  $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) \
 	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8
 	install -m 0755 $(DAEMON) $(DESTDIR)$(SBINDIR)/deepepd
 	install -m 0755 $(CTL) $(DESTDIR)$(BINDIR)/deepepctl
@@ -190,9 +195,11 @@ install: all
 	ln -sf $(notdir $(LIB_SO)) $(DESTDIR)$(LIBDIR)/libdeepep-client.so
 	install -m 0644 $(LIB_A) $(DESTDIR)$(LIBDIR)/
 	install -m 0644 client/deepep.h $(DESTDIR)$(INCLUDEDIR)/
-	install -m 0644 $(BUILD)/deepep-client.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
+	$(PC_SED) client/deepep-client.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/deepep-client.pc
 	sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' systemd/deepepd.service.in \
 	  > $(DESTDIR)$(UNITDIR)/deepepd.service
+	install -m 0644 systemd/deepepd.sysusers $(DESTDIR)$(SYSUSERSDIR)/deepepd.conf
+	install -m 0644 systemd/deepepd.tmpfiles $(DESTDIR)$(TMPFILESDIR)/deepepd.conf
 	test -e $(DESTDIR)$(SYSCONFDIR)/deepepd/deepepd.yaml || \
 	  install -m 0644 config/deepepd.yaml $(DESTDIR)$(SYSCONFDIR)/deepepd/deepepd.yaml
 	for m in man/*.[1-8]; do [ -e "$$m" ] || continue; s=$${m##*.}; \

@@ -21,6 +21,7 @@ union anymsg {
   struct dep_status status;
   struct dep_attach_args attach;
   struct dep_msg_attach_ok attach_ok;
+  struct dep_msg_slab slab;
 };
 
 static void die(const char *what, uint16_t type) {

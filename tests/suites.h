@@ -8,5 +8,6 @@
   XX(proto)                 \
   XX(config)                \
   XX(daemon)                \
-  XX(client)
+  XX(client)                \
+  XX(ops)
 #endif

@@ -1,0 +1,215 @@
+/*
+ * host_ops.h — the MoE operations of DESIGN §6 (layout, dispatch, combine
+ * and their low-latency forms) in plain C, for the host backend: every rank
+ * of a job is a process on this machine and every rank's slab is mapped
+ * (MAP_SHARED) into every rank.  The CUDA kernels implement the same
+ * semantics on the same slab layout, so what is written here about slots,
+ * rows and error records is the contract for them too.
+ *
+ * Protocol, per communicating call (layout is local and takes no part):
+ *   - seq = ++ctx->seq, parity = seq & 1.  All ranks make the same sequence
+ *     of communicating calls, so seq names the same call everywhere.
+ *   - Push only.  For every destination rank d (itself included, even with
+ *     zero rows) a rank writes its rows into d's block (parity, self), then
+ *     d's control slot (parity, self): rows, op, ref_seq, and last the flag,
+ *     stored = seq with release ordering.
+ *   - A receiver waits, bounded by timeout_ms, until every source's flag
+ *     equals seq (acquire), checks that every source made the same call,
+ *     then reads its blocks and writes the caller's outputs.
+ *   Because every rank posts to every rank on every call, no rank can start
+ *   call n+2 (same parity as n) before every peer has entered call n+1,
+ *   i.e. has finished reading call n: parity double-buffering is safe.
+ *
+ * Failures: bad arguments are DEP_ERR_INVALID before anything is written
+ * anywhere (the call does not consume a seq and may be retried).  A source
+ * that made a different call (other op, other FP8 setting, a combine
+ * with another dispatch's handle) is DEP_ERR_MISMATCH after the call's
+ * flags are all consumed, so the ranks stay in step.  A peer that does not
+ * arrive is DEP_ERR_TIMEOUT with an ops_err_record in the error words of
+ * this rank's own slab; the context is then broken (DEP_ERR_STATE for every
+ * later call), because the ranks no longer agree on seq.
+ *
+ * Outputs: every element a call defines is written; rows past the valid
+ * count (num_recv, recv_count[e]) are left untouched.
+ */
+#ifndef DEP_HOST_OPS_H
+#define DEP_HOST_OPS_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "deepep.h"
+#include "slab.h"
+
+/* Communicating operations, as carried in slots and error records. */
+enum ops_op {
+  OPS_OP_DISPATCH = 1,
+  OPS_OP_COMBINE = 2,
+  OPS_OP_LL_DISPATCH = 3,
+  OPS_OP_LL_COMBINE = 4,
+};
+#define OPS_OP_FP8 0x100u /* or-ed into a slot's op: the rows carry FP8 */
+
+/*
+ * One (parity, source) control slot at dep_slab_ctrl_slot() of the
+ * receiver's slab.  The sender fills rows/op/ref_seq, then stores flag.
+ */
+struct ops_slot {
+  _Atomic uint64_t flag; /* seq of the call that filled the slot */
+  uint32_t rows;         /* rows (LL combine: vectors) in the block */
+  uint32_t op;           /* enum ops_op, | OPS_OP_FP8 */
+  uint64_t ref_seq;      /* combines: seq of the dispatch their handle holds */
+  uint32_t num_tokens;   /* the sender's num_tokens in this call (diagnostics) */
+  uint32_t reserved;
+};
+_Static_assert(sizeof(struct ops_slot) <= DEP_SLAB_CTRL_SLOT, "slot exceeds DEP_SLAB_CTRL_SLOT");
+
+/*
+ * The error words at offset 0 of a rank's own slab, written by that rank
+ * when a wait times out (code last, with release ordering), so that the
+ * daemon and deepepctl can say which rank waited for whom.
+ */
+struct ops_err_record {
+  _Atomic int32_t code; /* 0, or the DEP_ERR_* of the failed call */
+  uint32_t op;          /* enum ops_op */
+  uint32_t rank;        /* the rank that waited (this slab's owner) */
+  uint32_t source;      /* the rank it waited for */
+  uint64_t seq;         /* the call */
+  uint64_t seen_flag;   /* the source's flag when it gave up */
+  uint32_t waited_ms;
+  uint32_t reserved;
+};
+_Static_assert(sizeof(struct ops_err_record) <= DEP_SLAB_ERR_BYTES, "record exceeds error words");
+
+/*
+ * A row (dep_slab_row, row_bytes apart) in a dispatch block:
+ *   [0, 2h)         bf16 token; with FP8, h e4m3 bytes then h/128 float32 scales
+ *   [2h, 2h+16)     int32 source token, int32 id count, 8 bytes reserved
+ *   then int32 ids[topk]    dispatch: remapped ids of all k (-1 elsewhere);
+ *                           LL: the distinct local experts, first-appearance order
+ *   then float weights[topk] dispatch only (0 where not this rank's)
+ * Throughput combine: a bf16 vector at the start of each row.  LL combine:
+ * vector i at block + i * 2h, in the order the origin enumerates them.
+ */
+static inline uint64_t ops_meta_off(uint32_t hidden) { return 2ull * hidden; }
+static inline uint64_t ops_ids_off(uint32_t hidden) { return 2ull * hidden + 16; }
+static inline uint64_t ops_weights_off(uint32_t hidden, uint32_t topk) {
+  return 2ull * hidden + 16 + 4ull * topk;
+}
+
+/* One rank's view of a job: shape, layout and every rank's slab. */
+struct ops_ctx {
+  struct dep_job_shape shape;
+  struct dep_slab_layout lay;
+  uint32_t world, rank;
+  uint8_t *slabs[DEP_MAX_LOCAL_RANKS]; /* every rank's slab mapped here, by rank */
+  uint64_t seq;                        /* communicating calls made so far */
+  uint32_t timeout_ms;                 /* bound on each call's waits */
+  int broken;                          /* a wait timed out: the ranks are out of step */
+  float *acc;                          /* scratch: hidden float32 accumulators */
+  uint8_t *stage;                      /* scratch: one FP8 token with its scales */
+  char why[256];                       /* message of the last failure */
+};
+
+enum ops_handle_kind { OPS_HANDLE_EMPTY = 0, OPS_HANDLE_TP = 1, OPS_HANDLE_LL = 2 };
+
+/*
+ * What a dispatch leaves for its combine (the public dep_handle_t).  Arrays
+ * are allocated on first use for the ctx's shape and reused afterwards.
+ */
+struct dep_handle {
+  uint32_t kind;       /* enum ops_handle_kind of the last dispatch into it */
+  uint64_t seq;        /* that dispatch's call number */
+  /* The context it was made on (a handle does not cross jobs or shapes). */
+  uint32_t world, rank, hidden, topk, num_experts, max_tokens, max_ll_tokens;
+  uint32_t num_tokens; /* tokens this rank dispatched */
+  uint32_t num_recv;   /* TP: rows received in total */
+  /* TP: rows received from each source (they are contiguous, by source).
+   * LL: vectors this rank owes each source in the combine. */
+  uint32_t recv_from[DEP_MAX_LOCAL_RANKS];
+  /* TP: for each dispatched token, bit d set when rank d received it. */
+  uint64_t *token_ranks;
+  uint32_t token_cap;
+  /* LL: per vector owed, in (source, source token, order of first
+   * appearance in the token's top-k) order: {local expert, row}. */
+  uint32_t (*ll_rows)[2];
+  uint64_t ll_cap;
+  uint64_t idx_hash;   /* LL: hash of the dispatched topk_idx */
+};
+
+/* ---- context ------------------------------------------------------------ */
+
+/*
+ * Make a context for `rank` of `world` (1..DEP_MAX_LOCAL_RANKS) on the
+ * mapped slabs (slabs[0..world-1], each 64-byte aligned, laid out by
+ * dep_slab_layout for this shape and zero or left by an earlier ctx that
+ * ran in step).  0, DEP_ERR_INVALID or DEP_ERR_NO_MEMORY with why.
+ */
+int host_ops_init(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world, uint32_t rank,
+                  uint8_t *const *slabs, uint32_t timeout_ms, char *why, size_t whylen);
+void host_ops_fini(struct ops_ctx *c);
+
+/* A handle starts empty; fini frees what dispatches allocated in it. */
+void host_ops_handle_init(struct dep_handle *h);
+void host_ops_handle_fini(struct dep_handle *h);
+
+/* ---- argument checks (ops_check.c): DEP_ERR_INVALID naming the argument -- */
+
+int ops_check_ctx(const struct ops_ctx *c, char *why, size_t whylen);
+int ops_check_layout(const struct ops_ctx *c, const struct dep_layout_args *a, char *why,
+                     size_t whylen);
+int ops_check_dispatch(const struct ops_ctx *c, const struct dep_dispatch_args *a,
+                       const struct dep_handle *h, char *why, size_t whylen);
+int ops_check_combine(const struct ops_ctx *c, const struct dep_combine_args *a,
+                      const struct dep_handle *h, char *why, size_t whylen);
+int ops_check_ll_dispatch(const struct ops_ctx *c, const struct dep_ll_dispatch_args *a,
+                          const struct dep_handle *h, char *why, size_t whylen);
+int ops_check_ll_combine(const struct ops_ctx *c, const struct dep_ll_combine_args *a,
+                         const struct dep_handle *h, char *why, size_t whylen);
+
+/* Hash of a topk_idx array as int64 values (LL combine checks it matches). */
+uint64_t ops_check_idx_hash(const void *idx, int index_type, size_t n);
+
+/* ---- operations: 0 or DEP_ERR_*, message in c->why ---------------------- */
+
+/* Local: no communication, no seq. */
+int host_ops_layout(struct ops_ctx *c, const struct dep_layout_args *a);
+int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, struct dep_handle *h);
+int host_ops_combine(struct ops_ctx *c, const struct dep_combine_args *a,
+                     const struct dep_handle *h);
+int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a,
+                         struct dep_handle *h);
+int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
+                        const struct dep_handle *h);
+
+/* The error record in a slab's error words (a copy; code 0 means none). */
+void host_ops_err_read(const uint8_t *slab, struct ops_err_record *out);
+const char *host_ops_op_name(uint32_t op);
+
+/* ---- number formats ----------------------------------------------------- */
+
+static inline float host_ops_bf16_to_float(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* float32 -> bf16, round to nearest even; NaN stays a (quiet) NaN. */
+static inline uint16_t host_ops_float_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* float32 -> FP8 e4m3 (the "fn" variant: no infinities, 0x7f is NaN),
+ * round to nearest even, saturating to +-448. */
+uint8_t host_ops_float_to_e4m3(float f);
+float host_ops_e4m3_to_float(uint8_t c);
+
+#endif /* DEP_HOST_OPS_H */

@@ -1,0 +1,237 @@
+/*
+ * ops_check.c — argument checks for the MoE operations, shared by the host
+ * and CUDA backends.  Each check runs before anything is written to any
+ * slab, and each refusal names the argument and what would make it valid,
+ * so a caller's bug is a DEP_ERR_INVALID with a sentence, never a crash,
+ * a hang or a silent wrong answer (DESIGN §6).
+ *
+ * Inputs of a call with num_tokens == 0 may be NULL (an empty tensor's data
+ * pointer often is); outputs that peers fill must always be given.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "host_ops.h"
+
+static int fail(char *why, size_t whylen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(char *why, size_t whylen, const char *fmt, ...) {
+  if (why != NULL && whylen > 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, whylen, fmt, ap);
+    va_end(ap);
+  }
+  return DEP_ERR_INVALID;
+}
+
+/* FNV-1a over the int64 values, so an int32 and an int64 copy hash alike. */
+uint64_t ops_check_idx_hash(const void *idx, int index_type, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) {
+    int64_t v = index_type == DEP_INDEX_I64 ? ((const int64_t *)idx)[i]
+                                            : ((const int32_t *)idx)[i];
+    uint64_t u = (uint64_t)v;
+    for (int b = 0; b < 8; b++) {
+      h ^= (u >> (8 * b)) & 0xff;
+      h *= 0x100000001b3ull;
+    }
+  }
+  return h;
+}
+
+int ops_check_ctx(const struct ops_ctx *c, char *why, size_t whylen) {
+  if (c == NULL)
+    return fail(why, whylen, "ops context is NULL (attach first)");
+  const struct dep_job_shape *s = &c->shape;
+  if (c->world == 0 || c->world > DEP_MAX_LOCAL_RANKS || c->rank >= c->world)
+    return fail(why, whylen, "rank %u of world %u out of range (the host backend runs 1..%u ranks)",
+                c->rank, c->world, DEP_MAX_LOCAL_RANKS);
+  if (s->hidden == 0 || s->hidden % 128 != 0 || s->hidden > 16384 || s->topk == 0 ||
+      s->topk > 16 || s->num_experts == 0 || s->num_experts % c->world != 0 ||
+      s->max_tokens_per_rank == 0 || c->lay.world_size != c->world || c->lay.max_ll_tokens == 0)
+    return fail(why, whylen, "job shape out of range (hidden %u, topk %u, num_experts %u, world %u)",
+                s->hidden, s->topk, s->num_experts, c->world);
+  for (uint32_t r = 0; r < c->world; r++)
+    if (c->slabs[r] == NULL)
+      return fail(why, whylen, "slab of rank %u is not mapped", r);
+  return 0;
+}
+
+static int check_index_type(int t, const char *op, char *why, size_t whylen) {
+  if (t != DEP_INDEX_I64 && t != DEP_INDEX_I32)
+    return fail(why, whylen, "%s: index_type %d is neither DEP_INDEX_I64 (%d) nor DEP_INDEX_I32 (%d)",
+                op, t, DEP_INDEX_I64, DEP_INDEX_I32);
+  return 0;
+}
+
+/* Every topk_idx entry in [-1, num_experts). */
+static int check_idx(const struct ops_ctx *c, const void *idx, int t, uint32_t n, const char *op,
+                     char *why, size_t whylen) {
+  uint32_t k = c->shape.topk;
+  int64_t ne = c->shape.num_experts;
+  for (uint64_t i = 0; i < (uint64_t)n * k; i++) {
+    int64_t v = t == DEP_INDEX_I64 ? ((const int64_t *)idx)[i] : ((const int32_t *)idx)[i];
+    if (v < -1 || v >= ne)
+      return fail(why, whylen, "%s: topk_idx[%llu][%llu] = %lld outside [-1, %lld): expert ids "
+                  "must be below num_experts, -1 for none", op, (unsigned long long)(i / k),
+                  (unsigned long long)(i % k), (long long)v, (long long)ne);
+  }
+  return 0;
+}
+
+/* A pointer argument must be given and aligned for its element type. */
+#define NEED_AL(ptr, align, op, name)                                                    \
+  do {                                                                                   \
+    if ((ptr) == NULL)                                                                   \
+      return fail(why, whylen, "%s: %s is NULL", op, name);                              \
+    if ((uintptr_t)(ptr) % (align) != 0)                                                 \
+      return fail(why, whylen, "%s: %s is not %u-byte aligned", op, name, (unsigned)(align)); \
+  } while (0)
+#define NEED(ptr, op, name) NEED_AL(ptr, _Alignof(__typeof__(*(ptr))), op, name)
+#define NEED_IDX(ptr, t, op) NEED_AL(ptr, (t) == DEP_INDEX_I64 ? 8u : 4u, op, "topk_idx")
+#define NEED_BF16(ptr, op, name) NEED_AL(ptr, 2u, op, name)
+
+static int check_tokens(uint32_t n, uint32_t max, const char *op, const char *bound, char *why,
+                        size_t whylen) {
+  if (n > max)
+    return fail(why, whylen, "%s: num_tokens %u exceeds %s %u of the job's shape", op, n, bound,
+                max);
+  return 0;
+}
+
+int ops_check_layout(const struct ops_ctx *c, const struct dep_layout_args *a, char *why,
+                     size_t whylen) {
+  const char *op = "layout";
+  int rc = ops_check_ctx(c, why, whylen);
+  if (rc != 0)
+    return rc;
+  NEED(a, op, "args");
+  if ((rc = check_index_type(a->index_type, op, why, whylen)) != 0 ||
+      (rc = check_tokens(a->num_tokens, c->shape.max_tokens_per_rank, op, "max_tokens_per_rank",
+                         why, whylen)) != 0)
+    return rc;
+  NEED(a->tokens_per_rank, op, "tokens_per_rank");
+  NEED(a->tokens_per_expert, op, "tokens_per_expert");
+  if (a->num_tokens > 0) {
+    NEED_IDX(a->topk_idx, a->index_type, op);
+    NEED(a->token_in_rank, op, "token_in_rank");
+    return check_idx(c, a->topk_idx, a->index_type, a->num_tokens, op, why, whylen);
+  }
+  return 0;
+}
+
+int ops_check_dispatch(const struct ops_ctx *c, const struct dep_dispatch_args *a,
+                       const struct dep_handle *h, char *why, size_t whylen) {
+  const char *op = "dispatch";
+  int rc = ops_check_ctx(c, why, whylen);
+  if (rc != 0)
+    return rc;
+  NEED(a, op, "args");
+  if (h == NULL)
+    return fail(why, whylen, "dispatch: handle is NULL; make one with dep_handle_new");
+  if ((rc = check_index_type(a->index_type, op, why, whylen)) != 0 ||
+      (rc = check_tokens(a->num_tokens, c->shape.max_tokens_per_rank, op, "max_tokens_per_rank",
+                         why, whylen)) != 0)
+    return rc;
+  NEED_BF16(a->recv_x, op, "recv_x");
+  NEED(a->recv_topk_idx, op, "recv_topk_idx");
+  NEED(a->recv_topk_weights, op, "recv_topk_weights");
+  NEED(a->recv_count_per_expert, op, "recv_count_per_expert");
+  NEED(a->num_recv, op, "num_recv");
+  if (a->num_tokens > 0) {
+    NEED_BF16(a->x, op, "x");
+    NEED_IDX(a->topk_idx, a->index_type, op);
+    NEED(a->topk_weights, op, "topk_weights");
+    return check_idx(c, a->topk_idx, a->index_type, a->num_tokens, op, why, whylen);
+  }
+  return 0;
+}
+
+/* The handle holds a dispatch of `kind` made on a context like c. */
+static int check_handle(const struct ops_ctx *c, const struct dep_handle *h, uint32_t kind,
+                        const char *op, char *why, size_t whylen) {
+  const char *want = kind == OPS_HANDLE_TP ? "dep_dispatch" : "dep_ll_dispatch";
+  if (h == NULL)
+    return fail(why, whylen, "%s: handle is NULL; pass the handle of the matching %s", op, want);
+  if (h->kind == OPS_HANDLE_EMPTY)
+    return fail(why, whylen, "%s: handle holds no dispatch; pass the handle of the matching %s", op,
+                want);
+  if (h->kind != kind)
+    return fail(why, whylen, "%s: handle holds a %s, not a %s", op,
+                h->kind == OPS_HANDLE_TP ? "dep_dispatch" : "dep_ll_dispatch", want);
+  if (h->world != c->world || h->rank != c->rank || h->hidden != c->shape.hidden ||
+      h->topk != c->shape.topk || h->num_experts != c->shape.num_experts ||
+      h->max_tokens != c->shape.max_tokens_per_rank || h->max_ll_tokens != c->lay.max_ll_tokens)
+    return fail(why, whylen, "%s: handle was filled by rank %u of world %u in another job shape; "
+                "use a handle of this attachment", op, h->rank, h->world);
+  return 0;
+}
+
+int ops_check_combine(const struct ops_ctx *c, const struct dep_combine_args *a,
+                      const struct dep_handle *h, char *why, size_t whylen) {
+  const char *op = "combine";
+  int rc = ops_check_ctx(c, why, whylen);
+  if (rc != 0)
+    return rc;
+  NEED(a, op, "args");
+  if ((rc = check_handle(c, h, OPS_HANDLE_TP, op, why, whylen)) != 0)
+    return rc;
+  if (h->num_recv > 0)
+    NEED_BF16(a->x, op, "x");
+  if (h->num_tokens > 0)
+    NEED_BF16(a->out, op, "out");
+  return 0;
+}
+
+int ops_check_ll_dispatch(const struct ops_ctx *c, const struct dep_ll_dispatch_args *a,
+                          const struct dep_handle *h, char *why, size_t whylen) {
+  const char *op = "ll_dispatch";
+  int rc = ops_check_ctx(c, why, whylen);
+  if (rc != 0)
+    return rc;
+  NEED(a, op, "args");
+  if (h == NULL)
+    return fail(why, whylen, "ll_dispatch: handle is NULL; make one with dep_handle_new");
+  if ((rc = check_index_type(a->index_type, op, why, whylen)) != 0 ||
+      (rc = check_tokens(a->num_tokens, c->lay.max_ll_tokens, op, "max_ll_tokens_per_rank", why,
+                         whylen)) != 0)
+    return rc;
+  if (a->use_fp8 != 0 && a->use_fp8 != 1)
+    return fail(why, whylen, "ll_dispatch: use_fp8 is %d; give 0 (bf16) or 1 (e4m3)", a->use_fp8);
+  NEED_AL(a->recv_x, a->use_fp8 ? 1u : 2u, op, "recv_x");
+  NEED(a->recv_count, op, "recv_count");
+  if (a->use_fp8)
+    NEED(a->recv_scales, op, "recv_scales (required with use_fp8)");
+  if (a->num_tokens > 0) {
+    NEED_BF16(a->x, op, "x");
+    NEED_IDX(a->topk_idx, a->index_type, op);
+    return check_idx(c, a->topk_idx, a->index_type, a->num_tokens, op, why, whylen);
+  }
+  return 0;
+}
+
+int ops_check_ll_combine(const struct ops_ctx *c, const struct dep_ll_combine_args *a,
+                         const struct dep_handle *h, char *why, size_t whylen) {
+  const char *op = "ll_combine";
+  int rc = ops_check_ctx(c, why, whylen);
+  if (rc != 0)
+    return rc;
+  NEED(a, op, "args");
+  if ((rc = check_handle(c, h, OPS_HANDLE_LL, op, why, whylen)) != 0 ||
+      (rc = check_index_type(a->index_type, op, why, whylen)) != 0)
+    return rc;
+  NEED_BF16(a->x, op, "x");
+  if (h->num_tokens == 0)
+    return 0;
+  NEED_IDX(a->topk_idx, a->index_type, op);
+  NEED(a->topk_weights, op, "topk_weights");
+  NEED_BF16(a->out, op, "out");
+  if ((rc = check_idx(c, a->topk_idx, a->index_type, h->num_tokens, op, why, whylen)) != 0)
+    return rc;
+  if (ops_check_idx_hash(a->topk_idx, a->index_type, (size_t)h->num_tokens * c->shape.topk) !=
+      h->idx_hash)
+    return fail(why, whylen, "ll_combine: topk_idx differs from the one given to the matching "
+                "dep_ll_dispatch; pass the same ids");
+  return 0;
+}

@@ -1,0 +1,1036 @@
+/*
+ * check_ops.c — the host backend's MoE operations as a specification
+ * (DESIGN §6): ranks are real processes sharing memfd slabs, every output
+ * is checked against the reference oracle (kernels/ref.c) — moves bit for
+ * bit, sums within a stated bound — over world sizes, shapes, routing
+ * patterns and both index types; outputs are poisoned before every call so
+ * an unwritten element fails; 1,000 calls in a row stay correct; a missing
+ * rank is a bounded DEP_ERR_TIMEOUT that names it; bad arguments are
+ * DEP_ERR_INVALID naming the argument with nothing written to any slab.
+ *
+ * Inputs are fresh random data each run; a failure prints the seed, and
+ * DEP_TEST_SEED=<seed> replays it.
+ */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "host_ops.h"
+#include "ref.h"
+
+#define MAXW 8
+#define MSG 700
+#define OP_TIMEOUT_MS 30000u /* generous: 8 ranks on 2 cores under ASan */
+
+/* ---- random inputs ---------------------------------------------------------- */
+
+static uint64_t seed, rng;
+
+static void seed_init(void) {
+  const char *e = getenv("DEP_TEST_SEED");
+  seed = e != NULL ? strtoull(e, NULL, 0)
+                   : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() << 16;
+  rng = seed;
+}
+
+static uint64_t rnd(void) { /* splitmix64 */
+  uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+static uint32_t below(uint32_t n) { return n ? (uint32_t)(rnd() % n) : 0; }
+static float unif(void) { return (float)(rnd() >> 40) / (float)(1u << 24); } /* [0, 1) */
+
+/* A bf16 in [-1, 1) * 2^e that is never one of the poison patterns. */
+static uint16_t rand_bf16(int e) {
+  uint16_t b = host_ops_float_to_bf16(ldexpf(unif() * 2.0f - 1.0f, e));
+  return b == 0xA5A5 || b == 0x5A5A ? 0x3f80 : b;
+}
+
+/* ---- a world of ranks: shared slabs, one process per rank ------------------ */
+
+struct world {
+  uint32_t n;
+  struct dep_slab_layout lay;
+  size_t slab_bytes, map_bytes;
+  uint8_t *map;
+  uint8_t *slabs[DEP_MAX_LOCAL_RANKS];
+  char *msg; /* shared: one failure message per rank */
+};
+
+static void world_open(struct world *w, const struct dep_job_shape *s, uint32_t n) {
+  char why[256];
+  memset(w, 0, sizeof *w);
+  w->n = n;
+  ck_assert_msg(dep_slab_layout(s, n, &w->lay, why, sizeof why) == 0, "%s", why);
+  w->slab_bytes = dep_round_up(w->lay.total_bytes, 4096);
+  w->map_bytes = w->slab_bytes * n;
+  int fd = memfd_create("check-ops-slabs", MFD_CLOEXEC);
+  ck_assert_msg(fd >= 0, "memfd_create: %s", strerror(errno));
+  ck_assert_int_eq(ftruncate(fd, (off_t)w->map_bytes), 0);
+  w->map = mmap(NULL, w->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ck_assert(w->map != MAP_FAILED);
+  close(fd);
+  for (uint32_t r = 0; r < n; r++)
+    w->slabs[r] = w->map + r * w->slab_bytes;
+  w->msg = mmap(NULL, (size_t)n * MSG, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert(w->msg != MAP_FAILED);
+}
+
+static void world_close(struct world *w) {
+  munmap(w->map, w->map_bytes);
+  munmap(w->msg, (size_t)w->n * MSG);
+}
+
+static int failf(char *msg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int failf(char *msg, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, MSG, fmt, ap);
+  va_end(ap);
+  return 1;
+}
+
+typedef int (*rank_fn)(struct ops_ctx *c, void *arg, char *msg);
+
+/* Fork one process per rank, each with its own ctx on the shared slabs. */
+static void run_ranks(struct world *w, const struct dep_job_shape *s, rank_fn fn, void *arg,
+                      uint32_t timeout_ms, const char *what) {
+  pid_t pid[MAXW];
+  for (uint32_t r = 0; r < w->n; r++) {
+    pid[r] = fork();
+    ck_assert(pid[r] >= 0);
+    if (pid[r] == 0) {
+      struct ops_ctx c;
+      char why[256];
+      char *msg = w->msg + (size_t)r * MSG;
+      if (host_ops_init(&c, s, w->n, r, w->slabs, timeout_ms, why, sizeof why) != 0)
+        _exit(failf(msg, "host_ops_init: %s", why));
+      int rc = fn(&c, arg, msg);
+      host_ops_fini(&c);
+      _exit(rc ? 1 : 0);
+    }
+  }
+  char report[MAXW * (MSG + 32)] = "";
+  size_t len = 0;
+  int failed = 0;
+  time_t deadline = time(NULL) + 100;
+  for (uint32_t r = 0; r < w->n; r++) {
+    int st = 0;
+    while (waitpid(pid[r], &st, WNOHANG) == 0) {
+      if (time(NULL) > deadline) {
+        kill(pid[r], SIGKILL);
+        waitpid(pid[r], &st, 0);
+        break;
+      }
+      usleep(1000);
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      failed++;
+      len += (size_t)snprintf(report + len, sizeof report - len, "\n  rank %u (%s): %s", r,
+                              WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : "failed",
+                              w->msg[r * MSG] ? w->msg + (size_t)r * MSG : "(no message)");
+      if (len >= sizeof report)
+        len = sizeof report - 1;
+    }
+  }
+  ck_assert_msg(failed == 0, "%s: %d rank(s) failed (DEP_TEST_SEED=%llu):%s", what, failed,
+                (unsigned long long)seed, report);
+}
+
+/* ---- scenarios: inputs and the oracle's expectations ------------------------- */
+
+enum pattern { P_RANDOM, P_DUP, P_ONE_RANK, P_NONE, P_ONE_EXPERT };
+enum tokens { T_MAX, T_ZERO, T_ONE, T_MIXED };
+static const char *pattern_name[] = {"random", "duplicates", "one-rank", "all -1", "one-expert"};
+static const char *tokens_name[] = {"max", "zero", "one", "mixed"};
+
+struct scenario {
+  uint32_t world, hidden, topk, experts, max_tokens, max_ll;
+  int pattern, tokens, itype, fp8;
+};
+
+struct case_data {
+  struct scenario sc;
+  struct dep_job_shape shape;
+  uint32_t le, max_ll, rows_ll;
+  char desc[200];
+  struct ref_rank_in in[MAXW], in_ll[MAXW];
+  void *idx[MAXW];     /* topk_idx as the call takes it (int32 or int64) */
+  uint16_t *cx[MAXW];  /* combine input: one vector per received row */
+  uint16_t *lx[MAXW];  /* LL combine input; rows past the count hold NaN */
+  struct ref_dispatch_out disp[MAXW];
+  struct ref_sum comb[MAXW];
+  struct ref_ll_out ll[MAXW];
+  struct ref_sum llc[MAXW];
+};
+
+static int64_t pick_expert(const struct case_data *d, uint32_t k) {
+  uint32_t E = d->sc.experts;
+  switch (d->sc.pattern) {
+  case P_RANDOM: return below(8) == 0 ? -1 : (int64_t)below(E);
+  case P_DUP: return below(6) == 0 ? -1 : (int64_t)below(E < 3 ? E : 3);
+  case P_ONE_RANK: return (int64_t)((d->sc.world - 1) * d->le + below(d->le));
+  case P_NONE: return -1;
+  default: return E / 2; /* P_ONE_EXPERT: every k the same expert */
+  }
+}
+
+static void case_make(struct case_data *d, const struct scenario *sc, int fp8) {
+  memset(d, 0, sizeof *d);
+  d->sc = *sc;
+  d->sc.fp8 = fp8;
+  struct dep_job_shape s = {sc->max_tokens, sc->hidden, sc->experts, sc->topk, DEP_DTYPE_BF16,
+                            sc->max_ll};
+  d->shape = s;
+  d->le = sc->experts / sc->world;
+  d->max_ll = sc->max_ll;
+  d->rows_ll = sc->world * d->max_ll;
+  snprintf(d->desc, sizeof d->desc, "world %u hidden %u topk %u experts %u max_tokens %u max_ll %u"
+           " routing %s tokens %s %s fp8 %d", sc->world, sc->hidden, sc->topk, sc->experts,
+           sc->max_tokens, sc->max_ll, pattern_name[sc->pattern], tokens_name[sc->tokens],
+           sc->itype == DEP_INDEX_I64 ? "int64" : "int32", fp8);
+  uint32_t h = sc->hidden, K = sc->topk, W = sc->world;
+  for (uint32_t r = 0; r < W; r++) {
+    uint32_t n = sc->tokens == T_MAX ? sc->max_tokens : sc->tokens == T_ZERO ? 0
+               : sc->tokens == T_ONE ? 1 : r == 0 ? 0 : r == W - 1 ? sc->max_tokens
+               : below(sc->max_tokens + 1);
+    uint16_t *x = malloc(((size_t)n * h + 1) * 2);
+    int64_t *idx = malloc(((size_t)n * K + 1) * 8);
+    float *w = malloc(((size_t)n * K + 1) * 4);
+    d->idx[r] = malloc(((size_t)n * K + 1) * 8);
+    ck_assert(x && idx && w && d->idx[r]);
+    /* Each 128-channel group its own magnitude, now and then all zero, so
+     * that FP8 scales cover the 1e-4 floor as well as large values. */
+    for (uint32_t t = 0; t < n; t++)
+      for (uint32_t g = 0; g < h / 128; g++) {
+        int zero = below(16) == 0, e = (int)below(21) - 14;
+        for (uint32_t c = 0; c < 128; c++)
+          x[(size_t)t * h + g * 128 + c] = zero ? 0 : rand_bf16(e);
+      }
+    for (size_t i = 0; i < (size_t)n * K; i++) {
+      idx[i] = pick_expert(d, (uint32_t)(i % K));
+      w[i] = 0.01f + unif();
+      if (sc->itype == DEP_INDEX_I64)
+        ((int64_t *)d->idx[r])[i] = idx[i];
+      else
+        ((int32_t *)d->idx[r])[i] = (int32_t)idx[i];
+    }
+    d->in[r] = (struct ref_rank_in){n, x, idx, w};
+    d->in_ll[r] = d->in[r];
+    d->in_ll[r].num_tokens = n < d->max_ll ? n : d->max_ll;
+  }
+  ck_assert_int_eq(ref_dispatch(&d->shape, W, d->in, d->disp), 0);
+  for (uint32_t r = 0; r < W; r++) {
+    size_t n = (size_t)d->disp[r].num_recv * h;
+    d->cx[r] = malloc((n + 1) * 2);
+    ck_assert(d->cx[r]);
+    for (size_t i = 0; i < n; i++)
+      d->cx[r][i] = rand_bf16(2);
+  }
+  ck_assert_int_eq(ref_combine(&d->shape, W, d->in, d->disp, (const uint16_t *const *)d->cx,
+                               d->comb), 0);
+  ck_assert_int_eq(ref_ll_dispatch(&d->shape, W, d->max_ll, d->in_ll, fp8, d->ll), 0);
+  for (uint32_t r = 0; r < W; r++) {
+    size_t n = (size_t)d->le * d->rows_ll * h;
+    d->lx[r] = malloc(n * 2);
+    ck_assert(d->lx[r]);
+    for (size_t i = 0; i < n; i++) {
+      size_t row = i / h;
+      int valid = (int64_t)(row % d->rows_ll) < d->ll[r].count[row / d->rows_ll];
+      d->lx[r][i] = valid ? rand_bf16(1) : 0x7fc0; /* NaN: poisons any sum that reads it */
+    }
+  }
+  ck_assert_int_eq(ref_ll_combine(&d->shape, W, d->in_ll, d->ll, (const uint16_t *const *)d->lx,
+                                  d->llc), 0);
+}
+
+static void case_free(struct case_data *d) {
+  uint32_t W = d->sc.world;
+  for (uint32_t r = 0; r < W; r++) {
+    free((void *)d->in[r].x);
+    free((void *)d->in[r].topk_idx);
+    free((void *)d->in[r].topk_weights);
+    free(d->idx[r]);
+    free(d->cx[r]);
+    free(d->lx[r]);
+  }
+  ref_dispatch_free(d->disp, W);
+  ref_sum_free(d->comb, W);
+  ref_ll_free(d->ll, W);
+  ref_sum_free(d->llc, W);
+}
+
+/* ---- one rank's calls, each checked against the oracle ---------------------- */
+
+struct outs {
+  int32_t *tpr, *tpe;
+  uint8_t *tir;
+  uint16_t *rx, *out, *lout;
+  int32_t *ridx, *cnt, *lcnt;
+  float *rw, *lscales;
+  uint8_t *lx;
+  uint32_t num_recv;
+  size_t rows_tp, n_lx, n_ls;
+  struct dep_handle h;
+};
+
+static void outs_alloc(struct outs *o, const struct case_data *d) {
+  uint32_t W = d->sc.world, h = d->sc.hidden, K = d->sc.topk, mt = d->sc.max_tokens;
+  memset(o, 0, sizeof *o);
+  o->rows_tp = (size_t)W * mt;
+  o->n_lx = (size_t)d->le * d->rows_ll * h;
+  o->n_ls = (size_t)d->le * d->rows_ll * (h / 128);
+  o->tpr = malloc(W * 4);
+  o->tpe = malloc(d->sc.experts * 4);
+  o->tir = malloc((size_t)mt * W);
+  o->rx = malloc(o->rows_tp * h * 2);
+  o->ridx = malloc(o->rows_tp * K * 4);
+  o->rw = malloc(o->rows_tp * K * 4);
+  o->cnt = malloc(d->le * 4);
+  o->out = malloc((size_t)mt * h * 2);
+  o->lx = malloc(o->n_lx * 2);
+  o->lscales = malloc(o->n_ls * 4);
+  o->lcnt = malloc(d->le * 4);
+  o->lout = malloc((size_t)d->max_ll * h * 2);
+  host_ops_handle_init(&o->h);
+}
+
+static void outs_free(struct outs *o) {
+  free(o->tpr), free(o->tpe), free(o->tir), free(o->rx), free(o->ridx), free(o->rw);
+  free(o->cnt), free(o->out), free(o->lx), free(o->lscales), free(o->lcnt), free(o->lout);
+  host_ops_handle_fini(&o->h);
+}
+
+static uint64_t fnv(uint64_t hsh, const void *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    hsh = (hsh ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
+  return hsh;
+}
+
+/* The first byte in [p, p+n) that is not the poison, or -1. */
+static long unpoisoned(const void *p, size_t n, uint8_t poison) {
+  for (size_t i = 0; i < n; i++)
+    if (((const uint8_t *)p)[i] != poison)
+      return (long)i;
+  return -1;
+}
+
+/* got (bf16) within 2^-8 |sum| + 2^-16 sum|terms| of the float64 sum: the
+ * bf16 rounding plus float32 accumulation error, far below a wrong term. */
+static int check_sum(const uint16_t *got, const struct ref_sum *want, uint32_t ntok, uint32_t h,
+                     const char *op, const char *desc, char *msg) {
+  for (size_t i = 0; i < (size_t)ntok * h; i++) {
+    double g = ref_bf16_value(got[i]), v = want->val[i];
+    double tol = ldexp(fabs(v), -8) + ldexp(want->mag[i], -16);
+    if (!(fabs(g - v) <= tol))
+      return failf(msg, "%s: token %zu channel %zu: got %.9g (0x%04x), want %.9g +- %.3g [%s]", op,
+                   i / h, i % h, g, got[i], v, tol, desc);
+  }
+  return 0;
+}
+
+#define CALL(expr, op)                                                                     \
+  do {                                                                                     \
+    int rc_ = (expr);                                                                      \
+    if (rc_ != 0)                                                                          \
+      return failf(msg, "%s returned %s: %s [%s]", op, dep_errname(rc_), c->why, d->desc); \
+  } while (0)
+
+static int round_tp(struct ops_ctx *c, const struct case_data *d, struct outs *o, uint8_t pz,
+                    uint64_t *dig, char *msg) {
+  const uint32_t r = c->rank, h = d->sc.hidden, K = d->sc.topk, W = d->sc.world;
+  const struct ref_rank_in *in = &d->in[r];
+  const struct ref_dispatch_out *e = &d->disp[r];
+  memset(o->rx, pz, o->rows_tp * h * 2);
+  memset(o->ridx, pz, o->rows_tp * K * 4);
+  memset(o->rw, pz, o->rows_tp * K * 4);
+  memset(o->cnt, pz, d->le * 4);
+  memset(&o->num_recv, pz, 4);
+  struct dep_dispatch_args da = {in->x, d->idx[r], d->sc.itype, in->topk_weights, in->num_tokens,
+                                 o->rx, o->ridx, o->rw, o->cnt, &o->num_recv};
+  CALL(host_ops_dispatch(c, &da, &o->h), "dispatch");
+  if (o->num_recv != e->num_recv)
+    return failf(msg, "dispatch: num_recv %u, want %u [%s]", o->num_recv, e->num_recv, d->desc);
+  for (uint32_t i = 0; i < e->num_recv; i++) {
+    if (memcmp(o->rx + (size_t)i * h, e->x + (size_t)i * h, h * 2) != 0)
+      return failf(msg, "dispatch: recv_x row %u is not token %u of rank %u [%s]", i,
+                   e->from[i].token, e->from[i].rank, d->desc);
+    for (uint32_t k = 0; k < K; k++) {
+      size_t j = (size_t)i * K + k;
+      if (o->ridx[j] != e->topk_idx[j] || memcmp(&o->rw[j], &e->topk_weights[j], 4) != 0)
+        return failf(msg, "dispatch: row %u k %u: id %d weight %g, want %d %g [%s]", i, k,
+                     o->ridx[j], o->rw[j], e->topk_idx[j], e->topk_weights[j], d->desc);
+    }
+  }
+  for (uint32_t l = 0; l < d->le; l++)
+    if (o->cnt[l] != e->count[l])
+      return failf(msg, "dispatch: recv_count_per_expert[%u] %d, want %d [%s]", l, o->cnt[l],
+                   e->count[l], d->desc);
+  size_t n = e->num_recv, rest = o->rows_tp - n;
+  if (unpoisoned(o->rx + n * h, rest * h * 2, pz) >= 0 ||
+      unpoisoned(o->ridx + n * K, rest * K * 4, pz) >= 0 ||
+      unpoisoned(o->rw + n * K, rest * K * 4, pz) >= 0)
+    return failf(msg, "dispatch: wrote past num_recv %zu [%s]", n, d->desc);
+  *dig = fnv(*dig, o->rx, n * h * 2);
+
+  memset(o->out, pz, (size_t)d->sc.max_tokens * h * 2);
+  struct dep_combine_args ca = {d->cx[r], o->out};
+  CALL(host_ops_combine(c, &ca, &o->h), "combine");
+  if (check_sum(o->out, &d->comb[r], in->num_tokens, h, "combine", d->desc, msg))
+    return 1;
+  if (unpoisoned(o->out + (size_t)in->num_tokens * h,
+                 (size_t)(d->sc.max_tokens - in->num_tokens) * h * 2, pz) >= 0)
+    return failf(msg, "combine: wrote past num_tokens %u [%s]", in->num_tokens, d->desc);
+  *dig = fnv(*dig, o->out, (size_t)in->num_tokens * h * 2);
+  (void)W;
+  return 0;
+}
+
+static int round_ll(struct ops_ctx *c, const struct case_data *d, struct outs *o, uint8_t pz,
+                    uint64_t *dig, char *msg) {
+  const uint32_t r = c->rank, h = d->sc.hidden, G = h / 128, rows = d->rows_ll;
+  const struct ref_rank_in *in = &d->in_ll[r];
+  const struct ref_ll_out *e = &d->ll[r];
+  const int fp8 = d->sc.fp8;
+  const size_t es = fp8 ? 1 : 2;
+  memset(o->lx, pz, o->n_lx * es);
+  memset(o->lscales, pz, o->n_ls * 4);
+  memset(o->lcnt, pz, d->le * 4);
+  struct dep_ll_dispatch_args la = {in->x, d->idx[r], d->sc.itype, in->num_tokens, fp8, o->lx,
+                                    fp8 ? o->lscales : NULL, o->lcnt};
+  CALL(host_ops_ll_dispatch(c, &la, &o->h), "ll_dispatch");
+  for (uint32_t l = 0; l < d->le; l++) {
+    if (o->lcnt[l] != e->count[l])
+      return failf(msg, "ll_dispatch: recv_count[%u] %d, want %d [%s]", l, o->lcnt[l],
+                   e->count[l], d->desc);
+    for (uint32_t i = 0; i < rows; i++) {
+      size_t row = (size_t)l * rows + i;
+      int valid = (int32_t)i < e->count[l];
+      const void *got = (const uint8_t *)o->lx + row * h * es;
+      if (!valid) {
+        if (unpoisoned(got, h * es, pz) >= 0 || (fp8 && unpoisoned(o->lscales + row * G, G * 4, pz)
+                                                 >= 0))
+          return failf(msg, "ll_dispatch: expert %u row %u past recv_count written [%s]", l, i,
+                       d->desc);
+        continue;
+      }
+      if (fp8) {
+        long bad = -1;
+        for (size_t ch = 0; ch < h && bad < 0; ch++)
+          if (((const uint8_t *)got)[ch] != e->x8[row * h + ch])
+            bad = (long)ch;
+        if (bad >= 0)
+          return failf(msg, "ll_dispatch: expert %u row %u (rank %u token %u) channel %ld: e4m3 "
+                       "0x%02x, want 0x%02x [%s]", l, i, e->from[row].rank, e->from[row].token,
+                       bad, ((const uint8_t *)got)[bad], e->x8[row * h + bad], d->desc);
+        if (memcmp(o->lscales + row * G, e->scales + row * G, G * 4) != 0)
+          return failf(msg, "ll_dispatch: expert %u row %u: scales differ [%s]", l, i, d->desc);
+      } else if (memcmp(got, e->x + row * h, h * 2) != 0) {
+        return failf(msg, "ll_dispatch: expert %u row %u is not token %u of rank %u [%s]", l, i,
+                     e->from[row].token, e->from[row].rank, d->desc);
+      }
+    }
+  }
+  *dig = fnv(*dig, o->lcnt, d->le * 4);
+
+  memset(o->lout, pz, (size_t)d->max_ll * h * 2);
+  struct dep_ll_combine_args lc = {d->lx[r], d->idx[r], d->sc.itype, in->topk_weights, o->lout};
+  CALL(host_ops_ll_combine(c, &lc, &o->h), "ll_combine");
+  if (check_sum(o->lout, &d->llc[r], in->num_tokens, h, "ll_combine", d->desc, msg))
+    return 1;
+  if (unpoisoned(o->lout + (size_t)in->num_tokens * h,
+                 (size_t)(d->max_ll - in->num_tokens) * h * 2, pz) >= 0)
+    return failf(msg, "ll_combine: wrote past num_tokens %u [%s]", in->num_tokens, d->desc);
+  *dig = fnv(*dig, o->lout, (size_t)in->num_tokens * h * 2);
+  return 0;
+}
+
+static int round_layout(struct ops_ctx *c, const struct case_data *d, struct outs *o, uint8_t pz,
+                        char *msg) {
+  const uint32_t r = c->rank, W = d->sc.world, E = d->sc.experts, n = d->in[r].num_tokens;
+  int32_t tpr[MAXW], *tpe = malloc(E * 4);
+  uint8_t *tir = malloc((size_t)n * W + 1);
+  ref_layout(&d->shape, W, &d->in[r], tpr, tpe, tir);
+  memset(o->tpr, pz, W * 4);
+  memset(o->tpe, pz, E * 4);
+  memset(o->tir, pz, (size_t)d->sc.max_tokens * W);
+  struct dep_layout_args a = {d->idx[r], d->sc.itype, n, o->tpr, o->tpe, o->tir};
+  int rc = host_ops_layout(c, &a);
+  int bad = rc != 0 || memcmp(o->tpr, tpr, W * 4) != 0 || memcmp(o->tpe, tpe, E * 4) != 0 ||
+            memcmp(o->tir, tir, (size_t)n * W) != 0 ||
+            unpoisoned(o->tir + (size_t)n * W, (size_t)(d->sc.max_tokens - n) * W, pz) >= 0;
+  free(tpe);
+  free(tir);
+  return bad ? failf(msg, "layout: rc %d, outputs differ from the oracle [%s]", rc, d->desc) : 0;
+}
+
+/* Layout, dispatch, combine, LL dispatch, LL combine; twice, bit-identical. */
+static int scenario_rank(struct ops_ctx *c, void *arg, char *msg) {
+  const struct case_data *d = arg;
+  struct outs o;
+  outs_alloc(&o, d);
+  uint64_t dig[2] = {0, 0};
+  int rc = 0;
+  for (int round = 0; round < 2 && rc == 0; round++) {
+    uint8_t pz = round ? 0x5A : 0xA5;
+    rc = round_layout(c, d, &o, pz, msg) || round_tp(c, d, &o, pz, &dig[round], msg) ||
+         round_ll(c, d, &o, pz, &dig[round], msg);
+  }
+  if (rc == 0 && dig[0] != dig[1])
+    rc = failf(msg, "two identical rounds gave different outputs [%s]", d->desc);
+  outs_free(&o);
+  return rc;
+}
+
+static const struct scenario scenarios[] = {
+  /* world hidden topk experts max_tokens max_ll  routing  tokens  index  fp8 */
+  {1, 128, 1, 4, 8, 8, P_RANDOM, T_MAX, DEP_INDEX_I64, 0},
+  {1, 2048, 16, 32, 16, 8, P_DUP, T_MAX, DEP_INDEX_I32, 1},
+  {2, 2048, 2, 8, 16, 16, P_RANDOM, T_MIXED, DEP_INDEX_I32, 1},
+  {2, 128, 8, 8, 16, 16, P_RANDOM, T_ZERO, DEP_INDEX_I64, 0},
+  {3, 128, 8, 12, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I64, 0},
+  {3, 2048, 16, 6, 8, 8, P_DUP, T_MIXED, DEP_INDEX_I32, 1},
+  {4, 128, 16, 16, 32, 32, P_RANDOM, T_MAX, DEP_INDEX_I32, 1},
+  {4, 7168, 2, 8, 16, 8, P_RANDOM, T_ONE, DEP_INDEX_I64, 0},
+  {4, 2048, 8, 32, 16, 16, P_ONE_RANK, T_MAX, DEP_INDEX_I64, 1},
+  {4, 128, 8, 16, 16, 16, P_NONE, T_MAX, DEP_INDEX_I32, 0},
+  {4, 128, 1, 4, 64, 64, P_ONE_EXPERT, T_MAX, DEP_INDEX_I64, 0},
+  {8, 128, 8, 64, 16, 16, P_RANDOM, T_MIXED, DEP_INDEX_I64, 1},
+  {8, 7168, 8, 16, 8, 8, P_RANDOM, T_MAX, DEP_INDEX_I32, 1},
+  {8, 128, 16, 32, 16, 16, P_ONE_EXPERT, T_MAX, DEP_INDEX_I32, 1},
+  {8, 2048, 16, 128, 32, 32, P_RANDOM, T_MAX, DEP_INDEX_I64, 0},
+  {8, 128, 2, 8, 16, 16, P_RANDOM, T_ZERO, DEP_INDEX_I32, 1},
+  {8, 128, 16, 8, 16, 4, P_DUP, T_ONE, DEP_INDEX_I64, 0},
+  {8, 2048, 8, 16, 16, 16, P_ONE_RANK, T_MIXED, DEP_INDEX_I32, 0},
+};
+
+/* Every operation on every rank matches the oracle, for each scenario. */
+START_TEST(every_op_matches_the_oracle) {
+  seed_init();
+  rng += (uint64_t)_i * 0x1234567ull;
+  const struct scenario *sc = &scenarios[_i];
+  struct case_data *d = malloc(sizeof *d);
+  case_make(d, sc, sc->fp8);
+  struct world w;
+  world_open(&w, &d->shape, sc->world);
+  run_ranks(&w, &d->shape, scenario_rank, d, OP_TIMEOUT_MS, d->desc);
+  world_close(&w);
+  case_free(d);
+  free(d);
+}
+END_TEST
+
+/* ---- 1,000 calls in a row ------------------------------------------------------- */
+
+#define NSETS 5
+struct sets {
+  struct case_data d[NSETS];
+  int calls[MAXW];
+};
+
+/* 250 rounds of dispatch, combine, LL dispatch, LL combine: 1,000 calls,
+ * inputs changing every round, FP8 on in alternate sets. */
+static int back_to_back_rank(struct ops_ctx *c, void *arg, char *msg) {
+  struct sets *s = arg;
+  struct outs o;
+  outs_alloc(&o, &s->d[0]);
+  int rc = 0, calls = 0;
+  for (int round = 0; round < 250 && rc == 0; round++) {
+    const struct case_data *d = &s->d[round % NSETS];
+    uint64_t dig = 0;
+    uint8_t pz = round & 1 ? 0x5A : 0xA5;
+    rc = round_tp(c, d, &o, pz, &dig, msg) || round_ll(c, d, &o, pz, &dig, msg);
+    if (rc)
+      snprintf(msg + strlen(msg), MSG - strlen(msg), " (round %d)", round);
+    calls += rc ? 0 : 4;
+  }
+  if (rc == 0 && (calls != 1000 || c->seq != 1000))
+    rc = failf(msg, "made %d calls, seq %llu", calls, (unsigned long long)c->seq);
+  outs_free(&o);
+  return rc;
+}
+
+START_TEST(thousand_calls_back_to_back_stay_correct) {
+  seed_init();
+  struct scenario sc = {4, 128, 2, 8, 8, 8, P_RANDOM, T_MIXED, DEP_INDEX_I32, 0};
+  struct sets *s = malloc(sizeof *s);
+  for (int i = 0; i < NSETS; i++) {
+    sc.itype = i & 1 ? DEP_INDEX_I64 : DEP_INDEX_I32;
+    case_make(&s->d[i], &sc, i & 1);
+  }
+  struct world w;
+  world_open(&w, &s->d[0].shape, sc.world);
+  run_ranks(&w, &s->d[0].shape, back_to_back_rank, s, OP_TIMEOUT_MS, "1000 calls");
+  world_close(&w);
+  for (int i = 0; i < NSETS; i++)
+    case_free(&s->d[i]);
+  free(s);
+}
+END_TEST
+
+/* ---- faults: a missing rank, ranks out of step, bad arguments ------------------ */
+
+static int do_dispatch(struct ops_ctx *c, const struct case_data *d, struct outs *o,
+                       struct dep_handle *h) {
+  const struct ref_rank_in *in = &d->in[c->rank];
+  struct dep_dispatch_args da = {in->x, d->idx[c->rank], d->sc.itype, in->topk_weights,
+                                 in->num_tokens, o->rx, o->ridx, o->rw, o->cnt, &o->num_recv};
+  return host_ops_dispatch(c, &da, h);
+}
+
+static int do_ll_dispatch(struct ops_ctx *c, const struct case_data *d, struct outs *o, int fp8) {
+  const struct ref_rank_in *in = &d->in_ll[c->rank];
+  struct dep_ll_dispatch_args la = {in->x, d->idx[c->rank], d->sc.itype, in->num_tokens, fp8,
+                                    o->lx, o->lscales, o->lcnt};
+  return host_ops_ll_dispatch(c, &la, &o->h);
+}
+
+static const struct scenario small = {2, 128, 2, 4, 4, 4, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
+
+struct timeout_arg {
+  struct case_data d;
+  uint32_t missing;
+  int phase; /* 0: the missing rank never calls; 1: it stops after dispatch; 2: after ll_dispatch */
+};
+
+static uint64_t ms_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static int timeout_rank(struct ops_ctx *c, void *arg, char *msg) {
+  struct timeout_arg *t = arg;
+  const struct case_data *d = &t->d;
+  struct outs o;
+  outs_alloc(&o, d);
+  int rc = 0;
+  if (t->phase == 1)
+    rc = do_dispatch(c, d, &o, &o.h);
+  else if (t->phase == 2)
+    rc = do_ll_dispatch(c, d, &o, 0);
+  if (rc != 0 || c->rank == t->missing) {
+    outs_free(&o);
+    return rc ? failf(msg, "first call: %s: %s", dep_errname(rc), c->why) : 0;
+  }
+  c->timeout_ms = 200;
+  uint32_t op = t->phase == 0 ? OPS_OP_DISPATCH : t->phase == 1 ? OPS_OP_COMBINE
+                                                                 : OPS_OP_LL_COMBINE;
+  uint64_t t0 = ms_now();
+  if (t->phase == 0) {
+    rc = do_dispatch(c, d, &o, &o.h);
+  } else if (t->phase == 1) {
+    struct dep_combine_args ca = {d->cx[c->rank], o.out};
+    rc = host_ops_combine(c, &ca, &o.h);
+  } else {
+    struct dep_ll_combine_args lc = {d->lx[c->rank], d->idx[c->rank], d->sc.itype,
+                                     d->in_ll[c->rank].topk_weights, o.lout};
+    rc = host_ops_ll_combine(c, &lc, &o.h);
+  }
+  uint64_t waited = ms_now() - t0;
+  struct ops_err_record er;
+  host_ops_err_read(c->slabs[c->rank], &er);
+  char name[32];
+  snprintf(name, sizeof name, "rank %u", t->missing);
+  uint64_t seq = t->phase == 0 ? 1 : 2;
+  if (rc != DEP_ERR_TIMEOUT)
+    rc = failf(msg, "%s returned %s, want DEP_ERR_TIMEOUT", host_ops_op_name(op), dep_errname(rc));
+  else if (waited < 190 || waited > 5000)
+    rc = failf(msg, "timed out after %llu ms with a 200 ms bound", (unsigned long long)waited);
+  else if (strstr(c->why, name) == NULL)
+    rc = failf(msg, "message does not name the missing %s: %s", name, c->why);
+  else if (atomic_load(&er.code) != DEP_ERR_TIMEOUT || er.op != op || er.rank != c->rank ||
+           er.source != t->missing || er.seq != seq || er.waited_ms < 190)
+    rc = failf(msg, "error record {code %d op %u rank %u source %u seq %llu waited %u}, want "
+               "{%d %u %u %u %llu >=200}", atomic_load(&er.code), er.op, er.rank, er.source,
+               (unsigned long long)er.seq, er.waited_ms, DEP_ERR_TIMEOUT, op, c->rank, t->missing,
+               (unsigned long long)seq);
+  else if ((rc = do_dispatch(c, d, &o, &o.h)) != DEP_ERR_STATE)
+    rc = failf(msg, "the call after a timeout returned %s, want DEP_ERR_STATE", dep_errname(rc));
+  else
+    rc = 0;
+  outs_free(&o);
+  return rc;
+}
+
+/* A rank that does not come is a DEP_ERR_TIMEOUT within the bound, named in the error record. */
+START_TEST(missing_rank_times_out_and_is_named) {
+  seed_init();
+  struct timeout_arg *t = malloc(sizeof *t);
+  struct scenario sc = small;
+  sc.world = _i == 0 ? 2 : 3;
+  sc.experts = 6;
+  t->phase = _i;
+  t->missing = _i == 2 ? 2 : 1;
+  case_make(&t->d, &sc, 0);
+  struct world w;
+  world_open(&w, &t->d.shape, sc.world);
+  run_ranks(&w, &t->d.shape, timeout_rank, t, OP_TIMEOUT_MS, "missing rank");
+  world_close(&w);
+  case_free(&t->d);
+  free(t);
+}
+END_TEST
+
+#define EXPECT_RC(expr, want, what)                                                        \
+  do {                                                                                     \
+    int rc_ = (expr);                                                                      \
+    if (rc_ != (want))                                                                     \
+      return failf(msg, "%s: %s (%s), want %s", what, dep_errname(rc_), c->why, #want);    \
+  } while (0)
+
+static int out_of_step_rank(struct ops_ctx *c, void *arg, char *msg) {
+  const struct case_data *d = arg;
+  struct outs o;
+  outs_alloc(&o, d);
+  struct dep_handle h2;
+  host_ops_handle_init(&h2);
+  int rc = 0;
+  /* Different operations in one call. */
+  if (c->rank == 0)
+    rc = do_dispatch(c, d, &o, &o.h);
+  else
+    rc = do_ll_dispatch(c, d, &o, 0);
+  if (rc != DEP_ERR_MISMATCH || strstr(c->why, "rank") == NULL)
+    rc = failf(msg, "dispatch against ll_dispatch: %s (%s)", dep_errname(rc), c->why);
+  /* FP8 on one rank only. */
+  else if ((rc = do_ll_dispatch(c, d, &o, (int)c->rank)) != DEP_ERR_MISMATCH)
+    rc = failf(msg, "ll_dispatch with and without fp8: %s (%s)", dep_errname(rc), c->why);
+  /* Combines of different dispatches. */
+  else if ((rc = do_dispatch(c, d, &o, &o.h)) != 0 || (rc = do_dispatch(c, d, &o, &h2)) != 0)
+    rc = failf(msg, "dispatch after mismatches: %s (%s)", dep_errname(rc), c->why);
+  else {
+    struct dep_combine_args ca = {d->cx[c->rank], o.out};
+    rc = host_ops_combine(c, &ca, c->rank == 0 ? &o.h : &h2);
+    if (rc != DEP_ERR_MISMATCH || strstr(c->why, "dispatch of call") == NULL)
+      rc = failf(msg, "combine of different dispatches: %s (%s)", dep_errname(rc), c->why);
+    else
+      rc = 0;
+  }
+  /* Still in step: a full round is right. */
+  uint64_t dig = 0;
+  if (rc == 0)
+    rc = round_tp(c, d, &o, 0xA5, &dig, msg) || round_ll(c, d, &o, 0xA5, &dig, msg);
+  if (rc == 0 && c->seq != 9)
+    rc = failf(msg, "seq %llu after 9 calls", (unsigned long long)c->seq);
+  host_ops_handle_fini(&h2);
+  outs_free(&o);
+  return rc;
+}
+
+/* Ranks that make different calls get DEP_ERR_MISMATCH, then carry on in step. */
+START_TEST(ranks_making_different_calls_get_mismatch_and_stay_in_step) {
+  seed_init();
+  struct case_data *d = malloc(sizeof *d);
+  case_make(d, &small, 0);
+  struct world w;
+  world_open(&w, &d->shape, small.world);
+  run_ranks(&w, &d->shape, out_of_step_rank, d, OP_TIMEOUT_MS, "out of step");
+  world_close(&w);
+  case_free(d);
+  free(d);
+}
+END_TEST
+
+static int all_zero(const uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != 0)
+      return 0;
+  return 1;
+}
+
+/* Refused with DEP_ERR_INVALID, a message naming the argument, no seq
+ * used, and every slab byte as before (zero here). */
+#define REFUSED(call, name)                                                                \
+  do {                                                                                     \
+    c.why[0] = 0;                                                                          \
+    int rc_ = (call);                                                                      \
+    ck_assert_msg(rc_ == DEP_ERR_INVALID, "%s: %s (%s)", #call, dep_errname(rc_), c.why);  \
+    ck_assert_msg(strstr(c.why, name) != NULL, "%s: message \"%s\" does not name \"%s\"",  \
+                  #call, c.why, name);                                                     \
+    ck_assert_msg(all_zero(w.map, w.map_bytes), "%s wrote to a slab", #call);              \
+    ck_assert_uint_eq(c.seq, 0);                                                           \
+  } while (0)
+
+START_TEST(bad_arguments_are_refused_before_any_write) {
+  seed_init();
+  struct case_data *d = malloc(sizeof *d);
+  case_make(d, &small, 0);
+  struct world w;
+  world_open(&w, &d->shape, 2);
+  struct ops_ctx c;
+  char why[256];
+  ck_assert_int_eq(host_ops_init(&c, &d->shape, 2, 0, w.slabs, 200, why, sizeof why), 0);
+  struct outs o;
+  outs_alloc(&o, d);
+  int64_t *idx = d->idx[0];
+  const struct ref_rank_in *in = &d->in[0];
+  const struct dep_dispatch_args da = {in->x, idx, DEP_INDEX_I64, in->topk_weights, 4, o.rx,
+                                       o.ridx, o.rw, o.cnt, &o.num_recv};
+  struct dep_dispatch_args b = da;
+  REFUSED(host_ops_dispatch(&c, NULL, &o.h), "args");
+  REFUSED(host_ops_dispatch(&c, &da, NULL), "handle is NULL");
+#define BAD(field, value) (b = da, b.field = value, host_ops_dispatch(&c, &b, &o.h))
+  REFUSED(BAD(index_type, 0), "index_type");
+  REFUSED(BAD(num_tokens, 5), "num_tokens 5 exceeds max_tokens_per_rank 4");
+  REFUSED(BAD(x, NULL), "x is NULL");
+  REFUSED(BAD(x, (const char *)in->x + 1), "x is not 2-byte aligned");
+  REFUSED(BAD(topk_idx, NULL), "topk_idx is NULL");
+  REFUSED(BAD(topk_idx, (const char *)idx + 4), "topk_idx is not 8-byte aligned");
+  REFUSED(BAD(topk_weights, NULL), "topk_weights is NULL");
+  REFUSED(BAD(recv_x, NULL), "recv_x is NULL");
+  REFUSED(BAD(recv_topk_idx, NULL), "recv_topk_idx is NULL");
+  REFUSED(BAD(recv_topk_weights, NULL), "recv_topk_weights is NULL");
+  REFUSED(BAD(recv_count_per_expert, NULL), "recv_count_per_expert is NULL");
+  REFUSED(BAD(num_recv, NULL), "num_recv is NULL");
+#undef BAD
+  int64_t saved = idx[7];
+  idx[7] = 4;
+  REFUSED(host_ops_dispatch(&c, &da, &o.h), "topk_idx[3][1] = 4 outside [-1, 4)");
+  idx[7] = -2;
+  REFUSED(host_ops_dispatch(&c, &da, &o.h), "topk_idx[3][1] = -2");
+  struct dep_layout_args la = {idx, DEP_INDEX_I64, 4, o.tpr, o.tpe, o.tir}, lb = la;
+  REFUSED(host_ops_layout(&c, &la), "layout: topk_idx[3][1] = -2");
+  idx[7] = saved;
+  REFUSED(host_ops_layout(&c, NULL), "args");
+  REFUSED((lb = la, lb.index_type = 9, host_ops_layout(&c, &lb)), "index_type 9");
+  REFUSED((lb = la, lb.num_tokens = 5, host_ops_layout(&c, &lb)), "num_tokens");
+  REFUSED((lb = la, lb.tokens_per_rank = NULL, host_ops_layout(&c, &lb)), "tokens_per_rank");
+  REFUSED((lb = la, lb.tokens_per_expert = NULL, host_ops_layout(&c, &lb)), "tokens_per_expert");
+  REFUSED((lb = la, lb.token_in_rank = NULL, host_ops_layout(&c, &lb)), "token_in_rank");
+  REFUSED((lb = la, lb.topk_idx = NULL, host_ops_layout(&c, &lb)), "topk_idx is NULL");
+  /* Empty calls may pass NULL inputs; layout is local, so it runs. */
+  lb = la, lb.num_tokens = 0, lb.topk_idx = NULL, lb.token_in_rank = NULL;
+  ck_assert_int_eq(host_ops_layout(&c, &lb), 0);
+  ck_assert_int_eq(o.tpr[0] + o.tpr[1], 0);
+
+  const struct dep_ll_dispatch_args lda = {in->x, idx, DEP_INDEX_I64, 4, 1, o.lx, o.lscales,
+                                           o.lcnt};
+  struct dep_ll_dispatch_args lb2 = lda;
+#define BAD(field, value) (lb2 = lda, lb2.field = value, host_ops_ll_dispatch(&c, &lb2, &o.h))
+  REFUSED(host_ops_ll_dispatch(&c, NULL, &o.h), "args");
+  REFUSED(host_ops_ll_dispatch(&c, &lda, NULL), "handle");
+  REFUSED(BAD(num_tokens, 5), "num_tokens 5 exceeds max_ll_tokens_per_rank 4");
+  REFUSED(BAD(use_fp8, 2), "use_fp8");
+  REFUSED(BAD(recv_scales, NULL), "recv_scales");
+  REFUSED(BAD(recv_count, NULL), "recv_count");
+  REFUSED(BAD(recv_x, NULL), "recv_x");
+  REFUSED(BAD(x, NULL), "x is NULL");
+  REFUSED(BAD(index_type, -1), "index_type");
+  REFUSED(BAD(topk_idx, NULL), "topk_idx");
+#undef BAD
+  int32_t idx32[8] = {0, 1, 2, 3, 3, 2, 1, 104};
+  REFUSED((lb2 = lda, lb2.index_type = DEP_INDEX_I32, lb2.topk_idx = idx32,
+           host_ops_ll_dispatch(&c, &lb2, &o.h)), "topk_idx[3][1] = 104");
+
+  struct dep_combine_args ca = {d->cx[0], o.out};
+  REFUSED(host_ops_combine(&c, &ca, NULL), "handle is NULL");
+  REFUSED(host_ops_combine(&c, &ca, &o.h), "holds no dispatch");
+  REFUSED(host_ops_combine(&c, NULL, &o.h), "args");
+  struct dep_ll_combine_args lc = {d->lx[0], idx, DEP_INDEX_I64, in->topk_weights, o.lout};
+  REFUSED(host_ops_ll_combine(&c, &lc, NULL), "handle is NULL");
+  REFUSED(host_ops_ll_combine(&c, &lc, &o.h), "holds no dispatch");
+  ck_assert_int_eq(host_ops_dispatch(NULL, &da, &o.h), DEP_ERR_INVALID);
+  ck_assert(all_zero(w.map, w.map_bytes));
+  outs_free(&o);
+  host_ops_fini(&c);
+  world_close(&w);
+  case_free(d);
+  free(d);
+}
+END_TEST
+
+/* Combines refuse a handle of the other mode, of another shape, or other ids. */
+START_TEST(handles_of_the_wrong_kind_are_refused) {
+  seed_init();
+  struct scenario sc = small;
+  sc.world = 1;
+  struct case_data *d = malloc(sizeof *d);
+  case_make(d, &sc, 0);
+  struct world w;
+  world_open(&w, &d->shape, 1);
+  struct ops_ctx c;
+  char why[256];
+  ck_assert_int_eq(host_ops_init(&c, &d->shape, 1, 0, w.slabs, 200, why, sizeof why), 0);
+  struct outs o;
+  outs_alloc(&o, d);
+  struct dep_handle tp;
+  host_ops_handle_init(&tp);
+  ck_assert_int_eq(do_dispatch(&c, d, &o, &tp), 0);
+  ck_assert_int_eq(do_ll_dispatch(&c, d, &o, 0), 0);
+  uint8_t *snap = malloc(w.map_bytes);
+  memcpy(snap, w.map, w.map_bytes);
+  struct dep_combine_args ca = {d->cx[0], o.out};
+  struct dep_ll_combine_args lc = {d->lx[0], d->idx[0], DEP_INDEX_I64, d->in[0].topk_weights,
+                                   o.lout};
+#define REFUSED_H(call, name)                                                              \
+  do {                                                                                     \
+    int rc_ = (call);                                                                      \
+    ck_assert_msg(rc_ == DEP_ERR_INVALID, "%s: %s (%s)", #call, dep_errname(rc_), c.why);  \
+    ck_assert_msg(strstr(c.why, name), "%s: \"%s\" lacks \"%s\"", #call, c.why, name);      \
+    ck_assert_msg(memcmp(snap, w.map, w.map_bytes) == 0, "%s wrote to the slab", #call);   \
+    ck_assert_uint_eq(c.seq, 2);                                                           \
+  } while (0)
+  REFUSED_H(host_ops_combine(&c, &ca, &o.h), "holds a dep_ll_dispatch, not a dep_dispatch");
+  REFUSED_H(host_ops_ll_combine(&c, &lc, &tp), "holds a dep_dispatch, not a dep_ll_dispatch");
+  struct dep_handle other = tp;
+  other.hidden = 256;
+  REFUSED_H(host_ops_combine(&c, &ca, &other), "another job shape");
+  int64_t *idx = d->idx[0];
+  int64_t saved = idx[2];
+  idx[2] = idx[2] == 3 ? 2 : 3;
+  REFUSED_H(host_ops_ll_combine(&c, &lc, &o.h), "differs from the one given");
+  idx[2] = saved;
+  /* The right handles still work, in either order. */
+  ck_assert_int_eq(host_ops_ll_combine(&c, &lc, &o.h), 0);
+  ck_assert_int_eq(host_ops_combine(&c, &ca, &tp), 0);
+  free(snap);
+  host_ops_handle_fini(&tp);
+  outs_free(&o);
+  host_ops_fini(&c);
+  world_close(&w);
+  case_free(d);
+  free(d);
+}
+END_TEST
+
+START_TEST(init_refuses_bad_contexts) {
+  struct dep_job_shape s = {4, 128, 4, 2, DEP_DTYPE_BF16, 0};
+  struct world w;
+  world_open(&w, &s, 2);
+  struct ops_ctx c;
+  char why[256];
+  uint8_t *sl[DEP_MAX_LOCAL_RANKS] = {w.slabs[0], w.slabs[1]};
+#define BAD_INIT(expr, name)                                                               \
+  do {                                                                                     \
+    why[0] = 0;                                                                            \
+    ck_assert_int_eq((expr), DEP_ERR_INVALID);                                             \
+    ck_assert_msg(strstr(why, name), "%s: \"%s\" lacks \"%s\"", #expr, why, name);          \
+  } while (0)
+  BAD_INIT(host_ops_init(&c, &s, 0, 0, sl, 100, why, sizeof why), "world 0");
+  BAD_INIT(host_ops_init(&c, &s, 65, 0, sl, 100, why, sizeof why), "world 65");
+  BAD_INIT(host_ops_init(&c, &s, 2, 2, sl, 100, why, sizeof why), "rank 2 of world 2");
+  BAD_INIT(host_ops_init(&c, &s, 3, 0, sl, 100, why, sizeof why), "num_experts 4");
+  BAD_INIT(host_ops_init(&c, &s, 2, 0, sl, 0, why, sizeof why), "timeout");
+  BAD_INIT(host_ops_init(&c, NULL, 2, 0, sl, 100, why, sizeof why), "NULL");
+  sl[1] = w.slabs[1] + 8;
+  BAD_INIT(host_ops_init(&c, &s, 2, 0, sl, 100, why, sizeof why), "slab of rank 1");
+  sl[1] = NULL;
+  BAD_INIT(host_ops_init(&c, &s, 2, 0, sl, 100, why, sizeof why), "slab of rank 1");
+  sl[1] = w.slabs[1];
+  s.hidden = 100;
+  BAD_INIT(host_ops_init(&c, &s, 2, 0, sl, 100, why, sizeof why), "hidden 100");
+  s.hidden = 128;
+  ck_assert_int_eq(host_ops_init(&c, &s, 2, 1, sl, 100, why, sizeof why), 0);
+  host_ops_fini(&c);
+  world_close(&w);
+}
+END_TEST
+
+/* ---- number formats ------------------------------------------------------------ */
+
+/* The converter agrees with the brute-force nearest code everywhere tested. */
+START_TEST(e4m3_matches_brute_force_on_every_bf16_and_random_floats) {
+  seed_init();
+  for (uint32_t b = 0; b < 65536; b++) {
+    float f = host_ops_bf16_to_float((uint16_t)b);
+    ck_assert_msg(host_ops_float_to_e4m3(f) == ref_e4m3(f), "bf16 0x%04x (%g): 0x%02x, want 0x%02x",
+                  b, f, host_ops_float_to_e4m3(f), ref_e4m3(f));
+  }
+  for (int i = 0; i < 200000; i++) {
+    float f;
+    if (i & 1) {
+      uint32_t u = (uint32_t)rnd();
+      memcpy(&f, &u, 4);
+    } else {
+      f = ldexpf(unif() * 2.0f - 1.0f, (int)below(30) - 20);
+    }
+    ck_assert_msg(host_ops_float_to_e4m3(f) == ref_e4m3(f), "%a: 0x%02x, want 0x%02x (seed %llu)",
+                  f, host_ops_float_to_e4m3(f), ref_e4m3(f), (unsigned long long)seed);
+  }
+  for (int code = 0; code < 256; code++) {
+    if ((code & 0x7f) == 0x7f)
+      continue;
+    ck_assert(host_ops_e4m3_to_float((uint8_t)code) == ref_e4m3_value((uint8_t)code));
+    ck_assert_int_eq(host_ops_float_to_e4m3(host_ops_e4m3_to_float((uint8_t)code)), code);
+  }
+}
+END_TEST
+
+START_TEST(e4m3_edges_round_to_nearest_even_and_saturate) {
+  static const struct {
+    float v;
+    uint8_t code;
+  } cases[] = {
+    {0.0f, 0x00}, {-0.0f, 0x80}, {1.0f, 0x38}, {-1.0f, 0xb8},
+    {1.0625f, 0x38},            /* tie between 1 and 1.125: even */
+    {1.1875f, 0x3a},            /* tie between 1.125 and 1.25: even */
+    {448.0f, 0x7e}, {464.0f, 0x7e}, {1e9f, 0x7e}, {-1e9f, 0xfe},
+    {INFINITY, 0x7e}, {-INFINITY, 0xfe},
+    {0x1p-9f, 0x01},            /* smallest subnormal */
+    {0x1p-10f, 0x00},           /* half of it: tie to even zero */
+    {0x3p-10f, 0x02},           /* 1.5 subnormal steps: tie to even 2 */
+    {0x1p-6f, 0x08},            /* smallest normal */
+    {0x1.fp-7f, 0x08},          /* rounds up across the subnormal boundary */
+    {240.0f, 0x77}, {0x1p-20f, 0x00}, {0x1p-130f, 0x00},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    ck_assert_msg(host_ops_float_to_e4m3(cases[i].v) == cases[i].code, "%a -> 0x%02x, want 0x%02x",
+                  cases[i].v, host_ops_float_to_e4m3(cases[i].v), cases[i].code);
+  ck_assert_int_eq(host_ops_float_to_e4m3(NAN) & 0x7f, 0x7f);
+}
+END_TEST
+
+START_TEST(bf16_rounds_to_nearest_even) {
+  ck_assert_uint_eq(host_ops_float_to_bf16(1.0f), 0x3f80);
+  ck_assert_uint_eq(host_ops_float_to_bf16(1.0f + 0x1p-8f), 0x3f80);          /* tie: even */
+  ck_assert_uint_eq(host_ops_float_to_bf16(1.0f + 0x3p-8f), 0x3f82);          /* tie: even */
+  ck_assert_uint_eq(host_ops_float_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
+  ck_assert_uint_eq(host_ops_float_to_bf16(-2.0f), 0xc000);
+  ck_assert_uint_eq(host_ops_float_to_bf16(INFINITY), 0x7f80);
+  ck_assert(isnan(host_ops_bf16_to_float(host_ops_float_to_bf16(NAN))));
+  for (uint32_t b = 0; b < 65536; b++) {
+    float f = host_ops_bf16_to_float((uint16_t)b);
+    if (!isnan(f))
+      ck_assert_uint_eq(host_ops_float_to_bf16(f), b);
+  }
+}
+END_TEST
+
+Suite *ops_suite(void);
+Suite *ops_suite(void) {
+  Suite *s = suite_create("ops");
+  TCase *conv = tcase_create("formats");
+  tcase_add_test(conv, e4m3_matches_brute_force_on_every_bf16_and_random_floats);
+  tcase_add_test(conv, e4m3_edges_round_to_nearest_even_and_saturate);
+  tcase_add_test(conv, bf16_rounds_to_nearest_even);
+  suite_add_tcase(s, conv);
+
+  TCase *ops = tcase_create("oracle");
+  tcase_set_timeout(ops, 60);
+  tcase_add_loop_test(ops, every_op_matches_the_oracle, 0,
+                      (int)(sizeof scenarios / sizeof scenarios[0]));
+  tcase_add_test(ops, thousand_calls_back_to_back_stay_correct);
+  suite_add_tcase(s, ops);
+
+  TCase *faults = tcase_create("faults");
+  tcase_set_timeout(faults, 30);
+  tcase_add_loop_test(faults, missing_rank_times_out_and_is_named, 0, 3);
+  tcase_add_test(faults, ranks_making_different_calls_get_mismatch_and_stay_in_step);
+  tcase_add_test(faults, bad_arguments_are_refused_before_any_write);
+  tcase_add_test(faults, handles_of_the_wrong_kind_are_refused);
+  tcase_add_test(faults, init_refuses_bad_contexts);
+  suite_add_tcase(s, faults);
+  return s;
+}
