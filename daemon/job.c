@@ -164,7 +164,11 @@ static void job_remove_rank(struct job *j, uint32_t local_rank, const char *why)
   log_info("job %s: rank %u (local %u, pid %d) %s (%u of %u local ranks left)", j->id, r->rank,
            local_rank, (int)r->pid, why, j->attached - 1, j->local_world_size);
   r->conn->job = NULL;
+  /* The slab stays with the job: peers still map it, so it goes back to
+   * the pool only when the last rank is gone (job_on_teardown). */
+  struct pool_slab *slab = r->slab;
   memset(r, 0, sizeof *r);
+  r->slab = slab;
   j->attached--;
   if (j->attached == 0)
     job_destroy(j, "no ranks left");

@@ -1,0 +1,389 @@
+/*
+ * attach.c — attach-to-ready: how long N local rank processes take from
+ * connect to "every local slab mapped, library ready" through deepepd,
+ * beside the cold path the daemon removes: the same ranks making their own
+ * memory (allocate, export, exchange over a Unix-socket rendezvous, import,
+ * map), measured in the same run.
+ *
+ *   attach -s SOCKET [-n 1,2,4,8] [-i 20] [-t TOKENS] [-H HIDDEN] [-k TOPK] [-e EXPERTS]
+ *
+ * The backend is the daemon's (cuda or host).  Each rank process sets up
+ * its CUDA context before the clock starts, in both paths: a trainer has
+ * one already.  A round starts when the parent releases every rank at once;
+ * it ends when the last rank is ready.  Prints one table row per rank
+ * count: median and worst of the rounds, for warm and cold, and the ratio.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cudadrv.h"
+#include "deepep.h"
+#include "fdpass.h"
+#include "slab.h"
+
+#define MAX_RANKS 8
+#define MAX_ROUNDS 200
+
+struct opts {
+  const char *sock;
+  int counts[8], ncounts;
+  int rounds;
+  struct dep_job_shape shape;
+};
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void die(const char *fmt, const char *a, const char *b) {
+  fprintf(stderr, "attach: ");
+  fprintf(stderr, fmt, a, b);
+  fputc('\n', stderr);
+  exit(1);
+}
+
+/* ---- the rank's device (cuda) -------------------------------------------- */
+
+static const struct cudadrv *cu;
+static uint8_t gpu_uuid[16];
+static int gpu_dev;
+
+static void rank_cuda_setup(void) {
+  char why[256];
+  cu = cudadrv_load(why, sizeof why);
+  if (cu == NULL)
+    die("%s%s", why, "");
+  CUdevice d;
+  CUuuid u;
+  CUcontext ctx;
+  if (cu->cuDeviceGet(&d, 0) != 0 || cu->cuDeviceGetUuid(&u, d) != 0 ||
+      cu->cuDevicePrimaryCtxRetain(&ctx, d) != 0 || cu->cuCtxSetCurrent(ctx) != 0)
+    die("%s%s", "cannot set up CUDA device 0", "");
+  memcpy(gpu_uuid, u.bytes, 16);
+  gpu_dev = d;
+}
+
+/* ---- warm path: deepepd ---------------------------------------------------- */
+
+static void warm_round(const struct opts *o, bool cuda, int n, int rank, int round) {
+  dep_client_t *c;
+  if (dep_client_new(&c) != 0)
+    die("%s%s", "out of memory", "");
+  struct dep_attach_args a = {.rank = (uint32_t)rank, .world_size = (uint32_t)n,
+                              .local_rank = (uint32_t)rank, .local_world_size = (uint32_t)n,
+                              .shape = o->shape};
+  snprintf(a.job_id, sizeof a.job_id, "bench-%d-%d-%d", (int)getppid(), n, round);
+  if (cuda)
+    memcpy(a.device_uuid, gpu_uuid, 16);
+  int rc = dep_connect(c, o->sock);
+  if (rc == 0)
+    rc = dep_attach(c, &a);
+  if (rc != 0)
+    die("warm attach failed: %s (%s)", dep_errmsg(c), dep_strerror(rc));
+  /* Ready: every slab is mapped; touch each so a lazy mapping cannot hide. */
+  struct dep_attach_info info;
+  dep_attach_info(c, &info);
+  for (int i = 0; i < n; i++)
+    if (info.slabs[i] == NULL)
+      die("%s%s", "a slab pointer is missing", "");
+  double t = now_ms();
+  if (write(STDOUT_FILENO, &t, sizeof t) != sizeof t)
+    exit(1);
+  char go;
+  if (read(STDIN_FILENO, &go, 1) != 1) /* hold the job until every rank reported */
+    exit(1);
+  dep_detach(c);
+  dep_client_free(c);
+}
+
+/* ---- cold path: each rank makes and exchanges its own memory -------------- */
+
+struct cold_mem {
+  int fd;
+  void *host;
+  unsigned long long handle;
+};
+
+static void cold_alloc(bool cuda, uint64_t bytes, struct cold_mem *m) {
+  memset(m, 0, sizeof *m);
+  if (!cuda) {
+    m->fd = memfd_create("cold", MFD_CLOEXEC);
+    if (m->fd < 0 || ftruncate(m->fd, (off_t)bytes) != 0)
+      die("%s%s", "memfd", "");
+    /* Populated, as the daemon's pools are: the same memory, made cold. */
+    m->host = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, m->fd, 0);
+    if (m->host == MAP_FAILED)
+      die("%s%s", "mmap", "");
+    return;
+  }
+  CUmemAllocationProp p = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                           .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                           .location = {CU_MEM_LOCATION_TYPE_DEVICE, gpu_dev}};
+  if (cu->cuMemCreate(&m->handle, bytes, &p, 0) != 0 ||
+      cu->cuMemExportToShareableHandle(&m->fd, m->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                       0) != 0)
+    die("%s%s", "cuMemCreate/export", "");
+}
+
+/* Map a peer's exported memory into this process. */
+static void *cold_map(bool cuda, int fd, uint64_t bytes, unsigned long long *h_out,
+                      CUdeviceptr *va_out) {
+  if (!cuda) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+      die("%s%s", "mmap peer", "");
+    return p;
+  }
+  CUmemGenericAllocationHandle h;
+  CUdeviceptr va;
+  CUmemAccessDesc acc = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, gpu_dev},
+                         .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  if (cu->cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd,
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0 ||
+      cu->cuMemAddressReserve(&va, bytes, 0, 0, 0) != 0 || cu->cuMemMap(va, bytes, 0, h, 0) != 0 ||
+      cu->cuMemSetAccess(va, bytes, &acc, 1) != 0)
+    die("%s%s", "import/map peer", "");
+  *h_out = h;
+  *va_out = va;
+  return (void *)(uintptr_t)va;
+}
+
+/*
+ * Rendezvous through a Unix socket: rank 0 listens, every other rank sends
+ * its fd, rank 0 sends all n fds back to each.  The socket is bound before
+ * the clock starts (it stands for the process group a trainer has).
+ */
+static void cold_round(bool cuda, uint64_t bytes, int n, int rank, const char *path, int lfd) {
+  struct cold_mem mine;
+  cold_alloc(cuda, bytes, &mine);
+  int fds[MAX_RANKS];
+  char b = 'x';
+  int nf = 0;
+  if (rank == 0) {
+    int conns[MAX_RANKS];
+    fds[0] = mine.fd;
+    for (int i = 1; i < n; i++) {
+      conns[i] = accept(lfd, NULL, NULL);
+      int got[1], ng = 0;
+      uint32_t who;
+      if (conns[i] < 0 || fdpass_recv(conns[i], &who, sizeof who, got, 1, &ng) != sizeof who || ng != 1)
+        die("%s%s", "rendezvous recv", "");
+      fds[who] = got[0];
+    }
+    for (int i = 1; i < n; i++) {
+      if (fdpass_send(conns[i], &b, 1, fds, n) != 1)
+        die("%s%s", "rendezvous send", "");
+      close(conns[i]);
+    }
+    nf = n;
+  } else {
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    while (connect(s, (struct sockaddr *)&sa, sizeof sa) != 0)
+      ;
+    uint32_t who = (uint32_t)rank;
+    if (fdpass_send(s, &who, sizeof who, &mine.fd, 1) != sizeof who ||
+        fdpass_recv(s, &b, 1, fds, MAX_RANKS, &nf) != 1 || nf != n)
+      die("%s%s", "rendezvous exchange", "");
+    close(s);
+  }
+  void *ptrs[MAX_RANKS];
+  unsigned long long handles[MAX_RANKS] = {0};
+  CUdeviceptr vas[MAX_RANKS] = {0};
+  for (int i = 0; i < n; i++)
+    ptrs[i] = i == rank && !cuda ? mine.host : cold_map(cuda, fds[i], bytes, &handles[i], &vas[i]);
+  double t = now_ms();
+  if (write(STDOUT_FILENO, &t, sizeof t) != sizeof t)
+    exit(1);
+  char go;
+  if (read(STDIN_FILENO, &go, 1) != 1)
+    exit(1);
+  for (int i = 0; i < n; i++) {
+    if (cuda) {
+      cu->cuMemUnmap(vas[i], bytes);
+      cu->cuMemAddressFree(vas[i], bytes);
+      cu->cuMemRelease(handles[i]);
+    } else if (ptrs[i] != mine.host) {
+      munmap(ptrs[i], bytes);
+    }
+    if (fds[i] != mine.fd)
+      close(fds[i]);
+  }
+  if (cuda)
+    cu->cuMemRelease(mine.handle);
+  else
+    munmap(mine.host, bytes);
+  close(mine.fd);
+}
+
+/* ---- driver ------------------------------------------------------------------ */
+
+struct rank_proc {
+  pid_t pid;
+  int to, from; /* pipes: parent → rank stdin, rank stdout → parent */
+};
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Run `rounds` rounds of one path with n persistent rank processes. */
+static void run_path(const struct opts *o, bool cuda, bool warm, int n, double *out) {
+  struct dep_slab_layout l;
+  char why[256];
+  if (dep_slab_layout(&o->shape, (uint32_t)n, &l, why, sizeof why) != 0)
+    die("%s%s", why, "");
+  uint64_t bytes = dep_round_up(l.total_bytes, 2u << 20);
+  char path[108];
+  snprintf(path, sizeof path, "/tmp/dep-bench-%d.sock", (int)getpid());
+  struct rank_proc rp[MAX_RANKS];
+  for (int r = 0; r < n; r++) {
+    int to[2], from[2];
+    if (pipe(to) != 0 || pipe(from) != 0)
+      die("%s%s", "pipe", "");
+    rp[r].pid = fork();
+    if (rp[r].pid == 0) {
+      dup2(to[0], STDIN_FILENO);
+      dup2(from[1], STDOUT_FILENO);
+      close(to[1]);
+      close(from[0]);
+      if (cuda)
+        rank_cuda_setup();
+      for (int round = 0; round < o->rounds; round++) {
+        char go;
+        int lfd = -1;
+        if (!warm && r == 0) {
+          unlink(path);
+          lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+          struct sockaddr_un sa = {.sun_family = AF_UNIX};
+          snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+          if (bind(lfd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(lfd, MAX_RANKS) != 0)
+            die("%s%s", "bind rendezvous", "");
+        }
+        char ready = 'r';
+        if (write(STDOUT_FILENO, &ready, 1) != 1 || read(STDIN_FILENO, &go, 1) != 1)
+          _exit(1);
+        if (warm)
+          warm_round(o, cuda, n, r, round);
+        else
+          cold_round(cuda, bytes, n, r, path, lfd);
+        if (lfd >= 0)
+          close(lfd);
+      }
+      _exit(0);
+    }
+    close(to[0]);
+    close(from[1]);
+    rp[r].to = to[1];
+    rp[r].from = from[0];
+  }
+  for (int round = 0; round < o->rounds; round++) {
+    char c;
+    for (int r = 0; r < n; r++)
+      if (read(rp[r].from, &c, 1) != 1)
+        die("%s%s", "a rank died before the round", "");
+    double t0 = now_ms();
+    for (int r = 0; r < n; r++)
+      if (write(rp[r].to, "g", 1) != 1)
+        die("%s%s", "release", "");
+    double last = t0;
+    for (int r = 0; r < n; r++) {
+      double t;
+      if (read(rp[r].from, &t, sizeof t) != sizeof t)
+        die("%s%s", "a rank died during the round", "");
+      if (t > last)
+        last = t;
+    }
+    out[round] = last - t0;
+    for (int r = 0; r < n; r++)
+      if (write(rp[r].to, "d", 1) != 1)
+        die("%s%s", "finish", "");
+  }
+  for (int r = 0; r < n; r++) {
+    int st;
+    waitpid(rp[r].pid, &st, 0);
+    close(rp[r].to);
+    close(rp[r].from);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+      die("%s%s", "a rank process failed", "");
+  }
+  unlink(path);
+}
+
+static void usage(void) {
+  fprintf(stderr, "usage: attach -s SOCKET [-n 1,2,4,8] [-i ROUNDS] [-t TOKENS] [-H HIDDEN] "
+                  "[-k TOPK] [-e EXPERTS]\n");
+  exit(2);
+}
+
+int main(int argc, char **argv) {
+  struct opts o = {.rounds = 20,
+                   .shape = {.max_tokens_per_rank = 4096, .hidden = 7168, .num_experts = 256,
+                             .topk = 8, .dtype = DEP_DTYPE_BF16}};
+  const char *counts = "1,2,4,8";
+  int opt;
+  while ((opt = getopt(argc, argv, "s:n:i:t:H:k:e:h")) != -1) {
+    switch (opt) {
+    case 's': o.sock = optarg; break;
+    case 'n': counts = optarg; break;
+    case 'i': o.rounds = atoi(optarg); break;
+    case 't': o.shape.max_tokens_per_rank = (uint32_t)atoi(optarg); break;
+    case 'H': o.shape.hidden = (uint32_t)atoi(optarg); break;
+    case 'k': o.shape.topk = (uint32_t)atoi(optarg); break;
+    case 'e': o.shape.num_experts = (uint32_t)atoi(optarg); break;
+    default: usage();
+    }
+  }
+  if (o.sock == NULL || o.rounds < 1 || o.rounds > MAX_ROUNDS)
+    usage();
+  for (char *s = strdup(counts), *tok = strtok(s, ","); tok != NULL && o.ncounts < 8;
+       tok = strtok(NULL, ","))
+    o.counts[o.ncounts++] = atoi(tok);
+  /* Ask the daemon which backend it serves (no CUDA in this process: the
+   * rank processes are forked from it). */
+  dep_client_t *c;
+  struct dep_status *st = NULL;
+  if (dep_client_new(&c) != 0 || dep_connect(c, o.sock) != 0 || dep_status(c, &st) != 0)
+    die("cannot query deepepd: %s%s", dep_errmsg(c), "");
+  bool cuda = strcmp(st->backend, "cuda") == 0;
+  printf("# attach-to-ready, backend %s, shape %u tokens x %u hidden x top-%u x %u experts, "
+         "%d rounds\n", st->backend, o.shape.max_tokens_per_rank, o.shape.hidden, o.shape.topk,
+         o.shape.num_experts, o.rounds);
+  dep_status_free(st);
+  dep_client_free(c);
+  printf("%-6s %14s %12s %12s %12s %12s %8s\n", "ranks", "slab_MiB", "warm_med_ms",
+         "warm_max_ms", "cold_med_ms", "cold_max_ms", "ratio");
+  for (int i = 0; i < o.ncounts; i++) {
+    int n = o.counts[i];
+    if (n < 1 || n > MAX_RANKS || o.shape.num_experts % (uint32_t)n != 0)
+      usage();
+    struct dep_slab_layout l;
+    char why[256];
+    if (dep_slab_layout(&o.shape, (uint32_t)n, &l, why, sizeof why) != 0)
+      die("%s%s", why, "");
+    double warm[MAX_ROUNDS], cold[MAX_ROUNDS];
+    run_path(&o, cuda, true, n, warm);
+    run_path(&o, cuda, false, n, cold);
+    qsort(warm, (size_t)o.rounds, sizeof warm[0], cmp_double);
+    qsort(cold, (size_t)o.rounds, sizeof cold[0], cmp_double);
+    double wm = warm[o.rounds / 2], cm = cold[o.rounds / 2];
+    printf("%-6d %14.1f %12.3f %12.3f %12.3f %12.3f %7.1fx\n", n,
+           (double)l.total_bytes / (1 << 20), wm, warm[o.rounds - 1], cm, cold[o.rounds - 1],
+           cm / wm);
+    fflush(stdout);
+  }
+  return 0;
+}
