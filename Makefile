@@ -156,8 +156,9 @@ $(TESTS): $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) 
 check: all $(TESTS)
 	DEP_BUILD=$(abspath $(BUILD)) $(TESTS)
 
+# The GPU-tagged tests, against a daemon on the cuda backend.
 check-gpu: all $(TESTS)
-	DEP_BUILD=$(abspath $(BUILD)) DEP_TEST_TAGS=gpu $(TESTS)
+	DEP_BUILD=$(abspath $(BUILD)) DEP_TEST_TAGS=gpu DEP_TEST_BACKEND=cuda $(TESTS)
 
 asan:
 	$(MAKE) BUILD=build-asan CFLAGS="-O1 -g -fno-omit-frame-pointer" \

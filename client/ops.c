@@ -1,0 +1,102 @@
+/*
+ * ops.c — the public dispatch/combine entry points (DESIGN §6).  Each
+ * checks its arguments and the handle's state, then runs the operation of
+ * the job's backend.  The host backend's operations are the plain-C ones in
+ * kernels/host_ops.c over the shared-memory slabs; the stream argument is
+ * ignored there.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+
+/* The handle must be attached to a single-node job on the host backend. */
+static int ops_ready(dep_client_t *c, const char *op) {
+  if (!c->attached)
+    return client_seterr(c, DEP_ERR_STATE, "%s: not attached to a job; call dep_attach first", op);
+  if (c->cuda)
+    return client_seterr(c, DEP_ERR_UNSUPPORTED,
+                         "%s: the cuda backend's kernels are not in this build yet; run deepepd "
+                         "with backend: host", op);
+  if (c->args.world_size != c->args.local_world_size)
+    return client_seterr(c, DEP_ERR_UNSUPPORTED,
+                         "%s: job %s spans nodes (world %u, %u on this node); operations between "
+                         "nodes need the proxy, not in this build", op, c->job_id,
+                         c->args.world_size, c->args.local_world_size);
+  return 0;
+}
+
+/* Map an operation's result to the handle's message. */
+static int ops_result(dep_client_t *c, const char *op, int rc) {
+  if (rc != 0)
+    return client_seterr(c, rc, "%s: %s", op, c->ops.why);
+  return 0;
+}
+
+DEP_EXPORT int dep_handle_new(dep_client_t *c, dep_handle_t **out) {
+  if (c == NULL || out == NULL)
+    return DEP_ERR_INVALID;
+  dep_handle_t *h = calloc(1, sizeof *h);
+  if (h == NULL)
+    return client_seterr(c, DEP_ERR_NO_MEMORY, "dep_handle_new: out of memory");
+  host_ops_handle_init(h);
+  *out = h;
+  return 0;
+}
+
+DEP_EXPORT void dep_handle_free(dep_handle_t *h) {
+  if (h == NULL)
+    return;
+  host_ops_handle_fini(h);
+  free(h);
+}
+
+#define OPS_CALL(op, check, run)                                    \
+  do {                                                              \
+    if (c == NULL)                                                  \
+      return DEP_ERR_INVALID;                                       \
+    if (a == NULL)                                                  \
+      return client_seterr(c, DEP_ERR_INVALID, op ": args must not be NULL"); \
+    int rc_ = ops_ready(c, op);                                     \
+    if (rc_ != 0)                                                   \
+      return rc_;                                                   \
+    char why_[256] = "";                                            \
+    rc_ = (check);                                                  \
+    if (rc_ != 0)                                                   \
+      return client_seterr(c, rc_, op ": %s", why_);                \
+    return ops_result(c, op, (run));                                \
+  } while (0)
+
+DEP_EXPORT int dep_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream_t stream) {
+  (void)stream;
+  OPS_CALL("dep_layout", ops_check_layout(&c->ops, a, why_, sizeof why_),
+           host_ops_layout(&c->ops, a));
+}
+
+DEP_EXPORT int dep_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, dep_handle_t *h,
+                            dep_stream_t stream) {
+  (void)stream;
+  OPS_CALL("dep_dispatch", ops_check_dispatch(&c->ops, a, h, why_, sizeof why_),
+           host_ops_dispatch(&c->ops, a, h));
+}
+
+DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a,
+                           const dep_handle_t *h, dep_stream_t stream) {
+  (void)stream;
+  OPS_CALL("dep_combine", ops_check_combine(&c->ops, a, h, why_, sizeof why_),
+           host_ops_combine(&c->ops, a, h));
+}
+
+DEP_EXPORT int dep_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
+                               dep_handle_t *h, dep_stream_t stream) {
+  (void)stream;
+  OPS_CALL("dep_ll_dispatch", ops_check_ll_dispatch(&c->ops, a, h, why_, sizeof why_),
+           host_ops_ll_dispatch(&c->ops, a, h));
+}
+
+DEP_EXPORT int dep_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
+                              const dep_handle_t *h, dep_stream_t stream) {
+  (void)stream;
+  OPS_CALL("dep_ll_combine", ops_check_ll_combine(&c->ops, a, h, why_, sizeof why_),
+           host_ops_ll_combine(&c->ops, a, h));
+}
