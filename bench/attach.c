@@ -5,7 +5,11 @@
  * memory (allocate, export, exchange over a Unix-socket rendezvous, import,
  * map), measured in the same run.
  *
- *   attach -s SOCKET [-n 1,2,4,8] [-i 20] [-t TOKENS] [-H HIDDEN] [-k TOPK] [-e EXPERTS]
+ *   attach -s SOCKET [-n 1,2,4,8] [-i 20] [-p PAUSE_MS] [-t TOKENS] [-H HIDDEN] [-k TOPK]
+ *          [-e EXPERTS]
+ *
+ * Rounds are PAUSE_MS apart (default 50): the daemon scrubs a finished
+ * job's slabs between jobs, and restarts are not back to back.
  *
  * The backend is the daemon's (cuda or host).  Each rank process sets up
  * its CUDA context before the clock starts, in both paths: a trainer has
@@ -37,6 +41,7 @@ struct opts {
   const char *sock;
   int counts[8], ncounts;
   int rounds;
+  int pause_ms;
   struct dep_job_shape shape;
 };
 
@@ -295,6 +300,10 @@ static void run_path(const struct opts *o, bool cuda, bool warm, int n, double *
     for (int r = 0; r < n; r++)
       if (read(rp[r].from, &c, 1) != 1)
         die("%s%s", "a rank died before the round", "");
+    /* Restarts are not back to back: let the daemon finish scrubbing the
+     * last round's slabs, which it does between jobs. */
+    struct timespec ps = {.tv_sec = o->pause_ms / 1000, .tv_nsec = (o->pause_ms % 1000) * 1000000L};
+    nanosleep(&ps, NULL);
     double t0 = now_ms();
     for (int r = 0; r < n; r++)
       if (write(rp[r].to, "g", 1) != 1)
@@ -324,22 +333,24 @@ static void run_path(const struct opts *o, bool cuda, bool warm, int n, double *
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: attach -s SOCKET [-n 1,2,4,8] [-i ROUNDS] [-t TOKENS] [-H HIDDEN] "
+  fprintf(stderr, "usage: attach -s SOCKET [-n 1,2,4,8] [-i ROUNDS] [-p PAUSE_MS] [-t TOKENS] [-H HIDDEN] "
                   "[-k TOPK] [-e EXPERTS]\n");
   exit(2);
 }
 
 int main(int argc, char **argv) {
   struct opts o = {.rounds = 20,
+                   .pause_ms = 50,
                    .shape = {.max_tokens_per_rank = 4096, .hidden = 7168, .num_experts = 256,
                              .topk = 8, .dtype = DEP_DTYPE_BF16}};
   const char *counts = "1,2,4,8";
   int opt;
-  while ((opt = getopt(argc, argv, "s:n:i:t:H:k:e:h")) != -1) {
+  while ((opt = getopt(argc, argv, "s:n:i:p:t:H:k:e:h")) != -1) {
     switch (opt) {
     case 's': o.sock = optarg; break;
     case 'n': counts = optarg; break;
     case 'i': o.rounds = atoi(optarg); break;
+    case 'p': o.pause_ms = atoi(optarg); break;
     case 't': o.shape.max_tokens_per_rank = (uint32_t)atoi(optarg); break;
     case 'H': o.shape.hidden = (uint32_t)atoi(optarg); break;
     case 'k': o.shape.topk = (uint32_t)atoi(optarg); break;
@@ -347,7 +358,7 @@ int main(int argc, char **argv) {
     default: usage();
     }
   }
-  if (o.sock == NULL || o.rounds < 1 || o.rounds > MAX_ROUNDS)
+  if (o.sock == NULL || o.rounds < 1 || o.rounds > MAX_ROUNDS || o.pause_ms < 0)
     usage();
   for (char *s = strdup(counts), *tok = strtok(s, ","); tok != NULL && o.ncounts < 8;
        tok = strtok(NULL, ","))
