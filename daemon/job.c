@@ -212,7 +212,8 @@ static void job_on_timeout(uv_timer_t *t) {
 /* Every local rank is here: lend memory and answer them all. */
 static void job_complete(struct job *j) {
   uv_timer_stop(&j->timer);
-  char why[DEP_MSG_TEXT_MAX] = "";
+  /* Room for "job <id>: " in front, within one ERROR message. */
+  char why[DEP_MSG_TEXT_MAX - DEP_JOB_ID_MAX - 8] = "";
   int rc = job_on_complete(j, why, sizeof why);
   if (rc != 0) {
     char msg[DEP_MSG_TEXT_MAX];
