@@ -131,8 +131,8 @@ int host_ops_init(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t wor
   }
   memset(c, 0, sizeof *c);
   if (world == 0 || world > DEP_MAX_LOCAL_RANKS || rank >= world) {
-    snprintf(why, whylen, "rank %u of world %u: the host backend runs 1..%u ranks, all on this node",
-             rank, world, DEP_MAX_LOCAL_RANKS);
+    snprintf(why, whylen, "rank %u of world %u: the host backend runs 1..%u ranks, all on this "
+             "node", rank, world, DEP_MAX_LOCAL_RANKS);
     return DEP_ERR_INVALID;
   }
   int rc = dep_slab_layout(s, world, &c->lay, why, whylen);
@@ -312,6 +312,8 @@ static int check_combine_slots(struct ops_ctx *c, const struct dep_handle *h,
 }
 
 static int begin(struct ops_ctx *c) {
+  if (c->acc == NULL || c->stage == NULL)
+    return set_why(c, DEP_ERR_STATE, "ops context not initialised (host_ops_init)");
   if (c->broken)
     return set_why(c, DEP_ERR_STATE, "an earlier call timed out, so the ranks are out of step; "
                    "detach and restart the job");

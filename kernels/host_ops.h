@@ -30,7 +30,15 @@
  * later call), because the ranks no longer agree on seq.
  *
  * Outputs: every element a call defines is written; rows past the valid
- * count (num_recv, recv_count[e]) are left untouched.
+ * count (num_recv, recv_count[e]) and past num_tokens are left untouched.
+ *
+ * Duplicate experts in one row of topk_idx: each (t, k) is its own
+ * selection.  Dispatch remaps and weighs every such k and counts each in
+ * recv_count_per_expert; combine still gets one vector per received row.
+ * LL dispatch sends the token once per (rank, local expert), so the expert
+ * has one row and recv_count counts it once; LL combine adds
+ * topk_weights[t,k] x that row's vector for every k naming it, in k order.
+ * Tokens whose ids are all -1 go nowhere and combine to zeros.
  */
 #ifndef DEP_HOST_OPS_H
 #define DEP_HOST_OPS_H

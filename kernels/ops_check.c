@@ -50,8 +50,8 @@ int ops_check_ctx(const struct ops_ctx *c, char *why, size_t whylen) {
   if (s->hidden == 0 || s->hidden % 128 != 0 || s->hidden > 16384 || s->topk == 0 ||
       s->topk > 16 || s->num_experts == 0 || s->num_experts % c->world != 0 ||
       s->max_tokens_per_rank == 0 || c->lay.world_size != c->world || c->lay.max_ll_tokens == 0)
-    return fail(why, whylen, "job shape out of range (hidden %u, topk %u, num_experts %u, world %u)",
-                s->hidden, s->topk, s->num_experts, c->world);
+    return fail(why, whylen, "job shape out of range (hidden %u, topk %u, num_experts %u, "
+                "world %u)", s->hidden, s->topk, s->num_experts, c->world);
   for (uint32_t r = 0; r < c->world; r++)
     if (c->slabs[r] == NULL)
       return fail(why, whylen, "slab of rank %u is not mapped", r);
@@ -60,8 +60,8 @@ int ops_check_ctx(const struct ops_ctx *c, char *why, size_t whylen) {
 
 static int check_index_type(int t, const char *op, char *why, size_t whylen) {
   if (t != DEP_INDEX_I64 && t != DEP_INDEX_I32)
-    return fail(why, whylen, "%s: index_type %d is neither DEP_INDEX_I64 (%d) nor DEP_INDEX_I32 (%d)",
-                op, t, DEP_INDEX_I64, DEP_INDEX_I32);
+    return fail(why, whylen, "%s: index_type %d is neither DEP_INDEX_I64 (%d) nor "
+                "DEP_INDEX_I32 (%d)", op, t, DEP_INDEX_I64, DEP_INDEX_I32);
   return 0;
 }
 
@@ -81,11 +81,11 @@ static int check_idx(const struct ops_ctx *c, const void *idx, int t, uint32_t n
 }
 
 /* A pointer argument must be given and aligned for its element type. */
-#define NEED_AL(ptr, align, op, name)                                                    \
-  do {                                                                                   \
-    if ((ptr) == NULL)                                                                   \
-      return fail(why, whylen, "%s: %s is NULL", op, name);                              \
-    if ((uintptr_t)(ptr) % (align) != 0)                                                 \
+#define NEED_AL(ptr, align, op, name)                                                      \
+  do {                                                                                     \
+    if ((ptr) == NULL)                                                                     \
+      return fail(why, whylen, "%s: %s is NULL", op, name);                                \
+    if ((uintptr_t)(ptr) % (align) != 0)                                                   \
       return fail(why, whylen, "%s: %s is not %u-byte aligned", op, name, (unsigned)(align)); \
   } while (0)
 #define NEED(ptr, op, name) NEED_AL(ptr, _Alignof(__typeof__(*(ptr))), op, name)

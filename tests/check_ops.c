@@ -12,342 +12,26 @@
  * DEP_TEST_SEED=<seed> replays it.
  */
 #include <check.h>
-#include <errno.h>
 #include <math.h>
-#include <signal.h>
-#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "host_ops.h"
+#include "opsworld.h"
 #include "ref.h"
 
-#define MAXW 8
-#define MSG 700
-#define OP_TIMEOUT_MS 30000u /* generous: 8 ranks on 2 cores under ASan */
-
-/* ---- random inputs ---------------------------------------------------------- */
-
-static uint64_t seed, rng;
-
-static void seed_init(void) {
-  const char *e = getenv("DEP_TEST_SEED");
-  seed = e != NULL ? strtoull(e, NULL, 0)
-                   : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() << 16;
-  rng = seed;
-}
-
-static uint64_t rnd(void) { /* splitmix64 */
-  uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-static uint32_t below(uint32_t n) { return n ? (uint32_t)(rnd() % n) : 0; }
-static float unif(void) { return (float)(rnd() >> 40) / (float)(1u << 24); } /* [0, 1) */
-
-/* A bf16 in [-1, 1) * 2^e that is never one of the poison patterns. */
-static uint16_t rand_bf16(int e) {
-  uint16_t b = host_ops_float_to_bf16(ldexpf(unif() * 2.0f - 1.0f, e));
-  return b == 0xA5A5 || b == 0x5A5A ? 0x3f80 : b;
-}
-
-/* ---- a world of ranks: shared slabs, one process per rank ------------------ */
-
-struct world {
-  uint32_t n;
-  struct dep_slab_layout lay;
-  size_t slab_bytes, map_bytes;
-  uint8_t *map;
-  uint8_t *slabs[DEP_MAX_LOCAL_RANKS];
-  char *msg; /* shared: one failure message per rank */
-};
-
-static void world_open(struct world *w, const struct dep_job_shape *s, uint32_t n) {
-  char why[256];
-  memset(w, 0, sizeof *w);
-  w->n = n;
-  ck_assert_msg(dep_slab_layout(s, n, &w->lay, why, sizeof why) == 0, "%s", why);
-  w->slab_bytes = dep_round_up(w->lay.total_bytes, 4096);
-  w->map_bytes = w->slab_bytes * n;
-  int fd = memfd_create("check-ops-slabs", MFD_CLOEXEC);
-  ck_assert_msg(fd >= 0, "memfd_create: %s", strerror(errno));
-  ck_assert_int_eq(ftruncate(fd, (off_t)w->map_bytes), 0);
-  w->map = mmap(NULL, w->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ck_assert(w->map != MAP_FAILED);
-  close(fd);
-  for (uint32_t r = 0; r < n; r++)
-    w->slabs[r] = w->map + r * w->slab_bytes;
-  w->msg = mmap(NULL, (size_t)n * MSG, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ck_assert(w->msg != MAP_FAILED);
-}
-
-static void world_close(struct world *w) {
-  munmap(w->map, w->map_bytes);
-  munmap(w->msg, (size_t)w->n * MSG);
-}
-
-static int failf(char *msg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int failf(char *msg, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, MSG, fmt, ap);
-  va_end(ap);
-  return 1;
-}
-
-typedef int (*rank_fn)(struct ops_ctx *c, void *arg, char *msg);
-
-/* Fork one process per rank, each with its own ctx on the shared slabs. */
-static void run_ranks(struct world *w, const struct dep_job_shape *s, rank_fn fn, void *arg,
-                      uint32_t timeout_ms, const char *what) {
-  pid_t pid[MAXW];
-  for (uint32_t r = 0; r < w->n; r++) {
-    pid[r] = fork();
-    ck_assert(pid[r] >= 0);
-    if (pid[r] == 0) {
-      struct ops_ctx c;
-      char why[256];
-      char *msg = w->msg + (size_t)r * MSG;
-      if (host_ops_init(&c, s, w->n, r, w->slabs, timeout_ms, why, sizeof why) != 0)
-        _exit(failf(msg, "host_ops_init: %s", why));
-      int rc = fn(&c, arg, msg);
-      host_ops_fini(&c);
-      _exit(rc ? 1 : 0);
-    }
-  }
-  char report[MAXW * (MSG + 32)] = "";
-  size_t len = 0;
-  int failed = 0;
-  time_t deadline = time(NULL) + 100;
-  for (uint32_t r = 0; r < w->n; r++) {
-    int st = 0;
-    while (waitpid(pid[r], &st, WNOHANG) == 0) {
-      if (time(NULL) > deadline) {
-        kill(pid[r], SIGKILL);
-        waitpid(pid[r], &st, 0);
-        break;
-      }
-      usleep(1000);
-    }
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      failed++;
-      len += (size_t)snprintf(report + len, sizeof report - len, "\n  rank %u (%s): %s", r,
-                              WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : "failed",
-                              w->msg[r * MSG] ? w->msg + (size_t)r * MSG : "(no message)");
-      if (len >= sizeof report)
-        len = sizeof report - 1;
-    }
-  }
-  ck_assert_msg(failed == 0, "%s: %d rank(s) failed (DEP_TEST_SEED=%llu):%s", what, failed,
-                (unsigned long long)seed, report);
-}
-
-/* ---- scenarios: inputs and the oracle's expectations ------------------------- */
-
-enum pattern { P_RANDOM, P_DUP, P_ONE_RANK, P_NONE, P_ONE_EXPERT };
-enum tokens { T_MAX, T_ZERO, T_ONE, T_MIXED };
-static const char *pattern_name[] = {"random", "duplicates", "one-rank", "all -1", "one-expert"};
-static const char *tokens_name[] = {"max", "zero", "one", "mixed"};
-
-struct scenario {
-  uint32_t world, hidden, topk, experts, max_tokens, max_ll;
-  int pattern, tokens, itype, fp8;
-};
-
-struct case_data {
-  struct scenario sc;
-  struct dep_job_shape shape;
-  uint32_t le, max_ll, rows_ll;
-  char desc[200];
-  struct ref_rank_in in[MAXW], in_ll[MAXW];
-  void *idx[MAXW];     /* topk_idx as the call takes it (int32 or int64) */
-  uint16_t *cx[MAXW];  /* combine input: one vector per received row */
-  uint16_t *lx[MAXW];  /* LL combine input; rows past the count hold NaN */
-  struct ref_dispatch_out disp[MAXW];
-  struct ref_sum comb[MAXW];
-  struct ref_ll_out ll[MAXW];
-  struct ref_sum llc[MAXW];
-};
-
-static int64_t pick_expert(const struct case_data *d, uint32_t k) {
-  uint32_t E = d->sc.experts;
-  switch (d->sc.pattern) {
-  case P_RANDOM: return below(8) == 0 ? -1 : (int64_t)below(E);
-  case P_DUP: return below(6) == 0 ? -1 : (int64_t)below(E < 3 ? E : 3);
-  case P_ONE_RANK: return (int64_t)((d->sc.world - 1) * d->le + below(d->le));
-  case P_NONE: return -1;
-  default: return E / 2; /* P_ONE_EXPERT: every k the same expert */
-  }
-}
-
-static void case_make(struct case_data *d, const struct scenario *sc, int fp8) {
-  memset(d, 0, sizeof *d);
-  d->sc = *sc;
-  d->sc.fp8 = fp8;
-  struct dep_job_shape s = {sc->max_tokens, sc->hidden, sc->experts, sc->topk, DEP_DTYPE_BF16,
-                            sc->max_ll};
-  d->shape = s;
-  d->le = sc->experts / sc->world;
-  d->max_ll = sc->max_ll;
-  d->rows_ll = sc->world * d->max_ll;
-  snprintf(d->desc, sizeof d->desc, "world %u hidden %u topk %u experts %u max_tokens %u max_ll %u"
-           " routing %s tokens %s %s fp8 %d", sc->world, sc->hidden, sc->topk, sc->experts,
-           sc->max_tokens, sc->max_ll, pattern_name[sc->pattern], tokens_name[sc->tokens],
-           sc->itype == DEP_INDEX_I64 ? "int64" : "int32", fp8);
-  uint32_t h = sc->hidden, K = sc->topk, W = sc->world;
-  for (uint32_t r = 0; r < W; r++) {
-    uint32_t n = sc->tokens == T_MAX ? sc->max_tokens : sc->tokens == T_ZERO ? 0
-               : sc->tokens == T_ONE ? 1 : r == 0 ? 0 : r == W - 1 ? sc->max_tokens
-               : below(sc->max_tokens + 1);
-    uint16_t *x = malloc(((size_t)n * h + 1) * 2);
-    int64_t *idx = malloc(((size_t)n * K + 1) * 8);
-    float *w = malloc(((size_t)n * K + 1) * 4);
-    d->idx[r] = malloc(((size_t)n * K + 1) * 8);
-    ck_assert(x && idx && w && d->idx[r]);
-    /* Each 128-channel group its own magnitude, now and then all zero, so
-     * that FP8 scales cover the 1e-4 floor as well as large values. */
-    for (uint32_t t = 0; t < n; t++)
-      for (uint32_t g = 0; g < h / 128; g++) {
-        int zero = below(16) == 0, e = (int)below(21) - 14;
-        for (uint32_t c = 0; c < 128; c++)
-          x[(size_t)t * h + g * 128 + c] = zero ? 0 : rand_bf16(e);
-      }
-    for (size_t i = 0; i < (size_t)n * K; i++) {
-      idx[i] = pick_expert(d, (uint32_t)(i % K));
-      w[i] = 0.01f + unif();
-      if (sc->itype == DEP_INDEX_I64)
-        ((int64_t *)d->idx[r])[i] = idx[i];
-      else
-        ((int32_t *)d->idx[r])[i] = (int32_t)idx[i];
-    }
-    d->in[r] = (struct ref_rank_in){n, x, idx, w};
-    d->in_ll[r] = d->in[r];
-    d->in_ll[r].num_tokens = n < d->max_ll ? n : d->max_ll;
-  }
-  ck_assert_int_eq(ref_dispatch(&d->shape, W, d->in, d->disp), 0);
-  for (uint32_t r = 0; r < W; r++) {
-    size_t n = (size_t)d->disp[r].num_recv * h;
-    d->cx[r] = malloc((n + 1) * 2);
-    ck_assert(d->cx[r]);
-    for (size_t i = 0; i < n; i++)
-      d->cx[r][i] = rand_bf16(2);
-  }
-  ck_assert_int_eq(ref_combine(&d->shape, W, d->in, d->disp, (const uint16_t *const *)d->cx,
-                               d->comb), 0);
-  ck_assert_int_eq(ref_ll_dispatch(&d->shape, W, d->max_ll, d->in_ll, fp8, d->ll), 0);
-  for (uint32_t r = 0; r < W; r++) {
-    size_t n = (size_t)d->le * d->rows_ll * h;
-    d->lx[r] = malloc(n * 2);
-    ck_assert(d->lx[r]);
-    for (size_t i = 0; i < n; i++) {
-      size_t row = i / h;
-      int valid = (int64_t)(row % d->rows_ll) < d->ll[r].count[row / d->rows_ll];
-      d->lx[r][i] = valid ? rand_bf16(1) : 0x7fc0; /* NaN: poisons any sum that reads it */
-    }
-  }
-  ck_assert_int_eq(ref_ll_combine(&d->shape, W, d->in_ll, d->ll, (const uint16_t *const *)d->lx,
-                                  d->llc), 0);
-}
-
-static void case_free(struct case_data *d) {
-  uint32_t W = d->sc.world;
-  for (uint32_t r = 0; r < W; r++) {
-    free((void *)d->in[r].x);
-    free((void *)d->in[r].topk_idx);
-    free((void *)d->in[r].topk_weights);
-    free(d->idx[r]);
-    free(d->cx[r]);
-    free(d->lx[r]);
-  }
-  ref_dispatch_free(d->disp, W);
-  ref_sum_free(d->comb, W);
-  ref_ll_free(d->ll, W);
-  ref_sum_free(d->llc, W);
-}
-
-/* ---- one rank's calls, each checked against the oracle ---------------------- */
-
-struct outs {
-  int32_t *tpr, *tpe;
-  uint8_t *tir;
-  uint16_t *rx, *out, *lout;
-  int32_t *ridx, *cnt, *lcnt;
-  float *rw, *lscales;
-  uint8_t *lx;
-  uint32_t num_recv;
-  size_t rows_tp, n_lx, n_ls;
-  struct dep_handle h;
-};
-
-static void outs_alloc(struct outs *o, const struct case_data *d) {
-  uint32_t W = d->sc.world, h = d->sc.hidden, K = d->sc.topk, mt = d->sc.max_tokens;
-  memset(o, 0, sizeof *o);
-  o->rows_tp = (size_t)W * mt;
-  o->n_lx = (size_t)d->le * d->rows_ll * h;
-  o->n_ls = (size_t)d->le * d->rows_ll * (h / 128);
-  o->tpr = malloc(W * 4);
-  o->tpe = malloc(d->sc.experts * 4);
-  o->tir = malloc((size_t)mt * W);
-  o->rx = malloc(o->rows_tp * h * 2);
-  o->ridx = malloc(o->rows_tp * K * 4);
-  o->rw = malloc(o->rows_tp * K * 4);
-  o->cnt = malloc(d->le * 4);
-  o->out = malloc((size_t)mt * h * 2);
-  o->lx = malloc(o->n_lx * 2);
-  o->lscales = malloc(o->n_ls * 4);
-  o->lcnt = malloc(d->le * 4);
-  o->lout = malloc((size_t)d->max_ll * h * 2);
-  host_ops_handle_init(&o->h);
-}
-
-static void outs_free(struct outs *o) {
-  free(o->tpr), free(o->tpe), free(o->tir), free(o->rx), free(o->ridx), free(o->rw);
-  free(o->cnt), free(o->out), free(o->lx), free(o->lscales), free(o->lcnt), free(o->lout);
-  host_ops_handle_fini(&o->h);
-}
-
-static uint64_t fnv(uint64_t hsh, const void *p, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    hsh = (hsh ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
-  return hsh;
-}
-
-/* The first byte in [p, p+n) that is not the poison, or -1. */
-static long unpoisoned(const void *p, size_t n, uint8_t poison) {
-  for (size_t i = 0; i < n; i++)
-    if (((const uint8_t *)p)[i] != poison)
-      return (long)i;
-  return -1;
-}
-
-/* got (bf16) within 2^-8 |sum| + 2^-16 sum|terms| of the float64 sum: the
- * bf16 rounding plus float32 accumulation error, far below a wrong term. */
-static int check_sum(const uint16_t *got, const struct ref_sum *want, uint32_t ntok, uint32_t h,
-                     const char *op, const char *desc, char *msg) {
-  for (size_t i = 0; i < (size_t)ntok * h; i++) {
-    double g = ref_bf16_value(got[i]), v = want->val[i];
-    double tol = ldexp(fabs(v), -8) + ldexp(want->mag[i], -16);
-    if (!(fabs(g - v) <= tol))
-      return failf(msg, "%s: token %zu channel %zu: got %.9g (0x%04x), want %.9g +- %.3g [%s]", op,
-                   i / h, i % h, g, got[i], v, tol, desc);
-  }
-  return 0;
-}
-
-#define CALL(expr, op)                                                                     \
-  do {                                                                                     \
-    int rc_ = (expr);                                                                      \
-    if (rc_ != 0)                                                                          \
-      return failf(msg, "%s returned %s: %s [%s]", op, dep_errname(rc_), c->why, d->desc); \
+/* A call that must succeed; otherwise the rank fails with the call's message. */
+#define CALL(expr, op)                                                                      \
+  do {                                                                                      \
+    int rc_ = (expr);                                                                       \
+    if (rc_ != 0)                                                                           \
+      return ow_fail(msg, "%s returned %s: %s [%s]", op, dep_errname(rc_), c->why, d->desc); \
   } while (0)
 
-static int round_tp(struct ops_ctx *c, const struct case_data *d, struct outs *o, uint8_t pz,
+static int round_tp(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, uint8_t pz,
                     uint64_t *dig, char *msg) {
   const uint32_t r = c->rank, h = d->sc.hidden, K = d->sc.topk, W = d->sc.world;
   const struct ref_rank_in *in = &d->in[r];
@@ -361,43 +45,43 @@ static int round_tp(struct ops_ctx *c, const struct case_data *d, struct outs *o
                                  o->rx, o->ridx, o->rw, o->cnt, &o->num_recv};
   CALL(host_ops_dispatch(c, &da, &o->h), "dispatch");
   if (o->num_recv != e->num_recv)
-    return failf(msg, "dispatch: num_recv %u, want %u [%s]", o->num_recv, e->num_recv, d->desc);
+    return ow_fail(msg, "dispatch: num_recv %u, want %u [%s]", o->num_recv, e->num_recv, d->desc);
   for (uint32_t i = 0; i < e->num_recv; i++) {
     if (memcmp(o->rx + (size_t)i * h, e->x + (size_t)i * h, h * 2) != 0)
-      return failf(msg, "dispatch: recv_x row %u is not token %u of rank %u [%s]", i,
+      return ow_fail(msg, "dispatch: recv_x row %u is not token %u of rank %u [%s]", i,
                    e->from[i].token, e->from[i].rank, d->desc);
     for (uint32_t k = 0; k < K; k++) {
       size_t j = (size_t)i * K + k;
       if (o->ridx[j] != e->topk_idx[j] || memcmp(&o->rw[j], &e->topk_weights[j], 4) != 0)
-        return failf(msg, "dispatch: row %u k %u: id %d weight %g, want %d %g [%s]", i, k,
+        return ow_fail(msg, "dispatch: row %u k %u: id %d weight %g, want %d %g [%s]", i, k,
                      o->ridx[j], o->rw[j], e->topk_idx[j], e->topk_weights[j], d->desc);
     }
   }
   for (uint32_t l = 0; l < d->le; l++)
     if (o->cnt[l] != e->count[l])
-      return failf(msg, "dispatch: recv_count_per_expert[%u] %d, want %d [%s]", l, o->cnt[l],
+      return ow_fail(msg, "dispatch: recv_count_per_expert[%u] %d, want %d [%s]", l, o->cnt[l],
                    e->count[l], d->desc);
   size_t n = e->num_recv, rest = o->rows_tp - n;
-  if (unpoisoned(o->rx + n * h, rest * h * 2, pz) >= 0 ||
-      unpoisoned(o->ridx + n * K, rest * K * 4, pz) >= 0 ||
-      unpoisoned(o->rw + n * K, rest * K * 4, pz) >= 0)
-    return failf(msg, "dispatch: wrote past num_recv %zu [%s]", n, d->desc);
-  *dig = fnv(*dig, o->rx, n * h * 2);
+  if (ow_unpoisoned(o->rx + n * h, rest * h * 2, pz) >= 0 ||
+      ow_unpoisoned(o->ridx + n * K, rest * K * 4, pz) >= 0 ||
+      ow_unpoisoned(o->rw + n * K, rest * K * 4, pz) >= 0)
+    return ow_fail(msg, "dispatch: wrote past num_recv %zu [%s]", n, d->desc);
+  *dig = ow_fnv(*dig, o->rx, n * h * 2);
 
   memset(o->out, pz, (size_t)d->sc.max_tokens * h * 2);
   struct dep_combine_args ca = {d->cx[r], o->out};
   CALL(host_ops_combine(c, &ca, &o->h), "combine");
-  if (check_sum(o->out, &d->comb[r], in->num_tokens, h, "combine", d->desc, msg))
+  if (ow_check_sum(o->out, &d->comb[r], in->num_tokens, h, "combine", d->desc, msg))
     return 1;
-  if (unpoisoned(o->out + (size_t)in->num_tokens * h,
+  if (ow_unpoisoned(o->out + (size_t)in->num_tokens * h,
                  (size_t)(d->sc.max_tokens - in->num_tokens) * h * 2, pz) >= 0)
-    return failf(msg, "combine: wrote past num_tokens %u [%s]", in->num_tokens, d->desc);
-  *dig = fnv(*dig, o->out, (size_t)in->num_tokens * h * 2);
+    return ow_fail(msg, "combine: wrote past num_tokens %u [%s]", in->num_tokens, d->desc);
+  *dig = ow_fnv(*dig, o->out, (size_t)in->num_tokens * h * 2);
   (void)W;
   return 0;
 }
 
-static int round_ll(struct ops_ctx *c, const struct case_data *d, struct outs *o, uint8_t pz,
+static int round_ll(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, uint8_t pz,
                     uint64_t *dig, char *msg) {
   const uint32_t r = c->rank, h = d->sc.hidden, G = h / 128, rows = d->rows_ll;
   const struct ref_rank_in *in = &d->in_ll[r];
@@ -412,16 +96,16 @@ static int round_ll(struct ops_ctx *c, const struct case_data *d, struct outs *o
   CALL(host_ops_ll_dispatch(c, &la, &o->h), "ll_dispatch");
   for (uint32_t l = 0; l < d->le; l++) {
     if (o->lcnt[l] != e->count[l])
-      return failf(msg, "ll_dispatch: recv_count[%u] %d, want %d [%s]", l, o->lcnt[l],
+      return ow_fail(msg, "ll_dispatch: recv_count[%u] %d, want %d [%s]", l, o->lcnt[l],
                    e->count[l], d->desc);
     for (uint32_t i = 0; i < rows; i++) {
       size_t row = (size_t)l * rows + i;
       int valid = (int32_t)i < e->count[l];
       const void *got = (const uint8_t *)o->lx + row * h * es;
       if (!valid) {
-        if (unpoisoned(got, h * es, pz) >= 0 || (fp8 && unpoisoned(o->lscales + row * G, G * 4, pz)
-                                                 >= 0))
-          return failf(msg, "ll_dispatch: expert %u row %u past recv_count written [%s]", l, i,
+        if (ow_unpoisoned(got, h * es, pz) >= 0 ||
+            (fp8 && ow_unpoisoned(o->lscales + row * G, G * 4, pz) >= 0))
+          return ow_fail(msg, "ll_dispatch: expert %u row %u past recv_count written [%s]", l, i,
                        d->desc);
         continue;
       }
@@ -431,35 +115,35 @@ static int round_ll(struct ops_ctx *c, const struct case_data *d, struct outs *o
           if (((const uint8_t *)got)[ch] != e->x8[row * h + ch])
             bad = (long)ch;
         if (bad >= 0)
-          return failf(msg, "ll_dispatch: expert %u row %u (rank %u token %u) channel %ld: e4m3 "
+          return ow_fail(msg, "ll_dispatch: expert %u row %u (rank %u token %u) channel %ld: e4m3 "
                        "0x%02x, want 0x%02x [%s]", l, i, e->from[row].rank, e->from[row].token,
                        bad, ((const uint8_t *)got)[bad], e->x8[row * h + bad], d->desc);
         if (memcmp(o->lscales + row * G, e->scales + row * G, G * 4) != 0)
-          return failf(msg, "ll_dispatch: expert %u row %u: scales differ [%s]", l, i, d->desc);
+          return ow_fail(msg, "ll_dispatch: expert %u row %u: scales differ [%s]", l, i, d->desc);
       } else if (memcmp(got, e->x + row * h, h * 2) != 0) {
-        return failf(msg, "ll_dispatch: expert %u row %u is not token %u of rank %u [%s]", l, i,
+        return ow_fail(msg, "ll_dispatch: expert %u row %u is not token %u of rank %u [%s]", l, i,
                      e->from[row].token, e->from[row].rank, d->desc);
       }
     }
   }
-  *dig = fnv(*dig, o->lcnt, d->le * 4);
+  *dig = ow_fnv(*dig, o->lcnt, d->le * 4);
 
   memset(o->lout, pz, (size_t)d->max_ll * h * 2);
   struct dep_ll_combine_args lc = {d->lx[r], d->idx[r], d->sc.itype, in->topk_weights, o->lout};
   CALL(host_ops_ll_combine(c, &lc, &o->h), "ll_combine");
-  if (check_sum(o->lout, &d->llc[r], in->num_tokens, h, "ll_combine", d->desc, msg))
+  if (ow_check_sum(o->lout, &d->llc[r], in->num_tokens, h, "ll_combine", d->desc, msg))
     return 1;
-  if (unpoisoned(o->lout + (size_t)in->num_tokens * h,
+  if (ow_unpoisoned(o->lout + (size_t)in->num_tokens * h,
                  (size_t)(d->max_ll - in->num_tokens) * h * 2, pz) >= 0)
-    return failf(msg, "ll_combine: wrote past num_tokens %u [%s]", in->num_tokens, d->desc);
-  *dig = fnv(*dig, o->lout, (size_t)in->num_tokens * h * 2);
+    return ow_fail(msg, "ll_combine: wrote past num_tokens %u [%s]", in->num_tokens, d->desc);
+  *dig = ow_fnv(*dig, o->lout, (size_t)in->num_tokens * h * 2);
   return 0;
 }
 
-static int round_layout(struct ops_ctx *c, const struct case_data *d, struct outs *o, uint8_t pz,
+static int round_layout(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, uint8_t pz,
                         char *msg) {
   const uint32_t r = c->rank, W = d->sc.world, E = d->sc.experts, n = d->in[r].num_tokens;
-  int32_t tpr[MAXW], *tpe = malloc(E * 4);
+  int32_t tpr[OW_MAXW], *tpe = malloc(E * 4);
   uint8_t *tir = malloc((size_t)n * W + 1);
   ref_layout(&d->shape, W, &d->in[r], tpr, tpe, tir);
   memset(o->tpr, pz, W * 4);
@@ -469,17 +153,17 @@ static int round_layout(struct ops_ctx *c, const struct case_data *d, struct out
   int rc = host_ops_layout(c, &a);
   int bad = rc != 0 || memcmp(o->tpr, tpr, W * 4) != 0 || memcmp(o->tpe, tpe, E * 4) != 0 ||
             memcmp(o->tir, tir, (size_t)n * W) != 0 ||
-            unpoisoned(o->tir + (size_t)n * W, (size_t)(d->sc.max_tokens - n) * W, pz) >= 0;
+            ow_unpoisoned(o->tir + (size_t)n * W, (size_t)(d->sc.max_tokens - n) * W, pz) >= 0;
   free(tpe);
   free(tir);
-  return bad ? failf(msg, "layout: rc %d, outputs differ from the oracle [%s]", rc, d->desc) : 0;
+  return bad ? ow_fail(msg, "layout: rc %d, outputs differ from the oracle [%s]", rc, d->desc) : 0;
 }
 
 /* Layout, dispatch, combine, LL dispatch, LL combine; twice, bit-identical. */
 static int scenario_rank(struct ops_ctx *c, void *arg, char *msg) {
-  const struct case_data *d = arg;
-  struct outs o;
-  outs_alloc(&o, d);
+  const struct ow_case *d = arg;
+  struct ow_outs o;
+  ow_outs_alloc(&o, d);
   uint64_t dig[2] = {0, 0};
   int rc = 0;
   for (int round = 0; round < 2 && rc == 0; round++) {
@@ -488,12 +172,12 @@ static int scenario_rank(struct ops_ctx *c, void *arg, char *msg) {
          round_ll(c, d, &o, pz, &dig[round], msg);
   }
   if (rc == 0 && dig[0] != dig[1])
-    rc = failf(msg, "two identical rounds gave different outputs [%s]", d->desc);
-  outs_free(&o);
+    rc = ow_fail(msg, "two identical rounds gave different outputs [%s]", d->desc);
+  ow_outs_free(&o);
   return rc;
 }
 
-static const struct scenario scenarios[] = {
+static const struct ow_scenario scenarios[] = {
   /* world hidden topk experts max_tokens max_ll  routing  tokens  index  fp8 */
   {1, 128, 1, 4, 8, 8, P_RANDOM, T_MAX, DEP_INDEX_I64, 0},
   {1, 2048, 16, 32, 16, 8, P_DUP, T_MAX, DEP_INDEX_I32, 1},
@@ -513,20 +197,20 @@ static const struct scenario scenarios[] = {
   {8, 128, 2, 8, 16, 16, P_RANDOM, T_ZERO, DEP_INDEX_I32, 1},
   {8, 128, 16, 8, 16, 4, P_DUP, T_ONE, DEP_INDEX_I64, 0},
   {8, 2048, 8, 16, 16, 16, P_ONE_RANK, T_MIXED, DEP_INDEX_I32, 0},
+  {2, 128, 4, 4, 24, 0, P_RANDOM, T_MAX, DEP_INDEX_I32, 1}, /* max_ll 0: the default bound */
 };
 
 /* Every operation on every rank matches the oracle, for each scenario. */
 START_TEST(every_op_matches_the_oracle) {
-  seed_init();
-  rng += (uint64_t)_i * 0x1234567ull;
-  const struct scenario *sc = &scenarios[_i];
-  struct case_data *d = malloc(sizeof *d);
-  case_make(d, sc, sc->fp8);
-  struct world w;
-  world_open(&w, &d->shape, sc->world);
-  run_ranks(&w, &d->shape, scenario_rank, d, OP_TIMEOUT_MS, d->desc);
-  world_close(&w);
-  case_free(d);
+  ow_seed_init((uint64_t)_i);
+  const struct ow_scenario *sc = &scenarios[_i];
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, sc, sc->fp8);
+  struct ow_world w;
+  ow_world_open(&w, &d->shape, sc->world);
+  ow_run_ranks(&w, &d->shape, scenario_rank, d, OW_TIMEOUT_MS, d->desc);
+  ow_world_close(&w);
+  ow_case_free(d);
   free(d);
 }
 END_TEST
@@ -535,53 +219,52 @@ END_TEST
 
 #define NSETS 5
 struct sets {
-  struct case_data d[NSETS];
-  int calls[MAXW];
+  struct ow_case d[NSETS];
 };
 
 /* 250 rounds of dispatch, combine, LL dispatch, LL combine: 1,000 calls,
  * inputs changing every round, FP8 on in alternate sets. */
 static int back_to_back_rank(struct ops_ctx *c, void *arg, char *msg) {
   struct sets *s = arg;
-  struct outs o;
-  outs_alloc(&o, &s->d[0]);
+  struct ow_outs o;
+  ow_outs_alloc(&o, &s->d[0]);
   int rc = 0, calls = 0;
   for (int round = 0; round < 250 && rc == 0; round++) {
-    const struct case_data *d = &s->d[round % NSETS];
+    const struct ow_case *d = &s->d[round % NSETS];
     uint64_t dig = 0;
     uint8_t pz = round & 1 ? 0x5A : 0xA5;
     rc = round_tp(c, d, &o, pz, &dig, msg) || round_ll(c, d, &o, pz, &dig, msg);
     if (rc)
-      snprintf(msg + strlen(msg), MSG - strlen(msg), " (round %d)", round);
+      snprintf(msg + strlen(msg), OW_MSG - strlen(msg), " (round %d)", round);
     calls += rc ? 0 : 4;
   }
   if (rc == 0 && (calls != 1000 || c->seq != 1000))
-    rc = failf(msg, "made %d calls, seq %llu", calls, (unsigned long long)c->seq);
-  outs_free(&o);
+    rc = ow_fail(msg, "made %d calls, seq %llu", calls, (unsigned long long)c->seq);
+  ow_outs_free(&o);
   return rc;
 }
 
 START_TEST(thousand_calls_back_to_back_stay_correct) {
-  seed_init();
-  struct scenario sc = {4, 128, 2, 8, 8, 8, P_RANDOM, T_MIXED, DEP_INDEX_I32, 0};
+  ow_seed_init(0);
+  struct ow_scenario sc = {4, 128, 2, 8, 8, 8, P_RANDOM, T_MIXED, DEP_INDEX_I32, 0};
   struct sets *s = malloc(sizeof *s);
   for (int i = 0; i < NSETS; i++) {
     sc.itype = i & 1 ? DEP_INDEX_I64 : DEP_INDEX_I32;
-    case_make(&s->d[i], &sc, i & 1);
+    ow_case_make(&s->d[i], &sc, i & 1);
   }
-  struct world w;
-  world_open(&w, &s->d[0].shape, sc.world);
-  run_ranks(&w, &s->d[0].shape, back_to_back_rank, s, OP_TIMEOUT_MS, "1000 calls");
-  world_close(&w);
+  struct ow_world w;
+  ow_world_open(&w, &s->d[0].shape, sc.world);
+  ow_run_ranks(&w, &s->d[0].shape, back_to_back_rank, s, OW_TIMEOUT_MS, "1000 calls");
+  ow_world_close(&w);
   for (int i = 0; i < NSETS; i++)
-    case_free(&s->d[i]);
+    ow_case_free(&s->d[i]);
   free(s);
 }
 END_TEST
 
 /* ---- faults: a missing rank, ranks out of step, bad arguments ------------------ */
 
-static int do_dispatch(struct ops_ctx *c, const struct case_data *d, struct outs *o,
+static int do_dispatch(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o,
                        struct dep_handle *h) {
   const struct ref_rank_in *in = &d->in[c->rank];
   struct dep_dispatch_args da = {in->x, d->idx[c->rank], d->sc.itype, in->topk_weights,
@@ -589,17 +272,17 @@ static int do_dispatch(struct ops_ctx *c, const struct case_data *d, struct outs
   return host_ops_dispatch(c, &da, h);
 }
 
-static int do_ll_dispatch(struct ops_ctx *c, const struct case_data *d, struct outs *o, int fp8) {
+static int do_ll_dispatch(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, int fp8) {
   const struct ref_rank_in *in = &d->in_ll[c->rank];
   struct dep_ll_dispatch_args la = {in->x, d->idx[c->rank], d->sc.itype, in->num_tokens, fp8,
                                     o->lx, o->lscales, o->lcnt};
   return host_ops_ll_dispatch(c, &la, &o->h);
 }
 
-static const struct scenario small = {2, 128, 2, 4, 4, 4, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
+static const struct ow_scenario small = {2, 128, 2, 4, 4, 4, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
 
 struct timeout_arg {
-  struct case_data d;
+  struct ow_case d;
   uint32_t missing;
   int phase; /* 0: the missing rank never calls; 1: it stops after dispatch; 2: after ll_dispatch */
 };
@@ -612,17 +295,17 @@ static uint64_t ms_now(void) {
 
 static int timeout_rank(struct ops_ctx *c, void *arg, char *msg) {
   struct timeout_arg *t = arg;
-  const struct case_data *d = &t->d;
-  struct outs o;
-  outs_alloc(&o, d);
+  const struct ow_case *d = &t->d;
+  struct ow_outs o;
+  ow_outs_alloc(&o, d);
   int rc = 0;
   if (t->phase == 1)
     rc = do_dispatch(c, d, &o, &o.h);
   else if (t->phase == 2)
     rc = do_ll_dispatch(c, d, &o, 0);
   if (rc != 0 || c->rank == t->missing) {
-    outs_free(&o);
-    return rc ? failf(msg, "first call: %s: %s", dep_errname(rc), c->why) : 0;
+    ow_outs_free(&o);
+    return rc ? ow_fail(msg, "first call: %s: %s", dep_errname(rc), c->why) : 0;
   }
   c->timeout_ms = 200;
   uint32_t op = t->phase == 0 ? OPS_OP_DISPATCH : t->phase == 1 ? OPS_OP_COMBINE
@@ -645,55 +328,49 @@ static int timeout_rank(struct ops_ctx *c, void *arg, char *msg) {
   snprintf(name, sizeof name, "rank %u", t->missing);
   uint64_t seq = t->phase == 0 ? 1 : 2;
   if (rc != DEP_ERR_TIMEOUT)
-    rc = failf(msg, "%s returned %s, want DEP_ERR_TIMEOUT", host_ops_op_name(op), dep_errname(rc));
+    rc = ow_fail(msg, "%s returned %s, want DEP_ERR_TIMEOUT", host_ops_op_name(op),
+                 dep_errname(rc));
   else if (waited < 190 || waited > 5000)
-    rc = failf(msg, "timed out after %llu ms with a 200 ms bound", (unsigned long long)waited);
+    rc = ow_fail(msg, "timed out after %llu ms with a 200 ms bound", (unsigned long long)waited);
   else if (strstr(c->why, name) == NULL)
-    rc = failf(msg, "message does not name the missing %s: %s", name, c->why);
+    rc = ow_fail(msg, "message does not name the missing %s: %s", name, c->why);
   else if (atomic_load(&er.code) != DEP_ERR_TIMEOUT || er.op != op || er.rank != c->rank ||
            er.source != t->missing || er.seq != seq || er.waited_ms < 190)
-    rc = failf(msg, "error record {code %d op %u rank %u source %u seq %llu waited %u}, want "
+    rc = ow_fail(msg, "error record {code %d op %u rank %u source %u seq %llu waited %u}, want "
                "{%d %u %u %u %llu >=200}", atomic_load(&er.code), er.op, er.rank, er.source,
                (unsigned long long)er.seq, er.waited_ms, DEP_ERR_TIMEOUT, op, c->rank, t->missing,
                (unsigned long long)seq);
   else if ((rc = do_dispatch(c, d, &o, &o.h)) != DEP_ERR_STATE)
-    rc = failf(msg, "the call after a timeout returned %s, want DEP_ERR_STATE", dep_errname(rc));
+    rc = ow_fail(msg, "the call after a timeout returned %s, want DEP_ERR_STATE", dep_errname(rc));
   else
     rc = 0;
-  outs_free(&o);
+  ow_outs_free(&o);
   return rc;
 }
 
 /* A rank that does not come is a DEP_ERR_TIMEOUT within the bound, named in the error record. */
 START_TEST(missing_rank_times_out_and_is_named) {
-  seed_init();
+  ow_seed_init(0);
   struct timeout_arg *t = malloc(sizeof *t);
-  struct scenario sc = small;
+  struct ow_scenario sc = small;
   sc.world = _i == 0 ? 2 : 3;
   sc.experts = 6;
   t->phase = _i;
   t->missing = _i == 2 ? 2 : 1;
-  case_make(&t->d, &sc, 0);
-  struct world w;
-  world_open(&w, &t->d.shape, sc.world);
-  run_ranks(&w, &t->d.shape, timeout_rank, t, OP_TIMEOUT_MS, "missing rank");
-  world_close(&w);
-  case_free(&t->d);
+  ow_case_make(&t->d, &sc, 0);
+  struct ow_world w;
+  ow_world_open(&w, &t->d.shape, sc.world);
+  ow_run_ranks(&w, &t->d.shape, timeout_rank, t, OW_TIMEOUT_MS, "missing rank");
+  ow_world_close(&w);
+  ow_case_free(&t->d);
   free(t);
 }
 END_TEST
 
-#define EXPECT_RC(expr, want, what)                                                        \
-  do {                                                                                     \
-    int rc_ = (expr);                                                                      \
-    if (rc_ != (want))                                                                     \
-      return failf(msg, "%s: %s (%s), want %s", what, dep_errname(rc_), c->why, #want);    \
-  } while (0)
-
 static int out_of_step_rank(struct ops_ctx *c, void *arg, char *msg) {
-  const struct case_data *d = arg;
-  struct outs o;
-  outs_alloc(&o, d);
+  const struct ow_case *d = arg;
+  struct ow_outs o;
+  ow_outs_alloc(&o, d);
   struct dep_handle h2;
   host_ops_handle_init(&h2);
   int rc = 0;
@@ -703,18 +380,18 @@ static int out_of_step_rank(struct ops_ctx *c, void *arg, char *msg) {
   else
     rc = do_ll_dispatch(c, d, &o, 0);
   if (rc != DEP_ERR_MISMATCH || strstr(c->why, "rank") == NULL)
-    rc = failf(msg, "dispatch against ll_dispatch: %s (%s)", dep_errname(rc), c->why);
+    rc = ow_fail(msg, "dispatch against ll_dispatch: %s (%s)", dep_errname(rc), c->why);
   /* FP8 on one rank only. */
   else if ((rc = do_ll_dispatch(c, d, &o, (int)c->rank)) != DEP_ERR_MISMATCH)
-    rc = failf(msg, "ll_dispatch with and without fp8: %s (%s)", dep_errname(rc), c->why);
+    rc = ow_fail(msg, "ll_dispatch with and without fp8: %s (%s)", dep_errname(rc), c->why);
   /* Combines of different dispatches. */
   else if ((rc = do_dispatch(c, d, &o, &o.h)) != 0 || (rc = do_dispatch(c, d, &o, &h2)) != 0)
-    rc = failf(msg, "dispatch after mismatches: %s (%s)", dep_errname(rc), c->why);
+    rc = ow_fail(msg, "dispatch after mismatches: %s (%s)", dep_errname(rc), c->why);
   else {
     struct dep_combine_args ca = {d->cx[c->rank], o.out};
     rc = host_ops_combine(c, &ca, c->rank == 0 ? &o.h : &h2);
     if (rc != DEP_ERR_MISMATCH || strstr(c->why, "dispatch of call") == NULL)
-      rc = failf(msg, "combine of different dispatches: %s (%s)", dep_errname(rc), c->why);
+      rc = ow_fail(msg, "combine of different dispatches: %s (%s)", dep_errname(rc), c->why);
     else
       rc = 0;
   }
@@ -723,22 +400,22 @@ static int out_of_step_rank(struct ops_ctx *c, void *arg, char *msg) {
   if (rc == 0)
     rc = round_tp(c, d, &o, 0xA5, &dig, msg) || round_ll(c, d, &o, 0xA5, &dig, msg);
   if (rc == 0 && c->seq != 9)
-    rc = failf(msg, "seq %llu after 9 calls", (unsigned long long)c->seq);
+    rc = ow_fail(msg, "seq %llu after 9 calls", (unsigned long long)c->seq);
   host_ops_handle_fini(&h2);
-  outs_free(&o);
+  ow_outs_free(&o);
   return rc;
 }
 
 /* Ranks that make different calls get DEP_ERR_MISMATCH, then carry on in step. */
 START_TEST(ranks_making_different_calls_get_mismatch_and_stay_in_step) {
-  seed_init();
-  struct case_data *d = malloc(sizeof *d);
-  case_make(d, &small, 0);
-  struct world w;
-  world_open(&w, &d->shape, small.world);
-  run_ranks(&w, &d->shape, out_of_step_rank, d, OP_TIMEOUT_MS, "out of step");
-  world_close(&w);
-  case_free(d);
+  ow_seed_init(0);
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &small, 0);
+  struct ow_world w;
+  ow_world_open(&w, &d->shape, small.world);
+  ow_run_ranks(&w, &d->shape, out_of_step_rank, d, OW_TIMEOUT_MS, "out of step");
+  ow_world_close(&w);
+  ow_case_free(d);
   free(d);
 }
 END_TEST
@@ -764,16 +441,16 @@ static int all_zero(const uint8_t *p, size_t n) {
   } while (0)
 
 START_TEST(bad_arguments_are_refused_before_any_write) {
-  seed_init();
-  struct case_data *d = malloc(sizeof *d);
-  case_make(d, &small, 0);
-  struct world w;
-  world_open(&w, &d->shape, 2);
+  ow_seed_init(0);
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &small, 0);
+  struct ow_world w;
+  ow_world_open(&w, &d->shape, 2);
   struct ops_ctx c;
   char why[256];
   ck_assert_int_eq(host_ops_init(&c, &d->shape, 2, 0, w.slabs, 200, why, sizeof why), 0);
-  struct outs o;
-  outs_alloc(&o, d);
+  struct ow_outs o;
+  ow_outs_alloc(&o, d);
   int64_t *idx = d->idx[0];
   const struct ref_rank_in *in = &d->in[0];
   const struct dep_dispatch_args da = {in->x, idx, DEP_INDEX_I64, in->topk_weights, 4, o.rx,
@@ -843,28 +520,28 @@ START_TEST(bad_arguments_are_refused_before_any_write) {
   REFUSED(host_ops_ll_combine(&c, &lc, &o.h), "holds no dispatch");
   ck_assert_int_eq(host_ops_dispatch(NULL, &da, &o.h), DEP_ERR_INVALID);
   ck_assert(all_zero(w.map, w.map_bytes));
-  outs_free(&o);
+  ow_outs_free(&o);
   host_ops_fini(&c);
-  world_close(&w);
-  case_free(d);
+  ow_world_close(&w);
+  ow_case_free(d);
   free(d);
 }
 END_TEST
 
 /* Combines refuse a handle of the other mode, of another shape, or other ids. */
 START_TEST(handles_of_the_wrong_kind_are_refused) {
-  seed_init();
-  struct scenario sc = small;
+  ow_seed_init(0);
+  struct ow_scenario sc = small;
   sc.world = 1;
-  struct case_data *d = malloc(sizeof *d);
-  case_make(d, &sc, 0);
-  struct world w;
-  world_open(&w, &d->shape, 1);
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &sc, 0);
+  struct ow_world w;
+  ow_world_open(&w, &d->shape, 1);
   struct ops_ctx c;
   char why[256];
   ck_assert_int_eq(host_ops_init(&c, &d->shape, 1, 0, w.slabs, 200, why, sizeof why), 0);
-  struct outs o;
-  outs_alloc(&o, d);
+  struct ow_outs o;
+  ow_outs_alloc(&o, d);
   struct dep_handle tp;
   host_ops_handle_init(&tp);
   ck_assert_int_eq(do_dispatch(&c, d, &o, &tp), 0);
@@ -897,18 +574,18 @@ START_TEST(handles_of_the_wrong_kind_are_refused) {
   ck_assert_int_eq(host_ops_combine(&c, &ca, &tp), 0);
   free(snap);
   host_ops_handle_fini(&tp);
-  outs_free(&o);
+  ow_outs_free(&o);
   host_ops_fini(&c);
-  world_close(&w);
-  case_free(d);
+  ow_world_close(&w);
+  ow_case_free(d);
   free(d);
 }
 END_TEST
 
 START_TEST(init_refuses_bad_contexts) {
   struct dep_job_shape s = {4, 128, 4, 2, DEP_DTYPE_BF16, 0};
-  struct world w;
-  world_open(&w, &s, 2);
+  struct ow_world w;
+  ow_world_open(&w, &s, 2);
   struct ops_ctx c;
   char why[256];
   uint8_t *sl[DEP_MAX_LOCAL_RANKS] = {w.slabs[0], w.slabs[1]};
@@ -934,7 +611,7 @@ START_TEST(init_refuses_bad_contexts) {
   s.hidden = 128;
   ck_assert_int_eq(host_ops_init(&c, &s, 2, 1, sl, 100, why, sizeof why), 0);
   host_ops_fini(&c);
-  world_close(&w);
+  ow_world_close(&w);
 }
 END_TEST
 
@@ -942,7 +619,7 @@ END_TEST
 
 /* The converter agrees with the brute-force nearest code everywhere tested. */
 START_TEST(e4m3_matches_brute_force_on_every_bf16_and_random_floats) {
-  seed_init();
+  ow_seed_init(0);
   for (uint32_t b = 0; b < 65536; b++) {
     float f = host_ops_bf16_to_float((uint16_t)b);
     ck_assert_msg(host_ops_float_to_e4m3(f) == ref_e4m3(f), "bf16 0x%04x (%g): 0x%02x, want 0x%02x",
@@ -951,13 +628,13 @@ START_TEST(e4m3_matches_brute_force_on_every_bf16_and_random_floats) {
   for (int i = 0; i < 200000; i++) {
     float f;
     if (i & 1) {
-      uint32_t u = (uint32_t)rnd();
+      uint32_t u = (uint32_t)ow_rnd();
       memcpy(&f, &u, 4);
     } else {
-      f = ldexpf(unif() * 2.0f - 1.0f, (int)below(30) - 20);
+      f = ldexpf(ow_unif() * 2.0f - 1.0f, (int)ow_below(30) - 20);
     }
     ck_assert_msg(host_ops_float_to_e4m3(f) == ref_e4m3(f), "%a: 0x%02x, want 0x%02x (seed %llu)",
-                  f, host_ops_float_to_e4m3(f), ref_e4m3(f), (unsigned long long)seed);
+                  f, host_ops_float_to_e4m3(f), ref_e4m3(f), (unsigned long long)ow_seed);
   }
   for (int code = 0; code < 256; code++) {
     if ((code & 0x7f) == 0x7f)

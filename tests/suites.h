@@ -9,5 +9,6 @@
   XX(config)                \
   XX(daemon)                \
   XX(client)                \
-  XX(ops)
+  XX(ops)                   \
+  XX(memory)
 #endif

@@ -1,0 +1,297 @@
+/*
+ * opsworld.c — the world of rank processes and the scenario data that
+ * check_ops.c runs (see opsworld.h).
+ */
+#include "opsworld.h"
+
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- random inputs ---------------------------------------------------------- */
+
+uint64_t ow_seed;
+static uint64_t ow_rng;
+
+void ow_seed_init(uint64_t salt) {
+  const char *e = getenv("DEP_TEST_SEED");
+  ow_seed = e != NULL ? strtoull(e, NULL, 0)
+                   : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() << 16;
+  ow_rng = ow_seed + salt * 0x1234567ull;
+}
+
+uint64_t ow_rnd(void) { /* splitmix64 */
+  uint64_t z = (ow_rng += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+uint32_t ow_below(uint32_t n) { return n ? (uint32_t)(ow_rnd() % n) : 0; }
+float ow_unif(void) { return (float)(ow_rnd() >> 40) / (float)(1u << 24); } /* [0, 1) */
+
+/* A bf16 in [-1, 1) * 2^e that is never one of the poison patterns. */
+static uint16_t rand_bf16(int e) {
+  uint16_t b = host_ops_float_to_bf16(ldexpf(ow_unif() * 2.0f - 1.0f, e));
+  return b == 0xA5A5 || b == 0x5A5A ? 0x3f80 : b;
+}
+
+/* ---- a world of ranks: shared slabs, one process per rank ------------------ */
+
+
+void ow_world_open(struct ow_world *w, const struct dep_job_shape *s, uint32_t n) {
+  char why[256];
+  memset(w, 0, sizeof *w);
+  w->n = n;
+  ck_assert_msg(dep_slab_layout(s, n, &w->lay, why, sizeof why) == 0, "%s", why);
+  w->slab_bytes = dep_round_up(w->lay.total_bytes, 4096);
+  w->map_bytes = w->slab_bytes * n;
+  int fd = memfd_create("check-ops-slabs", MFD_CLOEXEC);
+  ck_assert_msg(fd >= 0, "memfd_create: %s", strerror(errno));
+  ck_assert_int_eq(ftruncate(fd, (off_t)w->map_bytes), 0);
+  w->map = mmap(NULL, w->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ck_assert(w->map != MAP_FAILED);
+  close(fd);
+  for (uint32_t r = 0; r < n; r++)
+    w->slabs[r] = w->map + r * w->slab_bytes;
+  w->msg = mmap(NULL, (size_t)n * OW_MSG, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                -1, 0);
+  ck_assert(w->msg != MAP_FAILED);
+}
+
+void ow_world_close(struct ow_world *w) {
+  munmap(w->map, w->map_bytes);
+  munmap(w->msg, (size_t)w->n * OW_MSG);
+}
+
+int ow_fail(char *msg, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, OW_MSG, fmt, ap);
+  va_end(ap);
+  return 1;
+}
+
+
+/* Fork one process per rank, each with its own ctx on the shared slabs. */
+void ow_run_ranks(struct ow_world *w, const struct dep_job_shape *s, ow_rank_fn fn, void *arg,
+                      uint32_t timeout_ms, const char *what) {
+  pid_t pid[OW_MAXW];
+  for (uint32_t r = 0; r < w->n; r++) {
+    pid[r] = fork();
+    ck_assert(pid[r] >= 0);
+    if (pid[r] == 0) {
+      struct ops_ctx c;
+      char why[256];
+      char *msg = w->msg + (size_t)r * OW_MSG;
+      if (host_ops_init(&c, s, w->n, r, w->slabs, timeout_ms, why, sizeof why) != 0)
+        _exit(ow_fail(msg, "host_ops_init: %s", why));
+      int rc = fn(&c, arg, msg);
+      host_ops_fini(&c);
+      _exit(rc ? 1 : 0);
+    }
+  }
+  /* Reap ranks as they end; once one fails its peers would only wait out
+   * their timeout for it, so stop them (our own children, by pid). */
+  int st[OW_MAXW], done[OW_MAXW] = {0}, left = (int)w->n, failed = 0;
+  time_t deadline = time(NULL) + 100;
+  while (left > 0) {
+    int progressed = 0;
+    for (uint32_t r = 0; r < w->n; r++) {
+      if (done[r] || waitpid(pid[r], &st[r], WNOHANG) == 0)
+        continue;
+      done[r] = 1, left--, progressed = 1;
+      if (!WIFEXITED(st[r]) || WEXITSTATUS(st[r]) != 0)
+        failed++;
+    }
+    if (left > 0 && (failed > 0 || time(NULL) > deadline)) {
+      for (uint32_t r = 0; r < w->n; r++)
+        if (!done[r])
+          kill(pid[r], SIGKILL);
+    } else if (!progressed) {
+      usleep(500);
+    }
+  }
+  char report[OW_MAXW * (OW_MSG + 40)] = "";
+  size_t len = 0;
+  for (uint32_t r = 0; r < w->n && len < sizeof report; r++) {
+    if (WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0)
+      continue;
+    len += (size_t)snprintf(report + len, sizeof report - len, "\n  rank %u (%s): %s", r,
+                            WIFSIGNALED(st[r]) ? strsignal(WTERMSIG(st[r])) : "failed",
+                            w->msg[r * OW_MSG] ? w->msg + (size_t)r * OW_MSG : "(stopped)");
+  }
+  ck_assert_msg(failed == 0, "%s: %d rank(s) failed (DEP_TEST_SEED=%llu):%s", what, failed,
+                (unsigned long long)ow_seed, report);
+}
+
+/* ---- scenarios: inputs and the oracle's expectations ------------------------- */
+
+static const char *const pattern_name[] = {"random", "duplicates", "one-rank", "all -1",
+                                          "one-expert"};
+static const char *const tokens_name[] = {"max", "zero", "one", "mixed"};
+
+
+
+static int64_t pick_expert(const struct ow_case *d) {
+  uint32_t E = d->sc.experts;
+  switch (d->sc.pattern) {
+  case P_RANDOM: return ow_below(8) == 0 ? -1 : (int64_t)ow_below(E);
+  case P_DUP: return ow_below(6) == 0 ? -1 : (int64_t)ow_below(E < 3 ? E : 3);
+  case P_ONE_RANK: return (int64_t)((d->sc.world - 1) * d->le + ow_below(d->le));
+  case P_NONE: return -1;
+  default: return E / 2; /* P_ONE_EXPERT: every k the same expert */
+  }
+}
+
+void ow_case_make(struct ow_case *d, const struct ow_scenario *sc, int fp8) {
+  memset(d, 0, sizeof *d);
+  d->sc = *sc;
+  d->sc.fp8 = fp8;
+  struct dep_job_shape s = {sc->max_tokens, sc->hidden, sc->experts, sc->topk, DEP_DTYPE_BF16,
+                            sc->max_ll};
+  d->shape = s;
+  d->le = sc->experts / sc->world;
+  struct dep_slab_layout lay;
+  char why[256];
+  ck_assert_msg(dep_slab_layout(&s, sc->world, &lay, why, sizeof why) == 0, "%s", why);
+  d->max_ll = lay.max_ll_tokens; /* sc->max_ll, or the default when it is 0 */
+  d->rows_ll = sc->world * d->max_ll;
+  snprintf(d->desc, sizeof d->desc, "world %u hidden %u topk %u experts %u max_tokens %u max_ll %u"
+           " routing %s tokens %s %s fp8 %d", sc->world, sc->hidden, sc->topk, sc->experts,
+           sc->max_tokens, sc->max_ll, pattern_name[sc->pattern], tokens_name[sc->tokens],
+           sc->itype == DEP_INDEX_I64 ? "int64" : "int32", fp8);
+  uint32_t h = sc->hidden, K = sc->topk, W = sc->world;
+  for (uint32_t r = 0; r < W; r++) {
+    uint32_t n = sc->tokens == T_MAX ? sc->max_tokens : sc->tokens == T_ZERO ? 0
+               : sc->tokens == T_ONE ? 1 : r == 0 ? 0 : r == W - 1 ? sc->max_tokens
+               : ow_below(sc->max_tokens + 1);
+    uint16_t *x = malloc(((size_t)n * h + 1) * 2);
+    int64_t *idx = malloc(((size_t)n * K + 1) * 8);
+    float *w = malloc(((size_t)n * K + 1) * 4);
+    d->idx[r] = malloc(((size_t)n * K + 1) * 8);
+    ck_assert(x && idx && w && d->idx[r]);
+    /* Each 128-channel group its own magnitude, now and then all zero, so
+     * that FP8 scales cover the 1e-4 floor as well as large values. */
+    for (uint32_t t = 0; t < n; t++)
+      for (uint32_t g = 0; g < h / 128; g++) {
+        int zero = ow_below(16) == 0, e = (int)ow_below(21) - 14;
+        for (uint32_t c = 0; c < 128; c++)
+          x[(size_t)t * h + g * 128 + c] = zero ? 0 : rand_bf16(e);
+      }
+    for (size_t i = 0; i < (size_t)n * K; i++) {
+      idx[i] = pick_expert(d);
+      w[i] = 0.01f + ow_unif();
+      if (sc->itype == DEP_INDEX_I64)
+        ((int64_t *)d->idx[r])[i] = idx[i];
+      else
+        ((int32_t *)d->idx[r])[i] = (int32_t)idx[i];
+    }
+    d->in[r] = (struct ref_rank_in){n, x, idx, w};
+    d->in_ll[r] = d->in[r];
+    d->in_ll[r].num_tokens = n < d->max_ll ? n : d->max_ll;
+  }
+  ck_assert_int_eq(ref_dispatch(&d->shape, W, d->in, d->disp), 0);
+  for (uint32_t r = 0; r < W; r++) {
+    size_t n = (size_t)d->disp[r].num_recv * h;
+    d->cx[r] = malloc((n + 1) * 2);
+    ck_assert(d->cx[r]);
+    for (size_t i = 0; i < n; i++)
+      d->cx[r][i] = rand_bf16(2);
+  }
+  ck_assert_int_eq(ref_combine(&d->shape, W, d->in, d->disp, (const uint16_t *const *)d->cx,
+                               d->comb), 0);
+  ck_assert_int_eq(ref_ll_dispatch(&d->shape, W, d->max_ll, d->in_ll, fp8, d->ll), 0);
+  for (uint32_t r = 0; r < W; r++) {
+    size_t n = (size_t)d->le * d->rows_ll * h;
+    d->lx[r] = malloc(n * 2);
+    ck_assert(d->lx[r]);
+    for (size_t i = 0; i < n; i++) {
+      size_t row = i / h;
+      int valid = (int64_t)(row % d->rows_ll) < d->ll[r].count[row / d->rows_ll];
+      d->lx[r][i] = valid ? rand_bf16(1) : 0x7fc0; /* NaN: poisons any sum that reads it */
+    }
+  }
+  ck_assert_int_eq(ref_ll_combine(&d->shape, W, d->in_ll, d->ll, (const uint16_t *const *)d->lx,
+                                  d->llc), 0);
+}
+
+void ow_case_free(struct ow_case *d) {
+  uint32_t W = d->sc.world;
+  for (uint32_t r = 0; r < W; r++) {
+    free((void *)d->in[r].x);
+    free((void *)d->in[r].topk_idx);
+    free((void *)d->in[r].topk_weights);
+    free(d->idx[r]);
+    free(d->cx[r]);
+    free(d->lx[r]);
+  }
+  ref_dispatch_free(d->disp, W);
+  ref_sum_free(d->comb, W);
+  ref_ll_free(d->ll, W);
+  ref_sum_free(d->llc, W);
+}
+
+/* ---- one rank's calls, each checked against the oracle ---------------------- */
+
+
+void ow_outs_alloc(struct ow_outs *o, const struct ow_case *d) {
+  uint32_t W = d->sc.world, h = d->sc.hidden, K = d->sc.topk, mt = d->sc.max_tokens;
+  memset(o, 0, sizeof *o);
+  o->rows_tp = (size_t)W * mt;
+  o->n_lx = (size_t)d->le * d->rows_ll * h;
+  o->n_ls = (size_t)d->le * d->rows_ll * (h / 128);
+  o->tpr = malloc(W * 4);
+  o->tpe = malloc(d->sc.experts * 4);
+  o->tir = malloc((size_t)mt * W);
+  o->rx = malloc(o->rows_tp * h * 2);
+  o->ridx = malloc(o->rows_tp * K * 4);
+  o->rw = malloc(o->rows_tp * K * 4);
+  o->cnt = malloc(d->le * 4);
+  o->out = malloc((size_t)mt * h * 2);
+  o->lx = malloc(o->n_lx * 2);
+  o->lscales = malloc(o->n_ls * 4);
+  o->lcnt = malloc(d->le * 4);
+  o->lout = malloc((size_t)d->max_ll * h * 2);
+  host_ops_handle_init(&o->h);
+}
+
+void ow_outs_free(struct ow_outs *o) {
+  free(o->tpr), free(o->tpe), free(o->tir), free(o->rx), free(o->ridx), free(o->rw);
+  free(o->cnt), free(o->out), free(o->lx), free(o->lscales), free(o->lcnt), free(o->lout);
+  host_ops_handle_fini(&o->h);
+}
+
+uint64_t ow_fnv(uint64_t hsh, const void *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    hsh = (hsh ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
+  return hsh;
+}
+
+long ow_unpoisoned(const void *p, size_t n, uint8_t poison) {
+  for (size_t i = 0; i < n; i++)
+    if (((const uint8_t *)p)[i] != poison)
+      return (long)i;
+  return -1;
+}
+
+int ow_check_sum(const uint16_t *got, const struct ref_sum *want, uint32_t ntok, uint32_t h,
+                     const char *op, const char *desc, char *msg) {
+  for (size_t i = 0; i < (size_t)ntok * h; i++) {
+    double g = ref_bf16_value(got[i]), v = want->val[i];
+    double tol = ldexp(fabs(v), -8) + ldexp(want->mag[i], -16);
+    if (!(fabs(g - v) <= tol))
+      return ow_fail(msg, "%s: token %zu channel %zu: got %.9g (0x%04x), want %.9g +- %.3g [%s]",
+                     op, i / h, i % h, g, got[i], v, tol, desc);
+  }
+  return 0;
+}
+

@@ -1,0 +1,106 @@
+/*
+ * opsworld.h — helpers for check_ops.c: a world of rank processes sharing
+ * memfd slabs, random inputs from a printed (and replayable) seed, the
+ * oracle's expected outputs for them, and comparisons that say what
+ * differs.  Prefix ow_ (as testutil's tu_).
+ */
+#ifndef DEP_OPSWORLD_H
+#define DEP_OPSWORLD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "host_ops.h"
+#include "ref.h"
+
+#define OW_MAXW 8
+#define OW_MSG 700
+#define OW_TIMEOUT_MS 10000u /* generous: 8 ranks on 2 cores under ASan */
+
+/* The run's seed: $DEP_TEST_SEED, else fresh; salt varies it per loop test. */
+extern uint64_t ow_seed;
+void ow_seed_init(uint64_t salt);
+uint64_t ow_rnd(void);
+uint32_t ow_below(uint32_t n);
+float ow_unif(void); /* [0, 1) */
+
+/* Every rank's slab in one shared memfd, and a failure message per rank. */
+struct ow_world {
+  uint32_t n;
+  struct dep_slab_layout lay;
+  size_t slab_bytes, map_bytes;
+  uint8_t *map;
+  uint8_t *slabs[DEP_MAX_LOCAL_RANKS];
+  char *msg; /* shared: one failure message per rank */
+};
+
+/* What a rank process runs: 0, or 1 with a message in msg (OW_MSG bytes). */
+typedef int (*ow_rank_fn)(struct ops_ctx *c, void *arg, char *msg);
+
+/* How topk_idx is drawn, and how many tokens each rank has. */
+enum ow_pattern { P_RANDOM, P_DUP, P_ONE_RANK, P_NONE, P_ONE_EXPERT };
+
+enum ow_tokens { T_MAX, T_ZERO, T_ONE, T_MIXED };
+
+struct ow_scenario {
+  uint32_t world, hidden, topk, experts, max_tokens, max_ll;
+  int pattern, tokens, itype, fp8;
+};
+
+/* One call's inputs on every rank and the oracle's answers. */
+struct ow_case {
+  struct ow_scenario sc;
+  struct dep_job_shape shape;
+  uint32_t le, max_ll, rows_ll;
+  char desc[200];
+  struct ref_rank_in in[OW_MAXW], in_ll[OW_MAXW];
+  void *idx[OW_MAXW];     /* topk_idx as the call takes it (int32 or int64) */
+  uint16_t *cx[OW_MAXW];  /* combine input: one vector per received row */
+  uint16_t *lx[OW_MAXW];  /* LL combine input; rows past the count hold NaN */
+  struct ref_dispatch_out disp[OW_MAXW];
+  struct ref_sum comb[OW_MAXW];
+  struct ref_ll_out ll[OW_MAXW];
+  struct ref_sum llc[OW_MAXW];
+};
+
+/* One rank's output buffers, sized for the job's capacity. */
+struct ow_outs {
+  int32_t *tpr, *tpe;
+  uint8_t *tir;
+  uint16_t *rx, *out, *lout;
+  int32_t *ridx, *cnt, *lcnt;
+  float *rw, *lscales;
+  uint8_t *lx;
+  uint32_t num_recv;
+  size_t rows_tp, n_lx, n_ls;
+  struct dep_handle h;
+};
+
+void ow_world_open(struct ow_world *w, const struct dep_job_shape *s, uint32_t n);
+void ow_world_close(struct ow_world *w);
+
+/* Fork one process per rank, each with its own ctx on the shared slabs;
+ * the test fails, with every failing rank's message and the seed, unless
+ * all ranks return 0.  Once one fails the others are stopped. */
+void ow_run_ranks(struct ow_world *w, const struct dep_job_shape *s, ow_rank_fn fn, void *arg,
+                  uint32_t timeout_ms, const char *what);
+
+int ow_fail(char *msg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Draw inputs for a scenario and compute the oracle's outputs. */
+void ow_case_make(struct ow_case *d, const struct ow_scenario *sc, int fp8);
+void ow_case_free(struct ow_case *d);
+
+void ow_outs_alloc(struct ow_outs *o, const struct ow_case *d);
+void ow_outs_free(struct ow_outs *o);
+
+uint64_t ow_fnv(uint64_t hsh, const void *p, size_t n);
+/* The first byte in [p, p+n) that is not the poison, or -1. */
+long ow_unpoisoned(const void *p, size_t n, uint8_t poison);
+/* got (bf16) within 2^-8 |sum| + 2^-16 sum|terms| of the oracle's float64
+ * sum: bf16 rounding plus float32 accumulation error, far below a wrong
+ * term.  0, or 1 with a message. */
+int ow_check_sum(const uint16_t *got, const struct ref_sum *want, uint32_t ntok, uint32_t h,
+                 const char *op, const char *desc, char *msg);
+
+#endif /* DEP_OPSWORLD_H */
