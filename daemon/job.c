@@ -230,6 +230,7 @@ static void job_complete(struct job *j) {
       .local_world_size = j->local_world_size,
       .num_fds = 0,
       .op_timeout_ms = deepepd.cfg.op_timeout_ms,
+      .kernel_warmup = deepepd.cfg.kernel_warmup ? 1 : 0,
   };
   snprintf(ok.backend, sizeof ok.backend, "%s", devices_backend_name());
   for (uint32_t i = 0; i < j->local_world_size; i++) {

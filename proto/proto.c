@@ -22,7 +22,7 @@
  *              u32 max_tokens_per_rank, u32 hidden, u32 num_experts,
  *              u32 topk, u32 dtype, u32 max_ll_tokens_per_rank
  *   ATTACH_OK  u64 slab_bytes, u32 local_world_size, u32 num_fds (<= 250),
- *              str backend (<= 7), u32 op_timeout_ms
+ *              str backend (<= 7), u32 op_timeout_ms, u32 kernel_warmup (0/1)
  *   SLAB       u32 local_rank, u32 rank, u64 chunk_bytes, u32 n_chunks
  *              (1..250), 16 bytes device_uuid
  *   STATUS, DETACH, DETACH_OK, SHUTDOWN: empty
@@ -539,6 +539,7 @@ int proto_encode_attach_ok(struct proto_buf *b, const struct dep_msg_attach_ok *
   w_u32(&w, m->num_fds);
   w_str(&w, m->backend, sizeof m->backend);
   w_u32(&w, m->op_timeout_ms);
+  w_u32(&w, m->kernel_warmup);
   return w_finish(&w);
 }
 
@@ -551,7 +552,8 @@ int proto_decode_attach_ok(const uint8_t *p, size_t len, struct dep_msg_attach_o
   m->num_fds = r_u32(&r);
   r_str(&r, m->backend, sizeof m->backend);
   m->op_timeout_ms = r_u32(&r);
-  if (!r.bad && m->num_fds > DEP_PROTO_MAX_FDS)
+  m->kernel_warmup = r_u32(&r);
+  if (!r.bad && (m->num_fds > DEP_PROTO_MAX_FDS || m->kernel_warmup > 1))
     return DEP_ERR_PROTOCOL;
   return r_finish(&r);
 }

@@ -97,6 +97,7 @@ struct dep_msg_attach_ok {
   uint32_t num_fds;           /* fds riding on this frame (0: they came on SLAB frames) */
   char backend[8];
   uint32_t op_timeout_ms;     /* the bound on every wait inside an operation */
+  uint32_t kernel_warmup;     /* 1: run every kernel once before dep_attach returns */
 };
 
 /* One local rank's slab: n_chunks fds ride on the frame, in mapping order. */

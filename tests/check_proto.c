@@ -136,7 +136,7 @@ static struct dep_msg_hello_ok s_hello_ok = {.version = 1, .daemon_version = "0.
                                              .backend = "cuda"};
 static struct dep_msg_attach_ok s_attach_ok = {.slab_bytes = 1ull << 34, .local_world_size = 8,
                                                .num_fds = 3, .backend = "host",
-                                               .op_timeout_ms = 10000};
+                                               .op_timeout_ms = 10000, .kernel_warmup = 1};
 static struct dep_msg_slab s_slab = {.local_rank = 3, .rank = 11, .chunk_bytes = 64ull << 20,
                                      .n_chunks = 17,
                                      .device_uuid = {0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7,
@@ -245,6 +245,7 @@ START_TEST(every_message_type_round_trips) {
   ck_assert_uint_eq(ao.num_fds, s_attach_ok.num_fds);
   ck_assert_str_eq(ao.backend, s_attach_ok.backend);
   ck_assert_uint_eq(ao.op_timeout_ms, s_attach_ok.op_timeout_ms);
+  ck_assert_uint_eq(ao.kernel_warmup, s_attach_ok.kernel_warmup);
 
   body = encode_frame(&b, DEP_MSG_SLAB, &s_slab, &len);
   struct dep_msg_slab sl;
@@ -458,7 +459,7 @@ START_TEST(strings_with_nul_or_too_long_are_rejected) {
   ck_assert_int_eq(e.code, DEP_ERR_MISMATCH);
 
   /* ATTACH_OK announcing more fds than a frame can carry. */
-  uint8_t ao[8 + 4 + 4 + 2 + 4] = {0}; /* ..., backend "", op_timeout_ms */
+  uint8_t ao[8 + 4 + 4 + 2 + 4 + 4] = {0}; /* ..., backend "", op_timeout_ms, kernel_warmup */
   ao[12] = 251;
   expect_body_rc(DEP_MSG_ATTACH_OK, ao, sizeof ao, DEP_ERR_PROTOCOL);
   ao[12] = 250;
