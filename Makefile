@@ -111,7 +111,7 @@ $(BUILD)/obj/%.o: %.c
 	$(CC) $(ALLCFLAGS) -c $< -o $@
 
 ifneq ($(FATBIN),)
-$(FATBIN): $(KCUDA_SRC) $(wildcard kernels/*.cuh)
+$(FATBIN): $(KCUDA_SRC) $(wildcard kernels/*.cuh) client/cuda_ops.h
 	@mkdir -p $(@D)
 	$(NVCC) -fatbin -O3 -std=c++17 -Ikernels -Iclient $(NVCC_GENCODE) -o $@ $(KCUDA_SRC)
 # The fatbin is embedded with .incbin so the library needs no file at run time.

@@ -34,6 +34,7 @@ static int attach_timeout(dep_client_t *c, int *timeout_ms) {
 }
 
 void client_unmap(dep_client_t *c) {
+  cuda_ops_detach(c); /* the kernels and their memory go before the slabs they address */
   host_ops_fini(&c->ops);
   for (uint32_t i = 0; i < DEP_MAX_LOCAL_RANKS; i++)
     mem_unmap_slab(&c->maps[i]);
@@ -165,8 +166,10 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
   c->attached = true;
   snprintf(c->job_id, sizeof c->job_id, "%s", args->job_id);
   /* The operations run among the ranks of one node; a job spanning nodes
-   * attaches (its memory is lent) but its operations need the proxy. */
-  if (!c->cuda && args->world_size == args->local_world_size) {
+   * attaches (its memory is lent) but its operations need the proxy.  On
+   * cuda the context holds device pointers, for the checks and addressing;
+   * the kernels are loaded (and warmed up) before dep_attach returns. */
+  if (args->world_size == args->local_world_size) {
     uint8_t *slabs[DEP_MAX_LOCAL_RANKS] = {NULL};
     for (uint32_t i = 0; i < args->local_world_size; i++)
       slabs[c->ranks[i]] = c->maps[i].base;
@@ -176,6 +179,12 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
       dep_detach(c);
       return client_seterr(c, rc, "dep_attach: %s", why);
     }
+  }
+  if (c->cuda && (rc = cuda_ops_attach(c)) != 0) {
+    char msg[CLIENT_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s", c->errmsg);
+    dep_detach(c);
+    return client_seterr(c, rc, "%s", msg);
   }
   c->attach_ms = now_ms() - t0;
   return DEP_OK;

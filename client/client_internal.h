@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cuda_ops.h"
 #include "deepep.h"
 #include "host_ops.h"
 #include "mem.h"
@@ -50,7 +51,8 @@ struct dep_client {
   bool cuda;                      /* slabs are GPU memory */
   int cuda_dev;                   /* this rank's CUDA device ordinal */
   double attach_ms;               /* time dep_attach took */
-  struct ops_ctx ops;             /* dispatch/combine state (host backend) */
+  struct ops_ctx ops;             /* dispatch/combine state (the job's shape and slabs) */
+  struct cuops_state cuops;       /* cuda backend: kernels, error record (cuda_ops.c) */
   struct proto_buf tx;            /* reused for every request */
   char errmsg[CLIENT_ERRMSG_MAX]; /* the last failure on this handle */
 };

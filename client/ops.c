@@ -3,21 +3,19 @@
  * checks its arguments and the handle's state, then runs the operation of
  * the job's backend.  The host backend's operations are the plain-C ones in
  * kernels/host_ops.c over the shared-memory slabs; the stream argument is
- * ignored there.
+ * ignored there.  The cuda backend's are kernels launched on the caller's
+ * stream by client/cuda_ops.c, which does its own checks (it must not read
+ * device memory on the host).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
 
-/* The handle must be attached to a single-node job on the host backend. */
+/* The handle must be attached to a single-node job. */
 static int ops_ready(dep_client_t *c, const char *op) {
   if (!c->attached)
     return client_seterr(c, DEP_ERR_STATE, "%s: not attached to a job; call dep_attach first", op);
-  if (c->cuda)
-    return client_seterr(c, DEP_ERR_UNSUPPORTED,
-                         "%s: the cuda backend's kernels are not in this build yet; run deepepd "
-                         "with backend: host", op);
   if (c->args.world_size != c->args.local_world_size)
     return client_seterr(c, DEP_ERR_UNSUPPORTED,
                          "%s: job %s spans nodes (world %u, %u on this node); operations between "
@@ -40,6 +38,13 @@ DEP_EXPORT int dep_handle_new(dep_client_t *c, dep_handle_t **out) {
   if (h == NULL)
     return client_seterr(c, DEP_ERR_NO_MEMORY, "dep_handle_new: out of memory");
   host_ops_handle_init(h);
+  if (c->cuda && c->attached) {
+    int rc = cuda_ops_handle_new(c, h);
+    if (rc != 0) {
+      free(h);
+      return rc;
+    }
+  }
   *out = h;
   return 0;
 }
@@ -47,11 +52,12 @@ DEP_EXPORT int dep_handle_new(dep_client_t *c, dep_handle_t **out) {
 DEP_EXPORT void dep_handle_free(dep_handle_t *h) {
   if (h == NULL)
     return;
+  cuda_ops_handle_free(h);
   host_ops_handle_fini(h);
   free(h);
 }
 
-#define OPS_CALL(op, check, run)                                    \
+#define OPS_CALL(op, check, run, cuda_run)                          \
   do {                                                              \
     if (c == NULL)                                                  \
       return DEP_ERR_INVALID;                                       \
@@ -60,6 +66,8 @@ DEP_EXPORT void dep_handle_free(dep_handle_t *h) {
     int rc_ = ops_ready(c, op);                                     \
     if (rc_ != 0)                                                   \
       return rc_;                                                   \
+    if (c->cuda)                                                    \
+      return (cuda_run);                                            \
     char why_[256] = "";                                            \
     rc_ = (check);                                                  \
     if (rc_ != 0)                                                   \
@@ -68,35 +76,35 @@ DEP_EXPORT void dep_handle_free(dep_handle_t *h) {
   } while (0)
 
 DEP_EXPORT int dep_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream_t stream) {
-  (void)stream;
   OPS_CALL("dep_layout", ops_check_layout(&c->ops, a, why_, sizeof why_),
-           host_ops_layout(&c->ops, a));
+           host_ops_layout(&c->ops, a),
+           cuda_ops_layout(c, a, stream));
 }
 
 DEP_EXPORT int dep_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, dep_handle_t *h,
                             dep_stream_t stream) {
-  (void)stream;
   OPS_CALL("dep_dispatch", ops_check_dispatch(&c->ops, a, h, why_, sizeof why_),
-           host_ops_dispatch(&c->ops, a, h));
+           host_ops_dispatch(&c->ops, a, h),
+           cuda_ops_dispatch(c, a, h, stream));
 }
 
 DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a,
                            const dep_handle_t *h, dep_stream_t stream) {
-  (void)stream;
   OPS_CALL("dep_combine", ops_check_combine(&c->ops, a, h, why_, sizeof why_),
-           host_ops_combine(&c->ops, a, h));
+           host_ops_combine(&c->ops, a, h),
+           cuda_ops_combine(c, a, h, stream));
 }
 
 DEP_EXPORT int dep_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
                                dep_handle_t *h, dep_stream_t stream) {
-  (void)stream;
   OPS_CALL("dep_ll_dispatch", ops_check_ll_dispatch(&c->ops, a, h, why_, sizeof why_),
-           host_ops_ll_dispatch(&c->ops, a, h));
+           host_ops_ll_dispatch(&c->ops, a, h),
+           cuda_ops_ll_dispatch(c, a, h, stream));
 }
 
 DEP_EXPORT int dep_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
                               const dep_handle_t *h, dep_stream_t stream) {
-  (void)stream;
   OPS_CALL("dep_ll_combine", ops_check_ll_combine(&c->ops, a, h, why_, sizeof why_),
-           host_ops_ll_combine(&c->ops, a, h));
+           host_ops_ll_combine(&c->ops, a, h),
+           cuda_ops_ll_combine(c, a, h, stream));
 }

@@ -63,6 +63,25 @@ static void drv_load_once(void) {
   RESOLVE(cuModuleGetFunction, "cuModuleGetFunction");
   RESOLVE(cuLaunchKernel, "cuLaunchKernel");
   RESOLVE(cuStreamSynchronize, "cuStreamSynchronize");
+  RESOLVE(cuMemAlloc, "cuMemAlloc_v2");
+  RESOLVE(cuMemFree, "cuMemFree_v2");
+  RESOLVE(cuMemHostAlloc, "cuMemHostAlloc");
+  RESOLVE(cuMemFreeHost, "cuMemFreeHost");
+  RESOLVE(cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2");
+  RESOLVE(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+  RESOLVE(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+  RESOLVE(cuMemsetD8Async, "cuMemsetD8Async");
+  RESOLVE(cuMemsetD32Async, "cuMemsetD32Async");
+  RESOLVE(cuStreamCreate, "cuStreamCreate");
+  RESOLVE(cuStreamDestroy, "cuStreamDestroy_v2");
+  RESOLVE(cuStreamQuery, "cuStreamQuery");
+  RESOLVE(cuCtxPushCurrent, "cuCtxPushCurrent_v2");
+  RESOLVE(cuCtxPopCurrent, "cuCtxPopCurrent_v2");
+  RESOLVE(cuEventCreate, "cuEventCreate");
+  RESOLVE(cuEventRecord, "cuEventRecord");
+  RESOLVE(cuEventSynchronize, "cuEventSynchronize");
+  RESOLVE(cuEventElapsedTime, "cuEventElapsedTime"); /* v1: older drivers lack _v2 */
+  RESOLVE(cuEventDestroy, "cuEventDestroy_v2");
   CUresult r = drv.cuInit(0);
   if (r != CUDA_SUCCESS) {
     snprintf(drv_why, sizeof drv_why, "cuInit failed: %s", cudadrv_errstr(r));

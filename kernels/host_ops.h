@@ -145,6 +145,7 @@ struct dep_handle {
   uint32_t (*ll_rows)[2];
   uint64_t ll_cap;
   uint64_t idx_hash;   /* LL: hash of the dispatched topk_idx */
+  void *cuda;          /* cuda backend: the device arrays (client/cuda_ops.c) */
 };
 
 /* ---- context ------------------------------------------------------------ */

@@ -10,5 +10,6 @@
   XX(daemon)                \
   XX(client)                \
   XX(ops)                   \
-  XX(memory)
+  XX(memory)                \
+  XX(cuda_ops)
 #endif

@@ -1,0 +1,612 @@
+/*
+ * cuda_ops.c — the cuda backend's MoE operations: argument checks, the
+ * handle's device arrays, kernel launches on the caller's stream, and the
+ * error record the kernels leave in pinned host memory (see cuda_ops.h for
+ * the protocol and for what is checked where).  The kernels are the
+ * embedded fatbin (kernels/ops.cu), loaded once per attachment with
+ * cuModuleLoadData: no run-time compilation.
+ */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client_internal.h"
+
+/* The kernels restate host_ops.h's layouts; hold them to it. */
+_Static_assert(CUOPS_OP_DISPATCH == OPS_OP_DISPATCH && CUOPS_OP_COMBINE == OPS_OP_COMBINE &&
+                   CUOPS_OP_LL_DISPATCH == OPS_OP_LL_DISPATCH &&
+                   CUOPS_OP_LL_COMBINE == OPS_OP_LL_COMBINE && CUOPS_OP_FP8 == OPS_OP_FP8,
+               "op codes differ from host_ops.h");
+_Static_assert(CUOPS_SLOT_BYTES == DEP_SLAB_CTRL_SLOT && CUOPS_ERR_BYTES == DEP_SLAB_ERR_BYTES,
+               "slab control layout differs from slab.h");
+_Static_assert(offsetof(struct ops_slot, rows) == 8 && offsetof(struct ops_slot, op) == 12 &&
+                   offsetof(struct ops_slot, ref_seq) == 16 &&
+                   offsetof(struct ops_slot, num_tokens) == 24,
+               "ops_slot layout differs from what the kernels write");
+_Static_assert(offsetof(struct ops_err_record, seq) == offsetof(struct cuops_err, seq) &&
+                   offsetof(struct ops_err_record, waited_ms) ==
+                       offsetof(struct cuops_err, waited_ms) &&
+                   sizeof(struct ops_err_record) == sizeof(struct cuops_err),
+               "error record layout differs from host_ops.h");
+
+#ifdef DEP_HAVE_FATBIN
+extern const unsigned char dep__fatbin[];
+
+static const char *const kernel_names[CUOPS_K_COUNT] = {
+#define CUOPS__NAME(name, sym) sym,
+    CUOPS_KERNELS(CUOPS__NAME)
+#undef CUOPS__NAME
+};
+#endif
+
+/* A handle's device arrays, made on its first cuda dispatch for one job shape. */
+struct cuops_hmem {
+  CUcontext ctx;
+  CUdeviceptr base;
+  uint32_t world, max_tokens, max_ll, topk, kd;
+  struct cuops_hdl p;
+};
+
+static const struct cudadrv *drv(void) { return cudadrv_load(NULL, 0); }
+
+static int cu_fail(dep_client_t *c, const char *op, const char *what, CUresult r) {
+  return client_seterr(c, r == 2 ? DEP_ERR_NO_MEMORY : DEP_ERR_CUDA, "%s: %s: %s", op, what,
+                       cudadrv_errstr(r));
+}
+
+/* The caller's thread may have no context, or another one, current. */
+struct ctx_guard {
+  bool pushed;
+};
+static int ctx_enter(dep_client_t *c, struct ctx_guard *g, const char *op) {
+  CUcontext cur = NULL;
+  g->pushed = false;
+  if (drv()->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == c->cuops.ctx)
+    return 0;
+  CUresult r = drv()->cuCtxPushCurrent(c->cuops.ctx);
+  if (r != CUDA_SUCCESS)
+    return cu_fail(c, op, "cuCtxPushCurrent", r);
+  g->pushed = true;
+  return 0;
+}
+static void ctx_leave(struct ctx_guard *g) {
+  CUcontext dummy;
+  if (g->pushed)
+    drv()->cuCtxPopCurrent(&dummy);
+}
+
+/* ---- the error record -------------------------------------------------------------- */
+
+static const char *op_name(uint32_t op) {
+  return op == 0 ? "layout" : host_ops_op_name(op);
+}
+
+/*
+ * Report what the kernels recorded, if anything: the record's code with a
+ * message.  `own` says the record is this synchronised call's: its ranks
+ * stayed in step, so a failure other than a timeout is cleared and the
+ * context stays usable.  A record found at the start of a call comes from
+ * an earlier, unsynchronised call; this call is then not made, and since
+ * the peers make it, the context is broken from here on.
+ */
+static int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
+  volatile struct cuops_err *e = &c->cuops.host->err;
+  int32_t code = e->code;
+  if (code == 0)
+    return 0;
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  struct cuops_err r = {.code = code, .op = e->op, .rank = e->rank, .source = e->source,
+                        .seq = e->seq, .seen_flag = e->seen_flag, .waited_ms = e->waited_ms,
+                        .phase = e->phase};
+  const char *what = op_name(r.op & ~CUOPS_OP_FP8);
+  if (!own || code == DEP_ERR_TIMEOUT || r.phase == CUOPS_PHASE_AHEAD) {
+    c->cuops.broken = true;
+  } else {
+    e->code = 0;
+    drv()->cuMemsetD32Async(c->cuops.dev + offsetof(struct cuops_dev, claim), 0, 1, s);
+  }
+  char m[600];
+  switch (r.phase) {
+  case CUOPS_PHASE_WAIT:
+    snprintf(m, sizeof m, "timeout in %s waiting for rank %u (call %llu, %u ms, its flag read "
+             "%llu): that rank did not make the same call; check that every rank runs the same "
+             "sequence of operations and is alive", what, r.source, (unsigned long long)r.seq,
+             r.waited_ms, (unsigned long long)r.seen_flag);
+    break;
+  case CUOPS_PHASE_AHEAD:
+    snprintf(m, sizeof m, "in %s rank %u is at call %llu, this rank at call %llu; a rank "
+             "restarted or the slabs were not fresh: restart the job", what, r.source,
+             (unsigned long long)r.seen_flag, (unsigned long long)r.seq);
+    break;
+  case CUOPS_PHASE_IDS:
+    snprintf(m, sizeof m, "%s found topk_idx of token %u = %lld: expert ids must be in [-1, "
+             "num_experts %u)%s; the call's outputs are not valid", what, r.source,
+             (long long)r.seen_flag, c->args.shape.num_experts,
+             (r.op & ~CUOPS_OP_FP8) == CUOPS_OP_LL_COMBINE
+                 ? " and equal to those given to the matching dep_ll_dispatch" : "");
+    break;
+  default:
+    snprintf(m, sizeof m, "call %llu (%s): rank %u made another call, combined another dispatch "
+             "or sent malformed rows (its slot read %#llx); every rank must make the same "
+             "sequence of calls, each combine with the handle of the same dispatch; outputs were "
+             "not written", (unsigned long long)r.seq, what, r.source,
+             (unsigned long long)r.seen_flag);
+  }
+  if (own)
+    return client_seterr(c, code, "%s: %s", op, m);
+  return client_seterr(c, code, "%s: not run: an earlier call failed on the GPU: %s; this rank "
+                       "is now out of step with its peers: detach and restart the job", op, m);
+}
+
+/* What every cuda operation does first. */
+static int cuops_begin(dep_client_t *c, const char *op, CUstream s) {
+  if (!c->cuops.ready)
+    return client_seterr(c, DEP_ERR_UNSUPPORTED,
+                         "%s: this libdeepep-client was built without nvcc, so it has no CUDA "
+                         "kernels; rebuild it with CUDA_HOME set to a CUDA toolkit, or run deepepd "
+                         "with backend: host", op);
+  if (c->cuops.broken)
+    return client_seterr(c, DEP_ERR_STATE, "%s: an earlier call timed out, so the ranks are out "
+                         "of step; detach and restart the job", op);
+  return cuops_poll(c, op, s, false);
+}
+
+static int launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, void *args, CUstream s,
+                  const char *op) {
+  struct ctx_guard g;
+  int rc = ctx_enter(c, &g, op);
+  if (rc != 0)
+    return rc;
+  void *params[2] = {&c->cuops.job, args};
+  CUresult r = drv()->cuLaunchKernel(c->cuops.fn[k], grid, 1, 1, CUOPS_THREADS, 1, 1, 0, s,
+                                     params, NULL);
+  ctx_leave(&g);
+  return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, "cuLaunchKernel", r);
+}
+
+/* ---- handles ------------------------------------------------------------------------ */
+
+void cuda_ops_handle_free(struct dep_handle *h) {
+  if (h == NULL || h->cuda == NULL)
+    return;
+  struct cuops_hmem *m = h->cuda;
+  const struct cudadrv *cu = drv();
+  CUcontext dummy;
+  if (cu != NULL && cu->cuCtxPushCurrent(m->ctx) == CUDA_SUCCESS) {
+    cu->cuMemFree(m->base);
+    cu->cuCtxPopCurrent(&dummy);
+  }
+  free(m);
+  h->cuda = NULL;
+}
+
+static uint64_t carve(uint64_t *off, uint64_t bytes) {
+  uint64_t at = *off;
+  *off += dep_round_up(bytes ? bytes : 1, 256);
+  return at;
+}
+
+/* Size the handle's device arrays for this job (once) and fill its host fields. */
+static int handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op) {
+  const struct ops_ctx *o = &c->ops;
+  const uint32_t W = o->world, mt = o->shape.max_tokens_per_rank, ll = o->lay.max_ll_tokens;
+  const uint32_t K = o->shape.topk, kd = c->cuops.job.kd;
+  struct cuops_hmem *m = h->cuda;
+  if (m != NULL && (m->ctx != c->cuops.ctx || m->world != W || m->max_tokens != mt ||
+                    m->max_ll != ll || m->topk != K || m->kd != kd))
+    cuda_ops_handle_free(h), m = NULL;
+  if (m == NULL) {
+    uint64_t off = 0, at[9];
+    at[0] = carve(&off, 8);
+    at[1] = carve(&off, 4ull * mt * W);
+    at[2] = carve(&off, 4ull * W);
+    at[3] = carve(&off, 4ull * W);
+    at[4] = carve(&off, 8ull * ll * K);
+    at[5] = carve(&off, 4ull * W);
+    at[6] = carve(&off, 4ull * W);
+    at[7] = carve(&off, 4ull * W * ll);
+    at[8] = carve(&off, 8ull * W * ll * kd);
+    m = calloc(1, sizeof *m);
+    if (m == NULL)
+      return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory for a handle", op);
+    struct ctx_guard g;
+    int rc = ctx_enter(c, &g, op);
+    if (rc != 0) {
+      free(m);
+      return rc;
+    }
+    /* Every element is written by a dispatch before a kernel reads it. */
+    CUresult r = drv()->cuMemAlloc(&m->base, off);
+    ctx_leave(&g);
+    if (r != CUDA_SUCCESS) {
+      if (m->base != 0)
+        drv()->cuMemFree(m->base);
+      free(m);
+      return cu_fail(c, op, "allocating a handle's device arrays", r);
+    }
+    m->ctx = c->cuops.ctx;
+    m->world = W, m->max_tokens = mt, m->max_ll = ll, m->topk = K, m->kd = kd;
+#define AT(i, type) ((type)(uintptr_t)(m->base + at[i]))
+    m->p = (struct cuops_hdl){AT(0, uint64_t *), AT(1, int32_t *), AT(2, uint32_t *),
+                              AT(3, uint32_t *), AT(4, int32_t *), AT(5, uint32_t *),
+                              AT(6, uint32_t *), AT(7, int32_t *), AT(8, int32_t *)};
+#undef AT
+    h->cuda = m;
+  }
+  h->kind = OPS_HANDLE_EMPTY;
+  h->world = W;
+  h->rank = o->rank;
+  h->hidden = o->shape.hidden;
+  h->topk = K;
+  h->num_experts = o->shape.num_experts;
+  h->max_tokens = mt;
+  h->max_ll_tokens = ll;
+  return 0;
+}
+
+int cuda_ops_handle_new(dep_client_t *c, struct dep_handle *h) {
+  return c->cuops.ready ? handle_reserve(c, h, "dep_handle_new") : 0;
+}
+
+static struct cuops_hdl hdl_of(const struct dep_handle *h) {
+  return ((const struct cuops_hmem *)h->cuda)->p;
+}
+
+/* ---- argument checks: ops_check_* with num_tokens 0 never reads device memory -------- */
+
+static int need(char *why, size_t len, const void *p, size_t align, const char *op,
+                const char *name) {
+  if (p == NULL) {
+    snprintf(why, len, "%s: %s is NULL", op, name);
+    return DEP_ERR_INVALID;
+  }
+  if ((uintptr_t)p % align != 0) {
+    snprintf(why, len, "%s: %s is not %zu-byte aligned", op, name, align);
+    return DEP_ERR_INVALID;
+  }
+  return 0;
+}
+
+static int tokens_ok(char *why, size_t len, uint32_t n, uint32_t max, const char *op,
+                     const char *bound) {
+  if (n <= max)
+    return 0;
+  snprintf(why, len, "%s: num_tokens %u exceeds %s %u of the job's shape", op, n, bound, max);
+  return DEP_ERR_INVALID;
+}
+
+#define IDX_ALIGN(t) ((t) == DEP_INDEX_I64 ? 8u : 4u)
+
+/* The grid of a communicating kernel (cuda_ops.h: the SM budget). */
+static unsigned comm_grid(const dep_client_t *c) {
+  return 2u * c->cuops.job.world * c->cuops.job.parts;
+}
+
+/* ---- the operations ------------------------------------------------------------------- */
+
+int cuda_ops_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream_t stream) {
+  const char *op = "dep_layout";
+  CUstream s = stream;
+  char why[256] = "";
+  struct dep_layout_args z = *a;
+  z.num_tokens = 0;
+  int rc = ops_check_layout(&c->ops, &z, why, sizeof why);
+  if (rc == 0)
+    rc = tokens_ok(why, sizeof why, a->num_tokens, c->ops.shape.max_tokens_per_rank, "layout",
+                   "max_tokens_per_rank");
+  if (rc == 0 && a->num_tokens > 0 &&
+      (rc = need(why, sizeof why, a->topk_idx, IDX_ALIGN(a->index_type), "layout", "topk_idx")) == 0)
+    rc = need(why, sizeof why, a->token_in_rank, 1, "layout", "token_in_rank");
+  if (rc != 0)
+    return client_seterr(c, rc, "%s: %s", op, why);
+  if ((rc = cuops_begin(c, op, s)) != 0)
+    return rc;
+  struct cuops_layout_args k = {a->topk_idx, a->index_type, a->num_tokens, a->tokens_per_rank,
+                                a->tokens_per_expert, a->token_in_rank};
+  CUresult r = drv()->cuMemsetD32Async((CUdeviceptr)(uintptr_t)a->tokens_per_rank, 0,
+                                       c->ops.world, s);
+  if (r == CUDA_SUCCESS)
+    r = drv()->cuMemsetD32Async((CUdeviceptr)(uintptr_t)a->tokens_per_expert, 0,
+                                c->ops.shape.num_experts, s);
+  if (r != CUDA_SUCCESS)
+    return cu_fail(c, op, "cuMemsetD32Async", r);
+  unsigned grid = (a->num_tokens + CUOPS_THREADS - 1) / CUOPS_THREADS;
+  grid = grid < 1 ? 1 : grid > 8 ? 8 : grid;
+  return launch(c, CUOPS_K_LAYOUT, grid, &k, s, op);
+}
+
+int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct dep_handle *h,
+                      dep_stream_t stream) {
+  const char *op = "dep_dispatch";
+  CUstream s = stream;
+  char why[256] = "";
+  struct dep_dispatch_args z = *a;
+  z.num_tokens = 0;
+  int rc = ops_check_dispatch(&c->ops, &z, h, why, sizeof why);
+  if (rc == 0)
+    rc = tokens_ok(why, sizeof why, a->num_tokens, c->ops.shape.max_tokens_per_rank, "dispatch",
+                   "max_tokens_per_rank");
+  if (rc == 0 && a->num_tokens > 0 && (rc = need(why, sizeof why, a->x, 2, "dispatch", "x")) == 0 &&
+      (rc = need(why, sizeof why, a->topk_idx, IDX_ALIGN(a->index_type), "dispatch",
+                 "topk_idx")) == 0)
+    rc = need(why, sizeof why, a->topk_weights, 4, "dispatch", "topk_weights");
+  if (rc != 0)
+    return client_seterr(c, rc, "%s: %s", op, why);
+  if ((rc = cuops_begin(c, op, s)) != 0 || (rc = handle_reserve(c, h, op)) != 0)
+    return rc;
+  struct cuops_dispatch_args k = {a->x, a->topk_idx, a->topk_weights, a->index_type,
+                                  a->num_tokens, a->recv_x, a->recv_topk_idx,
+                                  a->recv_topk_weights, a->recv_count_per_expert, hdl_of(h)};
+  CUresult r = drv()->cuMemsetD32Async((CUdeviceptr)(uintptr_t)a->recv_count_per_expert, 0,
+                                       c->cuops.job.le, s);
+  if (r != CUDA_SUCCESS)
+    return cu_fail(c, op, "cuMemsetD32Async", r);
+  if ((rc = launch(c, CUOPS_K_DISPATCH, comm_grid(c), &k, s, op)) != 0)
+    return rc;
+  /* The one synchronising call: num_recv is a host value. */
+  if ((r = drv()->cuStreamSynchronize(s)) != CUDA_SUCCESS)
+    return cu_fail(c, op, "cuStreamSynchronize", r);
+  if ((rc = cuops_poll(c, op, s, true)) != 0)
+    return rc;
+  const volatile struct cuops_host *hp = c->cuops.host;
+  h->num_recv = hp->num_recv;
+  for (uint32_t i = 0; i < c->ops.world; i++)
+    h->recv_from[i] = hp->recv_from[i];
+  *a->num_recv = h->num_recv;
+  h->num_tokens = a->num_tokens;
+  h->kind = OPS_HANDLE_TP;
+  return 0;
+}
+
+int cuda_ops_combine(dep_client_t *c, const struct dep_combine_args *a, const struct dep_handle *h,
+                     dep_stream_t stream) {
+  const char *op = "dep_combine";
+  CUstream s = stream;
+  char why[256] = "";
+  int rc = ops_check_combine(&c->ops, a, h, why, sizeof why);
+  if (rc == 0 && h->cuda == NULL)
+    rc = DEP_ERR_INVALID, snprintf(why, sizeof why, "combine: handle was not filled on the GPU");
+  if (rc != 0)
+    return client_seterr(c, rc, "%s: %s", op, why);
+  if ((rc = cuops_begin(c, op, s)) != 0)
+    return rc;
+  struct cuops_combine_args k = {a->x, a->out, h->num_tokens, 0, hdl_of(h)};
+  return launch(c, CUOPS_K_COMBINE, comm_grid(c), &k, s, op);
+}
+
+int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
+                         struct dep_handle *h, dep_stream_t stream) {
+  const char *op = "dep_ll_dispatch";
+  CUstream s = stream;
+  char why[256] = "";
+  struct dep_ll_dispatch_args z = *a;
+  z.num_tokens = 0;
+  int rc = ops_check_ll_dispatch(&c->ops, &z, h, why, sizeof why);
+  if (rc == 0)
+    rc = tokens_ok(why, sizeof why, a->num_tokens, c->ops.lay.max_ll_tokens, "ll_dispatch",
+                   "max_ll_tokens_per_rank");
+  if (rc == 0 && a->num_tokens > 0 && (rc = need(why, sizeof why, a->x, 2, "ll_dispatch", "x")) == 0)
+    rc = need(why, sizeof why, a->topk_idx, IDX_ALIGN(a->index_type), "ll_dispatch", "topk_idx");
+  if (rc != 0)
+    return client_seterr(c, rc, "%s: %s", op, why);
+  if ((rc = cuops_begin(c, op, s)) != 0 || (rc = handle_reserve(c, h, op)) != 0)
+    return rc;
+  struct cuops_ll_dispatch_args k = {a->x, a->topk_idx, a->index_type, a->num_tokens, a->use_fp8,
+                                     0, a->recv_x, a->recv_scales, a->recv_count, hdl_of(h)};
+  if ((rc = launch(c, CUOPS_K_LL_DISPATCH, comm_grid(c), &k, s, op)) != 0)
+    return rc;
+  /* No synchronisation: what the host cannot know stays on the device. */
+  h->num_tokens = a->num_tokens;
+  h->num_recv = 0;
+  h->idx_hash = 0;
+  h->kind = OPS_HANDLE_LL;
+  return 0;
+}
+
+int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
+                        const struct dep_handle *h, dep_stream_t stream) {
+  const char *op = "dep_ll_combine";
+  CUstream s = stream;
+  char why[256] = "";
+  int rc = 0;
+  if (h != NULL) {
+    struct dep_handle hz = *h; /* num_tokens 0: the host must not hash device ids */
+    hz.num_tokens = 0;
+    rc = ops_check_ll_combine(&c->ops, a, &hz, why, sizeof why);
+  } else {
+    rc = ops_check_ll_combine(&c->ops, a, h, why, sizeof why);
+  }
+  if (rc == 0 && h->cuda == NULL)
+    rc = DEP_ERR_INVALID, snprintf(why, sizeof why, "ll_combine: handle was not filled on the GPU");
+  if (rc == 0 && h->num_tokens > 0 &&
+      (rc = need(why, sizeof why, a->topk_idx, IDX_ALIGN(a->index_type), "ll_combine",
+                 "topk_idx")) == 0 &&
+      (rc = need(why, sizeof why, a->topk_weights, 4, "ll_combine", "topk_weights")) == 0)
+    rc = need(why, sizeof why, a->out, 2, "ll_combine", "out");
+  if (rc != 0)
+    return client_seterr(c, rc, "%s: %s", op, why);
+  if ((rc = cuops_begin(c, op, s)) != 0)
+    return rc;
+  struct cuops_ll_combine_args k = {a->x, a->topk_idx, a->index_type, h->num_tokens,
+                                    a->topk_weights, a->out, hdl_of(h)};
+  return launch(c, CUOPS_K_LL_COMBINE, comm_grid(c), &k, s, op);
+}
+
+/* ---- attach: load, make, warm up ---------------------------------------------------------- */
+
+#ifdef DEP_HAVE_FATBIN
+static double mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/*
+ * Run every kernel once (bf16 and FP8 low-latency alike) with zero tokens,
+ * on a private stream, so that the module is resident and the first real
+ * call runs at steady-state latency.  The calls run on a loopback world of
+ * one rank whose slab and counters are scratch memory of this client: the
+ * same code paths (posting, waiting, the end-of-call ticket) without
+ * depending on any peer, without writing into the job's slabs (which stay
+ * as the daemon lent them: zero) and without touching the job's call count.
+ */
+static int warmup(dep_client_t *c) {
+  const char *op = "dep_attach (kernel warm-up)";
+  struct cuops_state *st = &c->cuops;
+  const uint64_t slab_bytes = st->job.data_off + 4096;
+  CUstream s = NULL;
+  struct dep_handle *h = calloc(1, sizeof *h);
+  if (h == NULL)
+    return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory", op);
+  host_ops_handle_init(h);
+  st->warm_h = h;
+  /* Made once and kept until detach: freeing device memory waits for the
+   * device, where another rank of this process may be waiting for us. */
+  CUresult r = drv()->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  if (r == CUDA_SUCCESS && (r = drv()->cuMemAlloc(&st->loop_slab, slab_bytes)) == CUDA_SUCCESS &&
+      (r = drv()->cuMemAlloc(&st->loop_dev, sizeof(struct cuops_dev))) == CUDA_SUCCESS &&
+      (r = drv()->cuMemsetD8Async(st->loop_slab, 0, slab_bytes, s)) == CUDA_SUCCESS)
+    r = drv()->cuMemsetD8Async(st->loop_dev, 0, sizeof(struct cuops_dev), s);
+  if (r != CUDA_SUCCESS) {
+    if (s != NULL)
+      drv()->cuStreamDestroy(s);
+    return cu_fail(c, op, "making the warm-up's scratch", r);
+  }
+  double t0 = mono_ms();
+  const struct cuops_job job = st->job;
+  st->job.world = 1;
+  st->job.rank = 0;
+  st->job.slabs[0] = (uint8_t *)(uintptr_t)st->loop_slab;
+  st->job.le = job.num_experts;
+  st->job.kd = job.topk < job.num_experts ? job.topk : job.num_experts;
+  st->job.parts = 8;
+  st->job.dev = (struct cuops_dev *)(uintptr_t)st->loop_dev;
+  int32_t *scr = (int32_t *)(uintptr_t)st->scratch;
+  uint32_t nrecv = 0;
+  struct dep_layout_args la = {NULL, DEP_INDEX_I64, 0, scr, scr, NULL};
+  struct dep_dispatch_args da = {NULL, NULL, DEP_INDEX_I64, NULL, 0, scr, scr, (float *)scr, scr,
+                                 &nrecv};
+  struct dep_combine_args ca = {NULL, NULL};
+  struct dep_ll_dispatch_args lda = {NULL, NULL, DEP_INDEX_I64, 0, 0, scr, (float *)scr, scr};
+  struct dep_ll_combine_args lca = {scr, NULL, DEP_INDEX_I64, NULL, NULL};
+  int rc = cuda_ops_layout(c, &la, s);
+  if (rc == 0)
+    rc = cuda_ops_dispatch(c, &da, h, s);
+  if (rc == 0)
+    rc = cuda_ops_combine(c, &ca, h, s);
+  for (int fp8 = 0; fp8 < 2 && rc == 0; fp8++) {
+    lda.use_fp8 = fp8;
+    rc = cuda_ops_ll_dispatch(c, &lda, h, s);
+    if (rc == 0)
+      rc = cuda_ops_ll_combine(c, &lca, h, s);
+  }
+  if ((r = drv()->cuStreamSynchronize(s)) != CUDA_SUCCESS && rc == 0)
+    rc = cu_fail(c, op, "cuStreamSynchronize", r);
+  if (rc == 0)
+    rc = cuops_poll(c, op, s, true);
+  st->job = job;
+  drv()->cuStreamDestroy(s);
+  st->warmup_ms = mono_ms() - t0;
+  return rc;
+}
+#endif
+
+int cuda_ops_attach(dep_client_t *c) {
+  struct cuops_state *st = &c->cuops;
+  memset(st, 0, sizeof *st);
+#ifndef DEP_HAVE_FATBIN
+  return 0; /* memory is lent all the same; the operations say why they cannot run */
+#else
+  const char *op = "dep_attach";
+  char why[256] = "";
+  const struct cudadrv *cu = cudadrv_load(why, sizeof why);
+  if (cu == NULL)
+    return client_seterr(c, DEP_ERR_UNSUPPORTED, "%s: %s", op, why);
+  CUresult r = cu->cuCtxGetCurrent(&st->ctx);
+  if (r != CUDA_SUCCESS || st->ctx == NULL)
+    return client_seterr(c, DEP_ERR_CUDA, "%s: no CUDA context is current", op);
+  if ((r = cu->cuModuleLoadData(&st->mod, dep__fatbin)) != CUDA_SUCCESS) {
+    st->mod = NULL;
+    return cu_fail(c, op, "loading the embedded kernels (cuModuleLoadData)", r);
+  }
+  for (int k = 0; k < CUOPS_K_COUNT; k++)
+    if ((r = cu->cuModuleGetFunction(&st->fn[k], st->mod, kernel_names[k])) != CUDA_SUCCESS)
+      return client_seterr(c, DEP_ERR_CUDA, "%s: kernel %s: %s", op, kernel_names[k],
+                           cudadrv_errstr(r));
+  /* The operations run among the ranks of one node (ops.c refuses others). */
+  if (c->args.world_size != c->args.local_world_size)
+    return 0;
+  void *host = NULL;
+  r = cu->cuMemHostAlloc(&host, sizeof *st->host, CU_MEMHOSTALLOC_PORTABLE |
+                                                      CU_MEMHOSTALLOC_DEVICEMAP);
+  if (r != CUDA_SUCCESS)
+    return cu_fail(c, op, "cuMemHostAlloc (the error record)", r);
+  st->host = host;
+  memset(host, 0, sizeof *st->host);
+  const uint64_t scratch = 4ull * c->args.shape.num_experts + 256;
+  if ((r = cu->cuMemHostGetDevicePointer(&st->host_dev, host, 0)) != CUDA_SUCCESS ||
+      (r = cu->cuMemAlloc(&st->dev, sizeof(struct cuops_dev))) != CUDA_SUCCESS ||
+      (r = cu->cuMemsetD8(st->dev, 0, sizeof(struct cuops_dev))) != CUDA_SUCCESS ||
+      (r = cu->cuMemAlloc(&st->scratch, scratch)) != CUDA_SUCCESS ||
+      (r = cu->cuMemsetD8(st->scratch, 0, scratch)) != CUDA_SUCCESS)
+    return cu_fail(c, op, "making the operations' device memory", r);
+  struct cuops_job *j = &st->job;
+  const struct ops_ctx *o = &c->ops;
+  for (uint32_t i = 0; i < o->world; i++)
+    j->slabs[i] = o->slabs[i];
+  j->data_off = o->lay.data_off;
+  j->block_bytes = o->lay.block_bytes;
+  j->parity_bytes = o->lay.parity_bytes;
+  j->row_bytes = o->lay.row_bytes;
+  j->world = o->world;
+  j->rank = o->rank;
+  j->hidden = o->shape.hidden;
+  j->topk = o->shape.topk;
+  j->num_experts = o->shape.num_experts;
+  j->le = o->shape.num_experts / o->world;
+  j->kd = j->topk < j->le ? j->topk : j->le;
+  j->max_tokens = o->shape.max_tokens_per_rank;
+  j->max_ll = o->lay.max_ll_tokens;
+  j->parts = o->world >= 8 ? 1 : 8 / o->world;
+  j->timeout_ns = (uint64_t)o->timeout_ms * 1000000ull;
+  j->host = (struct cuops_host *)(uintptr_t)st->host_dev;
+  j->dev = (struct cuops_dev *)(uintptr_t)st->dev;
+  st->ready = true;
+  return c->attach_ok.kernel_warmup ? warmup(c) : 0;
+#endif
+}
+
+void cuda_ops_detach(dep_client_t *c) {
+  struct cuops_state *st = &c->cuops;
+  if (st->ctx == NULL && st->warm_h == NULL) {
+    memset(st, 0, sizeof *st);
+    return; /* never loaded: do not initialise CUDA here (a parent may fork after) */
+  }
+  const struct cudadrv *cu = drv();
+  if (st->warm_h != NULL) {
+    cuda_ops_handle_free(st->warm_h);
+    host_ops_handle_fini(st->warm_h);
+    free(st->warm_h);
+  }
+  if (cu != NULL && st->ctx != NULL) {
+    CUcontext dummy;
+    bool pushed = cu->cuCtxPushCurrent(st->ctx) == CUDA_SUCCESS;
+    if (st->mod != NULL)
+      cu->cuModuleUnload(st->mod);
+    if (st->host != NULL)
+      cu->cuMemFreeHost(st->host);
+    if (st->dev != 0)
+      cu->cuMemFree(st->dev);
+    if (st->scratch != 0)
+      cu->cuMemFree(st->scratch);
+    if (st->loop_slab != 0)
+      cu->cuMemFree(st->loop_slab);
+    if (st->loop_dev != 0)
+      cu->cuMemFree(st->loop_dev);
+    if (pushed)
+      cu->cuCtxPopCurrent(&dummy);
+  }
+  memset(st, 0, sizeof *st);
+}

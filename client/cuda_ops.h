@@ -1,0 +1,258 @@
+/*
+ * cuda_ops.h — the cuda backend's MoE operations: the kernels in
+ * kernels/ops.cu (one fatbin embedded in the library) and their launcher in
+ * client/cuda_ops.c.  The semantics, slot, row and error-record layouts are
+ * the host backend's (kernels/host_ops.h); this header holds what both the
+ * C launcher and the CUDA kernels must agree on (the kernel ABI), plus the
+ * launcher's entry points for client/ops.c and client/attach.c.
+ *
+ * Protocol on the GPU (DESIGN §6, kernel rules):
+ *   - The call counter lives in device memory (cuops_dev.seq): each
+ *     communicating kernel reads it, uses seq + 1, and its last CTA to
+ *     finish stores seq + 1.  Nothing a call needs comes from the host at
+ *     launch time except pointers and num_tokens, so low-latency calls can
+ *     be captured in a CUDA graph and replayed.
+ *   - Push only: sender CTAs write rows into the peers' slabs, the last
+ *     sender CTA of each destination fences (system scope) and stores the
+ *     flag with st.release.sys; receiver CTAs wait with ld.acquire.sys.
+ *     Every rank posts to every rank on every call, zero rows included.
+ *   - Every wait is bounded by op_timeout_ms on %globaltimer.  A failure
+ *     is claimed once (cuops_dev.claim) and recorded in pinned host memory
+ *     (cuops_host.err, read by the library without a sync) and in the
+ *     slab's error words; the kernel returns, it never traps.
+ *   - SM budget: every communicating kernel is 2 * world * P CTAs of
+ *     CUOPS_THREADS threads, P = max(1, 8 / world) CTAs per peer and
+ *     direction: 16 CTAs for world <= 8, 2 * world above.  Ranks sharing
+ *     one GPU therefore all fit at once (8 ranks: 128 CTAs of 256 threads).
+ *
+ * What is checked where:
+ *   - On the host, before any launch: everything ops_check_* checks that
+ *     needs no look at device memory — the context, index_type, num_tokens
+ *     against the job's bounds, use_fp8, every pointer non-NULL and aligned
+ *     for its type, the handle's kind and job.
+ *   - On the device: topk_idx values (an id outside [-1, num_experts) is
+ *     DEP_ERR_INVALID through the error word and is treated as -1, so no
+ *     memory is touched out of range), that ll_combine's topk_idx equals
+ *     its dispatch's (DEP_ERR_INVALID), peers' ops, handles and row counts
+ *     (DEP_ERR_MISMATCH; outputs then left unwritten), waits
+ *     (DEP_ERR_TIMEOUT; the context is then broken).
+ *   - Reporting: dep_dispatch synchronises its stream and returns the
+ *     call's own error.  The other calls do not synchronise: an error the
+ *     device recorded is returned by the next dep_* call on the handle
+ *     (dep_dispatch also by itself).  DEP_ERR_INVALID and DEP_ERR_MISMATCH
+ *     are reported once, then cleared; DEP_ERR_TIMEOUT makes every later
+ *     call DEP_ERR_STATE.
+ *   Calls on one client must be ordered (one stream, or streams the caller
+ *   orders), as on the host; its streams must be idle before dep_detach.
+ *
+ * Ranks in one process share the CUDA context, and the driver may make a
+ * device-memory allocation or free (cuMemAlloc, cuMemFree, mapping slabs)
+ * wait for running kernels.  A rank's kernels may be waiting for another
+ * rank of the same process, so every such rank must have returned from
+ * dep_attach and made its handles (dep_handle_new allocates their device
+ * arrays) before any of them makes a call; until then a call times out.
+ * The library itself allocates nothing on the operations' path once a
+ * handle exists, and frees nothing before dep_detach / dep_handle_free.
+ * Such ranks also need a hardware queue per stream: set
+ * CUDA_DEVICE_MAX_CONNECTIONS (e.g. 32) at least to the number of streams
+ * before CUDA starts, or a kernel queued behind another rank's kernel in a
+ * shared queue waits for it (a false dependency) and the call times out.
+ */
+#ifndef DEP_CUDA_OPS_H
+#define DEP_CUDA_OPS_H
+
+#include <stdint.h>
+
+#include "deepep.h"
+
+#define CUOPS_THREADS 256
+#define CUOPS_WARPS (CUOPS_THREADS / 32)
+#define CUOPS_MAX_RANKS DEP_MAX_LOCAL_RANKS
+
+/* The host backend's op codes and layouts (host_ops.h), restated for the
+ * C++ side; cuda_ops.c checks at compile time that they agree. */
+#define CUOPS_OP_DISPATCH 1u
+#define CUOPS_OP_COMBINE 2u
+#define CUOPS_OP_LL_DISPATCH 3u
+#define CUOPS_OP_LL_COMBINE 4u
+#define CUOPS_OP_FP8 0x100u
+#define CUOPS_SLOT_BYTES 64u
+#define CUOPS_ERR_BYTES 64u
+
+/* Where a failure happened (cuops_err.phase). */
+enum cuops_phase {
+  CUOPS_PHASE_WAIT = 1,    /* waiting for a peer's flag */
+  CUOPS_PHASE_AHEAD = 2,   /* a peer's flag is past this call: ranks out of step */
+  CUOPS_PHASE_PEER = 3,    /* a peer made another call, or sent malformed rows */
+  CUOPS_PHASE_IDS = 4,     /* the caller's topk_idx */
+};
+
+/* An ops_err_record (host_ops.h) with its reserved word used for phase. */
+struct cuops_err {
+  int32_t code;
+  uint32_t op;
+  uint32_t rank;
+  uint32_t source;
+  uint64_t seq;
+  uint64_t seen_flag;
+  uint32_t waited_ms;
+  uint32_t phase;
+};
+
+/* Pinned host memory mapped for the device: written by kernels, read by the library. */
+struct cuops_host {
+  struct cuops_err err;            /* code stored last */
+  uint32_t num_recv;               /* dispatch: rows received */
+  uint32_t recv_from[CUOPS_MAX_RANKS]; /* dispatch: rows from each source */
+};
+
+/* Device scratch of one client. */
+struct cuops_dev {
+  uint64_t seq;                    /* communicating calls made */
+  uint32_t done;                   /* CTAs finished in the running launch */
+  uint32_t claim;                  /* 1 once a failure is recorded */
+  uint32_t broken;                 /* 1 after a timeout: kernels do nothing */
+  uint32_t pad;
+  uint32_t arrive[CUOPS_MAX_RANKS]; /* sender CTAs done per destination */
+};
+
+/* One rank's view of its job, passed by value to every kernel. */
+struct cuops_job {
+  uint8_t *slabs[CUOPS_MAX_RANKS]; /* every rank's slab (device pointers), by rank */
+  uint64_t data_off, block_bytes, parity_bytes, row_bytes;
+  uint32_t world, rank, hidden, topk, num_experts, le, kd, max_tokens, max_ll, parts;
+  uint64_t timeout_ns;
+  struct cuops_host *host;         /* device address of the pinned block */
+  struct cuops_dev *dev;
+};
+
+/* A handle's device arrays (one allocation). */
+struct cuops_hdl {
+  uint64_t *seq;       /* [1] call number of the dispatch */
+  int32_t *tp_pos;     /* [max_tokens * world] row of token t at rank d, -1 if not sent */
+  uint32_t *tp_sent;   /* [world] rows sent to each rank */
+  uint32_t *tp_from;   /* [world] rows received from each rank */
+  int32_t *ll_route;   /* [max_ll * topk * 2] {expert, vector index at its rank} */
+  uint32_t *ll_expect; /* [world] vectors each rank owes back */
+  uint32_t *ll_rows;   /* [world] rows received from each rank */
+  int32_t *ll_nids;    /* [world * max_ll] distinct experts of each received row */
+  int32_t *ll_map;     /* [world * max_ll * kd * 2] {local expert, row} of each (row, id) */
+};
+
+struct cuops_layout_args {
+  const void *idx;
+  int32_t itype;
+  uint32_t num_tokens;
+  int32_t *tpr, *tpe;
+  uint8_t *tir;
+};
+
+struct cuops_dispatch_args {
+  const void *x, *idx;
+  const float *w;
+  int32_t itype;
+  uint32_t num_tokens;
+  void *rx;
+  int32_t *ridx;
+  float *rw;
+  int32_t *cnt;
+  struct cuops_hdl h;
+};
+
+struct cuops_combine_args {
+  const void *x;
+  void *out;
+  uint32_t num_tokens;
+  uint32_t pad;
+  struct cuops_hdl h;
+};
+
+struct cuops_ll_dispatch_args {
+  const void *x, *idx;
+  int32_t itype;
+  uint32_t num_tokens;
+  int32_t fp8;
+  uint32_t pad;
+  void *rx;
+  float *rs;
+  int32_t *cnt;
+  struct cuops_hdl h;
+};
+
+struct cuops_ll_combine_args {
+  const void *x, *idx;
+  int32_t itype;
+  uint32_t num_tokens;
+  const float *w;
+  void *out;
+  struct cuops_hdl h;
+};
+
+/* Kernel names in the fatbin, in the order of cuops_state.fn[]. */
+#define CUOPS_KERNELS(XX)                  \
+  XX(LAYOUT, "dep_k_layout")               \
+  XX(DISPATCH, "dep_k_dispatch")           \
+  XX(COMBINE, "dep_k_combine")             \
+  XX(LL_DISPATCH, "dep_k_ll_dispatch")     \
+  XX(LL_COMBINE, "dep_k_ll_combine")
+
+#ifndef __CUDACC__
+#include <stdbool.h>
+
+#include "cudadrv.h"
+
+enum cuops_kernel {
+#define CUOPS__ENUM(name, sym) CUOPS_K_##name,
+  CUOPS_KERNELS(CUOPS__ENUM)
+#undef CUOPS__ENUM
+  CUOPS_K_COUNT
+};
+
+/* The cuda backend's state in a client handle (client_internal.h). */
+struct cuops_state {
+  bool ready;                     /* module loaded, memory made */
+  bool broken;                    /* a wait timed out: ranks out of step */
+  CUcontext ctx;
+  CUmodule mod;
+  CUfunction fn[CUOPS_K_COUNT];
+  struct cuops_host *host;        /* pinned block, host address */
+  CUdeviceptr host_dev;           /* ... and its device address */
+  CUdeviceptr dev;                /* struct cuops_dev */
+  CUdeviceptr scratch;            /* warm-up outputs */
+  CUdeviceptr loop_slab, loop_dev; /* the warm-up's world of one, kept until detach */
+  struct dep_handle *warm_h;      /* the warm-up's handle */
+  struct cuops_job job;
+  double warmup_ms;               /* time the warm-up took in dep_attach */
+};
+
+struct dep_handle;
+
+/*
+ * At dep_attach on cuda, after the slabs are mapped and c->ops is set up:
+ * load the embedded fatbin and every kernel, make the pinned and device
+ * scratch, and with kernel_warmup run every kernel once on zero tokens, on
+ * a private loopback world of one rank (no peer, no write to the job's
+ * slabs, the job's call count untouched).  A build without nvcc attaches
+ * all the same; its operations then return DEP_ERR_UNSUPPORTED.
+ */
+int cuda_ops_attach(dep_client_t *c);
+/* Undo cuda_ops_attach (client_unmap); safe on a zeroed state. */
+void cuda_ops_detach(dep_client_t *c);
+/* Make a new handle's device arrays now (dep_handle_new on an attached cuda
+ * client), rather than in its first dispatch; a no-op without kernels. */
+int cuda_ops_handle_new(dep_client_t *c, struct dep_handle *h);
+/* Free a handle's device arrays (dep_handle_free). */
+void cuda_ops_handle_free(struct dep_handle *h);
+
+int cuda_ops_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream_t s);
+int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct dep_handle *h,
+                      dep_stream_t s);
+int cuda_ops_combine(dep_client_t *c, const struct dep_combine_args *a, const struct dep_handle *h,
+                     dep_stream_t s);
+int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
+                         struct dep_handle *h, dep_stream_t s);
+int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
+                        const struct dep_handle *h, dep_stream_t s);
+#endif /* !__CUDACC__ */
+
+#endif /* DEP_CUDA_OPS_H */

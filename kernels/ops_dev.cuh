@@ -1,0 +1,331 @@
+/*
+ * ops_dev.cuh — device-side building blocks of the cuda backend's MoE
+ * kernels (kernels/ops.cu): slab addressing, the flag protocol (release /
+ * acquire at system scope, bounded waits on %globaltimer, the error
+ * record), number formats bit-identical to kernels/host_ops.c, 16-byte
+ * vector copies and a block-wide prefix sum.  The ABI and the protocol are
+ * described in client/cuda_ops.h.
+ */
+#ifndef DEP_OPS_DEV_CUH
+#define DEP_OPS_DEV_CUH
+
+#include <stdint.h>
+
+#include "cuda_ops.h"
+
+#define FULL_MASK 0xffffffffu
+
+/* ---- slab addressing (proto/slab.h) ---------------------------------------- */
+
+__device__ __forceinline__ uint8_t *slot_at(const cuops_job &J, uint32_t slab, unsigned parity,
+                                            uint32_t src) {
+  return J.slabs[slab] + CUOPS_ERR_BYTES + ((uint64_t)parity * J.world + src) * CUOPS_SLOT_BYTES;
+}
+
+__device__ __forceinline__ uint8_t *block_at(const cuops_job &J, uint32_t slab, unsigned parity,
+                                             uint32_t src) {
+  return J.slabs[slab] + J.data_off + (uint64_t)parity * J.parity_bytes +
+         (uint64_t)src * J.block_bytes;
+}
+
+__device__ __forceinline__ int64_t idx_at(const void *idx, int32_t itype, uint64_t i) {
+  return itype == DEP_INDEX_I64 ? ((const int64_t *)idx)[i] : (int64_t)((const int32_t *)idx)[i];
+}
+
+/* ---- memory ordering -------------------------------------------------------- */
+
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_release_sys(uint64_t *p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t globaltimer_ns(void) {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* ---- failures ------------------------------------------------------------------ */
+
+/*
+ * Record a failure once per client until the library clears it: the pinned
+ * record (read by the library without a sync) and the slab's error words
+ * (read by tools), code stored last.  A timeout, or a peer ahead of this
+ * call, breaks the context: later kernels do nothing.
+ */
+__device__ __forceinline__ void rec_fail(const cuops_job &J, int32_t code, uint32_t op, uint32_t src,
+                                      uint32_t phase, uint64_t seq, uint64_t seen,
+                                      uint64_t waited_ns) {
+  if (code == DEP_ERR_TIMEOUT || phase == CUOPS_PHASE_AHEAD)
+    atomicExch(&J.dev->broken, 1u);
+  if (atomicCAS(&J.dev->claim, 0u, 1u) != 0u)
+    return;
+  volatile cuops_err *rec[2] = {&J.host->err, (volatile cuops_err *)J.slabs[J.rank]};
+  for (int i = 0; i < 2; i++) {
+    rec[i]->op = op;
+    rec[i]->rank = J.rank;
+    rec[i]->source = src;
+    rec[i]->seq = seq;
+    rec[i]->seen_flag = seen;
+    rec[i]->waited_ms = (uint32_t)(waited_ns / 1000000u);
+    rec[i]->phase = phase;
+  }
+  __threadfence_system();
+  rec[1]->code = code;
+  rec[0]->code = code;
+  __threadfence_system();
+}
+
+/* An expert id from the caller's topk_idx: out of range is recorded and read as -1. */
+__device__ __forceinline__ int64_t checked_id(const cuops_job &J, const void *idx, int32_t itype,
+                                              uint64_t i, uint32_t op, bool report) {
+  int64_t e = idx_at(idx, itype, i);
+  if (e < -1 || e >= (int64_t)J.num_experts) {
+    if (report)
+      rec_fail(J, DEP_ERR_INVALID, op, (uint32_t)(i / J.topk), CUOPS_PHASE_IDS, 0, (uint64_t)e, 0);
+    return -1;
+  }
+  return e;
+}
+
+/* ---- the call: its number, the waits, the flags -------------------------------- */
+
+struct call {
+  uint64_t seq;
+  unsigned parity;
+  uint64_t t0;
+  bool skip; /* the context is broken: do nothing */
+};
+
+/* Every CTA of a communicating kernel starts here (all threads). */
+__device__ __forceinline__ call call_begin(const cuops_job &J) {
+  __shared__ uint64_t s_seq, s_t0;
+  __shared__ uint32_t s_broken;
+  if (threadIdx.x == 0) {
+    s_seq = *(volatile uint64_t *)&J.dev->seq + 1;
+    s_broken = *(volatile uint32_t *)&J.dev->broken;
+    s_t0 = globaltimer_ns();
+  }
+  __syncthreads();
+  call k;
+  k.seq = s_seq;
+  k.parity = (unsigned)(s_seq & 1u);
+  k.t0 = s_t0;
+  k.skip = s_broken != 0;
+  return k;
+}
+
+/* Every CTA ends here (all threads): the last one to finish publishes seq. */
+__device__ __forceinline__ void call_end(const cuops_job &J, const call &k) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&J.dev->done, 1u) == gridDim.x - 1) {
+      J.dev->done = 0;
+      *(volatile uint64_t *)&J.dev->seq = k.seq;
+      __threadfence();
+    }
+  }
+}
+
+/*
+ * Thread 0 of a sender CTA, after the CTA's writes for destination d: the
+ * last of the J.parts CTAs sending to d publishes the slot and the flag.
+ */
+__device__ __forceinline__ void post(const cuops_job &J, const call &k, uint32_t d, uint32_t rows,
+                                  uint32_t op, uint64_t ref_seq, uint32_t num_tokens) {
+  __threadfence_system();
+  if (atomicAdd(&J.dev->arrive[d], 1u) != J.parts - 1)
+    return;
+  J.dev->arrive[d] = 0;
+  __threadfence_system();
+  uint8_t *slot = slot_at(J, d, k.parity, J.rank);
+  volatile uint32_t *s32 = (volatile uint32_t *)slot;
+  s32[2] = rows;
+  s32[3] = op;
+  ((volatile uint64_t *)slot)[2] = ref_seq;
+  s32[6] = num_tokens;
+  st_release_sys((uint64_t *)slot, k.seq);
+}
+
+/* What a receiver CTA learns from every source's slot. */
+struct peers {
+  uint32_t rows[CUOPS_MAX_RANKS];
+  uint32_t op[CUOPS_MAX_RANKS];
+  uint64_t ref[CUOPS_MAX_RANKS];
+};
+
+/*
+ * Thread 0: wait, bounded, until every source has posted this call into
+ * this rank's slab, then read their slots.  0, or 1 when the call failed
+ * (recorded here or by another CTA).
+ */
+__device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uint32_t op, peers *p) {
+  for (uint32_t s = 0; s < J.world; s++) {
+    uint8_t *slot = slot_at(J, J.rank, k.parity, s);
+    for (uint32_t i = 0;; i++) {
+      uint64_t f = ld_acquire_sys((const uint64_t *)slot);
+      if (f == k.seq)
+        break;
+      if (f > k.seq) {
+        rec_fail(J, DEP_ERR_MISMATCH, op, s, CUOPS_PHASE_AHEAD, k.seq, f, globaltimer_ns() - k.t0);
+        return 1;
+      }
+      if ((i & 31u) == 31u) {
+        uint64_t waited = globaltimer_ns() - k.t0;
+        if (waited > J.timeout_ns) {
+          rec_fail(J, DEP_ERR_TIMEOUT, op, s, CUOPS_PHASE_WAIT, k.seq, f, waited);
+          return 1;
+        }
+        if (*(volatile uint32_t *)&J.dev->broken)
+          return 1;
+        __nanosleep(64);
+      }
+    }
+    volatile uint32_t *s32 = (volatile uint32_t *)slot;
+    p->rows[s] = s32[2];
+    p->op[s] = s32[3];
+    p->ref[s] = ((volatile uint64_t *)slot)[2];
+  }
+  return 0;
+}
+
+/* ---- number formats: bit-identical to host_ops.c --------------------------------- */
+
+__device__ __forceinline__ float bf2f(uint32_t b) { return __uint_as_float((b & 0xffffu) << 16); }
+
+__device__ __forceinline__ uint32_t f2bf(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return ((u >> 16) | 0x40u) & 0xffffu;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+
+__device__ __forceinline__ uint32_t f2e4m3(float f) {
+  uint32_t u = __float_as_uint(f);
+  uint32_t sign = (u >> 24) & 0x80u;
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u)
+    return sign | 0x7fu;
+  if (a >= 0x43e00000u)
+    return sign | 0x7eu;
+  if (a < 0x3c800000u) {
+    if (a < 0x00800000u)
+      return sign;
+    uint32_t m = (a & 0x7fffffu) | 0x800000u;
+    int e = (int)(a >> 23) - 127;
+    unsigned shift = (unsigned)(14 - e);
+    if (shift > 25)
+      return sign;
+    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u)))
+      q++;
+    return sign | q;
+  }
+  uint32_t r = (a + 0x7ffffu + ((a >> 20) & 1u)) >> 20;
+  uint32_t code = r - (120u << 3);
+  return sign | (code > 0x7eu ? 0x7eu : code);
+}
+
+/* ---- copies ---------------------------------------------------------------------- */
+
+/*
+ * One warp copies `bytes` (even): 16-byte vectors when both ends allow,
+ * else 4- or 2-byte words.  Loads bypass L1 (.cg): slab lines another
+ * rank rewrote since this SM last read them must not come from L1.
+ */
+__device__ __forceinline__ void warp_copy(void *dst, const void *src, uint64_t bytes) {
+  const uint32_t lane = threadIdx.x & 31u;
+  uintptr_t al = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)bytes;
+  if ((al & 15u) == 0) {
+    const int4 *s = (const int4 *)src;
+    int4 *d = (int4 *)dst;
+    for (uint64_t i = lane; i < bytes / 16; i += 32)
+      d[i] = __ldcg(s + i);
+  } else if ((al & 3u) == 0) {
+    const uint32_t *s = (const uint32_t *)src;
+    uint32_t *d = (uint32_t *)dst;
+    for (uint64_t i = lane; i < bytes / 4; i += 32)
+      d[i] = __ldcg(s + i);
+  } else {
+    const unsigned short *s = (const unsigned short *)src;
+    unsigned short *d = (unsigned short *)dst;
+    for (uint64_t i = lane; i < bytes / 2; i += 32)
+      d[i] = __ldcg(s + i);
+  }
+}
+
+/* 8 bf16 at p (16-byte aligned when `vec`) as floats. */
+__device__ __forceinline__ void load8(const void *p, bool vec, float *v) {
+  if (vec) {
+    int4 q = __ldcg((const int4 *)p);
+    uint32_t w[4] = {(uint32_t)q.x, (uint32_t)q.y, (uint32_t)q.z, (uint32_t)q.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      v[2 * i] = bf2f(w[i]);
+      v[2 * i + 1] = bf2f(w[i] >> 16);
+    }
+  } else {
+    const unsigned short *s = (const unsigned short *)p;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      v[i] = bf2f(__ldcg(s + i));
+  }
+}
+
+/* 8 floats rounded to bf16 at p (16-byte aligned when `vec`). */
+__device__ __forceinline__ void store8(void *p, bool vec, const float *v) {
+  if (vec) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      w[i] = f2bf(v[2 * i]) | (f2bf(v[2 * i + 1]) << 16);
+    *(int4 *)p = make_int4((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
+  } else {
+    unsigned short *d = (unsigned short *)p;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      d[i] = (unsigned short)f2bf(v[i]);
+  }
+}
+
+/* ---- block-wide exclusive prefix sum (every thread of the CTA calls it) ------------ */
+
+__device__ __forceinline__ uint32_t block_scan(uint32_t v, uint32_t *total) {
+  __shared__ uint32_t s_warp[CUOPS_WARPS];
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  uint32_t x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    uint32_t y = __shfl_up_sync(FULL_MASK, x, o);
+    if (lane >= (uint32_t)o)
+      x += y;
+  }
+  if (lane == 31)
+    s_warp[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    uint32_t w = lane < CUOPS_WARPS ? s_warp[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      uint32_t y = __shfl_up_sync(FULL_MASK, w, o);
+      if (lane >= (uint32_t)o)
+        w += y;
+    }
+    if (lane < CUOPS_WARPS)
+      s_warp[lane] = w;
+  }
+  __syncthreads();
+  uint32_t base = warp ? s_warp[warp - 1] : 0;
+  *total = s_warp[CUOPS_WARPS - 1];
+  __syncthreads();
+  return base + x - v;
+}
+
+#endif /* DEP_OPS_DEV_CUH */
