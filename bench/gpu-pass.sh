@@ -23,6 +23,7 @@ socket:
 backend: cuda
 pool:
   size_per_device: 16GiB
+  host_size: $CHUNK
   chunk_size: $CHUNK
 YAML
 "$B"/deepepd -c "$D/c.yaml" 2> "$OUT/deepepd-cuda-$CHUNK.log" &
