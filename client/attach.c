@@ -36,12 +36,45 @@ static int attach_timeout(dep_client_t *c, int *timeout_ms) {
 void client_unmap(dep_client_t *c) {
   cuda_ops_detach(c); /* the kernels and their memory go before the slabs they address */
   host_ops_fini(&c->ops);
-  for (uint32_t i = 0; i < DEP_MAX_LOCAL_RANKS; i++)
-    mem_unmap_slab(&c->maps[i]);
+  for (uint32_t i = 0; i < c->n_arenas; i++)
+    mem_unmap_slab(&c->arenas[i]);
+  c->n_arenas = 0;
+  memset(c->slabs, 0, sizeof c->slabs);
   memset(c->ranks, 0, sizeof c->ranks);
 }
 
-/* Map one SLAB frame's chunks; the frame's fds are taken (and closed). */
+/*
+ * Check an arena's slab list before mapping it: each slab inside the arena,
+ * none overlapping another, each local rank named once in the whole reply.
+ */
+static int attach_check_arena(dep_client_t *c, const struct dep_msg_slab *m, const bool *seen) {
+  if (m->chunk_bytes > UINT64_MAX / m->n_chunks)
+    return client_fail(c, DEP_ERR_PROTOCOL, "deepepd sent an arena of impossible size");
+  uint64_t bytes = m->chunk_bytes * m->n_chunks, need = c->layout.total_bytes;
+  for (uint32_t i = 0; i < m->n_ranks; i++) {
+    const struct dep_msg_slab_rank *r = &m->ranks[i];
+    if (r->local_rank >= c->args.local_world_size || seen[r->local_rank])
+      return client_fail(c, DEP_ERR_PROTOCOL, "deepepd sent local rank %u's slab twice or out "
+                         "of range (local world size %u)", r->local_rank,
+                         c->args.local_world_size);
+    if (r->offset % 64 != 0 || r->offset > bytes || bytes - r->offset < need)
+      return client_fail(c, DEP_ERR_PROTOCOL,
+                         "deepepd placed local rank %u's slab at offset %llu of an arena of %llu "
+                         "bytes; this library's layout needs %llu bytes there (daemon and "
+                         "library of different versions?)", r->local_rank,
+                         (unsigned long long)r->offset, (unsigned long long)bytes,
+                         (unsigned long long)need);
+    for (uint32_t k = 0; k < i; k++) {
+      uint64_t o = m->ranks[k].offset;
+      if (m->ranks[k].local_rank == r->local_rank || (o < r->offset + need && r->offset < o + need))
+        return client_fail(c, DEP_ERR_PROTOCOL, "deepepd's arena holds overlapping slabs for "
+                           "local ranks %u and %u", m->ranks[k].local_rank, r->local_rank);
+    }
+  }
+  return 0;
+}
+
+/* Map one SLAB frame's arena; the frame's fds are taken (and closed). */
 static int attach_slab(dep_client_t *c, struct client_frame *f, bool *seen) {
   struct dep_msg_slab m;
   if (proto_decode_slab(f->body, f->hdr.body_len, &m) != 0)
@@ -50,23 +83,25 @@ static int attach_slab(dep_client_t *c, struct client_frame *f, bool *seen) {
     return client_fail(c, DEP_ERR_PROTOCOL,
                        "deepepd's SLAB frame announces %u chunks but %d descriptors arrived",
                        m.n_chunks, f->nfds);
-  if (m.local_rank >= c->args.local_world_size || seen[m.local_rank])
-    return client_fail(c, DEP_ERR_PROTOCOL, "deepepd sent local rank %u's slab twice or out of "
-                       "range (local world size %u)", m.local_rank, c->args.local_world_size);
-  if (m.n_chunks * m.chunk_bytes < c->layout.total_bytes)
-    return client_fail(c, DEP_ERR_PROTOCOL,
-                       "deepepd lent local rank %u a slab of %llu bytes; this library's layout "
-                       "needs %llu (daemon and library of different versions?)",
-                       m.local_rank, (unsigned long long)(m.n_chunks * m.chunk_bytes),
-                       (unsigned long long)c->layout.total_bytes);
+  if (c->n_arenas >= c->args.local_world_size)
+    return client_fail(c, DEP_ERR_PROTOCOL, "deepepd sent more arenas than local ranks");
+  int rc = attach_check_arena(c, &m, seen);
+  if (rc != 0)
+    return rc;
   char why[256] = "";
-  int rc = mem_map_slab(&c->maps[m.local_rank], c->cuda, f->fds, m.n_chunks, m.chunk_bytes,
-                        c->cuda_dev, why, sizeof why);
+  struct mem_map *arena = &c->arenas[c->n_arenas];
+  rc = mem_map_slab(arena, c->cuda, f->fds, m.n_chunks, m.chunk_bytes, c->cuda_dev, why,
+                    sizeof why);
   f->nfds = 0; /* mem_map_slab closed them */
   if (rc != 0)
-    return client_seterr(c, rc, "mapping local rank %u's slab: %s", m.local_rank, why);
-  seen[m.local_rank] = true;
-  c->ranks[m.local_rank] = m.rank;
+    return client_seterr(c, rc, "mapping the slabs of local rank %u: %s", m.ranks[0].local_rank,
+                         why);
+  c->n_arenas++;
+  for (uint32_t i = 0; i < m.n_ranks; i++) {
+    seen[m.ranks[i].local_rank] = true;
+    c->slabs[m.ranks[i].local_rank] = (uint8_t *)arena->base + m.ranks[i].offset;
+    c->ranks[m.ranks[i].local_rank] = m.ranks[i].rank;
+  }
   return 0;
 }
 
@@ -81,10 +116,14 @@ static int attach_ok(dep_client_t *c, struct client_frame *f, const bool *seen) 
   if (ok.local_world_size != c->args.local_world_size)
     return client_fail(c, DEP_ERR_PROTOCOL, "deepepd's ATTACH_OK names local world size %u, "
                        "not %u", ok.local_world_size, c->args.local_world_size);
+  if (ok.slab_bytes < c->layout.total_bytes)
+    return client_fail(c, DEP_ERR_PROTOCOL, "deepepd's slabs are %llu bytes apart; this "
+                       "library's layout needs %llu", (unsigned long long)ok.slab_bytes,
+                       (unsigned long long)c->layout.total_bytes);
   for (uint32_t i = 0; i < ok.local_world_size; i++)
-    if (!seen[i] || c->maps[i].bytes != ok.slab_bytes)
-      return client_fail(c, DEP_ERR_PROTOCOL, "deepepd's ATTACH reply lacks local rank %u's slab "
-                         "of %llu bytes", i, (unsigned long long)ok.slab_bytes);
+    if (!seen[i])
+      return client_fail(c, DEP_ERR_PROTOCOL, "deepepd's ATTACH reply lacks local rank %u's slab",
+                         i);
   c->attach_ok = ok;
   return 0;
 }
@@ -172,7 +211,7 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
   if (args->world_size == args->local_world_size) {
     uint8_t *slabs[DEP_MAX_LOCAL_RANKS] = {NULL};
     for (uint32_t i = 0; i < args->local_world_size; i++)
-      slabs[c->ranks[i]] = c->maps[i].base;
+      slabs[c->ranks[i]] = c->slabs[i];
     rc = host_ops_init(&c->ops, &args->shape, args->world_size, args->rank, slabs,
                        c->attach_ok.op_timeout_ms, why, sizeof why);
     if (rc != 0) {
@@ -224,7 +263,7 @@ DEP_EXPORT int dep_attach_info(const dep_client_t *c, struct dep_attach_info *ou
   out->local_rank = c->args.local_rank;
   out->local_world_size = c->args.local_world_size;
   for (uint32_t i = 0; i < c->args.local_world_size; i++) {
-    out->slabs[i] = c->maps[i].base;
+    out->slabs[i] = c->slabs[i];
     out->ranks[i] = c->ranks[i];
   }
   out->attach_ms = c->attach_ms;

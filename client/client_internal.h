@@ -46,7 +46,9 @@ struct dep_client {
   struct dep_msg_attach_ok attach_ok; /* the last ATTACH_OK */
   struct dep_attach_args args;    /* what this rank attached with */
   struct dep_slab_layout layout;  /* of every slab of the job */
-  struct mem_map maps[DEP_MAX_LOCAL_RANKS]; /* every local rank's slab, by local rank */
+  struct mem_map arenas[DEP_MAX_LOCAL_RANKS]; /* the job's arenas (one per device), mapped */
+  uint32_t n_arenas;
+  uint8_t *slabs[DEP_MAX_LOCAL_RANKS];      /* every local rank's slab, by local rank */
   uint32_t ranks[DEP_MAX_LOCAL_RANKS];      /* global rank of each local rank */
   bool cuda;                      /* slabs are GPU memory */
   int cuda_dev;                   /* this rank's CUDA device ordinal */

@@ -49,50 +49,94 @@ static uint64_t job_shape_key(const struct job *j) {
   return h;
 }
 
-/* Return every slab the job holds to its pool, scrubbed (or cached). */
+/* Slabs sit this far apart in an arena: the layout's size, 64 KiB aligned. */
+#define JOB_SLAB_ALIGN (64u * 1024u)
+
+/* Return every arena the job holds to its pool, scrubbed (or cached), once each. */
 static void job_release_slabs(struct job *j) {
   for (uint32_t i = 0; i < j->local_world_size; i++) {
-    if (j->ranks[i].slab != NULL)
-      pool_slab_put(j->ranks[i].slab, deepepd.cfg.buffer_cache_enabled);
-    j->ranks[i].slab = NULL;
+    struct pool_slab *arena = j->ranks[i].slab;
+    if (arena == NULL)
+      continue;
+    for (uint32_t k = i; k < j->local_world_size; k++)
+      if (j->ranks[k].slab == arena)
+        j->ranks[k].slab = NULL;
+    pool_slab_put(arena, deepepd.cfg.buffer_cache_enabled);
   }
 }
 
 /*
- * The rendezvous completed: lend every local rank its slab from the pool of
- * its device.  A failure fails every waiting rank with the returned code.
+ * The rendezvous completed: lend the job one arena per device, holding the
+ * slabs of every local rank on that device one after another.  One arena
+ * rather than one slab per rank, because every rank imports and maps every
+ * local slab, and the driver's cost grows with the number of handles
+ * imported across processes (BENCHMARKS.md, vmm_map).  A failure fails
+ * every waiting rank with the returned code.
  */
 static int job_on_complete(struct job *j, char *why, size_t whylen) {
   uint64_t key = job_shape_key(j);
+  uint64_t stride = dep_round_up(j->slab_bytes, JOB_SLAB_ALIGN);
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     struct job_rank *r = &j->ranks[i];
+    if (r->slab != NULL)
+      continue; /* placed in the arena of an earlier rank's device */
+    uint32_t n = 0;
+    for (uint32_t k = i; k < j->local_world_size; k++)
+      n += j->ranks[k].slab == NULL && memcmp(j->ranks[k].device_uuid, r->device_uuid, 16) == 0;
     struct pool *p = devices_find(r->device_uuid, why, whylen);
+    struct pool_slab *arena = NULL;
     int rc = p == NULL ? DEP_ERR_NOT_FOUND
-                       : pool_slab_get(p, j->slab_bytes, j->owner_uid, key, &r->slab, why, whylen);
+                       : pool_slab_get(p, n * stride, j->owner_uid, key, &arena, why, whylen);
     if (rc != 0) {
       job_release_slabs(j);
       return rc;
     }
+    uint64_t off = 0;
+    for (uint32_t k = i; k < j->local_world_size; k++) {
+      struct job_rank *q = &j->ranks[k];
+      if (q->slab == NULL && memcmp(q->device_uuid, r->device_uuid, 16) == 0) {
+        q->slab = arena;
+        q->offset = off;
+        off += stride;
+      }
+    }
   }
-  /* Every slab is a whole number of chunks: what the clients map. */
-  j->slab_bytes = j->ranks[0].slab->bytes;
+  j->slab_bytes = stride;
   return 0;
 }
 
-/* The last rank is gone (or the job failed): the slabs go back, scrubbed. */
+/* The last rank is gone (or the job failed): the arenas go back, scrubbed. */
 static void job_on_teardown(struct job *j) { job_release_slabs(j); }
 
-/* Send local rank i's slab to connection c: one SLAB frame, its fds riding on it. */
-static int job_send_slab(const struct job *j, uint32_t i, struct conn *c, uint32_t request_id) {
-  const struct job_rank *r = &j->ranks[i];
-  const struct pool_slab *sl = r->slab;
-  struct dep_msg_slab m = {.local_rank = i, .rank = r->rank,
-                           .chunk_bytes = sl->pool->chunk_bytes, .n_chunks = sl->n};
-  memcpy(m.device_uuid, r->device_uuid, sizeof m.device_uuid);
+/* Send one arena (the one holding local rank i's slab) to connection c. */
+static int job_send_arena(const struct job *j, uint32_t i, struct conn *c, uint32_t request_id) {
+  const struct pool_slab *arena = j->ranks[i].slab;
+  struct dep_msg_slab m = {.chunk_bytes = arena->pool->chunk_bytes, .n_chunks = arena->n};
+  memcpy(m.device_uuid, j->ranks[i].device_uuid, sizeof m.device_uuid);
+  for (uint32_t k = 0; k < j->local_world_size; k++) {
+    if (j->ranks[k].slab != arena)
+      continue;
+    m.ranks[m.n_ranks++] = (struct dep_msg_slab_rank){k, j->ranks[k].rank, j->ranks[k].offset};
+  }
   int fds[DEP_PROTO_MAX_FDS];
-  for (uint32_t k = 0; k < sl->n; k++)
-    fds[k] = pool_slab_fd(sl, k);
-  return conn_send(c, DEP_MSG_SLAB, request_id, &m, fds, (int)sl->n);
+  for (uint32_t k = 0; k < arena->n; k++)
+    fds[k] = pool_slab_fd(arena, k);
+  return conn_send(c, DEP_MSG_SLAB, request_id, &m, fds, (int)arena->n);
+}
+
+/* Send every arena of the job to connection c, one SLAB frame each. */
+static int job_send_arenas(const struct job *j, struct conn *c, uint32_t request_id) {
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    bool first = true;
+    for (uint32_t k = 0; k < i && first; k++)
+      first = j->ranks[k].slab != j->ranks[i].slab;
+    if (!first)
+      continue;
+    int rc = job_send_arena(j, i, c, request_id);
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
 }
 
 /*
@@ -109,19 +153,21 @@ static int job_check_memory(const struct dep_attach_args *a, uint64_t *slab_byte
   int rc = dep_slab_layout(&a->shape, a->world_size, &l, why, whylen);
   if (rc != 0)
     return rc;
-  uint64_t need = dep_round_up(l.total_bytes, p->chunk_bytes);
-  if (need / p->chunk_bytes > DEP_PROTO_MAX_FDS) {
-    snprintf(why, whylen, "a slab of %llu bytes would be %llu chunks of %llu bytes, more than "
-             "the %d one message can carry; raise pool.chunk_size",
-             (unsigned long long)l.total_bytes, (unsigned long long)(need / p->chunk_bytes),
+  /* The worst case: every local rank on this device, in one arena. */
+  uint64_t need = dep_round_up(l.total_bytes, JOB_SLAB_ALIGN) * a->local_world_size;
+  uint64_t chunks = dep_round_up(need, p->chunk_bytes) / p->chunk_bytes;
+  if (chunks > DEP_PROTO_MAX_FDS) {
+    snprintf(why, whylen, "the job's %u local slabs of %llu bytes would take %llu chunks of "
+             "%llu bytes, more than the %d one message can carry; raise pool.chunk_size",
+             a->local_world_size, (unsigned long long)l.total_bytes, (unsigned long long)chunks,
              (unsigned long long)p->chunk_bytes, DEP_PROTO_MAX_FDS);
     return DEP_ERR_NO_MEMORY;
   }
-  if (need * a->local_world_size > pool_total_bytes(p) && a->local_world_size > 0) {
+  if (chunks * p->chunk_bytes > pool_total_bytes(p)) {
     snprintf(why, whylen, "this job shape needs %llu MiB per rank, %llu MiB for its %u local "
              "ranks, but device %s's pool holds %llu MiB; lower max_tokens_per_rank or hidden, "
              "or raise pool.size_per_device (pool.host_size on the host backend)",
-             (unsigned long long)(need >> 20), (unsigned long long)((need * a->local_world_size) >> 20),
+             (unsigned long long)(l.total_bytes >> 20), (unsigned long long)(need >> 20),
              a->local_world_size, p->dev.uuid_str, (unsigned long long)(pool_total_bytes(p) >> 20));
     return DEP_ERR_NO_MEMORY;
   }
@@ -239,12 +285,9 @@ static void job_complete(struct job *j) {
       continue;
     r->waiting = false;
     /* Every rank maps every local rank's slab: the reply is one SLAB frame
-     * per local rank, then ATTACH_OK.  A rank whose queue overflows is
-     * dropped by conn_send, which ends its part in the job. */
-    int sent = 0;
-    for (uint32_t k = 0; k < j->local_world_size && sent == 0; k++)
-      sent = job_send_slab(j, k, r->conn, r->request_id);
-    if (sent == 0)
+     * per arena, then ATTACH_OK.  A rank whose queue overflows is dropped
+     * by conn_send, which ends its part in the job. */
+    if (job_send_arenas(j, r->conn, r->request_id) == 0)
       conn_send(r->conn, DEP_MSG_ATTACH_OK, r->request_id, &ok, NULL, 0);
   }
 }

@@ -30,7 +30,9 @@ struct job_rank {
   uint32_t request_id;       /* of the ATTACH waiting for the rendezvous */
   bool waiting;              /* that ATTACH has no reply yet */
   uint8_t device_uuid[16];   /* the GPU this rank uses */
-  struct pool_slab *slab;    /* its slab, lent by job_on_complete */
+  struct pool_slab *slab;    /* the arena holding its slab (shared by the local ranks
+                                on its device), lent by job_on_complete */
+  uint64_t offset;           /* of its slab in that arena */
 };
 
 struct job {
@@ -41,7 +43,7 @@ struct job {
   struct dep_job_shape shape;
   uint64_t created_ns;       /* uv_hrtime() */
   uint32_t timeout_ms;       /* limits.attach_timeout_ms when the job was made */
-  uint64_t slab_bytes;       /* per rank: the layout's size, then the lent (chunk-rounded) size */
+  uint64_t slab_bytes;       /* per rank: the layout's size, then the stride in an arena */
   uint32_t attached;         /* occupied slots in ranks[] */
   bool ready;                /* the rendezvous completed */
   bool dead;                 /* torn down, waiting for the timer's close callback */

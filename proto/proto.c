@@ -23,8 +23,9 @@
  *              u32 topk, u32 dtype, u32 max_ll_tokens_per_rank
  *   ATTACH_OK  u64 slab_bytes, u32 local_world_size, u32 num_fds (<= 250),
  *              str backend (<= 7), u32 op_timeout_ms, u32 kernel_warmup (0/1)
- *   SLAB       u32 local_rank, u32 rank, u64 chunk_bytes, u32 n_chunks
- *              (1..250), 16 bytes device_uuid
+ *   SLAB       u64 chunk_bytes, u32 n_chunks (1..250), 16 bytes device_uuid,
+ *              u32 n_ranks (1..64), n_ranks x {u32 local_rank, u32 rank,
+ *              u64 offset}
  *   STATUS, DETACH, DETACH_OK, SHUTDOWN: empty
  */
 #include "proto.h"
@@ -559,15 +560,20 @@ int proto_decode_attach_ok(const uint8_t *p, size_t len, struct dep_msg_attach_o
 }
 
 int proto_encode_slab(struct proto_buf *b, const struct dep_msg_slab *m) {
-  if (m->n_chunks == 0 || m->n_chunks > DEP_PROTO_MAX_FDS)
+  if (m->n_chunks == 0 || m->n_chunks > DEP_PROTO_MAX_FDS || m->n_ranks == 0 ||
+      m->n_ranks > DEP_MAX_LOCAL_RANKS)
     return DEP_ERR_INVALID;
   struct writer w;
   w_init(&w, b);
-  w_u32(&w, m->local_rank);
-  w_u32(&w, m->rank);
   w_u64(&w, m->chunk_bytes);
   w_u32(&w, m->n_chunks);
   w_bytes(&w, m->device_uuid, sizeof m->device_uuid);
+  w_u32(&w, m->n_ranks);
+  for (uint32_t i = 0; i < m->n_ranks; i++) {
+    w_u32(&w, m->ranks[i].local_rank);
+    w_u32(&w, m->ranks[i].rank);
+    w_u64(&w, m->ranks[i].offset);
+  }
   return w_finish(&w);
 }
 
@@ -575,14 +581,20 @@ int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m) {
   struct reader r;
   r_init(&r, p, len);
   memset(m, 0, sizeof *m);
-  m->local_rank = r_u32(&r);
-  m->rank = r_u32(&r);
   m->chunk_bytes = r_u64(&r);
   m->n_chunks = r_u32(&r);
   r_bytes(&r, m->device_uuid, sizeof m->device_uuid);
-  if (!r.bad && (m->n_chunks == 0 || m->n_chunks > DEP_PROTO_MAX_FDS ||
-                 m->local_rank >= DEP_MAX_LOCAL_RANKS || m->chunk_bytes == 0))
+  m->n_ranks = r_u32(&r);
+  if (r.bad || m->n_chunks == 0 || m->n_chunks > DEP_PROTO_MAX_FDS || m->chunk_bytes == 0 ||
+      m->n_ranks == 0 || m->n_ranks > DEP_MAX_LOCAL_RANKS)
     return DEP_ERR_PROTOCOL;
+  for (uint32_t i = 0; i < m->n_ranks; i++) {
+    m->ranks[i].local_rank = r_u32(&r);
+    m->ranks[i].rank = r_u32(&r);
+    m->ranks[i].offset = r_u64(&r);
+    if (!r.bad && m->ranks[i].local_rank >= DEP_MAX_LOCAL_RANKS)
+      return DEP_ERR_PROTOCOL;
+  }
   return r_finish(&r);
 }
 

@@ -24,8 +24,9 @@
  *
  * Version history:
  *   1  initial: HELLO, ERROR, STATUS, ATTACH, DETACH, SHUTDOWN notice;
- *      the ATTACH reply is one SLAB frame per local rank (its chunk fds
- *      riding on it) followed by ATTACH_OK, all with the request's id.
+ *      the ATTACH reply is one SLAB frame per device the job's local ranks
+ *      use (the arena holding their slabs, its chunk fds riding on it)
+ *      followed by ATTACH_OK, all with the request's id.
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -92,7 +93,7 @@ struct dep_msg_hello_ok {
 
 /* What a rank learns when its job's local rendezvous completes. */
 struct dep_msg_attach_ok {
-  uint64_t slab_bytes;        /* per local rank: the layout's size rounded to chunks */
+  uint64_t slab_bytes;        /* per local rank: the stride between slabs in an arena */
   uint32_t local_world_size;
   uint32_t num_fds;           /* fds riding on this frame (0: they came on SLAB frames) */
   char backend[8];
@@ -100,13 +101,25 @@ struct dep_msg_attach_ok {
   uint32_t kernel_warmup;     /* 1: run every kernel once before dep_attach returns */
 };
 
-/* One local rank's slab: n_chunks fds ride on the frame, in mapping order. */
-struct dep_msg_slab {
+/*
+ * One allocation of a job on one device (an arena): n_chunks fds ride on
+ * the frame, in mapping order, and it holds the slabs of n_ranks local
+ * ranks, each at its offset.  One arena per device keeps the number of
+ * handles every rank imports small: import and set-access costs grow with
+ * the handle count across processes (BENCHMARKS.md, vmm_map).
+ */
+struct dep_msg_slab_rank {
   uint32_t local_rank;
   uint32_t rank;
+  uint64_t offset;            /* of this rank's slab in the arena */
+};
+
+struct dep_msg_slab {
   uint64_t chunk_bytes;
   uint32_t n_chunks;          /* 1..DEP_PROTO_MAX_FDS, equal to the fds received */
   uint8_t device_uuid[16];
+  uint32_t n_ranks;           /* 1..DEP_MAX_LOCAL_RANKS */
+  struct dep_msg_slab_rank ranks[DEP_MAX_LOCAL_RANKS];
 };
 
 /* ---- header ---- */

@@ -1029,30 +1029,36 @@ static void attach(int fd, const struct dep_attach_args *a, uint32_t req) {
   ck_assert_int_eq(send_frame(fd, DEP_MSG_ATTACH, req, a), 0);
 }
 
-/* The ATTACH reply: one SLAB frame per local rank with its chunk fds, then ATTACH_OK. */
+/*
+ * The ATTACH reply: SLAB frames (one arena per device, its chunk fds riding
+ * on it, naming the local ranks whose slabs it holds), then ATTACH_OK.  On
+ * the host backend there is one device, so one arena holds every slab.
+ */
 static void expect_attach_ok(int fd, uint32_t req, uint32_t lws) {
   bool seen[DEP_MAX_LOCAL_RANKS] = {false};
-  for (uint32_t i = 0; i < lws; i++) {
-    int fds[DEP_PROTO_MAX_FDS];
-    int nfds = 0;
-    struct frame *sf = frame_new();
-    ck_assert_int_eq(recv_frame_fds(fd, sf, 5000, fds, &nfds), 0);
-    ck_assert_str_eq(proto_type_name(sf->h.type), "SLAB");
-    ck_assert_uint_eq(sf->h.request_id, req);
-    struct dep_msg_slab m;
-    ck_assert_int_eq(proto_decode_slab(sf->body, sf->h.body_len, &m), 0);
-    ck_assert_uint_lt(m.local_rank, lws);
-    ck_assert(!seen[m.local_rank]);
-    seen[m.local_rank] = true;
-    ck_assert_int_eq((int)m.n_chunks, nfds);
-    for (int k = 0; k < nfds; k++) {
-      struct stat sb;
-      ck_assert_int_eq(fstat(fds[k], &sb), 0);
-      ck_assert_uint_eq((uint64_t)sb.st_size, m.chunk_bytes);
-      close(fds[k]);
-    }
-    free(sf);
+  int fds[DEP_PROTO_MAX_FDS];
+  int nfds = 0;
+  struct frame *sf = frame_new();
+  ck_assert_int_eq(recv_frame_fds(fd, sf, 5000, fds, &nfds), 0);
+  ck_assert_str_eq(proto_type_name(sf->h.type), "SLAB");
+  ck_assert_uint_eq(sf->h.request_id, req);
+  struct dep_msg_slab m;
+  ck_assert_int_eq(proto_decode_slab(sf->body, sf->h.body_len, &m), 0);
+  ck_assert_uint_eq(m.n_ranks, lws);
+  for (uint32_t i = 0; i < m.n_ranks; i++) {
+    ck_assert_uint_lt(m.ranks[i].local_rank, lws);
+    ck_assert(!seen[m.ranks[i].local_rank]);
+    seen[m.ranks[i].local_rank] = true;
+    ck_assert_uint_lt(m.ranks[i].offset, m.chunk_bytes * m.n_chunks);
   }
+  ck_assert_int_eq((int)m.n_chunks, nfds);
+  for (int k = 0; k < nfds; k++) {
+    struct stat sb;
+    ck_assert_int_eq(fstat(fds[k], &sb), 0);
+    ck_assert_uint_eq((uint64_t)sb.st_size, m.chunk_bytes);
+    close(fds[k]);
+  }
+  free(sf);
   struct frame *f = frame_new();
   ck_assert_int_eq(recv_frame(fd, f, 5000), 0);
   ck_assert_str_eq(proto_type_name(f->h.type), "ATTACH_OK");

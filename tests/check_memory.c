@@ -78,12 +78,20 @@ static bool test_on_cuda(void) {
   return b != NULL && strcmp(b, "cuda") == 0;
 }
 
-/* Bytes of one slab of this shape, as lent: whole chunks. */
+/* The daemon places a job's slabs this far apart in its arena. */
+#define SLAB_ALIGN (64 * 1024ull)
+
+/* Bytes from one slab of this shape to the next in an arena (dep_attach_info's slab_bytes). */
 static uint64_t slab_of(const struct dep_job_shape *s, uint32_t world) {
   struct dep_slab_layout l;
   char why[256];
   ck_assert_msg(dep_slab_layout(s, world, &l, why, sizeof why) == 0, "%s", why);
-  return dep_round_up(l.total_bytes, CHUNK);
+  return dep_round_up(l.total_bytes, SLAB_ALIGN);
+}
+
+/* What a job of `local` ranks on one device takes from its pool: one arena, whole chunks. */
+static uint64_t arena_of(const struct dep_job_shape *s, uint32_t world, uint32_t local) {
+  return dep_round_up(local * slab_of(s, world), CHUNK);
 }
 
 /* ---- inside a rank: its memory, host or device --------------------------- */
@@ -108,41 +116,71 @@ static int dm_get(void *dst, const void *src, size_t n) {
 
 /*
  * Map the memory at [base, base + bytes) a second time, as a rank that means
- * to keep it past dep_detach would: on the host a second mapping of each
- * chunk's pages (mremap of a shared mapping with old size 0), on cuda a
- * retained handle of each chunk mapped at a new address.  NULL on failure.
+ * to keep it past dep_detach would: every chunk of the arena the slab lies
+ * in, mapped again at a new address (on the host a second mapping of each
+ * chunk's pages by mremap with old size 0, found in /proc/self/maps; on cuda
+ * a retained handle of each chunk, found with cuMemGetAddressRange).
+ * Returns the slab's address in the new mapping, or NULL.
  */
 static void *dm_alias(void *base, uint64_t bytes) {
+  uintptr_t lo = (uintptr_t)base, hi = lo + bytes;
   if (rank_cu == NULL) {
-    uint8_t *to = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (f == NULL)
+      return NULL;
+    uintptr_t vs[64], ve[64];
+    int n = 0;
+    unsigned long s0, e0;
+    char line[512];
+    while (n < 64 && fgets(line, sizeof line, f) != NULL)
+      if (sscanf(line, "%lx-%lx", &s0, &e0) == 2 && e0 > lo && s0 < hi) {
+        vs[n] = s0;
+        ve[n++] = e0;
+      }
+    fclose(f);
+    if (n == 0)
+      return NULL;
+    uint8_t *to = mmap(NULL, ve[n - 1] - vs[0], PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (to == MAP_FAILED)
       return NULL;
-    for (uint64_t off = 0; off < bytes; off += CHUNK)
-      if (mremap((uint8_t *)base + off, 0, CHUNK, MREMAP_MAYMOVE | MREMAP_FIXED, to + off) ==
-          MAP_FAILED)
+    for (int i = 0; i < n; i++)
+      if (mremap((void *)vs[i], 0, ve[i] - vs[i], MREMAP_MAYMOVE | MREMAP_FIXED,
+                 to + (vs[i] - vs[0])) == MAP_FAILED)
         return NULL;
-    return to;
+    return to + (lo - vs[0]);
   }
   CUresult (*retain)(CUmemGenericAllocationHandle *, void *) = NULL;
+  CUresult (*range)(CUdeviceptr *, size_t *, CUdeviceptr) = NULL;
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (lib != NULL)
+  if (lib != NULL) {
     *(void **)&retain = dlsym(lib, "cuMemRetainAllocationHandle");
+    *(void **)&range = dlsym(lib, "cuMemGetAddressRange_v2");
+  }
   CUdevice dev = 0;
-  CUdeviceptr va = 0;
-  if (retain == NULL || rank_cu->cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
-      rank_cu->cuMemAddressReserve(&va, bytes, 0, 0, 0) != CUDA_SUCCESS)
+  CUdeviceptr first = 0, va = 0, s0 = 0;
+  size_t sz = 0;
+  if (retain == NULL || range == NULL || rank_cu->cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
+      range(&first, &sz, lo) != CUDA_SUCCESS)
     return NULL;
-  for (uint64_t off = 0; off < bytes; off += CHUNK) {
+  uintptr_t end = first;
+  while (end < hi) { /* the chunks the slab spans */
+    if (range(&s0, &sz, end) != CUDA_SUCCESS)
+      return NULL;
+    end = s0 + sz;
+  }
+  if (rank_cu->cuMemAddressReserve(&va, end - first, 0, 0, 0) != CUDA_SUCCESS)
+    return NULL;
+  for (uintptr_t at = first; at < end; at = s0 + sz) {
     CUmemGenericAllocationHandle h = 0;
-    if (retain(&h, (uint8_t *)base + off) != CUDA_SUCCESS ||
-        rank_cu->cuMemMap(va + off, CHUNK, 0, h, 0) != CUDA_SUCCESS)
+    if (range(&s0, &sz, at) != CUDA_SUCCESS || retain(&h, (void *)at) != CUDA_SUCCESS ||
+        rank_cu->cuMemMap(va + (s0 - first), sz, 0, h, 0) != CUDA_SUCCESS)
       return NULL;
   }
   CUmemAccessDesc acc = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, dev},
                          .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-  if (rank_cu->cuMemSetAccess(va, bytes, &acc, 1) != CUDA_SUCCESS)
+  if (rank_cu->cuMemSetAccess(va, end - first, &acc, 1) != CUDA_SUCCESS)
     return NULL;
-  return (void *)(uintptr_t)va;
+  return (void *)(uintptr_t)(va + (lo - first));
 }
 
 /* The device this rank uses: all zero on the host backend, GPU 0's UUID on cuda. */
@@ -655,8 +693,8 @@ START_TEST(eight_ranks_share_one_job_and_read_every_peers_slab) {
   struct tu_daemon d;
   start(&d, 64, NULL);
   dep_client_t *obs = observer(&d);
-  const uint64_t slab = slab_of(&WIDE, 8);
-  ck_assert_uint_eq(slab, 3 * CHUNK);
+  const uint64_t slab = slab_of(&WIDE, 8), arena = arena_of(&WIDE, 8, 8);
+  ck_assert_uint_gt(arena, 8 * CHUNK); /* many chunks: the library must join them */
   static const struct step script[] = {{FILL, 1}, {SYNC, 0}, {CHECK, 1}, {SYNC, 0}, {END, 0}};
   struct grp g;
   grp_init(&g);
@@ -668,7 +706,7 @@ START_TEST(eight_ranks_share_one_job_and_read_every_peers_slab) {
   grp_sync(&g, 8); /* every rank has written its slab */
   struct pool_now p = pool_now(obs);
   ck_assert_uint_eq(p.total, 64 * MIB);
-  ck_assert_uint_eq(p.used, 8 * slab);
+  ck_assert_uint_eq(p.used, arena);
   struct dep_status *st = NULL;
   ck_assert_int_eq(dep_status(obs, &st), 0);
   ck_assert_uint_eq(st->num_jobs, 1);
@@ -682,7 +720,7 @@ START_TEST(eight_ranks_share_one_job_and_read_every_peers_slab) {
   grp_go(&g, 8);
   grp_reap(&g);
   /* The buffer cache (on by default) keeps the slabs, scrubbed, for the next job. */
-  wait_pool(obs, 0, 8 * slab);
+  wait_pool(obs, 0, arena);
   ck_assert_int_eq(job_ranks(obs, "moe-8"), -1);
   stop_ok(&d, obs);
 }
@@ -728,7 +766,7 @@ START_TEST(two_jobs_of_different_users_cannot_join_or_see_each_other) {
   grp_reap(&gi);
   struct pool_now p = pool_now(obs);
   ck_assert_uint_eq(p.jobs, 2);
-  ck_assert_uint_eq(p.used, 4 * CHUNK);
+  ck_assert_uint_eq(p.used, 2 * arena_of(&TINY, 2, 2));
   ck_assert_int_eq(job_ranks(obs, "job-root"), 2);
   ck_assert_int_eq(job_ranks(obs, "job-nobody"), 2);
   /* The first job's bytes are as it wrote them: the other's writes went elsewhere. */
@@ -738,7 +776,7 @@ START_TEST(two_jobs_of_different_users_cannot_join_or_see_each_other) {
   grp_reap(&gb);
   grp_go(&ga, 2);
   grp_reap(&ga);
-  wait_pool(obs, 0, 4 * CHUNK);
+  wait_pool(obs, 0, 2 * arena_of(&TINY, 2, 2));
   stop_ok(&d, obs);
 }
 END_TEST
@@ -747,8 +785,9 @@ START_TEST(another_users_job_never_sees_old_bytes_even_through_a_kept_mapping) {
   NEEDS_BACKEND();
   NEEDS_ROOT();
   struct tu_daemon d;
-  /* Two chunks: the second job must take the very chunks the first one used. */
-  start(&d, 4, ALLOW_NOBODY);
+  /* One chunk: the second job must take the very chunk the first one used. */
+  ck_assert_uint_eq(arena_of(&TINY, 2, 2), CHUNK);
+  start(&d, 2, ALLOW_NOBODY);
   dep_client_t *obs = observer(&d);
   /* The first job's ranks keep a mapping of their slabs past DETACH, as a
    * hostile tenant could, and look through it while the next job runs. */
@@ -764,7 +803,7 @@ START_TEST(another_users_job_never_sees_old_bytes_even_through_a_kept_mapping) {
     grp_spawn(&ga, &s);
   }
   grp_sync(&ga, 2);
-  wait_pool(obs, 0, 2 * CHUNK);
+  wait_pool(obs, 0, CHUNK);
   for (uint32_t i = 0; i < 2; i++) {
     struct rank_spec s = spec(&d, "tenant-nobody", i, 2, i, 2, TINY, b_script);
     s.uid = NOBODY;
@@ -772,9 +811,9 @@ START_TEST(another_users_job_never_sees_old_bytes_even_through_a_kept_mapping) {
   }
   grp_sync(&gb, 2); /* the new tenant read zeros and wrote its pattern */
   struct pool_now p = pool_now(obs);
-  ck_assert_uint_eq(p.used, 2 * CHUNK);
+  ck_assert_uint_eq(p.used, CHUNK);
   ck_assert_uint_eq(p.cached, 0);
-  ck_assert_uint_eq(p.total, 4 * MIB);
+  ck_assert_uint_eq(p.total, 2 * MIB);
   /* The old tenant sees none of it, and what it writes reaches nobody. */
   grp_go(&ga, 2);
   grp_sync(&ga, 2);
@@ -795,9 +834,14 @@ END_TEST
  */
 static void reuse_after_scrub(bool cache) {
   struct tu_daemon d;
-  start(&d, cache ? 16 : 4, cache ? NULL : "buffer_cache_enabled: false\n");
+  /* With the cache, a pool the 8-rank job at the end fills only by evicting it. */
+  const uint64_t first = arena_of(&TINY, 2, 2), whole = arena_of(&TINY, 8, 8);
+  char pool_yaml[64];
+  snprintf(pool_yaml, sizeof pool_yaml, "%s",
+           cache ? "" : "buffer_cache_enabled: false\n");
+  start(&d, cache ? (unsigned)(whole / MIB) : 4, pool_yaml);
   dep_client_t *obs = observer(&d);
-  const uint64_t cached = cache ? 2 * CHUNK : 0;
+  const uint64_t cached = cache ? first : 0;
   static const struct step one[] = {{FILL, 1}, {ALIAS, 0}, {DETACH, 0}, {SYNC, 0},
                                     {CHECK_ALIAS, 2}, {SYNC, 0}, {END, 0}};
   static const struct step two[] = {{CHECK_OWN, 0}, {FILL, 2}, {SYNC, 0}, {END, 0}};
@@ -818,7 +862,9 @@ static void reuse_after_scrub(bool cache) {
     size_t n = fread(out, 1, sizeof out - 1, f);
     out[n] = '\0';
     ck_assert_int_eq(pclose(f), 0);
-    ck_assert_msg(strstr(out, "\"pool_cached_bytes\":4194304") != NULL, "deepepctl: %s", out);
+    char want[64];
+    snprintf(want, sizeof want, "\"pool_cached_bytes\":%llu", (unsigned long long)first);
+    ck_assert_msg(strstr(out, want) != NULL, "deepepctl: %s", out);
   }
   for (uint32_t i = 0; i < 2; i++) {
     struct rank_spec s = spec(&d, "second", i, 2, i, 2, TINY, two);
@@ -826,7 +872,7 @@ static void reuse_after_scrub(bool cache) {
   }
   grp_sync(&g2, 2);
   /* The cached slabs were taken, not fresh chunks. */
-  wait_pool(obs, 2 * CHUNK, 0);
+  wait_pool(obs, first, 0);
   grp_go(&g1, 2);
   grp_sync(&g1, 2);
   grp_go(&g1, 2);
@@ -844,10 +890,10 @@ static void reuse_after_scrub(bool cache) {
       grp_spawn(&g3, &s);
     }
     grp_sync(&g3, 8);
-    wait_pool(obs, 8 * CHUNK, 0);
+    wait_pool(obs, whole, 0);
     grp_go(&g3, 8);
     grp_reap(&g3);
-    wait_pool(obs, 0, 8 * CHUNK);
+    wait_pool(obs, 0, whole);
   }
   stop_ok(&d, obs);
 }
@@ -883,18 +929,18 @@ START_TEST(without_preallocation_the_pool_is_made_on_first_attach) {
       grp_spawn(&g, &s);
     }
     grp_sync(&g, 2);
-    ck_assert_uint_eq(pool_now(obs).used, 2 * CHUNK);
+    ck_assert_uint_eq(pool_now(obs).used, arena_of(&TINY, 2, 2));
     grp_go(&g, 2);
     grp_reap(&g);
-    wait_pool(obs, 0, 2 * CHUNK);
+    wait_pool(obs, 0, arena_of(&TINY, 2, 2));
     wait_alone(obs);
-    /* One fd per chunk: none new when the pool was made at start, the two
-     * lent chunks when it was made on demand (and kept for the next job). */
+    /* One fd per chunk: none new when the pool was made at start, the
+     * arena's chunk when it was made on demand (and kept for the next job). */
     int grew = daemon_fds(d.pid) - fds0;
     if (pre)
       ck_assert_int_eq(grew, 0);
     else
-      ck_assert_int_ge(grew, 2);
+      ck_assert_int_ge(grew, (int)(arena_of(&TINY, 2, 2) / CHUNK));
     ck_assert_uint_eq(pool_now(obs).total, 16 * MIB);
     stop_ok(&d, obs);
   }
@@ -920,8 +966,8 @@ static void sigkill_ranks(bool all) {
   struct tu_daemon d;
   start(&d, 64, NULL);
   dep_client_t *obs = observer(&d);
-  const uint64_t slab = slab_of(&WIDE, 4);
-  ck_assert_uint_eq(slab, 3 * CHUNK);
+  const uint64_t arena = arena_of(&WIDE, 4, 4);
+  ck_assert_uint_gt(arena, 4 * CHUNK);
   static const struct step script[] = {{FILL, 1}, {SYNC, 0}, {CHECK, 1}, {SYNC, 0}, {END, 0}};
   struct grp g;
   grp_init(&g);
@@ -930,7 +976,7 @@ static void sigkill_ranks(bool all) {
     grp_spawn(&g, &s);
   }
   grp_sync(&g, 4);
-  ck_assert_uint_eq(pool_now(obs).used, 4 * slab);
+  ck_assert_uint_eq(pool_now(obs).used, arena);
   if (all) {
     for (int i = 0; i < 4; i++)
       grp_kill(&g, i);
@@ -939,14 +985,14 @@ static void sigkill_ranks(bool all) {
     grp_kill(&g, 2);
     wait_job_ranks(obs, "doomed", 3);
     /* Live ranks may still touch the dead rank's slab: it stays lent, unscrubbed. */
-    ck_assert_uint_eq(pool_now(obs).used, 4 * slab);
+    ck_assert_uint_eq(pool_now(obs).used, arena);
     grp_go(&g, 3);
     grp_sync(&g, 3); /* the survivors read all four patterns, the dead rank's too */
-    ck_assert_uint_eq(pool_now(obs).used, 4 * slab);
+    ck_assert_uint_eq(pool_now(obs).used, arena);
     grp_go(&g, 3);
   }
   grp_reap(&g);
-  wait_pool(obs, 0, 4 * slab);
+  wait_pool(obs, 0, arena);
   wait_alone(obs);
   next_job_reads_zero(&d, "doomed", 4, &WIDE);
   stop_ok(&d, obs);
@@ -969,7 +1015,7 @@ START_TEST(sigkill_of_a_rank_mid_attach) {
   struct tu_daemon d;
   start(&d, 64, NULL);
   dep_client_t *obs = observer(&d);
-  const uint64_t slab = slab_of(&WIDE, 4);
+  const uint64_t arena = arena_of(&WIDE, 4, 4), small = arena_of(&TINY, 2, 2);
   static const struct step script[] = {{FILL, 1}, {SYNC, 0}, {CHECK, 1}, {END, 0}};
   /* A rank killed while it waits in the rendezvous frees its place for a successor. */
   struct grp g;
@@ -987,10 +1033,10 @@ START_TEST(sigkill_of_a_rank_mid_attach) {
     grp_spawn(&g, &s);
   }
   grp_sync(&g, 4);
-  ck_assert_uint_eq(pool_now(obs).used, 4 * slab);
+  ck_assert_uint_eq(pool_now(obs).used, arena);
   grp_go(&g, 4);
   grp_reap(&g);
-  wait_pool(obs, 0, 4 * slab);
+  wait_pool(obs, 0, arena);
   wait_alone(obs);
   /* A rank killed after its ATTACH completed the job, before it read the reply:
    * the fds on their way to it must not stay open in the daemon. */
@@ -1006,10 +1052,10 @@ START_TEST(sigkill_of_a_rank_mid_attach) {
   grp_sync(&g, 2);
   grp_kill(&g, raw);
   wait_job_ranks(obs, "mid-raw", 1);
-  ck_assert_uint_eq(pool_now(obs).used, 2 * CHUNK);
+  ck_assert_uint_eq(pool_now(obs).used, small);
   grp_go(&g, 1);
   grp_reap(&g);
-  wait_pool(obs, 0, 4 * slab + 2 * CHUNK);
+  wait_pool(obs, 0, arena + small);
   wait_alone(obs);
   ck_assert_int_eq(daemon_fds(d.pid), fds0);
   next_job_reads_zero(&d, "after", 2, &TINY);
@@ -1022,9 +1068,10 @@ END_TEST
 START_TEST(pool_exhaustion_is_no_memory_and_the_rest_carries_on) {
   NEEDS_BACKEND();
   struct tu_daemon d;
-  start(&d, 24, NULL); /* twelve chunks */
+  start(&d, 18, NULL); /* nine chunks */
   dep_client_t *obs = observer(&d);
-  ck_assert_uint_eq(slab_of(&WIDE, 4), 3 * CHUNK);
+  ck_assert_uint_eq(arena_of(&WIDE, 4, 4), 9 * CHUNK);
+  ck_assert_uint_eq(arena_of(&TINY, 2, 2), CHUNK);
   static const struct step hold[] = {{FILL, 1}, {SYNC, 0}, {CHECK, 1}, {SYNC, 0}, {END, 0}};
   static const struct step use[] = {{CHECK_OWN, 0}, {FILL, 3}, {SYNC, 0}, {CHECK, 3}, {END, 0}};
   struct grp ga, gb, gc;
@@ -1036,30 +1083,30 @@ START_TEST(pool_exhaustion_is_no_memory_and_the_rest_carries_on) {
     grp_spawn(&ga, &s);
   }
   grp_sync(&ga, 2);
-  /* Twelve chunks fit the pool, but only ten are free: every rank hears why. */
+  /* Nine chunks fit the pool, but only eight are free: every rank hears why. */
   for (uint32_t i = 0; i < 4; i++) {
     struct rank_spec s = spec(&d, "greedy", i, 4, i, 4, WIDE, NULL);
     s.want = DEP_ERR_NO_MEMORY;
-    s.want_msg = "free of 12; raise pool.size_per_device";
+    s.want_msg = "free of 9; raise pool.size_per_device";
     grp_spawn(&gb, &s);
   }
   grp_reap(&gb);
   ck_assert_int_eq(job_ranks(obs, "greedy"), -1);
-  ck_assert_uint_eq(pool_now(obs).used, 2 * CHUNK);
+  ck_assert_uint_eq(pool_now(obs).used, CHUNK);
   /* A job that fits still attaches; the holder's memory is untouched. */
   for (uint32_t i = 0; i < 2; i++) {
     struct rank_spec s = spec(&d, "modest", i, 2, i, 2, TINY, use);
     grp_spawn(&gc, &s);
   }
   grp_sync(&gc, 2);
-  ck_assert_uint_eq(pool_now(obs).used, 4 * CHUNK);
+  ck_assert_uint_eq(pool_now(obs).used, 2 * CHUNK);
   grp_go(&gc, 2);
   grp_reap(&gc);
   grp_go(&ga, 2);
   grp_sync(&ga, 2);
   grp_go(&ga, 2);
   grp_reap(&ga);
-  wait_pool(obs, 0, 4 * CHUNK); /* the holder's and the modest job's slabs */
+  wait_pool(obs, 0, 2 * CHUNK); /* the holder's and the modest job's arenas */
   /* With the pool free again the same job fits. */
   next_job_reads_zero(&d, "greedy", 4, &WIDE);
   stop_ok(&d, obs);
@@ -1162,7 +1209,8 @@ START_TEST(bad_input_gets_its_own_error_and_every_other_job_carries_on) {
   grp_sync(&gm, 2);
   struct pool_now p = pool_now(obs);
   ck_assert_uint_eq(p.jobs, 3);
-  ck_assert_uint_eq(p.used, 6 * CHUNK);
+  const uint64_t three = 2 * arena_of(&TINY, 2, 2) + arena_of(&TINY, 4, 2);
+  ck_assert_uint_eq(p.used, three);
   struct grp *all[] = {&gj, &gk, &gm};
   for (int i = 0; i < 3; i++)
     grp_go(all[i], 2);
@@ -1172,7 +1220,7 @@ START_TEST(bad_input_gets_its_own_error_and_every_other_job_carries_on) {
     grp_go(all[i], 2);
     grp_reap(all[i]);
   }
-  wait_pool(obs, 0, 6 * CHUNK);
+  wait_pool(obs, 0, three);
   next_job_reads_zero(&d, "afterwards", 2, &TINY);
   stop_ok(&d, obs);
 }

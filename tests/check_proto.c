@@ -137,8 +137,10 @@ static struct dep_msg_hello_ok s_hello_ok = {.version = 1, .daemon_version = "0.
 static struct dep_msg_attach_ok s_attach_ok = {.slab_bytes = 1ull << 34, .local_world_size = 8,
                                                .num_fds = 3, .backend = "host",
                                                .op_timeout_ms = 10000, .kernel_warmup = 1};
-static struct dep_msg_slab s_slab = {.local_rank = 3, .rank = 11, .chunk_bytes = 64ull << 20,
+static struct dep_msg_slab s_slab = {.chunk_bytes = 64ull << 20,
                                      .n_chunks = 17,
+                                     .n_ranks = 2,
+                                     .ranks = {{3, 11, 0}, {5, 13, 1ull << 30}},
                                      .device_uuid = {0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7,
                                                      8, 9, 10, 11, 12}};
 static struct dep_attach_args s_attach;
@@ -250,8 +252,12 @@ START_TEST(every_message_type_round_trips) {
   body = encode_frame(&b, DEP_MSG_SLAB, &s_slab, &len);
   struct dep_msg_slab sl;
   ck_assert_int_eq(proto_body_decode(DEP_MSG_SLAB, body, len, &sl), 0);
-  ck_assert_uint_eq(sl.local_rank, s_slab.local_rank);
-  ck_assert_uint_eq(sl.rank, s_slab.rank);
+  ck_assert_uint_eq(sl.n_ranks, s_slab.n_ranks);
+  for (uint32_t i = 0; i < sl.n_ranks; i++) {
+    ck_assert_uint_eq(sl.ranks[i].local_rank, s_slab.ranks[i].local_rank);
+    ck_assert_uint_eq(sl.ranks[i].rank, s_slab.ranks[i].rank);
+    ck_assert_uint_eq(sl.ranks[i].offset, s_slab.ranks[i].offset);
+  }
   ck_assert_uint_eq(sl.chunk_bytes, s_slab.chunk_bytes);
   ck_assert_uint_eq(sl.n_chunks, s_slab.n_chunks);
   ck_assert_mem_eq(sl.device_uuid, s_slab.device_uuid, 16);
@@ -259,6 +265,11 @@ START_TEST(every_message_type_round_trips) {
   bad.n_chunks = 0;
   ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_SLAB, 0, 1, &bad), DEP_ERR_INVALID);
   bad.n_chunks = DEP_PROTO_MAX_FDS + 1;
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_SLAB, 0, 1, &bad), DEP_ERR_INVALID);
+  bad = s_slab;
+  bad.n_ranks = 0;
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_SLAB, 0, 1, &bad), DEP_ERR_INVALID);
+  bad.n_ranks = DEP_MAX_LOCAL_RANKS + 1;
   ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_SLAB, 0, 1, &bad), DEP_ERR_INVALID);
 
   const uint16_t empty[] = {DEP_MSG_STATUS, DEP_MSG_DETACH, DEP_MSG_DETACH_OK, DEP_MSG_SHUTDOWN};

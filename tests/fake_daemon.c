@@ -92,17 +92,20 @@ static void fake_serve(int lfd, enum fake_script script) {
     else if (script == FAKE_WRONG_TYPE)
       fake_send(fd, DEP_MSG_DETACH_OK, h.request_id, NULL, NULL, 0);
     else if (script == FAKE_ATTACH_FDS || script == FAKE_ATTACH_FDS_LIE) {
-      /* One SLAB frame per local rank, a 1 MiB memfd each (more than the
-       * test shape's layout needs), then ATTACH_OK; the lie announces an
-       * fd on ATTACH_OK that does not come. */
+      /* One arena of two 1 MiB memfd chunks holding both local ranks'
+       * slabs (1 MiB each: more than the test shape's layout needs), then
+       * ATTACH_OK; the lie announces an fd on ATTACH_OK that does not come. */
       const uint64_t chunk = 1u << 20;
-      for (uint32_t r = 0; r < 2; r++) {
-        int mfd = memfd_create("slab", MFD_CLOEXEC);
-        ck_assert_int_eq(ftruncate(mfd, (off_t)chunk), 0);
-        struct dep_msg_slab sl = {.local_rank = r, .rank = r, .chunk_bytes = chunk, .n_chunks = 1};
-        fake_send(fd, DEP_MSG_SLAB, h.request_id, &sl, &mfd, 1);
-        close(mfd);
+      int mfds[2];
+      for (int k = 0; k < 2; k++) {
+        mfds[k] = memfd_create("slab", MFD_CLOEXEC);
+        ck_assert_int_eq(ftruncate(mfds[k], (off_t)chunk), 0);
       }
+      struct dep_msg_slab sl = {.chunk_bytes = chunk, .n_chunks = 2, .n_ranks = 2,
+                                .ranks = {{0, 0, 0}, {1, 1, chunk}}};
+      fake_send(fd, DEP_MSG_SLAB, h.request_id, &sl, mfds, 2);
+      close(mfds[0]);
+      close(mfds[1]);
       struct dep_msg_attach_ok a = {.slab_bytes = chunk, .local_world_size = 2,
                                     .num_fds = script == FAKE_ATTACH_FDS ? 0 : 1,
                                     .op_timeout_ms = 1000};
