@@ -8,6 +8,7 @@
   XX(proto)                 \
   XX(config)                \
   XX(daemon)                \
+  XX(job)                   \
   XX(client)                \
   XX(ops)                   \
   XX(memory)                \

@@ -1,0 +1,89 @@
+/*
+ * daemonwire.h — helpers shared by check_daemon.c and check_job.c: speaking
+ * the control protocol by hand on a raw socket (frames, deadlines, the
+ * replies a test expects) and running the real deepepd.  Prefix dw_ (as
+ * testutil's tu_).  Every helper fails the calling test on what it cannot
+ * handle, so a test reads as the conversation it checks.
+ */
+#ifndef DEP_DAEMONWIRE_H
+#define DEP_DAEMONWIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "deepep.h"
+#include "proto.h"
+#include "testutil.h"
+
+/* One frame as read off the socket: its header and its body. */
+struct dw_frame {
+  struct dep_frame_hdr h;
+  uint8_t body[DEP_PROTO_MAX_BODY];
+};
+
+/* snprintf that fails the test rather than truncate a path or a message. */
+void dw_sfmt(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* CLOCK_MONOTONIC in milliseconds, and a sleep of ms milliseconds. */
+int64_t dw_now_ms(void);
+void dw_sleep_ms(int ms);
+
+/* Send all len bytes (no SIGPIPE); 0 or -1. */
+int dw_send_all(int fd, const void *buf, size_t len);
+
+/* Encode and send one frame (msg NULL for a bodiless type); 0 or -1. */
+int dw_send_frame(int fd, uint16_t type, uint32_t req, const void *msg);
+
+/* One frame within timeout_ms: 0, -1 EOF, -2 timeout, -3 bad header. */
+int dw_recv_frame(int fd, struct dw_frame *f, int timeout_ms);
+
+/* As dw_recv_frame, collecting the fds that ride on the frame in fds[*nfds]. */
+int dw_recv_frame_fds(int fd, struct dw_frame *f, int timeout_ms, int *fds, int *nfds);
+
+/* A frame buffer on the heap (frames are too big for a test's stack); free() it. */
+struct dw_frame *dw_frame_new(void);
+
+/* Expect an ERROR frame with this code; its message goes to msg (may be NULL). */
+void dw_expect_error(int fd, int code, char *msg, size_t len);
+
+/* The peer sends nothing more and closes (a pending reply would be a failure). */
+void dw_expect_eof(int fd);
+
+/* Nothing arrives within ms (the connection stays open). */
+void dw_expect_silence(int fd, int ms);
+
+/* Send HELLO speaking this protocol version; expect its HELLO_OK. */
+void dw_hello_as(int fd, uint32_t version);
+void dw_expect_hello_ok(int fd);
+
+/* A connected, greeted client of d. */
+int dw_client(const struct tu_daemon *d);
+
+/* STATUS_OK for request req, decoded (dep_status_free it); dw_status asks first. */
+struct dep_status *dw_recv_status(int fd, uint32_t req);
+struct dep_status *dw_status(int fd);
+
+/* Whether a fresh STATUS lists the job; *attached / *expected filled when non-NULL. */
+bool dw_job_listed(int fd, const char *id, uint32_t *attached, uint32_t *expected);
+
+/* Wait (up to timeout_ms) for the daemon's log to contain needle. */
+bool dw_log_has(const struct tu_daemon *d, const char *needle, int timeout_ms);
+
+/* tu_daemon_start that fails the test; SIGTERM that must give exit 0, then cleanup. */
+void dw_start(struct tu_daemon *d, const char *extra_yaml);
+void dw_stop_ok(struct tu_daemon *d);
+
+/* Run deepepd with args (NULL-terminated), output to out_path; its wait status. */
+int dw_run_deepepd(const char *const args[], const char *out_path);
+
+/* A whole (small) file as a string, empty when missing; the caller frees it. */
+char *dw_slurp(const char *path);
+
+/* ATTACH arguments for local rank local_rank of a one-node job of lws ranks (a fixed shape). */
+struct dep_attach_args dw_job_args(const char *id, uint32_t local_rank, uint32_t lws);
+
+/* Send ATTACH (the reply is the test's to read). */
+void dw_attach(int fd, const struct dep_attach_args *a, uint32_t req);
+
+#endif
