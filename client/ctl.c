@@ -18,6 +18,7 @@ static int ctl_version(struct ctl *ctl, int argc, char **argv);
 
 static const struct ctl_cmd ctl_cmds[] = {
     {"status", ctl_status, "show version, uptime, backend, devices, clients and jobs"},
+    {"reload", ctl_reload, "re-read deepepd's configuration (as SIGHUP); root or its user only"},
     {"version", ctl_version, "print deepepctl's version and protocol version"},
     {"help", ctl_help, "show this help"},
 };

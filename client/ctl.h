@@ -32,6 +32,7 @@ struct ctl_cmd {
 };
 
 int ctl_status(struct ctl *ctl, int argc, char **argv);
+int ctl_reload(struct ctl *ctl, int argc, char **argv);
 
 /* Parse a subcommand's own options (-s, --json, -h).  Returns -1 to go on,
  * or the exit code to leave with (after --help, or a usage error). */

@@ -101,6 +101,29 @@ static void control_attach(struct conn *c, const struct dep_frame_hdr *h, const 
   job_attach(c, h->request_id, &a);
 }
 
+/* RELOAD: as SIGHUP, for root and the daemon's own user only. */
+static void control_reload(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
+  if (len != 0) {
+    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "RELOAD carries no body, got %zu bytes", len);
+    return;
+  }
+  if (c->uid != 0 && c->uid != geteuid()) {
+    log_warnx("reload refused: uid %u (pid %d) is neither root nor deepepd's user",
+              (unsigned)c->uid, (int)c->pid);
+    conn_send_error(c, h->request_id, DEP_ERR_PERMISSION,
+                    "only root or deepepd's own user may reload it (you are uid %u)",
+                    (unsigned)c->uid);
+    return;
+  }
+  log_info("reload requested by uid %u (pid %d)", (unsigned)c->uid, (int)c->pid);
+  struct dep_msg_text m;
+  int rc = deepepd_reload(m.text, sizeof m.text);
+  if (rc != 0)
+    conn_send_error(c, h->request_id, rc, "%s", m.text);
+  else
+    conn_send(c, DEP_MSG_RELOAD_OK, h->request_id, &m, NULL, 0);
+}
+
 static void control_detach(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
   if (len != 0) {
     conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "DETACH carries no body, got %zu bytes", len);
@@ -130,6 +153,9 @@ void control_handle(struct conn *c, const struct dep_frame_hdr *h, const uint8_t
     break;
   case DEP_MSG_DETACH:
     control_detach(c, h, len);
+    break;
+  case DEP_MSG_RELOAD:
+    control_reload(c, h, len);
     break;
   default:
     /* Replies and notices travel from the daemon only. */

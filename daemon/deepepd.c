@@ -85,9 +85,11 @@ static void deepepd_apply_live(struct config *run, const struct config *n) {
   log_set_level((int)run->log_level);
 }
 
-void deepepd_reload(void) {
-  if (deepepd.stopping)
-    return;
+int deepepd_reload(char *msg, size_t len) {
+  if (deepepd.stopping) {
+    snprintf(msg, len, "deepepd is stopping; nothing reloaded");
+    return DEP_ERR_STATE;
+  }
   /* systemd (Type=notify-reload) wants the time the reload began with it. */
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -96,20 +98,26 @@ void deepepd_reload(void) {
   const char *path = deepepd.config_path;
   if (path[0] == '\0' && access(DEEPEPD_DEFAULT_CONFIG, F_OK) == 0)
     path = DEEPEPD_DEFAULT_CONFIG;
+  int rc = 0;
   struct config *n = malloc(sizeof *n);
   if (n == NULL) {
-    log_errx("reload: out of memory; keeping the running configuration");
+    rc = DEP_ERR_NO_MEMORY;
+    snprintf(msg, len, "out of memory; keeping the running configuration");
+    log_errx("reload: %s", msg);
   } else if (path[0] == '\0') {
-    log_notice("reload: running on the built-in defaults and there is no %s; nothing to reload",
-               DEEPEPD_DEFAULT_CONFIG);
+    snprintf(msg, len, "running on the built-in defaults and there is no %s; nothing to reload",
+             DEEPEPD_DEFAULT_CONFIG);
+    log_notice("reload: %s", msg);
   } else {
-    char err[1024];
+    char err[DEP_MSG_TEXT_MAX - 64];
     config_defaults(n);
     if (config_load_file(n, path, err, sizeof err) != 0) {
-      log_errx("reload: %s; keeping the running configuration", err);
+      rc = DEP_ERR_CONFIG;
+      snprintf(msg, len, "%s; keeping the running configuration", err);
+      log_errx("reload: %s", msg);
     } else {
       deepepd_apply_overrides(n);
-      char keys[1024];
+      char keys[256];
       size_t k = config_diff_restart(&deepepd.cfg, n, keys, sizeof keys);
       deepepd_apply_live(&deepepd.cfg, n);
       if (path != deepepd.config_path)
@@ -118,17 +126,22 @@ void deepepd_reload(void) {
                  config_log_level_name(deepepd.cfg.log_level));
       if (k > 0)
         log_warnx("reload: needs restart: %s (still running with the old values)", keys);
+      snprintf(msg, len, "applied %.200s; %s%s", path,
+               k > 0 ? "needs restart (still running with the old values): " : "nothing needs a restart",
+               k > 0 ? keys : "");
     }
   }
   free(n);
   notify_send("READY=1");
   notify_send("STATUS=listening on %s", deepepd.cfg.socket_path);
+  return rc;
 }
 
 static void deepepd_on_signal(uv_signal_t *h, int signum) {
   if (signum == SIGHUP) {
     log_info("SIGHUP: reloading the configuration");
-    deepepd_reload();
+    char msg[DEP_MSG_TEXT_MAX];
+    deepepd_reload(msg, sizeof msg); /* it logs what it did */
   } else {
     deepepd_shutdown(signum == SIGTERM ? "SIGTERM" : "SIGINT");
   }

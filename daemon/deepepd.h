@@ -42,8 +42,12 @@ void deepepd_fini(void);
  * a SHUTDOWN notice, flush (bounded) and close them, then end the loop.
  */
 void deepepd_shutdown(const char *why);
-/* Re-read the configuration file and apply what can change live. */
-void deepepd_reload(void);
+/*
+ * Re-read the configuration file and apply what can change live (SIGHUP,
+ * RELOAD).  Returns 0 or DEP_ERR_*; msg says what was applied and what
+ * needs a restart, or why nothing was.
+ */
+int deepepd_reload(char *msg, size_t len);
 
 uint64_t deepepd_uptime_ms(void);
 

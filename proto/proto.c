@@ -26,7 +26,8 @@
  *   SLAB       u64 chunk_bytes, u32 n_chunks (1..250), 16 bytes device_uuid,
  *              u32 n_ranks (1..64), n_ranks x {u32 local_rank, u32 rank,
  *              u64 offset}
- *   STATUS, DETACH, DETACH_OK, SHUTDOWN: empty
+ *   RELOAD_OK  str text (<= 511)
+ *   STATUS, DETACH, DETACH_OK, SHUTDOWN, RELOAD: empty
  */
 #include "proto.h"
 
@@ -559,6 +560,21 @@ int proto_decode_attach_ok(const uint8_t *p, size_t len, struct dep_msg_attach_o
   return r_finish(&r);
 }
 
+int proto_encode_text(struct proto_buf *b, const struct dep_msg_text *m) {
+  struct writer w;
+  w_init(&w, b);
+  w_str(&w, m->text, sizeof m->text);
+  return w_finish(&w);
+}
+
+int proto_decode_text(const uint8_t *p, size_t len, struct dep_msg_text *m) {
+  struct reader r;
+  r_init(&r, p, len);
+  memset(m, 0, sizeof *m);
+  r_str(&r, m->text, sizeof m->text);
+  return r_finish(&r);
+}
+
 int proto_encode_slab(struct proto_buf *b, const struct dep_msg_slab *m) {
   if (m->n_chunks == 0 || m->n_chunks > DEP_PROTO_MAX_FDS || m->n_ranks == 0 ||
       m->n_ranks > DEP_MAX_LOCAL_RANKS)
@@ -602,7 +618,7 @@ int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m) {
 
 static bool type_has_empty_body(uint16_t type) {
   return type == DEP_MSG_STATUS || type == DEP_MSG_DETACH || type == DEP_MSG_DETACH_OK ||
-         type == DEP_MSG_SHUTDOWN;
+         type == DEP_MSG_SHUTDOWN || type == DEP_MSG_RELOAD;
 }
 
 static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
@@ -625,6 +641,8 @@ static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
     return proto_encode_attach_ok(b, msg);
   case DEP_MSG_SLAB:
     return proto_encode_slab(b, msg);
+  case DEP_MSG_RELOAD_OK:
+    return proto_encode_text(b, msg);
   default:
     return DEP_ERR_INVALID;
   }
@@ -679,6 +697,8 @@ int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg)
     return proto_decode_attach_ok(body, len, msg);
   case DEP_MSG_SLAB:
     return proto_decode_slab(body, len, msg);
+  case DEP_MSG_RELOAD_OK:
+    return proto_decode_text(body, len, msg);
   default:
     return DEP_ERR_PROTOCOL;
   }
@@ -691,7 +711,8 @@ const char *proto_type_name(uint16_t type) {
       [DEP_MSG_STATUS_OK] = "STATUS_OK", [DEP_MSG_ATTACH] = "ATTACH",
       [DEP_MSG_ATTACH_OK] = "ATTACH_OK", [DEP_MSG_DETACH] = "DETACH",
       [DEP_MSG_DETACH_OK] = "DETACH_OK", [DEP_MSG_SHUTDOWN] = "SHUTDOWN",
-      [DEP_MSG_SLAB] = "SLAB",
+      [DEP_MSG_SLAB] = "SLAB",           [DEP_MSG_RELOAD] = "RELOAD",
+      [DEP_MSG_RELOAD_OK] = "RELOAD_OK",
   };
   return type < DEP_MSG_TYPE_MAX_ && names[type] != NULL ? names[type] : "UNKNOWN";
 }

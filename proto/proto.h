@@ -26,7 +26,8 @@
  *   1  initial: HELLO, ERROR, STATUS, ATTACH, DETACH, SHUTDOWN notice;
  *      the ATTACH reply is one SLAB frame per device the job's local ranks
  *      use (the arena holding their slabs, its chunk fds riding on it)
- *      followed by ATTACH_OK, all with the request's id.
+ *      followed by ATTACH_OK, all with the request's id; RELOAD re-reads
+ *      the configuration as SIGHUP does.
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -60,6 +61,8 @@ enum dep_msg_type {
   DEP_MSG_DETACH_OK = 9, /* reply: empty body */
   DEP_MSG_SHUTDOWN = 10, /* notice from the daemon, request_id 0: it is stopping */
   DEP_MSG_SLAB = 11,     /* part of the ATTACH reply: struct dep_msg_slab + its chunk fds */
+  DEP_MSG_RELOAD = 12,   /* request: empty body; root or the daemon's own user only */
+  DEP_MSG_RELOAD_OK = 13, /* reply: struct dep_msg_text, what was applied and what needs a restart */
   DEP_MSG_TYPE_MAX_
 };
 
@@ -77,6 +80,11 @@ struct dep_frame_hdr {
 struct dep_msg_error {
   int32_t code; /* a DEP_ERR_* value */
   char message[DEP_MSG_TEXT_MAX];
+};
+
+/* A reply that is one line of text for the operator. */
+struct dep_msg_text {
+  char text[DEP_MSG_TEXT_MAX];
 };
 
 struct dep_msg_hello {
@@ -174,6 +182,8 @@ int proto_encode_attach(struct proto_buf *b, const struct dep_attach_args *m);
 int proto_decode_attach(const uint8_t *p, size_t len, struct dep_attach_args *m);
 int proto_encode_attach_ok(struct proto_buf *b, const struct dep_msg_attach_ok *m);
 int proto_decode_attach_ok(const uint8_t *p, size_t len, struct dep_msg_attach_ok *m);
+int proto_encode_text(struct proto_buf *b, const struct dep_msg_text *m);
+int proto_decode_text(const uint8_t *p, size_t len, struct dep_msg_text *m);
 int proto_encode_slab(struct proto_buf *b, const struct dep_msg_slab *m);
 int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m);
 

@@ -599,6 +599,85 @@ START_TEST(test_sighup_reloads_live_keys_and_names_the_rest) {
 }
 END_TEST
 
+/* RELOAD as uid 65534: refused, and the daemon says who may. 0 when so. */
+static int reload_as_nobody(const char *sock) {
+  if (setgroups(0, NULL) != 0 || setgid(NOBODY) != 0 || setuid(NOBODY) != 0)
+    return 10;
+  int fd = tu_connect_raw(sock);
+  if (fd < 0)
+    return 11;
+  dw_hello_as(fd, DEP_PROTO_VERSION);
+  dw_expect_hello_ok(fd);
+  if (dw_send_frame(fd, DEP_MSG_RELOAD, 2, NULL) != 0)
+    return 12;
+  char msg[DEP_MSG_TEXT_MAX] = "";
+  dw_expect_error(fd, DEP_ERR_PERMISSION, msg, sizeof msg);
+  close(fd);
+  return strstr(msg, "only root or deepepd's own user") != NULL ? 0 : 13;
+}
+
+/* RELOAD over the socket (deepepctl reload) does what SIGHUP does, and says so. */
+START_TEST(test_reload_request_reports_and_is_for_root_only) {
+  struct tu_daemon d;
+  dw_start(&d, "allow:\n  users: [\"65534\"]\n");
+  int fd = dw_client(&d);
+  char yaml[1024];
+  dw_sfmt(yaml, sizeof yaml,
+          "socket:\n  path: %s/elsewhere.sock\n  mode: 0666\nbackend: host\nlog_level: debug\n"
+          "allow:\n  users: [\"65534\"]\npool:\n  host_size: 64MiB\n  chunk_size: 2MiB\n",
+          d.dir);
+  ck_assert_int_eq(tu_write_file(d.conf, yaml), 0);
+  ck_assert_int_eq(dw_send_frame(fd, DEP_MSG_RELOAD, 2, NULL), 0);
+  struct dw_frame *f = dw_frame_new();
+  ck_assert_int_eq(dw_recv_frame(fd, f, 5000), 0);
+  ck_assert_str_eq(proto_type_name(f->h.type), "RELOAD_OK");
+  struct dep_msg_text m;
+  ck_assert_int_eq(proto_decode_text(f->body, f->h.body_len, &m), 0);
+  ck_assert_msg(strstr(m.text, "needs restart") != NULL && strstr(m.text, "socket.path") != NULL,
+                "RELOAD_OK said: %s", m.text);
+  ck_assert(dw_log_has(&d, "reload requested by uid", 3000));
+  /* A broken file: an error naming the place, and the running configuration kept. */
+  ck_assert_int_eq(tu_write_file(d.conf, "log_level: [\n"), 0);
+  char msg[DEP_MSG_TEXT_MAX] = "";
+  ck_assert_int_eq(dw_send_frame(fd, DEP_MSG_RELOAD, 3, NULL), 0);
+  dw_expect_error(fd, DEP_ERR_CONFIG, msg, sizeof msg);
+  ck_assert_msg(strstr(msg, "deepepd.yaml:") != NULL &&
+                    strstr(msg, "keeping the running configuration") != NULL, "said: %s", msg);
+  /* deepepctl reload prints the daemon's answer and fails with it. */
+  char out[300], cmd[900];
+  dw_sfmt(out, sizeof out, "%s/ctl.out", d.dir);
+  dw_sfmt(cmd, sizeof cmd, "%s -s %s reload > %s 2>&1", tu_bin("deepepctl"), d.sock, out);
+  int st = system(cmd);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+  char *text = dw_slurp(out);
+  ck_assert_msg(strstr(text, "deepepctl: reload:") != NULL && strstr(text, "deepepd.yaml:") != NULL,
+                "deepepctl said: %s", text);
+  free(text);
+  dw_sfmt(yaml, sizeof yaml, "socket:\n  path: %s\n  mode: 0666\nbackend: host\n"
+          "allow:\n  users: [\"65534\"]\npool:\n  host_size: 64MiB\n  chunk_size: 2MiB\n",
+          d.sock);
+  ck_assert_int_eq(tu_write_file(d.conf, yaml), 0);
+  st = system(cmd);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  text = dw_slurp(out);
+  ck_assert_msg(strstr(text, "applied") != NULL, "deepepctl said: %s", text);
+  free(text);
+  if (getuid() == 0) {
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0)
+      _exit(reload_as_nobody(d.sock));
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "nobody's RELOAD: status %d", st);
+  } else {
+    printf("%s: the uid 65534 part skipped: needs root\n", __func__);
+  }
+  free(f);
+  close(fd);
+  dw_stop_ok(&d);
+}
+END_TEST
+
 /* ---- command line ---------------------------------------------------------- */
 
 START_TEST(test_check_config) {
@@ -760,7 +839,8 @@ Suite *daemon_suite(void) {
         test_sd_notify_path, test_sd_notify_abstract, NULL}},
       {"signals",
        {test_sigterm_tells_clients_and_exits_cleanly,
-        test_sighup_reloads_live_keys_and_names_the_rest, test_check_config, NULL}},
+        test_sighup_reloads_live_keys_and_names_the_rest,
+        test_reload_request_reports_and_is_for_root_only, test_check_config, NULL}},
       {"auth", {test_allow_list, test_job_of_another_uid_cannot_be_joined, NULL}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

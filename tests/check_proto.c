@@ -144,6 +144,7 @@ static struct dep_msg_slab s_slab = {.chunk_bytes = 64ull << 20,
                                      .device_uuid = {0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7,
                                                      8, 9, 10, 11, 12}};
 static struct dep_attach_args s_attach;
+static struct dep_msg_text s_text = {.text = "applied /etc/deepepd/deepepd.yaml; nothing needs a restart"};
 
 static int samples(struct sample *out, struct dep_status **st) {
   s_attach = sample_attach();
@@ -156,6 +157,7 @@ static int samples(struct sample *out, struct dep_status **st) {
   out[n++] = (struct sample){DEP_MSG_ATTACH, &s_attach};
   out[n++] = (struct sample){DEP_MSG_ATTACH_OK, &s_attach_ok};
   out[n++] = (struct sample){DEP_MSG_SLAB, &s_slab};
+  out[n++] = (struct sample){DEP_MSG_RELOAD_OK, &s_text};
   return n;
 }
 
@@ -168,6 +170,7 @@ union anymsg {
   struct dep_attach_args attach;
   struct dep_msg_attach_ok attach_ok;
   struct dep_msg_slab slab;
+  struct dep_msg_text text;
 };
 
 /* Decoding must fail with `want`; a status that somehow succeeded is freed. */
@@ -272,7 +275,13 @@ START_TEST(every_message_type_round_trips) {
   bad.n_ranks = DEP_MAX_LOCAL_RANKS + 1;
   ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_SLAB, 0, 1, &bad), DEP_ERR_INVALID);
 
-  const uint16_t empty[] = {DEP_MSG_STATUS, DEP_MSG_DETACH, DEP_MSG_DETACH_OK, DEP_MSG_SHUTDOWN};
+  body = encode_frame(&b, DEP_MSG_RELOAD_OK, &s_text, &len);
+  struct dep_msg_text tx;
+  ck_assert_int_eq(proto_body_decode(DEP_MSG_RELOAD_OK, body, len, &tx), 0);
+  ck_assert_str_eq(tx.text, s_text.text);
+
+  const uint16_t empty[] = {DEP_MSG_STATUS, DEP_MSG_DETACH, DEP_MSG_DETACH_OK, DEP_MSG_SHUTDOWN,
+                            DEP_MSG_RELOAD};
   for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++) {
     body = encode_frame(&b, empty[i], NULL, &len);
     ck_assert_uint_eq(len, 0);
@@ -433,7 +442,8 @@ START_TEST(every_truncation_and_extension_of_a_body_is_rejected) {
     expect_body_rc(s[i].type, longer, len + 1, DEP_ERR_PROTOCOL);
     free(longer);
   }
-  const uint16_t empty[] = {DEP_MSG_STATUS, DEP_MSG_DETACH, DEP_MSG_DETACH_OK, DEP_MSG_SHUTDOWN};
+  const uint16_t empty[] = {DEP_MSG_STATUS, DEP_MSG_DETACH, DEP_MSG_DETACH_OK, DEP_MSG_SHUTDOWN,
+                            DEP_MSG_RELOAD};
   const uint8_t one = 0;
   for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++)
     expect_body_rc(empty[i], &one, 1, DEP_ERR_PROTOCOL);

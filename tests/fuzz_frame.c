@@ -22,6 +22,7 @@ union anymsg {
   struct dep_attach_args attach;
   struct dep_msg_attach_ok attach_ok;
   struct dep_msg_slab slab;
+  struct dep_msg_text text;
 };
 
 static void die(const char *what, uint16_t type) {
