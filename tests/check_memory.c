@@ -35,13 +35,13 @@
 #define __has_feature(x) 0
 #endif
 
-/* One chunk per rank for any world size up to 8. */
+/* Small: a job of two ranks fits one 2 MiB chunk (576 KiB a slab at world 8). */
 static const struct dep_job_shape TINY = {.max_tokens_per_rank = 16, .hidden = 1024,
                                           .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16};
-/* Three chunks per rank at world size 4 or 8: one mapping must join them. */
+/* About 4 MiB a slab at world size 4 or 8: a job's arena spans many chunks. */
 static const struct dep_job_shape WIDE = {.max_tokens_per_rank = 128, .hidden = 1024,
                                           .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16};
-/* 33 chunks per rank at world size 4: more than a 64 MiB pool holds. */
+/* About 64.3 MiB a slab at world size 4: more than a 64 MiB pool holds. */
 static const struct dep_job_shape HUGE = {.max_tokens_per_rank = 1024, .hidden = 4096,
                                           .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16};
 
