@@ -68,7 +68,8 @@ CTL_SRC    := $(wildcard client/ctl*.c)
 LIB_SRC    := $(filter-out $(CTL_SRC),$(wildcard client/*.c))
 TEST_SRC   := $(wildcard tests/check_*.c) tests/runner.c
 TESTLIB_SRC := $(filter-out tests/runner.c tests/fuzz_%.c $(wildcard tests/check_*.c),$(wildcard tests/*.c))
-BENCH_SRC  := $(wildcard bench/*.c)
+BENCHLIB_SRC := bench/benchlib.c
+BENCH_SRC  := $(filter-out $(BENCHLIB_SRC),$(wildcard bench/*.c))
 FUZZ_SRC   := $(wildcard tests/fuzz_*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
@@ -136,9 +137,10 @@ $(DAEMON): $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ)
 $(CTL): $(CTL_OBJ) $(LIB_A)
 	$(CC) $(SANFLAGS) -o $@ $(CTL_OBJ) $(LIB_A) -ldl -lpthread -lm
 
-$(BUILD)/bench/%: bench/%.c $(LIB_A)
+# Each bench/<name>.c is one program, with the shared helpers of benchlib.c.
+$(BUILD)/bench/%: bench/%.c $(call obj,$(BENCHLIB_SRC)) $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(ALLCFLAGS) -o $@ $< $(LIB_A) -ldl -lpthread -lm
+	$(CC) $(ALLCFLAGS) -o $@ $< $(call obj,$(BENCHLIB_SRC)) $(LIB_A) -ldl -lpthread -lm
 
 # install writes the .pc again: PREFIX on the install line may differ from the build's.
 PC_SED = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "benchlib.h"
 #include "cudadrv.h"
 #include "deepep.h"
 #include "fdpass.h"
@@ -44,12 +45,6 @@ struct opts {
   int pause_ms;
   struct dep_job_shape shape;
 };
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static void die(const char *fmt, const char *a, const char *b) {
   fprintf(stderr, "attach: ");
@@ -102,7 +97,7 @@ static void warm_round(const struct opts *o, bool cuda, int n, int rank, int rou
   for (int i = 0; i < n; i++)
     if (info.slabs[i] == NULL)
       die("%s%s", "a slab pointer is missing", "");
-  double t = now_ms();
+  double t = bench_now_ms();
   if (write(STDOUT_FILENO, &t, sizeof t) != sizeof t)
     exit(1);
   char go;
@@ -209,7 +204,7 @@ static void cold_round(bool cuda, uint64_t bytes, int n, int rank, const char *p
   CUdeviceptr vas[MAX_RANKS] = {0};
   for (int i = 0; i < n; i++)
     ptrs[i] = i == rank && !cuda ? mine.host : cold_map(cuda, fds[i], bytes, &handles[i], &vas[i]);
-  double t = now_ms();
+  double t = bench_now_ms();
   if (write(STDOUT_FILENO, &t, sizeof t) != sizeof t)
     exit(1);
   char go;
@@ -239,11 +234,6 @@ struct rank_proc {
   pid_t pid;
   int to, from; /* pipes: parent → rank stdin, rank stdout → parent */
 };
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 /* Run `rounds` rounds of one path with n persistent rank processes. */
 static void run_path(const struct opts *o, bool cuda, bool warm, int n, double *out) {
@@ -304,7 +294,7 @@ static void run_path(const struct opts *o, bool cuda, bool warm, int n, double *
      * last round's slabs, which it does between jobs. */
     struct timespec ps = {.tv_sec = o->pause_ms / 1000, .tv_nsec = (o->pause_ms % 1000) * 1000000L};
     nanosleep(&ps, NULL);
-    double t0 = now_ms();
+    double t0 = bench_now_ms();
     for (int r = 0; r < n; r++)
       if (write(rp[r].to, "g", 1) != 1)
         die("%s%s", "release", "");
@@ -388,8 +378,8 @@ int main(int argc, char **argv) {
     double warm[MAX_ROUNDS], cold[MAX_ROUNDS];
     run_path(&o, cuda, true, n, warm);
     run_path(&o, cuda, false, n, cold);
-    qsort(warm, (size_t)o.rounds, sizeof warm[0], cmp_double);
-    qsort(cold, (size_t)o.rounds, sizeof cold[0], cmp_double);
+    bench_sort(warm, (size_t)o.rounds);
+    bench_sort(cold, (size_t)o.rounds);
     double wm = warm[o.rounds / 2], cm = cold[o.rounds / 2];
     printf("%-6d %14.1f %12.3f %12.3f %12.3f %12.3f %7.1fx\n", n,
            (double)l.total_bytes / (1 << 20), wm, warm[o.rounds - 1], cm, cold[o.rounds - 1],

@@ -62,6 +62,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "benchlib.h"
 #include "cudadrv.h"
 #include "deepep.h"
 
@@ -94,12 +95,6 @@ struct shm {
   uint64_t bytes[MAX_RANKS][NOPS];
   double t[]; /* calls: [rank][op][calls], then copies: [rank][op][reps] */
 };
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static void usage(void) {
   fprintf(stderr,
@@ -236,19 +231,19 @@ static double bar_wait(struct rank *k) {
   struct shm *s = k->s;
   unsigned gen = atomic_load(&s->bar_gen);
   if (atomic_fetch_add(&s->bar_count, 1) == (unsigned)k->n - 1) {
-    s->t_release = now_ms();
+    s->t_release = bench_now_ms();
     atomic_store(&s->bar_count, 0);
     atomic_fetch_add(&s->bar_gen, 1);
     return s->t_release;
   }
-  double t0 = now_ms();
+  double t0 = bench_now_ms();
   for (unsigned i = 0; atomic_load(&s->bar_gen) == gen; i++) {
     if (atomic_load(&s->failed))
       _exit(1);
     if (i < 1000)
       continue;
     sched_yield();
-    if (i % 4096 == 0 && now_ms() - t0 > BARRIER_TIMEOUT_S * 1e3)
+    if (i % 4096 == 0 && bench_now_ms() - t0 > BARRIER_TIMEOUT_S * 1e3)
       fail("rank %d: a peer never reached the barrier in %.0f s", k->r, BARRIER_TIMEOUT_S);
   }
   return s->t_release;
@@ -505,7 +500,7 @@ static double timed(struct rank *k, int op) {
   if (rc != 0)
     fail("rank %d: %s: %s (%s)", k->r, op_name[op], dep_errmsg(k->c), dep_errname(rc));
   if (!k->cuda)
-    return now_ms() - rel;
+    return bench_now_ms() - rel;
   float ms;
   CK(cx.eventRecord(k->e1, k->st));
   CK(cx.eventSync(k->e1));
@@ -548,7 +543,7 @@ static void copy_ceiling(struct rank *k) {
         ms = f;
       } else {
         memcpy(dst, src, n);
-        ms = now_ms() - rel;
+        ms = bench_now_ms() - rel;
       }
       if (i >= 0)
         out[i] = ms;
@@ -702,11 +697,6 @@ static int run_world(const struct opts *o, bool cuda, int n, bool threads, const
   return bad || atomic_load(&s->failed);
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 static void raw_line(FILE *f, const char *be, int n, const char *mode, int op, const char *kind,
                      int i, double ms) {
   if (f != NULL)
@@ -723,7 +713,7 @@ static void world_times(const double *base, int n, int stride, double *out, FILE
       out[i] = fmax(out[i], base[(size_t)r * NOPS * stride + i]);
     raw_line(raw, be, n, mode, op, kind, i, out[i]);
   }
-  qsort(out, (size_t)stride, sizeof *out, cmp_double);
+  bench_sort(out, (size_t)stride);
 }
 
 /* One table row per op for a finished world (s), with its warm-up-off twin (s2) if cold. */

@@ -21,28 +21,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "benchlib.h"
 #include "cudadrv.h"
 #include "fdpass.h"
 
 #define MAXN 8
 #define MAXR 50
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static void check(CUresult r, const char *what) {
   if (r != CUDA_SUCCESS) {
     fprintf(stderr, "vmm_map: %s: %s\n", what, cudadrv_errstr(r));
     exit(1);
   }
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
 }
 
 /* One child: receive the fds, wait for go, import+map each, report 4 phase times. */
@@ -66,22 +56,22 @@ static void child(int sock, int nalloc, size_t bytes, int rounds) {
     double t[5] = {0};
     CUmemGenericAllocationHandle h[MAXN];
     CUdeviceptr va[MAXN];
-    double t0 = now_ms();
+    double t0 = bench_now_ms();
     for (int i = 0; i < nalloc; i++)
       check(cu->cuMemImportFromShareableHandle(&h[i], (void *)(intptr_t)fds[i],
                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "import");
-    double t1 = now_ms();
+    double t1 = bench_now_ms();
     for (int i = 0; i < nalloc; i++)
       check(cu->cuMemAddressReserve(&va[i], bytes, 0, 0, 0), "reserve");
-    double t2 = now_ms();
+    double t2 = bench_now_ms();
     for (int i = 0; i < nalloc; i++)
       check(cu->cuMemMap(va[i], bytes, 0, h[i], 0), "map");
-    double t3 = now_ms();
+    double t3 = bench_now_ms();
     CUmemAccessDesc acc = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, d},
                            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     for (int i = 0; i < nalloc; i++)
       check(cu->cuMemSetAccess(va[i], bytes, &acc, 1), "access");
-    double t4 = now_ms();
+    double t4 = bench_now_ms();
     t[0] = t1 - t0, t[1] = t2 - t1, t[2] = t3 - t2, t[3] = t4 - t3, t[4] = t4;
     if (write(sock, t, sizeof t) != sizeof t)
       exit(1);
@@ -137,7 +127,7 @@ static void run(const struct cudadrv *cu, const struct procs *ps, int nalloc, si
   sleep(2); /* every child has its context */
   double worst[5][MAXR];
   for (int r = 0; r < rounds; r++) {
-    double t0 = now_ms();
+    double t0 = bench_now_ms();
     for (int c = 0; c < n; c++)
       fdpass_send(socks[c], "g", 1, fds, nalloc);
     double w[5] = {0};
@@ -161,7 +151,7 @@ static void run(const struct cudadrv *cu, const struct procs *ps, int nalloc, si
     close(socks[c]);
   }
   for (int k = 0; k < 5; k++)
-    qsort(worst[k], (size_t)rounds, sizeof(double), cmp);
+    bench_sort(worst[k], (size_t)rounds);
   int m = rounds / 2;
   printf("%-6s %5d %6d %10zu %10.3f %10.3f %10.3f %10.3f %10.3f\n", name, n, nalloc, bytes >> 20,
          worst[0][m], worst[1][m], worst[2][m], worst[3][m], worst[4][m]);
