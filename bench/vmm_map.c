@@ -35,19 +35,25 @@ static void check(CUresult r, const char *what) {
   }
 }
 
-/* One child: receive the fds, wait for go, import+map each, report 4 phase times. */
-static void child(int sock, int nalloc, size_t bytes, int rounds) {
+/* Load the driver and make GPU 0's primary context current in this process. */
+static const struct cudadrv *gpu0(CUdevice *d) {
   char why[256];
   const struct cudadrv *cu = cudadrv_load(why, sizeof why);
   if (cu == NULL) {
     fprintf(stderr, "vmm_map: %s\n", why);
     exit(1);
   }
-  CUdevice d;
   CUcontext ctx;
-  check(cu->cuDeviceGet(&d, 0), "cuDeviceGet");
-  check(cu->cuDevicePrimaryCtxRetain(&ctx, d), "retain");
-  check(cu->cuCtxSetCurrent(ctx), "set ctx");
+  check(cu->cuDeviceGet(d, 0), "cuDeviceGet");
+  check(cu->cuDevicePrimaryCtxRetain(&ctx, *d), "cuDevicePrimaryCtxRetain");
+  check(cu->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  return cu;
+}
+
+/* One child: receive the fds, wait for go, import+map each, report 4 phase times. */
+static void child(int sock, int nalloc, size_t bytes, int rounds) {
+  CUdevice d;
+  const struct cudadrv *cu = gpu0(&d);
   for (int r = 0; r < rounds; r++) {
     int fds[MAXN], nf = 0;
     char go;
@@ -191,17 +197,8 @@ int main(int argc, char **argv) {
       struct procs slabs, arena;
       spawn(&slabs, k, k, slab, rounds);
       spawn(&arena, k, 1, slab * (size_t)k, rounds);
-      char why[256];
-      const struct cudadrv *cu = cudadrv_load(why, sizeof why);
-      if (cu == NULL) {
-        fprintf(stderr, "vmm_map: %s\n", why);
-        exit(1);
-      }
       CUdevice d;
-      CUcontext ctx;
-      check(cu->cuDeviceGet(&d, 0), "dev");
-      check(cu->cuDevicePrimaryCtxRetain(&ctx, d), "retain");
-      check(cu->cuCtxSetCurrent(ctx), "ctx");
+      const struct cudadrv *cu = gpu0(&d);
       run(cu, &slabs, k, slab, rounds, "slabs");
       run(cu, &arena, 1, slab * (size_t)k, rounds, "arena");
       fflush(stdout);

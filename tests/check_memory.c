@@ -100,10 +100,7 @@ START_TEST(two_jobs_of_different_users_cannot_join_or_see_each_other) {
   mr_grp_init(&ga);
   mr_grp_init(&gb);
   mr_grp_init(&gi);
-  for (uint32_t i = 0; i < 2; i++) {
-    struct mr_rank_spec s = mr_spec(&d, "job-root", i, 2, i, 2, TINY, a_script);
-    mr_grp_spawn(&ga, &s);
-  }
+  mr_grp_spawn_job(&ga, &d, "job-root", 2, TINY, a_script);
   mr_grp_sync(&ga, 2);
   /* Another user's job starts beside it: its memory is all zero, its status shows it alone. */
   for (uint32_t i = 0; i < 2; i++) {
@@ -158,10 +155,7 @@ START_TEST(another_users_job_never_sees_old_bytes_even_through_a_kept_mapping) {
   struct mr_grp ga, gb;
   mr_grp_init(&ga);
   mr_grp_init(&gb);
-  for (uint32_t i = 0; i < 2; i++) {
-    struct mr_rank_spec s = mr_spec(&d, "tenant-root", i, 2, i, 2, TINY, a_script);
-    mr_grp_spawn(&ga, &s);
-  }
+  mr_grp_spawn_job(&ga, &d, "tenant-root", 2, TINY, a_script);
   mr_grp_sync(&ga, 2);
   mr_wait_pool(obs, 0, MR_CHUNK);
   for (uint32_t i = 0; i < 2; i++) {
@@ -208,10 +202,7 @@ static void reuse_after_scrub(bool cache) {
   struct mr_grp g1, g2;
   mr_grp_init(&g1);
   mr_grp_init(&g2);
-  for (uint32_t i = 0; i < 2; i++) {
-    struct mr_rank_spec s = mr_spec(&d, "first", i, 2, i, 2, TINY, one);
-    mr_grp_spawn(&g1, &s);
-  }
+  mr_grp_spawn_job(&g1, &d, "first", 2, TINY, one);
   mr_grp_sync(&g1, 2);
   mr_wait_pool(obs, 0, cached); /* between the jobs */
   if (cache) {
@@ -226,10 +217,7 @@ static void reuse_after_scrub(bool cache) {
     snprintf(want, sizeof want, "\"pool_cached_bytes\":%llu", (unsigned long long)first);
     ck_assert_msg(strstr(out, want) != NULL, "deepepctl: %s", out);
   }
-  for (uint32_t i = 0; i < 2; i++) {
-    struct mr_rank_spec s = mr_spec(&d, "second", i, 2, i, 2, TINY, two);
-    mr_grp_spawn(&g2, &s);
-  }
+  mr_grp_spawn_job(&g2, &d, "second", 2, TINY, two);
   mr_grp_sync(&g2, 2);
   /* The cached slabs were taken, not fresh chunks. */
   mr_wait_pool(obs, first, 0);
@@ -245,10 +233,7 @@ static void reuse_after_scrub(bool cache) {
     static const struct mr_step all[] = {{CHECK, 0}, {SYNC, 0}, {END, 0}};
     struct mr_grp g3;
     mr_grp_init(&g3);
-    for (uint32_t i = 0; i < 8; i++) {
-      struct mr_rank_spec s = mr_spec(&d, "whole-pool", i, 8, i, 8, TINY, all);
-      mr_grp_spawn(&g3, &s);
-    }
+    mr_grp_spawn_job(&g3, &d, "whole-pool", 8, TINY, all);
     mr_grp_sync(&g3, 8);
     mr_wait_pool(obs, whole, 0);
     mr_grp_go(&g3, 8);
@@ -284,10 +269,7 @@ START_TEST(without_preallocation_the_pool_is_made_on_first_attach) {
     int fds0 = mr_daemon_fds(d.pid);
     struct mr_grp g;
     mr_grp_init(&g);
-    for (uint32_t i = 0; i < 2; i++) {
-      struct mr_rank_spec s = mr_spec(&d, "first", i, 2, i, 2, TINY, script);
-      mr_grp_spawn(&g, &s);
-    }
+    mr_grp_spawn_job(&g, &d, "first", 2, TINY, script);
     mr_grp_sync(&g, 2);
     ck_assert_uint_eq(mr_pool_now(obs).used, mr_arena_of(&TINY, 2, 2));
     mr_grp_go(&g, 2);
@@ -315,10 +297,7 @@ static void next_job_reads_zero(const struct tu_daemon *d, const char *id, uint3
   static const struct mr_step script[] = {{CHECK, 0}, {END, 0}};
   struct mr_grp g;
   mr_grp_init(&g);
-  for (uint32_t i = 0; i < lws; i++) {
-    struct mr_rank_spec s = mr_spec(d, id, i, lws, i, lws, *shape, script);
-    mr_grp_spawn(&g, &s);
-  }
+  mr_grp_spawn_job(&g, d, id, lws, *shape, script);
   mr_grp_reap(&g);
 }
 
@@ -331,10 +310,7 @@ static void sigkill_ranks(bool all) {
   static const struct mr_step script[] = {{FILL, 1}, {SYNC, 0}, {CHECK, 1}, {SYNC, 0}, {END, 0}};
   struct mr_grp g;
   mr_grp_init(&g);
-  for (uint32_t i = 0; i < 4; i++) {
-    struct mr_rank_spec s = mr_spec(&d, "doomed", i, 4, i, 4, WIDE, script);
-    mr_grp_spawn(&g, &s);
-  }
+  mr_grp_spawn_job(&g, &d, "doomed", 4, WIDE, script);
   mr_grp_sync(&g, 4);
   ck_assert_uint_eq(mr_pool_now(obs).used, arena);
   if (all) {
@@ -438,10 +414,7 @@ START_TEST(pool_exhaustion_is_no_memory_and_the_rest_carries_on) {
   mr_grp_init(&ga);
   mr_grp_init(&gb);
   mr_grp_init(&gc);
-  for (uint32_t i = 0; i < 2; i++) {
-    struct mr_rank_spec s = mr_spec(&d, "holder", i, 2, i, 2, TINY, hold);
-    mr_grp_spawn(&ga, &s);
-  }
+  mr_grp_spawn_job(&ga, &d, "holder", 2, TINY, hold);
   mr_grp_sync(&ga, 2);
   /* Nine chunks fit the pool, but only eight are free: every rank hears why. */
   for (uint32_t i = 0; i < 4; i++) {
@@ -454,10 +427,7 @@ START_TEST(pool_exhaustion_is_no_memory_and_the_rest_carries_on) {
   ck_assert_int_eq(mr_job_ranks(obs, "greedy"), -1);
   ck_assert_uint_eq(mr_pool_now(obs).used, MR_CHUNK);
   /* A job that fits still attaches; the holder's memory is untouched. */
-  for (uint32_t i = 0; i < 2; i++) {
-    struct mr_rank_spec s = mr_spec(&d, "modest", i, 2, i, 2, TINY, use);
-    mr_grp_spawn(&gc, &s);
-  }
+  mr_grp_spawn_job(&gc, &d, "modest", 2, TINY, use);
   mr_grp_sync(&gc, 2);
   ck_assert_uint_eq(mr_pool_now(obs).used, 2 * MR_CHUNK);
   mr_grp_go(&gc, 2);
@@ -514,10 +484,7 @@ START_TEST(bad_input_gets_its_own_error_and_every_other_job_carries_on) {
   mr_grp_init(&gk);
   mr_grp_init(&gm);
   mr_grp_init(&gbad);
-  for (uint32_t i = 0; i < 2; i++) {
-    struct mr_rank_spec s = mr_spec(&d, "steady", i, 2, i, 2, TINY, run);
-    mr_grp_spawn(&gj, &s);
-  }
+  mr_grp_spawn_job(&gj, &d, "steady", 2, TINY, run);
   mr_grp_sync(&gj, 2);
   /* Jobs with a first rank waiting, for the claims below to collide with. */
   struct mr_rank_spec s = mr_spec(&d, "dup", 0, 2, 0, 2, TINY, run);

@@ -402,6 +402,14 @@ void mr_grp_init(struct mr_grp *g) {
   ck_assert_int_eq(pipe2(g->rep, O_CLOEXEC), 0);
 }
 
+void mr_grp_spawn_job(struct mr_grp *g, const struct tu_daemon *d, const char *job, uint32_t lws,
+                      struct dep_job_shape shape, const struct mr_step *script) {
+  for (uint32_t i = 0; i < lws; i++) {
+    struct mr_rank_spec s = mr_spec(d, job, i, lws, i, lws, shape, script);
+    mr_grp_spawn(g, &s);
+  }
+}
+
 int mr_grp_spawn(struct mr_grp *g, const struct mr_rank_spec *s) {
   ck_assert_int_lt(g->n, MR_GRP_MAX);
   int *go = g->go[g->n];

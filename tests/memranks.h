@@ -84,6 +84,9 @@ struct mr_grp {
 void mr_grp_init(struct mr_grp *g);
 /* Fork a rank running s; returns its index in the group. */
 int mr_grp_spawn(struct mr_grp *g, const struct mr_rank_spec *s);
+/* Fork all lws ranks of a one-node job (rank = local rank), each running script. */
+void mr_grp_spawn_job(struct mr_grp *g, const struct tu_daemon *d, const char *job, uint32_t lws,
+                      struct dep_job_shape shape, const struct mr_step *script);
 /* n ranks of the group reach a SYNC (a rank that fails there fails the test). */
 void mr_grp_sync(struct mr_grp *g, int n);
 /* Let every live rank of the group (n of them) past its SYNC. */
