@@ -39,6 +39,7 @@ void client_unmap(dep_client_t *c) {
   for (uint32_t i = 0; i < c->n_arenas; i++)
     mem_unmap_slab(&c->arenas[i]);
   c->n_arenas = 0;
+  c->ranks_on_dev = 0;
   memset(c->slabs, 0, sizeof c->slabs);
   memset(c->ranks, 0, sizeof c->ranks);
 }
@@ -97,6 +98,8 @@ static int attach_slab(dep_client_t *c, struct client_frame *f, bool *seen) {
     return client_seterr(c, rc, "mapping the slabs of local rank %u: %s", m.ranks[0].local_rank,
                          why);
   c->n_arenas++;
+  if (memcmp(m.device_uuid, c->args.device_uuid, sizeof m.device_uuid) == 0)
+    c->ranks_on_dev = m.n_ranks; /* the ranks sharing this rank's GPU: its SM budget */
   for (uint32_t i = 0; i < m.n_ranks; i++) {
     seen[m.ranks[i].local_rank] = true;
     c->slabs[m.ranks[i].local_rank] = (uint8_t *)arena->base + m.ranks[i].offset;

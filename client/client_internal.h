@@ -48,6 +48,7 @@ struct dep_client {
   struct dep_slab_layout layout;  /* of every slab of the job */
   struct mem_map arenas[DEP_MAX_LOCAL_RANKS]; /* the job's arenas (one per device), mapped */
   uint32_t n_arenas;
+  uint32_t ranks_on_dev;          /* local ranks of the job on this rank's device */
   uint8_t *slabs[DEP_MAX_LOCAL_RANKS];      /* every local rank's slab, by local rank */
   uint32_t ranks[DEP_MAX_LOCAL_RANKS];      /* global rank of each local rank */
   bool cuda;                      /* slabs are GPU memory */

@@ -153,14 +153,14 @@ static int cuops_begin(dep_client_t *c, const char *op, CUstream s) {
   return cuops_poll(c, op, s, false);
 }
 
-static int launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, void *args, CUstream s,
-                  const char *op) {
+static int launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, unsigned shmem,
+                  void *args, CUstream s, const char *op) {
   struct ctx_guard g;
   int rc = ctx_enter(c, &g, op);
   if (rc != 0)
     return rc;
   void *params[2] = {&c->cuops.job, args};
-  CUresult r = drv()->cuLaunchKernel(c->cuops.fn[k], grid, 1, 1, CUOPS_THREADS, 1, 1, 0, s,
+  CUresult r = drv()->cuLaunchKernel(c->cuops.fn[k], grid, 1, 1, CUOPS_THREADS, 1, 1, shmem, s,
                                      params, NULL);
   ctx_leave(&g);
   return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, "cuLaunchKernel", r);
@@ -281,7 +281,7 @@ static int tokens_ok(char *why, size_t len, uint32_t n, uint32_t max, const char
 
 /* The grid of a communicating kernel (cuda_ops.h: the SM budget). */
 static unsigned comm_grid(const dep_client_t *c) {
-  return 2u * c->cuops.job.world * c->cuops.job.parts;
+  return c->cuops.job.world * c->cuops.job.parts;
 }
 
 /* ---- the operations ------------------------------------------------------------------- */
@@ -314,7 +314,7 @@ int cuda_ops_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream
     return cu_fail(c, op, "cuMemsetD32Async", r);
   unsigned grid = (a->num_tokens + CUOPS_THREADS - 1) / CUOPS_THREADS;
   grid = grid < 1 ? 1 : grid > 8 ? 8 : grid;
-  return launch(c, CUOPS_K_LAYOUT, grid, &k, s, op);
+  return launch(c, CUOPS_K_LAYOUT, grid, 0, &k, s, op);
 }
 
 int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct dep_handle *h,
@@ -343,7 +343,7 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
                                        c->cuops.job.le, s);
   if (r != CUDA_SUCCESS)
     return cu_fail(c, op, "cuMemsetD32Async", r);
-  if ((rc = launch(c, CUOPS_K_DISPATCH, comm_grid(c), &k, s, op)) != 0)
+  if ((rc = launch(c, CUOPS_K_DISPATCH, comm_grid(c), 0, &k, s, op)) != 0)
     return rc;
   /* The one synchronising call: num_recv is a host value. */
   if ((r = drv()->cuStreamSynchronize(s)) != CUDA_SUCCESS)
@@ -373,7 +373,7 @@ int cuda_ops_combine(dep_client_t *c, const struct dep_combine_args *a, const st
   if ((rc = cuops_begin(c, op, s)) != 0)
     return rc;
   struct cuops_combine_args k = {a->x, a->out, h->num_tokens, 0, hdl_of(h)};
-  return launch(c, CUOPS_K_COMBINE, comm_grid(c), &k, s, op);
+  return launch(c, CUOPS_K_COMBINE, comm_grid(c), 0, &k, s, op);
 }
 
 int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
@@ -387,6 +387,11 @@ int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
   if (rc == 0)
     rc = tokens_ok(why, sizeof why, a->num_tokens, c->ops.lay.max_ll_tokens, "ll_dispatch",
                    "max_ll_tokens_per_rank");
+  if (rc == 0 && c->ops.shape.num_experts > CUOPS_LL_MAX_EXPERTS)
+    rc = DEP_ERR_UNSUPPORTED,
+    snprintf(why, sizeof why, "ll_dispatch: the cuda kernels take at most %u experts (the job has "
+             "%u); use throughput mode (dep_dispatch) or the host backend", CUOPS_LL_MAX_EXPERTS,
+             c->ops.shape.num_experts);
   if (rc == 0 && a->num_tokens > 0 && (rc = need(why, sizeof why, a->x, 2, "ll_dispatch", "x")) == 0)
     rc = need(why, sizeof why, a->topk_idx, IDX_ALIGN(a->index_type), "ll_dispatch", "topk_idx");
   if (rc != 0)
@@ -395,7 +400,8 @@ int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
     return rc;
   struct cuops_ll_dispatch_args k = {a->x, a->topk_idx, a->index_type, a->num_tokens, a->use_fp8,
                                      0, a->recv_x, a->recv_scales, a->recv_count, hdl_of(h)};
-  if ((rc = launch(c, CUOPS_K_LL_DISPATCH, comm_grid(c), &k, s, op)) != 0)
+  if ((rc = launch(c, CUOPS_K_LL_DISPATCH, comm_grid(c), CUOPS_LL_SHMEM(c->cuops.job.num_experts), &k,
+                   s, op)) != 0)
     return rc;
   /* No synchronisation: what the host cannot know stays on the device. */
   h->num_tokens = a->num_tokens;
@@ -431,7 +437,7 @@ int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
     return rc;
   struct cuops_ll_combine_args k = {a->x, a->topk_idx, a->index_type, h->num_tokens,
                                     a->topk_weights, a->out, hdl_of(h)};
-  return launch(c, CUOPS_K_LL_COMBINE, comm_grid(c), &k, s, op);
+  return launch(c, CUOPS_K_LL_COMBINE, comm_grid(c), 0, &k, s, op);
 }
 
 /* ---- attach: load, make, warm up ---------------------------------------------------------- */
@@ -513,6 +519,26 @@ static int warmup(dep_client_t *c) {
 }
 #endif
 
+#ifdef DEP_HAVE_FATBIN
+/*
+ * CTAs one communicating kernel of this rank may use (cuda_ops.h: the SM
+ * budget): the GPU's SMs shared out among the job's ranks on it, at most
+ * CUOPS_MAX_CTAS, so that every rank's kernel is resident at once and a
+ * lone rank leaves most of its GPU to the trainer's compute.
+ */
+static uint32_t sm_budget(const dep_client_t *c, const struct cudadrv *cu) {
+  int sms = 0;
+  CUdevice dev;
+  if (cu->cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
+      cu->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
+      sms < 1)
+    sms = 16; /* unknown: small enough to fit anywhere */
+  uint32_t sharing = c->ranks_on_dev ? c->ranks_on_dev : c->ops.world;
+  uint32_t budget = (uint32_t)sms / sharing;
+  return budget > CUOPS_MAX_CTAS ? CUOPS_MAX_CTAS : budget;
+}
+#endif
+
 int cuda_ops_attach(dep_client_t *c) {
   struct cuops_state *st = &c->cuops;
   memset(st, 0, sizeof *st);
@@ -569,7 +595,8 @@ int cuda_ops_attach(dep_client_t *c) {
   j->kd = j->topk < j->le ? j->topk : j->le;
   j->max_tokens = o->shape.max_tokens_per_rank;
   j->max_ll = o->lay.max_ll_tokens;
-  j->parts = o->world >= 8 ? 1 : 8 / o->world;
+  j->parts = sm_budget(c, cu) / o->world;
+  j->parts = j->parts < 1 ? 1 : j->parts;
   j->timeout_ns = (uint64_t)o->timeout_ms * 1000000ull;
   j->host = (struct cuops_host *)(uintptr_t)st->host_dev;
   j->dev = (struct cuops_dev *)(uintptr_t)st->dev;

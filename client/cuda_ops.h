@@ -20,10 +20,15 @@
  *     is claimed once (cuops_dev.claim) and recorded in pinned host memory
  *     (cuops_host.err, read by the library without a sync) and in the
  *     slab's error words; the kernel returns, it never traps.
- *   - SM budget: every communicating kernel is 2 * world * P CTAs of
- *     CUOPS_THREADS threads, P = max(1, 8 / world) CTAs per peer and
- *     direction: 16 CTAs for world <= 8, 2 * world above.  Ranks sharing
- *     one GPU therefore all fit at once (8 ranks: 128 CTAs of 256 threads).
+ *   - SM budget: every communicating kernel is world * P CTAs of
+ *     CUOPS_THREADS threads, each of which first sends (part of the rows
+ *     for one peer) then receives.  P = max(1, B / world), where B, the
+ *     rank's budget, is the GPU's SMs divided by the job's ranks on that
+ *     GPU, at most CUOPS_MAX_CTAS: ranks sharing one GPU all fit at once
+ *     (8 ranks on 132 SMs: 16 CTAs each), and a rank alone on its GPU
+ *     leaves the rest of it to the trainer's kernels.  Each lane keeps
+ *     several 16-byte loads in flight (ops_dev.cuh), since a copy with one
+ *     load in flight per thread runs at the memory's latency.
  *
  * What is checked where:
  *   - On the host, before any launch: everything ops_check_* checks that
@@ -68,6 +73,12 @@
 #define CUOPS_THREADS 256
 #define CUOPS_WARPS (CUOPS_THREADS / 32)
 #define CUOPS_MAX_RANKS DEP_MAX_LOCAL_RANKS
+#define CUOPS_MAX_CTAS 48u
+/* Low-latency dispatch keeps per-(source, local expert) counts and offsets
+ * in dynamic shared memory: 8 bytes per expert, within the 48 KiB a kernel
+ * gets without opting in. */
+#define CUOPS_LL_MAX_EXPERTS 4096u
+#define CUOPS_LL_SHMEM(num_experts) (8u * (num_experts))
 
 /* The host backend's op codes and layouts (host_ops.h), restated for the
  * C++ side; cuda_ops.c checks at compile time that they agree. */

@@ -5,9 +5,13 @@
  * This is the one translation unit of the fatbin (nvcc -fatbin takes one
  * input); its building blocks are in ops_dev.cuh.
  *
- * Grid of every communicating kernel: world * P sender CTAs (P per
- * destination, P = J.parts) then world * P receiver CTAs.  Senders never
- * wait; receivers wait, bounded, for every source's flag.  Every order is
+ * Grid of every communicating kernel: world * P CTAs (P = J.parts, the SM
+ * budget: client/cuda_ops.c).  CTA b first sends, as part b % P of the
+ * rows for peer b / P, without waiting; then it receives: it waits,
+ * bounded, for every source's flag and takes its share of the receive
+ * work (part b % P of source b / P's rows, or every gridDim.x-th token or
+ * row).  Every CTA doing both halves keeps every warp busy in each phase
+ * (a receiver-only CTA idles while the senders run).  Every order is
  * the host's (sources, tokens, k ascending) and every sum a float32 sum in
  * that order with explicit round-to-nearest adds and multiplies (no FMA
  * contraction), so outputs are bit-identical to the host backend's and
@@ -15,7 +19,7 @@
  */
 #include "ops_dev.cuh"
 
-#define KERNEL extern "C" __global__ void __launch_bounds__(CUOPS_THREADS)
+#define KERNEL extern "C" __global__ void __launch_bounds__(CUOPS_THREADS, 2)
 
 /* ---- layout: local, no communication ------------------------------------------- */
 
@@ -65,10 +69,9 @@ __device__ __forceinline__ void dispatch_send(const cuops_job &J, const cuops_di
     if (t < a.num_tokens && part == 0)
       a.h.tp_pos[(uint64_t)t * J.world + d] = go ? (int32_t)(running + off) : -1;
     __syncthreads();
-    for (uint32_t i = 0; i < total; i++) {
+    /* row running + i goes to warp (running + i) % stride of the parts */
+    for (uint32_t i = (me + stride - running % stride) % stride; i < total; i += stride) {
       uint32_t row = running + i;
-      if (row % stride != me)
-        continue;
       uint32_t tt = s_tok[i];
       uint8_t *dst = blk + (uint64_t)row * J.row_bytes;
       warp_copy(dst, (const uint8_t *)a.x + (uint64_t)tt * h * 2, 2ull * h);
@@ -149,12 +152,9 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
 
 KERNEL dep_k_dispatch(const cuops_job J, const cuops_dispatch_args a) {
   call k = call_begin(J);
-  const uint32_t senders = J.world * J.parts;
   if (!k.skip) {
-    if (blockIdx.x < senders)
-      dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts);
-    else
-      dispatch_recv(J, a, k, (blockIdx.x - senders) / J.parts, (blockIdx.x - senders) % J.parts);
+    dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts);
+    dispatch_recv(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts);
   }
   call_end(J, k);
 }
@@ -181,12 +181,91 @@ __device__ __forceinline__ bool combine_wait(const cuops_job &J, const call &k, 
   return s_ok != 0;
 }
 
+/*
+ * One warp writes one token's output: out[c] = bf16 of the float32 sum, in
+ * order, of src[i][c] (times w[i] when `weighted`) over its n sources.
+ * Lane i < n holds source i's row (src_lane) and weight (w_lane); n <= 32
+ * per call, `acc` carries a longer sum over calls.  Each lane loads
+ * RED_C x RED_S 16-byte vectors before it adds any, so a token's sources
+ * are read in parallel, not one latency at a time.
+ */
+#define RED_C 2
+#define RED_S 4
+
+struct red_acc {
+  float v[RED_C][8];
+};
+
+__device__ __forceinline__ void red_add(red_acc &acc, uint32_t c0, uint32_t h, uint64_t src_lane,
+                                        float w_lane, bool weighted, uint32_t n) {
+  for (uint32_t i = 0; i < n; i += RED_S) {
+    int4 q[RED_S][RED_C];
+#pragma unroll
+    for (int s = 0; s < RED_S; s++) {
+      const uint8_t *row = (const uint8_t *)__shfl_sync(FULL_MASK, src_lane, (i + s) & 31u);
+#pragma unroll
+      for (int cc = 0; cc < RED_C; cc++)
+        if (i + s < n && c0 + 256u * cc < h)
+          q[s][cc] = __ldcg((const int4 *)(row + 2ull * (c0 + 256u * cc)));
+    }
+#pragma unroll
+    for (int s = 0; s < RED_S; s++) {
+      float w = __shfl_sync(FULL_MASK, w_lane, (i + s) & 31u);
+      if (i + s >= n)
+        break;
+#pragma unroll
+      for (int cc = 0; cc < RED_C; cc++) {
+        const uint32_t u[4] = {(uint32_t)q[s][cc].x, (uint32_t)q[s][cc].y, (uint32_t)q[s][cc].z,
+                               (uint32_t)q[s][cc].w};
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          float v = bf2f(u[e / 2] >> (16 * (e % 2)));
+          acc.v[cc][e] = __fadd_rn(acc.v[cc][e], weighted ? __fmul_rn(w, v) : v);
+        }
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void red_store(const red_acc &acc, uint8_t *out, uint32_t c0, uint32_t h,
+                                          bool vec) {
+#pragma unroll
+  for (int cc = 0; cc < RED_C; cc++)
+    if (c0 + 256u * cc < h)
+      store8(out + 2ull * (c0 + 256u * cc), vec, acc.v[cc]);
+}
+
+/* Combine's receive: a warp per token sums, sources ascending, the rows
+ * each source sent back at the positions its dispatch recorded. */
+__device__ __forceinline__ void combine_reduce(const cuops_job &J, const cuops_combine_args &a,
+                                               const call &k, uint32_t r, uint32_t R) {
+  const uint32_t h = J.hidden, W = J.world, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+  const bool vec = ((uintptr_t)a.out & 15u) == 0;
+  for (uint32_t t = r * CUOPS_WARPS + warp; t < a.num_tokens; t += R * CUOPS_WARPS) {
+    uint8_t *out = (uint8_t *)a.out + (uint64_t)t * h * 2;
+    for (uint32_t c = 0; c < h; c += 256u * RED_C) { /* warp-uniform: red_add shuffles */
+      const uint32_t c0 = c + lane * 8;
+      red_acc acc = {};
+      for (uint32_t s0 = 0; s0 < W; s0 += 32) {
+        /* this group's sources that hold the token, in order */
+        const uint32_t s = s0 + lane;
+        int32_t p = s < W ? a.h.tp_pos[(uint64_t)t * W + s] : -1;
+        uint32_t have = __ballot_sync(FULL_MASK, p >= 0);
+        uint64_t row = p >= 0 ? (uint64_t)(block_at(J, J.rank, k.parity, s) + (uint64_t)p * J.row_bytes) : 0;
+        uint32_t from = __fns(have, 0, (int)lane + 1); /* lane i takes the i-th present row */
+        uint64_t mine = __shfl_sync(FULL_MASK, row, from < 32 ? from : 0);
+        red_add(acc, c0, h, mine, 1.0f, false, __popc(have));
+      }
+      red_store(acc, out, c0, h, vec);
+    }
+  }
+}
+
 KERNEL dep_k_combine(const cuops_job J, const cuops_combine_args a) {
   call k = call_begin(J);
-  const uint32_t senders = J.world * J.parts, h = J.hidden, W = J.world;
-  const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+  const uint32_t h = J.hidden, warp = threadIdx.x >> 5;
   const uint64_t hseq = *a.h.seq;
-  if (!k.skip && blockIdx.x < senders) {
+  if (!k.skip) {
     /* Rows from source d are contiguous in x, sources ascending: send each
      * back to row j of d's block, in the order they came. */
     const uint32_t d = blockIdx.x / J.parts, part = blockIdx.x % J.parts;
@@ -201,27 +280,8 @@ KERNEL dep_k_combine(const cuops_job J, const cuops_combine_args a) {
     __syncthreads();
     if (threadIdx.x == 0)
       post(J, k, d, n, CUOPS_OP_COMBINE, hseq, a.num_tokens);
-  } else if (!k.skip) {
-    const uint32_t r = blockIdx.x - senders, R = senders;
-    if (combine_wait(J, k, CUOPS_OP_COMBINE, hseq, a.h.tp_sent, r == 0)) {
-      const bool vec = ((uintptr_t)a.out & 15u) == 0;
-      for (uint32_t t = r * CUOPS_WARPS + warp; t < a.num_tokens; t += R * CUOPS_WARPS) {
-        for (uint32_t c = lane * 8; c < h; c += 256) {
-          float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v[8];
-          for (uint32_t s = 0; s < W; s++) {
-            int32_t p = a.h.tp_pos[(uint64_t)t * W + s];
-            if (p < 0)
-              continue;
-            load8(block_at(J, J.rank, k.parity, s) + (uint64_t)p * J.row_bytes + c * 2ull, true,
-                  v);
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-              acc[i] = __fadd_rn(acc[i], v[i]);
-          }
-          store8((uint8_t *)a.out + ((uint64_t)t * h + c) * 2, vec, acc);
-        }
-      }
-    }
+    if (combine_wait(J, k, CUOPS_OP_COMBINE, hseq, a.h.tp_sent, blockIdx.x == 0))
+      combine_reduce(J, a, k, blockIdx.x, gridDim.x);
   }
   call_end(J, k);
 }
@@ -246,38 +306,116 @@ __device__ __forceinline__ uint32_t ll_select(const cuops_job &J, const void *id
   return n;
 }
 
-/* One token to FP8 by one warp: per 128 channels, scale = max(amax, 1e-4) / 448. */
+/*
+ * One token to FP8 by one warp: per 128 channels, scale = max(amax, 1e-4) /
+ * 448.  A half-warp holds one group of 128 channels (8 per lane, one 16-byte
+ * load); each lane loads FP8_UNROLL groups' worth before converting any.
+ */
+#define FP8_UNROLL 4
+
 __device__ __forceinline__ void warp_fp8(uint8_t *dst, const uint16_t *x, uint32_t h) {
-  const uint32_t lane = threadIdx.x & 31u;
+  const uint32_t lane = threadIdx.x & 31u, half = lane >> 4, sub = lane & 15u;
+  const uint32_t G = h / 128;
+  const bool vec = ((uintptr_t)x & 15u) == 0;
   float *scales = (float *)(dst + h);
-  for (uint32_t g = 0; g < h / 128; g++) {
-    float v[4], amax = 0.0f;
-    for (int i = 0; i < 4; i++) {
-      v[i] = bf2f(x[g * 128 + lane * 4 + i]);
-      amax = fmaxf(amax, fabsf(v[i]));
+  for (uint32_t g0 = 0; g0 < G; g0 += 2 * FP8_UNROLL) { /* warp-uniform: shuffles below */
+    int4 q[FP8_UNROLL];
+#pragma unroll
+    for (int u = 0; u < FP8_UNROLL; u++) {
+      const uint32_t g = g0 + 2 * u + half;
+      if (g < G && vec) {
+        q[u] = __ldg((const int4 *)(x + g * 128 + sub * 8));
+      } else if (g < G) { /* x is only 2-byte aligned */
+        uint16_t e[8];
+        for (int i = 0; i < 8; i++)
+          e[i] = x[g * 128 + sub * 8 + i];
+        q[u] = make_int4((int)(e[0] | (uint32_t)e[1] << 16), (int)(e[2] | (uint32_t)e[3] << 16),
+                         (int)(e[4] | (uint32_t)e[5] << 16), (int)(e[6] | (uint32_t)e[7] << 16));
+      }
     }
-    for (int o = 16; o > 0; o >>= 1)
-      amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
-    float scale = __fdiv_rn(amax > 1e-4f ? amax : 1e-4f, 448.0f);
-    uint32_t q = 0;
-    for (int i = 0; i < 4; i++)
-      q |= f2e4m3(__fdiv_rn(v[i], scale)) << (8 * i);
-    *(uint32_t *)(dst + g * 128 + lane * 4) = q;
-    if (lane == 0)
-      scales[g] = scale;
+#pragma unroll
+    for (int u = 0; u < FP8_UNROLL; u++) {
+      const uint32_t g = g0 + 2 * u + half;
+      if (g0 + 2 * u >= G)
+        break;
+      const uint32_t w[4] = {(uint32_t)q[u].x, (uint32_t)q[u].y, (uint32_t)q[u].z, (uint32_t)q[u].w};
+      float v[8], amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; i++) {
+        v[i] = g < G ? bf2f(w[i / 2] >> (16 * (i % 2))) : 0.0f;
+        amax = fmaxf(amax, fabsf(v[i]));
+      }
+      for (int o = 8; o > 0; o >>= 1) /* within the half-warp */
+        amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+      if (g >= G)
+        continue;
+      float scale = __fdiv_rn(amax > 1e-4f ? amax : 1e-4f, 448.0f);
+      uint32_t lo = 0, hi = 0;
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        lo |= f2e4m3(__fdiv_rn(v[i], scale)) << (8 * i);
+        hi |= f2e4m3(__fdiv_rn(v[4 + i], scale)) << (8 * i);
+      }
+      *(uint2 *)(dst + g * 128 + sub * 8) = make_uint2(lo, hi);
+      if (sub == 0)
+        scales[g] = scale;
+    }
   }
 }
 
+/*
+ * Part 0 of a sender, for one CTA-wide chunk of tokens: the index of each
+ * of this thread's rows among the rows of the chunk's source (this rank)
+ * that name the same local expert, in token order — where the receiver
+ * puts it, without scanning other rows.  Warps take turns (token order);
+ * within a warp a per-expert lane mask in shared memory gives the count
+ * of earlier lanes.  run[l]: rows so far that name l.
+ */
+__device__ __forceinline__ void ll_expert_index(const int32_t *ids, uint32_t n, uint32_t *bits,
+                                                uint32_t *run, int32_t *idx) {
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, below = (1u << lane) - 1u;
+  for (uint32_t w = 0; w < CUOPS_WARPS; w++) {
+    if (warp == w) {
+      uint32_t lead = 0;
+      for (uint32_t i = 0; i < n; i++)
+        atomicOr(&bits[ids[i]], 1u << lane);
+      __syncwarp();
+      for (uint32_t i = 0; i < n; i++) {
+        uint32_t m = bits[ids[i]];
+        idx[i] = (int32_t)(run[ids[i]] + __popc(m & below));
+        lead |= (m & below) == 0 ? 1u << i : 0u;
+      }
+      __syncwarp();
+      for (uint32_t i = 0; i < n; i++)
+        if ((lead >> i) & 1u) {
+          run[ids[i]] += __popc(bits[ids[i]]);
+          bits[ids[i]] = 0;
+        }
+    }
+    __syncthreads();
+  }
+}
+
+/*
+ * Sender for d: a row per token that names one of d's experts, in token
+ * order; its meta: token, n distinct experts, their ids, then (after topk
+ * words) each one's index among this rank's rows for that expert.
+ */
 __device__ __forceinline__ void ll_dispatch_send(const cuops_job &J, const cuops_ll_dispatch_args &a,
                                  const call &k, uint32_t d, uint32_t part, uint32_t op) {
   __shared__ uint32_t s_tok[CUOPS_THREADS];
+  extern __shared__ uint32_t s_dyn[]; /* [le] lane masks, [le] running counts */
   const uint32_t K = J.topk, h = J.hidden;
   const uint32_t stride = J.parts * CUOPS_WARPS, me = part * CUOPS_WARPS + (threadIdx.x >> 5);
   uint8_t *blk = block_at(J, d, k.parity, J.rank);
   uint32_t rows = 0, vecs = 0;
+  if (part == 0)
+    for (uint32_t l = threadIdx.x; l < 2 * J.le; l += CUOPS_THREADS)
+      s_dyn[l] = 0;
+  __syncthreads();
   for (uint32_t base = 0; base < a.num_tokens; base += CUOPS_THREADS) {
     uint32_t t = base + threadIdx.x, n = 0, trows, tvecs;
-    int32_t ids[16];
+    int32_t ids[16], idx[16];
     if (t < a.num_tokens)
       n = ll_select(J, a.idx, a.itype, t, d, d == 0 && part == 0, ids);
     uint32_t roff = block_scan(n > 0, &trows);
@@ -301,23 +439,24 @@ __device__ __forceinline__ void ll_dispatch_send(const cuops_job &J, const cuops
         route[1] = (int32_t)(vecs + voff + i);
       }
     }
+    if (part == 0)
+      ll_expert_index(ids, n, s_dyn, s_dyn + J.le, idx);
     if (n > 0) {
       s_tok[roff] = t;
       if (part == 0) {
         int32_t *meta = (int32_t *)(blk + (uint64_t)(rows + roff) * J.row_bytes + 2ull * h);
         meta[0] = (int32_t)t;
         meta[1] = (int32_t)n;
-        for (uint32_t i = 0; i < n; i++)
+        for (uint32_t i = 0; i < n; i++) {
           meta[4 + i] = ids[i];
+          meta[4 + K + i] = idx[i];
+        }
       }
     }
     __syncthreads();
-    for (uint32_t i = 0; i < trows; i++) {
-      uint32_t row = rows + i;
-      if (row % stride != me)
-        continue;
+    for (uint32_t i = me; i < trows; i += stride) {
       const uint16_t *x = (const uint16_t *)a.x + (uint64_t)s_tok[i] * h;
-      uint8_t *dst = blk + (uint64_t)row * J.row_bytes;
+      uint8_t *dst = blk + (uint64_t)(rows + i) * J.row_bytes;
       if (a.fp8)
         warp_fp8(dst, x, h);
       else
@@ -341,8 +480,9 @@ __device__ __forceinline__ uint32_t ll_row_ids(const cuops_job &J, const uint8_t
   int32_t n = __ldcg(meta + 1);
   if (n < 1 || (uint32_t)n > J.kd)
     return 0;
-  for (int32_t i = 0; i < n; i++) {
+  for (int32_t i = 0; i < n; i++)
     ids[i] = __ldcg(meta + 4 + i);
+  for (int32_t i = 0; i < n; i++) {
     if (ids[i] < 0 || (uint32_t)ids[i] >= J.le)
       return 0;
     for (int32_t j = 0; j < i; j++)
@@ -352,17 +492,25 @@ __device__ __forceinline__ uint32_t ll_row_ids(const cuops_job &J, const uint8_t
   return (uint32_t)n;
 }
 
-/* Receiver r of R: experts r, r + R, ...; each expert's rows packed from 0
- * in (source, token) order by a block-wide scan over every received row. */
+/*
+ * Receiver CTA r of R.  Every CTA counts, from the rows' ids, how many
+ * rows each source sent each local expert and makes the offsets (expert
+ * l's rows are packed from 0 in (source, token) order); then the warps of
+ * all CTAs share the rows: each puts its row at offset(l, source) + the
+ * index its sender computed, for each expert it names.
+ */
 __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops_ll_dispatch_args &a,
                                  const call &k, uint32_t r, uint32_t R, uint32_t op) {
   __shared__ peers s_p;
-  __shared__ uint32_t s_ok, s_row[CUOPS_THREADS];
-  const uint32_t h = J.hidden, G = h / 128, warp = threadIdx.x >> 5;
-  const uint64_t rows_ll = (uint64_t)J.world * J.max_ll;
+  __shared__ uint32_t s_ok, s_first[CUOPS_MAX_RANKS + 1];
+  extern __shared__ uint32_t s_dyn[]; /* [world][le] offsets, then [world][le] counts */
+  const uint32_t h = J.hidden, G = h / 128, W = J.world, le = J.le, K = J.topk;
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint64_t rows_ll = (uint64_t)W * J.max_ll;
+  uint32_t *off = s_dyn, *cnt = s_dyn + W * le;
   if (threadIdx.x == 0) {
     uint32_t ok = wait_peers(J, k, op, &s_p) == 0;
-    for (uint32_t s = 0; ok && s < J.world; s++)
+    for (uint32_t s = 0; ok && s < W; s++)
       if (s_p.op[s] != op || s_p.rows[s] > J.max_ll) {
         if (r == 0)
           rec_fail(J, DEP_ERR_MISMATCH, op, s, CUOPS_PHASE_PEER, k.seq,
@@ -370,73 +518,104 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
         ok = 0;
       }
     s_ok = ok;
+    s_first[0] = 0;
+    for (uint32_t s = 0; ok && s < W; s++)
+      s_first[s + 1] = s_first[s] + s_p.rows[s];
     if (ok && r == 0) {
-      for (uint32_t s = 0; s < J.world; s++)
+      for (uint32_t s = 0; s < W; s++)
         a.h.ll_rows[s] = s_p.rows[s];
       *a.h.seq = k.seq;
     }
   }
+  for (uint32_t i = threadIdx.x; i < W * le; i += CUOPS_THREADS)
+    cnt[i] = 0;
   __syncthreads();
   if (!s_ok)
     return;
-  int32_t ids[16];
-  if (r == 0) /* the combine needs each row's number of vectors */
-    for (uint32_t s = 0; s < J.world; s++)
-      for (uint32_t j = threadIdx.x; j < s_p.rows[s]; j += CUOPS_THREADS) {
-        const uint8_t *row = block_at(J, J.rank, k.parity, s) + (uint64_t)j * J.row_bytes;
-        uint32_t n = ll_row_ids(J, row, ids);
-        if (n == 0)
-          rec_fail(J, DEP_ERR_MISMATCH, op, s, CUOPS_PHASE_PEER, k.seq, j, 0);
-        a.h.ll_nids[(uint64_t)s * J.max_ll + j] = (int32_t)n;
+  const uint32_t total = s_first[W];
+  /* count: a thread per row */
+  for (uint32_t f = threadIdx.x; f < total; f += CUOPS_THREADS) {
+    uint32_t s = 0;
+    while (f >= s_first[s + 1])
+      s++;
+    int32_t ids[16];
+    const uint8_t *row = block_at(J, J.rank, k.parity, s) + (uint64_t)(f - s_first[s]) * J.row_bytes;
+    uint32_t n = ll_row_ids(J, row, ids);
+    for (uint32_t i = 0; i < n; i++)
+      atomicAdd(&cnt[s * le + (uint32_t)ids[i]], 1u);
+  }
+  __syncthreads();
+  for (uint32_t l = threadIdx.x; l < le; l += CUOPS_THREADS) {
+    uint32_t run = 0;
+    for (uint32_t s = 0; s < W; s++) {
+      off[s * le + l] = run;
+      run += cnt[s * le + l];
+    }
+    if (r == 0)
+      a.cnt[l] = (int32_t)run;
+  }
+  __syncthreads();
+  /* place: a warp per row */
+  const bool vec = ((uintptr_t)a.rx & 15u) == 0;
+  for (uint32_t f = r * CUOPS_WARPS + warp; f < total; f += R * CUOPS_WARPS) {
+    uint32_t s = 0;
+    while (f >= s_first[s + 1])
+      s++;
+    const uint32_t j = f - s_first[s];
+    const uint8_t *row = block_at(J, J.rank, k.parity, s) + (uint64_t)j * J.row_bytes;
+    const int32_t *meta = (const int32_t *)(row + 2ull * h);
+    int32_t ids[16];
+    uint32_t n = ll_row_ids(J, row, ids); /* the same for every lane */
+    int32_t l = -1, ix = -1;
+    if (lane < n) {
+      l = ids[lane];
+      ix = __ldcg(meta + 4 + K + lane);
+    }
+    bool bad = lane < n && (ix < 0 || (uint32_t)ix >= cnt[s * le + l]);
+    if (__any_sync(FULL_MASK, bad) || n == 0) {
+      if (lane == 0)
+        rec_fail(J, DEP_ERR_MISMATCH, op, s, CUOPS_PHASE_PEER, k.seq, j, 0);
+      n = 0;
+    }
+    const uint32_t pos = lane < n ? off[s * le + l] + (uint32_t)ix : 0;
+    const uint64_t at = (uint64_t)(lane < n ? l : 0) * rows_ll + pos;
+    if (lane < n) {
+      int32_t *m = a.h.ll_map + (((uint64_t)s * J.max_ll + j) * J.kd + lane) * 2;
+      m[0] = l;
+      m[1] = (int32_t)pos;
+    }
+    if (lane == 0)
+      a.h.ll_nids[(uint64_t)s * J.max_ll + j] = (int32_t)n;
+    if (a.fp8) {
+      uint64_t dst = (uint64_t)((uint8_t *)a.rx + at * h);
+      if (vec) {
+        warp_copy_multi(dst, n, row, h);
+      } else {
+        for (uint32_t i = 0; i < n; i++)
+          warp_copy((uint8_t *)__shfl_sync(FULL_MASK, dst, i), row, h);
       }
-  for (uint32_t l = r; l < J.le; l += R) {
-    uint32_t pos = 0;
-    for (uint32_t s = 0; s < J.world; s++) {
-      const uint8_t *blk = block_at(J, J.rank, k.parity, s);
-      for (uint32_t base = 0; base < s_p.rows[s]; base += CUOPS_THREADS) {
-        uint32_t j = base + threadIdx.x, sel = 0, which = 0, total;
-        if (j < s_p.rows[s]) {
-          uint32_t n = ll_row_ids(J, blk + (uint64_t)j * J.row_bytes, ids);
-          for (uint32_t i = 0; i < n && !sel; i++)
-            if ((uint32_t)ids[i] == l)
-              sel = 1, which = i;
-        }
-        uint32_t off = block_scan(sel, &total);
-        if (sel) {
-          s_row[off] = j;
-          int32_t *m = a.h.ll_map + (((uint64_t)s * J.max_ll + j) * J.kd + which) * 2;
-          m[0] = (int32_t)l;
-          m[1] = (int32_t)(pos + off);
-        }
-        __syncthreads();
-        for (uint32_t i = warp; i < total; i += CUOPS_WARPS) {
-          const uint8_t *row = blk + (uint64_t)s_row[i] * J.row_bytes;
-          uint64_t at = (uint64_t)l * rows_ll + pos + i;
-          if (a.fp8) {
-            warp_copy((uint8_t *)a.rx + at * h, row, h);
-            warp_copy(a.rs + at * G, row + h, 4ull * G);
-          } else {
-            warp_copy((uint8_t *)a.rx + at * h * 2, row, 2ull * h);
-          }
-        }
-        pos += total;
-        __syncthreads();
+      for (uint32_t i = 0; i < n; i++) {
+        uint64_t sat = __shfl_sync(FULL_MASK, at, i);
+        warp_copy(a.rs + sat * G, row + h, 4ull * G);
+      }
+    } else {
+      uint64_t dst = (uint64_t)((uint8_t *)a.rx + at * h * 2);
+      if (vec) {
+        warp_copy_multi(dst, n, row, 2ull * h);
+      } else {
+        for (uint32_t i = 0; i < n; i++)
+          warp_copy((uint8_t *)__shfl_sync(FULL_MASK, dst, i), row, 2ull * h);
       }
     }
-    if (threadIdx.x == 0)
-      a.cnt[l] = (int32_t)pos;
   }
 }
 
 KERNEL dep_k_ll_dispatch(const cuops_job J, const cuops_ll_dispatch_args a) {
   call k = call_begin(J);
-  const uint32_t senders = J.world * J.parts;
   const uint32_t op = CUOPS_OP_LL_DISPATCH | (a.fp8 ? CUOPS_OP_FP8 : 0u);
   if (!k.skip) {
-    if (blockIdx.x < senders)
-      ll_dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts, op);
-    else
-      ll_dispatch_recv(J, a, k, blockIdx.x - senders, senders, op);
+    ll_dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts, op);
+    ll_dispatch_recv(J, a, k, blockIdx.x, gridDim.x, op);
   }
   call_end(J, k);
 }
@@ -444,11 +623,11 @@ KERNEL dep_k_ll_dispatch(const cuops_job J, const cuops_ll_dispatch_args a) {
 /* ---- low-latency combine ------------------------------------------------------------------ */
 
 /* Sender for d: one vector per (row d sent, its distinct expert), in the
- * order d enumerates them, packed from the start of d's block. */
+ * order d enumerates them, packed from the start of d's block; a warp per row. */
 __device__ __forceinline__ void ll_combine_send(const cuops_job &J, const cuops_ll_combine_args &a, const call &k,
                                 uint32_t d, uint32_t part, uint64_t hseq) {
   __shared__ uint32_t s_vb[CUOPS_THREADS], s_n[CUOPS_THREADS];
-  const uint32_t h = J.hidden, stride = J.parts * CUOPS_WARPS;
+  const uint32_t h = J.hidden, stride = J.parts * CUOPS_WARPS, lane = threadIdx.x & 31u;
   const uint32_t me = part * CUOPS_WARPS + (threadIdx.x >> 5);
   const uint64_t rows_ll = (uint64_t)J.world * J.max_ll, cap = (uint64_t)J.le * rows_ll;
   const uint32_t n = a.h.ll_rows[d];
@@ -462,16 +641,21 @@ __device__ __forceinline__ void ll_combine_send(const cuops_job &J, const cuops_
     s_vb[threadIdx.x] = vecs + off;
     s_n[threadIdx.x] = nids;
     __syncthreads();
-    for (uint32_t u = 0; u < CUOPS_THREADS && base + u < n; u++)
-      for (uint32_t i = 0; i < s_n[u]; i++) {
-        uint32_t v = s_vb[u] + i;
-        if (v % stride != me)
-          continue;
-        const int32_t *m = a.h.ll_map + (((uint64_t)d * J.max_ll + base + u) * J.kd + i) * 2;
+    for (uint32_t u = me; u < CUOPS_THREADS && base + u < n; u += stride) {
+      /* lane i < s_n[u] fetches where vector i of this row lives */
+      const uint32_t nv = s_n[u];
+      uint64_t src = 0;
+      if (lane < nv) {
+        const int32_t *m = a.h.ll_map + (((uint64_t)d * J.max_ll + base + u) * J.kd + lane) * 2;
         uint64_t at = (uint64_t)(uint32_t)m[0] * rows_ll + (uint32_t)m[1];
-        if (at < cap) /* a malformed dispatch row left this entry unset: skip it */
-          warp_copy(blk + (uint64_t)v * h * 2, (const uint8_t *)a.x + at * h * 2, 2ull * h);
+        src = at < cap ? (uint64_t)((const uint8_t *)a.x + at * h * 2) : 0;
       }
+      for (uint32_t i = 0; i < nv; i++) {
+        const uint8_t *from = (const uint8_t *)__shfl_sync(FULL_MASK, src, i);
+        if (from != NULL) /* a malformed dispatch row left this entry unset: skip it */
+          warp_copy(blk + (uint64_t)(s_vb[u] + i) * h * 2, from, 2ull * h);
+      }
+    }
     vecs += total;
     __syncthreads();
   }
@@ -481,37 +665,41 @@ __device__ __forceinline__ void ll_combine_send(const cuops_job &J, const cuops_
 
 KERNEL dep_k_ll_combine(const cuops_job J, const cuops_ll_combine_args a) {
   call k = call_begin(J);
-  const uint32_t senders = J.world * J.parts, h = J.hidden, K = J.topk;
+  const uint32_t h = J.hidden, K = J.topk;
   const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
   const uint64_t hseq = *a.h.seq, vcap = (uint64_t)J.max_ll * J.kd;
-  if (!k.skip && blockIdx.x < senders) {
+  if (!k.skip) {
     ll_combine_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts, hseq);
-  } else if (!k.skip) {
-    const uint32_t r = blockIdx.x - senders, R = senders;
+    const uint32_t r = blockIdx.x, R = gridDim.x;
     if (combine_wait(J, k, CUOPS_OP_LL_COMBINE, hseq, a.h.ll_expect, r == 0)) {
       const bool vec = ((uintptr_t)a.out & 15u) == 0;
       for (uint32_t t = r * CUOPS_WARPS + warp; t < a.num_tokens; t += R * CUOPS_WARPS) {
-        if (lane == 0) /* the ids must be the dispatch's */
-          for (uint32_t j = 0; j < K; j++)
-            if (idx_at(a.idx, a.itype, (uint64_t)t * K + j) != a.h.ll_route[((uint64_t)t * K + j) * 2])
-              rec_fail(J, DEP_ERR_INVALID, CUOPS_OP_LL_COMBINE, t, CUOPS_PHASE_IDS, k.seq,
-                       (uint64_t)idx_at(a.idx, a.itype, (uint64_t)t * K + j), 0);
-        for (uint32_t c = lane * 8; c < h; c += 256) {
-          float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v[8];
-          for (uint32_t j = 0; j < K; j++) {
-            const int32_t *route = a.h.ll_route + ((uint64_t)t * K + j) * 2;
-            int32_t e = route[0];
-            uint32_t vi = (uint32_t)route[1];
-            if (e < 0 || vi >= vcap)
-              continue;
-            float w = a.w[(uint64_t)t * K + j];
-            load8(block_at(J, J.rank, k.parity, (uint32_t)e / J.le) + (uint64_t)vi * h * 2 + c * 2ull,
-                  true, v);
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-              acc[i] = __fadd_rn(acc[i], __fmul_rn(w, v[i]));
+        /* lane j < K: route j of this token; the ids must be the dispatch's */
+        uint64_t src = 0;
+        float w = 0.0f;
+        if (lane < K) {
+          const int32_t *route = a.h.ll_route + ((uint64_t)t * K + lane) * 2;
+          int64_t id = idx_at(a.idx, a.itype, (uint64_t)t * K + lane);
+          if (id != route[0])
+            rec_fail(J, DEP_ERR_INVALID, CUOPS_OP_LL_COMBINE, t, CUOPS_PHASE_IDS, k.seq,
+                     (uint64_t)id, 0);
+          int32_t e = route[0];
+          uint32_t vi = (uint32_t)route[1];
+          if (e >= 0 && vi < vcap) {
+            src = (uint64_t)(block_at(J, J.rank, k.parity, (uint32_t)e / J.le) + (uint64_t)vi * h * 2);
+            w = a.w[(uint64_t)t * K + lane];
           }
-          store8((uint8_t *)a.out + ((uint64_t)t * h + c) * 2, vec, acc);
+        }
+        const uint32_t have = __ballot_sync(FULL_MASK, src != 0);
+        const uint32_t from = __fns(have, 0, (int)lane + 1); /* lane i: the i-th present route */
+        src = __shfl_sync(FULL_MASK, src, from < 32 ? from : 0);
+        w = __shfl_sync(FULL_MASK, w, from < 32 ? from : 0);
+        uint8_t *out = (uint8_t *)a.out + (uint64_t)t * h * 2;
+        for (uint32_t c = 0; c < h; c += 256u * RED_C) { /* warp-uniform: red_add shuffles */
+          const uint32_t c0 = c + lane * 8;
+          red_acc acc = {};
+          red_add(acc, c0, h, src, w, true, __popc(have));
+          red_store(acc, out, c0, h, vec);
         }
       }
     }

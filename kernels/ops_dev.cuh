@@ -238,16 +238,30 @@ __device__ __forceinline__ uint32_t f2e4m3(float f) {
 /*
  * One warp copies `bytes` (even): 16-byte vectors when both ends allow,
  * else 4- or 2-byte words.  Loads bypass L1 (.cg): slab lines another
- * rank rewrote since this SM last read them must not come from L1.
+ * rank rewrote since this SM last read them must not come from L1.  Each
+ * lane keeps COPY_UNROLL loads in flight before it stores: a copy with one
+ * load in flight per thread runs at the memory's latency, not its bandwidth.
  */
+#define COPY_UNROLL 8
+
 __device__ __forceinline__ void warp_copy(void *dst, const void *src, uint64_t bytes) {
   const uint32_t lane = threadIdx.x & 31u;
   uintptr_t al = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)bytes;
   if ((al & 15u) == 0) {
     const int4 *s = (const int4 *)src;
     int4 *d = (int4 *)dst;
-    for (uint64_t i = lane; i < bytes / 16; i += 32)
-      d[i] = __ldcg(s + i);
+    const uint64_t n = bytes / 16;
+    for (uint64_t i = lane; i < n; i += 32 * COPY_UNROLL) {
+      int4 v[COPY_UNROLL];
+#pragma unroll
+      for (int u = 0; u < COPY_UNROLL; u++)
+        if (i + 32u * u < n)
+          v[u] = __ldcg(s + i + 32u * u);
+#pragma unroll
+      for (int u = 0; u < COPY_UNROLL; u++)
+        if (i + 32u * u < n)
+          d[i + 32u * u] = v[u];
+    }
   } else if ((al & 3u) == 0) {
     const uint32_t *s = (const uint32_t *)src;
     uint32_t *d = (uint32_t *)dst;
@@ -258,6 +272,34 @@ __device__ __forceinline__ void warp_copy(void *dst, const void *src, uint64_t b
     unsigned short *d = (unsigned short *)dst;
     for (uint64_t i = lane; i < bytes / 2; i += 32)
       d[i] = __ldcg(s + i);
+  }
+}
+
+/*
+ * One warp copies `bytes` from src to n destinations, lane i < n holding
+ * destination i (dst_lane): the source is read once (16-byte vectors,
+ * COPY_UNROLL in flight) and stored n times.  Every pointer and `bytes`
+ * must be 16-byte aligned.
+ */
+__device__ __forceinline__ void warp_copy_multi(uint64_t dst_lane, uint32_t n, const void *src,
+                                                uint64_t bytes) {
+  const uint32_t lane = threadIdx.x & 31u;
+  const int4 *s = (const int4 *)src;
+  const uint64_t m = bytes / 16;
+  for (uint64_t b = 0; b < m; b += 32 * COPY_UNROLL) { /* warp-uniform: the stores shuffle */
+    const uint64_t i = b + lane;
+    int4 v[COPY_UNROLL];
+#pragma unroll
+    for (int u = 0; u < COPY_UNROLL; u++)
+      if (i + 32u * u < m)
+        v[u] = __ldcg(s + i + 32u * u);
+    for (uint32_t j = 0; j < n; j++) {
+      int4 *d = (int4 *)__shfl_sync(FULL_MASK, dst_lane, j);
+#pragma unroll
+      for (int u = 0; u < COPY_UNROLL; u++)
+        if (i + 32u * u < m)
+          d[i + 32u * u] = v[u];
+    }
   }
 }
 
