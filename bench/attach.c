@@ -5,17 +5,20 @@
  * memory (allocate, export, exchange over a Unix-socket rendezvous, import,
  * map), measured in the same run.
  *
- *   attach -s SOCKET [-n 1,2,4,8] [-i 20] [-p PAUSE_MS] [-t TOKENS] [-H HIDDEN] [-k TOPK]
- *          [-e EXPERTS]
+ *   attach -s SOCKET [-n 1,2,4,8] [-i 20] [-p PAUSE_MS] [-g GPUS] [-t TOKENS] [-H HIDDEN]
+ *          [-k TOPK] [-e EXPERTS]
  *
  * Rounds are PAUSE_MS apart (default 50): the daemon scrubs a finished
  * job's slabs between jobs, and restarts are not back to back.
  *
  * The backend is the daemon's (cuda or host).  Each rank process sets up
  * its CUDA context before the clock starts, in both paths: a trainer has
- * one already.  A round starts when the parent releases every rank at once;
- * it ends when the last rank is ready.  Prints one table row per rank
- * count: median and worst of the rounds, for warm and cold, and the ratio.
+ * one already.  With -g N the ranks spread over N GPUs (rank r on GPU
+ * r % N; -g 0: every visible GPU); in the cold path each rank makes its
+ * memory on its own GPU and gives its own GPU access to its peers'.  A
+ * round starts when the parent releases every rank at once; it ends when
+ * the last rank is ready.  Prints one table row per rank count: median and
+ * worst of the rounds, for warm and cold, and the ratio.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -43,6 +46,7 @@ struct opts {
   int counts[8], ncounts;
   int rounds;
   int pause_ms;
+  int gpus; /* ranks spread over this many GPUs: rank r on GPU r % gpus */
   struct dep_job_shape shape;
 };
 
@@ -55,21 +59,33 @@ static void die(const char *fmt, const char *a, const char *b) {
 
 /* ---- the rank's device (cuda) -------------------------------------------- */
 
+/* Each rank is a process of its own: these are that rank's. */
 static const struct cudadrv *cu;
 static uint8_t gpu_uuid[16];
 static int gpu_dev;
 
-static void rank_cuda_setup(void) {
+/* This rank's GPU (r % gpus), its primary context current. */
+static void rank_cuda_setup(int rank, int gpus) {
   char why[256];
   cu = cudadrv_load(why, sizeof why);
   if (cu == NULL)
     die("%s%s", why, "");
+  int ordinal = bench_gpu_of_rank(rank, gpus);
   CUdevice d;
   CUuuid u;
   CUcontext ctx;
-  if (cu->cuDeviceGet(&d, 0) != 0 || cu->cuDeviceGetUuid(&u, d) != 0 ||
-      cu->cuDevicePrimaryCtxRetain(&ctx, d) != 0 || cu->cuCtxSetCurrent(ctx) != 0)
-    die("%s%s", "cannot set up CUDA device 0", "");
+  CUresult r = cu->cuDeviceGet(&d, ordinal);
+  if (r == CUDA_SUCCESS)
+    r = cu->cuDeviceGetUuid(&u, d);
+  if (r == CUDA_SUCCESS)
+    r = cu->cuDevicePrimaryCtxRetain(&ctx, d);
+  if (r == CUDA_SUCCESS)
+    r = cu->cuCtxSetCurrent(ctx);
+  if (r != CUDA_SUCCESS) {
+    char dev[32];
+    snprintf(dev, sizeof dev, "%d", ordinal);
+    die("cannot set up CUDA device %s: %s", dev, cudadrv_errstr(r));
+  }
   memcpy(gpu_uuid, u.bytes, 16);
   gpu_dev = d;
 }
@@ -136,7 +152,7 @@ static void cold_alloc(bool cuda, uint64_t bytes, struct cold_mem *m) {
     die("%s%s", "cuMemCreate/export", "");
 }
 
-/* Map a peer's exported memory into this process. */
+/* Map a peer's exported memory (on the peer's GPU) into this process, for this rank's GPU. */
 static void *cold_map(bool cuda, int fd, uint64_t bytes, unsigned long long *h_out,
                       CUdeviceptr *va_out) {
   if (!cuda) {
@@ -256,7 +272,7 @@ static void run_path(const struct opts *o, bool cuda, bool warm, int n, double *
       close(to[1]);
       close(from[0]);
       if (cuda)
-        rank_cuda_setup();
+        rank_cuda_setup(r, o->gpus);
       for (int round = 0; round < o->rounds; round++) {
         char go;
         int lfd = -1;
@@ -323,24 +339,34 @@ static void run_path(const struct opts *o, bool cuda, bool warm, int n, double *
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: attach -s SOCKET [-n 1,2,4,8] [-i ROUNDS] [-p PAUSE_MS] [-t TOKENS] [-H HIDDEN] "
-                  "[-k TOPK] [-e EXPERTS]\n");
+  fprintf(stderr,
+          "usage: attach -s SOCKET [-n 1,2,4,8] [-i ROUNDS] [-p PAUSE_MS] [-g GPUS] [-t TOKENS]\n"
+          "              [-H HIDDEN] [-k TOPK] [-e EXPERTS]\n"
+          "  -s  deepepd socket (its backend, host or cuda, is the one measured)\n"
+          "  -n  rank counts (default 1,2,4,8)      -i  rounds per count (default 20)\n"
+          "  -p  pause between rounds in ms (default 50)\n"
+          "  -g  spread the ranks over GPUS GPUs, rank r on GPU r %% GPUS (default 1: all on\n"
+          "      GPU 0; 0: every visible GPU); cuda backend only\n"
+          "  shape: -t 4096 tokens, -H 7168, -k 8, -e 256\n");
   exit(2);
 }
 
 int main(int argc, char **argv) {
   struct opts o = {.rounds = 20,
                    .pause_ms = 50,
+                   .gpus = 1,
                    .shape = {.max_tokens_per_rank = 4096, .hidden = 7168, .num_experts = 256,
                              .topk = 8, .dtype = DEP_DTYPE_BF16}};
   const char *counts = "1,2,4,8";
   int opt;
-  while ((opt = getopt(argc, argv, "s:n:i:p:t:H:k:e:h")) != -1) {
+  int gpus_want = 1;
+  while ((opt = getopt(argc, argv, "s:n:i:p:g:t:H:k:e:h")) != -1) {
     switch (opt) {
     case 's': o.sock = optarg; break;
     case 'n': counts = optarg; break;
     case 'i': o.rounds = atoi(optarg); break;
     case 'p': o.pause_ms = atoi(optarg); break;
+    case 'g': gpus_want = atoi(optarg); break;
     case 't': o.shape.max_tokens_per_rank = (uint32_t)atoi(optarg); break;
     case 'H': o.shape.hidden = (uint32_t)atoi(optarg); break;
     case 'k': o.shape.topk = (uint32_t)atoi(optarg); break;
@@ -348,7 +374,8 @@ int main(int argc, char **argv) {
     default: usage();
     }
   }
-  if (o.sock == NULL || o.rounds < 1 || o.rounds > MAX_ROUNDS || o.pause_ms < 0)
+  if (o.sock == NULL || optind != argc || o.rounds < 1 || o.rounds > MAX_ROUNDS ||
+      o.pause_ms < 0 || gpus_want < 0)
     usage();
   for (char *s = strdup(counts), *tok = strtok(s, ","); tok != NULL && o.ncounts < 8;
        tok = strtok(NULL, ","))
@@ -360,9 +387,18 @@ int main(int argc, char **argv) {
   if (dep_client_new(&c) != 0 || dep_connect(c, o.sock) != 0 || dep_status(c, &st) != 0)
     die("cannot query deepepd: %s%s", dep_errmsg(c), "");
   bool cuda = strcmp(st->backend, "cuda") == 0;
+  char gwhy[256] = "";
+  if (cuda && (o.gpus = bench_gpus(gpus_want, gwhy, sizeof gwhy)) < 0)
+    die("%s%s", gwhy, "");
   printf("# attach-to-ready, backend %s, shape %u tokens x %u hidden x top-%u x %u experts, "
          "%d rounds\n", st->backend, o.shape.max_tokens_per_rank, o.shape.hidden, o.shape.topk,
          o.shape.num_experts, o.rounds);
+  if (!cuda && gpus_want != 1)
+    printf("# -g %d ignored: the host backend uses no GPU\n", gpus_want);
+  else if (cuda && o.gpus > 1)
+    printf("# placement: ranks spread over %d GPUs, rank r on GPU r %% %d\n", o.gpus, o.gpus);
+  else if (cuda)
+    printf("# placement: every rank on GPU 0 (-g N spreads them over N GPUs)\n");
   dep_status_free(st);
   dep_client_free(c);
   printf("%-6s %14s %12s %12s %12s %12s %8s\n", "ranks", "slab_MiB", "warm_med_ms",

@@ -1,7 +1,7 @@
 /*
  * benchlib.h — what every benchmark in bench/ shares: a monotonic clock in
- * milliseconds and sorting samples for medians and percentiles.  Linked
- * into each bench program by the Makefile.
+ * milliseconds, sorting samples for medians and percentiles, and placing
+ * ranks on GPUs (-g).  Linked into each bench program by the Makefile.
  */
 #ifndef DEP_BENCHLIB_H
 #define DEP_BENCHLIB_H
@@ -13,5 +13,17 @@ double bench_now_ms(void);
 
 /* Sort n samples ascending (for medians and percentiles). */
 void bench_sort(double *v, size_t n);
+
+/*
+ * How many GPUs the ranks spread over for `-g want` (0: every visible GPU),
+ * with rank r on GPU r % that many.  The driver is asked in a child process,
+ * so that the caller, which forks rank processes that use CUDA, never
+ * initialises it.  Returns the count (>= 1), or -1 with why (no driver,
+ * fewer GPUs visible than asked for).
+ */
+int bench_gpus(int want, char *why, size_t len);
+
+/* The GPU ordinal of rank r when ranks spread over ngpus GPUs. */
+int bench_gpu_of_rank(int r, int ngpus);
 
 #endif

@@ -3,9 +3,9 @@
  * public API only (deepep.h), plus the CUDA driver seam for the caller's
  * own device buffers, streams and events on the cuda backend.
  *
- *   ep -s SOCKET [-S SOCKET_NO_WARMUP] [-n 2,4,8] [-m processes,threads] [-c CALLS]
- *      [-w WARMUP] [-r COPY_REPS] [-t TOKENS] [-l LL_TOKENS] [-H HIDDEN] [-e EXPERTS]
- *      [-k TOPK] [-x SEED] [-o RAW.csv] [-F]
+ *   ep -s SOCKET [-S SOCKET_NO_WARMUP] [-n 2,4,8] [-m processes,threads] [-g GPUS]
+ *      [-c CALLS] [-w WARMUP] [-r COPY_REPS] [-t TOKENS] [-l LL_TOKENS] [-H HIDDEN]
+ *      [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F]
  *
  * For each rank count and mode (ranks as processes, or as threads of one
  * process, one client handle and stream each) a fresh world attaches as
@@ -19,6 +19,13 @@
  *   - a copy ceiling in the same run: every rank copies, at the same time,
  *     as many bytes as it moved in the operation (memcpy on the host
  *     backend, cuMemcpyDtoDAsync on the cuda one); COPY_REPS reps, median.
+ * With -g N (cuda) the ranks spread over N GPUs, rank r on GPU r % N (-g 0:
+ * every visible GPU), and the ceiling becomes the peer copy: every rank at
+ * once copies to every rank (itself included) the bytes the op sent that
+ * rank, by cuMemcpyPeerAsync into a buffer on the destination's GPU (or
+ * cuMemcpyDtoDAsync on its own GPU), one stream per destination.  Such a
+ * run also prints the plain pairwise figure once: 256 MiB from GPU 0 to
+ * GPU 1 by cuMemcpyPeerAsync, alone and in both directions at once.
  * With -S, a second world per (ranks, mode) attaches to a daemon whose
  * config says kernel_warmup: false and times only the first calls; -F
  * times only attach and the first calls against -s (where two daemons'
@@ -33,7 +40,8 @@
  *                or hidden + 4*hidden/128 (FP8 with scales), ids = the
  *                token's distinct experts on that rank
  *   ll_combine   vectors sent back (one per token and expert) x 2*hidden
- * GB/s = bytes / median time.  The copy moves the same bytes once (each
+ * GB/s = bytes / median time, and per rank (rankGB/s) the smallest rank's
+ * own bytes / the same median.  The copy moves the same bytes once (each
  * byte read once and written once); "frac" = op GB/s / copy GB/s.  The
  * operations pass each byte twice (push into the receiver's slab, then the
  * receiver copies it out or reduces it), so two passes at the copy's
@@ -46,7 +54,6 @@
  * the first calls' outputs are checked (counts exactly, combines against the
  * known sums) so no figure times a call that did nothing.
  */
-#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -80,6 +87,9 @@ struct opts {
   bool modes[2]; /* [0] processes, [1] threads */
   bool first_only; /* -F: only attach and the first calls */
   int calls, warm, reps;
+  int gpus_want; /* -g: 0 means every visible GPU */
+  int gpus;      /* ranks spread over this many GPUs: rank r on GPU r % gpus (cuda) */
+  bool peer;     /* ranks on several GPUs: the ceiling is the peer copy */
   uint64_t seed;
   struct dep_job_shape shape;
 };
@@ -92,18 +102,29 @@ struct shm {
   char err[512];
   double attach_ms[MAX_RANKS];
   double first[MAX_RANKS][NOPS];
-  uint64_t bytes[MAX_RANKS][NOPS];
+  uint64_t bytes[MAX_RANKS][NOPS][MAX_RANKS]; /* [source][op][destination], per call */
   double t[]; /* calls: [rank][op][calls], then copies: [rank][op][reps] */
 };
 
+/* The bytes rank r sends in one call of op, to every rank (itself included). */
+static uint64_t rank_bytes(const struct shm *s, int r, int op, int n) {
+  uint64_t b = 0;
+  for (int d = 0; d < n; d++)
+    b += s->bytes[r][op][d];
+  return b;
+}
+
 static void usage(void) {
   fprintf(stderr,
-          "usage: ep -s SOCKET [-S SOCKET_NO_WARMUP] [-n 2,4,8] [-m processes,threads] [-c CALLS]\n"
-          "          [-w WARMUP] [-r COPY_REPS] [-t TOKENS] [-l LL_TOKENS] [-H HIDDEN]\n"
+          "usage: ep -s SOCKET [-S SOCKET_NO_WARMUP] [-n 2,4,8] [-m processes,threads] [-g GPUS]\n"
+          "          [-c CALLS] [-w WARMUP] [-r COPY_REPS] [-t TOKENS] [-l LL_TOKENS] [-H HIDDEN]\n"
           "          [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F]\n"
           "  -s  deepepd socket (its backend, host or cuda, is the one benchmarked)\n"
           "  -S  a second deepepd with kernel_warmup: false: time its first calls too\n"
           "  -n  rank counts (default 2,4,8)        -m  modes (default processes,threads)\n"
+          "  -g  spread the ranks over GPUS GPUs, rank r on GPU r %% GPUS (default 1: all on\n"
+          "      GPU 0; 0: every visible GPU); with 2 or more the ceiling is the peer copy,\n"
+          "      and GPU 0 -> GPU 1 peer copy figures are printed once\n"
           "  -c  timed calls per op (default 200)   -w  untimed warm-up pairs (default 5)\n"
           "  -r  copy-ceiling reps (default 20)     -o  append every raw time to a CSV file\n"
           "  -F  attach and time the first calls only (e.g. against a kernel_warmup: false daemon)\n"
@@ -113,20 +134,7 @@ static void usage(void) {
 
 /* ---- one rank ------------------------------------------------------------- */
 
-typedef struct CUevent_st *CUevent;
-
-/* Driver calls the seam does not carry: the bench's own buffers and timing. */
-static struct {
-  CUresult (*memAlloc)(CUdeviceptr *, size_t);
-  CUresult (*memFree)(CUdeviceptr);
-  CUresult (*copyDtoD)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-  CUresult (*streamCreate)(CUstream *, unsigned);
-  CUresult (*eventCreate)(CUevent *, unsigned);
-  CUresult (*eventRecord)(CUevent, CUstream);
-  CUresult (*eventSync)(CUevent);
-  CUresult (*elapsed)(float *, CUevent, CUevent);
-} cx;
-static const struct cudadrv *cu;
+static const struct cudadrv *cu; /* the driver, through the seam (cudadrv.h) */
 
 struct rank {
   const struct opts *o;
@@ -136,6 +144,7 @@ struct rank {
   const char *sock, *job;
   dep_client_t *c;
   dep_handle_t *htp, *hll;
+  CUdevice dev; /* this rank's GPU: r % gpus */
   CUcontext ctx;
   CUstream st;
   CUevent e0, e1;
@@ -176,21 +185,6 @@ static void cuda_load(void) {
   cu = cudadrv_load(why, sizeof why);
   if (cu == NULL)
     fail("CUDA: %s", why);
-  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (h == NULL)
-    fail("dlopen libcuda.so.1: %s", dlerror());
-#define SYM(f, a, b)                                                      \
-  if ((*(void **)&cx.f = dlsym(h, a)) == NULL && (*(void **)&cx.f = dlsym(h, b)) == NULL) \
-    fail("libcuda.so.1 lacks %s", a);
-  SYM(memAlloc, "cuMemAlloc_v2", "cuMemAlloc");
-  SYM(memFree, "cuMemFree_v2", "cuMemFree");
-  SYM(copyDtoD, "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync");
-  SYM(streamCreate, "cuStreamCreate", "cuStreamCreate");
-  SYM(eventCreate, "cuEventCreate", "cuEventCreate");
-  SYM(eventRecord, "cuEventRecord", "cuEventRecord");
-  SYM(eventSync, "cuEventSynchronize", "cuEventSynchronize");
-  SYM(elapsed, "cuEventElapsedTime_v2", "cuEventElapsedTime");
-#undef SYM
 }
 
 static void *balloc(struct rank *k, size_t n) {
@@ -201,7 +195,7 @@ static void *balloc(struct rank *k, size_t n) {
     return p;
   }
   CUdeviceptr d;
-  CK(cx.memAlloc(&d, n ? n : 1));
+  CK(cu->cuMemAlloc(&d, n ? n : 1));
   return (void *)(uintptr_t)d;
 }
 
@@ -209,7 +203,7 @@ static void bfree(struct rank *k, void *p) {
   if (!k->cuda)
     free(p);
   else if (p != NULL)
-    CK(cx.memFree((CUdeviceptr)(uintptr_t)p));
+    CK(cu->cuMemFree((CUdeviceptr)(uintptr_t)p));
 }
 
 static void upload(struct rank *k, void *dst, const void *src, size_t n) {
@@ -315,7 +309,10 @@ static void make_inputs(struct rank *k) {
   for (size_t i = 0; i < (size_t)T * K; i++)
     k->hw[i] = (float)((double)((mix(&s) >> 40) + 1) / 16777216.0);
   gen_idx(o, k->r, k->hidx);
-  uint64_t tp_rows = 0, ll_bf16 = 0, ll_fp8 = 0, ll_vec = 0;
+  /* b[op][d]: what this rank sends rank d per call.  Dispatches send rows
+   * to the ranks holding a token's experts; combines send back, to each
+   * source, the vectors made from its rows. */
+  uint64_t (*b)[MAX_RANKS] = k->s->bytes[k->r];
   const uint64_t fp8_payload = H + 4ull * (H / 128);
   for (int src = 0; src < k->n; src++) {
     const int64_t *idx = k->hidx;
@@ -332,32 +329,52 @@ static void make_inputs(struct rank *k) {
           k->exp_tp[e % le]++;
           if (t < L) {
             k->exp_ll[e % le]++;
-            ll_vec++;
+            b[OP_LLC][src] += 2ull * H; /* one vector per (token, expert) back to src */
           }
         }
       }
-      k->exp_recv += ids_on[k->r] > 0;
+      if (ids_on[k->r] > 0) {
+        k->exp_recv++;
+        b[OP_C][src] += 2ull * H; /* one summed vector per row back to src */
+      }
       if (src != k->r)
         continue;
       for (int d = 0; d < k->n; d++) {
         if (ids_on[d] == 0)
           continue;
         k->mult[t]++;
-        tp_rows++;
+        b[OP_D][d] += 2ull * H + 16 + 8ull * K;
         if (t < L) {
-          ll_bf16 += 2ull * H + 16 + 4ull * ids_on[d];
-          ll_fp8 += fp8_payload + 16 + 4ull * ids_on[d];
+          b[OP_LLD][d] += 2ull * H + 16 + 4ull * ids_on[d];
+          b[OP_LLD8][d] += fp8_payload + 16 + 4ull * ids_on[d];
         }
       }
     }
   }
   free(other);
-  uint64_t *b = k->s->bytes[k->r];
-  b[OP_D] = tp_rows * (2ull * H + 16 + 8ull * K);
-  b[OP_C] = (uint64_t)k->exp_recv * 2ull * H;
-  b[OP_LLD] = ll_bf16;
-  b[OP_LLD8] = ll_fp8;
-  b[OP_LLC] = b[OP_LLC8] = ll_vec * 2ull * H;
+  for (int d = 0; d < k->n; d++)
+    b[OP_LLC8][d] = b[OP_LLC][d];
+}
+
+/*
+ * Once every rank has made its inputs: the per-pair counts agree across
+ * ranks.  The rows each source says it dispatches to this rank are the
+ * vectors this rank's combine sends it back, and add up to the rows this
+ * rank expects to receive.
+ */
+static void check_pairs(struct rank *k) {
+  const uint64_t H = k->o->shape.hidden, row = 2 * H + 16 + 8ull * k->o->shape.topk;
+  uint64_t rows = 0;
+  for (int src = 0; src < k->n; src++) {
+    uint64_t in = k->s->bytes[src][OP_D][k->r] / row, back = k->s->bytes[k->r][OP_C][src] / (2 * H);
+    if (in != back)
+      fail("rank %d: rank %d dispatches it %llu rows but its combine sends back %llu", k->r, src,
+           (unsigned long long)in, (unsigned long long)back);
+    rows += in;
+  }
+  if (rows != k->exp_recv)
+    fail("rank %d: the sources dispatch it %llu rows, it expects %u", k->r,
+         (unsigned long long)rows, k->exp_recv);
 }
 
 static void alloc_buffers(struct rank *k) {
@@ -495,16 +512,16 @@ static void check_op(struct rank *k, int op) {
 static double timed(struct rank *k, int op) {
   double rel = bar_wait(k);
   if (k->cuda)
-    CK(cx.eventRecord(k->e0, k->st));
+    CK(cu->cuEventRecord(k->e0, k->st));
   int rc = run_op(k, op);
   if (rc != 0)
     fail("rank %d: %s: %s (%s)", k->r, op_name[op], dep_errmsg(k->c), dep_errname(rc));
   if (!k->cuda)
     return bench_now_ms() - rel;
   float ms;
-  CK(cx.eventRecord(k->e1, k->st));
-  CK(cx.eventSync(k->e1));
-  CK(cx.elapsed(&ms, k->e0, k->e1));
+  CK(cu->cuEventRecord(k->e1, k->st));
+  CK(cu->cuEventSynchronize(k->e1));
+  CK(cu->cuEventElapsedTime(&ms, k->e0, k->e1));
   return ms;
 }
 
@@ -516,30 +533,39 @@ static double *tcopy(struct rank *k, int op) {
   return k->s->t + (size_t)k->n * NOPS * k->o->calls + ((size_t)k->r * NOPS + op) * k->o->reps;
 }
 
+/* Fill n bytes of the rank's buffer p with its (random) tokens, repeated. */
+static void fill_tokens(struct rank *k, uint8_t *p, uint64_t n) {
+  size_t xb = (size_t)k->o->shape.max_tokens_per_rank * k->o->shape.hidden * 2;
+  for (uint64_t off = 0; off < n; off += xb)
+    upload(k, p + off, k->hx, n - off < xb ? (size_t)(n - off) : xb);
+}
+
 /*
- * The copy ceiling: each rank copies its own byte count of each op, all
- * ranks at once, from a source filled with the (random) tokens.
+ * The same-GPU copy ceiling (every rank on one GPU, or the host backend):
+ * each rank copies its own byte count of each op, all ranks at once, from a
+ * source filled with the (random) tokens.
  */
 static void copy_ceiling(struct rank *k) {
   uint64_t most = 0;
-  for (int op = 0; op < NOPS; op++)
-    most = k->s->bytes[k->r][op] > most ? k->s->bytes[k->r][op] : most;
-  size_t xb = (size_t)k->o->shape.max_tokens_per_rank * k->o->shape.hidden * 2;
-  uint8_t *src = balloc(k, most), *dst = balloc(k, most);
-  for (uint64_t off = 0; off < most; off += xb)
-    upload(k, src + off, k->hx, most - off < xb ? (size_t)(most - off) : xb);
   for (int op = 0; op < NOPS; op++) {
-    size_t n = k->s->bytes[k->r][op];
+    uint64_t b = rank_bytes(k->s, k->r, op, k->n);
+    most = b > most ? b : most;
+  }
+  uint8_t *src = balloc(k, most), *dst = balloc(k, most);
+  fill_tokens(k, src, most);
+  for (int op = 0; op < NOPS; op++) {
+    size_t n = rank_bytes(k->s, k->r, op, k->n);
     double *out = tcopy(k, op);
     for (int i = -2; i < k->o->reps; i++) { /* two untimed copies warm it up */
       double rel = bar_wait(k), ms;
       if (k->cuda) {
         float f;
-        CK(cx.eventRecord(k->e0, k->st));
-        CK(cx.copyDtoD((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n, k->st));
-        CK(cx.eventRecord(k->e1, k->st));
-        CK(cx.eventSync(k->e1));
-        CK(cx.elapsed(&f, k->e0, k->e1));
+        CK(cu->cuEventRecord(k->e0, k->st));
+        CK(cu->cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n,
+                                 k->st));
+        CK(cu->cuEventRecord(k->e1, k->st));
+        CK(cu->cuEventSynchronize(k->e1));
+        CK(cu->cuEventElapsedTime(&f, k->e0, k->e1));
         ms = f;
       } else {
         memcpy(dst, src, n);
@@ -553,21 +579,139 @@ static void copy_ceiling(struct rank *k) {
   bfree(k, dst);
 }
 
+/* Where this rank's copies to rank d land, and the stream they run on. */
+struct peer_dst {
+  CUdevice dev;    /* rank d's GPU */
+  CUcontext ctx;   /* the context the buffer was made in: ours, or d's GPU's primary one */
+  bool other_gpu;  /* ctx is another GPU's primary context, retained here */
+  CUdeviceptr buf;
+  CUstream st;     /* this rank's stream for its copies to d (in our context) */
+  CUevent done;
+};
+
+/*
+ * A buffer of n bytes on rank d's GPU for this rank's copies.  On another
+ * GPU it is made in that GPU's primary context (retained in this process),
+ * with peer access enabled from ours, so the copies go straight over the
+ * GPUs' link and not through the host.
+ */
+static void peer_dst_open(struct rank *k, int d, uint64_t n, struct peer_dst *p) {
+  CK(cu->cuDeviceGet(&p->dev, bench_gpu_of_rank(d, k->o->gpus)));
+  p->ctx = k->ctx;
+  p->other_gpu = p->dev != k->dev;
+  if (!p->other_gpu) {
+    CK(cu->cuMemAlloc(&p->buf, n));
+  } else {
+    int can = 0;
+    CK(cu->cuDeviceCanAccessPeer(&can, k->dev, p->dev));
+    if (!can)
+      fail("rank %d: GPU %d cannot reach GPU %d peer to peer (cuDeviceCanAccessPeer), so there "
+           "is no peer-copy ceiling to measure; run with -g 1", k->r, (int)k->dev, (int)p->dev);
+    CK(cu->cuDevicePrimaryCtxRetain(&p->ctx, p->dev));
+    /* From our context (current) to theirs; another rank of this process
+     * on our GPU may have done it already. */
+    CUresult r = cu->cuCtxEnablePeerAccess(p->ctx, 0);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+      fail("rank %d: cuCtxEnablePeerAccess(GPU %d -> GPU %d) failed: %s", k->r, (int)k->dev,
+           (int)p->dev, cudadrv_errstr(r));
+    CUcontext ours;
+    CK(cu->cuCtxPushCurrent(p->ctx));
+    CK(cu->cuMemAlloc(&p->buf, n));
+    CK(cu->cuCtxPopCurrent(&ours));
+  }
+  CK(cu->cuStreamCreate(&p->st, CU_STREAM_NON_BLOCKING));
+  CK(cu->cuEventCreate(&p->done, CU_EVENT_DISABLE_TIMING));
+}
+
+static void peer_dst_close(struct peer_dst *p) {
+  CK(cu->cuStreamDestroy(p->st));
+  CK(cu->cuEventDestroy(p->done));
+  if (!p->other_gpu) {
+    CK(cu->cuMemFree(p->buf));
+    return;
+  }
+  CUcontext ours;
+  CK(cu->cuCtxPushCurrent(p->ctx));
+  CK(cu->cuMemFree(p->buf));
+  CK(cu->cuCtxPopCurrent(&ours));
+  CK(cu->cuDevicePrimaryCtxRelease(p->dev));
+}
+
+/*
+ * The peer-copy ceiling, for ranks on several GPUs: each op's traffic done
+ * by copies, all ranks at once, every rank sending every rank (itself
+ * included) the bytes the op sent it: cuMemcpyPeerAsync into a buffer on
+ * the destination's GPU, cuMemcpyDtoDAsync where the destination shares
+ * this rank's GPU.  The copies to different ranks run on streams of their
+ * own, forked from this rank's stream and joined back into it, so they
+ * overlap as the operation's writes to every peer do; the time is taken
+ * with events on this rank's stream, around the fork and the join.
+ */
+static void peer_copy_ceiling(struct rank *k) {
+  const uint64_t (*b)[MAX_RANKS] = (const uint64_t (*)[MAX_RANKS])k->s->bytes[k->r];
+  struct peer_dst dst[MAX_RANKS];
+  memset(dst, 0, sizeof dst);
+  uint64_t most = 0;
+  for (int d = 0; d < k->n; d++) {
+    uint64_t m = 0;
+    for (int op = 0; op < NOPS; op++)
+      m = b[op][d] > m ? b[op][d] : m;
+    most = m > most ? m : most;
+    if (m > 0)
+      peer_dst_open(k, d, m, &dst[d]);
+  }
+  uint8_t *src = balloc(k, most);
+  fill_tokens(k, src, most);
+  const CUdeviceptr from = (CUdeviceptr)(uintptr_t)src;
+  for (int op = 0; op < NOPS; op++) {
+    double *out = tcopy(k, op);
+    for (int i = -2; i < k->o->reps; i++) { /* two untimed rounds warm it up */
+      bar_wait(k);
+      CK(cu->cuEventRecord(k->e0, k->st));
+      for (int d = 0; d < k->n; d++) {
+        struct peer_dst *p = &dst[d];
+        if (b[op][d] == 0)
+          continue;
+        CK(cu->cuStreamWaitEvent(p->st, k->e0, 0));
+        if (p->other_gpu)
+          CK(cu->cuMemcpyPeerAsync(p->buf, p->ctx, from, k->ctx, b[op][d], p->st));
+        else
+          CK(cu->cuMemcpyDtoDAsync(p->buf, from, b[op][d], p->st));
+        CK(cu->cuEventRecord(p->done, p->st));
+        CK(cu->cuStreamWaitEvent(k->st, p->done, 0));
+      }
+      float ms;
+      CK(cu->cuEventRecord(k->e1, k->st));
+      CK(cu->cuEventSynchronize(k->e1));
+      CK(cu->cuEventElapsedTime(&ms, k->e0, k->e1));
+      if (i >= 0)
+        out[i] = ms;
+    }
+  }
+  CK(cu->cuStreamSynchronize(k->st));
+  for (int d = 0; d < k->n; d++)
+    if (dst[d].buf != 0)
+      peer_dst_close(&dst[d]);
+  bfree(k, src);
+}
+
 static void rank_run(struct rank *k) {
   const struct opts *o = k->o;
   k->le = o->shape.num_experts / (uint32_t)k->n;
   k->llrows = (uint32_t)k->n * o->shape.max_ll_tokens_per_rank;
   uint8_t uuid[16] = {0};
   if (k->cuda) {
-    CUdevice d;
+    /* This rank's GPU, its primary context current on this thread (a
+     * process of its own, or one thread of the world's process) before any
+     * buffer, stream or event is made. */
     CUuuid u;
-    CK(cu->cuDeviceGet(&d, 0));
-    CK(cu->cuDeviceGetUuid(&u, d));
-    CK(cu->cuDevicePrimaryCtxRetain(&k->ctx, d));
+    CK(cu->cuDeviceGet(&k->dev, bench_gpu_of_rank(k->r, o->gpus)));
+    CK(cu->cuDeviceGetUuid(&u, k->dev));
+    CK(cu->cuDevicePrimaryCtxRetain(&k->ctx, k->dev));
     CK(cu->cuCtxSetCurrent(k->ctx));
-    CK(cx.streamCreate(&k->st, 1 /* CU_STREAM_NON_BLOCKING */));
-    CK(cx.eventCreate(&k->e0, 0));
-    CK(cx.eventCreate(&k->e1, 0));
+    CK(cu->cuStreamCreate(&k->st, CU_STREAM_NON_BLOCKING));
+    CK(cu->cuEventCreate(&k->e0, 0));
+    CK(cu->cuEventCreate(&k->e1, 0));
     memcpy(uuid, u.bytes, 16);
   }
   make_inputs(k);
@@ -578,6 +722,7 @@ static void rank_run(struct rank *k) {
   snprintf(a.job_id, sizeof a.job_id, "%s", k->job);
   memcpy(a.device_uuid, uuid, 16);
   bar_wait(k); /* attach_ms is attach's own time, not a wait for slower peers' set-up */
+  check_pairs(k);
   int rc = dep_client_new(&k->c);
   if (rc == 0)
     rc = dep_connect(k->c, k->sock);
@@ -618,7 +763,9 @@ static void rank_run(struct rank *k) {
   dep_handle_free(k->hll);
   dep_client_free(k->c);
   free_buffers(k);
-  if (!k->first_only)
+  if (!k->first_only && o->peer)
+    peer_copy_ceiling(k);
+  else if (!k->first_only)
     copy_ceiling(k);
   free(k->hx);
   free(k->hidx);
@@ -724,11 +871,13 @@ static void report(const struct opts *o, const char *be, int n, const char *mode
     attach = fmax(attach, s->attach_ms[r]);
   for (int op = 0; op < NOPS; op++) {
     double first = 0, first2 = 0;
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, least = UINT64_MAX; /* all ranks' bytes; the smallest rank's */
     for (int r = 0; r < n; r++) {
+      uint64_t rb = rank_bytes(s, r, op, n);
       first = fmax(first, s->first[r][op]);
       first2 = fmax(first2, s2->first[r][op]);
-      bytes += s->bytes[r][op];
+      bytes += rb;
+      least = rb < least ? rb : least;
     }
     printf("%-5d %-9s %-15s %8.3f %8.3f", n, mode, op_name[op], attach, first);
     raw_line(raw, be, n, mode, op, "first", 0, first);
@@ -740,9 +889,11 @@ static void report(const struct opts *o, const char *be, int n, const char *mode
     world_times(s->t + (size_t)n * NOPS * o->calls + (size_t)op * o->reps, n, o->reps, reps, raw,
                 be, op, mode, "copy");
     double med = calls[o->calls / 2], p99 = calls[(o->calls * 99 + 99) / 100 - 1];
-    double gbs = (double)bytes / med / 1e6, cgbs = (double)bytes / reps[o->reps / 2] / 1e6;
-    printf(" %8.3f %9.3f %8.1f %8.1f %9.1f %6.3f %8.2fx", med, p99, (double)bytes / 1e6, gbs,
-           cgbs, gbs / cgbs, first / med);
+    double cmed = reps[o->reps / 2];
+    double gbs = (double)bytes / med / 1e6, cgbs = (double)bytes / cmed / 1e6;
+    double rank_gbs = (double)least / med / 1e6, rank_cgbs = (double)least / cmed / 1e6;
+    printf(" %8.3f %9.3f %8.1f %8.1f %8.1f %9.1f %10.1f %6.3f %8.2fx", med, p99,
+           (double)bytes / 1e6, gbs, rank_gbs, cgbs, rank_cgbs, gbs / cgbs, first / med);
     if (cold) {
       printf(" %9.3f %8.2fx\n", first2, first2 / med);
       raw_line(raw, be, n, mode, op, "first_nowarm", 0, first2);
@@ -753,10 +904,109 @@ static void report(const struct opts *o, const char *be, int n, const char *mode
   fflush(stdout);
 }
 
+/* ---- the plain pairwise figure: GPU 0 and GPU 1 -------------------------------- */
+
+#define PAIR_BYTES (256ull << 20)
+
+/*
+ * In a child process: PAIR_BYTES by cuMemcpyPeerAsync from GPU 0 to GPU 1
+ * alone, then in both directions at once (each on a stream of its sending
+ * GPU, issued back to back), reps times each after two untimed rounds.
+ * one[i] and both[i] get the time of round i, the slower direction's for
+ * both.  The process ends after this; the driver frees what it made.
+ */
+static void pair_measure(const struct opts *o, double *one, double *both) {
+  cuda_load();
+  CUdevice dv[2];
+  CUcontext ctx[2];
+  CUstream st[2];
+  CUevent e0[2], e1[2];
+  CUdeviceptr src[2], dst[2];
+  for (int g = 0; g < 2; g++)
+    CK(cu->cuDeviceGet(&dv[g], g));
+  for (int g = 0; g < 2; g++) {
+    int can = 0;
+    CK(cu->cuDeviceCanAccessPeer(&can, dv[g], dv[1 - g]));
+    if (!can)
+      fail("GPU %d cannot reach GPU %d peer to peer (cuDeviceCanAccessPeer)", g, 1 - g);
+    CK(cu->cuDevicePrimaryCtxRetain(&ctx[g], dv[g]));
+  }
+  for (int g = 0; g < 2; g++) { /* GPU g's buffers, stream and events, made in its context */
+    CK(cu->cuCtxSetCurrent(ctx[g]));
+    CUresult r = cu->cuCtxEnablePeerAccess(ctx[1 - g], 0);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+      fail("cuCtxEnablePeerAccess(GPU %d -> GPU %d) failed: %s", g, 1 - g, cudadrv_errstr(r));
+    CK(cu->cuMemAlloc(&src[g], PAIR_BYTES));
+    CK(cu->cuMemAlloc(&dst[g], PAIR_BYTES));
+    CK(cu->cuMemsetD8(src[g], 0x5a, PAIR_BYTES));
+    CK(cu->cuStreamCreate(&st[g], CU_STREAM_NON_BLOCKING));
+    CK(cu->cuEventCreate(&e0[g], CU_EVENT_DEFAULT));
+    CK(cu->cuEventCreate(&e1[g], CU_EVENT_DEFAULT));
+    CK(cu->cuCtxSynchronize());
+  }
+  for (int ways = 1; ways <= 2; ways++) { /* GPU g sends to GPU 1 - g, for g < ways */
+    double *out = ways == 1 ? one : both;
+    for (int i = -2; i < o->reps; i++) {
+      for (int g = 0; g < ways; g++) {
+        CK(cu->cuCtxSetCurrent(ctx[g]));
+        CK(cu->cuEventRecord(e0[g], st[g]));
+        CK(cu->cuMemcpyPeerAsync(dst[1 - g], ctx[1 - g], src[g], ctx[g], PAIR_BYTES, st[g]));
+        CK(cu->cuEventRecord(e1[g], st[g]));
+      }
+      double slowest = 0;
+      for (int g = 0; g < ways; g++) {
+        float ms;
+        CK(cu->cuCtxSetCurrent(ctx[g]));
+        CK(cu->cuEventSynchronize(e1[g]));
+        CK(cu->cuEventElapsedTime(&ms, e0[g], e1[g]));
+        slowest = fmax(slowest, ms);
+      }
+      if (i >= 0)
+        out[i] = slowest;
+    }
+  }
+}
+
+/* Measure (in a child: this process never touches CUDA) and print the pairwise figure. */
+static int peer_pair_report(const struct opts *o) {
+  size_t sb = sizeof(struct shm) + 2 * (size_t)o->reps * sizeof(double);
+  struct shm *s = mmap(NULL, sb, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (s == MAP_FAILED) {
+    printf("# peer copy GPU 0 -> GPU 1: out of memory for the results\n");
+    return 1;
+  }
+  memset(s, 0, sb);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    g_shm = s;
+    pair_measure(o, s->t, s->t + o->reps);
+    _exit(0);
+  }
+  int st = 0;
+  bool ok = pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  if (!ok) {
+    printf("# peer copy GPU 0 -> GPU 1: FAILED: %s\n",
+           s->err[0] ? s->err : "the measuring process died");
+  } else {
+    double *one = s->t, *both = s->t + o->reps;
+    bench_sort(one, (size_t)o->reps);
+    bench_sort(both, (size_t)o->reps);
+    double m1 = one[o->reps / 2], m2 = both[o->reps / 2], mb = (double)PAIR_BYTES;
+    printf("# peer copy, %llu MiB by cuMemcpyPeerAsync, median of %d: GPU 0 -> GPU 1 alone "
+           "%.1f GB/s (%.3f ms); both directions at once %.1f GB/s each way, %.1f GB/s together "
+           "(%.3f ms)\n", PAIR_BYTES >> 20, o->reps, mb / m1 / 1e6, m1, mb / m2 / 1e6,
+           2 * mb / m2 / 1e6, m2);
+  }
+  fflush(stdout);
+  munmap(s, sb);
+  return ok ? 0 : 1;
+}
+
 static void parse_args(int argc, char **argv, struct opts *o) {
   const char *counts = "2,4,8", *modes = "processes,threads";
   int opt;
-  while ((opt = getopt(argc, argv, "s:S:n:m:c:w:r:t:l:H:e:k:x:o:Fh")) != -1) {
+  while ((opt = getopt(argc, argv, "s:S:n:m:c:w:r:t:l:H:e:k:x:o:Fg:h")) != -1) {
     switch (opt) {
     case 's': o->sock = optarg; break;
     case 'S': o->sock_nowarm = optarg; break;
@@ -773,11 +1023,13 @@ static void parse_args(int argc, char **argv, struct opts *o) {
     case 'x': o->seed = strtoull(optarg, NULL, 10); break;
     case 'o': o->raw = optarg; break;
     case 'F': o->first_only = true; break;
+    case 'g': o->gpus_want = atoi(optarg); break;
     default: usage();
     }
   }
   const struct dep_job_shape *sh = &o->shape;
-  if (o->sock == NULL || optind != argc || o->calls < 1 || o->calls > MAX_CALLS || o->warm < 0 ||
+  if (o->sock == NULL || optind != argc || o->gpus_want < 0 || o->calls < 1 ||
+      o->calls > MAX_CALLS || o->warm < 0 ||
       o->reps < 1 || o->reps > MAX_CALLS || sh->max_tokens_per_rank < 1 || sh->hidden < 128 ||
       sh->hidden % 128 != 0 || sh->topk < 1 || sh->topk > 16 || sh->num_experts < sh->topk ||
       sh->max_ll_tokens_per_rank < 1 || sh->max_ll_tokens_per_rank > sh->max_tokens_per_rank)
@@ -835,7 +1087,8 @@ static int query_backend(const char *sock, char backend[8], char dev[64]) {
 }
 
 int main(int argc, char **argv) {
-  static struct opts o = {.calls = 200, .warm = 5, .reps = 20, .seed = 42,
+  static struct opts o = {.calls = 200, .warm = 5, .reps = 20, .seed = 42, .gpus_want = 1,
+                          .gpus = 1,
                           .shape = {.max_tokens_per_rank = 4096, .hidden = 7168,
                                     .num_experts = 256, .topk = 8, .dtype = DEP_DTYPE_BF16,
                                     .max_ll_tokens_per_rank = 128}};
@@ -845,6 +1098,12 @@ int main(int argc, char **argv) {
   if (query_backend(o.sock, backend, dev) != 0)
     return 1;
   bool cuda = strcmp(backend, "cuda") == 0;
+  char why[256];
+  if (cuda && (o.gpus = bench_gpus(o.gpus_want, why, sizeof why)) < 0) {
+    fprintf(stderr, "ep: %s\n", why);
+    return 1;
+  }
+  o.peer = cuda && o.gpus > 1;
   FILE *raw = o.raw ? fopen(o.raw, "a") : NULL;
   if (o.raw && raw == NULL) {
     fprintf(stderr, "ep: cannot open %s for appending\n", o.raw);
@@ -855,13 +1114,33 @@ int main(int argc, char **argv) {
          backend, dev, sh->max_tokens_per_rank, sh->hidden, sh->topk, sh->num_experts,
          sh->max_ll_tokens_per_rank, o.calls, o.warm, o.reps, (unsigned long long)o.seed,
          o.sock_nowarm ? ", kernel_warmup-off daemon too" : "");
-  printf("# times: %s; bytes summed over ranks, each counted once; frac = GB/s / copy GB/s\n",
+  if (!cuda && o.gpus_want != 1)
+    printf("# -g %d ignored: the host backend uses no GPU\n", o.gpus_want);
+  else if (o.peer)
+    printf("# placement: ranks spread over %d GPUs, rank r on GPU r %% %d\n", o.gpus, o.gpus);
+  else if (cuda)
+    printf("# placement: every rank on GPU 0 (-g N spreads them over N GPUs)\n");
+  printf("# times: %s; bytes: what each rank sends per call, to every rank (itself included), "
+         "counted once\n",
          cuda ? "CUDA events on each rank's stream" : "CLOCK_MONOTONIC from the common release");
-  printf("%-5s %-9s %-15s %8s %8s %8s %9s %8s %8s %9s %6s %9s %9s %9s\n", "ranks", "mode", "op",
-         "attachms", "first_ms", "med_ms", "p99_ms", "MB/call", "GB/s", "copyGB/s", "frac",
+  printf("# GB/s: all ranks' bytes / median; rankGB/s: the smallest rank's bytes / median; "
+         "frac = GB/s / %s GB/s\n", o.peer ? "peer" : "copy");
+  if (o.peer)
+    printf("# peer: the ceiling of peer copies: every rank at once copies to every rank the bytes "
+           "the op sent it (cuMemcpyPeerAsync to a buffer on its GPU, cuMemcpyDtoDAsync on its "
+           "own), one stream per destination; slowest rank, median of %d\n", o.reps);
+  else
+    printf("# copy: the ceiling of a copy %s: every rank at once copies its bytes (%s); "
+           "slowest rank, median of %d\n", cuda ? "within the GPU" : "in host memory",
+           cuda ? "cuMemcpyDtoDAsync" : "memcpy", o.reps);
+  int status = 0;
+  if (o.peer && !o.first_only && peer_pair_report(&o) != 0)
+    status = 1;
+  printf("%-5s %-9s %-15s %8s %8s %8s %9s %8s %8s %8s %9s %10s %6s %9s %9s %9s\n", "ranks",
+         "mode", "op", "attachms", "first_ms", "med_ms", "p99_ms", "MB/call", "GB/s", "rankGB/s",
+         o.peer ? "peerGB/s" : "copyGB/s", o.peer ? "rkpeerGB/s" : "rkcopyGB/s", "frac",
          "first/med", "nowarm_ms", "nowarm/med");
   fflush(stdout);
-  int status = 0;
   for (int ci = 0; ci < o.ncounts; ci++) {
     int n = o.counts[ci];
     size_t sb = shm_bytes(&o, n);

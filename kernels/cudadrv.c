@@ -82,6 +82,11 @@ static void drv_load_once(void) {
   RESOLVE(cuEventSynchronize, "cuEventSynchronize");
   RESOLVE(cuEventElapsedTime, "cuEventElapsedTime"); /* v1: older drivers lack _v2 */
   RESOLVE(cuEventDestroy, "cuEventDestroy_v2");
+  RESOLVE(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer");
+  RESOLVE(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess");
+  RESOLVE(cuMemcpyPeerAsync, "cuMemcpyPeerAsync");
+  RESOLVE(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
+  RESOLVE(cuStreamWaitEvent, "cuStreamWaitEvent");
   CUresult r = drv.cuInit(0);
   if (r != CUDA_SUCCESS) {
     snprintf(drv_why, sizeof drv_why, "cuInit failed: %s", cudadrv_errstr(r));

@@ -1,7 +1,7 @@
 /*
  * check_cuda_ops.c — the cuda backend's kernels as a specification (DESIGN
  * §6): ranks attach to a real deepepd on the cuda backend, as separate
- * processes on one GPU and as threads (streams) of one process, and every
+ * processes and as threads (streams) of one process, and every
  * output of layout, dispatch, combine and the low-latency forms (bf16 and
  * FP8) is held against the reference oracle (kernels/ref.c): moves bit for
  * bit, sums bit for bit against the host backend's float32 order (and within
@@ -16,6 +16,10 @@
  * CUDA before it forks its rank processes; each rank finds its GPU's UUID
  * through the driver itself.  Inputs are random from a printed seed
  * (DEP_TEST_SEED replays).
+ *
+ * DEP_TEST_GPUS spreads the ranks (processes or threads) over GPUs: rank r
+ * on GPU r % N, N = DEP_TEST_GPUS or every visible GPU for "all"; unset,
+ * all on GPU 0.  Asking for more GPUs than are visible fails each test.
  */
 #include <check.h>
 #include <pthread.h>
@@ -36,25 +40,27 @@
 #include "ref.h"
 #include "testutil.h"
 
-static bool gpu_ready(const char *test) {
+static bool on_cuda(void) {
   const char *b = getenv("DEP_TEST_BACKEND");
+  return b != NULL && strcmp(b, "cuda") == 0;
+}
+
+/* Skip (saying why) without a cuda daemon or a GPU; fail when DEP_TEST_GPUS
+ * cannot be met.  The probe initialises CUDA in a child, never here. */
+static bool gpu_ready(const char *test) {
   size_t n = strlen(test); /* __func__ of a Check test ends in "_fn" */
-  if (b == NULL || strcmp(b, "cuda") != 0) {
+  if (!on_cuda()) {
     printf("%.*s: skipped: runs against a cuda daemon; set DEP_TEST_BACKEND=cuda (make check-gpu) "
            "on a machine with a GPU\n", (int)(n - 3), test);
     return false;
   }
-  pid_t pid = fork(); /* the probe initialises CUDA: never in this process */
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0)
-    _exit(tu_have_gpu() ? 0 : 1);
-  int st = 0;
-  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-  if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
-    return true;
-  printf("%.*s: skipped: no usable GPU (libcuda.so.1 or a device is missing)\n", (int)(n - 3),
-         test);
-  return false;
+  struct tu_gpus g;
+  char why[256] = "";
+  int rc = tu_gpus_probe(&g, why, sizeof why);
+  ck_assert_msg(rc >= 0, "%s", why);
+  if (rc == 0)
+    printf("%.*s: skipped: no usable GPU (%s)\n", (int)(n - 3), test, why);
+  return rc > 0;
 }
 #define NEEDS_GPU()              \
   do {                           \
@@ -75,6 +81,8 @@ enum { B_X, B_IDX, B_W, B_CX, B_LX, B_TPR, B_TPE, B_TIR, B_RX, B_RIDX, B_RW, B_C
 
 struct rk {
   const struct cudadrv *cu;
+  CUdevice dev;    /* this rank's GPU (DEP_TEST_GPUS) */
+  CUcontext ctx;   /* its primary context, retained and current on the rank's thread */
   dep_client_t *c;
   dep_handle_t *h;
   CUstream s;
@@ -103,10 +111,17 @@ static int rk_open(struct rk *k, const char *sock, const char *job, const struct
   struct dep_attach_args a = {.rank = rank, .world_size = W, .local_rank = rank,
                               .local_world_size = W, .shape = *sh};
   snprintf(a.job_id, sizeof a.job_id, "%s", job);
-  CUdevice dev;
+  /* This rank's GPU's primary context current on this thread before
+   * anything else: dep_attach keeps a current context of the device it
+   * binds, and the stream and buffers below are made in it. */
+  int ordinal = 0;
+  if (tu_gpu_for_rank(rank, &ordinal, why, sizeof why) != 0)
+    return ow_fail(k->msg, "rank %u: %s", rank, why);
   CUuuid u;
-  CU(k, k->cu->cuDeviceGet(&dev, 0), "cuDeviceGet");
-  CU(k, k->cu->cuDeviceGetUuid(&u, dev), "cuDeviceGetUuid");
+  CU(k, k->cu->cuDeviceGet(&k->dev, ordinal), "cuDeviceGet");
+  CU(k, k->cu->cuDeviceGetUuid(&u, k->dev), "cuDeviceGetUuid");
+  CU(k, k->cu->cuDevicePrimaryCtxRetain(&k->ctx, k->dev), "cuDevicePrimaryCtxRetain");
+  CU(k, k->cu->cuCtxSetCurrent(k->ctx), "cuCtxSetCurrent");
   memcpy(a.device_uuid, u.bytes, 16);
   if (dep_client_new(&k->c) != 0 || dep_connect(k->c, sock) != 0 || dep_attach(k->c, &a) != 0)
     return ow_fail(k->msg, "rank %u: connect/attach: %s", rank, dep_errmsg(k->c));
@@ -145,6 +160,8 @@ static void rk_close(struct rk *k) {
     dep_detach(k->c);
   dep_client_free(k->c);
   free(k->host);
+  if (k->ctx != NULL)
+    k->cu->cuDevicePrimaryCtxRelease(k->dev);
 }
 
 static int put(struct rk *k, int i, const void *src, size_t n) {
@@ -579,7 +596,8 @@ static void run_scenario(const struct ow_scenario *sc, int salt, bool threads) {
   free(d);
 }
 
-/* Ranks as processes sharing one GPU: every output as the oracle says, twice, bit-identical. */
+/* Ranks as processes (on one GPU, or spread by DEP_TEST_GPUS): every output as the oracle
+ * says, twice, bit-identical. */
 START_TEST(ranks_as_processes_match_the_oracle) {
   NEEDS_GPU();
   run_scenario(&scenarios[_i], _i, false);
@@ -592,9 +610,33 @@ static const struct ow_scenario thread_scenarios[] = {
   {2, 7168, 8, 16, 16, 16, P_DUP, T_MAX, DEP_INDEX_I32, 0},
 };
 
+/*
+ * Ranks as threads need a hardware queue per stream (cuda_ops.h), and an MPS
+ * client gets too few: measured on an H200, CUDA_DEVICE_MAX_CONNECTIONS=32
+ * under MPS fails context creation ("hardware resources required to support
+ * device connections have been exhausted"), and the default 8 shared among
+ * 4-8 rank streams let one rank's kernel wait behind another's.  So these
+ * run outside MPS (as make check-gpu's time-sliced case does) and skip,
+ * saying so, under it.
+ */
+static bool threads_ready(const char *test) {
+  if (!gpu_ready(test))
+    return false;
+  struct tu_gpus g;
+  char why[256] = "";
+  if (tu_gpus_probe(&g, why, sizeof why) > 0 && g.mps) {
+    printf("%.*s: skipped: MPS is running; ranks as threads of one process need a hardware "
+           "queue per stream, which MPS clients do not get; run this test without MPS\n",
+           (int)(strlen(test) - 3), test);
+    return false;
+  }
+  return true;
+}
+
 /* Ranks as threads of one process, each its own client and stream: the same. */
 START_TEST(ranks_as_threads_of_one_process_match_the_oracle) {
-  NEEDS_GPU();
+  if (!threads_ready(__func__))
+    return;
   run_scenario(&thread_scenarios[_i], 100 + _i, true);
 }
 END_TEST
@@ -602,6 +644,9 @@ END_TEST
 /* Without MPS the rank processes time-slice the GPU: slower, never stuck. */
 START_TEST(time_sliced_ranks_make_progress) {
   NEEDS_GPU();
+  /* Both ranks on one GPU whatever DEP_TEST_GPUS says, or nothing is time-sliced
+   * (this test runs in a process of its own, with its ranks its children). */
+  setenv("DEP_TEST_GPUS", "1", 1);
   static const struct ow_scenario sc = {2, 128, 2, 8, 16, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 1};
   run_scenario(&sc, 200, false);
 }
@@ -707,7 +752,7 @@ START_TEST(a_rank_that_never_calls_is_a_bounded_timeout_and_the_daemon_carries_o
   struct fault_arg tp = {d, 0}, ll = {d, 1};
   run_procs(&w, "silent-tp", &d->shape, 2, body_silent_peer, &tp, "silent peer, dispatch");
   run_procs(&w, "silent-ll", &d->shape, 2, body_silent_peer, &ll, "silent peer, ll_dispatch");
-  struct rounds a = {d, 1, 2}; /* a fresh job on the same daemon and GPU works */
+  struct rounds a = {d, 1, 2}; /* a fresh job on the same daemon and GPUs works */
   run_procs(&w, "after-timeouts", &d->shape, 2, body_rounds, &a, d->desc);
   world_stop(&w);
   ow_case_free(d);
@@ -811,18 +856,43 @@ START_TEST(bad_arguments_and_bad_expert_ids_are_invalid_and_never_corrupt_memory
 }
 END_TEST
 
+/* Where the ranks go, said once: an unchecked fixture runs in the runner
+ * process (before the oracle's tests), which the probe keeps free of CUDA. */
+static void say_placement(void) {
+  if (!on_cuda())
+    return;
+  struct tu_gpus g;
+  char why[256] = "";
+  int rc = tu_gpus_probe(&g, why, sizeof why);
+  if (rc > 0 && g.n > 1)
+    printf("cuda_ops: ranks spread over %d GPUs (rank r on GPU r %% %d; %d visible)\n", g.n, g.n,
+           g.visible);
+  else if (rc > 0)
+    printf("cuda_ops: every rank on GPU 0 (%d visible; DEP_TEST_GPUS=N or all spreads them)\n",
+           g.visible);
+  else if (rc < 0)
+    printf("cuda_ops: %s\n", why); /* and every test fails saying so */
+  fflush(stdout);
+}
+
 Suite *cuda_ops_suite(void);
 Suite *cuda_ops_suite(void) {
   Suite *s = suite_create("cuda_ops");
   TCase *tc = tcase_create("oracle");
   tcase_set_tags(tc, "gpu");
+  tcase_add_unchecked_fixture(tc, say_placement, NULL);
   tcase_set_timeout(tc, 240);
   tcase_add_loop_test(tc, ranks_as_processes_match_the_oracle, 0,
                       (int)(sizeof scenarios / sizeof scenarios[0]));
-  tcase_add_loop_test(tc, ranks_as_threads_of_one_process_match_the_oracle, 0,
-                      (int)(sizeof thread_scenarios / sizeof thread_scenarios[0]));
   tcase_add_test(tc, two_hundred_forty_calls_back_to_back_stay_correct);
   suite_add_tcase(s, tc);
+  /* Its own case, so that it can run outside MPS alone (CK_RUN_CASE=threads). */
+  TCase *th = tcase_create("threads");
+  tcase_set_tags(th, "gpu");
+  tcase_set_timeout(th, 240);
+  tcase_add_loop_test(th, ranks_as_threads_of_one_process_match_the_oracle, 0,
+                      (int)(sizeof thread_scenarios / sizeof thread_scenarios[0]));
+  suite_add_tcase(s, th);
   TCase *faults = tcase_create("faults");
   tcase_set_tags(faults, "gpu");
   tcase_set_timeout(faults, 120);

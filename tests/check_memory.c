@@ -64,7 +64,7 @@ START_TEST(eight_ranks_share_one_job_and_read_every_peers_slab) {
   }
   mr_grp_sync(&g, 8); /* every rank has written its slab */
   struct mr_pool_now p = mr_pool_now(obs);
-  ck_assert_uint_eq(p.total, 64 * MR_MIB);
+  ck_assert_uint_eq(p.total, mr_gpus() * 64 * MR_MIB); /* a pool per GPU in use */
   ck_assert_uint_eq(p.used, arena);
   struct dep_status *st = NULL;
   ck_assert_int_eq(dep_status(obs, &st), 0);
@@ -138,7 +138,7 @@ START_TEST(two_jobs_of_different_users_cannot_join_or_see_each_other) {
 END_TEST
 
 START_TEST(another_users_job_never_sees_old_bytes_even_through_a_kept_mapping) {
-  MR_NEEDS_BACKEND();
+  MR_NEEDS_BACKEND_ONE_GPU();
   MR_NEEDS_ROOT();
   struct tu_daemon d;
   /* One chunk: the second job must take the very chunk the first one used. */
@@ -244,19 +244,19 @@ static void reuse_after_scrub(bool cache) {
 }
 
 START_TEST(with_the_cache_on_the_next_job_of_the_shape_reuses_scrubbed_slabs) {
-  MR_NEEDS_BACKEND();
+  MR_NEEDS_BACKEND_ONE_GPU();
   reuse_after_scrub(true);
 }
 END_TEST
 
 START_TEST(with_the_cache_off_chunks_return_scrubbed_and_nothing_is_cached) {
-  MR_NEEDS_BACKEND();
+  MR_NEEDS_BACKEND_ONE_GPU();
   reuse_after_scrub(false);
 }
 END_TEST
 
 START_TEST(without_preallocation_the_pool_is_made_on_first_attach) {
-  MR_NEEDS_BACKEND();
+  MR_NEEDS_BACKEND_ONE_GPU();
   static const struct mr_step script[] = {{CHECK_OWN, 0}, {FILL, 1}, {SYNC, 0}, {END, 0}};
   for (int pre = 1; pre >= 0; pre--) {
     struct tu_daemon d;
@@ -402,7 +402,7 @@ END_TEST
 /* ---- limits and bad input ------------------------------------------------------------- */
 
 START_TEST(pool_exhaustion_is_no_memory_and_the_rest_carries_on) {
-  MR_NEEDS_BACKEND();
+  MR_NEEDS_BACKEND_ONE_GPU();
   struct tu_daemon d;
   mr_start(&d, 18, NULL); /* nine chunks */
   dep_client_t *obs = mr_observer(&d);
@@ -474,7 +474,7 @@ static int raw_attach_error(const struct tu_daemon *d, const struct dep_attach_a
 }
 
 START_TEST(bad_input_gets_its_own_error_and_every_other_job_carries_on) {
-  MR_NEEDS_BACKEND();
+  MR_NEEDS_BACKEND_ONE_GPU();
   struct tu_daemon d;
   mr_start(&d, 64, NULL);
   dep_client_t *obs = mr_observer(&d);

@@ -8,8 +8,10 @@
  * A rank reaches its memory as host pointers on the host backend, or as
  * device pointers through the driver (kernels/cudadrv.h) with
  * DEP_TEST_BACKEND=cuda, inside the rank process only, so the test process
- * itself never initialises CUDA before it forks.  A rank that fails reports
- * the line here that failed over the group's pipe and writes why on stderr.
+ * itself never initialises CUDA before it forks.  On cuda, DEP_TEST_GPUS
+ * spreads a job's local ranks over GPUs (local rank l on GPU l % N), and the
+ * daemon serves exactly those GPUs.  A rank that fails reports the line here
+ * that failed over the group's pipe and writes why on stderr.
  */
 #include "memranks.h"
 
@@ -63,9 +65,26 @@ uint64_t mr_slab_of(const struct dep_job_shape *s, uint32_t world) {
   return dep_round_up(l.total_bytes, SLAB_ALIGN);
 }
 
-/* What a job of `local` ranks on one device takes from its pool: one arena, whole chunks. */
+/* The GPUs the ranks spread over, once mr_backend_ready has asked (cuda only). */
+static struct tu_gpus test_gpus;
+static bool test_gpus_known;
+
+static uint32_t gpus_in_use(void) {
+  return test_on_cuda() && test_gpus_known ? (uint32_t)test_gpus.n : 1;
+}
+
+uint32_t mr_gpus(void) { return gpus_in_use(); }
+
+/* What a job of `local` ranks takes from the pools: one arena of whole chunks
+ * per device, holding the slabs of the local ranks placed there (l % N). */
 uint64_t mr_arena_of(const struct dep_job_shape *s, uint32_t world, uint32_t local) {
-  return dep_round_up(local * mr_slab_of(s, world), MR_CHUNK);
+  const uint32_t n = gpus_in_use();
+  uint64_t total = 0;
+  for (uint32_t g = 0; g < n && g < local; g++) {
+    uint32_t on_g = (local - g + n - 1) / n; /* local ranks g, g + n, g + 2n, ... */
+    total += dep_round_up(on_g * mr_slab_of(s, world), MR_CHUNK);
+  }
+  return total;
 }
 
 /* ---- inside a rank: its memory, host or device --------------------------- */
@@ -157,17 +176,25 @@ static void *dm_alias(void *base, uint64_t bytes) {
   return (void *)(uintptr_t)(va + (lo - first));
 }
 
-/* The device this rank uses: all zero on the host backend, GPU 0's UUID on cuda. */
-static int rank_device(uint8_t uuid[16], char *why, size_t len) {
+/* The device this rank uses: all zero on the host backend; on cuda, the
+ * UUID of the GPU DEP_TEST_GPUS places local rank `local_rank` on. */
+static int rank_device(uint8_t uuid[16], uint32_t local_rank, char *why, size_t len) {
   memset(uuid, 0, 16);
   if (!test_on_cuda())
     return 0;
   const struct cudadrv *cu = cudadrv_load(why, len);
+  int ordinal = 0;
+  if (cu == NULL || tu_gpu_for_rank(local_rank, &ordinal, why, len) != 0)
+    return -1;
   CUdevice dev;
   CUuuid u;
-  if (cu == NULL || cu->cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
-      cu->cuDeviceGetUuid(&u, dev) != CUDA_SUCCESS)
+  CUresult r = cu->cuDeviceGet(&dev, ordinal);
+  if (r == CUDA_SUCCESS)
+    r = cu->cuDeviceGetUuid(&u, dev);
+  if (r != CUDA_SUCCESS) {
+    snprintf(why, len, "GPU %d: %s", ordinal, cudadrv_errstr(r));
     return -1;
+  }
   memcpy(uuid, u.bytes, 16);
   return 0;
 }
@@ -357,7 +384,8 @@ static void rank_main(const struct mr_rank_spec *s, int rep, int go, pid_t paren
   struct mr_rank_spec copy = *s;
   r.s = &copy;
   if (!s->own_uuid)
-    RCHECK(&r, rank_device(copy.a.device_uuid, why, sizeof why) == 0, "no device: %s", why);
+    RCHECK(&r, rank_device(copy.a.device_uuid, s->a.local_rank, why, sizeof why) == 0,
+           "no device: %s", why);
   if (s->raw)
     rank_raw(&r);
   RCHECK(&r, dep_client_new(&r.c) == 0, "dep_client_new");
@@ -486,10 +514,33 @@ void mr_grp_reap(struct mr_grp *g) {
 
 /* ---- the daemon, as status and /proc show it ------------------------------- */
 
+/*
+ * On cuda, a devices: list naming the GPUs the ranks use, so that the pools
+ * STATUS shows are exactly theirs (on a machine of 8 GPUs, with the ranks on
+ * 2, the other 6 pools would only blur the counts).
+ */
+static void devices_yaml(char *out, size_t len, const char *extra) {
+  out[0] = '\0';
+  if (!test_on_cuda() || !test_gpus_known || (extra != NULL && strstr(extra, "devices:") != NULL))
+    return;
+  size_t at = (size_t)snprintf(out, len, "devices: [");
+  for (int i = 0; i < test_gpus.n && at < len; i++) {
+    char u[37];
+    cudadrv_uuid_str(test_gpus.uuid[i], u);
+    at += (size_t)snprintf(out + at, len - at, "%sGPU-%s", i ? ", " : "", u);
+  }
+  if (at < len)
+    snprintf(out + at, len - at, "]\n");
+  ck_assert_uint_lt(at, len);
+}
+
 void mr_start(struct tu_daemon *d, unsigned pool_mib, const char *extra) {
-  char yaml[1024];
-  snprintf(yaml, sizeof yaml, "pool:\n  host_size: %uMiB\n  size_per_device: %uMiB\n"
-           "  chunk_size: 2MiB\n%s", pool_mib, pool_mib, extra != NULL ? extra : "");
+  char devices[TU_GPUS_MAX * 48 + 16], yaml[TU_GPUS_MAX * 48 + 1024];
+  devices_yaml(devices, sizeof devices, extra);
+  int n = snprintf(yaml, sizeof yaml, "pool:\n  host_size: %uMiB\n  size_per_device: %uMiB\n"
+                   "  chunk_size: 2MiB\n%s%s", pool_mib, pool_mib, devices,
+                   extra != NULL ? extra : "");
+  ck_assert_int_lt(n, (int)sizeof yaml);
   ck_assert_msg(tu_daemon_start(d, yaml) == 0, "deepepd did not start");
 }
 
@@ -513,9 +564,14 @@ void mr_stop_ok(struct tu_daemon *d, dep_client_t *obs) {
 struct mr_pool_now mr_pool_now(dep_client_t *c) {
   struct dep_status *st = NULL;
   ck_assert_msg(dep_status(c, &st) == 0, "dep_status: %s", dep_errmsg(c));
-  ck_assert_uint_eq(st->num_devices, 1);
-  struct mr_pool_now p = {st->devices[0].pool_total_bytes, st->devices[0].pool_used_bytes,
-                          st->devices[0].pool_cached_bytes, st->num_jobs, st->num_clients};
+  ck_assert_msg(st->num_devices == gpus_in_use(), "deepepd serves %u devices, the ranks use %u",
+                st->num_devices, gpus_in_use());
+  struct mr_pool_now p = {.jobs = st->num_jobs, .clients = st->num_clients};
+  for (uint32_t i = 0; i < st->num_devices; i++) {
+    p.total += st->devices[i].pool_total_bytes;
+    p.used += st->devices[i].pool_used_bytes;
+    p.cached += st->devices[i].pool_cached_bytes;
+  }
   dep_status_free(st);
   return p;
 }
@@ -591,22 +647,22 @@ long mr_daemon_rss_kib(pid_t pid) {
 
 /*
  * With DEP_TEST_BACKEND=cuda the slabs are device memory: skip, saying so,
- * where there is no GPU.  The probe runs in a child so that this process,
- * which forks the ranks, never initialises CUDA.
+ * where there is no GPU, and fail where DEP_TEST_GPUS cannot be met.  The
+ * probe runs in a child so that this process, which forks the ranks, never
+ * initialises CUDA; what it finds (the GPUs in use) stays for mr_start,
+ * mr_arena_of and mr_pool_now.
  */
 bool mr_backend_ready(const char *test) {
   if (!test_on_cuda())
     return true;
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0)
-    _exit(tu_have_gpu() ? 0 : 1);
-  int st = 0;
-  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-  if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+  char why[256] = "";
+  int rc = tu_gpus_probe(&test_gpus, why, sizeof why);
+  ck_assert_msg(rc >= 0, "%s", why);
+  test_gpus_known = rc > 0;
+  if (rc > 0)
     return true;
   size_t n = strlen(test); /* __func__ of a Check test ends in "_fn" */
-  printf("%.*s: skipped: DEP_TEST_BACKEND=cuda but no usable GPU (libcuda.so.1 or a device "
-         "is missing)\n", (int)(n > 3 ? n - 3 : n), test);
+  printf("%.*s: skipped: DEP_TEST_BACKEND=cuda but no usable GPU (%s)\n",
+         (int)(n > 3 ? n - 3 : n), test, why);
   return false;
 }

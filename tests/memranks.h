@@ -63,7 +63,8 @@ struct mr_rank_spec mr_spec(const struct tu_daemon *d, const char *job, uint32_t
 /* Bytes from one slab of this shape to the next in an arena (dep_attach_info's slab_bytes). */
 uint64_t mr_slab_of(const struct dep_job_shape *s, uint32_t world);
 
-/* What a job of `local` ranks on one device takes from its pool: one arena, whole chunks. */
+/* What a job of `local` ranks takes from the pools: one arena of whole chunks per
+ * device (all on one device unless DEP_TEST_GPUS spreads local rank l to GPU l % N). */
 uint64_t mr_arena_of(const struct dep_job_shape *s, uint32_t world, uint32_t local);
 
 /* CLOCK_MONOTONIC in milliseconds. */
@@ -98,14 +99,16 @@ void mr_grp_reap(struct mr_grp *g);
 
 /* ---- the daemon, as status and /proc show it ------------------------------- */
 
-/* deepepd with a pool of pool_mib MiB in 2 MiB chunks, plus extra YAML (may be NULL). */
+/* deepepd with a pool of pool_mib MiB in 2 MiB chunks on each device it serves (on cuda,
+ * the GPUs the ranks use), plus extra YAML (may be NULL). */
 void mr_start(struct tu_daemon *d, unsigned pool_mib, const char *extra);
 /* A library client connected to d, for STATUS. */
 dep_client_t *mr_observer(const struct tu_daemon *d);
 /* The daemon survived everything: it still runs and exits cleanly on SIGTERM. */
 void mr_stop_ok(struct tu_daemon *d, dep_client_t *obs);
 
-/* The one device's pool and the daemon's counts, from STATUS. */
+/* The pools of the devices the ranks use, summed (one device unless DEP_TEST_GPUS
+ * spreads them), and the daemon's counts, from STATUS. */
 struct mr_pool_now {
   uint64_t total, used, cached;
   uint32_t jobs, clients;
@@ -125,11 +128,25 @@ long mr_daemon_rss_kib(pid_t pid);
 /* Whether the backend under test can run here (false: says why, as a skip, on stdout). */
 bool mr_backend_ready(const char *test);
 
+/* GPUs the ranks spread over (1 on the host backend), once mr_backend_ready has asked. */
+uint32_t mr_gpus(void);
+
 /* Skip the calling test, saying so, without a usable backend or without root. */
 #define MR_NEEDS_BACKEND()             \
   do {                                 \
     if (!mr_backend_ready(__func__))   \
       return;                          \
+  } while (0)
+
+/*
+ * The same, for a test whose figures are one device's pool and chunks
+ * (scrub, cache, exhaustion): its ranks stay on GPU 0 whatever
+ * DEP_TEST_GPUS says (Check runs each test in its own process).
+ */
+#define MR_NEEDS_BACKEND_ONE_GPU()      \
+  do {                                 \
+    setenv("DEP_TEST_GPUS", "1", 1);   \
+    MR_NEEDS_BACKEND();                \
   } while (0)
 #define MR_NEEDS_ROOT()                                                                 \
   do {                                                                                  \

@@ -1,6 +1,6 @@
 /*
- * testutil.c — shared test helpers: binary paths, temporary directories and a
- * real daemon process on a temporary socket.
+ * testutil.c — shared test helpers: binary paths, temporary directories, a
+ * real daemon process on a temporary socket, and the GPU of each rank.
  */
 #include "testutil.h"
 
@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "cudadrv.h"
 
 const char *tu_bin(const char *name) {
   static char path[4][512];
@@ -200,4 +203,132 @@ bool tu_have_gpu(void) {
   bool ok = init != NULL && count != NULL && init(0) == 0 && count(&n) == 0 && n > 0;
   dlclose(h);
   return ok;
+}
+
+/* ---- rank placement on GPUs ------------------------------------------------ */
+
+/* $DEP_TEST_GPUS as asked: unset or empty 1; "all" 0 (every visible GPU); else N >= 1. */
+static int gpus_wanted(int *want, char *why, size_t len) {
+  const char *v = getenv("DEP_TEST_GPUS");
+  if (v == NULL || v[0] == '\0') {
+    *want = 1;
+    return 0;
+  }
+  if (strcmp(v, "all") == 0) {
+    *want = 0;
+    return 0;
+  }
+  char *end = NULL;
+  errno = 0;
+  long n = strtol(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0' || n < 1 || n > TU_GPUS_MAX) {
+    snprintf(why, len, "DEP_TEST_GPUS=%s: expected a number of GPUs from 1 to %d, or \"all\"", v,
+             TU_GPUS_MAX);
+    return -1;
+  }
+  *want = (int)n;
+  return 0;
+}
+
+/* How many GPUs the ranks spread over, checked against those the driver shows. */
+static int gpus_resolve(const struct cudadrv *cu, int *n, int *visible, char *why, size_t len) {
+  int want = 1;
+  if (gpus_wanted(&want, why, len) != 0)
+    return -1;
+  CUresult r = cu->cuDeviceGetCount(visible);
+  if (r != CUDA_SUCCESS) {
+    snprintf(why, len, "cuDeviceGetCount: %s", cudadrv_errstr(r));
+    return -1;
+  }
+  if (want > *visible) {
+    snprintf(why, len, "DEP_TEST_GPUS=%s asks for %d GPUs but only %d %s visible (check "
+             "CUDA_VISIBLE_DEVICES, or set DEP_TEST_GPUS=all)", getenv("DEP_TEST_GPUS"), want,
+             *visible, *visible == 1 ? "is" : "are");
+    return -1;
+  }
+  *n = want == 0 ? *visible : want;
+  if (*n > TU_GPUS_MAX)
+    *n = TU_GPUS_MAX;
+  return 0;
+}
+
+int tu_gpu_for_rank(uint32_t rank, int *ordinal, char *why, size_t len) {
+  const struct cudadrv *cu = cudadrv_load(why, len);
+  int n = 1, visible = 0;
+  if (cu == NULL || gpus_resolve(cu, &n, &visible, why, len) != 0)
+    return -1;
+  *ordinal = (int)(rank % (uint32_t)n);
+  return 0;
+}
+
+/* What the probe child hands back over its pipe (well under PIPE_BUF: one write). */
+struct gpus_answer {
+  int rc;
+  char why[256];
+  struct tu_gpus g;
+};
+
+static void gpus_probe_child(int fd) {
+  struct gpus_answer a;
+  memset(&a, 0, sizeof a);
+  int want = 1;
+  const struct cudadrv *cu = NULL;
+  if (gpus_wanted(&want, a.why, sizeof a.why) != 0) {
+    a.rc = -1; /* malformed: an error with or without a GPU */
+  } else if ((cu = cudadrv_load(a.why, sizeof a.why)) == NULL) {
+    a.rc = 0;
+  } else if (gpus_resolve(cu, &a.g.n, &a.g.visible, a.why, sizeof a.why) != 0) {
+    a.rc = -1;
+  } else {
+    a.rc = 1;
+    for (int i = 0; i < a.g.n && a.rc == 1; i++) {
+      CUdevice dev;
+      CUuuid u;
+      CUresult r = cu->cuDeviceGet(&dev, i);
+      if (r == CUDA_SUCCESS)
+        r = cu->cuDeviceGetUuid(&u, dev);
+      if (r != CUDA_SUCCESS) {
+        snprintf(a.why, sizeof a.why, "GPU %d: %s", i, cudadrv_errstr(r));
+        a.rc = -1;
+      } else {
+        memcpy(a.g.uuid[i], u.bytes, 16);
+      }
+    }
+    CUdevice dev0;
+    int mps = 0;
+    if (a.rc == 1 && cu->cuDeviceGet(&dev0, 0) == CUDA_SUCCESS &&
+        cu->cuDeviceGetAttribute(&mps, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, dev0) == CUDA_SUCCESS)
+      a.g.mps = mps != 0; /* an older driver without the attribute: taken as no MPS */
+  }
+  _exit(write(fd, &a, sizeof a) == (ssize_t)sizeof a ? 0 : 1);
+}
+
+int tu_gpus_probe(struct tu_gpus *g, char *why, size_t len) {
+  _Static_assert(sizeof(struct gpus_answer) <= PIPE_BUF, "the answer must be one pipe write");
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) {
+    snprintf(why, len, "pipe: %s", strerror(errno));
+    return -1;
+  }
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(p[0]);
+    gpus_probe_child(p[1]);
+  }
+  close(p[1]);
+  struct gpus_answer a;
+  memset(&a, 0, sizeof a);
+  ssize_t got = pid > 0 ? read(p[0], &a, sizeof a) : -1;
+  close(p[0]);
+  if (pid > 0)
+    waitpid(pid, NULL, 0);
+  if (got != (ssize_t)sizeof a) {
+    snprintf(why, len, "the GPU probe process %s", pid < 0 ? "could not be forked" : "died");
+    return -1;
+  }
+  snprintf(why, len, "%s", a.why);
+  *g = a.g;
+  return a.rc;
 }

@@ -1,12 +1,14 @@
 /*
  * testutil.h — helpers shared by the test suites: where the built binaries
- * are, and a real deepepd on a temporary socket.
+ * are, a real deepepd on a temporary socket, and which GPU each rank of a
+ * GPU test uses.
  */
 #ifndef DEP_TESTUTIL_H
 #define DEP_TESTUTIL_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /* $DEP_BUILD/<name> (the Makefile sets DEP_BUILD), else build/<name>. */
@@ -55,5 +57,38 @@ int tu_connect_raw(const char *path);
 
 /* Whether this machine has a usable CUDA GPU (libcuda loads and reports a device). */
 bool tu_have_gpu(void);
+
+/* ---- rank placement on GPUs ($DEP_TEST_GPUS) ---------------------------------
+ *
+ * DEP_TEST_GPUS says how many GPUs the GPU tests spread their ranks over:
+ * unset or 1, every rank on GPU 0; N, rank r on GPU r % N; "all", over every
+ * visible GPU.  Asking for more GPUs than are visible is an error, never a
+ * quiet fallback.
+ */
+#define TU_GPUS_MAX 64
+
+/* The placement, resolved against the visible GPUs by tu_gpus_probe. */
+struct tu_gpus {
+  int n;                            /* GPUs the ranks spread over (>= 1) */
+  int visible;                      /* GPUs the driver shows this process */
+  bool mps;                         /* contexts on GPU 0 are shared through MPS */
+  uint8_t uuid[TU_GPUS_MAX][16];    /* of GPUs 0 .. n-1 */
+};
+
+/*
+ * Resolve $DEP_TEST_GPUS in a forked child (the test process itself never
+ * initialises CUDA: its rank processes could not use it after fork).
+ * Returns 1 with *g filled; 0 when there is no usable GPU (libcuda.so.1 or
+ * a device missing); -1 when $DEP_TEST_GPUS is malformed or asks for more
+ * GPUs than are visible.  `why` says which, in words for a skip or failure.
+ */
+int tu_gpus_probe(struct tu_gpus *g, char *why, size_t len);
+
+/*
+ * The device ordinal of rank `rank` under $DEP_TEST_GPUS: rank % N.  Loads
+ * the driver, so call it only in a rank (process or thread).  Returns 0, or
+ * -1 with why (no driver, a bad $DEP_TEST_GPUS, too few GPUs visible).
+ */
+int tu_gpu_for_rank(uint32_t rank, int *ordinal, char *why, size_t len);
 
 #endif
