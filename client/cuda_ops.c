@@ -399,7 +399,14 @@ int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
   if ((rc = cuops_begin(c, op, s)) != 0 || (rc = handle_reserve(c, h, op)) != 0)
     return rc;
   struct cuops_ll_dispatch_args k = {a->x, a->topk_idx, a->index_type, a->num_tokens, a->use_fp8,
-                                     0, a->recv_x, a->recv_scales, a->recv_count, hdl_of(h)};
+                                     0, a->recv_x, a->recv_scales, a->recv_count,
+                                     (uint8_t *)(uintptr_t)c->cuops.stage, hdl_of(h)};
+  /* FP8: every token cast once, before the senders copy it to each rank
+   * that needs it (the cast, not the copy, bounded the call). */
+  unsigned cast = (a->num_tokens + CUOPS_WARPS - 1) / CUOPS_WARPS;
+  cast = cast < 1 ? 1 : cast > CUOPS_MAX_CTAS ? CUOPS_MAX_CTAS : cast;
+  if (a->use_fp8 && (rc = launch(c, CUOPS_K_LL_CAST, cast, 0, &k, s, op)) != 0)
+    return rc;
   if ((rc = launch(c, CUOPS_K_LL_DISPATCH, comm_grid(c), CUOPS_LL_SHMEM(c->cuops.job.num_experts), &k,
                    s, op)) != 0)
     return rc;
@@ -576,6 +583,8 @@ int cuda_ops_attach(dep_client_t *c) {
       (r = cu->cuMemAlloc(&st->dev, sizeof(struct cuops_dev))) != CUDA_SUCCESS ||
       (r = cu->cuMemsetD8(st->dev, 0, sizeof(struct cuops_dev))) != CUDA_SUCCESS ||
       (r = cu->cuMemAlloc(&st->scratch, scratch)) != CUDA_SUCCESS ||
+      (r = cu->cuMemAlloc(&st->stage, c->ops.lay.max_ll_tokens *
+                                          CUOPS_STAGE_ROW(c->args.shape.hidden))) != CUDA_SUCCESS ||
       (r = cu->cuMemsetD8(st->scratch, 0, scratch)) != CUDA_SUCCESS)
     return cu_fail(c, op, "making the operations' device memory", r);
   struct cuops_job *j = &st->job;
@@ -628,6 +637,8 @@ void cuda_ops_detach(dep_client_t *c) {
       cu->cuMemFree(st->dev);
     if (st->scratch != 0)
       cu->cuMemFree(st->scratch);
+    if (st->stage != 0)
+      cu->cuMemFree(st->stage);
     if (st->loop_slab != 0)
       cu->cuMemFree(st->loop_slab);
     if (st->loop_dev != 0)

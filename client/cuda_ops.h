@@ -187,8 +187,12 @@ struct cuops_ll_dispatch_args {
   void *rx;
   float *rs;
   int32_t *cnt;
+  uint8_t *stage;      /* FP8: this rank's tokens, cast once (dep_k_ll_cast), CUOPS_STAGE_ROW each */
   struct cuops_hdl h;
 };
+
+/* A staged FP8 token: hidden bytes of e4m3, then hidden / 128 float32 scales (the row's layout). */
+#define CUOPS_STAGE_ROW(hidden) ((((uint64_t)(hidden) + (hidden) / 32u) + 15u) & ~(uint64_t)15u)
 
 struct cuops_ll_combine_args {
   const void *x, *idx;
@@ -205,7 +209,8 @@ struct cuops_ll_combine_args {
   XX(DISPATCH, "dep_k_dispatch")           \
   XX(COMBINE, "dep_k_combine")             \
   XX(LL_DISPATCH, "dep_k_ll_dispatch")     \
-  XX(LL_COMBINE, "dep_k_ll_combine")
+  XX(LL_COMBINE, "dep_k_ll_combine")       \
+  XX(LL_CAST, "dep_k_ll_cast")
 
 #ifndef __CUDACC__
 #include <stdbool.h>
@@ -230,6 +235,7 @@ struct cuops_state {
   CUdeviceptr host_dev;           /* ... and its device address */
   CUdeviceptr dev;                /* struct cuops_dev */
   CUdeviceptr scratch;            /* warm-up outputs */
+  CUdeviceptr stage;              /* FP8 tokens of an ll_dispatch: max_ll_tokens rows */
   CUdeviceptr loop_slab, loop_dev; /* the warm-up's world of one, kept until detach */
   struct dep_handle *warm_h;      /* the warm-up's handle */
   struct cuops_job job;

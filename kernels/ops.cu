@@ -458,7 +458,7 @@ __device__ __forceinline__ void ll_dispatch_send(const cuops_job &J, const cuops
       const uint16_t *x = (const uint16_t *)a.x + (uint64_t)s_tok[i] * h;
       uint8_t *dst = blk + (uint64_t)(rows + i) * J.row_bytes;
       if (a.fp8)
-        warp_fp8(dst, x, h);
+        warp_copy(dst, a.stage + (uint64_t)s_tok[i] * CUOPS_STAGE_ROW(h), h + h / 32);
       else
         warp_copy(dst, x, 2ull * h);
     }
@@ -705,4 +705,15 @@ KERNEL dep_k_ll_combine(const cuops_job J, const cuops_ll_combine_args a) {
     }
   }
   call_end(J, k);
+}
+
+/* ---- the FP8 cast of a low-latency dispatch --------------------------------------------- */
+
+/* Every token of this rank to FP8 once, a warp per token, into the staging
+ * rows that dep_k_ll_dispatch's senders then copy (launched just before it). */
+KERNEL dep_k_ll_cast(const cuops_job J, const cuops_ll_dispatch_args a) {
+  const uint32_t h = J.hidden;
+  for (uint32_t t = blockIdx.x * CUOPS_WARPS + (threadIdx.x >> 5); t < a.num_tokens;
+       t += gridDim.x * CUOPS_WARPS)
+    warp_fp8(a.stage + (uint64_t)t * CUOPS_STAGE_ROW(h), (const uint16_t *)a.x + (uint64_t)t * h, h);
 }
