@@ -397,8 +397,19 @@ static void alloc_buffers(struct rank *k) {
   k->llsc = balloc(k, llr * (H / 128) * 4);
   k->llcnt = balloc(k, le * 4);
   k->llout = balloc(k, (size_t)sh->max_ll_tokens_per_rank * H * 2);
-  if (k->cuda)
+  if (k->cuda) {
+    /* Touch every output once, as a trainer's tensors have been used before
+     * they meet a call: a first call otherwise pays the GPU's first walk of
+     * these pages (470 MB of LL receive buffer at 2 ranks), not the library. */
+    void *outs[] = {k->rx, k->ridx, k->rw, k->rcnt, k->out, k->llrx, k->llrx8, k->llsc,
+                    k->llcnt, k->llout};
+    size_t lens[] = {cap * H * 2, cap * K * 4, cap * K * 4, le * 4, T * H * 2, llr * H * 2,
+                     llr * H, llr * (H / 128) * 4, le * 4, (size_t)sh->max_ll_tokens_per_rank * H * 2};
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
+      CK(cu->cuMemsetD8((CUdeviceptr)(uintptr_t)outs[i], 0x7f, lens[i]));
+    CK(cu->cuCtxSynchronize());
     return;
+  }
   /* Fault in the host pages the calls will write (a trainer's tensors are
    * resident), so that first calls show the library's cost, not ours; only
    * those, since 8 ranks' full capacities would not fit beside the pool. */
