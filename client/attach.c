@@ -91,11 +91,7 @@ static int attach_slab(dep_client_t *c, struct client_frame *f, bool *seen) {
     return rc;
   char why[256] = "";
   struct mem_map *arena = &c->arenas[c->n_arenas];
-  uint64_t used = 0; /* attach_check_arena: every slab lies inside the arena */
-  for (uint32_t i = 0; i < m.n_ranks; i++)
-    if (m.ranks[i].offset + c->layout.total_bytes > used)
-      used = m.ranks[i].offset + c->layout.total_bytes;
-  rc = mem_map_slab(arena, c->cuda, f->fds, m.n_chunks, m.chunk_bytes, used, c->cuda_dev, why,
+  rc = mem_map_slab(arena, c->cuda, f->fds, m.n_chunks, m.chunk_bytes, c->cuda_dev, why,
                     sizeof why);
   f->nfds = 0; /* mem_map_slab closed them */
   if (rc != 0)

@@ -51,31 +51,6 @@ static int map_host(struct mem_map *m, int *fds, char *why, size_t whylen) {
   return 0;
 }
 
-/* The bytes of the arena to map: its slabs, rounded up to the granularity
- * (the whole arena if that cannot be learnt; chunks are multiples of it). */
-static uint64_t map_extent(const struct cudadrv *cu, const struct mem_map *m, int dev) {
-  CUmemAllocationProp p;
-  memset(&p, 0, sizeof p);
-  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  p.location.id = dev;
-  size_t gran = 0;
-  if (cu->cuMemGetAllocationGranularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
-          CUDA_SUCCESS || gran == 0 || m->chunk_bytes % gran != 0)
-    return m->bytes;
-  uint64_t need = (m->used + gran - 1) / gran * gran;
-  return need < m->bytes ? need : m->bytes;
-}
-
-/* The bytes of chunk i inside the mapped extent (0: not mapped at all). */
-static uint64_t chunk_part(const struct mem_map *m, uint32_t i) {
-  uint64_t at = (uint64_t)i * m->chunk_bytes;
-  if (at >= m->mapped)
-    return 0;
-  return m->mapped - at < m->chunk_bytes ? m->mapped - at : m->chunk_bytes;
-}
-
 static int map_cuda(struct mem_map *m, int *fds, int dev, char *why, size_t whylen) {
   const struct cudadrv *cu = cudadrv_load(why, whylen);
   if (cu == NULL)
@@ -87,10 +62,9 @@ static int map_cuda(struct mem_map *m, int *fds, int dev, char *why, size_t whyl
   }
   CUdeviceptr va = 0;
   uint32_t mapped = 0;
-  m->mapped = map_extent(cu, m, dev);
   CUresult r = cu->cuMemAddressReserve(&va, m->bytes, 0, 0, 0);
   const char *what = "cuMemAddressReserve";
-  for (uint32_t i = 0; r == CUDA_SUCCESS && i < m->n_chunks && chunk_part(m, i) > 0; i++) {
+  for (uint32_t i = 0; r == CUDA_SUCCESS && i < m->n_chunks; i++) {
     CUmemGenericAllocationHandle h;
     what = "cuMemImportFromShareableHandle";
     r = cu->cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fds[i],
@@ -99,7 +73,7 @@ static int map_cuda(struct mem_map *m, int *fds, int dev, char *why, size_t whyl
       break;
     m->handles[i] = h;
     what = "cuMemMap";
-    r = cu->cuMemMap(va + (uint64_t)i * m->chunk_bytes, chunk_part(m, i), 0, h, 0);
+    r = cu->cuMemMap(va + (uint64_t)i * m->chunk_bytes, m->chunk_bytes, 0, h, 0);
     if (r == CUDA_SUCCESS)
       mapped++;
   }
@@ -107,12 +81,12 @@ static int map_cuda(struct mem_map *m, int *fds, int dev, char *why, size_t whyl
     CUmemAccessDesc acc = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, dev},
                            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     what = "cuMemSetAccess";
-    r = cu->cuMemSetAccess(va, m->mapped, &acc, 1);
+    r = cu->cuMemSetAccess(va, m->bytes, &acc, 1);
   }
   if (r != CUDA_SUCCESS) {
     snprintf(why, whylen, "%s: %s", what, cudadrv_errstr(r));
     for (uint32_t i = 0; i < mapped; i++)
-      cu->cuMemUnmap(va + (uint64_t)i * m->chunk_bytes, chunk_part(m, i));
+      cu->cuMemUnmap(va + (uint64_t)i * m->chunk_bytes, m->chunk_bytes);
     for (uint32_t i = 0; i < m->n_chunks; i++)
       if (m->handles[i] != 0)
         cu->cuMemRelease(m->handles[i]);
@@ -127,7 +101,7 @@ static int map_cuda(struct mem_map *m, int *fds, int dev, char *why, size_t whyl
 }
 
 int mem_map_slab(struct mem_map *m, bool cuda, int *fds, uint32_t n, uint64_t chunk_bytes,
-                 uint64_t used, int access_dev, char *why, size_t whylen) {
+                 int access_dev, char *why, size_t whylen) {
   memset(m, 0, sizeof *m);
   if (n == 0 || chunk_bytes == 0 || chunk_bytes > UINT64_MAX / n) {
     close_fds(fds, n);
@@ -139,8 +113,6 @@ int mem_map_slab(struct mem_map *m, bool cuda, int *fds, uint32_t n, uint64_t ch
   m->chunk_bytes = chunk_bytes;
   m->n_chunks = n;
   m->bytes = chunk_bytes * n;
-  m->used = used < m->bytes ? used : m->bytes;
-  m->mapped = m->bytes;
   int rc = cuda ? map_cuda(m, fds, access_dev, why, whylen) : map_host(m, fds, why, whylen);
   close_fds(fds, n);
   if (rc != 0)
@@ -157,8 +129,8 @@ void mem_unmap_slab(struct mem_map *m) {
     const struct cudadrv *cu = cudadrv_load(NULL, 0);
     CUdeviceptr va = (CUdeviceptr)(uintptr_t)m->base;
     if (cu != NULL) {
-      for (uint32_t i = 0; i < m->n_chunks && chunk_part(m, i) > 0; i++) {
-        cu->cuMemUnmap(va + (uint64_t)i * m->chunk_bytes, chunk_part(m, i));
+      for (uint32_t i = 0; i < m->n_chunks; i++) {
+        cu->cuMemUnmap(va + (uint64_t)i * m->chunk_bytes, m->chunk_bytes);
         cu->cuMemRelease(m->handles[i]);
       }
       cu->cuMemAddressFree(va, m->bytes);

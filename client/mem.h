@@ -20,25 +20,19 @@
 struct mem_map {
   bool cuda;
   void *base;             /* host pointer, or device pointer on cuda */
-  uint64_t bytes;          /* the arena: n_chunks * chunk_bytes of address space */
-  uint64_t used;           /* from base, the bytes the slabs occupy */
-  uint64_t mapped;         /* from base, the bytes mapped (cuda: used, rounded up) */
+  uint64_t bytes;
   uint64_t chunk_bytes;
   uint32_t n_chunks;
   unsigned long long *handles; /* cuda: imported allocation handles */
 };
 
 /*
- * Map n fds of chunk_bytes each as one arena, of which the first `used`
- * bytes hold slabs.  On cuda only those are mapped (rounded up to the
- * allocation granularity): setting access costs time in proportion to the
- * bytes mapped, most of all on a peer GPU, and an arena's last chunk is
- * mostly spare when the job is small beside pool.chunk_size.  `access_dev`
- * is the CUDA device ordinal of this rank (its context must be current).
- * Every fd is closed, on success or failure.  Returns 0 or DEP_ERR_* with why.
+ * Map n fds of chunk_bytes each as one slab.  On cuda, `access_dev` is the
+ * CUDA device ordinal of this rank (its context must be current).  Every fd
+ * is closed, on success or failure.  Returns 0 or DEP_ERR_* with why.
  */
 int mem_map_slab(struct mem_map *m, bool cuda, int *fds, uint32_t n, uint64_t chunk_bytes,
-                 uint64_t used, int access_dev, char *why, size_t whylen);
+                 int access_dev, char *why, size_t whylen);
 
 /* Unmap a slab mapped by mem_map_slab (a zeroed struct is fine). */
 void mem_unmap_slab(struct mem_map *m);
