@@ -509,7 +509,9 @@ static int warmup(dep_client_t *c) {
     rc = cuda_ops_dispatch(c, &da, h, s);
   if (rc == 0)
     rc = cuda_ops_combine(c, &ca, h, s);
-  for (int fp8 = 0; fp8 < 2 && rc == 0; fp8++) {
+  /* Low-latency ops refuse jobs above CUOPS_LL_MAX_EXPERTS: nothing to warm there. */
+  const bool ll = job.num_experts <= CUOPS_LL_MAX_EXPERTS;
+  for (int fp8 = 0; fp8 < 2 && rc == 0 && ll; fp8++) {
     lda.use_fp8 = fp8;
     rc = cuda_ops_ll_dispatch(c, &lda, h, s);
     if (rc == 0)
