@@ -46,21 +46,26 @@ static bool on_cuda(void) {
 }
 
 /* Skip (saying why) without a cuda daemon or a GPU; fail when DEP_TEST_GPUS
- * cannot be met.  The probe initialises CUDA in a child, never here. */
-static bool gpu_ready(const char *test) {
+ * cannot be met; else what the probe found in *g.  The probe initialises
+ * CUDA in a child, never here. */
+static bool gpu_probe(const char *test, struct tu_gpus *g) {
   size_t n = strlen(test); /* __func__ of a Check test ends in "_fn" */
   if (!on_cuda()) {
     printf("%.*s: skipped: runs against a cuda daemon; set DEP_TEST_BACKEND=cuda (make check-gpu) "
            "on a machine with a GPU\n", (int)(n - 3), test);
     return false;
   }
-  struct tu_gpus g;
   char why[256] = "";
-  int rc = tu_gpus_probe(&g, why, sizeof why);
+  int rc = tu_gpus_probe(g, why, sizeof why);
   ck_assert_msg(rc >= 0, "%s", why);
   if (rc == 0)
     printf("%.*s: skipped: no usable GPU (%s)\n", (int)(n - 3), test, why);
   return rc > 0;
+}
+
+static bool gpu_ready(const char *test) {
+  struct tu_gpus g;
+  return gpu_probe(test, &g);
 }
 #define NEEDS_GPU()              \
   do {                           \
@@ -620,11 +625,10 @@ static const struct ow_scenario thread_scenarios[] = {
  * saying so, under it.
  */
 static bool threads_ready(const char *test) {
-  if (!gpu_ready(test))
-    return false;
   struct tu_gpus g;
-  char why[256] = "";
-  if (tu_gpus_probe(&g, why, sizeof why) > 0 && g.mps) {
+  if (!gpu_probe(test, &g))
+    return false;
+  if (g.mps) {
     printf("%.*s: skipped: MPS is running; ranks as threads of one process need a hardware "
            "queue per stream, which MPS clients do not get; run this test without MPS\n",
            (int)(strlen(test) - 3), test);
