@@ -26,7 +26,8 @@
 #include "config_value.h"
 #include "deepep.h"
 
-/* CUDA VMM maps memory in 2 MiB granules; a chunk is one or more of them. */
+/* CUDA VMM maps memory in 2 MiB granules; pool.chunk_size (the size the pool is
+ * preallocated in) and the pool sizes are whole numbers of them. */
 #define CHUNK_GRANULE (2 * MiB)
 #define DEFAULT_PORT 7470
 /* A config file is a page of text; anything this big is a mistake (or an attack). */

@@ -1,7 +1,8 @@
 /*
  * backend.h — where pool memory comes from (DESIGN §3).  A backend makes
- * fixed-size chunks, each exportable on its own as a file descriptor, and
- * scrubs them between jobs.  Two exist: `cuda` (VMM allocations on a GPU,
+ * allocations ("chunks") of any size that is a multiple of its device's
+ * granularity, each exportable on its own as a file descriptor, and scrubs
+ * them between jobs.  Two exist: `cuda` (VMM allocations on a GPU,
  * exported as POSIX fds) and `host` (memfd shared memory).
  */
 #ifndef DEP_BACKEND_H
@@ -20,7 +21,7 @@ struct backend_dev {
   char name[64];
   int ordinal;            /* CUDA device ordinal in the daemon; -1 for host */
   void *ctx;              /* CUcontext (primary context) for cuda */
-  uint64_t granularity;   /* chunk sizes must be multiples of this */
+  uint64_t granularity;   /* allocation sizes must be multiples of this */
 };
 
 /* One chunk of memory as the backend made it. */

@@ -75,10 +75,14 @@ int devices_init(const struct config *c, char *why, size_t whylen) {
       devices_fini();
       return rc;
     }
-    log_info("device %s (%s, %s): pool of %llu MiB in %u chunks of %llu MiB, %s",
-             found[i].uuid_str, found[i].name, devs.ops->name, (unsigned long long)(total >> 20),
-             devs.pools[devs.n].n_chunks, (unsigned long long)(c->pool_chunk_size >> 20),
-             c->preallocation ? "made now" : "made on first demand");
+    if (c->preallocation)
+      log_info("device %s (%s, %s): pool of %llu MiB, made now as %u blocks of %llu MiB; a job "
+               "of another size replaces them with one block of its own",
+               found[i].uuid_str, found[i].name, devs.ops->name, (unsigned long long)(total >> 20),
+               devs.pools[devs.n].n_blocks, (unsigned long long)(c->pool_chunk_size >> 20));
+    else
+      log_info("device %s (%s, %s): pool of %llu MiB, made on demand: one block per job arena",
+               found[i].uuid_str, found[i].name, devs.ops->name, (unsigned long long)(total >> 20));
     log_debug("device %s: pool made in %llu ms", found[i].uuid_str,
               (unsigned long long)(uv_hrtime_ms() - t0));
     devs.n++;

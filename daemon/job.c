@@ -53,15 +53,15 @@ static uint64_t job_shape_key(const struct job *j) {
 #define JOB_SLAB_ALIGN (64u * 1024u)
 
 /* Return every arena the job holds to its pool, scrubbed (or cached), once each. */
-static void job_release_slabs(struct job *j) {
+static void job_release_arenas(struct job *j) {
   for (uint32_t i = 0; i < j->local_world_size; i++) {
-    struct pool_slab *arena = j->ranks[i].slab;
+    struct pool_block *arena = j->ranks[i].arena;
     if (arena == NULL)
       continue;
     for (uint32_t k = i; k < j->local_world_size; k++)
-      if (j->ranks[k].slab == arena)
-        j->ranks[k].slab = NULL;
-    pool_slab_put(arena, deepepd.cfg.buffer_cache_enabled);
+      if (j->ranks[k].arena == arena)
+        j->ranks[k].arena = NULL;
+    pool_block_put(arena, deepepd.cfg.buffer_cache_enabled);
   }
 }
 
@@ -70,32 +70,35 @@ static void job_release_slabs(struct job *j) {
  * slabs of every local rank on that device one after another.  One arena
  * rather than one slab per rank, because every rank imports and maps every
  * local slab, and the driver's cost grows with the number of handles
- * imported across processes (BENCHMARKS.md, vmm_map).  A failure fails
- * every waiting rank with the returned code.
+ * imported across processes (BENCHMARKS.md, vmm_map); and each arena is one
+ * block of exactly its size, because mapping peer memory costs by the
+ * bytes mapped (pool.h).  A failure fails every waiting rank with the
+ * returned code.
  */
 static int job_on_complete(struct job *j, char *why, size_t whylen) {
   uint64_t key = job_shape_key(j);
   uint64_t stride = dep_round_up(j->slab_bytes, JOB_SLAB_ALIGN);
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     struct job_rank *r = &j->ranks[i];
-    if (r->slab != NULL)
+    if (r->arena != NULL)
       continue; /* placed in the arena of an earlier rank's device */
     uint32_t n = 0;
     for (uint32_t k = i; k < j->local_world_size; k++)
-      n += j->ranks[k].slab == NULL && memcmp(j->ranks[k].device_uuid, r->device_uuid, 16) == 0;
+      n += j->ranks[k].arena == NULL &&
+           memcmp(j->ranks[k].device_uuid, r->device_uuid, 16) == 0;
     struct pool *p = devices_find(r->device_uuid, why, whylen);
-    struct pool_slab *arena = NULL;
+    struct pool_block *arena = NULL;
     int rc = p == NULL ? DEP_ERR_NOT_FOUND
-                       : pool_slab_get(p, n * stride, j->owner_uid, key, &arena, why, whylen);
+                       : pool_block_get(p, n * stride, j->owner_uid, key, &arena, why, whylen);
     if (rc != 0) {
-      job_release_slabs(j);
+      job_release_arenas(j);
       return rc;
     }
     uint64_t off = 0;
     for (uint32_t k = i; k < j->local_world_size; k++) {
       struct job_rank *q = &j->ranks[k];
-      if (q->slab == NULL && memcmp(q->device_uuid, r->device_uuid, 16) == 0) {
-        q->slab = arena;
+      if (q->arena == NULL && memcmp(q->device_uuid, r->device_uuid, 16) == 0) {
+        q->arena = arena;
         q->offset = off;
         off += stride;
       }
@@ -106,22 +109,24 @@ static int job_on_complete(struct job *j, char *why, size_t whylen) {
 }
 
 /* The last rank is gone (or the job failed): the arenas go back, scrubbed. */
-static void job_on_teardown(struct job *j) { job_release_slabs(j); }
+static void job_on_teardown(struct job *j) { job_release_arenas(j); }
 
-/* Send one arena (the one holding local rank i's slab) to connection c. */
+/*
+ * Send one arena (the one holding local rank i's slab) to connection c.  The
+ * protocol carries an arena as n chunks of chunk_bytes; an arena is one
+ * block, so it goes as one chunk of the block's size with its one fd.
+ */
 static int job_send_arena(const struct job *j, uint32_t i, struct conn *c, uint32_t request_id) {
-  const struct pool_slab *arena = j->ranks[i].slab;
-  struct dep_msg_slab m = {.chunk_bytes = arena->pool->chunk_bytes, .n_chunks = arena->n};
+  const struct pool_block *arena = j->ranks[i].arena;
+  struct dep_msg_slab m = {.chunk_bytes = pool_block_bytes(arena), .n_chunks = 1};
   memcpy(m.device_uuid, j->ranks[i].device_uuid, sizeof m.device_uuid);
   for (uint32_t k = 0; k < j->local_world_size; k++) {
-    if (j->ranks[k].slab != arena)
+    if (j->ranks[k].arena != arena)
       continue;
     m.ranks[m.n_ranks++] = (struct dep_msg_slab_rank){k, j->ranks[k].rank, j->ranks[k].offset};
   }
-  int fds[DEP_PROTO_MAX_FDS];
-  for (uint32_t k = 0; k < arena->n; k++)
-    fds[k] = pool_slab_fd(arena, k);
-  return conn_send(c, DEP_MSG_SLAB, request_id, &m, fds, (int)arena->n);
+  int fd = pool_block_fd(arena);
+  return conn_send(c, DEP_MSG_SLAB, request_id, &m, &fd, 1);
 }
 
 /* Send every arena of the job to connection c, one SLAB frame each. */
@@ -129,7 +134,7 @@ static int job_send_arenas(const struct job *j, struct conn *c, uint32_t request
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     bool first = true;
     for (uint32_t k = 0; k < i && first; k++)
-      first = j->ranks[k].slab != j->ranks[i].slab;
+      first = j->ranks[k].arena != j->ranks[i].arena;
     if (!first)
       continue;
     int rc = job_send_arena(j, i, c, request_id);
@@ -141,8 +146,8 @@ static int job_send_arenas(const struct job *j, struct conn *c, uint32_t request
 
 /*
  * Check, before a rank joins, what would otherwise fail only at the
- * rendezvous: its device is one this daemon serves, and a slab of the
- * job's shape fits that device's pool at all.
+ * rendezvous: its device is one this daemon serves, and the arena of the
+ * job's shape fits that device's pool's budget at all.
  */
 static int job_check_memory(const struct dep_attach_args *a, uint64_t *slab_bytes, char *why,
                             size_t whylen) {
@@ -153,22 +158,16 @@ static int job_check_memory(const struct dep_attach_args *a, uint64_t *slab_byte
   int rc = dep_slab_layout(&a->shape, a->world_size, &l, why, whylen);
   if (rc != 0)
     return rc;
-  /* The worst case: every local rank on this device, in one arena. */
-  uint64_t need = dep_round_up(l.total_bytes, JOB_SLAB_ALIGN) * a->local_world_size;
-  uint64_t chunks = dep_round_up(need, p->chunk_bytes) / p->chunk_bytes;
-  if (chunks > DEP_PROTO_MAX_FDS) {
-    snprintf(why, whylen, "the job's %u local slabs of %llu bytes would take %llu chunks of "
-             "%llu bytes, more than the %d one message can carry; raise pool.chunk_size",
-             a->local_world_size, (unsigned long long)l.total_bytes, (unsigned long long)chunks,
-             (unsigned long long)p->chunk_bytes, DEP_PROTO_MAX_FDS);
-    return DEP_ERR_NO_MEMORY;
-  }
-  if (chunks * p->chunk_bytes > pool_total_bytes(p)) {
-    snprintf(why, whylen, "this job shape needs %llu MiB per rank, %llu MiB for its %u local "
-             "ranks, but device %s's pool holds %llu MiB; lower max_tokens_per_rank or hidden, "
+  /* The worst case: every local rank on this device, in one arena, one block. */
+  uint64_t stride = dep_round_up(l.total_bytes, JOB_SLAB_ALIGN);
+  uint64_t need = dep_round_up(stride * a->local_world_size, p->dev.granularity);
+  if (need > pool_total_bytes(p)) {
+    const double mib = 1024.0 * 1024.0;
+    snprintf(why, whylen, "this job shape needs %.1f MiB per rank, %.1f MiB for its %u local "
+             "ranks, but device %s's pool holds %.1f MiB; lower max_tokens_per_rank or hidden, "
              "or raise pool.size_per_device (pool.host_size on the host backend)",
-             (unsigned long long)(l.total_bytes >> 20), (unsigned long long)(need >> 20),
-             a->local_world_size, p->dev.uuid_str, (unsigned long long)(pool_total_bytes(p) >> 20));
+             (double)l.total_bytes / mib, (double)need / mib, a->local_world_size,
+             p->dev.uuid_str, (double)pool_total_bytes(p) / mib);
     return DEP_ERR_NO_MEMORY;
   }
   *slab_bytes = l.total_bytes;
@@ -210,11 +209,11 @@ static void job_remove_rank(struct job *j, uint32_t local_rank, const char *why)
   log_info("job %s: rank %u (local %u, pid %d) %s (%u of %u local ranks left)", j->id, r->rank,
            local_rank, (int)r->pid, why, j->attached - 1, j->local_world_size);
   r->conn->job = NULL;
-  /* The slab stays with the job: peers still map it, so it goes back to
+  /* The arena stays with the job: peers still map it, so it goes back to
    * the pool only when the last rank is gone (job_on_teardown). */
-  struct pool_slab *slab = r->slab;
+  struct pool_block *arena = r->arena;
   memset(r, 0, sizeof *r);
-  r->slab = slab;
+  r->arena = arena;
   j->attached--;
   if (j->attached == 0)
     job_destroy(j, "no ranks left");
@@ -370,7 +369,7 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
       conn_send_error(c, request_id, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
       return;
     }
-    j->slab_bytes = slab_bytes; /* the layout's size; rounded to chunks once lent */
+    j->slab_bytes = slab_bytes; /* the layout's size; the stride once lent */
   } else {
     char msg[DEP_MSG_TEXT_MAX];
     /* Another user learns that the id is taken, and nothing else about the job. */

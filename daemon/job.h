@@ -20,7 +20,7 @@
 #include "deepep.h"
 
 struct conn;
-struct pool_slab; /* defined by the memory pools; NULL until they exist */
+struct pool_block; /* one block of a device's pool (pool.h) */
 
 /* One local rank's place in its job. */
 struct job_rank {
@@ -30,8 +30,8 @@ struct job_rank {
   uint32_t request_id;       /* of the ATTACH waiting for the rendezvous */
   bool waiting;              /* that ATTACH has no reply yet */
   uint8_t device_uuid[16];   /* the GPU this rank uses */
-  struct pool_slab *slab;    /* the arena holding its slab (shared by the local ranks
-                                on its device), lent by job_on_complete */
+  struct pool_block *arena;  /* the arena holding its slab: one pool block, shared by the
+                                local ranks on its device, lent by job_on_complete */
   uint64_t offset;           /* of its slab in that arena */
 };
 

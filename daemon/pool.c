@@ -1,5 +1,7 @@
 /*
- * pool.c — per-device chunk pools and the slabs lent from them (pool.h).
+ * pool.c — per-device memory pools: a budget, and blocks made within it and
+ * lent to jobs one per arena (pool.h).  Blocks are few (one per job shape
+ * in use, plus the reserve), so one list searched from the front is plenty.
  */
 #include "pool.h"
 
@@ -7,52 +9,84 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config_value.h"
 #include "log.h"
+#include "slab.h"
 
-static int chunk_make(struct pool *p, struct pool_chunk *c, char *why, size_t whylen) {
-  int rc = p->ops->chunk_create(&p->dev, p->chunk_bytes, &c->mem, why, whylen);
-  if (rc != 0)
+/* A size as the config file would write it ("640 KiB", "2 MiB"), for messages. */
+#define SIZE_TEXT(v, buf) config_value_size_text((v), (buf), sizeof(buf))
+
+/* Make a block of `bytes` and put it on the pool's list; the caller has made room. */
+static int block_make(struct pool *p, uint64_t bytes, struct pool_block **out, char *why,
+                      size_t whylen) {
+  char a[32], b[32];
+  if (bytes > p->budget_bytes - p->made_bytes) {
+    snprintf(why, whylen, "internal error: a block of %s would take device %s's pool past its "
+             "budget of %s", SIZE_TEXT(bytes, a), p->dev.uuid_str, SIZE_TEXT(p->budget_bytes, b));
+    return DEP_ERR_INTERNAL;
+  }
+  struct pool_block *blk = calloc(1, sizeof *blk);
+  if (blk == NULL) {
+    snprintf(why, whylen, "out of memory for a block record");
+    return DEP_ERR_NO_MEMORY;
+  }
+  char bwhy[256] = "";
+  int rc = p->ops->chunk_create(&p->dev, bytes, &blk->mem, bwhy, sizeof bwhy);
+  if (rc != 0) {
+    snprintf(why, whylen, "making a block of %s on device %s (%s): %s", SIZE_TEXT(bytes, a),
+             p->dev.uuid_str, p->dev.name, bwhy);
+    free(blk);
     return rc;
-  c->made = true;
-  c->has_owner = false;
-  p->made_bytes += p->chunk_bytes;
+  }
+  blk->pool = p;
+  blk->state = POOL_BLOCK_FREE;
+  blk->next = p->blocks;
+  p->blocks = blk;
+  p->n_blocks++;
+  p->made_bytes += bytes;
+  *out = blk;
   return 0;
 }
 
-static void chunk_unmake(struct pool *p, struct pool_chunk *c) {
-  if (!c->made)
-    return;
-  p->ops->chunk_destroy(&p->dev, &c->mem);
-  c->made = false;
-  c->has_owner = false;
-  p->made_bytes -= p->chunk_bytes;
+/* Take a block off the pool's list and give its memory back to the backend. */
+static void block_unmake(struct pool *p, struct pool_block *blk) {
+  for (struct pool_block **pp = &p->blocks; *pp != NULL; pp = &(*pp)->next) {
+    if (*pp == blk) {
+      *pp = blk->next;
+      break;
+    }
+  }
+  if (blk->state == POOL_BLOCK_CACHED)
+    p->cached_bytes -= blk->mem.bytes;
+  else if (blk->state == POOL_BLOCK_LENT)
+    p->used_bytes -= blk->mem.bytes;
+  p->made_bytes -= blk->mem.bytes;
+  p->n_blocks--;
+  /* A rank still mapping it keeps the memory alive for itself alone. */
+  p->ops->chunk_destroy(&p->dev, &blk->mem);
+  free(blk);
 }
 
 int pool_init(struct pool *p, const struct backend_ops *ops, const struct backend_dev *dev,
-              uint64_t total_bytes, uint64_t chunk_bytes, bool prealloc, char *why,
+              uint64_t budget_bytes, uint64_t reserve_bytes, bool prealloc, char *why,
               size_t whylen) {
   memset(p, 0, sizeof *p);
   p->ops = ops;
   p->dev = *dev;
-  if (chunk_bytes == 0 || dev->granularity == 0 || chunk_bytes % dev->granularity != 0) {
+  p->budget_bytes = budget_bytes;
+  p->reserve_bytes = reserve_bytes;
+  if (reserve_bytes == 0 || dev->granularity == 0 || reserve_bytes % dev->granularity != 0) {
     snprintf(why, whylen, "pool.chunk_size %llu is not a multiple of device %s's allocation "
-             "granularity %llu", (unsigned long long)chunk_bytes, dev->uuid_str,
+             "granularity %llu", (unsigned long long)reserve_bytes, dev->uuid_str,
              (unsigned long long)dev->granularity);
+    pool_fini(p);
     return DEP_ERR_CONFIG;
   }
-  p->chunk_bytes = chunk_bytes;
-  p->n_chunks = (uint32_t)(total_bytes / chunk_bytes);
-  p->chunks = calloc(p->n_chunks ? p->n_chunks : 1, sizeof *p->chunks);
-  if (p->chunks == NULL) {
-    snprintf(why, whylen, "out of memory for %u chunk records", p->n_chunks);
-    return DEP_ERR_NO_MEMORY;
-  }
-  for (uint32_t i = 0; i < p->n_chunks; i++)
-    p->chunks[i].mem.fd = -1;
   if (!prealloc)
     return 0;
-  for (uint32_t i = 0; i < p->n_chunks; i++) {
-    int rc = chunk_make(p, &p->chunks[i], why, whylen);
+  for (uint64_t i = 0; i < budget_bytes / reserve_bytes; i++) {
+    struct pool_block *blk;
+    int rc = block_make(p, reserve_bytes, &blk, why, whylen);
     if (rc != 0) {
       pool_fini(p);
       return rc;
@@ -61,150 +95,160 @@ int pool_init(struct pool *p, const struct backend_ops *ops, const struct backen
   return 0;
 }
 
-static void slab_free(struct pool_slab *s) {
-  free(s->idx);
-  free(s);
-}
-
-void pool_cache_flush(struct pool *p) {
-  while (p->cache != NULL) {
-    struct pool_slab *s = p->cache;
-    p->cache = s->next;
-    for (uint32_t i = 0; i < s->n; i++)
-      p->chunks[s->idx[i]].state = POOL_CHUNK_FREE;
-    p->cached_bytes -= s->bytes;
-    slab_free(s);
-  }
-}
-
 void pool_fini(struct pool *p) {
-  if (p->chunks == NULL)
+  if (p->ops == NULL)
     return;
-  pool_cache_flush(p);
-  for (uint32_t i = 0; i < p->n_chunks; i++)
-    chunk_unmake(p, &p->chunks[i]);
-  free(p->chunks);
-  p->chunks = NULL;
-  if (p->ops != NULL && p->ops->release_dev != NULL)
+  while (p->blocks != NULL)
+    block_unmake(p, p->blocks);
+  if (p->ops->release_dev != NULL)
     p->ops->release_dev(&p->dev);
+  p->ops = NULL;
 }
 
-static struct pool_slab *cache_take(struct pool *p, uint64_t bytes, uid_t uid, uint64_t key) {
-  for (struct pool_slab **pp = &p->cache; *pp != NULL; pp = &(*pp)->next) {
-    struct pool_slab *s = *pp;
-    if (s->uid == uid && s->shape_key == key && s->bytes == bytes) {
-      *pp = s->next;
-      s->next = NULL;
-      p->cached_bytes -= s->bytes;
-      return s;
-    }
-  }
+/* The warm path: a block cached by an earlier job of this uid, shape and size. */
+static struct pool_block *cached_match(const struct pool *p, uint64_t size, uid_t uid,
+                                       uint64_t key) {
+  for (struct pool_block *b = p->blocks; b != NULL; b = b->next)
+    if (b->state == POOL_BLOCK_CACHED && b->last_uid == uid && b->shape_key == key &&
+        b->mem.bytes == size)
+      return b;
   return NULL;
 }
 
-static uint32_t free_count(const struct pool *p) {
-  uint32_t n = 0;
-  for (uint32_t i = 0; i < p->n_chunks; i++)
-    n += p->chunks[i].state == POOL_CHUNK_FREE;
-  return n;
+/*
+ * A free block of exactly this size that this uid may have.  A scrubbed
+ * block is clean, but a rank of its last job may still map it (the daemon
+ * cannot revoke a mapping), so a block another uid used is never lent to
+ * this one: make_room unmakes it, and this uid gets fresh memory.  One this
+ * uid used is taken before one nobody has used, which any uid may have.
+ */
+static struct pool_block *free_match(const struct pool *p, uint64_t size, uid_t uid) {
+  struct pool_block *unused = NULL;
+  for (struct pool_block *b = p->blocks; b != NULL; b = b->next) {
+    if (b->state != POOL_BLOCK_FREE || b->mem.bytes != size)
+      continue;
+    if (b->has_owner && b->last_uid == uid)
+      return b;
+    if (!b->has_owner && unused == NULL)
+      unused = b;
+  }
+  return unused;
 }
 
-int pool_slab_get(struct pool *p, uint64_t bytes, uid_t uid, uint64_t shape_key,
-                  struct pool_slab **out, char *why, size_t whylen) {
-  uint64_t want = (bytes + p->chunk_bytes - 1) / p->chunk_bytes;
-  if (want == 0)
-    want = 1;
-  struct pool_slab *s = cache_take(p, want * p->chunk_bytes, uid, shape_key);
-  if (s != NULL) {
-    for (uint32_t i = 0; i < s->n; i++)
-      p->chunks[s->idx[i]].state = POOL_CHUNK_LENT;
-    p->used_bytes += s->bytes;
-    *out = s;
-    return 0;
-  }
-  if (want > p->n_chunks || free_count(p) < want)
-    pool_cache_flush(p); /* cached slabs give way to a live job */
-  uint32_t nfree = free_count(p);
-  if (want > nfree) {
-    snprintf(why, whylen,
-             "a slab of %llu bytes needs %llu chunks of %llu bytes, but device %s (%s) has %u "
-             "free of %u; raise pool.size_per_device (or pool.host_size) or lower "
-             "max_tokens_per_rank",
-             (unsigned long long)bytes, (unsigned long long)want,
-             (unsigned long long)p->chunk_bytes, p->dev.uuid_str, p->dev.name, nfree, p->n_chunks);
-    return DEP_ERR_NO_MEMORY;
-  }
-  s = calloc(1, sizeof *s);
-  uint32_t *idx = calloc((size_t)want, sizeof *idx);
-  if (s == NULL || idx == NULL) {
-    free(s);
-    free(idx);
-    snprintf(why, whylen, "out of memory for a slab record");
-    return DEP_ERR_NO_MEMORY;
-  }
-  s->pool = p;
-  s->idx = idx;
-  s->uid = uid;
-  s->shape_key = shape_key;
-  int rc = 0;
-  for (uint32_t i = 0; i < p->n_chunks && s->n < want; i++) {
-    struct pool_chunk *c = &p->chunks[i];
-    if (c->state != POOL_CHUNK_FREE)
+/* The free block to unmake first: one another uid used, then the largest. */
+static struct pool_block *free_victim(const struct pool *p, uid_t uid) {
+  struct pool_block *best = NULL;
+  bool best_foreign = false;
+  for (struct pool_block *b = p->blocks; b != NULL; b = b->next) {
+    if (b->state != POOL_BLOCK_FREE)
       continue;
-    /* A scrubbed chunk is clean, but a rank of its last job may still map
-     * it (the daemon cannot revoke a mapping).  Another tenant therefore
-     * gets fresh memory: the old allocation lives on only for whoever
-     * still maps it. */
-    if (c->made && c->has_owner && c->last_uid != uid)
-      chunk_unmake(p, c);
-    if (!c->made && (rc = chunk_make(p, c, why, whylen)) != 0)
-      break;
-    c->state = POOL_CHUNK_LENT;
-    c->has_owner = true;
-    c->last_uid = uid;
-    s->idx[s->n++] = i;
+    bool foreign = b->has_owner && b->last_uid != uid;
+    if (best == NULL || foreign > best_foreign ||
+        (foreign == best_foreign && b->mem.bytes > best->mem.bytes)) {
+      best = b;
+      best_foreign = foreign;
+    }
   }
-  if (rc != 0) {
-    for (uint32_t i = 0; i < s->n; i++)
-      p->chunks[s->idx[i]].state = POOL_CHUNK_FREE;
-    slab_free(s);
-    return rc;
+  return best;
+}
+
+/* The cached block to evict first: the one cached longest ago. */
+static struct pool_block *cached_victim(const struct pool *p) {
+  struct pool_block *best = NULL;
+  for (struct pool_block *b = p->blocks; b != NULL; b = b->next)
+    if (b->state == POOL_BLOCK_CACHED && (best == NULL || b->cached_seq < best->cached_seq))
+      best = b;
+  return best;
+}
+
+/*
+ * Unmake free blocks, then cached ones, until the budget has room for a
+ * block of `size`.  The caller has checked that the blocks lent to live
+ * jobs leave that room, so this always succeeds.  Logged, so that an
+ * operator sees a job of a new shape displace the memory of older ones.
+ */
+static void make_room(struct pool *p, uint64_t size, uid_t uid) {
+  uint32_t n_free = 0, n_cached = 0;
+  uint64_t released = 0;
+  while (p->budget_bytes - p->made_bytes < size) {
+    struct pool_block *b = free_victim(p, uid);
+    if (b != NULL)
+      n_free++;
+    else if ((b = cached_victim(p)) != NULL)
+      n_cached++;
+    else
+      break; /* only lent blocks left: the caller's check makes this unreachable */
+    released += b->mem.bytes;
+    block_unmake(p, b);
   }
-  s->bytes = (uint64_t)s->n * p->chunk_bytes;
-  p->used_bytes += s->bytes;
-  *out = s;
+  if (n_free + n_cached == 0)
+    return;
+  char a[32], c[32];
+  log_info("pool %s: unmade %u free and %u cached block(s), %s in all, to make room for a "
+           "block of %s", p->dev.uuid_str, n_free, n_cached, SIZE_TEXT(released, a),
+           SIZE_TEXT(size, c));
+}
+
+static void block_lend(struct pool *p, struct pool_block *b, uid_t uid, uint64_t key) {
+  if (b->state == POOL_BLOCK_CACHED)
+    p->cached_bytes -= b->mem.bytes;
+  b->state = POOL_BLOCK_LENT;
+  b->has_owner = true;
+  b->last_uid = uid;
+  b->shape_key = key;
+  p->used_bytes += b->mem.bytes;
+}
+
+int pool_block_get(struct pool *p, uint64_t bytes, uid_t uid, uint64_t shape_key,
+                   struct pool_block **out, char *why, size_t whylen) {
+  uint64_t size = dep_round_up(bytes > 0 ? bytes : 1, p->dev.granularity);
+  struct pool_block *b = cached_match(p, size, uid, shape_key);
+  if (b == NULL)
+    b = free_match(p, size, uid);
+  if (b == NULL) {
+    char n[32], t[32], u[32];
+    if (size > p->budget_bytes - p->used_bytes) {
+      snprintf(why, whylen, "device %s (%s) cannot lend this job a block of %s: its pool's "
+               "budget is %s and live jobs hold %s of it; raise pool.size_per_device "
+               "(pool.host_size on the host backend), lower max_tokens_per_rank, or wait for "
+               "jobs to end", p->dev.uuid_str, p->dev.name, SIZE_TEXT(size, n),
+               SIZE_TEXT(p->budget_bytes, t), SIZE_TEXT(p->used_bytes, u));
+      return DEP_ERR_NO_MEMORY;
+    }
+    make_room(p, size, uid);
+    int rc = block_make(p, size, &b, why, whylen);
+    if (rc != 0)
+      return rc;
+    log_info("pool %s: made a block of %s for a job of uid %u (none of that size was free or "
+             "cached); %s of the %s budget now made", p->dev.uuid_str, SIZE_TEXT(size, n),
+             (unsigned)uid, SIZE_TEXT(p->made_bytes, t), SIZE_TEXT(p->budget_bytes, u));
+  }
+  block_lend(p, b, uid, shape_key);
+  *out = b;
   return 0;
 }
 
-void pool_slab_put(struct pool_slab *s, bool cache) {
-  struct pool *p = s->pool;
-  bool clean = true;
-  for (uint32_t i = 0; i < s->n; i++) {
-    struct pool_chunk *c = &p->chunks[s->idx[i]];
-    char why[256];
-    if (p->ops->chunk_scrub(&p->dev, &c->mem, why, sizeof why) != 0) {
-      /* Never lend memory that could not be scrubbed: drop it instead. */
-      log_warnx("pool %s: scrub failed (%s); discarding the chunk", p->dev.uuid_str, why);
-      chunk_unmake(p, c);
-      clean = false;
-    }
-  }
-  p->used_bytes -= s->bytes;
-  if (cache && clean) {
-    for (uint32_t i = 0; i < s->n; i++)
-      p->chunks[s->idx[i]].state = POOL_CHUNK_CACHED;
-    s->next = p->cache;
-    p->cache = s;
-    p->cached_bytes += s->bytes;
+void pool_block_put(struct pool_block *b, bool cache) {
+  struct pool *p = b->pool;
+  char why[256] = "";
+  if (p->ops->chunk_scrub(&p->dev, &b->mem, why, sizeof why) != 0) {
+    /* Never lend memory that could not be scrubbed: drop it instead. */
+    log_warnx("pool %s: scrub failed (%s); discarding the block", p->dev.uuid_str, why);
+    block_unmake(p, b);
     return;
   }
-  for (uint32_t i = 0; i < s->n; i++)
-    p->chunks[s->idx[i]].state = POOL_CHUNK_FREE;
-  slab_free(s);
+  p->used_bytes -= b->mem.bytes;
+  if (cache) {
+    b->state = POOL_BLOCK_CACHED;
+    b->cached_seq = ++p->cache_seq;
+    p->cached_bytes += b->mem.bytes;
+  } else {
+    b->state = POOL_BLOCK_FREE;
+  }
 }
 
-int pool_slab_fd(const struct pool_slab *s, uint32_t i) {
-  return s->pool->chunks[s->idx[i]].mem.fd;
-}
+int pool_block_fd(const struct pool_block *b) { return b->mem.fd; }
 
-uint64_t pool_total_bytes(const struct pool *p) { return (uint64_t)p->n_chunks * p->chunk_bytes; }
+uint64_t pool_block_bytes(const struct pool_block *b) { return b->mem.bytes; }
+
+uint64_t pool_total_bytes(const struct pool *p) { return p->budget_bytes; }

@@ -1,11 +1,23 @@
 /*
- * pool.h — one device's pool of fixed-size chunks, and the slabs (runs of
- * chunks) lent from it to the ranks of a job (DESIGN §4).
+ * pool.h — one device's memory pool: a byte budget, and the blocks made
+ * within it and lent to jobs (DESIGN §4).
  *
- * Life of a chunk: made (at start with preallocation, else on first
- * demand) → lent in a slab → scrubbed when its job ends → free, or cached
- * with its slab for the next job of the same shape and owner.  A chunk is
- * only ever in one slab, so one job alone can reach it.
+ * A block is one backend allocation (one fd) of any size that is a multiple
+ * of the device's allocation granularity.  A job's arena on a device is
+ * exactly one block of exactly the arena's size (rounded up to that
+ * granularity), because a client pays for what it maps: on a GPU, access
+ * to peer memory costs by the mapped size, and the driver will not map
+ * part of an allocation, so a block larger than the job would be paid for
+ * in full at every attach; several smaller blocks would be paid for per
+ * handle imported (BENCHMARKS.md).
+ *
+ * Life of a block: made (at start in blocks of pool.chunk_size with
+ * preallocation, the reserve; else when a job of that size first needs it)
+ * → lent to one job → scrubbed when its job ends → cached for the next job
+ * of the same uid and shape, or free.  A free or cached block is unmade
+ * when a job of another size needs the room.  The sum of made blocks never
+ * exceeds the budget, so the pool never holds more device memory than
+ * pool.size_per_device (pool.host_size) says.
  */
 #ifndef DEP_POOL_H
 #define DEP_POOL_H
@@ -16,64 +28,63 @@
 
 #include "backend.h"
 
-enum pool_chunk_state { POOL_CHUNK_FREE = 0, POOL_CHUNK_LENT, POOL_CHUNK_CACHED };
+enum pool_block_state { POOL_BLOCK_FREE = 0, POOL_BLOCK_LENT, POOL_BLOCK_CACHED };
 
-struct pool_chunk {
-  struct chunk_mem mem;
-  bool made;
-  enum pool_chunk_state state;
-  bool has_owner;
-  uid_t last_uid;           /* owner of the last job it served */
-};
-
-struct pool_slab {
+/* One made block; what job.c holds per arena while it is lent. */
+struct pool_block {
   struct pool *pool;
-  uint64_t bytes;           /* n * chunk_bytes: what the client maps */
-  uint32_t n;
-  uint32_t *idx;            /* chunk indices, in mapping order */
-  uid_t uid;
-  uint64_t shape_key;       /* what the cache matches on */
-  struct pool_slab *next;   /* in the pool's cache list */
+  struct chunk_mem mem;        /* mem.bytes is the block's size, mem.fd what clients import */
+  enum pool_block_state state;
+  bool has_owner;              /* it has served a job (a preallocated block has not yet) */
+  uid_t last_uid;              /* owner of the job it serves or last served */
+  uint64_t shape_key;          /* that job's shape: what a cached block matches on */
+  uint64_t cached_seq;         /* CACHED: when, so that the oldest is evicted first */
+  struct pool_block *next;     /* the pool's list of made blocks */
 };
 
 struct pool {
   struct backend_dev dev;
-  const struct backend_ops *ops;
-  uint64_t chunk_bytes;
-  uint32_t n_chunks;
-  struct pool_chunk *chunks;
-  struct pool_slab *cache;  /* scrubbed slabs of finished jobs */
-  uint64_t used_bytes;
-  uint64_t cached_bytes;
-  uint64_t made_bytes;
+  const struct backend_ops *ops;  /* NULL: not initialised (or finished) */
+  uint64_t budget_bytes;       /* pool.size_per_device or pool.host_size */
+  uint64_t reserve_bytes;      /* pool.chunk_size: the size blocks are preallocated in */
+  struct pool_block *blocks;   /* every made block, in no particular order */
+  uint32_t n_blocks;
+  uint64_t made_bytes;         /* sum of the made blocks' sizes, <= budget_bytes */
+  uint64_t used_bytes;         /* of them, lent to live jobs */
+  uint64_t cached_bytes;       /* of them, cached for the next job of their shape */
+  uint64_t cache_seq;          /* the last cached_seq handed out */
 };
 
 /*
- * Set up a pool of total_bytes / chunk_bytes chunks on dev; with prealloc
- * make every chunk now.  Returns 0 or DEP_ERR_* with why.
+ * Set up a pool with a budget of budget_bytes on dev; with prealloc, make
+ * floor(budget / reserve_bytes) blocks of reserve_bytes now.  reserve_bytes
+ * must be a multiple of the device's granularity.  Returns 0 or DEP_ERR_*
+ * with why; on failure the pool holds nothing and dev is released.
  */
 int pool_init(struct pool *p, const struct backend_ops *ops, const struct backend_dev *dev,
-              uint64_t total_bytes, uint64_t chunk_bytes, bool prealloc, char *why,
+              uint64_t budget_bytes, uint64_t reserve_bytes, bool prealloc, char *why,
               size_t whylen);
+/* Unmake every block (none may still be lent) and release the device. */
 void pool_fini(struct pool *p);
 
 /*
- * Lend a slab of at least `bytes` to a job of `uid`.  A cached slab of the
- * same shape_key and uid is taken first.  DEP_ERR_NO_MEMORY (with why) when
- * the pool cannot hold it even after evicting the cache.
+ * Lend one block of `bytes` rounded up to the granularity to a job of `uid`
+ * and shape_key: a cached block of the same uid, shape and size first, then
+ * a free block of that size not last used by another uid, else a new block,
+ * releasing free then cached blocks to make room.  DEP_ERR_NO_MEMORY (with
+ * why) when the budget cannot hold it beside the blocks lent to live jobs.
  */
-int pool_slab_get(struct pool *p, uint64_t bytes, uid_t uid, uint64_t shape_key,
-                  struct pool_slab **out, char *why, size_t whylen);
+int pool_block_get(struct pool *p, uint64_t bytes, uid_t uid, uint64_t shape_key,
+                   struct pool_block **out, char *why, size_t whylen);
 
-/* Return a slab: scrub its chunks, then cache it (cache = true) or free them. */
-void pool_slab_put(struct pool_slab *s, bool cache);
+/* Return a lent block: scrub it (unmake it when that fails), then cache it or free it. */
+void pool_block_put(struct pool_block *b, bool cache);
 
-/* Drop every cached slab back to free chunks (buffer cache turned off). */
-void pool_cache_flush(struct pool *p);
+/* The block's exported fd (owned by the pool: do not close) and its size. */
+int pool_block_fd(const struct pool_block *b);
+uint64_t pool_block_bytes(const struct pool_block *b);
 
-/* The fd of the i-th chunk of a slab (owned by the pool: do not close). */
-int pool_slab_fd(const struct pool_slab *s, uint32_t i);
-
+/* The pool's budget: what STATUS reports as its total. */
 uint64_t pool_total_bytes(const struct pool *p);
 
 #endif /* DEP_POOL_H */

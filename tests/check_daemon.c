@@ -336,7 +336,7 @@ START_TEST(test_out_of_fds_pauses_accepting) {
   low.rlim_cur = 24;
   ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
   struct tu_daemon d;
-  /* A pool of 2 chunks: 2 of the 24 fds. */
+  /* A pool preallocated as 2 blocks: 2 of the 24 fds. */
   int rc = tu_daemon_start(&d, "pool:\n  host_size: 4MiB\n  chunk_size: 2MiB\n");
   ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
   ck_assert_int_eq(rc, 0);

@@ -3,21 +3,29 @@
  * rendezvous (nobody hears back until every local rank of the job has
  * come), the conflicts a job refuses (another shape, a rank taken twice,
  * a job already running), the attach timeout, and DETACH and closes that
- * remove ranks and then the job.  Every test starts the real deepepd and
- * speaks the protocol on raw sockets (daemonwire.h), checking the slabs
- * and fds of the reply itself rather than trusting the client library.
+ * remove ranks and then the job; and the pool block a job's arena is lent
+ * as (one fd of exactly the arena's size, the same block again for the next
+ * job of the shape, never one another uid used).  Every test starts the
+ * real deepepd and speaks the protocol on raw sockets (daemonwire.h),
+ * checking the slabs and fds of the reply itself rather than trusting the
+ * client library.
  */
 #include <check.h>
+#include <grp.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "daemonwire.h"
 #include "deepep.h"
+#include "memranks.h"
 #include "proto.h"
+#include "slab.h"
 #include "testutil.h"
 
 /* Wait (up to 3 s) for the job to disappear from STATUS: closes are asynchronous. */
@@ -41,12 +49,24 @@ static bool wait_attached(int fd, const char *id, uint32_t n) {
   return false;
 }
 
+/* The arena of a one-node job of dw_job_args' shape: lws slabs 64 KiB apart, to the page. */
+static uint64_t arena_bytes(uint32_t lws) {
+  struct dep_attach_args a = dw_job_args("any", 0, lws);
+  struct dep_slab_layout l;
+  char why[256];
+  ck_assert_msg(dep_slab_layout(&a.shape, a.world_size, &l, why, sizeof why) == 0, "%s", why);
+  uint64_t stride = dep_round_up(l.total_bytes, 64 * 1024);
+  return dep_round_up(lws * stride, (uint64_t)sysconf(_SC_PAGESIZE));
+}
+
 /*
- * The ATTACH reply: SLAB frames (one arena per device, its chunk fds riding
- * on it, naming the local ranks whose slabs it holds), then ATTACH_OK.  On
- * the host backend there is one device, so one arena holds every slab.
+ * The ATTACH reply: a SLAB frame (one arena per device: on the host backend
+ * one, holding every slab) whose one fd is one block of exactly the arena's
+ * size, not a run of pool.chunk_size blocks, then ATTACH_OK.  With block
+ * NULL the block's fd is closed and -1 returned; else its fstat goes to
+ * *block and the fd is returned, for the caller to close.
  */
-static void expect_attach_ok(int fd, uint32_t req, uint32_t lws) {
+static int expect_attach_ok(int fd, uint32_t req, uint32_t lws, struct stat *block) {
   bool seen[DEP_MAX_LOCAL_RANKS] = {false};
   int fds[DEP_PROTO_MAX_FDS];
   int nfds = 0;
@@ -57,18 +77,24 @@ static void expect_attach_ok(int fd, uint32_t req, uint32_t lws) {
   struct dep_msg_slab m;
   ck_assert_int_eq(proto_decode_slab(sf->body, sf->h.body_len, &m), 0);
   ck_assert_uint_eq(m.n_ranks, lws);
+  ck_assert_uint_eq(m.n_chunks, 1);
+  ck_assert_int_eq(nfds, 1);
+  ck_assert_uint_eq(m.chunk_bytes, arena_bytes(lws));
   for (uint32_t i = 0; i < m.n_ranks; i++) {
     ck_assert_uint_lt(m.ranks[i].local_rank, lws);
     ck_assert(!seen[m.ranks[i].local_rank]);
     seen[m.ranks[i].local_rank] = true;
-    ck_assert_uint_lt(m.ranks[i].offset, m.chunk_bytes * m.n_chunks);
+    ck_assert_uint_lt(m.ranks[i].offset, m.chunk_bytes);
   }
-  ck_assert_int_eq((int)m.n_chunks, nfds);
-  for (int k = 0; k < nfds; k++) {
-    struct stat sb;
-    ck_assert_int_eq(fstat(fds[k], &sb), 0);
-    ck_assert_uint_eq((uint64_t)sb.st_size, m.chunk_bytes);
-    close(fds[k]);
+  struct stat sb;
+  ck_assert_int_eq(fstat(fds[0], &sb), 0);
+  ck_assert_uint_eq((uint64_t)sb.st_size, m.chunk_bytes);
+  int kept = -1;
+  if (block != NULL) {
+    *block = sb;
+    kept = fds[0];
+  } else {
+    close(fds[0]);
   }
   free(sf);
   struct dw_frame *f = dw_frame_new();
@@ -82,6 +108,11 @@ static void expect_attach_ok(int fd, uint32_t req, uint32_t lws) {
   ck_assert_str_eq(ok.backend, "host");
   ck_assert_uint_eq(ok.op_timeout_ms, 10000); /* limits.op_timeout_ms, default */
   free(f);
+  return kept;
+}
+
+static bool same_file(const struct stat *a, const struct stat *b) {
+  return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
 }
 
 START_TEST(test_attach_rendezvous) {
@@ -104,8 +135,12 @@ START_TEST(test_attach_rendezvous) {
   ck_assert_uint_eq(ex, 4);
   struct dep_attach_args a = dw_job_args("train-1", 3, 4);
   dw_attach(fds[3], &a, 23);
-  for (uint32_t i = 0; i < 4; i++)
-    expect_attach_ok(fds[i], 20 + i, 4);
+  /* Every rank is sent the same block: the job's one arena. */
+  struct stat blk[4];
+  for (uint32_t i = 0; i < 4; i++) {
+    close(expect_attach_ok(fds[i], 20 + i, 4, &blk[i]));
+    ck_assert(same_file(&blk[i], &blk[0]));
+  }
   ck_assert(dw_job_listed(obs, "train-1", &at, &ex));
   ck_assert_uint_eq(at, 4);
   ck_assert_uint_eq(ex, 4);
@@ -209,9 +244,124 @@ START_TEST(test_attach_timeout) {
   /* The connections stay usable: the job can be tried again. */
   a = dw_job_args("slow-job", 0, 1);
   dw_attach(r0, &a, 3);
-  expect_attach_ok(r0, 3, 1);
+  expect_attach_ok(r0, 3, 1, NULL);
   close(r0);
   close(r1);
+  close(obs);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+/* The daemon's open fds, once only obs (and the daemon's own) remain connected. */
+static int fds_when_alone(const struct tu_daemon *d, int obs) {
+  for (int i = 0; i < 300; i++) {
+    struct dep_status *st = dw_status(obs);
+    uint32_t clients = st->num_clients;
+    dep_status_free(st);
+    if (clients == 1)
+      break;
+    dw_sleep_ms(10);
+  }
+  /* The daemon closes a connection's fd at the end of the loop turn that counted it gone. */
+  dw_sleep_ms(50);
+  return mr_daemon_fds(d->pid);
+}
+
+/* A job of lws ranks of dw_job_args' shape attaches; the block it was lent (its fd open). */
+static int run_job(const struct tu_daemon *d, const char *id, uint32_t lws, struct stat *block) {
+  int fds[DEP_MAX_LOCAL_RANKS], kept = -1;
+  for (uint32_t i = 0; i < lws; i++) {
+    fds[i] = dw_client(d);
+    struct dep_attach_args a = dw_job_args(id, i, lws);
+    dw_attach(fds[i], &a, 1);
+  }
+  for (uint32_t i = 0; i < lws; i++) {
+    struct stat sb;
+    int fd = expect_attach_ok(fds[i], 1, lws, &sb);
+    if (i == 0) {
+      *block = sb;
+      kept = fd;
+    } else {
+      ck_assert(same_file(&sb, block));
+      close(fd);
+    }
+  }
+  for (uint32_t i = 0; i < lws; i++)
+    close(fds[i]);
+  return kept;
+}
+
+/* The warm path: the next job of a shape and uid is lent the very block the last one had. */
+START_TEST(test_next_job_of_a_shape_gets_the_same_block) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  int obs = dw_client(&d);
+  struct stat first, second;
+  close(run_job(&d, "first", 2, &first));
+  ck_assert(job_gone(obs, "first"));
+  ck_assert(dw_log_has(&d, "made a block of", 3000)); /* the first job of the shape pays */
+  int fds0 = fds_when_alone(&d, obs);
+  close(run_job(&d, "second", 2, &second));
+  ck_assert(job_gone(obs, "second"));
+  ck_assert_msg(same_file(&first, &second), "the second job got another block (inode %lu, "
+                "the first's %lu)", (unsigned long)second.st_ino, (unsigned long)first.st_ino);
+  /* No block was made for it: the daemon holds no new fd. */
+  ck_assert_int_eq(fds_when_alone(&d, obs), fds0);
+  close(obs);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+/* Uid 65534 runs a one-rank job; 0 when the block it is lent is not `other` (another inode). */
+static int nobody_gets_another_block(const char *sock, const struct stat *other) {
+  if (setgroups(0, NULL) != 0 || setgid(MR_NOBODY) != 0 || setuid(MR_NOBODY) != 0)
+    return 10;
+  int fd = tu_connect_raw(sock);
+  if (fd < 0)
+    return 11;
+  dw_hello_as(fd, DEP_PROTO_VERSION);
+  dw_expect_hello_ok(fd);
+  struct dep_attach_args a = dw_job_args("theirs", 0, 1);
+  dw_attach(fd, &a, 2);
+  struct stat sb;
+  int blk = expect_attach_ok(fd, 2, 1, &sb);
+  close(blk);
+  close(fd);
+  if (sb.st_size != other->st_size)
+    return 12; /* not the case this test sets up */
+  return same_file(&sb, other) ? 13 : 0;
+}
+
+/*
+ * With the cache off, a job's block goes back free, and it is of exactly
+ * the size the next job of the shape needs; yet a job of another uid never
+ * gets it, since a rank of the old job may still map it: it gets a fresh
+ * block.  The test keeps the old block's fd open so that its inode cannot
+ * be reused.
+ */
+START_TEST(test_another_uid_never_gets_a_block_another_uid_used) {
+  if (getuid() != 0) {
+    printf("%s: skipped: needs root to run a rank as uid %d\n", __func__, MR_NOBODY);
+    return;
+  }
+  struct tu_daemon d;
+  dw_start(&d, MR_ALLOW_NOBODY "buffer_cache_enabled: false\n");
+  int obs = dw_client(&d);
+  struct stat mine;
+  int kept = run_job(&d, "mine", 1, &mine);
+  ck_assert(job_gone(obs, "mine"));
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0)
+    _exit(nobody_gets_another_block(d.sock, &mine));
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "uid %d's job: wait status %#x (13: it "
+                "was lent root's old block)", MR_NOBODY, st);
+  /* Root's own next job still finds a block: the old one went, a fresh one is made. */
+  struct stat again;
+  close(run_job(&d, "mine-again", 1, &again));
+  close(kept);
   close(obs);
   dw_stop_ok(&d);
 }
@@ -225,6 +375,11 @@ Suite *job_suite(void) {
   tcase_add_test(tc, test_attach_rendezvous);
   tcase_add_test(tc, test_attach_conflicts);
   tcase_add_test(tc, test_attach_timeout);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("blocks");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_next_job_of_a_shape_gets_the_same_block);
+  tcase_add_test(tc, test_another_uid_never_gets_a_block_another_uid_used);
   suite_add_tcase(s, tc);
   return s;
 }

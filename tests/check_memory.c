@@ -26,19 +26,22 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "config_value.h"
+#include "daemonwire.h"
 #include "deepep.h"
 #include "memranks.h"
 #include "proto.h"
+#include "slab.h"
 #include "testutil.h"
 
 #ifndef __has_feature
 #define __has_feature(x) 0
 #endif
 
-/* Small: a job of two ranks fits one 2 MiB chunk (576 KiB a slab at world 8). */
+/* Small: 320 KiB a slab at world size 2, 576 KiB at 4 or 8. */
 static const struct dep_job_shape TINY = {.max_tokens_per_rank = 16, .hidden = 1024,
                                           .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16};
-/* About 4 MiB a slab at world size 4 or 8: a job's arena spans many chunks. */
+/* About 2 MiB a slab at world size 2, 4 MiB at 4 or 8. */
 static const struct dep_job_shape WIDE = {.max_tokens_per_rank = 128, .hidden = 1024,
                                           .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16};
 /* About 64.3 MiB a slab at world size 4: more than a 64 MiB pool holds. */
@@ -52,8 +55,9 @@ START_TEST(eight_ranks_share_one_job_and_read_every_peers_slab) {
   struct tu_daemon d;
   mr_start(&d, 64, NULL);
   dep_client_t *obs = mr_observer(&d);
+  /* Per GPU, one block of exactly its slabs (to the granule): on the host
+   * 33 MiB, which no run of 2 MiB preallocated blocks would be. */
   const uint64_t slab = mr_slab_of(&WIDE, 8), arena = mr_arena_of(&WIDE, 8, 8);
-  ck_assert_uint_gt(arena, 8 * MR_CHUNK); /* many chunks: the library must join them */
   static const struct mr_step script[] = {{FILL, 1}, {SYNC, 0}, {CHECK, 1}, {SYNC, 0}, {END, 0}};
   struct mr_grp g;
   mr_grp_init(&g);
@@ -137,13 +141,19 @@ START_TEST(two_jobs_of_different_users_cannot_join_or_see_each_other) {
 }
 END_TEST
 
-START_TEST(another_users_job_never_sees_old_bytes_even_through_a_kept_mapping) {
-  MR_NEEDS_BACKEND_ONE_GPU();
-  MR_NEEDS_ROOT();
+/*
+ * The first tenant leaves a block behind, cached or (cache off) free; the
+ * pool's budget holds only one such block, so the second tenant's memory
+ * can only come where the first's was.  It must be fresh memory all the
+ * same: the first tenant's kept mapping never shows the second's bytes.
+ */
+static void new_tenant_gets_fresh_memory(bool cache) {
   struct tu_daemon d;
-  /* One chunk: the second job must take the very chunk the first one used. */
-  ck_assert_uint_eq(mr_arena_of(&TINY, 2, 2), MR_CHUNK);
-  mr_start(&d, 2, MR_ALLOW_NOBODY);
+  const uint64_t arena = mr_arena_of(&TINY, 4, 4), budget = 4 * MR_MIB;
+  ck_assert_uint_le(arena, budget);
+  ck_assert_uint_gt(2 * arena, budget); /* two such blocks do not fit */
+  mr_start(&d, (unsigned)(budget / MR_MIB),
+           cache ? MR_ALLOW_NOBODY : MR_ALLOW_NOBODY "buffer_cache_enabled: false\n");
   dep_client_t *obs = mr_observer(&d);
   /* The first job's ranks keep a mapping of their slabs past DETACH, as a
    * hostile tenant could, and look through it while the next job runs. */
@@ -155,27 +165,34 @@ START_TEST(another_users_job_never_sees_old_bytes_even_through_a_kept_mapping) {
   struct mr_grp ga, gb;
   mr_grp_init(&ga);
   mr_grp_init(&gb);
-  mr_grp_spawn_job(&ga, &d, "tenant-root", 2, TINY, a_script);
-  mr_grp_sync(&ga, 2);
-  mr_wait_pool(obs, 0, MR_CHUNK);
-  for (uint32_t i = 0; i < 2; i++) {
-    struct mr_rank_spec s = mr_spec(&d, "tenant-nobody", i, 2, i, 2, TINY, b_script);
+  mr_grp_spawn_job(&ga, &d, "tenant-root", 4, TINY, a_script);
+  mr_grp_sync(&ga, 4);
+  mr_wait_pool(obs, 0, cache ? arena : 0);
+  for (uint32_t i = 0; i < 4; i++) {
+    struct mr_rank_spec s = mr_spec(&d, "tenant-nobody", i, 4, i, 4, TINY, b_script);
     s.uid = MR_NOBODY;
     mr_grp_spawn(&gb, &s);
   }
-  mr_grp_sync(&gb, 2); /* the new tenant read zeros and wrote its pattern */
+  mr_grp_sync(&gb, 4); /* the new tenant read zeros and wrote its pattern */
   struct mr_pool_now p = mr_pool_now(obs);
-  ck_assert_uint_eq(p.used, MR_CHUNK);
+  ck_assert_uint_eq(p.used, arena);
   ck_assert_uint_eq(p.cached, 0);
-  ck_assert_uint_eq(p.total, 2 * MR_MIB);
+  ck_assert_uint_eq(p.total, budget);
   /* The old tenant sees none of it, and what it writes reaches nobody. */
-  mr_grp_go(&ga, 2);
-  mr_grp_sync(&ga, 2);
-  mr_grp_go(&gb, 2);
+  mr_grp_go(&ga, 4);
+  mr_grp_sync(&ga, 4);
+  mr_grp_go(&gb, 4);
   mr_grp_reap(&gb);
-  mr_grp_go(&ga, 2);
+  mr_grp_go(&ga, 4);
   mr_grp_reap(&ga);
   mr_stop_ok(&d, obs);
+}
+
+START_TEST(another_users_job_never_sees_old_bytes_even_through_a_kept_mapping) {
+  MR_NEEDS_BACKEND_ONE_GPU();
+  MR_NEEDS_ROOT();
+  new_tenant_gets_fresh_memory(true);  /* the first tenant's block is evicted from the cache */
+  new_tenant_gets_fresh_memory(false); /* ... is free, of the very size the second needs */
 }
 END_TEST
 
@@ -188,12 +205,16 @@ END_TEST
  */
 static void reuse_after_scrub(bool cache) {
   struct tu_daemon d;
-  /* With the cache, a pool the 8-rank job at the end fills only by evicting it. */
-  const uint64_t first = mr_arena_of(&TINY, 2, 2), whole = mr_arena_of(&TINY, 8, 8);
+  /* With the cache, a budget that the job of another shape at the end (7 of 8
+   * ranks) fits only by evicting the first job's cached block. */
+  const uint64_t first = mr_arena_of(&TINY, 2, 2), whole = mr_arena_of(&TINY, 8, 7);
+  const uint64_t budget = cache ? dep_round_up(whole, MR_CHUNK) : 4 * MR_MIB;
+  if (cache)
+    ck_assert_uint_gt(first + whole, budget);
   char pool_yaml[64];
   snprintf(pool_yaml, sizeof pool_yaml, "%s",
            cache ? "" : "buffer_cache_enabled: false\n");
-  mr_start(&d, cache ? (unsigned)(whole / MR_MIB) : 4, pool_yaml);
+  mr_start(&d, (unsigned)(budget / MR_MIB), pool_yaml);
   dep_client_t *obs = mr_observer(&d);
   const uint64_t cached = cache ? first : 0;
   static const struct mr_step one[] = {{FILL, 1}, {ALIAS, 0}, {DETACH, 0}, {SYNC, 0},
@@ -219,7 +240,7 @@ static void reuse_after_scrub(bool cache) {
   }
   mr_grp_spawn_job(&g2, &d, "second", 2, TINY, two);
   mr_grp_sync(&g2, 2);
-  /* The cached slabs were taken, not fresh chunks. */
+  /* The first job's block was taken again (cached, or free and of this uid), not a fresh one. */
   mr_wait_pool(obs, first, 0);
   mr_grp_go(&g1, 2);
   mr_grp_sync(&g1, 2);
@@ -229,14 +250,18 @@ static void reuse_after_scrub(bool cache) {
   mr_grp_reap(&g2);
   mr_wait_pool(obs, 0, cached);
   if (cache) {
-    /* Cached slabs give way to a job of another shape that needs the whole pool. */
+    /* A cached block gives way to a job of another shape that needs its room. */
     static const struct mr_step all[] = {{CHECK, 0}, {SYNC, 0}, {END, 0}};
     struct mr_grp g3;
     mr_grp_init(&g3);
-    mr_grp_spawn_job(&g3, &d, "whole-pool", 8, TINY, all);
-    mr_grp_sync(&g3, 8);
+    for (uint32_t i = 0; i < 7; i++) {
+      struct mr_rank_spec s = mr_spec(&d, "whole-pool", i, 8, i, 7, TINY, all);
+      mr_grp_spawn(&g3, &s);
+    }
+    mr_grp_sync(&g3, 7);
     mr_wait_pool(obs, whole, 0);
-    mr_grp_go(&g3, 8);
+    ck_assert_uint_eq(mr_pool_now(obs).total, budget);
+    mr_grp_go(&g3, 7);
     mr_grp_reap(&g3);
     mr_wait_pool(obs, 0, whole);
   }
@@ -249,7 +274,7 @@ START_TEST(with_the_cache_on_the_next_job_of_the_shape_reuses_scrubbed_slabs) {
 }
 END_TEST
 
-START_TEST(with_the_cache_off_chunks_return_scrubbed_and_nothing_is_cached) {
+START_TEST(with_the_cache_off_blocks_return_scrubbed_and_nothing_is_cached) {
   MR_NEEDS_BACKEND_ONE_GPU();
   reuse_after_scrub(false);
 }
@@ -276,16 +301,58 @@ START_TEST(without_preallocation_the_pool_is_made_on_first_attach) {
     mr_grp_reap(&g);
     mr_wait_pool(obs, 0, mr_arena_of(&TINY, 2, 2));
     mr_wait_alone(obs);
-    /* One fd per chunk: none new when the pool was made at start, the
-     * arena's chunk when it was made on demand (and kept for the next job). */
+    /* One fd per block: none new when the pool was made at start (the
+     * arena's block is a preallocated one, or took the room of one), the
+     * arena's block when it was made on demand (and kept for the next job). */
     int grew = mr_daemon_fds(d.pid) - fds0;
     if (pre)
       ck_assert_int_eq(grew, 0);
     else
-      ck_assert_int_ge(grew, (int)(mr_arena_of(&TINY, 2, 2) / MR_CHUNK));
+      ck_assert_int_ge(grew, 1);
     ck_assert_uint_eq(mr_pool_now(obs).total, 16 * MR_MIB);
     mr_stop_ok(&d, obs);
   }
+}
+END_TEST
+
+/*
+ * A preallocated pool, every block free and of pool.chunk_size: a job whose
+ * arena is of another size gets one block of exactly that size, made in
+ * the room of the free blocks it releases (and the log says so), within
+ * the same budget.
+ */
+START_TEST(a_job_of_a_new_size_gets_one_block_in_the_room_of_free_ones) {
+  MR_NEEDS_BACKEND_ONE_GPU();
+  struct tu_daemon d;
+  mr_start(&d, 4, NULL); /* two preallocated blocks of 2 MiB */
+  dep_client_t *obs = mr_observer(&d);
+  const uint64_t arena = mr_arena_of(&TINY, 8, 7);
+  ck_assert_uint_gt(arena, MR_CHUNK); /* more than one preallocated block holds */
+  ck_assert_uint_le(arena, 4 * MR_MIB);
+  static const struct mr_step script[] = {{CHECK_OWN, 0}, {FILL, 1}, {SYNC, 0}, {CHECK, 1},
+                                          {END, 0}};
+  struct mr_grp g;
+  mr_grp_init(&g);
+  for (uint32_t i = 0; i < 7; i++) {
+    struct mr_rank_spec s = mr_spec(&d, "odd-size", i, 8, i, 7, TINY, script);
+    mr_grp_spawn(&g, &s);
+  }
+  mr_grp_sync(&g, 7);
+  struct mr_pool_now p = mr_pool_now(obs);
+  ck_assert_uint_eq(p.total, 4 * MR_MIB);
+  ck_assert_uint_eq(p.used, arena);
+  ck_assert_uint_eq(p.cached, 0);
+  char a[32], want[160];
+  config_value_size_text(arena, a, sizeof a);
+  snprintf(want, sizeof want, "unmade 2 free and 0 cached block(s), 4 MiB in all, to make room "
+           "for a block of %s", a);
+  ck_assert_msg(dw_log_has(&d, want, 3000), "the log lacks \"%s\"", want);
+  snprintf(want, sizeof want, "made a block of %s for a job of uid %u", a, (unsigned)getuid());
+  ck_assert_msg(dw_log_has(&d, want, 3000), "the log lacks \"%s\"", want);
+  mr_grp_go(&g, 7);
+  mr_grp_reap(&g);
+  mr_wait_pool(obs, 0, arena);
+  mr_stop_ok(&d, obs);
 }
 END_TEST
 
@@ -306,7 +373,6 @@ static void sigkill_ranks(bool all) {
   mr_start(&d, 64, NULL);
   dep_client_t *obs = mr_observer(&d);
   const uint64_t arena = mr_arena_of(&WIDE, 4, 4);
-  ck_assert_uint_gt(arena, 4 * MR_CHUNK);
   static const struct mr_step script[] = {{FILL, 1}, {SYNC, 0}, {CHECK, 1}, {SYNC, 0}, {END, 0}};
   struct mr_grp g;
   mr_grp_init(&g);
@@ -373,6 +439,10 @@ START_TEST(sigkill_of_a_rank_mid_attach) {
   mr_grp_go(&g, 4);
   mr_grp_reap(&g);
   mr_wait_pool(obs, 0, arena);
+  /* A job of the shape below first, so that its block is made and cached
+   * before the daemon's fds are counted. */
+  next_job_reads_zero(&d, "warm", 2, &TINY);
+  mr_wait_pool(obs, 0, arena + small);
   mr_wait_alone(obs);
   /* A rank killed after its ATTACH completed the job, before it read the reply:
    * the fds on their way to it must not stay open in the daemon. */
@@ -404,41 +474,53 @@ END_TEST
 START_TEST(pool_exhaustion_is_no_memory_and_the_rest_carries_on) {
   MR_NEEDS_BACKEND_ONE_GPU();
   struct tu_daemon d;
-  mr_start(&d, 18, NULL); /* nine chunks */
+  const uint64_t budget = 18 * MR_MIB;
+  mr_start(&d, (unsigned)(budget / MR_MIB), NULL);
   dep_client_t *obs = mr_observer(&d);
-  ck_assert_uint_eq(mr_arena_of(&WIDE, 4, 4), 9 * MR_CHUNK);
-  ck_assert_uint_eq(mr_arena_of(&TINY, 2, 2), MR_CHUNK);
+  /* The greedy job fits the budget alone, but not beside the holder. */
+  const uint64_t holder = mr_arena_of(&WIDE, 2, 2), greedy = mr_arena_of(&WIDE, 4, 4);
+  const uint64_t modest = mr_arena_of(&TINY, 2, 2);
+  ck_assert_uint_le(greedy, budget);
+  ck_assert_uint_gt(holder + greedy, budget);
+  ck_assert_uint_le(holder + modest, budget);
   static const struct mr_step hold[] = {{FILL, 1}, {SYNC, 0}, {CHECK, 1}, {SYNC, 0}, {END, 0}};
   static const struct mr_step use[] = {{CHECK_OWN, 0}, {FILL, 3}, {SYNC, 0}, {CHECK, 3}, {END, 0}};
   struct mr_grp ga, gb, gc;
   mr_grp_init(&ga);
   mr_grp_init(&gb);
   mr_grp_init(&gc);
-  mr_grp_spawn_job(&ga, &d, "holder", 2, TINY, hold);
+  mr_grp_spawn_job(&ga, &d, "holder", 2, WIDE, hold);
   mr_grp_sync(&ga, 2);
-  /* Nine chunks fit the pool, but only eight are free: every rank hears why. */
+  /* Every rank hears why, with the figures: what it needs, the budget, what live jobs hold. */
+  char n[32], t[32], u[32];
+  static char want[256];
+  snprintf(want, sizeof want, "cannot lend this job a block of %s: its pool's budget is %s and "
+           "live jobs hold %s of it; raise pool.size_per_device",
+           config_value_size_text(greedy, n, sizeof n), config_value_size_text(budget, t, sizeof t),
+           config_value_size_text(holder, u, sizeof u));
   for (uint32_t i = 0; i < 4; i++) {
     struct mr_rank_spec s = mr_spec(&d, "greedy", i, 4, i, 4, WIDE, NULL);
     s.want = DEP_ERR_NO_MEMORY;
-    s.want_msg = "free of 9; raise pool.size_per_device";
+    s.want_msg = want;
     mr_grp_spawn(&gb, &s);
   }
   mr_grp_reap(&gb);
   ck_assert_int_eq(mr_job_ranks(obs, "greedy"), -1);
-  ck_assert_uint_eq(mr_pool_now(obs).used, MR_CHUNK);
+  ck_assert_uint_eq(mr_pool_now(obs).used, holder);
   /* A job that fits still attaches; the holder's memory is untouched. */
   mr_grp_spawn_job(&gc, &d, "modest", 2, TINY, use);
   mr_grp_sync(&gc, 2);
-  ck_assert_uint_eq(mr_pool_now(obs).used, 2 * MR_CHUNK);
+  ck_assert_uint_eq(mr_pool_now(obs).used, holder + modest);
   mr_grp_go(&gc, 2);
   mr_grp_reap(&gc);
   mr_grp_go(&ga, 2);
   mr_grp_sync(&ga, 2);
   mr_grp_go(&ga, 2);
   mr_grp_reap(&ga);
-  mr_wait_pool(obs, 0, 2 * MR_CHUNK); /* the holder's and the modest job's arenas */
-  /* With the pool free again the same job fits. */
+  mr_wait_pool(obs, 0, holder + modest); /* both jobs' blocks, cached */
+  /* With no live job left the greedy job fits: the cached blocks give way. */
   next_job_reads_zero(&d, "greedy", 4, &WIDE);
+  mr_wait_pool(obs, 0, greedy);
   mr_stop_ok(&d, obs);
 }
 END_TEST
@@ -591,7 +673,7 @@ START_TEST(a_thousand_attach_detach_cycles_leak_no_fd_or_memory) {
                 rss1 - rss0);
   mr_grp_go(&g, 1);
   mr_grp_reap(&g);
-  mr_wait_pool(obs, 0, MR_CHUNK);
+  mr_wait_pool(obs, 0, mr_arena_of(&TINY, 1, 1));
   mr_stop_ok(&d, obs);
 }
 END_TEST
@@ -609,8 +691,9 @@ Suite *memory_suite(void) {
         another_users_job_never_sees_old_bytes_even_through_a_kept_mapping, NULL}},
       {"cache",
        {with_the_cache_on_the_next_job_of_the_shape_reuses_scrubbed_slabs,
-        with_the_cache_off_chunks_return_scrubbed_and_nothing_is_cached,
-        without_preallocation_the_pool_is_made_on_first_attach, NULL}},
+        with_the_cache_off_blocks_return_scrubbed_and_nothing_is_cached,
+        without_preallocation_the_pool_is_made_on_first_attach,
+        a_job_of_a_new_size_gets_one_block_in_the_room_of_free_ones, NULL}},
       {"death",
        {sigkill_of_one_rank_keeps_the_memory_until_the_last_rank_leaves,
         sigkill_of_every_rank_returns_the_memory, sigkill_of_a_rank_mid_attach, NULL}},

@@ -75,14 +75,18 @@ static uint32_t gpus_in_use(void) {
 
 uint32_t mr_gpus(void) { return gpus_in_use(); }
 
-/* What a job of `local` ranks takes from the pools: one arena of whole chunks
- * per device, holding the slabs of the local ranks placed there (l % N). */
+uint64_t mr_granule(void) {
+  return test_on_cuda() ? 2 * MR_MIB : (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* What a job of `local` ranks takes from the pools: per device, one block of
+ * the slabs of the local ranks placed there (l % N), to the granule. */
 uint64_t mr_arena_of(const struct dep_job_shape *s, uint32_t world, uint32_t local) {
   const uint32_t n = gpus_in_use();
   uint64_t total = 0;
   for (uint32_t g = 0; g < n && g < local; g++) {
     uint32_t on_g = (local - g + n - 1) / n; /* local ranks g, g + n, g + 2n, ... */
-    total += dep_round_up(on_g * mr_slab_of(s, world), MR_CHUNK);
+    total += dep_round_up(on_g * mr_slab_of(s, world), mr_granule());
   }
   return total;
 }

@@ -63,8 +63,13 @@ struct mr_rank_spec mr_spec(const struct tu_daemon *d, const char *job, uint32_t
 /* Bytes from one slab of this shape to the next in an arena (dep_attach_info's slab_bytes). */
 uint64_t mr_slab_of(const struct dep_job_shape *s, uint32_t world);
 
-/* What a job of `local` ranks takes from the pools: one arena of whole chunks per
- * device (all on one device unless DEP_TEST_GPUS spreads local rank l to GPU l % N). */
+/* The device's allocation granularity: the page size on the host backend, 2 MiB on cuda
+ * (the VMM granularity of every GPU these tests run on). */
+uint64_t mr_granule(void);
+
+/* What a job of `local` ranks takes from the pools: per device, one block holding its
+ * local slabs, rounded up to mr_granule() (all on one device unless DEP_TEST_GPUS
+ * spreads local rank l to GPU l % N). */
 uint64_t mr_arena_of(const struct dep_job_shape *s, uint32_t world, uint32_t local);
 
 /* CLOCK_MONOTONIC in milliseconds. */
@@ -99,8 +104,9 @@ void mr_grp_reap(struct mr_grp *g);
 
 /* ---- the daemon, as status and /proc show it ------------------------------- */
 
-/* deepepd with a pool of pool_mib MiB in 2 MiB chunks on each device it serves (on cuda,
- * the GPUs the ranks use), plus extra YAML (may be NULL). */
+/* deepepd with a pool of pool_mib MiB on each device it serves (on cuda, the GPUs the
+ * ranks use), preallocated in blocks of MR_CHUNK unless extra turns preallocation off,
+ * plus extra YAML (may be NULL). */
 void mr_start(struct tu_daemon *d, unsigned pool_mib, const char *extra);
 /* A library client connected to d, for STATUS. */
 dep_client_t *mr_observer(const struct tu_daemon *d);
@@ -139,7 +145,7 @@ uint32_t mr_gpus(void);
   } while (0)
 
 /*
- * The same, for a test whose figures are one device's pool and chunks
+ * The same, for a test whose figures are one device's pool and blocks
  * (scrub, cache, exhaustion): its ranks stay on GPU 0 whatever
  * DEP_TEST_GPUS says (Check runs each test in its own process).
  */

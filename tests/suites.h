@@ -12,5 +12,6 @@
   XX(client)                \
   XX(ops)                   \
   XX(memory)                \
+  XX(pool)                  \
   XX(cuda_ops)
 #endif

@@ -1,0 +1,271 @@
+/*
+ * check_pool.c — the pool's lending rules, driven directly (daemon/pool.c)
+ * on a backend that is the host backend plus two things a test needs: a
+ * scrub that can be made to fail, and a count of allocations made.  The
+ * daemon-level behaviour (the block a job receives, isolation, the cache,
+ * exhaustion) is specified with real daemons in check_job.c and
+ * check_memory.c; this suite pins what those cannot reach: the budget under
+ * a long random mix of jobs, a scrub that fails, and the eviction order.
+ */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "log.h"
+#include "pool.h"
+
+#define KIB 1024ull
+#define MIB (1024ull * 1024ull)
+
+static int fail_next_scrubs; /* the next this many scrubs fail */
+static int made;             /* allocations made so far */
+
+static int test_create(struct backend_dev *d, uint64_t bytes, struct chunk_mem *out, char *why,
+                       size_t whylen) {
+  int rc = backend_host_ops.chunk_create(d, bytes, out, why, whylen);
+  made += rc == 0;
+  return rc;
+}
+
+static int test_scrub(struct backend_dev *d, struct chunk_mem *m, char *why, size_t whylen) {
+  if (fail_next_scrubs > 0) {
+    fail_next_scrubs--;
+    snprintf(why, whylen, "scrub failed on purpose");
+    return DEP_ERR_INTERNAL;
+  }
+  return backend_host_ops.chunk_scrub(d, m, why, whylen);
+}
+
+static const struct backend_ops test_ops = {
+    .name = "host",
+    .probe = NULL,
+    .chunk_create = test_create,
+    .chunk_destroy = NULL, /* set from the host backend in setup */
+    .chunk_scrub = test_scrub,
+    .release_dev = NULL,
+};
+
+static struct backend_ops ops;
+
+/* A host pool of budget bytes, reserve 2 MiB, preallocated or not. */
+static void pool_open(struct pool *p, uint64_t budget, bool prealloc) {
+  log_set_level(LOG_PRIO_WARNING); /* the suite's output stays readable */
+  ops = test_ops;
+  ops.chunk_destroy = backend_host_ops.chunk_destroy;
+  fail_next_scrubs = 0;
+  made = 0;
+  struct backend_dev dev;
+  char why[256] = "";
+  ck_assert_int_eq(backend_host_ops.probe(&dev, 1, why, sizeof why), 1);
+  ck_assert_int_eq(pool_init(p, &ops, &dev, budget, 2 * MIB, prealloc, why, sizeof why), 0);
+}
+
+static ino_t inode_of(const struct pool_block *b) {
+  struct stat sb;
+  ck_assert_int_eq(fstat(pool_block_fd(b), &sb), 0);
+  ck_assert_uint_eq((uint64_t)sb.st_size, pool_block_bytes(b));
+  return sb.st_ino;
+}
+
+/* The pool's figures agree with its blocks, and stay within the budget. */
+static void check_books(const struct pool *p) {
+  uint64_t made_b = 0, used = 0, cached = 0;
+  uint32_t n = 0;
+  for (const struct pool_block *b = p->blocks; b != NULL; b = b->next, n++) {
+    ck_assert_uint_eq(pool_block_bytes(b) % p->dev.granularity, 0);
+    made_b += pool_block_bytes(b);
+    used += b->state == POOL_BLOCK_LENT ? pool_block_bytes(b) : 0;
+    cached += b->state == POOL_BLOCK_CACHED ? pool_block_bytes(b) : 0;
+  }
+  ck_assert_uint_eq(n, p->n_blocks);
+  ck_assert_uint_eq(made_b, p->made_bytes);
+  ck_assert_uint_eq(used, p->used_bytes);
+  ck_assert_uint_eq(cached, p->cached_bytes);
+  ck_assert_uint_le(p->made_bytes, p->budget_bytes);
+}
+
+/*
+ * Many jobs of three uids and five sizes come and go at random, cache on
+ * and off: the budget always holds, every lend is exactly the size asked
+ * (to the page), a block is only ever lent to the uid that used it last
+ * (or to anyone when fresh), and a refusal happens only when the live jobs
+ * leave too little of the budget.
+ */
+START_TEST(random_jobs_keep_the_budget_and_never_cross_uids) {
+  struct pool p;
+  pool_open(&p, 16 * MIB, true);
+  const uint64_t page = p.dev.granularity;
+  const uint64_t sizes[] = {640 * KIB, 2 * MIB, 3 * MIB + 5, 4032 * KIB, 7 * MIB};
+  struct {
+    struct pool_block *b;
+    uid_t uid;
+  } live[8] = {{0}};
+  struct {
+    ino_t ino;
+    uid_t uid;
+  } seen[4096];
+  int n_seen = 0;
+  unsigned seed = 12345;
+  for (int step = 0; step < 3000; step++) {
+    int slot = rand_r(&seed) % 8;
+    if (live[slot].b != NULL) {
+      pool_block_put(live[slot].b, rand_r(&seed) % 2);
+      live[slot].b = NULL;
+    } else {
+      uid_t uid = 1000 + (uid_t)(rand_r(&seed) % 3);
+      uint64_t want = sizes[rand_r(&seed) % 5];
+      uint64_t room = p.budget_bytes - p.used_bytes, size = (want + page - 1) / page * page;
+      char why[512] = "";
+      struct pool_block *b = NULL;
+      int rc = pool_block_get(&p, want, uid, want ^ uid, &b, why, sizeof why);
+      if (size > room) {
+        ck_assert_int_eq(rc, DEP_ERR_NO_MEMORY);
+        ck_assert_msg(strstr(why, "raise pool.size_per_device") != NULL, "said: %s", why);
+      } else {
+        ck_assert_msg(rc == 0, "step %d: %s", step, why);
+        ck_assert_uint_eq(pool_block_bytes(b), size);
+        ino_t ino = inode_of(b);
+        int k = 0;
+        while (k < n_seen && seen[k].ino != ino)
+          k++;
+        ck_assert_msg(k == n_seen || seen[k].uid == uid,
+                      "step %d: uid %u was lent a block uid %u used", step, (unsigned)uid,
+                      (unsigned)seen[k].uid);
+        if (k == n_seen) {
+          ck_assert_int_lt(n_seen, 4096);
+          n_seen++;
+        }
+        seen[k].ino = ino;
+        seen[k].uid = uid;
+        live[slot].b = b;
+        live[slot].uid = uid;
+      }
+    }
+    check_books(&p);
+  }
+  for (int i = 0; i < 8; i++)
+    if (live[i].b != NULL)
+      pool_block_put(live[i].b, true);
+  check_books(&p);
+  ck_assert_uint_eq(p.used_bytes, 0);
+  pool_fini(&p);
+}
+END_TEST
+
+/* A block whose scrub fails is never lent again: it is unmade, and the next job gets another. */
+START_TEST(a_block_that_fails_its_scrub_is_unmade) {
+  struct pool p;
+  pool_open(&p, 8 * MIB, false);
+  char why[512] = "";
+  struct pool_block *b = NULL;
+  ck_assert_int_eq(pool_block_get(&p, 640 * KIB, 1000, 7, &b, why, sizeof why), 0);
+  ino_t first = inode_of(b);
+  int fd = dup(pool_block_fd(b)); /* keeps the inode from being reused */
+  fail_next_scrubs = 1;
+  pool_block_put(b, true);
+  ck_assert_uint_eq(p.made_bytes, 0);
+  ck_assert_uint_eq(p.used_bytes, 0);
+  ck_assert_uint_eq(p.cached_bytes, 0);
+  ck_assert_uint_eq(p.n_blocks, 0);
+  ck_assert_int_eq(pool_block_get(&p, 640 * KIB, 1000, 7, &b, why, sizeof why), 0);
+  ck_assert(inode_of(b) != first);
+  ck_assert_int_eq(made, 2);
+  pool_block_put(b, true);
+  check_books(&p);
+  close(fd);
+  pool_fini(&p);
+}
+END_TEST
+
+/*
+ * The warm path makes nothing; room for a new size comes from free blocks
+ * first, then from the cache, the block cached longest ago first.
+ */
+START_TEST(room_comes_from_free_blocks_then_the_oldest_cached) {
+  struct pool p;
+  pool_open(&p, 8 * MIB, false);
+  char why[512] = "";
+  struct pool_block *a, *b, *c, *d;
+  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 1000, 1, &a, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 1000, 2, &b, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 1000, 3, &c, why, sizeof why), 0);
+  ino_t ia = inode_of(a), ib = inode_of(b);
+  pool_block_put(a, true); /* cached first: the oldest */
+  pool_block_put(b, true);
+  pool_block_put(c, false); /* free */
+  ck_assert_int_eq(made, 3);
+  /* 1 MiB: the free 2 MiB block makes the room; the cache is untouched. */
+  ck_assert_int_eq(pool_block_get(&p, 1 * MIB, 1000, 4, &d, why, sizeof why), 0);
+  ck_assert_uint_eq(p.cached_bytes, 6 * MIB);
+  ck_assert_uint_eq(p.made_bytes, 7 * MIB);
+  pool_block_put(d, false);
+  /* 4 MiB: the free 1 MiB block goes, then one cached block, the oldest (a's). */
+  ck_assert_int_eq(pool_block_get(&p, 4 * MIB, 1000, 5, &d, why, sizeof why), 0);
+  ck_assert_uint_eq(p.cached_bytes, 3 * MIB);
+  ck_assert_uint_eq(p.made_bytes, 7 * MIB);
+  struct pool_block *again;
+  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 1000, 2, &again, why, sizeof why), 0);
+  ck_assert(inode_of(again) == ib); /* b survived, and is the warm block of its shape */
+  ck_assert(inode_of(again) != ia);
+  ck_assert_int_eq(made, 5);
+  pool_block_put(again, true);
+  /* A live job holds 4 MiB of 8: 5 MiB is refused with the figures, and the cache stays. */
+  struct pool_block *none = NULL;
+  ck_assert_int_eq(pool_block_get(&p, 5 * MIB, 1000, 6, &none, why, sizeof why),
+                   DEP_ERR_NO_MEMORY);
+  ck_assert_msg(strstr(why, "a block of 5 MiB: its pool's budget is 8 MiB and live jobs hold "
+                            "4 MiB of it") != NULL, "said: %s", why);
+  ck_assert_uint_eq(p.cached_bytes, 3 * MIB);
+  ck_assert_int_eq(made, 5);
+  pool_block_put(d, true);
+  check_books(&p);
+  pool_fini(&p);
+}
+END_TEST
+
+/*
+ * A preallocated pool, and jobs of exactly the reserve's size: they take
+ * reserve blocks as they are (nothing made).  Freed (cache off), a block
+ * goes back to the uid that used it before any unused block does, and
+ * never to another uid, who gets an unused one.
+ */
+START_TEST(reserve_blocks_are_lent_as_they_are_and_free_ones_go_back_to_their_uid) {
+  struct pool p;
+  pool_open(&p, 8 * MIB, true);
+  ck_assert_int_eq(made, 4);
+  char why[512] = "";
+  struct pool_block *b, *again, *other;
+  ck_assert_int_eq(pool_block_get(&p, 2 * MIB - 100, 1000, 1, &b, why, sizeof why), 0);
+  ck_assert_uint_eq(pool_block_bytes(b), 2 * MIB);
+  ino_t first = inode_of(b);
+  pool_block_put(b, false);
+  for (int i = 0; i < 3; i++) { /* whatever order the blocks are in */
+    ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 1001, 2, &other, why, sizeof why), 0);
+    ck_assert(inode_of(other) != first);
+    pool_block_put(other, false);
+    ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 1000, 1, &again, why, sizeof why), 0);
+    ck_assert(inode_of(again) == first);
+    pool_block_put(again, false);
+  }
+  ck_assert_int_eq(made, 4);
+  check_books(&p);
+  pool_fini(&p);
+}
+END_TEST
+
+Suite *pool_suite(void);
+Suite *pool_suite(void) {
+  Suite *s = suite_create("pool");
+  TCase *tc = tcase_create("lending");
+  tcase_add_test(tc, random_jobs_keep_the_budget_and_never_cross_uids);
+  tcase_add_test(tc, a_block_that_fails_its_scrub_is_unmade);
+  tcase_add_test(tc, room_comes_from_free_blocks_then_the_oldest_cached);
+  tcase_add_test(tc, reserve_blocks_are_lent_as_they_are_and_free_ones_go_back_to_their_uid);
+  suite_add_tcase(s, tc);
+  return s;
+}
