@@ -17,8 +17,10 @@
  * r % N; -g 0: every visible GPU); in the cold path each rank makes its
  * memory on its own GPU and gives its own GPU access to its peers'.  A
  * round starts when the parent releases every rank at once; it ends when
- * the last rank is ready.  Prints one table row per rank count: median and
- * worst of the rounds, for warm and cold, and the ratio.
+ * the last rank is ready.  Prints one table row per rank count: the first
+ * warm round (the daemon's first job of that shape), median and worst of
+ * the rounds, for warm and cold, the ratio, and where the slowest warm
+ * rank's time went (dep_attach_times: wait, map, setup, warmup; medians).
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -92,6 +94,10 @@ static void rank_cuda_setup(int rank, int gpus) {
 
 /* ---- warm path: deepepd ---------------------------------------------------- */
 
+/* What a warm rank reports besides its ready time: dep_attach_times' parts. */
+#define PHASES 4
+static const char *const phase_names[PHASES] = {"wait", "map", "setup", "warmup"};
+
 static void warm_round(const struct opts *o, bool cuda, int n, int rank, int round) {
   dep_client_t *c;
   if (dep_client_new(&c) != 0)
@@ -113,8 +119,11 @@ static void warm_round(const struct opts *o, bool cuda, int n, int rank, int rou
   for (int i = 0; i < n; i++)
     if (info.slabs[i] == NULL)
       die("%s%s", "a slab pointer is missing", "");
-  double t = bench_now_ms();
-  if (write(STDOUT_FILENO, &t, sizeof t) != sizeof t)
+  struct dep_attach_times tm;
+  if (dep_attach_times(c, &tm) != 0)
+    die("%s%s", "dep_attach_times failed", "");
+  double t[1 + PHASES] = {bench_now_ms(), tm.wait_ms, tm.map_ms, tm.setup_ms, tm.warmup_ms};
+  if (write(STDOUT_FILENO, t, sizeof t) != sizeof t)
     exit(1);
   char go;
   if (read(STDIN_FILENO, &go, 1) != 1) /* hold the job until every rank reported */
@@ -252,7 +261,8 @@ struct rank_proc {
 };
 
 /* Run `rounds` rounds of one path with n persistent rank processes. */
-static void run_path(const struct opts *o, bool cuda, bool warm, int n, double *out) {
+static void run_path(const struct opts *o, bool cuda, bool warm, int n, double *out,
+                     double (*phases)[PHASES]) {
   struct dep_slab_layout l;
   char why[256];
   if (dep_slab_layout(&o->shape, (uint32_t)n, &l, why, sizeof why) != 0)
@@ -316,11 +326,15 @@ static void run_path(const struct opts *o, bool cuda, bool warm, int n, double *
         die("%s%s", "release", "");
     double last = t0;
     for (int r = 0; r < n; r++) {
-      double t;
-      if (read(rp[r].from, &t, sizeof t) != sizeof t)
+      double t[1 + PHASES] = {0};
+      size_t len = warm ? sizeof t : sizeof t[0];
+      if (read(rp[r].from, t, len) != (ssize_t)len)
         die("%s%s", "a rank died during the round", "");
-      if (t > last)
-        last = t;
+      if (t[0] > last || r == 0) {
+        last = t[0] > last ? t[0] : last;
+        if (warm) /* the phases of the slowest rank */
+          memcpy(phases[round], t + 1, sizeof phases[round]);
+      }
     }
     out[round] = last - t0;
     for (int r = 0; r < n; r++)
@@ -401,8 +415,11 @@ int main(int argc, char **argv) {
     printf("# placement: every rank on GPU 0 (-g N spreads them over N GPUs)\n");
   dep_status_free(st);
   dep_client_free(c);
-  printf("%-6s %14s %12s %12s %12s %12s %8s\n", "ranks", "slab_MiB", "warm_med_ms",
-         "warm_max_ms", "cold_med_ms", "cold_max_ms", "ratio");
+  printf("%-6s %14s %12s %12s %12s %12s %12s %8s", "ranks", "slab_MiB", "warm_first_ms",
+         "warm_med_ms", "warm_max_ms", "cold_med_ms", "cold_max_ms", "ratio");
+  for (int p = 0; p < PHASES; p++)
+    printf(" %9s_ms", phase_names[p]);
+  printf("\n");
   for (int i = 0; i < o.ncounts; i++) {
     int n = o.counts[i];
     if (n < 1 || n > MAX_RANKS || o.shape.num_experts % (uint32_t)n != 0)
@@ -411,15 +428,26 @@ int main(int argc, char **argv) {
     char why[256];
     if (dep_slab_layout(&o.shape, (uint32_t)n, &l, why, sizeof why) != 0)
       die("%s%s", why, "");
-    double warm[MAX_ROUNDS], cold[MAX_ROUNDS];
-    run_path(&o, cuda, true, n, warm);
-    run_path(&o, cuda, false, n, cold);
+    double warm[MAX_ROUNDS], cold[MAX_ROUNDS], phases[MAX_ROUNDS][PHASES];
+    run_path(&o, cuda, true, n, warm, phases);
+    run_path(&o, cuda, false, n, cold, NULL);
+    /* Round 0 is the first job of this shape on the daemon: its arena may
+     * be made then, and kept by the buffer cache for the later rounds. */
+    double first = warm[0];
     bench_sort(warm, (size_t)o.rounds);
     bench_sort(cold, (size_t)o.rounds);
     double wm = warm[o.rounds / 2], cm = cold[o.rounds / 2];
-    printf("%-6d %14.1f %12.3f %12.3f %12.3f %12.3f %7.1fx\n", n,
-           (double)l.total_bytes / (1 << 20), wm, warm[o.rounds - 1], cm, cold[o.rounds - 1],
-           cm / wm);
+    printf("%-6d %14.1f %12.3f %12.3f %12.3f %12.3f %12.3f %7.1fx", n,
+           (double)l.total_bytes / (1 << 20), first, wm, warm[o.rounds - 1], cm,
+           cold[o.rounds - 1], cm / wm);
+    for (int p = 0; p < PHASES; p++) { /* medians over the rounds, of the slowest rank */
+      double v[MAX_ROUNDS];
+      for (int r = 0; r < o.rounds; r++)
+        v[r] = phases[r][p];
+      bench_sort(v, (size_t)o.rounds);
+      printf(" %12.3f", v[o.rounds / 2]);
+    }
+    printf("\n");
     fflush(stdout);
   }
   return 0;

@@ -33,6 +33,12 @@ static int attach_timeout(dep_client_t *c, int *timeout_ms) {
   return 0;
 }
 
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 void client_unmap(dep_client_t *c) {
   cuda_ops_detach(c); /* the kernels and their memory go before the slabs they address */
   host_ops_fini(&c->ops);
@@ -91,8 +97,10 @@ static int attach_slab(dep_client_t *c, struct client_frame *f, bool *seen) {
     return rc;
   char why[256] = "";
   struct mem_map *arena = &c->arenas[c->n_arenas];
+  double t0 = now_ms();
   rc = mem_map_slab(arena, c->cuda, f->fds, m.n_chunks, m.chunk_bytes, c->cuda_dev, why,
                     sizeof why);
+  c->times.map_ms += now_ms() - t0;
   f->nfds = 0; /* mem_map_slab closed them */
   if (rc != 0)
     return client_seterr(c, rc, "mapping the slabs of local rank %u: %s", m.ranks[0].local_rank,
@@ -149,12 +157,6 @@ static int attach_reply(dep_client_t *c, uint32_t id, int timeout_ms) {
   }
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* Where the slabs will live: on cuda, a context on this rank's GPU. */
 static int attach_bind_device(dep_client_t *c, const struct dep_attach_args *a) {
   c->cuda = strcmp(c->hello.backend, "cuda") == 0;
@@ -191,10 +193,23 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
   if ((rc = attach_timeout(c, &timeout_ms)) != 0 || (rc = attach_bind_device(c, args)) != 0)
     return rc;
   c->args = *args;
+  memset(&c->times, 0, sizeof c->times);
   uint32_t id = 0;
   rc = client_send_request(c, DEP_MSG_ATTACH, args, &id);
+  /* While the daemon waits for the other local ranks and lends the memory,
+   * load the kernels.  A failure here is reported once the reply is read
+   * (the daemon's answer must be taken off the socket either way). */
+  int prep_rc = 0;
+  char prep_msg[CLIENT_ERRMSG_MAX] = "";
+  double t_sent = now_ms();
+  if (rc == 0 && c->cuda && (prep_rc = cuda_ops_prepare(c)) != 0)
+    snprintf(prep_msg, sizeof prep_msg, "%s", c->errmsg);
   if (rc == 0)
     rc = attach_reply(c, id, timeout_ms);
+  c->times.wait_ms = now_ms() - t_sent - c->times.map_ms - c->cuops.setup_ms;
+  c->times.wait_ms = c->times.wait_ms > 0 ? c->times.wait_ms : 0;
+  if (rc == 0 && prep_rc != 0)
+    rc = client_seterr(c, prep_rc, "%s", prep_msg);
   if (rc == DEP_ERR_TIMEOUT && c->fd < 0)
     client_seterr(c, rc,
                   "deepepd did not answer ATTACH of job \"%s\" within %d ms "
@@ -222,6 +237,7 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
       return client_seterr(c, rc, "dep_attach: %s", why);
     }
   }
+  c->times.setup_ms = c->cuops.setup_ms;
   if (c->cuda && (rc = cuda_ops_attach(c)) != 0) {
     char msg[CLIENT_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "%s", c->errmsg);
@@ -229,7 +245,18 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
     return client_seterr(c, rc, "%s", msg);
   }
   c->attach_ms = now_ms() - t0;
+  c->times.warmup_ms = c->cuops.warmup_ms;
+  c->times.total_ms = c->attach_ms;
   return DEP_OK;
+}
+
+DEP_EXPORT int dep_attach_times(const dep_client_t *c, struct dep_attach_times *out) {
+  if (c == NULL || out == NULL)
+    return DEP_ERR_INVALID;
+  if (!c->attached)
+    return DEP_ERR_STATE;
+  *out = c->times;
+  return 0;
 }
 
 DEP_EXPORT int dep_detach(dep_client_t *c) {

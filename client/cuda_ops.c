@@ -6,6 +6,7 @@
  * embedded fatbin (kernels/ops.cu), loaded once per attachment with
  * cuModuleLoadData: no run-time compilation.
  */
+#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,6 +114,12 @@ static int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
     snprintf(m, sizeof m, "timeout in %s waiting for rank %u (call %llu, %u ms, its flag read "
              "%llu): that rank did not make the same call; check that every rank runs the same "
              "sequence of operations and is alive", what, r.source, (unsigned long long)r.seq,
+             r.waited_ms, (unsigned long long)r.seen_flag);
+    break;
+  case CUOPS_PHASE_ROW:
+    snprintf(m, sizeof m, "timeout in %s waiting for rows from rank %u (call %llu, %u ms, a row's "
+             "mark read %#llx): that rank posted the call but stopped sending (it died or its "
+             "GPU is stuck); restart the job", what, r.source, (unsigned long long)r.seq,
              r.waited_ms, (unsigned long long)r.seen_flag);
     break;
   case CUOPS_PHASE_AHEAD:
@@ -283,6 +290,7 @@ static int tokens_ok(char *why, size_t len, uint32_t n, uint32_t max, const char
 static unsigned comm_grid(const dep_client_t *c) {
   return c->cuops.job.world * c->cuops.job.parts;
 }
+
 
 /* ---- the operations ------------------------------------------------------------------- */
 
@@ -517,11 +525,17 @@ static int warmup(dep_client_t *c) {
     if (rc == 0)
       rc = cuda_ops_ll_combine(c, &lca, h, s);
   }
+  st->job = job;
+  /* The job's own slabs last: read a word of every 64 KiB of each, so the
+   * page tables of the peers' memory are walked here, not by the first
+   * operation. */
+  struct cuops_touch_args ta = {c->layout.total_bytes};
+  if (rc == 0)
+    rc = launch(c, CUOPS_K_TOUCH, job.world, 0, &ta, s, op);
   if ((r = drv()->cuStreamSynchronize(s)) != CUDA_SUCCESS && rc == 0)
     rc = cu_fail(c, op, "cuStreamSynchronize", r);
   if (rc == 0)
     rc = cuops_poll(c, op, s, true);
-  st->job = job;
   drv()->cuStreamDestroy(s);
   st->warmup_ms = mono_ms() - t0;
   return rc;
@@ -535,7 +549,7 @@ static int warmup(dep_client_t *c) {
  * CUOPS_MAX_CTAS, so that every rank's kernel is resident at once and a
  * lone rank leaves most of its GPU to the trainer's compute.
  */
-static uint32_t sm_budget(const dep_client_t *c, const struct cudadrv *cu) {
+static int sm_budget(dep_client_t *c, const struct cudadrv *cu, uint32_t *out) {
   int sms = 0;
   CUdevice dev;
   if (cu->cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
@@ -544,11 +558,27 @@ static uint32_t sm_budget(const dep_client_t *c, const struct cudadrv *cu) {
     sms = 16; /* unknown: small enough to fit anywhere */
   uint32_t sharing = c->ranks_on_dev ? c->ranks_on_dev : c->ops.world;
   uint32_t budget = (uint32_t)sms / sharing;
-  return budget > CUOPS_MAX_CTAS ? CUOPS_MAX_CTAS : budget;
+  *out = budget > CUOPS_MAX_CTAS ? CUOPS_MAX_CTAS : budget;
+  /* The operator's override; at most what keeps every rank on this GPU
+   * resident at once (CUOPS_CTAS_PER_SM each SM, shared out). */
+  const char *e = getenv(CUOPS_CTAS_ENV);
+  if (e == NULL || e[0] == '\0')
+    return 0;
+  const uint32_t most = CUOPS_CTAS_PER_SM * (uint32_t)sms / sharing;
+  char *end = NULL;
+  errno = 0;
+  unsigned long v = strtoul(e, &end, 10);
+  if (e[0] < '0' || e[0] > '9' || errno != 0 || *end != '\0' || v < 1 || v > most)
+    return client_seterr(c, DEP_ERR_INVALID,
+                         "dep_attach: $" CUOPS_CTAS_ENV "=\"%s\" must be a number of CTAs from 1 "
+                         "to %u (%d SMs, %u ranks of the job on this GPU); fix or unset it",
+                         e, most, sms, sharing);
+  *out = (uint32_t)v;
+  return 0;
 }
 #endif
 
-int cuda_ops_attach(dep_client_t *c) {
+int cuda_ops_prepare(dep_client_t *c) {
   struct cuops_state *st = &c->cuops;
   memset(st, 0, sizeof *st);
 #ifndef DEP_HAVE_FATBIN
@@ -556,6 +586,7 @@ int cuda_ops_attach(dep_client_t *c) {
 #else
   const char *op = "dep_attach";
   char why[256] = "";
+  double t0 = mono_ms();
   const struct cudadrv *cu = cudadrv_load(why, sizeof why);
   if (cu == NULL)
     return client_seterr(c, DEP_ERR_UNSUPPORTED, "%s: %s", op, why);
@@ -571,8 +602,10 @@ int cuda_ops_attach(dep_client_t *c) {
       return client_seterr(c, DEP_ERR_CUDA, "%s: kernel %s: %s", op, kernel_names[k],
                            cudadrv_errstr(r));
   /* The operations run among the ranks of one node (ops.c refuses others). */
-  if (c->args.world_size != c->args.local_world_size)
+  if (c->args.world_size != c->args.local_world_size) {
+    st->setup_ms = mono_ms() - t0;
     return 0;
+  }
   void *host = NULL;
   r = cu->cuMemHostAlloc(&host, sizeof *st->host, CU_MEMHOSTALLOC_PORTABLE |
                                                       CU_MEMHOSTALLOC_DEVICEMAP);
@@ -585,10 +618,24 @@ int cuda_ops_attach(dep_client_t *c) {
       (r = cu->cuMemAlloc(&st->dev, sizeof(struct cuops_dev))) != CUDA_SUCCESS ||
       (r = cu->cuMemsetD8(st->dev, 0, sizeof(struct cuops_dev))) != CUDA_SUCCESS ||
       (r = cu->cuMemAlloc(&st->scratch, scratch)) != CUDA_SUCCESS ||
-      (r = cu->cuMemAlloc(&st->stage, c->ops.lay.max_ll_tokens *
+      (r = cu->cuMemAlloc(&st->stage, c->layout.max_ll_tokens *
                                           CUOPS_STAGE_ROW(c->args.shape.hidden))) != CUDA_SUCCESS ||
       (r = cu->cuMemsetD8(st->scratch, 0, scratch)) != CUDA_SUCCESS)
     return cu_fail(c, op, "making the operations' device memory", r);
+  st->prepared = true;
+  st->setup_ms = mono_ms() - t0;
+  return 0;
+#endif
+}
+
+int cuda_ops_attach(dep_client_t *c) {
+#ifndef DEP_HAVE_FATBIN
+  return 0;
+#else
+  struct cuops_state *st = &c->cuops;
+  if (!st->prepared)
+    return 0; /* a job spanning nodes: kernels loaded, no operations here */
+  const struct cudadrv *cu = drv();
   struct cuops_job *j = &st->job;
   const struct ops_ctx *o = &c->ops;
   for (uint32_t i = 0; i < o->world; i++)
@@ -606,8 +653,19 @@ int cuda_ops_attach(dep_client_t *c) {
   j->kd = j->topk < j->le ? j->topk : j->le;
   j->max_tokens = o->shape.max_tokens_per_rank;
   j->max_ll = o->lay.max_ll_tokens;
-  j->parts = sm_budget(c, cu) / o->world;
+  uint32_t budget = 0;
+  int rc = sm_budget(c, cu, &budget);
+  if (rc != 0)
+    return rc;
+  j->parts = budget / o->world;
   j->parts = j->parts < 1 ? 1 : j->parts;
+  /* The dispatch senders' counts: one word per (destination, sender warp);
+   * the warm-up's world of one (8 parts) needs at most this or 4 KiB. */
+  const uint64_t tcnt = (uint64_t)o->world * j->parts * CUOPS_WARPS * 4 + 4096;
+  CUresult r = cu->cuMemAlloc(&st->tcnt, tcnt);
+  if (r != CUDA_SUCCESS)
+    return cu_fail(c, "dep_attach", "making the dispatch's count scratch", r);
+  j->tcnt = (uint32_t *)(uintptr_t)st->tcnt;
   j->timeout_ns = (uint64_t)o->timeout_ms * 1000000ull;
   j->host = (struct cuops_host *)(uintptr_t)st->host_dev;
   j->dev = (struct cuops_dev *)(uintptr_t)st->dev;
@@ -641,6 +699,8 @@ void cuda_ops_detach(dep_client_t *c) {
       cu->cuMemFree(st->scratch);
     if (st->stage != 0)
       cu->cuMemFree(st->stage);
+    if (st->tcnt != 0)
+      cu->cuMemFree(st->tcnt);
     if (st->loop_slab != 0)
       cu->cuMemFree(st->loop_slab);
     if (st->loop_dev != 0)

@@ -15,6 +15,9 @@
  *   - Push only: sender CTAs write rows into the peers' slabs, the last
  *     sender CTA of each destination fences (system scope) and stores the
  *     flag with st.release.sys; receiver CTAs wait with ld.acquire.sys.
+ *     The throughput ops post the flag (with the row count) before the
+ *     rows, and mark each row with the call in its meta word 3 after a
+ *     system fence; receivers wait for the flag, then for each row's mark.
  *     Every rank posts to every rank on every call, zero rows included.
  *   - Every wait is bounded by op_timeout_ms on %globaltimer.  A failure
  *     is claimed once (cuops_dev.claim) and recorded in pinned host memory
@@ -22,11 +25,15 @@
  *     slab's error words; the kernel returns, it never traps.
  *   - SM budget: every communicating kernel is world * P CTAs of
  *     CUOPS_THREADS threads, each of which first sends (part of the rows
- *     for one peer) then receives.  P = max(1, B / world), where B, the
+ *     for one peer) then receives (in the throughput ops, work claimed
+ *     from a counter, so that CTAs done sending early receive while others
+ *     still push across NVLink).  P = max(1, B / world), where B, the
  *     rank's budget, is the GPU's SMs divided by the job's ranks on that
  *     GPU, at most CUOPS_MAX_CTAS: ranks sharing one GPU all fit at once
  *     (8 ranks on 132 SMs: 16 CTAs each), and a rank alone on its GPU
- *     leaves the rest of it to the trainer's kernels.  Each lane keeps
+ *     leaves the rest of it to the trainer's kernels.  $DEEPEP_KERNEL_CTAS
+ *     sets B for every rank (at most CUOPS_CTAS_PER_SM * SMs / ranks on the
+ *     GPU, so that all stay resident).  Each lane keeps
  *     several 16-byte loads in flight (ops_dev.cuh), since a copy with one
  *     load in flight per thread runs at the memory's latency.
  *
@@ -73,7 +80,11 @@
 #define CUOPS_THREADS 256
 #define CUOPS_WARPS (CUOPS_THREADS / 32)
 #define CUOPS_MAX_RANKS DEP_MAX_LOCAL_RANKS
-#define CUOPS_MAX_CTAS 48u
+#define CUOPS_MAX_CTAS 96u
+/* CTAs of one communicating kernel resident per SM (__launch_bounds__ in ops.cu). */
+#define CUOPS_CTAS_PER_SM 2u
+/* Overrides the SM budget (CTAs per communicating kernel) of every rank. */
+#define CUOPS_CTAS_ENV "DEEPEP_KERNEL_CTAS"
 /* Low-latency dispatch keeps per-(source, local expert) counts and offsets
  * in dynamic shared memory: 8 bytes per expert, within the 48 KiB a kernel
  * gets without opting in. */
@@ -96,6 +107,7 @@ enum cuops_phase {
   CUOPS_PHASE_AHEAD = 2,   /* a peer's flag is past this call: ranks out of step */
   CUOPS_PHASE_PEER = 3,    /* a peer made another call, or sent malformed rows */
   CUOPS_PHASE_IDS = 4,     /* the caller's topk_idx */
+  CUOPS_PHASE_ROW = 5,     /* waiting for a peer's row (throughput ops) */
 };
 
 /* An ops_err_record (host_ops.h) with its reserved word used for phase. */
@@ -125,6 +137,8 @@ struct cuops_dev {
   uint32_t broken;                 /* 1 after a timeout: kernels do nothing */
   uint32_t pad;
   uint32_t arrive[CUOPS_MAX_RANKS]; /* sender CTAs done per destination */
+  uint32_t bar_count, bar_gen;     /* the dispatch's grid barrier (ops.cu) */
+  uint32_t ticket;                 /* the throughput ops' receive work, claimed; 0 between calls */
 };
 
 /* One rank's view of its job, passed by value to every kernel. */
@@ -132,9 +146,15 @@ struct cuops_job {
   uint8_t *slabs[CUOPS_MAX_RANKS]; /* every rank's slab (device pointers), by rank */
   uint64_t data_off, block_bytes, parity_bytes, row_bytes;
   uint32_t world, rank, hidden, topk, num_experts, le, kd, max_tokens, max_ll, parts;
+  uint32_t *tcnt;                  /* dispatch: [world][parts * warps] rows counted, scratch */
   uint64_t timeout_ns;
   struct cuops_host *host;         /* device address of the pinned block */
   struct cuops_dev *dev;
+};
+
+/* dep_k_touch: the bytes of each slab to touch. */
+struct cuops_touch_args {
+  uint64_t bytes;
 };
 
 /* A handle's device arrays (one allocation). */
@@ -210,7 +230,8 @@ struct cuops_ll_combine_args {
   XX(COMBINE, "dep_k_combine")             \
   XX(LL_DISPATCH, "dep_k_ll_dispatch")     \
   XX(LL_COMBINE, "dep_k_ll_combine")       \
-  XX(LL_CAST, "dep_k_ll_cast")
+  XX(LL_CAST, "dep_k_ll_cast")              \
+  XX(TOUCH, "dep_k_touch")
 
 #ifndef __CUDACC__
 #include <stdbool.h>
@@ -226,7 +247,8 @@ enum cuops_kernel {
 
 /* The cuda backend's state in a client handle (client_internal.h). */
 struct cuops_state {
-  bool ready;                     /* module loaded, memory made */
+  bool prepared;                  /* module loaded, memory made (cuda_ops_prepare) */
+  bool ready;                     /* ... and bound to the job's slabs (cuda_ops_attach) */
   bool broken;                    /* a wait timed out: ranks out of step */
   CUcontext ctx;
   CUmodule mod;
@@ -236,21 +258,30 @@ struct cuops_state {
   CUdeviceptr dev;                /* struct cuops_dev */
   CUdeviceptr scratch;            /* warm-up outputs */
   CUdeviceptr stage;              /* FP8 tokens of an ll_dispatch: max_ll_tokens rows */
+  CUdeviceptr tcnt;               /* the dispatch senders' counts (cuops_job.tcnt) */
   CUdeviceptr loop_slab, loop_dev; /* the warm-up's world of one, kept until detach */
   struct dep_handle *warm_h;      /* the warm-up's handle */
   struct cuops_job job;
+  double setup_ms;                /* time cuda_ops_prepare took */
   double warmup_ms;               /* time the warm-up took in dep_attach */
 };
 
 struct dep_handle;
 
 /*
- * At dep_attach on cuda, after the slabs are mapped and c->ops is set up:
- * load the embedded fatbin and every kernel, make the pinned and device
- * scratch, and with kernel_warmup run every kernel once on zero tokens, on
- * a private loopback world of one rank (no peer, no write to the job's
- * slabs, the job's call count untouched).  A build without nvcc attaches
- * all the same; its operations then return DEP_ERR_UNSUPPORTED.
+ * At dep_attach on cuda, right after ATTACH is sent (so that it runs while
+ * the daemon waits for the other local ranks and lends the memory): load
+ * the embedded fatbin and every kernel, and make the pinned and device
+ * scratch.  Needs the context current, c->args and c->layout.  A build
+ * without nvcc attaches all the same; its operations then return
+ * DEP_ERR_UNSUPPORTED.
+ */
+int cuda_ops_prepare(dep_client_t *c);
+/*
+ * Then, after the slabs are mapped and c->ops is set up: bind the kernels
+ * to the job (slabs, SM budget) and with kernel_warmup run every kernel
+ * once on zero tokens, on a private loopback world of one rank (no peer,
+ * no write to the job's slabs, the job's call count untouched).
  */
 int cuda_ops_attach(dep_client_t *c);
 /* Undo cuda_ops_attach (client_unmap); safe on a zeroed state. */

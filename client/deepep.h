@@ -189,6 +189,22 @@ struct dep_attach_info {
 /* Fill `out` for an attached handle; DEP_ERR_STATE when not attached. */
 DEP_EXPORT int dep_attach_info(const dep_client_t *c, struct dep_attach_info *out);
 
+/*
+ * Where the last dep_attach's time went, in milliseconds.  setup runs
+ * while the daemon waits for the other local ranks, so wait is the part
+ * of the rendezvous that setup did not cover (0 when setup took longer).
+ */
+struct dep_attach_times {
+  double total_ms;  /* the whole of dep_attach (dep_attach_info's attach_ms) */
+  double wait_ms;   /* ATTACH sent until the daemon's reply was in, less setup and map */
+  double map_ms;    /* importing and mapping every local slab */
+  double setup_ms;  /* cuda: loading the kernels and making their memory (0 on host) */
+  double warmup_ms; /* cuda: running every kernel once (kernel_warmup; 0 on host) */
+};
+
+/* Fill `out` for an attached handle; DEP_ERR_STATE when not attached. */
+DEP_EXPORT int dep_attach_times(const dep_client_t *c, struct dep_attach_times *out);
+
 
 /* ---- dispatch / combine (DESIGN §6) ----------------------------------------
  * One call per operation, each taking the caller's CUDA stream (a CUstream /

@@ -44,6 +44,12 @@ __device__ __forceinline__ void st_release_sys(uint64_t *p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+__device__ __forceinline__ uint32_t ld_acquire_sys32(const uint32_t *p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ uint64_t globaltimer_ns(void) {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -127,6 +133,7 @@ __device__ __forceinline__ void call_end(const cuops_job &J, const call &k) {
     __threadfence();
     if (atomicAdd(&J.dev->done, 1u) == gridDim.x - 1) {
       J.dev->done = 0;
+      J.dev->ticket = 0; /* the throughput ops' work counter, for the next call */
       *(volatile uint64_t *)&J.dev->seq = k.seq;
       __threadfence();
     }
@@ -151,6 +158,85 @@ __device__ __forceinline__ void post(const cuops_job &J, const call &k, uint32_t
   ((volatile uint64_t *)slot)[2] = ref_seq;
   s32[6] = num_tokens;
   st_release_sys((uint64_t *)slot, k.seq);
+}
+
+/*
+ * Thread 0 of sender part 0 for destination d, before any row is written:
+ * the throughput ops post their header (row count, op, handle) first and
+ * mark each row when it lands (row_tag), so receivers copy rows out while
+ * the rest are still crossing NVLink.  Nothing is ordered before this flag
+ * but the slot's own fields, which the release store covers.
+ */
+__device__ __forceinline__ void post_header(const cuops_job &J, const call &k, uint32_t d,
+                                            uint32_t rows, uint32_t op, uint64_t ref_seq,
+                                            uint32_t num_tokens) {
+  uint8_t *slot = slot_at(J, d, k.parity, J.rank);
+  volatile uint32_t *s32 = (volatile uint32_t *)slot;
+  s32[2] = rows;
+  s32[3] = op;
+  ((volatile uint64_t *)slot)[2] = ref_seq;
+  s32[6] = num_tokens;
+  st_release_sys((uint64_t *)slot, k.seq);
+}
+
+/* ---- row marks (throughput ops) ----------------------------------------------------
+ * A throughput row carries, in its meta word 3 (host_ops.h leaves it
+ * unused), the call that wrote it: never 0 (a scrubbed slab), and a row
+ * left from the call before of the same parity holds another value, so a
+ * receiver waits on exactly this call's row.  Calls 2^31 apart share a
+ * mark; a row index is rewritten long before that.
+ */
+__device__ __forceinline__ uint32_t row_tag(uint64_t seq) {
+  return ((uint32_t)seq & 0x7fffffffu) | 0x80000000u;
+}
+
+__device__ __forceinline__ uint32_t *row_tag_at(const cuops_job &J, uint8_t *row) {
+  return (uint32_t *)(row + 2ull * J.hidden + 12);
+}
+
+/*
+ * Every lane of a sender warp, after writing its rows: make them visible
+ * (system scope: the receiver may be another GPU), then mark them.  Lane
+ * L marks the warp's L-th row in the list (first, first + step, ...).
+ */
+__device__ __forceinline__ void mark_rows(const cuops_job &J, const call &k, uint8_t *blk,
+                                          uint32_t first, uint32_t step, uint32_t end) {
+  __syncwarp();
+  __threadfence_system();
+  const uint32_t lane = threadIdx.x & 31u, tag = row_tag(k.seq);
+  for (uint32_t i = first + lane * step; i < end; i += 32 * step)
+    *(volatile uint32_t *)row_tag_at(J, blk + (uint64_t)i * J.row_bytes) = tag;
+}
+
+/*
+ * A warp waits, bounded, until every lane's row (row != NULL) carries this
+ * call's mark.  Lane `src` names the failing source in the error record.
+ * True when every row is there; false when the call failed (recorded here
+ * or by another CTA).  Ends with __syncwarp, which orders each lane's
+ * acquire before the warp's reads of any of the rows.
+ */
+__device__ __forceinline__ bool wait_rows(const cuops_job &J, const call &k, uint32_t op,
+                                          const uint8_t *row, uint32_t src) {
+  const uint32_t want = row_tag(k.seq);
+  const uint32_t *tag = row != NULL ? row_tag_at(J, (uint8_t *)row) : NULL;
+  for (uint32_t i = 0;; i++) {
+    uint32_t seen = tag != NULL ? ld_acquire_sys32(tag) : want;
+    uint32_t late = __ballot_sync(FULL_MASK, seen != want);
+    if (late == 0)
+      break;
+    if ((i & 31u) == 31u) {
+      /* lane 0's reading for all: the warp must leave together */
+      uint64_t waited = __shfl_sync(FULL_MASK, globaltimer_ns() - k.t0, 0);
+      bool broken = __shfl_sync(FULL_MASK, *(volatile uint32_t *)&J.dev->broken, 0) != 0;
+      if (waited > J.timeout_ns && !broken && (threadIdx.x & 31u) == (uint32_t)(__ffs(late) - 1))
+        rec_fail(J, DEP_ERR_TIMEOUT, op, src, CUOPS_PHASE_ROW, k.seq, seen, waited);
+      if (waited > J.timeout_ns || broken)
+        return false;
+      __nanosleep(32);
+    }
+  }
+  __syncwarp();
+  return true;
 }
 
 /* What a receiver CTA learns from every source's slot. */

@@ -202,6 +202,10 @@ START_TEST(handle_api_refuses_null_and_unconnected_use) {
   ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "dep_connect"));
   struct dep_attach_args a = attach_args("job-a", 0);
   ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_STATE);
+  struct dep_attach_times tm;
+  ck_assert_int_eq(dep_attach_times(NULL, &tm), DEP_ERR_INVALID);
+  ck_assert_int_eq(dep_attach_times(c, NULL), DEP_ERR_INVALID);
+  ck_assert_int_eq(dep_attach_times(c, &tm), DEP_ERR_STATE);
   dep_client_free(c);
 }
 END_TEST
