@@ -9,9 +9,11 @@
  * budget: client/cuda_ops.c).  CTA b first sends, as part b % P of the
  * rows for peer b / P, without waiting; then it receives: it waits,
  * bounded, for every source's flag and takes its share of the receive
- * work (part b % P of source b / P's rows, or every gridDim.x-th token or
- * row).  Every CTA doing both halves keeps every warp busy in each phase
- * (a receiver-only CTA idles while the senders run).  Every order is
+ * work — in the low-latency ops a fixed share (part b % P of source
+ * b / P's rows, or every gridDim.x-th token or row), in the throughput ops
+ * rows or tokens claimed from a counter as each becomes ready (the row
+ * marks of ops_dev.cuh).  Every CTA doing both halves keeps every warp
+ * busy in each phase (a receiver-only CTA idles while the senders run).  Every order is
  * the host's (sources, tokens, k ascending) and every sum a float32 sum in
  * that order with explicit round-to-nearest adds and multiplies (no FMA
  * contraction), so outputs are bit-identical to the host backend's and
