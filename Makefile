@@ -137,10 +137,14 @@ $(DAEMON): $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ)
 $(CTL): $(CTL_OBJ) $(LIB_A)
 	$(CC) $(SANFLAGS) -o $@ $(CTL_OBJ) $(LIB_A) -ldl -lpthread -lm
 
-# Each bench/<name>.c is one program, with the shared helpers of benchlib.c.
-$(BUILD)/bench/%: bench/%.c $(call obj,$(BENCHLIB_SRC)) $(LIB_A)
+# Each bench/<name>.c is one program, with the shared helpers of benchlib.c
+# and its own parts, bench/<name>/*.c where it has them.
+.SECONDEXPANSION:
+.SECONDARY: $(call obj,$(wildcard bench/*/*.c))
+$(BUILD)/bench/%: bench/%.c $(call obj,$(BENCHLIB_SRC)) $$(call obj,$$(wildcard bench/%/*.c)) $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(ALLCFLAGS) -o $@ $< $(call obj,$(BENCHLIB_SRC)) $(LIB_A) -ldl -lpthread -lm
+	$(CC) $(ALLCFLAGS) -o $@ $< $(call obj,$(BENCHLIB_SRC) $(wildcard bench/$*/*.c)) $(LIB_A) \
+	  -ldl -lpthread -lm
 
 # install writes the .pc again: PREFIX on the install line may differ from the build's.
 PC_SED = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
