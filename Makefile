@@ -140,7 +140,7 @@ $(CTL): $(CTL_OBJ) $(LIB_A)
 # Each bench/<name>.c is one program, with the shared helpers of benchlib.c
 # and its own parts, bench/<name>/*.c where it has them.
 .SECONDEXPANSION:
-.SECONDARY: $(call obj,$(wildcard bench/*/*.c))
+.SECONDARY: $(call obj,$(BENCHLIB_SRC) $(wildcard bench/*/*.c))
 $(BUILD)/bench/%: bench/%.c $(call obj,$(BENCHLIB_SRC)) $$(call obj,$$(wildcard bench/%/*.c)) $(LIB_A)
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) -o $@ $< $(call obj,$(BENCHLIB_SRC) $(wildcard bench/$*/*.c)) $(LIB_A) \
