@@ -1,0 +1,261 @@
+/*
+ * cudaranks.c — rank processes and rank threads on the cuda backend for
+ * check_cuda_ops.c (cudaranks.h).
+ */
+#include "cudaranks.h"
+
+#include <check.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+bool cr_on_cuda(void) {
+  const char *b = getenv("DEP_TEST_BACKEND");
+  return b != NULL && strcmp(b, "cuda") == 0;
+}
+
+bool cr_gpu_probe(const char *test, struct tu_gpus *g) {
+  size_t n = strlen(test); /* __func__ of a Check test ends in "_fn" */
+  if (!cr_on_cuda()) {
+    printf("%.*s: skipped: runs against a cuda daemon; set DEP_TEST_BACKEND=cuda (make check-gpu) "
+           "on a machine with a GPU\n", (int)(n - 3), test);
+    return false;
+  }
+  char why[256] = "";
+  int rc = tu_gpus_probe(g, why, sizeof why);
+  ck_assert_msg(rc >= 0, "%s", why);
+  if (rc == 0)
+    printf("%.*s: skipped: no usable GPU (%s)\n", (int)(n - 3), test, why);
+  return rc > 0;
+}
+
+bool cr_gpu_ready(const char *test) {
+  struct tu_gpus g;
+  return cr_gpu_probe(test, &g);
+}
+
+uint64_t cr_ms_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+int rk_open(struct rk *k, const char *sock, const char *job, const struct dep_job_shape *sh,
+            uint32_t rank, uint32_t W) {
+  char why[256] = "";
+  k->rank = rank, k->W = W;
+  k->cu = cudadrv_load(why, sizeof why);
+  if (k->cu == NULL)
+    return ow_fail(k->msg, "rank %u: %s", rank, why);
+  struct dep_attach_args a = {.rank = rank, .world_size = W, .local_rank = rank,
+                              .local_world_size = W, .shape = *sh};
+  snprintf(a.job_id, sizeof a.job_id, "%s", job);
+  /* This rank's GPU's primary context current on this thread before
+   * anything else: dep_attach keeps a current context of the device it
+   * binds, and the stream and buffers below are made in it. */
+  int ordinal = 0;
+  if (tu_gpu_for_rank(rank, &ordinal, why, sizeof why) != 0)
+    return ow_fail(k->msg, "rank %u: %s", rank, why);
+  CUuuid u;
+  CR_CU(k, k->cu->cuDeviceGet(&k->dev, ordinal), "cuDeviceGet");
+  CR_CU(k, k->cu->cuDeviceGetUuid(&u, k->dev), "cuDeviceGetUuid");
+  CR_CU(k, k->cu->cuDevicePrimaryCtxRetain(&k->ctx, k->dev), "cuDevicePrimaryCtxRetain");
+  CR_CU(k, k->cu->cuCtxSetCurrent(k->ctx), "cuCtxSetCurrent");
+  memcpy(a.device_uuid, u.bytes, 16);
+  if (dep_client_new(&k->c) != 0 || dep_connect(k->c, sock) != 0 || dep_attach(k->c, &a) != 0)
+    return ow_fail(k->msg, "rank %u: connect/attach: %s", rank, dep_errmsg(k->c));
+  if (dep_handle_new(k->c, &k->h) != 0)
+    return ow_fail(k->msg, "rank %u: dep_handle_new", rank);
+  CR_CU(k, k->cu->cuStreamCreate(&k->s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  struct dep_slab_layout lay;
+  ck_assert_int_eq(dep_slab_layout(sh, W, &lay, why, sizeof why), 0);
+  k->h_ = sh->hidden, k->K = sh->topk, k->E = sh->num_experts, k->mt = sh->max_tokens_per_rank;
+  k->le = k->E / W, k->maxll = lay.max_ll_tokens, k->rows = W * lay.max_ll_tokens;
+  size_t h = k->h_, rows_tp = (size_t)W * k->mt, lrows = (size_t)k->le * k->rows;
+  size_t sz[B_COUNT] = {k->mt * h * 2, k->mt * k->K * 8, k->mt * k->K * 4, rows_tp * h * 2,
+                        lrows * h * 2, W * 4, k->E * 4, (size_t)k->mt * W, rows_tp * h * 2,
+                        rows_tp * k->K * 4, rows_tp * k->K * 4, k->le * 4, k->mt * h * 2,
+                        lrows * h * 2, lrows * (h / 128) * 4, k->le * 4, k->maxll * h * 2};
+  size_t most = 0;
+  for (int i = 0; i < B_COUNT; i++) {
+    k->sz[i] = sz[i];
+    most = sz[i] > most ? sz[i] : most;
+    CR_CU(k, k->cu->cuMemAlloc(&k->b[i], sz[i] + 16), "cuMemAlloc");
+  }
+  k->host = malloc(most + 16);
+  return k->host == NULL ? ow_fail(k->msg, "out of memory") : 0;
+}
+
+void rk_close(struct rk *k) {
+  if (k->cu != NULL && k->s != NULL)
+    k->cu->cuStreamSynchronize(k->s);
+  for (int i = 0; i < B_COUNT; i++)
+    if (k->b[i] != 0)
+      k->cu->cuMemFree(k->b[i]);
+  if (k->s != NULL)
+    k->cu->cuStreamDestroy(k->s);
+  dep_handle_free(k->h);
+  if (k->c != NULL)
+    dep_detach(k->c);
+  dep_client_free(k->c);
+  free(k->host);
+  if (k->ctx != NULL)
+    k->cu->cuDevicePrimaryCtxRelease(k->dev);
+}
+
+int cr_put(struct rk *k, int i, const void *src, size_t n) {
+  if (n > 0)
+    CR_CU(k, k->cu->cuMemcpyHtoD(k->b[i], src, n), "cuMemcpyHtoD");
+  return 0;
+}
+int cr_poison(struct rk *k, int i, uint8_t pz) {
+  CR_CU(k, k->cu->cuMemsetD8Async(k->b[i], pz, k->sz[i], k->s), "cuMemsetD8Async");
+  return 0;
+}
+int cr_get(struct rk *k, int i) {
+  CR_CU(k, k->cu->cuStreamSynchronize(k->s), "cuStreamSynchronize");
+  CR_CU(k, k->cu->cuMemcpyDtoH(k->host, k->b[i], k->sz[i]), "cuMemcpyDtoH");
+  return 0;
+}
+
+/* ---- worlds: rank processes, or rank threads -------------------------------------------- */
+
+
+
+void cr_world_start(struct cr_world *w, const char *yaml) {
+  ck_assert_msg(tu_daemon_start(&w->dm, yaml) == 0, "deepepd did not start on the cuda backend");
+  w->msg = mmap(NULL, OW_MAXW * OW_MSG, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert(w->msg != MAP_FAILED);
+}
+
+void cr_world_stop(struct cr_world *w) {
+  dep_client_t *c = NULL;
+  ck_assert_int_eq(dep_client_new(&c), 0);
+  ck_assert_msg(dep_connect(c, w->dm.sock) == 0, "%s", dep_errmsg(c));
+  struct dep_status *st = NULL;
+  for (int i = 0; i < 200; i++) {
+    ck_assert_msg(dep_status(c, &st) == 0, "deepepd stopped answering: %s", dep_errmsg(c));
+    uint32_t jobs = st->num_jobs;
+    dep_status_free(st);
+    if (jobs == 0)
+      break;
+    ck_assert_msg(i < 199, "deepepd still holds %u jobs", jobs);
+    usleep(10000);
+  }
+  dep_client_free(c);
+  ck_assert_int_eq(tu_daemon_stop(&w->dm), 0);
+  tu_daemon_cleanup(&w->dm);
+  munmap(w->msg, OW_MAXW * OW_MSG);
+}
+
+static void cr_report(struct cr_world *w, uint32_t W, const int *failed, const char *what) {
+  char out[OW_MAXW * (OW_MSG + 16)] = "";
+  size_t len = 0;
+  int n = 0;
+  for (uint32_t r = 0; r < W; r++)
+    if (failed[r]) {
+      n++;
+      len += (size_t)snprintf(out + len, sizeof out - len, "\n  rank %u: %s", r,
+                              w->msg[r * OW_MSG] ? w->msg + r * OW_MSG : "(stopped)");
+    }
+  ck_assert_msg(n == 0, "%s: %d rank(s) failed (DEP_TEST_SEED=%llu):%s", what, n,
+                (unsigned long long)ow_seed, out);
+}
+
+void cr_run_procs(struct cr_world *w, const char *job, const struct dep_job_shape *sh, uint32_t W,
+                  cr_rank_body fn, void *arg, const char *what) {
+  memset(w->msg, 0, OW_MAXW * OW_MSG);
+  pid_t pid[OW_MAXW];
+  pid_t parent = getpid();
+  for (uint32_t r = 0; r < W; r++) {
+    fflush(stdout);
+    pid[r] = fork();
+    ck_assert(pid[r] >= 0);
+    if (pid[r] == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent)
+        _exit(3);
+      struct rk k;
+      memset(&k, 0, sizeof k);
+      k.msg = w->msg + r * OW_MSG;
+      int rc = rk_open(&k, w->dm.sock, job, sh, r, W) || fn(&k, arg);
+      rk_close(&k);
+      _exit(rc ? 1 : 0);
+    }
+  }
+  int failed[OW_MAXW] = {0}, done[OW_MAXW] = {0}, left = (int)W, nfail = 0;
+  uint64_t deadline = cr_ms_now() + 200000;
+  while (left > 0) {
+    int st, progressed = 0;
+    for (uint32_t r = 0; r < W; r++) {
+      if (done[r] || waitpid(pid[r], &st, WNOHANG) == 0)
+        continue;
+      done[r] = 1, left--, progressed = 1;
+      failed[r] = !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+      nfail += failed[r];
+    }
+    if (left > 0 && (nfail > 0 || cr_ms_now() > deadline)) {
+      for (uint32_t r = 0; r < W; r++) /* peers of a failed rank would only wait out their bound */
+        if (!done[r])
+          kill(pid[r], SIGKILL);
+    } else if (!progressed) {
+      usleep(1000);
+    }
+  }
+  cr_report(w, W, failed, what);
+}
+
+struct thr {
+  pthread_t t;
+  pthread_barrier_t *ready;
+  struct rk k;
+  const char *sock, *job;
+  const struct dep_job_shape *sh;
+  cr_rank_body fn;
+  void *arg;
+  int rc;
+};
+
+static void *thr_main(void *p) {
+  struct thr *t = p;
+  t->rc = rk_open(&t->k, t->sock, t->job, t->sh, t->k.rank, t->k.W);
+  /* Every rank of the process attached and allocated before any calls:
+   * the driver may make an allocation wait for running kernels, which
+   * here wait for this very process (see client/cuda_ops.h). */
+  pthread_barrier_wait(t->ready);
+  t->rc = t->rc || t->fn(&t->k, t->arg);
+  rk_close(&t->k);
+  return NULL;
+}
+
+void cr_run_threads(struct cr_world *w, const char *job, const struct dep_job_shape *sh,
+                    uint32_t W, cr_rank_body fn, void *arg, const char *what) {
+  memset(w->msg, 0, OW_MAXW * OW_MSG);
+  /* One hardware queue per stream, or kernels of two ranks queued in one
+   * queue wait for each other (cuda_ops.h); this process has not started
+   * CUDA yet (cr_gpu_ready probes in a child). */
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+  struct thr t[OW_MAXW];
+  memset(t, 0, sizeof t);
+  pthread_barrier_t ready;
+  ck_assert_int_eq(pthread_barrier_init(&ready, NULL, W), 0);
+  for (uint32_t r = 0; r < W; r++) {
+    t[r] = (struct thr){.ready = &ready, .sock = w->dm.sock, .job = job, .sh = sh, .fn = fn,
+                        .arg = arg};
+    t[r].k.rank = r, t[r].k.W = W, t[r].k.msg = w->msg + r * OW_MSG;
+    ck_assert_int_eq(pthread_create(&t[r].t, NULL, thr_main, &t[r]), 0);
+  }
+  int failed[OW_MAXW] = {0};
+  for (uint32_t r = 0; r < W; r++) {
+    pthread_join(t[r].t, NULL);
+    failed[r] = t[r].rc != 0;
+  }
+  pthread_barrier_destroy(&ready);
+  cr_report(w, W, failed, what);
+}
