@@ -291,7 +291,6 @@ static unsigned comm_grid(const dep_client_t *c) {
   return c->cuops.job.world * c->cuops.job.parts;
 }
 
-
 /* ---- the operations ------------------------------------------------------------------- */
 
 int cuda_ops_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream_t stream) {

@@ -389,24 +389,6 @@ __device__ __forceinline__ void warp_copy_multi(uint64_t dst_lane, uint32_t n, c
   }
 }
 
-/* 8 bf16 at p (16-byte aligned when `vec`) as floats. */
-__device__ __forceinline__ void load8(const void *p, bool vec, float *v) {
-  if (vec) {
-    int4 q = __ldcg((const int4 *)p);
-    uint32_t w[4] = {(uint32_t)q.x, (uint32_t)q.y, (uint32_t)q.z, (uint32_t)q.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      v[2 * i] = bf2f(w[i]);
-      v[2 * i + 1] = bf2f(w[i] >> 16);
-    }
-  } else {
-    const unsigned short *s = (const unsigned short *)p;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-      v[i] = bf2f(__ldcg(s + i));
-  }
-}
-
 /* 8 floats rounded to bf16 at p (16-byte aligned when `vec`). */
 __device__ __forceinline__ void store8(void *p, bool vec, const float *v) {
   if (vec) {
