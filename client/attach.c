@@ -206,7 +206,7 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
     snprintf(prep_msg, sizeof prep_msg, "%s", c->errmsg);
   if (rc == 0)
     rc = attach_reply(c, id, timeout_ms);
-  c->times.wait_ms = now_ms() - t_sent - c->times.map_ms - c->cuops.setup_ms;
+  c->times.wait_ms = now_ms() - t_sent - c->times.map_ms - c->times.setup_ms;
   c->times.wait_ms = c->times.wait_ms > 0 ? c->times.wait_ms : 0;
   if (rc == 0 && prep_rc != 0)
     rc = client_seterr(c, prep_rc, "%s", prep_msg);
@@ -237,16 +237,13 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
       return client_seterr(c, rc, "dep_attach: %s", why);
     }
   }
-  c->times.setup_ms = c->cuops.setup_ms;
   if (c->cuda && (rc = cuda_ops_attach(c)) != 0) {
     char msg[CLIENT_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "%s", c->errmsg);
     dep_detach(c);
     return client_seterr(c, rc, "%s", msg);
   }
-  c->attach_ms = now_ms() - t0;
-  c->times.warmup_ms = c->cuops.warmup_ms;
-  c->times.total_ms = c->attach_ms;
+  c->times.total_ms = now_ms() - t0;
   return DEP_OK;
 }
 
@@ -296,6 +293,6 @@ DEP_EXPORT int dep_attach_info(const dep_client_t *c, struct dep_attach_info *ou
     out->slabs[i] = c->slabs[i];
     out->ranks[i] = c->ranks[i];
   }
-  out->attach_ms = c->attach_ms;
+  out->attach_ms = c->times.total_ms;
   return 0;
 }

@@ -536,7 +536,7 @@ static int warmup(dep_client_t *c) {
   if (rc == 0)
     rc = cuops_poll(c, op, s, true);
   drv()->cuStreamDestroy(s);
-  st->warmup_ms = mono_ms() - t0;
+  c->times.warmup_ms = mono_ms() - t0;
   return rc;
 }
 #endif
@@ -602,7 +602,7 @@ int cuda_ops_prepare(dep_client_t *c) {
                            cudadrv_errstr(r));
   /* The operations run among the ranks of one node (ops.c refuses others). */
   if (c->args.world_size != c->args.local_world_size) {
-    st->setup_ms = mono_ms() - t0;
+    c->times.setup_ms = mono_ms() - t0;
     return 0;
   }
   void *host = NULL;
@@ -622,7 +622,7 @@ int cuda_ops_prepare(dep_client_t *c) {
       (r = cu->cuMemsetD8(st->scratch, 0, scratch)) != CUDA_SUCCESS)
     return cu_fail(c, op, "making the operations' device memory", r);
   st->prepared = true;
-  st->setup_ms = mono_ms() - t0;
+  c->times.setup_ms = mono_ms() - t0;
   return 0;
 #endif
 }

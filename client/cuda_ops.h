@@ -262,8 +262,6 @@ struct cuops_state {
   CUdeviceptr loop_slab, loop_dev; /* the warm-up's world of one, kept until detach */
   struct dep_handle *warm_h;      /* the warm-up's handle */
   struct cuops_job job;
-  double setup_ms;                /* time cuda_ops_prepare took */
-  double warmup_ms;               /* time the warm-up took in dep_attach */
 };
 
 struct dep_handle;

@@ -21,7 +21,7 @@
  */
 #include "ops_dev.cuh"
 
-#define KERNEL extern "C" __global__ void __launch_bounds__(CUOPS_THREADS, 2)
+#define KERNEL extern "C" __global__ void __launch_bounds__(CUOPS_THREADS, CUOPS_CTAS_PER_SM)
 
 /* ---- layout: local, no communication ------------------------------------------- */
 

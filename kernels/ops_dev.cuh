@@ -141,31 +141,12 @@ __device__ __forceinline__ void call_end(const cuops_job &J, const call &k) {
 }
 
 /*
- * Thread 0 of a sender CTA, after the CTA's writes for destination d: the
- * last of the J.parts CTAs sending to d publishes the slot and the flag.
- */
-__device__ __forceinline__ void post(const cuops_job &J, const call &k, uint32_t d, uint32_t rows,
-                                  uint32_t op, uint64_t ref_seq, uint32_t num_tokens) {
-  __threadfence_system();
-  if (atomicAdd(&J.dev->arrive[d], 1u) != J.parts - 1)
-    return;
-  J.dev->arrive[d] = 0;
-  __threadfence_system();
-  uint8_t *slot = slot_at(J, d, k.parity, J.rank);
-  volatile uint32_t *s32 = (volatile uint32_t *)slot;
-  s32[2] = rows;
-  s32[3] = op;
-  ((volatile uint64_t *)slot)[2] = ref_seq;
-  s32[6] = num_tokens;
-  st_release_sys((uint64_t *)slot, k.seq);
-}
-
-/*
- * Thread 0 of sender part 0 for destination d, before any row is written:
- * the throughput ops post their header (row count, op, handle) first and
- * mark each row when it lands (row_tag), so receivers copy rows out while
- * the rest are still crossing NVLink.  Nothing is ordered before this flag
- * but the slot's own fields, which the release store covers.
+ * Publish this rank's slot at destination d: the call's row count, op,
+ * handle and token count, then the flag (release).  The throughput ops
+ * call it before any row is written and mark each row when it lands
+ * (row_tag), so receivers copy rows out while the rest are still crossing
+ * NVLink: nothing is ordered before the flag but the slot's own fields,
+ * which the release store covers.  post() calls it after the rows.
  */
 __device__ __forceinline__ void post_header(const cuops_job &J, const call &k, uint32_t d,
                                             uint32_t rows, uint32_t op, uint64_t ref_seq,
@@ -177,6 +158,20 @@ __device__ __forceinline__ void post_header(const cuops_job &J, const call &k, u
   ((volatile uint64_t *)slot)[2] = ref_seq;
   s32[6] = num_tokens;
   st_release_sys((uint64_t *)slot, k.seq);
+}
+
+/*
+ * Thread 0 of a sender CTA, after the CTA's writes for destination d: the
+ * last of the J.parts CTAs sending to d publishes the slot and the flag.
+ */
+__device__ __forceinline__ void post(const cuops_job &J, const call &k, uint32_t d, uint32_t rows,
+                                  uint32_t op, uint64_t ref_seq, uint32_t num_tokens) {
+  __threadfence_system();
+  if (atomicAdd(&J.dev->arrive[d], 1u) != J.parts - 1)
+    return;
+  J.dev->arrive[d] = 0;
+  __threadfence_system();
+  post_header(J, k, d, rows, op, ref_seq, num_tokens);
 }
 
 /* ---- row marks (throughput ops) ----------------------------------------------------

@@ -416,6 +416,25 @@ struct fault_arg {
   int ll;
 };
 
+/* The calls the fault tests make, on the rank's buffers, for n tokens. */
+struct fault_calls {
+  struct dep_dispatch_args da;
+  struct dep_ll_dispatch_args la;
+  struct dep_ll_combine_args lc;
+  uint32_t nrecv;
+};
+
+static void fault_calls(struct rk *k, const struct ow_case *d, uint32_t n, struct fault_calls *f) {
+  f->nrecv = 0;
+  f->da = (struct dep_dispatch_args){CR_DEV(k, B_X), CR_DEV(k, B_IDX), d->sc.itype, CR_DEV(k, B_W),
+                                     n, CR_DEV(k, B_RX), CR_DEV(k, B_RIDX), CR_DEV(k, B_RW),
+                                     CR_DEV(k, B_CNT), &f->nrecv};
+  f->la = (struct dep_ll_dispatch_args){CR_DEV(k, B_X), CR_DEV(k, B_IDX), d->sc.itype, n, 0,
+                                        CR_DEV(k, B_LRX), NULL, CR_DEV(k, B_LCNT)};
+  f->lc = (struct dep_ll_combine_args){CR_DEV(k, B_LX), CR_DEV(k, B_IDX), d->sc.itype,
+                                       CR_DEV(k, B_W), CR_DEV(k, B_LOUT)};
+}
+
 /* Rank 1 attaches but never calls; rank 0's call must fail within the bound. */
 static int body_silent_peer(struct rk *k, void *arg) {
   const struct fault_arg *a = arg;
@@ -426,25 +445,20 @@ static int body_silent_peer(struct rk *k, void *arg) {
   }
   if (upload(k, d))
     return 1;
-  uint32_t nrecv = 0, n = d->in[0].num_tokens;
-  struct dep_dispatch_args da = {CR_DEV(k, B_X), CR_DEV(k, B_IDX), d->sc.itype, CR_DEV(k, B_W), n,
-                                 CR_DEV(k, B_RX), CR_DEV(k, B_RIDX), CR_DEV(k, B_RW), CR_DEV(k, B_CNT), &nrecv};
-  struct dep_ll_dispatch_args la = {CR_DEV(k, B_X), CR_DEV(k, B_IDX), d->sc.itype, n, 0, CR_DEV(k, B_LRX),
-                                    NULL, CR_DEV(k, B_LCNT)};
-  struct dep_ll_combine_args lc = {CR_DEV(k, B_LX), CR_DEV(k, B_IDX), d->sc.itype, CR_DEV(k, B_W),
-                                   CR_DEV(k, B_LOUT)};
+  struct fault_calls f;
+  fault_calls(k, d, d->in[0].num_tokens, &f);
   uint64_t t0 = cr_ms_now(), waited;
   if (!a->ll) {
-    EXPECT(k, dep_dispatch(k->c, &da, k->h, k->s), DEP_ERR_TIMEOUT, "dep_dispatch");
+    EXPECT(k, dep_dispatch(k->c, &f.da, k->h, k->s), DEP_ERR_TIMEOUT, "dep_dispatch");
     waited = cr_ms_now() - t0;
   } else {
-    EXPECT(k, dep_ll_dispatch(k->c, &la, k->h, k->s), 0, "dep_ll_dispatch");
+    EXPECT(k, dep_ll_dispatch(k->c, &f.la, k->h, k->s), 0, "dep_ll_dispatch");
     if (cr_ms_now() - t0 > 200)
       return ow_fail(k->msg, "dep_ll_dispatch blocked %llu ms; it must not synchronise",
                      (unsigned long long)(cr_ms_now() - t0));
     CR_CU(k, k->cu->cuStreamSynchronize(k->s), "cuStreamSynchronize");
     waited = cr_ms_now() - t0;
-    EXPECT(k, dep_ll_combine(k->c, &lc, k->h, k->s), DEP_ERR_TIMEOUT, "dep_ll_combine");
+    EXPECT(k, dep_ll_combine(k->c, &f.lc, k->h, k->s), DEP_ERR_TIMEOUT, "dep_ll_combine");
   }
   if (waited < 450 || waited > 2000)
     return ow_fail(k->msg, "the call failed after %llu ms; the bound is 500 ms",
@@ -454,7 +468,7 @@ static int body_silent_peer(struct rk *k, void *arg) {
   printf("cuda_ops: %s with a silent peer: DEP_ERR_TIMEOUT after %llu ms: %s\n",
          a->ll ? "ll_dispatch" : "dispatch", (unsigned long long)waited, dep_errmsg(k->c));
   fflush(stdout); /* a rank process ends with _exit */
-  EXPECT(k, dep_ll_dispatch(k->c, &la, k->h, k->s), DEP_ERR_STATE, "a call after the timeout");
+  EXPECT(k, dep_ll_dispatch(k->c, &f.la, k->h, k->s), DEP_ERR_STATE, "a call after the timeout");
   return 0;
 }
 
@@ -492,37 +506,32 @@ static int body_invalid(struct rk *k, void *arg) {
   const struct ow_case *d = arg;
   const uint32_t n = d->in[k->rank].num_tokens;
   uint64_t dig = 0;
-  uint32_t nrecv = 0;
-  struct dep_dispatch_args da = {CR_DEV(k, B_X), CR_DEV(k, B_IDX), d->sc.itype, CR_DEV(k, B_W), n,
-                                 CR_DEV(k, B_RX), CR_DEV(k, B_RIDX), CR_DEV(k, B_RW), CR_DEV(k, B_CNT), &nrecv};
-  struct dep_ll_dispatch_args la = {CR_DEV(k, B_X), CR_DEV(k, B_IDX), d->sc.itype, n, 0, CR_DEV(k, B_LRX),
-                                    NULL, CR_DEV(k, B_LCNT)};
-  struct dep_ll_combine_args lc = {CR_DEV(k, B_LX), CR_DEV(k, B_IDX), d->sc.itype, CR_DEV(k, B_W),
-                                   CR_DEV(k, B_LOUT)};
+  struct fault_calls f;
+  fault_calls(k, d, n, &f);
   if (upload(k, d))
     return 1;
   if (k->rank == 0) { /* only rank 0 makes them: none may count as a call */
-    struct dep_dispatch_args b = da;
+    struct dep_dispatch_args b = f.da;
     b.x = NULL;
     EXPECT(k, dep_dispatch(k->c, &b, k->h, k->s), DEP_ERR_INVALID, "dispatch with x NULL");
     if (strstr(dep_errmsg(k->c), "x is NULL") == NULL)
       return ow_fail(k->msg, "message does not name x: %s", dep_errmsg(k->c));
-    b = da;
+    b = f.da;
     b.num_tokens = k->mt + 1;
     EXPECT(k, dep_dispatch(k->c, &b, k->h, k->s), DEP_ERR_INVALID, "dispatch over max_tokens");
-    b = da;
+    b = f.da;
     b.index_type = 7;
     EXPECT(k, dep_dispatch(k->c, &b, k->h, k->s), DEP_ERR_INVALID, "dispatch, index_type 7");
-    b = da;
+    b = f.da;
     b.topk_weights = (const float *)((uintptr_t)CR_DEV(k, B_W) + 2);
     EXPECT(k, dep_dispatch(k->c, &b, k->h, k->s), DEP_ERR_INVALID, "dispatch, unaligned weights");
-    struct dep_ll_dispatch_args bl = la;
+    struct dep_ll_dispatch_args bl = f.la;
     bl.use_fp8 = 2;
     EXPECT(k, dep_ll_dispatch(k->c, &bl, k->h, k->s), DEP_ERR_INVALID, "ll_dispatch, use_fp8 2");
-    bl = la;
+    bl = f.la;
     bl.use_fp8 = 1; /* recv_scales NULL */
     EXPECT(k, dep_ll_dispatch(k->c, &bl, k->h, k->s), DEP_ERR_INVALID, "fp8 without scales");
-    EXPECT(k, dep_ll_combine(k->c, &lc, k->h, k->s), DEP_ERR_INVALID, "ll_combine, empty handle");
+    EXPECT(k, dep_ll_combine(k->c, &f.lc, k->h, k->s), DEP_ERR_INVALID, "ll_combine, empty handle");
     struct dep_layout_args lb = {CR_DEV(k, B_IDX), d->sc.itype, n, NULL, CR_DEV(k, B_TPE),
                                  CR_DEV(k, B_TIR)};
     EXPECT(k, dep_layout(k->c, &lb, k->s), DEP_ERR_INVALID, "layout, tokens_per_rank NULL");
@@ -533,7 +542,7 @@ static int body_invalid(struct rk *k, void *arg) {
   /* An id past num_experts in dispatch: that rank's call says so after its sync. */
   if (k->rank == 0 && put_bad_idx(k, d, k->E))
     return 1;
-  EXPECT(k, dep_dispatch(k->c, &da, k->h, k->s), k->rank == 0 ? DEP_ERR_INVALID : 0,
+  EXPECT(k, dep_dispatch(k->c, &f.da, k->h, k->s), k->rank == 0 ? DEP_ERR_INVALID : 0,
          "dispatch with topk_idx[0][0] = num_experts on rank 0");
   if (k->rank == 0 && strstr(dep_errmsg(k->c), "topk_idx of token 0") == NULL)
     return ow_fail(k->msg, "message does not name the token: %s", dep_errmsg(k->c));
@@ -544,13 +553,13 @@ static int body_invalid(struct rk *k, void *arg) {
    * peer, left waiting for that call, times out within its bound. */
   if (k->rank == 0 && put_bad_idx(k, d, -2))
     return 1;
-  EXPECT(k, dep_ll_dispatch(k->c, &la, k->h, k->s), 0, "ll_dispatch (bad id on rank 0)");
+  EXPECT(k, dep_ll_dispatch(k->c, &f.la, k->h, k->s), 0, "ll_dispatch (bad id on rank 0)");
   CR_CU(k, k->cu->cuStreamSynchronize(k->s), "cuStreamSynchronize");
-  EXPECT(k, dep_ll_combine(k->c, &lc, k->h, k->s), k->rank == 0 ? DEP_ERR_INVALID : 0,
+  EXPECT(k, dep_ll_combine(k->c, &f.lc, k->h, k->s), k->rank == 0 ? DEP_ERR_INVALID : 0,
          "the ll_combine after it");
   if (k->rank == 1) {
     CR_CU(k, k->cu->cuStreamSynchronize(k->s), "cuStreamSynchronize");
-    EXPECT(k, dep_ll_dispatch(k->c, &la, k->h, k->s), DEP_ERR_TIMEOUT, "the call after that");
+    EXPECT(k, dep_ll_dispatch(k->c, &f.la, k->h, k->s), DEP_ERR_TIMEOUT, "the call after that");
   }
   struct dep_layout_args lay = {CR_DEV(k, B_IDX), d->sc.itype, n, CR_DEV(k, B_TPR), CR_DEV(k, B_TPE),
                                 CR_DEV(k, B_TIR)};
