@@ -7,6 +7,19 @@
  * `arena` (one allocation of N*S bytes, every process maps it once).
  *
  *   vmm_map [-n 8] [-s SLAB_MIB] [-i ROUNDS]
+ *   vmm_map -g GPUS [-s ARENA_MIB] [-c CHUNK_MIB] [-a ALIGN_MIB] [-i ROUNDS]
+ *
+ * With -g, the cross-device case (issue 5, one rank per GPU): one
+ * allocation of S bytes on each of G GPUs (deepepd's arena per device),
+ * G processes, process g on GPU g, each imports and maps all G with access
+ * for its own GPU.  Phases are split into the own GPU's arena (`local`)
+ * and the G-1 peers' (`remote`), and the same work is then done with one
+ * thread per arena (`threads`), to see whether the driver maps peers'
+ * memory in parallel.  -c makes each arena of allocations of that size
+ * (one reservation still), to find the size the driver maps peers' memory
+ * fastest in.  -a aligns the address each arena is mapped at (0:
+ * the driver's choice), to see whether the driver maps aligned memory
+ * with larger pages.
  *
  * The exporting process is the parent; it makes the allocations before the
  * children start (as the daemon's pool does).  Children set up their CUDA
@@ -18,6 +31,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,8 +49,8 @@ static void check(CUresult r, const char *what) {
   }
 }
 
-/* Load the driver and make GPU 0's primary context current in this process. */
-static const struct cudadrv *gpu0(CUdevice *d) {
+/* Load the driver and make GPU ord's primary context current in this process. */
+static const struct cudadrv *gpu(int ord, CUdevice *d) {
   char why[256];
   const struct cudadrv *cu = cudadrv_load(why, sizeof why);
   if (cu == NULL) {
@@ -44,7 +58,7 @@ static const struct cudadrv *gpu0(CUdevice *d) {
     exit(1);
   }
   CUcontext ctx;
-  check(cu->cuDeviceGet(d, 0), "cuDeviceGet");
+  check(cu->cuDeviceGet(d, ord), "cuDeviceGet");
   check(cu->cuDevicePrimaryCtxRetain(&ctx, *d), "cuDevicePrimaryCtxRetain");
   check(cu->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
   return cu;
@@ -53,7 +67,7 @@ static const struct cudadrv *gpu0(CUdevice *d) {
 /* One child: receive the fds, wait for go, import+map each, report 4 phase times. */
 static void child(int sock, int nalloc, size_t bytes, int rounds) {
   CUdevice d;
-  const struct cudadrv *cu = gpu0(&d);
+  const struct cudadrv *cu = gpu(0, &d);
   for (int r = 0; r < rounds; r++) {
     int fds[MAXN], nf = 0;
     char go;
@@ -167,26 +181,229 @@ static void run(const struct cudadrv *cu, const struct procs *ps, int nalloc, si
   }
 }
 
+/* ---- -g: one arena per GPU, one process per GPU ------------------------- */
+
+/* Phase times of one process: [0] local arena, all phases; [1..4] the peers'
+ * arenas: import, reserve, map, access; [5] total; [6] end on the clock. */
+#define XT 7
+#define MAXC 16 /* allocations per GPU's arena */
+
+struct xmap {
+  const struct cudadrv *cu;
+  CUcontext ctx;
+  CUdevice dev;
+  int nc;              /* allocations making this GPU's arena */
+  const int *fds;      /* nc of them */
+  size_t chunk, align; /* bytes of each allocation; alignment of the arena's address */
+  CUmemGenericAllocationHandle h[MAXC];
+  CUdeviceptr va;
+  double t[4];
+};
+
+static void xmap_one(struct xmap *x) {
+  const struct cudadrv *cu = x->cu;
+  size_t bytes = x->chunk * (size_t)x->nc;
+  double t0 = bench_now_ms();
+  for (int c = 0; c < x->nc; c++)
+    check(cu->cuMemImportFromShareableHandle(&x->h[c], (void *)(intptr_t)x->fds[c],
+                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "import");
+  double t1 = bench_now_ms();
+  check(cu->cuMemAddressReserve(&x->va, bytes, x->align, 0, 0), "reserve");
+  double t2 = bench_now_ms();
+  for (int c = 0; c < x->nc; c++)
+    check(cu->cuMemMap(x->va + (size_t)c * x->chunk, x->chunk, 0, x->h[c], 0), "map");
+  double t3 = bench_now_ms();
+  CUmemAccessDesc acc = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, x->dev},
+                         .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  check(cu->cuMemSetAccess(x->va, bytes, &acc, 1), "access");
+  double t4 = bench_now_ms();
+  x->t[0] = t1 - t0, x->t[1] = t2 - t1, x->t[2] = t3 - t2, x->t[3] = t4 - t3;
+}
+
+static void *xmap_thread(void *arg) {
+  struct xmap *x = arg;
+  check(x->cu->cuCtxSetCurrent(x->ctx), "cuCtxSetCurrent");
+  xmap_one(x);
+  return NULL;
+}
+
+static void xunmap(struct xmap *x) {
+  for (int c = 0; c < x->nc; c++) {
+    x->cu->cuMemUnmap(x->va + (size_t)c * x->chunk, x->chunk);
+    x->cu->cuMemRelease(x->h[c]);
+    close(x->fds[c]);
+  }
+  x->cu->cuMemAddressFree(x->va, x->chunk * (size_t)x->nc);
+}
+
+/* Process ord of g: per round, the arenas one after another, then one
+ * thread each. */
+static void xchild(int sock, int ord, int g, int nc, size_t chunk, size_t align, int rounds) {
+  static struct xmap x[MAXN];
+  CUdevice d;
+  const struct cudadrv *cu = gpu(ord, &d);
+  CUcontext ctx;
+  check(cu->cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  for (int r = 0; r < 2 * rounds; r++) {
+    int fds[MAXN * MAXC], nf = 0;
+    char go;
+    if (fdpass_recv(sock, &go, 1, fds, MAXN * MAXC, &nf) != 1 || nf != g * nc)
+      exit(1);
+    double t[XT] = {0};
+    double t0 = bench_now_ms();
+    for (int i = 0; i < g; i++)
+      x[i] = (struct xmap){.cu = cu, .ctx = ctx, .dev = d, .nc = nc, .fds = fds + i * nc,
+                           .chunk = chunk, .align = align};
+    if (go == 's') {
+      for (int i = 0; i < g; i++)
+        xmap_one(&x[i]);
+    } else {
+      pthread_t th[MAXN];
+      for (int i = 0; i < g; i++)
+        if (pthread_create(&th[i], NULL, xmap_thread, &x[i]) != 0)
+          exit(1);
+      for (int i = 0; i < g; i++)
+        pthread_join(th[i], NULL);
+    }
+    t[6] = bench_now_ms();
+    t[5] = t[6] - t0;
+    for (int i = 0; i < g; i++)
+      for (int k = 0; k < 4; k++) {
+        if (i == ord)
+          t[0] += x[i].t[k];
+        else
+          t[1 + k] += x[i].t[k];
+      }
+    if (write(sock, t, sizeof t) != sizeof t)
+      exit(1);
+    for (int i = 0; i < g; i++)
+      xunmap(&x[i]);
+  }
+  exit(0);
+}
+
+static void xrun(int g, int nc, size_t chunk, size_t align, int rounds) {
+  struct procs ps = {.n = g};
+  fflush(stdout);
+  for (int c = 0; c < g; c++) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+      exit(1);
+    ps.pids[c] = fork();
+    if (ps.pids[c] == 0) {
+      close(sv[0]);
+      xchild(sv[1], c, g, nc, chunk, align, rounds);
+    }
+    close(sv[1]);
+    ps.socks[c] = sv[0];
+  }
+  CUdevice d;
+  const struct cudadrv *cu = gpu(0, &d);
+  CUmemGenericAllocationHandle h[MAXN * MAXC];
+  int fds[MAXN * MAXC];
+  for (int i = 0; i < g * nc; i++) {
+    CUmemAllocationProp p = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                             .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                             .location = {CU_MEM_LOCATION_TYPE_DEVICE, i / nc}};
+    check(cu->cuMemCreate(&h[i], chunk, &p, 0), "create");
+    check(cu->cuMemExportToShareableHandle(&fds[i], h[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                           0), "export");
+  }
+  sleep(2); /* every child has its context */
+  static double worst[2][XT][MAXR];
+  for (int r = 0; r < 2 * rounds; r++) {
+    int v = r & 1; /* 0: one after another, 1: threads */
+    double t0 = bench_now_ms();
+    for (int c = 0; c < g; c++)
+      fdpass_send(ps.socks[c], v ? "t" : "s", 1, fds, g * nc);
+    double w[XT] = {0};
+    for (int c = 0; c < g; c++) {
+      double t[XT];
+      if (read(ps.socks[c], t, sizeof t) != sizeof t)
+        exit(1);
+      t[6] -= t0;
+      for (int k = 0; k < XT; k++)
+        if (t[k] > w[k])
+          w[k] = t[k];
+    }
+    for (int k = 0; k < XT; k++)
+      worst[v][k][r / 2] = w[k];
+    struct timespec pause = {0, 20000000};
+    nanosleep(&pause, NULL);
+  }
+  for (int c = 0; c < g; c++) {
+    waitpid(ps.pids[c], NULL, 0);
+    close(ps.socks[c]);
+  }
+  for (int v = 0; v < 2; v++) {
+    for (int k = 0; k < XT; k++)
+      bench_sort(worst[v][k], (size_t)rounds);
+    int m = rounds / 2;
+    printf("%-8s %5d %10zu %8zu %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f %10.3f\n",
+           v ? "threads" : "serial", g, (chunk * (size_t)nc) >> 20, chunk >> 20, worst[v][0][m],
+           worst[v][1][m], worst[v][2][m], worst[v][3][m], worst[v][4][m], worst[v][5][m],
+           worst[v][6][m]);
+  }
+  for (int i = 0; i < g * nc; i++) {
+    close(fds[i]);
+    cu->cuMemRelease(h[i]);
+  }
+}
+
 int main(int argc, char **argv) {
-  int n = 8, rounds = 20;
-  size_t slab_mib = 902;
+  int n = 8, rounds = 20, gpus = 0;
+  size_t slab_mib = 902, align_mib = 0, chunk_mib = 0;
   int o;
-  while ((o = getopt(argc, argv, "n:s:i:")) != -1) {
+  while ((o = getopt(argc, argv, "n:s:i:g:a:c:")) != -1) {
     if (o == 'n')
       n = atoi(optarg);
+    else if (o == 'g')
+      gpus = atoi(optarg);
+    else if (o == 'a')
+      align_mib = (size_t)atoi(optarg);
+    else if (o == 'c')
+      chunk_mib = (size_t)atoi(optarg);
     else if (o == 's')
       slab_mib = (size_t)atoi(optarg);
     else if (o == 'i')
       rounds = atoi(optarg);
     else {
-      fprintf(stderr, "usage: vmm_map [-n 8] [-s SLAB_MIB] [-i ROUNDS]\n");
+      fprintf(stderr, "usage: vmm_map [-n 8] [-s SLAB_MIB] [-i ROUNDS]\n"
+                      "       vmm_map -g GPUS [-s ARENA_MIB] [-c CHUNK_MIB] [-a ALIGN_MIB] [-i ROUNDS]\n");
       return 2;
     }
   }
-  if (n < 1 || n > MAXN || rounds < 1 || rounds > MAXR)
+  if (n < 1 || n > MAXN || rounds < 1 || rounds > MAXR || gpus < 0 || gpus > MAXN)
     return 2;
   /* Fork the children before this process touches CUDA. */
   size_t slab = (slab_mib << 20) / (2u << 20) * (2u << 20);
+  if (gpus > 0) {
+    /* The arena as nc allocations of chunk bytes (2 MiB granules), nc <= MAXC. */
+    size_t chunk = chunk_mib == 0 || chunk_mib >= slab_mib ? slab : (chunk_mib << 20);
+    chunk = (chunk + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    int nc = (int)((slab + chunk - 1) / chunk);
+    if (nc > MAXC) {
+      fprintf(stderr, "vmm_map: at most %d allocations per arena\n", MAXC);
+      return 2;
+    }
+    slab = chunk * (size_t)nc;
+    printf("# one %zu MiB arena per GPU of %d allocations, process g on GPU g maps all at a %zu "
+           "MiB aligned address; median over %d rounds of the slowest process, ms\n",
+           slab >> 20, nc, align_mib, rounds);
+    printf("%-8s %5s %10s %8s %10s %10s %10s %10s %10s %10s %10s\n", "how", "gpus", "MiB_each", "chunkMiB",
+           "local", "r_import", "r_reserve", "r_map", "r_access", "total", "end");
+    for (int k = 2; k <= gpus; k *= 2) {
+      fflush(stdout);
+      pid_t p = fork();
+      if (p == 0) {
+        xrun(k, nc, chunk, align_mib << 20, rounds);
+        fflush(stdout);
+        exit(0);
+      }
+      waitpid(p, NULL, 0);
+    }
+    return 0;
+  }
   printf("# median over %d rounds of the slowest of N processes, ms\n", rounds);
   printf("%-6s %5s %6s %10s %10s %10s %10s %10s %10s\n", "layout", "procs", "allocs", "MiB_each",
          "import", "reserve", "map", "access", "total");
@@ -198,7 +415,7 @@ int main(int argc, char **argv) {
       spawn(&slabs, k, k, slab, rounds);
       spawn(&arena, k, 1, slab * (size_t)k, rounds);
       CUdevice d;
-      const struct cudadrv *cu = gpu0(&d);
+      const struct cudadrv *cu = gpu(0, &d);
       run(cu, &slabs, k, slab, rounds, "slabs");
       run(cu, &arena, 1, slab * (size_t)k, rounds, "arena");
       fflush(stdout);
