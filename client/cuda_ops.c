@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "client_internal.h"
 
@@ -53,7 +55,7 @@ struct cuops_hmem {
 static const struct cudadrv *drv(void) { return cudadrv_load(NULL, 0); }
 
 static int cu_fail(dep_client_t *c, const char *op, const char *what, CUresult r) {
-  return client_seterr(c, r == 2 ? DEP_ERR_NO_MEMORY : DEP_ERR_CUDA, "%s: %s: %s", op, what,
+  return client_seterr(c, r == CUDA_ERROR_OUT_OF_MEMORY ? DEP_ERR_NO_MEMORY : DEP_ERR_CUDA, "%s: %s: %s", op, what,
                        cudadrv_errstr(r));
 }
 
@@ -475,25 +477,17 @@ static double mono_ms(void) {
 static int warmup(dep_client_t *c) {
   const char *op = "dep_attach (kernel warm-up)";
   struct cuops_state *st = &c->cuops;
-  const uint64_t slab_bytes = st->job.data_off + 4096;
-  CUstream s = NULL;
   struct dep_handle *h = calloc(1, sizeof *h);
   if (h == NULL)
     return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory", op);
   host_ops_handle_init(h);
   st->warm_h = h;
-  /* Made once and kept until detach: freeing device memory waits for the
-   * device, where another rank of this process may be waiting for us. */
-  CUresult r = drv()->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
-  if (r == CUDA_SUCCESS && (r = drv()->cuMemAlloc(&st->loop_slab, slab_bytes)) == CUDA_SUCCESS &&
-      (r = drv()->cuMemAlloc(&st->loop_dev, sizeof(struct cuops_dev))) == CUDA_SUCCESS &&
-      (r = drv()->cuMemsetD8Async(st->loop_slab, 0, slab_bytes, s)) == CUDA_SUCCESS)
-    r = drv()->cuMemsetD8Async(st->loop_dev, 0, sizeof(struct cuops_dev), s);
-  if (r != CUDA_SUCCESS) {
-    if (s != NULL)
-      drv()->cuStreamDestroy(s);
-    return cu_fail(c, op, "making the warm-up's scratch", r);
-  }
+  /* Its scratch is part of the block cuda_ops_prepare made (zeroed on
+   * st->stream, ahead of these calls) and is kept until detach: freeing
+   * device memory waits for the device, where another rank of this process
+   * may be waiting for us. */
+  CUstream s = st->stream;
+  CUresult r;
   double t0 = mono_ms();
   const struct cuops_job job = st->job;
   st->job.world = 1;
@@ -535,7 +529,6 @@ static int warmup(dep_client_t *c) {
     rc = cu_fail(c, op, "cuStreamSynchronize", r);
   if (rc == 0)
     rc = cuops_poll(c, op, s, true);
-  drv()->cuStreamDestroy(s);
   c->times.warmup_ms = mono_ms() - t0;
   return rc;
 }
@@ -548,13 +541,18 @@ static int warmup(dep_client_t *c) {
  * CUOPS_MAX_CTAS, so that every rank's kernel is resident at once and a
  * lone rank leaves most of its GPU to the trainer's compute.
  */
-static int sm_budget(dep_client_t *c, const struct cudadrv *cu, uint32_t *out) {
+static int gpu_sms(const struct cudadrv *cu) {
   int sms = 0;
   CUdevice dev;
   if (cu->cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
       cu->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
       sms < 1)
     sms = 16; /* unknown: small enough to fit anywhere */
+  return sms;
+}
+
+static int sm_budget(dep_client_t *c, const struct cudadrv *cu, uint32_t *out) {
+  const int sms = gpu_sms(cu);
   uint32_t sharing = c->ranks_on_dev ? c->ranks_on_dev : c->ops.world;
   uint32_t budget = (uint32_t)sms / sharing;
   *out = budget > CUOPS_MAX_CTAS ? CUOPS_MAX_CTAS : budget;
@@ -576,6 +574,39 @@ static int sm_budget(dep_client_t *c, const struct cudadrv *cu, uint32_t *out) {
   return 0;
 }
 #endif
+
+/*
+ * The error record: host memory the kernels write through a device
+ * mapping.  A page of our own pinned with cuMemHostRegister rather than
+ * cuMemHostAlloc, which sets up the driver's pinned pool: on an H200 that
+ * took 1.31 ms of a lone rank's attach against 0.33 ms registered (2.2
+ * against 1.3 ms with 8 ranks attaching at once; BENCHMARKS.md, run 17).
+ */
+static size_t host_record_bytes(void) {
+  return dep_round_up(sizeof(struct cuops_host), (uint64_t)sysconf(_SC_PAGESIZE));
+}
+
+static CUresult host_record_make(const struct cudadrv *cu, struct cuops_state *st) {
+  void *p = mmap(NULL, host_record_bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                 -1, 0);
+  if (p == MAP_FAILED)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult r = cu->cuMemHostRegister(p, host_record_bytes(), CU_MEMHOSTREGISTER_PORTABLE |
+                                                                 CU_MEMHOSTREGISTER_DEVICEMAP);
+  if (r != CUDA_SUCCESS) {
+    munmap(p, host_record_bytes());
+    return r;
+  }
+  st->host = p; /* zero, as anonymous memory is */
+  return CUDA_SUCCESS;
+}
+
+static void host_record_free(const struct cudadrv *cu, struct cuops_state *st) {
+  if (st->host == NULL)
+    return;
+  cu->cuMemHostUnregister(st->host);
+  munmap(st->host, host_record_bytes());
+}
 
 int cuda_ops_prepare(dep_client_t *c) {
   struct cuops_state *st = &c->cuops;
@@ -605,22 +636,42 @@ int cuda_ops_prepare(dep_client_t *c) {
     c->times.setup_ms = mono_ms() - t0;
     return 0;
   }
-  void *host = NULL;
-  r = cu->cuMemHostAlloc(&host, sizeof *st->host, CU_MEMHOSTALLOC_PORTABLE |
-                                                      CU_MEMHOSTALLOC_DEVICEMAP);
-  if (r != CUDA_SUCCESS)
-    return cu_fail(c, op, "cuMemHostAlloc (the error record)", r);
-  st->host = host;
-  memset(host, 0, sizeof *st->host);
-  const uint64_t scratch = 4ull * c->args.shape.num_experts + 256;
-  if ((r = cu->cuMemHostGetDevicePointer(&st->host_dev, host, 0)) != CUDA_SUCCESS ||
-      (r = cu->cuMemAlloc(&st->dev, sizeof(struct cuops_dev))) != CUDA_SUCCESS ||
-      (r = cu->cuMemsetD8(st->dev, 0, sizeof(struct cuops_dev))) != CUDA_SUCCESS ||
-      (r = cu->cuMemAlloc(&st->scratch, scratch)) != CUDA_SUCCESS ||
-      (r = cu->cuMemAlloc(&st->stage, c->layout.max_ll_tokens *
-                                          CUOPS_STAGE_ROW(c->args.shape.hidden))) != CUDA_SUCCESS ||
-      (r = cu->cuMemsetD8(st->scratch, 0, scratch)) != CUDA_SUCCESS)
+  if ((r = host_record_make(cu, st)) != CUDA_SUCCESS)
+    return cu_fail(c, op, "pinning the error record (cuMemHostRegister)", r);
+  if ((r = cu->cuMemHostGetDevicePointer(&st->host_dev, st->host, 0)) != CUDA_SUCCESS)
+    return cu_fail(c, op, "cuMemHostGetDevicePointer (the error record)", r);
+  /* All the device memory of the operations and the warm-up is one block,
+   * zeroed on a private stream that the warm-up then runs on: each
+   * allocation and each synchronous memset is a round trip to the driver
+   * (under MPS, to its server too), paid by every rank while it attaches.
+   * The dispatch's count scratch is sized for the largest SM budget
+   * sm_budget can give (any split of CUOPS_CTAS_PER_SM CTAs per SM among
+   * the world's ranks): the budget is known only after the daemon's reply. */
+  const uint64_t world = c->args.world_size;
+  uint64_t off = 0;
+  const uint64_t at_dev = carve(&off, sizeof(struct cuops_dev));
+  const uint64_t at_scratch = carve(&off, 4ull * c->args.shape.num_experts + 256);
+  const uint64_t at_stage =
+      carve(&off, (uint64_t)c->layout.max_ll_tokens * CUOPS_STAGE_ROW(c->args.shape.hidden));
+  st->tcnt_bytes = ((uint64_t)CUOPS_CTAS_PER_SM * (uint64_t)gpu_sms(cu) + world) * CUOPS_WARPS * 4 +
+                   4096;
+  const uint64_t at_tcnt = carve(&off, st->tcnt_bytes);
+  const uint64_t at_loop_dev = carve(&off, sizeof(struct cuops_dev));
+  const uint64_t at_loop_slab = carve(&off, c->layout.data_off + 4096);
+  if ((r = cu->cuMemAlloc(&st->mem, off)) != CUDA_SUCCESS)
     return cu_fail(c, op, "making the operations' device memory", r);
+  st->dev = st->mem + at_dev;
+  st->scratch = st->mem + at_scratch;
+  st->stage = st->mem + at_stage;
+  st->tcnt = st->mem + at_tcnt;
+  st->loop_dev = st->mem + at_loop_dev;
+  st->loop_slab = st->mem + at_loop_slab;
+  if ((r = cu->cuStreamCreate(&st->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
+    st->stream = NULL;
+    return cu_fail(c, op, "cuStreamCreate", r);
+  }
+  if ((r = cu->cuMemsetD8Async(st->mem, 0, off, st->stream)) != CUDA_SUCCESS)
+    return cu_fail(c, op, "zeroing the operations' device memory", r);
   st->prepared = true;
   c->times.setup_ms = mono_ms() - t0;
   return 0;
@@ -660,16 +711,23 @@ int cuda_ops_attach(dep_client_t *c) {
   j->parts = j->parts < 1 ? 1 : j->parts;
   /* The dispatch senders' counts: one word per (destination, sender warp);
    * the warm-up's world of one (8 parts) needs at most this or 4 KiB. */
-  const uint64_t tcnt = (uint64_t)o->world * j->parts * CUOPS_WARPS * 4 + 4096;
-  CUresult r = cu->cuMemAlloc(&st->tcnt, tcnt);
-  if (r != CUDA_SUCCESS)
-    return cu_fail(c, "dep_attach", "making the dispatch's count scratch", r);
+  if ((uint64_t)o->world * j->parts * CUOPS_WARPS * 4 + 4096 > st->tcnt_bytes)
+    return client_seterr(c, DEP_ERR_INTERNAL, "dep_attach: %u parts of %u ranks overrun the "
+                         "dispatch's count scratch (%llu bytes); this is a bug, please report it",
+                         j->parts, o->world, (unsigned long long)st->tcnt_bytes);
   j->tcnt = (uint32_t *)(uintptr_t)st->tcnt;
   j->timeout_ns = (uint64_t)o->timeout_ms * 1000000ull;
   j->host = (struct cuops_host *)(uintptr_t)st->host_dev;
   j->dev = (struct cuops_dev *)(uintptr_t)st->dev;
   st->ready = true;
-  return c->attach_ok.kernel_warmup ? warmup(c) : 0;
+  rc = c->attach_ok.kernel_warmup ? warmup(c) : 0;
+  /* The block's zeroing is done before any operation uses it. */
+  CUresult r = cu->cuStreamSynchronize(st->stream);
+  if (r != CUDA_SUCCESS && rc == 0)
+    rc = cu_fail(c, "dep_attach", "cuStreamSynchronize", r);
+  cu->cuStreamDestroy(st->stream);
+  st->stream = NULL;
+  return rc;
 #endif
 }
 
@@ -690,20 +748,11 @@ void cuda_ops_detach(dep_client_t *c) {
     bool pushed = cu->cuCtxPushCurrent(st->ctx) == CUDA_SUCCESS;
     if (st->mod != NULL)
       cu->cuModuleUnload(st->mod);
-    if (st->host != NULL)
-      cu->cuMemFreeHost(st->host);
-    if (st->dev != 0)
-      cu->cuMemFree(st->dev);
-    if (st->scratch != 0)
-      cu->cuMemFree(st->scratch);
-    if (st->stage != 0)
-      cu->cuMemFree(st->stage);
-    if (st->tcnt != 0)
-      cu->cuMemFree(st->tcnt);
-    if (st->loop_slab != 0)
-      cu->cuMemFree(st->loop_slab);
-    if (st->loop_dev != 0)
-      cu->cuMemFree(st->loop_dev);
+    host_record_free(cu, st);
+    if (st->stream != NULL)
+      cu->cuStreamDestroy(st->stream);
+    if (st->mem != 0)
+      cu->cuMemFree(st->mem);
     if (pushed)
       cu->cuCtxPopCurrent(&dummy);
   }

@@ -253,12 +253,15 @@ struct cuops_state {
   CUcontext ctx;
   CUmodule mod;
   CUfunction fn[CUOPS_K_COUNT];
-  struct cuops_host *host;        /* pinned block, host address */
+  struct cuops_host *host;        /* a registered page, host address */
   CUdeviceptr host_dev;           /* ... and its device address */
+  CUdeviceptr mem;                /* one block holding the next six, until detach */
+  CUstream stream;                /* zeroes mem, runs the warm-up; gone after attach */
   CUdeviceptr dev;                /* struct cuops_dev */
   CUdeviceptr scratch;            /* warm-up outputs */
   CUdeviceptr stage;              /* FP8 tokens of an ll_dispatch: max_ll_tokens rows */
   CUdeviceptr tcnt;               /* the dispatch senders' counts (cuops_job.tcnt) */
+  uint64_t tcnt_bytes;            /* ... sized for the largest SM budget */
   CUdeviceptr loop_slab, loop_dev; /* the warm-up's world of one, kept until detach */
   struct dep_handle *warm_h;      /* the warm-up's handle */
   struct cuops_job job;

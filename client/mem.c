@@ -94,7 +94,7 @@ static int map_cuda(struct mem_map *m, int *fds, int dev, char *why, size_t whyl
       cu->cuMemAddressFree(va, m->bytes);
     free(m->handles);
     m->handles = NULL;
-    return r == 2 ? DEP_ERR_NO_MEMORY : DEP_ERR_CUDA;
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? DEP_ERR_NO_MEMORY : DEP_ERR_CUDA;
   }
   m->base = (void *)(uintptr_t)va;
   return 0;

@@ -65,8 +65,8 @@ static void drv_load_once(void) {
   RESOLVE(cuStreamSynchronize, "cuStreamSynchronize");
   RESOLVE(cuMemAlloc, "cuMemAlloc_v2");
   RESOLVE(cuMemFree, "cuMemFree_v2");
-  RESOLVE(cuMemHostAlloc, "cuMemHostAlloc");
-  RESOLVE(cuMemFreeHost, "cuMemFreeHost");
+  RESOLVE(cuMemHostRegister, "cuMemHostRegister_v2");
+  RESOLVE(cuMemHostUnregister, "cuMemHostUnregister");
   RESOLVE(cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2");
   RESOLVE(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
   RESOLVE(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
