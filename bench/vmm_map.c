@@ -7,7 +7,7 @@
  * `arena` (one allocation of N*S bytes, every process maps it once).
  *
  *   vmm_map [-n 8] [-s SLAB_MIB] [-i ROUNDS]
- *   vmm_map -g GPUS [-s ARENA_MIB] [-c CHUNK_MIB] [-a ALIGN_MIB] [-i ROUNDS]
+ *   vmm_map -g GPUS [-s ARENA_MIB] [-c CHUNK_MIB] [-a ALIGN_MIB] [-w] [-i ROUNDS]
  *
  * With -g, the cross-device case (issue 5, one rank per GPU): one
  * allocation of S bytes on each of G GPUs (deepepd's arena per device),
@@ -238,12 +238,36 @@ static void xunmap(struct xmap *x) {
 
 /* Process ord of g: per round, the arenas one after another, then one
  * thread each. */
+/* -w: before the clock, map a 2 MiB allocation of its own on every other
+ * GPU and keep it, to see whether what the driver charges is per peer GPU
+ * (set up once per process) rather than per byte or allocation. */
+static int peer_warm;
+
+static void warm_peers(const struct cudadrv *cu, CUdevice d, int ord, int g) {
+  for (int q = 0; q < g; q++) {
+    if (q == ord)
+      continue;
+    CUmemAllocationProp p = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                             .location = {CU_MEM_LOCATION_TYPE_DEVICE, q}};
+    CUmemGenericAllocationHandle h;
+    CUdeviceptr va;
+    CUmemAccessDesc acc = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, d},
+                           .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    check(cu->cuMemCreate(&h, 2u << 20, &p, 0), "warm create");
+    check(cu->cuMemAddressReserve(&va, 2u << 20, 0, 0, 0), "warm reserve");
+    check(cu->cuMemMap(va, 2u << 20, 0, h, 0), "warm map");
+    check(cu->cuMemSetAccess(va, 2u << 20, &acc, 1), "warm access");
+  }
+}
+
 static void xchild(int sock, int ord, int g, int nc, size_t chunk, size_t align, int rounds) {
   static struct xmap x[MAXN];
   CUdevice d;
   const struct cudadrv *cu = gpu(ord, &d);
   CUcontext ctx;
   check(cu->cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  if (peer_warm)
+    warm_peers(cu, d, ord, g);
   for (int r = 0; r < 2 * rounds; r++) {
     int fds[MAXN * MAXC], nf = 0;
     char go;
@@ -354,7 +378,7 @@ int main(int argc, char **argv) {
   int n = 8, rounds = 20, gpus = 0;
   size_t slab_mib = 902, align_mib = 0, chunk_mib = 0;
   int o;
-  while ((o = getopt(argc, argv, "n:s:i:g:a:c:")) != -1) {
+  while ((o = getopt(argc, argv, "n:s:i:g:a:c:w")) != -1) {
     if (o == 'n')
       n = atoi(optarg);
     else if (o == 'g')
@@ -363,13 +387,15 @@ int main(int argc, char **argv) {
       align_mib = (size_t)atoi(optarg);
     else if (o == 'c')
       chunk_mib = (size_t)atoi(optarg);
+    else if (o == 'w')
+      peer_warm = 1;
     else if (o == 's')
       slab_mib = (size_t)atoi(optarg);
     else if (o == 'i')
       rounds = atoi(optarg);
     else {
       fprintf(stderr, "usage: vmm_map [-n 8] [-s SLAB_MIB] [-i ROUNDS]\n"
-                      "       vmm_map -g GPUS [-s ARENA_MIB] [-c CHUNK_MIB] [-a ALIGN_MIB] [-i ROUNDS]\n");
+                      "       vmm_map -g GPUS [-s ARENA_MIB] [-c CHUNK_MIB] [-a ALIGN_MIB] [-w] [-i ROUNDS]\n");
       return 2;
     }
   }
@@ -388,8 +414,9 @@ int main(int argc, char **argv) {
     }
     slab = chunk * (size_t)nc;
     printf("# one %zu MiB arena per GPU of %d allocations, process g on GPU g maps all at a %zu "
-           "MiB aligned address; median over %d rounds of the slowest process, ms\n",
-           slab >> 20, nc, align_mib, rounds);
+           "MiB aligned address%s; median over %d rounds of the slowest process, ms\n",
+           slab >> 20, nc, align_mib,
+           peer_warm ? ", every other GPU mapped once before the clock (-w)" : "", rounds);
     printf("%-8s %5s %10s %8s %10s %10s %10s %10s %10s %10s %10s\n", "how", "gpus", "MiB_each", "chunkMiB",
            "local", "r_import", "r_reserve", "r_map", "r_access", "total", "end");
     for (int k = 2; k <= gpus; k *= 2) {
