@@ -27,7 +27,8 @@
 #include "deepep.h"
 
 /* CUDA VMM maps memory in 2 MiB granules; pool.chunk_size (the size the pool is
- * preallocated in) and the pool sizes are whole numbers of them. */
+ * preallocated in), pool.max_allocation (the largest allocation an arena is made of)
+ * and the pool sizes are whole numbers of them. */
 #define CHUNK_GRANULE (2 * MiB)
 #define DEFAULT_PORT 7470
 /* A config file is a page of text; anything this big is a mistake (or an attack). */
@@ -56,6 +57,8 @@ struct name_value {
 #define F_NONEMPTY 1u /* "" is not allowed */
 #define F_SUNPATH 2u  /* the length limit is sun_path's: say so */
 #define F_TOKEN 4u    /* a name: no spaces */
+/* Flag on sizes. */
+#define F_GRANULE 8u  /* a whole number of CHUNK_GRANULE (allocation sizes) */
 
 struct key {
   const char *name;
@@ -65,7 +68,7 @@ struct key {
   size_t entry;                   /* lists: size of one entry */
   uint64_t min, max;              /* K_UINT, K_SIZE, K_MODE */
   double dmin, dmax;              /* K_RATIO */
-  unsigned flags;                 /* K_STR and list entries */
+  unsigned flags;                 /* K_STR, list entries and K_SIZE */
   bool live;                      /* may change on SIGHUP without a restart */
   const struct key *sub;          /* K_SECTION (and K_PEERS: the keys of one peer) */
   const struct name_value *names; /* K_ENUM, ended by a NULL name */
@@ -108,7 +111,11 @@ static const struct key allow_keys[] = {
 
 static const struct key pool_keys[] = {
     {.name = "size_per_device", .kind = K_SIZE, AT(pool_size_per_device), .min = CHUNK_GRANULE, .max = 64 * TiB},
-    {.name = "chunk_size", .kind = K_SIZE, AT(pool_chunk_size), .min = CHUNK_GRANULE, .max = 64 * TiB},
+    {.name = "chunk_size", .kind = K_SIZE, AT(pool_chunk_size), .min = CHUNK_GRANULE, .max = 64 * TiB,
+     .flags = F_GRANULE},
+    /* Live: read when a job's arenas are made, so it applies from the next job on. */
+    {.name = "max_allocation", .kind = K_SIZE, AT(pool_max_allocation), .min = CHUNK_GRANULE, .max = 64 * TiB,
+     .flags = F_GRANULE, .live = true},
     {.name = "host_size", .kind = K_SIZE, AT(host_pool_size), .min = CHUNK_GRANULE, .max = 64 * TiB},
     {.name = NULL}};
 
@@ -162,6 +169,8 @@ void config_defaults(struct config *c) {
   c->backend = CONFIG_BACKEND_AUTO;
   c->pool_size_per_device = 8 * GiB;
   c->pool_chunk_size = 64 * MiB;
+  /* Under the 512 MiB at which H200s map a peer GPU's allocation several times slower. */
+  c->pool_max_allocation = 480 * MiB;
   c->host_pool_size = 1 * GiB;
   c->preallocation = true;
   c->buffer_cache_enabled = true;
@@ -445,11 +454,11 @@ static int apply_value(struct loader *L, const struct key *k, const yaml_node_t 
       return fail(L, v->start_mark, "'%s' must be between %s and %s, got %s", path,
                   config_value_size_text(k->min, a, sizeof a),
                   config_value_size_text(k->max, b, sizeof b), shown(raw, n, got, sizeof got));
+    if ((k->flags & F_GRANULE) && x % CHUNK_GRANULE != 0)
+      return fail(L, v->start_mark,
+                  "'%s' must be a multiple of 2 MiB (the CUDA VMM granularity), got %s", path,
+                  config_value_size_text(x, a, sizeof a));
     if (k->off == offsetof(struct config, pool_chunk_size)) {
-      if (x % CHUNK_GRANULE != 0)
-        return fail(L, v->start_mark,
-                    "'%s' must be a multiple of 2 MiB (the CUDA VMM granularity), got %s", path,
-                    config_value_size_text(x, a, sizeof a));
       L->chunk_node = v;
     } else if (k->off == offsetof(struct config, pool_size_per_device)) {
       L->pool_size_node = v;

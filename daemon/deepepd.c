@@ -73,6 +73,7 @@ static void deepepd_apply_live(struct config *run, const struct config *n) {
   run->n_allow_groups = n->n_allow_groups;
   memcpy(run->allow_groups, n->allow_groups, sizeof run->allow_groups);
   run->allow_any_user = n->allow_any_user;
+  run->pool_max_allocation = n->pool_max_allocation; /* the next job's arenas are split by it */
   run->kernel_warmup = n->kernel_warmup;
   run->adaptive_optimization = n->adaptive_optimization;
   run->warn_first_call_ratio = n->warn_first_call_ratio;

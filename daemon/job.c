@@ -49,6 +49,8 @@ static uint64_t job_shape_key(const struct job *j) {
   return h;
 }
 
+_Static_assert(POOL_MAX_PIECES <= DEP_PROTO_MAX_FDS, "an arena's pieces must fit one SLAB frame");
+
 /* Slabs sit this far apart in an arena: the layout's size, 64 KiB aligned. */
 #define JOB_SLAB_ALIGN (64u * 1024u)
 
@@ -63,6 +65,23 @@ static void job_release_arenas(struct job *j) {
         j->ranks[k].arena = NULL;
     pool_block_put(arena, deepepd.cfg.buffer_cache_enabled);
   }
+}
+
+/*
+ * The most each allocation of the arena on device `uuid` may be (pool.h):
+ * pool.max_allocation, except on cuda when every local rank of the job is
+ * on that device.  Then no peer GPU maps the arena, and one allocation is
+ * cheapest: each extra one costs every rank an import.  Peers' GPUs map an
+ * allocation of 512 MiB or more several times slower than smaller ones
+ * (BENCHMARKS.md, vmm_map -g); on the host a piece is one more mmap.
+ */
+static uint64_t job_arena_cap(const struct job *j, const struct pool *p, const uint8_t *uuid) {
+  if (strcmp(p->ops->name, "cuda") != 0)
+    return deepepd.cfg.pool_max_allocation;
+  for (uint32_t k = 0; k < j->local_world_size; k++)
+    if (memcmp(j->ranks[k].device_uuid, uuid, 16) != 0)
+      return deepepd.cfg.pool_max_allocation;
+  return 0;
 }
 
 /*
@@ -89,7 +108,8 @@ static int job_on_complete(struct job *j, char *why, size_t whylen) {
     struct pool *p = devices_find(r->device_uuid, why, whylen);
     struct pool_block *arena = NULL;
     int rc = p == NULL ? DEP_ERR_NOT_FOUND
-                       : pool_block_get(p, n * stride, j->owner_uid, key, &arena, why, whylen);
+                       : pool_block_get(p, n * stride, job_arena_cap(j, p, r->device_uuid),
+                                        j->owner_uid, key, &arena, why, whylen);
     if (rc != 0) {
       job_release_arenas(j);
       return rc;
@@ -112,21 +132,23 @@ static int job_on_complete(struct job *j, char *why, size_t whylen) {
 static void job_on_teardown(struct job *j) { job_release_arenas(j); }
 
 /*
- * Send one arena (the one holding local rank i's slab) to connection c.  The
- * protocol carries an arena as n chunks of chunk_bytes; an arena is one
- * block, so it goes as one chunk of the block's size with its one fd.
+ * Send one arena (the one holding local rank i's slab) to connection c: its
+ * block's pieces as the frame's chunks, one fd each, in mapping order.
  */
 static int job_send_arena(const struct job *j, uint32_t i, struct conn *c, uint32_t request_id) {
   const struct pool_block *arena = j->ranks[i].arena;
-  struct dep_msg_slab m = {.chunk_bytes = pool_block_bytes(arena), .n_chunks = 1};
+  struct dep_msg_slab m = {.chunk_bytes = pool_block_piece_bytes(arena),
+                           .n_chunks = pool_block_pieces(arena)};
   memcpy(m.device_uuid, j->ranks[i].device_uuid, sizeof m.device_uuid);
   for (uint32_t k = 0; k < j->local_world_size; k++) {
     if (j->ranks[k].arena != arena)
       continue;
     m.ranks[m.n_ranks++] = (struct dep_msg_slab_rank){k, j->ranks[k].rank, j->ranks[k].offset};
   }
-  int fd = pool_block_fd(arena);
-  return conn_send(c, DEP_MSG_SLAB, request_id, &m, &fd, 1);
+  int fds[POOL_MAX_PIECES];
+  for (uint32_t k = 0; k < m.n_chunks; k++)
+    fds[k] = pool_block_fd(arena, k);
+  return conn_send(c, DEP_MSG_SLAB, request_id, &m, fds, (int)m.n_chunks);
 }
 
 /* Send every arena of the job to connection c, one SLAB frame each. */
@@ -158,9 +180,13 @@ static int job_check_memory(const struct dep_attach_args *a, uint64_t *slab_byte
   int rc = dep_slab_layout(&a->shape, a->world_size, &l, why, whylen);
   if (rc != 0)
     return rc;
-  /* The worst case: every local rank on this device, in one arena, one block. */
+  /* The worst case: every local rank on this device, in one arena, one
+   * block, in pieces (which round up most). */
   uint64_t stride = dep_round_up(l.total_bytes, JOB_SLAB_ALIGN);
-  uint64_t need = dep_round_up(stride * a->local_world_size, p->dev.granularity);
+  uint32_t pieces;
+  uint64_t piece;
+  uint64_t need = pool_block_layout(p, stride * a->local_world_size,
+                                    deepepd.cfg.pool_max_allocation, &pieces, &piece);
   if (need > pool_total_bytes(p)) {
     const double mib = 1024.0 * 1024.0;
     snprintf(why, whylen, "this job shape needs %.1f MiB per rank, %.1f MiB for its %u local "

@@ -2,14 +2,16 @@
  * pool.h — one device's memory pool: a byte budget, and the blocks made
  * within it and lent to jobs (DESIGN §4).
  *
- * A block is one backend allocation (one fd) of any size that is a multiple
- * of the device's allocation granularity.  A job's arena on a device is
- * exactly one block of exactly the arena's size (rounded up to that
- * granularity), because a client pays for what it maps: on a GPU, access
- * to peer memory costs by the mapped size, and the driver will not map
- * part of an allocation, so a block larger than the job would be paid for
- * in full at every attach; several smaller blocks would be paid for per
- * handle imported (BENCHMARKS.md).
+ * A block is n equal backend allocations ("pieces", one fd each), every
+ * size a multiple of the device's allocation granularity; clients map the
+ * pieces one after another into one range.  A job's arena on a device is
+ * exactly one block of the arena's size (rounded up to whole pieces),
+ * because a client pays for what it maps: the driver will not map part of
+ * an allocation, so a block larger than the job would be paid for at every
+ * attach.  One piece where that is cheapest; several, each at most the
+ * caller's cap, where peer GPUs map the arena: the driver maps a peer's
+ * allocation of 512 MiB or more several times slower (BENCHMARKS.md,
+ * vmm_map -g), while every extra piece costs each rank one more import.
  *
  * Life of a block: made (at start in blocks of pool.chunk_size with
  * preallocation, the reserve; else when a job of that size first needs it)
@@ -30,10 +32,16 @@
 
 enum pool_block_state { POOL_BLOCK_FREE = 0, POOL_BLOCK_LENT, POOL_BLOCK_CACHED };
 
+/* The most pieces one block is made of (a larger block gets larger pieces). */
+#define POOL_MAX_PIECES 64
+
 /* One made block; what job.c holds per arena while it is lent. */
 struct pool_block {
   struct pool *pool;
-  struct chunk_mem mem;        /* mem.bytes is the block's size, mem.fd what clients import */
+  struct chunk_mem piece[POOL_MAX_PIECES]; /* n_pieces of piece_bytes, in mapping order */
+  uint32_t n_pieces;
+  uint64_t piece_bytes;
+  uint64_t bytes;              /* n_pieces * piece_bytes: the block's size */
   enum pool_block_state state;
   bool has_owner;              /* it has served a job (a preallocated block has not yet) */
   uid_t last_uid;              /* owner of the job it serves or last served */
@@ -68,21 +76,34 @@ int pool_init(struct pool *p, const struct backend_ops *ops, const struct backen
 void pool_fini(struct pool *p);
 
 /*
- * Lend one block of `bytes` rounded up to the granularity to a job of `uid`
- * and shape_key: a cached block of the same uid, shape and size first, then
- * a free block of that size not last used by another uid, else a new block,
- * releasing free then cached blocks to make room.  DEP_ERR_NO_MEMORY (with
- * why) when the budget cannot hold it beside the blocks lent to live jobs.
+ * The block pool_block_get makes for `bytes` with pieces of at most
+ * max_piece (0: one piece): n equal pieces, each a multiple of the
+ * granularity (larger than max_piece only past POOL_MAX_PIECES).  Returns
+ * the block's size, n * piece.
  */
-int pool_block_get(struct pool *p, uint64_t bytes, uid_t uid, uint64_t shape_key,
-                   struct pool_block **out, char *why, size_t whylen);
+uint64_t pool_block_layout(const struct pool *p, uint64_t bytes, uint64_t max_piece,
+                           uint32_t *n, uint64_t *piece);
+
+/*
+ * Lend one block of `bytes` (laid out as pool_block_layout says) to a job
+ * of `uid` and shape_key: a cached block of the same uid, shape and layout
+ * first, then a free block of that layout not last used by another uid,
+ * else a new block, releasing free then cached blocks to make room.
+ * DEP_ERR_NO_MEMORY (with why) when the budget cannot hold it beside the
+ * blocks lent to live jobs.
+ */
+int pool_block_get(struct pool *p, uint64_t bytes, uint64_t max_piece, uid_t uid,
+                   uint64_t shape_key, struct pool_block **out, char *why, size_t whylen);
 
 /* Return a lent block: scrub it (unmake it when that fails), then cache it or free it. */
 void pool_block_put(struct pool_block *b, bool cache);
 
-/* The block's exported fd (owned by the pool: do not close) and its size. */
-int pool_block_fd(const struct pool_block *b);
+/* The block's size, and how it is made: pieces of piece bytes each. */
 uint64_t pool_block_bytes(const struct pool_block *b);
+uint32_t pool_block_pieces(const struct pool_block *b);
+uint64_t pool_block_piece_bytes(const struct pool_block *b);
+/* Piece i's exported fd (owned by the pool: do not close). */
+int pool_block_fd(const struct pool_block *b, uint32_t i);
 
 /* The pool's budget: what STATUS reports as its total. */
 uint64_t pool_total_bytes(const struct pool *p);

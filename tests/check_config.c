@@ -81,6 +81,7 @@ static void assert_same_config(const struct config *a, const struct config *b) {
     ck_field_str(a, b, devices[i]);
   ck_field(a, b, pool_size_per_device);
   ck_field(a, b, pool_chunk_size);
+  ck_field(a, b, pool_max_allocation);
   ck_field(a, b, host_pool_size);
   ck_field_bool(a, b, preallocation);
   ck_field_bool(a, b, buffer_cache_enabled);
@@ -154,7 +155,7 @@ static size_t shipped_keys(char keys[][64], size_t max) {
 START_TEST(shipped_file_has_every_documented_key) {
   char keys[64][64];
   size_t n = shipped_keys(keys, 64);
-  ck_assert_uint_eq(n, 28); /* socket 3, allow 3, pool 3, listen 2, limits 5, and 12 at the top */
+  ck_assert_uint_eq(n, 29); /* socket 3, allow 3, pool 4, listen 2, limits 5, and 12 at the top */
 }
 END_TEST
 
@@ -197,6 +198,17 @@ START_TEST(empty_documents_give_the_defaults) {
 }
 END_TEST
 
+/* 480 MiB: under the 512 MiB from which H200s map a peer GPU's allocation several times slower
+ * (BENCHMARKS.md), and a file that does not name the key keeps it. */
+START_TEST(max_allocation_defaults_to_480_mib) {
+  struct config c;
+  config_defaults(&c);
+  ck_assert_uint_eq(c.pool_max_allocation, 480ull << 20);
+  load_ok(&c, "pool:\n  chunk_size: 32MiB\n");
+  ck_assert_uint_eq(c.pool_max_allocation, 480ull << 20);
+}
+END_TEST
+
 /* ---- values ---------------------------------------------------------------- */
 
 START_TEST(every_key_lands_in_the_struct) {
@@ -205,7 +217,8 @@ START_TEST(every_key_lands_in_the_struct) {
               "allow:\n  users: [alice, \"1001\"]\n  groups: [trainers]\n  any_user: yes\n"
               "backend: host\n"
               "devices: [" UUID1 ", " UUID2 "]\n"
-              "pool:\n  size_per_device: 16 GiB\n  chunk_size: 2MiB\n  host_size: 536870912\n"
+              "pool:\n  size_per_device: 16 GiB\n  chunk_size: 2MiB\n  max_allocation: 6MiB\n"
+              "  host_size: 536870912\n"
               "preallocation: off\nbuffer_cache_enabled: No\nkernel_warmup: FALSE\n"
               "kernel_cache_dir: /srv/kc\nadaptive_optimization: on\nwarn_first_call_ratio: 2.25\n"
               "connection_pool_size: 1024\n"
@@ -230,6 +243,7 @@ START_TEST(every_key_lands_in_the_struct) {
   ck_assert_str_eq(c.devices[1], UUID2);
   ck_assert_uint_eq(c.pool_size_per_device, 16ull << 30);
   ck_assert_uint_eq(c.pool_chunk_size, 2ull << 20);
+  ck_assert_uint_eq(c.pool_max_allocation, 6ull << 20);
   ck_assert_uint_eq(c.host_pool_size, 512ull << 20);
   ck_assert(!c.preallocation);
   ck_assert(!c.buffer_cache_enabled);
@@ -286,6 +300,12 @@ START_TEST(sizes_and_booleans_in_every_spelling) {
   }
   load_ok(&c, "pool:\n  size_per_device: 1TiB\n  chunk_size: 1GiB\n");
   ck_assert_uint_eq(c.pool_size_per_device, 1ull << 40);
+  load_ok(&c, "pool:\n  max_allocation: 448 MiB\n");
+  ck_assert_uint_eq(c.pool_max_allocation, 448ull << 20);
+  load_ok(&c, "pool:\n  max_allocation: 2097152\n");
+  ck_assert_uint_eq(c.pool_max_allocation, 2ull << 20);
+  load_ok(&c, "pool:\n  max_allocation: 64TiB\n");
+  ck_assert_uint_eq(c.pool_max_allocation, 64ull << 40);
   static const char *const yes[] = {"true", "True", "TRUE", "yes", "Yes", "on", "ON"};
   static const char *const no[] = {"false", "False", "no", "NO", "off", "Off"};
   for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
@@ -367,7 +387,8 @@ static const struct bad {
      "preallocation, buffer_cache_enabled, kernel_warmup, kernel_cache_dir, adaptive_optimization, "
      "warn_first_call_ratio, connection_pool_size, listen, peers, peer_key_file, limits, log_level)"},
     {"pool:\n  chunk_size: 64MiB\n  sise_per_device: 8GiB\n",
-     "t.yaml:3:3: unknown key 'sise_per_device' in 'pool' (known: size_per_device, chunk_size, host_size)"},
+     "t.yaml:3:3: unknown key 'sise_per_device' in 'pool' (known: size_per_device, chunk_size, max_allocation, "
+     "host_size)"},
     {"limits:\n  max_job: 3\n",
      "t.yaml:2:3: unknown key 'max_job' in 'limits' (known: max_clients, max_jobs, attach_timeout_ms, "
      "op_timeout_ms, client_queue_bytes)"},
@@ -428,6 +449,13 @@ static const struct bad {
      "t.yaml:2:20: 'pool.size_per_device' must be between 2 MiB and 64 TiB, got 1MiB"},
     {"pool:\n  host_size: 99999999999999999999999999GiB\n",
      "t.yaml:2:14: 'pool.host_size' must be between 2 MiB and 64 TiB, got 99999999999999999999999999GiB"},
+    {"pool:\n  max_allocation: 0\n", "t.yaml:2:19: 'pool.max_allocation' must be between 2 MiB and 64 TiB, got 0"},
+    {"pool:\n  max_allocation: 1MiB\n",
+     "t.yaml:2:19: 'pool.max_allocation' must be between 2 MiB and 64 TiB, got 1MiB"},
+    {"pool:\n  max_allocation: 65TiB\n",
+     "t.yaml:2:19: 'pool.max_allocation' must be between 2 MiB and 64 TiB, got 65TiB"},
+    {"pool:\n  max_allocation: lots\n",
+     "t.yaml:2:19: expected a size (bytes, or a number with KiB, MiB, GiB or TiB) for 'pool.max_allocation', got 'lots'"},
     /* duplicates name the first occurrence */
     {"log_level: info\npreallocation: true\nlog_level: debug\n", "t.yaml:3:1: duplicate key 'log_level' (first at line 1)"},
     {"pool:\n  chunk_size: 2MiB\n  host_size: 1GiB\n  chunk_size: 4MiB\n",
@@ -439,6 +467,12 @@ static const struct bad {
      "t.yaml:2:23: unknown size unit 'megs' in 'limits.client_queue_bytes' (use B, KiB, MiB, GiB or TiB)"},
     {"pool:\n  chunk_size: 3MiB\n",
      "t.yaml:2:15: 'pool.chunk_size' must be a multiple of 2 MiB (the CUDA VMM granularity), got 3 MiB"},
+    {"pool:\n  max_allocation: 3MiB\n",
+     "t.yaml:2:19: 'pool.max_allocation' must be a multiple of 2 MiB (the CUDA VMM granularity), got 3 MiB"},
+    {"pool:\n  chunk_size: 2MiB\n  max_allocation: 511MiB\n",
+     "t.yaml:3:19: 'pool.max_allocation' must be a multiple of 2 MiB (the CUDA VMM granularity), got 511 MiB"},
+    {"pool:\n  max_allocation: 4194305\n",
+     "t.yaml:2:19: 'pool.max_allocation' must be a multiple of 2 MiB (the CUDA VMM granularity), got 4194305 bytes"},
     {"pool:\n  chunk_size: 6MiB\n",
      "t.yaml:2:15: 'pool.size_per_device' (8 GiB) must be a whole number of chunks of 'pool.chunk_size' (6 MiB)"},
     {"pool:\n  size_per_device: 64MiB\n  chunk_size: 128MiB\n",
@@ -618,10 +652,27 @@ START_TEST(live_keys_need_no_restart) {
           "allow:\n  users: [alice]\n  groups: [gpu]\n  any_user: true\n"
           "kernel_warmup: false\nadaptive_optimization: true\nwarn_first_call_ratio: 3\n"
           "limits:\n  max_clients: 5\n  max_jobs: 5\n  attach_timeout_ms: 5\n  op_timeout_ms: 5\n"
-          "  client_queue_bytes: 1MiB\nlog_level: debug\n");
+          "  client_queue_bytes: 1MiB\nlog_level: debug\npool:\n  max_allocation: 256MiB\n");
+  ck_assert_uint_eq(b.pool_max_allocation, 256ull << 20);
   ck_assert_uint_eq(config_diff_restart(&a, &b, keys, sizeof keys), 0);
   ck_assert_str_eq(keys, "");
   ck_assert_uint_eq(config_diff_restart(&a, &a, keys, sizeof keys), 0);
+}
+END_TEST
+
+/* pool.max_allocation is read as each job's arenas are made: a reload changes it for the next
+ * job, and only its section neighbours that the pool was built from need a restart. */
+START_TEST(max_allocation_is_live_beside_restart_keys) {
+  struct config a, b;
+  char keys[512];
+  config_defaults(&a);
+  load_ok(&b, "pool:\n  max_allocation: 1GiB\n");
+  ck_assert_uint_ne(b.pool_max_allocation, a.pool_max_allocation);
+  ck_assert_uint_eq(config_diff_restart(&a, &b, keys, sizeof keys), 0);
+  ck_assert_str_eq(keys, "");
+  load_ok(&b, "pool:\n  chunk_size: 32MiB\n  max_allocation: 2MiB\n  host_size: 2GiB\n");
+  ck_assert_uint_eq(config_diff_restart(&a, &b, keys, sizeof keys), 2);
+  ck_assert_str_eq(keys, "pool.chunk_size, pool.host_size");
 }
 END_TEST
 
@@ -680,6 +731,7 @@ Suite *config_suite(void) {
   tcase_add_test(t, readme_documents_every_key);
   tcase_add_test(t, man_page_documents_every_key);
   tcase_add_test(t, empty_documents_give_the_defaults);
+  tcase_add_test(t, max_allocation_defaults_to_480_mib);
   suite_add_tcase(s, t);
 
   t = tcase_create("values");
@@ -703,6 +755,7 @@ Suite *config_suite(void) {
 
   t = tcase_create("reload");
   tcase_add_test(t, live_keys_need_no_restart);
+  tcase_add_test(t, max_allocation_is_live_beside_restart_keys);
   tcase_add_loop_test(t, restart_keys_are_named, 0,
                       (int)(sizeof restart_changes / sizeof restart_changes[0]));
   tcase_add_test(t, restart_keys_are_listed_together);

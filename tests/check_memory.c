@@ -89,6 +89,50 @@ START_TEST(eight_ranks_share_one_job_and_read_every_peers_slab) {
 }
 END_TEST
 
+/*
+ * An arena larger than pool.max_allocation comes in equal pieces, one fd
+ * each (the daemon holds one per piece), and every rank maps them as one
+ * range: each fills its whole slab and reads every peer's across the
+ * pieces' seams.  On cuda with every rank on one GPU the arena stays one
+ * allocation: no peer GPU maps it.
+ */
+START_TEST(an_arena_over_max_allocation_comes_in_pieces_that_map_as_one) {
+  MR_NEEDS_BACKEND();
+  const uint64_t cap = 4 * MR_MIB, g = mr_granule(), slab = mr_slab_of(&WIDE, 8);
+  const uint32_t gpus = mr_gpus();
+  const bool whole = mr_on_cuda() && gpus == 1;
+  uint64_t used = 0;
+  int pieces = 0;
+  for (uint32_t i = 0; i < gpus; i++) { /* local ranks i, i + gpus, ... on GPU i */
+    const uint64_t arena = dep_round_up((8 - i + gpus - 1) / gpus * slab, g);
+    const uint64_t n = whole ? 1 : (arena + cap - 1) / cap;
+    const uint64_t piece = dep_round_up((arena + n - 1) / n, g);
+    ck_assert_uint_le(whole ? 0 : piece, cap);
+    used += n * piece;
+    pieces += (int)n;
+  }
+  ck_assert_int_ge(pieces, whole ? 1 : 8); /* the arenas are several times the cap */
+  struct tu_daemon d;
+  /* No reserve, so that the daemon's fds count the job's pieces alone. */
+  mr_start_pool(&d, 64, "  max_allocation: 4MiB\n", "preallocation: false\n");
+  dep_client_t *obs = mr_observer(&d);
+  const int fds_before = mr_daemon_fds(d.pid);
+  static const struct mr_step script[] = {{FILL, 1}, {SYNC, 0}, {CHECK, 1}, {SYNC, 0}, {END, 0}};
+  struct mr_grp grp;
+  mr_grp_init(&grp);
+  mr_grp_spawn_job(&grp, &d, "in-pieces", 8, WIDE, script);
+  mr_grp_sync(&grp, 8); /* every rank has filled its slab */
+  ck_assert_uint_eq(mr_pool_now(obs).used, used);
+  mr_grp_go(&grp, 8);
+  mr_grp_sync(&grp, 8); /* every rank has read all eight patterns */
+  mr_grp_go(&grp, 8);
+  mr_grp_reap(&grp);
+  mr_wait_pool(obs, 0, used); /* cached, pieces and all */
+  ck_assert_int_eq(mr_daemon_fds(d.pid) - fds_before, pieces);
+  mr_stop_ok(&d, obs);
+}
+END_TEST
+
 /* ---- isolation ---------------------------------------------------------------------- */
 
 START_TEST(two_jobs_of_different_users_cannot_join_or_see_each_other) {
@@ -347,7 +391,8 @@ START_TEST(a_job_of_a_new_size_gets_one_block_in_the_room_of_free_ones) {
   snprintf(want, sizeof want, "unmade 2 free and 0 cached block(s), 4 MiB in all, to make room "
            "for a block of %s", a);
   ck_assert_msg(dw_log_has(&d, want, 3000), "the log lacks \"%s\"", want);
-  snprintf(want, sizeof want, "made a block of %s for a job of uid %u", a, (unsigned)getuid());
+  snprintf(want, sizeof want, "made a block of %s (1 allocation(s) of %s) for a job of uid %u",
+           a, a, (unsigned)getuid());
   ck_assert_msg(dw_log_has(&d, want, 3000), "the log lacks \"%s\"", want);
   mr_grp_go(&g, 7);
   mr_grp_reap(&g);
@@ -685,7 +730,9 @@ Suite *memory_suite(void) {
     const char *name;
     const TTest *tests[6];
   } cases[] = {
-      {"share", {eight_ranks_share_one_job_and_read_every_peers_slab, NULL}},
+      {"share",
+       {eight_ranks_share_one_job_and_read_every_peers_slab,
+        an_arena_over_max_allocation_comes_in_pieces_that_map_as_one, NULL}},
       {"isolation",
        {two_jobs_of_different_users_cannot_join_or_see_each_other,
         another_users_job_never_sees_old_bytes_even_through_a_kept_mapping, NULL}},

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -67,8 +68,8 @@ static void pool_open(struct pool *p, uint64_t budget, bool prealloc) {
 
 static ino_t inode_of(const struct pool_block *b) {
   struct stat sb;
-  ck_assert_int_eq(fstat(pool_block_fd(b), &sb), 0);
-  ck_assert_uint_eq((uint64_t)sb.st_size, pool_block_bytes(b));
+  ck_assert_int_eq(fstat(pool_block_fd(b, 0), &sb), 0);
+  ck_assert_uint_eq((uint64_t)sb.st_size, pool_block_piece_bytes(b));
   return sb.st_ino;
 }
 
@@ -91,8 +92,8 @@ static void check_books(const struct pool *p) {
 
 /*
  * Many jobs of three uids and five sizes come and go at random, cache on
- * and off: the budget always holds, every lend is exactly the size asked
- * (to the page), a block is only ever lent to the uid that used it last
+ * and off, with and without a cap on the pieces: the budget always holds,
+ * every lend is exactly the size its layout says, a block is only ever lent to the uid that used it last
  * (or to anyone when fresh), and a refusal happens only when the live jobs
  * leave too little of the budget.
  */
@@ -101,6 +102,7 @@ START_TEST(random_jobs_keep_the_budget_and_never_cross_uids) {
   pool_open(&p, 16 * MIB, true);
   const uint64_t page = p.dev.granularity;
   const uint64_t sizes[] = {640 * KIB, 2 * MIB, 3 * MIB + 5, 4032 * KIB, 7 * MIB};
+  const uint64_t caps[] = {0, 1 * MIB, 3 * MIB};
   struct {
     struct pool_block *b;
     uid_t uid;
@@ -118,17 +120,21 @@ START_TEST(random_jobs_keep_the_budget_and_never_cross_uids) {
       live[slot].b = NULL;
     } else {
       uid_t uid = 1000 + (uid_t)(rand_r(&seed) % 3);
-      uint64_t want = sizes[rand_r(&seed) % 5];
-      uint64_t room = p.budget_bytes - p.used_bytes, size = (want + page - 1) / page * page;
+      uint64_t want = sizes[rand_r(&seed) % 5], cap = caps[rand_r(&seed) % 3], piece;
+      uint32_t n;
+      uint64_t room = p.budget_bytes - p.used_bytes;
+      uint64_t size = pool_block_layout(&p, want, cap, &n, &piece);
+      ck_assert_uint_lt(size - (want + page - 1) / page * page, n * page);
       char why[512] = "";
       struct pool_block *b = NULL;
-      int rc = pool_block_get(&p, want, uid, want ^ uid, &b, why, sizeof why);
+      int rc = pool_block_get(&p, want, cap, uid, want ^ uid, &b, why, sizeof why);
       if (size > room) {
         ck_assert_int_eq(rc, DEP_ERR_NO_MEMORY);
         ck_assert_msg(strstr(why, "raise pool.size_per_device") != NULL, "said: %s", why);
       } else {
         ck_assert_msg(rc == 0, "step %d: %s", step, why);
         ck_assert_uint_eq(pool_block_bytes(b), size);
+        ck_assert_uint_eq(pool_block_pieces(b), n);
         ino_t ino = inode_of(b);
         int k = 0;
         while (k < n_seen && seen[k].ino != ino)
@@ -163,16 +169,16 @@ START_TEST(a_block_that_fails_its_scrub_is_unmade) {
   pool_open(&p, 8 * MIB, false);
   char why[512] = "";
   struct pool_block *b = NULL;
-  ck_assert_int_eq(pool_block_get(&p, 640 * KIB, 1000, 7, &b, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 640 * KIB, 0, 1000, 7, &b, why, sizeof why), 0);
   ino_t first = inode_of(b);
-  int fd = dup(pool_block_fd(b)); /* keeps the inode from being reused */
+  int fd = dup(pool_block_fd(b, 0)); /* keeps the inode from being reused */
   fail_next_scrubs = 1;
   pool_block_put(b, true);
   ck_assert_uint_eq(p.made_bytes, 0);
   ck_assert_uint_eq(p.used_bytes, 0);
   ck_assert_uint_eq(p.cached_bytes, 0);
   ck_assert_uint_eq(p.n_blocks, 0);
-  ck_assert_int_eq(pool_block_get(&p, 640 * KIB, 1000, 7, &b, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 640 * KIB, 0, 1000, 7, &b, why, sizeof why), 0);
   ck_assert(inode_of(b) != first);
   ck_assert_int_eq(made, 2);
   pool_block_put(b, true);
@@ -191,32 +197,32 @@ START_TEST(room_comes_from_free_blocks_then_the_oldest_cached) {
   pool_open(&p, 8 * MIB, false);
   char why[512] = "";
   struct pool_block *a, *b, *c, *d;
-  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 1000, 1, &a, why, sizeof why), 0);
-  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 1000, 2, &b, why, sizeof why), 0);
-  ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 1000, 3, &c, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 0, 1000, 1, &a, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 0, 1000, 2, &b, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 0, 1000, 3, &c, why, sizeof why), 0);
   ino_t ia = inode_of(a), ib = inode_of(b);
   pool_block_put(a, true); /* cached first: the oldest */
   pool_block_put(b, true);
   pool_block_put(c, false); /* free */
   ck_assert_int_eq(made, 3);
   /* 1 MiB: the free 2 MiB block makes the room; the cache is untouched. */
-  ck_assert_int_eq(pool_block_get(&p, 1 * MIB, 1000, 4, &d, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 1 * MIB, 0, 1000, 4, &d, why, sizeof why), 0);
   ck_assert_uint_eq(p.cached_bytes, 6 * MIB);
   ck_assert_uint_eq(p.made_bytes, 7 * MIB);
   pool_block_put(d, false);
   /* 4 MiB: the free 1 MiB block goes, then one cached block, the oldest (a's). */
-  ck_assert_int_eq(pool_block_get(&p, 4 * MIB, 1000, 5, &d, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 4 * MIB, 0, 1000, 5, &d, why, sizeof why), 0);
   ck_assert_uint_eq(p.cached_bytes, 3 * MIB);
   ck_assert_uint_eq(p.made_bytes, 7 * MIB);
   struct pool_block *again;
-  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 1000, 2, &again, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 0, 1000, 2, &again, why, sizeof why), 0);
   ck_assert(inode_of(again) == ib); /* b survived, and is the warm block of its shape */
   ck_assert(inode_of(again) != ia);
   ck_assert_int_eq(made, 5);
   pool_block_put(again, true);
   /* A live job holds 4 MiB of 8: 5 MiB is refused with the figures, and the cache stays. */
   struct pool_block *none = NULL;
-  ck_assert_int_eq(pool_block_get(&p, 5 * MIB, 1000, 6, &none, why, sizeof why),
+  ck_assert_int_eq(pool_block_get(&p, 5 * MIB, 0, 1000, 6, &none, why, sizeof why),
                    DEP_ERR_NO_MEMORY);
   ck_assert_msg(strstr(why, "a block of 5 MiB: its pool's budget is 8 MiB and live jobs hold "
                             "4 MiB of it") != NULL, "said: %s", why);
@@ -240,20 +246,115 @@ START_TEST(reserve_blocks_are_lent_as_they_are_and_free_ones_go_back_to_their_ui
   ck_assert_int_eq(made, 4);
   char why[512] = "";
   struct pool_block *b, *again, *other;
-  ck_assert_int_eq(pool_block_get(&p, 2 * MIB - 100, 1000, 1, &b, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 2 * MIB - 100, 0, 1000, 1, &b, why, sizeof why), 0);
   ck_assert_uint_eq(pool_block_bytes(b), 2 * MIB);
   ino_t first = inode_of(b);
   pool_block_put(b, false);
   for (int i = 0; i < 3; i++) { /* whatever order the blocks are in */
-    ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 1001, 2, &other, why, sizeof why), 0);
+    ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 0, 1001, 2, &other, why, sizeof why), 0);
     ck_assert(inode_of(other) != first);
     pool_block_put(other, false);
-    ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 1000, 1, &again, why, sizeof why), 0);
+    ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 0, 1000, 1, &again, why, sizeof why), 0);
     ck_assert(inode_of(again) == first);
     pool_block_put(again, false);
   }
   ck_assert_int_eq(made, 4);
   check_books(&p);
+  pool_fini(&p);
+}
+END_TEST
+
+/*
+ * Under a cap, a block is equal pieces (one fd each), every one at most the
+ * cap and a whole number of pages, together the size asked to within a
+ * page a piece; every piece is scrubbed between jobs; and the warm path
+ * matches the layout, so the same shape asked without the cap gets a block
+ * of its own.
+ */
+START_TEST(a_capped_block_is_equal_scrubbed_pieces) {
+  struct pool p;
+  pool_open(&p, 32 * MIB, false);
+  const uint64_t page = p.dev.granularity, want = 7 * MIB + 5;
+  const uint64_t size = (want + page - 1) / page * page;
+  char why[512] = "";
+  struct pool_block *b = NULL;
+  ck_assert_int_eq(pool_block_get(&p, want, 2 * MIB, 1000, 9, &b, why, sizeof why), 0);
+  const uint32_t n = pool_block_pieces(b);
+  const uint64_t piece = pool_block_piece_bytes(b);
+  ck_assert_uint_eq(n, 4);
+  ck_assert_uint_le(piece, 2 * MIB);
+  ck_assert_uint_eq(piece % page, 0);
+  ck_assert_uint_eq(pool_block_bytes(b), n * piece);
+  ck_assert_uint_ge(n * piece, size);
+  ck_assert_uint_lt(n * piece - size, n * page);
+  ck_assert_int_eq(made, 4);
+  ino_t ino[4];
+  for (uint32_t i = 0; i < n; i++) {
+    struct stat sb;
+    ck_assert_int_eq(fstat(pool_block_fd(b, i), &sb), 0);
+    ck_assert_uint_eq((uint64_t)sb.st_size, piece);
+    ino[i] = sb.st_ino;
+    for (uint32_t k = 0; k < i; k++)
+      ck_assert(ino[k] != ino[i]);
+    /* The job writes into every piece, last byte included. */
+    uint8_t *m = mmap(NULL, piece, PROT_READ | PROT_WRITE, MAP_SHARED, pool_block_fd(b, i), 0);
+    ck_assert(m != MAP_FAILED);
+    m[0] = m[piece - 1] = 0xA5;
+    munmap(m, piece);
+  }
+  ck_assert_int_eq(pool_block_fd(b, n), -1);
+  check_books(&p);
+  pool_block_put(b, true);
+  /* The same shape without a cap: another layout, so a block of its own. */
+  struct pool_block *whole = NULL;
+  ck_assert_int_eq(pool_block_get(&p, want, 0, 1000, 9, &whole, why, sizeof why), 0);
+  ck_assert_uint_eq(pool_block_pieces(whole), 1);
+  ck_assert_uint_eq(pool_block_bytes(whole), size);
+  ck_assert_int_eq(made, 5);
+  pool_block_put(whole, false);
+  /* With the cap again: the cached block, every piece scrubbed. */
+  struct pool_block *again = NULL;
+  ck_assert_int_eq(pool_block_get(&p, want, 2 * MIB, 1000, 9, &again, why, sizeof why), 0);
+  ck_assert_ptr_eq(again, b);
+  ck_assert_int_eq(made, 5);
+  for (uint32_t i = 0; i < n; i++) {
+    uint8_t *m = mmap(NULL, piece, PROT_READ, MAP_SHARED, pool_block_fd(again, i), 0);
+    ck_assert(m != MAP_FAILED);
+    ck_assert_msg(m[0] == 0 && m[piece - 1] == 0, "piece %u was not scrubbed", i);
+    munmap(m, piece);
+  }
+  /* A scrub that fails on a piece drops the whole block. */
+  fail_next_scrubs = 1;
+  pool_block_put(again, true);
+  ck_assert_uint_eq(p.n_blocks, 1);
+  ck_assert_uint_eq(p.made_bytes, size);
+  check_books(&p);
+  pool_fini(&p);
+}
+END_TEST
+
+/*
+ * The layout's edges: no cap is one piece; a cap below the granularity is
+ * the granularity; past POOL_MAX_PIECES the pieces grow beyond the cap
+ * rather than multiply.
+ */
+START_TEST(the_layout_keeps_to_whole_pages_and_at_most_max_pieces) {
+  struct pool p;
+  pool_open(&p, 8 * MIB, false);
+  const uint64_t page = p.dev.granularity;
+  uint32_t n;
+  uint64_t piece;
+  ck_assert_uint_eq(pool_block_layout(&p, 5 * MIB + 1, 0, &n, &piece), 5 * MIB + page);
+  ck_assert_uint_eq(n, 1);
+  ck_assert_uint_eq(pool_block_layout(&p, 3 * page, 1, &n, &piece), 3 * page);
+  ck_assert_uint_eq(n, 3);
+  ck_assert_uint_eq(piece, page);
+  const uint64_t big = (uint64_t)(POOL_MAX_PIECES * 2 + 3) * page;
+  ck_assert_uint_eq(pool_block_layout(&p, big, page, &n, &piece), POOL_MAX_PIECES * 3 * page);
+  ck_assert_uint_eq(n, POOL_MAX_PIECES);
+  ck_assert_uint_eq(piece, 3 * page);
+  ck_assert_uint_eq(pool_block_layout(&p, 4 * MIB, 2 * MIB, &n, &piece), 4 * MIB);
+  ck_assert_uint_eq(n, 2);
   pool_fini(&p);
 }
 END_TEST
@@ -266,6 +367,8 @@ Suite *pool_suite(void) {
   tcase_add_test(tc, a_block_that_fails_its_scrub_is_unmade);
   tcase_add_test(tc, room_comes_from_free_blocks_then_the_oldest_cached);
   tcase_add_test(tc, reserve_blocks_are_lent_as_they_are_and_free_ones_go_back_to_their_uid);
+  tcase_add_test(tc, a_capped_block_is_equal_scrubbed_pieces);
+  tcase_add_test(tc, the_layout_keeps_to_whole_pages_and_at_most_max_pieces);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -75,6 +75,8 @@ static uint32_t gpus_in_use(void) {
 
 uint32_t mr_gpus(void) { return gpus_in_use(); }
 
+bool mr_on_cuda(void) { return test_on_cuda(); }
+
 uint64_t mr_granule(void) {
   return test_on_cuda() ? 2 * MR_MIB : (uint64_t)sysconf(_SC_PAGESIZE);
 }
@@ -551,11 +553,16 @@ static void devices_yaml(char *out, size_t len, const char *extra) {
 }
 
 void mr_start(struct tu_daemon *d, unsigned pool_mib, const char *extra) {
+  mr_start_pool(d, pool_mib, NULL, extra);
+}
+
+void mr_start_pool(struct tu_daemon *d, unsigned pool_mib, const char *pool_keys,
+                   const char *extra) {
   char devices[TU_GPUS_MAX * 48 + 16], yaml[TU_GPUS_MAX * 48 + 1024];
   devices_yaml(devices, sizeof devices, extra);
   int n = snprintf(yaml, sizeof yaml, "pool:\n  host_size: %uMiB\n  size_per_device: %uMiB\n"
-                   "  chunk_size: 2MiB\n%s%s", pool_mib, pool_mib, devices,
-                   extra != NULL ? extra : "");
+                   "  chunk_size: 2MiB\n%s%s%s", pool_mib, pool_mib,
+                   pool_keys != NULL ? pool_keys : "", devices, extra != NULL ? extra : "");
   ck_assert_int_lt(n, (int)sizeof yaml);
   ck_assert_msg(tu_daemon_start(d, yaml) == 0, "deepepd did not start");
 }

@@ -66,6 +66,8 @@ uint64_t mr_slab_of(const struct dep_job_shape *s, uint32_t world);
 /* The device's allocation granularity: the page size on the host backend, 2 MiB on cuda
  * (the VMM granularity of every GPU these tests run on). */
 uint64_t mr_granule(void);
+/* Whether the ranks' memory is device memory (DEP_TEST_BACKEND=cuda). */
+bool mr_on_cuda(void);
 
 /* What a job of `local` ranks takes from the pools: per device, one block holding its
  * local slabs, rounded up to mr_granule() (all on one device unless DEP_TEST_GPUS
@@ -108,6 +110,9 @@ void mr_grp_reap(struct mr_grp *g);
  * ranks use), preallocated in blocks of MR_CHUNK unless extra turns preallocation off,
  * plus extra YAML (may be NULL). */
 void mr_start(struct tu_daemon *d, unsigned pool_mib, const char *extra);
+/* The same with pool_keys (may be NULL) added under `pool:`, e.g. "  max_allocation: 4MiB\n". */
+void mr_start_pool(struct tu_daemon *d, unsigned pool_mib, const char *pool_keys,
+                   const char *extra);
 /* A library client connected to d, for STATUS. */
 dep_client_t *mr_observer(const struct tu_daemon *d);
 /* The daemon survived everything: it still runs and exits cleanly on SIGTERM. */
