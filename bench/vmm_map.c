@@ -395,7 +395,8 @@ int main(int argc, char **argv) {
       rounds = atoi(optarg);
     else {
       fprintf(stderr, "usage: vmm_map [-n 8] [-s SLAB_MIB] [-i ROUNDS]\n"
-                      "       vmm_map -g GPUS [-s ARENA_MIB] [-c CHUNK_MIB] [-a ALIGN_MIB] [-w] [-i ROUNDS]\n");
+                      "       vmm_map -g GPUS [-s ARENA_MIB] [-c CHUNK_MIB] [-a ALIGN_MIB] [-w] "
+                      "[-i ROUNDS]\n");
       return 2;
     }
   }
@@ -417,8 +418,8 @@ int main(int argc, char **argv) {
            "MiB aligned address%s; median over %d rounds of the slowest process, ms\n",
            slab >> 20, nc, align_mib,
            peer_warm ? ", every other GPU mapped once before the clock (-w)" : "", rounds);
-    printf("%-8s %5s %10s %8s %10s %10s %10s %10s %10s %10s %10s\n", "how", "gpus", "MiB_each", "chunkMiB",
-           "local", "r_import", "r_reserve", "r_map", "r_access", "total", "end");
+    printf("%-8s %5s %10s %8s %10s %10s %10s %10s %10s %10s %10s\n", "how", "gpus", "MiB_each",
+           "chunkMiB", "local", "r_import", "r_reserve", "r_map", "r_access", "total", "end");
     for (int k = 2; k <= gpus; k *= 2) {
       fflush(stdout);
       pid_t p = fork();

@@ -55,8 +55,8 @@ struct cuops_hmem {
 static const struct cudadrv *drv(void) { return cudadrv_load(NULL, 0); }
 
 static int cu_fail(dep_client_t *c, const char *op, const char *what, CUresult r) {
-  return client_seterr(c, r == CUDA_ERROR_OUT_OF_MEMORY ? DEP_ERR_NO_MEMORY : DEP_ERR_CUDA, "%s: %s: %s", op, what,
-                       cudadrv_errstr(r));
+  return client_seterr(c, r == CUDA_ERROR_OUT_OF_MEMORY ? DEP_ERR_NO_MEMORY : DEP_ERR_CUDA,
+                       "%s: %s: %s", op, what, cudadrv_errstr(r));
 }
 
 /* The caller's thread may have no context, or another one, current. */
@@ -586,6 +586,7 @@ static size_t host_record_bytes(void) {
   return dep_round_up(sizeof(struct cuops_host), (uint64_t)sysconf(_SC_PAGESIZE));
 }
 
+#ifdef DEP_HAVE_FATBIN
 static CUresult host_record_make(const struct cudadrv *cu, struct cuops_state *st) {
   void *p = mmap(NULL, host_record_bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                  -1, 0);
@@ -600,6 +601,7 @@ static CUresult host_record_make(const struct cudadrv *cu, struct cuops_state *s
   st->host = p; /* zero, as anonymous memory is */
   return CUDA_SUCCESS;
 }
+#endif
 
 static void host_record_free(const struct cudadrv *cu, struct cuops_state *st) {
   if (st->host == NULL)

@@ -93,9 +93,9 @@ static void check_books(const struct pool *p) {
 /*
  * Many jobs of three uids and five sizes come and go at random, cache on
  * and off, with and without a cap on the pieces: the budget always holds,
- * every lend is exactly the size its layout says, a block is only ever lent to the uid that used it last
- * (or to anyone when fresh), and a refusal happens only when the live jobs
- * leave too little of the budget.
+ * every lend is exactly the size its layout says, a block is only ever
+ * lent to the uid that used it last (or to anyone when fresh), and a
+ * refusal happens only when the live jobs leave too little of the budget.
  */
 START_TEST(random_jobs_keep_the_budget_and_never_cross_uids) {
   struct pool p;
