@@ -2,7 +2,8 @@
 # gpu-multi.sh — one whole pass on a machine with several GPUs (issue 5,
 # DEVICE.md): the GPU tests with one rank per GPU, bench/attach and bench/ep
 # across GPUs, and NCCL's all_to_all_single moving the same bytes per rank in
-# the same run (bench/nccl_a2a.py).  Logs under $OUT, one file per step.
+# the same run (bench/nccl_a2a.py), and the driver's own cost of mapping the
+# peers' memory (bench/vmm_map -g).  Logs under $OUT, one file per step.
 # Build here first with: make BUILD=build-gpu STATIC_DEPS=1 all build-gpu/check_deepepd
 # Usage there: bench/gpu-multi.sh [BUILD_DIR]
 # Knobs: OUT (default /tmp/dep-out); RANKS (rank counts, default 2,4,8 up to the
@@ -128,6 +129,16 @@ if wait_ready "$WARM_PID" "$D/warm.sock" && wait_ready "$COLD_PID" "$D/cold.sock
   fi
 else
   echo "== attach and ep skipped: a daemon did not start (see $OUT/deepepd-*.log)"
+fi
+
+# ---- c2. the driver's floor for attach across GPUs (no daemon) ----------------
+# One arena per GPU mapped by one process per GPU: as is, and with every peer
+# GPU mapped once before the clock (-w), so that attach's map phase can be
+# read against what the driver charges per (process, peer GPU) pair.
+if [ -x "$B"/bench/vmm_map ]; then
+  NMAX=${LIST##*,}
+  step vmm 120 "$B"/bench/vmm_map -g "$NMAX" -s 450 -i 8
+  step vmm-warm 120 "$B"/bench/vmm_map -g "$NMAX" -s 450 -i 8 -w
 fi
 
 # ---- d. NCCL's all-to-all, same bytes per rank, same GPUs ---------------------
