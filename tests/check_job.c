@@ -367,6 +367,143 @@ START_TEST(test_another_uid_never_gets_a_block_another_uid_used) {
 }
 END_TEST
 
+/* The arena a one-node job of this shape is lent: lws slabs 64 KiB apart, to the page. */
+static uint64_t arena_of(const struct dep_attach_args *a) {
+  struct dep_slab_layout l;
+  char why[256];
+  ck_assert_msg(dep_slab_layout(&a->shape, a->world_size, &l, why, sizeof why) == 0, "%s", why);
+  uint64_t stride = dep_round_up(l.total_bytes, 64 * 1024);
+  return dep_round_up(a->local_world_size * stride, (uint64_t)sysconf(_SC_PAGESIZE));
+}
+
+/* How the daemon split one arena: its SLAB frame's word, checked against the fds. */
+struct split {
+  uint32_t n_chunks;
+  uint64_t chunk_bytes;
+};
+
+/*
+ * One rank's ATTACH reply: a SLAB frame whose n_chunks fds are each a file
+ * of exactly chunk_bytes (closed here), then ATTACH_OK.
+ */
+static struct split expect_split(int fd, uint32_t req) {
+  int fds[DEP_PROTO_MAX_FDS];
+  int nfds = 0;
+  struct dw_frame *f = dw_frame_new();
+  ck_assert_int_eq(dw_recv_frame_fds(fd, f, 5000, fds, &nfds), 0);
+  ck_assert_str_eq(proto_type_name(f->h.type), "SLAB");
+  ck_assert_uint_eq(f->h.request_id, req);
+  struct dep_msg_slab m;
+  ck_assert_int_eq(proto_decode_slab(f->body, f->h.body_len, &m), 0);
+  ck_assert_int_eq(nfds, (int)m.n_chunks);
+  for (int i = 0; i < nfds; i++) {
+    struct stat sb;
+    ck_assert_int_eq(fstat(fds[i], &sb), 0);
+    ck_assert_uint_eq((uint64_t)sb.st_size, m.chunk_bytes);
+    close(fds[i]);
+  }
+  ck_assert_int_eq(dw_recv_frame(fd, f, 5000), 0);
+  ck_assert_str_eq(proto_type_name(f->h.type), "ATTACH_OK");
+  ck_assert_uint_eq(f->h.request_id, req);
+  free(f);
+  return (struct split){.n_chunks = m.n_chunks, .chunk_bytes = m.chunk_bytes};
+}
+
+/*
+ * Attach every local rank of a one-node job of shape a on its own
+ * connection (conns[lws]), and return how its arena came: the same split
+ * on every rank's SLAB frame.
+ */
+static struct split attach_job(const struct tu_daemon *d, struct dep_attach_args a, int *conns) {
+  for (uint32_t i = 0; i < a.local_world_size; i++) {
+    conns[i] = dw_client(d);
+    a.rank = a.local_rank = i;
+    dw_attach(conns[i], &a, 40 + i);
+  }
+  struct split first = expect_split(conns[0], 40);
+  for (uint32_t i = 1; i < a.local_world_size; i++) {
+    struct split s = expect_split(conns[i], 40 + i);
+    ck_assert_uint_eq(s.n_chunks, first.n_chunks);
+    ck_assert_uint_eq(s.chunk_bytes, first.chunk_bytes);
+  }
+  return first;
+}
+
+/* DETACH every rank, close them, and see the job gone from STATUS. */
+static void detach_job(int obs, const char *id, const int *conns, uint32_t lws) {
+  struct dw_frame *f = dw_frame_new();
+  for (uint32_t i = 0; i < lws; i++) {
+    ck_assert_int_eq(dw_send_frame(conns[i], DEP_MSG_DETACH, 60 + i, NULL), 0);
+    ck_assert_int_eq(dw_recv_frame(conns[i], f, 5000), 0);
+    ck_assert_str_eq(proto_type_name(f->h.type), "DETACH_OK");
+    close(conns[i]);
+  }
+  free(f);
+  bool gone = false;
+  for (int i = 0; i < 300 && !gone; i++) {
+    gone = !dw_job_listed(obs, id, NULL, NULL);
+    if (!gone)
+      dw_sleep_ms(10);
+  }
+  ck_assert_msg(gone, "job %s still listed after every rank detached", id);
+}
+
+/*
+ * pool.max_allocation is live: after a RELOAD that raises it, the next
+ * job's arena comes in one piece where the old value would have split it.
+ * On the host backend the cap holds for every arena (one memfd a piece).
+ */
+START_TEST(test_reload_of_max_allocation_splits_the_next_arena_anew) {
+  const uint64_t mib = 1024 * 1024, cap = 4 * mib;
+  static const char pool_fmt[] = "pool:\n  host_size: 64MiB\n  chunk_size: 2MiB\n"
+                                 "  max_allocation: %s\npreallocation: false\n";
+  char yaml[1024];
+  dw_sfmt(yaml, sizeof yaml, pool_fmt, "4MiB");
+  struct tu_daemon d;
+  dw_start(&d, yaml);
+  int obs = dw_client(&d);
+  int conns[8];
+
+  /* Eight ranks of the fixed shape: an arena of several times the cap. */
+  struct dep_attach_args wide = dw_job_args("split-by-4MiB", 0, 8);
+  const uint64_t wide_arena = arena_of(&wide);
+  ck_assert_uint_gt(wide_arena, 2 * cap);
+  struct split s = attach_job(&d, wide, conns);
+  ck_assert_msg(s.n_chunks > 1, "an arena of %llu bytes came in one piece under a 4 MiB cap",
+                (unsigned long long)wide_arena);
+  ck_assert_uint_le(s.chunk_bytes, cap);
+  ck_assert_uint_ge((uint64_t)s.n_chunks * s.chunk_bytes, wide_arena);
+  detach_job(obs, wide.job_id, conns, 8);
+
+  /* Raise the cap over RELOAD: applied, and nothing waits for a restart. */
+  char pool[256];
+  dw_sfmt(pool, sizeof pool, pool_fmt, "64MiB");
+  dw_sfmt(yaml, sizeof yaml, "socket:\n  path: %s\n  mode: 0666\nbackend: host\n%s", d.sock,
+          pool);
+  ck_assert_int_eq(tu_write_file(d.conf, yaml), 0);
+  struct dep_msg_text m;
+  dw_reload(obs, 2, &m);
+  ck_assert_msg(strstr(m.text, "applied") != NULL &&
+                    strstr(m.text, "nothing needs a restart") != NULL, "RELOAD_OK said: %s",
+                m.text);
+
+  /* A job of another shape (no cached arena to fall back on), over the
+   * old cap and under the new one: one piece. */
+  struct dep_attach_args tall = dw_job_args("whole-under-64MiB", 0, 4);
+  tall.shape.hidden = 2048;
+  const uint64_t tall_arena = arena_of(&tall);
+  ck_assert_uint_gt(tall_arena, cap);
+  s = attach_job(&d, tall, conns);
+  ck_assert_msg(s.n_chunks == 1, "an arena of %llu bytes came in %u pieces after the cap was "
+                "raised to 64 MiB: the reload did not reach it",
+                (unsigned long long)tall_arena, s.n_chunks);
+  ck_assert_uint_eq(s.chunk_bytes, tall_arena);
+  detach_job(obs, tall.job_id, conns, 4);
+  close(obs);
+  dw_stop_ok(&d);
+}
+END_TEST
+
 Suite *job_suite(void);
 Suite *job_suite(void) {
   Suite *s = suite_create("job");
@@ -380,6 +517,7 @@ Suite *job_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_next_job_of_a_shape_gets_the_same_block);
   tcase_add_test(tc, test_another_uid_never_gets_a_block_another_uid_used);
+  tcase_add_test(tc, test_reload_of_max_allocation_splits_the_next_arena_anew);
   suite_add_tcase(s, tc);
   return s;
 }
