@@ -5,8 +5,8 @@
  * memory (allocate, export, exchange over a Unix-socket rendezvous, import,
  * map), measured in the same run.
  *
- *   attach -s SOCKET [-n 1,2,4,8] [-i 20] [-p PAUSE_MS] [-g GPUS] [-t TOKENS] [-H HIDDEN]
- *          [-k TOPK] [-e EXPERTS]
+ *   attach -s SOCKET [-n 1,2,4,8] [-i 20] [-p PAUSE_MS] [-d STAGGER_MS] [-g GPUS]
+ *          [-t TOKENS] [-H HIDDEN] [-k TOPK] [-e EXPERTS]
  *
  * Rounds are PAUSE_MS apart (default 50): the daemon scrubs a finished
  * job's slabs between jobs, and restarts are not back to back.
@@ -16,11 +16,13 @@
  * one already.  With -g N the ranks spread over N GPUs (rank r on GPU
  * r % N; -g 0: every visible GPU); in the cold path each rank makes its
  * memory on its own GPU and gives its own GPU access to its peers'.  A
- * round starts when the parent releases every rank at once; it ends when
- * the last rank is ready.  Prints one table row per rank count: the first
+ * round starts when the parent releases every rank at once (with -d, when
+ * it releases the last of them, D ms apart: a restarted job's processes
+ * do not start together); it ends when the last rank is ready.  Prints one table row per rank count: the first
  * warm round (the daemon's first job of that shape), median and worst of
  * the rounds, for warm and cold, the ratio, and where the slowest warm
- * rank's time went (dep_attach_times: wait, map, setup, warmup; medians).
+ * rank's time went (with -d, the last one released's; dep_attach_times:
+ * wait, map, setup, warmup; medians).
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -48,6 +50,7 @@ struct opts {
   int counts[8], ncounts;
   int rounds;
   int pause_ms;
+  int stagger_ms; /* rank r released r * stagger_ms after rank 0 */
   int gpus; /* ranks spread over this many GPUs: rank r on GPU r % gpus */
   struct dep_job_shape shape;
 };
@@ -320,21 +323,33 @@ static void run_path(const struct opts *o, bool cuda, bool warm, int n, double *
      * last round's slabs, which it does between jobs. */
     struct timespec ps = {.tv_sec = o->pause_ms / 1000, .tv_nsec = (o->pause_ms % 1000) * 1000000L};
     nanosleep(&ps, NULL);
+    /* The clock starts when the last rank is released: with -d the ranks
+     * start apart, as a restarted job's processes do, and what the job
+     * waits for is the time from its last rank's start to every rank
+     * ready. */
     double t0 = bench_now_ms();
-    for (int r = 0; r < n; r++)
+    for (int r = 0; r < n; r++) {
+      if (r > 0 && o->stagger_ms > 0) {
+        struct timespec ds = {.tv_sec = o->stagger_ms / 1000,
+                              .tv_nsec = (o->stagger_ms % 1000) * 1000000L};
+        nanosleep(&ds, NULL);
+        t0 = bench_now_ms();
+      }
       if (write(rp[r].to, "g", 1) != 1)
         die("%s%s", "release", "");
+    }
     double last = t0;
     for (int r = 0; r < n; r++) {
       double t[1 + PHASES] = {0};
       size_t len = warm ? sizeof t : sizeof t[0];
       if (read(rp[r].from, t, len) != (ssize_t)len)
         die("%s%s", "a rank died during the round", "");
-      if (t[0] > last || r == 0) {
-        last = t[0] > last ? t[0] : last;
-        if (warm) /* the phases of the slowest rank */
-          memcpy(phases[round], t + 1, sizeof phases[round]);
-      }
+      /* The phases of the slowest rank; with -d, of the last one released
+       * (the others' wait holds the stagger). */
+      bool slowest = o->stagger_ms > 0 ? r == n - 1 : (t[0] > last || r == 0);
+      if (warm && slowest)
+        memcpy(phases[round], t + 1, sizeof phases[round]);
+      last = t[0] > last ? t[0] : last;
     }
     out[round] = last - t0;
     for (int r = 0; r < n; r++)
@@ -354,11 +369,14 @@ static void run_path(const struct opts *o, bool cuda, bool warm, int n, double *
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: attach -s SOCKET [-n 1,2,4,8] [-i ROUNDS] [-p PAUSE_MS] [-g GPUS] [-t TOKENS]\n"
-          "              [-H HIDDEN] [-k TOPK] [-e EXPERTS]\n"
+          "usage: attach -s SOCKET [-n 1,2,4,8] [-i ROUNDS] [-p PAUSE_MS] [-d STAGGER_MS] [-g GPUS]\n"
+          "              [-t TOKENS]"
+          " [-H HIDDEN] [-k TOPK] [-e EXPERTS]\n"
           "  -s  deepepd socket (its backend, host or cuda, is the one measured)\n"
           "  -n  rank counts (default 1,2,4,8)      -i  rounds per count (default 20)\n"
           "  -p  pause between rounds in ms (default 50)\n"
+          "  -d  release rank r r*D ms after rank 0 (default 0: all at once); times then\n"
+          "      run from the last rank's release\n"
           "  -g  spread the ranks over GPUS GPUs, rank r on GPU r %% GPUS (default 1: all on\n"
           "      GPU 0; 0: every visible GPU); cuda backend only\n"
           "  shape: -t 4096 tokens, -H 7168, -k 8, -e 256\n");
@@ -374,12 +392,13 @@ int main(int argc, char **argv) {
   const char *counts = "1,2,4,8";
   int opt;
   int gpus_want = 1;
-  while ((opt = getopt(argc, argv, "s:n:i:p:g:t:H:k:e:h")) != -1) {
+  while ((opt = getopt(argc, argv, "s:n:i:p:d:g:t:H:k:e:h")) != -1) {
     switch (opt) {
     case 's': o.sock = optarg; break;
     case 'n': counts = optarg; break;
     case 'i': o.rounds = atoi(optarg); break;
     case 'p': o.pause_ms = atoi(optarg); break;
+    case 'd': o.stagger_ms = atoi(optarg); break;
     case 'g': gpus_want = atoi(optarg); break;
     case 't': o.shape.max_tokens_per_rank = (uint32_t)atoi(optarg); break;
     case 'H': o.shape.hidden = (uint32_t)atoi(optarg); break;
@@ -389,7 +408,7 @@ int main(int argc, char **argv) {
     }
   }
   if (o.sock == NULL || optind != argc || o.rounds < 1 || o.rounds > MAX_ROUNDS ||
-      o.pause_ms < 0 || gpus_want < 0)
+      o.pause_ms < 0 || o.stagger_ms < 0 || gpus_want < 0)
     usage();
   for (char *s = strdup(counts), *tok = strtok(s, ","); tok != NULL && o.ncounts < 8;
        tok = strtok(NULL, ","))
@@ -407,6 +426,9 @@ int main(int argc, char **argv) {
   printf("# attach-to-ready, backend %s, shape %u tokens x %u hidden x top-%u x %u experts, "
          "%d rounds\n", st->backend, o.shape.max_tokens_per_rank, o.shape.hidden, o.shape.topk,
          o.shape.num_experts, o.rounds);
+  if (o.stagger_ms > 0)
+    printf("# ranks released %d ms apart; times run from the last rank's release\n",
+           o.stagger_ms);
   if (!cuda && gpus_want != 1)
     printf("# -g %d ignored: the host backend uses no GPU\n", gpus_want);
   else if (cuda && o.gpus > 1)
