@@ -118,6 +118,8 @@ if wait_ready "$WARM_PID" "$D/warm.sock" && wait_ready "$COLD_PID" "$D/cold.sock
   # -g 0: rank r on GPU r (every GPU); a build without -g cannot spread ranks.
   if has_gpu_flag "$B"/bench/attach; then
     step attach 200 "$B"/bench/attach -s "$D/warm.sock" -n "$LIST" -g 0 -i 20
+    # Ranks starting 20 ms apart, as a restart's processes do (-d).
+    step attach-stagger 200 "$B"/bench/attach -s "$D/warm.sock" -n "$LIST" -g 0 -i 10 -d 20
   else
     echo "== attach skipped: $B/bench/attach has no -g; rebuild from a tree that has it"
   fi
