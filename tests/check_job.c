@@ -49,14 +49,39 @@ static bool wait_attached(int fd, const char *id, uint32_t n) {
   return false;
 }
 
-/* The arena of a one-node job of dw_job_args' shape: lws slabs 64 KiB apart, to the page. */
-static uint64_t arena_bytes(uint32_t lws) {
-  struct dep_attach_args a = dw_job_args("any", 0, lws);
+/* The arena a one-node job of a's shape is lent: its slabs 64 KiB apart, to the page. */
+static uint64_t arena_of(const struct dep_attach_args *a) {
   struct dep_slab_layout l;
   char why[256];
-  ck_assert_msg(dep_slab_layout(&a.shape, a.world_size, &l, why, sizeof why) == 0, "%s", why);
+  ck_assert_msg(dep_slab_layout(&a->shape, a->world_size, &l, why, sizeof why) == 0, "%s", why);
   uint64_t stride = dep_round_up(l.total_bytes, 64 * 1024);
-  return dep_round_up(lws * stride, (uint64_t)sysconf(_SC_PAGESIZE));
+  return dep_round_up(a->local_world_size * stride, (uint64_t)sysconf(_SC_PAGESIZE));
+}
+
+/* The same for dw_job_args' shape with lws local ranks. */
+static uint64_t arena_bytes(uint32_t lws) {
+  struct dep_attach_args a = dw_job_args("any", 0, lws);
+  return arena_of(&a);
+}
+
+/*
+ * A SLAB frame answering request req, decoded into *m, with its fds (as
+ * many as it names chunks, each a file of exactly chunk_bytes) in fds.
+ */
+static void recv_slab(int fd, uint32_t req, struct dep_msg_slab *m, int fds[DEP_PROTO_MAX_FDS]) {
+  int nfds = 0;
+  struct dw_frame *f = dw_frame_new();
+  ck_assert_int_eq(dw_recv_frame_fds(fd, f, 5000, fds, &nfds), 0);
+  ck_assert_str_eq(proto_type_name(f->h.type), "SLAB");
+  ck_assert_uint_eq(f->h.request_id, req);
+  ck_assert_int_eq(proto_decode_slab(f->body, f->h.body_len, m), 0);
+  ck_assert_int_eq(nfds, (int)m->n_chunks);
+  for (int i = 0; i < nfds; i++) {
+    struct stat sb;
+    ck_assert_int_eq(fstat(fds[i], &sb), 0);
+    ck_assert_uint_eq((uint64_t)sb.st_size, m->chunk_bytes);
+  }
+  free(f);
 }
 
 /*
@@ -69,16 +94,10 @@ static uint64_t arena_bytes(uint32_t lws) {
 static int expect_attach_ok(int fd, uint32_t req, uint32_t lws, struct stat *block) {
   bool seen[DEP_MAX_LOCAL_RANKS] = {false};
   int fds[DEP_PROTO_MAX_FDS];
-  int nfds = 0;
-  struct dw_frame *sf = dw_frame_new();
-  ck_assert_int_eq(dw_recv_frame_fds(fd, sf, 5000, fds, &nfds), 0);
-  ck_assert_str_eq(proto_type_name(sf->h.type), "SLAB");
-  ck_assert_uint_eq(sf->h.request_id, req);
   struct dep_msg_slab m;
-  ck_assert_int_eq(proto_decode_slab(sf->body, sf->h.body_len, &m), 0);
+  recv_slab(fd, req, &m, fds);
   ck_assert_uint_eq(m.n_ranks, lws);
   ck_assert_uint_eq(m.n_chunks, 1);
-  ck_assert_int_eq(nfds, 1);
   ck_assert_uint_eq(m.chunk_bytes, arena_bytes(lws));
   for (uint32_t i = 0; i < m.n_ranks; i++) {
     ck_assert_uint_lt(m.ranks[i].local_rank, lws);
@@ -86,17 +105,13 @@ static int expect_attach_ok(int fd, uint32_t req, uint32_t lws, struct stat *blo
     seen[m.ranks[i].local_rank] = true;
     ck_assert_uint_lt(m.ranks[i].offset, m.chunk_bytes);
   }
-  struct stat sb;
-  ck_assert_int_eq(fstat(fds[0], &sb), 0);
-  ck_assert_uint_eq((uint64_t)sb.st_size, m.chunk_bytes);
   int kept = -1;
   if (block != NULL) {
-    *block = sb;
+    ck_assert_int_eq(fstat(fds[0], block), 0);
     kept = fds[0];
   } else {
     close(fds[0]);
   }
-  free(sf);
   struct dw_frame *f = dw_frame_new();
   ck_assert_int_eq(dw_recv_frame(fd, f, 5000), 0);
   ck_assert_str_eq(proto_type_name(f->h.type), "ATTACH_OK");
@@ -367,15 +382,6 @@ START_TEST(test_another_uid_never_gets_a_block_another_uid_used) {
 }
 END_TEST
 
-/* The arena a one-node job of this shape is lent: lws slabs 64 KiB apart, to the page. */
-static uint64_t arena_of(const struct dep_attach_args *a) {
-  struct dep_slab_layout l;
-  char why[256];
-  ck_assert_msg(dep_slab_layout(&a->shape, a->world_size, &l, why, sizeof why) == 0, "%s", why);
-  uint64_t stride = dep_round_up(l.total_bytes, 64 * 1024);
-  return dep_round_up(a->local_world_size * stride, (uint64_t)sysconf(_SC_PAGESIZE));
-}
-
 /* How the daemon split one arena: its SLAB frame's word, checked against the fds. */
 struct split {
   uint32_t n_chunks;
@@ -388,20 +394,11 @@ struct split {
  */
 static struct split expect_split(int fd, uint32_t req) {
   int fds[DEP_PROTO_MAX_FDS];
-  int nfds = 0;
-  struct dw_frame *f = dw_frame_new();
-  ck_assert_int_eq(dw_recv_frame_fds(fd, f, 5000, fds, &nfds), 0);
-  ck_assert_str_eq(proto_type_name(f->h.type), "SLAB");
-  ck_assert_uint_eq(f->h.request_id, req);
   struct dep_msg_slab m;
-  ck_assert_int_eq(proto_decode_slab(f->body, f->h.body_len, &m), 0);
-  ck_assert_int_eq(nfds, (int)m.n_chunks);
-  for (int i = 0; i < nfds; i++) {
-    struct stat sb;
-    ck_assert_int_eq(fstat(fds[i], &sb), 0);
-    ck_assert_uint_eq((uint64_t)sb.st_size, m.chunk_bytes);
+  recv_slab(fd, req, &m, fds);
+  for (uint32_t i = 0; i < m.n_chunks; i++)
     close(fds[i]);
-  }
+  struct dw_frame *f = dw_frame_new();
   ck_assert_int_eq(dw_recv_frame(fd, f, 5000), 0);
   ck_assert_str_eq(proto_type_name(f->h.type), "ATTACH_OK");
   ck_assert_uint_eq(f->h.request_id, req);
