@@ -534,13 +534,37 @@ static int warmup(dep_client_t *c) {
 }
 #endif
 
-#ifdef DEP_HAVE_FATBIN
 /*
  * CTAs one communicating kernel of this rank may use (cuda_ops.h: the SM
  * budget): the GPU's SMs shared out among the job's ranks on it, at most
  * CUOPS_MAX_CTAS, so that every rank's kernel is resident at once and a
  * lone rank leaves most of its GPU to the trainer's compute.
  */
+int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, char *why,
+                    size_t whylen) {
+  sms = sms < 1 ? 1 : sms;
+  sharing = sharing < 1 ? 1 : sharing;
+  const uint32_t budget = (uint32_t)sms / sharing;
+  *out = budget > CUOPS_MAX_CTAS ? CUOPS_MAX_CTAS : budget < 1 ? 1 : budget;
+  /* The operator's override; at most what keeps every rank on this GPU
+   * resident at once (CUOPS_CTAS_PER_SM each SM, shared out). */
+  if (env == NULL || env[0] == '\0')
+    return 0;
+  const uint32_t most = CUOPS_CTAS_PER_SM * (uint32_t)sms / sharing;
+  char *end = NULL;
+  errno = 0;
+  unsigned long v = strtoul(env, &end, 10);
+  if (env[0] < '0' || env[0] > '9' || errno != 0 || *end != '\0' || v < 1 || v > most) {
+    snprintf(why, whylen, "$" CUOPS_CTAS_ENV "=\"%s\" must be a number of CTAs from 1 to %u (%d "
+             "SMs, %u ranks of the job on this GPU); fix or unset it", env, most, sms, sharing);
+    return DEP_ERR_INVALID;
+  }
+  *out = (uint32_t)v;
+  return 0;
+}
+
+#ifdef DEP_HAVE_FATBIN
+/* The SMs of the current context's GPU (16 when the driver does not say). */
 static int gpu_sms(const struct cudadrv *cu) {
   int sms = 0;
   CUdevice dev;
@@ -552,26 +576,10 @@ static int gpu_sms(const struct cudadrv *cu) {
 }
 
 static int sm_budget(dep_client_t *c, const struct cudadrv *cu, uint32_t *out) {
-  const int sms = gpu_sms(cu);
-  uint32_t sharing = c->ranks_on_dev ? c->ranks_on_dev : c->ops.world;
-  uint32_t budget = (uint32_t)sms / sharing;
-  *out = budget > CUOPS_MAX_CTAS ? CUOPS_MAX_CTAS : budget;
-  /* The operator's override; at most what keeps every rank on this GPU
-   * resident at once (CUOPS_CTAS_PER_SM each SM, shared out). */
-  const char *e = getenv(CUOPS_CTAS_ENV);
-  if (e == NULL || e[0] == '\0')
-    return 0;
-  const uint32_t most = CUOPS_CTAS_PER_SM * (uint32_t)sms / sharing;
-  char *end = NULL;
-  errno = 0;
-  unsigned long v = strtoul(e, &end, 10);
-  if (e[0] < '0' || e[0] > '9' || errno != 0 || *end != '\0' || v < 1 || v > most)
-    return client_seterr(c, DEP_ERR_INVALID,
-                         "dep_attach: $" CUOPS_CTAS_ENV "=\"%s\" must be a number of CTAs from 1 "
-                         "to %u (%d SMs, %u ranks of the job on this GPU); fix or unset it",
-                         e, most, sms, sharing);
-  *out = (uint32_t)v;
-  return 0;
+  char why[256] = "";
+  int rc = cuops_sm_budget(gpu_sms(cu), c->ranks_on_dev ? c->ranks_on_dev : c->ops.world,
+                           getenv(CUOPS_CTAS_ENV), out, why, sizeof why);
+  return rc == 0 ? 0 : client_seterr(c, rc, "dep_attach: %s", why);
 }
 #endif
 

@@ -270,6 +270,16 @@ struct cuops_state {
 struct dep_handle;
 
 /*
+ * The SM budget of one rank: CTAs per communicating kernel, the GPU's sms
+ * shared out among the `sharing` ranks of the job on it, at most
+ * CUOPS_MAX_CTAS; or env (the value of $DEEPEP_KERNEL_CTAS; NULL or "" for
+ * none), from 1 to what keeps every rank resident at once.  0 with *out,
+ * or DEP_ERR_INVALID with why saying the bounds.
+ */
+int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, char *why,
+                    size_t whylen);
+
+/*
  * At dep_attach on cuda, right after ATTACH is sent (so that it runs while
  * the daemon waits for the other local ranks and lends the memory): load
  * the embedded fatbin and every kernel, and make the pinned and device

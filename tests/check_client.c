@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cuda_ops.h"
 #include "deepep.h"
 #include "fake_daemon.h"
 #include "proto.h"
@@ -319,6 +320,38 @@ START_TEST(bad_attach_timeout_env_is_invalid) {
   dep_client_free(c);
   fake_daemon_stop(fake);
   tu_rmtree(dir);
+}
+END_TEST
+
+/*
+ * The SM budget and $DEEPEP_KERNEL_CTAS (cuda_ops.h), without a GPU: the
+ * SMs shared out and capped; an override within the residency bound taken;
+ * anything else refused with the bounds, and the default kept.
+ */
+START_TEST(kernel_ctas_override_is_bounded_and_refused_clearly) {
+  uint32_t out = 0;
+  char why[256] = "";
+  ck_assert_int_eq(cuops_sm_budget(132, 1, NULL, &out, why, sizeof why), 0);
+  ck_assert_uint_eq(out, CUOPS_MAX_CTAS);
+  ck_assert_int_eq(cuops_sm_budget(132, 8, "", &out, why, sizeof why), 0);
+  ck_assert_uint_eq(out, 16);
+  ck_assert_int_eq(cuops_sm_budget(132, 2, "132", &out, why, sizeof why), 0);
+  ck_assert_uint_eq(out, 132);
+  ck_assert_int_eq(cuops_sm_budget(132, 1, "264", &out, why, sizeof why), 0); /* 2 per SM */
+  ck_assert_uint_eq(out, 264);
+  static const char *const bad[] = {"0",    "265",  "-5",  "+5", " 5",
+                                    "12x",  "lots", "99999999999999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    out = 7;
+    why[0] = '\0';
+    ck_assert_int_eq(cuops_sm_budget(132, 1, bad[i], &out, why, sizeof why), DEP_ERR_INVALID);
+    ck_assert_msg(strstr(why, "DEEPEP_KERNEL_CTAS") != NULL && strstr(why, "from 1 to 264") != NULL,
+                  "%s: said %s", bad[i], why);
+    ck_assert_uint_eq(out, CUOPS_MAX_CTAS); /* the default stands */
+  }
+  /* Eight ranks on the GPU: each may have at most a quarter of its SMs' CTAs. */
+  ck_assert_int_eq(cuops_sm_budget(132, 8, "34", &out, why, sizeof why), DEP_ERR_INVALID);
+  ck_assert_msg(strstr(why, "from 1 to 33 (132 SMs, 8 ranks") != NULL, "said %s", why);
 }
 END_TEST
 
@@ -676,6 +709,7 @@ Suite *client_suite(void) {
   tcase_add_test(local, handle_api_refuses_null_and_unconnected_use);
   tcase_add_test(local, attach_with_invalid_args_is_invalid_and_names_the_field);
   tcase_add_test(local, shared_library_exports_only_dep_symbols);
+  tcase_add_test(local, kernel_ctas_override_is_bounded_and_refused_clearly);
   suite_add_tcase(s, local);
 
   TCase *fake = tcase_create("fake_daemon");
