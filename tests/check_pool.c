@@ -8,6 +8,7 @@
  * a long random mix of jobs, a scrub that fails, and the eviction order.
  */
 #include <check.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,10 +25,15 @@
 #define MIB (1024ull * 1024ull)
 
 static int fail_next_scrubs; /* the next this many scrubs fail */
+static int fail_create_at;   /* when > 0, the allocation made as number fail_create_at fails */
 static int made;             /* allocations made so far */
 
 static int test_create(struct backend_dev *d, uint64_t bytes, struct chunk_mem *out, char *why,
                        size_t whylen) {
+  if (fail_create_at > 0 && made + 1 == fail_create_at) {
+    snprintf(why, whylen, "allocation failed on purpose");
+    return DEP_ERR_NO_MEMORY;
+  }
   int rc = backend_host_ops.chunk_create(d, bytes, out, why, whylen);
   made += rc == 0;
   return rc;
@@ -59,11 +65,20 @@ static void pool_open(struct pool *p, uint64_t budget, bool prealloc) {
   ops = test_ops;
   ops.chunk_destroy = backend_host_ops.chunk_destroy;
   fail_next_scrubs = 0;
+  fail_create_at = 0;
   made = 0;
   struct backend_dev dev;
   char why[256] = "";
   ck_assert_int_eq(backend_host_ops.probe(&dev, 1, why, sizeof why), 1);
   ck_assert_int_eq(pool_init(p, &ops, &dev, budget, 2 * MIB, prealloc, why, sizeof why), 0);
+}
+
+/* How many fds this process has open. */
+static int open_fds(void) {
+  int n = 0;
+  for (int fd = 0; fd < 4096; fd++)
+    n += fcntl(fd, F_GETFD) != -1;
+  return n;
 }
 
 static ino_t inode_of(const struct pool_block *b) {
@@ -334,6 +349,36 @@ START_TEST(a_capped_block_is_equal_scrubbed_pieces) {
 END_TEST
 
 /*
+ * A block whose third piece cannot be made: the error says which
+ * allocation failed, the two made are given back (their fds closed), and
+ * the pool's books are as before; the next try makes the whole block.
+ */
+START_TEST(a_block_that_fails_midway_gives_back_its_pieces) {
+  struct pool p;
+  pool_open(&p, 32 * MIB, false);
+  char why[512] = "";
+  struct pool_block *b = NULL;
+  const int fds_before = open_fds();
+  fail_create_at = 3;
+  ck_assert_int_eq(pool_block_get(&p, 8 * MIB, 2 * MIB, 1000, 1, &b, why, sizeof why),
+                   DEP_ERR_NO_MEMORY);
+  ck_assert_msg(strstr(why, "allocation 3 of 4") != NULL &&
+                    strstr(why, "allocation failed on purpose") != NULL, "said: %s", why);
+  ck_assert_int_eq(open_fds(), fds_before);
+  ck_assert_uint_eq(p.n_blocks, 0);
+  ck_assert_uint_eq(p.made_bytes, 0);
+  ck_assert_uint_eq(p.used_bytes, 0);
+  fail_create_at = 0;
+  ck_assert_int_eq(pool_block_get(&p, 8 * MIB, 2 * MIB, 1000, 1, &b, why, sizeof why), 0);
+  ck_assert_uint_eq(pool_block_pieces(b), 4);
+  check_books(&p);
+  pool_block_put(b, false);
+  pool_fini(&p);
+  ck_assert_int_eq(open_fds(), fds_before);
+}
+END_TEST
+
+/*
  * The layout's edges: no cap is one piece; a cap below the granularity is
  * the granularity; past POOL_MAX_PIECES the pieces grow beyond the cap
  * rather than multiply.
@@ -368,6 +413,7 @@ Suite *pool_suite(void) {
   tcase_add_test(tc, room_comes_from_free_blocks_then_the_oldest_cached);
   tcase_add_test(tc, reserve_blocks_are_lent_as_they_are_and_free_ones_go_back_to_their_uid);
   tcase_add_test(tc, a_capped_block_is_equal_scrubbed_pieces);
+  tcase_add_test(tc, a_block_that_fails_midway_gives_back_its_pieces);
   tcase_add_test(tc, the_layout_keeps_to_whole_pages_and_at_most_max_pieces);
   suite_add_tcase(s, tc);
   return s;
