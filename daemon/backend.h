@@ -35,6 +35,11 @@ struct chunk_mem {
 
 struct backend_ops {
   const char *name;       /* "cuda" or "host"; also the wire name */
+  /* A client maps an allocation for next to nothing (host: one mmap), so
+   * an arena may be cut into pieces wherever pool.max_allocation says; on
+   * cuda each allocation costs every rank an import, so an arena no peer
+   * GPU maps stays whole (job.c). */
+  bool pieces_are_cheap;
   /* Find the devices; fills at most max entries, returns how many or DEP_ERR_*. */
   int (*probe)(struct backend_dev *devs, int max, char *why, size_t whylen);
   int (*chunk_create)(struct backend_dev *d, uint64_t bytes, struct chunk_mem *out,

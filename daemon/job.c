@@ -69,14 +69,14 @@ static void job_release_arenas(struct job *j) {
 
 /*
  * The most each allocation of the arena on device `uuid` may be (pool.h):
- * pool.max_allocation, except on cuda when every local rank of the job is
- * on that device.  Then no peer GPU maps the arena, and one allocation is
+ * pool.max_allocation, except on cuda (where pieces are not cheap) when
+ * every local rank of the job is on that device.  Then no peer GPU maps the arena, and one allocation is
  * cheapest: each extra one costs every rank an import.  Peers' GPUs map an
  * allocation of 512 MiB or more several times slower than smaller ones
  * (BENCHMARKS.md, vmm_map -g); on the host a piece is one more mmap.
  */
 static uint64_t job_arena_cap(const struct job *j, const struct pool *p, const uint8_t *uuid) {
-  if (strcmp(p->ops->name, "cuda") != 0)
+  if (p->ops->pieces_are_cheap)
     return deepepd.cfg.pool_max_allocation;
   for (uint32_t k = 0; k < j->local_world_size; k++)
     if (memcmp(j->ranks[k].device_uuid, uuid, 16) != 0)
