@@ -116,6 +116,7 @@ START_TEST(an_arena_over_max_allocation_comes_in_pieces_that_map_as_one) {
   /* No reserve, so that the daemon's fds count the job's pieces alone. */
   mr_start_pool(&d, 64, "  max_allocation: 4MiB\n", "preallocation: false\n");
   dep_client_t *obs = mr_observer(&d);
+  mr_wait_alone(obs); /* tu_daemon_start's probe connection is gone */
   const int fds_before = mr_daemon_fds(d.pid);
   static const struct mr_step script[] = {{FILL, 1}, {SYNC, 0}, {CHECK, 1}, {SYNC, 0}, {END, 0}};
   struct mr_grp grp;
@@ -128,6 +129,7 @@ START_TEST(an_arena_over_max_allocation_comes_in_pieces_that_map_as_one) {
   mr_grp_go(&grp, 8);
   mr_grp_reap(&grp);
   mr_wait_pool(obs, 0, used); /* cached, pieces and all */
+  mr_wait_alone(obs);
   ck_assert_int_eq(mr_daemon_fds(d.pid) - fds_before, pieces);
   mr_stop_ok(&d, obs);
 }
