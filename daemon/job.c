@@ -69,11 +69,12 @@ static void job_release_arenas(struct job *j) {
 
 /*
  * The most each allocation of the arena on device `uuid` may be (pool.h):
- * pool.max_allocation, except on cuda (where pieces are not cheap) when
- * every local rank of the job is on that device.  Then no peer GPU maps the arena, and one allocation is
- * cheapest: each extra one costs every rank an import.  Peers' GPUs map an
- * allocation of 512 MiB or more several times slower than smaller ones
- * (BENCHMARKS.md, vmm_map -g); on the host a piece is one more mmap.
+ * pool.max_allocation, except where pieces are not cheap (cuda) and every
+ * local rank of the job is on that device.  Then no peer GPU maps the
+ * arena, and one allocation is cheapest: each extra one costs every rank
+ * an import.  Peers' GPUs map an allocation of 512 MiB or more several
+ * times slower than smaller ones (BENCHMARKS.md, vmm_map -g); on the host
+ * a piece is one more mmap.
  */
 static uint64_t job_arena_cap(const struct job *j, const struct pool *p, const uint8_t *uuid) {
   if (p->ops->pieces_are_cheap)
