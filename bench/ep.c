@@ -80,7 +80,7 @@ static void usage(void) {
   fprintf(stderr,
           "usage: ep -s SOCKET [-S SOCKET_NO_WARMUP] [-n 2,4,8] [-m processes,threads] [-g GPUS]\n"
           "          [-c CALLS] [-w WARMUP] [-r COPY_REPS] [-t TOKENS] [-l LL_TOKENS] [-H HIDDEN]\n"
-          "          [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F]\n"
+          "          [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-T]\n"
           "  -s  deepepd socket (its backend, host or cuda, is the one benchmarked)\n"
           "  -S  a second deepepd with kernel_warmup: false: time its first calls too\n"
           "  -n  rank counts (default 2,4,8)        -m  modes (default processes,threads)\n"
@@ -90,6 +90,9 @@ static void usage(void) {
           "  -c  timed calls per op (default 200)   -w  untimed warm-up pairs (default 5)\n"
           "  -r  copy-ceiling reps (default 20)     -o  append every raw time to a CSV file\n"
           "  -F  attach and time the first calls only (e.g. against a kernel_warmup: false daemon)\n"
+          "  -T  rewrite each op's outputs just before its first call (cuda): the first call\n"
+          "      then meets the caller's buffers as recently used ones, so first/med is the\n"
+          "      library's own first-call cost\n"
           "  shape: -t 4096 tokens, -l 128 low-latency tokens, -H 7168, -e 256, -k 8\n");
   exit(2);
 }
@@ -221,7 +224,7 @@ static void report(const struct opts *o, const char *be, int n, const char *mode
 static void parse_args(int argc, char **argv, struct opts *o) {
   const char *counts = "2,4,8", *modes = "processes,threads";
   int opt;
-  while ((opt = getopt(argc, argv, "s:S:n:m:c:w:r:t:l:H:e:k:x:o:Fg:h")) != -1) {
+  while ((opt = getopt(argc, argv, "s:S:n:m:c:w:r:t:l:H:e:k:x:o:FTg:h")) != -1) {
     switch (opt) {
     case 's': o->sock = optarg; break;
     case 'S': o->sock_nowarm = optarg; break;
@@ -238,6 +241,7 @@ static void parse_args(int argc, char **argv, struct opts *o) {
     case 'x': o->seed = strtoull(optarg, NULL, 10); break;
     case 'o': o->raw = optarg; break;
     case 'F': o->first_only = true; break;
+    case 'T': o->retouch = true; break;
     case 'g': o->gpus_want = atoi(optarg); break;
     default: usage();
     }
@@ -335,6 +339,8 @@ int main(int argc, char **argv) {
     printf("# placement: ranks spread over %d GPUs, rank r on GPU r %% %d\n", o.gpus, o.gpus);
   else if (cuda)
     printf("# placement: every rank on GPU 0 (-g N spreads them over N GPUs)\n");
+  if (o.retouch)
+    printf("# -T: each op's outputs rewritten just before its first call (cuda only)\n");
   printf("# times: %s; bytes: what each rank sends per call, to every rank (itself included), "
          "counted once\n",
          cuda ? "CUDA events on each rank's stream" : "CLOCK_MONOTONIC from the common release");
