@@ -40,6 +40,7 @@ static int block_make(struct pool *p, uint32_t n, uint64_t piece, struct pool_bl
     snprintf(why, whylen, "out of memory for a block record");
     return DEP_ERR_NO_MEMORY;
   }
+  blk->piece_bytes = piece;
   for (uint32_t i = 0; i < n; i++) {
     char bwhy[256] = "";
     int rc = p->ops->chunk_create(&p->dev, piece, &blk->piece[i], bwhy, sizeof bwhy);
@@ -53,8 +54,6 @@ static int block_make(struct pool *p, uint32_t n, uint64_t piece, struct pool_bl
     }
     blk->n_pieces = i + 1;
   }
-  blk->piece_bytes = piece;
-  blk->bytes = bytes;
   blk->pool = p;
   blk->state = POOL_BLOCK_FREE;
   blk->next = p->blocks;
@@ -74,10 +73,10 @@ static void block_unmake(struct pool *p, struct pool_block *blk) {
     }
   }
   if (blk->state == POOL_BLOCK_CACHED)
-    p->cached_bytes -= blk->bytes;
+    p->cached_bytes -= pool_block_bytes(blk);
   else if (blk->state == POOL_BLOCK_LENT)
-    p->used_bytes -= blk->bytes;
-  p->made_bytes -= blk->bytes;
+    p->used_bytes -= pool_block_bytes(blk);
+  p->made_bytes -= pool_block_bytes(blk);
   p->n_blocks--;
   /* A rank still mapping it keeps the memory alive for itself alone. */
   pieces_destroy(p, blk);
@@ -166,7 +165,7 @@ static struct pool_block *free_victim(const struct pool *p, uid_t uid) {
       continue;
     bool foreign = b->has_owner && b->last_uid != uid;
     if (best == NULL || foreign > best_foreign ||
-        (foreign == best_foreign && b->bytes > best->bytes)) {
+        (foreign == best_foreign && pool_block_bytes(b) > pool_block_bytes(best))) {
       best = b;
       best_foreign = foreign;
     }
@@ -200,7 +199,7 @@ static void make_room(struct pool *p, uint64_t size, uid_t uid) {
       n_cached++;
     else
       break; /* only lent blocks left: the caller's check makes this unreachable */
-    released += b->bytes;
+    released += pool_block_bytes(b);
     block_unmake(p, b);
   }
   if (n_free + n_cached == 0)
@@ -213,12 +212,12 @@ static void make_room(struct pool *p, uint64_t size, uid_t uid) {
 
 static void block_lend(struct pool *p, struct pool_block *b, uid_t uid, uint64_t key) {
   if (b->state == POOL_BLOCK_CACHED)
-    p->cached_bytes -= b->bytes;
+    p->cached_bytes -= pool_block_bytes(b);
   b->state = POOL_BLOCK_LENT;
   b->has_owner = true;
   b->last_uid = uid;
   b->shape_key = key;
-  p->used_bytes += b->bytes;
+  p->used_bytes += pool_block_bytes(b);
 }
 
 uint64_t pool_block_layout(const struct pool *p, uint64_t bytes, uint64_t max_piece,
@@ -276,17 +275,17 @@ void pool_block_put(struct pool_block *b, bool cache) {
       return;
     }
   }
-  p->used_bytes -= b->bytes;
+  p->used_bytes -= pool_block_bytes(b);
   if (cache) {
     b->state = POOL_BLOCK_CACHED;
     b->cached_seq = ++p->cache_seq;
-    p->cached_bytes += b->bytes;
+    p->cached_bytes += pool_block_bytes(b);
   } else {
     b->state = POOL_BLOCK_FREE;
   }
 }
 
-uint64_t pool_block_bytes(const struct pool_block *b) { return b->bytes; }
+uint64_t pool_block_bytes(const struct pool_block *b) { return b->n_pieces * b->piece_bytes; }
 
 uint32_t pool_block_pieces(const struct pool_block *b) { return b->n_pieces; }
 

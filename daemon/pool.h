@@ -39,9 +39,8 @@ enum pool_block_state { POOL_BLOCK_FREE = 0, POOL_BLOCK_LENT, POOL_BLOCK_CACHED 
 struct pool_block {
   struct pool *pool;
   struct chunk_mem piece[POOL_MAX_PIECES]; /* n_pieces of piece_bytes, in mapping order */
-  uint32_t n_pieces;
+  uint32_t n_pieces;           /* the block's size is n_pieces * piece_bytes */
   uint64_t piece_bytes;
-  uint64_t bytes;              /* n_pieces * piece_bytes: the block's size */
   enum pool_block_state state;
   bool has_owner;              /* it has served a job (a preallocated block has not yet) */
   uid_t last_uid;              /* owner of the job it serves or last served */
