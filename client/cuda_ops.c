@@ -575,9 +575,9 @@ static int gpu_sms(const struct cudadrv *cu) {
   return sms;
 }
 
-static int sm_budget(dep_client_t *c, const struct cudadrv *cu, uint32_t *out) {
+static int sm_budget(dep_client_t *c, uint32_t *out) {
   char why[256] = "";
-  int rc = cuops_sm_budget(gpu_sms(cu), c->ranks_on_dev ? c->ranks_on_dev : c->ops.world,
+  int rc = cuops_sm_budget(c->cuops.sms, c->ranks_on_dev ? c->ranks_on_dev : c->ops.world,
                            getenv(CUOPS_CTAS_ENV), out, why, sizeof why);
   return rc == 0 ? 0 : client_seterr(c, rc, "dep_attach: %s", why);
 }
@@ -663,7 +663,8 @@ int cuda_ops_prepare(dep_client_t *c) {
   const uint64_t at_scratch = carve(&off, 4ull * c->args.shape.num_experts + 256);
   const uint64_t at_stage =
       carve(&off, (uint64_t)c->layout.max_ll_tokens * CUOPS_STAGE_ROW(c->args.shape.hidden));
-  st->tcnt_bytes = ((uint64_t)CUOPS_CTAS_PER_SM * (uint64_t)gpu_sms(cu) + world) * CUOPS_WARPS * 4 +
+  st->sms = gpu_sms(cu);
+  st->tcnt_bytes = ((uint64_t)CUOPS_CTAS_PER_SM * (uint64_t)st->sms + world) * CUOPS_WARPS * 4 +
                    4096;
   const uint64_t at_tcnt = carve(&off, st->tcnt_bytes);
   const uint64_t at_loop_dev = carve(&off, sizeof(struct cuops_dev));
@@ -714,7 +715,7 @@ int cuda_ops_attach(dep_client_t *c) {
   j->max_tokens = o->shape.max_tokens_per_rank;
   j->max_ll = o->lay.max_ll_tokens;
   uint32_t budget = 0;
-  int rc = sm_budget(c, cu, &budget);
+  int rc = sm_budget(c, &budget);
   if (rc != 0)
     return rc;
   j->parts = budget / o->world;

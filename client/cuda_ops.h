@@ -261,6 +261,7 @@ struct cuops_state {
   CUdeviceptr scratch;            /* warm-up outputs */
   CUdeviceptr stage;              /* FP8 tokens of an ll_dispatch: max_ll_tokens rows */
   CUdeviceptr tcnt;               /* the dispatch senders' counts (cuops_job.tcnt) */
+  int sms;                        /* the GPU's SMs (cuda_ops_prepare) */
   uint64_t tcnt_bytes;            /* ... sized for the largest SM budget */
   CUdeviceptr loop_slab, loop_dev; /* the warm-up's world of one, kept until detach */
   struct dep_handle *warm_h;      /* the warm-up's handle */
