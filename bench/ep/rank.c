@@ -226,6 +226,48 @@ static void check_pairs(struct rank *k) {
          (unsigned long long)rows, k->exp_recv);
 }
 
+/*
+ * Write op's outputs on the GPU, as a trainer's tensors have been used
+ * before they meet a call: a first call otherwise pays the GPU's first walk
+ * of these pages (470 MB of LL receive buffer at 2 ranks), not the library.
+ * Once for every op after they are made, and with -T again just before
+ * each op's first call, when the others' use has made them cold.
+ */
+static void touch_outputs(struct rank *k, int op) {
+  const struct dep_job_shape *sh = &k->o->shape;
+  const size_t T = sh->max_tokens_per_rank, H = sh->hidden, K = sh->topk, le = k->le;
+  const size_t cap = (size_t)k->n * T, llr = (size_t)le * k->llrows;
+  struct {
+    void *p;
+    size_t n;
+  } outs[4] = {{NULL, 0}};
+  switch (op) {
+  case OP_D:
+    outs[0].p = k->rx, outs[0].n = cap * H * 2;
+    outs[1].p = k->ridx, outs[1].n = cap * K * 4;
+    outs[2].p = k->rw, outs[2].n = cap * K * 4;
+    outs[3].p = k->rcnt, outs[3].n = le * 4;
+    break;
+  case OP_C:
+    outs[0].p = k->out, outs[0].n = T * H * 2;
+    break;
+  case OP_LLD:
+    outs[0].p = k->llrx, outs[0].n = llr * H * 2;
+    outs[1].p = k->llcnt, outs[1].n = le * 4;
+    break;
+  case OP_LLD8:
+    outs[0].p = k->llrx8, outs[0].n = llr * H;
+    outs[1].p = k->llsc, outs[1].n = llr * (H / 128) * 4;
+    outs[2].p = k->llcnt, outs[2].n = le * 4;
+    break;
+  default: /* OP_LLC, OP_LLC8 */
+    outs[0].p = k->llout, outs[0].n = (size_t)sh->max_ll_tokens_per_rank * H * 2;
+  }
+  for (int i = 0; i < 4 && outs[i].p != NULL; i++)
+    CK(cu->cuMemsetD8Async((CUdeviceptr)(uintptr_t)outs[i].p, 0x7f, outs[i].n, k->st));
+  CK(cu->cuStreamSynchronize(k->st));
+}
+
 static void alloc_buffers(struct rank *k) {
   const struct dep_job_shape *sh = &k->o->shape;
   const size_t T = sh->max_tokens_per_rank, H = sh->hidden, K = sh->topk, le = k->le;
@@ -247,16 +289,8 @@ static void alloc_buffers(struct rank *k) {
   k->llcnt = balloc(k, le * 4);
   k->llout = balloc(k, (size_t)sh->max_ll_tokens_per_rank * H * 2);
   if (k->cuda) {
-    /* Touch every output once, as a trainer's tensors have been used before
-     * they meet a call: a first call otherwise pays the GPU's first walk of
-     * these pages (470 MB of LL receive buffer at 2 ranks), not the library. */
-    void *outs[] = {k->rx, k->ridx, k->rw, k->rcnt, k->out, k->llrx, k->llrx8, k->llsc,
-                    k->llcnt, k->llout};
-    size_t lens[] = {cap * H * 2, cap * K * 4, cap * K * 4, le * 4, T * H * 2, llr * H * 2,
-                     llr * H, llr * (H / 128) * 4, le * 4, (size_t)sh->max_ll_tokens_per_rank * H * 2};
-    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
-      CK(cu->cuMemsetD8((CUdeviceptr)(uintptr_t)outs[i], 0x7f, lens[i]));
-    CK(cu->cuCtxSynchronize());
+    for (int op = 0; op < NOPS; op++)
+      touch_outputs(k, op);
     return;
   }
   /* Fault in the host pages the calls will write (a trainer's tensors are
@@ -368,47 +402,6 @@ static void check_op(struct rank *k, int op) {
   }
 }
 
-/*
- * -T: write op's outputs just before its first call, as a trainer's
- * tensors were just used: the first call then pays no first walk of the
- * caller's pages (the LL receive buffer is 470 MB), only the library's own
- * first-call cost.
- */
-static void retouch(struct rank *k, int op) {
-  const struct dep_job_shape *sh = &k->o->shape;
-  const size_t T = sh->max_tokens_per_rank, H = sh->hidden, K = sh->topk, le = k->le;
-  const size_t cap = (size_t)k->n * T, llr = (size_t)le * k->llrows;
-  struct {
-    void *p;
-    size_t n;
-  } outs[4] = {{NULL, 0}};
-  switch (op) {
-  case OP_D:
-    outs[0].p = k->rx, outs[0].n = cap * H * 2;
-    outs[1].p = k->ridx, outs[1].n = cap * K * 4;
-    outs[2].p = k->rw, outs[2].n = cap * K * 4;
-    outs[3].p = k->rcnt, outs[3].n = le * 4;
-    break;
-  case OP_C:
-    outs[0].p = k->out, outs[0].n = T * H * 2;
-    break;
-  case OP_LLD:
-    outs[0].p = k->llrx, outs[0].n = llr * H * 2;
-    outs[1].p = k->llcnt, outs[1].n = le * 4;
-    break;
-  case OP_LLD8:
-    outs[0].p = k->llrx8, outs[0].n = llr * H;
-    outs[1].p = k->llsc, outs[1].n = llr * (H / 128) * 4;
-    outs[2].p = k->llcnt, outs[2].n = le * 4;
-    break;
-  default: /* OP_LLC, OP_LLC8 */
-    outs[0].p = k->llout, outs[0].n = (size_t)sh->max_ll_tokens_per_rank * H * 2;
-  }
-  for (int i = 0; i < 4 && outs[i].p != NULL; i++)
-    CK(cu->cuMemsetD8Async((CUdeviceptr)(uintptr_t)outs[i].p, 0x7f, outs[i].n, k->st));
-  CK(cu->cuStreamSynchronize(k->st));
-}
-
 /* One call, all ranks released together: its time in ms on this rank. */
 static double timed(struct rank *k, int op) {
   double rel = bar_wait(k);
@@ -482,7 +475,7 @@ void rank_run(struct rank *k) {
 
   for (int op = 0; op < NOPS; op++) {
     if (o->retouch && k->cuda)
-      retouch(k, op);
+      touch_outputs(k, op);
     k->s->first[k->r][op] = timed(k, op);
     check_op(k, op);
   }
