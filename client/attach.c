@@ -197,21 +197,17 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
   uint32_t id = 0;
   rc = client_send_request(c, DEP_MSG_ATTACH, args, &id);
   /* While the daemon waits for the other local ranks and lends the memory,
-   * and while this thread maps it, load the kernels on a thread of their
-   * own.  A failure there is reported once the reply is read (the daemon's
-   * answer must be taken off the socket either way). */
+   * load the kernels.  A failure here is reported once the reply is read
+   * (the daemon's answer must be taken off the socket either way). */
   int prep_rc = 0;
   char prep_msg[CLIENT_ERRMSG_MAX] = "";
   double t_sent = now_ms();
-  bool prep_begun = rc == 0 && c->cuda;
-  if (prep_begun && (prep_rc = cuda_ops_prepare_begin(c)) != 0)
+  if (rc == 0 && c->cuda && (prep_rc = cuda_ops_prepare(c)) != 0)
     snprintf(prep_msg, sizeof prep_msg, "%s", c->errmsg);
   if (rc == 0)
     rc = attach_reply(c, id, timeout_ms);
-  c->times.wait_ms = now_ms() - t_sent - c->times.map_ms;
+  c->times.wait_ms = now_ms() - t_sent - c->times.map_ms - c->times.setup_ms;
   c->times.wait_ms = c->times.wait_ms > 0 ? c->times.wait_ms : 0;
-  if (prep_begun && prep_rc == 0 && (prep_rc = cuda_ops_prepare_end(c)) != 0)
-    snprintf(prep_msg, sizeof prep_msg, "%s", c->errmsg);
   if (rc == 0 && prep_rc != 0)
     rc = client_seterr(c, prep_rc, "%s", prep_msg);
   if (rc == DEP_ERR_TIMEOUT && c->fd < 0)

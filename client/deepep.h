@@ -190,14 +190,13 @@ struct dep_attach_info {
 DEP_EXPORT int dep_attach_info(const dep_client_t *c, struct dep_attach_info *out);
 
 /*
- * Where the last dep_attach's time went, in milliseconds.  wait, map and
- * warmup follow one another; setup runs on a thread of its own beside wait
- * and map (from ATTACH sent), so the attach took about
- * max(wait + map, setup) + warmup.
+ * Where the last dep_attach's time went, in milliseconds.  setup runs
+ * while the daemon waits for the other local ranks, so wait is the part
+ * of the rendezvous that setup did not cover (0 when setup took longer).
  */
 struct dep_attach_times {
   double total_ms;  /* the whole of dep_attach (dep_attach_info's attach_ms) */
-  double wait_ms;   /* ATTACH sent until the daemon's reply was in, less map */
+  double wait_ms;   /* ATTACH sent until the daemon's reply was in, less setup and map */
   double map_ms;    /* importing and mapping every local slab */
   double setup_ms;  /* cuda: loading the kernels and making their memory (0 on host) */
   double warmup_ms; /* cuda: running every kernel once (kernel_warmup; 0 on host) */
