@@ -7,8 +7,6 @@
  * cuModuleLoadData: no run-time compilation.
  */
 #include <errno.h>
-#include <pthread.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -620,48 +618,38 @@ static void host_record_free(const struct cudadrv *cu, struct cuops_state *st) {
   munmap(st->host, host_record_bytes());
 }
 
-#ifdef DEP_HAVE_FATBIN
-/* A failure of the set-up thread: kept in the state (the caller's thread may
- * be writing c->errmsg meanwhile) and reported by cuda_ops_prepare_end. */
-static int prep_fail(struct cuops_state *st, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int prep_fail(struct cuops_state *st, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(st->prep_msg, sizeof st->prep_msg, fmt, ap);
-  va_end(ap);
-  return code;
-}
-static int prep_cu(struct cuops_state *st, const char *what, CUresult r) {
-  return prep_fail(st, r == CUDA_ERROR_OUT_OF_MEMORY ? DEP_ERR_NO_MEMORY : DEP_ERR_CUDA,
-                   "dep_attach: %s: %s", what, cudadrv_errstr(r));
-}
-
-/* The set-up proper, in st->ctx; reads only c->args and c->layout. */
-static int prepare(dep_client_t *c) {
+int cuda_ops_prepare(dep_client_t *c) {
   struct cuops_state *st = &c->cuops;
-  const struct cudadrv *cu = drv();
+  memset(st, 0, sizeof *st);
+#ifndef DEP_HAVE_FATBIN
+  return 0; /* memory is lent all the same; the operations say why they cannot run */
+#else
+  const char *op = "dep_attach";
+  char why[256] = "";
   double t0 = mono_ms();
-  CUresult r = cu->cuCtxSetCurrent(st->ctx);
-  if (r != CUDA_SUCCESS)
-    return prep_cu(st, "making the context current on the set-up thread", r);
+  const struct cudadrv *cu = cudadrv_load(why, sizeof why);
+  if (cu == NULL)
+    return client_seterr(c, DEP_ERR_UNSUPPORTED, "%s: %s", op, why);
+  CUresult r = cu->cuCtxGetCurrent(&st->ctx);
+  if (r != CUDA_SUCCESS || st->ctx == NULL)
+    return client_seterr(c, DEP_ERR_CUDA, "%s: no CUDA context is current", op);
   if ((r = cu->cuModuleLoadData(&st->mod, dep__fatbin)) != CUDA_SUCCESS) {
     st->mod = NULL;
-    return prep_cu(st, "loading the embedded kernels (cuModuleLoadData)", r);
+    return cu_fail(c, op, "loading the embedded kernels (cuModuleLoadData)", r);
   }
   for (int k = 0; k < CUOPS_K_COUNT; k++)
     if ((r = cu->cuModuleGetFunction(&st->fn[k], st->mod, kernel_names[k])) != CUDA_SUCCESS)
-      return prep_fail(st, DEP_ERR_CUDA, "dep_attach: kernel %s: %s", kernel_names[k],
-                       cudadrv_errstr(r));
+      return client_seterr(c, DEP_ERR_CUDA, "%s: kernel %s: %s", op, kernel_names[k],
+                           cudadrv_errstr(r));
   /* The operations run among the ranks of one node (ops.c refuses others). */
   if (c->args.world_size != c->args.local_world_size) {
-    st->setup_ms = mono_ms() - t0;
+    c->times.setup_ms = mono_ms() - t0;
     return 0;
   }
   if ((r = host_record_make(cu, st)) != CUDA_SUCCESS)
-    return prep_cu(st, "pinning the error record (cuMemHostRegister)", r);
+    return cu_fail(c, op, "pinning the error record (cuMemHostRegister)", r);
   if ((r = cu->cuMemHostGetDevicePointer(&st->host_dev, st->host, 0)) != CUDA_SUCCESS)
-    return prep_cu(st, "cuMemHostGetDevicePointer (the error record)", r);
+    return cu_fail(c, op, "cuMemHostGetDevicePointer (the error record)", r);
   /* All the device memory of the operations and the warm-up is one block,
    * zeroed on a private stream that the warm-up then runs on: each
    * allocation and each synchronous memset is a round trip to the driver
@@ -682,7 +670,7 @@ static int prepare(dep_client_t *c) {
   const uint64_t at_loop_dev = carve(&off, sizeof(struct cuops_dev));
   const uint64_t at_loop_slab = carve(&off, c->layout.data_off + 4096);
   if ((r = cu->cuMemAlloc(&st->mem, off)) != CUDA_SUCCESS)
-    return prep_cu(st, "making the operations' device memory", r);
+    return cu_fail(c, op, "making the operations' device memory", r);
   st->dev = st->mem + at_dev;
   st->scratch = st->mem + at_scratch;
   st->stage = st->mem + at_stage;
@@ -691,58 +679,14 @@ static int prepare(dep_client_t *c) {
   st->loop_slab = st->mem + at_loop_slab;
   if ((r = cu->cuStreamCreate(&st->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
     st->stream = NULL;
-    return prep_cu(st, "cuStreamCreate", r);
+    return cu_fail(c, op, "cuStreamCreate", r);
   }
   if ((r = cu->cuMemsetD8Async(st->mem, 0, off, st->stream)) != CUDA_SUCCESS)
-    return prep_cu(st, "zeroing the operations' device memory", r);
+    return cu_fail(c, op, "zeroing the operations' device memory", r);
   st->prepared = true;
-  st->setup_ms = mono_ms() - t0;
-  return 0;
-}
-
-static void *prepare_thread(void *arg) {
-  dep_client_t *c = arg;
-  c->cuops.prep_rc = prepare(c);
-  return NULL;
-}
-#endif
-
-/*
- * The set-up runs on a thread of its own while the caller's thread reads
- * the daemon's reply and maps the slabs: when a job's ranks start together
- * the reply comes at once, and the set-up (module, pinned record, device
- * block: 1.0 ms for one rank, 3.2 ms for eight at once under MPS) would
- * otherwise come after the map (0.2 to 2.2 ms) instead of beside it.
- */
-int cuda_ops_prepare_begin(dep_client_t *c) {
-  struct cuops_state *st = &c->cuops;
-  memset(st, 0, sizeof *st);
-#ifndef DEP_HAVE_FATBIN
-  return 0; /* memory is lent all the same; the operations say why they cannot run */
-#else
-  char why[256] = "";
-  const struct cudadrv *cu = cudadrv_load(why, sizeof why);
-  if (cu == NULL)
-    return client_seterr(c, DEP_ERR_UNSUPPORTED, "dep_attach: %s", why);
-  if (cu->cuCtxGetCurrent(&st->ctx) != CUDA_SUCCESS || st->ctx == NULL)
-    return client_seterr(c, DEP_ERR_CUDA, "dep_attach: no CUDA context is current");
-  if (pthread_create(&st->prep_thread, NULL, prepare_thread, c) == 0) {
-    st->prep_running = true;
-    return 0;
-  }
-  st->prep_rc = prepare(c); /* no thread to be had: do it here, in line */
+  c->times.setup_ms = mono_ms() - t0;
   return 0;
 #endif
-}
-
-int cuda_ops_prepare_end(dep_client_t *c) {
-  struct cuops_state *st = &c->cuops;
-  if (st->prep_running) {
-    pthread_join(st->prep_thread, NULL);
-    st->prep_running = false;
-  }
-  c->times.setup_ms = st->setup_ms;
-  return st->prep_rc == 0 ? 0 : client_seterr(c, st->prep_rc, "%s", st->prep_msg);
 }
 
 int cuda_ops_attach(dep_client_t *c) {
@@ -800,10 +744,6 @@ int cuda_ops_attach(dep_client_t *c) {
 
 void cuda_ops_detach(dep_client_t *c) {
   struct cuops_state *st = &c->cuops;
-  if (st->prep_running) { /* a failed attach, or a disconnect, while it runs */
-    pthread_join(st->prep_thread, NULL);
-    st->prep_running = false;
-  }
   if (st->ctx == NULL && st->warm_h == NULL) {
     memset(st, 0, sizeof *st);
     return; /* never loaded: do not initialise CUDA here (a parent may fork after) */

@@ -234,7 +234,6 @@ struct cuops_ll_combine_args {
   XX(TOUCH, "dep_k_touch")
 
 #ifndef __CUDACC__
-#include <pthread.h>
 #include <stdbool.h>
 
 #include "cudadrv.h"
@@ -267,13 +266,6 @@ struct cuops_state {
   CUdeviceptr loop_slab, loop_dev; /* the warm-up's world of one, kept until detach */
   struct dep_handle *warm_h;      /* the warm-up's handle */
   struct cuops_job job;
-  /* The set-up thread (cuda_ops_prepare_begin/_end): its result, its
-   * message (c->errmsg is the caller's thread's meanwhile) and its time. */
-  pthread_t prep_thread;
-  bool prep_running;
-  int prep_rc;
-  double setup_ms;
-  char prep_msg[512];
 };
 
 struct dep_handle;
@@ -289,17 +281,14 @@ int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, c
                     size_t whylen);
 
 /*
- * At dep_attach on cuda, right after ATTACH is sent: start loading the
- * embedded fatbin and every kernel, and making the pinned and device
- * scratch, on a thread of its own, so that it runs while the daemon waits
- * for the other local ranks and while this thread maps the slabs.  Needs
- * the context current, c->args and c->layout (neither may change until
- * _end).  _end waits for it and reports its failure, if any; detach also
- * waits for it.  A build without nvcc attaches all the same; its
- * operations then return DEP_ERR_UNSUPPORTED.
+ * At dep_attach on cuda, right after ATTACH is sent (so that it runs while
+ * the daemon waits for the other local ranks and lends the memory): load
+ * the embedded fatbin and every kernel, and make the pinned and device
+ * scratch.  Needs the context current, c->args and c->layout.  A build
+ * without nvcc attaches all the same; its operations then return
+ * DEP_ERR_UNSUPPORTED.
  */
-int cuda_ops_prepare_begin(dep_client_t *c);
-int cuda_ops_prepare_end(dep_client_t *c);
+int cuda_ops_prepare(dep_client_t *c);
 /*
  * Then, after the slabs are mapped and c->ops is set up: bind the kernels
  * to the job (slabs, SM budget) and with kernel_warmup run every kernel
