@@ -48,6 +48,7 @@ static const char *const kernel_names[CUOPS_K_COUNT] = {
 struct cuops_hmem {
   CUcontext ctx;
   CUdeviceptr base;
+  bool lent; /* base is not ours to free (handle_reserve) */
   uint32_t world, max_tokens, max_ll, topk, kd;
   struct cuops_hdl p;
 };
@@ -183,7 +184,7 @@ void cuda_ops_handle_free(struct dep_handle *h) {
   struct cuops_hmem *m = h->cuda;
   const struct cudadrv *cu = drv();
   CUcontext dummy;
-  if (cu != NULL && cu->cuCtxPushCurrent(m->ctx) == CUDA_SUCCESS) {
+  if (!m->lent && cu != NULL && cu->cuCtxPushCurrent(m->ctx) == CUDA_SUCCESS) {
     cu->cuMemFree(m->base);
     cu->cuCtxPopCurrent(&dummy);
   }
@@ -197,8 +198,30 @@ static uint64_t carve(uint64_t *off, uint64_t bytes) {
   return at;
 }
 
-/* Size the handle's device arrays for this job (once) and fill its host fields. */
-static int handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op) {
+/* A handle's device arrays for a world of W ranks: their offsets, and their size returned. */
+static uint64_t handle_carve(uint64_t W, uint64_t mt, uint64_t ll, uint64_t K, uint64_t kd,
+                             uint64_t at[9]) {
+  uint64_t off = 0;
+  at[0] = carve(&off, 8);
+  at[1] = carve(&off, 4 * mt * W);
+  at[2] = carve(&off, 4 * W);
+  at[3] = carve(&off, 4 * W);
+  at[4] = carve(&off, 8 * ll * K);
+  at[5] = carve(&off, 4 * W);
+  at[6] = carve(&off, 4 * W);
+  at[7] = carve(&off, 4 * W * ll);
+  at[8] = carve(&off, 8 * W * ll * kd);
+  return off;
+}
+
+/*
+ * Size the handle's device arrays for this job (once) and fill its host
+ * fields.  The arrays are `lent` memory where that is not 0 (the warm-up's
+ * handle, in the rank's private area: no allocation at attach), else a
+ * cuMemAlloc of the handle's own.
+ */
+static int handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op,
+                          CUdeviceptr lent) {
   const struct ops_ctx *o = &c->ops;
   const uint32_t W = o->world, mt = o->shape.max_tokens_per_rank, ll = o->lay.max_ll_tokens;
   const uint32_t K = o->shape.topk, kd = c->cuops.job.kd;
@@ -207,33 +230,30 @@ static int handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op)
                     m->max_ll != ll || m->topk != K || m->kd != kd))
     cuda_ops_handle_free(h), m = NULL;
   if (m == NULL) {
-    uint64_t off = 0, at[9];
-    at[0] = carve(&off, 8);
-    at[1] = carve(&off, 4ull * mt * W);
-    at[2] = carve(&off, 4ull * W);
-    at[3] = carve(&off, 4ull * W);
-    at[4] = carve(&off, 8ull * ll * K);
-    at[5] = carve(&off, 4ull * W);
-    at[6] = carve(&off, 4ull * W);
-    at[7] = carve(&off, 4ull * W * ll);
-    at[8] = carve(&off, 8ull * W * ll * kd);
+    uint64_t at[9];
+    uint64_t bytes = handle_carve(W, mt, ll, K, kd, at);
     m = calloc(1, sizeof *m);
     if (m == NULL)
       return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory for a handle", op);
-    struct ctx_guard g;
-    int rc = ctx_enter(c, &g, op);
-    if (rc != 0) {
-      free(m);
-      return rc;
-    }
-    /* Every element is written by a dispatch before a kernel reads it. */
-    CUresult r = drv()->cuMemAlloc(&m->base, off);
-    ctx_leave(&g);
-    if (r != CUDA_SUCCESS) {
-      if (m->base != 0)
-        drv()->cuMemFree(m->base);
-      free(m);
-      return cu_fail(c, op, "allocating a handle's device arrays", r);
+    if (lent != 0) {
+      m->base = lent;
+      m->lent = true;
+    } else {
+      struct ctx_guard g;
+      int rc = ctx_enter(c, &g, op);
+      if (rc != 0) {
+        free(m);
+        return rc;
+      }
+      /* Every element is written by a dispatch before a kernel reads it. */
+      CUresult r = drv()->cuMemAlloc(&m->base, bytes);
+      ctx_leave(&g);
+      if (r != CUDA_SUCCESS) {
+        if (m->base != 0)
+          drv()->cuMemFree(m->base);
+        free(m);
+        return cu_fail(c, op, "allocating a handle's device arrays", r);
+      }
     }
     m->ctx = c->cuops.ctx;
     m->world = W, m->max_tokens = mt, m->max_ll = ll, m->topk = K, m->kd = kd;
@@ -256,7 +276,7 @@ static int handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op)
 }
 
 int cuda_ops_handle_new(dep_client_t *c, struct dep_handle *h) {
-  return c->cuops.ready ? handle_reserve(c, h, "dep_handle_new") : 0;
+  return c->cuops.ready ? handle_reserve(c, h, "dep_handle_new", 0) : 0;
 }
 
 static struct cuops_hdl hdl_of(const struct dep_handle *h) {
@@ -343,7 +363,7 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
     rc = need(why, sizeof why, a->topk_weights, 4, "dispatch", "topk_weights");
   if (rc != 0)
     return client_seterr(c, rc, "%s: %s", op, why);
-  if ((rc = cuops_begin(c, op, s)) != 0 || (rc = handle_reserve(c, h, op)) != 0)
+  if ((rc = cuops_begin(c, op, s)) != 0 || (rc = handle_reserve(c, h, op, 0)) != 0)
     return rc;
   struct cuops_dispatch_args k = {a->x, a->topk_idx, a->topk_weights, a->index_type,
                                   a->num_tokens, a->recv_x, a->recv_topk_idx,
@@ -405,7 +425,7 @@ int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
     rc = need(why, sizeof why, a->topk_idx, IDX_ALIGN(a->index_type), "ll_dispatch", "topk_idx");
   if (rc != 0)
     return client_seterr(c, rc, "%s: %s", op, why);
-  if ((rc = cuops_begin(c, op, s)) != 0 || (rc = handle_reserve(c, h, op)) != 0)
+  if ((rc = cuops_begin(c, op, s)) != 0 || (rc = handle_reserve(c, h, op, 0)) != 0)
     return rc;
   struct cuops_ll_dispatch_args k = {a->x, a->topk_idx, a->index_type, a->num_tokens, a->use_fp8,
                                      0, a->recv_x, a->recv_scales, a->recv_count,
@@ -482,10 +502,8 @@ static int warmup(dep_client_t *c) {
     return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory", op);
   host_ops_handle_init(h);
   st->warm_h = h;
-  /* Its scratch is part of the block cuda_ops_prepare made (zeroed on
-   * st->stream, ahead of these calls) and is kept until detach: freeing
-   * device memory waits for the device, where another rank of this process
-   * may be waiting for us. */
+  /* Its scratch is in this rank's private area of its slab (zeroed on
+   * st->stream, ahead of these calls), which lasts until detach. */
   CUstream s = st->stream;
   CUresult r;
   double t0 = mono_ms();
@@ -499,13 +517,15 @@ static int warmup(dep_client_t *c) {
   st->job.dev = (struct cuops_dev *)(uintptr_t)st->loop_dev;
   int32_t *scr = (int32_t *)(uintptr_t)st->scratch;
   uint32_t nrecv = 0;
+  int rc = handle_reserve(c, h, op, st->warm_mem);
   struct dep_layout_args la = {NULL, DEP_INDEX_I64, 0, scr, scr, NULL};
   struct dep_dispatch_args da = {NULL, NULL, DEP_INDEX_I64, NULL, 0, scr, scr, (float *)scr, scr,
                                  &nrecv};
   struct dep_combine_args ca = {NULL, NULL};
   struct dep_ll_dispatch_args lda = {NULL, NULL, DEP_INDEX_I64, 0, 0, scr, (float *)scr, scr};
   struct dep_ll_combine_args lca = {scr, NULL, DEP_INDEX_I64, NULL, NULL};
-  int rc = cuda_ops_layout(c, &la, s);
+  if (rc == 0)
+    rc = cuda_ops_layout(c, &la, s);
   if (rc == 0)
     rc = cuda_ops_dispatch(c, &da, h, s);
   if (rc == 0)
@@ -560,6 +580,36 @@ int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, c
     return DEP_ERR_INVALID;
   }
   *out = (uint32_t)v;
+  return 0;
+}
+
+int cuops_block_layout(const struct dep_job_shape *shape, uint32_t world,
+                       const struct dep_slab_layout *lay, int sms, struct cuops_block *out,
+                       char *why, size_t whylen) {
+  uint64_t off = 0;
+  out->dev = carve(&off, sizeof(struct cuops_dev));
+  out->scratch = carve(&off, 4ull * shape->num_experts + 256);
+  out->stage = carve(&off, (uint64_t)lay->max_ll_tokens * CUOPS_STAGE_ROW(shape->hidden));
+  /* The dispatch's count scratch, for the largest SM budget sm_budget can
+   * give (any split of CUOPS_CTAS_PER_SM CTAs per SM among the world's
+   * ranks): the budget is known only after the daemon's reply. */
+  out->tcnt_bytes = ((uint64_t)CUOPS_CTAS_PER_SM * (uint64_t)sms + world) * CUOPS_WARPS * 4 + 4096;
+  out->tcnt = carve(&off, out->tcnt_bytes);
+  out->loop_dev = carve(&off, sizeof(struct cuops_dev));
+  out->loop_slab = carve(&off, lay->data_off + 4096);
+  /* The warm-up's handle, whose world of one has every expert local. */
+  uint64_t at[9];
+  const uint32_t K = shape->topk;
+  out->warm_handle = carve(&off, handle_carve(world, shape->max_tokens_per_rank,
+                                              lay->max_ll_tokens, K,
+                                              K < shape->num_experts ? K : shape->num_experts, at));
+  out->end = off;
+  if (sms < 1 || off > lay->priv_bytes) {
+    snprintf(why, whylen, "the operations' memory (%llu bytes for %d SMs) overruns the slab's "
+             "private area (%llu bytes); this is a bug, please report it",
+             (unsigned long long)off, sms, (unsigned long long)lay->priv_bytes);
+    return DEP_ERR_INTERNAL;
+  }
   return 0;
 }
 
@@ -650,39 +700,16 @@ int cuda_ops_prepare(dep_client_t *c) {
     return cu_fail(c, op, "pinning the error record (cuMemHostRegister)", r);
   if ((r = cu->cuMemHostGetDevicePointer(&st->host_dev, st->host, 0)) != CUDA_SUCCESS)
     return cu_fail(c, op, "cuMemHostGetDevicePointer (the error record)", r);
-  /* All the device memory of the operations and the warm-up is one block,
-   * zeroed on a private stream that the warm-up then runs on: each
-   * allocation and each synchronous memset is a round trip to the driver
-   * (under MPS, to its server too), paid by every rank while it attaches.
-   * The dispatch's count scratch is sized for the largest SM budget
-   * sm_budget can give (any split of CUOPS_CTAS_PER_SM CTAs per SM among
-   * the world's ranks): the budget is known only after the daemon's reply. */
-  const uint64_t world = c->args.world_size;
-  uint64_t off = 0;
-  const uint64_t at_dev = carve(&off, sizeof(struct cuops_dev));
-  const uint64_t at_scratch = carve(&off, 4ull * c->args.shape.num_experts + 256);
-  const uint64_t at_stage =
-      carve(&off, (uint64_t)c->layout.max_ll_tokens * CUOPS_STAGE_ROW(c->args.shape.hidden));
+  /* The operations' memory is this rank's private area of its slab
+   * (slab.h), placed by cuda_ops_attach once the slabs are mapped: one
+   * cuMemAlloc fewer, which cost each of 8 ranks attaching at once 0.75 ms
+   * (BENCHMARKS.md).  It is zeroed on this private stream, which the
+   * warm-up then runs on. */
   st->sms = gpu_sms(cu);
-  st->tcnt_bytes = ((uint64_t)CUOPS_CTAS_PER_SM * (uint64_t)st->sms + world) * CUOPS_WARPS * 4 +
-                   4096;
-  const uint64_t at_tcnt = carve(&off, st->tcnt_bytes);
-  const uint64_t at_loop_dev = carve(&off, sizeof(struct cuops_dev));
-  const uint64_t at_loop_slab = carve(&off, c->layout.data_off + 4096);
-  if ((r = cu->cuMemAlloc(&st->mem, off)) != CUDA_SUCCESS)
-    return cu_fail(c, op, "making the operations' device memory", r);
-  st->dev = st->mem + at_dev;
-  st->scratch = st->mem + at_scratch;
-  st->stage = st->mem + at_stage;
-  st->tcnt = st->mem + at_tcnt;
-  st->loop_dev = st->mem + at_loop_dev;
-  st->loop_slab = st->mem + at_loop_slab;
   if ((r = cu->cuStreamCreate(&st->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
     st->stream = NULL;
     return cu_fail(c, op, "cuStreamCreate", r);
   }
-  if ((r = cu->cuMemsetD8Async(st->mem, 0, off, st->stream)) != CUDA_SUCCESS)
-    return cu_fail(c, op, "zeroing the operations' device memory", r);
   st->prepared = true;
   c->times.setup_ms = mono_ms() - t0;
   return 0;
@@ -699,6 +726,23 @@ int cuda_ops_attach(dep_client_t *c) {
   const struct cudadrv *cu = drv();
   struct cuops_job *j = &st->job;
   const struct ops_ctx *o = &c->ops;
+  struct cuops_block b;
+  char why[256] = "";
+  int rc = cuops_block_layout(&o->shape, o->world, &o->lay, st->sms, &b, why, sizeof why);
+  if (rc != 0)
+    return client_seterr(c, rc, "dep_attach: %s", why);
+  const CUdeviceptr priv = (CUdeviceptr)(uintptr_t)(o->slabs[o->rank] + o->lay.priv_off);
+  st->dev = priv + b.dev;
+  st->scratch = priv + b.scratch;
+  st->stage = priv + b.stage;
+  st->tcnt = priv + b.tcnt;
+  st->tcnt_bytes = b.tcnt_bytes;
+  st->loop_dev = priv + b.loop_dev;
+  st->loop_slab = priv + b.loop_slab;
+  st->warm_mem = priv + b.warm_handle;
+  CUresult r = cu->cuMemsetD8Async(priv, 0, b.end, st->stream);
+  if (r != CUDA_SUCCESS)
+    return cu_fail(c, "dep_attach", "zeroing the operations' memory", r);
   for (uint32_t i = 0; i < o->world; i++)
     j->slabs[i] = o->slabs[i];
   j->data_off = o->lay.data_off;
@@ -715,7 +759,7 @@ int cuda_ops_attach(dep_client_t *c) {
   j->max_tokens = o->shape.max_tokens_per_rank;
   j->max_ll = o->lay.max_ll_tokens;
   uint32_t budget = 0;
-  int rc = sm_budget(c, &budget);
+  rc = sm_budget(c, &budget);
   if (rc != 0)
     return rc;
   j->parts = budget / o->world;
@@ -733,7 +777,7 @@ int cuda_ops_attach(dep_client_t *c) {
   st->ready = true;
   rc = c->attach_ok.kernel_warmup ? warmup(c) : 0;
   /* The block's zeroing is done before any operation uses it. */
-  CUresult r = cu->cuStreamSynchronize(st->stream);
+  r = cu->cuStreamSynchronize(st->stream);
   if (r != CUDA_SUCCESS && rc == 0)
     rc = cu_fail(c, "dep_attach", "cuStreamSynchronize", r);
   cu->cuStreamDestroy(st->stream);
@@ -762,8 +806,6 @@ void cuda_ops_detach(dep_client_t *c) {
     host_record_free(cu, st);
     if (st->stream != NULL)
       cu->cuStreamDestroy(st->stream);
-    if (st->mem != 0)
-      cu->cuMemFree(st->mem);
     if (pushed)
       cu->cuCtxPopCurrent(&dummy);
   }

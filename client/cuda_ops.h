@@ -237,6 +237,7 @@ struct cuops_ll_combine_args {
 #include <stdbool.h>
 
 #include "cudadrv.h"
+#include "slab.h"
 
 enum cuops_kernel {
 #define CUOPS__ENUM(name, sym) CUOPS_K_##name,
@@ -255,20 +256,35 @@ struct cuops_state {
   CUfunction fn[CUOPS_K_COUNT];
   struct cuops_host *host;        /* a registered page, host address */
   CUdeviceptr host_dev;           /* ... and its device address */
-  CUdeviceptr mem;                /* one block holding the next six, until detach */
-  CUstream stream;                /* zeroes mem, runs the warm-up; gone after attach */
+  CUstream stream;                /* zeroes the next six, runs the warm-up; gone after attach */
   CUdeviceptr dev;                /* struct cuops_dev */
   CUdeviceptr scratch;            /* warm-up outputs */
   CUdeviceptr stage;              /* FP8 tokens of an ll_dispatch: max_ll_tokens rows */
   CUdeviceptr tcnt;               /* the dispatch senders' counts (cuops_job.tcnt) */
   int sms;                        /* the GPU's SMs (cuda_ops_prepare) */
   uint64_t tcnt_bytes;            /* ... sized for the largest SM budget */
-  CUdeviceptr loop_slab, loop_dev; /* the warm-up's world of one, kept until detach */
+  CUdeviceptr loop_slab, loop_dev; /* the warm-up's world of one */
+  CUdeviceptr warm_mem;           /* ... and its handle's arrays */
   struct dep_handle *warm_h;      /* the warm-up's handle */
   struct cuops_job job;
 };
 
 struct dep_handle;
+
+/*
+ * Where the operations' memory sits in the rank's private area of its
+ * slab (slab.h), as offsets from the area's start: the kernels' counters,
+ * the warm-up's outputs, the FP8 staging rows, the dispatch's count
+ * scratch (sized for a GPU of `sms` SMs), the warm-up's world of one and
+ * its handle.  0, or DEP_ERR_INTERNAL with why when it would overrun the
+ * area.
+ */
+struct cuops_block {
+  uint64_t dev, scratch, stage, tcnt, tcnt_bytes, loop_dev, loop_slab, warm_handle, end;
+};
+int cuops_block_layout(const struct dep_job_shape *shape, uint32_t world,
+                       const struct dep_slab_layout *lay, int sms, struct cuops_block *out,
+                       char *why, size_t whylen);
 
 /*
  * The SM budget of one rank: CTAs per communicating kernel, the GPU's sms
@@ -283,15 +299,17 @@ int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, c
 /*
  * At dep_attach on cuda, right after ATTACH is sent (so that it runs while
  * the daemon waits for the other local ranks and lends the memory): load
- * the embedded fatbin and every kernel, and make the pinned and device
- * scratch.  Needs the context current, c->args and c->layout.  A build
- * without nvcc attaches all the same; its operations then return
+ * the embedded fatbin and every kernel, pin the error record, make the
+ * private stream.  Needs the context current, c->args and c->layout.  A
+ * build without nvcc attaches all the same; its operations then return
  * DEP_ERR_UNSUPPORTED.
  */
 int cuda_ops_prepare(dep_client_t *c);
 /*
- * Then, after the slabs are mapped and c->ops is set up: bind the kernels
- * to the job (slabs, SM budget) and with kernel_warmup run every kernel
+ * Then, after the slabs are mapped and c->ops is set up: place the
+ * operations' memory in this rank's private area of its slab (zeroed on
+ * the private stream), bind the kernels to the job (slabs, SM budget) and
+ * with kernel_warmup run every kernel
  * once on zero tokens, on a private loopback world of one rank (no peer,
  * no write to the job's slabs, the job's call count untouched).
  */

@@ -40,7 +40,8 @@
 #include "deepep.h"
 
 #define DEP_PROTO_MAGIC 0x31504544u /* "DEP1" */
-#define DEP_PROTO_VERSION 1
+/* 1: the first; 2: a slab ends in its rank's private area (slab.h). */
+#define DEP_PROTO_VERSION 2
 #define DEP_PROTO_HDR_LEN 24
 #define DEP_PROTO_MAX_BODY (256u * 1024u)
 /* Linux accepts at most 253 fds in one SCM_RIGHTS message. */

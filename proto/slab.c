@@ -51,6 +51,18 @@ int dep_slab_layout(const struct dep_job_shape *s, uint32_t world_size,
   /* World 4096, 65536 tokens of 16 KiB rows, top-16: far below 2^64, so
    * the ranges above rule out overflow. */
   out->parity_bytes = (uint64_t)world_size * block;
-  out->total_bytes = out->data_off + 2 * out->parity_bytes;
+  out->priv_off = dep_round_up(out->data_off + 2 * out->parity_bytes, DEP_SLAB_ALIGN);
+  /* One FP8 row (a byte per channel and a float scale per 128) for each
+   * low-latency token, a count per expert, a word per (rank, warp), and a
+   * control area; and a handle's arrays (per token: its destinations,
+   * per low-latency token: its top-k and, per rank, its slot and rows). */
+  const uint64_t W = world_size, mt = s->max_tokens_per_rank;
+  uint64_t fp8_row = dep_round_up(h + h / 32, 16);
+  out->priv_bytes = DEP_SLAB_PRIV_FIXED + dep_round_up((uint64_t)ll * fp8_row, 256) +
+                    dep_round_up(4ull * s->num_experts, 256) + out->data_off + 32 * W +
+                    dep_round_up(4 * mt * W, 256) + dep_round_up(8ull * ll * k, 256) +
+                    dep_round_up(4ull * W * ll, 256) + dep_round_up(8ull * W * ll * k, 256) +
+                    16 * W;
+  out->total_bytes = out->priv_off + out->priv_bytes;
   return 0;
 }

@@ -11,6 +11,12 @@
  *           the source's sequence flag and row count for that call.
  *   data    for each parity, for each source rank, one block of
  *           block_bytes: what that source pushed in a call of that parity.
+ *   priv    4 KiB-aligned, last: the rank's own scratch, which no peer
+ *           reads or writes.  The cuda library keeps its operation state,
+ *           its FP8 staging rows, its warm-up's world of one and the
+ *           warm-up's handle there, rather than allocating them at every
+ *           attach (a cuMemAlloc cost each of 8 ranks attaching at once
+ *           0.75 ms; BENCHMARKS.md).
  *
  * A block holds either max_tokens_per_rank rows of row_bytes (a bf16 token
  * with its remapped top-k ids, weights and source index, or an FP8 token
@@ -28,6 +34,11 @@
 #define DEP_SLAB_CTRL_SLOT 64u  /* bytes per (parity, source) control slot */
 #define DEP_SLAB_ERR_BYTES 64u  /* error words at the start of ctrl */
 #define DEP_SLAB_ALIGN 4096u
+/* The private area's part that does not grow with the shape: the library's
+ * counters and its SM-sized scratch (for GPUs of up to 512 SMs); what grows
+ * with it is added per expert, per rank and per token, and a control area
+ * for the warm-up's world of one (dep_slab_layout). */
+#define DEP_SLAB_PRIV_FIXED (64u * 1024u)
 
 struct dep_slab_layout {
   uint32_t world_size;
@@ -39,7 +50,9 @@ struct dep_slab_layout {
   uint64_t block_bytes;  /* one source's block in one parity */
   uint64_t data_off;
   uint64_t parity_bytes; /* world_size * block_bytes */
-  uint64_t total_bytes;  /* data_off + 2 * parity_bytes, before rounding to chunks */
+  uint64_t priv_off;     /* the rank's own scratch: after the data, 4 KiB aligned */
+  uint64_t priv_bytes;
+  uint64_t total_bytes;  /* priv_off + priv_bytes, before rounding to chunks */
 };
 
 /*

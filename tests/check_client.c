@@ -355,6 +355,56 @@ START_TEST(kernel_ctas_override_is_bounded_and_refused_clearly) {
 }
 END_TEST
 
+/*
+ * The slab's private area (slab.h) holds the cuda library's operation
+ * memory (cuops_block_layout), without a GPU: for shapes at the ends of
+ * every range and GPUs of 1 to 512 SMs, it comes after the data, aligned,
+ * its parts in order inside it; a GPU beyond the bound is refused, not
+ * overrun.
+ */
+START_TEST(the_operations_memory_fits_every_slabs_private_area) {
+  static const uint32_t hiddens[] = {128, 7168, 16384}, tokens[] = {1, 128, 4096, 65536};
+  static const uint32_t worlds[] = {1, 2, 8, 64, 4096}, topks[] = {1, 8, 16};
+  static const int sms[] = {1, 132, 512};
+  char why[256];
+  unsigned checked = 0;
+  for (size_t hi = 0; hi < 3; hi++)
+    for (size_t ti = 0; ti < 4; ti++)
+      for (size_t wi = 0; wi < 5; wi++)
+        for (size_t ki = 0; ki < 3; ki++)
+          for (uint32_t ll_max = 0; ll_max < 2; ll_max++) {
+            uint32_t W = worlds[wi], mt = tokens[ti];
+            struct dep_job_shape sh = {.max_tokens_per_rank = mt, .hidden = hiddens[hi],
+                                       .num_experts = ki == 2 ? 65536 : W * (W < 256 ? 256 / W : 1),
+                                       .topk = topks[ki], .dtype = DEP_DTYPE_BF16,
+                                       .max_ll_tokens_per_rank = ll_max ? mt : 0};
+            struct dep_slab_layout l;
+            ck_assert_msg(dep_slab_layout(&sh, W, &l, why, sizeof why) == 0, "%s", why);
+            ck_assert_uint_eq(l.priv_off % DEP_SLAB_ALIGN, 0);
+            ck_assert_uint_ge(l.priv_off, l.data_off + 2 * l.parity_bytes);
+            ck_assert_uint_eq(l.total_bytes, l.priv_off + l.priv_bytes);
+            for (size_t si = 0; si < 3; si++) {
+              struct cuops_block b;
+              ck_assert_msg(cuops_block_layout(&sh, W, &l, sms[si], &b, why, sizeof why) == 0,
+                            "hidden %u, %u tokens, world %u, top-%u, %d SMs: %s", sh.hidden, mt,
+                            W, sh.topk, sms[si], why);
+              ck_assert(b.dev < b.scratch && b.scratch < b.stage && b.stage < b.tcnt &&
+                        b.tcnt + b.tcnt_bytes <= b.loop_dev && b.loop_dev < b.loop_slab &&
+                        b.loop_slab + l.data_off + 4096 <= b.end && b.end <= l.priv_bytes);
+              checked++;
+            }
+          }
+  ck_assert_uint_eq(checked, 3 * 4 * 5 * 3 * 2 * 3);
+  struct dep_job_shape sh = {.max_tokens_per_rank = 4096, .hidden = 7168, .num_experts = 256,
+                             .topk = 8, .dtype = DEP_DTYPE_BF16};
+  struct dep_slab_layout l;
+  struct cuops_block b;
+  ck_assert_int_eq(dep_slab_layout(&sh, 8, &l, why, sizeof why), 0);
+  ck_assert_int_eq(cuops_block_layout(&sh, 8, &l, 1 << 20, &b, why, sizeof why), DEP_ERR_INTERNAL);
+  ck_assert_msg(strstr(why, "private area") != NULL, "said %s", why);
+}
+END_TEST
+
 START_TEST(attach_reply_fds_never_leak) {
   for (int lie = 0; lie <= 1; lie++) {
     char dir[200], sock[256];
@@ -710,6 +760,7 @@ Suite *client_suite(void) {
   tcase_add_test(local, attach_with_invalid_args_is_invalid_and_names_the_field);
   tcase_add_test(local, shared_library_exports_only_dep_symbols);
   tcase_add_test(local, kernel_ctas_override_is_bounded_and_refused_clearly);
+  tcase_add_test(local, the_operations_memory_fits_every_slabs_private_area);
   suite_add_tcase(s, local);
 
   TCase *fake = tcase_create("fake_daemon");
