@@ -6,7 +6,8 @@
  * process maps all N: what deepepd lends today with one chunk per slab) and
  * `arena` (one allocation of N*S bytes, every process maps it once).
  *
- *   vmm_map [-n 8] [-s SLAB_MIB] [-i ROUNDS]
+ *   vmm_map [-n 8] [-s SLAB_MIB] [-i ROUNDS] [-m]
+ *   vmm_map -q
  *   vmm_map -g GPUS [-s ARENA_MIB] [-c CHUNK_MIB] [-a ALIGN_MIB] [-w] [-i ROUNDS]
  *
  * With -g, the cross-device case (issue 5, one rank per GPU): one
@@ -20,6 +21,13 @@
  * fastest in.  -a aligns the address each arena is mapped at (0:
  * the driver's choice), to see whether the driver maps aligned memory
  * with larger pages.
+ *
+ * -m: each process then loads the library's embedded kernels
+ * (cuModuleLoadData, as dep_attach does), a phase of its own: with the map,
+ * the least any attach that brings its own kernels can cost.
+ *
+ * -q: does this driver map part of an allocation (granule 2 of 2)?  If it
+ * did, a rank could map only what its kernels touch of its peers' slabs.
  *
  * The exporting process is the parent; it makes the allocations before the
  * children start (as the daemon's pool does).  Children set up their CUDA
@@ -41,6 +49,11 @@
 
 #define MAXN 8
 #define MAXR 50
+
+#ifdef DEP_HAVE_FATBIN
+extern const unsigned char dep__fatbin[];
+#endif
+static int load_module; /* -m */
 
 static void check(CUresult r, const char *what) {
   if (r != CUDA_SUCCESS) {
@@ -73,7 +86,7 @@ static void child(int sock, int nalloc, size_t bytes, int rounds) {
     char go;
     if (fdpass_recv(sock, &go, 1, fds, MAXN, &nf) != 1 || nf != nalloc)
       exit(1);
-    double t[5] = {0};
+    double t[6] = {0};
     CUmemGenericAllocationHandle h[MAXN];
     CUdeviceptr va[MAXN];
     double t0 = bench_now_ms();
@@ -92,9 +105,17 @@ static void child(int sock, int nalloc, size_t bytes, int rounds) {
     for (int i = 0; i < nalloc; i++)
       check(cu->cuMemSetAccess(va[i], bytes, &acc, 1), "access");
     double t4 = bench_now_ms();
-    t[0] = t1 - t0, t[1] = t2 - t1, t[2] = t3 - t2, t[3] = t4 - t3, t[4] = t4;
+    CUmodule mod = NULL;
+#ifdef DEP_HAVE_FATBIN
+    if (load_module)
+      check(cu->cuModuleLoadData(&mod, dep__fatbin), "cuModuleLoadData");
+#endif
+    double t5 = bench_now_ms();
+    t[0] = t1 - t0, t[1] = t2 - t1, t[2] = t3 - t2, t[3] = t4 - t3, t[4] = t5 - t4, t[5] = t5;
     if (write(sock, t, sizeof t) != sizeof t)
       exit(1);
+    if (mod != NULL)
+      cu->cuModuleUnload(mod);
     for (int i = 0; i < nalloc; i++) {
       cu->cuMemUnmap(va[i], bytes);
       cu->cuMemAddressFree(va[i], bytes);
@@ -145,23 +166,23 @@ static void run(const struct cudadrv *cu, const struct procs *ps, int nalloc, si
                                            0), "export");
   }
   sleep(2); /* every child has its context */
-  double worst[5][MAXR];
+  double worst[6][MAXR];
   for (int r = 0; r < rounds; r++) {
     double t0 = bench_now_ms();
     for (int c = 0; c < n; c++)
       fdpass_send(socks[c], "g", 1, fds, nalloc);
-    double w[5] = {0};
+    double w[6] = {0};
     for (int c = 0; c < n; c++) {
-      double t[5];
+      double t[6];
       if (read(socks[c], t, sizeof t) != sizeof t)
         exit(1);
-      for (int k = 0; k < 4; k++)
+      for (int k = 0; k < 5; k++)
         if (t[k] > w[k])
           w[k] = t[k];
-      if (t[4] - t0 > w[4])
-        w[4] = t[4] - t0;
+      if (t[5] - t0 > w[5])
+        w[5] = t[5] - t0;
     }
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < 6; k++)
       worst[k][r] = w[k];
     struct timespec pause = {0, 20000000};
     nanosleep(&pause, NULL);
@@ -170,11 +191,14 @@ static void run(const struct cudadrv *cu, const struct procs *ps, int nalloc, si
     waitpid(pids[c], NULL, 0);
     close(socks[c]);
   }
-  for (int k = 0; k < 5; k++)
+  for (int k = 0; k < 6; k++)
     bench_sort(worst[k], (size_t)rounds);
   int m = rounds / 2;
-  printf("%-6s %5d %6d %10zu %10.3f %10.3f %10.3f %10.3f %10.3f\n", name, n, nalloc, bytes >> 20,
-         worst[0][m], worst[1][m], worst[2][m], worst[3][m], worst[4][m]);
+  printf("%-6s %5d %6d %10zu %10.3f %10.3f %10.3f %10.3f", name, n, nalloc, bytes >> 20,
+         worst[0][m], worst[1][m], worst[2][m], worst[3][m]);
+  if (load_module)
+    printf(" %10.3f", worst[4][m]);
+  printf(" %10.3f\n", worst[5][m]);
   for (int i = 0; i < nalloc; i++) {
     close(fds[i]);
     cu->cuMemRelease(h[i]);
@@ -374,11 +398,38 @@ static void xrun(int g, int nc, size_t chunk, size_t align, int rounds) {
   }
 }
 
+/* -q: map the second granule of a two-granule allocation, alone. */
+static int partial_map_probe(void) {
+  CUdevice d;
+  const struct cudadrv *cu = gpu(0, &d);
+  CUmemAllocationProp p = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                           .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                           .location = {CU_MEM_LOCATION_TYPE_DEVICE, d}};
+  size_t g = 0;
+  check(cu->cuMemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+        "granularity");
+  CUmemGenericAllocationHandle h;
+  CUdeviceptr va;
+  check(cu->cuMemCreate(&h, 2 * g, &p, 0), "create");
+  check(cu->cuMemAddressReserve(&va, 2 * g, 0, 0, 0), "reserve");
+  int ver = 0;
+  cu->cuDriverGetVersion(&ver);
+  CUresult r = cu->cuMemMap(va + g, g, g, h, 0);
+  printf("driver %d: cuMemMap of granule 2 of 2 (%zu KiB each): %s\n", ver, g >> 10,
+         r == CUDA_SUCCESS ? "mapped" : cudadrv_errstr(r));
+  if (r == CUDA_SUCCESS)
+    cu->cuMemUnmap(va + g, g);
+  cu->cuMemAddressFree(va, 2 * g);
+  cu->cuMemRelease(h);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int n = 8, rounds = 20, gpus = 0;
   size_t slab_mib = 902, align_mib = 0, chunk_mib = 0;
   int o;
-  while ((o = getopt(argc, argv, "n:s:i:g:a:c:w")) != -1) {
+  int probe = 0;
+  while ((o = getopt(argc, argv, "n:s:i:g:a:c:wmq")) != -1) {
     if (o == 'n')
       n = atoi(optarg);
     else if (o == 'g')
@@ -389,12 +440,17 @@ int main(int argc, char **argv) {
       chunk_mib = (size_t)atoi(optarg);
     else if (o == 'w')
       peer_warm = 1;
+    else if (o == 'm')
+      load_module = 1;
+    else if (o == 'q')
+      probe = 1;
     else if (o == 's')
       slab_mib = (size_t)atoi(optarg);
     else if (o == 'i')
       rounds = atoi(optarg);
     else {
-      fprintf(stderr, "usage: vmm_map [-n 8] [-s SLAB_MIB] [-i ROUNDS]\n"
+      fprintf(stderr, "usage: vmm_map [-n 8] [-s SLAB_MIB] [-i ROUNDS] [-m]\n"
+                      "       vmm_map -q\n"
                       "       vmm_map -g GPUS [-s ARENA_MIB] [-c CHUNK_MIB] [-a ALIGN_MIB] [-w] "
                       "[-i ROUNDS]\n");
       return 2;
@@ -402,6 +458,14 @@ int main(int argc, char **argv) {
   }
   if (n < 1 || n > MAXN || rounds < 1 || rounds > MAXR || gpus < 0 || gpus > MAXN)
     return 2;
+  if (probe)
+    return partial_map_probe();
+#ifndef DEP_HAVE_FATBIN
+  if (load_module) {
+    fprintf(stderr, "vmm_map: -m needs the kernels, and this build has none (no nvcc)\n");
+    return 2;
+  }
+#endif
   /* Fork the children before this process touches CUDA. */
   size_t slab = (slab_mib << 20) / (2u << 20) * (2u << 20);
   if (gpus > 0) {
@@ -433,8 +497,11 @@ int main(int argc, char **argv) {
     return 0;
   }
   printf("# median over %d rounds of the slowest of N processes, ms\n", rounds);
-  printf("%-6s %5s %6s %10s %10s %10s %10s %10s %10s\n", "layout", "procs", "allocs", "MiB_each",
-         "import", "reserve", "map", "access", "total");
+  printf("%-6s %5s %6s %10s %10s %10s %10s %10s", "layout", "procs", "allocs", "MiB_each",
+         "import", "reserve", "map", "access");
+  if (load_module)
+    printf(" %10s", "module");
+  printf(" %10s\n", "total");
   for (int k = 1; k <= n; k *= 2) {
     fflush(stdout);
     pid_t p = fork();
