@@ -344,8 +344,11 @@ DEP_EXPORT void dep_client_free(dep_client_t *c) {
   if (c == NULL)
     return;
   /* An orderly DETACH lets the daemon log a clean leave; closing the socket
-   * alone would also release the rank, so a failure here changes nothing. */
+   * alone would also release the rank, so a failure here changes nothing.
+   * As in dep_detach, the slabs go first: once the daemon hears DETACH it
+   * may scrub the memory and lend it to another job. */
   if (c->fd >= 0 && c->attached) {
+    client_unmap(c);
     struct client_frame f;
     if (client_request(c, DEP_MSG_DETACH, NULL, DEP_MSG_DETACH_OK, CLIENT_FREE_DETACH_TIMEOUT_MS,
                        &f) == 0)

@@ -405,6 +405,30 @@ START_TEST(the_operations_memory_fits_every_slabs_private_area) {
 }
 END_TEST
 
+/*
+ * A rank lets go of its slabs before the daemon hears that it leaves (the
+ * daemon may then scrub the memory and lend it to another job at once):
+ * through dep_detach, and through dep_client_free of an attached handle.
+ */
+START_TEST(slabs_are_unmapped_before_the_daemon_hears_detach) {
+  for (int by_free = 0; by_free <= 1; by_free++) {
+    char dir[200], sock[256];
+    tu_tmpdir(dir, sizeof dir);
+    pid_t fake = fake_daemon_start(dir, sock, sizeof sock, FAKE_ATTACH_UNMAP);
+    dep_client_t *c = new_client();
+    ck_assert_int_eq(dep_connect(c, sock), 0);
+    struct dep_attach_args a = attach_args("job-unmap", 0);
+    ck_assert_int_eq(dep_attach(c, &a), DEP_OK);
+    if (!by_free)
+      ck_assert_int_eq(dep_detach(c), DEP_OK);
+    dep_client_free(c);
+    ck_assert_msg(fake_daemon_wait(fake) == 0, "DETACH came while the slabs were mapped (%s)",
+                  by_free ? "dep_client_free" : "dep_detach");
+    tu_rmtree(dir);
+  }
+}
+END_TEST
+
 START_TEST(attach_reply_fds_never_leak) {
   for (int lie = 0; lie <= 1; lie++) {
     char dir[200], sock[256];
@@ -769,6 +793,7 @@ Suite *client_suite(void) {
   tcase_add_test(fake, silent_attach_times_out_on_the_client);
   tcase_add_test(fake, bad_attach_timeout_env_is_invalid);
   tcase_add_test(fake, attach_reply_fds_never_leak);
+  tcase_add_test(fake, slabs_are_unmapped_before_the_daemon_hears_detach);
   tcase_set_timeout(fake, 30);
   suite_add_tcase(s, fake);
 

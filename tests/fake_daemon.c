@@ -9,6 +9,7 @@
 
 #include <check.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -53,6 +54,24 @@ static void fake_send(int fd, uint16_t type, uint32_t id, const void *msg, const
   proto_buf_free(&b);
 }
 
+/* Whether the process at the other end of fd maps a memfd named "slab". */
+static bool peer_maps_slab(int fd) {
+  struct ucred cr;
+  socklen_t len = sizeof cr;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0)
+    _exit(7);
+  char path[64], line[512];
+  snprintf(path, sizeof path, "/proc/%d/maps", (int)cr.pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    _exit(7);
+  bool mapped = false;
+  while (fgets(line, sizeof line, f) != NULL)
+    mapped = mapped || strstr(line, "/memfd:slab") != NULL;
+  fclose(f);
+  return mapped;
+}
+
 static void fake_serve(int lfd, enum fake_script script) {
   if (script == FAKE_REFUSE) {
     /* What deepepd does to a user it does not allow: say why, then close,
@@ -72,6 +91,7 @@ static void fake_serve(int lfd, enum fake_script script) {
   if (fd < 0)
     _exit(2);
   struct dep_frame_hdr h;
+  int verdict = 0;
   if (fake_read(fd, &h) != 0 || h.type != DEP_MSG_HELLO)
     _exit(4);
   struct dep_msg_hello_ok ok = {.version = DEP_PROTO_VERSION};
@@ -91,7 +111,8 @@ static void fake_serve(int lfd, enum fake_script script) {
       fake_send(fd, DEP_MSG_SHUTDOWN, 0, NULL, NULL, 0);
     else if (script == FAKE_WRONG_TYPE)
       fake_send(fd, DEP_MSG_DETACH_OK, h.request_id, NULL, NULL, 0);
-    else if (script == FAKE_ATTACH_FDS || script == FAKE_ATTACH_FDS_LIE) {
+    else if (script == FAKE_ATTACH_FDS || script == FAKE_ATTACH_FDS_LIE ||
+             script == FAKE_ATTACH_UNMAP) {
       /* One arena of two 1 MiB memfd chunks holding both local ranks'
        * slabs (1 MiB each: more than the test shape's layout needs), then
        * ATTACH_OK; the lie announces an fd on ATTACH_OK that does not come. */
@@ -107,19 +128,24 @@ static void fake_serve(int lfd, enum fake_script script) {
       close(mfds[0]);
       close(mfds[1]);
       struct dep_msg_attach_ok a = {.slab_bytes = chunk, .local_world_size = 2,
-                                    .num_fds = script == FAKE_ATTACH_FDS ? 0 : 1,
+                                    .num_fds = script == FAKE_ATTACH_FDS_LIE ? 1 : 0,
                                     .op_timeout_ms = 1000};
       snprintf(a.backend, sizeof a.backend, "host");
       fake_send(fd, DEP_MSG_ATTACH_OK, h.request_id, &a, NULL, 0);
-      if (script == FAKE_ATTACH_FDS && fake_read(fd, &h) == 0 && h.type == DEP_MSG_DETACH)
+      if (script != FAKE_ATTACH_FDS_LIE && fake_read(fd, &h) == 0 && h.type == DEP_MSG_DETACH) {
+        /* Once a daemon hears DETACH it may scrub the memory and lend it
+         * to another job: the client must have let go of it by then. */
+        if (script == FAKE_ATTACH_UNMAP && peer_maps_slab(fd))
+          verdict = 6;
         fake_send(fd, DEP_MSG_DETACH_OK, h.request_id, NULL, NULL, 0);
+      }
     }
   }
   /* Hold the connection until the client closes it. */
   char byte;
   while (read(fd, &byte, 1) > 0)
     ;
-  _exit(0);
+  _exit(verdict);
 }
 
 /* Start a fake daemon on dir/fake.sock; returns its pid. */
@@ -133,6 +159,12 @@ pid_t fake_daemon_start(const char *dir, char *sock, size_t len, enum fake_scrip
     fake_serve(lfd, script);
   close(lfd);
   return pid;
+}
+
+int fake_daemon_wait(pid_t pid) {
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 void fake_daemon_stop(pid_t pid) {

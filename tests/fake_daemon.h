@@ -16,6 +16,8 @@ enum fake_script {
   FAKE_SILENT_ATTACH,   /* ATTACH never answered */
   FAKE_ATTACH_FDS,      /* ATTACH_OK with two fds, then DETACH_OK */
   FAKE_ATTACH_FDS_LIE,  /* ATTACH_OK announcing one fd, carrying two */
+  FAKE_ATTACH_UNMAP,    /* as FAKE_ATTACH_FDS; exits 6 if DETACH comes while the client
+                           still maps the slabs (fake_daemon_wait) */
   FAKE_REFUSE,          /* ERROR with request id 0 on accept, then close: "not allowed" */
 };
 
@@ -30,5 +32,7 @@ pid_t fake_daemon_start(const char *dir, char *sock, size_t len, enum fake_scrip
 
 /* Kill and reap the fake daemon. */
 void fake_daemon_stop(pid_t pid);
+/* Wait for it to end by itself (after the client closed); its exit status. */
+int fake_daemon_wait(pid_t pid);
 
 #endif
