@@ -140,7 +140,7 @@ void mem_unmap_slab(struct mem_map *m) {
   memset(m, 0, sizeof *m);
 }
 
-int mem_cuda_bind(const uint8_t uuid[16], int *ordinal, char *why, size_t whylen) {
+int mem_cuda_bind(const uint8_t uuid[16], int *ordinal, int *retained, char *why, size_t whylen) {
   const struct cudadrv *cu = cudadrv_load(why, whylen);
   if (cu == NULL)
     return DEP_ERR_UNSUPPORTED;
@@ -158,14 +158,38 @@ int mem_cuda_bind(const uint8_t uuid[16], int *ordinal, char *why, size_t whylen
     *ordinal = dev;
     return 0;
   }
+  /* The driver hands out the primary context only by retaining it: a
+   * handle that holds one already gives the new reference straight back. */
   CUcontext ctx;
   CUresult r = cu->cuDevicePrimaryCtxRetain(&ctx, dev);
-  if (r == CUDA_SUCCESS)
+  if (r == CUDA_SUCCESS) {
+    if (*retained == dev)
+      cu->cuDevicePrimaryCtxRelease(dev);
+    else {
+      mem_cuda_unbind(retained);
+      *retained = dev;
+    }
     r = cu->cuCtxSetCurrent(ctx);
+  }
   if (r != CUDA_SUCCESS) {
     snprintf(why, whylen, "making a context current on GPU %d: %s", dev, cudadrv_errstr(r));
     return DEP_ERR_CUDA;
   }
   *ordinal = dev;
   return 0;
+}
+
+void mem_cuda_unbind(int *retained) {
+  if (*retained < 0)
+    return;
+  const struct cudadrv *cu = cudadrv_load(NULL, 0);
+  CUcontext primary = NULL, cur = NULL;
+  /* Not left current on this thread once it may be gone. */
+  if (cu->cuDevicePrimaryCtxRetain(&primary, *retained) == CUDA_SUCCESS) {
+    if (cu->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == primary)
+      cu->cuCtxSetCurrent(NULL);
+    cu->cuDevicePrimaryCtxRelease(*retained);
+  }
+  cu->cuDevicePrimaryCtxRelease(*retained);
+  *retained = -1;
 }

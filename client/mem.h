@@ -41,7 +41,11 @@ void mem_unmap_slab(struct mem_map *m);
  * On cuda: make a context current for the device with this UUID (the
  * caller's own if one is current on it, else the device's primary context)
  * and return its ordinal.  DEP_ERR_NOT_FOUND when no visible GPU has it.
+ * *retained is the device whose primary context the caller's handle holds
+ * a reference to (-1: none): a handle retains one at most, and gives it
+ * back with mem_cuda_unbind.
  */
-int mem_cuda_bind(const uint8_t uuid[16], int *ordinal, char *why, size_t whylen);
+int mem_cuda_bind(const uint8_t uuid[16], int *ordinal, int *retained, char *why, size_t whylen);
+void mem_cuda_unbind(int *retained);
 
 #endif /* DEP_CLIENT_MEM_H */

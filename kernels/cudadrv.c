@@ -41,6 +41,7 @@ static void drv_load_once(void) {
   RESOLVE(cuDeviceTotalMem, "cuDeviceTotalMem_v2");
   RESOLVE(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
   RESOLVE(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
+  RESOLVE(cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState");
   RESOLVE(cuCtxGetCurrent, "cuCtxGetCurrent");
   RESOLVE(cuCtxSetCurrent, "cuCtxSetCurrent");
   RESOLVE(cuCtxGetDevice, "cuCtxGetDevice");

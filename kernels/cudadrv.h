@@ -86,6 +86,7 @@ struct cudadrv {
   CUresult (*cuDeviceTotalMem)(size_t *, CUdevice);
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
   CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+  CUresult (*cuDevicePrimaryCtxGetState)(CUdevice, unsigned int *, int *);
   CUresult (*cuCtxGetCurrent)(CUcontext *);
   CUresult (*cuCtxSetCurrent)(CUcontext);
   CUresult (*cuCtxGetDevice)(CUdevice *);

@@ -700,7 +700,7 @@ START_TEST(a_thousand_attach_detach_cycles_leak_no_fd_or_memory) {
   mr_start(&d, 16, NULL);
   dep_client_t *obs = mr_observer(&d);
   static const struct mr_step script[] = {{CYCLES, 50}, {SYNC, 0}, {CYCLES, 1000}, {SYNC, 0},
-                                          {END, 0}};
+                                          {FREED, 0}, {END, 0}};
   struct mr_grp g;
   mr_grp_init(&g);
   struct mr_rank_spec s = mr_spec(&d, "cycling", 0, 1, 0, 1, TINY, script);

@@ -362,6 +362,23 @@ static void rank_step(struct rank *r, const struct mr_step *st) {
   case CHECK_ALIAS:
     rank_expect(r, r->alias, st->arg, 0, true, "the mapping kept past DETACH");
     break;
+  case FREED: {
+    /* A rank process that had no context of its own gets the GPU's
+     * primary context from dep_attach: once, however often it attaches,
+     * and given back with the handle. */
+    const struct cudadrv *cu = rank_cu;
+    CUdevice dev = -1;
+    RCHECK(r, cu == NULL || cu->cuCtxGetDevice(&dev) == CUDA_SUCCESS, "no current context");
+    dep_client_free(r->c);
+    r->c = NULL;
+    r->attached = false;
+    unsigned flags = 0;
+    int active = 0;
+    RCHECK(r, cu == NULL || (cu->cuDevicePrimaryCtxGetState(dev, &flags, &active) ==
+                                 CUDA_SUCCESS && active == 0),
+           "GPU %d's primary context is still held after dep_client_free", (int)dev);
+    break;
+  }
   case OWN_JOBS: {
     struct dep_status *stat = NULL;
     RCHECK(r, dep_status(r->c, &stat) == 0, "dep_status: %s", dep_errmsg(r->c));

@@ -38,6 +38,7 @@ enum mr_op {
   CHECK_ALIAS, /* the kept mapping holds pattern(arg, some rank of the job); arg 0: all zero */
   OWN_JOBS,    /* dep_status lists exactly arg jobs, all of my uid */
   CYCLES,      /* arg times: detach, attach again, touch the slab */
+  FREED,       /* dep_client_free; on cuda, then the GPU's primary context is no longer held */
 };
 struct mr_step {
   enum mr_op op;
