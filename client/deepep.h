@@ -81,7 +81,8 @@ typedef struct dep_client dep_client_t;
 
 /* Allocate an unconnected handle.  DEP_ERR_NO_MEMORY or DEP_ERR_INVALID. */
 DEP_EXPORT int dep_client_new(dep_client_t **out);
-/* Close the connection (detaching if attached) and free the handle. */
+/* Close the connection (detaching if attached) and free the handle; on cuda,
+ * give back the GPU's primary context if dep_attach retained it. */
 DEP_EXPORT void dep_client_free(dep_client_t *c);
 /* The message of the last failure on this handle ("" if none). */
 DEP_EXPORT const char *dep_errmsg(const dep_client_t *c);
@@ -174,7 +175,9 @@ DEP_EXPORT int dep_detach(dep_client_t *c);
 /*
  * What an attached rank holds: its own slab and every local peer's, mapped
  * into this process (device pointers on the cuda backend, host pointers on
- * the host backend).  Valid until dep_detach / dep_client_free.
+ * the host backend).  Valid until dep_detach / dep_client_free.  The
+ * operations own the slabs' contents; on cuda each slab ends in its rank's
+ * private area, where that rank's library keeps the operations' state.
  */
 struct dep_attach_info {
   char backend[8];                     /* "cuda" or "host" */
