@@ -8,6 +8,7 @@
  *
  *   vmm_map [-n 8] [-s SLAB_MIB] [-i ROUNDS] [-m]
  *   vmm_map -q
+ *   vmm_map -H [-n 8] [-i ROUNDS]
  *   vmm_map -g GPUS [-s ARENA_MIB] [-c CHUNK_MIB] [-a ALIGN_MIB] [-w] [-i ROUNDS]
  *
  * With -g, the cross-device case (issue 5, one rank per GPU): one
@@ -26,6 +27,14 @@
  * (cuModuleLoadData, as dep_attach does), a phase of its own: with the map,
  * the least any attach that brings its own kernels can cost.
  *
+ * -H: a host-visible page for each process (the library's error record)
+ * two ways, in alternate rounds: `lent`, importing one granule of host
+ * memory the parent made (cuMemCreate on the GPU's host NUMA node), mapped
+ * for the GPU and the CPU, then a CPU store and load; `pinned`, what the
+ * library does today, cuMemHostRegister of a page of its own and
+ * cuMemHostGetDevicePointer.  After the clock each lent mapping is checked
+ * to be one memory for both (the GPU sets a word, the CPU reads it).
+ *
  * -q: does this driver map part of an allocation (granule 2 of 2)?  If it
  * did, a rank could map only what its kernels touch of its peers' slabs.
  *
@@ -37,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <pthread.h>
@@ -54,6 +64,7 @@
 extern const unsigned char dep__fatbin[];
 #endif
 static int load_module; /* -m */
+static int host_numa = -1; /* -H: the host NUMA node the lent page lives on */
 
 static void check(CUresult r, const char *what) {
   if (r != CUDA_SUCCESS) {
@@ -77,6 +88,61 @@ static const struct cudadrv *gpu(int ord, CUdevice *d) {
   return cu;
 }
 
+/*
+ * -H, one round of one process: 'L' maps the lent host granule (fd) for
+ * this GPU and the CPU and touches it from the CPU; 'P' pins a page of its
+ * own.  t[0..3]: the phases the header names; t[5]: the end on the clock.
+ */
+static void host_round(const struct cudadrv *cu, CUdevice d, char how, int fd, size_t bytes,
+                       double t[6]) {
+  double t0 = bench_now_ms();
+  if (how == 'P') {
+    long page = sysconf(_SC_PAGESIZE);
+    void *p = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      exit(1);
+    check(cu->cuMemHostRegister(p, (size_t)page, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP), "cuMemHostRegister");
+    double t1 = bench_now_ms();
+    CUdeviceptr dp;
+    check(cu->cuMemHostGetDevicePointer(&dp, p, 0), "cuMemHostGetDevicePointer");
+    double t2 = bench_now_ms();
+    t[0] = t1 - t0, t[1] = t2 - t1, t[5] = t2;
+    check(cu->cuMemHostUnregister(p), "cuMemHostUnregister");
+    munmap(p, (size_t)page);
+    return;
+  }
+  CUmemGenericAllocationHandle h;
+  CUdeviceptr va;
+  check(cu->cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd,
+                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "import");
+  double t1 = bench_now_ms();
+  check(cu->cuMemAddressReserve(&va, bytes, 0, 0, 0), "reserve");
+  check(cu->cuMemMap(va, bytes, 0, h, 0), "map");
+  double t2 = bench_now_ms();
+  CUmemAccessDesc acc[2] = {{.location = {CU_MEM_LOCATION_TYPE_DEVICE, d},
+                             .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
+                            {.location = {CU_MEM_LOCATION_TYPE_HOST_NUMA, host_numa},
+                             .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE}};
+  check(cu->cuMemSetAccess(va, bytes, acc, 2), "set access (GPU and CPU)");
+  double t3 = bench_now_ms();
+  volatile uint32_t *w = (volatile uint32_t *)(uintptr_t)va;
+  w[0] = 1u;
+  if (w[0] != 1u)
+    exit(1);
+  double t4 = bench_now_ms();
+  t[0] = t1 - t0, t[1] = t2 - t1, t[2] = t3 - t2, t[3] = t4 - t3, t[5] = t4;
+  /* Outside the clock: one memory for both sides. */
+  check(cu->cuMemsetD32Async(va + 64, 0xabcd1234u, 1, NULL), "cuMemsetD32Async");
+  check(cu->cuCtxSynchronize(), "cuCtxSynchronize");
+  if (w[16] != 0xabcd1234u) {
+    fprintf(stderr, "vmm_map: -H: the CPU reads %#x where the GPU wrote 0xabcd1234\n", w[16]);
+    exit(1);
+  }
+  check(cu->cuMemUnmap(va, bytes), "unmap");
+  check(cu->cuMemAddressFree(va, bytes), "address free");
+  check(cu->cuMemRelease(h), "release");
+}
+
 /* One child: receive the fds, wait for go, import+map each, report 4 phase times. */
 static void child(int sock, int nalloc, size_t bytes, int rounds) {
   CUdevice d;
@@ -86,6 +152,14 @@ static void child(int sock, int nalloc, size_t bytes, int rounds) {
     char go;
     if (fdpass_recv(sock, &go, 1, fds, MAXN, &nf) != 1 || nf != nalloc)
       exit(1);
+    if (go == 'L' || go == 'P') {
+      double t[6] = {0};
+      host_round(cu, d, go, fds[0], bytes, t);
+      close(fds[0]);
+      if (write(sock, t, sizeof t) != sizeof t)
+        exit(1);
+      continue;
+    }
     double t[6] = {0};
     CUmemGenericAllocationHandle h[MAXN];
     CUdeviceptr va[MAXN];
@@ -150,6 +224,21 @@ static void spawn(struct procs *ps, int n, int nalloc, size_t bytes, int rounds)
   }
 }
 
+/* -H: the medians of the even (lent) and the odd (pinned) rounds, a row each. */
+static void host_rows(double worst[6][MAXR], int rounds, int n) {
+  for (int way = 0; way < 2; way++) {
+    double v[6][MAXR];
+    int k = 0;
+    for (int r = way; r < rounds; r += 2, k++)
+      for (int j = 0; j < 6; j++)
+        v[j][k] = worst[j][r];
+    for (int j = 0; j < 6; j++)
+      bench_sort(v[j], (size_t)k);
+    printf("%-6s %5d %10.3f %10.3f %10.3f %10.3f %10.3f\n", way == 0 ? "lent" : "pinned", n,
+           v[0][k / 2], v[1][k / 2], v[2][k / 2], v[3][k / 2], v[5][k / 2]);
+  }
+}
+
 static void run(const struct cudadrv *cu, const struct procs *ps, int nalloc, size_t bytes,
                 int rounds, const char *name) {
   int n = ps->n;
@@ -160,6 +249,8 @@ static void run(const struct cudadrv *cu, const struct procs *ps, int nalloc, si
   CUmemAllocationProp p = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
                            .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                            .location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}};
+  if (host_numa >= 0)
+    p.location = (CUmemLocation){CU_MEM_LOCATION_TYPE_HOST_NUMA, host_numa};
   for (int i = 0; i < nalloc; i++) {
     check(cu->cuMemCreate(&h[i], bytes, &p, 0), "create");
     check(cu->cuMemExportToShareableHandle(&fds[i], h[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
@@ -169,8 +260,10 @@ static void run(const struct cudadrv *cu, const struct procs *ps, int nalloc, si
   double worst[6][MAXR];
   for (int r = 0; r < rounds; r++) {
     double t0 = bench_now_ms();
+    /* -H: the two ways in alternate rounds, every process the same way. */
+    const char *go = host_numa < 0 ? "g" : r % 2 == 0 ? "L" : "P";
     for (int c = 0; c < n; c++)
-      fdpass_send(socks[c], "g", 1, fds, nalloc);
+      fdpass_send(socks[c], go, 1, fds, nalloc);
     double w[6] = {0};
     for (int c = 0; c < n; c++) {
       double t[6];
@@ -190,6 +283,12 @@ static void run(const struct cudadrv *cu, const struct procs *ps, int nalloc, si
   for (int c = 0; c < n; c++) {
     waitpid(pids[c], NULL, 0);
     close(socks[c]);
+  }
+  if (host_numa >= 0) {
+    host_rows(worst, rounds, n);
+    close(fds[0]);
+    cu->cuMemRelease(h[0]);
+    return;
   }
   for (int k = 0; k < 6; k++)
     bench_sort(worst[k], (size_t)rounds);
@@ -398,6 +497,67 @@ static void xrun(int g, int nc, size_t chunk, size_t align, int rounds) {
   }
 }
 
+/* -H: n processes at once, for 1, 2, 4 ... n; see the top of the file. */
+static int host_pages(int n, int rounds) {
+  printf("# median over %d rounds (each way in half of them) of the slowest of N processes, ms\n"
+         "# lent: a import, b reserve + map, c set access (GPU and CPU), d first CPU store + load\n"
+         "# pinned: a cuMemHostRegister of a page, b cuMemHostGetDevicePointer\n", rounds);
+  printf("%-6s %5s %10s %10s %10s %10s %10s\n", "how", "procs", "a", "b", "c", "d", "total");
+  for (int k = 1; k <= n; k *= 2) {
+    fflush(stdout);
+    pid_t p = fork();
+    if (p == 0) {
+      /* Children first, before this process touches CUDA; they learn the
+       * NUMA node from the parent's fork-time copy, so it is asked in a
+       * throwaway process (a CUDA process cannot fork a CUDA child). */
+      int sv[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+        exit(1);
+      pid_t q = fork();
+      if (q == 0) {
+        CUdevice d;
+        const struct cudadrv *cu = gpu(0, &d);
+        int numa = -1;
+        if (cu->cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, d) !=
+                CUDA_SUCCESS || numa < 0)
+          numa = 0; /* "on systems where NUMA is not available ... id must be set to 0" */
+        if (write(sv[1], &numa, sizeof numa) != sizeof numa)
+          exit(1);
+        exit(0);
+      }
+      close(sv[1]);
+      if (read(sv[0], &host_numa, sizeof host_numa) != sizeof host_numa)
+        exit(1); /* it said why */
+      waitpid(q, NULL, 0);
+      close(sv[0]);
+      struct procs ps;
+      size_t bytes = 2u << 20; /* the host granule, checked against the driver's below */
+      spawn(&ps, k, 1, bytes, rounds);
+      CUdevice d;
+      const struct cudadrv *cu = gpu(0, &d);
+      CUmemAllocationProp pr = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                .location = {CU_MEM_LOCATION_TYPE_HOST_NUMA, host_numa}};
+      size_t g = 0;
+      check(cu->cuMemGetAllocationGranularity(&g, &pr, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+            "granularity (host NUMA)");
+      if (k == 1)
+        printf("# host NUMA node %d, granularity %zu KiB\n", host_numa, g >> 10);
+      if (bytes % g != 0) {
+        fprintf(stderr, "vmm_map: -H: host granularity %zu does not divide 2 MiB\n", g);
+        exit(1);
+      }
+      run(cu, &ps, 1, bytes, rounds, "lent");
+      fflush(stdout);
+      exit(0);
+    }
+    int st = 0;
+    if (waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+      return 1;
+  }
+  return 0;
+}
+
 /* -q: map the second granule of a two-granule allocation, alone. */
 static int partial_map_probe(void) {
   CUdevice d;
@@ -428,8 +588,8 @@ int main(int argc, char **argv) {
   int n = 8, rounds = 20, gpus = 0;
   size_t slab_mib = 902, align_mib = 0, chunk_mib = 0;
   int o;
-  int probe = 0;
-  while ((o = getopt(argc, argv, "n:s:i:g:a:c:wmq")) != -1) {
+  int probe = 0, host = 0;
+  while ((o = getopt(argc, argv, "n:s:i:g:a:c:wmqH")) != -1) {
     if (o == 'n')
       n = atoi(optarg);
     else if (o == 'g')
@@ -444,6 +604,8 @@ int main(int argc, char **argv) {
       load_module = 1;
     else if (o == 'q')
       probe = 1;
+    else if (o == 'H')
+      host = 1;
     else if (o == 's')
       slab_mib = (size_t)atoi(optarg);
     else if (o == 'i')
@@ -451,6 +613,7 @@ int main(int argc, char **argv) {
     else {
       fprintf(stderr, "usage: vmm_map [-n 8] [-s SLAB_MIB] [-i ROUNDS] [-m]\n"
                       "       vmm_map -q\n"
+                      "       vmm_map -H [-n 8] [-i ROUNDS]\n"
                       "       vmm_map -g GPUS [-s ARENA_MIB] [-c CHUNK_MIB] [-a ALIGN_MIB] [-w] "
                       "[-i ROUNDS]\n");
       return 2;
@@ -460,6 +623,8 @@ int main(int argc, char **argv) {
     return 2;
   if (probe)
     return partial_map_probe();
+  if (host)
+    return host_pages(n, rounds);
 #ifndef DEP_HAVE_FATBIN
   if (load_module) {
     fprintf(stderr, "vmm_map: -m needs the kernels, and this build has none (no nvcc)\n");
