@@ -59,6 +59,7 @@ struct name_value {
 #define F_TOKEN 4u    /* a name: no spaces */
 /* Flag on sizes. */
 #define F_GRANULE 8u  /* a whole number of CHUNK_GRANULE (allocation sizes) */
+#define F_ZERO_AUTO 16u /* K_SIZE: 0 is allowed too, and means "the daemon chooses" */
 
 struct key {
   const char *name;
@@ -115,7 +116,7 @@ static const struct key pool_keys[] = {
      .flags = F_GRANULE},
     /* Live: read when a job's arenas are made, so it applies from the next job on. */
     {.name = "max_allocation", .kind = K_SIZE, AT(pool_max_allocation), .min = CHUNK_GRANULE, .max = 64 * TiB,
-     .flags = F_GRANULE, .live = true},
+     .flags = F_GRANULE | F_ZERO_AUTO, .live = true},
     {.name = "host_size", .kind = K_SIZE, AT(host_pool_size), .min = CHUNK_GRANULE, .max = 64 * TiB},
     {.name = NULL}};
 
@@ -170,7 +171,7 @@ void config_defaults(struct config *c) {
   c->pool_size_per_device = 8 * GiB;
   c->pool_chunk_size = 64 * MiB;
   /* Under the 512 MiB at which H200s map a peer GPU's allocation several times slower. */
-  c->pool_max_allocation = 480 * MiB;
+  c->pool_max_allocation = 0; /* the daemon chooses (job.c) */
   c->host_pool_size = 1 * GiB;
   c->preallocation = true;
   c->buffer_cache_enabled = true;
@@ -450,8 +451,10 @@ static int apply_value(struct loader *L, const struct key *k, const yaml_node_t 
     if (rc == CONFIG_VALUE_UNIT)
       return fail(L, v->start_mark, "unknown size unit '%s' in '%s' (use B, KiB, MiB, GiB or TiB)",
                   shown(raw + unit_at, n - unit_at, got, sizeof got), path);
-    if (rc != CONFIG_VALUE_OK || x < k->min || x > k->max)
-      return fail(L, v->start_mark, "'%s' must be between %s and %s, got %s", path,
+    const bool auto_ok = (k->flags & F_ZERO_AUTO) && rc == CONFIG_VALUE_OK && x == 0;
+    if (!auto_ok && (rc != CONFIG_VALUE_OK || x < k->min || x > k->max))
+      return fail(L, v->start_mark, "'%s' must be %sbetween %s and %s, got %s", path,
+                  (k->flags & F_ZERO_AUTO) ? "0 (the daemon chooses) or " : "",
                   config_value_size_text(k->min, a, sizeof a),
                   config_value_size_text(k->max, b, sizeof b), shown(raw, n, got, sizeof got));
     if ((k->flags & F_GRANULE) && x % CHUNK_GRANULE != 0)

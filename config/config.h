@@ -47,7 +47,8 @@ struct config {
   char devices[CONFIG_MAX_LIST][48];
   uint64_t pool_size_per_device;      /* pool.size_per_device, default 8 GiB */
   uint64_t pool_chunk_size;           /* pool.chunk_size, default 64 MiB */
-  uint64_t pool_max_allocation;       /* pool.max_allocation, default 480 MiB (an arena's pieces) */
+  uint64_t pool_max_allocation;       /* pool.max_allocation (an arena's pieces); 0, the default:
+                                         the daemon chooses (job.c) */
   uint64_t host_pool_size;            /* pool.host_size, host backend pool, default 1 GiB */
   bool preallocation;                 /* default true */
   bool buffer_cache_enabled;          /* default true */

@@ -35,11 +35,12 @@ struct chunk_mem {
 
 struct backend_ops {
   const char *name;       /* "cuda" or "host"; also the wire name */
-  /* A client maps an allocation for next to nothing (host: one mmap), so
-   * an arena may be cut into pieces wherever pool.max_allocation says; on
-   * cuda each allocation costs every rank an import, so an arena no peer
-   * GPU maps stays whole (job.c). */
-  bool pieces_are_cheap;
+  /* Where this backend cuts a job's arena into pieces (job.c): host, only
+   * where pool.max_allocation is set (no driver is helped by pieces there,
+   * and each costs every rank an fd and an mmap: 8 ranks' attach took 1.6
+   * ms in 16 pieces against 0.96 in one; BENCHMARKS.md); cuda, where a
+   * peer GPU maps the arena, at pool.max_allocation or 480 MiB. */
+  bool cuts_only_when_set;
   /* Find the devices; fills at most max entries, returns how many or DEP_ERR_*. */
   int (*probe)(struct backend_dev *devs, int max, char *why, size_t whylen);
   int (*chunk_create)(struct backend_dev *d, uint64_t bytes, struct chunk_mem *out,

@@ -153,7 +153,7 @@ static void cuda_release_dev(struct backend_dev *d) {
 
 const struct backend_ops backend_cuda_ops = {
     .name = "cuda",
-    .pieces_are_cheap = false,
+    .cuts_only_when_set = false,
     .probe = cuda_probe,
     .chunk_create = cuda_chunk_create,
     .chunk_destroy = cuda_chunk_destroy,

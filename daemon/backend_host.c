@@ -83,7 +83,7 @@ static void host_release_dev(struct backend_dev *d) { (void)d; }
 
 const struct backend_ops backend_host_ops = {
     .name = "host",
-    .pieces_are_cheap = true,
+    .cuts_only_when_set = true,
     .probe = host_probe,
     .chunk_create = host_chunk_create,
     .chunk_destroy = host_chunk_destroy,

@@ -51,6 +51,11 @@ static uint64_t job_shape_key(const struct job *j) {
 
 _Static_assert(POOL_MAX_PIECES <= DEP_PROTO_MAX_FDS, "an arena's pieces must fit one SLAB frame");
 
+/* pool.max_allocation's value where it is 0 (the daemon chooses) and peer
+ * GPUs map the arena: under the 512 MiB from which H200s map a peer GPU's
+ * allocation several times slower (BENCHMARKS.md). */
+#define JOB_PEER_MAX_ALLOCATION (480ull * 1024 * 1024)
+
 /* Slabs sit this far apart in an arena: the layout's size, 64 KiB aligned. */
 #define JOB_SLAB_ALIGN (64u * 1024u)
 
@@ -68,20 +73,22 @@ static void job_release_arenas(struct job *j) {
 }
 
 /*
- * The most each allocation of the arena on device `uuid` may be (pool.h):
- * pool.max_allocation, except where pieces are not cheap (cuda) and every
- * local rank of the job is on that device.  Then no peer GPU maps the
- * arena, and one allocation is cheapest: each extra one costs every rank
- * an import.  Peers' GPUs map an allocation of 512 MiB or more several
- * times slower than smaller ones (BENCHMARKS.md, vmm_map -g); on the host
- * a piece is one more mmap.
+ * The most each allocation of the arena on device `uuid` may be (pool.h;
+ * 0: one allocation).  Peers' GPUs map an allocation of 512 MiB or more
+ * several times slower than smaller ones (BENCHMARKS.md, vmm_map -g), so
+ * on cuda an arena that a rank on another GPU maps is cut at
+ * pool.max_allocation, or JOB_PEER_MAX_ALLOCATION where that is 0 (the
+ * daemon chooses).  An arena only its own GPU's ranks map stays whole:
+ * each further allocation costs every rank an import.  On the host
+ * (cuts_only_when_set) an arena is cut only where the key is set.
  */
 static uint64_t job_arena_cap(const struct job *j, const struct pool *p, const uint8_t *uuid) {
-  if (p->ops->pieces_are_cheap)
-    return deepepd.cfg.pool_max_allocation;
+  const uint64_t set = deepepd.cfg.pool_max_allocation;
+  if (p->ops->cuts_only_when_set)
+    return set;
   for (uint32_t k = 0; k < j->local_world_size; k++)
     if (memcmp(j->ranks[k].device_uuid, uuid, 16) != 0)
-      return deepepd.cfg.pool_max_allocation;
+      return set != 0 ? set : JOB_PEER_MAX_ALLOCATION;
   return 0;
 }
 
@@ -186,8 +193,9 @@ static int job_check_memory(const struct dep_attach_args *a, uint64_t *slab_byte
   uint64_t stride = dep_round_up(l.total_bytes, JOB_SLAB_ALIGN);
   uint32_t pieces;
   uint64_t piece;
-  uint64_t need = pool_block_layout(p, stride * a->local_world_size,
-                                    deepepd.cfg.pool_max_allocation, &pieces, &piece);
+  const uint64_t set = deepepd.cfg.pool_max_allocation;
+  const uint64_t worst_cap = set != 0 || p->ops->cuts_only_when_set ? set : JOB_PEER_MAX_ALLOCATION;
+  uint64_t need = pool_block_layout(p, stride * a->local_world_size, worst_cap, &pieces, &piece);
   if (need > pool_total_bytes(p)) {
     const double mib = 1024.0 * 1024.0;
     snprintf(why, whylen, "this job shape needs %.1f MiB per rank, %.1f MiB for its %u local "

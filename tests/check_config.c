@@ -198,14 +198,18 @@ START_TEST(empty_documents_give_the_defaults) {
 }
 END_TEST
 
-/* 480 MiB: under the 512 MiB from which H200s map a peer GPU's allocation several times slower
- * (BENCHMARKS.md), and a file that does not name the key keeps it. */
-START_TEST(max_allocation_defaults_to_480_mib) {
+/* 0, the daemon chooses (480 MiB for an arena peer GPUs map, one allocation on the host: job.c),
+ * is the default, a file that does not name the key keeps it, and a file may say it. */
+START_TEST(max_allocation_defaults_to_0_the_daemon_chooses) {
   struct config c;
   config_defaults(&c);
-  ck_assert_uint_eq(c.pool_max_allocation, 480ull << 20);
+  ck_assert_uint_eq(c.pool_max_allocation, 0);
   load_ok(&c, "pool:\n  chunk_size: 32MiB\n");
+  ck_assert_uint_eq(c.pool_max_allocation, 0);
+  load_ok(&c, "pool:\n  max_allocation: 480MiB\n");
   ck_assert_uint_eq(c.pool_max_allocation, 480ull << 20);
+  load_ok(&c, "pool:\n  max_allocation: 0\n");
+  ck_assert_uint_eq(c.pool_max_allocation, 0);
 }
 END_TEST
 
@@ -449,11 +453,10 @@ static const struct bad {
      "t.yaml:2:20: 'pool.size_per_device' must be between 2 MiB and 64 TiB, got 1MiB"},
     {"pool:\n  host_size: 99999999999999999999999999GiB\n",
      "t.yaml:2:14: 'pool.host_size' must be between 2 MiB and 64 TiB, got 99999999999999999999999999GiB"},
-    {"pool:\n  max_allocation: 0\n", "t.yaml:2:19: 'pool.max_allocation' must be between 2 MiB and 64 TiB, got 0"},
     {"pool:\n  max_allocation: 1MiB\n",
-     "t.yaml:2:19: 'pool.max_allocation' must be between 2 MiB and 64 TiB, got 1MiB"},
+     "t.yaml:2:19: 'pool.max_allocation' must be 0 (the daemon chooses) or between 2 MiB and 64 TiB, got 1MiB"},
     {"pool:\n  max_allocation: 65TiB\n",
-     "t.yaml:2:19: 'pool.max_allocation' must be between 2 MiB and 64 TiB, got 65TiB"},
+     "t.yaml:2:19: 'pool.max_allocation' must be 0 (the daemon chooses) or between 2 MiB and 64 TiB, got 65TiB"},
     {"pool:\n  max_allocation: lots\n",
      "t.yaml:2:19: expected a size (bytes, or a number with KiB, MiB, GiB or TiB) for 'pool.max_allocation', got 'lots'"},
     /* duplicates name the first occurrence */
@@ -731,7 +734,7 @@ Suite *config_suite(void) {
   tcase_add_test(t, readme_documents_every_key);
   tcase_add_test(t, man_page_documents_every_key);
   tcase_add_test(t, empty_documents_give_the_defaults);
-  tcase_add_test(t, max_allocation_defaults_to_480_mib);
+  tcase_add_test(t, max_allocation_defaults_to_0_the_daemon_chooses);
   suite_add_tcase(s, t);
 
   t = tcase_create("values");

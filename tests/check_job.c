@@ -448,7 +448,7 @@ static void detach_job(int obs, const char *id, const int *conns, uint32_t lws) 
 /*
  * pool.max_allocation is live: after a RELOAD that raises it, the next
  * job's arena comes in one piece where the old value would have split it.
- * On the host backend the cap holds for every arena (one memfd a piece).
+ * On the host backend a set value holds for every arena (one memfd a piece).
  */
 START_TEST(test_reload_of_max_allocation_splits_the_next_arena_anew) {
   const uint64_t mib = 1024 * 1024, cap = 4 * mib;
@@ -501,6 +501,56 @@ START_TEST(test_reload_of_max_allocation_splits_the_next_arena_anew) {
 }
 END_TEST
 
+/*
+ * pool.max_allocation's default, 0, lets the daemon choose: on the host an
+ * arena is then one allocation whatever its size (pieces help no driver
+ * there and cost every rank an fd and an mmap); once the key is set, over
+ * RELOAD, it cuts the next host arena too.
+ */
+START_TEST(test_max_allocation_0_keeps_host_arenas_whole_and_a_set_value_cuts_them) {
+  const uint64_t mib = 1024 * 1024;
+  static const char pool_fmt[] = "pool:\n  host_size: 1GiB\n  chunk_size: 2MiB\n%s"
+                                 "preallocation: false\n";
+  char yaml[1024], pool[256];
+  dw_sfmt(yaml, sizeof yaml, pool_fmt, "");
+  struct tu_daemon d;
+  dw_start(&d, yaml);
+  int obs = dw_client(&d);
+  int conns[2];
+  /* Two ranks of 32768 tokens: an arena over the 480 MiB a cuda arena that
+   * peer GPUs map would be cut at. */
+  struct dep_attach_args big = dw_job_args("whole-by-default", 0, 2);
+  big.shape.max_tokens_per_rank = 32768;
+  const uint64_t big_arena = arena_of(&big);
+  ck_assert_uint_gt(big_arena, 480 * mib);
+  struct split s = attach_job(&d, big, conns);
+  ck_assert_msg(s.n_chunks == 1 && s.chunk_bytes == big_arena,
+                "a host arena of %llu bytes came in %u pieces of %llu with the key unset",
+                (unsigned long long)big_arena, s.n_chunks, (unsigned long long)s.chunk_bytes);
+  detach_job(obs, big.job_id, conns, 2);
+
+  dw_sfmt(pool, sizeof pool, pool_fmt, "  max_allocation: 480MiB\n");
+  dw_sfmt(yaml, sizeof yaml, "socket:\n  path: %s\n  mode: 0666\nbackend: host\n%s", d.sock,
+          pool);
+  ck_assert_int_eq(tu_write_file(d.conf, yaml), 0);
+  struct dep_msg_text m;
+  dw_reload(obs, 2, &m);
+  ck_assert_msg(strstr(m.text, "applied") != NULL, "RELOAD_OK said: %s", m.text);
+  struct dep_attach_args cut = big;
+  dw_sfmt(cut.job_id, sizeof cut.job_id, "%s", "cut-at-480MiB");
+  cut.shape.max_tokens_per_rank = 32704; /* another shape: nothing cached to fall back on */
+  const uint64_t cut_arena = arena_of(&cut);
+  s = attach_job(&d, cut, conns);
+  ck_assert_msg(s.n_chunks == 2 && s.chunk_bytes <= 480 * mib &&
+                    (uint64_t)s.n_chunks * s.chunk_bytes >= cut_arena,
+                "a host arena of %llu bytes under a 480 MiB cap came in %u pieces of %llu",
+                (unsigned long long)cut_arena, s.n_chunks, (unsigned long long)s.chunk_bytes);
+  detach_job(obs, cut.job_id, conns, 2);
+  close(obs);
+  dw_stop_ok(&d);
+}
+END_TEST
+
 Suite *job_suite(void);
 Suite *job_suite(void) {
   Suite *s = suite_create("job");
@@ -515,6 +565,7 @@ Suite *job_suite(void) {
   tcase_add_test(tc, test_next_job_of_a_shape_gets_the_same_block);
   tcase_add_test(tc, test_another_uid_never_gets_a_block_another_uid_used);
   tcase_add_test(tc, test_reload_of_max_allocation_splits_the_next_arena_anew);
+  tcase_add_test(tc, test_max_allocation_0_keeps_host_arenas_whole_and_a_set_value_cuts_them);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -50,7 +50,7 @@ static int test_scrub(struct backend_dev *d, struct chunk_mem *m, char *why, siz
 
 static const struct backend_ops test_ops = {
     .name = "host",
-    .pieces_are_cheap = true,
+    .cuts_only_when_set = true,
     .probe = NULL,
     .chunk_create = test_create,
     .chunk_destroy = NULL, /* set from the host backend in setup */
