@@ -445,6 +445,16 @@ static void detach_job(int obs, const char *id, const int *conns, uint32_t lws) 
   ck_assert_msg(gone, "job %s still listed after every rank detached", id);
 }
 
+/* Rewrite d's file as a host daemon with these pool lines, and RELOAD it over obs. */
+static void reload_host_pool(const struct tu_daemon *d, int obs, const char *pool,
+                             struct dep_msg_text *m) {
+  char yaml[1024];
+  dw_sfmt(yaml, sizeof yaml, "socket:\n  path: %s\n  mode: 0666\nbackend: host\n%s", d->sock,
+          pool);
+  ck_assert_int_eq(tu_write_file(d->conf, yaml), 0);
+  dw_reload(obs, 2, m);
+}
+
 /*
  * pool.max_allocation is live: after a RELOAD that raises it, the next
  * job's arena comes in one piece where the old value would have split it.
@@ -475,11 +485,8 @@ START_TEST(test_reload_of_max_allocation_splits_the_next_arena_anew) {
   /* Raise the cap over RELOAD: applied, and nothing waits for a restart. */
   char pool[256];
   dw_sfmt(pool, sizeof pool, pool_fmt, "64MiB");
-  dw_sfmt(yaml, sizeof yaml, "socket:\n  path: %s\n  mode: 0666\nbackend: host\n%s", d.sock,
-          pool);
-  ck_assert_int_eq(tu_write_file(d.conf, yaml), 0);
   struct dep_msg_text m;
-  dw_reload(obs, 2, &m);
+  reload_host_pool(&d, obs, pool, &m);
   ck_assert_msg(strstr(m.text, "applied") != NULL &&
                     strstr(m.text, "nothing needs a restart") != NULL, "RELOAD_OK said: %s",
                 m.text);
@@ -530,11 +537,8 @@ START_TEST(test_max_allocation_0_keeps_host_arenas_whole_and_a_set_value_cuts_th
   detach_job(obs, big.job_id, conns, 2);
 
   dw_sfmt(pool, sizeof pool, pool_fmt, "  max_allocation: 480MiB\n");
-  dw_sfmt(yaml, sizeof yaml, "socket:\n  path: %s\n  mode: 0666\nbackend: host\n%s", d.sock,
-          pool);
-  ck_assert_int_eq(tu_write_file(d.conf, yaml), 0);
   struct dep_msg_text m;
-  dw_reload(obs, 2, &m);
+  reload_host_pool(&d, obs, pool, &m);
   ck_assert_msg(strstr(m.text, "applied") != NULL, "RELOAD_OK said: %s", m.text);
   struct dep_attach_args cut = big;
   dw_sfmt(cut.job_id, sizeof cut.job_id, "%s", "cut-at-480MiB");
