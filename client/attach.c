@@ -164,7 +164,7 @@ static int attach_bind_device(dep_client_t *c, const struct dep_attach_args *a) 
   if (!c->cuda)
     return 0;
   char why[256] = "";
-  int rc = mem_cuda_bind(a->device_uuid, &c->cuda_dev, &c->retained_dev, why, sizeof why);
+  int rc = mem_cuda_bind(a->device_uuid, &c->cuda_dev, &c->primary, why, sizeof why);
   if (rc != 0)
     return client_seterr(c, rc, "dep_attach: %s", why);
   return 0;

@@ -333,7 +333,7 @@ DEP_EXPORT int dep_client_new(dep_client_t **out) {
   if (c == NULL)
     return DEP_ERR_NO_MEMORY;
   c->fd = -1;
-  c->retained_dev = -1;
+  c->primary.dev = -1;
   c->next_request = 1;
   snprintf(c->name, sizeof c->name, "%s", CLIENT_DEFAULT_NAME);
   proto_buf_init(&c->tx);
@@ -356,7 +356,7 @@ DEP_EXPORT void dep_client_free(dep_client_t *c) {
       client_frame_release(&f);
   }
   client_disconnect(c);
-  mem_cuda_unbind(&c->retained_dev); /* after the slabs and kernels it held are gone */
+  mem_cuda_unbind(&c->primary); /* after the slabs and kernels it held are gone */
   proto_buf_free(&c->tx);
   free(c);
 }

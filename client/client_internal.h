@@ -53,7 +53,7 @@ struct dep_client {
   uint32_t ranks[DEP_MAX_LOCAL_RANKS];      /* global rank of each local rank */
   bool cuda;                      /* slabs are GPU memory */
   int cuda_dev;                   /* this rank's CUDA device ordinal */
-  int retained_dev;               /* the GPU whose primary context we hold, -1 none (mem.h) */
+  struct mem_ctx_ref primary;     /* the primary context this handle holds (mem.h) */
   struct dep_attach_times times;  /* how long dep_attach took, and where the time went */
   struct ops_ctx ops;             /* dispatch/combine state (the job's shape and slabs) */
   struct cuops_state cuops;       /* cuda backend: kernels, error record (cuda_ops.c) */

@@ -140,7 +140,19 @@ void mem_unmap_slab(struct mem_map *m) {
   memset(m, 0, sizeof *m);
 }
 
-int mem_cuda_bind(const uint8_t uuid[16], int *ordinal, int *retained, char *why, size_t whylen) {
+/* Hold a reference to GPU dev's primary context ctx in ref, giving back any other. */
+static void ref_take(const struct cudadrv *cu, struct mem_ctx_ref *ref, int dev, CUcontext ctx) {
+  if (ref->dev == dev) {
+    cu->cuDevicePrimaryCtxRelease(dev); /* the one taken for this call; ref holds one already */
+    return;
+  }
+  mem_cuda_unbind(ref);
+  ref->dev = dev;
+  ref->ctx = ctx;
+}
+
+int mem_cuda_bind(const uint8_t uuid[16], int *ordinal, struct mem_ctx_ref *ref, char *why,
+                  size_t whylen) {
   const struct cudadrv *cu = cudadrv_load(why, whylen);
   if (cu == NULL)
     return DEP_ERR_UNSUPPORTED;
@@ -151,45 +163,51 @@ int mem_cuda_bind(const uint8_t uuid[16], int *ordinal, int *retained, char *why
     snprintf(why, whylen, "no visible GPU has UUID %s (check CUDA_VISIBLE_DEVICES)", s);
     return DEP_ERR_NOT_FOUND;
   }
-  CUcontext cur = NULL;
+  *ordinal = dev;
+  CUcontext cur = NULL, primary = NULL;
   CUdevice curdev = -1;
   if (cu->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != NULL &&
       cu->cuCtxGetDevice(&curdev) == CUDA_SUCCESS && curdev == dev) {
-    *ordinal = dev;
+    /* The caller's context.  If it is the primary one (the runtime's, or
+     * one an earlier handle made current), hold a reference of our own;
+     * only an active primary context is asked about, since retaining an
+     * inactive one would make it. */
+    unsigned flags = 0;
+    int active = 0;
+    if (ref->dev != dev && cu->cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS &&
+        active && cu->cuDevicePrimaryCtxRetain(&primary, dev) == CUDA_SUCCESS) {
+      if (primary == cur)
+        ref_take(cu, ref, dev, primary);
+      else
+        cu->cuDevicePrimaryCtxRelease(dev);
+    }
     return 0;
   }
-  /* The driver hands out the primary context only by retaining it: a
-   * handle that holds one already gives the new reference straight back. */
-  CUcontext ctx;
-  CUresult r = cu->cuDevicePrimaryCtxRetain(&ctx, dev);
+  CUresult r = cu->cuDevicePrimaryCtxRetain(&primary, dev);
   if (r == CUDA_SUCCESS) {
-    if (*retained == dev)
-      cu->cuDevicePrimaryCtxRelease(dev);
-    else {
-      mem_cuda_unbind(retained);
-      *retained = dev;
-    }
-    r = cu->cuCtxSetCurrent(ctx);
+    ref_take(cu, ref, dev, primary);
+    r = cu->cuCtxSetCurrent(primary);
   }
   if (r != CUDA_SUCCESS) {
     snprintf(why, whylen, "making a context current on GPU %d: %s", dev, cudadrv_errstr(r));
     return DEP_ERR_CUDA;
   }
-  *ordinal = dev;
   return 0;
 }
 
-void mem_cuda_unbind(int *retained) {
-  if (*retained < 0)
+void mem_cuda_unbind(struct mem_ctx_ref *ref) {
+  if (ref->dev < 0)
     return;
   const struct cudadrv *cu = cudadrv_load(NULL, 0);
-  CUcontext primary = NULL, cur = NULL;
-  /* Not left current on this thread once it may be gone. */
-  if (cu->cuDevicePrimaryCtxRetain(&primary, *retained) == CUDA_SUCCESS) {
-    if (cu->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == primary)
-      cu->cuCtxSetCurrent(NULL);
-    cu->cuDevicePrimaryCtxRelease(*retained);
-  }
-  cu->cuDevicePrimaryCtxRelease(*retained);
-  *retained = -1;
+  cu->cuDevicePrimaryCtxRelease(ref->dev);
+  /* If that was the last reference the context is gone: not left current
+   * on this thread. */
+  unsigned flags = 0;
+  int active = 1;
+  CUcontext cur = NULL;
+  if (cu->cuDevicePrimaryCtxGetState(ref->dev, &flags, &active) == CUDA_SUCCESS && !active &&
+      cu->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == (CUcontext)ref->ctx)
+    cu->cuCtxSetCurrent(NULL);
+  ref->dev = -1;
+  ref->ctx = NULL;
 }

@@ -38,14 +38,25 @@ int mem_map_slab(struct mem_map *m, bool cuda, int *fds, uint32_t n, uint64_t ch
 void mem_unmap_slab(struct mem_map *m);
 
 /*
+ * A handle's reference to a GPU's primary context (dev -1: none).  A handle
+ * that works in a primary context holds one reference of its own, whoever
+ * made the context current, so that freeing another handle (or the runtime
+ * letting go) cannot destroy it under this one's slabs and kernels.
+ */
+struct mem_ctx_ref {
+  int dev;
+  void *ctx; /* the CUcontext */
+};
+
+/*
  * On cuda: make a context current for the device with this UUID (the
  * caller's own if one is current on it, else the device's primary context)
- * and return its ordinal.  DEP_ERR_NOT_FOUND when no visible GPU has it.
- * *retained is the device whose primary context the caller's handle holds
- * a reference to (-1: none): a handle retains one at most, and gives it
- * back with mem_cuda_unbind.
+ * and return its ordinal; where that is the primary context, `ref` holds a
+ * reference to it (one per handle, however often it binds), given back by
+ * mem_cuda_unbind.  DEP_ERR_NOT_FOUND when no visible GPU has the UUID.
  */
-int mem_cuda_bind(const uint8_t uuid[16], int *ordinal, int *retained, char *why, size_t whylen);
-void mem_cuda_unbind(int *retained);
+int mem_cuda_bind(const uint8_t uuid[16], int *ordinal, struct mem_ctx_ref *ref, char *why,
+                  size_t whylen);
+void mem_cuda_unbind(struct mem_ctx_ref *ref);
 
 #endif /* DEP_CLIENT_MEM_H */
