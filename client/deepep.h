@@ -82,7 +82,7 @@ typedef struct dep_client dep_client_t;
 /* Allocate an unconnected handle.  DEP_ERR_NO_MEMORY or DEP_ERR_INVALID. */
 DEP_EXPORT int dep_client_new(dep_client_t **out);
 /* Close the connection (detaching if attached) and free the handle; on cuda,
- * give back the GPU's primary context if dep_attach retained it. */
+ * give back the handle's reference to the GPU's primary context, if it holds one. */
 DEP_EXPORT void dep_client_free(dep_client_t *c);
 /* The message of the last failure on this handle ("" if none). */
 DEP_EXPORT const char *dep_errmsg(const dep_client_t *c);
