@@ -1,6 +1,6 @@
 #!/bin/bash
 # device run 23 (2026-12-01, nvidia-h200): the session's final build
-# (build-r23, commit f156a04: the slab's private area, dep_client_free's
+# (build-r23, commit 32967a2: the slab's private area, dep_client_free's
 # order, the primary context given back).  The GPU tests; the leak test once
 # more against a test binary whose library never gives the primary context
 # back (build-broken, made for this run only: it must fail); then one GPU
