@@ -64,7 +64,7 @@
 extern const unsigned char dep__fatbin[];
 #endif
 static int load_module; /* -m */
-static int host_numa = -1; /* -H: the host NUMA node the lent page lives on */
+static int host_numa = -1; /* -H, in the parent: the host NUMA node the lent page lives on */
 
 static void check(CUresult r, const char *what) {
   if (r != CUDA_SUCCESS) {
@@ -121,7 +121,7 @@ static void host_round(const struct cudadrv *cu, CUdevice d, char how, int fd, s
   double t2 = bench_now_ms();
   CUmemAccessDesc acc[2] = {{.location = {CU_MEM_LOCATION_TYPE_DEVICE, d},
                              .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
-                            {.location = {CU_MEM_LOCATION_TYPE_HOST_NUMA, host_numa},
+                            {.location = {CU_MEM_LOCATION_TYPE_HOST_NUMA, 0}, /* id ignored */
                              .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE}};
   check(cu->cuMemSetAccess(va, bytes, acc, 2), "set access (GPU and CPU)");
   double t3 = bench_now_ms();
@@ -507,34 +507,15 @@ static int host_pages(int n, int rounds) {
     fflush(stdout);
     pid_t p = fork();
     if (p == 0) {
-      /* Children first, before this process touches CUDA; they learn the
-       * NUMA node from the parent's fork-time copy, so it is asked in a
-       * throwaway process (a CUDA process cannot fork a CUDA child). */
-      int sv[2];
-      if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
-        exit(1);
-      pid_t q = fork();
-      if (q == 0) {
-        CUdevice d;
-        const struct cudadrv *cu = gpu(0, &d);
-        int numa = -1;
-        if (cu->cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, d) !=
-                CUDA_SUCCESS || numa < 0)
-          numa = 0; /* "on systems where NUMA is not available ... id must be set to 0" */
-        if (write(sv[1], &numa, sizeof numa) != sizeof numa)
-          exit(1);
-        exit(0);
-      }
-      close(sv[1]);
-      if (read(sv[0], &host_numa, sizeof host_numa) != sizeof host_numa)
-        exit(1); /* it said why */
-      waitpid(q, NULL, 0);
-      close(sv[0]);
       struct procs ps;
       size_t bytes = 2u << 20; /* the host granule, checked against the driver's below */
-      spawn(&ps, k, 1, bytes, rounds);
+      spawn(&ps, k, 1, bytes, rounds); /* before this process touches CUDA */
       CUdevice d;
       const struct cudadrv *cu = gpu(0, &d);
+      /* Only the allocation names the node: an access for the host ignores it. */
+      if (cu->cuDeviceGetAttribute(&host_numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, d) !=
+              CUDA_SUCCESS || host_numa < 0)
+        host_numa = 0; /* "on systems where NUMA is not available ... id must be set to 0" */
       CUmemAllocationProp pr = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
                                 .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                                 .location = {CU_MEM_LOCATION_TYPE_HOST_NUMA, host_numa}};

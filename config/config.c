@@ -170,7 +170,6 @@ void config_defaults(struct config *c) {
   c->backend = CONFIG_BACKEND_AUTO;
   c->pool_size_per_device = 8 * GiB;
   c->pool_chunk_size = 64 * MiB;
-  /* Under the 512 MiB at which H200s map a peer GPU's allocation several times slower. */
   c->pool_max_allocation = 0; /* the daemon chooses (job.c) */
   c->host_pool_size = 1 * GiB;
   c->preallocation = true;

@@ -81,14 +81,19 @@ static void job_release_arenas(struct job *j) {
  * daemon chooses).  An arena only its own GPU's ranks map stays whole:
  * each further allocation costs every rank an import.  On the host
  * (cuts_only_when_set) an arena is cut only where the key is set.
+ * job_peer_cap is the cap of an arena peers map, the most any arena is cut.
  */
-static uint64_t job_arena_cap(const struct job *j, const struct pool *p, const uint8_t *uuid) {
+static uint64_t job_peer_cap(const struct pool *p) {
   const uint64_t set = deepepd.cfg.pool_max_allocation;
+  return set != 0 || p->ops->cuts_only_when_set ? set : JOB_PEER_MAX_ALLOCATION;
+}
+
+static uint64_t job_arena_cap(const struct job *j, const struct pool *p, const uint8_t *uuid) {
   if (p->ops->cuts_only_when_set)
-    return set;
+    return job_peer_cap(p);
   for (uint32_t k = 0; k < j->local_world_size; k++)
     if (memcmp(j->ranks[k].device_uuid, uuid, 16) != 0)
-      return set != 0 ? set : JOB_PEER_MAX_ALLOCATION;
+      return job_peer_cap(p);
   return 0;
 }
 
@@ -193,9 +198,8 @@ static int job_check_memory(const struct dep_attach_args *a, uint64_t *slab_byte
   uint64_t stride = dep_round_up(l.total_bytes, JOB_SLAB_ALIGN);
   uint32_t pieces;
   uint64_t piece;
-  const uint64_t set = deepepd.cfg.pool_max_allocation;
-  const uint64_t worst_cap = set != 0 || p->ops->cuts_only_when_set ? set : JOB_PEER_MAX_ALLOCATION;
-  uint64_t need = pool_block_layout(p, stride * a->local_world_size, worst_cap, &pieces, &piece);
+  uint64_t need = pool_block_layout(p, stride * a->local_world_size, job_peer_cap(p), &pieces,
+                                    &piece);
   if (need > pool_total_bytes(p)) {
     const double mib = 1024.0 * 1024.0;
     snprintf(why, whylen, "this job shape needs %.1f MiB per rank, %.1f MiB for its %u local "
