@@ -61,7 +61,8 @@ extern "C" {
   XX(CONFIG, -15, "configuration error")                                         \
   XX(UNSUPPORTED, -16, "not supported by this build or backend")                 \
   XX(STATE, -17, "operation not valid in the current state")                     \
-  XX(INTERNAL, -18, "internal error")
+  XX(INTERNAL, -18, "internal error")                                            \
+  XX(PEER, -19, "a rank or node of the job failed")
 
 typedef enum dep_err {
 #define DEP__ERR_ENUM(name, val, desc) DEP_ERR_##name = (val),
@@ -120,6 +121,9 @@ struct dep_status_job {
 
 struct dep_status {
   char version[32];        /* daemon version string */
+  /* "starting" (pools being made: attach waits), "ready", "draining" (no new
+   * jobs; running ones go on) or "stopping" */
+  char state[16];
   uint32_t proto_version;
   uint32_t pid;
   uint64_t uptime_ms;

@@ -136,6 +136,13 @@ static const struct key limits_keys[] = {
     {.name = "attach_timeout_ms", .kind = K_UINT, AT(attach_timeout_ms), .min = 1, .max = 3600000, .live = true},
     {.name = "op_timeout_ms", .kind = K_UINT, AT(op_timeout_ms), .min = 1, .max = 3600000, .live = true},
     {.name = "client_queue_bytes", .kind = K_SIZE, AT(client_queue_bytes), .min = 64 * KiB, .max = GiB, .live = true},
+    {.name = "hello_timeout_ms", .kind = K_UINT, AT(hello_timeout_ms), .min = 1, .max = 600000, .live = true},
+    {.name = "reserved_clients", .kind = K_UINT, AT(reserved_clients), .min = 0, .max = 1024, .live = true},
+    {.name = "max_clients_per_uid", .kind = K_UINT, AT(max_clients_per_uid), .min = 1, .max = 65536, .live = true},
+    {.name = "max_jobs_per_uid", .kind = K_UINT, AT(max_jobs_per_uid), .min = 1, .max = 4096, .live = true},
+    /* 0: no bound per uid beyond the pool's own */
+    {.name = "memory_per_uid", .kind = K_SIZE, AT(memory_per_uid), .min = CHUNK_GRANULE, .max = 64 * TiB,
+     .flags = F_ZERO_AUTO, .live = true},
     {.name = NULL}};
 
 static const struct key root_keys[] = {
@@ -185,6 +192,11 @@ void config_defaults(struct config *c) {
   c->attach_timeout_ms = 30000;
   c->op_timeout_ms = 10000;
   c->client_queue_bytes = 4 * MiB;
+  c->hello_timeout_ms = 5000;
+  c->reserved_clients = 8;
+  c->max_clients_per_uid = 256;
+  c->max_jobs_per_uid = 16;
+  c->memory_per_uid = 0;
   c->log_level = CONFIG_LOG_INFO;
 }
 

@@ -73,6 +73,13 @@ struct config {
   uint32_t attach_timeout_ms;         /* limits.attach_timeout_ms, default 30000 */
   uint32_t op_timeout_ms;             /* limits.op_timeout_ms, default 10000 */
   uint32_t client_queue_bytes;        /* limits.client_queue_bytes, default 4 MiB */
+  uint32_t hello_timeout_ms;          /* limits.hello_timeout_ms: HELLO must come this soon, 5000 */
+  uint32_t reserved_clients;          /* limits.reserved_clients: connections past max_clients
+                                         that only root and deepepd's user may open, default 8 */
+  uint32_t max_clients_per_uid;       /* limits.max_clients_per_uid, default 256 */
+  uint32_t max_jobs_per_uid;          /* limits.max_jobs_per_uid, default 16 */
+  uint64_t memory_per_uid;            /* limits.memory_per_uid: lent and still held, on each
+                                         device; 0 (the default): no bound but the pool's */
 
   enum config_log_level log_level;    /* log_level: err|warning|notice|info|debug, default info */
 };

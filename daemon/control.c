@@ -71,6 +71,7 @@ static void control_status(struct conn *c, const struct dep_frame_hdr *h, size_t
   st.pid = (uint32_t)getpid();
   st.uptime_ms = deepepd_uptime_ms();
   snprintf(st.backend, sizeof st.backend, "%s", devices_backend_name());
+  snprintf(st.state, sizeof st.state, "%s", deepepd_state_name());
   st.num_clients = conn_count();
   int rc = devices_fill_status(&st);
   if (rc == 0)

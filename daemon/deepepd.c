@@ -29,6 +29,14 @@ static bool handles_open;
 
 uint64_t deepepd_uptime_ms(void) { return (uv_hrtime() - deepepd.start_ns) / 1000000u; }
 
+const char *deepepd_state_name(void) {
+  if (deepepd.stopping)
+    return "stopping";
+  if (deepepd.starting)
+    return "starting";
+  return deepepd.draining ? "draining" : "ready";
+}
+
 void deepepd_apply_overrides(struct config *c) {
   if (deepepd.socket_override[0] != '\0')
     snprintf(c->socket_path, sizeof c->socket_path, "%s", deepepd.socket_override);
@@ -82,6 +90,11 @@ static void deepepd_apply_live(struct config *run, const struct config *n) {
   run->attach_timeout_ms = n->attach_timeout_ms;
   run->op_timeout_ms = n->op_timeout_ms;
   run->client_queue_bytes = n->client_queue_bytes;
+  run->hello_timeout_ms = n->hello_timeout_ms;
+  run->reserved_clients = n->reserved_clients;
+  run->max_clients_per_uid = n->max_clients_per_uid;
+  run->max_jobs_per_uid = n->max_jobs_per_uid;
+  run->memory_per_uid = n->memory_per_uid;
   run->log_level = n->log_level;
   log_set_level((int)run->log_level);
 }

@@ -25,6 +25,8 @@ struct deepepd {
   int backend_override;         /* -1 or an enum config_backend */
   int log_level_override;       /* -1 or an enum config_log_level */
   uint64_t start_ns;            /* uv_hrtime() at start */
+  bool starting;                /* the device pools are being made */
+  bool draining;                /* deepepctl drain: no new jobs */
   bool stopping;
 };
 
@@ -50,5 +52,9 @@ void deepepd_shutdown(const char *why);
 int deepepd_reload(char *msg, size_t len);
 
 uint64_t deepepd_uptime_ms(void);
+
+/* What STATUS reports as the daemon's state: "starting", "ready",
+ * "draining" or "stopping" (deepep.h, struct dep_status). */
+const char *deepepd_state_name(void);
 
 #endif /* DEP_DAEMON_DEEPEPD_H */

@@ -89,7 +89,8 @@ struct ops_err_record {
   uint32_t waited_ms;
   uint32_t reserved;
 };
-_Static_assert(sizeof(struct ops_err_record) <= DEP_SLAB_ERR_BYTES, "record exceeds error words");
+_Static_assert(sizeof(struct ops_err_record) <= DEP_SLAB_ABORT_OFF,
+               "record overlaps the abort words (slab.h)");
 
 /*
  * A row (dep_slab_row, row_bytes apart) in a dispatch block:

@@ -10,7 +10,7 @@
  *   HELLO      u32 version, u32 pid, str name (<= 63)
  *   HELLO_OK   u32 version, str daemon_version (<= 31), str backend (<= 7)
  *   STATUS_OK  str version (<= 31), u32 proto_version, u32 pid, u64 uptime_ms,
- *              str backend (<= 7), u32 num_clients, u32 num_devices,
+ *              str backend (<= 7), str state (<= 15), u32 num_clients, u32 num_devices,
  *              u32 num_jobs, then num_devices device records, then num_jobs
  *              job records
  *     device   str uuid (<= 36), str name (<= 63), str backend (<= 7),
@@ -26,7 +26,8 @@
  *   SLAB       u64 chunk_bytes, u32 n_chunks (1..250), 16 bytes device_uuid,
  *              u32 n_ranks (1..64), n_ranks x {u32 local_rank, u32 rank,
  *              u64 offset}
- *   RELOAD_OK  str text (<= 511)
+ *   RELOAD_OK, DRAIN_OK  str text (<= 511)
+ *   DRAIN      u32 drain (0 or 1)
  *   STATUS, DETACH, DETACH_OK, SHUTDOWN, RELOAD: empty
  */
 #include "proto.h"
@@ -393,6 +394,7 @@ int proto_encode_status(struct proto_buf *b, const struct dep_status *m) {
   w_u32(&w, m->pid);
   w_u64(&w, m->uptime_ms);
   w_str(&w, m->backend, sizeof m->backend);
+  w_str(&w, m->state, sizeof m->state);
   w_u32(&w, m->num_clients);
   w_u32(&w, m->num_devices);
   w_u32(&w, m->num_jobs);
@@ -427,6 +429,7 @@ int proto_decode_status(const uint8_t *p, size_t len, struct dep_status *m) {
   m->pid = r_u32(&r);
   m->uptime_ms = r_u64(&r);
   r_str(&r, m->backend, sizeof m->backend);
+  r_str(&r, m->state, sizeof m->state);
   m->num_clients = r_u32(&r);
   uint32_t ndev = r_u32(&r);
   uint32_t njob = r_u32(&r);
@@ -488,6 +491,26 @@ DEP_EXPORT void dep_status_free(struct dep_status *st) {
   free(st->devices);
   free(st->jobs);
   free(st);
+}
+
+/* ---- DRAIN ------------------------------------------------------------------ */
+
+int proto_encode_drain(struct proto_buf *b, const struct dep_msg_drain *m) {
+  if (m->drain > 1)
+    return DEP_ERR_INVALID;
+  struct writer w;
+  w_init(&w, b);
+  w_u32(&w, m->drain);
+  return w_finish(&w);
+}
+
+int proto_decode_drain(const uint8_t *p, size_t len, struct dep_msg_drain *m) {
+  struct reader r;
+  r_init(&r, p, len);
+  m->drain = r_u32(&r);
+  if (!r.bad && m->drain > 1)
+    return DEP_ERR_PROTOCOL;
+  return r_finish(&r);
 }
 
 /* ---- ATTACH / ATTACH_OK -------------------------------------------------- */
@@ -642,7 +665,10 @@ static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
   case DEP_MSG_SLAB:
     return proto_encode_slab(b, msg);
   case DEP_MSG_RELOAD_OK:
+  case DEP_MSG_DRAIN_OK:
     return proto_encode_text(b, msg);
+  case DEP_MSG_DRAIN:
+    return proto_encode_drain(b, msg);
   default:
     return DEP_ERR_INVALID;
   }
@@ -698,7 +724,10 @@ int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg)
   case DEP_MSG_SLAB:
     return proto_decode_slab(body, len, msg);
   case DEP_MSG_RELOAD_OK:
+  case DEP_MSG_DRAIN_OK:
     return proto_decode_text(body, len, msg);
+  case DEP_MSG_DRAIN:
+    return proto_decode_drain(body, len, msg);
   default:
     return DEP_ERR_PROTOCOL;
   }
@@ -712,7 +741,8 @@ const char *proto_type_name(uint16_t type) {
       [DEP_MSG_ATTACH_OK] = "ATTACH_OK", [DEP_MSG_DETACH] = "DETACH",
       [DEP_MSG_DETACH_OK] = "DETACH_OK", [DEP_MSG_SHUTDOWN] = "SHUTDOWN",
       [DEP_MSG_SLAB] = "SLAB",           [DEP_MSG_RELOAD] = "RELOAD",
-      [DEP_MSG_RELOAD_OK] = "RELOAD_OK",
+      [DEP_MSG_RELOAD_OK] = "RELOAD_OK", [DEP_MSG_DRAIN] = "DRAIN",
+      [DEP_MSG_DRAIN_OK] = "DRAIN_OK",
   };
   return type < DEP_MSG_TYPE_MAX_ && names[type] != NULL ? names[type] : "UNKNOWN";
 }

@@ -28,6 +28,7 @@
  *      use (the arena holding their slabs, its chunk fds riding on it)
  *      followed by ATTACH_OK, all with the request's id; RELOAD re-reads
  *      the configuration as SIGHUP does.
+ *   3  STATUS_OK carries the daemon's state after its backend; DRAIN.
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -40,8 +41,9 @@
 #include "deepep.h"
 
 #define DEP_PROTO_MAGIC 0x31504544u /* "DEP1" */
-/* 1: the first; 2: a slab ends in its rank's private area (slab.h). */
-#define DEP_PROTO_VERSION 2
+/* 1: the first; 2: a slab ends in its rank's private area (slab.h);
+ * 3: STATUS_OK's state, the slab's abort words (slab.h). */
+#define DEP_PROTO_VERSION 3
 #define DEP_PROTO_HDR_LEN 24
 #define DEP_PROTO_MAX_BODY (256u * 1024u)
 /* Linux accepts at most 253 fds in one SCM_RIGHTS message. */
@@ -64,6 +66,8 @@ enum dep_msg_type {
   DEP_MSG_SLAB = 11,     /* part of the ATTACH reply: struct dep_msg_slab + its chunk fds */
   DEP_MSG_RELOAD = 12,   /* request: empty body; root or the daemon's own user only */
   DEP_MSG_RELOAD_OK = 13, /* reply: struct dep_msg_text, what was applied and what needs a restart */
+  DEP_MSG_DRAIN = 14,    /* request: struct dep_msg_drain; root or the daemon's own user only */
+  DEP_MSG_DRAIN_OK = 15, /* reply: struct dep_msg_text, the state now and the jobs still running */
   DEP_MSG_TYPE_MAX_
 };
 
@@ -86,6 +90,11 @@ struct dep_msg_error {
 /* A reply that is one line of text for the operator. */
 struct dep_msg_text {
   char text[DEP_MSG_TEXT_MAX];
+};
+
+/* DRAIN: 1 stops new jobs (running ones finish), 0 accepts them again. */
+struct dep_msg_drain {
+  uint32_t drain;
 };
 
 struct dep_msg_hello {
@@ -185,6 +194,8 @@ int proto_encode_attach_ok(struct proto_buf *b, const struct dep_msg_attach_ok *
 int proto_decode_attach_ok(const uint8_t *p, size_t len, struct dep_msg_attach_ok *m);
 int proto_encode_text(struct proto_buf *b, const struct dep_msg_text *m);
 int proto_decode_text(const uint8_t *p, size_t len, struct dep_msg_text *m);
+int proto_encode_drain(struct proto_buf *b, const struct dep_msg_drain *m);
+int proto_decode_drain(const uint8_t *p, size_t len, struct dep_msg_drain *m);
 int proto_encode_slab(struct proto_buf *b, const struct dep_msg_slab *m);
 int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m);
 

@@ -34,6 +34,24 @@
 #define DEP_SLAB_CTRL_SLOT 64u  /* bytes per (parity, source) control slot */
 #define DEP_SLAB_ERR_BYTES 64u  /* error words at the start of ctrl */
 #define DEP_SLAB_ALIGN 4096u
+/*
+ * The abort words: the last 16 of the error words, after the rank's own
+ * error record (host_ops.h).  The daemon writes them when a rank of a
+ * running job is gone (its process died, or it detached), into the slab of
+ * every rank left: rank and pid first, code last with release ordering.
+ * Every bounded wait of the operations polls code once its own condition
+ * is not met, so the peers of a dead rank fail within milliseconds with
+ * DEP_ERR_PEER naming it, not after limits.op_timeout_ms.
+ */
+#define DEP_SLAB_ABORT_OFF 48u
+struct dep_slab_abort {
+  uint32_t rank;   /* the global rank that is gone */
+  uint32_t pid;    /* its process */
+  uint32_t detached; /* 1: it detached (or freed its handle); 0: it disconnected (died) */
+  int32_t code;    /* 0, or DEP_ERR_PEER: written last */
+};
+_Static_assert(DEP_SLAB_ABORT_OFF + sizeof(struct dep_slab_abort) <= DEP_SLAB_ERR_BYTES,
+               "the abort words must fit the error words");
 /* The private area's part that does not grow with the shape: the library's
  * counters and its SM-sized scratch (for GPUs of up to 512 SMs); what grows
  * with it is added per expert, per rank and per token, and a control area

@@ -155,7 +155,7 @@ static size_t shipped_keys(char keys[][64], size_t max) {
 START_TEST(shipped_file_has_every_documented_key) {
   char keys[64][64];
   size_t n = shipped_keys(keys, 64);
-  ck_assert_uint_eq(n, 29); /* socket 3, allow 3, pool 4, listen 2, limits 5, and 12 at the top */
+  ck_assert_uint_eq(n, 34); /* socket 3, allow 3, pool 4, listen 2, limits 10, and 12 at the top */
 }
 END_TEST
 
@@ -395,7 +395,8 @@ static const struct bad {
      "host_size)"},
     {"limits:\n  max_job: 3\n",
      "t.yaml:2:3: unknown key 'max_job' in 'limits' (known: max_clients, max_jobs, attach_timeout_ms, "
-     "op_timeout_ms, client_queue_bytes)"},
+     "op_timeout_ms, client_queue_bytes, hello_timeout_ms, reserved_clients, max_clients_per_uid, "
+     "max_jobs_per_uid, memory_per_uid)"},
     {"peers:\n  - host: a\n    prot: 1\n", "t.yaml:3:5: unknown key 'prot' in 'peers[0]' (known: host, port)"},
     {"? [a]\n: 1\n", "t.yaml:1:3: a key must be a plain name, not a list"},
     /* wrong types */

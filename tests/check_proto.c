@@ -492,9 +492,9 @@ END_TEST
 
 /* A STATUS_OK prefix with empty strings and the given counts. */
 static size_t status_prefix(uint8_t *p, uint32_t ndev, uint32_t njob) {
-  memset(p, 0, 38);
-  /* version "", proto, pid, uptime, backend "", clients, ndev, njob */
-  size_t off = 2 + 4 + 4 + 8 + 2 + 4;
+  memset(p, 0, 40);
+  /* version "", proto, pid, uptime, backend "", state "", clients, ndev, njob */
+  size_t off = 2 + 4 + 4 + 8 + 2 + 2 + 4;
   for (int i = 0; i < 4; i++) {
     p[off + i] = (uint8_t)(ndev >> (8 * i));
     p[off + 4 + i] = (uint8_t)(njob >> (8 * i));
@@ -738,10 +738,10 @@ START_TEST(every_error_code_has_a_name_and_description) {
   ck_assert_str_eq(dep_errname(DEP_OK), "DEP_ERR_OK");
   ck_assert_str_eq(dep_strerror(-9999), "unknown error");
   ck_assert_str_eq(dep_strerror(5), "unknown error");
-  ck_assert_str_eq(dep_errname(-19), "DEP_ERR_UNKNOWN");
+  ck_assert_str_eq(dep_errname(-20), "DEP_ERR_UNKNOWN");
   /* Names are distinct, so logs can tell codes apart. */
-  for (int a = 0; a >= DEP_ERR_INTERNAL; a--)
-    for (int b = a - 1; b >= DEP_ERR_INTERNAL; b--)
+  for (int a = 0; a >= DEP_ERR_PEER; a--)
+    for (int b = a - 1; b >= DEP_ERR_PEER; b--)
       ck_assert_str_ne(dep_errname(a), dep_errname(b));
 }
 END_TEST
