@@ -102,20 +102,26 @@ static void control_attach(struct conn *c, const struct dep_frame_hdr *h, const 
   job_attach(c, h->request_id, &a);
 }
 
+/* Whether c may run an operator request (reload, drain): root or deepepd's own user. */
+static bool control_operator(struct conn *c, const struct dep_frame_hdr *h, const char *what) {
+  if (c->uid == 0 || c->uid == geteuid())
+    return true;
+  log_warnx("%s refused: uid %u (pid %d) is neither root nor deepepd's user", what,
+            (unsigned)c->uid, (int)c->pid);
+  conn_send_error(c, h->request_id, DEP_ERR_PERMISSION,
+                  "only root or deepepd's own user may %s it (you are uid %u)", what,
+                  (unsigned)c->uid);
+  return false;
+}
+
 /* RELOAD: as SIGHUP, for root and the daemon's own user only. */
 static void control_reload(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
   if (len != 0) {
     conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "RELOAD carries no body, got %zu bytes", len);
     return;
   }
-  if (c->uid != 0 && c->uid != geteuid()) {
-    log_warnx("reload refused: uid %u (pid %d) is neither root nor deepepd's user",
-              (unsigned)c->uid, (int)c->pid);
-    conn_send_error(c, h->request_id, DEP_ERR_PERMISSION,
-                    "only root or deepepd's own user may reload it (you are uid %u)",
-                    (unsigned)c->uid);
+  if (!control_operator(c, h, "reload"))
     return;
-  }
   log_info("reload requested by uid %u (pid %d)", (unsigned)c->uid, (int)c->pid);
   struct dep_msg_text m;
   int rc = deepepd_reload(m.text, sizeof m.text);
@@ -123,6 +129,27 @@ static void control_reload(struct conn *c, const struct dep_frame_hdr *h, size_t
     conn_send_error(c, h->request_id, rc, "%s", m.text);
   else
     conn_send(c, DEP_MSG_RELOAD_OK, h->request_id, &m, NULL, 0);
+}
+
+/* DRAIN: stop taking new jobs (running ones finish), or take them again. */
+static void control_drain(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
+                          size_t len) {
+  struct dep_msg_drain m;
+  if (proto_decode_drain(body, len, &m) != 0) {
+    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "malformed DRAIN body (%zu bytes)", len);
+    return;
+  }
+  if (!control_operator(c, h, "drain"))
+    return;
+  if (deepepd.draining != (m.drain != 0))
+    log_notice("%s by uid %u (pid %d): %s; %u job(s) running", m.drain ? "drain" : "resume",
+               (unsigned)c->uid, (int)c->pid,
+               m.drain ? "no new jobs until resumed" : "new jobs are accepted again", job_count());
+  deepepd.draining = m.drain != 0;
+  struct dep_msg_text t;
+  snprintf(t.text, sizeof t.text, "%s; %u job(s) running",
+           m.drain ? "draining: new jobs are refused" : "accepting new jobs", job_count());
+  conn_send(c, DEP_MSG_DRAIN_OK, h->request_id, &t, NULL, 0);
 }
 
 static void control_detach(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
@@ -157,6 +184,9 @@ void control_handle(struct conn *c, const struct dep_frame_hdr *h, const uint8_t
     break;
   case DEP_MSG_RELOAD:
     control_reload(c, h, len);
+    break;
+  case DEP_MSG_DRAIN:
+    control_drain(c, h, body, len);
     break;
   default:
     /* Replies and notices travel from the daemon only. */

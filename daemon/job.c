@@ -396,6 +396,12 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
   }
   struct job *j = job_find(a->job_id);
   if (j == NULL) {
+    if (deepepd.draining) {
+      conn_send_error(c, request_id, DEP_ERR_STATE,
+                      "deepepd is draining (deepepctl drain): it starts no new job until "
+                      "`deepepctl drain --cancel`; running jobs go on");
+      return;
+    }
     if (job_n >= deepepd.cfg.max_jobs) {
       conn_send_error(c, request_id, DEP_ERR_LIMIT,
                       "deepepd already holds %u jobs (limits.max_jobs); wait for one to end or "
