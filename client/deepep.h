@@ -107,6 +107,10 @@ struct dep_status_device {
   uint64_t pool_total_bytes;   /* made (or to be made) for this device */
   uint64_t pool_used_bytes;    /* lent to live jobs */
   uint64_t pool_cached_bytes;  /* scrubbed slabs kept for the next job */
+  /* Of the budget, memory no live job holds but processes it was lent to
+   * still may (they keep it until they exit), or that a stopped deepepd
+   * lent to processes still running: charged, not lendable to other users. */
+  uint64_t pool_held_bytes;
 };
 
 struct dep_status_job {

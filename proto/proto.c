@@ -14,7 +14,8 @@
  *              u32 num_jobs, then num_devices device records, then num_jobs
  *              job records
  *     device   str uuid (<= 36), str name (<= 63), str backend (<= 7),
- *              u64 pool_total_bytes, u64 pool_used_bytes, u64 pool_cached_bytes
+ *              u64 pool_total_bytes, u64 pool_used_bytes, u64 pool_cached_bytes,
+ *              u64 pool_held_bytes
  *     job      str job_id (<= 63), u32 owner_uid, u32 ranks_attached,
  *              u32 ranks_expected, u32 world_size, u64 slab_bytes, u64 age_ms
  *   ATTACH     str job_id (<= 63), u32 rank, u32 world_size, u32 local_rank,
@@ -38,10 +39,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The smallest encoding of a status record: three empty strings + 3 u64,
+/* The smallest encoding of a status record: three empty strings + 4 u64,
  * and an empty string + 4 u32 + 2 u64.  Counts are bounded by these before
  * anything is allocated, so a tiny frame cannot ask for a huge array. */
-#define STATUS_DEVICE_MIN (3 * 2 + 3 * 8)
+#define STATUS_DEVICE_MIN (3 * 2 + 4 * 8)
 #define STATUS_JOB_MIN (2 + 4 * 4 + 2 * 8)
 
 static void set_why(char *why, size_t whylen, const char *fmt, ...)
@@ -406,6 +407,7 @@ int proto_encode_status(struct proto_buf *b, const struct dep_status *m) {
     w_u64(&w, d->pool_total_bytes);
     w_u64(&w, d->pool_used_bytes);
     w_u64(&w, d->pool_cached_bytes);
+    w_u64(&w, d->pool_held_bytes);
   }
   for (uint32_t i = 0; i < m->num_jobs && !w.err; i++) {
     const struct dep_status_job *j = &m->jobs[i];
@@ -462,6 +464,7 @@ int proto_decode_status(const uint8_t *p, size_t len, struct dep_status *m) {
     d->pool_total_bytes = r_u64(&r);
     d->pool_used_bytes = r_u64(&r);
     d->pool_cached_bytes = r_u64(&r);
+    d->pool_held_bytes = r_u64(&r);
   }
   for (uint32_t i = 0; i < njob && !r.bad; i++) {
     struct dep_status_job *j = &m->jobs[i];

@@ -28,7 +28,8 @@
  *      use (the arena holding their slabs, its chunk fds riding on it)
  *      followed by ATTACH_OK, all with the request's id; RELOAD re-reads
  *      the configuration as SIGHUP does.
- *   3  STATUS_OK carries the daemon's state after its backend; DRAIN.
+ *   3  STATUS_OK carries the daemon's state after its backend, and each
+ *      device's held bytes; DRAIN.
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
