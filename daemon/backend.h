@@ -48,6 +48,11 @@ struct backend_ops {
   void (*chunk_destroy)(struct backend_dev *d, struct chunk_mem *m);
   /* Zero the chunk so no byte of one job reaches the next. */
   int (*chunk_scrub)(struct backend_dev *d, struct chunk_mem *m, char *why, size_t whylen);
+  /* Write len bytes at off of the chunk, visible to every process that maps
+   * it once this returns, in the order of successive calls (the abort words:
+   * slab.h).  0 or DEP_ERR_* with why. */
+  int (*chunk_write)(struct backend_dev *d, struct chunk_mem *m, uint64_t off, const void *src,
+                     size_t len, char *why, size_t whylen);
   void (*release_dev)(struct backend_dev *d);
 };
 

@@ -145,6 +145,18 @@ fail:
   return rc;
 }
 
+/* Synchronous: the copy is done, and visible to kernels polling with
+ * system-scope loads, when cuMemcpyHtoD returns; successive calls land in order. */
+static int cuda_chunk_write(struct backend_dev *d, struct chunk_mem *m, uint64_t off,
+                            const void *src, size_t len, char *why, size_t whylen) {
+  int rc = 0;
+  CU_TRY(cu->cuCtxSetCurrent((CUcontext)d->ctx), "cuCtxSetCurrent");
+  CU_TRY(cu->cuMemcpyHtoD(m->dev_ptr + off, src, len), "cuMemcpyHtoD (abort words)");
+  return 0;
+fail:
+  return rc;
+}
+
 static void cuda_release_dev(struct backend_dev *d) {
   if (cu != NULL && d->ctx != NULL)
     cu->cuDevicePrimaryCtxRelease(d->ordinal);
@@ -158,5 +170,6 @@ const struct backend_ops backend_cuda_ops = {
     .chunk_create = cuda_chunk_create,
     .chunk_destroy = cuda_chunk_destroy,
     .chunk_scrub = cuda_chunk_scrub,
+    .chunk_write = cuda_chunk_write,
     .release_dev = cuda_release_dev,
 };

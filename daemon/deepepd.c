@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "conn.h"
+#include "held.h"
 #include "job.h"
 #include "log.h"
 #include "notify.h"
@@ -69,6 +70,9 @@ void deepepd_shutdown(const char *why) {
   deepepd.stopping = true;
   log_notice("%s: shutting down (%u client(s) connected)", why, conn_count());
   notify_send("STOPPING=1");
+  /* What the running jobs' ranks hold, for the daemon started next: they
+   * keep computing on it (DESIGN §13). */
+  held_save();
   server_fini();
   uv_timer_start(&stop_timer, deepepd_on_stop_timer, DEEPEPD_FLUSH_MS, 0);
   conn_shutdown_all(deepepd_finish);

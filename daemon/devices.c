@@ -135,6 +135,7 @@ int devices_fill_status(struct dep_status *st) {
     d->pool_total_bytes = pool_total_bytes(p);
     d->pool_used_bytes = p->used_bytes;
     d->pool_cached_bytes = p->cached_bytes;
+    d->pool_held_bytes = pool_held_bytes(p);
   }
   st->num_devices = (uint32_t)devs.n;
   return 0;

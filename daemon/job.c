@@ -5,6 +5,7 @@
  */
 #include "job.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "conn.h"
 #include "deepepd.h"
 #include "devices.h"
+#include "held.h"
 #include "log.h"
 #include "pool.h"
 #include "proto.h"
@@ -21,8 +23,31 @@
 static uv_loop_t *job_loop;
 static struct job *job_list;
 static uint32_t job_n;
+static uv_timer_t job_reaper;
+static bool job_reaper_open;
 
-void job_init(uv_loop_t *loop) { job_loop = loop; }
+/* How often the pools look for processes that have exited with memory they held. */
+#define JOB_REAP_MS 1000
+
+static void job_on_reap(uv_timer_t *t) {
+  bool changed = false;
+  for (size_t i = 0; i < devices_count(); i++) {
+    struct pool *p = devices_at(i);
+    uint64_t before = pool_held_bytes(p);
+    pool_reap(p);
+    changed |= pool_held_bytes(p) != before;
+  }
+  if (changed)
+    held_changed();
+}
+
+void job_init(uv_loop_t *loop) {
+  job_loop = loop;
+  uv_timer_init(loop, &job_reaper);
+  uv_timer_start(&job_reaper, job_on_reap, JOB_REAP_MS, JOB_REAP_MS);
+  uv_unref((uv_handle_t *)&job_reaper);
+  job_reaper_open = true;
+}
 
 uint32_t job_count(void) { return job_n; }
 
@@ -68,7 +93,13 @@ static void job_release_arenas(struct job *j) {
     for (uint32_t k = i; k < j->local_world_size; k++)
       if (j->ranks[k].arena == arena)
         j->ranks[k].arena = NULL;
-    pool_block_put(arena, deepepd.cfg.buffer_cache_enabled);
+    /* A stop never scrubs or relends memory a live rank maps (DESIGN §13):
+     * the daemon lets go of its handles, and the held file (held.h) tells
+     * the next daemon what the ranks still hold. */
+    if (deepepd.stopping)
+      pool_block_abandon(arena);
+    else
+      pool_block_put(arena, deepepd.cfg.buffer_cache_enabled);
   }
 }
 
@@ -122,7 +153,8 @@ static int job_on_complete(struct job *j, char *why, size_t whylen) {
     struct pool_block *arena = NULL;
     int rc = p == NULL ? DEP_ERR_NOT_FOUND
                        : pool_block_get(p, n * stride, job_arena_cap(j, p, r->device_uuid),
-                                        j->owner_uid, key, &arena, why, whylen);
+                                        j->owner_uid, key, deepepd.cfg.memory_per_uid, &arena,
+                                        why, whylen);
     if (rc != 0) {
       job_release_arenas(j);
       return rc;
@@ -161,6 +193,8 @@ static int job_send_arena(const struct job *j, uint32_t i, struct conn *c, uint3
   int fds[POOL_MAX_PIECES];
   for (uint32_t k = 0; k < m.n_chunks; k++)
     fds[k] = pool_block_fd(arena, k);
+  /* From here the process may hold the memory until it exits. */
+  pool_block_hold(j->ranks[i].arena, c->pid);
   return conn_send(c, DEP_MSG_SLAB, request_id, &m, fds, (int)m.n_chunks);
 }
 
@@ -234,19 +268,58 @@ static void job_destroy(struct job *j, const char *why) {
   }
   j->attached = 0;
   job_on_teardown(j);
+  held_changed();
   log_info("job %s: removed (%s) after %llu ms", j->id, why,
            (unsigned long long)job_age_ms(j));
   uv_timer_stop(&j->timer);
   uv_close((uv_handle_t *)&j->timer, job_free);
 }
 
+/*
+ * Rank `gone` of a running job has left: tell every local rank still in it,
+ * through the abort words of its slab (slab.h) that their operations' waits
+ * poll, so that they fail at once naming it instead of waiting out
+ * limits.op_timeout_ms.  Not while the daemon stops: the ranks are fine and
+ * go on without it.
+ */
+static void job_abort_peers(struct job *j, const struct job_rank *gone, bool detached) {
+  struct dep_slab_abort ab = {.rank = gone->rank, .pid = (uint32_t)gone->pid,
+                              .detached = detached ? 1u : 0u, .code = DEP_ERR_PEER};
+  uint32_t told = 0;
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    struct job_rank *q = &j->ranks[i];
+    if (q == gone || q->conn == NULL || q->arena == NULL)
+      continue;
+    char why[256] = "";
+    uint64_t at = q->offset + DEP_SLAB_ABORT_OFF;
+    /* Who and how first, the code last: a reader that sees the code sees the rest. */
+    int rc = pool_block_write(q->arena, at, &ab, offsetof(struct dep_slab_abort, code), why,
+                              sizeof why);
+    if (rc == 0)
+      rc = pool_block_write(q->arena, at + offsetof(struct dep_slab_abort, code), &ab.code,
+                            sizeof ab.code, why, sizeof why);
+    if (rc != 0)
+      log_warnx("job %s: cannot tell rank %u that rank %u is gone: %s", j->id, q->rank,
+                gone->rank, why);
+    else
+      told++;
+  }
+  if (told > 0)
+    log_notice("job %s: rank %u (pid %d) %s while the job ran; its %u local peer(s) fail their "
+               "operations with DEP_ERR_PEER", j->id, gone->rank, (int)gone->pid,
+               detached ? "detached" : "disconnected", told);
+}
+
 /* Free one local rank's slot; the job goes when its last rank does. */
-static void job_remove_rank(struct job *j, uint32_t local_rank, const char *why) {
+static void job_remove_rank(struct job *j, uint32_t local_rank, bool detached) {
   struct job_rank *r = &j->ranks[local_rank];
   if (r->conn == NULL)
     return;
   log_info("job %s: rank %u (local %u, pid %d) %s (%u of %u local ranks left)", j->id, r->rank,
-           local_rank, (int)r->pid, why, j->attached - 1, j->local_world_size);
+           local_rank, (int)r->pid, detached ? "detached" : "disconnected", j->attached - 1,
+           j->local_world_size);
+  if (j->ready && !deepepd.stopping)
+    job_abort_peers(j, r, detached);
   r->conn->job = NULL;
   /* The arena stays with the job: peers still map it, so it goes back to
    * the pool only when the last rank is gone (job_on_teardown). */
@@ -307,6 +380,7 @@ static void job_complete(struct job *j) {
     return;
   }
   j->ready = true;
+  held_changed();
   log_info("job %s: all %u local ranks attached after %llu ms", j->id, j->local_world_size,
            (unsigned long long)job_age_ms(j));
   struct dep_msg_attach_ok ok = {
@@ -379,6 +453,40 @@ static bool job_mismatch(const struct job *j, const struct dep_attach_args *a, c
   return false;
 }
 
+/*
+ * Refuse an ATTACH: answer it, and when it names a job of the caller's uid
+ * that is still gathering its ranks, fail that job at once for every rank
+ * waiting in it, with the same reason (DESIGN §5): a job with a refused
+ * rank can never start, and its other ranks must not wait out
+ * limits.attach_timeout_ms to learn it.  A running job and another uid's
+ * job are left alone (nobody can fail a job they could not join).
+ */
+static void job_refuse(struct job *j, struct conn *c, uint32_t request_id,
+                       const struct dep_attach_args *a, int code, const char *msg) {
+  conn_send_error(c, request_id, code, "%s", msg);
+  if (j == NULL || j->ready || j->dead || j->owner_uid != c->uid || j->attached == 0)
+    return;
+  char all[DEP_MSG_TEXT_MAX];
+  snprintf(all, sizeof all, "job %s cannot start: its rank %u (local %u, pid %d) was refused: "
+           "%.300s", j->id, a->rank, a->local_rank, (int)c->pid, msg);
+  log_warnx("%s", all);
+  job_fail(j, code, all);
+}
+
+void job_refuse_attach(struct conn *c, uint32_t request_id, const struct dep_attach_args *a,
+                       int code, const char *msg) {
+  struct job *j = proto_check_job_id(a->job_id, NULL, 0) == 0 ? job_find(a->job_id) : NULL;
+  job_refuse(j, c, request_id, a, code, msg);
+}
+
+/* Live jobs of one uid (a job still gathering its ranks holds its id too). */
+static uint32_t job_count_of(uid_t uid) {
+  uint32_t n = 0;
+  for (struct job *j = job_list; j != NULL; j = j->next)
+    n += j->owner_uid == uid;
+  return n;
+}
+
 void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_args *a) {
   if (c->job != NULL) {
     conn_send_error(c, request_id, DEP_ERR_STATE,
@@ -387,14 +495,16 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
                     c->job->id, c->job_local_rank);
     return;
   }
-  char why[DEP_MSG_TEXT_MAX] = "";
+  struct job *j = job_find(a->job_id);
+  char why[DEP_MSG_TEXT_MAX - DEP_JOB_ID_MAX - 8] = "";
+  char msg[DEP_MSG_TEXT_MAX];
   uint64_t slab_bytes = 0;
   int rc = job_check_memory(a, &slab_bytes, why, sizeof why);
   if (rc != 0) {
-    conn_send_error(c, request_id, rc, "job %s: %s", a->job_id, why);
+    snprintf(msg, sizeof msg, "job %s: %s", a->job_id, why);
+    job_refuse(j, c, request_id, a, rc, msg);
     return;
   }
-  struct job *j = job_find(a->job_id);
   if (j == NULL) {
     if (deepepd.draining) {
       conn_send_error(c, request_id, DEP_ERR_STATE,
@@ -409,6 +519,16 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
                       job_n);
       return;
     }
+    uint32_t mine = job_count_of(c->uid);
+    if (mine >= deepepd.cfg.max_jobs_per_uid) {
+      log_warnx("job %s: uid %u (pid %d) already holds %u jobs (limits.max_jobs_per_uid); "
+                "refused", a->job_id, (unsigned)c->uid, (int)c->pid, mine);
+      conn_send_error(c, request_id, DEP_ERR_LIMIT,
+                      "uid %u already holds %u jobs (limits.max_jobs_per_uid %u); wait for one "
+                      "to end, or ask the administrator to raise the limit",
+                      (unsigned)c->uid, mine, deepepd.cfg.max_jobs_per_uid);
+      return;
+    }
     j = job_create(c, a);
     if (j == NULL) {
       conn_send_error(c, request_id, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
@@ -416,7 +536,6 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
     }
     j->slab_bytes = slab_bytes; /* the layout's size; the stride once lent */
   } else {
-    char msg[DEP_MSG_TEXT_MAX];
     /* Another user learns that the id is taken, and nothing else about the job. */
     if (j->owner_uid != c->uid) {
       log_warnx("job %s: uid %u (pid %d) tried to join a job of uid %u; refused", j->id,
@@ -433,22 +552,22 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
       return;
     }
     if (job_mismatch(j, a, msg, sizeof msg)) {
-      conn_send_error(c, request_id, DEP_ERR_MISMATCH, "%s", msg);
+      job_refuse(j, c, request_id, a, DEP_ERR_MISMATCH, msg);
       return;
     }
   }
   struct job_rank *slot = &j->ranks[a->local_rank];
   if (slot->conn != NULL) {
-    conn_send_error(c, request_id, DEP_ERR_EXISTS,
-                    "local rank %u of job %s is already attached by pid %d", a->local_rank, j->id,
-                    (int)slot->pid);
+    snprintf(msg, sizeof msg, "local rank %u of job %s is already attached by pid %d",
+             a->local_rank, j->id, (int)slot->pid);
+    job_refuse(j, c, request_id, a, DEP_ERR_EXISTS, msg);
     return;
   }
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     if (j->ranks[i].conn != NULL && j->ranks[i].rank == a->rank) {
-      conn_send_error(c, request_id, DEP_ERR_EXISTS,
-                      "rank %u of job %s is already attached by pid %d (local rank %u)", a->rank,
-                      j->id, (int)j->ranks[i].pid, i);
+      snprintf(msg, sizeof msg, "rank %u of job %s is already attached by pid %d (local rank %u)",
+               a->rank, j->id, (int)j->ranks[i].pid, i);
+      job_refuse(j, c, request_id, a, DEP_ERR_EXISTS, msg);
       return;
     }
   }
@@ -481,13 +600,13 @@ void job_detach(struct conn *c, uint32_t request_id) {
                     "ATTACH to job %s was cancelled by DETACH before every local rank arrived",
                     j->id);
   }
-  job_remove_rank(j, c->job_local_rank, "detached");
+  job_remove_rank(j, c->job_local_rank, true);
   conn_send(c, DEP_MSG_DETACH_OK, request_id, NULL, NULL, 0);
 }
 
 void job_conn_closed(struct conn *c) {
   if (c->job != NULL)
-    job_remove_rank(c->job, c->job_local_rank, "disconnected");
+    job_remove_rank(c->job, c->job_local_rank, false);
 }
 
 int job_fill_status(struct dep_status *st, uid_t viewer_uid, uint32_t max_jobs) {
@@ -517,4 +636,8 @@ int job_fill_status(struct dep_status *st, uid_t viewer_uid, uint32_t max_jobs) 
 void job_fini(void) {
   while (job_list != NULL)
     job_destroy(job_list, "the daemon is stopping");
+  if (job_reaper_open) {
+    uv_close((uv_handle_t *)&job_reaper, NULL);
+    job_reaper_open = false;
+  }
 }

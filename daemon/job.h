@@ -62,6 +62,13 @@ void job_fini(void);
  * the last one arrives.
  */
 void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_args *a);
+/*
+ * An ATTACH that fails before job_attach (its fields did not check out):
+ * answer it with code and msg, and fail the gathering job it names, if that
+ * job is c's uid's, for every rank waiting in it (DESIGN §5).
+ */
+void job_refuse_attach(struct conn *c, uint32_t request_id, const struct dep_attach_args *a,
+                       int code, const char *msg);
 /* DETACH from connection c: leave its job and reply. */
 void job_detach(struct conn *c, uint32_t request_id);
 /* Connection c is gone (its rank died or left): free its slot. */

@@ -16,6 +16,7 @@
 #include "deepep.h"
 #include "deepepd.h"
 #include "devices.h"
+#include "held.h"
 #include "job.h"
 #include "log.h"
 #include "notify.h"
@@ -178,6 +179,8 @@ int main(int argc, char **argv) {
    * runs: clients that connect meanwhile wait in the listen backlog. */
   notify_send("STATUS=making device pools");
   char why[DEP_MSG_TEXT_MAX] = "";
+  held_load(deepepd.cfg.socket_path); /* what an earlier daemon's ranks still hold */
+  held_init(&loop, deepepd.cfg.socket_path);
   rc = devices_init(&deepepd.cfg, why, sizeof why);
   if (rc != 0) {
     log_errx("devices: %s", why);
@@ -191,6 +194,7 @@ int main(int argc, char **argv) {
   status = 0;
 
   job_fini(); /* every slab goes back before its pool does */
+  held_fini();
   devices_fini();
 out_server:
   server_fini();

@@ -12,10 +12,30 @@
 
 #include "config_value.h"
 #include "log.h"
+#include "proc.h"
 #include "slab.h"
 
 /* A size as the config file would write it ("640 KiB", "2 MiB"), for messages. */
 #define SIZE_TEXT(v, buf) config_value_size_text((v), (buf), sizeof(buf))
+
+/* The budget not yet taken by made blocks or ghosts. */
+static uint64_t pool_room(const struct pool *p) {
+  uint64_t taken = p->made_bytes + p->ghost_bytes;
+  return taken >= p->budget_bytes ? 0 : p->budget_bytes - taken;
+}
+
+/* Keep the holders still alive, in order; returns how many. */
+static uint32_t holders_reap(struct proc_id *h, uint32_t n) {
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (proc_alive(&h[i]))
+      h[k++] = h[i];
+  return k;
+}
+
+static bool block_held(const struct pool_block *b) {
+  return b->state != POOL_BLOCK_LENT && b->n_holders > 0;
+}
 
 /* Give a block's pieces back to the backend. */
 static void pieces_destroy(struct pool *p, struct pool_block *blk) {
@@ -30,7 +50,7 @@ static int block_make(struct pool *p, uint32_t n, uint64_t piece, struct pool_bl
                       char *why, size_t whylen) {
   char a[32], b[32];
   const uint64_t bytes = n * piece;
-  if (bytes > p->budget_bytes - p->made_bytes) {
+  if (bytes > pool_room(p)) {
     snprintf(why, whylen, "internal error: a block of %s would take device %s's pool past its "
              "budget of %s", SIZE_TEXT(bytes, a), p->dev.uuid_str, SIZE_TEXT(p->budget_bytes, b));
     return DEP_ERR_INTERNAL;
@@ -64,8 +84,32 @@ static int block_make(struct pool *p, uint32_t n, uint64_t piece, struct pool_bl
   return 0;
 }
 
-/* Take a block off the pool's list and give its memory back to the backend. */
+/* A held block is unmade: its holders keep the memory, so it stays charged. */
+static void ghost_add(struct pool *p, uid_t uid, uint64_t bytes, const struct proc_id *h,
+                      uint32_t n) {
+  struct pool_ghost *g = calloc(1, sizeof *g);
+  if (g == NULL) {
+    /* Forgetting the charge would let the pool lend past its budget; the
+     * daemon cannot go on honestly without this record. */
+    fatalx("pool %s: out of memory for a held-memory record", p->dev.uuid_str);
+  }
+  g->uid = uid;
+  g->bytes = bytes;
+  g->n_holders = n > POOL_MAX_HOLDERS ? POOL_MAX_HOLDERS : n;
+  memcpy(g->holders, h, sizeof *h * g->n_holders);
+  g->next = p->ghosts;
+  p->ghosts = g;
+  p->ghost_bytes += bytes;
+}
+
+/* Take a block off the pool's list and give its memory back to the backend;
+ * what live holders still map stays charged as a ghost. */
 static void block_unmake(struct pool *p, struct pool_block *blk) {
+  if (blk->state != POOL_BLOCK_LENT && blk->n_holders > 0) {
+    blk->n_holders = holders_reap(blk->holders, blk->n_holders);
+    if (blk->n_holders > 0)
+      ghost_add(p, blk->last_uid, pool_block_bytes(blk), blk->holders, blk->n_holders);
+  }
   for (struct pool_block **pp = &p->blocks; *pp != NULL; pp = &(*pp)->next) {
     if (*pp == blk) {
       *pp = blk->next;
@@ -83,6 +127,91 @@ static void block_unmake(struct pool *p, struct pool_block *blk) {
   free(blk);
 }
 
+/* Ghosts preloaded from a stopped daemon's held file, by device. */
+struct pool_preload {
+  struct pool_preload *next;
+  uint8_t uuid[16];
+  struct pool_ghost g;
+};
+static struct pool_preload *pool_preloaded;
+
+void pool_preload_ghost(const uint8_t uuid[16], uid_t uid, uint64_t bytes,
+                        const struct proc_id *holders, uint32_t n_holders) {
+  struct pool_preload *e = calloc(1, sizeof *e);
+  if (e == NULL)
+    fatalx("out of memory for a held-memory record");
+  memcpy(e->uuid, uuid, 16);
+  e->g.uid = uid;
+  e->g.bytes = bytes;
+  e->g.n_holders = n_holders > POOL_MAX_HOLDERS ? POOL_MAX_HOLDERS : n_holders;
+  memcpy(e->g.holders, holders, sizeof *holders * e->g.n_holders);
+  e->g.n_holders = holders_reap(e->g.holders, e->g.n_holders);
+  if (e->g.n_holders == 0) {
+    free(e);
+    return;
+  }
+  e->next = pool_preloaded;
+  pool_preloaded = e;
+}
+
+/* Charge the preloaded ghosts of p's device to p. */
+static void pool_take_preloaded(struct pool *p) {
+  for (struct pool_preload **pp = &pool_preloaded; *pp != NULL;) {
+    struct pool_preload *e = *pp;
+    if (memcmp(e->uuid, p->dev.uuid, 16) != 0) {
+      pp = &e->next;
+      continue;
+    }
+    char a[32];
+    log_notice("pool %s: %s lent by the daemon before this one is still held by %u process(es) "
+               "of uid %u (pid %d%s); charged to the budget until they exit", p->dev.uuid_str,
+               SIZE_TEXT(e->g.bytes, a), e->g.n_holders, (unsigned)e->g.uid,
+               (int)e->g.holders[0].pid, e->g.n_holders > 1 ? ", ..." : "");
+    ghost_add(p, e->g.uid, e->g.bytes, e->g.holders, e->g.n_holders);
+    *pp = e->next;
+    free(e);
+  }
+}
+
+void pool_reap(struct pool *p) {
+  for (struct pool_block *b = p->blocks; b != NULL; b = b->next)
+    if (b->state != POOL_BLOCK_LENT && b->n_holders > 0)
+      b->n_holders = holders_reap(b->holders, b->n_holders);
+  for (struct pool_ghost **gg = &p->ghosts; *gg != NULL;) {
+    struct pool_ghost *g = *gg;
+    g->n_holders = holders_reap(g->holders, g->n_holders);
+    if (g->n_holders > 0) {
+      gg = &g->next;
+      continue;
+    }
+    char a[32];
+    log_info("pool %s: the processes of uid %u that held %s have exited; it is free again",
+             p->dev.uuid_str, (unsigned)g->uid, SIZE_TEXT(g->bytes, a));
+    p->ghost_bytes -= g->bytes;
+    *gg = g->next;
+    free(g);
+  }
+}
+
+uint64_t pool_held_bytes(const struct pool *p) {
+  uint64_t n = p->ghost_bytes;
+  for (const struct pool_block *b = p->blocks; b != NULL; b = b->next)
+    if (block_held(b))
+      n += pool_block_bytes(b);
+  return n;
+}
+
+uint64_t pool_uid_bytes(const struct pool *p, uid_t uid) {
+  uint64_t n = 0;
+  for (const struct pool_ghost *g = p->ghosts; g != NULL; g = g->next)
+    if (g->uid == uid)
+      n += g->bytes;
+  for (const struct pool_block *b = p->blocks; b != NULL; b = b->next)
+    if (b->has_owner && b->last_uid == uid && (b->state == POOL_BLOCK_LENT || b->n_holders > 0))
+      n += pool_block_bytes(b);
+  return n;
+}
+
 int pool_init(struct pool *p, const struct backend_ops *ops, const struct backend_dev *dev,
               uint64_t budget_bytes, uint64_t reserve_bytes, bool prealloc, char *why,
               size_t whylen) {
@@ -98,9 +227,10 @@ int pool_init(struct pool *p, const struct backend_ops *ops, const struct backen
     pool_fini(p);
     return DEP_ERR_CONFIG;
   }
+  pool_take_preloaded(p);
   if (!prealloc)
     return 0;
-  for (uint64_t i = 0; i < budget_bytes / reserve_bytes; i++) {
+  for (uint64_t i = 0, n = pool_room(p) / reserve_bytes; i < n; i++) {
     struct pool_block *blk;
     int rc = block_make(p, 1, reserve_bytes, &blk, why, whylen);
     if (rc != 0) {
@@ -114,16 +244,25 @@ int pool_init(struct pool *p, const struct backend_ops *ops, const struct backen
 void pool_fini(struct pool *p) {
   if (p->ops == NULL)
     return;
-  while (p->blocks != NULL)
+  while (p->blocks != NULL) {
+    p->blocks->n_holders = 0; /* the daemon is stopping: the held file has them */
     block_unmake(p, p->blocks);
+  }
+  while (p->ghosts != NULL) {
+    struct pool_ghost *g = p->ghosts;
+    p->ghosts = g->next;
+    free(g);
+  }
+  p->ghost_bytes = 0;
   if (p->ops->release_dev != NULL)
     p->ops->release_dev(&p->dev);
   p->ops = NULL;
 }
 
-/* Whether b is made of n pieces of `piece` bytes. */
+/* Whether b is made of n pieces of `piece` bytes, with room for one more job's holders. */
 static bool block_is(const struct pool_block *b, uint32_t n, uint64_t piece) {
-  return b->n_pieces == n && b->piece_bytes == piece;
+  return b->n_pieces == n && b->piece_bytes == piece &&
+         b->n_holders + DEP_MAX_LOCAL_RANKS <= POOL_MAX_HOLDERS;
 }
 
 /* The warm path: a block cached by an earlier job of this uid, shape and layout. */
@@ -161,7 +300,7 @@ static struct pool_block *free_victim(const struct pool *p, uid_t uid) {
   struct pool_block *best = NULL;
   bool best_foreign = false;
   for (struct pool_block *b = p->blocks; b != NULL; b = b->next) {
-    if (b->state != POOL_BLOCK_FREE)
+    if (b->state != POOL_BLOCK_FREE || b->n_holders > 0)
       continue;
     bool foreign = b->has_owner && b->last_uid != uid;
     if (best == NULL || foreign > best_foreign ||
@@ -177,7 +316,8 @@ static struct pool_block *free_victim(const struct pool *p, uid_t uid) {
 static struct pool_block *cached_victim(const struct pool *p) {
   struct pool_block *best = NULL;
   for (struct pool_block *b = p->blocks; b != NULL; b = b->next)
-    if (b->state == POOL_BLOCK_CACHED && (best == NULL || b->cached_seq < best->cached_seq))
+    if (b->state == POOL_BLOCK_CACHED && b->n_holders == 0 &&
+        (best == NULL || b->cached_seq < best->cached_seq))
       best = b;
   return best;
 }
@@ -191,14 +331,14 @@ static struct pool_block *cached_victim(const struct pool *p) {
 static void make_room(struct pool *p, uint64_t size, uid_t uid) {
   uint32_t n_free = 0, n_cached = 0;
   uint64_t released = 0;
-  while (p->budget_bytes - p->made_bytes < size) {
+  while (pool_room(p) < size) {
     struct pool_block *b = free_victim(p, uid);
     if (b != NULL)
       n_free++;
     else if ((b = cached_victim(p)) != NULL)
       n_cached++;
     else
-      break; /* only lent blocks left: the caller's check makes this unreachable */
+      break; /* only lent and held blocks left: the caller's check makes this unreachable */
     released += pool_block_bytes(b);
     block_unmake(p, b);
   }
@@ -232,26 +372,53 @@ uint64_t pool_block_layout(const struct pool *p, uint64_t bytes, uint64_t max_pi
   return k * *piece;
 }
 
+/* Refuse a block that would take uid past its quota: fresh memory counts
+ * in full, a block already charged to uid (held by its processes) not again. */
+static int check_quota(const struct pool *p, uid_t uid, uint64_t quota, uint64_t size,
+                       const struct pool_block *b, char *why, size_t whylen) {
+  if (quota == 0)
+    return 0;
+  uint64_t have = pool_uid_bytes(p, uid);
+  bool charged = b != NULL && b->has_owner && b->last_uid == uid && b->n_holders > 0;
+  if (charged || have + size <= quota)
+    return 0;
+  char a[32], c[32], d[32];
+  snprintf(why, whylen, "uid %u already holds %s on device %s (its jobs, and memory its "
+           "processes were lent and may still hold until they exit); a block of %s more would "
+           "pass limits.memory_per_uid (%s): end those processes or jobs, or raise the limit",
+           (unsigned)uid, SIZE_TEXT(have, a), p->dev.uuid_str, SIZE_TEXT(size, c),
+           SIZE_TEXT(quota, d));
+  return DEP_ERR_LIMIT;
+}
+
 int pool_block_get(struct pool *p, uint64_t bytes, uint64_t max_piece, uid_t uid,
-                   uint64_t shape_key, struct pool_block **out, char *why, size_t whylen) {
+                   uint64_t shape_key, uint64_t uid_quota, struct pool_block **out, char *why,
+                   size_t whylen) {
   uint32_t n;
   uint64_t piece;
   const uint64_t size = pool_block_layout(p, bytes, max_piece, &n, &piece);
+  pool_reap(p);
   struct pool_block *b = cached_match(p, n, piece, uid, shape_key);
   if (b == NULL)
     b = free_match(p, n, piece, uid);
+  int rc = check_quota(p, uid, uid_quota, size, b, why, whylen);
+  if (rc != 0)
+    return rc;
   if (b == NULL) {
-    char t[32], u[32], v[32], w[32];
-    if (size > p->budget_bytes - p->used_bytes) {
+    char t[32], u[32], v[32], w[32], x[32];
+    const uint64_t held = pool_held_bytes(p);
+    if (size > p->budget_bytes || p->budget_bytes - size < p->used_bytes + held) {
       snprintf(why, whylen, "device %s (%s) cannot lend this job a block of %s: its pool's "
-               "budget is %s and live jobs hold %s of it; raise pool.size_per_device "
+               "budget is %s, live jobs hold %s of it and processes whose jobs ended (or that a "
+               "stopped deepepd served) still hold %s; raise pool.size_per_device "
                "(pool.host_size on the host backend), lower max_tokens_per_rank, or wait for "
-               "jobs to end", p->dev.uuid_str, p->dev.name, SIZE_TEXT(size, v),
-               SIZE_TEXT(p->budget_bytes, t), SIZE_TEXT(p->used_bytes, u));
+               "jobs or those processes to end", p->dev.uuid_str, p->dev.name,
+               SIZE_TEXT(size, v), SIZE_TEXT(p->budget_bytes, t), SIZE_TEXT(p->used_bytes, u),
+               SIZE_TEXT(held, x));
       return DEP_ERR_NO_MEMORY;
     }
     make_room(p, size, uid);
-    int rc = block_make(p, n, piece, &b, why, whylen);
+    rc = block_make(p, n, piece, &b, why, whylen);
     if (rc != 0)
       return rc;
     log_info("pool %s: made a block of %s (%u allocation(s) of %s) for a job of uid %u (none "
@@ -261,6 +428,49 @@ int pool_block_get(struct pool *p, uint64_t bytes, uint64_t max_piece, uid_t uid
   }
   block_lend(p, b, uid, shape_key);
   *out = b;
+  return 0;
+}
+
+void pool_block_hold(struct pool_block *b, pid_t pid) {
+  struct proc_id id;
+  if (proc_identify(pid, &id) != 0)
+    return; /* gone already: it holds nothing */
+  for (uint32_t i = 0; i < b->n_holders; i++)
+    if (b->holders[i].pid == id.pid && b->holders[i].start == id.start)
+      return;
+  if (b->n_holders == POOL_MAX_HOLDERS)
+    b->n_holders = holders_reap(b->holders, b->n_holders);
+  if (b->n_holders < POOL_MAX_HOLDERS)
+    b->holders[b->n_holders++] = id;
+  else
+    log_warnx("pool %s: a block already has %u live holders; pid %d is not tracked",
+              b->pool->dev.uuid_str, (unsigned)POOL_MAX_HOLDERS, (int)pid);
+}
+
+void pool_block_abandon(struct pool_block *b) {
+  struct pool *p = b->pool;
+  b->n_holders = 0; /* charged by the next daemon, from the held file */
+  block_unmake(p, b);
+}
+
+int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
+                     size_t whylen) {
+  struct pool *p = b->pool;
+  const uint8_t *s = src;
+  while (len > 0) {
+    uint64_t i = off / b->piece_bytes, in = off % b->piece_bytes;
+    if (i >= b->n_pieces) {
+      snprintf(why, whylen, "write past the end of the block");
+      return DEP_ERR_INVALID;
+    }
+    size_t n = len < b->piece_bytes - in ? len : (size_t)(b->piece_bytes - in);
+    int rc = p->ops->chunk_write(&p->dev, &b->piece[i], in, s, n, why, whylen);
+    if (rc != 0)
+      return rc;
+    s += n;
+    off += n;
+    len -= n;
+  }
   return 0;
 }
 

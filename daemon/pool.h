@@ -20,6 +20,15 @@
  * when a job of another size needs the room.  The sum of made blocks never
  * exceeds the budget, so the pool never holds more device memory than
  * pool.size_per_device (pool.host_size) says.
+ *
+ * Holders: a process keeps what it was lent until it exits (an fd cannot
+ * be revoked, DESIGN §4), so every block remembers the processes it was
+ * lent to (proc.h) while they live.  A block with live holders is *held*:
+ * it is lent again only to its own uid, and when it is unmade its bytes
+ * stay charged, as a *ghost*, until the last holder exits — so memory a
+ * client kept after detach still counts against the budget and against
+ * its uid's limits.memory_per_uid.  A stopped daemon writes what is lent
+ * or held to a file (held.h) and the next one starts with those ghosts.
  */
 #ifndef DEP_POOL_H
 #define DEP_POOL_H
@@ -29,11 +38,16 @@
 #include <sys/types.h>
 
 #include "backend.h"
+#include "proc.h"
 
 enum pool_block_state { POOL_BLOCK_FREE = 0, POOL_BLOCK_LENT, POOL_BLOCK_CACHED };
 
 /* The most pieces one block is made of (a larger block gets larger pieces). */
 #define POOL_MAX_PIECES 64
+/* Processes one block or ghost remembers: two jobs' worth of local ranks.
+ * A block is lent again only while one more job's ranks fit beside the
+ * holders still alive. */
+#define POOL_MAX_HOLDERS (2 * DEP_MAX_LOCAL_RANKS)
 
 /* One made block; what job.c holds per arena while it is lent. */
 struct pool_block {
@@ -46,7 +60,18 @@ struct pool_block {
   uid_t last_uid;              /* owner of the job it serves or last served */
   uint64_t shape_key;          /* that job's shape: what a cached block matches on */
   uint64_t cached_seq;         /* CACHED: when, so that the oldest is evicted first */
+  struct proc_id holders[POOL_MAX_HOLDERS]; /* processes it was lent to that may still live */
+  uint32_t n_holders;
   struct pool_block *next;     /* the pool's list of made blocks */
+};
+
+/* Memory the pool no longer has but a process of uid may still hold. */
+struct pool_ghost {
+  struct pool_ghost *next;
+  uid_t uid;
+  uint64_t bytes;
+  struct proc_id holders[POOL_MAX_HOLDERS];
+  uint32_t n_holders;
 };
 
 struct pool {
@@ -60,19 +85,39 @@ struct pool {
   uint64_t used_bytes;         /* of them, lent to live jobs */
   uint64_t cached_bytes;       /* of them, cached for the next job of their shape */
   uint64_t cache_seq;          /* the last cached_seq handed out */
+  struct pool_ghost *ghosts;   /* charged beside the made blocks: made + ghost <= budget */
+  uint64_t ghost_bytes;
 };
 
 /*
+ * Before the pools are made: memory that processes of uid still hold on the
+ * device `uuid` (from a stopped daemon's held file), charged by the pool_init
+ * of that device from the start.  Processes no longer alive are skipped.
+ */
+void pool_preload_ghost(const uint8_t uuid[16], uid_t uid, uint64_t bytes,
+                        const struct proc_id *holders, uint32_t n_holders);
+
+/*
  * Set up a pool with a budget of budget_bytes on dev; with prealloc, make
- * floor(budget / reserve_bytes) blocks of reserve_bytes now.  reserve_bytes
+ * floor((budget - preloaded ghosts) / reserve_bytes) blocks of reserve_bytes now.  reserve_bytes
  * must be a multiple of the device's granularity.  Returns 0 or DEP_ERR_*
  * with why; on failure the pool holds nothing and dev is released.
  */
 int pool_init(struct pool *p, const struct backend_ops *ops, const struct backend_dev *dev,
               uint64_t budget_bytes, uint64_t reserve_bytes, bool prealloc, char *why,
               size_t whylen);
-/* Unmake every block (none may still be lent) and release the device. */
+/* Unmake every block (none may still be lent) and release the device.
+ * Ghosts are forgotten: the held file (held.h) has them. */
 void pool_fini(struct pool *p);
+
+/* Forget the holders that have exited, and the ghosts none of whose holders
+ * lives (logged).  Cheap: blocks and ghosts are few. */
+void pool_reap(struct pool *p);
+
+/* Memory no live job holds that processes may still hold: held blocks and ghosts. */
+uint64_t pool_held_bytes(const struct pool *p);
+/* What uid is charged on this pool: blocks lent to its jobs, held by its processes, ghosts. */
+uint64_t pool_uid_bytes(const struct pool *p, uid_t uid);
 
 /*
  * The block pool_block_get makes for `bytes` with pieces of at most
@@ -89,13 +134,26 @@ uint64_t pool_block_layout(const struct pool *p, uint64_t bytes, uint64_t max_pi
  * first, then a free block of that layout not last used by another uid,
  * else a new block, releasing free then cached blocks to make room.
  * DEP_ERR_NO_MEMORY (with why) when the budget cannot hold it beside the
- * blocks lent to live jobs.
+ * blocks lent to live jobs and what is held, or when uid's charge would pass
+ * uid_quota (limits.memory_per_uid; 0: none).
  */
 int pool_block_get(struct pool *p, uint64_t bytes, uint64_t max_piece, uid_t uid,
-                   uint64_t shape_key, struct pool_block **out, char *why, size_t whylen);
+                   uint64_t shape_key, uint64_t uid_quota, struct pool_block **out, char *why,
+                   size_t whylen);
+
+/* The block's fds are being sent to process pid: it may hold them until it exits. */
+void pool_block_hold(struct pool_block *b, pid_t pid);
 
 /* Return a lent block: scrub it (unmake it when that fails), then cache it or free it. */
 void pool_block_put(struct pool_block *b, bool cache);
+
+/* The daemon is stopping: give a lent block's memory back without scrubbing
+ * it (live ranks may still compute on it; it goes with the last of them). */
+void pool_block_abandon(struct pool_block *b);
+
+/* Write len bytes at off of the block (across its pieces); 0 or DEP_ERR_* with why. */
+int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
+                     size_t whylen);
 
 /* The block's size, and how it is made: pieces of piece bytes each. */
 uint64_t pool_block_bytes(const struct pool_block *b);

@@ -143,7 +143,7 @@ START_TEST(random_jobs_keep_the_budget_and_never_cross_uids) {
       ck_assert_uint_lt(size - (want + page - 1) / page * page, n * page);
       char why[512] = "";
       struct pool_block *b = NULL;
-      int rc = pool_block_get(&p, want, cap, uid, want ^ uid, &b, why, sizeof why);
+      int rc = pool_block_get(&p, want, cap, uid, want ^ uid, 0, &b, why, sizeof why);
       if (size > room) {
         ck_assert_int_eq(rc, DEP_ERR_NO_MEMORY);
         ck_assert_msg(strstr(why, "raise pool.size_per_device") != NULL, "said: %s", why);
@@ -185,7 +185,7 @@ START_TEST(a_block_that_fails_its_scrub_is_unmade) {
   pool_open(&p, 8 * MIB, false);
   char why[512] = "";
   struct pool_block *b = NULL;
-  ck_assert_int_eq(pool_block_get(&p, 640 * KIB, 0, 1000, 7, &b, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 640 * KIB, 0, 1000, 7, 0, &b, why, sizeof why), 0);
   ino_t first = inode_of(b);
   int fd = dup(pool_block_fd(b, 0)); /* keeps the inode from being reused */
   fail_next_scrubs = 1;
@@ -194,7 +194,7 @@ START_TEST(a_block_that_fails_its_scrub_is_unmade) {
   ck_assert_uint_eq(p.used_bytes, 0);
   ck_assert_uint_eq(p.cached_bytes, 0);
   ck_assert_uint_eq(p.n_blocks, 0);
-  ck_assert_int_eq(pool_block_get(&p, 640 * KIB, 0, 1000, 7, &b, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 640 * KIB, 0, 1000, 7, 0, &b, why, sizeof why), 0);
   ck_assert(inode_of(b) != first);
   ck_assert_int_eq(made, 2);
   pool_block_put(b, true);
@@ -213,32 +213,32 @@ START_TEST(room_comes_from_free_blocks_then_the_oldest_cached) {
   pool_open(&p, 8 * MIB, false);
   char why[512] = "";
   struct pool_block *a, *b, *c, *d;
-  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 0, 1000, 1, &a, why, sizeof why), 0);
-  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 0, 1000, 2, &b, why, sizeof why), 0);
-  ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 0, 1000, 3, &c, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 0, 1000, 1, 0, &a, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 0, 1000, 2, 0, &b, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 0, 1000, 3, 0, &c, why, sizeof why), 0);
   ino_t ia = inode_of(a), ib = inode_of(b);
   pool_block_put(a, true); /* cached first: the oldest */
   pool_block_put(b, true);
   pool_block_put(c, false); /* free */
   ck_assert_int_eq(made, 3);
   /* 1 MiB: the free 2 MiB block makes the room; the cache is untouched. */
-  ck_assert_int_eq(pool_block_get(&p, 1 * MIB, 0, 1000, 4, &d, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 1 * MIB, 0, 1000, 4, 0, &d, why, sizeof why), 0);
   ck_assert_uint_eq(p.cached_bytes, 6 * MIB);
   ck_assert_uint_eq(p.made_bytes, 7 * MIB);
   pool_block_put(d, false);
   /* 4 MiB: the free 1 MiB block goes, then one cached block, the oldest (a's). */
-  ck_assert_int_eq(pool_block_get(&p, 4 * MIB, 0, 1000, 5, &d, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 4 * MIB, 0, 1000, 5, 0, &d, why, sizeof why), 0);
   ck_assert_uint_eq(p.cached_bytes, 3 * MIB);
   ck_assert_uint_eq(p.made_bytes, 7 * MIB);
   struct pool_block *again;
-  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 0, 1000, 2, &again, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 3 * MIB, 0, 1000, 2, 0, &again, why, sizeof why), 0);
   ck_assert(inode_of(again) == ib); /* b survived, and is the warm block of its shape */
   ck_assert(inode_of(again) != ia);
   ck_assert_int_eq(made, 5);
   pool_block_put(again, true);
   /* A live job holds 4 MiB of 8: 5 MiB is refused with the figures, and the cache stays. */
   struct pool_block *none = NULL;
-  ck_assert_int_eq(pool_block_get(&p, 5 * MIB, 0, 1000, 6, &none, why, sizeof why),
+  ck_assert_int_eq(pool_block_get(&p, 5 * MIB, 0, 1000, 6, 0, &none, why, sizeof why),
                    DEP_ERR_NO_MEMORY);
   ck_assert_msg(strstr(why, "a block of 5 MiB: its pool's budget is 8 MiB and live jobs hold "
                             "4 MiB of it") != NULL, "said: %s", why);
@@ -262,15 +262,15 @@ START_TEST(reserve_blocks_are_lent_as_they_are_and_free_ones_go_back_to_their_ui
   ck_assert_int_eq(made, 4);
   char why[512] = "";
   struct pool_block *b, *again, *other;
-  ck_assert_int_eq(pool_block_get(&p, 2 * MIB - 100, 0, 1000, 1, &b, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 2 * MIB - 100, 0, 1000, 1, 0, &b, why, sizeof why), 0);
   ck_assert_uint_eq(pool_block_bytes(b), 2 * MIB);
   ino_t first = inode_of(b);
   pool_block_put(b, false);
   for (int i = 0; i < 3; i++) { /* whatever order the blocks are in */
-    ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 0, 1001, 2, &other, why, sizeof why), 0);
+    ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 0, 1001, 2, 0, &other, why, sizeof why), 0);
     ck_assert(inode_of(other) != first);
     pool_block_put(other, false);
-    ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 0, 1000, 1, &again, why, sizeof why), 0);
+    ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 0, 1000, 1, 0, &again, why, sizeof why), 0);
     ck_assert(inode_of(again) == first);
     pool_block_put(again, false);
   }
@@ -294,7 +294,7 @@ START_TEST(a_capped_block_is_equal_scrubbed_pieces) {
   const uint64_t size = (want + page - 1) / page * page;
   char why[512] = "";
   struct pool_block *b = NULL;
-  ck_assert_int_eq(pool_block_get(&p, want, 2 * MIB, 1000, 9, &b, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, want, 2 * MIB, 1000, 9, 0, &b, why, sizeof why), 0);
   const uint32_t n = pool_block_pieces(b);
   const uint64_t piece = pool_block_piece_bytes(b);
   ck_assert_uint_eq(n, 4);
@@ -323,14 +323,14 @@ START_TEST(a_capped_block_is_equal_scrubbed_pieces) {
   pool_block_put(b, true);
   /* The same shape without a cap: another layout, so a block of its own. */
   struct pool_block *whole = NULL;
-  ck_assert_int_eq(pool_block_get(&p, want, 0, 1000, 9, &whole, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, want, 0, 1000, 9, 0, &whole, why, sizeof why), 0);
   ck_assert_uint_eq(pool_block_pieces(whole), 1);
   ck_assert_uint_eq(pool_block_bytes(whole), size);
   ck_assert_int_eq(made, 5);
   pool_block_put(whole, false);
   /* With the cap again: the cached block, every piece scrubbed. */
   struct pool_block *again = NULL;
-  ck_assert_int_eq(pool_block_get(&p, want, 2 * MIB, 1000, 9, &again, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, want, 2 * MIB, 1000, 9, 0, &again, why, sizeof why), 0);
   ck_assert_ptr_eq(again, b);
   ck_assert_int_eq(made, 5);
   for (uint32_t i = 0; i < n; i++) {
@@ -361,7 +361,7 @@ START_TEST(a_block_that_fails_midway_gives_back_its_pieces) {
   struct pool_block *b = NULL;
   const int fds_before = open_fds();
   fail_create_at = 3;
-  ck_assert_int_eq(pool_block_get(&p, 8 * MIB, 2 * MIB, 1000, 1, &b, why, sizeof why),
+  ck_assert_int_eq(pool_block_get(&p, 8 * MIB, 2 * MIB, 1000, 1, 0, &b, why, sizeof why),
                    DEP_ERR_NO_MEMORY);
   ck_assert_msg(strstr(why, "allocation 3 of 4") != NULL &&
                     strstr(why, "allocation failed on purpose") != NULL, "said: %s", why);
@@ -370,7 +370,7 @@ START_TEST(a_block_that_fails_midway_gives_back_its_pieces) {
   ck_assert_uint_eq(p.made_bytes, 0);
   ck_assert_uint_eq(p.used_bytes, 0);
   fail_create_at = 0;
-  ck_assert_int_eq(pool_block_get(&p, 8 * MIB, 2 * MIB, 1000, 1, &b, why, sizeof why), 0);
+  ck_assert_int_eq(pool_block_get(&p, 8 * MIB, 2 * MIB, 1000, 1, 0, &b, why, sizeof why), 0);
   ck_assert_uint_eq(pool_block_pieces(b), 4);
   check_books(&p);
   pool_block_put(b, false);
