@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "host_ops.h"
+#include "shape.h"
 
 static int fail(char *why, size_t whylen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -43,15 +44,15 @@ uint64_t ops_check_idx_hash(const void *idx, int index_type, size_t n) {
 int ops_check_ctx(const struct ops_ctx *c, char *why, size_t whylen) {
   if (c == NULL)
     return fail(why, whylen, "ops context is NULL (attach first)");
-  const struct dep_job_shape *s = &c->shape;
   if (c->world == 0 || c->world > DEP_MAX_LOCAL_RANKS || c->rank >= c->world)
     return fail(why, whylen, "rank %u of world %u out of range (the host backend runs 1..%u ranks)",
                 c->rank, c->world, DEP_MAX_LOCAL_RANKS);
-  if (s->hidden == 0 || s->hidden % 128 != 0 || s->hidden > 16384 || s->topk == 0 ||
-      s->topk > 16 || s->num_experts == 0 || s->num_experts % c->world != 0 ||
-      s->max_tokens_per_rank == 0 || c->lay.world_size != c->world || c->lay.max_ll_tokens == 0)
-    return fail(why, whylen, "job shape out of range (hidden %u, topk %u, num_experts %u, "
-                "world %u)", s->hidden, s->topk, s->num_experts, c->world);
+  int rc = dep_shape_check(&c->shape, c->world, why, whylen);
+  if (rc != 0)
+    return rc;
+  if (c->lay.world_size != c->world || c->lay.max_ll_tokens != dep_shape_max_ll(&c->shape))
+    return fail(why, whylen, "ops context's slab layout is not its shape's (make it with "
+                "host_ops_init)");
   for (uint32_t r = 0; r < c->world; r++)
     if (c->slabs[r] == NULL)
       return fail(why, whylen, "slab of rank %u is not mapped", r);

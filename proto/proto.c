@@ -32,6 +32,7 @@
  *   STATUS, DETACH, DETACH_OK, SHUTDOWN, RELOAD: empty
  */
 #include "proto.h"
+#include "shape.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -797,7 +798,8 @@ int proto_check_attach(const struct dep_attach_args *a, char *why, size_t whylen
   }
   if ((rc = proto_check_job_id(a->job_id, why, whylen)) != 0)
     return rc;
-  if ((rc = check_range("world_size", a->world_size, 1, DEP_MAX_WORLD, why, whylen)) != 0)
+  /* The shape with its world size, world_size first (shape.h's table). */
+  if ((rc = dep_shape_check(&a->shape, a->world_size, why, whylen)) != 0)
     return rc;
   if (a->rank >= a->world_size) {
     set_why(why, whylen, "rank %u is out of range (allowed 0..%u for world_size %u)", a->rank,
@@ -816,44 +818,6 @@ int proto_check_attach(const struct dep_attach_args *a, char *why, size_t whylen
   if (a->local_rank >= a->local_world_size) {
     set_why(why, whylen, "local_rank %u is out of range (allowed 0..%u for local_world_size %u)",
             a->local_rank, a->local_world_size - 1, a->local_world_size);
-    return DEP_ERR_INVALID;
-  }
-  const struct dep_job_shape *s = &a->shape;
-  if ((rc = check_range("max_tokens_per_rank", s->max_tokens_per_rank, 1, 65536, why,
-                        whylen)) != 0)
-    return rc;
-  if (s->hidden < 128 || s->hidden > 16384 || s->hidden % 128 != 0) {
-    set_why(why, whylen,
-            "hidden %u is out of range (allowed a multiple of 128 in 128..16384)", s->hidden);
-    return DEP_ERR_INVALID;
-  }
-  if ((rc = check_range("topk", s->topk, 1, 16, why, whylen)) != 0)
-    return rc;
-  if ((rc = check_range("num_experts", s->num_experts, 1, 65536, why, whylen)) != 0)
-    return rc;
-  if (s->num_experts % a->world_size != 0) {
-    set_why(why, whylen,
-            "num_experts %u is not divisible by world_size %u (allowed a multiple of %u in "
-            "1..65536)",
-            s->num_experts, a->world_size, a->world_size);
-    return DEP_ERR_INVALID;
-  }
-  if (s->topk > s->num_experts) {
-    set_why(why, whylen, "topk %u exceeds num_experts %u (allowed 1..%u)", s->topk,
-            s->num_experts, s->num_experts < 16 ? s->num_experts : 16);
-    return DEP_ERR_INVALID;
-  }
-  /* 0 asks for the default, min(max_tokens_per_rank, 256) (slab.h). */
-  if (s->max_ll_tokens_per_rank > s->max_tokens_per_rank) {
-    set_why(why, whylen,
-            "max_ll_tokens_per_rank %u exceeds max_tokens_per_rank %u (allowed 0 = default, "
-            "or 1..%u)",
-            s->max_ll_tokens_per_rank, s->max_tokens_per_rank, s->max_tokens_per_rank);
-    return DEP_ERR_INVALID;
-  }
-  if (s->dtype != DEP_DTYPE_BF16 && s->dtype != DEP_DTYPE_FP8_E4M3) {
-    set_why(why, whylen, "dtype %u is not supported (allowed %d = bf16, %d = fp8_e4m3)",
-            s->dtype, DEP_DTYPE_BF16, DEP_DTYPE_FP8_E4M3);
     return DEP_ERR_INVALID;
   }
   return 0;

@@ -6,33 +6,22 @@
 #include <stdio.h>
 
 #include "proto.h"
+#include "shape.h"
 
 static uint64_t max2(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
 int dep_slab_layout(const struct dep_job_shape *s, uint32_t world_size,
                     struct dep_slab_layout *out, char *why, size_t whylen) {
-  if (s->max_tokens_per_rank == 0 || s->max_tokens_per_rank > 65536 || s->hidden == 0 ||
-      s->hidden % 128 != 0 || s->hidden > 16384 || s->topk == 0 || s->topk > 16 ||
-      world_size == 0 || world_size > DEP_MAX_WORLD) {
-    snprintf(why, whylen, "job shape out of range (max_tokens_per_rank %u, hidden %u, topk %u, "
-             "world_size %u)", s->max_tokens_per_rank, s->hidden, s->topk, world_size);
-    return DEP_ERR_INVALID;
-  }
+  int rc = dep_shape_check(s, world_size, why, whylen);
+  if (rc != 0)
+    return rc;
   uint64_t h = s->hidden, k = s->topk;
   /* bf16 token + int32 ids + float32 weights + int32 source index, or an
    * FP8 token + one float32 scale per 128 channels + the same metadata. */
   uint64_t meta = k * 4 + k * 4 + 16;
   uint64_t row = max2(h * 2 + meta, h + (h / 128) * 4 + meta);
   row = dep_round_up(row, 16);
-  uint32_t ll = s->max_ll_tokens_per_rank;
-  if (ll == 0)
-    ll = s->max_tokens_per_rank < 256 ? s->max_tokens_per_rank : 256;
-  if (ll > s->max_tokens_per_rank || s->num_experts == 0 || s->num_experts % world_size != 0) {
-    snprintf(why, whylen, "job shape out of range (max_ll_tokens_per_rank %u > max_tokens_per_rank "
-             "%u, or num_experts %u not a multiple of world_size %u)", s->max_ll_tokens_per_rank,
-             s->max_tokens_per_rank, s->num_experts, world_size);
-    return DEP_ERR_INVALID;
-  }
+  const uint32_t ll = dep_shape_max_ll(s);
   uint64_t local_experts = s->num_experts / world_size;
   uint64_t ll_vectors = (uint64_t)ll * (k < local_experts ? k : local_experts);
   uint64_t block = (uint64_t)s->max_tokens_per_rank * row;
@@ -48,8 +37,8 @@ int dep_slab_layout(const struct dep_job_shape *s, uint32_t world_size,
   out->ctrl_bytes = ctrl;
   out->row_bytes = row;
   out->data_off = dep_round_up(ctrl, DEP_SLAB_ALIGN);
-  /* World 4096, 65536 tokens of 16 KiB rows, top-16: far below 2^64, so
-   * the ranges above rule out overflow. */
+  /* World 4096, 65536 tokens of 16 KiB rows, top-16 (shape.h's limits):
+   * far below 2^64, so the checked ranges rule out overflow. */
   out->parity_bytes = (uint64_t)world_size * block;
   out->priv_off = dep_round_up(out->data_off + 2 * out->parity_bytes, DEP_SLAB_ALIGN);
   /* One FP8 row (a byte per channel and a float scale per 128) for each

@@ -184,7 +184,7 @@ static const struct ow_scenario scenarios[] = {
   {2, 2048, 2, 8, 16, 16, P_RANDOM, T_MIXED, DEP_INDEX_I32, 1},
   {2, 128, 8, 8, 16, 16, P_RANDOM, T_ZERO, DEP_INDEX_I64, 0},
   {3, 128, 8, 12, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I64, 0},
-  {3, 2048, 16, 6, 8, 8, P_DUP, T_MIXED, DEP_INDEX_I32, 1},
+  {3, 2048, 16, 18, 8, 8, P_DUP, T_MIXED, DEP_INDEX_I32, 1},  /* top-16 over 6 local experts */
   {4, 128, 16, 16, 32, 32, P_RANDOM, T_MAX, DEP_INDEX_I32, 1},
   {4, 7168, 2, 8, 16, 8, P_RANDOM, T_ONE, DEP_INDEX_I64, 0},
   {4, 2048, 8, 32, 16, 16, P_ONE_RANK, T_MAX, DEP_INDEX_I64, 1},
@@ -195,7 +195,7 @@ static const struct ow_scenario scenarios[] = {
   {8, 128, 16, 32, 16, 16, P_ONE_EXPERT, T_MAX, DEP_INDEX_I32, 1},
   {8, 2048, 16, 128, 32, 32, P_RANDOM, T_MAX, DEP_INDEX_I64, 0},
   {8, 128, 2, 8, 16, 16, P_RANDOM, T_ZERO, DEP_INDEX_I32, 1},
-  {8, 128, 16, 8, 16, 4, P_DUP, T_ONE, DEP_INDEX_I64, 0},
+  {8, 128, 16, 16, 16, 4, P_DUP, T_ONE, DEP_INDEX_I64, 0},   /* top-16 over 2 local experts */
   {8, 2048, 8, 16, 16, 16, P_ONE_RANK, T_MIXED, DEP_INDEX_I32, 0},
   {2, 128, 4, 4, 24, 0, P_RANDOM, T_MAX, DEP_INDEX_I32, 1}, /* max_ll 0: the default bound */
 };
