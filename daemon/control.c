@@ -96,7 +96,9 @@ static void control_attach(struct conn *c, const struct dep_frame_hdr *h, const 
   char why[DEP_MSG_TEXT_MAX];
   rc = proto_check_attach(&a, why, sizeof why);
   if (rc != 0) {
-    conn_send_error(c, h->request_id, rc, "ATTACH: %s", why);
+    char msg[DEP_MSG_TEXT_MAX];
+    snprintf(msg, sizeof msg, "ATTACH: %.480s", why);
+    job_refuse_attach(c, h->request_id, &a, rc, msg); /* fails the job it names, if gathering */
     return;
   }
   job_attach(c, h->request_id, &a);
