@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -370,6 +371,24 @@ DEP_EXPORT const char *dep_errmsg(const dep_client_t *c) {
 /* ---- connect ------------------------------------------------------------------ */
 
 static int client_connect_error(dep_client_t *c, int err, const char *path, const char *from) {
+  /* Linux answers connect(2) on a file that is not a socket with ECONNREFUSED
+   * (or EACCES where the file is not writable), which would read as a stale
+   * socket or a missing group: look at what the path is before saying so. */
+  struct stat sb;
+  if (err != ENOENT && err != ENOTDIR && stat(path, &sb) == 0 && !S_ISSOCK(sb.st_mode)) {
+    mode_t m = sb.st_mode;
+    const char *kind = S_ISREG(m)    ? "a regular file"
+                       : S_ISDIR(m)  ? "a directory"
+                       : S_ISFIFO(m) ? "a FIFO"
+                       : S_ISCHR(m)  ? "a character device"
+                       : S_ISBLK(m)  ? "a block device"
+                                     : "some other kind of file";
+    return client_seterr(c, DEP_ERR_NO_DAEMON,
+                         "%s%s is not a socket: it is %s, so no deepepd listens there; give "
+                         "the path of deepepd's socket (socket.path in " DEP_SYSCONFDIR
+                         "/deepepd/deepepd.yaml, default " DEP_DEFAULT_SOCKET ")",
+                         path, from, kind);
+  }
   switch (err) {
   case ENOENT:
   case ENOTDIR:

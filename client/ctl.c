@@ -1,12 +1,14 @@
 /*
  * ctl.c — deepepctl, the operator's view of deepepd: global options, the
  * table of subcommands (one file each, ctl_<name>.c) and the helpers they
- * share.  Exit codes: 0 success, 1 failure, 2 usage error.
+ * share.  Exit codes: 0 success, 1 failure, 2 usage error; with --json a
+ * failure is a JSON object on stdout as well as an exit code.
  */
 #include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
@@ -14,95 +16,153 @@
 #include "proto.h"
 
 static int ctl_help(struct ctl *ctl, int argc, char **argv);
-static int ctl_version(struct ctl *ctl, int argc, char **argv);
 
 static const struct ctl_cmd ctl_cmds[] = {
-    {"status", ctl_status, "show version, uptime, backend, devices, clients and jobs"},
-    {"reload", ctl_reload, "re-read deepepd's configuration (as SIGHUP); root or its user only"},
-    {"version", ctl_version, "print deepepctl's version and protocol version"},
-    {"help", ctl_help, "show this help"},
+    {"status", ctl_status,
+     "show the daemon's state, version, uptime, backend, devices, clients and jobs", NULL},
+    {"reload", ctl_reload, "re-read deepepd's configuration (as SIGHUP); root or its user only",
+     NULL},
+    {"drain", ctl_drain, "take no new jobs, running ones finish; root or its user only",
+     "--cancel\taccept new jobs again\n"
+     "--wait\tthen wait until no job is left\n"
+     "--timeout S\twith --wait: give up after S seconds (exit 1)"},
+    {"version", ctl_version, "deepepctl's version and protocol, and the daemon's if one answers",
+     NULL},
+    {"help", ctl_help, "show this help", NULL},
 };
 #define CTL_NCMDS (sizeof ctl_cmds / sizeof ctl_cmds[0])
 
 static const struct option ctl_longopts[] = {
-    {"socket", required_argument, NULL, 's'},
-    {"json", no_argument, NULL, 'j'},
-    {"help", no_argument, NULL, 'h'},
+    CTL_COMMON_LONGOPTS,
     {NULL, 0, NULL, 0},
 };
 
 static void ctl_usage(FILE *f) {
   fprintf(f,
-          "usage: deepepctl [-s SOCKET] [--json] COMMAND\n"
+          "usage: deepepctl [-s SOCKET] [--json] COMMAND [OPTIONS]\n"
+          "       deepepctl -h | -V\n"
           "\n"
           "Show and control deepepd, the node's warm MoE dispatch/combine daemon.\n"
           "\n"
           "options:\n"
           "  -s, --socket SOCKET  the daemon's socket (default: $" DEP_SOCKET_ENV
           ", else " DEP_DEFAULT_SOCKET ")\n"
-          "  -j, --json           print one JSON object instead of text\n"
+          "  -j, --json           print one JSON object instead of text, errors too\n"
+          "  -V, --version        print deepepctl's version and protocol version\n"
           "  -h, --help           show this help\n"
           "\n"
           "commands:\n");
-  for (size_t i = 0; i < CTL_NCMDS; i++)
-    fprintf(f, "  %-8s %s\n", ctl_cmds[i].name, ctl_cmds[i].help);
+  for (size_t i = 0; i < CTL_NCMDS; i++) {
+    fprintf(f, "  %-8s  %s\n", ctl_cmds[i].name, ctl_cmds[i].help);
+    /* A command's own options, one "--name ARG\twhat" line each. */
+    for (const char *p = ctl_cmds[i].options; p != NULL && *p != '\0';) {
+      size_t line = strcspn(p, "\n");
+      size_t name = strcspn(p, "\t");
+      if (name > line)
+        name = line;
+      const char *what = name < line ? p + name + 1 : p + line;
+      fprintf(f, "    %-14.*s  %.*s\n", (int)name, p, (int)(p + line - what), what);
+      p += line + (p[line] == '\n');
+    }
+  }
   fprintf(f, "\nexit status: 0 success, 1 failure, 2 usage error; see deepepctl(1).\n");
 }
 
-int ctl_fail(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fputs("deepepctl: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
-  va_end(ap);
+static int ctl_vfail(const struct ctl *ctl, int code, const char *fmt, va_list ap) {
+  char msg[CLIENT_ERRMSG_MAX + 128];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  /* With --json the error is the answer, on stdout where a script reads it. */
+  ctl_out_error(ctl->json ? stdout : stderr, code, msg, ctl->json);
+  fflush(ctl->json ? stdout : stderr);
   return CTL_EXIT_FAIL;
 }
 
-static int ctl_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int ctl_usage_error(const char *fmt, ...) {
+int ctl_fail(const struct ctl *ctl, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fputs("deepepctl: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputs("\n\n", stderr);
+  int rc = ctl_vfail(ctl, code, fmt, ap);
   va_end(ap);
-  ctl_usage(stderr);
+  return rc;
+}
+
+int ctl_fail_client(const struct ctl *ctl, dep_client_t *c, int code, const char *what) {
+  int rc = what != NULL ? ctl_fail(ctl, code, "%s: %s", what, dep_errmsg(c))
+                        : ctl_fail(ctl, code, "%s", dep_errmsg(c));
+  dep_client_free(c);
+  return rc;
+}
+
+int ctl_usage_error(const struct ctl *ctl, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  if (ctl->json) {
+    ctl_vfail(ctl, DEP_ERR_INVALID, fmt, ap);
+  } else {
+    fputs("deepepctl: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs("\n\n", stderr);
+    ctl_usage(stderr);
+  }
+  va_end(ap);
   return CTL_EXIT_USAGE;
+}
+
+void ctl_getopt_begin(void) {
+  opterr = 0;
+  optind = 0; /* GNU getopt: full re-initialisation for another argv */
+}
+
+int ctl_common_option(struct ctl *ctl, int ch, char **argv) {
+  switch (ch) {
+  case 's':
+    if (optarg[0] == '\0')
+      return ctl_usage_error(ctl, "-s needs a socket path, not an empty string");
+    ctl->socket = optarg;
+    return -1;
+  case 'j':
+    ctl->json = true;
+    return -1;
+  case 'h':
+    ctl->help = true;
+    return -1;
+  case 'V':
+    ctl->version = true;
+    return -1;
+  case ':':
+    return ctl_usage_error(ctl, "option %s needs an argument", argv[optind - 1]);
+  default:
+    if (optopt != 0)
+      return ctl_usage_error(ctl, "unknown option -%c", optopt);
+    return ctl_usage_error(ctl, "unknown option %s", argv[optind - 1]);
+  }
+}
+
+int ctl_common_end(struct ctl *ctl) {
+  if (ctl->help) {
+    ctl_usage(stdout);
+    return ctl_finish_output(CTL_EXIT_OK);
+  }
+  if (ctl->version)
+    return ctl_version_show(ctl, false);
+  return -1;
 }
 
 /*
  * Options are parsed twice: before the command (getopt stops at it, so a
- * future command's own options cannot be mistaken for global ones), and
- * after it, so `deepepctl status --json` works too.  Returns -1 to go on.
+ * command's own options cannot be mistaken for global ones), and after it,
+ * so `deepepctl status --json` works too.  Returns -1 to go on.
  */
 static int ctl_options(struct ctl *ctl, int argc, char **argv, bool stop_at_command) {
-  opterr = 0;
-  optind = 0; /* GNU getopt: full re-initialisation for a second argv */
+  ctl_getopt_begin();
   int ch;
-  while ((ch = getopt_long(argc, argv, stop_at_command ? "+:s:jh" : ":s:jh", ctl_longopts,
-                           NULL)) != -1) {
-    switch (ch) {
-    case 's':
-      if (optarg[0] == '\0')
-        return ctl_usage_error("-s needs a socket path, not an empty string");
-      ctl->socket = optarg;
-      break;
-    case 'j':
-      ctl->json = true;
-      break;
-    case 'h':
-      ctl_usage(stdout);
-      return ctl_finish_output(CTL_EXIT_OK);
-    case ':':
-      return ctl_usage_error("option %s needs an argument", argv[optind - 1]);
-    default:
-      if (optopt != 0)
-        return ctl_usage_error("unknown option -%c", optopt);
-      return ctl_usage_error("unknown option %s", argv[optind - 1]);
-    }
+  while ((ch = getopt_long(argc, argv, stop_at_command ? "+" CTL_COMMON_SHORTOPTS
+                                                       : CTL_COMMON_SHORTOPTS,
+                           ctl_longopts, NULL)) != -1) {
+    int rc = ctl_common_option(ctl, ch, argv);
+    if (rc >= 0)
+      return rc;
   }
-  return -1;
+  return ctl_common_end(ctl);
 }
 
 int ctl_sub_options(struct ctl *ctl, int argc, char **argv) {
@@ -110,21 +170,42 @@ int ctl_sub_options(struct ctl *ctl, int argc, char **argv) {
   if (rc >= 0)
     return rc;
   if (optind < argc)
-    return ctl_usage_error("%s takes no argument \"%s\"", argv[0], argv[optind]);
+    return ctl_usage_error(ctl, "%s takes no argument \"%s\"", argv[0], argv[optind]);
   return -1;
+}
+
+/*
+ * Whether --json is anywhere on the line, so that a usage error found
+ * before getopt reaches it (`deepepctl bogus --json`) is still JSON.  The
+ * same getopt_long as the real parse, over the whole line and ignoring
+ * errors, so that -s's argument and abbreviations count as they will there.
+ */
+static bool ctl_json_anywhere(int argc, char **argv) {
+  /* On a copy: getopt_long moves the arguments it passes over. */
+  char **copy = malloc(((size_t)argc + 1) * sizeof *copy);
+  if (copy == NULL)
+    return false;
+  memcpy(copy, argv, ((size_t)argc + 1) * sizeof *copy);
+  bool json = false;
+  ctl_getopt_begin();
+  int ch;
+  while ((ch = getopt_long(argc, copy, CTL_COMMON_SHORTOPTS, ctl_longopts, NULL)) != -1)
+    json |= ch == 'j';
+  free(copy);
+  return json;
 }
 
 dep_client_t *ctl_connect(const struct ctl *ctl) {
   dep_client_t *c = NULL;
   int rc = dep_client_new(&c);
   if (rc != 0) {
-    ctl_fail("%s", dep_strerror(rc));
+    ctl_fail(ctl, rc, "%s", dep_strerror(rc));
     return NULL;
   }
   client_set_name(c, "deepepctl " DEP_VERSION_STRING);
-  if (dep_connect(c, ctl->socket) != 0) {
-    ctl_fail("%s", dep_errmsg(c));
-    dep_client_free(c);
+  rc = dep_connect(c, ctl->socket);
+  if (rc != 0) {
+    ctl_fail_client(ctl, c, rc, NULL);
     return NULL;
   }
   return c;
@@ -132,7 +213,8 @@ dep_client_t *ctl_connect(const struct ctl *ctl) {
 
 int ctl_finish_output(int code) {
   if (fflush(stdout) != 0 || ferror(stdout)) {
-    ctl_fail("cannot write the output: %s", strerror(errno));
+    /* stdout is what failed, so this one goes to stderr even with --json. */
+    fprintf(stderr, "deepepctl: cannot write the output: %s\n", strerror(errno));
     return CTL_EXIT_FAIL;
   }
   return code;
@@ -146,30 +228,17 @@ static int ctl_help(struct ctl *ctl, int argc, char **argv) {
   return ctl_finish_output(CTL_EXIT_OK);
 }
 
-static int ctl_version(struct ctl *ctl, int argc, char **argv) {
-  int rc = ctl_sub_options(ctl, argc, argv);
-  if (rc >= 0)
-    return rc;
-  static const struct ctl_col cols[] = {
-      {"version", "deepepctl", CTL_STR, 0},
-      {"proto_version", "protocol", CTL_UINT, 0},
-  };
-  const struct ctl_val vals[] = {{.s = DEP_VERSION_STRING}, {.u = DEP_PROTO_VERSION}};
-  const struct ctl_doc doc = {cols, vals, 2, NULL, 0};
-  ctl_out_render(stdout, &doc, ctl->json);
-  return ctl_finish_output(CTL_EXIT_OK);
-}
-
 int main(int argc, char **argv) {
   struct ctl ctl = {.socket = NULL, .json = false};
+  ctl.json = ctl_json_anywhere(argc, argv);
   int rc = ctl_options(&ctl, argc, argv, true);
   if (rc >= 0)
     return rc;
   if (optind >= argc)
-    return ctl_usage_error("no command given");
+    return ctl_usage_error(&ctl, "no command given");
   const char *name = argv[optind];
   for (size_t i = 0; i < CTL_NCMDS; i++)
     if (strcmp(name, ctl_cmds[i].name) == 0)
       return ctl_cmds[i].run(&ctl, argc - optind, argv + optind);
-  return ctl_usage_error("unknown command \"%s\"", name);
+  return ctl_usage_error(&ctl, "unknown command \"%s\"", name);
 }

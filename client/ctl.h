@@ -21,7 +21,9 @@
 /* Options that every command understands. */
 struct ctl {
   const char *socket; /* -s SOCKET; NULL: $DEEPEPD_SOCKET, else the default */
-  bool json;          /* --json */
+  bool json;          /* --json: answers and errors as JSON on stdout */
+  bool help;          /* -h seen: acted on once every option is read */
+  bool version;       /* -V seen: likewise, so that a later --json still counts */
 };
 
 /* One subcommand: argv[0] is its name; returns an exit code. */
@@ -29,17 +31,48 @@ struct ctl_cmd {
   const char *name;
   int (*run)(struct ctl *ctl, int argc, char **argv);
   const char *help;
+  const char *options; /* its own options, "--name ARG\twhat it does" lines; or NULL */
 };
 
 int ctl_status(struct ctl *ctl, int argc, char **argv);
 int ctl_reload(struct ctl *ctl, int argc, char **argv);
+int ctl_drain(struct ctl *ctl, int argc, char **argv);
+int ctl_version(struct ctl *ctl, int argc, char **argv);
+/* deepepctl's version and protocol (-V), and the daemon's when ask_daemon. */
+int ctl_version_show(const struct ctl *ctl, bool ask_daemon);
 
-/* Parse a subcommand's own options (-s, --json, -h).  Returns -1 to go on,
- * or the exit code to leave with (after --help, or a usage error). */
+/*
+ * The options every command takes, for a command that parses options of
+ * its own: put CTL_COMMON_LONGOPTS in its getopt_long table and
+ * CTL_COMMON_SHORTOPTS in its short ones, call ctl_getopt_begin() first,
+ * hand every option it does not know to ctl_common_option() and, after the
+ * loop, call ctl_common_end().  Each returns -1 to go on, or the exit code
+ * to leave with.
+ */
+#define CTL_COMMON_SHORTOPTS ":s:jhV"
+#define CTL_COMMON_LONGOPTS                                                    \
+  {"socket", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},  \
+  {"help", no_argument, NULL, 'h'}, {"version", no_argument, NULL, 'V'}
+void ctl_getopt_begin(void);
+int ctl_common_option(struct ctl *ctl, int ch, char **argv);
+int ctl_common_end(struct ctl *ctl);
+
+/* Parse a subcommand's own options (-s, --json, -h, -V) when it has no
+ * others and takes no argument.  Returns -1 to go on, or the exit code. */
 int ctl_sub_options(struct ctl *ctl, int argc, char **argv);
-/* "deepepctl: <message>" on stderr; returns CTL_EXIT_FAIL. */
-int ctl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* A new handle connected to the daemon, or NULL after printing why. */
+
+/* Report a failure with its DEP_ERR_* code: "deepepctl: <message>" on
+ * stderr, or with --json {"error": {...}} on stdout.  Returns CTL_EXIT_FAIL. */
+int ctl_fail(const struct ctl *ctl, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The same for the last failure on c, after "what: " when what is not NULL;
+ * frees c.  Returns CTL_EXIT_FAIL. */
+int ctl_fail_client(const struct ctl *ctl, dep_client_t *c, int code, const char *what);
+/* A usage error: the message and the usage on stderr (with --json, the
+ * error object on stdout, code DEP_ERR_INVALID).  Returns CTL_EXIT_USAGE. */
+int ctl_usage_error(const struct ctl *ctl, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* A new handle connected to the daemon, or NULL after reporting why. */
 dep_client_t *ctl_connect(const struct ctl *ctl);
 /* Flush stdout and turn a write error into CTL_EXIT_FAIL. */
 int ctl_finish_output(int code);
@@ -68,6 +101,9 @@ struct ctl_val {
   uint64_t u;    /* the numeric kinds */
 };
 
+/* A table of at most one row: in JSON an object, or null without a row. */
+#define CTL_TABLE_ONE 0x1u
+
 struct ctl_table {
   const char *key;   /* JSON key of the array; text section title */
   const char *empty; /* text shown for no rows, e.g. "no jobs" */
@@ -75,6 +111,7 @@ struct ctl_table {
   size_t ncols;
   size_t nrows;
   const struct ctl_val *cells; /* nrows * ncols, row by row */
+  unsigned flags;              /* CTL_TABLE_* */
 };
 
 /* One answer: summary fields, then tables. */
@@ -88,6 +125,9 @@ struct ctl_doc {
 
 /* Render d as text or as one JSON object, to f.  Returns 0 or -1 (ENOMEM). */
 int ctl_out_render(FILE *f, const struct ctl_doc *d, bool json);
+/* A failure as "deepepctl: message" or as one JSON object,
+ * {"error": {"code": n, "name": "DEP_ERR_...", "message": string}}. */
+void ctl_out_error(FILE *f, int code, const char *message, bool json);
 
 /* Human units, exposed for the tests of the renderer through deepepctl. */
 void ctl_out_bytes(char *buf, size_t len, uint64_t bytes);

@@ -259,8 +259,15 @@ static void ctl_out_json(FILE *f, const struct ctl_doc *d) {
       fputc(',', f);
     first = false;
     ctl_out_json_str(f, t->key);
-    fputs(":[", f);
-    for (size_t r = 0; r < t->nrows; r++) {
+    fputc(':', f);
+    bool one = (t->flags & CTL_TABLE_ONE) != 0;
+    if (one && t->nrows == 0) {
+      fputs("null", f);
+      continue;
+    }
+    if (!one)
+      fputc('[', f);
+    for (size_t r = 0; r < (one ? 1 : t->nrows); r++) {
       fputs(r == 0 ? "{" : ",{", f);
       for (size_t c = 0; c < t->ncols; c++) {
         if (c > 0)
@@ -269,7 +276,8 @@ static void ctl_out_json(FILE *f, const struct ctl_doc *d) {
       }
       fputc('}', f);
     }
-    fputc(']', f);
+    if (!one)
+      fputc(']', f);
   }
   fputs("}\n", f);
 }
@@ -280,4 +288,22 @@ int ctl_out_render(FILE *f, const struct ctl_doc *d, bool json) {
     return 0;
   }
   return ctl_out_text(f, d);
+}
+
+/* Errors are records too: with --json a script parses the failure from the
+ * same stream as the answer, by its stable name rather than its wording. */
+void ctl_out_error(FILE *f, int code, const char *message, bool json) {
+  if (!json) {
+    /* The message may quote the daemon: keep terminal control bytes out. */
+    fputs("deepepctl: ", f);
+    for (const char *p = message; *p != '\0'; p++)
+      fputc(((unsigned char)*p < 0x20 || *p == 0x7f) ? '?' : *p, f);
+    fputc('\n', f);
+    return;
+  }
+  fprintf(f, "{\"error\":{\"code\":%d,\"name\":", code);
+  ctl_out_json_str(f, dep_errname(code));
+  fputs(",\"message\":", f);
+  ctl_out_json_str(f, message);
+  fputs("}}\n", f);
 }

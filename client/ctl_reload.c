@@ -21,11 +21,8 @@ int ctl_reload(struct ctl *ctl, int argc, char **argv) {
       rc = client_seterr(c, DEP_ERR_PROTOCOL, "deepepd sent a malformed RELOAD_OK");
     client_frame_release(&f);
   }
-  if (rc != 0) {
-    rc = ctl_fail("reload: %s", dep_errmsg(c));
-    dep_client_free(c);
-    return rc;
-  }
+  if (rc != 0)
+    return ctl_fail_client(ctl, c, rc, "reload");
   dep_client_free(c);
   static const struct ctl_col cols[] = {{"result", "reload", CTL_STR, 0}};
   const struct ctl_val vals[] = {{.s = m.text}};

@@ -1,6 +1,6 @@
 /*
- * ctl_status.c — `deepepctl status`: the daemon's version, uptime, backend,
- * devices, clients and jobs, as text or JSON from the same records.
+ * ctl_status.c — `deepepctl status`: the daemon's version, state, uptime,
+ * backend, devices, clients and jobs, as text or JSON from the same records.
  */
 #include <stdlib.h>
 
@@ -9,6 +9,7 @@
 /* The JSON keys are an interface: deepepctl(1) lists them; never rename. */
 static const struct ctl_col status_fields[] = {
     {"version", "version", CTL_STR, 0},
+    {"state", "state", CTL_STR, 0},
     {"pid", "pid", CTL_UINT, 0},
     {"uptime_ms", "uptime", CTL_MS, 0},
     {"backend", "backend", CTL_STR, 0},
@@ -42,6 +43,7 @@ static const struct ctl_col job_cols[] = {
 static int status_render(const struct ctl *ctl, const struct dep_status *st) {
   struct ctl_val fields[STATUS_NFIELDS] = {
       {.s = st->version},
+      {.s = st->state},
       {.u = st->pid},
       {.u = st->uptime_ms},
       {.s = st->backend},
@@ -53,7 +55,7 @@ static int status_render(const struct ctl *ctl, const struct dep_status *st) {
   if (dev == NULL || job == NULL) {
     free(dev);
     free(job);
-    return ctl_fail("out of memory");
+    return ctl_fail(ctl, DEP_ERR_NO_MEMORY, "out of memory");
   }
   for (uint32_t i = 0; i < st->num_devices; i++) {
     const struct dep_status_device *d = &st->devices[i];
@@ -77,15 +79,15 @@ static int status_render(const struct ctl *ctl, const struct dep_status *st) {
     row[6].u = j->age_ms;
   }
   const struct ctl_table tables[] = {
-      {"devices", "no devices", device_cols, DEVICE_NCOLS, st->num_devices, dev},
-      {"jobs", "no jobs", job_cols, JOB_NCOLS, st->num_jobs, job},
+      {"devices", "no devices", device_cols, DEVICE_NCOLS, st->num_devices, dev, 0},
+      {"jobs", "no jobs", job_cols, JOB_NCOLS, st->num_jobs, job, 0},
   };
   const struct ctl_doc doc = {status_fields, fields, STATUS_NFIELDS, tables, 2};
   int rc = ctl_out_render(stdout, &doc, ctl->json);
   free(dev);
   free(job);
   if (rc != 0)
-    return ctl_fail("out of memory");
+    return ctl_fail(ctl, DEP_ERR_NO_MEMORY, "out of memory");
   return CTL_EXIT_OK;
 }
 
@@ -98,11 +100,8 @@ int ctl_status(struct ctl *ctl, int argc, char **argv) {
     return CTL_EXIT_FAIL;
   struct dep_status *st = NULL;
   rc = dep_status(c, &st);
-  if (rc != 0) {
-    rc = ctl_fail("%s", dep_errmsg(c));
-    dep_client_free(c);
-    return rc;
-  }
+  if (rc != 0)
+    return ctl_fail_client(ctl, c, rc, NULL);
   dep_client_free(c);
   rc = status_render(ctl, st);
   dep_status_free(st);

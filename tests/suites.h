@@ -10,6 +10,7 @@
   XX(daemon)                \
   XX(job)                   \
   XX(client)                \
+  XX(ctl)                   \
   XX(ops)                   \
   XX(memory)                \
   XX(pool)                  \

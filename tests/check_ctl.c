@@ -1,0 +1,606 @@
+/*
+ * check_ctl.c — deepepctl as its manual page describes it, run as the real
+ * binary against the real deepepd: errors as JSON objects under --json
+ * with the usual exit codes, --version and `version` with and without a
+ * daemon, drain / drain --wait / drain --cancel end to end (the ATTACHes
+ * they refuse and let through are spoken on raw sockets, daemonwire.h),
+ * the daemon's state in status, a socket path that is not a socket, and a
+ * help that lists every command.
+ */
+#include <check.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemonwire.h"
+#include "deepep.h"
+#include "proto.h"
+#include "testutil.h"
+
+#define NOBODY 65534
+
+/* ---- running deepepctl -------------------------------------------------------- */
+
+/* One deepepctl process, its stdout and stderr going to files in dir. */
+struct ctl_proc {
+  pid_t pid;
+  int status; /* its wait status, once reaped */
+  bool reaped;
+  char dir[200];
+};
+
+/* Start deepepctl with args (NULL-terminated), as uid when uid >= 0. */
+static void ctl_spawn_as(struct ctl_proc *p, int uid, const char *const *args) {
+  memset(p, 0, sizeof *p);
+  tu_tmpdir(p->dir, sizeof p->dir);
+  char fout[256], ferr[256];
+  dw_sfmt(fout, sizeof fout, "%s/out", p->dir);
+  dw_sfmt(ferr, sizeof ferr, "%s/err", p->dir);
+  const char *argv[16] = {"deepepctl"};
+  int n = 1;
+  for (; args[n - 1] != NULL; n++) {
+    ck_assert_int_lt(n, 15);
+    argv[n] = args[n - 1];
+  }
+  argv[n] = NULL;
+  p->pid = fork();
+  ck_assert_int_ge(p->pid, 0);
+  if (p->pid == 0) {
+    int o = open(fout, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    int e = open(ferr, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    if (o < 0 || e < 0)
+      _exit(126);
+    dup2(o, 1);
+    dup2(e, 2);
+    if (uid >= 0 && (setgroups(0, NULL) != 0 || setgid((gid_t)uid) != 0 ||
+                     setuid((uid_t)uid) != 0))
+      _exit(125);
+    unsetenv(DEP_SOCKET_ENV);
+    execv(tu_bin("deepepctl"), (char *const *)argv);
+    _exit(127);
+  }
+}
+
+static void ctl_spawn(struct ctl_proc *p, const char *const *args) { ctl_spawn_as(p, -1, args); }
+
+/* Whether it is still running (reaping it if not). */
+static bool ctl_running(struct ctl_proc *p) {
+  if (!p->reaped && waitpid(p->pid, &p->status, WNOHANG) == p->pid)
+    p->reaped = true;
+  return !p->reaped;
+}
+
+/* Wait (up to timeout_ms) for it to exit; its exit code, outputs malloc'd. */
+static int ctl_reap(struct ctl_proc *p, int timeout_ms, char **out, char **err) {
+  int64_t deadline = dw_now_ms() + timeout_ms;
+  while (ctl_running(p) && dw_now_ms() < deadline)
+    dw_sleep_ms(10);
+  if (!p->reaped) {
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, &p->status, 0);
+    ck_abort_msg("deepepctl did not exit within %d ms", timeout_ms);
+  }
+  char path[256];
+  dw_sfmt(path, sizeof path, "%s/out", p->dir);
+  *out = dw_slurp(path);
+  dw_sfmt(path, sizeof path, "%s/err", p->dir);
+  *err = dw_slurp(path);
+  tu_rmtree(p->dir);
+  ck_assert_msg(WIFEXITED(p->status), "deepepctl did not exit normally (status 0x%x)",
+                p->status);
+  return WEXITSTATUS(p->status);
+}
+
+/* Run deepepctl with args to the end (10 s at most). */
+static int ctl_run(const char *const *args, char **out, char **err) {
+  struct ctl_proc p;
+  ctl_spawn(&p, args);
+  return ctl_reap(&p, 10000, out, err);
+}
+
+/* Whether s begins with prefix. */
+static bool starts(const char *s, const char *prefix) {
+  return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/*
+ * The output is exactly one JSON error object, on one line:
+ * {"error":{"code":<code>,"name":"<its name>","message":"..."}}.
+ * Returns the message's text as it appears (escaped) for further checks.
+ */
+static const char *expect_json_error(const char *out, int code) {
+  char head[160];
+  dw_sfmt(head, sizeof head, "{\"error\":{\"code\":%d,\"name\":\"%s\",\"message\":\"", code,
+          dep_errname(code));
+  ck_assert_msg(starts(out, head), "not a %s error object: %s",
+                dep_errname(code), out);
+  size_t len = strlen(out);
+  ck_assert_msg(len >= 4 && strcmp(out + len - 4, "\"}}\n") == 0, "unterminated: %s", out);
+  ck_assert_msg(strchr(out, '\n') == out + len - 1, "more than one line: %s", out);
+  return out + strlen(head);
+}
+
+/* ---- raw ranks -------------------------------------------------------------------- */
+
+/* The ATTACH reply: SLAB frames (their fds closed here), then ATTACH_OK. */
+static void expect_attach_ok(int fd, uint32_t req) {
+  struct dw_frame *f = dw_frame_new();
+  for (;;) {
+    int fds[DEP_PROTO_MAX_FDS], nfds = 0;
+    ck_assert_int_eq(dw_recv_frame_fds(fd, f, 5000, fds, &nfds), 0);
+    for (int i = 0; i < nfds; i++)
+      close(fds[i]);
+    if (f->h.type != DEP_MSG_SLAB)
+      break;
+  }
+  ck_assert_msg(f->h.type == DEP_MSG_ATTACH_OK, "got %s where ATTACH_OK was expected",
+                proto_type_name(f->h.type));
+  ck_assert_uint_eq(f->h.request_id, req);
+  free(f);
+}
+
+/* A greeted connection that sends ATTACH for local rank lr of the job (lws ranks). */
+static int attach_rank(const struct tu_daemon *d, const char *job, uint32_t lr, uint32_t lws) {
+  int fd = dw_client(d);
+  struct dep_attach_args a = dw_job_args(job, lr, lws);
+  dw_attach(fd, &a, 10 + lr);
+  return fd;
+}
+
+/* A one-rank job, attached: its connection. */
+static int attached_job(const struct tu_daemon *d, const char *job) {
+  int fd = attach_rank(d, job, 0, 1);
+  expect_attach_ok(fd, 10);
+  return fd;
+}
+
+/* Wait (up to 3 s) until STATUS lists the job, or (listed false) no longer does. */
+static bool job_listed_within(int fd, const char *id, bool listed) {
+  for (int i = 0; i < 300; i++) {
+    if (dw_job_listed(fd, id, NULL, NULL) == listed)
+      return true;
+    dw_sleep_ms(10);
+  }
+  return false;
+}
+
+static void expect_state(int fd, const char *state) {
+  struct dep_status *st = dw_status(fd);
+  ck_assert_str_eq(st->state, state);
+  dep_status_free(st);
+}
+
+/* ---- errors under --json -------------------------------------------------------- */
+
+START_TEST(json_errors_are_one_object_with_code_and_name_and_the_usual_exit_status) {
+  char dir[200], sock[256];
+  tu_tmpdir(dir, sizeof dir);
+  dw_sfmt(sock, sizeof sock, "%s/none.sock", dir);
+  char *out, *err;
+
+  /* No daemon: exit 1, the object on stdout, nothing on stderr. */
+  ck_assert_int_eq(ctl_run(ARGS("--json", "-s", sock, "status"), &out, &err), 1);
+  const char *msg = expect_json_error(out, DEP_ERR_NO_DAEMON);
+  ck_assert_msg(strstr(msg, sock) != NULL, "the message does not name %s: %s", sock, out);
+  ck_assert_str_eq(err, "");
+  free(out);
+  free(err);
+  /* --json after the command counts the same. */
+  ck_assert_int_eq(ctl_run(ARGS("-s", sock, "status", "--json"), &out, &err), 1);
+  expect_json_error(out, DEP_ERR_NO_DAEMON);
+  free(out);
+  free(err);
+  /* Without --json the same failure stays text on stderr. */
+  ck_assert_int_eq(ctl_run(ARGS("-s", sock, "status"), &out, &err), 1);
+  ck_assert_str_eq(out, "");
+  ck_assert_msg(starts(err, "deepepctl: deepepd not running: no socket at "), "%s", err);
+  free(out);
+  free(err);
+
+  /* Usage errors: exit 2, DEP_ERR_INVALID, also when --json comes after the mistake. */
+  ck_assert_int_eq(ctl_run(ARGS("bogus", "--json"), &out, &err), 2);
+  msg = expect_json_error(out, DEP_ERR_INVALID);
+  ck_assert_msg(starts(msg, "unknown command \\\"bogus\\\""), "%s", out);
+  ck_assert_str_eq(err, "");
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(ARGS("--frobnicate", "-j", "status"), &out, &err), 2);
+  expect_json_error(out, DEP_ERR_INVALID);
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(ARGS("--json"), &out, &err), 2);
+  expect_json_error(out, DEP_ERR_INVALID);
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(ARGS("-j", "status", "extra"), &out, &err), 2);
+  expect_json_error(out, DEP_ERR_INVALID);
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(ARGS("--json", "-s"), &out, &err), 2);
+  expect_json_error(out, DEP_ERR_INVALID);
+  free(out);
+  free(err);
+  /* -s's argument is a path, not the option it looks like. */
+  ck_assert_int_eq(ctl_run(ARGS("-s", "--json", "bogus"), &out, &err), 2);
+  ck_assert_str_eq(out, "");
+  ck_assert_ptr_nonnull(strstr(err, "usage: deepepctl"));
+  free(out);
+  free(err);
+  tu_rmtree(dir);
+}
+END_TEST
+
+START_TEST(json_errors_carry_the_daemons_reply) {
+  struct tu_daemon d;
+  dw_start(&d, "allow:\n  users: [\"65534\"]\n");
+  char *out, *err;
+  /* An error reply: drain by a user the daemon serves but who is neither
+   * root nor the daemon's own user. */
+  if (geteuid() != 0) {
+    printf("%s: the uid %d part skipped: needs root\n", __func__, NOBODY);
+  } else {
+    struct ctl_proc p;
+    ctl_spawn_as(&p, NOBODY, ARGS("-s", d.sock, "--json", "drain"));
+    ck_assert_int_eq(ctl_reap(&p, 10000, &out, &err), 1);
+    const char *msg = expect_json_error(out, DEP_ERR_PERMISSION);
+    ck_assert_msg(starts(msg, "drain: only root or deepepd's own user"), "%s", out);
+    ck_assert_str_eq(err, "");
+    free(out);
+    free(err);
+    ctl_spawn_as(&p, NOBODY, ARGS("-s", d.sock, "drain"));
+    ck_assert_int_eq(ctl_reap(&p, 10000, &out, &err), 1);
+    ck_assert_msg(starts(err, "deepepctl: drain: only root"), "%s", err);
+    free(out);
+    free(err);
+    int fd = dw_client(&d);
+    expect_state(fd, "ready");
+    close(fd);
+  }
+  /* An error reply with the daemon's own code: RELOAD of a file that does not parse. */
+  ck_assert_int_eq(tu_write_file(d.conf, "pool: [unclosed\n"), 0);
+  ck_assert_int_eq(ctl_run(ARGS("--json", "-s", d.sock, "reload"), &out, &err), 1);
+  const char *msg = expect_json_error(out, DEP_ERR_CONFIG);
+  ck_assert_msg(starts(msg, "reload: "), "%s", out);
+  ck_assert_str_eq(err, "");
+  free(out);
+  free(err);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+/* ---- versions ----------------------------------------------------------------------- */
+
+START_TEST(version_option_prints_deepepctls_version_and_protocol) {
+  char want_text[128], want_json[128];
+  dw_sfmt(want_text, sizeof want_text, "deepepctl: %s\nprotocol:  %d\n", DEP_VERSION_STRING,
+          DEP_PROTO_VERSION);
+  dw_sfmt(want_json, sizeof want_json, "{\"version\":\"%s\",\"proto_version\":%d}\n",
+          DEP_VERSION_STRING, DEP_PROTO_VERSION);
+  char *out, *err;
+  ck_assert_int_eq(ctl_run(ARGS("--version"), &out, &err), 0);
+  ck_assert_str_eq(out, want_text);
+  ck_assert_str_eq(err, "");
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(ARGS("-V"), &out, &err), 0);
+  ck_assert_str_eq(out, want_text);
+  free(out);
+  free(err);
+  /* --json counts wherever it is; -V never needs a daemon. */
+  ck_assert_int_eq(ctl_run(ARGS("-V", "--json", "-s", "/nonexistent"), &out, &err), 0);
+  ck_assert_str_eq(out, want_json);
+  free(out);
+  free(err);
+}
+END_TEST
+
+START_TEST(version_shows_the_daemon_or_says_none_answers) {
+  char dir[200], sock[256];
+  tu_tmpdir(dir, sizeof dir);
+  dw_sfmt(sock, sizeof sock, "%s/none.sock", dir);
+  char head[128];
+  dw_sfmt(head, sizeof head, "{\"version\":\"%s\",\"proto_version\":%d,", DEP_VERSION_STRING,
+          DEP_PROTO_VERSION);
+  char *out, *err;
+  /* None: still exit 0 (deepepctl's own part is the answer), saying why. */
+  ck_assert_int_eq(ctl_run(ARGS("-s", sock, "version"), &out, &err), 0);
+  ck_assert_msg(strstr(out, DEP_VERSION_STRING) != NULL, "%s", out);
+  ck_assert_msg(strstr(out, "\ndaemon:\n  deepepd not running: no socket at ") != NULL, "%s", out);
+  ck_assert_str_eq(err, "");
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(ARGS("-s", sock, "--json", "version"), &out, &err), 0);
+  ck_assert_msg(starts(out, head), "%s", out);
+  ck_assert_msg(strstr(out, ",\"daemon\":null}\n") != NULL, "%s", out);
+  free(out);
+  free(err);
+
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  char want[160];
+  dw_sfmt(want, sizeof want, "\"daemon\":{\"version\":\"%s\",\"proto_version\":%d,\"backend\":\"",
+          DEP_VERSION_STRING, DEP_PROTO_VERSION);
+  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "--json", "version"), &out, &err), 0);
+  ck_assert_msg(starts(out, head) && strstr(out, want) != NULL, "%s", out);
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "version"), &out, &err), 0);
+  ck_assert_msg(strstr(out, "\ndaemon:\n  VERSION") != NULL, "%s", out);
+  free(out);
+  free(err);
+  dw_stop_ok(&d);
+  tu_rmtree(dir);
+}
+END_TEST
+
+/* ---- drain ------------------------------------------------------------------------------ */
+
+START_TEST(drain_refuses_new_jobs_while_a_gathering_job_completes) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  int obs = dw_client(&d);
+  /* Rank 0 of a two-rank job is waiting for rank 1 when the drain comes. */
+  int r0 = attach_rank(&d, "gathering", 0, 2);
+  ck_assert(job_listed_within(obs, "gathering", true));
+  char *out, *err;
+  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "drain"), &out, &err), 0);
+  ck_assert_msg(starts(out, "drain: draining"), "%s", out);
+  ck_assert_str_eq(err, "");
+  free(out);
+  free(err);
+  expect_state(obs, "draining");
+
+  /* A new job is refused, and says why. */
+  int fresh = attach_rank(&d, "fresh", 0, 1);
+  char msg[DEP_MSG_TEXT_MAX];
+  dw_expect_error(fresh, DEP_ERR_STATE, msg, sizeof msg);
+  ck_assert_msg(strstr(msg, "draining") != NULL, "%s", msg);
+  ck_assert(!dw_job_listed(obs, "fresh", NULL, NULL));
+  close(fresh);
+
+  /* The gathering job's last rank still gets in, and both hear ATTACH_OK. */
+  int r1 = attach_rank(&d, "gathering", 1, 2);
+  expect_attach_ok(r0, 10);
+  expect_attach_ok(r1, 11);
+  close(r0);
+  close(r1);
+  ck_assert(job_listed_within(obs, "gathering", false));
+  expect_state(obs, "draining");
+  close(obs);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(drain_wait_returns_once_the_last_job_detaches) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  int job = attached_job(&d, "running");
+  struct ctl_proc p;
+  ctl_spawn(&p, ARGS("-s", d.sock, "drain", "--wait", "--timeout", "30"));
+  /* It waits while the job runs... */
+  dw_sleep_ms(500);
+  ck_assert_msg(ctl_running(&p), "drain --wait returned with a job still running");
+  int obs = dw_client(&d);
+  expect_state(obs, "draining");
+  /* ...and returns, exit 0, once the job has left. */
+  ck_assert_int_eq(dw_send_frame(job, DEP_MSG_DETACH, 20, NULL), 0);
+  struct dw_frame *f = dw_frame_new();
+  ck_assert_int_eq(dw_recv_frame(job, f, 5000), 0);
+  ck_assert_str_eq(proto_type_name(f->h.type), "DETACH_OK");
+  free(f);
+  char *out, *err;
+  ck_assert_int_eq(ctl_reap(&p, 5000, &out, &err), 0);
+  ck_assert_msg(strstr(out, "drain:") != NULL && strstr(out, "\nwaited:") != NULL, "%s", out);
+  ck_assert_str_eq(err, "");
+  free(out);
+  free(err);
+  /* With no job left it returns at once; JSON says how long it waited. */
+  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "--json", "drain", "--wait"), &out, &err), 0);
+  ck_assert_msg(starts(out, "{\"result\":\"draining") &&
+                    strstr(out, ",\"waited_ms\":") != NULL,
+                "%s", out);
+  free(out);
+  free(err);
+  close(job);
+  close(obs);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(drain_wait_timeout_exits_1_naming_the_jobs_left) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  int job = attached_job(&d, "stays");
+  char *out, *err;
+  int64_t t0 = dw_now_ms();
+  ck_assert_int_eq(
+      ctl_run(ARGS("-s", d.sock, "drain", "--wait", "--timeout", "0.3"), &out, &err), 1);
+  ck_assert_int_ge(dw_now_ms() - t0, 300);
+  ck_assert_msg(starts(err, "deepepctl: drain --wait: 1 job(s) still running") &&
+                    strstr(err, "stays (ranks 1/1)") != NULL,
+                "%s", err);
+  ck_assert_str_eq(out, "");
+  free(out);
+  free(err);
+  ck_assert_int_eq(
+      ctl_run(ARGS("-s", d.sock, "--json", "drain", "--wait", "--timeout", "0"), &out, &err), 1);
+  const char *msg = expect_json_error(out, DEP_ERR_TIMEOUT);
+  ck_assert_msg(strstr(msg, "stays") != NULL, "%s", out);
+  free(out);
+  free(err);
+  /* The drain stays in force after the timeout. */
+  int obs = dw_client(&d);
+  expect_state(obs, "draining");
+  close(obs);
+  close(job);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(drain_cancel_lets_new_jobs_in_again) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  char *out, *err;
+  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "drain"), &out, &err), 0);
+  free(out);
+  free(err);
+  int fd = attach_rank(&d, "refused", 0, 1);
+  dw_expect_error(fd, DEP_ERR_STATE, NULL, 0);
+  close(fd);
+  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "--json", "drain", "--cancel"), &out, &err), 0);
+  ck_assert_msg(starts(out, "{\"result\":\"accepting new jobs"), "%s", out);
+  free(out);
+  free(err);
+  int obs = dw_client(&d);
+  expect_state(obs, "ready");
+  fd = attached_job(&d, "welcome");
+  ck_assert(dw_job_listed(obs, "welcome", NULL, NULL));
+  close(fd);
+  close(obs);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(drain_options_that_do_not_fit_are_usage_errors_naming_them) {
+  const struct {
+    const char *const *args;
+    const char *says;
+  } bad[] = {
+      {ARGS("drain", "--timeout", "5"), "--timeout goes with --wait"},
+      {ARGS("drain", "--wait", "--timeout", "x"), "--timeout needs a number of seconds"},
+      {ARGS("drain", "--wait", "--timeout", "-1"), "--timeout needs a number of seconds"},
+      {ARGS("drain", "--wait", "--timeout", "inf"), "--timeout needs a number of seconds"},
+      {ARGS("drain", "--cancel", "--wait"), "--cancel takes neither --wait nor --timeout"},
+      {ARGS("drain", "now"), "drain takes no argument \"now\""},
+      {ARGS("drain", "--timeout"), "option --timeout needs an argument"},
+      {ARGS("drain", "--frobnicate"), "unknown option --frobnicate"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char *out, *err;
+    ck_assert_int_eq(ctl_run(bad[i].args, &out, &err), 2);
+    ck_assert_str_eq(out, "");
+    ck_assert_msg(strstr(err, bad[i].says) != NULL && strstr(err, "usage: deepepctl") != NULL,
+                  "no \"%s\" and usage in: %s", bad[i].says, err);
+    free(out);
+    free(err);
+  }
+}
+END_TEST
+
+/* ---- status, sockets, help ---------------------------------------------------------- */
+
+START_TEST(status_shows_the_daemons_state) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  char *out, *err;
+  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "status"), &out, &err), 0);
+  ck_assert_msg(strstr(out, "\nstate:    ready\n") != NULL, "%s", out);
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "drain"), &out, &err), 0);
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "--json", "status"), &out, &err), 0);
+  ck_assert_msg(strstr(out, ",\"state\":\"draining\",") != NULL, "%s", out);
+  free(out);
+  free(err);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(a_path_that_is_not_a_socket_is_named_as_such) {
+  char *out, *err;
+  ck_assert_int_eq(ctl_run(ARGS("-s", "/etc/passwd", "status"), &out, &err), 1);
+  ck_assert_msg(starts(err, "deepepctl: /etc/passwd is not a socket: it is a regular file"),
+                "%s", err);
+  ck_assert_msg(strstr(err, "stale") == NULL, "%s", err);
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(ARGS("--json", "-s", "/etc/passwd", "status"), &out, &err), 1);
+  const char *msg = expect_json_error(out, DEP_ERR_NO_DAEMON);
+  ck_assert_msg(starts(msg, "/etc/passwd is not a socket"), "%s", out);
+  free(out);
+  free(err);
+
+  char dir[200], sock[256];
+  tu_tmpdir(dir, sizeof dir);
+  ck_assert_int_eq(ctl_run(ARGS("-s", dir, "status"), &out, &err), 1);
+  ck_assert_msg(strstr(err, " is not a socket: it is a directory") != NULL, "%s", err);
+  free(out);
+  free(err);
+  /* The library says the same to a trainer, and the path can come from the environment. */
+  dep_client_t *c = NULL;
+  ck_assert_int_eq(dep_client_new(&c), 0);
+  setenv(DEP_SOCKET_ENV, "/etc/passwd", 1);
+  ck_assert_int_eq(dep_connect(c, NULL), DEP_ERR_NO_DAEMON);
+  ck_assert_msg(strstr(dep_errmsg(c), "/etc/passwd (from $" DEP_SOCKET_ENV ") is not a socket") !=
+                    NULL,
+                "%s", dep_errmsg(c));
+  unsetenv(DEP_SOCKET_ENV);
+  /* A socket nobody listens on is still a stale socket. */
+  dw_sfmt(sock, sizeof sock, "%s/stale.sock", dir);
+  int s = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  dw_sfmt(sa.sun_path, sizeof sa.sun_path, "%s", sock);
+  ck_assert_int_eq(bind(s, (struct sockaddr *)&sa, sizeof sa), 0);
+  close(s);
+  ck_assert_int_eq(dep_connect(c, sock), DEP_ERR_NO_DAEMON);
+  ck_assert_msg(strstr(dep_errmsg(c), "stale socket") != NULL, "%s", dep_errmsg(c));
+  dep_client_free(c);
+  tu_rmtree(dir);
+}
+END_TEST
+
+START_TEST(help_lists_every_command_and_option) {
+  static const char *const want[] = {
+      "\n  status ",  "\n  reload ",  "\n  drain ",    "\n  version ", "\n  help ",
+      "--cancel",     "--wait",       "--timeout S", "-V, --version", "-j, --json",
+      "-s, --socket", "-h, --help",
+  };
+  const char *const *const asks[] = {ARGS("-h"), ARGS("help"), ARGS("drain", "--help")};
+  for (size_t a = 0; a < sizeof asks / sizeof asks[0]; a++) {
+    char *out, *err;
+    ck_assert_int_eq(ctl_run(asks[a], &out, &err), 0);
+    ck_assert_str_eq(err, "");
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+      ck_assert_msg(strstr(out, want[i]) != NULL, "no \"%s\" in:\n%s", want[i], out);
+    free(out);
+    free(err);
+  }
+}
+END_TEST
+
+Suite *ctl_suite(void);
+Suite *ctl_suite(void) {
+  Suite *s = suite_create("ctl");
+  TCase *local = tcase_create("local");
+  tcase_add_test(local, json_errors_are_one_object_with_code_and_name_and_the_usual_exit_status);
+  tcase_add_test(local, version_option_prints_deepepctls_version_and_protocol);
+  tcase_add_test(local, drain_options_that_do_not_fit_are_usage_errors_naming_them);
+  tcase_add_test(local, a_path_that_is_not_a_socket_is_named_as_such);
+  tcase_add_test(local, help_lists_every_command_and_option);
+  tcase_set_timeout(local, 30);
+  suite_add_tcase(s, local);
+
+  TCase *daemon = tcase_create("daemon");
+  tcase_add_test(daemon, json_errors_carry_the_daemons_reply);
+  tcase_add_test(daemon, version_shows_the_daemon_or_says_none_answers);
+  tcase_add_test(daemon, status_shows_the_daemons_state);
+  tcase_add_test(daemon, drain_refuses_new_jobs_while_a_gathering_job_completes);
+  tcase_add_test(daemon, drain_wait_returns_once_the_last_job_detaches);
+  tcase_add_test(daemon, drain_wait_timeout_exits_1_naming_the_jobs_left);
+  tcase_add_test(daemon, drain_cancel_lets_new_jobs_in_again);
+  tcase_set_timeout(daemon, 60);
+  suite_add_tcase(s, daemon);
+  return s;
+}
