@@ -130,11 +130,13 @@ static int drain_wait(const struct ctl *ctl, dep_client_t *c, const struct drain
     }
     char jobs[CLIENT_ERRMSG_MAX];
     drain_job_list(jobs, sizeof jobs, st);
-    if (strcmp(st->state, "draining") != 0 && strcmp(st->state, "stopping") != 0) {
+    /* "starting" outranks "draining" in the state's name; only "ready" means
+     * the drain is off. */
+    if (strcmp(st->state, "ready") == 0) {
       rc = ctl_fail(ctl, DEP_ERR_STATE,
-                    "drain --wait: deepepd is %s again (the drain was cancelled); %u job(s) "
-                    "running: %s",
-                    st->state, st->num_jobs, jobs);
+                    "drain --wait: deepepd takes new jobs again (the drain was cancelled); "
+                    "%u job(s) running: %s",
+                    st->num_jobs, jobs);
       dep_status_free(st);
       dep_client_free(c);
       return rc;

@@ -2,7 +2,8 @@
  * ctl_out.c — deepepctl's one output table: a command builds its answer as
  * records (summary fields, then tables of rows) and this file renders them
  * either as aligned text for people or as one JSON object for machines, so
- * the two can never disagree about what the daemon said.
+ * the two can never disagree about what the daemon said.  A failure is
+ * rendered here too, as "deepepctl: message" or as a JSON error object.
  */
 #include <inttypes.h>
 #include <stdio.h>
