@@ -31,6 +31,9 @@ struct chunk_mem {
   void *host_ptr;         /* host: the daemon's own mapping (for scrubbing) */
   uint64_t dev_ptr;       /* cuda: the daemon's own mapping (for scrubbing) */
   uint64_t handle;        /* cuda: CUmemGenericAllocationHandle */
+  /* host: the memfd's device and inode, by which /proc shows who still holds
+   * it (proc.h); 0 where that cannot be seen (cuda: an import leaves no trace) */
+  uint64_t file_dev, file_ino;
 };
 
 struct backend_ops {

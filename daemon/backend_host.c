@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -59,6 +60,11 @@ static int host_chunk_create(struct backend_dev *d, uint64_t bytes, struct chunk
   out->fd = fd;
   out->bytes = bytes;
   out->host_ptr = p;
+  struct stat st;
+  if (fstat(fd, &st) == 0) {
+    out->file_dev = (uint64_t)st.st_dev;
+    out->file_ino = (uint64_t)st.st_ino;
+  }
   return 0;
 }
 

@@ -18,6 +18,7 @@
 #include "log.h"
 #include "pool.h"
 #include "proto.h"
+#include "shape.h"
 #include "slab.h"
 
 static uv_loop_t *job_loop;
@@ -62,16 +63,9 @@ static uint64_t job_age_ms(const struct job *j) {
   return (uv_hrtime() - j->created_ns) / 1000000u;
 }
 
-/* What the buffer cache matches on: the same shape and world, hashed. */
+/* What the buffer cache matches on: the same shape and world (shape.h). */
 static uint64_t job_shape_key(const struct job *j) {
-  const uint32_t v[] = {j->shape.max_tokens_per_rank, j->shape.hidden, j->shape.num_experts,
-                        j->shape.topk, j->shape.dtype, j->shape.max_ll_tokens_per_rank,
-                        j->world_size};
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
-    for (int b = 0; b < 4; b++)
-      h = (h ^ ((v[i] >> (8 * b)) & 0xff)) * 1099511628211ull;
-  return h;
+  return dep_shape_key(&j->shape, j->world_size);
 }
 
 _Static_assert(POOL_MAX_PIECES <= DEP_PROTO_MAX_FDS, "an arena's pieces must fit one SLAB frame");
@@ -426,31 +420,25 @@ static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {
   return j;
 }
 
-/* The first field in which a joining rank disagrees with the job, or false. */
+/* The first field in which a joining rank disagrees with the job, or false.
+ * The shape (shape.h) is compared as one definition, every field of it. */
 static bool job_mismatch(const struct job *j, const struct dep_attach_args *a, char *msg,
                          size_t len) {
-  struct {
-    const char *name;
-    uint32_t job, rank;
-  } f[] = {
-      {"world_size", j->world_size, a->world_size},
-      {"local_world_size", j->local_world_size, a->local_world_size},
-      {"max_tokens_per_rank", j->shape.max_tokens_per_rank, a->shape.max_tokens_per_rank},
-      {"hidden", j->shape.hidden, a->shape.hidden},
-      {"num_experts", j->shape.num_experts, a->shape.num_experts},
-      {"topk", j->shape.topk, a->shape.topk},
-      {"dtype", j->shape.dtype, a->shape.dtype},
-  };
-  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-    if (f[i].job != f[i].rank) {
-      snprintf(msg, len,
-               "job %s: this rank gives %s %u but the ranks already attached give %u; every "
-               "rank of a job must pass the same values",
-               j->id, f[i].name, f[i].rank, f[i].job);
-      return true;
-    }
+  const char *field = NULL;
+  uint64_t have = 0, gives = 0;
+  if (j->local_world_size != a->local_world_size) {
+    field = "local_world_size";
+    have = j->local_world_size;
+    gives = a->local_world_size;
+  } else if (!dep_shape_diff(&j->shape, j->world_size, &a->shape, a->world_size, &field, &have,
+                             &gives)) {
+    return false;
   }
-  return false;
+  snprintf(msg, len,
+           "job %s: this rank gives %s %llu but the ranks already attached give %llu; every "
+           "rank of a job must pass the same values",
+           j->id, field, (unsigned long long)gives, (unsigned long long)have);
+  return true;
 }
 
 /*

@@ -24,13 +24,40 @@ static uint64_t pool_room(const struct pool *p) {
   return taken >= p->budget_bytes ? 0 : p->budget_bytes - taken;
 }
 
-/* Keep the holders still alive, in order; returns how many. */
-static uint32_t holders_reap(struct proc_id *h, uint32_t n) {
+/*
+ * Keep the holders that may still hold the memory, in order; returns how
+ * many.  With the files' inodes known (host), a live process that has
+ * closed and unmapped them holds nothing; without (cuda), a holder holds
+ * until it exits.
+ */
+static uint32_t holders_reap(struct proc_id *h, uint32_t n, uint64_t dev, const uint64_t *inos,
+                             uint32_t n_inos) {
   uint32_t k = 0;
-  for (uint32_t i = 0; i < n; i++)
-    if (proc_alive(&h[i]))
+  for (uint32_t i = 0; i < n; i++) {
+    bool holds = n_inos == 0 ? proc_alive(&h[i]) : proc_holds_file(&h[i], dev, inos, n_inos) != 0;
+    if (holds)
       h[k++] = h[i];
+  }
   return k;
+}
+
+/* The inodes of a block's pieces, where the backend knows them; returns how many. */
+static uint32_t block_files(const struct pool_block *b, uint64_t *dev, uint64_t *inos) {
+  uint32_t n = 0;
+  *dev = 0;
+  for (uint32_t i = 0; i < b->n_pieces; i++) {
+    if (b->piece[i].file_ino == 0)
+      return 0; /* one piece unknowable: the block is */
+    *dev = b->piece[i].file_dev;
+    inos[n++] = b->piece[i].file_ino;
+  }
+  return n;
+}
+
+static void block_reap(struct pool_block *b) {
+  uint64_t dev, inos[POOL_MAX_PIECES];
+  uint32_t n = block_files(b, &dev, inos);
+  b->n_holders = holders_reap(b->holders, b->n_holders, dev, inos, n);
 }
 
 static bool block_held(const struct pool_block *b) {
@@ -85,8 +112,8 @@ static int block_make(struct pool *p, uint32_t n, uint64_t piece, struct pool_bl
 }
 
 /* A held block is unmade: its holders keep the memory, so it stays charged. */
-static void ghost_add(struct pool *p, uid_t uid, uint64_t bytes, const struct proc_id *h,
-                      uint32_t n) {
+static struct pool_ghost *ghost_add(struct pool *p, uid_t uid, uint64_t bytes,
+                                    const struct proc_id *h, uint32_t n) {
   struct pool_ghost *g = calloc(1, sizeof *g);
   if (g == NULL) {
     /* Forgetting the charge would let the pool lend past its budget; the
@@ -100,15 +127,19 @@ static void ghost_add(struct pool *p, uid_t uid, uint64_t bytes, const struct pr
   g->next = p->ghosts;
   p->ghosts = g;
   p->ghost_bytes += bytes;
+  return g;
 }
 
 /* Take a block off the pool's list and give its memory back to the backend;
  * what live holders still map stays charged as a ghost. */
 static void block_unmake(struct pool *p, struct pool_block *blk) {
   if (blk->state != POOL_BLOCK_LENT && blk->n_holders > 0) {
-    blk->n_holders = holders_reap(blk->holders, blk->n_holders);
-    if (blk->n_holders > 0)
-      ghost_add(p, blk->last_uid, pool_block_bytes(blk), blk->holders, blk->n_holders);
+    block_reap(blk);
+    if (blk->n_holders > 0) {
+      struct pool_ghost *g =
+          ghost_add(p, blk->last_uid, pool_block_bytes(blk), blk->holders, blk->n_holders);
+      g->n_files = block_files(blk, &g->file_dev, g->file_ino);
+    }
   }
   for (struct pool_block **pp = &p->blocks; *pp != NULL; pp = &(*pp)->next) {
     if (*pp == blk) {
@@ -145,7 +176,7 @@ void pool_preload_ghost(const uint8_t uuid[16], uid_t uid, uint64_t bytes,
   e->g.bytes = bytes;
   e->g.n_holders = n_holders > POOL_MAX_HOLDERS ? POOL_MAX_HOLDERS : n_holders;
   memcpy(e->g.holders, holders, sizeof *holders * e->g.n_holders);
-  e->g.n_holders = holders_reap(e->g.holders, e->g.n_holders);
+  e->g.n_holders = holders_reap(e->g.holders, e->g.n_holders, 0, NULL, 0);
   if (e->g.n_holders == 0) {
     free(e);
     return;
@@ -176,10 +207,10 @@ static void pool_take_preloaded(struct pool *p) {
 void pool_reap(struct pool *p) {
   for (struct pool_block *b = p->blocks; b != NULL; b = b->next)
     if (b->state != POOL_BLOCK_LENT && b->n_holders > 0)
-      b->n_holders = holders_reap(b->holders, b->n_holders);
+      block_reap(b);
   for (struct pool_ghost **gg = &p->ghosts; *gg != NULL;) {
     struct pool_ghost *g = *gg;
-    g->n_holders = holders_reap(g->holders, g->n_holders);
+    g->n_holders = holders_reap(g->holders, g->n_holders, g->file_dev, g->file_ino, g->n_files);
     if (g->n_holders > 0) {
       gg = &g->next;
       continue;
@@ -408,13 +439,15 @@ int pool_block_get(struct pool *p, uint64_t bytes, uint64_t max_piece, uid_t uid
     char t[32], u[32], v[32], w[32], x[32];
     const uint64_t held = pool_held_bytes(p);
     if (size > p->budget_bytes || p->budget_bytes - size < p->used_bytes + held) {
+      char held_text[160] = "";
+      if (held > 0)
+        snprintf(held_text, sizeof held_text, ", and processes whose jobs ended (or that a "
+                 "stopped deepepd served) still hold %s until they exit", SIZE_TEXT(held, x));
       snprintf(why, whylen, "device %s (%s) cannot lend this job a block of %s: its pool's "
-               "budget is %s, live jobs hold %s of it and processes whose jobs ended (or that a "
-               "stopped deepepd served) still hold %s; raise pool.size_per_device "
+               "budget is %s and live jobs hold %s of it%s; raise pool.size_per_device "
                "(pool.host_size on the host backend), lower max_tokens_per_rank, or wait for "
-               "jobs or those processes to end", p->dev.uuid_str, p->dev.name,
-               SIZE_TEXT(size, v), SIZE_TEXT(p->budget_bytes, t), SIZE_TEXT(p->used_bytes, u),
-               SIZE_TEXT(held, x));
+               "jobs to end", p->dev.uuid_str, p->dev.name, SIZE_TEXT(size, v),
+               SIZE_TEXT(p->budget_bytes, t), SIZE_TEXT(p->used_bytes, u), held_text);
       return DEP_ERR_NO_MEMORY;
     }
     make_room(p, size, uid);
@@ -439,7 +472,7 @@ void pool_block_hold(struct pool_block *b, pid_t pid) {
     if (b->holders[i].pid == id.pid && b->holders[i].start == id.start)
       return;
   if (b->n_holders == POOL_MAX_HOLDERS)
-    b->n_holders = holders_reap(b->holders, b->n_holders);
+    b->n_holders = holders_reap(b->holders, b->n_holders, 0, NULL, 0);
   if (b->n_holders < POOL_MAX_HOLDERS)
     b->holders[b->n_holders++] = id;
   else

@@ -70,6 +70,9 @@ struct pool_ghost {
   struct pool_ghost *next;
   uid_t uid;
   uint64_t bytes;
+  uint64_t file_dev;           /* the pieces' files, where /proc can show who holds them */
+  uint64_t file_ino[POOL_MAX_PIECES];
+  uint32_t n_files;            /* 0: holders are taken to hold it until they exit */
   struct proc_id holders[POOL_MAX_HOLDERS];
   uint32_t n_holders;
 };

@@ -22,4 +22,11 @@ int proc_identify(pid_t pid, struct proc_id *out);
 /* Whether the process is still alive (the same pid with the same start time). */
 bool proc_alive(const struct proc_id *p);
 
+/*
+ * Whether live process p holds any of the files with these inode numbers
+ * (on dev): as an open fd, or mapped.  1 it does, 0 it does not, -1 it
+ * cannot be told (no /proc access): callers then assume it does.
+ */
+int proc_holds_file(const struct proc_id *p, uint64_t dev, const uint64_t *inos, uint32_t n);
+
 #endif /* DEP_DAEMON_PROC_H */

@@ -122,7 +122,7 @@ void mr_stop_ok(struct tu_daemon *d, dep_client_t *obs);
 /* The pools of the devices the ranks use, summed (one device unless DEP_TEST_GPUS
  * spreads them), and the daemon's counts, from STATUS. */
 struct mr_pool_now {
-  uint64_t total, used, cached;
+  uint64_t total, used, cached, held;
   uint32_t jobs, clients;
 };
 struct mr_pool_now mr_pool_now(dep_client_t *c);
