@@ -14,5 +14,6 @@
   XX(ops)                   \
   XX(memory)                \
   XX(pool)                  \
+  XX(lifecycle)             \
   XX(cuda_ops)
 #endif
