@@ -13,7 +13,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <inttypes.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +35,8 @@
 #define DEFAULT_PORT 7470
 /* A config file is a page of text; anything this big is a mistake (or an attack). */
 #define CONFIG_FILE_MAX (1024 * 1024)
+/* %YAML and %TAG lines before the document (check_shape); a config file needs none. */
+#define CONFIG_MAX_DIRECTIVES 16
 
 enum kind {
   K_SECTION, /* a mapping of further keys */
@@ -462,6 +466,18 @@ static int apply_value(struct loader *L, const struct key *k, const yaml_node_t 
     if (rc == CONFIG_VALUE_UNIT)
       return fail(L, v->start_mark, "unknown size unit '%s' in '%s' (use B, KiB, MiB, GiB or TiB)",
                   shown(raw + unit_at, n - unit_at, got, sizeof got), path);
+    if (rc == CONFIG_VALUE_FRACTION) {
+      /* The same size in a smaller unit, when it is a whole number of bytes; plain bytes
+       * below 1 KiB, since "N bytes" is not a spelling the parser takes. */
+      if (x % KiB == 0)
+        config_value_size_text(x, a, sizeof a);
+      else
+        snprintf(a, sizeof a, "%" PRIu64, x);
+      return fail(L, v->start_mark,
+                  "'%s' must be a whole number of bytes or of KiB, MiB, GiB or TiB, got %s%s%s",
+                  path, shown(raw, n, got, sizeof got), x != 0 ? "; write " : "",
+                  x != 0 ? a : "");
+    }
     const bool auto_ok = (k->flags & F_ZERO_AUTO) && rc == CONFIG_VALUE_OK && x == 0;
     if (!auto_ok && (rc != CONFIG_VALUE_OK || x < k->min || x > k->max))
       return fail(L, v->start_mark, "'%s' must be %sbetween %s and %s, got %s", path,
@@ -627,6 +643,91 @@ static int syntax_error(struct loader *L, const yaml_parser_t *p, const char *da
   return fail(L, p->problem_mark, "YAML syntax error: %s", problem);
 }
 
+/*
+ * The YAML's shape within CONFIG_MAX_DEPTH and CONFIG_MAX_TOKENS, checked on libyaml's token
+ * stream before anything loads the document.  libyaml's scanner spends, on every token, time in
+ * proportion to the flow nesting ([ and { open at once), and its loader, on every anchor and
+ * %TAG directive, time in proportion to those already seen: 100 000 nested '[' took it 52 s,
+ * and 8000 %TAG lines, well within the token bound, 0.2 s (hence their own bound).
+ * The scanner hands out tokens with a lookahead of at most 1024 characters (a possible simple
+ * key's), so this pass stops at the first token past a bound having paid for a few thousand at
+ * most.  Tokens count the depth as the document has it: a block mapping or list is opened by
+ * its start token and closed by BLOCK_END, except a list at its key's own column ("key:\n- a"),
+ * which has no tokens of its own and ends at the next key or at its mapping's end.  A syntax
+ * error ends the pass; the loader then reports it as it does any other.
+ */
+static int check_shape(struct loader *L, const char *data, size_t len) {
+  enum { BLOCK_MAPPING = 1, BLOCK_LIST, LIST_AT_KEY, FLOW };
+  unsigned char open[CONFIG_MAX_DEPTH];
+  size_t depth = 0, tokens = 0, directives = 0;
+  yaml_parser_t p;
+  if (!yaml_parser_initialize(&p)) {
+    if (L->err != NULL && L->errlen > 0)
+      snprintf(L->err, L->errlen, "%s: out of memory", L->name);
+    return DEP_ERR_NO_MEMORY;
+  }
+  yaml_parser_set_input_string(&p, (const unsigned char *)data, len);
+  int rc = 0;
+  for (;;) {
+    yaml_token_t t;
+    if (!yaml_parser_scan(&p, &t))
+      break;
+    const yaml_token_type_t type = t.type;
+    const yaml_mark_t at = t.start_mark;
+    yaml_token_delete(&t);
+    if (type == YAML_STREAM_END_TOKEN)
+      break;
+    if (++tokens > CONFIG_MAX_TOKENS) {
+      rc = fail(L, at, "more than %d YAML tokens (keys, values, brackets); a deepepd config "
+                "has a few hundred", CONFIG_MAX_TOKENS);
+      break;
+    }
+    if ((type == YAML_TAG_DIRECTIVE_TOKEN || type == YAML_VERSION_DIRECTIVE_TOKEN) &&
+        ++directives > CONFIG_MAX_DIRECTIVES) {
+      rc = fail(L, at, "more than %d %%YAML and %%TAG directives", CONFIG_MAX_DIRECTIVES);
+      break;
+    }
+    if (depth > 0 && open[depth - 1] == LIST_AT_KEY &&
+        (type == YAML_KEY_TOKEN || type == YAML_VALUE_TOKEN || type == YAML_BLOCK_END_TOKEN))
+      depth--;
+    int opens = 0;
+    switch (type) {
+    case YAML_BLOCK_MAPPING_START_TOKEN:
+      opens = BLOCK_MAPPING;
+      break;
+    case YAML_BLOCK_SEQUENCE_START_TOKEN:
+      opens = BLOCK_LIST;
+      break;
+    case YAML_BLOCK_ENTRY_TOKEN:
+      if (depth > 0 && open[depth - 1] == BLOCK_MAPPING)
+        opens = LIST_AT_KEY;
+      break;
+    case YAML_FLOW_SEQUENCE_START_TOKEN:
+    case YAML_FLOW_MAPPING_START_TOKEN:
+      opens = FLOW;
+      break;
+    case YAML_BLOCK_END_TOKEN:
+    case YAML_FLOW_SEQUENCE_END_TOKEN:
+    case YAML_FLOW_MAPPING_END_TOKEN:
+      if (depth > 0)
+        depth--;
+      break;
+    default:
+      break;
+    }
+    if (opens != 0) {
+      if (depth == CONFIG_MAX_DEPTH) {
+        rc = fail(L, at, "nesting deeper than %d levels of lists and mappings (a deepepd "
+                  "config needs 3)", CONFIG_MAX_DEPTH);
+        break;
+      }
+      open[depth++] = (unsigned char)opens;
+    }
+  }
+  yaml_parser_delete(&p);
+  return rc;
+}
+
 int config_load_buffer(struct config *c, const char *name, const char *data, size_t len, char *err,
                        size_t errlen) {
   struct loader L = {.name = name != NULL ? name : "<config>", .err = err, .errlen = errlen};
@@ -647,7 +748,11 @@ int config_load_buffer(struct config *c, const char *name, const char *data, siz
 
   yaml_parser_t parser;
   yaml_document_t doc;
-  int rc = 0;
+  int rc = check_shape(&L, data != NULL ? data : "", len);
+  if (rc != 0) {
+    free(copy);
+    return rc;
+  }
   if (!yaml_parser_initialize(&parser)) {
     free(copy);
     if (err != NULL && errlen > 0)
@@ -706,13 +811,19 @@ int config_load_file(struct config *c, const char *path, char *err, size_t errle
   char *buf = NULL;
   size_t n = 0;
   const char *why = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0 || fstat(fd, &st) != 0)
+  int fd = -1;
+  /* The type is checked before open(2) too: opening a FIFO waits for a writer, which would
+   * hold a reload (and a shutdown waiting for it) for ever; fstat checks the file opened. */
+  if (stat(path, &st) != 0)
     why = strerror(errno);
   else if (S_ISDIR(st.st_mode))
     why = strerror(EISDIR);
   else if (!S_ISREG(st.st_mode))
     why = "not a regular file"; /* a FIFO or a device could block, or never end */
+  else if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY)) < 0 || fstat(fd, &st) != 0)
+    why = strerror(errno);
+  else if (!S_ISREG(st.st_mode))
+    why = "not a regular file";
   else if (st.st_size > CONFIG_FILE_MAX)
     why = "larger than 1 MiB; is this the config file?";
   else if ((buf = malloc((size_t)st.st_size + 1)) == NULL)
@@ -784,18 +895,110 @@ static bool same_value(const struct key *k, const char *a, const char *b) {
   }
 }
 
+/* A value as a message shows it ("512 MiB", "info", "[alice, bob]"); lists are cut with "...". */
+static const char *value_text(const struct key *k, const char *base, char *buf, size_t len) {
+  const char *p = base + k->off;
+  buf[0] = '\0';
+  switch (k->kind) {
+  case K_BOOL: {
+    bool x;
+    memcpy(&x, p, sizeof x);
+    snprintf(buf, len, "%s", x ? "true" : "false");
+    break;
+  }
+  case K_SIZE: {
+    uint64_t x = get_uint(p, k->size);
+    if (x == 0)
+      snprintf(buf, len, "0");
+    else
+      config_value_size_text(x, buf, len);
+    break;
+  }
+  case K_MODE:
+    snprintf(buf, len, "0%" PRIo64, get_uint(p, k->size));
+    break;
+  case K_RATIO: {
+    double x;
+    memcpy(&x, p, sizeof x);
+    snprintf(buf, len, "%g", x);
+    break;
+  }
+  case K_STR:
+    snprintf(buf, len, "%s", p[0] != '\0' ? p : "\"\"");
+    break;
+  case K_ENUM: {
+    int x;
+    memcpy(&x, p, sizeof x);
+    snprintf(buf, len, "%s", name_of(k->names, x));
+    break;
+  }
+  case K_NAMES:
+  case K_DEVICES:
+  case K_PEERS: {
+    size_t n, o = 1;
+    memcpy(&n, base + k->count_off, sizeof n);
+    snprintf(buf, len, "[");
+    for (size_t i = 0; i < n && i < CONFIG_MAX_LIST && o + 5 < len; i++) {
+      const char *e = p + i * k->entry;
+      char one[300];
+      if (k->kind == K_PEERS) {
+        const struct config_peer *peer = (const struct config_peer *)(const void *)e;
+        snprintf(one, sizeof one, "%s:%u", peer->host, (unsigned)peer->port);
+      } else {
+        snprintf(one, sizeof one, "%s", e);
+      }
+      const char *sep = i > 0 ? ", " : "";
+      if (o + strlen(sep) + strlen(one) + 5 >= len) {
+        o += (size_t)snprintf(buf + o, len - o, "%s...", sep);
+        break;
+      }
+      o += (size_t)snprintf(buf + o, len - o, "%s%s", sep, one);
+    }
+    if (o + 1 < len)
+      snprintf(buf + o, len - o, "]");
+    break;
+  }
+  default:
+    snprintf(buf, len, "%" PRIu64, get_uint(p, k->size));
+    break;
+  }
+  return buf;
+}
+
+/* Add ", entry" to a list in out[len]; an entry that does not fit leaves "..." in its place
+ * (room for which is always kept), and nothing follows it. */
+static void append_entry(char *out, size_t len, bool first, const char *entry) {
+  size_t used = strlen(out);
+  if (used >= 3 && strcmp(out + used - 3, "...") == 0)
+    return;
+  const char *sep = first ? "" : ", ";
+  if (used + strlen(sep) + strlen(entry) + 5 < len)
+    snprintf(out + used, len - used, "%s%s", sep, entry);
+  else if (used + strlen(sep) + 3 < len)
+    snprintf(out + used, len - used, "%s...", sep);
+}
+
+/*
+ * The keys of a table (and its sections) whose values differ between a and b: the live ones as
+ * "key old -> new", or the others by name.
+ */
 static void diff_table(const struct key *table, const char *prefix, const char *a, const char *b,
-                       char *out, size_t len, size_t *count) {
+                       bool live, char *out, size_t len, size_t *count) {
   for (const struct key *k = table; k->name != NULL; k++) {
     char full[64];
     path_join(full, sizeof full, "%s%s%s", prefix, prefix[0] != '\0' ? "." : "", k->name);
     if (k->kind == K_SECTION) {
-      diff_table(k->sub, full, a, b, out, len, count);
+      diff_table(k->sub, full, a, b, live, out, len, count);
       continue;
     }
-    if (k->live || same_value(k, a, b))
+    if (k->live != live || same_value(k, a, b))
       continue;
-    if (out != NULL && len > 0) {
+    if (out != NULL && len > 0 && live) {
+      char was[160], now[160], entry[400];
+      snprintf(entry, sizeof entry, "%s %s -> %s", full, value_text(k, a, was, sizeof was),
+               value_text(k, b, now, sizeof now));
+      append_entry(out, len, *count == 0, entry);
+    } else if (out != NULL && len > 0) {
       size_t used = strlen(out);
       if (used < len)
         snprintf(out + used, len - used, "%s%s", *count > 0 ? ", " : "", full);
@@ -811,6 +1014,108 @@ size_t config_diff_restart(const struct config *old_c, const struct config *new_
     restart_keys[0] = '\0';
   if (old_c == NULL || new_c == NULL)
     return 0;
-  diff_table(root_keys, "", (const char *)old_c, (const char *)new_c, restart_keys, len, &count);
+  diff_table(root_keys, "", (const char *)old_c, (const char *)new_c, false, restart_keys, len,
+             &count);
+  return count;
+}
+
+size_t config_diff_live(const struct config *old_c, const struct config *new_c, char *changes,
+                        size_t len) {
+  size_t count = 0;
+  if (changes != NULL && len > 0)
+    changes[0] = '\0';
+  if (old_c == NULL || new_c == NULL)
+    return 0;
+  diff_table(root_keys, "", (const char *)old_c, (const char *)new_c, true, changes, len, &count);
+  return count;
+}
+
+static void copy_live(const struct key *table, char *dst, const char *src) {
+  for (const struct key *k = table; k->name != NULL; k++) {
+    if (k->kind == K_SECTION) {
+      copy_live(k->sub, dst, src);
+      continue;
+    }
+    if (!k->live)
+      continue;
+    memcpy(dst + k->off, src + k->off, k->size);
+    if (k->kind == K_NAMES || k->kind == K_DEVICES || k->kind == K_PEERS)
+      memcpy(dst + k->count_off, src + k->count_off, sizeof(size_t));
+  }
+}
+
+void config_copy_live(struct config *dst, const struct config *src) {
+  copy_live(root_keys, (char *)dst, (const char *)src);
+}
+
+/* ---- accounts ---------------------------------------------------------------- */
+
+/* 1 when the user (or group) exists or `name` is a numeric id, 0 when there is no such
+ * account, else a negative errno: the lookup itself failed. */
+static int account_exists(const char *name, bool group) {
+  if (name[0] != '\0' && strspn(name, "0123456789") == strlen(name))
+    return 1;
+  int rc = ERANGE;
+  bool found = false;
+  /* A group with many members needs a large buffer: grow it as the lookup asks. */
+  for (size_t size = 16384; rc == ERANGE && size <= 16u << 20; size *= 2) {
+    char *buf = malloc(size);
+    if (buf == NULL)
+      return -ENOMEM;
+    if (group) {
+      struct group gr, *res = NULL;
+      rc = getgrnam_r(name, &gr, buf, size, &res);
+      found = rc == 0 && res != NULL;
+    } else {
+      struct passwd pw, *res = NULL;
+      rc = getpwnam_r(name, &pw, buf, size, &res);
+      found = rc == 0 && res != NULL;
+    }
+    free(buf);
+  }
+  if (found)
+    return 1;
+  /* getpwnam(3): these mean "not found" too. */
+  if (rc == 0 || rc == ENOENT || rc == ESRCH || rc == EBADF || rc == EPERM)
+    return 0;
+  return -rc;
+}
+
+/* Look up one name of key `path`; a missing one is added to the problems. */
+static void check_account(const char *path, const char *verb, const char *name, bool group,
+                          char *out, size_t len, size_t *count) {
+  int rc = account_exists(name, group);
+  if (rc == 1)
+    return;
+  char entry[400];
+  if (rc == 0)
+    snprintf(entry, sizeof entry, "'%s' %s '%s': no such %s on this host (getent %s lists them)",
+             path, verb, name, group ? "group" : "user", group ? "group" : "passwd");
+  else
+    snprintf(entry, sizeof entry, "'%s' %s '%s': cannot look it up: %s", path, verb, name,
+             strerror(-rc));
+  if (out != NULL && len > 0) {
+    size_t used = strlen(out);
+    if (used < len)
+      snprintf(out + used, len - used, "%s%s", *count > 0 ? "; " : "", entry);
+  }
+  (*count)++;
+}
+
+size_t config_check_accounts(const struct config *c, unsigned which, char *problems,
+                             size_t len) {
+  size_t count = 0;
+  if (problems != NULL && len > 0)
+    problems[0] = '\0';
+  if (c == NULL)
+    return 0;
+  if ((which & CONFIG_ACCOUNTS_SOCKET) && c->socket_group[0] != '\0')
+    check_account("socket.group", "is", c->socket_group, true, problems, len, &count);
+  if (which & CONFIG_ACCOUNTS_ALLOW) {
+    for (size_t i = 0; i < c->n_allow_users && i < CONFIG_MAX_LIST; i++)
+      check_account("allow.users", "lists", c->allow_users[i], false, problems, len, &count);
+    for (size_t i = 0; i < c->n_allow_groups && i < CONFIG_MAX_LIST; i++)
+      check_account("allow.groups", "lists", c->allow_groups[i], true, problems, len, &count);
+  }
   return count;
 }

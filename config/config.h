@@ -18,6 +18,14 @@
 #define CONFIG_MAX_LIST 64   /* users, groups, devices, peers */
 #define CONFIG_NAME_MAX 64
 #define CONFIG_PATH_MAX 108  /* sun_path; longer socket paths are rejected */
+/*
+ * Bounds on the file itself, so that no file can keep libyaml busy (config.c says how):
+ * lists and mappings nested at most this deep (a valid file nests 3), and at most this many
+ * YAML tokens (keys, values, brackets), which a valid file never nears: every key at most
+ * once and lists of CONFIG_MAX_LIST entries come to under 2000.
+ */
+#define CONFIG_MAX_DEPTH 32
+#define CONFIG_MAX_TOKENS 8192
 
 enum config_backend { CONFIG_BACKEND_AUTO = 0, CONFIG_BACKEND_CUDA, CONFIG_BACKEND_HOST };
 enum config_log_level { CONFIG_LOG_ERR = 3, CONFIG_LOG_WARNING = 4, CONFIG_LOG_NOTICE = 5,
@@ -106,6 +114,31 @@ int config_load_buffer(struct config *c, const char *name, const char *data, siz
  */
 size_t config_diff_restart(const struct config *old_c, const struct config *new_c,
                            char *restart_keys, size_t len);
+
+/*
+ * The live keys whose values differ between old and new, as "key old -> new" joined by ", "
+ * ("limits.max_clients 1024 -> 512, log_level info -> debug"), cut after a whole entry with
+ * "..." when len is short.  Returns the number of such keys.
+ */
+size_t config_diff_live(const struct config *old_c, const struct config *new_c, char *changes,
+                        size_t len);
+
+/* Copy every live key from src to dst: what a reload applies to the running configuration. */
+void config_copy_live(struct config *dst, const struct config *src);
+
+/* Which names config_check_accounts looks up. */
+#define CONFIG_ACCOUNTS_SOCKET 1u /* socket.group */
+#define CONFIG_ACCOUNTS_ALLOW 2u  /* allow.users, allow.groups */
+#define CONFIG_ACCOUNTS_ALL (CONFIG_ACCOUNTS_SOCKET | CONFIG_ACCOUNTS_ALLOW)
+
+/*
+ * Whether every user and group that c names (of those `which` selects) exists on this host;
+ * numeric ids stand as they are.  Returns the number that do not, with `problems` listing them
+ * "; "-separated, each naming the key and the value: "'allow.users' lists 'nosuchuser': no such
+ * user on this host (getent passwd lists them)".  Safe on any thread (getpwnam_r).
+ */
+size_t config_check_accounts(const struct config *c, unsigned which, char *problems,
+                             size_t len);
 
 const char *config_backend_name(enum config_backend b);
 const char *config_log_level_name(enum config_log_level l);

@@ -53,9 +53,30 @@ int config_value_size(const char *s, size_t n, uint64_t *out, size_t *unit_at) {
   }
   if (i == 0)
     return CONFIG_VALUE_BAD;
+  /* A fraction is refused, but read: frac / scale, to say what it comes to in bytes.  Six
+   * digits (trailing zeros aside) keep frac * TiB within 64 bits. */
+  bool fraction = false, exact = true;
+  uint64_t frac = 0, scale = 1;
+  if (i < n && s[i] == '.') {
+    fraction = true;
+    size_t from = ++i;
+    while (i < n && s[i] >= '0' && s[i] <= '9')
+      i++;
+    if (i == from)
+      return CONFIG_VALUE_BAD;
+    size_t to = i;
+    while (to > from && s[to - 1] == '0')
+      to--;
+    exact = to - from <= 6;
+    for (size_t k = from; exact && k < to; k++) {
+      frac = frac * 10 + (uint64_t)(s[k] - '0');
+      scale *= 10;
+    }
+  }
   while (i < n && s[i] == ' ')
     i++;
   *unit_at = i;
+  uint64_t mult = 1;
   if (i < n) {
     size_t k = 0, ulen = n - i;
     while (k < sizeof units / sizeof units[0] &&
@@ -63,14 +84,17 @@ int config_value_size(const char *s, size_t n, uint64_t *out, size_t *unit_at) {
       k++;
     if (k == sizeof units / sizeof units[0])
       return CONFIG_VALUE_UNIT;
-    if (v > UINT64_MAX / units[k].mult)
-      big = true;
-    else
-      v *= units[k].mult;
+    mult = units[k].mult;
   }
-  if (big)
+  if (fraction) {
+    *out = 0;
+    if (exact && !big && v <= (UINT64_MAX - mult) / mult && frac * mult % scale == 0)
+      *out = v * mult + frac * mult / scale;
+    return CONFIG_VALUE_FRACTION;
+  }
+  if (big || v > UINT64_MAX / mult)
     return CONFIG_VALUE_TOO_BIG;
-  *out = v;
+  *out = v * mult;
   return CONFIG_VALUE_OK;
 }
 

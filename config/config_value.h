@@ -24,11 +24,17 @@ enum config_value_rc {
   CONFIG_VALUE_BAD = -1,     /* not this kind of value at all */
   CONFIG_VALUE_TOO_BIG = -2, /* the right kind, but beyond anything a key accepts */
   CONFIG_VALUE_UNIT = -3,    /* a size with a unit that is not B, KiB, MiB, GiB or TiB */
+  CONFIG_VALUE_FRACTION = -4, /* a size with a fractional part ("1.5GiB"): sizes are whole */
 };
 
 /* [+-]digits, no leading zeros (YAML 1.1 reads 010 as octal; guessing is worse than asking). */
 int config_value_int(const char *s, size_t n, int64_t *out);
-/* Digits, optional spaces, optional unit (any case); *unit_at is where the unit starts. */
+/*
+ * Digits, optional spaces, optional unit (any case); *unit_at is where the unit starts.
+ * A fractional number ("1.5GiB") is CONFIG_VALUE_FRACTION, with *out set to the bytes it
+ * stands for when they are a whole number (1.5GiB: 1610612736), else 0, so that the
+ * message can say how to write it.
+ */
 int config_value_size(const char *s, size_t n, uint64_t *out, size_t *unit_at);
 /* Octal digits as chmod(1) reads them: 0660, 660 and 0o660 are one mode. */
 int config_value_mode(const char *s, size_t n, uint64_t *out);

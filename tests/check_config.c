@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <yaml.h>
 
@@ -467,6 +468,20 @@ static const struct bad {
     {"socket: {path: /a, path: /b}\n", "t.yaml:1:20: duplicate key 'socket.path' (first at line 1)"},
     /* sizes and the pool's arithmetic */
     {"pool:\n  host_size: 1GB\n", "t.yaml:2:14: unknown size unit 'GB' in 'pool.host_size' (use B, KiB, MiB, GiB or TiB)"},
+    /* sizes are whole numbers: a fraction is named as such, with the same size spelled whole when there is one */
+    {"pool:\n  host_size: 1.5GiB\n",
+     "t.yaml:2:14: 'pool.host_size' must be a whole number of bytes or of KiB, MiB, GiB or TiB, got 1.5GiB; write 1536 MiB"},
+    {"limits:\n  client_queue_bytes: 1.25 MiB\n",
+     "t.yaml:2:23: 'limits.client_queue_bytes' must be a whole number of bytes or of KiB, MiB, GiB or TiB, got 1.25 MiB; write 1280 KiB"},
+    {"limits:\n  client_queue_bytes: 0.5KiB\n",
+     "t.yaml:2:23: 'limits.client_queue_bytes' must be a whole number of bytes or of KiB, MiB, GiB or TiB, got 0.5KiB; write 512"},
+    {"pool:\n  host_size: 2.0GiB\n",
+     "t.yaml:2:14: 'pool.host_size' must be a whole number of bytes or of KiB, MiB, GiB or TiB, got 2.0GiB; write 2 GiB"},
+    {"pool:\n  host_size: 1.3GiB\n",
+     "t.yaml:2:14: 'pool.host_size' must be a whole number of bytes or of KiB, MiB, GiB or TiB, got 1.3GiB"},
+    {"pool:\n  host_size: 1.5\n",
+     "t.yaml:2:14: 'pool.host_size' must be a whole number of bytes or of KiB, MiB, GiB or TiB, got 1.5"},
+    {"pool:\n  host_size: 1.5GB\n", "t.yaml:2:14: unknown size unit 'GB' in 'pool.host_size' (use B, KiB, MiB, GiB or TiB)"},
     {"limits:\n  client_queue_bytes: 4 megs\n",
      "t.yaml:2:23: unknown size unit 'megs' in 'limits.client_queue_bytes' (use B, KiB, MiB, GiB or TiB)"},
     {"pool:\n  chunk_size: 3MiB\n",
@@ -726,6 +741,310 @@ START_TEST(restart_keys_are_listed_together) {
 }
 END_TEST
 
+/* ---- bounds on the file itself: no file keeps libyaml busy ------------------------------------ */
+
+/* head, then `open` n times, an x, `close` n times and a newline, on the heap. */
+static char *nested(const char *head, const char *open, const char *close, size_t n) {
+  size_t len = strlen(head) + n * (strlen(open) + strlen(close)) + 3;
+  char *y = malloc(len);
+  ck_assert_ptr_nonnull(y);
+  char *p = y + sprintf(y, "%s", head);
+  for (size_t i = 0; i < n; i++)
+    p += sprintf(p, "%s", open);
+  *p++ = 'x';
+  for (size_t i = 0; i < n; i++)
+    p += sprintf(p, "%s", close);
+  strcpy(p, "\n");
+  return y;
+}
+
+static int load_heap(struct config *c, char *yaml) {
+  int rc = load(c, yaml);
+  free(yaml);
+  return rc;
+}
+
+/* The root mapping is the first level: 31 lists inside it make 32 and are let through to the
+ * type check; one more is refused where it opens, before libyaml loads anything. */
+START_TEST(nesting_deeper_than_32_levels_is_refused_where_it_opens) {
+  struct config c;
+  config_defaults(&c);
+  ck_assert_int_eq(load_heap(&c, nested("log_level: ", "[", "]", 31)), DEP_ERR_CONFIG);
+  ck_assert_str_eq(err, "t.yaml:1:12: expected one of err, warning, notice, info, debug for "
+                        "'log_level', got a list");
+  ck_assert_int_eq(load_heap(&c, nested("log_level: ", "[", "]", 32)), DEP_ERR_CONFIG);
+  ck_assert_str_eq(err, "t.yaml:1:43: nesting deeper than 32 levels of lists and mappings (a "
+                        "deepepd config needs 3)");
+  ck_assert_int_eq(load_heap(&c, nested("log_level: ", "{a: ", "}", 32)), DEP_ERR_CONFIG);
+  ck_assert_str_eq(err, "t.yaml:1:136: nesting deeper than 32 levels of lists and mappings (a "
+                        "deepepd config needs 3)");
+  /* Block mappings, by indentation: the 33rd key opens the 33rd level. */
+  char block[4096] = "";
+  for (int i = 0; i < 33; i++)
+    snprintf(block + strlen(block), sizeof block - strlen(block), "%*sk:\n", 2 * i, "");
+  ck_assert_int_eq(load(&c, block), DEP_ERR_CONFIG);
+  ck_assert_str_eq(err, "t.yaml:33:65: nesting deeper than 32 levels of lists and mappings (a "
+                        "deepepd config needs 3)");
+  block[strlen(block) - (2 * 32 + 3)] = '\0'; /* 32 levels: through to the walk */
+  ck_assert_int_eq(load(&c, block), DEP_ERR_CONFIG);
+  ck_assert_str_eq(err, "t.yaml:1:1: unknown key 'k' at the top level (known: socket, allow, "
+                        "backend, devices, pool, preallocation, buffer_cache_enabled, "
+                        "kernel_warmup, kernel_cache_dir, adaptive_optimization, "
+                        "warn_first_call_ratio, connection_pool_size, listen, peers, "
+                        "peer_key_file, limits, log_level)");
+  /* A list at its key's own column is a level too: the root, then a list and a mapping on each
+   * "- k:" line; the 16th such line's mapping is the 33rd level. */
+  snprintf(block, sizeof block, "k:\n");
+  for (int i = 0; i < 16; i++)
+    snprintf(block + strlen(block), sizeof block - strlen(block), "%*s- k:\n", 2 * i, "");
+  snprintf(block + strlen(block), sizeof block - strlen(block), "%*s- x\n", 2 * 16, "");
+  ck_assert_int_eq(load(&c, block), DEP_ERR_CONFIG);
+  ck_assert_str_eq(err, "t.yaml:17:33: nesting deeper than 32 levels of lists and mappings (a "
+                        "deepepd config needs 3)");
+}
+END_TEST
+
+/* Such a list ends at the next key: many of them side by side nest no deeper than one. */
+START_TEST(lists_at_their_keys_column_end_with_their_key) {
+  char yaml[4096] = "";
+  for (int i = 0; i < 40; i++)
+    snprintf(yaml + strlen(yaml), sizeof yaml - strlen(yaml), "k%d:\n- a\n- - b\n", i);
+  struct config c;
+  config_defaults(&c);
+  ck_assert_int_eq(load(&c, yaml), DEP_ERR_CONFIG);
+  static const char want[] = "t.yaml:1:1: unknown key 'k0' at the top level";
+  ck_assert_msg(strncmp(err, want, strlen(want)) == 0, "%s", err);
+}
+END_TEST
+
+/* Files that kept libyaml busy for seconds to a minute (100 000 nested '[' in 200 KB: 52 s;
+ * 88 000 anchors in 1 MiB: 18 s; 75 000 %TAG lines: 5 s) are refused at once. */
+static char *pathological(int which, size_t *len) {
+  const size_t max = 1 << 20;
+  char *y = malloc(max + 64);
+  ck_assert_ptr_nonnull(y);
+  size_t o = 0;
+  switch (which) {
+  case 0:
+    while (o < 200000)
+      y[o++] = '[';
+    break;
+  case 1:
+    o += (size_t)sprintf(y, "a:\n");
+    for (int i = 0; o < max - 32; i++)
+      o += (size_t)sprintf(y + o, "- &a%d x\n", i);
+    break;
+  case 2:
+    for (int i = 0; o < max - 32; i++)
+      o += (size_t)sprintf(y + o, "%%TAG !a%d! tag:x:\n", i);
+    o += (size_t)sprintf(y + o, "---\na: 1\n");
+    break;
+  default:
+    /* A flat list of 500 000 items (0.25 s and 100 MiB for libyaml to load). */
+    o += (size_t)sprintf(y, "a: [");
+    while (o < max - 8)
+      o += (size_t)sprintf(y + o, "a,");
+    o += (size_t)sprintf(y + o, "a]\n");
+    break;
+  }
+  y[o] = '\0';
+  *len = o;
+  return y;
+}
+
+static const char *const pathological_errors[] = {
+    "t.yaml:1:33: nesting deeper than 32 levels",
+    "t.yaml:2731:1: more than 8192 YAML tokens",
+    "t.yaml:17:1: more than 16 %YAML and %TAG directives",
+    "t.yaml:1:8191: more than 8192 YAML tokens",
+};
+
+START_TEST(pathological_files_are_refused_in_milliseconds) {
+  size_t len;
+  char *y = pathological(_i, &len);
+  struct config c;
+  config_defaults(&c);
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  int rc = config_load_buffer(&c, "t.yaml", y, len, err, sizeof err);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  free(y);
+  double ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+  ck_assert_int_eq(rc, DEP_ERR_CONFIG);
+  ck_assert_msg(strncmp(err, pathological_errors[_i], strlen(pathological_errors[_i])) == 0,
+                "said: %s", err);
+  /* A few ms on an idle core; the bound leaves room for a busy machine. */
+  ck_assert_msg(ms < 500, "refusing it took %.0f ms", ms);
+}
+END_TEST
+
+/* The bounds are far from any file that can be valid: every key, each list full. */
+START_TEST(the_largest_valid_file_is_within_the_bounds) {
+  static char yaml[64 * 1024];
+  size_t o = (size_t)snprintf(yaml, sizeof yaml,
+                              "socket: {path: /tmp/x.sock, mode: 0600, group: \"0\"}\n"
+                              "allow:\n  any_user: false\n  users:\n");
+  for (int i = 0; i < CONFIG_MAX_LIST; i++)
+    o += (size_t)snprintf(yaml + o, sizeof yaml - o, "  - !!str user%d\n", i);
+  o += (size_t)snprintf(yaml + o, sizeof yaml - o, "  groups: [");
+  for (int i = 0; i < CONFIG_MAX_LIST; i++)
+    o += (size_t)snprintf(yaml + o, sizeof yaml - o, "%s!!str g%d", i ? ", " : "", i);
+  o += (size_t)snprintf(yaml + o, sizeof yaml - o, "]\ndevices:\n");
+  for (int i = 0; i < CONFIG_MAX_LIST; i++)
+    o += (size_t)snprintf(yaml + o, sizeof yaml - o,
+                          "- GPU-5fa1c2e0-1b2c-3d4e-5f60-7182%08d\n", i);
+  o += (size_t)snprintf(yaml + o, sizeof yaml - o, "peers:\n");
+  for (int i = 0; i < CONFIG_MAX_LIST; i++)
+    o += (size_t)snprintf(yaml + o, sizeof yaml - o, "- host: !!str node%d\n  port: %d\n", i,
+                          7000 + i);
+  snprintf(yaml + o, sizeof yaml - o,
+           "backend: host\npool: {size_per_device: 1GiB, chunk_size: 2MiB, max_allocation: 0, "
+           "host_size: 64MiB}\npreallocation: true\nbuffer_cache_enabled: true\n"
+           "kernel_warmup: true\nkernel_cache_dir: /tmp\nadaptive_optimization: false\n"
+           "warn_first_call_ratio: 2\nconnection_pool_size: 8\nlisten: {address: \"\", port: 1}\n"
+           "peer_key_file: \"\"\nlimits: {max_clients: 1, max_jobs: 1, attach_timeout_ms: 1, "
+           "op_timeout_ms: 1, client_queue_bytes: 1MiB, hello_timeout_ms: 1, reserved_clients: 0, "
+           "max_clients_per_uid: 1, max_jobs_per_uid: 1, memory_per_uid: 0}\nlog_level: info\n");
+  struct config c;
+  load_ok(&c, yaml);
+  ck_assert_uint_eq(c.n_allow_users, CONFIG_MAX_LIST);
+  ck_assert_uint_eq(c.n_peers, CONFIG_MAX_LIST);
+}
+END_TEST
+
+/* open(2) of a FIFO waits for a writer: a reload of one would never end. */
+START_TEST(a_fifo_is_refused_without_waiting_for_a_writer) {
+  char dir[256], path[300], want[400];
+  tu_tmpdir(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/fifo.yaml", dir);
+  ck_assert_int_eq(mkfifo(path, 0600), 0);
+  struct config c;
+  config_defaults(&c);
+  ck_assert_int_eq(config_load_file(&c, path, err, sizeof err), DEP_ERR_CONFIG);
+  snprintf(want, sizeof want, "%s: cannot read: not a regular file", path);
+  ck_assert_str_eq(err, want);
+  tu_rmtree(dir);
+}
+END_TEST
+
+/* ---- live keys: what a reload copies and what it says changed ------------------------------- */
+
+/* A file that sets every key, live or not, away from its default. */
+static const char every_key_changed[] =
+    "socket:\n  path: /tmp/o.sock\n  mode: 0600\n  group: gpu\n"
+    "allow:\n  users: [alice, bob]\n  groups: [trainers]\n  any_user: true\n"
+    "backend: host\ndevices: [" UUID1 "]\n"
+    "pool:\n  size_per_device: 4GiB\n  chunk_size: 32MiB\n  max_allocation: 256MiB\n"
+    "  host_size: 2GiB\n"
+    "preallocation: false\nbuffer_cache_enabled: false\nkernel_warmup: false\n"
+    "kernel_cache_dir: /tmp/kc\nadaptive_optimization: true\nwarn_first_call_ratio: 3\n"
+    "connection_pool_size: 8\nlisten:\n  address: 10.0.0.1\n  port: 7471\n"
+    "peers: [{host: b}]\npeer_key_file: /etc/k\n"
+    "limits:\n  max_clients: 512\n  max_jobs: 5\n  attach_timeout_ms: 5\n  op_timeout_ms: 6\n"
+    "  client_queue_bytes: 1MiB\n  hello_timeout_ms: 7\n  reserved_clients: 9\n"
+    "  max_clients_per_uid: 10\n  max_jobs_per_uid: 11\n  memory_per_uid: 2GiB\n"
+    "log_level: debug\n";
+
+START_TEST(a_reload_copies_every_live_key_and_no_other) {
+  struct config running, file, defaults;
+  config_defaults(&running);
+  config_defaults(&defaults);
+  load_ok(&file, every_key_changed);
+  config_copy_live(&running, &file);
+  char keys[1024];
+  /* Every live key now has the file's value... */
+  ck_assert_uint_eq(config_diff_live(&running, &file, keys, sizeof keys), 0);
+  /* ...and every other key is as it was: all 16 still differ from the file. */
+  ck_assert_uint_eq(config_diff_restart(&running, &defaults, keys, sizeof keys), 0);
+  ck_assert_uint_eq(config_diff_restart(&running, &file, keys, sizeof keys), 16);
+  ck_assert_uint_eq(running.n_allow_users, 2);
+  ck_assert_str_eq(running.allow_users[1], "bob");
+  ck_assert_uint_eq(running.memory_per_uid, 2ull << 30);
+  ck_assert_int_eq(running.log_level, CONFIG_LOG_DEBUG);
+  ck_assert_str_eq(running.socket_path, defaults.socket_path);
+}
+END_TEST
+
+START_TEST(changed_live_keys_are_named_with_both_values) {
+  struct config a, b;
+  char changes[2048];
+  config_defaults(&a);
+  load_ok(&b, "limits:\n  max_clients: 512\nlog_level: debug\nsocket:\n  mode: 0600\n");
+  ck_assert_uint_eq(config_diff_live(&a, &b, changes, sizeof changes), 2);
+  ck_assert_str_eq(changes, "limits.max_clients 1024 -> 512, log_level info -> debug");
+  ck_assert_uint_eq(config_diff_live(&a, &a, changes, sizeof changes), 0);
+  ck_assert_str_eq(changes, "");
+  /* Every live key, each in its own spelling. */
+  load_ok(&b, every_key_changed);
+  ck_assert_uint_eq(config_diff_live(&a, &b, changes, sizeof changes), 18);
+  ck_assert_str_eq(changes,
+                   "allow.users [] -> [alice, bob], allow.groups [] -> [trainers], "
+                   "allow.any_user false -> true, pool.max_allocation 0 -> 256 MiB, "
+                   "kernel_warmup true -> false, adaptive_optimization false -> true, "
+                   "warn_first_call_ratio 1.5 -> 3, limits.max_clients 1024 -> 512, "
+                   "limits.max_jobs 64 -> 5, limits.attach_timeout_ms 30000 -> 5, "
+                   "limits.op_timeout_ms 10000 -> 6, limits.client_queue_bytes 4 MiB -> 1 MiB, "
+                   "limits.hello_timeout_ms 5000 -> 7, limits.reserved_clients 8 -> 9, "
+                   "limits.max_clients_per_uid 256 -> 10, limits.max_jobs_per_uid 16 -> 11, "
+                   "limits.memory_per_uid 0 -> 2 GiB, log_level info -> debug");
+  /* A short buffer is cut after a whole entry, says so, and the count stays right. */
+  char small[60];
+  ck_assert_uint_eq(config_diff_live(&a, &b, small, sizeof small), 18);
+  ck_assert_str_eq(small, "allow.users [] -> [alice, bob], ...");
+  ck_assert_uint_eq(config_diff_live(&a, &b, NULL, 0), 18);
+}
+END_TEST
+
+/* ---- accounts: every user and group the file names exists ------------------------------------- */
+
+START_TEST(accounts_that_do_not_exist_are_named_with_their_key) {
+  struct config c;
+  char why[2048];
+  load_ok(&c, "socket:\n  group: no-such-group-4d2\n"
+              "allow:\n  users: [root, \"65534\", no-such-user-4d2]\n"
+              "  groups: [root, \"4242\", no-such-group-4d3]\n");
+  ck_assert_uint_eq(config_check_accounts(&c, CONFIG_ACCOUNTS_ALL, why, sizeof why), 3);
+  ck_assert_str_eq(why, "'socket.group' is 'no-such-group-4d2': no such group on this host "
+                        "(getent group lists them); 'allow.users' lists 'no-such-user-4d2': no "
+                        "such user on this host (getent passwd lists them); 'allow.groups' lists "
+                        "'no-such-group-4d3': no such group on this host (getent group lists "
+                        "them)");
+  ck_assert_uint_eq(config_check_accounts(&c, CONFIG_ACCOUNTS_SOCKET, why, sizeof why), 1);
+  ck_assert_str_eq(why, "'socket.group' is 'no-such-group-4d2': no such group on this host "
+                        "(getent group lists them)");
+  ck_assert_uint_eq(config_check_accounts(&c, CONFIG_ACCOUNTS_ALLOW, NULL, 0), 2);
+  /* Names that exist and numeric ids pass; the defaults name nobody. */
+  load_ok(&c, "socket:\n  group: root\nallow:\n  users: [root, \"12345\"]\n  groups: [\"0\"]\n");
+  ck_assert_uint_eq(config_check_accounts(&c, CONFIG_ACCOUNTS_ALL, why, sizeof why), 0);
+  ck_assert_str_eq(why, "");
+  config_defaults(&c);
+  ck_assert_uint_eq(config_check_accounts(&c, CONFIG_ACCOUNTS_ALL, why, sizeof why), 0);
+}
+END_TEST
+
+START_TEST(check_config_option_checks_that_accounts_exist) {
+  static const struct {
+    const char *yaml, *said;
+  } cases[] = {
+      {"socket:\n  group: no-such-group-4d2\n", "'socket.group' is 'no-such-group-4d2': no such group"},
+      {"allow:\n  users: [root, no-such-user-4d2]\n", "'allow.users' lists 'no-such-user-4d2': no such user"},
+      {"allow:\n  groups: [no-such-group-4d3]\n", "'allow.groups' lists 'no-such-group-4d3': no such group"},
+  };
+  char out[4096], dir[256], path[300], want[400];
+  tu_tmpdir(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/accounts.yaml", dir);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ck_assert_int_eq(tu_write_file(path, cases[i].yaml), 0);
+    ck_assert_int_eq(check_config_cli(path, out, sizeof out), 1);
+    snprintf(want, sizeof want, "%s: %s", path, cases[i].said);
+    ck_assert_msg(strstr(out, want) != NULL, "output lacks \"%s\":\n%s", want, out);
+  }
+  ck_assert_int_eq(tu_write_file(path, "socket:\n  group: root\nallow:\n  users: [\"4242\"]\n"), 0);
+  ck_assert_int_eq(check_config_cli(path, out, sizeof out), 0);
+  tu_rmtree(dir);
+}
+END_TEST
+
 Suite *config_suite(void);
 Suite *config_suite(void) {
   Suite *s = suite_create("config");
@@ -757,7 +1076,23 @@ Suite *config_suite(void) {
   tcase_add_test(t, check_config_option_reports_the_place);
   suite_add_tcase(s, t);
 
+  t = tcase_create("bounds");
+  tcase_add_test(t, nesting_deeper_than_32_levels_is_refused_where_it_opens);
+  tcase_add_test(t, lists_at_their_keys_column_end_with_their_key);
+  tcase_add_loop_test(t, pathological_files_are_refused_in_milliseconds, 0,
+                      (int)(sizeof pathological_errors / sizeof pathological_errors[0]));
+  tcase_add_test(t, the_largest_valid_file_is_within_the_bounds);
+  tcase_add_test(t, a_fifo_is_refused_without_waiting_for_a_writer);
+  suite_add_tcase(s, t);
+
+  t = tcase_create("accounts");
+  tcase_add_test(t, accounts_that_do_not_exist_are_named_with_their_key);
+  tcase_add_test(t, check_config_option_checks_that_accounts_exist);
+  suite_add_tcase(s, t);
+
   t = tcase_create("reload");
+  tcase_add_test(t, a_reload_copies_every_live_key_and_no_other);
+  tcase_add_test(t, changed_live_keys_are_named_with_both_values);
   tcase_add_test(t, live_keys_need_no_restart);
   tcase_add_test(t, max_allocation_is_live_beside_restart_keys);
   tcase_add_loop_test(t, restart_keys_are_named, 0,
