@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "client_internal.h"
+#include "shape.h"
 
 /* The kernels restate host_ops.h's layouts; hold them to it. */
 _Static_assert(CUOPS_OP_DISPATCH == OPS_OP_DISPATCH && CUOPS_OP_COMBINE == OPS_OP_COMBINE &&
@@ -33,6 +34,18 @@ _Static_assert(offsetof(struct ops_err_record, seq) == offsetof(struct cuops_err
                        offsetof(struct cuops_err, waited_ms) &&
                    sizeof(struct ops_err_record) == sizeof(struct cuops_err),
                "error record layout differs from host_ops.h");
+_Static_assert(CUOPS_ABORT_OFF == DEP_SLAB_ABORT_OFF &&
+                   sizeof(struct cuops_abort) == sizeof(struct dep_slab_abort) &&
+                   offsetof(struct cuops_abort, rank) == offsetof(struct dep_slab_abort, rank) &&
+                   offsetof(struct cuops_abort, pid) == offsetof(struct dep_slab_abort, pid) &&
+                   offsetof(struct cuops_abort, detached) ==
+                       offsetof(struct dep_slab_abort, detached) &&
+                   offsetof(struct cuops_abort, code) == offsetof(struct dep_slab_abort, code),
+               "abort words differ from slab.h");
+_Static_assert(CUOPS_ERR_GONE(0xfffffffeu, 7) == OPS_ERR_GONE(0xfffffffeu, 7),
+               "a gone rank's record differs from host_ops.h");
+_Static_assert(CUOPS_MAX_TOKENS == DEP_SHAPE_MAX_TOKENS && CUOPS_MAX_TOPK == DEP_SHAPE_MAX_TOPK,
+               "the kernels' arrays are sized for other shape limits than proto/shape.h's");
 
 #ifdef DEP_HAVE_FATBIN
 extern const unsigned char dep__fatbin[];
@@ -90,8 +103,8 @@ static const char *op_name(uint32_t op) {
 /*
  * Report what the kernels recorded, if anything: the record's code with a
  * message.  `own` says the record is this synchronised call's: its ranks
- * stayed in step, so a failure other than a timeout is cleared and the
- * context stays usable.  A record found at the start of a call comes from
+ * stayed in step, so a failure other than a timeout or a gone rank is
+ * cleared and the context stays usable.  A record found at the start of a call comes from
  * an earlier, unsynchronised call; this call is then not made, and since
  * the peers make it, the context is broken from here on.
  */
@@ -105,7 +118,7 @@ static int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
                         .seq = e->seq, .seen_flag = e->seen_flag, .waited_ms = e->waited_ms,
                         .phase = e->phase};
   const char *what = op_name(r.op & ~CUOPS_OP_FP8);
-  if (!own || code == DEP_ERR_TIMEOUT || r.phase == CUOPS_PHASE_AHEAD) {
+  if (!own || code == DEP_ERR_TIMEOUT || code == DEP_ERR_PEER || r.phase == CUOPS_PHASE_AHEAD) {
     c->cuops.broken = true;
   } else {
     e->code = 0;
@@ -124,6 +137,12 @@ static int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
              "mark read %#llx): that rank posted the call but stopped sending (it died or its "
              "GPU is stuck); restart the job", what, r.source, (unsigned long long)r.seq,
              r.waited_ms, (unsigned long long)r.seen_flag);
+    break;
+  case CUOPS_PHASE_GONE:
+    snprintf(m, sizeof m, "rank %u (pid %u) of the job is gone (%s) while this rank waited in %s "
+             "(call %llu, after %u ms); the job cannot go on: restart it", r.source,
+             (uint32_t)r.seen_flag, (r.seen_flag >> 32) & 1 ? "it detached" : "its process ended",
+             what, (unsigned long long)r.seq, r.waited_ms);
     break;
   case CUOPS_PHASE_AHEAD:
     snprintf(m, sizeof m, "in %s rank %u is at call %llu, this rank at call %llu; a rank "
@@ -158,8 +177,8 @@ static int cuops_begin(dep_client_t *c, const char *op, CUstream s) {
                          "kernels; rebuild it with CUDA_HOME set to a CUDA toolkit, or run deepepd "
                          "with backend: host", op);
   if (c->cuops.broken)
-    return client_seterr(c, DEP_ERR_STATE, "%s: an earlier call timed out, so the ranks are out "
-                         "of step; detach and restart the job", op);
+    return client_seterr(c, DEP_ERR_STATE, "%s: an earlier call timed out or found a rank of the "
+                         "job gone, so the ranks are out of step; detach and restart the job", op);
   return cuops_poll(c, op, s, false);
 }
 

@@ -23,6 +23,15 @@
  *     is claimed once (cuops_dev.claim) and recorded in pinned host memory
  *     (cuops_host.err, read by the library without a sync) and in the
  *     slab's error words; the kernel returns, it never traps.
+ *   - A wait whose condition is not met after CUOPS_ABORT_POLL_NS also
+ *     polls, every time it reads the clock, the abort code in this rank's
+ *     own slab (CUOPS_ABORT_OFF: the daemon writes it when a rank of the
+ *     running job is gone), so a dead peer fails the call within
+ *     microseconds of the daemon noticing (DEP_ERR_PEER, CUOPS_PHASE_GONE)
+ *     rather than after op_timeout_ms; waits shorter than that never load
+ *     it, so the steady state pays nothing.  The flag or row is always
+ *     checked first: a peer that pushed everything and then left is no
+ *     error.
  *   - SM budget: every communicating kernel is world * P CTAs of
  *     CUOPS_THREADS threads, each of which first sends (part of the rows
  *     for one peer) then receives (in the throughput ops, work claimed
@@ -47,13 +56,14 @@
  *     memory is touched out of range), that ll_combine's topk_idx equals
  *     its dispatch's (DEP_ERR_INVALID), peers' ops, handles and row counts
  *     (DEP_ERR_MISMATCH; outputs then left unwritten), waits
- *     (DEP_ERR_TIMEOUT; the context is then broken).
+ *     (DEP_ERR_TIMEOUT) and a rank the daemon found gone (DEP_ERR_PEER);
+ *     the context is then broken.
  *   - Reporting: dep_dispatch synchronises its stream and returns the
  *     call's own error.  The other calls do not synchronise: an error the
  *     device recorded is returned by the next dep_* call on the handle
  *     (dep_dispatch also by itself).  DEP_ERR_INVALID and DEP_ERR_MISMATCH
- *     are reported once, then cleared; DEP_ERR_TIMEOUT makes every later
- *     call DEP_ERR_STATE.
+ *     are reported once, then cleared; DEP_ERR_TIMEOUT and DEP_ERR_PEER
+ *     make every later call DEP_ERR_STATE.
  *   Calls on one client must be ordered (one stream, or streams the caller
  *   orders), as on the host; its streams must be idle before dep_detach.
  *
@@ -100,6 +110,21 @@
 #define CUOPS_OP_FP8 0x100u
 #define CUOPS_SLOT_BYTES 64u
 #define CUOPS_ERR_BYTES 64u
+/* The abort words in the error words (slab.h DEP_SLAB_ABORT_OFF, struct
+ * dep_slab_abort): rank, pid, detached, then code, stored last. */
+#define CUOPS_ABORT_OFF 48u
+struct cuops_abort {
+  uint32_t rank;
+  uint32_t pid;
+  uint32_t detached;
+  int32_t code;
+};
+/* How long a wait goes unmet before it polls the abort code too. */
+#define CUOPS_ABORT_POLL_NS 20000u
+/* The shape's limits that size kernel arrays (proto/shape.h; nvcc does not
+ * see proto/, so cuda_ops.c holds these to it). */
+#define CUOPS_MAX_TOKENS 65536u
+#define CUOPS_MAX_TOPK 16u
 
 /* Where a failure happened (cuops_err.phase). */
 enum cuops_phase {
@@ -108,7 +133,13 @@ enum cuops_phase {
   CUOPS_PHASE_PEER = 3,    /* a peer made another call, or sent malformed rows */
   CUOPS_PHASE_IDS = 4,     /* the caller's topk_idx */
   CUOPS_PHASE_ROW = 5,     /* waiting for a peer's row (throughput ops) */
+  CUOPS_PHASE_GONE = 6,    /* the abort words: source is the gone rank, seen_flag CUOPS_ERR_GONE */
 };
+
+/* CUOPS_PHASE_GONE's seen_flag: the gone rank's pid, bit 32 set when it
+ * detached (host_ops.h's OPS_ERR_GONE). */
+#define CUOPS_ERR_GONE(pid, detached) \
+  ((uint64_t)(uint32_t)(pid) | ((uint64_t)((detached) != 0) << 32))
 
 /* An ops_err_record (host_ops.h) with its reserved word used for phase. */
 struct cuops_err {

@@ -248,10 +248,50 @@ static int timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t s
                  (unsigned long long)c->seq, c->timeout_ms);
 }
 
+/* Whether the daemon has written this rank's abort code (acquire). */
+static inline int aborted(const struct ops_ctx *c) {
+  const struct dep_slab_abort *ab = (const struct dep_slab_abort *)(c->slabs[c->rank] +
+                                                                    DEP_SLAB_ABORT_OFF);
+  return __atomic_load_n(&ab->code, __ATOMIC_ACQUIRE) != 0;
+}
+
+/*
+ * The daemon found a rank of the job gone and said so in this rank's abort
+ * words (slab.h): record it as a timeout is recorded (the gone rank as the
+ * source, its pid and whether it detached in seen_flag: host_ops.h) and
+ * break the context, since the job cannot go on without that rank.
+ */
+static int peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t waited_ns) {
+  const struct dep_slab_abort *ab = (const struct dep_slab_abort *)(c->slabs[c->rank] +
+                                                                    DEP_SLAB_ABORT_OFF);
+  /* The daemon stores code last with release ordering, and aborted() read
+   * it with acquire: the words stored before it are visible here. */
+  uint32_t gone = ab->rank, pid = ab->pid, detached = ab->detached != 0;
+  struct ops_err_record *er = (struct ops_err_record *)c->slabs[c->rank];
+  er->op = op & ~OPS_OP_FP8;
+  er->rank = c->rank;
+  er->source = gone;
+  er->seq = c->seq;
+  er->seen_flag = OPS_ERR_GONE(pid, detached);
+  er->waited_ms = (uint32_t)(waited_ns / 1000000u);
+  atomic_store_explicit(&er->code, DEP_ERR_PEER, memory_order_release);
+  c->broken = 1;
+  char whom[24] = "it";
+  if (gone != src)
+    snprintf(whom, sizeof whom, "rank %u", src);
+  return set_why(c, DEP_ERR_PEER, "rank %u (pid %u) of the job is gone (%s) while this rank "
+                 "waited for %s in %s (call %llu); the job cannot go on: restart it", gone, pid,
+                 detached ? "it detached" : "its process ended", whom, host_ops_op_name(op),
+                 (unsigned long long)c->seq);
+}
+
 /*
  * Wait until every source has posted this call into our slab, then check
  * that each made the same operation.  Spins briefly, then yields, then
- * sleeps, so that many ranks sharing few cores still make progress.
+ * sleeps, so that many ranks sharing few cores still make progress.  A
+ * flag not there yet is then checked against the abort words (never
+ * before: a rank that posted everything and then left is no error), and a
+ * gone rank fails the call at once rather than after the timeout.
  */
 static int wait_all(struct ops_ctx *c, uint32_t op) {
   unsigned parity = (unsigned)(c->seq & 1);
@@ -272,6 +312,8 @@ static int wait_all(struct ops_ctx *c, uint32_t op) {
       if (i < 256)
         continue;
       uint64_t waited = now_ns() - start;
+      if (aborted(c))
+        return peer_fail(c, op, src, waited);
       if (waited > limit)
         return timeout_fail(c, op, src, f, waited);
       if (i < 2048) {
@@ -315,8 +357,8 @@ static int begin(struct ops_ctx *c) {
   if (c->acc == NULL || c->stage == NULL)
     return set_why(c, DEP_ERR_STATE, "ops context not initialised (host_ops_init)");
   if (c->broken)
-    return set_why(c, DEP_ERR_STATE, "an earlier call timed out, so the ranks are out of step; "
-                   "detach and restart the job");
+    return set_why(c, DEP_ERR_STATE, "an earlier call timed out or found a rank of the job "
+                   "gone, so the ranks are out of step; detach and restart the job");
   c->seq++;
   return 0;
 }

@@ -27,7 +27,10 @@
  * flags are all consumed, so the ranks stay in step.  A peer that does not
  * arrive is DEP_ERR_TIMEOUT with an ops_err_record in the error words of
  * this rank's own slab; the context is then broken (DEP_ERR_STATE for every
- * later call), because the ranks no longer agree on seq.
+ * later call), because the ranks no longer agree on seq.  A peer the
+ * daemon found gone (its process died, or it detached, while the job ran)
+ * is DEP_ERR_PEER as soon as a wait polls this rank's abort words (slab.h),
+ * recorded and breaking the context the same way.
  *
  * Outputs: every element a call defines is written; rows past the valid
  * count (num_recv, recv_count[e]) and past num_tokens are left untouched.
@@ -76,19 +79,22 @@ _Static_assert(sizeof(struct ops_slot) <= DEP_SLAB_CTRL_SLOT, "slot exceeds DEP_
 
 /*
  * The error words at offset 0 of a rank's own slab, written by that rank
- * when a wait times out (code last, with release ordering), so that the
- * daemon and deepepctl can say which rank waited for whom.
+ * when a wait times out or finds a peer gone (code last, with release
+ * ordering), so that the daemon and deepepctl can say which rank waited
+ * for whom.
  */
 struct ops_err_record {
   _Atomic int32_t code; /* 0, or the DEP_ERR_* of the failed call */
   uint32_t op;          /* enum ops_op */
   uint32_t rank;        /* the rank that waited (this slab's owner) */
-  uint32_t source;      /* the rank it waited for */
+  uint32_t source;      /* the rank it waited for; DEP_ERR_PEER: the rank that is gone */
   uint64_t seq;         /* the call */
-  uint64_t seen_flag;   /* the source's flag when it gave up */
+  uint64_t seen_flag;   /* the source's flag when it gave up; DEP_ERR_PEER: OPS_ERR_GONE */
   uint32_t waited_ms;
   uint32_t reserved;
 };
+/* DEP_ERR_PEER's seen_flag: the gone rank's pid, and bit 32 set when it detached. */
+#define OPS_ERR_GONE(pid, detached) ((uint64_t)(uint32_t)(pid) | ((uint64_t)((detached) != 0) << 32))
 _Static_assert(sizeof(struct ops_err_record) <= DEP_SLAB_ABORT_OFF,
                "record overlaps the abort words (slab.h)");
 

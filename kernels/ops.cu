@@ -90,6 +90,11 @@ __device__ __forceinline__ bool grid_meet(const cuops_job &J, const call &k, uin
           ok = 0;
           break;
         }
+        if (job_aborted(J, waited)) {
+          rec_gone(J, op, k.seq, waited);
+          ok = 0;
+          break;
+        }
         __nanosleep(64);
       }
     }
@@ -119,8 +124,8 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
   const uint32_t t0 = min(g * gs, a.num_tokens), t1 = min(t0 + gs, a.num_tokens);
   uint32_t *cnt = J.tcnt + (uint64_t)d * ng;
   /* which of the group's tokens go to d, a bit each (the group is at most
-   * 65536 / CUOPS_WARPS tokens: one part, the largest max_tokens_per_rank) */
-  __shared__ uint32_t s_go[CUOPS_WARPS][65536 / CUOPS_WARPS / 32];
+   * CUOPS_MAX_TOKENS / CUOPS_WARPS tokens: one part, the largest max_tokens_per_rank) */
+  __shared__ uint32_t s_go[CUOPS_WARPS][CUOPS_MAX_TOKENS / CUOPS_WARPS / 32];
   uint32_t *go_bits = s_go[threadIdx.x >> 5];
   /* 1. count the group's rows for d: lane i takes every 32nd token */
   uint32_t c = 0;
@@ -561,7 +566,7 @@ __device__ __forceinline__ void ll_dispatch_send(const cuops_job &J, const cuops
   __syncthreads();
   for (uint32_t base = 0; base < a.num_tokens; base += CUOPS_THREADS) {
     uint32_t t = base + threadIdx.x, n = 0, trows, tvecs;
-    int32_t ids[16], idx[16];
+    int32_t ids[CUOPS_MAX_TOPK], idx[CUOPS_MAX_TOPK];
     if (t < a.num_tokens)
       n = ll_select(J, a.idx, a.itype, t, d, d == 0 && part == 0, ids);
     uint32_t roff = block_scan(n > 0, &trows);
@@ -684,7 +689,7 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
     uint32_t s = 0;
     while (f >= s_first[s + 1])
       s++;
-    int32_t ids[16];
+    int32_t ids[CUOPS_MAX_TOPK];
     const uint8_t *row = block_at(J, J.rank, k.parity, s) + (uint64_t)(f - s_first[s]) * J.row_bytes;
     uint32_t n = ll_row_ids(J, row, ids);
     for (uint32_t i = 0; i < n; i++)
@@ -710,7 +715,7 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
     const uint32_t j = f - s_first[s];
     const uint8_t *row = block_at(J, J.rank, k.parity, s) + (uint64_t)j * J.row_bytes;
     const int32_t *meta = (const int32_t *)(row + 2ull * h);
-    int32_t ids[16];
+    int32_t ids[CUOPS_MAX_TOPK];
     uint32_t n = ll_row_ids(J, row, ids); /* the same for every lane */
     int32_t l = -1, ix = -1;
     if (lane < n) {

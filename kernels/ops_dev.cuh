@@ -9,6 +9,7 @@
 #ifndef DEP_OPS_DEV_CUH
 #define DEP_OPS_DEV_CUH
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cuda_ops.h"
@@ -61,13 +62,13 @@ __device__ __forceinline__ uint64_t globaltimer_ns(void) {
 /*
  * Record a failure once per client until the library clears it: the pinned
  * record (read by the library without a sync) and the slab's error words
- * (read by tools), code stored last.  A timeout, or a peer ahead of this
- * call, breaks the context: later kernels do nothing.
+ * (read by tools), code stored last.  A timeout, a gone rank, or a peer
+ * ahead of this call, breaks the context: later kernels do nothing.
  */
 __device__ __forceinline__ void rec_fail(const cuops_job &J, int32_t code, uint32_t op, uint32_t src,
                                       uint32_t phase, uint64_t seq, uint64_t seen,
                                       uint64_t waited_ns) {
-  if (code == DEP_ERR_TIMEOUT || phase == CUOPS_PHASE_AHEAD)
+  if (code == DEP_ERR_TIMEOUT || code == DEP_ERR_PEER || phase == CUOPS_PHASE_AHEAD)
     atomicExch(&J.dev->broken, 1u);
   if (atomicCAS(&J.dev->claim, 0u, 1u) != 0u)
     return;
@@ -85,6 +86,30 @@ __device__ __forceinline__ void rec_fail(const cuops_job &J, int32_t code, uint3
   rec[1]->code = code;
   rec[0]->code = code;
   __threadfence_system();
+}
+
+/*
+ * The abort code in this rank's own slab (cuda_ops.h CUOPS_ABORT_OFF):
+ * nonzero once the daemon found a rank of the job gone.  One thread asks,
+ * and only once its wait has gone unmet for CUOPS_ABORT_POLL_NS (waited).
+ */
+__device__ __forceinline__ bool job_aborted(const cuops_job &J, uint64_t waited) {
+  if (waited < CUOPS_ABORT_POLL_NS)
+    return false;
+  const uint8_t *w = J.slabs[J.rank] + CUOPS_ABORT_OFF;
+  return ld_acquire_sys32((const uint32_t *)(w + offsetof(cuops_abort, code))) != 0u;
+}
+
+/* After job_aborted: record DEP_ERR_PEER naming the gone rank.  The code
+ * is read again with acquire here (the caller may be another lane than
+ * the one that asked), so the words stored before it are visible. */
+__device__ __forceinline__ void rec_gone(const cuops_job &J, uint32_t op, uint64_t seq,
+                                         uint64_t waited) {
+  const uint8_t *w = J.slabs[J.rank] + CUOPS_ABORT_OFF;
+  (void)ld_acquire_sys32((const uint32_t *)(w + offsetof(cuops_abort, code)));
+  const volatile cuops_abort *a = (const volatile cuops_abort *)w;
+  rec_fail(J, DEP_ERR_PEER, op, a->rank, CUOPS_PHASE_GONE, seq, CUOPS_ERR_GONE(a->pid, a->detached),
+           waited);
 }
 
 /* An expert id from the caller's topk_idx: out of range is recorded and read as -1. */
@@ -223,9 +248,14 @@ __device__ __forceinline__ bool wait_rows(const cuops_job &J, const call &k, uin
       /* lane 0's reading for all: the warp must leave together */
       uint64_t waited = __shfl_sync(FULL_MASK, globaltimer_ns() - k.t0, 0);
       bool broken = __shfl_sync(FULL_MASK, *(volatile uint32_t *)&J.dev->broken, 0) != 0;
-      if (waited > J.timeout_ns && !broken && (threadIdx.x & 31u) == (uint32_t)(__ffs(late) - 1))
+      bool gone = __shfl_sync(FULL_MASK, (threadIdx.x & 31u) == 0 && !broken &&
+                                             job_aborted(J, waited), 0);
+      const bool first_late = (threadIdx.x & 31u) == (uint32_t)(__ffs(late) - 1);
+      if (gone && first_late)
+        rec_gone(J, op, k.seq, waited);
+      else if (waited > J.timeout_ns && !broken && first_late)
         rec_fail(J, DEP_ERR_TIMEOUT, op, src, CUOPS_PHASE_ROW, k.seq, seen, waited);
-      if (waited > J.timeout_ns || broken)
+      if (waited > J.timeout_ns || broken || gone)
         return false;
       __nanosleep(32);
     }
@@ -265,6 +295,10 @@ __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uin
         }
         if (*(volatile uint32_t *)&J.dev->broken)
           return 1;
+        if (job_aborted(J, waited)) {
+          rec_gone(J, op, k.seq, waited);
+          return 1;
+        }
         __nanosleep(64);
       }
     }

@@ -8,7 +8,8 @@
  * the oracle's bound).  Outputs are poisoned before every call, so an
  * unwritten element or a write past the valid count fails.  Also: 240
  * calls back to back, a rank that never calls (DEP_ERR_TIMEOUT within the
- * bound, the daemon healthy after), out-of-range ids (DEP_ERR_INVALID
+ * bound, the daemon healthy after), a rank the daemon found gone
+ * (DEP_ERR_PEER at once), out-of-range ids (DEP_ERR_INVALID
  * through the error word) and bad arguments refused before any launch.
  *
  * Tagged "gpu": each test skips, saying why, unless DEP_TEST_BACKEND=cuda
@@ -490,6 +491,107 @@ START_TEST(a_rank_that_never_calls_is_a_bounded_timeout_and_the_daemon_carries_o
 }
 END_TEST
 
+/*
+ * The daemon's part (proto/slab.h): the abort words in rank 0's device
+ * slab, rank and pid first, code last, 50 ms into rank 0's wait.  From a
+ * thread of its own, on a stream of its own (the rank's kernel keeps its
+ * stream busy until it sees the code).
+ */
+struct gpu_abort {
+  struct rk *k;
+  CUdeviceptr slab;
+  CUresult r;
+};
+
+static void *abort_slab_later(void *arg) {
+  struct gpu_abort *g = arg;
+  const struct cudadrv *cu = g->k->cu;
+  const uint32_t words[3] = {1, 4242, 0}; /* rank 1, pid 4242, died (not detached) */
+  CUstream s = NULL;
+  usleep(50000);
+  CUresult r = cu->cuCtxSetCurrent(g->k->ctx);
+  if (r == CUDA_SUCCESS)
+    r = cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+  if (r == CUDA_SUCCESS)
+    r = cu->cuMemcpyHtoDAsync(g->slab + DEP_SLAB_ABORT_OFF, words, sizeof words, s);
+  if (r == CUDA_SUCCESS)
+    r = cu->cuMemsetD32Async(g->slab + DEP_SLAB_ABORT_OFF + offsetof(struct dep_slab_abort, code),
+                             (unsigned)DEP_ERR_PEER, 1, s);
+  if (r == CUDA_SUCCESS)
+    r = cu->cuStreamSynchronize(s);
+  if (s != NULL)
+    cu->cuStreamDestroy(s);
+  g->r = r;
+  return NULL;
+}
+
+/* Rank 1 attaches and never calls; the daemon says it is gone while rank
+ * 0's kernel waits for it: the call fails with DEP_ERR_PEER at once, not
+ * after the 10 s op timeout, and the context is broken. */
+static int body_gone_peer(struct rk *k, void *arg) {
+  const struct fault_arg *a = arg;
+  const struct ow_case *d = a->d;
+  if (k->rank == 1) {
+    usleep(1500000);
+    return 0;
+  }
+  if (upload(k, d))
+    return 1;
+  struct dep_attach_info info;
+  EXPECT(k, dep_attach_info(k->c, &info), 0, "dep_attach_info");
+  struct gpu_abort g = {k, (CUdeviceptr)(uintptr_t)info.slabs[info.local_rank], CUDA_SUCCESS};
+  pthread_t th;
+  if (pthread_create(&th, NULL, abort_slab_later, &g) != 0)
+    return ow_fail(k->msg, "rank 0: pthread_create failed");
+  struct fault_calls f;
+  fault_calls(k, d, d->in[0].num_tokens, &f);
+  uint64_t t0 = cr_ms_now();
+  int rc;
+  if (!a->ll) {
+    rc = dep_dispatch(k->c, &f.da, k->h, k->s);
+  } else {
+    rc = dep_ll_dispatch(k->c, &f.la, k->h, k->s); /* no sync: the next call reports */
+    if (rc == 0) {
+      CUresult r = k->cu->cuStreamSynchronize(k->s);
+      rc = r == CUDA_SUCCESS ? dep_ll_combine(k->c, &f.lc, k->h, k->s) : DEP_ERR_CUDA;
+    }
+  }
+  uint64_t waited = cr_ms_now() - t0;
+  pthread_join(th, NULL);
+  if (g.r != CUDA_SUCCESS)
+    return ow_fail(k->msg, "rank 0: writing the abort words: %s", cudadrv_errstr(g.r));
+  if (rc != DEP_ERR_PEER)
+    return ow_fail(k->msg, "rank 0: %s returned %s (%s), expected DEP_ERR_PEER",
+                   a->ll ? "ll_dispatch then ll_combine" : "dep_dispatch", dep_errname(rc),
+                   dep_errmsg(k->c));
+  if (waited < 45 || waited > 1000)
+    return ow_fail(k->msg, "rank 0: DEP_ERR_PEER after %llu ms; the abort words came after 50",
+                   (unsigned long long)waited);
+  if (strstr(dep_errmsg(k->c), "rank 1 (pid 4242) of the job is gone (its process ended)") == NULL)
+    return ow_fail(k->msg, "rank 0: the message does not name rank 1: %s", dep_errmsg(k->c));
+  printf("cuda_ops: %s with a gone peer: DEP_ERR_PEER after %llu ms: %s\n",
+         a->ll ? "ll_dispatch" : "dispatch", (unsigned long long)waited, dep_errmsg(k->c));
+  fflush(stdout); /* a rank process ends with _exit */
+  EXPECT(k, dep_ll_dispatch(k->c, &f.la, k->h, k->s), DEP_ERR_STATE, "a call after it");
+  return 0;
+}
+
+START_TEST(a_rank_the_daemon_found_gone_fails_the_wait_at_once) {
+  CR_NEEDS_GPU();
+  ow_seed_init(450);
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &small, 0);
+  struct cr_world w;
+  cr_world_start(&w, NULL); /* the default 10 s op timeout */
+  struct fault_arg tp = {d, 0}, ll = {d, 1};
+  cr_run_procs(&w, "gone-tp", &d->shape, 2, body_gone_peer, &tp, "gone peer, dispatch");
+  cr_run_procs(&w, "gone-ll", &d->shape, 2, body_gone_peer, &ll, "gone peer, ll_dispatch");
+  cr_world_stop(&w);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
 static int put_bad_idx(struct rk *k, const struct ow_case *d, int64_t bad) {
   size_t n = (size_t)d->in[k->rank].num_tokens * k->K;
   int64_t *idx = malloc(n * 8 + 8);
@@ -622,6 +724,7 @@ Suite *cuda_ops_suite(void) {
   tcase_set_tags(faults, "gpu");
   tcase_set_timeout(faults, 120);
   tcase_add_test(faults, a_rank_that_never_calls_is_a_bounded_timeout_and_the_daemon_carries_on);
+  tcase_add_test(faults, a_rank_the_daemon_found_gone_fails_the_wait_at_once);
   tcase_add_test(faults, bad_arguments_and_bad_expert_ids_are_invalid_and_never_corrupt_memory);
   suite_add_tcase(s, faults);
   TCase *ts = tcase_create("timesliced");

@@ -5,7 +5,8 @@
  * bit, sums within a stated bound — over world sizes, shapes, routing
  * patterns and both index types; outputs are poisoned before every call so
  * an unwritten element fails; 1,000 calls in a row stay correct; a missing
- * rank is a bounded DEP_ERR_TIMEOUT that names it; bad arguments are
+ * rank is a bounded DEP_ERR_TIMEOUT that names it, and a rank the daemon
+ * found gone a DEP_ERR_PEER within milliseconds; bad arguments are
  * DEP_ERR_INVALID naming the argument with nothing written to any slab.
  *
  * Inputs are fresh random data each run; a failure prints the seed, and
@@ -13,6 +14,7 @@
  */
 #include <check.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -367,6 +369,134 @@ START_TEST(missing_rank_times_out_and_is_named) {
 }
 END_TEST
 
+/* ---- a peer the daemon found gone ----------------------------------------------------- */
+
+/* The daemon's part (slab.h): the abort words in a surviving rank's slab,
+ * rank and pid first, code last with release ordering. */
+struct abort_writer {
+  uint8_t *slab;
+  uint32_t rank, pid, detached, delay_ms;
+};
+
+static void write_abort(const struct abort_writer *a) {
+  struct dep_slab_abort *ab = (struct dep_slab_abort *)(a->slab + DEP_SLAB_ABORT_OFF);
+  ab->rank = a->rank;
+  ab->pid = a->pid;
+  ab->detached = a->detached;
+  __atomic_store_n(&ab->code, DEP_ERR_PEER, __ATOMIC_RELEASE);
+}
+
+static void *abort_later(void *arg) {
+  const struct abort_writer *a = arg;
+  struct timespec ts = {0, (long)a->delay_ms * 1000000L};
+  nanosleep(&ts, NULL);
+  write_abort(a);
+  return NULL;
+}
+
+/* Rank 0 of a world of 2, on its slabs, with the default 10 s op timeout. */
+struct gone_world {
+  struct ow_case d;
+  struct ow_world w;
+  struct ops_ctx c;
+  struct ow_outs o;
+};
+
+static void gone_open(struct gone_world *g) {
+  ow_seed_init(0);
+  ow_case_make(&g->d, &small, 0);
+  ow_world_open(&g->w, &g->d.shape, 2);
+  char why[256] = "";
+  ck_assert_int_eq(host_ops_init(&g->c, &g->d.shape, 2, 0, g->w.slabs, 10000, why, sizeof why), 0);
+  ow_outs_alloc(&g->o, &g->d);
+}
+
+static void gone_close(struct gone_world *g) {
+  ow_outs_free(&g->o);
+  host_ops_fini(&g->c);
+  ow_world_close(&g->w);
+  ow_case_free(&g->d);
+}
+
+/* The call failed with DEP_ERR_PEER naming rank 1 and pid 4242, recorded,
+ * soon after the abort words came (not after the 10 s timeout). */
+static void expect_gone(struct gone_world *g, int rc, uint64_t waited_ms, uint32_t op,
+                        uint64_t seq, uint32_t detached) {
+  ck_assert_msg(rc == DEP_ERR_PEER, "%s returned %s: %s", host_ops_op_name(op), dep_errname(rc),
+                g->c.why);
+  ck_assert_msg(waited_ms < 1000, "DEP_ERR_PEER after %llu ms", (unsigned long long)waited_ms);
+  const char *want = detached ? "rank 1 (pid 4242) of the job is gone (it detached) while this "
+                                "rank waited for it in "
+                              : "rank 1 (pid 4242) of the job is gone (its process ended) while "
+                                "this rank waited for it in ";
+  ck_assert_msg(strncmp(g->c.why, want, strlen(want)) == 0, "said: %s", g->c.why);
+  ck_assert_ptr_nonnull(strstr(g->c.why, host_ops_op_name(op)));
+  ck_assert_ptr_nonnull(strstr(g->c.why, "restart"));
+  struct ops_err_record er;
+  host_ops_err_read(g->w.slabs[0], &er);
+  ck_assert_int_eq(atomic_load(&er.code), DEP_ERR_PEER);
+  ck_assert_uint_eq(er.op, op);
+  ck_assert_uint_eq(er.rank, 0);
+  ck_assert_uint_eq(er.source, 1);
+  ck_assert_uint_eq(er.seq, seq);
+  ck_assert_uint_eq(er.seen_flag, OPS_ERR_GONE(4242, detached));
+  /* The job cannot go on: the context is broken, as after a timeout. */
+  ck_assert_int_eq(do_dispatch(&g->c, &g->d, &g->o, &g->o.h), DEP_ERR_STATE);
+  ck_assert_ptr_nonnull(strstr(g->c.why, "gone"));
+}
+
+/* Rank 1 never comes; 50 ms into rank 0's wait the daemon writes the abort
+ * words (rank 1 died, or detached): the dispatch fails at once with
+ * DEP_ERR_PEER naming it, not after the 10 s timeout. */
+START_TEST(a_gone_peer_fails_the_wait_at_once_naming_it) {
+  struct gone_world *g = malloc(sizeof *g);
+  gone_open(g);
+  struct abort_writer a = {g->w.slabs[0], 1, 4242, (uint32_t)_i, 50};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, abort_later, &a), 0);
+  uint64_t t0 = ms_now();
+  int rc = do_dispatch(&g->c, &g->d, &g->o, &g->o.h);
+  uint64_t waited = ms_now() - t0;
+  pthread_join(th, NULL);
+  printf("ops: a gone peer: %s after %llu ms: %s\n", dep_errname(rc), (unsigned long long)waited,
+         g->c.why);
+  ck_assert_msg(waited >= 40, "failed after %llu ms, before the abort words were written",
+                (unsigned long long)waited);
+  expect_gone(g, rc, waited, OPS_OP_DISPATCH, 1, (uint32_t)_i);
+  gone_close(g);
+  free(g);
+}
+END_TEST
+
+/* Rank 1 pushed everything for call 1 and then left: the flag is checked
+ * before the abort words, so call 1 completes; call 2, which rank 1 will
+ * never make, fails at once. */
+START_TEST(a_peer_that_posted_before_leaving_is_no_error_until_it_is_waited_for) {
+  struct gone_world *g = malloc(sizeof *g);
+  gone_open(g);
+  struct ops_slot *sl = (struct ops_slot *)(g->w.slabs[0] + dep_slab_ctrl_slot(&g->w.lay, 1, 1));
+  sl->rows = 0; /* rank 1's call 1: a dispatch of no rows to rank 0 */
+  sl->op = OPS_OP_DISPATCH;
+  sl->ref_seq = 0;
+  sl->num_tokens = 0;
+  atomic_store_explicit(&sl->flag, 1, memory_order_release);
+  struct abort_writer a = {g->w.slabs[0], 1, 4242, 0, 0};
+  write_abort(&a);
+  int rc = do_dispatch(&g->c, &g->d, &g->o, &g->o.h);
+  ck_assert_msg(rc == 0, "dispatch with every flag there: %s: %s", dep_errname(rc), g->c.why);
+  ck_assert_uint_eq(g->o.h.recv_from[1], 0);
+  struct ops_err_record er;
+  host_ops_err_read(g->w.slabs[0], &er);
+  ck_assert_int_eq(atomic_load(&er.code), 0);
+  struct dep_combine_args ca = {g->d.cx[0], g->o.out};
+  uint64_t t0 = ms_now();
+  rc = host_ops_combine(&g->c, &ca, &g->o.h);
+  expect_gone(g, rc, ms_now() - t0, OPS_OP_COMBINE, 2, 0);
+  gone_close(g);
+  free(g);
+}
+END_TEST
+
 static int out_of_step_rank(struct ops_ctx *c, void *arg, char *msg) {
   const struct ow_case *d = arg;
   struct ow_outs o;
@@ -704,6 +834,8 @@ Suite *ops_suite(void) {
   TCase *faults = tcase_create("faults");
   tcase_set_timeout(faults, 30);
   tcase_add_loop_test(faults, missing_rank_times_out_and_is_named, 0, 3);
+  tcase_add_loop_test(faults, a_gone_peer_fails_the_wait_at_once_naming_it, 0, 2);
+  tcase_add_test(faults, a_peer_that_posted_before_leaving_is_no_error_until_it_is_waited_for);
   tcase_add_test(faults, ranks_making_different_calls_get_mismatch_and_stay_in_step);
   tcase_add_test(faults, bad_arguments_are_refused_before_any_write);
   tcase_add_test(faults, handles_of_the_wrong_kind_are_refused);
