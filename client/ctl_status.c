@@ -25,6 +25,7 @@ static const struct ctl_col device_cols[] = {
     {"pool_total_bytes", "TOTAL", CTL_BYTES, 0},
     {"pool_used_bytes", "USED", CTL_BYTES, 0},
     {"pool_cached_bytes", "CACHED", CTL_BYTES, 0},
+    {"pool_held_bytes", "HELD", CTL_BYTES, 0},
 };
 #define DEVICE_NCOLS (sizeof device_cols / sizeof device_cols[0])
 
@@ -66,6 +67,7 @@ static int status_render(const struct ctl *ctl, const struct dep_status *st) {
     row[3].u = d->pool_total_bytes;
     row[4].u = d->pool_used_bytes;
     row[5].u = d->pool_cached_bytes;
+    row[6].u = d->pool_held_bytes;
   }
   for (uint32_t i = 0; i < st->num_jobs; i++) {
     const struct dep_status_job *j = &st->jobs[i];
