@@ -342,9 +342,8 @@ static bool threads_ready(const char *test) {
   if (!cr_gpu_probe(test, &g))
     return false;
   if (g.mps) {
-    printf("%.*s: skipped: MPS is running; ranks as threads of one process need a hardware "
-           "queue per stream, which MPS clients do not get; run this test without MPS\n",
-           (int)(strlen(test) - 3), test);
+    tu_skip(test, "MPS is running; ranks as threads of one process need a hardware queue per "
+            "stream, which MPS clients do not get; run this test without MPS");
     return false;
   }
   return true;

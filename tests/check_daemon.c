@@ -666,7 +666,7 @@ START_TEST(test_reload_request_reports_and_is_for_root_only) {
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "nobody's RELOAD: status %d", st);
   } else {
-    printf("%s: the uid 65534 part skipped: needs root\n", __func__);
+    tu_skip_part(__func__, "the uid 65534 part needs root");
   }
   close(fd);
   dw_stop_ok(&d);
@@ -775,7 +775,7 @@ static int run_as_nobody(const char *sock, bool expect_allowed, const char *join
 
 START_TEST(test_allow_list) {
   if (getuid() != 0) {
-    printf("test_allow_list: skipped: needs root to become uid %d\n", NOBODY);
+    tu_skip(__func__, "needs root to become uid %d", NOBODY);
     return;
   }
   struct tu_daemon d;
@@ -795,8 +795,7 @@ END_TEST
 
 START_TEST(test_job_of_another_uid_cannot_be_joined) {
   if (getuid() != 0) {
-    printf("test_job_of_another_uid_cannot_be_joined: skipped: needs root to become uid %d\n",
-           NOBODY);
+    tu_skip(__func__, "needs root to become uid %d", NOBODY);
     return;
   }
   struct tu_daemon d;

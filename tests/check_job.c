@@ -384,7 +384,7 @@ static int nobody_gets_another_block(const char *sock, const struct stat *other)
  */
 START_TEST(test_another_uid_never_gets_a_block_another_uid_used) {
   if (getuid() != 0) {
-    printf("%s: skipped: needs root to run a rank as uid %d\n", __func__, MR_NOBODY);
+    tu_skip(__func__, "needs root to run a rank as uid %d", MR_NOBODY);
     return;
   }
   struct tu_daemon d;

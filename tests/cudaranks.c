@@ -21,17 +21,16 @@ bool cr_on_cuda(void) {
 }
 
 bool cr_gpu_probe(const char *test, struct tu_gpus *g) {
-  size_t n = strlen(test); /* __func__ of a Check test ends in "_fn" */
   if (!cr_on_cuda()) {
-    printf("%.*s: skipped: runs against a cuda daemon; set DEP_TEST_BACKEND=cuda (make check-gpu) "
-           "on a machine with a GPU\n", (int)(n - 3), test);
+    tu_skip(test, "runs against a cuda daemon; set DEP_TEST_BACKEND=cuda (make check-gpu) on a "
+            "machine with a GPU");
     return false;
   }
   char why[256] = "";
   int rc = tu_gpus_probe(g, why, sizeof why);
   ck_assert_msg(rc >= 0, "%s", why);
   if (rc == 0)
-    printf("%.*s: skipped: no usable GPU (%s)\n", (int)(n - 3), test, why);
+    tu_skip(test, "no usable GPU (%s)", why);
   return rc > 0;
 }
 

@@ -723,8 +723,6 @@ bool mr_backend_ready(const char *test) {
   test_gpus_known = rc > 0;
   if (rc > 0)
     return true;
-  size_t n = strlen(test); /* __func__ of a Check test ends in "_fn" */
-  printf("%.*s: skipped: DEP_TEST_BACKEND=cuda but no usable GPU (%s)\n",
-         (int)(n > 3 ? n - 3 : n), test, why);
+  tu_skip(test, "DEP_TEST_BACKEND=cuda but no usable GPU (%s)", why);
   return false;
 }

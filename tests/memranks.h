@@ -163,8 +163,7 @@ uint32_t mr_gpus(void);
 #define MR_NEEDS_ROOT()                                                                 \
   do {                                                                                  \
     if (getuid() != 0) {                                                                \
-      printf("%.*s: skipped: needs root to run a rank as uid %d\n",                     \
-             (int)strlen(__func__) - 3, __func__, MR_NOBODY);                           \
+      tu_skip(__func__, "needs root to run a rank as uid %d", MR_NOBODY);                \
       return;                                                                           \
     }                                                                                   \
   } while (0)

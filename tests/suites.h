@@ -15,5 +15,6 @@
   XX(memory)                \
   XX(pool)                  \
   XX(lifecycle)             \
-  XX(cuda_ops)
+  XX(cuda_ops)              \
+  XX(runner)
 #endif

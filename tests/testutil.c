@@ -10,6 +10,7 @@
 #include <ftw.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,6 +204,55 @@ bool tu_have_gpu(void) {
   bool ok = init != NULL && count != NULL && init(0) == 0 && count(&n) == 0 && n > 0;
   dlclose(h);
   return ok;
+}
+
+/* ---- skips ---------------------------------------------------------------- */
+
+/*
+ * One line per skip, in one write() to the file opened O_APPEND, so that
+ * lines from the forked test processes (and any of their children) never
+ * interleave; the runner reads them in the order the tests ran.
+ */
+static void skip_record(const char *test, const char *kind, const char *fmt, va_list ap) {
+  char name[128], why[512], line[768];
+  size_t n = strlen(test);
+  if (n > 3 && strcmp(test + n - 3, "_fn") == 0)
+    n -= 3;
+  snprintf(name, sizeof name, "%.*s", (int)n, test);
+  vsnprintf(why, sizeof why, fmt, ap);
+  for (char *p = why; *p != '\0'; p++)
+    if (*p == '\t' || *p == '\n')
+      *p = ' ';
+  printf("%s: %s: %s\n", name, strcmp(kind, "part") == 0 ? "skipped in part" : "skipped", why);
+  fflush(stdout);
+  const char *path = getenv(TU_SKIPS_ENV);
+  if (path == NULL || path[0] == '\0')
+    return;
+  int len = snprintf(line, sizeof line, "%s\t%s\t%s\n", name, kind, why);
+  if (len < 0)
+    return;
+  if (len >= (int)sizeof line) /* a long reason is cut, the line still ends */
+    len = (int)sizeof line - 1, line[len - 1] = '\n';
+  int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return;
+  if (write(fd, line, (size_t)len) != len)
+    fprintf(stderr, "%s: cannot record the skip in %s\n", name, path);
+  close(fd);
+}
+
+void tu_skip(const char *test, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  skip_record(test, "skip", fmt, ap);
+  va_end(ap);
+}
+
+void tu_skip_part(const char *test, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  skip_record(test, "part", fmt, ap);
+  va_end(ap);
 }
 
 /* ---- rank placement on GPUs ------------------------------------------------ */

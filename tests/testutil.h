@@ -58,6 +58,23 @@ int tu_connect_raw(const char *path);
 /* Whether this machine has a usable CUDA GPU (libcuda loads and reports a device). */
 bool tu_have_gpu(void);
 
+/* ---- skips ---------------------------------------------------------------
+ *
+ * A test that cannot run here (no GPU, not root) says so through these,
+ * never with a bare printf: each prints "<test>: skipped: <why>" on stdout
+ * and appends "<test>\t<skip|part>\t<why>" to the file named by
+ * $DEP_SKIP_RECORD (set by the runner; the tests run in forked children), so
+ * the summary counts the test as skipped rather than passed and lists why.
+ * `test` is the test's __func__ (its trailing "_fn" is dropped) or name.
+ */
+#define TU_SKIPS_ENV "DEP_SKIP_RECORD"
+
+/* Skip the whole test: the caller returns right after. */
+void tu_skip(const char *test, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Skip one part of a test that goes on and passes or fails on the rest. */
+void tu_skip_part(const char *test, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* ---- rank placement on GPUs ($DEP_TEST_GPUS) ---------------------------------
  *
  * DEP_TEST_GPUS says how many GPUs the GPU tests spread their ranks over:
