@@ -7,6 +7,7 @@
  */
 #include "control.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,11 +34,14 @@ static void control_hello(struct conn *c, const struct dep_frame_hdr *h, const u
     conn_fail(c, h->request_id, rc, "malformed HELLO body (%zu bytes)", len);
     return;
   }
+  /* The name reaches log lines and the error below: escaped first, whatever the path. */
+  char name[4 * sizeof m.name];
+  log_escape(m.name, strnlen(m.name, sizeof m.name), name, sizeof name);
   if (m.version != DEP_PROTO_VERSION) {
     conn_fail(c, h->request_id, DEP_ERR_VERSION,
               "protocol version mismatch: the client (%s) speaks version %u, deepepd %s speaks "
               "version %u; upgrade deepepd and libdeepep-client together",
-              m.name[0] ? m.name : "unnamed", m.version, DEP_VERSION_STRING,
+              name[0] ? name : "unnamed", m.version, DEP_VERSION_STRING,
               (unsigned)DEP_PROTO_VERSION);
     return;
   }
@@ -46,11 +50,8 @@ static void control_hello(struct conn *c, const struct dep_frame_hdr *h, const u
     return;
   }
   c->hello_done = true;
-  /* The name only ever reaches log lines: keep it printable. */
-  snprintf(c->name, sizeof c->name, "%s", m.name);
-  for (char *p = c->name; *p != '\0'; p++)
-    if ((unsigned char)*p < 0x20 || *p == 0x7f)
-      *p = '?';
+  /* The name only ever reaches log lines: kept escaped (cut to fit). */
+  log_escape(m.name, strnlen(m.name, sizeof m.name), c->name, sizeof c->name);
   log_debug("client %llu (pid %d uid %u): HELLO from \"%s\"", (unsigned long long)c->id,
             (int)c->pid, (unsigned)c->uid, c->name);
   struct dep_msg_hello_ok ok = {.version = DEP_PROTO_VERSION};
@@ -116,7 +117,52 @@ static bool control_operator(struct conn *c, const struct dep_frame_hdr *h, cons
   return false;
 }
 
-/* RELOAD: as SIGHUP, for root and the daemon's own user only. */
+/*
+ * A RELOAD's answer comes once the file has been read on a worker thread,
+ * and its client may be gone by then: conn.c frees a closed connection in
+ * its close callback.  So the waiter keeps the connection's serial id and
+ * finds it again among the loop's live handles: a client connection's
+ * uv_poll_t is its first member and points back at it.
+ */
+struct control_reload_wait {
+  uint64_t conn_id;
+  uint32_t request_id;
+};
+
+struct control_conn_search {
+  uint64_t id;
+  struct conn *found;
+};
+
+_Static_assert(offsetof(struct conn, poll) == 0, "a connection's poll handle comes first");
+
+static void control_conn_match(uv_handle_t *h, void *arg) {
+  struct control_conn_search *s = arg;
+  if (h->type != UV_POLL || uv_is_closing(h) || h->data != (void *)h)
+    return;
+  struct conn *c = h->data;
+  if (c->id == s->id && !c->closed)
+    s->found = c;
+}
+
+static void control_reload_done(void *arg, int rc, const char *msg) {
+  struct control_reload_wait *w = arg;
+  struct control_conn_search s = {.id = w->conn_id};
+  uv_walk(deepepd.loop, control_conn_match, &s);
+  struct conn *c = s.found;
+  if (c == NULL || c->closing) {
+    log_debug("client %llu left before its RELOAD was answered", (unsigned long long)w->conn_id);
+  } else if (rc != 0) {
+    conn_send_error(c, w->request_id, rc, "%s", msg);
+  } else {
+    struct dep_msg_text m;
+    snprintf(m.text, sizeof m.text, "%s", msg);
+    conn_send(c, DEP_MSG_RELOAD_OK, w->request_id, &m, NULL, 0);
+  }
+  free(w);
+}
+
+/* RELOAD: as SIGHUP, for root and the daemon's own user only; answered once it is done. */
 static void control_reload(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
   if (len != 0) {
     conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "RELOAD carries no body, got %zu bytes", len);
@@ -125,12 +171,15 @@ static void control_reload(struct conn *c, const struct dep_frame_hdr *h, size_t
   if (!control_operator(c, h, "reload"))
     return;
   log_info("reload requested by uid %u (pid %d)", (unsigned)c->uid, (int)c->pid);
-  struct dep_msg_text m;
-  int rc = deepepd_reload(m.text, sizeof m.text);
-  if (rc != 0)
-    conn_send_error(c, h->request_id, rc, "%s", m.text);
-  else
-    conn_send(c, DEP_MSG_RELOAD_OK, h->request_id, &m, NULL, 0);
+  struct control_reload_wait *w = malloc(sizeof *w);
+  if (w == NULL) {
+    conn_send_error(c, h->request_id, DEP_ERR_NO_MEMORY,
+                    "out of memory; keeping the running configuration");
+    return;
+  }
+  w->conn_id = c->id;
+  w->request_id = h->request_id;
+  deepepd_reload(control_reload_done, w);
 }
 
 /* DRAIN: stop taking new jobs (running ones finish), or take them again. */

@@ -6,6 +6,7 @@
 #include "deepepd.h"
 
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,88 +79,222 @@ void deepepd_shutdown(const char *why) {
   conn_shutdown_all(deepepd_finish);
 }
 
-/* Copy the keys that may change while running (those config.c marks live). */
+/* Apply the keys that may change while running: those config.c's table marks live. */
 static void deepepd_apply_live(struct config *run, const struct config *n) {
-  run->n_allow_users = n->n_allow_users;
-  memcpy(run->allow_users, n->allow_users, sizeof run->allow_users);
-  run->n_allow_groups = n->n_allow_groups;
-  memcpy(run->allow_groups, n->allow_groups, sizeof run->allow_groups);
-  run->allow_any_user = n->allow_any_user;
-  run->pool_max_allocation = n->pool_max_allocation; /* the next job's arenas are split by it */
-  run->kernel_warmup = n->kernel_warmup;
-  run->adaptive_optimization = n->adaptive_optimization;
-  run->warn_first_call_ratio = n->warn_first_call_ratio;
-  run->max_clients = n->max_clients;
-  run->max_jobs = n->max_jobs;
-  run->attach_timeout_ms = n->attach_timeout_ms;
-  run->op_timeout_ms = n->op_timeout_ms;
-  run->client_queue_bytes = n->client_queue_bytes;
-  run->hello_timeout_ms = n->hello_timeout_ms;
-  run->reserved_clients = n->reserved_clients;
-  run->max_clients_per_uid = n->max_clients_per_uid;
-  run->max_jobs_per_uid = n->max_jobs_per_uid;
-  run->memory_per_uid = n->memory_per_uid;
-  run->log_level = n->log_level;
+  config_copy_live(run, n);
   log_set_level((int)run->log_level);
 }
 
-int deepepd_reload(char *msg, size_t len) {
+/* ---- reload: the file is read on a worker thread and applied on the loop thread ---- */
+
+/* Whom to tell when a reload ends. */
+struct reload_waiter {
+  deepepd_reload_done *done; /* NULL for SIGHUP: nobody waits */
+  void *arg;
+  struct reload_waiter *next;
+};
+
+/*
+ * One reading of the file.  The worker thread fills cfg, rc, err and
+ * accounts and touches nothing else; the loop thread reads them once the
+ * worker is done (deepepd_reload_after).
+ */
+struct reload_run {
+  uv_work_t work;
+  char path[PATH_MAX];
+  struct config cfg;               /* what the file says, over the defaults */
+  int rc;                          /* config_load_file's */
+  char err[DEP_MSG_TEXT_MAX - 64]; /* why it was refused */
+  char accounts[DEP_MSG_TEXT_MAX]; /* users and groups it names that this host lacks */
+  struct reload_waiter *waiters;
+};
+
+static struct reload_run *reload_running; /* being read; NULL when none is */
+static bool reload_again;                 /* another was asked for meanwhile */
+static struct reload_waiter *reload_next; /* the waiters of that one, in order */
+
+static void deepepd_reload_begin(struct reload_waiter *w);
+
+/* Tell every waiter of a list how its reload ended, and free the list. */
+static void deepepd_reload_tell(struct reload_waiter *w, int rc, const char *msg) {
+  while (w != NULL) {
+    struct reload_waiter *next = w->next;
+    if (w->done != NULL)
+      w->done(w->arg, rc, msg);
+    free(w);
+    w = next;
+  }
+}
+
+/* The end of a reload for systemd (Type=notify-reload), which saw RELOADING=1 at its start.
+ * Neither is sent while the daemon starts (its READY=1 waits for the pools) or stops. */
+static void deepepd_reload_notify_ready(void) {
+  if (deepepd.stopping || deepepd.starting)
+    return;
+  notify_send("READY=1");
+  notify_send("STATUS=listening on %s", deepepd.cfg.socket_path);
+}
+
+/* On a worker thread: only the run's own fields and functions that keep to their arguments. */
+static void deepepd_reload_work(uv_work_t *req) {
+  struct reload_run *run = req->data;
+  config_defaults(&run->cfg);
+  run->rc = config_load_file(&run->cfg, run->path, run->err, sizeof run->err);
+  if (run->rc == 0)
+    config_check_accounts(&run->cfg, CONFIG_ACCOUNTS_ALL, run->accounts, sizeof run->accounts);
+}
+
+/* Append to a reply's text, cut at its end (the log lines carry the whole). */
+static void deepepd_msg_add(char *msg, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void deepepd_msg_add(char *msg, size_t len, const char *fmt, ...) {
+  size_t used = strnlen(msg, len);
+  if (used + 1 >= len)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg + used, len - used, fmt, ap);
+  va_end(ap);
+}
+
+/* Apply what a run read; msg says what happened.  0 or DEP_ERR_*. */
+static int deepepd_reload_apply(struct reload_run *run, int status, char *msg, size_t len) {
   if (deepepd.stopping) {
     snprintf(msg, len, "deepepd is stopping; nothing reloaded");
     return DEP_ERR_STATE;
   }
+  if (status != 0 || run->rc != 0) {
+    int rc = run->rc != 0 ? run->rc : DEP_ERR_INTERNAL;
+    msg[0] = '\0';
+    if (status != 0)
+      deepepd_msg_add(msg, len, "%s: the reading did not run: %s", run->path,
+                      uv_strerror(status));
+    else
+      deepepd_msg_add(msg, len, "%s", run->err);
+    deepepd_msg_add(msg, len, "; keeping the running configuration");
+    log_errx("reload: %s", msg);
+    return rc;
+  }
+  struct config *n = &run->cfg;
+  deepepd_apply_overrides(n);
+  char restart[256], changes[1024], told[200];
+  size_t k = config_diff_restart(&deepepd.cfg, n, restart, sizeof restart);
+  size_t changed = config_diff_live(&deepepd.cfg, n, changes, sizeof changes);
+  config_diff_live(&deepepd.cfg, n, told, sizeof told); /* the reply's shorter list */
+  deepepd_apply_live(&deepepd.cfg, n);
+  if (strcmp(run->path, deepepd.config_path) != 0)
+    snprintf(deepepd.config_path, sizeof deepepd.config_path, "%s", run->path);
+  log_notice("reload: applied %s: %s", run->path, changed > 0 ? changes : "no live key changed");
+  if (k > 0)
+    log_warnx("reload: needs restart: %s (still running with the old values)", restart);
+  if (run->accounts[0] != '\0')
+    log_warnx("reload: %s", run->accounts);
+  msg[0] = '\0';
+  deepepd_msg_add(msg, len, "applied %.120s: %s; ", run->path,
+                  changed > 0 ? told : "no live key changed");
+  if (k > 0)
+    deepepd_msg_add(msg, len, "needs restart (still running with the old values): %s", restart);
+  else
+    deepepd_msg_add(msg, len, "nothing needs a restart");
+  if (run->accounts[0] != '\0')
+    deepepd_msg_add(msg, len, "; %s", run->accounts);
+  return 0;
+}
+
+/* On the loop thread once the worker is done: apply, answer, then start the one asked for
+ * meanwhile. */
+static void deepepd_reload_after(uv_work_t *req, int status) {
+  struct reload_run *run = req->data;
+  char msg[DEP_MSG_TEXT_MAX];
+  int rc = deepepd_reload_apply(run, status, msg, sizeof msg);
+  reload_running = NULL;
+  deepepd_reload_notify_ready();
+  deepepd_reload_tell(run->waiters, rc, msg);
+  free(run);
+  if (reload_again) {
+    struct reload_waiter *w = reload_next;
+    reload_again = false;
+    reload_next = NULL;
+    deepepd_reload_begin(w);
+  }
+}
+
+/* Start reading the file for waiters w, or queue them behind the reading under way. */
+static void deepepd_reload_begin(struct reload_waiter *w) {
+  char msg[DEP_MSG_TEXT_MAX];
+  if (deepepd.stopping) {
+    deepepd_reload_tell(w, DEP_ERR_STATE, "deepepd is stopping; nothing reloaded");
+    return;
+  }
+  if (reload_running != NULL) {
+    struct reload_waiter **tail = &reload_next;
+    while (*tail != NULL)
+      tail = &(*tail)->next;
+    *tail = w;
+    reload_again = true;
+    log_info("reload: %s is being read; this reload follows, reading it again",
+             reload_running->path);
+    return;
+  }
   /* systemd (Type=notify-reload) wants the time the reload began with it. */
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  notify_send("RELOADING=1\nMONOTONIC_USEC=%llu",
-              (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000u);
+  if (!deepepd.starting)
+    notify_send("RELOADING=1\nMONOTONIC_USEC=%llu", (unsigned long long)ts.tv_sec * 1000000ull +
+                                                        (unsigned long long)ts.tv_nsec / 1000u);
   const char *path = deepepd.config_path;
   if (path[0] == '\0' && access(DEEPEPD_DEFAULT_CONFIG, F_OK) == 0)
     path = DEEPEPD_DEFAULT_CONFIG;
-  int rc = 0;
-  struct config *n = malloc(sizeof *n);
-  if (n == NULL) {
-    rc = DEP_ERR_NO_MEMORY;
-    snprintf(msg, len, "out of memory; keeping the running configuration");
-    log_errx("reload: %s", msg);
-  } else if (path[0] == '\0') {
-    snprintf(msg, len, "running on the built-in defaults and there is no %s; nothing to reload",
+  if (path[0] == '\0') {
+    snprintf(msg, sizeof msg,
+             "running on the built-in defaults and there is no %s; nothing to reload",
              DEEPEPD_DEFAULT_CONFIG);
     log_notice("reload: %s", msg);
-  } else {
-    char err[DEP_MSG_TEXT_MAX - 64];
-    config_defaults(n);
-    if (config_load_file(n, path, err, sizeof err) != 0) {
-      rc = DEP_ERR_CONFIG;
-      snprintf(msg, len, "%s; keeping the running configuration", err);
-      log_errx("reload: %s", msg);
-    } else {
-      deepepd_apply_overrides(n);
-      char keys[256];
-      size_t k = config_diff_restart(&deepepd.cfg, n, keys, sizeof keys);
-      deepepd_apply_live(&deepepd.cfg, n);
-      if (path != deepepd.config_path)
-        snprintf(deepepd.config_path, sizeof deepepd.config_path, "%s", path);
-      log_notice("reload: applied %s (log_level %s)", path,
-                 config_log_level_name(deepepd.cfg.log_level));
-      if (k > 0)
-        log_warnx("reload: needs restart: %s (still running with the old values)", keys);
-      snprintf(msg, len, "applied %.200s; %s%s", path,
-               k > 0 ? "needs restart (still running with the old values): " : "nothing needs a restart",
-               k > 0 ? keys : "");
-    }
+    deepepd_reload_notify_ready();
+    deepepd_reload_tell(w, 0, msg);
+    return;
   }
-  free(n);
-  notify_send("READY=1");
-  notify_send("STATUS=listening on %s", deepepd.cfg.socket_path);
-  return rc;
+  struct reload_run *run = calloc(1, sizeof *run);
+  int rc = DEP_ERR_NO_MEMORY;
+  if (run != NULL) {
+    snprintf(run->path, sizeof run->path, "%s", path);
+    run->waiters = w;
+    run->work.data = run;
+    rc = uv_queue_work(deepepd.loop, &run->work, deepepd_reload_work, deepepd_reload_after);
+    if (rc == 0) {
+      reload_running = run;
+      return;
+    }
+    msg[0] = '\0';
+    deepepd_msg_add(msg, sizeof msg, "cannot start reading %s: %s; keeping the running "
+                    "configuration", path, uv_strerror(rc));
+    rc = DEP_ERR_INTERNAL;
+    free(run);
+  } else {
+    snprintf(msg, sizeof msg, "out of memory; keeping the running configuration");
+  }
+  log_errx("reload: %s", msg);
+  deepepd_reload_notify_ready();
+  deepepd_reload_tell(w, rc, msg);
+}
+
+void deepepd_reload(deepepd_reload_done *done, void *arg) {
+  struct reload_waiter *w = calloc(1, sizeof *w);
+  if (w == NULL) {
+    log_errx("reload: out of memory; keeping the running configuration");
+    if (done != NULL)
+      done(arg, DEP_ERR_NO_MEMORY, "out of memory; keeping the running configuration");
+    return;
+  }
+  w->done = done;
+  w->arg = arg;
+  deepepd_reload_begin(w);
 }
 
 static void deepepd_on_signal(uv_signal_t *h, int signum) {
   if (signum == SIGHUP) {
     log_info("SIGHUP: reloading the configuration");
-    char msg[DEP_MSG_TEXT_MAX];
-    deepepd_reload(msg, sizeof msg); /* it logs what it did */
+    deepepd_reload(NULL, NULL); /* it logs what it did */
   } else {
     deepepd_shutdown(signum == SIGTERM ? "SIGTERM" : "SIGINT");
   }

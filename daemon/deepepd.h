@@ -45,11 +45,24 @@ void deepepd_fini(void);
  */
 void deepepd_shutdown(const char *why);
 /*
- * Re-read the configuration file and apply what can change live (SIGHUP,
- * RELOAD).  Returns 0 or DEP_ERR_*; msg says what was applied and what
- * needs a restart, or why nothing was.
+ * How a reload ended: rc 0 or DEP_ERR_*; msg (shorter than DEP_MSG_TEXT_MAX)
+ * says which live keys changed and what needs a restart, or why nothing was
+ * applied.  msg lives only for the call.
  */
-int deepepd_reload(char *msg, size_t len);
+typedef void deepepd_reload_done(void *arg, int rc, const char *msg);
+
+/*
+ * Re-read the configuration file and apply what can change live (SIGHUP,
+ * RELOAD).  The file is read and checked on a libuv worker thread, so the
+ * loop goes on serving meanwhile; what it says is applied on the loop
+ * thread.  `done` (NULL: nobody waits) runs once, on the loop thread: when
+ * the reload is applied or refused, or before deepepd_reload returns when
+ * none can start (stopping, out of memory).  A reload asked for while
+ * another is being read waits for it and then reads the file afresh (the
+ * file may have changed since); every one asked for meanwhile shares that
+ * second reading's outcome.
+ */
+void deepepd_reload(deepepd_reload_done *done, void *arg);
 
 uint64_t deepepd_uptime_ms(void);
 

@@ -34,7 +34,8 @@ static void usage(FILE *f) {
           "  -s, --socket PATH     listen on PATH instead of socket.path\n"
           "      --backend B       auto, cuda or host, instead of the configured backend\n"
           "      --log-level L     err, warning, notice, info or debug\n"
-          "      --check-config F  validate F and exit (0: valid, 1: not)\n"
+          "      --check-config F  validate F (and that the users and groups it names exist)\n"
+          "                        and exit (0: valid, 1: not)\n"
           "  -h, --help            this text\n"
           "  -V, --version         print the version and exit\n");
 }
@@ -53,12 +54,17 @@ static int parse_log_level(const char *s) {
   return -1;
 }
 
+/* --check-config: the file parses and every user and group it names exists here. */
 static int check_config(const char *path) {
   static struct config c;
-  char err[1024];
+  char err[2048];
   config_defaults(&c);
   if (config_load_file(&c, path, err, sizeof err) != 0) {
     fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  if (config_check_accounts(&c, CONFIG_ACCOUNTS_ALL, err, sizeof err) > 0) {
+    fprintf(stderr, "%s: %s\n", path, err);
     return 1;
   }
   printf("%s: ok\n", path);
@@ -78,6 +84,14 @@ static int load_config(const char *cli_path) {
       log_errx("%s", err);
       return -1;
     }
+    /* The socket's group is needed to start; an allow entry that names nobody admits nobody,
+     * which the daemon can run with but should say. */
+    if (config_check_accounts(c, CONFIG_ACCOUNTS_SOCKET, err, sizeof err) > 0) {
+      log_errx("%s: %s", path, err);
+      return -1;
+    }
+    if (config_check_accounts(c, CONFIG_ACCOUNTS_ALLOW, err, sizeof err) > 0)
+      log_warnx("%s: %s", path, err);
     snprintf(deepepd.config_path, sizeof deepepd.config_path, "%s", path);
   }
   deepepd_apply_overrides(c);
@@ -109,6 +123,11 @@ int main(int argc, char **argv) {
       config_path = optarg;
       break;
     case 's':
+      /* An empty override would quietly mean "no override": the default socket. */
+      if (optarg[0] == '\0') {
+        fprintf(stderr, "deepepd: -s/--socket needs a path; leave it out to use socket.path\n");
+        return 2;
+      }
       if (strlen(optarg) >= CONFIG_PATH_MAX) {
         fprintf(stderr, "deepepd: socket path too long (%zu bytes, max %d): %s\n", strlen(optarg),
                 CONFIG_PATH_MAX - 1, optarg);

@@ -8,6 +8,7 @@
   XX(proto)                 \
   XX(config)                \
   XX(daemon)                \
+  XX(reload)                \
   XX(job)                   \
   XX(client)                \
   XX(ctl)                   \
