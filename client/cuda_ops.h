@@ -30,8 +30,10 @@
  *     microseconds of the daemon noticing (DEP_ERR_PEER, CUOPS_PHASE_GONE)
  *     rather than after op_timeout_ms; waits shorter than that never load
  *     it, so the steady state pays nothing.  The flag or row is always
- *     checked first: a peer that pushed everything and then left is no
- *     error.
+ *     checked first, and the abort counts only for a wait on the gone rank
+ *     itself or while the gone rank has not posted this call: a peer that
+ *     pushed its part and then left (it detached after its last call) is
+ *     no error, not even for a wait on another, slower rank.
  *   - SM budget: every communicating kernel is world * P CTAs of
  *     CUOPS_THREADS threads, each of which first sends (part of the rows
  *     for one peer) then receives (in the throughput ops, work claimed

@@ -248,11 +248,23 @@ static int timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t s
                  (unsigned long long)c->seq, c->timeout_ms);
 }
 
-/* Whether the daemon has written this rank's abort code (acquire). */
-static inline int aborted(const struct ops_ctx *c) {
+/*
+ * Whether the daemon has written this rank's abort code (acquire) naming a
+ * rank this wait for `src` depends on: src itself, or a rank that has not
+ * posted this call (parity) — it never will.  A rank that posted this call
+ * and then left (a clean end: it detached after its last call) does not
+ * fail a wait for another, live rank that is merely slower.
+ */
+static inline int aborted(const struct ops_ctx *c, unsigned parity, uint32_t src) {
   const struct dep_slab_abort *ab = (const struct dep_slab_abort *)(c->slabs[c->rank] +
                                                                     DEP_SLAB_ABORT_OFF);
-  return __atomic_load_n(&ab->code, __ATOMIC_ACQUIRE) != 0;
+  if (__atomic_load_n(&ab->code, __ATOMIC_ACQUIRE) == 0)
+    return 0;
+  uint32_t gone = ab->rank;
+  if (gone == src || gone >= c->world)
+    return 1;
+  const struct ops_slot *g = slot_at(c, c->rank, parity, gone);
+  return atomic_load_explicit(&g->flag, memory_order_acquire) != c->seq;
 }
 
 /*
@@ -291,7 +303,8 @@ static int peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t wait
  * sleeps, so that many ranks sharing few cores still make progress.  A
  * flag not there yet is then checked against the abort words (never
  * before: a rank that posted everything and then left is no error), and a
- * gone rank fails the call at once rather than after the timeout.
+ * gone rank this wait depends on (aborted) fails the call at once rather
+ * than after the timeout.
  */
 static int wait_all(struct ops_ctx *c, uint32_t op) {
   unsigned parity = (unsigned)(c->seq & 1);
@@ -312,7 +325,7 @@ static int wait_all(struct ops_ctx *c, uint32_t op) {
       if (i < 256)
         continue;
       uint64_t waited = now_ns() - start;
-      if (aborted(c))
+      if (aborted(c, parity, src))
         return peer_fail(c, op, src, waited);
       if (waited > limit)
         return timeout_fail(c, op, src, f, waited);

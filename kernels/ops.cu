@@ -90,7 +90,7 @@ __device__ __forceinline__ bool grid_meet(const cuops_job &J, const call &k, uin
           ok = 0;
           break;
         }
-        if (job_aborted(J, waited)) {
+        if (job_aborted(J, k, CUOPS_NO_SRC, waited)) {
           rec_gone(J, op, k.seq, waited);
           ok = 0;
           break;

@@ -15,6 +15,8 @@
 #include "cuda_ops.h"
 
 #define FULL_MASK 0xffffffffu
+/* A wait on this rank's own CTAs, for no source rank (gone_blocks). */
+#define CUOPS_NO_SRC 0xffffffffu
 
 /* ---- slab addressing (proto/slab.h) ---------------------------------------- */
 
@@ -88,16 +90,24 @@ __device__ __forceinline__ void rec_fail(const cuops_job &J, int32_t code, uint3
   __threadfence_system();
 }
 
+/* Defined with the call below: what a wait is part of. */
+struct call;
+__device__ __forceinline__ bool gone_blocks(const cuops_job &J, const call &k, uint32_t src);
+
 /*
  * The abort code in this rank's own slab (cuda_ops.h CUOPS_ABORT_OFF):
- * nonzero once the daemon found a rank of the job gone.  One thread asks,
- * and only once its wait has gone unmet for CUOPS_ABORT_POLL_NS (waited).
+ * nonzero once the daemon found a rank of the job gone, and that rank one
+ * this wait depends on (gone_blocks).  One thread asks, and only once its
+ * wait has gone unmet for CUOPS_ABORT_POLL_NS (waited).
  */
-__device__ __forceinline__ bool job_aborted(const cuops_job &J, uint64_t waited) {
+__device__ __forceinline__ bool job_aborted(const cuops_job &J, const call &k, uint32_t src,
+                                            uint64_t waited) {
   if (waited < CUOPS_ABORT_POLL_NS)
     return false;
   const uint8_t *w = J.slabs[J.rank] + CUOPS_ABORT_OFF;
-  return ld_acquire_sys32((const uint32_t *)(w + offsetof(cuops_abort, code))) != 0u;
+  if (ld_acquire_sys32((const uint32_t *)(w + offsetof(cuops_abort, code))) == 0u)
+    return false;
+  return gone_blocks(J, k, src);
 }
 
 /* After job_aborted: record DEP_ERR_PEER naming the gone rank.  The code
@@ -132,6 +142,21 @@ struct call {
   uint64_t t0;
   bool skip; /* the context is broken: do nothing */
 };
+
+/*
+ * Whether the rank named in the abort words is one a wait for `src` (a
+ * source rank, or CUOPS_NO_SRC for a wait on this rank's own CTAs) depends
+ * on: src itself, or a rank that has not posted this call into this slab —
+ * it never will.  A rank that posted this call and then left (a clean end:
+ * it detached after its last call) fails no wait for a live, slower rank.
+ */
+__device__ __forceinline__ bool gone_blocks(const cuops_job &J, const call &k, uint32_t src) {
+  const volatile cuops_abort *a = (const volatile cuops_abort *)(J.slabs[J.rank] + CUOPS_ABORT_OFF);
+  const uint32_t gone = a->rank;
+  if (gone == src || gone >= J.world)
+    return true;
+  return ld_acquire_sys((const uint64_t *)slot_at(J, J.rank, k.parity, gone)) != k.seq;
+}
 
 /* Every CTA of a communicating kernel starts here (all threads). */
 __device__ __forceinline__ call call_begin(const cuops_job &J) {
@@ -248,8 +273,10 @@ __device__ __forceinline__ bool wait_rows(const cuops_job &J, const call &k, uin
       /* lane 0's reading for all: the warp must leave together */
       uint64_t waited = __shfl_sync(FULL_MASK, globaltimer_ns() - k.t0, 0);
       bool broken = __shfl_sync(FULL_MASK, *(volatile uint32_t *)&J.dev->broken, 0) != 0;
+      /* the first late lane's source: the rank this wait is stuck on */
+      const uint32_t late_src = __shfl_sync(FULL_MASK, src, __ffs(late) - 1);
       bool gone = __shfl_sync(FULL_MASK, (threadIdx.x & 31u) == 0 && !broken &&
-                                             job_aborted(J, waited), 0);
+                                             job_aborted(J, k, late_src, waited), 0);
       const bool first_late = (threadIdx.x & 31u) == (uint32_t)(__ffs(late) - 1);
       if (gone && first_late)
         rec_gone(J, op, k.seq, waited);
@@ -295,7 +322,7 @@ __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uin
         }
         if (*(volatile uint32_t *)&J.dev->broken)
           return 1;
-        if (job_aborted(J, waited)) {
+        if (job_aborted(J, k, s, waited)) {
           rec_gone(J, op, k.seq, waited);
           return 1;
         }

@@ -402,13 +402,42 @@ struct gone_world {
   struct ow_outs o;
 };
 
-static void gone_open(struct gone_world *g) {
+static void gone_open_world(struct gone_world *g, const struct ow_scenario *sc) {
   ow_seed_init(0);
-  ow_case_make(&g->d, &small, 0);
-  ow_world_open(&g->w, &g->d.shape, 2);
+  ow_case_make(&g->d, sc, 0);
+  ow_world_open(&g->w, &g->d.shape, sc->world);
   char why[256] = "";
-  ck_assert_int_eq(host_ops_init(&g->c, &g->d.shape, 2, 0, g->w.slabs, 10000, why, sizeof why), 0);
+  ck_assert_int_eq(host_ops_init(&g->c, &g->d.shape, sc->world, 0, g->w.slabs, 10000, why,
+                                 sizeof why),
+                   0);
   ow_outs_alloc(&g->o, &g->d);
+}
+
+static void gone_open(struct gone_world *g) { gone_open_world(g, &small); }
+
+/* Post source src's slot for call seq into rank 0's slab: a dispatch of no rows to it. */
+static void post_empty_dispatch(struct gone_world *g, uint32_t src, uint64_t seq) {
+  struct ops_slot *sl =
+      (struct ops_slot *)(g->w.slabs[0] + dep_slab_ctrl_slot(&g->w.lay, (unsigned)(seq & 1), src));
+  sl->rows = 0;
+  sl->op = OPS_OP_DISPATCH;
+  sl->ref_seq = 0;
+  sl->num_tokens = 0;
+  atomic_store_explicit(&sl->flag, seq, memory_order_release);
+}
+
+struct late_post {
+  struct gone_world *g;
+  uint32_t src;
+  uint32_t delay_ms;
+};
+
+static void *post_later(void *arg) {
+  const struct late_post *p = arg;
+  struct timespec ts = {0, (long)p->delay_ms * 1000000L};
+  nanosleep(&ts, NULL);
+  post_empty_dispatch(p->g, p->src, 1);
+  return NULL;
 }
 
 static void gone_close(struct gone_world *g) {
@@ -492,6 +521,38 @@ START_TEST(a_peer_that_posted_before_leaving_is_no_error_until_it_is_waited_for)
   uint64_t t0 = ms_now();
   rc = host_ops_combine(&g->c, &ca, &g->o.h);
   expect_gone(g, rc, ms_now() - t0, OPS_OP_COMBINE, 2, 0);
+  gone_close(g);
+  free(g);
+}
+END_TEST
+
+/* A world of 3: rank 2 posted call 1 and then left (it detached: the clean
+ * end of a job whose other ranks are still finishing); rank 1 is alive but
+ * slower.  Rank 0's wait for rank 1 does not fail on rank 2's departure:
+ * call 1 completes when rank 1 posts; call 2, which rank 2 will never make,
+ * fails at once naming it. */
+START_TEST(a_peer_that_left_after_posting_fails_no_wait_for_a_slower_live_one) {
+  static const struct ow_scenario three = {3, 128, 2, 6, 4, 4, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
+  struct gone_world *g = malloc(sizeof *g);
+  gone_open_world(g, &three);
+  post_empty_dispatch(g, 2, 1);
+  struct abort_writer a = {g->w.slabs[0], 2, 4343, 1, 0};
+  write_abort(&a);
+  struct late_post lp = {g, 1, 100};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, post_later, &lp), 0);
+  uint64_t t0 = ms_now();
+  int rc = do_dispatch(&g->c, &g->d, &g->o, &g->o.h);
+  uint64_t waited = ms_now() - t0;
+  pthread_join(th, NULL);
+  ck_assert_msg(rc == 0, "dispatch waiting for live rank 1 gave %s after %llu ms: %s",
+                dep_errname(rc), (unsigned long long)waited, g->c.why);
+  ck_assert_uint_ge(waited, 90);
+  struct dep_combine_args ca = {g->d.cx[0], g->o.out};
+  rc = host_ops_combine(&g->c, &ca, &g->o.h);
+  ck_assert_msg(rc == DEP_ERR_PEER, "combine gave %s: %s", dep_errname(rc), g->c.why);
+  ck_assert_msg(strstr(g->c.why, "rank 2 (pid 4343) of the job is gone (it detached)") != NULL,
+                "said: %s", g->c.why);
   gone_close(g);
   free(g);
 }
@@ -836,6 +897,7 @@ Suite *ops_suite(void) {
   tcase_add_loop_test(faults, missing_rank_times_out_and_is_named, 0, 3);
   tcase_add_loop_test(faults, a_gone_peer_fails_the_wait_at_once_naming_it, 0, 2);
   tcase_add_test(faults, a_peer_that_posted_before_leaving_is_no_error_until_it_is_waited_for);
+  tcase_add_test(faults, a_peer_that_left_after_posting_fails_no_wait_for_a_slower_live_one);
   tcase_add_test(faults, ranks_making_different_calls_get_mismatch_and_stay_in_step);
   tcase_add_test(faults, bad_arguments_are_refused_before_any_write);
   tcase_add_test(faults, handles_of_the_wrong_kind_are_refused);
