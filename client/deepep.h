@@ -223,7 +223,10 @@ DEP_EXPORT int dep_attach_times(const dep_client_t *c, struct dep_attach_times *
  * pointer argument is device memory; on the host backend host memory.
  * Arguments are checked before anything runs: DEP_ERR_INVALID names the bad
  * one.  A peer that never arrives is DEP_ERR_TIMEOUT after the daemon's
- * op timeout, never a hang.  Experts are owned in contiguous blocks: expert
+ * op timeout, never a hang; one the daemon saw go (its process ended, or
+ * it detached, while the job ran) is DEP_ERR_PEER within milliseconds.
+ * The operations need no daemon: they go on if it stops (DESIGN §13).
+ * Experts are owned in contiguous blocks: expert
  * e lives on rank e / (num_experts / world_size).
  */
 typedef void *dep_stream_t;
