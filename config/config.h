@@ -22,7 +22,7 @@
  * Bounds on the file itself, so that no file can keep libyaml busy (config.c says how):
  * lists and mappings nested at most this deep (a valid file nests 3), and at most this many
  * YAML tokens (keys, values, brackets), which a valid file never nears: every key at most
- * once and lists of CONFIG_MAX_LIST entries come to under 2000.
+ * once and every list full (CONFIG_MAX_LIST entries) come to about 1500.
  */
 #define CONFIG_MAX_DEPTH 32
 #define CONFIG_MAX_TOKENS 8192
