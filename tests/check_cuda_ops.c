@@ -591,6 +591,67 @@ START_TEST(a_rank_the_daemon_found_gone_fails_the_wait_at_once) {
 }
 END_TEST
 
+/* Shared with the rank processes: when rank 1 exited (cr_ms_now). */
+static void *w_shared_for_dying;
+
+/*
+ * The whole path on device memory: rank 1's process ends (no detach) while
+ * rank 0's kernel waits for it; the daemon sees the socket close and writes
+ * the abort words into rank 0's device slab (its cuda chunk_write), and
+ * the call fails with DEP_ERR_PEER naming rank 1, long before the 10 s op
+ * timeout.  The time from rank 1's exit to rank 0's error is printed.
+ */
+static int body_dying_peer(struct rk *k, void *arg) {
+  const struct fault_arg *a = arg;
+  const struct ow_case *d = a->d;
+  uint64_t *exit_ms = (uint64_t *)(w_shared_for_dying);
+  if (k->rank == 1) {
+    usleep(300000);
+    *exit_ms = cr_ms_now();
+    _exit(0); /* no detach, no free: as a crash ends it */
+  }
+  if (upload(k, d))
+    return 1;
+  struct fault_calls f;
+  fault_calls(k, d, d->in[0].num_tokens, &f);
+  int rc = dep_dispatch(k->c, &f.da, k->h, k->s);
+  uint64_t now = cr_ms_now();
+  if (rc != DEP_ERR_PEER)
+    return ow_fail(k->msg, "rank 0: dep_dispatch returned %s (%s), expected DEP_ERR_PEER",
+                   dep_errname(rc), dep_errmsg(k->c));
+  if (strstr(dep_errmsg(k->c), "rank 1 (pid ") == NULL ||
+      strstr(dep_errmsg(k->c), "its process ended") == NULL)
+    return ow_fail(k->msg, "rank 0: the message does not name rank 1's end: %s",
+                   dep_errmsg(k->c));
+  uint64_t ms = now - *exit_ms;
+  if (*exit_ms == 0 || ms > 5000)
+    return ow_fail(k->msg, "rank 0: DEP_ERR_PEER %llu ms after rank 1's exit",
+                   (unsigned long long)ms);
+  printf("cuda_ops: a peer's process ended: DEP_ERR_PEER %llu ms after its exit: %s\n",
+         (unsigned long long)ms, dep_errmsg(k->c));
+  fflush(stdout);
+  return 0;
+}
+
+START_TEST(a_rank_whose_process_ends_fails_its_peer_through_the_daemon) {
+  CR_NEEDS_GPU();
+  ow_seed_init(470);
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &small, 0);
+  w_shared_for_dying = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert(w_shared_for_dying != MAP_FAILED);
+  memset(w_shared_for_dying, 0, 8);
+  struct cr_world w;
+  cr_world_start(&w, NULL); /* the default 10 s op timeout */
+  struct fault_arg tp = {d, 0};
+  cr_run_procs(&w, "dying", &d->shape, 2, body_dying_peer, &tp, "a peer whose process ends");
+  cr_world_stop(&w);
+  munmap(w_shared_for_dying, 4096);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
 static int put_bad_idx(struct rk *k, const struct ow_case *d, int64_t bad) {
   size_t n = (size_t)d->in[k->rank].num_tokens * k->K;
   int64_t *idx = malloc(n * 8 + 8);
@@ -724,6 +785,7 @@ Suite *cuda_ops_suite(void) {
   tcase_set_timeout(faults, 120);
   tcase_add_test(faults, a_rank_that_never_calls_is_a_bounded_timeout_and_the_daemon_carries_on);
   tcase_add_test(faults, a_rank_the_daemon_found_gone_fails_the_wait_at_once);
+  tcase_add_test(faults, a_rank_whose_process_ends_fails_its_peer_through_the_daemon);
   tcase_add_test(faults, bad_arguments_and_bad_expert_ids_are_invalid_and_never_corrupt_memory);
   suite_add_tcase(s, faults);
   TCase *ts = tcase_create("timesliced");
