@@ -17,5 +17,6 @@
   XX(pool)                  \
   XX(lifecycle)             \
   XX(cuda_ops)              \
-  XX(runner)
+  XX(runner)                \
+  XX(readme)
 #endif

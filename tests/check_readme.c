@@ -1,0 +1,242 @@
+/*
+ * check_readme.c — README.md works as written.  The ```c block under
+ * "Linking a trainer" is the one definition of the example trainer: it is
+ * built here with the section's own commands against the library just
+ * built, run with the section's own command against a daemon started as
+ * `make run` starts it, and must print the section's ```text block.
+ *
+ * The trainer runs in a temporary directory laid out as the repository
+ * root that the README's commands expect: client/ and build/ (links to the
+ * sources and to $DEP_BUILD), trainer.c, and run/deepepd.sock.
+ */
+#include <check.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemonwire.h"
+#include "testutil.h"
+
+/* The README's source-tree commands link the library as built; a sanitized
+ * build's library needs the sanitizers' runtimes in the program too. */
+#if defined(__SANITIZE_ADDRESS__)
+#define EXTRA_LDFLAGS " -fsanitize=address,undefined"
+#else
+#define EXTRA_LDFLAGS ""
+#endif
+
+/* The text of section "## heading" of a Markdown document, up to the next "## " (malloc'd). */
+static char *md_section(const char *doc, const char *heading) {
+  char h[128];
+  dw_sfmt(h, sizeof h, "\n## %s\n", heading);
+  const char *a = strstr(doc, h);
+  ck_assert_msg(a != NULL, "README.md has no section \"## %s\"", heading);
+  a += strlen(h);
+  const char *b = strstr(a, "\n## ");
+  return strndup(a, b != NULL ? (size_t)(b - a + 1) : strlen(a));
+}
+
+/* The body of the nth (from 0) fenced block of language lang in text (malloc'd). */
+static char *md_block(const char *text, const char *lang, int nth) {
+  char fence[32];
+  dw_sfmt(fence, sizeof fence, "```%s\n", lang);
+  const char *p = text;
+  for (int i = 0;; i++) {
+    p = strstr(p, fence);
+    ck_assert_msg(p != NULL, "README.md's section has no ```%s block number %d", lang, nth + 1);
+    if (i == nth)
+      break;
+    p += strlen(fence);
+  }
+  p += strlen(fence);
+  const char *end = strstr(p, "\n```\n");
+  ck_assert_msg(end != NULL, "README.md: a ```%s block is not closed", lang);
+  return strndup(p, (size_t)(end - p + 1));
+}
+
+/* Run cmd with sh in dir, stdout to out and stderr to err (err NULL: to out too); the wait status. */
+static int sh_in(const char *dir, const char *cmd, const char *out, const char *err) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int efd = err != NULL ? open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644) : fd;
+    if (fd < 0 || efd < 0 || chdir(dir) != 0)
+      _exit(126);
+    dup2(fd, 1);
+    dup2(efd, 2);
+    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+    _exit(127);
+  }
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  return st;
+}
+
+/* The README's trainer section, and a directory laid out as the repository root for it. */
+struct quick {
+  char dir[200];
+  char *section;
+  pid_t daemon;
+};
+
+static void quick_setup(struct quick *q) {
+  char *readme = dw_slurp("README.md");
+  ck_assert_msg(readme[0] != '\0', "no README.md in the current directory (run from the root)");
+  q->section = md_section(readme, "Linking a trainer");
+  free(readme);
+  q->daemon = 0;
+  tu_tmpdir(q->dir, sizeof q->dir);
+
+  char here[PATH_MAX], build[PATH_MAX], path[512], src[PATH_MAX + 16];
+  ck_assert(getcwd(here, sizeof here) != NULL);
+  const char *b = getenv("DEP_BUILD");
+  ck_assert_msg(realpath(b != NULL && b[0] != '\0' ? b : "build", build) != NULL,
+                "no build directory (DEP_BUILD)");
+  dw_sfmt(src, sizeof src, "%s/client", here);
+  dw_sfmt(path, sizeof path, "%s/client", q->dir);
+  ck_assert_int_eq(symlink(src, path), 0);
+  dw_sfmt(path, sizeof path, "%s/build", q->dir);
+  ck_assert_int_eq(symlink(build, path), 0);
+  dw_sfmt(path, sizeof path, "%s/run", q->dir);
+  ck_assert_int_eq(mkdir(path, 0755), 0);
+
+  char *code = md_block(q->section, "c", 0);
+  dw_sfmt(path, sizeof path, "%s/trainer.c", q->dir);
+  ck_assert_int_eq(tu_write_file(path, code), 0);
+  free(code);
+}
+
+static void quick_teardown(struct quick *q) {
+  if (q->daemon > 0) {
+    kill(q->daemon, SIGKILL);
+    waitpid(q->daemon, NULL, 0);
+  }
+  free(q->section);
+  tu_rmtree(q->dir);
+}
+
+/*
+ * Start deepepd in q->dir as `make run` does there: host backend, socket
+ * run/deepepd.sock.  One thing differs: a 64 MiB pool instead of the
+ * built-in 1 GiB (the example's job needs 128 KiB), so that the test does
+ * not spend seconds making memory it never uses.
+ */
+static void quick_daemon_start(struct quick *q) {
+  char bin[PATH_MAX], yaml[256], log[256], sock[256];
+  ck_assert(realpath(tu_bin("deepepd"), bin) != NULL);
+  dw_sfmt(yaml, sizeof yaml, "%s/pool.yaml", q->dir);
+  dw_sfmt(log, sizeof log, "%s/deepepd.log", q->dir);
+  dw_sfmt(sock, sizeof sock, "%s/run/deepepd.sock", q->dir);
+  ck_assert_int_eq(tu_write_file(yaml, "pool:\n  host_size: 64MiB\n"), 0);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd < 0 || chdir(q->dir) != 0)
+      _exit(126);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    unsetenv("NOTIFY_SOCKET");
+    execl(bin, "deepepd", "-c", "pool.yaml", "--backend", "host", "--socket", "run/deepepd.sock",
+          (char *)NULL);
+    _exit(127);
+  }
+  q->daemon = pid;
+  for (int i = 0; i < 1000; i++) {
+    int fd = tu_connect_raw(sock);
+    if (fd >= 0) {
+      close(fd);
+      return;
+    }
+    ck_assert_msg(waitpid(pid, NULL, WNOHANG) == 0, "deepepd exited: %s", dw_slurp(log));
+    dw_sleep_ms(10);
+  }
+  ck_abort_msg("deepepd did not listen on %s within 10 s: %s", sock, dw_slurp(log));
+}
+
+static void quick_daemon_stop_ok(struct quick *q) {
+  int st;
+  ck_assert_int_eq(kill(q->daemon, SIGTERM), 0);
+  ck_assert_int_eq(waitpid(q->daemon, &st, 0), q->daemon);
+  q->daemon = 0;
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "deepepd's SIGTERM status %d", st);
+}
+
+/* Every line of the section's first ```sh block, run in order; the last one's stdout (malloc'd). */
+static char *run_sh_block(struct quick *q) {
+  char *cmds = md_block(q->section, "sh", 0), out[256], err[256], *last = NULL;
+  ck_assert_msg(strstr(cmds, "build/libdeepep-client.a") != NULL &&
+                    strstr(cmds, "run/deepepd.sock") != NULL,
+                "the first ```sh block should build from the source tree and run on the quick "
+                "start's socket:\n%s", cmds);
+  dw_sfmt(out, sizeof out, "%s/out", q->dir);
+  dw_sfmt(err, sizeof err, "%s/err", q->dir);
+  for (char *line = strtok(cmds, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+    char cmd[1024];
+    dw_sfmt(cmd, sizeof cmd, "%s%s", line, strncmp(line, "cc ", 3) == 0 ? EXTRA_LDFLAGS : "");
+    int st = sh_in(q->dir, cmd, out, err);
+    char *o = dw_slurp(out), *e = dw_slurp(err);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "README's `%s`: status %d\n%s%s", line,
+                  st, o, e);
+    free(e);
+    free(last);
+    last = o;
+  }
+  free(cmds);
+  return last;
+}
+
+START_TEST(readme_trainer_is_a_whole_program_that_compiles_without_warnings) {
+  struct quick q;
+  quick_setup(&q);
+  char out[256];
+  dw_sfmt(out, sizeof out, "%s/cc.out", q.dir);
+  int st = sh_in(q.dir,
+                 "cc -std=c11 -Wall -Wextra -Wshadow -Werror -pedantic -o strict trainer.c "
+                 "-Iclient build/libdeepep-client.a -ldl -lpthread -lm" EXTRA_LDFLAGS,
+                 out, NULL);
+  char *o = dw_slurp(out);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "README's trainer.c:\n%s", o);
+  free(o);
+  quick_teardown(&q);
+}
+END_TEST
+
+START_TEST(readme_trainer_runs_as_shown_against_the_quick_start_daemon) {
+  struct quick q;
+  quick_setup(&q);
+  quick_daemon_start(&q);
+  char *got = run_sh_block(&q);
+  char *want = md_block(q.section, "text", 0);
+  ck_assert_msg(strcmp(got, want) == 0, "the trainer printed\n%s\nthe README shows\n%s", got,
+                want);
+  free(got);
+  free(want);
+  quick_daemon_stop_ok(&q);
+  char log[256];
+  dw_sfmt(log, sizeof log, "%s/deepepd.log", q.dir);
+  char *text = dw_slurp(log);
+  ck_assert_msg(strstr(text, "job example: removed (no ranks left)") != NULL, "deepepd's log:\n%s",
+                text);
+  free(text);
+  quick_teardown(&q);
+}
+END_TEST
+
+Suite *readme_suite(void);
+Suite *readme_suite(void) {
+  Suite *s = suite_create("readme");
+  TCase *tc = tcase_create("trainer");
+  tcase_set_timeout(tc, 60); /* a compiler run, a daemon start */
+  tcase_add_test(tc, readme_trainer_is_a_whole_program_that_compiles_without_warnings);
+  tcase_add_test(tc, readme_trainer_runs_as_shown_against_the_quick_start_daemon);
+  suite_add_tcase(s, tc);
+  return s;
+}
