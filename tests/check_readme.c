@@ -3,7 +3,9 @@
  * "Linking a trainer" is the one definition of the example trainer: it is
  * built here with the section's own commands against the library just
  * built, run with the section's own command against a daemon started as
- * `make run` starts it, and must print the section's ```text block.
+ * `make run` starts it, and must print the section's ```text block.  The
+ * security notes (README and deepepd(8)) must say both what is isolated and
+ * what is not.
  *
  * The trainer runs in a temporary directory laid out as the repository
  * root that the README's commands expect: client/ and build/ (links to the
@@ -230,6 +232,26 @@ START_TEST(readme_trainer_runs_as_shown_against_the_quick_start_daemon) {
 }
 END_TEST
 
+/* The same-uid caveat is written down where an operator looks: README and deepepd(8). */
+START_TEST(security_notes_say_what_is_isolated_and_what_is_not) {
+  char *readme = dw_slurp("README.md"), *man = dw_slurp("man/deepepd.8");
+  char *notes = md_section(readme, "Security notes");
+  const char *sec = strstr(man, "\n.SH SECURITY\n");
+  ck_assert_msg(sec != NULL, "man/deepepd.8 has no SECURITY section");
+  const char *needles[] = {"fresh memory", "scrubbed", "Within one uid", "leftover process",
+                           "ptrace"};
+  for (size_t i = 0; i < sizeof needles / sizeof needles[0]; i++) {
+    ck_assert_msg(strstr(notes, needles[i]) != NULL, "README's security notes lack \"%s\"",
+                  needles[i]);
+    ck_assert_msg(strstr(sec, needles[i]) != NULL, "deepepd(8)'s SECURITY lacks \"%s\"",
+                  needles[i]);
+  }
+  free(notes);
+  free(readme);
+  free(man);
+}
+END_TEST
+
 Suite *readme_suite(void);
 Suite *readme_suite(void) {
   Suite *s = suite_create("readme");
@@ -238,5 +260,8 @@ Suite *readme_suite(void) {
   tcase_add_test(tc, readme_trainer_is_a_whole_program_that_compiles_without_warnings);
   tcase_add_test(tc, readme_trainer_runs_as_shown_against_the_quick_start_daemon);
   suite_add_tcase(s, tc);
+  TCase *sec = tcase_create("security");
+  tcase_add_test(sec, security_notes_say_what_is_isolated_and_what_is_not);
+  suite_add_tcase(s, sec);
   return s;
 }
