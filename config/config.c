@@ -644,14 +644,14 @@ static int syntax_error(struct loader *L, const yaml_parser_t *p, const char *da
 }
 
 /*
- * The YAML's shape within CONFIG_MAX_DEPTH and CONFIG_MAX_TOKENS, checked on libyaml's token
- * stream before anything loads the document.  libyaml's scanner spends, on every token, time in
- * proportion to the flow nesting ([ and { open at once), and its loader, on every anchor and
- * %TAG directive, time in proportion to those already seen: 100 000 nested '[' took it 52 s,
- * and 8000 %TAG lines, well within the token bound, 0.2 s (hence their own bound).
- * The scanner hands out tokens with a lookahead of at most 1024 characters (a possible simple
- * key's), so this pass stops at the first token past a bound having paid for a few thousand at
- * most.  Tokens count the depth as the document has it: a block mapping or list is opened by
+ * The YAML's shape within CONFIG_MAX_DEPTH, CONFIG_MAX_TOKENS and CONFIG_MAX_DIRECTIVES,
+ * checked on libyaml's token stream before anything loads the document.  libyaml's scanner
+ * spends, on every token, time in proportion to the flow nesting ([ and { open at once), and its
+ * parser and loader, on every %TAG directive and anchor, time in proportion to those already
+ * seen: quadratic, so that a file of a few hundred KB could take it a minute.  The token bound
+ * caps all three; directives cost enough to need a lower one of their own.  The scanner hands
+ * out tokens with a lookahead of at most 1024 characters (a possible simple key's), so this pass
+ * stops at the first token past a bound having paid for a few thousand at most.  Tokens count the depth as the document has it: a block mapping or list is opened by
  * its start token and closed by BLOCK_END, except a list at its key's own column ("key:\n- a"),
  * which has no tokens of its own and ends at the next key or at its mapping's end.  A syntax
  * error ends the pass; the loader then reports it as it does any other.

@@ -817,8 +817,8 @@ START_TEST(lists_at_their_keys_column_end_with_their_key) {
 }
 END_TEST
 
-/* Files that kept libyaml busy for seconds to a minute (100 000 nested '[' in 200 KB: 52 s;
- * 88 000 anchors in 1 MiB: 18 s; 75 000 %TAG lines: 5 s) are refused at once. */
+/* Files that kept libyaml busy for seconds to a minute (100 000 nested '[' in 200 KB, a MiB of
+ * anchors, of %TAG lines, of list items) are refused at once. */
 static char *pathological(int which, size_t *len) {
   const size_t max = 1 << 20;
   char *y = malloc(max + 64);
@@ -840,7 +840,7 @@ static char *pathological(int which, size_t *len) {
     o += (size_t)sprintf(y + o, "---\na: 1\n");
     break;
   default:
-    /* A flat list of 500 000 items (0.25 s and 100 MiB for libyaml to load). */
+    /* A flat list of 500 000 items (a quarter of a second and 100 MiB for libyaml to load). */
     o += (size_t)sprintf(y, "a: [");
     while (o < max - 8)
       o += (size_t)sprintf(y + o, "a,");
