@@ -255,6 +255,7 @@ void conn_close(struct conn *c, const char *why) {
     c->next->prev = c->prev;
   c->prev = c->next = NULL;
   conn_open--;
+  control_conn_closed(c);
   uv_poll_stop(&c->poll);
   uv_close((uv_handle_t *)&c->poll, conn_on_closed);
   if (conn_open == 0 && conn_on_all_closed != NULL) {

@@ -85,6 +85,66 @@ static void control_status(struct conn *c, const struct dep_frame_hdr *h, size_t
   free(st.jobs);
 }
 
+/*
+ * ATTACH requests that arrive while the pools are being made wait here, at
+ * most one per connection, in the order they came, until
+ * control_attach_resume hands them to job_attach (or fails them).
+ */
+struct control_parked {
+  struct control_parked *next;
+  struct conn *conn;
+  uint32_t request_id;
+  struct dep_attach_args args;
+};
+static struct control_parked *control_parked_head;
+
+static void control_attach_park(struct conn *c, uint32_t request_id,
+                                const struct dep_attach_args *a) {
+  struct control_parked **pp = &control_parked_head;
+  for (; *pp != NULL; pp = &(*pp)->next) {
+    if ((*pp)->conn == c) {
+      conn_send_error(c, request_id, DEP_ERR_STATE,
+                      "an ATTACH already waits on this connection for the device pools to be "
+                      "made");
+      return;
+    }
+  }
+  struct control_parked *p = malloc(sizeof *p);
+  if (p == NULL) {
+    conn_send_error(c, request_id, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
+    return;
+  }
+  *p = (struct control_parked){.conn = c, .request_id = request_id, .args = *a};
+  *pp = p;
+  log_info("job %s: rank %u (local %u, pid %d) waits for the device pools to be made", a->job_id,
+           a->rank, a->local_rank, (int)c->pid);
+}
+
+void control_attach_resume(int rc, const char *why) {
+  struct control_parked *p;
+  /* One at a time from the head: a reply that closes another parked
+   * connection takes that one out of the list (control_conn_closed). */
+  while ((p = control_parked_head) != NULL) {
+    control_parked_head = p->next;
+    if (rc == 0)
+      job_attach(p->conn, p->request_id, &p->args);
+    else
+      conn_send_error(p->conn, p->request_id, rc, "job %s: %s", p->args.job_id, why);
+    free(p);
+  }
+}
+
+void control_conn_closed(struct conn *c) {
+  for (struct control_parked **pp = &control_parked_head; *pp != NULL; pp = &(*pp)->next) {
+    if ((*pp)->conn == c) {
+      struct control_parked *p = *pp;
+      *pp = p->next;
+      free(p);
+      return;
+    }
+  }
+}
+
 static void control_attach(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
                            size_t len) {
   struct dep_attach_args a;
@@ -102,7 +162,10 @@ static void control_attach(struct conn *c, const struct dep_frame_hdr *h, const 
     job_refuse_attach(c, h->request_id, &a, rc, msg); /* fails the job it names, if gathering */
     return;
   }
-  job_attach(c, h->request_id, &a);
+  if (deepepd.starting)
+    control_attach_park(c, h->request_id, &a);
+  else
+    job_attach(c, h->request_id, &a);
 }
 
 /* Whether c may run an operator request (reload, drain): root or deepepd's own user. */

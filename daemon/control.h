@@ -16,4 +16,13 @@ struct conn;
 void control_handle(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
                     size_t len);
 
+/*
+ * The device pools are made (rc 0): hand the ATTACH requests that waited
+ * for them to the job table, in the order they came; or they could not be
+ * (rc a DEP_ERR_*): fail each with rc and why.
+ */
+void control_attach_resume(int rc, const char *why);
+/* Connection c is closing: forget its waiting ATTACH, if any. */
+void control_conn_closed(struct conn *c);
+
 #endif /* DEP_DAEMON_CONTROL_H */

@@ -1,5 +1,8 @@
 /*
  * devices.c — backend choice, device discovery and one pool per device.
+ * The pools are made on libuv's thread pool (a 4 GiB host pool takes
+ * seconds), so the daemon answers STATUS meanwhile; the loop sees them only
+ * once they are all made.
  */
 #include "devices.h"
 
@@ -9,18 +12,33 @@
 
 #include "cudadrv.h"
 #include "log.h"
-
-#include <uv.h>
+#include "proto.h"
 
 static uint64_t uv_hrtime_ms(void) { return uv_hrtime() / 1000000u; }
 
 #define DEVICES_MAX 64
 
+/*
+ * `ops` is set on the loop thread before the work starts and never changes
+ * after; `pools` and `made` belong to the work until it ends; `n` is what
+ * the loop may use, set on the loop thread when the work is done.
+ */
 static struct {
   const struct backend_ops *ops;
   size_t n;
+  size_t made;
   struct pool pools[DEVICES_MAX];
 } devs;
+
+/* The work that makes the pools, and what it reports back to the loop. */
+static struct {
+  uv_work_t req;
+  struct config cfg;   /* its own copy: a reload may change the loop's meanwhile */
+  devices_done_fn *done;
+  int rc;
+  char why[DEP_MSG_TEXT_MAX];
+  bool pending;
+} devs_work;
 
 static bool listed(const struct config *c, const struct backend_dev *d) {
   if (c->n_devices == 0)
@@ -53,9 +71,8 @@ static const struct backend_ops *choose_backend(const struct config *c) {
   }
 }
 
-int devices_init(const struct config *c, char *why, size_t whylen) {
-  memset(&devs, 0, sizeof devs);
-  devs.ops = choose_backend(c);
+/* Probe the devices and make their pools; runs on a thread-pool thread. */
+static int devices_make(const struct config *c, char *why, size_t whylen) {
   struct backend_dev found[DEVICES_MAX];
   int n = devs.ops->probe(found, DEVICES_MAX, why, whylen);
   if (n < 0)
@@ -69,25 +86,26 @@ int devices_init(const struct config *c, char *why, size_t whylen) {
       continue;
     }
     uint64_t t0 = uv_hrtime_ms();
-    int rc = pool_init(&devs.pools[devs.n], devs.ops, &found[i], total, c->pool_chunk_size,
+    int rc = pool_init(&devs.pools[devs.made], devs.ops, &found[i], total, c->pool_chunk_size,
                        c->preallocation, why, whylen);
     if (rc != 0) {
-      devices_fini();
+      while (devs.made > 0)
+        pool_fini(&devs.pools[--devs.made]);
       return rc;
     }
     if (c->preallocation)
       log_info("device %s (%s, %s): pool of %llu MiB, made now as %u blocks of %llu MiB; a job "
                "of another size replaces them with one block of its own",
                found[i].uuid_str, found[i].name, devs.ops->name, (unsigned long long)(total >> 20),
-               devs.pools[devs.n].n_blocks, (unsigned long long)(c->pool_chunk_size >> 20));
+               devs.pools[devs.made].n_blocks, (unsigned long long)(c->pool_chunk_size >> 20));
     else
       log_info("device %s (%s, %s): pool of %llu MiB, made on demand: one block per job arena",
                found[i].uuid_str, found[i].name, devs.ops->name, (unsigned long long)(total >> 20));
     log_debug("device %s: pool made in %llu ms", found[i].uuid_str,
               (unsigned long long)(uv_hrtime_ms() - t0));
-    devs.n++;
+    devs.made++;
   }
-  if (devs.n == 0) {
+  if (devs.made == 0) {
     snprintf(why, whylen, "no %s device to serve (%d found, none listed in devices:)",
              devs.ops->name, n);
     return DEP_ERR_CONFIG;
@@ -95,10 +113,64 @@ int devices_init(const struct config *c, char *why, size_t whylen) {
   return 0;
 }
 
+static void devices_work(uv_work_t *req) {
+  devs_work.rc = devices_make(&devs_work.cfg, devs_work.why, sizeof devs_work.why);
+}
+
+static void devices_work_done(uv_work_t *req, int status) {
+  devs_work.pending = false;
+  if (status != 0 && devs_work.rc == 0) { /* cancelled: never started */
+    devs_work.rc = DEP_ERR_STATE;
+    snprintf(devs_work.why, sizeof devs_work.why, "making the pools was cancelled");
+  }
+  if (devs_work.rc == 0)
+    devs.n = devs.made;
+  devs_work.done(devs_work.rc, devs_work.why);
+}
+
+int devices_init(uv_loop_t *loop, const struct config *c, devices_done_fn *done) {
+  memset(&devs, 0, sizeof devs);
+  devs.ops = choose_backend(c);
+  devs_work.cfg = *c;
+  devs_work.done = done;
+  devs_work.rc = 0;
+  devs_work.why[0] = '\0';
+  int rc = uv_queue_work(loop, &devs_work.req, devices_work, devices_work_done);
+  if (rc != 0) {
+    log_errx("devices: cannot start making the pools: %s", uv_strerror(rc));
+    return DEP_ERR_NO_MEMORY;
+  }
+  devs_work.pending = true;
+  return 0;
+}
+
+bool devices_pending(void) { return devs_work.pending; }
+
+size_t devices_fd_count(const struct config *c) {
+  if (devs_work.pending) {
+    /* Being made: what the preallocation will hold, per listed device (one if none is). */
+    if (!c->preallocation || c->pool_chunk_size == 0)
+      return 0;
+    bool host = devs.ops == &backend_host_ops;
+    uint64_t per = (host ? c->host_pool_size : c->pool_size_per_device) / c->pool_chunk_size;
+    return (size_t)per * (host || c->n_devices == 0 ? 1 : c->n_devices);
+  }
+  size_t fds = 0;
+  for (size_t i = 0; i < devs.n; i++)
+    for (const struct pool_block *b = devs.pools[i].blocks; b != NULL; b = b->next)
+      fds += b->n_pieces;
+  return fds;
+}
+
 void devices_fini(void) {
+  if (devs_work.pending) {
+    log_warnx("devices: the pools are still being made; left to the exit");
+    return;
+  }
   for (size_t i = 0; i < devs.n; i++)
     pool_fini(&devs.pools[i]);
   devs.n = 0;
+  devs.made = 0;
 }
 
 const char *devices_backend_name(void) { return devs.ops != NULL ? devs.ops->name : "none"; }

@@ -7,16 +7,36 @@
 #ifndef DEP_DEVICES_H
 #define DEP_DEVICES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <uv.h>
 
 #include "config.h"
 #include "deepep.h"
 #include "pool.h"
 
-/* Choose the backend, probe the devices and make their pools (logged).  0 or DEP_ERR_*. */
-int devices_init(const struct config *c, char *why, size_t whylen);
+/* What devices_init reports on the loop thread: 0, or DEP_ERR_* and why. */
+typedef void devices_done_fn(int rc, const char *why);
+
+/*
+ * Choose the backend now (HELLO names it from the start), then probe the
+ * devices and make their pools (logged) on libuv's thread pool, from a copy
+ * of c; `done` runs on the loop thread when that is over, with every pool
+ * in service (rc 0) or none.  Until then the daemon serves no device:
+ * devices_count() is 0 and STATUS lists none.  0, or DEP_ERR_* (logged)
+ * when the work cannot start.
+ */
+int devices_init(uv_loop_t *loop, const struct config *c, devices_done_fn *done);
+/* Whether the pools are still being made (devices_fini must wait for them). */
+bool devices_pending(void);
 void devices_fini(void);
+
+/*
+ * The file descriptors the pools hold (one per piece of every made block);
+ * while they are being made, what the preallocation will hold.
+ */
+size_t devices_fd_count(const struct config *c);
 
 /* "cuda" or "host". */
 const char *devices_backend_name(void);

@@ -13,6 +13,7 @@
 
 #include "config.h"
 #include "conn.h"
+#include "control.h"
 #include "deepep.h"
 #include "deepepd.h"
 #include "devices.h"
@@ -103,6 +104,36 @@ static int load_config(const char *cli_path) {
   return 0;
 }
 
+static uint64_t main_pools_start_ns;
+static bool main_pools_failed;
+
+/*
+ * The device pools are made (rc 0) or could not be: on the loop thread.
+ * Only now is the daemon ready: READY=1 only once the pools are warm
+ * (DESIGN §10), and the ATTACH requests that came meanwhile go on.
+ */
+static void main_on_pools(int rc, const char *why) {
+  deepepd.starting = false;
+  if (rc != 0) {
+    log_errx("devices: %s", why);
+    main_pools_failed = true;
+    char msg[DEP_MSG_TEXT_MAX];
+    snprintf(msg, sizeof msg, "deepepd could not make its device pools (%s) and is stopping", why);
+    control_attach_resume(rc, msg);
+    deepepd_shutdown("the device pools could not be made");
+    return;
+  }
+  if (deepepd.stopping) {
+    control_attach_resume(DEP_ERR_DAEMON_GONE, "deepepd is stopping");
+    return;
+  }
+  log_info("device pools ready in %llu ms",
+           (unsigned long long)((uv_hrtime() - main_pools_start_ns) / 1000000u));
+  notify_send("READY=1");
+  notify_send("STATUS=listening on %s", deepepd.cfg.socket_path);
+  control_attach_resume(0, NULL);
+}
+
 int main(int argc, char **argv) {
   enum { OPT_BACKEND = 256, OPT_LOG_LEVEL, OPT_CHECK };
   static const struct option opts[] = {
@@ -191,31 +222,31 @@ int main(int argc, char **argv) {
     goto out_loop;
   conn_init(&loop);
   job_init(&loop);
+  /* STATUS says "starting" until the pools are made. */
+  deepepd.starting = true;
   if (server_init(&loop, &deepepd.cfg) != 0)
     goto out_jobs;
   /* The pools are made after the socket is claimed (a second daemon must not
-   * allocate a whole pool before learning it cannot run) and before the loop
-   * runs: clients that connect meanwhile wait in the listen backlog. */
+   * allocate a whole pool before learning it cannot run), off the loop: the
+   * loop runs at once, so STATUS is answered while they are made (seconds
+   * for a large pool) and ATTACH waits for them (main_on_pools). */
   notify_send("STATUS=making device pools");
-  char why[DEP_MSG_TEXT_MAX] = "";
   held_load(deepepd.cfg.socket_path); /* what an earlier daemon's ranks still hold */
   held_init(&loop, deepepd.cfg.socket_path);
-  rc = devices_init(&deepepd.cfg, why, sizeof why);
-  if (rc != 0) {
-    log_errx("devices: %s", why);
-    goto out_server;
-  }
+  main_pools_start_ns = uv_hrtime();
+  if (devices_init(&loop, &deepepd.cfg, main_on_pools) != 0)
+    goto out_held;
 
-  /* READY=1 only once the pools are warm (DESIGN §10). */
-  notify_send("READY=1");
-  notify_send("STATUS=listening on %s", deepepd.cfg.socket_path);
   uv_run(&loop, UV_RUN_DEFAULT);
-  status = 0;
+  /* Stopped while the pools were being made: they are finished first. */
+  while (devices_pending())
+    uv_run(&loop, UV_RUN_ONCE);
+  status = main_pools_failed ? 1 : 0;
 
   job_fini(); /* every slab goes back before its pool does */
-  held_fini();
   devices_fini();
-out_server:
+out_held:
+  held_fini();
   server_fini();
 out_jobs:
   conn_fini();

@@ -4,7 +4,9 @@
  */
 #include "testutil.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
+#include <grp.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -14,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -22,6 +26,8 @@
 #include <unistd.h>
 
 #include "cudadrv.h"
+#include "deepep.h"
+#include "proto.h"
 
 const char *tu_bin(const char *name) {
   static char path[4][512];
@@ -101,63 +107,7 @@ char *tu_daemon_log(const struct tu_daemon *d) {
 }
 
 int tu_daemon_start_in(struct tu_daemon *d, const char *dir, const char *extra_yaml) {
-  if (dir != d->dir)
-    snprintf(d->dir, sizeof d->dir, "%s", dir);
-  snprintf(d->sock, sizeof d->sock, "%s/d.sock", d->dir);
-  snprintf(d->conf, sizeof d->conf, "%s/deepepd.yaml", d->dir);
-  snprintf(d->log, sizeof d->log, "%s/deepepd.log", d->dir);
-  /* make check-gpu runs the same suites with DEP_TEST_BACKEND=cuda. */
-  const char *backend = getenv("DEP_TEST_BACKEND");
-  /* A small pool keeps each daemon start fast; tests that need more
-   * memory say so with their own pool: section. */
-  const char *extra = extra_yaml != NULL ? extra_yaml : "";
-  const char *pool = strstr(extra, "pool:") != NULL
-                         ? ""
-                         : "pool:\n  host_size: 64MiB\n  chunk_size: 2MiB\n"
-                           "  size_per_device: 1GiB\n";
-  char yaml[8192];
-  snprintf(yaml, sizeof yaml, "socket:\n  path: %s\n  mode: 0666\nbackend: %s\n%s%s", d->sock,
-           backend != NULL && backend[0] != '\0' ? backend : "host", pool, extra);
-  if (tu_write_file(d->conf, yaml) != 0)
-    return -1;
-  pid_t pid = fork();
-  if (pid < 0)
-    return -1;
-  if (pid == 0) {
-    int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 2);
-      dup2(fd, 1);
-      close(fd);
-    }
-    unsetenv("NOTIFY_SOCKET");
-    execl(tu_bin("deepepd"), "deepepd", "-c", d->conf, (char *)NULL);
-    perror("exec deepepd");
-    _exit(127);
-  }
-  d->pid = pid;
-  for (int i = 0; i < 1000; i++) {
-    int fd = tu_connect_raw(d->sock);
-    if (fd >= 0) {
-      close(fd);
-      return 0;
-    }
-    int st;
-    if (waitpid(pid, &st, WNOHANG) == pid) {
-      d->pid = 0;
-      break;
-    }
-    sleep_ms(10);
-  }
-  char *log = tu_daemon_log(d);
-  fprintf(stderr, "deepepd did not start; its log:\n%s\n", log);
-  free(log);
-  if (d->pid > 0) {
-    kill(d->pid, SIGKILL);
-    waitpid(d->pid, NULL, 0);
-    d->pid = 0;
-  }
-  return -1;
+  return tu_daemon_start_opts(d, dir, extra_yaml, NULL);
 }
 
 int tu_daemon_start(struct tu_daemon *d, const char *extra_yaml) {
@@ -381,4 +331,191 @@ int tu_gpus_probe(struct tu_gpus *g, char *why, size_t len) {
   snprintf(why, len, "%s", a.why);
   *g = a.g;
   return a.rc;
+}
+
+/* ---- daemons started a particular way ------------------------------------ */
+
+/* Read exactly len bytes by the deadline (ms, CLOCK_MONOTONIC): 0 or -1. */
+static int tu_read_by(int fd, void *buf, size_t len, int64_t deadline) {
+  uint8_t *p = buf;
+  while (len > 0) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t left = deadline - ((int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
+      return -1;
+    ssize_t n = read(fd, p, len);
+    if (n <= 0)
+      return -1;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+char *tu_daemon_state(const char *sock, char *state, size_t len) {
+  state[0] = '\0';
+  int fd = tu_connect_raw(sock);
+  if (fd < 0)
+    return NULL;
+  struct proto_buf b;
+  proto_buf_init(&b);
+  struct dep_msg_hello h = {.version = DEP_PROTO_VERSION, .pid = (uint32_t)getpid()};
+  snprintf(h.name, sizeof h.name, "testutil");
+  bool sent = proto_frame_encode(&b, DEP_MSG_HELLO, 0, 1, &h) == 0 &&
+              proto_frame_encode(&b, DEP_MSG_STATUS, 0, 2, NULL) == 0 &&
+              send(fd, b.data, b.len, MSG_NOSIGNAL) == (ssize_t)b.len;
+  proto_buf_free(&b);
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  int64_t deadline = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + 2000;
+  char *found = NULL;
+  uint8_t hdr[DEP_PROTO_HDR_LEN];
+  struct dep_frame_hdr fh;
+  while (sent && found == NULL && tu_read_by(fd, hdr, sizeof hdr, deadline) == 0 &&
+         proto_hdr_decode(hdr, DEP_PROTO_MAX_BODY, &fh, NULL, 0) == 0) {
+    uint8_t *body = malloc(fh.body_len + 1u);
+    if (body == NULL || tu_read_by(fd, body, fh.body_len, deadline) != 0) {
+      free(body);
+      break;
+    }
+    if (fh.type == DEP_MSG_STATUS_OK) {
+      struct dep_status st;
+      memset(&st, 0, sizeof st);
+      if (proto_decode_status(body, fh.body_len, &st) == 0) {
+        snprintf(state, len, "%s", st.state);
+        found = state;
+      }
+      free(st.devices);
+      free(st.jobs);
+    }
+    bool last = fh.type != DEP_MSG_HELLO_OK;
+    free(body);
+    if (last)
+      break;
+  }
+  close(fd);
+  return found;
+}
+
+int tu_daemon_start_opts(struct tu_daemon *d, const char *dir, const char *extra_yaml,
+                         const struct tu_daemon_opts *o) {
+  static const struct tu_daemon_opts defaults;
+  if (o == NULL)
+    o = &defaults;
+  if (dir != d->dir)
+    snprintf(d->dir, sizeof d->dir, "%s", dir);
+  if (o->socket != NULL)
+    snprintf(d->sock, sizeof d->sock, "%s", o->socket);
+  else
+    snprintf(d->sock, sizeof d->sock, "%s/d.sock", d->dir);
+  snprintf(d->conf, sizeof d->conf, "%s/deepepd.yaml", d->dir);
+  snprintf(d->log, sizeof d->log, "%s/deepepd.log", d->dir);
+  /* make check-gpu runs the same suites with DEP_TEST_BACKEND=cuda. */
+  const char *backend = getenv("DEP_TEST_BACKEND");
+  /* A small pool keeps each daemon start fast; tests that need more
+   * memory say so with their own pool: section. */
+  const char *extra = extra_yaml != NULL ? extra_yaml : "";
+  const char *pool = strstr(extra, "pool:") != NULL
+                         ? ""
+                         : "pool:\n  host_size: 64MiB\n  chunk_size: 2MiB\n"
+                           "  size_per_device: 1GiB\n";
+  char yaml[8192];
+  snprintf(yaml, sizeof yaml, "socket:\n  path: %s\n  mode: 0666\nbackend: %s\n%s%s", d->sock,
+           backend != NULL && backend[0] != '\0' ? backend : "host", pool, extra);
+  if (tu_write_file(d->conf, yaml) != 0)
+    return -1;
+  pid_t pid = fork();
+  if (pid < 0)
+    return -1;
+  if (pid == 0) {
+    int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 2);
+      dup2(fd, 1);
+      close(fd);
+    }
+    unsetenv("NOTIFY_SOCKET");
+    if (o->nofile > 0) {
+      /* Only stdio goes with it, so that the fds it holds are its own. */
+      close_range(3, ~0u, 0);
+      struct rlimit rl = {.rlim_cur = (rlim_t)o->nofile, .rlim_max = (rlim_t)o->nofile};
+      if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        perror("setrlimit RLIMIT_NOFILE");
+        _exit(126);
+      }
+    }
+    if (o->uid > 0 && (setgroups(0, NULL) != 0 || setgid((gid_t)o->uid) != 0 ||
+                       setuid((uid_t)o->uid) != 0)) {
+      perror("becoming the daemon's uid");
+      _exit(126);
+    }
+    execl(tu_bin("deepepd"), "deepepd", "-c", d->conf, (char *)NULL);
+    perror("exec deepepd");
+    _exit(127);
+  }
+  d->pid = pid;
+  if (o->wait == TU_WAIT_NONE)
+    return 0;
+  for (int i = 0; i < 3000; i++) {
+    char state[32];
+    if (o->wait == TU_WAIT_SOCKET) {
+      int fd = tu_connect_raw(d->sock);
+      if (fd >= 0) {
+        close(fd);
+        return 0;
+      }
+    } else if (tu_daemon_state(d->sock, state, sizeof state) != NULL &&
+               strcmp(state, "starting") != 0) {
+      return 0; /* its pools are made: the daemon has started */
+    }
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      d->pid = 0;
+      break;
+    }
+    sleep_ms(10);
+  }
+  char *log = tu_daemon_log(d);
+  fprintf(stderr, "deepepd did not start; its log:\n%s\n", log);
+  free(log);
+  if (d->pid > 0) {
+    kill(d->pid, SIGKILL);
+    waitpid(d->pid, NULL, 0);
+    d->pid = 0;
+  }
+  return -1;
+}
+
+int tu_daemon_wait_exit(struct tu_daemon *d, int timeout_ms) {
+  for (int waited = 0; d->pid > 0 && waited <= timeout_ms; waited += 10) {
+    int st;
+    if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+      d->pid = 0;
+      return st;
+    }
+    sleep_ms(10);
+  }
+  return -1;
+}
+
+int tu_lowest_free_fd(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  DIR *dir = opendir(path);
+  if (dir == NULL)
+    return -1;
+  static bool open_fd[4096];
+  memset(open_fd, 0, sizeof open_fd);
+  for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+    long n = strtol(e->d_name, NULL, 10);
+    if (e->d_name[0] != '.' && n >= 0 && n < 4096)
+      open_fd[n] = true;
+  }
+  closedir(dir);
+  int n = 0;
+  while (n < 4096 && open_fd[n])
+    n++;
+  return n;
 }

@@ -35,8 +35,9 @@ struct tu_daemon {
  * Start build/deepepd on a temporary socket with the host backend (or
  * $DEP_TEST_BACKEND).
  * `extra_yaml` (may be NULL) is appended to the generated config (for
- * limits, allow lists...).  Waits until the socket accepts connections (up
- * to 10 s).  Returns 0, or -1 with the daemon's log copied to stderr.
+ * limits, allow lists...).  Waits until the daemon has started: its STATUS
+ * no longer says "starting" (its pools are made), up to 30 s.  Returns 0,
+ * or -1 with the daemon's log copied to stderr.
  */
 int tu_daemon_start(struct tu_daemon *d, const char *extra_yaml);
 
@@ -107,5 +108,37 @@ int tu_gpus_probe(struct tu_gpus *g, char *why, size_t len);
  * -1 with why (no driver, a bad $DEP_TEST_GPUS, too few GPUs visible).
  */
 int tu_gpu_for_rank(uint32_t rank, int *ordinal, char *why, size_t len);
+
+/* ---- daemons started a particular way (check_server.c) ------------------ */
+
+enum tu_wait {
+  TU_WAIT_READY = 0, /* until STATUS no longer says "starting" (as tu_daemon_start) */
+  TU_WAIT_SOCKET,    /* until the socket accepts a connection */
+  TU_WAIT_NONE,      /* return once it is forked */
+};
+
+struct tu_daemon_opts {
+  long nofile;        /* > 0: the daemon's RLIMIT_NOFILE, soft and hard (and it inherits no fd
+                         but stdio, so that the fds it holds are its own) */
+  long uid;           /* > 0: it runs as this uid and gid (the test must be root) */
+  const char *socket; /* its socket path instead of dir/d.sock */
+  enum tu_wait wait;
+};
+
+/* tu_daemon_start_in with these options (NULL: the defaults). */
+int tu_daemon_start_opts(struct tu_daemon *d, const char *dir, const char *extra_yaml,
+                         const struct tu_daemon_opts *o);
+
+/* A fresh connection's HELLO and STATUS: the daemon's state into state, or NULL. */
+char *tu_daemon_state(const char *sock, char *state, size_t len);
+
+/* Wait up to timeout_ms for the daemon to exit: its wait status, or -1. */
+int tu_daemon_wait_exit(struct tu_daemon *d, int timeout_ms);
+
+/*
+ * The lowest fd number process pid has free (below 4096), or -1: with
+ * RLIMIT_NOFILE at that, it has none left (fds are handed out lowest first).
+ */
+int tu_lowest_free_fd(pid_t pid);
 
 #endif
