@@ -33,23 +33,135 @@ struct conn_out {
 /* At most this much unread input is discarded before closing (see conn_drain). */
 #define CONN_DRAIN_MAX (256u * 1024u)
 
+/* Open connections per uid: a small chained hash, an entry per uid connected now. */
+#define CONN_UID_BUCKETS 64
+struct conn_uid {
+  struct conn_uid *next;
+  uid_t uid;
+  uint32_t n;
+};
+
+/* The HELLO deadline is looked at at least this often, so a reload that
+ * shortens limits.hello_timeout_ms applies within it. */
+#define CONN_HELLO_SWEEP_MAX_MS 1000
+
 static uv_loop_t *conn_loop;
 static struct conn *conn_list;
 static uint32_t conn_open;
 static uint64_t conn_serial;
 static void (*conn_on_all_closed)(void);
+static struct conn_uid *conn_uids[CONN_UID_BUCKETS];
+/* Connections whose HELLO deadline runs, oldest first, and the timer for the oldest. */
+static struct conn *conn_hello_head, *conn_hello_tail;
+static uv_timer_t conn_hello_timer;
+static bool conn_timer_open;
 
 static void conn_on_poll(uv_poll_t *h, int status, int events);
 
-void conn_init(uv_loop_t *loop) { conn_loop = loop; }
+void conn_init(uv_loop_t *loop) {
+  conn_loop = loop;
+  uv_timer_init(loop, &conn_hello_timer);
+  conn_timer_open = true;
+}
 
 uint32_t conn_count(void) { return conn_open; }
 
+static struct conn_uid **conn_uid_slot(uid_t uid) {
+  struct conn_uid **pp = &conn_uids[(unsigned)uid % CONN_UID_BUCKETS];
+  while (*pp != NULL && (*pp)->uid != uid)
+    pp = &(*pp)->next;
+  return pp;
+}
+
+uint32_t conn_count_uid(uid_t uid) {
+  struct conn_uid *e = *conn_uid_slot(uid);
+  return e != NULL ? e->n : 0;
+}
+
+static bool conn_uid_add(uid_t uid) {
+  struct conn_uid **pp = conn_uid_slot(uid);
+  if (*pp == NULL) {
+    *pp = calloc(1, sizeof **pp);
+    if (*pp == NULL)
+      return false;
+    (*pp)->uid = uid;
+  }
+  (*pp)->n++;
+  return true;
+}
+
+static void conn_uid_remove(uid_t uid) {
+  struct conn_uid **pp = conn_uid_slot(uid), *e = *pp;
+  if (e != NULL && --e->n == 0) {
+    *pp = e->next;
+    free(e);
+  }
+}
+
+static void conn_hello_unlist(struct conn *c) {
+  if (!c->hello_waiting)
+    return;
+  if (c->hello_prev != NULL)
+    c->hello_prev->hello_next = c->hello_next;
+  else
+    conn_hello_head = c->hello_next;
+  if (c->hello_next != NULL)
+    c->hello_next->hello_prev = c->hello_prev;
+  else
+    conn_hello_tail = c->hello_prev;
+  c->hello_prev = c->hello_next = NULL;
+  c->hello_waiting = false;
+}
+
+static void conn_hello_sweep(uv_timer_t *t);
+
+/* Wake when the oldest waiting connection's HELLO is due (or sooner). */
+static void conn_hello_arm(void) {
+  if (conn_hello_head == NULL) {
+    uv_timer_stop(&conn_hello_timer);
+    return;
+  }
+  uint64_t due = conn_hello_head->connected_ms + deepepd.cfg.hello_timeout_ms;
+  uint64_t now = uv_now(conn_loop);
+  uint64_t wait = due > now ? due - now : 0;
+  if (wait > CONN_HELLO_SWEEP_MAX_MS)
+    wait = CONN_HELLO_SWEEP_MAX_MS;
+  uv_timer_start(&conn_hello_timer, conn_hello_sweep, wait, 0);
+}
+
+/*
+ * Close the connections that are past their HELLO deadline.  Those that
+ * said HELLO meanwhile (control.c marks them) leave the list here, so the
+ * sweep costs O(1) per connection however many there are.
+ */
+static void conn_hello_sweep(uv_timer_t *t) {
+  uint32_t limit = deepepd.cfg.hello_timeout_ms;
+  uint64_t now = uv_now(conn_loop);
+  unsigned closed = 0;
+  struct conn *c;
+  while ((c = conn_hello_head) != NULL &&
+         (c->hello_done || now - c->connected_ms >= limit)) {
+    conn_hello_unlist(c);
+    if (c->hello_done)
+      continue;
+    conn_send_error(c, 0, DEP_ERR_TIMEOUT,
+                    "no HELLO within %u ms of connecting (limits.hello_timeout_ms); closing",
+                    limit);
+    conn_close(c, "sent no HELLO in time (limits.hello_timeout_ms)");
+    closed++;
+  }
+  if (closed > 0)
+    log_info("closed %u connection(s) that sent no HELLO within %u ms (limits.hello_timeout_ms)",
+             closed, limit);
+  conn_hello_arm();
+}
+
 struct conn *conn_create(int fd, const struct ucred *cred) {
   struct conn *c = calloc(1, sizeof *c);
-  if (c == NULL) {
+  if (c == NULL || !conn_uid_add(cred->uid)) {
     log_warnx("client pid %d uid %u: out of memory; closing its connection", (int)cred->pid,
               (unsigned)cred->uid);
+    free(c);
     close(fd);
     return NULL;
   }
@@ -61,6 +173,7 @@ struct conn *conn_create(int fd, const struct ucred *cred) {
   int rc = uv_poll_init(conn_loop, &c->poll, fd);
   if (rc != 0) {
     log_warnx("client pid %d: uv_poll_init: %s", (int)c->pid, uv_strerror(rc));
+    conn_uid_remove(c->uid);
     close(fd);
     free(c);
     return NULL;
@@ -73,6 +186,16 @@ struct conn *conn_create(int fd, const struct ucred *cred) {
     conn_list->prev = c;
   conn_list = c;
   conn_open++;
+  c->connected_ms = uv_now(conn_loop);
+  c->hello_waiting = true;
+  c->hello_prev = conn_hello_tail;
+  if (conn_hello_tail != NULL)
+    conn_hello_tail->hello_next = c;
+  else
+    conn_hello_head = c;
+  conn_hello_tail = c;
+  if (conn_hello_head == c)
+    conn_hello_arm();
   log_debug("client %llu: connected (pid %d uid %u gid %u)", (unsigned long long)c->id,
             (int)c->pid, (unsigned)c->uid, (unsigned)c->gid);
   return c;
@@ -255,6 +378,8 @@ void conn_close(struct conn *c, const char *why) {
     c->next->prev = c->prev;
   c->prev = c->next = NULL;
   conn_open--;
+  conn_uid_remove(c->uid);
+  conn_hello_unlist(c);
   control_conn_closed(c);
   uv_poll_stop(&c->poll);
   uv_close((uv_handle_t *)&c->poll, conn_on_closed);
@@ -413,4 +538,8 @@ void conn_fini(void) {
   conn_on_all_closed = NULL;
   while (conn_list != NULL)
     conn_close(conn_list, "the daemon is stopping");
+  if (conn_timer_open) {
+    uv_close((uv_handle_t *)&conn_hello_timer, NULL);
+    conn_timer_open = false;
+  }
 }

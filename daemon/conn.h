@@ -4,6 +4,11 @@
  * that reads a header and then a body whose size was checked first, and a
  * bounded output queue of encoded frames (with the fds that ride on them).
  *
+ * A connection that has not said HELLO within limits.hello_timeout_ms is
+ * closed: one timer serves them all, since they wait in the order they
+ * came.  Open connections are counted in total and per uid (server.c
+ * admits against both).
+ *
  * Closing is deferred: conn_close() only marks the connection, stops its
  * poll and hands it to uv_close; the job table hears of the departure and
  * the memory is freed in the close callback.  So any code may close a
@@ -35,6 +40,7 @@ struct conn {
   gid_t gid;
   int events;            /* what the poll watches now */
   bool hello_done;       /* HELLO accepted: other requests allowed */
+  bool hello_waiting;    /* on the list of connections whose HELLO deadline runs */
   bool closing;          /* read nothing more; close once the queue is flushed */
   bool closed;           /* conn_close ran: ignore everything, wait for the callback */
   char name[64];         /* from HELLO, for logs only */
@@ -53,6 +59,9 @@ struct conn {
   /* the job this connection's rank belongs to (job.c owns these fields) */
   struct job *job;
   uint32_t job_local_rank;
+
+  uint64_t connected_ms; /* uv_now() at accept: the HELLO deadline counts from here */
+  struct conn *hello_prev, *hello_next; /* that list, oldest first */
 
   struct conn *prev, *next;
 };
@@ -86,6 +95,8 @@ void conn_close(struct conn *c, const char *why);
 
 /* Open connections that are not being closed. */
 uint32_t conn_count(void);
+/* Of them, those of this uid. */
+uint32_t conn_count_uid(uid_t uid);
 
 /*
  * Stop reading from every client and queue a DEP_MSG_SHUTDOWN notice; each
