@@ -268,6 +268,63 @@ START_TEST(test_attach_conflicts) {
 }
 END_TEST
 
+/*
+ * limits.max_jobs_per_uid: one user cannot fill limits.max_jobs (nor squat
+ * every job id) — a job still gathering its ranks counts; past the bound
+ * that user is refused with DEP_ERR_LIMIT naming the key, while another
+ * user still starts jobs, and an ended job frees its place.
+ */
+START_TEST(test_jobs_per_uid_are_bounded) {
+  struct tu_daemon d;
+  dw_start(&d, "allow:\n  any_user: true\nlimits:\n  max_jobs_per_uid: 2\n");
+  int obs = dw_client(&d);
+  int r[3];
+  char msg[DEP_MSG_TEXT_MAX];
+  for (int i = 0; i < 3; i++) {
+    char id[32];
+    snprintf(id, sizeof id, "mine-%d", i);
+    struct dep_attach_args a = dw_job_args(id, 0, 2);
+    r[i] = dw_client(&d);
+    dw_attach(r[i], &a, 1);
+  }
+  ck_assert(wait_attached(obs, "mine-0", 1));
+  ck_assert(wait_attached(obs, "mine-1", 1));
+  dw_expect_error(r[2], DEP_ERR_LIMIT, msg, sizeof msg);
+  ck_assert_msg(strstr(msg, "limits.max_jobs_per_uid") != NULL, "said: %s", msg);
+  ck_assert(!dw_job_listed(obs, "mine-2", NULL, NULL));
+  if (geteuid() == 0) {
+    /* Another uid is not held back by this one's jobs. */
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+      if (setgroups(0, NULL) != 0 || setgid(MR_NOBODY) != 0 || setuid(MR_NOBODY) != 0)
+        _exit(10);
+      int fd = dw_client(&d);
+      struct dep_attach_args a = dw_job_args("theirs", 0, 2);
+      dw_attach(fd, &a, 1);
+      dw_expect_silence(fd, 300); /* waiting for its second rank, not refused */
+      _exit(0);
+    }
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "uid %d's job: status %#x", MR_NOBODY,
+                  st);
+  } else {
+    tu_skip_part(__func__, "the other-uid part needs root to become uid %d", MR_NOBODY);
+  }
+  /* An ended job frees its place. */
+  close(r[0]);
+  ck_assert(job_gone(obs, "mine-0"));
+  struct dep_attach_args a = dw_job_args("mine-2", 0, 2);
+  dw_attach(r[2], &a, 2);
+  ck_assert(wait_attached(obs, "mine-2", 1));
+  close(r[1]);
+  close(r[2]);
+  close(obs);
+  dw_stop_ok(&d);
+}
+END_TEST
+
 START_TEST(test_attach_timeout) {
   struct tu_daemon d;
   dw_start(&d, "limits:\n  attach_timeout_ms: 300\n");
@@ -590,6 +647,7 @@ Suite *job_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_attach_rendezvous);
   tcase_add_test(tc, test_attach_conflicts);
+  tcase_add_test(tc, test_jobs_per_uid_are_bounded);
   tcase_add_test(tc, test_attach_timeout);
   suite_add_tcase(s, tc);
   tc = tcase_create("blocks");

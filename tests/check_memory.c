@@ -702,6 +702,54 @@ START_TEST(bad_input_fails_its_own_job_at_once_and_every_other_job_carries_on) {
 }
 END_TEST
 
+/*
+ * limits.memory_per_uid charges a uid what it was lent and may still hold
+ * (DESIGN §4): ranks that keep a mapping past their job's end keep their
+ * uid charged, so its next job is refused with DEP_ERR_LIMIT naming the
+ * key, while the pool shows the memory held; once those processes are
+ * gone, the same job fits.
+ */
+START_TEST(memory_ranks_keep_after_their_job_stays_charged_to_their_uid) {
+  MR_NEEDS_BACKEND_ONE_GPU();
+  const uint64_t first = mr_arena_of(&TINY, 2, 2), second = mr_arena_of(&TINY, 4, 4);
+  const uint64_t quota = second > 2 * MR_MIB ? second : 2 * MR_MIB;
+  ck_assert_uint_gt(first + second, quota);
+  char yaml[128];
+  snprintf(yaml, sizeof yaml, "limits:\n  memory_per_uid: %lluKiB\n",
+           (unsigned long long)(quota / 1024));
+  struct tu_daemon d;
+  mr_start(&d, 64, yaml);
+  dep_client_t *obs = mr_observer(&d);
+  static const struct mr_step keep[] = {{FILL, 1}, {ALIAS, 0}, {DETACH, 0}, {SYNC, 0}, {END, 0}};
+  struct mr_grp ga, gb, gc;
+  mr_grp_init(&ga);
+  mr_grp_init(&gb);
+  mr_grp_init(&gc);
+  mr_grp_spawn_job(&ga, &d, "keeper", 2, TINY, keep);
+  mr_grp_sync(&ga, 2);
+  mr_wait_pool(obs, 0, first); /* cached, and still held by the keepers */
+  ck_assert_uint_eq(mr_pool_now(obs).held, first);
+  for (uint32_t i = 0; i < 4; i++) {
+    struct mr_rank_spec s = mr_spec(&d, "over-quota", i, 4, i, 4, TINY, NULL);
+    s.want = DEP_ERR_LIMIT;
+    s.want_msg = "limits.memory_per_uid";
+    mr_grp_spawn(&gb, &s);
+  }
+  mr_grp_reap(&gb);
+  mr_grp_go(&ga, 2);
+  mr_grp_reap(&ga);
+  for (int i = 0; i < 500 && mr_pool_now(obs).held != 0; i++)
+    usleep(10000);
+  ck_assert_uint_eq(mr_pool_now(obs).held, 0);
+  for (uint32_t i = 0; i < 4; i++) {
+    struct mr_rank_spec s = mr_spec(&d, "over-quota", i, 4, i, 4, TINY, NULL);
+    mr_grp_spawn(&gc, &s);
+  }
+  mr_grp_reap(&gc);
+  mr_stop_ok(&d, obs);
+}
+END_TEST
+
 /* ---- leaks --------------------------------------------------------------------------- */
 
 START_TEST(a_thousand_attach_detach_cycles_leak_no_fd_or_memory) {
@@ -768,7 +816,8 @@ Suite *memory_suite(void) {
         sigkill_of_every_rank_returns_the_memory, sigkill_of_a_rank_mid_attach, NULL}},
       {"limits",
        {pool_exhaustion_is_no_memory_and_the_rest_carries_on,
-        bad_input_fails_its_own_job_at_once_and_every_other_job_carries_on, NULL}},
+        bad_input_fails_its_own_job_at_once_and_every_other_job_carries_on,
+        memory_ranks_keep_after_their_job_stays_charged_to_their_uid, NULL}},
       {"leaks", {a_thousand_attach_detach_cycles_leak_no_fd_or_memory, NULL}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
