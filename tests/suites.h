@@ -9,6 +9,7 @@
   XX(config)                \
   XX(daemon)                \
   XX(reload)                \
+  XX(server)                \
   XX(job)                   \
   XX(client)                \
   XX(ctl)                   \
