@@ -134,16 +134,22 @@ void control_attach_resume(int rc, const char *why) {
   }
 }
 
-void control_conn_closed(struct conn *c) {
+/* Take c's parked ATTACH out of the list: true (its request id in *request_id) if it had one. */
+static bool control_unpark(struct conn *c, uint32_t *request_id) {
   for (struct control_parked **pp = &control_parked_head; *pp != NULL; pp = &(*pp)->next) {
     if ((*pp)->conn == c) {
       struct control_parked *p = *pp;
       *pp = p->next;
+      if (request_id != NULL)
+        *request_id = p->request_id;
       free(p);
-      return;
+      return true;
     }
   }
+  return false;
 }
+
+void control_conn_closed(struct conn *c) { (void)control_unpark(c, NULL); }
 
 static void control_attach(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
                            size_t len) {
@@ -269,6 +275,15 @@ static void control_drain(struct conn *c, const struct dep_frame_hdr *h, const u
 static void control_detach(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
   if (len != 0) {
     conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "DETACH carries no body, got %zu bytes", len);
+    return;
+  }
+  /* An ATTACH still waiting for the pools ends here, as one waiting for
+   * the other ranks does (job_detach). */
+  uint32_t parked;
+  if (control_unpark(c, &parked)) {
+    conn_send_error(c, parked, DEP_ERR_STATE,
+                    "ATTACH was cancelled by DETACH while deepepd was making its device pools");
+    conn_send(c, DEP_MSG_DETACH_OK, h->request_id, NULL, NULL, 0);
     return;
   }
   job_detach(c, h->request_id);

@@ -594,6 +594,20 @@ START_TEST(test_status_is_answered_while_the_pools_are_made) {
   dw_attach(gone, &ga, 2);
   ck_assert(dw_log_has(&d, "job gone: rank 0 (local 0", 2000));
   close(gone);
+  /* One that its connection DETACHes is answered, and so is the DETACH. */
+  int cancel = dw_client(&d);
+  struct dep_attach_args ca = dw_job_args("cancelled", 0, 1);
+  dw_attach(cancel, &ca, 2);
+  ck_assert(dw_log_has(&d, "job cancelled: rank 0 (local 0", 2000));
+  ck_assert_int_eq(dw_send_frame(cancel, DEP_MSG_DETACH, 3, NULL), 0);
+  char cmsg[DEP_MSG_TEXT_MAX];
+  dw_expect_error(cancel, DEP_ERR_STATE, cmsg, sizeof cmsg);
+  ck_assert_msg(strstr(cmsg, "cancelled by DETACH") != NULL, "said: %s", cmsg);
+  struct dw_frame *cf = dw_frame_new();
+  ck_assert_int_eq(dw_recv_frame(cancel, cf, 2000), 0);
+  ck_assert_str_eq(proto_type_name(cf->h.type), "DETACH_OK");
+  free(cf);
+  close(cancel);
   /* One that stays is served once the pools are made. */
   struct dep_attach_args a = dw_job_args("early", 0, 1);
   dw_attach(fd, &a, 3);
