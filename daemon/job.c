@@ -188,7 +188,7 @@ static int job_send_arena(const struct job *j, uint32_t i, struct conn *c, uint3
   for (uint32_t k = 0; k < m.n_chunks; k++)
     fds[k] = pool_block_fd(arena, k);
   /* From here the process may hold the memory until it exits. */
-  pool_block_hold(j->ranks[i].arena, c->pid);
+  pool_block_hold(j->ranks[i].arena, &j->ranks[c->job_local_rank].proc);
   return conn_send(c, DEP_MSG_SLAB, request_id, &m, fds, (int)m.n_chunks);
 }
 
@@ -562,6 +562,10 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
   slot->conn = c;
   slot->rank = a->rank;
   slot->pid = c->pid;
+  /* Who it is, now rather than when the last rank arrives: the rendezvous
+   * completes without a look at /proc. */
+  if (proc_identify(c->pid, &slot->proc) != 0)
+    slot->proc = (struct proc_id){0};
   slot->request_id = request_id;
   slot->waiting = true;
   memcpy(slot->device_uuid, a->device_uuid, sizeof slot->device_uuid);

@@ -18,6 +18,7 @@
 #include <uv.h>
 
 #include "deepep.h"
+#include "proc.h"
 
 struct conn;
 struct pool_block; /* one block of a device's pool (pool.h) */
@@ -27,6 +28,7 @@ struct job_rank {
   struct conn *conn;         /* NULL: the slot is free */
   uint32_t rank;             /* global rank */
   pid_t pid;                 /* from SO_PEERCRED */
+  struct proc_id proc;       /* that process, taken when it joined (pid 0: already gone) */
   uint32_t request_id;       /* of the ATTACH waiting for the rendezvous */
   bool waiting;              /* that ATTACH has no reply yet */
   uint8_t device_uuid[16];   /* the GPU this rank uses */

@@ -464,10 +464,10 @@ int pool_block_get(struct pool *p, uint64_t bytes, uint64_t max_piece, uid_t uid
   return 0;
 }
 
-void pool_block_hold(struct pool_block *b, pid_t pid) {
-  struct proc_id id;
-  if (proc_identify(pid, &id) != 0)
+void pool_block_hold(struct pool_block *b, const struct proc_id *p) {
+  if (p->pid <= 0)
     return; /* gone already: it holds nothing */
+  const struct proc_id id = *p;
   for (uint32_t i = 0; i < b->n_holders; i++)
     if (b->holders[i].pid == id.pid && b->holders[i].start == id.start)
       return;
@@ -477,7 +477,7 @@ void pool_block_hold(struct pool_block *b, pid_t pid) {
     b->holders[b->n_holders++] = id;
   else
     log_warnx("pool %s: a block already has %u live holders; pid %d is not tracked",
-              b->pool->dev.uuid_str, (unsigned)POOL_MAX_HOLDERS, (int)pid);
+              b->pool->dev.uuid_str, (unsigned)POOL_MAX_HOLDERS, (int)id.pid);
 }
 
 void pool_block_abandon(struct pool_block *b) {

@@ -144,8 +144,9 @@ int pool_block_get(struct pool *p, uint64_t bytes, uint64_t max_piece, uid_t uid
                    uint64_t shape_key, uint64_t uid_quota, struct pool_block **out, char *why,
                    size_t whylen);
 
-/* The block's fds are being sent to process pid: it may hold them until it exits. */
-void pool_block_hold(struct pool_block *b, pid_t pid);
+/* The block's fds are being sent to process p (pid 0: gone already, nothing
+ * to hold): it may hold them until it exits. */
+void pool_block_hold(struct pool_block *b, const struct proc_id *p);
 
 /* Return a lent block: scrub it (unmake it when that fails), then cache it or free it. */
 void pool_block_put(struct pool_block *b, bool cache);
