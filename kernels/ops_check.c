@@ -13,18 +13,8 @@
 
 #include "host_ops.h"
 #include "shape.h"
+#include "why.h"
 
-static int fail(char *why, size_t whylen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *why, size_t whylen, const char *fmt, ...) {
-  if (why != NULL && whylen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, whylen, fmt, ap);
-    va_end(ap);
-  }
-  return DEP_ERR_INVALID;
-}
 
 /* FNV-1a over the int64 values, so an int32 and an int64 copy hash alike. */
 uint64_t ops_check_idx_hash(const void *idx, int index_type, size_t n) {
@@ -43,25 +33,25 @@ uint64_t ops_check_idx_hash(const void *idx, int index_type, size_t n) {
 
 int ops_check_ctx(const struct ops_ctx *c, char *why, size_t whylen) {
   if (c == NULL)
-    return fail(why, whylen, "ops context is NULL (attach first)");
+    return why_fail(why, whylen, DEP_ERR_INVALID, "ops context is NULL (attach first)");
   if (c->world == 0 || c->world > DEP_MAX_LOCAL_RANKS || c->rank >= c->world)
-    return fail(why, whylen, "rank %u of world %u out of range (the host backend runs 1..%u ranks)",
+    return why_fail(why, whylen, DEP_ERR_INVALID, "rank %u of world %u out of range (the host backend runs 1..%u ranks)",
                 c->rank, c->world, DEP_MAX_LOCAL_RANKS);
   int rc = dep_shape_check(&c->shape, c->world, why, whylen);
   if (rc != 0)
     return rc;
   if (c->lay.world_size != c->world || c->lay.max_ll_tokens != dep_shape_max_ll(&c->shape))
-    return fail(why, whylen, "ops context's slab layout is not its shape's (make it with "
+    return why_fail(why, whylen, DEP_ERR_INVALID, "ops context's slab layout is not its shape's (make it with "
                 "host_ops_init)");
   for (uint32_t r = 0; r < c->world; r++)
     if (c->slabs[r] == NULL)
-      return fail(why, whylen, "slab of rank %u is not mapped", r);
+      return why_fail(why, whylen, DEP_ERR_INVALID, "slab of rank %u is not mapped", r);
   return 0;
 }
 
 static int check_index_type(int t, const char *op, char *why, size_t whylen) {
   if (t != DEP_INDEX_I64 && t != DEP_INDEX_I32)
-    return fail(why, whylen, "%s: index_type %d is neither DEP_INDEX_I64 (%d) nor "
+    return why_fail(why, whylen, DEP_ERR_INVALID, "%s: index_type %d is neither DEP_INDEX_I64 (%d) nor "
                 "DEP_INDEX_I32 (%d)", op, t, DEP_INDEX_I64, DEP_INDEX_I32);
   return 0;
 }
@@ -74,7 +64,7 @@ static int check_idx(const struct ops_ctx *c, const void *idx, int t, uint32_t n
   for (uint64_t i = 0; i < (uint64_t)n * k; i++) {
     int64_t v = t == DEP_INDEX_I64 ? ((const int64_t *)idx)[i] : ((const int32_t *)idx)[i];
     if (v < -1 || v >= ne)
-      return fail(why, whylen, "%s: topk_idx[%llu][%llu] = %lld outside [-1, %lld): expert ids "
+      return why_fail(why, whylen, DEP_ERR_INVALID, "%s: topk_idx[%llu][%llu] = %lld outside [-1, %lld): expert ids "
                   "must be below num_experts, -1 for none", op, (unsigned long long)(i / k),
                   (unsigned long long)(i % k), (long long)v, (long long)ne);
   }
@@ -85,9 +75,9 @@ static int check_idx(const struct ops_ctx *c, const void *idx, int t, uint32_t n
 #define NEED_AL(ptr, align, op, name)                                                      \
   do {                                                                                     \
     if ((ptr) == NULL)                                                                     \
-      return fail(why, whylen, "%s: %s is NULL", op, name);                                \
+      return why_fail(why, whylen, DEP_ERR_INVALID, "%s: %s is NULL", op, name);                                \
     if ((uintptr_t)(ptr) % (align) != 0)                                                   \
-      return fail(why, whylen, "%s: %s is not %u-byte aligned", op, name, (unsigned)(align)); \
+      return why_fail(why, whylen, DEP_ERR_INVALID, "%s: %s is not %u-byte aligned", op, name, (unsigned)(align)); \
   } while (0)
 #define NEED(ptr, op, name) NEED_AL(ptr, _Alignof(__typeof__(*(ptr))), op, name)
 #define NEED_IDX(ptr, t, op) NEED_AL(ptr, (t) == DEP_INDEX_I64 ? 8u : 4u, op, "topk_idx")
@@ -96,7 +86,7 @@ static int check_idx(const struct ops_ctx *c, const void *idx, int t, uint32_t n
 static int check_tokens(uint32_t n, uint32_t max, const char *op, const char *bound, char *why,
                         size_t whylen) {
   if (n > max)
-    return fail(why, whylen, "%s: num_tokens %u exceeds %s %u of the job's shape", op, n, bound,
+    return why_fail(why, whylen, DEP_ERR_INVALID, "%s: num_tokens %u exceeds %s %u of the job's shape", op, n, bound,
                 max);
   return 0;
 }
@@ -130,7 +120,7 @@ int ops_check_dispatch(const struct ops_ctx *c, const struct dep_dispatch_args *
     return rc;
   NEED(a, op, "args");
   if (h == NULL)
-    return fail(why, whylen, "dispatch: handle is NULL; make one with dep_handle_new");
+    return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: handle is NULL; make one with dep_handle_new");
   if ((rc = check_index_type(a->index_type, op, why, whylen)) != 0 ||
       (rc = check_tokens(a->num_tokens, c->shape.max_tokens_per_rank, op, "max_tokens_per_rank",
                          why, whylen)) != 0)
@@ -154,17 +144,17 @@ static int check_handle(const struct ops_ctx *c, const struct dep_handle *h, uin
                         const char *op, char *why, size_t whylen) {
   const char *want = kind == OPS_HANDLE_TP ? "dep_dispatch" : "dep_ll_dispatch";
   if (h == NULL)
-    return fail(why, whylen, "%s: handle is NULL; pass the handle of the matching %s", op, want);
+    return why_fail(why, whylen, DEP_ERR_INVALID, "%s: handle is NULL; pass the handle of the matching %s", op, want);
   if (h->kind == OPS_HANDLE_EMPTY)
-    return fail(why, whylen, "%s: handle holds no dispatch; pass the handle of the matching %s", op,
+    return why_fail(why, whylen, DEP_ERR_INVALID, "%s: handle holds no dispatch; pass the handle of the matching %s", op,
                 want);
   if (h->kind != kind)
-    return fail(why, whylen, "%s: handle holds a %s, not a %s", op,
+    return why_fail(why, whylen, DEP_ERR_INVALID, "%s: handle holds a %s, not a %s", op,
                 h->kind == OPS_HANDLE_TP ? "dep_dispatch" : "dep_ll_dispatch", want);
   if (h->world != c->world || h->rank != c->rank || h->hidden != c->shape.hidden ||
       h->topk != c->shape.topk || h->num_experts != c->shape.num_experts ||
       h->max_tokens != c->shape.max_tokens_per_rank || h->max_ll_tokens != c->lay.max_ll_tokens)
-    return fail(why, whylen, "%s: handle was filled by rank %u of world %u in another job shape; "
+    return why_fail(why, whylen, DEP_ERR_INVALID, "%s: handle was filled by rank %u of world %u in another job shape; "
                 "use a handle of this attachment", op, h->rank, h->world);
   return 0;
 }
@@ -193,13 +183,13 @@ int ops_check_ll_dispatch(const struct ops_ctx *c, const struct dep_ll_dispatch_
     return rc;
   NEED(a, op, "args");
   if (h == NULL)
-    return fail(why, whylen, "ll_dispatch: handle is NULL; make one with dep_handle_new");
+    return why_fail(why, whylen, DEP_ERR_INVALID, "ll_dispatch: handle is NULL; make one with dep_handle_new");
   if ((rc = check_index_type(a->index_type, op, why, whylen)) != 0 ||
       (rc = check_tokens(a->num_tokens, c->lay.max_ll_tokens, op, "max_ll_tokens_per_rank", why,
                          whylen)) != 0)
     return rc;
   if (a->use_fp8 != 0 && a->use_fp8 != 1)
-    return fail(why, whylen, "ll_dispatch: use_fp8 is %d; give 0 (bf16) or 1 (e4m3)", a->use_fp8);
+    return why_fail(why, whylen, DEP_ERR_INVALID, "ll_dispatch: use_fp8 is %d; give 0 (bf16) or 1 (e4m3)", a->use_fp8);
   NEED_AL(a->recv_x, a->use_fp8 ? 1u : 2u, op, "recv_x");
   NEED(a->recv_count, op, "recv_count");
   if (a->use_fp8)
@@ -232,7 +222,7 @@ int ops_check_ll_combine(const struct ops_ctx *c, const struct dep_ll_combine_ar
     return rc;
   if (ops_check_idx_hash(a->topk_idx, a->index_type, (size_t)h->num_tokens * c->shape.topk) !=
       h->idx_hash)
-    return fail(why, whylen, "ll_combine: topk_idx differs from the one given to the matching "
+    return why_fail(why, whylen, DEP_ERR_INVALID, "ll_combine: topk_idx differs from the one given to the matching "
                 "dep_ll_dispatch; pass the same ids");
   return 0;
 }

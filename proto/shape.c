@@ -3,6 +3,7 @@
  * (see shape.h).
  */
 #include "shape.h"
+#include "why.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -61,17 +62,6 @@ uint32_t dep_shape_max_ll(const struct dep_job_shape *s) {
   return dep_shape_value(s, 1, DEP_SHAPE_F_MAX_LL_TOKENS_PER_RANK);
 }
 
-static int bad(char *why, size_t whylen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int bad(char *why, size_t whylen, const char *fmt, ...) {
-  if (why != NULL && whylen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, whylen, fmt, ap);
-    va_end(ap);
-  }
-  return DEP_ERR_INVALID;
-}
 
 /* What field d allows, for a message: "1..16", "a multiple of 128 in 128..16384". */
 static void allowed(const struct dep_shape_field *d, uint32_t hi, char *out, size_t len) {
@@ -87,14 +77,14 @@ static void allowed(const struct dep_shape_field *d, uint32_t hi, char *out, siz
 
 int dep_shape_check(const struct dep_job_shape *s, uint32_t world_size, char *why, size_t whylen) {
   if (s == NULL)
-    return bad(why, whylen, "job shape is missing");
+    return why_fail(why, whylen, DEP_ERR_INVALID, "job shape is missing");
   char ok[80];
   for (unsigned f = 0; f < DEP_SHAPE_NFIELDS; f++) {
     const struct dep_shape_field *d = &dep_shape_fields[f];
     uint32_t v = dep_shape_raw(s, world_size, f);
     if (v < d->lo || v > d->hi || (d->step > 1 && v % d->step != 0)) {
       allowed(d, d->hi, ok, sizeof ok);
-      return bad(why, whylen, d->meaning != NULL ? "%s %u is not supported (allowed %s)"
+      return why_fail(why, whylen, DEP_ERR_INVALID, d->meaning != NULL ? "%s %u is not supported (allowed %s)"
                                                  : "%s %u is out of range (allowed %s)",
                  d->name, v, ok);
     }
@@ -102,7 +92,7 @@ int dep_shape_check(const struct dep_job_shape *s, uint32_t world_size, char *wh
       const struct dep_shape_field *o = &dep_shape_fields[d->step_of];
       uint32_t m = dep_shape_value(s, world_size, (unsigned)d->step_of);
       if (v % m != 0)
-        return bad(why, whylen, "%s %u is not divisible by %s %u (allowed a multiple of %u in "
+        return why_fail(why, whylen, DEP_ERR_INVALID, "%s %u is not divisible by %s %u (allowed a multiple of %u in "
                    "%u..%u)", d->name, v, o->name, m, m, d->lo, d->hi);
     }
     if (d->at_most != NONE) {
@@ -110,7 +100,7 @@ int dep_shape_check(const struct dep_job_shape *s, uint32_t world_size, char *wh
       uint32_t m = dep_shape_value(s, world_size, (unsigned)d->at_most);
       if (v > m) {
         allowed(d, m < d->hi ? m : d->hi, ok, sizeof ok);
-        return bad(why, whylen, "%s %u exceeds %s %u (allowed %s)", d->name, v, o->name, m, ok);
+        return why_fail(why, whylen, DEP_ERR_INVALID, "%s %u exceeds %s %u (allowed %s)", d->name, v, o->name, m, ok);
       }
     }
   }

@@ -192,24 +192,19 @@ static int lc_reap(struct lc_rank *r) {
   return st;
 }
 
-/* The daemon's devices' held bytes, summed. */
-static uint64_t lc_held(int fd) {
+/* The daemon's devices' bytes lent to live jobs and held by processes, summed. */
+struct lc_pool {
+  uint64_t used, held;
+};
+static struct lc_pool lc_pool(int fd) {
   struct dep_status *st = dw_status(fd);
-  uint64_t held = 0;
-  for (uint32_t i = 0; i < st->num_devices; i++)
-    held += st->devices[i].pool_held_bytes;
+  struct lc_pool p = {0, 0};
+  for (uint32_t i = 0; i < st->num_devices; i++) {
+    p.used += st->devices[i].pool_used_bytes;
+    p.held += st->devices[i].pool_held_bytes;
+  }
   dep_status_free(st);
-  return held;
-}
-
-/* The daemon's devices' bytes lent to live jobs, summed. */
-static uint64_t lc_used(int fd) {
-  struct dep_status *st = dw_status(fd);
-  uint64_t used = 0;
-  for (uint32_t i = 0; i < st->num_devices; i++)
-    used += st->devices[i].pool_used_bytes;
-  dep_status_free(st);
-  return used;
+  return p;
 }
 
 /*
@@ -229,7 +224,7 @@ static void daemon_goes_under_a_running_job(int sig) {
   for (uint32_t i = 0; i < LC_W; i++)
     ck_assert_int_eq(lc_expect(&r[i], LC_ATTACHED).rc, 0);
   int obs1 = dw_client(&d1);
-  const uint64_t lent = lc_used(obs1);
+  const uint64_t lent = lc_pool(obs1).used;
   ck_assert_uint_gt(lent, 0);
   close(obs1);
   kill(d1.pid, sig);
@@ -241,7 +236,7 @@ static void daemon_goes_under_a_running_job(int sig) {
   /* A new daemon at once, on the same socket, beside the running ranks. */
   ck_assert_int_eq(tu_daemon_start_in(&d2, d1.dir, NULL), 0);
   int obs = dw_client(&d2);
-  ck_assert_uint_eq(lc_held(obs), lent);
+  ck_assert_uint_eq(lc_pool(obs).held, lent);
   for (uint32_t i = 0; i < LC_W; i++)
     lc_go(&r[i]);
   for (uint32_t i = 0; i < LC_W; i++) {
@@ -257,9 +252,9 @@ static void daemon_goes_under_a_running_job(int sig) {
   }
   /* The ranks are gone: the new daemon's charge goes with them. */
   int64_t t0 = lc_now_us();
-  while (lc_held(obs) != 0 && lc_now_us() - t0 < 5000000)
+  while (lc_pool(obs).held != 0 && lc_now_us() - t0 < 5000000)
     dw_sleep_ms(20);
-  ck_assert_uint_eq(lc_held(obs), 0);
+  ck_assert_uint_eq(lc_pool(obs).held, 0);
   close(obs);
   dw_stop_ok(&d2);
 }
