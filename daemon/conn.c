@@ -66,6 +66,13 @@ void conn_init(uv_loop_t *loop) {
 
 uint32_t conn_count(void) { return conn_open; }
 
+struct conn *conn_find(uint64_t id) {
+  for (struct conn *c = conn_list; c != NULL; c = c->next)
+    if (c->id == id && !c->closed)
+      return c;
+  return NULL;
+}
+
 static struct conn_uid **conn_uid_slot(uid_t uid) {
   struct conn_uid **pp = &conn_uids[(unsigned)uid % CONN_UID_BUCKETS];
   while (*pp != NULL && (*pp)->uid != uid)

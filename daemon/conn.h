@@ -93,6 +93,9 @@ void conn_fail(struct conn *c, uint32_t request_id, int code, const char *fmt, .
 /* Close quietly (debug log only): the peer left or the daemon is stopping. */
 void conn_close(struct conn *c, const char *why);
 
+/* The open connection with this serial id (conn.id), or NULL once it is closed. */
+struct conn *conn_find(uint64_t id);
+
 /* Open connections that are not being closed. */
 uint32_t conn_count(void);
 /* Of them, those of this uid. */

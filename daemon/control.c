@@ -190,35 +190,16 @@ static bool control_operator(struct conn *c, const struct dep_frame_hdr *h, cons
  * A RELOAD's answer comes once the file has been read on a worker thread,
  * and its client may be gone by then: conn.c frees a closed connection in
  * its close callback.  So the waiter keeps the connection's serial id and
- * finds it again among the loop's live handles: a client connection's
- * uv_poll_t is its first member and points back at it.
+ * looks it up again (conn_find).
  */
 struct control_reload_wait {
   uint64_t conn_id;
   uint32_t request_id;
 };
 
-struct control_conn_search {
-  uint64_t id;
-  struct conn *found;
-};
-
-_Static_assert(offsetof(struct conn, poll) == 0, "a connection's poll handle comes first");
-
-static void control_conn_match(uv_handle_t *h, void *arg) {
-  struct control_conn_search *s = arg;
-  if (h->type != UV_POLL || uv_is_closing(h) || h->data != (void *)h)
-    return;
-  struct conn *c = h->data;
-  if (c->id == s->id && !c->closed)
-    s->found = c;
-}
-
 static void control_reload_done(void *arg, int rc, const char *msg) {
   struct control_reload_wait *w = arg;
-  struct control_conn_search s = {.id = w->conn_id};
-  uv_walk(deepepd.loop, control_conn_match, &s);
-  struct conn *c = s.found;
+  struct conn *c = conn_find(w->conn_id);
   if (c == NULL || c->closing) {
     log_debug("client %llu left before its RELOAD was answered", (unsigned long long)w->conn_id);
   } else if (rc != 0) {
