@@ -5,7 +5,6 @@
  */
 #include "job.h"
 
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,40 +13,20 @@
 #include "conn.h"
 #include "deepepd.h"
 #include "devices.h"
-#include "held.h"
+#include "lend.h"
 #include "log.h"
-#include "pool.h"
 #include "proto.h"
 #include "shape.h"
-#include "slab.h"
 
 static uv_loop_t *job_loop;
 static struct job *job_list;
 static uint32_t job_n;
-static uv_timer_t job_reaper;
-static bool job_reaper_open;
+static const struct config *job_cfg;
 
-/* How often the pools look for processes that have exited with memory they held. */
-#define JOB_REAP_MS 1000
-
-static void job_on_reap(uv_timer_t *t) {
-  bool changed = false;
-  for (size_t i = 0; i < devices_count(); i++) {
-    struct pool *p = devices_at(i);
-    uint64_t before = pool_held_bytes(p);
-    pool_reap(p);
-    changed |= pool_held_bytes(p) != before;
-  }
-  if (changed)
-    held_changed();
-}
-
-void job_init(uv_loop_t *loop) {
+void job_init(uv_loop_t *loop, const struct config *cfg) {
   job_loop = loop;
-  uv_timer_init(loop, &job_reaper);
-  uv_timer_start(&job_reaper, job_on_reap, JOB_REAP_MS, JOB_REAP_MS);
-  uv_unref((uv_handle_t *)&job_reaper);
-  job_reaper_open = true;
+  job_cfg = cfg;
+  lend_init(loop, cfg);
 }
 
 uint32_t job_count(void) { return job_n; }
@@ -61,184 +40,6 @@ static struct job *job_find(const char *id) {
 
 static uint64_t job_age_ms(const struct job *j) {
   return (uv_hrtime() - j->created_ns) / 1000000u;
-}
-
-/* What the buffer cache matches on: the same shape and world (shape.h). */
-static uint64_t job_shape_key(const struct job *j) {
-  return dep_shape_key(&j->shape, j->world_size);
-}
-
-_Static_assert(POOL_MAX_PIECES <= DEP_PROTO_MAX_FDS, "an arena's pieces must fit one SLAB frame");
-
-/* pool.max_allocation's value where it is 0 (the daemon chooses) and peer
- * GPUs map the arena: under the 512 MiB from which H200s map a peer GPU's
- * allocation several times slower (BENCHMARKS.md). */
-#define JOB_PEER_MAX_ALLOCATION (480ull * 1024 * 1024)
-
-/* Slabs sit this far apart in an arena: the layout's size, 64 KiB aligned. */
-#define JOB_SLAB_ALIGN (64u * 1024u)
-
-/* Return every arena the job holds to its pool, scrubbed (or cached), once each. */
-static void job_release_arenas(struct job *j) {
-  for (uint32_t i = 0; i < j->local_world_size; i++) {
-    struct pool_block *arena = j->ranks[i].arena;
-    if (arena == NULL)
-      continue;
-    for (uint32_t k = i; k < j->local_world_size; k++)
-      if (j->ranks[k].arena == arena)
-        j->ranks[k].arena = NULL;
-    /* A stop never scrubs or relends memory a live rank maps (DESIGN §13):
-     * the daemon lets go of its handles, and the held file (held.h) tells
-     * the next daemon what the ranks still hold. */
-    if (deepepd.stopping)
-      pool_block_abandon(arena);
-    else
-      pool_block_put(arena, deepepd.cfg.buffer_cache_enabled);
-  }
-}
-
-/*
- * The most each allocation of the arena on device `uuid` may be (pool.h;
- * 0: one allocation).  Peers' GPUs map an allocation of 512 MiB or more
- * several times slower than smaller ones (BENCHMARKS.md, vmm_map -g), so
- * on cuda an arena that a rank on another GPU maps is cut at
- * pool.max_allocation, or JOB_PEER_MAX_ALLOCATION where that is 0 (the
- * daemon chooses).  An arena only its own GPU's ranks map stays whole:
- * each further allocation costs every rank an import.  On the host
- * (cuts_only_when_set) an arena is cut only where the key is set.
- * job_peer_cap is the cap of an arena peers map, the most any arena is cut.
- */
-static uint64_t job_peer_cap(const struct pool *p) {
-  const uint64_t set = deepepd.cfg.pool_max_allocation;
-  return set != 0 || p->ops->cuts_only_when_set ? set : JOB_PEER_MAX_ALLOCATION;
-}
-
-static uint64_t job_arena_cap(const struct job *j, const struct pool *p, const uint8_t *uuid) {
-  if (p->ops->cuts_only_when_set)
-    return job_peer_cap(p);
-  for (uint32_t k = 0; k < j->local_world_size; k++)
-    if (memcmp(j->ranks[k].device_uuid, uuid, 16) != 0)
-      return job_peer_cap(p);
-  return 0;
-}
-
-/*
- * The rendezvous completed: lend the job one arena per device, holding the
- * slabs of every local rank on that device one after another.  One arena
- * rather than one slab per rank, because every rank imports and maps every
- * local slab, and the driver's cost grows with the number of handles
- * imported across processes (BENCHMARKS.md, vmm_map); and each arena is one
- * block of exactly its size, because mapping peer memory costs by the
- * bytes mapped (pool.h).  A failure fails every waiting rank with the
- * returned code.
- */
-static int job_on_complete(struct job *j, char *why, size_t whylen) {
-  uint64_t key = job_shape_key(j);
-  uint64_t stride = dep_round_up(j->slab_bytes, JOB_SLAB_ALIGN);
-  for (uint32_t i = 0; i < j->local_world_size; i++) {
-    struct job_rank *r = &j->ranks[i];
-    if (r->arena != NULL)
-      continue; /* placed in the arena of an earlier rank's device */
-    uint32_t n = 0;
-    for (uint32_t k = i; k < j->local_world_size; k++)
-      n += j->ranks[k].arena == NULL &&
-           memcmp(j->ranks[k].device_uuid, r->device_uuid, 16) == 0;
-    struct pool *p = devices_find(r->device_uuid, why, whylen);
-    struct pool_block *arena = NULL;
-    int rc = p == NULL ? DEP_ERR_NOT_FOUND
-                       : pool_block_get(p, n * stride, job_arena_cap(j, p, r->device_uuid),
-                                        j->owner_uid, key, deepepd.cfg.memory_per_uid, &arena,
-                                        why, whylen);
-    if (rc != 0) {
-      job_release_arenas(j);
-      return rc;
-    }
-    uint64_t off = 0;
-    for (uint32_t k = i; k < j->local_world_size; k++) {
-      struct job_rank *q = &j->ranks[k];
-      if (q->arena == NULL && memcmp(q->device_uuid, r->device_uuid, 16) == 0) {
-        q->arena = arena;
-        q->offset = off;
-        off += stride;
-      }
-    }
-  }
-  j->slab_bytes = stride;
-  return 0;
-}
-
-/* The last rank is gone (or the job failed): the arenas go back, scrubbed. */
-static void job_on_teardown(struct job *j) { job_release_arenas(j); }
-
-/*
- * Send one arena (the one holding local rank i's slab) to connection c: its
- * block's pieces as the frame's chunks, one fd each, in mapping order.
- */
-static int job_send_arena(const struct job *j, uint32_t i, struct conn *c, uint32_t request_id) {
-  const struct pool_block *arena = j->ranks[i].arena;
-  struct dep_msg_slab m = {.chunk_bytes = pool_block_piece_bytes(arena),
-                           .n_chunks = pool_block_pieces(arena)};
-  memcpy(m.device_uuid, j->ranks[i].device_uuid, sizeof m.device_uuid);
-  for (uint32_t k = 0; k < j->local_world_size; k++) {
-    if (j->ranks[k].arena != arena)
-      continue;
-    m.ranks[m.n_ranks++] = (struct dep_msg_slab_rank){k, j->ranks[k].rank, j->ranks[k].offset};
-  }
-  int fds[POOL_MAX_PIECES];
-  for (uint32_t k = 0; k < m.n_chunks; k++)
-    fds[k] = pool_block_fd(arena, k);
-  /* From here the process may hold the memory until it exits. */
-  pool_block_hold(j->ranks[i].arena, &j->ranks[c->job_local_rank].proc);
-  return conn_send(c, DEP_MSG_SLAB, request_id, &m, fds, (int)m.n_chunks);
-}
-
-/* Send every arena of the job to connection c, one SLAB frame each. */
-static int job_send_arenas(const struct job *j, struct conn *c, uint32_t request_id) {
-  for (uint32_t i = 0; i < j->local_world_size; i++) {
-    bool first = true;
-    for (uint32_t k = 0; k < i && first; k++)
-      first = j->ranks[k].arena != j->ranks[i].arena;
-    if (!first)
-      continue;
-    int rc = job_send_arena(j, i, c, request_id);
-    if (rc != 0)
-      return rc;
-  }
-  return 0;
-}
-
-/*
- * Check, before a rank joins, what would otherwise fail only at the
- * rendezvous: its device is one this daemon serves, and the arena of the
- * job's shape fits that device's pool's budget at all.
- */
-static int job_check_memory(const struct dep_attach_args *a, uint64_t *slab_bytes, char *why,
-                            size_t whylen) {
-  struct pool *p = devices_find(a->device_uuid, why, whylen);
-  if (p == NULL)
-    return DEP_ERR_NOT_FOUND;
-  struct dep_slab_layout l;
-  int rc = dep_slab_layout(&a->shape, a->world_size, &l, why, whylen);
-  if (rc != 0)
-    return rc;
-  /* The worst case: every local rank on this device, in one arena, one
-   * block, in pieces (which round up most). */
-  uint64_t stride = dep_round_up(l.total_bytes, JOB_SLAB_ALIGN);
-  uint32_t pieces;
-  uint64_t piece;
-  uint64_t need = pool_block_layout(p, stride * a->local_world_size, job_peer_cap(p), &pieces,
-                                    &piece);
-  if (need > pool_total_bytes(p)) {
-    const double mib = 1024.0 * 1024.0;
-    snprintf(why, whylen, "this job shape needs %.1f MiB per rank, %.1f MiB for its %u local "
-             "ranks, but device %s's pool holds %.1f MiB; lower max_tokens_per_rank or hidden, "
-             "or raise pool.size_per_device (pool.host_size on the host backend)",
-             (double)l.total_bytes / mib, (double)need / mib, a->local_world_size,
-             p->dev.uuid_str, (double)pool_total_bytes(p) / mib);
-    return DEP_ERR_NO_MEMORY;
-  }
-  *slab_bytes = l.total_bytes;
-  return 0;
 }
 
 static void job_free(uv_handle_t *h) { free(h->data); }
@@ -261,47 +62,11 @@ static void job_destroy(struct job *j, const char *why) {
     r->conn = NULL;
   }
   j->attached = 0;
-  job_on_teardown(j);
-  held_changed();
+  lend_release(j, deepepd.stopping);
   log_info("job %s: removed (%s) after %llu ms", j->id, why,
            (unsigned long long)job_age_ms(j));
   uv_timer_stop(&j->timer);
   uv_close((uv_handle_t *)&j->timer, job_free);
-}
-
-/*
- * Rank `gone` of a running job has left: tell every local rank still in it,
- * through the abort words of its slab (slab.h) that their operations' waits
- * poll, so that they fail at once naming it instead of waiting out
- * limits.op_timeout_ms.  Not while the daemon stops: the ranks are fine and
- * go on without it.
- */
-static void job_abort_peers(struct job *j, const struct job_rank *gone, bool detached) {
-  struct dep_slab_abort ab = {.rank = gone->rank, .pid = (uint32_t)gone->pid,
-                              .detached = detached ? 1u : 0u, .code = DEP_ERR_PEER};
-  uint32_t told = 0;
-  for (uint32_t i = 0; i < j->local_world_size; i++) {
-    struct job_rank *q = &j->ranks[i];
-    if (q == gone || q->conn == NULL || q->arena == NULL)
-      continue;
-    char why[256] = "";
-    uint64_t at = q->offset + DEP_SLAB_ABORT_OFF;
-    /* Who and how first, the code last: a reader that sees the code sees the rest. */
-    int rc = pool_block_write(q->arena, at, &ab, offsetof(struct dep_slab_abort, code), why,
-                              sizeof why);
-    if (rc == 0)
-      rc = pool_block_write(q->arena, at + offsetof(struct dep_slab_abort, code), &ab.code,
-                            sizeof ab.code, why, sizeof why);
-    if (rc != 0)
-      log_warnx("job %s: cannot tell rank %u that rank %u is gone: %s", j->id, q->rank,
-                gone->rank, why);
-    else
-      told++;
-  }
-  if (told > 0)
-    log_notice("job %s: rank %u (pid %d) %s while the job ran; its %u local peer(s) fail their "
-               "operations with DEP_ERR_PEER", j->id, gone->rank, (int)gone->pid,
-               detached ? "detached" : "disconnected", told);
 }
 
 /* Free one local rank's slot; the job goes when its last rank does. */
@@ -313,10 +78,10 @@ static void job_remove_rank(struct job *j, uint32_t local_rank, bool detached) {
            local_rank, (int)r->pid, detached ? "detached" : "disconnected", j->attached - 1,
            j->local_world_size);
   if (j->ready && !deepepd.stopping)
-    job_abort_peers(j, r, detached);
+    lend_tell_gone(j, r, detached);
   r->conn->job = NULL;
   /* The arena stays with the job: peers still map it, so it goes back to
-   * the pool only when the last rank is gone (job_on_teardown). */
+   * the pool only when the last rank is gone (lend_release). */
   struct pool_block *arena = r->arena;
   memset(r, 0, sizeof *r);
   r->arena = arena;
@@ -365,7 +130,7 @@ static void job_complete(struct job *j) {
   uv_timer_stop(&j->timer);
   /* Room for "job <id>: " in front, within one ERROR message. */
   char why[DEP_MSG_TEXT_MAX - DEP_JOB_ID_MAX - 8] = "";
-  int rc = job_on_complete(j, why, sizeof why);
+  int rc = lend_arenas(j, why, sizeof why);
   if (rc != 0) {
     char msg[DEP_MSG_TEXT_MAX];
     snprintf(msg, sizeof msg, "job %s: %s", j->id, why[0] ? why : dep_strerror(rc));
@@ -374,15 +139,14 @@ static void job_complete(struct job *j) {
     return;
   }
   j->ready = true;
-  held_changed();
   log_info("job %s: all %u local ranks attached after %llu ms", j->id, j->local_world_size,
            (unsigned long long)job_age_ms(j));
   struct dep_msg_attach_ok ok = {
       .slab_bytes = j->slab_bytes,
       .local_world_size = j->local_world_size,
       .num_fds = 0,
-      .op_timeout_ms = deepepd.cfg.op_timeout_ms,
-      .kernel_warmup = deepepd.cfg.kernel_warmup ? 1 : 0,
+      .op_timeout_ms = job_cfg->op_timeout_ms,
+      .kernel_warmup = job_cfg->kernel_warmup ? 1 : 0,
   };
   snprintf(ok.backend, sizeof ok.backend, "%s", devices_backend_name());
   for (uint32_t i = 0; i < j->local_world_size; i++) {
@@ -393,7 +157,7 @@ static void job_complete(struct job *j) {
     /* Every rank maps every local rank's slab: the reply is one SLAB frame
      * per arena, then ATTACH_OK.  A rank whose queue overflows is dropped
      * by conn_send, which ends its part in the job. */
-    if (job_send_arenas(j, r->conn, r->request_id) == 0)
+    if (lend_send(j, r->conn, r->request_id) == 0)
       conn_send(r->conn, DEP_MSG_ATTACH_OK, r->request_id, &ok, NULL, 0);
   }
 }
@@ -410,7 +174,7 @@ static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {
   j->created_ns = uv_hrtime();
   uv_timer_init(job_loop, &j->timer);
   j->timer.data = j;
-  j->timeout_ms = deepepd.cfg.attach_timeout_ms;
+  j->timeout_ms = job_cfg->attach_timeout_ms;
   uv_timer_start(&j->timer, job_on_timeout, j->timeout_ms, 0);
   j->next = job_list;
   job_list = j;
@@ -487,7 +251,7 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
   char why[DEP_MSG_TEXT_MAX - DEP_JOB_ID_MAX - 8] = "";
   char msg[DEP_MSG_TEXT_MAX];
   uint64_t slab_bytes = 0;
-  int rc = job_check_memory(a, &slab_bytes, why, sizeof why);
+  int rc = lend_check(a, &slab_bytes, why, sizeof why);
   if (rc != 0) {
     snprintf(msg, sizeof msg, "job %s: %s", a->job_id, why);
     job_refuse(j, c, request_id, a, rc, msg);
@@ -500,7 +264,7 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
                       "`deepepctl drain --cancel`; running jobs go on");
       return;
     }
-    if (job_n >= deepepd.cfg.max_jobs) {
+    if (job_n >= job_cfg->max_jobs) {
       conn_send_error(c, request_id, DEP_ERR_LIMIT,
                       "deepepd already holds %u jobs (limits.max_jobs); wait for one to end or "
                       "raise the limit",
@@ -508,13 +272,13 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
       return;
     }
     uint32_t mine = job_count_of(c->uid);
-    if (mine >= deepepd.cfg.max_jobs_per_uid) {
+    if (mine >= job_cfg->max_jobs_per_uid) {
       log_warnx("job %s: uid %u (pid %d) already holds %u jobs (limits.max_jobs_per_uid); "
                 "refused", a->job_id, (unsigned)c->uid, (int)c->pid, mine);
       conn_send_error(c, request_id, DEP_ERR_LIMIT,
                       "uid %u already holds %u jobs (limits.max_jobs_per_uid %u); wait for one "
                       "to end, or ask the administrator to raise the limit",
-                      (unsigned)c->uid, mine, deepepd.cfg.max_jobs_per_uid);
+                      (unsigned)c->uid, mine, job_cfg->max_jobs_per_uid);
       return;
     }
     j = job_create(c, a);
@@ -628,8 +392,5 @@ int job_fill_status(struct dep_status *st, uid_t viewer_uid, uint32_t max_jobs) 
 void job_fini(void) {
   while (job_list != NULL)
     job_destroy(job_list, "the daemon is stopping");
-  if (job_reaper_open) {
-    uv_close((uv_handle_t *)&job_reaper, NULL);
-    job_reaper_open = false;
-  }
+  lend_fini();
 }

@@ -4,10 +4,9 @@
  * rank's ATTACH at once when the last local rank arrives (or fails them all
  * when limits.attach_timeout_ms passes first).
  *
- * A job belongs to the uid that created it.  Its memory (pools and slabs,
- * the next layer) attaches through two hooks in job.c: job_on_complete, run
- * when the rendezvous completes and before the replies go out, and
- * job_on_teardown, run when the last rank is gone.
+ * A job belongs to the uid that created it.  What it is lent (lend.h) is
+ * made when the rendezvous completes, before the replies go out, and given
+ * back when its last rank is gone.
  */
 #ifndef DEP_DAEMON_JOB_H
 #define DEP_DAEMON_JOB_H
@@ -17,6 +16,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "config.h"
 #include "deepep.h"
 #include "proc.h"
 
@@ -54,7 +54,9 @@ struct job {
   struct job_rank ranks[];   /* local_world_size slots, indexed by local rank */
 };
 
-void job_init(uv_loop_t *loop);
+/* Start the job table with the running configuration (read at each use:
+ * it is rewritten on reload). */
+void job_init(uv_loop_t *loop, const struct config *cfg);
 /* Tear every job down (the daemon is stopping). */
 void job_fini(void);
 

@@ -221,7 +221,7 @@ int main(int argc, char **argv) {
   if (deepepd_init(&loop) != 0)
     goto out_loop;
   conn_init(&loop);
-  job_init(&loop);
+  job_init(&loop, &deepepd.cfg);
   /* STATUS says "starting" until the pools are made. */
   deepepd.starting = true;
   if (server_init(&loop, &deepepd.cfg) != 0)

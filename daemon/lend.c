@@ -1,0 +1,270 @@
+/*
+ * lend.c — lending (DESIGN §4): the arenas a job's local ranks are lent
+ * from the device pools when its rendezvous completes, the checks that a
+ * job's memory can be lent at all, the SLAB frames that carry the arenas'
+ * fds, the abort words written into the slabs of a running job's ranks,
+ * and the reaping of memory that processes held after their jobs.  The job
+ * table and rendezvous (job.c) decide when; this module decides what.
+ */
+#include "lend.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "conn.h"
+#include "devices.h"
+#include "held.h"
+#include "log.h"
+#include "pool.h"
+#include "proto.h"
+#include "shape.h"
+#include "slab.h"
+
+static const struct config *lend_cfg;
+static uv_timer_t lend_reaper;
+static bool lend_reaper_open;
+
+/* How often the pools look for processes that have exited with memory they held. */
+#define LEND_REAP_MS 1000
+
+static void lend_on_reap(uv_timer_t *t) {
+  bool changed = false;
+  for (size_t i = 0; i < devices_count(); i++) {
+    struct pool *p = devices_at(i);
+    uint64_t before = pool_held_bytes(p);
+    pool_reap(p);
+    changed |= pool_held_bytes(p) != before;
+  }
+  if (changed)
+    held_changed();
+}
+
+/* What the buffer cache matches on: the same shape and world (shape.h). */
+static uint64_t lend_shape_key(const struct job *j) {
+  return dep_shape_key(&j->shape, j->world_size);
+}
+
+_Static_assert(POOL_MAX_PIECES <= DEP_PROTO_MAX_FDS, "an arena's pieces must fit one SLAB frame");
+
+/* pool.max_allocation's value where it is 0 (the daemon chooses) and peer
+ * GPUs map the arena: under the 512 MiB from which H200s map a peer GPU's
+ * allocation several times slower (BENCHMARKS.md). */
+#define LEND_PEER_MAX_ALLOCATION (480ull * 1024 * 1024)
+
+/* Slabs sit this far apart in an arena: the layout's size, 64 KiB aligned. */
+#define LEND_SLAB_ALIGN (64u * 1024u)
+
+/* Return every arena the job holds to its pool, scrubbed (or cached), once each. */
+void lend_release(struct job *j, bool abandon) {
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    struct pool_block *arena = j->ranks[i].arena;
+    if (arena == NULL)
+      continue;
+    for (uint32_t k = i; k < j->local_world_size; k++)
+      if (j->ranks[k].arena == arena)
+        j->ranks[k].arena = NULL;
+    /* A stop never scrubs or relends memory a live rank maps (DESIGN §13):
+     * the daemon lets go of its handles, and the held file (held.h) tells
+     * the next daemon what the ranks still hold. */
+    if (abandon)
+      pool_block_abandon(arena);
+    else
+      pool_block_put(arena, lend_cfg->buffer_cache_enabled);
+  }
+  held_changed();
+}
+
+/*
+ * The most each allocation of the arena on device `uuid` may be (pool.h;
+ * 0: one allocation).  Peers' GPUs map an allocation of 512 MiB or more
+ * several times slower than smaller ones (BENCHMARKS.md, vmm_map -g), so
+ * on cuda an arena that a rank on another GPU maps is cut at
+ * pool.max_allocation, or LEND_PEER_MAX_ALLOCATION where that is 0 (the
+ * daemon chooses).  An arena only its own GPU's ranks map stays whole:
+ * each further allocation costs every rank an import.  On the host
+ * (cuts_only_when_set) an arena is cut only where the key is set.
+ * lend_peer_cap is the cap of an arena peers map, the most any arena is cut.
+ */
+static uint64_t lend_peer_cap(const struct pool *p) {
+  const uint64_t set = lend_cfg->pool_max_allocation;
+  return set != 0 || p->ops->cuts_only_when_set ? set : LEND_PEER_MAX_ALLOCATION;
+}
+
+static uint64_t lend_arena_cap(const struct job *j, const struct pool *p, const uint8_t *uuid) {
+  if (p->ops->cuts_only_when_set)
+    return lend_peer_cap(p);
+  for (uint32_t k = 0; k < j->local_world_size; k++)
+    if (memcmp(j->ranks[k].device_uuid, uuid, 16) != 0)
+      return lend_peer_cap(p);
+  return 0;
+}
+
+/*
+ * The rendezvous completed: lend the job one arena per device, holding the
+ * slabs of every local rank on that device one after another.  One arena
+ * rather than one slab per rank, because every rank imports and maps every
+ * local slab, and the driver's cost grows with the number of handles
+ * imported across processes (BENCHMARKS.md, vmm_map); and each arena is one
+ * block of exactly its size, because mapping peer memory costs by the
+ * bytes mapped (pool.h).  A failure fails every waiting rank with the
+ * returned code.
+ */
+int lend_arenas(struct job *j, char *why, size_t whylen) {
+  uint64_t key = lend_shape_key(j);
+  uint64_t stride = dep_round_up(j->slab_bytes, LEND_SLAB_ALIGN);
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    struct job_rank *r = &j->ranks[i];
+    if (r->arena != NULL)
+      continue; /* placed in the arena of an earlier rank's device */
+    uint32_t n = 0;
+    for (uint32_t k = i; k < j->local_world_size; k++)
+      n += j->ranks[k].arena == NULL &&
+           memcmp(j->ranks[k].device_uuid, r->device_uuid, 16) == 0;
+    struct pool *p = devices_find(r->device_uuid, why, whylen);
+    struct pool_block *arena = NULL;
+    int rc = p == NULL ? DEP_ERR_NOT_FOUND
+                       : pool_block_get(p, n * stride, lend_arena_cap(j, p, r->device_uuid),
+                                        j->owner_uid, key, lend_cfg->memory_per_uid, &arena,
+                                        why, whylen);
+    if (rc != 0) {
+      lend_release(j, false);
+      return rc;
+    }
+    uint64_t off = 0;
+    for (uint32_t k = i; k < j->local_world_size; k++) {
+      struct job_rank *q = &j->ranks[k];
+      if (q->arena == NULL && memcmp(q->device_uuid, r->device_uuid, 16) == 0) {
+        q->arena = arena;
+        q->offset = off;
+        off += stride;
+      }
+    }
+  }
+  j->slab_bytes = stride;
+  held_changed(); /* the held file names the arenas' holders once they are sent */
+  return 0;
+}
+
+
+/*
+ * Send one arena (the one holding local rank i's slab) to connection c: its
+ * block's pieces as the frame's chunks, one fd each, in mapping order.
+ */
+static int lend_send_arena(const struct job *j, uint32_t i, struct conn *c, uint32_t request_id) {
+  const struct pool_block *arena = j->ranks[i].arena;
+  struct dep_msg_slab m = {.chunk_bytes = pool_block_piece_bytes(arena),
+                           .n_chunks = pool_block_pieces(arena)};
+  memcpy(m.device_uuid, j->ranks[i].device_uuid, sizeof m.device_uuid);
+  for (uint32_t k = 0; k < j->local_world_size; k++) {
+    if (j->ranks[k].arena != arena)
+      continue;
+    m.ranks[m.n_ranks++] = (struct dep_msg_slab_rank){k, j->ranks[k].rank, j->ranks[k].offset};
+  }
+  int fds[POOL_MAX_PIECES];
+  for (uint32_t k = 0; k < m.n_chunks; k++)
+    fds[k] = pool_block_fd(arena, k);
+  /* From here the process may hold the memory until it exits. */
+  pool_block_hold(j->ranks[i].arena, &j->ranks[c->job_local_rank].proc);
+  return conn_send(c, DEP_MSG_SLAB, request_id, &m, fds, (int)m.n_chunks);
+}
+
+/* Send every arena of the job to connection c, one SLAB frame each. */
+int lend_send(const struct job *j, struct conn *c, uint32_t request_id) {
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    bool first = true;
+    for (uint32_t k = 0; k < i && first; k++)
+      first = j->ranks[k].arena != j->ranks[i].arena;
+    if (!first)
+      continue;
+    int rc = lend_send_arena(j, i, c, request_id);
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
+}
+
+/*
+ * Check, before a rank joins, what would otherwise fail only at the
+ * rendezvous: its device is one this daemon serves, and the arena of the
+ * job's shape fits that device's pool's budget at all.
+ */
+int lend_check(const struct dep_attach_args *a, uint64_t *slab_bytes, char *why,
+                            size_t whylen) {
+  struct pool *p = devices_find(a->device_uuid, why, whylen);
+  if (p == NULL)
+    return DEP_ERR_NOT_FOUND;
+  struct dep_slab_layout l;
+  int rc = dep_slab_layout(&a->shape, a->world_size, &l, why, whylen);
+  if (rc != 0)
+    return rc;
+  /* The worst case: every local rank on this device, in one arena, one
+   * block, in pieces (which round up most). */
+  uint64_t stride = dep_round_up(l.total_bytes, LEND_SLAB_ALIGN);
+  uint32_t pieces;
+  uint64_t piece;
+  uint64_t need = pool_block_layout(p, stride * a->local_world_size, lend_peer_cap(p), &pieces,
+                                    &piece);
+  if (need > pool_total_bytes(p)) {
+    const double mib = 1024.0 * 1024.0;
+    snprintf(why, whylen, "this job shape needs %.1f MiB per rank, %.1f MiB for its %u local "
+             "ranks, but device %s's pool holds %.1f MiB; lower max_tokens_per_rank or hidden, "
+             "or raise pool.size_per_device (pool.host_size on the host backend)",
+             (double)l.total_bytes / mib, (double)need / mib, a->local_world_size,
+             p->dev.uuid_str, (double)pool_total_bytes(p) / mib);
+    return DEP_ERR_NO_MEMORY;
+  }
+  *slab_bytes = l.total_bytes;
+  return 0;
+}
+
+/*
+ * Rank `gone` of a running job has left: tell every local rank still in it,
+ * through the abort words of its slab (slab.h) that their operations' waits
+ * poll, so that they fail at once naming it instead of waiting out
+ * limits.op_timeout_ms.  Not while the daemon stops: the ranks are fine and
+ * go on without it.
+ */
+void lend_tell_gone(struct job *j, const struct job_rank *gone, bool detached) {
+  struct dep_slab_abort ab = {.rank = gone->rank, .pid = (uint32_t)gone->pid,
+                              .detached = detached ? 1u : 0u, .code = DEP_ERR_PEER};
+  uint32_t told = 0;
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    struct job_rank *q = &j->ranks[i];
+    if (q == gone || q->conn == NULL || q->arena == NULL)
+      continue;
+    char why[256] = "";
+    uint64_t at = q->offset + DEP_SLAB_ABORT_OFF;
+    /* Who and how first, the code last: a reader that sees the code sees the rest. */
+    int rc = pool_block_write(q->arena, at, &ab, offsetof(struct dep_slab_abort, code), why,
+                              sizeof why);
+    if (rc == 0)
+      rc = pool_block_write(q->arena, at + offsetof(struct dep_slab_abort, code), &ab.code,
+                            sizeof ab.code, why, sizeof why);
+    if (rc != 0)
+      log_warnx("job %s: cannot tell rank %u that rank %u is gone: %s", j->id, q->rank,
+                gone->rank, why);
+    else
+      told++;
+  }
+  if (told > 0)
+    log_notice("job %s: rank %u (pid %d) %s while the job ran; its %u local peer(s) fail their "
+               "operations with DEP_ERR_PEER", j->id, gone->rank, (int)gone->pid,
+               detached ? "detached" : "disconnected", told);
+}
+
+
+void lend_init(uv_loop_t *loop, const struct config *cfg) {
+  lend_cfg = cfg;
+  uv_timer_init(loop, &lend_reaper);
+  uv_timer_start(&lend_reaper, lend_on_reap, LEND_REAP_MS, LEND_REAP_MS);
+  uv_unref((uv_handle_t *)&lend_reaper);
+  lend_reaper_open = true;
+}
+
+void lend_fini(void) {
+  if (lend_reaper_open) {
+    uv_close((uv_handle_t *)&lend_reaper, NULL);
+    lend_reaper_open = false;
+  }
+}

@@ -1,0 +1,49 @@
+/*
+ * lend.h — what a job is lent (DESIGN §4): its arenas, one pool block per
+ * device holding the slabs of its local ranks there, made or reused when
+ * its rendezvous completes and given back when its last rank is gone; the
+ * SLAB frames that carry them; and the abort words (slab.h) that tell a
+ * running job's ranks that one of them is gone.  job.c is the job table and
+ * the rendezvous; it calls these at the points of a job's life.
+ */
+#ifndef DEP_DAEMON_LEND_H
+#define DEP_DAEMON_LEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "config.h"
+#include "job.h"
+
+/* Start lending with the running configuration (read at each use: it is
+ * rewritten on reload) and the loop that reaps exited holders. */
+void lend_init(uv_loop_t *loop, const struct config *cfg);
+void lend_fini(void);
+
+/*
+ * Before a rank joins: its device is one this daemon serves, and an arena of
+ * the job's shape fits that device's pool at all.  0 with the layout's size
+ * per slab in *slab_bytes, or DEP_ERR_NOT_FOUND / NO_MEMORY / INVALID with why.
+ */
+int lend_check(const struct dep_attach_args *a, uint64_t *slab_bytes, char *why, size_t whylen);
+
+/* The rendezvous completed: lend the job its arenas and place every local
+ * rank's slab (j->slab_bytes becomes the stride).  0, or DEP_ERR_* with why,
+ * and nothing lent. */
+int lend_arenas(struct job *j, char *why, size_t whylen);
+
+/* Send connection c every arena of the job, one SLAB frame each; c's process
+ * is a holder of them from here. */
+int lend_send(const struct job *j, struct conn *c, uint32_t request_id);
+
+/* Give the job's arenas back: scrubbed and cached or freed, or, when
+ * abandon (the daemon is stopping), let go of unscrubbed (DESIGN §13). */
+void lend_release(struct job *j, bool abandon);
+
+/* Rank `gone` of the running job j left: write the abort words into the slab
+ * of every local rank still in it (logged). */
+void lend_tell_gone(struct job *j, const struct job_rank *gone, bool detached);
+
+#endif /* DEP_DAEMON_LEND_H */
