@@ -1,19 +1,20 @@
 /*
- * conn.h — one client connection of deepepd: a non-blocking Unix stream
- * socket watched with uv_poll (libuv cannot send our fds), an input side
- * that reads a header and then a body whose size was checked first, and a
- * bounded output queue of encoded frames (with the fds that ride on them).
+ * conn.h — one client connection of deepepd: a framed link (link.h) on an
+ * accepted Unix socket, which may send fds and takes none, plus what the
+ * daemon knows of the client: its SO_PEERCRED identity, whether it said
+ * HELLO and its name, the job its rank belongs to.  Each whole frame goes
+ * to control_handle; a connection that goes tells control.c and job.c.
  *
  * A connection that has not said HELLO within limits.hello_timeout_ms is
  * closed: one timer serves them all, since they wait in the order they
  * came.  Open connections are counted in total and per uid (server.c
  * admits against both).
  *
- * Closing is deferred: conn_close() only marks the connection, stops its
- * poll and hands it to uv_close; the job table hears of the departure and
- * the memory is freed in the close callback.  So any code may close a
- * connection (even one it is iterating over) without pulling state out
- * from under its caller.
+ * Closing is deferred (as the link's is): conn_close() takes the
+ * connection out of the counts at once; the job table hears of the
+ * departure and the memory is freed in the close callback.  So any code may
+ * close a connection (even one it is iterating over) without pulling state
+ * out from under its caller.
  */
 #ifndef DEP_DAEMON_CONN_H
 #define DEP_DAEMON_CONN_H
@@ -25,36 +26,21 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "link.h"
 #include "log.h"
 #include "proto.h"
 
 struct job;
-struct conn_out;
 
 struct conn {
-  uv_poll_t poll;        /* watches fd; poll.data points back here */
-  int fd;
+  struct link link;      /* the framed socket; link.user points back here */
   uint64_t id;           /* serial number for log lines */
   pid_t pid;             /* SO_PEERCRED, never from the wire */
   uid_t uid;
   gid_t gid;
-  int events;            /* what the poll watches now */
   bool hello_done;       /* HELLO accepted: other requests allowed */
   bool hello_waiting;    /* on the list of connections whose HELLO deadline runs */
-  bool closing;          /* read nothing more; close once the queue is flushed */
-  bool closed;           /* conn_close ran: ignore everything, wait for the callback */
   char name[64];         /* from HELLO, for logs only */
-
-  /* input: header first, then a body of the size the header promised */
-  uint8_t hdr[DEP_PROTO_HDR_LEN];
-  size_t hdr_got;
-  struct dep_frame_hdr h;
-  uint8_t *body;
-  size_t body_got;
-
-  /* output: frames waiting for the socket, bounded by limits.client_queue_bytes */
-  struct conn_out *out_head, *out_tail;
-  size_t out_bytes;
 
   /* the job this connection's rank belongs to (job.c owns these fields) */
   struct job *job;
@@ -92,6 +78,8 @@ void conn_fail(struct conn *c, uint32_t request_id, int code, const char *fmt, .
     LOG_PRINTF(4, 5);
 /* Close quietly (debug log only): the peer left or the daemon is stopping. */
 void conn_close(struct conn *c, const char *why);
+/* Whether requests on c are still served: not closed, not being shut down. */
+bool conn_open(const struct conn *c);
 
 /* The open connection with this serial id (conn.id), or NULL once it is closed. */
 struct conn *conn_find(uint64_t id);

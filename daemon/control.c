@@ -1,6 +1,6 @@
 /*
  * control.c — request handlers.  Checks run in the order the protocol
- * promises: the header was checked by conn.c; here the connection state
+ * promises: the header was checked by the link (link.c); here the connection state
  * (HELLO first), then the body, then its fields.  A client that breaks the
  * protocol gets an ERROR and is dropped; one that asks for something it may
  * not have gets an ERROR and keeps its connection.
@@ -200,7 +200,7 @@ struct control_reload_wait {
 static void control_reload_done(void *arg, int rc, const char *msg) {
   struct control_reload_wait *w = arg;
   struct conn *c = conn_find(w->conn_id);
-  if (c == NULL || c->closing) {
+  if (c == NULL || !conn_open(c)) {
     log_debug("client %llu left before its RELOAD was answered", (unsigned long long)w->conn_id);
   } else if (rc != 0) {
     conn_send_error(c, w->request_id, rc, "%s", msg);
@@ -272,7 +272,7 @@ static void control_detach(struct conn *c, const struct dep_frame_hdr *h, size_t
 
 void control_handle(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
                     size_t len) {
-  if (c->closed || c->closing)
+  if (!conn_open(c))
     return;
   if (!c->hello_done && h->type != DEP_MSG_HELLO) {
     conn_fail(c, h->request_id, DEP_ERR_STATE, "the first message must be HELLO, not %s",
