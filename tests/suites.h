@@ -10,6 +10,7 @@
   XX(daemon)                \
   XX(reload)                \
   XX(server)                \
+  XX(link)                  \
   XX(job)                   \
   XX(client)                \
   XX(ctl)                   \
