@@ -22,6 +22,7 @@
 #include "log.h"
 #include "notify.h"
 #include "proto.h"
+#include "rdmadrv.h"
 #include "server.h"
 
 static void usage(FILE *f) {
@@ -233,6 +234,7 @@ int main(int argc, char **argv) {
   notify_send("STATUS=making device pools");
   held_load(deepepd.cfg.socket_path); /* what an earlier daemon's ranks still hold */
   held_init(&loop, deepepd.cfg.socket_path);
+  rdmadrv_probe_log(); /* once: the RDMA devices, or why peers will use TCP */
   main_pools_start_ns = uv_hrtime();
   if (devices_init(&loop, &deepepd.cfg, main_on_pools) != 0)
     goto out_held;

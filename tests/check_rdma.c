@@ -1,0 +1,199 @@
+/*
+ * check_rdma.c — the daemon's seam to libibverbs and librdmacm
+ * (daemon/rdmadrv.c): where rdma-core is installed it loads and resolves
+ * every entry point the RDMA transport needs, and the probe lists zero or
+ * more devices without failing; where a library is absent (played by
+ * $DEEPEPD_LIBIBVERBS / $DEEPEPD_LIBRDMACM naming a file that does not
+ * exist) the seam says so, and a real daemon still starts, says why once
+ * and answers STATUS.  The daemon links neither library.
+ *
+ * Each test runs in its own forked process, so each loads the seam afresh
+ * with the environment it set.
+ */
+#include <check.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemonwire.h"
+#include "rdmadrv.h"
+#include "testutil.h"
+
+#define ABSENT_IBVERBS "/nonexistent/deepepd-test/libibverbs.so.1"
+#define ABSENT_RDMACM "/nonexistent/deepepd-test/librdmacm.so.1"
+
+/* Whether rdma-core's runtime libraries are on this machine (CI installs them). */
+static bool have_rdma_core(const char *test) {
+  const char *libs[] = {"libibverbs.so.1", "librdmacm.so.1"};
+  for (size_t i = 0; i < 2; i++) {
+    void *h = dlopen(libs[i], RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+      tu_skip(test, "%s is not installed here (make deps installs it)", libs[i]);
+      return false;
+    }
+    dlclose(h);
+  }
+  return true;
+}
+
+/* How often needle occurs in haystack. */
+static int count_of(const char *haystack, const char *needle) {
+  int n = 0;
+  for (const char *p = haystack; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+    n++;
+  return n;
+}
+
+START_TEST(test_seam_loads_and_resolves_every_entry_point) {
+  if (!have_rdma_core(__func__))
+    return;
+  char why[256] = "";
+  const struct rdmadrv *rd = rdmadrv_load(why, sizeof why);
+  ck_assert_msg(rd != NULL, "rdmadrv_load: %s", why);
+#define CHECK_ROW(part, field, sym)                                                    \
+  ck_assert_msg(rd->part.field != NULL, "%s is not resolved", #sym);
+#define CHECK_IBV(field, sym, ver, ret, params) CHECK_ROW(ibv, field, sym)
+#define CHECK_CM(field, sym, ver, ret, params) CHECK_ROW(cm, field, sym)
+  RDMADRV_IBV(CHECK_IBV)
+  RDMADRV_CM(CHECK_CM)
+  /* The optional entry point is there exactly when the library has it. */
+  void *h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+  ck_assert_ptr_nonnull(h);
+#define CHECK_OPT(field, sym, ver, ret, params)                                        \
+  ck_assert_msg((rd->ibv.field != NULL) == (dlvsym(h, #sym, ver) != NULL),             \
+                "%s@%s: the seam and the library disagree", #sym, ver);
+  RDMADRV_IBV_OPTIONAL(CHECK_OPT)
+  dlclose(h);
+  /* A second load is the same table. */
+  ck_assert_ptr_eq(rdmadrv_load(NULL, 0), rd);
+}
+END_TEST
+
+START_TEST(test_probe_lists_zero_or_more_devices_without_failing) {
+  if (!have_rdma_core(__func__))
+    return;
+  const struct rdmadrv *rd = rdmadrv_load(NULL, 0);
+  ck_assert_ptr_nonnull(rd);
+  char text[256] = "";
+  int n = rdmadrv_probe(text, sizeof text);
+  ck_assert_int_ge(n, 0);
+  ck_assert_msg(text[0] != '\0', "the probe gives status no text");
+  int listed = -1;
+  struct ibv_device **list = rd->ibv.get_device_list(&listed);
+  if (list != NULL) {
+    ck_assert_int_le(n, listed); /* it counts the devices it could open */
+    if (listed == 0)
+      ck_assert_str_eq(text, "no RDMA devices");
+    rd->ibv.free_device_list(list);
+  } else {
+    ck_assert_int_eq(n, 0);
+  }
+  /* The probe runs once: the same answer again. */
+  char again[256] = "";
+  ck_assert_int_eq(rdmadrv_probe(again, sizeof again), n);
+  ck_assert_str_eq(again, text);
+}
+END_TEST
+
+START_TEST(test_absent_libibverbs_is_reported_cleanly) {
+  ck_assert_int_eq(setenv(RDMADRV_ENV_IBVERBS, ABSENT_IBVERBS, 1), 0);
+  char why[256] = "";
+  ck_assert_ptr_null(rdmadrv_load(why, sizeof why));
+  ck_assert_msg(strstr(why, ABSENT_IBVERBS) != NULL && strstr(why, "not found") != NULL &&
+                    strstr(why, RDMADRV_ENV_IBVERBS) != NULL,
+                "why: %s", why);
+  char text[256] = "";
+  ck_assert_int_eq(rdmadrv_probe(text, sizeof text), 0);
+  ck_assert_str_eq(text, why);
+}
+END_TEST
+
+START_TEST(test_absent_librdmacm_is_reported_cleanly) {
+  if (!have_rdma_core(__func__))
+    return;
+  ck_assert_int_eq(setenv(RDMADRV_ENV_RDMACM, ABSENT_RDMACM, 1), 0);
+  char why[256] = "";
+  ck_assert_ptr_null(rdmadrv_load(why, sizeof why));
+  ck_assert_msg(strstr(why, ABSENT_RDMACM) != NULL && strstr(why, RDMADRV_ENV_RDMACM) != NULL,
+                "why: %s", why);
+  ck_assert_int_eq(rdmadrv_probe(NULL, 0), 0);
+}
+END_TEST
+
+START_TEST(test_daemon_without_libibverbs_starts_says_why_once_and_serves_status) {
+  ck_assert_int_eq(setenv(RDMADRV_ENV_IBVERBS, ABSENT_IBVERBS, 1), 0);
+  struct tu_daemon d;
+  dw_start(&d, NULL); /* the daemon inherits the environment */
+  char state[32];
+  ck_assert_ptr_nonnull(tu_daemon_state(d.sock, state, sizeof state));
+  ck_assert_str_ne(state, "starting");
+  /* A reload is a second chance to repeat it. */
+  int fd = dw_client(&d);
+  struct dep_msg_text out;
+  dw_reload(fd, 10, &out);
+  close(fd);
+  ck_assert(dw_log_has(&d, "peer daemons will use TCP", 2000));
+  char *log = tu_daemon_log(&d);
+  ck_assert_msg(count_of(log, "peer daemons will use TCP") == 1 &&
+                    count_of(log, ABSENT_IBVERBS) == 1,
+                "the reason is not logged exactly once:\n%s", log);
+  ck_assert_msg(count_of(log, "<6>rdma: " ABSENT_IBVERBS) == 1, "not at info:\n%s", log);
+  free(log);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(test_daemon_logs_the_rdma_devices_or_why_there_are_none) {
+  if (!have_rdma_core(__func__))
+    return;
+  ck_assert_int_eq(unsetenv(RDMADRV_ENV_IBVERBS), 0);
+  ck_assert_int_eq(unsetenv(RDMADRV_ENV_RDMACM), 0);
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  char text[256];
+  int n = rdmadrv_probe(text, sizeof text); /* what this machine has, as the daemon sees it */
+  char *log = tu_daemon_log(&d);
+  if (n == 0)
+    ck_assert_msg(count_of(log, "peer daemons will use TCP") == 1, "log:\n%s", log);
+  else
+    ck_assert_msg(count_of(log, "node GUID") >= n && strstr(log, "will use TCP") == NULL,
+                  "%d devices (%s); log:\n%s", n, text, log);
+  free(log);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(test_daemon_links_neither_libibverbs_nor_librdmacm) {
+  char cmd[1024];
+  dw_sfmt(cmd, sizeof cmd, "ldd '%s' 2>&1", tu_bin("deepepd"));
+  FILE *p = popen(cmd, "r");
+  ck_assert_ptr_nonnull(p);
+  char all[16384] = "";
+  size_t len = fread(all, 1, sizeof all - 1, p);
+  all[len] = '\0';
+  int st = pclose(p);
+  ck_assert_msg(st == 0 && strstr(all, "libc.so") != NULL, "ldd failed:\n%s", all);
+  ck_assert_msg(strstr(all, "libibverbs") == NULL && strstr(all, "librdmacm") == NULL,
+                "deepepd links rdma-core (it must dlopen it):\n%s", all);
+}
+END_TEST
+
+Suite *rdma_suite(void);
+Suite *rdma_suite(void) {
+  Suite *s = suite_create("rdma");
+  TCase *seam = tcase_create("seam");
+  tcase_add_test(seam, test_seam_loads_and_resolves_every_entry_point);
+  tcase_add_test(seam, test_probe_lists_zero_or_more_devices_without_failing);
+  tcase_add_test(seam, test_absent_libibverbs_is_reported_cleanly);
+  tcase_add_test(seam, test_absent_librdmacm_is_reported_cleanly);
+  suite_add_tcase(s, seam);
+  TCase *daemon = tcase_create("daemon");
+  tcase_set_timeout(daemon, 60);
+  tcase_add_test(daemon, test_daemon_without_libibverbs_starts_says_why_once_and_serves_status);
+  tcase_add_test(daemon, test_daemon_logs_the_rdma_devices_or_why_there_are_none);
+  tcase_add_test(daemon, test_daemon_links_neither_libibverbs_nor_librdmacm);
+  suite_add_tcase(s, daemon);
+  return s;
+}
