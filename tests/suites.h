@@ -19,6 +19,7 @@
   XX(pool)                  \
   XX(lifecycle)             \
   XX(cuda_ops)              \
+  XX(rdma)                  \
   XX(runner)                \
   XX(readme)
 #endif
