@@ -56,8 +56,8 @@ struct link_ops {
   /* Write the link's name for log lines, e.g. "client 3 (pid 10 uid 1000)". */
   void (*describe)(const struct link *l, char *buf, size_t len);
   /*
-   * A whole frame whose header was checked; body is h->body_len bytes and
-   * is freed on return.  fds[0..nfds) came with it (only on a link that
+   * A whole frame whose header was checked; body is h->body_len bytes (NULL
+   * when empty) and is freed on return.  fds[0..nfds) came with it (only on a link that
    * takes fds): the handler may keep any by setting its entry to -1; the
    * rest are closed on return.
    */

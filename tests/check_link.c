@@ -62,7 +62,8 @@ static void w_on_frame(struct link *l, const struct dep_frame_hdr *h, const uint
   if (w->frames < 8) {
     w->hdr[w->frames] = *h;
     w->len[w->frames] = len;
-    memcpy(w->body[w->frames], body, len < 256 ? len : 256);
+    if (len > 0) /* an empty body is NULL */
+      memcpy(w->body[w->frames], body, len < 256 ? len : 256);
   }
   w->frames++;
   w->nfds = nfds;
