@@ -1,0 +1,43 @@
+"""deep_ep — DeepEP's module names over deepepd (opt-in; see python/README in README.md).
+
+Installed only when asked (DEEPEP_INSTALL_DEEP_EP=1 at install time), and
+never over a real DeepEP.  ``from deep_ep import Buffer, Config,
+EventOverlap`` and ``from deep_ep.utils import EventHandle, EventOverlap``
+work as with DeepEP.  Where the semantics differ:
+
+- the low-latency receive order is deterministic: rows of each local expert
+  are packed from row 0 in (source rank, source token) order;
+- handles are opaque deepep.Handle objects, not DeepEP's tuples of prefix
+  matrices; pass them back as they are;
+- low-latency FP8 scales are row-major [.., hidden // 128], not column-major;
+- FP8 values are torch.float8_e4m3fn where torch has it, else uint8;
+- Buffer accepts and ignores keyword arguments that forks of DeepEP add.
+"""
+from typing import Any
+
+import deepep as _deepep
+from deepep import Config, EventHandle, EventOverlap, Unsupported, topk_idx_t
+
+__version__ = _deepep.__version__
+
+
+class Buffer(_deepep.Buffer):
+    """deepep.Buffer, accepting (and ignoring) the keyword arguments of DeepEP's forks."""
+
+    def __init__(self, group: Any = None, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
+                 low_latency_mode: bool = False, num_qps_per_rank: int = 24,
+                 allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
+                 use_fabric: bool = False, explicitly_destroy: bool = False,
+                 enable_shrink: bool = False, comm: Any = None, **kwargs: Any):
+        own = {k: kwargs.pop(k) for k in list(kwargs) if k in _DEEPEP_KWARGS}
+        self.ignored_kwargs = kwargs
+        super().__init__(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode,
+                         num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl,
+                         use_fabric, explicitly_destroy, enable_shrink, comm, **own)
+
+
+_DEEPEP_KWARGS = ("job_id", "rank", "world_size", "local_rank", "local_world_size", "socket",
+                  "hidden", "num_experts", "num_topk", "max_tokens_per_rank",
+                  "max_ll_tokens_per_rank")
+
+__all__ = ["Buffer", "Config", "EventHandle", "EventOverlap", "Unsupported", "topk_idx_t"]

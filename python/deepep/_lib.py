@@ -1,0 +1,279 @@
+"""The ctypes seam to libdeepep-client: the C structs of deepep.h, defined once.
+
+Every struct here mirrors client/deepep.h field for field;
+tests/test_abi.py compiles a C program against deepep.h and compares each
+struct's size and each field's offset with these, so the two cannot drift.
+The library is found, in order, at $DEEPEP_CLIENT_LIB, beside this file,
+then through the system loader (libdeepep-client.so.0).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int32, c_uint8,
+                    c_uint32, c_uint64, c_void_p)
+from typing import Optional
+
+SONAME = "libdeepep-client.so.0"
+LIB_ENV = "DEEPEP_CLIENT_LIB"
+SOCKET_ENV = "DEEPEPD_SOCKET"
+DEFAULT_SOCKET = "/run/deepepd/deepepd.sock"
+
+UUID_STR_LEN = 37
+JOB_ID_MAX = 64
+MAX_WORLD = 4096
+MAX_LOCAL_RANKS = 64
+
+DTYPE_BF16 = 1
+DTYPE_FP8_E4M3 = 2
+INDEX_I64 = 1
+INDEX_I32 = 2
+
+# The error table's codes that Python code names (deepep.h DEP_ERRNO_MAP).
+ERR_INVALID = -1
+ERR_NO_DAEMON = -5
+ERR_UNSUPPORTED = -16
+
+
+class JobShape(Structure):
+    """struct dep_job_shape."""
+    _fields_ = [
+        ("max_tokens_per_rank", c_uint32),
+        ("hidden", c_uint32),
+        ("num_experts", c_uint32),
+        ("topk", c_uint32),
+        ("dtype", c_uint32),
+        ("max_ll_tokens_per_rank", c_uint32),
+    ]
+
+
+class AttachArgs(Structure):
+    """struct dep_attach_args."""
+    _fields_ = [
+        ("job_id", c_char * JOB_ID_MAX),
+        ("rank", c_uint32),
+        ("world_size", c_uint32),
+        ("local_rank", c_uint32),
+        ("local_world_size", c_uint32),
+        ("device_uuid", c_uint8 * 16),
+        ("shape", JobShape),
+    ]
+
+
+class AttachInfo(Structure):
+    """struct dep_attach_info."""
+    _fields_ = [
+        ("backend", c_char * 8),
+        ("slab_bytes", c_uint64),
+        ("local_rank", c_uint32),
+        ("local_world_size", c_uint32),
+        ("slabs", c_void_p * MAX_LOCAL_RANKS),
+        ("ranks", c_uint32 * MAX_LOCAL_RANKS),
+        ("attach_ms", c_double),
+    ]
+
+
+class AttachTimes(Structure):
+    """struct dep_attach_times."""
+    _fields_ = [
+        ("total_ms", c_double),
+        ("wait_ms", c_double),
+        ("map_ms", c_double),
+        ("setup_ms", c_double),
+        ("warmup_ms", c_double),
+    ]
+
+
+class StatusDevice(Structure):
+    """struct dep_status_device."""
+    _fields_ = [
+        ("uuid", c_char * UUID_STR_LEN),
+        ("name", c_char * 64),
+        ("backend", c_char * 8),
+        ("pool_total_bytes", c_uint64),
+        ("pool_used_bytes", c_uint64),
+        ("pool_cached_bytes", c_uint64),
+        ("pool_held_bytes", c_uint64),
+    ]
+
+
+class StatusJob(Structure):
+    """struct dep_status_job."""
+    _fields_ = [
+        ("job_id", c_char * JOB_ID_MAX),
+        ("owner_uid", c_uint32),
+        ("ranks_attached", c_uint32),
+        ("ranks_expected", c_uint32),
+        ("world_size", c_uint32),
+        ("slab_bytes", c_uint64),
+        ("age_ms", c_uint64),
+    ]
+
+
+class Status(Structure):
+    """struct dep_status."""
+    _fields_ = [
+        ("version", c_char * 32),
+        ("state", c_char * 16),
+        ("proto_version", c_uint32),
+        ("pid", c_uint32),
+        ("uptime_ms", c_uint64),
+        ("backend", c_char * 8),
+        ("num_clients", c_uint32),
+        ("num_devices", c_uint32),
+        ("num_jobs", c_uint32),
+        ("devices", POINTER(StatusDevice)),
+        ("jobs", POINTER(StatusJob)),
+    ]
+
+
+class LayoutArgs(Structure):
+    """struct dep_layout_args."""
+    _fields_ = [
+        ("topk_idx", c_void_p),
+        ("index_type", c_int),
+        ("num_tokens", c_uint32),
+        ("tokens_per_rank", c_void_p),
+        ("tokens_per_expert", c_void_p),
+        ("token_in_rank", c_void_p),
+    ]
+
+
+class DispatchArgs(Structure):
+    """struct dep_dispatch_args."""
+    _fields_ = [
+        ("x", c_void_p),
+        ("topk_idx", c_void_p),
+        ("index_type", c_int),
+        ("topk_weights", c_void_p),
+        ("num_tokens", c_uint32),
+        ("recv_x", c_void_p),
+        ("recv_topk_idx", c_void_p),
+        ("recv_topk_weights", c_void_p),
+        ("recv_count_per_expert", c_void_p),
+        ("num_recv", c_void_p),
+    ]
+
+
+class CombineArgs(Structure):
+    """struct dep_combine_args."""
+    _fields_ = [
+        ("x", c_void_p),
+        ("out", c_void_p),
+    ]
+
+
+class LLDispatchArgs(Structure):
+    """struct dep_ll_dispatch_args."""
+    _fields_ = [
+        ("x", c_void_p),
+        ("topk_idx", c_void_p),
+        ("index_type", c_int),
+        ("num_tokens", c_uint32),
+        ("use_fp8", c_int),
+        ("recv_x", c_void_p),
+        ("recv_scales", c_void_p),
+        ("recv_count", c_void_p),
+    ]
+
+
+class LLCombineArgs(Structure):
+    """struct dep_ll_combine_args."""
+    _fields_ = [
+        ("x", c_void_p),
+        ("topk_idx", c_void_p),
+        ("index_type", c_int),
+        ("topk_weights", c_void_p),
+        ("out", c_void_p),
+    ]
+
+
+# Every struct the ABI test compares, by its C name.
+STRUCTS = {
+    "dep_job_shape": JobShape,
+    "dep_attach_args": AttachArgs,
+    "dep_attach_info": AttachInfo,
+    "dep_attach_times": AttachTimes,
+    "dep_status_device": StatusDevice,
+    "dep_status_job": StatusJob,
+    "dep_status": Status,
+    "dep_layout_args": LayoutArgs,
+    "dep_dispatch_args": DispatchArgs,
+    "dep_combine_args": CombineArgs,
+    "dep_ll_dispatch_args": LLDispatchArgs,
+    "dep_ll_combine_args": LLCombineArgs,
+}
+
+# (name, restype, argtypes) of every function the package calls.
+_client_p = c_void_p
+_PROTOTYPES = [
+    ("dep_strerror", c_char_p, [c_int]),
+    ("dep_errname", c_char_p, [c_int]),
+    ("dep_client_new", c_int, [POINTER(c_void_p)]),
+    ("dep_client_free", None, [_client_p]),
+    ("dep_errmsg", c_char_p, [_client_p]),
+    ("dep_connect", c_int, [_client_p, c_char_p]),
+    ("dep_status", c_int, [_client_p, POINTER(POINTER(Status))]),
+    ("dep_status_free", None, [POINTER(Status)]),
+    ("dep_attach", c_int, [_client_p, POINTER(AttachArgs)]),
+    ("dep_detach", c_int, [_client_p]),
+    ("dep_attach_info", c_int, [_client_p, POINTER(AttachInfo)]),
+    ("dep_attach_times", c_int, [_client_p, POINTER(AttachTimes)]),
+    ("dep_handle_new", c_int, [_client_p, POINTER(c_void_p)]),
+    ("dep_handle_free", None, [c_void_p]),
+    ("dep_layout", c_int, [_client_p, POINTER(LayoutArgs), c_void_p]),
+    ("dep_dispatch", c_int, [_client_p, POINTER(DispatchArgs), c_void_p, c_void_p]),
+    ("dep_combine", c_int, [_client_p, POINTER(CombineArgs), c_void_p, c_void_p]),
+    ("dep_ll_dispatch", c_int, [_client_p, POINTER(LLDispatchArgs), c_void_p, c_void_p]),
+    ("dep_ll_combine", c_int, [_client_p, POINTER(LLCombineArgs), c_void_p, c_void_p]),
+]
+
+_lib: Optional[ctypes.CDLL] = None
+
+
+def _candidates() -> list:
+    """Where to look for the library, in order, each as (path, how it was chosen)."""
+    out = []
+    env = os.environ.get(LIB_ENV)
+    if env:
+        out.append((env, "$" + LIB_ENV))
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), SONAME)
+    if os.path.exists(here):
+        out.append((here, "the package's directory"))
+    out.append((SONAME, "the system loader"))
+    return out
+
+
+def load() -> ctypes.CDLL:
+    """The loaded library with its prototypes set (loaded once per process)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    tried = []
+    for path, how in _candidates():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append(f"{path} ({how}): {e}")
+            if how.startswith("$"):
+                break  # an explicit choice that fails is not silently replaced
+            continue
+        for name, restype, argtypes in _PROTOTYPES:
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        _lib = lib
+        return lib
+    raise OSError("deepep: cannot load libdeepep-client; tried " + "; ".join(tried) +
+                  f". Build it (make) and set ${LIB_ENV} to build/{SONAME}, or install it "
+                  "(make install; ldconfig).")
+
+
+def errname(code: int) -> str:
+    """The symbolic name of a DEP_ERR_* code."""
+    return load().dep_errname(code).decode()
+
+
+def strerror(code: int) -> str:
+    """The fixed description of a DEP_ERR_* code."""
+    return load().dep_strerror(code).decode()

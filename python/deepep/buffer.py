@@ -1,0 +1,705 @@
+"""deepep.Buffer: DeepEP's Buffer over libdeepep-client, with no process group.
+
+A Buffer is one rank of one job.  Its identity (job id, ranks) comes from
+arguments or the launcher's environment (identity.py); its memory is the
+daemon's, lent at attach for one job shape (hidden, num_experts, top-k,
+token bounds).  The shape is given to the constructor, or taken from the
+first operation that reveals it: the Buffer then attaches there, and every
+later call must have the same shape (a Buffer serves one shape).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import _lib
+from .config import Config
+from .errors import Error, NoDaemon, Unsupported, from_code
+from .event import EventHandle, EventOverlap
+from .identity import Identity, from_environment
+
+#: The dtype of top-k expert ids (DeepEP's topk_idx_t); int32 is accepted too.
+topk_idx_t = torch.int64
+#: FP8 e4m3 values: torch.float8_e4m3fn where torch has it, else uint8 holding the same bytes.
+fp8_dtype = getattr(torch, "float8_e4m3fn", torch.uint8)
+
+#: max_tokens_per_rank when neither the constructor nor the environment says.
+DEFAULT_MAX_TOKENS_PER_RANK = 4096
+#: The low-latency bound when neither the constructor, the environment nor an LL call says.
+DEFAULT_MAX_LL_TOKENS_PER_RANK = 256
+_FP8_GROUP = 128
+
+
+def _no_hook() -> None:
+    """The receive hook of a call that has already received (the host backend is synchronous)."""
+
+
+class _Conn:
+    """One dep_client_t: freed once, after every handle made on it."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        p = ctypes.c_void_p()
+        rc = lib.dep_client_new(ctypes.byref(p))
+        if rc != 0:
+            raise from_code(rc, "", "dep_client_new")
+        self.ptr: Optional[int] = p.value
+
+    def errmsg(self) -> str:
+        return self.lib.dep_errmsg(self.ptr).decode(errors="replace") if self.ptr else ""
+
+    def check(self, rc: int, call: str) -> None:
+        if rc != 0:
+            raise from_code(rc, self.errmsg(), call)
+
+    def free(self) -> None:
+        if self.ptr:
+            self.lib.dep_client_free(self.ptr)
+            self.ptr = None
+
+
+class Handle:
+    """What a dispatch leaves for its combine: opaque, pass it back as it is.
+
+    Unlike DeepEP's tuple of prefix matrices, its contents are the library's
+    (a dep_handle_t); ``num_tokens`` and ``num_recv`` say the rows on each side.
+    """
+
+    def __init__(self, buf: "Buffer", kind: str, num_tokens: int, num_recv: int = 0):
+        self._conn = buf._conn
+        self._buffer = weakref.ref(buf)
+        self.kind = kind
+        self.num_tokens = num_tokens
+        self.num_recv = num_recv
+        self.hidden = buf.hidden
+        p = ctypes.c_void_p()
+        self._conn.check(self._conn.lib.dep_handle_new(self._conn.ptr, ctypes.byref(p)),
+                         "dep_handle_new")
+        self._ptr: Optional[int] = p.value
+        buf._handles.add(self)
+
+    def _free(self) -> None:
+        if self._ptr:
+            self._conn.lib.dep_handle_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self) -> None:
+        self._free()
+
+
+def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+    return None if t is None or t.numel() == 0 else t.data_ptr()
+
+
+class Buffer:
+    """One rank's side of deepepd's dispatch and combine, with DeepEP's methods.
+
+    Args (DeepEP's, in DeepEP's order; accepted for compatibility):
+        group: a torch.distributed ProcessGroup (or None); only its size() is checked
+            against world_size, nothing is sent over it.
+        num_nvl_bytes, num_rdma_bytes: kept as attributes; deepepd sizes memory from the
+            job shape.
+        low_latency_mode, num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl,
+            use_fabric, explicitly_destroy, enable_shrink: accepted and kept; they change
+            nothing here.
+        comm: an mpi4py communicator in place of group (its Get_size() is checked).
+
+    Keyword-only (deepepd's):
+        job_id, rank, world_size, local_rank, local_world_size: the job's identity; each one
+            not given comes from the environment (torchrun, SLURM, $DEEPEP_JOB_ID).
+        socket: the daemon's socket (else $DEEPEPD_SOCKET, else /run/deepepd/deepepd.sock).
+        hidden, num_experts, num_topk: the job shape; when all three are given the Buffer
+            attaches at once, else at the first operation that supplies the rest.
+        max_tokens_per_rank: the most tokens one rank dispatches in one call (else
+            $DEEPEP_MAX_TOKENS_PER_RANK, else 4096).
+        max_ll_tokens_per_rank: the low-latency bound, which low_latency_dispatch's
+            num_max_dispatch_tokens_per_rank must equal (else
+            $DEEPEP_MAX_LL_TOKENS_PER_RANK, else the first low-latency call's, else
+            min(max_tokens_per_rank, 256)).
+
+    Raises:
+        NoDaemon: no deepepd answers on the socket (the message says how to start one).
+        ValueError, TypeError: an argument is wrong (the message names it).
+        Error: the daemon refused the attach (code, name and the library's message).
+    """
+
+    #: SMs for the throughput kernels (DeepEP's class attribute; the cuda kernels size their
+    #: grid themselves, so it is recorded and reported, not used).
+    num_sms: int = 20
+
+    def __init__(self, group: Any = None, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
+                 low_latency_mode: bool = False, num_qps_per_rank: int = 24,
+                 allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
+                 use_fabric: bool = False, explicitly_destroy: bool = False,
+                 enable_shrink: bool = False, comm: Any = None, *,
+                 job_id: Optional[str] = None, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, local_rank: Optional[int] = None,
+                 local_world_size: Optional[int] = None, socket: Optional[str] = None,
+                 hidden: Optional[int] = None, num_experts: Optional[int] = None,
+                 num_topk: Optional[int] = None, max_tokens_per_rank: Optional[int] = None,
+                 max_ll_tokens_per_rank: Optional[int] = None):
+        self._conn: Optional[_Conn] = None
+        self._handles: "weakref.WeakSet[Handle]" = weakref.WeakSet()
+        self.attached = False
+        for name, v in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be a non-negative int, not {v!r}")
+        self.group = group
+        self.comm = comm
+        self.num_nvl_bytes = num_nvl_bytes
+        self.num_rdma_bytes = num_rdma_bytes
+        self.low_latency_mode = bool(low_latency_mode)
+        self.num_qps_per_rank = num_qps_per_rank
+        self.explicitly_destroy = bool(explicitly_destroy)
+        self.identity: Identity = from_environment(
+            job_id=job_id, rank=rank, world_size=world_size, local_rank=local_rank,
+            local_world_size=local_world_size)
+        size = None
+        if group is not None:
+            size = group.size()
+        elif comm is not None:
+            size = comm.Get_size()
+        if size is not None and size != self.identity.world_size:
+            raise ValueError(f"group has {size} ranks but world_size is "
+                             f"{self.identity.world_size}; pass the expert-parallel group")
+        self.rank = self.identity.rank
+        self.group_size = self.identity.world_size
+        self.hidden = self._opt_int("hidden", hidden)
+        self.num_experts = self._opt_int("num_experts", num_experts)
+        self.num_topk = self._opt_int("num_topk", num_topk)
+        self.max_tokens_per_rank = self._opt_int(
+            "max_tokens_per_rank", max_tokens_per_rank, "DEEPEP_MAX_TOKENS_PER_RANK")
+        self.max_ll_tokens_per_rank = self._opt_int(
+            "max_ll_tokens_per_rank", max_ll_tokens_per_rank, "DEEPEP_MAX_LL_TOKENS_PER_RANK")
+        if socket is not None and not isinstance(socket, str):
+            raise TypeError(f"socket must be a path (str), not {type(socket).__name__}")
+        self.socket = socket or os.environ.get(_lib.SOCKET_ENV) or _lib.DEFAULT_SOCKET
+
+        lib = _lib.load()
+        self._conn = _Conn(lib)
+        self._conn.check(lib.dep_connect(self._conn.ptr, self.socket.encode()), "dep_connect")
+        self.backend = self._daemon_backend()
+        self.device = torch.device("cpu") if self.backend == "host" else \
+            torch.device("cuda", torch.cuda.current_device())
+        if None not in (self.hidden, self.num_experts, self.num_topk):
+            self._attach()
+
+    # ---- set-up -----------------------------------------------------------
+
+    @staticmethod
+    def _opt_int(name: str, v: Optional[int], env: Optional[str] = None) -> Optional[int]:
+        if v is None and env is not None and os.environ.get(env):
+            try:
+                v = int(os.environ[env])
+            except ValueError:
+                raise ValueError(f"${env}={os.environ[env]!r} is not an integer") from None
+        if v is None:
+            return None
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+        if v <= 0:
+            raise ValueError(f"{name} is {v}; it must be positive")
+        return v
+
+    def _daemon_backend(self) -> str:
+        st = ctypes.POINTER(_lib.Status)()
+        self._conn.check(self._conn.lib.dep_status(self._conn.ptr, ctypes.byref(st)), "dep_status")
+        try:
+            return st.contents.backend.decode()
+        finally:
+            self._conn.lib.dep_status_free(st)
+
+    def _device_uuid(self) -> bytes:
+        if self.backend == "host":
+            return bytes(16)
+        return _cuda_uuid(torch.cuda.current_device())
+
+    def _attach(self) -> None:
+        if self.max_tokens_per_rank is None:
+            self.max_tokens_per_rank = max(DEFAULT_MAX_TOKENS_PER_RANK,
+                                           self.max_ll_tokens_per_rank or 0)
+        if self.max_ll_tokens_per_rank is None:
+            self.max_ll_tokens_per_rank = min(self.max_tokens_per_rank,
+                                              DEFAULT_MAX_LL_TOKENS_PER_RANK)
+        if self.max_ll_tokens_per_rank > self.max_tokens_per_rank:
+            raise ValueError(f"max_ll_tokens_per_rank {self.max_ll_tokens_per_rank} exceeds "
+                             f"max_tokens_per_rank {self.max_tokens_per_rank}")
+        if self.num_experts % self.group_size != 0:
+            raise ValueError(f"num_experts {self.num_experts} is not divisible by the world "
+                             f"size {self.group_size}")
+        ident = self.identity
+        a = _lib.AttachArgs()
+        a.job_id = ident.job_id.encode()
+        a.rank, a.world_size = ident.rank, ident.world_size
+        a.local_rank, a.local_world_size = ident.local_rank, ident.local_world_size
+        ctypes.memmove(a.device_uuid, self._device_uuid(), 16)
+        a.shape.max_tokens_per_rank = self.max_tokens_per_rank
+        a.shape.hidden = self.hidden
+        a.shape.num_experts = self.num_experts
+        a.shape.topk = self.num_topk
+        a.shape.dtype = _lib.DTYPE_BF16
+        a.shape.max_ll_tokens_per_rank = self.max_ll_tokens_per_rank
+        self._conn.check(self._conn.lib.dep_attach(self._conn.ptr, ctypes.byref(a)), "dep_attach")
+        self.attached = True
+        self.num_local_experts = self.num_experts // self.group_size
+
+    def _shape(self, op: str, hidden: Optional[int], num_experts: Optional[int],
+               topk: Optional[int], ll_tokens: Optional[int] = None) -> None:
+        """Attach on the first call that completes the shape; later calls must match it."""
+        if self._conn is None or self._conn.ptr is None:
+            raise Error(-17, "this Buffer was destroyed", op)
+        given = {"hidden": hidden, "num_experts": num_experts, "num_topk": topk,
+                 "max_ll_tokens_per_rank": ll_tokens}
+        what = {"hidden": "x.size(1)", "num_experts": "num_experts", "num_topk":
+                "topk_idx.size(1)", "max_ll_tokens_per_rank": "num_max_dispatch_tokens_per_rank"}
+        for name, v in given.items():
+            have = getattr(self, name)
+            if v is None:
+                continue
+            if have is None and not self.attached:
+                setattr(self, name, v)
+            elif have != v:
+                raise ValueError(f"{op}: {what[name]} is {v} but this Buffer's job has {name} "
+                                 f"{have}; one Buffer serves one job shape (make another Buffer "
+                                 "for another shape)")
+        if self.attached:
+            return
+        missing = [n for n in ("hidden", "num_experts", "num_topk") if getattr(self, n) is None]
+        if missing:
+            raise ValueError(f"{op}: the job shape lacks {', '.join(missing)}, which this call "
+                             f"cannot supply; give Buffer({'=..., '.join(missing)}=...)")
+        self._attach()
+
+    # ---- tensors ----------------------------------------------------------
+
+    def _input(self, name: str, t: Any, dtypes: Sequence[torch.dtype], ndim: int) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+        if t.dtype not in dtypes:
+            raise TypeError(f"{name} has dtype {t.dtype}; it must be " +
+                            " or ".join(str(d) for d in dtypes))
+        if t.dim() != ndim:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; it must have {ndim} dimensions")
+        if t.device != self.device:
+            raise ValueError(f"{name} is on {t.device}; this rank's tensors live on {self.device} "
+                             f"({self.backend} backend)")
+        return t.contiguous()
+
+    def _empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(tuple(shape), dtype=dtype, device=self.device)
+
+    def _stream(self) -> Optional[int]:
+        return None if self.backend == "host" else torch.cuda.current_stream().cuda_stream
+
+    def _event(self, previous_event: Optional[EventOverlap], async_finish: bool) -> EventOverlap:
+        return EventOverlap(EventHandle(cuda=self.backend != "host")) if async_finish \
+            else EventOverlap(None)
+
+    @staticmethod
+    def _wait(previous_event: Optional[EventOverlap]) -> None:
+        if previous_event is not None and previous_event.event is not None:
+            previous_event.current_stream_wait()
+
+    def _topk(self, op: str, topk_idx: Any, num_tokens: Optional[int]) -> Tuple[torch.Tensor, int]:
+        idx = self._input("topk_idx", topk_idx, (torch.int64, torch.int32), 2)
+        if num_tokens is not None and idx.size(0) != num_tokens:
+            raise ValueError(f"{op}: topk_idx has {idx.size(0)} rows but x has {num_tokens}")
+        return idx, _lib.INDEX_I64 if idx.dtype == torch.int64 else _lib.INDEX_I32
+
+    def _tokens_fit(self, op: str, n: int, bound: int, name: str) -> None:
+        if n > bound:
+            raise ValueError(f"{op}: {n} tokens exceed {name} {bound} of this Buffer's job")
+
+    # ---- DeepEP's class-level helpers ---------------------------------------
+
+    @classmethod
+    def set_num_sms(cls, new_num_sms: int) -> None:
+        """Set Buffer.num_sms (even, positive), as DeepEP's; recorded, not used by deepepd."""
+        if not isinstance(new_num_sms, int) or isinstance(new_num_sms, bool):
+            raise TypeError(f"new_num_sms must be an int, not {type(new_num_sms).__name__}")
+        if new_num_sms <= 0 or new_num_sms % 2 != 0:
+            raise ValueError(f"new_num_sms is {new_num_sms}; it must be even and positive")
+        cls.num_sms = new_num_sms
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        """An EventOverlap on an event captured on the current stream now."""
+        return EventOverlap(EventHandle())
+
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        """Whether kernels for sm_90 are available: the library's fatbin carries them."""
+        return True
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        """The Config DeepEP would use for a dispatch among num_ranks ranks."""
+        return Config(Buffer.num_sms, 6, 256, 6, 128)
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        """The Config DeepEP would use for a combine among num_ranks ranks."""
+        return Config(Buffer.num_sms, 4, 256, 6, 128)
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int,
+                                       num_ranks: int, num_experts: int) -> int:
+        """Bytes of low-latency buffers for this shape, 128-byte aligned: deepepd's estimate
+        (double-buffered send and receive rows, bf16 or FP8 with scales), independent of
+        num_ranks as DeepEP's is.  deepepd itself sizes memory from the job shape."""
+        for name, v in (("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank),
+                        ("hidden", hidden), ("num_ranks", num_ranks),
+                        ("num_experts", num_experts)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, not {v!r}")
+        row = 16 + max(2 * hidden, hidden + hidden // _FP8_GROUP * 4)
+        send = max(num_max_dispatch_tokens_per_rank * row,
+                   num_experts * num_max_dispatch_tokens_per_rank * 2 * hidden)
+        recv = num_experts * num_max_dispatch_tokens_per_rank * row
+        n = 2 * (send + recv) + 2 * num_experts * 8
+        return (n + 127) // 128 * 128
+
+    # ---- throughput mode --------------------------------------------------
+
+    def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int,
+                            previous_event: Optional[EventOverlap] = None,
+                            async_finish: bool = False, allocate_on_comm_stream: bool = False
+                            ) -> Tuple[torch.Tensor, None, torch.Tensor, torch.Tensor,
+                                       EventOverlap]:
+        """Where each token goes.
+
+        Args:
+            topk_idx: [num_tokens, num_topk] int64 (or int32) expert ids, -1 for none.
+            num_experts: experts in the job (a multiple of the world size).
+            previous_event, async_finish, allocate_on_comm_stream: as DeepEP's (the host
+                backend is synchronous; on cuda the work runs on the current stream).
+
+        Returns:
+            num_tokens_per_rank: [world_size] int32, tokens that go to each rank.
+            num_tokens_per_rdma_rank: None (one node).
+            num_tokens_per_expert: [num_experts] int32, (token, k) pairs naming each expert.
+            is_token_in_rank: [num_tokens, world_size] bool.
+            event: an EventOverlap (its event is None unless async_finish).
+        """
+        if not isinstance(num_experts, int) or isinstance(num_experts, bool):
+            raise TypeError(f"num_experts must be an int, not {type(num_experts).__name__}")
+        idx, itype = self._topk("get_dispatch_layout", topk_idx, None)
+        self._shape("get_dispatch_layout", None, num_experts, idx.size(1))
+        n = idx.size(0)
+        self._tokens_fit("get_dispatch_layout", n, self.max_tokens_per_rank,
+                         "max_tokens_per_rank")
+        per_rank = self._empty([self.group_size], torch.int32)
+        per_expert = self._empty([self.num_experts], torch.int32)
+        in_rank = self._empty([n, self.group_size], torch.bool)
+        a = _lib.LayoutArgs(_ptr(idx), itype, n, per_rank.data_ptr(), per_expert.data_ptr(),
+                            _ptr(in_rank))
+        self._wait(previous_event)
+        self._conn.check(self._conn.lib.dep_layout(self._conn.ptr, ctypes.byref(a),
+                                                   self._stream()), "dep_layout")
+        return per_rank, None, per_expert, in_rank, self._event(previous_event, async_finish)
+
+    def dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+                 handle: Optional[Handle] = None,
+                 num_tokens_per_rank: Optional[torch.Tensor] = None,
+                 num_tokens_per_rdma_rank: Optional[torch.Tensor] = None,
+                 is_token_in_rank: Optional[torch.Tensor] = None,
+                 num_tokens_per_expert: Optional[torch.Tensor] = None,
+                 topk_idx: Optional[torch.Tensor] = None,
+                 topk_weights: Optional[torch.Tensor] = None, expert_alignment: int = 1,
+                 num_worst_tokens: int = 0, config: Optional[Config] = None,
+                 previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                 allocate_on_comm_stream: bool = False
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[int], Handle,
+                            EventOverlap]:
+        """Throughput-mode dispatch: every token once to each rank owning one of its experts.
+
+        Args:
+            x: [num_tokens, hidden] bfloat16.  (An FP8 (x, scales) tuple is not supported yet.)
+            handle: must be None (cached dispatch is not supported yet).
+            num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+                num_tokens_per_expert: get_dispatch_layout's results; accepted, and only their
+                sizes are checked (the library derives the layout from topk_idx itself).
+            topk_idx: [num_tokens, num_topk] int64 (or int32), -1 for none.
+            topk_weights: [num_tokens, num_topk] float32.
+            expert_alignment: must be 1; num_worst_tokens: must be 0 (not supported yet).
+            config, previous_event, async_finish, allocate_on_comm_stream: as DeepEP's.
+
+        Returns:
+            recv_x: [num_recv, hidden] bfloat16, in (source rank, source token) order.
+            recv_topk_idx: [num_recv, num_topk] int64 local expert ids, -1 where not ours.
+            recv_topk_weights: [num_recv, num_topk] float32, 0 where not ours.
+            num_recv_tokens_per_expert_list: [num_local_experts] ints, (row, k) pairs per
+                local expert.
+            handle: for the matching combine.
+            event: an EventOverlap.
+        """
+        op = "dispatch"
+        if isinstance(x, (tuple, list)):
+            raise Unsupported("dispatch of an FP8 (x, scales) tuple",
+                              "throughput dispatch moves bf16 only; use low_latency_dispatch "
+                              "with use_fp8=True, or pass bf16 x")
+        if handle is not None:
+            raise Unsupported("dispatch(handle=...) (cached dispatch)",
+                              "pass topk_idx and topk_weights to dispatch afresh")
+        if expert_alignment != 1:
+            raise Unsupported(f"dispatch(expert_alignment={expert_alignment!r})",
+                              "only 1 is implemented")
+        if num_worst_tokens != 0:
+            raise Unsupported(f"dispatch(num_worst_tokens={num_worst_tokens!r})",
+                              "the dispatch waits for its row count on the host")
+        if topk_idx is None or topk_weights is None:
+            raise ValueError("dispatch: topk_idx and topk_weights are required (cached mode is "
+                             "not supported)")
+        x = self._input("x", x, (torch.bfloat16,), 2)
+        n = x.size(0)
+        idx, itype = self._topk(op, topk_idx, n)
+        w = self._input("topk_weights", topk_weights, (torch.float32,), 2)
+        if tuple(w.shape) != tuple(idx.shape):
+            raise ValueError(f"dispatch: topk_weights has shape {tuple(w.shape)} but topk_idx "
+                             f"{tuple(idx.shape)}")
+        ne = None
+        if num_tokens_per_expert is not None:
+            ne = self._input("num_tokens_per_expert", num_tokens_per_expert,
+                             (torch.int32, torch.int64), 1).numel()
+        self._shape(op, x.size(1), ne, idx.size(1))
+        for name, t, want in (("num_tokens_per_rank", num_tokens_per_rank, (self.group_size,)),
+                              ("is_token_in_rank", is_token_in_rank, (n, self.group_size))):
+            if t is not None and tuple(t.shape) != want:
+                raise ValueError(f"dispatch: {name} has shape {tuple(t.shape)}; expected {want}")
+        self._tokens_fit(op, n, self.max_tokens_per_rank, "max_tokens_per_rank")
+        rows = self.group_size * self.max_tokens_per_rank
+        recv_x = self._empty([rows, self.hidden], torch.bfloat16)
+        recv_idx = self._empty([rows, self.num_topk], torch.int32)
+        recv_w = self._empty([rows, self.num_topk], torch.float32)
+        counts = self._empty([self.num_local_experts], torch.int32)
+        num_recv = ctypes.c_uint32(0)
+        h = Handle(self, "dispatch", n)
+        a = _lib.DispatchArgs(_ptr(x), _ptr(idx), itype, _ptr(w), n, recv_x.data_ptr(),
+                              recv_idx.data_ptr(), recv_w.data_ptr(), counts.data_ptr(),
+                              ctypes.addressof(num_recv))
+        self._wait(previous_event)
+        self._conn.check(self._conn.lib.dep_dispatch(self._conn.ptr, ctypes.byref(a), h._ptr,
+                                                     self._stream()), "dep_dispatch")
+        r = h.num_recv = num_recv.value
+        return (recv_x[:r], recv_idx[:r].to(torch.int64), recv_w[:r], counts.tolist(), h,
+                self._event(previous_event, async_finish))
+
+    def combine(self, x: torch.Tensor, handle: Handle,
+                topk_weights: Optional[torch.Tensor] = None, bias: Any = None,
+                config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
+                async_finish: bool = False, allocate_on_comm_stream: bool = False
+                ) -> Tuple[torch.Tensor, None, EventOverlap]:
+        """Throughput-mode combine: each received row back to its origin, summed in float32.
+
+        Args:
+            x: [num_recv, hidden] bfloat16, one row per row the dispatch delivered.
+            handle: the matching dispatch's.
+            topk_weights, bias: must be None (not supported yet).
+            config, previous_event, async_finish, allocate_on_comm_stream: as DeepEP's.
+
+        Returns:
+            combined_x: [num_tokens, hidden] bfloat16 of the dispatching rank.
+            combined_topk_weights: None.
+            event: an EventOverlap.
+        """
+        if topk_weights is not None:
+            raise Unsupported("combine(topk_weights=...) (combining the weights back)",
+                              "weight the rows before combine and pass topk_weights=None")
+        if bias is not None:
+            raise Unsupported("combine(bias=...)", "add the bias after combine")
+        h = self._handle("combine", handle, "dispatch")
+        x = self._input("x", x, (torch.bfloat16,), 2)
+        if tuple(x.shape) != (h.num_recv, self.hidden):
+            raise ValueError(f"combine: x has shape {tuple(x.shape)}; the dispatch delivered "
+                             f"{(h.num_recv, self.hidden)}")
+        out = self._empty([h.num_tokens, self.hidden], torch.bfloat16)
+        a = _lib.CombineArgs(_ptr(x), _ptr(out))
+        self._wait(previous_event)
+        self._conn.check(self._conn.lib.dep_combine(self._conn.ptr, ctypes.byref(a), h._ptr,
+                                                    self._stream()), "dep_combine")
+        return out, None, self._event(previous_event, async_finish)
+
+    def _handle(self, op: str, handle: Any, kind: str) -> Handle:
+        if not isinstance(handle, Handle):
+            raise TypeError(f"{op}: handle must be the Handle a {kind} returned, not "
+                            f"{type(handle).__name__}")
+        if handle._buffer() is not self or handle._ptr is None:
+            raise ValueError(f"{op}: handle belongs to another (or a destroyed) Buffer")
+        if handle.kind != kind:
+            raise ValueError(f"{op}: handle is a {handle.kind}'s; pass the matching {kind}'s")
+        return handle
+
+    # ---- low-latency mode -------------------------------------------------
+
+    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor,
+                             num_max_dispatch_tokens_per_rank: int, num_experts: int,
+                             cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                             dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None,
+                             use_fp8: bool = True, round_scale: bool = False,
+                             use_ue8m0: bool = False, async_finish: bool = False,
+                             return_recv_hook: bool = False):
+        """Low-latency dispatch into a fixed-shape buffer per local expert.
+
+        Args:
+            x: [num_tokens, hidden] bfloat16, num_tokens <= num_max_dispatch_tokens_per_rank.
+            topk_idx: [num_tokens, num_topk] int64 (or int32), -1 for none.
+            num_max_dispatch_tokens_per_rank: must equal the Buffer's max_ll_tokens_per_rank.
+            num_experts: experts in the job.
+            cumulative_local_expert_recv_stats: optional [num_local_experts] int32, to which
+                the counts received are added.
+            dispatch_wait_recv_cost_stats: must be None (not supported yet).
+            use_fp8: cast to e4m3 with one float32 scale per token and 128 channels
+                (scale = max(amax, 1e-4) / 448).
+            round_scale, use_ue8m0: must be False (not supported yet).
+            async_finish, return_recv_hook: accepted; on the host backend the call has received
+                when it returns, so the hook does nothing.
+
+        Returns:
+            recv_x: [num_local_experts, world_size * max, hidden] bfloat16, or with use_fp8 a
+                tuple (values [.., hidden] fp8_dtype, scales [.., hidden // 128] float32 in
+                row-major order, unlike DeepEP's column-major scales).  Rows of each local
+                expert are packed from row 0 in (source rank, source token) order.
+            recv_count: [num_local_experts] int32 valid rows.
+            handle: for the matching low_latency_combine.
+            event: an EventOverlap.
+            hook: a callable that receives (here: does nothing).
+        """
+        op = "low_latency_dispatch"
+        if dispatch_wait_recv_cost_stats is not None:
+            raise Unsupported("low_latency_dispatch(dispatch_wait_recv_cost_stats=...)")
+        if round_scale or use_ue8m0:
+            raise Unsupported("low_latency_dispatch(round_scale=True / use_ue8m0=True)",
+                              "scales are plain float32")
+        for name, v in (("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank),
+                        ("num_experts", num_experts)):
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+        x = self._input("x", x, (torch.bfloat16,), 2)
+        n = x.size(0)
+        idx, itype = self._topk(op, topk_idx, n)
+        self._shape(op, x.size(1), num_experts, idx.size(1), num_max_dispatch_tokens_per_rank)
+        self._tokens_fit(op, n, self.max_ll_tokens_per_rank, "num_max_dispatch_tokens_per_rank")
+        stats = None
+        if cumulative_local_expert_recv_stats is not None:
+            stats = self._input("cumulative_local_expert_recv_stats",
+                                cumulative_local_expert_recv_stats, (torch.int32,), 1)
+            if stats.numel() != self.num_local_experts or \
+                    stats.data_ptr() != cumulative_local_expert_recv_stats.data_ptr():
+                raise ValueError("cumulative_local_expert_recv_stats must be a contiguous "
+                                 f"[{self.num_local_experts}] int32 tensor")
+        rows = self.group_size * self.max_ll_tokens_per_rank
+        L, hid = self.num_local_experts, self.hidden
+        fp8 = bool(use_fp8)
+        recv_x = self._empty([L, rows, hid], fp8_dtype if fp8 else torch.bfloat16)
+        scales = self._empty([L, rows, hid // _FP8_GROUP], torch.float32) if fp8 else None
+        count = self._empty([L], torch.int32)
+        h = Handle(self, "low_latency_dispatch", n)
+        a = _lib.LLDispatchArgs(_ptr(x), _ptr(idx), itype, n, int(fp8), recv_x.data_ptr(),
+                                _ptr(scales), count.data_ptr())
+        self._conn.check(self._conn.lib.dep_ll_dispatch(self._conn.ptr, ctypes.byref(a), h._ptr,
+                                                        self._stream()), "dep_ll_dispatch")
+        if stats is not None:
+            stats += count
+        return ((recv_x, scales) if fp8 else recv_x, count, h,
+                self._event(None, async_finish), _no_hook)
+
+    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor,
+                            topk_weights: torch.Tensor, handle: Handle,
+                            use_logfmt: bool = False, zero_copy: bool = False,
+                            async_finish: bool = False, return_recv_hook: bool = False,
+                            out: Optional[torch.Tensor] = None,
+                            combine_wait_recv_cost_stats: Optional[torch.Tensor] = None):
+        """Low-latency combine: out[t] = sum_k topk_weights[t, k] * (its k-th expert's row).
+
+        Args:
+            x: [num_local_experts, world_size * max, hidden] bfloat16 expert outputs.
+            topk_idx: the matching dispatch's (the library checks it is the same).
+            topk_weights: [num_tokens, num_topk] float32.
+            handle: the matching low_latency_dispatch's.
+            use_logfmt, zero_copy: must be False; combine_wait_recv_cost_stats: None.
+            async_finish, return_recv_hook: as for low_latency_dispatch.
+            out: optional [num_tokens, hidden] bfloat16 to write into.
+
+        Returns:
+            combined_x: [num_tokens, hidden] bfloat16 (out, where given).
+            event: an EventOverlap.
+            hook: a callable that does nothing.
+        """
+        op = "low_latency_combine"
+        if use_logfmt:
+            raise Unsupported("low_latency_combine(use_logfmt=True)")
+        if zero_copy:
+            raise Unsupported("low_latency_combine(zero_copy=True)")
+        if combine_wait_recv_cost_stats is not None:
+            raise Unsupported("low_latency_combine(combine_wait_recv_cost_stats=...)")
+        h = self._handle(op, handle, "low_latency_dispatch")
+        x = self._input("x", x, (torch.bfloat16,), 3)
+        want = (self.num_local_experts, self.group_size * self.max_ll_tokens_per_rank, self.hidden)
+        if tuple(x.shape) != want:
+            raise ValueError(f"{op}: x has shape {tuple(x.shape)}; expected {want}")
+        idx, itype = self._topk(op, topk_idx, h.num_tokens)
+        w = self._input("topk_weights", topk_weights, (torch.float32,), 2)
+        if tuple(w.shape) != tuple(idx.shape):
+            raise ValueError(f"{op}: topk_weights has shape {tuple(w.shape)} but topk_idx "
+                             f"{tuple(idx.shape)}")
+        if out is None:
+            out = self._empty([h.num_tokens, self.hidden], torch.bfloat16)
+        else:
+            o = self._input("out", out, (torch.bfloat16,), 2)
+            if o.data_ptr() != out.data_ptr() or tuple(o.shape) != (h.num_tokens, self.hidden):
+                raise ValueError(f"{op}: out must be a contiguous "
+                                 f"[{h.num_tokens}, {self.hidden}] bfloat16 tensor")
+        a = _lib.LLCombineArgs(_ptr(x), _ptr(idx), itype, _ptr(w), _ptr(out))
+        self._conn.check(self._conn.lib.dep_ll_combine(self._conn.ptr, ctypes.byref(a), h._ptr,
+                                                       self._stream()), "dep_ll_combine")
+        return out, self._event(None, async_finish), _no_hook
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int,
+                                 num_experts: int) -> None:
+        """DeepEP's clean before low-latency calls that follow throughput ones: nothing to do
+        here (the library keeps its state per operation), but the shape is checked."""
+        self._shape("clean_low_latency_buffer", hidden, num_experts, None,
+                    num_max_dispatch_tokens_per_rank)
+
+    # ---- lifetime ---------------------------------------------------------
+
+    def destroy(self) -> None:
+        """Free every handle, detach and close the connection (idempotent)."""
+        for h in list(self._handles):
+            h._free()
+        if self._conn is not None:
+            self._conn.free()
+        self.attached = False
+
+    def __del__(self) -> None:
+        try:
+            self.destroy()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+def _cuda_uuid(ordinal: int) -> bytes:
+    """The 16 bytes of a GPU's UUID: torch's device properties where torch has them, else
+    the driver's cuDeviceGetUuid.  (Untested here: no GPU on the CI machines.)"""
+    props = torch.cuda.get_device_properties(ordinal)
+    u = getattr(props, "uuid", None)
+    if u is not None:
+        b = getattr(u, "bytes", None)
+        if isinstance(b, (bytes, bytearray)) and len(b) == 16:
+            return bytes(b)
+        import uuid as _uuid
+        return _uuid.UUID(str(u).replace("GPU-", "")).bytes
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev = ctypes.c_int()
+    out = (ctypes.c_char * 16)()
+    for call, fn in (("cuInit", lambda: cuda.cuInit(0)),
+                     ("cuDeviceGet", lambda: cuda.cuDeviceGet(ctypes.byref(dev), ordinal)),
+                     ("cuDeviceGetUuid", lambda: cuda.cuDeviceGetUuid(out, dev))):
+        rc = fn()
+        if rc != 0:
+            raise Error(-13, f"{call} returned CUDA error {rc}", "device uuid")
+    return bytes(out)

@@ -1,0 +1,137 @@
+"""A rank's place in its job, from explicit arguments or the launcher's environment.
+
+deepepd needs no process group: every rank of a job names the same job id
+and its own ranks, and the daemon's rendezvous does the rest.  Launchers
+already say all of it in the environment:
+
+- torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, and
+  TORCHELASTIC_RUN_ID (one value per job start; a restart gets another
+  unless --rdzv-id fixes it);
+- SLURM (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+  SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE, and SLURM_JOB_ID with
+  SLURM_STEP_ID;
+- DEEPEP_JOB_ID, when set, overrides the job id of either.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from . import _lib
+
+JOB_ID_ENV = "DEEPEP_JOB_ID"
+_JOB_ID_RE = re.compile(r"^[A-Za-z0-9._:-]+$")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this rank is: the fields of dep_attach_args that are not the shape."""
+    job_id: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    def check(self) -> None:
+        """ValueError naming the first field out of range."""
+        if not isinstance(self.job_id, str) or not _JOB_ID_RE.match(self.job_id):
+            raise ValueError(f"job_id {self.job_id!r}: use 1..{_lib.JOB_ID_MAX - 1} characters "
+                             "of [A-Za-z0-9._:-]")
+        if len(self.job_id.encode()) >= _lib.JOB_ID_MAX:
+            raise ValueError(f"job_id {self.job_id!r} is longer than {_lib.JOB_ID_MAX - 1} bytes")
+        for name in ("rank", "world_size", "local_rank", "local_world_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise TypeError(f"{name} must be a non-negative int, not {v!r}")
+        if not 1 <= self.world_size <= _lib.MAX_WORLD:
+            raise ValueError(f"world_size {self.world_size} is out of range 1..{_lib.MAX_WORLD}")
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is not below world_size {self.world_size}")
+        if not 1 <= self.local_world_size <= min(self.world_size, _lib.MAX_LOCAL_RANKS):
+            raise ValueError(f"local_world_size {self.local_world_size} is out of range "
+                             f"1..{min(self.world_size, _lib.MAX_LOCAL_RANKS)}")
+        if self.local_rank >= self.local_world_size:
+            raise ValueError(f"local_rank {self.local_rank} is not below local_world_size "
+                             f"{self.local_world_size}")
+
+
+def _int(env: Mapping[str, str], name: str) -> Optional[int]:
+    v = env.get(name)
+    if v is None or v == "":
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"${name}={v!r} is not an integer") from None
+
+
+def _slurm_tasks_per_node(env: Mapping[str, str]) -> Optional[int]:
+    """This node's task count: SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE's entry for
+    the node (its list "4(x2),3" gives counts per node in node order, SLURM_NODEID indexes it)."""
+    n = _int(env, "SLURM_NTASKS_PER_NODE")
+    if n is not None:
+        return n
+    spec = env.get("SLURM_TASKS_PER_NODE")
+    if not spec:
+        return None
+    counts = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if m is None:
+            raise ValueError(f"$SLURM_TASKS_PER_NODE={spec!r} is not of the form 4(x2),3")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    node = _int(env, "SLURM_NODEID") or 0
+    if node >= len(counts):
+        raise ValueError(f"$SLURM_NODEID={node} is past $SLURM_TASKS_PER_NODE={spec!r}")
+    return counts[node]
+
+
+def from_environment(env: Optional[Mapping[str, str]] = None, **given: Optional[object]) -> Identity:
+    """The Identity from the explicit fields in `given` (None: not given), the rest from the
+    launcher's environment (torchrun first, then SLURM).  ValueError names what is missing."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        launcher = "torchrun"
+        found = {
+            "rank": _int(env, "RANK"),
+            "world_size": _int(env, "WORLD_SIZE"),
+            "local_rank": _int(env, "LOCAL_RANK"),
+            "local_world_size": _int(env, "LOCAL_WORLD_SIZE"),
+            "job_id": env.get("TORCHELASTIC_RUN_ID") or None,
+        }
+    elif "SLURM_PROCID" in env:
+        launcher = "SLURM"
+        job, step = env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID")
+        found = {
+            "rank": _int(env, "SLURM_PROCID"),
+            "world_size": _int(env, "SLURM_NTASKS"),
+            "local_rank": _int(env, "SLURM_LOCALID"),
+            "local_world_size": _slurm_tasks_per_node(env),
+            "job_id": f"slurm-{job}.{step}" if job and step else (f"slurm-{job}" if job else None),
+        }
+    else:
+        launcher = "no launcher"
+        found = {}
+    if env.get(JOB_ID_ENV):
+        found["job_id"] = env[JOB_ID_ENV]
+    fields = {}
+    for name in ("job_id", "rank", "world_size", "local_rank", "local_world_size"):
+        v = given.get(name)
+        if v is None:
+            v = found.get(name)
+        fields[name] = v
+    # One node: the local ranks are the world's.
+    if fields["local_world_size"] is None and fields["world_size"] is not None and \
+            fields["local_rank"] is None and fields["rank"] is not None and launcher == "no launcher":
+        fields["local_world_size"], fields["local_rank"] = fields["world_size"], fields["rank"]
+    missing = [k for k, v in fields.items() if v is None]
+    if missing:
+        raise ValueError(
+            f"{', '.join(missing)}: not given and not found in the environment ({launcher}); pass "
+            "them to Buffer(...), or start under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, "
+            "LOCAL_WORLD_SIZE, TORCHELASTIC_RUN_ID) or srun, or set $DEEPEP_JOB_ID for the job id")
+    ident = Identity(**fields)  # type: ignore[arg-type]
+    ident.check()
+    return ident

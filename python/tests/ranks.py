@@ -1,0 +1,116 @@
+"""Rank processes for the tests: inputs made from a seed, and the operations run on them.
+
+The parent and the ranks build the same inputs from (seed, rank), so the
+test's reference sees every rank's inputs without any being sent.  Each
+rank returns its outputs as numpy arrays (bf16 as its int16 bits).
+"""
+import multiprocessing as mp
+from typing import Dict, List
+
+import numpy as np
+import torch
+
+
+def shape(world: int) -> Dict[str, int]:
+    """The job shape of a world: 2 local experts per rank, 4 of them per token at most."""
+    return dict(hidden=256, num_experts=2 * world, num_topk=min(4, 2 * world),
+                max_tokens_per_rank=24, max_ll_tokens_per_rank=16)
+
+
+def inputs(seed: int, rank: int, world: int, it: int, ll: bool = False) -> Dict[str, np.ndarray]:
+    """One rank's inputs for iteration it: x on a grid exact in bf16 (so that sums are exact
+    in float32), distinct experts per token with some -1, weights multiples of 1/4."""
+    s = shape(world)
+    rng = np.random.default_rng([seed, rank, world, it, int(ll)])
+    bound = s["max_ll_tokens_per_rank"] if ll else s["max_tokens_per_rank"]
+    n = int(rng.integers(0, bound + 1)) if it % 2 else bound
+    e, k = s["num_experts"], s["num_topk"]
+    idx = np.stack([rng.permutation(e)[:k] for _ in range(n)]).astype(np.int64) if n \
+        else np.zeros((0, k), np.int64)
+    idx[rng.random(idx.shape) < 0.15] = -1
+    w = (rng.integers(1, 5, idx.shape) / 4).astype(np.float32)
+    x = (rng.integers(-32, 33, (n, s["hidden"])) / 8).astype(np.float32)
+    xn = rng.standard_normal((n, s["hidden"])).astype(np.float32) * \
+        rng.choice([1e-6, 1e-2, 1.0, 300.0], size=(n, 1)).astype(np.float32)
+    return dict(idx=idx, w=w, x=x, xn=xn)
+
+
+def bits(t: torch.Tensor) -> np.ndarray:
+    """A bf16 tensor's bits as int16, or another tensor as it is."""
+    t = t.contiguous()
+    return t.view(torch.int16).numpy().copy() if t.dtype == torch.bfloat16 else t.numpy().copy()
+
+
+def expert_scale(world: int) -> np.ndarray:
+    """What each global expert multiplies its low-latency rows by (1, 2 or 3)."""
+    return (np.arange(shape(world)["num_experts"]) % 3 + 1).astype(np.float32)
+
+
+def run_rank(args) -> List[Dict[str, np.ndarray]]:
+    """Rank `rank` of a job: attach, then per iteration layout, dispatch, combine (each rank's
+    experts multiply what they receive by rank + 1), LL dispatch bf16, LL combine (experts
+    multiply by expert_scale) and LL dispatch FP8 of xn."""
+    sock, job, rank, world, seed, iters = args
+    import deepep
+    s = shape(world)
+    b = deepep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
+                      local_world_size=world, socket=sock, **s)
+    L = s["num_experts"] // world
+    out = []
+    for it in range(iters):
+        r: Dict[str, np.ndarray] = {}
+        inp = inputs(seed, rank, world, it)
+        x = torch.from_numpy(inp["x"]).bfloat16()
+        idx = torch.from_numpy(inp["idx"])
+        w = torch.from_numpy(inp["w"])
+        per_rank, rdma, per_expert, in_rank, ev = b.get_dispatch_layout(idx, s["num_experts"])
+        assert rdma is None and ev.event is None
+        r.update(per_rank=per_rank.numpy().copy(), per_expert=per_expert.numpy().copy(),
+                 in_rank=in_rank.numpy().copy())
+        rx, ri, rw, counts, h, ev = b.dispatch(
+            x, topk_idx=idx, topk_weights=w, num_tokens_per_rank=per_rank,
+            is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, async_finish=True)
+        ev.current_stream_wait()
+        assert ri.dtype == torch.int64 and rw.dtype == torch.float32
+        r.update(recv_x=bits(rx), recv_idx=ri.numpy().copy(), recv_w=rw.numpy().copy(),
+                 counts=np.array(counts, np.int64))
+        y = (rx.float() * (rank + 1)).bfloat16()
+        comb, comb_w, ev = b.combine(y, h)
+        assert comb_w is None
+        r["combined"] = bits(comb)
+
+        li = inputs(seed, rank, world, it, ll=True)
+        lx = torch.from_numpy(li["x"]).bfloat16()
+        lidx = torch.from_numpy(li["idx"])
+        lw = torch.from_numpy(li["w"])
+        stats = torch.zeros(L, dtype=torch.int32)
+        recv, count, lh, ev, hook = b.low_latency_dispatch(
+            lx, lidx, s["max_ll_tokens_per_rank"], s["num_experts"], use_fp8=False,
+            cumulative_local_expert_recv_stats=stats, return_recv_hook=True)
+        hook()
+        assert torch.equal(stats, count)
+        r.update(ll_x=bits(recv), ll_count=count.numpy().copy())
+        scale = torch.from_numpy(expert_scale(world)[rank * L:(rank + 1) * L]).view(L, 1, 1)
+        ly = (recv.float() * scale).bfloat16()
+        into = torch.empty(lx.size(0), s["hidden"], dtype=torch.bfloat16)
+        lout, ev, hook = b.low_latency_combine(ly, lidx, lw, lh, out=into)
+        assert lout is into
+        r["ll_combined"] = bits(lout)
+
+        xn = torch.from_numpy(li["xn"]).bfloat16()
+        (q, sc), count, _, _, _ = b.low_latency_dispatch(
+            xn, lidx, s["max_ll_tokens_per_rank"], s["num_experts"], use_fp8=True)
+        assert q.dtype == deepep.fp8_dtype and sc.dtype == torch.float32
+        r.update(fp8_x=q.view(torch.uint8).numpy().copy(), fp8_scales=sc.numpy().copy(),
+                 fp8_count=count.numpy().copy())
+        out.append(r)
+    b.destroy()
+    return out
+
+
+def run_world(sock: str, job: str, world: int, seed: int, iters: int = 2, timeout: float = 120):
+    """Every rank's results, rank by rank, from `world` spawned processes."""
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(world) as pool:
+        res = pool.map_async(run_rank, [(sock, job, r, world, seed, iters) for r in range(world)])
+        return res.get(timeout)
