@@ -247,10 +247,15 @@ void lend_tell_gone(struct job *j, const struct job_rank *gone, bool detached) {
     else
       told++;
   }
-  if (told > 0)
-    log_notice("job %s: rank %u (pid %d) %s while the job ran; its %u local peer(s) fail their "
-               "operations with DEP_ERR_PEER", j->id, gone->rank, (int)gone->pid,
-               detached ? "detached" : "disconnected", told);
+  /* A detach is how a job ends, rank by rank; a disconnect mid-job is news. */
+  if (told > 0 && detached)
+    log_info("job %s: rank %u (pid %d) detached; its %u local peer(s) are told, so that a call "
+             "still waiting for it fails with DEP_ERR_PEER", j->id, gone->rank, (int)gone->pid,
+             told);
+  else if (told > 0)
+    log_notice("job %s: rank %u (pid %d) disconnected while the job ran; its %u local peer(s) "
+               "fail any call waiting for it with DEP_ERR_PEER", j->id, gone->rank,
+               (int)gone->pid, told);
 }
 
 
