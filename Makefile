@@ -4,13 +4,14 @@
 #   make                 build everything into $(BUILD)/
 #   make check           build and run the test suite (GPU tests skip without a GPU)
 #   make check-gpu       only the GPU-tagged tests (on the GPU machine)
+#   make check-python    the Python package's tests (python/tests, pytest, host backend)
 #   make asan            the test suite under ASan + UBSan (in build-asan/)
 #   make fuzz            build the libFuzzer harnesses (clang) and run each briefly
 #   make deps            install missing Debian packages (apt-get; sudo when not root)
 #   make run             build and start deepepd in the foreground (host backend, ./run/)
 #   make install PREFIX=/usr/local DESTDIR=
 #
-# Knobs (?=): PREFIX SYSCONFDIR RUNSTATEDIR CUDA_HOME NVCC_GENCODE WERROR STATIC_DEPS
+# Knobs (?=): PREFIX SYSCONFDIR RUNSTATEDIR CUDA_HOME NVCC_GENCODE WERROR STATIC_DEPS PYTHON
 
 PREFIX      ?= /usr/local
 BINDIR      ?= $(PREFIX)/bin
@@ -36,6 +37,8 @@ WERROR      ?= $(if $(CI),1,0)
 STATIC_DEPS ?= 0
 
 CC      ?= cc
+# Debian's interpreter, which python3-torch/numpy/pytest belong to (PATH may put another first).
+PYTHON  ?= /usr/bin/python3
 CFLAGS  ?= -O2 -g
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
 ifeq ($(WERROR),1)
@@ -104,7 +107,7 @@ CTL      := $(BUILD)/deepepctl
 TESTS    := $(BUILD)/check_deepepd
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check check-gpu asan fuzz deps run install clean verify-unit
+.PHONY: all check check-python check-gpu asan fuzz deps run install clean verify-unit
 all: $(DAEMON) $(CTL) $(LIB_SO) $(BUILD)/libdeepep-client.so $(LIB_A) $(BUILD)/deepep-client.pc $(BENCHES)
 
 $(BUILD)/obj/%.o: %.c
@@ -158,9 +161,18 @@ $(TESTS): $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) 
 	$(CC) $(SANFLAGS) -o $@ $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) $(CONFIG_OBJ) \
 	  $(LIB_A) $(LIBS_CHECK) $(LIBS_UV) $(LIBS_YAML) -ldl -lpthread -lm
 
-# DEP_BUILD tells the tests where the binaries are.
+# DEP_BUILD tells the tests where the binaries are.  The Python suite runs too,
+# except under the sanitizers (an ASan library cannot be loaded into python).
 check: all $(TESTS)
 	DEP_BUILD=$(abspath $(BUILD)) $(TESTS)
+	$(if $(SANFLAGS),,$(PYTEST))
+
+# The Python package from the source tree (PYTHONPATH) over this build's library,
+# against a daemon its fixture starts from this build.
+PYTEST = DEP_BUILD=$(abspath $(BUILD)) DEEPEP_CLIENT_LIB=$(abspath $(BUILD))/$(SONAME) \
+	PYTHONPATH=$(abspath python) $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
+check-python: all
+	$(PYTEST)
 
 # The GPU-tagged tests, against a daemon on the cuda backend.
 check-gpu: all $(TESTS)

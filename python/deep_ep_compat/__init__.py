@@ -1,4 +1,6 @@
-"""deep_ep — DeepEP's module names over deepepd (opt-in; see python/README in README.md).
+"""deep_ep — DeepEP's module names over deepepd (opt-in; README.md, section Python).
+
+(setup.py recognises this module by the words "DeepEP's module names over deepepd".)
 
 Installed only when asked (DEEPEP_INSTALL_DEEP_EP=1 at install time), and
 never over a real DeepEP.  ``from deep_ep import Buffer, Config,

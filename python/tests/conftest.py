@@ -70,13 +70,15 @@ def daemon():
     subprocess.run(["rm", "-rf", d], check=False)
 
 
+# The seed of the random inputs: $DEEPEP_TEST_SEED, else a fresh one, printed in the header.
+SEED = int(os.environ.get("DEEPEP_TEST_SEED") or random.SystemRandom().randrange(1 << 30))
+
+
 @pytest.fixture(scope="session")
 def seed():
-    """The seed of the random inputs: $DEEPEP_TEST_SEED, else a fresh one (printed)."""
-    s = int(os.environ.get("DEEPEP_TEST_SEED") or random.SystemRandom().randrange(1 << 30))
-    print(f"\ndeepep tests: seed {s} (rerun with DEEPEP_TEST_SEED={s})")
-    return s
+    return SEED
 
 
 def pytest_report_header(config):
-    return [f"deepep: build {BUILD}, library {os.environ['DEEPEP_CLIENT_LIB']}"]
+    return [f"deepep: build {BUILD}, library {os.environ['DEEPEP_CLIENT_LIB']}",
+            f"deepep: seed {SEED} (rerun with DEEPEP_TEST_SEED={SEED})"]

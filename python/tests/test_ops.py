@@ -89,7 +89,8 @@ def test_combine_sums_every_receivers_row_in_float32(world, seed):
             # Rank r's experts returned x * (r + 1): the origin gets x * sum of (r + 1).
             factor = np.array([sum(q + 1 for q in range(W) if (o[t] == q).any())
                                for t in range(len(o))], np.float32)
-            want = bf16_bits(inp["x"] * factor[:, None]) if len(o) else \
+            # A float32 sum starts at +0: a token no rank received is +0, not x * 0.
+            want = bf16_bits(inp["x"] * factor[:, None] + np.float32(0)) if len(o) else \
                 np.zeros((0, inp["x"].shape[1]), np.int16)
             np.testing.assert_array_equal(res[s][it]["combined"], want)
 

@@ -1,0 +1,47 @@
+"""The ctypes structs of deepep/_lib.py are deepep.h's: a C program compiled here from the
+header prints each struct's size and each field's offset, which must equal ctypes'."""
+import ctypes
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from deepep import _lib
+
+HEADER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "client")
+
+
+def test_every_struct_has_the_c_layout(tmp_path):
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        pytest.fail("no C compiler (cc) to compile deepep.h with")
+    lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "deepep.h"',
+             "int main(void) {"]
+    for cname, cls in _lib.STRUCTS.items():
+        lines.append(f'  printf("{cname} size %zu\\n", sizeof(struct {cname}));')
+        for field, _ in cls._fields_:
+            lines.append(f'  printf("{cname}.{field} %zu\\n", offsetof(struct {cname}, {field}));')
+    lines += ["  return 0;", "}"]
+    src = tmp_path / "abi.c"
+    src.write_text("\n".join(lines) + "\n")
+    exe = tmp_path / "abi"
+    subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-I", HEADER_DIR, "-o", str(exe),
+                    str(src)], check=True)
+    got = dict(line.rsplit(" ", 1) for line in
+               subprocess.run([str(exe)], check=True, capture_output=True, text=True)
+               .stdout.splitlines())
+    want = {}
+    for cname, cls in _lib.STRUCTS.items():
+        want[f"{cname} size"] = str(ctypes.sizeof(cls))
+        for field, _ in cls._fields_:
+            want[f"{cname}.{field}"] = str(getattr(cls, field).offset)
+    assert want == got
+
+
+def test_every_c_struct_of_the_header_is_mirrored():
+    text = open(os.path.join(HEADER_DIR, "deepep.h")).read()
+    import re
+    declared = set(re.findall(r"^struct (dep_\w+) \{", text, re.M))
+    assert declared == set(_lib.STRUCTS), "deepep.h and deepep/_lib.py declare different structs"

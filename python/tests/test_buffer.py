@@ -1,0 +1,269 @@
+"""deepep.Buffer's contract outside the data path: identity, errors, refused arguments,
+events, Config, and the deep_ep compatibility module."""
+import importlib.util
+import os
+import sys
+import uuid
+
+import pytest
+import torch
+
+import deepep
+from deepep.identity import from_environment
+
+SHAPE = dict(hidden=128, num_experts=4, num_topk=2, max_tokens_per_rank=8,
+             max_ll_tokens_per_rank=8)
+
+
+def one_rank(sock, **kw):
+    args = dict(job_id="t-" + uuid.uuid4().hex[:10], rank=0, world_size=1, socket=sock)
+    args.update(kw)
+    return deepep.Buffer(**args)
+
+
+def tokens(n=4, hidden=128):
+    x = torch.ones(n, hidden, dtype=torch.bfloat16)
+    idx = torch.tensor([[t % 4, (t + 1) % 4] for t in range(n)], dtype=torch.int64)
+    return x, idx, torch.full((n, 2), 0.5)
+
+
+# ---- identity ----------------------------------------------------------------
+
+def test_identity_comes_from_torchrun():
+    env = dict(RANK="3", WORLD_SIZE="8", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2",
+               TORCHELASTIC_RUN_ID="run42")
+    i = from_environment(env)
+    assert (i.job_id, i.rank, i.world_size, i.local_rank, i.local_world_size) == \
+        ("run42", 3, 8, 1, 2)
+
+
+def test_identity_comes_from_slurm_with_tasks_per_node_list():
+    env = dict(SLURM_PROCID="5", SLURM_NTASKS="7", SLURM_LOCALID="1", SLURM_NODEID="1",
+               SLURM_TASKS_PER_NODE="4,3", SLURM_JOB_ID="991", SLURM_STEP_ID="0")
+    i = from_environment(env)
+    assert (i.job_id, i.rank, i.world_size, i.local_rank, i.local_world_size) == \
+        ("slurm-991.0", 5, 7, 1, 3)
+    env["SLURM_TASKS_PER_NODE"] = "2(x3),1"
+    env["SLURM_NODEID"] = "2"
+    assert from_environment(env).local_world_size == 2
+
+
+def test_deepep_job_id_overrides_and_arguments_override_the_environment():
+    env = dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2",
+               TORCHELASTIC_RUN_ID="a", DEEPEP_JOB_ID="b")
+    assert from_environment(env).job_id == "b"
+    assert from_environment(env, job_id="c", rank=1, local_rank=1).rank == 1
+
+
+def test_identity_missing_or_wrong_names_the_field():
+    with pytest.raises(ValueError, match="job_id"):
+        from_environment({}, rank=0, world_size=1)
+    with pytest.raises(ValueError, match="rank 2 is not below world_size 2"):
+        from_environment({}, job_id="j", rank=2, world_size=2)
+    with pytest.raises(ValueError, match="job_id"):
+        from_environment({}, job_id="has space", rank=0, world_size=1)
+    with pytest.raises(ValueError, match="RANK"):
+        from_environment(dict(RANK="x", WORLD_SIZE="1"))
+
+
+# ---- errors --------------------------------------------------------------------
+
+def test_missing_daemon_says_how_to_start_it(tmp_path):
+    with pytest.raises(deepep.NoDaemon) as e:
+        one_rank(str(tmp_path / "none.sock"), **SHAPE)
+    assert e.value.name == "DEP_ERR_NO_DAEMON" and e.value.code == -5
+    assert "deepepd" in str(e.value) and "none.sock" in str(e.value)
+
+
+def test_the_daemon_refusing_a_shape_is_an_error_with_code_name_and_message(daemon):
+    with pytest.raises(deepep.InvalidArgument) as e:
+        one_rank(daemon, **dict(SHAPE, hidden=100))
+    assert e.value.name == "DEP_ERR_INVALID" and "hidden" in e.value.message
+    assert isinstance(e.value, ValueError) and isinstance(e.value, deepep.Error)
+
+
+def test_group_size_is_checked(daemon):
+    class Group:
+        def size(self):
+            return 2
+    with pytest.raises(ValueError, match="group has 2 ranks but world_size is 1"):
+        one_rank(daemon, group=Group(), **SHAPE)
+
+
+@pytest.fixture
+def buf(daemon):
+    b = one_rank(daemon, **SHAPE)
+    yield b
+    b.destroy()
+
+
+def test_bad_tensors_are_refused_naming_the_argument(buf):
+    x, idx, w = tokens()
+    with pytest.raises(TypeError, match="x has dtype torch.float32"):
+        buf.dispatch(x.float(), topk_idx=idx, topk_weights=w)
+    with pytest.raises(TypeError, match="topk_idx has dtype torch.float32"):
+        buf.dispatch(x, topk_idx=idx.float(), topk_weights=w)
+    with pytest.raises(TypeError, match="topk_weights has dtype torch.float64"):
+        buf.dispatch(x, topk_idx=idx, topk_weights=w.double())
+    with pytest.raises(ValueError, match="topk_idx has 3 rows but x has 4"):
+        buf.dispatch(x, topk_idx=idx[:3], topk_weights=w)
+    with pytest.raises(ValueError, match="x.size\\(1\\) is 256 but this Buffer's job has hidden"):
+        buf.dispatch(torch.ones(4, 256, dtype=torch.bfloat16), topk_idx=idx, topk_weights=w)
+    with pytest.raises(ValueError, match="9 tokens exceed max_tokens_per_rank 8"):
+        buf.dispatch(*tokens(9)[:1], topk_idx=tokens(9)[1], topk_weights=tokens(9)[2])
+    with pytest.raises(ValueError, match="num_max_dispatch_tokens_per_rank is 16"):
+        buf.low_latency_dispatch(x, idx, 16, 4)
+    with pytest.raises(TypeError, match="handle must be the Handle"):
+        buf.combine(x, handle=("a", "tuple"))
+
+
+def test_expert_ids_out_of_range_are_the_librarys_invalid_argument(buf):
+    x, idx, w = tokens()
+    idx[1, 1] = 7
+    with pytest.raises(deepep.InvalidArgument, match=r"topk_idx\[1\]\[1\] = 7"):
+        buf.dispatch(x, topk_idx=idx, topk_weights=w)
+
+
+def test_arguments_not_in_the_library_yet_raise_unsupported(buf):
+    x, idx, w = tokens()
+    _, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    cases = [
+        lambda: buf.dispatch((x, torch.ones(4, 1)), topk_idx=idx, topk_weights=w),
+        lambda: buf.dispatch(x, handle=h),
+        lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, expert_alignment=128),
+        lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=32),
+        lambda: buf.combine(x, h, topk_weights=w),
+        lambda: buf.combine(x, h, bias=x),
+        lambda: buf.low_latency_dispatch(x, idx, 8, 4, round_scale=True),
+        lambda: buf.low_latency_combine(x.view(1, 4, 128), idx, w, h, zero_copy=True),
+    ]
+    names = ["FP8", "handle=", "expert_alignment=128", "num_worst_tokens=32", "topk_weights",
+             "bias", "round_scale", "zero_copy"]
+    for case, name in zip(cases, names):
+        with pytest.raises(deepep.Unsupported, match="not in libdeepep-client yet") as e:
+            case()
+        assert name in str(e.value)
+        assert isinstance(e.value, NotImplementedError)
+
+
+def test_a_low_latency_handle_is_not_a_dispatch_handle(buf):
+    x, idx, w = tokens()
+    recv, _, lh, _, _ = buf.low_latency_dispatch(x, idx, 8, 4, use_fp8=False)
+    with pytest.raises(ValueError, match="pass the matching dispatch's"):
+        buf.combine(x, lh)
+
+
+def test_destroy_is_idempotent_and_ends_the_buffer(daemon):
+    b = one_rank(daemon, **SHAPE)
+    b.destroy()
+    b.destroy()
+    x, idx, w = tokens()
+    with pytest.raises(deepep.Error, match="destroyed"):
+        b.dispatch(x, topk_idx=idx, topk_weights=w)
+
+
+def test_the_shape_is_taken_from_the_first_calls_that_supply_it(daemon):
+    b = one_rank(daemon, max_tokens_per_rank=8)
+    x, idx, w = tokens()
+    with pytest.raises(ValueError, match="lacks hidden"):
+        b.get_dispatch_layout(idx, 4)
+    assert not b.attached
+    recv_x, _, _, counts, h, _ = b.dispatch(x, topk_idx=idx, topk_weights=w,
+                                            num_tokens_per_expert=torch.zeros(4, dtype=torch.int32))
+    assert b.attached and (b.hidden, b.num_experts, b.num_topk) == (128, 4, 2)
+    assert counts == [2, 2, 2, 2] and b.get_dispatch_layout(idx, 4)[0].tolist() == [4]
+    b.destroy()
+
+
+def test_llm_call_shapes_and_hook(buf):
+    x, idx, w = tokens()
+    recv, count, h, ev, hook = buf.low_latency_dispatch(x, idx, 8, 4, use_fp8=True,
+                                                        async_finish=True)
+    q, s = recv
+    assert q.shape == (4, 8, 128) and s.shape == (4, 8, 1) and q.dtype == deepep.fp8_dtype
+    assert count.dtype == torch.int32 and ev.event is not None and hook() is None
+    ev.current_stream_wait()
+    buf.clean_low_latency_buffer(8, 128, 4)
+    with pytest.raises(ValueError, match="hidden"):
+        buf.clean_low_latency_buffer(8, 256, 4)
+
+
+# ---- events, config, class helpers ----------------------------------------------
+
+def test_event_overlap_has_deepeps_surface():
+    e = deepep.Buffer.capture()
+    assert isinstance(e.event, deepep.EventHandle) and e.event.query()
+    e.current_stream_wait()
+    with e:
+        pass
+    with pytest.raises(ValueError, match="event"):
+        deepep.EventOverlap(None).current_stream_wait()
+
+
+def test_config_and_size_hints():
+    c = deepep.Buffer.get_dispatch_config(8)
+    assert c.get_nvl_buffer_size_hint(7168 * 2, 8) % 128 == 0
+    assert c.get_nvl_buffer_size_hint(7168 * 2, 8) > 0 and c.get_rdma_buffer_size_hint(14336, 8) == 0
+    assert deepep.Buffer.get_combine_config(16).get_rdma_buffer_size_hint(14336, 16) > 0
+    assert deepep.Config(num_sms=24, num_max_rdma_chunked_send_tokens=6,
+                         num_max_rdma_chunked_recv_tokens=100).num_max_rdma_chunked_recv_tokens == 102
+    with pytest.raises(ValueError, match="num_max_nvl_chunked_send_tokens"):
+        deepep.Config(20, 256, 256)
+    hint = deepep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 288)
+    assert hint % 128 == 0 and hint == deepep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 16, 288)
+
+
+def test_set_num_sms_checks_and_sets():
+    old = deepep.Buffer.num_sms
+    try:
+        deepep.Buffer.set_num_sms(24)
+        assert deepep.Buffer.num_sms == 24
+        with pytest.raises(ValueError, match="even"):
+            deepep.Buffer.set_num_sms(23)
+    finally:
+        deepep.Buffer.num_sms = old
+
+
+# ---- deep_ep -----------------------------------------------------------------------
+
+def import_compat():
+    """python/deep_ep_compat imported as deep_ep, as an opt-in install lays it out."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "deep_ep_compat")
+    for name in ("deep_ep.utils", "deep_ep"):
+        sys.modules.pop(name, None)
+    spec = importlib.util.spec_from_file_location("deep_ep", os.path.join(root, "__init__.py"),
+                                                  submodule_search_locations=[root])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["deep_ep"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_deep_ep_imports_as_megatron_and_sglang_import_it(daemon):
+    import_compat()
+    from deep_ep import Buffer, Config, EventOverlap, topk_idx_t  # noqa: F401
+    from deep_ep.utils import EventHandle, EventOverlap as EO2
+    assert EO2 is EventOverlap and topk_idx_t is torch.int64 and EventHandle is deepep.EventHandle
+    # Megatron's get_buffer: Buffer(group, num_nvl_bytes, num_rdma_bytes), then its attributes.
+    b = Buffer(None, 1 << 20, 0, low_latency_mode=False, num_qps_per_rank=24,
+               allow_mnnvl=True, some_fork_only_kwarg=1, job_id="c-" + uuid.uuid4().hex[:8],
+               rank=0, world_size=1, socket=daemon, **SHAPE)
+    assert (b.group, b.num_nvl_bytes, b.num_rdma_bytes, b.group_size) == (None, 1 << 20, 0, 1)
+    assert b.ignored_kwargs == {"some_fork_only_kwarg": 1}
+    x, idx, w = tokens()
+    per_rank, per_rdma, per_expert, in_rank, ev = b.get_dispatch_layout(
+        idx, 4, previous_event=None, async_finish=True, allocate_on_comm_stream=True)
+    recv_x, recv_idx, recv_w, counts, handle, after = b.dispatch(
+        x, topk_idx=idx, topk_weights=w, num_tokens_per_rank=per_rank,
+        num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert, previous_event=ev, async_finish=True,
+        allocate_on_comm_stream=True)
+    after.current_stream_wait()
+    assert torch.tensor(counts).tolist() == [2, 2, 2, 2]
+    out, _, ev = b.combine(recv_x, handle=handle, async_finish=True, previous_event=after,
+                           allocate_on_comm_stream=True)
+    assert torch.equal(out, x)  # one rank received each token once
+    b.destroy()
+    for name in ("deep_ep.utils", "deep_ep"):
+        sys.modules.pop(name, None)
