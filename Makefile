@@ -54,10 +54,13 @@ ifeq ($(STATIC_DEPS),1)
 ARCHLIB   := /usr/lib/$(shell $(CC) -print-multiarch)
 LIBS_UV   := $(ARCHLIB)/libuv_a.a -lpthread -ldl
 LIBS_YAML := $(ARCHLIB)/libyaml.a
+LIBS_SODIUM := $(ARCHLIB)/libsodium.a
 LIBS_CHECK := $(ARCHLIB)/libcheck_pic.a $(ARCHLIB)/libsubunit.a -lm -lrt -lpthread
 else
 LIBS_UV   := $(shell pkg-config --libs libuv 2>/dev/null || echo -luv)
 LIBS_YAML := $(shell pkg-config --libs yaml-0.1 2>/dev/null || echo -lyaml)
+# libsodium: the MAC and the random challenges of the peer handshake (daemon/peer.c).
+LIBS_SODIUM := $(shell pkg-config --libs libsodium 2>/dev/null || echo -lsodium)
 LIBS_CHECK := $(shell pkg-config --libs check 2>/dev/null || echo -lcheck -lsubunit -lm -lrt -lpthread)
 endif
 
@@ -135,7 +138,7 @@ $(LIB_A): $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ)
 	ar rcs $@ $^
 
 $(DAEMON): $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ)
-	$(CC) $(SANFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_YAML) -ldl -lpthread -lm
+	$(CC) $(SANFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
 
 $(CTL): $(CTL_OBJ) $(LIB_A)
 	$(CC) $(SANFLAGS) -o $@ $(CTL_OBJ) $(LIB_A) -ldl -lpthread -lm
@@ -159,7 +162,7 @@ $(BUILD)/deepep-client.pc: client/deepep-client.pc.in Makefile
 # reach them; integration tests start $(DAEMON) as a real process.
 $(TESTS): $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) $(CONFIG_OBJ) $(LIB_A) | $(DAEMON) $(CTL) $(BENCHES)
 	$(CC) $(SANFLAGS) -o $@ $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) $(CONFIG_OBJ) \
-	  $(LIB_A) $(LIBS_CHECK) $(LIBS_UV) $(LIBS_YAML) -ldl -lpthread -lm
+	  $(LIB_A) $(LIBS_CHECK) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
 
 # DEP_BUILD tells the tests where the binaries are.  The Python suite runs too,
 # except under the sanitizers (an ASan library cannot be loaded into python).

@@ -26,6 +26,10 @@ static const struct ctl_cmd ctl_cmds[] = {
      "--cancel\taccept new jobs again\n"
      "--wait\tthen wait until no job is left\n"
      "--timeout S\twith --wait: give up after S seconds (exit 1)"},
+    {"peers", ctl_peers,
+     "the peer daemons: state, connections up, round trip, bytes, reconnects, last error", NULL},
+    {"genkey", ctl_genkey, "write a new peer key to FILE (mode 0600), or to stdout: genkey [FILE]",
+     NULL},
     {"version", ctl_version, "deepepctl's version and protocol, and the daemon's if one answers",
      NULL},
     {"help", ctl_help, "show this help", NULL},

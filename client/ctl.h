@@ -38,6 +38,8 @@ int ctl_status(struct ctl *ctl, int argc, char **argv);
 int ctl_reload(struct ctl *ctl, int argc, char **argv);
 int ctl_drain(struct ctl *ctl, int argc, char **argv);
 int ctl_version(struct ctl *ctl, int argc, char **argv);
+int ctl_peers(struct ctl *ctl, int argc, char **argv);
+int ctl_genkey(struct ctl *ctl, int argc, char **argv);
 /* deepepctl's version and protocol (-V), and the daemon's when ask_daemon. */
 int ctl_version_show(const struct ctl *ctl, bool ask_daemon);
 

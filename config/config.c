@@ -167,6 +167,8 @@ static const struct key root_keys[] = {
     {.name = "listen", .kind = K_SECTION, .sub = listen_keys},
     {.name = "peers", .kind = K_PEERS, LIST(peers, n_peers), .sub = peer_keys},
     {.name = "peer_key_file", .kind = K_STR, AT(peer_key_file)},
+    {.name = "peer_insecure", .kind = K_BOOL, AT(peer_insecure)},
+    {.name = "peer_wait_ms", .kind = K_UINT, AT(peer_wait_ms), .min = 0, .max = 3600000},
     {.name = "limits", .kind = K_SECTION, .sub = limits_keys},
     {.name = "log_level", .kind = K_ENUM, AT(log_level), .names = log_level_names,
      .expected = "one of err, warning, notice, info, debug", .live = true},
@@ -191,6 +193,8 @@ void config_defaults(struct config *c) {
   c->warn_first_call_ratio = 1.5;
   c->connection_pool_size = 24;
   c->listen_port = DEFAULT_PORT;
+  c->peer_insecure = false;
+  c->peer_wait_ms = 10000;
   c->max_clients = 1024;
   c->max_jobs = 64;
   c->attach_timeout_ms = 30000;

@@ -74,6 +74,8 @@ struct config {
   size_t n_peers;
   struct config_peer peers[CONFIG_MAX_LIST];
   char peer_key_file[256];            /* default "" */
+  bool peer_insecure;                 /* default false: peers without a key are refused */
+  uint32_t peer_wait_ms;              /* READY=1 waits this long for the peers, default 10000 */
 
   /* limits */
   uint32_t max_clients;               /* limits.max_clients, default 1024 */

@@ -18,6 +18,7 @@
 #include "devices.h"
 #include "job.h"
 #include "log.h"
+#include "peer.h"
 
 /*
  * A STATUS body must fit DEP_PROTO_MAX_BODY: a job entry takes at most
@@ -253,6 +254,21 @@ static void control_drain(struct conn *c, const struct dep_frame_hdr *h, const u
   conn_send(c, DEP_MSG_DRAIN_OK, h->request_id, &t, NULL, 0);
 }
 
+/* PEERS: each configured peer daemon and its connections (deepepctl peers). */
+static void control_peers(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
+  if (len != 0) {
+    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "PEERS carries no body, got %zu bytes", len);
+    return;
+  }
+  struct dep_msg_peers m;
+  int rc = peer_fill(&m);
+  if (rc == 0)
+    conn_send(c, DEP_MSG_PEERS_OK, h->request_id, &m, NULL, 0);
+  else
+    conn_send_error(c, h->request_id, rc, "cannot list the peers: %s", dep_strerror(rc));
+  proto_peers_free(&m);
+}
+
 static void control_detach(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
   if (len != 0) {
     conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "DETACH carries no body, got %zu bytes", len);
@@ -297,6 +313,9 @@ void control_handle(struct conn *c, const struct dep_frame_hdr *h, const uint8_t
     break;
   case DEP_MSG_DRAIN:
     control_drain(c, h, body, len);
+    break;
+  case DEP_MSG_PEERS:
+    control_peers(c, h, len);
     break;
   default:
     /* Replies and notices travel from the daemon only. */

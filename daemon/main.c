@@ -21,6 +21,7 @@
 #include "job.h"
 #include "log.h"
 #include "notify.h"
+#include "peer.h"
 #include "proto.h"
 #include "rdmadrv.h"
 #include "server.h"
@@ -108,6 +109,17 @@ static int load_config(const char *cli_path) {
 static uint64_t main_pools_start_ns;
 static bool main_pools_failed;
 
+/* The pools are made and the peers up (missing NULL) or waited for long enough: ready. */
+static void main_on_peers(const char *missing) {
+  if (deepepd.stopping)
+    return;
+  notify_send("READY=1");
+  if (missing != NULL)
+    notify_send("STATUS=listening on %s; peers missing: %s", deepepd.cfg.socket_path, missing);
+  else
+    notify_send("STATUS=listening on %s", deepepd.cfg.socket_path);
+}
+
 /*
  * The device pools are made (rc 0) or could not be: on the loop thread.
  * Only now is the daemon ready: READY=1 only once the pools are warm
@@ -130,9 +142,9 @@ static void main_on_pools(int rc, const char *why) {
   }
   log_info("device pools ready in %llu ms",
            (unsigned long long)((uv_hrtime() - main_pools_start_ns) / 1000000u));
-  notify_send("READY=1");
-  notify_send("STATUS=listening on %s", deepepd.cfg.socket_path);
   control_attach_resume(0, NULL);
+  /* READY=1 also waits for the peer daemons, at most peer_wait_ms (peer.c). */
+  peer_wait(main_on_peers);
 }
 
 int main(int argc, char **argv) {
@@ -227,6 +239,9 @@ int main(int argc, char **argv) {
   deepepd.starting = true;
   if (server_init(&loop, &deepepd.cfg) != 0)
     goto out_jobs;
+  /* The peers connect while the pools are made; READY=1 waits for both. */
+  if (peer_init(&loop, &deepepd.cfg) != 0)
+    goto out_server;
   /* The pools are made after the socket is claimed (a second daemon must not
    * allocate a whole pool before learning it cannot run), off the loop: the
    * loop runs at once, so STATUS is answered while they are made (seconds
@@ -249,6 +264,8 @@ int main(int argc, char **argv) {
   devices_fini();
 out_held:
   held_fini();
+  peer_fini();
+out_server:
   server_fini();
 out_jobs:
   conn_fini();

@@ -29,7 +29,14 @@
  *              u64 offset}
  *   RELOAD_OK, DRAIN_OK  str text (<= 511)
  *   DRAIN      u32 drain (0 or 1)
- *   STATUS, DETACH, DETACH_OK, SHUTDOWN, RELOAD: empty
+ *   PEERS_OK   str node (<= 63), str listen (<= 271), u32 auth (0/1), u32 n_peers
+ *              (<= 64), then n_peers records:
+ *     peer     str address (<= 271), str node (<= 63), str state (<= 15),
+ *              str transport (<= 7), str last_error (<= 511), u32 conns_up,
+ *              u32 conns_total, u32 inbound_up, u64 reconnects, u64 bytes_in,
+ *              u64 bytes_out, u64 rtt_us, u64 backoff_ms
+ *   PEER       the bytes of one peer protocol message (peer_proto.h), passed through
+ *   STATUS, DETACH, DETACH_OK, SHUTDOWN, RELOAD, PEERS: empty
  */
 #include "proto.h"
 #include "shape.h"
@@ -641,11 +648,106 @@ int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m) {
   return r_finish(&r);
 }
 
+/* ---- PEERS_OK --------------------------------------------------------------- */
+
+/* The smallest peer record: five empty strings, 3 u32 and 5 u64. */
+#define PEERS_RECORD_MIN (5 * 2 + 3 * 4 + 5 * 8)
+
+int proto_encode_peers(struct proto_buf *b, const struct dep_msg_peers *m) {
+  struct writer w;
+  w_init(&w, b);
+  if (m->n_peers > DEP_PEERS_MAX || (m->n_peers > 0 && m->peers == NULL) || m->auth > 1)
+    return DEP_ERR_INVALID;
+  w_str(&w, m->node, sizeof m->node);
+  w_str(&w, m->listen, sizeof m->listen);
+  w_u32(&w, m->auth);
+  w_u32(&w, m->n_peers);
+  for (uint32_t i = 0; i < m->n_peers; i++) {
+    const struct dep_msg_peer_info *p = &m->peers[i];
+    w_str(&w, p->address, sizeof p->address);
+    w_str(&w, p->node, sizeof p->node);
+    w_str(&w, p->state, sizeof p->state);
+    w_str(&w, p->transport, sizeof p->transport);
+    w_str(&w, p->last_error, sizeof p->last_error);
+    w_u32(&w, p->conns_up);
+    w_u32(&w, p->conns_total);
+    w_u32(&w, p->inbound_up);
+    w_u64(&w, p->reconnects);
+    w_u64(&w, p->bytes_in);
+    w_u64(&w, p->bytes_out);
+    w_u64(&w, p->rtt_us);
+    w_u64(&w, p->backoff_ms);
+  }
+  return w_finish(&w);
+}
+
+void proto_peers_free(struct dep_msg_peers *m) {
+  free(m->peers);
+  m->peers = NULL;
+  m->n_peers = 0;
+}
+
+int proto_decode_peers(const uint8_t *p, size_t len, struct dep_msg_peers *m) {
+  struct reader r;
+  r_init(&r, p, len);
+  memset(m, 0, sizeof *m);
+  r_str(&r, m->node, sizeof m->node);
+  r_str(&r, m->listen, sizeof m->listen);
+  m->auth = r_u32(&r);
+  uint32_t n = r_u32(&r);
+  /* Bounded by the limit and by what the body can hold, before allocating. */
+  if (r.bad || m->auth > 1 || n > DEP_PEERS_MAX || n > r.left / PEERS_RECORD_MIN)
+    return DEP_ERR_PROTOCOL;
+  if (n > 0) {
+    m->peers = calloc(n, sizeof *m->peers);
+    if (m->peers == NULL)
+      return DEP_ERR_NO_MEMORY;
+  }
+  m->n_peers = n;
+  for (uint32_t i = 0; i < n; i++) {
+    struct dep_msg_peer_info *q = &m->peers[i];
+    r_str(&r, q->address, sizeof q->address);
+    r_str(&r, q->node, sizeof q->node);
+    r_str(&r, q->state, sizeof q->state);
+    r_str(&r, q->transport, sizeof q->transport);
+    r_str(&r, q->last_error, sizeof q->last_error);
+    q->conns_up = r_u32(&r);
+    q->conns_total = r_u32(&r);
+    q->inbound_up = r_u32(&r);
+    q->reconnects = r_u64(&r);
+    q->bytes_in = r_u64(&r);
+    q->bytes_out = r_u64(&r);
+    q->rtt_us = r_u64(&r);
+    q->backoff_ms = r_u64(&r);
+  }
+  int rc = r_finish(&r);
+  if (rc != 0)
+    proto_peers_free(m);
+  return rc;
+}
+
+/* ---- PEER: passed through ---------------------------------------------------- */
+
+int proto_encode_opaque(struct proto_buf *b, const struct dep_msg_opaque *m) {
+  struct writer w;
+  w_init(&w, b);
+  if (m->len > 0 && m->data == NULL)
+    return DEP_ERR_INVALID;
+  w_bytes(&w, m->data, m->len);
+  return w_finish(&w);
+}
+
+int proto_decode_opaque(const uint8_t *p, size_t len, struct dep_msg_opaque *m) {
+  m->data = p;
+  m->len = len;
+  return 0;
+}
+
 /* ---- frames and dispatch ------------------------------------------------- */
 
 static bool type_has_empty_body(uint16_t type) {
   return type == DEP_MSG_STATUS || type == DEP_MSG_DETACH || type == DEP_MSG_DETACH_OK ||
-         type == DEP_MSG_SHUTDOWN || type == DEP_MSG_RELOAD;
+         type == DEP_MSG_SHUTDOWN || type == DEP_MSG_RELOAD || type == DEP_MSG_PEERS;
 }
 
 static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
@@ -673,6 +775,10 @@ static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
     return proto_encode_text(b, msg);
   case DEP_MSG_DRAIN:
     return proto_encode_drain(b, msg);
+  case DEP_MSG_PEERS_OK:
+    return proto_encode_peers(b, msg);
+  case DEP_MSG_PEER:
+    return proto_encode_opaque(b, msg);
   default:
     return DEP_ERR_INVALID;
   }
@@ -732,6 +838,9 @@ int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg)
     return proto_decode_text(body, len, msg);
   case DEP_MSG_DRAIN:
     return proto_decode_drain(body, len, msg);
+  /* PEERS_OK allocates: its callers decode it with proto_decode_peers. */
+  case DEP_MSG_PEER:
+    return proto_decode_opaque(body, len, msg);
   default:
     return DEP_ERR_PROTOCOL;
   }
@@ -746,7 +855,8 @@ const char *proto_type_name(uint16_t type) {
       [DEP_MSG_DETACH_OK] = "DETACH_OK", [DEP_MSG_SHUTDOWN] = "SHUTDOWN",
       [DEP_MSG_SLAB] = "SLAB",           [DEP_MSG_RELOAD] = "RELOAD",
       [DEP_MSG_RELOAD_OK] = "RELOAD_OK", [DEP_MSG_DRAIN] = "DRAIN",
-      [DEP_MSG_DRAIN_OK] = "DRAIN_OK",
+      [DEP_MSG_DRAIN_OK] = "DRAIN_OK",   [DEP_MSG_PEERS] = "PEERS",
+      [DEP_MSG_PEERS_OK] = "PEERS_OK",   [DEP_MSG_PEER] = "PEER",
   };
   return type < DEP_MSG_TYPE_MAX_ && names[type] != NULL ? names[type] : "UNKNOWN";
 }

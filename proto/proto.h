@@ -29,7 +29,9 @@
  *      followed by ATTACH_OK, all with the request's id; RELOAD re-reads
  *      the configuration as SIGHUP does.
  *   3  STATUS_OK carries the daemon's state after its backend, and each
- *      device's held bytes; DRAIN.
+ *      device's held bytes; DRAIN.  Added since, without a bump (new
+ *      types only): PEERS and PEERS_OK (deepepctl peers); PEER, the
+ *      carrier of the peer protocol between daemons (peer_proto.h).
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -69,6 +71,9 @@ enum dep_msg_type {
   DEP_MSG_RELOAD_OK = 13, /* reply: struct dep_msg_text, what was applied and what needs a restart */
   DEP_MSG_DRAIN = 14,    /* request: struct dep_msg_drain; root or the daemon's own user only */
   DEP_MSG_DRAIN_OK = 15, /* reply: struct dep_msg_text, the state now and the jobs still running */
+  DEP_MSG_PEERS = 16,    /* request: empty body */
+  DEP_MSG_PEERS_OK = 17, /* reply: struct dep_msg_peers */
+  DEP_MSG_PEER = 18,     /* between daemons only: struct dep_msg_opaque, one peer_proto.h message */
   DEP_MSG_TYPE_MAX_
 };
 
@@ -141,6 +146,37 @@ struct dep_msg_slab {
   struct dep_msg_slab_rank ranks[DEP_MAX_LOCAL_RANKS];
 };
 
+/* A body passed through as bytes (DEP_MSG_PEER: peer_proto.h encodes it). */
+struct dep_msg_opaque {
+  const uint8_t *data;
+  size_t len;
+};
+
+/* PEERS_OK: the peer daemons this one is configured with, and how each is. */
+#define DEP_PEERS_MAX 64 /* config.h's CONFIG_MAX_LIST */
+struct dep_msg_peer_info {
+  char address[272];    /* "host:port" as configured */
+  char node[64];        /* the far end's host name from its HELLO; "" before one came */
+  char state[16];       /* "connecting", "authenticating", "up", "backoff" */
+  char transport[8];    /* "tcp" */
+  char last_error[DEP_MSG_TEXT_MAX]; /* why the last connection failed; "" for none */
+  uint32_t conns_up;    /* outbound connections authenticated and up */
+  uint32_t conns_total; /* connection_pool_size */
+  uint32_t inbound_up;  /* authenticated connections the far end opened to us */
+  uint64_t reconnects;  /* connections lost or failed and tried again */
+  uint64_t bytes_in, bytes_out;
+  uint64_t rtt_us;      /* round trip of the last keepalive answered; 0 before one */
+  uint64_t backoff_ms;  /* the wait before the next attempt (state backoff) */
+};
+
+struct dep_msg_peers {
+  char node[64];             /* this daemon's host name */
+  char listen[272];          /* "address:port" it listens on, "" for none */
+  uint32_t auth;             /* 1: peer_key_file in use; 0: peer_insecure */
+  uint32_t n_peers;          /* 0..DEP_PEERS_MAX */
+  struct dep_msg_peer_info *peers; /* n_peers; the decoder allocates: dep_msg_peers_free */
+};
+
 /* ---- header ---- */
 
 /* Write a header into out[DEP_PROTO_HDR_LEN]. */
@@ -177,7 +213,8 @@ void proto_buf_reset(struct proto_buf *b);
  */
 int proto_frame_encode(struct proto_buf *b, uint16_t type, uint32_t flags,
                        uint32_t request_id, const void *msg);
-/* Decode a body of the given type into `msg` (the matching struct). */
+/* Decode a body of the given type into `msg` (the matching struct); PEERS_OK,
+ * which allocates, only through proto_decode_peers. */
 int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg);
 
 /* The per-type codecs proto_frame_encode / proto_body_decode dispatch to. */
@@ -199,6 +236,13 @@ int proto_encode_drain(struct proto_buf *b, const struct dep_msg_drain *m);
 int proto_decode_drain(const uint8_t *p, size_t len, struct dep_msg_drain *m);
 int proto_encode_slab(struct proto_buf *b, const struct dep_msg_slab *m);
 int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m);
+int proto_encode_peers(struct proto_buf *b, const struct dep_msg_peers *m);
+/* Allocates m->peers (NULL when none): free with proto_peers_free. */
+int proto_decode_peers(const uint8_t *p, size_t len, struct dep_msg_peers *m);
+void proto_peers_free(struct dep_msg_peers *m);
+int proto_encode_opaque(struct proto_buf *b, const struct dep_msg_opaque *m);
+/* m->data points into p: valid as long as p is. */
+int proto_decode_opaque(const uint8_t *p, size_t len, struct dep_msg_opaque *m);
 
 /* The name of a message type for logs ("ATTACH"), or "UNKNOWN". */
 const char *proto_type_name(uint16_t type);

@@ -101,6 +101,8 @@ static void assert_same_config(const struct config *a, const struct config *b) {
     ck_field(a, b, peers[i].port);
   }
   ck_field_str(a, b, peer_key_file);
+  ck_field_bool(a, b, peer_insecure);
+  ck_field(a, b, peer_wait_ms);
   ck_field(a, b, max_clients);
   ck_field(a, b, max_jobs);
   ck_field(a, b, attach_timeout_ms);
@@ -156,7 +158,7 @@ static size_t shipped_keys(char keys[][64], size_t max) {
 START_TEST(shipped_file_has_every_documented_key) {
   char keys[64][64];
   size_t n = shipped_keys(keys, 64);
-  ck_assert_uint_eq(n, 34); /* socket 3, allow 3, pool 4, listen 2, limits 10, and 12 at the top */
+  ck_assert_uint_eq(n, 36); /* socket 3, allow 3, pool 4, listen 2, limits 10, and 14 at the top */
 }
 END_TEST
 
@@ -390,7 +392,7 @@ static const struct bad {
     {"log_level: info\nfoo: 1\n",
      "t.yaml:2:1: unknown key 'foo' at the top level (known: socket, allow, backend, devices, pool, "
      "preallocation, buffer_cache_enabled, kernel_warmup, kernel_cache_dir, adaptive_optimization, "
-     "warn_first_call_ratio, connection_pool_size, listen, peers, peer_key_file, limits, log_level)"},
+     "warn_first_call_ratio, connection_pool_size, listen, peers, peer_key_file, peer_insecure, peer_wait_ms, limits, log_level)"},
     {"pool:\n  chunk_size: 64MiB\n  sise_per_device: 8GiB\n",
      "t.yaml:3:3: unknown key 'sise_per_device' in 'pool' (known: size_per_device, chunk_size, max_allocation, "
      "host_size)"},
@@ -714,6 +716,8 @@ static const struct {
     {"listen:\n  port: 7471\n", "listen.port"},
     {"peers: [{host: b}]\n", "peers"},
     {"peer_key_file: /etc/k\n", "peer_key_file"},
+    {"peer_insecure: true\n", "peer_insecure"},
+    {"peer_wait_ms: 5\n", "peer_wait_ms"},
 };
 
 START_TEST(restart_keys_are_named) {
@@ -791,7 +795,7 @@ START_TEST(nesting_deeper_than_32_levels_is_refused_where_it_opens) {
                         "backend, devices, pool, preallocation, buffer_cache_enabled, "
                         "kernel_warmup, kernel_cache_dir, adaptive_optimization, "
                         "warn_first_call_ratio, connection_pool_size, listen, peers, "
-                        "peer_key_file, limits, log_level)");
+                        "peer_key_file, peer_insecure, peer_wait_ms, limits, log_level)");
   /* A list at its key's own column is a level too: the root, then a list and a mapping on each
    * "- k:" line; the 16th such line's mapping is the 33rd level. */
   snprintf(block, sizeof block, "k:\n");
@@ -902,7 +906,7 @@ START_TEST(the_largest_valid_file_is_within_the_bounds) {
            "host_size: 64MiB}\npreallocation: true\nbuffer_cache_enabled: true\n"
            "kernel_warmup: true\nkernel_cache_dir: /tmp\nadaptive_optimization: false\n"
            "warn_first_call_ratio: 2\nconnection_pool_size: 8\nlisten: {address: \"\", port: 1}\n"
-           "peer_key_file: \"\"\nlimits: {max_clients: 1, max_jobs: 1, attach_timeout_ms: 1, "
+           "peer_key_file: \"\"\npeer_insecure: false\npeer_wait_ms: 0\nlimits: {max_clients: 1, max_jobs: 1, attach_timeout_ms: 1, "
            "op_timeout_ms: 1, client_queue_bytes: 1MiB, hello_timeout_ms: 1, reserved_clients: 0, "
            "max_clients_per_uid: 1, max_jobs_per_uid: 1, memory_per_uid: 0}\nlog_level: info\n");
   struct config c;
@@ -939,7 +943,7 @@ static const char every_key_changed[] =
     "preallocation: false\nbuffer_cache_enabled: false\nkernel_warmup: false\n"
     "kernel_cache_dir: /tmp/kc\nadaptive_optimization: true\nwarn_first_call_ratio: 3\n"
     "connection_pool_size: 8\nlisten:\n  address: 10.0.0.1\n  port: 7471\n"
-    "peers: [{host: b}]\npeer_key_file: /etc/k\n"
+    "peers: [{host: b}]\npeer_key_file: /etc/k\npeer_insecure: true\npeer_wait_ms: 5\n"
     "limits:\n  max_clients: 512\n  max_jobs: 5\n  attach_timeout_ms: 5\n  op_timeout_ms: 6\n"
     "  client_queue_bytes: 1MiB\n  hello_timeout_ms: 7\n  reserved_clients: 9\n"
     "  max_clients_per_uid: 10\n  max_jobs_per_uid: 11\n  memory_per_uid: 2GiB\n"
@@ -954,9 +958,9 @@ START_TEST(a_reload_copies_every_live_key_and_no_other) {
   char keys[1024];
   /* Every live key now has the file's value... */
   ck_assert_uint_eq(config_diff_live(&running, &file, keys, sizeof keys), 0);
-  /* ...and every other key is as it was: all 16 still differ from the file. */
+  /* ...and every other key is as it was: all 18 still differ from the file. */
   ck_assert_uint_eq(config_diff_restart(&running, &defaults, keys, sizeof keys), 0);
-  ck_assert_uint_eq(config_diff_restart(&running, &file, keys, sizeof keys), 16);
+  ck_assert_uint_eq(config_diff_restart(&running, &file, keys, sizeof keys), 18);
   ck_assert_uint_eq(running.n_allow_users, 2);
   ck_assert_str_eq(running.allow_users[1], "bob");
   ck_assert_uint_eq(running.memory_per_uid, 2ull << 30);

@@ -20,6 +20,7 @@
   XX(lifecycle)             \
   XX(cuda_ops)              \
   XX(rdma)                  \
+  XX(peers)                 \
   XX(runner)                \
   XX(readme)
 #endif

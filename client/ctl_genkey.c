@@ -1,0 +1,83 @@
+/*
+ * ctl_genkey.c — `deepepctl genkey [FILE]`: write a key for peer_key_file,
+ * 32 random bytes from getrandom(2) as 64 hex digits and a newline, with
+ * mode 0600.  Without FILE (or with "-") the key goes to stdout.  An
+ * existing FILE is not overwritten: a cluster's key changes on purpose only.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ctl.h"
+
+#define GENKEY_BYTES 32
+
+int ctl_genkey(struct ctl *ctl, int argc, char **argv) {
+  /* No options of its own; a single optional FILE argument. */
+  int rc = -1;
+  const char *path = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (argv[i][0] == '-' && argv[i][1] != '\0') {
+      if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+        printf("usage: deepepctl genkey [FILE]\n"
+               "  write a new peer key (%d random bytes, hex) to FILE with mode 0600, or to "
+               "stdout\n",
+               GENKEY_BYTES);
+        return CTL_EXIT_OK;
+      }
+      return ctl_usage_error(ctl, "genkey takes no option \"%s\"", argv[i]);
+    }
+    if (path != NULL)
+      return ctl_usage_error(ctl, "genkey takes one FILE, not also \"%s\"", argv[i]);
+    path = argv[i];
+  }
+  unsigned char key[GENKEY_BYTES];
+  size_t got = 0;
+  while (got < sizeof key) {
+    ssize_t n = getrandom(key + got, sizeof key - got, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return ctl_fail(ctl, DEP_ERR_IO, "genkey: getrandom: %s", strerror(errno));
+    got += (size_t)n;
+  }
+  char hex[2 * GENKEY_BYTES + 2];
+  for (size_t i = 0; i < sizeof key; i++)
+    snprintf(hex + 2 * i, 3, "%02x", key[i]);
+  hex[2 * GENKEY_BYTES] = '\n';
+  hex[2 * GENKEY_BYTES + 1] = '\0';
+  memset(key, 0, sizeof key);
+  if (path == NULL || strcmp(path, "-") == 0) {
+    fputs(hex, stdout);
+    return ctl_finish_output(CTL_EXIT_OK);
+  }
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return ctl_fail(ctl, errno == EEXIST ? DEP_ERR_EXISTS : DEP_ERR_IO,
+                    "genkey: cannot create %s: %s%s", path, strerror(errno),
+                    errno == EEXIST ? " (remove it first to replace the key)" : "");
+  /* The umask may only take bits away; make sure of 0600 anyway. */
+  (void)fchmod(fd, 0600);
+  size_t len = strlen(hex), off = 0;
+  while (off < len) {
+    ssize_t n = write(fd, hex + off, len - off);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      rc = ctl_fail(ctl, DEP_ERR_IO, "genkey: writing %s: %s", path, strerror(errno));
+      close(fd);
+      unlink(path);
+      return rc;
+    }
+    off += (size_t)n;
+  }
+  if (fsync(fd) != 0 || close(fd) != 0)
+    return ctl_fail(ctl, DEP_ERR_IO, "genkey: writing %s: %s", path, strerror(errno));
+  fprintf(stderr, "deepepctl: wrote a new peer key to %s (mode 0600); copy it to every node\n",
+          path);
+  return CTL_EXIT_OK;
+}

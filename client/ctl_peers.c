@@ -1,0 +1,95 @@
+/*
+ * ctl_peers.c — `deepepctl peers`: the peer daemons deepepd is configured
+ * with and how each is: state, transport, connections up of the pool,
+ * inbound connections, round trip of the last keep-alive, bytes,
+ * reconnects and the last error, as a table or --json.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "client_internal.h"
+#include "ctl.h"
+
+static const struct ctl_col peers_fields[] = {
+    {"node", "node", CTL_STR, 0},
+    {"listen", "listen", CTL_STR, 0},
+    {"auth", "auth", CTL_STR, 0},
+};
+#define PEERS_NFIELDS (sizeof peers_fields / sizeof peers_fields[0])
+
+static const struct ctl_col peer_cols[] = {
+    {"address", "PEER", CTL_STR, 0},
+    {"node", "NODE", CTL_STR, 0},
+    {"state", "STATE", CTL_STR, 0},
+    {"transport", "TRANSPORT", CTL_STR, 0},
+    {"conns_up", "CONNS", CTL_UINT, 0},
+    {"conns_total", "", CTL_UINT, CTL_COL_JOIN},
+    {"inbound_up", "IN", CTL_UINT, 0},
+    {"rtt_us", "RTT_US", CTL_UINT, 0},
+    {"bytes_in", "RX", CTL_BYTES, 0},
+    {"bytes_out", "TX", CTL_BYTES, 0},
+    {"reconnects", "RECONNECTS", CTL_UINT, 0},
+    {"backoff_ms", "BACKOFF", CTL_MS, 0},
+    {"last_error", "LAST ERROR", CTL_STR, 0},
+};
+#define PEER_NCOLS (sizeof peer_cols / sizeof peer_cols[0])
+
+static int peers_render(const struct ctl *ctl, const struct dep_msg_peers *m) {
+  const struct ctl_val fields[PEERS_NFIELDS] = {
+      {.s = m->node},
+      {.s = m->listen[0] ? m->listen : "-"},
+      {.s = m->auth ? "peer_key_file" : "none (peer_insecure)"},
+  };
+  struct ctl_val *cells = calloc((size_t)m->n_peers * PEER_NCOLS + 1, sizeof *cells);
+  if (cells == NULL)
+    return ctl_fail(ctl, DEP_ERR_NO_MEMORY, "out of memory");
+  for (uint32_t i = 0; i < m->n_peers; i++) {
+    const struct dep_msg_peer_info *p = &m->peers[i];
+    struct ctl_val *row = cells + (size_t)i * PEER_NCOLS;
+    row[0].s = p->address;
+    row[1].s = p->node[0] || ctl->json ? p->node : "-";
+    row[2].s = p->state;
+    row[3].s = p->transport;
+    row[4].u = p->conns_up;
+    row[5].u = p->conns_total;
+    row[6].u = p->inbound_up;
+    row[7].u = p->rtt_us;
+    row[8].u = p->bytes_in;
+    row[9].u = p->bytes_out;
+    row[10].u = p->reconnects;
+    row[11].u = p->backoff_ms;
+    row[12].s = p->last_error[0] || ctl->json ? p->last_error : "-";
+  }
+  const struct ctl_table tables[] = {
+      {"peers", "no peers configured", peer_cols, PEER_NCOLS, m->n_peers, cells, 0},
+  };
+  const struct ctl_doc doc = {peers_fields, fields, PEERS_NFIELDS, tables, 1};
+  int rc = ctl_out_render(stdout, &doc, ctl->json);
+  free(cells);
+  if (rc != 0)
+    return ctl_fail(ctl, DEP_ERR_NO_MEMORY, "out of memory");
+  return CTL_EXIT_OK;
+}
+
+int ctl_peers(struct ctl *ctl, int argc, char **argv) {
+  int rc = ctl_sub_options(ctl, argc, argv);
+  if (rc >= 0)
+    return rc;
+  dep_client_t *c = ctl_connect(ctl);
+  if (c == NULL)
+    return CTL_EXIT_FAIL;
+  struct client_frame f;
+  rc = client_request(c, DEP_MSG_PEERS, NULL, DEP_MSG_PEERS_OK, CLIENT_REQUEST_TIMEOUT_MS, &f);
+  struct dep_msg_peers m = {0};
+  if (rc == 0) {
+    if (proto_decode_peers(f.body, f.hdr.body_len, &m) != 0)
+      rc = client_seterr(c, DEP_ERR_PROTOCOL, "deepepd sent a malformed PEERS_OK");
+    client_frame_release(&f);
+  }
+  if (rc != 0)
+    return ctl_fail_client(ctl, c, rc, "peers");
+  dep_client_free(c);
+  rc = peers_render(ctl, &m);
+  proto_peers_free(&m);
+  return ctl_finish_output(rc);
+}

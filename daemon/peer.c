@@ -1,0 +1,1086 @@
+/*
+ * peer.c — the peer daemons (peer.h): the listener, the outbound pools,
+ * the handshake, keep-alive and reconnection, all on the loop thread.
+ *
+ * Each configured peer has connection_pool_size outbound slots.  A slot
+ * is connecting (a non-blocking connect watched with its own uv_poll),
+ * authenticating (a link, the handshake under way), up, or in backoff
+ * (waiting to try again, with the last error).  Inbound connections are
+ * links too; they count for the peer they prove to be once authenticated.
+ * One timer (PEER_TICK_MS) drives retries, keep-alives and the timeouts.
+ */
+#include "peer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "link.h"
+#include "log.h"
+#include "notify.h"
+
+#define PEER_TICK_MS 100
+#define PEER_ACCEPT_BUDGET 64
+#define PEER_ACCEPT_PAUSE_MS 1000
+#define PEER_MAX_ADDRS 8
+/* Before a link has authenticated its frames are small: a HELLO at most. */
+#define PEER_PREAUTH_MAX_BODY 1024u
+#define PEER_QUEUE_BYTES (4u * 1024u * 1024u)
+/* The context the MAC starts with: a key used elsewhere never answers here. */
+static const char peer_mac_context[] = "deepepd peer auth v1";
+
+enum peer_slot_state { SLOT_CONNECTING, SLOT_AUTHENTICATING, SLOT_UP, SLOT_BACKOFF };
+
+static const char *const slot_state_names[] = {
+    [SLOT_CONNECTING] = "connecting",
+    [SLOT_AUTHENTICATING] = "authenticating",
+    [SLOT_UP] = "up",
+    [SLOT_BACKOFF] = "backoff",
+};
+
+struct peer;
+
+/* One connection, outbound (in a slot) or inbound (in the inbound list). */
+struct peer_conn {
+  struct link link;      /* once linked; link.user points here */
+  uv_poll_t cpoll;       /* outbound, while the connect is under way */
+  int fd;
+  struct peer *peer;     /* outbound: always; inbound: once identified */
+  int slot;              /* outbound slot, -1 inbound */
+  bool linked;           /* link_init ran: the link owns fd */
+  bool cpoll_closing;    /* the connect's poll is being closed */
+  bool up;               /* authenticated both ways */
+  bool got_hello, sent_auth, verified, acked;
+  struct peer_hs hs;
+  char from[INET6_ADDRSTRLEN + 8]; /* inbound: the source address, for log lines */
+  struct sockaddr_storage src;
+  uint64_t opened_ms, last_rx_ms, last_tx_ms;
+  char err[DEP_MSG_TEXT_MAX]; /* why it is closing, for the slot's last error */
+  struct peer_conn *next;     /* inbound list */
+};
+
+struct peer_slot {
+  struct peer_conn *conn;
+  enum peer_slot_state state;
+  uint64_t backoff_ms; /* the next wait's base */
+  uint64_t retry_at_ms;
+};
+
+struct peer {
+  char host[256];
+  uint16_t port;
+  char name[272]; /* "host:port" */
+  char node[DEP_PEER_NODE_MAX];
+  struct peer_slot *slots;
+  struct sockaddr_storage addrs[PEER_MAX_ADDRS];
+  int naddrs;
+  bool resolving;
+  uint64_t resolved_ms;
+  uv_getaddrinfo_t gai;
+  char last_error[DEP_MSG_TEXT_MAX];
+  uint64_t reconnects, bytes_in, bytes_out, rtt_us;
+  uint32_t inbound_up;
+  bool was_up; /* every slot up at the last look, for one log line per change */
+};
+
+static struct {
+  uv_loop_t *loop;
+  bool active;
+  bool stopping;
+  uint32_t pool_size;
+  uint32_t wait_ms;
+  char listen_address[256];
+  uint16_t listen_port;
+  char node[DEP_PEER_NODE_MAX];
+  uint8_t key[PEER_KEY_MAX];
+  size_t keylen;
+  bool authenticated; /* a key is in use (else peer_insecure) */
+  size_t n;
+  struct peer peers[CONFIG_MAX_LIST];
+  struct peer_conn *inbound;
+  int listen_fd;
+  uv_poll_t listen_poll;
+  bool listening;
+  uint64_t accept_paused_until;
+  uv_timer_t tick;
+  uint64_t start_ms;
+  peer_ready_fn *ready_cb;
+  char status[DEP_MSG_TEXT_MAX]; /* the last STATUS= sent while waiting */
+} P = {.listen_fd = -1};
+
+static uint64_t now_ms(void) { return uv_now(P.loop); }
+
+/* Copy src into dst[size], cut to fit (log lines and messages only). */
+static void cut(char *dst, size_t size, const char *src) {
+  size_t n = strnlen(src, size - 1);
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
+/* ---- the key and the MAC ------------------------------------------------- */
+
+int peer_key_load(const char *path, uint8_t *key, size_t cap, size_t *len, char *why,
+                  size_t whylen) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    snprintf(why, whylen, "peer_key_file %s: cannot open: %s", path, strerror(errno));
+    return DEP_ERR_CONFIG;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    snprintf(why, whylen, "peer_key_file %s: not a regular file", path);
+    close(fd);
+    return DEP_ERR_CONFIG;
+  }
+  if ((st.st_mode & 077) != 0) {
+    snprintf(why, whylen,
+             "peer_key_file %s has mode %04o: group or others may read it; the key must be "
+             "readable by deepepd only: chmod 600 %s",
+             path, (unsigned)(st.st_mode & 07777), path);
+    close(fd);
+    return DEP_ERR_PERMISSION;
+  }
+  uint8_t buf[PEER_KEY_MAX + 2];
+  size_t got = 0;
+  for (;;) {
+    ssize_t n = read(fd, buf + got, sizeof buf - got);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      snprintf(why, whylen, "peer_key_file %s: cannot read: %s", path, strerror(errno));
+      close(fd);
+      return DEP_ERR_CONFIG;
+    }
+    if (n == 0 || (got += (size_t)n) == sizeof buf)
+      break;
+  }
+  close(fd);
+  if (got > 0 && buf[got - 1] == '\n')
+    got--;
+  if (got < PEER_KEY_MIN || got > PEER_KEY_MAX || got > cap) {
+    snprintf(why, whylen,
+             "peer_key_file %s holds %s%zu bytes of key; it needs %d to %d (deepepctl genkey "
+             "FILE writes one)",
+             path, got > PEER_KEY_MAX ? "more than " : "", got > PEER_KEY_MAX ? PEER_KEY_MAX : got,
+             PEER_KEY_MIN, PEER_KEY_MAX);
+    sodium_memzero(buf, sizeof buf);
+    return DEP_ERR_CONFIG;
+  }
+  memcpy(key, buf, got);
+  *len = got;
+  sodium_memzero(buf, sizeof buf);
+  return 0;
+}
+
+int peer_hs_hello(struct peer_hs *hs, const char *node, const char *listen_address,
+                  uint16_t listen_port, struct proto_buf *out) {
+  struct dep_peer_msg m = {.type = DEP_PEER_HELLO};
+  m.u.hello.version = DEP_PEER_VERSION;
+  snprintf(m.u.hello.node, sizeof m.u.hello.node, "%s", node);
+  snprintf(m.u.hello.listen_address, sizeof m.u.hello.listen_address, "%s", listen_address);
+  m.u.hello.listen_port = listen_port;
+  randombytes_buf(m.u.hello.challenge, sizeof m.u.hello.challenge);
+  size_t start = out->len;
+  int rc = peer_proto_encode(out, &m);
+  if (rc != 0)
+    return rc;
+  hs->mine_len = out->len - start;
+  memcpy(hs->mine, out->data + start, hs->mine_len);
+  return 0;
+}
+
+int peer_hs_take(struct peer_hs *hs, const uint8_t *msg, size_t len) {
+  if (len > sizeof hs->theirs)
+    return DEP_ERR_PROTOCOL;
+  memcpy(hs->theirs, msg, len);
+  hs->theirs_len = len;
+  return 0;
+}
+
+/* MAC(context, role of the sender, sender's HELLO, receiver's HELLO). */
+static void peer_mac(const struct peer_hs *hs, bool sender_connected, const uint8_t *sender,
+                     size_t slen, const uint8_t *receiver, size_t rlen,
+                     uint8_t mac[DEP_PEER_MAC_LEN]) {
+  crypto_auth_hmacsha512256_state st;
+  uint8_t role = sender_connected ? 'C' : 'A';
+  uint8_t l[4];
+  crypto_auth_hmacsha512256_init(&st, hs->key, hs->keylen);
+  crypto_auth_hmacsha512256_update(&st, (const uint8_t *)peer_mac_context,
+                                   sizeof peer_mac_context - 1);
+  crypto_auth_hmacsha512256_update(&st, &role, 1);
+  for (int i = 0; i < 4; i++)
+    l[i] = (uint8_t)(slen >> (8 * i));
+  crypto_auth_hmacsha512256_update(&st, l, 4);
+  crypto_auth_hmacsha512256_update(&st, sender, slen);
+  for (int i = 0; i < 4; i++)
+    l[i] = (uint8_t)(rlen >> (8 * i));
+  crypto_auth_hmacsha512256_update(&st, l, 4);
+  crypto_auth_hmacsha512256_update(&st, receiver, rlen);
+  crypto_auth_hmacsha512256_final(&st, mac);
+  sodium_memzero(&st, sizeof st);
+}
+
+void peer_hs_auth(const struct peer_hs *hs, uint8_t mac[DEP_PEER_MAC_LEN]) {
+  peer_mac(hs, hs->connector, hs->mine, hs->mine_len, hs->theirs, hs->theirs_len, mac);
+}
+
+bool peer_hs_check(const struct peer_hs *hs, const uint8_t mac[DEP_PEER_MAC_LEN]) {
+  uint8_t want[DEP_PEER_MAC_LEN];
+  peer_mac(hs, !hs->connector, hs->theirs, hs->theirs_len, hs->mine, hs->mine_len, want);
+  bool ok = crypto_verify_32(want, mac) == 0;
+  sodium_memzero(want, sizeof want);
+  return ok;
+}
+
+/* ---- naming and sending -------------------------------------------------- */
+
+static void peer_describe(const struct link *l, char *buf, size_t len) {
+  const struct peer_conn *c = l->user;
+  if (c->slot >= 0)
+    snprintf(buf, len, "peer %s (connection %d)", c->peer->name, c->slot);
+  else if (c->peer != NULL)
+    snprintf(buf, len, "peer %s (inbound from %s)", c->peer->name, c->from);
+  else
+    snprintf(buf, len, "peer connection from %s", c->from);
+}
+
+static void peer_limits(const struct link *l, struct link_limits *out) {
+  const struct peer_conn *c = l->user;
+  out->max_body = c->up ? DEP_PROTO_MAX_BODY : PEER_PREAUTH_MAX_BODY;
+  out->queue_bytes = PEER_QUEUE_BYTES;
+  out->queue_key = "PEER_QUEUE_BYTES";
+}
+
+/* Send the encoded peer message in b as one PEER frame. */
+static int conn_send_raw(struct peer_conn *c, const struct proto_buf *b) {
+  struct dep_msg_opaque o = {.data = b->data, .len = b->len};
+  int rc = link_send(&c->link, DEP_MSG_PEER, 0, &o, NULL, 0);
+  if (rc == 0) {
+    c->last_tx_ms = now_ms();
+    if (c->peer != NULL)
+      c->peer->bytes_out += DEP_PROTO_HDR_LEN + b->len;
+  }
+  return rc;
+}
+
+static int conn_send(struct peer_conn *c, const struct dep_peer_msg *m) {
+  struct proto_buf b;
+  proto_buf_init(&b);
+  int rc = peer_proto_encode(&b, m);
+  if (rc == 0)
+    rc = conn_send_raw(c, &b);
+  proto_buf_free(&b);
+  return rc;
+}
+
+/* Tell the far end why (best effort), remember it, log it and drop the link. */
+static void conn_refuse(struct peer_conn *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void conn_refuse(struct peer_conn *c, int code, const char *fmt, ...) {
+  struct dep_peer_msg m = {.type = DEP_PEER_ERROR};
+  m.u.error.code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(m.u.error.message, sizeof m.u.error.message, fmt, ap);
+  va_end(ap);
+  snprintf(c->err, sizeof c->err, "%s", m.u.error.message);
+  if (link_open(&c->link))
+    (void)conn_send(c, &m);
+  link_drop(&c->link, "%s", m.u.error.message);
+}
+
+static int conn_send_hello(struct peer_conn *c) {
+  struct proto_buf b;
+  proto_buf_init(&b);
+  int rc = peer_hs_hello(&c->hs, P.node, P.listen_address, P.listen_port, &b);
+  if (rc == 0)
+    rc = conn_send_raw(c, &b);
+  proto_buf_free(&b);
+  return rc;
+}
+
+static int conn_send_auth(struct peer_conn *c) {
+  struct dep_peer_msg m = {.type = DEP_PEER_AUTH};
+  peer_hs_auth(&c->hs, m.u.auth.mac);
+  c->sent_auth = true;
+  return conn_send(c, &m);
+}
+
+/* ---- slots: state, backoff ------------------------------------------------ */
+
+static bool peer_all_up(const struct peer *p) {
+  for (uint32_t i = 0; i < P.pool_size; i++)
+    if (p->slots[i].state != SLOT_UP)
+      return false;
+  return true;
+}
+
+static uint32_t peer_count_up(const struct peer *p) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < P.pool_size; i++)
+    n += p->slots[i].state == SLOT_UP;
+  return n;
+}
+
+/* The peer's state: up when every slot is; else the least advanced slot's. */
+static const char *peer_state(const struct peer *p) {
+  bool connecting = false, authenticating = false;
+  for (uint32_t i = 0; i < P.pool_size; i++) {
+    enum peer_slot_state s = p->slots[i].state;
+    if (s == SLOT_BACKOFF)
+      return slot_state_names[SLOT_BACKOFF];
+    connecting |= s == SLOT_CONNECTING;
+    authenticating |= s == SLOT_AUTHENTICATING;
+  }
+  if (connecting)
+    return slot_state_names[SLOT_CONNECTING];
+  if (authenticating)
+    return slot_state_names[SLOT_AUTHENTICATING];
+  return slot_state_names[SLOT_UP];
+}
+
+static void peer_check_ready(void);
+
+/* A slot's connection failed or was lost: wait, with jitter, then try again. */
+static void slot_backoff(struct peer *p, int i, const char *why) {
+  struct peer_slot *s = &p->slots[i];
+  bool was_up = s->state == SLOT_UP;
+  s->conn = NULL;
+  s->state = SLOT_BACKOFF;
+  p->reconnects++;
+  if (why != NULL && why[0] != '\0')
+    snprintf(p->last_error, sizeof p->last_error, "%s", why);
+  /* Half the base plus up to half again: many daemons restarting together spread out. */
+  uint64_t base = s->backoff_ms;
+  uint64_t wait = base / 2 + randombytes_uniform((uint32_t)(base / 2 + 1));
+  s->retry_at_ms = now_ms() + wait;
+  s->backoff_ms = base * 2 > PEER_BACKOFF_MAX_MS ? PEER_BACKOFF_MAX_MS : base * 2;
+  if (p->was_up && was_up)
+    log_warnx("peer %s: connection %d lost (%s); reconnecting", p->name, i, p->last_error);
+  else
+    log_debug("peer %s: connection %d: %s; next try in %llu ms", p->name, i, p->last_error,
+              (unsigned long long)wait);
+  p->was_up = false;
+}
+
+/* ---- links: the handshake and what follows -------------------------------- */
+
+/* The inbound connection c, from its source address and HELLO, is which peer? */
+static struct peer *peer_identify(const struct peer_conn *c, uint16_t listen_port) {
+  for (size_t i = 0; i < P.n; i++) {
+    struct peer *p = &P.peers[i];
+    if (p->port != listen_port)
+      continue;
+    for (int a = 0; a < p->naddrs; a++) {
+      const struct sockaddr_storage *x = &p->addrs[a], *y = &c->src;
+      if (x->ss_family == AF_INET && y->ss_family == AF_INET &&
+          ((const struct sockaddr_in *)x)->sin_addr.s_addr ==
+              ((const struct sockaddr_in *)y)->sin_addr.s_addr)
+        return p;
+      if (x->ss_family == AF_INET6 && y->ss_family == AF_INET6 &&
+          memcmp(&((const struct sockaddr_in6 *)x)->sin6_addr,
+                 &((const struct sockaddr_in6 *)y)->sin6_addr, 16) == 0)
+        return p;
+    }
+  }
+  return NULL;
+}
+
+static void conn_maybe_up(struct peer_conn *c) {
+  if (!c->verified || !c->acked || c->up)
+    return;
+  c->up = true;
+  struct peer *p = c->peer;
+  if (c->slot >= 0) {
+    struct peer_slot *s = &p->slots[c->slot];
+    s->state = SLOT_UP;
+    s->backoff_ms = PEER_BACKOFF_MIN_MS;
+  } else {
+    p->inbound_up++;
+  }
+  if (c->slot >= 0 && peer_all_up(p) && !p->was_up) {
+    p->was_up = true;
+    p->last_error[0] = '\0';
+    log_info("peer %s (%s): %u connection(s) up%s", p->name, p->node, P.pool_size,
+             P.authenticated ? "" : ", unauthenticated (peer_insecure)");
+  }
+  peer_check_ready();
+}
+
+static void conn_on_hello(struct peer_conn *c, const struct dep_peer_msg *m, const uint8_t *raw,
+                          size_t len) {
+  if (c->got_hello) {
+    conn_refuse(c, DEP_ERR_PROTOCOL, "sent a second HELLO");
+    return;
+  }
+  c->got_hello = true;
+  const struct dep_peer_hello *h = &m->u.hello;
+  char node[4 * DEP_PEER_NODE_MAX];
+  log_escape(h->node, strlen(h->node), node, sizeof node);
+  if (h->version != DEP_PEER_VERSION) {
+    conn_refuse(c, DEP_ERR_VERSION, "speaks peer protocol version %u, this deepepd speaks %u",
+                (unsigned)h->version, (unsigned)DEP_PEER_VERSION);
+    return;
+  }
+  if (c->slot < 0) {
+    c->peer = peer_identify(c, h->listen_port);
+    if (c->peer == NULL) {
+      conn_refuse(c, DEP_ERR_PERMISSION,
+                  "%s (node \"%s\", listen port %u) is not in this daemon's peers: refused",
+                  c->from, node, (unsigned)h->listen_port);
+      return;
+    }
+  }
+  cut(c->peer->node, sizeof c->peer->node, node);
+  peer_hs_take(&c->hs, raw, len);
+  /* The acceptor answers with its own HELLO only now that it knows the caller. */
+  if (c->slot < 0 && conn_send_hello(c) != 0)
+    return;
+  (void)conn_send_auth(c);
+}
+
+static void conn_on_auth(struct peer_conn *c, const struct dep_peer_msg *m) {
+  if (!c->got_hello || !c->sent_auth || c->verified) {
+    conn_refuse(c, DEP_ERR_PROTOCOL, "sent AUTH out of turn");
+    return;
+  }
+  if (!peer_hs_check(&c->hs, m->u.auth.mac)) {
+    conn_refuse(c, DEP_ERR_PERMISSION,
+                "authentication failed: a different peer_key_file, or a replayed or reflected "
+                "answer");
+    return;
+  }
+  c->verified = true;
+  if (conn_send(c, &(struct dep_peer_msg){.type = DEP_PEER_AUTH_OK}) != 0)
+    return;
+  conn_maybe_up(c);
+}
+
+static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const uint8_t *body,
+                          size_t len, int *fds, int nfds) {
+  struct peer_conn *c = l->user;
+  c->last_rx_ms = now_ms();
+  if (c->peer != NULL)
+    c->peer->bytes_in += DEP_PROTO_HDR_LEN + len;
+  if (h->type != DEP_MSG_PEER) {
+    conn_refuse(c, DEP_ERR_PROTOCOL, "sent a %s frame on a peer link", proto_type_name(h->type));
+    return;
+  }
+  struct dep_peer_msg m;
+  char why[256];
+  int rc = peer_proto_decode(body, len, &m, why, sizeof why);
+  if (rc == DEP_ERR_UNSUPPORTED && c->up) {
+    /* A newer peer may probe: say so and keep the link (peer_proto.h). */
+    struct dep_peer_msg e = {.type = DEP_PEER_ERROR};
+    e.u.error.code = DEP_ERR_UNSUPPORTED;
+    snprintf(e.u.error.message, sizeof e.u.error.message, "%s", why);
+    (void)conn_send(c, &e);
+    return;
+  }
+  if (rc != 0) {
+    conn_refuse(c, rc, "%s", why);
+    return;
+  }
+  bool handshake = m.type == DEP_PEER_HELLO || m.type == DEP_PEER_AUTH ||
+                   m.type == DEP_PEER_AUTH_OK || m.type == DEP_PEER_ERROR;
+  if (!c->up && !handshake) {
+    conn_refuse(c, DEP_ERR_STATE, "sent %s before authenticating", peer_proto_type_name(m.type));
+    return;
+  }
+  switch (m.type) {
+  case DEP_PEER_HELLO:
+    conn_on_hello(c, &m, body, len);
+    break;
+  case DEP_PEER_AUTH:
+    conn_on_auth(c, &m);
+    break;
+  case DEP_PEER_AUTH_OK:
+    if (!c->sent_auth || c->acked) {
+      conn_refuse(c, DEP_ERR_PROTOCOL, "sent AUTH_OK out of turn");
+      return;
+    }
+    c->acked = true;
+    conn_maybe_up(c);
+    break;
+  case DEP_PEER_ERROR: {
+    char msg[4 * DEP_MSG_TEXT_MAX], err[sizeof msg + 32];
+    log_escape(m.u.error.message, strlen(m.u.error.message), msg, sizeof msg);
+    snprintf(err, sizeof err, "refused by the peer: %s", msg);
+    cut(c->err, sizeof c->err, err);
+    if (!c->up)
+      link_drop(l, "%s", c->err);
+    else
+      log_warnx("peer %s: says: %s", c->peer->name, msg);
+    break;
+  }
+  case DEP_PEER_KEEPALIVE:
+    if (m.u.keepalive.reply == 0) {
+      m.u.keepalive.reply = 1;
+      (void)conn_send(c, &m);
+    } else {
+      uint64_t now_us = uv_hrtime() / 1000u;
+      if (now_us >= m.u.keepalive.stamp)
+        c->peer->rtt_us = now_us - m.u.keepalive.stamp;
+    }
+    break;
+  case DEP_PEER_CLOSE: {
+    char msg[4 * DEP_MSG_TEXT_MAX], err[sizeof msg + 32];
+    log_escape(m.u.error.message, strlen(m.u.error.message), msg, sizeof msg);
+    snprintf(err, sizeof err, "closed by the peer: %s", msg);
+    cut(c->err, sizeof c->err, err);
+    link_close(l, c->err);
+    break;
+  }
+  }
+}
+
+static void peer_on_closing(struct link *l) {
+  struct peer_conn *c = l->user;
+  if (P.stopping)
+    return;
+  if (c->slot >= 0) {
+    slot_backoff(c->peer, c->slot,
+                 c->err[0] ? c->err : c->up ? "connection lost" : "closed during the handshake");
+    return;
+  }
+  for (struct peer_conn **pp = &P.inbound; *pp != NULL; pp = &(*pp)->next) {
+    if (*pp == c) {
+      *pp = c->next;
+      break;
+    }
+  }
+  if (c->up && c->peer != NULL)
+    c->peer->inbound_up--;
+}
+
+static void peer_on_close(struct link *l) {
+  struct peer_conn *c = l->user;
+  free(c);
+}
+
+static const struct link_ops peer_link_ops = {
+    .kind = "peers",
+    .sends_fds = false,
+    .takes_fds = false,
+    .limits = peer_limits,
+    .describe = peer_describe,
+    .on_frame = peer_on_frame,
+    .on_closing = peer_on_closing,
+    .on_close = peer_on_close,
+};
+
+/* ---- outbound: resolve, connect, hand to a link --------------------------- */
+
+static void slot_connect(struct peer *p, int i);
+
+static void peer_on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
+  struct peer *p = req->data;
+  p->resolving = false;
+  if (P.stopping) {
+    uv_freeaddrinfo(res);
+    return;
+  }
+  if (status != 0) {
+    snprintf(p->last_error, sizeof p->last_error, "cannot resolve %s: %s", p->host,
+             uv_strerror(status));
+    log_warnx("peer %s: %s", p->name, p->last_error);
+  } else {
+    p->naddrs = 0;
+    for (struct addrinfo *a = res; a != NULL && p->naddrs < PEER_MAX_ADDRS; a = a->ai_next) {
+      if ((a->ai_family == AF_INET || a->ai_family == AF_INET6) &&
+          a->ai_addrlen <= sizeof p->addrs[0])
+        memcpy(&p->addrs[p->naddrs++], a->ai_addr, a->ai_addrlen);
+    }
+    p->resolved_ms = now_ms();
+  }
+  uv_freeaddrinfo(res);
+}
+
+static void peer_resolve(struct peer *p) {
+  if (p->resolving)
+    return;
+  char port[8];
+  snprintf(port, sizeof port, "%u", (unsigned)p->port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+  p->gai.data = p;
+  int rc = uv_getaddrinfo(P.loop, &p->gai, peer_on_resolved, p->host, port, &hints);
+  if (rc != 0) {
+    snprintf(p->last_error, sizeof p->last_error, "cannot resolve %s: %s", p->host,
+             uv_strerror(rc));
+    return;
+  }
+  p->resolving = true;
+}
+
+static void conn_on_cpoll_failed(uv_handle_t *h) {
+  struct peer_conn *c = h->data;
+  close(c->fd);
+  free(c);
+}
+
+static void conn_on_cpoll_connected(uv_handle_t *h) {
+  struct peer_conn *c = h->data;
+  struct peer *p = c->peer;
+  if (P.stopping) {
+    close(c->fd);
+    free(c);
+    return;
+  }
+  if (link_init(&c->link, P.loop, c->fd, &peer_link_ops, c) != 0) {
+    close(c->fd);
+    int i = c->slot;
+    free(c);
+    slot_backoff(p, i, "cannot watch the socket");
+    return;
+  }
+  c->linked = true;
+  p->slots[c->slot].state = SLOT_AUTHENTICATING;
+  c->last_rx_ms = now_ms();
+  (void)conn_send_hello(c);
+}
+
+/* The connect ended (or timed out: why set): go on to the link, or back off. */
+static void conn_connect_done(struct peer_conn *c, const char *why) {
+  if (c->cpoll_closing)
+    return;
+  c->cpoll_closing = true;
+  uv_poll_stop(&c->cpoll);
+  if (why != NULL) {
+    struct peer *p = c->peer;
+    int i = c->slot;
+    uv_close((uv_handle_t *)&c->cpoll, conn_on_cpoll_failed);
+    slot_backoff(p, i, why);
+    return;
+  }
+  uv_close((uv_handle_t *)&c->cpoll, conn_on_cpoll_connected);
+}
+
+static void conn_on_cpoll(uv_poll_t *h, int status, int events) {
+  struct peer_conn *c = h->data;
+  /* libuv reports POLLERR as UV_EBADF: the socket's own error says what happened. */
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+    err = errno;
+  if (err == 0 && status < 0)
+    err = -status;
+  if (err == EINPROGRESS)
+    return;
+  char why[DEP_MSG_TEXT_MAX];
+  snprintf(why, sizeof why, "connect to %s: %s", c->peer->name, strerror(err));
+  conn_connect_done(c, err != 0 ? why : NULL);
+}
+
+static void slot_connect(struct peer *p, int i) {
+  struct peer_slot *s = &p->slots[i];
+  if (p->naddrs == 0) {
+    /* Not resolved yet (or it failed): ask again, try later. */
+    peer_resolve(p);
+    s->state = SLOT_BACKOFF;
+    s->retry_at_ms = now_ms() + PEER_BACKOFF_MIN_MS;
+    return;
+  }
+  const struct sockaddr_storage *a = &p->addrs[(unsigned)i % (unsigned)p->naddrs];
+  int fd = socket(a->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  char why[DEP_MSG_TEXT_MAX];
+  if (fd < 0) {
+    snprintf(why, sizeof why, "socket: %s", strerror(errno));
+    slot_backoff(p, i, why);
+    return;
+  }
+  int one = 1;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  socklen_t alen = a->ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+  if (connect(fd, (const struct sockaddr *)a, alen) != 0 && errno != EINPROGRESS) {
+    snprintf(why, sizeof why, "connect to %s: %s", p->name, strerror(errno));
+    close(fd);
+    slot_backoff(p, i, why);
+    return;
+  }
+  struct peer_conn *c = calloc(1, sizeof *c);
+  if (c == NULL) {
+    close(fd);
+    slot_backoff(p, i, "out of memory");
+    return;
+  }
+  c->fd = fd;
+  c->peer = p;
+  c->slot = i;
+  c->hs.connector = true;
+  c->hs.key = P.key;
+  c->hs.keylen = P.keylen;
+  c->opened_ms = now_ms();
+  if (uv_poll_init(P.loop, &c->cpoll, fd) != 0) {
+    close(fd);
+    free(c);
+    slot_backoff(p, i, "cannot watch the socket");
+    return;
+  }
+  c->cpoll.data = c;
+  uv_poll_start(&c->cpoll, UV_WRITABLE, conn_on_cpoll);
+  s->conn = c;
+  s->state = SLOT_CONNECTING;
+}
+
+/* ---- inbound -------------------------------------------------------------- */
+
+static void peer_on_accept(uv_poll_t *h, int status, int events) {
+  for (int n = 0; n < PEER_ACCEPT_BUDGET; n++) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int fd = accept4(P.listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED)
+        return;
+      log_warn("peers: accept: pausing the listener for %d ms", PEER_ACCEPT_PAUSE_MS);
+      uv_poll_stop(&P.listen_poll);
+      P.accept_paused_until = now_ms() + PEER_ACCEPT_PAUSE_MS;
+      return;
+    }
+    struct peer_conn *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+      close(fd);
+      continue;
+    }
+    int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->slot = -1;
+    c->src = ss;
+    /* An IPv4 caller on a dual-stack socket: compare it as IPv4. */
+    if (ss.ss_family == AF_INET6) {
+      struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+      if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
+        struct sockaddr_in s4 = {.sin_family = AF_INET, .sin_port = s6->sin6_port};
+        memcpy(&s4.sin_addr, s6->sin6_addr.s6_addr + 12, 4);
+        memset(&c->src, 0, sizeof c->src);
+        memcpy(&c->src, &s4, sizeof s4);
+      }
+    }
+    char host[INET6_ADDRSTRLEN] = "?", serv[8] = "?";
+    (void)getnameinfo((struct sockaddr *)&c->src, sizeof c->src, host, sizeof host, serv,
+                      sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV);
+    snprintf(c->from, sizeof c->from, "%s:%s", host, serv);
+    c->hs.connector = false;
+    c->hs.key = P.key;
+    c->hs.keylen = P.keylen;
+    c->opened_ms = c->last_rx_ms = now_ms();
+    if (link_init(&c->link, P.loop, fd, &peer_link_ops, c) != 0) {
+      close(fd);
+      free(c);
+      continue;
+    }
+    c->linked = true;
+    c->next = P.inbound;
+    P.inbound = c;
+  }
+}
+
+static int peer_listen(void) {
+  char port[8];
+  snprintf(port, sizeof port, "%u", (unsigned)P.listen_port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE};
+  struct addrinfo *res = NULL;
+  int rc = getaddrinfo(P.listen_address, port, &hints, &res);
+  if (rc != 0) {
+    log_errx("listen.address %s: %s", P.listen_address, gai_strerror(rc));
+    return -1;
+  }
+  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+    log_warn("peers: cannot listen on %s port %u", P.listen_address, (unsigned)P.listen_port);
+    if (fd >= 0)
+      close(fd);
+    freeaddrinfo(res);
+    return -1;
+  }
+  freeaddrinfo(res);
+  P.listen_fd = fd;
+  if (uv_poll_init(P.loop, &P.listen_poll, fd) != 0) {
+    close(fd);
+    P.listen_fd = -1;
+    return -1;
+  }
+  uv_poll_start(&P.listen_poll, UV_READABLE, peer_on_accept);
+  P.listening = true;
+  log_info("peers: listening on %s port %u", P.listen_address, (unsigned)P.listen_port);
+  return 0;
+}
+
+/* ---- the tick: retries, keep-alives, timeouts, readiness ------------------ */
+
+/* Keep-alive and the timeouts of one linked connection. */
+static void conn_tick(struct peer_conn *c, uint64_t now) {
+  if (!link_open(&c->link))
+    return;
+  if (!c->up) {
+    if (now - c->opened_ms > PEER_HANDSHAKE_MS) {
+      snprintf(c->err, sizeof c->err, "did not authenticate within %d ms", PEER_HANDSHAKE_MS);
+      link_drop(&c->link, "%s", c->err);
+    }
+    return;
+  }
+  if (now - c->last_rx_ms > PEER_DEAD_MS) {
+    snprintf(c->err, sizeof c->err, "nothing received for %d ms: dead peer", PEER_DEAD_MS);
+    link_drop(&c->link, "%s", c->err);
+    return;
+  }
+  if (now - c->last_tx_ms >= PEER_KEEPALIVE_MS) {
+    struct dep_peer_msg m = {.type = DEP_PEER_KEEPALIVE};
+    m.u.keepalive.stamp = uv_hrtime() / 1000u;
+    (void)conn_send(c, &m);
+  }
+}
+
+/* "a:1 (backoff: ...), b:2 (connecting)" for the peers not up; "" when all are. */
+static void peer_missing(char *buf, size_t len) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < P.n && used < len; i++) {
+    const struct peer *p = &P.peers[i];
+    if (peer_all_up(p))
+      continue;
+    int k = snprintf(buf + used, len - used, "%s%s (%s%s%s)", used ? ", " : "", p->name,
+                     peer_state(p), p->last_error[0] ? ": " : "", p->last_error);
+    if (k < 0)
+      break;
+    used += (size_t)k;
+  }
+}
+
+static void peer_check_ready(void) {
+  if (P.ready_cb == NULL)
+    return;
+  char missing[DEP_MSG_TEXT_MAX];
+  peer_missing(missing, sizeof missing);
+  bool late = now_ms() - P.start_ms >= P.wait_ms;
+  if (missing[0] != '\0' && !late) {
+    if (strcmp(missing, P.status) != 0) {
+      snprintf(P.status, sizeof P.status, "%s", missing);
+      notify_send("STATUS=waiting for peers: %s", missing);
+    }
+    return;
+  }
+  peer_ready_fn *cb = P.ready_cb;
+  P.ready_cb = NULL;
+  if (missing[0] != '\0')
+    log_warnx("peers: not up after peer_wait_ms %u: %s; ready without them, still trying",
+              (unsigned)P.wait_ms, missing);
+  cb(missing[0] != '\0' ? missing : NULL);
+}
+
+static void peer_on_tick(uv_timer_t *t) {
+  uint64_t now = now_ms();
+  if (P.accept_paused_until != 0 && now >= P.accept_paused_until) {
+    P.accept_paused_until = 0;
+    uv_poll_start(&P.listen_poll, UV_READABLE, peer_on_accept);
+  }
+  for (size_t k = 0; k < P.n; k++) {
+    struct peer *p = &P.peers[k];
+    for (uint32_t i = 0; i < P.pool_size; i++) {
+      struct peer_slot *s = &p->slots[i];
+      if (s->state == SLOT_BACKOFF && now >= s->retry_at_ms) {
+        slot_connect(p, (int)i);
+      } else if (s->state == SLOT_CONNECTING && s->conn != NULL && !s->conn->linked &&
+                 now - s->conn->opened_ms > PEER_HANDSHAKE_MS) {
+        char why[DEP_MSG_TEXT_MAX];
+        snprintf(why, sizeof why, "connect to %s: no answer within %d ms", p->name,
+                 PEER_HANDSHAKE_MS);
+        conn_connect_done(s->conn, why);
+      } else if (s->conn != NULL && s->conn->linked) {
+        conn_tick(s->conn, now);
+      }
+    }
+  }
+  for (struct peer_conn *c = P.inbound, *next; c != NULL; c = next) {
+    next = c->next; /* conn_tick may drop c, which takes it out of the list */
+    conn_tick(c, now);
+  }
+  peer_check_ready();
+}
+
+/* ---- init, fini, queries -------------------------------------------------- */
+
+int peer_init(uv_loop_t *loop, const struct config *cfg) {
+  P.loop = loop;
+  P.pool_size = cfg->connection_pool_size;
+  P.wait_ms = cfg->peer_wait_ms;
+  P.listen_port = cfg->listen_port;
+  snprintf(P.listen_address, sizeof P.listen_address, "%s", cfg->listen_address);
+  P.start_ms = uv_now(loop);
+  if (gethostname(P.node, sizeof P.node) != 0)
+    snprintf(P.node, sizeof P.node, "unknown");
+  P.node[sizeof P.node - 1] = '\0';
+  if (sodium_init() < 0) {
+    log_errx("peers: libsodium failed to initialise");
+    return -1;
+  }
+  bool wanted = cfg->n_peers > 0 || cfg->listen_address[0] != '\0';
+  if (cfg->peer_key_file[0] != '\0') {
+    char why[DEP_MSG_TEXT_MAX + 256];
+    if (peer_key_load(cfg->peer_key_file, P.key, sizeof P.key, &P.keylen, why, sizeof why) !=
+        0) {
+      log_errx("%s", why);
+      return -1;
+    }
+    P.authenticated = true;
+    if (cfg->peer_insecure)
+      log_notice("peers: peer_insecure is ignored: peer_key_file %s is in use",
+                 cfg->peer_key_file);
+  } else if (wanted && !cfg->peer_insecure) {
+    log_errx("peers: %s set but no peer_key_file: peers could not authenticate; write a key "
+             "(deepepctl genkey /etc/deepepd/peer.key) and set peer_key_file on every node, or, "
+             "for tests on one machine only, set peer_insecure: true",
+             cfg->n_peers > 0 ? "peers are" : "listen.address is");
+    return -1;
+  } else if (wanted) {
+    log_warnx("peers: peer_insecure: peer connections are NOT authenticated (tests only)");
+  }
+  if (!wanted)
+    return 0;
+  P.active = true;
+  if (P.listen_address[0] != '\0' && peer_listen() != 0)
+    return -1;
+  P.n = cfg->n_peers;
+  for (size_t k = 0; k < P.n; k++) {
+    struct peer *p = &P.peers[k];
+    memset(p, 0, sizeof *p);
+    snprintf(p->host, sizeof p->host, "%s", cfg->peers[k].host);
+    p->port = cfg->peers[k].port;
+    snprintf(p->name, sizeof p->name, "%s:%u", p->host, (unsigned)p->port);
+    p->slots = calloc(P.pool_size, sizeof *p->slots);
+    if (p->slots == NULL) {
+      log_errx("peers: out of memory");
+      return -1;
+    }
+    for (uint32_t i = 0; i < P.pool_size; i++) {
+      p->slots[i].state = SLOT_BACKOFF; /* due at once: the first tick connects */
+      p->slots[i].backoff_ms = PEER_BACKOFF_MIN_MS;
+      p->slots[i].retry_at_ms = 0;
+    }
+    peer_resolve(p);
+  }
+  uv_timer_init(loop, &P.tick);
+  uv_timer_start(&P.tick, peer_on_tick, PEER_TICK_MS, PEER_TICK_MS);
+  if (P.n > 0)
+    log_info("peers: connecting to %zu peer(s), %u connection(s) each", P.n,
+             (unsigned)P.pool_size);
+  return 0;
+}
+
+static void peer_on_listen_closed(uv_handle_t *h) {
+  close(P.listen_fd);
+  P.listen_fd = -1;
+}
+
+static void conn_close_for_stop(struct peer_conn *c) {
+  if (!c->linked) {
+    if (!c->cpoll_closing) { /* else its close callback sees P.stopping */
+      c->cpoll_closing = true;
+      uv_poll_stop(&c->cpoll);
+      uv_close((uv_handle_t *)&c->cpoll, conn_on_cpoll_failed);
+    }
+    return;
+  }
+  if (c->up) {
+    struct dep_peer_msg m = {.type = DEP_PEER_CLOSE};
+    snprintf(m.u.error.message, sizeof m.u.error.message, "deepepd on %s is stopping", P.node);
+    (void)conn_send(c, &m);
+  }
+  link_close(&c->link, "deepepd is stopping");
+}
+
+void peer_fini(void) {
+  if (!P.active)
+    return;
+  P.stopping = true;
+  P.active = false;
+  uv_close((uv_handle_t *)&P.tick, NULL);
+  if (P.listening) {
+    P.listening = false;
+    uv_poll_stop(&P.listen_poll);
+    uv_close((uv_handle_t *)&P.listen_poll, peer_on_listen_closed);
+  }
+  for (size_t k = 0; k < P.n; k++) {
+    struct peer *p = &P.peers[k];
+    if (p->resolving)
+      (void)uv_cancel((uv_req_t *)&p->gai);
+    for (uint32_t i = 0; i < P.pool_size; i++) {
+      if (p->slots[i].conn != NULL)
+        conn_close_for_stop(p->slots[i].conn);
+      p->slots[i].conn = NULL;
+    }
+  }
+  while (P.inbound != NULL) {
+    struct peer_conn *c = P.inbound;
+    P.inbound = c->next;
+    conn_close_for_stop(c);
+  }
+  /* The slots are freed now: every callback still to come sees P.stopping. */
+  for (size_t k = 0; k < P.n; k++) {
+    free(P.peers[k].slots);
+    P.peers[k].slots = NULL;
+  }
+  sodium_memzero(P.key, sizeof P.key);
+  P.ready_cb = NULL;
+}
+
+void peer_wait(peer_ready_fn *done) {
+  P.ready_cb = done;
+  P.status[0] = '\0';
+  if (!P.active || P.n == 0 || P.wait_ms == 0) {
+    P.ready_cb = NULL;
+    done(NULL);
+    return;
+  }
+  peer_check_ready();
+}
+
+int peer_fill(struct dep_msg_peers *m) {
+  memset(m, 0, sizeof *m);
+  snprintf(m->node, sizeof m->node, "%s", P.node);
+  if (P.listening)
+    snprintf(m->listen, sizeof m->listen, "%s:%u", P.listen_address, (unsigned)P.listen_port);
+  m->auth = P.authenticated ? 1 : 0;
+  if (P.n == 0 || P.stopping)
+    return 0;
+  m->peers = calloc(P.n, sizeof *m->peers);
+  if (m->peers == NULL)
+    return DEP_ERR_NO_MEMORY;
+  m->n_peers = (uint32_t)P.n;
+  uint64_t now = now_ms();
+  for (size_t k = 0; k < P.n; k++) {
+    const struct peer *p = &P.peers[k];
+    struct dep_msg_peer_info *q = &m->peers[k];
+    snprintf(q->address, sizeof q->address, "%s", p->name);
+    snprintf(q->node, sizeof q->node, "%s", p->node);
+    snprintf(q->state, sizeof q->state, "%s", peer_state(p));
+    snprintf(q->transport, sizeof q->transport, "tcp");
+    snprintf(q->last_error, sizeof q->last_error, "%s", p->last_error);
+    q->conns_up = peer_count_up(p);
+    q->conns_total = P.pool_size;
+    q->inbound_up = p->inbound_up;
+    q->reconnects = p->reconnects;
+    q->bytes_in = p->bytes_in;
+    q->bytes_out = p->bytes_out;
+    q->rtt_us = p->rtt_us;
+    /* The longest wait of a slot in backoff: when the peer is tried next at the latest. */
+    for (uint32_t i = 0; i < P.pool_size; i++) {
+      const struct peer_slot *s = &p->slots[i];
+      if (s->state == SLOT_BACKOFF && s->retry_at_ms > now && s->retry_at_ms - now > q->backoff_ms)
+        q->backoff_ms = s->retry_at_ms - now;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,102 @@
+/*
+ * peer.h — deepepd's peer daemons (DESIGN §7): a TCP listener on
+ * listen.address:listen.port, connection_pool_size links to every entry of
+ * `peers`, each mutually authenticated with the key in peer_key_file
+ * before anything else is said, kept warm with keep-alives and reopened
+ * with exponential backoff and jitter when it drops.  Everything runs on
+ * the loop thread.  The peer protocol is proto/peer_proto.h.
+ *
+ * A connection is accepted only from a configured peer: its source
+ * address must be one that the entry's host resolves to, and the
+ * listen_port in its HELLO the entry's port.  The address comes from the
+ * kernel, not from anything the far end wrote, and the port tells apart
+ * several daemons of one host (and the port is covered by the MAC); host
+ * names are not compared, since nodes often share one (containers, tests)
+ * and many clusters have none in DNS.
+ */
+#ifndef DEP_DAEMON_PEER_H
+#define DEP_DAEMON_PEER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "config.h"
+#include "peer_proto.h"
+#include "proto.h"
+
+/* Keep-alive: each end asks this often on an idle-or-not link... */
+#define PEER_KEEPALIVE_MS 1000
+/* ...and drops a link on which nothing came for this long (a dead peer). */
+#define PEER_DEAD_MS 5000
+/* A connect or a handshake that takes longer than this is given up. */
+#define PEER_HANDSHAKE_MS 5000
+/* Reconnect backoff: the first wait, doubling up to the last, each with jitter. */
+#define PEER_BACKOFF_MIN_MS 100
+#define PEER_BACKOFF_MAX_MS 30000
+/* The longest key read from peer_key_file, and the shortest accepted. */
+#define PEER_KEY_MAX 4096
+#define PEER_KEY_MIN 32
+
+/*
+ * Start the peer layer with its configuration (copied: these keys need a
+ * restart): read and check the key, open the listener, start connecting.
+ * Returns 0, or -1 after logging why deepepd cannot start (a key file that
+ * others can read, too short or unreadable; peers or a listener with no
+ * key and no peer_insecure; a listener that cannot bind).
+ */
+int peer_init(uv_loop_t *loop, const struct config *cfg);
+/* Tell every peer we are stopping (CLOSE), close every link and the listener. */
+void peer_fini(void);
+
+/*
+ * Call done once, on the loop, as soon as every configured peer is up or
+ * peer_wait_ms after peer_init passed: missing is NULL, or names the peers
+ * still not up ("10.0.0.2:7470 (backoff: connection refused)").  Until
+ * then STATUS= says which are missing.  At once with no peers.
+ */
+typedef void peer_ready_fn(const char *missing);
+void peer_wait(peer_ready_fn *done);
+
+/* Fill m (PEERS_OK) with every peer; allocates m->peers (proto_peers_free). */
+int peer_fill(struct dep_msg_peers *m);
+
+/* ---- the parts, exposed for the tests ---------------------------------- */
+
+/*
+ * Read a key file: a regular file that group and others cannot read, its
+ * bytes less one trailing newline, PEER_KEY_MIN..PEER_KEY_MAX of them.
+ * Returns 0, or DEP_ERR_PERMISSION / DEP_ERR_CONFIG with why set.
+ */
+int peer_key_load(const char *path, uint8_t *key, size_t cap, size_t *len, char *why,
+                  size_t whylen);
+
+/*
+ * One end's side of the handshake, without sockets: it writes its HELLO,
+ * takes the far end's, answers with AUTH and checks the far end's AUTH.
+ * The MAC (HMAC-SHA-512/256, libsodium) covers a context string, the
+ * role of the sender (connector or acceptor) and both HELLOs as sent, the
+ * sender's first: so it binds both challenges, both names and addresses,
+ * and the direction.
+ */
+struct peer_hs {
+  bool connector;       /* this end opened the connection */
+  const uint8_t *key;
+  size_t keylen;
+  uint8_t mine[DEP_PEER_HELLO_MAX];
+  size_t mine_len;
+  uint8_t theirs[DEP_PEER_HELLO_MAX];
+  size_t theirs_len;
+};
+/* Encode our HELLO (a fresh random challenge) into out and keep a copy. 0 or DEP_ERR_*. */
+int peer_hs_hello(struct peer_hs *hs, const char *node, const char *listen_address,
+                  uint16_t listen_port, struct proto_buf *out);
+/* Keep the far end's HELLO message (already decoded, so well-formed). */
+int peer_hs_take(struct peer_hs *hs, const uint8_t *msg, size_t len);
+/* Our AUTH for this connection. */
+void peer_hs_auth(const struct peer_hs *hs, uint8_t mac[DEP_PEER_MAC_LEN]);
+/* Whether the far end's AUTH is the right one (constant time). */
+bool peer_hs_check(const struct peer_hs *hs, const uint8_t mac[DEP_PEER_MAC_LEN]);
+
+#endif /* DEP_DAEMON_PEER_H */

@@ -1,0 +1,249 @@
+/*
+ * peer_proto.c — the peer protocol codec (peer_proto.h): one encoder and one
+ * bounds-checked decoder per message, byte by byte in little-endian order.
+ * A peer is untrusted input until it has authenticated, so the decoder
+ * reads nothing past `len`, allocates nothing and accepts only exact
+ * lengths.
+ */
+#include "peer_proto.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void set_why(char *why, size_t whylen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void set_why(char *why, size_t whylen, const char *fmt, ...) {
+  if (why == NULL || whylen == 0)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, whylen, fmt, ap);
+  va_end(ap);
+}
+
+/* ---- writer: errors are sticky, a failed encode is rolled back ---------- */
+
+struct pw {
+  struct proto_buf *b;
+  size_t start;
+  int err;
+};
+
+static void pw_bytes(struct pw *w, const void *src, size_t n) {
+  if (w->err != 0 || n == 0)
+    return;
+  struct proto_buf *b = w->b;
+  if (b->len + n > b->cap) {
+    size_t cap = b->cap ? b->cap : 128;
+    while (cap < b->len + n)
+      cap *= 2;
+    uint8_t *d = realloc(b->data, cap);
+    if (d == NULL) {
+      w->err = DEP_ERR_NO_MEMORY;
+      return;
+    }
+    b->data = d;
+    b->cap = cap;
+  }
+  memcpy(b->data + b->len, src, n);
+  b->len += n;
+}
+
+static void pw_uint(struct pw *w, uint64_t v, size_t n) {
+  uint8_t p[8];
+  for (size_t i = 0; i < n; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+  pw_bytes(w, p, n);
+}
+
+static void pw_str(struct pw *w, const char *s, size_t size) {
+  size_t n = strnlen(s, size);
+  if (n >= size) {
+    w->err = DEP_ERR_INVALID;
+    return;
+  }
+  pw_uint(w, n, 2);
+  pw_bytes(w, s, n);
+}
+
+/* ---- reader: any failure is DEP_ERR_PROTOCOL ---------------------------- */
+
+struct pr {
+  const uint8_t *p;
+  size_t left;
+  bool bad;
+};
+
+static const uint8_t *pr_take(struct pr *r, size_t n) {
+  if (r->bad || r->left < n) {
+    r->bad = true;
+    return NULL;
+  }
+  const uint8_t *p = r->p;
+  r->p += n;
+  r->left -= n;
+  return p;
+}
+
+static uint64_t pr_uint(struct pr *r, size_t n) {
+  const uint8_t *p = pr_take(r, n);
+  uint64_t v = 0;
+  for (size_t i = 0; p != NULL && i < n; i++)
+    v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+static int32_t pr_i32(struct pr *r) {
+  uint32_t u = (uint32_t)pr_uint(r, 4);
+  return u <= INT32_MAX ? (int32_t)u : -(int32_t)(UINT32_MAX - u) - 1;
+}
+
+static void pr_bytes(struct pr *r, void *dst, size_t n) {
+  const uint8_t *p = pr_take(r, n);
+  if (p != NULL)
+    memcpy(dst, p, n);
+}
+
+/* A string into dst[size]: at most size - 1 bytes, no NUL inside. */
+static void pr_str(struct pr *r, char *dst, size_t size) {
+  dst[0] = '\0';
+  size_t n = (size_t)pr_uint(r, 2);
+  if (r->bad)
+    return;
+  if (n >= size) {
+    r->bad = true;
+    return;
+  }
+  const uint8_t *s = pr_take(r, n);
+  if (s == NULL)
+    return;
+  if (memchr(s, '\0', n) != NULL) {
+    r->bad = true;
+    return;
+  }
+  memcpy(dst, s, n);
+  dst[n] = '\0';
+}
+
+/* ---- messages ------------------------------------------------------------ */
+
+int peer_proto_encode(struct proto_buf *b, const struct dep_peer_msg *m) {
+  struct pw w = {.b = b, .start = b->len, .err = 0};
+  if (m->type == 0 || m->type >= DEP_PEER_TYPE_MAX_)
+    return DEP_ERR_INVALID;
+  pw_uint(&w, DEP_PEER_MAGIC, 4);
+  pw_uint(&w, DEP_PEER_VERSION, 2);
+  pw_uint(&w, m->type, 2);
+  switch (m->type) {
+  case DEP_PEER_HELLO:
+    pw_uint(&w, m->u.hello.version, 4);
+    pw_str(&w, m->u.hello.node, sizeof m->u.hello.node);
+    pw_str(&w, m->u.hello.listen_address, sizeof m->u.hello.listen_address);
+    pw_uint(&w, m->u.hello.listen_port, 2);
+    pw_bytes(&w, m->u.hello.challenge, DEP_PEER_CHALLENGE_LEN);
+    break;
+  case DEP_PEER_AUTH:
+    pw_bytes(&w, m->u.auth.mac, DEP_PEER_MAC_LEN);
+    break;
+  case DEP_PEER_AUTH_OK:
+    break;
+  case DEP_PEER_ERROR:
+  case DEP_PEER_CLOSE:
+    if (m->u.error.code > 0 || (m->type == DEP_PEER_ERROR && m->u.error.code == 0))
+      w.err = DEP_ERR_INVALID;
+    pw_uint(&w, (uint32_t)m->u.error.code, 4);
+    pw_str(&w, m->u.error.message, sizeof m->u.error.message);
+    break;
+  case DEP_PEER_KEEPALIVE:
+    if (m->u.keepalive.reply > 1)
+      w.err = DEP_ERR_INVALID;
+    pw_uint(&w, m->u.keepalive.reply, 4);
+    pw_uint(&w, m->u.keepalive.stamp, 8);
+    break;
+  }
+  if (w.err != 0)
+    b->len = w.start;
+  return w.err;
+}
+
+int peer_proto_decode(const uint8_t *p, size_t len, struct dep_peer_msg *m, char *why,
+                    size_t whylen) {
+  memset(m, 0, sizeof *m);
+  struct pr r = {.p = p, .left = len, .bad = false};
+  if (len < DEP_PEER_HDR_LEN) {
+    set_why(why, whylen, "peer message of %zu bytes is shorter than its %d-byte header", len,
+            DEP_PEER_HDR_LEN);
+    return DEP_ERR_PROTOCOL;
+  }
+  uint32_t magic = (uint32_t)pr_uint(&r, 4);
+  uint16_t version = (uint16_t)pr_uint(&r, 2);
+  m->type = (uint16_t)pr_uint(&r, 2);
+  if (magic != DEP_PEER_MAGIC) {
+    set_why(why, whylen, "bad peer message magic 0x%08x (expected 0x%08x)", magic,
+            DEP_PEER_MAGIC);
+    return DEP_ERR_PROTOCOL;
+  }
+  if (version != DEP_PEER_VERSION) {
+    set_why(why, whylen,
+            "the peer speaks peer protocol version %u, this deepepd speaks %u: run the same "
+            "deepepd version on every node",
+            (unsigned)version, (unsigned)DEP_PEER_VERSION);
+    return DEP_ERR_VERSION;
+  }
+  if (m->type == 0 || m->type >= DEP_PEER_TYPE_MAX_) {
+    set_why(why, whylen, "unknown peer message type %u (known: 1..%u)", (unsigned)m->type,
+            (unsigned)(DEP_PEER_TYPE_MAX_ - 1));
+    return DEP_ERR_UNSUPPORTED;
+  }
+  switch (m->type) {
+  case DEP_PEER_HELLO:
+    m->u.hello.version = (uint32_t)pr_uint(&r, 4);
+    pr_str(&r, m->u.hello.node, sizeof m->u.hello.node);
+    pr_str(&r, m->u.hello.listen_address, sizeof m->u.hello.listen_address);
+    m->u.hello.listen_port = (uint16_t)pr_uint(&r, 2);
+    pr_bytes(&r, m->u.hello.challenge, DEP_PEER_CHALLENGE_LEN);
+    break;
+  case DEP_PEER_AUTH:
+    pr_bytes(&r, m->u.auth.mac, DEP_PEER_MAC_LEN);
+    break;
+  case DEP_PEER_AUTH_OK:
+    break;
+  case DEP_PEER_ERROR:
+  case DEP_PEER_CLOSE:
+    m->u.error.code = pr_i32(&r);
+    pr_str(&r, m->u.error.message, sizeof m->u.error.message);
+    if (!r.bad && (m->u.error.code > 0 || (m->type == DEP_PEER_ERROR && m->u.error.code == 0))) {
+      set_why(why, whylen, "peer %s carries code %d, which is not an error code",
+              peer_proto_type_name(m->type), (int)m->u.error.code);
+      return DEP_ERR_PROTOCOL;
+    }
+    break;
+  case DEP_PEER_KEEPALIVE:
+    m->u.keepalive.reply = (uint32_t)pr_uint(&r, 4);
+    m->u.keepalive.stamp = pr_uint(&r, 8);
+    if (!r.bad && m->u.keepalive.reply > 1) {
+      set_why(why, whylen, "peer KEEPALIVE reply %u is not 0 or 1",
+              (unsigned)m->u.keepalive.reply);
+      return DEP_ERR_PROTOCOL;
+    }
+    break;
+  }
+  if (r.bad || r.left != 0) {
+    set_why(why, whylen, "malformed peer %s message (%zu bytes)", peer_proto_type_name(m->type), len);
+    return DEP_ERR_PROTOCOL;
+  }
+  return 0;
+}
+
+const char *peer_proto_type_name(uint16_t type) {
+  static const char *const names[DEP_PEER_TYPE_MAX_] = {
+      [DEP_PEER_HELLO] = "HELLO",         [DEP_PEER_AUTH] = "AUTH",
+      [DEP_PEER_AUTH_OK] = "AUTH_OK",     [DEP_PEER_ERROR] = "ERROR",
+      [DEP_PEER_KEEPALIVE] = "KEEPALIVE", [DEP_PEER_CLOSE] = "CLOSE",
+  };
+  return type < DEP_PEER_TYPE_MAX_ && names[type] != NULL ? names[type] : "UNKNOWN";
+}

@@ -1,0 +1,564 @@
+/*
+ * check_peers.c — the peer layer (daemon/peer.c, proto/peer_proto.c): the
+ * codec and the handshake without sockets, the key file's rules, then real
+ * daemons: two on 127.0.0.1 with different ports, and the same two in two
+ * network namespaces joined by a veth pair (root only).
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "peer.h"
+#include "peer_proto.h"
+#include "proto.h"
+#include "testutil.h"
+
+/* ---- codec ---------------------------------------------------------------- */
+
+static void sample_msgs(struct dep_peer_msg m[6]) {
+  memset(m, 0, 6 * sizeof m[0]);
+  m[0].type = DEP_PEER_HELLO;
+  m[0].u.hello.version = DEP_PEER_VERSION;
+  snprintf(m[0].u.hello.node, sizeof m[0].u.hello.node, "node01");
+  snprintf(m[0].u.hello.listen_address, sizeof m[0].u.hello.listen_address, "10.0.0.1");
+  m[0].u.hello.listen_port = 7470;
+  memset(m[0].u.hello.challenge, 0xab, sizeof m[0].u.hello.challenge);
+  m[1].type = DEP_PEER_AUTH;
+  memset(m[1].u.auth.mac, 0x5a, sizeof m[1].u.auth.mac);
+  m[2].type = DEP_PEER_AUTH_OK;
+  m[3].type = DEP_PEER_ERROR;
+  m[3].u.error.code = DEP_ERR_PERMISSION;
+  snprintf(m[3].u.error.message, sizeof m[3].u.error.message, "not a configured peer");
+  m[4].type = DEP_PEER_KEEPALIVE;
+  m[4].u.keepalive.reply = 1;
+  m[4].u.keepalive.stamp = 0x0102030405060708ull;
+  m[5].type = DEP_PEER_CLOSE;
+  snprintf(m[5].u.error.message, sizeof m[5].u.error.message, "stopping");
+}
+
+START_TEST(every_peer_message_round_trips) {
+  struct dep_peer_msg m[6];
+  sample_msgs(m);
+  for (int i = 0; i < 6; i++) {
+    struct proto_buf b;
+    proto_buf_init(&b);
+    ck_assert_int_eq(peer_proto_encode(&b, &m[i]), 0);
+    struct dep_peer_msg out;
+    char why[256];
+    ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), 0);
+    ck_assert_uint_eq(out.type, m[i].type);
+    ck_assert_mem_eq(&out.u, &m[i].u, sizeof out.u);
+    proto_buf_free(&b);
+  }
+}
+END_TEST
+
+START_TEST(a_truncated_or_overlong_peer_message_is_refused) {
+  struct dep_peer_msg m[6];
+  sample_msgs(m);
+  for (int i = 0; i < 6; i++) {
+    struct proto_buf b;
+    proto_buf_init(&b);
+    ck_assert_int_eq(peer_proto_encode(&b, &m[i]), 0);
+    struct dep_peer_msg out;
+    for (size_t n = 0; n < b.len; n++)
+      ck_assert_msg(peer_proto_decode(b.data, n, &out, NULL, 0) != 0, "%s cut to %zu bytes",
+                    peer_proto_type_name(m[i].type), n);
+    uint8_t longer[1024];
+    memcpy(longer, b.data, b.len);
+    longer[b.len] = 0;
+    ck_assert_int_eq(peer_proto_decode(longer, b.len + 1, &out, NULL, 0), DEP_ERR_PROTOCOL);
+    proto_buf_free(&b);
+  }
+}
+END_TEST
+
+START_TEST(magic_version_and_type_are_checked_in_that_order) {
+  struct dep_peer_msg m = {.type = DEP_PEER_AUTH_OK}, out;
+  struct proto_buf b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(peer_proto_encode(&b, &m), 0);
+  char why[256];
+  b.data[6] = 99; /* a type from a newer daemon */
+  ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_UNSUPPORTED);
+  ck_assert_uint_eq(out.type, 99);
+  b.data[4] = 2; /* a version this build does not speak */
+  ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_VERSION);
+  ck_assert_ptr_nonnull(strstr(why, "version 2"));
+  b.data[0] ^= 1; /* not the peer protocol at all */
+  ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_PROTOCOL);
+  ck_assert_ptr_nonnull(strstr(why, "magic"));
+  proto_buf_free(&b);
+  /* Encoders refuse what decoders would: a non-negative ERROR code, a bad reply flag. */
+  struct dep_peer_msg e = {.type = DEP_PEER_ERROR};
+  ck_assert_int_eq(peer_proto_encode(&b, &e), DEP_ERR_INVALID);
+  struct dep_peer_msg k = {.type = DEP_PEER_KEEPALIVE, .u.keepalive.reply = 2};
+  ck_assert_int_eq(peer_proto_encode(&b, &k), DEP_ERR_INVALID);
+  ck_assert_uint_eq(b.len, 0);
+  proto_buf_free(&b);
+}
+END_TEST
+
+START_TEST(peers_ok_round_trips_and_a_cut_one_is_refused) {
+  struct dep_msg_peer_info info[2];
+  memset(info, 0, sizeof info);
+  snprintf(info[0].address, sizeof info[0].address, "10.0.0.2:7470");
+  snprintf(info[0].state, sizeof info[0].state, "up");
+  info[0].conns_up = info[0].conns_total = 24;
+  info[0].rtt_us = 123;
+  snprintf(info[1].address, sizeof info[1].address, "10.0.0.3:7470");
+  snprintf(info[1].state, sizeof info[1].state, "backoff");
+  snprintf(info[1].last_error, sizeof info[1].last_error, "connection refused");
+  info[1].backoff_ms = 800;
+  struct dep_msg_peers m = {.auth = 1, .n_peers = 2, .peers = info};
+  snprintf(m.node, sizeof m.node, "node01");
+  struct proto_buf b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(proto_encode_peers(&b, &m), 0);
+  struct dep_msg_peers out;
+  ck_assert_int_eq(proto_decode_peers(b.data, b.len, &out), 0);
+  ck_assert_uint_eq(out.n_peers, 2);
+  ck_assert_str_eq(out.peers[1].last_error, "connection refused");
+  ck_assert_uint_eq(out.peers[0].rtt_us, 123);
+  ck_assert_uint_eq(out.peers[1].backoff_ms, 800);
+  proto_peers_free(&out);
+  for (size_t n = 0; n < b.len; n++) {
+    ck_assert_int_ne(proto_decode_peers(b.data, n, &out), 0);
+    ck_assert_ptr_null(out.peers);
+  }
+  proto_buf_free(&b);
+}
+END_TEST
+
+/* ---- the handshake, without sockets --------------------------------------- */
+
+static const uint8_t key_a[] = "0123456789abcdef0123456789abcdef";
+static const uint8_t key_b[] = "0123456789abcdef0123456789abcdeX";
+
+/* Both ends' HELLOs exchanged: c is the connector, a the acceptor. */
+static void hs_pair(struct peer_hs *c, const uint8_t *ck, struct peer_hs *a, const uint8_t *ak) {
+  memset(c, 0, sizeof *c);
+  memset(a, 0, sizeof *a);
+  c->connector = true;
+  c->key = ck;
+  c->keylen = 32;
+  a->key = ak;
+  a->keylen = 32;
+  struct proto_buf bc, ba;
+  proto_buf_init(&bc);
+  proto_buf_init(&ba);
+  ck_assert_int_eq(peer_hs_hello(c, "node01", "10.0.0.1", 7470, &bc), 0);
+  ck_assert_int_eq(peer_hs_hello(a, "node02", "10.0.0.2", 7470, &ba), 0);
+  ck_assert_int_eq(peer_hs_take(c, ba.data, ba.len), 0);
+  ck_assert_int_eq(peer_hs_take(a, bc.data, bc.len), 0);
+  proto_buf_free(&bc);
+  proto_buf_free(&ba);
+}
+
+START_TEST(the_same_key_authenticates_both_ways) {
+  struct peer_hs c, a;
+  hs_pair(&c, key_a, &a, key_a);
+  uint8_t mc[DEP_PEER_MAC_LEN], ma[DEP_PEER_MAC_LEN];
+  peer_hs_auth(&c, mc);
+  peer_hs_auth(&a, ma);
+  ck_assert(peer_hs_check(&a, mc));
+  ck_assert(peer_hs_check(&c, ma));
+  /* The two directions' answers differ, so neither can stand for the other. */
+  ck_assert(memcmp(mc, ma, sizeof mc) != 0);
+}
+END_TEST
+
+START_TEST(a_wrong_key_fails_authentication) {
+  struct peer_hs c, a;
+  hs_pair(&c, key_b, &a, key_a);
+  uint8_t mc[DEP_PEER_MAC_LEN], ma[DEP_PEER_MAC_LEN];
+  peer_hs_auth(&c, mc);
+  peer_hs_auth(&a, ma);
+  ck_assert(!peer_hs_check(&a, mc));
+  ck_assert(!peer_hs_check(&c, ma));
+}
+END_TEST
+
+START_TEST(a_reflected_answer_fails) {
+  struct peer_hs c, a;
+  hs_pair(&c, key_a, &a, key_a);
+  uint8_t ma[DEP_PEER_MAC_LEN];
+  peer_hs_auth(&a, ma);
+  /* The acceptor's own answer sent back to it. */
+  ck_assert(!peer_hs_check(&a, ma));
+  /* An acceptor made to echo the connector's HELLO as its own still answers as acceptor. */
+  struct peer_hs mirror = a;
+  memcpy(mirror.mine, c.mine, c.mine_len);
+  mirror.mine_len = c.mine_len;
+  memcpy(mirror.theirs, c.theirs, c.theirs_len);
+  mirror.theirs_len = c.theirs_len;
+  uint8_t mm[DEP_PEER_MAC_LEN];
+  peer_hs_auth(&mirror, mm);
+  ck_assert(!peer_hs_check(&a, mm));
+}
+END_TEST
+
+START_TEST(a_replayed_answer_fails) {
+  struct peer_hs c1, a1, c2, a2;
+  hs_pair(&c1, key_a, &a1, key_a);
+  uint8_t old[DEP_PEER_MAC_LEN];
+  peer_hs_auth(&c1, old);
+  ck_assert(peer_hs_check(&a1, old));
+  /* A new connection has new challenges: yesterday's answer does not fit. */
+  hs_pair(&c2, key_a, &a2, key_a);
+  ck_assert(!peer_hs_check(&a2, old));
+}
+END_TEST
+
+/* ---- the key file ------------------------------------------------------------ */
+
+START_TEST(the_key_file_must_be_private_and_long_enough) {
+  char dir[256], path[300], why[512];
+  tu_tmpdir(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/key", dir);
+  uint8_t key[PEER_KEY_MAX];
+  size_t len = 0;
+  ck_assert_int_eq(tu_write_file(path, "0123456789abcdef0123456789abcdef\n"), 0);
+  chmod(path, 0644);
+  ck_assert_int_eq(peer_key_load(path, key, sizeof key, &len, why, sizeof why),
+                   DEP_ERR_PERMISSION);
+  ck_assert_ptr_nonnull(strstr(why, "chmod 600"));
+  chmod(path, 0600);
+  ck_assert_int_eq(peer_key_load(path, key, sizeof key, &len, why, sizeof why), 0);
+  ck_assert_uint_eq(len, 32); /* the trailing newline is not part of the key */
+  ck_assert_int_eq(tu_write_file(path, "too short\n"), 0);
+  chmod(path, 0600);
+  ck_assert_int_eq(peer_key_load(path, key, sizeof key, &len, why, sizeof why), DEP_ERR_CONFIG);
+  ck_assert_ptr_nonnull(strstr(why, "deepepctl genkey"));
+  tu_rmtree(dir);
+}
+END_TEST
+
+/* ---- real daemons ------------------------------------------------------------ */
+
+/* Ports of this test process's daemons: apart from other runs' (fork mode, pids differ). */
+static int port_base(void) { return 20000 + (int)(getpid() % 2000) * 8; }
+
+static void write_key(const char *dir, const char *name, char *path, size_t len) {
+  snprintf(path, len, "%s/%s", dir, name);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "%s genkey %s 2>/dev/null", tu_bin("deepepctl"), path);
+  ck_assert_int_eq(system(cmd), 0);
+  struct stat st;
+  ck_assert_int_eq(stat(path, &st), 0);
+  ck_assert_uint_eq(st.st_mode & 0777, 0600);
+}
+
+/* The YAML of a daemon listening on addr:port with peers[] = (paddr, pport). */
+static void peer_yaml(char *buf, size_t len, const char *addr, int port, const char *paddr,
+                      int pport, const char *key) {
+  snprintf(buf, len,
+           "connection_pool_size: 3\nlisten: {address: %s, port: %d}\n"
+           "peers: [{host: %s, port: %d}]\npeer_key_file: %s\npeer_wait_ms: 2000\n",
+           addr, port, paddr, pport, key);
+}
+
+/* `deepepctl peers --json` on sock (prefixed by `pre`, e.g. "ip netns exec X"), into out. */
+static int ctl_peers_json(const char *pre, const char *sock, char *out, size_t len) {
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "%s %s -s %s peers --json", pre, tu_bin("deepepctl"), sock);
+  FILE *f = popen(cmd, "r");
+  if (f == NULL)
+    return -1;
+  size_t n = fread(out, 1, len - 1, f);
+  out[n] = '\0';
+  return pclose(f);
+}
+
+/* Wait up to ms for sock's peers to show `want` (a JSON fragment). */
+static bool wait_peers(const char *pre, const char *sock, const char *want, int ms, char *out,
+                       size_t len) {
+  for (int t = 0; t < ms; t += 100) {
+    if (ctl_peers_json(pre, sock, out, len) == 0 && strstr(out, want) != NULL)
+      return true;
+    usleep(100 * 1000);
+  }
+  return false;
+}
+
+static bool log_has(const struct tu_daemon *d, const char *s) {
+  char *log = tu_daemon_log(d);
+  bool has = log != NULL && strstr(log, s) != NULL;
+  free(log);
+  return has;
+}
+
+START_TEST(two_daemons_bring_their_pools_up) {
+  struct tu_daemon a, b;
+  char dir[256], key[300], ya[1024], yb[1024], out[8192];
+  tu_tmpdir(dir, sizeof dir);
+  write_key(dir, "key", key, sizeof key);
+  int pa = port_base(), pb = pa + 1;
+  peer_yaml(ya, sizeof ya, "127.0.0.1", pa, "127.0.0.1", pb, key);
+  peer_yaml(yb, sizeof yb, "127.0.0.1", pb, "127.0.0.1", pa, key);
+  ck_assert_int_eq(tu_daemon_start(&a, ya), 0);
+  ck_assert_int_eq(tu_daemon_start(&b, yb), 0);
+  const char *up = "\"state\":\"up\",\"transport\":\"tcp\",\"conns_up\":3,\"conns_total\":3,"
+                   "\"inbound_up\":3";
+  ck_assert_msg(wait_peers("", a.sock, up, 5000, out, sizeof out), "a: %s", out);
+  ck_assert_msg(wait_peers("", b.sock, up, 5000, out, sizeof out), "b: %s", out);
+  ck_assert_ptr_nonnull(strstr(out, "\"auth\":\"peer_key_file\""));
+  /* Keep-alives answered: a round trip is measured. */
+  bool rtt = false;
+  for (int t = 0; t < 3000 && !rtt; t += 100) {
+    rtt = ctl_peers_json("", b.sock, out, sizeof out) == 0 && strstr(out, "\"rtt_us\":0,") == NULL;
+    if (!rtt)
+      usleep(100 * 1000);
+  }
+  ck_assert_msg(rtt, "no round trip measured: %s", out);
+
+  /* Kill a, start it again: b backs off, then reconnects. */
+  kill(a.pid, SIGKILL);
+  waitpid(a.pid, NULL, 0);
+  ck_assert_msg(wait_peers("", b.sock, "\"state\":\"backoff\"", 3000, out, sizeof out), "%s",
+                out);
+  ck_assert_ptr_null(strstr(out, "\"last_error\":\"\""));
+  ck_assert_int_eq(tu_daemon_start_in(&a, a.dir, ya), 0);
+  ck_assert_msg(wait_peers("", b.sock, up, 8000, out, sizeof out), "after restart: %s", out);
+  ck_assert_ptr_null(strstr(out, "\"reconnects\":0,"));
+  tu_daemon_stop(&a);
+  tu_daemon_stop(&b);
+  tu_daemon_cleanup(&a);
+  tu_daemon_cleanup(&b);
+  tu_rmtree(dir);
+}
+END_TEST
+
+START_TEST(a_wrong_key_and_an_unlisted_peer_are_refused_and_logged) {
+  struct tu_daemon a, b, c;
+  char dir[256], key[300], key2[300], ya[1024], yb[1024], yc[1024], out[8192];
+  tu_tmpdir(dir, sizeof dir);
+  write_key(dir, "key", key, sizeof key);
+  write_key(dir, "key2", key2, sizeof key2);
+  int pa = port_base(), pb = pa + 1, pc = pa + 2;
+  /* a and b are a pair; b holds another key; c lists a, but a does not list c. */
+  peer_yaml(ya, sizeof ya, "127.0.0.1", pa, "127.0.0.1", pb, key);
+  peer_yaml(yb, sizeof yb, "127.0.0.1", pb, "127.0.0.1", pa, key2);
+  peer_yaml(yc, sizeof yc, "127.0.0.1", pc, "127.0.0.1", pa, key);
+  ck_assert_int_eq(tu_daemon_start(&a, ya), 0);
+  ck_assert_int_eq(tu_daemon_start(&b, yb), 0);
+  ck_assert_int_eq(tu_daemon_start(&c, yc), 0);
+  ck_assert_msg(wait_peers("", b.sock, "authentication failed", 5000, out, sizeof out), "%s",
+                out);
+  ck_assert_msg(wait_peers("", c.sock, "is not in this daemon's peers", 5000, out, sizeof out),
+                "%s", out);
+  ck_assert(log_has(&a, "authentication failed"));
+  ck_assert(log_has(&a, "is not in this daemon's peers"));
+  /* Nothing else is affected: a still answers its clients. */
+  char state[32];
+  ck_assert_ptr_nonnull(tu_daemon_state(a.sock, state, sizeof state));
+  ck_assert_int_eq(ctl_peers_json("", a.sock, out, sizeof out), 0);
+  ck_assert_ptr_nonnull(strstr(out, "\"conns_up\":0"));
+  tu_daemon_stop(&a);
+  tu_daemon_stop(&b);
+  tu_daemon_stop(&c);
+  tu_daemon_cleanup(&a);
+  tu_daemon_cleanup(&b);
+  tu_daemon_cleanup(&c);
+  tu_rmtree(dir);
+}
+END_TEST
+
+START_TEST(random_bytes_on_the_peer_port_are_dropped) {
+  struct tu_daemon a;
+  char dir[256], key[300], ya[1024];
+  tu_tmpdir(dir, sizeof dir);
+  write_key(dir, "key", key, sizeof key);
+  int pa = port_base();
+  peer_yaml(ya, sizeof ya, "127.0.0.1", pa, "127.0.0.1", pa + 1, key);
+  ck_assert_int_eq(tu_daemon_start(&a, ya), 0);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)pa)};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  uint8_t junk[512];
+  for (size_t i = 0; i < sizeof junk; i++)
+    junk[i] = (uint8_t)(i * 131 + 7);
+  ck_assert_int_eq(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+  /* The daemon answers with an ERROR frame at most and closes. */
+  uint8_t buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) {
+  }
+  ck_assert_int_le(n, 0);
+  close(fd);
+  ck_assert(log_has(&a, "bad frame magic"));
+  char state[32];
+  ck_assert_ptr_nonnull(tu_daemon_state(a.sock, state, sizeof state));
+  tu_daemon_stop(&a);
+  tu_daemon_cleanup(&a);
+  tu_rmtree(dir);
+}
+END_TEST
+
+START_TEST(a_daemon_refuses_to_start_with_a_readable_key_or_none) {
+  char dir[256], key[300], y[1024];
+  tu_tmpdir(dir, sizeof dir);
+  write_key(dir, "key", key, sizeof key);
+  chmod(key, 0640);
+  int pa = port_base();
+  peer_yaml(y, sizeof y, "127.0.0.1", pa, "127.0.0.1", pa + 1, key);
+  struct tu_daemon a;
+  struct tu_daemon_opts o = {.wait = TU_WAIT_NONE};
+  char sub[300];
+  snprintf(sub, sizeof sub, "%s/a", dir);
+  ck_assert_int_eq(mkdir(sub, 0700), 0);
+  ck_assert_int_eq(tu_daemon_start_opts(&a, sub, y, &o), 0);
+  int st = tu_daemon_wait_exit(&a, 10000);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+  ck_assert(log_has(&a, "chmod 600"));
+  /* No key at all, with peers: refused unless peer_insecure. */
+  snprintf(y, sizeof y, "listen: {address: 127.0.0.1, port: %d}\n", pa);
+  snprintf(sub, sizeof sub, "%s/b", dir);
+  ck_assert_int_eq(mkdir(sub, 0700), 0);
+  ck_assert_int_eq(tu_daemon_start_opts(&a, sub, y, &o), 0);
+  st = tu_daemon_wait_exit(&a, 10000);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+  ck_assert(log_has(&a, "peer_insecure"));
+  tu_rmtree(dir);
+}
+END_TEST
+
+/* ---- two network namespaces joined by a veth pair (root) ---------------------- */
+
+struct netns {
+  char ns[2][32];
+  bool made[2];
+};
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...) {
+  char cmd[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  char quiet[600];
+  snprintf(quiet, sizeof quiet, "%s >/dev/null 2>&1", cmd);
+  return system(quiet);
+}
+
+static void netns_down(struct netns *n) {
+  for (int i = 0; i < 2; i++)
+    if (n->made[i])
+      sh("ip netns delete %s", n->ns[i]);
+}
+
+/* Two namespaces, 10.77.0.1/24 and 10.77.0.2/24 on the two ends of a veth: 0 or why not. */
+static const char *netns_up(struct netns *n) {
+  memset(n, 0, sizeof *n);
+  if (geteuid() != 0)
+    return "not root (ip netns needs CAP_SYS_ADMIN)";
+  if (sh("ip netns list") != 0)
+    return "ip netns is not available";
+  for (int i = 0; i < 2; i++) {
+    snprintf(n->ns[i], sizeof n->ns[i], "dep%d_%d", (int)getpid(), i);
+    if (sh("ip netns add %s", n->ns[i]) != 0)
+      return "ip netns add failed (no network namespaces here?)";
+    n->made[i] = true;
+    sh("ip -n %s link set lo up", n->ns[i]);
+  }
+  if (sh("ip link add dv%da netns %s type veth peer name dv%db netns %s", (int)getpid(),
+         n->ns[0], (int)getpid(), n->ns[1]) != 0)
+    return "ip link add type veth failed (no veth module?)";
+  for (int i = 0; i < 2; i++) {
+    if (sh("ip -n %s addr add 10.77.0.%d/24 dev dv%d%c", n->ns[i], i + 1, (int)getpid(),
+           "ab"[i]) != 0 ||
+        sh("ip -n %s link set dv%d%c up", n->ns[i], (int)getpid(), "ab"[i]) != 0)
+      return "cannot configure the veth pair";
+  }
+  return NULL;
+}
+
+/* Start deepepd in namespace ns with config conf (its stderr to log); its pid. */
+static pid_t ns_daemon(const char *ns, const char *conf, const char *log) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    freopen(log, "a", stderr);
+    execlp("ip", "ip", "netns", "exec", ns, tu_bin("deepepd"), "-c", conf, "--backend", "host",
+           (char *)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+START_TEST(two_daemons_in_two_network_namespaces_come_up) {
+  struct netns n;
+  const char *why = netns_up(&n);
+  if (why != NULL) {
+    netns_down(&n);
+    tu_skip("two_daemons_in_two_network_namespaces_come_up", "%s", why);
+    return;
+  }
+  char dir[256], key[300], conf[2][320], sock[2][320], log[2][320], y[1024], out[8192];
+  tu_tmpdir(dir, sizeof dir);
+  write_key(dir, "key", key, sizeof key);
+  pid_t pid[2];
+  for (int i = 0; i < 2; i++) {
+    snprintf(conf[i], sizeof conf[i], "%s/%d.yaml", dir, i);
+    snprintf(sock[i], sizeof sock[i], "%s/%d.sock", dir, i);
+    snprintf(log[i], sizeof log[i], "%s/%d.log", dir, i);
+    int o = snprintf(y, sizeof y, "socket: {path: %s}\npool: {host_size: 64MiB}\n", sock[i]);
+    char addr[32], paddr[32];
+    snprintf(addr, sizeof addr, "10.77.0.%d", i + 1);
+    snprintf(paddr, sizeof paddr, "10.77.0.%d", 2 - i);
+    peer_yaml(y + o, sizeof y - (size_t)o, addr, 7470, paddr, 7470, key);
+    ck_assert_int_eq(tu_write_file(conf[i], y), 0);
+    pid[i] = ns_daemon(n.ns[i], conf[i], log[i]);
+  }
+  const char *up = "\"state\":\"up\",\"transport\":\"tcp\",\"conns_up\":3,\"conns_total\":3";
+  bool ok0 = wait_peers("", sock[0], up, 8000, out, sizeof out);
+  char out1[8192];
+  bool ok1 = wait_peers("", sock[1], up, 3000, out1, sizeof out1);
+  for (int i = 0; i < 2; i++) {
+    kill(pid[i], SIGTERM);
+    waitpid(pid[i], NULL, 0);
+  }
+  netns_down(&n);
+  tu_rmtree(dir);
+  ck_assert_msg(ok0, "ns0: %s", out);
+  ck_assert_msg(ok1, "ns1: %s", out1);
+}
+END_TEST
+
+Suite *peers_suite(void);
+Suite *peers_suite(void) {
+  Suite *s = suite_create("peers");
+  TCase *tc = tcase_create("codec");
+  tcase_add_test(tc, every_peer_message_round_trips);
+  tcase_add_test(tc, a_truncated_or_overlong_peer_message_is_refused);
+  tcase_add_test(tc, magic_version_and_type_are_checked_in_that_order);
+  tcase_add_test(tc, peers_ok_round_trips_and_a_cut_one_is_refused);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("handshake");
+  tcase_add_test(tc, the_same_key_authenticates_both_ways);
+  tcase_add_test(tc, a_wrong_key_fails_authentication);
+  tcase_add_test(tc, a_reflected_answer_fails);
+  tcase_add_test(tc, a_replayed_answer_fails);
+  tcase_add_test(tc, the_key_file_must_be_private_and_long_enough);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("daemons");
+  tcase_set_timeout(tc, 30);
+  tcase_add_test(tc, two_daemons_bring_their_pools_up);
+  tcase_add_test(tc, a_wrong_key_and_an_unlisted_peer_are_refused_and_logged);
+  tcase_add_test(tc, random_bytes_on_the_peer_port_are_dropped);
+  tcase_add_test(tc, a_daemon_refuses_to_start_with_a_readable_key_or_none);
+  tcase_add_test(tc, two_daemons_in_two_network_namespaces_come_up);
+  suite_add_tcase(s, tc);
+  return s;
+}
