@@ -268,6 +268,7 @@ out_held:
 out_server:
   server_fini();
 out_jobs:
+  job_fini(); /* again on the way out of a failed start: its timers must close */
   conn_fini();
   deepepd_fini();
   /* Let every close callback run, so nothing is left allocated. */

@@ -34,6 +34,11 @@
 #define PEER_MAX_ADDRS 8
 /* Before a link has authenticated its frames are small: a HELLO at most. */
 #define PEER_PREAUTH_MAX_BODY 1024u
+/* Inbound connections not yet authenticated, at most: each lasts at most
+ * PEER_HANDSHAKE_MS, and a configured peer opens connection_pool_size of
+ * them at once, so this leaves room for many peers reconnecting together
+ * while a flood of strangers cannot take the daemon's fds. */
+#define PEER_PREAUTH_MAX 256u
 #define PEER_QUEUE_BYTES (4u * 1024u * 1024u)
 /* The context the MAC starts with: a key used elsewhere never answers here. */
 static const char peer_mac_context[] = "deepepd peer auth v1";
@@ -746,6 +751,19 @@ static void peer_on_accept(uv_poll_t *h, int status, int events) {
       P.accept_paused_until = now_ms() + PEER_ACCEPT_PAUSE_MS;
       return;
     }
+    uint32_t pending = 0;
+    for (const struct peer_conn *q = P.inbound; q != NULL; q = q->next)
+      pending += !q->up;
+    static bool flood_logged; /* once per flood, not per refused connection */
+    if (pending >= PEER_PREAUTH_MAX) {
+      if (!flood_logged)
+        log_warnx("peers: %u inbound connections are still authenticating; refusing more "
+                  "until they finish (a flood on the peer port?)", pending);
+      flood_logged = true;
+      close(fd);
+      continue;
+    }
+    flood_logged = false;
     struct peer_conn *c = calloc(1, sizeof *c);
     if (c == NULL) {
       close(fd);
