@@ -406,6 +406,46 @@ START_TEST(random_bytes_on_the_peer_port_are_dropped) {
 }
 END_TEST
 
+/* Connections that never authenticate are bounded (256 at once): past that
+ * they are closed at once, logged once, and the daemon carries on. */
+START_TEST(a_flood_of_silent_connections_is_bounded) {
+  struct tu_daemon a;
+  char dir[256], key[300], ya[1024];
+  tu_tmpdir(dir, sizeof dir);
+  write_key(dir, "key", key, sizeof key);
+  int pa = port_base();
+  peer_yaml(ya, sizeof ya, "127.0.0.1", pa, "127.0.0.1", pa + 1, key);
+  ck_assert_int_eq(tu_daemon_start(&a, ya), 0);
+  enum { N = 300 };
+  static int fds[N];
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)pa)};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  for (int i = 0; i < N; i++) {
+    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fds[i], 0);
+    ck_assert_int_eq(connect(fds[i], (struct sockaddr *)&sa, sizeof sa), 0);
+  }
+  bool logged = false;
+  for (int i = 0; i < 300 && !(logged = log_has(&a, "inbound connections are still "
+                                                         "authenticating"));
+       i++)
+    usleep(10000);
+  ck_assert(logged);
+  /* The last ones were closed by the daemon: reading them ends at once. */
+  struct timeval tv = {.tv_sec = 2};
+  setsockopt(fds[N - 1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  uint8_t b;
+  ck_assert_int_eq(read(fds[N - 1], &b, 1), 0);
+  for (int i = 0; i < N; i++)
+    close(fds[i]);
+  char state[32];
+  ck_assert_ptr_nonnull(tu_daemon_state(a.sock, state, sizeof state));
+  tu_daemon_stop(&a);
+  tu_daemon_cleanup(&a);
+  tu_rmtree(dir);
+}
+END_TEST
+
 START_TEST(a_daemon_refuses_to_start_with_a_readable_key_or_none) {
   char dir[256], key[300], y[1024];
   tu_tmpdir(dir, sizeof dir);
@@ -557,6 +597,7 @@ Suite *peers_suite(void) {
   tcase_add_test(tc, two_daemons_bring_their_pools_up);
   tcase_add_test(tc, a_wrong_key_and_an_unlisted_peer_are_refused_and_logged);
   tcase_add_test(tc, random_bytes_on_the_peer_port_are_dropped);
+  tcase_add_test(tc, a_flood_of_silent_connections_is_bounded);
   tcase_add_test(tc, a_daemon_refuses_to_start_with_a_readable_key_or_none);
   tcase_add_test(tc, two_daemons_in_two_network_namespaces_come_up);
   suite_add_tcase(s, tc);
