@@ -3,7 +3,9 @@
  * backend, devices, clients and jobs, as text or JSON from the same records.
  */
 #include <stdlib.h>
+#include <string.h>
 
+#include "client_internal.h"
 #include "ctl.h"
 
 /* The JSON keys are an interface: deepepctl(1) lists them; never rename. */
@@ -37,11 +39,14 @@ static const struct ctl_col job_cols[] = {
     {"world_size", "WORLD", CTL_UINT, 0},
     {"slab_bytes", "SLAB", CTL_BYTES, 0},
     {"age_ms", "AGE", CTL_MS, 0},
+    {"nodes", "NODES", CTL_UINT, 0},
+    {"remote_ranks", "REMOTE", CTL_UINT, 0},
 };
 #define JOB_NCOLS (sizeof job_cols / sizeof job_cols[0])
 
 /* Turn the daemon's status into the output records and render them. */
-static int status_render(const struct ctl *ctl, const struct dep_status *st) {
+static int status_render(const struct ctl *ctl, const struct dep_status *st,
+                         const struct dep_msg_job_nodes *mn) {
   struct ctl_val fields[STATUS_NFIELDS] = {
       {.s = st->version},
       {.s = st->state},
@@ -79,6 +84,15 @@ static int status_render(const struct ctl *ctl, const struct dep_status *st) {
     row[4].u = j->world_size;
     row[5].u = j->slab_bytes;
     row[6].u = j->age_ms;
+    /* One node and no remote ranks, unless JOB_NODES says otherwise. */
+    row[7].u = 1;
+    row[8].u = 0;
+    for (uint32_t k = 0; mn != NULL && k < mn->n; k++) {
+      if (strcmp(mn->jobs[k].job_id, j->job_id) == 0) {
+        row[7].u = mn->jobs[k].nodes;
+        row[8].u = mn->jobs[k].remote_ranks;
+      }
+    }
   }
   const struct ctl_table tables[] = {
       {"devices", "no devices", device_cols, DEVICE_NCOLS, st->num_devices, dev, 0},
@@ -104,8 +118,23 @@ int ctl_status(struct ctl *ctl, int argc, char **argv) {
   rc = dep_status(c, &st);
   if (rc != 0)
     return ctl_fail_client(ctl, c, rc, NULL);
+  /* The nodes of multi-node jobs: a second request, only when there are some. */
+  struct dep_msg_job_nodes *mn = NULL;
+  bool multinode = false;
+  for (uint32_t i = 0; i < st->num_jobs; i++)
+    multinode |= st->jobs[i].world_size > st->jobs[i].ranks_expected;
+  if (multinode && (mn = calloc(1, sizeof *mn)) != NULL) {
+    struct client_frame f;
+    if (client_request(c, DEP_MSG_JOB_NODES, NULL, DEP_MSG_JOB_NODES_OK,
+                       CLIENT_REQUEST_TIMEOUT_MS, &f) == 0) {
+      if (proto_decode_job_nodes(f.body, f.hdr.body_len, mn) != 0)
+        mn->n = 0;
+      client_frame_release(&f);
+    }
+  }
   dep_client_free(c);
-  rc = status_render(ctl, st);
+  rc = status_render(ctl, st, mn);
+  free(mn);
   dep_status_free(st);
   return ctl_finish_output(rc);
 }

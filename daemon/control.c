@@ -269,6 +269,23 @@ static void control_peers(struct conn *c, const struct dep_frame_hdr *h, size_t 
   proto_peers_free(&m);
 }
 
+/* JOB_NODES: the nodes of the multi-node jobs c may see (deepepctl status). */
+static void control_job_nodes(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
+  if (len != 0) {
+    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "JOB_NODES carries no body, got %zu bytes",
+              len);
+    return;
+  }
+  struct dep_msg_job_nodes *m = calloc(1, sizeof *m);
+  if (m == NULL) {
+    conn_send_error(c, h->request_id, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
+    return;
+  }
+  job_fill_nodes(m, c->uid);
+  conn_send(c, DEP_MSG_JOB_NODES_OK, h->request_id, m, NULL, 0);
+  free(m);
+}
+
 static void control_detach(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
   if (len != 0) {
     conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "DETACH carries no body, got %zu bytes", len);
@@ -316,6 +333,9 @@ void control_handle(struct conn *c, const struct dep_frame_hdr *h, const uint8_t
     break;
   case DEP_MSG_PEERS:
     control_peers(c, h, len);
+    break;
+  case DEP_MSG_JOB_NODES:
+    control_job_nodes(c, h, len);
     break;
   default:
     /* Replies and notices travel from the daemon only. */

@@ -15,6 +15,7 @@
 #include "devices.h"
 #include "lend.h"
 #include "log.h"
+#include "peer.h"
 #include "proto.h"
 #include "shape.h"
 
@@ -23,10 +24,117 @@ static struct job *job_list;
 static uint32_t job_n;
 static const struct config *job_cfg;
 
+static const struct peer_events job_peer_events;
+
 void job_init(uv_loop_t *loop, const struct config *cfg) {
   job_loop = loop;
   job_cfg = cfg;
   lend_init(loop, cfg);
+  peer_set_events(&job_peer_events);
+}
+
+/* ---- what peers reported: one record per (job id, peer) ----------------
+ * Kept apart from the job table: a peer's MEMBERSHIP often arrives before
+ * the first local rank of the job does, and it outlives a local job that
+ * failed (its ranks may come back under the same id).  A record goes when
+ * its peer says JOB_END or JOB_FAIL, or when the peer goes down. */
+
+/* Records at most: an authenticated peer is trusted, but bounded. */
+#define JOB_MEMBERS_MAX 4096u
+
+struct job_member {
+  struct job_member *next;
+  int peer;
+  struct dep_peer_membership m;
+};
+
+static struct job_member *job_members;
+static uint32_t job_n_members;
+
+static struct job_member **member_slot(const char *id, int peer) {
+  struct job_member **pp = &job_members;
+  for (; *pp != NULL; pp = &(*pp)->next)
+    if ((*pp)->peer == peer && strcmp((*pp)->m.job_id, id) == 0)
+      break;
+  return pp;
+}
+
+static void member_drop(const char *id, int peer) {
+  struct job_member **pp = member_slot(id, peer);
+  struct job_member *x = *pp;
+  if (x == NULL)
+    return;
+  *pp = x->next;
+  free(x);
+  job_n_members--;
+}
+
+uint32_t job_remote_ranks(const struct job *j, uint32_t *nodes) {
+  uint32_t n = 0, k = 0;
+  for (const struct job_member *x = job_members; x != NULL; x = x->next) {
+    if (strcmp(x->m.job_id, j->id) != 0)
+      continue;
+    n += x->m.n_ranks;
+    k++;
+  }
+  if (nodes != NULL)
+    *nodes = k;
+  return n;
+}
+
+/* "0-3,8,10-11" into buf (cut with "..." when long) from a bitmap of world ranks. */
+static void ranks_fmt(const uint8_t *set, uint32_t world, char *buf, size_t len) {
+  size_t off = 0;
+  buf[0] = '\0';
+  for (uint32_t r = 0; r < world; r++) {
+    if (!set[r])
+      continue;
+    uint32_t e = r;
+    while (e + 1 < world && set[e + 1])
+      e++;
+    int n = e > r ? snprintf(buf + off, len - off, "%s%u-%u", off ? "," : "", r, e)
+                  : snprintf(buf + off, len - off, "%s%u", off ? "," : "", r);
+    if (n < 0 || (size_t)n >= len - off - 4) {
+      snprintf(buf + off, len - off, ",...");
+      return;
+    }
+    off += (size_t)n;
+    r = e;
+  }
+}
+
+/* Send JOB_FAIL (code < 0) or JOB_END (code 0) about j to every peer that is up. */
+static void job_tell_peers(const struct job *j, int code, uint32_t rank, bool detached,
+                           const char *msg) {
+  struct dep_peer_msg m = {.type = code < 0 ? DEP_PEER_JOB_FAIL : DEP_PEER_JOB_END};
+  snprintf(m.u.job.job_id, sizeof m.u.job.job_id, "%s", j->id);
+  m.u.job.owner_uid = (uint32_t)j->owner_uid;
+  m.u.job.rank = rank;
+  m.u.job.detached = detached ? 1u : 0u;
+  m.u.job.code = code;
+  snprintf(m.u.job.message, sizeof m.u.job.message, "%s", msg != NULL ? msg : "");
+  for (int k = 0; k < peer_count(); k++)
+    if (peer_is_up(k))
+      (void)peer_send(k, &m);
+}
+
+/* Send our MEMBERSHIP of j to peer k, or to every peer that is up (k < 0). */
+static void job_announce(struct job *j, int k) {
+  struct dep_peer_msg m = {.type = DEP_PEER_MEMBERSHIP};
+  struct dep_peer_membership *x = &m.u.membership;
+  snprintf(x->job_id, sizeof x->job_id, "%s", j->id);
+  x->owner_uid = (uint32_t)j->owner_uid;
+  x->sw.shape = j->shape;
+  x->sw.world_size = j->world_size;
+  x->local_world_size = j->local_world_size;
+  x->n_ranks = j->local_world_size;
+  for (uint32_t i = 0; i < j->local_world_size; i++)
+    x->ranks[i] = j->ranks[i].rank;
+  x->opaque_len = 0; /* the data path's fields, later */
+  for (int p = 0; p < peer_count(); p++)
+    if ((k < 0 || p == k) && peer_is_up(p))
+      (void)peer_send(p, &m);
+  j->announced = true;
 }
 
 uint32_t job_count(void) { return job_n; }
@@ -55,6 +163,9 @@ static void job_destroy(struct job *j, const char *why) {
     }
   }
   job_n--;
+  /* The peers forget our part of it (when stopping, the dropped links say it). */
+  if (j->multinode && !deepepd.stopping)
+    job_tell_peers(j, 0, DEP_PEER_NO_RANK, false, why);
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     struct job_rank *r = &j->ranks[i];
     if (r->conn != NULL)
@@ -79,6 +190,19 @@ static void job_remove_rank(struct job *j, uint32_t local_rank, bool detached) {
            j->local_world_size);
   if (j->ready && !deepepd.stopping)
     lend_tell_gone(j, r, detached);
+  if (j->multinode && !deepepd.stopping) {
+    char msg[DEP_MSG_TEXT_MAX];
+    if (j->ready) {
+      /* The other nodes' ranks are told as the local ones are. */
+      snprintf(msg, sizeof msg, "job %s: rank %u (pid %d) %s on a peer node", j->id, r->rank,
+               (int)r->pid, detached ? "detached" : "disconnected");
+      job_tell_peers(j, DEP_ERR_PEER, r->rank, detached, msg);
+    } else if (j->announced && j->attached > 1) {
+      /* Our MEMBERSHIP no longer holds: the peers forget it until we send it again. */
+      job_tell_peers(j, 0, DEP_PEER_NO_RANK, false, "a local rank left while it gathered");
+      j->announced = false;
+    }
+  }
   r->conn->job = NULL;
   /* The arena stays with the job: peers still map it, so it goes back to
    * the pool only when the last rank is gone (lend_release). */
@@ -102,8 +226,155 @@ static void job_fail(struct job *j, int code, const char *msg) {
   job_destroy(j, dep_strerror(code));
 }
 
+/* ---- multi-node: who holds which rank -------------------------------- */
+
+/* Per world rank: JOB_NOBODY, JOB_HERE (a local rank attached) or the peer. */
+#define JOB_NOBODY (-2)
+#define JOB_HERE (-1)
+static int16_t job_who[DEP_MAX_WORLD];
+
+/* Fail j on every node: the peers are told (JOB_FAIL), the local ranks answered. */
+static void job_fail_everywhere(struct job *j, int code, const char *msg) {
+  log_warnx("%s", msg);
+  job_tell_peers(j, code, DEP_PEER_NO_RANK, false, msg);
+  job_fail(j, code, msg);
+}
+
+static const char *job_node(int who) { return who == JOB_HERE ? "this node" : peer_name(who); }
+
+/*
+ * Fill job_who for j from its local ranks and the peers' records, checking
+ * each record against the job: the same uid, the same shape and world, ranks
+ * within the world, no rank held twice, no more ranks than world_size.  On a
+ * conflict the job fails on every node and false is returned; else *held is
+ * the number of world ranks accounted for.
+ */
+static bool job_gather(struct job *j, uint32_t *held) {
+  char msg[DEP_MSG_TEXT_MAX];
+  for (uint32_t r = 0; r < j->world_size; r++)
+    job_who[r] = JOB_NOBODY;
+  uint32_t n = 0, total = j->local_world_size;
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    if (j->ranks[i].conn != NULL) {
+      job_who[j->ranks[i].rank] = JOB_HERE;
+      n++;
+    }
+  }
+  for (const struct job_member *x = job_members; x != NULL; x = x->next) {
+    if (strcmp(x->m.job_id, j->id) != 0)
+      continue;
+    const char *field = NULL;
+    uint64_t have = 0, gives = 0;
+    if (x->m.owner_uid != (uint32_t)j->owner_uid) {
+      snprintf(msg, sizeof msg,
+               "job %s: node %s holds it for uid %u but this node's ranks run as uid %u; a job "
+               "belongs to one uid on every node (uid numbers must agree across nodes)",
+               j->id, peer_name(x->peer), (unsigned)x->m.owner_uid, (unsigned)j->owner_uid);
+      job_fail_everywhere(j, DEP_ERR_PERMISSION, msg);
+      return false;
+    }
+    if (dep_shape_diff(&j->shape, j->world_size, &x->m.sw.shape, x->m.sw.world_size, &field,
+                       &have, &gives)) {
+      snprintf(msg, sizeof msg,
+               "job %s: the ranks on node %s give %s %llu but this node's give %llu; every rank "
+               "of a job must pass the same values on every node",
+               j->id, peer_name(x->peer), field, (unsigned long long)gives,
+               (unsigned long long)have);
+      job_fail_everywhere(j, DEP_ERR_MISMATCH, msg);
+      return false;
+    }
+    total += x->m.local_world_size;
+    if (total > j->world_size) {
+      snprintf(msg, sizeof msg,
+               "job %s: the nodes hold more ranks than its world_size %u (this node %u, node %s "
+               "%u, ...); check local_world_size on every node",
+               j->id, j->world_size, j->local_world_size, peer_name(x->peer),
+               x->m.local_world_size);
+      job_fail_everywhere(j, DEP_ERR_MISMATCH, msg);
+      return false;
+    }
+    for (uint32_t i = 0; i < x->m.n_ranks; i++) {
+      uint32_t r = x->m.ranks[i];
+      if (r >= j->world_size) {
+        snprintf(msg, sizeof msg, "job %s: node %s holds rank %u, beyond world_size %u", j->id,
+                 peer_name(x->peer), r, j->world_size);
+        job_fail_everywhere(j, DEP_ERR_MISMATCH, msg);
+        return false;
+      }
+      if (job_who[r] != JOB_NOBODY) {
+        char first[300];
+        snprintf(first, sizeof first, "%s", job_node(job_who[r]));
+        snprintf(msg, sizeof msg,
+                 "job %s: rank %u is claimed by two nodes, %s and %s; give every rank of a job "
+                 "to one node only",
+                 j->id, r, first, peer_name(x->peer));
+        job_fail_everywhere(j, DEP_ERR_EXISTS, msg);
+        return false;
+      }
+      job_who[r] = (int16_t)x->peer;
+      n++;
+    }
+  }
+  *held = n;
+  return true;
+}
+
+static void job_complete(struct job *j);
+
+/* Something changed for the gathering multi-node job j (a local rank, a
+ * peer's record): announce it when its local ranks are all here, check it,
+ * and complete it when every world rank is held. */
+static void job_progress(struct job *j) {
+  if (j->dead || j->ready || !j->multinode)
+    return;
+  uint32_t held = 0;
+  if (!job_gather(j, &held))
+    return;
+  if (j->attached == j->local_world_size && !j->announced)
+    job_announce(j, -1);
+  if (j->attached == j->local_world_size && held == j->world_size) {
+    uint32_t nodes = 0;
+    (void)job_remote_ranks(j, &nodes);
+    log_info("job %s: all %u ranks held on %u node(s)", j->id, j->world_size, 1 + nodes);
+    job_complete(j);
+  }
+}
+
+/* The multi-node job j timed out: name the missing world ranks and the peers. */
+static void job_timeout_multinode(struct job *j) {
+  uint32_t held = 0;
+  if (!job_gather(j, &held))
+    return;
+  static uint8_t missing_set[DEP_MAX_WORLD];
+  for (uint32_t r = 0; r < j->world_size; r++)
+    missing_set[r] = job_who[r] == JOB_NOBODY;
+  char missing[160], up[200] = "", down[200] = "";
+  ranks_fmt(missing_set, j->world_size, missing, sizeof missing);
+  size_t ou = 0, od = 0;
+  for (int k = 0; k < peer_count(); k++) {
+    bool is_up = peer_is_up(k);
+    char *b = is_up ? up : down;
+    size_t *o = is_up ? &ou : &od;
+    int n = snprintf(b + *o, sizeof up - *o, "%s%s", *o ? ", " : "", peer_name(k));
+    if (n > 0 && (size_t)n < sizeof up - *o)
+      *o += (size_t)n;
+  }
+  char msg[DEP_MSG_TEXT_MAX];
+  snprintf(msg, sizeof msg,
+           "job %s: %u of %u ranks attached after %u ms (%u of %u here); missing global ranks "
+           "%s; peers up: %s; not up: %s (start every rank on every node, or raise "
+           "limits.attach_timeout_ms)",
+           j->id, held, j->world_size, j->timeout_ms, j->attached, j->local_world_size, missing,
+           up[0] ? up : "none", down[0] ? down : "none");
+  job_fail_everywhere(j, DEP_ERR_TIMEOUT, msg);
+}
+
 static void job_on_timeout(uv_timer_t *t) {
   struct job *j = t->data;
+  if (j->multinode) {
+    job_timeout_multinode(j);
+    return;
+  }
   char missing[256];
   size_t off = 0;
   for (uint32_t i = 0; i < j->local_world_size; i++) {
@@ -135,6 +406,8 @@ static void job_complete(struct job *j) {
     char msg[DEP_MSG_TEXT_MAX];
     snprintf(msg, sizeof msg, "job %s: %s", j->id, why[0] ? why : dep_strerror(rc));
     log_warnx("%s", msg);
+    if (j->multinode)
+      job_tell_peers(j, rc, DEP_PEER_NO_RANK, false, msg);
     job_fail(j, rc, msg);
     return;
   }
@@ -171,6 +444,10 @@ static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {
   j->world_size = a->world_size;
   j->local_world_size = a->local_world_size;
   j->shape = a->shape;
+  /* With no peers configured there is nobody to hold the other ranks: the
+   * job completes with its local ranks, as before multi-node jobs (the
+   * memory is still laid out for world_size). */
+  j->multinode = a->world_size > a->local_world_size && peer_count() > 0;
   j->created_ns = uv_hrtime();
   uv_timer_init(job_loop, &j->timer);
   j->timer.data = j;
@@ -338,7 +615,9 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
   j->attached++;
   log_info("job %s: rank %u (local %u, pid %d) attached (%u of %u local ranks)", j->id, a->rank,
            a->local_rank, (int)c->pid, j->attached, j->local_world_size);
-  if (j->attached == j->local_world_size)
+  if (j->multinode)
+    job_progress(j);
+  else if (j->attached == j->local_world_size)
     job_complete(j);
 }
 
@@ -389,8 +668,131 @@ int job_fill_status(struct dep_status *st, uid_t viewer_uid, uint32_t max_jobs) 
   return 0;
 }
 
+/* ---- what the peers say ------------------------------------------------- */
+
+struct job *job_lookup(const char *id) { return job_find(id); }
+
+/* A peer came up: it learns the membership of every job gathering here. */
+static void job_on_peer_up(int k) {
+  for (struct job *j = job_list; j != NULL; j = j->next)
+    if (j->multinode && !j->ready && !j->dead && j->attached == j->local_world_size)
+      job_announce(j, k);
+}
+
+/* A peer's last link closed: its gathering jobs fail at once, its running
+ * ones are told (abort words) that its first rank is gone; its records go. */
+static void job_on_peer_down(int k) {
+  struct job_member *x = job_members;
+  while (x != NULL) {
+    struct job_member *next = x->next;
+    if (x->peer == k) {
+      struct job *j = job_find(x->m.job_id);
+      if (j != NULL && !j->dead && j->multinode && !j->ready) {
+        char msg[DEP_MSG_TEXT_MAX];
+        snprintf(msg, sizeof msg,
+                 "job %s: node %s, which holds %u of its ranks, went down (its peer link "
+                 "dropped) while the job gathered its ranks",
+                 j->id, peer_name(k), x->m.n_ranks);
+        log_warnx("%s", msg);
+        job_fail(j, DEP_ERR_PEER, msg);
+      } else if (j != NULL && !j->dead && j->multinode && j->ready && x->m.n_ranks > 0) {
+        log_warnx("job %s: node %s went down while the job ran: its ranks are told that rank %u "
+                  "is gone", j->id, peer_name(k), x->m.ranks[0]);
+        struct job_rank gone = {.rank = x->m.ranks[0]};
+        lend_tell_gone(j, &gone, false);
+      }
+      member_drop(x->m.job_id, k);
+    }
+    x = next;
+  }
+}
+
+static void job_on_membership(int k, const struct dep_peer_membership *in) {
+  char why[256];
+  if (proto_check_job_id(in->job_id, why, sizeof why) != 0 ||
+      dep_shape_check(&in->sw.shape, in->sw.world_size, why, sizeof why) != 0) {
+    log_warnx("peer %s: MEMBERSHIP of job \"%.64s\" refused: %s", peer_name(k), in->job_id,
+              why);
+    return;
+  }
+  struct job_member **pp = member_slot(in->job_id, k);
+  if (*pp == NULL) {
+    if (job_n_members >= JOB_MEMBERS_MAX) {
+      log_warnx("peer %s: MEMBERSHIP of job %s dropped: %u records held already", peer_name(k),
+                in->job_id, JOB_MEMBERS_MAX);
+      return;
+    }
+    *pp = calloc(1, sizeof **pp);
+    if (*pp == NULL)
+      return;
+    (*pp)->peer = k;
+    job_n_members++;
+  }
+  (*pp)->m = *in;
+  log_info("job %s: node %s holds %u of its %u ranks", in->job_id, peer_name(k), in->n_ranks,
+           in->sw.world_size);
+  struct job *j = job_find(in->job_id);
+  if (j != NULL)
+    job_progress(j);
+}
+
+static void job_on_job_event(int k, uint16_t type, const struct dep_peer_job_event *e) {
+  struct job_member **pp = member_slot(e->job_id, k);
+  uint32_t first = *pp != NULL && (*pp)->m.n_ranks > 0 ? (*pp)->m.ranks[0] : DEP_PEER_NO_RANK;
+  member_drop(e->job_id, k);
+  struct job *j = job_find(e->job_id);
+  if (type == DEP_PEER_JOB_END || j == NULL || j->dead || !j->multinode ||
+      (uint32_t)j->owner_uid != e->owner_uid)
+    return;
+  char text[4 * DEP_MSG_TEXT_MAX];
+  log_escape(e->message, strlen(e->message), text, sizeof text);
+  if (!j->ready) {
+    char msg[DEP_MSG_TEXT_MAX];
+    snprintf(msg, sizeof msg, "job %s failed on node %s: %.380s", j->id, peer_name(k), text);
+    log_warnx("%s", msg);
+    job_fail(j, e->code, msg);
+    return;
+  }
+  uint32_t rank = e->rank != DEP_PEER_NO_RANK ? e->rank : first;
+  if (rank == DEP_PEER_NO_RANK || rank >= j->world_size)
+    return;
+  log_notice("job %s: node %s says rank %u is gone (%.380s)", j->id, peer_name(k), rank, text);
+  struct job_rank gone = {.rank = rank};
+  lend_tell_gone(j, &gone, e->detached != 0);
+}
+
+static void job_on_peer_msg(int k, const struct dep_peer_msg *m) {
+  if (m->type == DEP_PEER_MEMBERSHIP)
+    job_on_membership(k, &m->u.membership);
+  else if (m->type == DEP_PEER_JOB_FAIL || m->type == DEP_PEER_JOB_END)
+    job_on_job_event(k, m->type, &m->u.job);
+}
+
+static const struct peer_events job_peer_events = {
+    .up = job_on_peer_up,
+    .down = job_on_peer_down,
+    .job_msg = job_on_peer_msg,
+};
+
+void job_fill_nodes(struct dep_msg_job_nodes *m, uid_t viewer_uid) {
+  m->n = 0;
+  bool all = viewer_uid == 0 || viewer_uid == getuid();
+  for (struct job *j = job_list; j != NULL && m->n < DEP_JOB_NODES_MAX; j = j->next) {
+    if (!j->multinode || (!all && j->owner_uid != viewer_uid))
+      continue;
+    struct dep_msg_job_node *o = &m->jobs[m->n++];
+    snprintf(o->job_id, sizeof o->job_id, "%s", j->id);
+    o->world_size = j->world_size;
+    o->local_ranks = j->attached;
+    o->remote_ranks = job_remote_ranks(j, &o->nodes);
+    o->nodes++;
+  }
+}
+
 void job_fini(void) {
   while (job_list != NULL)
     job_destroy(job_list, "the daemon is stopping");
   lend_fini();
+  while (job_members != NULL)
+    member_drop(job_members->m.job_id, job_members->peer);
 }

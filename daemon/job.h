@@ -7,6 +7,14 @@
  * A job belongs to the uid that created it.  What it is lent (lend.h) is
  * made when the rendezvous completes, before the replies go out, and given
  * back when its last rank is gone.
+ *
+ * A multi-node job (world_size > local_world_size, DESIGN §7) completes
+ * only when every global rank 0..world_size-1 is held by exactly one node:
+ * this one, or a peer daemon that reported it in a MEMBERSHIP message
+ * (peer_proto.h).  Its membership goes to every peer that is up once its
+ * local ranks are all here; a conflict, a timeout, a peer lost while it
+ * gathers fails it on every node.  Operations across nodes are a later
+ * issue: the library refuses them (client/ops.c).
  */
 #ifndef DEP_DAEMON_JOB_H
 #define DEP_DAEMON_JOB_H
@@ -19,6 +27,7 @@
 #include "config.h"
 #include "deepep.h"
 #include "proc.h"
+#include "proto.h"
 
 struct conn;
 struct pool_block; /* one block of a device's pool (pool.h) */
@@ -48,6 +57,9 @@ struct job {
   uint64_t slab_bytes;       /* per rank: the layout's size, then the stride in an arena */
   uint32_t attached;         /* occupied slots in ranks[] */
   bool ready;                /* the rendezvous completed */
+  bool multinode;            /* world_size > local_world_size and peers configured: they
+                                hold the other ranks */
+  bool announced;            /* our MEMBERSHIP went to the peers (local ranks all here) */
   bool dead;                 /* torn down, waiting for the timer's close callback */
   uv_timer_t timer;          /* the attach timeout */
   struct job *next;
@@ -78,6 +90,11 @@ void job_detach(struct conn *c, uint32_t request_id);
 /* Connection c is gone (its rank died or left): free its slot. */
 void job_conn_closed(struct conn *c);
 
+/* Remote ranks of job j that peers reported, and how many peers reported them. */
+uint32_t job_remote_ranks(const struct job *j, uint32_t *nodes);
+/* Find a live job by id (NULL when none). */
+struct job *job_lookup(const char *id);
+
 /* Number of live jobs. */
 uint32_t job_count(void);
 /*
@@ -86,5 +103,9 @@ uint32_t job_count(void);
  * them.  Returns 0 or DEP_ERR_NO_MEMORY; free st->jobs with free().
  */
 int job_fill_status(struct dep_status *st, uid_t viewer_uid, uint32_t max_jobs);
+
+/* Fill m (JOB_NODES_OK) with the multi-node jobs viewer_uid may see, as
+ * job_fill_status chooses them. */
+void job_fill_nodes(struct dep_msg_job_nodes *m, uid_t viewer_uid);
 
 #endif /* DEP_DAEMON_JOB_H */

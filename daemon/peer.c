@@ -69,6 +69,8 @@ struct peer_conn {
   char from[INET6_ADDRSTRLEN + 8]; /* inbound: the source address, for log lines */
   struct sockaddr_storage src;
   uint64_t opened_ms, last_rx_ms, last_tx_ms;
+  uint64_t last_ping_ms;      /* our last KEEPALIVE: each side pings on its own clock, so that
+                                 both measure the round trip (replies are traffic, not pings) */
   char err[DEP_MSG_TEXT_MAX]; /* why it is closing, for the slot's last error */
   struct peer_conn *next;     /* inbound list */
 };
@@ -94,6 +96,8 @@ struct peer {
   char last_error[DEP_MSG_TEXT_MAX];
   uint64_t reconnects, bytes_in, bytes_out, rtt_us;
   uint32_t inbound_up;
+  bool linked_up; /* some link up, as last told to the job table */
+  char label[300]; /* "host:port (node)" */
   bool was_up; /* every slot up at the last look, for one log line per change */
 };
 
@@ -120,6 +124,7 @@ static struct {
   uint64_t start_ms;
   peer_ready_fn *ready_cb;
   char status[DEP_MSG_TEXT_MAX]; /* the last STATUS= sent while waiting */
+  const struct peer_events *ev;
 } P = {.listen_fd = -1};
 
 static uint64_t now_ms(void) { return uv_now(P.loop); }
@@ -400,6 +405,21 @@ static struct peer *peer_identify(const struct peer_conn *c, uint16_t listen_por
   return NULL;
 }
 
+static uint32_t peer_links_up(const struct peer *p) { return peer_count_up(p) + p->inbound_up; }
+
+/* Tell the job table when a peer gains its first link or loses its last. */
+static void peer_note_links(struct peer *p) {
+  bool up = peer_links_up(p) > 0;
+  if (up == p->linked_up || P.stopping)
+    return;
+  p->linked_up = up;
+  int k = (int)(p - P.peers);
+  if (up && P.ev != NULL && P.ev->up != NULL)
+    P.ev->up(k);
+  else if (!up && P.ev != NULL && P.ev->down != NULL)
+    P.ev->down(k);
+}
+
 static void conn_maybe_up(struct peer_conn *c) {
   if (!c->verified || !c->acked || c->up)
     return;
@@ -412,6 +432,7 @@ static void conn_maybe_up(struct peer_conn *c) {
   } else {
     p->inbound_up++;
   }
+  peer_note_links(p);
   if (c->slot >= 0 && peer_all_up(p) && !p->was_up) {
     p->was_up = true;
     p->last_error[0] = '\0';
@@ -537,6 +558,12 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
         c->peer->rtt_us = now_us - m.u.keepalive.stamp;
     }
     break;
+  case DEP_PEER_MEMBERSHIP:
+  case DEP_PEER_JOB_FAIL:
+  case DEP_PEER_JOB_END:
+    if (P.ev != NULL && P.ev->job_msg != NULL)
+      P.ev->job_msg((int)(c->peer - P.peers), &m);
+    break;
   case DEP_PEER_CLOSE: {
     char msg[4 * DEP_MSG_TEXT_MAX], err[sizeof msg + 32];
     log_escape(m.u.error.message, strlen(m.u.error.message), msg, sizeof msg);
@@ -555,6 +582,7 @@ static void peer_on_closing(struct link *l) {
   if (c->slot >= 0) {
     slot_backoff(c->peer, c->slot,
                  c->err[0] ? c->err : c->up ? "connection lost" : "closed during the handshake");
+    peer_note_links(c->peer);
     return;
   }
   for (struct peer_conn **pp = &P.inbound; *pp != NULL; pp = &(*pp)->next) {
@@ -563,8 +591,10 @@ static void peer_on_closing(struct link *l) {
       break;
     }
   }
-  if (c->up && c->peer != NULL)
+  if (c->up && c->peer != NULL) {
     c->peer->inbound_up--;
+    peer_note_links(c->peer);
+  }
 }
 
 static void peer_on_close(struct link *l) {
@@ -854,9 +884,10 @@ static void conn_tick(struct peer_conn *c, uint64_t now) {
     link_drop(&c->link, "%s", c->err);
     return;
   }
-  if (now - c->last_tx_ms >= PEER_KEEPALIVE_MS) {
+  if (now - c->last_ping_ms >= PEER_KEEPALIVE_MS) {
     struct dep_peer_msg m = {.type = DEP_PEER_KEEPALIVE};
     m.u.keepalive.stamp = uv_hrtime() / 1000u;
+    c->last_ping_ms = now;
     (void)conn_send(c, &m);
   }
 }
@@ -1063,6 +1094,44 @@ void peer_wait(peer_ready_fn *done) {
     return;
   }
   peer_check_ready();
+}
+
+void peer_set_events(const struct peer_events *ev) { P.ev = ev; }
+
+int peer_count(void) { return P.active ? (int)P.n : 0; }
+
+bool peer_is_up(int k) {
+  return P.active && k >= 0 && (size_t)k < P.n && peer_links_up(&P.peers[k]) > 0;
+}
+
+const char *peer_name(int k) {
+  if (k < 0 || (size_t)k >= P.n)
+    return "?";
+  struct peer *p = &P.peers[k];
+  char tmp[sizeof p->label];
+  if (p->node[0] != '\0')
+    snprintf(tmp, sizeof tmp, "%s (%s)", p->name, p->node);
+  else
+    snprintf(tmp, sizeof tmp, "%s", p->name);
+  memcpy(p->label, tmp, sizeof tmp);
+  return p->label;
+}
+
+int peer_send(int k, const struct dep_peer_msg *m) {
+  if (!peer_is_up(k))
+    return DEP_ERR_STATE;
+  struct peer *p = &P.peers[k];
+  /* The first outbound link that is up, else an inbound one: one link per
+   * peer while it lasts, so that a job's messages keep their order. */
+  for (uint32_t i = 0; i < P.pool_size; i++) {
+    struct peer_conn *c = p->slots[i].conn;
+    if (p->slots[i].state == SLOT_UP && c != NULL && link_open(&c->link))
+      return conn_send(c, m) == 0 ? 0 : DEP_ERR_STATE;
+  }
+  for (struct peer_conn *c = P.inbound; c != NULL; c = c->next)
+    if (c->up && c->peer == p && link_open(&c->link))
+      return conn_send(c, m) == 0 ? 0 : DEP_ERR_STATE;
+  return DEP_ERR_STATE;
 }
 
 int peer_fill(struct dep_msg_peers *m) {

@@ -59,6 +59,28 @@ void peer_fini(void);
 typedef void peer_ready_fn(const char *missing);
 void peer_wait(peer_ready_fn *done);
 
+/*
+ * What the peer layer tells the job table (job.c hands these in): a peer
+ * numbered 0..peer_count()-1 came up (its first authenticated link, either
+ * direction) or went down (its last one closed), and a job message
+ * (MEMBERSHIP, JOB_FAIL, JOB_END) arrived from an authenticated peer.
+ */
+struct peer_events {
+  void (*up)(int peer);
+  void (*down)(int peer);
+  void (*job_msg)(int peer, const struct dep_peer_msg *m);
+};
+void peer_set_events(const struct peer_events *ev);
+
+/* Configured peers, and whether peer k has an authenticated link now. */
+int peer_count(void);
+bool peer_is_up(int peer);
+/* "host:port (node)" for messages. */
+const char *peer_name(int peer);
+/* Send m to peer k on one of its authenticated links: 0, or DEP_ERR_STATE
+ * when none is up (or the link's queue refused it). */
+int peer_send(int peer, const struct dep_peer_msg *m);
+
 /* Fill m (PEERS_OK) with every peer; allocates m->peers (proto_peers_free). */
 int peer_fill(struct dep_msg_peers *m);
 

@@ -164,6 +164,38 @@ int peer_proto_encode(struct proto_buf *b, const struct dep_peer_msg *m) {
     pw_uint(&w, m->u.keepalive.reply, 4);
     pw_uint(&w, m->u.keepalive.stamp, 8);
     break;
+  case DEP_PEER_MEMBERSHIP: {
+    const struct dep_peer_membership *x = &m->u.membership;
+    if (x->n_ranks > DEP_MAX_LOCAL_RANKS || x->n_ranks != x->local_world_size ||
+        x->opaque_len > DEP_PEER_OPAQUE_MAX)
+      w.err = DEP_ERR_INVALID;
+    pw_str(&w, x->job_id, sizeof x->job_id);
+    pw_uint(&w, x->owner_uid, 4);
+    pw_uint(&w, DEP_SHAPE_NFIELDS, 2);
+    for (unsigned f = 0; f < DEP_SHAPE_NFIELDS; f++)
+      pw_uint(&w, dep_shape_raw(&x->sw.shape, x->sw.world_size, f), 4);
+    pw_uint(&w, x->local_world_size, 4);
+    pw_uint(&w, x->n_ranks, 4);
+    for (uint32_t i = 0; i < x->n_ranks && w.err == 0; i++)
+      pw_uint(&w, x->ranks[i], 4);
+    pw_uint(&w, x->opaque_len, 2);
+    if (w.err == 0)
+      pw_bytes(&w, x->opaque, x->opaque_len);
+    break;
+  }
+  case DEP_PEER_JOB_FAIL:
+  case DEP_PEER_JOB_END: {
+    const struct dep_peer_job_event *x = &m->u.job;
+    if ((m->type == DEP_PEER_JOB_FAIL) != (x->code < 0) || x->code > 0 || x->detached > 1)
+      w.err = DEP_ERR_INVALID;
+    pw_str(&w, x->job_id, sizeof x->job_id);
+    pw_uint(&w, x->owner_uid, 4);
+    pw_uint(&w, x->rank, 4);
+    pw_uint(&w, x->detached, 4);
+    pw_uint(&w, (uint32_t)x->code, 4);
+    pw_str(&w, x->message, sizeof x->message);
+    break;
+  }
   }
   if (w.err != 0)
     b->len = w.start;
@@ -231,6 +263,57 @@ int peer_proto_decode(const uint8_t *p, size_t len, struct dep_peer_msg *m, char
       return DEP_ERR_PROTOCOL;
     }
     break;
+  case DEP_PEER_MEMBERSHIP: {
+    struct dep_peer_membership *x = &m->u.membership;
+    pr_str(&r, x->job_id, sizeof x->job_id);
+    x->owner_uid = (uint32_t)pr_uint(&r, 4);
+    unsigned nfields = (unsigned)pr_uint(&r, 2);
+    if (!r.bad && nfields != DEP_SHAPE_NFIELDS) {
+      set_why(why, whylen,
+              "peer MEMBERSHIP carries a shape of %u fields, this deepepd knows %u: run the same "
+              "deepepd version on every node",
+              nfields, (unsigned)DEP_SHAPE_NFIELDS);
+      return DEP_ERR_PROTOCOL;
+    }
+    for (unsigned f = 0; f < DEP_SHAPE_NFIELDS && !r.bad; f++) {
+      uint32_t v = (uint32_t)pr_uint(&r, 4);
+      memcpy((uint8_t *)&x->sw + dep_shape_fields[f].off, &v, sizeof v);
+    }
+    x->local_world_size = (uint32_t)pr_uint(&r, 4);
+    x->n_ranks = (uint32_t)pr_uint(&r, 4);
+    if (!r.bad && (x->n_ranks > DEP_MAX_LOCAL_RANKS || x->n_ranks != x->local_world_size)) {
+      set_why(why, whylen, "peer MEMBERSHIP holds %u ranks for local_world_size %u (at most %u)",
+              (unsigned)x->n_ranks, (unsigned)x->local_world_size, DEP_MAX_LOCAL_RANKS);
+      return DEP_ERR_PROTOCOL;
+    }
+    for (uint32_t i = 0; i < x->n_ranks && !r.bad; i++)
+      x->ranks[i] = (uint32_t)pr_uint(&r, 4);
+    x->opaque_len = (uint32_t)pr_uint(&r, 2);
+    if (!r.bad && x->opaque_len > DEP_PEER_OPAQUE_MAX) {
+      set_why(why, whylen, "peer MEMBERSHIP carries %u opaque bytes (at most %d)",
+              (unsigned)x->opaque_len, DEP_PEER_OPAQUE_MAX);
+      return DEP_ERR_PROTOCOL;
+    }
+    pr_bytes(&r, x->opaque, x->opaque_len);
+    break;
+  }
+  case DEP_PEER_JOB_FAIL:
+  case DEP_PEER_JOB_END: {
+    struct dep_peer_job_event *x = &m->u.job;
+    pr_str(&r, x->job_id, sizeof x->job_id);
+    x->owner_uid = (uint32_t)pr_uint(&r, 4);
+    x->rank = (uint32_t)pr_uint(&r, 4);
+    x->detached = (uint32_t)pr_uint(&r, 4);
+    x->code = pr_i32(&r);
+    pr_str(&r, x->message, sizeof x->message);
+    if (!r.bad && ((m->type == DEP_PEER_JOB_FAIL) != (x->code < 0) || x->code > 0 ||
+                   x->detached > 1)) {
+      set_why(why, whylen, "peer %s carries code %d, detached %u", peer_proto_type_name(m->type),
+              (int)x->code, (unsigned)x->detached);
+      return DEP_ERR_PROTOCOL;
+    }
+    break;
+  }
   }
   if (r.bad || r.left != 0) {
     set_why(why, whylen, "malformed peer %s message (%zu bytes)", peer_proto_type_name(m->type), len);
@@ -244,6 +327,8 @@ const char *peer_proto_type_name(uint16_t type) {
       [DEP_PEER_HELLO] = "HELLO",         [DEP_PEER_AUTH] = "AUTH",
       [DEP_PEER_AUTH_OK] = "AUTH_OK",     [DEP_PEER_ERROR] = "ERROR",
       [DEP_PEER_KEEPALIVE] = "KEEPALIVE", [DEP_PEER_CLOSE] = "CLOSE",
+      [DEP_PEER_MEMBERSHIP] = "MEMBERSHIP", [DEP_PEER_JOB_FAIL] = "JOB_FAIL",
+      [DEP_PEER_JOB_END] = "JOB_END",
   };
   return type < DEP_PEER_TYPE_MAX_ && names[type] != NULL ? names[type] : "UNKNOWN";
 }

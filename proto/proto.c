@@ -36,7 +36,9 @@
  *              u32 conns_total, u32 inbound_up, u64 reconnects, u64 bytes_in,
  *              u64 bytes_out, u64 rtt_us, u64 backoff_ms
  *   PEER       the bytes of one peer protocol message (peer_proto.h), passed through
- *   STATUS, DETACH, DETACH_OK, SHUTDOWN, RELOAD, PEERS: empty
+ *   JOB_NODES_OK  u32 n (<= 256), then n records: str job_id (<= 63),
+ *              u32 world_size, u32 local_ranks, u32 remote_ranks, u32 nodes
+ *   STATUS, DETACH, DETACH_OK, SHUTDOWN, RELOAD, PEERS, JOB_NODES: empty
  */
 #include "proto.h"
 #include "shape.h"
@@ -743,11 +745,50 @@ int proto_decode_opaque(const uint8_t *p, size_t len, struct dep_msg_opaque *m) 
   return 0;
 }
 
+/* ---- JOB_NODES_OK ------------------------------------------------------------ */
+
+int proto_encode_job_nodes(struct proto_buf *b, const struct dep_msg_job_nodes *m) {
+  if (m->n > DEP_JOB_NODES_MAX)
+    return DEP_ERR_INVALID;
+  struct writer w;
+  w_init(&w, b);
+  w_u32(&w, m->n);
+  for (uint32_t i = 0; i < m->n; i++) {
+    const struct dep_msg_job_node *j = &m->jobs[i];
+    w_str(&w, j->job_id, sizeof j->job_id);
+    w_u32(&w, j->world_size);
+    w_u32(&w, j->local_ranks);
+    w_u32(&w, j->remote_ranks);
+    w_u32(&w, j->nodes);
+  }
+  return w_finish(&w);
+}
+
+int proto_decode_job_nodes(const uint8_t *p, size_t len, struct dep_msg_job_nodes *m) {
+  struct reader r;
+  r_init(&r, p, len);
+  memset(m, 0, sizeof *m);
+  uint32_t n = r_u32(&r);
+  if (r.bad || n > DEP_JOB_NODES_MAX)
+    return DEP_ERR_PROTOCOL;
+  m->n = n;
+  for (uint32_t i = 0; i < n && !r.bad; i++) {
+    struct dep_msg_job_node *j = &m->jobs[i];
+    r_str(&r, j->job_id, sizeof j->job_id);
+    j->world_size = r_u32(&r);
+    j->local_ranks = r_u32(&r);
+    j->remote_ranks = r_u32(&r);
+    j->nodes = r_u32(&r);
+  }
+  return r_finish(&r);
+}
+
 /* ---- frames and dispatch ------------------------------------------------- */
 
 static bool type_has_empty_body(uint16_t type) {
   return type == DEP_MSG_STATUS || type == DEP_MSG_DETACH || type == DEP_MSG_DETACH_OK ||
-         type == DEP_MSG_SHUTDOWN || type == DEP_MSG_RELOAD || type == DEP_MSG_PEERS;
+         type == DEP_MSG_SHUTDOWN || type == DEP_MSG_RELOAD || type == DEP_MSG_PEERS ||
+         type == DEP_MSG_JOB_NODES;
 }
 
 static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
@@ -779,6 +820,8 @@ static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
     return proto_encode_peers(b, msg);
   case DEP_MSG_PEER:
     return proto_encode_opaque(b, msg);
+  case DEP_MSG_JOB_NODES_OK:
+    return proto_encode_job_nodes(b, msg);
   default:
     return DEP_ERR_INVALID;
   }
@@ -841,6 +884,8 @@ int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg)
   /* PEERS_OK allocates: its callers decode it with proto_decode_peers. */
   case DEP_MSG_PEER:
     return proto_decode_opaque(body, len, msg);
+  /* JOB_NODES_OK is large (a fixed array): its callers decode it with
+   * proto_decode_job_nodes into memory of their own. */
   default:
     return DEP_ERR_PROTOCOL;
   }
@@ -857,6 +902,7 @@ const char *proto_type_name(uint16_t type) {
       [DEP_MSG_RELOAD_OK] = "RELOAD_OK", [DEP_MSG_DRAIN] = "DRAIN",
       [DEP_MSG_DRAIN_OK] = "DRAIN_OK",   [DEP_MSG_PEERS] = "PEERS",
       [DEP_MSG_PEERS_OK] = "PEERS_OK",   [DEP_MSG_PEER] = "PEER",
+      [DEP_MSG_JOB_NODES] = "JOB_NODES", [DEP_MSG_JOB_NODES_OK] = "JOB_NODES_OK",
   };
   return type < DEP_MSG_TYPE_MAX_ && names[type] != NULL ? names[type] : "UNKNOWN";
 }

@@ -31,7 +31,9 @@
  *   3  STATUS_OK carries the daemon's state after its backend, and each
  *      device's held bytes; DRAIN.  Added since, without a bump (new
  *      types only): PEERS and PEERS_OK (deepepctl peers); PEER, the
- *      carrier of the peer protocol between daemons (peer_proto.h).
+ *      carrier of the peer protocol between daemons (peer_proto.h);
+ *      JOB_NODES and JOB_NODES_OK (deepepctl status: the nodes of
+ *      multi-node jobs, beside STATUS_OK's job records, left as they are).
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -74,6 +76,8 @@ enum dep_msg_type {
   DEP_MSG_PEERS = 16,    /* request: empty body */
   DEP_MSG_PEERS_OK = 17, /* reply: struct dep_msg_peers */
   DEP_MSG_PEER = 18,     /* between daemons only: struct dep_msg_opaque, one peer_proto.h message */
+  DEP_MSG_JOB_NODES = 19,    /* request: empty body */
+  DEP_MSG_JOB_NODES_OK = 20, /* reply: struct dep_msg_job_nodes */
   DEP_MSG_TYPE_MAX_
 };
 
@@ -177,6 +181,22 @@ struct dep_msg_peers {
   struct dep_msg_peer_info *peers; /* n_peers; the decoder allocates: dep_msg_peers_free */
 };
 
+/* JOB_NODES_OK: for each multi-node job the viewer may see, the ranks and
+ * nodes the peers reported (a record apart from STATUS_OK's jobs, whose
+ * layout and public struct stay as they are). */
+#define DEP_JOB_NODES_MAX 256
+struct dep_msg_job_node {
+  char job_id[DEP_JOB_ID_MAX];
+  uint32_t world_size;
+  uint32_t local_ranks;   /* attached here */
+  uint32_t remote_ranks;  /* reported by peers */
+  uint32_t nodes;         /* this one and the peers that reported */
+};
+struct dep_msg_job_nodes {
+  uint32_t n;             /* 0..DEP_JOB_NODES_MAX */
+  struct dep_msg_job_node jobs[DEP_JOB_NODES_MAX];
+};
+
 /* ---- header ---- */
 
 /* Write a header into out[DEP_PROTO_HDR_LEN]. */
@@ -214,7 +234,8 @@ void proto_buf_reset(struct proto_buf *b);
 int proto_frame_encode(struct proto_buf *b, uint16_t type, uint32_t flags,
                        uint32_t request_id, const void *msg);
 /* Decode a body of the given type into `msg` (the matching struct); PEERS_OK,
- * which allocates, only through proto_decode_peers. */
+ * which allocates, only through proto_decode_peers, and JOB_NODES_OK, which
+ * is large, only through proto_decode_job_nodes. */
 int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg);
 
 /* The per-type codecs proto_frame_encode / proto_body_decode dispatch to. */
@@ -237,6 +258,8 @@ int proto_decode_drain(const uint8_t *p, size_t len, struct dep_msg_drain *m);
 int proto_encode_slab(struct proto_buf *b, const struct dep_msg_slab *m);
 int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m);
 int proto_encode_peers(struct proto_buf *b, const struct dep_msg_peers *m);
+int proto_encode_job_nodes(struct proto_buf *b, const struct dep_msg_job_nodes *m);
+int proto_decode_job_nodes(const uint8_t *p, size_t len, struct dep_msg_job_nodes *m);
 /* Allocates m->peers (NULL when none): free with proto_peers_free. */
 int proto_decode_peers(const uint8_t *p, size_t len, struct dep_msg_peers *m);
 void proto_peers_free(struct dep_msg_peers *m);

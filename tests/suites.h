@@ -21,6 +21,7 @@
   XX(cuda_ops)              \
   XX(rdma)                  \
   XX(peers)                 \
+  XX(multinode)             \
   XX(runner)                \
   XX(readme)
 #endif

@@ -1,0 +1,400 @@
+/*
+ * check_multinode.c — multi-node jobs (daemon/job.c over daemon/peer.c,
+ * DESIGN §7): the MEMBERSHIP / JOB_FAIL / JOB_END codec, then real daemons
+ * on 127.0.0.1 with raw wire clients.  A job whose world spans two or
+ * three daemons becomes ready on every node with no bootstrap of its own;
+ * a node whose ranks never come, a rank claimed twice, a shape that
+ * differs across nodes, a daemon killed while the job gathers: each fails
+ * the job with an error that names the rank or node, and a new job works
+ * after.
+ */
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemonwire.h"
+#include "peer_proto.h"
+#include "proto.h"
+#include "testutil.h"
+
+/* ---- codec ---------------------------------------------------------------- */
+
+static struct dep_peer_msg sample_membership(void) {
+  struct dep_peer_msg m = {.type = DEP_PEER_MEMBERSHIP};
+  struct dep_peer_membership *x = &m.u.membership;
+  snprintf(x->job_id, sizeof x->job_id, "train-7");
+  x->owner_uid = 1000;
+  x->sw.world_size = 4;
+  x->sw.shape = (struct dep_job_shape){.max_tokens_per_rank = 128, .hidden = 1024,
+                                       .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16};
+  x->local_world_size = x->n_ranks = 2;
+  x->ranks[0] = 2;
+  x->ranks[1] = 3;
+  x->opaque_len = 3;
+  memcpy(x->opaque, "abc", 3);
+  return m;
+}
+
+START_TEST(membership_and_job_events_round_trip) {
+  struct dep_peer_msg m[3] = {sample_membership(), {.type = DEP_PEER_JOB_FAIL},
+                              {.type = DEP_PEER_JOB_END}};
+  snprintf(m[1].u.job.job_id, sizeof m[1].u.job.job_id, "train-7");
+  m[1].u.job.owner_uid = 1000;
+  m[1].u.job.rank = 3;
+  m[1].u.job.detached = 1;
+  m[1].u.job.code = DEP_ERR_PEER;
+  snprintf(m[1].u.job.message, sizeof m[1].u.job.message, "rank 3 detached");
+  snprintf(m[2].u.job.job_id, sizeof m[2].u.job.job_id, "train-7");
+  m[2].u.job.rank = DEP_PEER_NO_RANK;
+  for (int i = 0; i < 3; i++) {
+    struct proto_buf b;
+    proto_buf_init(&b);
+    ck_assert_int_eq(peer_proto_encode(&b, &m[i]), 0);
+    struct dep_peer_msg out;
+    char why[256];
+    ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), 0);
+    ck_assert_uint_eq(out.type, m[i].type);
+    ck_assert_mem_eq(&out.u, &m[i].u, sizeof out.u);
+    for (size_t n = 0; n < b.len; n++)
+      ck_assert_int_ne(peer_proto_decode(b.data, n, &out, NULL, 0), 0);
+    proto_buf_free(&b);
+  }
+}
+END_TEST
+
+START_TEST(a_membership_with_bad_counts_is_refused_both_ways) {
+  struct dep_peer_msg m = sample_membership(), out;
+  struct proto_buf b;
+  proto_buf_init(&b);
+  m.u.membership.n_ranks = 1; /* not its local_world_size */
+  ck_assert_int_eq(peer_proto_encode(&b, &m), DEP_ERR_INVALID);
+  m = sample_membership();
+  m.u.membership.opaque_len = DEP_PEER_OPAQUE_MAX + 1;
+  ck_assert_int_eq(peer_proto_encode(&b, &m), DEP_ERR_INVALID);
+  ck_assert_uint_eq(b.len, 0);
+  m = sample_membership();
+  ck_assert_int_eq(peer_proto_encode(&b, &m), 0);
+  /* The shape's field count follows the job id (2 + 7 bytes) and the uid. */
+  size_t at = DEP_PEER_HDR_LEN + 2 + 7 + 4;
+  b.data[at] = (uint8_t)(DEP_SHAPE_NFIELDS + 1);
+  char why[256];
+  ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_PROTOCOL);
+  ck_assert_ptr_nonnull(strstr(why, "same deepepd version"));
+  proto_buf_free(&b);
+  /* JOB_FAIL needs an error code; JOB_END none. */
+  struct dep_peer_msg f = {.type = DEP_PEER_JOB_FAIL};
+  ck_assert_int_eq(peer_proto_encode(&b, &f), DEP_ERR_INVALID);
+  f.type = DEP_PEER_JOB_END;
+  f.u.job.code = DEP_ERR_PEER;
+  ck_assert_int_eq(peer_proto_encode(&b, &f), DEP_ERR_INVALID);
+  proto_buf_free(&b);
+}
+END_TEST
+
+/* ---- real daemons ---------------------------------------------------------- */
+
+#define NODES_MAX 3
+
+struct nodes {
+  int n;
+  char dir[256], key[300];
+  int port[NODES_MAX];
+  struct tu_daemon d[NODES_MAX];
+  char yaml[NODES_MAX][2048];
+};
+
+/* Ports of this test process's daemons: apart from other runs' (and check_peers'). */
+static int port_base(void) { return 36000 + (int)(getpid() % 2000) * 8; }
+
+/* n daemons on 127.0.0.1, each listing the others, with a short attach timeout. */
+static void nodes_config(struct nodes *ns, int n, int attach_timeout_ms) {
+  memset(ns, 0, sizeof *ns);
+  ns->n = n;
+  tu_tmpdir(ns->dir, sizeof ns->dir);
+  dw_sfmt(ns->key, sizeof ns->key, "%s/key", ns->dir);
+  char cmd[700];
+  dw_sfmt(cmd, sizeof cmd, "%s genkey %s 2>/dev/null", tu_bin("deepepctl"), ns->key);
+  ck_assert_int_eq(system(cmd), 0);
+  for (int i = 0; i < n; i++)
+    ns->port[i] = port_base() + i;
+  for (int i = 0; i < n; i++) {
+    char peers[512] = "";
+    size_t o = 0;
+    for (int k = 0; k < n; k++)
+      if (k != i)
+        o += (size_t)snprintf(peers + o, sizeof peers - o, "%s{host: 127.0.0.1, port: %d}",
+                              o ? ", " : "", ns->port[k]);
+    dw_sfmt(ns->yaml[i], sizeof ns->yaml[i],
+            "connection_pool_size: 2\nlisten: {address: 127.0.0.1, port: %d}\n"
+            "peers: [%s]\npeer_key_file: %s\npeer_wait_ms: 0\n"
+            "limits: {attach_timeout_ms: %d}\n",
+            ns->port[i], peers, ns->key, attach_timeout_ms);
+  }
+}
+
+static void node_start(struct nodes *ns, int i) {
+  char sub[300];
+  dw_sfmt(sub, sizeof sub, "%s/n%d", ns->dir, i);
+  mkdir(sub, 0700);
+  ck_assert_int_eq(tu_daemon_start_in(&ns->d[i], sub, ns->yaml[i]), 0);
+}
+
+/* Whether node i sees every other node up (deepepctl peers --json). */
+static bool node_sees_all(const struct nodes *ns, int i) {
+  char cmd[700], out[16384];
+  dw_sfmt(cmd, sizeof cmd, "%s -s %s peers --json", tu_bin("deepepctl"), ns->d[i].sock);
+  FILE *f = popen(cmd, "r");
+  if (f == NULL)
+    return false;
+  size_t got = fread(out, 1, sizeof out - 1, f);
+  out[got] = '\0';
+  if (pclose(f) != 0)
+    return false;
+  int up = 0;
+  for (const char *p = out; (p = strstr(p, "\"state\":\"up\"")) != NULL; p++)
+    up++;
+  return up == ns->n - 1;
+}
+
+static void nodes_wait_up(const struct nodes *ns) {
+  for (int i = 0; i < ns->n; i++) {
+    bool ok = false;
+    for (int t = 0; t < 5000 && !(ok = node_sees_all(ns, i)); t += 50)
+      dw_sleep_ms(50);
+    ck_assert_msg(ok, "node %d does not see its peers up", i);
+  }
+}
+
+static void nodes_start(struct nodes *ns, int n, int attach_timeout_ms) {
+  nodes_config(ns, n, attach_timeout_ms);
+  for (int i = 0; i < n; i++)
+    node_start(ns, i);
+  nodes_wait_up(ns);
+}
+
+static void nodes_stop(struct nodes *ns) {
+  for (int i = 0; i < ns->n; i++) {
+    if (ns->d[i].pid > 0)
+      tu_daemon_stop(&ns->d[i]);
+    tu_daemon_cleanup(&ns->d[i]);
+  }
+  tu_rmtree(ns->dir);
+}
+
+/* ATTACH global rank `rank` of a job of `world` ranks as local rank lr of lws on d. */
+static int attach_rank(const struct tu_daemon *d, const char *id, uint32_t rank, uint32_t world,
+                       uint32_t lr, uint32_t lws) {
+  int fd = dw_client(d);
+  struct dep_attach_args a = dw_job_args(id, lr, lws);
+  a.rank = rank;
+  a.world_size = world;
+  if (world % 3 == 0)
+    a.shape.num_experts = 12; /* a multiple of the world */
+  dw_attach(fd, &a, 7);
+  return fd;
+}
+
+/* The ATTACH reply: SLAB frames (their fds closed), then ATTACH_OK for lws local ranks. */
+static void expect_ready(int fd, uint32_t lws) {
+  struct dw_frame *f = dw_frame_new();
+  for (;;) {
+    int fds[DEP_PROTO_MAX_FDS], nfds = 0;
+    ck_assert_int_eq(dw_recv_frame_fds(fd, f, 5000, fds, &nfds), 0);
+    for (int i = 0; i < nfds; i++)
+      close(fds[i]);
+    if (f->h.type == DEP_MSG_SLAB)
+      continue;
+    if (f->h.type == DEP_MSG_ERROR) {
+      struct dep_msg_error e;
+      ck_assert_int_eq(proto_decode_error(f->body, f->h.body_len, &e), 0);
+      ck_abort_msg("ATTACH failed: %s: %s", dep_strerror(e.code), e.message);
+    }
+    ck_assert_str_eq(proto_type_name(f->h.type), "ATTACH_OK");
+    ck_assert_uint_eq(f->h.request_id, 7);
+    struct dep_msg_attach_ok ok;
+    ck_assert_int_eq(proto_decode_attach_ok(f->body, f->h.body_len, &ok), 0);
+    ck_assert_uint_eq(ok.local_world_size, lws);
+    break;
+  }
+  free(f);
+}
+
+/* An ERROR with this code whose message holds every needle (NULL-terminated). */
+static void expect_fail(int fd, int code, const char *needle, const char *needle2) {
+  char msg[DEP_MSG_TEXT_MAX];
+  dw_expect_error(fd, code, msg, sizeof msg);
+  ck_assert_msg(strstr(msg, needle) != NULL, "\"%s\" not in: %s", needle, msg);
+  ck_assert_msg(needle2 == NULL || strstr(msg, needle2) != NULL, "\"%s\" not in: %s", needle2,
+                msg);
+}
+
+START_TEST(a_two_node_job_of_1_plus_1_is_ready_on_both_nodes_and_a_late_peer_learns_it) {
+  struct nodes ns;
+  nodes_config(&ns, 2, 8000);
+  node_start(&ns, 0);
+  /* Node 0's rank attaches before node 1 runs: its membership goes out
+   * when the link comes up. */
+  int a = attach_rank(&ns.d[0], "mn", 0, 2, 0, 1);
+  dw_expect_silence(a, 200);
+  node_start(&ns, 1);
+  nodes_wait_up(&ns);
+  dw_expect_silence(a, 200);
+  int b = attach_rank(&ns.d[1], "mn", 1, 2, 0, 1);
+  expect_ready(a, 1);
+  expect_ready(b, 1);
+  close(a);
+  close(b);
+  nodes_stop(&ns);
+}
+END_TEST
+
+START_TEST(a_two_node_job_of_2_plus_2_is_ready_on_both_nodes) {
+  struct nodes ns;
+  nodes_start(&ns, 2, 8000);
+  int fd[4];
+  fd[0] = attach_rank(&ns.d[0], "mn4", 0, 4, 0, 2);
+  fd[1] = attach_rank(&ns.d[0], "mn4", 1, 4, 1, 2);
+  fd[2] = attach_rank(&ns.d[1], "mn4", 2, 4, 0, 2);
+  dw_expect_silence(fd[0], 300); /* rank 3 is not here yet */
+  fd[3] = attach_rank(&ns.d[1], "mn4", 3, 4, 1, 2);
+  for (int i = 0; i < 4; i++)
+    expect_ready(fd[i], 2);
+  /* deepepctl status shows the job's nodes and remote ranks. */
+  char cmd[700], out[8192];
+  dw_sfmt(cmd, sizeof cmd, "%s -s %s status --json", tu_bin("deepepctl"), ns.d[0].sock);
+  FILE *f = popen(cmd, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t got = fread(out, 1, sizeof out - 1, f);
+  out[got] = '\0';
+  pclose(f);
+  ck_assert_msg(strstr(out, "\"world_size\":4") != NULL, "%s", out);
+  ck_assert_msg(strstr(out, "\"nodes\":2,\"remote_ranks\":2") != NULL, "%s", out);
+  for (int i = 0; i < 4; i++)
+    close(fd[i]);
+  nodes_stop(&ns);
+}
+END_TEST
+
+START_TEST(a_node_whose_ranks_never_come_times_out_naming_them) {
+  struct nodes ns;
+  nodes_start(&ns, 2, 1500);
+  int a0 = attach_rank(&ns.d[0], "lonely", 0, 4, 0, 2);
+  int a1 = attach_rank(&ns.d[0], "lonely", 1, 4, 1, 2);
+  int64_t t0 = dw_now_ms();
+  expect_fail(a0, DEP_ERR_TIMEOUT, "missing global ranks 2-3", "peers up: 127.0.0.1:");
+  expect_fail(a1, DEP_ERR_TIMEOUT, "missing global ranks 2-3", NULL);
+  ck_assert_int_lt(dw_now_ms() - t0, 4000);
+  close(a0);
+  close(a1);
+  nodes_stop(&ns);
+}
+END_TEST
+
+START_TEST(a_rank_claimed_on_both_nodes_fails_on_both) {
+  struct nodes ns;
+  nodes_start(&ns, 2, 8000);
+  int a = attach_rank(&ns.d[0], "twice", 0, 2, 0, 1);
+  int b = attach_rank(&ns.d[1], "twice", 0, 2, 0, 1);
+  expect_fail(a, DEP_ERR_EXISTS, "rank 0 is claimed by two nodes", NULL);
+  expect_fail(b, DEP_ERR_EXISTS, "rank 0 is claimed by two nodes", NULL);
+  close(a);
+  close(b);
+  /* A right one works at once after. */
+  a = attach_rank(&ns.d[0], "twice", 0, 2, 0, 1);
+  b = attach_rank(&ns.d[1], "twice", 1, 2, 0, 1);
+  expect_ready(a, 1);
+  expect_ready(b, 1);
+  close(a);
+  close(b);
+  nodes_stop(&ns);
+}
+END_TEST
+
+START_TEST(a_shape_that_differs_across_nodes_fails_on_both) {
+  struct nodes ns;
+  nodes_start(&ns, 2, 8000);
+  int a = attach_rank(&ns.d[0], "shape", 0, 2, 0, 1);
+  int b = dw_client(&ns.d[1]);
+  struct dep_attach_args x = dw_job_args("shape", 0, 1);
+  x.rank = 1;
+  x.world_size = 2;
+  x.shape.hidden = 2048;
+  dw_attach(b, &x, 7);
+  expect_fail(a, DEP_ERR_MISMATCH, "hidden", "every rank of a job must pass the same values");
+  expect_fail(b, DEP_ERR_MISMATCH, "hidden", NULL);
+  close(a);
+  close(b);
+  nodes_stop(&ns);
+}
+END_TEST
+
+START_TEST(a_daemon_killed_while_the_job_gathers_fails_it_at_once_then_a_new_job_works) {
+  struct nodes ns;
+  nodes_start(&ns, 2, 8000);
+  /* Node 1 holds ranks 2 and 3; node 0 has one of its two. */
+  int b0 = attach_rank(&ns.d[1], "gone", 2, 4, 0, 2);
+  int b1 = attach_rank(&ns.d[1], "gone", 3, 4, 1, 2);
+  int a0 = attach_rank(&ns.d[0], "gone", 0, 4, 0, 2);
+  dw_expect_silence(a0, 300);
+  kill(ns.d[1].pid, SIGKILL);
+  waitpid(ns.d[1].pid, NULL, 0);
+  ns.d[1].pid = 0;
+  int64_t t0 = dw_now_ms();
+  char port[32];
+  dw_sfmt(port, sizeof port, "127.0.0.1:%d", ns.port[1]);
+  expect_fail(a0, DEP_ERR_PEER, "went down", port);
+  ck_assert_int_lt(dw_now_ms() - t0, 2000);
+  close(a0);
+  close(b0);
+  close(b1);
+  /* Node 1 back: a new job works. */
+  ck_assert_int_eq(tu_daemon_start_in(&ns.d[1], ns.d[1].dir, ns.yaml[1]), 0);
+  nodes_wait_up(&ns);
+  int a = attach_rank(&ns.d[0], "again", 0, 2, 0, 1);
+  int b = attach_rank(&ns.d[1], "again", 1, 2, 0, 1);
+  expect_ready(a, 1);
+  expect_ready(b, 1);
+  close(a);
+  close(b);
+  nodes_stop(&ns);
+}
+END_TEST
+
+START_TEST(a_three_node_job_of_1_plus_1_plus_1_is_ready_on_every_node) {
+  struct nodes ns;
+  nodes_start(&ns, 3, 8000);
+  int fd[3];
+  for (int i = 0; i < 3; i++)
+    fd[i] = attach_rank(&ns.d[i], "three", (uint32_t)(2 - i), 3, 0, 1);
+  for (int i = 0; i < 3; i++)
+    expect_ready(fd[i], 1);
+  for (int i = 0; i < 3; i++)
+    close(fd[i]);
+  nodes_stop(&ns);
+}
+END_TEST
+
+Suite *multinode_suite(void);
+Suite *multinode_suite(void) {
+  Suite *s = suite_create("multinode");
+  TCase *tc = tcase_create("codec");
+  tcase_add_test(tc, membership_and_job_events_round_trip);
+  tcase_add_test(tc, a_membership_with_bad_counts_is_refused_both_ways);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("daemons");
+  tcase_set_timeout(tc, 20);
+  tcase_add_test(tc, a_two_node_job_of_1_plus_1_is_ready_on_both_nodes_and_a_late_peer_learns_it);
+  tcase_add_test(tc, a_two_node_job_of_2_plus_2_is_ready_on_both_nodes);
+  tcase_add_test(tc, a_node_whose_ranks_never_come_times_out_naming_them);
+  tcase_add_test(tc, a_rank_claimed_on_both_nodes_fails_on_both);
+  tcase_add_test(tc, a_shape_that_differs_across_nodes_fails_on_both);
+  tcase_add_test(tc, a_daemon_killed_while_the_job_gathers_fails_it_at_once_then_a_new_job_works);
+  tcase_add_test(tc, a_three_node_job_of_1_plus_1_plus_1_is_ready_on_every_node);
+  suite_add_tcase(s, tc);
+  return s;
+}
