@@ -360,12 +360,14 @@ static void job_timeout_multinode(struct job *j) {
       *o += (size_t)n;
   }
   char msg[DEP_MSG_TEXT_MAX];
-  snprintf(msg, sizeof msg,
-           "job %s: %u of %u ranks attached after %u ms (%u of %u here); missing global ranks "
-           "%s; peers up: %s; not up: %s (start every rank on every node, or raise "
-           "limits.attach_timeout_ms)",
-           j->id, held, j->world_size, j->timeout_ms, j->attached, j->local_world_size, missing,
-           up[0] ? up : "none", down[0] ? down : "none");
+  int len = snprintf(msg, sizeof msg,
+                     "job %s: %u of %u ranks attached after %u ms (%u of %u here); missing "
+                     "global ranks %s; peers up: %s; not up: %s (start every rank on every node, "
+                     "or raise limits.attach_timeout_ms)",
+                     j->id, held, j->world_size, j->timeout_ms, j->attached, j->local_world_size,
+                     missing, up[0] ? up : "none", down[0] ? down : "none");
+  if (len >= (int)sizeof msg) /* many ranks or peers: say that the list was cut */
+    memcpy(msg + sizeof msg - 4, "...", 4);
   job_fail_everywhere(j, DEP_ERR_TIMEOUT, msg);
 }
 
