@@ -9,7 +9,10 @@
 
 #include <stddef.h>
 
-/* Write the message (when why is not NULL and whylen > 0) and return code. */
+/* Write the message, when why is not NULL and whylen > 0. */
+void why_set(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* The same, and return code. */
 int why_fail(char *why, size_t whylen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 

@@ -1,0 +1,90 @@
+/*
+ * codec.h — the little-endian field codec every wire format of the project
+ * uses (the control protocol, proto.c; the peer protocol, peer_proto.c):
+ * fixed-width integers, length-prefixed strings (u16 length + bytes, no
+ * NUL) and raw bytes, written into a growable buffer and read from a body
+ * of known length.  Errors are sticky on both sides, so an encoder or a
+ * decoder reads straight through and checks once at the end: a writer that
+ * failed rolls the buffer back to where it started (codec_w_finish); a
+ * reader that ran short, or was not read exactly to its end, is
+ * DEP_ERR_PROTOCOL (codec_r_finish).  Never by copying a C struct, so the
+ * wire does not depend on the compiler's layout or the host's byte order.
+ */
+#ifndef DEP_CODEC_H
+#define DEP_CODEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto.h"
+
+static inline void codec_put_u16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+
+static inline void codec_put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline void codec_put_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint16_t codec_get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+static inline uint32_t codec_get_u32(const uint8_t *p) {
+  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+         ((uint32_t)p[3] << 24);
+}
+
+static inline uint64_t codec_get_u64(const uint8_t *p) {
+  return (uint64_t)codec_get_u32(p) | ((uint64_t)codec_get_u32(p + 4) << 32);
+}
+
+/* Make room for n more bytes at the end of b and return where they go, or NULL. */
+uint8_t *codec_grow(struct proto_buf *b, size_t n);
+
+struct codec_w {
+  struct proto_buf *b;
+  size_t start; /* b->len on entry: a failed encode is rolled back to it */
+  int err;      /* the first failure (DEP_ERR_NO_MEMORY, DEP_ERR_INVALID), sticky */
+};
+
+void codec_w_init(struct codec_w *w, struct proto_buf *b);
+void codec_w_u8(struct codec_w *w, uint8_t v);
+void codec_w_u16(struct codec_w *w, uint16_t v);
+void codec_w_u32(struct codec_w *w, uint32_t v);
+void codec_w_u64(struct codec_w *w, uint64_t v);
+void codec_w_i32(struct codec_w *w, int32_t v);
+void codec_w_bytes(struct codec_w *w, const void *src, size_t n);
+/* A string from a fixed char array of `size` bytes: it must hold its NUL,
+ * and its length must fit what the decoder accepts (size - 1). */
+void codec_w_str(struct codec_w *w, const char *s, size_t size);
+/* 0, or the first failure after rolling the buffer back. */
+int codec_w_finish(struct codec_w *w);
+
+struct codec_r {
+  const uint8_t *p;
+  size_t left;
+  bool bad;     /* sticky: any short read, bad string or caller's check */
+};
+
+void codec_r_init(struct codec_r *r, const uint8_t *p, size_t len);
+/* The next n bytes, or NULL (and bad) when fewer are left. */
+const uint8_t *codec_r_take(struct codec_r *r, size_t n);
+uint8_t codec_r_u8(struct codec_r *r);
+uint16_t codec_r_u16(struct codec_r *r);
+uint32_t codec_r_u32(struct codec_r *r);
+uint64_t codec_r_u64(struct codec_r *r);
+int32_t codec_r_i32(struct codec_r *r);
+void codec_r_bytes(struct codec_r *r, void *dst, size_t n);
+/* A string into dst[size]: at most size - 1 bytes, no embedded NUL. */
+void codec_r_str(struct codec_r *r, char *dst, size_t size);
+/* 0, or DEP_ERR_PROTOCOL when the body was bad or not read exactly. */
+int codec_r_finish(const struct codec_r *r);
+
+#endif /* DEP_CODEC_H */
