@@ -32,6 +32,12 @@ DEFAULT_MAX_TOKENS_PER_RANK = 4096
 #: The low-latency bound when neither the constructor, the environment nor an LL call says.
 DEFAULT_MAX_LL_TOKENS_PER_RANK = 256
 _FP8_GROUP = 128
+#: dep_handle_t's of collected Handles kept per Buffer for the next dispatch.
+_HANDLE_POOL = 4
+_BF16 = (torch.bfloat16,)
+_F32 = (torch.float32,)
+_I32 = (torch.int32,)
+_IDX = (torch.int64, torch.int32)
 
 
 def _no_hook() -> None:
@@ -70,16 +76,21 @@ class Handle:
     """
 
     def __init__(self, buf: "Buffer", kind: str, num_tokens: int, num_recv: int = 0):
-        self._conn = buf._conn
-        self._buffer = weakref.ref(buf)
+        conn = self._conn = buf._conn
+        self._buffer = buf._selfref
         self.kind = kind
         self.num_tokens = num_tokens
         self.num_recv = num_recv
         self.hidden = buf.hidden
-        p = ctypes.c_void_p()
-        self._conn.check(self._conn.lib.dep_handle_new(self._conn.ptr, ctypes.byref(p)),
-                         "dep_handle_new")
-        self._ptr: Optional[int] = p.value
+        pool = buf._handle_pool
+        if pool:
+            # A dep_handle_t is reusable; the pool holds only those of Handles already
+            # collected, so none that a caller can still pass to a combine.
+            self._ptr: Optional[int] = pool.pop()
+        else:
+            p = ctypes.c_void_p()
+            conn.check(conn.lib.dep_handle_new(conn.ptr, ctypes.byref(p)), "dep_handle_new")
+            self._ptr = p.value
         buf._handles.add(self)
 
     def _free(self) -> None:
@@ -88,7 +99,16 @@ class Handle:
             self._ptr = None
 
     def __del__(self) -> None:
-        self._free()
+        ptr = self._ptr
+        if not ptr:
+            return
+        buf = self._buffer()
+        if buf is not None and buf._host and buf._conn is self._conn and self._conn.ptr and \
+                len(buf._handle_pool) < _HANDLE_POOL:
+            self._ptr = None
+            buf._handle_pool.append(ptr)
+        else:
+            self._free()
 
 
 def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
@@ -144,6 +164,8 @@ class Buffer:
                  max_ll_tokens_per_rank: Optional[int] = None):
         self._conn: Optional[_Conn] = None
         self._handles: "weakref.WeakSet[Handle]" = weakref.WeakSet()
+        self._handle_pool: List[int] = []
+        self._selfref = weakref.ref(self)
         self.attached = False
         for name, v in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -183,7 +205,8 @@ class Buffer:
         self._conn = _Conn(lib)
         self._conn.check(lib.dep_connect(self._conn.ptr, self.socket.encode()), "dep_connect")
         self.backend = self._daemon_backend()
-        self.device = torch.device("cpu") if self.backend == "host" else \
+        self._host = self.backend == "host"
+        self.device = torch.device("cpu") if self._host else \
             torch.device("cuda", torch.cuda.current_device())
         if None not in (self.hidden, self.num_experts, self.num_topk):
             self._attach()
@@ -246,10 +269,43 @@ class Buffer:
         self._conn.check(self._conn.lib.dep_attach(self._conn.ptr, ctypes.byref(a)), "dep_attach")
         self.attached = True
         self.num_local_experts = self.num_experts // self.group_size
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """What every call of this job shape reuses: argument structs (only pointers and
+        counts change per call), their byrefs, the bound C functions and, on the host
+        backend, the scratch the received int32 ids and counts land in before they are
+        copied out (on cuda those stay per call: the copy is queued on the caller's stream)."""
+        lib = self._conn.lib
+        self._fn_layout, self._fn_dispatch = lib.dep_layout, lib.dep_dispatch
+        self._fn_combine = lib.dep_combine
+        self._fn_ll_dispatch, self._fn_ll_combine = lib.dep_ll_dispatch, lib.dep_ll_combine
+        self._rows = self.group_size * self.max_tokens_per_rank
+        self._ll_rows = self.group_size * self.max_ll_tokens_per_rank
+        self._num_recv = ctypes.c_uint32(0)
+        self._la = _lib.LayoutArgs()
+        self._da = _lib.DispatchArgs()
+        self._da.num_recv = ctypes.addressof(self._num_recv)
+        self._ca = _lib.CombineArgs()
+        self._lla = _lib.LLDispatchArgs()
+        self._llca = _lib.LLCombineArgs()
+        self._la_ref, self._da_ref, self._ca_ref = (
+            ctypes.byref(self._la), ctypes.byref(self._da), ctypes.byref(self._ca))
+        self._lla_ref, self._llca_ref = ctypes.byref(self._lla), ctypes.byref(self._llca)
+        self._scratch_idx = self._scratch_counts = None
+        self._scratch_views: dict = {}
+        if self._host:
+            self._scratch_idx = self._empty([self._rows, self.num_topk], torch.int32)
+            self._scratch_counts = self._empty([self.num_local_experts], torch.int32)
 
     def _shape(self, op: str, hidden: Optional[int], num_experts: Optional[int],
                topk: Optional[int], ll_tokens: Optional[int] = None) -> None:
         """Attach on the first call that completes the shape; later calls must match it."""
+        if self.attached and (hidden is None or hidden == self.hidden) and \
+                (num_experts is None or num_experts == self.num_experts) and \
+                (topk is None or topk == self.num_topk) and \
+                (ll_tokens is None or ll_tokens == self.max_ll_tokens_per_rank):
+            return
         if self._conn is None or self._conn.ptr is None:
             raise Error(-17, "this Buffer was destroyed", op)
         given = {"hidden": hidden, "num_experts": num_experts, "num_topk": topk,
@@ -277,6 +333,9 @@ class Buffer:
     # ---- tensors ----------------------------------------------------------
 
     def _input(self, name: str, t: Any, dtypes: Sequence[torch.dtype], ndim: int) -> torch.Tensor:
+        if isinstance(t, torch.Tensor) and t.dtype in dtypes and t.dim() == ndim and \
+                t.device == self.device:
+            return t.contiguous()
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
         if t.dtype not in dtypes:
@@ -293,11 +352,14 @@ class Buffer:
         return torch.empty(tuple(shape), dtype=dtype, device=self.device)
 
     def _stream(self) -> Optional[int]:
-        return None if self.backend == "host" else torch.cuda.current_stream().cuda_stream
+        return None if self._host else torch.cuda.current_stream().cuda_stream
 
     def _event(self, previous_event: Optional[EventOverlap], async_finish: bool) -> EventOverlap:
-        return EventOverlap(EventHandle(cuda=self.backend != "host")) if async_finish \
+        return EventOverlap(EventHandle(cuda=not self._host)) if async_finish \
             else EventOverlap(None)
+
+    def _fail(self, rc: int, call: str) -> None:
+        raise from_code(rc, self._conn.errmsg(), call)
 
     @staticmethod
     def _wait(previous_event: Optional[EventOverlap]) -> None:
@@ -305,7 +367,7 @@ class Buffer:
             previous_event.current_stream_wait()
 
     def _topk(self, op: str, topk_idx: Any, num_tokens: Optional[int]) -> Tuple[torch.Tensor, int]:
-        idx = self._input("topk_idx", topk_idx, (torch.int64, torch.int32), 2)
+        idx = self._input("topk_idx", topk_idx, _IDX, 2)
         if num_tokens is not None and idx.size(0) != num_tokens:
             raise ValueError(f"{op}: topk_idx has {idx.size(0)} rows but x has {num_tokens}")
         return idx, _lib.INDEX_I64 if idx.dtype == torch.int64 else _lib.INDEX_I32
@@ -392,15 +454,23 @@ class Buffer:
         n = idx.size(0)
         self._tokens_fit("get_dispatch_layout", n, self.max_tokens_per_rank,
                          "max_tokens_per_rank")
-        per_rank = self._empty([self.group_size], torch.int32)
-        per_expert = self._empty([self.num_experts], torch.int32)
-        in_rank = self._empty([n, self.group_size], torch.bool)
-        a = _lib.LayoutArgs(_ptr(idx), itype, n, per_rank.data_ptr(), per_expert.data_ptr(),
-                            _ptr(in_rank))
-        self._wait(previous_event)
-        self._conn.check(self._conn.lib.dep_layout(self._conn.ptr, ctypes.byref(a),
-                                                   self._stream()), "dep_layout")
-        return per_rank, None, per_expert, in_rank, self._event(previous_event, async_finish)
+        dev = self.device
+        per_rank = torch.empty((self.group_size,), dtype=torch.int32, device=dev)
+        per_expert = torch.empty((self.num_experts,), dtype=torch.int32, device=dev)
+        in_rank = torch.empty((n, self.group_size), dtype=torch.bool, device=dev)
+        a = self._la
+        a.topk_idx = idx.data_ptr() if n else None
+        a.index_type, a.num_tokens = itype, n
+        a.tokens_per_rank, a.tokens_per_expert = per_rank.data_ptr(), per_expert.data_ptr()
+        a.token_in_rank = in_rank.data_ptr() if n else None
+        if previous_event is not None:
+            self._wait(previous_event)
+        rc = self._fn_layout(self._conn.ptr, self._la_ref,
+                             None if self._host else self._stream())
+        if rc:
+            self._fail(rc, "dep_layout")
+        return per_rank, None, per_expert, in_rank, \
+            self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
 
     def dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
                  handle: Optional[Handle] = None,
@@ -454,11 +524,11 @@ class Buffer:
         if topk_idx is None or topk_weights is None:
             raise ValueError("dispatch: topk_idx and topk_weights are required (cached mode is "
                              "not supported)")
-        x = self._input("x", x, (torch.bfloat16,), 2)
+        x = self._input("x", x, _BF16, 2)
         n = x.size(0)
         idx, itype = self._topk(op, topk_idx, n)
-        w = self._input("topk_weights", topk_weights, (torch.float32,), 2)
-        if tuple(w.shape) != tuple(idx.shape):
+        w = self._input("topk_weights", topk_weights, _F32, 2)
+        if w.shape != idx.shape:
             raise ValueError(f"dispatch: topk_weights has shape {tuple(w.shape)} but topk_idx "
                              f"{tuple(idx.shape)}")
         ne = None
@@ -466,27 +536,56 @@ class Buffer:
             ne = self._input("num_tokens_per_expert", num_tokens_per_expert,
                              (torch.int32, torch.int64), 1).numel()
         self._shape(op, x.size(1), ne, idx.size(1))
-        for name, t, want in (("num_tokens_per_rank", num_tokens_per_rank, (self.group_size,)),
-                              ("is_token_in_rank", is_token_in_rank, (n, self.group_size))):
-            if t is not None and tuple(t.shape) != want:
-                raise ValueError(f"dispatch: {name} has shape {tuple(t.shape)}; expected {want}")
-        self._tokens_fit(op, n, self.max_tokens_per_rank, "max_tokens_per_rank")
-        rows = self.group_size * self.max_tokens_per_rank
-        recv_x = self._empty([rows, self.hidden], torch.bfloat16)
-        recv_idx = self._empty([rows, self.num_topk], torch.int32)
-        recv_w = self._empty([rows, self.num_topk], torch.float32)
-        counts = self._empty([self.num_local_experts], torch.int32)
-        num_recv = ctypes.c_uint32(0)
+        if num_tokens_per_rank is not None or is_token_in_rank is not None:
+            for name, t, want in (("num_tokens_per_rank", num_tokens_per_rank,
+                                   (self.group_size,)),
+                                  ("is_token_in_rank", is_token_in_rank, (n, self.group_size))):
+                if t is not None and tuple(t.shape) != want:
+                    raise ValueError(f"dispatch: {name} has shape {tuple(t.shape)}; "
+                                     f"expected {want}")
+        if n > self.max_tokens_per_rank:
+            self._tokens_fit(op, n, self.max_tokens_per_rank, "max_tokens_per_rank")
+        rows, k, dev = self._rows, self.num_topk, self.device
+        recv_x = torch.empty((rows, self.hidden), dtype=torch.bfloat16, device=dev)
+        recv_w = torch.empty((rows, k), dtype=torch.float32, device=dev)
+        if self._host:
+            recv_idx, counts = self._scratch_idx, self._scratch_counts
+        else:
+            recv_idx = torch.empty((rows, k), dtype=torch.int32, device=dev)
+            counts = torch.empty((self.num_local_experts,), dtype=torch.int32, device=dev)
         h = Handle(self, "dispatch", n)
-        a = _lib.DispatchArgs(_ptr(x), _ptr(idx), itype, _ptr(w), n, recv_x.data_ptr(),
-                              recv_idx.data_ptr(), recv_w.data_ptr(), counts.data_ptr(),
-                              ctypes.addressof(num_recv))
-        self._wait(previous_event)
-        self._conn.check(self._conn.lib.dep_dispatch(self._conn.ptr, ctypes.byref(a), h._ptr,
-                                                     self._stream()), "dep_dispatch")
+        a = self._da
+        if n:
+            a.x, a.topk_idx, a.topk_weights = x.data_ptr(), idx.data_ptr(), w.data_ptr()
+        else:
+            a.x = a.topk_idx = a.topk_weights = None
+        a.index_type, a.num_tokens = itype, n
+        a.recv_x, a.recv_topk_idx = recv_x.data_ptr(), recv_idx.data_ptr()
+        a.recv_topk_weights, a.recv_count_per_expert = recv_w.data_ptr(), counts.data_ptr()
+        num_recv = self._num_recv
+        num_recv.value = 0
+        if previous_event is not None:
+            self._wait(previous_event)
+        rc = self._fn_dispatch(self._conn.ptr, self._da_ref, h._ptr,
+                               None if self._host else self._stream())
+        if rc:
+            self._fail(rc, "dep_dispatch")
         r = h.num_recv = num_recv.value
-        return (recv_x[:r], recv_idx[:r].to(torch.int64), recv_w[:r], counts.tolist(), h,
-                self._event(previous_event, async_finish))
+        if r != rows:
+            # Shrunk in place (the storage keeps its capacity, as a slice's would): cheaper
+            # than a view.
+            recv_x.resize_((r, self.hidden))
+            recv_w.resize_((r, k))
+            if self._host:
+                # The scratch's first r rows, as a view made once per r (it is only read).
+                v = self._scratch_views.get(r)
+                if v is None:
+                    v = self._scratch_views[r] = recv_idx[:r]
+                recv_idx = v
+            else:
+                recv_idx = recv_idx[:r]
+        return (recv_x, recv_idx.to(torch.int64), recv_w, counts.tolist(), h,
+                self._event(previous_event, async_finish) if async_finish else EventOverlap(None))
 
     def combine(self, x: torch.Tensor, handle: Handle,
                 topk_weights: Optional[torch.Tensor] = None, bias: Any = None,
@@ -512,18 +611,28 @@ class Buffer:
         if bias is not None:
             raise Unsupported("combine(bias=...)", "add the bias after combine")
         h = self._handle("combine", handle, "dispatch")
-        x = self._input("x", x, (torch.bfloat16,), 2)
-        if tuple(x.shape) != (h.num_recv, self.hidden):
+        x = self._input("x", x, _BF16, 2)
+        if x.shape != (h.num_recv, self.hidden):
             raise ValueError(f"combine: x has shape {tuple(x.shape)}; the dispatch delivered "
                              f"{(h.num_recv, self.hidden)}")
-        out = self._empty([h.num_tokens, self.hidden], torch.bfloat16)
-        a = _lib.CombineArgs(_ptr(x), _ptr(out))
-        self._wait(previous_event)
-        self._conn.check(self._conn.lib.dep_combine(self._conn.ptr, ctypes.byref(a), h._ptr,
-                                                    self._stream()), "dep_combine")
-        return out, None, self._event(previous_event, async_finish)
+        nt = h.num_tokens
+        out = torch.empty((nt, self.hidden), dtype=torch.bfloat16, device=self.device)
+        a = self._ca
+        a.x = x.data_ptr() if h.num_recv else None
+        a.out = out.data_ptr() if nt else None
+        if previous_event is not None:
+            self._wait(previous_event)
+        rc = self._fn_combine(self._conn.ptr, self._ca_ref, h._ptr,
+                              None if self._host else self._stream())
+        if rc:
+            self._fail(rc, "dep_combine")
+        return out, None, \
+            self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
 
     def _handle(self, op: str, handle: Any, kind: str) -> Handle:
+        if type(handle) is Handle and handle._buffer is self._selfref and handle._ptr and \
+                handle.kind == kind:
+            return handle
         if not isinstance(handle, Handle):
             raise TypeError(f"{op}: handle must be the Handle a {kind} returned, not "
                             f"{type(handle).__name__}")
@@ -574,38 +683,50 @@ class Buffer:
         if round_scale or use_ue8m0:
             raise Unsupported("low_latency_dispatch(round_scale=True / use_ue8m0=True)",
                               "scales are plain float32")
-        for name, v in (("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank),
-                        ("num_experts", num_experts)):
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-        x = self._input("x", x, (torch.bfloat16,), 2)
+        if type(num_max_dispatch_tokens_per_rank) is not int or type(num_experts) is not int:
+            for name, v in (("num_max_dispatch_tokens_per_rank",
+                             num_max_dispatch_tokens_per_rank), ("num_experts", num_experts)):
+                if not isinstance(v, int) or isinstance(v, bool):
+                    raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+        x = self._input("x", x, _BF16, 2)
         n = x.size(0)
         idx, itype = self._topk(op, topk_idx, n)
         self._shape(op, x.size(1), num_experts, idx.size(1), num_max_dispatch_tokens_per_rank)
-        self._tokens_fit(op, n, self.max_ll_tokens_per_rank, "num_max_dispatch_tokens_per_rank")
+        if n > self.max_ll_tokens_per_rank:
+            self._tokens_fit(op, n, self.max_ll_tokens_per_rank,
+                             "num_max_dispatch_tokens_per_rank")
         stats = None
         if cumulative_local_expert_recv_stats is not None:
             stats = self._input("cumulative_local_expert_recv_stats",
-                                cumulative_local_expert_recv_stats, (torch.int32,), 1)
+                                cumulative_local_expert_recv_stats, _I32, 1)
             if stats.numel() != self.num_local_experts or \
                     stats.data_ptr() != cumulative_local_expert_recv_stats.data_ptr():
                 raise ValueError("cumulative_local_expert_recv_stats must be a contiguous "
                                  f"[{self.num_local_experts}] int32 tensor")
-        rows = self.group_size * self.max_ll_tokens_per_rank
-        L, hid = self.num_local_experts, self.hidden
+        rows, L, hid, dev = self._ll_rows, self.num_local_experts, self.hidden, self.device
         fp8 = bool(use_fp8)
-        recv_x = self._empty([L, rows, hid], fp8_dtype if fp8 else torch.bfloat16)
-        scales = self._empty([L, rows, hid // _FP8_GROUP], torch.float32) if fp8 else None
-        count = self._empty([L], torch.int32)
+        recv_x = torch.empty((L, rows, hid), dtype=fp8_dtype if fp8 else torch.bfloat16,
+                             device=dev)
+        scales = torch.empty((L, rows, hid // _FP8_GROUP), dtype=torch.float32, device=dev) \
+            if fp8 else None
+        count = torch.empty((L,), dtype=torch.int32, device=dev)
         h = Handle(self, "low_latency_dispatch", n)
-        a = _lib.LLDispatchArgs(_ptr(x), _ptr(idx), itype, n, int(fp8), recv_x.data_ptr(),
-                                _ptr(scales), count.data_ptr())
-        self._conn.check(self._conn.lib.dep_ll_dispatch(self._conn.ptr, ctypes.byref(a), h._ptr,
-                                                        self._stream()), "dep_ll_dispatch")
+        a = self._lla
+        if n:
+            a.x, a.topk_idx = x.data_ptr(), idx.data_ptr()
+        else:
+            a.x = a.topk_idx = None
+        a.index_type, a.num_tokens, a.use_fp8 = itype, n, int(fp8)
+        a.recv_x, a.recv_count = recv_x.data_ptr(), count.data_ptr()
+        a.recv_scales = _ptr(scales)
+        rc = self._fn_ll_dispatch(self._conn.ptr, self._lla_ref, h._ptr,
+                                  None if self._host else self._stream())
+        if rc:
+            self._fail(rc, "dep_ll_dispatch")
         if stats is not None:
             stats += count
         return ((recv_x, scales) if fp8 else recv_x, count, h,
-                self._event(None, async_finish), _no_hook)
+                self._event(None, async_finish) if async_finish else EventOverlap(None), _no_hook)
 
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor,
                             topk_weights: torch.Tensor, handle: Handle,
@@ -637,26 +758,36 @@ class Buffer:
         if combine_wait_recv_cost_stats is not None:
             raise Unsupported("low_latency_combine(combine_wait_recv_cost_stats=...)")
         h = self._handle(op, handle, "low_latency_dispatch")
-        x = self._input("x", x, (torch.bfloat16,), 3)
-        want = (self.num_local_experts, self.group_size * self.max_ll_tokens_per_rank, self.hidden)
-        if tuple(x.shape) != want:
+        x = self._input("x", x, _BF16, 3)
+        want = (self.num_local_experts, self._ll_rows, self.hidden)
+        if x.shape != want:
             raise ValueError(f"{op}: x has shape {tuple(x.shape)}; expected {want}")
-        idx, itype = self._topk(op, topk_idx, h.num_tokens)
-        w = self._input("topk_weights", topk_weights, (torch.float32,), 2)
-        if tuple(w.shape) != tuple(idx.shape):
+        nt = h.num_tokens
+        idx, itype = self._topk(op, topk_idx, nt)
+        w = self._input("topk_weights", topk_weights, _F32, 2)
+        if w.shape != idx.shape:
             raise ValueError(f"{op}: topk_weights has shape {tuple(w.shape)} but topk_idx "
                              f"{tuple(idx.shape)}")
         if out is None:
-            out = self._empty([h.num_tokens, self.hidden], torch.bfloat16)
+            out = torch.empty((nt, self.hidden), dtype=torch.bfloat16, device=self.device)
         else:
-            o = self._input("out", out, (torch.bfloat16,), 2)
-            if o.data_ptr() != out.data_ptr() or tuple(o.shape) != (h.num_tokens, self.hidden):
+            o = self._input("out", out, _BF16, 2)
+            if o.data_ptr() != out.data_ptr() or o.shape != (nt, self.hidden):
                 raise ValueError(f"{op}: out must be a contiguous "
-                                 f"[{h.num_tokens}, {self.hidden}] bfloat16 tensor")
-        a = _lib.LLCombineArgs(_ptr(x), _ptr(idx), itype, _ptr(w), _ptr(out))
-        self._conn.check(self._conn.lib.dep_ll_combine(self._conn.ptr, ctypes.byref(a), h._ptr,
-                                                       self._stream()), "dep_ll_combine")
-        return out, self._event(None, async_finish), _no_hook
+                                 f"[{nt}, {self.hidden}] bfloat16 tensor")
+        a = self._llca
+        a.x = x.data_ptr()
+        if nt:
+            a.topk_idx, a.topk_weights, a.out = idx.data_ptr(), w.data_ptr(), out.data_ptr()
+        else:
+            a.topk_idx = a.topk_weights = a.out = None
+        a.index_type = itype
+        rc = self._fn_ll_combine(self._conn.ptr, self._llca_ref, h._ptr,
+                                 None if self._host else self._stream())
+        if rc:
+            self._fail(rc, "dep_ll_combine")
+        return out, self._event(None, async_finish) if async_finish else EventOverlap(None), \
+            _no_hook
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int,
                                  num_experts: int) -> None:
@@ -671,6 +802,10 @@ class Buffer:
         """Free every handle, detach and close the connection (idempotent)."""
         for h in list(self._handles):
             h._free()
+        if self._conn is not None and self._conn.ptr:
+            for p in self._handle_pool:
+                self._conn.lib.dep_handle_free(p)
+        self._handle_pool = []
         if self._conn is not None:
             self._conn.free()
         self.attached = False

@@ -267,3 +267,43 @@ def test_deep_ep_imports_as_megatron_and_sglang_import_it(daemon):
     b.destroy()
     for name in ("deep_ep.utils", "deep_ep"):
         sys.modules.pop(name, None)
+
+
+# ---- per-call state reused by the binding --------------------------------------
+
+def test_handles_held_stay_valid_while_dropped_ones_are_reused(buf):
+    """Dropped handles' dep_handle_t's are reused; one the caller holds is never."""
+    x, idx, w = tokens()
+    held = []
+    for i in range(6):
+        xi = x * (i + 1)
+        recv, _, _, _, h, _ = buf.dispatch(xi, topk_idx=idx, topk_weights=w)
+        held.append((xi, recv.clone(), h))
+        for _ in range(3):  # handles made and dropped at once go back to the pool
+            buf.dispatch(x, topk_idx=idx, topk_weights=w)
+            buf.low_latency_dispatch(x, idx, 8, 4, use_fp8=False)
+    assert len({h._ptr for _, _, h in held}) == len(held)
+    for xi, recv, h in held:
+        out, _, _ = buf.combine(recv, h)
+        torch.testing.assert_close(out, xi)  # each token was received once by the one rank
+
+
+def test_outputs_are_fresh_per_call(buf):
+    """Outputs are the caller's: a later call does not write into an earlier call's."""
+    x, idx, w = tokens()
+    r1 = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    first = [t.clone() for t in r1[:3]]
+    counts = list(r1[3])
+    idx2 = torch.tensor([[3, 2], [2, 3], [3, 2], [2, 3]], dtype=torch.int64)
+    r2 = buf.dispatch(x * 3, topk_idx=idx2, topk_weights=torch.full((4, 2), 0.25))
+    for a, b in zip(r1[:3], first):
+        torch.testing.assert_close(a, b)
+    assert r1[3] == counts and r2[3] != counts
+    assert r1[0].shape == (4, 128) and r1[1].dtype == torch.int64 and r1[2].shape == (4, 2)
+    l1 = buf.low_latency_dispatch(x, idx, 8, 4, use_fp8=False)
+    c1 = l1[1].clone()
+    l2 = buf.low_latency_dispatch(x, idx2, 8, 4, use_fp8=False)
+    assert l1[0].data_ptr() != l2[0].data_ptr() and torch.equal(l1[1], c1)
+    o1 = buf.low_latency_combine(l1[0], idx, w, l1[2])[0]
+    o2 = buf.low_latency_combine(l2[0], idx2, w, l2[2])[0]
+    assert o1.data_ptr() != o2.data_ptr()
