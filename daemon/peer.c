@@ -1,6 +1,7 @@
 /*
  * peer.c — the peer daemons (peer.h): the listener, the outbound pools,
- * the handshake, keep-alive and reconnection, all on the loop thread.
+ * running the handshake (its logic is peerauth.c), keep-alive and
+ * reconnection, all on the loop thread.
  *
  * Each configured peer has connection_pool_size outbound slots.  A slot
  * is connecting (a non-blocking connect watched with its own uv_poll),
@@ -12,7 +13,6 @@
 #include "peer.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -21,12 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "link.h"
 #include "log.h"
 #include "notify.h"
+#include "peerauth.h"
 
 #define PEER_TICK_MS 100
 #define PEER_ACCEPT_BUDGET 64
@@ -40,8 +40,6 @@
  * while a flood of strangers cannot take the daemon's fds. */
 #define PEER_PREAUTH_MAX 256u
 #define PEER_QUEUE_BYTES (4u * 1024u * 1024u)
-/* The context the MAC starts with: a key used elsewhere never answers here. */
-static const char peer_mac_context[] = "deepepd peer auth v1";
 
 enum peer_slot_state { SLOT_CONNECTING, SLOT_AUTHENTICATING, SLOT_UP, SLOT_BACKOFF };
 
@@ -65,7 +63,7 @@ struct peer_conn {
   bool cpoll_closing;    /* the connect's poll is being closed */
   bool up;               /* authenticated both ways */
   bool got_hello, sent_auth, verified, acked;
-  struct peer_hs hs;
+  struct peerauth_hs hs;
   char from[INET6_ADDRSTRLEN + 8]; /* inbound: the source address, for log lines */
   struct sockaddr_storage src;
   uint64_t opened_ms, last_rx_ms, last_tx_ms;
@@ -110,7 +108,7 @@ static struct {
   char listen_address[256];
   uint16_t listen_port;
   char node[DEP_PEER_NODE_MAX];
-  uint8_t key[PEER_KEY_MAX];
+  uint8_t key[PEERAUTH_KEY_MAX];
   size_t keylen;
   bool authenticated; /* a key is in use (else peer_insecure) */
   size_t n;
@@ -134,121 +132,6 @@ static void cut(char *dst, size_t size, const char *src) {
   size_t n = strnlen(src, size - 1);
   memcpy(dst, src, n);
   dst[n] = '\0';
-}
-
-/* ---- the key and the MAC ------------------------------------------------- */
-
-int peer_key_load(const char *path, uint8_t *key, size_t cap, size_t *len, char *why,
-                  size_t whylen) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) {
-    snprintf(why, whylen, "peer_key_file %s: cannot open: %s", path, strerror(errno));
-    return DEP_ERR_CONFIG;
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    snprintf(why, whylen, "peer_key_file %s: not a regular file", path);
-    close(fd);
-    return DEP_ERR_CONFIG;
-  }
-  if ((st.st_mode & 077) != 0) {
-    snprintf(why, whylen,
-             "peer_key_file %s has mode %04o: group or others may read it; the key must be "
-             "readable by deepepd only: chmod 600 %s",
-             path, (unsigned)(st.st_mode & 07777), path);
-    close(fd);
-    return DEP_ERR_PERMISSION;
-  }
-  uint8_t buf[PEER_KEY_MAX + 2];
-  size_t got = 0;
-  for (;;) {
-    ssize_t n = read(fd, buf + got, sizeof buf - got);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0) {
-      snprintf(why, whylen, "peer_key_file %s: cannot read: %s", path, strerror(errno));
-      close(fd);
-      return DEP_ERR_CONFIG;
-    }
-    if (n == 0 || (got += (size_t)n) == sizeof buf)
-      break;
-  }
-  close(fd);
-  if (got > 0 && buf[got - 1] == '\n')
-    got--;
-  if (got < PEER_KEY_MIN || got > PEER_KEY_MAX || got > cap) {
-    snprintf(why, whylen,
-             "peer_key_file %s holds %s%zu bytes of key; it needs %d to %d (deepepctl genkey "
-             "FILE writes one)",
-             path, got > PEER_KEY_MAX ? "more than " : "", got > PEER_KEY_MAX ? PEER_KEY_MAX : got,
-             PEER_KEY_MIN, PEER_KEY_MAX);
-    sodium_memzero(buf, sizeof buf);
-    return DEP_ERR_CONFIG;
-  }
-  memcpy(key, buf, got);
-  *len = got;
-  sodium_memzero(buf, sizeof buf);
-  return 0;
-}
-
-int peer_hs_hello(struct peer_hs *hs, const char *node, const char *listen_address,
-                  uint16_t listen_port, struct proto_buf *out) {
-  struct dep_peer_msg m = {.type = DEP_PEER_HELLO};
-  m.u.hello.version = DEP_PEER_VERSION;
-  snprintf(m.u.hello.node, sizeof m.u.hello.node, "%s", node);
-  snprintf(m.u.hello.listen_address, sizeof m.u.hello.listen_address, "%s", listen_address);
-  m.u.hello.listen_port = listen_port;
-  randombytes_buf(m.u.hello.challenge, sizeof m.u.hello.challenge);
-  size_t start = out->len;
-  int rc = peer_proto_encode(out, &m);
-  if (rc != 0)
-    return rc;
-  hs->mine_len = out->len - start;
-  memcpy(hs->mine, out->data + start, hs->mine_len);
-  return 0;
-}
-
-int peer_hs_take(struct peer_hs *hs, const uint8_t *msg, size_t len) {
-  if (len > sizeof hs->theirs)
-    return DEP_ERR_PROTOCOL;
-  memcpy(hs->theirs, msg, len);
-  hs->theirs_len = len;
-  return 0;
-}
-
-/* MAC(context, role of the sender, sender's HELLO, receiver's HELLO). */
-static void peer_mac(const struct peer_hs *hs, bool sender_connected, const uint8_t *sender,
-                     size_t slen, const uint8_t *receiver, size_t rlen,
-                     uint8_t mac[DEP_PEER_MAC_LEN]) {
-  crypto_auth_hmacsha512256_state st;
-  uint8_t role = sender_connected ? 'C' : 'A';
-  uint8_t l[4];
-  crypto_auth_hmacsha512256_init(&st, hs->key, hs->keylen);
-  crypto_auth_hmacsha512256_update(&st, (const uint8_t *)peer_mac_context,
-                                   sizeof peer_mac_context - 1);
-  crypto_auth_hmacsha512256_update(&st, &role, 1);
-  for (int i = 0; i < 4; i++)
-    l[i] = (uint8_t)(slen >> (8 * i));
-  crypto_auth_hmacsha512256_update(&st, l, 4);
-  crypto_auth_hmacsha512256_update(&st, sender, slen);
-  for (int i = 0; i < 4; i++)
-    l[i] = (uint8_t)(rlen >> (8 * i));
-  crypto_auth_hmacsha512256_update(&st, l, 4);
-  crypto_auth_hmacsha512256_update(&st, receiver, rlen);
-  crypto_auth_hmacsha512256_final(&st, mac);
-  sodium_memzero(&st, sizeof st);
-}
-
-void peer_hs_auth(const struct peer_hs *hs, uint8_t mac[DEP_PEER_MAC_LEN]) {
-  peer_mac(hs, hs->connector, hs->mine, hs->mine_len, hs->theirs, hs->theirs_len, mac);
-}
-
-bool peer_hs_check(const struct peer_hs *hs, const uint8_t mac[DEP_PEER_MAC_LEN]) {
-  uint8_t want[DEP_PEER_MAC_LEN];
-  peer_mac(hs, !hs->connector, hs->theirs, hs->theirs_len, hs->mine, hs->mine_len, want);
-  bool ok = crypto_verify_32(want, mac) == 0;
-  sodium_memzero(want, sizeof want);
-  return ok;
 }
 
 /* ---- naming and sending -------------------------------------------------- */
@@ -311,7 +194,7 @@ static void conn_refuse(struct peer_conn *c, int code, const char *fmt, ...) {
 static int conn_send_hello(struct peer_conn *c) {
   struct proto_buf b;
   proto_buf_init(&b);
-  int rc = peer_hs_hello(&c->hs, P.node, P.listen_address, P.listen_port, &b);
+  int rc = peerauth_hello(&c->hs, P.node, P.listen_address, P.listen_port, &b);
   if (rc == 0)
     rc = conn_send_raw(c, &b);
   proto_buf_free(&b);
@@ -320,7 +203,7 @@ static int conn_send_hello(struct peer_conn *c) {
 
 static int conn_send_auth(struct peer_conn *c) {
   struct dep_peer_msg m = {.type = DEP_PEER_AUTH};
-  peer_hs_auth(&c->hs, m.u.auth.mac);
+  peerauth_mac(&c->hs, m.u.auth.mac);
   c->sent_auth = true;
   return conn_send(c, &m);
 }
@@ -467,7 +350,7 @@ static void conn_on_hello(struct peer_conn *c, const struct dep_peer_msg *m, con
     }
   }
   cut(c->peer->node, sizeof c->peer->node, node);
-  peer_hs_take(&c->hs, raw, len);
+  peerauth_take(&c->hs, raw, len);
   /* The acceptor answers with its own HELLO only now that it knows the caller. */
   if (c->slot < 0 && conn_send_hello(c) != 0)
     return;
@@ -479,7 +362,7 @@ static void conn_on_auth(struct peer_conn *c, const struct dep_peer_msg *m) {
     conn_refuse(c, DEP_ERR_PROTOCOL, "sent AUTH out of turn");
     return;
   }
-  if (!peer_hs_check(&c->hs, m->u.auth.mac)) {
+  if (!peerauth_check(&c->hs, m->u.auth.mac)) {
     conn_refuse(c, DEP_ERR_PERMISSION,
                 "authentication failed: a different peer_key_file, or a replayed or reflected "
                 "answer");
@@ -978,7 +861,7 @@ int peer_init(uv_loop_t *loop, const struct config *cfg) {
   bool wanted = cfg->n_peers > 0 || cfg->listen_address[0] != '\0';
   if (cfg->peer_key_file[0] != '\0') {
     char why[DEP_MSG_TEXT_MAX + 256];
-    if (peer_key_load(cfg->peer_key_file, P.key, sizeof P.key, &P.keylen, why, sizeof why) !=
+    if (peerauth_key_load(cfg->peer_key_file, P.key, sizeof P.key, &P.keylen, why, sizeof why) !=
         0) {
       log_errx("%s", why);
       return -1;

@@ -4,7 +4,8 @@
  * `peers`, each mutually authenticated with the key in peer_key_file
  * before anything else is said, kept warm with keep-alives and reopened
  * with exponential backoff and jitter when it drops.  Everything runs on
- * the loop thread.  The peer protocol is proto/peer_proto.h.
+ * the loop thread.  The peer protocol is proto/peer_proto.h; the key and
+ * the handshake's MAC are peerauth.h.
  *
  * A connection is accepted only from a configured peer: its source
  * address must be one that the entry's host resolves to, and the
@@ -35,9 +36,6 @@
 /* Reconnect backoff: the first wait, doubling up to the last, each with jitter. */
 #define PEER_BACKOFF_MIN_MS 100
 #define PEER_BACKOFF_MAX_MS 30000
-/* The longest key read from peer_key_file, and the shortest accepted. */
-#define PEER_KEY_MAX 4096
-#define PEER_KEY_MIN 32
 
 /*
  * Start the peer layer with its configuration (copied: these keys need a
@@ -83,42 +81,5 @@ int peer_send(int peer, const struct dep_peer_msg *m);
 
 /* Fill m (PEERS_OK) with every peer; allocates m->peers (proto_peers_free). */
 int peer_fill(struct dep_msg_peers *m);
-
-/* ---- the parts, exposed for the tests ---------------------------------- */
-
-/*
- * Read a key file: a regular file that group and others cannot read, its
- * bytes less one trailing newline, PEER_KEY_MIN..PEER_KEY_MAX of them.
- * Returns 0, or DEP_ERR_PERMISSION / DEP_ERR_CONFIG with why set.
- */
-int peer_key_load(const char *path, uint8_t *key, size_t cap, size_t *len, char *why,
-                  size_t whylen);
-
-/*
- * One end's side of the handshake, without sockets: it writes its HELLO,
- * takes the far end's, answers with AUTH and checks the far end's AUTH.
- * The MAC (HMAC-SHA-512/256, libsodium) covers a context string, the
- * role of the sender (connector or acceptor) and both HELLOs as sent, the
- * sender's first: so it binds both challenges, both names and addresses,
- * and the direction.
- */
-struct peer_hs {
-  bool connector;       /* this end opened the connection */
-  const uint8_t *key;
-  size_t keylen;
-  uint8_t mine[DEP_PEER_HELLO_MAX];
-  size_t mine_len;
-  uint8_t theirs[DEP_PEER_HELLO_MAX];
-  size_t theirs_len;
-};
-/* Encode our HELLO (a fresh random challenge) into out and keep a copy. 0 or DEP_ERR_*. */
-int peer_hs_hello(struct peer_hs *hs, const char *node, const char *listen_address,
-                  uint16_t listen_port, struct proto_buf *out);
-/* Keep the far end's HELLO message (already decoded, so well-formed). */
-int peer_hs_take(struct peer_hs *hs, const uint8_t *msg, size_t len);
-/* Our AUTH for this connection. */
-void peer_hs_auth(const struct peer_hs *hs, uint8_t mac[DEP_PEER_MAC_LEN]);
-/* Whether the far end's AUTH is the right one (constant time). */
-bool peer_hs_check(const struct peer_hs *hs, const uint8_t mac[DEP_PEER_MAC_LEN]);
 
 #endif /* DEP_DAEMON_PEER_H */

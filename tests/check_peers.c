@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "peer.h"
+#include "peerauth.h"
 #include "peer_proto.h"
 #include "proto.h"
 #include "testutil.h"
@@ -146,7 +147,7 @@ static const uint8_t key_a[] = "0123456789abcdef0123456789abcdef";
 static const uint8_t key_b[] = "0123456789abcdef0123456789abcdeX";
 
 /* Both ends' HELLOs exchanged: c is the connector, a the acceptor. */
-static void hs_pair(struct peer_hs *c, const uint8_t *ck, struct peer_hs *a, const uint8_t *ak) {
+static void hs_pair(struct peerauth_hs *c, const uint8_t *ck, struct peerauth_hs *a, const uint8_t *ak) {
   memset(c, 0, sizeof *c);
   memset(a, 0, sizeof *a);
   c->connector = true;
@@ -157,66 +158,66 @@ static void hs_pair(struct peer_hs *c, const uint8_t *ck, struct peer_hs *a, con
   struct proto_buf bc, ba;
   proto_buf_init(&bc);
   proto_buf_init(&ba);
-  ck_assert_int_eq(peer_hs_hello(c, "node01", "10.0.0.1", 7470, &bc), 0);
-  ck_assert_int_eq(peer_hs_hello(a, "node02", "10.0.0.2", 7470, &ba), 0);
-  ck_assert_int_eq(peer_hs_take(c, ba.data, ba.len), 0);
-  ck_assert_int_eq(peer_hs_take(a, bc.data, bc.len), 0);
+  ck_assert_int_eq(peerauth_hello(c, "node01", "10.0.0.1", 7470, &bc), 0);
+  ck_assert_int_eq(peerauth_hello(a, "node02", "10.0.0.2", 7470, &ba), 0);
+  ck_assert_int_eq(peerauth_take(c, ba.data, ba.len), 0);
+  ck_assert_int_eq(peerauth_take(a, bc.data, bc.len), 0);
   proto_buf_free(&bc);
   proto_buf_free(&ba);
 }
 
 START_TEST(the_same_key_authenticates_both_ways) {
-  struct peer_hs c, a;
+  struct peerauth_hs c, a;
   hs_pair(&c, key_a, &a, key_a);
   uint8_t mc[DEP_PEER_MAC_LEN], ma[DEP_PEER_MAC_LEN];
-  peer_hs_auth(&c, mc);
-  peer_hs_auth(&a, ma);
-  ck_assert(peer_hs_check(&a, mc));
-  ck_assert(peer_hs_check(&c, ma));
+  peerauth_mac(&c, mc);
+  peerauth_mac(&a, ma);
+  ck_assert(peerauth_check(&a, mc));
+  ck_assert(peerauth_check(&c, ma));
   /* The two directions' answers differ, so neither can stand for the other. */
   ck_assert(memcmp(mc, ma, sizeof mc) != 0);
 }
 END_TEST
 
 START_TEST(a_wrong_key_fails_authentication) {
-  struct peer_hs c, a;
+  struct peerauth_hs c, a;
   hs_pair(&c, key_b, &a, key_a);
   uint8_t mc[DEP_PEER_MAC_LEN], ma[DEP_PEER_MAC_LEN];
-  peer_hs_auth(&c, mc);
-  peer_hs_auth(&a, ma);
-  ck_assert(!peer_hs_check(&a, mc));
-  ck_assert(!peer_hs_check(&c, ma));
+  peerauth_mac(&c, mc);
+  peerauth_mac(&a, ma);
+  ck_assert(!peerauth_check(&a, mc));
+  ck_assert(!peerauth_check(&c, ma));
 }
 END_TEST
 
 START_TEST(a_reflected_answer_fails) {
-  struct peer_hs c, a;
+  struct peerauth_hs c, a;
   hs_pair(&c, key_a, &a, key_a);
   uint8_t ma[DEP_PEER_MAC_LEN];
-  peer_hs_auth(&a, ma);
+  peerauth_mac(&a, ma);
   /* The acceptor's own answer sent back to it. */
-  ck_assert(!peer_hs_check(&a, ma));
+  ck_assert(!peerauth_check(&a, ma));
   /* An acceptor made to echo the connector's HELLO as its own still answers as acceptor. */
-  struct peer_hs mirror = a;
+  struct peerauth_hs mirror = a;
   memcpy(mirror.mine, c.mine, c.mine_len);
   mirror.mine_len = c.mine_len;
   memcpy(mirror.theirs, c.theirs, c.theirs_len);
   mirror.theirs_len = c.theirs_len;
   uint8_t mm[DEP_PEER_MAC_LEN];
-  peer_hs_auth(&mirror, mm);
-  ck_assert(!peer_hs_check(&a, mm));
+  peerauth_mac(&mirror, mm);
+  ck_assert(!peerauth_check(&a, mm));
 }
 END_TEST
 
 START_TEST(a_replayed_answer_fails) {
-  struct peer_hs c1, a1, c2, a2;
+  struct peerauth_hs c1, a1, c2, a2;
   hs_pair(&c1, key_a, &a1, key_a);
   uint8_t old[DEP_PEER_MAC_LEN];
-  peer_hs_auth(&c1, old);
-  ck_assert(peer_hs_check(&a1, old));
+  peerauth_mac(&c1, old);
+  ck_assert(peerauth_check(&a1, old));
   /* A new connection has new challenges: yesterday's answer does not fit. */
   hs_pair(&c2, key_a, &a2, key_a);
-  ck_assert(!peer_hs_check(&a2, old));
+  ck_assert(!peerauth_check(&a2, old));
 }
 END_TEST
 
@@ -226,19 +227,19 @@ START_TEST(the_key_file_must_be_private_and_long_enough) {
   char dir[256], path[300], why[512];
   tu_tmpdir(dir, sizeof dir);
   snprintf(path, sizeof path, "%s/key", dir);
-  uint8_t key[PEER_KEY_MAX];
+  uint8_t key[PEERAUTH_KEY_MAX];
   size_t len = 0;
   ck_assert_int_eq(tu_write_file(path, "0123456789abcdef0123456789abcdef\n"), 0);
   chmod(path, 0644);
-  ck_assert_int_eq(peer_key_load(path, key, sizeof key, &len, why, sizeof why),
+  ck_assert_int_eq(peerauth_key_load(path, key, sizeof key, &len, why, sizeof why),
                    DEP_ERR_PERMISSION);
   ck_assert_ptr_nonnull(strstr(why, "chmod 600"));
   chmod(path, 0600);
-  ck_assert_int_eq(peer_key_load(path, key, sizeof key, &len, why, sizeof why), 0);
+  ck_assert_int_eq(peerauth_key_load(path, key, sizeof key, &len, why, sizeof why), 0);
   ck_assert_uint_eq(len, 32); /* the trailing newline is not part of the key */
   ck_assert_int_eq(tu_write_file(path, "too short\n"), 0);
   chmod(path, 0600);
-  ck_assert_int_eq(peer_key_load(path, key, sizeof key, &len, why, sizeof why), DEP_ERR_CONFIG);
+  ck_assert_int_eq(peerauth_key_load(path, key, sizeof key, &len, why, sizeof why), DEP_ERR_CONFIG);
   ck_assert_ptr_nonnull(strstr(why, "deepepctl genkey"));
   tu_rmtree(dir);
 }

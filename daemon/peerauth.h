@@ -1,0 +1,56 @@
+/*
+ * peerauth.h — the peer handshake's pure logic (DESIGN §7), no sockets:
+ * reading and checking peer_key_file, and one end's side of the mutual
+ * challenge-response that peer.c runs on every link before anything else
+ * is said.  The wire messages are proto/peer_proto.h.
+ */
+#ifndef DEP_DAEMON_PEERAUTH_H
+#define DEP_DAEMON_PEERAUTH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "peer_proto.h"
+#include "proto.h"
+
+/* The longest key read from peer_key_file, and the shortest accepted. */
+#define PEERAUTH_KEY_MAX 4096
+#define PEERAUTH_KEY_MIN 32
+
+/*
+ * Read a key file: a regular file that group and others cannot read, its
+ * bytes less one trailing newline, PEERAUTH_KEY_MIN..PEERAUTH_KEY_MAX of
+ * them.  Returns 0, or DEP_ERR_PERMISSION / DEP_ERR_CONFIG with why set.
+ */
+int peerauth_key_load(const char *path, uint8_t *key, size_t cap, size_t *len, char *why,
+                      size_t whylen);
+
+/*
+ * One end's side of the handshake: it writes its HELLO, takes the far
+ * end's, answers with AUTH and checks the far end's AUTH.  The MAC
+ * (HMAC-SHA-512/256, libsodium) covers a context string, the role of the
+ * sender (connector or acceptor) and both HELLOs as sent, the sender's
+ * first: so it binds both challenges, both names and addresses, and the
+ * direction.  libsodium must be initialised (sodium_init) first.
+ */
+struct peerauth_hs {
+  bool connector;       /* this end opened the connection */
+  const uint8_t *key;
+  size_t keylen;
+  uint8_t mine[DEP_PEER_HELLO_MAX];
+  size_t mine_len;
+  uint8_t theirs[DEP_PEER_HELLO_MAX];
+  size_t theirs_len;
+};
+/* Encode our HELLO (a fresh random challenge) into out and keep a copy. 0 or DEP_ERR_*. */
+int peerauth_hello(struct peerauth_hs *hs, const char *node, const char *listen_address,
+                   uint16_t listen_port, struct proto_buf *out);
+/* Keep the far end's HELLO message (already decoded, so well-formed). */
+int peerauth_take(struct peerauth_hs *hs, const uint8_t *msg, size_t len);
+/* Our AUTH for this connection. */
+void peerauth_mac(const struct peerauth_hs *hs, uint8_t mac[DEP_PEER_MAC_LEN]);
+/* Whether the far end's AUTH is the right one (constant time). */
+bool peerauth_check(const struct peerauth_hs *hs, const uint8_t mac[DEP_PEER_MAC_LEN]);
+
+#endif /* DEP_DAEMON_PEERAUTH_H */
