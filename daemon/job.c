@@ -103,9 +103,9 @@ static void ranks_fmt(const uint8_t *set, uint32_t world, char *buf, size_t len)
   }
 }
 
-/* Send JOB_FAIL (code < 0) or JOB_END (code 0) about j to every peer that is up. */
-static void job_tell_peers(const struct job *j, int code, uint32_t rank, bool detached,
-                           const char *msg) {
+/* A JOB_FAIL (code < 0) or JOB_END (code 0) about j. */
+static struct dep_peer_msg job_event(const struct job *j, int code, uint32_t rank, bool detached,
+                                     const char *msg) {
   struct dep_peer_msg m = {.type = code < 0 ? DEP_PEER_JOB_FAIL : DEP_PEER_JOB_END};
   snprintf(m.u.job.job_id, sizeof m.u.job.job_id, "%s", j->id);
   m.u.job.owner_uid = (uint32_t)j->owner_uid;
@@ -113,6 +113,13 @@ static void job_tell_peers(const struct job *j, int code, uint32_t rank, bool de
   m.u.job.detached = detached ? 1u : 0u;
   m.u.job.code = code;
   snprintf(m.u.job.message, sizeof m.u.job.message, "%s", msg != NULL ? msg : "");
+  return m;
+}
+
+/* Send JOB_FAIL (code < 0) or JOB_END (code 0) about j to every peer that is up. */
+static void job_tell_peers(const struct job *j, int code, uint32_t rank, bool detached,
+                           const char *msg) {
+  struct dep_peer_msg m = job_event(j, code, rank, detached, msg);
   for (int k = 0; k < peer_count(); k++)
     if (peer_is_up(k))
       (void)peer_send(k, &m);
@@ -270,6 +277,11 @@ static bool job_gather(struct job *j, uint32_t *held) {
                "job %s: node %s holds it for uid %u but this node's ranks run as uid %u; a job "
                "belongs to one uid on every node (uid numbers must agree across nodes)",
                j->id, peer_name(x->peer), (unsigned)x->m.owner_uid, (unsigned)j->owner_uid);
+      /* A peer heeds a JOB_FAIL only for its job of the uid it names (so that
+       * one user's job cannot end another's): that node's is the other uid's. */
+      struct dep_peer_msg m = job_event(j, DEP_ERR_PERMISSION, DEP_PEER_NO_RANK, false, msg);
+      m.u.job.owner_uid = x->m.owner_uid;
+      (void)peer_send(x->peer, &m);
       job_fail_everywhere(j, DEP_ERR_PERMISSION, msg);
       return false;
     }

@@ -6,13 +6,18 @@
  * a node whose ranks never come, a rank claimed twice, a shape that
  * differs across nodes, a daemon killed while the job gathers: each fails
  * the job with an error that names the rank or node, and a new job works
- * after.
+ * after.  Once a job runs, a rank or a whole node that goes away is told
+ * to the ranks left on the other nodes through the abort words of their
+ * slabs.
  */
 #include <check.h>
+#include <grp.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +25,7 @@
 #include "daemonwire.h"
 #include "peer_proto.h"
 #include "proto.h"
+#include "slab.h"
 #include "testutil.h"
 
 /* ---- codec ---------------------------------------------------------------- */
@@ -108,8 +114,10 @@ struct nodes {
   char yaml[NODES_MAX][2048];
 };
 
-/* Ports of this test process's daemons: apart from other runs' (and check_peers'). */
-static int port_base(void) { return 36000 + (int)(getpid() % 2000) * 8; }
+/* Ports of this test process's daemons: apart from other runs' and check_peers'
+ * (20000-35999), and below the kernel's ephemeral range (32768 up on Linux by
+ * default), where an outbound connection of another test could hold one. */
+static int port_base(void) { return 4000 + (int)(getpid() % 2000) * 8; }
 
 /* n daemons on 127.0.0.1, each listing the others, with a short attach timeout. */
 static void nodes_config(struct nodes *ns, int n, int attach_timeout_ms) {
@@ -231,6 +239,47 @@ static void expect_fail(int fd, int code, const char *needle, const char *needle
   ck_assert_msg(strstr(msg, needle) != NULL, "\"%s\" not in: %s", needle, msg);
   ck_assert_msg(needle2 == NULL || strstr(msg, needle2) != NULL, "\"%s\" not in: %s", needle2,
                 msg);
+}
+
+/* A local rank's slab, mapped from the fd of its SLAB frame, to watch its abort words. */
+struct slab_map {
+  void *base;
+  size_t len;
+  const struct dep_slab_abort *abort;
+};
+
+/* As expect_ready for one local rank, keeping its slab mapped in *sm. */
+static void expect_ready_mapped(int fd, struct slab_map *sm) {
+  struct dw_frame *f = dw_frame_new();
+  int fds[DEP_PROTO_MAX_FDS], nfds = 0;
+  ck_assert_int_eq(dw_recv_frame_fds(fd, f, 5000, fds, &nfds), 0);
+  ck_assert_str_eq(proto_type_name(f->h.type), "SLAB");
+  struct dep_msg_slab m;
+  ck_assert_int_eq(proto_decode_slab(f->body, f->h.body_len, &m), 0);
+  ck_assert_int_eq(nfds, (int)m.n_chunks);
+  ck_assert_uint_eq(m.n_ranks, 1);
+  uint64_t at = m.ranks[0].offset + DEP_SLAB_ABORT_OFF;
+  ck_assert_uint_le(at + sizeof(struct dep_slab_abort), m.chunk_bytes);
+  sm->len = (size_t)m.chunk_bytes;
+  sm->base = mmap(NULL, sm->len, PROT_READ, MAP_SHARED, fds[0], 0);
+  ck_assert_ptr_ne(sm->base, MAP_FAILED);
+  sm->abort = (const struct dep_slab_abort *)((const char *)sm->base + at);
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  free(f);
+  expect_ready(fd, 1);
+  ck_assert_int_eq(__atomic_load_n(&sm->abort->code, __ATOMIC_ACQUIRE), 0);
+}
+
+/* Wait up to timeout_ms for the abort code; returns it (0 when it never came). */
+static int32_t wait_abort(const struct slab_map *sm, int timeout_ms) {
+  int32_t code = 0;
+  for (int t = 0; t <= timeout_ms; t += 10) {
+    if ((code = __atomic_load_n(&sm->abort->code, __ATOMIC_ACQUIRE)) != 0)
+      break;
+    dw_sleep_ms(10);
+  }
+  return code;
 }
 
 START_TEST(a_two_node_job_of_1_plus_1_is_ready_on_both_nodes_and_a_late_peer_learns_it) {
@@ -379,6 +428,147 @@ START_TEST(a_three_node_job_of_1_plus_1_plus_1_is_ready_on_every_node) {
 }
 END_TEST
 
+/* A 1+1 job that runs, on two nodes; a's slab is mapped in *sm. */
+static void running_1_plus_1(struct nodes *ns, const char *id, int *a, int *b,
+                             struct slab_map *sm) {
+  nodes_start(ns, 2, 8000);
+  *a = attach_rank(&ns->d[0], id, 0, 2, 0, 1);
+  *b = attach_rank(&ns->d[1], id, 1, 2, 0, 1);
+  expect_ready_mapped(*a, sm);
+  expect_ready(*b, 1);
+}
+
+START_TEST(a_running_job_whose_remote_rank_disconnects_aborts_the_local_rank_naming_it) {
+  struct nodes ns;
+  struct slab_map sm;
+  int a, b;
+  running_1_plus_1(&ns, "run-rank", &a, &b, &sm);
+  dw_expect_silence(a, 200);
+  ck_assert_int_eq(__atomic_load_n(&sm.abort->code, __ATOMIC_ACQUIRE), 0);
+  int64_t t0 = dw_now_ms();
+  close(b); /* rank 1's process is gone */
+  ck_assert_int_eq(wait_abort(&sm, 2000), DEP_ERR_PEER);
+  ck_assert_int_lt(dw_now_ms() - t0, 2000);
+  ck_assert_uint_eq(sm.abort->rank, 1);
+  ck_assert_uint_eq(sm.abort->detached, 0);
+  munmap(sm.base, sm.len);
+  close(a);
+  nodes_stop(&ns);
+}
+END_TEST
+
+START_TEST(a_running_job_whose_remote_daemon_is_killed_aborts_the_local_rank_naming_it) {
+  struct nodes ns;
+  struct slab_map sm;
+  int a, b;
+  running_1_plus_1(&ns, "run-node", &a, &b, &sm);
+  int64_t t0 = dw_now_ms();
+  kill(ns.d[1].pid, SIGKILL);
+  waitpid(ns.d[1].pid, NULL, 0);
+  ns.d[1].pid = 0;
+  ck_assert_int_eq(wait_abort(&sm, 2000), DEP_ERR_PEER);
+  ck_assert_int_lt(dw_now_ms() - t0, 2000);
+  ck_assert_uint_eq(sm.abort->rank, 1);
+  munmap(sm.base, sm.len);
+  close(a);
+  close(b);
+  nodes_stop(&ns);
+}
+END_TEST
+
+/* A clean stop (SIGTERM) leaves the stopping node's jobs running (DESIGN §13),
+ * but its peer links drop: on the other nodes a gathering job fails and a
+ * running job's ranks get the abort words naming the stopped node's rank. */
+START_TEST(a_daemon_stopped_cleanly_fails_a_gathering_job_and_aborts_a_running_one_elsewhere) {
+  struct nodes ns;
+  struct slab_map sm;
+  int a, b;
+  running_1_plus_1(&ns, "stop-run", &a, &b, &sm);
+  int ga = attach_rank(&ns.d[0], "stop-gather", 0, 3, 0, 1);
+  int gb = attach_rank(&ns.d[1], "stop-gather", 1, 3, 0, 1);
+  dw_expect_silence(ga, 300); /* rank 2 is nowhere */
+  ck_assert(dw_log_has(&ns.d[0], "job stop-gather: node 127.0.0.1:", 2000));
+  int64_t t0 = dw_now_ms();
+  ck_assert_int_eq(tu_daemon_stop(&ns.d[1]), 0);
+  char port[32];
+  dw_sfmt(port, sizeof port, "127.0.0.1:%d", ns.port[1]);
+  expect_fail(ga, DEP_ERR_PEER, "went down", port);
+  ck_assert_int_eq(wait_abort(&sm, 2000), DEP_ERR_PEER);
+  ck_assert_uint_eq(sm.abort->rank, 1);
+  ck_assert_uint_eq(sm.abort->detached, 0);
+  ck_assert_int_lt(dw_now_ms() - t0, 3000);
+  ck_assert(dw_log_has(&ns.d[0], "is stopping", 2000));
+  munmap(sm.base, sm.len);
+  close(a);
+  close(b);
+  close(ga);
+  close(gb);
+  nodes_stop(&ns);
+}
+END_TEST
+
+/*
+ * In a child that became uid/gid 65534: ATTACH rank 1 of job `id` (world 2)
+ * and expect DEP_ERR_PERMISSION saying the uids differ.  0 when so.
+ */
+static int attach_as_nobody(const char *sock, const char *id) {
+  if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0)
+    return 10;
+  int fd = tu_connect_raw(sock);
+  if (fd < 0)
+    return 11;
+  struct dep_msg_hello h = {.version = DEP_PROTO_VERSION};
+  static struct dw_frame f;
+  if (dw_send_frame(fd, DEP_MSG_HELLO, 1, &h) != 0 || dw_recv_frame(fd, &f, 5000) != 0 ||
+      f.h.type != DEP_MSG_HELLO_OK)
+    return 12;
+  struct dep_attach_args x = dw_job_args(id, 0, 1);
+  x.rank = 1;
+  x.world_size = 2;
+  if (dw_send_frame(fd, DEP_MSG_ATTACH, 7, &x) != 0)
+    return 13;
+  for (;;) {
+    if (dw_recv_frame(fd, &f, 5000) != 0)
+      return 14;
+    if (f.h.type != DEP_MSG_ERROR)
+      continue; /* not a SLAB: the job never gets ready */
+    struct dep_msg_error e;
+    if (proto_decode_error(f.body, f.h.body_len, &e) != 0)
+      return 15;
+    return e.code == DEP_ERR_PERMISSION && strstr(e.message, "uid") != NULL ? 0 : 16;
+  }
+}
+
+START_TEST(a_job_whose_ranks_run_as_different_uids_on_two_nodes_fails_on_both) {
+  if (geteuid() != 0) {
+    tu_skip_part(__func__, "running a rank as uid 65534 needs root");
+    return;
+  }
+  struct nodes ns;
+  nodes_config(&ns, 2, 8000);
+  for (int i = 0; i < 2; i++) {
+    size_t o = strlen(ns.yaml[i]);
+    snprintf(ns.yaml[i] + o, sizeof ns.yaml[i] - o, "allow: {any_user: true}\n");
+    node_start(&ns, i);
+  }
+  nodes_wait_up(&ns);
+  chmod(ns.d[1].dir, 0755); /* uid 65534 reaches node 1's socket */
+  int a = attach_rank(&ns.d[0], "uids", 0, 2, 0, 1); /* as root */
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0)
+    _exit(attach_as_nobody(ns.d[1].sock, "uids"));
+  int64_t t0 = dw_now_ms();
+  expect_fail(a, DEP_ERR_PERMISSION, "uid 65534", "uid numbers must agree across nodes");
+  ck_assert_int_lt(dw_now_ms() - t0, 2000); /* at once, not after attach_timeout_ms */
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "uid 65534's ATTACH: status %d", st);
+  close(a);
+  nodes_stop(&ns);
+}
+END_TEST
+
 Suite *multinode_suite(void);
 Suite *multinode_suite(void) {
   Suite *s = suite_create("multinode");
@@ -395,6 +585,10 @@ Suite *multinode_suite(void) {
   tcase_add_test(tc, a_shape_that_differs_across_nodes_fails_on_both);
   tcase_add_test(tc, a_daemon_killed_while_the_job_gathers_fails_it_at_once_then_a_new_job_works);
   tcase_add_test(tc, a_three_node_job_of_1_plus_1_plus_1_is_ready_on_every_node);
+  tcase_add_test(tc, a_running_job_whose_remote_rank_disconnects_aborts_the_local_rank_naming_it);
+  tcase_add_test(tc, a_running_job_whose_remote_daemon_is_killed_aborts_the_local_rank_naming_it);
+  tcase_add_test(tc, a_daemon_stopped_cleanly_fails_a_gathering_job_and_aborts_a_running_one_elsewhere);
+  tcase_add_test(tc, a_job_whose_ranks_run_as_different_uids_on_two_nodes_fails_on_both);
   suite_add_tcase(s, tc);
   return s;
 }
