@@ -111,6 +111,16 @@ class Handle:
             self._free()
 
 
+_Tensor = torch.Tensor
+_INDEX_TYPES = {torch.int64: _lib.INDEX_I64, torch.int32: _lib.INDEX_I32}
+
+
+def _ok(t: Any, dtype: torch.dtype, ndim: int, device: torch.device) -> bool:
+    """The common case of an input check, in one test (the caller then runs the detailed
+    checks, which name what is wrong, only where this fails)."""
+    return type(t) is _Tensor and t.dtype is dtype and t.dim() == ndim and t.device == device
+
+
 def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None or t.numel() == 0 else t.data_ptr()
 
@@ -449,12 +459,17 @@ class Buffer:
         """
         if not isinstance(num_experts, int) or isinstance(num_experts, bool):
             raise TypeError(f"num_experts must be an int, not {type(num_experts).__name__}")
-        idx, itype = self._topk("get_dispatch_layout", topk_idx, None)
-        self._shape("get_dispatch_layout", None, num_experts, idx.size(1))
-        n = idx.size(0)
-        self._tokens_fit("get_dispatch_layout", n, self.max_tokens_per_rank,
-                         "max_tokens_per_rank")
         dev = self.device
+        itype = _INDEX_TYPES.get(topk_idx.dtype) if type(topk_idx) is _Tensor else None
+        if itype is not None and topk_idx.dim() == 2 and topk_idx.device == dev:
+            idx = topk_idx.contiguous()
+        else:
+            idx, itype = self._topk("get_dispatch_layout", topk_idx, None)
+        n, k = idx.shape
+        self._shape("get_dispatch_layout", None, num_experts, k)
+        if n > self.max_tokens_per_rank:
+            self._tokens_fit("get_dispatch_layout", n, self.max_tokens_per_rank,
+                             "max_tokens_per_rank")
         per_rank = torch.empty((self.group_size,), dtype=torch.int32, device=dev)
         per_expert = torch.empty((self.num_experts,), dtype=torch.int32, device=dev)
         in_rank = torch.empty((n, self.group_size), dtype=torch.bool, device=dev)
@@ -524,10 +539,17 @@ class Buffer:
         if topk_idx is None or topk_weights is None:
             raise ValueError("dispatch: topk_idx and topk_weights are required (cached mode is "
                              "not supported)")
-        x = self._input("x", x, _BF16, 2)
+        dev = self.device
+        itype = _INDEX_TYPES.get(topk_idx.dtype) if type(topk_idx) is _Tensor else None
+        if itype is not None and _ok(x, torch.bfloat16, 2, dev) and topk_idx.dim() == 2 and \
+                topk_idx.device == dev and _ok(topk_weights, torch.float32, 2, dev) and \
+                topk_idx.size(0) == x.size(0):
+            x, idx, w = x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
+        else:
+            x = self._input("x", x, _BF16, 2)
+            idx, itype = self._topk(op, topk_idx, x.size(0))
+            w = self._input("topk_weights", topk_weights, _F32, 2)
         n = x.size(0)
-        idx, itype = self._topk(op, topk_idx, n)
-        w = self._input("topk_weights", topk_weights, _F32, 2)
         if w.shape != idx.shape:
             raise ValueError(f"dispatch: topk_weights has shape {tuple(w.shape)} but topk_idx "
                              f"{tuple(idx.shape)}")
@@ -545,7 +567,7 @@ class Buffer:
                                      f"expected {want}")
         if n > self.max_tokens_per_rank:
             self._tokens_fit(op, n, self.max_tokens_per_rank, "max_tokens_per_rank")
-        rows, k, dev = self._rows, self.num_topk, self.device
+        rows, k = self._rows, self.num_topk
         recv_x = torch.empty((rows, self.hidden), dtype=torch.bfloat16, device=dev)
         recv_w = torch.empty((rows, k), dtype=torch.float32, device=dev)
         if self._host:
@@ -611,7 +633,8 @@ class Buffer:
         if bias is not None:
             raise Unsupported("combine(bias=...)", "add the bias after combine")
         h = self._handle("combine", handle, "dispatch")
-        x = self._input("x", x, _BF16, 2)
+        x = x.contiguous() if _ok(x, torch.bfloat16, 2, self.device) else \
+            self._input("x", x, _BF16, 2)
         if x.shape != (h.num_recv, self.hidden):
             raise ValueError(f"combine: x has shape {tuple(x.shape)}; the dispatch delivered "
                              f"{(h.num_recv, self.hidden)}")
@@ -688,9 +711,15 @@ class Buffer:
                              num_max_dispatch_tokens_per_rank), ("num_experts", num_experts)):
                 if not isinstance(v, int) or isinstance(v, bool):
                     raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-        x = self._input("x", x, _BF16, 2)
+        dev = self.device
+        itype = _INDEX_TYPES.get(topk_idx.dtype) if type(topk_idx) is _Tensor else None
+        if itype is not None and _ok(x, torch.bfloat16, 2, dev) and topk_idx.dim() == 2 and \
+                topk_idx.device == dev and topk_idx.size(0) == x.size(0):
+            x, idx = x.contiguous(), topk_idx.contiguous()
+        else:
+            x = self._input("x", x, _BF16, 2)
+            idx, itype = self._topk(op, topk_idx, x.size(0))
         n = x.size(0)
-        idx, itype = self._topk(op, topk_idx, n)
         self._shape(op, x.size(1), num_experts, idx.size(1), num_max_dispatch_tokens_per_rank)
         if n > self.max_ll_tokens_per_rank:
             self._tokens_fit(op, n, self.max_ll_tokens_per_rank,
@@ -703,7 +732,7 @@ class Buffer:
                     stats.data_ptr() != cumulative_local_expert_recv_stats.data_ptr():
                 raise ValueError("cumulative_local_expert_recv_stats must be a contiguous "
                                  f"[{self.num_local_experts}] int32 tensor")
-        rows, L, hid, dev = self._ll_rows, self.num_local_experts, self.hidden, self.device
+        rows, L, hid = self._ll_rows, self.num_local_experts, self.hidden
         fp8 = bool(use_fp8)
         recv_x = torch.empty((L, rows, hid), dtype=fp8_dtype if fp8 else torch.bfloat16,
                              device=dev)
@@ -758,18 +787,24 @@ class Buffer:
         if combine_wait_recv_cost_stats is not None:
             raise Unsupported("low_latency_combine(combine_wait_recv_cost_stats=...)")
         h = self._handle(op, handle, "low_latency_dispatch")
-        x = self._input("x", x, _BF16, 3)
+        nt, dev = h.num_tokens, self.device
         want = (self.num_local_experts, self._ll_rows, self.hidden)
-        if x.shape != want:
-            raise ValueError(f"{op}: x has shape {tuple(x.shape)}; expected {want}")
-        nt = h.num_tokens
-        idx, itype = self._topk(op, topk_idx, nt)
-        w = self._input("topk_weights", topk_weights, _F32, 2)
+        itype = _INDEX_TYPES.get(topk_idx.dtype) if type(topk_idx) is _Tensor else None
+        if itype is not None and _ok(x, torch.bfloat16, 3, dev) and x.shape == want and \
+                topk_idx.dim() == 2 and topk_idx.device == dev and topk_idx.size(0) == nt and \
+                _ok(topk_weights, torch.float32, 2, dev):
+            x, idx, w = x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
+        else:
+            x = self._input("x", x, _BF16, 3)
+            if x.shape != want:
+                raise ValueError(f"{op}: x has shape {tuple(x.shape)}; expected {want}")
+            idx, itype = self._topk(op, topk_idx, nt)
+            w = self._input("topk_weights", topk_weights, _F32, 2)
         if w.shape != idx.shape:
             raise ValueError(f"{op}: topk_weights has shape {tuple(w.shape)} but topk_idx "
                              f"{tuple(idx.shape)}")
         if out is None:
-            out = torch.empty((nt, self.hidden), dtype=torch.bfloat16, device=self.device)
+            out = torch.empty((nt, self.hidden), dtype=torch.bfloat16, device=dev)
         else:
             o = self._input("out", out, _BF16, 2)
             if o.data_ptr() != out.data_ptr() or o.shape != (nt, self.hidden):
