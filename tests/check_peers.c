@@ -248,7 +248,10 @@ END_TEST
 /* ---- real daemons ------------------------------------------------------------ */
 
 /* Ports of this test process's daemons: apart from other runs' (fork mode, pids differ). */
-static int port_base(void) { return 20000 + (int)(getpid() % 2000) * 8; }
+/* Below the kernel's range for outbound ports (32768..60999 by default), so
+ * that a connection of another test cannot hold the port, and above
+ * check_multinode's (4000 + 8 * (pid % 2000)). */
+static int port_base(void) { return 20000 + (int)(getpid() % 1500) * 8; }
 
 static void write_key(const char *dir, const char *name, char *path, size_t len) {
   snprintf(path, len, "%s/%s", dir, name);
