@@ -63,9 +63,6 @@ struct config {
 
   /* kernels */
   bool kernel_warmup;                 /* default true */
-  char kernel_cache_dir[256];         /* default /var/cache/deepepd */
-  bool adaptive_optimization;         /* default false */
-  double warn_first_call_ratio;       /* default 1.5, >= 1.0 */
 
   /* peers */
   uint32_t connection_pool_size;      /* default 24, 1..1024 */

@@ -40,8 +40,6 @@ int config_value_size(const char *s, size_t n, uint64_t *out, size_t *unit_at);
 int config_value_mode(const char *s, size_t n, uint64_t *out);
 /* true/false, yes/no, on/off in any case. */
 int config_value_bool(const char *s, size_t n, bool *out);
-/* A finite real number written plainly (no nan, inf or hex). */
-int config_value_ratio(const char *s, size_t n, double *out);
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", or the same without "GPU-". */
 bool config_value_gpu_uuid(const char *s);
 /* "64 MiB", "3 GiB", or "N bytes" when no unit divides v; returns buf. */

@@ -87,11 +87,6 @@ static void assert_same_config(const struct config *a, const struct config *b) {
   ck_field_bool(a, b, preallocation);
   ck_field_bool(a, b, buffer_cache_enabled);
   ck_field_bool(a, b, kernel_warmup);
-  ck_field_str(a, b, kernel_cache_dir);
-  ck_field_bool(a, b, adaptive_optimization);
-  ck_assert_msg(a->warn_first_call_ratio == b->warn_first_call_ratio,
-                "warn_first_call_ratio: %g, want %g", a->warn_first_call_ratio,
-                b->warn_first_call_ratio);
   ck_field(a, b, connection_pool_size);
   ck_field_str(a, b, listen_address);
   ck_field(a, b, listen_port);
@@ -158,7 +153,7 @@ static size_t shipped_keys(char keys[][64], size_t max) {
 START_TEST(shipped_file_has_every_documented_key) {
   char keys[64][64];
   size_t n = shipped_keys(keys, 64);
-  ck_assert_uint_eq(n, 36); /* socket 3, allow 3, pool 4, listen 2, limits 10, and 14 at the top */
+  ck_assert_uint_eq(n, 33); /* socket 3, allow 3, pool 4, listen 2, limits 10, and 11 at the top */
 }
 END_TEST
 
@@ -227,7 +222,6 @@ START_TEST(every_key_lands_in_the_struct) {
               "pool:\n  size_per_device: 16 GiB\n  chunk_size: 2MiB\n  max_allocation: 6MiB\n"
               "  host_size: 536870912\n"
               "preallocation: off\nbuffer_cache_enabled: No\nkernel_warmup: FALSE\n"
-              "kernel_cache_dir: /srv/kc\nadaptive_optimization: on\nwarn_first_call_ratio: 2.25\n"
               "connection_pool_size: 1024\n"
               "listen:\n  address: 0.0.0.0\n  port: 65535\n"
               "peers:\n  - host: node02\n    port: 7000\n  - {host: 10.0.0.3}\n"
@@ -255,9 +249,6 @@ START_TEST(every_key_lands_in_the_struct) {
   ck_assert(!c.preallocation);
   ck_assert(!c.buffer_cache_enabled);
   ck_assert(!c.kernel_warmup);
-  ck_assert_str_eq(c.kernel_cache_dir, "/srv/kc");
-  ck_assert(c.adaptive_optimization);
-  ck_assert_double_eq(c.warn_first_call_ratio, 2.25);
   ck_assert_uint_eq(c.connection_pool_size, 1024);
   ck_assert_str_eq(c.listen_address, "0.0.0.0");
   ck_assert_uint_eq(c.listen_port, 65535);
@@ -316,9 +307,9 @@ START_TEST(sizes_and_booleans_in_every_spelling) {
   static const char *const yes[] = {"true", "True", "TRUE", "yes", "Yes", "on", "ON"};
   static const char *const no[] = {"false", "False", "no", "NO", "off", "Off"};
   for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
-    snprintf(yaml, sizeof yaml, "adaptive_optimization: %s\n", yes[i]);
+    snprintf(yaml, sizeof yaml, "peer_insecure: %s\n", yes[i]);
     load_ok(&c, yaml);
-    ck_assert_msg(c.adaptive_optimization, "%s read as false", yes[i]);
+    ck_assert_msg(c.peer_insecure, "%s read as false", yes[i]);
   }
   for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
     snprintf(yaml, sizeof yaml, "preallocation: %s\n", no[i]);
@@ -391,8 +382,18 @@ static const struct bad {
     /* unknown keys, at the top and inside sections */
     {"log_level: info\nfoo: 1\n",
      "t.yaml:2:1: unknown key 'foo' at the top level (known: socket, allow, backend, devices, pool, "
-     "preallocation, buffer_cache_enabled, kernel_warmup, kernel_cache_dir, adaptive_optimization, "
-     "warn_first_call_ratio, connection_pool_size, listen, peers, peer_key_file, peer_insecure, peer_wait_ms, limits, log_level)"},
+     "preallocation, buffer_cache_enabled, kernel_warmup, connection_pool_size, listen, peers, "
+     "peer_key_file, peer_insecure, peer_wait_ms, limits, log_level)"},
+    /* keys earlier versions documented but never acted on: removed, and said so */
+    {"kernel_cache_dir: /var/cache/deepepd\n",
+     "t.yaml:1:1: 'kernel_cache_dir' was removed: deepepd has no kernel cache yet (the library's "
+     "fatbin carries SASS for sm_80, sm_90 and sm_100); delete this line"},
+    {"adaptive_optimization: false\n",
+     "t.yaml:1:1: 'adaptive_optimization' was removed: deepepd makes no run-time tuning choices "
+     "yet; delete this line"},
+    {"warn_first_call_ratio: 1.5\n",
+     "t.yaml:1:1: 'warn_first_call_ratio' was removed: deepepd does not time operations yet; "
+     "delete this line"},
     {"pool:\n  chunk_size: 64MiB\n  sise_per_device: 8GiB\n",
      "t.yaml:3:3: unknown key 'sise_per_device' in 'pool' (known: size_per_device, chunk_size, max_allocation, "
      "host_size)"},
@@ -415,7 +416,7 @@ static const struct bad {
      "t.yaml:2:15: expected a size (bytes, or a number with KiB, MiB, GiB or TiB) for 'pool.chunk_size', got 'big'"},
     {"pool:\n  chunk_size: -2MiB\n",
      "t.yaml:2:15: expected a size (bytes, or a number with KiB, MiB, GiB or TiB) for 'pool.chunk_size', got '-2MiB'"},
-    {"kernel_cache_dir: [a, b]\n", "t.yaml:1:19: expected a string for 'kernel_cache_dir', got a list"},
+    {"peer_key_file: [a, b]\n", "t.yaml:1:16: expected a string for 'peer_key_file', got a list"},
     {"socket:\n  group: {a: 1}\n", "t.yaml:2:10: expected a string for 'socket.group', got a mapping"},
     {"allow:\n  users: alice\n", "t.yaml:2:10: expected a list of names for 'allow.users', got 'alice'"},
     {"devices: GPU-0\n", "t.yaml:1:10: expected a list of GPU UUIDs for 'devices', got 'GPU-0'"},
@@ -426,7 +427,6 @@ static const struct bad {
     {"log_level: loud\n", "t.yaml:1:12: expected one of err, warning, notice, info, debug for 'log_level', got 'loud'"},
     {"socket:\n  mode: rw-rw----\n", "t.yaml:2:9: expected a file mode in octal (like 0660) for 'socket.mode', got 'rw-rw----'"},
     {"socket:\n  mode: 0680\n", "t.yaml:2:9: expected a file mode in octal (like 0660) for 'socket.mode', got '0680'"},
-    {"warn_first_call_ratio: nan\n", "t.yaml:1:24: expected a number for 'warn_first_call_ratio', got 'nan'"},
     /* out of range, both ends of each ranged key */
     {"connection_pool_size: 0\n", "t.yaml:1:23: 'connection_pool_size' must be between 1 and 1024, got 0"},
     {"connection_pool_size: 1025\n", "t.yaml:1:23: 'connection_pool_size' must be between 1 and 1024, got 1025"},
@@ -447,8 +447,6 @@ static const struct bad {
      "t.yaml:2:23: 'limits.client_queue_bytes' must be between 64 KiB and 1 GiB, got 65535"},
     {"limits:\n  client_queue_bytes: 1025MiB\n",
      "t.yaml:2:23: 'limits.client_queue_bytes' must be between 64 KiB and 1 GiB, got 1025MiB"},
-    {"warn_first_call_ratio: 0.99\n", "t.yaml:1:24: 'warn_first_call_ratio' must be between 1.0 and 100, got 0.99"},
-    {"warn_first_call_ratio: 100.5\n", "t.yaml:1:24: 'warn_first_call_ratio' must be between 1.0 and 100, got 100.5"},
     {"listen:\n  port: 0\n", "t.yaml:2:9: 'listen.port' must be between 1 and 65535, got 0"},
     {"listen:\n  port: 65536\n", "t.yaml:2:9: 'listen.port' must be between 1 and 65535, got 65536"},
     {"peers:\n  - {host: a, port: 70000}\n", "t.yaml:2:21: 'peers[0].port' must be between 1 and 65535, got 70000"},
@@ -502,8 +500,8 @@ static const struct bad {
      "t.yaml:2:14: 'pool.host_size' (100 MiB) must be a whole number of chunks of 'pool.chunk_size' (64 MiB)"},
     /* strings and lists */
     {"socket:\n  path: \"\"\n", "t.yaml:2:9: 'socket.path' must not be empty"},
-    {"kernel_cache_dir: \"/var/\\tcache\"\n", "t.yaml:1:19: 'kernel_cache_dir' must not contain control characters"},
-    {"kernel_cache_dir: \"a\\0b\"\n", "t.yaml:1:19: 'kernel_cache_dir' must not contain control characters"},
+    {"peer_key_file: \"/var/\\tkey\"\n", "t.yaml:1:16: 'peer_key_file' must not contain control characters"},
+    {"peer_key_file: \"a\\0b\"\n", "t.yaml:1:16: 'peer_key_file' must not contain control characters"},
     {"allow:\n  groups: [\"gpu users\"]\n", "t.yaml:2:12: 'allow.groups[0]' must not contain spaces"},
     {"allow:\n  users: [a, ~]\n", "t.yaml:2:14: 'allow.users[1]' is empty"},
     {"devices: [0]\n",
@@ -671,7 +669,7 @@ START_TEST(live_keys_need_no_restart) {
   config_defaults(&a);
   load_ok(&b,
           "allow:\n  users: [alice]\n  groups: [gpu]\n  any_user: true\n"
-          "kernel_warmup: false\nadaptive_optimization: true\nwarn_first_call_ratio: 3\n"
+          "kernel_warmup: false\n"
           "limits:\n  max_clients: 5\n  max_jobs: 5\n  attach_timeout_ms: 5\n  op_timeout_ms: 5\n"
           "  client_queue_bytes: 1MiB\nlog_level: debug\npool:\n  max_allocation: 256MiB\n");
   ck_assert_uint_eq(b.pool_max_allocation, 256ull << 20);
@@ -710,7 +708,6 @@ static const struct {
     {"pool:\n  host_size: 2GiB\n", "pool.host_size"},
     {"preallocation: false\n", "preallocation"},
     {"buffer_cache_enabled: false\n", "buffer_cache_enabled"},
-    {"kernel_cache_dir: /tmp/kc\n", "kernel_cache_dir"},
     {"connection_pool_size: 8\n", "connection_pool_size"},
     {"listen:\n  address: 10.0.0.1\n", "listen.address"},
     {"listen:\n  port: 7471\n", "listen.port"},
@@ -793,8 +790,7 @@ START_TEST(nesting_deeper_than_32_levels_is_refused_where_it_opens) {
   ck_assert_int_eq(load(&c, block), DEP_ERR_CONFIG);
   ck_assert_str_eq(err, "t.yaml:1:1: unknown key 'k' at the top level (known: socket, allow, "
                         "backend, devices, pool, preallocation, buffer_cache_enabled, "
-                        "kernel_warmup, kernel_cache_dir, adaptive_optimization, "
-                        "warn_first_call_ratio, connection_pool_size, listen, peers, "
+                        "kernel_warmup, connection_pool_size, listen, peers, "
                         "peer_key_file, peer_insecure, peer_wait_ms, limits, log_level)");
   /* A list at its key's own column is a level too: the root, then a list and a mapping on each
    * "- k:" line; the 16th such line's mapping is the 33rd level. */
@@ -904,8 +900,8 @@ START_TEST(the_largest_valid_file_is_within_the_bounds) {
   snprintf(yaml + o, sizeof yaml - o,
            "backend: host\npool: {size_per_device: 1GiB, chunk_size: 2MiB, max_allocation: 0, "
            "host_size: 64MiB}\npreallocation: true\nbuffer_cache_enabled: true\n"
-           "kernel_warmup: true\nkernel_cache_dir: /tmp\nadaptive_optimization: false\n"
-           "warn_first_call_ratio: 2\nconnection_pool_size: 8\nlisten: {address: \"\", port: 1}\n"
+           "kernel_warmup: true\n"
+           "connection_pool_size: 8\nlisten: {address: \"\", port: 1}\n"
            "peer_key_file: \"\"\npeer_insecure: false\npeer_wait_ms: 0\nlimits: {max_clients: 1, max_jobs: 1, attach_timeout_ms: 1, "
            "op_timeout_ms: 1, client_queue_bytes: 1MiB, hello_timeout_ms: 1, reserved_clients: 0, "
            "max_clients_per_uid: 1, max_jobs_per_uid: 1, memory_per_uid: 0}\nlog_level: info\n");
@@ -941,7 +937,6 @@ static const char every_key_changed[] =
     "pool:\n  size_per_device: 4GiB\n  chunk_size: 32MiB\n  max_allocation: 256MiB\n"
     "  host_size: 2GiB\n"
     "preallocation: false\nbuffer_cache_enabled: false\nkernel_warmup: false\n"
-    "kernel_cache_dir: /tmp/kc\nadaptive_optimization: true\nwarn_first_call_ratio: 3\n"
     "connection_pool_size: 8\nlisten:\n  address: 10.0.0.1\n  port: 7471\n"
     "peers: [{host: b}]\npeer_key_file: /etc/k\npeer_insecure: true\npeer_wait_ms: 5\n"
     "limits:\n  max_clients: 512\n  max_jobs: 5\n  attach_timeout_ms: 5\n  op_timeout_ms: 6\n"
@@ -958,9 +953,9 @@ START_TEST(a_reload_copies_every_live_key_and_no_other) {
   char keys[1024];
   /* Every live key now has the file's value... */
   ck_assert_uint_eq(config_diff_live(&running, &file, keys, sizeof keys), 0);
-  /* ...and every other key is as it was: all 18 still differ from the file. */
+  /* ...and every other key is as it was: all 17 still differ from the file. */
   ck_assert_uint_eq(config_diff_restart(&running, &defaults, keys, sizeof keys), 0);
-  ck_assert_uint_eq(config_diff_restart(&running, &file, keys, sizeof keys), 18);
+  ck_assert_uint_eq(config_diff_restart(&running, &file, keys, sizeof keys), 17);
   ck_assert_uint_eq(running.n_allow_users, 2);
   ck_assert_str_eq(running.allow_users[1], "bob");
   ck_assert_uint_eq(running.memory_per_uid, 2ull << 30);
@@ -980,12 +975,11 @@ START_TEST(changed_live_keys_are_named_with_both_values) {
   ck_assert_str_eq(changes, "");
   /* Every live key, each in its own spelling. */
   load_ok(&b, every_key_changed);
-  ck_assert_uint_eq(config_diff_live(&a, &b, changes, sizeof changes), 18);
+  ck_assert_uint_eq(config_diff_live(&a, &b, changes, sizeof changes), 16);
   ck_assert_str_eq(changes,
                    "allow.users [] -> [alice, bob], allow.groups [] -> [trainers], "
                    "allow.any_user false -> true, pool.max_allocation 0 -> 256 MiB, "
-                   "kernel_warmup true -> false, adaptive_optimization false -> true, "
-                   "warn_first_call_ratio 1.5 -> 3, limits.max_clients 1024 -> 512, "
+                   "kernel_warmup true -> false, limits.max_clients 1024 -> 512, "
                    "limits.max_jobs 64 -> 5, limits.attach_timeout_ms 30000 -> 5, "
                    "limits.op_timeout_ms 10000 -> 6, limits.client_queue_bytes 4 MiB -> 1 MiB, "
                    "limits.hello_timeout_ms 5000 -> 7, limits.reserved_clients 8 -> 9, "
@@ -993,9 +987,9 @@ START_TEST(changed_live_keys_are_named_with_both_values) {
                    "limits.memory_per_uid 0 -> 2 GiB, log_level info -> debug");
   /* A short buffer is cut after a whole entry, says so, and the count stays right. */
   char small[60];
-  ck_assert_uint_eq(config_diff_live(&a, &b, small, sizeof small), 18);
+  ck_assert_uint_eq(config_diff_live(&a, &b, small, sizeof small), 16);
   ck_assert_str_eq(small, "allow.users [] -> [alice, bob], ...");
-  ck_assert_uint_eq(config_diff_live(&a, &b, NULL, 0), 18);
+  ck_assert_uint_eq(config_diff_live(&a, &b, NULL, 0), 16);
 }
 END_TEST
 

@@ -55,8 +55,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   require(c.pool_size_per_device % c.pool_chunk_size == 0 &&
           c.pool_size_per_device >= c.pool_chunk_size);
   require(c.host_pool_size % c.pool_chunk_size == 0 && c.host_pool_size >= c.pool_chunk_size);
-  check_string(c.kernel_cache_dir, sizeof c.kernel_cache_dir);
-  require(c.warn_first_call_ratio >= 1.0 && c.warn_first_call_ratio <= 100.0);
   require(c.connection_pool_size >= 1 && c.connection_pool_size <= 1024);
   check_string(c.listen_address, sizeof c.listen_address);
   require(c.listen_port >= 1);
