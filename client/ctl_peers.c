@@ -1,8 +1,10 @@
 /*
  * ctl_peers.c — `deepepctl peers`: the peer daemons deepepd is configured
- * with and how each is: state, transport, connections up of the pool,
- * inbound connections, round trip of the last keep-alive, bytes,
- * reconnects and the last error, as a table or --json.
+ * with and how each is: state, transport (configured and settled),
+ * connections up of the pool and of them those on RDMA queue pairs,
+ * inbound connections, round trips of the last keep-alives (the TCP link's
+ * and the queue pair's), bytes, reconnects and the last error; the RDMA
+ * device and the pool memory registered with it; as a table or --json.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +16,8 @@ static const struct ctl_col peers_fields[] = {
     {"node", "node", CTL_STR, 0},
     {"listen", "listen", CTL_STR, 0},
     {"auth", "auth", CTL_STR, 0},
+    {"rdma", "rdma", CTL_STR, 0},
+    {"nic_bytes", "registered", CTL_BYTES, 0},
 };
 #define PEERS_NFIELDS (sizeof peers_fields / sizeof peers_fields[0])
 
@@ -22,10 +26,13 @@ static const struct ctl_col peer_cols[] = {
     {"node", "NODE", CTL_STR, 0},
     {"state", "STATE", CTL_STR, 0},
     {"transport", "TRANSPORT", CTL_STR, 0},
+    {"wanted", "WANTED", CTL_STR, 0},
     {"conns_up", "CONNS", CTL_UINT, 0},
     {"conns_total", "", CTL_UINT, CTL_COL_JOIN},
+    {"qps_up", "QPS", CTL_UINT, 0},
     {"inbound_up", "IN", CTL_UINT, 0},
     {"rtt_us", "RTT_US", CTL_UINT, 0},
+    {"rdma_rtt_us", "QP_RTT_US", CTL_UINT, 0},
     {"bytes_in", "RX", CTL_BYTES, 0},
     {"bytes_out", "TX", CTL_BYTES, 0},
     {"reconnects", "RECONNECTS", CTL_UINT, 0},
@@ -39,6 +46,8 @@ static int peers_render(const struct ctl *ctl, const struct dep_msg_peers *m) {
       {.s = m->node},
       {.s = m->listen[0] ? m->listen : "-"},
       {.s = m->auth ? "peer_key_file" : "none (peer_insecure)"},
+      {.s = m->rdma[0] ? m->rdma : "-"},
+      {.u = m->nic_bytes},
   };
   struct ctl_val *cells = calloc((size_t)m->n_peers * PEER_NCOLS + 1, sizeof *cells);
   if (cells == NULL)
@@ -49,16 +58,19 @@ static int peers_render(const struct ctl *ctl, const struct dep_msg_peers *m) {
     row[0].s = p->address;
     row[1].s = p->node[0] || ctl->json ? p->node : "-";
     row[2].s = p->state;
-    row[3].s = p->transport;
-    row[4].u = p->conns_up;
-    row[5].u = p->conns_total;
-    row[6].u = p->inbound_up;
-    row[7].u = p->rtt_us;
-    row[8].u = p->bytes_in;
-    row[9].u = p->bytes_out;
-    row[10].u = p->reconnects;
-    row[11].u = p->backoff_ms;
-    row[12].s = p->last_error[0] || ctl->json ? p->last_error : "-";
+    row[3].s = p->transport[0] || ctl->json ? p->transport : "-";
+    row[4].s = p->wanted;
+    row[5].u = p->conns_up;
+    row[6].u = p->conns_total;
+    row[7].u = p->qps_up;
+    row[8].u = p->inbound_up;
+    row[9].u = p->rtt_us;
+    row[10].u = p->rdma_rtt_us;
+    row[11].u = p->bytes_in;
+    row[12].u = p->bytes_out;
+    row[13].u = p->reconnects;
+    row[14].u = p->backoff_ms;
+    row[15].s = p->last_error[0] || ctl->json ? p->last_error : "-";
   }
   const struct ctl_table tables[] = {
       {"peers", "no peers configured", peer_cols, PEER_NCOLS, m->n_peers, cells, 0},

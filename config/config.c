@@ -86,11 +86,16 @@ struct key {
 
 _Static_assert(sizeof(enum config_backend) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(enum config_log_level) == sizeof(int), "enums are stored as int");
+_Static_assert(sizeof(enum config_transport) == sizeof(int), "enums are stored as int");
 
 /* The tables read best one key to a line. */
 /* clang-format off */
 static const struct name_value backend_names[] = {
     {"auto", CONFIG_BACKEND_AUTO}, {"cuda", CONFIG_BACKEND_CUDA}, {"host", CONFIG_BACKEND_HOST},
+    {NULL, 0}};
+
+static const struct name_value transport_names[] = {
+    {"auto", CONFIG_TRANSPORT_AUTO}, {"rdma", CONFIG_TRANSPORT_RDMA}, {"tcp", CONFIG_TRANSPORT_TCP},
     {NULL, 0}};
 
 static const struct name_value log_level_names[] = {
@@ -130,6 +135,8 @@ static const struct key listen_keys[] = {
 static const struct key peer_keys[] = {
     {.name = "host", .kind = K_STR, PEER_AT(host), .flags = F_NONEMPTY | F_TOKEN},
     {.name = "port", .kind = K_UINT, PEER_AT(port), .min = 1, .max = 65535},
+    {.name = "transport", .kind = K_ENUM, PEER_AT(transport), .names = transport_names,
+     .expected = "one of auto, rdma, tcp"},
     {.name = NULL}};
 
 static const struct key limits_keys[] = {
@@ -163,6 +170,8 @@ static const struct key root_keys[] = {
     {.name = "peer_key_file", .kind = K_STR, AT(peer_key_file)},
     {.name = "peer_insecure", .kind = K_BOOL, AT(peer_insecure)},
     {.name = "peer_wait_ms", .kind = K_UINT, AT(peer_wait_ms), .min = 0, .max = 3600000},
+    {.name = "transport", .kind = K_ENUM, AT(transport), .names = transport_names,
+     .expected = "one of auto, rdma, tcp"},
     {.name = "limits", .kind = K_SECTION, .sub = limits_keys},
     {.name = "log_level", .kind = K_ENUM, AT(log_level), .names = log_level_names,
      .expected = "one of err, warning, notice, info, debug", .live = true},
@@ -186,6 +195,7 @@ void config_defaults(struct config *c) {
   c->listen_port = DEFAULT_PORT;
   c->peer_insecure = false;
   c->peer_wait_ms = 10000;
+  c->transport = CONFIG_TRANSPORT_AUTO;
   c->max_clients = 1024;
   c->max_jobs = 64;
   c->attach_timeout_ms = 30000;
@@ -207,6 +217,14 @@ static const char *name_of(const struct name_value *t, int value) {
 }
 
 const char *config_backend_name(enum config_backend b) { return name_of(backend_names, (int)b); }
+
+const char *config_transport_name(enum config_transport t) {
+  return t == CONFIG_TRANSPORT_DEFAULT ? "default" : name_of(transport_names, (int)t);
+}
+
+enum config_transport config_peer_transport(const struct config *c, const struct config_peer *p) {
+  return p->transport != CONFIG_TRANSPORT_DEFAULT ? p->transport : c->transport;
+}
 
 const char *config_log_level_name(enum config_log_level l) {
   return name_of(log_level_names, (int)l);
@@ -939,7 +957,11 @@ static const char *value_text(const struct key *k, const char *base, char *buf, 
       char one[300];
       if (k->kind == K_PEERS) {
         const struct config_peer *peer = (const struct config_peer *)(const void *)e;
-        snprintf(one, sizeof one, "%s:%u", peer->host, (unsigned)peer->port);
+        if (peer->transport != CONFIG_TRANSPORT_DEFAULT)
+          snprintf(one, sizeof one, "%s:%u (%s)", peer->host, (unsigned)peer->port,
+                   config_transport_name(peer->transport));
+        else
+          snprintf(one, sizeof one, "%s:%u", peer->host, (unsigned)peer->port);
       } else {
         snprintf(one, sizeof one, "%s", e);
       }

@@ -31,9 +31,15 @@ enum config_backend { CONFIG_BACKEND_AUTO = 0, CONFIG_BACKEND_CUDA, CONFIG_BACKE
 enum config_log_level { CONFIG_LOG_ERR = 3, CONFIG_LOG_WARNING = 4, CONFIG_LOG_NOTICE = 5,
                         CONFIG_LOG_INFO = 6, CONFIG_LOG_DEBUG = 7 };
 
+/* How peer daemons move bytes (DESIGN §7).  A peer's own `transport`
+ * left out (DEFAULT) means the daemon's top-level one. */
+enum config_transport { CONFIG_TRANSPORT_DEFAULT = 0, CONFIG_TRANSPORT_AUTO, CONFIG_TRANSPORT_RDMA,
+                        CONFIG_TRANSPORT_TCP };
+
 struct config_peer {
   char host[256];
   uint16_t port;
+  enum config_transport transport; /* peers[i].transport, default: the top-level one */
 };
 
 struct config {
@@ -71,6 +77,7 @@ struct config {
   size_t n_peers;
   struct config_peer peers[CONFIG_MAX_LIST];
   char peer_key_file[256];            /* default "" */
+  enum config_transport transport;    /* transport: auto (RDMA where a device and route exist, else TCP), rdma, tcp */
   bool peer_insecure;                 /* default false: peers without a key are refused */
   uint32_t peer_wait_ms;              /* READY=1 waits this long for the peers, default 10000 */
 
@@ -140,6 +147,10 @@ size_t config_check_accounts(const struct config *c, unsigned which, char *probl
                              size_t len);
 
 const char *config_backend_name(enum config_backend b);
+/* "auto", "rdma", "tcp" ("default" for a peer that names none). */
+const char *config_transport_name(enum config_transport t);
+/* The transport for peer p: its own, else the daemon's. */
+enum config_transport config_peer_transport(const struct config *c, const struct config_peer *p);
 const char *config_log_level_name(enum config_log_level l);
 
 #endif /* DEP_CONFIG_H */

@@ -22,6 +22,8 @@ struct backend_dev {
   int ordinal;            /* CUDA device ordinal in the daemon; -1 for host */
   void *ctx;              /* CUcontext (primary context) for cuda */
   uint64_t granularity;   /* allocation sizes must be multiples of this */
+  bool rdma_capable;      /* cuda: allocations are made GPUDirect-RDMA capable (the device
+                             supports it with VMM), so a NIC may register them */
 };
 
 /* One chunk of memory as the backend made it. */
@@ -56,6 +58,11 @@ struct backend_ops {
    * slab.h).  0 or DEP_ERR_* with why. */
   int (*chunk_write)(struct backend_dev *d, struct chunk_mem *m, uint64_t off, const void *src,
                      size_t len, char *why, size_t whylen);
+  /* Optional (NULL: host, whose chunks the daemon maps and registers by
+   * address): a dma-buf fd of the chunk for ibv_reg_dmabuf_mr, the caller's
+   * to close, and the address its first byte has.  0 or DEP_ERR_* with why. */
+  int (*chunk_dmabuf)(struct backend_dev *d, struct chunk_mem *m, int *fd, uint64_t *iova,
+                      char *why, size_t whylen);
   void (*release_dev)(struct backend_dev *d);
 };
 

@@ -18,6 +18,7 @@
 #include "peer.h"
 #include "proto.h"
 #include "shape.h"
+#include "slab.h"
 
 static uv_loop_t *job_loop;
 static struct job *job_list;
@@ -125,9 +126,15 @@ static void job_tell_peers(const struct job *j, int code, uint32_t rank, bool de
       (void)peer_send(k, &m);
 }
 
-/* Send our MEMBERSHIP of j to peer k, or to every peer that is up (k < 0). */
-static void job_announce(struct job *j, int k) {
-  struct dep_peer_msg m = {.type = DEP_PEER_MEMBERSHIP};
+static void job_fail_everywhere(struct job *j, int code, const char *msg);
+
+/* Send our MEMBERSHIP of j to peer k, or to every peer that is up (k < 0):
+ * the ranks held here and where peers write into their slabs.  False when
+ * the job failed instead. */
+static bool job_announce(struct job *j, int k) {
+  static struct dep_peer_msg m; /* large (windows); the loop is the only caller */
+  memset(&m, 0, sizeof m);
+  m.type = DEP_PEER_MEMBERSHIP;
   struct dep_peer_membership *x = &m.u.membership;
   snprintf(x->job_id, sizeof x->job_id, "%s", j->id);
   x->owner_uid = (uint32_t)j->owner_uid;
@@ -137,11 +144,19 @@ static void job_announce(struct job *j, int k) {
   x->n_ranks = j->local_world_size;
   for (uint32_t i = 0; i < j->local_world_size; i++)
     x->ranks[i] = j->ranks[i].rank;
-  x->opaque_len = 0; /* the data path's fields, later */
+  char why[DEP_MSG_TEXT_MAX - DEP_JOB_ID_MAX - 8] = "";
+  int rc = lend_windows(j, x, why, sizeof why);
+  if (rc != 0) {
+    char msg[DEP_MSG_TEXT_MAX];
+    snprintf(msg, sizeof msg, "job %s: %s", j->id, why);
+    job_fail_everywhere(j, rc, msg);
+    return false;
+  }
   for (int p = 0; p < peer_count(); p++)
     if ((k < 0 || p == k) && peer_is_up(p))
       (void)peer_send(p, &m);
   j->announced = true;
+  return true;
 }
 
 uint32_t job_count(void) { return job_n; }
@@ -208,6 +223,12 @@ static void job_remove_rank(struct job *j, uint32_t local_rank, bool detached) {
       /* Our MEMBERSHIP no longer holds: the peers forget it until we send it again. */
       job_tell_peers(j, 0, DEP_PEER_NO_RANK, false, "a local rank left while it gathered");
       j->announced = false;
+    }
+    if (!j->ready && j->lent && j->attached > 1) {
+      /* No rank was sent the arenas yet; the rank that takes the free slot
+       * may use another device, so they are lent again when all are here. */
+      lend_release(j, false);
+      j->lent = false;
     }
   }
   r->conn->job = NULL;
@@ -332,6 +353,7 @@ static bool job_gather(struct job *j, uint32_t *held) {
 }
 
 static void job_complete(struct job *j);
+static bool job_lend(struct job *j);
 
 /* Something changed for the gathering multi-node job j (a local rank, a
  * peer's record): announce it when its local ranks are all here, check it,
@@ -342,8 +364,9 @@ static void job_progress(struct job *j) {
   uint32_t held = 0;
   if (!job_gather(j, &held))
     return;
-  if (j->attached == j->local_world_size && !j->announced)
-    job_announce(j, -1);
+  if (j->attached == j->local_world_size && !j->announced &&
+      (!job_lend(j) || !job_announce(j, -1)))
+    return;
   if (j->attached == j->local_world_size && held == j->world_size) {
     uint32_t nodes = 0;
     (void)job_remote_ranks(j, &nodes);
@@ -410,9 +433,10 @@ static void job_on_timeout(uv_timer_t *t) {
   job_fail(j, DEP_ERR_TIMEOUT, msg);
 }
 
-/* Every local rank is here: lend memory and answer them all. */
-static void job_complete(struct job *j) {
-  uv_timer_stop(&j->timer);
+/* Lend j its arenas unless they are; false after failing the job (everywhere). */
+static bool job_lend(struct job *j) {
+  if (j->lent)
+    return true;
   /* Room for "job <id>: " in front, within one ERROR message. */
   char why[DEP_MSG_TEXT_MAX - DEP_JOB_ID_MAX - 8] = "";
   int rc = lend_arenas(j, why, sizeof why);
@@ -423,9 +447,19 @@ static void job_complete(struct job *j) {
     if (j->multinode)
       job_tell_peers(j, rc, DEP_PEER_NO_RANK, false, msg);
     job_fail(j, rc, msg);
-    return;
+    return false;
   }
+  j->lent = true;
+  return true;
+}
+
+/* Every rank is here: lend memory (unless it was) and answer them all. */
+static void job_complete(struct job *j) {
+  uv_timer_stop(&j->timer);
+  if (!job_lend(j))
+    return;
   j->ready = true;
+  j->ready_ns = uv_hrtime();
   log_info("job %s: all %u local ranks attached after %llu ms", j->id, j->local_world_size,
            (unsigned long long)job_age_ms(j));
   struct dep_msg_attach_ok ok = {
@@ -729,6 +763,27 @@ static void job_on_membership(int k, const struct dep_peer_membership *in) {
               why);
     return;
   }
+  /* Each rank's windows cover its slab from its first byte on, in order:
+   * what a writer into it will rely on. */
+  struct dep_slab_layout l;
+  (void)dep_slab_layout(&in->sw.shape, in->sw.world_size, &l, NULL, 0);
+  for (uint32_t r = 0; r < in->n_ranks; r++) {
+    uint64_t at = 0;
+    for (uint32_t w = 0; w < in->n_windows; w++) {
+      const struct dep_peer_window *v = &in->windows[w];
+      if (v->rank_index != r)
+        continue;
+      if (v->slab_off != at)
+        break;
+      at += v->len;
+    }
+    if (at < l.total_bytes) {
+      log_warnx("peer %s: MEMBERSHIP of job %s refused: the windows of its rank %u cover %llu "
+                "of its slab's %llu bytes", peer_name(k), in->job_id, (unsigned)in->ranks[r],
+                (unsigned long long)at, (unsigned long long)l.total_bytes);
+      return;
+    }
+  }
   struct job_member **pp = member_slot(in->job_id, k);
   if (*pp == NULL) {
     if (job_n_members >= JOB_MEMBERS_MAX) {
@@ -743,8 +798,11 @@ static void job_on_membership(int k, const struct dep_peer_membership *in) {
     job_n_members++;
   }
   (*pp)->m = *in;
-  log_info("job %s: node %s holds %u of its %u ranks", in->job_id, peer_name(k), in->n_ranks,
-           in->sw.world_size);
+  uint32_t keyed = 0;
+  for (uint32_t w = 0; w < in->n_windows; w++)
+    keyed += in->windows[w].rkey != 0;
+  log_info("job %s: node %s holds %u of its %u ranks (%u window(s), %u registered with its NIC)",
+           in->job_id, peer_name(k), in->n_ranks, in->sw.world_size, in->n_windows, keyed);
   struct job *j = job_find(in->job_id);
   if (j != NULL)
     job_progress(j);

@@ -53,6 +53,7 @@ struct job {
   uint32_t local_world_size;
   struct dep_job_shape shape;
   uint64_t created_ns;       /* uv_hrtime() */
+  uint64_t ready_ns;         /* uv_hrtime() when the rendezvous completed (deepepctl clients) */
   uint32_t timeout_ms;       /* limits.attach_timeout_ms when the job was made */
   uint64_t slab_bytes;       /* per rank: the layout's size, then the stride in an arena */
   uint32_t attached;         /* occupied slots in ranks[] */
@@ -60,6 +61,9 @@ struct job {
   bool multinode;            /* world_size > local_world_size and peers configured: they
                                 hold the other ranks */
   bool announced;            /* our MEMBERSHIP went to the peers (local ranks all here) */
+  bool lent;                 /* its arenas are lent: at the rendezvous, or for a multi-node
+                                job once its local ranks are all here (MEMBERSHIP carries
+                                where peers write into them) */
   bool dead;                 /* torn down, waiting for the timer's close callback */
   uv_timer_t timer;          /* the attach timeout */
   struct job *next;

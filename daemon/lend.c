@@ -7,6 +7,7 @@
  * table and rendezvous (job.c) decide when; this module decides what.
  */
 #include "lend.h"
+#include "nicreg.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -146,6 +147,23 @@ int lend_arenas(struct job *j, char *why, size_t whylen) {
   return 0;
 }
 
+
+int lend_windows(const struct job *j, struct dep_peer_membership *x, char *why, size_t whylen) {
+  x->n_windows = 0;
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    struct pool_block *arena = j->ranks[i].arena;
+    if (arena == NULL)
+      continue;
+    nicreg_block(arena);
+    if (nicreg_windows(arena, i, j->ranks[i].offset, j->slab_bytes, x->windows, &x->n_windows,
+                       DEP_PEER_WINDOWS_MAX) != 0) {
+      snprintf(why, whylen, "its %u local slabs span more than %d pieces of their arenas "
+               "(raise pool.max_allocation)", j->local_world_size, DEP_PEER_WINDOWS_MAX);
+      return DEP_ERR_LIMIT;
+    }
+  }
+  return 0;
+}
 
 /*
  * Send one arena (the one holding local rank i's slab) to connection c: its

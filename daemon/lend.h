@@ -16,6 +16,7 @@
 
 #include "config.h"
 #include "job.h"
+#include "peer_proto.h"
 
 /* Start lending with the running configuration (read at each use: it is
  * rewritten on reload) and the loop that reaps exited holders. */
@@ -33,6 +34,11 @@ int lend_check(const struct dep_attach_args *a, uint64_t *slab_bytes, char *why,
  * rank's slab (j->slab_bytes becomes the stride).  0, or DEP_ERR_* with why,
  * and nothing lent. */
 int lend_arenas(struct job *j, char *why, size_t whylen);
+
+/* What a peer needs to write into the job's local slabs (MEMBERSHIP's
+ * windows): each arena registered with the NIC first, unless it was before
+ * (nicreg.h).  0, or DEP_ERR_LIMIT with why. */
+int lend_windows(const struct job *j, struct dep_peer_membership *x, char *why, size_t whylen);
 
 /* Send connection c every arena of the job, one SLAB frame each; c's process
  * is a holder of them from here. */

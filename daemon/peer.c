@@ -26,7 +26,9 @@
 #include "link.h"
 #include "log.h"
 #include "notify.h"
+#include "devices.h"
 #include "peerauth.h"
+#include "rdmaxp.h"
 
 #define PEER_TICK_MS 100
 #define PEER_ACCEPT_BUDGET 64
@@ -41,11 +43,13 @@
 #define PEER_PREAUTH_MAX 256u
 #define PEER_QUEUE_BYTES (4u * 1024u * 1024u)
 
-enum peer_slot_state { SLOT_CONNECTING, SLOT_AUTHENTICATING, SLOT_UP, SLOT_BACKOFF };
+/* A link is up once it authenticated and settled its transport (peer_proto.h XPORT). */
+enum peer_slot_state { SLOT_CONNECTING, SLOT_AUTHENTICATING, SLOT_TRANSPORT, SLOT_UP, SLOT_BACKOFF };
 
 static const char *const slot_state_names[] = {
     [SLOT_CONNECTING] = "connecting",
     [SLOT_AUTHENTICATING] = "authenticating",
+    [SLOT_TRANSPORT] = "transport",
     [SLOT_UP] = "up",
     [SLOT_BACKOFF] = "backoff",
 };
@@ -61,8 +65,12 @@ struct peer_conn {
   int slot;              /* outbound slot, -1 inbound */
   bool linked;           /* link_init ran: the link owns fd */
   bool cpoll_closing;    /* the connect's poll is being closed */
-  bool up;               /* authenticated both ways */
+  bool up;               /* authenticated both ways, transport settled */
   bool got_hello, sent_auth, verified, acked;
+  bool authed;           /* verified and acked: the transport is being settled */
+  bool rdma;             /* settled on an RDMA queue pair (else TCP) */
+  struct rdmaxp_qp *qp;  /* the link's queue pair, offered, connecting or up */
+  uint64_t authed_ms;
   struct peerauth_hs hs;
   char from[INET6_ADDRSTRLEN + 8]; /* inbound: the source address, for log lines */
   struct sockaddr_storage src;
@@ -93,6 +101,9 @@ struct peer {
   uv_getaddrinfo_t gai;
   char last_error[DEP_MSG_TEXT_MAX];
   uint64_t reconnects, bytes_in, bytes_out, rtt_us;
+  uint64_t rdma_rtt_us;          /* the last queue-pair keep-alive's round trip */
+  enum config_transport transport; /* auto, rdma or tcp: its own or the daemon's */
+  bool said_tcp;                 /* auto fell back to TCP: said once */
   uint32_t inbound_up;
   bool linked_up; /* some link up, as last told to the job table */
   char label[300]; /* "host:port (node)" */
@@ -226,19 +237,15 @@ static uint32_t peer_count_up(const struct peer *p) {
 
 /* The peer's state: up when every slot is; else the least advanced slot's. */
 static const char *peer_state(const struct peer *p) {
-  bool connecting = false, authenticating = false;
+  enum peer_slot_state least = SLOT_UP;
   for (uint32_t i = 0; i < P.pool_size; i++) {
     enum peer_slot_state s = p->slots[i].state;
     if (s == SLOT_BACKOFF)
       return slot_state_names[SLOT_BACKOFF];
-    connecting |= s == SLOT_CONNECTING;
-    authenticating |= s == SLOT_AUTHENTICATING;
+    if (s < least)
+      least = s;
   }
-  if (connecting)
-    return slot_state_names[SLOT_CONNECTING];
-  if (authenticating)
-    return slot_state_names[SLOT_AUTHENTICATING];
-  return slot_state_names[SLOT_UP];
+  return slot_state_names[least];
 }
 
 static void peer_check_ready(void);
@@ -303,11 +310,15 @@ static void peer_note_links(struct peer *p) {
     P.ev->down(k);
 }
 
-static void conn_maybe_up(struct peer_conn *c) {
-  if (!c->verified || !c->acked || c->up)
-    return;
+/* The link's transport is settled: the link is up. */
+static void conn_settled(struct peer_conn *c, bool rdma, const char *why) {
   c->up = true;
+  c->rdma = rdma;
   struct peer *p = c->peer;
+  if (!rdma && p->transport == CONFIG_TRANSPORT_AUTO && !p->said_tcp && why != NULL) {
+    log_notice("peer %s: links use TCP: %s", p->name, why);
+    p->said_tcp = true;
+  }
   if (c->slot >= 0) {
     struct peer_slot *s = &p->slots[c->slot];
     s->state = SLOT_UP;
@@ -319,11 +330,165 @@ static void conn_maybe_up(struct peer_conn *c) {
   if (c->slot >= 0 && peer_all_up(p) && !p->was_up) {
     p->was_up = true;
     p->last_error[0] = '\0';
-    log_info("peer %s (%s): %u connection(s) up%s", p->name, p->node, P.pool_size,
-             P.authenticated ? "" : ", unauthenticated (peer_insecure)");
+    log_info("peer %s (%s): %u connection(s) up over %s%s", p->name, p->node, P.pool_size,
+             rdma ? "RDMA" : "TCP", P.authenticated ? "" : ", unauthenticated (peer_insecure)");
   }
   peer_check_ready();
 }
+
+/* Refuse the link because the transport it needs cannot be had. */
+static void conn_no_rdma(struct peer_conn *c, const char *why) {
+  conn_refuse(c, DEP_ERR_UNSUPPORTED, "transport: rdma, but %s", why);
+}
+
+static void conn_send_nak(struct peer_conn *c, const char *why) {
+  struct dep_peer_msg m = {.type = DEP_PEER_XPORT_NAK};
+  m.u.nak.code = DEP_ERR_UNSUPPORTED;
+  cut(m.u.nak.message, sizeof m.u.nak.message, why);
+  (void)conn_send(c, &m);
+}
+
+/* Both ends authenticated: the accepting end offers the transport. */
+static void conn_offer(struct peer_conn *c) {
+  struct peer *p = c->peer;
+  static struct dep_peer_msg m;
+  memset(&m, 0, sizeof m);
+  m.type = DEP_PEER_XPORT;
+  char why[DEP_MSG_TEXT_MAX] = "transport: tcp here";
+  if (p->transport != CONFIG_TRANSPORT_TCP) {
+    c->qp = rdmaxp_offer(c, &m.u.xport, why, sizeof why);
+    if (c->qp != NULL) {
+      (void)conn_send(c, &m); /* up when the queue pair connects, or TCP on XPORT_NAK */
+      return;
+    }
+  }
+  m.u.xport.kind = DEP_PEER_XPORT_TCP;
+  snprintf(m.u.xport.reason, sizeof m.u.xport.reason, "%s", why);
+  if (conn_send(c, &m) != 0)
+    return;
+  if (p->transport == CONFIG_TRANSPORT_RDMA)
+    conn_no_rdma(c, why);
+  else
+    conn_settled(c, false, why);
+}
+
+static void conn_maybe_up(struct peer_conn *c) {
+  if (!c->verified || !c->acked || c->authed)
+    return;
+  c->authed = true;
+  c->authed_ms = now_ms();
+  if (c->slot >= 0)
+    c->peer->slots[c->slot].state = SLOT_TRANSPORT; /* the acceptor's XPORT comes next */
+  else
+    conn_offer(c);
+}
+
+/* The connecting end: the acceptor's offer. */
+static void conn_on_xport(struct peer_conn *c, const struct dep_peer_xport *x) {
+  if (c->slot < 0 || c->up || c->qp != NULL) {
+    conn_refuse(c, DEP_ERR_PROTOCOL, "sent XPORT out of turn");
+    return;
+  }
+  struct peer *p = c->peer;
+  char why[DEP_MSG_TEXT_MAX + 64];
+  char reason[4 * DEP_MSG_TEXT_MAX];
+  log_escape(x->reason, strlen(x->reason), reason, sizeof reason);
+  if (x->kind == DEP_PEER_XPORT_TCP) {
+    char r[DEP_MSG_TEXT_MAX];
+    cut(r, sizeof r, reason);
+    snprintf(why, sizeof why, "the peer offers TCP only (%.480s)", r);
+    if (p->transport == CONFIG_TRANSPORT_RDMA)
+      conn_no_rdma(c, why);
+    else
+      conn_settled(c, false, why);
+    return;
+  }
+  snprintf(why, sizeof why, "transport: tcp here");
+  if (p->transport != CONFIG_TRANSPORT_TCP) {
+    /* The RDMA connection goes where the TCP one did, from the same local address. */
+    struct sockaddr_storage src, dst;
+    socklen_t sl = sizeof src, dl = sizeof dst;
+    if (getsockname(c->link.fd, (struct sockaddr *)&src, &sl) != 0 ||
+        getpeername(c->link.fd, (struct sockaddr *)&dst, &dl) != 0) {
+      snprintf(why, sizeof why, "getsockname/getpeername: %s", strerror(errno));
+    } else {
+      if (src.ss_family == AF_INET)
+        ((struct sockaddr_in *)&src)->sin_port = 0;
+      else if (src.ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)&src)->sin6_port = 0;
+      c->qp = rdmaxp_connect(c, (struct sockaddr *)&src, (struct sockaddr *)&dst, x, why,
+                             sizeof why);
+      if (c->qp != NULL)
+        return; /* up when it connects, or down */
+    }
+  }
+  conn_send_nak(c, why);
+  if (p->transport == CONFIG_TRANSPORT_RDMA)
+    conn_no_rdma(c, why);
+  else
+    conn_settled(c, false, why);
+}
+
+/* The accepting end: the connecting end will not or could not use RDMA. */
+static void conn_on_xport_nak(struct peer_conn *c, const struct dep_peer_error *nak) {
+  if (c->slot >= 0 || !c->authed) {
+    conn_refuse(c, DEP_ERR_PROTOCOL, "sent XPORT_NAK out of turn");
+    return;
+  }
+  if (c->up)
+    return; /* its queue pair failed here first: settled on TCP already */
+  rdmaxp_close(c->qp);
+  c->qp = NULL;
+  char msg[4 * DEP_MSG_TEXT_MAX], why[sizeof msg + 16];
+  log_escape(nak->message, strlen(nak->message), msg, sizeof msg);
+  snprintf(why, sizeof why, "the peer: %s", msg);
+  if (c->peer->transport == CONFIG_TRANSPORT_RDMA)
+    conn_no_rdma(c, why);
+  else
+    conn_settled(c, false, why);
+}
+
+/* ---- the RDMA transport's events (rdmaxp.h): owner is the link ----------- */
+
+static void conn_on_qp_up(void *owner, struct rdmaxp_qp *q) {
+  struct peer_conn *c = owner;
+  if (!c->up)
+    conn_settled(c, true, NULL);
+}
+
+static void conn_on_qp_down(void *owner, const char *why) {
+  struct peer_conn *c = owner;
+  c->qp = NULL;
+  if (!link_open(&c->link))
+    return;
+  if (c->up && c->rdma) {
+    snprintf(c->err, sizeof c->err, "its RDMA queue pair: %s", why);
+    link_drop(&c->link, "%s", c->err);
+    return;
+  }
+  if (c->up)
+    return;
+  char w[DEP_MSG_TEXT_MAX];
+  snprintf(w, sizeof w, "RDMA connection: %s", why);
+  if (c->slot >= 0)
+    conn_send_nak(c, w);
+  if (c->peer->transport == CONFIG_TRANSPORT_RDMA)
+    conn_no_rdma(c, w);
+  else
+    conn_settled(c, false, w);
+}
+
+static void conn_on_qp_pong(void *owner, uint64_t rtt_us) {
+  struct peer_conn *c = owner;
+  if (c->peer != NULL)
+    c->peer->rdma_rtt_us = rtt_us;
+}
+
+static const struct rdmaxp_events peer_rdma_events = {
+    .up = conn_on_qp_up,
+    .down = conn_on_qp_down,
+    .pong = conn_on_qp_pong,
+};
 
 static void conn_on_hello(struct peer_conn *c, const struct dep_peer_msg *m, const uint8_t *raw,
                           size_t len) {
@@ -400,7 +565,8 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
     return;
   }
   bool handshake = m.type == DEP_PEER_HELLO || m.type == DEP_PEER_AUTH ||
-                   m.type == DEP_PEER_AUTH_OK || m.type == DEP_PEER_ERROR;
+                   m.type == DEP_PEER_AUTH_OK || m.type == DEP_PEER_ERROR ||
+                   (c->authed && (m.type == DEP_PEER_XPORT || m.type == DEP_PEER_XPORT_NAK));
   if (!c->up && !handshake) {
     conn_refuse(c, DEP_ERR_STATE, "sent %s before authenticating", peer_proto_type_name(m.type));
     return;
@@ -441,6 +607,12 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
         c->peer->rtt_us = now_us - m.u.keepalive.stamp;
     }
     break;
+  case DEP_PEER_XPORT:
+    conn_on_xport(c, &m.u.xport);
+    break;
+  case DEP_PEER_XPORT_NAK:
+    conn_on_xport_nak(c, &m.u.nak);
+    break;
   case DEP_PEER_MEMBERSHIP:
   case DEP_PEER_JOB_FAIL:
   case DEP_PEER_JOB_END:
@@ -461,7 +633,9 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
 static void peer_on_closing(struct link *l) {
   struct peer_conn *c = l->user;
   if (P.stopping)
-    return;
+    return; /* rdmaxp_fini closes the queue pairs */
+  rdmaxp_close(c->qp);
+  c->qp = NULL;
   if (c->slot >= 0) {
     slot_backoff(c->peer, c->slot,
                  c->err[0] ? c->err : c->up ? "connection lost" : "closed during the handshake");
@@ -756,8 +930,13 @@ static void conn_tick(struct peer_conn *c, uint64_t now) {
   if (!link_open(&c->link))
     return;
   if (!c->up) {
-    if (now - c->opened_ms > PEER_HANDSHAKE_MS) {
+    if (!c->authed && now - c->opened_ms > PEER_HANDSHAKE_MS) {
       snprintf(c->err, sizeof c->err, "did not authenticate within %d ms", PEER_HANDSHAKE_MS);
+      link_drop(&c->link, "%s", c->err);
+    } else if (c->authed && now - c->authed_ms > PEER_TRANSPORT_MS) {
+      snprintf(c->err, sizeof c->err, "its transport was not settled within %d ms (%s)",
+               PEER_TRANSPORT_MS, c->qp != NULL ? "the RDMA connection did not complete"
+                                                : "no XPORT came");
       link_drop(&c->link, "%s", c->err);
     }
     return;
@@ -768,6 +947,12 @@ static void conn_tick(struct peer_conn *c, uint64_t now) {
     return;
   }
   if (now - c->last_ping_ms >= PEER_KEEPALIVE_MS) {
+    if (c->qp != NULL && rdmaxp_ping(c->qp, now) > PEER_DEAD_MS) {
+      snprintf(c->err, sizeof c->err, "its RDMA queue pair answered no keep-alive for %d ms",
+               PEER_DEAD_MS);
+      link_drop(&c->link, "%s", c->err);
+      return;
+    }
     struct dep_peer_msg m = {.type = DEP_PEER_KEEPALIVE};
     m.u.keepalive.stamp = uv_hrtime() / 1000u;
     c->last_ping_ms = now;
@@ -881,6 +1066,8 @@ int peer_init(uv_loop_t *loop, const struct config *cfg) {
   }
   if (!wanted)
     return 0;
+  if (rdmaxp_init(loop, cfg, &peer_rdma_events) != 0)
+    return -1;
   P.active = true;
   if (P.listen_address[0] != '\0' && peer_listen() != 0)
     return -1;
@@ -890,6 +1077,7 @@ int peer_init(uv_loop_t *loop, const struct config *cfg) {
     memset(p, 0, sizeof *p);
     snprintf(p->host, sizeof p->host, "%s", cfg->peers[k].host);
     p->port = cfg->peers[k].port;
+    p->transport = config_peer_transport(cfg, &cfg->peers[k]);
     snprintf(p->name, sizeof p->name, "%s:%u", p->host, (unsigned)p->port);
     p->slots = calloc(P.pool_size, sizeof *p->slots);
     if (p->slots == NULL) {
@@ -964,6 +1152,7 @@ void peer_fini(void) {
     free(P.peers[k].slots);
     P.peers[k].slots = NULL;
   }
+  rdmaxp_fini();
   sodium_memzero(P.key, sizeof P.key);
   P.ready_cb = NULL;
 }
@@ -1023,6 +1212,12 @@ int peer_fill(struct dep_msg_peers *m) {
   if (P.listening)
     snprintf(m->listen, sizeof m->listen, "%s:%u", P.listen_address, (unsigned)P.listen_port);
   m->auth = P.authenticated ? 1 : 0;
+  if (rdmaxp_active())
+    snprintf(m->rdma, sizeof m->rdma, "%s", rdmaxp_device());
+  else if (P.active)
+    snprintf(m->rdma, sizeof m->rdma, "none: %s", rdmaxp_why());
+  for (size_t i = 0; i < devices_count(); i++)
+    m->nic_bytes += devices_at(i)->nic_bytes;
   if (P.n == 0 || P.stopping)
     return 0;
   m->peers = calloc(P.n, sizeof *m->peers);
@@ -1036,7 +1231,19 @@ int peer_fill(struct dep_msg_peers *m) {
     snprintf(q->address, sizeof q->address, "%s", p->name);
     snprintf(q->node, sizeof q->node, "%s", p->node);
     snprintf(q->state, sizeof q->state, "%s", peer_state(p));
-    snprintf(q->transport, sizeof q->transport, "tcp");
+    uint32_t on_rdma = 0, on_tcp = 0;
+    for (uint32_t i = 0; i < P.pool_size; i++) {
+      const struct peer_conn *c = p->slots[i].conn;
+      if (p->slots[i].state == SLOT_UP && c != NULL) {
+        on_rdma += c->rdma;
+        on_tcp += !c->rdma;
+      }
+    }
+    snprintf(q->transport, sizeof q->transport, "%s",
+             on_rdma && on_tcp ? "mixed" : on_rdma ? "rdma" : on_tcp ? "tcp" : "");
+    snprintf(q->wanted, sizeof q->wanted, "%s", config_transport_name(p->transport));
+    q->qps_up = on_rdma;
+    q->rdma_rtt_us = p->rdma_rtt_us;
     snprintf(q->last_error, sizeof q->last_error, "%s", p->last_error);
     q->conns_up = peer_count_up(p);
     q->conns_total = P.pool_size;

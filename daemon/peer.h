@@ -33,6 +33,8 @@
 #define PEER_DEAD_MS 5000
 /* A connect or a handshake that takes longer than this is given up. */
 #define PEER_HANDSHAKE_MS 5000
+/* After authenticating, a link settles its transport (an RDMA connection) within this. */
+#define PEER_TRANSPORT_MS 10000
 /* Reconnect backoff: the first wait, doubling up to the last, each with jitter. */
 #define PEER_BACKOFF_MIN_MS 100
 #define PEER_BACKOFF_MAX_MS 30000

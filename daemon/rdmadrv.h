@@ -98,7 +98,10 @@
   X(create_qp, rdma_create_qp, "RDMACM_1.0", int,                                             \
     (struct rdma_cm_id *, struct ibv_pd *, struct ibv_qp_init_attr *))                        \
   X(destroy_qp, rdma_destroy_qp, "RDMACM_1.0", void, (struct rdma_cm_id *))                   \
-  X(event_str, rdma_event_str, "RDMACM_1.0", const char *, (enum rdma_cm_event_type))
+  X(event_str, rdma_event_str, "RDMACM_1.0", const char *, (enum rdma_cm_event_type))      \
+  /* The verbs contexts the connection manager uses: memory is registered on their PD. */    \
+  X(get_devices, rdma_get_devices, "RDMACM_1.0", struct ibv_context **, (int *))              \
+  X(free_devices, rdma_free_devices, "RDMACM_1.0", void, (struct ibv_context **))
 
 #define RDMADRV_FIELD(field, sym, ver, ret, params) ret(*field) params;
 

@@ -88,6 +88,7 @@ static void drv_load_once(void) {
   RESOLVE(cuMemcpyPeerAsync, "cuMemcpyPeerAsync");
   RESOLVE(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
   RESOLVE(cuStreamWaitEvent, "cuStreamWaitEvent");
+  *(void **)(&drv.cuMemGetHandleForAddressRange) = dlsym(h, "cuMemGetHandleForAddressRange");
   CUresult r = drv.cuInit(0);
   if (r != CUDA_SUCCESS) {
     snprintf(drv_why, sizeof drv_why, "cuInit failed: %s", cudadrv_errstr(r));

@@ -48,6 +48,8 @@ typedef struct CUevent_st *CUevent;
 #define CU_EVENT_DISABLE_TIMING 0x2
 #define CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
 #define CUDA_ERROR_NOT_READY 600
+#define CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD 0x1
+#define CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED 110
 
 typedef struct {
   int type;
@@ -142,6 +144,9 @@ struct cudadrv {
   CUresult (*cuMemcpyPeerAsync)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
   CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned int);
+  /* Optional (NULL on drivers before 11.7): a dma-buf fd of device memory, which the
+   * daemon registers with the NIC (ibv_reg_dmabuf_mr) for inter-node writes. */
+  CUresult (*cuMemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);
 };
 
 /*

@@ -54,8 +54,7 @@ int peer_proto_encode(struct proto_buf *b, const struct dep_peer_msg *m) {
     break;
   case DEP_PEER_MEMBERSHIP: {
     const struct dep_peer_membership *x = &m->u.membership;
-    if (x->n_ranks > DEP_MAX_LOCAL_RANKS || x->n_ranks != x->local_world_size ||
-        x->opaque_len > DEP_PEER_OPAQUE_MAX)
+    if (x->n_ranks > DEP_MAX_LOCAL_RANKS || x->n_ranks != x->local_world_size)
       w.err = DEP_ERR_INVALID;
     codec_w_str(&w, x->job_id, sizeof x->job_id);
     codec_w_u32(&w, x->owner_uid);
@@ -66,11 +65,39 @@ int peer_proto_encode(struct proto_buf *b, const struct dep_peer_msg *m) {
     codec_w_u32(&w, x->n_ranks);
     for (uint32_t i = 0; i < x->n_ranks && w.err == 0; i++)
       codec_w_u32(&w, x->ranks[i]);
-    codec_w_u16(&w, x->opaque_len);
-    if (w.err == 0)
-      codec_w_bytes(&w, x->opaque, x->opaque_len);
+    codec_w_u16(&w, (uint16_t)x->n_windows);
+    if (x->n_windows > DEP_PEER_WINDOWS_MAX)
+      w.err = DEP_ERR_INVALID;
+    for (uint32_t i = 0; i < x->n_windows && w.err == 0; i++) {
+      const struct dep_peer_window *v = &x->windows[i];
+      if (v->rank_index >= x->n_ranks || v->len == 0)
+        w.err = DEP_ERR_INVALID;
+      codec_w_u32(&w, v->rank_index);
+      codec_w_u64(&w, v->slab_off);
+      codec_w_u64(&w, v->len);
+      codec_w_u64(&w, v->addr);
+      codec_w_u32(&w, v->rkey);
+    }
     break;
   }
+  case DEP_PEER_XPORT: {
+    const struct dep_peer_xport *x = &m->u.xport;
+    if (x->kind > DEP_PEER_XPORT_RDMA)
+      w.err = DEP_ERR_INVALID;
+    codec_w_u32(&w, x->kind);
+    codec_w_bytes(&w, x->token, DEP_PEER_TOKEN_LEN);
+    codec_w_u64(&w, x->mbox_addr);
+    codec_w_u32(&w, x->mbox_rkey);
+    codec_w_u32(&w, x->mbox_len);
+    codec_w_str(&w, x->reason, sizeof x->reason);
+    break;
+  }
+  case DEP_PEER_XPORT_NAK:
+    if (m->u.nak.code >= 0)
+      w.err = DEP_ERR_INVALID;
+    codec_w_u32(&w, (uint32_t)m->u.nak.code);
+    codec_w_str(&w, m->u.nak.message, sizeof m->u.nak.message);
+    break;
   case DEP_PEER_JOB_FAIL:
   case DEP_PEER_JOB_END: {
     const struct dep_peer_job_event *x = &m->u.job;
@@ -177,15 +204,55 @@ int peer_proto_decode(const uint8_t *p, size_t len, struct dep_peer_msg *m, char
     }
     for (uint32_t i = 0; i < x->n_ranks && !r.bad; i++)
       x->ranks[i] = codec_r_u32(&r);
-    x->opaque_len = codec_r_u16(&r);
-    if (!r.bad && x->opaque_len > DEP_PEER_OPAQUE_MAX) {
-      why_set(why, whylen, "peer MEMBERSHIP carries %u opaque bytes (at most %d)",
-              (unsigned)x->opaque_len, DEP_PEER_OPAQUE_MAX);
+    x->n_windows = codec_r_u16(&r);
+    if (!r.bad && x->n_windows > DEP_PEER_WINDOWS_MAX) {
+      why_set(why, whylen, "peer MEMBERSHIP carries %u windows (at most %d)",
+              (unsigned)x->n_windows, DEP_PEER_WINDOWS_MAX);
       return DEP_ERR_PROTOCOL;
     }
-    codec_r_bytes(&r, x->opaque, x->opaque_len);
+    for (uint32_t i = 0; i < x->n_windows && !r.bad; i++) {
+      struct dep_peer_window *v = &x->windows[i];
+      v->rank_index = codec_r_u32(&r);
+      v->slab_off = codec_r_u64(&r);
+      v->len = codec_r_u64(&r);
+      v->addr = codec_r_u64(&r);
+      v->rkey = codec_r_u32(&r);
+      if (!r.bad && (v->rank_index >= x->n_ranks || v->len == 0 ||
+                     v->slab_off + v->len < v->slab_off || v->addr + v->len < v->addr)) {
+        why_set(why, whylen,
+                "peer MEMBERSHIP window %u (rank index %u of %u, offset %llu, %llu bytes) is "
+                "out of range",
+                (unsigned)i, (unsigned)v->rank_index, (unsigned)x->n_ranks,
+                (unsigned long long)v->slab_off, (unsigned long long)v->len);
+        return DEP_ERR_PROTOCOL;
+      }
+    }
     break;
   }
+  case DEP_PEER_XPORT: {
+    struct dep_peer_xport *x = &m->u.xport;
+    x->kind = codec_r_u32(&r);
+    codec_r_bytes(&r, x->token, DEP_PEER_TOKEN_LEN);
+    x->mbox_addr = codec_r_u64(&r);
+    x->mbox_rkey = codec_r_u32(&r);
+    x->mbox_len = codec_r_u32(&r);
+    codec_r_str(&r, x->reason, sizeof x->reason);
+    if (!r.bad && x->kind > DEP_PEER_XPORT_RDMA) {
+      why_set(why, whylen, "peer XPORT kind %u is neither tcp (0) nor rdma (1)",
+              (unsigned)x->kind);
+      return DEP_ERR_PROTOCOL;
+    }
+    break;
+  }
+  case DEP_PEER_XPORT_NAK:
+    m->u.nak.code = codec_r_i32(&r);
+    codec_r_str(&r, m->u.nak.message, sizeof m->u.nak.message);
+    if (!r.bad && m->u.nak.code >= 0) {
+      why_set(why, whylen, "peer XPORT_NAK carries code %d, which is not an error code",
+              (int)m->u.nak.code);
+      return DEP_ERR_PROTOCOL;
+    }
+    break;
   case DEP_PEER_JOB_FAIL:
   case DEP_PEER_JOB_END: {
     struct dep_peer_job_event *x = &m->u.job;
@@ -217,7 +284,8 @@ const char *peer_proto_type_name(uint16_t type) {
       [DEP_PEER_AUTH_OK] = "AUTH_OK",     [DEP_PEER_ERROR] = "ERROR",
       [DEP_PEER_KEEPALIVE] = "KEEPALIVE", [DEP_PEER_CLOSE] = "CLOSE",
       [DEP_PEER_MEMBERSHIP] = "MEMBERSHIP", [DEP_PEER_JOB_FAIL] = "JOB_FAIL",
-      [DEP_PEER_JOB_END] = "JOB_END",
+      [DEP_PEER_JOB_END] = "JOB_END",     [DEP_PEER_XPORT] = "XPORT",
+      [DEP_PEER_XPORT_NAK] = "XPORT_NAK",
   };
   return type < DEP_PEER_TYPE_MAX_ && names[type] != NULL ? names[type] : "UNKNOWN";
 }

@@ -27,8 +27,12 @@
  *              DEP_SHAPE_NFIELDS), nfields x u32: the shape table's fields
  *              in its order (shape.h, world_size first), u32
  *              local_world_size, u32 n_ranks (== local_world_size), n_ranks
- *              x u32 global ranks, u16 opaque_len (<= DEP_PEER_OPAQUE_MAX)
- *              + bytes
+ *              x u32 global ranks, u16 n_windows (<= DEP_PEER_WINDOWS_MAX),
+ *              n_windows x {u32 rank_index (< n_ranks), u64 slab_off, u64
+ *              len (> 0), u64 addr, u32 rkey}
+ *   XPORT      u32 kind (0: tcp, 1: rdma), 32 bytes token, u64 mbox_addr,
+ *              u32 mbox_rkey, u32 mbox_len, str reason (<= 511)
+ *   XPORT_NAK  i32 code (< 0), str reason (<= 511)
  *   JOB_FAIL   str job_id, u32 owner_uid, u32 rank (DEP_PEER_NO_RANK: none),
  *              u32 detached (0/1), i32 code (< 0), str message (<= 511)
  *   JOB_END    as JOB_FAIL, with code 0
@@ -39,13 +43,28 @@
  * comes up later.  JOB_FAIL says the job failed on the sender (a conflict,
  * a timeout, a rank that left it while it ran: `rank`), so the receiver
  * fails or aborts its side; JOB_END says the sender's part of the job is
- * gone, so the receiver forgets its MEMBERSHIP.  MEMBERSHIP's opaque bytes
- * are room for what the data path will carry (slab addresses, NIC keys):
- * empty today, carried and ignored.  The shape travels as the table's
- * fields with their count, so a build whose shape has another field is
- * refused by name rather than misread; adding a row to the shape table is
- * a layout change of MEMBERSHIP and bumps DEP_PEER_VERSION.
+ * gone, so the receiver forgets its MEMBERSHIP.  MEMBERSHIP's windows say
+ * where a writer puts bytes for each of the sender's ranks: bytes
+ * [slab_off, slab_off + len) of rank ranks[rank_index]'s slab are at `addr`
+ * under `rkey` on the sender's NIC (daemon/nicreg.h; rkey 0: not registered
+ * with one, so not a target of RDMA writes).  A slab that spans several
+ * pieces of its arena has a window per piece.  The shape travels
+ * as the table's fields with their count, so a build whose shape has
+ * another field is refused by name rather than misread; adding a row to
+ * the shape table is a layout change of MEMBERSHIP and bumps
+ * DEP_PEER_VERSION.
  *
+ * The transport of a link (daemon/peer.c, daemon/rdma.h): once both ends
+ * have authenticated, the end that accepted sends XPORT: kind tcp (with
+ * the reason: its transport is tcp, or it has no RDMA device), or kind
+ * rdma with a single-use token and its mailbox (a small registered buffer
+ * for the queue pair's keep-alive).  The end that connected either opens
+ * an RDMA connection to the acceptor's listen address and port (librdmacm,
+ * its private data carrying the token and its own mailbox, which binds the
+ * queue pair to this authenticated link), or answers XPORT_NAK with why
+ * it will not or could not.  A link is up once its transport is settled:
+ * RDMA connected, or TCP agreed.
+
  * The handshake: each end sends HELLO at once; on the other's HELLO it
  * sends AUTH, a MAC (daemon/peer.c) over both HELLOs in a fixed order —
  * the sender's first — and the sender's role (the end that connected or
@@ -65,6 +84,8 @@
  *   1  initial: HELLO, AUTH, AUTH_OK, ERROR, KEEPALIVE, CLOSE.  Added
  *      since, without a bump (new types only): MEMBERSHIP, JOB_FAIL,
  *      JOB_END (multi-node jobs).
+ *   2  MEMBERSHIP carries windows in place of its opaque bytes; XPORT and
+ *      XPORT_NAK settle each link's transport (TCP or an RDMA queue pair).
  */
 #ifndef DEP_PEER_PROTO_H
 #define DEP_PEER_PROTO_H
@@ -76,14 +97,15 @@
 #include "shape.h"
 
 #define DEP_PEER_MAGIC 0x31505044u /* "DPP1" */
-#define DEP_PEER_VERSION 1
+#define DEP_PEER_VERSION 2
 #define DEP_PEER_HDR_LEN 8
 #define DEP_PEER_CHALLENGE_LEN 32
 #define DEP_PEER_MAC_LEN 32
 #define DEP_PEER_NODE_MAX 64
 #define DEP_PEER_ADDR_MAX 256
-/* MEMBERSHIP's room for the data path's fields (opaque today). */
-#define DEP_PEER_OPAQUE_MAX 1024
+/* MEMBERSHIP's windows at most: every local rank's slab in up to 4 pieces. */
+#define DEP_PEER_WINDOWS_MAX (4 * DEP_MAX_LOCAL_RANKS)
+#define DEP_PEER_TOKEN_LEN 32
 /* JOB_FAIL / JOB_END that name no rank. */
 #define DEP_PEER_NO_RANK UINT32_MAX
 /* The largest HELLO: the header, fixed fields and both strings at their longest. */
@@ -101,6 +123,8 @@ enum dep_peer_type {
   DEP_PEER_MEMBERSHIP = 7,
   DEP_PEER_JOB_FAIL = 8,
   DEP_PEER_JOB_END = 9,
+  DEP_PEER_XPORT = 10,
+  DEP_PEER_XPORT_NAK = 11,
   DEP_PEER_TYPE_MAX_
 };
 
@@ -126,6 +150,15 @@ struct dep_peer_keepalive {
   uint64_t stamp;
 };
 
+/* One window of MEMBERSHIP: where a writer puts bytes of one rank's slab. */
+struct dep_peer_window {
+  uint32_t rank_index; /* into ranks[] */
+  uint64_t slab_off;   /* the first byte of the slab this window covers */
+  uint64_t len;
+  uint64_t addr;       /* the address an RDMA write of slab_off names */
+  uint32_t rkey;       /* its remote key; 0: not registered with a NIC */
+};
+
 /* MEMBERSHIP: the global ranks of a job that the sender holds, all attached. */
 struct dep_peer_membership {
   char job_id[DEP_JOB_ID_MAX];
@@ -134,8 +167,19 @@ struct dep_peer_membership {
   uint32_t local_world_size;   /* the sender's */
   uint32_t n_ranks;            /* == local_world_size */
   uint32_t ranks[DEP_MAX_LOCAL_RANKS];
-  uint32_t opaque_len;         /* 0..DEP_PEER_OPAQUE_MAX */
-  uint8_t opaque[DEP_PEER_OPAQUE_MAX];
+  uint32_t n_windows;          /* 0..DEP_PEER_WINDOWS_MAX */
+  struct dep_peer_window windows[DEP_PEER_WINDOWS_MAX];
+};
+
+enum dep_peer_xport_kind { DEP_PEER_XPORT_TCP = 0, DEP_PEER_XPORT_RDMA = 1 };
+
+/* XPORT: the accepting end's offer for a link's transport. */
+struct dep_peer_xport {
+  uint32_t kind;                         /* enum dep_peer_xport_kind */
+  uint8_t token[DEP_PEER_TOKEN_LEN];     /* rdma: what the RDMA connection must carry */
+  uint64_t mbox_addr;                    /* rdma: the acceptor's mailbox */
+  uint32_t mbox_rkey, mbox_len;
+  char reason[DEP_MSG_TEXT_MAX];         /* tcp: why not RDMA */
 };
 
 /* JOB_FAIL and JOB_END. */
@@ -158,6 +202,8 @@ struct dep_peer_msg {
     struct dep_peer_keepalive keepalive;
     struct dep_peer_membership membership;
     struct dep_peer_job_event job; /* JOB_FAIL, JOB_END */
+    struct dep_peer_xport xport;
+    struct dep_peer_error nak;     /* XPORT_NAK */
   } u;
 };
 

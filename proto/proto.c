@@ -29,12 +29,13 @@
  *              u64 offset}
  *   RELOAD_OK, DRAIN_OK  str text (<= 511)
  *   DRAIN      u32 drain (0 or 1)
- *   PEERS_OK   str node (<= 63), str listen (<= 271), u32 auth (0/1), u32 n_peers
- *              (<= 64), then n_peers records:
+ *   PEERS_OK   str node (<= 63), str listen (<= 271), u32 auth (0/1), str rdma
+ *              (<= 511), u64 nic_bytes, u32 n_peers (<= 64), then n_peers records:
  *     peer     str address (<= 271), str node (<= 63), str state (<= 15),
- *              str transport (<= 7), str last_error (<= 511), u32 conns_up,
- *              u32 conns_total, u32 inbound_up, u64 reconnects, u64 bytes_in,
- *              u64 bytes_out, u64 rtt_us, u64 backoff_ms
+ *              str transport (<= 7), str wanted (<= 7), str last_error (<= 511),
+ *              u32 conns_up, u32 conns_total, u32 inbound_up, u32 qps_up,
+ *              u64 reconnects, u64 bytes_in, u64 bytes_out, u64 rtt_us,
+ *              u64 backoff_ms, u64 rdma_rtt_us
  *   PEER       the bytes of one peer protocol message (peer_proto.h), passed through
  *   JOB_NODES_OK  u32 n (<= 256), then n records: str job_id (<= 63),
  *              u32 world_size, u32 local_ranks, u32 remote_ranks, u32 nodes
@@ -454,7 +455,7 @@ int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m) {
 /* ---- PEERS_OK --------------------------------------------------------------- */
 
 /* The smallest peer record: five empty strings, 3 u32 and 5 u64. */
-#define PEERS_RECORD_MIN (5 * 2 + 3 * 4 + 5 * 8)
+#define PEERS_RECORD_MIN (6 * 2 + 4 * 4 + 6 * 8)
 
 int proto_encode_peers(struct proto_buf *b, const struct dep_msg_peers *m) {
   struct codec_w w;
@@ -464,6 +465,8 @@ int proto_encode_peers(struct proto_buf *b, const struct dep_msg_peers *m) {
   codec_w_str(&w, m->node, sizeof m->node);
   codec_w_str(&w, m->listen, sizeof m->listen);
   codec_w_u32(&w, m->auth);
+  codec_w_str(&w, m->rdma, sizeof m->rdma);
+  codec_w_u64(&w, m->nic_bytes);
   codec_w_u32(&w, m->n_peers);
   for (uint32_t i = 0; i < m->n_peers; i++) {
     const struct dep_msg_peer_info *p = &m->peers[i];
@@ -471,15 +474,18 @@ int proto_encode_peers(struct proto_buf *b, const struct dep_msg_peers *m) {
     codec_w_str(&w, p->node, sizeof p->node);
     codec_w_str(&w, p->state, sizeof p->state);
     codec_w_str(&w, p->transport, sizeof p->transport);
+    codec_w_str(&w, p->wanted, sizeof p->wanted);
     codec_w_str(&w, p->last_error, sizeof p->last_error);
     codec_w_u32(&w, p->conns_up);
     codec_w_u32(&w, p->conns_total);
     codec_w_u32(&w, p->inbound_up);
+    codec_w_u32(&w, p->qps_up);
     codec_w_u64(&w, p->reconnects);
     codec_w_u64(&w, p->bytes_in);
     codec_w_u64(&w, p->bytes_out);
     codec_w_u64(&w, p->rtt_us);
     codec_w_u64(&w, p->backoff_ms);
+    codec_w_u64(&w, p->rdma_rtt_us);
   }
   return codec_w_finish(&w);
 }
@@ -497,6 +503,8 @@ int proto_decode_peers(const uint8_t *p, size_t len, struct dep_msg_peers *m) {
   codec_r_str(&r, m->node, sizeof m->node);
   codec_r_str(&r, m->listen, sizeof m->listen);
   m->auth = codec_r_u32(&r);
+  codec_r_str(&r, m->rdma, sizeof m->rdma);
+  m->nic_bytes = codec_r_u64(&r);
   uint32_t n = codec_r_u32(&r);
   /* Bounded by the limit and by what the body can hold, before allocating. */
   if (r.bad || m->auth > 1 || n > DEP_PEERS_MAX || n > r.left / PEERS_RECORD_MIN)
@@ -513,15 +521,18 @@ int proto_decode_peers(const uint8_t *p, size_t len, struct dep_msg_peers *m) {
     codec_r_str(&r, q->node, sizeof q->node);
     codec_r_str(&r, q->state, sizeof q->state);
     codec_r_str(&r, q->transport, sizeof q->transport);
+    codec_r_str(&r, q->wanted, sizeof q->wanted);
     codec_r_str(&r, q->last_error, sizeof q->last_error);
     q->conns_up = codec_r_u32(&r);
     q->conns_total = codec_r_u32(&r);
     q->inbound_up = codec_r_u32(&r);
+    q->qps_up = codec_r_u32(&r);
     q->reconnects = codec_r_u64(&r);
     q->bytes_in = codec_r_u64(&r);
     q->bytes_out = codec_r_u64(&r);
     q->rtt_us = codec_r_u64(&r);
     q->backoff_ms = codec_r_u64(&r);
+    q->rdma_rtt_us = codec_r_u64(&r);
   }
   int rc = codec_r_finish(&r);
   if (rc != 0)

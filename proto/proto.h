@@ -34,6 +34,9 @@
  *      carrier of the peer protocol between daemons (peer_proto.h);
  *      JOB_NODES and JOB_NODES_OK (deepepctl status: the nodes of
  *      multi-node jobs, beside STATUS_OK's job records, left as they are).
+ *   4  PEERS_OK carries the RDMA device (or why none) and the bytes
+ *      registered with it, and per peer the configured transport, the
+ *      links on RDMA queue pairs and their keep-alive's round trip.
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -48,7 +51,7 @@
 #define DEP_PROTO_MAGIC 0x31504544u /* "DEP1" */
 /* 1: the first; 2: a slab ends in its rank's private area (slab.h);
  * 3: STATUS_OK's state, the slab's abort words (slab.h). */
-#define DEP_PROTO_VERSION 3
+#define DEP_PROTO_VERSION 4
 #define DEP_PROTO_HDR_LEN 24
 #define DEP_PROTO_MAX_BODY (256u * 1024u)
 /* Linux accepts at most 253 fds in one SCM_RIGHTS message. */
@@ -162,21 +165,26 @@ struct dep_msg_peer_info {
   char address[272];    /* "host:port" as configured */
   char node[64];        /* the far end's host name from its HELLO; "" before one came */
   char state[16];       /* "connecting", "authenticating", "up", "backoff" */
-  char transport[8];    /* "tcp" */
+  char transport[8];    /* what its links settled on: "rdma", "tcp", "mixed"; "" while none is up */
+  char wanted[8];       /* the configured transport: "auto", "rdma", "tcp" */
   char last_error[DEP_MSG_TEXT_MAX]; /* why the last connection failed; "" for none */
   uint32_t conns_up;    /* outbound connections authenticated and up */
   uint32_t conns_total; /* connection_pool_size */
   uint32_t inbound_up;  /* authenticated connections the far end opened to us */
+  uint32_t qps_up;      /* of the outbound ones, those on a connected RDMA queue pair */
   uint64_t reconnects;  /* connections lost or failed and tried again */
   uint64_t bytes_in, bytes_out;
   uint64_t rtt_us;      /* round trip of the last keepalive answered; 0 before one */
   uint64_t backoff_ms;  /* the wait before the next attempt (state backoff) */
+  uint64_t rdma_rtt_us; /* round trip of the last queue-pair keep-alive; 0 before one */
 };
 
 struct dep_msg_peers {
   char node[64];             /* this daemon's host name */
   char listen[272];          /* "address:port" it listens on, "" for none */
   uint32_t auth;             /* 1: peer_key_file in use; 0: peer_insecure */
+  char rdma[DEP_MSG_TEXT_MAX]; /* the RDMA device peer links use ("rxe0"), or "none: " and why */
+  uint64_t nic_bytes;        /* pool memory registered with that device */
   uint32_t n_peers;          /* 0..DEP_PEERS_MAX */
   struct dep_msg_peer_info *peers; /* n_peers; the decoder allocates: dep_msg_peers_free */
 };

@@ -319,6 +319,20 @@ START_TEST(sizes_and_booleans_in_every_spelling) {
 }
 END_TEST
 
+START_TEST(the_transport_is_the_daemons_unless_a_peer_names_its_own) {
+  struct config c;
+  load_ok(&c, "peers: [{host: a}, {host: b, transport: tcp}, {host: c, transport: rdma}]\n");
+  ck_assert_int_eq(c.transport, CONFIG_TRANSPORT_AUTO); /* the default */
+  ck_assert_int_eq(c.peers[0].transport, CONFIG_TRANSPORT_DEFAULT);
+  ck_assert_int_eq(config_peer_transport(&c, &c.peers[0]), CONFIG_TRANSPORT_AUTO);
+  ck_assert_int_eq(config_peer_transport(&c, &c.peers[1]), CONFIG_TRANSPORT_TCP);
+  ck_assert_int_eq(config_peer_transport(&c, &c.peers[2]), CONFIG_TRANSPORT_RDMA);
+  load_ok(&c, "transport: rdma\npeers: [{host: a}, {host: b, transport: auto}]\n");
+  ck_assert_int_eq(config_peer_transport(&c, &c.peers[0]), CONFIG_TRANSPORT_RDMA);
+  ck_assert_int_eq(config_peer_transport(&c, &c.peers[1]), CONFIG_TRANSPORT_AUTO);
+}
+END_TEST
+
 START_TEST(a_file_changes_only_the_keys_it_names) {
   struct config c, want;
   load_ok(&c, "allow:\n  users: [a, b, c]\nlog_level: debug\n");
@@ -364,6 +378,10 @@ START_TEST(names_of_enums) {
   ck_assert_str_eq(config_log_level_name(CONFIG_LOG_NOTICE), "notice");
   ck_assert_str_eq(config_log_level_name(CONFIG_LOG_INFO), "info");
   ck_assert_str_eq(config_log_level_name(CONFIG_LOG_DEBUG), "debug");
+  ck_assert_str_eq(config_transport_name(CONFIG_TRANSPORT_AUTO), "auto");
+  ck_assert_str_eq(config_transport_name(CONFIG_TRANSPORT_RDMA), "rdma");
+  ck_assert_str_eq(config_transport_name(CONFIG_TRANSPORT_TCP), "tcp");
+  ck_assert_str_eq(config_transport_name(CONFIG_TRANSPORT_DEFAULT), "default");
   struct config c;
   load_ok(&c, "log_level: warn\n");
   ck_assert_int_eq(c.log_level, CONFIG_LOG_WARNING);
@@ -383,7 +401,7 @@ static const struct bad {
     {"log_level: info\nfoo: 1\n",
      "t.yaml:2:1: unknown key 'foo' at the top level (known: socket, allow, backend, devices, pool, "
      "preallocation, buffer_cache_enabled, kernel_warmup, connection_pool_size, listen, peers, "
-     "peer_key_file, peer_insecure, peer_wait_ms, limits, log_level)"},
+     "peer_key_file, peer_insecure, peer_wait_ms, transport, limits, log_level)"},
     /* keys earlier versions documented but never acted on: removed, and said so */
     {"kernel_cache_dir: /var/cache/deepepd\n",
      "t.yaml:1:1: 'kernel_cache_dir' was removed: deepepd has no kernel cache yet (the library's "
@@ -401,11 +419,14 @@ static const struct bad {
      "t.yaml:2:3: unknown key 'max_job' in 'limits' (known: max_clients, max_jobs, attach_timeout_ms, "
      "op_timeout_ms, client_queue_bytes, hello_timeout_ms, reserved_clients, max_clients_per_uid, "
      "max_jobs_per_uid, memory_per_uid)"},
-    {"peers:\n  - host: a\n    prot: 1\n", "t.yaml:3:5: unknown key 'prot' in 'peers[0]' (known: host, port)"},
+    {"peers:\n  - host: a\n    prot: 1\n", "t.yaml:3:5: unknown key 'prot' in 'peers[0]' (known: host, port, transport)"},
     {"? [a]\n: 1\n", "t.yaml:1:3: a key must be a plain name, not a list"},
     /* wrong types */
     {"preallocation: maybe\n", "t.yaml:1:16: expected a boolean (true/false) for 'preallocation', got 'maybe'"},
     {"kernel_warmup:\n", "t.yaml:1:15: expected a boolean (true/false) for 'kernel_warmup', got an empty value"},
+    {"transport: fast\n", "t.yaml:1:12: expected one of auto, rdma, tcp for 'transport', got 'fast'"},
+    {"peers: [{host: b, transport: ib}]\n",
+     "t.yaml:1:30: expected one of auto, rdma, tcp for 'peers[0].transport', got 'ib'"},
     {"allow:\n  any_user: [yes]\n", "t.yaml:2:13: expected a boolean (true/false) for 'allow.any_user', got a list"},
     {"limits:\n  max_jobs: lots\n", "t.yaml:2:13: expected a decimal integer for 'limits.max_jobs', got 'lots'"},
     {"connection_pool_size: 2.5\n",
@@ -715,6 +736,7 @@ static const struct {
     {"peer_key_file: /etc/k\n", "peer_key_file"},
     {"peer_insecure: true\n", "peer_insecure"},
     {"peer_wait_ms: 5\n", "peer_wait_ms"},
+    {"transport: tcp\n", "transport"},
 };
 
 START_TEST(restart_keys_are_named) {
@@ -791,7 +813,7 @@ START_TEST(nesting_deeper_than_32_levels_is_refused_where_it_opens) {
   ck_assert_str_eq(err, "t.yaml:1:1: unknown key 'k' at the top level (known: socket, allow, "
                         "backend, devices, pool, preallocation, buffer_cache_enabled, "
                         "kernel_warmup, connection_pool_size, listen, peers, "
-                        "peer_key_file, peer_insecure, peer_wait_ms, limits, log_level)");
+                        "peer_key_file, peer_insecure, peer_wait_ms, transport, limits, log_level)");
   /* A list at its key's own column is a level too: the root, then a list and a mapping on each
    * "- k:" line; the 16th such line's mapping is the 33rd level. */
   snprintf(block, sizeof block, "k:\n");
@@ -1059,6 +1081,7 @@ Suite *config_suite(void) {
   tcase_add_test(t, every_key_lands_in_the_struct);
   tcase_add_test(t, socket_mode_is_octal_however_written);
   tcase_add_test(t, sizes_and_booleans_in_every_spelling);
+  tcase_add_test(t, the_transport_is_the_daemons_unless_a_peer_names_its_own);
   tcase_add_test(t, a_file_changes_only_the_keys_it_names);
   tcase_add_test(t, socket_path_limit_is_sun_path);
   tcase_add_test(t, names_of_enums);

@@ -41,14 +41,25 @@ static struct dep_peer_msg sample_membership(void) {
   x->local_world_size = x->n_ranks = 2;
   x->ranks[0] = 2;
   x->ranks[1] = 3;
-  x->opaque_len = 3;
-  memcpy(x->opaque, "abc", 3);
+  /* Rank 3's slab spans two pieces: two windows; rank 2's is not registered (rkey 0). */
+  x->n_windows = 3;
+  x->windows[0] = (struct dep_peer_window){0, 0, 4096, 0, 0};
+  x->windows[1] = (struct dep_peer_window){1, 0, 1024, 0x7f0000001000ull, 0x1234};
+  x->windows[2] = (struct dep_peer_window){1, 1024, 3072, 0x7f0000100000ull, 0x5678};
   return m;
 }
 
 START_TEST(membership_and_job_events_round_trip) {
-  struct dep_peer_msg m[3] = {sample_membership(), {.type = DEP_PEER_JOB_FAIL},
-                              {.type = DEP_PEER_JOB_END}};
+  struct dep_peer_msg m[5] = {sample_membership(), {.type = DEP_PEER_JOB_FAIL},
+                              {.type = DEP_PEER_JOB_END}, {.type = DEP_PEER_XPORT},
+                              {.type = DEP_PEER_XPORT_NAK}};
+  m[3].u.xport.kind = DEP_PEER_XPORT_RDMA;
+  memset(m[3].u.xport.token, 0xab, sizeof m[3].u.xport.token);
+  m[3].u.xport.mbox_addr = 0x55550000ull;
+  m[3].u.xport.mbox_rkey = 77;
+  m[3].u.xport.mbox_len = 64;
+  m[4].u.nak.code = DEP_ERR_UNSUPPORTED;
+  snprintf(m[4].u.nak.message, sizeof m[4].u.nak.message, "transport: tcp here");
   snprintf(m[1].u.job.job_id, sizeof m[1].u.job.job_id, "train-7");
   m[1].u.job.owner_uid = 1000;
   m[1].u.job.rank = 3;
@@ -57,7 +68,7 @@ START_TEST(membership_and_job_events_round_trip) {
   snprintf(m[1].u.job.message, sizeof m[1].u.job.message, "rank 3 detached");
   snprintf(m[2].u.job.job_id, sizeof m[2].u.job.job_id, "train-7");
   m[2].u.job.rank = DEP_PEER_NO_RANK;
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 5; i++) {
     struct proto_buf b;
     proto_buf_init(&b);
     ck_assert_int_eq(peer_proto_encode(&b, &m[i]), 0);
@@ -80,8 +91,31 @@ START_TEST(a_membership_with_bad_counts_is_refused_both_ways) {
   m.u.membership.n_ranks = 1; /* not its local_world_size */
   ck_assert_int_eq(peer_proto_encode(&b, &m), DEP_ERR_INVALID);
   m = sample_membership();
-  m.u.membership.opaque_len = DEP_PEER_OPAQUE_MAX + 1;
+  m.u.membership.n_windows = DEP_PEER_WINDOWS_MAX + 1;
   ck_assert_int_eq(peer_proto_encode(&b, &m), DEP_ERR_INVALID);
+  m = sample_membership();
+  m.u.membership.windows[1].rank_index = 2; /* past n_ranks */
+  ck_assert_int_eq(peer_proto_encode(&b, &m), DEP_ERR_INVALID);
+  m = sample_membership();
+  m.u.membership.windows[2].len = 0;
+  ck_assert_int_eq(peer_proto_encode(&b, &m), DEP_ERR_INVALID);
+  ck_assert_uint_eq(b.len, 0);
+  /* A decoder refuses the same from a peer that encodes them anyway: the
+   * last window's len (8 bytes after its rank index and offset) made 0. */
+  m = sample_membership();
+  ck_assert_int_eq(peer_proto_encode(&b, &m), 0);
+  size_t last = b.len - (4 + 8 + 8 + 8 + 4);
+  memset(b.data + last + 4 + 8, 0, 8);
+  char wwhy[256];
+  ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, wwhy, sizeof wwhy), DEP_ERR_PROTOCOL);
+  ck_assert_ptr_nonnull(strstr(wwhy, "window 2"));
+  b.len = 0;
+  /* An XPORT of an unknown kind, a NAK that is not an error. */
+  struct dep_peer_msg xp = {.type = DEP_PEER_XPORT};
+  xp.u.xport.kind = 2;
+  ck_assert_int_eq(peer_proto_encode(&b, &xp), DEP_ERR_INVALID);
+  struct dep_peer_msg nak = {.type = DEP_PEER_XPORT_NAK};
+  ck_assert_int_eq(peer_proto_encode(&b, &nak), DEP_ERR_INVALID);
   ck_assert_uint_eq(b.len, 0);
   m = sample_membership();
   ck_assert_int_eq(peer_proto_encode(&b, &m), 0);

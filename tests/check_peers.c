@@ -22,6 +22,7 @@
 #include "peerauth.h"
 #include "peer_proto.h"
 #include "proto.h"
+#include "rdmadrv.h"
 #include "testutil.h"
 
 /* ---- codec ---------------------------------------------------------------- */
@@ -93,9 +94,11 @@ START_TEST(magic_version_and_type_are_checked_in_that_order) {
   b.data[6] = 99; /* a type from a newer daemon */
   ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_UNSUPPORTED);
   ck_assert_uint_eq(out.type, 99);
-  b.data[4] = 2; /* a version this build does not speak */
+  b.data[4] = DEP_PEER_VERSION + 1; /* a version this build does not speak */
   ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_VERSION);
-  ck_assert_ptr_nonnull(strstr(why, "version 2"));
+  char v[32];
+  snprintf(v, sizeof v, "version %d", DEP_PEER_VERSION + 1);
+  ck_assert_ptr_nonnull(strstr(why, v));
   b.data[0] ^= 1; /* not the peer protocol at all */
   ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_PROTOCOL);
   ck_assert_ptr_nonnull(strstr(why, "magic"));
@@ -312,8 +315,9 @@ START_TEST(two_daemons_bring_their_pools_up) {
   peer_yaml(yb, sizeof yb, "127.0.0.1", pb, "127.0.0.1", pa, key);
   ck_assert_int_eq(tu_daemon_start(&a, ya), 0);
   ck_assert_int_eq(tu_daemon_start(&b, yb), 0);
-  const char *up = "\"state\":\"up\",\"transport\":\"tcp\",\"conns_up\":3,\"conns_total\":3,"
-                   "\"inbound_up\":3";
+  /* No RDMA device here: auto settles every link on TCP. */
+  const char *up = "\"state\":\"up\",\"transport\":\"tcp\",\"wanted\":\"auto\",\"conns_up\":3,"
+                   "\"conns_total\":3,\"qps_up\":0,\"inbound_up\":3";
   ck_assert_msg(wait_peers("", a.sock, up, 5000, out, sizeof out), "a: %s", out);
   ck_assert_msg(wait_peers("", b.sock, up, 5000, out, sizeof out), "b: %s", out);
   ck_assert_ptr_nonnull(strstr(out, "\"auth\":\"peer_key_file\""));
@@ -478,6 +482,59 @@ START_TEST(a_daemon_refuses_to_start_with_a_readable_key_or_none) {
 }
 END_TEST
 
+START_TEST(the_transport_is_chosen_per_peer_and_rdma_is_never_silently_tcp) {
+  char dir[256], key[300], ya[1024], yb[1024], out[8192];
+  tu_tmpdir(dir, sizeof dir);
+  write_key(dir, "key", key, sizeof key);
+  int pa = port_base(), pb = pa + 1;
+  /* a names tcp for b; b says nothing (auto): both settle on TCP, and say what was wanted. */
+  snprintf(ya, sizeof ya,
+           "connection_pool_size: 2\nlisten: {address: 127.0.0.1, port: %d}\n"
+           "peers: [{host: 127.0.0.1, port: %d, transport: tcp}]\npeer_key_file: %s\n",
+           pa, pb, key);
+  peer_yaml(yb, sizeof yb, "127.0.0.1", pb, "127.0.0.1", pa, key);
+  struct tu_daemon a, b;
+  ck_assert_int_eq(tu_daemon_start(&a, ya), 0);
+  ck_assert_int_eq(tu_daemon_start(&b, yb), 0);
+  ck_assert_msg(wait_peers("", a.sock, "\"transport\":\"tcp\",\"wanted\":\"tcp\",\"conns_up\":2",
+                           5000, out, sizeof out), "a: %s", out);
+  ck_assert_msg(wait_peers("", b.sock, "\"transport\":\"tcp\",\"wanted\":\"auto\",\"conns_up\":3",
+                           5000, out, sizeof out), "b: %s", out);
+  tu_daemon_stop(&a);
+  tu_daemon_stop(&b);
+  tu_daemon_cleanup(&a);
+  tu_daemon_cleanup(&b);
+  /* transport: rdma where no RDMA device can be had: deepepd does not start, and says why,
+   * rather than carrying a job over TCP that its operator asked to keep off it. */
+  if (rdmadrv_probe(NULL, 0) > 0) {
+    tu_skip_part(__func__, "this machine has an RDMA device: the refusal needs one without");
+  } else {
+    char y[1024], sub[300];
+    snprintf(y, sizeof y, "transport: rdma\nlisten: {address: 127.0.0.1, port: %d}\n"
+             "peers: [{host: 127.0.0.1, port: %d}]\npeer_key_file: %s\n", pa, pb, key);
+    snprintf(sub, sizeof sub, "%s/r", dir);
+    ck_assert_int_eq(mkdir(sub, 0700), 0);
+    struct tu_daemon_opts o = {.wait = TU_WAIT_NONE};
+    ck_assert_int_eq(tu_daemon_start_opts(&a, sub, y, &o), 0);
+    int st = tu_daemon_wait_exit(&a, 10000);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+    ck_assert_msg(log_has(&a, "transport: rdma, but") && log_has(&a, "transport: auto"),
+                  "the log does not say why");
+    /* The same for one peer that asks for rdma of its own. */
+    snprintf(y, sizeof y, "listen: {address: 127.0.0.1, port: %d}\n"
+             "peers: [{host: 127.0.0.1, port: %d, transport: rdma}]\npeer_key_file: %s\n",
+             pa, pb, key);
+    snprintf(sub, sizeof sub, "%s/p", dir);
+    ck_assert_int_eq(mkdir(sub, 0700), 0);
+    ck_assert_int_eq(tu_daemon_start_opts(&a, sub, y, &o), 0);
+    st = tu_daemon_wait_exit(&a, 10000);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+    ck_assert(log_has(&a, "transport: rdma, but"));
+  }
+  tu_rmtree(dir);
+}
+END_TEST
+
 /* ---- two network namespaces joined by a veth pair (root) ---------------------- */
 
 struct netns {
@@ -565,7 +622,8 @@ START_TEST(two_daemons_in_two_network_namespaces_come_up) {
     ck_assert_int_eq(tu_write_file(conf[i], y), 0);
     pid[i] = ns_daemon(n.ns[i], conf[i], log[i]);
   }
-  const char *up = "\"state\":\"up\",\"transport\":\"tcp\",\"conns_up\":3,\"conns_total\":3";
+  const char *up = "\"state\":\"up\",\"transport\":\"tcp\",\"wanted\":\"auto\",\"conns_up\":3,"
+                   "\"conns_total\":3";
   bool ok0 = wait_peers("", sock[0], up, 8000, out, sizeof out);
   char out1[8192];
   bool ok1 = wait_peers("", sock[1], up, 3000, out1, sizeof out1);
@@ -603,6 +661,7 @@ Suite *peers_suite(void) {
   tcase_add_test(tc, random_bytes_on_the_peer_port_are_dropped);
   tcase_add_test(tc, a_flood_of_silent_connections_is_bounded);
   tcase_add_test(tc, a_daemon_refuses_to_start_with_a_readable_key_or_none);
+  tcase_add_test(tc, the_transport_is_chosen_per_peer_and_rdma_is_never_silently_tcp);
   tcase_add_test(tc, two_daemons_in_two_network_namespaces_come_up);
   suite_add_tcase(s, tc);
   return s;

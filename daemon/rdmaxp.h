@@ -1,0 +1,111 @@
+/*
+ * rdmaxp.h — the RDMA transport of deepepd's peer links (DESIGN §7): one
+ * RDMA device (the one listen.address is on, else the first), its
+ * protection domain, on which every arena is registered once (nicreg.h),
+ * and one reliable-connected queue pair per authenticated peer link, set
+ * up with librdmacm and kept as long as its link.
+ *
+ * Everything runs on the loop thread: the connection manager's event
+ * channel and the completion channel are non-blocking fds watched with
+ * uv_poll, so completions are waited on as events, never spun on (rxe
+ * turns a busy poll into a scheduler tick per message).  The data path's
+ * proxy threads (next) post on the queue pairs, which verbs allows from
+ * any thread, and hear of completions through the loop.
+ *
+ * A queue pair is bound to the TCP link that authenticated it: the end
+ * that accepted the link makes an offer (peer_proto.h XPORT) with a random,
+ * single-use token and its mailbox; the end that connected opens the RDMA
+ * connection with that token in its private data.  A connection request
+ * whose token matches no open offer is rejected and logged.  The token
+ * travels over the authenticated link, which is how it is kept from
+ * strangers (no encryption: DESIGN §7's fabric is trusted as NCCL's is).
+ *
+ * Each queue pair has a mailbox, 64 registered bytes per end, through which
+ * its keep-alive goes as RDMA writes with immediate data: the round trip
+ * that `deepepctl peers` shows for rdma, and the proof, every second, that
+ * the queue pair still carries writes.
+ */
+#ifndef DEP_DAEMON_RDMAXP_H
+#define DEP_DAEMON_RDMAXP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <uv.h>
+
+#include "config.h"
+#include "peer_proto.h"
+
+struct ibv_mr;
+struct rdmaxp_qp;
+
+/* What the transport tells the owner of a queue pair (peer.c's link). */
+struct rdmaxp_events {
+  /* The queue pair is connected and carries writes. */
+  void (*up)(void *owner, struct rdmaxp_qp *q);
+  /* It failed or went (why says how); q is freed once this returns. */
+  void (*down)(void *owner, const char *why);
+  /* A keep-alive came back after rtt_us. */
+  void (*pong)(void *owner, uint64_t rtt_us);
+};
+
+/* A connect, a route or an address taking longer than this fails the queue pair. */
+#define RDMAXP_RESOLVE_MS 2000
+
+/*
+ * Open the RDMA device for the peer links when a configured peer may use
+ * RDMA (transport auto or rdma): the connection manager's listener on
+ * listen.address:listen.port (its own port space beside TCP's), the
+ * protection domain and the channels.  Returns 0 whether or not a device
+ * could be had (rdmaxp_active() says, rdmaxp_why() why not, logged once); -1
+ * only when a peer requires rdma and none can be had, after logging why
+ * deepepd cannot start.
+ */
+int rdmaxp_init(uv_loop_t *loop, const struct config *cfg, const struct rdmaxp_events *ev);
+/* Close every queue pair (no down callbacks), the listener, the device. */
+void rdmaxp_fini(void);
+
+bool rdmaxp_active(void);
+/* Why there is no RDMA transport ("" while active), for messages. */
+const char *rdmaxp_why(void);
+/* The device in use ("rxe0", "mlx5_0"), "" when none. */
+const char *rdmaxp_device(void);
+
+/*
+ * Register memory with the device for remote writes and reads: host memory
+ * the daemon maps (ibv_reg_mr), or GPU memory as a dma-buf fd
+ * (ibv_reg_dmabuf_mr; iova is the address peers will name).  0 with *mr,
+ * or DEP_ERR_UNSUPPORTED (no device, no dma-buf support) / DEP_ERR_NO_MEMORY
+ * (RLIMIT_MEMLOCK, the NIC's tables) / DEP_ERR_IO with why.
+ */
+int rdmaxp_reg_host(void *addr, size_t len, struct ibv_mr **mr, char *why, size_t whylen);
+int rdmaxp_reg_dmabuf(int fd, uint64_t offset, size_t len, uint64_t iova, struct ibv_mr **mr,
+                    char *why, size_t whylen);
+void rdmaxp_dereg(struct ibv_mr *mr);
+uint32_t rdmaxp_mr_rkey(const struct ibv_mr *mr);
+uint32_t rdmaxp_mr_lkey(const struct ibv_mr *mr);
+
+/*
+ * The accepting end of an authenticated link: a queue pair waiting for the
+ * far end's connection, and the XPORT message (kind rdma) that invites it.
+ * NULL with why when none can be made.
+ */
+struct rdmaxp_qp *rdmaxp_offer(void *owner, struct dep_peer_xport *out, char *why, size_t whylen);
+/*
+ * The connecting end: connect from src (the link's local address) to dst
+ * (the far daemon's listen address and port) with the offer's token.  NULL
+ * with why when it cannot start; later failures come as down().
+ */
+struct rdmaxp_qp *rdmaxp_connect(void *owner, const struct sockaddr *src, const struct sockaddr *dst,
+                             const struct dep_peer_xport *offer, char *why, size_t whylen);
+/* Disconnect and free q; no callback follows. */
+void rdmaxp_close(struct rdmaxp_qp *q);
+/* Whether q is connected. */
+bool rdmaxp_qp_up(const struct rdmaxp_qp *q);
+
+/* Send a keep-alive on q unless one is out; its answer comes as pong().
+ * Returns how many ms the one outstanding has been out (0: a new one was sent). */
+uint64_t rdmaxp_ping(struct rdmaxp_qp *q, uint64_t now_ms);
+
+#endif /* DEP_DAEMON_RDMAXP_H */
