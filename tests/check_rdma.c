@@ -12,12 +12,15 @@
  */
 #include <check.h>
 #include <dlfcn.h>
+#include <sys/types.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "daemonwire.h"
+#include "nicreg.h"
 #include "rdmadrv.h"
 #include "testutil.h"
 
@@ -180,6 +183,80 @@ START_TEST(test_daemon_links_neither_libibverbs_nor_librdmacm) {
 }
 END_TEST
 
+/* ---- arenas as the NIC sees them (nicreg.h) ---------------------------------- */
+
+START_TEST(test_windows_cover_a_slab_piece_by_piece) {
+  /* Three pieces of 4 KiB, the second not registered: a slab at 6 KiB of 5 KiB spans the
+   * second and third, and its windows say where each part is for a writer. */
+  static struct pool_block blk;
+  struct ibv_mr mr0 = {.rkey = 0x11}, mr2 = {.rkey = 0x33};
+  memset(&blk, 0, sizeof blk);
+  blk.n_pieces = 3;
+  blk.piece_bytes = 4096;
+  blk.mr[0] = &mr0;
+  blk.mr[2] = &mr2;
+  blk.nic_addr[0] = 0x10000;
+  blk.nic_addr[1] = 0x20000;
+  blk.nic_addr[2] = 0x30000;
+  struct dep_peer_window w[4];
+  uint32_t n = 0;
+  ck_assert_int_eq(nicreg_windows(&blk, 5, 6144, 5120, w, &n, 4), 0);
+  ck_assert_uint_eq(n, 2);
+  ck_assert_uint_eq(w[0].rank_index, 5);
+  ck_assert_uint_eq(w[0].slab_off, 0);
+  ck_assert_uint_eq(w[0].len, 2048);
+  ck_assert_uint_eq(w[0].rkey, 0); /* not registered: no target for RDMA writes */
+  ck_assert_uint_eq(w[0].addr, 0);
+  ck_assert_uint_eq(w[1].slab_off, 2048);
+  ck_assert_uint_eq(w[1].len, 3072);
+  ck_assert_uint_eq(w[1].addr, 0x30000);
+  ck_assert_uint_eq(w[1].rkey, 0x33);
+  /* A slab within the first piece: one window at its offset there. */
+  ck_assert_int_eq(nicreg_windows(&blk, 0, 1024, 1024, w, &n, 4), 0);
+  ck_assert_uint_eq(n, 3);
+  ck_assert_uint_eq(w[2].addr, 0x10000 + 1024);
+  ck_assert_uint_eq(w[2].rkey, 0x11);
+  /* No room left: the limit, not an overrun. */
+  ck_assert_int_eq(nicreg_windows(&blk, 1, 0, 12288, w, &n, 4), DEP_ERR_LIMIT);
+  ck_assert_uint_eq(n, 4);
+}
+END_TEST
+
+START_TEST(test_a_cuda_chunk_exports_as_dma_buf) {
+  char why[256] = "";
+  if (!backend_cuda_available(why, sizeof why)) {
+    tu_skip(__func__, "no CUDA driver here (%s): the GPU machine runs it", why);
+    return;
+  }
+  struct backend_dev dev[8];
+  int n = backend_cuda_ops.probe(dev, 8, why, sizeof why);
+  ck_assert_msg(n >= 0, "probe: %s", why);
+  if (n == 0) {
+    tu_skip(__func__, "no GPU here");
+    return;
+  }
+  if (!dev[0].rdma_capable) {
+    tu_skip(__func__, "%s has no GPUDirect RDMA with VMM memory", dev[0].name);
+    backend_cuda_ops.release_dev(&dev[0]);
+    return;
+  }
+  struct chunk_mem m;
+  ck_assert_msg(backend_cuda_ops.chunk_create(&dev[0], dev[0].granularity, &m, why, sizeof why) == 0,
+                "chunk_create: %s", why);
+  int fd = -1;
+  uint64_t iova = 0;
+  int rc = backend_cuda_ops.chunk_dmabuf(&dev[0], &m, &fd, &iova, why, sizeof why);
+  ck_assert_msg(rc == 0, "chunk_dmabuf: %s", why);
+  /* A dma-buf knows its size; the NIC will name the daemon's own mapping. */
+  ck_assert_int_eq((long long)lseek(fd, 0, SEEK_END), (long long)m.bytes);
+  ck_assert_uint_eq(iova, m.dev_ptr);
+  close(fd);
+  backend_cuda_ops.chunk_destroy(&dev[0], &m);
+  for (int i = 0; i < n; i++)
+    backend_cuda_ops.release_dev(&dev[i]);
+}
+END_TEST
+
 Suite *rdma_suite(void);
 Suite *rdma_suite(void) {
   Suite *s = suite_create("rdma");
@@ -194,6 +271,13 @@ Suite *rdma_suite(void) {
   tcase_add_test(daemon, test_daemon_without_libibverbs_starts_says_why_once_and_serves_status);
   tcase_add_test(daemon, test_daemon_logs_the_rdma_devices_or_why_there_are_none);
   tcase_add_test(daemon, test_daemon_links_neither_libibverbs_nor_librdmacm);
+  TCase *nic = tcase_create("nicreg");
+  suite_add_tcase(s, nic);
+  tcase_add_test(nic, test_windows_cover_a_slab_piece_by_piece);
+  TCase *gpu = tcase_create("dmabuf");
+  tcase_set_tags(gpu, "gpu");
+  suite_add_tcase(s, gpu);
+  tcase_add_test(gpu, test_a_cuda_chunk_exports_as_dma_buf);
   suite_add_tcase(s, daemon);
   return s;
 }
