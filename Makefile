@@ -118,9 +118,9 @@ $(BUILD)/obj/%.o: %.c
 	$(CC) $(ALLCFLAGS) -c $< -o $@
 
 ifneq ($(FATBIN),)
-$(FATBIN): $(KCUDA_SRC) $(wildcard kernels/*.cuh) client/cuda_ops.h
+$(FATBIN): $(KCUDA_SRC) $(wildcard kernels/*.cuh) client/cuda_ops.h proto/stats_page.h
 	@mkdir -p $(@D)
-	$(NVCC) -fatbin -O3 -std=c++17 -Ikernels -Iclient $(NVCC_GENCODE) -o $@ $(KCUDA_SRC)
+	$(NVCC) -fatbin -O3 -std=c++17 -Ikernels -Iclient -Iproto $(NVCC_GENCODE) -o $@ $(KCUDA_SRC)
 # The fatbin is embedded with .incbin so the library needs no file at run time.
 $(FATBIN_OBJ): $(FATBIN)
 	@mkdir -p $(@D)

@@ -41,6 +41,7 @@ static double now_ms(void) {
 
 void client_unmap(dep_client_t *c) {
   cuda_ops_detach(c); /* the kernels and their memory go before the slabs they address */
+  statrec_unmap(c);
   host_ops_fini(&c->ops);
   for (uint32_t i = 0; i < c->n_arenas; i++)
     mem_unmap_slab(&c->arenas[i]);
@@ -243,7 +244,12 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
     dep_detach(c);
     return client_seterr(c, rc, "%s", msg);
   }
+  /* The stats page comes last, so that the warm-up's calls are not counted. */
+  statrec_lend(c);
+  if (c->cuda)
+    cuda_ops_stats_bind(c);
   c->times.total_ms = now_ms() - t0;
+  statrec_attached(c);
   return DEP_OK;
 }
 

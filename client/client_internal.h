@@ -18,6 +18,7 @@
 #include "mem.h"
 #include "proto.h"
 #include "slab.h"
+#include "statrec.h"
 
 #define CLIENT_ERRMSG_MAX 1024
 #define CLIENT_NAME_MAX 64
@@ -57,6 +58,7 @@ struct dep_client {
   struct dep_attach_times times;  /* how long dep_attach took, and where the time went */
   struct ops_ctx ops;             /* dispatch/combine state (the job's shape and slabs) */
   struct cuops_state cuops;       /* cuda backend: kernels, error record (cuda_ops.c) */
+  struct statrec stats;           /* the stats page the daemon lent this rank (statrec.h) */
   struct proto_buf tx;            /* reused for every request */
   char errmsg[CLIENT_ERRMSG_MAX]; /* the last failure on this handle */
 };

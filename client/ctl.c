@@ -28,6 +28,13 @@ static const struct ctl_cmd ctl_cmds[] = {
      "--timeout S\twith --wait: give up after S seconds (exit 1)"},
     {"peers", ctl_peers,
      "the peer daemons: state, connections up, round trip, bytes, reconnects, last error", NULL},
+    {"clients", ctl_clients, "the connections: pid, uid, name, job, rank, device, attached since",
+     NULL},
+    {"stats", ctl_stats,
+     "per job, rank and op: calls, first call, median, p99, GB/s, errors: stats [JOB]", NULL},
+    {"metrics", ctl_metrics, "the stats, pools and peers in the Prometheus text format", NULL},
+    {"doctor", ctl_doctor,
+     "check connections, kernels, allocation and load balance; exit 1 if one fails", NULL},
     {"genkey", ctl_genkey, "write a new peer key to FILE (mode 0600), or to stdout: genkey [FILE]",
      NULL},
     {"version", ctl_version, "deepepctl's version and protocol, and the daemon's if one answers",
@@ -170,11 +177,17 @@ static int ctl_options(struct ctl *ctl, int argc, char **argv, bool stop_at_comm
 }
 
 int ctl_sub_options(struct ctl *ctl, int argc, char **argv) {
+  return ctl_sub_options_args(ctl, argc, argv, 0);
+}
+
+int ctl_sub_options_args(struct ctl *ctl, int argc, char **argv, int max_args) {
   int rc = ctl_options(ctl, argc, argv, false);
   if (rc >= 0)
     return rc;
-  if (optind < argc)
-    return ctl_usage_error(ctl, "%s takes no argument \"%s\"", argv[0], argv[optind]);
+  if (argc - optind > max_args)
+    return ctl_usage_error(ctl, max_args == 0 ? "%s takes no argument \"%s\""
+                                              : "%s takes at most one argument, not \"%s\" too",
+                           argv[0], argv[optind + max_args]);
   return -1;
 }
 

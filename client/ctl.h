@@ -39,6 +39,10 @@ int ctl_reload(struct ctl *ctl, int argc, char **argv);
 int ctl_drain(struct ctl *ctl, int argc, char **argv);
 int ctl_version(struct ctl *ctl, int argc, char **argv);
 int ctl_peers(struct ctl *ctl, int argc, char **argv);
+int ctl_clients(struct ctl *ctl, int argc, char **argv);
+int ctl_stats(struct ctl *ctl, int argc, char **argv);
+int ctl_metrics(struct ctl *ctl, int argc, char **argv);
+int ctl_doctor(struct ctl *ctl, int argc, char **argv);
 int ctl_genkey(struct ctl *ctl, int argc, char **argv);
 /* deepepctl's version and protocol (-V), and the daemon's when ask_daemon. */
 int ctl_version_show(const struct ctl *ctl, bool ask_daemon);
@@ -62,6 +66,9 @@ int ctl_common_end(struct ctl *ctl);
 /* Parse a subcommand's own options (-s, --json, -h, -V) when it has no
  * others and takes no argument.  Returns -1 to go on, or the exit code. */
 int ctl_sub_options(struct ctl *ctl, int argc, char **argv);
+/* The same for a command that takes up to max_args arguments: they are
+ * argv[optind..argc) once it returns -1. */
+int ctl_sub_options_args(struct ctl *ctl, int argc, char **argv, int max_args);
 
 /* Report a failure with its DEP_ERR_* code: "deepepctl: <message>" on
  * stderr, or with --json {"error": {...}} on stdout.  Returns CTL_EXIT_FAIL. */
@@ -86,10 +93,16 @@ enum ctl_kind {
   CTL_UINT,  /* a plain number */
   CTL_BYTES, /* a byte count: "1.5 GiB" in text, a number in JSON */
   CTL_MS,    /* a duration in ms: "3h 02m 11s" in text, a number in JSON */
+  CTL_NS,    /* a duration in ns: "12.3 us" in text, a number of ns in JSON */
+  CTL_MILLI, /* a real number held x 1000: "1.25" in text, 1.250 in JSON */
 };
 
 /* In text, show this column as "/value" after the previous one ("1/2"). */
 #define CTL_COL_JOIN 0x1u
+/* Only in JSON (and metrics): too much for the text table. */
+#define CTL_COL_NOTEXT 0x2u
+/* A label of every metric of its table (ctl_out_metrics). */
+#define CTL_COL_LABEL 0x4u
 
 struct ctl_col {
   const char *key;   /* JSON key: stable, documented in deepepctl(1) */
@@ -124,6 +137,28 @@ struct ctl_doc {
   const struct ctl_table *tables;
   size_t ntables;
 };
+
+/*
+ * The Prometheus text exposition of tables (deepepctl metrics): a column
+ * of a table that is also a metric, by the column's index.  Samples of one
+ * family are printed together, after its HELP and TYPE, with the table's
+ * CTL_COL_LABEL columns as labels, in the order the metrics are listed.
+ */
+struct ctl_metric {
+  size_t col;         /* the column the value comes from */
+  const char *family; /* "deepep_op_latency_seconds": HELP and TYPE name it */
+  const char *suffix; /* after the family in the sample's name ("_sum"), or "" */
+  const char *type;   /* counter, gauge or summary */
+  const char *help;
+  double scale;       /* the value times this (1e-9: ns to seconds) */
+  const char *extra;  /* one more label ("quantile=\"0.5\""), or NULL */
+};
+struct ctl_mtable {
+  const struct ctl_table *table;
+  const struct ctl_metric *metrics;
+  size_t nmetrics;
+};
+int ctl_out_metrics(FILE *f, const struct ctl_mtable *t, size_t n);
 
 /* Render d as text or as one JSON object, to f.  Returns 0 or -1 (ENOMEM). */
 int ctl_out_render(FILE *f, const struct ctl_doc *d, bool json);

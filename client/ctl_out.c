@@ -68,6 +68,17 @@ static void ctl_out_cell(char *buf, size_t len, const struct ctl_col *col,
   case CTL_MS:
     ctl_out_duration(buf, len, v->u);
     break;
+  case CTL_NS:
+    if (v->u == 0)
+      snprintf(buf, len, "-");
+    else if (v->u < 1000000)
+      snprintf(buf, len, "%.1f us", (double)v->u / 1e3);
+    else
+      snprintf(buf, len, "%.2f ms", (double)v->u / 1e6);
+    break;
+  case CTL_MILLI:
+    snprintf(buf, len, "%.2f", (double)v->u / 1e3);
+    break;
   }
 }
 
@@ -80,7 +91,8 @@ static int ctl_out_text_table(FILE *f, const struct ctl_table *t) {
   /* Visible columns: a joined column folds into the one before it. */
   size_t nvis = 0;
   for (size_t c = 0; c < t->ncols; c++)
-    if ((t->cols[c].flags & CTL_COL_JOIN) == 0 || c == 0)
+    if (((t->cols[c].flags & CTL_COL_JOIN) == 0 || c == 0) &&
+        (t->cols[c].flags & CTL_COL_NOTEXT) == 0)
       nvis++;
   size_t ncells = (t->nrows + 1) * nvis;
   char(*cell)[CTL_CELL_MAX] = calloc(ncells, sizeof *cell);
@@ -93,7 +105,8 @@ static int ctl_out_text_table(FILE *f, const struct ctl_table *t) {
     return -1;
   }
   for (size_t c = 0, v = 0; c < t->ncols; c++) {
-    if ((t->cols[c].flags & CTL_COL_JOIN) != 0 && c > 0)
+    if (((t->cols[c].flags & CTL_COL_JOIN) != 0 && c > 0) ||
+        (t->cols[c].flags & CTL_COL_NOTEXT) != 0)
       continue;
     snprintf(cell[v], CTL_CELL_MAX, "%s", t->cols[c].label);
     right[v] = t->cols[c].kind != CTL_STR;
@@ -103,6 +116,8 @@ static int ctl_out_text_table(FILE *f, const struct ctl_table *t) {
     char(*row)[CTL_CELL_MAX] = cell + (r + 1) * nvis;
     size_t v = 0;
     for (size_t c = 0; c < t->ncols; c++) {
+      if ((t->cols[c].flags & CTL_COL_NOTEXT) != 0)
+        continue;
       char text[CTL_CELL_MAX];
       ctl_out_cell(text, sizeof text, &t->cols[c], &t->cells[r * t->ncols + c]);
       if ((t->cols[c].flags & CTL_COL_JOIN) != 0 && v > 0) {
@@ -241,6 +256,8 @@ static void ctl_out_json_val(FILE *f, const struct ctl_col *col, const struct ct
   fputc(':', f);
   if (col->kind == CTL_STR)
     ctl_out_json_str(f, v->s);
+  else if (col->kind == CTL_MILLI)
+    fprintf(f, "%" PRIu64 ".%03" PRIu64, v->u / 1000, v->u % 1000);
   else
     fprintf(f, "%" PRIu64, v->u);
 }
@@ -281,6 +298,70 @@ static void ctl_out_json(FILE *f, const struct ctl_doc *d) {
       fputc(']', f);
   }
   fputs("}\n", f);
+}
+
+/* ---- Prometheus text exposition ----------------------------------------------- */
+
+/* A label value: backslash, double quote and newline escaped, as the format wants. */
+static void ctl_out_label_value(FILE *f, const char *s) {
+  fputc('"', f);
+  for (const char *p = s != NULL ? s : ""; *p != '\0'; p++) {
+    if (*p == '\\' || *p == '"')
+      fputc('\\', f), fputc(*p, f);
+    else if (*p == '\n')
+      fputs("\\n", f);
+    else
+      fputc(*p, f);
+  }
+  fputc('"', f);
+}
+
+static void ctl_out_labels(FILE *f, const struct ctl_table *t, size_t r, const char *extra) {
+  bool any = false;
+  for (size_t c = 0; c < t->ncols; c++) {
+    if ((t->cols[c].flags & CTL_COL_LABEL) == 0)
+      continue;
+    const struct ctl_val *v = &t->cells[r * t->ncols + c];
+    fputs(any ? "," : "{", f);
+    any = true;
+    fprintf(f, "%s=", t->cols[c].key);
+    if (t->cols[c].kind == CTL_STR) {
+      ctl_out_label_value(f, v->s);
+    } else {
+      char num[32];
+      snprintf(num, sizeof num, "%" PRIu64, v->u);
+      ctl_out_label_value(f, num);
+    }
+  }
+  if (extra != NULL) {
+    fputs(any ? "," : "{", f);
+    fputs(extra, f);
+    any = true;
+  }
+  if (any)
+    fputc('}', f);
+}
+
+int ctl_out_metrics(FILE *f, const struct ctl_mtable *mt, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const struct ctl_table *t = mt[i].table;
+    for (size_t m = 0; m < mt[i].nmetrics; m++) {
+      const struct ctl_metric *d = &mt[i].metrics[m];
+      /* A family's HELP and TYPE once, before its first sample. */
+      if (m == 0 || strcmp(mt[i].metrics[m - 1].family, d->family) != 0)
+        fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", d->family, d->help, d->family, d->type);
+      for (size_t r = 0; r < t->nrows; r++) {
+        fprintf(f, "%s%s", d->family, d->suffix);
+        ctl_out_labels(f, t, r, d->extra);
+        const struct ctl_val *v = &t->cells[r * t->ncols + d->col];
+        double x = (double)v->u;
+        if (t->cols[d->col].kind == CTL_MILLI)
+          x /= 1000.0;
+        fprintf(f, " %.9g\n", x * d->scale);
+      }
+    }
+  }
+  return ferror(f) ? -1 : 0;
 }
 
 int ctl_out_render(FILE *f, const struct ctl_doc *d, bool json) {

@@ -805,6 +805,33 @@ int cuda_ops_attach(dep_client_t *c) {
 #endif
 }
 
+void cuda_ops_stats_bind(dep_client_t *c) {
+#ifdef DEP_HAVE_FATBIN
+  struct cuops_state *st = &c->cuops;
+  const struct cudadrv *cu = drv();
+  if (c->stats.page == NULL || !st->ready || cu == NULL)
+    return;
+  CUcontext dummy;
+  if (cu->cuCtxPushCurrent(st->ctx) != CUDA_SUCCESS)
+    return;
+  CUdeviceptr d = 0;
+  void *p = c->stats.page;
+  if (cu->cuMemHostRegister(p, DEP_STATS_PAGE_BYTES, CU_MEMHOSTREGISTER_PORTABLE |
+                                                        CU_MEMHOSTREGISTER_DEVICEMAP) ==
+      CUDA_SUCCESS) {
+    if (cu->cuMemHostGetDevicePointer(&d, p, 0) == CUDA_SUCCESS) {
+      st->stats_pinned = p;
+      st->job.stats = (struct dep_stats_page *)(uintptr_t)d;
+    } else {
+      cu->cuMemHostUnregister(p);
+    }
+  }
+  cu->cuCtxPopCurrent(&dummy);
+#else
+  (void)c;
+#endif
+}
+
 void cuda_ops_detach(dep_client_t *c) {
   struct cuops_state *st = &c->cuops;
   if (st->ctx == NULL && st->warm_h == NULL) {
@@ -823,6 +850,8 @@ void cuda_ops_detach(dep_client_t *c) {
     if (st->mod != NULL)
       cu->cuModuleUnload(st->mod);
     host_record_free(cu, st);
+    if (st->stats_pinned != NULL)
+      cu->cuMemHostUnregister(st->stats_pinned);
     if (st->stream != NULL)
       cu->cuStreamDestroy(st->stream);
     if (pushed)

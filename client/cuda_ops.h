@@ -88,6 +88,7 @@
 #include <stdint.h>
 
 #include "deepep.h"
+#include "stats_page.h"
 
 #define CUOPS_THREADS 256
 #define CUOPS_WARPS (CUOPS_THREADS / 32)
@@ -172,6 +173,10 @@ struct cuops_dev {
   uint32_t arrive[CUOPS_MAX_RANKS]; /* sender CTAs done per destination */
   uint32_t bar_count, bar_gen;     /* the dispatch's grid barrier (ops.cu) */
   uint32_t ticket;                 /* the throughput ops' receive work, claimed; 0 between calls */
+  int32_t code;                    /* the failure rec_fail recorded in the running call, for its
+                                      stats entry; 0 between calls */
+  uint32_t layout_done;            /* CTAs of the running layout finished */
+  uint64_t layouts;                /* layouts made (the stats page's layout ring) */
 };
 
 /* One rank's view of its job, passed by value to every kernel. */
@@ -183,6 +188,9 @@ struct cuops_job {
   uint64_t timeout_ns;
   struct cuops_host *host;         /* device address of the pinned block */
   struct cuops_dev *dev;
+  /* Device address of the stats page (stats_page.h), pinned, or NULL: the
+   * last CTA of each call writes its entry there (ops_dev.cuh stats_call). */
+  struct dep_stats_page *stats;
 };
 
 /* dep_k_touch: the bytes of each slab to touch. */
@@ -299,6 +307,7 @@ struct cuops_state {
   CUdeviceptr loop_slab, loop_dev; /* the warm-up's world of one */
   CUdeviceptr warm_mem;           /* ... and its handle's arrays */
   struct dep_handle *warm_h;      /* the warm-up's handle */
+  void *stats_pinned;             /* the stats page as registered (cuda_ops_stats_bind), or NULL */
   struct cuops_job job;
 };
 
@@ -338,6 +347,15 @@ int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, c
  * DEP_ERR_UNSUPPORTED.
  */
 int cuda_ops_prepare(dep_client_t *c);
+/*
+ * At the end of dep_attach, once the warm-up has run: register the rank's
+ * stats page (c->stats, statrec.h) for the device and hand it to the
+ * kernels, which log each call there on the GPU's timer.  Without a page,
+ * or when registering fails, the kernels log nothing (no error: stats are
+ * an observation, never a reason to fail an attach).  cuda_ops_detach
+ * unregisters it.
+ */
+void cuda_ops_stats_bind(dep_client_t *c);
 /*
  * Then, after the slabs are mapped and c->ops is set up: place the
  * operations' memory in this rank's private area of its slab (zeroed on

@@ -57,7 +57,14 @@ DEP_EXPORT void dep_handle_free(dep_handle_t *h) {
   free(h);
 }
 
-#define OPS_CALL(op, check, run, cuda_run)                          \
+/*
+ * On the host backend each call is timed on the host clock around the
+ * synchronous C code and logged in the stats page (statrec.h): a call that
+ * ran consumed a seq and is logged under it, with its status; one refused
+ * before it ran (bad arguments, a broken context) is counted as refused.
+ * On cuda the kernels log their own calls, on the GPU's timer.
+ */
+#define OPS_CALL(op, sop, bytes, check, run, cuda_run)              \
   do {                                                              \
     if (c == NULL)                                                  \
       return DEP_ERR_INVALID;                                       \
@@ -70,41 +77,74 @@ DEP_EXPORT void dep_handle_free(dep_handle_t *h) {
       return (cuda_run);                                            \
     char why_[256] = "";                                            \
     rc_ = (check);                                                  \
-    if (rc_ != 0)                                                   \
+    if (rc_ != 0) {                                                 \
+      statrec_rejected(&c->stats, sop);                             \
       return client_seterr(c, rc_, op ": %s", why_);                \
-    return ops_result(c, op, (run));                                \
+    }                                                               \
+    const uint64_t seq_ = c->ops.seq, t0_ = statrec_now_ns();       \
+    rc_ = (run);                                                    \
+    const uint64_t ns_ = statrec_now_ns() - t0_;                    \
+    if (c->ops.seq != seq_)                                         \
+      statrec_call(&c->stats, sop, c->ops.seq, ns_, rc_, (bytes));  \
+    else if (rc_ != 0)                                              \
+      statrec_rejected(&c->stats, sop);                             \
+    return ops_result(c, op, rc_);                                  \
   } while (0)
 
 DEP_EXPORT int dep_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream_t stream) {
-  OPS_CALL("dep_layout", ops_check_layout(&c->ops, a, why_, sizeof why_),
-           host_ops_layout(&c->ops, a),
-           cuda_ops_layout(c, a, stream));
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  if (a == NULL)
+    return client_seterr(c, DEP_ERR_INVALID, "dep_layout: args must not be NULL");
+  int rc = ops_ready(c, "dep_layout");
+  if (rc != 0)
+    return rc;
+  if (c->cuda)
+    return cuda_ops_layout(c, a, stream);
+  char why[256] = "";
+  if ((rc = ops_check_layout(&c->ops, a, why, sizeof why)) != 0) {
+    statrec_rejected(&c->stats, DEP_STATS_OP_LAYOUT);
+    return client_seterr(c, rc, "dep_layout: %s", why);
+  }
+  /* A layout is local (no seq): its own ring, with the tokens it sends each rank. */
+  const uint64_t t0 = statrec_now_ns();
+  rc = host_ops_layout(&c->ops, a);
+  statrec_layout(&c->stats, statrec_now_ns() - t0, rc, a->tokens_per_rank, c->ops.world);
+  return ops_result(c, "dep_layout", rc);
 }
 
 DEP_EXPORT int dep_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, dep_handle_t *h,
                             dep_stream_t stream) {
-  OPS_CALL("dep_dispatch", ops_check_dispatch(&c->ops, a, h, why_, sizeof why_),
+  OPS_CALL("dep_dispatch", DEP_STATS_OP_DISPATCH,
+           dep_stats_bytes(a->num_tokens, c->ops.shape.hidden, false),
+           ops_check_dispatch(&c->ops, a, h, why_, sizeof why_),
            host_ops_dispatch(&c->ops, a, h),
            cuda_ops_dispatch(c, a, h, stream));
 }
 
 DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a,
                            const dep_handle_t *h, dep_stream_t stream) {
-  OPS_CALL("dep_combine", ops_check_combine(&c->ops, a, h, why_, sizeof why_),
+  OPS_CALL("dep_combine", DEP_STATS_OP_COMBINE,
+           dep_stats_bytes(h->num_tokens, c->ops.shape.hidden, false),
+           ops_check_combine(&c->ops, a, h, why_, sizeof why_),
            host_ops_combine(&c->ops, a, h),
            cuda_ops_combine(c, a, h, stream));
 }
 
 DEP_EXPORT int dep_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
                                dep_handle_t *h, dep_stream_t stream) {
-  OPS_CALL("dep_ll_dispatch", ops_check_ll_dispatch(&c->ops, a, h, why_, sizeof why_),
+  OPS_CALL("dep_ll_dispatch", DEP_STATS_OP_LL_DISPATCH,
+           dep_stats_bytes(a->num_tokens, c->ops.shape.hidden, a->use_fp8 != 0),
+           ops_check_ll_dispatch(&c->ops, a, h, why_, sizeof why_),
            host_ops_ll_dispatch(&c->ops, a, h),
            cuda_ops_ll_dispatch(c, a, h, stream));
 }
 
 DEP_EXPORT int dep_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
                               const dep_handle_t *h, dep_stream_t stream) {
-  OPS_CALL("dep_ll_combine", ops_check_ll_combine(&c->ops, a, h, why_, sizeof why_),
+  OPS_CALL("dep_ll_combine", DEP_STATS_OP_LL_COMBINE,
+           dep_stats_bytes(h->num_tokens, c->ops.shape.hidden, false),
+           ops_check_ll_combine(&c->ops, a, h, why_, sizeof why_),
            host_ops_ll_combine(&c->ops, a, h),
            cuda_ops_ll_combine(c, a, h, stream));
 }

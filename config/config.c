@@ -44,6 +44,7 @@ enum kind {
   K_UINT,    /* decimal integer, min..max, stored in .size bytes */
   K_SIZE,    /* bytes, or a number with KiB/MiB/GiB/TiB, min..max */
   K_MODE,    /* octal file mode */
+  K_RATIO,   /* a real number, dmin..dmax */
   K_STR,     /* a string shorter than .size */
   K_NAMES,   /* list of user/group names (or ids) */
   K_DEVICES, /* list of GPU UUIDs */
@@ -71,6 +72,7 @@ struct key {
   size_t count_off;               /* lists: where the entry count lives */
   size_t entry;                   /* lists: size of one entry */
   uint64_t min, max;              /* K_UINT, K_SIZE, K_MODE */
+  double dmin, dmax;              /* K_RATIO */
   unsigned flags;                 /* K_STR, list entries and K_SIZE */
   bool live;                      /* may change on SIGHUP without a restart */
   const struct key *sub;          /* K_SECTION (and K_PEERS: the keys of one peer) */
@@ -164,6 +166,8 @@ static const struct key root_keys[] = {
     {.name = "preallocation", .kind = K_BOOL, AT(preallocation)},
     {.name = "buffer_cache_enabled", .kind = K_BOOL, AT(buffer_cache_enabled)},
     {.name = "kernel_warmup", .kind = K_BOOL, AT(kernel_warmup), .live = true},
+    {.name = "warn_first_call_ratio", .kind = K_RATIO, AT(warn_first_call_ratio), .dmin = 1.0, .dmax = 100.0,
+     .live = true},
     {.name = "connection_pool_size", .kind = K_UINT, AT(connection_pool_size), .min = 1, .max = 1024},
     {.name = "listen", .kind = K_SECTION, .sub = listen_keys},
     {.name = "peers", .kind = K_PEERS, LIST(peers, n_peers), .sub = peer_keys},
@@ -191,6 +195,7 @@ void config_defaults(struct config *c) {
   c->preallocation = true;
   c->buffer_cache_enabled = true;
   c->kernel_warmup = true;
+  c->warn_first_call_ratio = 3.0;
   c->connection_pool_size = 24;
   c->listen_port = DEFAULT_PORT;
   c->peer_insecure = false;
@@ -522,6 +527,17 @@ static int apply_value(struct loader *L, const struct key *k, const yaml_node_t 
     put_uint(dst, k->size, x);
     return 0;
   }
+  case K_RATIO: {
+    double x = 0;
+    int rc = scalar ? config_value_ratio(s, n, &x) : CONFIG_VALUE_BAD;
+    if (rc == CONFIG_VALUE_BAD)
+      return wrong_type(L, v, "a number", path);
+    if (rc != CONFIG_VALUE_OK || x < k->dmin || x > k->dmax)
+      return fail(L, v->start_mark, "'%s' must be between %.1f and %g, got %s", path, k->dmin,
+                  k->dmax, shown(raw, n, got, sizeof got));
+    memcpy(dst, &x, sizeof x);
+    return 0;
+  }
   case K_ENUM:
     for (const struct name_value *t = k->names; scalar && t->name != NULL; t++)
       if (strlen(t->name) == n && strncasecmp(s, t->name, n) == 0) {
@@ -546,7 +562,6 @@ static const char *retired_key(const char *name, size_t n) {
       {"kernel_cache_dir", "deepepd has no kernel cache yet (the library's fatbin carries SASS for "
                            "sm_80, sm_90 and sm_100)"},
       {"adaptive_optimization", "deepepd makes no run-time tuning choices yet"},
-      {"warn_first_call_ratio", "deepepd does not time operations yet"},
   };
   for (size_t i = 0; i < sizeof retired / sizeof retired[0]; i++)
     if (strlen(retired[i].name) == n && memcmp(retired[i].name, name, n) == 0)
@@ -906,6 +921,12 @@ static bool same_value(const struct key *k, const char *a, const char *b) {
     }
     return true;
   }
+  case K_RATIO: {
+    double x, y;
+    memcpy(&x, a + k->off, sizeof x);
+    memcpy(&y, b + k->off, sizeof y);
+    return x == y;
+  }
   case K_BOOL:
     return memcmp(a + k->off, b + k->off, sizeof(bool)) == 0;
   case K_ENUM:
@@ -937,6 +958,12 @@ static const char *value_text(const struct key *k, const char *base, char *buf, 
   case K_MODE:
     snprintf(buf, len, "0%" PRIo64, get_uint(p, k->size));
     break;
+  case K_RATIO: {
+    double x;
+    memcpy(&x, p, sizeof x);
+    snprintf(buf, len, "%g", x);
+    break;
+  }
   case K_STR:
     snprintf(buf, len, "%s", p[0] != '\0' ? p : "\"\"");
     break;

@@ -69,6 +69,8 @@ struct config {
 
   /* kernels */
   bool kernel_warmup;                 /* default true */
+  double warn_first_call_ratio;       /* default 3, 1.0..100: log a first call slower than this
+                                         x its op's steady median (daemon/stats.c) */
 
   /* peers */
   uint32_t connection_pool_size;      /* default 24, 1..1024 */

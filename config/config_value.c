@@ -120,6 +120,25 @@ int config_value_mode(const char *s, size_t n, uint64_t *out) {
   return CONFIG_VALUE_OK;
 }
 
+int config_value_ratio(const char *s, size_t n, double *out) {
+  char buf[40];
+  if (n == 0 || n >= sizeof buf)
+    return CONFIG_VALUE_BAD;
+  memcpy(buf, s, n);
+  buf[n] = '\0';
+  if (strspn(buf, "0123456789.eE+-") != n)
+    return CONFIG_VALUE_BAD;
+  char *end;
+  errno = 0;
+  double d = strtod(buf, &end);
+  if (end != buf + n || !isfinite(d))
+    return CONFIG_VALUE_BAD;
+  if (errno == ERANGE)
+    return CONFIG_VALUE_TOO_BIG;
+  *out = d;
+  return CONFIG_VALUE_OK;
+}
+
 int config_value_bool(const char *s, size_t n, bool *out) {
   static const char *const yes[] = {"true", "yes", "on"}, *const no[] = {"false", "no", "off"};
   for (int i = 0; i < 3; i++) {

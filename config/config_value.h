@@ -38,6 +38,8 @@ int config_value_int(const char *s, size_t n, int64_t *out);
 int config_value_size(const char *s, size_t n, uint64_t *out, size_t *unit_at);
 /* Octal digits as chmod(1) reads them: 0660, 660 and 0o660 are one mode. */
 int config_value_mode(const char *s, size_t n, uint64_t *out);
+/* A finite real number written plainly (no nan, inf or hex). */
+int config_value_ratio(const char *s, size_t n, double *out);
 /* true/false, yes/no, on/off in any case. */
 int config_value_bool(const char *s, size_t n, bool *out);
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", or the same without "GPU-". */

@@ -47,6 +47,8 @@ void conn_init(uv_loop_t *loop) {
 
 uint32_t conn_count(void) { return conn_n_open; }
 
+struct conn *conn_first(void) { return conn_list; }
+
 struct conn *conn_find(uint64_t id) {
   for (struct conn *c = conn_list; c != NULL; c = c->next)
     if (c->id == id && !c->link.closed)

@@ -81,6 +81,8 @@ void conn_close(struct conn *c, const char *why);
 /* Whether requests on c are still served: not closed, not being shut down. */
 bool conn_open(const struct conn *c);
 
+/* Every connection, newest first, to walk with ->next (skip those !conn_open). */
+struct conn *conn_first(void);
 /* The open connection with this serial id (conn.id), or NULL once it is closed. */
 struct conn *conn_find(uint64_t id);
 

@@ -19,6 +19,7 @@
 #include "job.h"
 #include "log.h"
 #include "peer.h"
+#include "stats.h"
 
 /*
  * A STATUS body must fit DEP_PROTO_MAX_BODY: a job entry takes at most
@@ -286,6 +287,36 @@ static void control_job_nodes(struct conn *c, const struct dep_frame_hdr *h, siz
   free(m);
 }
 
+/* STATS_LEND: a rank of a running job asks for its stats page (stats.c). */
+static void control_stats_lend(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
+  if (len != 0) {
+    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "STATS_LEND carries no body, got %zu bytes",
+              len);
+    return;
+  }
+  stats_lend(c, h->request_id);
+}
+
+/* STATS: the per-rank figures of the jobs c may see (deepepctl stats, metrics, doctor). */
+static void control_stats(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
+                          size_t len) {
+  struct dep_msg_stats_req m;
+  if (proto_decode_stats_req(body, len, &m) != 0) {
+    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "malformed STATS body (%zu bytes)", len);
+    return;
+  }
+  stats_reply(c, h->request_id, &m);
+}
+
+/* CLIENTS: the connections c may see (deepepctl clients). */
+static void control_clients(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
+  if (len != 0) {
+    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "CLIENTS carries no body, got %zu bytes", len);
+    return;
+  }
+  stats_clients(c, h->request_id);
+}
+
 static void control_detach(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
   if (len != 0) {
     conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "DETACH carries no body, got %zu bytes", len);
@@ -336,6 +367,15 @@ void control_handle(struct conn *c, const struct dep_frame_hdr *h, const uint8_t
     break;
   case DEP_MSG_JOB_NODES:
     control_job_nodes(c, h, len);
+    break;
+  case DEP_MSG_STATS_LEND:
+    control_stats_lend(c, h, len);
+    break;
+  case DEP_MSG_STATS:
+    control_stats(c, h, body, len);
+    break;
+  case DEP_MSG_CLIENTS:
+    control_clients(c, h, len);
     break;
   default:
     /* Replies and notices travel from the daemon only. */

@@ -25,6 +25,7 @@
 #include "proto.h"
 #include "rdmadrv.h"
 #include "server.h"
+#include "stats.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -235,6 +236,7 @@ int main(int argc, char **argv) {
     goto out_loop;
   conn_init(&loop);
   job_init(&loop, &deepepd.cfg);
+  stats_init(&loop, &deepepd.cfg);
   /* STATUS says "starting" until the pools are made. */
   deepepd.starting = true;
   if (server_init(&loop, &deepepd.cfg) != 0)
@@ -269,6 +271,7 @@ out_server:
   server_fini();
 out_jobs:
   job_fini(); /* again on the way out of a failed start: its timers must close */
+  stats_fini();
   conn_fini();
   deepepd_fini();
   /* Let every close callback run, so nothing is left allocated. */

@@ -39,7 +39,9 @@
  *   PEER       the bytes of one peer protocol message (peer_proto.h), passed through
  *   JOB_NODES_OK  u32 n (<= 256), then n records: str job_id (<= 63),
  *              u32 world_size, u32 local_ranks, u32 remote_ranks, u32 nodes
- *   STATUS, DETACH, DETACH_OK, SHUTDOWN, RELOAD, PEERS, JOB_NODES: empty
+ *   STATS_LEND_OK, STATS, STATS_RANK, STATS_OK, CLIENTS_OK: proto_stats.c
+ *   STATUS, DETACH, DETACH_OK, SHUTDOWN, RELOAD, PEERS, JOB_NODES, STATS_LEND,
+ *   CLIENTS: empty
  */
 #include "proto.h"
 #include "codec.h"
@@ -600,7 +602,7 @@ int proto_decode_job_nodes(const uint8_t *p, size_t len, struct dep_msg_job_node
 static bool type_has_empty_body(uint16_t type) {
   return type == DEP_MSG_STATUS || type == DEP_MSG_DETACH || type == DEP_MSG_DETACH_OK ||
          type == DEP_MSG_SHUTDOWN || type == DEP_MSG_RELOAD || type == DEP_MSG_PEERS ||
-         type == DEP_MSG_JOB_NODES;
+         type == DEP_MSG_JOB_NODES || type == DEP_MSG_STATS_LEND || type == DEP_MSG_CLIENTS;
 }
 
 static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
@@ -634,6 +636,16 @@ static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
     return proto_encode_opaque(b, msg);
   case DEP_MSG_JOB_NODES_OK:
     return proto_encode_job_nodes(b, msg);
+  case DEP_MSG_STATS_LEND_OK:
+    return proto_encode_stats_lend_ok(b, msg);
+  case DEP_MSG_STATS:
+    return proto_encode_stats_req(b, msg);
+  case DEP_MSG_STATS_RANK:
+    return proto_encode_stats_rank(b, msg);
+  case DEP_MSG_STATS_OK:
+    return proto_encode_stats_ok(b, msg);
+  case DEP_MSG_CLIENTS_OK:
+    return proto_encode_clients(b, msg);
   default:
     return DEP_ERR_INVALID;
   }
@@ -698,6 +710,15 @@ int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg)
     return proto_decode_opaque(body, len, msg);
   /* JOB_NODES_OK is large (a fixed array): its callers decode it with
    * proto_decode_job_nodes into memory of their own. */
+  case DEP_MSG_STATS_LEND_OK:
+    return proto_decode_stats_lend_ok(body, len, msg);
+  case DEP_MSG_STATS:
+    return proto_decode_stats_req(body, len, msg);
+  case DEP_MSG_STATS_RANK:
+    return proto_decode_stats_rank(body, len, msg);
+  case DEP_MSG_STATS_OK:
+    return proto_decode_stats_ok(body, len, msg);
+  /* CLIENTS_OK allocates: its callers decode it with proto_decode_clients. */
   default:
     return DEP_ERR_PROTOCOL;
   }
@@ -715,6 +736,10 @@ const char *proto_type_name(uint16_t type) {
       [DEP_MSG_DRAIN_OK] = "DRAIN_OK",   [DEP_MSG_PEERS] = "PEERS",
       [DEP_MSG_PEERS_OK] = "PEERS_OK",   [DEP_MSG_PEER] = "PEER",
       [DEP_MSG_JOB_NODES] = "JOB_NODES", [DEP_MSG_JOB_NODES_OK] = "JOB_NODES_OK",
+      [DEP_MSG_STATS_LEND] = "STATS_LEND", [DEP_MSG_STATS_LEND_OK] = "STATS_LEND_OK",
+      [DEP_MSG_STATS] = "STATS",         [DEP_MSG_STATS_RANK] = "STATS_RANK",
+      [DEP_MSG_STATS_OK] = "STATS_OK",   [DEP_MSG_CLIENTS] = "CLIENTS",
+      [DEP_MSG_CLIENTS_OK] = "CLIENTS_OK",
   };
   return type < DEP_MSG_TYPE_MAX_ && names[type] != NULL ? names[type] : "UNKNOWN";
 }

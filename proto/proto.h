@@ -36,7 +36,11 @@
  *      multi-node jobs, beside STATUS_OK's job records, left as they are).
  *   4  PEERS_OK carries the RDMA device (or why none) and the bytes
  *      registered with it, and per peer the configured transport, the
- *      links on RDMA queue pairs and their keep-alive's round trip.
+ *      links on RDMA queue pairs and their keep-alive's round trip.  Added
+ *      since, without a bump (new types only): STATS_LEND and STATS_LEND_OK
+ *      (a rank's stats page, stats_page.h), STATS, STATS_RANK and STATS_OK
+ *      (deepepctl stats, metrics, doctor), CLIENTS and CLIENTS_OK
+ *      (deepepctl clients).
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -81,6 +85,13 @@ enum dep_msg_type {
   DEP_MSG_PEER = 18,     /* between daemons only: struct dep_msg_opaque, one peer_proto.h message */
   DEP_MSG_JOB_NODES = 19,    /* request: empty body */
   DEP_MSG_JOB_NODES_OK = 20, /* reply: struct dep_msg_job_nodes */
+  DEP_MSG_STATS_LEND = 21,    /* request: empty body; a rank of a running job asks for its stats page */
+  DEP_MSG_STATS_LEND_OK = 22, /* reply: struct dep_msg_stats_lend_ok, the page's memfd riding on it */
+  DEP_MSG_STATS = 23,         /* request: struct dep_msg_stats_req */
+  DEP_MSG_STATS_RANK = 24,    /* part of the STATS reply: struct dep_msg_stats_rank, one per rank */
+  DEP_MSG_STATS_OK = 25,      /* reply: struct dep_msg_stats_ok, after the ranks */
+  DEP_MSG_CLIENTS = 26,       /* request: empty body */
+  DEP_MSG_CLIENTS_OK = 27,    /* reply: struct dep_msg_clients */
   DEP_MSG_TYPE_MAX_
 };
 
@@ -205,6 +216,79 @@ struct dep_msg_job_nodes {
   struct dep_msg_job_node jobs[DEP_JOB_NODES_MAX];
 };
 
+/* STATS_LEND_OK: the rank's stats page (stats_page.h); its memfd rides on the frame. */
+struct dep_msg_stats_lend_ok {
+  uint32_t version;  /* DEP_STATS_VERSION of the daemon's layout */
+  uint32_t bytes;    /* the memfd's size: DEP_STATS_PAGE_BYTES */
+};
+
+/* STATS: the ranks of one job ("" for every job the asker may see). */
+struct dep_msg_stats_req {
+  char job_id[DEP_JOB_ID_MAX];
+};
+
+/* One op of one rank, as the daemon folded its calls (daemon/stats.c). */
+struct dep_msg_stats_op {
+  uint64_t calls;          /* calls that ran, the first included */
+  uint64_t first_ns;       /* the first call's time; 0 before one */
+  uint64_t steady_calls;   /* the calls after the first, which the histogram holds */
+  uint64_t median_ns, p99_ns; /* of those; 0 before one */
+  uint64_t steady_sum_ns;
+  uint64_t bytes;          /* summed over the calls that ran (stats_page.h dep_stats_bytes) */
+  uint64_t errors;         /* calls that failed, timeouts included, or were refused */
+  uint64_t timeouts;
+};
+
+#define DEP_STATS_WIRE_OPS 5      /* DEP_STATS_NOPS, which proto_stats.c holds it to */
+#define DEP_STATS_WIRE_LAYOUTS 16 /* DEP_STATS_LAYOUT_RING, likewise */
+struct dep_msg_stats_rank {
+  char job_id[DEP_JOB_ID_MAX];
+  uint32_t rank, local_rank, world, pid, uid;
+  uint8_t device_uuid[16];
+  uint32_t finished;       /* 1: the job has ended; these are its last figures */
+  uint32_t cuda;           /* 1: times are the kernels' own, on the GPU's timer */
+  uint64_t age_ms;         /* since the page was lent (the rank's attach) */
+  uint64_t ended_ms;       /* since the job ended (finished only) */
+  uint32_t attached;       /* 1: the attach times below were written */
+  uint64_t attach_total_ns, attach_wait_ns, attach_map_ns, attach_setup_ns, attach_warmup_ns;
+  uint64_t dropped;        /* calls overwritten in the ring before the daemon read them */
+  struct dep_msg_stats_op ops[DEP_STATS_WIRE_OPS];
+  uint64_t layouts;        /* layouts made */
+  uint32_t n_recent;       /* 0..DEP_STATS_WIRE_LAYOUTS recent layouts, newest first */
+  uint32_t recent_world;   /* 0..DEP_MAX_LOCAL_RANKS tokens per layout */
+  uint32_t recent[DEP_STATS_WIRE_LAYOUTS][DEP_MAX_LOCAL_RANKS]; /* tokens sent to each rank */
+};
+
+struct dep_msg_stats_ok {
+  uint32_t ranks;          /* STATS_RANK frames before this one */
+  uint32_t finished_jobs;  /* ended jobs whose figures are kept now */
+  uint32_t keep_jobs;      /* at most this many are kept ... */
+  uint32_t keep_s;         /* ... each for this long after it ended */
+  uint32_t warn_ratio_milli; /* warn_first_call_ratio x 1000 */
+  uint64_t warnings;       /* first-call warnings logged since the daemon started */
+  char largest_job[DEP_JOB_ID_MAX]; /* the largest arena lent since the daemon started */
+  uint8_t largest_uuid[16];         /* ... on this device */
+  uint64_t largest_bytes;           /* ... of this many bytes (0: none yet) */
+};
+
+/* CLIENTS_OK: the connections the asker may see, one record each. */
+#define DEP_CLIENTS_MAX 1024
+struct dep_msg_client {
+  uint32_t pid, uid;
+  char name[64];           /* from its HELLO, escaped */
+  char job_id[DEP_JOB_ID_MAX]; /* "" when it is no rank */
+  uint32_t rank, local_rank;
+  uint32_t attached;       /* 1: its job's rendezvous completed */
+  uint8_t device_uuid[16];
+  uint64_t connected_ms;   /* since it connected */
+  uint64_t attached_ms;    /* since its job's rendezvous completed (attached only) */
+};
+struct dep_msg_clients {
+  uint32_t n;              /* 0..DEP_CLIENTS_MAX */
+  uint32_t left_out;       /* connections beyond DEP_CLIENTS_MAX, not listed */
+  struct dep_msg_client *clients; /* the decoder allocates: proto_clients_free */
+};
+
 /* ---- header ---- */
 
 /* Write a header into out[DEP_PROTO_HDR_LEN]. */
@@ -274,6 +358,20 @@ void proto_peers_free(struct dep_msg_peers *m);
 int proto_encode_opaque(struct proto_buf *b, const struct dep_msg_opaque *m);
 /* m->data points into p: valid as long as p is. */
 int proto_decode_opaque(const uint8_t *p, size_t len, struct dep_msg_opaque *m);
+
+/* proto_stats.c: the stats and clients messages. */
+int proto_encode_stats_lend_ok(struct proto_buf *b, const struct dep_msg_stats_lend_ok *m);
+int proto_decode_stats_lend_ok(const uint8_t *p, size_t len, struct dep_msg_stats_lend_ok *m);
+int proto_encode_stats_req(struct proto_buf *b, const struct dep_msg_stats_req *m);
+int proto_decode_stats_req(const uint8_t *p, size_t len, struct dep_msg_stats_req *m);
+int proto_encode_stats_rank(struct proto_buf *b, const struct dep_msg_stats_rank *m);
+int proto_decode_stats_rank(const uint8_t *p, size_t len, struct dep_msg_stats_rank *m);
+int proto_encode_stats_ok(struct proto_buf *b, const struct dep_msg_stats_ok *m);
+int proto_decode_stats_ok(const uint8_t *p, size_t len, struct dep_msg_stats_ok *m);
+int proto_encode_clients(struct proto_buf *b, const struct dep_msg_clients *m);
+/* Allocates m->clients (NULL when none): free with proto_clients_free. */
+int proto_decode_clients(const uint8_t *p, size_t len, struct dep_msg_clients *m);
+void proto_clients_free(struct dep_msg_clients *m);
 
 /* The name of a message type for logs ("ATTACH"), or "UNKNOWN". */
 const char *proto_type_name(uint16_t type);

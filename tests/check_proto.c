@@ -173,6 +173,10 @@ union anymsg {
   struct dep_msg_attach_ok attach_ok;
   struct dep_msg_slab slab;
   struct dep_msg_text text;
+  struct dep_msg_stats_lend_ok stats_lend_ok;
+  struct dep_msg_stats_req stats_req;
+  struct dep_msg_stats_rank stats_rank;
+  struct dep_msg_stats_ok stats_ok;
 };
 
 /* Decoding must fail with `want`; a status that somehow succeeded is freed. */

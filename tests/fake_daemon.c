@@ -132,7 +132,16 @@ static void fake_serve(int lfd, enum fake_script script) {
                                     .op_timeout_ms = 1000};
       snprintf(a.backend, sizeof a.backend, "host");
       fake_send(fd, DEP_MSG_ATTACH_OK, h.request_id, &a, NULL, 0);
-      if (script != FAKE_ATTACH_FDS_LIE && fake_read(fd, &h) == 0 && h.type == DEP_MSG_DETACH) {
+      /* The client asks for its stats page next: this daemon has none to lend, as one older
+       * than STATS_LEND answers. */
+      bool more = script != FAKE_ATTACH_FDS_LIE && fake_read(fd, &h) == 0;
+      if (more && h.type == DEP_MSG_STATS_LEND) {
+        struct dep_msg_error e = {.code = DEP_ERR_UNSUPPORTED};
+        snprintf(e.message, sizeof e.message, "clients may not send STATS_LEND frames");
+        fake_send(fd, DEP_MSG_ERROR, h.request_id, &e, NULL, 0);
+        more = fake_read(fd, &h) == 0;
+      }
+      if (more && h.type == DEP_MSG_DETACH) {
         /* Once a daemon hears DETACH it may scrub the memory and lend it
          * to another job: the client must have let go of it by then. */
         if (script == FAKE_ATTACH_UNMAP && peer_maps_slab(fd))

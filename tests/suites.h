@@ -22,6 +22,7 @@
   XX(rdma)                  \
   XX(peers)                 \
   XX(multinode)             \
+  XX(stats)                 \
   XX(runner)                \
   XX(readme)
 #endif

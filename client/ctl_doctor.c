@@ -1,0 +1,377 @@
+/*
+ * ctl_doctor.c — `deepepctl doctor`: the field report's four checks
+ * (DESIGN §10), each OK, WARN or FAIL with what to do, as a table or
+ * --json; the exit status is 1 when any check fails.
+ *
+ *   connections  the control socket (there, a socket, who may connect) and
+ *                every configured peer daemon up with all its connections
+ *   kernels      what exists today: on the host backend nothing to load;
+ *                on cuda, whether this build carries the kernels at all
+ *                (the kernel cache's own check belongs to issue 16)
+ *   allocation   the largest arena lent since the daemon started against
+ *                what each device's pool has free now; on cuda each GPU's
+ *                compute mode, and MPS where ranks of one job share a GPU
+ *   balance      the tokens each rank receives in the newest layout every
+ *                rank of a job reported: the most over the mean, WARN above
+ *                DOCTOR_SKEW_WARN, FAIL above DOCTOR_SKEW_FAIL
+ */
+#include <errno.h>
+#include <grp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "ctl.h"
+#include "ctl_stats.h"
+#include "cudadrv.h"
+
+#define DOCTOR_SKEW_WARN 1.25
+#define DOCTOR_SKEW_FAIL 1.75
+#define DOCTOR_TEXT 1024
+
+enum doctor_result { DOCTOR_OK = 0, DOCTOR_WARN = 1, DOCTOR_FAIL = 2 };
+static const char *const doctor_names[] = {"OK", "WARN", "FAIL"};
+
+struct doctor_check {
+  const char *name;
+  enum doctor_result result;
+  char detail[DOCTOR_TEXT]; /* what was found, "; "-separated */
+  char action[DOCTOR_TEXT]; /* what to do, for WARN and FAIL */
+};
+
+static void doctor_add(char *buf, const char *fmt, va_list ap) {
+  size_t n = strlen(buf);
+  if (n > 0 && n + 2 < DOCTOR_TEXT) {
+    memcpy(buf + n, "; ", 3);
+    n += 2;
+  }
+  if (n < DOCTOR_TEXT)
+    vsnprintf(buf + n, DOCTOR_TEXT - n, fmt, ap);
+}
+
+/* A finding: raises the check's result to r and adds what was found. */
+static void doctor_note(struct doctor_check *k, enum doctor_result r, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void doctor_note(struct doctor_check *k, enum doctor_result r, const char *fmt, ...) {
+  if (r > k->result)
+    k->result = r;
+  va_list ap;
+  va_start(ap, fmt);
+  doctor_add(k->detail, fmt, ap);
+  va_end(ap);
+}
+
+static void doctor_do(struct doctor_check *k, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void doctor_do(struct doctor_check *k, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  doctor_add(k->action, fmt, ap);
+  va_end(ap);
+}
+
+/* ---- connections ------------------------------------------------------------------ */
+
+static const char *doctor_socket_path(const struct ctl *ctl) {
+  if (ctl->socket != NULL)
+    return ctl->socket;
+  const char *e = getenv(DEP_SOCKET_ENV);
+  return e != NULL && e[0] != '\0' ? e : DEP_DEFAULT_SOCKET;
+}
+
+static void doctor_socket(const struct ctl *ctl, struct doctor_check *k, bool connected,
+                          const char *why) {
+  const char *path = doctor_socket_path(ctl);
+  struct stat sb;
+  if (stat(path, &sb) != 0) {
+    doctor_note(k, DOCTOR_FAIL, "no control socket at %s (%s)", path, strerror(errno));
+    doctor_do(k, "start deepepd (systemctl start deepepd), or name its socket with -s");
+    return;
+  }
+  if (!S_ISSOCK(sb.st_mode)) {
+    doctor_note(k, DOCTOR_FAIL, "%s is not a socket", path);
+    doctor_do(k, "remove it and restart deepepd, or fix socket.path");
+    return;
+  }
+  struct group *g = getgrgid(sb.st_gid);
+  char group[64];
+  if (g != NULL)
+    snprintf(group, sizeof group, "%s", g->gr_name);
+  else
+    snprintf(group, sizeof group, "%u", (unsigned)sb.st_gid);
+  if (!connected) {
+    doctor_note(k, DOCTOR_FAIL, "control socket %s (mode %04o, group %s) does not answer: %s",
+                path, (unsigned)(sb.st_mode & 07777), group, why);
+    doctor_do(k, errno == EACCES ? "join the socket's group, or ask for allow.users/groups"
+                                 : "check that deepepd runs (systemctl status deepepd)");
+    return;
+  }
+  doctor_note(k, DOCTOR_OK, "control socket %s answers (mode %04o, group %s)", path,
+              (unsigned)(sb.st_mode & 07777), group);
+  if ((sb.st_mode & 0006) != 0) {
+    doctor_note(k, DOCTOR_WARN, "any local user may connect to it (mode %04o)",
+                (unsigned)(sb.st_mode & 07777));
+    doctor_do(k, "set socket.mode: 0660 and socket.group in deepepd.yaml");
+  }
+}
+
+static void doctor_peers(dep_client_t *c, struct doctor_check *k) {
+  struct client_frame f;
+  struct dep_msg_peers m = {0};
+  if (client_request(c, DEP_MSG_PEERS, NULL, DEP_MSG_PEERS_OK, CLIENT_REQUEST_TIMEOUT_MS, &f) !=
+      0) {
+    doctor_note(k, DOCTOR_WARN, "the daemon did not list its peers: %s", dep_errmsg(c));
+    doctor_do(k, "deepepctl peers says more");
+    return;
+  }
+  if (proto_decode_peers(f.body, f.hdr.body_len, &m) != 0)
+    m.n_peers = 0;
+  client_frame_release(&f);
+  if (m.n_peers == 0)
+    doctor_note(k, DOCTOR_OK, "no peers configured");
+  uint32_t up = 0;
+  for (uint32_t i = 0; i < m.n_peers; i++) {
+    const struct dep_msg_peer_info *p = &m.peers[i];
+    if (strcmp(p->state, "up") == 0 && p->conns_up == p->conns_total) {
+      up++;
+      continue;
+    }
+    doctor_note(k, DOCTOR_FAIL, "peer %s is %s on %s, %u/%u connections up%s%s", p->address,
+                p->state, p->transport, p->conns_up, p->conns_total,
+                p->last_error[0] ? ": " : "", p->last_error);
+  }
+  if (up < m.n_peers)
+    doctor_do(k, "check that deepepd runs on each peer, its listen address and port, the "
+                 "firewall between, and that both use the same peer_key_file");
+  if (m.n_peers > 0 && up > 0)
+    doctor_note(k, DOCTOR_OK, "%u of %u peers up with every connection", up, m.n_peers);
+  proto_peers_free(&m);
+}
+
+/* ---- kernels ------------------------------------------------------------------------ */
+
+static void doctor_kernels(const struct dep_status *st, struct doctor_check *k) {
+  if (strcmp(st->backend, "cuda") != 0) {
+    doctor_note(k, DOCTOR_OK, "%s backend: the operations are the library's C code, nothing "
+                "to load", st->backend);
+    return;
+  }
+#ifdef DEP_HAVE_FATBIN
+  doctor_note(k, DOCTOR_OK, "this build's library embeds the CUDA kernels (a fatbin); whether "
+              "each served GPU has SASS or a cached compile for it is not checked here yet");
+#else
+  doctor_note(k, DOCTOR_FAIL, "this build of libdeepep-client has no CUDA kernels (built "
+              "without nvcc): a rank's operations return DEP_ERR_UNSUPPORTED on cuda");
+  doctor_do(k, "rebuild with CUDA_HOME pointing at a CUDA toolkit");
+#endif
+}
+
+/* ---- allocation ------------------------------------------------------------------------ */
+
+static bool doctor_job_running(const struct dep_status *st, const char *id) {
+  for (uint32_t i = 0; i < st->num_jobs; i++)
+    if (strcmp(st->jobs[i].job_id, id) == 0)
+      return true;
+  return false;
+}
+
+static void doctor_pools(const struct dep_status *st, const struct ctl_stats *s,
+                         struct doctor_check *k) {
+  const double mib = 1024.0 * 1024.0;
+  const struct dep_msg_stats_ok *ok = &s->ok;
+  char uuid[DEP_UUID_STR_LEN];
+  cudadrv_uuid_str(ok->largest_uuid, uuid);
+  for (uint32_t i = 0; i < st->num_devices; i++) {
+    const struct dep_status_device *d = &st->devices[i];
+    uint64_t busy = d->pool_used_bytes + d->pool_held_bytes;
+    uint64_t avail = d->pool_total_bytes > busy ? d->pool_total_bytes - busy : 0;
+    bool largest_here = ok->largest_bytes > 0 && strcmp(uuid, d->uuid) == 0;
+    if (!largest_here || doctor_job_running(st, ok->largest_job)) {
+      doctor_note(k, DOCTOR_OK, "device %s: %.1f of %.1f MiB free", d->uuid,
+                  (double)avail / mib, (double)d->pool_total_bytes / mib);
+      continue;
+    }
+    if (ok->largest_bytes > avail) {
+      doctor_note(k, DOCTOR_FAIL, "device %s: job %s, the largest seen, took %.1f MiB, but only "
+                  "%.1f of %.1f MiB are free now (%.1f lent to running jobs, %.1f held by gone "
+                  "processes)", d->uuid, ok->largest_job, (double)ok->largest_bytes / mib,
+                  (double)avail / mib, (double)d->pool_total_bytes / mib,
+                  (double)d->pool_used_bytes / mib, (double)d->pool_held_bytes / mib);
+      doctor_do(k, "let the running jobs end, or raise pool.size_per_device (pool.host_size on "
+                   "the host backend) so that job %s can start again", ok->largest_job);
+    } else {
+      doctor_note(k, DOCTOR_OK, "device %s: %.1f MiB free, the largest job seen (%s) took %.1f",
+                  d->uuid, (double)avail / mib, ok->largest_job,
+                  (double)ok->largest_bytes / mib);
+    }
+  }
+}
+
+/* Ranks of one job on one GPU in more than one process: they need MPS to run at once. */
+static bool doctor_shared_gpu(const struct dep_msg_clients *m, const uint8_t *uuid) {
+  for (uint32_t i = 0; i < m->n; i++)
+    for (uint32_t j = i + 1; j < m->n; j++) {
+      const struct dep_msg_client *a = &m->clients[i], *b = &m->clients[j];
+      if (a->job_id[0] != '\0' && strcmp(a->job_id, b->job_id) == 0 && a->pid != b->pid &&
+          memcmp(a->device_uuid, b->device_uuid, 16) == 0 && memcmp(a->device_uuid, uuid, 16) == 0)
+        return true;
+    }
+  return false;
+}
+
+static void doctor_gpus(dep_client_t *c, const struct dep_status *st, struct doctor_check *k) {
+  if (strcmp(st->backend, "cuda") != 0)
+    return;
+  char why[256] = "";
+  const struct cudadrv *cu = cudadrv_load(why, sizeof why);
+  if (cu == NULL) {
+    doctor_note(k, DOCTOR_WARN, "cannot ask the GPUs here: %s", why);
+    doctor_do(k, "run deepepctl doctor on the node itself, where libcuda.so.1 loads");
+    return;
+  }
+  struct client_frame f;
+  struct dep_msg_clients m = {0};
+  if (client_request(c, DEP_MSG_CLIENTS, NULL, DEP_MSG_CLIENTS_OK, CLIENT_REQUEST_TIMEOUT_MS,
+                     &f) == 0) {
+    if (proto_decode_clients(f.body, f.hdr.body_len, &m) != 0)
+      m.n = 0;
+    client_frame_release(&f);
+  }
+  for (uint32_t i = 0; i < st->num_devices; i++) {
+    uint8_t uuid[16];
+    CUdevice dev;
+    if (cudadrv_uuid_parse(st->devices[i].uuid, uuid) != 0 ||
+        cudadrv_device_by_uuid(cu, uuid, &dev) != 0)
+      continue;
+    int mode = 0, mps = 0;
+    cu->cuDeviceGetAttribute(&mode, CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, dev);
+    if (cu->cuDeviceGetAttribute(&mps, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, dev) != CUDA_SUCCESS)
+      mps = 0;
+    /* 2: prohibited, 3: exclusive-process; 0 default. */
+    if (mode == 2 || (mode == 3 && !mps)) {
+      doctor_note(k, DOCTOR_FAIL, "GPU %s is in compute mode %s", st->devices[i].uuid,
+                  mode == 2 ? "prohibited" : "exclusive-process without MPS");
+      doctor_do(k, "set it to default (nvidia-smi -i %s -c DEFAULT), or run MPS",
+                st->devices[i].uuid);
+    }
+    if (doctor_shared_gpu(&m, uuid) && !mps) {
+      doctor_note(k, DOCTOR_WARN, "ranks of one job in several processes share GPU %s "
+                  "without MPS: their kernels time-slice", st->devices[i].uuid);
+      doctor_do(k, "start nvidia-cuda-mps-control -d for that GPU");
+    }
+  }
+  proto_clients_free(&m);
+}
+
+/* ---- load balance --------------------------------------------------------------------- */
+
+static void doctor_balance(const struct ctl_stats *s, struct doctor_check *k) {
+  uint32_t judged = 0;
+  for (uint32_t i = 0; i < s->n; i++) {
+    const char *job = s->ranks[i].job_id;
+    bool seen = false;
+    for (uint32_t j = 0; j < i && !seen; j++)
+      seen = strcmp(s->ranks[j].job_id, job) == 0;
+    if (seen)
+      continue;
+    uint32_t hot = 0;
+    double skew = ctl_stats_skew(s, job, &hot);
+    if (skew == 0)
+      continue;
+    judged++;
+    enum doctor_result r = skew > DOCTOR_SKEW_FAIL   ? DOCTOR_FAIL
+                           : skew > DOCTOR_SKEW_WARN ? DOCTOR_WARN
+                                                     : DOCTOR_OK;
+    doctor_note(k, r, "job %s: rank %u receives %.2f x the mean tokens per rank", job, hot,
+                skew);
+    if (r != DOCTOR_OK)
+      doctor_do(k, "job %s routes too many tokens to rank %u's experts: check the router's "
+                   "balance loss, or place experts so that hot ones spread over ranks",
+                job, hot);
+  }
+  if (judged == 0)
+    doctor_note(k, DOCTOR_OK, "no job has a layout from every rank to judge yet");
+}
+
+/* ---- the command ------------------------------------------------------------------------- */
+
+static const struct ctl_col doctor_fields[] = {
+    {"ok", "healthy", CTL_STR, 0},
+};
+
+static const struct ctl_col check_cols[] = {
+    {"check", "CHECK", CTL_STR, 0},
+    {"result", "RESULT", CTL_STR, 0},
+    {"detail", "FOUND", CTL_STR, 0},
+    {"action", "TO DO", CTL_STR, 0},
+};
+#define CHECK_NCOLS (sizeof check_cols / sizeof check_cols[0])
+
+static int doctor_render(const struct ctl *ctl, const struct doctor_check *k, size_t n) {
+  bool failed = false;
+  struct ctl_val cells[4 * CHECK_NCOLS];
+  for (size_t i = 0; i < n; i++) {
+    failed |= k[i].result == DOCTOR_FAIL;
+    cells[i * CHECK_NCOLS + 0].s = k[i].name;
+    cells[i * CHECK_NCOLS + 1].s = doctor_names[k[i].result];
+    cells[i * CHECK_NCOLS + 2].s = k[i].detail;
+    cells[i * CHECK_NCOLS + 3].s = k[i].action;
+  }
+  if (ctl->json) {
+    const struct ctl_val fields[] = {{.s = failed ? "false" : "true"}};
+    const struct ctl_table tables[] = {{"checks", "", check_cols, CHECK_NCOLS, n, cells, 0}};
+    const struct ctl_doc doc = {doctor_fields, fields, 1, tables, 1};
+    if (ctl_out_render(stdout, &doc, true) != 0)
+      return ctl_fail(ctl, DEP_ERR_NO_MEMORY, "out of memory");
+  } else {
+    /* One check per paragraph: its findings are too long for a table row. */
+    for (size_t i = 0; i < n; i++) {
+      printf("%-12s %-4s  %s\n", k[i].name, doctor_names[k[i].result], k[i].detail);
+      if (k[i].action[0] != '\0')
+        printf("%-12s %-4s  to do: %s\n", "", "", k[i].action);
+    }
+  }
+  return ctl_finish_output(failed ? CTL_EXIT_FAIL : CTL_EXIT_OK);
+}
+
+int ctl_doctor(struct ctl *ctl, int argc, char **argv) {
+  int rc = ctl_sub_options(ctl, argc, argv);
+  if (rc >= 0)
+    return rc;
+  struct doctor_check k[4] = {{.name = "connections"},
+                              {.name = "kernels"},
+                              {.name = "allocation"},
+                              {.name = "balance"}};
+  dep_client_t *c = NULL;
+  rc = dep_client_new(&c);
+  if (rc != 0)
+    return ctl_fail(ctl, rc, "%s", dep_strerror(rc));
+  client_set_name(c, "deepepctl " DEP_VERSION_STRING);
+  errno = 0;
+  rc = dep_connect(c, ctl->socket);
+  doctor_socket(ctl, &k[0], rc == 0, dep_errmsg(c));
+  struct dep_status *st = NULL;
+  struct ctl_stats s = {0};
+  if (rc == 0 && (rc = dep_status(c, &st)) == 0 && (rc = ctl_stats_fetch(c, NULL, &s)) == 0) {
+    doctor_peers(c, &k[0]);
+    doctor_kernels(st, &k[1]);
+    doctor_pools(st, &s, &k[2]);
+    doctor_gpus(c, st, &k[2]);
+    doctor_balance(&s, &k[3]);
+  } else {
+    /* Without the daemon the other checks cannot look: each says so. */
+    for (int i = 1; i < 4; i++) {
+      doctor_note(&k[i], DOCTOR_FAIL, "not checked: deepepd did not answer");
+      doctor_do(&k[i], "fix the connection first");
+    }
+  }
+  dep_client_free(c);
+  int out = doctor_render(ctl, k, 4);
+  ctl_stats_free(&s);
+  dep_status_free(st);
+  return out;
+}

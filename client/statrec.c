@@ -1,0 +1,95 @@
+/*
+ * statrec.c — lending, mapping and the less frequent writes of the per-rank
+ * stats page (statrec.h); the per-call writes are inline in statrec.h.
+ */
+#include "statrec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+
+uint64_t statrec_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static bool statrec_enabled(void) {
+  const char *e = getenv(STATREC_ENV);
+  return e == NULL || strcmp(e, "0") != 0;
+}
+
+void statrec_lend(dep_client_t *c) {
+  c->stats.page = NULL;
+  c->stats.layouts = 0;
+  if (!statrec_enabled())
+    return;
+  struct client_frame f;
+  /* An ERROR here (an older daemon's DEP_ERR_UNSUPPORTED, or one out of
+   * memory) leaves the connection open and the rank without stats. */
+  char saved[CLIENT_ERRMSG_MAX];
+  snprintf(saved, sizeof saved, "%s", c->errmsg);
+  int rc = client_request(c, DEP_MSG_STATS_LEND, NULL, DEP_MSG_STATS_LEND_OK,
+                          CLIENT_REQUEST_TIMEOUT_MS, &f);
+  snprintf(c->errmsg, sizeof c->errmsg, "%s", saved);
+  if (rc != 0)
+    return;
+  struct dep_msg_stats_lend_ok ok;
+  void *p = MAP_FAILED;
+  if (proto_decode_stats_lend_ok(f.body, f.hdr.body_len, &ok) == 0 && f.nfds == 1 &&
+      ok.version == DEP_STATS_VERSION && ok.bytes == DEP_STATS_PAGE_BYTES)
+    p = mmap(NULL, DEP_STATS_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, f.fds[0], 0);
+  client_frame_release(&f); /* closes the fd: the mapping stays */
+  if (p == MAP_FAILED)
+    return;
+  struct dep_stats_page *pg = p;
+  /* The daemon wrote the header; a page that is not ours to write is left alone. */
+  if (pg->magic != DEP_STATS_MAGIC || pg->version != DEP_STATS_VERSION ||
+      pg->rank != c->args.rank) {
+    munmap(p, DEP_STATS_PAGE_BYTES);
+    return;
+  }
+  c->stats.page = pg;
+}
+
+void statrec_attached(dep_client_t *c) {
+  struct dep_stats_page *p = c->stats.page;
+  if (p == NULL)
+    return;
+  p->backend_cuda = c->cuda ? 1u : 0u;
+  p->attach_total_ns = (uint64_t)(c->times.total_ms * 1e6);
+  p->attach_wait_ns = (uint64_t)(c->times.wait_ms * 1e6);
+  p->attach_map_ns = (uint64_t)(c->times.map_ms * 1e6);
+  p->attach_setup_ns = (uint64_t)(c->times.setup_ms * 1e6);
+  p->attach_warmup_ns = (uint64_t)(c->times.warmup_ms * 1e6);
+  __atomic_store_n(&p->attached, 1u, __ATOMIC_RELEASE);
+}
+
+void statrec_unmap(dep_client_t *c) {
+  if (c->stats.page != NULL)
+    munmap(c->stats.page, DEP_STATS_PAGE_BYTES);
+  c->stats.page = NULL;
+}
+
+void statrec_layout(struct statrec *s, uint64_t ns, int status, const int32_t *tokens_per_rank,
+                    uint32_t world) {
+  if (s->page == NULL)
+    return;
+  uint64_t n = ++s->layouts;
+  struct dep_stats_layout *e = &s->page->layouts[n % DEP_STATS_LAYOUT_RING];
+  __atomic_store_n(&e->n, 0, __ATOMIC_RELAXED); /* being rewritten: a reader skips it */
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  if (world > DEP_MAX_LOCAL_RANKS)
+    world = DEP_MAX_LOCAL_RANKS;
+  e->ns = ns > UINT32_MAX ? UINT32_MAX : (uint32_t)ns;
+  e->status = status;
+  e->world = status == 0 && tokens_per_rank != NULL ? world : 0;
+  for (uint32_t i = 0; i < e->world; i++)
+    e->tokens[i] = tokens_per_rank[i] > 0 ? (uint32_t)tokens_per_rank[i] : 0;
+  __atomic_store_n(&e->n, n, __ATOMIC_RELEASE);
+}

@@ -1,0 +1,154 @@
+/*
+ * stats_page.h — the per-rank stats page (DESIGN §10), defined once for the
+ * daemon that lends and reads it and the library (and, on cuda, its
+ * kernels) that write it.
+ *
+ * At attach the daemon lends each rank one page of host memory (a sealed
+ * memfd, STATS_LEND): the rank writes what each of its calls took, with
+ * plain stores and no system call, and the daemon reads the page on a timer
+ * and keeps the figures (daemon/stats.c).  So the trainer's hot path pays a
+ * clock read and a few stores, and the figures outlive the trainer.
+ *
+ * The writer keeps no histogram: it logs each call into a ring, and the
+ * daemon folds the ring into its own histograms.  That keeps the writer's
+ * work to stores it need not read back, which matters on cuda, where the
+ * writer is the last CTA of each kernel and the page is host memory across
+ * PCIe (a load there costs microseconds; a store is posted).
+ *
+ *   calls[]    one entry per communicating call (dispatch, combine and their
+ *              low-latency forms), at calls[seq % DEP_STATS_RING], where
+ *              seq is the call number the operations already keep
+ *              (host_ops.h, cuda_ops.h): the entry's seq is stored last,
+ *              with release ordering, and a reader takes an entry only when
+ *              it reads the same seq before and after copying it.
+ *   layouts[]  one entry per layout, at layouts[n % DEP_STATS_LAYOUT_RING],
+ *              n counting layouts from 1: its time and the tokens it sends
+ *              to each rank (the load-balance check reads these).
+ *   rejected[] calls the library refused before anything ran (bad
+ *              arguments, wrong state), per op: they have no seq.
+ *   attach_*   dep_attach_times, written once when dep_attach returns, then
+ *              attached = 1 (release).
+ *
+ * The page is input from another process: the daemon checks the header it
+ * wrote itself is unchanged and bounds every index it derives from it.
+ * Changing this layout changes what both ends compute: bump
+ * DEP_STATS_VERSION (the STATS_LEND reply carries it; a library of another
+ * version goes without stats rather than writing a layout the daemon
+ * misreads).
+ */
+#ifndef DEP_STATS_PAGE_H
+#define DEP_STATS_PAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "deepep.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The kernels (kernels/ops.cu) compute a call's bytes the way the host does. */
+#ifdef __CUDACC__
+#define DEP_STATS_HD __host__ __device__
+#else
+#define DEP_STATS_HD
+#endif
+
+#define DEP_STATS_MAGIC 0x53504544u /* "DEPS" */
+#define DEP_STATS_VERSION 1u
+
+/* Calls the ring holds: the daemon reads it every DEP_STATS_POLL_MS, so a
+ * rank may make this many calls per poll before entries are overwritten
+ * unread (counted as dropped: 40,960 calls a second at 100 ms). */
+#define DEP_STATS_RING 4096u
+#define DEP_STATS_LAYOUT_RING 16u
+#define DEP_STATS_POLL_MS 100u
+
+/* The operations, in the order of every per-op array.  XX(NAME, "name") */
+#define DEP_STATS_OPS(XX)            \
+  XX(LAYOUT, "layout")               \
+  XX(DISPATCH, "dispatch")           \
+  XX(COMBINE, "combine")             \
+  XX(LL_DISPATCH, "ll_dispatch")     \
+  XX(LL_COMBINE, "ll_combine")
+
+enum dep_stats_op {
+#define DEP__STATS_OP(name, str) DEP_STATS_OP_##name,
+  DEP_STATS_OPS(DEP__STATS_OP)
+#undef DEP__STATS_OP
+  DEP_STATS_NOPS
+};
+
+/* One communicating call.  32 bytes, naturally aligned, so that each field
+ * is one store on both the CPU and the GPU. */
+struct dep_stats_call {
+  uint64_t seq;    /* the call's number (1, 2, ...); 0: empty; stored last */
+  uint64_t bytes;  /* hidden-state bytes of the caller's tokens (dep_stats_bytes) */
+  uint32_t ns;     /* how long it took, saturating at UINT32_MAX */
+  uint16_t op;     /* enum dep_stats_op */
+  int16_t status;  /* 0, or the DEP_ERR_* it failed with */
+  uint64_t reserved;
+};
+
+/* One layout: when it ran and how many of this rank's tokens go to each rank. */
+struct dep_stats_layout {
+  uint64_t n;      /* layouts made so far, this one included; 0: empty; stored last */
+  uint32_t ns;
+  int32_t status;
+  uint32_t world;  /* entries of tokens[] in use */
+  uint32_t reserved;
+  uint32_t tokens[DEP_MAX_LOCAL_RANKS];
+};
+
+struct dep_stats_page {
+  /* written by the daemon when it lends the page, read-only for the rank */
+  uint32_t magic, version;
+  uint32_t bytes;          /* the page's size as lent */
+  uint32_t world;
+  uint32_t rank, local_rank;
+  /* written by the library */
+  uint32_t attached;       /* 1 once attach_* are written (release) */
+  uint32_t backend_cuda;   /* 1: times are the kernels' own (GPU time); 0: host clock */
+  uint64_t attach_total_ns, attach_wait_ns, attach_map_ns, attach_setup_ns, attach_warmup_ns;
+  uint64_t rejected[DEP_STATS_NOPS];
+  struct dep_stats_layout layouts[DEP_STATS_LAYOUT_RING];
+  struct dep_stats_call calls[DEP_STATS_RING];
+};
+
+/* What the daemon maps and the library is lent: the page rounded to 4 KiB. */
+#define DEP_STATS_PAGE_BYTES ((sizeof(struct dep_stats_page) + 4095u) / 4096u * 4096u)
+
+/* The op's name ("ll_dispatch"), or "unknown". */
+const char *dep_stats_op_name(unsigned op);
+
+/*
+ * The steady-state histogram, fixed size and log-scale: four buckets per
+ * power of two of nanoseconds (each 14 to 25 % wide), from 1 ns to 2^32 ns
+ * (4.3 s, where the call entry's ns saturates).  A quantile read from it is
+ * the middle of its bucket: within 12.5 % of the true value.
+ */
+#define DEP_STATS_BUCKETS 128u
+unsigned dep_stats_bucket(uint64_t ns);
+/* The smallest duration bucket b holds. */
+uint64_t dep_stats_bucket_low(unsigned b);
+/* The q-quantile (0 < q <= 1) of a histogram of n calls, in ns; 0 when n is 0. */
+uint64_t dep_stats_quantile(const uint32_t hist[DEP_STATS_BUCKETS], uint64_t n, double q);
+
+/*
+ * The bytes a call's figure counts, the same on both backends: the hidden
+ * states of the caller's num_tokens tokens, at 2 bytes a channel (bf16), or
+ * for an FP8 low-latency dispatch 1 byte plus its scales (4 bytes per 128
+ * channels).  GB/s in deepepctl stats is these bytes over the median time.
+ */
+static inline DEP_STATS_HD uint64_t dep_stats_bytes(uint32_t num_tokens, uint32_t hidden, bool fp8) {
+  uint64_t per = fp8 ? (uint64_t)hidden + (uint64_t)hidden / 32u : 2ull * hidden;
+  return (uint64_t)num_tokens * per;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DEP_STATS_PAGE_H */

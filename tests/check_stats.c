@@ -1,0 +1,599 @@
+/*
+ * check_stats.c — operability (DESIGN §10) as a specification, through a
+ * real deepepd and real rank processes on the host backend: the stats each
+ * rank's page reports, counted exactly; a job's figures kept after its
+ * ranks are killed; a first call slower than warn_first_call_ratio x the
+ * steady median logged naming job, rank and op; `deepepctl metrics` read by
+ * a real Prometheus parser (python3-prometheus-client's); `deepepctl
+ * doctor` passing on a healthy daemon and failing each check it can be
+ * made to fail here.  The histogram's buckets and quantiles are checked on
+ * their own first.
+ *
+ * What doctor's tests cannot provoke on the host backend, and so do not:
+ * the kernels check's FAIL (a cuda daemon with a library built without
+ * nvcc), a GPU's compute mode and MPS (no GPU here).  The conditions they
+ * do provoke are real, none simulated: no socket, a socket any user may
+ * use, a configured peer that is not there, a pool too full for the
+ * largest job seen, and a job routing every token to one rank.
+ */
+#include <check.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemonwire.h"
+#include "deepep.h"
+#include "proto.h"
+#include "stats_page.h"
+#include "testutil.h"
+
+/* ---- the histogram ------------------------------------------------------------- */
+
+START_TEST(buckets_cover_every_duration_in_order) {
+  unsigned prev = 0;
+  for (uint64_t ns = 1; ns < (1ull << 33); ns += ns / 7 + 1) {
+    unsigned b = dep_stats_bucket(ns);
+    ck_assert_uint_lt(b, DEP_STATS_BUCKETS);
+    ck_assert_uint_ge(b, prev);
+    prev = b;
+    if (b + 1 < DEP_STATS_BUCKETS) {
+      ck_assert_uint_le(dep_stats_bucket_low(b), ns);
+      ck_assert_uint_gt(dep_stats_bucket_low(b + 1), ns);
+    }
+  }
+}
+END_TEST
+
+START_TEST(quantiles_are_within_an_eighth_of_the_value) {
+  uint32_t hist[DEP_STATS_BUCKETS] = {0};
+  /* 99 calls of 10 us and one of 5 ms: median 10 us, p99 10 us, p100 5 ms. */
+  hist[dep_stats_bucket(10000)] = 99;
+  hist[dep_stats_bucket(5000000)] = 1;
+  uint64_t med = dep_stats_quantile(hist, 100, 0.5);
+  ck_assert_msg(med >= 8750 && med <= 11250, "median %llu", (unsigned long long)med);
+  uint64_t p99 = dep_stats_quantile(hist, 100, 0.99);
+  ck_assert_msg(p99 >= 8750 && p99 <= 11250, "p99 %llu", (unsigned long long)p99);
+  uint64_t top = dep_stats_quantile(hist, 100, 1.0);
+  ck_assert_msg(top >= 4375000 && top <= 5625000, "p100 %llu", (unsigned long long)top);
+  ck_assert_uint_eq(dep_stats_quantile(hist, 0, 0.5), 0);
+}
+END_TEST
+
+/* ---- rank processes -------------------------------------------------------------- */
+
+#define ST_W 2u
+#define ST_HIDDEN 256u
+#define ST_EXPERTS 8u
+#define ST_TOPK 2u
+#define ST_TOKENS 64u
+#define ST_LL 16u
+static const struct dep_job_shape st_shape = {.max_tokens_per_rank = ST_TOKENS,
+                                              .hidden = ST_HIDDEN,
+                                              .num_experts = ST_EXPERTS,
+                                              .topk = ST_TOPK,
+                                              .max_ll_tokens_per_rank = ST_LL,
+                                              .dtype = DEP_DTYPE_BF16};
+
+/* What each rank does, in this order. */
+struct st_plan {
+  uint32_t layouts;   /* layouts of ST_TOKENS tokens */
+  uint32_t pairs;     /* dispatch + combine of `tokens` tokens */
+  uint32_t ll_pairs;  /* ll_dispatch + ll_combine of ST_LL tokens */
+  uint32_t bad;       /* dispatches refused (num_tokens over the job's bound) */
+  uint32_t tokens;    /* tokens per dispatch after the first (0: ST_TOKENS) */
+  bool to_rank0;      /* every token selects experts of rank 0 only */
+  struct dep_job_shape shape; /* zero: st_shape */
+};
+
+static int st_rank_run(dep_client_t *c, const struct st_plan *p, char *msg, size_t len) {
+  const struct dep_job_shape *s = &p->shape;
+  const uint32_t T = s->max_tokens_per_rank, H = s->hidden, K = s->topk, E = s->num_experts;
+  const uint32_t L = s->max_ll_tokens_per_rank, le = E / ST_W;
+  uint16_t *x = calloc((size_t)T * H, 2), *rx = calloc((size_t)ST_W * T * H, 2);
+  uint16_t *out = calloc((size_t)T * H, 2);
+  uint16_t *lrx = calloc((size_t)le * ST_W * L * H, 2);
+  int64_t *idx = calloc((size_t)T * K, 8);
+  float *w = calloc((size_t)T * K, 4), *rw = calloc((size_t)ST_W * T * K, 4);
+  int32_t *ridx = calloc((size_t)ST_W * T * K, 4), *cnt = calloc(E, 4), *lcnt = calloc(E, 4);
+  int32_t tpr[ST_W], *tpe = calloc(E, 4);
+  uint8_t *tir = calloc((size_t)T * ST_W, 1);
+  for (uint32_t t = 0; t < T; t++)
+    for (uint32_t k = 0; k < K; k++) {
+      idx[(size_t)t * K + k] = p->to_rank0 ? (int64_t)k % le : (int64_t)((t + k * le) % E);
+      w[(size_t)t * K + k] = 0.5f;
+    }
+  dep_handle_t *h = NULL;
+  int rc = dep_handle_new(c, &h);
+#define ST_CALL(what, expr)                                                      \
+  if (rc == 0 && (rc = (expr)) != 0)                                             \
+    snprintf(msg, len, "%s: %s: %s", what, dep_errname(rc), dep_errmsg(c));
+  for (uint32_t i = 0; i < p->layouts && rc == 0; i++) {
+    struct dep_layout_args a = {idx, DEP_INDEX_I64, T, tpr, tpe, tir};
+    ST_CALL("dep_layout", dep_layout(c, &a, NULL));
+  }
+  for (uint32_t i = 0; i < p->pairs && rc == 0; i++) {
+    uint32_t n = i == 0 || p->tokens == 0 ? T : p->tokens, nr = 0;
+    struct dep_dispatch_args d = {x, idx, DEP_INDEX_I64, w, n, rx, ridx, rw, cnt, &nr};
+    ST_CALL("dep_dispatch", dep_dispatch(c, &d, h, NULL));
+    struct dep_combine_args cb = {rx, out};
+    ST_CALL("dep_combine", dep_combine(c, &cb, h, NULL));
+  }
+  for (uint32_t i = 0; i < p->ll_pairs && rc == 0; i++) {
+    struct dep_ll_dispatch_args d = {x, idx, DEP_INDEX_I64, L, 0, lrx, NULL, lcnt};
+    ST_CALL("dep_ll_dispatch", dep_ll_dispatch(c, &d, h, NULL));
+    struct dep_ll_combine_args cb = {lrx, idx, DEP_INDEX_I64, w, out};
+    ST_CALL("dep_ll_combine", dep_ll_combine(c, &cb, h, NULL));
+  }
+  for (uint32_t i = 0; i < p->bad && rc == 0; i++) {
+    uint32_t nr = 0;
+    struct dep_dispatch_args d = {x, idx, DEP_INDEX_I64, w, T + 1, rx, ridx, rw, cnt, &nr};
+    if (dep_dispatch(c, &d, h, NULL) != DEP_ERR_INVALID) {
+      snprintf(msg, len, "a dispatch of %u tokens (bound %u) was not DEP_ERR_INVALID", T + 1, T);
+      rc = DEP_ERR_INTERNAL;
+    }
+  }
+#undef ST_CALL
+  dep_handle_free(h);
+  free(x), free(rx), free(out), free(lrx), free(idx), free(w), free(rw), free(ridx), free(cnt);
+  free(lcnt), free(tpe), free(tir);
+  return rc;
+}
+
+struct st_rank {
+  pid_t pid;
+  int rep, go;
+};
+
+/* A rank: attach, run the plan, report "ok" or the failure, wait for its word, detach. */
+static void st_spawn(struct st_rank *r, const struct tu_daemon *d, const char *job, uint32_t rank,
+                     const struct st_plan *plan) {
+  int rep[2], go[2];
+  ck_assert_int_eq(pipe(rep), 0);
+  ck_assert_int_eq(pipe(go), 0);
+  fflush(NULL);
+  r->pid = fork();
+  ck_assert_int_ge(r->pid, 0);
+  if (r->pid == 0) {
+    close(rep[0]);
+    close(go[1]);
+    struct st_plan p = *plan;
+    if (p.shape.hidden == 0)
+      p.shape = st_shape;
+    struct dep_attach_args a = {.rank = rank, .world_size = ST_W, .local_rank = rank,
+                                .local_world_size = ST_W, .shape = p.shape};
+    snprintf(a.job_id, sizeof a.job_id, "%s", job);
+    char msg[400] = "ok";
+    dep_client_t *c = NULL;
+    int rc = dep_client_new(&c);
+    if (rc == 0 && (rc = dep_connect(c, d->sock)) == 0 && (rc = dep_attach(c, &a)) != 0)
+      snprintf(msg, sizeof msg, "dep_attach: %s", dep_errmsg(c));
+    if (rc == 0)
+      rc = st_rank_run(c, &p, msg, sizeof msg);
+    if (write(rep[1], msg, strlen(msg) + 1) < 0)
+      _exit(3);
+    char g;
+    if (read(go[0], &g, 1) != 1)
+      _exit(0);
+    if (rc == 0)
+      dep_detach(c);
+    dep_client_free(c);
+    _exit(rc == 0 ? 0 : 1);
+  }
+  close(rep[1]);
+  close(go[0]);
+  r->rep = rep[0];
+  r->go = go[1];
+}
+
+/* The rank ran its plan. */
+static void st_ran(struct st_rank *r) {
+  char msg[400] = "";
+  ssize_t n = read(r->rep, msg, sizeof msg - 1);
+  ck_assert_msg(n > 0, "rank pid %d exited before reporting", (int)r->pid);
+  ck_assert_msg(strcmp(msg, "ok") == 0, "rank pid %d: %s", (int)r->pid, msg);
+}
+
+static void st_finish(struct st_rank *r, bool kill9) {
+  if (kill9)
+    kill(r->pid, SIGKILL);
+  else
+    ck_assert_int_eq(write(r->go, "g", 1), 1);
+  int st = 0;
+  ck_assert_int_eq(waitpid(r->pid, &st, 0), r->pid);
+  if (!kill9)
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank pid %d: status 0x%x",
+                  (int)r->pid, st);
+  close(r->rep);
+  close(r->go);
+}
+
+/* ---- asking the daemon -------------------------------------------------------------- */
+
+/* STATS for job: its ranks' records into out[] (by rank), their count returned. */
+static uint32_t st_fetch(const struct tu_daemon *d, const char *job,
+                         struct dep_msg_stats_rank out[ST_W], struct dep_msg_stats_ok *ok) {
+  int fd = dw_client(d);
+  struct dep_msg_stats_req req;
+  memset(&req, 0, sizeof req);
+  snprintf(req.job_id, sizeof req.job_id, "%s", job);
+  ck_assert_int_eq(dw_send_frame(fd, DEP_MSG_STATS, 7, &req), 0);
+  struct dw_frame *f = dw_frame_new();
+  uint32_t n = 0;
+  for (;;) {
+    ck_assert_int_eq(dw_recv_frame(fd, f, 5000), 0);
+    ck_assert_uint_eq(f->h.request_id, 7);
+    if (f->h.type == DEP_MSG_STATS_OK) {
+      ck_assert_int_eq(proto_decode_stats_ok(f->body, f->h.body_len, ok), 0);
+      break;
+    }
+    ck_assert_msg(f->h.type == DEP_MSG_STATS_RANK, "got %s", proto_type_name(f->h.type));
+    struct dep_msg_stats_rank r;
+    ck_assert_int_eq(proto_decode_stats_rank(f->body, f->h.body_len, &r), 0);
+    ck_assert_str_eq(r.job_id, job);
+    ck_assert_uint_lt(r.rank, ST_W);
+    out[r.rank] = r;
+    n++;
+  }
+  ck_assert_uint_eq(ok->ranks, n);
+  free(f);
+  close(fd);
+  return n;
+}
+
+static void st_expect_op(const struct dep_msg_stats_rank *r, unsigned op, uint64_t calls,
+                         uint64_t errors, uint64_t bytes) {
+  const struct dep_msg_stats_op *o = &r->ops[op];
+  ck_assert_msg(o->calls == calls && o->errors == errors && o->timeouts == 0,
+                "rank %u %s: %llu calls %llu errors %llu timeouts, want %llu and %llu and 0",
+                r->rank, dep_stats_op_name(op), (unsigned long long)o->calls,
+                (unsigned long long)o->errors, (unsigned long long)o->timeouts,
+                (unsigned long long)calls, (unsigned long long)errors);
+  ck_assert_uint_eq(o->bytes, bytes);
+  if (calls > 0) {
+    ck_assert_uint_gt(o->first_ns, 0);
+    ck_assert_uint_eq(o->steady_calls, calls - 1);
+  }
+  if (calls > 1) {
+    ck_assert_uint_gt(o->median_ns, 0);
+    ck_assert_uint_ge(o->p99_ns, o->median_ns);
+  }
+}
+
+START_TEST(stats_count_every_call_and_outlive_the_job) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  const struct st_plan plan = {.layouts = 3, .pairs = 10, .ll_pairs = 12, .bad = 2};
+  struct st_rank r[ST_W];
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_spawn(&r[i], &d, "st-count", i, &plan);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_ran(&r[i]);
+  struct dep_msg_stats_rank got[ST_W];
+  struct dep_msg_stats_ok ok;
+  ck_assert_uint_eq(st_fetch(&d, "st-count", got, &ok), ST_W);
+  const uint64_t tp = dep_stats_bytes(ST_TOKENS, ST_HIDDEN, false);
+  const uint64_t ll = dep_stats_bytes(ST_LL, ST_HIDDEN, false);
+  for (uint32_t i = 0; i < ST_W; i++) {
+    const struct dep_msg_stats_rank *g = &got[i];
+    ck_assert_uint_eq(g->finished, 0);
+    ck_assert_uint_eq(g->cuda, 0);
+    ck_assert_uint_eq(g->attached, 1);
+    ck_assert_uint_gt(g->attach_total_ns, 0);
+    ck_assert_uint_eq(g->dropped, 0);
+    st_expect_op(g, DEP_STATS_OP_LAYOUT, 3, 0, 0);
+    st_expect_op(g, DEP_STATS_OP_DISPATCH, 10, 2, 10 * tp);
+    st_expect_op(g, DEP_STATS_OP_COMBINE, 10, 0, 10 * tp);
+    st_expect_op(g, DEP_STATS_OP_LL_DISPATCH, 12, 0, 12 * ll);
+    st_expect_op(g, DEP_STATS_OP_LL_COMBINE, 12, 0, 12 * ll);
+    /* Tokens per rank: with topk 2 over 4 experts a rank, token t selects experts t and
+     * t + 4 (mod 8), one on each rank: every token goes to both ranks. */
+    ck_assert_uint_eq(g->layouts, 3);
+    ck_assert_uint_eq(g->n_recent, 3);
+    ck_assert_uint_eq(g->recent_world, ST_W);
+    ck_assert_uint_eq(g->recent[0][0], ST_TOKENS);
+    ck_assert_uint_eq(g->recent[0][1], ST_TOKENS);
+  }
+  /* The ranks die: the job ends, and its figures stay, marked ended. */
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_finish(&r[i], true);
+  int64_t deadline = dw_now_ms() + 5000;
+  do {
+    dw_sleep_ms(50);
+    ck_assert_uint_eq(st_fetch(&d, "st-count", got, &ok), ST_W);
+  } while (got[0].finished == 0 && dw_now_ms() < deadline);
+  ck_assert_uint_eq(got[0].finished, 1);
+  ck_assert_uint_eq(got[1].finished, 1);
+  ck_assert_uint_eq(got[0].ops[DEP_STATS_OP_DISPATCH].calls, 10);
+  ck_assert_uint_ge(ok.finished_jobs, 1);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(a_slow_first_call_is_logged_with_job_rank_and_op) {
+  struct tu_daemon d;
+  dw_start(&d, "warn_first_call_ratio: 2\n");
+  /* The first dispatch moves 1024 tokens of 2048 channels, the next 20 one token each:
+   * the first is hundreds of times the steady median (a large first input, no hook). */
+  struct st_plan plan = {.pairs = 21, .tokens = 1,
+                         .shape = {.max_tokens_per_rank = 1024, .hidden = 2048,
+                                   .num_experts = ST_EXPERTS, .topk = ST_TOPK,
+                                   .max_ll_tokens_per_rank = ST_LL, .dtype = DEP_DTYPE_BF16}};
+  struct st_rank r[ST_W];
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_spawn(&r[i], &d, "st-slow", i, &plan);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_ran(&r[i]);
+  ck_assert_msg(dw_log_has(&d, "job st-slow rank 0: the first dispatch took", 5000),
+                "no first-call warning for rank 0's dispatch in:\n%s", tu_daemon_log(&d));
+  ck_assert(dw_log_has(&d, "job st-slow rank 1: the first dispatch took", 5000));
+  ck_assert(dw_log_has(&d, "(warn_first_call_ratio 2)", 0));
+  struct dep_msg_stats_rank got[ST_W];
+  struct dep_msg_stats_ok ok;
+  st_fetch(&d, "st-slow", got, &ok);
+  ck_assert_uint_ge(ok.warnings, 2);
+  ck_assert_uint_eq(ok.warn_ratio_milli, 2000);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_finish(&r[i], false);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(an_ordinary_first_call_is_not_logged) {
+  struct tu_daemon d;
+  dw_start(&d, "warn_first_call_ratio: 100\n");
+  const struct st_plan plan = {.pairs = 12};
+  struct st_rank r[ST_W];
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_spawn(&r[i], &d, "st-calm", i, &plan);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_ran(&r[i]);
+  struct dep_msg_stats_rank got[ST_W];
+  struct dep_msg_stats_ok ok;
+  st_fetch(&d, "st-calm", got, &ok); /* folds, and so checks, what the ranks wrote */
+  ck_assert_uint_eq(got[0].ops[DEP_STATS_OP_DISPATCH].calls, 12);
+  ck_assert(!dw_log_has(&d, "the first dispatch took", 300));
+  ck_assert_uint_eq(ok.warnings, 0);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_finish(&r[i], false);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+/* ---- deepepctl --------------------------------------------------------------------- */
+
+/* Run deepepctl with args (NULL-terminated) to its end; its exit code, stdout malloc'd. */
+static int st_ctl(const char *dir, char **out, const char *const *args) {
+  char path[300];
+  dw_sfmt(path, sizeof path, "%s/ctl.out", dir);
+  const char *argv[12] = {"deepepctl"};
+  int n = 1;
+  for (; args[n - 1] != NULL; n++)
+    argv[n] = args[n - 1];
+  argv[n] = NULL;
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    int o = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (o < 0)
+      _exit(126);
+    dup2(o, 1);
+    unsetenv(DEP_SOCKET_ENV);
+    execv(tu_bin("deepepctl"), (char *const *)argv);
+    _exit(127);
+  }
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert(WIFEXITED(st));
+  *out = dw_slurp(path);
+  return WEXITSTATUS(st);
+}
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* A Prometheus parser's reading of the file: the families and samples it found, or why not. */
+static const char st_parse_py[] =
+    "import sys\n"
+    "from prometheus_client.parser import text_string_to_metric_families\n"
+    "fams = {f.name: f for f in text_string_to_metric_families(open(sys.argv[1]).read())}\n"
+    "calls = [s for s in fams['deepep_op_calls'].samples if s.labels['op'] == 'dispatch']\n"
+    "assert len(calls) == 2, calls\n"
+    "assert all(s.value == 10 for s in calls), calls\n"
+    "assert all(set(s.labels) == {'job', 'rank', 'op', 'device'} for s in calls), calls\n"
+    "lat = fams['deepep_op_latency_seconds']\n"
+    "assert lat.type == 'summary', lat.type\n"
+    "q = [s for s in lat.samples if s.labels.get('quantile') == '0.5']\n"
+    "assert q and all(s.value > 0 for s in q), lat.samples\n"
+    "assert fams['deepep_pool_bytes'].type == 'gauge'\n"
+    "assert fams['deepep_daemon_up'].samples[0].value == 1\n"
+    "print('parsed', len(fams), 'families')\n";
+
+START_TEST(metrics_parse_with_a_prometheus_parser) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  const struct st_plan plan = {.pairs = 10};
+  struct st_rank r[ST_W];
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_spawn(&r[i], &d, "st-prom", i, &plan);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_ran(&r[i]);
+  char *out = NULL;
+  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "metrics")), 0);
+  char prom[300], py[300], res[300];
+  dw_sfmt(prom, sizeof prom, "%s/deepep.prom", d.dir);
+  dw_sfmt(py, sizeof py, "%s/parse.py", d.dir);
+  dw_sfmt(res, sizeof res, "%s/parse.out", d.dir);
+  ck_assert_int_eq(tu_write_file(prom, out), 0);
+  ck_assert_int_eq(tu_write_file(py, st_parse_py), 0);
+  char cmd[1200];
+  dw_sfmt(cmd, sizeof cmd, "/usr/bin/python3 %s %s > %s 2>&1", py, prom, res);
+  int rc = system(cmd);
+  char *said = dw_slurp(res);
+  ck_assert_msg(rc == 0, "the Prometheus parser refused deepepctl metrics (is "
+                "python3-prometheus-client installed? make deps): %s\n--- metrics:\n%s",
+                said, out);
+  ck_assert_msg(strstr(said, "parsed") != NULL, "%s", said);
+  free(said);
+  free(out);
+  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "stats", "st-prom")), 0);
+  ck_assert_msg(strstr(out, "\"op\":\"dispatch\"") != NULL, "%s", out);
+  ck_assert_msg(strstr(out, "\"calls\":10,") != NULL, "%s", out);
+  free(out);
+  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "clients")), 0);
+  ck_assert_msg(strstr(out, "\"job\":\"st-prom\",\"rank\":1,") != NULL, "%s", out);
+  ck_assert_msg(strstr(out, "\"attached\":\"yes\"") != NULL, "%s", out);
+  free(out);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_finish(&r[i], false);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+/* doctor's result for one check ("OK", "WARN", "FAIL") in its JSON. */
+static bool st_doctor_says(const char *out, const char *check, const char *result) {
+  char want[160];
+  dw_sfmt(want, sizeof want, "{\"check\":\"%s\",\"result\":\"%s\"", check, result);
+  return strstr(out, want) != NULL;
+}
+
+START_TEST(doctor_passes_on_a_healthy_node) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  /* The mode a node's socket has (the tests' daemons make theirs 0666 for other uids). */
+  ck_assert_int_eq(chmod(d.sock, 0660), 0);
+  const struct st_plan plan = {.layouts = 2, .pairs = 2};
+  struct st_rank r[ST_W];
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_spawn(&r[i], &d, "st-healthy", i, &plan);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_ran(&r[i]);
+  char *out = NULL;
+  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "doctor")), 0);
+  const char *checks[] = {"connections", "kernels", "allocation", "balance"};
+  for (int i = 0; i < 4; i++)
+    ck_assert_msg(st_doctor_says(out, checks[i], "OK"), "%s not OK: %s", checks[i], out);
+  ck_assert_msg(strstr(out, "rank 0 receives 1.00 x the mean") != NULL ||
+                    strstr(out, "rank 1 receives 1.00 x the mean") != NULL, "%s", out);
+  free(out);
+  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "doctor")), 0);
+  ck_assert_msg(strstr(out, "balance      OK") != NULL, "%s", out);
+  free(out);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_finish(&r[i], false);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(doctor_fails_connections_without_a_daemon_or_a_peer) {
+  char dir[200];
+  tu_tmpdir(dir, sizeof dir);
+  char sock[300];
+  dw_sfmt(sock, sizeof sock, "%s/none.sock", dir);
+  char *out = NULL;
+  ck_assert_int_eq(st_ctl(dir, &out, ARGS("-s", sock, "--json", "doctor")), 1);
+  ck_assert_msg(st_doctor_says(out, "connections", "FAIL"), "%s", out);
+  ck_assert_msg(strstr(out, "no control socket at") != NULL, "%s", out);
+  free(out);
+  tu_rmtree(dir);
+  /* A peer configured where no daemon listens, and a socket any user may use. */
+  struct tu_daemon d;
+  char y[300];
+  int port = 20000 + 8 * (int)(getpid() % 1500) + 3;
+  dw_sfmt(y, sizeof y, "peers: [{host: 127.0.0.1, port: %d}]\npeer_insecure: true\n"
+          "peer_wait_ms: 0\n", port);
+  dw_start(&d, y);
+  ck_assert_int_eq(chmod(d.sock, 0666), 0);
+  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "doctor")), 1);
+  ck_assert_msg(st_doctor_says(out, "connections", "FAIL"), "%s", out);
+  ck_assert_msg(strstr(out, "peer 127.0.0.1:") != NULL, "%s", out);
+  ck_assert_msg(strstr(out, "any local user may connect") != NULL, "%s", out);
+  ck_assert_msg(st_doctor_says(out, "allocation", "OK"), "%s", out);
+  free(out);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(doctor_fails_allocation_when_the_largest_job_cannot_start_again) {
+  /* A 48 MiB pool; job A's arena (two slabs of 512 tokens of 4096 channels) is about
+   * 33 MB: it runs and ends; job B's (384 tokens) about 25 MB runs: A could not start again
+   * now. */
+  struct tu_daemon d;
+  dw_start(&d, "pool:\n  host_size: 48MiB\n  chunk_size: 2MiB\n");
+  ck_assert_int_eq(chmod(d.sock, 0660), 0);
+  struct st_plan big = {.pairs = 1,
+                        .shape = {.max_tokens_per_rank = 512, .hidden = 4096,
+                                  .num_experts = ST_EXPERTS, .topk = ST_TOPK,
+                                  .max_ll_tokens_per_rank = ST_LL, .dtype = DEP_DTYPE_BF16}};
+  struct st_plan other = big;
+  other.shape.max_tokens_per_rank = 384;
+  struct st_rank a[ST_W], b[ST_W];
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_spawn(&a[i], &d, "st-big", i, &big);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_ran(&a[i]);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_finish(&a[i], false);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_spawn(&b[i], &d, "st-other", i, &other);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_ran(&b[i]);
+  char *out = NULL;
+  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "doctor")), 1);
+  ck_assert_msg(st_doctor_says(out, "allocation", "FAIL"), "%s", out);
+  ck_assert_msg(strstr(out, "job st-big, the largest seen") != NULL, "%s", out);
+  ck_assert_msg(st_doctor_says(out, "connections", "OK"), "%s", out);
+  free(out);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_finish(&b[i], false);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(doctor_fails_balance_when_every_token_goes_to_one_rank) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  const struct st_plan plan = {.layouts = 1, .to_rank0 = true};
+  struct st_rank r[ST_W];
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_spawn(&r[i], &d, "st-skew", i, &plan);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_ran(&r[i]);
+  char *out = NULL;
+  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "doctor")), 1);
+  /* Every token of both ranks to rank 0: it receives 2 x the mean, past the FAIL bound. */
+  ck_assert_msg(st_doctor_says(out, "balance", "FAIL"), "%s", out);
+  ck_assert_msg(strstr(out, "job st-skew: rank 0 receives 2.00 x the mean") != NULL, "%s", out);
+  free(out);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_finish(&r[i], false);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+Suite *stats_suite(void);
+Suite *stats_suite(void) {
+  Suite *s = suite_create("stats");
+  TCase *t = tcase_create("histogram");
+  tcase_add_test(t, buckets_cover_every_duration_in_order);
+  tcase_add_test(t, quantiles_are_within_an_eighth_of_the_value);
+  suite_add_tcase(s, t);
+  t = tcase_create("ranks");
+  tcase_set_timeout(t, 60);
+  tcase_add_test(t, stats_count_every_call_and_outlive_the_job);
+  tcase_add_test(t, a_slow_first_call_is_logged_with_job_rank_and_op);
+  tcase_add_test(t, an_ordinary_first_call_is_not_logged);
+  tcase_add_test(t, metrics_parse_with_a_prometheus_parser);
+  suite_add_tcase(s, t);
+  t = tcase_create("doctor");
+  tcase_set_timeout(t, 60);
+  tcase_add_test(t, doctor_passes_on_a_healthy_node);
+  tcase_add_test(t, doctor_fails_connections_without_a_daemon_or_a_peer);
+  tcase_add_test(t, doctor_fails_allocation_when_the_largest_job_cannot_start_again);
+  tcase_add_test(t, doctor_fails_balance_when_every_token_goes_to_one_rank);
+  suite_add_tcase(s, t);
+  return s;
+}
