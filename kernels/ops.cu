@@ -25,8 +25,42 @@
 
 /* ---- layout: local, no communication ------------------------------------------- */
 
+/*
+ * The last CTA of a layout logs it in the stats page: its time from that
+ * CTA's start, its status, and the tokens it sends each rank, read back
+ * from tokens_per_rank once every CTA has added to it (each fenced before
+ * counting itself done).  Only where the rank has a stats page: a layout
+ * without one pays nothing.
+ */
+__device__ __forceinline__ void layout_end(const cuops_job &J, const cuops_layout_args &a,
+                                           uint64_t t0) {
+  __syncthreads();
+  if (threadIdx.x != 0)
+    return;
+  __threadfence();
+  if (atomicAdd(&J.dev->layout_done, 1u) != gridDim.x - 1)
+    return;
+  J.dev->layout_done = 0;
+  const uint64_t n = J.dev->layouts + 1;
+  J.dev->layouts = n;
+  const int32_t code = *(volatile int32_t *)&J.dev->code;
+  if (code != 0)
+    J.dev->code = 0;
+  volatile dep_stats_layout *e = &J.stats->layouts[n % DEP_STATS_LAYOUT_RING];
+  e->n = 0; /* being rewritten: the daemon skips it */
+  const uint64_t ns = globaltimer_ns() - t0;
+  e->ns = ns > 0xffffffffull ? 0xffffffffu : (uint32_t)ns;
+  e->status = code;
+  e->world = code == 0 ? J.world : 0;
+  for (uint32_t d = 0; d < J.world; d++)
+    e->tokens[d] = (uint32_t)*(volatile int32_t *)&a.tpr[d];
+  __threadfence_system(); /* a layout is not the latency path: its entry is whole when seen */
+  e->n = n;
+}
+
 KERNEL dep_k_layout(const cuops_job J, const cuops_layout_args a) {
   const uint32_t K = J.topk;
+  const uint64_t t0 = J.stats != nullptr && threadIdx.x == 0 ? globaltimer_ns() : 0;
   for (uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < a.num_tokens;
        t += gridDim.x * blockDim.x) {
     uint64_t mask = 0;
@@ -44,6 +78,8 @@ KERNEL dep_k_layout(const cuops_job J, const cuops_layout_args a) {
         atomicAdd(&a.tpr[d], 1);
     }
   }
+  if (J.stats != nullptr)
+    layout_end(J, a, t0);
 }
 
 /* ---- throughput dispatch ----------------------------------------------------------
@@ -274,7 +310,7 @@ KERNEL dep_k_dispatch(const cuops_job J, const cuops_dispatch_args a) {
   call k = call_begin(J);
   if (!k.skip && dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts))
     dispatch_recv(J, a, k);
-  call_end(J, k);
+  call_end(J, k, DEP_STATS_OP_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, false));
 }
 
 /* ---- throughput combine ------------------------------------------------------------- */
@@ -434,7 +470,7 @@ KERNEL dep_k_combine(const cuops_job J, const cuops_combine_args a) {
       }
     }
   }
-  call_end(J, k);
+  call_end(J, k, DEP_STATS_OP_COMBINE, dep_stats_bytes(a.num_tokens, J.hidden, false));
 }
 
 /* ---- low-latency dispatch --------------------------------------------------------------- */
@@ -768,7 +804,7 @@ KERNEL dep_k_ll_dispatch(const cuops_job J, const cuops_ll_dispatch_args a) {
     ll_dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts, op);
     ll_dispatch_recv(J, a, k, blockIdx.x, gridDim.x, op);
   }
-  call_end(J, k);
+  call_end(J, k, DEP_STATS_OP_LL_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, a.fp8 != 0));
 }
 
 /* ---- low-latency combine ------------------------------------------------------------------ */
@@ -855,7 +891,7 @@ KERNEL dep_k_ll_combine(const cuops_job J, const cuops_ll_combine_args a) {
       }
     }
   }
-  call_end(J, k);
+  call_end(J, k, DEP_STATS_OP_LL_COMBINE, dep_stats_bytes(a.num_tokens, J.hidden, false));
 }
 
 /* ---- the FP8 cast of a low-latency dispatch --------------------------------------------- */

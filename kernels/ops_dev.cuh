@@ -72,6 +72,8 @@ __device__ __forceinline__ void rec_fail(const cuops_job &J, int32_t code, uint3
                                       uint64_t waited_ns) {
   if (code == DEP_ERR_TIMEOUT || code == DEP_ERR_PEER || phase == CUOPS_PHASE_AHEAD)
     atomicExch(&J.dev->broken, 1u);
+  /* The call's status in the stats page (stats_call): its first failure. */
+  atomicCAS((unsigned *)&J.dev->code, 0u, (unsigned)code);
   if (atomicCAS(&J.dev->claim, 0u, 1u) != 0u)
     return;
   volatile cuops_err *rec[2] = {&J.host->err, (volatile cuops_err *)J.slabs[J.rank]};
@@ -176,8 +178,35 @@ __device__ __forceinline__ call call_begin(const cuops_job &J) {
   return k;
 }
 
-/* Every CTA ends here (all threads): the last one to finish publishes seq. */
-__device__ __forceinline__ void call_end(const cuops_job &J, const call &k) {
+/*
+ * The last CTA of a call logs it in the rank's stats page (stats_page.h),
+ * host memory mapped for the device: the call's time on the global timer
+ * from this CTA's start (every CTA of a call is resident and starts at
+ * once, cuda_ops.h), its bytes and its status, then its seq.  Stores only,
+ * which PCIe posts without waiting: no load crosses the bus.  There is no
+ * system fence before the seq either (it would hold the call's end for a
+ * round trip): one thread's posted writes arrive in order in practice, and
+ * were the seq seen first the daemon would count one call with a stale
+ * time, an error of observation only.
+ */
+__device__ __forceinline__ void stats_call(const cuops_job &J, const call &k, uint32_t op,
+                                           uint64_t bytes) {
+  const uint64_t ns = globaltimer_ns() - k.t0;
+  const int32_t code = *(volatile int32_t *)&J.dev->code;
+  if (code != 0)
+    J.dev->code = 0;
+  volatile dep_stats_call *e = &J.stats->calls[k.seq % DEP_STATS_RING];
+  e->bytes = bytes;
+  e->ns = ns > 0xffffffffull ? 0xffffffffu : (uint32_t)ns;
+  e->op = (uint16_t)op;
+  e->status = (int16_t)code;
+  e->seq = k.seq;
+}
+
+/* Every CTA ends here (all threads): the last one to finish publishes seq,
+ * and logs the call (op, bytes) in the stats page where the rank has one. */
+__device__ __forceinline__ void call_end(const cuops_job &J, const call &k, uint32_t op,
+                                         uint64_t bytes) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
@@ -186,6 +215,8 @@ __device__ __forceinline__ void call_end(const cuops_job &J, const call &k) {
       J.dev->ticket = 0; /* the throughput ops' work counter, for the next call */
       *(volatile uint64_t *)&J.dev->seq = k.seq;
       __threadfence();
+      if (J.stats != nullptr && !k.skip)
+        stats_call(J, k, op, bytes);
     }
   }
 }
