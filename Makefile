@@ -5,6 +5,7 @@
 #   make check           build and run the test suite (GPU tests skip without a GPU)
 #   make check-gpu       only the GPU-tagged tests (on the GPU machine)
 #   make check-python    the Python package's tests (python/tests, pytest, host backend)
+#   make check-rdma      Soft-RoCE scenarios (tests/rdma/) in QEMU guests; root only
 #   make asan            the test suite under ASan + UBSan (in build-asan/)
 #   make fuzz            build the libFuzzer harnesses (clang) and run each briefly
 #   make deps            install missing Debian packages (apt-get; sudo when not root)
@@ -110,7 +111,7 @@ CTL      := $(BUILD)/deepepctl
 TESTS    := $(BUILD)/check_deepepd
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check check-python check-gpu asan fuzz deps run install clean verify-unit
+.PHONY: all check check-python check-rdma check-gpu asan fuzz deps run install clean verify-unit
 all: $(DAEMON) $(CTL) $(LIB_SO) $(BUILD)/libdeepep-client.so $(LIB_A) $(BUILD)/deepep-client.pc $(BENCHES)
 
 $(BUILD)/obj/%.o: %.c
@@ -176,6 +177,12 @@ PYTEST = DEP_BUILD=$(abspath $(BUILD)) DEEPEP_CLIENT_LIB=$(abspath $(BUILD))/$(S
 	PYTHONPATH=$(abspath python) $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 check-python: all
 	$(PYTEST)
+
+# Each tests/rdma/*.sh in one or two QEMU guests with a Soft-RoCE device
+# (tests/rdmavm/): the real verbs code on a real (software) RDMA device.
+# Needs root; where guests cannot run, each scenario is a SKIP saying why.
+check-rdma: all $(TESTS)
+	tests/rdmavm/check.sh $(BUILD)
 
 # The GPU-tagged tests, against a daemon on the cuda backend.
 check-gpu: all $(TESTS)
