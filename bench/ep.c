@@ -50,6 +50,12 @@
  * Timing: on the host backend CLOCK_MONOTONIC from the common release to
  * the rank's return; on cuda, CUDA events on the rank's stream around the
  * call (the GPU reaches the first at once, so host work in the call counts).
+ * With -P N, each (ranks, mode) instead runs 2N worlds, alternately with the
+ * ranks' stats page off ($DEEPEP_STATS=0) and on, and prints per op the
+ * median over the off worlds' calls and over the on worlds' calls, and the
+ * difference: what writing the stats page costs a call (issue 15: at most
+ * 1 % of a low-latency dispatch).  Alternating keeps drift of the machine
+ * out of the difference.
  * Inputs are seeded random bf16 tokens, top-k distinct experts and weights;
  * the first calls' outputs are checked (counts exactly, combines against the
  * known sums) so no figure times a call that did nothing.
@@ -80,7 +86,7 @@ static void usage(void) {
   fprintf(stderr,
           "usage: ep -s SOCKET [-S SOCKET_NO_WARMUP] [-n 2,4,8] [-m processes,threads] [-g GPUS]\n"
           "          [-c CALLS] [-w WARMUP] [-r COPY_REPS] [-t TOKENS] [-l LL_TOKENS] [-H HIDDEN]\n"
-          "          [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-T]\n"
+          "          [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-T] [-P N]\n"
           "  -s  deepepd socket (its backend, host or cuda, is the one benchmarked)\n"
           "  -S  a second deepepd with kernel_warmup: false: time its first calls too\n"
           "  -n  rank counts (default 2,4,8)        -m  modes (default processes,threads)\n"
@@ -93,6 +99,8 @@ static void usage(void) {
           "  -T  rewrite each op's outputs just before its first call (cuda): the first call\n"
           "      then meets the caller's buffers as recently used ones, so first/med is the\n"
           "      library's own first-call cost\n"
+          "  -P  N worlds with the stats page off and N on, alternating: per op the median of\n"
+          "      each and what writing the page costs ($DEEPEP_STATS=0 turns it off)\n"
           "  shape: -t 4096 tokens, -l 128 low-latency tokens, -H 7168, -e 256, -k 8\n");
   exit(2);
 }
@@ -180,6 +188,51 @@ static void world_times(const double *base, int n, int stride, double *out, FILE
   bench_sort(out, (size_t)stride);
 }
 
+/*
+ * -P: pairs worlds with the stats page off, then on, alternately; per op the
+ * median of every call of the off worlds and of the on worlds (each call's
+ * time the slowest rank's), and the difference.  0, or 1 after a failure.
+ */
+static int stats_overhead(const struct opts *o, bool cuda, int n, bool threads, struct shm *s,
+                          const char *mode) {
+  const size_t per = (size_t)o->stats_pairs * (size_t)o->calls;
+  double *t[2] = {calloc(NOPS * per, sizeof(double)), calloc(NOPS * per, sizeof(double))};
+  size_t got[2] = {0, 0};
+  int bad = t[0] == NULL || t[1] == NULL;
+  for (int w = 0; w < 2 * o->stats_pairs && !bad; w++) {
+    int on = w % 2;
+    if (on)
+      unsetenv("DEEPEP_STATS");
+    else
+      setenv("DEEPEP_STATS", "0", 1);
+    char job[64];
+    snprintf(job, sizeof job, "ep-%d-%d-%c-p%d", (int)getpid(), n, mode[0], w);
+    if (run_world(o, cuda, n, threads, o->sock, false, s, job)) {
+      printf("%-5d %-9s stats %s world FAILED: %s\n", n, mode, on ? "on" : "off", s->err);
+      bad = 1;
+      break;
+    }
+    double calls[MAX_CALLS];
+    for (int op = 0; op < NOPS; op++) {
+      world_times(s->t + (size_t)op * o->calls, n, o->calls, calls, NULL, "", op, mode, "call");
+      memcpy(t[on] + (size_t)op * per + got[on], calls, (size_t)o->calls * sizeof(double));
+    }
+    got[on] += (size_t)o->calls;
+  }
+  unsetenv("DEEPEP_STATS");
+  for (int op = 0; op < NOPS && !bad; op++) {
+    bench_sort(t[0] + (size_t)op * per, per);
+    bench_sort(t[1] + (size_t)op * per, per);
+    double off = t[0][(size_t)op * per + per / 2], on = t[1][(size_t)op * per + per / 2];
+    printf("%-5d %-9s %-15s %10.4f %10.4f %+10.4f %+8.2f%%\n", n, mode, op_name[op], off, on,
+           on - off, 100.0 * (on - off) / off);
+  }
+  fflush(stdout);
+  free(t[0]);
+  free(t[1]);
+  return bad;
+}
+
 /* One table row per op for a finished world (s), with its warm-up-off twin (s2) if cold. */
 static void report(const struct opts *o, const char *be, int n, const char *mode,
                    const struct shm *s, const struct shm *s2, bool cold, FILE *raw) {
@@ -224,7 +277,7 @@ static void report(const struct opts *o, const char *be, int n, const char *mode
 static void parse_args(int argc, char **argv, struct opts *o) {
   const char *counts = "2,4,8", *modes = "processes,threads";
   int opt;
-  while ((opt = getopt(argc, argv, "s:S:n:m:c:w:r:t:l:H:e:k:x:o:FTg:h")) != -1) {
+  while ((opt = getopt(argc, argv, "s:S:n:m:c:w:r:t:l:H:e:k:x:o:FTg:P:h")) != -1) {
     switch (opt) {
     case 's': o->sock = optarg; break;
     case 'S': o->sock_nowarm = optarg; break;
@@ -243,11 +296,12 @@ static void parse_args(int argc, char **argv, struct opts *o) {
     case 'F': o->first_only = true; break;
     case 'T': o->retouch = true; break;
     case 'g': o->gpus_want = atoi(optarg); break;
+    case 'P': o->stats_pairs = atoi(optarg); break;
     default: usage();
     }
   }
   const struct dep_job_shape *sh = &o->shape;
-  if (o->sock == NULL || optind != argc || o->gpus_want < 0 || o->calls < 1 ||
+  if (o->sock == NULL || optind != argc || o->gpus_want < 0 || o->calls < 1 || o->stats_pairs < 0 || o->stats_pairs > 100 ||
       o->calls > MAX_CALLS || o->warm < 0 ||
       o->reps < 1 || o->reps > MAX_CALLS || sh->max_tokens_per_rank < 1 || sh->hidden < 128 ||
       sh->hidden % 128 != 0 || sh->topk < 1 || sh->topk > 16 || sh->num_experts < sh->topk ||
@@ -355,6 +409,24 @@ int main(int argc, char **argv) {
            "slowest rank, median of %d\n", cuda ? "within the GPU" : "in host memory",
            cuda ? "cuMemcpyDtoDAsync" : "memcpy", o.reps);
   int status = 0;
+  if (o.stats_pairs > 0) {
+    printf("# -P %d: %d worlds with the stats page off and %d on, alternating; medians of %d "
+           "calls each\n", o.stats_pairs, o.stats_pairs, o.stats_pairs,
+           o.stats_pairs * o.calls);
+    printf("%-5s %-9s %-15s %10s %10s %10s %9s\n", "ranks", "mode", "op", "off_ms", "on_ms",
+           "on-off_ms", "on/off-1");
+    for (int ci = 0; ci < o.ncounts; ci++) {
+      size_t sb = shm_bytes(&o, o.counts[ci]);
+      struct shm *s = mmap(NULL, sb, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+      if (s == MAP_FAILED)
+        return 1;
+      for (int m = 0; m < 2; m++)
+        if (o.modes[m])
+          status |= stats_overhead(&o, cuda, o.counts[ci], m, s, m ? "threads" : "processes");
+      munmap(s, sb);
+    }
+    return status;
+  }
   if (o.peer && !o.first_only && peer_pair_report(&o) != 0)
     status = 1;
   printf("%-5s %-9s %-15s %8s %8s %8s %9s %8s %8s %8s %9s %10s %6s %9s %9s %9s\n", "ranks",

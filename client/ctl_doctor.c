@@ -204,7 +204,7 @@ static void doctor_pools(const struct dep_status *st, const struct ctl_stats *s,
       doctor_do(k, "let the running jobs end, or raise pool.size_per_device (pool.host_size on "
                    "the host backend) so that job %s can start again", ok->largest_job);
     } else {
-      doctor_note(k, DOCTOR_OK, "device %s: %.1f MiB free, the largest job seen (%s) took %.1f",
+      doctor_note(k, DOCTOR_OK, "device %s: %.1f MiB free, the largest job seen (%s) took %.1f MiB",
                   d->uuid, (double)avail / mib, ok->largest_job,
                   (double)ok->largest_bytes / mib);
     }

@@ -15,18 +15,26 @@
 #include "ctl.h"
 #include "ctl_stats.h"
 
-enum { DC_STATE, DC_UP, DC_UPTIME, DC_CLIENTS, DC_JOBS, DC_WARNINGS, DC_N };
+/* The daemon's state is a label of deepep_daemon_up alone: on the other
+ * families it would start a new series at every change of state. */
+enum { SC_STATE, SC_UP, SC_N };
+static const struct ctl_col state_cols[SC_N] = {
+    [SC_STATE] = {"state", "STATE", CTL_STR, CTL_COL_LABEL},
+    [SC_UP] = {"up", "UP", CTL_UINT, 0},
+};
+static const struct ctl_metric state_metrics[] = {
+    {SC_UP, "deepep_daemon_up", "", "gauge", "1: deepepd answered, in the state labelled.", 1,
+     NULL},
+};
+
+enum { DC_UPTIME, DC_CLIENTS, DC_JOBS, DC_WARNINGS, DC_N };
 static const struct ctl_col daemon_cols[DC_N] = {
-    [DC_STATE] = {"state", "STATE", CTL_STR, CTL_COL_LABEL},
-    [DC_UP] = {"up", "UP", CTL_UINT, 0},
     [DC_UPTIME] = {"uptime_ms", "UPTIME", CTL_MS, 0},
     [DC_CLIENTS] = {"clients", "CLIENTS", CTL_UINT, 0},
     [DC_JOBS] = {"jobs", "JOBS", CTL_UINT, 0},
     [DC_WARNINGS] = {"warnings", "WARNINGS", CTL_UINT, 0},
 };
 static const struct ctl_metric daemon_metrics[] = {
-    {DC_UP, "deepep_daemon_up", "", "gauge", "1: deepepd answered, in the state labelled.", 1,
-     NULL},
     {DC_UPTIME, "deepep_daemon_uptime_seconds", "", "gauge", "Since deepepd started.", 1e-3, NULL},
     {DC_CLIENTS, "deepep_daemon_clients", "", "gauge", "Connections open.", 1, NULL},
     {DC_JOBS, "deepep_daemon_jobs", "", "gauge", "Jobs the caller may see.", 1, NULL},
@@ -97,10 +105,10 @@ int ctl_metrics(struct ctl *ctl, int argc, char **argv) {
     client_frame_release(&f);
   }
   dep_client_free(c);
+  struct ctl_val scells[SC_N] = {[SC_STATE] = {.s = st->state}, [SC_UP] = {.u = 1}};
   struct ctl_val dcells[DC_N] = {
-      [DC_STATE] = {.s = st->state},         [DC_UP] = {.u = 1},
-      [DC_UPTIME] = {.u = st->uptime_ms},    [DC_CLIENTS] = {.u = st->num_clients},
-      [DC_JOBS] = {.u = st->num_jobs},       [DC_WARNINGS] = {.u = s.ok.warnings},
+      [DC_UPTIME] = {.u = st->uptime_ms}, [DC_CLIENTS] = {.u = st->num_clients},
+      [DC_JOBS] = {.u = st->num_jobs},    [DC_WARNINGS] = {.u = s.ok.warnings},
   };
   struct ctl_val *pcells = calloc((size_t)st->num_devices * PC_N + 1, sizeof *pcells);
   struct ctl_val *xcells = calloc((size_t)pm.n_peers * XC_N + 1, sizeof *xcells);
@@ -125,10 +133,12 @@ int ctl_metrics(struct ctl *ctl, int argc, char **argv) {
       row[XC_TX].u = pm.peers[i].bytes_out;
       row[XC_RECONNECTS].u = pm.peers[i].reconnects;
     }
+    const struct ctl_table stt = {"state", "", state_cols, SC_N, 1, scells, 0};
     const struct ctl_table dt = {"daemon", "", daemon_cols, DC_N, 1, dcells, 0};
     const struct ctl_table pt = {"pools", "", pool_cols, PC_N, st->num_devices, pcells, 0};
     const struct ctl_table xt = {"peers", "", peer_cols, XC_N, pm.n_peers, xcells, 0};
     const struct ctl_mtable all[] = {
+        {&stt, state_metrics, sizeof state_metrics / sizeof state_metrics[0]},
         {&dt, daemon_metrics, sizeof daemon_metrics / sizeof daemon_metrics[0]},
         {&pt, pool_metrics, sizeof pool_metrics / sizeof pool_metrics[0]},
         {&xt, peer_metrics, sizeof peer_metrics / sizeof peer_metrics[0]},

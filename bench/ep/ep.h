@@ -27,6 +27,7 @@ struct opts {
   bool modes[2]; /* [0] processes, [1] threads */
   bool first_only; /* -F: only attach and the first calls */
   bool retouch;    /* -T: each op's outputs rewritten just before its first call */
+  int stats_pairs; /* -P N: N worlds with the stats page off, N with it on, alternating */
   int calls, warm, reps;
   int gpus_want; /* -g: 0 means every visible GPU */
   int gpus;      /* ranks spread over this many GPUs: rank r on GPU r % gpus (cuda) */
