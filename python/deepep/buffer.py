@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 import weakref
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
@@ -34,10 +35,18 @@ DEFAULT_MAX_LL_TOKENS_PER_RANK = 256
 _FP8_GROUP = 128
 #: dep_handle_t's of collected Handles kept per Buffer for the next dispatch.
 _HANDLE_POOL = 4
+#: cuda: collected handles kept for reuse (each with the events of its streams).
+_CUDA_POOL = 16
+#: cuda: handles made ahead, for the calls captured in a CUDA graph (where the
+#: library's cuMemAlloc of a new handle is not allowed); refilled after each capture.
+_GRAPH_SPARE = 4
 _BF16 = (torch.bfloat16,)
 _F32 = (torch.float32,)
 _I32 = (torch.int32,)
 _IDX = (torch.int64, torch.int32)
+
+
+_clock = time.perf_counter_ns
 
 
 def _no_hook() -> None:
@@ -82,16 +91,29 @@ class Handle:
         self.num_tokens = num_tokens
         self.num_recv = num_recv
         self.hidden = buf.hidden
+        self._stream: Any = None
         pool = buf._handle_pool
-        if pool:
-            # A dep_handle_t is reusable; the pool holds only those of Handles already
-            # collected, so none that a caller can still pass to a combine.
-            self._ptr: Optional[int] = pool.pop()
+        if buf._host:
+            ptr = pool.pop() if pool else None
         else:
+            ptr = buf._cuda_handle()
+            self._stream = torch.cuda.current_stream(buf.device)
+            if torch.cuda.is_current_stream_capturing():
+                buf._pinned.append(self)  # the graph holds its arrays: kept until destroy()
+        if ptr is None:
             p = ctypes.c_void_p()
             conn.check(conn.lib.dep_handle_new(conn.ptr, ctypes.byref(p)), "dep_handle_new")
-            self._ptr = p.value
+            ptr = p.value
+        # A dep_handle_t is reusable; the pool holds only those of Handles already
+        # collected, so none that a caller can still pass to a combine.
+        self._ptr: Optional[int] = ptr
         buf._handles.add(self)
+
+    def _used_on(self, stream: Any) -> None:
+        """Note a second stream the handle's device arrays were used on (a combine's)."""
+        if stream is not self._stream and stream != self._stream:
+            self._stream = (self._stream, stream) if not isinstance(self._stream, tuple) \
+                else self._stream + (stream,)
 
     def _free(self) -> None:
         if self._ptr:
@@ -103,12 +125,22 @@ class Handle:
         if not ptr:
             return
         buf = self._buffer()
-        if buf is not None and buf._host and buf._conn is self._conn and self._conn.ptr and \
-                len(buf._handle_pool) < _HANDLE_POOL:
-            self._ptr = None
-            buf._handle_pool.append(ptr)
-        else:
+        if buf is None or buf._conn is not self._conn or not self._conn.ptr:
             self._free()
+            return
+        if buf._host:
+            if len(buf._handle_pool) < _HANDLE_POOL:
+                self._ptr = None
+                buf._handle_pool.append(ptr)
+            else:
+                self._free()
+            return
+        # cuda: the kernels queued on the handle's streams may still use its device
+        # arrays, and dep_handle_free (cuMemFree) would wait for the whole device.  So
+        # the handle goes back to the Buffer with an event on each of those streams, and
+        # is reused once every event has completed.
+        self._ptr = None
+        buf._cuda_release(ptr, self._stream)
 
 
 _Tensor = torch.Tensor
@@ -175,6 +207,10 @@ class Buffer:
         self._conn: Optional[_Conn] = None
         self._handles: "weakref.WeakSet[Handle]" = weakref.WeakSet()
         self._handle_pool: List[int] = []
+        self._cuda_pool: List[Tuple[int, list]] = []
+        self._spare: List[int] = []
+        self._pinned: List[Handle] = []
+        self._deferred: List[int] = []
         self._selfref = weakref.ref(self)
         self.attached = False
         for name, v in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
@@ -211,17 +247,31 @@ class Buffer:
             raise TypeError(f"socket must be a path (str), not {type(socket).__name__}")
         self.socket = socket or os.environ.get(_lib.SOCKET_ENV) or _lib.DEFAULT_SOCKET
 
+        #: Where the constructor's (and the attach's) time went, in ms: load (the library,
+        #: once per process), connect, status (the daemon's backend), device, attach
+        #: (dep_attach: attach_times() splits it), prepare (this binding's per-job state).
+        self.init_times: dict = {}
+        t = _clock()
         lib = _lib.load()
+        t = self._lap("load", t)
         self._conn = _Conn(lib)
         self._conn.check(lib.dep_connect(self._conn.ptr, self.socket.encode()), "dep_connect")
+        t = self._lap("connect", t)
         self.backend = self._daemon_backend()
         self._host = self.backend == "host"
+        t = self._lap("status", t)
         self.device = torch.device("cpu") if self._host else \
             torch.device("cuda", torch.cuda.current_device())
+        self._lap("device", t)
         if None not in (self.hidden, self.num_experts, self.num_topk):
             self._attach()
 
     # ---- set-up -----------------------------------------------------------
+
+    def _lap(self, name: str, t0: int) -> int:
+        t = _clock()
+        self.init_times[name] = (t - t0) / 1e6
+        return t
 
     @staticmethod
     def _opt_int(name: str, v: Optional[int], env: Optional[str] = None) -> Optional[int]:
@@ -249,7 +299,7 @@ class Buffer:
     def _device_uuid(self) -> bytes:
         if self.backend == "host":
             return bytes(16)
-        return _cuda_uuid(torch.cuda.current_device())
+        return _cuda_uuid(self.device.index)
 
     def _attach(self) -> None:
         if self.max_tokens_per_rank is None:
@@ -269,7 +319,9 @@ class Buffer:
         a.job_id = ident.job_id.encode()
         a.rank, a.world_size = ident.rank, ident.world_size
         a.local_rank, a.local_world_size = ident.local_rank, ident.local_world_size
+        t = _clock()
         ctypes.memmove(a.device_uuid, self._device_uuid(), 16)
+        t = self._lap("uuid", t)
         a.shape.max_tokens_per_rank = self.max_tokens_per_rank
         a.shape.hidden = self.hidden
         a.shape.num_experts = self.num_experts
@@ -277,9 +329,11 @@ class Buffer:
         a.shape.dtype = _lib.DTYPE_BF16
         a.shape.max_ll_tokens_per_rank = self.max_ll_tokens_per_rank
         self._conn.check(self._conn.lib.dep_attach(self._conn.ptr, ctypes.byref(a)), "dep_attach")
+        t = self._lap("attach", t)
         self.attached = True
         self.num_local_experts = self.num_experts // self.group_size
         self._prepare()
+        self._lap("prepare", t)
 
     def _prepare(self) -> None:
         """What every call of this job shape reuses: argument structs (only pointers and
@@ -307,6 +361,52 @@ class Buffer:
         if self._host:
             self._scratch_idx = self._empty([self._rows, self.num_topk], torch.int32)
             self._scratch_counts = self._empty([self.num_local_experts], torch.int32)
+        else:
+            while len(self._spare) < _GRAPH_SPARE:
+                self._spare.append(self._new_handle())
+
+    # ---- cuda handles -----------------------------------------------------
+
+    def _new_handle(self) -> int:
+        conn = self._conn
+        p = ctypes.c_void_p()
+        conn.check(conn.lib.dep_handle_new(conn.ptr, ctypes.byref(p)), "dep_handle_new")
+        return p.value
+
+    def _cuda_handle(self) -> Optional[int]:
+        """A dep_handle_t for a new Handle on cuda, or None to make one.  Inside a CUDA-graph
+        capture one made ahead (the library cannot allocate while the stream captures), and
+        the Handle is then kept by the Buffer until destroy(): the graph may be replayed
+        after the caller dropped it.  Else the oldest collected one whose streams have passed
+        the events recorded when it was collected."""
+        if torch.cuda.is_current_stream_capturing():
+            if not self._spare:
+                raise Error(-17, f"more than {_GRAPH_SPARE} handles made in one CUDA-graph "
+                            "capture on this Buffer; capture fewer dispatches per graph",
+                            "low_latency_dispatch")
+            return self._spare.pop()
+        if len(self._spare) < _GRAPH_SPARE:
+            self._spare.append(self._new_handle())
+        pool = self._cuda_pool
+        if pool and all(e.query() for e in pool[0][1]):
+            return pool.pop(0)[0]
+        return None
+
+    def _cuda_release(self, ptr: int, streams: Any) -> None:
+        """A collected Handle's dep_handle_t, back for reuse once its streams are past it."""
+        if torch.cuda.is_current_stream_capturing():
+            self._deferred.append(ptr)  # no event can be recorded for after it: at destroy()
+            return
+        if len(self._cuda_pool) >= _CUDA_POOL:
+            self._deferred.append(ptr)
+            return
+        events = []
+        for st in (streams if isinstance(streams, tuple) else (streams,)):
+            if st is not None:
+                e = torch.cuda.Event()
+                e.record(st)
+                events.append(e)
+        self._cuda_pool.append((ptr, events))
 
     def _shape(self, op: str, hidden: Optional[int], num_experts: Optional[int],
                topk: Optional[int], ll_tokens: Optional[int] = None) -> None:
@@ -362,7 +462,7 @@ class Buffer:
         return torch.empty(tuple(shape), dtype=dtype, device=self.device)
 
     def _stream(self) -> Optional[int]:
-        return None if self._host else torch.cuda.current_stream().cuda_stream
+        return None if self._host else torch.cuda.current_stream(self.device).cuda_stream
 
     def _event(self, previous_event: Optional[EventOverlap], async_finish: bool) -> EventOverlap:
         return EventOverlap(EventHandle(cuda=not self._host)) if async_finish \
@@ -539,6 +639,11 @@ class Buffer:
         if topk_idx is None or topk_weights is None:
             raise ValueError("dispatch: topk_idx and topk_weights are required (cached mode is "
                              "not supported)")
+        if not self._host and torch.cuda.is_current_stream_capturing():
+            raise Unsupported("dispatch inside a CUDA-graph capture",
+                              "dep_dispatch waits on the host for its row count and the C API "
+                              "has no worst-case row count yet; capture low_latency_dispatch, "
+                              "or dispatch outside the graph")
         dev = self.device
         itype = _INDEX_TYPES.get(topk_idx.dtype) if type(topk_idx) is _Tensor else None
         if itype is not None and _ok(x, torch.bfloat16, 2, dev) and topk_idx.dim() == 2 and \
@@ -645,6 +750,8 @@ class Buffer:
         a.out = out.data_ptr() if nt else None
         if previous_event is not None:
             self._wait(previous_event)
+        if not self._host:
+            h._used_on(torch.cuda.current_stream(self.device))
         rc = self._fn_combine(self._conn.ptr, self._ca_ref, h._ptr,
                               None if self._host else self._stream())
         if rc:
@@ -817,6 +924,8 @@ class Buffer:
         else:
             a.topk_idx = a.topk_weights = a.out = None
         a.index_type = itype
+        if not self._host:
+            h._used_on(torch.cuda.current_stream(self.device))
         rc = self._fn_ll_combine(self._conn.ptr, self._llca_ref, h._ptr,
                                  None if self._host else self._stream())
         if rc:
@@ -831,16 +940,30 @@ class Buffer:
         self._shape("clean_low_latency_buffer", hidden, num_experts, None,
                     num_max_dispatch_tokens_per_rank)
 
+    def attach_times(self) -> dict:
+        """Where the attach's time went, in ms (dep_attach_times: total, wait, map, setup,
+        warmup); deepepd's, not DeepEP's."""
+        if not self.attached:
+            raise Error(-17, "this Buffer has not attached yet", "attach_times")
+        t = _lib.AttachTimes()
+        self._conn.check(self._conn.lib.dep_attach_times(self._conn.ptr, ctypes.byref(t)),
+                         "dep_attach_times")
+        return {name: getattr(t, name) for name, _ in t._fields_}
+
     # ---- lifetime ---------------------------------------------------------
 
     def destroy(self) -> None:
         """Free every handle, detach and close the connection (idempotent)."""
+        if not getattr(self, "_host", True) and (self._handles or self._cuda_pool):
+            torch.cuda.synchronize(self.device)  # no kernel still uses a handle's arrays
         for h in list(self._handles):
             h._free()
         if self._conn is not None and self._conn.ptr:
-            for p in self._handle_pool:
+            for p in self._handle_pool + [p for p, _ in self._cuda_pool] + self._spare + \
+                    self._deferred:
                 self._conn.lib.dep_handle_free(p)
-        self._handle_pool = []
+        self._handle_pool, self._cuda_pool, self._spare, self._deferred = [], [], [], []
+        self._pinned = []
         if self._conn is not None:
             self._conn.free()
         self.attached = False
@@ -853,16 +976,25 @@ class Buffer:
 
 
 def _cuda_uuid(ordinal: int) -> bytes:
-    """The 16 bytes of a GPU's UUID: torch's device properties where torch has them, else
-    the driver's cuDeviceGetUuid.  (Untested here: no GPU on the CI machines.)"""
+    """The 16 bytes of a GPU's UUID: torch's device properties where torch has them (its
+    ``uuid.bytes`` is bytes in some versions and a list of 16 ints in others; its str() is
+    the UUID with or without "GPU-"), else the driver's cuDeviceGetUuid."""
     props = torch.cuda.get_device_properties(ordinal)
     u = getattr(props, "uuid", None)
     if u is not None:
         b = getattr(u, "bytes", None)
-        if isinstance(b, (bytes, bytearray)) and len(b) == 16:
-            return bytes(b)
+        if isinstance(b, (bytes, bytearray, list, tuple)) and len(b) == 16:
+            return bytes(bytearray(b))
         import uuid as _uuid
-        return _uuid.UUID(str(u).replace("GPU-", "")).bytes
+        try:
+            return _uuid.UUID(str(u).replace("GPU-", "").replace("MIG-", "")).bytes
+        except ValueError:
+            pass
+    return _driver_uuid(ordinal)
+
+
+def _driver_uuid(ordinal: int) -> bytes:
+    """cuDeviceGetUuid of the ordinal-th visible device."""
     cuda = ctypes.CDLL("libcuda.so.1")
     dev = ctypes.c_int()
     out = (ctypes.c_char * 16)()

@@ -1,7 +1,11 @@
-"""Fixtures: a real deepepd (host backend, temporary socket, small pool) from the build.
+"""Fixtures: a real deepepd (temporary socket, small pool) from the build.
 
-The binaries are $DEP_BUILD's (the Makefile sets it), else the repository's
-build/.  The library is $DEEPEP_CLIENT_LIB, else the build's.
+The backend is $DEP_TEST_BACKEND's, as for the C suite: host (the default;
+CPU tensors) or cuda (tensors on GPU 0, which every rank process shares: run
+under MPS, DEVICE.md).  Tests that need the cuda backend skip, saying so,
+on the host backend.  The binaries are $DEP_BUILD's (the Makefile sets it),
+else the repository's build/.  The library is $DEEPEP_CLIENT_LIB, else the
+build's.
 """
 import ctypes
 import os
@@ -18,6 +22,11 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.environ.get("DEP_BUILD") or os.path.join(REPO, "build")
 os.environ.setdefault("DEEPEP_CLIENT_LIB", os.path.join(BUILD, "libdeepep-client.so.0"))
 sys.path.insert(0, HERE)
+BACKEND = os.environ.get("DEP_TEST_BACKEND") or "host"
+if BACKEND not in ("host", "cuda"):
+    raise SystemExit(f"DEP_TEST_BACKEND={BACKEND!r}: use host or cuda")
+#: The device of every rank's tensors.
+DEVICE = "cuda:0" if BACKEND == "cuda" else "cpu"
 
 
 def daemon_state(sock: str) -> str:
@@ -42,17 +51,31 @@ def daemon_state(sock: str) -> str:
 
 @pytest.fixture(scope="session")
 def daemon():
-    """The socket of a deepepd started for the session; stopped (SIGTERM) at its end."""
+    """The socket of a deepepd started for the session; stopped (SIGTERM) at its end.
+    $DEP_TEST_SOCKET names a running daemon to use instead (of the backend the run asks for:
+    on the GPU machine one started outside MPS, before the MPS server, as DEVICE.md says)."""
+    given = os.environ.get("DEP_TEST_SOCKET")
+    if given:
+        if daemon_state(given) in ("", "starting"):
+            pytest.fail(f"$DEP_TEST_SOCKET={given}: no deepepd answers there")
+        yield given
+        return
     exe = os.path.join(BUILD, "deepepd")
     if not os.access(exe, os.X_OK):
         pytest.fail(f"no deepepd at {exe}: build first (make), or set DEP_BUILD")
+    if BACKEND == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            pytest.fail("DEP_TEST_BACKEND=cuda but torch sees no GPU "
+                        f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
     d = tempfile.mkdtemp(prefix="deepep-py.")
     sock, conf, log = (os.path.join(d, n) for n in ("d.sock", "deepepd.yaml", "deepepd.log"))
+    pool = "pool:\n  host_size: 128MiB\n  chunk_size: 2MiB\n" if BACKEND == "host" else \
+        "pool:\n  size_per_device: 8GiB\n  host_size: 64MiB\n  chunk_size: 64MiB\n"
     with open(conf, "w") as f:
-        f.write(f"socket:\n  path: {sock}\n  mode: 0600\nbackend: host\n"
-                "pool:\n  host_size: 128MiB\n  chunk_size: 2MiB\n")
+        f.write(f"socket:\n  path: {sock}\n  mode: 0600\nbackend: {BACKEND}\n" + pool)
     with open(log, "w") as logf:
-        p = subprocess.Popen([exe, "--backend", "host", "-s", sock, "-c", conf],
+        p = subprocess.Popen([exe, "--backend", BACKEND, "-s", sock, "-c", conf],
                              stdout=logf, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while daemon_state(sock) in ("", "starting"):
@@ -61,6 +84,9 @@ def daemon():
             pytest.fail("deepepd did not start; its log:\n" + open(log).read())
         time.sleep(0.02)
     yield sock
+    if os.environ.get("DEP_TEST_DAEMON_LOG"):
+        with open(log) as src, open(os.environ["DEP_TEST_DAEMON_LOG"], "a") as dst:
+            dst.write(src.read())
     p.terminate()
     try:
         p.wait(10)
@@ -79,6 +105,25 @@ def seed():
     return SEED
 
 
+@pytest.fixture(scope="session")
+def device():
+    """The torch.device of the backend's tensors."""
+    import torch
+    return torch.device(DEVICE)
+
+
+@pytest.fixture
+def cuda_only():
+    """Skip, saying so, unless the suite runs against a cuda daemon."""
+    if BACKEND != "cuda":
+        pytest.skip("needs the cuda backend: DEP_TEST_BACKEND=cuda on a machine with a GPU "
+                    "(this run is on the host backend)")
+
+
 def pytest_report_header(config):
+    import torch
     return [f"deepep: build {BUILD}, library {os.environ['DEEPEP_CLIENT_LIB']}",
+            f"deepep: backend {BACKEND} (DEP_TEST_BACKEND), tensors on {DEVICE}, torch "
+            f"{torch.__version__}" + (f", {torch.cuda.get_device_name(0)}"
+                                      if BACKEND == "cuda" and torch.cuda.is_available() else ""),
             f"deepep: seed {SEED} (rerun with DEEPEP_TEST_SEED={SEED})"]

@@ -2,7 +2,9 @@
 
 The parent and the ranks build the same inputs from (seed, rank), so the
 test's reference sees every rank's inputs without any being sent.  Each
-rank returns its outputs as numpy arrays (bf16 as its int16 bits).
+rank returns its outputs as numpy arrays (bf16 as its int16 bits).  On the
+cuda backend the inputs go to the GPU (every rank on GPU 0) and the outputs
+come back from it.
 """
 import multiprocessing as mp
 from typing import Dict, List
@@ -37,7 +39,7 @@ def inputs(seed: int, rank: int, world: int, it: int, ll: bool = False) -> Dict[
 
 def bits(t: torch.Tensor) -> np.ndarray:
     """A bf16 tensor's bits as int16, or another tensor as it is."""
-    t = t.contiguous()
+    t = t.contiguous().cpu()
     return t.view(torch.int16).numpy().copy() if t.dtype == torch.bfloat16 else t.numpy().copy()
 
 
@@ -50,8 +52,11 @@ def run_rank(args) -> List[Dict[str, np.ndarray]]:
     """Rank `rank` of a job: attach, then per iteration layout, dispatch, combine (each rank's
     experts multiply what they receive by rank + 1), LL dispatch bf16, LL combine (experts
     multiply by expert_scale) and LL dispatch FP8 of xn."""
-    sock, job, rank, world, seed, iters = args
+    sock, job, rank, world, seed, iters, dev = args
     import deepep
+    dev = torch.device(dev)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     s = shape(world)
     b = deepep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
                       local_world_size=world, socket=sock, **s)
@@ -60,19 +65,20 @@ def run_rank(args) -> List[Dict[str, np.ndarray]]:
     for it in range(iters):
         r: Dict[str, np.ndarray] = {}
         inp = inputs(seed, rank, world, it)
-        x = torch.from_numpy(inp["x"]).bfloat16()
-        idx = torch.from_numpy(inp["idx"])
-        w = torch.from_numpy(inp["w"])
+        x = torch.from_numpy(inp["x"]).bfloat16().to(dev)
+        idx = torch.from_numpy(inp["idx"]).to(dev)
+        w = torch.from_numpy(inp["w"]).to(dev)
         per_rank, rdma, per_expert, in_rank, ev = b.get_dispatch_layout(idx, s["num_experts"])
         assert rdma is None and ev.event is None
-        r.update(per_rank=per_rank.numpy().copy(), per_expert=per_expert.numpy().copy(),
-                 in_rank=in_rank.numpy().copy())
+        assert per_rank.device == dev and in_rank.device == dev
+        r.update(per_rank=per_rank.cpu().numpy(), per_expert=per_expert.cpu().numpy(),
+                 in_rank=in_rank.cpu().numpy())
         rx, ri, rw, counts, h, ev = b.dispatch(
             x, topk_idx=idx, topk_weights=w, num_tokens_per_rank=per_rank,
             is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, async_finish=True)
         ev.current_stream_wait()
-        assert ri.dtype == torch.int64 and rw.dtype == torch.float32
-        r.update(recv_x=bits(rx), recv_idx=ri.numpy().copy(), recv_w=rw.numpy().copy(),
+        assert ri.dtype == torch.int64 and rw.dtype == torch.float32 and rx.device == dev
+        r.update(recv_x=bits(rx), recv_idx=ri.cpu().numpy(), recv_w=rw.cpu().numpy(),
                  counts=np.array(counts, np.int64))
         y = (rx.float() * (rank + 1)).bfloat16()
         comb, comb_w, ev = b.combine(y, h)
@@ -80,37 +86,103 @@ def run_rank(args) -> List[Dict[str, np.ndarray]]:
         r["combined"] = bits(comb)
 
         li = inputs(seed, rank, world, it, ll=True)
-        lx = torch.from_numpy(li["x"]).bfloat16()
-        lidx = torch.from_numpy(li["idx"])
-        lw = torch.from_numpy(li["w"])
-        stats = torch.zeros(L, dtype=torch.int32)
+        lx = torch.from_numpy(li["x"]).bfloat16().to(dev)
+        lidx = torch.from_numpy(li["idx"]).to(dev)
+        lw = torch.from_numpy(li["w"]).to(dev)
+        stats = torch.zeros(L, dtype=torch.int32, device=dev)
         recv, count, lh, ev, hook = b.low_latency_dispatch(
             lx, lidx, s["max_ll_tokens_per_rank"], s["num_experts"], use_fp8=False,
             cumulative_local_expert_recv_stats=stats, return_recv_hook=True)
         hook()
         assert torch.equal(stats, count)
-        r.update(ll_x=bits(recv), ll_count=count.numpy().copy())
-        scale = torch.from_numpy(expert_scale(world)[rank * L:(rank + 1) * L]).view(L, 1, 1)
+        r.update(ll_x=bits(recv), ll_count=count.cpu().numpy())
+        scale = torch.from_numpy(expert_scale(world)[rank * L:(rank + 1) * L]).view(L, 1, 1) \
+            .to(dev)
         ly = (recv.float() * scale).bfloat16()
-        into = torch.empty(lx.size(0), s["hidden"], dtype=torch.bfloat16)
+        into = torch.empty(lx.size(0), s["hidden"], dtype=torch.bfloat16, device=dev)
         lout, ev, hook = b.low_latency_combine(ly, lidx, lw, lh, out=into)
         assert lout is into
         r["ll_combined"] = bits(lout)
 
-        xn = torch.from_numpy(li["xn"]).bfloat16()
+        xn = torch.from_numpy(li["xn"]).bfloat16().to(dev)
         (q, sc), count, _, _, _ = b.low_latency_dispatch(
             xn, lidx, s["max_ll_tokens_per_rank"], s["num_experts"], use_fp8=True)
         assert q.dtype == deepep.fp8_dtype and sc.dtype == torch.float32
-        r.update(fp8_x=q.view(torch.uint8).numpy().copy(), fp8_scales=sc.numpy().copy(),
-                 fp8_count=count.numpy().copy())
+        r.update(fp8_x=q.view(torch.uint8).cpu().numpy(), fp8_scales=sc.cpu().numpy(),
+                 fp8_count=count.cpu().numpy())
         out.append(r)
     b.destroy()
     return out
 
 
-def run_world(sock: str, job: str, world: int, seed: int, iters: int = 2, timeout: float = 120):
-    """Every rank's results, rank by rank, from `world` spawned processes."""
+def run_world(sock: str, job: str, world: int, seed: int, iters: int = 2, timeout: float = 120,
+              device: str = "cpu", fn=None):
+    """Every rank's results, rank by rank, from `world` spawned processes running fn
+    (run_rank) with (sock, job, rank, world, seed, iters, device)."""
     ctx = mp.get_context("spawn")
     with ctx.Pool(world) as pool:
-        res = pool.map_async(run_rank, [(sock, job, r, world, seed, iters) for r in range(world)])
+        res = pool.map_async(fn or run_rank,
+                             [(sock, job, r, world, seed, iters, device) for r in range(world)])
         return res.get(timeout)
+
+
+def graph_rank(args) -> List[Dict[str, np.ndarray]]:
+    """Rank `rank` of a job on the cuda backend: one layer's low-latency pair captured in a
+    CUDA graph (dispatch bf16, the experts' scaling, combine, and an FP8 dispatch of xn), then
+    replayed `iters` times, each with new inputs copied into the graph's input tensors.
+    Replay i uses the inputs of iteration 2 i (full batches: a graph has one token count) and
+    returns what run_rank's low-latency part returns, with "it" saying the inputs."""
+    sock, job, rank, world, seed, iters, dev = args
+    import deepep
+    dev = torch.device(dev)
+    torch.cuda.set_device(dev)
+    s = shape(world)
+    b = deepep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
+                      local_world_size=world, socket=sock, **s)
+    L, E, M = s["num_experts"] // world, s["num_experts"], s["max_ll_tokens_per_rank"]
+    scale = torch.from_numpy(expert_scale(world)[rank * L:(rank + 1) * L]).view(L, 1, 1).to(dev)
+
+    def load(it):
+        li = inputs(seed, rank, world, it, ll=True)
+        assert li["idx"].shape[0] == M
+        sx.copy_(torch.from_numpy(li["x"]).bfloat16())
+        sxn.copy_(torch.from_numpy(li["xn"]).bfloat16())
+        sidx.copy_(torch.from_numpy(li["idx"]))
+        sw.copy_(torch.from_numpy(li["w"]))
+
+    sx = torch.empty(M, s["hidden"], dtype=torch.bfloat16, device=dev)
+    sxn = torch.empty_like(sx)
+    sidx = torch.empty(M, s["num_topk"], dtype=torch.int64, device=dev)
+    sw = torch.empty(M, s["num_topk"], dtype=torch.float32, device=dev)
+    sout = torch.empty_like(sx)
+
+    def layer():
+        recv, count, h, _, _ = b.low_latency_dispatch(sx, sidx, M, E, use_fp8=False)
+        y = (recv.float() * scale).bfloat16()
+        b.low_latency_combine(y, sidx, sw, h, out=sout)
+        (q, sc), fcount, _, _, _ = b.low_latency_dispatch(sxn, sidx, M, E, use_fp8=True)
+        return recv, count, q, sc, fcount
+
+    # Warm up on a side stream (torch's rule before a capture); every rank makes the same
+    # calls, so the job's call sequence stays in step.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        load(0)
+        layer()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        recv, count, q, sc, fcount = layer()
+    out = []
+    for i in range(iters):
+        load(2 * i)
+        g.replay()
+        torch.cuda.synchronize()
+        out.append(dict(it=2 * i, ll_x=bits(recv), ll_count=count.cpu().numpy(),
+                        ll_combined=bits(sout), fp8_x=q.view(torch.uint8).cpu().numpy(),
+                        fp8_scales=sc.cpu().numpy(), fp8_count=fcount.cpu().numpy()))
+    del g
+    b.destroy()
+    return out

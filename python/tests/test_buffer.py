@@ -8,8 +8,11 @@ import uuid
 import pytest
 import torch
 
+import conftest
 import deepep
 from deepep.identity import from_environment
+
+DEV = torch.device(conftest.DEVICE)
 
 SHAPE = dict(hidden=128, num_experts=4, num_topk=2, max_tokens_per_rank=8,
              max_ll_tokens_per_rank=8)
@@ -22,9 +25,9 @@ def one_rank(sock, **kw):
 
 
 def tokens(n=4, hidden=128):
-    x = torch.ones(n, hidden, dtype=torch.bfloat16)
-    idx = torch.tensor([[t % 4, (t + 1) % 4] for t in range(n)], dtype=torch.int64)
-    return x, idx, torch.full((n, 2), 0.5)
+    x = torch.ones(n, hidden, dtype=torch.bfloat16, device=DEV)
+    idx = torch.tensor([[t % 4, (t + 1) % 4] for t in range(n)], dtype=torch.int64, device=DEV)
+    return x, idx, torch.full((n, 2), 0.5, device=DEV)
 
 
 # ---- identity ----------------------------------------------------------------
@@ -108,7 +111,8 @@ def test_bad_tensors_are_refused_naming_the_argument(buf):
     with pytest.raises(ValueError, match="topk_idx has 3 rows but x has 4"):
         buf.dispatch(x, topk_idx=idx[:3], topk_weights=w)
     with pytest.raises(ValueError, match="x.size\\(1\\) is 256 but this Buffer's job has hidden"):
-        buf.dispatch(torch.ones(4, 256, dtype=torch.bfloat16), topk_idx=idx, topk_weights=w)
+        buf.dispatch(torch.ones(4, 256, dtype=torch.bfloat16, device=DEV), topk_idx=idx,
+                     topk_weights=w)
     with pytest.raises(ValueError, match="9 tokens exceed max_tokens_per_rank 8"):
         buf.dispatch(*tokens(9)[:1], topk_idx=tokens(9)[1], topk_weights=tokens(9)[2])
     with pytest.raises(ValueError, match="num_max_dispatch_tokens_per_rank is 16"):
@@ -120,15 +124,20 @@ def test_bad_tensors_are_refused_naming_the_argument(buf):
 def test_expert_ids_out_of_range_are_the_librarys_invalid_argument(buf):
     x, idx, w = tokens()
     idx[1, 1] = 7
-    with pytest.raises(deepep.InvalidArgument, match=r"topk_idx\[1\]\[1\] = 7"):
+    # The host library names the element; the cuda kernels the token (found on the GPU).
+    want = r"topk_idx\[1\]\[1\] = 7" if conftest.BACKEND == "host" else \
+        r"topk_idx of token 1 = 7"
+    with pytest.raises(deepep.InvalidArgument, match=want):
         buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    idx[1, 1] = 2  # and the Buffer goes on
+    assert buf.dispatch(x, topk_idx=idx, topk_weights=w)[3] == [2, 2, 2, 2]
 
 
 def test_arguments_not_in_the_library_yet_raise_unsupported(buf):
     x, idx, w = tokens()
     _, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
     cases = [
-        lambda: buf.dispatch((x, torch.ones(4, 1)), topk_idx=idx, topk_weights=w),
+        lambda: buf.dispatch((x, torch.ones(4, 1, device=DEV)), topk_idx=idx, topk_weights=w),
         lambda: buf.dispatch(x, handle=h),
         lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, expert_alignment=128),
         lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=32),
@@ -169,7 +178,8 @@ def test_the_shape_is_taken_from_the_first_calls_that_supply_it(daemon):
         b.get_dispatch_layout(idx, 4)
     assert not b.attached
     recv_x, _, _, counts, h, _ = b.dispatch(x, topk_idx=idx, topk_weights=w,
-                                            num_tokens_per_expert=torch.zeros(4, dtype=torch.int32))
+                                            num_tokens_per_expert=torch.zeros(4, dtype=torch.int32,
+                                                                              device=DEV))
     assert b.attached and (b.hidden, b.num_experts, b.num_topk) == (128, 4, 2)
     assert counts == [2, 2, 2, 2] and b.get_dispatch_layout(idx, 4)[0].tolist() == [4]
     b.destroy()
@@ -294,8 +304,8 @@ def test_outputs_are_fresh_per_call(buf):
     r1 = buf.dispatch(x, topk_idx=idx, topk_weights=w)
     first = [t.clone() for t in r1[:3]]
     counts = list(r1[3])
-    idx2 = torch.tensor([[3, 2], [2, 3], [3, 2], [2, 3]], dtype=torch.int64)
-    r2 = buf.dispatch(x * 3, topk_idx=idx2, topk_weights=torch.full((4, 2), 0.25))
+    idx2 = torch.tensor([[3, 2], [2, 3], [3, 2], [2, 3]], dtype=torch.int64, device=DEV)
+    r2 = buf.dispatch(x * 3, topk_idx=idx2, topk_weights=torch.full((4, 2), 0.25, device=DEV))
     for a, b in zip(r1[:3], first):
         torch.testing.assert_close(a, b)
     assert r1[3] == counts and r2[3] != counts

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+import conftest
 import ranks
 
-WORLDS = [1, 2, 4]
+# 8 on cuda too: the ranks of one H200 under MPS, as a node's 8 GPUs' ranks would be.
+WORLDS = [1, 2, 4, 8] if conftest.BACKEND == "cuda" else [1, 2, 4]
 _results = {}
 
 
@@ -17,7 +19,8 @@ def world(request, daemon, seed):
     """(world size, every rank's results) for one job of that many rank processes."""
     w = request.param
     if w not in _results:
-        _results[w] = ranks.run_world(daemon, f"pytest-{w}-{uuid.uuid4().hex[:8]}", w, seed)
+        _results[w] = ranks.run_world(daemon, f"pytest-{w}-{uuid.uuid4().hex[:8]}", w, seed,
+                                      device=conftest.DEVICE)
     return w, _results[w]
 
 
@@ -101,15 +104,24 @@ def ll_rows(inps, e, key="x"):
             if (inp["idx"][t] == e).any()]
 
 
+def iterations(res):
+    """(index in the results, inputs' iteration) of each result: a result says its inputs'
+    iteration as "it" (the CUDA-graph test's), else it is its index."""
+    return [(i, int(r.get("it", i))) for i, r in enumerate(res[0])]
+
+
 def test_low_latency_dispatch_packs_rows_per_expert_in_source_order(world, seed):
-    W, res = world
+    check_ll_dispatch(*world, seed)
+
+
+def check_ll_dispatch(W, res, seed):
     sh = ranks.shape(W)
     L = sh["num_experts"] // W
     rows = W * sh["max_ll_tokens_per_rank"]
-    for it in range(len(res[0])):
+    for i, it in iterations(res):
         inps = every_input(seed, W, it, ll=True)
         for r in range(W):
-            got = res[r][it]
+            got = res[r][i]
             assert got["ll_x"].shape == (L, rows, sh["hidden"])
             for l in range(L):
                 want = ll_rows(inps, r * L + l)
@@ -120,9 +132,12 @@ def test_low_latency_dispatch_packs_rows_per_expert_in_source_order(world, seed)
 
 
 def test_low_latency_combine_weights_each_experts_row(world, seed):
-    W, res = world
+    check_ll_combine(*world, seed)
+
+
+def check_ll_combine(W, res, seed):
     scale = ranks.expert_scale(W)
-    for it in range(len(res[0])):
+    for i, it in iterations(res):
         for s, inp in enumerate(every_input(seed, W, it, ll=True)):
             x, idx, w = inp["x"], inp["idx"], inp["w"]
             acc = np.zeros_like(x)
@@ -130,7 +145,7 @@ def test_low_latency_combine_weights_each_experts_row(world, seed):
                 sel = idx[:, k] >= 0
                 y = bf16_round(x * scale[np.maximum(idx[:, k], 0)][:, None])
                 acc += np.where(sel[:, None], w[:, k:k + 1] * y, 0).astype(np.float32)
-            np.testing.assert_array_equal(res[s][it]["ll_combined"], bf16_bits(acc))
+            np.testing.assert_array_equal(res[s][i]["ll_combined"], bf16_bits(acc))
 
 
 def e4m3_reference(v: np.ndarray) -> np.ndarray:
@@ -156,15 +171,18 @@ def quantize_reference(x: np.ndarray):
 
 
 def test_low_latency_fp8_quantises_per_token_and_128_channels(world, seed):
-    W, res = world
+    check_ll_fp8(*world, seed)
+
+
+def check_ll_fp8(W, res, seed):
     sh = ranks.shape(W)
     L = sh["num_experts"] // W
-    for it in range(len(res[0])):
+    for i, it in iterations(res):
         inps = every_input(seed, W, it, ll=True)
         for inp in inps:
             inp["xb"] = bf16_round(inp["xn"])
         for r in range(W):
-            got = res[r][it]
+            got = res[r][i]
             assert got["fp8_scales"].shape == (L, W * sh["max_ll_tokens_per_rank"],
                                                sh["hidden"] // 128)
             for l in range(L):
