@@ -145,13 +145,17 @@ $(CTL): $(CTL_OBJ) $(LIB_A)
 	$(CC) $(SANFLAGS) -o $@ $(CTL_OBJ) $(LIB_A) -ldl -lpthread -lm
 
 # Each bench/<name>.c is one program, with the shared helpers of benchlib.c
-# and its own parts, bench/<name>/*.c where it has them.
+# and its own parts, bench/<name>/*.c where it has them, plus the daemon
+# modules BENCH_DAEMON_<name> names and the libraries BENCH_LIBS_<name>.
+# bench/peers runs the daemon's own peer handshake and RDMA seam.
+BENCH_DAEMON_peers := daemon/peerauth.c daemon/rdmadrv.c daemon/log.c
+BENCH_LIBS_peers = $(LIBS_SODIUM)
 .SECONDEXPANSION:
 .SECONDARY: $(call obj,$(BENCHLIB_SRC) $(wildcard bench/*/*.c))
-$(BUILD)/bench/%: bench/%.c $(call obj,$(BENCHLIB_SRC)) $$(call obj,$$(wildcard bench/%/*.c)) $(LIB_A)
+$(BUILD)/bench/%: bench/%.c $(call obj,$(BENCHLIB_SRC)) $$(call obj,$$(wildcard bench/%/*.c) $$(BENCH_DAEMON_$$*)) $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(ALLCFLAGS) -o $@ $< $(call obj,$(BENCHLIB_SRC) $(wildcard bench/$*/*.c)) $(LIB_A) \
-	  -ldl -lpthread -lm
+	$(CC) $(ALLCFLAGS) -o $@ $< $(call obj,$(BENCHLIB_SRC) $(wildcard bench/$*/*.c) $(BENCH_DAEMON_$*)) \
+	  $(LIB_A) $(BENCH_LIBS_$*) -ldl -lpthread -lm
 
 # install writes the .pc again: PREFIX on the install line may differ from the build's.
 PC_SED = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
