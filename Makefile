@@ -12,7 +12,7 @@
 #   make run             build and start deepepd in the foreground (host backend, ./run/)
 #   make install PREFIX=/usr/local DESTDIR=
 #
-# Knobs (?=): PREFIX SYSCONFDIR RUNSTATEDIR CUDA_HOME NVCC_GENCODE WERROR STATIC_DEPS PYTHON
+# Knobs (?=): PREFIX SYSCONFDIR RUNSTATEDIR CUDA_HOME NVCC_GENCODE PTX_ONLY WERROR STATIC_DEPS PYTHON
 
 PREFIX      ?= /usr/local
 BINDIR      ?= $(PREFIX)/bin
@@ -31,6 +31,13 @@ NVCC_GENCODE ?= -gencode arch=compute_80,code=sm_80 \
                 -gencode arch=compute_90,code=sm_90 \
                 -gencode arch=compute_100,code=sm_100 \
                 -gencode arch=compute_100,code=compute_100
+# PTX_ONLY=90 builds the kernels as compute_90 PTX alone, no SASS: what a GPU
+# newer than the build meets, so that the daemon's kernel cache has work to do
+# (its GPU tests and bench/kcache; e.g. make BUILD=build-ptx PTX_ONLY=90).
+PTX_ONLY    ?=
+ifneq ($(PTX_ONLY),)
+NVCC_GENCODE := -gencode arch=compute_$(PTX_ONLY),code=compute_$(PTX_ONLY)
+endif
 BUILD       ?= build
 WERROR      ?= $(if $(CI),1,0)
 # STATIC_DEPS=1 links libuv, libyaml, check and subunit statically so that the
@@ -122,11 +129,23 @@ ifneq ($(FATBIN),)
 $(FATBIN): $(KCUDA_SRC) $(wildcard kernels/*.cuh) client/cuda_ops.h proto/stats_page.h
 	@mkdir -p $(@D)
 	$(NVCC) -fatbin -O3 -std=c++17 -Ikernels -Iclient -Iproto $(NVCC_GENCODE) -o $@ $(KCUDA_SRC)
-# The fatbin is embedded with .incbin so the library needs no file at run time.
+# The fatbin is embedded with .incbin so the library needs no file at run time,
+# with its build id beside it: the SHA-256 of the fatbin, by which the daemon's
+# kernel cache (which links this same object) keys what it compiled from it and
+# the library knows a cached compile of its own kernels (kernels/kimage.h).
 $(FATBIN_OBJ): $(FATBIN)
 	@mkdir -p $(@D)
-	printf '.section .rodata\n.balign 64\n.global dep__fatbin\n.hidden dep__fatbin\ndep__fatbin:\n.incbin "%s"\n.global dep__fatbin_end\n.hidden dep__fatbin_end\ndep__fatbin_end:\n.section .note.GNU-stack,"",@progbits\n' $(abspath $<) | $(CC) -c -x assembler - -o $@
+	id=$$(sha256sum $< | cut -c1-64); \
+	printf '.section .rodata\n.balign 64\n.global dep__fatbin\n.hidden dep__fatbin\ndep__fatbin:\n.incbin "%s"\n.global dep__fatbin_end\n.hidden dep__fatbin_end\ndep__fatbin_end:\n.global dep__fatbin_id\n.hidden dep__fatbin_id\ndep__fatbin_id:\n.asciz "%s"\n.section .note.GNU-stack,"",@progbits\n' $(abspath $<) $$id | $(CC) -c -x assembler - -o $@
+# NVCC_GENCODE is part of what the fatbin is made from: a build directory made
+# with other targets rebuilds it.
+$(BUILD)/kernels/gencode: FORCE
+	@mkdir -p $(@D)
+	@echo '$(NVCC_GENCODE)' | cmp -s - $@ || echo '$(NVCC_GENCODE)' > $@
+$(FATBIN): $(BUILD)/kernels/gencode
 endif
+.PHONY: FORCE
+FORCE:
 
 $(LIB_SO): $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) client/libdeepep-client.map
 	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=client/libdeepep-client.map \
@@ -138,8 +157,12 @@ $(LIB_A): $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
-$(DAEMON): $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ)
-	$(CC) $(SANFLAGS) -o $@ $^ $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
+# The daemon links the library's fatbin object (its kernel cache compiles the
+# very kernels this build's library carries) and the library itself, whose
+# attach and warm-up its start-up check runs in a child process (warmup.c).
+$(DAEMON): $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) $(FATBIN_OBJ) $(LIB_A)
+	$(CC) $(SANFLAGS) -o $@ $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) $(FATBIN_OBJ) \
+	  $(LIB_A) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
 
 $(CTL): $(CTL_OBJ) $(LIB_A)
 	$(CC) $(SANFLAGS) -o $@ $(CTL_OBJ) $(LIB_A) -ldl -lpthread -lm

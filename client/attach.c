@@ -195,6 +195,10 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
     return rc;
   c->args = *args;
   memset(&c->times, 0, sizeof c->times);
+  /* A compile of the kernels from the daemon where the fatbin has no SASS
+   * for this GPU: asked before ATTACH, whose reply may come at once. */
+  if (c->cuda && (rc = cuda_ops_fetch_kernels(c)) != 0)
+    return rc;
   uint32_t id = 0;
   rc = client_send_request(c, DEP_MSG_ATTACH, args, &id);
   /* While the daemon waits for the other local ranks and lends the memory,

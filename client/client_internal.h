@@ -58,6 +58,8 @@ struct dep_client {
   struct dep_attach_times times;  /* how long dep_attach took, and where the time went */
   struct ops_ctx ops;             /* dispatch/combine state (the job's shape and slabs) */
   struct cuops_state cuops;       /* cuda backend: kernels, error record (cuda_ops.c) */
+  void *lent_kernels;             /* the daemon's cubin, mapped from KERNELS until loaded */
+  size_t lent_kernels_bytes;
   struct statrec stats;           /* the stats page the daemon lent this rank (statrec.h) */
   struct proto_buf tx;            /* reused for every request */
   char errmsg[CLIENT_ERRMSG_MAX]; /* the last failure on this handle */

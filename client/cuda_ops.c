@@ -12,10 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "client_internal.h"
+#include "kimage.h"
 #include "shape.h"
 
 /* The kernels restate host_ops.h's layouts; hold them to it. */
@@ -48,8 +50,6 @@ _Static_assert(CUOPS_MAX_TOKENS == DEP_SHAPE_MAX_TOKENS && CUOPS_MAX_TOPK == DEP
                "the kernels' arrays are sized for other shape limits than proto/shape.h's");
 
 #ifdef DEP_HAVE_FATBIN
-extern const unsigned char dep__fatbin[];
-
 static const char *const kernel_names[CUOPS_K_COUNT] = {
 #define CUOPS__NAME(name, sym) sym,
     CUOPS_KERNELS(CUOPS__NAME)
@@ -687,6 +687,62 @@ static void host_record_free(const struct cudadrv *cu, struct cuops_state *st) {
   munmap(st->host, host_record_bytes());
 }
 
+void cuda_ops_drop_kernels(dep_client_t *c) {
+  if (c->lent_kernels != NULL)
+    munmap(c->lent_kernels, c->lent_kernels_bytes);
+  c->lent_kernels = NULL;
+  c->lent_kernels_bytes = 0;
+}
+
+/* Take the cubin of a KERNELS_OK if it is a compile of this very image for this GPU. */
+static void take_kernels(dep_client_t *c, const struct client_frame *f, const struct kimage *img,
+                         int arch) {
+  struct dep_msg_kernels_ok ok;
+  int driver = 0;
+  struct stat sb;
+  if (proto_decode_kernels_ok(f->body, f->hdr.body_len, &ok) != 0 || f->nfds != 1 ||
+      ok.arch != (uint32_t)arch || strcmp(ok.build, img->id) != 0 ||
+      drv()->cuDriverGetVersion(&driver) != CUDA_SUCCESS || ok.driver != driver ||
+      fstat(f->fds[0], &sb) != 0 || (uint64_t)sb.st_size != ok.bytes)
+    return; /* another build, driver or GPU (or a malformed reply): the fatbin serves */
+  void *p = mmap(NULL, (size_t)ok.bytes, PROT_READ, MAP_PRIVATE, f->fds[0], 0);
+  if (p == MAP_FAILED)
+    return;
+  c->lent_kernels = p;
+  c->lent_kernels_bytes = (size_t)ok.bytes;
+}
+
+int cuda_ops_fetch_kernels(dep_client_t *c) {
+  cuda_ops_drop_kernels(c);
+  struct kimage img;
+  const struct cudadrv *cu = drv();
+  int major = 0, minor = 0;
+  if (!kimage_embedded(&img) || cu == NULL ||
+      cu->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                               c->cuda_dev) != CUDA_SUCCESS ||
+      cu->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                               c->cuda_dev) != CUDA_SUCCESS ||
+      kimage_fit(img.data, img.len, major, minor) == KIMAGE_SASS)
+    return 0;
+  const char *own = getenv(CUOPS_OWN_KERNELS_ENV);
+  if (own != NULL && own[0] != '\0' && strcmp(own, "0") != 0) {
+    if (strcmp(own, "1") == 0)
+      return 0;
+    return client_seterr(c, DEP_ERR_INVALID, "$" CUOPS_OWN_KERNELS_ENV "=\"%s\" must be 0 or 1; "
+                         "fix or unset it", own);
+  }
+  struct dep_msg_kernels m;
+  memcpy(m.device_uuid, c->args.device_uuid, sizeof m.device_uuid);
+  struct client_frame f;
+  int rc = client_request(c, DEP_MSG_KERNELS, &m, DEP_MSG_KERNELS_OK, CLIENT_REQUEST_TIMEOUT_MS,
+                          &f);
+  if (rc != 0)
+    return c->fd < 0 ? rc : 0; /* the daemon has none to lend: the fatbin's PTX serves */
+  take_kernels(c, &f, &img, major * 10 + minor);
+  client_frame_release(&f);
+  return 0;
+}
+
 int cuda_ops_prepare(dep_client_t *c) {
   struct cuops_state *st = &c->cuops;
   memset(st, 0, sizeof *st);
@@ -702,7 +758,16 @@ int cuda_ops_prepare(dep_client_t *c) {
   CUresult r = cu->cuCtxGetCurrent(&st->ctx);
   if (r != CUDA_SUCCESS || st->ctx == NULL)
     return client_seterr(c, DEP_ERR_CUDA, "%s: no CUDA context is current", op);
-  if ((r = cu->cuModuleLoadData(&st->mod, dep__fatbin)) != CUDA_SUCCESS) {
+  /* The daemon's compile where it lent one (a driver that refuses it still
+   * has the fatbin to compile), else the embedded fatbin. */
+  struct kimage img;
+  kimage_embedded(&img);
+  r = CUDA_ERROR_INVALID_IMAGE;
+  if (c->lent_kernels != NULL && (r = cu->cuModuleLoadData(&st->mod, c->lent_kernels)) != CUDA_SUCCESS)
+    st->mod = NULL;
+  st->lent_kernels = r == CUDA_SUCCESS;
+  cuda_ops_drop_kernels(c);
+  if (!st->lent_kernels && (r = cu->cuModuleLoadData(&st->mod, img.data)) != CUDA_SUCCESS) {
     st->mod = NULL;
     return cu_fail(c, op, "loading the embedded kernels (cuModuleLoadData)", r);
   }
@@ -834,6 +899,7 @@ void cuda_ops_stats_bind(dep_client_t *c) {
 
 void cuda_ops_detach(dep_client_t *c) {
   struct cuops_state *st = &c->cuops;
+  cuda_ops_drop_kernels(c);
   if (st->ctx == NULL && st->warm_h == NULL) {
     memset(st, 0, sizeof *st);
     return; /* never loaded: do not initialise CUDA here (a parent may fork after) */

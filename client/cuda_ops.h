@@ -98,6 +98,10 @@
 #define CUOPS_CTAS_PER_SM 2u
 /* Overrides the SM budget (CTAs per communicating kernel) of every rank. */
 #define CUOPS_CTAS_ENV "DEEPEP_KERNEL_CTAS"
+/* "1": load the library's own fatbin even where the daemon lends a compile
+ * of it (the kernel cache): to measure the driver's own JIT, or to rule the
+ * cache out; "0" or unset: take the daemon's where it has one. */
+#define CUOPS_OWN_KERNELS_ENV "DEEPEP_OWN_KERNELS"
 /* Low-latency dispatch keeps per-(source, local expert) counts and offsets
  * in dynamic shared memory: 8 bytes per expert, within the 48 KiB a kernel
  * gets without opting in. */
@@ -307,6 +311,7 @@ struct cuops_state {
   CUdeviceptr loop_slab, loop_dev; /* the warm-up's world of one */
   CUdeviceptr warm_mem;           /* ... and its handle's arrays */
   struct dep_handle *warm_h;      /* the warm-up's handle */
+  bool lent_kernels;              /* the module is the daemon's compile (KERNELS), not the fatbin */
   void *stats_pinned;             /* the stats page as registered (cuda_ops_stats_bind), or NULL */
   struct cuops_job job;
 };
@@ -347,6 +352,18 @@ int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, c
  * DEP_ERR_UNSUPPORTED.
  */
 int cuda_ops_prepare(dep_client_t *c);
+/*
+ * Before ATTACH is sent, on cuda: where this library's fatbin has no SASS
+ * for the rank's GPU, ask the daemon for its compile of these kernels
+ * (KERNELS) and map it for cuda_ops_prepare to load instead of the PTX.
+ * A daemon without one (or of another build, driver or architecture) is
+ * no error: the fatbin is loaded as before.  0, or the connection's
+ * failure (DEP_ERR_DAEMON_GONE, ...) or DEP_ERR_INVALID for a bad
+ * $DEEPEP_OWN_KERNELS.
+ */
+int cuda_ops_fetch_kernels(dep_client_t *c);
+/* Unmap what cuda_ops_fetch_kernels mapped, if it is still there. */
+void cuda_ops_drop_kernels(dep_client_t *c);
 /*
  * At the end of dep_attach, once the warm-up has run: register the rank's
  * stats page (c->stats, statrec.h) for the device and hand it to the

@@ -64,6 +64,7 @@ struct name_value {
 /* Flag on sizes. */
 #define F_GRANULE 8u  /* a whole number of CHUNK_GRANULE (allocation sizes) */
 #define F_ZERO_AUTO 16u /* K_SIZE: 0 is allowed too, and means "the daemon chooses" */
+#define F_ABSPATH 32u /* K_STR: "" or an absolute path (the daemon's cwd is no place to rely on) */
 
 struct key {
   const char *name;
@@ -166,6 +167,7 @@ static const struct key root_keys[] = {
     {.name = "preallocation", .kind = K_BOOL, AT(preallocation)},
     {.name = "buffer_cache_enabled", .kind = K_BOOL, AT(buffer_cache_enabled)},
     {.name = "kernel_warmup", .kind = K_BOOL, AT(kernel_warmup), .live = true},
+    {.name = "kernel_cache_dir", .kind = K_STR, AT(kernel_cache_dir), .flags = F_ABSPATH},
     {.name = "warn_first_call_ratio", .kind = K_RATIO, AT(warn_first_call_ratio), .dmin = 1.0, .dmax = 100.0,
      .live = true},
     {.name = "connection_pool_size", .kind = K_UINT, AT(connection_pool_size), .min = 1, .max = 1024},
@@ -195,6 +197,7 @@ void config_defaults(struct config *c) {
   c->preallocation = true;
   c->buffer_cache_enabled = true;
   c->kernel_warmup = true;
+  snprintf(c->kernel_cache_dir, sizeof c->kernel_cache_dir, "%s", CONFIG_DEFAULT_KERNEL_CACHE_DIR);
   c->warn_first_call_ratio = 3.0;
   c->connection_pool_size = 24;
   c->listen_port = DEFAULT_PORT;
@@ -339,6 +342,8 @@ static int take_string(struct loader *L, const yaml_node_t *v, const char *path,
   size_t n = is_null(v) ? 0 : v->data.scalar.length;
   if (n == 0 && (flags & F_NONEMPTY))
     return fail(L, v->start_mark, "'%s' must not be empty", path);
+  if (n > 0 && s[0] != '/' && (flags & F_ABSPATH))
+    return fail(L, v->start_mark, "'%s' must be an absolute path (or \"\" for none)", path);
   if (n >= size) {
     if (flags & F_SUNPATH)
       return fail(L, v->start_mark,
@@ -559,8 +564,6 @@ static const char *retired_key(const char *name, size_t n) {
   static const struct {
     const char *name, *why;
   } retired[] = {
-      {"kernel_cache_dir", "deepepd has no kernel cache yet (the library's fatbin carries SASS for "
-                           "sm_80, sm_90 and sm_100)"},
       {"adaptive_optimization", "deepepd makes no run-time tuning choices yet"},
   };
   for (size_t i = 0; i < sizeof retired / sizeof retired[0]; i++)

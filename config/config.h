@@ -18,6 +18,8 @@
 #define CONFIG_MAX_LIST 64   /* users, groups, devices, peers */
 #define CONFIG_NAME_MAX 64
 #define CONFIG_PATH_MAX 108  /* sun_path; longer socket paths are rejected */
+/* Where the unit's CacheDirectory=deepepd puts it (systemd/deepepd.service.in). */
+#define CONFIG_DEFAULT_KERNEL_CACHE_DIR "/var/cache/deepepd"
 /*
  * Bounds on the file itself, so that no file can keep libyaml busy (config.c says how):
  * lists and mappings nested at most this deep (a valid file nests 3), and at most this many
@@ -68,7 +70,8 @@ struct config {
   bool buffer_cache_enabled;          /* default true */
 
   /* kernels */
-  bool kernel_warmup;                 /* default true */
+  bool kernel_warmup;                 /* default true: at start in the daemon, and at attach */
+  char kernel_cache_dir[256];         /* default CONFIG_DEFAULT_KERNEL_CACHE_DIR; "" for none */
   double warn_first_call_ratio;       /* default 3, 1.0..100: log a first call slower than this
                                          x its op's steady median (daemon/stats.c) */
 

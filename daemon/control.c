@@ -17,6 +17,7 @@
 #include "deepepd.h"
 #include "devices.h"
 #include "job.h"
+#include "kcheck.h"
 #include "log.h"
 #include "peer.h"
 #include "stats.h"
@@ -317,6 +318,29 @@ static void control_clients(struct conn *c, const struct dep_frame_hdr *h, size_
   stats_clients(c, h->request_id);
 }
 
+/* KERNELS: the daemon's compile of the library's kernels for a GPU, as a sealed memfd. */
+static void control_kernels(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
+                            size_t len) {
+  struct dep_msg_kernels m;
+  if (proto_decode_kernels(body, len, &m) != 0) {
+    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "malformed KERNELS body (%zu bytes)", len);
+    return;
+  }
+  struct dep_msg_kernels_ok ok;
+  char why[DEP_MSG_TEXT_MAX];
+  int fd = -1;
+  int rc = DEP_ERR_NOT_FOUND;
+  /* The check writes its table off the loop until the pools are done. */
+  if (deepepd.starting)
+    snprintf(why, sizeof why, "deepepd is still making its pools and checking its kernels");
+  else
+    rc = kcheck_lend(m.device_uuid, &ok, &fd, why, sizeof why);
+  if (rc == 0)
+    conn_send(c, DEP_MSG_KERNELS_OK, h->request_id, &ok, &fd, 1);
+  else
+    conn_send_error(c, h->request_id, rc, "%s", why);
+}
+
 static void control_detach(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
   if (len != 0) {
     conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "DETACH carries no body, got %zu bytes", len);
@@ -367,6 +391,9 @@ void control_handle(struct conn *c, const struct dep_frame_hdr *h, const uint8_t
     break;
   case DEP_MSG_JOB_NODES:
     control_job_nodes(c, h, len);
+    break;
+  case DEP_MSG_KERNELS:
+    control_kernels(c, h, body, len);
     break;
   case DEP_MSG_STATS_LEND:
     control_stats_lend(c, h, len);

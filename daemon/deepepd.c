@@ -34,7 +34,7 @@ uint64_t deepepd_uptime_ms(void) { return (uv_hrtime() - deepepd.start_ns) / 100
 const char *deepepd_state_name(void) {
   if (deepepd.stopping)
     return "stopping";
-  if (deepepd.starting)
+  if (deepepd.starting || deepepd.warming)
     return "starting";
   return deepepd.draining ? "draining" : "ready";
 }
@@ -129,7 +129,7 @@ static void deepepd_reload_tell(struct reload_waiter *w, int rc, const char *msg
 /* The end of a reload for systemd (Type=notify-reload), which saw RELOADING=1 at its start.
  * Neither is sent while the daemon starts (its READY=1 waits for the pools) or stops. */
 static void deepepd_reload_notify_ready(void) {
-  if (deepepd.stopping || deepepd.starting)
+  if (deepepd.stopping || deepepd.starting || deepepd.warming)
     return;
   notify_send("READY=1");
   notify_send("STATUS=listening on %s", deepepd.cfg.socket_path);

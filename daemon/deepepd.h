@@ -26,6 +26,8 @@ struct deepepd {
   int log_level_override;       /* -1 or an enum config_log_level */
   uint64_t start_ns;            /* uv_hrtime() at start */
   bool starting;                /* the device pools are being made */
+  bool warming;                 /* ... then the kernel warm-up runs (warmup.h): STATUS says
+                                   "starting" and READY=1 waits, but ATTACH is served */
   bool draining;                /* deepepctl drain: no new jobs */
   bool stopping;
 };

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cudadrv.h"
+#include "kcheck.h"
 #include "log.h"
 #include "proto.h"
 
@@ -110,7 +111,15 @@ static int devices_make(const struct config *c, char *why, size_t whylen) {
              devs.ops->name, n);
     return DEP_ERR_CONFIG;
   }
-  return 0;
+  /* The kernels each GPU will run, SASS or a cached compile: before READY=1
+   * (DESIGN §10), so that a GPU the library cannot run on fails the start. */
+  int rc = host ? 0 : kcheck_run(c, devs.pools, devs.made, why, whylen);
+  if (rc != 0) {
+    kcheck_fini();
+    while (devs.made > 0)
+      pool_fini(&devs.pools[--devs.made]);
+  }
+  return rc;
 }
 
 static void devices_work(uv_work_t *req) {
@@ -167,6 +176,7 @@ void devices_fini(void) {
     log_warnx("devices: the pools are still being made; left to the exit");
     return;
   }
+  kcheck_fini();
   for (size_t i = 0; i < devs.n; i++)
     pool_fini(&devs.pools[i]);
   devs.n = 0;

@@ -25,6 +25,7 @@
 #include "proto.h"
 #include "rdmadrv.h"
 #include "server.h"
+#include "warmup.h"
 #include "stats.h"
 
 static void usage(FILE *f) {
@@ -121,6 +122,40 @@ static void main_on_peers(const char *missing) {
     notify_send("STATUS=listening on %s", deepepd.cfg.socket_path);
 }
 
+/* The kernel warm-up is over: a failure stops the daemon (its child said why), else the peers. */
+static void main_on_warmup(int rc, const char *why) {
+  deepepd.warming = false;
+  if (deepepd.stopping)
+    return;
+  if (rc != 0) {
+    log_errx("%s", why);
+    main_pools_failed = true;
+    deepepd_shutdown("the kernel warm-up failed");
+    return;
+  }
+  /* READY=1 also waits for the peer daemons, at most peer_wait_ms (peer.c). */
+  peer_wait(main_on_peers);
+}
+
+/* With kernel_warmup on cuda, a child runs every kernel on each GPU before READY=1 (warmup.h). */
+static void main_warmup(void) {
+  static char uuids[64][37];
+  size_t n = 0;
+  for (size_t i = 0; i < devices_count() && n < 64; i++)
+    snprintf(uuids[n++], sizeof uuids[0], "%s", devices_at(i)->dev.uuid_str);
+  bool cuda = strcmp(devices_backend_name(), "cuda") == 0;
+  if (cuda && deepepd.cfg.kernel_warmup && n > 0) {
+    deepepd.warming = true;
+    notify_send("STATUS=running every kernel once on %zu GPU(s)", n);
+    if (warmup_start(deepepd.loop, deepepd.cfg.socket_path, uuids, n, main_on_warmup) == 0)
+      return;
+    main_on_warmup(DEP_ERR_INTERNAL, "the kernel warm-up could not start (see above); set "
+                   "kernel_warmup: false to start without it");
+    return;
+  }
+  main_on_warmup(0, NULL);
+}
+
 /*
  * The device pools are made (rc 0) or could not be: on the loop thread.
  * Only now is the daemon ready: READY=1 only once the pools are warm
@@ -144,23 +179,23 @@ static void main_on_pools(int rc, const char *why) {
   log_info("device pools ready in %llu ms",
            (unsigned long long)((uv_hrtime() - main_pools_start_ns) / 1000000u));
   control_attach_resume(0, NULL);
-  /* READY=1 also waits for the peer daemons, at most peer_wait_ms (peer.c). */
-  peer_wait(main_on_peers);
+  main_warmup();
 }
 
 int main(int argc, char **argv) {
-  enum { OPT_BACKEND = 256, OPT_LOG_LEVEL, OPT_CHECK };
+  enum { OPT_BACKEND = 256, OPT_LOG_LEVEL, OPT_CHECK, OPT_WARMUP };
   static const struct option opts[] = {
       {"config", required_argument, NULL, 'c'},
       {"socket", required_argument, NULL, 's'},
       {"backend", required_argument, NULL, OPT_BACKEND},
       {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
       {"check-config", required_argument, NULL, OPT_CHECK},
+      {WARMUP_CHILD_OPT, required_argument, NULL, OPT_WARMUP}, /* the daemon's own child */
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
   const char *config_path = NULL;
-  const char *check_path = NULL;
+  const char *check_path = NULL, *warmup_socket = NULL;
   int o;
   while ((o = getopt_long(argc, argv, "c:s:hV", opts, NULL)) != -1) {
     switch (o) {
@@ -196,6 +231,9 @@ int main(int argc, char **argv) {
     case OPT_CHECK:
       check_path = optarg;
       break;
+    case OPT_WARMUP:
+      warmup_socket = optarg;
+      break;
     case 'h':
       usage(stdout);
       return 0;
@@ -206,6 +244,10 @@ int main(int argc, char **argv) {
       usage(stderr);
       return 2;
     }
+  }
+  if (warmup_socket != NULL) { /* the start-up warm-up's child (warmup.h): GPU UUIDs follow */
+    log_init(LOG_PRIO_INFO);
+    return warmup_child_main(warmup_socket, argc - optind, argv + optind);
   }
   if (optind < argc) {
     fprintf(stderr, "deepepd: unexpected argument: %s\n", argv[optind]);
@@ -265,6 +307,7 @@ int main(int argc, char **argv) {
   job_fini(); /* every slab goes back before its pool does */
   devices_fini();
 out_held:
+  warmup_fini();
   held_fini();
   peer_fini();
 out_server:

@@ -226,6 +226,37 @@ void pool_reap(struct pool *p) {
   }
 }
 
+static bool block_is(const struct pool_block *b, uint32_t n, uint64_t piece);
+
+void pool_forget(struct pool *p, uid_t uid, uint64_t shape_key) {
+  for (struct pool_block *b = p->blocks, *next; b != NULL; b = next) {
+    next = b->next;
+    if ((b->state != POOL_BLOCK_FREE && b->state != POOL_BLOCK_CACHED) || !b->has_owner ||
+        b->last_uid != uid || b->shape_key != shape_key)
+      continue;
+    block_reap(b);
+    if (b->n_holders > 0)
+      continue;
+    if (p->prealloc && block_is(b, 1, p->reserve_bytes)) {
+      if (b->state == POOL_BLOCK_CACHED)
+        p->cached_bytes -= pool_block_bytes(b);
+      b->state = POOL_BLOCK_FREE;
+      b->has_owner = false;
+    } else {
+      block_unmake(p, b);
+    }
+  }
+  while (p->prealloc && pool_room(p) >= p->reserve_bytes) {
+    struct pool_block *blk;
+    char why[256];
+    if (block_make(p, 1, p->reserve_bytes, &blk, why, sizeof why) != 0) {
+      log_warnx("pool %s: the reserve is short of a block after the warm-up: %s", p->dev.uuid_str,
+                why);
+      break;
+    }
+  }
+}
+
 uint64_t pool_held_bytes(const struct pool *p) {
   uint64_t n = p->ghost_bytes;
   for (const struct pool_block *b = p->blocks; b != NULL; b = b->next)
@@ -253,6 +284,7 @@ int pool_init(struct pool *p, const struct backend_ops *ops, const struct backen
   p->dev = *dev;
   p->budget_bytes = budget_bytes;
   p->reserve_bytes = reserve_bytes;
+  p->prealloc = prealloc;
   if (reserve_bytes == 0 || dev->granularity == 0 || reserve_bytes % dev->granularity != 0) {
     snprintf(why, whylen, "pool.chunk_size %llu is not a multiple of device %s's allocation "
              "granularity %llu", (unsigned long long)reserve_bytes, dev->uuid_str,

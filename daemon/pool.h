@@ -89,6 +89,7 @@ struct pool {
   const struct backend_ops *ops;  /* NULL: not initialised (or finished) */
   uint64_t budget_bytes;       /* pool.size_per_device or pool.host_size */
   uint64_t reserve_bytes;      /* pool.chunk_size: the size blocks are preallocated in */
+  bool prealloc;               /* the reserve was made at start (preallocation) */
   struct pool_block *blocks;   /* every made block, in no particular order */
   uint32_t n_blocks;
   uint64_t made_bytes;         /* sum of the made blocks' sizes, <= budget_bytes */
@@ -125,6 +126,16 @@ void pool_fini(struct pool *p);
 /* Forget the holders that have exited, and the ghosts none of whose holders
  * lives (logged).  Cheap: blocks and ghosts are few. */
 void pool_reap(struct pool *p);
+
+/*
+ * The daemon's own start-up warm-up (warmup.h) is over and its process
+ * gone: the blocks of its jobs (uid, shape_key), free or cached, are made
+ * as if never lent, so that the pool starts as it would have without it —
+ * one of the reserve's size goes back to the reserve, unowned; any other is
+ * unmade and the reserve made whole again.  A block a live process still
+ * holds is left as it is.
+ */
+void pool_forget(struct pool *p, uid_t uid, uint64_t shape_key);
 
 /* Memory no live job holds that processes may still hold: held blocks and ghosts. */
 uint64_t pool_held_bytes(const struct pool *p);

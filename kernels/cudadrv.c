@@ -88,6 +88,10 @@ static void drv_load_once(void) {
   RESOLVE(cuMemcpyPeerAsync, "cuMemcpyPeerAsync");
   RESOLVE(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
   RESOLVE(cuStreamWaitEvent, "cuStreamWaitEvent");
+  RESOLVE(cuLinkCreate, "cuLinkCreate_v2");
+  RESOLVE(cuLinkAddData, "cuLinkAddData_v2");
+  RESOLVE(cuLinkComplete, "cuLinkComplete");
+  RESOLVE(cuLinkDestroy, "cuLinkDestroy");
   *(void **)(&drv.cuMemGetHandleForAddressRange) = dlsym(h, "cuMemGetHandleForAddressRange");
   CUresult r = drv.cuInit(0);
   if (r != CUDA_SUCCESS) {

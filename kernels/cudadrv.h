@@ -24,9 +24,11 @@ typedef struct CUstream_st *CUstream;
 typedef unsigned long long CUdeviceptr;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct CUevent_st *CUevent;
+typedef struct CUlinkState_st *CUlinkState;
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_INVALID_IMAGE 200
 #define CU_MEM_ALLOCATION_TYPE_PINNED 1
 #define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
 #define CU_MEM_LOCATION_TYPE_DEVICE 1
@@ -48,6 +50,10 @@ typedef struct CUevent_st *CUevent;
 #define CU_EVENT_DISABLE_TIMING 0x2
 #define CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
 #define CUDA_ERROR_NOT_READY 600
+/* The JIT linker (the daemon's kernel cache: compile the fatbin's PTX once). */
+#define CU_JIT_ERROR_LOG_BUFFER 5
+#define CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES 6
+#define CU_JIT_INPUT_FATBINARY 2
 #define CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD 0x1
 #define CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED 110
 
@@ -144,6 +150,12 @@ struct cudadrv {
   CUresult (*cuMemcpyPeerAsync)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
   CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned int);
+  /* The daemon's kernel cache: the fatbin's PTX compiled once into a cubin. */
+  CUresult (*cuLinkCreate)(unsigned int, int *, void **, CUlinkState *);
+  CUresult (*cuLinkAddData)(CUlinkState, int, void *, size_t, const char *, unsigned int, int *,
+                            void **);
+  CUresult (*cuLinkComplete)(CUlinkState, void **, size_t *);
+  CUresult (*cuLinkDestroy)(CUlinkState);
   /* Optional (NULL on drivers before 11.7): a dma-buf fd of device memory, which the
    * daemon registers with the NIC (ibv_reg_dmabuf_mr) for inter-node writes. */
   CUresult (*cuMemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);

@@ -40,6 +40,9 @@
  *   JOB_NODES_OK  u32 n (<= 256), then n records: str job_id (<= 63),
  *              u32 world_size, u32 local_ranks, u32 remote_ranks, u32 nodes
  *   STATS_LEND_OK, STATS, STATS_RANK, STATS_OK, CLIENTS_OK: proto_stats.c
+ *   KERNELS    16 bytes device_uuid
+ *   KERNELS_OK u32 arch, i32 driver, str build (64 hex digits), u64 bytes
+ *              (1..DEP_KERNELS_MAX_BYTES); the cubin's fd rides on it
  *   STATUS, DETACH, DETACH_OK, SHUTDOWN, RELOAD, PEERS, JOB_NODES, STATS_LEND,
  *   CLIENTS: empty
  */
@@ -597,6 +600,57 @@ int proto_decode_job_nodes(const uint8_t *p, size_t len, struct dep_msg_job_node
   return codec_r_finish(&r);
 }
 
+/* ---- KERNELS, KERNELS_OK ------------------------------------------------------ */
+
+int proto_encode_kernels(struct proto_buf *b, const struct dep_msg_kernels *m) {
+  struct codec_w w;
+  codec_w_init(&w, b);
+  codec_w_bytes(&w, m->device_uuid, sizeof m->device_uuid);
+  return codec_w_finish(&w);
+}
+
+int proto_decode_kernels(const uint8_t *p, size_t len, struct dep_msg_kernels *m) {
+  struct codec_r r;
+  codec_r_init(&r, p, len);
+  codec_r_bytes(&r, m->device_uuid, sizeof m->device_uuid);
+  return codec_r_finish(&r);
+}
+
+static bool kernels_build_ok(const char *s) {
+  if (strlen(s) != 64)
+    return false;
+  for (; *s != '\0'; s++)
+    if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f')))
+      return false;
+  return true;
+}
+
+int proto_encode_kernels_ok(struct proto_buf *b, const struct dep_msg_kernels_ok *m) {
+  if (!kernels_build_ok(m->build) || m->bytes == 0 || m->bytes > DEP_KERNELS_MAX_BYTES)
+    return DEP_ERR_INVALID;
+  struct codec_w w;
+  codec_w_init(&w, b);
+  codec_w_u32(&w, m->arch);
+  codec_w_i32(&w, m->driver);
+  codec_w_str(&w, m->build, sizeof m->build);
+  codec_w_u64(&w, m->bytes);
+  return codec_w_finish(&w);
+}
+
+int proto_decode_kernels_ok(const uint8_t *p, size_t len, struct dep_msg_kernels_ok *m) {
+  struct codec_r r;
+  codec_r_init(&r, p, len);
+  memset(m, 0, sizeof *m);
+  m->arch = codec_r_u32(&r);
+  m->driver = codec_r_i32(&r);
+  codec_r_str(&r, m->build, sizeof m->build);
+  m->bytes = codec_r_u64(&r);
+  int rc = codec_r_finish(&r);
+  if (rc == 0 && (!kernels_build_ok(m->build) || m->bytes == 0 || m->bytes > DEP_KERNELS_MAX_BYTES))
+    rc = DEP_ERR_PROTOCOL;
+  return rc;
+}
+
 /* ---- frames and dispatch ------------------------------------------------- */
 
 static bool type_has_empty_body(uint16_t type) {
@@ -636,6 +690,10 @@ static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
     return proto_encode_opaque(b, msg);
   case DEP_MSG_JOB_NODES_OK:
     return proto_encode_job_nodes(b, msg);
+  case DEP_MSG_KERNELS:
+    return proto_encode_kernels(b, msg);
+  case DEP_MSG_KERNELS_OK:
+    return proto_encode_kernels_ok(b, msg);
   case DEP_MSG_STATS_LEND_OK:
     return proto_encode_stats_lend_ok(b, msg);
   case DEP_MSG_STATS:
@@ -710,6 +768,10 @@ int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg)
     return proto_decode_opaque(body, len, msg);
   /* JOB_NODES_OK is large (a fixed array): its callers decode it with
    * proto_decode_job_nodes into memory of their own. */
+  case DEP_MSG_KERNELS:
+    return proto_decode_kernels(body, len, msg);
+  case DEP_MSG_KERNELS_OK:
+    return proto_decode_kernels_ok(body, len, msg);
   case DEP_MSG_STATS_LEND_OK:
     return proto_decode_stats_lend_ok(body, len, msg);
   case DEP_MSG_STATS:
@@ -736,6 +798,7 @@ const char *proto_type_name(uint16_t type) {
       [DEP_MSG_DRAIN_OK] = "DRAIN_OK",   [DEP_MSG_PEERS] = "PEERS",
       [DEP_MSG_PEERS_OK] = "PEERS_OK",   [DEP_MSG_PEER] = "PEER",
       [DEP_MSG_JOB_NODES] = "JOB_NODES", [DEP_MSG_JOB_NODES_OK] = "JOB_NODES_OK",
+      [DEP_MSG_KERNELS] = "KERNELS",     [DEP_MSG_KERNELS_OK] = "KERNELS_OK",
       [DEP_MSG_STATS_LEND] = "STATS_LEND", [DEP_MSG_STATS_LEND_OK] = "STATS_LEND_OK",
       [DEP_MSG_STATS] = "STATS",         [DEP_MSG_STATS_RANK] = "STATS_RANK",
       [DEP_MSG_STATS_OK] = "STATS_OK",   [DEP_MSG_CLIENTS] = "CLIENTS",

@@ -40,7 +40,9 @@
  *      since, without a bump (new types only): STATS_LEND and STATS_LEND_OK
  *      (a rank's stats page, stats_page.h), STATS, STATS_RANK and STATS_OK
  *      (deepepctl stats, metrics, doctor), CLIENTS and CLIENTS_OK
- *      (deepepctl clients).
+ *      (deepepctl clients); KERNELS and KERNELS_OK (the daemon's kernel
+ *      cache: a cubin compiled on this node from the library's PTX, lent
+ *      as a sealed memfd).
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -92,6 +94,8 @@ enum dep_msg_type {
   DEP_MSG_STATS_OK = 25,      /* reply: struct dep_msg_stats_ok, after the ranks */
   DEP_MSG_CLIENTS = 26,       /* request: empty body */
   DEP_MSG_CLIENTS_OK = 27,    /* reply: struct dep_msg_clients */
+  DEP_MSG_KERNELS = 28,       /* request: struct dep_msg_kernels */
+  DEP_MSG_KERNELS_OK = 29,    /* reply: struct dep_msg_kernels_ok + the cubin's fd */
   DEP_MSG_TYPE_MAX_
 };
 
@@ -289,6 +293,26 @@ struct dep_msg_clients {
   struct dep_msg_client *clients; /* the decoder allocates: proto_clients_free */
 };
 
+/*
+ * KERNELS: a library whose kernels have only PTX for its GPU asks for the
+ * daemon's compile of them (DESIGN §6, the kernel cache).  KERNELS_OK
+ * describes the cubin that rides on it as one fd (a sealed memfd of `bytes`
+ * bytes); the library uses it only where arch, driver and build id are its
+ * own, else it loads its own image.  Where the daemon has none for that GPU
+ * it answers DEP_ERR_NOT_FOUND saying why.
+ */
+struct dep_msg_kernels {
+  uint8_t device_uuid[16];
+};
+
+struct dep_msg_kernels_ok {
+  uint32_t arch;          /* compute capability major * 10 + minor */
+  int32_t driver;         /* cuDriverGetVersion of the daemon that compiled it */
+  char build[65];         /* the fatbin's build id it was compiled from (64 hex digits) */
+  uint64_t bytes;         /* of the cubin, 1..DEP_KERNELS_MAX_BYTES */
+};
+#define DEP_KERNELS_MAX_BYTES (256ull << 20)
+
 /* ---- header ---- */
 
 /* Write a header into out[DEP_PROTO_HDR_LEN]. */
@@ -355,6 +379,10 @@ int proto_decode_job_nodes(const uint8_t *p, size_t len, struct dep_msg_job_node
 /* Allocates m->peers (NULL when none): free with proto_peers_free. */
 int proto_decode_peers(const uint8_t *p, size_t len, struct dep_msg_peers *m);
 void proto_peers_free(struct dep_msg_peers *m);
+int proto_encode_kernels(struct proto_buf *b, const struct dep_msg_kernels *m);
+int proto_decode_kernels(const uint8_t *p, size_t len, struct dep_msg_kernels *m);
+int proto_encode_kernels_ok(struct proto_buf *b, const struct dep_msg_kernels_ok *m);
+int proto_decode_kernels_ok(const uint8_t *p, size_t len, struct dep_msg_kernels_ok *m);
 int proto_encode_opaque(struct proto_buf *b, const struct dep_msg_opaque *m);
 /* m->data points into p: valid as long as p is. */
 int proto_decode_opaque(const uint8_t *p, size_t len, struct dep_msg_opaque *m);

@@ -87,6 +87,7 @@ static void assert_same_config(const struct config *a, const struct config *b) {
   ck_field_bool(a, b, preallocation);
   ck_field_bool(a, b, buffer_cache_enabled);
   ck_field_bool(a, b, kernel_warmup);
+  ck_field_str(a, b, kernel_cache_dir);
   ck_assert_msg(a->warn_first_call_ratio == b->warn_first_call_ratio,
                 "warn_first_call_ratio: %g, want %g", a->warn_first_call_ratio,
                 b->warn_first_call_ratio);
@@ -156,7 +157,7 @@ static size_t shipped_keys(char keys[][64], size_t max) {
 START_TEST(shipped_file_has_every_documented_key) {
   char keys[64][64];
   size_t n = shipped_keys(keys, 64);
-  ck_assert_uint_eq(n, 35); /* socket 3, allow 3, pool 4, listen 2, limits 10, and 13 at the top */
+  ck_assert_uint_eq(n, 36); /* socket 3, allow 3, pool 4, listen 2, limits 10, and 14 at the top */
 }
 END_TEST
 
@@ -405,13 +406,10 @@ static const struct bad {
     /* unknown keys, at the top and inside sections */
     {"log_level: info\nfoo: 1\n",
      "t.yaml:2:1: unknown key 'foo' at the top level (known: socket, allow, backend, devices, pool, "
-     "preallocation, buffer_cache_enabled, kernel_warmup, warn_first_call_ratio, "
+     "preallocation, buffer_cache_enabled, kernel_warmup, kernel_cache_dir, warn_first_call_ratio, "
      "connection_pool_size, listen, peers, "
      "peer_key_file, peer_insecure, peer_wait_ms, transport, limits, log_level)"},
     /* keys earlier versions documented but never acted on: removed, and said so */
-    {"kernel_cache_dir: /var/cache/deepepd\n",
-     "t.yaml:1:1: 'kernel_cache_dir' was removed: deepepd has no kernel cache yet (the library's "
-     "fatbin carries SASS for sm_80, sm_90 and sm_100); delete this line"},
     {"adaptive_optimization: false\n",
      "t.yaml:1:1: 'adaptive_optimization' was removed: deepepd makes no run-time tuning choices "
      "yet; delete this line"},
@@ -431,6 +429,7 @@ static const struct bad {
     /* wrong types */
     {"preallocation: maybe\n", "t.yaml:1:16: expected a boolean (true/false) for 'preallocation', got 'maybe'"},
     {"kernel_warmup:\n", "t.yaml:1:15: expected a boolean (true/false) for 'kernel_warmup', got an empty value"},
+    {"kernel_cache_dir: cache\n", "t.yaml:1:19: 'kernel_cache_dir' must be an absolute path (or \"\" for none)"},
     {"transport: fast\n", "t.yaml:1:12: expected one of auto, rdma, tcp for 'transport', got 'fast'"},
     {"peers: [{host: b, transport: ib}]\n",
      "t.yaml:1:30: expected one of auto, rdma, tcp for 'peers[0].transport', got 'ib'"},
@@ -819,7 +818,8 @@ START_TEST(nesting_deeper_than_32_levels_is_refused_where_it_opens) {
   ck_assert_int_eq(load(&c, block), DEP_ERR_CONFIG);
   ck_assert_str_eq(err, "t.yaml:1:1: unknown key 'k' at the top level (known: socket, allow, "
                         "backend, devices, pool, preallocation, buffer_cache_enabled, "
-                        "kernel_warmup, warn_first_call_ratio, connection_pool_size, listen, peers, "
+                        "kernel_warmup, kernel_cache_dir, warn_first_call_ratio, "
+                        "connection_pool_size, listen, peers, "
                         "peer_key_file, peer_insecure, peer_wait_ms, transport, limits, log_level)");
   /* A list at its key's own column is a level too: the root, then a list and a mapping on each
    * "- k:" line; the 16th such line's mapping is the 33rd level. */

@@ -19,6 +19,7 @@
   XX(pool)                  \
   XX(lifecycle)             \
   XX(cuda_ops)              \
+  XX(kcache)                \
   XX(rdma)                  \
   XX(peers)                 \
   XX(multinode)             \
