@@ -5,9 +5,11 @@
  *
  *   connections  the control socket (there, a socket, who may connect) and
  *                every configured peer daemon up with all its connections
- *   kernels      what exists today: on the host backend nothing to load;
- *                on cuda, whether this build carries the kernels at all
- *                (the kernel cache's own check belongs to issue 16)
+ *   kernels      on the host backend nothing to load; on cuda, whether
+ *                this build carries the kernels at all, and for each GPU
+ *                what the daemon says it has for it (KERNELS): SASS in the
+ *                fatbin, or its compile of the PTX from the kernel cache,
+ *                of this very build
  *   allocation   the largest arena lent since the daemon started against
  *                what each device's pool has free now; on cuda each GPU's
  *                compute mode, and MPS where ranks of one job share a GPU
@@ -28,6 +30,7 @@
 #include "ctl.h"
 #include "ctl_stats.h"
 #include "cudadrv.h"
+#include "kimage.h"
 
 #define DOCTOR_SKEW_WARN 1.25
 #define DOCTOR_SKEW_FAIL 1.75
@@ -154,15 +157,50 @@ static void doctor_peers(dep_client_t *c, struct doctor_check *k) {
 
 /* ---- kernels ------------------------------------------------------------------------ */
 
-static void doctor_kernels(const struct dep_status *st, struct doctor_check *k) {
+static void doctor_kernels(dep_client_t *c, const struct dep_status *st, struct doctor_check *k) {
   if (strcmp(st->backend, "cuda") != 0) {
     doctor_note(k, DOCTOR_OK, "%s backend: the operations are the library's C code, nothing "
                 "to load", st->backend);
     return;
   }
 #ifdef DEP_HAVE_FATBIN
-  doctor_note(k, DOCTOR_OK, "this build's library embeds the CUDA kernels (a fatbin); whether "
-              "each served GPU has SASS or a cached compile for it is not checked here yet");
+  struct kimage img;
+  kimage_embedded(&img);
+  doctor_note(k, DOCTOR_OK, "this build's library embeds the CUDA kernels (build %.16s)", img.id);
+  /* What the daemon's kernel check found for each GPU (kcheck.c). */
+  for (uint32_t i = 0; i < st->num_devices && c->fd >= 0; i++) {
+    struct dep_msg_kernels m;
+    struct client_frame f;
+    if (cudadrv_uuid_parse(st->devices[i].uuid, m.device_uuid) != 0)
+      continue;
+    int rc = client_request(c, DEP_MSG_KERNELS, &m, DEP_MSG_KERNELS_OK, CLIENT_REQUEST_TIMEOUT_MS,
+                            &f);
+    if (rc == DEP_ERR_NOT_FOUND) {
+      doctor_note(k, DOCTOR_OK, "GPU %s: %s", st->devices[i].uuid, dep_errmsg(c));
+      continue;
+    }
+    struct dep_msg_kernels_ok ok;
+    if (rc != 0 || proto_decode_kernels_ok(f.body, f.hdr.body_len, &ok) != 0) {
+      if (rc == 0)
+        client_frame_release(&f);
+      doctor_note(k, DOCTOR_WARN, "GPU %s: the daemon did not say what it has for it (%s)",
+                  st->devices[i].uuid, rc != 0 ? dep_errmsg(c) : "a malformed KERNELS_OK");
+      doctor_do(k, "see the daemon's log for its kernel check at start");
+      continue;
+    }
+    client_frame_release(&f);
+    if (strcmp(ok.build, img.id) != 0) {
+      doctor_note(k, DOCTOR_WARN, "GPU %s: the fatbin has only PTX for it and the daemon lends a "
+                  "compile of build %.16s, not this library's %.16s: trainers of this build "
+                  "compile the PTX themselves at each start", st->devices[i].uuid, ok.build,
+                  img.id);
+      doctor_do(k, "install deepepd and libdeepep-client from one build");
+    } else {
+      doctor_note(k, DOCTOR_OK, "GPU %s: the fatbin has only PTX for it (sm_%u); the daemon lends "
+                  "its compile of it (%llu bytes, driver %d) at attach", st->devices[i].uuid,
+                  ok.arch, (unsigned long long)ok.bytes, (int)ok.driver);
+    }
+  }
 #else
   doctor_note(k, DOCTOR_FAIL, "this build of libdeepep-client has no CUDA kernels (built "
               "without nvcc): a rank's operations return DEP_ERR_UNSUPPORTED on cuda");
@@ -358,7 +396,7 @@ int ctl_doctor(struct ctl *ctl, int argc, char **argv) {
   struct ctl_stats s = {0};
   if (rc == 0 && (rc = dep_status(c, &st)) == 0 && (rc = ctl_stats_fetch(c, NULL, &s)) == 0) {
     doctor_peers(c, &k[0]);
-    doctor_kernels(st, &k[1]);
+    doctor_kernels(c, st, &k[1]);
     doctor_pools(st, &s, &k[2]);
     doctor_gpus(c, st, &k[2]);
     doctor_balance(&s, &k[3]);
