@@ -492,7 +492,10 @@ static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {
   j->world_size = a->world_size;
   j->local_world_size = a->local_world_size;
   j->shape = a->shape;
-  j->multinode = a->world_size > a->local_world_size; /* job_attach made sure of peers */
+  /* With no peers configured there is nobody to hold the other ranks: the
+   * job completes with its local ranks, as before multi-node jobs (the
+   * memory is still laid out for world_size). */
+  j->multinode = a->world_size > a->local_world_size && peer_count() > 0;
   j->created_ns = uv_hrtime();
   uv_timer_init(job_loop, &j->timer);
   j->timer.data = j;
@@ -567,15 +570,6 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
                     "this connection is already attached to job %s as local rank %u; DETACH "
                     "first or open another connection",
                     c->job->id, c->job_local_rank);
-    return;
-  }
-  if (a->world_size > a->local_world_size && peer_count() == 0) {
-    /* Its other ranks are on other nodes, and no daemon could tell us of them. */
-    conn_send_error(c, request_id, DEP_ERR_CONFIG,
-                    "job %s spans nodes (world_size %u, local_world_size %u) but this deepepd has "
-                    "no peers: set listen and peers on every node (deepepd.yaml(5)), or start "
-                    "the job with world_size == local_world_size",
-                    a->job_id, a->world_size, a->local_world_size);
     return;
   }
   struct job *j = job_find(a->job_id);

@@ -398,21 +398,6 @@ START_TEST(a_rank_claimed_on_both_nodes_fails_on_both) {
 }
 END_TEST
 
-START_TEST(a_job_spanning_nodes_on_a_daemon_without_peers_is_refused_at_once) {
-  struct tu_daemon d;
-  dw_start(&d, NULL);
-  int fd = attach_rank(&d, "alone", 0, 2, 0, 1);
-  int64_t t0 = dw_now_ms();
-  char msg[DEP_MSG_TEXT_MAX];
-  dw_expect_error(fd, DEP_ERR_CONFIG, msg, sizeof msg);
-  ck_assert_msg(strstr(msg, "spans nodes (world_size 2, local_world_size 1)") &&
-                    strstr(msg, "no peers"), "%s", msg);
-  ck_assert_int_lt(dw_now_ms() - t0, 2000); /* not after the attach timeout */
-  close(fd);
-  dw_stop_ok(&d);
-}
-END_TEST
-
 START_TEST(a_shape_that_differs_across_nodes_fails_on_both) {
   struct nodes ns;
   nodes_start(&ns, 2, 8000);
@@ -632,7 +617,6 @@ Suite *multinode_suite(void) {
   tcase_add_test(tc, a_node_whose_ranks_never_come_times_out_naming_them);
   tcase_add_test(tc, a_rank_claimed_on_both_nodes_fails_on_both);
   tcase_add_test(tc, a_shape_that_differs_across_nodes_fails_on_both);
-  tcase_add_test(tc, a_job_spanning_nodes_on_a_daemon_without_peers_is_refused_at_once);
   tcase_add_test(tc, a_daemon_killed_while_the_job_gathers_fails_it_at_once_then_a_new_job_works);
   tcase_add_test(tc, a_three_node_job_of_1_plus_1_plus_1_is_ready_on_every_node);
   tcase_add_test(tc, a_running_job_whose_remote_rank_disconnects_aborts_the_local_rank_naming_it);
