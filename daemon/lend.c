@@ -143,7 +143,6 @@ int lend_arenas(struct job *j, char *why, size_t whylen) {
     }
   }
   j->slab_bytes = stride;
-  held_changed(); /* the held file names the arenas' holders once they are sent */
   return 0;
 }
 
@@ -199,6 +198,10 @@ int lend_send(const struct job *j, struct conn *c, uint32_t request_id) {
     if (rc != 0)
       return rc;
   }
+  /* c's process holds them now: the held file names it (written off this
+   * turn of the loop, after the replies; a multi-node job's lending, before
+   * its MEMBERSHIP, adds no holder and so no write in its way). */
+  held_changed();
   return 0;
 }
 
