@@ -18,11 +18,14 @@
  */
 #include <check.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -61,6 +64,56 @@ START_TEST(quantiles_are_within_an_eighth_of_the_value) {
   uint64_t top = dep_stats_quantile(hist, 100, 1.0);
   ck_assert_msg(top >= 4375000 && top <= 5625000, "p100 %llu", (unsigned long long)top);
   ck_assert_uint_eq(dep_stats_quantile(hist, 0, 0.5), 0);
+}
+END_TEST
+
+/* ---- the messages ------------------------------------------------------------------ */
+
+START_TEST(stats_messages_round_trip_and_refuse_bad_counts) {
+  struct dep_msg_stats_rank m;
+  memset(&m, 0, sizeof m);
+  snprintf(m.job_id, sizeof m.job_id, "job-1");
+  m.rank = 3;
+  m.world = 4;
+  m.ops[DEP_STATS_OP_LL_DISPATCH].calls = 42;
+  m.ops[DEP_STATS_OP_LL_DISPATCH].median_ns = 45056;
+  m.n_recent = 2;
+  m.recent_world = 4;
+  m.recent[1][3] = 77;
+  struct proto_buf b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(proto_encode_stats_rank(&b, &m), 0);
+  struct dep_msg_stats_rank back;
+  ck_assert_int_eq(proto_decode_stats_rank(b.data, b.len, &back), 0);
+  ck_assert_str_eq(back.job_id, "job-1");
+  ck_assert_uint_eq(back.ops[DEP_STATS_OP_LL_DISPATCH].calls, 42);
+  ck_assert_uint_eq(back.ops[DEP_STATS_OP_LL_DISPATCH].median_ns, 45056);
+  ck_assert_uint_eq(back.recent[1][3], 77);
+  /* Every shorter body is refused, and so is one a byte longer. */
+  for (size_t n = 0; n < b.len; n++)
+    ck_assert_int_eq(proto_decode_stats_rank(b.data, n, &back), DEP_ERR_PROTOCOL);
+  uint8_t *longer = malloc(b.len + 1);
+  memcpy(longer, b.data, b.len);
+  longer[b.len] = 0;
+  ck_assert_int_eq(proto_decode_stats_rank(longer, b.len + 1, &back), DEP_ERR_PROTOCOL);
+  free(longer);
+  /* Counts past their bounds cannot be encoded. */
+  m.n_recent = DEP_STATS_WIRE_LAYOUTS + 1;
+  proto_buf_reset(&b);
+  ck_assert_int_eq(proto_encode_stats_rank(&b, &m), DEP_ERR_INVALID);
+  struct dep_msg_client one = {.pid = 7, .uid = 1000, .rank = 1, .attached = 1};
+  snprintf(one.name, sizeof one.name, "libdeepep-client 0.1.0");
+  struct dep_msg_clients cl = {.n = 1, .left_out = 2, .clients = &one}, cb;
+  proto_buf_reset(&b);
+  ck_assert_int_eq(proto_encode_clients(&b, &cl), 0);
+  ck_assert_int_eq(proto_decode_clients(b.data, b.len, &cb), 0);
+  ck_assert_uint_eq(cb.n, 1);
+  ck_assert_uint_eq(cb.left_out, 2);
+  ck_assert_str_eq(cb.clients[0].name, "libdeepep-client 0.1.0");
+  proto_clients_free(&cb);
+  ck_assert_int_eq(proto_decode_clients(b.data, b.len - 1, &cb), DEP_ERR_PROTOCOL);
+  ck_assert_ptr_null(cb.clients);
+  proto_buf_free(&b);
 }
 END_TEST
 
@@ -364,6 +417,65 @@ START_TEST(an_ordinary_first_call_is_not_logged) {
 }
 END_TEST
 
+START_TEST(systemd_status_says_jobs_ranks_and_warnings) {
+  /* The daemon by hand (tu_daemon_start keeps NOTIFY_SOCKET from it), on a datagram socket. */
+  struct tu_daemon d;
+  memset(&d, 0, sizeof d);
+  tu_tmpdir(d.dir, sizeof d.dir);
+  dw_sfmt(d.sock, sizeof d.sock, "%s/d.sock", d.dir);
+  dw_sfmt(d.conf, sizeof d.conf, "%s/deepepd.yaml", d.dir);
+  dw_sfmt(d.log, sizeof d.log, "%s/deepepd.log", d.dir);
+  char yaml[600];
+  dw_sfmt(yaml, sizeof yaml, "socket:\n  path: %s\nbackend: host\npool:\n  host_size: 64MiB\n"
+          "  chunk_size: 2MiB\n", d.sock);
+  ck_assert_int_eq(tu_write_file(d.conf, yaml), 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  dw_sfmt(sa.sun_path, sizeof sa.sun_path, "%s/notify", d.dir);
+  int ns = socket(AF_UNIX, SOCK_DGRAM, 0);
+  ck_assert_int_eq(bind(ns, (struct sockaddr *)&sa, sizeof sa), 0);
+  fflush(NULL);
+  d.pid = fork();
+  ck_assert_int_ge(d.pid, 0);
+  if (d.pid == 0) {
+    int fd = open(d.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, 2);
+    setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+    execl(tu_bin("deepepd"), "deepepd", "-c", d.conf, (char *)NULL);
+    _exit(127);
+  }
+  char want[400], got[512] = "";
+#define ST_NOTIFY(...)                                                        \
+  do {                                                                        \
+    dw_sfmt(want, sizeof want, __VA_ARGS__);                                  \
+    bool seen_ = false;                                                       \
+    for (int64_t dl_ = dw_now_ms() + 5000; !seen_ && dw_now_ms() < dl_;) {    \
+      struct pollfd pfd_ = {.fd = ns, .events = POLLIN};                      \
+      if (poll(&pfd_, 1, 100) <= 0)                                           \
+        continue;                                                             \
+      ssize_t n_ = recv(ns, got, sizeof got - 1, 0);                          \
+      ck_assert_int_gt(n_, 0);                                                \
+      got[n_] = '\0';                                                         \
+      seen_ = strcmp(got, want) == 0;                                         \
+    }                                                                         \
+    ck_assert_msg(seen_, "no \"%s\" from deepepd (last: %s)", want, got);     \
+  } while (0)
+  ST_NOTIFY("READY=1");
+  const struct st_plan plan = {.pairs = 2};
+  struct st_rank r[ST_W];
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_spawn(&r[i], &d, "st-notify", i, &plan);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_ran(&r[i]);
+  ST_NOTIFY("STATUS=ready on %s: 1 job(s), 2 rank(s) reporting, 0 first-call warning(s)", d.sock);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_finish(&r[i], false);
+  ST_NOTIFY("STATUS=ready on %s: 0 job(s), 0 rank(s) reporting, 0 first-call warning(s)", d.sock);
+#undef ST_NOTIFY
+  close(ns);
+  dw_stop_ok(&d);
+}
+END_TEST
+
 /* ---- deepepctl --------------------------------------------------------------------- */
 
 /* Run deepepctl with args (NULL-terminated) to its end; its exit code, stdout malloc'd. */
@@ -580,12 +692,14 @@ Suite *stats_suite(void) {
   TCase *t = tcase_create("histogram");
   tcase_add_test(t, buckets_cover_every_duration_in_order);
   tcase_add_test(t, quantiles_are_within_an_eighth_of_the_value);
+  tcase_add_test(t, stats_messages_round_trip_and_refuse_bad_counts);
   suite_add_tcase(s, t);
   t = tcase_create("ranks");
   tcase_set_timeout(t, 60);
   tcase_add_test(t, stats_count_every_call_and_outlive_the_job);
   tcase_add_test(t, a_slow_first_call_is_logged_with_job_rank_and_op);
   tcase_add_test(t, an_ordinary_first_call_is_not_logged);
+  tcase_add_test(t, systemd_status_says_jobs_ranks_and_warnings);
   tcase_add_test(t, metrics_parse_with_a_prometheus_parser);
   suite_add_tcase(s, t);
   t = tcase_create("doctor");
