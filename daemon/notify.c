@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,10 @@
 static int notify_fd = -1;
 static struct sockaddr_un notify_addr;
 static socklen_t notify_addrlen;
+static unsigned notify_readies;  /* READY=1 sent, counted */
+static bool notify_is_ready;     /* ... and no RELOADING=1 or STOPPING=1 since */
+
+unsigned notify_ready_count(void) { return notify_is_ready ? notify_readies : 0; }
 
 void notify_init(void) {
   const char *path = getenv("NOTIFY_SOCKET");
@@ -58,6 +63,12 @@ void notify_send(const char *fmt, ...) {
   if ((size_t)n >= sizeof msg)
     n = (int)sizeof msg - 1;
   log_debug("notify: %s", msg);
+  if (strncmp(msg, "READY=1", 7) == 0) {
+    notify_is_ready = true;
+    notify_readies++;
+  } else if (strncmp(msg, "RELOADING=1", 11) == 0 || strncmp(msg, "STOPPING=1", 10) == 0) {
+    notify_is_ready = false;
+  }
   if (notify_fd < 0)
     return;
   ssize_t w;

@@ -77,6 +77,7 @@ static char stats_largest_job[DEP_JOB_ID_MAX];
 static uint8_t stats_largest_uuid[16];
 static uint64_t stats_largest_bytes;
 static char stats_status_line[256];
+static unsigned stats_status_ready; /* notify_ready_count() the line was last sent under */
 
 static uint64_t stats_now_ms(void) { return uv_now(stats_loop); }
 
@@ -289,9 +290,27 @@ static void stats_prune(void) {
 
 /* ---- systemd's STATUS= -------------------------------------------------------- */
 
+/* The line as it reads for this many jobs, ranks and warnings. */
+static void stats_status(char *line, size_t len, uint32_t jobs, uint32_t ranks,
+                         uint64_t warnings) {
+  snprintf(line, len, "%s on %s: %u job(s), %u rank(s) reporting, %llu first-call warning(s)",
+           deepepd_state_name(), deepepd.cfg.socket_path, jobs, ranks,
+           (unsigned long long)warnings);
+}
+
+/*
+ * After READY=1 (main.c's own STATUS= then says what the start found, e.g.
+ * the peers missing), the summary goes out once it says something that the
+ * idle daemon's would not, and then whenever it changes.
+ */
 static void stats_notify(void) {
-  if (deepepd.starting || deepepd.stopping)
+  unsigned ready = notify_ready_count();
+  if (ready == 0 || deepepd.stopping)
     return;
+  if (ready != stats_status_ready) {
+    stats_status_ready = ready;
+    stats_status(stats_status_line, sizeof stats_status_line, 0, 0, 0);
+  }
   uint32_t ranks = 0;
   for (struct stats_job *sj = stats_jobs; sj != NULL; sj = sj->next) {
     if (sj->finished)
@@ -300,9 +319,7 @@ static void stats_notify(void) {
       ranks += sj->ranks[i] != NULL;
   }
   char line[sizeof stats_status_line];
-  snprintf(line, sizeof line, "%s on %s: %u job(s), %u rank(s) reporting, %llu first-call "
-           "warning(s)", deepepd_state_name(), deepepd.cfg.socket_path, job_count(), ranks,
-           (unsigned long long)stats_warnings);
+  stats_status(line, sizeof line, job_count(), ranks, stats_warnings);
   if (strcmp(line, stats_status_line) == 0)
     return;
   snprintf(stats_status_line, sizeof stats_status_line, "%s", line);
