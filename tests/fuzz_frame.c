@@ -23,6 +23,8 @@ union anymsg {
   struct dep_msg_attach_ok attach_ok;
   struct dep_msg_slab slab;
   struct dep_msg_text text;
+  struct dep_msg_kernels kernels;
+  struct dep_msg_kernels_ok kernels_ok;
 };
 
 static void die(const char *what, uint16_t type) {
