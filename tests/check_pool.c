@@ -281,6 +281,64 @@ START_TEST(reserve_blocks_are_lent_as_they_are_and_free_ones_go_back_to_their_ui
 END_TEST
 
 /*
+ * What the daemon's start-up warm-up used goes back as if never lent
+ * (pool_forget): a block of the reserve's size rejoins the reserve unowned,
+ * so that another uid is lent it as it is; one of another size is unmade
+ * and the reserve made whole; a block of another shape is left alone; and
+ * without preallocation nothing stays made.
+ */
+START_TEST(the_warm_ups_blocks_go_back_as_if_never_lent) {
+  struct pool p;
+  char why[512] = "";
+  struct pool_block *b, *keep, *got[3];
+  const uid_t self = 0, user = 1000;
+  pool_open(&p, 8 * MIB, true);
+  ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 0, self, 42, 0, &b, why, sizeof why), 0);
+  pool_block_put(b, true);
+  ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 0, self, 43, 0, &keep, why, sizeof why), 0);
+  pool_block_put(keep, true);
+  ck_assert_uint_eq(p.cached_bytes, 4 * MIB);
+  pool_forget(&p, self, 42);
+  ck_assert_uint_eq(p.cached_bytes, 2 * MIB); /* shape 43's stays cached */
+  check_books(&p);
+  /* Three unowned blocks, the forgotten one among them: all lent as they are. */
+  for (int i = 0; i < 3; i++)
+    ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 0, user, 7, 0, &got[i], why, sizeof why), 0);
+  ck_assert_int_eq(made, 4);
+  for (int i = 0; i < 3; i++)
+    pool_block_put(got[i], false);
+  check_books(&p);
+  pool_fini(&p);
+
+  /* Another size replaced a reserve block: unmade, and the reserve made again. */
+  pool_open(&p, 8 * MIB, true);
+  ck_assert_int_eq(pool_block_get(&p, MIB + 5, 0, self, 42, 0, &b, why, sizeof why), 0);
+  ck_assert_int_eq(made, 5);
+  pool_block_put(b, true);
+  pool_forget(&p, self, 42);
+  ck_assert_int_eq(made, 6);
+  ck_assert_uint_eq(p.n_blocks, 4);
+  ck_assert_uint_eq(p.made_bytes, 8 * MIB);
+  ck_assert_uint_eq(p.cached_bytes, 0);
+  for (const struct pool_block *x = p.blocks; x != NULL; x = x->next)
+    ck_assert(x->state == POOL_BLOCK_FREE && !x->has_owner &&
+              pool_block_bytes(x) == 2 * MIB);
+  check_books(&p);
+  pool_fini(&p);
+
+  /* No reserve: what the warm-up made is unmade. */
+  pool_open(&p, 8 * MIB, false);
+  ck_assert_int_eq(pool_block_get(&p, 2 * MIB, 0, self, 42, 0, &b, why, sizeof why), 0);
+  pool_block_put(b, false);
+  pool_forget(&p, self, 42);
+  ck_assert_uint_eq(p.n_blocks, 0);
+  ck_assert_uint_eq(p.made_bytes, 0);
+  check_books(&p);
+  pool_fini(&p);
+}
+END_TEST
+
+/*
  * Under a cap, a block is equal pieces (one fd each), every one at most the
  * cap and a whole number of pages, together the size asked to within a
  * page a piece; every piece is scrubbed between jobs; and the warm path
@@ -417,6 +475,7 @@ Suite *pool_suite(void) {
   tcase_add_test(tc, a_block_that_fails_its_scrub_is_unmade);
   tcase_add_test(tc, room_comes_from_free_blocks_then_the_oldest_cached);
   tcase_add_test(tc, reserve_blocks_are_lent_as_they_are_and_free_ones_go_back_to_their_uid);
+  tcase_add_test(tc, the_warm_ups_blocks_go_back_as_if_never_lent);
   tcase_add_test(tc, a_capped_block_is_equal_scrubbed_pieces);
   tcase_add_test(tc, a_block_that_fails_midway_gives_back_its_pieces);
   tcase_add_test(tc, the_layout_keeps_to_whole_pages_and_at_most_max_pieces);
