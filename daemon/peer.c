@@ -86,6 +86,7 @@ struct peer_slot {
   enum peer_slot_state state;
   uint64_t backoff_ms; /* the next wait's base */
   uint64_t retry_at_ms;
+  bool awaits_address; /* connects as soon as the peer's host resolves */
 };
 
 struct peer {
@@ -695,6 +696,11 @@ static void peer_on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo 
     p->resolved_ms = now_ms();
   }
   uv_freeaddrinfo(res);
+  /* The slots waiting for an address connect now, not at the next tick:
+   * at start that is the difference between a few ms and PEER_TICK_MS. */
+  for (uint32_t i = 0; p->naddrs > 0 && i < P.pool_size; i++)
+    if (p->slots[i].state == SLOT_BACKOFF && p->slots[i].awaits_address)
+      slot_connect(p, (int)i);
 }
 
 static void peer_resolve(struct peer *p) {
@@ -775,12 +781,15 @@ static void conn_on_cpoll(uv_poll_t *h, int status, int events) {
 static void slot_connect(struct peer *p, int i) {
   struct peer_slot *s = &p->slots[i];
   if (p->naddrs == 0) {
-    /* Not resolved yet (or it failed): ask again, try later. */
+    /* Not resolved yet (or it failed): ask again; connect when the answer
+     * comes, or at a later tick if it does not. */
     peer_resolve(p);
     s->state = SLOT_BACKOFF;
     s->retry_at_ms = now_ms() + PEER_BACKOFF_MIN_MS;
+    s->awaits_address = true;
     return;
   }
+  s->awaits_address = false;
   const struct sockaddr_storage *a = &p->addrs[(unsigned)i % (unsigned)p->naddrs];
   int fd = socket(a->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   char why[DEP_MSG_TEXT_MAX];
@@ -1088,6 +1097,7 @@ int peer_init(uv_loop_t *loop, const struct config *cfg) {
       p->slots[i].state = SLOT_BACKOFF; /* due at once: the first tick connects */
       p->slots[i].backoff_ms = PEER_BACKOFF_MIN_MS;
       p->slots[i].retry_at_ms = 0;
+      p->slots[i].awaits_address = true; /* the first connects follow the resolution */
     }
     peer_resolve(p);
   }
