@@ -12,19 +12,7 @@ set -euo pipefail
 B=${DEP_BUILD:?DEP_BUILD names the build directory}
 d=$(mktemp -d)
 sock=$d/deepepd.sock
-(umask 077; echo 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef >"$d/peer.key")
-cat >"$d/deepepd.yaml" <<EOC
-socket: {path: $sock}
-backend: host
-pool: {host_size: 64MiB}
-preallocation: false
-listen: {address: $RDMAVM_IP, port: 7470}
-peers: [{host: $RDMAVM_PEER_IP, port: 7470}]
-peer_key_file: $d/peer.key
-connection_pool_size: 1
-transport: rdma
-log_level: debug
-EOC
+peer_config "$d" "connection_pool_size: 1" "transport: rdma" "log_level: debug" >"$d/deepepd.yaml"
 cc -std=c11 -D_GNU_SOURCE -Iclient -o "$d/rank" tests/rdma/rank.c -L"$B" -ldeepep-client \
   -Wl,-rpath,"$B" || fail "cannot build tests/rdma/rank.c"
 start() {
@@ -32,7 +20,7 @@ start() {
   pid=$!
 }
 start
-trap 'kill -9 "$pid" 2>/dev/null || true' EXIT
+cleanup() { kill -9 "$pid" 2>/dev/null || true; }
 show() { echo "--- deepepd's log"; cat "$d/log"; "$B/deepepctl" -s "$sock" peers 2>&1 || true; }
 rdma_up() {
   "$B/deepepctl" -s "$sock" peers --json >"$d/peers.json" 2>&1 &&
@@ -81,5 +69,4 @@ else
 fi
 exec 3>&- 2>/dev/null || true
 kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
-trap - EXIT
 say "node $RDMAVM_NODE: done"

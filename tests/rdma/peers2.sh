@@ -12,36 +12,10 @@ POOL=2
 d=$(mktemp -d)
 sock=$d/deepepd.sock
 
-# Both nodes hold the same key: a fixed one, since this is a test (0600, or
-# deepepd refuses it).
-(umask 077; echo 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef >"$d/peer.key")
-config() {  # config [EXTRA-LINE]
-  cat <<EOF
-socket: {path: $sock}
-backend: host
-pool: {host_size: 64MiB}
-preallocation: false
-listen: {address: $RDMAVM_IP, port: 7470}
-peers: [{host: $RDMAVM_PEER_IP, port: 7470}]
-peer_key_file: $d/peer.key
-connection_pool_size: $POOL
-${1:-}
-EOF
-}
-
-# ---- TRANSPORT: what the peers must be connected over ----------------------
-# Until deepepd has a `transport` key (auto|rdma|tcp), peers use TCP and the
-# file does not name it.  Once --check-config accepts `transport: rdma`, this
-# scenario asks for rdma and checks that the peers say so.  TRANSPORT=X in
-# the environment asks for X instead.
-config "transport: rdma" >"$d/probe.yaml"
-has_key=; "$B/deepepd" --check-config "$d/probe.yaml" >/dev/null 2>&1 && has_key=1
-TRANSPORT=${TRANSPORT:-$([[ -n $has_key ]] && echo rdma || echo tcp)}
-if [[ -n $has_key || $TRANSPORT != tcp ]]; then
-  config "transport: $TRANSPORT" >"$d/deepepd.yaml"
-else
-  config >"$d/deepepd.yaml"
-fi
+# TRANSPORT: what the peers must be connected over (rdma; TRANSPORT=X in the
+# environment asks for X instead).
+TRANSPORT=${TRANSPORT:-rdma}
+peer_config "$d" "connection_pool_size: $POOL" "transport: $TRANSPORT" >"$d/deepepd.yaml"
 "$B/deepepd" --check-config "$d/deepepd.yaml" || fail "the config is refused"
 say "node $RDMAVM_NODE: peer $RDMAVM_PEER_IP, transport $TRANSPORT"
 

@@ -11,21 +11,11 @@ B=${DEP_BUILD:?DEP_BUILD names the build directory}
 command -v rping >/dev/null || fail "rping not found (Debian's rdmacm-utils; make deps installs it)"
 d=$(mktemp -d)
 if [[ $RDMAVM_NODE == 1 ]]; then
-  (umask 077; echo 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef >"$d/peer.key")
-  cat >"$d/deepepd.yaml" <<EOC
-socket: {path: $d/deepepd.sock}
-backend: host
-pool: {host_size: 64MiB}
-preallocation: false
-listen: {address: $RDMAVM_IP, port: 7470}
-peers: [{host: $RDMAVM_PEER_IP, port: 7470}]
-peer_key_file: $d/peer.key
-peer_wait_ms: 0
-transport: rdma
-EOC
+  # The peer (node 2) runs no daemon: it stays in backoff, which is no concern here.
+  peer_config "$d" "peer_wait_ms: 0" "transport: rdma" >"$d/deepepd.yaml"
   "$B/deepepd" -c "$d/deepepd.yaml" 2>"$d/log" &
   pid=$!
-  trap 'kill -9 "$pid" 2>/dev/null || true' EXIT
+  cleanup() { kill -9 "$pid" 2>/dev/null || true; }
   listening() { grep -q "rdma: peer links on rxe0, listening on" "$d/log"; }
   wait_until 60 listening || { cat "$d/log"; fail "deepepd did not listen for RDMA connections"; }
   barrier listening 90
@@ -34,7 +24,7 @@ EOC
     || { cat "$d/log"; fail "the stranger's connection request was not rejected and logged"; }
   "$B/deepepctl" -s "$d/deepepd.sock" status >/dev/null || { cat "$d/log"; fail "deepepd stopped answering"; }
   kill -TERM "$pid"; wait "$pid" || fail "deepepd exited $? on SIGTERM"
-  trap - EXIT
+  pid=
   say "node 1: the stranger was rejected, deepepd carried on and stopped cleanly"
 else
   barrier listening 90

@@ -49,3 +49,23 @@ barrier() {
   wait_until "${2:-60}" test -e "$RDMAVM_SHARED/$1.$OTHER" \
     || fail "node $OTHER did not reach '$1' within ${2:-60} s"
 }
+
+# peer_config DIR [LINE...]: print a deepepd config for this node — its
+# socket in DIR, the host backend with a small pool made on demand,
+# listening on RDMAVM_IP:7470 with the other node's daemon as its peer, and
+# a key shared by both nodes (a fixed one, since this is a test; written to
+# DIR/peer.key with mode 0600, or deepepd refuses it) — then each LINE.
+peer_config() {
+  local d=$1; shift
+  (umask 077; echo 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef >"$d/peer.key")
+  cat <<EOC
+socket: {path: $d/deepepd.sock}
+backend: host
+pool: {host_size: 64MiB}
+preallocation: false
+listen: {address: $RDMAVM_IP, port: 7470}
+peers: [{host: $RDMAVM_PEER_IP, port: 7470}]
+peer_key_file: $d/peer.key
+EOC
+  [[ $# -eq 0 ]] || printf '%s\n' "$@"
+}
