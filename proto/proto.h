@@ -353,6 +353,27 @@ int proto_frame_encode(struct proto_buf *b, uint16_t type, uint32_t flags,
  * which allocates, only through proto_decode_peers, and JOB_NODES_OK, which
  * is large, only through proto_decode_job_nodes. */
 int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg);
+/* Room for any body proto_body_decode decodes: one member per struct it
+ * fills (keep in step with its switch; the fuzz harness decodes every type
+ * into one of these). */
+union dep_msg_body {
+  struct dep_msg_error error;
+  struct dep_msg_hello hello;
+  struct dep_msg_hello_ok hello_ok;
+  struct dep_status status;
+  struct dep_attach_args attach;
+  struct dep_msg_attach_ok attach_ok;
+  struct dep_msg_slab slab;
+  struct dep_msg_text text;
+  struct dep_msg_drain drain;
+  struct dep_msg_opaque opaque;
+  struct dep_msg_kernels kernels;
+  struct dep_msg_kernels_ok kernels_ok;
+  struct dep_msg_stats_lend_ok stats_lend_ok;
+  struct dep_msg_stats_req stats_req;
+  struct dep_msg_stats_rank stats_rank;
+  struct dep_msg_stats_ok stats_ok;
+};
 
 /* The per-type codecs proto_frame_encode / proto_body_decode dispatch to. */
 int proto_encode_error(struct proto_buf *b, const struct dep_msg_error *m);

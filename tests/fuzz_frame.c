@@ -14,18 +14,6 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-union anymsg {
-  struct dep_msg_error err;
-  struct dep_msg_hello hello;
-  struct dep_msg_hello_ok hello_ok;
-  struct dep_status status;
-  struct dep_attach_args attach;
-  struct dep_msg_attach_ok attach_ok;
-  struct dep_msg_slab slab;
-  struct dep_msg_text text;
-  struct dep_msg_kernels kernels;
-  struct dep_msg_kernels_ok kernels_ok;
-};
 
 static void die(const char *what, uint16_t type) {
   fprintf(stderr, "fuzz_frame: %s for %s\n", what, proto_type_name(type));
@@ -36,7 +24,7 @@ static void decode_every_type(const uint8_t *body, size_t len) {
   struct proto_buf b;
   proto_buf_init(&b);
   for (uint16_t t = 0; t <= DEP_MSG_TYPE_MAX_; t++) {
-    union anymsg m;
+    union dep_msg_body m;
     int rc = proto_body_decode(t, body, len, &m);
     if (rc == DEP_ERR_PROTOCOL)
       continue;
