@@ -163,25 +163,10 @@ static int samples(struct sample *out, struct dep_status **st) {
   return n;
 }
 
-/* Big enough for any decoded message. */
-union anymsg {
-  struct dep_msg_error err;
-  struct dep_msg_hello hello;
-  struct dep_msg_hello_ok hello_ok;
-  struct dep_status status;
-  struct dep_attach_args attach;
-  struct dep_msg_attach_ok attach_ok;
-  struct dep_msg_slab slab;
-  struct dep_msg_text text;
-  struct dep_msg_stats_lend_ok stats_lend_ok;
-  struct dep_msg_stats_req stats_req;
-  struct dep_msg_stats_rank stats_rank;
-  struct dep_msg_stats_ok stats_ok;
-};
 
 /* Decoding must fail with `want`; a status that somehow succeeded is freed. */
 static void expect_body_rc(uint16_t type, const uint8_t *p, size_t len, int want) {
-  union anymsg m;
+  union dep_msg_body m;
   int rc = proto_body_decode(type, p, len, &m);
   if (rc == 0 && type == DEP_MSG_STATUS_OK) {
     free(m.status.devices);
@@ -563,7 +548,7 @@ static void on_crash(int sig) {
 /* Decode `p` as every body type; whatever decodes must re-encode to the same bytes. */
 static void decode_all_types(const uint8_t *p, size_t len, struct proto_buf *b, uint64_t seed) {
   for (uint16_t t = 0; t <= DEP_MSG_TYPE_MAX_; t++) {
-    union anymsg m;
+    union dep_msg_body m;
     int rc = proto_body_decode(t, p, len, &m);
     ck_assert_msg(rc == 0 || rc == DEP_ERR_PROTOCOL, "seed %llu: type %u gave %d",
                   (unsigned long long)seed, t, rc);
