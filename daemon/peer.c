@@ -337,9 +337,13 @@ static void conn_settled(struct peer_conn *c, bool rdma, const char *why) {
   peer_check_ready();
 }
 
-/* Refuse the link because the transport it needs cannot be had. */
-static void conn_no_rdma(struct peer_conn *c, const char *why) {
-  conn_refuse(c, DEP_ERR_UNSUPPORTED, "transport: rdma, but %s", why);
+/* RDMA cannot be had on this link (why): with transport rdma the link is
+ * refused (and retried), with auto it settles on TCP. */
+static void conn_without_rdma(struct peer_conn *c, const char *why) {
+  if (c->peer->transport == CONFIG_TRANSPORT_RDMA)
+    conn_refuse(c, DEP_ERR_UNSUPPORTED, "transport: rdma, but %s", why);
+  else
+    conn_settled(c, false, why);
 }
 
 static void conn_send_nak(struct peer_conn *c, const char *why) {
@@ -367,10 +371,7 @@ static void conn_offer(struct peer_conn *c) {
   snprintf(m.u.xport.reason, sizeof m.u.xport.reason, "%s", why);
   if (conn_send(c, &m) != 0)
     return;
-  if (p->transport == CONFIG_TRANSPORT_RDMA)
-    conn_no_rdma(c, why);
-  else
-    conn_settled(c, false, why);
+  conn_without_rdma(c, why);
 }
 
 static void conn_maybe_up(struct peer_conn *c) {
@@ -398,10 +399,7 @@ static void conn_on_xport(struct peer_conn *c, const struct dep_peer_xport *x) {
     char r[DEP_MSG_TEXT_MAX];
     cut(r, sizeof r, reason);
     snprintf(why, sizeof why, "the peer offers TCP only (%.480s)", r);
-    if (p->transport == CONFIG_TRANSPORT_RDMA)
-      conn_no_rdma(c, why);
-    else
-      conn_settled(c, false, why);
+    conn_without_rdma(c, why);
     return;
   }
   snprintf(why, sizeof why, "transport: tcp here");
@@ -424,10 +422,7 @@ static void conn_on_xport(struct peer_conn *c, const struct dep_peer_xport *x) {
     }
   }
   conn_send_nak(c, why);
-  if (p->transport == CONFIG_TRANSPORT_RDMA)
-    conn_no_rdma(c, why);
-  else
-    conn_settled(c, false, why);
+  conn_without_rdma(c, why);
 }
 
 /* The accepting end: the connecting end will not or could not use RDMA. */
@@ -443,10 +438,7 @@ static void conn_on_xport_nak(struct peer_conn *c, const struct dep_peer_error *
   char msg[4 * DEP_MSG_TEXT_MAX], why[sizeof msg + 16];
   log_escape(nak->message, strlen(nak->message), msg, sizeof msg);
   snprintf(why, sizeof why, "the peer: %s", msg);
-  if (c->peer->transport == CONFIG_TRANSPORT_RDMA)
-    conn_no_rdma(c, why);
-  else
-    conn_settled(c, false, why);
+  conn_without_rdma(c, why);
 }
 
 /* ---- the RDMA transport's events (rdmaxp.h): owner is the link ----------- */
@@ -473,10 +465,7 @@ static void conn_on_qp_down(void *owner, const char *why) {
   snprintf(w, sizeof w, "RDMA connection: %s", why);
   if (c->slot >= 0)
     conn_send_nak(c, w);
-  if (c->peer->transport == CONFIG_TRANSPORT_RDMA)
-    conn_no_rdma(c, w);
-  else
-    conn_settled(c, false, w);
+  conn_without_rdma(c, w);
 }
 
 static void conn_on_qp_pong(void *owner, uint64_t rtt_us) {

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec.h"
 #include "deepep.h"
 #include "log.h"
 #include "rdmadrv.h"
@@ -347,17 +348,6 @@ static void on_cch(uv_poll_t *h, int status, int events) {
 
 /* ---- the connection manager ---------------------------------------------------- */
 
-static void put_u64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get_u64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--)
-    v = (v << 8) | p[i];
-  return v;
-}
-
 static void on_route_resolved(struct rdmaxp_qp *q) {
   char why[256];
   if (qp_create(q, why, sizeof why) != 0) {
@@ -366,9 +356,8 @@ static void on_route_resolved(struct rdmaxp_qp *q) {
   }
   uint8_t priv[PRIV_LEN];
   memcpy(priv, q->token, DEP_PEER_TOKEN_LEN);
-  put_u64(priv + DEP_PEER_TOKEN_LEN, (uintptr_t)q->mbox);
-  uint32_t rk = q->mbox_mr->rkey;
-  memcpy(priv + DEP_PEER_TOKEN_LEN + 8, &rk, 4);
+  codec_put_u64(priv + DEP_PEER_TOKEN_LEN, (uintptr_t)q->mbox);
+  codec_put_u32(priv + DEP_PEER_TOKEN_LEN + 8, q->mbox_mr->rkey);
   struct rdma_conn_param p = {
       .private_data = priv,
       .private_data_len = PRIV_LEN,
@@ -400,8 +389,8 @@ static void on_connect_request(struct rdma_cm_id *id, const uint8_t *priv, size_
   sodium_memzero(q->token, sizeof q->token);
   q->id = id;
   id->context = q;
-  q->far_mbox = get_u64(priv + DEP_PEER_TOKEN_LEN);
-  memcpy(&q->far_rkey, priv + DEP_PEER_TOKEN_LEN + 8, 4);
+  q->far_mbox = codec_get_u64(priv + DEP_PEER_TOKEN_LEN);
+  q->far_rkey = codec_get_u32(priv + DEP_PEER_TOKEN_LEN + 8);
   char why[256];
   if (qp_create(q, why, sizeof why) != 0) {
     (void)R.rd->cm.reject(id, NULL, 0);

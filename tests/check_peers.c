@@ -454,6 +454,18 @@ START_TEST(a_flood_of_silent_connections_is_bounded) {
 }
 END_TEST
 
+/* Start deepepd with yaml in dir/sub and expect it to refuse to start (exit non-zero). */
+static void expect_refused_start(struct tu_daemon *d, const char *dir, const char *sub,
+                                 const char *yaml) {
+  char path[300];
+  snprintf(path, sizeof path, "%s/%s", dir, sub);
+  ck_assert_int_eq(mkdir(path, 0700), 0);
+  struct tu_daemon_opts o = {.wait = TU_WAIT_NONE};
+  ck_assert_int_eq(tu_daemon_start_opts(d, path, yaml, &o), 0);
+  int st = tu_daemon_wait_exit(d, 10000);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+}
+
 START_TEST(a_daemon_refuses_to_start_with_a_readable_key_or_none) {
   char dir[256], key[300], y[1024];
   tu_tmpdir(dir, sizeof dir);
@@ -462,21 +474,11 @@ START_TEST(a_daemon_refuses_to_start_with_a_readable_key_or_none) {
   int pa = port_base();
   peer_yaml(y, sizeof y, "127.0.0.1", pa, "127.0.0.1", pa + 1, key);
   struct tu_daemon a;
-  struct tu_daemon_opts o = {.wait = TU_WAIT_NONE};
-  char sub[300];
-  snprintf(sub, sizeof sub, "%s/a", dir);
-  ck_assert_int_eq(mkdir(sub, 0700), 0);
-  ck_assert_int_eq(tu_daemon_start_opts(&a, sub, y, &o), 0);
-  int st = tu_daemon_wait_exit(&a, 10000);
-  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+  expect_refused_start(&a, dir, "a", y);
   ck_assert(log_has(&a, "chmod 600"));
   /* No key at all, with peers: refused unless peer_insecure. */
   snprintf(y, sizeof y, "listen: {address: 127.0.0.1, port: %d}\n", pa);
-  snprintf(sub, sizeof sub, "%s/b", dir);
-  ck_assert_int_eq(mkdir(sub, 0700), 0);
-  ck_assert_int_eq(tu_daemon_start_opts(&a, sub, y, &o), 0);
-  st = tu_daemon_wait_exit(&a, 10000);
-  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+  expect_refused_start(&a, dir, "b", y);
   ck_assert(log_has(&a, "peer_insecure"));
   tu_rmtree(dir);
 }
@@ -509,26 +511,17 @@ START_TEST(the_transport_is_chosen_per_peer_and_rdma_is_never_silently_tcp) {
   if (rdmadrv_probe(NULL, 0) > 0) {
     tu_skip_part(__func__, "this machine has an RDMA device: the refusal needs one without");
   } else {
-    char y[1024], sub[300];
+    char y[1024];
     snprintf(y, sizeof y, "transport: rdma\nlisten: {address: 127.0.0.1, port: %d}\n"
              "peers: [{host: 127.0.0.1, port: %d}]\npeer_key_file: %s\n", pa, pb, key);
-    snprintf(sub, sizeof sub, "%s/r", dir);
-    ck_assert_int_eq(mkdir(sub, 0700), 0);
-    struct tu_daemon_opts o = {.wait = TU_WAIT_NONE};
-    ck_assert_int_eq(tu_daemon_start_opts(&a, sub, y, &o), 0);
-    int st = tu_daemon_wait_exit(&a, 10000);
-    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+    expect_refused_start(&a, dir, "r", y);
     ck_assert_msg(log_has(&a, "transport: rdma, but") && log_has(&a, "transport: auto"),
                   "the log does not say why");
     /* The same for one peer that asks for rdma of its own. */
     snprintf(y, sizeof y, "listen: {address: 127.0.0.1, port: %d}\n"
              "peers: [{host: 127.0.0.1, port: %d, transport: rdma}]\npeer_key_file: %s\n",
              pa, pb, key);
-    snprintf(sub, sizeof sub, "%s/p", dir);
-    ck_assert_int_eq(mkdir(sub, 0700), 0);
-    ck_assert_int_eq(tu_daemon_start_opts(&a, sub, y, &o), 0);
-    st = tu_daemon_wait_exit(&a, 10000);
-    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+    expect_refused_start(&a, dir, "p", y);
     ck_assert(log_has(&a, "transport: rdma, but"));
   }
   tu_rmtree(dir);
