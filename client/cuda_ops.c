@@ -332,6 +332,12 @@ static unsigned comm_grid(const dep_client_t *c) {
   return c->cuops.job.world * c->cuops.job.parts;
 }
 
+/* A call refused before launch: counted in the stats page as the host path counts it (ops.c). */
+static int cuops_refused(dep_client_t *c, unsigned sop, int rc, const char *op, const char *why) {
+  statrec_rejected(&c->stats, sop);
+  return client_seterr(c, rc, "%s: %s", op, why);
+}
+
 /* ---- the operations ------------------------------------------------------------------- */
 
 int cuda_ops_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream_t stream) {
@@ -348,7 +354,7 @@ int cuda_ops_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream
       (rc = need(why, sizeof why, a->topk_idx, IDX_ALIGN(a->index_type), "layout", "topk_idx")) == 0)
     rc = need(why, sizeof why, a->token_in_rank, 1, "layout", "token_in_rank");
   if (rc != 0)
-    return client_seterr(c, rc, "%s: %s", op, why);
+    return cuops_refused(c, DEP_STATS_OP_LAYOUT, rc, op, why);
   if ((rc = cuops_begin(c, op, s)) != 0)
     return rc;
   struct cuops_layout_args k = {a->topk_idx, a->index_type, a->num_tokens, a->tokens_per_rank,
@@ -381,7 +387,7 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
                  "topk_idx")) == 0)
     rc = need(why, sizeof why, a->topk_weights, 4, "dispatch", "topk_weights");
   if (rc != 0)
-    return client_seterr(c, rc, "%s: %s", op, why);
+    return cuops_refused(c, DEP_STATS_OP_DISPATCH, rc, op, why);
   if ((rc = cuops_begin(c, op, s)) != 0 || (rc = handle_reserve(c, h, op, 0)) != 0)
     return rc;
   struct cuops_dispatch_args k = {a->x, a->topk_idx, a->topk_weights, a->index_type,
@@ -417,7 +423,7 @@ int cuda_ops_combine(dep_client_t *c, const struct dep_combine_args *a, const st
   if (rc == 0 && h->cuda == NULL)
     rc = DEP_ERR_INVALID, snprintf(why, sizeof why, "combine: handle was not filled on the GPU");
   if (rc != 0)
-    return client_seterr(c, rc, "%s: %s", op, why);
+    return cuops_refused(c, DEP_STATS_OP_COMBINE, rc, op, why);
   if ((rc = cuops_begin(c, op, s)) != 0)
     return rc;
   struct cuops_combine_args k = {a->x, a->out, h->num_tokens, 0, hdl_of(h)};
@@ -443,7 +449,7 @@ int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
   if (rc == 0 && a->num_tokens > 0 && (rc = need(why, sizeof why, a->x, 2, "ll_dispatch", "x")) == 0)
     rc = need(why, sizeof why, a->topk_idx, IDX_ALIGN(a->index_type), "ll_dispatch", "topk_idx");
   if (rc != 0)
-    return client_seterr(c, rc, "%s: %s", op, why);
+    return cuops_refused(c, DEP_STATS_OP_LL_DISPATCH, rc, op, why);
   if ((rc = cuops_begin(c, op, s)) != 0 || (rc = handle_reserve(c, h, op, 0)) != 0)
     return rc;
   struct cuops_ll_dispatch_args k = {a->x, a->topk_idx, a->index_type, a->num_tokens, a->use_fp8,
@@ -487,7 +493,7 @@ int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
       (rc = need(why, sizeof why, a->topk_weights, 4, "ll_combine", "topk_weights")) == 0)
     rc = need(why, sizeof why, a->out, 2, "ll_combine", "out");
   if (rc != 0)
-    return client_seterr(c, rc, "%s: %s", op, why);
+    return cuops_refused(c, DEP_STATS_OP_LL_COMBINE, rc, op, why);
   if ((rc = cuops_begin(c, op, s)) != 0)
     return rc;
   struct cuops_ll_combine_args k = {a->x, a->topk_idx, a->index_type, h->num_tokens,
