@@ -766,7 +766,11 @@ static void job_on_membership(int k, const struct dep_peer_membership *in) {
   /* Each rank's windows cover its slab from its first byte on, in order:
    * what a writer into it will rely on. */
   struct dep_slab_layout l;
-  (void)dep_slab_layout(&in->sw.shape, in->sw.world_size, &l, NULL, 0);
+  if (dep_slab_layout_nodes(&in->sw.shape, in->sw.world_size, in->local_world_size, &l, why,
+                            sizeof why) != 0) {
+    log_warnx("peer %s: MEMBERSHIP of job %s refused: %s", peer_name(k), in->job_id, why);
+    return;
+  }
   for (uint32_t r = 0; r < in->n_ranks; r++) {
     uint64_t at = 0;
     for (uint32_t w = 0; w < in->n_windows; w++) {

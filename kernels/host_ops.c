@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "shape.h"
+
 /* ---- small helpers -------------------------------------------------------- */
 
 static int set_why(struct ops_ctx *c, int rc, const char *fmt, ...)
@@ -42,6 +44,19 @@ static inline struct ops_slot *slot_at(const struct ops_ctx *c, uint32_t slab, u
 static inline uint8_t *row_at(const struct ops_ctx *c, uint32_t slab, unsigned parity,
                               uint32_t src, uint32_t row) {
   return c->slabs[slab] + dep_slab_row(&c->lay, parity, src, row);
+}
+
+/* Where this rank's block for dest goes in a call of parity: dest's slab,
+ * or (dest on another node) the outbox of our own, for the proxy. */
+static inline uint8_t *out_block(const struct ops_ctx *c, uint32_t dest, unsigned parity) {
+  if (c->remote[dest] < 0)
+    return c->slabs[dest] + dep_slab_block(&c->lay, parity, c->rank);
+  return c->slabs[c->rank] + dep_slab_out_block(&c->lay, parity, (uint32_t)c->remote[dest]);
+}
+
+static inline uint8_t *out_row(const struct ops_ctx *c, uint32_t dest, unsigned parity,
+                               uint32_t row) {
+  return out_block(c, dest, parity) + (uint64_t)row * c->lay.row_bytes;
 }
 
 static inline uint32_t local_experts(const struct ops_ctx *c) {
@@ -125,30 +140,55 @@ static void token_to_fp8(const uint16_t *x, uint32_t hidden, uint8_t *out) {
 
 int host_ops_init(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world, uint32_t rank,
                   uint8_t *const *slabs, uint32_t timeout_ms, char *why, size_t whylen) {
+  return host_ops_init_nodes(c, s, world, rank, slabs, NULL, timeout_ms, why, whylen);
+}
+
+int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world,
+                        uint32_t rank, uint8_t *const *slabs, struct dep_xring *ring,
+                        uint32_t timeout_ms, char *why, size_t whylen) {
   if (c == NULL || s == NULL || slabs == NULL) {
     snprintf(why, whylen, "host_ops_init: NULL context, shape or slab table");
     return DEP_ERR_INVALID;
   }
   memset(c, 0, sizeof *c);
   if (world == 0 || world > DEP_MAX_LOCAL_RANKS || rank >= world) {
-    snprintf(why, whylen, "rank %u of world %u: the host backend runs 1..%u ranks, all on this "
-             "node", rank, world, DEP_MAX_LOCAL_RANKS);
+    snprintf(why, whylen, "rank %u of world %u: the operations run 1..%u ranks in all", rank,
+             world, DEP_MAX_LOCAL_RANKS);
     return DEP_ERR_INVALID;
   }
-  int rc = dep_slab_layout(s, world, &c->lay, why, whylen);
+  int rc = dep_shape_check(s, world, why, whylen);
+  if (rc != 0)
+    return rc;
+  uint32_t local = 0;
+  for (uint32_t r = 0; r < world; r++) {
+    c->remote[r] = slabs[r] == NULL ? (int32_t)(r - local) : -1;
+    local += slabs[r] != NULL;
+    if (slabs[r] != NULL && (uintptr_t)slabs[r] % 64 != 0) {
+      snprintf(why, whylen, "slab of rank %u is not 64-byte aligned", r);
+      return DEP_ERR_INVALID;
+    }
+    c->slabs[r] = slabs[r];
+  }
+  for (uint32_t r = 0; r < world; r++)
+    if (slabs[r] == NULL && (r == rank || ring == NULL)) {
+      snprintf(why, whylen, "slab of rank %u is not mapped%s", r,
+               r == rank ? "" : " (a rank on another node is reached through the proxy's ring: "
+                                "host_ops_init_nodes)");
+      return DEP_ERR_INVALID;
+    }
+  if (ring != NULL && (ring->magic != DEP_XRING_MAGIC || ring->entries != DEP_XRING_ENTRIES ||
+                       ring->rank != rank)) {
+    snprintf(why, whylen, "the proxy's ring is not one for rank %u of this build (magic %#x, "
+             "%u entries, rank %u)", rank, ring->magic, ring->entries, ring->rank);
+    return DEP_ERR_INVALID;
+  }
+  c->ring = local < world ? ring : NULL;
+  rc = dep_slab_layout_nodes(s, world, local, &c->lay, why, whylen);
   if (rc != 0)
     return rc;
   if (timeout_ms == 0) {
     snprintf(why, whylen, "op timeout is 0 ms; give a bound (e.g. 10000)");
     return DEP_ERR_INVALID;
-  }
-  for (uint32_t r = 0; r < world; r++) {
-    if (slabs[r] == NULL || (uintptr_t)slabs[r] % 64 != 0) {
-      snprintf(why, whylen, "slab of rank %u is %s", r, slabs[r] == NULL ? "not mapped" :
-               "not 64-byte aligned");
-      return DEP_ERR_INVALID;
-    }
-    c->slabs[r] = slabs[r];
   }
   c->shape = *s;
   c->world = world;
@@ -214,21 +254,82 @@ static int handle_reserve(struct ops_ctx *c, struct dep_handle *h, uint32_t kind
 
 /* ---- the protocol: post, wait ------------------------------------------------- */
 
-/* Publish this rank's block for the current call in dest's slab. */
-static void post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op, uint64_t ref_seq,
-                 uint32_t num_tokens) {
-  struct ops_slot *s = slot_at(c, dest, (unsigned)(c->seq & 1), c->rank);
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int ring_fail(struct ops_ctx *c, uint32_t op, uint32_t dest, int code, uint64_t waited_ns);
+
+/*
+ * Hand the proxy the outbox block (bytes of it) and slot image for dest:
+ * one descriptor, published with release ordering after everything it
+ * names.  A full ring is waited on like a peer (spin, yield, sleep),
+ * bounded by the op timeout; a ring the proxy stopped draining (its job
+ * failed) fails the call with the proxy's code.
+ */
+static int ring_push(struct ops_ctx *c, uint32_t op, uint32_t dest, uint64_t bytes) {
+  struct dep_xring *r = c->ring;
+  uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed), start = 0;
+  for (uint32_t i = 0;; i++) {
+    int32_t failed = atomic_load_explicit(&r->failed, memory_order_acquire);
+    if (failed != 0)
+      return ring_fail(c, op, dest, failed, start ? now_ns() - start : 0);
+    if (head - atomic_load_explicit(&r->tail, memory_order_acquire) < r->entries)
+      break;
+    if (i == 0)
+      start = now_ns();
+    uint64_t waited = now_ns() - start;
+    if (waited > (uint64_t)c->timeout_ms * 1000000ull)
+      return ring_fail(c, op, dest, DEP_ERR_TIMEOUT, waited);
+    if (i < 2048) {
+      sched_yield();
+    } else {
+      struct timespec ts = {0, 50000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  struct dep_xring_desc *d = &r->desc[head % r->entries];
+  d->dest = dest;
+  d->parity = (uint32_t)(c->seq & 1);
+  d->seq = c->seq;
+  d->bytes = bytes;
+  d->reserved = 0;
+  atomic_store_explicit(&r->head, head + 1, memory_order_release);
+  return 0;
+}
+
+/*
+ * Publish this rank's block for the current call (bytes of it, from its
+ * start) to dest: its control slot in dest's slab, or the slot image in
+ * our outbox and a descriptor for the proxy (dest on another node).
+ */
+static int post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op, uint64_t ref_seq,
+                uint32_t num_tokens, uint64_t bytes) {
+  unsigned parity = (unsigned)(c->seq & 1);
+  struct ops_slot *s = c->remote[dest] < 0
+                           ? slot_at(c, dest, parity, c->rank)
+                           : (struct ops_slot *)(c->slabs[c->rank] +
+                                                 dep_slab_out_slot(&c->lay, parity,
+                                                                   (uint32_t)c->remote[dest]));
   s->rows = rows;
   s->op = op;
   s->ref_seq = ref_seq;
   s->num_tokens = num_tokens;
   atomic_store_explicit(&s->flag, c->seq, memory_order_release);
+  return c->remote[dest] < 0 ? 0 : ring_push(c, op, dest, bytes);
 }
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+/* Post to every rank, rows[d] of row_bytes each (stride: bytes apart). */
+static int post_all(struct ops_ctx *c, const uint32_t *rows, uint32_t op, uint64_t ref_seq,
+                    uint32_t num_tokens, uint64_t stride) {
+  for (uint32_t d = 0; d < c->world; d++) {
+    int rc = post(c, d, rows[d], op, ref_seq, num_tokens, (uint64_t)rows[d] * stride);
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
 }
 
 static int timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t seen,
@@ -295,6 +396,33 @@ static int peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t wait
                  "waited for %s in %s (call %llu); the job cannot go on: restart it", gone, pid,
                  detached ? "it detached" : "its process ended", whom, host_ops_op_name(op),
                  (unsigned long long)c->seq);
+}
+
+/*
+ * The proxy's ring did not take this call's descriptor for dest: it stayed
+ * full for the op timeout, or the proxy stopped draining it (code: the
+ * job failed, its peer daemon is gone).  Recorded as a wait for dest is,
+ * and the context broken, since dest will not get this call.
+ */
+static int ring_fail(struct ops_ctx *c, uint32_t op, uint32_t dest, int code, uint64_t waited_ns) {
+  struct ops_err_record *er = (struct ops_err_record *)c->slabs[c->rank];
+  er->op = op & ~OPS_OP_FP8;
+  er->rank = c->rank;
+  er->source = dest;
+  er->seq = c->seq;
+  er->seen_flag = 0;
+  er->waited_ms = (uint32_t)(waited_ns / 1000000u);
+  atomic_store_explicit(&er->code, code, memory_order_release);
+  c->broken = 1;
+  if (code == DEP_ERR_TIMEOUT)
+    return set_why(c, code, "%s: the proxy's ring stayed full for %u ms (call %llu, for rank %u "
+                   "on another node); the daemon's proxy is stuck or its link to that node is "
+                   "too slow: see deepepctl peers", host_ops_op_name(op), c->timeout_ms,
+                   (unsigned long long)c->seq, dest);
+  return set_why(c, code, "%s: the daemon's proxy stopped serving this rank (call %llu, for rank "
+                 "%u on another node): %s; restart the job", host_ops_op_name(op),
+                 (unsigned long long)c->seq, dest,
+                 code == DEP_ERR_PEER ? "a node of the job is gone" : dep_strerror(code));
 }
 
 /*
@@ -429,7 +557,7 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
     for (uint32_t d = 0; d < c->world; d++) {
       if (!((mask >> d) & 1u))
         continue;
-      uint8_t *row = row_at(c, d, parity, c->rank, sent[d]++);
+      uint8_t *row = out_row(c, d, parity, sent[d]++);
       memcpy(row, x + (size_t)t * hid, 2u * hid);
       int32_t *meta = (int32_t *)(row + ops_meta_off(hid));
       int32_t *ids = (int32_t *)(row + ops_ids_off(hid));
@@ -444,9 +572,8 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
       }
     }
   }
-  for (uint32_t d = 0; d < c->world; d++)
-    post(c, d, sent[d], OPS_OP_DISPATCH, 0, a->num_tokens);
-  if ((rc = wait_all(c, OPS_OP_DISPATCH)) != 0)
+  if ((rc = post_all(c, sent, OPS_OP_DISPATCH, 0, a->num_tokens, c->lay.row_bytes)) != 0 ||
+      (rc = wait_all(c, OPS_OP_DISPATCH)) != 0)
     return rc;
 
   /* Check every source's row count before writing anything. */
@@ -499,12 +626,12 @@ int host_ops_combine(struct ops_ctx *c, const struct dep_combine_args *a,
   /* Rows from each source are contiguous in x, sources ascending: send each
    * source its rows back, in the order they came. */
   uint64_t off = 0;
-  for (uint32_t d = 0; d < c->world; d++) {
+  for (uint32_t d = 0; d < c->world; d++)
     for (uint32_t j = 0; j < h->recv_from[d]; j++, off++)
-      memcpy(row_at(c, d, parity, c->rank, j), x + off * hid, 2u * hid);
-    post(c, d, h->recv_from[d], OPS_OP_COMBINE, h->seq, h->num_tokens);
-  }
-  if ((rc = wait_all(c, OPS_OP_COMBINE)) != 0)
+      memcpy(out_row(c, d, parity, j), x + off * hid, 2u * hid);
+  if ((rc = post_all(c, h->recv_from, OPS_OP_COMBINE, h->seq, h->num_tokens,
+                     c->lay.row_bytes)) != 0 ||
+      (rc = wait_all(c, OPS_OP_COMBINE)) != 0)
     return rc;
   uint32_t expect[DEP_MAX_LOCAL_RANKS] = {0}, cursor[DEP_MAX_LOCAL_RANKS] = {0};
   for (uint32_t t = 0; t < h->num_tokens; t++)
@@ -593,7 +720,7 @@ int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a
     for (uint32_t d = 0; d < c->world; d++) {
       if (!((sel.mask >> d) & 1u))
         continue;
-      uint8_t *row = row_at(c, d, parity, c->rank, sent[d]++);
+      uint8_t *row = out_row(c, d, parity, sent[d]++);
       memcpy(row, src, payload);
       int32_t *meta = (int32_t *)(row + ops_meta_off(hid));
       meta[0] = (int32_t)t;
@@ -601,9 +728,8 @@ int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a
       memcpy(row + ops_ids_off(hid), sel.ids[d], sel.n[d] * sizeof(int32_t));
     }
   }
-  for (uint32_t d = 0; d < c->world; d++)
-    post(c, d, sent[d], op, 0, a->num_tokens);
-  if ((rc = wait_all(c, op)) != 0)
+  if ((rc = post_all(c, sent, op, 0, a->num_tokens, c->lay.row_bytes)) != 0 ||
+      (rc = wait_all(c, op)) != 0)
     return rc;
 
   for (uint32_t src = 0; src < c->world; src++)
@@ -667,14 +793,14 @@ int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
    * enumerates them from its topk_idx. */
   uint64_t nv = 0;
   for (uint32_t d = 0; d < c->world; d++) {
-    uint8_t *block = c->slabs[d] + dep_slab_block(&c->lay, parity, c->rank);
+    uint8_t *block = out_block(c, d, parity);
     for (uint32_t i = 0; i < h->recv_from[d]; i++, nv++) {
       uint64_t at = (uint64_t)h->ll_rows[nv][0] * rows + h->ll_rows[nv][1];
       memcpy(block + (uint64_t)i * 2u * hid, x + at * hid, 2u * hid);
     }
-    post(c, d, h->recv_from[d], OPS_OP_LL_COMBINE, h->seq, h->num_tokens);
   }
-  if ((rc = wait_all(c, OPS_OP_LL_COMBINE)) != 0)
+  if ((rc = post_all(c, h->recv_from, OPS_OP_LL_COMBINE, h->seq, h->num_tokens, 2ull * hid)) != 0 ||
+      (rc = wait_all(c, OPS_OP_LL_COMBINE)) != 0)
     return rc;
 
   struct token_sel sel;

@@ -33,7 +33,12 @@
  * recorded and breaking the context the same way.
  *
  * Outputs: every element a call defines is written; rows past the valid
- * count (num_recv, recv_count[e]) and past num_tokens are left untouched.
+ * count (num_recv, recv_count[e]) and past num_tokens are left untouched,
+ * except that a dispatch with num_worst_tokens writes recv_topk_idx -1 and
+ * recv_topk_weights 0 in its rows past num_recv, up to num_worst_tokens.
+ * A cached dispatch (deepep.h) sends each token to the rows its handle's
+ * dispatch put it in and posts that dispatch's seq as ref_seq, which every
+ * receiver checks against its own handle, as a combine's.
  *
  * Duplicate experts in one row of topk_idx: each (t, k) is its own
  * selection.  Dispatch remaps and weighs every such k and counts each in
@@ -53,6 +58,7 @@
 
 #include "deepep.h"
 #include "slab.h"
+#include "xring.h"
 
 /* Communicating operations, as carried in slots and error records. */
 enum ops_op {
@@ -62,6 +68,7 @@ enum ops_op {
   OPS_OP_LL_COMBINE = 4,
 };
 #define OPS_OP_FP8 0x100u /* or-ed into a slot's op: the rows carry FP8 */
+#define OPS_OP_CACHED 0x200u /* or-ed into a dispatch's op: routed by a handle (cached mode) */
 
 /*
  * One (parity, source) control slot at dep_slab_ctrl_slot() of the
@@ -105,7 +112,8 @@ _Static_assert(sizeof(struct ops_err_record) <= DEP_SLAB_ABORT_OFF,
  *   then int32 ids[topk]    dispatch: remapped ids of all k (-1 elsewhere);
  *                           LL: the distinct local experts, first-appearance order
  *   then float weights[topk] dispatch only (0 where not this rank's)
- * Throughput combine: a bf16 vector at the start of each row.  LL combine:
+ * Throughput combine: a bf16 vector at the start of each row, and with
+ * topk_weights its float32 weights at the weights offset.  LL combine:
  * vector i at block + i * 2h, in the order the origin enumerates them.
  */
 static inline uint64_t ops_meta_off(uint32_t hidden) { return 2ull * hidden; }
@@ -114,12 +122,21 @@ static inline uint64_t ops_weights_off(uint32_t hidden, uint32_t topk) {
   return 2ull * hidden + 16 + 4ull * topk;
 }
 
-/* One rank's view of a job: shape, layout and every rank's slab. */
+/*
+ * One rank's view of a job: shape, layout and every local rank's slab.  In
+ * a job that spans nodes (DESIGN §7) a remote rank has no slab here: what
+ * this rank means for it goes into the outbox of its own slab and a
+ * descriptor into its ring (xring.h), and the daemon's proxy moves it.
+ */
 struct ops_ctx {
   struct dep_job_shape shape;
   struct dep_slab_layout lay;
   uint32_t world, rank;
-  uint8_t *slabs[DEP_MAX_LOCAL_RANKS]; /* every rank's slab mapped here, by rank */
+  uint8_t *slabs[DEP_MAX_LOCAL_RANKS]; /* every local rank's slab mapped here, by rank;
+                                          NULL for a remote rank */
+  int32_t remote[DEP_MAX_LOCAL_RANKS]; /* a remote rank's number among the remote ranks
+                                          (slab.h's outbox); -1 for a local rank */
+  struct dep_xring *ring;              /* the proxy's ring: a job that spans nodes only */
   uint64_t seq;                        /* communicating calls made so far */
   uint32_t timeout_ms;                 /* bound on each call's waits */
   int broken;                          /* a wait timed out: the ranks are out of step */
@@ -141,6 +158,7 @@ struct dep_handle {
   uint32_t world, rank, hidden, topk, num_experts, max_tokens, max_ll_tokens;
   uint32_t num_tokens; /* tokens this rank dispatched */
   uint32_t num_recv;   /* TP: rows received in total */
+  uint32_t worst;      /* TP: the dispatch's num_worst_tokens (0: num_recv is known on the host) */
   /* TP: rows received from each source (they are contiguous, by source).
    * LL: vectors this rank owes each source in the combine. */
   uint32_t recv_from[DEP_MAX_LOCAL_RANKS];
@@ -165,6 +183,15 @@ struct dep_handle {
  */
 int host_ops_init(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world, uint32_t rank,
                   uint8_t *const *slabs, uint32_t timeout_ms, char *why, size_t whylen);
+/*
+ * The same for a job that spans nodes: slabs[r] is NULL for each rank r on
+ * another node (at least one), and ring is this rank's ring (xring.h),
+ * lent by the daemon, through which its proxy serves those ranks.  The
+ * layout is dep_slab_layout_nodes's for the local ranks counted.
+ */
+int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world,
+                        uint32_t rank, uint8_t *const *slabs, struct dep_xring *ring,
+                        uint32_t timeout_ms, char *why, size_t whylen);
 void host_ops_fini(struct ops_ctx *c);
 
 /* A handle starts empty; fini frees what dispatches allocated in it. */

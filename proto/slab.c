@@ -12,9 +12,35 @@ static uint64_t max2(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
 int dep_slab_layout(const struct dep_job_shape *s, uint32_t world_size,
                     struct dep_slab_layout *out, char *why, size_t whylen) {
+  return dep_slab_layout_nodes(s, world_size, world_size, out, why, whylen);
+}
+
+uint64_t dep_slab_key(const struct dep_job_shape *s, uint32_t world_size,
+                      uint32_t local_world_size) {
+  uint64_t key = dep_shape_key(s, world_size);
+  if (local_world_size >= world_size)
+    return key;
+  /* FNV-1a over the remote count's bytes, continuing the shape's hash. */
+  uint32_t remote = world_size - local_world_size;
+  for (int i = 0; i < 4; i++) {
+    key ^= (remote >> (8 * i)) & 0xffu;
+    key *= 0x100000001b3ull;
+  }
+  return key;
+}
+
+int dep_slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
+                          uint32_t local_world_size, struct dep_slab_layout *out, char *why,
+                          size_t whylen) {
   int rc = dep_shape_check(s, world_size, why, whylen);
   if (rc != 0)
     return rc;
+  if (local_world_size == 0 || local_world_size > world_size) {
+    if (why != NULL)
+      snprintf(why, whylen, "local_world_size %u is out of range (allowed 1..world_size %u)",
+               local_world_size, world_size);
+    return DEP_ERR_INVALID;
+  }
   uint64_t h = s->hidden, k = s->topk;
   /* bf16 token + int32 ids + float32 weights + int32 source index, or an
    * FP8 token + one float32 scale per 128 channels + the same metadata. */
@@ -40,7 +66,16 @@ int dep_slab_layout(const struct dep_job_shape *s, uint32_t world_size,
   /* World 4096, 65536 tokens of 16 KiB rows, top-16 (shape.h's limits):
    * far below 2^64, so the checked ranges rule out overflow. */
   out->parity_bytes = (uint64_t)world_size * block;
-  out->priv_off = dep_round_up(out->data_off + 2 * out->parity_bytes, DEP_SLAB_ALIGN);
+  uint64_t end = out->data_off + 2 * out->parity_bytes;
+  out->n_remote = world_size - local_world_size;
+  out->xslot_off = out->outbox_off = 0;
+  if (out->n_remote > 0) {
+    out->xslot_off = dep_round_up(end, DEP_SLAB_ALIGN);
+    out->outbox_off = dep_round_up(out->xslot_off + 2ull * out->n_remote * DEP_SLAB_CTRL_SLOT,
+                                   DEP_SLAB_ALIGN);
+    end = out->outbox_off + 2ull * out->n_remote * block;
+  }
+  out->priv_off = dep_round_up(end, DEP_SLAB_ALIGN);
   /* One FP8 row (a byte per channel and a float scale per 128) for each
    * low-latency token, a count per expert, a word per (rank, warp), and a
    * control area; and a handle's arrays (per token: its destinations,

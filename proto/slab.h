@@ -11,6 +11,16 @@
  *           the source's sequence flag and row count for that call.
  *   data    for each parity, for each source rank, one block of
  *           block_bytes: what that source pushed in a call of that parity.
+ *   xslot   4 KiB-aligned, only in a job that spans nodes: for each parity
+ *           and each rank on another node ("remote", numbered in rank
+ *           order among the remote ranks), the 64-byte control slot this
+ *           rank means for it, flag included, as it would have written it
+ *           into a local peer's ctrl.
+ *   outbox  4 KiB-aligned, beside xslot: for each parity and each remote
+ *           rank, one block_bytes block, the rows this rank means for it.
+ *           The rank fills both and pushes a descriptor (xring.h); the
+ *           daemon's proxy moves them, payload before slot, into the block
+ *           and slot of this rank in the remote rank's slab (DESIGN §7).
  *   priv    4 KiB-aligned, last: the rank's own scratch, which no peer
  *           reads or writes.  The cuda library keeps its operation state,
  *           its FP8 staging rows, its warm-up's world of one and the
@@ -68,17 +78,34 @@ struct dep_slab_layout {
   uint64_t block_bytes;  /* one source's block in one parity */
   uint64_t data_off;
   uint64_t parity_bytes; /* world_size * block_bytes */
+  uint32_t n_remote;     /* ranks of the job on other nodes (0: a single-node job) */
+  uint64_t xslot_off;    /* n_remote > 0: 2 * n_remote slot images, by (parity, remote) */
+  uint64_t outbox_off;   /* n_remote > 0: 2 * n_remote blocks, by (parity, remote) */
   uint64_t priv_off;     /* the rank's own scratch: after the data, 4 KiB aligned */
   uint64_t priv_bytes;
   uint64_t total_bytes;  /* priv_off + priv_bytes, before rounding to chunks */
 };
 
 /*
- * Compute the layout for a job shape.  Returns 0, or DEP_ERR_INVALID when
- * the shape is out of range or the size would overflow (message in why).
+ * Compute the layout for a job shape whose local_world_size ranks of
+ * world_size are on this node (the rest, on other nodes, give it an
+ * outbox).  Returns 0, or DEP_ERR_INVALID when the shape is out of range,
+ * local_world_size is not 1..world_size or the size would overflow
+ * (message in why).
  */
+int dep_slab_layout_nodes(const struct dep_job_shape *shape, uint32_t world_size,
+                          uint32_t local_world_size, struct dep_slab_layout *out, char *why,
+                          size_t whylen);
+
+/* The layout of a single-node job: dep_slab_layout_nodes with every rank local. */
 int dep_slab_layout(const struct dep_job_shape *shape, uint32_t world_size,
                     struct dep_slab_layout *out, char *why, size_t whylen);
+
+/* What memory made for a layout is cached under: dep_shape_key's for a
+ * single-node job, and one that also names how many ranks are remote
+ * (whose outboxes size the slab) for a job spanning nodes. */
+uint64_t dep_slab_key(const struct dep_job_shape *shape, uint32_t world_size,
+                      uint32_t local_world_size);
 
 /* Offset of the control slot of (parity, source rank). */
 static inline uint64_t dep_slab_ctrl_slot(const struct dep_slab_layout *l, unsigned parity,
@@ -96,6 +123,17 @@ static inline uint64_t dep_slab_block(const struct dep_slab_layout *l, unsigned 
 static inline uint64_t dep_slab_row(const struct dep_slab_layout *l, unsigned parity,
                                     uint32_t src, uint32_t row) {
   return dep_slab_block(l, parity, src) + (uint64_t)row * l->row_bytes;
+}
+
+/* Offsets of the slot image and of the outbox block this rank fills for
+ * its remote rank number `ri` (0..n_remote-1) in a call of `parity`. */
+static inline uint64_t dep_slab_out_slot(const struct dep_slab_layout *l, unsigned parity,
+                                         uint32_t ri) {
+  return l->xslot_off + ((uint64_t)parity * l->n_remote + ri) * DEP_SLAB_CTRL_SLOT;
+}
+static inline uint64_t dep_slab_out_block(const struct dep_slab_layout *l, unsigned parity,
+                                          uint32_t ri) {
+  return l->outbox_off + ((uint64_t)parity * l->n_remote + ri) * l->block_bytes;
 }
 
 /* Round a size up to a whole number of chunks. */

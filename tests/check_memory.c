@@ -42,6 +42,10 @@
  * private area). */
 static const struct dep_job_shape TINY = {.max_tokens_per_rank = 16, .hidden = 1024,
                                           .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16};
+/* For a world of 6 ranks: a slab of 640 KiB in an arena, like TINY's at 8. */
+static const struct dep_job_shape TINY6 = {.max_tokens_per_rank = 20, .hidden = 1024,
+                                           .num_experts = 6, .topk = 2,
+                                           .dtype = DEP_DTYPE_BF16};
 /* About 2 MiB a slab at world size 2, 4 MiB at 4 or 8. */
 static const struct dep_job_shape WIDE = {.max_tokens_per_rank = 128, .hidden = 1024,
                                           .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16};
@@ -58,7 +62,7 @@ START_TEST(eight_ranks_share_one_job_and_read_every_peers_slab) {
   dep_client_t *obs = mr_observer(&d);
   /* Per GPU, one block of exactly its slabs (to the granule): on the host
    * 33 MiB, which no run of 2 MiB preallocated blocks would be. */
-  const uint64_t slab = mr_slab_of(&WIDE, 8), arena = mr_arena_of(&WIDE, 8, 8);
+  const uint64_t slab = mr_slab_of(&WIDE, 8, 8), arena = mr_arena_of(&WIDE, 8, 8);
   static const struct mr_step script[] = {{FILL, 1}, {SYNC, 0}, {CHECK, 1}, {SYNC, 0}, {END, 0}};
   struct mr_grp g;
   mr_grp_init(&g);
@@ -99,7 +103,7 @@ END_TEST
  */
 START_TEST(an_arena_over_max_allocation_comes_in_pieces_that_map_as_one) {
   MR_NEEDS_BACKEND();
-  const uint64_t cap = 4 * MR_MIB, g = mr_granule(), slab = mr_slab_of(&WIDE, 8);
+  const uint64_t cap = 4 * MR_MIB, g = mr_granule(), slab = mr_slab_of(&WIDE, 8, 8);
   const uint32_t gpus = mr_gpus();
   const bool whole = mr_on_cuda() && gpus == 1;
   uint64_t used = 0;
@@ -267,9 +271,9 @@ END_TEST
  */
 static void reuse_after_scrub(bool cache) {
   struct tu_daemon d;
-  /* With the cache, a budget that the job of another shape at the end (6 of 8
+  /* With the cache, a budget that the job of another shape at the end (6 ranks
    * ranks) fits only by evicting the first job's cached block. */
-  const uint64_t first = mr_arena_of(&TINY, 2, 2), whole = mr_arena_of(&TINY, 8, 6);
+  const uint64_t first = mr_arena_of(&TINY, 2, 2), whole = mr_arena_of(&TINY6, 6, 6);
   const uint64_t budget = cache ? dep_round_up(whole, MR_CHUNK) : 4 * MR_MIB;
   if (cache)
     ck_assert_uint_gt(first + whole, budget);
@@ -317,7 +321,7 @@ static void reuse_after_scrub(bool cache) {
     struct mr_grp g3;
     mr_grp_init(&g3);
     for (uint32_t i = 0; i < 6; i++) {
-      struct mr_rank_spec s = mr_spec(&d, "whole-pool", i, 8, i, 6, TINY, all);
+      struct mr_rank_spec s = mr_spec(&d, "whole-pool", i, 6, i, 6, TINY6, all);
       mr_grp_spawn(&g3, &s);
     }
     mr_grp_sync(&g3, 6);
@@ -388,7 +392,7 @@ START_TEST(a_job_of_a_new_size_gets_one_block_in_the_room_of_free_ones) {
   struct tu_daemon d;
   mr_start(&d, 4, NULL); /* two preallocated blocks of 2 MiB */
   dep_client_t *obs = mr_observer(&d);
-  const uint64_t arena = mr_arena_of(&TINY, 8, 6);
+  const uint64_t arena = mr_arena_of(&TINY6, 6, 6);
   ck_assert_uint_gt(arena, MR_CHUNK); /* more than one preallocated block holds */
   ck_assert_uint_le(arena, 4 * MR_MIB);
   static const struct mr_step script[] = {{CHECK_OWN, 0}, {FILL, 1}, {SYNC, 0}, {CHECK, 1},
@@ -396,7 +400,7 @@ START_TEST(a_job_of_a_new_size_gets_one_block_in_the_room_of_free_ones) {
   struct mr_grp g;
   mr_grp_init(&g);
   for (uint32_t i = 0; i < 6; i++) {
-    struct mr_rank_spec s = mr_spec(&d, "odd-size", i, 8, i, 6, TINY, script);
+    struct mr_rank_spec s = mr_spec(&d, "odd-size", i, 6, i, 6, TINY6, script);
     mr_grp_spawn(&g, &s);
   }
   mr_grp_sync(&g, 6);

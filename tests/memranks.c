@@ -57,11 +57,12 @@ static bool test_on_cuda(void) {
 /* The daemon places a job's slabs this far apart in its arena. */
 #define SLAB_ALIGN (64 * 1024ull)
 
-/* Bytes from one slab of this shape to the next in an arena (dep_attach_info's slab_bytes). */
-uint64_t mr_slab_of(const struct dep_job_shape *s, uint32_t world) {
+/* Bytes from one slab of this shape to the next in an arena (dep_attach_info's slab_bytes),
+ * for a job with `local` of its `world` ranks on this node. */
+uint64_t mr_slab_of(const struct dep_job_shape *s, uint32_t world, uint32_t local) {
   struct dep_slab_layout l;
   char why[256];
-  ck_assert_msg(dep_slab_layout(s, world, &l, why, sizeof why) == 0, "%s", why);
+  ck_assert_msg(dep_slab_layout_nodes(s, world, local, &l, why, sizeof why) == 0, "%s", why);
   return dep_round_up(l.total_bytes, SLAB_ALIGN);
 }
 
@@ -88,7 +89,7 @@ uint64_t mr_arena_of(const struct dep_job_shape *s, uint32_t world, uint32_t loc
   uint64_t total = 0;
   for (uint32_t g = 0; g < n && g < local; g++) {
     uint32_t on_g = (local - g + n - 1) / n; /* local ranks g, g + n, g + 2n, ... */
-    total += dep_round_up(on_g * mr_slab_of(s, world), mr_granule());
+    total += dep_round_up(on_g * mr_slab_of(s, world, local), mr_granule());
   }
   return total;
 }
@@ -260,7 +261,7 @@ static void rank_attached(struct rank *r) {
   rank_cu = strcmp(in->backend, "cuda") == 0 ? cudadrv_load(NULL, 0) : NULL;
   RCHECK(r, in->local_rank == a->local_rank && in->local_world_size == a->local_world_size,
          "attach info names local rank %u of %u", in->local_rank, in->local_world_size);
-  RCHECK(r, in->slab_bytes == mr_slab_of(&a->shape, a->world_size), "slab of %llu bytes",
+  RCHECK(r, in->slab_bytes == mr_slab_of(&a->shape, a->world_size, a->local_world_size), "slab of %llu bytes",
          (unsigned long long)in->slab_bytes);
   RCHECK(r, in->ranks[a->local_rank] == a->rank, "ranks[%u] = %u", a->local_rank,
          in->ranks[a->local_rank]);

@@ -62,7 +62,7 @@ struct mr_rank_spec mr_spec(const struct tu_daemon *d, const char *job, uint32_t
                             struct dep_job_shape shape, const struct mr_step *script);
 
 /* Bytes from one slab of this shape to the next in an arena (dep_attach_info's slab_bytes). */
-uint64_t mr_slab_of(const struct dep_job_shape *s, uint32_t world);
+uint64_t mr_slab_of(const struct dep_job_shape *s, uint32_t world, uint32_t local);
 
 /* The device's allocation granularity: the page size on the host backend, 2 MiB on cuda
  * (the VMM granularity of every GPU these tests run on). */

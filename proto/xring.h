@@ -1,0 +1,66 @@
+/*
+ * xring.h — how a rank of a job that spans nodes hands blocks to its
+ * daemon's proxy (DESIGN §7), defined once for the library that fills the
+ * ring and the daemon that drains it.
+ *
+ * A rank's ring is one sealed memfd the daemon lends after the attach
+ * (XRING_LEND), mapped by both: the rank is its only producer, one proxy
+ * thread of the daemon its only consumer.  For each remote destination of
+ * a call the rank has filled the outbox block and the slot image of its
+ * slab (slab.h) and then pushes one descriptor:
+ *
+ *   entries[head % entries] = {dest, parity, seq, bytes};
+ *   head = head + 1               (store with release ordering)
+ *
+ * and the proxy, having moved the block and then the slot into the
+ * remote rank's slab, stores tail = tail + 1 (release).  A full ring
+ * (head - tail == entries) makes the rank wait, bounded by the op timeout
+ * like every wait of the operations; it never overwrites.
+ *
+ * Nothing the ring holds is trusted by the daemon: each descriptor is
+ * checked against the job's layout (a destination on another node, a
+ * parity of 0 or 1, bytes within a block) before anything moves, and a
+ * rank that writes a bad one has its job failed.
+ */
+#ifndef DEP_XRING_H
+#define DEP_XRING_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define DEP_XRING_MAGIC 0x47525844u /* "DXRG" */
+#define DEP_XRING_VERSION 1
+/* Descriptors a ring holds: every remote rank's block of two calls in
+ * flight, for the largest world of operations (DEP_MAX_LOCAL_RANKS), with
+ * room to spare; a power of two. */
+#define DEP_XRING_ENTRIES 1024u
+
+/* One block for the proxy to move (32 bytes). */
+struct dep_xring_desc {
+  uint32_t dest;   /* the global rank it is for: one on another node */
+  uint32_t parity; /* seq & 1: which outbox block and slot image */
+  uint64_t seq;    /* the call: the slot image's flag */
+  uint64_t bytes;  /* of the block's payload, from its start: <= block_bytes */
+  uint64_t reserved;
+};
+
+struct dep_xring {
+  uint32_t magic, version;
+  uint32_t entries;           /* DEP_XRING_ENTRIES */
+  uint32_t rank;              /* the global rank that fills it */
+  uint8_t pad0[48];
+  _Atomic uint64_t head;      /* descriptors pushed: the rank's */
+  uint8_t pad1[56];
+  _Atomic uint64_t tail;      /* descriptors moved: the proxy's */
+  uint8_t pad2[56];
+  /* The proxy's word for the rank: 0, or the DEP_ERR_* code with which it
+   * stopped draining this ring (its job failed, its peer is gone); a rank
+   * waiting for room reads it and stops waiting. */
+  _Atomic int32_t failed;
+  uint8_t pad3[60];
+  struct dep_xring_desc desc[DEP_XRING_ENTRIES];
+};
+
+#define DEP_XRING_BYTES ((sizeof(struct dep_xring) + 4095u) / 4096u * 4096u)
+
+#endif /* DEP_XRING_H */
