@@ -23,7 +23,8 @@
 /* The kernels restate host_ops.h's layouts; hold them to it. */
 _Static_assert(CUOPS_OP_DISPATCH == OPS_OP_DISPATCH && CUOPS_OP_COMBINE == OPS_OP_COMBINE &&
                    CUOPS_OP_LL_DISPATCH == OPS_OP_LL_DISPATCH &&
-                   CUOPS_OP_LL_COMBINE == OPS_OP_LL_COMBINE && CUOPS_OP_FP8 == OPS_OP_FP8,
+                   CUOPS_OP_LL_COMBINE == OPS_OP_LL_COMBINE && CUOPS_OP_FP8 == OPS_OP_FP8 &&
+                   CUOPS_OP_CACHED == OPS_OP_CACHED && CUOPS_OP_WEIGHTS == OPS_OP_WEIGHTS,
                "op codes differ from host_ops.h");
 _Static_assert(CUOPS_SLOT_BYTES == DEP_SLAB_CTRL_SLOT && CUOPS_ERR_BYTES == DEP_SLAB_ERR_BYTES,
                "slab control layout differs from slab.h");
@@ -117,7 +118,7 @@ static int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
   struct cuops_err r = {.code = code, .op = e->op, .rank = e->rank, .source = e->source,
                         .seq = e->seq, .seen_flag = e->seen_flag, .waited_ms = e->waited_ms,
                         .phase = e->phase};
-  const char *what = op_name(r.op & ~CUOPS_OP_FP8);
+  const char *what = op_name(r.op & ~(CUOPS_OP_FP8 | CUOPS_OP_CACHED | CUOPS_OP_WEIGHTS));
   if (!own || code == DEP_ERR_TIMEOUT || code == DEP_ERR_PEER || r.phase == CUOPS_PHASE_AHEAD) {
     c->cuops.broken = true;
   } else {
@@ -148,6 +149,12 @@ static int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
     snprintf(m, sizeof m, "in %s rank %u is at call %llu, this rank at call %llu; a rank "
              "restarted or the slabs were not fresh: restart the job", what, r.source,
              (unsigned long long)r.seen_flag, (unsigned long long)r.seq);
+    break;
+  case CUOPS_PHASE_WORST:
+    snprintf(m, sizeof m, "%s (call %llu) received %llu rows, more than its num_worst_tokens; "
+             "give num_worst_tokens at least the rows a rank can receive (world_size * "
+             "max_tokens_per_rank at most); the call's outputs are not valid", what,
+             (unsigned long long)r.seq, (unsigned long long)r.seen_flag);
     break;
   case CUOPS_PHASE_IDS:
     snprintf(m, sizeof m, "%s found topk_idx of token %u = %lld: expert ids must be in [-1, "
@@ -376,29 +383,59 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
   const char *op = "dep_dispatch";
   CUstream s = stream;
   char why[256] = "";
+  /* The host must not read device ids: the checks run on num_tokens 0 (a
+   * cached dispatch reads none, and its num_tokens is checked against the
+   * handle's), then the pointers num_tokens needs. */
   struct dep_dispatch_args z = *a;
-  z.num_tokens = 0;
+  if (!a->cached)
+    z.num_tokens = 0;
   int rc = ops_check_dispatch(&c->ops, &z, h, why, sizeof why);
   if (rc == 0)
     rc = tokens_ok(why, sizeof why, a->num_tokens, c->ops.shape.max_tokens_per_rank, "dispatch",
                    "max_tokens_per_rank");
-  if (rc == 0 && a->num_tokens > 0 && (rc = need(why, sizeof why, a->x, 2, "dispatch", "x")) == 0 &&
+  if (rc == 0 && a->num_tokens > 0 && !a->cached &&
+      (rc = need(why, sizeof why, a->x, a->use_fp8 ? 1 : 2, "dispatch", "x")) == 0 &&
+      (!a->use_fp8 || (rc = need(why, sizeof why, a->x_scales, 4, "dispatch", "x_scales")) == 0) &&
       (rc = need(why, sizeof why, a->topk_idx, IDX_ALIGN(a->index_type), "dispatch",
                  "topk_idx")) == 0)
     rc = need(why, sizeof why, a->topk_weights, 4, "dispatch", "topk_weights");
+  if (rc == 0 && a->cached && h->cuda == NULL)
+    rc = DEP_ERR_INVALID, snprintf(why, sizeof why, "dispatch (cached): handle was not filled on the GPU");
   if (rc != 0)
     return cuops_refused(c, DEP_STATS_OP_DISPATCH, rc, op, why);
-  if ((rc = cuops_begin(c, op, s)) != 0 || (rc = handle_reserve(c, h, op, 0)) != 0)
+  if ((rc = cuops_begin(c, op, s)) != 0 || (!a->cached && (rc = handle_reserve(c, h, op, 0)) != 0))
     return rc;
+  const uint32_t align = a->expert_alignment > 1 && !a->cached ? a->expert_alignment : 0;
   struct cuops_dispatch_args k = {a->x, a->topk_idx, a->topk_weights, a->index_type,
                                   a->num_tokens, a->recv_x, a->recv_topk_idx,
-                                  a->recv_topk_weights, a->recv_count_per_expert, hdl_of(h)};
-  CUresult r = drv()->cuMemsetD32Async((CUdeviceptr)(uintptr_t)a->recv_count_per_expert, 0,
-                                       c->cuops.job.le, s);
-  if (r != CUDA_SUCCESS)
+                                  a->recv_topk_weights, a->recv_count_per_expert, a->x_scales,
+                                  a->recv_x_scales, a->use_fp8, a->cached, a->num_worst_tokens,
+                                  align, hdl_of(h)};
+  CUresult r;
+  if (!a->cached &&
+      (r = drv()->cuMemsetD32Async((CUdeviceptr)(uintptr_t)a->recv_count_per_expert, 0,
+                                   c->cuops.job.le, s)) != CUDA_SUCCESS)
     return cu_fail(c, op, "cuMemsetD32Async", r);
   if ((rc = launch(c, CUOPS_K_DISPATCH, comm_grid(c), 0, &k, s, op)) != 0)
     return rc;
+  if (align != 0 && (rc = launch(c, CUOPS_K_ALIGN, 1, 0, &k, s, op)) != 0)
+    return rc;
+  if (a->cached) {
+    /* The routing is the handle's: its row count, where the host learnt it. */
+    if (a->num_recv != NULL && a->num_worst_tokens == 0)
+      *a->num_recv = h->num_recv;
+    return 0;
+  }
+  if (a->num_worst_tokens != 0) {
+    /* No synchronisation: the rows and any error stay on the device (an
+     * error is returned by the next call); combine reads the handle's
+     * device arrays only. */
+    h->num_recv = 0;
+    h->worst = a->num_worst_tokens;
+    h->num_tokens = a->num_tokens;
+    h->kind = OPS_HANDLE_TP;
+    return 0;
+  }
   /* The one synchronising call: num_recv is a host value. */
   if ((r = drv()->cuStreamSynchronize(s)) != CUDA_SUCCESS)
     return cu_fail(c, op, "cuStreamSynchronize", r);
@@ -409,6 +446,7 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
   for (uint32_t i = 0; i < c->ops.world; i++)
     h->recv_from[i] = hp->recv_from[i];
   *a->num_recv = h->num_recv;
+  h->worst = 0;
   h->num_tokens = a->num_tokens;
   h->kind = OPS_HANDLE_TP;
   return 0;
@@ -426,7 +464,8 @@ int cuda_ops_combine(dep_client_t *c, const struct dep_combine_args *a, const st
     return cuops_refused(c, DEP_STATS_OP_COMBINE, rc, op, why);
   if ((rc = cuops_begin(c, op, s)) != 0)
     return rc;
-  struct cuops_combine_args k = {a->x, a->out, h->num_tokens, 0, hdl_of(h)};
+  struct cuops_combine_args k = {a->x, a->out, h->num_tokens, 0, a->topk_weights,
+                                 a->out_topk_weights, hdl_of(h)};
   return launch(c, CUOPS_K_COMBINE, comm_grid(c), 0, &k, s, op);
 }
 
@@ -543,12 +582,17 @@ static int warmup(dep_client_t *c) {
   int32_t *scr = (int32_t *)(uintptr_t)st->scratch;
   uint32_t nrecv = 0;
   int rc = handle_reserve(c, h, op, st->warm_mem);
-  struct dep_layout_args la = {NULL, DEP_INDEX_I64, 0, scr, scr, NULL};
-  struct dep_dispatch_args da = {NULL, NULL, DEP_INDEX_I64, NULL, 0, scr, scr, (float *)scr, scr,
-                                 &nrecv};
-  struct dep_combine_args ca = {NULL, NULL};
-  struct dep_ll_dispatch_args lda = {NULL, NULL, DEP_INDEX_I64, 0, 0, scr, (float *)scr, scr};
-  struct dep_ll_combine_args lca = {scr, NULL, DEP_INDEX_I64, NULL, NULL};
+  struct dep_layout_args la = {.size = sizeof la, .index_type = DEP_INDEX_I64,
+                               .tokens_per_rank = scr, .tokens_per_expert = scr};
+  struct dep_dispatch_args da = {.size = sizeof da, .index_type = DEP_INDEX_I64, .recv_x = scr,
+                                 .recv_topk_idx = scr, .recv_topk_weights = (float *)scr,
+                                 .recv_count_per_expert = scr, .num_recv = &nrecv,
+                                 .expert_alignment = 2 /* dep_k_align warmed too */};
+  struct dep_combine_args ca = {.size = sizeof ca};
+  struct dep_ll_dispatch_args lda = {.size = sizeof lda, .index_type = DEP_INDEX_I64,
+                                     .recv_x = scr, .recv_scales = (float *)scr,
+                                     .recv_count = scr};
+  struct dep_ll_combine_args lca = {.size = sizeof lca, .x = scr, .index_type = DEP_INDEX_I64};
   if (rc == 0)
     rc = cuda_ops_layout(c, &la, s);
   if (rc == 0)

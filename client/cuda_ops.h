@@ -115,6 +115,8 @@
 #define CUOPS_OP_LL_DISPATCH 3u
 #define CUOPS_OP_LL_COMBINE 4u
 #define CUOPS_OP_FP8 0x100u
+#define CUOPS_OP_CACHED 0x200u
+#define CUOPS_OP_WEIGHTS 0x400u
 #define CUOPS_SLOT_BYTES 64u
 #define CUOPS_ERR_BYTES 64u
 /* The abort words in the error words (slab.h DEP_SLAB_ABORT_OFF, struct
@@ -141,6 +143,7 @@ enum cuops_phase {
   CUOPS_PHASE_IDS = 4,     /* the caller's topk_idx */
   CUOPS_PHASE_ROW = 5,     /* waiting for a peer's row (throughput ops) */
   CUOPS_PHASE_GONE = 6,    /* the abort words: source is the gone rank, seen_flag CUOPS_ERR_GONE */
+  CUOPS_PHASE_WORST = 7,   /* dispatch: more rows arrived than num_worst_tokens (seen_flag: rows) */
 };
 
 /* CUOPS_PHASE_GONE's seen_flag: the gone rank's pid, bit 32 set when it
@@ -223,6 +226,10 @@ struct cuops_layout_args {
   uint8_t *tir;
 };
 
+/* A dispatch (deepep.h): bf16 or FP8 rows (fp8: x is e4m3 bytes, xs their
+ * scales), fresh or routed by the handle (cached), outputs of `worst` rows
+ * or of the rows received (worst 0); align > 1 rounds the counts
+ * (dep_k_align, launched after it). */
 struct cuops_dispatch_args {
   const void *x, *idx;
   const float *w;
@@ -232,14 +239,22 @@ struct cuops_dispatch_args {
   int32_t *ridx;
   float *rw;
   int32_t *cnt;
+  const float *xs;
+  float *rxs;
+  int32_t fp8, cached;
+  uint32_t worst, align;
   struct cuops_hdl h;
 };
 
+/* w/ow: DeepEP's combine of weights (ow NULL: none; w NULL only with no rows),
+ * w [rows, topk], ow [num_tokens, topk]. */
 struct cuops_combine_args {
   const void *x;
   void *out;
   uint32_t num_tokens;
   uint32_t pad;
+  const float *w;
+  float *ow;
   struct cuops_hdl h;
 };
 
@@ -276,6 +291,7 @@ struct cuops_ll_combine_args {
   XX(LL_DISPATCH, "dep_k_ll_dispatch")     \
   XX(LL_COMBINE, "dep_k_ll_combine")       \
   XX(LL_CAST, "dep_k_ll_cast")              \
+  XX(ALIGN, "dep_k_align")                 \
   XX(TOUCH, "dep_k_touch")
 
 #ifndef __CUDACC__

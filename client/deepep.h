@@ -29,9 +29,9 @@ extern "C" {
 
 /* Library version; the wire protocol has its own version (proto/proto.h). */
 #define DEP_VERSION_MAJOR 0
-#define DEP_VERSION_MINOR 1
+#define DEP_VERSION_MINOR 2
 #define DEP_VERSION_PATCH 0
-#define DEP_VERSION_STRING "0.1.0"
+#define DEP_VERSION_STRING "0.2.0"
 
 /* Where the daemon listens unless the caller or $DEEPEPD_SOCKET says otherwise. */
 #define DEP_DEFAULT_SOCKET "/run/deepepd/deepepd.sock"
@@ -233,6 +233,17 @@ typedef void *dep_stream_t;
 
 enum dep_index_type { DEP_INDEX_I64 = 1, DEP_INDEX_I32 = 2 };
 
+/*
+ * Argument structs grow: each begins with `size`, which the caller sets to
+ * sizeof the struct it was compiled with (designated initializers:
+ * `{.size = sizeof(struct dep_dispatch_args), ...}`).  The library reads
+ * only the fields that size covers and takes the rest as 0, so a caller
+ * built against an older deepep.h keeps working; a size of 0 or below the
+ * struct's first layout is DEP_ERR_INVALID, and a newer caller's larger
+ * struct is DEP_ERR_UNSUPPORTED unless the fields this library does not
+ * know are all zero.  Fields are only ever appended.
+ */
+
 /* What dispatch leaves for the matching combine (opaque, reusable). */
 typedef struct dep_handle dep_handle_t;
 DEP_EXPORT int dep_handle_new(dep_client_t *c, dep_handle_t **out);
@@ -240,6 +251,7 @@ DEP_EXPORT void dep_handle_free(dep_handle_t *h);
 
 /* layout: from topk_idx, tokens per rank, tokens per expert, token-in-rank mask. */
 struct dep_layout_args {
+  uint32_t size;               /* sizeof(struct dep_layout_args) */
   const void *topk_idx;        /* [num_tokens, topk] */
   int index_type;              /* enum dep_index_type */
   uint32_t num_tokens;
@@ -249,37 +261,85 @@ struct dep_layout_args {
 };
 DEP_EXPORT int dep_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream_t stream);
 
-/* Throughput-mode dispatch. */
+/*
+ * Throughput-mode dispatch.  The hidden state is bf16, or with use_fp8
+ * e4m3 bytes with one float32 scale per token and 128 channels (moved as
+ * they are, in the low-latency FP8 layout).
+ *
+ * cached = 1 (DeepEP's dispatch with handle=): route as the dispatch whose
+ * handle `h` holds did, on every rank; only x (and x_scales) move, and the
+ * handle stays as it was, for the combine.  num_tokens must be that
+ * dispatch's; topk_idx, topk_weights, recv_topk_idx, recv_topk_weights and
+ * recv_count_per_expert must be NULL and expert_alignment 0 or 1.  A cached
+ * dispatch never waits: num_recv gets the handle's count, which a dispatch
+ * with num_worst_tokens on cuda did not learn, so there give
+ * num_worst_tokens to the cached dispatch too.
+ *
+ * num_worst_tokens > 0: the outputs hold that many rows (at most
+ * world_size * max_tokens_per_rank) and the call does not wait for the row
+ * count (on cuda: no host synchronisation, so it can be captured in a CUDA
+ * graph); num_recv is not written and may be NULL.  Rows past those
+ * received have recv_topk_idx -1 in every column and recv_topk_weights 0
+ * (DeepEP's padding; recv_x and recv_x_scales there are left unwritten);
+ * every received row names at least one local expert, so the first row
+ * whose ids are all -1 ends them.  A rank that receives more rows than
+ * num_worst_tokens fails the call with DEP_ERR_INVALID.
+ *
+ * expert_alignment > 1 (DeepEP's): each recv_count_per_expert is rounded
+ * up to a multiple of it (at most 65536); the rows are not padded.
+ */
 struct dep_dispatch_args {
-  const void *x;               /* bf16 [num_tokens, hidden] */
+  uint32_t size;               /* sizeof(struct dep_dispatch_args) */
+  const void *x;               /* bf16 [num_tokens, hidden]; use_fp8: e4m3 bytes */
   const void *topk_idx;        /* [num_tokens, topk], -1 = none */
   int index_type;
   const float *topk_weights;   /* [num_tokens, topk] */
   uint32_t num_tokens;
-  /* Outputs, capacity world_size * max_tokens_per_rank rows: */
-  void *recv_x;                /* bf16 [rows, hidden] */
+  /* Outputs, capacity world_size * max_tokens_per_rank rows (num_worst_tokens with it): */
+  void *recv_x;                /* bf16 [rows, hidden]; use_fp8: e4m3 bytes */
   int32_t *recv_topk_idx;      /* [rows, topk] local expert ids, -1 where not ours */
   float *recv_topk_weights;    /* [rows, topk], 0 where not ours */
   int32_t *recv_count_per_expert; /* [num_experts / world_size] */
   uint32_t *num_recv;          /* host pointer: rows received (the call waits for it) */
+  int use_fp8;                 /* 0: bf16; 1: e4m3 with scales */
+  const float *x_scales;       /* use_fp8: [num_tokens, hidden / 128] */
+  float *recv_x_scales;        /* use_fp8: [rows, hidden / 128] */
+  int cached;                  /* 1: reuse h's routing (see above) */
+  uint32_t num_worst_tokens;   /* 0, or the rows the outputs hold: no wait */
+  uint32_t expert_alignment;   /* 0 or 1: exact counts; else rounded up to a multiple */
 };
 DEP_EXPORT int dep_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, dep_handle_t *h,
                             dep_stream_t stream);
 
-/* Throughput-mode combine: one bf16 vector per received row back to its origin, summed in float32. */
+/*
+ * Throughput-mode combine: one bf16 vector per received row back to its
+ * origin, summed in float32 in source-rank order.  A weighted combine
+ * (DeepEP's combine(topk_weights=)) gives out_topk_weights (even with no
+ * tokens; every rank of the call must, or none: DEP_ERR_MISMATCH) and
+ * topk_weights (which may be NULL with no rows): one float32 row of topk
+ * per received row goes back too and out_topk_weights[t] is their sum, in
+ * float32 in source-rank order, over the ranks that received t (0 for a
+ * token that selected nothing); given each rank's recv_topk_weights it is
+ * the origin's topk_weights again.  The vectors are not weighted: that is
+ * the caller's, before combine.
+ */
 struct dep_combine_args {
-  const void *x;               /* bf16 [num_recv, hidden] (the rows dispatch delivered) */
+  uint32_t size;               /* sizeof(struct dep_combine_args) */
+  const void *x;               /* bf16 [rows, hidden]: the rows dispatch delivered */
   void *out;                   /* bf16 [num_tokens, hidden] of the dispatching call */
+  const float *topk_weights;   /* weighted: [rows, topk] */
+  float *out_topk_weights;     /* weighted: [num_tokens, topk]; NULL: not weighted */
 };
 DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a,
                            const dep_handle_t *h, dep_stream_t stream);
 
 /* Low-latency dispatch: fixed-shape per-local-expert output, no host sync. */
 struct dep_ll_dispatch_args {
+  uint32_t size;               /* sizeof(struct dep_ll_dispatch_args) */
   const void *x;               /* bf16 [num_tokens, hidden] */
   const void *topk_idx;
   int index_type;
-  uint32_t num_tokens;         /* <= max_ll_tokens_per_rank */
+  uint32_t num_tokens;         /* <= max_ll_tokens_per_rank in effect (dep_shape_sizes) */
   int use_fp8;                 /* e4m3 with one float32 scale per 128 channels */
   /* Outputs; rows = world_size * max_ll_tokens_per_rank per local expert: */
   void *recv_x;                /* [local_experts, rows, hidden] bf16, or fp8 bytes */
@@ -291,6 +351,7 @@ DEP_EXPORT int dep_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_arg
 
 /* Low-latency combine: out[t] = sum_k topk_weights[t,k] * (expert output for k), in float32. */
 struct dep_ll_combine_args {
+  uint32_t size;               /* sizeof(struct dep_ll_combine_args) */
   const void *x;               /* bf16 [local_experts, rows, hidden] expert outputs */
   const void *topk_idx;        /* as given to the matching dispatch */
   int index_type;
@@ -299,6 +360,26 @@ struct dep_ll_combine_args {
 };
 DEP_EXPORT int dep_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
                               const dep_handle_t *h, dep_stream_t stream);
+
+/*
+ * The sizes a caller allocates for, as a job of this shape and world size
+ * has them (defaults applied: max_ll_tokens_per_rank 0 is the bound in
+ * effect here).  Needs no daemon and no attach; c may be NULL (then no
+ * message is kept).  out->size must be set as for the argument structs.
+ * DEP_ERR_INVALID for a shape the daemon would refuse, naming the field.
+ */
+struct dep_shape_sizes {
+  uint32_t size;                   /* sizeof(struct dep_shape_sizes) */
+  uint32_t max_ll_tokens_per_rank; /* the low-latency bound in effect */
+  uint32_t local_experts;          /* num_experts / world_size */
+  uint32_t scale_groups;           /* hidden / 128: FP8 scales per row */
+  uint32_t recv_rows;              /* dispatch's output rows: world_size * max_tokens_per_rank,
+                                      the most num_worst_tokens may be */
+  uint32_t ll_recv_rows;           /* LL rows per local expert: world_size * max_ll_tokens_per_rank */
+  uint64_t slab_bytes;             /* device (or host) memory the daemon lends each rank */
+};
+DEP_EXPORT int dep_shape_sizes(dep_client_t *c, const struct dep_job_shape *shape,
+                               uint32_t world_size, struct dep_shape_sizes *out);
 
 #ifdef __cplusplus
 }

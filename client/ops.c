@@ -7,10 +7,13 @@
  * stream by client/cuda_ops.c, which does its own checks (it must not read
  * device memory on the host).
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
+#include "shape.h"
+#include "slab.h"
 
 /* The handle must be attached to a single-node job. */
 static int ops_ready(dep_client_t *c, const char *op) {
@@ -23,6 +26,39 @@ static int ops_ready(dep_client_t *c, const char *op) {
                          c->args.world_size, c->args.local_world_size);
   return 0;
 }
+
+/*
+ * An argument struct as this library knows it (deepep.h: structs grow):
+ * the caller's `size` bytes copied into a zeroed struct of ours, so fields
+ * a caller built against an older deepep.h lacks read as 0.  `first` is
+ * the struct's first layout, which a caller's size may not be below.
+ */
+static int args_take(dep_client_t *c, const char *op, const char *type, const void *a,
+                     size_t ours, size_t first, void *out) {
+  memset(out, 0, ours);
+  if (a == NULL)
+    return c ? client_seterr(c, DEP_ERR_INVALID, "%s: args must not be NULL", op)
+             : DEP_ERR_INVALID;
+  uint32_t size;
+  memcpy(&size, a, sizeof size);
+  if (size < first)
+    return c ? client_seterr(c, DEP_ERR_INVALID, "%s: args.size is %u; set it to sizeof(struct "
+                             "%s) (%zu here)", op, size, type, ours)
+             : DEP_ERR_INVALID;
+  for (size_t i = ours; i < size; i++)
+    if (((const uint8_t *)a)[i] != 0)
+      return c ? client_seterr(c, DEP_ERR_UNSUPPORTED, "%s: struct %s of %u bytes sets fields "
+                               "this library (%s, %zu bytes) does not know; use a newer "
+                               "libdeepep-client", op, type, size, DEP_VERSION_STRING, ours)
+               : DEP_ERR_UNSUPPORTED;
+  memcpy(out, a, size < ours ? size : ours);
+  return 0;
+}
+
+/* The first layout of each struct: its size up to and including `last`. */
+#define FIRST_LAYOUT(type, last) (offsetof(type, last) + sizeof(((type *)0)->last))
+#define TAKE(op, type, last, a, out)                                                     \
+  args_take(c, op, #type, a, sizeof(struct type), FIRST_LAYOUT(struct type, last), out)
 
 /* Map an operation's result to the handle's message. */
 static int ops_result(dep_client_t *c, const char *op, int rc) {
@@ -64,13 +100,16 @@ DEP_EXPORT void dep_handle_free(dep_handle_t *h) {
  * before it ran (bad arguments, a broken context) is counted as refused.
  * On cuda the kernels log their own calls, on the GPU's timer.
  */
-#define OPS_CALL(op, sop, bytes, check, run, cuda_run)              \
+#define OPS_CALL(op, type, last, sop, bytes, check, run, cuda_run)  \
   do {                                                              \
     if (c == NULL)                                                  \
       return DEP_ERR_INVALID;                                       \
-    if (a == NULL)                                                  \
-      return client_seterr(c, DEP_ERR_INVALID, op ": args must not be NULL"); \
-    int rc_ = ops_ready(c, op);                                     \
+    struct type a_[1];                                              \
+    int rc_ = TAKE(op, type, last, a_in, a_);                       \
+    if (rc_ != 0)                                                   \
+      return rc_;                                                   \
+    const struct type *const a = a_;                                \
+    rc_ = ops_ready(c, op);                                         \
     if (rc_ != 0)                                                   \
       return rc_;                                                   \
     if (c->cuda)                                                    \
@@ -91,12 +130,16 @@ DEP_EXPORT void dep_handle_free(dep_handle_t *h) {
     return ops_result(c, op, rc_);                                  \
   } while (0)
 
-DEP_EXPORT int dep_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream_t stream) {
+DEP_EXPORT int dep_layout(dep_client_t *c, const struct dep_layout_args *a_in,
+                          dep_stream_t stream) {
   if (c == NULL)
     return DEP_ERR_INVALID;
-  if (a == NULL)
-    return client_seterr(c, DEP_ERR_INVALID, "dep_layout: args must not be NULL");
-  int rc = ops_ready(c, "dep_layout");
+  struct dep_layout_args a_[1];
+  int rc = TAKE("dep_layout", dep_layout_args, token_in_rank, a_in, a_);
+  if (rc != 0)
+    return rc;
+  const struct dep_layout_args *const a = a_;
+  rc = ops_ready(c, "dep_layout");
   if (rc != 0)
     return rc;
   if (c->cuda)
@@ -113,38 +156,63 @@ DEP_EXPORT int dep_layout(dep_client_t *c, const struct dep_layout_args *a, dep_
   return ops_result(c, "dep_layout", rc);
 }
 
-DEP_EXPORT int dep_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, dep_handle_t *h,
-                            dep_stream_t stream) {
-  OPS_CALL("dep_dispatch", DEP_STATS_OP_DISPATCH,
-           dep_stats_bytes(a->num_tokens, c->ops.shape.hidden, false),
+DEP_EXPORT int dep_dispatch(dep_client_t *c, const struct dep_dispatch_args *a_in,
+                            dep_handle_t *h, dep_stream_t stream) {
+  OPS_CALL("dep_dispatch", dep_dispatch_args, expert_alignment, DEP_STATS_OP_DISPATCH,
+           dep_stats_bytes(a->num_tokens, c->ops.shape.hidden, a->use_fp8 != 0),
            ops_check_dispatch(&c->ops, a, h, why_, sizeof why_),
            host_ops_dispatch(&c->ops, a, h),
            cuda_ops_dispatch(c, a, h, stream));
 }
 
-DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a,
+DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a_in,
                            const dep_handle_t *h, dep_stream_t stream) {
-  OPS_CALL("dep_combine", DEP_STATS_OP_COMBINE,
-           dep_stats_bytes(h->num_tokens, c->ops.shape.hidden, false),
+  OPS_CALL("dep_combine", dep_combine_args, out_topk_weights, DEP_STATS_OP_COMBINE,
+           dep_stats_bytes(h ? h->num_tokens : 0, c->ops.shape.hidden, false),
            ops_check_combine(&c->ops, a, h, why_, sizeof why_),
            host_ops_combine(&c->ops, a, h),
            cuda_ops_combine(c, a, h, stream));
 }
 
-DEP_EXPORT int dep_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
+DEP_EXPORT int dep_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a_in,
                                dep_handle_t *h, dep_stream_t stream) {
-  OPS_CALL("dep_ll_dispatch", DEP_STATS_OP_LL_DISPATCH,
+  OPS_CALL("dep_ll_dispatch", dep_ll_dispatch_args, recv_count, DEP_STATS_OP_LL_DISPATCH,
            dep_stats_bytes(a->num_tokens, c->ops.shape.hidden, a->use_fp8 != 0),
            ops_check_ll_dispatch(&c->ops, a, h, why_, sizeof why_),
            host_ops_ll_dispatch(&c->ops, a, h),
            cuda_ops_ll_dispatch(c, a, h, stream));
 }
 
-DEP_EXPORT int dep_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
+DEP_EXPORT int dep_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a_in,
                               const dep_handle_t *h, dep_stream_t stream) {
-  OPS_CALL("dep_ll_combine", DEP_STATS_OP_LL_COMBINE,
-           dep_stats_bytes(h->num_tokens, c->ops.shape.hidden, false),
+  OPS_CALL("dep_ll_combine", dep_ll_combine_args, out, DEP_STATS_OP_LL_COMBINE,
+           dep_stats_bytes(h ? h->num_tokens : 0, c->ops.shape.hidden, false),
            ops_check_ll_combine(&c->ops, a, h, why_, sizeof why_),
            host_ops_ll_combine(&c->ops, a, h),
            cuda_ops_ll_combine(c, a, h, stream));
+}
+
+DEP_EXPORT int dep_shape_sizes(dep_client_t *c, const struct dep_job_shape *shape,
+                               uint32_t world_size, struct dep_shape_sizes *out) {
+  const char *op = "dep_shape_sizes";
+  struct dep_shape_sizes z;
+  int rc = TAKE(op, dep_shape_sizes, slab_bytes, out, &z);
+  if (rc != 0)
+    return rc;
+  if (shape == NULL)
+    return c ? client_seterr(c, DEP_ERR_INVALID, "%s: shape is NULL", op) : DEP_ERR_INVALID;
+  char why[256] = "";
+  struct dep_slab_layout lay;
+  if ((rc = dep_slab_layout(shape, world_size, &lay, why, sizeof why)) != 0)
+    return c ? client_seterr(c, rc, "%s: %s", op, why) : rc;
+  z.max_ll_tokens_per_rank = lay.max_ll_tokens;
+  z.local_experts = shape->num_experts / world_size;
+  z.scale_groups = shape->hidden / DEP_SHAPE_HIDDEN_STEP;
+  z.recv_rows = world_size * shape->max_tokens_per_rank;
+  z.ll_recv_rows = world_size * lay.max_ll_tokens;
+  z.slab_bytes = lay.total_bytes;
+  uint32_t size = out->size; /* fill only what the caller's struct holds */
+  memcpy(out, &z, size < sizeof z ? size : sizeof z);
+  out->size = size;
+  return 0;
 }

@@ -535,35 +535,62 @@ int host_ops_layout(struct ops_ctx *c, const struct dep_layout_args *a) {
 
 /* ---- throughput mode ------------------------------------------------------------ */
 
+/* A token's payload into a row: bf16, or h e4m3 bytes then h/128 float32 scales. */
+static void put_payload(const struct ops_ctx *c, const struct dep_dispatch_args *a, uint32_t t,
+                        uint8_t *row) {
+  const uint32_t hid = c->shape.hidden, groups = hid / 128;
+  if (a->use_fp8) {
+    memcpy(row, (const uint8_t *)a->x + (size_t)t * hid, hid);
+    memcpy(row + hid, a->x_scales + (size_t)t * groups, groups * sizeof(float));
+  } else {
+    memcpy(row, (const uint16_t *)a->x + (size_t)t * hid, 2u * hid);
+  }
+}
+
+/*
+ * Throughput dispatch.  Fresh: each token to every rank owning one of its
+ * experts, with its remapped ids and weights.  Cached (a->cached): to the
+ * ranks h's dispatch sent it to, in the same rows (each rank's rows are in
+ * token order either way), payload only, and h is left as it was.
+ */
 int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, struct dep_handle *h) {
   if (c == NULL)
     return DEP_ERR_INVALID;
   int rc = ops_check_dispatch(c, a, h, c->why, sizeof c->why);
-  if (rc != 0 || (rc = handle_reserve(c, h, OPS_HANDLE_TP)) != 0 || (rc = begin(c)) != 0)
+  if (rc != 0 || (!a->cached && (rc = handle_reserve(c, h, OPS_HANDLE_TP)) != 0) ||
+      (rc = begin(c)) != 0)
     return rc;
   const uint32_t hid = c->shape.hidden, k = c->shape.topk, le = local_experts(c);
+  const uint32_t groups = hid / 128;
   const unsigned parity = (unsigned)(c->seq & 1);
-  const uint16_t *x = a->x;
+  const uint32_t op = OPS_OP_DISPATCH | (a->use_fp8 ? OPS_OP_FP8 : 0) |
+                      (a->cached ? OPS_OP_CACHED : 0);
   uint32_t sent[DEP_MAX_LOCAL_RANKS] = {0};
 
   for (uint32_t t = 0; t < a->num_tokens; t++) {
     uint64_t mask = 0;
-    for (uint32_t j = 0; j < k; j++) {
-      int64_t e = idx_at(a->topk_idx, a->index_type, (size_t)t * k + j);
-      if (e >= 0)
-        mask |= 1ull << (e / le);
+    if (a->cached) {
+      mask = h->token_ranks[t];
+    } else {
+      for (uint32_t j = 0; j < k; j++) {
+        int64_t e = idx_at(a->topk_idx, a->index_type, (size_t)t * k + j);
+        if (e >= 0)
+          mask |= 1ull << (e / le);
+      }
+      h->token_ranks[t] = mask;
     }
-    h->token_ranks[t] = mask;
     for (uint32_t d = 0; d < c->world; d++) {
       if (!((mask >> d) & 1u))
         continue;
       uint8_t *row = out_row(c, d, parity, sent[d]++);
-      memcpy(row, x + (size_t)t * hid, 2u * hid);
+      put_payload(c, a, t, row);
       int32_t *meta = (int32_t *)(row + ops_meta_off(hid));
-      int32_t *ids = (int32_t *)(row + ops_ids_off(hid));
-      float *w = (float *)(row + ops_weights_off(hid, k));
       meta[0] = (int32_t)t;
       meta[1] = (int32_t)k;
+      if (a->cached)
+        continue;
+      int32_t *ids = (int32_t *)(row + ops_ids_off(hid));
+      float *w = (float *)(row + ops_weights_off(hid, k));
       for (uint32_t j = 0; j < k; j++) {
         int64_t e = idx_at(a->topk_idx, a->index_type, (size_t)t * k + j);
         int mine = e >= 0 && (uint64_t)e / le == d;
@@ -572,29 +599,52 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
       }
     }
   }
-  if ((rc = post_all(c, sent, OPS_OP_DISPATCH, 0, a->num_tokens, c->lay.row_bytes)) != 0 ||
-      (rc = wait_all(c, OPS_OP_DISPATCH)) != 0)
+  if ((rc = post_all(c, sent, op, a->cached ? h->seq : 0, a->num_tokens, c->lay.row_bytes)) != 0 ||
+      (rc = wait_all(c, op)) != 0)
     return rc;
 
   /* Check every source's row count before writing anything. */
+  uint32_t from[DEP_MAX_LOCAL_RANKS];
   uint64_t total = 0;
   for (uint32_t src = 0; src < c->world; src++) {
-    uint32_t n = slot_at(c, c->rank, parity, src)->rows;
+    const struct ops_slot *sl = slot_at(c, c->rank, parity, src);
+    uint32_t n = sl->rows;
     if (n > c->shape.max_tokens_per_rank)
       return set_why(c, DEP_ERR_MISMATCH, "dispatch: rank %u posted %u rows, over the job's "
                      "max_tokens_per_rank %u", src, n, c->shape.max_tokens_per_rank);
-    h->recv_from[src] = n;
+    if (a->cached && sl->ref_seq != h->seq)
+      return set_why(c, DEP_ERR_MISMATCH, "dispatch (cached): rank %u routed by the dispatch of "
+                     "call %llu, this rank by that of call %llu; pass each rank the handle of "
+                     "the same dispatch", src, (unsigned long long)sl->ref_seq,
+                     (unsigned long long)h->seq);
+    if (a->cached && n != h->recv_from[src])
+      return set_why(c, DEP_ERR_MISMATCH, "dispatch (cached): rank %u sent %u rows, its "
+                     "dispatch %u", src, n, h->recv_from[src]);
+    from[src] = n;
     total += n;
   }
-  memset(a->recv_count_per_expert, 0, le * sizeof(int32_t));
-  uint16_t *rx = a->recv_x;
+  if (a->num_worst_tokens != 0 && total > a->num_worst_tokens)
+    return set_why(c, DEP_ERR_INVALID, "dispatch: num_worst_tokens %u is below the %llu rows "
+                   "this rank received; give at least the rows a rank can receive (world_size "
+                   "* max_tokens_per_rank at most)", a->num_worst_tokens,
+                   (unsigned long long)total);
+  if (!a->cached)
+    memset(a->recv_count_per_expert, 0, le * sizeof(int32_t));
+  uint8_t *rx = a->recv_x;
   uint64_t off = 0;
   for (uint32_t src = 0; src < c->world; src++) {
-    for (uint32_t j = 0; j < h->recv_from[src]; j++, off++) {
+    for (uint32_t j = 0; j < from[src]; j++, off++) {
       const uint8_t *row = row_at(c, c->rank, parity, src, j);
+      if (a->use_fp8) {
+        memcpy(rx + off * hid, row, hid);
+        memcpy(a->recv_x_scales + off * groups, row + hid, groups * sizeof(float));
+      } else {
+        memcpy(rx + off * 2u * hid, row, 2u * hid);
+      }
+      if (a->cached)
+        continue;
       const int32_t *ids = (const int32_t *)(row + ops_ids_off(hid));
       const float *w = (const float *)(row + ops_weights_off(hid, k));
-      memcpy(rx + off * hid, row, 2u * hid);
       for (uint32_t i = 0; i < k; i++) {
         int32_t l = ids[i] >= 0 && (uint32_t)ids[i] < le ? ids[i] : -1;
         a->recv_topk_idx[off * k + i] = l;
@@ -604,14 +654,39 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
       }
     }
   }
-  *a->num_recv = (uint32_t)total;
+  if (a->cached) {
+    if (a->num_worst_tokens == 0)
+      *a->num_recv = (uint32_t)total;
+    return 0;
+  }
+  /* DeepEP's padding of the worst-case rows, and its rounded counts. */
+  for (uint64_t i = total * k; i < (uint64_t)a->num_worst_tokens * k; i++) {
+    a->recv_topk_idx[i] = -1;
+    a->recv_topk_weights[i] = 0.0f;
+  }
+  if (a->expert_alignment > 1)
+    for (uint32_t l = 0; l < le; l++) {
+      uint32_t m = a->expert_alignment, v = (uint32_t)a->recv_count_per_expert[l];
+      a->recv_count_per_expert[l] = (int32_t)((v + m - 1) / m * m);
+    }
+  for (uint32_t src = 0; src < c->world; src++)
+    h->recv_from[src] = from[src];
+  if (a->num_worst_tokens == 0)
+    *a->num_recv = (uint32_t)total;
   h->num_recv = (uint32_t)total;
+  h->worst = a->num_worst_tokens;
   h->num_tokens = a->num_tokens;
   h->seq = c->seq;
   h->kind = OPS_HANDLE_TP;
   return 0;
 }
 
+/*
+ * Throughput combine: every received row's vector back to its origin, and
+ * in a weighted combine (out_topk_weights given) its topk weights too, in
+ * the row where dispatch put the weights; both summed in float32, sources
+ * ascending.
+ */
 int host_ops_combine(struct ops_ctx *c, const struct dep_combine_args *a,
                      const struct dep_handle *h) {
   if (c == NULL)
@@ -619,19 +694,24 @@ int host_ops_combine(struct ops_ctx *c, const struct dep_combine_args *a,
   int rc = ops_check_combine(c, a, h, c->why, sizeof c->why);
   if (rc != 0 || (rc = begin(c)) != 0)
     return rc;
-  const uint32_t hid = c->shape.hidden;
+  const uint32_t hid = c->shape.hidden, k = c->shape.topk;
   const unsigned parity = (unsigned)(c->seq & 1);
   const uint16_t *x = a->x;
+  const int weighted = a->out_topk_weights != NULL;
+  const uint32_t op = OPS_OP_COMBINE | (weighted ? OPS_OP_WEIGHTS : 0);
 
   /* Rows from each source are contiguous in x, sources ascending: send each
    * source its rows back, in the order they came. */
   uint64_t off = 0;
   for (uint32_t d = 0; d < c->world; d++)
-    for (uint32_t j = 0; j < h->recv_from[d]; j++, off++)
-      memcpy(out_row(c, d, parity, j), x + off * hid, 2u * hid);
-  if ((rc = post_all(c, h->recv_from, OPS_OP_COMBINE, h->seq, h->num_tokens,
-                     c->lay.row_bytes)) != 0 ||
-      (rc = wait_all(c, OPS_OP_COMBINE)) != 0)
+    for (uint32_t j = 0; j < h->recv_from[d]; j++, off++) {
+      uint8_t *row = out_row(c, d, parity, j);
+      memcpy(row, x + off * hid, 2u * hid);
+      if (weighted)
+        memcpy(row + ops_weights_off(hid, k), a->topk_weights + off * k, k * sizeof(float));
+    }
+  if ((rc = post_all(c, h->recv_from, op, h->seq, h->num_tokens, c->lay.row_bytes)) != 0 ||
+      (rc = wait_all(c, op)) != 0)
     return rc;
   uint32_t expect[DEP_MAX_LOCAL_RANKS] = {0}, cursor[DEP_MAX_LOCAL_RANKS] = {0};
   for (uint32_t t = 0; t < h->num_tokens; t++)
@@ -641,18 +721,27 @@ int host_ops_combine(struct ops_ctx *c, const struct dep_combine_args *a,
     return rc;
 
   uint16_t *out = a->out;
-  float *acc = c->acc;
+  float *acc = c->acc, wacc[DEP_SHAPE_MAX_TOPK];
   for (uint32_t t = 0; t < h->num_tokens; t++) {
     memset(acc, 0, hid * sizeof *acc);
+    memset(wacc, 0, sizeof wacc);
     for (uint32_t r = 0; r < c->world; r++) {
       if (!((h->token_ranks[t] >> r) & 1u))
         continue;
-      const uint16_t *v = (const uint16_t *)row_at(c, c->rank, parity, r, cursor[r]++);
+      const uint8_t *row = row_at(c, c->rank, parity, r, cursor[r]++);
+      const uint16_t *v = (const uint16_t *)row;
       for (uint32_t i = 0; i < hid; i++)
         acc[i] += host_ops_bf16_to_float(v[i]);
+      if (weighted) {
+        const float *w = (const float *)(row + ops_weights_off(hid, k));
+        for (uint32_t j = 0; j < k; j++)
+          wacc[j] += w[j];
+      }
     }
     for (uint32_t i = 0; i < hid; i++)
       out[(size_t)t * hid + i] = host_ops_float_to_bf16(acc[i]);
+    if (weighted)
+      memcpy(a->out_topk_weights + (size_t)t * k, wacc, k * sizeof(float));
   }
   return 0;
 }

@@ -69,6 +69,7 @@ enum ops_op {
 };
 #define OPS_OP_FP8 0x100u /* or-ed into a slot's op: the rows carry FP8 */
 #define OPS_OP_CACHED 0x200u /* or-ed into a dispatch's op: routed by a handle (cached mode) */
+#define OPS_OP_WEIGHTS 0x400u /* or-ed into a combine's op: its rows carry topk weights */
 
 /*
  * One (parity, source) control slot at dep_slab_ctrl_slot() of the

@@ -151,7 +151,29 @@ __device__ __forceinline__ bool id_for(const cuops_job &J, const cuops_dispatch_
   return *e >= 0 && (uint64_t)*e / J.le == d;
 }
 
-/* Sender part `part` for rank d; false when the call failed. */
+/* The op a dispatch posts and checks: DISPATCH, with FP8 and CACHED or-ed in. */
+__device__ __forceinline__ uint32_t dispatch_op(const cuops_dispatch_args &a) {
+  return CUOPS_OP_DISPATCH | (a.fp8 ? CUOPS_OP_FP8 : 0u) | (a.cached ? CUOPS_OP_CACHED : 0u);
+}
+
+/* One token's payload into a row: bf16, or e4m3 bytes then their scales. */
+__device__ __forceinline__ void dispatch_payload(const cuops_job &J, const cuops_dispatch_args &a,
+                                                 uint8_t *dst, uint32_t t) {
+  const uint32_t h = J.hidden;
+  if (a.fp8) {
+    warp_copy(dst, (const uint8_t *)a.x + (uint64_t)t * h, h);
+    warp_copy(dst + h, a.xs + (uint64_t)t * (h / 128), 4ull * (h / 128));
+  } else {
+    warp_copy(dst, (const uint8_t *)a.x + (uint64_t)t * h * 2, 2ull * h);
+  }
+}
+
+/*
+ * Sender part `part` for rank d; false when the call failed.  A cached
+ * dispatch (a.cached) sends each token to the row its handle's dispatch
+ * gave it (tp_pos), so it needs neither the counts nor the grid barrier:
+ * the rows of a group of tokens are still contiguous, in token order.
+ */
 __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_dispatch_args &a,
                                               const call &k, uint32_t d, uint32_t part) {
   const uint32_t lane = threadIdx.x & 31u, K = J.topk, h = J.hidden;
@@ -163,40 +185,60 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
    * CUOPS_MAX_TOKENS / CUOPS_WARPS tokens: one part, the largest max_tokens_per_rank) */
   __shared__ uint32_t s_go[CUOPS_WARPS][CUOPS_MAX_TOKENS / CUOPS_WARPS / 32];
   uint32_t *go_bits = s_go[threadIdx.x >> 5];
-  /* 1. count the group's rows for d: lane i takes every 32nd token */
-  uint32_t c = 0;
-  for (uint32_t b = t0; b < t1; b += 32) {
-    const uint32_t t = b + lane;
-    bool go = false; /* every id read: rank 0's senders report bad ones */
-    for (uint32_t j = 0; t < t1 && j < K; j++) {
-      int64_t e = checked_id(J, a.idx, a.itype, (uint64_t)t * K + j, CUOPS_OP_DISPATCH, d == 0);
-      go |= e >= 0 && (uint64_t)e / J.le == d;
+  uint32_t before = 0;
+  if (a.cached) {
+    /* 1'. the handle says which tokens go to d and where the group's rows start */
+    bool first = true;
+    for (uint32_t b = t0; b < t1; b += 32) {
+      const uint32_t t = b + lane;
+      const int32_t p = t < t1 ? a.h.tp_pos[(uint64_t)t * J.world + d] : -1;
+      const uint32_t bits = __ballot_sync(FULL_MASK, p >= 0);
+      if (lane == 0)
+        go_bits[(b - t0) / 32] = bits;
+      if (first && bits != 0) {
+        before = (uint32_t)__shfl_sync(FULL_MASK, p, __ffs(bits) - 1);
+        first = false;
+      }
     }
-    if (t < t1 && !go)
-      a.h.tp_pos[(uint64_t)t * J.world + d] = -1;
-    const uint32_t bits = __ballot_sync(FULL_MASK, go);
+    __syncwarp();
+    if (g == 0 && lane == 0)
+      post_header(J, k, d, a.h.tp_sent[d], dispatch_op(a), *a.h.seq, a.num_tokens);
+  } else {
+    /* 1. count the group's rows for d: lane i takes every 32nd token */
+    uint32_t c = 0;
+    for (uint32_t b = t0; b < t1; b += 32) {
+      const uint32_t t = b + lane;
+      bool go = false; /* every id read: rank 0's senders report bad ones */
+      for (uint32_t j = 0; t < t1 && j < K; j++) {
+        int64_t e = checked_id(J, a.idx, a.itype, (uint64_t)t * K + j, CUOPS_OP_DISPATCH, d == 0);
+        go |= e >= 0 && (uint64_t)e / J.le == d;
+      }
+      if (t < t1 && !go)
+        a.h.tp_pos[(uint64_t)t * J.world + d] = -1;
+      const uint32_t bits = __ballot_sync(FULL_MASK, go);
+      if (lane == 0)
+        go_bits[(b - t0) / 32] = bits;
+      c += __popc(bits);
+    }
     if (lane == 0)
-      go_bits[(b - t0) / 32] = bits;
-    c += __popc(bits);
-  }
-  if (lane == 0)
-    cnt[g] = c;
-  if (!grid_meet(J, k, CUOPS_OP_DISPATCH))
-    return false;
-  /* 2. where the group's rows start: the rows of the groups before it */
-  uint32_t before = 0, all = 0;
-  for (uint32_t i = lane; i < ng; i += 32) {
-    uint32_t v = __ldcg(cnt + i);
-    before += i < g ? v : 0;
-    all += v;
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    before += __shfl_xor_sync(FULL_MASK, before, o);
-    all += __shfl_xor_sync(FULL_MASK, all, o);
-  }
-  if (g == 0 && lane == 0) { /* the count first: receivers place their rows by it */
-    a.h.tp_sent[d] = all;
-    post_header(J, k, d, all, CUOPS_OP_DISPATCH, 0, a.num_tokens);
+      cnt[g] = c;
+    if (!grid_meet(J, k, CUOPS_OP_DISPATCH))
+      return false;
+    /* 2. where the group's rows start: the rows of the groups before it */
+    uint32_t all = 0;
+    for (uint32_t i = lane; i < ng; i += 32) {
+      uint32_t v = __ldcg(cnt + i);
+      before += i < g ? v : 0;
+      all += v;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      before += __shfl_xor_sync(FULL_MASK, before, o);
+      all += __shfl_xor_sync(FULL_MASK, all, o);
+    }
+    if (g == 0 && lane == 0) { /* the count first: receivers place their rows by it */
+      a.h.tp_sent[d] = all;
+      post_header(J, k, d, all, dispatch_op(a), 0, a.num_tokens);
+    }
   }
   /* 3. the rows, marked every few */
   uint8_t *blk = block_at(J, d, k.parity, J.rank);
@@ -204,26 +246,28 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
   for (uint32_t b = t0; b < t1; b += 32) {
     for (uint32_t bits = go_bits[(b - t0) / 32]; bits != 0; bits &= bits - 1) {
       const uint32_t t = b + __ffs(bits) - 1;
-    int64_t e;
-    const bool mine = id_for(J, a, t, d, false, &e);
-    if (lane == 0)
-      a.h.tp_pos[(uint64_t)t * J.world + d] = (int32_t)row;
-    uint8_t *dst = blk + (uint64_t)row * J.row_bytes;
-    warp_copy(dst, (const uint8_t *)a.x + (uint64_t)t * h * 2, 2ull * h);
-    int32_t *meta = (int32_t *)(dst + 2ull * h);
-    if (lane == 0) {
-      meta[0] = (int32_t)t;
-      meta[1] = (int32_t)K;
-    }
-    if (lane < K) {
-      ((int32_t *)(meta + 4))[lane] = mine ? (int32_t)((uint64_t)e % J.le) : -1;
-      ((float *)(meta + 4 + K))[lane] = mine ? a.w[(uint64_t)t * K + lane] : 0.0f;
-    }
-    row++;
-    if (row - marked == DISPATCH_MARK_EVERY) {
-      mark_rows(J, k, blk, marked, 1, row);
-      marked = row;
-    }
+      uint8_t *dst = blk + (uint64_t)row * J.row_bytes;
+      dispatch_payload(J, a, dst, t);
+      int32_t *meta = (int32_t *)(dst + 2ull * h);
+      if (lane == 0) {
+        meta[0] = (int32_t)t;
+        meta[1] = (int32_t)K;
+      }
+      if (!a.cached) {
+        int64_t e;
+        const bool mine = id_for(J, a, t, d, false, &e);
+        if (lane == 0)
+          a.h.tp_pos[(uint64_t)t * J.world + d] = (int32_t)row;
+        if (lane < K) {
+          ((int32_t *)(meta + 4))[lane] = mine ? (int32_t)((uint64_t)e % J.le) : -1;
+          ((float *)(meta + 4 + K))[lane] = mine ? a.w[(uint64_t)t * K + lane] : 0.0f;
+        }
+      }
+      row++;
+      if (row - marked == DISPATCH_MARK_EVERY) {
+        mark_rows(J, k, blk, marked, 1, row);
+        marked = row;
+      }
     }
   }
   if (row > marked)
@@ -232,23 +276,35 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
 }
 
 /* Every warp: claim rows from the grid's counter, sources from this rank
- * on, and copy each into recv_x after every earlier source's rows. */
+ * on, and copy each into recv_x after every earlier source's rows.  A
+ * cached dispatch checks that every source routed by the same dispatch,
+ * with the rows that dispatch sent here, and leaves the handle as it is;
+ * with num_worst_tokens the rows past those received get ids -1 and
+ * weights 0 (DeepEP's padding). */
 __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_dispatch_args &a,
                                               const call &k) {
   __shared__ peers s_p;
   __shared__ uint32_t s_ok, s_off[CUOPS_MAX_RANKS], s_first[CUOPS_MAX_RANKS + 1];
   const uint32_t K = J.topk, h = J.hidden, W = J.world, lane = threadIdx.x & 31u;
+  const uint32_t op = dispatch_op(a);
   if (threadIdx.x == 0) {
-    uint32_t ok = wait_peers(J, k, CUOPS_OP_DISPATCH, &s_p) == 0, off = 0;
+    uint32_t ok = wait_peers(J, k, op, &s_p) == 0, off = 0;
+    const uint64_t hseq = a.cached ? *a.h.seq : 0;
     for (uint32_t s = 0; ok && s < W; s++) {
-      if (s_p.op[s] != CUOPS_OP_DISPATCH || s_p.rows[s] > J.max_tokens) {
+      if (s_p.op[s] != op || s_p.rows[s] > J.max_tokens ||
+          (a.cached && (s_p.ref[s] != hseq || s_p.rows[s] != a.h.tp_from[s]))) {
         if (blockIdx.x == 0)
-          rec_fail(J, DEP_ERR_MISMATCH, CUOPS_OP_DISPATCH, s, CUOPS_PHASE_PEER, k.seq,
+          rec_fail(J, DEP_ERR_MISMATCH, op, s, CUOPS_PHASE_PEER, k.seq,
                    ((uint64_t)s_p.op[s] << 32) | s_p.rows[s], 0);
         ok = 0;
       }
       s_off[s] = off;
       off += s_p.rows[s];
+    }
+    if (ok && a.worst != 0 && off > a.worst) {
+      if (blockIdx.x == 0)
+        rec_fail(J, DEP_ERR_INVALID, op, J.rank, CUOPS_PHASE_WORST, k.seq, off, 0);
+      ok = 0;
     }
     /* the claim order: sources rank, rank + 1, ... (mod world) */
     s_first[0] = 0;
@@ -257,17 +313,26 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
     s_ok = ok;
     if (ok && blockIdx.x == 0) {
       for (uint32_t s = 0; s < W; s++) {
-        a.h.tp_from[s] = s_p.rows[s];
+        if (!a.cached)
+          a.h.tp_from[s] = s_p.rows[s];
         ((volatile uint32_t *)J.host->recv_from)[s] = s_p.rows[s];
       }
       *(volatile uint32_t *)&J.host->num_recv = off;
-      *a.h.seq = k.seq;
+      if (!a.cached)
+        *a.h.seq = k.seq;
     }
   }
   __syncthreads();
   if (!s_ok)
     return;
   const uint32_t total = s_first[W];
+  if (a.worst > total && !a.cached)
+    for (uint64_t i = (uint64_t)total * K + (uint64_t)blockIdx.x * CUOPS_THREADS + threadIdx.x;
+         i < (uint64_t)a.worst * K; i += (uint64_t)gridDim.x * CUOPS_THREADS) {
+      a.ridx[i] = -1;
+      a.rw[i] = 0.0f;
+    }
+  const uint32_t G = h / 128;
   uint32_t next = lane == 0 ? atomicAdd(&J.dev->ticket, RECV_CLAIM) : 0;
   next = __shfl_sync(FULL_MASK, next, 0);
   while (next < total) {
@@ -285,13 +350,20 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
       j = first + lane - s_first[q];
       row = block_at(J, J.rank, k.parity, src) + (uint64_t)j * J.row_bytes;
     }
-    if (!wait_rows(J, k, CUOPS_OP_DISPATCH, row, src))
+    if (!wait_rows(J, k, op, row, src))
       return;
     for (uint32_t i = 0; i < n; i++) {
       const uint8_t *row_i = (const uint8_t *)__shfl_sync(FULL_MASK, (uint64_t)row, i);
       const uint32_t src_i = __shfl_sync(FULL_MASK, src, i), j_i = __shfl_sync(FULL_MASK, j, i);
       const uint64_t out = (uint64_t)s_off[src_i] + j_i;
-      warp_copy((uint8_t *)a.rx + out * h * 2, row_i, 2ull * h);
+      if (a.fp8) {
+        warp_copy((uint8_t *)a.rx + out * h, row_i, h);
+        warp_copy(a.rxs + out * G, row_i + h, 4ull * G);
+      } else {
+        warp_copy((uint8_t *)a.rx + out * h * 2, row_i, 2ull * h);
+      }
+      if (a.cached)
+        continue;
       const int32_t *ids = (const int32_t *)(row_i + 2ull * h) + 4;
       const float *w = (const float *)(ids + K);
       if (lane < K) {
@@ -310,7 +382,16 @@ KERNEL dep_k_dispatch(const cuops_job J, const cuops_dispatch_args a) {
   call k = call_begin(J);
   if (!k.skip && dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts))
     dispatch_recv(J, a, k);
-  call_end(J, k, DEP_STATS_OP_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, false));
+  call_end(J, k, DEP_STATS_OP_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, a.fp8 != 0));
+}
+
+/* DeepEP's expert_alignment: after dep_k_dispatch on the same stream, each
+ * local expert's count rounded up to a multiple of a.align (one CTA). */
+KERNEL dep_k_align(const cuops_job J, const cuops_dispatch_args a) {
+  if (*(volatile uint32_t *)&J.dev->broken)
+    return;
+  for (uint32_t l = threadIdx.x; l < J.le; l += CUOPS_THREADS)
+    a.cnt[l] = (int32_t)(((uint32_t)a.cnt[l] + a.align - 1) / a.align * a.align);
 }
 
 /* ---- throughput combine ------------------------------------------------------------- */
@@ -405,6 +486,18 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
       if (!wait_rows(J, k, CUOPS_OP_COMBINE, row, s))
         return false;
     }
+    if (a.ow != NULL && lane < J.topk) {
+      /* lane k: the weights' sum over the sources, in order (float32, as the host's) */
+      float wsum = 0.0f;
+      for (uint32_t s = 0; s < W; s++) {
+        const int32_t p = a.h.tp_pos[(uint64_t)t * W + s];
+        if (p >= 0)
+          wsum = __fadd_rn(wsum, __ldcg((const float *)(block_at(J, J.rank, k.parity, s) +
+                                                        (uint64_t)p * J.row_bytes + 2ull * h +
+                                                        16 + 4ull * J.topk) + lane));
+      }
+      a.ow[(uint64_t)t * J.topk + lane] = wsum;
+    }
     for (uint32_t c = 0; c < h; c += 256u * RED_C) { /* warp-uniform: red_add shuffles */
       const uint32_t c0 = c + lane * 8;
       red_acc acc = {};
@@ -446,17 +539,22 @@ KERNEL dep_k_combine(const cuops_job J, const cuops_combine_args a) {
     for (uint32_t s = 0; s < d; s++)
       off += a.h.tp_from[s];
     const uint32_t n = a.h.tp_from[d];
+    const uint32_t op = CUOPS_OP_COMBINE | (a.ow != NULL ? CUOPS_OP_WEIGHTS : 0u);
     if (part == 0 && threadIdx.x == 0)
-      post_header(J, k, d, n, CUOPS_OP_COMBINE, hseq, a.num_tokens);
+      post_header(J, k, d, n, op, hseq, a.num_tokens);
     uint8_t *blk = block_at(J, d, k.parity, J.rank);
+    const uint32_t K = J.topk;
     for (uint32_t g = part * CUOPS_WARPS + warp; g < n; g += group) {
       const uint32_t end = g + group < n ? g + group : n;
-      for (uint32_t j = g; j < end; j += stride)
-        warp_copy(blk + (uint64_t)j * J.row_bytes,
-                  (const uint8_t *)a.x + ((uint64_t)off + j) * h * 2, 2ull * h);
+      for (uint32_t j = g; j < end; j += stride) {
+        uint8_t *row = blk + (uint64_t)j * J.row_bytes;
+        warp_copy(row, (const uint8_t *)a.x + ((uint64_t)off + j) * h * 2, 2ull * h);
+        if (a.ow != NULL && lane < K) /* the weights where a dispatch row has them */
+          ((float *)(row + 2ull * h + 16 + 4ull * K))[lane] = a.w[((uint64_t)off + j) * K + lane];
+      }
       mark_rows(J, k, blk, g, stride, end);
     }
-    if (combine_wait(J, k, CUOPS_OP_COMBINE, hseq, a.h.tp_sent, blockIdx.x == 0)) {
+    if (combine_wait(J, k, op, hseq, a.h.tp_sent, blockIdx.x == 0)) {
       uint32_t next = lane == 0 ? atomicAdd(&J.dev->ticket, REDUCE_CLAIM) : 0;
       next = __shfl_sync(FULL_MASK, next, 0);
       while (next < a.num_tokens) {

@@ -113,33 +113,6 @@ int ops_check_layout(const struct ops_ctx *c, const struct dep_layout_args *a, c
   return 0;
 }
 
-int ops_check_dispatch(const struct ops_ctx *c, const struct dep_dispatch_args *a,
-                       const struct dep_handle *h, char *why, size_t whylen) {
-  const char *op = "dispatch";
-  int rc = ops_check_ctx(c, why, whylen);
-  if (rc != 0)
-    return rc;
-  NEED(a, op, "args");
-  if (h == NULL)
-    return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: handle is NULL; make one with dep_handle_new");
-  if ((rc = check_index_type(a->index_type, op, why, whylen)) != 0 ||
-      (rc = check_tokens(a->num_tokens, c->shape.max_tokens_per_rank, op, "max_tokens_per_rank",
-                         why, whylen)) != 0)
-    return rc;
-  NEED_BF16(a->recv_x, op, "recv_x");
-  NEED(a->recv_topk_idx, op, "recv_topk_idx");
-  NEED(a->recv_topk_weights, op, "recv_topk_weights");
-  NEED(a->recv_count_per_expert, op, "recv_count_per_expert");
-  NEED(a->num_recv, op, "num_recv");
-  if (a->num_tokens > 0) {
-    NEED_BF16(a->x, op, "x");
-    NEED_IDX(a->topk_idx, a->index_type, op);
-    NEED(a->topk_weights, op, "topk_weights");
-    return check_idx(c, a->topk_idx, a->index_type, a->num_tokens, op, why, whylen);
-  }
-  return 0;
-}
-
 /* The handle holds a dispatch of `kind` made on a context like c. */
 static int check_handle(const struct ops_ctx *c, const struct dep_handle *h, uint32_t kind,
                         const char *op, char *why, size_t whylen) {
@@ -160,6 +133,93 @@ static int check_handle(const struct ops_ctx *c, const struct dep_handle *h, uin
   return 0;
 }
 
+/* The most a dispatch's expert_alignment may be (deepep.h). */
+#define OPS_MAX_ALIGNMENT 65536u
+
+/* An argument a mode does not read must not be given (it would be silently ignored). */
+#define UNUSED_IN(ptr, op, name, mode)                                                   \
+  do {                                                                                   \
+    if ((ptr) != NULL)                                                                   \
+      return why_fail(why, whylen, DEP_ERR_INVALID, "%s: %s is not read %s; pass NULL",   \
+                      op, name, mode);                                                   \
+  } while (0)
+
+int ops_check_dispatch(const struct ops_ctx *c, const struct dep_dispatch_args *a,
+                       const struct dep_handle *h, char *why, size_t whylen) {
+  const char *op = "dispatch";
+  int rc = ops_check_ctx(c, why, whylen);
+  if (rc != 0)
+    return rc;
+  NEED(a, op, "args");
+  if (h == NULL)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: handle is NULL; make one with dep_handle_new");
+  if ((rc = check_tokens(a->num_tokens, c->shape.max_tokens_per_rank, op, "max_tokens_per_rank",
+                         why, whylen)) != 0)
+    return rc;
+  if (a->use_fp8 != 0 && a->use_fp8 != 1)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: use_fp8 is %d; give 0 (bf16) or 1 (e4m3 with scales)",
+                    a->use_fp8);
+  if (a->cached != 0 && a->cached != 1)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: cached is %d; give 0 or 1 (reuse the handle's routing)",
+                    a->cached);
+  const uint64_t cap = (uint64_t)c->world * c->shape.max_tokens_per_rank;
+  if (a->num_worst_tokens > cap)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: num_worst_tokens %u exceeds the %llu rows a rank can "
+                    "receive (world_size * max_tokens_per_rank)", a->num_worst_tokens,
+                    (unsigned long long)cap);
+  if (a->expert_alignment > OPS_MAX_ALIGNMENT)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: expert_alignment %u exceeds %u", a->expert_alignment,
+                    OPS_MAX_ALIGNMENT);
+  NEED_AL(a->recv_x, a->use_fp8 ? 1u : 2u, op, "recv_x");
+  if (a->use_fp8) {
+    NEED(a->recv_x_scales, op, "recv_x_scales (required with use_fp8)");
+  } else {
+    UNUSED_IN(a->x_scales, op, "x_scales", "without use_fp8");
+    UNUSED_IN(a->recv_x_scales, op, "recv_x_scales", "without use_fp8");
+  }
+  if (a->num_worst_tokens == 0 && a->num_recv == NULL)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: num_recv is NULL; give it, or num_worst_tokens "
+                    "(outputs of that many rows, no wait for the count)");
+  if (a->cached) {
+    if ((rc = check_handle(c, h, OPS_HANDLE_TP, "dispatch (cached)", why, whylen)) != 0)
+      return rc;
+    UNUSED_IN(a->topk_idx, op, "topk_idx", "in cached mode (the handle routes)");
+    UNUSED_IN(a->topk_weights, op, "topk_weights", "in cached mode");
+    UNUSED_IN(a->recv_topk_idx, op, "recv_topk_idx", "in cached mode (not written)");
+    UNUSED_IN(a->recv_topk_weights, op, "recv_topk_weights", "in cached mode (not written)");
+    UNUSED_IN(a->recv_count_per_expert, op, "recv_count_per_expert", "in cached mode (not written)");
+    if (a->expert_alignment > 1)
+      return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: expert_alignment is not used in cached mode (no counts "
+                      "are written); give 0 or 1");
+    if (a->num_tokens != h->num_tokens)
+      return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch (cached): num_tokens %u, but the handle's dispatch had "
+                      "%u; x must hold the same tokens", a->num_tokens, h->num_tokens);
+    if (h->worst != 0 && a->num_worst_tokens == 0)
+      return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch (cached): the handle's dispatch gave num_worst_tokens %u "
+                      "and so did not learn its row count; give num_worst_tokens here too", h->worst);
+    if (h->worst == 0 && a->num_worst_tokens != 0 && a->num_worst_tokens < h->num_recv)
+      return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch (cached): num_worst_tokens %u is below the %u rows the "
+                      "handle's dispatch received", a->num_worst_tokens, h->num_recv);
+  } else {
+    if ((rc = check_index_type(a->index_type, op, why, whylen)) != 0)
+      return rc;
+    NEED(a->recv_topk_idx, op, "recv_topk_idx");
+    NEED(a->recv_topk_weights, op, "recv_topk_weights");
+    NEED(a->recv_count_per_expert, op, "recv_count_per_expert");
+  }
+  if (a->num_tokens > 0) {
+    NEED_AL(a->x, a->use_fp8 ? 1u : 2u, op, "x");
+    if (a->use_fp8)
+      NEED(a->x_scales, op, "x_scales (required with use_fp8)");
+    if (a->cached)
+      return 0;
+    NEED_IDX(a->topk_idx, a->index_type, op);
+    NEED(a->topk_weights, op, "topk_weights");
+    return check_idx(c, a->topk_idx, a->index_type, a->num_tokens, op, why, whylen);
+  }
+  return 0;
+}
+
 int ops_check_combine(const struct ops_ctx *c, const struct dep_combine_args *a,
                       const struct dep_handle *h, char *why, size_t whylen) {
   const char *op = "combine";
@@ -169,10 +229,22 @@ int ops_check_combine(const struct ops_ctx *c, const struct dep_combine_args *a,
   NEED(a, op, "args");
   if ((rc = check_handle(c, h, OPS_HANDLE_TP, op, why, whylen)) != 0)
     return rc;
-  if (h->num_recv > 0)
+  /* With num_worst_tokens the host may not know the rows (cuda): x holds that many. */
+  const uint32_t rows = h->worst ? h->worst : h->num_recv;
+  if (rows > 0)
     NEED_BF16(a->x, op, "x");
   if (h->num_tokens > 0)
     NEED_BF16(a->out, op, "out");
+  /* Weighted when out_topk_weights is given (even for no tokens): every rank of the
+   * call must say the same, since their rows carry the weights or not. */
+  if (a->out_topk_weights == NULL && a->topk_weights != NULL)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "combine: topk_weights is given without out_topk_weights, where "
+                    "their sums go; give both (a weighted combine) or neither");
+  if (a->out_topk_weights != NULL) {
+    if (rows > 0)
+      NEED(a->topk_weights, op, "topk_weights (required with out_topk_weights)");
+    NEED(a->out_topk_weights, op, "out_topk_weights");
+  }
   return 0;
 }
 

@@ -98,6 +98,13 @@ int ref_dispatch(const struct dep_job_shape *s, uint32_t world, const struct ref
     o->count = calloc(le, sizeof *o->count);
     if (!o->from || !o->x || !o->topk_idx || !o->topk_weights || !o->count)
       return -1;
+    const int fp8 = in[0].x8 != NULL;
+    if (fp8) {
+      o->x8 = calloc(cap * h + 1, 1);
+      o->scales = calloc(cap * (h / 128) + 1, sizeof *o->scales);
+      if (!o->x8 || !o->scales)
+        return -1;
+    }
     /* Sources ascending, then tokens ascending. */
     for (uint32_t src = 0; src < world; src++) {
       for (uint32_t t = 0; t < in[src].num_tokens; t++) {
@@ -107,6 +114,11 @@ int ref_dispatch(const struct dep_job_shape *s, uint32_t world, const struct ref
         o->from[i].rank = src;
         o->from[i].token = t;
         memcpy(o->x + (size_t)i * h, in[src].x + (size_t)t * h, h * sizeof *o->x);
+        if (fp8) {
+          memcpy(o->x8 + (size_t)i * h, in[src].x8 + (size_t)t * h, h);
+          memcpy(o->scales + (size_t)i * (h / 128), in[src].scales + (size_t)t * (h / 128),
+                 (h / 128) * sizeof *o->scales);
+        }
         for (uint32_t k = 0; k < K; k++) {
           int64_t e = in[src].topk_idx[(size_t)t * K + k];
           if (e >= 0 && owner(s, world, e) == r) {
@@ -131,8 +143,17 @@ void ref_dispatch_free(struct ref_dispatch_out *out, uint32_t world) {
     free(out[r].topk_idx);
     free(out[r].topk_weights);
     free(out[r].count);
+    free(out[r].x8);
+    free(out[r].scales);
     memset(&out[r], 0, sizeof out[r]);
   }
+}
+
+void ref_align_counts(int32_t *count, uint32_t n, uint32_t alignment) {
+  if (alignment <= 1)
+    return;
+  for (uint32_t l = 0; l < n; l++)
+    count[l] = (int32_t)((count[l] + alignment - 1) / alignment * alignment);
 }
 
 static int sum_alloc(struct ref_sum *o, size_t n) {
@@ -170,6 +191,28 @@ int ref_combine(const struct dep_job_shape *s, uint32_t world, const struct ref_
         }
       }
     }
+  }
+  return 0;
+}
+
+int ref_combine_weights(const struct dep_job_shape *s, uint32_t world,
+                        const struct ref_rank_in *in, const struct ref_dispatch_out *disp,
+                        const float *const *cw, struct ref_sum *out) {
+  uint32_t K = s->topk;
+  for (uint32_t o = 0; o < world; o++) {
+    if (sum_alloc(&out[o], (size_t)in[o].num_tokens * K) != 0)
+      return -1;
+    for (uint32_t t = 0; t < in[o].num_tokens; t++)
+      for (uint32_t r = 0; r < world; r++)
+        for (uint32_t i = 0; i < disp[r].num_recv; i++) {
+          if (disp[r].from[i].rank != o || disp[r].from[i].token != t)
+            continue;
+          for (uint32_t k = 0; k < K; k++) {
+            double v = cw[r][(size_t)i * K + k];
+            out[o].val[(size_t)t * K + k] += v;
+            out[o].mag[(size_t)t * K + k] += fabs(v);
+          }
+        }
   }
   return 0;
 }

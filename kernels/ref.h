@@ -22,6 +22,10 @@ struct ref_rank_in {
   const uint16_t *x;          /* bf16 [num_tokens, hidden] */
   const int64_t *topk_idx;    /* [num_tokens, topk], -1 = none */
   const float *topk_weights;  /* [num_tokens, topk] */
+  /* Throughput FP8 (optional): e4m3 bytes [num_tokens, hidden] and their
+   * float32 scales [num_tokens, hidden / 128], moved as they are. */
+  const uint8_t *x8;
+  const float *scales;
 };
 
 /* Where a received row came from. */
@@ -41,6 +45,8 @@ struct ref_dispatch_out {
   int32_t *topk_idx;          /* [num_recv, topk] local ids, -1 elsewhere */
   float *topk_weights;        /* [num_recv, topk], 0 elsewhere */
   int32_t *count;             /* [local experts] */
+  uint8_t *x8;                /* with the inputs' x8: [num_recv, hidden] */
+  float *scales;              /* with the inputs' x8: [num_recv, hidden / 128] */
 };
 
 /* A float64 sum per element and the sum of its terms' magnitudes. */
@@ -58,6 +64,15 @@ int ref_combine(const struct dep_job_shape *s, uint32_t world, const struct ref_
                 const struct ref_dispatch_out *disp, const uint16_t *const *cx,
                 struct ref_sum *out);
 void ref_sum_free(struct ref_sum *out, uint32_t world);
+
+/* Combine of weights: rank r sends back cw[r] ([disp[r].num_recv, topk]); out[o] is
+ * [in[o].num_tokens, topk], each the sum over the ranks that received the token. */
+int ref_combine_weights(const struct dep_job_shape *s, uint32_t world,
+                        const struct ref_rank_in *in, const struct ref_dispatch_out *disp,
+                        const float *const *cw, struct ref_sum *out);
+
+/* DeepEP's expert_alignment: each count rounded up to a multiple of it (0, 1: as they are). */
+void ref_align_counts(int32_t *count, uint32_t n, uint32_t alignment);
 
 /* What one rank receives from a low-latency dispatch: rows = world * max_ll per local expert. */
 struct ref_ll_out {

@@ -117,7 +117,8 @@ static int round_tp(struct rk *k, const struct ow_case *d, uint8_t pz, uint64_t 
   uint8_t *tir = malloc((size_t)n * W + 1);
   ref_layout(&d->shape, W, in, tpr, tpe, tir);
   int bad = cr_poison(k, B_TPR, pz) || cr_poison(k, B_TPE, pz) || cr_poison(k, B_TIR, pz);
-  struct dep_layout_args la = {CR_DEV(k, B_IDX), d->sc.itype, n, CR_DEV(k, B_TPR), CR_DEV(k, B_TPE),
+  struct dep_layout_args la = {sizeof(struct dep_layout_args), CR_DEV(k, B_IDX), d->sc.itype, n,
+                               CR_DEV(k, B_TPR), CR_DEV(k, B_TPE),
                                CR_DEV(k, B_TIR)};
   int rc = bad ? 0 : dep_layout(k->c, &la, k->s);
   bad = bad || rc != 0 || cr_get(k, B_TPR) || memcmp(k->host, tpr, W * 4) != 0 ||
@@ -133,8 +134,10 @@ static int round_tp(struct rk *k, const struct ow_case *d, uint8_t pz, uint64_t 
   if (cr_poison(k, B_RX, pz) || cr_poison(k, B_RIDX, pz) || cr_poison(k, B_RW, pz) || cr_poison(k, B_CNT, pz))
     return 1;
   uint32_t nrecv = 0xdeadbeef;
-  struct dep_dispatch_args da = {CR_DEV(k, B_X), CR_DEV(k, B_IDX), d->sc.itype, CR_DEV(k, B_W), n,
-                                 CR_DEV(k, B_RX), CR_DEV(k, B_RIDX), CR_DEV(k, B_RW), CR_DEV(k, B_CNT), &nrecv};
+  struct dep_dispatch_args da = {.size = sizeof(struct dep_dispatch_args), .x = CR_DEV(k, B_X),
+                                 .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype,
+                                 .topk_weights = CR_DEV(k, B_W), .num_tokens = n,
+                                 .recv_x = CR_DEV(k, B_RX), .recv_topk_idx = CR_DEV(k, B_RIDX), .recv_topk_weights = CR_DEV(k, B_RW), .recv_count_per_expert = CR_DEV(k, B_CNT), .num_recv = &nrecv};
   CALL(k, dep_dispatch(k->c, &da, k->h, k->s), "dep_dispatch");
   if (nrecv != e->num_recv)
     return ow_fail(k->msg, "dispatch: num_recv %u, want %u [%s]", nrecv, e->num_recv, d->desc);
@@ -156,7 +159,8 @@ static int round_tp(struct rk *k, const struct ow_case *d, uint8_t pz, uint64_t 
 
   if (cr_poison(k, B_OUT, pz))
     return 1;
-  struct dep_combine_args ca = {CR_DEV(k, B_CX), CR_DEV(k, B_OUT)};
+  struct dep_combine_args ca = {.size = sizeof(struct dep_combine_args), .x = CR_DEV(k, B_CX),
+                                .out = CR_DEV(k, B_OUT)};
   CALL(k, dep_combine(k->c, &ca, k->h, k->s), "dep_combine");
   uint16_t *want = malloc(((size_t)n * h + 1) * 2);
   float *acc = malloc(h * 4);
@@ -175,9 +179,11 @@ static int round_ll(struct rk *k, const struct ow_case *d, int fp8, uint8_t pz, 
   const size_t es = fp8 ? 1 : 2;
   if (cr_poison(k, B_LRX, pz) || cr_poison(k, B_LSC, pz) || cr_poison(k, B_LCNT, pz) || cr_poison(k, B_LOUT, pz))
     return 1;
-  struct dep_ll_dispatch_args la = {CR_DEV(k, B_X), CR_DEV(k, B_IDX), d->sc.itype, in->num_tokens, fp8,
+  struct dep_ll_dispatch_args la = {sizeof(struct dep_ll_dispatch_args), CR_DEV(k, B_X),
+                                    CR_DEV(k, B_IDX), d->sc.itype, in->num_tokens, fp8,
                                     CR_DEV(k, B_LRX), fp8 ? CR_DEV(k, B_LSC) : NULL, CR_DEV(k, B_LCNT)};
-  struct dep_ll_combine_args lc = {CR_DEV(k, B_LX), CR_DEV(k, B_IDX), d->sc.itype, CR_DEV(k, B_W),
+  struct dep_ll_combine_args lc = {sizeof(struct dep_ll_combine_args), CR_DEV(k, B_LX),
+                                   CR_DEV(k, B_IDX), d->sc.itype, CR_DEV(k, B_W),
                                    CR_DEV(k, B_LOUT)};
   /* Back to back with no synchronisation between them, as a graph would run them. */
   CALL(k, dep_ll_dispatch(k->c, &la, k->h, k->s), "dep_ll_dispatch");
@@ -253,7 +259,8 @@ static int body_rounds(struct rk *k, void *arg) {
              (d->sc.fp8 && round_ll(k, d, 1, pz, &dig));
     if (rc) {
       /* A call with no tokens reports what the kernels recorded, if anything. */
-      struct dep_layout_args z = {NULL, DEP_INDEX_I64, 0, CR_DEV(k, B_TPR), CR_DEV(k, B_TPE), NULL};
+      struct dep_layout_args z = {sizeof(struct dep_layout_args), NULL, DEP_INDEX_I64, 0,
+                                  CR_DEV(k, B_TPR), CR_DEV(k, B_TPE), NULL};
       int zr = dep_layout(k->c, &z, k->s);
       size_t l = strlen(k->msg);
       snprintf(k->msg + l, OW_MSG - l, " (round %d)%s%s", round, zr ? "; the GPU recorded: " : "",
@@ -426,12 +433,16 @@ struct fault_calls {
 
 static void fault_calls(struct rk *k, const struct ow_case *d, uint32_t n, struct fault_calls *f) {
   f->nrecv = 0;
-  f->da = (struct dep_dispatch_args){CR_DEV(k, B_X), CR_DEV(k, B_IDX), d->sc.itype, CR_DEV(k, B_W),
-                                     n, CR_DEV(k, B_RX), CR_DEV(k, B_RIDX), CR_DEV(k, B_RW),
-                                     CR_DEV(k, B_CNT), &f->nrecv};
-  f->la = (struct dep_ll_dispatch_args){CR_DEV(k, B_X), CR_DEV(k, B_IDX), d->sc.itype, n, 0,
+  f->da = (struct dep_dispatch_args){.size = sizeof(struct dep_dispatch_args), .x = CR_DEV(k, B_X),
+                                     .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype,
+                                     .topk_weights = CR_DEV(k, B_W),
+                                     .num_tokens = n, .recv_x = CR_DEV(k, B_RX), .recv_topk_idx = CR_DEV(k, B_RIDX), .recv_topk_weights = CR_DEV(k, B_RW),
+                                     .recv_count_per_expert = CR_DEV(k, B_CNT), .num_recv = &f->nrecv};
+  f->la = (struct dep_ll_dispatch_args){sizeof(struct dep_ll_dispatch_args), CR_DEV(k, B_X),
+                                        CR_DEV(k, B_IDX), d->sc.itype, n, 0,
                                         CR_DEV(k, B_LRX), NULL, CR_DEV(k, B_LCNT)};
-  f->lc = (struct dep_ll_combine_args){CR_DEV(k, B_LX), CR_DEV(k, B_IDX), d->sc.itype,
+  f->lc = (struct dep_ll_combine_args){sizeof(struct dep_ll_combine_args), CR_DEV(k, B_LX),
+                                       CR_DEV(k, B_IDX), d->sc.itype,
                                        CR_DEV(k, B_W), CR_DEV(k, B_LOUT)};
 }
 
@@ -694,7 +705,8 @@ static int body_invalid(struct rk *k, void *arg) {
     bl.use_fp8 = 1; /* recv_scales NULL */
     EXPECT(k, dep_ll_dispatch(k->c, &bl, k->h, k->s), DEP_ERR_INVALID, "fp8 without scales");
     EXPECT(k, dep_ll_combine(k->c, &f.lc, k->h, k->s), DEP_ERR_INVALID, "ll_combine, empty handle");
-    struct dep_layout_args lb = {CR_DEV(k, B_IDX), d->sc.itype, n, NULL, CR_DEV(k, B_TPE),
+    struct dep_layout_args lb = {sizeof(struct dep_layout_args), CR_DEV(k, B_IDX), d->sc.itype, n,
+                                 NULL, CR_DEV(k, B_TPE),
                                  CR_DEV(k, B_TIR)};
     EXPECT(k, dep_layout(k->c, &lb, k->s), DEP_ERR_INVALID, "layout, tokens_per_rank NULL");
   }
@@ -732,7 +744,8 @@ static int body_invalid(struct rk *k, void *arg) {
                      "DEP_ERR_TIMEOUT, or DEP_ERR_PEER for rank 0's detach", dep_errname(rc),
                      dep_errmsg(k->c));
   }
-  struct dep_layout_args lay = {CR_DEV(k, B_IDX), d->sc.itype, n, CR_DEV(k, B_TPR), CR_DEV(k, B_TPE),
+  struct dep_layout_args lay = {sizeof(struct dep_layout_args), CR_DEV(k, B_IDX), d->sc.itype, n,
+                                CR_DEV(k, B_TPR), CR_DEV(k, B_TPE),
                                 CR_DEV(k, B_TIR)};
   EXPECT(k, dep_layout(k->c, &lay, k->s), DEP_ERR_STATE, "a call once out of step");
   return 0;

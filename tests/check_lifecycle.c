@@ -93,7 +93,8 @@ static int lc_iterate(dep_client_t *c, uint32_t rank, char *msg, size_t len) {
         x[t * LC_HIDDEN + k] = (uint16_t)(0x3f80 + ((t * 7 + k + rank * 3 + (uint32_t)it) & 63));
     }
     uint32_t num_recv = 0;
-    struct dep_dispatch_args d = {.x = x, .topk_idx = idx, .index_type = DEP_INDEX_I64,
+    struct dep_dispatch_args d = {.size = sizeof(struct dep_dispatch_args), .x = x, .topk_idx = idx,
+                                  .index_type = DEP_INDEX_I64,
                                   .topk_weights = w, .num_tokens = LC_TOKENS, .recv_x = rx,
                                   .recv_topk_idx = ridx, .recv_topk_weights = rw,
                                   .recv_count_per_expert = cnt, .num_recv = &num_recv};
@@ -101,7 +102,7 @@ static int lc_iterate(dep_client_t *c, uint32_t rank, char *msg, size_t len) {
       snprintf(msg, len, "call %d: dep_dispatch: %s: %s", it, dep_errname(rc), dep_errmsg(c));
       break;
     }
-    struct dep_combine_args cb = {.x = rx, .out = out};
+    struct dep_combine_args cb = {.size = sizeof(struct dep_combine_args), .x = rx, .out = out};
     if ((rc = dep_combine(c, &cb, h, NULL)) != 0) {
       snprintf(msg, len, "call %d: dep_combine: %s: %s", it, dep_errname(rc), dep_errmsg(c));
       break;

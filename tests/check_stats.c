@@ -167,26 +167,36 @@ static int st_rank_run(dep_client_t *c, const struct st_plan *p, char *msg, size
   if (rc == 0 && (rc = (expr)) != 0)                                             \
     snprintf(msg, len, "%s: %s: %s", what, dep_errname(rc), dep_errmsg(c));
   for (uint32_t i = 0; i < p->layouts && rc == 0; i++) {
-    struct dep_layout_args a = {idx, DEP_INDEX_I64, T, tpr, tpe, tir};
+    struct dep_layout_args a = {sizeof(struct dep_layout_args), idx, DEP_INDEX_I64, T, tpr, tpe,
+                                tir};
     ST_CALL("dep_layout", dep_layout(c, &a, NULL));
   }
   for (uint32_t i = 0; i < p->pairs && rc == 0; i++) {
     uint32_t n = i == 0 ? (p->first_tokens != 0 ? p->first_tokens : T)
                         : (p->tokens != 0 ? p->tokens : T), nr = 0;
-    struct dep_dispatch_args d = {x, idx, DEP_INDEX_I64, w, n, rx, ridx, rw, cnt, &nr};
+    struct dep_dispatch_args d = {.size = sizeof(struct dep_dispatch_args), .x = x, .topk_idx = idx,
+                                  .index_type = DEP_INDEX_I64, .topk_weights = w, .num_tokens = n,
+                                  .recv_x = rx, .recv_topk_idx = ridx, .recv_topk_weights = rw,
+                                  .recv_count_per_expert = cnt, .num_recv = &nr};
     ST_CALL("dep_dispatch", dep_dispatch(c, &d, h, NULL));
-    struct dep_combine_args cb = {rx, out};
+    struct dep_combine_args cb = {.size = sizeof(struct dep_combine_args), .x = rx, .out = out};
     ST_CALL("dep_combine", dep_combine(c, &cb, h, NULL));
   }
   for (uint32_t i = 0; i < p->ll_pairs && rc == 0; i++) {
-    struct dep_ll_dispatch_args d = {x, idx, DEP_INDEX_I64, L, 0, lrx, NULL, lcnt};
+    struct dep_ll_dispatch_args d = {sizeof(struct dep_ll_dispatch_args), x, idx, DEP_INDEX_I64, L,
+                                     0, lrx, NULL, lcnt};
     ST_CALL("dep_ll_dispatch", dep_ll_dispatch(c, &d, h, NULL));
-    struct dep_ll_combine_args cb = {lrx, idx, DEP_INDEX_I64, w, out};
+    struct dep_ll_combine_args cb = {sizeof(struct dep_ll_combine_args), lrx, idx, DEP_INDEX_I64, w,
+                                     out};
     ST_CALL("dep_ll_combine", dep_ll_combine(c, &cb, h, NULL));
   }
   for (uint32_t i = 0; i < p->bad && rc == 0; i++) {
     uint32_t nr = 0;
-    struct dep_dispatch_args d = {x, idx, DEP_INDEX_I64, w, T + 1, rx, ridx, rw, cnt, &nr};
+    struct dep_dispatch_args d = {.size = sizeof(struct dep_dispatch_args), .x = x, .topk_idx = idx,
+                                  .index_type = DEP_INDEX_I64, .topk_weights = w,
+                                  .num_tokens = T + 1, .recv_x = rx, .recv_topk_idx = ridx,
+                                  .recv_topk_weights = rw, .recv_count_per_expert = cnt,
+                                  .num_recv = &nr};
     if (dep_dispatch(c, &d, h, NULL) != DEP_ERR_INVALID) {
       snprintf(msg, len, "a dispatch of %u tokens (bound %u) was not DEP_ERR_INVALID", T + 1, T);
       rc = DEP_ERR_INTERNAL;

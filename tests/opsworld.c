@@ -195,7 +195,7 @@ void ow_case_make(struct ow_case *d, const struct ow_scenario *sc, int fp8) {
       else
         ((int32_t *)d->idx[r])[i] = (int32_t)idx[i];
     }
-    d->in[r] = (struct ref_rank_in){n, x, idx, w};
+    d->in[r] = (struct ref_rank_in){.num_tokens = n, .x = x, .topk_idx = idx, .topk_weights = w};
     d->in_ll[r] = d->in[r];
     d->in_ll[r].num_tokens = n < d->max_ll ? n : d->max_ll;
   }

@@ -322,20 +322,23 @@ static int run_op(struct rank *k, int op) {
   const uint32_t T = k->o->shape.max_tokens_per_rank, L = k->o->shape.max_ll_tokens_per_rank;
   switch (op) {
   case OP_D: {
-    struct dep_dispatch_args a = {.x = k->x, .topk_idx = k->idx, .index_type = DEP_INDEX_I64,
+    struct dep_dispatch_args a = {.size = sizeof(struct dep_dispatch_args), .x = k->x,
+                                  .topk_idx = k->idx, .index_type = DEP_INDEX_I64,
                                   .topk_weights = k->w, .num_tokens = T, .recv_x = k->rx,
                                   .recv_topk_idx = k->ridx, .recv_topk_weights = k->rw,
                                   .recv_count_per_expert = k->rcnt, .num_recv = &k->num_recv};
     return dep_dispatch(k->c, &a, k->htp, k->st);
   }
   case OP_C: {
-    struct dep_combine_args a = {.x = k->rx, .out = k->out};
+    struct dep_combine_args a = {.size = sizeof(struct dep_combine_args), .x = k->rx,
+                                 .out = k->out};
     return dep_combine(k->c, &a, k->htp, k->st);
   }
   case OP_LLD:
   case OP_LLD8: {
     bool f8 = op == OP_LLD8;
-    struct dep_ll_dispatch_args a = {.x = k->x, .topk_idx = k->idx, .index_type = DEP_INDEX_I64,
+    struct dep_ll_dispatch_args a = {.size = sizeof(struct dep_ll_dispatch_args), .x = k->x,
+                                     .topk_idx = k->idx, .index_type = DEP_INDEX_I64,
                                      .num_tokens = L, .use_fp8 = f8,
                                      .recv_x = f8 ? k->llrx8 : k->llrx,
                                      .recv_scales = f8 ? k->llsc : NULL, .recv_count = k->llcnt};
@@ -344,7 +347,8 @@ static int run_op(struct rank *k, int op) {
   default: {
     /* Expert outputs = the bf16 rows the bf16 dispatch delivered (the FP8
      * dispatch of the same tokens fills the same rows). */
-    struct dep_ll_combine_args a = {.x = k->llrx, .topk_idx = k->idx,
+    struct dep_ll_combine_args a = {.size = sizeof(struct dep_ll_combine_args), .x = k->llrx,
+                                    .topk_idx = k->idx,
                                     .index_type = DEP_INDEX_I64, .topk_weights = k->w,
                                     .out = k->llout};
     return dep_ll_combine(k->c, &a, k->hll, k->st);

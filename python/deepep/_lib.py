@@ -127,9 +127,18 @@ class Status(Structure):
     ]
 
 
-class LayoutArgs(Structure):
+class _Sized(Structure):
+    """An argument struct that begins with its size (deepep.h: argument structs grow): set
+    to this struct's sizeof at construction; positional arguments fill the fields after it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(ctypes.sizeof(type(self)), *args, **kwargs)
+
+
+class LayoutArgs(_Sized):
     """struct dep_layout_args."""
     _fields_ = [
+        ("size", c_uint32),
         ("topk_idx", c_void_p),
         ("index_type", c_int),
         ("num_tokens", c_uint32),
@@ -139,9 +148,10 @@ class LayoutArgs(Structure):
     ]
 
 
-class DispatchArgs(Structure):
+class DispatchArgs(_Sized):
     """struct dep_dispatch_args."""
     _fields_ = [
+        ("size", c_uint32),
         ("x", c_void_p),
         ("topk_idx", c_void_p),
         ("index_type", c_int),
@@ -152,20 +162,30 @@ class DispatchArgs(Structure):
         ("recv_topk_weights", c_void_p),
         ("recv_count_per_expert", c_void_p),
         ("num_recv", c_void_p),
+        ("use_fp8", c_int),
+        ("x_scales", c_void_p),
+        ("recv_x_scales", c_void_p),
+        ("cached", c_int),
+        ("num_worst_tokens", c_uint32),
+        ("expert_alignment", c_uint32),
     ]
 
 
-class CombineArgs(Structure):
+class CombineArgs(_Sized):
     """struct dep_combine_args."""
     _fields_ = [
+        ("size", c_uint32),
         ("x", c_void_p),
         ("out", c_void_p),
+        ("topk_weights", c_void_p),
+        ("out_topk_weights", c_void_p),
     ]
 
 
-class LLDispatchArgs(Structure):
+class LLDispatchArgs(_Sized):
     """struct dep_ll_dispatch_args."""
     _fields_ = [
+        ("size", c_uint32),
         ("x", c_void_p),
         ("topk_idx", c_void_p),
         ("index_type", c_int),
@@ -177,14 +197,28 @@ class LLDispatchArgs(Structure):
     ]
 
 
-class LLCombineArgs(Structure):
+class LLCombineArgs(_Sized):
     """struct dep_ll_combine_args."""
     _fields_ = [
+        ("size", c_uint32),
         ("x", c_void_p),
         ("topk_idx", c_void_p),
         ("index_type", c_int),
         ("topk_weights", c_void_p),
         ("out", c_void_p),
+    ]
+
+
+class ShapeSizes(_Sized):
+    """struct dep_shape_sizes."""
+    _fields_ = [
+        ("size", c_uint32),
+        ("max_ll_tokens_per_rank", c_uint32),
+        ("local_experts", c_uint32),
+        ("scale_groups", c_uint32),
+        ("recv_rows", c_uint32),
+        ("ll_recv_rows", c_uint32),
+        ("slab_bytes", c_uint64),
     ]
 
 
@@ -202,6 +236,7 @@ STRUCTS = {
     "dep_combine_args": CombineArgs,
     "dep_ll_dispatch_args": LLDispatchArgs,
     "dep_ll_combine_args": LLCombineArgs,
+    "dep_shape_sizes": ShapeSizes,
 }
 
 # (name, restype, argtypes) of every function the package calls.
@@ -226,6 +261,7 @@ _PROTOTYPES = [
     ("dep_combine", c_int, [_client_p, POINTER(CombineArgs), c_void_p, c_void_p]),
     ("dep_ll_dispatch", c_int, [_client_p, POINTER(LLDispatchArgs), c_void_p, c_void_p]),
     ("dep_ll_combine", c_int, [_client_p, POINTER(LLCombineArgs), c_void_p, c_void_p]),
+    ("dep_shape_sizes", c_int, [_client_p, POINTER(JobShape), c_uint32, POINTER(ShapeSizes)]),
 ]
 
 _lib: Optional[ctypes.CDLL] = None

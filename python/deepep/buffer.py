@@ -81,8 +81,15 @@ class Handle:
     """What a dispatch leaves for its combine: opaque, pass it back as it is.
 
     Unlike DeepEP's tuple of prefix matrices, its contents are the library's
-    (a dep_handle_t); ``num_tokens`` and ``num_recv`` say the rows on each side.
+    (a dep_handle_t); ``num_tokens`` and ``num_recv`` say the rows on each side
+    (``num_recv`` is None after a dispatch with num_worst_tokens on cuda, which does not
+    wait for it; ``rows`` is then num_worst_tokens).
     """
+
+    @property
+    def rows(self) -> int:
+        """The rows of the dispatch's outputs: num_worst_tokens where given, else num_recv."""
+        return self.worst or self.num_recv
 
     def __init__(self, buf: "Buffer", kind: str, num_tokens: int, num_recv: int = 0):
         conn = self._conn = buf._conn
@@ -90,6 +97,9 @@ class Handle:
         self.kind = kind
         self.num_tokens = num_tokens
         self.num_recv = num_recv
+        #: A dispatch's num_worst_tokens (0: none): its outputs' rows, which a combine's x
+        #: and a cached dispatch through this handle have too.
+        self.worst = 0
         self.hidden = buf.hidden
         self._stream: Any = None
         pool = buf._handle_pool
@@ -344,8 +354,10 @@ class Buffer:
         self._fn_layout, self._fn_dispatch = lib.dep_layout, lib.dep_dispatch
         self._fn_combine = lib.dep_combine
         self._fn_ll_dispatch, self._fn_ll_combine = lib.dep_ll_dispatch, lib.dep_ll_combine
-        self._rows = self.group_size * self.max_tokens_per_rank
-        self._ll_rows = self.group_size * self.max_ll_tokens_per_rank
+        #: The sizes this job's outputs have, from the library (dep_shape_sizes).
+        self.sizes = self._shape_sizes()
+        self._rows = self.sizes["recv_rows"]
+        self._ll_rows = self.sizes["ll_recv_rows"]
         self._num_recv = ctypes.c_uint32(0)
         self._la = _lib.LayoutArgs()
         self._da = _lib.DispatchArgs()
@@ -364,6 +376,16 @@ class Buffer:
         else:
             while len(self._spare) < _GRAPH_SPARE:
                 self._spare.append(self._new_handle())
+
+    def _shape_sizes(self) -> dict:
+        """dep_shape_sizes of this Buffer's job shape: what the outputs are sized for."""
+        sh = _lib.JobShape(self.max_tokens_per_rank, self.hidden, self.num_experts,
+                           self.num_topk, _lib.DTYPE_BF16, self.max_ll_tokens_per_rank)
+        out = _lib.ShapeSizes()
+        self._conn.check(self._conn.lib.dep_shape_sizes(self._conn.ptr, ctypes.byref(sh),
+                                                        self.group_size, ctypes.byref(out)),
+                         "dep_shape_sizes")
+        return {name: getattr(out, name) for name, _ in out._fields_ if name != "size"}
 
     # ---- cuda handles -----------------------------------------------------
 
@@ -597,111 +619,200 @@ class Buffer:
                  topk_weights: Optional[torch.Tensor] = None, expert_alignment: int = 1,
                  num_worst_tokens: int = 0, config: Optional[Config] = None,
                  previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
-                 allocate_on_comm_stream: bool = False
-                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[int], Handle,
-                            EventOverlap]:
+                 allocate_on_comm_stream: bool = False):
         """Throughput-mode dispatch: every token once to each rank owning one of its experts.
 
         Args:
-            x: [num_tokens, hidden] bfloat16.  (An FP8 (x, scales) tuple is not supported yet.)
-            handle: must be None (cached dispatch is not supported yet).
+            x: [num_tokens, hidden] bfloat16, or an FP8 tuple (values [num_tokens, hidden]
+                fp8_dtype (uint8 accepted), scales [num_tokens, hidden // 128] float32, one
+                per token and 128 channels), moved as they are.
+            handle: a dispatch's Handle for DeepEP's cached mode: the tokens go where that
+                dispatch sent them (x must hold as many); pass no topk_idx or topk_weights.
             num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
                 num_tokens_per_expert: get_dispatch_layout's results; accepted, and only their
                 sizes are checked (the library derives the layout from topk_idx itself).
             topk_idx: [num_tokens, num_topk] int64 (or int32), -1 for none.
             topk_weights: [num_tokens, num_topk] float32.
-            expert_alignment: must be 1; num_worst_tokens: must be 0 (not supported yet).
+            expert_alignment: each of num_recv_tokens_per_expert_list rounded up to a
+                multiple of it (DeepEP's; the rows themselves are not padded).
+            num_worst_tokens: 0, or the rows of the outputs (at most world_size *
+                max_tokens_per_rank): no wait for the row count, so the call can be captured
+                in a CUDA graph; rows past those received have recv_topk_idx -1 and
+                recv_topk_weights 0 (recv_x there is not written), and
+                num_recv_tokens_per_expert_list is [] (as DeepEP's).  A cached dispatch
+                through such a handle has as many rows.
             config, previous_event, async_finish, allocate_on_comm_stream: as DeepEP's.
 
         Returns:
-            recv_x: [num_recv, hidden] bfloat16, in (source rank, source token) order.
-            recv_topk_idx: [num_recv, num_topk] int64 local expert ids, -1 where not ours.
-            recv_topk_weights: [num_recv, num_topk] float32, 0 where not ours.
+            recv_x: [rows, hidden] bfloat16, or the tuple (values, scales) for FP8, in
+                (source rank, source token) order; rows = num_recv, or num_worst_tokens.
+            recv_topk_idx: [rows, num_topk] int64 local expert ids, -1 where not ours.
+            recv_topk_weights: [rows, num_topk] float32, 0 where not ours.
             num_recv_tokens_per_expert_list: [num_local_experts] ints, (row, k) pairs per
-                local expert.
-            handle: for the matching combine.
+                local expert (rounded up to expert_alignment).
+            handle: for the matching combine (and cached dispatches).
             event: an EventOverlap.
+            In cached mode: (recv_x, None, None, None, None, event).
         """
         op = "dispatch"
+        scales = None
         if isinstance(x, (tuple, list)):
-            raise Unsupported("dispatch of an FP8 (x, scales) tuple",
-                              "throughput dispatch moves bf16 only; use low_latency_dispatch "
-                              "with use_fp8=True, or pass bf16 x")
-        if handle is not None:
-            raise Unsupported("dispatch(handle=...) (cached dispatch)",
-                              "pass topk_idx and topk_weights to dispatch afresh")
-        if expert_alignment != 1:
-            raise Unsupported(f"dispatch(expert_alignment={expert_alignment!r})",
-                              "only 1 is implemented")
-        if num_worst_tokens != 0:
-            raise Unsupported(f"dispatch(num_worst_tokens={num_worst_tokens!r})",
-                              "the dispatch waits for its row count on the host")
-        if topk_idx is None or topk_weights is None:
-            raise ValueError("dispatch: topk_idx and topk_weights are required (cached mode is "
-                             "not supported)")
-        if not self._host and torch.cuda.is_current_stream_capturing():
-            raise Unsupported("dispatch inside a CUDA-graph capture",
-                              "dep_dispatch waits on the host for its row count and the C API "
-                              "has no worst-case row count yet; capture low_latency_dispatch, "
-                              "or dispatch outside the graph")
+            if len(x) != 2:
+                raise ValueError("dispatch: an FP8 x is a tuple (values, scales), not "
+                                 f"{len(x)} items")
+            x, scales = x
+        for name, v in (("expert_alignment", expert_alignment),
+                        ("num_worst_tokens", num_worst_tokens)):
+            if type(v) is not int:
+                raise TypeError(f"dispatch: {name} must be an int, not {type(v).__name__}")
+        if expert_alignment < 1:
+            raise ValueError(f"dispatch: expert_alignment is {expert_alignment}; it must be "
+                             "1 or more")
+        if num_worst_tokens < 0:
+            raise ValueError(f"dispatch: num_worst_tokens is {num_worst_tokens}; give 0 or "
+                             "the rows the outputs should have")
+        cached = handle is not None
+        h = self._handle(op, handle, "dispatch") if cached else None
+        if cached:
+            if topk_idx is not None or topk_weights is not None:
+                raise ValueError("dispatch: with handle= (cached mode) the handle routes the "
+                                 "tokens; pass no topk_idx or topk_weights")
+            if expert_alignment != 1:
+                raise ValueError("dispatch: expert_alignment has no effect in cached mode "
+                                 "(no counts are returned); leave it 1")
+            num_worst_tokens = num_worst_tokens or h.worst
+        elif topk_idx is None or topk_weights is None:
+            raise ValueError("dispatch: topk_idx and topk_weights are required (or a handle, "
+                             "for cached mode)")
+        if not self._host and not cached and num_worst_tokens == 0 and \
+                torch.cuda.is_current_stream_capturing():
+            raise Unsupported("dispatch inside a CUDA-graph capture without num_worst_tokens",
+                              "dep_dispatch waits on the host for its row count; give "
+                              "num_worst_tokens (outputs of that many rows, no wait)")
         dev = self.device
-        itype = _INDEX_TYPES.get(topk_idx.dtype) if type(topk_idx) is _Tensor else None
-        if itype is not None and _ok(x, torch.bfloat16, 2, dev) and topk_idx.dim() == 2 and \
-                topk_idx.device == dev and _ok(topk_weights, torch.float32, 2, dev) and \
-                topk_idx.size(0) == x.size(0):
-            x, idx, w = x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
+        fp8 = scales is not None
+        if fp8:
+            if not isinstance(x, torch.Tensor) or x.dtype not in (fp8_dtype, torch.uint8):
+                raise TypeError("dispatch: FP8 values must be a torch.Tensor of " +
+                                " or ".join(sorted({str(fp8_dtype), str(torch.uint8)})) +
+                                (f", not {x.dtype}" if isinstance(x, torch.Tensor) else
+                                 f", not {type(x).__name__}"))
+            x = self._input("x", x, (x.dtype,), 2)
+            scales = self._input("x scales", scales, _F32, 2)
+        if cached:
+            if not fp8:
+                x = self._input("x", x, _BF16, 2)
+            if x.size(0) != h.num_tokens:
+                raise ValueError(f"dispatch: x has {x.size(0)} tokens but the handle's dispatch "
+                                 f"had {h.num_tokens}; cached mode moves the same tokens")
+            itype, idx, w = _lib.INDEX_I64, None, None
         else:
-            x = self._input("x", x, _BF16, 2)
-            idx, itype = self._topk(op, topk_idx, x.size(0))
-            w = self._input("topk_weights", topk_weights, _F32, 2)
+            itype = _INDEX_TYPES.get(topk_idx.dtype) if type(topk_idx) is _Tensor else None
+            if itype is not None and (fp8 or _ok(x, torch.bfloat16, 2, dev)) and \
+                    topk_idx.dim() == 2 and topk_idx.device == dev and \
+                    _ok(topk_weights, torch.float32, 2, dev) and topk_idx.size(0) == x.size(0):
+                x, idx, w = x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
+            else:
+                if not fp8:
+                    x = self._input("x", x, _BF16, 2)
+                idx, itype = self._topk(op, topk_idx, x.size(0))
+                w = self._input("topk_weights", topk_weights, _F32, 2)
+            if w.shape != idx.shape:
+                raise ValueError(f"dispatch: topk_weights has shape {tuple(w.shape)} but "
+                                 f"topk_idx {tuple(idx.shape)}")
         n = x.size(0)
-        if w.shape != idx.shape:
-            raise ValueError(f"dispatch: topk_weights has shape {tuple(w.shape)} but topk_idx "
-                             f"{tuple(idx.shape)}")
-        ne = None
-        if num_tokens_per_expert is not None:
-            ne = self._input("num_tokens_per_expert", num_tokens_per_expert,
-                             (torch.int32, torch.int64), 1).numel()
-        self._shape(op, x.size(1), ne, idx.size(1))
-        if num_tokens_per_rank is not None or is_token_in_rank is not None:
-            for name, t, want in (("num_tokens_per_rank", num_tokens_per_rank,
-                                   (self.group_size,)),
-                                  ("is_token_in_rank", is_token_in_rank, (n, self.group_size))):
-                if t is not None and tuple(t.shape) != want:
-                    raise ValueError(f"dispatch: {name} has shape {tuple(t.shape)}; "
-                                     f"expected {want}")
+        if fp8 and tuple(scales.shape) != (n, x.size(1) // _FP8_GROUP):
+            raise ValueError(f"dispatch: FP8 scales have shape {tuple(scales.shape)}; expected "
+                             f"{(n, x.size(1) // _FP8_GROUP)} (float32, one per token and "
+                             f"{_FP8_GROUP} channels)")
+        if not cached:
+            ne = None
+            if num_tokens_per_expert is not None:
+                ne = self._input("num_tokens_per_expert", num_tokens_per_expert,
+                                 (torch.int32, torch.int64), 1).numel()
+            self._shape(op, x.size(1), ne, idx.size(1))
+            if num_tokens_per_rank is not None or is_token_in_rank is not None:
+                for name, t, want in (("num_tokens_per_rank", num_tokens_per_rank,
+                                       (self.group_size,)),
+                                      ("is_token_in_rank", is_token_in_rank,
+                                       (n, self.group_size))):
+                    if t is not None and tuple(t.shape) != want:
+                        raise ValueError(f"dispatch: {name} has shape {tuple(t.shape)}; "
+                                         f"expected {want}")
+        elif x.size(1) != self.hidden:
+            raise ValueError(f"dispatch: x has {x.size(1)} channels; this Buffer's job has "
+                             f"hidden {self.hidden}")
         if n > self.max_tokens_per_rank:
             self._tokens_fit(op, n, self.max_tokens_per_rank, "max_tokens_per_rank")
-        rows, k = self._rows, self.num_topk
-        recv_x = torch.empty((rows, self.hidden), dtype=torch.bfloat16, device=dev)
-        recv_w = torch.empty((rows, k), dtype=torch.float32, device=dev)
-        if self._host:
-            recv_idx, counts = self._scratch_idx, self._scratch_counts
-        else:
-            recv_idx = torch.empty((rows, k), dtype=torch.int32, device=dev)
-            counts = torch.empty((self.num_local_experts,), dtype=torch.int32, device=dev)
-        h = Handle(self, "dispatch", n)
+        if num_worst_tokens > self._rows:
+            raise ValueError(f"dispatch: num_worst_tokens {num_worst_tokens} exceeds the "
+                             f"{self._rows} rows a rank can receive (world_size * "
+                             "max_tokens_per_rank)")
+        rows = num_worst_tokens or (h.num_recv if cached else self._rows)
+        if rows is None:  # pragma: no cover - h.worst is set whenever num_recv is unknown
+            raise Error(-17, "the handle's row count is unknown", op)
+        k, hid = self.num_topk, self.hidden
+        # A row at least, so that the pointers are never NULL (a cached dispatch may receive
+        # none), shrunk below once the call is made.
+        alloc = max(rows, 1)
+        recv_x = torch.empty((alloc, hid), dtype=x.dtype if fp8 else torch.bfloat16, device=dev)
+        recv_s = torch.empty((alloc, hid // _FP8_GROUP), dtype=torch.float32, device=dev) \
+            if fp8 else None
         a = self._da
-        if n:
-            a.x, a.topk_idx, a.topk_weights = x.data_ptr(), idx.data_ptr(), w.data_ptr()
+        a.use_fp8, a.cached = int(fp8), int(cached)
+        a.num_worst_tokens = num_worst_tokens
+        a.expert_alignment = expert_alignment
+        a.x = x.data_ptr() if n else None
+        a.x_scales = scales.data_ptr() if fp8 and n else None
+        a.recv_x, a.recv_x_scales = recv_x.data_ptr(), _ptr(recv_s)
+        if cached:
+            a.topk_idx = a.topk_weights = a.recv_topk_idx = a.recv_topk_weights = None
+            a.recv_count_per_expert = None
         else:
-            a.x = a.topk_idx = a.topk_weights = None
-        a.index_type, a.num_tokens = itype, n
-        a.recv_x, a.recv_topk_idx = recv_x.data_ptr(), recv_idx.data_ptr()
-        a.recv_topk_weights, a.recv_count_per_expert = recv_w.data_ptr(), counts.data_ptr()
+            recv_w = torch.empty((rows, k), dtype=torch.float32, device=dev)
+            if self._host:
+                recv_idx, counts = self._scratch_idx, self._scratch_counts
+            else:
+                recv_idx = torch.empty((rows, k), dtype=torch.int32, device=dev)
+                counts = torch.empty((self.num_local_experts,), dtype=torch.int32, device=dev)
+            h = Handle(self, "dispatch", n)
+            if n:
+                a.topk_idx, a.topk_weights = idx.data_ptr(), w.data_ptr()
+            else:
+                a.topk_idx = a.topk_weights = None
+            a.index_type = itype
+            a.recv_topk_idx, a.recv_topk_weights = recv_idx.data_ptr(), recv_w.data_ptr()
+            a.recv_count_per_expert = counts.data_ptr()
+        a.num_tokens = n
         num_recv = self._num_recv
         num_recv.value = 0
         if previous_event is not None:
             self._wait(previous_event)
+        if not self._host:
+            h._used_on(torch.cuda.current_stream(self.device))
         rc = self._fn_dispatch(self._conn.ptr, self._da_ref, h._ptr,
                                None if self._host else self._stream())
         if rc:
             self._fail(rc, "dep_dispatch")
+        ev = self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
+        if rows != alloc:
+            recv_x.resize_((rows, hid))
+            if fp8:
+                recv_s.resize_((rows, hid // _FP8_GROUP))
+        out_x = (recv_x, recv_s) if fp8 else recv_x
+        if cached:
+            return out_x, None, None, None, None, ev
+        h.worst = num_worst_tokens
+        if num_worst_tokens:
+            h.num_recv = num_recv.value if self._host else None
+            return out_x, recv_idx[:rows].to(torch.int64), recv_w, [], h, ev
         r = h.num_recv = num_recv.value
         if r != rows:
             # Shrunk in place (the storage keeps its capacity, as a slice's would): cheaper
             # than a view.
-            recv_x.resize_((r, self.hidden))
+            recv_x.resize_((r, hid))
+            if fp8:
+                recv_s.resize_((r, hid // _FP8_GROUP))
             recv_w.resize_((r, k))
             if self._host:
                 # The scratch's first r rows, as a view made once per r (it is only read).
@@ -711,43 +822,61 @@ class Buffer:
                 recv_idx = v
             else:
                 recv_idx = recv_idx[:r]
-        return (recv_x, recv_idx.to(torch.int64), recv_w, counts.tolist(), h,
-                self._event(previous_event, async_finish) if async_finish else EventOverlap(None))
+        return (out_x, recv_idx.to(torch.int64), recv_w, counts.tolist(), h, ev)
 
     def combine(self, x: torch.Tensor, handle: Handle,
                 topk_weights: Optional[torch.Tensor] = None, bias: Any = None,
                 config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
                 async_finish: bool = False, allocate_on_comm_stream: bool = False
-                ) -> Tuple[torch.Tensor, None, EventOverlap]:
+                ) -> Tuple[torch.Tensor, Optional[torch.Tensor], EventOverlap]:
         """Throughput-mode combine: each received row back to its origin, summed in float32.
 
         Args:
-            x: [num_recv, hidden] bfloat16, one row per row the dispatch delivered.
+            x: [rows, hidden] bfloat16, one row per row the dispatch delivered (rows: its
+                num_recv, or its num_worst_tokens; the padding rows are not read).
             handle: the matching dispatch's.
-            topk_weights, bias: must be None (not supported yet).
+            topk_weights: optional [rows, num_topk] float32 (DeepEP's): summed back too.
+            bias: must be None (not supported).
             config, previous_event, async_finish, allocate_on_comm_stream: as DeepEP's.
 
         Returns:
-            combined_x: [num_tokens, hidden] bfloat16 of the dispatching rank.
-            combined_topk_weights: None.
+            combined_x: [num_tokens, hidden] bfloat16 of the dispatching rank (not weighted:
+                weigh the rows before combine).
+            combined_topk_weights: with topk_weights, [num_tokens, num_topk] float32, the sum
+                over the ranks that received each token (so the dispatch's recv_topk_weights
+                combine to the original weights); else None.
             event: an EventOverlap.
         """
-        if topk_weights is not None:
-            raise Unsupported("combine(topk_weights=...) (combining the weights back)",
-                              "weight the rows before combine and pass topk_weights=None")
         if bias is not None:
             raise Unsupported("combine(bias=...)", "add the bias after combine")
         h = self._handle("combine", handle, "dispatch")
         x = x.contiguous() if _ok(x, torch.bfloat16, 2, self.device) else \
             self._input("x", x, _BF16, 2)
-        if x.shape != (h.num_recv, self.hidden):
+        rows = h.rows
+        if x.shape != (rows, self.hidden):
             raise ValueError(f"combine: x has shape {tuple(x.shape)}; the dispatch delivered "
-                             f"{(h.num_recv, self.hidden)}")
+                             f"{(rows, self.hidden)}")
         nt = h.num_tokens
         out = torch.empty((nt, self.hidden), dtype=torch.bfloat16, device=self.device)
         a = self._ca
-        a.x = x.data_ptr() if h.num_recv else None
+        a.x = x.data_ptr() if rows else None
         a.out = out.data_ptr() if nt else None
+        out_w = None
+        if topk_weights is not None:
+            w = self._input("topk_weights", topk_weights, _F32, 2)
+            if w.shape != (rows, self.num_topk):
+                raise ValueError(f"combine: topk_weights has shape {tuple(w.shape)}; expected "
+                                 f"{(rows, self.num_topk)}, one row per row dispatched here")
+            # A row at least, so that the pointer that says "weighted" is never NULL (every
+            # rank of the call must say the same), then shrunk to num_tokens.
+            out_w = torch.empty((max(nt, 1), self.num_topk), dtype=torch.float32,
+                                device=self.device)
+            a.topk_weights = w.data_ptr() if rows else None
+            a.out_topk_weights = out_w.data_ptr()
+            if nt == 0:
+                out_w.resize_((0, self.num_topk))
+        else:
+            a.topk_weights = a.out_topk_weights = None
         if previous_event is not None:
             self._wait(previous_event)
         if not self._host:
@@ -756,7 +885,7 @@ class Buffer:
                               None if self._host else self._stream())
         if rc:
             self._fail(rc, "dep_combine")
-        return out, None, \
+        return out, out_w, \
             self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
 
     def _handle(self, op: str, handle: Any, kind: str) -> Handle:

@@ -186,3 +186,106 @@ def graph_rank(args) -> List[Dict[str, np.ndarray]]:
     del g
     b.destroy()
     return out
+
+
+def fp8_inputs(seed: int, rank: int, world: int, it: int) -> Dict[str, np.ndarray]:
+    """An FP8 tuple for throughput dispatch: any e4m3 bytes (moved as they are) and scales."""
+    s = shape(world)
+    n = inputs(seed, rank, world, it)["idx"].shape[0]
+    rng = np.random.default_rng([seed, rank, world, it, 7])
+    return dict(q=rng.integers(0, 256, (n, s["hidden"]), dtype=np.uint8),
+                sc=(rng.random((n, s["hidden"] // 128)) + 1e-3).astype(np.float32))
+
+
+def ext_rank(args) -> List[Dict[str, np.ndarray]]:
+    """Rank `rank` of a job, per iteration: an FP8 dispatch with expert_alignment 4, a cached
+    bf16 dispatch through its handle, a combine with its recv_topk_weights, a dispatch with
+    num_worst_tokens (the capacity) and the combine of its rows (experts multiply by rank + 1)."""
+    sock, job, rank, world, seed, iters, dev = args
+    import deepep
+    dev = torch.device(dev)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    s = shape(world)
+    b = deepep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
+                      local_world_size=world, socket=sock, **s)
+    worst = world * s["max_tokens_per_rank"]
+    assert b.sizes["recv_rows"] == worst
+    out = []
+    for it in range(iters):
+        r: Dict[str, np.ndarray] = {}
+        inp, f8 = inputs(seed, rank, world, it), fp8_inputs(seed, rank, world, it)
+        x = torch.from_numpy(inp["x"]).bfloat16().to(dev)
+        idx = torch.from_numpy(inp["idx"]).to(dev)
+        w = torch.from_numpy(inp["w"]).to(dev)
+        q = torch.from_numpy(f8["q"]).to(dev).view(deepep.fp8_dtype)
+        sc = torch.from_numpy(f8["sc"]).to(dev)
+        (rq, rsc), ri, rw, counts, h, _ = b.dispatch((q, sc), topk_idx=idx, topk_weights=w,
+                                                     expert_alignment=4)
+        assert rq.dtype == deepep.fp8_dtype and rsc.dtype == torch.float32
+        r.update(fp8_q=rq.view(torch.uint8).cpu().numpy(), fp8_sc=rsc.cpu().numpy(),
+                 fp8_idx=ri.cpu().numpy(), fp8_counts=np.array(counts, np.int64))
+        cx, none1, none2, none3, none4, _ = b.dispatch(x, handle=h)
+        assert none1 is None and none2 is None and none3 is None and none4 is None
+        r["cached_x"] = bits(cx)
+        comb, comb_w, _ = b.combine(cx, h, topk_weights=rw)
+        r.update(cached_combined=bits(comb), combined_w=comb_w.cpu().numpy())
+        wx, wi, ww, wc, wh, _ = b.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=worst)
+        assert wc == [] and wx.shape[0] == worst and wi.shape[0] == worst
+        r.update(worst_x=bits(wx), worst_idx=wi.cpu().numpy(), worst_w=ww.cpu().numpy())
+        y = (wx.float() * (rank + 1)).bfloat16()
+        r["worst_combined"] = bits(b.combine(y, wh)[0])
+        out.append(r)
+    b.destroy()
+    return out
+
+
+def graph_tp_rank(args) -> List[Dict[str, np.ndarray]]:
+    """Rank `rank` of a job on the cuda backend: one layer's throughput pair with
+    num_worst_tokens captured in a CUDA graph (dispatch, the experts' x (rank + 1), combine),
+    replayed `iters` times with the inputs of iteration 2 i (full batches) copied in."""
+    sock, job, rank, world, seed, iters, dev = args
+    import deepep
+    dev = torch.device(dev)
+    torch.cuda.set_device(dev)
+    s = shape(world)
+    b = deepep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
+                      local_world_size=world, socket=sock, **s)
+    M, worst = s["max_tokens_per_rank"], world * s["max_tokens_per_rank"]
+    sx = torch.empty(M, s["hidden"], dtype=torch.bfloat16, device=dev)
+    sidx = torch.empty(M, s["num_topk"], dtype=torch.int64, device=dev)
+    sw = torch.empty(M, s["num_topk"], dtype=torch.float32, device=dev)
+
+    def load(it):
+        inp = inputs(seed, rank, world, it)
+        assert inp["idx"].shape[0] == M
+        sx.copy_(torch.from_numpy(inp["x"]).bfloat16())
+        sidx.copy_(torch.from_numpy(inp["idx"]))
+        sw.copy_(torch.from_numpy(inp["w"]))
+
+    def layer():
+        rx, ri, rw, _, h, _ = b.dispatch(sx, topk_idx=sidx, topk_weights=sw,
+                                         num_worst_tokens=worst)
+        comb, _, _ = b.combine((rx.float() * (rank + 1)).bfloat16(), h)
+        return rx, ri, comb
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        load(0)
+        layer()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        rx, ri, comb = layer()
+    out = []
+    for i in range(iters):
+        load(2 * i)
+        g.replay()
+        torch.cuda.synchronize()
+        out.append(dict(it=2 * i, worst_x=bits(rx), worst_idx=ri.cpu().numpy(),
+                        worst_combined=bits(comb)))
+    del g
+    b.destroy()
+    return out

@@ -1,5 +1,6 @@
 """deepep.Buffer's contract outside the data path: identity, errors, refused arguments,
 events, Config, and the deep_ep compatibility module."""
+import ctypes
 import importlib.util
 import os
 import sys
@@ -137,22 +138,98 @@ def test_arguments_not_in_the_library_yet_raise_unsupported(buf):
     x, idx, w = tokens()
     _, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
     cases = [
-        lambda: buf.dispatch((x, torch.ones(4, 1, device=DEV)), topk_idx=idx, topk_weights=w),
-        lambda: buf.dispatch(x, handle=h),
-        lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, expert_alignment=128),
-        lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=32),
-        lambda: buf.combine(x, h, topk_weights=w),
         lambda: buf.combine(x, h, bias=x),
         lambda: buf.low_latency_dispatch(x, idx, 8, 4, round_scale=True),
         lambda: buf.low_latency_combine(x.view(1, 4, 128), idx, w, h, zero_copy=True),
     ]
-    names = ["FP8", "handle=", "expert_alignment=128", "num_worst_tokens=32", "topk_weights",
-             "bias", "round_scale", "zero_copy"]
+    names = ["bias", "round_scale", "zero_copy"]
     for case, name in zip(cases, names):
         with pytest.raises(deepep.Unsupported, match="not in libdeepep-client yet") as e:
             case()
         assert name in str(e.value)
         assert isinstance(e.value, NotImplementedError)
+
+
+def test_bad_fp8_cached_worst_and_weight_arguments_name_the_argument(buf):
+    x, idx, w = tokens()
+    q = torch.zeros(4, 128, dtype=torch.uint8, device=DEV)
+    sc = torch.ones(4, 1, device=DEV)
+    _, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    cases = [
+        (lambda: buf.dispatch((q, sc, sc), topk_idx=idx, topk_weights=w), ValueError,
+         "a tuple \\(values, scales\\)"),
+        (lambda: buf.dispatch((x, sc), topk_idx=idx, topk_weights=w), TypeError,
+         "FP8 values must be"),
+        (lambda: buf.dispatch((q, sc.double()), topk_idx=idx, topk_weights=w), TypeError,
+         "x scales has dtype torch.float64"),
+        (lambda: buf.dispatch((q, torch.ones(4, 2, device=DEV)), topk_idx=idx, topk_weights=w),
+         ValueError, "FP8 scales have shape \\(4, 2\\)"),
+        (lambda: buf.dispatch(x, handle=h, topk_idx=idx), ValueError, "pass no topk_idx"),
+        (lambda: buf.dispatch(x[:3], handle=h), ValueError, "x has 3 tokens but the handle"),
+        (lambda: buf.dispatch(x, handle=h, expert_alignment=4), ValueError, "expert_alignment"),
+        (lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=9), ValueError,
+         "num_worst_tokens 9 exceeds the 8 rows"),
+        (lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=-1), ValueError,
+         "num_worst_tokens is -1"),
+        (lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, expert_alignment=0), ValueError,
+         "expert_alignment is 0"),
+        (lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, expert_alignment=1 << 17),
+         deepep.InvalidArgument, "expert_alignment 131072 exceeds 65536"),
+        (lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=2.0), TypeError,
+         "num_worst_tokens must be an int"),
+        (lambda: buf.combine(x, h, topk_weights=w[:, :1]), ValueError,
+         "topk_weights has shape \\(4, 1\\)"),
+        (lambda: buf.combine(x, h, topk_weights=w.double()), TypeError,
+         "topk_weights has dtype torch.float64"),
+    ]
+    for case, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            case()
+    # and the Buffer goes on
+    assert buf.dispatch(x, topk_idx=idx, topk_weights=w)[3] == [2, 2, 2, 2]
+
+
+def test_argument_structs_carry_their_size_and_grow_safely(buf):
+    """deepep.h: a size of 0 is refused naming the fix; a larger struct whose unknown tail is
+    zero works (a newer caller asking for defaults); a non-zero tail is DEP_ERR_UNSUPPORTED."""
+    from deepep import _lib
+    lib, conn = buf._conn.lib, buf._conn
+    x, idx, _ = tokens()
+    per_rank = torch.empty(1, dtype=torch.int32, device=DEV)
+    per_expert = torch.empty(4, dtype=torch.int32, device=DEV)
+    in_rank = torch.empty(4, 1, dtype=torch.bool, device=DEV)
+    a = _lib.LayoutArgs(idx.data_ptr(), _lib.INDEX_I64, 4, per_rank.data_ptr(),
+                        per_expert.data_ptr(), in_rank.data_ptr())
+    stream = None if conftest.BACKEND == "host" else torch.cuda.current_stream().cuda_stream
+    assert lib.dep_layout(conn.ptr, ctypes.byref(a), stream) == 0
+    a.size = 0
+    assert lib.dep_layout(conn.ptr, ctypes.byref(a), stream) == _lib.ERR_INVALID
+    assert "args.size is 0; set it to sizeof(struct dep_layout_args)" in conn.errmsg()
+    n = ctypes.sizeof(a)
+    big = (ctypes.c_uint8 * (n + 16))()
+    a.size = n + 16
+    ctypes.memmove(big, ctypes.byref(a), n)
+    assert lib.dep_layout(conn.ptr, ctypes.cast(big, ctypes.POINTER(_lib.LayoutArgs)), stream) == 0
+    big[n + 3] = 1
+    assert lib.dep_layout(conn.ptr, ctypes.cast(big, ctypes.POINTER(_lib.LayoutArgs)),
+                          stream) == _lib.ERR_UNSUPPORTED
+    assert "does not know" in conn.errmsg()
+
+
+def test_the_sizes_a_caller_allocates_for_come_from_the_library(daemon):
+    from deepep import _lib
+    lib = _lib.load()
+    sh = _lib.JobShape(4096, 7168, 256, 8, _lib.DTYPE_BF16, 0)
+    out = _lib.ShapeSizes()
+    assert lib.dep_shape_sizes(None, ctypes.byref(sh), 8, ctypes.byref(out)) == 0
+    assert (out.max_ll_tokens_per_rank, out.local_experts, out.scale_groups, out.recv_rows,
+            out.ll_recv_rows) == (256, 32, 56, 8 * 4096, 8 * 256)
+    assert out.slab_bytes > 0
+    sh.hidden = 100
+    assert lib.dep_shape_sizes(None, ctypes.byref(sh), 8, ctypes.byref(out)) == _lib.ERR_INVALID
+    b = one_rank(daemon, **SHAPE)
+    assert b.sizes["recv_rows"] == 8 and b.sizes["ll_recv_rows"] == 8
+    b.destroy()
 
 
 def test_a_low_latency_handle_is_not_a_dispatch_handle(buf):

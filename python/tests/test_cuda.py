@@ -170,23 +170,25 @@ def test_low_latency_pair_in_a_cuda_graph_replayed_100_times_with_new_inputs(dae
     test_ops.check_ll_fp8(world, res, seed)
 
 
-def test_worst_case_throughput_pair_in_a_cuda_graph():
-    pytest.skip("missing from the C API: dep_dispatch waits on the host for num_recv and has "
-                "no worst-case row count (DeepEP's num_worst_tokens), so the throughput pair "
-                "cannot be captured; the binding refuses dispatch in a capture (next test)")
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_worst_case_throughput_pair_in_a_cuda_graph_replayed_100_times(daemon, seed, world):
+    res = ranks.run_world(daemon, f"graphtp-{world}-{uuid.uuid4().hex[:8]}", world, seed,
+                          iters=100, device=conftest.DEVICE, fn=ranks.graph_tp_rank,
+                          timeout=240)
+    assert [len(r) for r in res] == [100] * world
+    test_ops.check_worst(world, res, seed)
 
 
-def test_dispatch_in_a_capture_is_refused_before_anything_is_queued(daemon):
+def test_dispatch_without_worst_case_rows_in_a_capture_is_refused_before_anything_is_queued(
+        daemon):
     b = one_rank(daemon)
     x, idx, w = tokens()
     b.low_latency_dispatch(x, idx, 16, 4)  # warm
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with pytest.raises(deepep.Unsupported, match="CUDA-graph capture"):
+    with pytest.raises(deepep.Unsupported, match="CUDA-graph capture without num_worst_tokens"):
         with torch.cuda.graph(g):
             b.dispatch(x, topk_idx=idx, topk_weights=w)
-    with pytest.raises(deepep.Unsupported, match="num_worst_tokens"):
-        b.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=64)
     rx, _, _, _, h, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)  # and it goes on
     torch.testing.assert_close(b.combine(rx, h)[0], x, rtol=0, atol=0)
     b.destroy()

@@ -200,3 +200,111 @@ def test_e4m3_reference_agrees_with_torch_where_torch_has_float8():
     v = np.linspace(-500, 500, 100001, dtype=np.float32)
     t = torch.from_numpy(np.clip(v, -448, 448)).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
     np.testing.assert_array_equal(e4m3_reference(v), t)
+
+
+# ---- throughput extensions: FP8 tuples, cached mode, num_worst_tokens, alignment, weights ----
+
+_ext = {}
+
+
+@pytest.fixture(params=WORLDS, ids=lambda w: f"world{w}")
+def ext_world(request, daemon, seed):
+    """(world size, every rank's results) of ranks.ext_rank in one job of that many ranks."""
+    w = request.param
+    if w not in _ext:
+        _ext[w] = ranks.run_world(daemon, f"pyext-{w}-{uuid.uuid4().hex[:8]}", w, seed,
+                                  device=conftest.DEVICE, fn=ranks.ext_rank)
+    return w, _ext[w]
+
+
+def expected_rows(inps, r, L, keys=("x",)):
+    """What rank r receives from a throughput dispatch, in (source, token) order: each key's
+    rows, the remapped ids, the weights (0 elsewhere) and (source, token) of each row."""
+    got = {k: [] for k in keys}
+    ids, ws, frm = [], [], []
+    for s, inp in enumerate(inps):
+        o = owner(inp["idx"], L)
+        for t in range(len(o)):
+            if (o[t] == r).any():
+                for k in keys:
+                    got[k].append(inp[k][t])
+                ids.append(np.where(o[t] == r, inp["idx"][t] - r * L, -1))
+                ws.append(np.where(o[t] == r, inp["w"][t], 0).astype(np.float32))
+                frm.append((s, t))
+    return got, ids, ws, frm
+
+
+def test_fp8_dispatch_moves_bytes_and_scales_and_aligns_counts(ext_world, seed):
+    W, res = ext_world
+    sh = ranks.shape(W)
+    L = sh["num_experts"] // W
+    for it in range(len(res[0])):
+        inps = every_input(seed, W, it)
+        for s, inp in enumerate(inps):
+            inp.update(ranks.fp8_inputs(seed, s, W, it))
+        for r in range(W):
+            rows, ids, _, _ = expected_rows(inps, r, L, ("q", "sc"))
+            got = res[r][it]
+            n = len(ids)
+            assert got["fp8_q"].shape == (n, sh["hidden"])
+            assert got["fp8_sc"].shape == (n, sh["hidden"] // 128)
+            if n:
+                np.testing.assert_array_equal(got["fp8_q"], np.stack(rows["q"]))
+                np.testing.assert_array_equal(got["fp8_sc"], np.stack(rows["sc"]))
+                np.testing.assert_array_equal(got["fp8_idx"], np.stack(ids))
+            exact = [int((np.stack(ids) == l).sum()) if n else 0 for l in range(L)]
+            assert list(got["fp8_counts"]) == [(c + 3) // 4 * 4 for c in exact]
+
+
+def test_cached_dispatch_routes_as_its_handle_and_combines_the_weights_back(ext_world, seed):
+    W, res = ext_world
+    L = ranks.shape(W)["num_experts"] // W
+    for it in range(len(res[0])):
+        inps = every_input(seed, W, it)
+        for r in range(W):
+            rows, _, _, _ = expected_rows(inps, r, L)
+            got = res[r][it]["cached_x"]
+            assert got.shape[0] == len(rows["x"])
+            if rows["x"]:
+                np.testing.assert_array_equal(got, bf16_bits(np.stack(rows["x"])))
+        for s, inp in enumerate(inps):
+            o = owner(inp["idx"], L)
+            # Each rank sent back its recv_topk_weights: their sum is the weights of the ids
+            # that name an expert (each (t, k) is one rank's), 0 for -1.
+            np.testing.assert_array_equal(res[s][it]["combined_w"],
+                                          np.where(inp["idx"] >= 0, inp["w"], 0).astype(np.float32))
+            # The cached rows came back unchanged from every rank that received them.
+            hits = np.array([sum(1 for q in range(W) if (o[t] == q).any())
+                             for t in range(len(o))], np.float32)
+            want = bf16_bits(inp["x"] * hits[:, None] + np.float32(0)) if len(o) else \
+                np.zeros((0, inp["x"].shape[1]), np.int16)
+            np.testing.assert_array_equal(res[s][it]["cached_combined"], want)
+
+
+def test_num_worst_tokens_pads_rows_as_deepep_and_combines_only_those_received(ext_world, seed):
+    check_worst(*ext_world, seed)
+
+
+def check_worst(W, res, seed):
+    sh = ranks.shape(W)
+    L, worst = sh["num_experts"] // W, W * sh["max_tokens_per_rank"]
+    for i, it in iterations(res):
+        inps = every_input(seed, W, it)
+        for r in range(W):
+            rows, ids, _, _ = expected_rows(inps, r, L)
+            got, n = res[r][i], len(ids)
+            assert got["worst_x"].shape == (worst, sh["hidden"])
+            assert got["worst_idx"].shape == (worst, sh["num_topk"])
+            if n:
+                np.testing.assert_array_equal(got["worst_x"][:n], bf16_bits(np.stack(rows["x"])))
+                np.testing.assert_array_equal(got["worst_idx"][:n], np.stack(ids))
+            assert (got["worst_idx"][n:] == -1).all()
+            if "worst_w" in got:
+                assert (got["worst_w"][n:] == 0).all()
+        for s, inp in enumerate(inps):
+            o = owner(inp["idx"], L)
+            factor = np.array([sum(q + 1 for q in range(W) if (o[t] == q).any())
+                               for t in range(len(o))], np.float32)
+            want = bf16_bits(inp["x"] * factor[:, None] + np.float32(0)) if len(o) else \
+                np.zeros((0, inp["x"].shape[1]), np.int16)
+            np.testing.assert_array_equal(res[s][i]["worst_combined"], want)
