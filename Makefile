@@ -96,6 +96,9 @@ LIB_OBJ    := $(call obj,$(LIB_SRC))
 TEST_OBJ   := $(call obj,$(TEST_SRC))
 TESTLIB_OBJ := $(call obj,$(TESTLIB_SRC))
 DAEMON_MAIN := $(BUILD)/obj/daemon/main.o
+# deepepctl's files that deepepd links too: the output table and the records'
+# tables, so that metrics.listen serves the very exposition deepepctl prints.
+CTLVIEW_OBJ := $(call obj,client/ctl_out.c client/ctl_view.c)
 
 # ---- CUDA: a fatbin embedded in the library where nvcc exists ---------------
 HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
@@ -160,9 +163,9 @@ $(LIB_A): $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ)
 # The daemon links the library's fatbin object (its kernel cache compiles the
 # very kernels this build's library carries) and the library itself, whose
 # attach and warm-up its start-up check runs in a child process (warmup.c).
-$(DAEMON): $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) $(FATBIN_OBJ) $(LIB_A)
+$(DAEMON): $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) $(FATBIN_OBJ) $(CTLVIEW_OBJ) $(LIB_A)
 	$(CC) $(SANFLAGS) -o $@ $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) $(FATBIN_OBJ) \
-	  $(LIB_A) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
+	  $(CTLVIEW_OBJ) $(LIB_A) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
 
 $(CTL): $(CTL_OBJ) $(LIB_A)
 	$(CC) $(SANFLAGS) -o $@ $(CTL_OBJ) $(LIB_A) -ldl -lpthread -lm
@@ -188,9 +191,9 @@ $(BUILD)/deepep-client.pc: client/deepep-client.pc.in Makefile
 
 # The test runner links the daemon's modules (minus main) so unit tests can
 # reach them; integration tests start $(DAEMON) as a real process.
-$(TESTS): $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) $(CONFIG_OBJ) $(LIB_A) | $(DAEMON) $(CTL) $(BENCHES)
+$(TESTS): $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) $(CONFIG_OBJ) $(CTLVIEW_OBJ) $(LIB_A) | $(DAEMON) $(CTL) $(BENCHES)
 	$(CC) $(SANFLAGS) -o $@ $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) $(CONFIG_OBJ) \
-	  $(LIB_A) $(LIBS_CHECK) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
+	  $(CTLVIEW_OBJ) $(LIB_A) $(LIBS_CHECK) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
 
 # DEP_BUILD tells the tests where the binaries are.  The Python suite runs too,
 # except under the sanitizers (an ASan library cannot be loaded into python).

@@ -7,10 +7,15 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "proto.h"
 
 struct conn;
+
+/* STATUS_OK's record as viewer (a uid) may see it: its jobs, every device.
+ * 0, or DEP_ERR_NO_MEMORY; free st->devices and st->jobs either way. */
+int control_fill_status(struct dep_status *st, uid_t viewer);
 
 /* Handle one frame whose header was checked; body is h->body_len bytes. */
 void control_handle(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,

@@ -513,6 +513,28 @@ static void stats_fill_rank(const struct stats_job *sj, const struct stats_rank 
   memcpy(m->recent, r->recent, sizeof r->recent);
 }
 
+/* STATS_OK's figures but the count of ranks: what every answer ends with. */
+static void stats_fill_ok(struct dep_msg_stats_ok *ok) {
+  memset(ok, 0, sizeof *ok);
+  ok->keep_jobs = STATS_KEEP_JOBS;
+  ok->keep_s = STATS_KEEP_S;
+  ok->warn_ratio_milli = (uint32_t)(stats_cfg->warn_first_call_ratio * 1000.0 + 0.5);
+  ok->largest_bytes = stats_largest_bytes;
+  snprintf(ok->largest_job, sizeof ok->largest_job, "%s", stats_largest_job);
+  memcpy(ok->largest_uuid, stats_largest_uuid, 16);
+  ok->warnings = stats_warnings;
+  for (struct stats_job *sj = stats_jobs; sj != NULL; sj = sj->next)
+    ok->finished_jobs += sj->finished;
+}
+
+/* Fresh figures: what the ranks of a running job wrote since the last tick counts too. */
+static void stats_refresh(struct stats_job *sj) {
+  if (!sj->finished && stats_job_alive(sj))
+    for (uint32_t i = 0; i < sj->local_world_size; i++)
+      if (sj->ranks[i] != NULL)
+        stats_fold(sj, sj->ranks[i]);
+}
+
 void stats_reply(struct conn *c, uint32_t request_id, const struct dep_msg_stats_req *req) {
   if (req->job_id[0] != '\0') {
     char why[DEP_MSG_TEXT_MAX];
@@ -526,24 +548,15 @@ void stats_reply(struct conn *c, uint32_t request_id, const struct dep_msg_stats
     conn_send_error(c, request_id, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
     return;
   }
-  struct dep_msg_stats_ok ok = {.keep_jobs = STATS_KEEP_JOBS, .keep_s = STATS_KEEP_S,
-                                .warn_ratio_milli =
-                                    (uint32_t)(stats_cfg->warn_first_call_ratio * 1000.0 + 0.5),
-                                .largest_bytes = stats_largest_bytes};
-  snprintf(ok.largest_job, sizeof ok.largest_job, "%s", stats_largest_job);
-  memcpy(ok.largest_uuid, stats_largest_uuid, 16);
+  struct dep_msg_stats_ok ok;
   bool found = false;
+  uint32_t ranks = 0;
   for (struct stats_job *sj = stats_jobs; sj != NULL; sj = sj->next) {
-    ok.finished_jobs += sj->finished;
     if (!stats_may_see(c->uid, sj->owner_uid) ||
         (req->job_id[0] != '\0' && strcmp(req->job_id, sj->id) != 0))
       continue;
     found = true;
-    /* Fresh figures: what the ranks wrote since the last tick counts too. */
-    if (!sj->finished && stats_job_alive(sj))
-      for (uint32_t i = 0; i < sj->local_world_size; i++)
-        if (sj->ranks[i] != NULL)
-          stats_fold(sj, sj->ranks[i]);
+    stats_refresh(sj);
     for (uint32_t i = 0; i < sj->local_world_size; i++) {
       if (sj->ranks[i] == NULL)
         continue;
@@ -552,11 +565,10 @@ void stats_reply(struct conn *c, uint32_t request_id, const struct dep_msg_stats
         free(m);
         return; /* the connection is closed: its queue was full */
       }
-      ok.ranks++;
+      ranks++;
     }
   }
   free(m);
-  ok.warnings = stats_warnings;
   if (req->job_id[0] != '\0' && !found) {
     conn_send_error(c, request_id, DEP_ERR_NOT_FOUND,
                     "no stats for job \"%s\": it is not running here, or ended more than %u s "
@@ -564,7 +576,31 @@ void stats_reply(struct conn *c, uint32_t request_id, const struct dep_msg_stats
                     req->job_id, STATS_KEEP_S);
     return;
   }
+  stats_fill_ok(&ok);
+  ok.ranks = ranks;
   conn_send(c, DEP_MSG_STATS_OK, request_id, &ok, NULL, 0);
+}
+
+int stats_snapshot(struct dep_msg_stats_rank **ranks, uint32_t *n, struct dep_msg_stats_ok *ok) {
+  uint32_t count = 0;
+  for (struct stats_job *sj = stats_jobs; sj != NULL; sj = sj->next)
+    for (uint32_t i = 0; i < sj->local_world_size; i++)
+      count += sj->ranks[i] != NULL;
+  struct dep_msg_stats_rank *m = calloc((size_t)count + 1, sizeof *m);
+  if (m == NULL)
+    return DEP_ERR_NO_MEMORY;
+  uint32_t k = 0;
+  for (struct stats_job *sj = stats_jobs; sj != NULL; sj = sj->next) {
+    stats_refresh(sj);
+    for (uint32_t i = 0; i < sj->local_world_size && k < count; i++)
+      if (sj->ranks[i] != NULL)
+        stats_fill_rank(sj, sj->ranks[i], &m[k++]);
+  }
+  stats_fill_ok(ok);
+  ok->ranks = k;
+  *ranks = m;
+  *n = k;
+  return 0;
 }
 
 /* ---- CLIENTS ---------------------------------------------------------------------- */

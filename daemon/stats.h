@@ -33,8 +33,14 @@ void stats_fini(void);
 
 /* STATS_LEND from connection c: lend its rank its page (replies itself). */
 void stats_lend(struct conn *c, uint32_t request_id);
+/* Connection c's rank was given its SM budget (autotune.c): its page's record says so, if
+ * the page is lent already (else stats_lend copies it). */
+void stats_tuned(const struct conn *c);
 /* STATS: the ranks of the jobs c may see (one job, or all), then STATS_OK. */
 void stats_reply(struct conn *c, uint32_t request_id, const struct dep_msg_stats_req *req);
+/* Every rank's figures, as STATS gives them to root (metrics.listen): *ranks
+ * malloc'd (free it), *n of them, and STATS_OK's figures.  0 or DEP_ERR_NO_MEMORY. */
+int stats_snapshot(struct dep_msg_stats_rank **ranks, uint32_t *n, struct dep_msg_stats_ok *ok);
 /* CLIENTS: the connections c may see. */
 void stats_clients(struct conn *c, uint32_t request_id);
 

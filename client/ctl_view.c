@@ -1,0 +1,289 @@
+/*
+ * ctl_view.c — the daemon's records as output tables (ctl_view.h), for
+ * `deepepctl stats` and `metrics` and for deepepd's metrics listener: the
+ * op and rank tables with the Prometheus metrics their columns are, and
+ * the daemon, pool and peer tables that only the exposition shows.
+ */
+#include "ctl_view.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cudadrv.h"
+#include "stats_page.h"
+
+/* ---- the op table: one row per (job, rank, op) ------------------------------------ */
+
+/* The JSON keys are an interface: deepepctl(1) lists them; never rename. */
+enum {
+  OC_JOB, OC_RANK, OC_OP, OC_DEVICE, OC_STATE, OC_CALLS, OC_FIRST, OC_MEDIAN, OC_P99,
+  OC_RATIO, OC_GBPS, OC_ERRORS, OC_TIMEOUTS, OC_BYTES, OC_STEADY, OC_SUM, OC_N
+};
+static const struct ctl_col op_cols[OC_N] = {
+    [OC_JOB] = {"job", "JOB", CTL_STR, CTL_COL_LABEL},
+    [OC_RANK] = {"rank", "RANK", CTL_UINT, CTL_COL_LABEL},
+    [OC_OP] = {"op", "OP", CTL_STR, CTL_COL_LABEL},
+    [OC_DEVICE] = {"device", "DEVICE", CTL_STR, CTL_COL_LABEL | CTL_COL_NOTEXT},
+    [OC_STATE] = {"state", "STATE", CTL_STR, 0},
+    [OC_CALLS] = {"calls", "CALLS", CTL_UINT, 0},
+    [OC_FIRST] = {"first_ns", "FIRST", CTL_NS, 0},
+    [OC_MEDIAN] = {"median_ns", "MEDIAN", CTL_NS, 0},
+    [OC_P99] = {"p99_ns", "P99", CTL_NS, 0},
+    [OC_RATIO] = {"first_over_median", "FIRST/MED", CTL_MILLI, 0},
+    [OC_GBPS] = {"gbytes_per_s", "GB/S", CTL_MILLI, 0},
+    [OC_ERRORS] = {"errors", "ERRORS", CTL_UINT, 0},
+    [OC_TIMEOUTS] = {"timeouts", "TIMEOUTS", CTL_UINT, 0},
+    [OC_BYTES] = {"bytes", "BYTES", CTL_BYTES, CTL_COL_NOTEXT},
+    [OC_STEADY] = {"steady_calls", "STEADY", CTL_UINT, CTL_COL_NOTEXT},
+    [OC_SUM] = {"steady_sum_ns", "SUM", CTL_NS, CTL_COL_NOTEXT},
+};
+
+static const struct ctl_metric op_metrics[] = {
+    {OC_CALLS, "deepep_op_calls_total", "", "counter", "Calls of the operation that ran.", 1,
+     NULL},
+    {OC_FIRST, "deepep_op_first_call_seconds", "", "gauge",
+     "The first call's time (GPU time on cuda, host clock on the host backend).", 1e-9, NULL},
+    {OC_MEDIAN, "deepep_op_latency_seconds", "", "summary",
+     "Steady-state call time: every call after the first (log-scale histogram, within 12.5%).",
+     1e-9, "quantile=\"0.5\""},
+    {OC_P99, "deepep_op_latency_seconds", "", "summary", "", 1e-9, "quantile=\"0.99\""},
+    {OC_SUM, "deepep_op_latency_seconds", "_sum", "summary", "", 1e-9, NULL},
+    {OC_STEADY, "deepep_op_latency_seconds", "_count", "summary", "", 1, NULL},
+    {OC_BYTES, "deepep_op_bytes_total", "", "counter",
+     "Hidden-state bytes of the caller's tokens over the calls that ran.", 1, NULL},
+    {OC_ERRORS, "deepep_op_errors_total", "", "counter",
+     "Calls that failed (timeouts included) or were refused.", 1, NULL},
+    {OC_TIMEOUTS, "deepep_op_timeouts_total", "", "counter", "Calls that timed out.", 1, NULL},
+};
+
+/* ---- the rank table: one row per rank ----------------------------------------------- */
+
+enum {
+  RC_JOB, RC_RANK, RC_DEVICE, RC_LOCAL, RC_PID, RC_STATE, RC_AGE, RC_ENDED, RC_TIMER,
+  RC_ATTACH, RC_WAIT, RC_MAP, RC_SETUP, RC_WARMUP, RC_LAYOUTS, RC_DROPPED, RC_N
+};
+static const struct ctl_col rank_cols[RC_N] = {
+    [RC_JOB] = {"job", "JOB", CTL_STR, CTL_COL_LABEL},
+    [RC_RANK] = {"rank", "RANK", CTL_UINT, CTL_COL_LABEL},
+    [RC_DEVICE] = {"device", "DEVICE", CTL_STR, CTL_COL_LABEL},
+    [RC_LOCAL] = {"local_rank", "LOCAL", CTL_UINT, CTL_COL_NOTEXT},
+    [RC_PID] = {"pid", "PID", CTL_UINT, 0},
+    [RC_STATE] = {"state", "STATE", CTL_STR, 0},
+    [RC_AGE] = {"age_ms", "AGE", CTL_MS, 0},
+    [RC_ENDED] = {"ended_ms", "ENDED", CTL_MS, CTL_COL_NOTEXT},
+    [RC_TIMER] = {"timer", "TIMER", CTL_STR, 0},
+    [RC_ATTACH] = {"attach_ns", "ATTACH", CTL_NS, 0},
+    [RC_WAIT] = {"attach_wait_ns", "WAIT", CTL_NS, 0},
+    [RC_MAP] = {"attach_map_ns", "MAP", CTL_NS, 0},
+    [RC_SETUP] = {"attach_setup_ns", "SETUP", CTL_NS, 0},
+    [RC_WARMUP] = {"attach_warmup_ns", "WARMUP", CTL_NS, 0},
+    [RC_LAYOUTS] = {"layouts", "LAYOUTS", CTL_UINT, 0},
+    [RC_DROPPED] = {"dropped", "DROPPED", CTL_UINT, 0},
+    /* the SM budget its kernels run with, and where it came from (adaptive_optimization) */
+};
+
+static const struct ctl_metric rank_metrics[] = {
+    {RC_ATTACH, "deepep_rank_attach_seconds", "", "gauge",
+     "dep_attach's time and its parts (dep_attach_times).", 1e-9, "part=\"total\""},
+    {RC_WAIT, "deepep_rank_attach_seconds", "", "gauge", "", 1e-9, "part=\"wait\""},
+    {RC_MAP, "deepep_rank_attach_seconds", "", "gauge", "", 1e-9, "part=\"map\""},
+    {RC_SETUP, "deepep_rank_attach_seconds", "", "gauge", "", 1e-9, "part=\"setup\""},
+    {RC_WARMUP, "deepep_rank_attach_seconds", "", "gauge", "", 1e-9, "part=\"warmup\""},
+    {RC_LAYOUTS, "deepep_rank_layouts_total", "", "counter", "Layouts the rank made.", 1, NULL},
+    {RC_DROPPED, "deepep_rank_calls_dropped_total", "", "counter",
+     "Calls the daemon could not read before the rank's ring overwrote them.", 1, NULL},
+};
+
+int ctl_view_stats(const struct ctl_stats *s, struct ctl_view *v) {
+  memset(v, 0, sizeof *v);
+  size_t nops = 0;
+  for (uint32_t i = 0; i < s->n; i++)
+    for (unsigned op = 0; op < DEP_STATS_NOPS; op++)
+      nops += s->ranks[i].ops[op].calls > 0 || s->ranks[i].ops[op].errors > 0;
+  v->op_cells = calloc(nops * OC_N + 1, sizeof *v->op_cells);
+  v->rank_cells = calloc((size_t)s->n * RC_N + 1, sizeof *v->rank_cells);
+  v->uuid = calloc((size_t)s->n + 1, sizeof *v->uuid);
+  if (v->op_cells == NULL || v->rank_cells == NULL || v->uuid == NULL) {
+    ctl_view_free(v);
+    return -1;
+  }
+  size_t row = 0;
+  for (uint32_t i = 0; i < s->n; i++) {
+    const struct dep_msg_stats_rank *r = &s->ranks[i];
+    cudadrv_uuid_str(r->device_uuid, v->uuid[i]);
+    const char *state = r->finished ? "ended" : "running";
+    struct ctl_val *rc = v->rank_cells + (size_t)i * RC_N;
+    rc[RC_JOB].s = r->job_id;
+    rc[RC_RANK].u = r->rank;
+    rc[RC_DEVICE].s = v->uuid[i];
+    rc[RC_LOCAL].u = r->local_rank;
+    rc[RC_PID].u = r->pid;
+    rc[RC_STATE].s = state;
+    rc[RC_AGE].u = r->age_ms;
+    rc[RC_ENDED].u = r->ended_ms;
+    rc[RC_TIMER].s = r->cuda ? "gpu" : "host";
+    rc[RC_ATTACH].u = r->attach_total_ns;
+    rc[RC_WAIT].u = r->attach_wait_ns;
+    rc[RC_MAP].u = r->attach_map_ns;
+    rc[RC_SETUP].u = r->attach_setup_ns;
+    rc[RC_WARMUP].u = r->attach_warmup_ns;
+    rc[RC_LAYOUTS].u = r->layouts;
+    rc[RC_DROPPED].u = r->dropped;
+    for (unsigned op = 0; op < DEP_STATS_NOPS; op++) {
+      const struct dep_msg_stats_op *o = &r->ops[op];
+      if (o->calls == 0 && o->errors == 0)
+        continue;
+      struct ctl_val *oc = v->op_cells + row++ * OC_N;
+      oc[OC_JOB].s = r->job_id;
+      oc[OC_RANK].u = r->rank;
+      oc[OC_OP].s = dep_stats_op_name(op);
+      oc[OC_DEVICE].s = v->uuid[i];
+      oc[OC_STATE].s = state;
+      oc[OC_CALLS].u = o->calls;
+      oc[OC_FIRST].u = o->first_ns;
+      oc[OC_MEDIAN].u = o->median_ns;
+      oc[OC_P99].u = o->p99_ns;
+      oc[OC_RATIO].u = o->median_ns > 0 ? o->first_ns * 1000 / o->median_ns : 0;
+      /* bytes per ns is GB/s; the mean call, so that it weighs like the bytes. */
+      uint64_t mean = o->steady_calls > 0 ? o->steady_sum_ns / o->steady_calls : 0;
+      uint64_t per = o->calls > 0 ? o->bytes / o->calls : 0;
+      oc[OC_GBPS].u = mean > 0 ? per * 1000 / mean : 0;
+      oc[OC_ERRORS].u = o->errors;
+      oc[OC_TIMEOUTS].u = o->timeouts;
+      oc[OC_BYTES].u = o->bytes;
+      oc[OC_STEADY].u = o->steady_calls;
+      oc[OC_SUM].u = o->steady_sum_ns;
+    }
+  }
+  v->ops = (struct ctl_table){"ops", "no calls recorded", op_cols, OC_N, row, v->op_cells, 0};
+  v->ranks = (struct ctl_table){"ranks", "no ranks with stats", rank_cols, RC_N, s->n,
+                                v->rank_cells, 0};
+  v->mops = (struct ctl_mtable){&v->ops, op_metrics, sizeof op_metrics / sizeof op_metrics[0]};
+  v->mranks =
+      (struct ctl_mtable){&v->ranks, rank_metrics, sizeof rank_metrics / sizeof rank_metrics[0]};
+  return 0;
+}
+
+void ctl_view_free(struct ctl_view *v) {
+  free(v->op_cells);
+  free(v->rank_cells);
+  free(v->uuid);
+  memset(v, 0, sizeof *v);
+}
+
+/* ---- the daemon, its pools and peers: the exposition alone ------------------- */
+
+/* The daemon's state is a label of deepep_daemon_up alone: on the other
+ * families it would start a new series at every change of state. */
+enum { SC_STATE, SC_UP, SC_N };
+static const struct ctl_col state_cols[SC_N] = {
+    [SC_STATE] = {"state", "STATE", CTL_STR, CTL_COL_LABEL},
+    [SC_UP] = {"up", "UP", CTL_UINT, 0},
+};
+static const struct ctl_metric state_metrics[] = {
+    {SC_UP, "deepep_daemon_up", "", "gauge", "1: deepepd answered, in the state labelled.", 1,
+     NULL},
+};
+
+enum { DC_UPTIME, DC_CLIENTS, DC_JOBS, DC_WARNINGS, DC_N };
+static const struct ctl_col daemon_cols[DC_N] = {
+    [DC_UPTIME] = {"uptime_ms", "UPTIME", CTL_MS, 0},
+    [DC_CLIENTS] = {"clients", "CLIENTS", CTL_UINT, 0},
+    [DC_JOBS] = {"jobs", "JOBS", CTL_UINT, 0},
+    [DC_WARNINGS] = {"warnings", "WARNINGS", CTL_UINT, 0},
+};
+static const struct ctl_metric daemon_metrics[] = {
+    {DC_UPTIME, "deepep_daemon_uptime_seconds", "", "gauge", "Since deepepd started.", 1e-3, NULL},
+    {DC_CLIENTS, "deepep_daemon_clients", "", "gauge", "Connections open.", 1, NULL},
+    {DC_JOBS, "deepep_daemon_jobs", "", "gauge",
+     "Jobs running (to deepepctl, those its user may see; to metrics.listen, all).", 1, NULL},
+    {DC_WARNINGS, "deepep_first_call_warnings_total", "", "counter",
+     "First calls slower than warn_first_call_ratio x their op's steady median.", 1, NULL},
+};
+
+enum { PC_DEVICE, PC_TOTAL, PC_USED, PC_CACHED, PC_HELD, PC_N };
+static const struct ctl_col pool_cols[PC_N] = {
+    [PC_DEVICE] = {"device", "DEVICE", CTL_STR, CTL_COL_LABEL},
+    [PC_TOTAL] = {"total", "TOTAL", CTL_BYTES, 0},
+    [PC_USED] = {"used", "USED", CTL_BYTES, 0},
+    [PC_CACHED] = {"cached", "CACHED", CTL_BYTES, 0},
+    [PC_HELD] = {"held", "HELD", CTL_BYTES, 0},
+};
+static const struct ctl_metric pool_metrics[] = {
+    {PC_TOTAL, "deepep_pool_bytes", "", "gauge",
+     "A device's pool: its budget, lent to live jobs, cached scrubbed, held by gone processes.",
+     1, "kind=\"total\""},
+    {PC_USED, "deepep_pool_bytes", "", "gauge", "", 1, "kind=\"used\""},
+    {PC_CACHED, "deepep_pool_bytes", "", "gauge", "", 1, "kind=\"cached\""},
+    {PC_HELD, "deepep_pool_bytes", "", "gauge", "", 1, "kind=\"held\""},
+};
+
+enum { XC_PEER, XC_TRANSPORT, XC_UP, XC_CONNS, XC_RX, XC_TX, XC_RECONNECTS, XC_N };
+static const struct ctl_col peer_cols[XC_N] = {
+    [XC_PEER] = {"peer", "PEER", CTL_STR, CTL_COL_LABEL},
+    [XC_TRANSPORT] = {"transport", "TRANSPORT", CTL_STR, CTL_COL_LABEL},
+    [XC_UP] = {"up", "UP", CTL_UINT, 0},
+    [XC_CONNS] = {"conns_up", "CONNS", CTL_UINT, 0},
+    [XC_RX] = {"bytes_in", "RX", CTL_BYTES, 0},
+    [XC_TX] = {"bytes_out", "TX", CTL_BYTES, 0},
+    [XC_RECONNECTS] = {"reconnects", "RECONNECTS", CTL_UINT, 0},
+};
+static const struct ctl_metric peer_metrics[] = {
+    {XC_UP, "deepep_peer_up", "", "gauge", "1: the peer daemon's connections are up.", 1, NULL},
+    {XC_CONNS, "deepep_peer_connections_up", "", "gauge", "Outbound connections up.", 1, NULL},
+    {XC_RX, "deepep_peer_received_bytes_total", "", "counter", "Bytes from the peer.", 1, NULL},
+    {XC_TX, "deepep_peer_sent_bytes_total", "", "counter", "Bytes to the peer.", 1, NULL},
+    {XC_RECONNECTS, "deepep_peer_reconnects_total", "", "counter",
+     "Connections lost or failed and tried again.", 1, NULL},
+};
+
+int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stats *s,
+                     const struct dep_msg_peers *pm) {
+  const uint32_t npeers = pm != NULL ? pm->n_peers : 0;
+  struct ctl_val scells[SC_N] = {[SC_STATE] = {.s = st->state}, [SC_UP] = {.u = 1}};
+  struct ctl_val dcells[DC_N] = {
+      [DC_UPTIME] = {.u = st->uptime_ms}, [DC_CLIENTS] = {.u = st->num_clients},
+      [DC_JOBS] = {.u = st->num_jobs},    [DC_WARNINGS] = {.u = s->ok.warnings},
+  };
+  struct ctl_val *pcells = calloc((size_t)st->num_devices * PC_N + 1, sizeof *pcells);
+  struct ctl_val *xcells = calloc((size_t)npeers * XC_N + 1, sizeof *xcells);
+  struct ctl_view v;
+  int out = -1;
+  if (pcells != NULL && xcells != NULL && ctl_view_stats(s, &v) == 0) {
+    for (uint32_t i = 0; i < st->num_devices; i++) {
+      struct ctl_val *row = pcells + (size_t)i * PC_N;
+      row[PC_DEVICE].s = st->devices[i].uuid;
+      row[PC_TOTAL].u = st->devices[i].pool_total_bytes;
+      row[PC_USED].u = st->devices[i].pool_used_bytes;
+      row[PC_CACHED].u = st->devices[i].pool_cached_bytes;
+      row[PC_HELD].u = st->devices[i].pool_held_bytes;
+    }
+    for (uint32_t i = 0; i < npeers; i++) {
+      struct ctl_val *row = xcells + (size_t)i * XC_N;
+      row[XC_PEER].s = pm->peers[i].address;
+      row[XC_TRANSPORT].s = pm->peers[i].transport;
+      row[XC_UP].u = strcmp(pm->peers[i].state, "up") == 0;
+      row[XC_CONNS].u = pm->peers[i].conns_up;
+      row[XC_RX].u = pm->peers[i].bytes_in;
+      row[XC_TX].u = pm->peers[i].bytes_out;
+      row[XC_RECONNECTS].u = pm->peers[i].reconnects;
+    }
+    const struct ctl_table stt = {"state", "", state_cols, SC_N, 1, scells, 0};
+    const struct ctl_table dt = {"daemon", "", daemon_cols, DC_N, 1, dcells, 0};
+    const struct ctl_table pt = {"pools", "", pool_cols, PC_N, st->num_devices, pcells, 0};
+    const struct ctl_table xt = {"peers", "", peer_cols, XC_N, npeers, xcells, 0};
+    const struct ctl_mtable all[] = {
+        {&stt, state_metrics, sizeof state_metrics / sizeof state_metrics[0]},
+        {&dt, daemon_metrics, sizeof daemon_metrics / sizeof daemon_metrics[0]},
+        {&pt, pool_metrics, sizeof pool_metrics / sizeof pool_metrics[0]},
+        {&xt, peer_metrics, sizeof peer_metrics / sizeof peer_metrics[0]},
+        v.mops,
+        v.mranks,
+    };
+    out = ctl_out_metrics(f, all, sizeof all / sizeof all[0]);
+    ctl_view_free(&v);
+  }
+  free(pcells);
+  free(xcells);
+  return out;
+}
