@@ -10,7 +10,9 @@
  * at start) are held here too; `deepepctl
  * doctor` passing on a healthy daemon and failing each check it can be
  * made to fail here.  The histogram's buckets and quantiles are checked on
- * their own first.
+ * their own first.  Tagged "gpu" (make check-gpu; it skips elsewhere,
+ * saying why): a cuda rank's stats, the kernels' own GPU times, against
+ * CUDA events around the same calls, and its refused call counted.
  *
  * What doctor's tests cannot provoke on the host backend, and so do not:
  * the kernels check's FAIL (a cuda daemon with a library built without
@@ -35,8 +37,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cudaranks.h"
 #include "daemonwire.h"
 #include "deepep.h"
+#include "opsworld.h"
 #include "proto.h"
 #include "stats_page.h"
 #include "testutil.h"
@@ -963,6 +967,163 @@ START_TEST(a_metrics_port_already_taken_fails_the_start) {
 }
 END_TEST
 
+/* ---- cuda: the kernels' own times against CUDA events ---------------------------------- */
+
+/*
+ * The stats of a cuda rank are GPU times the kernels take themselves (the
+ * global timer, stats_page.h), so they must agree with CUDA events recorded
+ * on the rank's stream around the same calls: within the histogram's
+ * resolution above (a median reads as its bucket's middle, within 12.5 %),
+ * and below by at most what the events hold outside the kernel (the launch,
+ * the start of the kernel, and for dispatch the host's synchronisation
+ * before the event after it: 6-16 us measured on an H200, BENCHMARKS.md).
+ * So, per op, with M the steady median of the events and S the daemon's:
+ *     0.875 * (M - SG_OUTSIDE_NS) <= S <= 1.125 * M + 2 us.
+ * Host clocks around the asynchronous launches (a few us) fail the lower
+ * bound; a unit slip fails both.
+ */
+#define SG_CALLS 200
+#define SG_OUTSIDE_NS 25000.0
+
+struct sg_arg {
+  const struct ow_case *d;
+  float ms[ST_W][4][SG_CALLS]; /* per rank, op (stats_page.h order less layout), call */
+};
+
+static int sg_body(struct rk *k, void *arg) {
+  struct sg_arg *a = arg;
+  const struct ow_case *d = a->d;
+  const uint32_t r = k->rank, n = d->in[r].num_tokens, h = k->h_, K = k->K;
+  if (cr_put(k, B_X, d->in[r].x, (size_t)n * h * 2) ||
+      cr_put(k, B_IDX, d->idx[r], (size_t)n * K * (d->sc.itype == DEP_INDEX_I64 ? 8 : 4)) ||
+      cr_put(k, B_W, d->in[r].topk_weights, (size_t)n * K * 4) ||
+      cr_put(k, B_CX, d->cx[r], (size_t)d->disp[r].num_recv * h * 2) ||
+      cr_put(k, B_LX, d->lx[r], k->sz[B_LX]))
+    return 1;
+  uint32_t nrecv = 0;
+  struct dep_dispatch_args da = {.size = sizeof(struct dep_dispatch_args), .x = CR_DEV(k, B_X),
+                                 .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype,
+                                 .topk_weights = CR_DEV(k, B_W), .num_tokens = n,
+                                 .recv_x = CR_DEV(k, B_RX), .recv_topk_idx = CR_DEV(k, B_RIDX),
+                                 .recv_topk_weights = CR_DEV(k, B_RW),
+                                 .recv_count_per_expert = CR_DEV(k, B_CNT), .num_recv = &nrecv};
+  struct dep_combine_args ca = {.size = sizeof(struct dep_combine_args), .x = CR_DEV(k, B_CX),
+                                .out = CR_DEV(k, B_OUT)};
+  struct dep_ll_dispatch_args la = {.size = sizeof(struct dep_ll_dispatch_args), .x = CR_DEV(k, B_X),
+                                    .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype,
+                                    .num_tokens = d->in_ll[r].num_tokens,
+                                    .recv_x = CR_DEV(k, B_LRX), .recv_count = CR_DEV(k, B_LCNT)};
+  struct dep_ll_combine_args lc = {.size = sizeof(struct dep_ll_combine_args), .x = CR_DEV(k, B_LX),
+                                   .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype,
+                                   .topk_weights = CR_DEV(k, B_W), .out = CR_DEV(k, B_LOUT)};
+  /* One call refused before launch: counted as an error of its op, never as a call. */
+  struct dep_dispatch_args bad = da;
+  bad.num_tokens = k->mt + 1;
+  int rc = dep_dispatch(k->c, &bad, k->h, k->s);
+  if (rc != DEP_ERR_INVALID)
+    return ow_fail(k->msg, "rank %u: a dispatch of %u tokens (bound %u) returned %s", r,
+                   bad.num_tokens, k->mt, dep_errname(rc));
+  CUevent ev[5];
+  for (int i = 0; i < 5; i++)
+    CR_CU(k, k->cu->cuEventCreate(&ev[i], CU_EVENT_DEFAULT), "cuEventCreate");
+  for (int i = 0; i < SG_CALLS; i++) {
+    CR_CU(k, k->cu->cuEventRecord(ev[0], k->s), "cuEventRecord");
+    if ((rc = dep_dispatch(k->c, &da, k->h, k->s)) != 0)
+      return ow_fail(k->msg, "rank %u: dep_dispatch: %s", r, dep_errmsg(k->c));
+    CR_CU(k, k->cu->cuEventRecord(ev[1], k->s), "cuEventRecord");
+    if ((rc = dep_combine(k->c, &ca, k->h, k->s)) != 0)
+      return ow_fail(k->msg, "rank %u: dep_combine: %s", r, dep_errmsg(k->c));
+    CR_CU(k, k->cu->cuEventRecord(ev[2], k->s), "cuEventRecord");
+    if ((rc = dep_ll_dispatch(k->c, &la, k->h, k->s)) != 0)
+      return ow_fail(k->msg, "rank %u: dep_ll_dispatch: %s", r, dep_errmsg(k->c));
+    CR_CU(k, k->cu->cuEventRecord(ev[3], k->s), "cuEventRecord");
+    if ((rc = dep_ll_combine(k->c, &lc, k->h, k->s)) != 0)
+      return ow_fail(k->msg, "rank %u: dep_ll_combine: %s", r, dep_errmsg(k->c));
+    CR_CU(k, k->cu->cuEventRecord(ev[4], k->s), "cuEventRecord");
+    CR_CU(k, k->cu->cuEventSynchronize(ev[4]), "cuEventSynchronize");
+    for (int op = 0; op < 4; op++)
+      CR_CU(k, k->cu->cuEventElapsedTime(&a->ms[r][op][i], ev[op], ev[op + 1]),
+            "cuEventElapsedTime");
+  }
+  for (int i = 0; i < 5; i++)
+    k->cu->cuEventDestroy(ev[i]);
+  return 0;
+}
+
+static int sg_cmp_float(const void *x, const void *y) {
+  float a = *(const float *)x, b = *(const float *)y;
+  return (a > b) - (a < b);
+}
+
+START_TEST(cuda_stats_match_cuda_events_of_the_same_calls) {
+  struct tu_gpus g;
+  if (!cr_gpu_probe(__func__, &g))
+    return;
+  if (g.mps) {
+    /* Ranks as threads of one process (no time-slicing to blur either clock) need a
+     * hardware queue per stream, which MPS clients do not get (check_cuda_ops.c). */
+    tu_skip(__func__, "MPS is running; this test's ranks are threads of one process, which "
+            "need a hardware queue per stream: run it without MPS");
+    return;
+  }
+  ow_seed_init(500);
+  /* bench/ep's shape of BENCHMARKS.md: calls of 45-90 us, well above the events' outside part. */
+  static const struct ow_scenario sc = {ST_W, 7168, 8, 64, 512, 128, P_RANDOM, T_MAX,
+                                        DEP_INDEX_I64, 0};
+  struct ow_case *d = malloc(sizeof *d);
+  struct sg_arg *a = calloc(1, sizeof *a);
+  ck_assert(d != NULL && a != NULL);
+  ow_case_make(d, &sc, 0);
+  a->d = d;
+  struct cr_world w;
+  cr_world_start(&w, NULL);
+  cr_run_threads(&w, "st-gpu-timer", &d->shape, ST_W, sg_body, a, "stats against CUDA events");
+  /* The job ended with its ranks: its last calls are folded once the daemon sees it. */
+  struct dep_msg_stats_rank got[ST_W];
+  struct dep_msg_stats_ok ok;
+  int64_t deadline = dw_now_ms() + 5000;
+  do {
+    ck_assert_uint_eq(st_fetch(&w.dm, "st-gpu-timer", got, &ok), ST_W);
+  } while ((got[0].finished == 0 || got[1].finished == 0) && dw_now_ms() < deadline &&
+           (dw_sleep_ms(50), 1));
+  ck_assert(got[0].finished && got[1].finished);
+  static const unsigned sop[4] = {DEP_STATS_OP_DISPATCH, DEP_STATS_OP_COMBINE,
+                                  DEP_STATS_OP_LL_DISPATCH, DEP_STATS_OP_LL_COMBINE};
+  for (uint32_t r = 0; r < ST_W; r++) {
+    ck_assert_msg(got[r].cuda == 1, "rank %u's stats are not the GPU timer's", r);
+    for (int op = 0; op < 4; op++) {
+      const struct dep_msg_stats_op *o = &got[r].ops[sop[op]];
+      const char *name = dep_stats_op_name(sop[op]);
+      ck_assert_msg(o->calls == SG_CALLS && o->steady_calls == SG_CALLS - 1,
+                    "rank %u %s: %llu calls (%llu steady), want %d", r, name,
+                    (unsigned long long)o->calls, (unsigned long long)o->steady_calls, SG_CALLS);
+      ck_assert_msg(o->errors == (op == 0 ? 1u : 0u) && o->timeouts == 0,
+                    "rank %u %s: %llu errors, %llu timeouts; want %d (the refused call)", r,
+                    name, (unsigned long long)o->errors, (unsigned long long)o->timeouts,
+                    op == 0);
+      /* The events' steady median: every call after the first, as the daemon's. */
+      float *m = a->ms[r][op];
+      qsort(m + 1, SG_CALLS - 1, sizeof *m, sg_cmp_float);
+      const double ev = (double)m[1 + (SG_CALLS - 1) / 2] * 1e6;
+      const double lo = 0.875 * (ev - SG_OUTSIDE_NS), hi = 1.125 * ev + 2000.0;
+      printf("stats on cuda: rank %u %-11s kernels' median %7.1f us, CUDA events' %7.1f us "
+             "(bounds %.1f-%.1f), first call %.1f us\n", r, name, (double)o->median_ns / 1e3,
+             ev / 1e3, lo / 1e3, hi / 1e3, (double)o->first_ns / 1e3);
+      ck_assert_msg((double)o->median_ns >= lo && (double)o->median_ns <= hi,
+                    "rank %u %s: the kernels' median %.1f us is outside %.1f-%.1f us of the "
+                    "CUDA events' %.1f us", r, name, (double)o->median_ns / 1e3, lo / 1e3,
+                    hi / 1e3, ev / 1e3);
+      ck_assert_uint_gt(o->first_ns, 0);
+    }
+  }
+  fflush(stdout);
+  cr_world_stop(&w);
+  ow_case_free(d);
+  free(d);
+  free(a);
+}
+END_TEST
+
 Suite *stats_suite(void);
 Suite *stats_suite(void) {
   Suite *s = suite_create("stats");
@@ -985,6 +1146,11 @@ Suite *stats_suite(void) {
   tcase_add_test(t, metrics_listen_answers_anything_else_with_an_error_and_carries_on);
   tcase_add_test(t, metrics_listen_bounds_idle_and_surplus_scrapers);
   tcase_add_test(t, a_metrics_port_already_taken_fails_the_start);
+  suite_add_tcase(s, t);
+  t = tcase_create("gpu timer");
+  tcase_set_tags(t, "gpu");
+  tcase_set_timeout(t, 120);
+  tcase_add_test(t, cuda_stats_match_cuda_events_of_the_same_calls);
   suite_add_tcase(s, t);
   t = tcase_create("doctor");
   tcase_set_timeout(t, 60);
