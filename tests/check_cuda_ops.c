@@ -405,6 +405,204 @@ START_TEST(two_hundred_forty_calls_back_to_back_stay_correct) {
 }
 END_TEST
 
+/* ---- throughput extensions: FP8, num_worst_tokens, alignment, cached, weights ---------- */
+
+/* A case with FP8 inputs (any bytes, with scales) and their oracle beside the bf16 ones. */
+struct ext_gpu {
+  struct ow_case d;
+  uint8_t *x8[OW_MAXW];
+  float *scales[OW_MAXW];
+  struct ref_dispatch_out disp8[OW_MAXW];
+  uint32_t align[OW_MAXW];
+};
+
+static void ext_gpu_make(struct ext_gpu *e, const struct ow_scenario *sc) {
+  memset(e, 0, sizeof *e);
+  ow_case_make(&e->d, sc, 0);
+  const uint32_t h = sc->hidden;
+  struct ref_rank_in in8[OW_MAXW];
+  for (uint32_t r = 0; r < sc->world; r++) {
+    const uint32_t n = e->d.in[r].num_tokens;
+    e->x8[r] = malloc((size_t)n * h + 1);
+    e->scales[r] = malloc(((size_t)n * (h / 128) + 1) * 4);
+    ck_assert(e->x8[r] && e->scales[r]);
+    for (size_t i = 0; i < (size_t)n * h; i++)
+      e->x8[r][i] = (uint8_t)ow_rnd();
+    for (size_t i = 0; i < (size_t)n * (h / 128); i++)
+      e->scales[r][i] = ow_unif() + 1e-3f;
+    in8[r] = e->d.in[r];
+    in8[r].x8 = e->x8[r];
+    in8[r].scales = e->scales[r];
+    e->align[r] = 1u + ow_below(8) * (r + 1);
+  }
+  ck_assert_int_eq(ref_dispatch(&e->d.shape, sc->world, in8, e->disp8), 0);
+}
+
+static void ext_gpu_free(struct ext_gpu *e) {
+  for (uint32_t r = 0; r < e->d.sc.world; r++)
+    free(e->x8[r]), free(e->scales[r]);
+  ref_dispatch_free(e->disp8, e->d.sc.world);
+  ow_case_free(&e->d);
+}
+
+/*
+ * Per round: an FP8 dispatch with expert_alignment (even rounds with
+ * num_worst_tokens = the capacity, so no synchronisation, odd ones without),
+ * a cached bf16 dispatch through its handle, and a weighted combine of
+ * recv_topk_weights: rows, scales, ids, padding, counts, the combined
+ * vectors and weights as the host backend's float32 order gives them.
+ * Buffers reused: FP8 x and its scales in B_X, the FP8 rows and their
+ * scales in B_RX, out_topk_weights in B_LRX.
+ */
+static int body_ext(struct rk *k, void *arg) {
+  const struct ext_gpu *e = arg;
+  const struct ow_case *d = &e->d;
+  const uint32_t r = k->rank, h = k->h_, K = k->K, G = h / 128, n = d->in[r].num_tokens;
+  const size_t rows = k->sz[B_RX] / (h * 2);
+  const struct ref_dispatch_out *w8 = &e->disp8[r], *wb = &d->disp[r];
+  const uint32_t nr = wb->num_recv;
+  if (k->sz[B_LRX] < (size_t)k->mt * K * 4 + 4)
+    return ow_fail(k->msg, "test set-up: B_LRX too small for out_topk_weights [%s]", d->desc);
+  if (cr_put(k, B_IDX, d->idx[r], (size_t)n * K * (d->sc.itype == DEP_INDEX_I64 ? 8 : 4)) ||
+      cr_put(k, B_W, d->in[r].topk_weights, (size_t)n * K * 4) ||
+      cr_put(k, B_CX, d->cx[r], (size_t)nr * h * 2))
+    return 1;
+  uint8_t *xs = (uint8_t *)CR_DEV(k, B_X), *rxs = (uint8_t *)CR_DEV(k, B_RX);
+  const size_t sc_off = (size_t)k->mt * h; /* after the largest batch's FP8 bytes */
+  for (int round = 0; round < 4; round++) {
+    const uint8_t pz = round & 1 ? 0x5A : 0xA5;
+    const uint32_t worst = round % 2 == 0 ? (uint32_t)rows : 0;
+    if (cr_put(k, B_X, e->x8[r], (size_t)n * h) ||
+        (n && (k->cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)(xs + sc_off), e->scales[r],
+                                   (size_t)n * G * 4) != CUDA_SUCCESS)) ||
+        cr_poison(k, B_RX, pz) || cr_poison(k, B_RIDX, pz) || cr_poison(k, B_RW, pz) ||
+        cr_poison(k, B_CNT, pz))
+      return ow_fail(k->msg, "round %d: uploading the FP8 inputs failed", round);
+    uint32_t nrecv = 0xdeadbeef;
+    struct dep_dispatch_args a = {
+        .size = sizeof a, .use_fp8 = 1, .x = xs, .x_scales = (const float *)(xs + sc_off),
+        .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype, .topk_weights = CR_DEV(k, B_W),
+        .num_tokens = n, .recv_x = rxs, .recv_x_scales = (float *)(rxs + rows * h),
+        .recv_topk_idx = CR_DEV(k, B_RIDX), .recv_topk_weights = CR_DEV(k, B_RW),
+        .recv_count_per_expert = CR_DEV(k, B_CNT), .num_recv = worst ? NULL : &nrecv,
+        .num_worst_tokens = worst, .expert_alignment = e->align[r]};
+    CALL(k, dep_dispatch(k->c, &a, k->h, k->s), "dep_dispatch (fp8)");
+    if (!worst && nrecv != nr)
+      return ow_fail(k->msg, "dispatch (fp8): num_recv %u, want %u [%s]", nrecv, nr, d->desc);
+    if (cr_get(k, B_RX))
+      return 1;
+    for (uint32_t i = 0; i < nr; i++)
+      if (memcmp(k->host + (size_t)i * h, w8->x8 + (size_t)i * h, h) != 0 ||
+          memcmp(k->host + rows * h + (size_t)i * G * 4, w8->scales + (size_t)i * G, G * 4) != 0)
+        return ow_fail(k->msg, "dispatch (fp8): row %u (rank %u token %u): bytes or scales "
+                       "differ [%s]", i, w8->from[i].rank, w8->from[i].token, d->desc);
+    if (ow_unpoisoned(k->host + (size_t)nr * h, (rows - nr) * h, pz) >= 0 ||
+        ow_unpoisoned(k->host + rows * h + (size_t)nr * G * 4, (rows - nr) * G * 4, pz) >= 0)
+      return ow_fail(k->msg, "dispatch (fp8): rows or scales written past %u [%s]", nr, d->desc);
+    if (cr_get(k, B_RIDX))
+      return 1;
+    const int32_t *ri = (const int32_t *)k->host;
+    if (memcmp(ri, w8->topk_idx, (size_t)nr * K * 4) != 0)
+      return ow_fail(k->msg, "dispatch (fp8): recv_topk_idx differs [%s]", d->desc);
+    for (size_t i = (size_t)nr * K; i < (size_t)worst * K; i++)
+      if (ri[i] != -1)
+        return ow_fail(k->msg, "dispatch: padding row %zu has id %d, want -1 [%s]", i / K, ri[i],
+                       d->desc);
+    if (ow_unpoisoned(ri + (size_t)(worst ? worst : nr) * K,
+                      (rows - (worst ? worst : nr)) * K * 4, pz) >= 0)
+      return ow_fail(k->msg, "dispatch: recv_topk_idx written past its rows [%s]", d->desc);
+    if (cr_get(k, B_RW))
+      return 1;
+    const float *rw = (const float *)k->host;
+    if (memcmp(rw, w8->topk_weights, (size_t)nr * K * 4) != 0)
+      return ow_fail(k->msg, "dispatch (fp8): recv_topk_weights differ [%s]", d->desc);
+    for (size_t i = (size_t)nr * K; i < (size_t)worst * K; i++)
+      if (rw[i] != 0.0f)
+        return ow_fail(k->msg, "dispatch: padding row %zu has weight %g [%s]", i / K, rw[i],
+                       d->desc);
+    int32_t want_cnt[256];
+    memcpy(want_cnt, w8->count, k->le * 4);
+    ref_align_counts(want_cnt, k->le, e->align[r]);
+    if (cr_get(k, B_CNT) || memcmp(k->host, want_cnt, k->le * 4) != 0)
+      return ow_fail(k->msg, "dispatch: recv_count_per_expert is not the oracle's rounded to "
+                     "multiples of %u [%s]", e->align[r], d->desc);
+
+    /* Cached, bf16, through the handle (num_worst_tokens as its dispatch had). */
+    if (cr_put(k, B_X, d->in[r].x, (size_t)n * h * 2) || cr_poison(k, B_RX, pz))
+      return 1;
+    uint32_t cn = 0xdeadbeef;
+    struct dep_dispatch_args cb = {.size = sizeof cb, .cached = 1, .x = CR_DEV(k, B_X),
+                                   .num_tokens = n, .recv_x = CR_DEV(k, B_RX),
+                                   .num_recv = worst ? NULL : &cn, .num_worst_tokens = worst};
+    CALL(k, dep_dispatch(k->c, &cb, k->h, k->s), "dep_dispatch (cached)");
+    if (!worst && cn != nr)
+      return ow_fail(k->msg, "dispatch (cached): num_recv %u, want %u [%s]", cn, nr, d->desc);
+    if (cr_get(k, B_RX) || memcmp(k->host, wb->x, (size_t)nr * h * 2) != 0)
+      return ow_fail(k->msg, "dispatch (cached): recv_x differs from the oracle [%s]", d->desc);
+    if (ow_unpoisoned(k->host + (size_t)nr * h * 2, (rows - nr) * h * 2, pz) >= 0)
+      return ow_fail(k->msg, "dispatch (cached): recv_x written past %u [%s]", nr, d->desc);
+
+    /* Weighted combine of the rows' recv_topk_weights (still in B_RW). */
+    if (cr_poison(k, B_OUT, pz) || cr_poison(k, B_LRX, pz))
+      return 1;
+    struct dep_combine_args ca = {.size = sizeof ca, .x = CR_DEV(k, B_CX), .out = CR_DEV(k, B_OUT),
+                                  .topk_weights = CR_DEV(k, B_RW),
+                                  .out_topk_weights = CR_DEV(k, B_LRX)};
+    CALL(k, dep_combine(k->c, &ca, k->h, k->s), "dep_combine (weights)");
+    uint16_t *want = malloc(((size_t)n * h + 1) * 2);
+    float *acc = malloc(h * 4);
+    want_combine(d, r, want, acc);
+    int rc = cr_get(k, B_OUT) || check_sum(k, d, &d->comb[r], want, n, k->mt, pz, "combine");
+    free(want);
+    free(acc);
+    if (rc || cr_get(k, B_LRX))
+      return 1;
+    const float *ow = (const float *)k->host;
+    for (uint32_t t = 0; t < n; t++)
+      for (uint32_t j = 0; j < K; j++) {
+        float ws = 0.0f; /* the host's order: sources ascending, float32 */
+        for (uint32_t q = 0; q < d->sc.world; q++)
+          for (uint32_t i = 0; i < d->disp[q].num_recv; i++)
+            if (d->disp[q].from[i].rank == r && d->disp[q].from[i].token == t)
+              ws += d->disp[q].topk_weights[(size_t)i * K + j];
+        if (memcmp(&ow[(size_t)t * K + j], &ws, 4) != 0)
+          return ow_fail(k->msg, "combine: out_topk_weights[%u][%u] = %g, want %g [%s]", t, j,
+                         ow[(size_t)t * K + j], ws, d->desc);
+      }
+    if (ow_unpoisoned(ow + (size_t)n * K, (size_t)(k->mt - n) * K * 4, pz) >= 0)
+      return ow_fail(k->msg, "combine: out_topk_weights written past num_tokens [%s]", d->desc);
+  }
+  return 0;
+}
+
+static const struct ow_scenario ext_scenarios[] = {
+  /* world hidden topk experts max_tokens max_ll  routing  tokens  index  fp8 */
+  {1, 256, 2, 4, 32, 8, P_RANDOM, T_MAX, DEP_INDEX_I64, 0},
+  {2, 2048, 8, 16, 64, 64, P_DUP, T_MIXED, DEP_INDEX_I32, 0},
+  {4, 128, 4, 16, 32, 32, P_RANDOM, T_MIXED, DEP_INDEX_I64, 0},
+  {8, 7168, 8, 64, 16, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 0},
+  {8, 128, 2, 8, 16, 16, P_ONE_RANK, T_ZERO, DEP_INDEX_I64, 0},
+};
+
+/* FP8 dispatch, num_worst_tokens (no synchronisation), expert_alignment, cached mode and a
+ * weighted combine: each against the oracle, bit for bit. */
+START_TEST(throughput_extensions_match_the_oracle) {
+  CR_NEEDS_GPU();
+  ow_seed_init(200 + (uint64_t)_i);
+  struct ext_gpu *e = malloc(sizeof *e);
+  ck_assert_ptr_nonnull(e);
+  ext_gpu_make(e, &ext_scenarios[_i]);
+  struct cr_world w;
+  cr_world_start(&w, NULL);
+  char job[32];
+  snprintf(job, sizeof job, "ext-%d", _i);
+  cr_run_procs(&w, job, &e->d.shape, e->d.sc.world, body_ext, e, e->d.desc);
+  cr_world_stop(&w);
+  ext_gpu_free(e);
+  free(e);
+}
+END_TEST
+
 /* ---- faults ------------------------------------------------------------------------------ */
 
 #define SHORT_OPS "limits:\n  op_timeout_ms: 500\n"
@@ -794,6 +992,8 @@ Suite *cuda_ops_suite(void) {
   tcase_add_loop_test(tc, ranks_as_processes_match_the_oracle, 0,
                       (int)(sizeof scenarios / sizeof scenarios[0]));
   tcase_add_test(tc, two_hundred_forty_calls_back_to_back_stay_correct);
+  tcase_add_loop_test(tc, throughput_extensions_match_the_oracle, 0,
+                      (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
   suite_add_tcase(s, tc);
   /* Its own case, so that it can run outside MPS alone (CK_RUN_CASE=threads). */
   TCase *th = tcase_create("threads");
