@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "client_internal.h"
@@ -43,6 +44,9 @@ void client_unmap(dep_client_t *c) {
   cuda_ops_detach(c); /* the kernels and their memory go before the slabs they address */
   statrec_unmap(c);
   host_ops_fini(&c->ops);
+  if (c->xring != NULL)
+    munmap(c->xring, DEP_XRING_BYTES);
+  c->xring = NULL;
   for (uint32_t i = 0; i < c->n_arenas; i++)
     mem_unmap_slab(&c->arenas[i]);
   c->n_arenas = 0;
@@ -158,6 +162,43 @@ static int attach_reply(dep_client_t *c, uint32_t id, int timeout_ms) {
   }
 }
 
+/*
+ * A job that spans nodes: ask the daemon for this rank's ring to its proxy
+ * (xring.h).  Without one (a daemon with no peers, the cuda backend) the
+ * rank is attached but its operations refuse, saying why (xring_why).
+ */
+static void attach_ring(dep_client_t *c) {
+  c->xring = NULL;
+  if (c->cuda) {
+    snprintf(c->xring_why, sizeof c->xring_why, "the cuda backend's operations between nodes are "
+             "not in this build: run the job on one node, or on the host backend");
+    return;
+  }
+  struct client_frame f;
+  char saved[CLIENT_ERRMSG_MAX];
+  snprintf(saved, sizeof saved, "%s", c->errmsg);
+  int rc = client_request(c, DEP_MSG_XRING_LEND, NULL, DEP_MSG_XRING_LEND_OK,
+                          CLIENT_REQUEST_TIMEOUT_MS, &f);
+  if (rc != 0) {
+    snprintf(c->xring_why, sizeof c->xring_why, "deepepd lends no ring to its proxy: %.200s",
+             c->errmsg);
+    snprintf(c->errmsg, sizeof c->errmsg, "%s", saved);
+    return;
+  }
+  struct dep_msg_xring_lend_ok ok;
+  void *p = MAP_FAILED;
+  if (proto_decode_xring_lend_ok(f.body, f.hdr.body_len, &ok) == 0 && f.nfds == 1 &&
+      ok.version == DEP_XRING_VERSION && ok.bytes == DEP_XRING_BYTES)
+    p = mmap(NULL, DEP_XRING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, f.fds[0], 0);
+  client_frame_release(&f); /* closes the fd: the mapping stays */
+  if (p == MAP_FAILED) {
+    snprintf(c->xring_why, sizeof c->xring_why, "deepepd lent a ring of another version or size "
+             "(a daemon of another build?)");
+    return;
+  }
+  c->xring = p;
+}
+
 /* Where the slabs will live: on cuda, a context on this rank's GPU. */
 static int attach_bind_device(dep_client_t *c, const struct dep_attach_args *a) {
   c->cuda = strcmp(c->hello.backend, "cuda") == 0;
@@ -232,12 +273,20 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
    * attaches (its memory is lent) but its operations need the proxy.  On
    * cuda the context holds device pointers, for the checks and addressing;
    * the kernels are loaded (and warmed up) before dep_attach returns. */
-  if (args->world_size == args->local_world_size) {
+  c->xring_why[0] = '\0';
+  if (args->world_size != args->local_world_size) {
+    if (args->world_size > DEP_MAX_LOCAL_RANKS)
+      snprintf(c->xring_why, sizeof c->xring_why, "the operations serve worlds of up to %u ranks",
+               DEP_MAX_LOCAL_RANKS);
+    else
+      attach_ring(c);
+  }
+  if (args->world_size == args->local_world_size || c->xring != NULL) {
     uint8_t *slabs[DEP_MAX_LOCAL_RANKS] = {NULL};
     for (uint32_t i = 0; i < args->local_world_size; i++)
       slabs[c->ranks[i]] = c->slabs[i];
-    rc = host_ops_init(&c->ops, &args->shape, args->world_size, args->rank, slabs,
-                       c->attach_ok.op_timeout_ms, why, sizeof why);
+    rc = host_ops_init_nodes(&c->ops, &args->shape, args->world_size, args->rank, slabs,
+                             c->xring, c->attach_ok.op_timeout_ms, why, sizeof why);
     if (rc != 0) {
       dep_detach(c);
       return client_seterr(c, rc, "dep_attach: %s", why);

@@ -61,6 +61,8 @@ struct dep_client {
   void *lent_kernels;             /* the daemon's cubin, mapped from KERNELS until loaded */
   size_t lent_kernels_bytes;
   struct statrec stats;           /* the stats page the daemon lent this rank (statrec.h) */
+  struct dep_xring *xring;        /* a job that spans nodes: the ring to the daemon's proxy */
+  char xring_why[256];            /* ... or why this rank has none (operations refuse) */
   struct proto_buf tx;            /* reused for every request */
   char errmsg[CLIENT_ERRMSG_MAX]; /* the last failure on this handle */
 };

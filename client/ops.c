@@ -15,15 +15,14 @@
 #include "shape.h"
 #include "slab.h"
 
-/* The handle must be attached to a single-node job. */
+/* The handle must be attached, and a job that spans nodes must have its ring. */
 static int ops_ready(dep_client_t *c, const char *op) {
   if (!c->attached)
     return client_seterr(c, DEP_ERR_STATE, "%s: not attached to a job; call dep_attach first", op);
-  if (c->args.world_size != c->args.local_world_size)
+  if (c->args.world_size != c->args.local_world_size && c->xring == NULL)
     return client_seterr(c, DEP_ERR_UNSUPPORTED,
-                         "%s: job %s spans nodes (world %u, %u on this node); operations between "
-                         "nodes need the proxy, not in this build", op, c->job_id,
-                         c->args.world_size, c->args.local_world_size);
+                         "%s: job %s spans nodes (world %u, %u on this node), but %s", op,
+                         c->job_id, c->args.world_size, c->args.local_world_size, c->xring_why);
   return 0;
 }
 

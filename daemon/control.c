@@ -21,6 +21,7 @@
 #include "log.h"
 #include "peer.h"
 #include "stats.h"
+#include "xfer.h"
 
 /*
  * A STATUS body must fit DEP_PROTO_MAX_BODY: a job entry takes at most
@@ -63,28 +64,23 @@ static void control_hello(struct conn *c, const struct dep_frame_hdr *h, const u
   conn_send(c, DEP_MSG_HELLO_OK, h->request_id, &ok, NULL, 0);
 }
 
-int control_fill_status(struct dep_status *st, uid_t viewer) {
-  memset(st, 0, sizeof *st);
-  snprintf(st->version, sizeof st->version, "%s", DEP_VERSION_STRING);
-  st->proto_version = DEP_PROTO_VERSION;
-  st->pid = (uint32_t)getpid();
-  st->uptime_ms = deepepd_uptime_ms();
-  snprintf(st->backend, sizeof st->backend, "%s", devices_backend_name());
-  snprintf(st->state, sizeof st->state, "%s", deepepd_state_name());
-  st->num_clients = conn_count();
-  int rc = devices_fill_status(st);
-  if (rc == 0)
-    rc = job_fill_status(st, viewer, CONTROL_STATUS_MAX_JOBS);
-  return rc;
-}
-
 static void control_status(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
   if (len != 0) {
     conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "STATUS carries no body, got %zu bytes", len);
     return;
   }
   struct dep_status st;
-  int rc = control_fill_status(&st, c->uid);
+  memset(&st, 0, sizeof st);
+  snprintf(st.version, sizeof st.version, "%s", DEP_VERSION_STRING);
+  st.proto_version = DEP_PROTO_VERSION;
+  st.pid = (uint32_t)getpid();
+  st.uptime_ms = deepepd_uptime_ms();
+  snprintf(st.backend, sizeof st.backend, "%s", devices_backend_name());
+  snprintf(st.state, sizeof st.state, "%s", deepepd_state_name());
+  st.num_clients = conn_count();
+  int rc = devices_fill_status(&st);
+  if (rc == 0)
+    rc = job_fill_status(&st, c->uid, CONTROL_STATUS_MAX_JOBS);
   if (rc == 0)
     conn_send(c, DEP_MSG_STATUS_OK, h->request_id, &st, NULL, 0);
   else
@@ -293,6 +289,16 @@ static void control_job_nodes(struct conn *c, const struct dep_frame_hdr *h, siz
   free(m);
 }
 
+/* XRING_LEND: a rank of a running job that spans nodes asks for its ring (xfer.c). */
+static void control_xring_lend(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
+  if (len != 0) {
+    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "XRING_LEND carries no body, got %zu bytes",
+              len);
+    return;
+  }
+  xfer_lend_ring(c, h->request_id);
+}
+
 /* STATS_LEND: a rank of a running job asks for its stats page (stats.c). */
 static void control_stats_lend(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
   if (len != 0) {
@@ -402,6 +408,9 @@ void control_handle(struct conn *c, const struct dep_frame_hdr *h, const uint8_t
     break;
   case DEP_MSG_STATS_LEND:
     control_stats_lend(c, h, len);
+    break;
+  case DEP_MSG_XRING_LEND:
+    control_xring_lend(c, h, len);
     break;
   case DEP_MSG_STATS:
     control_stats(c, h, body, len);

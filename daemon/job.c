@@ -17,6 +17,7 @@
 #include "log.h"
 #include "peer.h"
 #include "proto.h"
+#include "xfer.h"
 #include "shape.h"
 #include "slab.h"
 
@@ -195,6 +196,7 @@ static void job_destroy(struct job *j, const char *why) {
     r->conn = NULL;
   }
   j->attached = 0;
+  xfer_job_end(j); /* the proxy lets go of its slabs before they go back */
   lend_release(j, deepepd.stopping);
   log_info("job %s: removed (%s) after %llu ms", j->id, why,
            (unsigned long long)job_age_ms(j));
@@ -371,6 +373,7 @@ static void job_progress(struct job *j) {
     uint32_t nodes = 0;
     (void)job_remote_ranks(j, &nodes);
     log_info("job %s: all %u ranks held on %u node(s)", j->id, j->world_size, 1 + nodes);
+    xfer_job_start(j, job_who); /* before the replies: a rank asks for its ring next */
     job_complete(j);
   }
 }
@@ -722,6 +725,7 @@ struct job *job_lookup(const char *id) { return job_find(id); }
 
 /* A peer came up: it learns the membership of every job gathering here. */
 static void job_on_peer_up(int k) {
+  xfer_peer_up(k);
   for (struct job *j = job_list; j != NULL; j = j->next)
     if (j->multinode && !j->ready && !j->dead && j->attached == j->local_world_size)
       job_announce(j, k);
@@ -748,11 +752,13 @@ static void job_on_peer_down(int k) {
                   "is gone", j->id, peer_name(k), x->m.ranks[0]);
         struct job_rank gone = {.rank = x->m.ranks[0]};
         lend_tell_gone(j, &gone, false);
+        xfer_job_fail(j, DEP_ERR_PEER);
       }
       member_drop(x->m.job_id, k);
     }
     x = next;
   }
+  xfer_peer_down(k);
 }
 
 static void job_on_membership(int k, const struct dep_peer_membership *in) {
@@ -832,9 +838,19 @@ static void job_on_job_event(int k, uint16_t type, const struct dep_peer_job_eve
   uint32_t rank = e->rank != DEP_PEER_NO_RANK ? e->rank : first;
   if (rank == DEP_PEER_NO_RANK || rank >= j->world_size)
     return;
+  /* A rank on another node that detached ended its part cleanly, and its
+   * last blocks may still be on their way over a data connection, which
+   * this notice (on the peer link) can overtake: only a death fails the
+   * waits here at once.  A rank that waits for one that left early times
+   * out instead. */
+  if (e->detached != 0) {
+    log_info("job %s: node %s says rank %u detached (%.380s)", j->id, peer_name(k), rank, text);
+    return;
+  }
   log_notice("job %s: node %s says rank %u is gone (%.380s)", j->id, peer_name(k), rank, text);
   struct job_rank gone = {.rank = rank};
-  lend_tell_gone(j, &gone, e->detached != 0);
+  lend_tell_gone(j, &gone, false);
+  xfer_job_fail(j, DEP_ERR_PEER);
 }
 
 static void job_on_peer_msg(int k, const struct dep_peer_msg *m) {

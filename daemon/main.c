@@ -20,7 +20,6 @@
 #include "held.h"
 #include "job.h"
 #include "log.h"
-#include "metrics_http.h"
 #include "notify.h"
 #include "peer.h"
 #include "proto.h"
@@ -28,6 +27,7 @@
 #include "server.h"
 #include "warmup.h"
 #include "stats.h"
+#include "xfer.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -284,8 +284,8 @@ int main(int argc, char **argv) {
   deepepd.starting = true;
   if (server_init(&loop, &deepepd.cfg) != 0)
     goto out_jobs;
-  /* metrics.listen, once the socket is ours: an address that cannot be bound fails the start. */
-  if (metrics_http_init(&loop, &deepepd.cfg) != 0)
+  /* The data path between nodes, before the peers whose links it rides. */
+  if (xfer_init(&deepepd.cfg) != 0)
     goto out_server;
   /* The peers connect while the pools are made; READY=1 waits for both. */
   if (peer_init(&loop, &deepepd.cfg) != 0)
@@ -308,14 +308,15 @@ int main(int argc, char **argv) {
     uv_run(&loop, UV_RUN_ONCE);
   status = main_pools_failed ? 1 : 0;
 
+  xfer_fini(); /* the proxy threads stop before the slabs they read go */
   job_fini(); /* every slab goes back before its pool does */
   devices_fini();
 out_held:
   warmup_fini();
   held_fini();
+  xfer_fini();
   peer_fini();
 out_server:
-  metrics_http_fini();
   server_fini();
 out_jobs:
   job_fini(); /* again on the way out of a failed start: its timers must close */

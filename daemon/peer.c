@@ -29,6 +29,7 @@
 #include "devices.h"
 #include "peerauth.h"
 #include "rdmaxp.h"
+#include "xfer.h"
 
 #define PEER_TICK_MS 100
 #define PEER_ACCEPT_BUDGET 64
@@ -69,6 +70,7 @@ struct peer_conn {
   bool got_hello, sent_auth, verified, acked;
   bool authed;           /* verified and acked: the transport is being settled */
   bool rdma;             /* settled on an RDMA queue pair (else TCP) */
+  bool handed_off;       /* a data connection: its socket is xfer's now */
   struct rdmaxp_qp *qp;  /* the link's queue pair, offered, connecting or up */
   uint64_t authed_ms;
   struct peerauth_hs hs;
@@ -512,6 +514,38 @@ static void conn_on_hello(struct peer_conn *c, const struct dep_peer_msg *m, con
   (void)conn_send_auth(c);
 }
 
+/*
+ * An inbound connection whose first frame is DATA_HELLO: a peer opening a
+ * data connection with a token we offered it (xfer.h).  Identified as a
+ * HELLO is (source address and listen port); the socket goes to xfer, and
+ * the link closes without touching it, having read nothing past the frame.
+ */
+static void conn_on_data_hello(struct peer_conn *c, const struct dep_peer_data_hello *h) {
+  if (c->slot >= 0 || c->got_hello) {
+    conn_refuse(c, DEP_ERR_PROTOCOL, "sent DATA_HELLO on a link that is not a new inbound one");
+    return;
+  }
+  struct peer *p = peer_identify(c, h->listen_port);
+  if (p == NULL) {
+    conn_refuse(c, DEP_ERR_PERMISSION, "%s (listen port %u) is not in this daemon's peers: its "
+                "data connection is refused", c->from, (unsigned)h->listen_port);
+    return;
+  }
+  int fd = dup(c->link.fd);
+  if (fd < 0) {
+    conn_refuse(c, DEP_ERR_INTERNAL, "cannot take the data connection: %s", strerror(errno));
+    return;
+  }
+  if (!xfer_accept((int)(p - P.peers), h->token, fd)) {
+    close(fd);
+    conn_refuse(c, DEP_ERR_PERMISSION, "opened a data connection with a token this daemon did "
+                "not offer it (or used it already)");
+    return;
+  }
+  c->handed_off = true;
+  link_close(&c->link, "handed to the data path");
+}
+
 static void conn_on_auth(struct peer_conn *c, const struct dep_peer_msg *m) {
   if (!c->got_hello || !c->sent_auth || c->verified) {
     conn_refuse(c, DEP_ERR_PROTOCOL, "sent AUTH out of turn");
@@ -552,6 +586,10 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
   }
   if (rc != 0) {
     conn_refuse(c, rc, "%s", why);
+    return;
+  }
+  if (m.type == DEP_PEER_DATA_HELLO) {
+    conn_on_data_hello(c, &m.u.data_hello);
     return;
   }
   bool handshake = m.type == DEP_PEER_HELLO || m.type == DEP_PEER_AUTH ||
@@ -602,6 +640,11 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
     break;
   case DEP_PEER_XPORT_NAK:
     conn_on_xport_nak(c, &m.u.nak);
+    break;
+  case DEP_PEER_DATA_OFFER:
+    xfer_on_offer((int)(c->peer - P.peers), &m.u.data_offer);
+    break;
+  case DEP_PEER_DATA_HELLO: /* handled above */
     break;
   case DEP_PEER_MEMBERSHIP:
   case DEP_PEER_JOB_FAIL:
@@ -1173,6 +1216,21 @@ int peer_count(void) { return P.active ? (int)P.n : 0; }
 
 bool peer_is_up(int k) {
   return P.active && k >= 0 && (size_t)k < P.n && peer_links_up(&P.peers[k]) > 0;
+}
+
+int peer_data_address(int k, struct sockaddr_storage *out, socklen_t *len) {
+  if (k < 0 || (size_t)k >= P.n || P.peers[k].naddrs == 0)
+    return -1;
+  const struct peer *p = &P.peers[k];
+  *out = p->addrs[0];
+  if (out->ss_family == AF_INET) {
+    ((struct sockaddr_in *)out)->sin_port = htons(p->port);
+    *len = sizeof(struct sockaddr_in);
+  } else {
+    ((struct sockaddr_in6 *)out)->sin6_port = htons(p->port);
+    *len = sizeof(struct sockaddr_in6);
+  }
+  return 0;
 }
 
 const char *peer_name(int k) {

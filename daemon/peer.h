@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <uv.h>
 
 #include "config.h"
@@ -75,6 +76,9 @@ void peer_set_events(const struct peer_events *ev);
 /* Configured peers, and whether peer k has an authenticated link now. */
 int peer_count(void);
 bool peer_is_up(int peer);
+/* Where to open a data connection to peer k (its address, its listen
+ * port): 0, or -1 when its host has not resolved. */
+int peer_data_address(int peer, struct sockaddr_storage *out, socklen_t *len);
 /* "host:port (node)" for messages. */
 const char *peer_name(int peer);
 /* Send m to peer k on one of its authenticated links: 0, or DEP_ERR_STATE

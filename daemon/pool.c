@@ -520,25 +520,36 @@ void pool_block_abandon(struct pool_block *b) {
   block_unmake(p, b);
 }
 
-int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
-                     size_t whylen) {
+/* Copy len bytes between buf and the block at off, piece by piece. */
+static int block_copy(struct pool_block *b, uint64_t off, uint8_t *buf, size_t len, bool write,
+                      char *why, size_t whylen) {
   struct pool *p = b->pool;
-  const uint8_t *s = src;
   while (len > 0) {
     uint64_t i = off / b->piece_bytes, in = off % b->piece_bytes;
     if (i >= b->n_pieces) {
-      snprintf(why, whylen, "write past the end of the block");
+      snprintf(why, whylen, "%s past the end of the block", write ? "write" : "read");
       return DEP_ERR_INVALID;
     }
     size_t n = len < b->piece_bytes - in ? len : (size_t)(b->piece_bytes - in);
-    int rc = p->ops->chunk_write(&p->dev, &b->piece[i], in, s, n, why, whylen);
+    int rc = write ? p->ops->chunk_write(&p->dev, &b->piece[i], in, buf, n, why, whylen)
+                   : p->ops->chunk_read(&p->dev, &b->piece[i], in, buf, n, why, whylen);
     if (rc != 0)
       return rc;
-    s += n;
+    buf += n;
     off += n;
     len -= n;
   }
   return 0;
+}
+
+int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
+                     size_t whylen) {
+  return block_copy(b, off, (uint8_t *)(uintptr_t)src, len, true, why, whylen);
+}
+
+int pool_block_read(struct pool_block *b, uint64_t off, void *dst, size_t len, char *why,
+                    size_t whylen) {
+  return block_copy(b, off, dst, len, false, why, whylen);
 }
 
 void pool_block_put(struct pool_block *b, bool cache) {

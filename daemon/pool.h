@@ -175,9 +175,13 @@ void pool_block_put(struct pool_block *b, bool cache);
  * it (live ranks may still compute on it; it goes with the last of them). */
 void pool_block_abandon(struct pool_block *b);
 
-/* Write len bytes at off of the block (across its pieces); 0 or DEP_ERR_* with why. */
+/* Write len bytes at off of the block (across its pieces); 0 or DEP_ERR_* with why.
+ * Safe from any thread while the block is lent (the inter-node proxy's). */
 int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
                      size_t whylen);
+/* Read len bytes at off of the block into dst, as pool_block_write writes. */
+int pool_block_read(struct pool_block *b, uint64_t off, void *dst, size_t len, char *why,
+                    size_t whylen);
 
 /* The block's size, and how it is made: pieces of piece bytes each. */
 uint64_t pool_block_bytes(const struct pool_block *b);

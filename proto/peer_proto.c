@@ -92,6 +92,13 @@ int peer_proto_encode(struct proto_buf *b, const struct dep_peer_msg *m) {
     codec_w_str(&w, x->reason, sizeof x->reason);
     break;
   }
+  case DEP_PEER_DATA_OFFER:
+    codec_w_bytes(&w, m->u.data_offer.token, DEP_PEER_TOKEN_LEN);
+    break;
+  case DEP_PEER_DATA_HELLO:
+    codec_w_bytes(&w, m->u.data_hello.token, DEP_PEER_TOKEN_LEN);
+    codec_w_u16(&w, m->u.data_hello.listen_port);
+    break;
   case DEP_PEER_XPORT_NAK:
     if (m->u.nak.code >= 0)
       w.err = DEP_ERR_INVALID;
@@ -244,6 +251,13 @@ int peer_proto_decode(const uint8_t *p, size_t len, struct dep_peer_msg *m, char
     }
     break;
   }
+  case DEP_PEER_DATA_OFFER:
+    codec_r_bytes(&r, m->u.data_offer.token, DEP_PEER_TOKEN_LEN);
+    break;
+  case DEP_PEER_DATA_HELLO:
+    codec_r_bytes(&r, m->u.data_hello.token, DEP_PEER_TOKEN_LEN);
+    m->u.data_hello.listen_port = codec_r_u16(&r);
+    break;
   case DEP_PEER_XPORT_NAK:
     m->u.nak.code = codec_r_i32(&r);
     codec_r_str(&r, m->u.nak.message, sizeof m->u.nak.message);
@@ -285,7 +299,8 @@ const char *peer_proto_type_name(uint16_t type) {
       [DEP_PEER_KEEPALIVE] = "KEEPALIVE", [DEP_PEER_CLOSE] = "CLOSE",
       [DEP_PEER_MEMBERSHIP] = "MEMBERSHIP", [DEP_PEER_JOB_FAIL] = "JOB_FAIL",
       [DEP_PEER_JOB_END] = "JOB_END",     [DEP_PEER_XPORT] = "XPORT",
-      [DEP_PEER_XPORT_NAK] = "XPORT_NAK",
+      [DEP_PEER_XPORT_NAK] = "XPORT_NAK", [DEP_PEER_DATA_OFFER] = "DATA_OFFER",
+      [DEP_PEER_DATA_HELLO] = "DATA_HELLO",
   };
   return type < DEP_PEER_TYPE_MAX_ && names[type] != NULL ? names[type] : "UNKNOWN";
 }

@@ -97,7 +97,7 @@
 #include "shape.h"
 
 #define DEP_PEER_MAGIC 0x31505044u /* "DPP1" */
-#define DEP_PEER_VERSION 2
+#define DEP_PEER_VERSION 3
 #define DEP_PEER_HDR_LEN 8
 #define DEP_PEER_CHALLENGE_LEN 32
 #define DEP_PEER_MAC_LEN 32
@@ -125,6 +125,8 @@ enum dep_peer_type {
   DEP_PEER_JOB_END = 9,
   DEP_PEER_XPORT = 10,
   DEP_PEER_XPORT_NAK = 11,
+  DEP_PEER_DATA_OFFER = 12,
+  DEP_PEER_DATA_HELLO = 13,
   DEP_PEER_TYPE_MAX_
 };
 
@@ -182,6 +184,22 @@ struct dep_peer_xport {
   char reason[DEP_MSG_TEXT_MAX];         /* tcp: why not RDMA */
 };
 
+/*
+ * The data connections of the inter-node data path (daemon/xfer.h).  Over
+ * an authenticated link a daemon sends DATA_OFFER: a random single-use
+ * token.  The peer then opens a TCP connection to the sender's listener
+ * whose first and only frame is DATA_HELLO with that token and its own
+ * listen_port; from there on the connection carries the proxy's stream
+ * (xring.h's dep_xfer_hdr and payloads), from the opener to the listener.
+ */
+struct dep_peer_data_offer {
+  uint8_t token[DEP_PEER_TOKEN_LEN];
+};
+struct dep_peer_data_hello {
+  uint8_t token[DEP_PEER_TOKEN_LEN];
+  uint16_t listen_port; /* the opener's listen.port: names it among a host's daemons */
+};
+
 /* JOB_FAIL and JOB_END. */
 struct dep_peer_job_event {
   char job_id[DEP_JOB_ID_MAX];
@@ -204,6 +222,8 @@ struct dep_peer_msg {
     struct dep_peer_job_event job; /* JOB_FAIL, JOB_END */
     struct dep_peer_xport xport;
     struct dep_peer_error nak;     /* XPORT_NAK */
+    struct dep_peer_data_offer data_offer;
+    struct dep_peer_data_hello data_hello;
   } u;
 };
 

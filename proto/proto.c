@@ -656,7 +656,8 @@ int proto_decode_kernels_ok(const uint8_t *p, size_t len, struct dep_msg_kernels
 static bool type_has_empty_body(uint16_t type) {
   return type == DEP_MSG_STATUS || type == DEP_MSG_DETACH || type == DEP_MSG_DETACH_OK ||
          type == DEP_MSG_SHUTDOWN || type == DEP_MSG_RELOAD || type == DEP_MSG_PEERS ||
-         type == DEP_MSG_JOB_NODES || type == DEP_MSG_STATS_LEND || type == DEP_MSG_CLIENTS;
+         type == DEP_MSG_JOB_NODES || type == DEP_MSG_STATS_LEND || type == DEP_MSG_CLIENTS ||
+         type == DEP_MSG_XRING_LEND;
 }
 
 static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
@@ -696,6 +697,8 @@ static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
     return proto_encode_kernels_ok(b, msg);
   case DEP_MSG_STATS_LEND_OK:
     return proto_encode_stats_lend_ok(b, msg);
+  case DEP_MSG_XRING_LEND_OK:
+    return proto_encode_xring_lend_ok(b, msg);
   case DEP_MSG_STATS:
     return proto_encode_stats_req(b, msg);
   case DEP_MSG_STATS_RANK:
@@ -774,6 +777,8 @@ int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg)
     return proto_decode_kernels_ok(body, len, msg);
   case DEP_MSG_STATS_LEND_OK:
     return proto_decode_stats_lend_ok(body, len, msg);
+  case DEP_MSG_XRING_LEND_OK:
+    return proto_decode_xring_lend_ok(body, len, msg);
   case DEP_MSG_STATS:
     return proto_decode_stats_req(body, len, msg);
   case DEP_MSG_STATS_RANK:
@@ -800,6 +805,7 @@ const char *proto_type_name(uint16_t type) {
       [DEP_MSG_JOB_NODES] = "JOB_NODES", [DEP_MSG_JOB_NODES_OK] = "JOB_NODES_OK",
       [DEP_MSG_KERNELS] = "KERNELS",     [DEP_MSG_KERNELS_OK] = "KERNELS_OK",
       [DEP_MSG_STATS_LEND] = "STATS_LEND", [DEP_MSG_STATS_LEND_OK] = "STATS_LEND_OK",
+      [DEP_MSG_XRING_LEND] = "XRING_LEND", [DEP_MSG_XRING_LEND_OK] = "XRING_LEND_OK",
       [DEP_MSG_STATS] = "STATS",         [DEP_MSG_STATS_RANK] = "STATS_RANK",
       [DEP_MSG_STATS_OK] = "STATS_OK",   [DEP_MSG_CLIENTS] = "CLIENTS",
       [DEP_MSG_CLIENTS_OK] = "CLIENTS_OK",

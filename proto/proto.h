@@ -96,6 +96,8 @@ enum dep_msg_type {
   DEP_MSG_CLIENTS_OK = 27,    /* reply: struct dep_msg_clients */
   DEP_MSG_KERNELS = 28,       /* request: struct dep_msg_kernels */
   DEP_MSG_KERNELS_OK = 29,    /* reply: struct dep_msg_kernels_ok + the cubin's fd */
+  DEP_MSG_XRING_LEND = 30,    /* request: empty body; a rank of a job that spans nodes asks for its ring */
+  DEP_MSG_XRING_LEND_OK = 31, /* reply: struct dep_msg_xring_lend_ok, the ring's memfd riding on it */
   DEP_MSG_TYPE_MAX_
 };
 
@@ -218,6 +220,12 @@ struct dep_msg_job_node {
 struct dep_msg_job_nodes {
   uint32_t n;             /* 0..DEP_JOB_NODES_MAX */
   struct dep_msg_job_node jobs[DEP_JOB_NODES_MAX];
+};
+
+/* XRING_LEND_OK: the rank's ring to the daemon's proxy (xring.h); its memfd rides on it. */
+struct dep_msg_xring_lend_ok {
+  uint32_t version;  /* DEP_XRING_VERSION of the daemon's layout */
+  uint32_t bytes;    /* the memfd's size: DEP_XRING_BYTES */
 };
 
 /* STATS_LEND_OK: the rank's stats page (stats_page.h); its memfd rides on the frame. */
@@ -370,6 +378,7 @@ union dep_msg_body {
   struct dep_msg_kernels kernels;
   struct dep_msg_kernels_ok kernels_ok;
   struct dep_msg_stats_lend_ok stats_lend_ok;
+  struct dep_msg_xring_lend_ok xring_lend_ok;
   struct dep_msg_stats_req stats_req;
   struct dep_msg_stats_rank stats_rank;
   struct dep_msg_stats_ok stats_ok;
@@ -410,6 +419,8 @@ int proto_decode_opaque(const uint8_t *p, size_t len, struct dep_msg_opaque *m);
 
 /* proto_stats.c: the stats and clients messages. */
 int proto_encode_stats_lend_ok(struct proto_buf *b, const struct dep_msg_stats_lend_ok *m);
+int proto_encode_xring_lend_ok(struct proto_buf *b, const struct dep_msg_xring_lend_ok *m);
+int proto_decode_xring_lend_ok(const uint8_t *p, size_t len, struct dep_msg_xring_lend_ok *m);
 int proto_decode_stats_lend_ok(const uint8_t *p, size_t len, struct dep_msg_stats_lend_ok *m);
 int proto_encode_stats_req(struct proto_buf *b, const struct dep_msg_stats_req *m);
 int proto_decode_stats_req(const uint8_t *p, size_t len, struct dep_msg_stats_req *m);

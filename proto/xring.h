@@ -28,6 +28,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "deepep.h"
+#include "slab.h"
+
 #define DEP_XRING_MAGIC 0x47525844u /* "DXRG" */
 #define DEP_XRING_VERSION 1
 /* Descriptors a ring holds: every remote rank's block of two calls in
@@ -62,5 +65,28 @@ struct dep_xring {
 };
 
 #define DEP_XRING_BYTES ((sizeof(struct dep_xring) + 4095u) / 4096u * 4096u)
+
+/*
+ * The stream of a data connection between two daemons (daemon/xfer.h):
+ * after DATA_HELLO (peer_proto.h) the listener answers DEP_XFER_ACK (8
+ * bytes: magic, version), then the opener sends frames, each this header
+ * and `bytes` of payload.  Little-endian, as both ends' slabs are.
+ */
+#define DEP_XFER_MAGIC 0x46584444u /* "DDXF" */
+#define DEP_XFER_VERSION 1
+struct dep_xfer_ack {
+  uint32_t magic, version;
+};
+struct dep_xfer_hdr {
+  uint32_t magic;
+  uint32_t src;             /* the sending rank (on the opener's node) */
+  uint32_t dest;            /* the receiving rank (on the listener's node) */
+  uint32_t parity;
+  uint64_t seq;             /* the call; the slot image's flag */
+  uint64_t bytes;           /* payload after this header: <= the layout's block_bytes */
+  char job_id[DEP_JOB_ID_MAX];
+  uint8_t slot[DEP_SLAB_CTRL_SLOT]; /* the control slot, flag first, as the sender wrote it */
+};
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data stream is little-endian");
 
 #endif /* DEP_XRING_H */

@@ -23,6 +23,7 @@
   XX(rdma)                  \
   XX(peers)                 \
   XX(multinode)             \
+  XX(xnode)                 \
   XX(stats)                 \
   XX(runner)                \
   XX(readme)

@@ -1,0 +1,82 @@
+/*
+ * xfer.h — the daemon's half of the data path between nodes (DESIGN §7).
+ *
+ * A rank of a job that spans nodes writes what it means for a rank on
+ * another node into the outbox of its own slab and pushes a descriptor
+ * into its ring (proto/xring.h), which this module lends it (XRING_LEND).
+ * Proxy threads (never the loop) drain the rings: for each descriptor they
+ * read the outbox block and its slot image, and send both in one frame
+ * (xring.h's dep_xfer_hdr, then the payload) over a data connection to
+ * the daemon that holds the destination rank; frames for one peer found in
+ * one sweep go in one send.  That daemon's receiver thread checks the frame
+ * against the job (the sender's node holds the source rank, the
+ * destination is held here, the sizes fit the layout) and writes the
+ * payload, then the slot with its flag last, into the destination rank's
+ * slab, where the rank's wait finds it as it finds a local peer's.
+ *
+ * Data connections are TCP, made for each peer once it is up: this daemon
+ * offers single-use tokens over the authenticated peer link (DATA_OFFER),
+ * the peer opens a connection to our listener whose first frame is
+ * DATA_HELLO with one (peer.c hands the socket over), and from then on it
+ * carries the peer's frames to us.  Each direction has its own
+ * connections: min(connection_pool_size, XFER_CONNS_MAX) of them.
+ *
+ * Everything the loop calls is on the loop thread; the route table the
+ * threads read is guarded by a reader-writer lock, and a job's route goes
+ * (xfer_job_end) before its arenas go back to the pool.
+ */
+#ifndef DEP_DAEMON_XFER_H
+#define DEP_DAEMON_XFER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "peer_proto.h"
+
+struct conn;
+struct job;
+
+#define XFER_CONNS_MAX 8
+
+/* Make ready when peers are configured; the proxy threads (cfg->proxy_threads,
+ * or one per served device) start with the first job that spans nodes.
+ * 0, or -1 after logging why not. */
+int xfer_init(const struct config *cfg);
+/* Stop the threads and close every data connection. */
+void xfer_fini(void);
+
+/* XRING_LEND from an attached rank of a running job that spans nodes. */
+void xfer_lend_ring(struct conn *c, uint32_t request_id);
+
+/* The job table's events.  who[r] for each global rank r < world: -1 for a
+ * rank held here, else the peer that holds it (job.c's job_who). */
+void xfer_job_start(const struct job *j, const int16_t *who);
+/* j cannot go on (a node or a rank is gone): its rings stop, their ranks'
+ * pushes fail with code, and nothing more is moved for it. */
+void xfer_job_fail(const struct job *j, int code);
+/* j is gone: its route and rings go (before its arenas do). */
+void xfer_job_end(const struct job *j);
+
+/* The peer layer's events, passed on by job.c. */
+void xfer_peer_up(int peer);
+void xfer_peer_down(int peer);
+void xfer_on_offer(int peer, const struct dep_peer_data_offer *o);
+
+/*
+ * An inbound connection from peer `peer` opened with DATA_HELLO: whether
+ * the token is one offered to that peer and not yet used (then fd, which
+ * peer.c no longer reads, becomes a data connection and is xfer's to
+ * close), or not (the caller closes fd and drops the link).
+ */
+bool xfer_accept(int peer, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd);
+
+/* What `deepepctl peers` shows for peer k: data connections up each way,
+ * and bytes and frames moved each way. */
+struct xfer_peer_stats {
+  uint32_t conns_out, conns_in;
+  uint64_t bytes_out, bytes_in, frames_out, frames_in;
+};
+void xfer_peer_stats(int peer, struct xfer_peer_stats *out);
+
+#endif /* DEP_DAEMON_XFER_H */

@@ -1,0 +1,465 @@
+/*
+ * check_xnode.c — operations of jobs that span nodes (DESIGN §7): real
+ * daemons on 127.0.0.1 that are each other's peers (nodes.h), real rank
+ * processes on the public API, random inputs from a printed seed
+ * (opsworld.h).  Every rank checks what it can against the oracle (counts,
+ * sums) and folds everything it received into a digest; the same job run
+ * with every rank on one daemon must give every rank the same digest, bit
+ * for bit.  Then the faults: a remote rank or a remote daemon killed while
+ * the job runs fails every survivor's call within the op timeout, and the
+ * daemons carry on.
+ */
+#include <check.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemonwire.h"
+#include "deepep.h"
+#include "nodes.h"
+#include "opsworld.h"
+#include "testutil.h"
+
+#define XN_ROUNDS_MAX 250
+#define XN_OP_TIMEOUT_MS 4000
+
+/* What one rank process reports, in memory shared with the test. */
+struct xn_result {
+  _Atomic int done;        /* 1: finished (rc below is its verdict) */
+  int rc;                  /* 0 ok; else the DEP_ERR_* or 1 (a wrong result), msg says */
+  _Atomic uint32_t rounds; /* rounds completed so far */
+  int64_t fail_ms;         /* when the failing call returned (CLOCK_MONOTONIC ms) */
+  uint64_t digest;
+  char msg[OW_MSG];
+};
+
+struct xn_run {
+  const struct ow_case *d;
+  uint32_t rounds;           /* rounds of layout, dispatch, combine, LL dispatch, LL combine */
+  bool alternate_fp8;        /* LL dispatch's FP8 on in odd rounds */
+  bool until_error;          /* fault tests: go on until a call fails */
+};
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+#define XCALL(expr, what)                                                                     \
+  do {                                                                                        \
+    int rc_ = (expr);                                                                         \
+    if (rc_ != 0) {                                                                           \
+      res->fail_ms = mono_ms();                                                               \
+      snprintf(res->msg, sizeof res->msg, "%s: %s: %s [%s]", what, dep_errname(rc_),          \
+               dep_errmsg(c), d->desc);                                                       \
+      return rc_;                                                                             \
+    }                                                                                         \
+  } while (0)
+
+/* One round of every operation on rank r, folded into the digest. */
+static int xn_round(dep_client_t *c, const struct ow_case *d, uint32_t r, int fp8,
+                    struct ow_outs *o, struct xn_result *res) {
+  const uint32_t h = d->sc.hidden, K = d->sc.topk, W = d->sc.world, E = d->sc.experts;
+  const struct ref_rank_in *in = &d->in[r];
+  uint64_t dig = res->digest;
+  struct dep_layout_args la = {.size = sizeof la, .topk_idx = d->idx[r], .index_type = d->sc.itype,
+                               .num_tokens = in->num_tokens, .tokens_per_rank = o->tpr,
+                               .tokens_per_expert = o->tpe, .token_in_rank = o->tir};
+  XCALL(dep_layout(c, &la, NULL), "layout");
+  dig = ow_fnv(dig, o->tpr, W * 4);
+  dig = ow_fnv(dig, o->tpe, E * 4);
+  dig = ow_fnv(dig, o->tir, (size_t)in->num_tokens * W);
+
+  struct dep_dispatch_args da = {.size = sizeof da, .x = in->x, .topk_idx = d->idx[r], .index_type = d->sc.itype,
+                                 .topk_weights = in->topk_weights, .num_tokens = in->num_tokens,
+                                 .recv_x = o->rx, .recv_topk_idx = o->ridx,
+                                 .recv_topk_weights = o->rw, .recv_count_per_expert = o->cnt,
+                                 .num_recv = &o->num_recv};
+  dep_handle_t *hd = NULL;
+  XCALL(dep_handle_new(c, &hd), "handle");
+  int rc = dep_dispatch(c, &da, hd, NULL);
+  if (rc == 0 && o->num_recv != d->disp[r].num_recv) {
+    snprintf(res->msg, sizeof res->msg, "dispatch: num_recv %u, want %u [%s]", o->num_recv,
+             d->disp[r].num_recv, d->desc);
+    rc = 1;
+  }
+  if (rc == 0) {
+    size_t n = o->num_recv;
+    dig = ow_fnv(dig, o->rx, n * h * 2);
+    dig = ow_fnv(dig, o->ridx, n * K * 4);
+    dig = ow_fnv(dig, o->rw, n * K * 4);
+    dig = ow_fnv(dig, o->cnt, d->le * 4);
+    struct dep_combine_args ca = {.size = sizeof ca, .x = d->cx[r], .out = o->out};
+    rc = dep_combine(c, &ca, hd, NULL);
+    if (rc == 0 && ow_check_sum(o->out, &d->comb[r], in->num_tokens, h, "combine", d->desc,
+                                res->msg))
+      rc = 1;
+    dig = ow_fnv(dig, o->out, (size_t)in->num_tokens * h * 2);
+  }
+  if (rc != 0) {
+    if (rc != 1) {
+      res->fail_ms = mono_ms();
+      snprintf(res->msg, sizeof res->msg, "dispatch/combine: %s: %s [%s]", dep_errname(rc),
+               dep_errmsg(c), d->desc);
+    }
+    dep_handle_free(hd);
+    return rc;
+  }
+
+  const struct ref_rank_in *il = &d->in_ll[r];
+  const struct ref_ll_out *e = &d->ll[r];
+  struct dep_ll_dispatch_args lda = {.size = sizeof lda, .x = il->x, .topk_idx = d->idx[r],
+                                     .index_type = d->sc.itype, .num_tokens = il->num_tokens,
+                                     .use_fp8 = fp8, .recv_x = o->lx,
+                                     .recv_scales = fp8 ? o->lscales : NULL,
+                                     .recv_count = o->lcnt};
+  rc = dep_ll_dispatch(c, &lda, hd, NULL);
+  if (rc == 0) {
+    const size_t es = fp8 ? 1 : 2, G = h / 128;
+    for (uint32_t l = 0; l < d->le && rc == 0; l++) {
+      if (o->lcnt[l] != e->count[l]) {
+        snprintf(res->msg, sizeof res->msg, "ll_dispatch: recv_count[%u] %d, want %d [%s]", l,
+                 o->lcnt[l], e->count[l], d->desc);
+        rc = 1;
+        break;
+      }
+      for (int32_t i = 0; i < o->lcnt[l]; i++) {
+        size_t row = (size_t)l * d->rows_ll + (size_t)i;
+        dig = ow_fnv(dig, (const uint8_t *)o->lx + row * h * es, h * es);
+        if (fp8)
+          dig = ow_fnv(dig, o->lscales + row * G, G * 4);
+      }
+    }
+    dig = ow_fnv(dig, o->lcnt, d->le * 4);
+  }
+  if (rc == 0) {
+    struct dep_ll_combine_args lca = {.size = sizeof lca, .x = d->lx[r], .topk_idx = d->idx[r],
+                                      .index_type = d->sc.itype,
+                                      .topk_weights = il->topk_weights, .out = o->lout};
+    rc = dep_ll_combine(c, &lca, hd, NULL);
+    if (rc == 0 && ow_check_sum(o->lout, &d->llc[r], il->num_tokens, h, "ll_combine", d->desc,
+                                res->msg))
+      rc = 1;
+    dig = ow_fnv(dig, o->lout, (size_t)il->num_tokens * h * 2);
+  }
+  dep_handle_free(hd);
+  if (rc > 1 || rc < 0) {
+    res->fail_ms = mono_ms();
+    snprintf(res->msg, sizeof res->msg, "ll ops: %s: %s [%s]", dep_errname(rc), dep_errmsg(c),
+             d->desc);
+  }
+  res->digest = dig;
+  return rc;
+}
+
+/* A rank process: attach on sock as (rank, local_rank of lws), run, report. */
+static void xn_rank_main(const char *sock, const char *job, const struct xn_run *run, uint32_t rank,
+                         uint32_t local_rank, uint32_t lws, struct xn_result *res) {
+  const struct ow_case *d = run->d;
+  dep_client_t *c = NULL;
+  int rc = dep_client_new(&c);
+  if (rc == 0)
+    rc = dep_connect(c, sock);
+  struct dep_attach_args a = {.rank = rank, .world_size = d->sc.world, .local_rank = local_rank,
+                              .local_world_size = lws, .shape = d->shape};
+  snprintf(a.job_id, sizeof a.job_id, "%s", job);
+  if (rc == 0)
+    rc = dep_attach(c, &a);
+  if (rc != 0) {
+    snprintf(res->msg, sizeof res->msg, "attach of rank %u: %s: %s", rank, dep_errname(rc),
+             c ? dep_errmsg(c) : "");
+    res->rc = rc;
+    atomic_store(&res->done, 1);
+    _exit(1);
+  }
+  struct ow_outs o;
+  ow_outs_alloc(&o, d);
+  for (uint32_t i = 0; (run->until_error || i < run->rounds) && rc == 0; i++) {
+    int fp8 = run->alternate_fp8 ? (int)(i & 1) : d->sc.fp8;
+    rc = xn_round(c, d, rank, fp8, &o, res);
+    if (rc == 0)
+      atomic_fetch_add(&res->rounds, 1);
+  }
+  ow_outs_free(&o);
+  res->rc = rc;
+  atomic_store(&res->done, 1);
+  dep_detach(c);
+  dep_client_free(c);
+  _exit(rc == 0 ? 0 : 1);
+}
+
+/* Where each global rank runs: node, local rank, and the node's rank count. */
+struct xn_place {
+  uint32_t node[OW_MAXW], local[OW_MAXW], lws[OW_MAXW];
+};
+
+/* Spread ranks over nodes in blocks: split[i] ranks on node i. */
+static void xn_place(struct xn_place *p, const uint32_t *split, int nodes) {
+  uint32_t g = 0;
+  for (int i = 0; i < nodes; i++)
+    for (uint32_t l = 0; l < split[i]; l++, g++) {
+      p->node[g] = (uint32_t)i;
+      p->local[g] = l;
+      p->lws[g] = split[i];
+    }
+}
+
+/* Fork every rank; returns their pids (results in res[]). */
+static void xn_spawn(const struct nodes *ns, const struct xn_place *p, const char *job,
+                     const struct xn_run *run, struct xn_result *res, pid_t *pids) {
+  for (uint32_t g = 0; g < run->d->sc.world; g++) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0)
+      xn_rank_main(ns->d[p->node[g]].sock, job, run, g, p->local[g], p->lws[g], &res[g]);
+    pids[g] = pid;
+  }
+}
+
+/* Wait for every rank, killing all after timeout_ms; true when all exited 0. */
+static bool xn_reap(pid_t *pids, uint32_t n, int timeout_ms) {
+  int64_t until = mono_ms() + timeout_ms;
+  bool ok = true;
+  for (uint32_t g = 0; g < n; g++) {
+    int st = 0;
+    for (;;) {
+      pid_t w = waitpid(pids[g], &st, WNOHANG);
+      if (w == pids[g])
+        break;
+      if (mono_ms() > until) {
+        for (uint32_t k = 0; k < n; k++)
+          kill(pids[k], SIGKILL);
+        waitpid(pids[g], &st, 0);
+        ok = false;
+        break;
+      }
+      dw_sleep_ms(5);
+    }
+    ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  }
+  return ok;
+}
+
+static struct xn_result *xn_results(uint32_t n) {
+  struct xn_result *r = mmap(NULL, n * sizeof *r, PROT_READ | PROT_WRITE,
+                             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(r, MAP_FAILED);
+  memset(r, 0, n * sizeof *r);
+  return r;
+}
+
+/* Run the job placed as p (nodes of ns) and fail the test with every failing rank's message. */
+static void xn_run_job(const struct nodes *ns, const struct xn_place *p, const char *job,
+                       const struct xn_run *run, struct xn_result *res) {
+  pid_t pids[OW_MAXW];
+  uint32_t n = run->d->sc.world;
+  xn_spawn(ns, p, job, run, res, pids);
+  bool ok = xn_reap(pids, n, 120000);
+  char all[4 * OW_MSG] = "";
+  for (uint32_t g = 0; g < n; g++)
+    if (res[g].rc != 0 || !res[g].done)
+      snprintf(all + strlen(all), sizeof all - strlen(all), "\n  rank %u: %s", g,
+               res[g].done ? res[g].msg : "did not finish");
+  ck_assert_msg(ok, "job %s (seed %llu): ranks failed:%s", job, (unsigned long long)ow_seed, all);
+}
+
+/* ---- correctness: across nodes as on one node ------------------------------------ */
+
+struct xn_layout {
+  struct ow_scenario sc;
+  int nodes;
+  uint32_t split[NODES_MAX];
+};
+
+static const struct xn_layout layouts[] = {
+  /* world hidden topk experts max_tokens max_ll routing tokens index fp8;  nodes, split */
+  {{2, 128, 2, 4, 16, 16, P_RANDOM, T_MAX, DEP_INDEX_I64, 0}, 2, {1, 1}},
+  {{2, 2048, 8, 8, 16, 16, P_RANDOM, T_MIXED, DEP_INDEX_I32, 1}, 2, {1, 1}},
+  {{4, 128, 8, 16, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 1}, 2, {2, 2}},
+  {{4, 2048, 8, 32, 16, 16, P_ONE_RANK, T_MAX, DEP_INDEX_I64, 1}, 2, {3, 1}},
+  {{4, 128, 8, 16, 16, 16, P_NONE, T_MAX, DEP_INDEX_I32, 0}, 2, {1, 3}},
+  {{4, 128, 2, 8, 16, 16, P_RANDOM, T_ZERO, DEP_INDEX_I64, 1}, 2, {2, 2}},
+  {{3, 128, 8, 12, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I64, 0}, 3, {1, 1, 1}},
+  {{6, 2048, 16, 18, 8, 8, P_DUP, T_MIXED, DEP_INDEX_I32, 1}, 3, {2, 2, 2}},
+  {{8, 7168, 8, 16, 8, 8, P_RANDOM, T_MAX, DEP_INDEX_I32, 1}, 2, {4, 4}},
+};
+
+START_TEST(a_job_across_nodes_gives_every_rank_what_it_gets_on_one_node) {
+  const struct xn_layout *L = &layouts[_i];
+  ow_seed_init(1000 + (uint64_t)_i);
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &L->sc, L->sc.fp8);
+  struct nodes ns;
+  char limits[64];
+  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", XN_OP_TIMEOUT_MS * 4);
+  nodes_config_with(&ns, L->nodes, 20000, limits, "");
+  nodes_start_all(&ns);
+  const uint32_t n = L->sc.world;
+  struct xn_run run = {.d = d, .rounds = 2};
+  /* On one node first: node 0 holds every rank. */
+  struct xn_place one, spread;
+  memset(&one, 0, sizeof one);
+  memset(&spread, 0, sizeof spread);
+  uint32_t all[NODES_MAX] = {n};
+  xn_place(&one, all, 1);
+  xn_place(&spread, L->split, L->nodes);
+  struct xn_result *r1 = xn_results(n), *r2 = xn_results(n);
+  char job[64];
+  snprintf(job, sizeof job, "one-%d", _i);
+  xn_run_job(&ns, &one, job, &run, r1);
+  snprintf(job, sizeof job, "spread-%d", _i);
+  xn_run_job(&ns, &spread, job, &run, r2);
+  for (uint32_t g = 0; g < n; g++)
+    ck_assert_msg(r1[g].digest == r2[g].digest,
+                  "rank %u (node %u of %d) got other outputs across nodes than on one node "
+                  "[%s] (seed %llu)", g, spread.node[g], L->nodes, d->desc,
+                  (unsigned long long)ow_seed);
+  printf("xnode: %s over %d nodes: every rank as on one node\n", d->desc, L->nodes);
+  munmap(r1, n * sizeof *r1);
+  munmap(r2, n * sizeof *r2);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
+/* 250 rounds of every op (1,250 calls, LL FP8 on in odd rounds) on 2 + 2 ranks. */
+START_TEST(a_thousand_calls_back_to_back_across_nodes_stay_as_on_one_node) {
+  ow_seed_init(77);
+  struct ow_scenario sc = {4, 128, 2, 8, 8, 8, P_RANDOM, T_MIXED, DEP_INDEX_I32, 0};
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &sc, 1);
+  struct nodes ns;
+  nodes_config_with(&ns, 2, 20000, ", op_timeout_ms: 16000", "");
+  nodes_start_all(&ns);
+  struct xn_run run = {.d = d, .rounds = XN_ROUNDS_MAX, .alternate_fp8 = true};
+  struct xn_place one, spread;
+  memset(&one, 0, sizeof one);
+  memset(&spread, 0, sizeof spread);
+  uint32_t all[NODES_MAX] = {4}, split[NODES_MAX] = {2, 2};
+  xn_place(&one, all, 1);
+  xn_place(&spread, split, 2);
+  struct xn_result *r1 = xn_results(4), *r2 = xn_results(4);
+  int64_t t0 = mono_ms();
+  xn_run_job(&ns, &one, "b2b-one", &run, r1);
+  int64_t t1 = mono_ms();
+  xn_run_job(&ns, &spread, "b2b-spread", &run, r2);
+  int64_t t2 = mono_ms();
+  for (uint32_t g = 0; g < 4; g++) {
+    ck_assert_uint_eq(r2[g].rounds, XN_ROUNDS_MAX);
+    ck_assert_msg(r1[g].digest == r2[g].digest, "rank %u: 1,250 calls across nodes differ from "
+                  "one node (seed %llu)", g, (unsigned long long)ow_seed);
+  }
+  printf("xnode: 1,250 calls on 4 ranks: %lld ms on one node, %lld ms over 2 nodes\n",
+         (long long)(t1 - t0), (long long)(t2 - t1));
+  munmap(r1, 4 * sizeof *r1);
+  munmap(r2, 4 * sizeof *r2);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
+/* ---- faults ---------------------------------------------------------------------- */
+
+/*
+ * A job of 2 + 2 ranks runs until a call fails; after some rounds the test
+ * kills (what 0) a rank on node 1, or (what 1) node 1's daemon and its
+ * ranks.  Every survivor on node 0 fails within the op timeout with
+ * DEP_ERR_PEER or DEP_ERR_TIMEOUT, and a new job on node 0 runs.
+ */
+static void kill_mid_run(int what) {
+  ow_seed_init(90 + (uint64_t)what);
+  struct ow_scenario sc = {4, 128, 2, 8, 8, 8, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &sc, 0);
+  struct nodes ns;
+  char limits[64];
+  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", XN_OP_TIMEOUT_MS);
+  nodes_config_with(&ns, 2, 20000, limits, "");
+  nodes_start_all(&ns);
+  struct xn_run run = {.d = d, .until_error = true};
+  struct xn_place p;
+  memset(&p, 0, sizeof p);
+  uint32_t split[NODES_MAX] = {2, 2};
+  xn_place(&p, split, 2);
+  struct xn_result *res = xn_results(4);
+  pid_t pids[OW_MAXW];
+  xn_spawn(&ns, &p, "doomed", &run, res, pids);
+  for (int t = 0; t < 20000 && atomic_load(&res[0].rounds) < 20; t += 5) {
+    if (atomic_load(&res[0].done))
+      break;
+    dw_sleep_ms(5);
+  }
+  ck_assert_msg(atomic_load(&res[0].rounds) >= 20, "the job did not run 20 rounds: %s",
+                res[0].msg);
+  int64_t killed = mono_ms();
+  if (what == 0) {
+    kill(pids[3], SIGKILL);
+  } else {
+    kill(ns.d[1].pid, SIGKILL);
+    kill(pids[2], SIGKILL);
+    kill(pids[3], SIGKILL);
+  }
+  bool ok = xn_reap(pids, 4, XN_OP_TIMEOUT_MS * 3);
+  (void)ok; /* the survivors exit 1: their call failed, as it must */
+  for (uint32_t g = 0; g < 2; g++) {
+    ck_assert_msg(atomic_load(&res[g].done), "rank %u on node 0 hung after the kill", g);
+    ck_assert_msg(res[g].rc == DEP_ERR_PEER || res[g].rc == DEP_ERR_TIMEOUT,
+                  "rank %u: %s, want DEP_ERR_PEER or DEP_ERR_TIMEOUT: %s", g,
+                  dep_errname(res[g].rc), res[g].msg);
+    int64_t after = res[g].fail_ms - killed;
+    ck_assert_msg(after <= XN_OP_TIMEOUT_MS + 1500, "rank %u failed %lld ms after the kill, over "
+                  "the op timeout of %d ms", g, (long long)after, XN_OP_TIMEOUT_MS);
+    printf("xnode: %s killed: rank %u failed after %lld ms with %s\n",
+           what ? "the remote daemon" : "a remote rank", g, (long long)after,
+           dep_errname(res[g].rc));
+  }
+  /* The survivors' daemon reclaims the job; a new one-node job runs there. */
+  if (what == 1)
+    ns.d[1].pid = 0;
+  struct xn_place one;
+  memset(&one, 0, sizeof one);
+  uint32_t all[NODES_MAX] = {4};
+  xn_place(&one, all, 1);
+  struct xn_run again = {.d = d, .rounds = 2};
+  struct xn_result *r2 = xn_results(4);
+  xn_run_job(&ns, &one, "after", &again, r2);
+  munmap(res, 4 * sizeof *res);
+  munmap(r2, 4 * sizeof *r2);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
+}
+
+START_TEST(sigkill_of_a_remote_rank_fails_the_others_within_the_op_timeout) { kill_mid_run(0); }
+END_TEST
+
+START_TEST(sigkill_of_a_remote_daemon_fails_the_others_within_the_op_timeout) { kill_mid_run(1); }
+END_TEST
+
+Suite *xnode_suite(void);
+Suite *xnode_suite(void) {
+  Suite *s = suite_create("xnode");
+  TCase *t = tcase_create("correct");
+  tcase_set_timeout(t, 300);
+  tcase_add_loop_test(t, a_job_across_nodes_gives_every_rank_what_it_gets_on_one_node, 0,
+                      (int)(sizeof layouts / sizeof layouts[0]));
+  tcase_add_test(t, a_thousand_calls_back_to_back_across_nodes_stay_as_on_one_node);
+  suite_add_tcase(s, t);
+  TCase *f = tcase_create("faults");
+  tcase_set_timeout(f, 120);
+  tcase_add_test(f, sigkill_of_a_remote_rank_fails_the_others_within_the_op_timeout);
+  tcase_add_test(f, sigkill_of_a_remote_daemon_fails_the_others_within_the_op_timeout);
+  suite_add_tcase(s, f);
+  return s;
+}
