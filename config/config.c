@@ -11,10 +11,12 @@
  */
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <inttypes.h>
+#include <netinet/in.h>
 #include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -65,6 +67,7 @@ struct name_value {
 #define F_GRANULE 8u  /* a whole number of CHUNK_GRANULE (allocation sizes) */
 #define F_ZERO_AUTO 16u /* K_SIZE: 0 is allowed too, and means "the daemon chooses" */
 #define F_ABSPATH 32u /* K_STR: "" or an absolute path (the daemon's cwd is no place to rely on) */
+#define F_LISTEN 64u  /* K_STR: "" or "ADDRESS:PORT" (config_listen_split) */
 
 struct key {
   const char *name;
@@ -135,6 +138,10 @@ static const struct key listen_keys[] = {
     {.name = "port", .kind = K_UINT, AT(listen_port), .min = 1, .max = 65535},
     {.name = NULL}};
 
+static const struct key metrics_keys[] = {
+    {.name = "listen", .kind = K_STR, AT(metrics_listen), .flags = F_LISTEN},
+    {.name = NULL}};
+
 static const struct key peer_keys[] = {
     {.name = "host", .kind = K_STR, PEER_AT(host), .flags = F_NONEMPTY | F_TOKEN},
     {.name = "port", .kind = K_UINT, PEER_AT(port), .min = 1, .max = 65535},
@@ -179,6 +186,7 @@ static const struct key root_keys[] = {
     {.name = "peer_wait_ms", .kind = K_UINT, AT(peer_wait_ms), .min = 0, .max = 3600000},
     {.name = "transport", .kind = K_ENUM, AT(transport), .names = transport_names,
      .expected = "one of auto, rdma, tcp"},
+    {.name = "metrics", .kind = K_SECTION, .sub = metrics_keys},
     {.name = "limits", .kind = K_SECTION, .sub = limits_keys},
     {.name = "log_level", .kind = K_ENUM, AT(log_level), .names = log_level_names,
      .expected = "one of err, warning, notice, info, debug", .live = true},
@@ -237,6 +245,62 @@ enum config_transport config_peer_transport(const struct config *c, const struct
 
 const char *config_log_level_name(enum config_log_level l) {
   return name_of(log_level_names, (int)l);
+}
+
+int config_listen_split(const char *s, char *host, size_t hostlen, uint16_t *port, char *why,
+                        size_t whylen) {
+  static const char form[] = "write ADDRESS:PORT with a numeric address, e.g. 127.0.0.1:9464, "
+                             "[::1]:9464, or 0.0.0.0:9464 for every interface";
+  const char *colon, *h = s;
+  size_t hlen;
+  int family = AF_INET;
+  if (s[0] == '[') {
+    const char *end = strchr(s, ']');
+    if (end == NULL || end[1] != ':') {
+      snprintf(why, whylen, "'%s' has no ']:PORT' after its IPv6 address; %s", s, form);
+      return -1;
+    }
+    h = s + 1;
+    hlen = (size_t)(end - h);
+    colon = end + 1;
+    family = AF_INET6;
+  } else {
+    colon = strrchr(s, ':');
+    if (colon == NULL) {
+      snprintf(why, whylen, "'%s' is not ADDRESS:PORT; %s", s, form);
+      return -1;
+    }
+    hlen = (size_t)(colon - s);
+    if (memchr(s, ':', hlen) != NULL) {
+      snprintf(why, whylen, "'%s': an IPv6 address goes in brackets ([::1]:9464)", s);
+      return -1;
+    }
+  }
+  char addr[64];
+  unsigned char bin[sizeof(struct in6_addr)];
+  if (hlen == 0 || hlen >= sizeof addr || hlen >= hostlen) {
+    snprintf(why, whylen, "'%s' has %s address; %s", s, hlen == 0 ? "no" : "too long an", form);
+    return -1;
+  }
+  memcpy(addr, h, hlen);
+  addr[hlen] = '\0';
+  if (inet_pton(family, addr, bin) != 1) {
+    snprintf(why, whylen, "'%s' is not a numeric %s address (a host name is not resolved "
+             "here); %s", addr, family == AF_INET ? "IPv4" : "IPv6", form);
+    return -1;
+  }
+  const char *p = colon + 1;
+  unsigned long v = 0;
+  size_t digits = 0;
+  for (; *p >= '0' && *p <= '9' && digits < 6; p++, digits++)
+    v = v * 10 + (unsigned long)(*p - '0');
+  if (digits == 0 || *p != '\0' || v < 1 || v > 65535) {
+    snprintf(why, whylen, "the port of '%s' must be a number from 1 to 65535", s);
+    return -1;
+  }
+  memcpy(host, addr, hlen + 1);
+  *port = (uint16_t)v;
+  return 0;
 }
 
 /* ---- loading -------------------------------------------------------------- */
@@ -362,6 +426,12 @@ static int take_string(struct loader *L, const yaml_node_t *v, const char *path,
   }
   memcpy(dst, s, n);
   dst[n] = '\0';
+  if (n > 0 && (flags & F_LISTEN)) {
+    char host[64], why[200];
+    uint16_t port;
+    if (config_listen_split(dst, host, sizeof host, &port, why, sizeof why) != 0)
+      return fail(L, v->start_mark, "'%s': %s", path, why);
+  }
   return 0;
 }
 

@@ -18,6 +18,7 @@
 #define CONFIG_MAX_LIST 64   /* users, groups, devices, peers */
 #define CONFIG_NAME_MAX 64
 #define CONFIG_PATH_MAX 108  /* sun_path; longer socket paths are rejected */
+#define CONFIG_LISTEN_MAX 64 /* "[IPv6 address]:port" fits */
 /* Where the unit's CacheDirectory=deepepd puts it (systemd/deepepd.service.in). */
 #define CONFIG_DEFAULT_KERNEL_CACHE_DIR "/var/cache/deepepd"
 /*
@@ -86,6 +87,10 @@ struct config {
   enum config_transport transport;    /* transport: auto (RDMA where a device and route exist, else TCP), rdma, tcp */
   bool peer_insecure;                 /* default false: peers without a key are refused */
   uint32_t peer_wait_ms;              /* READY=1 waits this long for the peers, default 10000 */
+
+  /* metrics */
+  char metrics_listen[CONFIG_LISTEN_MAX]; /* metrics.listen "ADDRESS:PORT" (numeric), default ""
+                                         (no listener); config_listen_split reads it */
 
   /* limits */
   uint32_t max_clients;               /* limits.max_clients, default 1024 */
@@ -158,5 +163,14 @@ const char *config_transport_name(enum config_transport t);
 /* The transport for peer p: its own, else the daemon's. */
 enum config_transport config_peer_transport(const struct config *c, const struct config_peer *p);
 const char *config_log_level_name(enum config_log_level l);
+
+/*
+ * An "ADDRESS:PORT" listen value (metrics.listen) split: a numeric IPv4
+ * address, or an IPv6 one in brackets ("[::1]:9464"), and a port 1..65535.
+ * 0 with host (the address without brackets, INET6_ADDRSTRLEN bytes fit)
+ * and *port, or -1 with why saying what is wrong and what to write.
+ */
+int config_listen_split(const char *s, char *host, size_t hostlen, uint16_t *port, char *why,
+                        size_t whylen);
 
 #endif /* DEP_CONFIG_H */

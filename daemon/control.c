@@ -64,23 +64,28 @@ static void control_hello(struct conn *c, const struct dep_frame_hdr *h, const u
   conn_send(c, DEP_MSG_HELLO_OK, h->request_id, &ok, NULL, 0);
 }
 
+int control_fill_status(struct dep_status *st, uid_t viewer) {
+  memset(st, 0, sizeof *st);
+  snprintf(st->version, sizeof st->version, "%s", DEP_VERSION_STRING);
+  st->proto_version = DEP_PROTO_VERSION;
+  st->pid = (uint32_t)getpid();
+  st->uptime_ms = deepepd_uptime_ms();
+  snprintf(st->backend, sizeof st->backend, "%s", devices_backend_name());
+  snprintf(st->state, sizeof st->state, "%s", deepepd_state_name());
+  st->num_clients = conn_count();
+  int rc = devices_fill_status(st);
+  if (rc == 0)
+    rc = job_fill_status(st, viewer, CONTROL_STATUS_MAX_JOBS);
+  return rc;
+}
+
 static void control_status(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
   if (len != 0) {
     conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "STATUS carries no body, got %zu bytes", len);
     return;
   }
   struct dep_status st;
-  memset(&st, 0, sizeof st);
-  snprintf(st.version, sizeof st.version, "%s", DEP_VERSION_STRING);
-  st.proto_version = DEP_PROTO_VERSION;
-  st.pid = (uint32_t)getpid();
-  st.uptime_ms = deepepd_uptime_ms();
-  snprintf(st.backend, sizeof st.backend, "%s", devices_backend_name());
-  snprintf(st.state, sizeof st.state, "%s", deepepd_state_name());
-  st.num_clients = conn_count();
-  int rc = devices_fill_status(&st);
-  if (rc == 0)
-    rc = job_fill_status(&st, c->uid, CONTROL_STATUS_MAX_JOBS);
+  int rc = control_fill_status(&st, c->uid);
   if (rc == 0)
     conn_send(c, DEP_MSG_STATUS_OK, h->request_id, &st, NULL, 0);
   else

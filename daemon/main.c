@@ -20,6 +20,7 @@
 #include "held.h"
 #include "job.h"
 #include "log.h"
+#include "metrics_http.h"
 #include "notify.h"
 #include "peer.h"
 #include "proto.h"
@@ -284,6 +285,9 @@ int main(int argc, char **argv) {
   deepepd.starting = true;
   if (server_init(&loop, &deepepd.cfg) != 0)
     goto out_jobs;
+  /* metrics.listen, once the socket is ours: an address that cannot be bound fails the start. */
+  if (metrics_http_init(&loop, &deepepd.cfg) != 0)
+    goto out_server;
   /* The data path between nodes, before the peers whose links it rides. */
   if (xfer_init(&deepepd.cfg) != 0)
     goto out_server;
@@ -317,6 +321,7 @@ out_held:
   xfer_fini();
   peer_fini();
 out_server:
+  metrics_http_fini();
   server_fini();
 out_jobs:
   job_fini(); /* again on the way out of a failed start: its timers must close */

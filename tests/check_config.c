@@ -94,6 +94,7 @@ static void assert_same_config(const struct config *a, const struct config *b) {
   ck_field(a, b, connection_pool_size);
   ck_field_str(a, b, listen_address);
   ck_field(a, b, listen_port);
+  ck_field_str(a, b, metrics_listen);
   ck_field(a, b, n_peers);
   for (size_t i = 0; i < b->n_peers; i++) {
     ck_field_str(a, b, peers[i].host);
@@ -157,7 +158,8 @@ static size_t shipped_keys(char keys[][64], size_t max) {
 START_TEST(shipped_file_has_every_documented_key) {
   char keys[64][64];
   size_t n = shipped_keys(keys, 64);
-  ck_assert_uint_eq(n, 37); /* socket 3, allow 3, pool 4, listen 2, limits 10, and 15 at the top */
+  ck_assert_uint_eq(n, 38); /* socket 3, allow 3, pool 4, listen 2, metrics 1, limits 10, and 15
+                              at the top */
 }
 END_TEST
 
@@ -216,6 +218,33 @@ START_TEST(max_allocation_defaults_to_0_the_daemon_chooses) {
 END_TEST
 
 /* ---- values ---------------------------------------------------------------- */
+
+/* metrics.listen: an IPv4 address or a bracketed IPv6 one, and a port; "" for none. */
+START_TEST(metrics_listen_takes_a_numeric_address_and_a_port) {
+  static const struct {
+    const char *yaml, *host;
+    uint16_t port;
+  } good[] = {
+      {"metrics:\n  listen: 127.0.0.1:9464\n", "127.0.0.1", 9464},
+      {"metrics:\n  listen: 0.0.0.0:1\n", "0.0.0.0", 1},
+      {"metrics:\n  listen: \"[::1]:65535\"\n", "::1", 65535},
+      {"metrics:\n  listen: \"[fe80::1:2]:80\"\n", "fe80::1:2", 80},
+  };
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    struct config c;
+    load_ok(&c, good[i].yaml);
+    char host[64], why[200];
+    uint16_t port = 0;
+    ck_assert_msg(config_listen_split(c.metrics_listen, host, sizeof host, &port, why,
+                                      sizeof why) == 0, "%s: %s", c.metrics_listen, why);
+    ck_assert_str_eq(host, good[i].host);
+    ck_assert_uint_eq(port, good[i].port);
+  }
+  struct config c;
+  load_ok(&c, "metrics:\n  listen: \"\"\n");
+  ck_assert_str_eq(c.metrics_listen, "");
+}
+END_TEST
 
 START_TEST(every_key_lands_in_the_struct) {
   struct config c;
@@ -408,7 +437,7 @@ static const struct bad {
      "t.yaml:2:1: unknown key 'foo' at the top level (known: socket, allow, backend, devices, pool, "
      "preallocation, buffer_cache_enabled, kernel_warmup, kernel_cache_dir, warn_first_call_ratio, "
      "connection_pool_size, proxy_threads, listen, peers, "
-     "peer_key_file, peer_insecure, peer_wait_ms, transport, limits, log_level)"},
+     "peer_key_file, peer_insecure, peer_wait_ms, transport, metrics, limits, log_level)"},
     /* keys earlier versions documented but never acted on: removed, and said so */
     {"adaptive_optimization: false\n",
      "t.yaml:1:1: 'adaptive_optimization' was removed: deepepd makes no run-time tuning choices "
@@ -537,6 +566,29 @@ static const struct bad {
     {"peers:\n  - port: 7000\n", "t.yaml:2:5: 'peers[0]' needs a 'host'"},
     {"socket:\n  group: a-group-name-that-goes-on-and-on-and-on-well-past-sixty-four-bytes\n",
      "t.yaml:2:10: 'socket.group' is too long (66 bytes, at most 63)"},
+    /* metrics.listen: ADDRESS:PORT, numeric */
+    {"metrics:\n  listen: 9464\n",
+     "t.yaml:2:11: 'metrics.listen': '9464' is not ADDRESS:PORT; write ADDRESS:PORT with a numeric address, e.g. 127.0.0.1:9464, [::1]:9464, or 0.0.0.0:9464 for every interface"},
+    {"metrics:\n  listen: localhost:9464\n",
+     "t.yaml:2:11: 'metrics.listen': 'localhost' is not a numeric IPv4 address (a host name is not "
+     "resolved here); write ADDRESS:PORT with a numeric address, e.g. 127.0.0.1:9464, [::1]:9464, or 0.0.0.0:9464 for every interface"},
+    {"metrics:\n  listen: \":9464\"\n",
+     "t.yaml:2:11: 'metrics.listen': ':9464' has no address; write ADDRESS:PORT with a numeric address, e.g. 127.0.0.1:9464, [::1]:9464, or 0.0.0.0:9464 for every interface"},
+    {"metrics:\n  listen: 127.0.0.1:0\n",
+     "t.yaml:2:11: 'metrics.listen': the port of '127.0.0.1:0' must be a number from 1 to 65535"},
+    {"metrics:\n  listen: 127.0.0.1:65536\n",
+     "t.yaml:2:11: 'metrics.listen': the port of '127.0.0.1:65536' must be a number from 1 to 65535"},
+    {"metrics:\n  listen: 127.0.0.1:http\n",
+     "t.yaml:2:11: 'metrics.listen': the port of '127.0.0.1:http' must be a number from 1 to 65535"},
+    {"metrics:\n  listen: ::1:9464\n",
+     "t.yaml:2:11: 'metrics.listen': '::1:9464': an IPv6 address goes in brackets ([::1]:9464)"},
+    {"metrics:\n  listen: \"[::1]9464\"\n",
+     "t.yaml:2:11: 'metrics.listen': '[::1]9464' has no ']:PORT' after its IPv6 address; write ADDRESS:PORT with a numeric address, e.g. 127.0.0.1:9464, [::1]:9464, or 0.0.0.0:9464 for every interface"},
+    {"metrics:\n  listen: \"[10.0.0.1]:9464\"\n",
+     "t.yaml:2:11: 'metrics.listen': '10.0.0.1' is not a numeric IPv6 address (a host name is not "
+     "resolved here); write ADDRESS:PORT with a numeric address, e.g. 127.0.0.1:9464, [::1]:9464, or 0.0.0.0:9464 for every interface"},
+    {"metrics:\n  listen: 127.0.0.1:9464 \n  port: 1\n",
+     "t.yaml:3:3: unknown key 'port' in 'metrics' (known: listen)"},
     /* the document itself */
     {"- a\n- b\n", "t.yaml:1:1: the top level must be a mapping of keys (like 'socket:'), got a list"},
     {"hello\n", "t.yaml:1:1: the top level must be a mapping of keys (like 'socket:'), got 'hello'"},
@@ -743,6 +795,7 @@ static const struct {
     {"peer_insecure: true\n", "peer_insecure"},
     {"peer_wait_ms: 5\n", "peer_wait_ms"},
     {"transport: tcp\n", "transport"},
+    {"metrics:\n  listen: 127.0.0.1:9464\n", "metrics.listen"},
 };
 
 START_TEST(restart_keys_are_named) {
@@ -820,7 +873,7 @@ START_TEST(nesting_deeper_than_32_levels_is_refused_where_it_opens) {
                         "backend, devices, pool, preallocation, buffer_cache_enabled, "
                         "kernel_warmup, kernel_cache_dir, warn_first_call_ratio, "
                         "connection_pool_size, proxy_threads, listen, peers, "
-                        "peer_key_file, peer_insecure, peer_wait_ms, transport, limits, log_level)");
+                        "peer_key_file, peer_insecure, peer_wait_ms, transport, metrics, limits, log_level)");
   /* A list at its key's own column is a level too: the root, then a list and a mapping on each
    * "- k:" line; the 16th such line's mapping is the 33rd level. */
   snprintf(block, sizeof block, "k:\n");
@@ -1086,6 +1139,7 @@ Suite *config_suite(void) {
 
   t = tcase_create("values");
   tcase_add_test(t, every_key_lands_in_the_struct);
+  tcase_add_test(t, metrics_listen_takes_a_numeric_address_and_a_port);
   tcase_add_test(t, socket_mode_is_octal_however_written);
   tcase_add_test(t, sizes_and_booleans_in_every_spelling);
   tcase_add_test(t, the_transport_is_the_daemons_unless_a_peer_names_its_own);

@@ -23,6 +23,7 @@
 #include "peer_proto.h"
 #include "proto.h"
 #include "rdmadrv.h"
+#include "nodes.h"
 #include "testutil.h"
 
 /* ---- codec ---------------------------------------------------------------- */
@@ -529,55 +530,6 @@ START_TEST(the_transport_is_chosen_per_peer_and_rdma_is_never_silently_tcp) {
 END_TEST
 
 /* ---- two network namespaces joined by a veth pair (root) ---------------------- */
-
-struct netns {
-  char ns[2][32];
-  bool made[2];
-};
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...) {
-  char cmd[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  char quiet[600];
-  snprintf(quiet, sizeof quiet, "%s >/dev/null 2>&1", cmd);
-  return system(quiet);
-}
-
-static void netns_down(struct netns *n) {
-  for (int i = 0; i < 2; i++)
-    if (n->made[i])
-      sh("ip netns delete %s", n->ns[i]);
-}
-
-/* Two namespaces, 10.77.0.1/24 and 10.77.0.2/24 on the two ends of a veth: 0 or why not. */
-static const char *netns_up(struct netns *n) {
-  memset(n, 0, sizeof *n);
-  if (geteuid() != 0)
-    return "not root (ip netns needs CAP_SYS_ADMIN)";
-  if (sh("ip netns list") != 0)
-    return "ip netns is not available";
-  for (int i = 0; i < 2; i++) {
-    snprintf(n->ns[i], sizeof n->ns[i], "dep%d_%d", (int)getpid(), i);
-    if (sh("ip netns add %s", n->ns[i]) != 0)
-      return "ip netns add failed (no network namespaces here?)";
-    n->made[i] = true;
-    sh("ip -n %s link set lo up", n->ns[i]);
-  }
-  if (sh("ip link add dv%da netns %s type veth peer name dv%db netns %s", (int)getpid(),
-         n->ns[0], (int)getpid(), n->ns[1]) != 0)
-    return "ip link add type veth failed (no veth module?)";
-  for (int i = 0; i < 2; i++) {
-    if (sh("ip -n %s addr add 10.77.0.%d/24 dev dv%d%c", n->ns[i], i + 1, (int)getpid(),
-           "ab"[i]) != 0 ||
-        sh("ip -n %s link set dv%d%c up", n->ns[i], (int)getpid(), "ab"[i]) != 0)
-      return "cannot configure the veth pair";
-  }
-  return NULL;
-}
 
 /* Start deepepd in namespace ns with config conf (its stderr to log); its pid. */
 static pid_t ns_daemon(const char *ns, const char *conf, const char *log) {

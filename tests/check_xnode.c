@@ -6,8 +6,9 @@
  * sums) and folds everything it received into a digest; the same job run
  * with every rank on one daemon must give every rank the same digest, bit
  * for bit.  Then the faults: a remote rank or a remote daemon killed while
- * the job runs fails every survivor's call within the op timeout, and the
- * daemons carry on.
+ * the job runs, or the link between two daemons in two network namespaces
+ * taken down (root only), fails every survivor's call within the op
+ * timeout, and the daemons carry on.
  */
 #include <check.h>
 #include <signal.h>
@@ -385,7 +386,17 @@ static void kill_mid_run(int what) {
   struct nodes ns;
   char limits[64];
   snprintf(limits, sizeof limits, ", op_timeout_ms: %d", XN_OP_TIMEOUT_MS);
-  nodes_config_with(&ns, 2, 20000, limits, "");
+  if (what == 2) {
+    const char *why = nodes_config_netns(&ns, 20000, limits, "");
+    if (why != NULL) {
+      tu_skip("a_link_taken_down_mid_run_fails_every_rank_within_the_op_timeout", "%s", why);
+      ow_case_free(d);
+      free(d);
+      return;
+    }
+  } else {
+    nodes_config_with(&ns, 2, 20000, limits, "");
+  }
   nodes_start_all(&ns);
   struct xn_run run = {.d = d, .until_error = true};
   struct xn_place p;
@@ -405,6 +416,8 @@ static void kill_mid_run(int what) {
   int64_t killed = mono_ms();
   if (what == 0) {
     kill(pids[3], SIGKILL);
+  } else if (what == 2) {
+    ck_assert_int_eq(nodes_sh("ip -n %s link set dv%da down", ns.net.ns[0], (int)getpid()), 0);
   } else {
     kill(ns.d[1].pid, SIGKILL);
     kill(pids[2], SIGKILL);
@@ -412,17 +425,18 @@ static void kill_mid_run(int what) {
   }
   bool ok = xn_reap(pids, 4, XN_OP_TIMEOUT_MS * 3);
   (void)ok; /* the survivors exit 1: their call failed, as it must */
-  for (uint32_t g = 0; g < 2; g++) {
-    ck_assert_msg(atomic_load(&res[g].done), "rank %u on node 0 hung after the kill", g);
+  for (uint32_t g = 0; g < (what == 2 ? 4u : 2u); g++) {
+    ck_assert_msg(atomic_load(&res[g].done), "rank %u hung after the fault", g);
     ck_assert_msg(res[g].rc == DEP_ERR_PEER || res[g].rc == DEP_ERR_TIMEOUT,
                   "rank %u: %s, want DEP_ERR_PEER or DEP_ERR_TIMEOUT: %s", g,
                   dep_errname(res[g].rc), res[g].msg);
     int64_t after = res[g].fail_ms - killed;
     ck_assert_msg(after <= XN_OP_TIMEOUT_MS + 1500, "rank %u failed %lld ms after the kill, over "
                   "the op timeout of %d ms", g, (long long)after, XN_OP_TIMEOUT_MS);
-    printf("xnode: %s killed: rank %u failed after %lld ms with %s\n",
-           what ? "the remote daemon" : "a remote rank", g, (long long)after,
-           dep_errname(res[g].rc));
+    printf("xnode: %s: rank %u failed after %lld ms with %s\n",
+           what == 0 ? "a remote rank killed" : what == 1 ? "the remote daemon killed"
+                                                          : "the veth taken down",
+           g, (long long)after, dep_errname(res[g].rc));
   }
   /* The survivors' daemon reclaims the job; a new one-node job runs there. */
   if (what == 1)
@@ -447,6 +461,10 @@ END_TEST
 START_TEST(sigkill_of_a_remote_daemon_fails_the_others_within_the_op_timeout) { kill_mid_run(1); }
 END_TEST
 
+/* Two daemons in two network namespaces; the veth between them goes down mid-run. */
+START_TEST(a_link_taken_down_mid_run_fails_every_rank_within_the_op_timeout) { kill_mid_run(2); }
+END_TEST
+
 Suite *xnode_suite(void);
 Suite *xnode_suite(void) {
   Suite *s = suite_create("xnode");
@@ -460,6 +478,7 @@ Suite *xnode_suite(void) {
   tcase_set_timeout(f, 120);
   tcase_add_test(f, sigkill_of_a_remote_rank_fails_the_others_within_the_op_timeout);
   tcase_add_test(f, sigkill_of_a_remote_daemon_fails_the_others_within_the_op_timeout);
+  tcase_add_test(f, a_link_taken_down_mid_run_fails_every_rank_within_the_op_timeout);
   suite_add_tcase(s, f);
   return s;
 }

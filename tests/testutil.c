@@ -9,6 +9,7 @@
 #include <grp.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <ftw.h>
 #include <limits.h>
 #include <signal.h>
@@ -450,6 +451,16 @@ int tu_daemon_start_opts(struct tu_daemon *d, const char *dir, const char *extra
                        setuid((uid_t)o->uid) != 0)) {
       perror("becoming the daemon's uid");
       _exit(126);
+    }
+    if (o->netns != NULL) {
+      char path[300];
+      snprintf(path, sizeof path, "/var/run/netns/%s", o->netns);
+      int nfd = open(path, O_RDONLY | O_CLOEXEC);
+      if (nfd < 0 || setns(nfd, CLONE_NEWNET) != 0) {
+        perror("entering the daemon's network namespace");
+        _exit(126);
+      }
+      close(nfd);
     }
     execl(tu_bin("deepepd"), "deepepd", "-c", d->conf, (char *)NULL);
     perror("exec deepepd");

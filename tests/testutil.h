@@ -122,6 +122,7 @@ struct tu_daemon_opts {
                          but stdio, so that the fds it holds are its own) */
   long uid;           /* > 0: it runs as this uid and gid (the test must be root) */
   const char *socket; /* its socket path instead of dir/d.sock */
+  const char *netns;  /* it runs in this network namespace (ip netns's name; the test is root) */
   enum tu_wait wait;
 };
 
