@@ -11,7 +11,11 @@ work as with DeepEP.  Where the semantics differ:
   are packed from row 0 in (source rank, source token) order;
 - handles are opaque deepep.Handle objects, not DeepEP's tuples of prefix
   matrices; pass them back as they are;
-- low-latency FP8 scales are row-major [.., hidden // 128], not column-major;
+- FP8 scales are row-major float32 [.., hidden // 128] (low-latency and throughput), not
+  column-major; a throughput FP8 tuple's scales are made contiguous, and UE8M0 or int32
+  scales are not taken;
+- with num_worst_tokens, rows past those received have recv_topk_idx -1 and
+  recv_topk_weights 0, and recv_x there is not written (as DeepEP);
 - FP8 values are torch.float8_e4m3fn where torch has it, else uint8;
 - Buffer accepts and ignores keyword arguments that forks of DeepEP add.
 """

@@ -45,3 +45,33 @@ def test_every_c_struct_of_the_header_is_mirrored():
     import re
     declared = set(re.findall(r"^struct (dep_\w+) \{", text, re.M))
     assert declared == set(_lib.STRUCTS), "deepep.h and deepep/_lib.py declare different structs"
+
+
+def _map_globals():
+    text = open(os.path.join(HEADER_DIR, "libdeepep-client.map")).read()
+    body = text.split("global:", 1)[1].split("local:", 1)[0]
+    import re
+    return sorted(re.findall(r"\b(dep_\w+);", body))
+
+
+def test_the_version_script_exports_exactly_the_headers_functions():
+    import re
+    text = open(os.path.join(HEADER_DIR, "deepep.h")).read()
+    declared = sorted(set(re.findall(r"DEP_EXPORT[^;(]*?\b(dep_\w+)\(", text, re.S)))
+    assert declared and _map_globals() == declared, \
+        "client/libdeepep-client.map's global list and deepep.h's DEP_EXPORT functions differ"
+
+
+def test_the_library_exports_only_the_version_scripts_symbols():
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm (binutils) to list the library's dynamic symbols")
+    lib = os.environ.get(_lib.LIB_ENV)
+    if not lib or not os.path.exists(lib):
+        pytest.skip(f"${_lib.LIB_ENV} names no built library")
+    out = subprocess.run([nm, "-D", "--defined-only", lib], check=True, capture_output=True,
+                         text=True).stdout.split("\n")
+    names = sorted({line.split()[-1].split("@")[0] for line in out
+                    if line.strip() and line.split()[1] in "TtDdBbRrWwVv"
+                    and line.split()[-1] != "DEEPEP_0"})
+    assert names == _map_globals()
