@@ -241,7 +241,10 @@ enum dep_index_type { DEP_INDEX_I64 = 1, DEP_INDEX_I32 = 2 };
  * built against an older deepep.h keeps working; a size of 0 or below the
  * struct's first layout is DEP_ERR_INVALID, and a newer caller's larger
  * struct is DEP_ERR_UNSUPPORTED unless the fields this library does not
- * know are all zero.  Fields are only ever appended.
+ * know are all zero.  Fields are only ever appended.  The structs of
+ * attach and status (dep_attach_args, dep_attach_info, dep_attach_times,
+ * dep_status) carry no size: they grow only through a new entry point
+ * taking a sized struct, the old one kept as it is.
  */
 
 /* What dispatch leaves for the matching combine (opaque, reusable). */

@@ -351,6 +351,29 @@ def test_deep_ep_imports_as_megatron_and_sglang_import_it(daemon):
     out, _, ev = b.combine(recv_x, handle=handle, async_finish=True, previous_event=after,
                            allocate_on_comm_stream=True)
     assert torch.equal(out, x)  # one rank received each token once
+    # Megatron's backward of dispatch: combine(grad, handle, topk_weights=grad_probs.float()).
+    grad, grad_w, ev = b.combine(recv_x, handle, topk_weights=recv_w.float(), previous_event=ev,
+                                 async_finish=True, allocate_on_comm_stream=True)
+    assert torch.equal(grad, x) and torch.equal(grad_w, w)
+    # Megatron's backward of combine: dispatch(grad, handle=ctx.handle) (cached mode).
+    g, n1, n2, n3, n4, ev = b.dispatch(grad, handle=handle, previous_event=ev, async_finish=True,
+                                       allocate_on_comm_stream=True)
+    assert torch.equal(g, recv_x) and (n1, n2, n3, n4) == (None, None, None, None)
+    # SGLang's normal path with DeepGEMM: an FP8 (values, scales) tuple, expert_alignment=128,
+    # config=; then combine without weights.
+    q = torch.randint(0, 256, (4, 128), dtype=torch.uint8, device=DEV).view(deepep.fp8_dtype)
+    sc = torch.rand(4, 1, device=DEV)
+    ev = Buffer.capture()
+    (rq, rsc), _, _, counts, h2, ev = b.dispatch(
+        (q, sc), topk_idx=idx, topk_weights=w, num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, previous_event=ev,
+        async_finish=True, allocate_on_comm_stream=True, expert_alignment=128,
+        config=Buffer.get_dispatch_config(1))
+    ev.current_stream_wait()
+    assert counts == [128] * 4 and torch.equal(rq.view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(rsc, sc)
+    out, _, _ = b.combine(recv_x, h2, config=Buffer.get_combine_config(1))
+    assert torch.equal(out, x)
     b.destroy()
     for name in ("deep_ep.utils", "deep_ep"):
         sys.modules.pop(name, None)
