@@ -1,18 +1,24 @@
 /*
  * ctl_doctor.c — `deepepctl doctor`: the field report's four checks
- * (DESIGN §10), each OK, WARN or FAIL with what to do, as a table or
+ * (DESIGN §10), allocation in two (the pools, and the GPUs' own memory),
+ * each OK, WARN or FAIL with what to do, or SKIP where it does not apply
+ * (the host backend has no kernels and no device memory), as a table or
  * --json; the exit status is 1 when any check fails.
  *
  *   connections  the control socket (there, a socket, who may connect) and
  *                every configured peer daemon up with all its connections
- *   kernels      on the host backend nothing to load; on cuda, whether
- *                this build carries the kernels at all, and for each GPU
- *                what the daemon says it has for it (KERNELS): SASS in the
- *                fatbin, or its compile of the PTX from the kernel cache,
- *                of this very build
+ *   kernels      on cuda, whether this build carries the kernels at all,
+ *                and for each served GPU what serves it: SASS in the
+ *                fatbin for its architecture (the fatbin read here, the
+ *                GPU asked through the driver), or only PTX and the
+ *                daemon's cached compile of it (KERNELS), of this very
+ *                build; FAIL where neither SASS nor PTX can run on it
  *   allocation   the largest arena lent since the daemon started against
  *                what each device's pool has free now; on cuda each GPU's
  *                compute mode, and MPS where ranks of one job share a GPU
+ *   memory       on cuda, each GPU's free memory against what its pool may
+ *                still take from it (its budget less what it has made,
+ *                STATS_OK) and against the largest job seen there
  *   balance      the tokens each rank receives in the newest layout every
  *                rank of a job reported: the most over the mean, WARN above
  *                DOCTOR_SKEW_WARN, FAIL above DOCTOR_SKEW_FAIL
@@ -36,8 +42,10 @@
 #define DOCTOR_SKEW_FAIL 1.75
 #define DOCTOR_TEXT 1024
 
-enum doctor_result { DOCTOR_OK = 0, DOCTOR_WARN = 1, DOCTOR_FAIL = 2 };
-static const char *const doctor_names[] = {"OK", "WARN", "FAIL"};
+/* A check starts as SKIP and each finding raises it: SKIP stays only where nothing applied. */
+enum doctor_result { DOCTOR_SKIP = 0, DOCTOR_OK, DOCTOR_WARN, DOCTOR_FAIL };
+static const char *const doctor_names[] = {"SKIP", "OK", "WARN", "FAIL"};
+#define DOCTOR_NCHECKS 5
 
 struct doctor_check {
   const char *name;
@@ -157,34 +165,77 @@ static void doctor_peers(dep_client_t *c, struct doctor_check *k) {
 
 /* ---- kernels ------------------------------------------------------------------------ */
 
+/* What the fatbin has for a GPU (its compute capability asked through the driver), or UNKNOWN. */
+static enum kimage_fit doctor_fit(const struct cudadrv *cu, const struct kimage *img,
+                                  const uint8_t uuid[16], int *arch) {
+  CUdevice dev;
+  int major = 0, minor = 0;
+  *arch = 0;
+  if (cu == NULL || cudadrv_device_by_uuid(cu, uuid, &dev) != 0 ||
+      cu->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) !=
+          CUDA_SUCCESS ||
+      cu->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev) !=
+          CUDA_SUCCESS)
+    return KIMAGE_UNKNOWN;
+  *arch = major * 10 + minor;
+  return kimage_fit(img->data, img->len, major, minor);
+}
+
 static void doctor_kernels(dep_client_t *c, const struct dep_status *st, struct doctor_check *k) {
   if (strcmp(st->backend, "cuda") != 0) {
-    doctor_note(k, DOCTOR_OK, "%s backend: the operations are the library's C code, nothing "
-                "to load", st->backend);
+    doctor_note(k, DOCTOR_SKIP, "%s backend: no kernels to load (the operations are the "
+                "library's C code)", st->backend);
     return;
   }
 #ifdef DEP_HAVE_FATBIN
   struct kimage img;
   kimage_embedded(&img);
   doctor_note(k, DOCTOR_OK, "this build's library embeds the CUDA kernels (build %.16s)", img.id);
-  /* What the daemon's kernel check found for each GPU (kcheck.c). */
+  char why[256] = "";
+  const struct cudadrv *cu = cudadrv_load(why, sizeof why);
+  if (cu == NULL) {
+    doctor_note(k, DOCTOR_WARN, "cannot ask the GPUs here what the fatbin has for them: %s", why);
+    doctor_do(k, "run deepepctl doctor on the node itself, where libcuda.so.1 loads");
+  }
   for (uint32_t i = 0; i < st->num_devices && c->fd >= 0; i++) {
+    const char *gpu = st->devices[i].uuid;
     struct dep_msg_kernels m;
-    struct client_frame f;
-    if (cudadrv_uuid_parse(st->devices[i].uuid, m.device_uuid) != 0)
+    if (cudadrv_uuid_parse(gpu, m.device_uuid) != 0)
       continue;
-    int rc = client_request(c, DEP_MSG_KERNELS, &m, DEP_MSG_KERNELS_OK, CLIENT_REQUEST_TIMEOUT_MS,
-                            &f);
-    if (rc == DEP_ERR_NOT_FOUND) {
-      doctor_note(k, DOCTOR_OK, "GPU %s: %s", st->devices[i].uuid, dep_errmsg(c));
+    int arch = 0;
+    enum kimage_fit fit = doctor_fit(cu, &img, m.device_uuid, &arch);
+    if (fit == KIMAGE_SASS) {
+      doctor_note(k, DOCTOR_OK, "GPU %s (sm_%d): SASS for it in the fatbin", gpu, arch);
       continue;
     }
+    if (fit == KIMAGE_NONE) {
+      doctor_note(k, DOCTOR_FAIL, "GPU %s (sm_%d): the library's kernels have no code for it (no "
+                  "SASS of its architecture, no PTX at or below it): its ranks' operations fail",
+                  gpu, arch);
+      doctor_do(k, "rebuild with sm_%d in NVCC_GENCODE, or leave the GPU out of devices:", arch);
+      continue;
+    }
+    /* Only PTX (or a fatbin this parser does not read): the daemon's compile, if it lends one. */
+    struct client_frame f;
+    int rc = client_request(c, DEP_MSG_KERNELS, &m, DEP_MSG_KERNELS_OK, CLIENT_REQUEST_TIMEOUT_MS,
+                            &f);
     struct dep_msg_kernels_ok ok;
+    if (rc == DEP_ERR_NOT_FOUND) {
+      const bool ptx = fit == KIMAGE_PTX_ONLY;
+      doctor_note(k, ptx ? DOCTOR_WARN : DOCTOR_OK, "GPU %s: %s%s", gpu, dep_errmsg(c),
+                  ptx ? "; but this library's fatbin has only PTX for it: each trainer process "
+                        "compiles it at its start"
+                      : "");
+      if (ptx)
+        doctor_do(k, "install deepepd and libdeepep-client from one build (the daemon compiles "
+                     "its PTX at start and lends it)");
+      continue;
+    }
     if (rc != 0 || proto_decode_kernels_ok(f.body, f.hdr.body_len, &ok) != 0) {
       if (rc == 0)
         client_frame_release(&f);
-      doctor_note(k, DOCTOR_WARN, "GPU %s: the daemon did not say what it has for it (%s)",
-                  st->devices[i].uuid, rc != 0 ? dep_errmsg(c) : "a malformed KERNELS_OK");
+      doctor_note(k, DOCTOR_WARN, "GPU %s: the daemon did not say what it has for it (%s)", gpu,
+                  rc != 0 ? dep_errmsg(c) : "a malformed KERNELS_OK");
       doctor_do(k, "see the daemon's log for its kernel check at start");
       continue;
     }
@@ -192,13 +243,12 @@ static void doctor_kernels(dep_client_t *c, const struct dep_status *st, struct 
     if (strcmp(ok.build, img.id) != 0) {
       doctor_note(k, DOCTOR_WARN, "GPU %s: the fatbin has only PTX for it and the daemon lends a "
                   "compile of build %.16s, not this library's %.16s: trainers of this build "
-                  "compile the PTX themselves at each start", st->devices[i].uuid, ok.build,
-                  img.id);
+                  "compile the PTX themselves at each start", gpu, ok.build, img.id);
       doctor_do(k, "install deepepd and libdeepep-client from one build");
     } else {
       doctor_note(k, DOCTOR_OK, "GPU %s: the fatbin has only PTX for it (sm_%u); the daemon lends "
-                  "its compile of it (%llu bytes, driver %d) at attach", st->devices[i].uuid,
-                  ok.arch, (unsigned long long)ok.bytes, (int)ok.driver);
+                  "its cached compile of it (%llu bytes, driver %d) at attach", gpu, ok.arch,
+                  (unsigned long long)ok.bytes, (int)ok.driver);
     }
   }
 #else
@@ -305,6 +355,92 @@ static void doctor_gpus(dep_client_t *c, const struct dep_status *st, struct doc
   proto_clients_free(&m);
 }
 
+/* ---- the GPUs' own memory ------------------------------------------------------------- */
+
+/* A GPU's free and total memory, through a primary context of this process (which takes some
+ * of it: the figure errs low by that much).  CUDA_SUCCESS or the driver's result. */
+static CUresult doctor_gpu_mem(const struct cudadrv *cu, CUdevice dev, size_t *free_b,
+                               size_t *total_b) {
+  CUcontext ctx = NULL;
+  CUresult r = cu->cuDevicePrimaryCtxRetain(&ctx, dev);
+  if (r != CUDA_SUCCESS)
+    return r;
+  if ((r = cu->cuCtxSetCurrent(ctx)) == CUDA_SUCCESS)
+    r = cu->cuMemGetInfo(free_b, total_b);
+  cu->cuCtxSetCurrent(NULL);
+  cu->cuDevicePrimaryCtxRelease(dev);
+  return r;
+}
+
+static void doctor_memory(const struct dep_status *st, const struct ctl_stats *s,
+                          struct doctor_check *k) {
+  if (strcmp(st->backend, "cuda") != 0) {
+    doctor_note(k, DOCTOR_SKIP, "%s backend: no device memory (its pool is host memory, which "
+                "allocation checks)", st->backend);
+    return;
+  }
+  char why[256] = "";
+  const struct cudadrv *cu = cudadrv_load(why, sizeof why);
+  if (cu == NULL) {
+    doctor_note(k, DOCTOR_WARN, "cannot ask the GPUs here: %s", why);
+    doctor_do(k, "run deepepctl doctor on the node itself, where libcuda.so.1 loads");
+    return;
+  }
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const struct dep_msg_stats_ok *ok = &s->ok;
+  for (uint32_t i = 0; i < st->num_devices; i++) {
+    const struct dep_status_device *d = &st->devices[i];
+    uint8_t uuid[16];
+    CUdevice dev;
+    if (cudadrv_uuid_parse(d->uuid, uuid) != 0 || cudadrv_device_by_uuid(cu, uuid, &dev) != 0) {
+      doctor_note(k, DOCTOR_WARN, "GPU %s: not visible here", d->uuid);
+      doctor_do(k, "run deepepctl doctor on the node, with the daemon's GPUs visible");
+      continue;
+    }
+    const struct dep_msg_stats_pool *p = NULL;
+    for (uint32_t j = 0; j < ok->n_pools && p == NULL; j++)
+      if (memcmp(ok->pools[j].uuid, uuid, 16) == 0)
+        p = &ok->pools[j];
+    size_t free_b = 0, total_b = 0;
+    CUresult r = p != NULL ? doctor_gpu_mem(cu, dev, &free_b, &total_b) : CUDA_SUCCESS;
+    if (p == NULL || r != CUDA_SUCCESS) {
+      doctor_note(k, DOCTOR_WARN, "GPU %s: %s", d->uuid,
+                  p == NULL ? "the daemon did not say what its pool has made (still starting?)"
+                            : cudadrv_errstr(r));
+      doctor_do(k, "see deepepctl stats and nvidia-smi for this GPU");
+      continue;
+    }
+    const uint64_t budget = d->pool_total_bytes, made = p->made_bytes;
+    const uint64_t need = budget > made ? budget - made : 0;
+    const uint64_t busy = d->pool_used_bytes + d->pool_held_bytes;
+    const uint64_t spare = made > busy ? made - busy : 0; /* made and lent to no one: reusable */
+    char uuid_l[DEP_UUID_STR_LEN];
+    cudadrv_uuid_str(ok->largest_uuid, uuid_l);
+    const uint64_t largest =
+        ok->largest_bytes > 0 && strcmp(uuid_l, d->uuid) == 0 ? ok->largest_bytes : 0;
+    if (need <= free_b) {
+      doctor_note(k, DOCTOR_OK, "GPU %s: %.2f of %.2f GiB free; its pool has made %.2f of its "
+                  "%.2f GiB budget and the rest fits", d->uuid, (double)free_b / gib,
+                  (double)total_b / gib, (double)made / gib, (double)budget / gib);
+      continue;
+    }
+    if (largest > spare + free_b) {
+      doctor_note(k, DOCTOR_FAIL, "GPU %s: job %s, the largest seen here, took %.2f GiB, but the "
+                  "pool holds only %.2f GiB made and unlent and the GPU has %.2f GiB free: a job "
+                  "that size cannot attach (the pool's %.2f GiB budget is %.2f GiB short)",
+                  d->uuid, ok->largest_job, (double)largest / gib, (double)spare / gib,
+                  (double)free_b / gib, (double)budget / gib, (double)(need - free_b) / gib);
+    } else {
+      doctor_note(k, DOCTOR_WARN, "GPU %s: its pool may still make %.2f GiB of its %.2f GiB "
+                  "budget, but the GPU has only %.2f GiB free%s", d->uuid, (double)need / gib,
+                  (double)budget / gib, (double)free_b / gib,
+                  largest > 0 ? " (the largest job seen here still fits)" : "");
+    }
+    doctor_do(k, "start deepepd before the trainers with preallocation: true (its pool is made "
+                 "at start), or lower pool.size_per_device to what the GPU can give");
+  }
+}
+
 /* ---- load balance --------------------------------------------------------------------- */
 
 static void doctor_balance(const struct ctl_stats *s, struct doctor_check *k) {
@@ -351,7 +487,7 @@ static const struct ctl_col check_cols[] = {
 
 static int doctor_render(const struct ctl *ctl, const struct doctor_check *k, size_t n) {
   bool failed = false;
-  struct ctl_val cells[4 * CHECK_NCOLS];
+  struct ctl_val cells[DOCTOR_NCHECKS * CHECK_NCOLS];
   for (size_t i = 0; i < n; i++) {
     failed |= k[i].result == DOCTOR_FAIL;
     cells[i * CHECK_NCOLS + 0].s = k[i].name;
@@ -380,10 +516,11 @@ int ctl_doctor(struct ctl *ctl, int argc, char **argv) {
   int rc = ctl_sub_options(ctl, argc, argv);
   if (rc >= 0)
     return rc;
-  struct doctor_check k[4] = {{.name = "connections"},
-                              {.name = "kernels"},
-                              {.name = "allocation"},
-                              {.name = "balance"}};
+  struct doctor_check k[DOCTOR_NCHECKS] = {{.name = "connections"},
+                                           {.name = "kernels"},
+                                           {.name = "allocation"},
+                                           {.name = "memory"},
+                                           {.name = "balance"}};
   dep_client_t *c = NULL;
   rc = dep_client_new(&c);
   if (rc != 0)
@@ -399,16 +536,17 @@ int ctl_doctor(struct ctl *ctl, int argc, char **argv) {
     doctor_kernels(c, st, &k[1]);
     doctor_pools(st, &s, &k[2]);
     doctor_gpus(c, st, &k[2]);
-    doctor_balance(&s, &k[3]);
+    doctor_memory(st, &s, &k[3]);
+    doctor_balance(&s, &k[4]);
   } else {
     /* Without the daemon the other checks cannot look: each says so. */
-    for (int i = 1; i < 4; i++) {
+    for (int i = 1; i < DOCTOR_NCHECKS; i++) {
       doctor_note(&k[i], DOCTOR_FAIL, "not checked: deepepd did not answer");
       doctor_do(&k[i], "fix the connection first");
     }
   }
   dep_client_free(c);
-  int out = doctor_render(ctl, k, 4);
+  int out = doctor_render(ctl, k, DOCTOR_NCHECKS);
   ctl_stats_free(&s);
   dep_status_free(st);
   return out;

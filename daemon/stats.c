@@ -24,6 +24,7 @@
 
 #include "conn.h"
 #include "deepepd.h"
+#include "devices.h"
 #include "job.h"
 #include "log.h"
 #include "notify.h"
@@ -525,6 +526,13 @@ static void stats_fill_ok(struct dep_msg_stats_ok *ok) {
   ok->warnings = stats_warnings;
   for (struct stats_job *sj = stats_jobs; sj != NULL; sj = sj->next)
     ok->finished_jobs += sj->finished;
+  /* The pools are the devices' worker's while they are made: read them once they are done. */
+  for (size_t i = 0; !deepepd.starting && i < devices_count() && i < DEP_STATS_WIRE_POOLS; i++) {
+    const struct pool *p = devices_at(i);
+    memcpy(ok->pools[i].uuid, p->dev.uuid, sizeof ok->pools[i].uuid);
+    ok->pools[i].made_bytes = p->made_bytes;
+    ok->n_pools = (uint32_t)i + 1;
+  }
 }
 
 /* Fresh figures: what the ranks of a running job wrote since the last tick counts too. */

@@ -156,6 +156,8 @@ struct cudadrv {
                             void **);
   CUresult (*cuLinkComplete)(CUlinkState, void **, size_t *);
   CUresult (*cuLinkDestroy)(CUlinkState);
+  /* deepepctl doctor: a GPU's free memory against its pool's budget. */
+  CUresult (*cuMemGetInfo)(size_t *, size_t *);
   /* Optional (NULL on drivers before 11.7): a dma-buf fd of device memory, which the
    * daemon registers with the NIC (ibv_reg_dmabuf_mr) for inter-node writes. */
   CUresult (*cuMemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);

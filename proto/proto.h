@@ -39,7 +39,8 @@
  *      links on RDMA queue pairs and their keep-alive's round trip.  Added
  *      since, without a bump (new types only): STATS_LEND and STATS_LEND_OK
  *      (a rank's stats page, stats_page.h), STATS, STATS_RANK and STATS_OK
- *      (deepepctl stats, metrics, doctor), CLIENTS and CLIENTS_OK
+ *      (deepepctl stats, metrics, doctor; STATS_OK's pools appended before
+ *      any release carried it), CLIENTS and CLIENTS_OK
  *      (deepepctl clients); KERNELS and KERNELS_OK (the daemon's kernel
  *      cache: a cubin compiled on this node from the library's PTX, lent
  *      as a sealed memfd).
@@ -271,6 +272,7 @@ struct dep_msg_stats_rank {
   uint32_t recent[DEP_STATS_WIRE_LAYOUTS][DEP_MAX_LOCAL_RANKS]; /* tokens sent to each rank */
 };
 
+#define DEP_STATS_WIRE_POOLS 64 /* devices: config's CONFIG_MAX_LIST */
 struct dep_msg_stats_ok {
   uint32_t ranks;          /* STATS_RANK frames before this one */
   uint32_t finished_jobs;  /* ended jobs whose figures are kept now */
@@ -281,6 +283,13 @@ struct dep_msg_stats_ok {
   char largest_job[DEP_JOB_ID_MAX]; /* the largest arena lent since the daemon started */
   uint8_t largest_uuid[16];         /* ... on this device */
   uint64_t largest_bytes;           /* ... of this many bytes (0: none yet) */
+  /* What each served device's pool has made now (doctor's device-memory check: the rest of
+   * its budget is what it may still take from the GPU). */
+  uint32_t n_pools;                 /* 0..DEP_STATS_WIRE_POOLS */
+  struct dep_msg_stats_pool {
+    uint8_t uuid[16];
+    uint64_t made_bytes;            /* <= the budget, STATUS's pool_total_bytes */
+  } pools[DEP_STATS_WIRE_POOLS];
 };
 
 /* CLIENTS_OK: the connections the asker may see, one record each. */

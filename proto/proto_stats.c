@@ -13,7 +13,8 @@
  *                  (<= 64), n_recent x recent_world u32
  *   STATS_OK       u32 ranks, finished_jobs, keep_jobs, keep_s,
  *                  warn_ratio_milli, u64 warnings, str largest_job,
- *                  16 bytes largest_uuid, u64 largest_bytes
+ *                  16 bytes largest_uuid, u64 largest_bytes, u32 n_pools
+ *                  (<= 64), n_pools x (16 bytes uuid, u64 made_bytes)
  *   CLIENTS        empty
  *   CLIENTS_OK     u32 n (<= 1024), u32 left_out, then n records: u32 pid,
  *                  u32 uid, str name (<= 63), str job_id (<= 63), u32 rank,
@@ -154,6 +155,8 @@ int proto_decode_stats_rank(const uint8_t *p, size_t len, struct dep_msg_stats_r
 }
 
 int proto_encode_stats_ok(struct proto_buf *b, const struct dep_msg_stats_ok *m) {
+  if (m->n_pools > DEP_STATS_WIRE_POOLS)
+    return DEP_ERR_INVALID;
   struct codec_w w;
   codec_w_init(&w, b);
   codec_w_u32(&w, m->ranks);
@@ -165,6 +168,11 @@ int proto_encode_stats_ok(struct proto_buf *b, const struct dep_msg_stats_ok *m)
   codec_w_str(&w, m->largest_job, sizeof m->largest_job);
   codec_w_bytes(&w, m->largest_uuid, sizeof m->largest_uuid);
   codec_w_u64(&w, m->largest_bytes);
+  codec_w_u32(&w, m->n_pools);
+  for (uint32_t i = 0; i < m->n_pools; i++) {
+    codec_w_bytes(&w, m->pools[i].uuid, sizeof m->pools[i].uuid);
+    codec_w_u64(&w, m->pools[i].made_bytes);
+  }
   return codec_w_finish(&w);
 }
 
@@ -181,6 +189,13 @@ int proto_decode_stats_ok(const uint8_t *p, size_t len, struct dep_msg_stats_ok 
   codec_r_str(&r, m->largest_job, sizeof m->largest_job);
   codec_r_bytes(&r, m->largest_uuid, sizeof m->largest_uuid);
   m->largest_bytes = codec_r_u64(&r);
+  m->n_pools = codec_r_u32(&r);
+  if (r.bad || m->n_pools > DEP_STATS_WIRE_POOLS)
+    return DEP_ERR_PROTOCOL;
+  for (uint32_t i = 0; i < m->n_pools; i++) {
+    codec_r_bytes(&r, m->pools[i].uuid, sizeof m->pools[i].uuid);
+    m->pools[i].made_bytes = codec_r_u64(&r);
+  }
   return codec_r_finish(&r);
 }
 

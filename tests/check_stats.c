@@ -15,11 +15,16 @@
  * CUDA events around the same calls, and its refused call counted.
  *
  * What doctor's tests cannot provoke on the host backend, and so do not:
- * the kernels check's FAIL (a cuda daemon with a library built without
- * nvcc), a GPU's compute mode and MPS (no GPU here).  The conditions they
- * do provoke are real, none simulated: no socket, a socket any user may
- * use, a configured peer that is not there, a pool too full for the
- * largest job seen, and a job routing every token to one rank.
+ * the kernels check's FAIL (a GPU whose architecture the fatbin has
+ * neither SASS nor PTX for, or a library built without nvcc on a cuda
+ * daemon) and its WARN (PTX only, and no compile of this build lent), the
+ * memory check's FAIL and WARN (a GPU too full for what its pool may still
+ * make), a GPU's compute mode and MPS: no GPU here.  On the host both the
+ * kernels and the memory check say SKIP, which the healthy node's test
+ * holds.  The conditions they do provoke are real, none simulated: no
+ * socket, a socket any user may use, a configured peer that is not there,
+ * a pool too full for the largest job seen, and a job routing every token
+ * to one rank.
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -123,6 +128,35 @@ START_TEST(stats_messages_round_trip_and_refuse_bad_counts) {
   proto_clients_free(&cb);
   ck_assert_int_eq(proto_decode_clients(b.data, b.len - 1, &cb), DEP_ERR_PROTOCOL);
   ck_assert_ptr_null(cb.clients);
+  proto_buf_free(&b);
+}
+END_TEST
+
+START_TEST(stats_ok_carries_each_pool_s_made_bytes) {
+  struct dep_msg_stats_ok m, back;
+  memset(&m, 0, sizeof m);
+  m.ranks = 2;
+  m.n_pools = 2;
+  m.pools[1].uuid[15] = 9;
+  m.pools[1].made_bytes = 48ull << 20;
+  struct proto_buf b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(proto_encode_stats_ok(&b, &m), 0);
+  ck_assert_int_eq(proto_decode_stats_ok(b.data, b.len, &back), 0);
+  ck_assert_uint_eq(back.n_pools, 2);
+  ck_assert_uint_eq(back.pools[1].uuid[15], 9);
+  ck_assert_uint_eq(back.pools[1].made_bytes, 48ull << 20);
+  for (size_t n = 0; n < b.len; n++)
+    ck_assert_int_eq(proto_decode_stats_ok(b.data, n, &back), DEP_ERR_PROTOCOL);
+  /* A count past the bound: not encoded, and refused on the wire before any pool is read. */
+  m.n_pools = DEP_STATS_WIRE_POOLS + 1;
+  proto_buf_reset(&b);
+  ck_assert_int_eq(proto_encode_stats_ok(&b, &m), DEP_ERR_INVALID);
+  m.n_pools = 0;
+  ck_assert_int_eq(proto_encode_stats_ok(&b, &m), 0);
+  const uint32_t many = DEP_STATS_WIRE_POOLS + 1;
+  memcpy(b.data + b.len - 4, &many, 4); /* little-endian, as the codec writes */
+  ck_assert_int_eq(proto_decode_stats_ok(b.data, b.len, &back), DEP_ERR_PROTOCOL);
   proto_buf_free(&b);
 }
 END_TEST
@@ -351,6 +385,12 @@ START_TEST(stats_count_every_call_and_outlive_the_job) {
   struct dep_msg_stats_rank got[ST_W];
   struct dep_msg_stats_ok ok;
   ck_assert_uint_eq(st_fetch(&d, "st-count", got, &ok), ST_W);
+  /* One pool (the host's): it has made at least the job's arena, lent now, within its budget
+   * (the tests' 64 MiB). */
+  ck_assert_uint_eq(ok.n_pools, 1);
+  ck_assert_uint_ge(ok.pools[0].made_bytes, ok.largest_bytes);
+  ck_assert_uint_gt(ok.largest_bytes, 0);
+  ck_assert_uint_le(ok.pools[0].made_bytes, 64ull << 20);
   const uint64_t tp = dep_stats_bytes(ST_TOKENS, ST_HIDDEN, false);
   const uint64_t ll = dep_stats_bytes(ST_LL, ST_HIDDEN, false);
   for (uint32_t i = 0; i < ST_W; i++) {
@@ -614,14 +654,19 @@ START_TEST(doctor_passes_on_a_healthy_node) {
     st_ran(&r[i]);
   char *out = NULL;
   ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "doctor")), 0);
-  const char *checks[] = {"connections", "kernels", "allocation", "balance"};
-  for (int i = 0; i < 4; i++)
-    ck_assert_msg(st_doctor_says(out, checks[i], "OK"), "%s not OK: %s", checks[i], out);
+  /* The kernels and the GPUs' memory do not apply to the host backend: skipped, not passed. */
+  const char *checks[] = {"connections", "kernels", "allocation", "memory", "balance"};
+  const char *want[] = {"OK", "SKIP", "OK", "SKIP", "OK"};
+  for (int i = 0; i < 5; i++)
+    ck_assert_msg(st_doctor_says(out, checks[i], want[i]), "%s not %s: %s", checks[i], want[i],
+                  out);
   ck_assert_msg(strstr(out, "rank 0 receives 1.00 x the mean") != NULL ||
                     strstr(out, "rank 1 receives 1.00 x the mean") != NULL, "%s", out);
   free(out);
   ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "doctor")), 0);
   ck_assert_msg(strstr(out, "balance      OK") != NULL, "%s", out);
+  ck_assert_msg(strstr(out, "memory       SKIP  host backend: no device memory") != NULL, "%s",
+                out);
   free(out);
   for (uint32_t i = 0; i < ST_W; i++)
     st_finish(&r[i], false);
@@ -1124,6 +1169,28 @@ START_TEST(cuda_stats_match_cuda_events_of_the_same_calls) {
 }
 END_TEST
 
+/* On cuda, doctor names for each served GPU what serves its kernels and its free memory. */
+START_TEST(doctor_on_cuda_names_each_gpu_s_kernels_and_memory) {
+  struct tu_gpus g;
+  if (!cr_gpu_probe(__func__, &g))
+    return;
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  char *out = NULL;
+  int rc = st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "doctor"));
+  printf("doctor on cuda (exit %d): %s\n", rc, out);
+  /* This build's fatbin has SASS for sm_80, sm_90 and sm_100 (or the daemon lends a compile). */
+  ck_assert_msg(st_doctor_says(out, "kernels", "OK"), "%s", out);
+  ck_assert_msg(strstr(out, "SASS for it in the fatbin") != NULL ||
+                    strstr(out, "the daemon lends its cached compile") != NULL, "%s", out);
+  /* The tests' daemon preallocates its pool: nothing left to take from the GPU. */
+  ck_assert_msg(st_doctor_says(out, "memory", "OK"), "%s", out);
+  ck_assert_msg(strstr(out, "GiB free; its pool has made") != NULL, "%s", out);
+  free(out);
+  dw_stop_ok(&d);
+}
+END_TEST
+
 Suite *stats_suite(void);
 Suite *stats_suite(void) {
   Suite *s = suite_create("stats");
@@ -1131,6 +1198,7 @@ Suite *stats_suite(void) {
   tcase_add_test(t, buckets_cover_every_duration_in_order);
   tcase_add_test(t, quantiles_are_within_an_eighth_of_the_value);
   tcase_add_test(t, stats_messages_round_trip_and_refuse_bad_counts);
+  tcase_add_test(t, stats_ok_carries_each_pool_s_made_bytes);
   suite_add_tcase(s, t);
   t = tcase_create("ranks");
   tcase_set_timeout(t, 60);
@@ -1151,6 +1219,7 @@ Suite *stats_suite(void) {
   tcase_set_tags(t, "gpu");
   tcase_set_timeout(t, 120);
   tcase_add_test(t, cuda_stats_match_cuda_events_of_the_same_calls);
+  tcase_add_test(t, doctor_on_cuda_names_each_gpu_s_kernels_and_memory);
   suite_add_tcase(s, t);
   t = tcase_create("doctor");
   tcase_set_timeout(t, 60);
