@@ -40,12 +40,31 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/*
+ * Before a rank of a job that spans nodes lets go: wait, bounded by the op
+ * timeout, until the daemon's proxy has taken every descriptor it pushed.
+ * Its last call's blocks for other nodes are then on their way, and the
+ * daemon may end the job here (and scrub the outbox) as soon as it hears.
+ */
+static void xring_drain(dep_client_t *c) {
+  struct dep_xring *r = c->xring;
+  const uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+  const double t0 = now_ms(), limit = c->attach_ok.op_timeout_ms;
+  while (atomic_load_explicit(&r->tail, memory_order_acquire) != head &&
+         atomic_load_explicit(&r->failed, memory_order_acquire) == 0 && now_ms() - t0 < limit) {
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 void client_unmap(dep_client_t *c) {
   cuda_ops_detach(c); /* the kernels and their memory go before the slabs they address */
   statrec_unmap(c);
   host_ops_fini(&c->ops);
-  if (c->xring != NULL)
+  if (c->xring != NULL) {
+    xring_drain(c);
     munmap(c->xring, DEP_XRING_BYTES);
+  }
   c->xring = NULL;
   for (uint32_t i = 0; i < c->n_arenas; i++)
     mem_unmap_slab(&c->arenas[i]);

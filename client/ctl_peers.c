@@ -18,6 +18,8 @@ static const struct ctl_col peers_fields[] = {
     {"auth", "auth", CTL_STR, 0},
     {"rdma", "rdma", CTL_STR, 0},
     {"nic_bytes", "registered", CTL_BYTES, 0},
+    {"proxy_threads", "proxy threads", CTL_UINT, 0},
+    {"proxy_busy_us", "proxy busy us", CTL_UINT, 0},
 };
 #define PEERS_NFIELDS (sizeof peers_fields / sizeof peers_fields[0])
 
@@ -37,6 +39,12 @@ static const struct ctl_col peer_cols[] = {
     {"bytes_out", "TX", CTL_BYTES, 0},
     {"reconnects", "RECONNECTS", CTL_UINT, 0},
     {"backoff_ms", "BACKOFF", CTL_MS, 0},
+    {"data_out", "DATA", CTL_UINT, 0},
+    {"data_in", "", CTL_UINT, CTL_COL_JOIN},
+    {"data_bytes_out", "DATA_TX", CTL_BYTES, 0},
+    {"data_bytes_in", "DATA_RX", CTL_BYTES, 0},
+    {"data_frames_out", "FRAMES_TX", CTL_UINT, 0},
+    {"data_frames_in", "FRAMES_RX", CTL_UINT, 0},
     {"last_error", "LAST ERROR", CTL_STR, 0},
 };
 #define PEER_NCOLS (sizeof peer_cols / sizeof peer_cols[0])
@@ -48,6 +56,8 @@ static int peers_render(const struct ctl *ctl, const struct dep_msg_peers *m) {
       {.s = m->auth ? "peer_key_file" : "none (peer_insecure)"},
       {.s = m->rdma[0] ? m->rdma : "-"},
       {.u = m->nic_bytes},
+      {.u = m->proxy_threads},
+      {.u = m->proxy_busy_us},
   };
   struct ctl_val *cells = calloc((size_t)m->n_peers * PEER_NCOLS + 1, sizeof *cells);
   if (cells == NULL)
@@ -70,7 +80,13 @@ static int peers_render(const struct ctl *ctl, const struct dep_msg_peers *m) {
     row[12].u = p->bytes_out;
     row[13].u = p->reconnects;
     row[14].u = p->backoff_ms;
-    row[15].s = p->last_error[0] || ctl->json ? p->last_error : "-";
+    row[15].u = p->data_out;
+    row[16].u = p->data_in;
+    row[17].u = p->data_bytes_out;
+    row[18].u = p->data_bytes_in;
+    row[19].u = p->data_frames_out;
+    row[20].u = p->data_frames_in;
+    row[21].s = p->last_error[0] || ctl->json ? p->last_error : "-";
   }
   const struct ctl_table tables[] = {
       {"peers", "no peers configured", peer_cols, PEER_NCOLS, m->n_peers, cells, 0},

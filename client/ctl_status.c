@@ -41,6 +41,9 @@ static const struct ctl_col job_cols[] = {
     {"age_ms", "AGE", CTL_MS, 0},
     {"nodes", "NODES", CTL_UINT, 0},
     {"remote_ranks", "REMOTE", CTL_UINT, 0},
+    {"bytes_out", "TX", CTL_BYTES, 0},
+    {"bytes_in", "RX", CTL_BYTES, 0},
+    {"ring_peak", "RING_PEAK", CTL_UINT, 0},
 };
 #define JOB_NCOLS (sizeof job_cols / sizeof job_cols[0])
 
@@ -91,6 +94,9 @@ static int status_render(const struct ctl *ctl, const struct dep_status *st,
       if (strcmp(mn->jobs[k].job_id, j->job_id) == 0) {
         row[7].u = mn->jobs[k].nodes;
         row[8].u = mn->jobs[k].remote_ranks;
+        row[9].u = mn->jobs[k].bytes_out;
+        row[10].u = mn->jobs[k].bytes_in;
+        row[11].u = mn->jobs[k].ring_peak;
       }
     }
   }

@@ -873,11 +873,13 @@ void job_fill_nodes(struct dep_msg_job_nodes *m, uid_t viewer_uid) {
     if (!j->multinode || (!all && j->owner_uid != viewer_uid))
       continue;
     struct dep_msg_job_node *o = &m->jobs[m->n++];
+    memset(o, 0, sizeof *o);
     snprintf(o->job_id, sizeof o->job_id, "%s", j->id);
     o->world_size = j->world_size;
     o->local_ranks = j->attached;
     o->remote_ranks = job_remote_ranks(j, &o->nodes);
     o->nodes++;
+    xfer_job_stats(j, o);
   }
 }
 

@@ -1275,6 +1275,7 @@ int peer_fill(struct dep_msg_peers *m) {
     snprintf(m->rdma, sizeof m->rdma, "none: %s", rdmaxp_why());
   for (size_t i = 0; i < devices_count(); i++)
     m->nic_bytes += devices_at(i)->nic_bytes;
+  xfer_proxy_stats(&m->proxy_threads, &m->proxy_busy_us);
   if (P.n == 0 || P.stopping)
     return 0;
   m->peers = calloc(P.n, sizeof *m->peers);
@@ -1301,6 +1302,14 @@ int peer_fill(struct dep_msg_peers *m) {
     snprintf(q->wanted, sizeof q->wanted, "%s", config_transport_name(p->transport));
     q->qps_up = on_rdma;
     q->rdma_rtt_us = p->rdma_rtt_us;
+    struct xfer_peer_stats xs;
+    xfer_peer_stats((int)k, &xs);
+    q->data_out = xs.conns_out;
+    q->data_in = xs.conns_in;
+    q->data_bytes_out = xs.bytes_out;
+    q->data_bytes_in = xs.bytes_in;
+    q->data_frames_out = xs.frames_out;
+    q->data_frames_in = xs.frames_in;
     snprintf(q->last_error, sizeof q->last_error, "%s", p->last_error);
     q->conns_up = peer_count_up(p);
     q->conns_total = P.pool_size;

@@ -69,6 +69,8 @@ struct xfer_route {
   struct dep_xring *ring[DEP_MAX_LOCAL_RANKS];   /* by local rank; NULL until lent */
   _Atomic int failed;            /* 0, or the code it stopped with */
   _Atomic bool said;             /* a failure of its frames was logged */
+  _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in; /* deepepctl status */
+  _Atomic uint32_t ring_peak;    /* most descriptors a sweep found waiting in one ring */
   struct xfer_route *next;
 };
 
@@ -116,6 +118,7 @@ static struct {
   char ended[XFER_ENDED_MAX][DEP_JOB_ID_MAX];  /* under lock: the last jobs whose route went */
   uint32_t n_ended;
   _Atomic uint32_t helpers;      /* connector and receiver threads running */
+  _Atomic uint64_t busy_ns;      /* proxy threads' time moving blocks, summed */
 } X;
 
 static int xfer_start_threads(void);
@@ -471,6 +474,8 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
   }
   b->len += sizeof *h + d->bytes;
   frames[peer]++;
+  atomic_fetch_add_explicit(&r->bytes_out, sizeof *h + d->bytes, memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
   return true;
 bad:
   if (!atomic_exchange(&r->said, true))
@@ -500,6 +505,8 @@ static uint64_t sweep(uint32_t self, struct xfer_batch *batches, uint64_t *frame
         route_fail(r, DEP_ERR_PROTOCOL);
         break;
       }
+      if (head - tail > atomic_load_explicit(&r->ring_peak, memory_order_relaxed))
+        atomic_store_explicit(&r->ring_peak, (uint32_t)(head - tail), memory_order_relaxed);
       while (tail != head) {
         struct dep_xring_desc d = ring->desc[tail % DEP_XRING_ENTRIES];
         if (!take_desc(r, lr, &d, batches, frames))
@@ -530,6 +537,7 @@ static void *proxy_main(void *arg) {
   uint64_t last_work = 0;
   while (!atomic_load(&X.stop)) {
     bool full;
+    uint64_t t0 = mono_ns();
     uint64_t taken = sweep(self, batches, frames, &full);
     for (int k = 0; k < CONFIG_MAX_LIST; k++) {
       if (batches[k].len == 0)
@@ -540,6 +548,7 @@ static void *proxy_main(void *arg) {
     }
     uint64_t now = mono_ns();
     if (taken > 0 || full) {
+      atomic_fetch_add_explicit(&X.busy_ns, now - t0, memory_order_relaxed);
       last_work = now;
       continue;
     }
@@ -588,9 +597,11 @@ static bool ended_here(const char *id) {
 /* Check a frame's header against the routes (lock held); on success fill
  * the write's target.  DEP_ERR_NOT_FOUND: no such job here now;
  * DEP_ERR_STATE: none, but it may come (the caller waits for it). */
-static int frame_target(int k, const struct dep_xfer_hdr *h, struct pool_block **arena,
-                        uint64_t *block_off, uint64_t *slot_off, char *why, size_t whylen) {
+static int frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
+                        struct pool_block **arena, uint64_t *block_off, uint64_t *slot_off,
+                        char *why, size_t whylen) {
   struct xfer_route *r = route_find(h->job_id);
+  *route = r;
   if (r == NULL)
     return ended_here(h->job_id) ? DEP_ERR_NOT_FOUND : DEP_ERR_STATE;
   if (h->src >= r->world || r->peer_of[h->src] != k || h->dest >= r->world ||
@@ -632,12 +643,13 @@ static void receive(int k, int fd) {
     }
     /* Check before reading the payload, and again before writing it: the
      * job may end while its bytes arrive. */
+    struct xfer_route *route;
     struct pool_block *arena;
     uint64_t block_off, slot_off;
     int rc;
     for (int waited = 0;; waited++) {
       pthread_rwlock_rdlock(&X.lock);
-      rc = frame_target(k, &h, &arena, &block_off, &slot_off, why, sizeof why);
+      rc = frame_target(k, &h, &route, &arena, &block_off, &slot_off, why, sizeof why);
       pthread_rwlock_unlock(&X.lock);
       if (rc != DEP_ERR_STATE || waited >= XFER_ROUTE_WAIT_MS || atomic_load(&X.stop))
         break;
@@ -668,7 +680,11 @@ static void receive(int k, int fd) {
     if (rc != 0)
       continue; /* a job that is not (or no longer) here: its bytes have no reader */
     pthread_rwlock_rdlock(&X.lock);
-    rc = frame_target(k, &h, &arena, &block_off, &slot_off, why, sizeof why);
+    rc = frame_target(k, &h, &route, &arena, &block_off, &slot_off, why, sizeof why);
+    if (rc == 0) {
+      atomic_fetch_add_explicit(&route->bytes_in, sizeof h + h.bytes, memory_order_relaxed);
+      atomic_fetch_add_explicit(&route->frames_in, 1, memory_order_relaxed);
+    }
     /* Payload, then the slot's fields, then its flag: a reader that sees the
      * flag (acquire) sees the rest (pool_block_write's ordering). */
     if (rc == 0 && (pool_block_write(arena, block_off, buf, h.bytes, why, sizeof why) != 0 ||
@@ -938,6 +954,27 @@ void xfer_peer_stats(int k, struct xfer_peer_stats *out) {
   out->bytes_in = atomic_load(&xp->bytes_in);
   out->frames_out = atomic_load(&xp->frames_out);
   out->frames_in = atomic_load(&xp->frames_in);
+}
+
+void xfer_job_stats(const struct job *j, struct dep_msg_job_node *out) {
+  if (!X.active)
+    return;
+  pthread_rwlock_rdlock(&X.lock);
+  const struct xfer_route *r = route_of(j);
+  if (r != NULL) {
+    out->bytes_out = atomic_load(&r->bytes_out);
+    out->bytes_in = atomic_load(&r->bytes_in);
+    out->frames_out = atomic_load(&r->frames_out);
+    out->frames_in = atomic_load(&r->frames_in);
+    out->ring_peak = atomic_load(&r->ring_peak);
+    out->ring_entries = DEP_XRING_ENTRIES;
+  }
+  pthread_rwlock_unlock(&X.lock);
+}
+
+void xfer_proxy_stats(uint32_t *threads, uint64_t *busy_us) {
+  *threads = X.active ? X.started : 0;
+  *busy_us = X.active ? atomic_load(&X.busy_ns) / 1000u : 0;
 }
 
 /* ---- start and stop ------------------------------------------------------------- */

@@ -33,6 +33,7 @@
 
 #include "config.h"
 #include "peer_proto.h"
+#include "proto.h"
 
 struct conn;
 struct job;
@@ -78,5 +79,10 @@ struct xfer_peer_stats {
   uint64_t bytes_out, bytes_in, frames_out, frames_in;
 };
 void xfer_peer_stats(int peer, struct xfer_peer_stats *out);
+/* Job j's traffic and its rings' fullest into out (JOB_NODES_OK's record); untouched
+ * when j has no route here. */
+void xfer_job_stats(const struct job *j, struct dep_msg_job_node *out);
+/* Proxy threads running, and their busy time in microseconds. */
+void xfer_proxy_stats(uint32_t *threads, uint64_t *busy_us);
 
 #endif /* DEP_DAEMON_XFER_H */

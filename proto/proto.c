@@ -459,8 +459,8 @@ int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m) {
 
 /* ---- PEERS_OK --------------------------------------------------------------- */
 
-/* The smallest peer record: five empty strings, 3 u32 and 5 u64. */
-#define PEERS_RECORD_MIN (6 * 2 + 4 * 4 + 6 * 8)
+/* The smallest peer record: six empty strings, 6 u32 and 10 u64. */
+#define PEERS_RECORD_MIN (6 * 2 + 6 * 4 + 10 * 8)
 
 int proto_encode_peers(struct proto_buf *b, const struct dep_msg_peers *m) {
   struct codec_w w;
@@ -472,6 +472,8 @@ int proto_encode_peers(struct proto_buf *b, const struct dep_msg_peers *m) {
   codec_w_u32(&w, m->auth);
   codec_w_str(&w, m->rdma, sizeof m->rdma);
   codec_w_u64(&w, m->nic_bytes);
+  codec_w_u32(&w, m->proxy_threads);
+  codec_w_u64(&w, m->proxy_busy_us);
   codec_w_u32(&w, m->n_peers);
   for (uint32_t i = 0; i < m->n_peers; i++) {
     const struct dep_msg_peer_info *p = &m->peers[i];
@@ -491,6 +493,12 @@ int proto_encode_peers(struct proto_buf *b, const struct dep_msg_peers *m) {
     codec_w_u64(&w, p->rtt_us);
     codec_w_u64(&w, p->backoff_ms);
     codec_w_u64(&w, p->rdma_rtt_us);
+    codec_w_u32(&w, p->data_out);
+    codec_w_u32(&w, p->data_in);
+    codec_w_u64(&w, p->data_bytes_out);
+    codec_w_u64(&w, p->data_bytes_in);
+    codec_w_u64(&w, p->data_frames_out);
+    codec_w_u64(&w, p->data_frames_in);
   }
   return codec_w_finish(&w);
 }
@@ -510,6 +518,8 @@ int proto_decode_peers(const uint8_t *p, size_t len, struct dep_msg_peers *m) {
   m->auth = codec_r_u32(&r);
   codec_r_str(&r, m->rdma, sizeof m->rdma);
   m->nic_bytes = codec_r_u64(&r);
+  m->proxy_threads = codec_r_u32(&r);
+  m->proxy_busy_us = codec_r_u64(&r);
   uint32_t n = codec_r_u32(&r);
   /* Bounded by the limit and by what the body can hold, before allocating. */
   if (r.bad || m->auth > 1 || n > DEP_PEERS_MAX || n > r.left / PEERS_RECORD_MIN)
@@ -538,6 +548,12 @@ int proto_decode_peers(const uint8_t *p, size_t len, struct dep_msg_peers *m) {
     q->rtt_us = codec_r_u64(&r);
     q->backoff_ms = codec_r_u64(&r);
     q->rdma_rtt_us = codec_r_u64(&r);
+    q->data_out = codec_r_u32(&r);
+    q->data_in = codec_r_u32(&r);
+    q->data_bytes_out = codec_r_u64(&r);
+    q->data_bytes_in = codec_r_u64(&r);
+    q->data_frames_out = codec_r_u64(&r);
+    q->data_frames_in = codec_r_u64(&r);
   }
   int rc = codec_r_finish(&r);
   if (rc != 0)
@@ -577,6 +593,12 @@ int proto_encode_job_nodes(struct proto_buf *b, const struct dep_msg_job_nodes *
     codec_w_u32(&w, j->local_ranks);
     codec_w_u32(&w, j->remote_ranks);
     codec_w_u32(&w, j->nodes);
+    codec_w_u64(&w, j->bytes_out);
+    codec_w_u64(&w, j->bytes_in);
+    codec_w_u64(&w, j->frames_out);
+    codec_w_u64(&w, j->frames_in);
+    codec_w_u32(&w, j->ring_peak);
+    codec_w_u32(&w, j->ring_entries);
   }
   return codec_w_finish(&w);
 }
@@ -596,6 +618,12 @@ int proto_decode_job_nodes(const uint8_t *p, size_t len, struct dep_msg_job_node
     j->local_ranks = codec_r_u32(&r);
     j->remote_ranks = codec_r_u32(&r);
     j->nodes = codec_r_u32(&r);
+    j->bytes_out = codec_r_u64(&r);
+    j->bytes_in = codec_r_u64(&r);
+    j->frames_out = codec_r_u64(&r);
+    j->frames_in = codec_r_u64(&r);
+    j->ring_peak = codec_r_u32(&r);
+    j->ring_entries = codec_r_u32(&r);
   }
   return codec_r_finish(&r);
 }

@@ -44,6 +44,10 @@
  *      (deepepctl clients); KERNELS and KERNELS_OK (the daemon's kernel
  *      cache: a cubin compiled on this node from the library's PTX, lent
  *      as a sealed memfd).
+ *   5  PEERS_OK carries the proxy threads and their busy time, and per
+ *      peer the data path's connections and traffic; JOB_NODES_OK per job
+ *      its traffic and its rings' fullest.  XRING_LEND and XRING_LEND_OK
+ *      (a rank's ring to the proxy, xring.h).
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -57,8 +61,9 @@
 
 #define DEP_PROTO_MAGIC 0x31504544u /* "DEP1" */
 /* 1: the first; 2: a slab ends in its rank's private area (slab.h);
- * 3: STATUS_OK's state, the slab's abort words (slab.h). */
-#define DEP_PROTO_VERSION 4
+ * 3: STATUS_OK's state, the slab's abort words (slab.h); 4: PEERS_OK's transport;
+ * 5: PEERS_OK's and JOB_NODES_OK's data-path figures. */
+#define DEP_PROTO_VERSION 5
 #define DEP_PROTO_HDR_LEN 24
 #define DEP_PROTO_MAX_BODY (256u * 1024u)
 /* Linux accepts at most 253 fds in one SCM_RIGHTS message. */
@@ -195,6 +200,10 @@ struct dep_msg_peer_info {
   uint64_t rtt_us;      /* round trip of the last keepalive answered; 0 before one */
   uint64_t backoff_ms;  /* the wait before the next attempt (state backoff) */
   uint64_t rdma_rtt_us; /* round trip of the last queue-pair keep-alive; 0 before one */
+  /* The data path of jobs that span nodes (daemon/xfer.h): its connections
+   * each way, and what moved on them since the daemon started. */
+  uint32_t data_out, data_in;
+  uint64_t data_bytes_out, data_bytes_in, data_frames_out, data_frames_in;
 };
 
 struct dep_msg_peers {
@@ -203,6 +212,8 @@ struct dep_msg_peers {
   uint32_t auth;             /* 1: peer_key_file in use; 0: peer_insecure */
   char rdma[DEP_MSG_TEXT_MAX]; /* the RDMA device peer links use ("rxe0"), or "none: " and why */
   uint64_t nic_bytes;        /* pool memory registered with that device */
+  uint32_t proxy_threads;    /* the data path's proxy threads running (0 until a job needs them) */
+  uint64_t proxy_busy_us;    /* time they spent moving blocks (not polling), summed */
   uint32_t n_peers;          /* 0..DEP_PEERS_MAX */
   struct dep_msg_peer_info *peers; /* n_peers; the decoder allocates: dep_msg_peers_free */
 };
@@ -217,6 +228,11 @@ struct dep_msg_job_node {
   uint32_t local_ranks;   /* attached here */
   uint32_t remote_ranks;  /* reported by peers */
   uint32_t nodes;         /* this one and the peers that reported */
+  /* The job's traffic through this daemon's proxy (daemon/xfer.h): blocks
+   * sent to and received from other nodes, and its rings' fullest
+   * (descriptors waiting at a sweep) of ring_entries. */
+  uint64_t bytes_out, bytes_in, frames_out, frames_in;
+  uint32_t ring_peak, ring_entries;
 };
 struct dep_msg_job_nodes {
   uint32_t n;             /* 0..DEP_JOB_NODES_MAX */

@@ -372,6 +372,31 @@ END_TEST
 
 /* ---- faults ---------------------------------------------------------------------- */
 
+/* deepepctl's output on node 0 (status or peers, --json) into out. */
+static void ctl_json(const struct nodes *ns, const char *what, char *out, size_t len) {
+  char cmd[700];
+  dw_sfmt(cmd, sizeof cmd, "%s -s %s %s --json", tu_bin("deepepctl"), ns->d[0].sock, what);
+  FILE *f = popen(cmd, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t got = fread(out, 1, len - 1, f);
+  out[got] = '\0';
+  ck_assert_int_eq(pclose(f), 0);
+}
+
+/* A running job's traffic shows: per peer (deepepctl peers) and per job (status). */
+static void expect_traffic(const struct nodes *ns) {
+  char out[16384];
+  ctl_json(ns, "peers", out, sizeof out);
+  ck_assert_msg(strstr(out, "\"data_out\":2,\"data_in\":2") != NULL &&
+                strstr(out, "\"proxy_threads\":1") != NULL &&
+                strstr(out, "\"data_frames_out\":0") == NULL, "peers: %s", out);
+  ctl_json(ns, "status", out, sizeof out);
+  const char *j = strstr(out, "\"job_id\":\"doomed\"");
+  ck_assert_msg(j != NULL && strstr(j, "\"bytes_out\":0,") == NULL &&
+                strstr(j, "\"bytes_in\":0,") == NULL && strstr(j, "\"ring_peak\":") != NULL,
+                "status: %s", out);
+}
+
 /*
  * A job of 2 + 2 ranks runs until a call fails; after some rounds the test
  * kills (what 0) a rank on node 1, or (what 1) node 1's daemon and its
@@ -413,6 +438,8 @@ static void kill_mid_run(int what) {
   }
   ck_assert_msg(atomic_load(&res[0].rounds) >= 20, "the job did not run 20 rounds: %s",
                 res[0].msg);
+  if (what == 0)
+    expect_traffic(&ns);
   int64_t killed = mono_ms();
   if (what == 0) {
     kill(pids[3], SIGKILL);
