@@ -587,7 +587,7 @@ static int warmup(dep_client_t *c) {
   struct dep_dispatch_args da = {.size = sizeof da, .index_type = DEP_INDEX_I64, .recv_x = scr,
                                  .recv_topk_idx = scr, .recv_topk_weights = (float *)scr,
                                  .recv_count_per_expert = scr, .num_recv = &nrecv,
-                                 .expert_alignment = 2 /* dep_k_align warmed too */};
+                                 .expert_alignment = 2 /* dep__k_align warmed too */};
   struct dep_combine_args ca = {.size = sizeof ca};
   struct dep_ll_dispatch_args lda = {.size = sizeof lda, .index_type = DEP_INDEX_I64,
                                      .recv_x = scr, .recv_scales = (float *)scr,

@@ -200,7 +200,7 @@ struct cuops_job {
   struct dep_stats_page *stats;
 };
 
-/* dep_k_touch: the bytes of each slab to touch. */
+/* dep__k_touch: the bytes of each slab to touch. */
 struct cuops_touch_args {
   uint64_t bytes;
 };
@@ -229,7 +229,7 @@ struct cuops_layout_args {
 /* A dispatch (deepep.h): bf16 or FP8 rows (fp8: x is e4m3 bytes, xs their
  * scales), fresh or routed by the handle (cached), outputs of `worst` rows
  * or of the rows received (worst 0); align > 1 rounds the counts
- * (dep_k_align, launched after it). */
+ * (dep__k_align, launched after it). */
 struct cuops_dispatch_args {
   const void *x, *idx;
   const float *w;
@@ -267,7 +267,7 @@ struct cuops_ll_dispatch_args {
   void *rx;
   float *rs;
   int32_t *cnt;
-  uint8_t *stage;      /* FP8: this rank's tokens, cast once (dep_k_ll_cast), CUOPS_STAGE_ROW each */
+  uint8_t *stage;      /* FP8: this rank's tokens, cast once (dep__k_ll_cast), CUOPS_STAGE_ROW each */
   struct cuops_hdl h;
 };
 
@@ -285,14 +285,14 @@ struct cuops_ll_combine_args {
 
 /* Kernel names in the fatbin, in the order of cuops_state.fn[]. */
 #define CUOPS_KERNELS(XX)                  \
-  XX(LAYOUT, "dep_k_layout")               \
-  XX(DISPATCH, "dep_k_dispatch")           \
-  XX(COMBINE, "dep_k_combine")             \
-  XX(LL_DISPATCH, "dep_k_ll_dispatch")     \
-  XX(LL_COMBINE, "dep_k_ll_combine")       \
-  XX(LL_CAST, "dep_k_ll_cast")              \
-  XX(ALIGN, "dep_k_align")                 \
-  XX(TOUCH, "dep_k_touch")
+  XX(LAYOUT, "dep__k_layout")               \
+  XX(DISPATCH, "dep__k_dispatch")           \
+  XX(COMBINE, "dep__k_combine")             \
+  XX(LL_DISPATCH, "dep__k_ll_dispatch")     \
+  XX(LL_COMBINE, "dep__k_ll_combine")       \
+  XX(LL_CAST, "dep__k_ll_cast")              \
+  XX(ALIGN, "dep__k_align")                 \
+  XX(TOUCH, "dep__k_touch")
 
 #ifndef __CUDACC__
 #include <stdbool.h>

@@ -58,7 +58,7 @@ __device__ __forceinline__ void layout_end(const cuops_job &J, const cuops_layou
   e->n = n;
 }
 
-KERNEL dep_k_layout(const cuops_job J, const cuops_layout_args a) {
+KERNEL dep__k_layout(const cuops_job J, const cuops_layout_args a) {
   const uint32_t K = J.topk;
   const uint64_t t0 = J.stats != nullptr && threadIdx.x == 0 ? globaltimer_ns() : 0;
   for (uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < a.num_tokens;
@@ -378,16 +378,16 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
   }
 }
 
-KERNEL dep_k_dispatch(const cuops_job J, const cuops_dispatch_args a) {
+KERNEL dep__k_dispatch(const cuops_job J, const cuops_dispatch_args a) {
   call k = call_begin(J);
   if (!k.skip && dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts))
     dispatch_recv(J, a, k);
   call_end(J, k, DEP_STATS_OP_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, a.fp8 != 0));
 }
 
-/* DeepEP's expert_alignment: after dep_k_dispatch on the same stream, each
+/* DeepEP's expert_alignment: after dep__k_dispatch on the same stream, each
  * local expert's count rounded up to a multiple of a.align (one CTA). */
-KERNEL dep_k_align(const cuops_job J, const cuops_dispatch_args a) {
+KERNEL dep__k_align(const cuops_job J, const cuops_dispatch_args a) {
   if (*(volatile uint32_t *)&J.dev->broken)
     return;
   for (uint32_t l = threadIdx.x; l < J.le; l += CUOPS_THREADS)
@@ -526,7 +526,7 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
  * count posted first, rows marked as they land), then every warp claims
  * tokens to sum from the grid's counter, each as soon as its rows are
  * marked. */
-KERNEL dep_k_combine(const cuops_job J, const cuops_combine_args a) {
+KERNEL dep__k_combine(const cuops_job J, const cuops_combine_args a) {
   call k = call_begin(J);
   const uint32_t h = J.hidden, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
   const uint64_t hseq = *a.h.seq;
@@ -895,7 +895,7 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
   }
 }
 
-KERNEL dep_k_ll_dispatch(const cuops_job J, const cuops_ll_dispatch_args a) {
+KERNEL dep__k_ll_dispatch(const cuops_job J, const cuops_ll_dispatch_args a) {
   call k = call_begin(J);
   const uint32_t op = CUOPS_OP_LL_DISPATCH | (a.fp8 ? CUOPS_OP_FP8 : 0u);
   if (!k.skip) {
@@ -948,7 +948,7 @@ __device__ __forceinline__ void ll_combine_send(const cuops_job &J, const cuops_
     post(J, k, d, vecs, CUOPS_OP_LL_COMBINE, hseq, a.num_tokens);
 }
 
-KERNEL dep_k_ll_combine(const cuops_job J, const cuops_ll_combine_args a) {
+KERNEL dep__k_ll_combine(const cuops_job J, const cuops_ll_combine_args a) {
   call k = call_begin(J);
   const uint32_t h = J.hidden, K = J.topk;
   const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
@@ -995,8 +995,8 @@ KERNEL dep_k_ll_combine(const cuops_job J, const cuops_ll_combine_args a) {
 /* ---- the FP8 cast of a low-latency dispatch --------------------------------------------- */
 
 /* Every token of this rank to FP8 once, a warp per token, into the staging
- * rows that dep_k_ll_dispatch's senders then copy (launched just before it). */
-KERNEL dep_k_ll_cast(const cuops_job J, const cuops_ll_dispatch_args a) {
+ * rows that dep__k_ll_dispatch's senders then copy (launched just before it). */
+KERNEL dep__k_ll_cast(const cuops_job J, const cuops_ll_dispatch_args a) {
   const uint32_t h = J.hidden;
   for (uint32_t t = blockIdx.x * CUOPS_WARPS + (threadIdx.x >> 5); t < a.num_tokens;
        t += gridDim.x * CUOPS_WARPS)
@@ -1012,7 +1012,7 @@ KERNEL dep_k_ll_cast(const cuops_job J, const cuops_ll_dispatch_args a) {
  * 1.5 to 3.4 times its steady time across GPUs).  Reads only: the slabs
  * are the job's.
  */
-KERNEL dep_k_touch(const cuops_job J, const cuops_touch_args a) {
+KERNEL dep__k_touch(const cuops_job J, const cuops_touch_args a) {
   uint32_t v = 0;
   const uint8_t *slab = J.slabs[blockIdx.x];
   for (uint64_t off = (uint64_t)threadIdx.x << 16; off < a.bytes; off += (uint64_t)CUOPS_THREADS << 16)
