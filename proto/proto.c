@@ -679,6 +679,56 @@ int proto_decode_kernels_ok(const uint8_t *p, size_t len, struct dep_msg_kernels
   return rc;
 }
 
+/* ---- TUNE, TUNE_OK -------------------------------------------------------------- */
+
+int proto_encode_tune(struct proto_buf *b, const struct dep_msg_tune *m) {
+  struct codec_w w;
+  codec_w_init(&w, b);
+  codec_w_u32(&w, m->sms);
+  codec_w_u32(&w, m->env_ctas);
+  return codec_w_finish(&w);
+}
+
+int proto_decode_tune(const uint8_t *p, size_t len, struct dep_msg_tune *m) {
+  struct codec_r r;
+  codec_r_init(&r, p, len);
+  m->sms = codec_r_u32(&r);
+  m->env_ctas = codec_r_u32(&r);
+  int rc = codec_r_finish(&r);
+  if (rc == 0 && (m->sms < 1 || m->sms > DEP_TUNE_MAX_SMS))
+    rc = DEP_ERR_PROTOCOL;
+  return rc;
+}
+
+int proto_encode_tune_ok(struct proto_buf *b, const struct dep_msg_tune_ok *m) {
+  if (m->how < 1 || m->how > DEP_TUNE_HOW_MAX)
+    return DEP_ERR_INVALID;
+  struct codec_w w;
+  codec_w_init(&w, b);
+  codec_w_u32(&w, m->ctas);
+  codec_w_u32(&w, m->how);
+  return codec_w_finish(&w);
+}
+
+int proto_decode_tune_ok(const uint8_t *p, size_t len, struct dep_msg_tune_ok *m) {
+  struct codec_r r;
+  codec_r_init(&r, p, len);
+  m->ctas = codec_r_u32(&r);
+  m->how = codec_r_u32(&r);
+  int rc = codec_r_finish(&r);
+  if (rc == 0 && (m->how < 1 || m->how > DEP_TUNE_HOW_MAX))
+    rc = DEP_ERR_PROTOCOL;
+  return rc;
+}
+
+const char *proto_tune_how_name(uint32_t how) {
+  static const char *const names[DEP_TUNE_HOW_MAX + 1] = {
+      [DEP_TUNE_HOW_NONE] = "-",           [DEP_TUNE_HOW_DEFAULT] = "default",
+      [DEP_TUNE_HOW_PENDING] = "default-measuring", [DEP_TUNE_HOW_MEASURED] = "measured",
+      [DEP_TUNE_HOW_ENV] = "env",          [DEP_TUNE_HOW_FAILED] = "default-failed"};
+  return how <= DEP_TUNE_HOW_MAX ? names[how] : "?";
+}
+
 /* ---- frames and dispatch ------------------------------------------------- */
 
 static bool type_has_empty_body(uint16_t type) {
@@ -723,6 +773,10 @@ static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
     return proto_encode_kernels(b, msg);
   case DEP_MSG_KERNELS_OK:
     return proto_encode_kernels_ok(b, msg);
+  case DEP_MSG_TUNE:
+    return proto_encode_tune(b, msg);
+  case DEP_MSG_TUNE_OK:
+    return proto_encode_tune_ok(b, msg);
   case DEP_MSG_STATS_LEND_OK:
     return proto_encode_stats_lend_ok(b, msg);
   case DEP_MSG_XRING_LEND_OK:
@@ -803,6 +857,10 @@ int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg)
     return proto_decode_kernels(body, len, msg);
   case DEP_MSG_KERNELS_OK:
     return proto_decode_kernels_ok(body, len, msg);
+  case DEP_MSG_TUNE:
+    return proto_decode_tune(body, len, msg);
+  case DEP_MSG_TUNE_OK:
+    return proto_decode_tune_ok(body, len, msg);
   case DEP_MSG_STATS_LEND_OK:
     return proto_decode_stats_lend_ok(body, len, msg);
   case DEP_MSG_XRING_LEND_OK:
@@ -836,7 +894,8 @@ const char *proto_type_name(uint16_t type) {
       [DEP_MSG_XRING_LEND] = "XRING_LEND", [DEP_MSG_XRING_LEND_OK] = "XRING_LEND_OK",
       [DEP_MSG_STATS] = "STATS",         [DEP_MSG_STATS_RANK] = "STATS_RANK",
       [DEP_MSG_STATS_OK] = "STATS_OK",   [DEP_MSG_CLIENTS] = "CLIENTS",
-      [DEP_MSG_CLIENTS_OK] = "CLIENTS_OK",
+      [DEP_MSG_CLIENTS_OK] = "CLIENTS_OK", [DEP_MSG_TUNE] = "TUNE",
+      [DEP_MSG_TUNE_OK] = "TUNE_OK",
   };
   return type < DEP_MSG_TYPE_MAX_ && names[type] != NULL ? names[type] : "UNKNOWN";
 }

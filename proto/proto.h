@@ -47,7 +47,10 @@
  *   5  PEERS_OK carries the proxy threads and their busy time, and per
  *      peer the data path's connections and traffic; JOB_NODES_OK per job
  *      its traffic and its rings' fullest.  XRING_LEND and XRING_LEND_OK
- *      (a rank's ring to the proxy, xring.h).
+ *      (a rank's ring to the proxy, xring.h).  STATS_RANK ends with the SM
+ *      budget the rank was given and where it came from (before any
+ *      release carried 5); TUNE and TUNE_OK (adaptive_optimization: a
+ *      rank's SM budget from the daemon's tuning table).
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -62,7 +65,7 @@
 #define DEP_PROTO_MAGIC 0x31504544u /* "DEP1" */
 /* 1: the first; 2: a slab ends in its rank's private area (slab.h);
  * 3: STATUS_OK's state, the slab's abort words (slab.h); 4: PEERS_OK's transport;
- * 5: PEERS_OK's and JOB_NODES_OK's data-path figures. */
+ * 5: PEERS_OK's and JOB_NODES_OK's data-path figures, STATS_RANK's SM budget. */
 #define DEP_PROTO_VERSION 5
 #define DEP_PROTO_HDR_LEN 24
 #define DEP_PROTO_MAX_BODY (256u * 1024u)
@@ -104,6 +107,8 @@ enum dep_msg_type {
   DEP_MSG_KERNELS_OK = 29,    /* reply: struct dep_msg_kernels_ok + the cubin's fd */
   DEP_MSG_XRING_LEND = 30,    /* request: empty body; a rank of a job that spans nodes asks for its ring */
   DEP_MSG_XRING_LEND_OK = 31, /* reply: struct dep_msg_xring_lend_ok, the ring's memfd riding on it */
+  DEP_MSG_TUNE = 32,          /* request: struct dep_msg_tune; an attached rank asks its SM budget */
+  DEP_MSG_TUNE_OK = 33,       /* reply: struct dep_msg_tune_ok */
   DEP_MSG_TYPE_MAX_
 };
 
@@ -286,6 +291,8 @@ struct dep_msg_stats_rank {
   uint32_t n_recent;       /* 0..DEP_STATS_WIRE_LAYOUTS recent layouts, newest first */
   uint32_t recent_world;   /* 0..DEP_MAX_LOCAL_RANKS tokens per layout */
   uint32_t recent[DEP_STATS_WIRE_LAYOUTS][DEP_MAX_LOCAL_RANKS]; /* tokens sent to each rank */
+  uint32_t kernel_ctas;    /* the SM budget the rank was given at attach (TUNE_OK); 0: none */
+  uint32_t ctas_how;       /* where it came from (TUNE_OK's how); 0: the rank did not ask */
 };
 
 #define DEP_STATS_WIRE_POOLS 64 /* devices: config's CONFIG_MAX_LIST */
@@ -346,6 +353,35 @@ struct dep_msg_kernels_ok {
 };
 #define DEP_KERNELS_MAX_BYTES (256ull << 20)
 
+/*
+ * TUNE: an attached rank of a job whose operations run here (cuda) asks,
+ * before it launches anything, for the SM budget its communicating kernels
+ * use (adaptive_optimization, daemon/tune.h).  It says its GPU's SMs and
+ * the budget $DEEPEP_KERNEL_CTAS sets (0: unset), which wins over the
+ * daemon's and is recorded as the rank's (deepepctl stats).  TUNE_OK: the
+ * budget (0: the library's own default) and where it came from.
+ */
+struct dep_msg_tune {
+  uint32_t sms;           /* 1..DEP_TUNE_MAX_SMS */
+  uint32_t env_ctas;      /* 0, or the rank's $DEEPEP_KERNEL_CTAS */
+};
+struct dep_msg_tune_ok {
+  uint32_t ctas;          /* 0: the library's default */
+  uint32_t how;           /* 1..DEP_TUNE_HOW_MAX */
+};
+#define DEP_TUNE_MAX_SMS 1024u
+enum dep_tune_how {
+  DEP_TUNE_HOW_NONE = 0,     /* not asked: the host backend, or a job spanning nodes */
+  DEP_TUNE_HOW_DEFAULT = 1,  /* the library's default: adaptive_optimization is off */
+  DEP_TUNE_HOW_PENDING = 2,  /* the default; the key is queued for measurement */
+  DEP_TUNE_HOW_MEASURED = 3, /* the table's, chosen by measurement (may equal the default) */
+  DEP_TUNE_HOW_ENV = 4,      /* the rank's $DEEPEP_KERNEL_CTAS */
+  DEP_TUNE_HOW_FAILED = 5,   /* the default; measuring the key failed (the daemon's log says why) */
+};
+#define DEP_TUNE_HOW_MAX 5u
+/* "default", "default-measuring", "measured", "env", "default-failed"; "-" for none. */
+const char *proto_tune_how_name(uint32_t how);
+
 /* ---- header ---- */
 
 /* Write a header into out[DEP_PROTO_HDR_LEN]. */
@@ -402,6 +438,8 @@ union dep_msg_body {
   struct dep_msg_opaque opaque;
   struct dep_msg_kernels kernels;
   struct dep_msg_kernels_ok kernels_ok;
+  struct dep_msg_tune tune;
+  struct dep_msg_tune_ok tune_ok;
   struct dep_msg_stats_lend_ok stats_lend_ok;
   struct dep_msg_xring_lend_ok xring_lend_ok;
   struct dep_msg_stats_req stats_req;
@@ -438,6 +476,10 @@ int proto_encode_kernels(struct proto_buf *b, const struct dep_msg_kernels *m);
 int proto_decode_kernels(const uint8_t *p, size_t len, struct dep_msg_kernels *m);
 int proto_encode_kernels_ok(struct proto_buf *b, const struct dep_msg_kernels_ok *m);
 int proto_decode_kernels_ok(const uint8_t *p, size_t len, struct dep_msg_kernels_ok *m);
+int proto_encode_tune(struct proto_buf *b, const struct dep_msg_tune *m);
+int proto_decode_tune(const uint8_t *p, size_t len, struct dep_msg_tune *m);
+int proto_encode_tune_ok(struct proto_buf *b, const struct dep_msg_tune_ok *m);
+int proto_decode_tune_ok(const uint8_t *p, size_t len, struct dep_msg_tune_ok *m);
 int proto_encode_opaque(struct proto_buf *b, const struct dep_msg_opaque *m);
 /* m->data points into p: valid as long as p is. */
 int proto_decode_opaque(const uint8_t *p, size_t len, struct dep_msg_opaque *m);

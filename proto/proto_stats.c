@@ -104,6 +104,8 @@ int proto_encode_stats_rank(struct proto_buf *b, const struct dep_msg_stats_rank
   for (uint32_t i = 0; i < m->n_recent; i++)
     for (uint32_t k = 0; k < m->recent_world; k++)
       codec_w_u32(&w, m->recent[i][k]);
+  codec_w_u32(&w, m->kernel_ctas);
+  codec_w_u32(&w, m->ctas_how);
   return codec_w_finish(&w);
 }
 
@@ -151,6 +153,8 @@ int proto_decode_stats_rank(const uint8_t *p, size_t len, struct dep_msg_stats_r
   for (uint32_t i = 0; i < m->n_recent; i++)
     for (uint32_t k = 0; k < m->recent_world; k++)
       m->recent[i][k] = codec_r_u32(&r);
+  m->kernel_ctas = codec_r_u32(&r);
+  m->ctas_how = codec_r_u32(&r);
   return codec_r_finish(&r);
 }
 
