@@ -60,7 +60,8 @@ static const struct ctl_metric op_metrics[] = {
 
 enum {
   RC_JOB, RC_RANK, RC_DEVICE, RC_LOCAL, RC_PID, RC_STATE, RC_AGE, RC_ENDED, RC_TIMER,
-  RC_ATTACH, RC_WAIT, RC_MAP, RC_SETUP, RC_WARMUP, RC_LAYOUTS, RC_DROPPED, RC_N
+  RC_ATTACH, RC_WAIT, RC_MAP, RC_SETUP, RC_WARMUP, RC_LAYOUTS, RC_DROPPED, RC_CTAS, RC_CTAS_FROM,
+  RC_N
 };
 static const struct ctl_col rank_cols[RC_N] = {
     [RC_JOB] = {"job", "JOB", CTL_STR, CTL_COL_LABEL},
@@ -80,6 +81,8 @@ static const struct ctl_col rank_cols[RC_N] = {
     [RC_LAYOUTS] = {"layouts", "LAYOUTS", CTL_UINT, 0},
     [RC_DROPPED] = {"dropped", "DROPPED", CTL_UINT, 0},
     /* the SM budget its kernels run with, and where it came from (adaptive_optimization) */
+    [RC_CTAS] = {"kernel_ctas", "CTAS", CTL_UINT, 0},
+    [RC_CTAS_FROM] = {"kernel_ctas_from", "CTAS_FROM", CTL_STR, 0},
 };
 
 static const struct ctl_metric rank_metrics[] = {
@@ -129,6 +132,8 @@ int ctl_view_stats(const struct ctl_stats *s, struct ctl_view *v) {
     rc[RC_WARMUP].u = r->attach_warmup_ns;
     rc[RC_LAYOUTS].u = r->layouts;
     rc[RC_DROPPED].u = r->dropped;
+    rc[RC_CTAS].u = r->kernel_ctas;
+    rc[RC_CTAS_FROM].s = proto_tune_how_name(r->ctas_how);
     for (unsigned op = 0; op < DEP_STATS_NOPS; op++) {
       const struct dep_msg_stats_op *o = &r->ops[op];
       if (o->calls == 0 && o->errors == 0)

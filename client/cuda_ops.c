@@ -629,6 +629,13 @@ static int warmup(dep_client_t *c) {
  * CUOPS_MAX_CTAS, so that every rank's kernel is resident at once and a
  * lone rank leaves most of its GPU to the trainer's compute.
  */
+uint32_t cuops_most_ctas(int sms, uint32_t sharing) {
+  sms = sms < 1 ? 1 : sms;
+  sharing = sharing < 1 ? 1 : sharing;
+  const uint32_t most = CUOPS_CTAS_PER_SM * (uint32_t)sms / sharing;
+  return most < 1 ? 1 : most;
+}
+
 int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, char *why,
                     size_t whylen) {
   sms = sms < 1 ? 1 : sms;
@@ -639,7 +646,7 @@ int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, c
    * resident at once (CUOPS_CTAS_PER_SM each SM, shared out). */
   if (env == NULL || env[0] == '\0')
     return 0;
-  const uint32_t most = CUOPS_CTAS_PER_SM * (uint32_t)sms / sharing;
+  const uint32_t most = cuops_most_ctas(sms, sharing);
   char *end = NULL;
   errno = 0;
   unsigned long v = strtoul(env, &end, 10);
@@ -694,11 +701,34 @@ static int gpu_sms(const struct cudadrv *cu) {
   return sms;
 }
 
+/*
+ * The rank's budget: $DEEPEP_KERNEL_CTAS where it is set, else the daemon's
+ * choice for the job's key (TUNE: adaptive_optimization's table) where it
+ * keeps every rank resident, else the default.  The daemon is told the
+ * environment's value, so that deepepctl stats says which one the rank runs
+ * with; a daemon that does not know TUNE leaves the default.
+ */
 static int sm_budget(dep_client_t *c, uint32_t *out) {
   char why[256] = "";
-  int rc = cuops_sm_budget(c->cuops.sms, c->ranks_on_dev ? c->ranks_on_dev : c->ops.world,
-                           getenv(CUOPS_CTAS_ENV), out, why, sizeof why);
-  return rc == 0 ? 0 : client_seterr(c, rc, "dep_attach: %s", why);
+  const char *env = getenv(CUOPS_CTAS_ENV);
+  const uint32_t sharing = c->ranks_on_dev ? c->ranks_on_dev : c->ops.world;
+  int rc = cuops_sm_budget(c->cuops.sms, sharing, env, out, why, sizeof why);
+  if (rc != 0)
+    return client_seterr(c, rc, "dep_attach: %s", why);
+  const bool by_env = env != NULL && env[0] != '\0';
+  struct dep_msg_tune m = {.sms = (uint32_t)c->cuops.sms, .env_ctas = by_env ? *out : 0};
+  struct dep_msg_tune_ok ok;
+  struct client_frame f;
+  if (m.sms > DEP_TUNE_MAX_SMS)
+    return 0;
+  rc = client_request(c, DEP_MSG_TUNE, &m, DEP_MSG_TUNE_OK, CLIENT_REQUEST_TIMEOUT_MS, &f);
+  if (rc != 0)
+    return c->fd < 0 ? rc : 0;
+  if (!by_env && proto_decode_tune_ok(f.body, f.hdr.body_len, &ok) == 0 && ok.ctas >= 1 &&
+      ok.ctas <= cuops_most_ctas(c->cuops.sms, sharing))
+    *out = ok.ctas;
+  client_frame_release(&f);
+  return 0;
 }
 #endif
 

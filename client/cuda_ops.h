@@ -358,6 +358,8 @@ int cuops_block_layout(const struct dep_job_shape *shape, uint32_t world,
  */
 int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, char *why,
                     size_t whylen);
+/* The largest budget of a rank that keeps every one of the `sharing` ranks resident. */
+uint32_t cuops_most_ctas(int sms, uint32_t sharing);
 
 /*
  * At dep_attach on cuda, right after ATTACH is sent (so that it runs while

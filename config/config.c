@@ -175,6 +175,7 @@ static const struct key root_keys[] = {
     {.name = "buffer_cache_enabled", .kind = K_BOOL, AT(buffer_cache_enabled)},
     {.name = "kernel_warmup", .kind = K_BOOL, AT(kernel_warmup), .live = true},
     {.name = "kernel_cache_dir", .kind = K_STR, AT(kernel_cache_dir), .flags = F_ABSPATH},
+    {.name = "adaptive_optimization", .kind = K_BOOL, AT(adaptive_optimization), .live = true},
     {.name = "warn_first_call_ratio", .kind = K_RATIO, AT(warn_first_call_ratio), .dmin = 1.0, .dmax = 100.0,
      .live = true},
     {.name = "connection_pool_size", .kind = K_UINT, AT(connection_pool_size), .min = 1, .max = 1024},
@@ -635,9 +636,9 @@ static const char *retired_key(const char *name, size_t n) {
   static const struct {
     const char *name, *why;
   } retired[] = {
-      {"adaptive_optimization", "deepepd makes no run-time tuning choices yet"},
+      {NULL, NULL}, /* none now: adaptive_optimization came back with its tuning table */
   };
-  for (size_t i = 0; i < sizeof retired / sizeof retired[0]; i++)
+  for (size_t i = 0; retired[i].name != NULL; i++)
     if (strlen(retired[i].name) == n && memcmp(retired[i].name, name, n) == 0)
       return retired[i].why;
   return NULL;

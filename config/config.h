@@ -73,6 +73,7 @@ struct config {
   /* kernels */
   bool kernel_warmup;                 /* default true: at start in the daemon, and at attach */
   char kernel_cache_dir[256];         /* default CONFIG_DEFAULT_KERNEL_CACHE_DIR; "" for none */
+  bool adaptive_optimization;         /* default false: SM budgets chosen by measurement (tune.h) */
   double warn_first_call_ratio;       /* default 3, 1.0..100: log a first call slower than this
                                          x its op's steady median (daemon/stats.c) */
 

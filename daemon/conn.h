@@ -45,6 +45,8 @@ struct conn {
   /* the job this connection's rank belongs to (job.c owns these fields) */
   struct job *job;
   uint32_t job_local_rank;
+  /* the SM budget the rank was given at attach, and why (TUNE: autotune.c) */
+  uint32_t tune_ctas, tune_how;
 
   uint64_t connected_ms; /* uv_now() at accept: the HELLO deadline counts from here */
   struct conn *hello_prev, *hello_next; /* that list, oldest first */

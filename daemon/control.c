@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "autotune.h"
 #include "conn.h"
 #include "deepepd.h"
 #include "devices.h"
@@ -357,6 +358,17 @@ static void control_kernels(struct conn *c, const struct dep_frame_hdr *h, const
     conn_send_error(c, h->request_id, rc, "%s", why);
 }
 
+/* TUNE: an attached rank's SM budget (adaptive_optimization, autotune.h). */
+static void control_tune(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
+                         size_t len) {
+  struct dep_msg_tune m;
+  if (proto_decode_tune(body, len, &m) != 0) {
+    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "malformed TUNE body (%zu bytes)", len);
+    return;
+  }
+  autotune_request(c, h->request_id, &m);
+}
+
 static void control_detach(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
   if (len != 0) {
     conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "DETACH carries no body, got %zu bytes", len);
@@ -410,6 +422,9 @@ void control_handle(struct conn *c, const struct dep_frame_hdr *h, const uint8_t
     break;
   case DEP_MSG_KERNELS:
     control_kernels(c, h, body, len);
+    break;
+  case DEP_MSG_TUNE:
+    control_tune(c, h, body, len);
     break;
   case DEP_MSG_STATS_LEND:
     control_stats_lend(c, h, len);

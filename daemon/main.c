@@ -17,6 +17,7 @@
 #include "deepep.h"
 #include "deepepd.h"
 #include "devices.h"
+#include "autotune.h"
 #include "held.h"
 #include "job.h"
 #include "log.h"
@@ -181,11 +182,12 @@ static void main_on_pools(int rc, const char *why) {
   log_info("device pools ready in %llu ms",
            (unsigned long long)((uv_hrtime() - main_pools_start_ns) / 1000000u));
   control_attach_resume(0, NULL);
+  autotune_start(deepepd.loop, &deepepd.cfg); /* without it, every rank gets the default */
   main_warmup();
 }
 
 int main(int argc, char **argv) {
-  enum { OPT_BACKEND = 256, OPT_LOG_LEVEL, OPT_CHECK, OPT_WARMUP };
+  enum { OPT_BACKEND = 256, OPT_LOG_LEVEL, OPT_CHECK, OPT_WARMUP, OPT_TUNE };
   static const struct option opts[] = {
       {"config", required_argument, NULL, 'c'},
       {"socket", required_argument, NULL, 's'},
@@ -193,11 +195,12 @@ int main(int argc, char **argv) {
       {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
       {"check-config", required_argument, NULL, OPT_CHECK},
       {WARMUP_CHILD_OPT, required_argument, NULL, OPT_WARMUP}, /* the daemon's own child */
+      {AUTOTUNE_CHILD_OPT, required_argument, NULL, OPT_TUNE},  /* and its other one */
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
   const char *config_path = NULL;
-  const char *check_path = NULL, *warmup_socket = NULL;
+  const char *check_path = NULL, *warmup_socket = NULL, *tune_socket = NULL;
   int o;
   while ((o = getopt_long(argc, argv, "c:s:hV", opts, NULL)) != -1) {
     switch (o) {
@@ -236,6 +239,9 @@ int main(int argc, char **argv) {
     case OPT_WARMUP:
       warmup_socket = optarg;
       break;
+    case OPT_TUNE:
+      tune_socket = optarg;
+      break;
     case 'h':
       usage(stdout);
       return 0;
@@ -250,6 +256,10 @@ int main(int argc, char **argv) {
   if (warmup_socket != NULL) { /* the start-up warm-up's child (warmup.h): GPU UUIDs follow */
     log_init(LOG_PRIO_INFO);
     return warmup_child_main(warmup_socket, argc - optind, argv + optind);
+  }
+  if (tune_socket != NULL) { /* adaptive_optimization's measurement (autotune.h) */
+    log_init(LOG_PRIO_INFO);
+    return autotune_child_main(tune_socket, argc - optind, argv + optind);
   }
   if (optind < argc) {
     fprintf(stderr, "deepepd: unexpected argument: %s\n", argv[optind]);
@@ -317,6 +327,7 @@ int main(int argc, char **argv) {
   devices_fini();
 out_held:
   warmup_fini();
+  autotune_fini();
   held_fini();
   xfer_fini();
   peer_fini();

@@ -55,6 +55,7 @@ struct stats_rank {
   uint64_t attach_ns[5];       /* total, wait, map, setup, warmup */
   uint32_t n_recent, recent_world;
   uint32_t recent[STATS_RECENT][DEP_MAX_LOCAL_RANKS]; /* newest first */
+  uint32_t tune_ctas, tune_how; /* the SM budget it was given at attach (autotune.c) */
 };
 
 struct stats_job {
@@ -459,12 +460,24 @@ void stats_lend(struct conn *c, uint32_t request_id) {
   r->uid = (uint32_t)c->uid;
   memcpy(r->device_uuid, j->ranks[lr].device_uuid, 16);
   r->lent_ms = stats_now_ms();
+  r->tune_ctas = c->tune_ctas; /* TUNE came before: the budget is chosen before any launch */
+  r->tune_how = c->tune_how;
   sj->ranks[lr] = r;
   stats_note_arena(j, r->device_uuid);
   struct dep_msg_stats_lend_ok ok = {.version = DEP_STATS_VERSION,
                                      .bytes = (uint32_t)DEP_STATS_PAGE_BYTES};
   conn_send(c, DEP_MSG_STATS_LEND_OK, request_id, &ok, &fd, 1);
   close(fd); /* conn_send sends its own duplicate */
+}
+
+void stats_tuned(const struct conn *c) {
+  const struct job *j = c->job;
+  for (struct stats_job *sj = stats_jobs; sj != NULL && j != NULL; sj = sj->next)
+    if (!sj->finished && sj->job == j && sj->created_ns == j->created_ns &&
+        c->job_local_rank < DEP_MAX_LOCAL_RANKS && sj->ranks[c->job_local_rank] != NULL) {
+      sj->ranks[c->job_local_rank]->tune_ctas = c->tune_ctas;
+      sj->ranks[c->job_local_rank]->tune_how = c->tune_how;
+    }
 }
 
 /* ---- STATS ----------------------------------------------------------------------- */
@@ -512,6 +525,8 @@ static void stats_fill_rank(const struct stats_job *sj, const struct stats_rank 
   m->n_recent = r->n_recent;
   m->recent_world = r->recent_world;
   memcpy(m->recent, r->recent, sizeof r->recent);
+  m->kernel_ctas = r->tune_ctas;
+  m->ctas_how = r->tune_how;
 }
 
 /* STATS_OK's figures but the count of ranks: what every answer ends with. */

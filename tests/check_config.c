@@ -88,6 +88,7 @@ static void assert_same_config(const struct config *a, const struct config *b) {
   ck_field_bool(a, b, buffer_cache_enabled);
   ck_field_bool(a, b, kernel_warmup);
   ck_field_str(a, b, kernel_cache_dir);
+  ck_field_bool(a, b, adaptive_optimization);
   ck_assert_msg(a->warn_first_call_ratio == b->warn_first_call_ratio,
                 "warn_first_call_ratio: %g, want %g", a->warn_first_call_ratio,
                 b->warn_first_call_ratio);
@@ -158,7 +159,7 @@ static size_t shipped_keys(char keys[][64], size_t max) {
 START_TEST(shipped_file_has_every_documented_key) {
   char keys[64][64];
   size_t n = shipped_keys(keys, 64);
-  ck_assert_uint_eq(n, 38); /* socket 3, allow 3, pool 4, listen 2, metrics 1, limits 10, and 15
+  ck_assert_uint_eq(n, 39); /* socket 3, allow 3, pool 4, listen 2, metrics 1, limits 10, and 16
                               at the top */
 }
 END_TEST
@@ -255,6 +256,7 @@ START_TEST(every_key_lands_in_the_struct) {
               "pool:\n  size_per_device: 16 GiB\n  chunk_size: 2MiB\n  max_allocation: 6MiB\n"
               "  host_size: 536870912\n"
               "preallocation: off\nbuffer_cache_enabled: No\nkernel_warmup: FALSE\n"
+              "adaptive_optimization: yes\n"
               "warn_first_call_ratio: 2.25\n"
               "connection_pool_size: 1024\n"
               "listen:\n  address: 0.0.0.0\n  port: 65535\n"
@@ -283,6 +285,7 @@ START_TEST(every_key_lands_in_the_struct) {
   ck_assert(!c.preallocation);
   ck_assert(!c.buffer_cache_enabled);
   ck_assert(!c.kernel_warmup);
+  ck_assert(c.adaptive_optimization);
   ck_assert_double_eq(c.warn_first_call_ratio, 2.25);
   ck_assert_uint_eq(c.connection_pool_size, 1024);
   ck_assert_str_eq(c.listen_address, "0.0.0.0");
@@ -435,13 +438,11 @@ static const struct bad {
     /* unknown keys, at the top and inside sections */
     {"log_level: info\nfoo: 1\n",
      "t.yaml:2:1: unknown key 'foo' at the top level (known: socket, allow, backend, devices, pool, "
-     "preallocation, buffer_cache_enabled, kernel_warmup, kernel_cache_dir, warn_first_call_ratio, "
-     "connection_pool_size, proxy_threads, listen, peers, "
+     "preallocation, buffer_cache_enabled, kernel_warmup, kernel_cache_dir, adaptive_optimization, "
+     "warn_first_call_ratio, connection_pool_size, proxy_threads, listen, peers, "
      "peer_key_file, peer_insecure, peer_wait_ms, transport, metrics, limits, log_level)"},
-    /* keys earlier versions documented but never acted on: removed, and said so */
-    {"adaptive_optimization: false\n",
-     "t.yaml:1:1: 'adaptive_optimization' was removed: deepepd makes no run-time tuning choices "
-     "yet; delete this line"},
+    {"adaptive_optimization: sometimes\n",
+     "t.yaml:1:24: expected a boolean (true/false) for 'adaptive_optimization', got 'sometimes'"},
     /* warn_first_call_ratio: a plain number from 1.0 to 100 */
     {"warn_first_call_ratio: nan\n", "t.yaml:1:24: expected a number for 'warn_first_call_ratio', got 'nan'"},
     {"warn_first_call_ratio: 0.99\n", "t.yaml:1:24: 'warn_first_call_ratio' must be between 1.0 and 100, got 0.99"},
@@ -871,8 +872,8 @@ START_TEST(nesting_deeper_than_32_levels_is_refused_where_it_opens) {
   ck_assert_int_eq(load(&c, block), DEP_ERR_CONFIG);
   ck_assert_str_eq(err, "t.yaml:1:1: unknown key 'k' at the top level (known: socket, allow, "
                         "backend, devices, pool, preallocation, buffer_cache_enabled, "
-                        "kernel_warmup, kernel_cache_dir, warn_first_call_ratio, "
-                        "connection_pool_size, proxy_threads, listen, peers, "
+                        "kernel_warmup, kernel_cache_dir, adaptive_optimization, "
+                        "warn_first_call_ratio, connection_pool_size, proxy_threads, listen, peers, "
                         "peer_key_file, peer_insecure, peer_wait_ms, transport, metrics, limits, log_level)");
   /* A list at its key's own column is a level too: the root, then a list and a mapping on each
    * "- k:" line; the 16th such line's mapping is the 33rd level. */

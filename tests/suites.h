@@ -20,6 +20,7 @@
   XX(lifecycle)             \
   XX(cuda_ops)              \
   XX(kcache)                \
+  XX(tune)                  \
   XX(rdma)                  \
   XX(peers)                 \
   XX(multinode)             \
