@@ -12,7 +12,7 @@
 #define OFF(member) offsetof(struct dep_shape_world, member)
 #define NONE (-1)
 
-const struct dep_shape_field dep_shape_fields[DEP_SHAPE_NFIELDS] = {
+const struct dep_shape_field dep__shape_fields[DEP_SHAPE_NFIELDS] = {
     [DEP_SHAPE_F_WORLD_SIZE] = {"world_size", OFF(world_size), 1, DEP_MAX_WORLD, 0, NONE, NONE,
                                 0, NULL},
     [DEP_SHAPE_F_MAX_TOKENS_PER_RANK] = {"max_tokens_per_rank", OFF(shape.max_tokens_per_rank), 1,
@@ -37,29 +37,29 @@ const struct dep_shape_field dep_shape_fields[DEP_SHAPE_NFIELDS] = {
  * the world size is the one row outside it: a member added without a row
  * fails here rather than going unchecked and uncompared. */
 _Static_assert(sizeof(struct dep_job_shape) == 4 * (DEP_SHAPE_NFIELDS - 1),
-               "every member of struct dep_job_shape needs a row in dep_shape_fields");
+               "every member of struct dep_job_shape needs a row in dep__shape_fields");
 _Static_assert(DEP_DTYPE_BF16 == 1 && DEP_DTYPE_FP8_E4M3 == 2,
                "dtype's row (range and meaning) assumes bf16 = 1, fp8_e4m3 = 2");
 
-uint32_t dep_shape_raw(const struct dep_job_shape *s, uint32_t world_size, unsigned f) {
+uint32_t dep__shape_raw(const struct dep_job_shape *s, uint32_t world_size, unsigned f) {
   const struct dep_shape_world sw = {*s, world_size};
   uint32_t v;
-  memcpy(&v, (const char *)&sw + dep_shape_fields[f].off, sizeof v);
+  memcpy(&v, (const char *)&sw + dep__shape_fields[f].off, sizeof v);
   return v;
 }
 
-uint32_t dep_shape_value(const struct dep_job_shape *s, uint32_t world_size, unsigned f) {
-  const struct dep_shape_field *d = &dep_shape_fields[f];
-  uint32_t v = dep_shape_raw(s, world_size, f);
+uint32_t dep__shape_value(const struct dep_job_shape *s, uint32_t world_size, unsigned f) {
+  const struct dep_shape_field *d = &dep__shape_fields[f];
+  uint32_t v = dep__shape_raw(s, world_size, f);
   if (v == 0 && d->zero_means != 0) {
-    uint32_t cap = dep_shape_raw(s, world_size, (unsigned)d->at_most);
+    uint32_t cap = dep__shape_raw(s, world_size, (unsigned)d->at_most);
     v = cap < d->zero_means ? cap : d->zero_means;
   }
   return v;
 }
 
-uint32_t dep_shape_max_ll(const struct dep_job_shape *s) {
-  return dep_shape_value(s, 1, DEP_SHAPE_F_MAX_LL_TOKENS_PER_RANK);
+uint32_t dep__shape_max_ll(const struct dep_job_shape *s) {
+  return dep__shape_value(s, 1, DEP_SHAPE_F_MAX_LL_TOKENS_PER_RANK);
 }
 
 
@@ -75,13 +75,13 @@ static void allowed(const struct dep_shape_field *d, uint32_t hi, char *out, siz
     snprintf(out, len, "%u..%u", d->lo, hi);
 }
 
-int dep_shape_check(const struct dep_job_shape *s, uint32_t world_size, char *why, size_t whylen) {
+int dep__shape_check(const struct dep_job_shape *s, uint32_t world_size, char *why, size_t whylen) {
   if (s == NULL)
     return why_fail(why, whylen, DEP_ERR_INVALID, "job shape is missing");
   char ok[80];
   for (unsigned f = 0; f < DEP_SHAPE_NFIELDS; f++) {
-    const struct dep_shape_field *d = &dep_shape_fields[f];
-    uint32_t v = dep_shape_raw(s, world_size, f);
+    const struct dep_shape_field *d = &dep__shape_fields[f];
+    uint32_t v = dep__shape_raw(s, world_size, f);
     if (v < d->lo || v > d->hi || (d->step > 1 && v % d->step != 0)) {
       allowed(d, d->hi, ok, sizeof ok);
       return why_fail(why, whylen, DEP_ERR_INVALID, d->meaning != NULL ? "%s %u is not supported (allowed %s)"
@@ -89,15 +89,15 @@ int dep_shape_check(const struct dep_job_shape *s, uint32_t world_size, char *wh
                  d->name, v, ok);
     }
     if (d->step_of != NONE) {
-      const struct dep_shape_field *o = &dep_shape_fields[d->step_of];
-      uint32_t m = dep_shape_value(s, world_size, (unsigned)d->step_of);
+      const struct dep_shape_field *o = &dep__shape_fields[d->step_of];
+      uint32_t m = dep__shape_value(s, world_size, (unsigned)d->step_of);
       if (v % m != 0)
         return why_fail(why, whylen, DEP_ERR_INVALID, "%s %u is not divisible by %s %u (allowed a multiple of %u in "
                    "%u..%u)", d->name, v, o->name, m, m, d->lo, d->hi);
     }
     if (d->at_most != NONE) {
-      const struct dep_shape_field *o = &dep_shape_fields[d->at_most];
-      uint32_t m = dep_shape_value(s, world_size, (unsigned)d->at_most);
+      const struct dep_shape_field *o = &dep__shape_fields[d->at_most];
+      uint32_t m = dep__shape_value(s, world_size, (unsigned)d->at_most);
       if (v > m) {
         allowed(d, m < d->hi ? m : d->hi, ok, sizeof ok);
         return why_fail(why, whylen, DEP_ERR_INVALID, "%s %u exceeds %s %u (allowed %s)", d->name, v, o->name, m, ok);
@@ -107,14 +107,14 @@ int dep_shape_check(const struct dep_job_shape *s, uint32_t world_size, char *wh
   return 0;
 }
 
-bool dep_shape_diff(const struct dep_job_shape *a, uint32_t world_a, const struct dep_job_shape *b,
+bool dep__shape_diff(const struct dep_job_shape *a, uint32_t world_a, const struct dep_job_shape *b,
                     uint32_t world_b, const char **field, uint64_t *va, uint64_t *vb) {
   for (unsigned f = 0; f < DEP_SHAPE_NFIELDS; f++) {
-    uint32_t x = dep_shape_value(a, world_a, f), y = dep_shape_value(b, world_b, f);
+    uint32_t x = dep__shape_value(a, world_a, f), y = dep__shape_value(b, world_b, f);
     if (x == y)
       continue;
     if (field != NULL)
-      *field = dep_shape_fields[f].name;
+      *field = dep__shape_fields[f].name;
     if (va != NULL)
       *va = x;
     if (vb != NULL)
@@ -124,10 +124,10 @@ bool dep_shape_diff(const struct dep_job_shape *a, uint32_t world_a, const struc
   return false;
 }
 
-uint64_t dep_shape_key(const struct dep_job_shape *s, uint32_t world_size) {
+uint64_t dep__shape_key(const struct dep_job_shape *s, uint32_t world_size) {
   uint64_t h = 1469598103934665603ull; /* FNV-1a, 4 little-endian bytes a field */
   for (unsigned f = 0; f < DEP_SHAPE_NFIELDS; f++) {
-    uint32_t v = dep_shape_value(s, world_size, f);
+    uint32_t v = dep__shape_value(s, world_size, f);
     for (int b = 0; b < 4; b++)
       h = (h ^ ((v >> (8 * b)) & 0xffu)) * 1099511628211ull;
   }

@@ -1,6 +1,6 @@
 /*
  * shape.h — the job shape (DESIGN §4), defined once.  One table of its
- * fields (dep_shape_fields: struct dep_job_shape's members and the world
+ * fields (dep__shape_fields: struct dep_job_shape's members and the world
  * size the memory is laid out for) drives their limits and the check both
  * ends run (dep_shape_check), the comparison of two ranks' shapes
  * (dep_shape_diff) and the key of the memory made for a shape
@@ -62,31 +62,44 @@ struct dep_shape_field {
   const char *meaning;  /* what each allowed value means, for messages (NULL: a number) */
 };
 
-extern const struct dep_shape_field dep_shape_fields[DEP_SHAPE_NFIELDS];
+extern const struct dep_shape_field dep__shape_fields[DEP_SHAPE_NFIELDS];
 
 /* Field f's value as given (raw) or as it takes effect (defaults applied). */
-uint32_t dep_shape_raw(const struct dep_job_shape *s, uint32_t world_size, unsigned f);
-uint32_t dep_shape_value(const struct dep_job_shape *s, uint32_t world_size, unsigned f);
+uint32_t dep__shape_raw(const struct dep_job_shape *s, uint32_t world_size, unsigned f);
+uint32_t dep__shape_value(const struct dep_job_shape *s, uint32_t world_size, unsigned f);
 /* The low-latency bound in effect (the one default the table has today). */
-uint32_t dep_shape_max_ll(const struct dep_job_shape *s);
+uint32_t dep__shape_max_ll(const struct dep_job_shape *s);
 
 /*
  * Every field within its limits, in table order.  0, or DEP_ERR_INVALID with
  * a message naming the first bad field, its value and what is allowed
  * ("topk 17 is out of range (allowed 1..16)"); why may be NULL.
  */
-int dep_shape_check(const struct dep_job_shape *s, uint32_t world_size, char *why, size_t whylen);
+int dep__shape_check(const struct dep_job_shape *s, uint32_t world_size, char *why, size_t whylen);
 
 /*
  * Whether two shapes (each with its world size) differ in any field's
  * effective value.  When they do, the first such field's name and both
  * values (a's, b's) are stored where the pointers are not NULL.
  */
-bool dep_shape_diff(const struct dep_job_shape *a, uint32_t world_a, const struct dep_job_shape *b,
+bool dep__shape_diff(const struct dep_job_shape *a, uint32_t world_a, const struct dep_job_shape *b,
                     uint32_t world_b, const char **field, uint64_t *va, uint64_t *vb);
 
 /* A hash (FNV-1a) of every field's effective value: equal for shapes that
  * dep_shape_diff calls equal, so memory made for one serves the other. */
-uint64_t dep_shape_key(const struct dep_job_shape *s, uint32_t world_size);
+uint64_t dep__shape_key(const struct dep_job_shape *s, uint32_t world_size);
+
+/*
+ * These are internal (STYLE.md: dep__ or static; the dep_ prefix is the
+ * public API's, deepep.h).  The dep_ spellings stay as aliases while
+ * callers move to the dep__ names; no symbol carries them.
+ */
+#define dep_shape_fields dep__shape_fields
+#define dep_shape_raw(...) dep__shape_raw(__VA_ARGS__)
+#define dep_shape_value(...) dep__shape_value(__VA_ARGS__)
+#define dep_shape_max_ll(...) dep__shape_max_ll(__VA_ARGS__)
+#define dep_shape_check(...) dep__shape_check(__VA_ARGS__)
+#define dep_shape_diff(...) dep__shape_diff(__VA_ARGS__)
+#define dep_shape_key(...) dep__shape_key(__VA_ARGS__)
 
 #endif /* DEP_SHAPE_H */

@@ -10,14 +10,14 @@
 
 static uint64_t max2(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
-int dep_slab_layout(const struct dep_job_shape *s, uint32_t world_size,
+int dep__slab_layout(const struct dep_job_shape *s, uint32_t world_size,
                     struct dep_slab_layout *out, char *why, size_t whylen) {
-  return dep_slab_layout_nodes(s, world_size, world_size, out, why, whylen);
+  return dep__slab_layout_nodes(s, world_size, world_size, out, why, whylen);
 }
 
-uint64_t dep_slab_key(const struct dep_job_shape *s, uint32_t world_size,
+uint64_t dep__slab_key(const struct dep_job_shape *s, uint32_t world_size,
                       uint32_t local_world_size) {
-  uint64_t key = dep_shape_key(s, world_size);
+  uint64_t key = dep__shape_key(s, world_size);
   if (local_world_size >= world_size)
     return key;
   /* FNV-1a over the remote count's bytes, continuing the shape's hash. */
@@ -29,10 +29,10 @@ uint64_t dep_slab_key(const struct dep_job_shape *s, uint32_t world_size,
   return key;
 }
 
-int dep_slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
+int dep__slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
                           uint32_t local_world_size, struct dep_slab_layout *out, char *why,
                           size_t whylen) {
-  int rc = dep_shape_check(s, world_size, why, whylen);
+  int rc = dep__shape_check(s, world_size, why, whylen);
   if (rc != 0)
     return rc;
   if (local_world_size == 0 || local_world_size > world_size) {
@@ -47,7 +47,7 @@ int dep_slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
   uint64_t meta = k * 4 + k * 4 + 16;
   uint64_t row = max2(h * 2 + meta, h + (h / 128) * 4 + meta);
   row = dep_round_up(row, 16);
-  const uint32_t ll = dep_shape_max_ll(s);
+  const uint32_t ll = dep__shape_max_ll(s);
   uint64_t local_experts = s->num_experts / world_size;
   uint64_t ll_vectors = (uint64_t)ll * (k < local_experts ? k : local_experts);
   uint64_t block = (uint64_t)s->max_tokens_per_rank * row;

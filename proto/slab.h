@@ -93,18 +93,18 @@ struct dep_slab_layout {
  * local_world_size is not 1..world_size or the size would overflow
  * (message in why).
  */
-int dep_slab_layout_nodes(const struct dep_job_shape *shape, uint32_t world_size,
+int dep__slab_layout_nodes(const struct dep_job_shape *shape, uint32_t world_size,
                           uint32_t local_world_size, struct dep_slab_layout *out, char *why,
                           size_t whylen);
 
 /* The layout of a single-node job: dep_slab_layout_nodes with every rank local. */
-int dep_slab_layout(const struct dep_job_shape *shape, uint32_t world_size,
+int dep__slab_layout(const struct dep_job_shape *shape, uint32_t world_size,
                     struct dep_slab_layout *out, char *why, size_t whylen);
 
 /* What memory made for a layout is cached under: dep_shape_key's for a
  * single-node job, and one that also names how many ranks are remote
  * (whose outboxes size the slab) for a job spanning nodes. */
-uint64_t dep_slab_key(const struct dep_job_shape *shape, uint32_t world_size,
+uint64_t dep__slab_key(const struct dep_job_shape *shape, uint32_t world_size,
                       uint32_t local_world_size);
 
 /* Offset of the control slot of (parity, source rank). */
@@ -140,5 +140,14 @@ static inline uint64_t dep_slab_out_block(const struct dep_slab_layout *l, unsig
 static inline uint64_t dep_round_up(uint64_t n, uint64_t unit) {
   return (n + unit - 1) / unit * unit;
 }
+
+/*
+ * These are internal (STYLE.md: dep__ or static; the dep_ prefix is the
+ * public API's, deepep.h).  The dep_ spellings stay as aliases while
+ * callers move to the dep__ names; no symbol carries them.
+ */
+#define dep_slab_layout_nodes(...) dep__slab_layout_nodes(__VA_ARGS__)
+#define dep_slab_layout(...) dep__slab_layout(__VA_ARGS__)
+#define dep_slab_key(...) dep__slab_key(__VA_ARGS__)
 
 #endif /* DEP_SLAB_H */

@@ -121,7 +121,7 @@ struct dep_stats_page {
 #define DEP_STATS_PAGE_BYTES ((sizeof(struct dep_stats_page) + 4095u) / 4096u * 4096u)
 
 /* The op's name ("ll_dispatch"), or "unknown". */
-const char *dep_stats_op_name(unsigned op);
+const char *dep__stats_op_name(unsigned op);
 
 /*
  * The steady-state histogram, fixed size and log-scale: four buckets per
@@ -130,11 +130,11 @@ const char *dep_stats_op_name(unsigned op);
  * the middle of its bucket: within 12.5 % of the true value.
  */
 #define DEP_STATS_BUCKETS 128u
-unsigned dep_stats_bucket(uint64_t ns);
+unsigned dep__stats_bucket(uint64_t ns);
 /* The smallest duration bucket b holds. */
-uint64_t dep_stats_bucket_low(unsigned b);
+uint64_t dep__stats_bucket_low(unsigned b);
 /* The q-quantile (0 < q <= 1) of a histogram of n calls, in ns; 0 when n is 0. */
-uint64_t dep_stats_quantile(const uint32_t hist[DEP_STATS_BUCKETS], uint64_t n, double q);
+uint64_t dep__stats_quantile(const uint32_t hist[DEP_STATS_BUCKETS], uint64_t n, double q);
 
 /*
  * The bytes a call's figure counts, the same on both backends: the hidden
@@ -150,5 +150,15 @@ static inline DEP_STATS_HD uint64_t dep_stats_bytes(uint32_t num_tokens, uint32_
 #ifdef __cplusplus
 }
 #endif
+
+/*
+ * These are internal (STYLE.md: dep__ or static; the dep_ prefix is the
+ * public API's, deepep.h).  The dep_ spellings stay as aliases while
+ * callers move to the dep__ names; no symbol carries them.
+ */
+#define dep_stats_op_name(...) dep__stats_op_name(__VA_ARGS__)
+#define dep_stats_bucket(...) dep__stats_bucket(__VA_ARGS__)
+#define dep_stats_bucket_low(...) dep__stats_bucket_low(__VA_ARGS__)
+#define dep_stats_quantile(...) dep__stats_quantile(__VA_ARGS__)
 
 #endif /* DEP_STATS_PAGE_H */

@@ -75,3 +75,18 @@ def test_the_library_exports_only_the_version_scripts_symbols():
                     if line.strip() and line.split()[1] in "TtDdBbRrWwVv"
                     and line.split()[-1] != "DEEPEP_0"})
     assert names == _map_globals()
+
+
+def test_no_internal_symbol_is_in_the_public_namespace():
+    """STYLE.md: dep_ is the public API's prefix; internal globals are dep__ (or static).
+    Every global the static library defines with dep_ (not dep__) is one the map exports."""
+    nm = shutil.which("nm")
+    lib = os.environ.get(_lib.LIB_ENV)
+    archive = os.path.join(os.path.dirname(lib or ""), "libdeepep-client.a")
+    if nm is None or not os.path.exists(archive):
+        pytest.skip("no nm (binutils), or no libdeepep-client.a beside $" + _lib.LIB_ENV)
+    out = subprocess.run([nm, "-g", "--defined-only", archive], check=True,
+                         capture_output=True, text=True).stdout.split("\n")
+    names = {line.split()[-1] for line in out if len(line.split()) == 3}
+    public = {n for n in names if n.startswith("dep_") and not n.startswith("dep__")}
+    assert public == set(_map_globals())
