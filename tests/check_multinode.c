@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "daemonwire.h"
+#include "deepep.h"
 #include "nodes.h"
 #include "peer_proto.h"
 #include "proto.h"
@@ -514,6 +515,42 @@ START_TEST(a_job_whose_ranks_run_as_different_uids_on_two_nodes_fails_on_both) {
 }
 END_TEST
 
+/*
+ * A rank of a job that spans nodes, on a daemon with no peers: it attaches
+ * (the memory is lent for its local ranks) but no node holds the others,
+ * so every operation is DEP_ERR_UNSUPPORTED saying so, and nothing waits.
+ */
+START_TEST(a_job_spanning_nodes_on_a_daemon_without_peers_runs_no_operation) {
+  struct tu_daemon d;
+  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
+  dep_client_t *c = NULL;
+  ck_assert_int_eq(dep_client_new(&c), 0);
+  ck_assert_int_eq(dep_connect(c, d.sock), 0);
+  struct dep_attach_args a = {.rank = 0, .world_size = 2, .local_rank = 0,
+                              .local_world_size = 1,
+                              .shape = {.max_tokens_per_rank = 4, .hidden = 128,
+                                        .num_experts = 4, .topk = 2,
+                                        .dtype = DEP_DTYPE_BF16}};
+  snprintf(a.job_id, sizeof a.job_id, "lonely");
+  ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
+  int64_t idx[2] = {0, 3};
+  int32_t tpr[2], tpe[4];
+  uint8_t tir[2];
+  struct dep_layout_args la = {.size = sizeof la, .topk_idx = idx, .index_type = DEP_INDEX_I64,
+                               .num_tokens = 1, .tokens_per_rank = tpr,
+                               .tokens_per_expert = tpe, .token_in_rank = tir};
+  int64_t t0 = dw_now_ms();
+  ck_assert_int_eq(dep_layout(c, &la, NULL), DEP_ERR_UNSUPPORTED);
+  ck_assert_int_lt(dw_now_ms() - t0, 1000);
+  ck_assert_msg(strstr(dep_errmsg(c), "spans nodes") != NULL &&
+                strstr(dep_errmsg(c), "no peers") != NULL, "%s", dep_errmsg(c));
+  ck_assert_int_eq(dep_detach(c), 0);
+  dep_client_free(c);
+  tu_daemon_stop(&d);
+  tu_daemon_cleanup(&d);
+}
+END_TEST
+
 Suite *multinode_suite(void);
 Suite *multinode_suite(void) {
   Suite *s = suite_create("multinode");
@@ -524,6 +561,7 @@ Suite *multinode_suite(void) {
   tc = tcase_create("daemons");
   tcase_set_timeout(tc, 20);
   tcase_add_test(tc, a_two_node_job_of_1_plus_1_is_ready_on_both_nodes_and_a_late_peer_learns_it);
+  tcase_add_test(tc, a_job_spanning_nodes_on_a_daemon_without_peers_runs_no_operation);
   tcase_add_test(tc, a_two_node_job_of_2_plus_2_is_ready_on_both_nodes);
   tcase_add_test(tc, a_node_whose_ranks_never_come_times_out_naming_them);
   tcase_add_test(tc, a_rank_claimed_on_both_nodes_fails_on_both);
