@@ -3,9 +3,9 @@
  * public API only (deepep.h), plus the CUDA driver seam for the caller's
  * own device buffers, streams and events on the cuda backend.
  *
- *   ep -s SOCKET [-S SOCKET_NO_WARMUP] [-n 2,4,8] [-m processes,threads] [-g GPUS]
+ *   ep -s SOCKET[,SOCKET...] [-S SOCKET_NO_WARMUP] [-n 2,4,8] [-m processes,threads] [-g GPUS]
  *      [-c CALLS] [-w WARMUP] [-r COPY_REPS] [-t TOKENS] [-l LL_TOKENS] [-H HIDDEN]
- *      [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F]
+ *      [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-p tp,ll,ll8]
  *
  * For each rank count and mode (ranks as processes, or as threads of one
  * process, one client handle and stream each) a fresh world attaches as
@@ -15,7 +15,8 @@
  *     ll_combine (the one after the FP8 dispatch);
  *   - WARMUP untimed pairs, then CALLS timed pairs of each (dispatch then
  *     combine, as a trainer alternates them); median and p99 of the
- *     per-call time, which is the slowest rank's time for that call;
+ *     per-call time, which is the slowest rank's time for that call (-p
+ *     names the pairs to time: tp, ll, ll8; the others show first calls);
  *   - a copy ceiling in the same run: every rank copies, at the same time,
  *     as many bytes as it moved in the operation (memcpy on the host
  *     backend, cuMemcpyDtoDAsync on the cuda one); COPY_REPS reps, median.
@@ -26,6 +27,16 @@
  * cuMemcpyDtoDAsync on its own GPU), one stream per destination.  Such a
  * run also prints the plain pairwise figure once: 256 MiB from GPU 0 to
  * GPU 1 by cuMemcpyPeerAsync, alone and in both directions at once.
+ * With -s naming several sockets, one daemon per node (daemons that are
+ * each other's peers: bench/xnode.sh runs them in network namespaces), the
+ * ranks spread over the nodes in equal blocks, rank r on node
+ * r / (ranks / nodes), and the job spans them (DESIGN §7).  The rows then
+ * also say what crossed between nodes: xB/call, the bytes of the busiest
+ * direction from one node to another per call (payload as counted below,
+ * without deepepd's frame headers); xGB/s, those over the median; and
+ * rkxGB/s, the smallest rank's bytes for ranks on other nodes over the
+ * median.  The copy ceiling stays the memory copy; the network's ceilings
+ * (raw TCP, a ping-pong of the same bytes) are bench/xnode.sh's.
  * With -S, a second world per (ranks, mode) attaches to a daemon whose
  * config says kernel_warmup: false and times only the first calls; -F
  * times only attach and the first calls against -s (where two daemons'
@@ -84,10 +95,13 @@ const char *const op_name[NOPS] = {"dispatch",    "combine",         "ll_dispatc
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: ep -s SOCKET [-S SOCKET_NO_WARMUP] [-n 2,4,8] [-m processes,threads] [-g GPUS]\n"
+          "usage: ep -s SOCKET[,SOCKET...] [-S SOCKET_NO_WARMUP] [-n 2,4,8] [-m processes,threads]\n"
+          "          [-g GPUS]\n"
           "          [-c CALLS] [-w WARMUP] [-r COPY_REPS] [-t TOKENS] [-l LL_TOKENS] [-H HIDDEN]\n"
-          "          [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-T] [-P N]\n"
-          "  -s  deepepd socket (its backend, host or cuda, is the one benchmarked)\n"
+          "          [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-T] [-P N] [-p PAIRS]\n"
+          "  -s  deepepd socket (its backend, host or cuda, is the one benchmarked); several,\n"
+          "      comma-separated: one daemon per node, peers of each other, the ranks spread\n"
+          "      over them in equal blocks (rank counts divisible by the nodes; no -S)\n"
           "  -S  a second deepepd with kernel_warmup: false: time its first calls too\n"
           "  -n  rank counts (default 2,4,8)        -m  modes (default processes,threads)\n"
           "  -g  spread the ranks over GPUS GPUs, rank r on GPU r %% GPUS (default 1: all on\n"
@@ -99,6 +113,9 @@ static void usage(void) {
           "  -T  rewrite each op's outputs just before its first call (cuda): the first call\n"
           "      then meets the caller's buffers as recently used ones, so first/med is the\n"
           "      library's own first-call cost\n"
+          "  -p  the pairs timed after the first calls (default tp,ll,ll8): tp dispatch and\n"
+          "      combine, ll the low-latency pair in bf16, ll8 with the FP8 dispatch; the first\n"
+          "      call of every op is timed either way\n"
           "  -P  N worlds with the stats page off and N on, alternating: per op the median of\n"
           "      each and what writing the page costs ($DEEPEP_STATS=0 turns it off)\n"
           "  shape: -t 4096 tokens, -l 128 low-latency tokens, -H 7168, -e 256, -k 8\n");
@@ -221,6 +238,8 @@ static int stats_overhead(const struct opts *o, bool cuda, int n, bool threads, 
   }
   unsetenv("DEEPEP_STATS");
   for (int op = 0; op < NOPS && !bad; op++) {
+    if (!op_timed(o, op))
+      continue;
     bench_sort(t[0] + (size_t)op * per, per);
     bench_sort(t[1] + (size_t)op * per, per);
     double off = t[0][(size_t)op * per + per / 2], on = t[1][(size_t)op * per + per / 2];
@@ -251,7 +270,7 @@ static void report(const struct opts *o, const char *be, int n, const char *mode
     }
     printf("%-5d %-9s %-15s %8.3f %8.3f", n, mode, op_name[op], attach, first);
     raw_line(raw, be, n, mode, op, "first", 0, first);
-    if (o->first_only) {
+    if (o->first_only || !op_timed(o, op)) {
       printf(" %8s %9s %8.1f\n", "-", "-", (double)bytes / 1e6);
       continue;
     }
@@ -265,21 +284,29 @@ static void report(const struct opts *o, const char *be, int n, const char *mode
     printf(" %8.3f %9.3f %8.1f %8.1f %8.1f %9.1f %10.1f %6.3f %8.2fx", med, p99,
            (double)bytes / 1e6, gbs, rank_gbs, cgbs, rank_cgbs, gbs / cgbs, first / med);
     if (cold) {
-      printf(" %9.3f %8.2fx\n", first2, first2 / med);
+      printf(" %9.3f %8.2fx", first2, first2 / med);
       raw_line(raw, be, n, mode, op, "first_nowarm", 0, first2);
     } else {
-      printf(" %9s %9s\n", "-", "-");
+      printf(" %9s %9s", "-", "-");
     }
+    if (o->nodes > 1) {
+      uint64_t xb, xleast;
+      xnode_bytes(o, s, op, n, &xb, &xleast);
+      printf(" %10llu %8.3f %8.3f", (unsigned long long)xb, (double)xb / med / 1e6,
+             (double)xleast / med / 1e6);
+    }
+    printf("\n");
   }
   fflush(stdout);
 }
 
 static void parse_args(int argc, char **argv, struct opts *o) {
-  const char *counts = "2,4,8", *modes = "processes,threads";
+  const char *counts = "2,4,8", *modes = "processes,threads", *socks = NULL;
+  const char *pairs = "tp,ll,ll8";
   int opt;
-  while ((opt = getopt(argc, argv, "s:S:n:m:c:w:r:t:l:H:e:k:x:o:FTg:P:h")) != -1) {
+  while ((opt = getopt(argc, argv, "s:S:n:m:c:w:r:t:l:H:e:k:x:o:FTg:P:p:h")) != -1) {
     switch (opt) {
-    case 's': o->sock = optarg; break;
+    case 's': socks = optarg; break;
     case 'S': o->sock_nowarm = optarg; break;
     case 'n': counts = optarg; break;
     case 'm': modes = optarg; break;
@@ -294,12 +321,31 @@ static void parse_args(int argc, char **argv, struct opts *o) {
     case 'x': o->seed = strtoull(optarg, NULL, 10); break;
     case 'o': o->raw = optarg; break;
     case 'F': o->first_only = true; break;
+    case 'p': pairs = optarg; break;
     case 'T': o->retouch = true; break;
     case 'g': o->gpus_want = atoi(optarg); break;
     case 'P': o->stats_pairs = atoi(optarg); break;
     default: usage();
     }
   }
+  if (socks != NULL) {
+    char *list = strdup(socks); /* kept: o->node_sock points into it */
+    for (char *t = strtok(list, ","); t != NULL; t = strtok(NULL, ",")) {
+      if (o->nodes == MAX_NODES) {
+        fprintf(stderr, "ep: -s: at most %d daemons (nodes)\n", MAX_NODES);
+        usage();
+      }
+      o->node_sock[o->nodes++] = t;
+    }
+    o->sock = o->nodes > 0 ? o->node_sock[0] : NULL;
+  }
+  if (o->nodes > 1 && o->sock_nowarm != NULL) {
+    fprintf(stderr, "ep: -S (a kernel_warmup-off daemon) takes one node; run it without "
+                    "several -s sockets\n");
+    usage();
+  }
+  if (o->nodes == 0)
+    o->nodes = 1;
   const struct dep_job_shape *sh = &o->shape;
   if (o->sock == NULL || optind != argc || o->gpus_want < 0 || o->calls < 1 || o->stats_pairs < 0 || o->stats_pairs > 100 ||
       o->calls > MAX_CALLS || o->warm < 0 ||
@@ -310,12 +356,23 @@ static void parse_args(int argc, char **argv, struct opts *o) {
   char *dup = strdup(counts);
   for (char *t = strtok(dup, ","); t != NULL; t = strtok(NULL, ",")) {
     int n = atoi(t);
-    if (o->ncounts == 8 || n < 1 || n > MAX_RANKS || sh->num_experts % (uint32_t)n != 0) {
-      fprintf(stderr, "ep: rank count '%s': 1..%d ranks dividing %u experts\n", t, MAX_RANKS,
-              sh->num_experts);
+    if (o->ncounts == 8 || n < 1 || n > MAX_RANKS || sh->num_experts % (uint32_t)n != 0 ||
+        n % o->nodes != 0) {
+      fprintf(stderr, "ep: rank count '%s': 1..%d ranks dividing %u experts, a multiple of the "
+              "%d node(s)\n", t, MAX_RANKS, sh->num_experts, o->nodes);
       usage();
     }
     o->counts[o->ncounts++] = n;
+  }
+  free(dup);
+  dup = strdup(pairs);
+  for (char *t = strtok(dup, ","); t != NULL; t = strtok(NULL, ",")) {
+    int p = strcmp(t, "tp") == 0 ? 0 : strcmp(t, "ll") == 0 ? 1 : strcmp(t, "ll8") == 0 ? 2 : -1;
+    if (p < 0) {
+      fprintf(stderr, "ep: -p '%s': the pairs are tp, ll and ll8\n", t);
+      usage();
+    }
+    o->pairs[p] = true;
   }
   free(dup);
   dup = strdup(modes);
@@ -387,6 +444,10 @@ int main(int argc, char **argv) {
          backend, dev, sh->max_tokens_per_rank, sh->hidden, sh->topk, sh->num_experts,
          sh->max_ll_tokens_per_rank, o.calls, o.warm, o.reps, (unsigned long long)o.seed,
          o.sock_nowarm ? ", kernel_warmup-off daemon too" : "");
+  if (o.nodes > 1)
+    printf("# nodes: %d daemons (%s first), ranks in equal blocks, rank r on node r / (ranks / "
+           "%d); x*: bytes between nodes (the busiest direction per call; the smallest rank's)\n",
+           o.nodes, o.sock, o.nodes);
   if (!cuda && o.gpus_want != 1)
     printf("# -g %d ignored: the host backend uses no GPU\n", o.gpus_want);
   else if (o.peer)
@@ -429,10 +490,10 @@ int main(int argc, char **argv) {
   }
   if (o.peer && !o.first_only && peer_pair_report(&o) != 0)
     status = 1;
-  printf("%-5s %-9s %-15s %8s %8s %8s %9s %8s %8s %8s %9s %10s %6s %9s %9s %9s\n", "ranks",
+  printf("%-5s %-9s %-15s %8s %8s %8s %9s %8s %8s %8s %9s %10s %6s %9s %9s %9s%s\n", "ranks",
          "mode", "op", "attachms", "first_ms", "med_ms", "p99_ms", "MB/call", "GB/s", "rankGB/s",
          o.peer ? "peerGB/s" : "copyGB/s", o.peer ? "rkpeerGB/s" : "rkcopyGB/s", "frac",
-         "first/med", "nowarm_ms", "nowarm/med");
+         "first/med", "nowarm_ms", "nowarm/med", o.nodes > 1 ? "     xB/call    xGB/s  rkxGB/s" : "");
   fflush(stdout);
   for (int ci = 0; ci < o.ncounts; ci++) {
     int n = o.counts[ci];

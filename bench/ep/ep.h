@@ -17,15 +17,20 @@
 #define MAX_RANKS 8
 #define MAX_CALLS 10000
 #define BARRIER_TIMEOUT_S 300.0
+#define MAX_NODES 4
 
 enum { OP_D, OP_C, OP_LLD, OP_LLC, OP_LLD8, OP_LLC8, NOPS };
 extern const char *const op_name[NOPS];
 
 struct opts {
   const char *sock, *sock_nowarm, *raw;
+  /* -s SOCK,SOCK,...: one daemon per node; rank r on node r / (n / nodes). */
+  const char *node_sock[MAX_NODES];
+  int nodes;
   int counts[8], ncounts;
   bool modes[2]; /* [0] processes, [1] threads */
   bool first_only; /* -F: only attach and the first calls */
+  bool pairs[3];   /* -p: the pairs timed after the first calls: tp, ll, ll8 (default all) */
   bool retouch;    /* -T: each op's outputs rewritten just before its first call */
   int stats_pairs; /* -P N: N worlds with the stats page off, N with it on, alternating */
   int calls, warm, reps;
@@ -54,6 +59,36 @@ static inline uint64_t rank_bytes(const struct shm *s, int r, int op, int n) {
   for (int d = 0; d < n; d++)
     b += s->bytes[r][op][d];
   return b;
+}
+
+/* Whether op's pair (dispatch then combine, of tp, ll or ll8) is timed (-p). */
+static inline bool op_timed(const struct opts *o, int op) { return o->pairs[op / 2]; }
+
+/* The node of rank r in a world of n ranks spread over o->nodes nodes in equal blocks. */
+static inline int rank_node(const struct opts *o, int r, int n) { return r / (n / o->nodes); }
+
+/*
+ * With several nodes, what op moves between them per call: the bytes of the
+ * busiest direction from one node to another (*busiest), and the smallest
+ * remote byte count of any rank (*least: its bytes for ranks on other nodes).
+ */
+static inline void xnode_bytes(const struct opts *o, const struct shm *s, int op, int n,
+                               uint64_t *busiest, uint64_t *least) {
+  uint64_t dir[MAX_NODES][MAX_NODES] = {{0}};
+  *least = UINT64_MAX;
+  for (int r = 0; r < n; r++) {
+    uint64_t mine = 0;
+    for (int d = 0; d < n; d++)
+      if (rank_node(o, r, n) != rank_node(o, d, n)) {
+        dir[rank_node(o, r, n)][rank_node(o, d, n)] += s->bytes[r][op][d];
+        mine += s->bytes[r][op][d];
+      }
+    *least = mine < *least ? mine : *least;
+  }
+  *busiest = 0;
+  for (int a = 0; a < o->nodes; a++)
+    for (int b = 0; b < o->nodes; b++)
+      *busiest = dir[a][b] > *busiest ? dir[a][b] : *busiest;
 }
 
 /* ---- one rank (rank.c) ---------------------------------------------------- */

@@ -454,16 +454,20 @@ void rank_run(struct rank *k) {
   }
   make_inputs(k);
   alloc_buffers(k);
+  /* Spread over nodes (-s with several sockets), a rank attaches to its
+   * node's daemon as one of that node's n / nodes local ranks. */
+  const int per = k->n / o->nodes, node = rank_node(o, k->r, k->n);
+  const char *sock = o->nodes > 1 ? o->node_sock[node] : k->sock;
   struct dep_attach_args a = {.rank = (uint32_t)k->r, .world_size = (uint32_t)k->n,
-                              .local_rank = (uint32_t)k->r, .local_world_size = (uint32_t)k->n,
-                              .shape = o->shape};
+                              .local_rank = (uint32_t)(k->r % per),
+                              .local_world_size = (uint32_t)per, .shape = o->shape};
   snprintf(a.job_id, sizeof a.job_id, "%s", k->job);
   memcpy(a.device_uuid, uuid, 16);
   bar_wait(k); /* attach_ms is attach's own time, not a wait for slower peers' set-up */
   check_pairs(k);
   int rc = dep_client_new(&k->c);
   if (rc == 0)
-    rc = dep_connect(k->c, k->sock);
+    rc = dep_connect(k->c, sock);
   if (rc == 0)
     rc = dep_attach(k->c, &a);
   if (rc == 0)
@@ -471,7 +475,7 @@ void rank_run(struct rank *k) {
   if (rc == 0)
     rc = dep_handle_new(k->c, &k->hll);
   if (rc != 0)
-    fail("rank %d: attach to %s: %s (%s)", k->r, k->sock, k->c ? dep_errmsg(k->c) : "",
+    fail("rank %d: attach to %s: %s (%s)", k->r, sock, k->c ? dep_errmsg(k->c) : "",
          dep_errname(rc));
   struct dep_attach_info info;
   dep_attach_info(k->c, &info);
@@ -486,6 +490,8 @@ void rank_run(struct rank *k) {
   if (!k->first_only) {
     static const int pairs[3][2] = {{OP_D, OP_C}, {OP_LLD, OP_LLC}, {OP_LLD8, OP_LLC8}};
     for (int p = 0; p < 3; p++) {
+      if (!o->pairs[p])
+        continue;
       for (int i = -o->warm; i < o->calls; i++)
         for (int j = 0; j < 2; j++) {
           double ms = timed(k, pairs[p][j]);

@@ -1,0 +1,235 @@
+#!/usr/bin/env bash
+# xnode.sh — the benchmark between nodes on the host backend (issue 14): two
+# "nodes" as two network namespaces joined by a veth pair, one deepepd in
+# each (the other its peer), and bench/ep's ranks spread over them; beside
+# it, in the same run and between the same namespaces, the ceilings: raw
+# TCP with as many streams as the daemons open data connections each way
+# (iperf3), and a TCP round trip of each low-latency operation's bytes
+# (bench/xnode_pingpong).  Prints one table with the issue's ratios;
+# everything it made (namespaces, daemons, scratch) goes at exit.
+#
+#   bench/xnode.sh [BUILD]          as root; BUILD defaults to build
+#
+# Knobs (environment): TOKENS (throughput token counts, "128 256 512"),
+# LL_TOKENS (low-latency token counts, "1 8 32 128"), RANKS (ranks per
+# world, "2 4": 1+1 and 2+2), HIDDEN (7168), CALLS (timed calls per op, 100),
+# CONNS (connection_pool_size, so data connections each way, 2), TCP_SECONDS
+# (iperf3's run, 5), OUT (also write everything to this file), KEEP=1 (keep
+# the scratch directory with the daemons' logs), NICE (run the daemons,
+# ranks and ceilings at this nice value, e.g. -10 on a machine that others
+# load; every figure of a run is taken at the same one).
+set -euo pipefail
+
+BUILD=${1:-build}
+TOKENS=${TOKENS:-128 256 512}
+LL_TOKENS=${LL_TOKENS:-1 8 32 128}
+RANKS=${RANKS:-2 4}
+HIDDEN=${HIDDEN:-7168}
+CALLS=${CALLS:-100}
+CONNS=${CONNS:-2}
+TCP_SECONDS=${TCP_SECONDS:-5} # (not SECONDS: bash keeps its own)
+NICE=${NICE:-0}
+PORT=7471    # the daemons' listen port
+PP_PORT=7472 # the ping-pong's
+ADDR=(10.79.0.1 10.79.0.2)
+
+die() { echo "xnode: $*" >&2; exit 1; }
+[[ $(id -u) == 0 ]] || die "run as root: network namespaces need CAP_SYS_ADMIN"
+command -v ip >/dev/null || die "no ip (apt-get install iproute2, or make deps)"
+command -v iperf3 >/dev/null || die "no iperf3 (apt-get install iperf3, or make deps)"
+command -v python3 >/dev/null || die "no python3 (it reads iperf3's JSON)"
+for b in deepepd deepepctl bench/ep bench/xnode_pingpong; do
+  [[ -x $BUILD/$b ]] || die "no $BUILD/$b: build it first (make BUILD=$BUILD all)"
+done
+BUILD=$(cd "$BUILD" && pwd)
+
+DIR=$(mktemp -d /tmp/dep-xnode-XXXXXX)
+NS=(dxn$$a dxn$$b)
+PIDS=()
+exec 3>&1 4>&2 # the caller's stdout and stderr, for the cleanup (OUT's tee may be gone)
+cleanup() {
+  trap '' PIPE INT TERM # a second signal must not cut the cleanup short
+  exec 1>&3 2>&4
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for t in $(seq 100); do # the daemons stop in a few seconds; then SIGKILL
+    local alive=0
+    for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    (( alive )) || break
+    sleep 0.1
+  done
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  for n in "${NS[@]}"; do ip netns delete "$n" 2>/dev/null || true; done
+  if [[ ${KEEP:-0} == 1 ]]; then echo "xnode: kept $DIR" >&2; else rm -rf "$DIR"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---- the nodes ---------------------------------------------------------------
+for i in 0 1; do
+  ip netns add "${NS[i]}"
+  ip -n "${NS[i]}" link set lo up
+done
+ip link add "${NS[0]}" netns "${NS[0]}" type veth peer name "${NS[1]}" netns "${NS[1]}"
+for i in 0 1; do
+  ip -n "${NS[i]}" addr add "${ADDR[i]}/24" dev "${NS[i]}"
+  ip -n "${NS[i]}" link set "${NS[i]}" up
+done
+"$BUILD/deepepctl" genkey "$DIR/peer.key" >/dev/null
+
+# A node's ranks of the largest shape (2 x 512 tokens x 7168 hidden, LL 128)
+# take well under 1 GiB of slab; the pool is made once at start, and the
+# benchmark waits for it (log_level info says "device pools ready").
+for i in 0 1; do
+  cat >"$DIR/n$i.yaml" <<EOF
+socket: {path: $DIR/n$i.sock}
+backend: host
+pool: {host_size: 1GiB}
+connection_pool_size: $CONNS
+listen: {address: ${ADDR[i]}, port: $PORT}
+peers: [{host: ${ADDR[1 - i]}, port: $PORT}]
+peer_key_file: $DIR/peer.key
+peer_wait_ms: 0
+log_level: info
+limits: {attach_timeout_ms: 20000}
+EOF
+  ip netns exec "${NS[i]}" nice -n "$NICE" "$BUILD/deepepd" -c "$DIR/n$i.yaml" 2>"$DIR/n$i.log" &
+  PIDS+=($!)
+done
+# Ready when each daemon has made its pool and its PEERS shows the peer up
+# (the data connections follow at once, over the authenticated link).
+for i in 0 1; do
+  for t in $(seq 600); do
+    if grep -q 'device pools ready' "$DIR/n$i.log" &&
+       "$BUILD/deepepctl" -s "$DIR/n$i.sock" peers --json 2>/dev/null | grep -q '"state":"up"'; then
+      break
+    fi
+    [[ $t == 600 ]] && { cat "$DIR/n$i.log" >&2; die "node $i is not ready with its peer up in 30 s"; }
+    sleep 0.05
+  done
+done
+
+[[ -n ${OUT:-} ]] && exec > >(tee "$OUT") 2>&1
+
+echo "# xnode: $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), $(nproc) CPUs" \
+     "($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)), commit" \
+     "$(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "# two namespaces over veth (${ADDR[0]}, ${ADDR[1]}), deepepd host backend," \
+     "connection_pool_size $CONNS, default proxy_threads; nice $NICE; load average at start:" \
+     "$(cut -d' ' -f1-3 /proc/loadavg)"
+
+# ---- ceiling 1: raw TCP, as many streams as data connections each way ----------
+ip netns exec "${NS[1]}" nice -n "$NICE" iperf3 -s -1 -B "${ADDR[1]}" -p 5201 >/dev/null 2>&1 &
+PIDS+=($!)
+sleep 0.3
+timeout $((TCP_SECONDS + 30)) ip netns exec "${NS[0]}" nice -n "$NICE" iperf3 -c "${ADDR[1]}" -p 5201 -B "${ADDR[0]}" -P "$CONNS" --bidir \
+  -t "$TCP_SECONDS" -J >"$DIR/iperf3.json"
+TCP_GBS=$(python3 -c '
+import json, sys
+e = json.load(open(sys.argv[1]))["end"]
+there = e["sum_received"]["bits_per_second"] / 8e9
+back = e["sum_received_bidir_reverse"]["bits_per_second"] / 8e9
+print("%.3f %.3f" % (there, back))' "$DIR/iperf3.json")
+read -r TCP_AB TCP_BA <<<"$TCP_GBS"
+# One direction alone, for comparison (not the ceiling: an op sends both ways at once).
+ip netns exec "${NS[1]}" nice -n "$NICE" iperf3 -s -1 -B "${ADDR[1]}" -p 5201 >/dev/null 2>&1 &
+PIDS+=($!)
+sleep 0.3
+timeout $((TCP_SECONDS + 30)) ip netns exec "${NS[0]}" nice -n "$NICE" iperf3 -c "${ADDR[1]}" -p 5201 -B "${ADDR[0]}" -P "$CONNS" \
+  -t "$TCP_SECONDS" -J >"$DIR/iperf3-oneway.json"
+TCP_ONE=$(python3 -c '
+import json, sys
+print("%.3f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 8e9))' \
+  "$DIR/iperf3-oneway.json")
+TCP_DIR=$(awk -v a="$TCP_AB" -v b="$TCP_BA" 'BEGIN { printf "%.3f", a < b ? a : b }')
+echo "# raw TCP (iperf3 -P $CONNS --bidir, ${TCP_SECONDS} s): $TCP_AB GB/s a->b while" \
+     "$TCP_BA GB/s b->a; per direction $TCP_DIR GB/s (the slower); one way alone $TCP_ONE GB/s"
+
+# ---- the benchmark -------------------------------------------------------------
+# One ep run per token count, timing the throughput pair at TOKENS and the
+# low-latency pairs (bf16, FP8) at LL_TOKENS (-p); a count in only one list
+# times only its pairs, with -l at most the largest LL count.
+SOCKS="$DIR/n0.sock,$DIR/n1.sock"
+NLIST=$(echo $RANKS | tr ' ' ',')
+declare -A want_tp want_ll
+for t in $TOKENS; do want_tp[$t]=1; done
+for t in $LL_TOKENS; do want_ll[$t]=1; done
+for t in $(printf '%s\n' $TOKENS $LL_TOKENS | sort -nu); do
+  l=$t pairs=
+  [[ -n ${want_ll[$t]:-} ]] || l=$(printf '%s\n' $LL_TOKENS | sort -n | tail -1)
+  (( l > t )) && l=$t
+  [[ -n ${want_tp[$t]:-} ]] && pairs=tp
+  [[ -n ${want_ll[$t]:-} ]] && pairs=${pairs:+$pairs,}ll,ll8
+  nice -n "$NICE" "$BUILD/bench/ep" -s "$SOCKS" -n "$NLIST" -m processes -t "$t" -l "$l" \
+    -H "$HIDDEN" -c "$CALLS" -w 5 -r 3 -p "$pairs" >"$DIR/ep-$t.txt" ||
+    { cat "$DIR/ep-$t.txt"; die "ep -t $t failed"; }
+  # tokens, ll tokens, then ep's row: ranks mode op attach first med p99 MB GB/s rankGB/s
+  # copy rkcopy frac first/med nowarm nowarm/med xB xGB/s rkxGB/s
+  awk -v t="$t" -v l="$l" -v tp="${want_tp[$t]:-0}" -v ll="${want_ll[$l]:-0}" '
+    $2 == "processes" && NF == 19 {
+      if (($3 == "dispatch" || $3 == "combine") && tp) print "tp", t, $0
+      if ($3 ~ /^ll_/ && ll && l == t) print "ll", l, $0
+    }' "$DIR/ep-$t.txt" >>"$DIR/rows.txt"
+done
+
+# ---- ceiling 2: a TCP round trip of each low-latency op's bytes -----------------
+SIZES=$(awk '$1 == "ll" { print $19 }' "$DIR/rows.txt" | sort -nu |
+        tr '\n' ',' | sed 's/,$//')
+ip netns exec "${NS[1]}" nice -n "$NICE" "$BUILD/bench/xnode_pingpong" -l "${ADDR[1]}:$PP_PORT" >"$DIR/pp-server.txt" &
+PIDS+=($!)
+for t in $(seq 100); do grep -q listening "$DIR/pp-server.txt" && break; sleep 0.05; done
+ip netns exec "${NS[0]}" nice -n "$NICE" "$BUILD/bench/xnode_pingpong" -c "${ADDR[1]}:$PP_PORT" -b "$SIZES" \
+  -i 200 -w 10 >"$DIR/pp.txt"
+
+# ---- the table -----------------------------------------------------------------
+echo
+echo "## throughput mode (dispatch + combine), hidden $HIDDEN, top-8 of 256 experts, bf16"
+awk -v tcp="$TCP_DIR" '
+  $1 == "tp" {
+    k = $2 " " $3; op = $5
+    med[k, op] = $8; first[k, op] = $7; xb[k, op] = $19; rk[k, op] = $21 * $8
+    keys[k] = 1
+  }
+  END {
+    printf "%-6s %-5s %9s %9s %9s %9s %9s %8s %7s %7s %7s\n", "tokens", "ranks", "xMB/call",
+      "disp_ms", "comb_ms", "rankGB/s", "nodeGB/s", "tcpGB/s", "/tcp", "D 1st/", "C 1st/"
+    n = 0; for (k in keys) order[++n] = k
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) {
+      split(order[i], a, " "); split(order[j], b, " ")
+      if (a[1] + 0 > b[1] + 0 || (a[1] == b[1] && a[2] + 0 > b[2] + 0)) {
+        x = order[i]; order[i] = order[j]; order[j] = x }
+    }
+    for (i = 1; i <= n; i++) {
+      k = order[i]; split(k, a, " ")
+      d = med[k, "dispatch"]; c = med[k, "combine"]
+      node = (xb[k, "dispatch"] + xb[k, "combine"]) / (d + c) / 1e6
+      rank = (rk[k, "dispatch"] + rk[k, "combine"]) / (d + c)
+      printf "%-6s %-5s %9.2f %9.3f %9.3f %9.3f %9.3f %8.3f %6.0f%% %6.2fx %6.2fx\n", a[1],
+        a[2] / 2 "+" a[2] / 2, (xb[k, "dispatch"] + xb[k, "combine"]) / 1e6, d, c, rank, node,
+        tcp, 100 * node / tcp, first[k, "dispatch"] / d, first[k, "combine"] / c
+    }
+  }' "$DIR/rows.txt"
+echo "# xMB/call: bytes from one node to the other per dispatch + combine (busiest direction);"
+echo "# rankGB/s: the smallest rank's bytes to the other node / (disp_ms + comb_ms);"
+echo "# nodeGB/s: xMB/call / (disp_ms + comb_ms); /tcp: nodeGB/s / raw TCP per direction"
+echo "# (target >= 80%); 1st/: first call after attach / median (target <= 1.1x)"
+echo
+echo "## low latency, hidden $HIDDEN"
+awk '
+  FNR == NR { if ($1 ~ /^[0-9]+$/) rtt[$1] = $3; next }
+  $1 == "ll" {
+    printf "%-6s %-5s %-15s %9d %9.1f %9.1f %7.2fx %9.1f %7.2fx\n", $2, $3 / 2 "+" $3 / 2, $5,
+      $19, $7 * 1e3, $8 * 1e3, $7 / $8, rtt[$19], $8 * 1e3 / rtt[$19]
+  }' "$DIR/pp.txt" <(sort -k2,2n -k3,3n -s "$DIR/rows.txt") |
+  { printf "%-6s %-5s %-15s %9s %9s %9s %8s %9s %8s\n" tokens ranks op xbytes first_us med_us \
+      1st/med rtt_us med/rtt; cat; }
+echo "# xbytes: bytes from one node to the other per call (busiest direction); rtt_us: median"
+echo "# TCP round trip of that many bytes each way, one connection (xnode_pingpong);"
+echo "# targets: ll_dispatch med/rtt <= 2x, 1st/med <= 1.1x"
+echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+echo "## raw outputs"
+for f in "$DIR"/ep-*.txt "$DIR/pp.txt"; do echo "### $(basename "$f")"; cat "$f"; done
+for i in 0 1; do
+  echo "### node $i: deepepctl peers"
+  "$BUILD/deepepctl" -s "$DIR/n$i.sock" peers 2>&1 || true
+done
