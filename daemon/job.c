@@ -71,6 +71,11 @@ static void member_drop(const char *id, int peer) {
   job_n_members--;
 }
 
+const struct dep_peer_membership *job_membership(const char *id, int peer) {
+  const struct job_member *x = *member_slot(id, peer);
+  return x != NULL ? &x->m : NULL;
+}
+
 uint32_t job_remote_ranks(const struct job *j, uint32_t *nodes) {
   uint32_t n = 0, k = 0;
   for (const struct job_member *x = job_members; x != NULL; x = x->next) {

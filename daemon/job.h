@@ -27,6 +27,7 @@
 #include "config.h"
 #include "deepep.h"
 #include "proc.h"
+#include "peer_proto.h"
 #include "proto.h"
 
 struct conn;
@@ -96,6 +97,9 @@ void job_conn_closed(struct conn *c);
 
 /* Remote ranks of job j that peers reported, and how many peers reported them. */
 uint32_t job_remote_ranks(const struct job *j, uint32_t *nodes);
+/* The MEMBERSHIP that peer k sent for job id (its ranks, their slabs'
+ * windows), NULL when none is held; valid until the loop runs on. */
+const struct dep_peer_membership *job_membership(const char *id, int peer);
 /* Find a live job by id (NULL when none). */
 struct job *job_lookup(const char *id);
 

@@ -27,6 +27,9 @@
 #define RDMA_RECV_DEPTH 32
 #define RDMA_SEND_DEPTH 64
 #define RDMA_CQ_DEPTH (RDMA_RECV_DEPTH + RDMA_SEND_DEPTH)
+/* A data queue pair's send queue (rdmaxp_data_depth), and the completion
+ * queue that holds its completions, which can be no more than its sends. */
+#define RDMA_DATA_DEPTH 512
 /* The keep-alive's immediate values, above what the data path may use. */
 #define RDMA_IMM_PING 0xfffffff0u
 #define RDMA_IMM_PONG 0xfffffff1u
@@ -45,6 +48,7 @@ struct rdmaxp_qp {
   uint64_t serial;          /* what its completion queue's context names */
   void *owner;
   bool acceptor;
+  bool data;                /* a data path queue pair (rdmaxp_data_connect or the data hook) */
   struct rdma_cm_id *id;    /* NULL: an offer not yet taken */
   struct ibv_cq *cq;
   bool connected;
@@ -74,6 +78,7 @@ static struct {
   struct rdma_cm_id *listener;
   struct rdmaxp_qp *qps;
   uint64_t serial;
+  const struct rdmaxp_data_events *dev_ev; /* the data path's hooks; NULL: none */
 } R;
 
 bool rdmaxp_active(void) { return R.active; }
@@ -141,21 +146,26 @@ uint32_t rdmaxp_mr_lkey(const struct ibv_mr *mr) { return mr != NULL ? mr->lkey 
 
 /* ---- queue pairs ------------------------------------------------------------- */
 
-static struct rdmaxp_qp *qp_new(void *owner, bool acceptor, char *why, size_t whylen) {
+static struct rdmaxp_qp *qp_new(void *owner, bool acceptor, bool data, char *why,
+                               size_t whylen) {
   struct rdmaxp_qp *q = calloc(1, sizeof *q);
-  if (q == NULL || posix_memalign((void **)&q->mbox, MBOX_BYTES, MBOX_BYTES) != 0) {
+  if (q == NULL || (!data && posix_memalign((void **)&q->mbox, MBOX_BYTES, MBOX_BYTES) != 0)) {
     free(q);
     snprintf(why, whylen, "out of memory");
     return NULL;
   }
-  memset(q->mbox, 0, MBOX_BYTES);
-  if (rdmaxp_reg_host(q->mbox, MBOX_BYTES, &q->mbox_mr, why, whylen) != 0) {
-    free(q->mbox);
-    free(q);
-    return NULL;
+  /* A data queue pair has no keep-alive, so no mailbox: its link has both. */
+  if (!data) {
+    memset(q->mbox, 0, MBOX_BYTES);
+    if (rdmaxp_reg_host(q->mbox, MBOX_BYTES, &q->mbox_mr, why, whylen) != 0) {
+      free(q->mbox);
+      free(q);
+      return NULL;
+    }
   }
   q->owner = owner;
   q->acceptor = acceptor;
+  q->data = data;
   q->serial = ++R.serial;
   q->next = R.qps;
   R.qps = q;
@@ -194,6 +204,13 @@ static void qp_fail(struct rdmaxp_qp *q, const char *fmt, ...) {
   vsnprintf(why, sizeof why, fmt, ap);
   va_end(ap);
   void *owner = q->owner;
+  if (q->data) {
+    /* Its owner's threads may be posting on it: they let go first. */
+    if (R.dev_ev != NULL && R.dev_ev->down != NULL)
+      R.dev_ev->down(owner, q, why);
+    qp_free(q);
+    return;
+  }
   qp_free(q);
   if (R.ev != NULL && R.ev->down != NULL)
     R.ev->down(owner, why);
@@ -217,6 +234,29 @@ static int qp_create(struct rdmaxp_qp *q, char *why, size_t whylen) {
     snprintf(why, whylen, "the route uses RDMA device %s, deepepd registers its memory with %s",
              q->id->verbs != NULL ? q->id->verbs->device->name : "(none)", R.dev);
     return -1;
+  }
+  if (q->data) {
+    /* The proxy's: no completion channel (its thread polls the queue
+     * itself), nothing received (plain writes consume no receive), and only
+     * the sends it asks for signalled. */
+    q->cq = R.rd->ibv.create_cq(R.ctx, RDMA_DATA_DEPTH, NULL, NULL, 0);
+    if (q->cq == NULL) {
+      snprintf(why, whylen, "ibv_create_cq: %s", strerror(errno));
+      return -1;
+    }
+    struct ibv_qp_init_attr d = {
+        .send_cq = q->cq,
+        .recv_cq = q->cq,
+        .cap = {.max_send_wr = RDMA_DATA_DEPTH, .max_recv_wr = 1, .max_send_sge = 1,
+                .max_recv_sge = 1},
+        .qp_type = IBV_QPT_RC,
+        .sq_sig_all = 0,
+    };
+    if (R.rd->cm.create_qp(q->id, R.pd, &d) != 0) {
+      snprintf(why, whylen, "rdma_create_qp: %s", strerror(errno));
+      return -1;
+    }
+    return 0;
   }
   q->cq = R.rd->ibv.create_cq(R.ctx, RDMA_CQ_DEPTH, (void *)(uintptr_t)q->serial, R.cch, 0);
   if (q->cq == NULL) {
@@ -357,7 +397,7 @@ static void on_route_resolved(struct rdmaxp_qp *q) {
   uint8_t priv[PRIV_LEN];
   memcpy(priv, q->token, DEP_PEER_TOKEN_LEN);
   codec_put_u64(priv + DEP_PEER_TOKEN_LEN, (uintptr_t)q->mbox);
-  codec_put_u32(priv + DEP_PEER_TOKEN_LEN + 8, q->mbox_mr->rkey);
+  codec_put_u32(priv + DEP_PEER_TOKEN_LEN + 8, rdmaxp_mr_rkey(q->mbox_mr));
   struct rdma_conn_param p = {
       .private_data = priv,
       .private_data_len = PRIV_LEN,
@@ -378,6 +418,31 @@ static void on_connect_request(struct rdma_cm_id *id, const uint8_t *priv, size_
       if (q->acceptor && q->id == NULL &&
           sodium_memcmp(q->token, priv, DEP_PEER_TOKEN_LEN) == 0)
         break;
+  if (q == NULL && privlen >= PRIV_LEN && R.dev_ev != NULL && R.dev_ev->accept != NULL) {
+    /* Not a link's: perhaps a data connection, with a token the data path offered. */
+    char why[256];
+    void *owner = R.dev_ev->accept(priv);
+    if (owner != NULL && (q = qp_new(owner, true, true, why, sizeof why)) == NULL) {
+      log_warnx("rdma: a data connection cannot be accepted: %s", why);
+      (void)R.rd->cm.reject(id, NULL, 0);
+      (void)R.rd->cm.destroy_id(id);
+      return;
+    }
+    if (q != NULL) {
+      q->id = id;
+      id->context = q;
+      if (qp_create(q, why, sizeof why) != 0) {
+        (void)R.rd->cm.reject(id, NULL, 0);
+        qp_fail(q, "%s", why);
+        return;
+      }
+      struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = 1,
+                                  .retry_count = 7, .rnr_retry_count = 7};
+      if (R.rd->cm.accept(id, &p) != 0)
+        qp_fail(q, "rdma_accept: %s", strerror(errno));
+      return;
+    }
+  }
   if (q == NULL) {
     log_warnx("rdma: a connection request that names no open offer of an authenticated peer "
               "link: rejected");
@@ -422,7 +487,9 @@ static void on_cm_event(enum rdma_cm_event_type type, struct rdma_cm_id *id, int
     break;
   case RDMA_CM_EVENT_ESTABLISHED:
     q->connected = true;
-    if (R.ev != NULL && R.ev->up != NULL)
+    if (q->data && R.dev_ev != NULL && R.dev_ev->up != NULL)
+      R.dev_ev->up(q->owner, q);
+    else if (!q->data && R.ev != NULL && R.ev->up != NULL)
       R.ev->up(q->owner, q);
     break;
   case RDMA_CM_EVENT_REJECTED:
@@ -469,7 +536,7 @@ struct rdmaxp_qp *rdmaxp_offer(void *owner, struct dep_peer_xport *out, char *wh
     snprintf(why, whylen, "%s", R.why);
     return NULL;
   }
-  struct rdmaxp_qp *q = qp_new(owner, true, why, whylen);
+  struct rdmaxp_qp *q = qp_new(owner, true, false, why, whylen);
   if (q == NULL)
     return NULL;
   randombytes_buf(q->token, sizeof q->token);
@@ -493,7 +560,7 @@ struct rdmaxp_qp *rdmaxp_connect(void *owner, const struct sockaddr *src, const 
              (unsigned)offer->mbox_len, MBOX_BYTES);
     return NULL;
   }
-  struct rdmaxp_qp *q = qp_new(owner, false, why, whylen);
+  struct rdmaxp_qp *q = qp_new(owner, false, false, why, whylen);
   if (q == NULL)
     return NULL;
   memcpy(q->token, offer->token, sizeof q->token);
@@ -512,6 +579,42 @@ struct rdmaxp_qp *rdmaxp_connect(void *owner, const struct sockaddr *src, const 
     return NULL;
   }
   return q;
+}
+
+void rdmaxp_set_data_events(const struct rdmaxp_data_events *ev) { R.dev_ev = ev; }
+
+struct rdmaxp_qp *rdmaxp_data_connect(void *owner, const struct sockaddr *dst,
+                                      const uint8_t token[DEP_PEER_TOKEN_LEN], char *why,
+                                      size_t whylen) {
+  if (!R.active) {
+    snprintf(why, whylen, "%s", R.why);
+    return NULL;
+  }
+  struct rdmaxp_qp *q = qp_new(owner, false, true, why, whylen);
+  if (q == NULL)
+    return NULL;
+  memcpy(q->token, token, sizeof q->token);
+  if (R.rd->cm.create_id(R.ech, &q->id, q, RDMA_PS_TCP) != 0) {
+    snprintf(why, whylen, "rdma_create_id: %s", strerror(errno));
+    q->id = NULL;
+    qp_free(q);
+    return NULL;
+  }
+  if (R.rd->cm.resolve_addr(q->id, NULL, (struct sockaddr *)dst, RDMAXP_RESOLVE_MS) != 0) {
+    snprintf(why, whylen, "rdma_resolve_addr: %s", strerror(errno));
+    qp_free(q);
+    return NULL;
+  }
+  return q;
+}
+
+struct ibv_qp *rdmaxp_qp_verbs(const struct rdmaxp_qp *q) {
+  return q != NULL && q->id != NULL ? q->id->qp : NULL;
+}
+struct ibv_cq *rdmaxp_qp_cq(const struct rdmaxp_qp *q) { return q != NULL ? q->cq : NULL; }
+uint32_t rdmaxp_data_depth(void) { return RDMA_DATA_DEPTH; }
+const char *rdmaxp_wc_status(int status) {
+  return R.rd != NULL ? R.rd->ibv.wc_status_str((enum ibv_wc_status)status) : "?";
 }
 
 void rdmaxp_close(struct rdmaxp_qp *q) {

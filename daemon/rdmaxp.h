@@ -8,9 +8,10 @@
  * Everything runs on the loop thread: the connection manager's event
  * channel and the completion channel are non-blocking fds watched with
  * uv_poll, so completions are waited on as events, never spun on (rxe
- * turns a busy poll into a scheduler tick per message).  The data path's
- * proxy threads (next) post on the queue pairs, which verbs allows from
- * any thread, and hear of completions through the loop.
+ * turns a busy poll into a scheduler tick per message).  The data path
+ * does not share these queue pairs: it has its own (below), whose
+ * completions its proxy threads poll, so that no completion queue is
+ * drained by two threads and none waits on the loop.
  *
  * A queue pair is bound to the TCP link that authenticated it: the end
  * that accepted the link makes an offer (peer_proto.h XPORT) with a random,
@@ -103,6 +104,39 @@ struct rdmaxp_qp *rdmaxp_connect(void *owner, const struct sockaddr *src, const 
 void rdmaxp_close(struct rdmaxp_qp *q);
 /* Whether q is connected. */
 bool rdmaxp_qp_up(const struct rdmaxp_qp *q);
+
+/*
+ * The data path's queue pairs (daemon/xfer_rdma.h): one per peer and
+ * direction beside the links', connected with a token of a DATA_OFFER in
+ * the private data (the data connections' scheme, peer_proto.h), set up and
+ * torn down on the loop like the links' but driven by a proxy thread: a
+ * completion queue of their own with no channel, which that thread polls,
+ * no receives, no keep-alive, and only the sends it asks for signalled.
+ */
+struct rdmaxp_data_events {
+  /* A connection request whose token names no link's offer: the owner for
+   * the queue pair when token is one the data path offered (spent then),
+   * else NULL (it is rejected). */
+  void *(*accept)(const uint8_t *token);
+  /* q is connected. */
+  void (*up)(void *owner, struct rdmaxp_qp *q);
+  /* q failed or the far end closed it: called before q is freed, so that
+   * the owner's threads let go of it first. */
+  void (*down)(void *owner, struct rdmaxp_qp *q, const char *why);
+};
+void rdmaxp_set_data_events(const struct rdmaxp_data_events *ev);
+/* Open a data queue pair to dst (the peer's listen address and port) with
+ * token; NULL with why when it cannot start, later failures come as down(). */
+struct rdmaxp_qp *rdmaxp_data_connect(void *owner, const struct sockaddr *dst,
+                                      const uint8_t token[DEP_PEER_TOKEN_LEN], char *why,
+                                      size_t whylen);
+/* The verbs objects a data queue pair's owner posts on and polls. */
+struct ibv_qp *rdmaxp_qp_verbs(const struct rdmaxp_qp *q);
+struct ibv_cq *rdmaxp_qp_cq(const struct rdmaxp_qp *q);
+/* Work requests a data queue pair's send queue holds. */
+uint32_t rdmaxp_data_depth(void);
+/* ibv_wc_status_str of a completion's status, for messages. */
+const char *rdmaxp_wc_status(int status);
 
 /* Send a keep-alive on q unless one is out; its answer comes as pong().
  * Returns how many ms the one outstanding has been out (0: a new one was sent). */

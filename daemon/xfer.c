@@ -30,6 +30,7 @@
 #include "pool.h"
 #include "proto.h"
 #include "slab.h"
+#include "xfer_rdma.h"
 #include "xring.h"
 
 /* A DATA_OFFER's token is good for this long. */
@@ -71,6 +72,7 @@ struct xfer_route {
   _Atomic bool said;             /* a failure of its frames was logged */
   _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in; /* deepepctl status */
   _Atomic uint32_t ring_peak;    /* most descriptors a sweep found waiting in one ring */
+  struct xfer_rdma_route *rdma;  /* where its blocks may go by RDMA writes (NULL: TCP only) */
   struct xfer_route *next;
 };
 
@@ -82,6 +84,7 @@ struct xfer_out {
 
 struct xfer_offer {
   int peer;                      /* -1: free */
+  int spent_by;                  /* the peer it was made to, once spent */
   uint8_t token[DEP_PEER_TOKEN_LEN];
   uint64_t expires_ms;
 };
@@ -245,6 +248,7 @@ void xfer_job_start(const struct job *j, const int16_t *who) {
     r->arena[i] = q->arena;
     r->offset[i] = q->offset;
   }
+  r->rdma = xfer_rdma_route_new(j, who, &r->lay);
   pthread_rwlock_wrlock(&X.lock);
   r->next = X.routes;
   X.routes = r;
@@ -281,6 +285,7 @@ void xfer_job_end(const struct job *j) {
   pthread_rwlock_unlock(&X.lock);
   if (r == NULL)
     return;
+  xfer_rdma_route_free(r->rdma); /* its writes in flight land first */
   for (uint32_t i = 0; i < r->local_world; i++)
     if (r->ring[i] != NULL)
       munmap(r->ring[i], DEP_XRING_BYTES);
@@ -345,7 +350,7 @@ void xfer_lend_ring(struct conn *c, uint32_t request_id) {
     conn_send_error(c, request_id, code, "XRING_LEND: job %s: %s", j->id, what);
     return;
   }
-  struct dep_msg_xring_lend_ok ok = {.version = DEP_XRING_VERSION,
+  struct dep_msg_lend_ok ok = {.version = DEP_XRING_VERSION,
                                      .bytes = (uint32_t)DEP_XRING_BYTES};
   conn_send(c, DEP_MSG_XRING_LEND_OK, request_id, &ok, &fd, 1);
   close(fd); /* conn_send sends its own duplicate */
@@ -443,6 +448,17 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
              d->parity, (unsigned long long)d->bytes, (unsigned long long)r->lay.block_bytes);
     goto bad;
   }
+  uint32_t ri = r->remote_of[d->dest];
+  uint64_t base = r->offset[lr];
+  int via = xfer_rdma_take(r->rdma, peer, r->arena[lr], base, r->rank_of[lr], ri, d, why,
+                           sizeof why);
+  if (via < 0)
+    goto bad;
+  if (via > 0) { /* queued as RDMA writes (xfer_rdma.h) */
+    atomic_fetch_add_explicit(&r->bytes_out, DEP_SLAB_CTRL_SLOT + d->bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
+    return true;
+  }
   struct xfer_batch *b = &batches[peer];
   if (!batch_room(b, sizeof(struct dep_xfer_hdr) + d->bytes)) {
     snprintf(why, sizeof why, "out of memory for a batch of %llu bytes",
@@ -458,8 +474,6 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
   h->seq = d->seq;
   h->bytes = d->bytes;
   snprintf(h->job_id, sizeof h->job_id, "%s", r->id);
-  uint32_t ri = r->remote_of[d->dest];
-  uint64_t base = r->offset[lr];
   if (pool_block_read(r->arena[lr], base + dep_slab_out_slot(&r->lay, d->parity, ri), h->slot,
                       sizeof h->slot, why, sizeof why) != 0 ||
       pool_block_read(r->arena[lr], base + dep_slab_out_block(&r->lay, d->parity, ri),
@@ -522,6 +536,20 @@ static uint64_t sweep(uint32_t self, struct xfer_batch *batches, uint64_t *frame
       }
     }
   }
+  /* The sweep's RDMA writes go before the lock does, so that no route ends
+   * with writes of it still waiting in a chain. */
+  uint64_t lost = xfer_rdma_flush();
+  for (struct xfer_route *r = X.routes; r != NULL && lost != 0; r = r->next) {
+    for (uint32_t g = 0; g < r->world; g++) {
+      if (r->peer_of[g] >= 0 && (lost >> r->peer_of[g] & 1)) {
+        if (!atomic_exchange(&r->said, true))
+          log_warnx("job %s: RDMA writes of its blocks to node %s were lost; the job fails",
+                    r->id, peer_name(r->peer_of[g]));
+        route_fail(r, DEP_ERR_PEER);
+        break;
+      }
+    }
+  }
   pthread_rwlock_unlock(&X.lock);
   return taken;
 }
@@ -576,6 +604,7 @@ static void *proxy_main(void *arg) {
   }
   for (int k = 0; k < CONFIG_MAX_LIST; k++)
     free(batches[k].buf);
+  xfer_rdma_thread_end();
   return NULL;
 }
 
@@ -741,22 +770,32 @@ static bool spawn_helper(void *(*fn)(void *), void *arg) {
   return true;
 }
 
+/* The open offer with token (made to peer k, or to any peer: k < 0), spent; NULL when none. */
+static struct xfer_offer *offer_spend(int k, const uint8_t *token) {
+  uint64_t now = mono_ns() / 1000000ull;
+  for (int i = 0; i < XFER_OFFERS_MAX; i++) {
+    struct xfer_offer *x = &X.offers[i];
+    if (x->peer >= 0 && (k < 0 || x->peer == k) && x->expires_ms >= now &&
+        sodium_memcmp(x->token, token, DEP_PEER_TOKEN_LEN) == 0) {
+      int peer = x->peer;
+      x->peer = -1; /* single use */
+      x->spent_by = peer;
+      return x;
+    }
+  }
+  return NULL;
+}
+
+int xfer_offer_spend(const uint8_t *token) {
+  struct xfer_offer *o = X.active ? offer_spend(-1, token) : NULL;
+  return o != NULL ? o->spent_by : -1;
+}
+
 bool xfer_accept(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd) {
   if (!X.active || k < 0 || k >= CONFIG_MAX_LIST)
     return false;
-  uint64_t now = mono_ns() / 1000000ull;
-  struct xfer_offer *o = NULL;
-  for (int i = 0; i < XFER_OFFERS_MAX; i++) {
-    struct xfer_offer *x = &X.offers[i];
-    if (x->peer == k && x->expires_ms >= now &&
-        sodium_memcmp(x->token, token, DEP_PEER_TOKEN_LEN) == 0) {
-      o = x;
-      break;
-    }
-  }
-  if (o == NULL)
+  if (offer_spend(k, token) == NULL)
     return false;
-  o->peer = -1; /* single use */
   struct xfer_peer *xp = &X.peers[k];
   pthread_rwlock_wrlock(&X.lock);
   int slot = -1;
@@ -879,6 +918,8 @@ static void *connector_main(void *arg) {
 void xfer_on_offer(int k, const struct dep_peer_data_offer *o) {
   if (!X.active || k < 0 || k >= CONFIG_MAX_LIST)
     return;
+  if (xfer_rdma_on_offer(k, o->token))
+    return; /* spent on our data queue pair to k */
   struct connector *c = calloc(1, sizeof *c);
   if (c == NULL)
     return;
@@ -899,7 +940,9 @@ void xfer_peer_up(int k) {
   if (!X.active || k < 0 || k >= CONFIG_MAX_LIST)
     return;
   uint64_t now = mono_ns() / 1000000ull;
-  for (uint32_t n = 0; n < X.conns; n++) {
+  /* One more where RDMA may be had: the peer spends the first on its queue pair. */
+  uint32_t offers = X.conns + (xfer_rdma_wanted(k) ? 1u : 0u);
+  for (uint32_t n = 0; n < offers; n++) {
     struct xfer_offer *o = NULL;
     for (int i = 0; i < XFER_OFFERS_MAX && o == NULL; i++)
       if (X.offers[i].peer < 0 || X.offers[i].expires_ms < now)
@@ -926,6 +969,7 @@ void xfer_peer_down(int k) {
   for (int i = 0; i < XFER_OFFERS_MAX; i++)
     if (X.offers[i].peer == k)
       X.offers[i].peer = -1;
+  xfer_rdma_peer_down(k);
   for (uint32_t i = 0; i < X.conns; i++) {
     pthread_mutex_lock(&xp->out[i].mu);
     out_close(xp, i);
@@ -1024,6 +1068,7 @@ int xfer_init(const struct config *cfg) {
     X.offers[i].peer = -1;
   X.cfg = cfg;
   X.active = true;
+  xfer_rdma_init(cfg);
   return 0;
 }
 
@@ -1043,10 +1088,12 @@ void xfer_fini(void) {
     struct timespec ts = {0, 10000000};
     nanosleep(&ts, NULL);
   }
+  xfer_rdma_fini();
   pthread_rwlock_wrlock(&X.lock);
   while (X.routes != NULL) {
     struct xfer_route *r = X.routes;
     X.routes = r->next;
+    xfer_rdma_route_free(r->rdma);
     for (uint32_t i = 0; i < r->local_world; i++)
       if (r->ring[i] != NULL)
         munmap(r->ring[i], DEP_XRING_BYTES);

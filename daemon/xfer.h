@@ -21,6 +21,12 @@
  * carries the peer's frames to us.  Each direction has its own
  * connections: min(connection_pool_size, XFER_CONNS_MAX) of them.
  *
+ * Where the peer's links are on RDMA and both slabs are registered with
+ * the NIC, blocks go instead as RDMA writes straight into the destination
+ * slab, on a queue pair of the data path's own opened with one more
+ * DATA_OFFER token, with no receiver thread (xfer_rdma.h); the log says
+ * per peer which the data path uses.
+ *
  * Everything the loop calls is on the loop thread; the route table the
  * threads read is guarded by a reader-writer lock, and a job's route goes
  * (xfer_job_end) before its arenas go back to the pool.
@@ -71,6 +77,10 @@ void xfer_on_offer(int peer, const struct dep_peer_data_offer *o);
  * close), or not (the caller closes fd and drops the link).
  */
 bool xfer_accept(int peer, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd);
+
+/* An RDMA data queue pair's connection request carried token (xfer_rdma.h):
+ * the peer it was offered to, the offer spent; -1 when no open offer has it. */
+int xfer_offer_spend(const uint8_t *token);
 
 /* What `deepepctl peers` shows for peer k: data connections up each way,
  * and bytes and frames moved each way. */

@@ -27,19 +27,10 @@
 #include "nodes.h"
 #include "opsworld.h"
 #include "testutil.h"
+#include "xnround.h"
 
 #define XN_ROUNDS_MAX 250
 #define XN_OP_TIMEOUT_MS 4000
-
-/* What one rank process reports, in memory shared with the test. */
-struct xn_result {
-  _Atomic int done;        /* 1: finished (rc below is its verdict) */
-  int rc;                  /* 0 ok; else the DEP_ERR_* or 1 (a wrong result), msg says */
-  _Atomic uint32_t rounds; /* rounds completed so far */
-  int64_t fail_ms;         /* when the failing call returned (CLOCK_MONOTONIC ms) */
-  uint64_t digest;
-  char msg[OW_MSG];
-};
 
 struct xn_run {
   const struct ow_case *d;
@@ -47,119 +38,6 @@ struct xn_run {
   bool alternate_fp8;        /* LL dispatch's FP8 on in odd rounds */
   bool until_error;          /* fault tests: go on until a call fails */
 };
-
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-#define XCALL(expr, what)                                                                     \
-  do {                                                                                        \
-    int rc_ = (expr);                                                                         \
-    if (rc_ != 0) {                                                                           \
-      res->fail_ms = mono_ms();                                                               \
-      snprintf(res->msg, sizeof res->msg, "%s: %s: %s [%s]", what, dep_errname(rc_),          \
-               dep_errmsg(c), d->desc);                                                       \
-      return rc_;                                                                             \
-    }                                                                                         \
-  } while (0)
-
-/* One round of every operation on rank r, folded into the digest. */
-static int xn_round(dep_client_t *c, const struct ow_case *d, uint32_t r, int fp8,
-                    struct ow_outs *o, struct xn_result *res) {
-  const uint32_t h = d->sc.hidden, K = d->sc.topk, W = d->sc.world, E = d->sc.experts;
-  const struct ref_rank_in *in = &d->in[r];
-  uint64_t dig = res->digest;
-  struct dep_layout_args la = {.size = sizeof la, .topk_idx = d->idx[r], .index_type = d->sc.itype,
-                               .num_tokens = in->num_tokens, .tokens_per_rank = o->tpr,
-                               .tokens_per_expert = o->tpe, .token_in_rank = o->tir};
-  XCALL(dep_layout(c, &la, NULL), "layout");
-  dig = ow_fnv(dig, o->tpr, W * 4);
-  dig = ow_fnv(dig, o->tpe, E * 4);
-  dig = ow_fnv(dig, o->tir, (size_t)in->num_tokens * W);
-
-  struct dep_dispatch_args da = {.size = sizeof da, .x = in->x, .topk_idx = d->idx[r], .index_type = d->sc.itype,
-                                 .topk_weights = in->topk_weights, .num_tokens = in->num_tokens,
-                                 .recv_x = o->rx, .recv_topk_idx = o->ridx,
-                                 .recv_topk_weights = o->rw, .recv_count_per_expert = o->cnt,
-                                 .num_recv = &o->num_recv};
-  dep_handle_t *hd = NULL;
-  XCALL(dep_handle_new(c, &hd), "handle");
-  int rc = dep_dispatch(c, &da, hd, NULL);
-  if (rc == 0 && o->num_recv != d->disp[r].num_recv) {
-    snprintf(res->msg, sizeof res->msg, "dispatch: num_recv %u, want %u [%s]", o->num_recv,
-             d->disp[r].num_recv, d->desc);
-    rc = 1;
-  }
-  if (rc == 0) {
-    size_t n = o->num_recv;
-    dig = ow_fnv(dig, o->rx, n * h * 2);
-    dig = ow_fnv(dig, o->ridx, n * K * 4);
-    dig = ow_fnv(dig, o->rw, n * K * 4);
-    dig = ow_fnv(dig, o->cnt, d->le * 4);
-    struct dep_combine_args ca = {.size = sizeof ca, .x = d->cx[r], .out = o->out};
-    rc = dep_combine(c, &ca, hd, NULL);
-    if (rc == 0 && ow_check_sum(o->out, &d->comb[r], in->num_tokens, h, "combine", d->desc,
-                                res->msg))
-      rc = 1;
-    dig = ow_fnv(dig, o->out, (size_t)in->num_tokens * h * 2);
-  }
-  if (rc != 0) {
-    if (rc != 1) {
-      res->fail_ms = mono_ms();
-      snprintf(res->msg, sizeof res->msg, "dispatch/combine: %s: %s [%s]", dep_errname(rc),
-               dep_errmsg(c), d->desc);
-    }
-    dep_handle_free(hd);
-    return rc;
-  }
-
-  const struct ref_rank_in *il = &d->in_ll[r];
-  const struct ref_ll_out *e = &d->ll[r];
-  struct dep_ll_dispatch_args lda = {.size = sizeof lda, .x = il->x, .topk_idx = d->idx[r],
-                                     .index_type = d->sc.itype, .num_tokens = il->num_tokens,
-                                     .use_fp8 = fp8, .recv_x = o->lx,
-                                     .recv_scales = fp8 ? o->lscales : NULL,
-                                     .recv_count = o->lcnt};
-  rc = dep_ll_dispatch(c, &lda, hd, NULL);
-  if (rc == 0) {
-    const size_t es = fp8 ? 1 : 2, G = h / 128;
-    for (uint32_t l = 0; l < d->le && rc == 0; l++) {
-      if (o->lcnt[l] != e->count[l]) {
-        snprintf(res->msg, sizeof res->msg, "ll_dispatch: recv_count[%u] %d, want %d [%s]", l,
-                 o->lcnt[l], e->count[l], d->desc);
-        rc = 1;
-        break;
-      }
-      for (int32_t i = 0; i < o->lcnt[l]; i++) {
-        size_t row = (size_t)l * d->rows_ll + (size_t)i;
-        dig = ow_fnv(dig, (const uint8_t *)o->lx + row * h * es, h * es);
-        if (fp8)
-          dig = ow_fnv(dig, o->lscales + row * G, G * 4);
-      }
-    }
-    dig = ow_fnv(dig, o->lcnt, d->le * 4);
-  }
-  if (rc == 0) {
-    struct dep_ll_combine_args lca = {.size = sizeof lca, .x = d->lx[r], .topk_idx = d->idx[r],
-                                      .index_type = d->sc.itype,
-                                      .topk_weights = il->topk_weights, .out = o->lout};
-    rc = dep_ll_combine(c, &lca, hd, NULL);
-    if (rc == 0 && ow_check_sum(o->lout, &d->llc[r], il->num_tokens, h, "ll_combine", d->desc,
-                                res->msg))
-      rc = 1;
-    dig = ow_fnv(dig, o->lout, (size_t)il->num_tokens * h * 2);
-  }
-  dep_handle_free(hd);
-  if (rc > 1 || rc < 0) {
-    res->fail_ms = mono_ms();
-    snprintf(res->msg, sizeof res->msg, "ll ops: %s: %s [%s]", dep_errname(rc), dep_errmsg(c),
-             d->desc);
-  }
-  res->digest = dig;
-  return rc;
-}
 
 /* A rank process: attach on sock as (rank, local_rank of lws), run, report. */
 static void xn_rank_main(const char *sock, const char *job, const struct xn_run *run, uint32_t rank,
@@ -229,7 +107,7 @@ static void xn_spawn(const struct nodes *ns, const struct xn_place *p, const cha
 
 /* Wait for every rank, killing all after timeout_ms; true when all exited 0. */
 static bool xn_reap(pid_t *pids, uint32_t n, int timeout_ms) {
-  int64_t until = mono_ms() + timeout_ms;
+  int64_t until = xn_mono_ms() + timeout_ms;
   bool ok = true;
   for (uint32_t g = 0; g < n; g++) {
     int st = 0;
@@ -237,7 +115,7 @@ static bool xn_reap(pid_t *pids, uint32_t n, int timeout_ms) {
       pid_t w = waitpid(pids[g], &st, WNOHANG);
       if (w == pids[g])
         break;
-      if (mono_ms() > until) {
+      if (xn_mono_ms() > until) {
         for (uint32_t k = 0; k < n; k++)
           kill(pids[k], SIGKILL);
         waitpid(pids[g], &st, 0);
@@ -351,11 +229,11 @@ START_TEST(a_thousand_calls_back_to_back_across_nodes_stay_as_on_one_node) {
   xn_place(&one, all, 1);
   xn_place(&spread, split, 2);
   struct xn_result *r1 = xn_results(4), *r2 = xn_results(4);
-  int64_t t0 = mono_ms();
+  int64_t t0 = xn_mono_ms();
   xn_run_job(&ns, &one, "b2b-one", &run, r1);
-  int64_t t1 = mono_ms();
+  int64_t t1 = xn_mono_ms();
   xn_run_job(&ns, &spread, "b2b-spread", &run, r2);
-  int64_t t2 = mono_ms();
+  int64_t t2 = xn_mono_ms();
   for (uint32_t g = 0; g < 4; g++) {
     ck_assert_uint_eq(r2[g].rounds, XN_ROUNDS_MAX);
     ck_assert_msg(r1[g].digest == r2[g].digest, "rank %u: 1,250 calls across nodes differ from "
@@ -441,7 +319,7 @@ static void kill_mid_run(int what) {
                 res[0].msg);
   if (what == 0)
     expect_traffic(&ns);
-  int64_t killed = mono_ms();
+  int64_t killed = xn_mono_ms();
   if (what == 0) {
     kill(pids[3], SIGKILL);
   } else if (what == 2) {
@@ -582,9 +460,9 @@ START_TEST(a_full_ring_is_a_bounded_wait_that_overwrites_nothing) {
   dep_handle_t h;
   host_ops_handle_init(&h);
   uint16_t x[128] = {0};
-  int64_t t0 = mono_ms();
+  int64_t t0 = xn_mono_ms();
   ck_assert_int_eq(ring_dispatch(&r, &h, x), DEP_ERR_TIMEOUT);
-  int64_t waited = mono_ms() - t0;
+  int64_t waited = xn_mono_ms() - t0;
   ck_assert_msg(waited >= 290 && waited < 3000, "waited %lld ms for a 300 ms bound",
                 (long long)waited);
   ck_assert_msg(strstr(r.c.why, "ring stayed full") != NULL, "%s", r.c.why);
@@ -610,9 +488,9 @@ START_TEST(a_ring_the_proxy_stopped_fails_the_call_at_once) {
   dep_handle_t h;
   host_ops_handle_init(&h);
   uint16_t x[128] = {0};
-  int64_t t0 = mono_ms();
+  int64_t t0 = xn_mono_ms();
   ck_assert_int_eq(ring_dispatch(&r, &h, x), DEP_ERR_PEER);
-  ck_assert_int_lt(mono_ms() - t0, 1000);
+  ck_assert_int_lt(xn_mono_ms() - t0, 1000);
   ck_assert_msg(strstr(r.c.why, "stopped serving this rank") != NULL, "%s", r.c.why);
   ck_assert_uint_eq(atomic_load(&r.ring->head), 0);
   host_ops_handle_fini(&h);

@@ -1,0 +1,570 @@
+/*
+ * xfer_rdma.c — blocks between nodes as RDMA writes (xfer_rdma.h): the
+ * data queue pairs per peer, each job's targets, and the proxy threads'
+ * chains of work requests.
+ */
+#include "xfer_rdma.h"
+
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "job.h"
+#include "log.h"
+#include "peer.h"
+#include "pool.h"
+#include "rdmaxp.h"
+#include "xfer.h"
+
+/* Work requests in one thread's chain for one peer: a quarter of the send
+ * queue, so that a chain always finds room once the one before it is out. */
+#define XR_CHAIN 128u
+/* A block's payload spans at most this many (source piece, target window) segments. */
+#define XR_SEGS 8u
+/* Windows per remote slab kept: MEMBERSHIP's pieces per rank. */
+#define XR_WIN_MAX 4u
+/* A full send queue is waited on this long before the queue pair is taken as broken. */
+#define XR_ROOM_MS 10000ull
+/* A route's end waits this long for its writes in flight. */
+#define XR_QUIESCE_MS 2000ull
+
+struct xr_win {
+  uint64_t slab_off, len, addr;
+  uint32_t rkey;
+};
+
+/* One remote rank's slab, as an RDMA target. */
+struct xr_dest {
+  int16_t peer;                   /* -1: held here */
+  uint32_t n;                     /* windows; 0: not a target (a window without a key) */
+  struct xr_win w[XR_WIN_MAX];
+};
+
+struct xr_count {
+  _Atomic uint64_t blocks, writes, posts, bytes;
+};
+
+struct xfer_rdma_route {
+  char id[DEP_JOB_ID_MAX];
+  struct dep_slab_layout lay;     /* this node's slabs: where the outboxes are */
+  struct dep_slab_layout lay_of[CONFIG_MAX_LIST]; /* peer k's slabs: where blocks land */
+  uint32_t world;
+  uint64_t peers;                 /* bit k: peer k holds ranks of it */
+  struct xr_dest dest[DEP_MAX_LOCAL_RANKS];
+  struct xr_count by_peer[CONFIG_MAX_LIST];
+};
+
+/* What rdmaxp's callbacks are given as owner: one per peer and direction. */
+struct xr_end {
+  int peer;
+  bool out;
+};
+
+struct xr_peer {
+  pthread_mutex_t mu;             /* one poster/poller at a time; the loop's changes */
+  struct rdmaxp_qp *out;          /* under mu: our queue pair into the peer, connecting or up */
+  _Atomic bool ready;             /* out is up and not broken (read without mu to choose) */
+  bool broken;                    /* under mu: a request failed; nothing more is posted */
+  uint64_t posted, done;          /* under mu: requests posted, retired by completions */
+  struct rdmaxp_qp *in;           /* the loop's: the peer's queue pair into us */
+};
+
+/* One proxy thread's chain for one peer. */
+struct xr_chain {
+  uint32_t n;
+  struct ibv_send_wr wr[XR_CHAIN];
+  struct ibv_sge sge[XR_CHAIN];
+  struct xfer_rdma_route *routes[8]; /* whose blocks it holds, for their post counts */
+  uint32_t n_routes;
+};
+
+struct xr_thread {
+  uint64_t queued;                /* bit k: a chain for peer k holds requests */
+  uint64_t outstanding;           /* bit k: requests posted to k may not be retired */
+  struct xr_chain *chain[CONFIG_MAX_LIST];
+};
+
+static struct {
+  bool active;
+  const struct config *cfg;
+  struct xr_peer p[CONFIG_MAX_LIST];
+  struct xr_end ends[2][CONFIG_MAX_LIST]; /* [0] in, [1] out */
+  _Atomic uint64_t lost;          /* peers whose writes in flight were lost (the loop saw it) */
+} XR;
+
+static _Thread_local struct xr_thread *XT;
+
+static void nap_us(long us) {
+  struct timespec ts = {0, us * 1000l};
+  nanosleep(&ts, NULL);
+}
+
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
+}
+
+/* ---- the data queue pairs (the loop) ---------------------------------------------- */
+
+static void *on_accept(const uint8_t *token) {
+  int k = xfer_offer_spend(token);
+  if (k < 0 || k >= CONFIG_MAX_LIST)
+    return NULL;
+  return &XR.ends[0][k];
+}
+
+static void on_up(void *owner, struct rdmaxp_qp *q) {
+  struct xr_end *e = owner;
+  struct xr_peer *p = &XR.p[e->peer];
+  if (!e->out) {
+    if (p->in != NULL && p->in != q)
+      rdmaxp_close(p->in); /* the peer opened a new one: its old one is gone there */
+    p->in = q;
+    log_debug("peer %s: its blocks for us come by RDMA writes", peer_name(e->peer));
+    return;
+  }
+  pthread_mutex_lock(&p->mu);
+  bool ours = p->out == q;
+  if (ours) {
+    p->broken = false;
+    p->posted = p->done = 0;
+    atomic_store(&p->ready, true);
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (ours)
+    log_info("peer %s: data path over RDMA (a queue pair of its own on %s): blocks for its "
+             "ranks are written into their slabs", peer_name(e->peer), rdmaxp_device());
+}
+
+static void on_down(void *owner, struct rdmaxp_qp *q, const char *why) {
+  struct xr_end *e = owner;
+  struct xr_peer *p = &XR.p[e->peer];
+  if (!e->out) {
+    if (p->in == q)
+      p->in = NULL;
+    return;
+  }
+  pthread_mutex_lock(&p->mu);
+  bool ours = p->out == q, inflight = ours && p->posted != p->done;
+  if (ours) {
+    p->out = NULL;
+    atomic_store(&p->ready, false);
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (!ours)
+    return;
+  if (inflight)
+    atomic_fetch_or(&XR.lost, 1ull << e->peer);
+  log_warnx("peer %s: the data path's queue pair closed (%s): blocks go over TCP%s",
+            peer_name(e->peer), why, inflight ? "; the jobs whose writes were in flight fail" : "");
+}
+
+static const struct rdmaxp_data_events xr_events = {
+    .accept = on_accept, .up = on_up, .down = on_down};
+
+void xfer_rdma_init(const struct config *cfg) {
+  memset(&XR, 0, sizeof XR);
+  XR.cfg = cfg;
+  for (int k = 0; k < CONFIG_MAX_LIST; k++) {
+    pthread_mutex_init(&XR.p[k].mu, NULL);
+    XR.ends[0][k] = (struct xr_end){.peer = k, .out = false};
+    XR.ends[1][k] = (struct xr_end){.peer = k, .out = true};
+  }
+  rdmaxp_set_data_events(&xr_events);
+  XR.active = true;
+}
+
+void xfer_rdma_fini(void) {
+  if (!XR.active)
+    return;
+  for (int k = 0; k < CONFIG_MAX_LIST; k++)
+    xfer_rdma_peer_down(k);
+  rdmaxp_set_data_events(NULL);
+  XR.active = false;
+}
+
+bool xfer_rdma_wanted(int k) {
+  return XR.active && k >= 0 && (size_t)k < XR.cfg->n_peers && rdmaxp_active() &&
+         config_peer_transport(XR.cfg, &XR.cfg->peers[k]) != CONFIG_TRANSPORT_TCP;
+}
+
+bool xfer_rdma_on_offer(int k, const uint8_t token[DEP_PEER_TOKEN_LEN]) {
+  if (!xfer_rdma_wanted(k))
+    return false;
+  struct xr_peer *p = &XR.p[k];
+  pthread_mutex_lock(&p->mu);
+  bool have = p->out != NULL;
+  pthread_mutex_unlock(&p->mu);
+  if (have)
+    return false;
+  struct sockaddr_storage dst;
+  socklen_t dl = sizeof dst;
+  char why[256];
+  struct rdmaxp_qp *q = NULL;
+  if (peer_data_address(k, &dst, &dl) != 0)
+    snprintf(why, sizeof why, "the peer has no address here");
+  else
+    q = rdmaxp_data_connect(&XR.ends[1][k], (struct sockaddr *)&dst, token, why, sizeof why);
+  if (q == NULL) {
+    log_warnx("peer %s: data path over TCP: no queue pair can be opened (%s)", peer_name(k), why);
+    return false; /* the token is still good: a TCP data connection spends it */
+  }
+  pthread_mutex_lock(&p->mu);
+  p->out = q;
+  pthread_mutex_unlock(&p->mu);
+  return true;
+}
+
+void xfer_rdma_peer_down(int k) {
+  if (!XR.active || k < 0 || k >= CONFIG_MAX_LIST)
+    return;
+  struct xr_peer *p = &XR.p[k];
+  pthread_mutex_lock(&p->mu);
+  struct rdmaxp_qp *q = p->out;
+  p->out = NULL;
+  atomic_store(&p->ready, false);
+  p->broken = false;
+  p->posted = p->done = 0;
+  pthread_mutex_unlock(&p->mu);
+  rdmaxp_close(q); /* no proxy thread holds it: they take mu first */
+  rdmaxp_close(p->in);
+  p->in = NULL;
+}
+
+/* ---- completions (mu held) ----------------------------------------------------------- */
+
+/* Retire what completed on p's queue pair; false when a request failed. */
+static bool reap(int k, struct xr_peer *p) {
+  if (p->broken)
+    return false;
+  struct ibv_wc wc[16];
+  int n;
+  while (p->posted != p->done && (n = ibv_poll_cq(rdmaxp_qp_cq(p->out), 16, wc)) != 0) {
+    if (n < 0) {
+      log_warnx("peer %s: ibv_poll_cq on the data queue pair failed", peer_name(k));
+      p->broken = true;
+      break;
+    }
+    for (int i = 0; i < n && !p->broken; i++) {
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        log_warnx("peer %s: an RDMA write of the data path failed: %s; its jobs fail, and "
+                  "later ones send over TCP", peer_name(k), rdmaxp_wc_status(wc[i].status));
+        p->broken = true;
+      } else if (wc[i].wr_id > p->done) {
+        p->done = wc[i].wr_id; /* a signalled request retires those before it */
+      }
+    }
+  }
+  if (p->broken)
+    atomic_store(&p->ready, false);
+  return !p->broken;
+}
+
+/* ---- routes (the loop) --------------------------------------------------------------- */
+
+struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who,
+                                            const struct dep_slab_layout *lay) {
+  if (!XR.active || !rdmaxp_active())
+    return NULL;
+  struct xfer_rdma_route *xr = calloc(1, sizeof *xr);
+  if (xr == NULL)
+    return NULL;
+  snprintf(xr->id, sizeof xr->id, "%s", j->id);
+  xr->lay = *lay;
+  xr->world = j->world_size;
+  uint32_t keyed[CONFIG_MAX_LIST] = {0}, ranks[CONFIG_MAX_LIST] = {0};
+  int64_t bare[CONFIG_MAX_LIST];
+  bool laid[CONFIG_MAX_LIST] = {false}, unlaid[CONFIG_MAX_LIST] = {false};
+  for (int k = 0; k < CONFIG_MAX_LIST; k++)
+    bare[k] = -1;
+  for (uint32_t g = 0; g < xr->world; g++) {
+    struct xr_dest *d = &xr->dest[g];
+    d->peer = who[g] >= 0 ? who[g] : -1;
+    if (d->peer < 0 || d->peer >= CONFIG_MAX_LIST)
+      continue;
+    xr->peers |= 1ull << d->peer;
+    ranks[d->peer]++;
+    const struct dep_peer_membership *m = job_membership(j->id, d->peer);
+    char why[256];
+    /* A node's slabs are laid out for its own count of remote ranks. */
+    if (m != NULL && !laid[d->peer]) {
+      laid[d->peer] = true;
+      if (dep_slab_layout_nodes(&j->shape, j->world_size, m->local_world_size,
+                                &xr->lay_of[d->peer], why, sizeof why) != 0) {
+        log_warnx("job %s: node %s: %s", xr->id, peer_name(d->peer), why);
+        unlaid[d->peer] = true;
+      }
+    }
+    if (m != NULL && unlaid[d->peer])
+      m = NULL;
+    uint32_t idx = UINT32_MAX;
+    for (uint32_t i = 0; m != NULL && i < m->n_ranks; i++)
+      if (m->ranks[i] == g)
+        idx = i;
+    bool ok = idx != UINT32_MAX;
+    /* job.c checked that a rank's windows cover its slab in order. */
+    for (uint32_t w = 0; ok && w < m->n_windows; w++) {
+      const struct dep_peer_window *v = &m->windows[w];
+      if (v->rank_index != idx)
+        continue;
+      if (v->rkey == 0 || d->n == XR_WIN_MAX) {
+        ok = false;
+        break;
+      }
+      d->w[d->n++] = (struct xr_win){v->slab_off, v->len, v->addr, v->rkey};
+    }
+    if (!ok || d->n == 0) {
+      d->n = 0;
+      if (bare[d->peer] < 0)
+        bare[d->peer] = g;
+    } else {
+      keyed[d->peer]++;
+    }
+  }
+  for (int k = 0; k < CONFIG_MAX_LIST; k++) {
+    if (!(xr->peers >> k & 1))
+      continue;
+    if (bare[k] >= 0)
+      log_info("job %s: blocks for rank %lld on node %s go over TCP: its slab is not registered "
+               "with that node's NIC (%u of its %u ranks there are)", xr->id, (long long)bare[k],
+               peer_name(k), keyed[k], ranks[k]);
+    if (keyed[k] > 0)
+      log_info("job %s: blocks for %u rank(s) on node %s go by RDMA writes%s", xr->id, keyed[k],
+               peer_name(k), atomic_load(&XR.p[k].ready)
+                                 ? ""
+                                 : " once the data queue pair is up (over TCP until then)");
+  }
+  return xr;
+}
+
+void xfer_rdma_route_free(struct xfer_rdma_route *xr) {
+  if (xr == NULL)
+    return;
+  /* A write in flight reads our outbox and lands in the peer's slab: both
+   * must still be this job's when it does. */
+  for (int k = 0; k < CONFIG_MAX_LIST; k++) {
+    if (!(xr->peers >> k & 1))
+      continue;
+    struct xr_peer *p = &XR.p[k];
+    uint64_t until = mono_ms() + XR_QUIESCE_MS;
+    pthread_mutex_lock(&p->mu);
+    while (p->out != NULL && p->posted != p->done && reap(k, p) && mono_ms() < until) {
+      pthread_mutex_unlock(&p->mu);
+      nap_us(20);
+      pthread_mutex_lock(&p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
+    struct xr_count *c = &xr->by_peer[k];
+    uint64_t blocks = atomic_load(&c->blocks), writes = atomic_load(&c->writes),
+             posts = atomic_load(&c->posts), bytes = atomic_load(&c->bytes);
+    if (blocks > 0)
+      log_info("job %s: to node %s by RDMA: %llu blocks in %llu writes over %llu posts, %llu "
+               "bytes (%.0f bytes per write, %.1f writes per post)", xr->id, peer_name(k),
+               (unsigned long long)blocks, (unsigned long long)writes, (unsigned long long)posts,
+               (unsigned long long)bytes, writes ? (double)bytes / (double)writes : 0.0,
+               posts ? (double)writes / (double)posts : 0.0);
+  }
+  free(xr);
+}
+
+/* ---- the proxy threads' chains ----------------------------------------------------- */
+
+/* Post thread chain c to peer k (its requests already linked); false when they are lost. */
+static bool chain_post(int k, struct xr_chain *c) {
+  struct xr_peer *p = &XR.p[k];
+  const uint32_t depth = rdmaxp_data_depth(), every = depth / 4;
+  bool ok = false;
+  pthread_mutex_lock(&p->mu);
+  if (p->out == NULL || !atomic_load(&p->ready) || p->broken)
+    goto out;
+  /* Room first: never more than the send queue outstanding. */
+  uint64_t until = 0;
+  while (p->posted + c->n - p->done > depth) {
+    if (!reap(k, p))
+      goto out;
+    if (p->posted + c->n - p->done <= depth)
+      break;
+    if (until == 0)
+      until = mono_ms() + XR_ROOM_MS;
+    if (mono_ms() > until) {
+      log_warnx("peer %s: the data queue pair completed nothing for %llu ms; its jobs fail",
+                peer_name(k), (unsigned long long)XR_ROOM_MS);
+      p->broken = true;
+      atomic_store(&p->ready, false);
+      goto out;
+    }
+    nap_us(1); /* rxe moves nothing while its poller holds the CPU (shared/rdma-vm) */
+  }
+  for (uint32_t i = 0; i < c->n; i++) {
+    uint64_t id = p->posted + i + 1;
+    c->wr[i].wr_id = id;
+    c->wr[i].next = i + 1 < c->n ? &c->wr[i + 1] : NULL;
+    c->wr[i].send_flags = i + 1 == c->n || id % every == 0 ? IBV_SEND_SIGNALED : 0;
+  }
+  struct ibv_send_wr *bad = NULL;
+  int rc = ibv_post_send(rdmaxp_qp_verbs(p->out), &c->wr[0], &bad);
+  if (rc != 0) {
+    log_warnx("peer %s: ibv_post_send of %u RDMA writes failed: %s; its jobs fail",
+              peer_name(k), c->n, strerror(rc));
+    p->broken = true;
+    atomic_store(&p->ready, false);
+    goto out;
+  }
+  p->posted += c->n;
+  for (uint32_t i = 0; i < c->n_routes; i++)
+    atomic_fetch_add_explicit(&c->routes[i]->by_peer[k].posts, 1, memory_order_relaxed);
+  (void)reap(k, p);
+  ok = true;
+out:
+  pthread_mutex_unlock(&p->mu);
+  c->n = 0;
+  c->n_routes = 0;
+  return ok;
+}
+
+uint64_t xfer_rdma_flush(void) {
+  uint64_t failed = atomic_exchange(&XR.lost, 0);
+  if (XT == NULL)
+    return failed;
+  for (int k = 0; k < CONFIG_MAX_LIST; k++) {
+    if (XT->queued >> k & 1) {
+      if (!chain_post(k, XT->chain[k]))
+        failed |= 1ull << k;
+      XT->outstanding |= 1ull << k;
+    } else if (XT->outstanding >> k & 1) {
+      /* Retire what the last chains left, so that the route's end finds them done. */
+      struct xr_peer *p = &XR.p[k];
+      if (pthread_mutex_trylock(&p->mu) == 0) {
+        if (p->out == NULL || p->posted == p->done || !reap(k, p) || p->posted == p->done)
+          XT->outstanding &= ~(1ull << k);
+        pthread_mutex_unlock(&p->mu);
+      }
+    }
+  }
+  XT->queued = 0;
+  return failed;
+}
+
+void xfer_rdma_thread_end(void) {
+  if (XT == NULL)
+    return;
+  for (int k = 0; k < CONFIG_MAX_LIST; k++)
+    free(XT->chain[k]);
+  free(XT);
+  XT = NULL;
+}
+
+/* The segments of a block's payload: src_off in the arena to dst_off in
+ * the target's slab, split where a source piece or a target window ends.
+ * Returns how many, or 0 when it does not fit in max (or a piece is not
+ * registered, or the target has no window there). */
+static uint32_t segments(const struct pool_block *a, uint64_t src_off, const struct xr_dest *d,
+                         uint64_t dst_off, uint64_t len, struct ibv_send_wr *wr,
+                         struct ibv_sge *sge, uint32_t max) {
+  uint32_t n = 0;
+  const uint64_t pb = a->piece_bytes;
+  while (len > 0) {
+    uint32_t i = (uint32_t)(src_off / pb);
+    if (i >= a->n_pieces || a->mr[i] == NULL || n == max)
+      return 0;
+    uint64_t in = src_off - (uint64_t)i * pb, take = pb - in < len ? pb - in : len;
+    const struct xr_win *w = NULL;
+    for (uint32_t x = 0; x < d->n && w == NULL; x++)
+      if (dst_off >= d->w[x].slab_off && dst_off < d->w[x].slab_off + d->w[x].len)
+        w = &d->w[x];
+    if (w == NULL)
+      return 0;
+    uint64_t room = w->slab_off + w->len - dst_off;
+    if (take > room)
+      take = room;
+    if (take > UINT32_MAX)
+      take = UINT32_MAX & ~4095u;
+    sge[n] = (struct ibv_sge){.addr = a->nic_addr[i] + in, .length = (uint32_t)take,
+                              .lkey = rdmaxp_mr_lkey(a->mr[i])};
+    wr[n] = (struct ibv_send_wr){.sg_list = &sge[n], .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
+    wr[n].wr.rdma.remote_addr = w->addr + (dst_off - w->slab_off);
+    wr[n].wr.rdma.rkey = w->rkey;
+    n++;
+    src_off += take;
+    dst_off += take;
+    len -= take;
+  }
+  return n;
+}
+
+int xfer_rdma_take(struct xfer_rdma_route *xr, int k, struct pool_block *arena, uint64_t base,
+                   uint32_t src, uint32_t ri, const struct dep_xring_desc *d, char *why,
+                   size_t whylen) {
+  if (xr == NULL || d->dest >= xr->world || xr->dest[d->dest].n == 0 || k < 0 ||
+      k >= CONFIG_MAX_LIST || !atomic_load_explicit(&XR.p[k].ready, memory_order_acquire))
+    return 0;
+  const struct xr_dest *t = &xr->dest[d->dest];
+  const struct dep_slab_layout *l = &xr->lay, *tl = &xr->lay_of[k];
+  unsigned par = d->parity;
+  uint64_t slot_src = base + dep_slab_out_slot(l, par, ri);
+  /* The TCP path checks the slot image it copies; here the NIC copies it,
+   * so the flag is checked in place (the rank wrote it before the
+   * descriptor, and leaves it until the call after next). */
+  uint64_t flag;
+  if (pool_block_read(arena, slot_src, &flag, sizeof flag, why, whylen) != 0)
+    return -1;
+  if (flag != d->seq) {
+    snprintf(why, whylen, "a descriptor of call %llu whose slot image holds call %llu",
+             (unsigned long long)d->seq, (unsigned long long)flag);
+    return -1;
+  }
+  /* Payload, then the slot's fields, then its flag: the same queue pair
+   * places them in that order, so a reader that sees the flag sees the rest. */
+  struct ibv_send_wr wr[XR_SEGS + 2];
+  struct ibv_sge sge[XR_SEGS + 2];
+  uint32_t n = 0;
+  if (d->bytes > 0 &&
+      (n = segments(arena, base + dep_slab_out_block(l, par, ri), t,
+                    dep_slab_block(tl, par, src), d->bytes, wr, sge, XR_SEGS)) == 0)
+    return 0;
+  uint64_t slot_dst = dep_slab_ctrl_slot(tl, par, src);
+  uint32_t m = segments(arena, slot_src + 8, t, slot_dst + 8, DEP_SLAB_CTRL_SLOT - 8, wr + n,
+                        sge + n, 1);
+  if (m == 0 || segments(arena, slot_src, t, slot_dst, 8, wr + n + 1, sge + n + 1, 1) == 0)
+    return 0;
+  n += 2;
+  if (XT == NULL && (XT = calloc(1, sizeof *XT)) == NULL)
+    return 0;
+  struct xr_chain *c = XT->chain[k];
+  if (c == NULL && (c = XT->chain[k] = calloc(1, sizeof *c)) == NULL)
+    return 0;
+  if (c->n + n > XR_CHAIN) {
+    if (!chain_post(k, c)) {
+      /* What the chain held is lost: its routes fail at the sweep's end. */
+      atomic_fetch_or(&XR.lost, 1ull << k);
+      XT->queued &= ~(1ull << k);
+      return 0;
+    }
+    XT->outstanding |= 1ull << k;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    c->wr[c->n + i] = wr[i];
+    c->sge[c->n + i] = sge[i];
+    c->wr[c->n + i].sg_list = &c->sge[c->n + i];
+  }
+  c->n += n;
+  XT->queued |= 1ull << k;
+  bool seen = false;
+  for (uint32_t i = 0; i < c->n_routes && !seen; i++)
+    seen = c->routes[i] == xr;
+  if (!seen && c->n_routes < 8)
+    c->routes[c->n_routes++] = xr;
+  uint64_t bytes = d->bytes + DEP_SLAB_CTRL_SLOT;
+  struct xr_count *rc = &xr->by_peer[k];
+  atomic_fetch_add_explicit(&rc->blocks, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&rc->writes, n, memory_order_relaxed);
+  atomic_fetch_add_explicit(&rc->bytes, bytes, memory_order_relaxed);
+  return 1;
+}

@@ -1,0 +1,94 @@
+/*
+ * xfer_rdma.h — the RDMA half of the data path between nodes (DESIGN §7,
+ * xfer.h): where a peer can be reached over RDMA and both slabs are
+ * registered with the NIC, a proxy thread moves a block by RDMA writes
+ * from the sender's registered outbox (nicreg.h: the arena's mr[] and
+ * nic_addr[]) straight into the destination rank's slab (the windows of
+ * the receiver's MEMBERSHIP: addr, rkey), then writes the slot image
+ * behind it on the same queue pair, its flag last; no thread of the
+ * receiving daemon takes part.  Anything else goes over TCP, as xfer.c
+ * does it.
+ *
+ * The queue pairs are the data path's own, one per peer and direction,
+ * not the peer links' (rdmaxp.h): they are opened like the TCP data
+ * connections, with a single-use token of a DATA_OFFER (the peer offers
+ * one more when RDMA may be had; the first that comes is spent on the
+ * queue pair, in the private data of the connection request that the
+ * offering daemon's connection manager listener checks), and their
+ * completion queue has no channel: the proxy thread that posts polls it
+ * itself.  So no completion queue is drained by two threads, and the
+ * loop is never on the path of a block.  A mutex per peer makes one proxy
+ * thread at a time the queue pair's poster and poller, and lets the loop
+ * take the queue pair away (its peer went down, the far end closed it)
+ * only between two of them.
+ *
+ * Descriptors a proxy thread takes in one sweep go, per peer, into one
+ * chain of work requests (payload, slot fields, flag for each block),
+ * posted with one ibv_post_send at the end of the sweep or when the chain
+ * is full.  Only the last request of a chain is signalled (and one every
+ * quarter of the send queue within a long chain); its completion retires
+ * every request before it, and no more than the send queue's depth is
+ * ever outstanding.
+ */
+#ifndef DEP_DAEMON_XFER_RDMA_H
+#define DEP_DAEMON_XFER_RDMA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "peer_proto.h"
+#include "slab.h"
+#include "xring.h"
+
+struct job;
+struct pool_block;
+struct xfer_rdma_route;
+
+/* With the data path (xfer_init): hook the data queue pairs into rdmaxp. */
+void xfer_rdma_init(const struct config *cfg);
+/* Close every data queue pair (the proxy threads have stopped). */
+void xfer_rdma_fini(void);
+
+/* Whether blocks for peer k may go over RDMA: an RDMA device here and a
+ * transport other than tcp for k.  Then one more DATA_OFFER goes to k. */
+bool xfer_rdma_wanted(int k);
+/* A DATA_OFFER from peer k: true when its token was spent opening our
+ * data queue pair to k (there was none), false when it is TCP's. */
+bool xfer_rdma_on_offer(int k, const uint8_t token[DEP_PEER_TOKEN_LEN]);
+/* Peer k is gone: its data queue pairs close (the loop). */
+void xfer_rdma_peer_down(int k);
+
+/*
+ * The RDMA targets of job j, which xfer.c's route keeps: for each remote
+ * rank (who[g] >= 0), its slab's windows from the MEMBERSHIP of the peer
+ * holding it (job.c's records), when all of them carry a key.  NULL (out
+ * of memory, or no RDMA here): every block goes over TCP.  Logs per peer
+ * which transport its blocks take.
+ */
+struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who,
+                                            const struct dep_slab_layout *lay);
+/* The job's route goes: wait (bounded) until no write of ours is in
+ * flight, say what moved, free it.  NULL is fine. */
+void xfer_rdma_route_free(struct xfer_rdma_route *xr);
+
+/*
+ * A proxy thread's descriptor d of global rank src (its slab at `base` of
+ * arena), for remote rank number ri, bound for peer k: queued as RDMA
+ * writes (1), or not RDMA's (0: the caller sends it over TCP), or bad (-1,
+ * with why: the slot image does not hold the call).  The writes go at the
+ * next xfer_rdma_flush, or earlier when the chain fills.
+ */
+int xfer_rdma_take(struct xfer_rdma_route *xr, int k, struct pool_block *arena, uint64_t base,
+                   uint32_t src, uint32_t ri, const struct dep_xring_desc *d, char *why,
+                   size_t whylen);
+/* Post what this thread queued (the end of a sweep, with xfer.c's route
+ * lock still held, so that no route goes while its writes wait), and
+ * retire what completed.  Returns the peers (bit k) whose queue pair
+ * failed just now: xfer.c fails the routes that send to them. */
+uint64_t xfer_rdma_flush(void);
+/* A proxy thread is ending: its chains go. */
+void xfer_rdma_thread_end(void);
+
+#endif /* DEP_DAEMON_XFER_RDMA_H */

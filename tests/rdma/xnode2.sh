@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# xnode2.sh — the operations of a job that spans nodes, over RDMA writes
+# (issue 14): two daemons (transport: rdma) on two nodes, ranks 0-1 of a
+# 4-rank job on node 1 and 2-3 on node 2 (tests/rdma/xrank.c).  Each rank
+# runs rounds of every operation — layout, dispatch, combine, LL dispatch
+# (FP8 in odd rounds), LL combine — on random inputs from one seed, checks
+# them against the oracle and prints the digest of all it received.  The
+# blocks between the nodes must have gone as RDMA writes on the data path's
+# queue pairs (the daemons' logs say how many blocks, writes, posts and
+# bytes, and no frame went over the TCP data connections); then the same
+# job with all four ranks on node 1's daemon must give every rank the same
+# digest, bit for bit.
+# rdmavm: nodes=2 timeout=420
+set -euo pipefail
+. tests/rdmavm/lib.sh
+B=${DEP_BUILD:?DEP_BUILD names the build directory}
+ROUNDS=${XNODE2_ROUNDS:-12}
+d=$(mktemp -d)
+sock=$d/deepepd.sock
+peer_config "$d" "connection_pool_size: 2" "transport: rdma" \
+  "limits: {op_timeout_ms: 120000, attach_timeout_ms: 120000}" >"$d/deepepd.yaml"
+cc -std=c11 -D_GNU_SOURCE -Iclient -Iproto -Ikernels -Itests -o "$d/xrank" tests/rdma/xrank.c \
+  "$B/obj/tests/xnround.o" "$B/obj/tests/opsworld.o" "$B/libdeepep-client.a" \
+  -lcheck -lsubunit -lm -ldl -lpthread -lrt || fail "cannot build tests/rdma/xrank.c"
+"$B/deepepd" -c "$d/deepepd.yaml" 2>>"$d/log" &
+pid=$!
+cleanup() { kill -9 "$pid" 2>/dev/null || true; }
+show() { echo "--- deepepd's log"; cat "$d/log"; "$B/deepepctl" -s "$sock" peers 2>&1 || true; }
+rdma_data() { grep -q "data path over RDMA" "$d/log"; }
+wait_until 120 rdma_data || { show; fail "the data path's queue pair did not come up within 120 s"; }
+say "node $RDMAVM_NODE: $(grep -m1 -o 'peer .*data path over RDMA[^:]*' "$d/log")"
+
+if [[ $RDMAVM_NODE == 1 ]]; then
+  echo $(( (RANDOM << 15 | RANDOM) + 1 )) >"$RDMAVM_SHARED/seed"
+fi
+barrier seeded 120
+export DEP_TEST_SEED=$(cat "$RDMAVM_SHARED/seed")
+say "node $RDMAVM_NODE: seed $DEP_TEST_SEED, $ROUNDS rounds of 5 operations per rank"
+
+# Two ranks here: global 2*(node-1) and the next, local 0 and 1 of 2.
+first=$((2 * (RDMAVM_NODE - 1)))
+for l in 0 1; do
+  "$d/xrank" "$sock" xr-spread $((first + l)) $l 2 "$ROUNDS" >"$d/spread.$l" 2>&1 &
+  eval "rank$l=\$!"
+done
+ok=1
+for l in 0 1; do
+  eval "wait \$rank$l" || ok=0
+  say "node $RDMAVM_NODE: $(cat "$d/spread.$l")"
+done
+[[ $ok == 1 ]] || { show; fail "a rank of the job across the two nodes failed"; }
+for l in 0 1; do
+  grep -o 'digest 0x[0-9a-f]*' "$d/spread.$l" >"$RDMAVM_SHARED/digest.$((first + l))"
+done
+moved() { grep -q "job xr-spread: to node .* by RDMA:" "$d/log"; }
+wait_until 60 moved || { show; fail "the daemon did not say what it moved by RDMA for xr-spread"; }
+say "node $RDMAVM_NODE: $(grep -m1 -o 'to node .* by RDMA: .*' "$d/log")"
+"$B/deepepctl" -s "$sock" peers --json >"$d/peers.json"
+grep -qE '"data_frames_out":0[,}]' "$d/peers.json" \
+  || { cat "$d/peers.json"; show; fail "frames went over the TCP data connections"; }
+barrier spread-done 180
+
+if [[ $RDMAVM_NODE == 1 ]]; then
+  # The same job on this node alone: every rank's digest as across the nodes.
+  for g in 0 1 2 3; do
+    "$d/xrank" "$sock" xr-one $g $g 4 "$ROUNDS" >"$d/one.$g" 2>&1 &
+    eval "one$g=\$!"
+  done
+  for g in 0 1 2 3; do
+    eval "wait \$one$g" || { cat "$d/one.$g"; show; fail "rank $g of the job on one node failed"; }
+    want=$(cat "$RDMAVM_SHARED/digest.$g")
+    got=$(grep -o 'digest 0x[0-9a-f]*' "$d/one.$g")
+    [[ "$got" == "$want" ]] || fail "rank $g: $want across the nodes, $got on one node (seed $DEP_TEST_SEED)"
+  done
+  say "node 1: every rank's digest on one node is the one it got across the nodes"
+fi
+barrier compared 180
+kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+say "node $RDMAVM_NODE: done"

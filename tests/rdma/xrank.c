@@ -1,0 +1,100 @@
+/*
+ * xrank.c — one rank of the Soft-RoCE correctness scenario
+ * (tests/rdma/xnode2.sh): attach, run rounds of every operation (layout,
+ * dispatch, combine, LL dispatch with FP8 in odd rounds, LL combine) on
+ * random inputs drawn from $DEP_TEST_SEED, check each against the oracle
+ * as check_xnode does (tests/xnround.h), and print the digest of all it
+ * received, which must be the same whether the job spans nodes or not.
+ * Compiled by the scenario against the build's objects.
+ *
+ *   xrank SOCKET JOB RANK LOCAL_RANK LOCAL_WORLD ROUNDS
+ *
+ * Prints "rank R: N rounds ok in X ms, digest 0x..." and exits 0, or says
+ * what failed and exits 1.  It runs as a Check test (no fork) because the
+ * oracle's helpers use Check's assertions.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "deepep.h"
+#include "opsworld.h"
+#include "xnround.h"
+
+/* 4 ranks (two per node), 256 channels, top-2 of 8 experts, up to 16
+ * tokens a rank (some ranks fewer, some none), int32 indices. */
+static const struct ow_scenario xr_scenario = {4, 256, 2, 8, 16, 16, P_RANDOM, T_MIXED,
+                                               DEP_INDEX_I32, 0};
+
+static char **xr_argv;
+static int xr_rc = 1;
+
+static int xr_main(char **argv) {
+  uint32_t rank = (uint32_t)atoi(argv[3]), rounds = (uint32_t)atoi(argv[6]);
+  ow_seed_init(0);
+  static struct ow_case d;
+  ow_case_make(&d, &xr_scenario, 1);
+  if (rank >= d.sc.world) {
+    fprintf(stderr, "xrank: rank %u of a world of %u\n", rank, d.sc.world);
+    return 2;
+  }
+  struct dep_attach_args a = {.rank = rank, .world_size = d.sc.world,
+                              .local_rank = (uint32_t)atoi(argv[4]),
+                              .local_world_size = (uint32_t)atoi(argv[5]), .shape = d.shape};
+  snprintf(a.job_id, sizeof a.job_id, "%s", argv[2]);
+  dep_client_t *c = NULL;
+  int rc = dep_client_new(&c);
+  if (rc == 0)
+    rc = dep_connect(c, argv[1]);
+  if (rc == 0)
+    rc = dep_attach(c, &a);
+  if (rc != 0) {
+    printf("rank %u: attach: %s: %s\n", rank, dep_errname(rc), c ? dep_errmsg(c) : "");
+    return 1;
+  }
+  struct ow_outs o;
+  ow_outs_alloc(&o, &d);
+  static struct xn_result res;
+  int64_t t0 = xn_mono_ms();
+  uint32_t i = 0;
+  for (; i < rounds && rc == 0; i++)
+    rc = xn_round(c, &d, rank, (int)(i & 1), &o, &res);
+  int64_t ms = xn_mono_ms() - t0;
+  if (rc != 0)
+    printf("rank %u: round %u: %s\n", rank, i, res.msg);
+  else
+    printf("rank %u: %u rounds ok in %lld ms, digest 0x%016llx [%s]\n", rank, rounds,
+           (long long)ms, (unsigned long long)res.digest, d.desc);
+  ow_outs_free(&o);
+  dep_detach(c);
+  dep_client_free(c);
+  ow_case_free(&d);
+  return rc == 0 ? 0 : 1;
+}
+
+START_TEST(xrank) { xr_rc = xr_main(xr_argv); }
+END_TEST
+
+int main(int argc, char **argv) {
+  if (argc != 7) {
+    fprintf(stderr, "usage: xrank SOCKET JOB RANK LOCAL_RANK LOCAL_WORLD ROUNDS\n");
+    return 2;
+  }
+  if (getenv("DEP_TEST_SEED") == NULL) {
+    fprintf(stderr, "xrank: set DEP_TEST_SEED (the same on every node)\n");
+    return 2;
+  }
+  xr_argv = argv;
+  Suite *s = suite_create("xrank");
+  TCase *tc = tcase_create("xrank");
+  tcase_set_timeout(tc, 0);
+  tcase_add_test(tc, xrank);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_set_fork_status(sr, CK_NOFORK);
+  srunner_run_all(sr, CK_SILENT);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed != 0 ? 1 : xr_rc;
+}
