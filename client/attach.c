@@ -193,26 +193,11 @@ static void attach_ring(dep_client_t *c) {
              "not in this build: run the job on one node, or on the host backend");
     return;
   }
-  struct client_frame f;
-  char saved[CLIENT_ERRMSG_MAX];
-  snprintf(saved, sizeof saved, "%s", c->errmsg);
-  int rc = client_request(c, DEP_MSG_XRING_LEND, NULL, DEP_MSG_XRING_LEND_OK,
-                          CLIENT_REQUEST_TIMEOUT_MS, &f);
-  if (rc != 0) {
-    snprintf(c->xring_why, sizeof c->xring_why, "deepepd lends no ring to its proxy: %.200s",
-             c->errmsg);
-    snprintf(c->errmsg, sizeof c->errmsg, "%s", saved);
-    return;
-  }
-  struct dep_msg_xring_lend_ok ok;
-  void *p = MAP_FAILED;
-  if (proto_decode_xring_lend_ok(f.body, f.hdr.body_len, &ok) == 0 && f.nfds == 1 &&
-      ok.version == DEP_XRING_VERSION && ok.bytes == DEP_XRING_BYTES)
-    p = mmap(NULL, DEP_XRING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, f.fds[0], 0);
-  client_frame_release(&f); /* closes the fd: the mapping stays */
-  if (p == MAP_FAILED) {
-    snprintf(c->xring_why, sizeof c->xring_why, "deepepd lent a ring of another version or size "
-             "(a daemon of another build?)");
+  void *p = NULL;
+  char why[220];
+  if (client_lend_map(c, DEP_MSG_XRING_LEND, DEP_MSG_XRING_LEND_OK, DEP_XRING_VERSION,
+                      (uint32_t)DEP_XRING_BYTES, &p, why, sizeof why) != 0) {
+    snprintf(c->xring_why, sizeof c->xring_why, "deepepd lends no ring to its proxy: %s", why);
     return;
   }
   c->xring = p;

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -311,6 +312,32 @@ int client_read_reply(dep_client_t *c, uint32_t id, const char *what, uint16_t o
 
 int64_t client_deadline(int timeout_ms) {
   return timeout_ms < 0 ? -1 : client_now_ms() + timeout_ms;
+}
+
+int client_lend_map(dep_client_t *c, uint16_t type, uint16_t ok_type, uint32_t version,
+                    uint32_t bytes, void **map, char *why, size_t whylen) {
+  char saved[CLIENT_ERRMSG_MAX];
+  snprintf(saved, sizeof saved, "%s", c->errmsg);
+  struct client_frame f;
+  int rc = client_request(c, type, NULL, ok_type, CLIENT_REQUEST_TIMEOUT_MS, &f);
+  if (rc != 0) {
+    snprintf(why, whylen, "%.200s", c->errmsg);
+    snprintf(c->errmsg, sizeof c->errmsg, "%s", saved);
+    return rc;
+  }
+  struct dep_msg_lend_ok ok;
+  void *p = MAP_FAILED;
+  if (proto_decode_lend_ok(f.body, f.hdr.body_len, &ok) == 0 && f.nfds == 1 &&
+      ok.version == version && ok.bytes == bytes)
+    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fds[0], 0);
+  client_frame_release(&f); /* closes the fd: the mapping stays */
+  if (p == MAP_FAILED) {
+    snprintf(why, whylen, "deepepd lent a %s of another version or size (a daemon of another "
+             "build?)", proto_type_name(type));
+    return DEP_ERR_VERSION;
+  }
+  *map = p;
+  return 0;
 }
 
 int client_request(dep_client_t *c, uint16_t type, const void *msg, uint16_t ok_type,

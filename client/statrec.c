@@ -29,23 +29,12 @@ void statrec_lend(dep_client_t *c) {
   c->stats.layouts = 0;
   if (!statrec_enabled())
     return;
-  struct client_frame f;
   /* An ERROR here (an older daemon's DEP_ERR_UNSUPPORTED, or one out of
    * memory) leaves the connection open and the rank without stats. */
-  char saved[CLIENT_ERRMSG_MAX];
-  snprintf(saved, sizeof saved, "%s", c->errmsg);
-  int rc = client_request(c, DEP_MSG_STATS_LEND, NULL, DEP_MSG_STATS_LEND_OK,
-                          CLIENT_REQUEST_TIMEOUT_MS, &f);
-  snprintf(c->errmsg, sizeof c->errmsg, "%s", saved);
-  if (rc != 0)
-    return;
-  struct dep_msg_stats_lend_ok ok;
-  void *p = MAP_FAILED;
-  if (proto_decode_stats_lend_ok(f.body, f.hdr.body_len, &ok) == 0 && f.nfds == 1 &&
-      ok.version == DEP_STATS_VERSION && ok.bytes == DEP_STATS_PAGE_BYTES)
-    p = mmap(NULL, DEP_STATS_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, f.fds[0], 0);
-  client_frame_release(&f); /* closes the fd: the mapping stays */
-  if (p == MAP_FAILED)
+  void *p = NULL;
+  char why[256];
+  if (client_lend_map(c, DEP_MSG_STATS_LEND, DEP_MSG_STATS_LEND_OK, DEP_STATS_VERSION,
+                      (uint32_t)DEP_STATS_PAGE_BYTES, &p, why, sizeof why) != 0)
     return;
   struct dep_stats_page *pg = p;
   /* The daemon wrote the header; a page that is not ours to write is left alone. */

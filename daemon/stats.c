@@ -464,7 +464,7 @@ void stats_lend(struct conn *c, uint32_t request_id) {
   r->tune_how = c->tune_how;
   sj->ranks[lr] = r;
   stats_note_arena(j, r->device_uuid);
-  struct dep_msg_stats_lend_ok ok = {.version = DEP_STATS_VERSION,
+  struct dep_msg_lend_ok ok = {.version = DEP_STATS_VERSION,
                                      .bytes = (uint32_t)DEP_STATS_PAGE_BYTES};
   conn_send(c, DEP_MSG_STATS_LEND_OK, request_id, &ok, &fd, 1);
   close(fd); /* conn_send sends its own duplicate */

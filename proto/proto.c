@@ -778,9 +778,8 @@ static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
   case DEP_MSG_TUNE_OK:
     return proto_encode_tune_ok(b, msg);
   case DEP_MSG_STATS_LEND_OK:
-    return proto_encode_stats_lend_ok(b, msg);
   case DEP_MSG_XRING_LEND_OK:
-    return proto_encode_xring_lend_ok(b, msg);
+    return proto_encode_lend_ok(b, msg);
   case DEP_MSG_STATS:
     return proto_encode_stats_req(b, msg);
   case DEP_MSG_STATS_RANK:
@@ -862,9 +861,8 @@ int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg)
   case DEP_MSG_TUNE_OK:
     return proto_decode_tune_ok(body, len, msg);
   case DEP_MSG_STATS_LEND_OK:
-    return proto_decode_stats_lend_ok(body, len, msg);
   case DEP_MSG_XRING_LEND_OK:
-    return proto_decode_xring_lend_ok(body, len, msg);
+    return proto_decode_lend_ok(body, len, msg);
   case DEP_MSG_STATS:
     return proto_decode_stats_req(body, len, msg);
   case DEP_MSG_STATS_RANK:

@@ -97,7 +97,7 @@ enum dep_msg_type {
   DEP_MSG_JOB_NODES = 19,    /* request: empty body */
   DEP_MSG_JOB_NODES_OK = 20, /* reply: struct dep_msg_job_nodes */
   DEP_MSG_STATS_LEND = 21,    /* request: empty body; a rank of a running job asks for its stats page */
-  DEP_MSG_STATS_LEND_OK = 22, /* reply: struct dep_msg_stats_lend_ok, the page's memfd riding on it */
+  DEP_MSG_STATS_LEND_OK = 22, /* reply: struct dep_msg_lend_ok, the page's memfd riding on it */
   DEP_MSG_STATS = 23,         /* request: struct dep_msg_stats_req */
   DEP_MSG_STATS_RANK = 24,    /* part of the STATS reply: struct dep_msg_stats_rank, one per rank */
   DEP_MSG_STATS_OK = 25,      /* reply: struct dep_msg_stats_ok, after the ranks */
@@ -106,7 +106,7 @@ enum dep_msg_type {
   DEP_MSG_KERNELS = 28,       /* request: struct dep_msg_kernels */
   DEP_MSG_KERNELS_OK = 29,    /* reply: struct dep_msg_kernels_ok + the cubin's fd */
   DEP_MSG_XRING_LEND = 30,    /* request: empty body; a rank of a job that spans nodes asks for its ring */
-  DEP_MSG_XRING_LEND_OK = 31, /* reply: struct dep_msg_xring_lend_ok, the ring's memfd riding on it */
+  DEP_MSG_XRING_LEND_OK = 31, /* reply: struct dep_msg_lend_ok, the ring's memfd riding on it */
   DEP_MSG_TUNE = 32,          /* request: struct dep_msg_tune; an attached rank asks its SM budget */
   DEP_MSG_TUNE_OK = 33,       /* reply: struct dep_msg_tune_ok */
   DEP_MSG_TYPE_MAX_
@@ -244,16 +244,11 @@ struct dep_msg_job_nodes {
   struct dep_msg_job_node jobs[DEP_JOB_NODES_MAX];
 };
 
-/* XRING_LEND_OK: the rank's ring to the daemon's proxy (xring.h); its memfd rides on it. */
-struct dep_msg_xring_lend_ok {
-  uint32_t version;  /* DEP_XRING_VERSION of the daemon's layout */
-  uint32_t bytes;    /* the memfd's size: DEP_XRING_BYTES */
-};
-
-/* STATS_LEND_OK: the rank's stats page (stats_page.h); its memfd rides on the frame. */
-struct dep_msg_stats_lend_ok {
-  uint32_t version;  /* DEP_STATS_VERSION of the daemon's layout */
-  uint32_t bytes;    /* the memfd's size: DEP_STATS_PAGE_BYTES */
+/* STATS_LEND_OK (the rank's stats page, stats_page.h) and XRING_LEND_OK (its
+ * ring to the daemon's proxy, xring.h): a sealed memfd rides on the frame. */
+struct dep_msg_lend_ok {
+  uint32_t version;  /* of the layout the daemon wrote into it (DEP_STATS_VERSION, DEP_XRING_VERSION) */
+  uint32_t bytes;    /* the memfd's size (DEP_STATS_PAGE_BYTES, DEP_XRING_BYTES) */
 };
 
 /* STATS: the ranks of one job ("" for every job the asker may see). */
@@ -440,8 +435,7 @@ union dep_msg_body {
   struct dep_msg_kernels_ok kernels_ok;
   struct dep_msg_tune tune;
   struct dep_msg_tune_ok tune_ok;
-  struct dep_msg_stats_lend_ok stats_lend_ok;
-  struct dep_msg_xring_lend_ok xring_lend_ok;
+  struct dep_msg_lend_ok lend_ok; /* STATS_LEND_OK, XRING_LEND_OK */
   struct dep_msg_stats_req stats_req;
   struct dep_msg_stats_rank stats_rank;
   struct dep_msg_stats_ok stats_ok;
@@ -485,10 +479,8 @@ int proto_encode_opaque(struct proto_buf *b, const struct dep_msg_opaque *m);
 int proto_decode_opaque(const uint8_t *p, size_t len, struct dep_msg_opaque *m);
 
 /* proto_stats.c: the stats and clients messages. */
-int proto_encode_stats_lend_ok(struct proto_buf *b, const struct dep_msg_stats_lend_ok *m);
-int proto_encode_xring_lend_ok(struct proto_buf *b, const struct dep_msg_xring_lend_ok *m);
-int proto_decode_xring_lend_ok(const uint8_t *p, size_t len, struct dep_msg_xring_lend_ok *m);
-int proto_decode_stats_lend_ok(const uint8_t *p, size_t len, struct dep_msg_stats_lend_ok *m);
+int proto_encode_lend_ok(struct proto_buf *b, const struct dep_msg_lend_ok *m);
+int proto_decode_lend_ok(const uint8_t *p, size_t len, struct dep_msg_lend_ok *m);
 int proto_encode_stats_req(struct proto_buf *b, const struct dep_msg_stats_req *m);
 int proto_decode_stats_req(const uint8_t *p, size_t len, struct dep_msg_stats_req *m);
 int proto_encode_stats_rank(struct proto_buf *b, const struct dep_msg_stats_rank *m);

@@ -4,6 +4,7 @@
  * rest of the control protocol:
  *
  *   STATS_LEND_OK  u32 version, u32 bytes; the page's memfd rides on it
+ *   (XRING_LEND_OK is the same: its ring's memfd rides on it)
  *   STATS          str job_id ("" or a job id)
  *   STATS_RANK     str job_id, u32 rank, local_rank, world, pid, uid,
  *                  16 bytes device_uuid, u32 finished, u32 cuda, u64 age_ms,
@@ -32,7 +33,7 @@ _Static_assert(DEP_STATS_WIRE_OPS == DEP_STATS_NOPS, "the wire carries every op 
 _Static_assert(DEP_STATS_WIRE_LAYOUTS == DEP_STATS_LAYOUT_RING,
                "the wire carries every layout the ring holds");
 
-int proto_encode_stats_lend_ok(struct proto_buf *b, const struct dep_msg_stats_lend_ok *m) {
+int proto_encode_lend_ok(struct proto_buf *b, const struct dep_msg_lend_ok *m) {
   struct codec_w w;
   codec_w_init(&w, b);
   codec_w_u32(&w, m->version);
@@ -40,7 +41,7 @@ int proto_encode_stats_lend_ok(struct proto_buf *b, const struct dep_msg_stats_l
   return codec_w_finish(&w);
 }
 
-int proto_decode_stats_lend_ok(const uint8_t *p, size_t len, struct dep_msg_stats_lend_ok *m) {
+int proto_decode_lend_ok(const uint8_t *p, size_t len, struct dep_msg_lend_ok *m) {
   struct codec_r r;
   codec_r_init(&r, p, len);
   m->version = codec_r_u32(&r);
