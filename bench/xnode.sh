@@ -118,31 +118,34 @@ echo "# two namespaces over veth (${ADDR[0]}, ${ADDR[1]}), deepepd host backend,
      "$(cut -d' ' -f1-3 /proc/loadavg)"
 
 # ---- ceiling 1: raw TCP, as many streams as data connections each way ----------
-ip netns exec "${NS[1]}" nice -n "$NICE" iperf3 -s -1 -B "${ADDR[1]}" -p 5201 >/dev/null 2>&1 &
-PIDS+=($!)
+# An operation sends both ways at once, each daemon with its own sender and
+# receivers; so two iperf3 clients, one each way, in processes of their own,
+# at once (iperf3 --bidir runs both ways in one thread, which on few CPUs
+# starves one direction).  Then one way alone, for comparison.
+iperf_recv() { # JSON file -> GB/s received
+  python3 -c 'import json, sys
+print("%.3f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 8e9))' "$1"
+}
+tcp_run() { # from-node to-node json [&]
+  timeout $((TCP_SECONDS + 30)) ip netns exec "${NS[$1]}" nice -n "$NICE" iperf3 -c "${ADDR[$2]}" \
+    -p 5201 -B "${ADDR[$1]}" -P "$CONNS" -t "$TCP_SECONDS" -J >"$3"
+}
+for i in 0 1; do
+  ip netns exec "${NS[i]}" nice -n "$NICE" iperf3 -s -B "${ADDR[i]}" -p 5201 >/dev/null 2>&1 &
+  PIDS+=($!)
+done
 sleep 0.3
-timeout $((TCP_SECONDS + 30)) ip netns exec "${NS[0]}" nice -n "$NICE" iperf3 -c "${ADDR[1]}" -p 5201 -B "${ADDR[0]}" -P "$CONNS" --bidir \
-  -t "$TCP_SECONDS" -J >"$DIR/iperf3.json"
-TCP_GBS=$(python3 -c '
-import json, sys
-e = json.load(open(sys.argv[1]))["end"]
-there = e["sum_received"]["bits_per_second"] / 8e9
-back = e["sum_received_bidir_reverse"]["bits_per_second"] / 8e9
-print("%.3f %.3f" % (there, back))' "$DIR/iperf3.json")
-read -r TCP_AB TCP_BA <<<"$TCP_GBS"
-# One direction alone, for comparison (not the ceiling: an op sends both ways at once).
-ip netns exec "${NS[1]}" nice -n "$NICE" iperf3 -s -1 -B "${ADDR[1]}" -p 5201 >/dev/null 2>&1 &
-PIDS+=($!)
-sleep 0.3
-timeout $((TCP_SECONDS + 30)) ip netns exec "${NS[0]}" nice -n "$NICE" iperf3 -c "${ADDR[1]}" -p 5201 -B "${ADDR[0]}" -P "$CONNS" \
-  -t "$TCP_SECONDS" -J >"$DIR/iperf3-oneway.json"
-TCP_ONE=$(python3 -c '
-import json, sys
-print("%.3f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 8e9))' \
-  "$DIR/iperf3-oneway.json")
-TCP_DIR=$(awk -v a="$TCP_AB" -v b="$TCP_BA" 'BEGIN { printf "%.3f", a < b ? a : b }')
-echo "# raw TCP (iperf3 -P $CONNS --bidir, ${TCP_SECONDS} s): $TCP_AB GB/s a->b while" \
-     "$TCP_BA GB/s b->a; per direction $TCP_DIR GB/s (the slower); one way alone $TCP_ONE GB/s"
+tcp_run 0 1 "$DIR/iperf3-ab.json" &
+ab=$!
+tcp_run 1 0 "$DIR/iperf3-ba.json"
+wait "$ab"
+tcp_run 0 1 "$DIR/iperf3-oneway.json"
+TCP_AB=$(iperf_recv "$DIR/iperf3-ab.json")
+TCP_BA=$(iperf_recv "$DIR/iperf3-ba.json")
+TCP_ONE=$(iperf_recv "$DIR/iperf3-oneway.json")
+TCP_DIR=$(awk -v a="$TCP_AB" -v b="$TCP_BA" 'BEGIN { printf "%.3f", (a + b) / 2 }')
+echo "# raw TCP (iperf3 -P $CONNS each way at once, ${TCP_SECONDS} s): $TCP_AB GB/s a->b while" \
+     "$TCP_BA GB/s b->a, per direction $TCP_DIR GB/s (their mean); one way alone $TCP_ONE GB/s"
 
 # ---- the benchmark -------------------------------------------------------------
 # One ep run per token count, timing the throughput pair at TOKENS and the
