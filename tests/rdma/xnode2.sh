@@ -9,16 +9,19 @@
 # queue pairs (the daemons' logs say how many blocks, writes, posts and
 # bytes, and no frame went over the TCP data connections); then the same
 # job with all four ranks on node 1's daemon must give every rank the same
-# digest, bit for bit.
+# digest, bit for bit.  Last, node 2's daemon and ranks are killed in the
+# middle of a third job: node 1's ranks fail (DEP_ERR_PEER or
+# DEP_ERR_TIMEOUT) within the op timeout, and node 1's daemon carries on.
 # rdmavm: nodes=2 timeout=420
 set -euo pipefail
 . tests/rdmavm/lib.sh
 B=${DEP_BUILD:?DEP_BUILD names the build directory}
 ROUNDS=${XNODE2_ROUNDS:-12}
+OP_MS=30000 # a call takes 0.1-0.2 s between the emulated guests
 d=$(mktemp -d)
 sock=$d/deepepd.sock
 peer_config "$d" "connection_pool_size: 2" "transport: rdma" \
-  "limits: {op_timeout_ms: 120000, attach_timeout_ms: 120000}" >"$d/deepepd.yaml"
+  "limits: {op_timeout_ms: $OP_MS, attach_timeout_ms: 120000}" >"$d/deepepd.yaml"
 cc -std=c11 -D_GNU_SOURCE -Iclient -Iproto -Ikernels -Itests -o "$d/xrank" tests/rdma/xrank.c \
   "$B/obj/tests/xnround.o" "$B/obj/tests/opsworld.o" "$B/libdeepep-client.a" \
   -lcheck -lsubunit -lm -ldl -lpthread -lrt || fail "cannot build tests/rdma/xrank.c"
@@ -75,5 +78,32 @@ if [[ $RDMAVM_NODE == 1 ]]; then
   say "node 1: every rank's digest on one node is the one it got across the nodes"
 fi
 barrier compared 180
-kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+
+# A third job, run until it fails: node 2's side is killed while it runs.
+for l in 0 1; do
+  "$d/xrank" "$sock" xr-kill $((first + l)) $l 2 1000000 >"$d/kill.$l" 2>&1 &
+  eval "kr$l=\$!"
+done
+running() { grep -q "job xr-kill: all 4 ranks held" "$d/log"; }
+wait_until 120 running || { show; fail "the third job did not start"; }
+sleep 5 # some rounds, and writes in flight
+barrier kill 60
+if [[ $RDMAVM_NODE == 2 ]]; then
+  kill -9 "$pid" "$kr0" "$kr1" 2>/dev/null || true
+  wait "$pid" "$kr0" "$kr1" 2>/dev/null || true
+  say "node 2: its daemon and ranks killed"
+else
+  t0=$SECONDS
+  for l in 0 1; do
+    eval "wait \$kr$l" && { show; fail "rank $((first + l)) went on after node 2 was killed"; }
+    grep -qE "DEP_ERR_(PEER|TIMEOUT)" "$d/kill.$l" || { cat "$d/kill.$l"; show; fail "rank $((first + l)) failed otherwise"; }
+  done
+  secs=$((SECONDS - t0))
+  ((secs <= OP_MS / 1000 + 10)) || fail "node 1's ranks took $secs s to fail, past the op timeout"
+  say "node 1: both ranks failed within $secs s: $(sed 's/ \[world.*//' "$d/kill.0")"
+  "$B/deepepctl" -s "$sock" status >/dev/null || { show; fail "node 1's daemon does not answer"; }
+fi
+barrier failed 120
+kill -TERM "$pid" 2>/dev/null || true # node 2's was killed
+wait "$pid" 2>/dev/null || true
 say "node $RDMAVM_NODE: done"
