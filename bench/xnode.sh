@@ -117,35 +117,50 @@ echo "# two namespaces over veth (${ADDR[0]}, ${ADDR[1]}), deepepd host backend,
      "connection_pool_size $CONNS, default proxy_threads; nice $NICE; load average at start:" \
      "$(cut -d' ' -f1-3 /proc/loadavg)"
 
-# ---- ceiling 1: raw TCP, as many streams as data connections each way ----------
-# An operation sends both ways at once, each daemon with its own sender and
-# receivers; so two iperf3 clients, one each way, in processes of their own,
-# at once (iperf3 --bidir runs both ways in one thread, which on few CPUs
-# starves one direction).  Then one way alone, for comparison.
+# ---- the ceilings ---------------------------------------------------------------
+# Raw TCP, as many streams as data connections each way: an operation sends
+# both ways at once, each daemon with its own sender and receivers, so two
+# iperf3 clients, one each way, in processes of their own, at once (iperf3
+# --bidir runs both ways in one thread, which on few CPUs starves one
+# direction); per direction, their mean.  Sampled before the first ep run
+# and after each, so that every row is held against the rate of the same
+# minutes (a shared machine's load moves); a row's ceiling is the mean of
+# the samples either side of its run.  The TCP round trip of each
+# low-latency op's bytes follows its run likewise.
 iperf_recv() { # JSON file -> GB/s received
   python3 -c 'import json, sys
 print("%.3f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 8e9))' "$1"
 }
-tcp_run() { # from-node to-node json [&]
+tcp_run() { # from-node to-node json
   timeout $((TCP_SECONDS + 30)) ip netns exec "${NS[$1]}" nice -n "$NICE" iperf3 -c "${ADDR[$2]}" \
     -p 5201 -B "${ADDR[$1]}" -P "$CONNS" -t "$TCP_SECONDS" -J >"$3"
+}
+TCP_N=0
+tcp_sample() { # appends "a->b b->a mean" to $DIR/tcp.txt; TCP_LAST is the mean
+  tcp_run 0 1 "$DIR/iperf3-ab-$TCP_N.json" &
+  local ab=$!
+  tcp_run 1 0 "$DIR/iperf3-ba-$TCP_N.json"
+  wait "$ab"
+  local a b
+  a=$(iperf_recv "$DIR/iperf3-ab-$TCP_N.json")
+  b=$(iperf_recv "$DIR/iperf3-ba-$TCP_N.json")
+  TCP_LAST=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", (a + b) / 2 }')
+  echo "$a $b $TCP_LAST" >>"$DIR/tcp.txt"
+  TCP_N=$((TCP_N + 1))
 }
 for i in 0 1; do
   ip netns exec "${NS[i]}" nice -n "$NICE" iperf3 -s -B "${ADDR[i]}" -p 5201 >/dev/null 2>&1 &
   PIDS+=($!)
 done
+ip netns exec "${NS[1]}" nice -n "$NICE" "$BUILD/bench/xnode_pingpong" -l "${ADDR[1]}:$PP_PORT" \
+  >"$DIR/pp-server.txt" &
+PIDS+=($!)
+for t in $(seq 100); do grep -q listening "$DIR/pp-server.txt" && break; sleep 0.05; done
 sleep 0.3
-tcp_run 0 1 "$DIR/iperf3-ab.json" &
-ab=$!
-tcp_run 1 0 "$DIR/iperf3-ba.json"
-wait "$ab"
 tcp_run 0 1 "$DIR/iperf3-oneway.json"
-TCP_AB=$(iperf_recv "$DIR/iperf3-ab.json")
-TCP_BA=$(iperf_recv "$DIR/iperf3-ba.json")
 TCP_ONE=$(iperf_recv "$DIR/iperf3-oneway.json")
-TCP_DIR=$(awk -v a="$TCP_AB" -v b="$TCP_BA" 'BEGIN { printf "%.3f", (a + b) / 2 }')
-echo "# raw TCP (iperf3 -P $CONNS each way at once, ${TCP_SECONDS} s): $TCP_AB GB/s a->b while" \
-     "$TCP_BA GB/s b->a, per direction $TCP_DIR GB/s (their mean); one way alone $TCP_ONE GB/s"
+: >"$DIR/pp.txt"
+tcp_sample
 
 # ---- the benchmark -------------------------------------------------------------
 # One ep run per token count, timing the throughput pair at TOKENS and the
@@ -162,6 +177,7 @@ for t in $(printf '%s\n' $TOKENS $LL_TOKENS | sort -nu); do
   (( l > t )) && l=$t
   [[ -n ${want_tp[$t]:-} ]] && pairs=tp
   [[ -n ${want_ll[$t]:-} ]] && pairs=${pairs:+$pairs,}ll,ll8
+  before=$TCP_LAST
   nice -n "$NICE" "$BUILD/bench/ep" -s "$SOCKS" -n "$NLIST" -m processes -t "$t" -l "$l" \
     -H "$HIDDEN" -c "$CALLS" -w 5 -r 3 -p "$pairs" >"$DIR/ep-$t.txt" ||
     { cat "$DIR/ep-$t.txt"; die "ep -t $t failed"; }
@@ -172,21 +188,26 @@ for t in $(printf '%s\n' $TOKENS $LL_TOKENS | sort -nu); do
       if (($3 == "dispatch" || $3 == "combine") && tp) print "tp", t, $0
       if ($3 ~ /^ll_/ && ll && l == t) print "ll", l, $0
     }' "$DIR/ep-$t.txt" >>"$DIR/rows.txt"
+  SIZES=$(awk -v t="$t" '$1 == "ll" && $2 == t { print $19 }' "$DIR/rows.txt" | sort -nu |
+          tr '\n' ',' | sed 's/,$//')
+  if [[ -n $SIZES ]]; then
+    ip netns exec "${NS[0]}" nice -n "$NICE" "$BUILD/bench/xnode_pingpong" \
+      -c "${ADDR[1]}:$PP_PORT" -b "$SIZES" -i 200 -w 10 >"$DIR/pp-$t.txt"
+    awk -v t="$t" '$1 ~ /^[0-9]+$/ { print t, $0 }' "$DIR/pp-$t.txt" >>"$DIR/pp.txt"
+  fi
+  tcp_sample
+  echo "$t $(awk -v a="$before" -v b="$TCP_LAST" 'BEGIN { printf "%.3f", (a + b) / 2 }')" \
+    >>"$DIR/tcp-run.txt"
 done
-
-# ---- ceiling 2: a TCP round trip of each low-latency op's bytes -----------------
-SIZES=$(awk '$1 == "ll" { print $19 }' "$DIR/rows.txt" | sort -nu |
-        tr '\n' ',' | sed 's/,$//')
-ip netns exec "${NS[1]}" nice -n "$NICE" "$BUILD/bench/xnode_pingpong" -l "${ADDR[1]}:$PP_PORT" >"$DIR/pp-server.txt" &
-PIDS+=($!)
-for t in $(seq 100); do grep -q listening "$DIR/pp-server.txt" && break; sleep 0.05; done
-ip netns exec "${NS[0]}" nice -n "$NICE" "$BUILD/bench/xnode_pingpong" -c "${ADDR[1]}:$PP_PORT" -b "$SIZES" \
-  -i 200 -w 10 >"$DIR/pp.txt"
+echo "# raw TCP (iperf3 -P $CONNS each way at once, ${TCP_SECONDS} s, $TCP_N samples):" \
+     "per direction $(awk '{ printf "%s%s", (NR > 1 ? ", " : ""), $3 }' "$DIR/tcp.txt") GB/s;" \
+     "one way alone $TCP_ONE GB/s"
 
 # ---- the table -----------------------------------------------------------------
 echo
 echo "## throughput mode (dispatch + combine), hidden $HIDDEN, top-8 of 256 experts, bf16"
-awk -v tcp="$TCP_DIR" '
+awk '
+  FILENAME ~ /tcp-run/ { tcp[$1] = $2; next }
   $1 == "tp" {
     k = $2 " " $3; op = $5
     med[k, op] = $8; first[k, op] = $7; xb[k, op] = $19; rk[k, op] = $21 * $8
@@ -208,25 +229,28 @@ awk -v tcp="$TCP_DIR" '
       rank = (rk[k, "dispatch"] + rk[k, "combine"]) / (d + c)
       printf "%-6s %-5s %9.2f %9.3f %9.3f %9.3f %9.3f %8.3f %6.0f%% %6.2fx %6.2fx\n", a[1],
         a[2] / 2 "+" a[2] / 2, (xb[k, "dispatch"] + xb[k, "combine"]) / 1e6, d, c, rank, node,
-        tcp, 100 * node / tcp, first[k, "dispatch"] / d, first[k, "combine"] / c
+        tcp[a[1]], 100 * node / tcp[a[1]], first[k, "dispatch"] / d, first[k, "combine"] / c
     }
-  }' "$DIR/rows.txt"
+  }' "$DIR/tcp-run.txt" "$DIR/rows.txt"
 echo "# xMB/call: bytes from one node to the other per dispatch + combine (busiest direction);"
 echo "# rankGB/s: the smallest rank's bytes to the other node / (disp_ms + comb_ms);"
-echo "# nodeGB/s: xMB/call / (disp_ms + comb_ms); /tcp: nodeGB/s / raw TCP per direction"
-echo "# (target >= 80%); 1st/: first call after attach / median (target <= 1.1x)"
+echo "# nodeGB/s: xMB/call / (disp_ms + comb_ms); tcpGB/s: raw TCP per direction around the run;"
+echo "# /tcp: nodeGB/s / tcpGB/s (target >= 80%); 1st/: first call after attach / median"
+echo "# (target <= 1.1x)"
 echo
 echo "## low latency, hidden $HIDDEN"
 awk '
-  FNR == NR { if ($1 ~ /^[0-9]+$/) rtt[$1] = $3; next }
+  FNR == NR { rtt[$1, $2] = $4; next }
   $1 == "ll" {
+    r = rtt[$2, $19]
     printf "%-6s %-5s %-15s %9d %9.1f %9.1f %7.2fx %9.1f %7.2fx\n", $2, $3 / 2 "+" $3 / 2, $5,
-      $19, $7 * 1e3, $8 * 1e3, $7 / $8, rtt[$19], $8 * 1e3 / rtt[$19]
+      $19, $7 * 1e3, $8 * 1e3, $7 / $8, r, $8 * 1e3 / r
   }' "$DIR/pp.txt" <(sort -k2,2n -k3,3n -s "$DIR/rows.txt") |
   { printf "%-6s %-5s %-15s %9s %9s %9s %8s %9s %8s\n" tokens ranks op xbytes first_us med_us \
       1st/med rtt_us med/rtt; cat; }
 echo "# xbytes: bytes from one node to the other per call (busiest direction); rtt_us: median"
-echo "# TCP round trip of that many bytes each way, one connection (xnode_pingpong);"
+echo "# TCP round trip of that many bytes each way, one connection (xnode_pingpong, 200 after"
+echo "# the op's run);"
 echo "# targets: ll_dispatch med/rtt <= 2x, 1st/med <= 1.1x"
 echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo

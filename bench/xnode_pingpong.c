@@ -5,7 +5,7 @@
  * are (TCP_NODELAY, 4 MiB buffers), so that a low-latency dispatch can be
  * held against the round trip of its own bytes.
  *
- *   xnode_pingpong -l ADDR:PORT                 serve (echo) until the client is done
+ *   xnode_pingpong -l ADDR:PORT                 serve (echo) clients one after another
  *   xnode_pingpong -c ADDR:PORT -b B[,B...] [-i ITERS] [-w WARMUP]
  *
  * For each size B the client sends B bytes, the server reads all B and
@@ -88,37 +88,49 @@ static struct sockaddr_in parse_addr(const char *s) {
   return a;
 }
 
+/* Echo one client's round trips until it says it is done; -1 when it broke off. */
+static int serve_one(int fd, uint8_t *buf) {
+  for (;;) {
+    struct pp_hello h;
+    if (io_all(fd, &h, sizeof h, 0) != 0)
+      return -1;
+    if (h.rounds == 0)
+      return 0;
+    if (h.bytes < 1 || h.bytes > PP_MAX_BYTES) {
+      fprintf(stderr, "xnode_pingpong: a client asked for %llu bytes, out of range\n",
+              (unsigned long long)h.bytes);
+      return -1;
+    }
+    for (uint32_t i = 0; i < h.rounds; i++)
+      if (io_all(fd, buf, h.bytes, 0) != 0 || io_all(fd, buf, h.bytes, 1) != 0)
+        return -1;
+  }
+}
+
+/* Serve clients one after another until killed (the driver stops it). */
 static int serve(const char *where) {
   struct sockaddr_in a = parse_addr(where);
   int one = 1, ls = socket(AF_INET, SOCK_STREAM, 0);
   if (ls < 0 || setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
       bind(ls, (struct sockaddr *)&a, sizeof a) != 0 || listen(ls, 1) != 0)
     die(errno, "cannot listen on %s", where);
-  printf("listening\n"); /* the driver waits for this line */
-  fflush(stdout);
-  int fd = accept(ls, NULL, NULL);
-  if (fd < 0)
-    die(errno, "accept on %s", where);
-  close(ls);
-  tune(fd);
   uint8_t *buf = malloc(PP_MAX_BYTES);
   if (buf == NULL)
     die(0, "out of memory%s", "");
+  printf("listening\n"); /* the driver waits for this line */
+  fflush(stdout);
   for (;;) {
-    struct pp_hello h;
-    if (io_all(fd, &h, sizeof h, 0) != 0)
-      die(errno, "the client went away%s", "");
-    if (h.rounds == 0)
-      break;
-    if (h.bytes < 1 || h.bytes > PP_MAX_BYTES)
-      die(0, "the client asked for a size out of range%s", "");
-    for (uint32_t i = 0; i < h.rounds; i++)
-      if (io_all(fd, buf, h.bytes, 0) != 0 || io_all(fd, buf, h.bytes, 1) != 0)
-        die(errno, "a round trip broke off%s", "");
+    int fd = accept(ls, NULL, NULL);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED)
+        continue;
+      die(errno, "accept on %s", where);
+    }
+    tune(fd);
+    if (serve_one(fd, buf) != 0)
+      fprintf(stderr, "xnode_pingpong: a client broke off (%s)\n", strerror(errno));
+    close(fd);
   }
-  free(buf);
-  close(fd);
-  return 0;
 }
 
 static int client(const char *where, const char *sizes, int iters, int warm) {
