@@ -37,6 +37,7 @@ _Static_assert(offsetof(struct ops_err_record, seq) == offsetof(struct cuops_err
                        offsetof(struct cuops_err, waited_ms) &&
                    sizeof(struct ops_err_record) == sizeof(struct cuops_err),
                "error record layout differs from host_ops.h");
+_Static_assert(CUOPS_GONE_NODE == DEP_SLAB_GONE_NODE, "abort words' node-lost value differs");
 _Static_assert(CUOPS_ABORT_OFF == DEP_SLAB_ABORT_OFF &&
                    sizeof(struct cuops_abort) == sizeof(struct dep_slab_abort) &&
                    offsetof(struct cuops_abort, rank) == offsetof(struct dep_slab_abort, rank) &&

@@ -125,9 +125,10 @@
 struct cuops_abort {
   uint32_t rank;
   uint32_t pid;
-  uint32_t detached;
+  uint32_t detached; /* slab.h's DEP_SLAB_GONE_*; CUOPS_GONE_NODE: every wait fails */
   int32_t code;
 };
+#define CUOPS_GONE_NODE 2u
 /* How long a wait goes unmet before it polls the abort code too. */
 #define CUOPS_ABORT_POLL_NS 20000u
 /* The shape's limits that size kernel arrays (proto/shape.h; nvcc does not

@@ -218,7 +218,7 @@ static void job_remove_rank(struct job *j, uint32_t local_rank, bool detached) {
            local_rank, (int)r->pid, detached ? "detached" : "disconnected", j->attached - 1,
            j->local_world_size);
   if (j->ready && !deepepd.stopping)
-    lend_tell_gone(j, r, detached);
+    lend_tell_gone(j, r, detached ? DEP_SLAB_GONE_DETACHED : DEP_SLAB_GONE_DIED);
   if (j->multinode && !deepepd.stopping) {
     char msg[DEP_MSG_TEXT_MAX];
     if (j->ready) {
@@ -756,7 +756,7 @@ static void job_on_peer_down(int k) {
         log_warnx("job %s: node %s went down while the job ran: its ranks are told that rank %u "
                   "is gone", j->id, peer_name(k), x->m.ranks[0]);
         struct job_rank gone = {.rank = x->m.ranks[0]};
-        lend_tell_gone(j, &gone, false);
+        lend_tell_gone(j, &gone, DEP_SLAB_GONE_NODE);
         xfer_job_fail(j, DEP_ERR_PEER);
       }
       member_drop(x->m.job_id, k);
@@ -854,7 +854,7 @@ static void job_on_job_event(int k, uint16_t type, const struct dep_peer_job_eve
   }
   log_notice("job %s: node %s says rank %u is gone (%.380s)", j->id, peer_name(k), rank, text);
   struct job_rank gone = {.rank = rank};
-  lend_tell_gone(j, &gone, false);
+  lend_tell_gone(j, &gone, DEP_SLAB_GONE_DIED);
   xfer_job_fail(j, DEP_ERR_PEER);
 }
 

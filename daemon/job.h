@@ -66,6 +66,8 @@ struct job {
                                 job once its local ranks are all here (MEMBERSHIP carries
                                 where peers write into them) */
   bool dead;                 /* torn down, waiting for the timer's close callback */
+  uint32_t told;             /* what the abort words say (lend_tell_gone): 0 nothing yet,
+                                else 1 + the DEP_SLAB_GONE_* of the rank they name */
   uv_timer_t timer;          /* the attach timeout */
   struct job *next;
   struct job_rank ranks[];   /* local_world_size slots, indexed by local rank */

@@ -246,9 +246,16 @@ int lend_check(const struct dep_attach_args *a, uint64_t *slab_bytes, char *why,
  * limits.op_timeout_ms.  Not while the daemon stops: the ranks are fine and
  * go on without it.
  */
-void lend_tell_gone(struct job *j, const struct job_rank *gone, bool detached) {
-  struct dep_slab_abort ab = {.rank = gone->rank, .pid = (uint32_t)gone->pid,
-                              .detached = detached ? 1u : 0u, .code = DEP_ERR_PEER};
+void lend_tell_gone(struct job *j, const struct job_rank *gone, uint32_t how) {
+  const bool detached = how == DEP_SLAB_GONE_DETACHED;
+  /* One record of words: the first death or lost node stays (a rank that
+   * detaches after it must not hide it), and a detach names the first rank
+   * to leave only while nothing worse was told. */
+  if (j->told != 0 && (detached || j->told != 1 + DEP_SLAB_GONE_DETACHED))
+    return;
+  j->told = 1 + how;
+  struct dep_slab_abort ab = {.rank = gone->rank, .pid = (uint32_t)gone->pid, .detached = how,
+                              .code = DEP_ERR_PEER};
   uint32_t told = 0;
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     struct job_rank *q = &j->ranks[i];
@@ -273,6 +280,9 @@ void lend_tell_gone(struct job *j, const struct job_rank *gone, bool detached) {
     log_info("job %s: rank %u (pid %d) detached; its %u local peer(s) are told, so that a call "
              "still waiting for it fails with DEP_ERR_PEER", j->id, gone->rank, (int)gone->pid,
              told);
+  else if (told > 0 && how == DEP_SLAB_GONE_NODE)
+    log_notice("job %s: the node of rank %u is lost; its %u local rank(s) here fail any call "
+               "waiting with DEP_ERR_PEER", j->id, gone->rank, told);
   else if (told > 0)
     log_notice("job %s: rank %u (pid %d) disconnected while the job ran; its %u local peer(s) "
                "fail any call waiting for it with DEP_ERR_PEER", j->id, gone->rank,

@@ -48,8 +48,8 @@ int lend_send(const struct job *j, struct conn *c, uint32_t request_id);
  * abandon (the daemon is stopping), let go of unscrubbed (DESIGN §13). */
 void lend_release(struct job *j, bool abandon);
 
-/* Rank `gone` of the running job j left: write the abort words into the slab
- * of every local rank still in it (logged). */
-void lend_tell_gone(struct job *j, const struct job_rank *gone, bool detached);
+/* Rank `gone` of the running job j left (how: DEP_SLAB_GONE_*, slab.h): write
+ * the abort words into the slab of every local rank still in it (logged). */
+void lend_tell_gone(struct job *j, const struct job_rank *gone, uint32_t how);
 
 #endif /* DEP_DAEMON_LEND_H */

@@ -362,7 +362,7 @@ static inline int aborted(const struct ops_ctx *c, unsigned parity, uint32_t src
   if (__atomic_load_n(&ab->code, __ATOMIC_ACQUIRE) == 0)
     return 0;
   uint32_t gone = ab->rank;
-  if (gone == src || gone >= c->world)
+  if (gone == src || gone >= c->world || ab->detached == DEP_SLAB_GONE_NODE)
     return 1;
   const struct ops_slot *g = slot_at(c, c->rank, parity, gone);
   return atomic_load_explicit(&g->flag, memory_order_acquire) != c->seq;
@@ -394,7 +394,9 @@ static int peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t wait
     snprintf(whom, sizeof whom, "rank %u", src);
   return set_why(c, DEP_ERR_PEER, "rank %u (pid %u) of the job is gone (%s) while this rank "
                  "waited for %s in %s (call %llu); the job cannot go on: restart it", gone, pid,
-                 detached ? "it detached" : "its process ended", whom, host_ops_op_name(op),
+                 ab->detached == DEP_SLAB_GONE_NODE ? "its node is lost: the peer link to its "
+                                                      "daemon dropped"
+                 : detached ? "it detached" : "its process ended", whom, host_ops_op_name(op),
                  (unsigned long long)c->seq);
 }
 

@@ -155,7 +155,7 @@ struct call {
 __device__ __forceinline__ bool gone_blocks(const cuops_job &J, const call &k, uint32_t src) {
   const volatile cuops_abort *a = (const volatile cuops_abort *)(J.slabs[J.rank] + CUOPS_ABORT_OFF);
   const uint32_t gone = a->rank;
-  if (gone == src || gone >= J.world)
+  if (gone == src || gone >= J.world || a->detached == CUOPS_GONE_NODE)
     return true;
   return ld_acquire_sys((const uint64_t *)slot_at(J, J.rank, k.parity, gone)) != k.seq;
 }

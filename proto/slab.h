@@ -57,9 +57,15 @@
 struct dep_slab_abort {
   uint32_t rank;   /* the global rank that is gone */
   uint32_t pid;    /* its process */
-  uint32_t detached; /* 1: it detached (or freed its handle); 0: it disconnected (died) */
+  uint32_t detached; /* DEP_SLAB_GONE_*: how it went */
   int32_t code;    /* 0, or DEP_ERR_PEER: written last */
 };
+/* dep_slab_abort.detached.  A rank that died or detached fails the waits
+ * that depend on it; a lost node (its daemon's peer link dropped), every
+ * wait: its other ranks are gone with it, whatever they posted. */
+#define DEP_SLAB_GONE_DIED 0u     /* it disconnected (its process ended) */
+#define DEP_SLAB_GONE_DETACHED 1u /* it detached (or freed its handle) */
+#define DEP_SLAB_GONE_NODE 2u     /* rank names the first rank of a node that is lost */
 _Static_assert(DEP_SLAB_ABORT_OFF + sizeof(struct dep_slab_abort) <= DEP_SLAB_ERR_BYTES,
                "the abort words must fit the error words");
 /* The private area's part that does not grow with the shape: the library's
