@@ -12,6 +12,9 @@
 # digest, bit for bit.  Last, node 2's daemon and ranks are killed in the
 # middle of a third job: node 1's ranks fail (DEP_ERR_PEER or
 # DEP_ERR_TIMEOUT) within the op timeout, and node 1's daemon carries on.
+# XRANK_HIDDEN and XRANK_TOKENS (run.sh -e) make the blocks larger for
+# measuring writes and posts; the one-node job then needs more than the
+# barriers' minutes under emulation.
 # rdmavm: nodes=2 timeout=420
 set -euo pipefail
 . tests/rdmavm/lib.sh
@@ -22,7 +25,8 @@ d=$(mktemp -d)
 sock=$d/deepepd.sock
 peer_config "$d" "connection_pool_size: 2" "transport: rdma" \
   "limits: {op_timeout_ms: $OP_MS, attach_timeout_ms: 120000}" >"$d/deepepd.yaml"
-cc -std=c11 -D_GNU_SOURCE -Iclient -Iproto -Ikernels -Itests -o "$d/xrank" tests/rdma/xrank.c \
+# XRANK_CFLAGS: for a sanitizer build's objects (-fsanitize=address,undefined).
+cc -std=c11 -D_GNU_SOURCE ${XRANK_CFLAGS:-} -Iclient -Iproto -Ikernels -Itests -o "$d/xrank" tests/rdma/xrank.c \
   "$B/obj/tests/xnround.o" "$B/obj/tests/opsworld.o" "$B/libdeepep-client.a" \
   -lcheck -lsubunit -lm -ldl -lpthread -lrt || fail "cannot build tests/rdma/xrank.c"
 "$B/deepepd" -c "$d/deepepd.yaml" 2>>"$d/log" &
@@ -106,4 +110,6 @@ fi
 barrier failed 120
 kill -TERM "$pid" 2>/dev/null || true # node 2's was killed
 wait "$pid" 2>/dev/null || true
+# A sanitizer build (make asan's flags) says what it found in the log.
+! grep -qE "Sanitizer|runtime error:" "$d/log" || { show; fail "the daemon's sanitizer found an error"; }
 say "node $RDMAVM_NODE: done"

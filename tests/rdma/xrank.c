@@ -23,14 +23,34 @@
 #include "xnround.h"
 
 /* 4 ranks (two per node), 256 channels, top-2 of 8 experts, up to 16
- * tokens a rank (some ranks fewer, some none), int32 indices. */
-static const struct ow_scenario xr_scenario = {4, 256, 2, 8, 16, 16, P_RANDOM, T_MIXED,
-                                               DEP_INDEX_I32, 0};
+ * tokens a rank (some ranks fewer, some none), int32 indices;
+ * $XRANK_HIDDEN (a multiple of 128) and $XRANK_TOKENS make the blocks
+ * larger, for measuring. */
+static struct ow_scenario xr_scenario = {4, 256, 2, 8, 16, 16, P_RANDOM, T_MIXED,
+                                         DEP_INDEX_I32, 0};
+
+/* $name as a number in [lo, hi] (a multiple of mult), else dflt; -1 when it is set but not such. */
+static long xr_env(const char *name, long dflt, long lo, long hi, long mult) {
+  const char *e = getenv(name);
+  if (e == NULL || *e == '\0')
+    return dflt;
+  char *end;
+  long v = strtol(e, &end, 10);
+  return *end == '\0' && v >= lo && v <= hi && v % mult == 0 ? v : -1;
+}
 
 static char **xr_argv;
 static int xr_rc = 1;
 
 static int xr_main(char **argv) {
+  long hid = xr_env("XRANK_HIDDEN", 256, 128, 8192, 128),
+       tok = xr_env("XRANK_TOKENS", 16, 1, 256, 1);
+  if (hid < 0 || tok < 0) {
+    fprintf(stderr, "xrank: XRANK_HIDDEN is a multiple of 128 in 128..8192, XRANK_TOKENS 1..256\n");
+    return 2;
+  }
+  xr_scenario.hidden = (uint32_t)hid;
+  xr_scenario.max_tokens = xr_scenario.max_ll = (uint32_t)tok;
   uint32_t rank = (uint32_t)atoi(argv[3]), rounds = (uint32_t)atoi(argv[6]);
   ow_seed_init(0);
   static struct ow_case d;
