@@ -180,7 +180,7 @@ for t in $(printf '%s\n' $TOKENS $LL_TOKENS | sort -nu); do
   before=$TCP_LAST
   nice -n "$NICE" "$BUILD/bench/ep" -s "$SOCKS" -n "$NLIST" -m processes -t "$t" -l "$l" \
     -H "$HIDDEN" -c "$CALLS" -w 5 -r 3 -p "$pairs" >"$DIR/ep-$t.txt" ||
-    { cat "$DIR/ep-$t.txt"; die "ep -t $t failed"; }
+    { cat "$DIR/ep-$t.txt"; KEEP=1; die "ep -t $t failed (the daemons' logs: $DIR/n*.log)"; }
   # tokens, ll tokens, then ep's row: ranks mode op attach first med p99 MB GB/s rankGB/s
   # copy rkcopy frac first/med nowarm nowarm/med xB xGB/s rkxGB/s
   awk -v t="$t" -v l="$l" -v tp="${want_tp[$t]:-0}" -v ll="${want_ll[$l]:-0}" '
