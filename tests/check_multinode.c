@@ -441,7 +441,7 @@ START_TEST(a_daemon_stopped_cleanly_fails_a_gathering_job_and_aborts_a_running_o
   expect_fail(ga, DEP_ERR_PEER, "went down", port);
   ck_assert_int_eq(wait_abort(&sm, 2000), DEP_ERR_PEER);
   ck_assert_uint_eq(sm.abort->rank, 1);
-  ck_assert_uint_eq(sm.abort->detached, 0);
+  ck_assert_uint_eq(sm.abort->detached, DEP_SLAB_GONE_NODE); /* its node is lost */
   ck_assert_int_lt(dw_now_ms() - t0, 3000);
   ck_assert(dw_log_has(&ns.d[0], "is stopping", 2000));
   munmap(sm.base, sm.len);
