@@ -73,6 +73,10 @@ struct xr_peer {
   bool broken;                    /* under mu: a request failed; nothing more is posted */
   uint64_t posted, done;          /* under mu: requests posted, retired by completions */
   struct rdmaxp_qp *in;           /* the loop's: the peer's queue pair into us */
+  /* The loop's: the offer's token out was opened with, whether out came
+   * up, and whether it failed to (then TCP until the peer is down). */
+  uint8_t token[DEP_PEER_TOKEN_LEN];
+  bool was_up, no_rdma;
 };
 
 /* One proxy thread's chain for one peer. */
@@ -138,6 +142,7 @@ static void on_up(void *owner, struct rdmaxp_qp *q) {
     atomic_store(&p->ready, true);
   }
   pthread_mutex_unlock(&p->mu);
+  p->was_up |= ours;
   if (ours)
     log_info("peer %s: data path over RDMA (a queue pair of its own on %s): blocks for its "
              "ranks are written into their slabs", peer_name(e->peer), rdmaxp_device());
@@ -160,6 +165,18 @@ static void on_down(void *owner, struct rdmaxp_qp *q, const char *why) {
   pthread_mutex_unlock(&p->mu);
   if (!ours)
     return;
+  if (!p->was_up) {
+    /* It never connected (the peer has no RDMA, or no route to it): the
+     * token it carried was never spent there, so a TCP data connection
+     * spends it, in case the peer offered no extra one for us. */
+    p->no_rdma = true;
+    log_warnx("peer %s: data path over TCP: its queue pair did not connect (%s)",
+              peer_name(e->peer), why);
+    struct dep_peer_data_offer o;
+    memcpy(o.token, p->token, sizeof o.token);
+    xfer_on_offer(e->peer, &o);
+    return;
+  }
   if (inflight)
     atomic_fetch_or(&XR.lost, 1ull << e->peer);
   log_warnx("peer %s: the data path's queue pair closed (%s): blocks go over TCP%s",
@@ -196,7 +213,7 @@ bool xfer_rdma_wanted(int k) {
 }
 
 bool xfer_rdma_on_offer(int k, const uint8_t token[DEP_PEER_TOKEN_LEN]) {
-  if (!xfer_rdma_wanted(k))
+  if (!xfer_rdma_wanted(k) || XR.p[k].no_rdma)
     return false;
   struct xr_peer *p = &XR.p[k];
   pthread_mutex_lock(&p->mu);
@@ -219,6 +236,8 @@ bool xfer_rdma_on_offer(int k, const uint8_t token[DEP_PEER_TOKEN_LEN]) {
   pthread_mutex_lock(&p->mu);
   p->out = q;
   pthread_mutex_unlock(&p->mu);
+  memcpy(p->token, token, sizeof p->token);
+  p->was_up = false;
   return true;
 }
 
@@ -236,6 +255,7 @@ void xfer_rdma_peer_down(int k) {
   rdmaxp_close(q); /* no proxy thread holds it: they take mu first */
   rdmaxp_close(p->in);
   p->in = NULL;
+  p->was_up = p->no_rdma = false; /* the next time it is up, RDMA is tried again */
 }
 
 /* ---- completions (mu held) ----------------------------------------------------------- */

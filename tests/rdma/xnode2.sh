@@ -14,7 +14,11 @@
 # DEP_ERR_TIMEOUT) within the op timeout, and node 1's daemon carries on.
 # XRANK_HIDDEN and XRANK_TOKENS (run.sh -e) make the blocks larger for
 # measuring writes and posts; the one-node job then needs more than the
-# barriers' minutes under emulation.
+# barriers' minutes under emulation.  XNODE2_MIXED=1 (xnode2tcp.sh) runs
+# the same with node 2 on transport: tcp and one data connection each way:
+# node 1's queue pair cannot connect, so it must spend that token on TCP
+# (else it would have no data connection at all), and the blocks go over
+# TCP both ways.
 # rdmavm: nodes=2 timeout=420
 set -euo pipefail
 . tests/rdmavm/lib.sh
@@ -23,7 +27,13 @@ ROUNDS=${XNODE2_ROUNDS:-12}
 OP_MS=30000 # a call takes 0.1-0.2 s between the emulated guests
 d=$(mktemp -d)
 sock=$d/deepepd.sock
-peer_config "$d" "connection_pool_size: 2" "transport: rdma" \
+MIXED=${XNODE2_MIXED:-0}
+if [[ $MIXED == 1 ]]; then
+  xport=$([[ $RDMAVM_NODE == 1 ]] && echo auto || echo tcp) pool=1
+else
+  xport=rdma pool=2
+fi
+peer_config "$d" "connection_pool_size: $pool" "transport: $xport" \
   "limits: {op_timeout_ms: $OP_MS, attach_timeout_ms: 120000}" >"$d/deepepd.yaml"
 # XRANK_CFLAGS: for a sanitizer build's objects (-fsanitize=address,undefined).
 cc -std=c11 -D_GNU_SOURCE ${XRANK_CFLAGS:-} -Iclient -Iproto -Ikernels -Itests -o "$d/xrank" tests/rdma/xrank.c \
@@ -33,9 +43,20 @@ cc -std=c11 -D_GNU_SOURCE ${XRANK_CFLAGS:-} -Iclient -Iproto -Ikernels -Itests -
 pid=$!
 cleanup() { kill -9 "$pid" 2>/dev/null || true; }
 show() { echo "--- deepepd's log"; cat "$d/log"; "$B/deepepctl" -s "$sock" peers 2>&1 || true; }
-rdma_data() { grep -q "data path over RDMA" "$d/log"; }
-wait_until 120 rdma_data || { show; fail "the data path's queue pair did not come up within 120 s"; }
-say "node $RDMAVM_NODE: $(grep -m1 -o 'peer .*data path over RDMA[^:]*' "$d/log")"
+if [[ $MIXED == 0 ]]; then
+  rdma_data() { grep -q "data path over RDMA" "$d/log"; }
+  wait_until 120 rdma_data || { show; fail "the data path's queue pair did not come up within 120 s"; }
+  say "node $RDMAVM_NODE: $(grep -m1 -o 'peer .*data path over RDMA[^:]*' "$d/log")"
+elif [[ $RDMAVM_NODE == 1 ]]; then
+  tcp_data() { grep -q "data path over TCP: its queue pair did not connect" "$d/log"; }
+  wait_until 120 tcp_data || { show; fail "node 1 did not fall back to TCP within 120 s"; }
+  say "node 1: $(grep -m1 -o 'peer .*data path over TCP.*' "$d/log" | sed 's/^[^ ]* [^ ]* //')"
+fi
+data_up() {
+  "$B/deepepctl" -s "$sock" peers --json >"$d/peers.json" 2>&1 &&
+    grep -qE "\"data_out\":$pool[,}]" "$d/peers.json" && grep -qE "\"data_in\":$pool[,}]" "$d/peers.json"
+}
+wait_until 60 data_up || { cat "$d/peers.json"; show; fail "not $pool TCP data connection(s) each way"; }
 
 if [[ $RDMAVM_NODE == 1 ]]; then
   echo $(( (RANDOM << 15 | RANDOM) + 1 )) >"$RDMAVM_SHARED/seed"
@@ -59,12 +80,18 @@ done
 for l in 0 1; do
   grep -o 'digest 0x[0-9a-f]*' "$d/spread.$l" >"$RDMAVM_SHARED/digest.$((first + l))"
 done
-moved() { grep -q "job xr-spread: to node .* by RDMA:" "$d/log"; }
-wait_until 60 moved || { show; fail "the daemon did not say what it moved by RDMA for xr-spread"; }
-say "node $RDMAVM_NODE: $(grep -m1 -o 'to node .* by RDMA: .*' "$d/log")"
 "$B/deepepctl" -s "$sock" peers --json >"$d/peers.json"
-grep -qE '"data_frames_out":0[,}]' "$d/peers.json" \
-  || { cat "$d/peers.json"; show; fail "frames went over the TCP data connections"; }
+if [[ $MIXED == 0 ]]; then
+  moved() { grep -q "job xr-spread: to node .* by RDMA:" "$d/log"; }
+  wait_until 60 moved || { show; fail "the daemon did not say what it moved by RDMA for xr-spread"; }
+  say "node $RDMAVM_NODE: $(grep -m1 -o 'to node .* by RDMA: .*' "$d/log")"
+  grep -qE '"data_frames_out":0[,}]' "$d/peers.json" \
+    || { cat "$d/peers.json"; show; fail "frames went over the TCP data connections"; }
+else
+  grep -qE '"data_frames_out":[1-9]' "$d/peers.json" \
+    || { cat "$d/peers.json"; show; fail "no frame went over the TCP data connections"; }
+  say "node $RDMAVM_NODE: $(grep -o '"data_frames_out":[0-9]*' "$d/peers.json") over TCP"
+fi
 barrier spread-done 180
 
 if [[ $RDMAVM_NODE == 1 ]]; then
