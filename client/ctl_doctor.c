@@ -165,6 +165,7 @@ static void doctor_peers(dep_client_t *c, struct doctor_check *k) {
 
 /* ---- kernels ------------------------------------------------------------------------ */
 
+#ifdef DEP_HAVE_FATBIN
 /* What the fatbin has for a GPU (its compute capability asked through the driver), or UNKNOWN. */
 static enum kimage_fit doctor_fit(const struct cudadrv *cu, const struct kimage *img,
                                   const uint8_t uuid[16], int *arch) {
@@ -180,6 +181,7 @@ static enum kimage_fit doctor_fit(const struct cudadrv *cu, const struct kimage 
   *arch = major * 10 + minor;
   return kimage_fit(img->data, img->len, major, minor);
 }
+#endif
 
 static void doctor_kernels(dep_client_t *c, const struct dep_status *st, struct doctor_check *k) {
   if (strcmp(st->backend, "cuda") != 0) {
