@@ -262,6 +262,17 @@ static uint64_t now_ns(void) {
 
 static int ring_fail(struct ops_ctx *c, uint32_t op, uint32_t dest, int code, uint64_t waited_ns);
 
+/* The i-th look of a wait that is not met yet: yield for a while, then
+ * sleep, so that many ranks sharing few cores still make progress. */
+static void backoff(uint32_t i) {
+  if (i < 2048) {
+    sched_yield();
+  } else {
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 /*
  * Hand the proxy the outbox block (bytes of it) and slot image for dest:
  * one descriptor, published with release ordering after everything it
@@ -283,12 +294,7 @@ static int ring_push(struct ops_ctx *c, uint32_t op, uint32_t dest, uint64_t byt
     uint64_t waited = now_ns() - start;
     if (waited > (uint64_t)c->timeout_ms * 1000000ull)
       return ring_fail(c, op, dest, DEP_ERR_TIMEOUT, waited);
-    if (i < 2048) {
-      sched_yield();
-    } else {
-      struct timespec ts = {0, 50000};
-      nanosleep(&ts, NULL);
-    }
+    backoff(i);
   }
   struct dep_xring_desc *d = &r->desc[head % r->entries];
   d->dest = dest;
@@ -462,12 +468,7 @@ static int wait_all(struct ops_ctx *c, uint32_t op) {
         return peer_fail(c, op, src, waited);
       if (waited > limit)
         return timeout_fail(c, op, src, f, waited);
-      if (i < 2048) {
-        sched_yield();
-      } else {
-        struct timespec ts = {0, 50000};
-        nanosleep(&ts, NULL);
-      }
+      backoff(i);
     }
   }
   for (uint32_t src = 0; src < c->world; src++) {
