@@ -183,16 +183,13 @@ static int attach_reply(dep_client_t *c, uint32_t id, int timeout_ms) {
 
 /*
  * A job that spans nodes: ask the daemon for this rank's ring to its proxy
- * (xring.h).  Without one (a daemon with no peers, the cuda backend) the
- * rank is attached but its operations refuse, saying why (xring_why).
+ * (xring.h), filled by the C operations (host) or the kernels (cuda, which
+ * register it for the device: cuda_ops_attach).  Without one (a daemon
+ * with no peers) the rank is attached but its operations refuse, saying
+ * why (xring_why).
  */
 static void attach_ring(dep_client_t *c) {
   c->xring = NULL;
-  if (c->cuda) {
-    snprintf(c->xring_why, sizeof c->xring_why, "the cuda backend's operations between nodes are "
-             "not in this build: run the job on one node, or on the host backend");
-    return;
-  }
   void *p = NULL;
   char why[220];
   if (client_lend_map(c, DEP_MSG_XRING_LEND, DEP_MSG_XRING_LEND_OK, DEP_XRING_VERSION,

@@ -19,6 +19,7 @@
 #include "client_internal.h"
 #include "kimage.h"
 #include "shape.h"
+#include "xring.h"
 
 /* The kernels restate host_ops.h's layouts; hold them to it. */
 _Static_assert(CUOPS_OP_DISPATCH == OPS_OP_DISPATCH && CUOPS_OP_COMBINE == OPS_OP_COMBINE &&
@@ -48,6 +49,17 @@ _Static_assert(CUOPS_ABORT_OFF == DEP_SLAB_ABORT_OFF &&
                "abort words differ from slab.h");
 _Static_assert(CUOPS_ERR_GONE(0xfffffffeu, 7) == OPS_ERR_GONE(0xfffffffeu, 7),
                "a gone rank's record differs from host_ops.h");
+_Static_assert(CUOPS_SLOT_BYTES == DEP_SLAB_CTRL_SLOT, "slot images differ from slab.h");
+_Static_assert(offsetof(struct dep_xring, head) == CUOPS_XRING_HEAD_OFF &&
+                   offsetof(struct dep_xring, tail) == CUOPS_XRING_TAIL_OFF &&
+                   offsetof(struct dep_xring, failed) == CUOPS_XRING_FAILED_OFF &&
+                   offsetof(struct dep_xring, desc) == CUOPS_XRING_DESC_OFF &&
+                   CUOPS_XRING_ENTRIES == DEP_XRING_ENTRIES &&
+                   sizeof(struct cuops_xdesc) == sizeof(struct dep_xring_desc) &&
+                   offsetof(struct cuops_xdesc, seq) == offsetof(struct dep_xring_desc, seq) &&
+                   offsetof(struct cuops_xdesc, bytes) == offsetof(struct dep_xring_desc, bytes),
+               "the kernels' view of the proxy's ring differs from xring.h");
+_Static_assert(CUOPS_MAX_RANKS <= 64, "remote_mask has a bit per rank");
 _Static_assert(CUOPS_MAX_TOKENS == DEP_SHAPE_MAX_TOKENS && CUOPS_MAX_TOPK == DEP_SHAPE_MAX_TOPK,
                "the kernels' arrays are sized for other shape limits than proto/shape.h's");
 
@@ -120,7 +132,8 @@ static int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
                         .seq = e->seq, .seen_flag = e->seen_flag, .waited_ms = e->waited_ms,
                         .phase = e->phase};
   const char *what = op_name(r.op & ~(CUOPS_OP_FP8 | CUOPS_OP_CACHED | CUOPS_OP_WEIGHTS));
-  if (!own || code == DEP_ERR_TIMEOUT || code == DEP_ERR_PEER || r.phase == CUOPS_PHASE_AHEAD) {
+  if (!own || code == DEP_ERR_TIMEOUT || code == DEP_ERR_PEER || r.phase == CUOPS_PHASE_AHEAD ||
+      r.phase == CUOPS_PHASE_RING) {
     c->cuops.broken = true;
   } else {
     e->code = 0;
@@ -143,8 +156,23 @@ static int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
   case CUOPS_PHASE_GONE:
     snprintf(m, sizeof m, "rank %u (pid %u) of the job is gone (%s) while this rank waited in %s "
              "(call %llu, after %u ms); the job cannot go on: restart it", r.source,
-             (uint32_t)r.seen_flag, (r.seen_flag >> 32) & 1 ? "it detached" : "its process ended",
+             (uint32_t)r.seen_flag,
+             (r.seen_flag >> 32) == DEP_SLAB_GONE_NODE ? "its node is lost: the peer link to its "
+                                                         "daemon dropped"
+             : (r.seen_flag >> 32) == DEP_SLAB_GONE_DETACHED ? "it detached"
+                                                             : "its process ended",
              what, (unsigned long long)r.seq, r.waited_ms);
+    break;
+  case CUOPS_PHASE_RING:
+    if (code == DEP_ERR_TIMEOUT)
+      snprintf(m, sizeof m, "%s: the proxy's ring stayed full for %u ms (call %llu, for rank %u "
+               "on another node); the daemon's proxy is stuck or its link to that node is too "
+               "slow: see deepepctl peers", what, r.waited_ms, (unsigned long long)r.seq,
+               r.source);
+    else
+      snprintf(m, sizeof m, "%s: the daemon's proxy stopped serving this rank (call %llu, for "
+               "rank %u on another node): %s; restart the job", what, (unsigned long long)r.seq,
+               r.source, code == DEP_ERR_PEER ? "a node of the job is gone" : dep_strerror(code));
     break;
   case CUOPS_PHASE_AHEAD:
     snprintf(m, sizeof m, "in %s rank %u is at call %llu, this rank at call %llu; a rank "
@@ -575,6 +603,7 @@ static int warmup(dep_client_t *c) {
   const struct cuops_job job = st->job;
   st->job.world = 1;
   st->job.rank = 0;
+  st->job.remote_mask = 0; /* no ring, no outbox: nothing leaves this rank */
   st->job.slabs[0] = (uint8_t *)(uintptr_t)st->loop_slab;
   st->job.le = job.num_experts;
   st->job.kd = job.topk < job.num_experts ? job.topk : job.num_experts;
@@ -856,11 +885,6 @@ int cuda_ops_prepare(dep_client_t *c) {
     if ((r = cu->cuModuleGetFunction(&st->fn[k], st->mod, kernel_names[k])) != CUDA_SUCCESS)
       return client_seterr(c, DEP_ERR_CUDA, "%s: kernel %s: %s", op, kernel_names[k],
                            cudadrv_errstr(r));
-  /* The operations run among the ranks of one node (ops.c refuses others). */
-  if (c->args.world_size != c->args.local_world_size) {
-    c->times.setup_ms = mono_ms() - t0;
-    return 0;
-  }
   if ((r = host_record_make(cu, st)) != CUDA_SUCCESS)
     return cu_fail(c, op, "pinning the error record (cuMemHostRegister)", r);
   if ((r = cu->cuMemHostGetDevicePointer(&st->host_dev, st->host, 0)) != CUDA_SUCCESS)
@@ -881,13 +905,47 @@ int cuda_ops_prepare(dep_client_t *c) {
 #endif
 }
 
+#ifdef DEP_HAVE_FATBIN
+/*
+ * A job that spans nodes: the outbox's place in this rank's slab, and the
+ * proxy's ring registered for the device, where the kernels push their
+ * descriptors (cuda_ops.h).  cuda_ops_detach unregisters it, before
+ * client_unmap drains and unmaps it.
+ */
+static int ring_bind(dep_client_t *c) {
+  struct cuops_state *st = &c->cuops;
+  struct cuops_job *j = &st->job;
+  const struct ops_ctx *o = &c->ops;
+  j->xslot_off = o->lay.xslot_off;
+  j->outbox_off = o->lay.outbox_off;
+  j->n_remote = o->lay.n_remote;
+  j->ring = NULL;
+  if (j->remote_mask == 0)
+    return 0;
+  const struct cudadrv *cu = drv();
+  CUresult r = cu->cuMemHostRegister(c->xring, DEP_XRING_BYTES, CU_MEMHOSTREGISTER_PORTABLE |
+                                                                    CU_MEMHOSTREGISTER_DEVICEMAP);
+  if (r != CUDA_SUCCESS)
+    return cu_fail(c, "dep_attach", "registering the ring to the daemon's proxy for the GPU "
+                   "(cuMemHostRegister)", r);
+  st->ring_pinned = c->xring;
+  CUdeviceptr d = 0;
+  if ((r = cu->cuMemHostGetDevicePointer(&d, c->xring, 0)) != CUDA_SUCCESS)
+    return cu_fail(c, "dep_attach", "cuMemHostGetDevicePointer (the ring to the proxy)", r);
+  j->ring = (uint8_t *)(uintptr_t)d;
+  return 0;
+}
+#endif
+
 int cuda_ops_attach(dep_client_t *c) {
 #ifndef DEP_HAVE_FATBIN
   return 0;
 #else
   struct cuops_state *st = &c->cuops;
-  if (!st->prepared)
-    return 0; /* a job spanning nodes: kernels loaded, no operations here */
+  /* A job spanning nodes whose daemon lent no ring: its operations refuse
+   * (ops.c, saying why), so nothing is bound. */
+  if (!st->prepared || (c->args.world_size != c->args.local_world_size && c->xring == NULL))
+    return 0;
   const struct cudadrv *cu = drv();
   struct cuops_job *j = &st->job;
   const struct ops_ctx *o = &c->ops;
@@ -908,8 +966,13 @@ int cuda_ops_attach(dep_client_t *c) {
   CUresult r = cu->cuMemsetD8Async(priv, 0, b.end, st->stream);
   if (r != CUDA_SUCCESS)
     return cu_fail(c, "dep_attach", "zeroing the operations' memory", r);
-  for (uint32_t i = 0; i < o->world; i++)
+  j->remote_mask = 0;
+  for (uint32_t i = 0; i < o->world; i++) {
     j->slabs[i] = o->slabs[i];
+    j->remote_mask |= o->remote[i] >= 0 ? 1ull << i : 0;
+  }
+  if ((rc = ring_bind(c)) != 0)
+    return rc;
   j->data_off = o->lay.data_off;
   j->block_bytes = o->lay.block_bytes;
   j->parity_bytes = o->lay.parity_bytes;
@@ -999,6 +1062,8 @@ void cuda_ops_detach(dep_client_t *c) {
     host_record_free(cu, st);
     if (st->stats_pinned != NULL)
       cu->cuMemHostUnregister(st->stats_pinned);
+    if (st->ring_pinned != NULL)
+      cu->cuMemHostUnregister(st->ring_pinned);
     if (st->stream != NULL)
       cu->cuStreamDestroy(st->stream);
     if (pushed)

@@ -19,6 +19,18 @@
  *     rows, and mark each row with the call in its meta word 3 after a
  *     system fence; receivers wait for the flag, then for each row's mark.
  *     Every rank posts to every rank on every call, zero rows included.
+ *   - A rank on another node (cuops_job.remote_mask) is reached through
+ *     this rank's daemon (DESIGN §7, proto/xring.h): its rows and slot go
+ *     into the outbox of this rank's own slab instead, and once every
+ *     sender of that destination is done (the arrive counter), one thread
+ *     fences at system scope and pushes a descriptor into the ring the
+ *     daemon lent (host memory registered for the device): a slot of the
+ *     ring reserved with an atomic on the device, the descriptor written,
+ *     then the ring's head published in reservation order.  A full ring is
+ *     a bounded wait; a ring the proxy stopped serving fails the call with
+ *     the proxy's code (CUOPS_PHASE_RING).  The daemon writes the block,
+ *     then the slot, then the flag into the remote rank's slab, where its
+ *     kernels wait as for a local peer.
  *   - Every wait is bounded by op_timeout_ms on %globaltimer.  A failure
  *     is claimed once (cuops_dev.claim) and recorded in pinned host memory
  *     (cuops_host.err, read by the library without a sync) and in the
@@ -145,12 +157,27 @@ enum cuops_phase {
   CUOPS_PHASE_ROW = 5,     /* waiting for a peer's row (throughput ops) */
   CUOPS_PHASE_GONE = 6,    /* the abort words: source is the gone rank, seen_flag CUOPS_ERR_GONE */
   CUOPS_PHASE_WORST = 7,   /* dispatch: more rows arrived than num_worst_tokens (seen_flag: rows) */
+  CUOPS_PHASE_RING = 8,    /* the proxy's ring: full past the timeout, or no longer served
+                              (code: the proxy's); source is the destination rank */
 };
 
-/* CUOPS_PHASE_GONE's seen_flag: the gone rank's pid, bit 32 set when it
- * detached (host_ops.h's OPS_ERR_GONE). */
+/* CUOPS_PHASE_GONE's seen_flag: the gone rank's pid, and in bits 32-33
+ * how it went, the abort words' detached (host_ops.h's OPS_ERR_GONE). */
 #define CUOPS_ERR_GONE(pid, detached) \
-  ((uint64_t)(uint32_t)(pid) | ((uint64_t)((detached) != 0) << 32))
+  ((uint64_t)(uint32_t)(pid) | ((uint64_t)((detached) & 3u) << 32))
+
+/* The proxy's ring (proto/xring.h, which nvcc does not see: cuda_ops.c
+ * holds these to it): the offsets of head, tail, failed and the
+ * descriptors in struct dep_xring, its entries, and one descriptor. */
+#define CUOPS_XRING_HEAD_OFF 64u
+#define CUOPS_XRING_TAIL_OFF 128u
+#define CUOPS_XRING_FAILED_OFF 192u
+#define CUOPS_XRING_DESC_OFF 256u
+#define CUOPS_XRING_ENTRIES 1024u
+struct cuops_xdesc {
+  uint32_t dest, parity;
+  uint64_t seq, bytes, reserved;
+};
 
 /* An ops_err_record (host_ops.h) with its reserved word used for phase. */
 struct cuops_err {
@@ -185,12 +212,23 @@ struct cuops_dev {
                                       stats entry; 0 between calls */
   uint32_t layout_done;            /* CTAs of the running layout finished */
   uint64_t layouts;                /* layouts made (the stats page's layout ring) */
+  /* The proxy's ring: descriptors reserved, published (its head as this
+   * rank last stored it) and known taken (its tail as last read). */
+  unsigned long long xr_next, xr_pub, xr_tail;
 };
 
 /* One rank's view of its job, passed by value to every kernel. */
 struct cuops_job {
-  uint8_t *slabs[CUOPS_MAX_RANKS]; /* every rank's slab (device pointers), by rank */
+  uint8_t *slabs[CUOPS_MAX_RANKS]; /* every local rank's slab (device pointers), by rank;
+                                      NULL for a rank on another node */
   uint64_t data_off, block_bytes, parity_bytes, row_bytes;
+  /* A job that spans nodes: bit r set for each rank on another node; the
+   * outbox of this rank's slab (slab.h: slot images, then blocks, by
+   * parity and the rank's number among the remote ones) and the ring to
+   * the daemon's proxy (device address of the registered mapping). */
+  uint64_t remote_mask, xslot_off, outbox_off;
+  uint32_t n_remote, pad0;
+  uint8_t *ring;
   uint32_t world, rank, hidden, topk, num_experts, le, kd, max_tokens, max_ll, parts;
   uint32_t *tcnt;                  /* dispatch: [world][parts * warps] rows counted, scratch */
   uint64_t timeout_ns;
@@ -330,6 +368,7 @@ struct cuops_state {
   struct dep_handle *warm_h;      /* the warm-up's handle */
   bool lent_kernels;              /* the module is the daemon's compile (KERNELS), not the fatbin */
   void *stats_pinned;             /* the stats page as registered (cuda_ops_stats_bind), or NULL */
+  void *ring_pinned;              /* the ring to the proxy as registered (a job across nodes) */
   struct cuops_job job;
 };
 

@@ -385,7 +385,7 @@ static int peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t wait
                                                                     DEP_SLAB_ABORT_OFF);
   /* The daemon stores code last with release ordering, and aborted() read
    * it with acquire: the words stored before it are visible here. */
-  uint32_t gone = ab->rank, pid = ab->pid, detached = ab->detached != 0;
+  uint32_t gone = ab->rank, pid = ab->pid, detached = ab->detached;
   struct ops_err_record *er = (struct ops_err_record *)c->slabs[c->rank];
   er->op = op & ~OPS_OP_FP8;
   er->rank = c->rank;

@@ -101,8 +101,9 @@ struct ops_err_record {
   uint32_t waited_ms;
   uint32_t reserved;
 };
-/* DEP_ERR_PEER's seen_flag: the gone rank's pid, and bit 32 set when it detached. */
-#define OPS_ERR_GONE(pid, detached) ((uint64_t)(uint32_t)(pid) | ((uint64_t)((detached) != 0) << 32))
+/* DEP_ERR_PEER's seen_flag: the gone rank's pid, and in bits 32-33 how it
+ * went: the abort words' detached (slab.h DEP_SLAB_GONE_*). */
+#define OPS_ERR_GONE(pid, detached) ((uint64_t)(uint32_t)(pid) | ((uint64_t)((detached) & 3u) << 32))
 _Static_assert(sizeof(struct ops_err_record) <= DEP_SLAB_ABORT_OFF,
                "record overlaps the abort words (slab.h)");
 

@@ -185,7 +185,7 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
    * CUOPS_MAX_TOKENS / CUOPS_WARPS tokens: one part, the largest max_tokens_per_rank) */
   __shared__ uint32_t s_go[CUOPS_WARPS][CUOPS_MAX_TOKENS / CUOPS_WARPS / 32];
   uint32_t *go_bits = s_go[threadIdx.x >> 5];
-  uint32_t before = 0;
+  uint32_t before = 0, all = 0; /* the rows before the group's, and to d in all */
   if (a.cached) {
     /* 1'. the handle says which tokens go to d and where the group's rows start */
     bool first = true;
@@ -201,8 +201,9 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
       }
     }
     __syncwarp();
+    all = a.h.tp_sent[d];
     if (g == 0 && lane == 0)
-      post_header(J, k, d, a.h.tp_sent[d], dispatch_op(a), *a.h.seq, a.num_tokens);
+      post_header(J, k, d, all, dispatch_op(a), *a.h.seq, a.num_tokens);
   } else {
     /* 1. count the group's rows for d: lane i takes every 32nd token */
     uint32_t c = 0;
@@ -225,7 +226,6 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
     if (!grid_meet(J, k, CUOPS_OP_DISPATCH))
       return false;
     /* 2. where the group's rows start: the rows of the groups before it */
-    uint32_t all = 0;
     for (uint32_t i = lane; i < ng; i += 32) {
       uint32_t v = __ldcg(cnt + i);
       before += i < g ? v : 0;
@@ -241,7 +241,7 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
     }
   }
   /* 3. the rows, marked every few */
-  uint8_t *blk = block_at(J, d, k.parity, J.rank);
+  uint8_t *blk = send_block(J, k.parity, d);
   uint32_t row = before, marked = before;
   for (uint32_t b = t0; b < t1; b += 32) {
     for (uint32_t bits = go_bits[(b - t0) / 32]; bits != 0; bits &= bits - 1) {
@@ -272,6 +272,9 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
   }
   if (row > marked)
     mark_rows(J, k, blk, marked, 1, row);
+  __syncwarp();
+  if (lane == 0) /* a remote d: the block goes to the proxy once every group's rows are in */
+    arrive(J, k, d, ng, false, 0, dispatch_op(a), 0, a.num_tokens, (uint64_t)all * J.row_bytes);
   return true;
 }
 
@@ -542,7 +545,7 @@ KERNEL dep__k_combine(const cuops_job J, const cuops_combine_args a) {
     const uint32_t op = CUOPS_OP_COMBINE | (a.ow != NULL ? CUOPS_OP_WEIGHTS : 0u);
     if (part == 0 && threadIdx.x == 0)
       post_header(J, k, d, n, op, hseq, a.num_tokens);
-    uint8_t *blk = block_at(J, d, k.parity, J.rank);
+    uint8_t *blk = send_block(J, k.parity, d);
     const uint32_t K = J.topk;
     for (uint32_t g = part * CUOPS_WARPS + warp; g < n; g += group) {
       const uint32_t end = g + group < n ? g + group : n;
@@ -554,6 +557,9 @@ KERNEL dep__k_combine(const cuops_job J, const cuops_combine_args a) {
       }
       mark_rows(J, k, blk, g, stride, end);
     }
+    __syncwarp();
+    if (lane == 0) /* a remote d: the block goes to the proxy once every warp's rows are in */
+      arrive(J, k, d, stride, false, 0, op, hseq, a.num_tokens, (uint64_t)n * J.row_bytes);
     if (combine_wait(J, k, op, hseq, a.h.tp_sent, blockIdx.x == 0)) {
       uint32_t next = lane == 0 ? atomicAdd(&J.dev->ticket, REDUCE_CLAIM) : 0;
       next = __shfl_sync(FULL_MASK, next, 0);
@@ -692,7 +698,7 @@ __device__ __forceinline__ void ll_dispatch_send(const cuops_job &J, const cuops
   extern __shared__ uint32_t s_dyn[]; /* [le] lane masks, [le] running counts */
   const uint32_t K = J.topk, h = J.hidden;
   const uint32_t stride = J.parts * CUOPS_WARPS, me = part * CUOPS_WARPS + (threadIdx.x >> 5);
-  uint8_t *blk = block_at(J, d, k.parity, J.rank);
+  uint8_t *blk = send_block(J, k.parity, d);
   uint32_t rows = 0, vecs = 0;
   if (part == 0)
     for (uint32_t l = threadIdx.x; l < 2 * J.le; l += CUOPS_THREADS)
@@ -755,7 +761,7 @@ __device__ __forceinline__ void ll_dispatch_send(const cuops_job &J, const cuops
     a.h.ll_expect[d] = vecs;
   __syncthreads();
   if (threadIdx.x == 0)
-    post(J, k, d, rows, op, 0, a.num_tokens);
+    post(J, k, d, rows, op, 0, a.num_tokens, (uint64_t)rows * J.row_bytes);
 }
 
 /* The distinct experts a received row names, or 0 for a malformed row. */
@@ -916,7 +922,7 @@ __device__ __forceinline__ void ll_combine_send(const cuops_job &J, const cuops_
   const uint32_t me = part * CUOPS_WARPS + (threadIdx.x >> 5);
   const uint64_t rows_ll = (uint64_t)J.world * J.max_ll, cap = (uint64_t)J.le * rows_ll;
   const uint32_t n = a.h.ll_rows[d];
-  uint8_t *blk = block_at(J, d, k.parity, J.rank);
+  uint8_t *blk = send_block(J, k.parity, d);
   uint32_t vecs = 0;
   for (uint32_t base = 0; base < n; base += CUOPS_THREADS) {
     uint32_t j = base + threadIdx.x, nids = 0, total;
@@ -945,7 +951,7 @@ __device__ __forceinline__ void ll_combine_send(const cuops_job &J, const cuops_
     __syncthreads();
   }
   if (threadIdx.x == 0)
-    post(J, k, d, vecs, CUOPS_OP_LL_COMBINE, hseq, a.num_tokens);
+    post(J, k, d, vecs, CUOPS_OP_LL_COMBINE, hseq, a.num_tokens, (uint64_t)vecs * h * 2);
 }
 
 KERNEL dep__k_ll_combine(const cuops_job J, const cuops_ll_combine_args a) {
@@ -1015,6 +1021,8 @@ KERNEL dep__k_ll_cast(const cuops_job J, const cuops_ll_dispatch_args a) {
 KERNEL dep__k_touch(const cuops_job J, const cuops_touch_args a) {
   uint32_t v = 0;
   const uint8_t *slab = J.slabs[blockIdx.x];
+  if (slab == nullptr) /* a rank on another node: its daemon holds its slab */
+    return;
   for (uint64_t off = (uint64_t)threadIdx.x << 16; off < a.bytes; off += (uint64_t)CUOPS_THREADS << 16)
     v += *(const volatile uint32_t *)(slab + off);
   if (v == 0x9e3779b9u) /* never in practice; keeps the reads */

@@ -31,6 +31,28 @@ __device__ __forceinline__ uint8_t *block_at(const cuops_job &J, uint32_t slab, 
          (uint64_t)src * J.block_bytes;
 }
 
+/* Whether rank d is on another node: reached through the outbox and the ring. */
+__device__ __forceinline__ bool is_remote(const cuops_job &J, uint32_t d) {
+  return ((J.remote_mask >> d) & 1ull) != 0;
+}
+
+/* Where this rank's block (and slot) for destination d goes in a call of
+ * parity: d's slab, or (d on another node) the outbox of this rank's own,
+ * by d's number among the remote ranks (slab.h dep_slab_out_block). */
+__device__ __forceinline__ uint8_t *send_block(const cuops_job &J, unsigned parity, uint32_t d) {
+  if (!is_remote(J, d))
+    return block_at(J, d, parity, J.rank);
+  const uint64_t ri = (uint64_t)__popcll(J.remote_mask & ((1ull << d) - 1ull));
+  return J.slabs[J.rank] + J.outbox_off + ((uint64_t)parity * J.n_remote + ri) * J.block_bytes;
+}
+
+__device__ __forceinline__ uint8_t *send_slot(const cuops_job &J, unsigned parity, uint32_t d) {
+  if (!is_remote(J, d))
+    return slot_at(J, d, parity, J.rank);
+  const uint64_t ri = (uint64_t)__popcll(J.remote_mask & ((1ull << d) - 1ull));
+  return J.slabs[J.rank] + J.xslot_off + ((uint64_t)parity * J.n_remote + ri) * CUOPS_SLOT_BYTES;
+}
+
 __device__ __forceinline__ int64_t idx_at(const void *idx, int32_t itype, uint64_t i) {
   return itype == DEP_INDEX_I64 ? ((const int64_t *)idx)[i] : (int64_t)((const int32_t *)idx)[i];
 }
@@ -45,6 +67,12 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t *p) {
 
 __device__ __forceinline__ void st_release_sys(uint64_t *p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t ld_acquire_gpu(const unsigned long long *p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
 }
 
 __device__ __forceinline__ uint32_t ld_acquire_sys32(const uint32_t *p) {
@@ -232,7 +260,7 @@ __device__ __forceinline__ void call_end(const cuops_job &J, const call &k, uint
 __device__ __forceinline__ void post_header(const cuops_job &J, const call &k, uint32_t d,
                                             uint32_t rows, uint32_t op, uint64_t ref_seq,
                                             uint32_t num_tokens) {
-  uint8_t *slot = slot_at(J, d, k.parity, J.rank);
+  uint8_t *slot = send_slot(J, k.parity, d);
   volatile uint32_t *s32 = (volatile uint32_t *)slot;
   s32[2] = rows;
   s32[3] = op;
@@ -242,17 +270,97 @@ __device__ __forceinline__ void post_header(const cuops_job &J, const call &k, u
 }
 
 /*
- * Thread 0 of a sender CTA, after the CTA's writes for destination d: the
- * last of the J.parts CTAs sending to d publishes the slot and the flag.
+ * One thread, once this rank's block (its first `bytes`) and slot image
+ * for the remote rank d are written and fenced at system scope: hand them
+ * to the daemon's proxy (cuda_ops.h, proto/xring.h).  Reserve a
+ * descriptor, wait (bounded) for room — the tail last read is kept in
+ * device memory, so the steady state reads nothing across the bus — write
+ * it, then publish the ring's head in reservation order: after the
+ * descriptors before it, each pushed by another CTA that is resident and
+ * pushing.  False when the call failed (recorded here, or broken
+ * elsewhere).
  */
-__device__ __forceinline__ void post(const cuops_job &J, const call &k, uint32_t d, uint32_t rows,
-                                  uint32_t op, uint64_t ref_seq, uint32_t num_tokens) {
+__device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, uint32_t op,
+                                           uint32_t d, uint64_t bytes) {
+  uint8_t *r = J.ring;
+  const unsigned long long i = atomicAdd(&J.dev->xr_next, 1ull);
+  bool written = false;
+  for (uint32_t n = 0;; n++) {
+    if (!written) {
+      unsigned long long tail = *(volatile unsigned long long *)&J.dev->xr_tail;
+      if (i - tail >= CUOPS_XRING_ENTRIES) {
+        tail = ld_acquire_sys((const uint64_t *)(r + CUOPS_XRING_TAIL_OFF));
+        atomicMax(&J.dev->xr_tail, tail);
+      }
+      if (i - tail < CUOPS_XRING_ENTRIES) {
+        volatile cuops_xdesc *e =
+            (volatile cuops_xdesc *)(r + CUOPS_XRING_DESC_OFF) + i % CUOPS_XRING_ENTRIES;
+        e->dest = d;
+        e->parity = k.parity;
+        e->seq = k.seq;
+        e->bytes = bytes;
+        e->reserved = 0;
+        written = true;
+      }
+    }
+    if (written && ld_acquire_gpu(&J.dev->xr_pub) == i) {
+      __threadfence_system();
+      st_release_sys((uint64_t *)(r + CUOPS_XRING_HEAD_OFF), i + 1);
+      __threadfence_system();
+      *(volatile unsigned long long *)&J.dev->xr_pub = i + 1;
+      return true;
+    }
+    if ((n & 31u) == 31u) {
+      const uint64_t waited = globaltimer_ns() - k.t0;
+      const int32_t failed = (int32_t)ld_acquire_sys32((const uint32_t *)(r + CUOPS_XRING_FAILED_OFF));
+      if (failed != 0 || waited > J.timeout_ns) {
+        atomicExch(&J.dev->broken, 1u); /* d will not get this call, whatever the code */
+        rec_fail(J, failed != 0 ? failed : DEP_ERR_TIMEOUT, op, d, CUOPS_PHASE_RING, k.seq,
+                 written ? 1u : 0u, waited);
+        return false;
+      }
+      if (*(volatile uint32_t *)&J.dev->broken)
+        return false;
+      __nanosleep(64);
+    }
+  }
+}
+
+/*
+ * One lane of each of the `senders` warps or CTAs writing this rank's
+ * block for destination d, once its part is written: the last to arrive
+ * publishes it.  For a local d that is posting the slot (post, with
+ * header) or nothing (the throughput ops posted theirs first: header
+ * false); for a remote d, pushing the outbox block's first `bytes` and
+ * its slot image to the proxy, once all of it is written.
+ */
+__device__ __forceinline__ void arrive(const cuops_job &J, const call &k, uint32_t d,
+                                       uint32_t senders, bool header, uint32_t rows, uint32_t op,
+                                       uint64_t ref_seq, uint32_t num_tokens, uint64_t bytes) {
+  if (!header && !is_remote(J, d))
+    return;
   __threadfence_system();
-  if (atomicAdd(&J.dev->arrive[d], 1u) != J.parts - 1)
+  if (atomicAdd(&J.dev->arrive[d], 1u) != senders - 1)
     return;
   J.dev->arrive[d] = 0;
   __threadfence_system();
-  post_header(J, k, d, rows, op, ref_seq, num_tokens);
+  if (header)
+    post_header(J, k, d, rows, op, ref_seq, num_tokens);
+  if (is_remote(J, d)) {
+    __threadfence_system();
+    xring_push(J, k, op, d, bytes);
+  }
+}
+
+/*
+ * Thread 0 of a sender CTA, after the CTA's writes for destination d: the
+ * last of the J.parts CTAs sending to d publishes the slot and the flag
+ * (through the proxy for a remote d: bytes of the block).
+ */
+__device__ __forceinline__ void post(const cuops_job &J, const call &k, uint32_t d, uint32_t rows,
+                                  uint32_t op, uint64_t ref_seq, uint32_t num_tokens,
+                                  uint64_t bytes) {
+  arrive(J, k, d, J.parts, true, rows, op, ref_seq, num_tokens, bytes);
 }
 
 /* ---- row marks (throughput ops) ----------------------------------------------------

@@ -8,7 +8,10 @@
  * for bit.  Then the faults: a remote rank or a remote daemon killed while
  * the job runs, or the link between two daemons in two network namespaces
  * taken down (root only), fails every survivor's call within the op
- * timeout, and the daemons carry on.
+ * timeout, and the daemons carry on.  Tagged gpu (make check-gpu): the
+ * same kind of job on the cuda backend, two or three daemons sharing one
+ * machine's GPU over TCP on loopback (the kernels' outbox and ring, the
+ * proxy's copies from and into GPU memory), held against the oracle.
  */
 #include <check.h>
 #include <signal.h>
@@ -21,6 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cudaranks.h"
+#include "cudarounds.h"
 #include "daemonwire.h"
 #include "host_ops.h"
 #include "deepep.h"
@@ -249,8 +254,6 @@ START_TEST(a_thousand_calls_back_to_back_across_nodes_stay_as_on_one_node) {
 }
 END_TEST
 
-/* ---- faults ---------------------------------------------------------------------- */
-
 /* deepepctl's output on node 0 (status or peers, --json) into out. */
 static void ctl_json(const struct nodes *ns, const char *what, char *out, size_t len) {
   char cmd[700];
@@ -261,6 +264,82 @@ static void ctl_json(const struct nodes *ns, const char *what, char *out, size_t
   out[got] = '\0';
   ck_assert_int_eq(pclose(f), 0);
 }
+
+/* ---- the cuda backend: daemons sharing one GPU ---------------------------------- */
+
+static const struct xn_layout gpu_layouts[] = {
+  /* world hidden topk experts max_tokens max_ll routing tokens index fp8;  nodes, split */
+  {{2, 2048, 8, 8, 16, 16, P_RANDOM, T_MIXED, DEP_INDEX_I32, 1}, 2, {1, 1}},
+  {{4, 128, 8, 16, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 1}, 2, {2, 2}},
+  {{4, 2048, 8, 32, 16, 16, P_ONE_RANK, T_MAX, DEP_INDEX_I64, 1}, 2, {3, 1}},
+  {{4, 128, 2, 8, 16, 16, P_RANDOM, T_ZERO, DEP_INDEX_I64, 0}, 2, {1, 3}},
+  {{3, 128, 8, 12, 32, 16, P_NONE, T_MAX, DEP_INDEX_I64, 0}, 3, {1, 1, 1}},
+  {{8, 7168, 8, 16, 8, 8, P_RANDOM, T_MAX, DEP_INDEX_I32, 1}, 2, {4, 4}},
+};
+
+/*
+ * Rank processes of one job attached to two or three daemons on the cuda
+ * backend, all on this machine's GPU 0 (DEP_TEST_GPUS spreads them): the
+ * blocks between daemons go GPU -> the proxy -> TCP -> the other daemon ->
+ * GPU.  Every output, twice (under two poisons), as the oracle says: moves
+ * bit for bit, sums bit for bit in the host backend's order, which is what
+ * the same job gives on one node.
+ */
+START_TEST(on_the_gpu_a_job_on_daemons_sharing_it_matches_the_oracle) {
+  CR_NEEDS_GPU();
+  const struct xn_layout *L = &gpu_layouts[_i];
+  ow_seed_init(3000 + (uint64_t)_i);
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &L->sc, L->sc.fp8);
+  struct nodes ns;
+  nodes_config_with(&ns, L->nodes, 60000, ", op_timeout_ms: 30000", "");
+  nodes_start_all(&ns);
+  struct xn_place spread;
+  memset(&spread, 0, sizeof spread);
+  xn_place(&spread, L->split, L->nodes);
+  struct cr_place p;
+  for (uint32_t g = 0; g < L->sc.world; g++) {
+    p.sock[g] = ns.d[spread.node[g]].sock;
+    p.local[g] = spread.local[g];
+    p.lws[g] = spread.lws[g];
+  }
+  struct cr_world w;
+  cr_world_msgs(&w);
+  struct cr_rounds a = {d, 1, 2};
+  char job[32];
+  snprintf(job, sizeof job, "gpu-spread-%d", _i);
+  const uint64_t t0 = cr_ms_now();
+  static char fails[OW_MAXW * (OW_MSG + 16)];
+  int nfail = cr_run_procs_placed(&w, &p, job, &d->shape, L->sc.world, cr_body_rounds, &a, fails,
+                                  sizeof fails);
+  if (nfail > 0) { /* what each daemon saw, for a failure on a machine one cannot log into */
+    for (int i = 0; i < ns.n; i++) {
+      char cmd[700];
+      printf("--- node %d: deepepd's log (last 60 lines), then deepepctl peers\n", i);
+      fflush(stdout);
+      dw_sfmt(cmd, sizeof cmd, "tail -n 60 %s; %s -s %s peers", ns.d[i].log, tu_bin("deepepctl"),
+              ns.d[i].sock);
+      if (system(cmd) != 0)
+        printf("(deepepctl peers failed)\n");
+    }
+  }
+  ck_assert_msg(nfail == 0, "%s: %d rank(s) failed (DEP_TEST_SEED=%llu):%s", d->desc, nfail,
+                (unsigned long long)ow_seed, fails);
+  char out[16384];
+  ctl_json(&ns, "peers", out, sizeof out);
+  ck_assert_msg(strstr(out, "\"data_frames_out\":0") == NULL,
+                "no block went through node 0's proxy: %s", out);
+  printf("xnode gpu: %s over %d daemons on one machine: as the oracle says, in %llu ms\n",
+         d->desc, L->nodes, (unsigned long long)(cr_ms_now() - t0));
+  cr_world_msgs_free(&w);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
+/* ---- faults ---------------------------------------------------------------------- */
 
 /* A running job's traffic shows: per peer (deepepctl peers) and per job (status). */
 static void expect_traffic(const struct nodes *ns) {
@@ -541,5 +620,11 @@ Suite *xnode_suite(void) {
   tcase_add_test(f, sigkill_of_a_remote_daemon_fails_the_others_within_the_op_timeout);
   tcase_add_test(f, a_link_taken_down_mid_run_fails_every_rank_within_the_op_timeout);
   suite_add_tcase(s, f);
+  TCase *g = tcase_create("gpu");
+  tcase_set_tags(g, "gpu");
+  tcase_set_timeout(g, 240);
+  tcase_add_loop_test(g, on_the_gpu_a_job_on_daemons_sharing_it_matches_the_oracle, 0,
+                      (int)(sizeof gpu_layouts / sizeof gpu_layouts[0]));
+  suite_add_tcase(s, g);
   return s;
 }

@@ -47,13 +47,18 @@ uint64_t cr_ms_now(void) {
 
 int rk_open(struct rk *k, const char *sock, const char *job, const struct dep_job_shape *sh,
             uint32_t rank, uint32_t W) {
+  return rk_open_at(k, sock, job, sh, rank, W, rank, W);
+}
+
+int rk_open_at(struct rk *k, const char *sock, const char *job, const struct dep_job_shape *sh,
+               uint32_t rank, uint32_t W, uint32_t local, uint32_t lws) {
   char why[256] = "";
   k->rank = rank, k->W = W;
   k->cu = cudadrv_load(why, sizeof why);
   if (k->cu == NULL)
     return ow_fail(k->msg, "rank %u: %s", rank, why);
-  struct dep_attach_args a = {.rank = rank, .world_size = W, .local_rank = rank,
-                              .local_world_size = W, .shape = *sh};
+  struct dep_attach_args a = {.rank = rank, .world_size = W, .local_rank = local,
+                              .local_world_size = lws, .shape = *sh};
   snprintf(a.job_id, sizeof a.job_id, "%s", job);
   /* This rank's GPU's primary context current on this thread before
    * anything else: dep_attach keeps a current context of the device it
@@ -127,10 +132,16 @@ int cr_get(struct rk *k, int i) {
 
 
 
-void cr_world_start(struct cr_world *w, const char *yaml) {
-  ck_assert_msg(tu_daemon_start(&w->dm, yaml) == 0, "deepepd did not start on the cuda backend");
+void cr_world_msgs(struct cr_world *w) {
   w->msg = mmap(NULL, OW_MAXW * OW_MSG, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   ck_assert(w->msg != MAP_FAILED);
+}
+
+void cr_world_msgs_free(struct cr_world *w) { munmap(w->msg, OW_MAXW * OW_MSG); }
+
+void cr_world_start(struct cr_world *w, const char *yaml) {
+  ck_assert_msg(tu_daemon_start(&w->dm, yaml) == 0, "deepepd did not start on the cuda backend");
+  cr_world_msgs(w);
 }
 
 void cr_world_stop(struct cr_world *w) {
@@ -150,25 +161,44 @@ void cr_world_stop(struct cr_world *w) {
   dep_client_free(c);
   ck_assert_int_eq(tu_daemon_stop(&w->dm), 0);
   tu_daemon_cleanup(&w->dm);
-  munmap(w->msg, OW_MAXW * OW_MSG);
+  cr_world_msgs_free(w);
 }
 
-static void cr_report(struct cr_world *w, uint32_t W, const int *failed, const char *what) {
-  char out[OW_MAXW * (OW_MSG + 16)] = "";
-  size_t len = 0;
+/* Every failed rank's message into out: how many failed. */
+static int cr_failures(struct cr_world *w, uint32_t W, const int *failed, char *out, size_t len) {
+  size_t o = 0;
   int n = 0;
+  out[0] = '\0';
   for (uint32_t r = 0; r < W; r++)
     if (failed[r]) {
       n++;
-      len += (size_t)snprintf(out + len, sizeof out - len, "\n  rank %u: %s", r,
-                              w->msg[r * OW_MSG] ? w->msg + r * OW_MSG : "(stopped)");
+      o += (size_t)snprintf(out + o, o < len ? len - o : 0, "\n  rank %u: %s", r,
+                            w->msg[r * OW_MSG] ? w->msg + r * OW_MSG : "(stopped)");
     }
+  return n;
+}
+
+static void cr_report(struct cr_world *w, uint32_t W, const int *failed, const char *what) {
+  static char out[OW_MAXW * (OW_MSG + 16)];
+  int n = cr_failures(w, W, failed, out, sizeof out);
   ck_assert_msg(n == 0, "%s: %d rank(s) failed (DEP_TEST_SEED=%llu):%s", what, n,
                 (unsigned long long)ow_seed, out);
 }
 
 void cr_run_procs(struct cr_world *w, const char *job, const struct dep_job_shape *sh, uint32_t W,
                   cr_rank_body fn, void *arg, const char *what) {
+  struct cr_place p;
+  for (uint32_t r = 0; r < W; r++)
+    p.sock[r] = w->dm.sock, p.local[r] = r, p.lws[r] = W;
+  static char out[OW_MAXW * (OW_MSG + 16)];
+  int n = cr_run_procs_placed(w, &p, job, sh, W, fn, arg, out, sizeof out);
+  ck_assert_msg(n == 0, "%s: %d rank(s) failed (DEP_TEST_SEED=%llu):%s", what, n,
+                (unsigned long long)ow_seed, out);
+}
+
+int cr_run_procs_placed(struct cr_world *w, const struct cr_place *p, const char *job,
+                        const struct dep_job_shape *sh, uint32_t W, cr_rank_body fn, void *arg,
+                        char *out, size_t len) {
   memset(w->msg, 0, OW_MAXW * OW_MSG);
   pid_t pid[OW_MAXW];
   pid_t parent = getpid();
@@ -183,7 +213,7 @@ void cr_run_procs(struct cr_world *w, const char *job, const struct dep_job_shap
       struct rk k;
       memset(&k, 0, sizeof k);
       k.msg = w->msg + r * OW_MSG;
-      int rc = rk_open(&k, w->dm.sock, job, sh, r, W) || fn(&k, arg);
+      int rc = rk_open_at(&k, p->sock[r], job, sh, r, W, p->local[r], p->lws[r]) || fn(&k, arg);
       rk_close(&k);
       _exit(rc ? 1 : 0);
     }
@@ -207,7 +237,7 @@ void cr_run_procs(struct cr_world *w, const char *job, const struct dep_job_shap
       usleep(1000);
     }
   }
-  cr_report(w, W, failed, what);
+  return cr_failures(w, W, failed, out, len);
 }
 
 struct thr {

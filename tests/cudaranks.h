@@ -66,6 +66,9 @@ struct rk {
  * stream and buffers; 0, or a failure written to k->msg. */
 int rk_open(struct rk *k, const char *sock, const char *job, const struct dep_job_shape *sh,
             uint32_t rank, uint32_t W);
+/* The same for a job of nodes: local rank `local` of the lws ranks on sock's daemon. */
+int rk_open_at(struct rk *k, const char *sock, const char *job, const struct dep_job_shape *sh,
+               uint32_t rank, uint32_t W, uint32_t local, uint32_t lws);
 void rk_close(struct rk *k);
 int cr_put(struct rk *k, int i, const void *src, size_t n);
 int cr_poison(struct rk *k, int i, uint8_t pz);
@@ -87,6 +90,20 @@ void cr_world_stop(struct cr_world *w);
 /* Fork one process per rank; each attaches, runs fn, detaches. */
 void cr_run_procs(struct cr_world *w, const char *job, const struct dep_job_shape *sh, uint32_t W,
                   cr_rank_body fn, void *arg, const char *what);
+/* Where each rank of a job attaches: its daemon's socket and its local
+ * rank among that daemon's lws[] ranks (a job spread over nodes). */
+struct cr_place {
+  const char *sock[OW_MAXW];
+  uint32_t local[OW_MAXW], lws[OW_MAXW];
+};
+/* cr_run_procs with every rank placed as p says (w->dm need not run):
+ * how many ranks failed, their messages in out. */
+int cr_run_procs_placed(struct cr_world *w, const struct cr_place *p, const char *job,
+                        const struct dep_job_shape *sh, uint32_t W, cr_rank_body fn, void *arg,
+                        char *out, size_t len);
+/* The per-rank messages of a world whose daemons are started elsewhere (nodes.h). */
+void cr_world_msgs(struct cr_world *w);
+void cr_world_msgs_free(struct cr_world *w);
 /* Every rank a thread of this process with its own client and stream. */
 void cr_run_threads(struct cr_world *w, const char *job, const struct dep_job_shape *sh,
                     uint32_t W, cr_rank_body fn, void *arg, const char *what);

@@ -438,6 +438,10 @@ int tu_daemon_start_opts(struct tu_daemon *d, const char *dir, const char *extra
       close(fd);
     }
     unsetenv("NOTIFY_SOCKET");
+    /* The daemon runs outside MPS, as under systemd: a daemon made an MPS
+     * client of the ranks' server could not serve them (DEVICE.md). */
+    unsetenv("CUDA_MPS_PIPE_DIRECTORY");
+    unsetenv("CUDA_MPS_LOG_DIRECTORY");
     if (o->nofile > 0) {
       /* Only stdio goes with it, so that the fds it holds are its own. */
       close_range(3, ~0u, 0);

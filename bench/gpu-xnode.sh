@@ -1,0 +1,103 @@
+#!/bin/bash
+# gpu-xnode.sh — issue 14's GPU pass in one command (DEVICE.md): jobs that
+# span daemons on the cuda backend, two or three daemons on this machine
+# sharing its GPU over TCP on loopback (check_xnode's gpu case: the kernels'
+# outbox and ring, the proxies' copies out of and into GPU memory), under
+# MPS (the daemons outside it, as tu_daemon_start keeps them), then the
+# single-node oracle suite (check_cuda_ops' oracle case) on the same build,
+# then the first layouts once more time-sliced (no MPS: nothing deadlocks
+# there).  Logs under $OUT, one file per step.
+# Build here first with: make BUILD=build-gpu STATIC_DEPS=1 all build-gpu/check_deepepd
+# Usage there, from the repository root: bench/gpu-xnode.sh [BUILD_DIR]
+# Knobs: STEPS (default "xnode oracle sliced"; "ep": bench/ep across two
+# daemons and on one, and loopback TCP round trips), SECS (per step, 150).
+set -u
+B=$(cd "${1:-build-gpu}" && pwd) || exit 2
+OUTD=${OUT:-/tmp/dep-out}
+mkdir -p "$OUTD"
+exec > >(tee "$OUTD/gpu-xnode.log") 2>&1
+date -u; nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,compute_mode --format=csv,noheader
+echo "== missing libraries (none expected):"; ldd "$B"/deepepd "$B"/check_deepepd | grep 'not found'
+export DEP_BUILD=$B DEP_TEST_TAGS=gpu DEP_TEST_BACKEND=cuda CK_VERBOSITY=verbose
+
+# step NAME SUITE CASE: one case of the GPU tests under timeout, its log in $OUTD/NAME.log.
+step() {
+  local t0=$SECONDS rc
+  echo "== $1: CK_RUN_SUITE=$2 CK_RUN_CASE=$3"
+  CK_RUN_SUITE=$2 CK_RUN_CASE=$3 timeout "${SECS:-150}" "$B"/check_deepepd > "$OUTD/$1.log" 2>&1
+  rc=$?
+  grep -E "xnode gpu:|cuda_ops processes:|Checks:|Failures|Skipped|skipped:|:F:|:E:" "$OUTD/$1.log" | head -40
+  echo "== $1 rc $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (timed out)')"
+}
+
+mps_on() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
+  mkdir -p /tmp/mps /tmp/mpslog
+  nvidia-cuda-mps-control -d && echo "== MPS started"
+}
+mps_off() {
+  echo quit | nvidia-cuda-mps-control; sleep 1
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  echo "== MPS stopped"
+}
+
+# Two cuda daemons on loopback, each the other's peer, started outside MPS
+# (before it): bench/ep's ranks spread over them, then all on the first (the
+# same job on one node), then the TCP round trip of the LL ops' bytes on
+# loopback (bench/xnode_pingpong), all in this one step.
+ep_step() {
+  local D t0=$SECONDS i
+  D=$(mktemp -d /tmp/dep-gx.XXXXXX)
+  "$B"/deepepctl genkey "$D/peer.key" >/dev/null
+  for i in 0 1; do
+    cat > "$D/n$i.yaml" <<YAML
+socket: {path: $D/n$i.sock}
+backend: ${EP_BACKEND:-cuda}
+pool: {size_per_device: 8GiB, chunk_size: 1GiB, host_size: 1GiB}
+connection_pool_size: 2
+listen: {address: 127.0.0.1, port: $((7481 + i))}
+peers: [{host: 127.0.0.1, port: $((7482 - i))}]
+peer_key_file: $D/peer.key
+peer_wait_ms: 0
+limits: {attach_timeout_ms: 60000}
+YAML
+    env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY "$B"/deepepd -c "$D/n$i.yaml" \
+      2> "$OUTD/ep-deepepd-n$i.log" &
+  done
+  for i in 0 1; do
+    for t in $(seq 300); do
+      "$B"/deepepctl -s "$D/n$i.sock" peers --json 2>/dev/null | grep -q '"state":"up"' && break
+      sleep 0.1
+    done
+  done
+  mps_on
+  echo "== ep: two daemons, ranks spread over them"
+  timeout 120 "$B"/bench/ep -s "$D/n0.sock,$D/n1.sock" -n 2,4 -m processes -t ${EP_TOKENS:-128} \
+    -l ${EP_LL:-8,128} -c ${EP_CALLS:-50} 2>&1 | tee "$OUTD/ep-spread.txt"
+  echo "== ep: the same on one daemon"
+  timeout 90 "$B"/bench/ep -s "$D/n0.sock" -n 2,4 -m processes -t ${EP_TOKENS:-128} \
+    -l ${EP_LL:-8,128} -c ${EP_CALLS:-50} 2>&1 | tee "$OUTD/ep-one.txt"
+  "$B"/deepepctl -s "$D/n0.sock" peers 2>&1 | tee "$OUTD/ep-peers.txt"
+  "$B"/bench/xnode_pingpong -l 127.0.0.1:7489 & local pp=$!
+  sleep 0.3
+  echo "== TCP round trips on loopback"
+  timeout 30 "$B"/bench/xnode_pingpong -c 127.0.0.1:7489 -b ${PP_BYTES:-16384,262144,1048576,8388608} \
+    -i 200 2>&1 | tee "$OUTD/ep-pingpong.txt"
+  kill $pp 2>/dev/null
+  for i in 0 1; do "$B"/deepepctl -s "$D/n$i.sock" status > "$OUTD/ep-status-n$i.txt" 2>&1; done
+  pkill -TERM -f "deepepd -c $D/" ; sleep 1
+  mps_off
+  echo "== ep step in $((SECONDS - t0)) s"
+}
+
+for s in ${STEPS:-xnode oracle sliced}; do
+  case $s in
+  ep) ep_step ;;
+  xnode) mps_on; step xnode-mps xnode gpu ;;
+  oracle) step oracle-mps cuda_ops oracle; mps_off ;;
+  sliced) [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && mps_off
+          CK_RUN_CASE=gpu SECS=${SLICED_SECS:-90} step xnode-sliced xnode gpu ;;
+  esac
+done
+[ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && mps_off
+date -u
