@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cuda_ops.h"
 #include "cudaranks.h"
 #include "cudarounds.h"
 #include "daemonwire.h"
@@ -304,6 +305,13 @@ START_TEST(on_the_gpu_a_job_on_daemons_sharing_it_matches_the_oracle) {
     p.local[g] = spread.local[g];
     p.lws[g] = spread.lws[g];
   }
+  /* Every CTA of a rank's call must be resident at once (cuda_ops.h), and
+   * each daemon shares the GPU out among the ranks it holds, not knowing
+   * those of the others here (one daemon per GPU's node is the design):
+   * three ranks alone on three daemons would take 96 CTAs each, more than
+   * an H200 holds under MPS, and the last one's grid barrier would wait for
+   * CTAs that never start.  16 each keeps 8 ranks on 128 CTAs. */
+  setenv(CUOPS_CTAS_ENV, "16", 1);
   struct cr_world w;
   cr_world_msgs(&w);
   struct cr_rounds a = {d, 1, 2};
