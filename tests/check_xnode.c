@@ -279,6 +279,47 @@ static const struct xn_layout gpu_layouts[] = {
 };
 
 /*
+ * Run fn in rank processes of job on the GPU, world ranks placed over ns's
+ * daemons in blocks of split (xn_place): how many failed, their messages in
+ * fails.  When any did, each daemon's log tail and peers are shown (for a
+ * failure on a machine one cannot log into).  Every rank's SM budget is
+ * DEEPEP_KERNEL_CTAS=16: every CTA of a rank's call must be resident at
+ * once (cuda_ops.h), and each daemon shares the GPU out among the ranks it
+ * holds, not knowing those of the others here (one daemon per node is the
+ * design): three ranks alone on three daemons took 96 CTAs each, more than
+ * an H200 holds under MPS, and the last one's grid barrier waited for CTAs
+ * that never started.  16 each keeps 8 ranks on 128 CTAs.
+ */
+static int gpu_run(const struct nodes *ns, const uint32_t *split, const char *job,
+                   const struct ow_case *d, cr_rank_body fn, void *arg, bool wait_all,
+                   char *fails, size_t len) {
+  struct xn_place spread;
+  memset(&spread, 0, sizeof spread);
+  xn_place(&spread, split, ns->n);
+  struct cr_place p = {.wait_all = wait_all};
+  for (uint32_t g = 0; g < d->sc.world; g++) {
+    p.sock[g] = ns->d[spread.node[g]].sock;
+    p.local[g] = spread.local[g];
+    p.lws[g] = spread.lws[g];
+  }
+  setenv(CUOPS_CTAS_ENV, "16", 1);
+  struct cr_world w;
+  cr_world_msgs(&w);
+  int nfail = cr_run_procs_placed(&w, &p, job, &d->shape, d->sc.world, fn, arg, fails, len);
+  cr_world_msgs_free(&w);
+  for (int i = 0; nfail > 0 && i < ns->n; i++) {
+    char cmd[700];
+    printf("--- node %d: deepepd's log (last 60 lines), then deepepctl peers\n", i);
+    fflush(stdout);
+    dw_sfmt(cmd, sizeof cmd, "tail -n 60 %s; %s -s %s peers", ns->d[i].log, tu_bin("deepepctl"),
+            ns->d[i].sock);
+    if (system(cmd) != 0)
+      printf("(deepepctl peers failed)\n");
+  }
+  return nfail;
+}
+
+/*
  * Rank processes of one job attached to two or three daemons on the cuda
  * backend, all on this machine's GPU 0 (DEP_TEST_GPUS spreads them): the
  * blocks between daemons go GPU -> the proxy -> TCP -> the other daemon ->
@@ -296,42 +337,12 @@ START_TEST(on_the_gpu_a_job_on_daemons_sharing_it_matches_the_oracle) {
   struct nodes ns;
   nodes_config_with(&ns, L->nodes, 60000, ", op_timeout_ms: 30000", "");
   nodes_start_all(&ns);
-  struct xn_place spread;
-  memset(&spread, 0, sizeof spread);
-  xn_place(&spread, L->split, L->nodes);
-  struct cr_place p;
-  for (uint32_t g = 0; g < L->sc.world; g++) {
-    p.sock[g] = ns.d[spread.node[g]].sock;
-    p.local[g] = spread.local[g];
-    p.lws[g] = spread.lws[g];
-  }
-  /* Every CTA of a rank's call must be resident at once (cuda_ops.h), and
-   * each daemon shares the GPU out among the ranks it holds, not knowing
-   * those of the others here (one daemon per GPU's node is the design):
-   * three ranks alone on three daemons would take 96 CTAs each, more than
-   * an H200 holds under MPS, and the last one's grid barrier would wait for
-   * CTAs that never start.  16 each keeps 8 ranks on 128 CTAs. */
-  setenv(CUOPS_CTAS_ENV, "16", 1);
-  struct cr_world w;
-  cr_world_msgs(&w);
   struct cr_rounds a = {d, 1, 2};
   char job[32];
   snprintf(job, sizeof job, "gpu-spread-%d", _i);
   const uint64_t t0 = cr_ms_now();
   static char fails[OW_MAXW * (OW_MSG + 16)];
-  int nfail = cr_run_procs_placed(&w, &p, job, &d->shape, L->sc.world, cr_body_rounds, &a, fails,
-                                  sizeof fails);
-  if (nfail > 0) { /* what each daemon saw, for a failure on a machine one cannot log into */
-    for (int i = 0; i < ns.n; i++) {
-      char cmd[700];
-      printf("--- node %d: deepepd's log (last 60 lines), then deepepctl peers\n", i);
-      fflush(stdout);
-      dw_sfmt(cmd, sizeof cmd, "tail -n 60 %s; %s -s %s peers", ns.d[i].log, tu_bin("deepepctl"),
-              ns.d[i].sock);
-      if (system(cmd) != 0)
-        printf("(deepepctl peers failed)\n");
-    }
-  }
+  int nfail = gpu_run(&ns, L->split, job, d, cr_body_rounds, &a, false, fails, sizeof fails);
   ck_assert_msg(nfail == 0, "%s: %d rank(s) failed (DEP_TEST_SEED=%llu):%s", d->desc, nfail,
                 (unsigned long long)ow_seed, fails);
   char out[16384];
@@ -340,8 +351,105 @@ START_TEST(on_the_gpu_a_job_on_daemons_sharing_it_matches_the_oracle) {
                 "no block went through node 0's proxy: %s", out);
   printf("xnode gpu: %s over %d daemons on one machine: as the oracle says, in %llu ms\n",
          d->desc, L->nodes, (unsigned long long)(cr_ms_now() - t0));
-  cr_world_msgs_free(&w);
   nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
+/* What the ranks of the lost-node test share. */
+struct gpu_loss {
+  const struct ow_case *d;
+  pid_t victim;        /* node 1's daemon */
+  uint32_t first_gone; /* node 1's first rank: it kills the daemon */
+  int kill_round;
+};
+
+/* Rounds until a call fails.  Node 1's ranks stop at kill_round, the first
+ * of them killing its daemon first: node 1 is lost with its ranks.  A
+ * failure's message ends with the round and how long its round took. */
+static int body_until_node_lost(struct rk *k, void *arg) {
+  const struct gpu_loss *g = arg;
+  for (int round = 0; round < 100000; round++) {
+    if (k->rank >= g->first_gone && round == g->kill_round) {
+      if (k->rank == g->first_gone)
+        kill(g->victim, SIGKILL);
+      _exit(0);
+    }
+    uint64_t dig = 0, t0 = cr_ms_now();
+    if (cr_upload(k, g->d) || cr_round_tp(k, g->d, 0xA5, &dig) ||
+        cr_round_ll(k, g->d, 0, 0xA5, &dig)) {
+      size_t l = strlen(k->msg);
+      snprintf(k->msg + l, OW_MSG - l, " (round %d, after %llu ms)", round,
+               (unsigned long long)(cr_ms_now() - t0));
+      return 1;
+    }
+  }
+  return ow_fail(k->msg, "rank %u: 100000 rounds and no failure: node 1's loss was not seen",
+                 k->rank);
+}
+
+/*
+ * On the cuda backend, a job of 2 + 2 ranks on two daemons sharing the GPU:
+ * node 1's daemon is SIGKILLed with its ranks mid-run.  Node 0's ranks fail
+ * within the op timeout with DEP_ERR_PEER naming a lost node (or
+ * DEP_ERR_TIMEOUT), their daemon still answers, and a new job on it runs.
+ */
+START_TEST(on_the_gpu_a_lost_node_fails_the_survivors_within_the_op_timeout) {
+  CR_NEEDS_GPU();
+  enum { OP_MS = 10000 };
+  ow_seed_init(77);
+  struct ow_scenario sc = {4, 2048, 8, 16, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &sc, 0);
+  struct nodes ns;
+  char limits[64];
+  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", OP_MS);
+  nodes_config_with(&ns, 2, 60000, limits, "");
+  nodes_start_all(&ns);
+  const uint32_t split[NODES_MAX] = {2, 2};
+  struct gpu_loss g = {.d = d, .victim = ns.d[1].pid, .first_gone = 2, .kill_round = 4};
+  static char fails[OW_MAXW * (OW_MSG + 16)];
+  int nfail = gpu_run(&ns, split, "gpu-loss", d, body_until_node_lost, &g, true, fails,
+                      sizeof fails);
+  ns.d[1].pid = 0; /* killed: nodes_stop must not wait for it */
+  ck_assert_msg(nfail == 2, "not just node 0's two ranks failed (%d did):%s", nfail, fails);
+  const char *at = fails;
+  for (int r = 0; r < 2; r++) {
+    char tag[16];
+    snprintf(tag, sizeof tag, "rank %d: ", r);
+    const char *m = strstr(at, tag);
+    ck_assert_msg(m != NULL, "rank %d did not fail:%s", r, fails);
+    const char *end = strstr(m + 1, "\n  rank ");
+    char one[OW_MSG + 32];
+    snprintf(one, sizeof one, "%.*s", end ? (int)(end - m) : (int)strlen(m), m);
+    ck_assert_msg(strstr(one, "DEP_ERR_PEER") != NULL || strstr(one, "DEP_ERR_TIMEOUT") != NULL,
+                  "rank %d failed otherwise: %s", r, one);
+    const char *after = strstr(one, ", after ");
+    unsigned long long ms = after ? strtoull(after + 8, NULL, 10) : ~0ull;
+    ck_assert_msg(ms <= OP_MS + 5000, "rank %d took %llu ms to fail, past the op timeout: %s", r,
+                  ms, one);
+    printf("xnode gpu: node 1 lost: %s\n", one);
+  }
+  char out[16384];
+  ctl_json(&ns, "status", out, sizeof out);
+  /* A job on node 0 alone runs after the loss. */
+  struct ow_scenario sc2 = {2, 2048, 8, 16, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
+  struct ow_case *d2 = malloc(sizeof *d2);
+  ck_assert_ptr_nonnull(d2);
+  ow_case_make(d2, &sc2, 0);
+  struct nodes one = ns;
+  one.n = 1;
+  const uint32_t all[NODES_MAX] = {2};
+  struct cr_rounds a = {d2, 1, 2};
+  nfail = gpu_run(&one, all, "gpu-after-loss", d2, cr_body_rounds, &a, false, fails,
+                  sizeof fails);
+  ck_assert_msg(nfail == 0, "a job on node 0 after node 1's loss failed:%s", fails);
+  printf("xnode gpu: node 0 ran a new job after node 1's loss\n");
+  nodes_stop(&ns);
+  ow_case_free(d2);
+  free(d2);
   ow_case_free(d);
   free(d);
 }
@@ -633,6 +741,7 @@ Suite *xnode_suite(void) {
   tcase_set_timeout(g, 240);
   tcase_add_loop_test(g, on_the_gpu_a_job_on_daemons_sharing_it_matches_the_oracle, 0,
                       (int)(sizeof gpu_layouts / sizeof gpu_layouts[0]));
+  tcase_add_test(g, on_the_gpu_a_lost_node_fails_the_survivors_within_the_op_timeout);
   suite_add_tcase(s, g);
   return s;
 }

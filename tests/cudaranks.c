@@ -187,7 +187,7 @@ static void cr_report(struct cr_world *w, uint32_t W, const int *failed, const c
 
 void cr_run_procs(struct cr_world *w, const char *job, const struct dep_job_shape *sh, uint32_t W,
                   cr_rank_body fn, void *arg, const char *what) {
-  struct cr_place p;
+  struct cr_place p = {.wait_all = false};
   for (uint32_t r = 0; r < W; r++)
     p.sock[r] = w->dm.sock, p.local[r] = r, p.lws[r] = W;
   static char out[OW_MAXW * (OW_MSG + 16)];
@@ -229,7 +229,7 @@ int cr_run_procs_placed(struct cr_world *w, const struct cr_place *p, const char
       failed[r] = !WIFEXITED(st) || WEXITSTATUS(st) != 0;
       nfail += failed[r];
     }
-    if (left > 0 && (nfail > 0 || cr_ms_now() > deadline)) {
+    if (left > 0 && ((nfail > 0 && !p->wait_all) || cr_ms_now() > deadline)) {
       for (uint32_t r = 0; r < W; r++) /* peers of a failed rank would only wait out their bound */
         if (!done[r])
           kill(pid[r], SIGKILL);

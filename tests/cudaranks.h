@@ -95,6 +95,7 @@ void cr_run_procs(struct cr_world *w, const char *job, const struct dep_job_shap
 struct cr_place {
   const char *sock[OW_MAXW];
   uint32_t local[OW_MAXW], lws[OW_MAXW];
+  bool wait_all; /* wait for every rank even after one failed (else the rest are killed) */
 };
 /* cr_run_procs with every rank placed as p says (w->dm need not run):
  * how many ranks failed, their messages in out. */
