@@ -1,10 +1,11 @@
 /*
  * config.c — deepepd.yaml into struct config (DESIGN §9).
  *
- * One table below names every key: its type, its range, where it lands in
- * the struct and whether it may change without a restart.  The loader, its
- * error messages ("known: ...") and config_diff_restart all read that table,
- * so they cannot disagree.  The YAML is loaded with libyaml's document API
+ * One table names every key (config_keys.c): its type, its range, where it
+ * lands in the struct and whether it may change without a restart.  The
+ * loader here, its error messages ("known: ...") and the reload's
+ * comparisons (config_reload.c) all read that table, so they cannot
+ * disagree.  The YAML is loaded with libyaml's document API
  * and walked against the table; the first problem stops the walk with
  * "FILE:LINE:COLUMN: what is wrong".  Everything is written into a copy, and
  * the caller's struct changes only when the whole file checked out.
@@ -14,10 +15,8 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <inttypes.h>
 #include <netinet/in.h>
-#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,172 +26,15 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "config_keys.h"
 #include "config_value.h"
 #include "deepep.h"
 
-/* CUDA VMM maps memory in 2 MiB granules; pool.chunk_size (the size the pool is
- * preallocated in), pool.max_allocation (the largest allocation an arena is made of)
- * and the pool sizes are whole numbers of them. */
-#define CHUNK_GRANULE (2 * MiB)
 #define DEFAULT_PORT 7470
 /* A config file is a page of text; anything this big is a mistake (or an attack). */
 #define CONFIG_FILE_MAX (1024 * 1024)
 /* %YAML and %TAG lines before the document (check_shape); a config file needs none. */
 #define CONFIG_MAX_DIRECTIVES 16
-
-enum kind {
-  K_SECTION, /* a mapping of further keys */
-  K_BOOL,
-  K_UINT,    /* decimal integer, min..max, stored in .size bytes */
-  K_SIZE,    /* bytes, or a number with KiB/MiB/GiB/TiB, min..max */
-  K_MODE,    /* octal file mode */
-  K_RATIO,   /* a real number, dmin..dmax */
-  K_STR,     /* a string shorter than .size */
-  K_NAMES,   /* list of user/group names (or ids) */
-  K_DEVICES, /* list of GPU UUIDs */
-  K_PEERS,   /* list of {host, port} */
-  K_ENUM,    /* one of .names, stored as int */
-};
-
-struct name_value {
-  const char *name;
-  int value;
-};
-
-/* Flags on strings. */
-#define F_NONEMPTY 1u /* "" is not allowed */
-#define F_SUNPATH 2u  /* the length limit is sun_path's: say so */
-#define F_TOKEN 4u    /* a name: no spaces */
-/* Flag on sizes. */
-#define F_GRANULE 8u  /* a whole number of CHUNK_GRANULE (allocation sizes) */
-#define F_ZERO_AUTO 16u /* K_SIZE: 0 is allowed too, and means "the daemon chooses" */
-#define F_ABSPATH 32u /* K_STR: "" or an absolute path (the daemon's cwd is no place to rely on) */
-#define F_LISTEN 64u  /* K_STR: "" or "ADDRESS:PORT" (config_listen_split) */
-
-struct key {
-  const char *name;
-  enum kind kind;
-  size_t off, size;               /* where the value lands (relative to the base) and its size */
-  size_t count_off;               /* lists: where the entry count lives */
-  size_t entry;                   /* lists: size of one entry */
-  uint64_t min, max;              /* K_UINT, K_SIZE, K_MODE */
-  double dmin, dmax;              /* K_RATIO */
-  unsigned flags;                 /* K_STR, list entries and K_SIZE */
-  bool live;                      /* may change on SIGHUP without a restart */
-  const struct key *sub;          /* K_SECTION (and K_PEERS: the keys of one peer) */
-  const struct name_value *names; /* K_ENUM, ended by a NULL name */
-  const char *expected;           /* K_ENUM: the choices, for messages */
-};
-
-#define AT(f) .off = offsetof(struct config, f), .size = sizeof(((struct config *)0)->f)
-#define LIST(f, n)                                                                                 \
-  AT(f), .count_off = offsetof(struct config, n), .entry = sizeof(((struct config *)0)->f[0])
-#define PEER_AT(f)                                                                                 \
-  .off = offsetof(struct config_peer, f), .size = sizeof(((struct config_peer *)0)->f)
-
-_Static_assert(sizeof(enum config_backend) == sizeof(int), "enums are stored as int");
-_Static_assert(sizeof(enum config_log_level) == sizeof(int), "enums are stored as int");
-_Static_assert(sizeof(enum config_transport) == sizeof(int), "enums are stored as int");
-
-/* The tables read best one key to a line. */
-/* clang-format off */
-static const struct name_value backend_names[] = {
-    {"auto", CONFIG_BACKEND_AUTO}, {"cuda", CONFIG_BACKEND_CUDA}, {"host", CONFIG_BACKEND_HOST},
-    {NULL, 0}};
-
-static const struct name_value transport_names[] = {
-    {"auto", CONFIG_TRANSPORT_AUTO}, {"rdma", CONFIG_TRANSPORT_RDMA}, {"tcp", CONFIG_TRANSPORT_TCP},
-    {NULL, 0}};
-
-static const struct name_value log_level_names[] = {
-    {"err", CONFIG_LOG_ERR}, {"warning", CONFIG_LOG_WARNING}, {"notice", CONFIG_LOG_NOTICE},
-    {"info", CONFIG_LOG_INFO}, {"debug", CONFIG_LOG_DEBUG},
-    /* Spellings people type; config_log_level_name gives the ones above. */
-    {"error", CONFIG_LOG_ERR}, {"warn", CONFIG_LOG_WARNING},
-    {NULL, 0}};
-
-static const struct key socket_keys[] = {
-    {.name = "path", .kind = K_STR, AT(socket_path), .flags = F_NONEMPTY | F_SUNPATH},
-    {.name = "mode", .kind = K_MODE, AT(socket_mode), .max = 0777},
-    {.name = "group", .kind = K_STR, AT(socket_group), .flags = F_TOKEN},
-    {.name = NULL}};
-
-static const struct key allow_keys[] = {
-    {.name = "users", .kind = K_NAMES, LIST(allow_users, n_allow_users), .live = true},
-    {.name = "groups", .kind = K_NAMES, LIST(allow_groups, n_allow_groups), .live = true},
-    {.name = "any_user", .kind = K_BOOL, AT(allow_any_user), .live = true},
-    {.name = NULL}};
-
-static const struct key pool_keys[] = {
-    {.name = "size_per_device", .kind = K_SIZE, AT(pool_size_per_device), .min = CHUNK_GRANULE, .max = 64 * TiB},
-    {.name = "chunk_size", .kind = K_SIZE, AT(pool_chunk_size), .min = CHUNK_GRANULE, .max = 64 * TiB,
-     .flags = F_GRANULE},
-    /* Live: read when a job's arenas are made, so it applies from the next job on. */
-    {.name = "max_allocation", .kind = K_SIZE, AT(pool_max_allocation), .min = CHUNK_GRANULE, .max = 64 * TiB,
-     .flags = F_GRANULE | F_ZERO_AUTO, .live = true},
-    {.name = "host_size", .kind = K_SIZE, AT(host_pool_size), .min = CHUNK_GRANULE, .max = 64 * TiB},
-    {.name = NULL}};
-
-static const struct key listen_keys[] = {
-    {.name = "address", .kind = K_STR, AT(listen_address), .flags = F_TOKEN},
-    {.name = "port", .kind = K_UINT, AT(listen_port), .min = 1, .max = 65535},
-    {.name = NULL}};
-
-static const struct key metrics_keys[] = {
-    {.name = "listen", .kind = K_STR, AT(metrics_listen), .flags = F_LISTEN},
-    {.name = NULL}};
-
-static const struct key peer_keys[] = {
-    {.name = "host", .kind = K_STR, PEER_AT(host), .flags = F_NONEMPTY | F_TOKEN},
-    {.name = "port", .kind = K_UINT, PEER_AT(port), .min = 1, .max = 65535},
-    {.name = "transport", .kind = K_ENUM, PEER_AT(transport), .names = transport_names,
-     .expected = "one of auto, rdma, tcp"},
-    {.name = NULL}};
-
-static const struct key limits_keys[] = {
-    {.name = "max_clients", .kind = K_UINT, AT(max_clients), .min = 1, .max = 65536, .live = true},
-    {.name = "max_jobs", .kind = K_UINT, AT(max_jobs), .min = 1, .max = 4096, .live = true},
-    {.name = "attach_timeout_ms", .kind = K_UINT, AT(attach_timeout_ms), .min = 1, .max = 3600000, .live = true},
-    {.name = "op_timeout_ms", .kind = K_UINT, AT(op_timeout_ms), .min = 1, .max = 3600000, .live = true},
-    {.name = "client_queue_bytes", .kind = K_SIZE, AT(client_queue_bytes), .min = 64 * KiB, .max = GiB, .live = true},
-    {.name = "hello_timeout_ms", .kind = K_UINT, AT(hello_timeout_ms), .min = 1, .max = 600000, .live = true},
-    {.name = "reserved_clients", .kind = K_UINT, AT(reserved_clients), .min = 0, .max = 1024, .live = true},
-    {.name = "max_clients_per_uid", .kind = K_UINT, AT(max_clients_per_uid), .min = 1, .max = 65536, .live = true},
-    {.name = "max_jobs_per_uid", .kind = K_UINT, AT(max_jobs_per_uid), .min = 1, .max = 4096, .live = true},
-    /* 0: no bound per uid beyond the pool's own */
-    {.name = "memory_per_uid", .kind = K_SIZE, AT(memory_per_uid), .min = CHUNK_GRANULE, .max = 64 * TiB,
-     .flags = F_ZERO_AUTO, .live = true},
-    {.name = NULL}};
-
-static const struct key root_keys[] = {
-    {.name = "socket", .kind = K_SECTION, .sub = socket_keys},
-    {.name = "allow", .kind = K_SECTION, .sub = allow_keys},
-    {.name = "backend", .kind = K_ENUM, AT(backend), .names = backend_names,
-     .expected = "one of auto, cuda, host"},
-    {.name = "devices", .kind = K_DEVICES, LIST(devices, n_devices)},
-    {.name = "pool", .kind = K_SECTION, .sub = pool_keys},
-    {.name = "preallocation", .kind = K_BOOL, AT(preallocation)},
-    {.name = "buffer_cache_enabled", .kind = K_BOOL, AT(buffer_cache_enabled)},
-    {.name = "kernel_warmup", .kind = K_BOOL, AT(kernel_warmup), .live = true},
-    {.name = "kernel_cache_dir", .kind = K_STR, AT(kernel_cache_dir), .flags = F_ABSPATH},
-    {.name = "adaptive_optimization", .kind = K_BOOL, AT(adaptive_optimization), .live = true},
-    {.name = "warn_first_call_ratio", .kind = K_RATIO, AT(warn_first_call_ratio), .dmin = 1.0, .dmax = 100.0,
-     .live = true},
-    {.name = "connection_pool_size", .kind = K_UINT, AT(connection_pool_size), .min = 1, .max = 1024},
-    {.name = "proxy_threads", .kind = K_UINT, AT(proxy_threads), .min = 0, .max = 64},
-    {.name = "listen", .kind = K_SECTION, .sub = listen_keys},
-    {.name = "peers", .kind = K_PEERS, LIST(peers, n_peers), .sub = peer_keys},
-    {.name = "peer_key_file", .kind = K_STR, AT(peer_key_file)},
-    {.name = "peer_insecure", .kind = K_BOOL, AT(peer_insecure)},
-    {.name = "peer_wait_ms", .kind = K_UINT, AT(peer_wait_ms), .min = 0, .max = 3600000},
-    {.name = "transport", .kind = K_ENUM, AT(transport), .names = transport_names,
-     .expected = "one of auto, rdma, tcp"},
-    {.name = "metrics", .kind = K_SECTION, .sub = metrics_keys},
-    {.name = "limits", .kind = K_SECTION, .sub = limits_keys},
-    {.name = "log_level", .kind = K_ENUM, AT(log_level), .names = log_level_names,
-     .expected = "one of err, warning, notice, info, debug", .live = true},
-    {.name = NULL}};
-/* clang-format on */
 
 void config_defaults(struct config *c) {
   memset(c, 0, sizeof *c);
@@ -225,27 +67,6 @@ void config_defaults(struct config *c) {
   c->max_jobs_per_uid = 16;
   c->memory_per_uid = 0;
   c->log_level = CONFIG_LOG_INFO;
-}
-
-static const char *name_of(const struct name_value *t, int value) {
-  for (; t->name != NULL; t++)
-    if (t->value == value)
-      return t->name;
-  return "unknown";
-}
-
-const char *config_backend_name(enum config_backend b) { return name_of(backend_names, (int)b); }
-
-const char *config_transport_name(enum config_transport t) {
-  return t == CONFIG_TRANSPORT_DEFAULT ? "default" : name_of(transport_names, (int)t);
-}
-
-enum config_transport config_peer_transport(const struct config *c, const struct config_peer *p) {
-  return p->transport != CONFIG_TRANSPORT_DEFAULT ? p->transport : c->transport;
-}
-
-const char *config_log_level_name(enum config_log_level l) {
-  return name_of(log_level_names, (int)l);
 }
 
 int config_listen_split(const char *s, char *host, size_t hostlen, uint16_t *port, char *why,
@@ -344,16 +165,6 @@ static const char *shown(const unsigned char *s, size_t n, char *buf, size_t len
   return buf;
 }
 
-/* Key paths ("pool.chunk_size", "peers[2].host") for messages; a long one is cut, never overrun. */
-static void path_join(char *out, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void path_join(char *out, size_t len, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(out, len, fmt, ap);
-  va_end(ap);
-}
-
 static bool is_null(const yaml_node_t *n) {
   if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
     return false;
@@ -383,23 +194,6 @@ static int wrong_type(struct loader *L, const yaml_node_t *v, const char *expect
               what(v, buf, sizeof buf));
 }
 
-/* Integer members are uint16_t, uint32_t or uint64_t; the table gives the size, the range fits it.
- */
-static void put_uint(void *p, size_t size, uint64_t v) {
-  uint16_t v16 = (uint16_t)v;
-  uint32_t v32 = (uint32_t)v;
-  memcpy(p, size == 8 ? (void *)&v : size == 4 ? (void *)&v32 : (void *)&v16, size);
-}
-
-static uint64_t get_uint(const void *p, size_t size) {
-  uint16_t v16 = 0;
-  uint32_t v32 = 0;
-  uint64_t v64 = 0;
-  memcpy(size == 8 ? (void *)&v64 : size == 4 ? (void *)&v32 : (void *)&v16, p, size);
-  return size == 8 ? v64 : size == 4 ? v32 : v16;
-}
-
-/* A string value into dst (size bytes, NUL included), checked against the flags. */
 static int take_string(struct loader *L, const yaml_node_t *v, const char *path, unsigned flags,
                        char *dst, size_t size) {
   if (v->type != YAML_SCALAR_NODE)
@@ -453,7 +247,7 @@ static int take_list(struct loader *L, const struct key *k, const yaml_node_t *v
       if (e == NULL)
         continue;
       char epath[96];
-      path_join(epath, sizeof epath, "%s[%zu]", path, count);
+      config__path_join(epath, sizeof epath, "%s[%zu]", path, count);
       if (count == CONFIG_MAX_LIST)
         return fail(L, e->start_mark, "too many entries in '%s' (at most %d)", path,
                     CONFIG_MAX_LIST);
@@ -488,7 +282,7 @@ static int take_peers(struct loader *L, const struct key *k, const yaml_node_t *
       if (e == NULL)
         continue;
       char epath[96];
-      path_join(epath, sizeof epath, "%s[%zu]", path, count);
+      config__path_join(epath, sizeof epath, "%s[%zu]", path, count);
       if (count == CONFIG_MAX_LIST)
         return fail(L, e->start_mark, "too many entries in '%s' (at most %d)", path,
                     CONFIG_MAX_LIST);
@@ -549,7 +343,7 @@ static int apply_value(struct loader *L, const struct key *k, const yaml_node_t 
     if (rc != CONFIG_VALUE_OK || x < (int64_t)k->min || x > (int64_t)k->max)
       return fail(L, v->start_mark, "'%s' must be between %" PRIu64 " and %" PRIu64 ", got %s",
                   path, k->min, k->max, shown(raw, n, got, sizeof got));
-    put_uint(dst, k->size, (uint64_t)x);
+    config__put_uint(dst, k->size, (uint64_t)x);
     return 0;
   }
   case K_SIZE: {
@@ -590,7 +384,7 @@ static int apply_value(struct loader *L, const struct key *k, const yaml_node_t 
     } else if (k->off == offsetof(struct config, host_pool_size)) {
       L->host_node = v;
     }
-    put_uint(dst, k->size, x);
+    config__put_uint(dst, k->size, x);
     return 0;
   }
   case K_MODE: {
@@ -601,7 +395,7 @@ static int apply_value(struct loader *L, const struct key *k, const yaml_node_t 
     if (rc != CONFIG_VALUE_OK || x > k->max)
       return fail(L, v->start_mark, "'%s' must be at most 0%" PRIo64 ", got %s", path, k->max,
                   shown(raw, n, got, sizeof got));
-    put_uint(dst, k->size, x);
+    config__put_uint(dst, k->size, x);
     return 0;
   }
   case K_RATIO: {
@@ -689,7 +483,7 @@ static int apply_mapping(struct loader *L, const yaml_node_t *m, const struct ke
       return fail(L, kn->start_mark, "unknown key '%s' in '%s' (known: %s)",
                   shown(kn->data.scalar.value, nlen, t, sizeof t), path, known);
     }
-    path_join(full, sizeof full, "%s%s%s", path, path[0] != '\0' ? "." : "", k->name);
+    config__path_join(full, sizeof full, "%s%s%s", path, path[0] != '\0' ? "." : "", k->name);
     /* Every earlier key here was a known one, so this loop is short. */
     for (yaml_node_pair_t *q = m->data.mapping.pairs.start; q < p; q++) {
       const yaml_node_t *qk = yaml_document_get_node(L->doc, q->key);
@@ -891,7 +685,7 @@ int config_load_buffer(struct config *c, const char *name, const char *data, siz
                 "the top level must be a mapping of keys (like 'socket:'), got %s",
                 what(root, buf, sizeof buf));
     else
-      rc = apply_mapping(&L, root, root_keys, (char *)copy, "");
+      rc = apply_mapping(&L, root, config__root_keys, (char *)copy, "");
   }
   if (rc == 0)
     rc = check_pool(&L, copy, start);
@@ -966,276 +760,4 @@ int config_load_file(struct config *c, const char *path, char *err, size_t errle
   }
   free(buf);
   return rc;
-}
-
-/* ---- reload ------------------------------------------------------------------ */
-
-static bool same_strings(const char *a, const char *b, size_t size) {
-  return strncmp(a, b, size) == 0;
-}
-
-static bool same_value(const struct key *k, const char *a, const char *b) {
-  switch (k->kind) {
-  case K_STR:
-    return same_strings(a + k->off, b + k->off, k->size);
-  case K_NAMES:
-  case K_DEVICES:
-  case K_PEERS: {
-    size_t na, nb;
-    memcpy(&na, a + k->count_off, sizeof na);
-    memcpy(&nb, b + k->count_off, sizeof nb);
-    if (na != nb)
-      return false;
-    if (na > CONFIG_MAX_LIST)
-      na = CONFIG_MAX_LIST;
-    for (size_t i = 0; i < na; i++) {
-      const char *ea = a + k->off + i * k->entry, *eb = b + k->off + i * k->entry;
-      if (k->kind != K_PEERS ? !same_strings(ea, eb, k->entry)
-                             : !same_value(&k->sub[0], ea, eb) || !same_value(&k->sub[1], ea, eb))
-        return false;
-    }
-    return true;
-  }
-  case K_RATIO: {
-    double x, y;
-    memcpy(&x, a + k->off, sizeof x);
-    memcpy(&y, b + k->off, sizeof y);
-    return x == y;
-  }
-  case K_BOOL:
-    return memcmp(a + k->off, b + k->off, sizeof(bool)) == 0;
-  case K_ENUM:
-    return memcmp(a + k->off, b + k->off, sizeof(int)) == 0;
-  default:
-    return get_uint(a + k->off, k->size) == get_uint(b + k->off, k->size);
-  }
-}
-
-/* A value as a message shows it ("512 MiB", "info", "[alice, bob]"); lists are cut with "...". */
-static const char *value_text(const struct key *k, const char *base, char *buf, size_t len) {
-  const char *p = base + k->off;
-  buf[0] = '\0';
-  switch (k->kind) {
-  case K_BOOL: {
-    bool x;
-    memcpy(&x, p, sizeof x);
-    snprintf(buf, len, "%s", x ? "true" : "false");
-    break;
-  }
-  case K_SIZE: {
-    uint64_t x = get_uint(p, k->size);
-    if (x == 0)
-      snprintf(buf, len, "0");
-    else
-      config_value_size_text(x, buf, len);
-    break;
-  }
-  case K_MODE:
-    snprintf(buf, len, "0%" PRIo64, get_uint(p, k->size));
-    break;
-  case K_RATIO: {
-    double x;
-    memcpy(&x, p, sizeof x);
-    snprintf(buf, len, "%g", x);
-    break;
-  }
-  case K_STR:
-    snprintf(buf, len, "%s", p[0] != '\0' ? p : "\"\"");
-    break;
-  case K_ENUM: {
-    int x;
-    memcpy(&x, p, sizeof x);
-    snprintf(buf, len, "%s", name_of(k->names, x));
-    break;
-  }
-  case K_NAMES:
-  case K_DEVICES:
-  case K_PEERS: {
-    size_t n, o = 1;
-    memcpy(&n, base + k->count_off, sizeof n);
-    snprintf(buf, len, "[");
-    for (size_t i = 0; i < n && i < CONFIG_MAX_LIST && o + 5 < len; i++) {
-      const char *e = p + i * k->entry;
-      char one[300];
-      if (k->kind == K_PEERS) {
-        const struct config_peer *peer = (const struct config_peer *)(const void *)e;
-        if (peer->transport != CONFIG_TRANSPORT_DEFAULT)
-          snprintf(one, sizeof one, "%s:%u (%s)", peer->host, (unsigned)peer->port,
-                   config_transport_name(peer->transport));
-        else
-          snprintf(one, sizeof one, "%s:%u", peer->host, (unsigned)peer->port);
-      } else {
-        snprintf(one, sizeof one, "%s", e);
-      }
-      const char *sep = i > 0 ? ", " : "";
-      if (o + strlen(sep) + strlen(one) + 5 >= len) {
-        o += (size_t)snprintf(buf + o, len - o, "%s...", sep);
-        break;
-      }
-      o += (size_t)snprintf(buf + o, len - o, "%s%s", sep, one);
-    }
-    if (o + 1 < len)
-      snprintf(buf + o, len - o, "]");
-    break;
-  }
-  default:
-    snprintf(buf, len, "%" PRIu64, get_uint(p, k->size));
-    break;
-  }
-  return buf;
-}
-
-/* Add ", entry" to a list in out[len]; an entry that does not fit leaves "..." in its place
- * (room for which is always kept), and nothing follows it. */
-static void append_entry(char *out, size_t len, bool first, const char *entry) {
-  size_t used = strlen(out);
-  if (used >= 3 && strcmp(out + used - 3, "...") == 0)
-    return;
-  const char *sep = first ? "" : ", ";
-  if (used + strlen(sep) + strlen(entry) + 5 < len)
-    snprintf(out + used, len - used, "%s%s", sep, entry);
-  else if (used + strlen(sep) + 3 < len)
-    snprintf(out + used, len - used, "%s...", sep);
-}
-
-/*
- * The keys of a table (and its sections) whose values differ between a and b: the live ones as
- * "key old -> new", or the others by name.
- */
-static void diff_table(const struct key *table, const char *prefix, const char *a, const char *b,
-                       bool live, char *out, size_t len, size_t *count) {
-  for (const struct key *k = table; k->name != NULL; k++) {
-    char full[64];
-    path_join(full, sizeof full, "%s%s%s", prefix, prefix[0] != '\0' ? "." : "", k->name);
-    if (k->kind == K_SECTION) {
-      diff_table(k->sub, full, a, b, live, out, len, count);
-      continue;
-    }
-    if (k->live != live || same_value(k, a, b))
-      continue;
-    if (out != NULL && len > 0 && live) {
-      char was[160], now[160], entry[400];
-      snprintf(entry, sizeof entry, "%s %s -> %s", full, value_text(k, a, was, sizeof was),
-               value_text(k, b, now, sizeof now));
-      append_entry(out, len, *count == 0, entry);
-    } else if (out != NULL && len > 0) {
-      size_t used = strlen(out);
-      if (used < len)
-        snprintf(out + used, len - used, "%s%s", *count > 0 ? ", " : "", full);
-    }
-    (*count)++;
-  }
-}
-
-size_t config_diff_restart(const struct config *old_c, const struct config *new_c,
-                           char *restart_keys, size_t len) {
-  size_t count = 0;
-  if (restart_keys != NULL && len > 0)
-    restart_keys[0] = '\0';
-  if (old_c == NULL || new_c == NULL)
-    return 0;
-  diff_table(root_keys, "", (const char *)old_c, (const char *)new_c, false, restart_keys, len,
-             &count);
-  return count;
-}
-
-size_t config_diff_live(const struct config *old_c, const struct config *new_c, char *changes,
-                        size_t len) {
-  size_t count = 0;
-  if (changes != NULL && len > 0)
-    changes[0] = '\0';
-  if (old_c == NULL || new_c == NULL)
-    return 0;
-  diff_table(root_keys, "", (const char *)old_c, (const char *)new_c, true, changes, len, &count);
-  return count;
-}
-
-static void copy_live(const struct key *table, char *dst, const char *src) {
-  for (const struct key *k = table; k->name != NULL; k++) {
-    if (k->kind == K_SECTION) {
-      copy_live(k->sub, dst, src);
-      continue;
-    }
-    if (!k->live)
-      continue;
-    memcpy(dst + k->off, src + k->off, k->size);
-    if (k->kind == K_NAMES || k->kind == K_DEVICES || k->kind == K_PEERS)
-      memcpy(dst + k->count_off, src + k->count_off, sizeof(size_t));
-  }
-}
-
-void config_copy_live(struct config *dst, const struct config *src) {
-  copy_live(root_keys, (char *)dst, (const char *)src);
-}
-
-/* ---- accounts ---------------------------------------------------------------- */
-
-/* 1 when the user (or group) exists or `name` is a numeric id, 0 when there is no such
- * account, else a negative errno: the lookup itself failed. */
-static int account_exists(const char *name, bool group) {
-  if (name[0] != '\0' && strspn(name, "0123456789") == strlen(name))
-    return 1;
-  int rc = ERANGE;
-  bool found = false;
-  /* A group with many members needs a large buffer: grow it as the lookup asks. */
-  for (size_t size = 16384; rc == ERANGE && size <= 16u << 20; size *= 2) {
-    char *buf = malloc(size);
-    if (buf == NULL)
-      return -ENOMEM;
-    if (group) {
-      struct group gr, *res = NULL;
-      rc = getgrnam_r(name, &gr, buf, size, &res);
-      found = rc == 0 && res != NULL;
-    } else {
-      struct passwd pw, *res = NULL;
-      rc = getpwnam_r(name, &pw, buf, size, &res);
-      found = rc == 0 && res != NULL;
-    }
-    free(buf);
-  }
-  if (found)
-    return 1;
-  /* getpwnam(3): these mean "not found" too. */
-  if (rc == 0 || rc == ENOENT || rc == ESRCH || rc == EBADF || rc == EPERM)
-    return 0;
-  return -rc;
-}
-
-/* Look up one name of key `path`; a missing one is added to the problems. */
-static void check_account(const char *path, const char *verb, const char *name, bool group,
-                          char *out, size_t len, size_t *count) {
-  int rc = account_exists(name, group);
-  if (rc == 1)
-    return;
-  char entry[400];
-  if (rc == 0)
-    snprintf(entry, sizeof entry, "'%s' %s '%s': no such %s on this host (getent %s lists them)",
-             path, verb, name, group ? "group" : "user", group ? "group" : "passwd");
-  else
-    snprintf(entry, sizeof entry, "'%s' %s '%s': cannot look it up: %s", path, verb, name,
-             strerror(-rc));
-  if (out != NULL && len > 0) {
-    size_t used = strlen(out);
-    if (used < len)
-      snprintf(out + used, len - used, "%s%s", *count > 0 ? "; " : "", entry);
-  }
-  (*count)++;
-}
-
-size_t config_check_accounts(const struct config *c, unsigned which, char *problems,
-                             size_t len) {
-  size_t count = 0;
-  if (problems != NULL && len > 0)
-    problems[0] = '\0';
-  if (c == NULL)
-    return 0;
-  if ((which & CONFIG_ACCOUNTS_SOCKET) && c->socket_group[0] != '\0')
-    check_account("socket.group", "is", c->socket_group, true, problems, len, &count);
-  if (which & CONFIG_ACCOUNTS_ALLOW) {
-    for (size_t i = 0; i < c->n_allow_users && i < CONFIG_MAX_LIST; i++)
-      check_account("allow.users", "lists", c->allow_users[i], false, problems, len, &count);
-    for (size_t i = 0; i < c->n_allow_groups && i < CONFIG_MAX_LIST; i++)
-      check_account("allow.groups", "lists", c->allow_groups[i], true, problems, len, &count);
-  }
-  return count;
 }

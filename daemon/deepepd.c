@@ -79,7 +79,7 @@ void deepepd_shutdown(const char *why) {
   conn_shutdown_all(deepepd_finish);
 }
 
-/* Apply the keys that may change while running: those config.c's table marks live. */
+/* Apply the keys that may change while running: those config_keys.c's table marks live. */
 static void deepepd_apply_live(struct config *run, const struct config *n) {
   config_copy_live(run, n);
   log_set_level((int)run->log_level);
