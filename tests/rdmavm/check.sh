@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # check.sh — run the Soft-RoCE scenarios (`make check-rdma`): each
 # tests/rdma/*.sh, or each one named, through run.sh in one guest or two,
-# with a PASS, FAIL or SKIP line and its seconds, then a summary.  Exits 1
-# when any scenario failed; a skip (this machine cannot run guests, or a
-# scenario said it cannot run) is not a failure, and its line says why.
+# with a PASS, FAIL or SKIP line and its seconds, then a summary that ends
+# with the last lines of each failed scenario's log.  Exits 1 when any
+# scenario failed; a skip (this machine cannot run guests, or a scenario
+# said it cannot run) is not a failure, and its line says why.
 #
 #   tests/rdmavm/check.sh BUILD_DIR [tests/rdma/NAME.sh ...]
 #
@@ -31,11 +32,29 @@ results=() failed=0 passed=0 skipped=0
 # The text after the last "skip: " of a log: why it skipped.
 why() { grep -o 'skip: .*' "$1" | tail -n1 | sed 's/^skip: //'; }
 # One line per scenario after the marker (CI reads the SKIP and FAIL lines
-# there), then the counts; the exit status says whether any failed.
+# there), then the last TAIL_LINES lines of each failed scenario's log, then
+# the counts; the exit status says whether any failed.  CI keeps only the
+# tail of a run's output, so a failure early in a long run would otherwise
+# show its FAIL line without the lines that say why.
+TAIL_LINES=40
+failed_logs=()
 summary() {
-  local r
+  local r f n
   echo "=== check-rdma: summary"
   for r in "${results[@]}"; do echo "check-rdma: $r"; done
+  for f in "${failed_logs[@]}"; do
+    if grep -q '^\[node2\] ' "$f"; then
+      # Two guests: each node's own last lines, since one that failed early
+      # would otherwise be pushed out by the other's report.
+      for n in 1 2; do
+        echo "=== check-rdma: the last $TAIL_LINES lines of node $n in $(basename "$f")'s log"
+        grep "^\[node$n\] " "$f" | tail -n "$TAIL_LINES"
+      done
+    else
+      echo "=== check-rdma: the last $TAIL_LINES lines of $(basename "$f")'s log"
+      tail -n "$TAIL_LINES" "$f"
+    fi
+  done
   echo "check-rdma: $passed passed, $failed failed, $skipped skipped in $((SECONDS - start)) s"
   [[ $failed -eq 0 ]]
 }
@@ -52,6 +71,7 @@ if [[ $rc -eq 77 ]]; then
 elif [[ $rc -ne 0 ]]; then
   for s in "${scenarios[@]}"; do results+=("FAIL $(basename "$s" .sh): not run: run.sh --prepare exited $rc"); done
   failed=${#scenarios[@]}
+  failed_logs=("$LOGS/prepare")
   summary; exit
 fi
 echo "check-rdma: guest kernel ready in $((SECONDS - t)) s"
@@ -71,10 +91,14 @@ for s in "${scenarios[@]}"; do
   case $rc in
   0) line="PASS $name ($secs s)"; passed=$((passed + 1)) ;;
   77) line="SKIP $name ($secs s): $(why "$LOGS/$name")"; skipped=$((skipped + 1)) ;;
-  124) line="FAIL $name ($secs s): timed out"; failed=$((failed + 1)) ;;
-  125) line="FAIL $name ($secs s): the guest could not be set up (harness, exit 125)"; failed=$((failed + 1)) ;;
-  *) line="FAIL $name ($secs s): exit $rc"; failed=$((failed + 1)) ;;
+  124) line="FAIL $name ($secs s): timed out" ;;
+  125) line="FAIL $name ($secs s): the guest could not be set up (harness, exit 125)" ;;
+  *) line="FAIL $name ($secs s): exit $rc" ;;
   esac
+  if [[ $line == FAIL* ]]; then
+    failed=$((failed + 1))
+    failed_logs+=("$LOGS/$name")
+  fi
   echo "check-rdma: $line"
   results+=("$line")
 done
