@@ -200,6 +200,47 @@ static void attach_ring(dep_client_t *c) {
   c->xring = p;
 }
 
+/* Map in, writable, the pages of [p, p + len): MADV_POPULATE_WRITE, which
+ * changes no byte (a local peer may be writing there already), or where
+ * the kernel has none (before 5.14) a read of each page. */
+static void populate(uint8_t *p, uint64_t len) {
+  const uintptr_t page = 4096, a = (uintptr_t)p & ~(page - 1);
+  const uintptr_t b = ((uintptr_t)p + len + page - 1) & ~(page - 1);
+#ifdef MADV_POPULATE_WRITE
+  if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) == 0)
+    return;
+#endif
+  for (uintptr_t q = a; q < b; q += page)
+    (void)*(volatile const uint8_t *)q;
+}
+
+/*
+ * The host backend's warm-up (kernel_warmup): the pages of every slab that
+ * this rank's operations touch — all of its own, and its slots and blocks
+ * in each local peer's — mapped in now, so that the first call of each
+ * operation does not take a page fault per 4 KiB it touches (which made
+ * the host's first dispatch 2-4x its steady time: BENCHMARKS.md).
+ */
+static void host_warmup(dep_client_t *c) {
+  const struct ops_ctx *o = &c->ops;
+  const struct dep_slab_layout *l = &o->lay;
+  double t0 = now_ms();
+  for (uint32_t r = 0; r < o->world; r++) {
+    uint8_t *s = o->slabs[r];
+    if (s == NULL)
+      continue; /* on another node */
+    if (r == o->rank) {
+      populate(s, l->total_bytes);
+      continue;
+    }
+    for (unsigned parity = 0; parity < 2; parity++) {
+      populate(s + dep_slab_ctrl_slot(l, parity, o->rank), DEP_SLAB_CTRL_SLOT);
+      populate(s + dep_slab_block(l, parity, o->rank), l->block_bytes);
+    }
+  }
+  c->times.warmup_ms = now_ms() - t0;
+}
+
 /* Where the slabs will live: on cuda, a context on this rank's GPU. */
 static int attach_bind_device(dep_client_t *c, const struct dep_attach_args *a) {
   c->cuda = strcmp(c->hello.backend, "cuda") == 0;
@@ -282,7 +323,8 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
     else
       attach_ring(c);
   }
-  if (args->world_size == args->local_world_size || c->xring != NULL) {
+  const bool ops_here = args->world_size == args->local_world_size || c->xring != NULL;
+  if (ops_here) {
     uint8_t *slabs[DEP_MAX_LOCAL_RANKS] = {NULL};
     for (uint32_t i = 0; i < args->local_world_size; i++)
       slabs[c->ranks[i]] = c->slabs[i];
@@ -293,6 +335,8 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
       return client_seterr(c, rc, "dep_attach: %s", why);
     }
   }
+  if (!c->cuda && c->attach_ok.kernel_warmup && ops_here)
+    host_warmup(c);
   if (c->cuda && (rc = cuda_ops_attach(c)) != 0) {
     char msg[CLIENT_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "%s", c->errmsg);

@@ -210,7 +210,8 @@ struct dep_attach_times {
   double wait_ms;   /* ATTACH sent until the daemon's reply was in, less setup and map */
   double map_ms;    /* importing and mapping every local slab */
   double setup_ms;  /* cuda: loading the kernels and making their memory (0 on host) */
-  double warmup_ms; /* cuda: running every kernel once (kernel_warmup; 0 on host) */
+  double warmup_ms; /* kernel_warmup: cuda, running every kernel once; host, mapping in the
+                       slabs' pages the calls touch; 0 without it */
 };
 
 /* Fill `out` for an attached handle; DEP_ERR_STATE when not attached. */

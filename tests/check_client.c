@@ -24,6 +24,7 @@
 #include "deepep.h"
 #include "fake_daemon.h"
 #include "proto.h"
+#include "slab.h"
 #include "testutil.h"
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -658,6 +659,66 @@ START_TEST(two_ranks_attach_show_in_status_and_detach) {
 }
 END_TEST
 
+/* The fraction of the pages of [p, p + len) that this process's page table maps now. */
+static double pages_mapped(const void *p, uint64_t len) {
+  int fd = open("/proc/self/pagemap", O_RDONLY);
+  ck_assert_int_ge(fd, 0);
+  const uint64_t first = (uintptr_t)p / 4096, n = (len + 4095) / 4096;
+  uint64_t present = 0;
+  for (uint64_t i = 0; i < n; i++) {
+    uint64_t e = 0;
+    ck_assert_int_eq(pread(fd, &e, sizeof e, (off_t)((first + i) * 8)), (ssize_t)sizeof e);
+    present += e >> 63;
+  }
+  close(fd);
+  return (double)present / (double)n;
+}
+
+/* Attach a job of one rank on the host backend (kernel_warmup as `warm` says) and
+ * return how much of its slab is mapped in before any call; warmup_ms in *ms. */
+static double attached_slab_mapped(bool warm, double *ms) {
+  struct tu_daemon d;
+  ck_assert_int_eq(tu_daemon_start(&d, warm ? "kernel_warmup: true\n" : "kernel_warmup: false\n"),
+                   0);
+  dep_client_t *c = new_client();
+  ck_assert_int_eq(dep_connect(c, d.sock), 0);
+  struct dep_attach_args a = attach_args("job-warm", 0);
+  a.world_size = a.local_world_size = 1;
+  a.shape.hidden = 2048;
+  ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
+  struct dep_attach_info info;
+  ck_assert_int_eq(dep_attach_info(c, &info), 0);
+  struct dep_attach_times t;
+  ck_assert_int_eq(dep_attach_times(c, &t), 0);
+  *ms = t.warmup_ms;
+  /* What the operations touch: the layout's bytes (the slab is rounded up to chunks). */
+  struct dep_slab_layout lay;
+  char why[256];
+  ck_assert_int_eq(dep_slab_layout(&a.shape, 1, &lay, why, sizeof why), 0);
+  ck_assert_uint_ge(info.slab_bytes, lay.total_bytes);
+  double f = pages_mapped(info.slabs[0], lay.total_bytes);
+  ck_assert_int_eq(dep_detach(c), 0);
+  dep_client_free(c);
+  tu_daemon_stop(&d);
+  tu_daemon_cleanup(&d);
+  return f;
+}
+
+/* The host backend's warm-up maps every page of the rank's slab in at
+ * attach, so that the first call takes no page faults; without it nothing
+ * but what the attach itself read is mapped. */
+START_TEST(host_warmup_maps_the_slab_in_before_the_first_call) {
+  double ms_on = 0, ms_off = 0;
+  double on = attached_slab_mapped(true, &ms_on), off = attached_slab_mapped(false, &ms_off);
+  printf("host warm-up: %.0f%% of the slab mapped in %.3f ms; without it %.0f%%\n", on * 100,
+         ms_on, off * 100);
+  ck_assert_msg(on == 1.0, "kernel_warmup: true left %.1f%% of the slab unmapped", (1 - on) * 100);
+  ck_assert_msg(ms_on > 0.0, "warmup_ms says nothing of the warm-up");
+  ck_assert_msg(off < 0.5, "kernel_warmup: false mapped %.0f%% of the slab anyway", off * 100);
+  ck_assert_msg(ms_off == 0.0, "warmup_ms %.3f without a warm-up", ms_off);
+}
+END_TEST
+
 /* ---- deepepctl ---------------------------------------------------------------------- */
 
 START_TEST(ctl_status_prints_the_daemon) {
@@ -802,6 +863,7 @@ Suite *client_suite(void) {
   tcase_add_test(real, two_handles_are_independent);
   tcase_add_test(real, daemon_stop_is_daemon_gone_at_once_and_reconnect_works);
   tcase_add_test(real, two_ranks_attach_show_in_status_and_detach);
+  tcase_add_test(real, host_warmup_maps_the_slab_in_before_the_first_call);
   tcase_set_timeout(real, 60);
   suite_add_tcase(s, real);
 

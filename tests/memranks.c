@@ -275,7 +275,8 @@ static void rank_attached(struct rank *r) {
              "local ranks %u and %u share a rank or overlap", k, i);
   }
   /* Where the time went: the parts fit inside the whole; mapping always
-   * happens; the kernels are set up (and warmed) on cuda only. */
+   * happens; the kernels are set up on cuda only (the warm-up runs the
+   * kernels there, and maps the slabs' pages in on the host). */
   struct dep_attach_times tm;
   RCHECK(r, dep_attach_times(r->c, &tm) == 0, "dep_attach_times: %s", dep_errmsg(r->c));
   RCHECK(r, tm.total_ms == in->attach_ms && tm.wait_ms >= 0 && tm.map_ms > 0 &&
@@ -283,7 +284,7 @@ static void rank_attached(struct rank *r) {
                 tm.wait_ms + tm.map_ms + tm.setup_ms + tm.warmup_ms <= tm.total_ms + 1e-6,
          "attach times: total %.3f, wait %.3f, map %.3f, setup %.3f, warmup %.3f ms",
          tm.total_ms, tm.wait_ms, tm.map_ms, tm.setup_ms, tm.warmup_ms);
-  RCHECK(r, test_on_cuda() ? tm.setup_ms > 0 : tm.setup_ms == 0 && tm.warmup_ms == 0,
+  RCHECK(r, test_on_cuda() ? tm.setup_ms > 0 : tm.setup_ms == 0,
          "attach times on %s: setup %.3f, warmup %.3f ms", in->backend, tm.setup_ms,
          tm.warmup_ms);
   r->attached = true;
