@@ -99,6 +99,9 @@ DAEMON_MAIN := $(BUILD)/obj/daemon/main.o
 # deepepctl's files that deepepd links too: the output table and the records'
 # tables, so that metrics.listen serves the very exposition deepepctl prints.
 CTLVIEW_OBJ := $(call obj,client/ctl_out.c client/ctl_view.c)
+# deepepctl's files the test runner links beside those: doctor's decisions,
+# which tests/check_doctor.c runs on simulated GPUs.
+CTLTEST_OBJ := $(call obj,client/ctl_doctor_judge.c)
 
 # ---- CUDA: a fatbin embedded in the library where nvcc exists ---------------
 HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
@@ -191,9 +194,9 @@ $(BUILD)/deepep-client.pc: client/deepep-client.pc.in Makefile
 
 # The test runner links the daemon's modules (minus main) so unit tests can
 # reach them; integration tests start $(DAEMON) as a real process.
-$(TESTS): $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) $(CONFIG_OBJ) $(CTLVIEW_OBJ) $(LIB_A) | $(DAEMON) $(CTL) $(BENCHES)
+$(TESTS): $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) $(CONFIG_OBJ) $(CTLVIEW_OBJ) $(CTLTEST_OBJ) $(LIB_A) | $(DAEMON) $(CTL) $(BENCHES)
 	$(CC) $(SANFLAGS) -o $@ $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) $(CONFIG_OBJ) \
-	  $(CTLVIEW_OBJ) $(LIB_A) $(LIBS_CHECK) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
+	  $(CTLVIEW_OBJ) $(CTLTEST_OBJ) $(LIB_A) $(LIBS_CHECK) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
 
 # DEP_BUILD tells the tests where the binaries are.  The Python suite runs too,
 # except under the sanitizers (an ASan library cannot be loaded into python).

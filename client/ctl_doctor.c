@@ -22,6 +22,10 @@
  *   balance      the tokens each rank receives in the newest layout every
  *                rank of a job reported: the most over the mean, WARN above
  *                DOCTOR_SKEW_WARN, FAIL above DOCTOR_SKEW_FAIL
+ *
+ * This file finds things out (the daemon's answers, the driver's); what the
+ * kernels, compute mode, MPS and memory findings mean is decided in
+ * ctl_doctor_judge.c, which the tests run on simulated values.
  */
 #include <errno.h>
 #include <grp.h>
@@ -34,56 +38,14 @@
 
 #include "client_internal.h"
 #include "ctl.h"
+#include "ctl_doctor.h"
 #include "ctl_stats.h"
 #include "cudadrv.h"
 #include "kimage.h"
 
 #define DOCTOR_SKEW_WARN 1.25
 #define DOCTOR_SKEW_FAIL 1.75
-#define DOCTOR_TEXT 1024
-
-/* A check starts as SKIP and each finding raises it: SKIP stays only where nothing applied. */
-enum doctor_result { DOCTOR_SKIP = 0, DOCTOR_OK, DOCTOR_WARN, DOCTOR_FAIL };
-static const char *const doctor_names[] = {"SKIP", "OK", "WARN", "FAIL"};
 #define DOCTOR_NCHECKS 5
-
-struct doctor_check {
-  const char *name;
-  enum doctor_result result;
-  char detail[DOCTOR_TEXT]; /* what was found, "; "-separated */
-  char action[DOCTOR_TEXT]; /* what to do, for WARN and FAIL */
-};
-
-static void doctor_add(char *buf, const char *fmt, va_list ap) {
-  size_t n = strlen(buf);
-  if (n > 0 && n + 2 < DOCTOR_TEXT) {
-    memcpy(buf + n, "; ", 3);
-    n += 2;
-  }
-  if (n < DOCTOR_TEXT)
-    vsnprintf(buf + n, DOCTOR_TEXT - n, fmt, ap);
-}
-
-/* A finding: raises the check's result to r and adds what was found. */
-static void doctor_note(struct doctor_check *k, enum doctor_result r, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void doctor_note(struct doctor_check *k, enum doctor_result r, const char *fmt, ...) {
-  if (r > k->result)
-    k->result = r;
-  va_list ap;
-  va_start(ap, fmt);
-  doctor_add(k->detail, fmt, ap);
-  va_end(ap);
-}
-
-static void doctor_do(struct doctor_check *k, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void doctor_do(struct doctor_check *k, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  doctor_add(k->action, fmt, ap);
-  va_end(ap);
-}
 
 /* ---- connections ------------------------------------------------------------------ */
 
@@ -100,7 +62,9 @@ static void doctor_socket(const struct ctl *ctl, struct doctor_check *k, bool co
   struct stat sb;
   if (stat(path, &sb) != 0) {
     doctor_note(k, DOCTOR_FAIL, "no control socket at %s (%s)", path, strerror(errno));
-    doctor_do(k, "start deepepd (systemctl start deepepd), or name its socket with -s");
+    doctor_do(k, "start deepepd (systemctl start deepepd; where it does not stay up, journalctl "
+                 "-u deepepd says why, e.g. a kernel_cache_dir others may write), or name its "
+                 "socket with -s");
     return;
   }
   if (!S_ISSOCK(sb.st_mode)) {
@@ -204,54 +168,25 @@ static void doctor_kernels(dep_client_t *c, const struct dep_status *st, struct 
     struct dep_msg_kernels m;
     if (cudadrv_uuid_parse(gpu, m.device_uuid) != 0)
       continue;
-    int arch = 0;
-    enum kimage_fit fit = doctor_fit(cu, &img, m.device_uuid, &arch);
-    if (fit == KIMAGE_SASS) {
-      doctor_note(k, DOCTOR_OK, "GPU %s (sm_%d): SASS for it in the fatbin", gpu, arch);
-      continue;
-    }
-    if (fit == KIMAGE_NONE) {
-      doctor_note(k, DOCTOR_FAIL, "GPU %s (sm_%d): the library's kernels have no code for it (no "
-                  "SASS of its architecture, no PTX at or below it): its ranks' operations fail",
-                  gpu, arch);
-      doctor_do(k, "rebuild with sm_%d in NVCC_GENCODE, or leave the GPU out of devices:", arch);
-      continue;
-    }
-    /* Only PTX (or a fatbin this parser does not read): the daemon's compile, if it lends one. */
+    struct doctor_kernels_in in = {.gpu = gpu, .build = img.id, .lend_why = ""};
+    in.fit = doctor_fit(cu, &img, m.device_uuid, &in.arch);
     struct client_frame f;
-    int rc = client_request(c, DEP_MSG_KERNELS, &m, DEP_MSG_KERNELS_OK, CLIENT_REQUEST_TIMEOUT_MS,
-                            &f);
     struct dep_msg_kernels_ok ok;
-    if (rc == DEP_ERR_NOT_FOUND) {
-      const bool ptx = fit == KIMAGE_PTX_ONLY;
-      doctor_note(k, ptx ? DOCTOR_WARN : DOCTOR_OK, "GPU %s: %s%s", gpu, dep_errmsg(c),
-                  ptx ? "; but this library's fatbin has only PTX for it: each trainer process "
-                        "compiles it at its start"
-                      : "");
-      if (ptx)
-        doctor_do(k, "install deepepd and libdeepep-client from one build (the daemon compiles "
-                     "its PTX at start and lends it)");
-      continue;
+    bool release = false;
+    if (doctor_kernels_ask(in.fit)) {
+      in.lend_rc = client_request(c, DEP_MSG_KERNELS, &m, DEP_MSG_KERNELS_OK,
+                                  CLIENT_REQUEST_TIMEOUT_MS, &f);
+      in.lend_why = dep_errmsg(c);
+      release = in.lend_rc == 0;
+      if (in.lend_rc == 0 && proto_decode_kernels_ok(f.body, f.hdr.body_len, &ok) != 0) {
+        in.lend_rc = DEP_ERR_PROTOCOL;
+        in.lend_why = "a malformed KERNELS_OK";
+      }
+      in.lent = in.lend_rc == 0 ? &ok : NULL;
     }
-    if (rc != 0 || proto_decode_kernels_ok(f.body, f.hdr.body_len, &ok) != 0) {
-      if (rc == 0)
-        client_frame_release(&f);
-      doctor_note(k, DOCTOR_WARN, "GPU %s: the daemon did not say what it has for it (%s)", gpu,
-                  rc != 0 ? dep_errmsg(c) : "a malformed KERNELS_OK");
-      doctor_do(k, "see the daemon's log for its kernel check at start");
-      continue;
-    }
-    client_frame_release(&f);
-    if (strcmp(ok.build, img.id) != 0) {
-      doctor_note(k, DOCTOR_WARN, "GPU %s: the fatbin has only PTX for it and the daemon lends a "
-                  "compile of build %.16s, not this library's %.16s: trainers of this build "
-                  "compile the PTX themselves at each start", gpu, ok.build, img.id);
-      doctor_do(k, "install deepepd and libdeepep-client from one build");
-    } else {
-      doctor_note(k, DOCTOR_OK, "GPU %s: the fatbin has only PTX for it (sm_%u); the daemon lends "
-                  "its cached compile of it (%llu bytes, driver %d) at attach", gpu, ok.arch,
-                  (unsigned long long)ok.bytes, (int)ok.driver);
-    }
+    doctor_judge_kernels(k, &in);
+    if (release)
+      client_frame_release(&f);
   }
 #else
   doctor_note(k, DOCTOR_FAIL, "this build of libdeepep-client has no CUDA kernels (built "
@@ -301,18 +236,6 @@ static void doctor_pools(const struct dep_status *st, const struct ctl_stats *s,
   }
 }
 
-/* Ranks of one job on one GPU in more than one process: they need MPS to run at once. */
-static bool doctor_shared_gpu(const struct dep_msg_clients *m, const uint8_t *uuid) {
-  for (uint32_t i = 0; i < m->n; i++)
-    for (uint32_t j = i + 1; j < m->n; j++) {
-      const struct dep_msg_client *a = &m->clients[i], *b = &m->clients[j];
-      if (a->job_id[0] != '\0' && strcmp(a->job_id, b->job_id) == 0 && a->pid != b->pid &&
-          memcmp(a->device_uuid, b->device_uuid, 16) == 0 && memcmp(a->device_uuid, uuid, 16) == 0)
-        return true;
-    }
-  return false;
-}
-
 static void doctor_gpus(dep_client_t *c, const struct dep_status *st, struct doctor_check *k) {
   if (strcmp(st->backend, "cuda") != 0)
     return;
@@ -338,21 +261,19 @@ static void doctor_gpus(dep_client_t *c, const struct dep_status *st, struct doc
         cudadrv_device_by_uuid(cu, uuid, &dev) != 0)
       continue;
     int mode = 0, mps = 0;
-    cu->cuDeviceGetAttribute(&mode, CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, dev);
+    CUresult r = cu->cuDeviceGetAttribute(&mode, CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, dev);
+    if (r != CUDA_SUCCESS) {
+      doctor_note(k, DOCTOR_WARN, "GPU %s: its compute mode: %s", st->devices[i].uuid,
+                  cudadrv_errstr(r));
+      doctor_do(k, "see nvidia-smi -q -d COMPUTE for this GPU");
+      continue;
+    }
+    /* An older driver without the attribute: taken as no MPS. */
     if (cu->cuDeviceGetAttribute(&mps, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, dev) != CUDA_SUCCESS)
       mps = 0;
-    /* 2: prohibited, 3: exclusive-process; 0 default. */
-    if (mode == 2 || (mode == 3 && !mps)) {
-      doctor_note(k, DOCTOR_FAIL, "GPU %s is in compute mode %s", st->devices[i].uuid,
-                  mode == 2 ? "prohibited" : "exclusive-process without MPS");
-      doctor_do(k, "set it to default (nvidia-smi -i %s -c DEFAULT), or run MPS",
-                st->devices[i].uuid);
-    }
-    if (doctor_shared_gpu(&m, uuid) && !mps) {
-      doctor_note(k, DOCTOR_WARN, "ranks of one job in several processes share GPU %s "
-                  "without MPS: their kernels time-slice", st->devices[i].uuid);
-      doctor_do(k, "start nvidia-cuda-mps-control -d for that GPU");
-    }
+    char job[DEP_JOB_ID_MAX];
+    doctor_judge_mode(k, st->devices[i].uuid, mode, mps != 0,
+                      doctor_shared_gpu(&m, uuid, job) ? job : NULL);
   }
   proto_clients_free(&m);
 }
@@ -388,7 +309,6 @@ static void doctor_memory(const struct dep_status *st, const struct ctl_stats *s
     doctor_do(k, "run deepepctl doctor on the node itself, where libcuda.so.1 loads");
     return;
   }
-  const double gib = 1024.0 * 1024.0 * 1024.0;
   const struct dep_msg_stats_ok *ok = &s->ok;
   for (uint32_t i = 0; i < st->num_devices; i++) {
     const struct dep_status_device *d = &st->devices[i];
@@ -412,34 +332,15 @@ static void doctor_memory(const struct dep_status *st, const struct ctl_stats *s
       doctor_do(k, "see deepepctl stats and nvidia-smi for this GPU");
       continue;
     }
-    const uint64_t budget = d->pool_total_bytes, made = p->made_bytes;
-    const uint64_t need = budget > made ? budget - made : 0;
-    const uint64_t busy = d->pool_used_bytes + d->pool_held_bytes;
-    const uint64_t spare = made > busy ? made - busy : 0; /* made and lent to no one: reusable */
     char uuid_l[DEP_UUID_STR_LEN];
     cudadrv_uuid_str(ok->largest_uuid, uuid_l);
-    const uint64_t largest =
-        ok->largest_bytes > 0 && strcmp(uuid_l, d->uuid) == 0 ? ok->largest_bytes : 0;
-    if (need <= free_b) {
-      doctor_note(k, DOCTOR_OK, "GPU %s: %.2f of %.2f GiB free; its pool has made %.2f of its "
-                  "%.2f GiB budget and the rest fits", d->uuid, (double)free_b / gib,
-                  (double)total_b / gib, (double)made / gib, (double)budget / gib);
-      continue;
-    }
-    if (largest > spare + free_b) {
-      doctor_note(k, DOCTOR_FAIL, "GPU %s: job %s, the largest seen here, took %.2f GiB, but the "
-                  "pool holds only %.2f GiB made and unlent and the GPU has %.2f GiB free: a job "
-                  "that size cannot attach (the pool's %.2f GiB budget is %.2f GiB short)",
-                  d->uuid, ok->largest_job, (double)largest / gib, (double)spare / gib,
-                  (double)free_b / gib, (double)budget / gib, (double)(need - free_b) / gib);
-    } else {
-      doctor_note(k, DOCTOR_WARN, "GPU %s: its pool may still make %.2f GiB of its %.2f GiB "
-                  "budget, but the GPU has only %.2f GiB free%s", d->uuid, (double)need / gib,
-                  (double)budget / gib, (double)free_b / gib,
-                  largest > 0 ? " (the largest job seen here still fits)" : "");
-    }
-    doctor_do(k, "start deepepd before the trainers with preallocation: true (its pool is made "
-                 "at start), or lower pool.size_per_device to what the GPU can give");
+    const bool largest_here = ok->largest_bytes > 0 && strcmp(uuid_l, d->uuid) == 0;
+    const struct doctor_memory_in in = {
+        .gpu = d->uuid, .budget = d->pool_total_bytes, .made = p->made_bytes,
+        .busy = d->pool_used_bytes + d->pool_held_bytes, .free_b = free_b, .total_b = total_b,
+        .largest = largest_here ? ok->largest_bytes : 0, .largest_job = ok->largest_job,
+        .largest_running = largest_here && doctor_job_running(st, ok->largest_job)};
+    doctor_judge_memory(k, &in);
   }
 }
 
@@ -493,7 +394,7 @@ static int doctor_render(const struct ctl *ctl, const struct doctor_check *k, si
   for (size_t i = 0; i < n; i++) {
     failed |= k[i].result == DOCTOR_FAIL;
     cells[i * CHECK_NCOLS + 0].s = k[i].name;
-    cells[i * CHECK_NCOLS + 1].s = doctor_names[k[i].result];
+    cells[i * CHECK_NCOLS + 1].s = doctor_result_name(k[i].result);
     cells[i * CHECK_NCOLS + 2].s = k[i].detail;
     cells[i * CHECK_NCOLS + 3].s = k[i].action;
   }
@@ -506,7 +407,7 @@ static int doctor_render(const struct ctl *ctl, const struct doctor_check *k, si
   } else {
     /* One check per paragraph: its findings are too long for a table row. */
     for (size_t i = 0; i < n; i++) {
-      printf("%-12s %-4s  %s\n", k[i].name, doctor_names[k[i].result], k[i].detail);
+      printf("%-12s %-4s  %s\n", k[i].name, doctor_result_name(k[i].result), k[i].detail);
       if (k[i].action[0] != '\0')
         printf("%-12s %-4s  to do: %s\n", "", "", k[i].action);
     }

@@ -26,6 +26,7 @@
   XX(multinode)             \
   XX(xnode)                 \
   XX(stats)                 \
+  XX(doctor)                \
   XX(runner)                \
   XX(readme)
 #endif
