@@ -19,9 +19,10 @@
  * neither SASS nor PTX for, or a library built without nvcc on a cuda
  * daemon) and its WARN (PTX only, and no compile of this build lent), the
  * memory check's FAIL and WARN (a GPU too full for what its pool may still
- * make), a GPU's compute mode and MPS: no GPU here.  On the host both the
- * kernels and the memory check say SKIP, which the healthy node's test
- * holds.  The conditions they do provoke are real, none simulated: no
+ * make), a GPU's compute mode and MPS: no GPU here (check_doctor.c
+ * provokes them on the GPU machine and judges them with simulated values
+ * everywhere).  On the host both the kernels and the memory check say
+ * SKIP, which the healthy node's test holds.  The conditions they do provoke are real, none simulated: no
  * socket, a socket any user may use, a configured peer that is not there,
  * a pool too full for the largest job seen, and a job routing every token
  * to one rank.
