@@ -417,7 +417,7 @@ START_TEST(on_the_gpu_a_lost_node_fails_the_survivors_within_the_op_timeout) {
   ck_assert_msg(nfail == 2, "not just node 0's two ranks failed (%d did):%s", nfail, fails);
   const char *at = fails;
   for (int r = 0; r < 2; r++) {
-    char tag[16];
+    char tag[32];
     snprintf(tag, sizeof tag, "rank %d: ", r);
     const char *m = strstr(at, tag);
     ck_assert_msg(m != NULL, "rank %d did not fail:%s", r, fails);
