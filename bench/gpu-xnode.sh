@@ -10,7 +10,8 @@
 # Build here first with: make BUILD=build-gpu STATIC_DEPS=1 all build-gpu/check_deepepd
 # Usage there, from the repository root: bench/gpu-xnode.sh [BUILD_DIR]
 # Knobs: STEPS (default "xnode oracle sliced"; "ep": bench/ep across two
-# daemons and on one, and loopback TCP round trips), SECS (per step, 150).
+# daemons and on one, and loopback TCP round trips; "hostwarm": the host
+# backend's first calls with and without its warm-up), SECS (per step, 150).
 set -u
 B=$(cd "${1:-build-gpu}" && pwd) || exit 2
 OUTD=${OUT:-/tmp/dep-out}
@@ -90,9 +91,31 @@ YAML
   echo "== ep step in $((SECONDS - t0)) s"
 }
 
+# The host backend's warm-up (kernel_warmup maps the slabs' pages in at
+# attach): bench/ep's first calls against a daemon with it and one without,
+# in the same run, on this machine's quiet CPUs.
+hostwarm_step() {
+  local D n t0=$SECONDS
+  D=$(mktemp -d /tmp/dep-hw.XXXXXX)
+  for n in on off; do
+    printf 'socket: {path: %s/%s.sock}\nbackend: host\npool: {host_size: 4GiB}\nkernel_warmup: %s\n' \
+      "$D" $n "$([ $n = on ] && echo true || echo false)" > "$D/$n.yaml"
+    "$B"/deepepd -c "$D/$n.yaml" 2> "$OUTD/hostwarm-deepepd-$n.log" &
+  done
+  for n in on off; do
+    for t in $(seq 300); do "$B"/deepepctl -s "$D/$n.sock" status >/dev/null 2>&1 && break; sleep 0.1; done
+  done
+  echo "== hostwarm: bench/ep, host backend, kernel_warmup true (-s) and false (-S)"
+  timeout 150 "$B"/bench/ep -s "$D/on.sock" -S "$D/off.sock" -n 2,4,8 -m processes -c 100 \
+    -t ${HW_TOKENS:-256} 2>&1 | tee "$OUTD/hostwarm-ep.txt"
+  pkill -TERM -f "deepepd -c $D/"; sleep 1
+  echo "== hostwarm step in $((SECONDS - t0)) s"
+}
+
 for s in ${STEPS:-xnode oracle sliced}; do
   case $s in
   ep) ep_step ;;
+  hostwarm) hostwarm_step ;;
   xnode) mps_on; step xnode-mps xnode gpu ;;
   oracle) step oracle-mps cuda_ops oracle; mps_off ;;
   sliced) [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && mps_off
