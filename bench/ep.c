@@ -347,12 +347,26 @@ static void parse_args(int argc, char **argv, struct opts *o) {
   if (o->nodes == 0)
     o->nodes = 1;
   const struct dep_job_shape *sh = &o->shape;
-  if (o->sock == NULL || optind != argc || o->gpus_want < 0 || o->calls < 1 || o->stats_pairs < 0 || o->stats_pairs > 100 ||
-      o->calls > MAX_CALLS || o->warm < 0 ||
-      o->reps < 1 || o->reps > MAX_CALLS || sh->max_tokens_per_rank < 1 || sh->hidden < 128 ||
-      sh->hidden % 128 != 0 || sh->topk < 1 || sh->topk > 16 || sh->num_experts < sh->topk ||
-      sh->max_ll_tokens_per_rank < 1 || sh->max_ll_tokens_per_rank > sh->max_tokens_per_rank)
+  /* The first rule an argument breaks, said before the usage. */
+  const char *bad = o->sock == NULL ? "-s names no daemon socket"
+                    : optind != argc ? "arguments after the options"
+                    : o->gpus_want < 0 ? "-g must be 0 or more"
+                    : o->calls < 1 || o->calls > MAX_CALLS ? "-c must be from 1 to the most calls"
+                    : o->stats_pairs < 0 || o->stats_pairs > 100 ? "-P must be from 0 to 100"
+                    : o->warm < 0 ? "-w must be 0 or more"
+                    : o->reps < 1 || o->reps > MAX_CALLS ? "-r must be from 1 to the most calls"
+                    : sh->max_tokens_per_rank < 1 ? "-t must be 1 or more"
+                    : sh->hidden < 128 || sh->hidden % 128 != 0 ? "-H must be a multiple of 128"
+                    : sh->topk < 1 || sh->topk > 16 ? "-k must be from 1 to 16"
+                    : sh->num_experts < sh->topk ? "-e must be at least -k"
+                    : sh->max_ll_tokens_per_rank < 1 ||
+                            sh->max_ll_tokens_per_rank > sh->max_tokens_per_rank
+                        ? "-l must be from 1 to -t (the low-latency tokens are at most the tokens)"
+                        : NULL;
+  if (bad != NULL) {
+    fprintf(stderr, "ep: %s\n", bad);
     usage();
+  }
   char *dup = strdup(counts);
   for (char *t = strtok(dup, ","); t != NULL; t = strtok(NULL, ",")) {
     int n = atoi(t);
