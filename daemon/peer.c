@@ -482,6 +482,20 @@ static const struct rdmaxp_events peer_rdma_events = {
     .pong = conn_on_qp_pong,
 };
 
+/*
+ * The accepting end, its RDMA offer taken (rdma_accept called): whether a
+ * frame past the handshake proves the queue pair up before our own
+ * ESTABLISHED event says so.  The connecting end sends such frames only
+ * once its queue pair is connected, and its ESTABLISHED comes first: ours
+ * waits for its RTU, then for the loop to read the connection manager's
+ * channel, which it may do after the link's socket (under load it did, and
+ * the DATA_OFFERs that followed were refused, leaving the far end without
+ * data connections).  rdma_accept moved our queue pair to RTS already.
+ */
+static bool conn_far_settled(const struct peer_conn *c) {
+  return c->slot < 0 && c->authed && c->qp != NULL && rdmaxp_qp_accepted(c->qp);
+}
+
 static void conn_on_hello(struct peer_conn *c, const struct dep_peer_msg *m, const uint8_t *raw,
                           size_t len) {
   if (c->got_hello) {
@@ -595,6 +609,8 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
   bool handshake = m.type == DEP_PEER_HELLO || m.type == DEP_PEER_AUTH ||
                    m.type == DEP_PEER_AUTH_OK || m.type == DEP_PEER_ERROR ||
                    (c->authed && (m.type == DEP_PEER_XPORT || m.type == DEP_PEER_XPORT_NAK));
+  if (!c->up && !handshake && conn_far_settled(c))
+    conn_settled(c, true, NULL);
   if (!c->up && !handshake) {
     conn_refuse(c, DEP_ERR_STATE, "sent %s before authenticating", peer_proto_type_name(m.type));
     return;

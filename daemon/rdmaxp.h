@@ -104,6 +104,9 @@ struct rdmaxp_qp *rdmaxp_connect(void *owner, const struct sockaddr *src, const 
 void rdmaxp_close(struct rdmaxp_qp *q);
 /* Whether q is connected. */
 bool rdmaxp_qp_up(const struct rdmaxp_qp *q);
+/* Whether q is an offer that the far end's connection request took, and
+ * that was accepted (its ESTABLISHED may still be on the way). */
+bool rdmaxp_qp_accepted(const struct rdmaxp_qp *q);
 
 /*
  * The data path's queue pairs (daemon/xfer_rdma.h): one per peer and
