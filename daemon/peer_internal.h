@@ -1,0 +1,175 @@
+/*
+ * peer_internal.h — what the files of the peer layer share, private to
+ * them: the connection, slot and peer records and the layer's state.
+ * peer.c runs the links (the handshake, frames, keep-alive, the tick) and
+ * answers the queries of peer.h; peerconn.c opens them (resolving,
+ * connecting with backoff, accepting, the listener); peerxport.c settles
+ * an authenticated link's transport (TCP, or an RDMA queue pair).  All of
+ * it runs on the loop thread.
+ */
+#ifndef DEP_DAEMON_PEER_INTERNAL_H
+#define DEP_DAEMON_PEER_INTERNAL_H
+
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <uv.h>
+
+#include "link.h"
+#include "peer.h"
+#include "peerauth.h"
+#include "rdmaxp.h"
+
+#define PEER_MAX_ADDRS 8
+
+/* A link is up once it authenticated and settled its transport (peer_proto.h XPORT). */
+enum peer_slot_state { SLOT_CONNECTING, SLOT_AUTHENTICATING, SLOT_TRANSPORT, SLOT_UP, SLOT_BACKOFF };
+
+struct peer;
+
+/* One connection, outbound (in a slot) or inbound (in the inbound list). */
+struct peer_conn {
+  struct link link;      /* once linked; link.user points here */
+  uv_poll_t cpoll;       /* outbound, while the connect is under way */
+  int fd;
+  struct peer *peer;     /* outbound: always; inbound: once identified */
+  int slot;              /* outbound slot, -1 inbound */
+  bool linked;           /* link_init ran: the link owns fd */
+  bool cpoll_closing;    /* the connect's poll is being closed */
+  bool up;               /* authenticated both ways, transport settled */
+  bool got_hello, sent_auth, verified, acked;
+  bool authed;           /* verified and acked: the transport is being settled */
+  bool rdma;             /* settled on an RDMA queue pair (else TCP) */
+  bool handed_off;       /* a data connection: its socket is xfer's now */
+  struct rdmaxp_qp *qp;  /* the link's queue pair, offered, connecting or up */
+  uint64_t authed_ms;
+  struct peerauth_hs hs;
+  char from[INET6_ADDRSTRLEN + 8]; /* inbound: the source address, for log lines */
+  struct sockaddr_storage src;
+  uint64_t opened_ms, last_rx_ms, last_tx_ms;
+  uint64_t last_ping_ms;      /* our last KEEPALIVE: each side pings on its own clock, so that
+                                 both measure the round trip (replies are traffic, not pings) */
+  char err[DEP_MSG_TEXT_MAX]; /* why it is closing, for the slot's last error */
+  struct peer_conn *next;     /* inbound list */
+};
+
+struct peer_slot {
+  struct peer_conn *conn;
+  enum peer_slot_state state;
+  uint64_t backoff_ms; /* the next wait's base */
+  uint64_t retry_at_ms;
+  bool awaits_address; /* connects as soon as the peer's host resolves */
+};
+
+struct peer {
+  char host[256];
+  uint16_t port;
+  char name[272]; /* "host:port" */
+  char node[DEP_PEER_NODE_MAX];
+  struct peer_slot *slots;
+  struct sockaddr_storage addrs[PEER_MAX_ADDRS];
+  int naddrs;
+  bool resolving;
+  uint64_t resolved_ms;
+  uv_getaddrinfo_t gai;
+  char last_error[DEP_MSG_TEXT_MAX];
+  uint64_t reconnects, bytes_in, bytes_out, rtt_us;
+  uint64_t rdma_rtt_us;          /* the last queue-pair keep-alive's round trip */
+  enum config_transport transport; /* auto, rdma or tcp: its own or the daemon's */
+  bool said_tcp;                 /* auto fell back to TCP: said once */
+  uint32_t inbound_up;
+  bool linked_up; /* some link up, as last told to the job table */
+  char label[300]; /* "host:port (node)" */
+  bool was_up; /* every slot up at the last look, for one log line per change */
+};
+
+/* The peer layer's state: the loop's alone. */
+struct peer_layer {
+  uv_loop_t *loop;
+  bool active;
+  bool stopping;
+  uint32_t pool_size;
+  uint32_t wait_ms;
+  char listen_address[256];
+  uint16_t listen_port;
+  char node[DEP_PEER_NODE_MAX];
+  uint8_t key[PEERAUTH_KEY_MAX];
+  size_t keylen;
+  bool authenticated; /* a key is in use (else peer_insecure) */
+  size_t n;
+  struct peer peers[CONFIG_MAX_LIST];
+  struct peer_conn *inbound;
+  int listen_fd;
+  uv_poll_t listen_poll;
+  bool listening;
+  uint64_t accept_paused_until;
+  uv_timer_t tick;
+  uint64_t start_ms;
+  peer_ready_fn *ready_cb;
+  char status[DEP_MSG_TEXT_MAX]; /* the last STATUS= sent while waiting */
+  const struct peer_events *ev;
+};
+extern struct peer_layer peer__layer;
+/* Each file's handle on it. */
+static struct peer_layer *const P = &peer__layer;
+
+static inline uint64_t now_ms(void) { return uv_now(P->loop); }
+
+/* Copy src into dst[size], cut to fit (log lines and messages only). */
+static inline void cut(char *dst, size_t size, const char *src) {
+  size_t n = strnlen(src, size - 1);
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
+/* ---- peer.c ---- */
+
+/* The link operations of every peer connection. */
+extern const struct link_ops peer__link_ops;
+/* Send m on c: 0, or what link_send said. */
+int peer__send(struct peer_conn *c, const struct dep_peer_msg *m);
+/* Our HELLO on c. */
+int peer__send_hello(struct peer_conn *c);
+/* Tell the far end why (best effort), remember it, log it and drop the link. */
+void peer__refuse(struct peer_conn *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Whether every slot of p is up. */
+bool peer__all_up(const struct peer *p);
+/* Tell the job table when p gains its first link or loses its last. */
+void peer__note_links(struct peer *p);
+/* Call the peer_wait callback once every peer is up or the wait is over. */
+void peer__check_ready(void);
+
+/* ---- peerconn.c ---- */
+
+/* Slot i of p failed or was lost (why): wait, with jitter, then try again. */
+void peerconn_backoff(struct peer *p, int i, const char *why);
+/* Open slot i of p: resolve its host first if need be. */
+void peerconn_connect(struct peer *p, int i);
+/* c's connect ended (why: NULL, or how it failed or timed out). */
+void peerconn_connect_done(struct peer_conn *c, const char *why);
+/* Resolve p's host (again); its waiting slots connect when it answers. */
+void peerconn_resolve(struct peer *p);
+/* Open the listener on listen.address: 0, or -1 after logging why. */
+int peerconn_listen(void);
+/* The listener is readable: accept what waits (uv_poll callback). */
+void peerconn_on_accept(uv_poll_t *h, int status, int events);
+/* deepepd is stopping: say so on c if it is up, and close it. */
+void peerconn_close_for_stop(struct peer_conn *c);
+
+/* ---- peerxport.c ---- */
+
+/* The RDMA transport's events for the links' queue pairs. */
+extern const struct rdmaxp_events peerxport_events;
+/* c's handshake may be complete: once both ends are, settle its transport. */
+void peerxport_begin(struct peer_conn *c);
+/* The connecting end: the acceptor's XPORT; the acceptor: the connector's XPORT_NAK. */
+void peerxport_on_xport(struct peer_conn *c, const struct dep_peer_xport *x);
+void peerxport_on_nak(struct peer_conn *c, const struct dep_peer_error *nak);
+/* A frame past the handshake came on c before it is up: where that proves
+ * its queue pair connected, c is settled now. */
+void peerxport_proven(struct peer_conn *c);
+
+#endif /* DEP_DAEMON_PEER_INTERNAL_H */

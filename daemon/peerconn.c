@@ -1,0 +1,328 @@
+/*
+ * peerconn.c — opening the peer links (peer_internal.h): resolving each
+ * peer's host, connecting its slots with a non-blocking connect and
+ * backing off with jitter when one fails or drops, accepting inbound
+ * connections (bounded while they authenticate, paused on EMFILE), and
+ * the listener.  A connection becomes a link (link.h) once it is open;
+ * peer.c runs it from there.
+ */
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "peer_internal.h"
+
+#define PEER_ACCEPT_BUDGET 64
+#define PEER_ACCEPT_PAUSE_MS 1000
+/* Inbound connections not yet authenticated, at most: each lasts at most
+ * PEER_HANDSHAKE_MS, and a configured peer opens connection_pool_size of
+ * them at once, so this leaves room for many peers reconnecting together
+ * while a flood of strangers cannot take the daemon's fds. */
+#define PEER_PREAUTH_MAX 256u
+
+/* ---- slots: backoff ------------------------------------------------------ */
+
+/* A slot's connection failed or was lost: wait, with jitter, then try again. */
+void peerconn_backoff(struct peer *p, int i, const char *why) {
+  struct peer_slot *s = &p->slots[i];
+  bool was_up = s->state == SLOT_UP;
+  s->conn = NULL;
+  s->state = SLOT_BACKOFF;
+  p->reconnects++;
+  if (why != NULL && why[0] != '\0')
+    snprintf(p->last_error, sizeof p->last_error, "%s", why);
+  /* Half the base plus up to half again: many daemons restarting together spread out. */
+  uint64_t base = s->backoff_ms;
+  uint64_t wait = base / 2 + randombytes_uniform((uint32_t)(base / 2 + 1));
+  s->retry_at_ms = now_ms() + wait;
+  s->backoff_ms = base * 2 > PEER_BACKOFF_MAX_MS ? PEER_BACKOFF_MAX_MS : base * 2;
+  if (p->was_up && was_up)
+    log_warnx("peer %s: connection %d lost (%s); reconnecting", p->name, i, p->last_error);
+  else
+    log_debug("peer %s: connection %d: %s; next try in %llu ms", p->name, i, p->last_error,
+              (unsigned long long)wait);
+  p->was_up = false;
+}
+
+/* ---- outbound: resolve, connect, hand to a link -------------------------- */
+
+static void peer_on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
+  struct peer *p = req->data;
+  p->resolving = false;
+  if (P->stopping) {
+    uv_freeaddrinfo(res);
+    return;
+  }
+  if (status != 0) {
+    snprintf(p->last_error, sizeof p->last_error, "cannot resolve %s: %s", p->host,
+             uv_strerror(status));
+    log_warnx("peer %s: %s", p->name, p->last_error);
+  } else {
+    p->naddrs = 0;
+    for (struct addrinfo *a = res; a != NULL && p->naddrs < PEER_MAX_ADDRS; a = a->ai_next) {
+      if ((a->ai_family == AF_INET || a->ai_family == AF_INET6) &&
+          a->ai_addrlen <= sizeof p->addrs[0])
+        memcpy(&p->addrs[p->naddrs++], a->ai_addr, a->ai_addrlen);
+    }
+    p->resolved_ms = now_ms();
+  }
+  uv_freeaddrinfo(res);
+  /* The slots waiting for an address connect now, not at the next tick:
+   * at start that is the difference between a few ms and PEER_TICK_MS. */
+  for (uint32_t i = 0; p->naddrs > 0 && i < P->pool_size; i++)
+    if (p->slots[i].state == SLOT_BACKOFF && p->slots[i].awaits_address)
+      peerconn_connect(p, (int)i);
+}
+
+void peerconn_resolve(struct peer *p) {
+  if (p->resolving)
+    return;
+  char port[8];
+  snprintf(port, sizeof port, "%u", (unsigned)p->port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+  p->gai.data = p;
+  int rc = uv_getaddrinfo(P->loop, &p->gai, peer_on_resolved, p->host, port, &hints);
+  if (rc != 0) {
+    snprintf(p->last_error, sizeof p->last_error, "cannot resolve %s: %s", p->host,
+             uv_strerror(rc));
+    return;
+  }
+  p->resolving = true;
+}
+
+static void conn_on_cpoll_failed(uv_handle_t *h) {
+  struct peer_conn *c = h->data;
+  close(c->fd);
+  free(c);
+}
+
+static void conn_on_cpoll_connected(uv_handle_t *h) {
+  struct peer_conn *c = h->data;
+  struct peer *p = c->peer;
+  if (P->stopping) {
+    close(c->fd);
+    free(c);
+    return;
+  }
+  if (link_init(&c->link, P->loop, c->fd, &peer__link_ops, c) != 0) {
+    close(c->fd);
+    int i = c->slot;
+    free(c);
+    peerconn_backoff(p, i, "cannot watch the socket");
+    return;
+  }
+  c->linked = true;
+  p->slots[c->slot].state = SLOT_AUTHENTICATING;
+  c->last_rx_ms = now_ms();
+  (void)peer__send_hello(c);
+}
+
+/* The connect ended (or timed out: why set): go on to the link, or back off. */
+void peerconn_connect_done(struct peer_conn *c, const char *why) {
+  if (c->cpoll_closing)
+    return;
+  c->cpoll_closing = true;
+  uv_poll_stop(&c->cpoll);
+  if (why != NULL) {
+    struct peer *p = c->peer;
+    int i = c->slot;
+    uv_close((uv_handle_t *)&c->cpoll, conn_on_cpoll_failed);
+    peerconn_backoff(p, i, why);
+    return;
+  }
+  uv_close((uv_handle_t *)&c->cpoll, conn_on_cpoll_connected);
+}
+
+static void conn_on_cpoll(uv_poll_t *h, int status, int events) {
+  struct peer_conn *c = h->data;
+  /* libuv reports POLLERR as UV_EBADF: the socket's own error says what happened. */
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+    err = errno;
+  if (err == 0 && status < 0)
+    err = -status;
+  if (err == EINPROGRESS)
+    return;
+  char why[DEP_MSG_TEXT_MAX];
+  snprintf(why, sizeof why, "connect to %s: %s", c->peer->name, strerror(err));
+  peerconn_connect_done(c, err != 0 ? why : NULL);
+}
+
+void peerconn_connect(struct peer *p, int i) {
+  struct peer_slot *s = &p->slots[i];
+  if (p->naddrs == 0) {
+    /* Not resolved yet (or it failed): ask again; connect when the answer
+     * comes, or at a later tick if it does not. */
+    peerconn_resolve(p);
+    s->state = SLOT_BACKOFF;
+    s->retry_at_ms = now_ms() + PEER_BACKOFF_MIN_MS;
+    s->awaits_address = true;
+    return;
+  }
+  s->awaits_address = false;
+  const struct sockaddr_storage *a = &p->addrs[(unsigned)i % (unsigned)p->naddrs];
+  int fd = socket(a->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  char why[DEP_MSG_TEXT_MAX];
+  if (fd < 0) {
+    snprintf(why, sizeof why, "socket: %s", strerror(errno));
+    peerconn_backoff(p, i, why);
+    return;
+  }
+  int one = 1;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  socklen_t alen = a->ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+  if (connect(fd, (const struct sockaddr *)a, alen) != 0 && errno != EINPROGRESS) {
+    snprintf(why, sizeof why, "connect to %s: %s", p->name, strerror(errno));
+    close(fd);
+    peerconn_backoff(p, i, why);
+    return;
+  }
+  struct peer_conn *c = calloc(1, sizeof *c);
+  if (c == NULL) {
+    close(fd);
+    peerconn_backoff(p, i, "out of memory");
+    return;
+  }
+  c->fd = fd;
+  c->peer = p;
+  c->slot = i;
+  c->hs.connector = true;
+  c->hs.key = P->key;
+  c->hs.keylen = P->keylen;
+  c->opened_ms = now_ms();
+  if (uv_poll_init(P->loop, &c->cpoll, fd) != 0) {
+    close(fd);
+    free(c);
+    peerconn_backoff(p, i, "cannot watch the socket");
+    return;
+  }
+  c->cpoll.data = c;
+  uv_poll_start(&c->cpoll, UV_WRITABLE, conn_on_cpoll);
+  s->conn = c;
+  s->state = SLOT_CONNECTING;
+}
+
+/* ---- inbound ------------------------------------------------------------- */
+
+void peerconn_on_accept(uv_poll_t *h, int status, int events) {
+  for (int n = 0; n < PEER_ACCEPT_BUDGET; n++) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int fd = accept4(P->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED)
+        return;
+      log_warn("peers: accept: pausing the listener for %d ms", PEER_ACCEPT_PAUSE_MS);
+      uv_poll_stop(&P->listen_poll);
+      P->accept_paused_until = now_ms() + PEER_ACCEPT_PAUSE_MS;
+      return;
+    }
+    uint32_t pending = 0;
+    for (const struct peer_conn *q = P->inbound; q != NULL; q = q->next)
+      pending += !q->up;
+    static bool flood_logged; /* once per flood, not per refused connection */
+    if (pending >= PEER_PREAUTH_MAX) {
+      if (!flood_logged)
+        log_warnx("peers: %u inbound connections are still authenticating; refusing more "
+                  "until they finish (a flood on the peer port?)", pending);
+      flood_logged = true;
+      close(fd);
+      continue;
+    }
+    flood_logged = false;
+    struct peer_conn *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+      close(fd);
+      continue;
+    }
+    int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->slot = -1;
+    c->src = ss;
+    /* An IPv4 caller on a dual-stack socket: compare it as IPv4. */
+    if (ss.ss_family == AF_INET6) {
+      struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+      if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
+        struct sockaddr_in s4 = {.sin_family = AF_INET, .sin_port = s6->sin6_port};
+        memcpy(&s4.sin_addr, s6->sin6_addr.s6_addr + 12, 4);
+        memset(&c->src, 0, sizeof c->src);
+        memcpy(&c->src, &s4, sizeof s4);
+      }
+    }
+    char host[INET6_ADDRSTRLEN] = "?", serv[8] = "?";
+    (void)getnameinfo((struct sockaddr *)&c->src, sizeof c->src, host, sizeof host, serv,
+                      sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV);
+    snprintf(c->from, sizeof c->from, "%s:%s", host, serv);
+    c->hs.connector = false;
+    c->hs.key = P->key;
+    c->hs.keylen = P->keylen;
+    c->opened_ms = c->last_rx_ms = now_ms();
+    if (link_init(&c->link, P->loop, fd, &peer__link_ops, c) != 0) {
+      close(fd);
+      free(c);
+      continue;
+    }
+    c->linked = true;
+    c->next = P->inbound;
+    P->inbound = c;
+  }
+}
+
+int peerconn_listen(void) {
+  char port[8];
+  snprintf(port, sizeof port, "%u", (unsigned)P->listen_port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE};
+  struct addrinfo *res = NULL;
+  int rc = getaddrinfo(P->listen_address, port, &hints, &res);
+  if (rc != 0) {
+    log_errx("listen.address %s: %s", P->listen_address, gai_strerror(rc));
+    return -1;
+  }
+  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+    log_warn("peers: cannot listen on %s port %u", P->listen_address, (unsigned)P->listen_port);
+    if (fd >= 0)
+      close(fd);
+    freeaddrinfo(res);
+    return -1;
+  }
+  freeaddrinfo(res);
+  P->listen_fd = fd;
+  if (uv_poll_init(P->loop, &P->listen_poll, fd) != 0) {
+    close(fd);
+    P->listen_fd = -1;
+    return -1;
+  }
+  uv_poll_start(&P->listen_poll, UV_READABLE, peerconn_on_accept);
+  P->listening = true;
+  log_info("peers: listening on %s port %u", P->listen_address, (unsigned)P->listen_port);
+  return 0;
+}
+void peerconn_close_for_stop(struct peer_conn *c) {
+  if (!c->linked) {
+    if (!c->cpoll_closing) { /* else its close callback sees P->stopping */
+      c->cpoll_closing = true;
+      uv_poll_stop(&c->cpoll);
+      uv_close((uv_handle_t *)&c->cpoll, conn_on_cpoll_failed);
+    }
+    return;
+  }
+  if (c->up) {
+    struct dep_peer_msg m = {.type = DEP_PEER_CLOSE};
+    snprintf(m.u.error.message, sizeof m.u.error.message, "deepepd on %s is stopping", P->node);
+    (void)peer__send(c, &m);
+  }
+  link_close(&c->link, "deepepd is stopping");
+}
