@@ -1,0 +1,516 @@
+/*
+ * xfer_conn.c — the TCP data connections between nodes (xfer.h,
+ * xfer_internal.h): the single-use tokens this daemon offers a peer once
+ * it is up (DATA_OFFER), the connector threads that open a connection with
+ * a peer's token, a receiver thread per inbound connection that writes
+ * each frame into the destination rank's slab, and the proxy threads'
+ * send of a batch, round robin over a peer's connections.
+ */
+#include "xfer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sodium.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "peer.h"
+#include "pool.h"
+#include "proto.h"
+#include "xfer_internal.h"
+#include "xfer_rdma.h"
+#include "xring.h"
+
+/* A DATA_OFFER's token is good for this long. */
+#define XFER_OFFER_MS 10000
+/* A connect, or a send or receive that makes no progress, gives up after this. */
+#define XFER_CONNECT_MS 3000
+#define XFER_IO_MS 10000
+/* The largest payload a frame may carry (a block of the largest shape fits). */
+#define XFER_MAX_PAYLOAD (1ull << 32)
+
+/* ---- socket helpers (threads) ------------------------------------------------ */
+
+/* Send or receive all len bytes, waiting at most XFER_IO_MS for any progress. */
+static int io_all(int fd, void *buf, size_t len, bool send_it) {
+  uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = send_it ? send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT)
+                        : recv(fd, p, len, MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      len -= (size_t)n;
+      continue;
+    }
+    if (n == 0 && !send_it) {
+      errno = 0; /* the far end closed */
+      return -1;
+    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      return -1;
+    struct pollfd pf = {.fd = fd, .events = send_it ? POLLOUT : POLLIN};
+    int r = poll(&pf, 1, XFER_IO_MS);
+    if (r == 0) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    if (r < 0 && errno != EINTR)
+      return -1;
+  }
+  return 0;
+}
+
+/* Wait until fd is readable, checking for stop each second: 1 readable, 0 stopping, -1 error. */
+static int wait_readable(int fd) {
+  for (;;) {
+    if (atomic_load(&X->stop))
+      return 0;
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    int r = poll(&pf, 1, 1000);
+    if (r > 0)
+      return 1;
+    if (r < 0 && errno != EINTR)
+      return -1;
+  }
+}
+
+static void tune_socket(int fd) {
+  int one = 1;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  int buf = 4 << 20;
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+  (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+}
+
+/* ---- sending a batch ----------------------------------------------------------- */
+
+/* Close peer k's outbound connection i (its mutex held). */
+static void out_close(struct xfer_peer *xp, uint32_t i) {
+  if (xp->out[i].fd >= 0) {
+    shutdown(xp->out[i].fd, SHUT_RDWR);
+    close(xp->out[i].fd);
+    xp->out[i].fd = -1;
+  }
+}
+
+/*
+ * Send batch b to peer k on one of its data connections (round robin).  A
+ * peer with none waits for one up to XFER_CONNECT_MS (it is being opened).
+ * 0, or -1 with every route that sends to k failed.
+ */
+int xfer__batch_send(int k, struct xfer_batch *b, uint64_t frames) {
+  struct xfer_peer *xp = &X->peers[k];
+  uint64_t deadline = mono_ns() + (uint64_t)XFER_CONNECT_MS * 1000000ull;
+  for (;;) {
+    uint32_t start = atomic_fetch_add(&xp->next, 1);
+    for (uint32_t t = 0; t < X->conns; t++) {
+      uint32_t i = (start + t) % X->conns;
+      pthread_mutex_lock(&xp->out[i].mu);
+      if (xp->out[i].fd < 0) {
+        pthread_mutex_unlock(&xp->out[i].mu);
+        continue;
+      }
+      int rc = io_all(xp->out[i].fd, b->buf, b->len, true);
+      if (rc != 0) {
+        log_warnx("peer %s: data connection %u dropped while sending (%s)", peer_name(k), i,
+                  strerror(errno));
+        out_close(xp, i);
+      }
+      pthread_mutex_unlock(&xp->out[i].mu);
+      if (rc == 0) {
+        atomic_fetch_add(&xp->bytes_out, b->len);
+        atomic_fetch_add(&xp->frames_out, frames);
+        return 0;
+      }
+    }
+    if (atomic_load(&X->stop) || mono_ns() > deadline)
+      break;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  pthread_rwlock_rdlock(&X->lock);
+  for (struct xfer_route *r = X->routes; r != NULL; r = r->next) {
+    for (uint32_t g = 0; g < r->world; g++) {
+      if (r->peer_of[g] == k) {
+        if (!atomic_exchange(&r->said, true))
+          log_warnx("job %s: no data connection to node %s takes its blocks; the job fails",
+                    r->id, peer_name(k));
+        xfer__route_fail(r, DEP_ERR_PEER);
+        break;
+      }
+    }
+  }
+  pthread_rwlock_unlock(&X->lock);
+  return -1;
+}
+
+/* ---- receivers --------------------------------------------------------------- */
+
+struct receiver {
+  int peer;
+  int fd;
+  int slot; /* in X->peers[peer].in_fds */
+};
+
+/* Receive frames from peer k on fd and write them into the slabs here. */
+static void receive(int k, int fd) {
+  struct xfer_peer *xp = &X->peers[k];
+  uint8_t *buf = NULL;
+  size_t cap = 0;
+  char why[256] = "";
+  for (;;) {
+    int w = wait_readable(fd);
+    if (w <= 0)
+      break;
+    struct dep_xfer_hdr h;
+    if (io_all(fd, &h, sizeof h, false) != 0) {
+      snprintf(why, sizeof why, "%s", errno ? strerror(errno) : "closed");
+      break;
+    }
+    h.job_id[DEP_JOB_ID_MAX - 1] = '\0';
+    if (h.magic != DEP_XFER_MAGIC || h.bytes > XFER_MAX_PAYLOAD) {
+      snprintf(why, sizeof why, "a frame with magic %#x and %llu bytes: not deepepd's stream",
+               h.magic, (unsigned long long)h.bytes);
+      break;
+    }
+    /* Check before reading the payload, and again before writing it: the
+     * job may end while its bytes arrive. */
+    struct xfer_route *route;
+    struct pool_block *arena;
+    uint64_t block_off, slot_off;
+    int rc;
+    for (int waited = 0;; waited++) {
+      pthread_rwlock_rdlock(&X->lock);
+      rc = xfer__frame_target(k, &h, &route, &arena, &block_off, &slot_off, why, sizeof why);
+      pthread_rwlock_unlock(&X->lock);
+      if (rc != DEP_ERR_STATE || waited >= XFER_ROUTE_WAIT_MS || atomic_load(&X->stop))
+        break;
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+    }
+    if (rc == DEP_ERR_PROTOCOL)
+      break;
+    if (rc == DEP_ERR_STATE)
+      log_warnx("peer %s: frames of job %s, which does not run here after %d ms, are dropped",
+                peer_name(k), h.job_id, XFER_ROUTE_WAIT_MS);
+    if (h.bytes > cap) {
+      uint8_t *p = realloc(buf, h.bytes);
+      if (p == NULL) {
+        snprintf(why, sizeof why, "out of memory for a frame of %llu bytes",
+                 (unsigned long long)h.bytes);
+        break;
+      }
+      buf = p;
+      cap = h.bytes;
+    }
+    if (h.bytes > 0 && io_all(fd, buf, h.bytes, false) != 0) {
+      snprintf(why, sizeof why, "%s", errno ? strerror(errno) : "closed");
+      break;
+    }
+    atomic_fetch_add(&xp->bytes_in, sizeof h + h.bytes);
+    atomic_fetch_add(&xp->frames_in, 1);
+    if (rc != 0)
+      continue; /* a job that is not (or no longer) here: its bytes have no reader */
+    pthread_rwlock_rdlock(&X->lock);
+    rc = xfer__frame_target(k, &h, &route, &arena, &block_off, &slot_off, why, sizeof why);
+    if (rc == 0) {
+      atomic_fetch_add_explicit(&route->bytes_in, sizeof h + h.bytes, memory_order_relaxed);
+      atomic_fetch_add_explicit(&route->frames_in, 1, memory_order_relaxed);
+    }
+    /* Payload, then the slot's fields, then its flag: a reader that sees the
+     * flag (acquire) sees the rest (pool_block_write's ordering). */
+    if (rc == 0 && (pool_block_write(arena, block_off, buf, h.bytes, why, sizeof why) != 0 ||
+                    pool_block_write(arena, slot_off + 8, h.slot + 8, sizeof h.slot - 8, why,
+                                     sizeof why) != 0 ||
+                    pool_block_write(arena, slot_off, h.slot, 8, why, sizeof why) != 0)) {
+      struct xfer_route *r = xfer__route_find(h.job_id);
+      if (r != NULL) {
+        log_warnx("job %s: cannot write a block from node %s: %s; the job fails", r->id,
+                  peer_name(k), why);
+        xfer__route_fail(r, DEP_ERR_INTERNAL);
+      }
+    }
+    pthread_rwlock_unlock(&X->lock);
+    if (rc == DEP_ERR_PROTOCOL)
+      break;
+    why[0] = '\0';
+  }
+  if (why[0] != '\0' && !atomic_load(&X->stop))
+    log_warnx("peer %s: inbound data connection dropped: %s", peer_name(k), why);
+  free(buf);
+}
+
+static void *receiver_main(void *arg) {
+  struct receiver rv = *(struct receiver *)arg;
+  free(arg);
+  prctl(PR_SET_NAME, "deepepd-rx");
+  struct dep_xfer_ack ack = {DEP_XFER_MAGIC, DEP_XFER_VERSION};
+  if (io_all(rv.fd, &ack, sizeof ack, true) == 0)
+    receive(rv.peer, rv.fd);
+  pthread_rwlock_wrlock(&X->lock);
+  X->peers[rv.peer].in_fds[rv.slot] = -1;
+  pthread_rwlock_unlock(&X->lock);
+  atomic_fetch_sub(&X->peers[rv.peer].conns_in, 1);
+  close(rv.fd);
+  atomic_fetch_sub(&X->helpers, 1);
+  return NULL;
+}
+
+/* Run fn(arg) on a detached thread counted in X->helpers; false when none could start. */
+static bool spawn_helper(void *(*fn)(void *), void *arg) {
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  pthread_t t;
+  atomic_fetch_add(&X->helpers, 1);
+  int rc = pthread_create(&t, &a, fn, arg);
+  pthread_attr_destroy(&a);
+  if (rc != 0) {
+    atomic_fetch_sub(&X->helpers, 1);
+    log_warnx("cannot start a thread for the data path: %s", strerror(rc));
+    return false;
+  }
+  return true;
+}
+
+/* The open offer with token (made to peer k, or to any peer: k < 0), spent; NULL when none. */
+static struct xfer_offer *offer_spend(int k, const uint8_t *token) {
+  uint64_t now = mono_ns() / 1000000ull;
+  for (int i = 0; i < XFER_OFFERS_MAX; i++) {
+    struct xfer_offer *x = &X->offers[i];
+    if (x->peer >= 0 && (k < 0 || x->peer == k) && x->expires_ms >= now &&
+        sodium_memcmp(x->token, token, DEP_PEER_TOKEN_LEN) == 0) {
+      int peer = x->peer;
+      x->peer = -1; /* single use */
+      x->spent_by = peer;
+      return x;
+    }
+  }
+  return NULL;
+}
+
+int xfer_offer_spend(const uint8_t *token) {
+  struct xfer_offer *o = X->active ? offer_spend(-1, token) : NULL;
+  return o != NULL ? o->spent_by : -1;
+}
+
+bool xfer_accept(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd) {
+  if (!X->active || k < 0 || k >= CONFIG_MAX_LIST)
+    return false;
+  if (offer_spend(k, token) == NULL)
+    return false;
+  struct xfer_peer *xp = &X->peers[k];
+  pthread_rwlock_wrlock(&X->lock);
+  int slot = -1;
+  for (int i = 0; i < XFER_CONNS_MAX && slot < 0; i++)
+    if (xp->in_fds[i] < 0)
+      slot = i;
+  if (slot >= 0)
+    xp->in_fds[slot] = fd;
+  pthread_rwlock_unlock(&X->lock);
+  struct receiver *rv = slot >= 0 ? malloc(sizeof *rv) : NULL;
+  if (rv == NULL)
+    goto fail;
+  *rv = (struct receiver){.peer = k, .fd = fd, .slot = slot};
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0)
+    (void)fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+  tune_socket(fd);
+  atomic_fetch_add(&xp->conns_in, 1);
+  if (!spawn_helper(receiver_main, rv)) {
+    atomic_fetch_sub(&xp->conns_in, 1);
+    free(rv);
+    goto fail;
+  }
+  return true;
+fail:
+  if (slot >= 0) {
+    pthread_rwlock_wrlock(&X->lock);
+    xp->in_fds[slot] = -1;
+    pthread_rwlock_unlock(&X->lock);
+  }
+  close(fd);
+  return true; /* the token was good: fd is ours, and closed */
+}
+
+/* ---- connectors --------------------------------------------------------------- */
+
+struct connector {
+  int peer;
+  uint64_t gen;
+  uint8_t token[DEP_PEER_TOKEN_LEN];
+  struct sockaddr_storage addr;
+  socklen_t addrlen;
+};
+
+/* Open a data connection to the peer's listener with the offer's token. */
+static int connect_data(const struct connector *c, char *why, size_t whylen) {
+  int fd = socket(c->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    snprintf(why, whylen, "socket: %s", strerror(errno));
+    return -1;
+  }
+  tune_socket(fd);
+  if (connect(fd, (const struct sockaddr *)&c->addr, c->addrlen) != 0 && errno != EINPROGRESS) {
+    snprintf(why, whylen, "connect: %s", strerror(errno));
+    goto fail;
+  }
+  struct pollfd pf = {.fd = fd, .events = POLLOUT};
+  int err = 0;
+  socklen_t el = sizeof err;
+  if (poll(&pf, 1, XFER_CONNECT_MS) != 1 ||
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0) {
+    snprintf(why, whylen, "connect: %s", err ? strerror(err) : "timed out");
+    goto fail;
+  }
+  /* One PEER frame holding DATA_HELLO, as a peer link's first frame. */
+  struct dep_peer_msg m = {.type = DEP_PEER_DATA_HELLO};
+  memcpy(m.u.data_hello.token, c->token, DEP_PEER_TOKEN_LEN);
+  m.u.data_hello.listen_port = X->listen_port;
+  struct proto_buf inner, frame;
+  proto_buf_init(&inner);
+  proto_buf_init(&frame);
+  int rc = peer_proto_encode(&inner, &m);
+  struct dep_msg_opaque o = {.data = inner.data, .len = inner.len};
+  if (rc == 0)
+    rc = proto_frame_encode(&frame, DEP_MSG_PEER, 0, 0, &o);
+  if (rc == 0 && io_all(fd, frame.data, frame.len, true) != 0)
+    rc = -1;
+  proto_buf_free(&inner);
+  proto_buf_free(&frame);
+  struct dep_xfer_ack ack;
+  if (rc != 0 || io_all(fd, &ack, sizeof ack, false) != 0 || ack.magic != DEP_XFER_MAGIC ||
+      ack.version != DEP_XFER_VERSION) {
+    snprintf(why, whylen, "the peer did not take the data connection (%s)",
+             rc != 0 ? "cannot send DATA_HELLO" : "no acknowledgement");
+    goto fail;
+  }
+  return fd;
+fail:
+  close(fd);
+  return -1;
+}
+
+static void *connector_main(void *arg) {
+  struct connector c = *(struct connector *)arg;
+  free(arg);
+  prctl(PR_SET_NAME, "deepepd-dc");
+  struct xfer_peer *xp = &X->peers[c.peer];
+  char why[256] = "";
+  int fd = connect_data(&c, why, sizeof why);
+  if (fd < 0) {
+    if (!atomic_load(&X->stop))
+      log_warnx("peer %s: cannot open a data connection: %s", peer_name(c.peer), why);
+  } else {
+    bool placed = false;
+    for (uint32_t i = 0; i < X->conns && !placed; i++) {
+      pthread_mutex_lock(&xp->out[i].mu);
+      if (xp->out[i].fd < 0 && atomic_load(&xp->gen) == c.gen && !atomic_load(&X->stop)) {
+        xp->out[i].fd = fd;
+        placed = true;
+      }
+      pthread_mutex_unlock(&xp->out[i].mu);
+    }
+    if (!placed)
+      close(fd);
+  }
+  atomic_fetch_sub(&X->helpers, 1);
+  return NULL;
+}
+
+void xfer_on_offer(int k, const struct dep_peer_data_offer *o) {
+  if (!X->active || k < 0 || k >= CONFIG_MAX_LIST)
+    return;
+  if (xfer_rdma_on_offer(k, o->token))
+    return; /* spent on our data queue pair to k */
+  struct connector *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return;
+  c->peer = k;
+  c->gen = atomic_load(&X->peers[k].gen);
+  memcpy(c->token, o->token, DEP_PEER_TOKEN_LEN);
+  if (peer_data_address(k, &c->addr, &c->addrlen) != 0) {
+    log_warnx("peer %s: a data connection is offered but the peer has no address here",
+              peer_name(k));
+    free(c);
+    return;
+  }
+  if (!spawn_helper(connector_main, c))
+    free(c);
+}
+
+void xfer_peer_up(int k) {
+  if (!X->active || k < 0 || k >= CONFIG_MAX_LIST)
+    return;
+  uint64_t now = mono_ns() / 1000000ull;
+  /* One more where RDMA may be had: the peer spends the first on its queue pair. */
+  uint32_t offers = X->conns + (xfer_rdma_wanted(k) ? 1u : 0u);
+  for (uint32_t n = 0; n < offers; n++) {
+    struct xfer_offer *o = NULL;
+    for (int i = 0; i < XFER_OFFERS_MAX && o == NULL; i++)
+      if (X->offers[i].peer < 0 || X->offers[i].expires_ms < now)
+        o = &X->offers[i];
+    if (o == NULL)
+      return;
+    struct dep_peer_msg m = {.type = DEP_PEER_DATA_OFFER};
+    randombytes_buf(m.u.data_offer.token, DEP_PEER_TOKEN_LEN);
+    memcpy(o->token, m.u.data_offer.token, DEP_PEER_TOKEN_LEN);
+    o->peer = k;
+    o->expires_ms = now + XFER_OFFER_MS;
+    if (peer_send(k, &m) != 0) {
+      o->peer = -1;
+      return;
+    }
+  }
+}
+
+void xfer_peer_down(int k) {
+  if (!X->active || k < 0 || k >= CONFIG_MAX_LIST)
+    return;
+  struct xfer_peer *xp = &X->peers[k];
+  atomic_fetch_add(&xp->gen, 1);
+  for (int i = 0; i < XFER_OFFERS_MAX; i++)
+    if (X->offers[i].peer == k)
+      X->offers[i].peer = -1;
+  xfer_rdma_peer_down(k);
+  for (uint32_t i = 0; i < X->conns; i++) {
+    pthread_mutex_lock(&xp->out[i].mu);
+    out_close(xp, i);
+    pthread_mutex_unlock(&xp->out[i].mu);
+  }
+  /* The receivers see their connection end and go. */
+  pthread_rwlock_rdlock(&X->lock);
+  for (int i = 0; i < XFER_CONNS_MAX; i++)
+    if (xp->in_fds[i] >= 0)
+      shutdown(xp->in_fds[i], SHUT_RDWR);
+  pthread_rwlock_unlock(&X->lock);
+}
+
+void xfer_peer_stats(int k, struct xfer_peer_stats *out) {
+  memset(out, 0, sizeof *out);
+  if (!X->active || k < 0 || k >= CONFIG_MAX_LIST)
+    return;
+  struct xfer_peer *xp = &X->peers[k];
+  for (uint32_t i = 0; i < X->conns; i++) {
+    pthread_mutex_lock(&xp->out[i].mu);
+    out->conns_out += xp->out[i].fd >= 0;
+    pthread_mutex_unlock(&xp->out[i].mu);
+  }
+  out->conns_in = atomic_load(&xp->conns_in);
+  out->bytes_out = atomic_load(&xp->bytes_out);
+  out->bytes_in = atomic_load(&xp->bytes_in);
+  out->frames_out = atomic_load(&xp->frames_out);
+  out->frames_in = atomic_load(&xp->frames_in);
+}
+

@@ -1,0 +1,137 @@
+/*
+ * xfer_internal.h — what the files of the data path between nodes share,
+ * private to them (xfer.h): the routes, the per-peer connections and
+ * offers, and the state the loop and the threads share.  xfer.c keeps the
+ * routes, the rings and the proxy threads; xfer_conn.c the TCP data
+ * connections (offers, connectors, receivers, sending a batch).
+ */
+#ifndef DEP_DAEMON_XFER_INTERNAL_H
+#define DEP_DAEMON_XFER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "config.h"
+#include "peer_proto.h"
+#include "pool.h"
+#include "proto.h"
+#include "slab.h"
+#include "xfer.h"
+#include "xring.h"
+
+#define XFER_OFFERS_MAX (CONFIG_MAX_LIST * XFER_CONNS_MAX * 2)
+/* A frame for a job this node does not run yet waits this long for it: the
+ * nodes of a job learn that it is complete one after another, and the
+ * first one's ranks may send before the last one has its route. */
+#define XFER_ROUTE_WAIT_MS 5000
+/* Jobs that ended here, remembered so that their late frames are dropped at once. */
+#define XFER_ENDED_MAX 64
+
+struct xfer_rdma_route;
+
+/* One job that spans nodes, as the threads see it. */
+struct xfer_route {
+  char id[DEP_JOB_ID_MAX];
+  const struct job *job;         /* the loop's handle; never dereferenced by threads */
+  uint32_t world, local_world;
+  struct dep_slab_layout lay;
+  int16_t peer_of[DEP_MAX_LOCAL_RANKS];  /* global rank -> peer holding it; -1: held here */
+  int16_t local_of[DEP_MAX_LOCAL_RANKS]; /* global rank -> local rank here; -1: remote */
+  uint32_t rank_of[DEP_MAX_LOCAL_RANKS];  /* local rank -> global rank */
+  uint32_t remote_of[DEP_MAX_LOCAL_RANKS]; /* global rank -> its number among remote ranks */
+  struct pool_block *arena[DEP_MAX_LOCAL_RANKS]; /* by local rank */
+  uint64_t offset[DEP_MAX_LOCAL_RANKS];
+  struct dep_xring *ring[DEP_MAX_LOCAL_RANKS];   /* by local rank; NULL until lent */
+  _Atomic int failed;            /* 0, or the code it stopped with */
+  _Atomic bool said;             /* a failure of its frames was logged */
+  _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in; /* deepepctl status */
+  _Atomic uint32_t ring_peak;    /* most descriptors a sweep found waiting in one ring */
+  struct xfer_rdma_route *rdma;  /* where its blocks may go by RDMA writes (NULL: TCP only) */
+  struct xfer_route *next;
+};
+
+/* One outbound data connection (we send on it). */
+struct xfer_out {
+  int fd;                        /* -1: none */
+  pthread_mutex_t mu;            /* one sender at a time */
+};
+
+struct xfer_offer {
+  int peer;                      /* -1: free */
+  int spent_by;                  /* the peer it was made to, once spent */
+  uint8_t token[DEP_PEER_TOKEN_LEN];
+  uint64_t expires_ms;
+};
+
+struct xfer_peer {
+  struct xfer_out out[XFER_CONNS_MAX];
+  _Atomic uint32_t next;         /* round robin over out[] */
+  _Atomic uint32_t conns_in;
+  _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in;
+  _Atomic uint64_t gen;          /* bumped when the peer goes down: connectors of an older one quit */
+  int in_fds[XFER_CONNS_MAX];    /* inbound connections' fds, for shutdown (under X->lock) */
+};
+
+/* A proxy thread's batch for one peer. */
+struct xfer_batch {
+  uint8_t *buf;
+  size_t len, cap;
+};
+
+/* The data path's state: what the loop and the threads share. */
+struct xfer_state {
+  bool active;
+  const struct config *cfg;
+  uint32_t nthreads, conns;
+  uint16_t listen_port;
+  pthread_rwlock_t lock;         /* routes, in_fds */
+  pthread_mutex_t idle_mu;
+  pthread_cond_t idle_cv;        /* a route was added, or stop */
+  struct xfer_route *routes;
+  _Atomic bool stop;
+  pthread_t threads[64];
+  uint32_t started;
+  struct xfer_peer peers[CONFIG_MAX_LIST];
+  struct xfer_offer offers[XFER_OFFERS_MAX]; /* the loop's */
+  char ended[XFER_ENDED_MAX][DEP_JOB_ID_MAX];  /* under lock: the last jobs whose route went */
+  uint32_t n_ended;
+  _Atomic uint32_t helpers;      /* connector and receiver threads running */
+  _Atomic uint64_t busy_ns;      /* proxy threads' time moving blocks, summed */
+};
+
+extern struct xfer_state xfer__state;
+/* Each file's handle on it. */
+static struct xfer_state *const X = &xfer__state;
+
+static inline uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+
+/* ---- xfer.c ---- */
+
+/* The route of job id (lock held), NULL when none. */
+struct xfer_route *xfer__route_find(const char *id);
+/* Stop a route (any thread, lock held for reading at least): its rings say code. */
+void xfer__route_fail(struct xfer_route *r, int code);
+/* Check a frame's header from peer k against the routes (lock held); on
+ * success fill the write's target.  DEP_ERR_NOT_FOUND: no such job here
+ * now; DEP_ERR_STATE: none, but it may come (the caller waits for it);
+ * DEP_ERR_PROTOCOL with why: the job does not allow it. */
+int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
+                       struct pool_block **arena, uint64_t *block_off, uint64_t *slot_off,
+                       char *why, size_t whylen);
+
+/* ---- xfer_conn.c ---- */
+
+/* Send batch b (frames of them) to peer k on one of its data connections:
+ * 0, or -1 with every route that sends to k failed. */
+int xfer__batch_send(int k, struct xfer_batch *b, uint64_t frames);
+
+#endif /* DEP_DAEMON_XFER_INTERNAL_H */
