@@ -46,7 +46,7 @@ static int xfer_start_threads(void);
 
 /* ---- routes ------------------------------------------------------------------ */
 
-struct xfer_route *xfer__route_find(const char *id) {
+static struct xfer_route *route_find(const char *id) {
   for (struct xfer_route *r = X->routes; r != NULL; r = r->next)
     if (strcmp(r->id, id) == 0)
       return r;
@@ -67,6 +67,37 @@ void xfer__route_fail(struct xfer_route *r, int code) {
   for (uint32_t i = 0; i < r->local_world; i++)
     if (r->ring[i] != NULL)
       atomic_store_explicit(&r->ring[i]->failed, code, memory_order_release);
+}
+
+/* A route was added, or the threads stop: wake whoever waits for one. */
+static void routes_wake(void) {
+  pthread_mutex_lock(&X->routes_mu);
+  atomic_fetch_add(&X->routes_added, 1);
+  pthread_cond_broadcast(&X->routes_cv);
+  pthread_mutex_unlock(&X->routes_mu);
+}
+
+void xfer__routes_wait(uint64_t seen, uint64_t deadline_ns) {
+  struct timespec until = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
+                           .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+  pthread_mutex_lock(&X->routes_mu);
+  while (atomic_load(&X->routes_added) == seen && !atomic_load(&X->stop) &&
+         pthread_cond_timedwait(&X->routes_cv, &X->routes_mu, &until) == 0)
+    ; /* woken, perhaps spuriously: look again */
+  pthread_mutex_unlock(&X->routes_mu);
+}
+
+void xfer__routes_fail_peer(int k, const char *what) {
+  for (struct xfer_route *r = X->routes; r != NULL; r = r->next) {
+    for (uint32_t g = 0; g < r->world; g++) {
+      if (r->peer_of[g] == k) {
+        if (!atomic_exchange(&r->said, true))
+          log_warnx("job %s: %s %s; the job fails", r->id, what, peer_name(k));
+        xfer__route_fail(r, DEP_ERR_PEER);
+        break;
+      }
+    }
+  }
 }
 
 void xfer_job_start(const struct job *j, const int16_t *who) {
@@ -111,9 +142,7 @@ void xfer_job_start(const struct job *j, const int16_t *who) {
   r->next = X->routes;
   X->routes = r;
   pthread_rwlock_unlock(&X->lock);
-  pthread_mutex_lock(&X->idle_mu);
-  pthread_cond_broadcast(&X->idle_cv);
-  pthread_mutex_unlock(&X->idle_mu);
+  routes_wake();
 }
 
 void xfer_job_fail(const struct job *j, int code) {
@@ -224,7 +253,7 @@ static bool ended_here(const char *id) {
 int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
                        struct pool_block **arena, uint64_t *block_off, uint64_t *slot_off,
                        char *why, size_t whylen) {
-  struct xfer_route *r = xfer__route_find(h->job_id);
+  struct xfer_route *r = route_find(h->job_id);
   *route = r;
   if (r == NULL)
     return ended_here(h->job_id) ? DEP_ERR_NOT_FOUND : DEP_ERR_STATE;
@@ -367,17 +396,9 @@ static uint64_t sweep(uint32_t self, struct xfer_batch *batches, uint64_t *frame
   /* The sweep's RDMA writes go before the lock does, so that no route ends
    * with writes of it still waiting in a chain. */
   uint64_t lost = xfer_rdma_flush();
-  for (struct xfer_route *r = X->routes; r != NULL && lost != 0; r = r->next) {
-    for (uint32_t g = 0; g < r->world; g++) {
-      if (r->peer_of[g] >= 0 && (lost >> r->peer_of[g] & 1)) {
-        if (!atomic_exchange(&r->said, true))
-          log_warnx("job %s: RDMA writes of its blocks to node %s were lost; the job fails",
-                    r->id, peer_name(r->peer_of[g]));
-        xfer__route_fail(r, DEP_ERR_PEER);
-        break;
-      }
-    }
-  }
+  for (int k = 0; k < CONFIG_MAX_LIST; k++)
+    if (lost >> k & 1)
+      xfer__routes_fail_peer(k, "RDMA writes of its blocks were lost on the way to node");
   pthread_rwlock_unlock(&X->lock);
   return taken;
 }
@@ -408,21 +429,12 @@ static void *proxy_main(void *arg) {
       last_work = now;
       continue;
     }
+    uint64_t seen = atomic_load(&X->routes_added);
     pthread_rwlock_rdlock(&X->lock);
     bool none = X->routes == NULL;
     pthread_rwlock_unlock(&X->lock);
     if (none) {
-      pthread_mutex_lock(&X->idle_mu);
-      struct timespec until;
-      clock_gettime(CLOCK_REALTIME, &until);
-      until.tv_nsec += 100000000l;
-      if (until.tv_nsec >= 1000000000l) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000l;
-      }
-      if (!atomic_load(&X->stop))
-        pthread_cond_timedwait(&X->idle_cv, &X->idle_mu, &until);
-      pthread_mutex_unlock(&X->idle_mu);
+      xfer__routes_wait(seen, now + 100000000ull);
     } else if (now - last_work < XFER_SPIN_NS) {
       sched_yield();
     } else {
@@ -488,8 +500,12 @@ int xfer_init(const struct config *cfg) {
   }
   memset(X, 0, sizeof *X);
   pthread_rwlock_init(&X->lock, NULL);
-  pthread_mutex_init(&X->idle_mu, NULL);
-  pthread_cond_init(&X->idle_cv, NULL);
+  pthread_mutex_init(&X->routes_mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* mono_ns's deadlines */
+  pthread_cond_init(&X->routes_cv, &ca);
+  pthread_condattr_destroy(&ca);
   X->conns = cfg->connection_pool_size < XFER_CONNS_MAX ? cfg->connection_pool_size
                                                        : XFER_CONNS_MAX;
   X->listen_port = cfg->listen_port;
@@ -512,9 +528,7 @@ void xfer_fini(void) {
   if (!X->active)
     return;
   atomic_store(&X->stop, true);
-  pthread_mutex_lock(&X->idle_mu);
-  pthread_cond_broadcast(&X->idle_cv);
-  pthread_mutex_unlock(&X->idle_mu);
+  routes_wake();
   for (uint32_t i = 0; i < X->started; i++)
     pthread_join(X->threads[i], NULL);
   for (int k = 0; k < CONFIG_MAX_LIST; k++)

@@ -140,17 +140,7 @@ int xfer__batch_send(int k, struct xfer_batch *b, uint64_t frames) {
     nanosleep(&ts, NULL);
   }
   pthread_rwlock_rdlock(&X->lock);
-  for (struct xfer_route *r = X->routes; r != NULL; r = r->next) {
-    for (uint32_t g = 0; g < r->world; g++) {
-      if (r->peer_of[g] == k) {
-        if (!atomic_exchange(&r->said, true))
-          log_warnx("job %s: no data connection to node %s takes its blocks; the job fails",
-                    r->id, peer_name(k));
-        xfer__route_fail(r, DEP_ERR_PEER);
-        break;
-      }
-    }
-  }
+  xfer__routes_fail_peer(k, "no data connection takes its blocks to node");
   pthread_rwlock_unlock(&X->lock);
   return -1;
 }
@@ -190,14 +180,17 @@ static void receive(int k, int fd) {
     struct pool_block *arena;
     uint64_t block_off, slot_off;
     int rc;
-    for (int waited = 0;; waited++) {
+    /* A job not here yet (DEP_ERR_STATE) is waited for until its route is
+     * added, woken by xfer_job_start, not polled. */
+    uint64_t until = mono_ns() + (uint64_t)XFER_ROUTE_WAIT_MS * 1000000ull;
+    for (;;) {
+      uint64_t seen = atomic_load(&X->routes_added);
       pthread_rwlock_rdlock(&X->lock);
       rc = xfer__frame_target(k, &h, &route, &arena, &block_off, &slot_off, why, sizeof why);
       pthread_rwlock_unlock(&X->lock);
-      if (rc != DEP_ERR_STATE || waited >= XFER_ROUTE_WAIT_MS || atomic_load(&X->stop))
+      if (rc != DEP_ERR_STATE || atomic_load(&X->stop) || mono_ns() >= until)
         break;
-      struct timespec ts = {0, 1000000};
-      nanosleep(&ts, NULL);
+      xfer__routes_wait(seen, until);
     }
     if (rc == DEP_ERR_PROTOCOL)
       break;
@@ -234,12 +227,9 @@ static void receive(int k, int fd) {
                     pool_block_write(arena, slot_off + 8, h.slot + 8, sizeof h.slot - 8, why,
                                      sizeof why) != 0 ||
                     pool_block_write(arena, slot_off, h.slot, 8, why, sizeof why) != 0)) {
-      struct xfer_route *r = xfer__route_find(h.job_id);
-      if (r != NULL) {
-        log_warnx("job %s: cannot write a block from node %s: %s; the job fails", r->id,
-                  peer_name(k), why);
-        xfer__route_fail(r, DEP_ERR_INTERNAL);
-      }
+      log_warnx("job %s: cannot write a block from node %s: %s; the job fails", route->id,
+                peer_name(k), why);
+      xfer__route_fail(route, DEP_ERR_INTERNAL);
     }
     pthread_rwlock_unlock(&X->lock);
     if (rc == DEP_ERR_PROTOCOL)

@@ -89,8 +89,9 @@ struct xfer_state {
   uint32_t nthreads, conns;
   uint16_t listen_port;
   pthread_rwlock_t lock;         /* routes, in_fds */
-  pthread_mutex_t idle_mu;
-  pthread_cond_t idle_cv;        /* a route was added, or stop */
+  pthread_mutex_t routes_mu;      /* routes_cv's */
+  pthread_cond_t routes_cv;       /* a route was added, or stop (CLOCK_MONOTONIC) */
+  _Atomic uint64_t routes_added;  /* routes added so far (changed under routes_mu) */
   struct xfer_route *routes;
   _Atomic bool stop;
   pthread_t threads[64];
@@ -113,13 +114,17 @@ static inline uint64_t mono_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-
 /* ---- xfer.c ---- */
 
-/* The route of job id (lock held), NULL when none. */
-struct xfer_route *xfer__route_find(const char *id);
 /* Stop a route (any thread, lock held for reading at least): its rings say code. */
 void xfer__route_fail(struct xfer_route *r, int code);
+/* Wait until a route is added after `seen` (a value of X->routes_added read
+ * before looking for it), stop, or deadline_ns (mono_ns's clock). */
+void xfer__routes_wait(uint64_t seen, uint64_t deadline_ns);
+/* Fail every route that sends to peer k (lock held for reading at least),
+ * with DEP_ERR_PEER, saying once per route "job ID: WHAT NODE; the job
+ * fails". */
+void xfer__routes_fail_peer(int k, const char *what);
 /* Check a frame's header from peer k against the routes (lock held); on
  * success fill the write's target.  DEP_ERR_NOT_FOUND: no such job here
  * now; DEP_ERR_STATE: none, but it may come (the caller waits for it);
