@@ -275,19 +275,43 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
 
 /* ---- the proxy threads -------------------------------------------------------- */
 
-/* Grow b to hold n more bytes; false when out of memory. */
-static bool batch_room(struct xfer_batch *b, size_t n) {
-  if (b->len + n <= b->cap)
-    return true;
-  size_t cap = b->cap ? b->cap : 1u << 16;
-  while (cap < b->len + n)
-    cap *= 2;
-  uint8_t *p = realloc(b->buf, cap);
-  if (p == NULL)
-    return false;
-  b->buf = p;
-  b->cap = cap;
+bool xfer__batch_room(struct xfer_batch *b, size_t n, struct pool *pool) {
+  if (b->len + n > b->cap) {
+    size_t cap = b->cap ? b->cap : 1u << 16; /* a power of two: whole pages */
+    while (cap < b->len + n)
+      cap *= 2;
+    uint8_t *p = aligned_alloc(4096, cap);
+    if (p == NULL)
+      return false;
+    if (b->len > 0)
+      memcpy(p, b->buf, b->len);
+    xfer__batch_free(b);
+    b->buf = p;
+    b->cap = cap;
+  }
+  if (pool != NULL && b->pinned == NULL && !b->pin_failed && b->cap > 0) {
+    char why[256] = "";
+    if (pool_pin_host(pool, b->buf, b->cap, why, sizeof why) == 0) {
+      b->pinned = pool;
+    } else {
+      b->pin_failed = true;
+      static _Atomic bool said;
+      if (!atomic_exchange(&said, true))
+        log_warnx("data path: its staging stays unpinned (%s); copies to and from GPU memory "
+                  "then pass through the driver's own buffer", why);
+    }
+  }
   return true;
+}
+
+void xfer__batch_free(struct xfer_batch *b) {
+  if (b->pinned != NULL)
+    pool_unpin_host(b->pinned, b->buf);
+  free(b->buf);
+  b->buf = NULL;
+  b->cap = 0;
+  b->pinned = NULL;
+  b->pin_failed = false;
 }
 
 /*
@@ -317,7 +341,7 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
     return true;
   }
   struct xfer_batch *b = &batches[peer];
-  if (!batch_room(b, sizeof(struct dep_xfer_hdr) + d->bytes)) {
+  if (!xfer__batch_room(b, sizeof(struct dep_xfer_hdr) + d->bytes, pool_of(r->arena[lr]))) {
     snprintf(why, sizeof why, "out of memory for a batch of %llu bytes",
              (unsigned long long)(b->len + d->bytes));
     goto bad;
@@ -443,7 +467,7 @@ static void *proxy_main(void *arg) {
     }
   }
   for (int k = 0; k < CONFIG_MAX_LIST; k++)
-    free(batches[k].buf);
+    xfer__batch_free(&batches[k]);
   xfer_rdma_thread_end();
   return NULL;
 }

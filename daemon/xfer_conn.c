@@ -156,8 +156,7 @@ struct receiver {
 /* Receive frames from peer k on fd and write them into the slabs here. */
 static void receive(int k, int fd) {
   struct xfer_peer *xp = &X->peers[k];
-  uint8_t *buf = NULL;
-  size_t cap = 0;
+  struct xfer_batch in = {0}; /* the payload, on its way into a slab */
   char why[256] = "";
   for (;;) {
     int w = wait_readable(fd);
@@ -197,17 +196,12 @@ static void receive(int k, int fd) {
     if (rc == DEP_ERR_STATE)
       log_warnx("peer %s: frames of job %s, which does not run here after %d ms, are dropped",
                 peer_name(k), h.job_id, XFER_ROUTE_WAIT_MS);
-    if (h.bytes > cap) {
-      uint8_t *p = realloc(buf, h.bytes);
-      if (p == NULL) {
-        snprintf(why, sizeof why, "out of memory for a frame of %llu bytes",
-                 (unsigned long long)h.bytes);
-        break;
-      }
-      buf = p;
-      cap = h.bytes;
+    if (!xfer__batch_room(&in, h.bytes, rc == 0 ? pool_of(arena) : NULL)) {
+      snprintf(why, sizeof why, "out of memory for a frame of %llu bytes",
+               (unsigned long long)h.bytes);
+      break;
     }
-    if (h.bytes > 0 && io_all(fd, buf, h.bytes, false) != 0) {
+    if (h.bytes > 0 && io_all(fd, in.buf, h.bytes, false) != 0) {
       snprintf(why, sizeof why, "%s", errno ? strerror(errno) : "closed");
       break;
     }
@@ -223,7 +217,7 @@ static void receive(int k, int fd) {
     }
     /* Payload, then the slot's fields, then its flag: a reader that sees the
      * flag (acquire) sees the rest (pool_block_write's ordering). */
-    if (rc == 0 && (pool_block_write(arena, block_off, buf, h.bytes, why, sizeof why) != 0 ||
+    if (rc == 0 && (pool_block_write(arena, block_off, in.buf, h.bytes, why, sizeof why) != 0 ||
                     pool_block_write(arena, slot_off + 8, h.slot + 8, sizeof h.slot - 8, why,
                                      sizeof why) != 0 ||
                     pool_block_write(arena, slot_off, h.slot, 8, why, sizeof why) != 0)) {
@@ -238,7 +232,7 @@ static void receive(int k, int fd) {
   }
   if (why[0] != '\0' && !atomic_load(&X->stop))
     log_warnx("peer %s: inbound data connection dropped: %s", peer_name(k), why);
-  free(buf);
+  xfer__batch_free(&in);
 }
 
 static void *receiver_main(void *arg) {

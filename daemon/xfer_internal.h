@@ -76,10 +76,14 @@ struct xfer_peer {
   int in_fds[XFER_CONNS_MAX];    /* inbound connections' fds, for shutdown (under X->lock) */
 };
 
-/* A proxy thread's batch for one peer. */
+/* A proxy thread's batch for one peer, or a receiver's payload: host
+ * memory the bytes of GPU slabs pass through, pinned where the backend
+ * gains by it (pool_pin_host: the copy engine then moves them itself). */
 struct xfer_batch {
-  uint8_t *buf;
+  uint8_t *buf;                  /* page-aligned, so that no two buffers pin one page */
   size_t len, cap;
+  struct pool *pinned;           /* the pool whose backend pinned buf, or NULL */
+  bool pin_failed;               /* ... it could not: not tried again for this buf */
 };
 
 /* The data path's state: what the loop and the threads share. */
@@ -132,6 +136,12 @@ void xfer__routes_fail_peer(int k, const char *what);
 int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
                        struct pool_block **arena, uint64_t *block_off, uint64_t *slot_off,
                        char *why, size_t whylen);
+
+/* Grow b to hold n more bytes past its len, pinned for the copies to and
+ * from pool's blocks (NULL: no pool, left unpinned); false when out of
+ * memory.  A pin that fails is said once and the buffer used unpinned. */
+bool xfer__batch_room(struct xfer_batch *b, size_t n, struct pool *pool);
+void xfer__batch_free(struct xfer_batch *b);
 
 /* ---- xfer_conn.c ---- */
 
