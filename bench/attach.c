@@ -268,7 +268,7 @@ static void run_path(const struct opts *o, bool cuda, bool warm, int n, double *
                      double (*phases)[PHASES]) {
   struct dep_slab_layout l;
   char why[256];
-  if (dep_slab_layout(&o->shape, (uint32_t)n, &l, why, sizeof why) != 0)
+  if (dep__slab_layout(&o->shape, (uint32_t)n, &l, why, sizeof why) != 0)
     die("%s%s", why, "");
   uint64_t bytes = dep_round_up(l.total_bytes, 2u << 20);
   char path[108];
@@ -448,7 +448,7 @@ int main(int argc, char **argv) {
       usage();
     struct dep_slab_layout l;
     char why[256];
-    if (dep_slab_layout(&o.shape, (uint32_t)n, &l, why, sizeof why) != 0)
+    if (dep__slab_layout(&o.shape, (uint32_t)n, &l, why, sizeof why) != 0)
       die("%s%s", why, "");
     double warm[MAX_ROUNDS], cold[MAX_ROUNDS], phases[MAX_ROUNDS][PHASES];
     run_path(&o, cuda, true, n, warm, phases);

@@ -299,8 +299,8 @@ int main(int argc, char **argv) {
 
   struct dep_slab_layout l4, l2;
   char why[512];
-  if (dep_slab_layout(&o.shape, 4, &l4, why, sizeof why) != 0 ||
-      dep_slab_layout(&o.shape, 2, &l2, why, sizeof why) != 0)
+  if (dep__slab_layout(&o.shape, 4, &l4, why, sizeof why) != 0 ||
+      dep__slab_layout(&o.shape, 2, &l2, why, sizeof why) != 0)
     die("%s", why);
   uint64_t slab4 = dep_round_up(l4.total_bytes, 2u << 20);
   uint64_t slab2 = dep_round_up(l2.total_bytes, 2u << 20);

@@ -264,7 +264,7 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
   char why[256] = "";
   int rc = proto_check_attach(args, why, sizeof why);
   if (rc == 0)
-    rc = dep_slab_layout_nodes(&args->shape, args->world_size, args->local_world_size,
+    rc = dep__slab_layout_nodes(&args->shape, args->world_size, args->local_world_size,
                                &c->layout, why, sizeof why);
   if (rc != 0)
     return client_seterr(c, DEP_ERR_INVALID, "dep_attach: %s", why);

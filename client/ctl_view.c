@@ -141,7 +141,7 @@ int ctl_view_stats(const struct ctl_stats *s, struct ctl_view *v) {
       struct ctl_val *oc = v->op_cells + row++ * OC_N;
       oc[OC_JOB].s = r->job_id;
       oc[OC_RANK].u = r->rank;
-      oc[OC_OP].s = dep_stats_op_name(op);
+      oc[OC_OP].s = dep__stats_op_name(op);
       oc[OC_DEVICE].s = v->uuid[i];
       oc[OC_STATE].s = state;
       oc[OC_CALLS].u = o->calls;

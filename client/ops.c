@@ -202,7 +202,7 @@ DEP_EXPORT int dep_shape_sizes(dep_client_t *c, const struct dep_job_shape *shap
     return c ? client_seterr(c, DEP_ERR_INVALID, "%s: shape is NULL", op) : DEP_ERR_INVALID;
   char why[256] = "";
   struct dep_slab_layout lay;
-  if ((rc = dep_slab_layout(shape, world_size, &lay, why, sizeof why)) != 0)
+  if ((rc = dep__slab_layout(shape, world_size, &lay, why, sizeof why)) != 0)
     return c ? client_seterr(c, rc, "%s: %s", op, why) : rc;
   z.max_ll_tokens_per_rank = lay.max_ll_tokens;
   z.local_experts = shape->num_experts / world_size;

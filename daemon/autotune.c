@@ -228,7 +228,7 @@ static void autotune_exited(uv_process_t *p, int64_t status, int sig) {
    * job that queued the key is deepepd's own user's: then the child was lent that user's
    * cached arena of the shape, and it stays cached for the user's next job. */
   for (size_t i = 0; i < devices_count() && at.uid != (uint32_t)geteuid(); i++)
-    pool_forget(devices_at(i), geteuid(), dep_shape_key(&k->shape, k->world));
+    pool_forget(devices_at(i), geteuid(), dep__shape_key(&k->shape, k->world));
   autotune_close_child();
 }
 

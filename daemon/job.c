@@ -313,7 +313,7 @@ static bool job_gather(struct job *j, uint32_t *held) {
       job_fail_everywhere(j, DEP_ERR_PERMISSION, msg);
       return false;
     }
-    if (dep_shape_diff(&j->shape, j->world_size, &x->m.sw.shape, x->m.sw.world_size, &field,
+    if (dep__shape_diff(&j->shape, j->world_size, &x->m.sw.shape, x->m.sw.world_size, &field,
                        &have, &gives)) {
       snprintf(msg, sizeof msg,
                "job %s: the ranks on node %s give %s %llu but this node's give %llu; every rank "
@@ -527,7 +527,7 @@ static bool job_mismatch(const struct job *j, const struct dep_attach_args *a, c
     field = "local_world_size";
     have = j->local_world_size;
     gives = a->local_world_size;
-  } else if (!dep_shape_diff(&j->shape, j->world_size, &a->shape, a->world_size, &field, &have,
+  } else if (!dep__shape_diff(&j->shape, j->world_size, &a->shape, a->world_size, &field, &have,
                              &gives)) {
     return false;
   }
@@ -769,7 +769,7 @@ static void job_on_peer_down(int k) {
 static void job_on_membership(int k, const struct dep_peer_membership *in) {
   char why[256];
   if (proto_check_job_id(in->job_id, why, sizeof why) != 0 ||
-      dep_shape_check(&in->sw.shape, in->sw.world_size, why, sizeof why) != 0) {
+      dep__shape_check(&in->sw.shape, in->sw.world_size, why, sizeof why) != 0) {
     log_warnx("peer %s: MEMBERSHIP of job \"%.64s\" refused: %s", peer_name(k), in->job_id,
               why);
     return;
@@ -777,7 +777,7 @@ static void job_on_membership(int k, const struct dep_peer_membership *in) {
   /* Each rank's windows cover its slab from its first byte on, in order:
    * what a writer into it will rely on. */
   struct dep_slab_layout l;
-  if (dep_slab_layout_nodes(&in->sw.shape, in->sw.world_size, in->local_world_size, &l, why,
+  if (dep__slab_layout_nodes(&in->sw.shape, in->sw.world_size, in->local_world_size, &l, why,
                             sizeof why) != 0) {
     log_warnx("peer %s: MEMBERSHIP of job %s refused: %s", peer_name(k), in->job_id, why);
     return;

@@ -43,7 +43,7 @@ static void lend_on_reap(uv_timer_t *t) {
 
 /* What the buffer cache matches on: the same shape, world and remote ranks (slab.h). */
 static uint64_t lend_shape_key(const struct job *j) {
-  return dep_slab_key(&j->shape, j->world_size, j->local_world_size);
+  return dep__slab_key(&j->shape, j->world_size, j->local_world_size);
 }
 
 _Static_assert(POOL_MAX_PIECES <= DEP_PROTO_MAX_FDS, "an arena's pieces must fit one SLAB frame");
@@ -216,7 +216,7 @@ int lend_check(const struct dep_attach_args *a, uint64_t *slab_bytes, char *why,
   if (p == NULL)
     return DEP_ERR_NOT_FOUND;
   struct dep_slab_layout l;
-  int rc = dep_slab_layout_nodes(&a->shape, a->world_size, a->local_world_size, &l, why, whylen);
+  int rc = dep__slab_layout_nodes(&a->shape, a->world_size, a->local_world_size, &l, why, whylen);
   if (rc != 0)
     return rc;
   /* The worst case: every local rank on this device, in one arena, one

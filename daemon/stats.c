@@ -102,7 +102,7 @@ static void stats_note(struct stats_rank *r, unsigned op, uint64_t ns, int statu
   }
   o->steady_calls++;
   o->steady_sum_ns += ns;
-  o->hist[dep_stats_bucket(ns)]++;
+  o->hist[dep__stats_bucket(ns)]++;
 }
 
 /* Take one ring entry if it holds call `seq`; false when it does not (yet). */
@@ -195,14 +195,14 @@ static void stats_check_first(const struct stats_job *sj, struct stats_rank *r) 
     if (o->checked || o->first_ns == 0 || o->steady_calls < STATS_WARN_MIN_STEADY)
       continue;
     o->checked = true;
-    uint64_t med = dep_stats_quantile(o->hist, o->steady_calls, 0.5);
+    uint64_t med = dep__stats_quantile(o->hist, o->steady_calls, 0.5);
     if (med == 0 || (double)o->first_ns <= ratio * (double)med)
       continue;
     stats_warnings++;
     log_warnx("job %s rank %u: the first %s took %.3f ms, %.1f x its steady median of %.3f ms "
               "(warn_first_call_ratio %g); check that kernel_warmup is on and that the job's "
               "buffers were touched before it (deepepctl stats %s)",
-              sj->id, r->rank, dep_stats_op_name(op), (double)o->first_ns / 1e6,
+              sj->id, r->rank, dep__stats_op_name(op), (double)o->first_ns / 1e6,
               (double)o->first_ns / (double)med, (double)med / 1e6, ratio, sj->id);
   }
 }
@@ -514,8 +514,8 @@ static void stats_fill_rank(const struct stats_job *sj, const struct stats_rank 
     w->calls = o->calls;
     w->first_ns = o->first_ns;
     w->steady_calls = o->steady_calls;
-    w->median_ns = dep_stats_quantile(o->hist, o->steady_calls, 0.5);
-    w->p99_ns = dep_stats_quantile(o->hist, o->steady_calls, 0.99);
+    w->median_ns = dep__stats_quantile(o->hist, o->steady_calls, 0.5);
+    w->p99_ns = dep__stats_quantile(o->hist, o->steady_calls, 0.99);
     w->steady_sum_ns = o->steady_sum_ns;
     w->bytes = o->bytes;
     w->errors = o->errors + r->rejected[op];

@@ -119,7 +119,7 @@ uint32_t tune_choose(const struct tune_entry *e) {
 bool tune_key_equal(const struct tune_key *a, const struct tune_key *b) {
   return strcmp(a->gpu, b->gpu) == 0 && a->sms == b->sms && a->ranks_per_gpu == b->ranks_per_gpu &&
          a->world == b->world && a->driver == b->driver && strcmp(a->build, b->build) == 0 &&
-         !dep_shape_diff(&a->shape, a->world, &b->shape, b->world, NULL, NULL, NULL);
+         !dep__shape_diff(&a->shape, a->world, &b->shape, b->world, NULL, NULL, NULL);
 }
 
 /* The key's fields as the file holds them (bytes 12..179), for its hash and its name. */
@@ -138,12 +138,12 @@ static void tune_key_put(const struct tune_key *k, uint8_t *f) {
 }
 
 void tune_entry_name(const struct tune_key *k, char *out, size_t len) {
-  /* The shape by its effective values (dep_shape_key), so equal keys share a name. */
+  /* The shape by its effective values (dep__shape_key), so equal keys share a name. */
   struct tune_key n = *k;
   memset(&n.shape, 0, sizeof n.shape);
   uint8_t f[TUNE_FILE_LEN] = {0}, h[8];
   tune_key_put(&n, f);
-  codec_put_u64(f + 156, dep_shape_key(&k->shape, k->world));
+  codec_put_u64(f + 156, dep__shape_key(&k->shape, k->world));
   crypto_generichash(h, sizeof h, f, 180, NULL, 0);
   snprintf(out, len, "tune-%016llx.tune", (unsigned long long)codec_get_u64(h));
 }

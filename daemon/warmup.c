@@ -61,7 +61,7 @@ static void warmup_exited(uv_process_t *p, int64_t status, int sig) {
              (unsigned long long)((uv_hrtime() - wu.t0) / 1000000u));
     /* Its process is gone: what its jobs used goes back as if never lent. */
     for (size_t i = 0; i < devices_count(); i++)
-      pool_forget(devices_at(i), geteuid(), dep_shape_key(&warmup_shape, 1));
+      pool_forget(devices_at(i), geteuid(), dep__shape_key(&warmup_shape, 1));
   }
   warmup_close();
   wu.done(rc, rc ? why : NULL);

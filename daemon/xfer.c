@@ -118,7 +118,7 @@ void xfer_job_start(const struct job *j, const int16_t *who) {
   r->world = j->world_size;
   r->local_world = j->local_world_size;
   char why[256];
-  if (dep_slab_layout_nodes(&j->shape, j->world_size, j->local_world_size, &r->lay, why,
+  if (dep__slab_layout_nodes(&j->shape, j->world_size, j->local_world_size, &r->lay, why,
                             sizeof why) != 0) {
     log_warnx("job %s: %s", j->id, why);
     free(r);

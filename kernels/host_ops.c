@@ -156,7 +156,7 @@ int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32
              world, DEP_MAX_LOCAL_RANKS);
     return DEP_ERR_INVALID;
   }
-  int rc = dep_shape_check(s, world, why, whylen);
+  int rc = dep__shape_check(s, world, why, whylen);
   if (rc != 0)
     return rc;
   uint32_t local = 0;
@@ -183,7 +183,7 @@ int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32
     return DEP_ERR_INVALID;
   }
   c->ring = local < world ? ring : NULL;
-  rc = dep_slab_layout_nodes(s, world, local, &c->lay, why, whylen);
+  rc = dep__slab_layout_nodes(s, world, local, &c->lay, why, whylen);
   if (rc != 0)
     return rc;
   if (timeout_ms == 0) {

@@ -180,7 +180,7 @@ struct dep_handle {
 /*
  * Make a context for `rank` of `world` (1..DEP_MAX_LOCAL_RANKS) on the
  * mapped slabs (slabs[0..world-1], each 64-byte aligned, laid out by
- * dep_slab_layout for this shape and zero or left by an earlier ctx that
+ * dep__slab_layout for this shape and zero or left by an earlier ctx that
  * ran in step).  0, DEP_ERR_INVALID or DEP_ERR_NO_MEMORY with why.
  */
 int host_ops_init(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world, uint32_t rank,
@@ -189,7 +189,7 @@ int host_ops_init(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t wor
  * The same for a job that spans nodes: slabs[r] is NULL for each rank r on
  * another node (at least one), and ring is this rank's ring (xring.h),
  * lent by the daemon, through which its proxy serves those ranks.  The
- * layout is dep_slab_layout_nodes's for the local ranks counted.
+ * layout is dep__slab_layout_nodes's for the local ranks counted.
  */
 int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world,
                         uint32_t rank, uint8_t *const *slabs, struct dep_xring *ring,

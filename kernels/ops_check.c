@@ -37,10 +37,10 @@ int ops_check_ctx(const struct ops_ctx *c, char *why, size_t whylen) {
   if (c->world == 0 || c->world > DEP_MAX_LOCAL_RANKS || c->rank >= c->world)
     return why_fail(why, whylen, DEP_ERR_INVALID, "rank %u of world %u out of range (the host backend runs 1..%u ranks)",
                 c->rank, c->world, DEP_MAX_LOCAL_RANKS);
-  int rc = dep_shape_check(&c->shape, c->world, why, whylen);
+  int rc = dep__shape_check(&c->shape, c->world, why, whylen);
   if (rc != 0)
     return rc;
-  if (c->lay.world_size != c->world || c->lay.max_ll_tokens != dep_shape_max_ll(&c->shape))
+  if (c->lay.world_size != c->world || c->lay.max_ll_tokens != dep__shape_max_ll(&c->shape))
     return why_fail(why, whylen, DEP_ERR_INVALID, "ops context's slab layout is not its shape's (make it with "
                 "host_ops_init)");
   /* A rank with no slab here is one on another node, served through the ring. */

@@ -60,7 +60,7 @@ int peer_proto_encode(struct proto_buf *b, const struct dep_peer_msg *m) {
     codec_w_u32(&w, x->owner_uid);
     codec_w_u16(&w, DEP_SHAPE_NFIELDS);
     for (unsigned f = 0; f < DEP_SHAPE_NFIELDS; f++)
-      codec_w_u32(&w, dep_shape_raw(&x->sw.shape, x->sw.world_size, f));
+      codec_w_u32(&w, dep__shape_raw(&x->sw.shape, x->sw.world_size, f));
     codec_w_u32(&w, x->local_world_size);
     codec_w_u32(&w, x->n_ranks);
     for (uint32_t i = 0; i < x->n_ranks && w.err == 0; i++)
@@ -200,7 +200,7 @@ int peer_proto_decode(const uint8_t *p, size_t len, struct dep_peer_msg *m, char
     }
     for (unsigned f = 0; f < DEP_SHAPE_NFIELDS && !r.bad; f++) {
       uint32_t v = codec_r_u32(&r);
-      memcpy((uint8_t *)&x->sw + dep_shape_fields[f].off, &v, sizeof v);
+      memcpy((uint8_t *)&x->sw + dep__shape_fields[f].off, &v, sizeof v);
     }
     x->local_world_size = codec_r_u32(&r);
     x->n_ranks = codec_r_u32(&r);

@@ -946,7 +946,7 @@ int proto_check_attach(const struct dep_attach_args *a, char *why, size_t whylen
   if ((rc = proto_check_job_id(a->job_id, why, whylen)) != 0)
     return rc;
   /* The shape with its world size, world_size first (shape.h's table). */
-  if ((rc = dep_shape_check(&a->shape, a->world_size, why, whylen)) != 0)
+  if ((rc = dep__shape_check(&a->shape, a->world_size, why, whylen)) != 0)
     return rc;
   if (a->rank >= a->world_size) {
     why_set(why, whylen, "rank %u is out of range (allowed 0..%u for world_size %u)", a->rank,

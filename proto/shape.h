@@ -2,9 +2,9 @@
  * shape.h — the job shape (DESIGN §4), defined once.  One table of its
  * fields (dep__shape_fields: struct dep_job_shape's members and the world
  * size the memory is laid out for) drives their limits and the check both
- * ends run (dep_shape_check), the comparison of two ranks' shapes
- * (dep_shape_diff) and the key of the memory made for a shape
- * (dep_shape_key).  A field added to struct dep_job_shape and given a row
+ * ends run (dep__shape_check), the comparison of two ranks' shapes
+ * (dep__shape_diff) and the key of the memory made for a shape
+ * (dep__shape_key).  A field added to struct dep_job_shape and given a row
  * here is checked, compared and keyed everywhere with no other edit; a
  * field compared in one place and forgotten in another once let ranks that
  * disagreed on max_ll_tokens_per_rank get wrong data with DEP_OK.
@@ -86,20 +86,7 @@ bool dep__shape_diff(const struct dep_job_shape *a, uint32_t world_a, const stru
                     uint32_t world_b, const char **field, uint64_t *va, uint64_t *vb);
 
 /* A hash (FNV-1a) of every field's effective value: equal for shapes that
- * dep_shape_diff calls equal, so memory made for one serves the other. */
+ * dep__shape_diff calls equal, so memory made for one serves the other. */
 uint64_t dep__shape_key(const struct dep_job_shape *s, uint32_t world_size);
-
-/*
- * These are internal (STYLE.md: dep__ or static; the dep_ prefix is the
- * public API's, deepep.h).  The dep_ spellings stay as aliases while
- * callers move to the dep__ names; no symbol carries them.
- */
-#define dep_shape_fields dep__shape_fields
-#define dep_shape_raw(...) dep__shape_raw(__VA_ARGS__)
-#define dep_shape_value(...) dep__shape_value(__VA_ARGS__)
-#define dep_shape_max_ll(...) dep__shape_max_ll(__VA_ARGS__)
-#define dep_shape_check(...) dep__shape_check(__VA_ARGS__)
-#define dep_shape_diff(...) dep__shape_diff(__VA_ARGS__)
-#define dep_shape_key(...) dep__shape_key(__VA_ARGS__)
 
 #endif /* DEP_SHAPE_H */

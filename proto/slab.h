@@ -71,7 +71,7 @@ _Static_assert(DEP_SLAB_ABORT_OFF + sizeof(struct dep_slab_abort) <= DEP_SLAB_ER
 /* The private area's part that does not grow with the shape: the library's
  * counters and its SM-sized scratch (for GPUs of up to 512 SMs); what grows
  * with it is added per expert, per rank and per token, and a control area
- * for the warm-up's world of one (dep_slab_layout). */
+ * for the warm-up's world of one (dep__slab_layout). */
 #define DEP_SLAB_PRIV_FIXED (64u * 1024u)
 
 struct dep_slab_layout {
@@ -103,11 +103,11 @@ int dep__slab_layout_nodes(const struct dep_job_shape *shape, uint32_t world_siz
                           uint32_t local_world_size, struct dep_slab_layout *out, char *why,
                           size_t whylen);
 
-/* The layout of a single-node job: dep_slab_layout_nodes with every rank local. */
+/* The layout of a single-node job: dep__slab_layout_nodes with every rank local. */
 int dep__slab_layout(const struct dep_job_shape *shape, uint32_t world_size,
                     struct dep_slab_layout *out, char *why, size_t whylen);
 
-/* What memory made for a layout is cached under: dep_shape_key's for a
+/* What memory made for a layout is cached under: dep__shape_key's for a
  * single-node job, and one that also names how many ranks are remote
  * (whose outboxes size the slab) for a job spanning nodes. */
 uint64_t dep__slab_key(const struct dep_job_shape *shape, uint32_t world_size,
@@ -146,14 +146,5 @@ static inline uint64_t dep_slab_out_block(const struct dep_slab_layout *l, unsig
 static inline uint64_t dep_round_up(uint64_t n, uint64_t unit) {
   return (n + unit - 1) / unit * unit;
 }
-
-/*
- * These are internal (STYLE.md: dep__ or static; the dep_ prefix is the
- * public API's, deepep.h).  The dep_ spellings stay as aliases while
- * callers move to the dep__ names; no symbol carries them.
- */
-#define dep_slab_layout_nodes(...) dep__slab_layout_nodes(__VA_ARGS__)
-#define dep_slab_layout(...) dep__slab_layout(__VA_ARGS__)
-#define dep_slab_key(...) dep__slab_key(__VA_ARGS__)
 
 #endif /* DEP_SLAB_H */

@@ -151,14 +151,4 @@ static inline DEP_STATS_HD uint64_t dep_stats_bytes(uint32_t num_tokens, uint32_
 }
 #endif
 
-/*
- * These are internal (STYLE.md: dep__ or static; the dep_ prefix is the
- * public API's, deepep.h).  The dep_ spellings stay as aliases while
- * callers move to the dep__ names; no symbol carries them.
- */
-#define dep_stats_op_name(...) dep__stats_op_name(__VA_ARGS__)
-#define dep_stats_bucket(...) dep__stats_bucket(__VA_ARGS__)
-#define dep_stats_bucket_low(...) dep__stats_bucket_low(__VA_ARGS__)
-#define dep_stats_quantile(...) dep__stats_quantile(__VA_ARGS__)
-
 #endif /* DEP_STATS_PAGE_H */

@@ -380,7 +380,7 @@ START_TEST(the_operations_memory_fits_every_slabs_private_area) {
                                        .topk = topks[ki], .dtype = DEP_DTYPE_BF16,
                                        .max_ll_tokens_per_rank = ll_max ? mt : 0};
             struct dep_slab_layout l;
-            ck_assert_msg(dep_slab_layout(&sh, W, &l, why, sizeof why) == 0, "%s", why);
+            ck_assert_msg(dep__slab_layout(&sh, W, &l, why, sizeof why) == 0, "%s", why);
             ck_assert_uint_eq(l.priv_off % DEP_SLAB_ALIGN, 0);
             ck_assert_uint_ge(l.priv_off, l.data_off + 2 * l.parity_bytes);
             ck_assert_uint_eq(l.total_bytes, l.priv_off + l.priv_bytes);
@@ -400,7 +400,7 @@ START_TEST(the_operations_memory_fits_every_slabs_private_area) {
                              .topk = 8, .dtype = DEP_DTYPE_BF16};
   struct dep_slab_layout l;
   struct cuops_block b;
-  ck_assert_int_eq(dep_slab_layout(&sh, 8, &l, why, sizeof why), 0);
+  ck_assert_int_eq(dep__slab_layout(&sh, 8, &l, why, sizeof why), 0);
   ck_assert_int_eq(cuops_block_layout(&sh, 8, &l, 1 << 20, &b, why, sizeof why), DEP_ERR_INTERNAL);
   ck_assert_msg(strstr(why, "private area") != NULL, "said %s", why);
 }
@@ -694,7 +694,7 @@ static double attached_slab_mapped(bool warm, double *ms) {
   /* What the operations touch: the layout's bytes (the slab is rounded up to chunks). */
   struct dep_slab_layout lay;
   char why[256];
-  ck_assert_int_eq(dep_slab_layout(&a.shape, 1, &lay, why, sizeof why), 0);
+  ck_assert_int_eq(dep__slab_layout(&a.shape, 1, &lay, why, sizeof why), 0);
   ck_assert_uint_ge(info.slab_bytes, lay.total_bytes);
   double f = pages_mapped(info.slabs[0], lay.total_bytes);
   ck_assert_int_eq(dep_detach(c), 0);

@@ -635,7 +635,7 @@ static struct dep_job_shape dg_shape_of(uint64_t bytes, uint64_t *got) {
   char why[256];
   for (uint32_t t = 256; t <= 65536; t += 256) {
     sh.max_tokens_per_rank = t;
-    ck_assert_msg(dep_slab_layout(&sh, 1, &l, why, sizeof why) == 0, "%s", why);
+    ck_assert_msg(dep__slab_layout(&sh, 1, &l, why, sizeof why) == 0, "%s", why);
     if (l.total_bytes >= bytes)
       break;
   }

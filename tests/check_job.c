@@ -53,7 +53,7 @@ static bool wait_attached(int fd, const char *id, uint32_t n) {
 static uint64_t arena_of(const struct dep_attach_args *a) {
   struct dep_slab_layout l;
   char why[256];
-  ck_assert_msg(dep_slab_layout(&a->shape, a->world_size, &l, why, sizeof why) == 0, "%s", why);
+  ck_assert_msg(dep__slab_layout(&a->shape, a->world_size, &l, why, sizeof why) == 0, "%s", why);
   uint64_t stride = dep_round_up(l.total_bytes, 64 * 1024);
   return dep_round_up(a->local_world_size * stride, (uint64_t)sysconf(_SC_PAGESIZE));
 }

@@ -694,20 +694,20 @@ static struct dep_shape_world sample_shape(void) {
 }
 
 static uint32_t *field_at(struct dep_shape_world *sw, unsigned f) {
-  return (uint32_t *)(void *)((char *)sw + dep_shape_fields[f].off);
+  return (uint32_t *)(void *)((char *)sw + dep__shape_fields[f].off);
 }
 
 /* Another value of field f that keeps the shape valid: the first of its
  * range's ends, midpoint and neighbours that does. */
 static uint32_t other_valid_value(const struct dep_shape_world *base, unsigned f) {
-  const struct dep_shape_field *d = &dep_shape_fields[f];
+  const struct dep_shape_field *d = &dep__shape_fields[f];
   uint32_t v = *field_at((struct dep_shape_world *)base, f), step = d->step > 1 ? d->step : 1;
   const uint32_t cand[] = {d->lo, d->hi, (d->lo + d->hi) / 2 / step * step, v + step, v - step};
   for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) {
     struct dep_shape_world sw = *base;
     *field_at(&sw, f) = cand[i];
-    if (cand[i] != v && dep_shape_check(&sw.shape, sw.world_size, NULL, 0) == 0 &&
-        dep_shape_value(&sw.shape, sw.world_size, f) != dep_shape_value(&base->shape,
+    if (cand[i] != v && dep__shape_check(&sw.shape, sw.world_size, NULL, 0) == 0 &&
+        dep__shape_value(&sw.shape, sw.world_size, f) != dep__shape_value(&base->shape,
                                                                           base->world_size, f))
       return cand[i];
   }
@@ -720,7 +720,7 @@ START_TEST(the_shape_table_covers_every_field_once) {
    * together they cover all of it (shape.c also asserts the count). */
   uint64_t seen = 0;
   for (unsigned f = 0; f < DEP_SHAPE_NFIELDS; f++) {
-    const struct dep_shape_field *d = &dep_shape_fields[f];
+    const struct dep_shape_field *d = &dep__shape_fields[f];
     ck_assert_ptr_nonnull(d->name);
     ck_assert_uint_eq(d->off % 4, 0);
     ck_assert_uint_lt(d->off, sizeof(struct dep_shape_world));
@@ -734,7 +734,7 @@ START_TEST(the_shape_table_covers_every_field_once) {
       ck_assert_int_ge(d->at_most, 0);
   }
   ck_assert_uint_eq(seen, (1ull << (sizeof(struct dep_shape_world) / 4)) - 1);
-  ck_assert_str_eq(dep_shape_fields[DEP_SHAPE_F_MAX_LL_TOKENS_PER_RANK].name,
+  ck_assert_str_eq(dep__shape_fields[DEP_SHAPE_F_MAX_LL_TOKENS_PER_RANK].name,
                    "max_ll_tokens_per_rank");
 }
 END_TEST
@@ -745,27 +745,27 @@ END_TEST
  * keyed everywhere. */
 START_TEST(every_shape_field_is_checked_compared_and_keyed) {
   const struct dep_shape_world base = sample_shape();
-  ck_assert_int_eq(dep_shape_check(&base.shape, base.world_size, NULL, 0), 0);
-  const uint64_t key = dep_shape_key(&base.shape, base.world_size);
-  ck_assert(!dep_shape_diff(&base.shape, base.world_size, &base.shape, base.world_size, NULL, NULL,
+  ck_assert_int_eq(dep__shape_check(&base.shape, base.world_size, NULL, 0), 0);
+  const uint64_t key = dep__shape_key(&base.shape, base.world_size);
+  ck_assert(!dep__shape_diff(&base.shape, base.world_size, &base.shape, base.world_size, NULL, NULL,
                             NULL));
   for (unsigned f = 0; f < DEP_SHAPE_NFIELDS; f++) {
-    const struct dep_shape_field *d = &dep_shape_fields[f];
+    const struct dep_shape_field *d = &dep__shape_fields[f];
     struct dep_shape_world sw = base;
     uint32_t v = other_valid_value(&base, f);
     *field_at(&sw, f) = v;
     const char *name = NULL;
     uint64_t va = 0, vb = 0;
-    ck_assert_msg(dep_shape_diff(&base.shape, base.world_size, &sw.shape, sw.world_size, &name,
+    ck_assert_msg(dep__shape_diff(&base.shape, base.world_size, &sw.shape, sw.world_size, &name,
                                  &va, &vb), "%s %u: no difference found", d->name, v);
     ck_assert_str_eq(name, d->name);
-    ck_assert_uint_eq(va, dep_shape_value(&base.shape, base.world_size, f));
-    ck_assert_uint_eq(vb, dep_shape_value(&sw.shape, sw.world_size, f));
+    ck_assert_uint_eq(va, dep__shape_value(&base.shape, base.world_size, f));
+    ck_assert_uint_eq(vb, dep__shape_value(&sw.shape, sw.world_size, f));
     ck_assert_uint_ne(va, vb);
-    ck_assert(dep_shape_diff(&sw.shape, sw.world_size, &base.shape, base.world_size, &name, &va,
+    ck_assert(dep__shape_diff(&sw.shape, sw.world_size, &base.shape, base.world_size, &name, &va,
                              &vb));
     ck_assert_str_eq(name, d->name);
-    ck_assert_msg(dep_shape_key(&sw.shape, sw.world_size) != key, "%s %u: same key", d->name, v);
+    ck_assert_msg(dep__shape_key(&sw.shape, sw.world_size) != key, "%s %u: same key", d->name, v);
     /* Just past each end of its range. */
     const uint32_t out[2] = {d->lo - 1, d->hi + 1};
     for (int e = 0; e < 2; e++) {
@@ -774,7 +774,7 @@ START_TEST(every_shape_field_is_checked_compared_and_keyed) {
       sw = base;
       *field_at(&sw, f) = out[e];
       char why[256] = "", want[80];
-      ck_assert_int_eq(dep_shape_check(&sw.shape, sw.world_size, why, sizeof why),
+      ck_assert_int_eq(dep__shape_check(&sw.shape, sw.world_size, why, sizeof why),
                        DEP_ERR_INVALID);
       snprintf(want, sizeof want, "%s %u ", d->name, out[e]);
       ck_assert_msg(strncmp(why, want, strlen(want)) == 0, "want \"%s...\", got \"%s\"", want,
@@ -792,34 +792,34 @@ START_TEST(a_default_and_its_value_are_the_same_shape) {
   a.shape.max_tokens_per_rank = b.shape.max_tokens_per_rank = 4096;
   a.shape.max_ll_tokens_per_rank = 0;
   b.shape.max_ll_tokens_per_rank = 256;
-  ck_assert_uint_eq(dep_shape_max_ll(&a.shape), 256);
-  ck_assert(!dep_shape_diff(&a.shape, a.world_size, &b.shape, b.world_size, NULL, NULL, NULL));
-  ck_assert_uint_eq(dep_shape_key(&a.shape, a.world_size), dep_shape_key(&b.shape, b.world_size));
+  ck_assert_uint_eq(dep__shape_max_ll(&a.shape), 256);
+  ck_assert(!dep__shape_diff(&a.shape, a.world_size, &b.shape, b.world_size, NULL, NULL, NULL));
+  ck_assert_uint_eq(dep__shape_key(&a.shape, a.world_size), dep__shape_key(&b.shape, b.world_size));
   struct dep_slab_layout la, lb;
   char why[256] = "";
-  ck_assert_int_eq(dep_slab_layout(&a.shape, a.world_size, &la, why, sizeof why), 0);
-  ck_assert_int_eq(dep_slab_layout(&b.shape, b.world_size, &lb, why, sizeof why), 0);
+  ck_assert_int_eq(dep__slab_layout(&a.shape, a.world_size, &la, why, sizeof why), 0);
+  ck_assert_int_eq(dep__slab_layout(&b.shape, b.world_size, &lb, why, sizeof why), 0);
   ck_assert_uint_eq(la.max_ll_tokens, 256);
   ck_assert_uint_eq(la.total_bytes, lb.total_bytes);
   /* Under 256 tokens the default is max_tokens_per_rank itself. */
   a.shape.max_tokens_per_rank = b.shape.max_tokens_per_rank = 100;
   b.shape.max_ll_tokens_per_rank = 100;
-  ck_assert_uint_eq(dep_shape_max_ll(&a.shape), 100);
-  ck_assert(!dep_shape_diff(&a.shape, a.world_size, &b.shape, b.world_size, NULL, NULL, NULL));
-  ck_assert_uint_eq(dep_shape_key(&a.shape, a.world_size), dep_shape_key(&b.shape, b.world_size));
+  ck_assert_uint_eq(dep__shape_max_ll(&a.shape), 100);
+  ck_assert(!dep__shape_diff(&a.shape, a.world_size, &b.shape, b.world_size, NULL, NULL, NULL));
+  ck_assert_uint_eq(dep__shape_key(&a.shape, a.world_size), dep__shape_key(&b.shape, b.world_size));
   /* Another bound is another shape, named with the values in effect. */
   const char *name = NULL;
   uint64_t va = 0, vb = 0;
   b.shape.max_ll_tokens_per_rank = 99;
-  ck_assert(dep_shape_diff(&a.shape, a.world_size, &b.shape, b.world_size, &name, &va, &vb));
+  ck_assert(dep__shape_diff(&a.shape, a.world_size, &b.shape, b.world_size, &name, &va, &vb));
   ck_assert_str_eq(name, "max_ll_tokens_per_rank");
   ck_assert_uint_eq(va, 100);
   ck_assert_uint_eq(vb, 99);
-  ck_assert_uint_ne(dep_shape_key(&a.shape, a.world_size), dep_shape_key(&b.shape, b.world_size));
+  ck_assert_uint_ne(dep__shape_key(&a.shape, a.world_size), dep__shape_key(&b.shape, b.world_size));
   /* The same raw 0 under another max_tokens_per_rank: that field is named first. */
   b = a;
   b.shape.max_tokens_per_rank = 4096;
-  ck_assert(dep_shape_diff(&a.shape, a.world_size, &b.shape, b.world_size, &name, &va, &vb));
+  ck_assert(dep__shape_diff(&a.shape, a.world_size, &b.shape, b.world_size, &name, &va, &vb));
   ck_assert_str_eq(name, "max_tokens_per_rank");
 }
 END_TEST
@@ -848,10 +848,10 @@ START_TEST(shape_limits_are_one_definition_with_messages_naming_the_field) {
     struct dep_shape_world sw = sample_shape();
     *field_at(&sw, cases[i].f) = cases[i].v;
     char w1[256] = "", w2[256] = "", w3[256] = "";
-    ck_assert_int_eq(dep_shape_check(&sw.shape, sw.world_size, w1, sizeof w1), DEP_ERR_INVALID);
+    ck_assert_int_eq(dep__shape_check(&sw.shape, sw.world_size, w1, sizeof w1), DEP_ERR_INVALID);
     ck_assert_str_eq(w1, cases[i].msg);
     struct dep_slab_layout l;
-    ck_assert_int_eq(dep_slab_layout(&sw.shape, sw.world_size, &l, w2, sizeof w2),
+    ck_assert_int_eq(dep__slab_layout(&sw.shape, sw.world_size, &l, w2, sizeof w2),
                      DEP_ERR_INVALID);
     ck_assert_str_eq(w2, cases[i].msg);
     struct dep_attach_args a = sample_attach();
@@ -865,9 +865,9 @@ START_TEST(shape_limits_are_one_definition_with_messages_naming_the_field) {
   sw.world_size = 1;
   sw.shape.num_experts = 4;
   char why[256] = "";
-  ck_assert_int_eq(dep_shape_check(&sw.shape, sw.world_size, why, sizeof why), DEP_ERR_INVALID);
+  ck_assert_int_eq(dep__shape_check(&sw.shape, sw.world_size, why, sizeof why), DEP_ERR_INVALID);
   ck_assert_str_eq(why, "topk 8 exceeds num_experts 4 (allowed 1..4)");
-  ck_assert_int_eq(dep_shape_check(NULL, 1, why, sizeof why), DEP_ERR_INVALID);
+  ck_assert_int_eq(dep__shape_check(NULL, 1, why, sizeof why), DEP_ERR_INVALID);
 }
 END_TEST
 

@@ -56,13 +56,13 @@
 START_TEST(buckets_cover_every_duration_in_order) {
   unsigned prev = 0;
   for (uint64_t ns = 1; ns < (1ull << 33); ns += ns / 7 + 1) {
-    unsigned b = dep_stats_bucket(ns);
+    unsigned b = dep__stats_bucket(ns);
     ck_assert_uint_lt(b, DEP_STATS_BUCKETS);
     ck_assert_uint_ge(b, prev);
     prev = b;
     if (b + 1 < DEP_STATS_BUCKETS) {
-      ck_assert_uint_le(dep_stats_bucket_low(b), ns);
-      ck_assert_uint_gt(dep_stats_bucket_low(b + 1), ns);
+      ck_assert_uint_le(dep__stats_bucket_low(b), ns);
+      ck_assert_uint_gt(dep__stats_bucket_low(b + 1), ns);
     }
   }
 }
@@ -71,15 +71,15 @@ END_TEST
 START_TEST(quantiles_are_within_an_eighth_of_the_value) {
   uint32_t hist[DEP_STATS_BUCKETS] = {0};
   /* 99 calls of 10 us and one of 5 ms: median 10 us, p99 10 us, p100 5 ms. */
-  hist[dep_stats_bucket(10000)] = 99;
-  hist[dep_stats_bucket(5000000)] = 1;
-  uint64_t med = dep_stats_quantile(hist, 100, 0.5);
+  hist[dep__stats_bucket(10000)] = 99;
+  hist[dep__stats_bucket(5000000)] = 1;
+  uint64_t med = dep__stats_quantile(hist, 100, 0.5);
   ck_assert_msg(med >= 8750 && med <= 11250, "median %llu", (unsigned long long)med);
-  uint64_t p99 = dep_stats_quantile(hist, 100, 0.99);
+  uint64_t p99 = dep__stats_quantile(hist, 100, 0.99);
   ck_assert_msg(p99 >= 8750 && p99 <= 11250, "p99 %llu", (unsigned long long)p99);
-  uint64_t top = dep_stats_quantile(hist, 100, 1.0);
+  uint64_t top = dep__stats_quantile(hist, 100, 1.0);
   ck_assert_msg(top >= 4375000 && top <= 5625000, "p100 %llu", (unsigned long long)top);
-  ck_assert_uint_eq(dep_stats_quantile(hist, 0, 0.5), 0);
+  ck_assert_uint_eq(dep__stats_quantile(hist, 0, 0.5), 0);
 }
 END_TEST
 
@@ -360,7 +360,7 @@ static void st_expect_op(const struct dep_msg_stats_rank *r, unsigned op, uint64
   const struct dep_msg_stats_op *o = &r->ops[op];
   ck_assert_msg(o->calls == calls && o->errors == errors && o->timeouts == 0,
                 "rank %u %s: %llu calls %llu errors %llu timeouts, want %llu and %llu and 0",
-                r->rank, dep_stats_op_name(op), (unsigned long long)o->calls,
+                r->rank, dep__stats_op_name(op), (unsigned long long)o->calls,
                 (unsigned long long)o->errors, (unsigned long long)o->timeouts,
                 (unsigned long long)calls, (unsigned long long)errors);
   ck_assert_uint_eq(o->bytes, bytes);
@@ -1139,7 +1139,7 @@ START_TEST(cuda_stats_match_cuda_events_of_the_same_calls) {
     ck_assert_msg(got[r].cuda == 1, "rank %u's stats are not the GPU timer's", r);
     for (int op = 0; op < 4; op++) {
       const struct dep_msg_stats_op *o = &got[r].ops[sop[op]];
-      const char *name = dep_stats_op_name(sop[op]);
+      const char *name = dep__stats_op_name(sop[op]);
       ck_assert_msg(o->calls == SG_CALLS && o->steady_calls == SG_CALLS - 1,
                     "rank %u %s: %llu calls (%llu steady), want %d", r, name,
                     (unsigned long long)o->calls, (unsigned long long)o->steady_calls, SG_CALLS);

@@ -586,7 +586,7 @@ static void ring_rank_open(struct ring_rank *r, uint32_t timeout_ms) {
   r->s = (struct dep_job_shape){.max_tokens_per_rank = 4, .hidden = 128, .num_experts = 4,
                                 .topk = 2, .dtype = DEP_DTYPE_BF16};
   char why[256];
-  ck_assert_msg(dep_slab_layout_nodes(&r->s, 2, 1, &r->lay, why, sizeof why) == 0, "%s", why);
+  ck_assert_msg(dep__slab_layout_nodes(&r->s, 2, 1, &r->lay, why, sizeof why) == 0, "%s", why);
   ck_assert_uint_eq(r->lay.n_remote, 1);
   r->slab = aligned_alloc(4096, dep_round_up(r->lay.total_bytes, 4096));
   r->ring = aligned_alloc(4096, DEP_XRING_BYTES);

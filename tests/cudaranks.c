@@ -78,7 +78,7 @@ int rk_open_at(struct rk *k, const char *sock, const char *job, const struct dep
     return ow_fail(k->msg, "rank %u: dep_handle_new", rank);
   CR_CU(k, k->cu->cuStreamCreate(&k->s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   struct dep_slab_layout lay;
-  ck_assert_int_eq(dep_slab_layout(sh, W, &lay, why, sizeof why), 0);
+  ck_assert_int_eq(dep__slab_layout(sh, W, &lay, why, sizeof why), 0);
   k->h_ = sh->hidden, k->K = sh->topk, k->E = sh->num_experts, k->mt = sh->max_tokens_per_rank;
   k->le = k->E / W, k->maxll = lay.max_ll_tokens, k->rows = W * lay.max_ll_tokens;
   size_t h = k->h_, rows_tp = (size_t)W * k->mt, lrows = (size_t)k->le * k->rows;

@@ -62,7 +62,7 @@ static bool test_on_cuda(void) {
 uint64_t mr_slab_of(const struct dep_job_shape *s, uint32_t world, uint32_t local) {
   struct dep_slab_layout l;
   char why[256];
-  ck_assert_msg(dep_slab_layout_nodes(s, world, local, &l, why, sizeof why) == 0, "%s", why);
+  ck_assert_msg(dep__slab_layout_nodes(s, world, local, &l, why, sizeof why) == 0, "%s", why);
   return dep_round_up(l.total_bytes, SLAB_ALIGN);
 }
 
@@ -301,7 +301,7 @@ static void own_words(const struct rank *r, uint64_t *from, uint64_t *to) {
   struct dep_slab_layout l;
   char why[256];
   *from = *to = 0;
-  if (test_on_cuda() && dep_slab_layout(&r->s->a.shape, r->s->a.world_size, &l, why,
+  if (test_on_cuda() && dep__slab_layout(&r->s->a.shape, r->s->a.world_size, &l, why,
                                         sizeof why) == 0)
     *from = l.priv_off / 8, *to = (l.priv_off + l.priv_bytes) / 8;
 }

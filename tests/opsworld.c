@@ -51,7 +51,7 @@ void ow_world_open(struct ow_world *w, const struct dep_job_shape *s, uint32_t n
   char why[256];
   memset(w, 0, sizeof *w);
   w->n = n;
-  ck_assert_msg(dep_slab_layout(s, n, &w->lay, why, sizeof why) == 0, "%s", why);
+  ck_assert_msg(dep__slab_layout(s, n, &w->lay, why, sizeof why) == 0, "%s", why);
   w->slab_bytes = dep_round_up(w->lay.total_bytes, 4096);
   w->map_bytes = w->slab_bytes * n;
   int fd = memfd_create("check-ops-slabs", MFD_CLOEXEC);
@@ -162,7 +162,7 @@ void ow_case_make(struct ow_case *d, const struct ow_scenario *sc, int fp8) {
   d->le = sc->experts / sc->world;
   struct dep_slab_layout lay;
   char why[256];
-  ck_assert_msg(dep_slab_layout(&s, sc->world, &lay, why, sizeof why) == 0, "%s", why);
+  ck_assert_msg(dep__slab_layout(&s, sc->world, &lay, why, sizeof why) == 0, "%s", why);
   d->max_ll = lay.max_ll_tokens; /* sc->max_ll, or the default when it is 0 */
   d->rows_ll = sc->world * d->max_ll;
   snprintf(d->desc, sizeof d->desc, "world %u hidden %u topk %u experts %u max_tokens %u max_ll %u"
