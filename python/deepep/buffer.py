@@ -740,18 +740,26 @@ class Buffer:
             itype, idx, w = _lib.INDEX_I64, None, None
         else:
             itype = _INDEX_TYPES.get(topk_idx.dtype) if type(topk_idx) is _Tensor else None
-            if itype is not None and (fp8 or _ok(x, torch.bfloat16, 2, dev)) and \
-                    topk_idx.dim() == 2 and topk_idx.device == dev and \
-                    _ok(topk_weights, torch.float32, 2, dev) and topk_idx.size(0) == x.size(0):
+            # The usual inputs in one test (types, dtypes, shapes, devices; torch.Size
+            # compares as a tuple), the checks that name what is wrong only where it fails.
+            if itype is not None and type(x) is _Tensor and type(topk_weights) is _Tensor and \
+                    (fp8 or x.dtype is torch.bfloat16) and topk_weights.dtype is torch.float32:
+                ks = topk_idx.shape
+                usual = len(ks) == 2 and ks == topk_weights.shape and x.dim() == 2 and \
+                    ks[0] == x.size(0) and x.device == dev and topk_idx.device == dev and \
+                    topk_weights.device == dev
+            else:
+                usual = False
+            if usual:
                 x, idx, w = x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
             else:
                 if not fp8:
                     x = self._input("x", x, _BF16, 2)
                 idx, itype = self._topk(op, topk_idx, x.size(0))
                 w = self._input("topk_weights", topk_weights, _F32, 2)
-            if w.shape != idx.shape:
-                raise ValueError(f"dispatch: topk_weights has shape {tuple(w.shape)} but "
-                                 f"topk_idx {tuple(idx.shape)}")
+                if w.shape != idx.shape:
+                    raise ValueError(f"dispatch: topk_weights has shape {tuple(w.shape)} but "
+                                     f"topk_idx {tuple(idx.shape)}")
         n = x.size(0)
         if fp8 and tuple(scales.shape) != (n, x.size(1) // _FP8_GROUP):
             raise ValueError(f"dispatch: FP8 scales have shape {tuple(scales.shape)}; expected "
