@@ -68,6 +68,13 @@ struct backend_ops {
    * to close, and the address its first byte has.  0 or DEP_ERR_* with why. */
   int (*chunk_dmabuf)(struct backend_dev *d, struct chunk_mem *m, int *fd, uint64_t *iova,
                       char *why, size_t whylen);
+  /* Optional (NULL: host, whose chunks are copied with memcpy): pin host
+   * memory [p, p + len) for copies to and from the chunks of every device
+   * (the proxy's staging, xfer.c: from pinned memory the copy engine moves
+   * the bytes itself, with no bounce through the driver's own buffer).
+   * 0 or DEP_ERR_* with why; host_unpin undoes it. */
+  int (*host_pin)(struct backend_dev *d, void *p, size_t len, char *why, size_t whylen);
+  void (*host_unpin)(struct backend_dev *d, void *p);
   void (*release_dev)(struct backend_dev *d);
 };
 

@@ -190,10 +190,11 @@ const struct rdmaxp_events peerxport_events = {
  * connecting end sends such frames only once its queue pair is connected,
  * and its ESTABLISHED comes first — ours waits for its RTU, then for the
  * loop to read the connection manager's channel, which it may do after
- * the link's socket.  (Under load it did: the DATA_OFFERs that followed
- * were refused as sent before authenticating, and the far end was left
- * without data connections.)  rdma_accept moved our queue pair to RTS
- * already, so the link is up on it now; our ESTABLISHED changes nothing.
+ * the link's socket.  Refusing the frame would drop the link with the
+ * DATA_OFFERs that follow, which are not sent again while the peer stays
+ * up on another link, and leave the far end without data connections.
+ * rdma_accept moved our queue pair to RTS already, so the link is up on
+ * it now; our ESTABLISHED, when it comes, changes nothing.
  */
 void peerxport_proven(struct peer_conn *c) {
   if (c->slot < 0 && c->authed && !c->up && c->qp != NULL && rdmaxp_qp_accepted(c->qp))

@@ -575,6 +575,17 @@ void pool_block_put(struct pool_block *b, bool cache) {
 
 uint64_t pool_block_bytes(const struct pool_block *b) { return b->n_pieces * b->piece_bytes; }
 
+int pool_pin_host(struct pool *p, void *mem, size_t len, char *why, size_t whylen) {
+  return p->ops->host_pin != NULL ? p->ops->host_pin(&p->dev, mem, len, why, whylen) : 0;
+}
+
+void pool_unpin_host(struct pool *p, void *mem) {
+  if (p->ops->host_unpin != NULL)
+    p->ops->host_unpin(&p->dev, mem);
+}
+
+struct pool *pool_of(struct pool_block *b) { return b->pool; }
+
 uint32_t pool_block_pieces(const struct pool_block *b) { return b->n_pieces; }
 
 uint64_t pool_block_piece_bytes(const struct pool_block *b) { return b->piece_bytes; }

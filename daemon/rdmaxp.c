@@ -228,37 +228,23 @@ static int post_recv(struct rdmaxp_qp *q) {
   return ibv_post_recv(q->id->qp, &wr, &bad);
 }
 
-/* The queue pair on q->id, its completion queue on the shared channel, its receives posted. */
+/*
+ * The queue pair on q->id with its completion queue, by role.  A link's
+ * completions come on the shared channel (the loop waits on it), its
+ * receives are posted (a write with immediate data consumes one) and
+ * every send is signalled.  A data queue pair is the proxy's: no channel
+ * (its thread polls the queue itself), nothing received (plain writes
+ * consume no receive), and only the sends it asks for signalled.
+ */
 static int qp_create(struct rdmaxp_qp *q, char *why, size_t whylen) {
   if (q->id->verbs != R.ctx) {
     snprintf(why, whylen, "the route uses RDMA device %s, deepepd registers its memory with %s",
              q->id->verbs != NULL ? q->id->verbs->device->name : "(none)", R.dev);
     return -1;
   }
-  if (q->data) {
-    /* The proxy's: no completion channel (its thread polls the queue
-     * itself), nothing received (plain writes consume no receive), and only
-     * the sends it asks for signalled. */
-    q->cq = R.rd->ibv.create_cq(R.ctx, RDMA_DATA_DEPTH, NULL, NULL, 0);
-    if (q->cq == NULL) {
-      snprintf(why, whylen, "ibv_create_cq: %s", strerror(errno));
-      return -1;
-    }
-    struct ibv_qp_init_attr d = {
-        .send_cq = q->cq,
-        .recv_cq = q->cq,
-        .cap = {.max_send_wr = RDMA_DATA_DEPTH, .max_recv_wr = 1, .max_send_sge = 1,
-                .max_recv_sge = 1},
-        .qp_type = IBV_QPT_RC,
-        .sq_sig_all = 0,
-    };
-    if (R.rd->cm.create_qp(q->id, R.pd, &d) != 0) {
-      snprintf(why, whylen, "rdma_create_qp: %s", strerror(errno));
-      return -1;
-    }
-    return 0;
-  }
-  q->cq = R.rd->ibv.create_cq(R.ctx, RDMA_CQ_DEPTH, (void *)(uintptr_t)q->serial, R.cch, 0);
+  q->cq = q->data ? R.rd->ibv.create_cq(R.ctx, RDMA_DATA_DEPTH, NULL, NULL, 0)
+                  : R.rd->ibv.create_cq(R.ctx, RDMA_CQ_DEPTH, (void *)(uintptr_t)q->serial,
+                                        R.cch, 0);
   if (q->cq == NULL) {
     snprintf(why, whylen, "ibv_create_cq: %s", strerror(errno));
     return -1;
@@ -266,15 +252,19 @@ static int qp_create(struct rdmaxp_qp *q, char *why, size_t whylen) {
   struct ibv_qp_init_attr a = {
       .send_cq = q->cq,
       .recv_cq = q->cq,
-      .cap = {.max_send_wr = RDMA_SEND_DEPTH, .max_recv_wr = RDMA_RECV_DEPTH,
-              .max_send_sge = 1, .max_recv_sge = 1},
+      .cap = {.max_send_wr = q->data ? RDMA_DATA_DEPTH : RDMA_SEND_DEPTH,
+              .max_recv_wr = q->data ? 1 : RDMA_RECV_DEPTH,
+              .max_send_sge = 1,
+              .max_recv_sge = 1},
       .qp_type = IBV_QPT_RC,
-      .sq_sig_all = 1,
+      .sq_sig_all = q->data ? 0 : 1,
   };
   if (R.rd->cm.create_qp(q->id, R.pd, &a) != 0) {
     snprintf(why, whylen, "rdma_create_qp: %s", strerror(errno));
     return -1;
   }
+  if (q->data)
+    return 0;
   if (ibv_req_notify_cq(q->cq, 0) != 0) {
     snprintf(why, whylen, "ibv_req_notify_cq failed");
     return -1;
@@ -393,6 +383,36 @@ static void on_cch(uv_poll_t *h, int status, int events) {
 
 /* ---- the connection manager ---------------------------------------------------- */
 
+/* Both ends' connection parameters: one RDMA read in flight each way (none
+ * is made), and a reliable connection's retries at their most. */
+static struct rdma_conn_param conn_param(const void *priv, uint8_t privlen) {
+  return (struct rdma_conn_param){
+      .private_data = priv,
+      .private_data_len = privlen,
+      .responder_resources = 1,
+      .initiator_depth = 1,
+      .retry_count = 7,
+      .rnr_retry_count = 7,
+  };
+}
+
+/* The accepting end, a link's or the data path's: q takes the request's id,
+ * gets its queue pair and accepts; on a failure the request is rejected and
+ * q fails. */
+static void qp_accept(struct rdmaxp_qp *q, struct rdma_cm_id *id) {
+  q->id = id;
+  id->context = q;
+  char why[256];
+  if (qp_create(q, why, sizeof why) != 0) {
+    (void)R.rd->cm.reject(id, NULL, 0);
+    qp_fail(q, "%s", why);
+    return;
+  }
+  struct rdma_conn_param p = conn_param(NULL, 0);
+  if (R.rd->cm.accept(id, &p) != 0)
+    qp_fail(q, "rdma_accept: %s", strerror(errno));
+}
+
 static void on_route_resolved(struct rdmaxp_qp *q) {
   char why[256];
   if (qp_create(q, why, sizeof why) != 0) {
@@ -403,16 +423,9 @@ static void on_route_resolved(struct rdmaxp_qp *q) {
   memcpy(priv, q->token, DEP_PEER_TOKEN_LEN);
   codec_put_u64(priv + DEP_PEER_TOKEN_LEN, (uintptr_t)q->mbox);
   codec_put_u32(priv + DEP_PEER_TOKEN_LEN + 8, rdmaxp_mr_rkey(q->mbox_mr));
-  struct rdma_conn_param p = {
-      .private_data = priv,
-      .private_data_len = PRIV_LEN,
-      .responder_resources = 1,
-      .initiator_depth = 1,
-      .retry_count = 7,
-      .rnr_retry_count = 7,
-  };
+  struct rdma_conn_param p = conn_param(priv, PRIV_LEN);
   if (R.rd->cm.connect(q->id, &p) != 0)
-    qp_fail(q, "rdmaxp_connect: %s", strerror(errno));
+    qp_fail(q, "rdma_connect: %s", strerror(errno));
 }
 
 /* A connection request on the listener: it must carry the token of an open offer. */
@@ -434,17 +447,7 @@ static void on_connect_request(struct rdma_cm_id *id, const uint8_t *priv, size_
       return;
     }
     if (q != NULL) {
-      q->id = id;
-      id->context = q;
-      if (qp_create(q, why, sizeof why) != 0) {
-        (void)R.rd->cm.reject(id, NULL, 0);
-        qp_fail(q, "%s", why);
-        return;
-      }
-      struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = 1,
-                                  .retry_count = 7, .rnr_retry_count = 7};
-      if (R.rd->cm.accept(id, &p) != 0)
-        qp_fail(q, "rdma_accept: %s", strerror(errno));
+      qp_accept(q, id);
       return;
     }
   }
@@ -457,20 +460,9 @@ static void on_connect_request(struct rdma_cm_id *id, const uint8_t *priv, size_
   }
   /* Single use: the token is spent whatever happens next. */
   sodium_memzero(q->token, sizeof q->token);
-  q->id = id;
-  id->context = q;
   q->far_mbox = codec_get_u64(priv + DEP_PEER_TOKEN_LEN);
   q->far_rkey = codec_get_u32(priv + DEP_PEER_TOKEN_LEN + 8);
-  char why[256];
-  if (qp_create(q, why, sizeof why) != 0) {
-    (void)R.rd->cm.reject(id, NULL, 0);
-    qp_fail(q, "%s", why);
-    return;
-  }
-  struct rdma_conn_param p = {.responder_resources = 1, .initiator_depth = 1,
-                              .retry_count = 7, .rnr_retry_count = 7};
-  if (R.rd->cm.accept(id, &p) != 0)
-    qp_fail(q, "rdma_accept: %s", strerror(errno));
+  qp_accept(q, id);
 }
 
 static void on_cm_event(enum rdma_cm_event_type type, struct rdma_cm_id *id, int status,
@@ -536,6 +528,27 @@ static void on_ech(uv_poll_t *h, int status, int events) {
   }
 }
 
+/* The connecting end, a link's or the data path's: an id on the event
+ * channel, resolving the address from src (NULL: any) to dst; the route,
+ * the queue pair and the connect follow as events.  NULL with why, q
+ * freed, when it cannot start. */
+static struct rdmaxp_qp *qp_dial(struct rdmaxp_qp *q, const struct sockaddr *src,
+                                 const struct sockaddr *dst, char *why, size_t whylen) {
+  if (R.rd->cm.create_id(R.ech, &q->id, q, RDMA_PS_TCP) != 0) {
+    snprintf(why, whylen, "rdma_create_id: %s", strerror(errno));
+    q->id = NULL;
+    qp_free(q);
+    return NULL;
+  }
+  if (R.rd->cm.resolve_addr(q->id, (struct sockaddr *)src, (struct sockaddr *)dst,
+                            RDMAXP_RESOLVE_MS) != 0) {
+    snprintf(why, whylen, "rdma_resolve_addr: %s", strerror(errno));
+    qp_free(q);
+    return NULL;
+  }
+  return q;
+}
+
 struct rdmaxp_qp *rdmaxp_offer(void *owner, struct dep_peer_xport *out, char *why, size_t whylen) {
   if (!R.active) {
     snprintf(why, whylen, "%s", R.why);
@@ -571,19 +584,7 @@ struct rdmaxp_qp *rdmaxp_connect(void *owner, const struct sockaddr *src, const 
   memcpy(q->token, offer->token, sizeof q->token);
   q->far_mbox = offer->mbox_addr;
   q->far_rkey = offer->mbox_rkey;
-  if (R.rd->cm.create_id(R.ech, &q->id, q, RDMA_PS_TCP) != 0) {
-    snprintf(why, whylen, "rdma_create_id: %s", strerror(errno));
-    q->id = NULL;
-    qp_free(q);
-    return NULL;
-  }
-  if (R.rd->cm.resolve_addr(q->id, (struct sockaddr *)src, (struct sockaddr *)dst,
-                            RDMAXP_RESOLVE_MS) != 0) {
-    snprintf(why, whylen, "rdma_resolve_addr: %s", strerror(errno));
-    qp_free(q);
-    return NULL;
-  }
-  return q;
+  return qp_dial(q, src, dst, why, whylen);
 }
 
 void rdmaxp_set_data_events(const struct rdmaxp_data_events *ev) { R.dev_ev = ev; }
@@ -599,18 +600,7 @@ struct rdmaxp_qp *rdmaxp_data_connect(void *owner, const struct sockaddr *dst,
   if (q == NULL)
     return NULL;
   memcpy(q->token, token, sizeof q->token);
-  if (R.rd->cm.create_id(R.ech, &q->id, q, RDMA_PS_TCP) != 0) {
-    snprintf(why, whylen, "rdma_create_id: %s", strerror(errno));
-    q->id = NULL;
-    qp_free(q);
-    return NULL;
-  }
-  if (R.rd->cm.resolve_addr(q->id, NULL, (struct sockaddr *)dst, RDMAXP_RESOLVE_MS) != 0) {
-    snprintf(why, whylen, "rdma_resolve_addr: %s", strerror(errno));
-    qp_free(q);
-    return NULL;
-  }
-  return q;
+  return qp_dial(q, NULL, dst, why, whylen);
 }
 
 struct ibv_qp *rdmaxp_qp_verbs(const struct rdmaxp_qp *q) {

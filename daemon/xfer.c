@@ -46,7 +46,7 @@ static int xfer_start_threads(void);
 
 /* ---- routes ------------------------------------------------------------------ */
 
-struct xfer_route *xfer__route_find(const char *id) {
+static struct xfer_route *route_find(const char *id) {
   for (struct xfer_route *r = X->routes; r != NULL; r = r->next)
     if (strcmp(r->id, id) == 0)
       return r;
@@ -67,6 +67,37 @@ void xfer__route_fail(struct xfer_route *r, int code) {
   for (uint32_t i = 0; i < r->local_world; i++)
     if (r->ring[i] != NULL)
       atomic_store_explicit(&r->ring[i]->failed, code, memory_order_release);
+}
+
+/* A route was added, or the threads stop: wake whoever waits for one. */
+static void routes_wake(void) {
+  pthread_mutex_lock(&X->routes_mu);
+  atomic_fetch_add(&X->routes_added, 1);
+  pthread_cond_broadcast(&X->routes_cv);
+  pthread_mutex_unlock(&X->routes_mu);
+}
+
+void xfer__routes_wait(uint64_t seen, uint64_t deadline_ns) {
+  struct timespec until = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
+                           .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+  pthread_mutex_lock(&X->routes_mu);
+  while (atomic_load(&X->routes_added) == seen && !atomic_load(&X->stop) &&
+         pthread_cond_timedwait(&X->routes_cv, &X->routes_mu, &until) == 0)
+    ; /* woken, perhaps spuriously: look again */
+  pthread_mutex_unlock(&X->routes_mu);
+}
+
+void xfer__routes_fail_peer(int k, const char *what) {
+  for (struct xfer_route *r = X->routes; r != NULL; r = r->next) {
+    for (uint32_t g = 0; g < r->world; g++) {
+      if (r->peer_of[g] == k) {
+        if (!atomic_exchange(&r->said, true))
+          log_warnx("job %s: %s %s; the job fails", r->id, what, peer_name(k));
+        xfer__route_fail(r, DEP_ERR_PEER);
+        break;
+      }
+    }
+  }
 }
 
 void xfer_job_start(const struct job *j, const int16_t *who) {
@@ -111,9 +142,7 @@ void xfer_job_start(const struct job *j, const int16_t *who) {
   r->next = X->routes;
   X->routes = r;
   pthread_rwlock_unlock(&X->lock);
-  pthread_mutex_lock(&X->idle_mu);
-  pthread_cond_broadcast(&X->idle_cv);
-  pthread_mutex_unlock(&X->idle_mu);
+  routes_wake();
 }
 
 void xfer_job_fail(const struct job *j, int code) {
@@ -224,7 +253,7 @@ static bool ended_here(const char *id) {
 int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
                        struct pool_block **arena, uint64_t *block_off, uint64_t *slot_off,
                        char *why, size_t whylen) {
-  struct xfer_route *r = xfer__route_find(h->job_id);
+  struct xfer_route *r = route_find(h->job_id);
   *route = r;
   if (r == NULL)
     return ended_here(h->job_id) ? DEP_ERR_NOT_FOUND : DEP_ERR_STATE;
@@ -246,19 +275,43 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
 
 /* ---- the proxy threads -------------------------------------------------------- */
 
-/* Grow b to hold n more bytes; false when out of memory. */
-static bool batch_room(struct xfer_batch *b, size_t n) {
-  if (b->len + n <= b->cap)
-    return true;
-  size_t cap = b->cap ? b->cap : 1u << 16;
-  while (cap < b->len + n)
-    cap *= 2;
-  uint8_t *p = realloc(b->buf, cap);
-  if (p == NULL)
-    return false;
-  b->buf = p;
-  b->cap = cap;
+bool xfer__batch_room(struct xfer_batch *b, size_t n, struct pool *pool) {
+  if (b->len + n > b->cap) {
+    size_t cap = b->cap ? b->cap : 1u << 16; /* a power of two: whole pages */
+    while (cap < b->len + n)
+      cap *= 2;
+    uint8_t *p = aligned_alloc(4096, cap);
+    if (p == NULL)
+      return false;
+    if (b->len > 0)
+      memcpy(p, b->buf, b->len);
+    xfer__batch_free(b);
+    b->buf = p;
+    b->cap = cap;
+  }
+  if (pool != NULL && b->pinned == NULL && !b->pin_failed && b->cap > 0) {
+    char why[256] = "";
+    if (pool_pin_host(pool, b->buf, b->cap, why, sizeof why) == 0) {
+      b->pinned = pool;
+    } else {
+      b->pin_failed = true;
+      static _Atomic bool said;
+      if (!atomic_exchange(&said, true))
+        log_warnx("data path: its staging stays unpinned (%s); copies to and from GPU memory "
+                  "then pass through the driver's own buffer", why);
+    }
+  }
   return true;
+}
+
+void xfer__batch_free(struct xfer_batch *b) {
+  if (b->pinned != NULL)
+    pool_unpin_host(b->pinned, b->buf);
+  free(b->buf);
+  b->buf = NULL;
+  b->cap = 0;
+  b->pinned = NULL;
+  b->pin_failed = false;
 }
 
 /*
@@ -288,7 +341,7 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
     return true;
   }
   struct xfer_batch *b = &batches[peer];
-  if (!batch_room(b, sizeof(struct dep_xfer_hdr) + d->bytes)) {
+  if (!xfer__batch_room(b, sizeof(struct dep_xfer_hdr) + d->bytes, pool_of(r->arena[lr]))) {
     snprintf(why, sizeof why, "out of memory for a batch of %llu bytes",
              (unsigned long long)(b->len + d->bytes));
     goto bad;
@@ -367,17 +420,9 @@ static uint64_t sweep(uint32_t self, struct xfer_batch *batches, uint64_t *frame
   /* The sweep's RDMA writes go before the lock does, so that no route ends
    * with writes of it still waiting in a chain. */
   uint64_t lost = xfer_rdma_flush();
-  for (struct xfer_route *r = X->routes; r != NULL && lost != 0; r = r->next) {
-    for (uint32_t g = 0; g < r->world; g++) {
-      if (r->peer_of[g] >= 0 && (lost >> r->peer_of[g] & 1)) {
-        if (!atomic_exchange(&r->said, true))
-          log_warnx("job %s: RDMA writes of its blocks to node %s were lost; the job fails",
-                    r->id, peer_name(r->peer_of[g]));
-        xfer__route_fail(r, DEP_ERR_PEER);
-        break;
-      }
-    }
-  }
+  for (int k = 0; k < CONFIG_MAX_LIST; k++)
+    if (lost >> k & 1)
+      xfer__routes_fail_peer(k, "RDMA writes of its blocks were lost on the way to node");
   pthread_rwlock_unlock(&X->lock);
   return taken;
 }
@@ -408,21 +453,12 @@ static void *proxy_main(void *arg) {
       last_work = now;
       continue;
     }
+    uint64_t seen = atomic_load(&X->routes_added);
     pthread_rwlock_rdlock(&X->lock);
     bool none = X->routes == NULL;
     pthread_rwlock_unlock(&X->lock);
     if (none) {
-      pthread_mutex_lock(&X->idle_mu);
-      struct timespec until;
-      clock_gettime(CLOCK_REALTIME, &until);
-      until.tv_nsec += 100000000l;
-      if (until.tv_nsec >= 1000000000l) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000l;
-      }
-      if (!atomic_load(&X->stop))
-        pthread_cond_timedwait(&X->idle_cv, &X->idle_mu, &until);
-      pthread_mutex_unlock(&X->idle_mu);
+      xfer__routes_wait(seen, now + 100000000ull);
     } else if (now - last_work < XFER_SPIN_NS) {
       sched_yield();
     } else {
@@ -431,7 +467,7 @@ static void *proxy_main(void *arg) {
     }
   }
   for (int k = 0; k < CONFIG_MAX_LIST; k++)
-    free(batches[k].buf);
+    xfer__batch_free(&batches[k]);
   xfer_rdma_thread_end();
   return NULL;
 }
@@ -488,8 +524,12 @@ int xfer_init(const struct config *cfg) {
   }
   memset(X, 0, sizeof *X);
   pthread_rwlock_init(&X->lock, NULL);
-  pthread_mutex_init(&X->idle_mu, NULL);
-  pthread_cond_init(&X->idle_cv, NULL);
+  pthread_mutex_init(&X->routes_mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* mono_ns's deadlines */
+  pthread_cond_init(&X->routes_cv, &ca);
+  pthread_condattr_destroy(&ca);
   X->conns = cfg->connection_pool_size < XFER_CONNS_MAX ? cfg->connection_pool_size
                                                        : XFER_CONNS_MAX;
   X->listen_port = cfg->listen_port;
@@ -512,9 +552,7 @@ void xfer_fini(void) {
   if (!X->active)
     return;
   atomic_store(&X->stop, true);
-  pthread_mutex_lock(&X->idle_mu);
-  pthread_cond_broadcast(&X->idle_cv);
-  pthread_mutex_unlock(&X->idle_mu);
+  routes_wake();
   for (uint32_t i = 0; i < X->started; i++)
     pthread_join(X->threads[i], NULL);
   for (int k = 0; k < CONFIG_MAX_LIST; k++)

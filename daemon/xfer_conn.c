@@ -140,17 +140,7 @@ int xfer__batch_send(int k, struct xfer_batch *b, uint64_t frames) {
     nanosleep(&ts, NULL);
   }
   pthread_rwlock_rdlock(&X->lock);
-  for (struct xfer_route *r = X->routes; r != NULL; r = r->next) {
-    for (uint32_t g = 0; g < r->world; g++) {
-      if (r->peer_of[g] == k) {
-        if (!atomic_exchange(&r->said, true))
-          log_warnx("job %s: no data connection to node %s takes its blocks; the job fails",
-                    r->id, peer_name(k));
-        xfer__route_fail(r, DEP_ERR_PEER);
-        break;
-      }
-    }
-  }
+  xfer__routes_fail_peer(k, "no data connection takes its blocks to node");
   pthread_rwlock_unlock(&X->lock);
   return -1;
 }
@@ -166,8 +156,7 @@ struct receiver {
 /* Receive frames from peer k on fd and write them into the slabs here. */
 static void receive(int k, int fd) {
   struct xfer_peer *xp = &X->peers[k];
-  uint8_t *buf = NULL;
-  size_t cap = 0;
+  struct xfer_batch in = {0}; /* the payload, on its way into a slab */
   char why[256] = "";
   for (;;) {
     int w = wait_readable(fd);
@@ -190,31 +179,29 @@ static void receive(int k, int fd) {
     struct pool_block *arena;
     uint64_t block_off, slot_off;
     int rc;
-    for (int waited = 0;; waited++) {
+    /* A job not here yet (DEP_ERR_STATE) is waited for until its route is
+     * added, woken by xfer_job_start, not polled. */
+    uint64_t until = mono_ns() + (uint64_t)XFER_ROUTE_WAIT_MS * 1000000ull;
+    for (;;) {
+      uint64_t seen = atomic_load(&X->routes_added);
       pthread_rwlock_rdlock(&X->lock);
       rc = xfer__frame_target(k, &h, &route, &arena, &block_off, &slot_off, why, sizeof why);
       pthread_rwlock_unlock(&X->lock);
-      if (rc != DEP_ERR_STATE || waited >= XFER_ROUTE_WAIT_MS || atomic_load(&X->stop))
+      if (rc != DEP_ERR_STATE || atomic_load(&X->stop) || mono_ns() >= until)
         break;
-      struct timespec ts = {0, 1000000};
-      nanosleep(&ts, NULL);
+      xfer__routes_wait(seen, until);
     }
     if (rc == DEP_ERR_PROTOCOL)
       break;
     if (rc == DEP_ERR_STATE)
       log_warnx("peer %s: frames of job %s, which does not run here after %d ms, are dropped",
                 peer_name(k), h.job_id, XFER_ROUTE_WAIT_MS);
-    if (h.bytes > cap) {
-      uint8_t *p = realloc(buf, h.bytes);
-      if (p == NULL) {
-        snprintf(why, sizeof why, "out of memory for a frame of %llu bytes",
-                 (unsigned long long)h.bytes);
-        break;
-      }
-      buf = p;
-      cap = h.bytes;
+    if (!xfer__batch_room(&in, h.bytes, rc == 0 ? pool_of(arena) : NULL)) {
+      snprintf(why, sizeof why, "out of memory for a frame of %llu bytes",
+               (unsigned long long)h.bytes);
+      break;
     }
-    if (h.bytes > 0 && io_all(fd, buf, h.bytes, false) != 0) {
+    if (h.bytes > 0 && io_all(fd, in.buf, h.bytes, false) != 0) {
       snprintf(why, sizeof why, "%s", errno ? strerror(errno) : "closed");
       break;
     }
@@ -230,16 +217,13 @@ static void receive(int k, int fd) {
     }
     /* Payload, then the slot's fields, then its flag: a reader that sees the
      * flag (acquire) sees the rest (pool_block_write's ordering). */
-    if (rc == 0 && (pool_block_write(arena, block_off, buf, h.bytes, why, sizeof why) != 0 ||
+    if (rc == 0 && (pool_block_write(arena, block_off, in.buf, h.bytes, why, sizeof why) != 0 ||
                     pool_block_write(arena, slot_off + 8, h.slot + 8, sizeof h.slot - 8, why,
                                      sizeof why) != 0 ||
                     pool_block_write(arena, slot_off, h.slot, 8, why, sizeof why) != 0)) {
-      struct xfer_route *r = xfer__route_find(h.job_id);
-      if (r != NULL) {
-        log_warnx("job %s: cannot write a block from node %s: %s; the job fails", r->id,
-                  peer_name(k), why);
-        xfer__route_fail(r, DEP_ERR_INTERNAL);
-      }
+      log_warnx("job %s: cannot write a block from node %s: %s; the job fails", route->id,
+                peer_name(k), why);
+      xfer__route_fail(route, DEP_ERR_INTERNAL);
     }
     pthread_rwlock_unlock(&X->lock);
     if (rc == DEP_ERR_PROTOCOL)
@@ -248,7 +232,7 @@ static void receive(int k, int fd) {
   }
   if (why[0] != '\0' && !atomic_load(&X->stop))
     log_warnx("peer %s: inbound data connection dropped: %s", peer_name(k), why);
-  free(buf);
+  xfer__batch_free(&in);
 }
 
 static void *receiver_main(void *arg) {

@@ -76,10 +76,14 @@ struct xfer_peer {
   int in_fds[XFER_CONNS_MAX];    /* inbound connections' fds, for shutdown (under X->lock) */
 };
 
-/* A proxy thread's batch for one peer. */
+/* A proxy thread's batch for one peer, or a receiver's payload: host
+ * memory the bytes of GPU slabs pass through, pinned where the backend
+ * gains by it (pool_pin_host: the copy engine then moves them itself). */
 struct xfer_batch {
-  uint8_t *buf;
+  uint8_t *buf;                  /* page-aligned, so that no two buffers pin one page */
   size_t len, cap;
+  struct pool *pinned;           /* the pool whose backend pinned buf, or NULL */
+  bool pin_failed;               /* ... it could not: not tried again for this buf */
 };
 
 /* The data path's state: what the loop and the threads share. */
@@ -89,8 +93,9 @@ struct xfer_state {
   uint32_t nthreads, conns;
   uint16_t listen_port;
   pthread_rwlock_t lock;         /* routes, in_fds */
-  pthread_mutex_t idle_mu;
-  pthread_cond_t idle_cv;        /* a route was added, or stop */
+  pthread_mutex_t routes_mu;      /* routes_cv's */
+  pthread_cond_t routes_cv;       /* a route was added, or stop (CLOCK_MONOTONIC) */
+  _Atomic uint64_t routes_added;  /* routes added so far (changed under routes_mu) */
   struct xfer_route *routes;
   _Atomic bool stop;
   pthread_t threads[64];
@@ -113,13 +118,17 @@ static inline uint64_t mono_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-
 /* ---- xfer.c ---- */
 
-/* The route of job id (lock held), NULL when none. */
-struct xfer_route *xfer__route_find(const char *id);
 /* Stop a route (any thread, lock held for reading at least): its rings say code. */
 void xfer__route_fail(struct xfer_route *r, int code);
+/* Wait until a route is added after `seen` (a value of X->routes_added read
+ * before looking for it), stop, or deadline_ns (mono_ns's clock). */
+void xfer__routes_wait(uint64_t seen, uint64_t deadline_ns);
+/* Fail every route that sends to peer k (lock held for reading at least),
+ * with DEP_ERR_PEER, saying once per route "job ID: WHAT NODE; the job
+ * fails". */
+void xfer__routes_fail_peer(int k, const char *what);
 /* Check a frame's header from peer k against the routes (lock held); on
  * success fill the write's target.  DEP_ERR_NOT_FOUND: no such job here
  * now; DEP_ERR_STATE: none, but it may come (the caller waits for it);
@@ -127,6 +136,12 @@ void xfer__route_fail(struct xfer_route *r, int code);
 int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
                        struct pool_block **arena, uint64_t *block_off, uint64_t *slot_off,
                        char *why, size_t whylen);
+
+/* Grow b to hold n more bytes past its len, pinned for the copies to and
+ * from pool's blocks (NULL: no pool, left unpinned); false when out of
+ * memory.  A pin that fails is said once and the buffer used unpinned. */
+bool xfer__batch_room(struct xfer_batch *b, size_t n, struct pool *pool);
+void xfer__batch_free(struct xfer_batch *b);
 
 /* ---- xfer_conn.c ---- */
 

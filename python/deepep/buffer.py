@@ -40,6 +40,8 @@ _CUDA_POOL = 16
 #: cuda: handles made ahead, for the calls captured in a CUDA graph (where the
 #: library's cuMemAlloc of a new handle is not allowed); refilled after each capture.
 _GRAPH_SPARE = 4
+#: Prototypes kept per Buffer for _new (one per output shape and dtype seen).
+_PROTOS = 1024
 _BF16 = (torch.bfloat16,)
 _F32 = (torch.float32,)
 _I32 = (torch.int32,)
@@ -91,7 +93,8 @@ class Handle:
         """The rows of the dispatch's outputs: num_worst_tokens where given, else num_recv."""
         return self.worst or self.num_recv
 
-    def __init__(self, buf: "Buffer", kind: str, num_tokens: int, num_recv: int = 0):
+    def __init__(self, buf: "Buffer", kind: str, num_tokens: int, num_recv: int = 0,
+                 stream: Any = None):
         conn = self._conn = buf._conn
         self._buffer = buf._selfref
         self.kind = kind
@@ -107,7 +110,9 @@ class Handle:
             ptr = pool.pop() if pool else None
         else:
             ptr = buf._cuda_handle()
-            self._stream = torch.cuda.current_stream(buf.device)
+            # The caller's current stream (the op looked it up once: each lookup makes a
+            # torch.cuda.Stream, microseconds a call).
+            self._stream = stream if stream is not None else torch.cuda.current_stream(buf.device)
             if torch.cuda.is_current_stream_capturing():
                 buf._pinned.append(self)  # the graph holds its arrays: kept until destroy()
         if ptr is None:
@@ -370,6 +375,7 @@ class Buffer:
         self._lla_ref, self._llca_ref = ctypes.byref(self._lla), ctypes.byref(self._llca)
         self._scratch_idx = self._scratch_counts = None
         self._scratch_views: dict = {}
+        self._protos: dict = {}
         if self._host:
             self._scratch_idx = self._empty([self._rows, self.num_topk], torch.int32)
             self._scratch_counts = self._empty([self.num_local_experts], torch.int32)
@@ -483,12 +489,37 @@ class Buffer:
     def _empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(tuple(shape), dtype=dtype, device=self.device)
 
+    def _new(self, shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A fresh, uninitialised, contiguous tensor on this Buffer's device, as
+        torch.empty(shape, dtype=dtype, device=...) makes: torch.empty_like of a one-element
+        prototype expanded to the shape (made once per shape and dtype), which skips
+        torch.empty's parsing of its shape, dtype and device arguments: about 1 us less per
+        output tensor on the dev machine (bench/py_overhead.py).  (empty_like of an expanded,
+        so overlapping, tensor is contiguous.)"""
+        p = self._protos.get((shape, dtype))
+        if p is None:
+            if 0 in shape:  # nothing to expand to; rare, not cached
+                return torch.empty(shape, dtype=dtype, device=self.device)
+            if len(self._protos) >= _PROTOS:
+                self._protos.clear()
+            p = self._protos[(shape, dtype)] = \
+                torch.empty((1,), dtype=dtype, device=self.device).expand(shape)
+        return torch.empty_like(p)
+
     def _stream(self) -> Optional[int]:
         return None if self._host else torch.cuda.current_stream(self.device).cuda_stream
 
     def _event(self, previous_event: Optional[EventOverlap], async_finish: bool) -> EventOverlap:
         return EventOverlap(EventHandle(cuda=not self._host)) if async_finish \
             else EventOverlap(None)
+
+    def _widen(self, ids: torch.Tensor, rows: int) -> torch.Tensor:
+        """The received int32 expert ids as a fresh int64 tensor (DeepEP's topk_idx_t): copied
+        into a _new tensor, cheaper than ids.to(torch.int64) (which allocates through
+        torch.empty's argument parsing)."""
+        out = self._new((rows, self.num_topk), torch.int64)
+        out.copy_(ids)
+        return out
 
     def _fail(self, rc: int, call: str) -> None:
         raise from_code(rc, self._conn.errmsg(), call)
@@ -592,9 +623,10 @@ class Buffer:
         if n > self.max_tokens_per_rank:
             self._tokens_fit("get_dispatch_layout", n, self.max_tokens_per_rank,
                              "max_tokens_per_rank")
-        per_rank = torch.empty((self.group_size,), dtype=torch.int32, device=dev)
-        per_expert = torch.empty((self.num_experts,), dtype=torch.int32, device=dev)
-        in_rank = torch.empty((n, self.group_size), dtype=torch.bool, device=dev)
+        new = self._new
+        per_rank = new((self.group_size,), torch.int32)
+        per_expert = new((self.num_experts,), torch.int32)
+        in_rank = new((n, self.group_size), torch.bool)
         a = self._la
         a.topk_idx = idx.data_ptr() if n else None
         a.index_type, a.num_tokens = itype, n
@@ -755,10 +787,12 @@ class Buffer:
         # A row at least, so that the pointers are never NULL (a cached dispatch may receive
         # none), shrunk below once the call is made.
         alloc = max(rows, 1)
-        recv_x = torch.empty((alloc, hid), dtype=x.dtype if fp8 else torch.bfloat16, device=dev)
-        recv_s = torch.empty((alloc, hid // _FP8_GROUP), dtype=torch.float32, device=dev) \
-            if fp8 else None
+        new = self._new
+        recv_x = new((alloc, hid), x.dtype if fp8 else torch.bfloat16)
+        recv_s = new((alloc, hid // _FP8_GROUP), torch.float32) if fp8 else None
         a = self._da
+        # The caller's current stream, looked up once per call (None on the host backend).
+        cs = None if self._host else torch.cuda.current_stream(dev)
         a.use_fp8, a.cached = int(fp8), int(cached)
         a.num_worst_tokens = num_worst_tokens
         a.expert_alignment = expert_alignment
@@ -769,13 +803,13 @@ class Buffer:
             a.topk_idx = a.topk_weights = a.recv_topk_idx = a.recv_topk_weights = None
             a.recv_count_per_expert = None
         else:
-            recv_w = torch.empty((rows, k), dtype=torch.float32, device=dev)
+            recv_w = new((rows, k), torch.float32)
             if self._host:
                 recv_idx, counts = self._scratch_idx, self._scratch_counts
             else:
-                recv_idx = torch.empty((rows, k), dtype=torch.int32, device=dev)
-                counts = torch.empty((self.num_local_experts,), dtype=torch.int32, device=dev)
-            h = Handle(self, "dispatch", n)
+                recv_idx = new((rows, k), torch.int32)
+                counts = new((self.num_local_experts,), torch.int32)
+            h = Handle(self, "dispatch", n, stream=cs)
             if n:
                 a.topk_idx, a.topk_weights = idx.data_ptr(), w.data_ptr()
             else:
@@ -788,10 +822,10 @@ class Buffer:
         num_recv.value = 0
         if previous_event is not None:
             self._wait(previous_event)
-        if not self._host:
-            h._used_on(torch.cuda.current_stream(self.device))
+        if cs is not None:
+            h._used_on(cs)
         rc = self._fn_dispatch(self._conn.ptr, self._da_ref, h._ptr,
-                               None if self._host else self._stream())
+                               None if cs is None else cs.cuda_stream)
         if rc:
             self._fail(rc, "dep_dispatch")
         ev = self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
@@ -805,7 +839,7 @@ class Buffer:
         h.worst = num_worst_tokens
         if num_worst_tokens:
             h.num_recv = num_recv.value if self._host else None
-            return out_x, recv_idx[:rows].to(torch.int64), recv_w, [], h, ev
+            return out_x, self._widen(recv_idx[:rows], rows), recv_w, [], h, ev
         r = h.num_recv = num_recv.value
         if r != rows:
             # Shrunk in place (the storage keeps its capacity, as a slice's would): cheaper
@@ -822,7 +856,7 @@ class Buffer:
                 recv_idx = v
             else:
                 recv_idx = recv_idx[:r]
-        return (out_x, recv_idx.to(torch.int64), recv_w, counts.tolist(), h, ev)
+        return (out_x, self._widen(recv_idx, r), recv_w, counts.tolist(), h, ev)
 
     def combine(self, x: torch.Tensor, handle: Handle,
                 topk_weights: Optional[torch.Tensor] = None, bias: Any = None,
@@ -857,7 +891,7 @@ class Buffer:
             raise ValueError(f"combine: x has shape {tuple(x.shape)}; the dispatch delivered "
                              f"{(rows, self.hidden)}")
         nt = h.num_tokens
-        out = torch.empty((nt, self.hidden), dtype=torch.bfloat16, device=self.device)
+        out = self._new((nt, self.hidden), torch.bfloat16)
         a = self._ca
         a.x = x.data_ptr() if rows else None
         a.out = out.data_ptr() if nt else None
@@ -869,8 +903,7 @@ class Buffer:
                                  f"{(rows, self.num_topk)}, one row per row dispatched here")
             # A row at least, so that the pointer that says "weighted" is never NULL (every
             # rank of the call must say the same), then shrunk to num_tokens.
-            out_w = torch.empty((max(nt, 1), self.num_topk), dtype=torch.float32,
-                                device=self.device)
+            out_w = self._new((max(nt, 1), self.num_topk), torch.float32)
             a.topk_weights = w.data_ptr() if rows else None
             a.out_topk_weights = out_w.data_ptr()
             if nt == 0:
@@ -879,10 +912,12 @@ class Buffer:
             a.topk_weights = a.out_topk_weights = None
         if previous_event is not None:
             self._wait(previous_event)
+        cs = None
         if not self._host:
-            h._used_on(torch.cuda.current_stream(self.device))
+            cs = torch.cuda.current_stream(self.device)
+            h._used_on(cs)
         rc = self._fn_combine(self._conn.ptr, self._ca_ref, h._ptr,
-                              None if self._host else self._stream())
+                              None if cs is None else cs.cuda_stream)
         if rc:
             self._fail(rc, "dep_combine")
         return out, out_w, \
@@ -970,12 +1005,12 @@ class Buffer:
                                  f"[{self.num_local_experts}] int32 tensor")
         rows, L, hid = self._ll_rows, self.num_local_experts, self.hidden
         fp8 = bool(use_fp8)
-        recv_x = torch.empty((L, rows, hid), dtype=fp8_dtype if fp8 else torch.bfloat16,
-                             device=dev)
-        scales = torch.empty((L, rows, hid // _FP8_GROUP), dtype=torch.float32, device=dev) \
-            if fp8 else None
-        count = torch.empty((L,), dtype=torch.int32, device=dev)
-        h = Handle(self, "low_latency_dispatch", n)
+        new = self._new
+        recv_x = new((L, rows, hid), fp8_dtype if fp8 else torch.bfloat16)
+        scales = new((L, rows, hid // _FP8_GROUP), torch.float32) if fp8 else None
+        count = new((L,), torch.int32)
+        cs = None if self._host else torch.cuda.current_stream(dev)
+        h = Handle(self, "low_latency_dispatch", n, stream=cs)
         a = self._lla
         if n:
             a.x, a.topk_idx = x.data_ptr(), idx.data_ptr()
@@ -985,7 +1020,7 @@ class Buffer:
         a.recv_x, a.recv_count = recv_x.data_ptr(), count.data_ptr()
         a.recv_scales = _ptr(scales)
         rc = self._fn_ll_dispatch(self._conn.ptr, self._lla_ref, h._ptr,
-                                  None if self._host else self._stream())
+                                  None if cs is None else cs.cuda_stream)
         if rc:
             self._fail(rc, "dep_ll_dispatch")
         if stats is not None:
@@ -1040,7 +1075,7 @@ class Buffer:
             raise ValueError(f"{op}: topk_weights has shape {tuple(w.shape)} but topk_idx "
                              f"{tuple(idx.shape)}")
         if out is None:
-            out = torch.empty((nt, self.hidden), dtype=torch.bfloat16, device=dev)
+            out = self._new((nt, self.hidden), torch.bfloat16)
         else:
             o = self._input("out", out, _BF16, 2)
             if o.data_ptr() != out.data_ptr() or o.shape != (nt, self.hidden):
@@ -1053,10 +1088,12 @@ class Buffer:
         else:
             a.topk_idx = a.topk_weights = a.out = None
         a.index_type = itype
+        cs = None
         if not self._host:
-            h._used_on(torch.cuda.current_stream(self.device))
+            cs = torch.cuda.current_stream(self.device)
+            h._used_on(cs)
         rc = self._fn_ll_combine(self._conn.ptr, self._llca_ref, h._ptr,
-                                 None if self._host else self._stream())
+                                 None if cs is None else cs.cuda_stream)
         if rc:
             self._fail(rc, "dep_ll_combine")
         return out, self._event(None, async_finish) if async_finish else EventOverlap(None), \
