@@ -105,7 +105,7 @@ static void warm_round(const struct opts *o, bool cuda, int n, int rank, int rou
   dep_client_t *c;
   if (dep_client_new(&c) != 0)
     die("%s%s", "out of memory", "");
-  struct dep_attach_args a = {.rank = (uint32_t)rank, .world_size = (uint32_t)n,
+  struct dep_attach_args a = {.size = sizeof a, .rank = (uint32_t)rank, .world_size = (uint32_t)n,
                               .local_rank = (uint32_t)rank, .local_world_size = (uint32_t)n,
                               .shape = o->shape};
   snprintf(a.job_id, sizeof a.job_id, "bench-%d-%d-%d", (int)getppid(), n, round);
@@ -117,12 +117,12 @@ static void warm_round(const struct opts *o, bool cuda, int n, int rank, int rou
   if (rc != 0)
     die("warm attach failed: %s (%s)", dep_errmsg(c), dep_strerror(rc));
   /* Ready: every slab is mapped; touch each so a lazy mapping cannot hide. */
-  struct dep_attach_info info;
+  struct dep_attach_info info = {.size = sizeof info};
   dep_attach_info(c, &info);
   for (int i = 0; i < n; i++)
     if (info.slabs[i] == NULL)
       die("%s%s", "a slab pointer is missing", "");
-  struct dep_attach_times tm;
+  struct dep_attach_times tm = {.size = sizeof tm};
   if (dep_attach_times(c, &tm) != 0)
     die("%s%s", "dep_attach_times failed", "");
   double t[1 + PHASES] = {bench_now_ms(), tm.wait_ms, tm.map_ms, tm.setup_ms, tm.warmup_ms};

@@ -41,6 +41,7 @@ static int one(const char *sock, int i, int out_fd) {
     return 1;
   }
   struct dep_attach_args a = {
+      .size = sizeof a,
       .rank = 0, .world_size = 1, .local_rank = 0, .local_world_size = 1,
       .shape = {.max_tokens_per_rank = 128, .hidden = 4096, .num_experts = 8, .topk = 2,
                 .dtype = DEP_DTYPE_BF16},
@@ -59,7 +60,7 @@ static int one(const char *sock, int i, int out_fd) {
     fprintf(stderr, "kcache: attach: %s: %s\n", dep_strerror(rc), dep_errmsg(c));
     return 1;
   }
-  struct dep_attach_times t;
+  struct dep_attach_times t = {.size = sizeof t};
   dep_attach_times(c, &t);
   double line[4] = {total, t.setup_ms, t.warmup_ms, c->cuops.lent_kernels ? 1.0 : 0.0};
   if (write(out_fd, line, sizeof line) != (ssize_t)sizeof line)

@@ -254,15 +254,19 @@ static int attach_bind_device(dep_client_t *c, const struct dep_attach_args *a) 
   return 0;
 }
 
-DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
+DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in) {
   if (c == NULL)
     return DEP_ERR_INVALID;
-  if (args == NULL)
-    return client_seterr(c, DEP_ERR_INVALID, "dep_attach: args must not be NULL");
   double t0 = now_ms();
+  /* The caller's struct as this library knows it (deepep.h: structs grow). */
+  struct dep_attach_args args_[1];
+  int rc = CLIENT_TAKE(c, "dep_attach", dep_attach_args, shape, args_in, args_);
+  if (rc != 0)
+    return rc;
+  const struct dep_attach_args *const args = args_;
   /* Bad arguments are caught here, before anything goes on the wire. */
   char why[256] = "";
-  int rc = proto_check_attach(args, why, sizeof why);
+  rc = proto_check_attach(args, why, sizeof why);
   if (rc == 0)
     rc = dep__slab_layout_nodes(&args->shape, args->world_size, args->local_world_size,
                                &c->layout, why, sizeof why);
@@ -310,7 +314,7 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
     return rc;
   }
   c->attached = true;
-  snprintf(c->job_id, sizeof c->job_id, "%s", args->job_id);
+  snprintf(c->job_id, sizeof c->job_id, "%.*s", (int)sizeof c->job_id - 1, args->job_id);
   /* The operations run among the ranks of one node; a job spanning nodes
    * attaches (its memory is lent) but its operations need the proxy.  On
    * cuda the context holds device pointers, for the checks and addressing;
@@ -352,12 +356,19 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args) {
   return DEP_OK;
 }
 
-DEP_EXPORT int dep_attach_times(const dep_client_t *c, struct dep_attach_times *out) {
+DEP_EXPORT int dep_attach_times(dep_client_t *c, struct dep_attach_times *out) {
   if (c == NULL || out == NULL)
     return DEP_ERR_INVALID;
+  struct dep_attach_times z;
+  int rc = CLIENT_TAKE(c, "dep_attach_times", dep_attach_times, warmup_ms, out, &z);
+  if (rc != 0)
+    return rc;
   if (!c->attached)
     return DEP_ERR_STATE;
-  *out = c->times;
+  const uint32_t size = z.size;
+  z = c->times;
+  z.size = size;
+  client_args_give(out, &z, sizeof z);
   return 0;
 }
 
@@ -384,20 +395,24 @@ DEP_EXPORT int dep_detach(dep_client_t *c) {
   return rc;
 }
 
-DEP_EXPORT int dep_attach_info(const dep_client_t *c, struct dep_attach_info *out) {
+DEP_EXPORT int dep_attach_info(dep_client_t *c, struct dep_attach_info *out) {
   if (c == NULL || out == NULL)
     return DEP_ERR_INVALID;
+  struct dep_attach_info z;
+  int rc = CLIENT_TAKE(c, "dep_attach_info", dep_attach_info, attach_ms, out, &z);
+  if (rc != 0)
+    return rc;
   if (!c->attached)
     return DEP_ERR_STATE;
-  memset(out, 0, sizeof *out);
-  snprintf(out->backend, sizeof out->backend, "%s", c->attach_ok.backend);
-  out->slab_bytes = c->attach_ok.slab_bytes;
-  out->local_rank = c->args.local_rank;
-  out->local_world_size = c->args.local_world_size;
+  snprintf(z.backend, sizeof z.backend, "%s", c->attach_ok.backend);
+  z.slab_bytes = c->attach_ok.slab_bytes;
+  z.local_rank = c->args.local_rank;
+  z.local_world_size = c->args.local_world_size;
   for (uint32_t i = 0; i < c->args.local_world_size; i++) {
-    out->slabs[i] = c->slabs[i];
-    out->ranks[i] = c->ranks[i];
+    z.slabs[i] = c->slabs[i];
+    z.ranks[i] = c->ranks[i];
   }
-  out->attach_ms = c->times.total_ms;
+  z.attach_ms = c->times.total_ms;
+  client_args_give(out, &z, sizeof z);
   return 0;
 }

@@ -52,6 +52,46 @@ int client_seterr(dep_client_t *c, int code, const char *fmt, ...) {
   return code;
 }
 
+int client_size_check(dep_client_t *c, const char *op, const char *type, uint32_t size,
+                      size_t ours, size_t first) {
+  if (size >= first)
+    return 0;
+  return c ? client_seterr(c, DEP_ERR_INVALID, "%s: the size of struct %s is %u; set .size = "
+                           "sizeof(struct %s) (%zu with this deepep.h) before the call", op,
+                           type, size, type, ours)
+           : DEP_ERR_INVALID;
+}
+
+int client_args_take(dep_client_t *c, const char *op, const char *type, const void *a,
+                     size_t ours, size_t first, void *out) {
+  memset(out, 0, ours);
+  if (a == NULL)
+    return c ? client_seterr(c, DEP_ERR_INVALID, "%s: struct %s pointer is NULL", op, type)
+             : DEP_ERR_INVALID;
+  uint32_t size;
+  memcpy(&size, a, sizeof size);
+  int rc = client_size_check(c, op, type, size, ours, first);
+  if (rc != 0)
+    return rc;
+  for (size_t i = ours; i < size; i++)
+    if (((const uint8_t *)a)[i] != 0)
+      return c ? client_seterr(c, DEP_ERR_UNSUPPORTED, "%s: struct %s of %u bytes sets fields "
+                               "this library (%s, %zu bytes) does not know; use a newer "
+                               "libdeepep-client", op, type, size, DEP_VERSION_STRING, ours)
+               : DEP_ERR_UNSUPPORTED;
+  memcpy(out, a, size < ours ? size : ours);
+  return 0;
+}
+
+void client_args_give(void *out, void *ours, size_t ours_size) {
+  uint32_t size;
+  memcpy(&size, ours, sizeof size); /* the caller's, as client_args_take copied it */
+  if (size > ours_size)
+    size = (uint32_t)ours_size;
+  memcpy(ours, &size, sizeof size);
+  memcpy(out, ours, size);
+}
+
 void client_disconnect(dep_client_t *c) {
   client_unmap(c);
   if (c->fd >= 0)
@@ -530,14 +570,63 @@ DEP_EXPORT int dep_connect(dep_client_t *c, const char *socket_path) {
 
 /* ---- status ------------------------------------------------------------------- */
 
-DEP_EXPORT int dep_status(dep_client_t *c, struct dep_status **out) {
+/*
+ * The reply decoded into the library's structs, then laid out in the
+ * caller's (deepep.h: dep_status learns the caller's sizes): the top
+ * struct and each element allocated at the caller's size, filled as far
+ * as both hold, the rest zero.
+ */
+static int status_relayout(struct dep_status *lib, uint32_t size, uint32_t device_size,
+                           uint32_t job_size, struct dep_status **out) {
+  const size_t top = size > sizeof *lib ? size : sizeof *lib;
+  uint8_t *st = calloc(1, top);
+  uint8_t *dev = lib->num_devices ? calloc(lib->num_devices, device_size) : NULL;
+  uint8_t *job = lib->num_jobs ? calloc(lib->num_jobs, job_size) : NULL;
+  if (st == NULL || (lib->num_devices && dev == NULL) || (lib->num_jobs && job == NULL)) {
+    free(st);
+    free(dev);
+    free(job);
+    return DEP_ERR_NO_MEMORY;
+  }
+  const size_t dn = device_size < sizeof *lib->devices ? device_size : sizeof *lib->devices;
+  const size_t jn = job_size < sizeof *lib->jobs ? job_size : sizeof *lib->jobs;
+  for (uint32_t i = 0; i < lib->num_devices; i++)
+    memcpy(dev + (size_t)i * device_size, &lib->devices[i], dn);
+  for (uint32_t i = 0; i < lib->num_jobs; i++)
+    memcpy(job + (size_t)i * job_size, &lib->jobs[i], jn);
+  free(lib->devices);
+  free(lib->jobs);
+  lib->devices = (struct dep_status_device *)(void *)dev;
+  lib->jobs = (struct dep_status_job *)(void *)job;
+  lib->size = size < sizeof *lib ? size : (uint32_t)sizeof *lib;
+  lib->device_size = (uint32_t)dn;
+  lib->job_size = (uint32_t)jn;
+  memcpy(st, lib, sizeof *lib); /* st holds at least ours; the caller reads its prefix */
+  *out = (struct dep_status *)(void *)st;
+  return 0;
+}
+
+DEP_EXPORT int dep_status_sized(dep_client_t *c, struct dep_status **out, uint32_t size,
+                                uint32_t device_size, uint32_t job_size) {
   if (c == NULL)
     return DEP_ERR_INVALID;
   if (out == NULL)
     return client_seterr(c, DEP_ERR_INVALID, "dep_status: out must not be NULL");
   *out = NULL;
+  const char *op = "dep_status";
+  int rc = client_size_check(c, op, "dep_status", size, sizeof(struct dep_status),
+                             CLIENT_FIRST_LAYOUT(struct dep_status, jobs));
+  if (rc == 0)
+    rc = client_size_check(c, op, "dep_status_device", device_size,
+                           sizeof(struct dep_status_device),
+                           CLIENT_FIRST_LAYOUT(struct dep_status_device, pool_held_bytes));
+  if (rc == 0)
+    rc = client_size_check(c, op, "dep_status_job", job_size, sizeof(struct dep_status_job),
+                           CLIENT_FIRST_LAYOUT(struct dep_status_job, age_ms));
+  if (rc != 0)
+    return rc;
   struct client_frame f;
-  int rc = client_request(c, DEP_MSG_STATUS, NULL, DEP_MSG_STATUS_OK, CLIENT_REQUEST_TIMEOUT_MS, &f);
+  rc = client_request(c, DEP_MSG_STATUS, NULL, DEP_MSG_STATUS_OK, CLIENT_REQUEST_TIMEOUT_MS, &f);
   if (rc != 0)
     return rc;
   struct dep_status *st = calloc(1, sizeof *st);
@@ -553,7 +642,12 @@ DEP_EXPORT int dep_status(dep_client_t *c, struct dep_status **out) {
       return client_seterr(c, rc, "out of memory decoding the status reply");
     return client_seterr(c, DEP_ERR_PROTOCOL, "deepepd sent a malformed STATUS_OK");
   }
-  *out = st;
+  rc = status_relayout(st, size, device_size, job_size, out);
+  if (rc != 0) {
+    dep_status_free(st);
+    return client_seterr(c, rc, "out of memory for the status reply");
+  }
+  free(st); /* its arrays are the result's now */
   return DEP_OK;
 }
 

@@ -88,6 +88,28 @@ void client_frame_release(struct client_frame *f);
 int client_seterr(dep_client_t *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/*
+ * Structs grow (deepep.h): the one check of a caller's struct size and its
+ * copy.  client_size_check: `size` (the caller's sizeof of struct `type`)
+ * must reach `first`, the struct's first layout (CLIENT_FIRST_LAYOUT of its
+ * last field then), else DEP_ERR_INVALID naming the fix; c may be NULL (no
+ * message).  client_args_take: that check on the size `a` begins with, then
+ * the caller's bytes copied into `out` (`ours` bytes, zeroed first, so
+ * fields an older caller lacks read as 0); a larger struct whose bytes past
+ * ours are not all zero is DEP_ERR_UNSUPPORTED.  client_args_give: an
+ * output taken so copied back, as much as both structs hold, with `size`
+ * set to those bytes.
+ */
+#define CLIENT_FIRST_LAYOUT(type, last) (offsetof(type, last) + sizeof(((type *)0)->last))
+#define CLIENT_TAKE(c, op, type, last, a, out)                                            \
+  client_args_take((c), (op), #type, (a), sizeof(struct type),                            \
+                   CLIENT_FIRST_LAYOUT(struct type, last), (out))
+int client_size_check(dep_client_t *c, const char *op, const char *type, uint32_t size,
+                      size_t ours, size_t first);
+int client_args_take(dep_client_t *c, const char *op, const char *type, const void *a,
+                     size_t ours, size_t first, void *out);
+void client_args_give(void *out, void *ours, size_t ours_size);
+
 /* Close the socket and forget attach state; the handle stays reusable. */
 void client_disconnect(dep_client_t *c);
 /* Unmap every slab and forget the attachment (attach.c). */

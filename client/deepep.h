@@ -29,9 +29,9 @@ extern "C" {
 
 /* Library version; the wire protocol has its own version (proto/proto.h). */
 #define DEP_VERSION_MAJOR 0
-#define DEP_VERSION_MINOR 2
+#define DEP_VERSION_MINOR 3
 #define DEP_VERSION_PATCH 0
-#define DEP_VERSION_STRING "0.2.0"
+#define DEP_VERSION_STRING "0.3.0"
 
 /* Where the daemon listens unless the caller or $DEEPEPD_SOCKET says otherwise. */
 #define DEP_DEFAULT_SOCKET "/run/deepepd/deepepd.sock"
@@ -76,6 +76,26 @@ DEP_EXPORT const char *dep_strerror(int err);
 /* The symbolic name of an error code, e.g. "DEP_ERR_TIMEOUT". */
 DEP_EXPORT const char *dep_errname(int err);
 
+/*
+ * Structs grow.  Every struct passed to or filled by the library begins
+ * with `uint32_t size`: for one the caller passes or fills in (argument
+ * structs, dep_attach_info, dep_attach_times, dep_shape_sizes), the caller
+ * sets it to sizeof the struct it was compiled with (designated
+ * initializers: `{.size = sizeof(struct dep_attach_args), ...}`).  The
+ * library reads only the fields that size covers and takes the rest as 0;
+ * into one it fills it writes only what size covers, and writes back into
+ * `size` the bytes it filled (the smaller of the two structs).  So a caller
+ * built against an older deepep.h keeps working, and a newer one can tell
+ * which fields an older library filled.  A size of 0 or below the struct's first layout is
+ * DEP_ERR_INVALID, and a newer caller's larger struct is
+ * DEP_ERR_UNSUPPORTED unless the fields this library does not know are all
+ * zero.  Fields are only ever appended.  dep_status, which the library
+ * allocates, learns the caller's sizes from the dep_status() macro (as
+ * zlib's inflateInit does) and reports in its size fields what it filled.
+ * dep_job_shape is the one exception: it is embedded in dep_attach_args and
+ * never grows; new job-wide fields are appended to dep_attach_args.
+ */
+
 /* ---- connection --------------------------------------------------------- */
 
 typedef struct dep_client dep_client_t;
@@ -100,6 +120,7 @@ DEP_EXPORT int dep_connect(dep_client_t *c, const char *socket_path);
 #define DEP_UUID_STR_LEN 37 /* "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" + NUL */
 #define DEP_JOB_ID_MAX 64   /* including the NUL */
 
+/* An element of dep_status.devices; its size is dep_status.device_size. */
 struct dep_status_device {
   char uuid[DEP_UUID_STR_LEN]; /* device UUID, text form */
   char name[64];               /* e.g. "NVIDIA H200" or "host" */
@@ -113,6 +134,7 @@ struct dep_status_device {
   uint64_t pool_held_bytes;
 };
 
+/* An element of dep_status.jobs; its size is dep_status.job_size. */
 struct dep_status_job {
   char job_id[DEP_JOB_ID_MAX];
   uint32_t owner_uid;
@@ -124,6 +146,13 @@ struct dep_status_job {
 };
 
 struct dep_status {
+  /* Bytes the library filled of this struct and of each element of devices
+   * and jobs: the smaller of the caller's and the library's sizeof.  The
+   * arrays are laid out with the caller's element size as stride, so
+   * devices[i] and jobs[i] index them as compiled. */
+  uint32_t size;
+  uint32_t device_size;
+  uint32_t job_size;
   char version[32];        /* daemon version string */
   /* "starting" (pools being made: attach waits), "ready", "draining" (no new
    * jobs; running ones go on) or "stopping" */
@@ -139,8 +168,17 @@ struct dep_status {
   struct dep_status_job *jobs;
 };
 
-/* Ask the daemon for its status.  Free the result with dep_status_free(). */
-DEP_EXPORT int dep_status(dep_client_t *c, struct dep_status **out);
+/*
+ * Ask the daemon for its status.  Free the result with dep_status_free().
+ * dep_status() is a macro that passes the caller's sizeof of the three
+ * structs to dep_status_sized (callers through an FFI call that with their
+ * own sizes); a size below a struct's first layout is DEP_ERR_INVALID.
+ */
+DEP_EXPORT int dep_status_sized(dep_client_t *c, struct dep_status **out, uint32_t size,
+                                uint32_t device_size, uint32_t job_size);
+#define dep_status(c, out)                                                                 \
+  dep_status_sized((c), (out), sizeof(struct dep_status), sizeof(struct dep_status_device), \
+                   sizeof(struct dep_status_job))
 DEP_EXPORT void dep_status_free(struct dep_status *st);
 
 /* ---- attach ---------------------------------------------------------------- */
@@ -163,6 +201,7 @@ struct dep_job_shape {
 };
 
 struct dep_attach_args {
+  uint32_t size;                 /* sizeof(struct dep_attach_args) */
   char job_id[DEP_JOB_ID_MAX];   /* shared by every rank of the job; [A-Za-z0-9._:-] */
   uint32_t rank;                 /* global rank, < world_size */
   uint32_t world_size;
@@ -188,6 +227,7 @@ DEP_EXPORT int dep_detach(dep_client_t *c);
  * private area, where that rank's library keeps the operations' state.
  */
 struct dep_attach_info {
+  uint32_t size;                       /* sizeof(struct dep_attach_info) */
   char backend[8];                     /* "cuda" or "host" */
   uint64_t slab_bytes;                 /* mapped bytes of each slab */
   uint32_t local_rank;
@@ -197,8 +237,8 @@ struct dep_attach_info {
   double attach_ms;                    /* connect-side time spent in dep_attach */
 };
 
-/* Fill `out` for an attached handle; DEP_ERR_STATE when not attached. */
-DEP_EXPORT int dep_attach_info(const dep_client_t *c, struct dep_attach_info *out);
+/* Fill `out` (out->size set) for an attached handle; DEP_ERR_STATE when not attached. */
+DEP_EXPORT int dep_attach_info(dep_client_t *c, struct dep_attach_info *out);
 
 /*
  * Where the last dep_attach's time went, in milliseconds.  setup runs
@@ -206,6 +246,7 @@ DEP_EXPORT int dep_attach_info(const dep_client_t *c, struct dep_attach_info *ou
  * of the rendezvous that setup did not cover (0 when setup took longer).
  */
 struct dep_attach_times {
+  uint32_t size;    /* sizeof(struct dep_attach_times) */
   double total_ms;  /* the whole of dep_attach (dep_attach_info's attach_ms) */
   double wait_ms;   /* ATTACH sent until the daemon's reply was in, less setup and map */
   double map_ms;    /* importing and mapping every local slab */
@@ -214,8 +255,8 @@ struct dep_attach_times {
                        slabs' pages the calls touch; 0 without it */
 };
 
-/* Fill `out` for an attached handle; DEP_ERR_STATE when not attached. */
-DEP_EXPORT int dep_attach_times(const dep_client_t *c, struct dep_attach_times *out);
+/* Fill `out` (out->size set) for an attached handle; DEP_ERR_STATE when not attached. */
+DEP_EXPORT int dep_attach_times(dep_client_t *c, struct dep_attach_times *out);
 
 
 /* ---- dispatch / combine (DESIGN §6) ----------------------------------------
@@ -234,19 +275,7 @@ typedef void *dep_stream_t;
 
 enum dep_index_type { DEP_INDEX_I64 = 1, DEP_INDEX_I32 = 2 };
 
-/*
- * Argument structs grow: each begins with `size`, which the caller sets to
- * sizeof the struct it was compiled with (designated initializers:
- * `{.size = sizeof(struct dep_dispatch_args), ...}`).  The library reads
- * only the fields that size covers and takes the rest as 0, so a caller
- * built against an older deepep.h keeps working; a size of 0 or below the
- * struct's first layout is DEP_ERR_INVALID, and a newer caller's larger
- * struct is DEP_ERR_UNSUPPORTED unless the fields this library does not
- * know are all zero.  Fields are only ever appended.  The structs of
- * attach and status (dep_attach_args, dep_attach_info, dep_attach_times,
- * dep_status) carry no size: they grow only through a new entry point
- * taking a sized struct, the old one kept as it is.
- */
+/* Argument structs begin with `size` and grow as "Structs grow" above says. */
 
 /* What dispatch leaves for the matching combine (opaque, reusable). */
 typedef struct dep_handle dep_handle_t;

@@ -26,38 +26,9 @@ static int ops_ready(dep_client_t *c, const char *op) {
   return 0;
 }
 
-/*
- * An argument struct as this library knows it (deepep.h: structs grow):
- * the caller's `size` bytes copied into a zeroed struct of ours, so fields
- * a caller built against an older deepep.h lacks read as 0.  `first` is
- * the struct's first layout, which a caller's size may not be below.
- */
-static int args_take(dep_client_t *c, const char *op, const char *type, const void *a,
-                     size_t ours, size_t first, void *out) {
-  memset(out, 0, ours);
-  if (a == NULL)
-    return c ? client_seterr(c, DEP_ERR_INVALID, "%s: args must not be NULL", op)
-             : DEP_ERR_INVALID;
-  uint32_t size;
-  memcpy(&size, a, sizeof size);
-  if (size < first)
-    return c ? client_seterr(c, DEP_ERR_INVALID, "%s: args.size is %u; set it to sizeof(struct "
-                             "%s) (%zu here)", op, size, type, ours)
-             : DEP_ERR_INVALID;
-  for (size_t i = ours; i < size; i++)
-    if (((const uint8_t *)a)[i] != 0)
-      return c ? client_seterr(c, DEP_ERR_UNSUPPORTED, "%s: struct %s of %u bytes sets fields "
-                               "this library (%s, %zu bytes) does not know; use a newer "
-                               "libdeepep-client", op, type, size, DEP_VERSION_STRING, ours)
-               : DEP_ERR_UNSUPPORTED;
-  memcpy(out, a, size < ours ? size : ours);
-  return 0;
-}
-
-/* The first layout of each struct: its size up to and including `last`. */
-#define FIRST_LAYOUT(type, last) (offsetof(type, last) + sizeof(((type *)0)->last))
-#define TAKE(op, type, last, a, out)                                                     \
-  args_take(c, op, #type, a, sizeof(struct type), FIRST_LAYOUT(struct type, last), out)
+/* An argument struct as this library knows it (client_args_take): `last`
+ * is the last field of the struct's first layout. */
+#define TAKE(op, type, last, a, out) CLIENT_TAKE(c, op, type, last, a, out)
 
 /* Map an operation's result to the handle's message. */
 static int ops_result(dep_client_t *c, const char *op, int rc) {
@@ -210,8 +181,6 @@ DEP_EXPORT int dep_shape_sizes(dep_client_t *c, const struct dep_job_shape *shap
   z.recv_rows = world_size * shape->max_tokens_per_rank;
   z.ll_recv_rows = world_size * lay.max_ll_tokens;
   z.slab_bytes = lay.total_bytes;
-  uint32_t size = out->size; /* fill only what the caller's struct holds */
-  memcpy(out, &z, size < sizeof z ? size : sizeof z);
-  out->size = size;
+  client_args_give(out, &z, sizeof z);
   return 0;
 }

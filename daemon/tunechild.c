@@ -170,7 +170,8 @@ static int tc_op(struct tc_rank *k, dep_client_t *c, dep_handle_t *htp, dep_hand
 static int tc_job(struct tc_rank *k, unsigned ci, unsigned pass, const struct tc_bufs *b,
                   CUstream st, CUevent e0, CUevent e1) {
   struct tc_world *w = k->w;
-  struct dep_attach_args a = {.rank = k->r, .world_size = w->world, .local_rank = k->r,
+  struct dep_attach_args a = {.size = sizeof a,
+                              .rank = k->r, .world_size = w->world, .local_rank = k->r,
                               .local_world_size = w->world, .shape = w->shape};
   snprintf(a.job_id, sizeof a.job_id, AUTOTUNE_JOB_PREFIX "%d-%u-%u", (int)getpid(), ci, pass);
   memcpy(a.device_uuid, w->uuid[k->r], 16);

@@ -118,6 +118,7 @@ void warmup_fini(void) {
 static int warmup_one(const char *socket, const char *uuid, int i) {
   dep_client_t *c = NULL;
   struct dep_attach_args a = {
+      .size = sizeof a,
       .rank = 0, .world_size = 1, .local_rank = 0, .local_world_size = 1,
       .shape = warmup_shape,
   };
@@ -131,7 +132,7 @@ static int warmup_one(const char *socket, const char *uuid, int i) {
     rc = dep_connect(c, socket);
   if (rc == 0)
     rc = dep_attach(c, &a);
-  struct dep_attach_times t = {0};
+  struct dep_attach_times t = {.size = sizeof t};
   if (rc == 0) {
     dep_attach_times(c, &t);
     log_info("kernel warm-up: GPU %s: kernels (%s) loaded in %.1f ms, each run once in %.1f ms",

@@ -243,6 +243,9 @@ int proto_decode_status(const uint8_t *p, size_t len, struct dep_status *m) {
   struct codec_r r;
   codec_r_init(&r, p, len);
   memset(m, 0, sizeof *m);
+  m->size = sizeof *m; /* deepep.h: structs grow; this library's own layout */
+  m->device_size = sizeof *m->devices;
+  m->job_size = sizeof *m->jobs;
   codec_r_str(&r, m->version, sizeof m->version);
   m->proto_version = codec_r_u32(&r);
   m->pid = codec_r_u32(&r);
@@ -359,6 +362,7 @@ int proto_decode_attach(const uint8_t *p, size_t len, struct dep_attach_args *m)
   struct codec_r r;
   codec_r_init(&r, p, len);
   memset(m, 0, sizeof *m);
+  m->size = sizeof *m; /* not on the wire: this library's own layout */
   codec_r_str(&r, m->job_id, sizeof m->job_id);
   m->rank = codec_r_u32(&r);
   m->world_size = codec_r_u32(&r);

@@ -58,6 +58,7 @@ static dep_client_t *new_client(void) {
 static struct dep_attach_args attach_args(const char *job, uint32_t rank) {
   struct dep_attach_args a;
   memset(&a, 0, sizeof a);
+  a.size = sizeof a;
   snprintf(a.job_id, sizeof a.job_id, "%s", job);
   a.rank = rank;
   a.world_size = 2;
@@ -204,7 +205,7 @@ START_TEST(handle_api_refuses_null_and_unconnected_use) {
   ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "dep_connect"));
   struct dep_attach_args a = attach_args("job-a", 0);
   ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_STATE);
-  struct dep_attach_times tm;
+  struct dep_attach_times tm = {.size = sizeof tm};
   ck_assert_int_eq(dep_attach_times(NULL, &tm), DEP_ERR_INVALID);
   ck_assert_int_eq(dep_attach_times(c, NULL), DEP_ERR_INVALID);
   ck_assert_int_eq(dep_attach_times(c, &tm), DEP_ERR_STATE);
@@ -227,6 +228,134 @@ START_TEST(attach_with_invalid_args_is_invalid_and_names_the_field) {
   ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "rank"));
   ck_assert_int_eq(dep_attach(c, NULL), DEP_ERR_INVALID);
   dep_client_free(c);
+}
+END_TEST
+
+/* Structs grow (deepep.h): a size below a struct's first layout is refused
+ * naming the sizeof to set; a newer caller's larger struct is taken when its
+ * extra bytes are zero (the call goes on: here to "not connected") and
+ * refused when they are not.  All before the connection is looked at. */
+START_TEST(struct_sizes_below_the_first_layout_are_invalid_and_say_what_to_set) {
+  dep_client_t *c = new_client();
+  struct dep_attach_args a = attach_args("job-a", 0);
+  const uint32_t first = offsetof(struct dep_attach_args, shape) + sizeof a.shape;
+  const uint32_t bad[] = {0, 4, first - 1};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    a.size = bad[i];
+    ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_INVALID);
+    ck_assert_msg(strstr(dep_errmsg(c), "sizeof(struct dep_attach_args)") != NULL, "%u: %s",
+                  bad[i], dep_errmsg(c));
+  }
+  struct {
+    struct dep_attach_args a;
+    uint64_t newer;
+  } big = {.a = attach_args("job-a", 0)};
+  big.a.size = sizeof big;
+  ck_assert_int_eq(dep_attach(c, &big.a), DEP_ERR_STATE); /* taken: on to "not connected" */
+  ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "dep_connect"));
+  big.newer = 1;
+  ck_assert_int_eq(dep_attach(c, &big.a), DEP_ERR_UNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "newer libdeepep-client"));
+  struct dep_attach_info info = {.size = 0};
+  ck_assert_int_eq(dep_attach_info(c, &info), DEP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "sizeof(struct dep_attach_info)"));
+  struct dep_attach_times tm = {.size = sizeof tm - 1};
+  ck_assert_int_eq(dep_attach_times(c, &tm), DEP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "sizeof(struct dep_attach_times)"));
+  struct dep_status *st = NULL;
+  ck_assert_int_eq(dep_status_sized(c, &st, sizeof *st, 8, sizeof(struct dep_status_job)),
+                   DEP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "sizeof(struct dep_status_device)"));
+  ck_assert_int_eq(dep_status_sized(c, &st, 12, sizeof(struct dep_status_device),
+                                    sizeof(struct dep_status_job)), DEP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "sizeof(struct dep_status)"));
+  ck_assert_ptr_null(st);
+  struct dep_shape_sizes sz = {.size = 3};
+  ck_assert_int_eq(dep_shape_sizes(c, &a.shape, 1, &sz), DEP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "sizeof(struct dep_shape_sizes)"));
+  dep_client_free(c);
+}
+END_TEST
+
+static bool all_zero(const void *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (((const uint8_t *)p)[i] != 0)
+      return false;
+  return true;
+}
+
+/* A newer caller's larger structs (zero past this library's fields) are
+ * filled as far as this library knows them, `size` says how far, the rest
+ * stays zero; dep_status lays its arrays out at the caller's element sizes. */
+START_TEST(larger_structs_are_filled_as_far_as_the_library_knows_them) {
+  struct tu_daemon d;
+  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
+  dep_client_t *c = new_client();
+  ck_assert_msg(dep_connect(c, d.sock) == 0, "%s", dep_errmsg(c));
+  struct {
+    struct dep_attach_args a;
+    uint8_t newer[24];
+  } ba = {.a = attach_args("job-sized", 0)};
+  ba.a.size = sizeof ba;
+  ba.a.world_size = ba.a.local_world_size = 1;
+  ck_assert_msg(dep_attach(c, &ba.a) == 0, "%s", dep_errmsg(c));
+  struct {
+    struct dep_attach_info i;
+    uint8_t newer[40];
+  } bi = {.i.size = sizeof bi};
+  ck_assert_msg(dep_attach_info(c, &bi.i) == 0, "%s", dep_errmsg(c));
+  ck_assert_uint_eq(bi.i.size, sizeof(struct dep_attach_info));
+  ck_assert_str_eq(bi.i.backend, "host");
+  ck_assert_uint_gt(bi.i.slab_bytes, 0);
+  ck_assert_ptr_nonnull(bi.i.slabs[0]);
+  ck_assert(all_zero(bi.newer, sizeof bi.newer));
+  struct {
+    struct dep_attach_times t;
+    uint8_t newer[16];
+  } bt = {.t.size = sizeof bt};
+  ck_assert_msg(dep_attach_times(c, &bt.t) == 0, "%s", dep_errmsg(c));
+  ck_assert_uint_eq(bt.t.size, sizeof(struct dep_attach_times));
+  ck_assert(bt.t.total_ms > 0 && all_zero(bt.newer, sizeof bt.newer));
+  struct {
+    struct dep_shape_sizes s;
+    uint8_t newer[8];
+  } bs = {.s.size = sizeof bs};
+  ck_assert_msg(dep_shape_sizes(c, &ba.a.shape, 1, &bs.s) == 0, "%s", dep_errmsg(c));
+  ck_assert_uint_eq(bs.s.size, sizeof(struct dep_shape_sizes));
+  ck_assert_uint_eq(bs.s.recv_rows, ba.a.shape.max_tokens_per_rank);
+  ck_assert(all_zero(bs.newer, sizeof bs.newer));
+
+  const uint32_t top = sizeof(struct dep_status) + 8, dsz = sizeof(struct dep_status_device) + 24,
+                 jsz = sizeof(struct dep_status_job) + 40;
+  struct dep_status *st = NULL, *plain = NULL;
+  ck_assert_msg(dep_status_sized(c, &st, top, dsz, jsz) == 0, "%s", dep_errmsg(c));
+  ck_assert_msg(dep_status(c, &plain) == 0, "%s", dep_errmsg(c));
+  ck_assert_uint_eq(st->size, sizeof(struct dep_status));
+  ck_assert_uint_eq(st->device_size, sizeof(struct dep_status_device));
+  ck_assert_uint_eq(st->job_size, sizeof(struct dep_status_job));
+  ck_assert_uint_eq(plain->device_size, sizeof(struct dep_status_device));
+  ck_assert(all_zero((const uint8_t *)st + sizeof(struct dep_status), 8));
+  ck_assert_uint_eq(st->num_jobs, 1);
+  ck_assert_uint_eq(st->num_devices, plain->num_devices);
+  ck_assert_uint_ge(st->num_devices, 1);
+  for (uint32_t i = 0; i < st->num_devices; i++) {
+    const uint8_t *e = (const uint8_t *)st->devices + (size_t)i * dsz;
+    const struct dep_status_device *dv = (const void *)e;
+    ck_assert_str_eq(dv->name, plain->devices[i].name);
+    ck_assert_uint_eq(dv->pool_total_bytes, plain->devices[i].pool_total_bytes);
+    ck_assert(all_zero(e + sizeof *dv, dsz - sizeof *dv));
+  }
+  const struct dep_status_job *j = (const void *)st->jobs;
+  ck_assert_str_eq(j->job_id, "job-sized");
+  ck_assert_str_eq(plain->jobs[0].job_id, "job-sized");
+  ck_assert_uint_eq(j->world_size, 1);
+  ck_assert(all_zero((const uint8_t *)j + sizeof *j, jsz - sizeof *j));
+  dep_status_free(st);
+  dep_status_free(plain);
+  ck_assert_int_eq(dep_detach(c), 0);
+  dep_client_free(c);
+  tu_daemon_stop(&d);
+  tu_daemon_cleanup(&d);
 }
 END_TEST
 
@@ -686,9 +815,9 @@ static double attached_slab_mapped(bool warm, double *ms) {
   a.world_size = a.local_world_size = 1;
   a.shape.hidden = 2048;
   ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
-  struct dep_attach_info info;
+  struct dep_attach_info info = {.size = sizeof info};
   ck_assert_int_eq(dep_attach_info(c, &info), 0);
-  struct dep_attach_times t;
+  struct dep_attach_times t = {.size = sizeof t};
   ck_assert_int_eq(dep_attach_times(c, &t), 0);
   *ms = t.warmup_ms;
   /* What the operations touch: the layout's bytes (the slab is rounded up to chunks). */
@@ -812,7 +941,7 @@ START_TEST(shared_library_exports_only_dep_symbols) {
       continue;
     ck_assert_msg(strncmp(name, "dep_", 4) == 0, "exported non-API symbol %s", name);
     n++;
-    core += strcmp(name, "dep_connect") == 0 || strcmp(name, "dep_status") == 0 ||
+    core += strcmp(name, "dep_connect") == 0 || strcmp(name, "dep_status_sized") == 0 ||
             strcmp(name, "dep_attach") == 0 || strcmp(name, "dep_strerror") == 0 ||
             strcmp(name, "dep_status_free") == 0;
   }
@@ -843,6 +972,7 @@ Suite *client_suite(void) {
   tcase_add_test(local, socket_without_access_is_permission);
   tcase_add_test(local, handle_api_refuses_null_and_unconnected_use);
   tcase_add_test(local, attach_with_invalid_args_is_invalid_and_names_the_field);
+  tcase_add_test(local, struct_sizes_below_the_first_layout_are_invalid_and_say_what_to_set);
   tcase_add_test(local, shared_library_exports_only_dep_symbols);
   tcase_add_test(local, kernel_ctas_override_is_bounded_and_refused_clearly);
   tcase_add_test(local, the_operations_memory_fits_every_slabs_private_area);
@@ -860,6 +990,7 @@ Suite *client_suite(void) {
 
   TCase *real = tcase_create("daemon");
   tcase_add_test(real, status_reports_the_daemon);
+  tcase_add_test(real, larger_structs_are_filled_as_far_as_the_library_knows_them);
   tcase_add_test(real, two_handles_are_independent);
   tcase_add_test(real, daemon_stop_is_daemon_gone_at_once_and_reconnect_works);
   tcase_add_test(real, two_ranks_attach_show_in_status_and_detach);

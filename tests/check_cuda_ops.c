@@ -512,7 +512,7 @@ static int body_gone_peer(struct rk *k, void *arg) {
   }
   if (cr_upload(k, d))
     return 1;
-  struct dep_attach_info info;
+  struct dep_attach_info info = {.size = sizeof info};
   EXPECT(k, dep_attach_info(k->c, &info), 0, "dep_attach_info");
   struct gpu_abort g = {k, (CUdeviceptr)(uintptr_t)info.slabs[info.local_rank], CUDA_SUCCESS};
   pthread_t th;

@@ -495,7 +495,7 @@ START_TEST(test_sigterm_tells_clients_and_exits_cleanly) {
   for (int i = 0; i < 3; i++)
     fds[i] = dw_client(&d);
   /* One of them is waiting in a rendezvous when the daemon stops. */
-  struct dep_attach_args a = {.rank = 0, .world_size = 2, .local_rank = 0,
+  struct dep_attach_args a = {.size = sizeof a, .rank = 0, .world_size = 2, .local_rank = 0,
                               .local_world_size = 2,
                               .shape = {.max_tokens_per_rank = 128, .hidden = 1024,
                                         .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16}};
@@ -690,7 +690,7 @@ static int nobody_child(const char *sock, bool expect_allowed, const char *join_
       return 18;
     return 0;
   }
-  struct dep_attach_args a = {.rank = 1, .world_size = 2, .local_rank = 1,
+  struct dep_attach_args a = {.size = sizeof a, .rank = 1, .world_size = 2, .local_rank = 1,
                               .local_world_size = 2,
                               .shape = {.max_tokens_per_rank = 128, .hidden = 1024,
                                         .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16}};

@@ -372,7 +372,7 @@ static void dg_rank(struct dg_proc *p, const char *sock, const char *job, uint32
   if (p->pid != 0)
     return;
   char msg[512];
-  struct dep_attach_args a = {.rank = rank, .world_size = W, .local_rank = rank,
+  struct dep_attach_args a = {.size = sizeof a, .rank = rank, .world_size = W, .local_rank = rank,
                               .local_world_size = W, .shape = *sh};
   snprintf(a.job_id, sizeof a.job_id, "%s", job);
   memcpy(a.device_uuid, uuid, 16);

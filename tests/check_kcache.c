@@ -507,7 +507,8 @@ static int gpu_rank_lent(const char *sock) {
     CUuuid u;
     if (cu == NULL || cu->cuDeviceGetUuid(&u, 0) != CUDA_SUCCESS)
       _exit(10);
-    struct dep_attach_args a = {.job_id = "kcache-rank", .world_size = 1, .local_world_size = 1,
+    struct dep_attach_args a = {.size = sizeof a,
+                                .job_id = "kcache-rank", .world_size = 1, .local_world_size = 1,
                                 .shape = {.max_tokens_per_rank = 16, .hidden = 256,
                                           .num_experts = 4, .topk = 2, .dtype = DEP_DTYPE_BF16}};
     memcpy(a.device_uuid, u.bytes, 16);

@@ -119,7 +119,8 @@ static int lc_iterate(dep_client_t *c, uint32_t rank, char *msg, size_t len) {
 static void lc_rank_main(const char *sock, const char *job, uint32_t rank, enum lc_script script,
                          int go, int rep) {
   dep_client_t *c = NULL;
-  struct dep_attach_args a = {.rank = rank, .world_size = LC_W, .local_rank = rank,
+  struct dep_attach_args a = {.size = sizeof a,
+                              .rank = rank, .world_size = LC_W, .local_rank = rank,
                               .local_world_size = LC_W, .shape = LC_SHAPE};
   snprintf(a.job_id, sizeof a.job_id, "%s", job);
   char msg[240] = "";

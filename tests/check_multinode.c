@@ -526,7 +526,7 @@ START_TEST(a_job_spanning_nodes_on_a_daemon_without_peers_runs_no_operation) {
   dep_client_t *c = NULL;
   ck_assert_int_eq(dep_client_new(&c), 0);
   ck_assert_int_eq(dep_connect(c, d.sock), 0);
-  struct dep_attach_args a = {.rank = 0, .world_size = 2, .local_rank = 0,
+  struct dep_attach_args a = {.size = sizeof a, .rank = 0, .world_size = 2, .local_rank = 0,
                               .local_world_size = 1,
                               .shape = {.max_tokens_per_rank = 4, .hidden = 128,
                                         .num_experts = 4, .topk = 2,

@@ -111,6 +111,7 @@ static void assert_status_eq(const struct dep_status *a, const struct dep_status
 static struct dep_attach_args sample_attach(void) {
   struct dep_attach_args a;
   memset(&a, 0, sizeof a);
+  a.size = sizeof a;
   snprintf(a.job_id, sizeof a.job_id, "llama-moe.run_7:step-3");
   a.rank = 13;
   a.world_size = 64;

@@ -274,7 +274,8 @@ static void st_spawn(struct st_rank *r, const struct tu_daemon *d, const char *j
     struct st_plan p = *plan;
     if (p.shape.hidden == 0)
       p.shape = st_shape;
-    struct dep_attach_args a = {.rank = rank, .world_size = ST_W, .local_rank = rank,
+    struct dep_attach_args a = {.size = sizeof a,
+                                .rank = rank, .world_size = ST_W, .local_rank = rank,
                                 .local_world_size = ST_W, .shape = p.shape};
     snprintf(a.job_id, sizeof a.job_id, "%s", job);
     char msg[400] = "ok";

@@ -308,7 +308,8 @@ END_TEST
 /* Attach one rank of a one-rank job and ask TUNE as the cuda library does: its answer. */
 static int tune_at_attach(const char *sock, uint32_t env, struct dep_msg_tune_ok *ok) {
   dep_client_t *c = NULL;
-  struct dep_attach_args a = {.job_id = "tuned", .rank = 0, .world_size = 1, .local_rank = 0,
+  struct dep_attach_args a = {.size = sizeof a,
+                              .job_id = "tuned", .rank = 0, .world_size = 1, .local_rank = 0,
                               .local_world_size = 1,
                               .shape = {.max_tokens_per_rank = 64, .hidden = 256,
                                         .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16}};

@@ -53,7 +53,8 @@ static void xn_rank_main(const char *sock, const char *job, const struct xn_run 
   int rc = dep_client_new(&c);
   if (rc == 0)
     rc = dep_connect(c, sock);
-  struct dep_attach_args a = {.rank = rank, .world_size = d->sc.world, .local_rank = local_rank,
+  struct dep_attach_args a = {.size = sizeof a,
+                              .rank = rank, .world_size = d->sc.world, .local_rank = local_rank,
                               .local_world_size = lws, .shape = d->shape};
   snprintf(a.job_id, sizeof a.job_id, "%s", job);
   if (rc == 0)

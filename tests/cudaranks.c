@@ -57,7 +57,7 @@ int rk_open_at(struct rk *k, const char *sock, const char *job, const struct dep
   k->cu = cudadrv_load(why, sizeof why);
   if (k->cu == NULL)
     return ow_fail(k->msg, "rank %u: %s", rank, why);
-  struct dep_attach_args a = {.rank = rank, .world_size = W, .local_rank = local,
+  struct dep_attach_args a = {.size = sizeof a, .rank = rank, .world_size = W, .local_rank = local,
                               .local_world_size = lws, .shape = *sh};
   snprintf(a.job_id, sizeof a.job_id, "%s", job);
   /* This rank's GPU's primary context current on this thread before

@@ -299,7 +299,8 @@ char *dw_slurp(const char *path) {
 }
 
 struct dep_attach_args dw_job_args(const char *id, uint32_t local_rank, uint32_t lws) {
-  struct dep_attach_args a = {.rank = local_rank, .world_size = lws, .local_rank = local_rank,
+  struct dep_attach_args a = {.size = sizeof a,
+                              .rank = local_rank, .world_size = lws, .local_rank = local_rank,
                               .local_world_size = lws,
                               .shape = {.max_tokens_per_rank = 128, .hidden = 1024,
                                         .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16}};

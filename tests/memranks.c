@@ -255,6 +255,7 @@ static void rank_sync(struct rank *r) {
 static void rank_attached(struct rank *r) {
   const struct dep_attach_args *a = &r->s->a;
   struct dep_attach_info *in = &r->info;
+  in->size = sizeof *in;
   RCHECK(r, dep_attach_info(r->c, in) == 0, "dep_attach_info: %s", dep_errmsg(r->c));
   RCHECK(r, strcmp(in->backend, test_on_cuda() ? "cuda" : "host") == 0, "backend %s",
          in->backend);
@@ -277,7 +278,7 @@ static void rank_attached(struct rank *r) {
   /* Where the time went: the parts fit inside the whole; mapping always
    * happens; the kernels are set up on cuda only (the warm-up runs the
    * kernels there, and maps the slabs' pages in on the host). */
-  struct dep_attach_times tm;
+  struct dep_attach_times tm = {.size = sizeof tm};
   RCHECK(r, dep_attach_times(r->c, &tm) == 0, "dep_attach_times: %s", dep_errmsg(r->c));
   RCHECK(r, tm.total_ms == in->attach_ms && tm.wait_ms >= 0 && tm.map_ms > 0 &&
                 tm.setup_ms >= 0 && tm.warmup_ms >= 0 &&
@@ -401,6 +402,7 @@ static void rank_step(struct rank *r, const struct mr_step *st) {
       uint64_t word = k + 1, back = 0;
       RCHECK(r, dep_detach(r->c) == 0, "cycle %u: dep_detach: %s", k, dep_errmsg(r->c));
       RCHECK(r, dep_attach(r->c, a) == 0, "cycle %u: dep_attach: %s", k, dep_errmsg(r->c));
+      r->info.size = sizeof r->info;
       RCHECK(r, dep_attach_info(r->c, &r->info) == 0 && r->info.slabs[0] != NULL, "cycle %u", k);
       uint8_t *last = (uint8_t *)r->info.slabs[0] + r->info.slab_bytes - 8;
       RCHECK(r, dm_get(&back, last, 8) == 0 && back == 0 && dm_put(last, &word, 8) == 0 &&
@@ -471,6 +473,7 @@ struct mr_rank_spec mr_spec(const struct tu_daemon *d, const char *job, uint32_t
                             uint32_t world, uint32_t local_rank, uint32_t lws,
                             struct dep_job_shape shape, const struct mr_step *script) {
   struct mr_rank_spec s = {.sock = d->sock, .script = script};
+  s.a.size = sizeof s.a;
   snprintf(s.a.job_id, sizeof s.a.job_id, "%s", job);
   s.a.rank = rank;
   s.a.world_size = world;

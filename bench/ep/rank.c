@@ -458,7 +458,8 @@ void rank_run(struct rank *k) {
    * node's daemon as one of that node's n / nodes local ranks. */
   const int per = k->n / o->nodes, node = rank_node(o, k->r, k->n);
   const char *sock = o->nodes > 1 ? o->node_sock[node] : k->sock;
-  struct dep_attach_args a = {.rank = (uint32_t)k->r, .world_size = (uint32_t)k->n,
+  struct dep_attach_args a = {.size = sizeof a,
+                              .rank = (uint32_t)k->r, .world_size = (uint32_t)k->n,
                               .local_rank = (uint32_t)(k->r % per),
                               .local_world_size = (uint32_t)per, .shape = o->shape};
   snprintf(a.job_id, sizeof a.job_id, "%s", k->job);
@@ -477,7 +478,7 @@ void rank_run(struct rank *k) {
   if (rc != 0)
     fail("rank %d: attach to %s: %s (%s)", k->r, sock, k->c ? dep_errmsg(k->c) : "",
          dep_errname(rc));
-  struct dep_attach_info info;
+  struct dep_attach_info info = {.size = sizeof info};
   dep_attach_info(k->c, &info);
   k->s->attach_ms[k->r] = info.attach_ms;
 

@@ -36,7 +36,7 @@ static void rank_round(const struct rank_cmd *cmd, int in, int out) {
   dep_client_t *c;
   if (dep_client_new(&c) != 0)
     _exit(1);
-  struct dep_attach_args a = {.rank = cmd->rank, .world_size = cmd->world_size,
+  struct dep_attach_args a = {.size = sizeof a, .rank = cmd->rank, .world_size = cmd->world_size,
                               .local_rank = cmd->local_rank,
                               .local_world_size = cmd->local_world_size, .shape = cmd->shape};
   snprintf(a.job_id, sizeof a.job_id, "%s", cmd->job_id);
@@ -50,8 +50,8 @@ static void rank_round(const struct rank_cmd *cmd, int in, int out) {
   }
   double now = bench_now_ms();
   /* Ready: every local slab is mapped (a missing pointer would be a lazy map). */
-  struct dep_attach_info info;
-  struct dep_attach_times tm;
+  struct dep_attach_info info = {.size = sizeof info};
+  struct dep_attach_times tm = {.size = sizeof tm};
   if (dep_attach_info(c, &info) != 0 || dep_attach_times(c, &tm) != 0)
     _exit(1);
   struct rank_time t = {now, tm.total_ms, tm.wait_ms, tm.map_ms};

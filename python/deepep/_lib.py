@@ -47,9 +47,18 @@ class JobShape(Structure):
     ]
 
 
-class AttachArgs(Structure):
+class _Sized(Structure):
+    """A struct that begins with its size (deepep.h: structs grow): set
+    to this struct's sizeof at construction; positional arguments fill the fields after it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(ctypes.sizeof(type(self)), *args, **kwargs)
+
+
+class AttachArgs(_Sized):
     """struct dep_attach_args."""
     _fields_ = [
+        ("size", c_uint32),
         ("job_id", c_char * JOB_ID_MAX),
         ("rank", c_uint32),
         ("world_size", c_uint32),
@@ -60,9 +69,10 @@ class AttachArgs(Structure):
     ]
 
 
-class AttachInfo(Structure):
+class AttachInfo(_Sized):
     """struct dep_attach_info."""
     _fields_ = [
+        ("size", c_uint32),
         ("backend", c_char * 8),
         ("slab_bytes", c_uint64),
         ("local_rank", c_uint32),
@@ -73,9 +83,10 @@ class AttachInfo(Structure):
     ]
 
 
-class AttachTimes(Structure):
+class AttachTimes(_Sized):
     """struct dep_attach_times."""
     _fields_ = [
+        ("size", c_uint32),
         ("total_ms", c_double),
         ("wait_ms", c_double),
         ("map_ms", c_double),
@@ -111,8 +122,11 @@ class StatusJob(Structure):
 
 
 class Status(Structure):
-    """struct dep_status."""
+    """struct dep_status (the library's to allocate: dep_status(), below, passes these sizes)."""
     _fields_ = [
+        ("size", c_uint32),
+        ("device_size", c_uint32),
+        ("job_size", c_uint32),
         ("version", c_char * 32),
         ("state", c_char * 16),
         ("proto_version", c_uint32),
@@ -125,14 +139,6 @@ class Status(Structure):
         ("devices", POINTER(StatusDevice)),
         ("jobs", POINTER(StatusJob)),
     ]
-
-
-class _Sized(Structure):
-    """An argument struct that begins with its size (deepep.h: argument structs grow): set
-    to this struct's sizeof at construction; positional arguments fill the fields after it."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(ctypes.sizeof(type(self)), *args, **kwargs)
 
 
 class LayoutArgs(_Sized):
@@ -248,7 +254,8 @@ _PROTOTYPES = [
     ("dep_client_free", None, [_client_p]),
     ("dep_errmsg", c_char_p, [_client_p]),
     ("dep_connect", c_int, [_client_p, c_char_p]),
-    ("dep_status", c_int, [_client_p, POINTER(POINTER(Status))]),
+    ("dep_status_sized", c_int, [_client_p, POINTER(POINTER(Status)), c_uint32, c_uint32,
+                                 c_uint32]),
     ("dep_status_free", None, [POINTER(Status)]),
     ("dep_attach", c_int, [_client_p, POINTER(AttachArgs)]),
     ("dep_detach", c_int, [_client_p]),
@@ -265,6 +272,17 @@ _PROTOTYPES = [
 ]
 
 _lib: Optional[ctypes.CDLL] = None
+
+
+def _status_call(lib: ctypes.CDLL):
+    """lib.dep_status(c, byref(p)), as deepep.h's dep_status() macro: dep_status_sized with
+    the sizes of these mirrors, so the library lays the result out as they read it."""
+    sized = lib.dep_status_sized
+    sizes = (ctypes.sizeof(Status), ctypes.sizeof(StatusDevice), ctypes.sizeof(StatusJob))
+
+    def dep_status(c, out):
+        return sized(c, out, *sizes)
+    return dep_status
 
 
 def _candidates() -> list:
@@ -298,6 +316,7 @@ def load() -> ctypes.CDLL:
             fn = getattr(lib, name)
             fn.restype = restype
             fn.argtypes = argtypes
+        lib.dep_status = _status_call(lib)
         _lib = lib
         return lib
     raise OSError("deepep: cannot load libdeepep-client; tried " + "; ".join(tried) +

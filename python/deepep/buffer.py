@@ -1122,7 +1122,7 @@ class Buffer:
         t = _lib.AttachTimes()
         self._conn.check(self._conn.lib.dep_attach_times(self._conn.ptr, ctypes.byref(t)),
                          "dep_attach_times")
-        return {name: getattr(t, name) for name, _ in t._fields_}
+        return {name: getattr(t, name) for name, _ in t._fields_ if name != "size"}
 
     # ---- lifetime ---------------------------------------------------------
 

@@ -204,7 +204,7 @@ def test_argument_structs_carry_their_size_and_grow_safely(buf):
     assert lib.dep_layout(conn.ptr, ctypes.byref(a), stream) == 0
     a.size = 0
     assert lib.dep_layout(conn.ptr, ctypes.byref(a), stream) == _lib.ERR_INVALID
-    assert "args.size is 0; set it to sizeof(struct dep_layout_args)" in conn.errmsg()
+    assert "is 0; set .size = sizeof(struct dep_layout_args)" in conn.errmsg()
     n = ctypes.sizeof(a)
     big = (ctypes.c_uint8 * (n + 16))()
     a.size = n + 16
@@ -214,6 +214,29 @@ def test_argument_structs_carry_their_size_and_grow_safely(buf):
     assert lib.dep_layout(conn.ptr, ctypes.cast(big, ctypes.POINTER(_lib.LayoutArgs)),
                           stream) == _lib.ERR_UNSUPPORTED
     assert "does not know" in conn.errmsg()
+
+
+def test_status_and_attach_structs_carry_their_sizes(buf):
+    """dep_status lays its result out in the mirrors' sizes and says what it filled; the
+    attach structs carry their size too (AttachArgs is checked by every attach)."""
+    from deepep import _lib
+    lib, conn = buf._conn.lib, buf._conn
+    st = ctypes.POINTER(_lib.Status)()
+    assert lib.dep_status(conn.ptr, ctypes.byref(st)) == 0
+    try:
+        s = st.contents
+        assert (s.size, s.device_size, s.job_size) == (
+            ctypes.sizeof(_lib.Status), ctypes.sizeof(_lib.StatusDevice),
+            ctypes.sizeof(_lib.StatusJob))
+        assert s.num_jobs >= 1 and s.jobs[0].job_id
+    finally:
+        lib.dep_status_free(st)
+    t = _lib.AttachTimes()
+    assert lib.dep_attach_times(conn.ptr, ctypes.byref(t)) == 0 and t.size == ctypes.sizeof(t)
+    t.size = 0
+    assert lib.dep_attach_times(conn.ptr, ctypes.byref(t)) == _lib.ERR_INVALID
+    assert "sizeof(struct dep_attach_times)" in conn.errmsg()
+    assert set(buf.attach_times()) == {"total_ms", "wait_ms", "map_ms", "setup_ms", "warmup_ms"}
 
 
 def test_the_sizes_a_caller_allocates_for_come_from_the_library(daemon):

@@ -22,6 +22,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   struct dep_attach_args a = {
+      .size = sizeof a,
       .rank = (uint32_t)atoi(argv[3]),
       .world_size = (uint32_t)atoi(argv[4]),
       .local_rank = (uint32_t)atoi(argv[5]),
@@ -40,7 +41,7 @@ int main(int argc, char **argv) {
     printf("attach: %s: %s\n", dep_errname(rc), dep_errmsg(c));
     return 1;
   }
-  struct dep_attach_info info;
+  struct dep_attach_info info = {.size = sizeof info};
   dep_attach_info(c, &info);
   printf("attached in %.2f ms\n", info.attach_ms);
   fflush(stdout);

@@ -59,7 +59,7 @@ static int xr_main(char **argv) {
     fprintf(stderr, "xrank: rank %u of a world of %u\n", rank, d.sc.world);
     return 2;
   }
-  struct dep_attach_args a = {.rank = rank, .world_size = d.sc.world,
+  struct dep_attach_args a = {.size = sizeof a, .rank = rank, .world_size = d.sc.world,
                               .local_rank = (uint32_t)atoi(argv[4]),
                               .local_world_size = (uint32_t)atoi(argv[5]), .shape = d.shape};
   snprintf(a.job_id, sizeof a.job_id, "%s", argv[2]);
