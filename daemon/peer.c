@@ -34,6 +34,8 @@
 #include "xfer.h"
 
 #define PEER_TICK_MS 100
+/* A tick this late is said in the log (peer_on_tick). */
+#define PEER_STALL_MS (2 * PEER_KEEPALIVE_MS)
 /* Before a link has authenticated its frames are small: a HELLO at most. */
 #define PEER_PREAUTH_MAX_BODY 1024u
 #define PEER_QUEUE_BYTES (4u * 1024u * 1024u)
@@ -482,6 +484,15 @@ void peer__check_ready(void) {
 
 static void peer_on_tick(uv_timer_t *t) {
   uint64_t now = now_ms();
+  /* A loop that ran nothing for this long sent no keep-alive either: the
+   * peers drop its links as silent, and it drops theirs (the tick runs
+   * before the reads that waited), so a "dead peer" that follows is this
+   * daemon's stall, and the log says so. */
+  if (P->last_tick_ms != 0 && now - P->last_tick_ms > PEER_STALL_MS)
+    log_warnx("peers: the loop ran no tick for %llu ms (this daemon was blocked or starved of "
+              "CPU); links silent past %d ms are dropped as dead",
+              (unsigned long long)(now - P->last_tick_ms), PEER_DEAD_MS);
+  P->last_tick_ms = now;
   if (P->accept_paused_until != 0 && now >= P->accept_paused_until) {
     P->accept_paused_until = 0;
     uv_poll_start(&P->listen_poll, UV_READABLE, peerconn_on_accept);

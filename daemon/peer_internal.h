@@ -107,6 +107,7 @@ struct peer_layer {
   uint64_t accept_paused_until;
   uv_timer_t tick;
   uint64_t start_ms;
+  uint64_t last_tick_ms;         /* when the tick last ran: a late one is said */
   peer_ready_fn *ready_cb;
   char status[DEP_MSG_TEXT_MAX]; /* the last STATUS= sent while waiting */
   const struct peer_events *ev;
