@@ -1,0 +1,91 @@
+#!/bin/bash
+# gpu-all.sh — one GPU pass for the open issues in one command (DEVICE.md),
+# in order of what each issue still lacks, every step under its own timeout
+# and skipped (saying so) once the pass's budget cannot hold it:
+#   xnode     issue 14: check_xnode's gpu case under MPS (jobs over daemons
+#             sharing the GPU against the oracle; a lost node)  [gpu-xnode.sh]
+#   ep        issue 14: bench/ep across two cuda daemons and on one, loopback
+#             TCP round trips                                   [gpu-xnode.sh]
+#   doctor    issue 15: the doctor's GPU checks (check_doctor's gpu case;
+#             DEP_PTX_BUILD names a PTX-only build for the kernel-cache part)
+#   pytest    issue 17: the Python suite on CUDA tensors under MPS (the CUDA
+#             graph captures included)
+#   pyover    issue 17: bench/py_overhead.py --device cuda under MPS
+#   hostwarm  the host backend's first calls with and without its warm-up
+# Logs under $OUT, one file per step.  Daemons stay outside MPS.
+# Build here first:
+#   make BUILD=build-gpu STATIC_DEPS=1 all build-gpu/check_deepepd
+#   make BUILD=build-ptx PTX_ONLY=90 STATIC_DEPS=1 all      (the doctor's PTX part)
+#   a pure-Python pytest in build-gpu/pylib where the GPU machine has none
+# Usage there, from the repository root: bench/gpu-all.sh [BUILD_DIR]
+# Knobs: STEPS (default "xnode ep doctor pytest pyover hostwarm"), BUDGET (seconds, 400).
+set -u
+R=$(pwd)
+B=$(cd "${1:-build-gpu}" && pwd) || exit 2
+OUTD=${OUT:-/tmp/dep-out}
+mkdir -p "$OUTD"
+exec > >(tee "$OUTD/gpu-all.log") 2>&1
+T0=$SECONDS BUDGET=${BUDGET:-400}
+date -u; nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,compute_mode --format=csv,noheader
+echo "== missing libraries (none expected):"; ldd "$B"/deepepd "$B"/check_deepepd "$B"/libdeepep-client.so.0 | grep 'not found'
+
+# fits SECS: whether SECS more seconds fit in the budget; says so when not.
+fits() {
+  local left=$((BUDGET - (SECONDS - T0)))
+  ((left >= $1)) && return 0
+  echo "== SKIPPED $2: ${left} s of the pass's budget left, the step needs up to $1 s"
+  return 1
+}
+mps_on() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
+  mkdir -p /tmp/mps /tmp/mpslog
+  nvidia-cuda-mps-control -d && echo "== MPS started"
+}
+mps_off() {
+  echo quit | nvidia-cuda-mps-control; sleep 1
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  echo "== MPS stopped"
+}
+PY=$(command -v python3)
+PP=$R/python
+$PY -c "import pytest" 2>/dev/null || PP=$R/python:$B/pylib
+
+for s in ${STEPS:-xnode ep doctor pytest pyover hostwarm}; do
+  t=$SECONDS
+  case $s in
+  xnode) fits 130 xnode && OUT=$OUTD STEPS=xnode SECS=120 bench/gpu-xnode.sh "$B" ;;
+  ep) fits 110 ep && OUT=$OUTD STEPS=ep EP_CALLS=50 bench/gpu-xnode.sh "$B" ;;
+  doctor)
+    fits 100 doctor || continue
+    echo "== doctor: CK_RUN_SUITE=doctor (gpu-tagged)"
+    DEP_BUILD=$B ${DEP_PTX_BUILD:+DEP_PTX_BUILD=$DEP_PTX_BUILD} DEP_TEST_TAGS=gpu DEP_TEST_BACKEND=cuda \
+      CK_RUN_SUITE=doctor CK_VERBOSITY=verbose timeout 90 "$B"/check_deepepd > "$OUTD/doctor-gpu.log" 2>&1
+    echo "== doctor rc $?"; grep -E "doctor|Checks:|:F:|:E:|skipped" "$OUTD/doctor-gpu.log" | tail -30 ;;
+  pytest)
+    fits 110 pytest || continue
+    D=$(mktemp -d /tmp/pyg.XXXX)
+    printf 'socket:\n  path: %s/d.sock\nbackend: cuda\npool:\n  size_per_device: 16GiB\n  chunk_size: 1GiB\n  host_size: 1GiB\n' "$D" > "$D/d.yaml"
+    env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY setsid "$B"/deepepd -c "$D/d.yaml" > "$OUTD/pytest-deepepd.log" 2>&1 &
+    for i in $(seq 150); do "$B"/deepepctl -s "$D/d.sock" status >/dev/null 2>&1 && break; sleep 0.2; done
+    mps_on
+    echo "== pytest: python/tests on CUDA tensors, MPS"
+    DEEPEP_CLIENT_LIB=$B/libdeepep-client.so.0 DEP_BUILD=$B DEP_TEST_BACKEND=cuda DEP_TEST_SOCKET=$D/d.sock \
+      PYTHONPATH=$PP timeout 100 $PY -m pytest -p no:cacheprovider -rs -v python/tests \
+      > "$OUTD/pytest-cuda-mps.log" 2>&1
+    echo "== pytest rc $?"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUTD/pytest-cuda-mps.log" | tail -20
+    mps_off
+    pkill -TERM -f "deepepd -c $D/" ;;
+  pyover)
+    fits 100 pyover || continue
+    mps_on
+    echo "== pyover: bench/py_overhead.py --device cuda, MPS"
+    DEP_BUILD=$B PYTHONPATH=$PP timeout 90 $PY bench/py_overhead.py --device cuda \
+      -o "$OUTD/py-overhead-cuda.csv" 2>&1 | tee "$OUTD/py-overhead-cuda.txt"
+    echo "== pyover rc ${PIPESTATUS[0]}"
+    mps_off ;;
+  hostwarm) fits 80 hostwarm && OUT=$OUTD STEPS=hostwarm HW_TOKENS=128 bench/gpu-xnode.sh "$B" ;;
+  *) echo "== unknown step $s" ;;
+  esac
+  echo "== step $s: $((SECONDS - t)) s"
+done
+echo "== pass: $((SECONDS - T0)) s"; date -u
