@@ -12,7 +12,8 @@
 #             graph captures included)
 #   pyover    issue 17: bench/py_overhead.py --device cuda under MPS
 #   hostwarm  the host backend's first calls with and without its warm-up
-# Logs under $OUT, one file per step.  Daemons stay outside MPS.
+# Logs under $OUT, one file per step (the device tool brings back only a few
+# files: the console output says what each step found).  Daemons stay outside MPS.
 # Build here first:
 #   make BUILD=build-gpu STATIC_DEPS=1 all build-gpu/check_deepepd
 #   make BUILD=build-ptx PTX_ONLY=90 STATIC_DEPS=1 all      (the doctor's PTX part)
@@ -58,8 +59,9 @@ for s in ${STEPS:-xnode ep doctor pytest pyover hostwarm}; do
   doctor)
     fits 100 doctor || continue
     echo "== doctor: CK_RUN_SUITE=doctor (gpu-tagged)"
-    DEP_BUILD=$B ${DEP_PTX_BUILD:+DEP_PTX_BUILD=$DEP_PTX_BUILD} DEP_TEST_TAGS=gpu DEP_TEST_BACKEND=cuda \
-      CK_RUN_SUITE=doctor CK_VERBOSITY=verbose timeout 90 "$B"/check_deepepd > "$OUTD/doctor-gpu.log" 2>&1
+    env DEP_BUILD="$B" ${DEP_PTX_BUILD:+DEP_PTX_BUILD="$DEP_PTX_BUILD"} DEP_TEST_TAGS=gpu \
+      DEP_TEST_BACKEND=cuda CK_RUN_SUITE=doctor CK_VERBOSITY=verbose timeout 90 "$B"/check_deepepd \
+      > "$OUTD/doctor-gpu.log" 2>&1
     echo "== doctor rc $?"; grep -E "doctor|Checks:|:F:|:E:|skipped" "$OUTD/doctor-gpu.log" | tail -30 ;;
   pytest)
     fits 110 pytest || continue
