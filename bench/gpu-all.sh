@@ -37,16 +37,7 @@ fits() {
   echo "== SKIPPED $2: ${left} s of the pass's budget left, the step needs up to $1 s"
   return 1
 }
-mps_on() {
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
-  mkdir -p /tmp/mps /tmp/mpslog
-  nvidia-cuda-mps-control -d && echo "== MPS started"
-}
-mps_off() {
-  echo quit | nvidia-cuda-mps-control; sleep 1
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-  echo "== MPS stopped"
-}
+. "$(dirname "${BASH_SOURCE[0]}")/mps.sh"
 PY=$(command -v python3)
 PP=$R/python
 $PY -c "import pytest" 2>/dev/null || PP=$R/python:$B/pylib

@@ -31,16 +31,7 @@ step() {
   echo "== $1 rc $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (timed out)')"
 }
 
-mps_on() {
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
-  mkdir -p /tmp/mps /tmp/mpslog
-  nvidia-cuda-mps-control -d && echo "== MPS started"
-}
-mps_off() {
-  echo quit | nvidia-cuda-mps-control; sleep 1
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-  echo "== MPS stopped"
-}
+. "$(dirname "${BASH_SOURCE[0]}")/mps.sh"
 
 # Two cuda daemons on loopback, each the other's peer, started outside MPS
 # (before it): bench/ep's ranks spread over them, then all on the first (the
