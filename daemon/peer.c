@@ -518,6 +518,7 @@ static void peer_on_tick(uv_timer_t *t) {
     next = c->next; /* conn_tick may drop c, which takes it out of the list */
     conn_tick(c, now);
   }
+  xfer_tick(); /* data connections lost while their link stayed */
   peer__check_ready();
 }
 /* ---- init, fini, queries ------------------------------------------------- */

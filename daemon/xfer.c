@@ -542,6 +542,8 @@ int xfer_init(const struct config *cfg) {
   }
   for (int i = 0; i < XFER_OFFERS_MAX; i++)
     X->offers[i].peer = -1;
+  const char *drops = getenv(XFER_TEST_DROPS_ENV); /* a test's fault (xfer_internal.h) */
+  atomic_store(&X->test_drops, drops != NULL ? atoi(drops) : 0);
   X->cfg = cfg;
   X->active = true;
   xfer_rdma_init(cfg);

@@ -67,6 +67,10 @@ void xfer_job_end(const struct job *j);
 
 /* The peer layer's events, passed on by job.c. */
 void xfer_peer_up(int peer);
+/* The loop's tick (peer.c): a peer that is up with fewer inbound data
+ * connections than connection_pool_size (one dropped while the link
+ * stayed) is offered tokens for the missing ones. */
+void xfer_tick(void);
 void xfer_peer_down(int peer);
 void xfer_on_offer(int peer, const struct dep_peer_data_offer *o);
 

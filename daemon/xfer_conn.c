@@ -240,7 +240,11 @@ static void *receiver_main(void *arg) {
   free(arg);
   prctl(PR_SET_NAME, "deepepd-rx");
   struct dep_xfer_ack ack = {DEP_XFER_MAGIC, DEP_XFER_VERSION};
-  if (io_all(rv.fd, &ack, sizeof ack, true) == 0)
+  const bool acked = io_all(rv.fd, &ack, sizeof ack, true) == 0;
+  if (acked && atomic_load(&X->test_drops) > 0 && atomic_fetch_sub(&X->test_drops, 1) > 0)
+    log_warnx("peer %s: an inbound data connection closed at once ($" XFER_TEST_DROPS_ENV ")",
+              peer_name(rv.peer));
+  else if (acked)
     receive(rv.peer, rv.fd);
   pthread_rwlock_wrlock(&X->lock);
   X->peers[rv.peer].in_fds[rv.slot] = -1;
@@ -338,6 +342,14 @@ struct connector {
   socklen_t addrlen;
 };
 
+/* Whether an outbound data connection was closed or cut at the other end:
+ * after its acknowledgement nothing more comes in on it, so anything to
+ * read (the end of the stream) or an error says it is gone. */
+static bool out_dead(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+  return poll(&p, 1, 0) > 0;
+}
+
 /* Open a data connection to the peer's listener with the offer's token. */
 static int connect_data(const struct connector *c, char *why, size_t whylen) {
   int fd = socket(c->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -400,6 +412,8 @@ static void *connector_main(void *arg) {
     bool placed = false;
     for (uint32_t i = 0; i < X->conns && !placed; i++) {
       pthread_mutex_lock(&xp->out[i].mu);
+      if (xp->out[i].fd >= 0 && out_dead(xp->out[i].fd))
+        out_close(xp, i); /* cut at the other end: this offer replaces it */
       if (xp->out[i].fd < 0 && atomic_load(&xp->gen) == c.gen && !atomic_load(&X->stop)) {
         xp->out[i].fd = fd;
         placed = true;
@@ -434,12 +448,8 @@ void xfer_on_offer(int k, const struct dep_peer_data_offer *o) {
     free(c);
 }
 
-void xfer_peer_up(int k) {
-  if (!X->active || k < 0 || k >= CONFIG_MAX_LIST)
-    return;
-  uint64_t now = mono_ns() / 1000000ull;
-  /* One more where RDMA may be had: the peer spends the first on its queue pair. */
-  uint32_t offers = X->conns + (xfer_rdma_wanted(k) ? 1u : 0u);
+/* Offer peer k n tokens for data connections into this daemon (the loop's). */
+static void offer(int k, uint32_t offers, uint64_t now) {
   for (uint32_t n = 0; n < offers; n++) {
     struct xfer_offer *o = NULL;
     for (int i = 0; i < XFER_OFFERS_MAX && o == NULL; i++)
@@ -456,6 +466,32 @@ void xfer_peer_up(int k) {
       o->peer = -1;
       return;
     }
+  }
+}
+
+void xfer_peer_up(int k) {
+  if (!X->active || k < 0 || k >= CONFIG_MAX_LIST)
+    return;
+  /* One more where RDMA may be had: the peer spends the first on its queue pair. */
+  offer(k, X->conns + (xfer_rdma_wanted(k) ? 1u : 0u), mono_ns() / 1000000ull);
+}
+
+void xfer_tick(void) {
+  if (!X->active)
+    return;
+  const uint64_t now = mono_ns() / 1000000ull;
+  for (int k = 0; k < peer_count() && k < CONFIG_MAX_LIST; k++) {
+    if (!peer_is_up(k))
+      continue;
+    /* What it has, and what it may still open with the tokens it holds. */
+    uint32_t have = atomic_load(&X->peers[k].conns_in);
+    for (int i = 0; i < XFER_OFFERS_MAX; i++)
+      have += X->offers[i].peer == k && X->offers[i].expires_ms >= now;
+    if (have >= X->conns)
+      continue;
+    log_info("peer %s: %u of its %u data connections into this node are missing; offering "
+             "new ones", peer_name(k), X->conns - have, X->conns);
+    offer(k, X->conns - have, now);
   }
 }
 
@@ -488,7 +524,7 @@ void xfer_peer_stats(int k, struct xfer_peer_stats *out) {
   struct xfer_peer *xp = &X->peers[k];
   for (uint32_t i = 0; i < X->conns; i++) {
     pthread_mutex_lock(&xp->out[i].mu);
-    out->conns_out += xp->out[i].fd >= 0;
+    out->conns_out += xp->out[i].fd >= 0 && !out_dead(xp->out[i].fd); /* cut ones are none */
     pthread_mutex_unlock(&xp->out[i].mu);
   }
   out->conns_in = atomic_load(&xp->conns_in);

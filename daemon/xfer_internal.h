@@ -24,6 +24,10 @@
 #include "xring.h"
 
 #define XFER_OFFERS_MAX (CONFIG_MAX_LIST * XFER_CONNS_MAX * 2)
+/* A test's fault (check_xnode): the first N inbound data connections of this
+ * daemon are closed as soon as they are acknowledged, as a connection the
+ * network cuts while the peer link stays up. */
+#define XFER_TEST_DROPS_ENV "DEEPEPD_TEST_DATA_DROPS"
 /* A frame for a job this node does not run yet waits this long for it: the
  * nodes of a job learn that it is complete one after another, and the
  * first one's ranks may send before the last one has its route. */
@@ -102,6 +106,7 @@ struct xfer_state {
   uint32_t started;
   struct xfer_peer peers[CONFIG_MAX_LIST];
   struct xfer_offer offers[XFER_OFFERS_MAX]; /* the loop's */
+  _Atomic int test_drops;        /* $DEEPEPD_TEST_DATA_DROPS left to do (xfer_conn.c) */
   char ended[XFER_ENDED_MAX][DEP_JOB_ID_MAX];  /* under lock: the last jobs whose route went */
   uint32_t n_ended;
   _Atomic uint32_t helpers;      /* connector and receiver threads running */

@@ -256,15 +256,19 @@ START_TEST(a_thousand_calls_back_to_back_across_nodes_stay_as_on_one_node) {
 }
 END_TEST
 
-/* deepepctl's output on node 0 (status or peers, --json) into out. */
-static void ctl_json(const struct nodes *ns, const char *what, char *out, size_t len) {
+/* deepepctl's output on node i (status or peers, --json) into out. */
+static void ctl_json_at(const struct nodes *ns, int i, const char *what, char *out, size_t len) {
   char cmd[700];
-  dw_sfmt(cmd, sizeof cmd, "%s -s %s %s --json", tu_bin("deepepctl"), ns->d[0].sock, what);
+  dw_sfmt(cmd, sizeof cmd, "%s -s %s %s --json", tu_bin("deepepctl"), ns->d[i].sock, what);
   FILE *f = popen(cmd, "r");
   ck_assert_ptr_nonnull(f);
   size_t got = fread(out, 1, len - 1, f);
   out[got] = '\0';
   ck_assert_int_eq(pclose(f), 0);
+}
+
+static void ctl_json(const struct nodes *ns, const char *what, char *out, size_t len) {
+  ctl_json_at(ns, 0, what, out, len);
 }
 
 /* ---- the cuda backend: daemons sharing one GPU ---------------------------------- */
@@ -457,6 +461,57 @@ START_TEST(on_the_gpu_a_lost_node_fails_the_survivors_within_the_op_timeout) {
 END_TEST
 
 /* ---- faults ---------------------------------------------------------------------- */
+
+/*
+ * A data connection cut while its peer link stays up comes back: each
+ * daemon closes its first inbound data connection as soon as it is opened
+ * ($DEEPEPD_TEST_DATA_DROPS=1, xfer_internal.h); within a few of the
+ * loop's ticks both nodes have their two data connections each way again
+ * (the listener offers a token for the missing one, the opener replaces
+ * the cut one), and a job across them runs.
+ */
+START_TEST(a_data_connection_cut_while_its_link_stays_comes_back) {
+  setenv("DEEPEPD_TEST_DATA_DROPS", "1", 1);
+  struct nodes ns;
+  nodes_config_with(&ns, 2, 20000, ", op_timeout_ms: 8000", "");
+  nodes_start_all(&ns);
+  unsetenv("DEEPEPD_TEST_DATA_DROPS");
+  char out[16384];
+  for (int i = 0; i < 2; i++) {
+    bool back = false;
+    for (int t = 0; t < 200 && !back; t++) {
+      ctl_json_at(&ns, i, "peers", out, sizeof out);
+      back = strstr(out, "\"data_out\":2,\"data_in\":2") != NULL;
+      if (!back)
+        dw_sleep_ms(50);
+    }
+    char *log = tu_daemon_log(&ns.d[i]);
+    ck_assert_msg(strstr(log, "inbound data connection closed at once") != NULL,
+                  "node %d cut no data connection:\n%s", i, log);
+    ck_assert_msg(back, "node %d: not two data connections each way 10 s after one was cut: %s"
+                  "\n%s", i, out, log);
+    ck_assert_msg(strstr(log, "offering new ones") != NULL, "node %d offered none:\n%s", i, log);
+    free(log);
+  }
+  ow_seed_init(61);
+  const struct xn_layout *L = &layouts[2]; /* 2 + 2 ranks */
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &L->sc, L->sc.fp8);
+  struct xn_place spread;
+  memset(&spread, 0, sizeof spread);
+  xn_place(&spread, L->split, L->nodes);
+  struct xn_result *r = xn_results(L->sc.world);
+  struct xn_run run = {.d = d, .rounds = 2};
+  xn_run_job(&ns, &spread, "after-the-cut", &run, r);
+  printf("xnode: a data connection cut while its link stayed came back on both nodes; a job "
+         "ran across them\n");
+  munmap(r, L->sc.world * sizeof *r);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
 
 /* A running job's traffic shows: per peer (deepepctl peers) and per job (status). */
 static void expect_traffic(const struct nodes *ns) {
@@ -733,6 +788,7 @@ Suite *xnode_suite(void) {
   suite_add_tcase(s, t);
   TCase *f = tcase_create("faults");
   tcase_set_timeout(f, 120);
+  tcase_add_test(f, a_data_connection_cut_while_its_link_stays_comes_back);
   tcase_add_test(f, sigkill_of_a_remote_rank_fails_the_others_within_the_op_timeout);
   tcase_add_test(f, sigkill_of_a_remote_daemon_fails_the_others_within_the_op_timeout);
   tcase_add_test(f, a_link_taken_down_mid_run_fails_every_rank_within_the_op_timeout);
