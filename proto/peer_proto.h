@@ -54,7 +54,7 @@
  * the shape table is a layout change of MEMBERSHIP and bumps
  * DEP_PEER_VERSION.
  *
- * The transport of a link (daemon/peer.c, daemon/rdma.h): once both ends
+ * The transport of a link (daemon/peerxport.c, daemon/rdmaxp.h): once both ends
  * have authenticated, the end that accepted sends XPORT: kind tcp (with
  * the reason: its transport is tcp, or it has no RDMA device), or kind
  * rdma with a single-use token and its mailbox (a small registered buffer
@@ -63,7 +63,11 @@
  * its private data carrying the token and its own mailbox, which binds the
  * queue pair to this authenticated link), or answers XPORT_NAK with why
  * it will not or could not.  A link is up once its transport is settled:
- * RDMA connected, or TCP agreed.
+ * RDMA connected, or TCP agreed.  The end that dialled the queue pair
+ * learns it is connected first and may send at once; so at the end that
+ * accepted, a frame past the handshake on a link whose queue pair it has
+ * already accepted settles the link as RDMA (it is proof the queue pair
+ * is up) rather than dropping it.
 
  * The handshake: each end sends HELLO at once; on the other's HELLO it
  * sends AUTH, a MAC (daemon/peer.c) over both HELLOs in a fixed order —
@@ -72,7 +76,8 @@
  * direction it was made for: a replayed one fails on the fresh challenges,
  * a reflected one on the role and the order.  A verified AUTH is answered
  * with AUTH_OK; a link is up when it has verified the far end's AUTH and
- * received its AUTH_OK.  Before that, any other message drops the link.
+ * received its AUTH_OK.  Before that, any other message drops the link
+ * (with the one exception of a settling RDMA transport, above).
  *
  * Rules for growing it (the membership messages of multi-node jobs come
  * next): add message types, never change a layout without bumping the
