@@ -260,30 +260,7 @@ END_TEST
 
 /* Run bin (deepepctl) with args, its stdout into *out (malloc'd); its exit status. */
 static int dg_ctl(const char *bin, const char *dir, char **out, const char *const *args) {
-  char path[300];
-  dw_sfmt(path, sizeof path, "%s/ctl.out", dir);
-  const char *argv[12] = {"deepepctl"};
-  int n = 1;
-  for (; args[n - 1] != NULL && n < 11; n++)
-    argv[n] = args[n - 1];
-  argv[n] = NULL;
-  fflush(NULL);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0) {
-    int o = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (o < 0)
-      _exit(126);
-    dup2(o, 1);
-    unsetenv(DEP_SOCKET_ENV);
-    execv(bin, (char *const *)argv);
-    _exit(127);
-  }
-  int st = 0;
-  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-  ck_assert(WIFEXITED(st));
-  *out = dw_slurp(path);
-  return WEXITSTATUS(st);
+  return dw_run_ctl(bin, dir, out, args);
 }
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 

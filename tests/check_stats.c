@@ -551,30 +551,7 @@ END_TEST
 
 /* Run deepepctl with args (NULL-terminated) to its end; its exit code, stdout malloc'd. */
 static int st_ctl(const char *dir, char **out, const char *const *args) {
-  char path[300];
-  dw_sfmt(path, sizeof path, "%s/ctl.out", dir);
-  const char *argv[12] = {"deepepctl"};
-  int n = 1;
-  for (; args[n - 1] != NULL; n++)
-    argv[n] = args[n - 1];
-  argv[n] = NULL;
-  fflush(NULL);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0) {
-    int o = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (o < 0)
-      _exit(126);
-    dup2(o, 1);
-    unsetenv(DEP_SOCKET_ENV);
-    execv(tu_bin("deepepctl"), (char *const *)argv);
-    _exit(127);
-  }
-  int st = 0;
-  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-  ck_assert(WIFEXITED(st));
-  *out = dw_slurp(path);
-  return WEXITSTATUS(st);
+  return dw_run_ctl(NULL, dir, out, args);
 }
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 

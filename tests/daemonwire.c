@@ -311,3 +311,32 @@ struct dep_attach_args dw_job_args(const char *id, uint32_t local_rank, uint32_t
 void dw_attach(int fd, const struct dep_attach_args *a, uint32_t req) {
   ck_assert_int_eq(dw_send_frame(fd, DEP_MSG_ATTACH, req, a), 0);
 }
+
+int dw_run_ctl(const char *bin, const char *dir, char **out, const char *const *args) {
+  char path[300];
+  dw_sfmt(path, sizeof path, "%s/ctl.out", dir);
+  const char *argv[12] = {"deepepctl"};
+  int n = 1;
+  for (; args[n - 1] != NULL && n < 11; n++)
+    argv[n] = args[n - 1];
+  argv[n] = NULL;
+  if (bin == NULL)
+    bin = tu_bin("deepepctl");
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    int o = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (o < 0)
+      _exit(126);
+    dup2(o, 1);
+    unsetenv(DEP_SOCKET_ENV);
+    execv(bin, (char *const *)argv);
+    _exit(127);
+  }
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert(WIFEXITED(st));
+  *out = dw_slurp(path);
+  return WEXITSTATUS(st);
+}

@@ -81,6 +81,12 @@ int dw_run_deepepd(const char *const args[], const char *out_path);
 
 /* A whole (small) file as a string, empty when missing; the caller frees it. */
 char *dw_slurp(const char *path);
+/*
+ * Run the deepepctl binary bin (NULL: this build's) with args (at most 10,
+ * NULL-terminated) to its end, without $DEEPEPD_SOCKET, its stdout caught
+ * in dir/ctl.out and returned in *out (dw_slurp's); its exit code.
+ */
+int dw_run_ctl(const char *bin, const char *dir, char **out, const char *const *args);
 
 /* ATTACH arguments for local rank local_rank of a one-node job of lws ranks (a fixed shape). */
 struct dep_attach_args dw_job_args(const char *id, uint32_t local_rank, uint32_t lws);
