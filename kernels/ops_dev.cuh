@@ -36,21 +36,22 @@ __device__ __forceinline__ bool is_remote(const cuops_job &J, uint32_t d) {
   return ((J.remote_mask >> d) & 1ull) != 0;
 }
 
+/* The outbox entry of remote rank d in a call of parity: its index among
+ * (parity, remote rank) pairs (slab.h dep_slab_out_block/out_slot). */
+__device__ __forceinline__ uint64_t out_index(const cuops_job &J, unsigned parity, uint32_t d) {
+  return (uint64_t)parity * J.n_remote + (uint64_t)__popcll(J.remote_mask & ((1ull << d) - 1ull));
+}
+
 /* Where this rank's block (and slot) for destination d goes in a call of
- * parity: d's slab, or (d on another node) the outbox of this rank's own,
- * by d's number among the remote ranks (slab.h dep_slab_out_block). */
+ * parity: d's slab, or (d on another node) the outbox of this rank's own. */
 __device__ __forceinline__ uint8_t *send_block(const cuops_job &J, unsigned parity, uint32_t d) {
-  if (!is_remote(J, d))
-    return block_at(J, d, parity, J.rank);
-  const uint64_t ri = (uint64_t)__popcll(J.remote_mask & ((1ull << d) - 1ull));
-  return J.slabs[J.rank] + J.outbox_off + ((uint64_t)parity * J.n_remote + ri) * J.block_bytes;
+  return is_remote(J, d) ? J.slabs[J.rank] + J.outbox_off + out_index(J, parity, d) * J.block_bytes
+                         : block_at(J, d, parity, J.rank);
 }
 
 __device__ __forceinline__ uint8_t *send_slot(const cuops_job &J, unsigned parity, uint32_t d) {
-  if (!is_remote(J, d))
-    return slot_at(J, d, parity, J.rank);
-  const uint64_t ri = (uint64_t)__popcll(J.remote_mask & ((1ull << d) - 1ull));
-  return J.slabs[J.rank] + J.xslot_off + ((uint64_t)parity * J.n_remote + ri) * CUOPS_SLOT_BYTES;
+  return is_remote(J, d) ? J.slabs[J.rank] + J.xslot_off + out_index(J, parity, d) * CUOPS_SLOT_BYTES
+                         : slot_at(J, d, parity, J.rank);
 }
 
 __device__ __forceinline__ int64_t idx_at(const void *idx, int32_t itype, uint64_t i) {
