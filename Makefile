@@ -117,7 +117,7 @@ $(info deepepd: nvcc not found at $(NVCC); building the host-only library (set C
 endif
 
 SONAME   := libdeepep-client.so.0
-LIB_SO   := $(BUILD)/$(SONAME).3.0
+LIB_SO   := $(BUILD)/$(SONAME).4.0
 LIB_A    := $(BUILD)/libdeepep-client.a
 DAEMON   := $(BUILD)/deepepd
 CTL      := $(BUILD)/deepepctl

@@ -439,7 +439,7 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
                                   a->num_tokens, a->recv_x, a->recv_topk_idx,
                                   a->recv_topk_weights, a->recv_count_per_expert, a->x_scales,
                                   a->recv_x_scales, a->use_fp8, a->cached, a->num_worst_tokens,
-                                  align, hdl_of(h)};
+                                  align, a->recv_index_type == DEP_INDEX_I64, 0, hdl_of(h)};
   CUresult r;
   if (!a->cached &&
       (r = drv()->cuMemsetD32Async((CUdeviceptr)(uintptr_t)a->recv_count_per_expert, 0,

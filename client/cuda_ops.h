@@ -271,20 +271,23 @@ struct cuops_layout_args {
 /* A dispatch (deepep.h): bf16 or FP8 rows (fp8: x is e4m3 bytes, xs their
  * scales), fresh or routed by the handle (cached), outputs of `worst` rows
  * or of the rows received (worst 0); align > 1 rounds the counts
- * (dep__k_align, launched after it). */
+ * (dep__k_align, launched after it); ridx holds int32 ids, or int64 with
+ * ri64 (recv_index_type DEP_INDEX_I64). */
 struct cuops_dispatch_args {
   const void *x, *idx;
   const float *w;
   int32_t itype;
   uint32_t num_tokens;
   void *rx;
-  int32_t *ridx;
+  void *ridx;
   float *rw;
   int32_t *cnt;
   const float *xs;
   float *rxs;
   int32_t fp8, cached;
   uint32_t worst, align;
+  int32_t ri64;
+  uint32_t pad;
   struct cuops_hdl h;
 };
 

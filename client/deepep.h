@@ -29,9 +29,9 @@ extern "C" {
 
 /* Library version; the wire protocol has its own version (proto/proto.h). */
 #define DEP_VERSION_MAJOR 0
-#define DEP_VERSION_MINOR 3
+#define DEP_VERSION_MINOR 4
 #define DEP_VERSION_PATCH 0
-#define DEP_VERSION_STRING "0.3.0"
+#define DEP_VERSION_STRING "0.4.0"
 
 /* Where the daemon listens unless the caller or $DEEPEPD_SOCKET says otherwise. */
 #define DEP_DEFAULT_SOCKET "/run/deepepd/deepepd.sock"
@@ -89,7 +89,10 @@ DEP_EXPORT const char *dep_errname(int err);
  * which fields an older library filled.  A size of 0 or below the struct's first layout is
  * DEP_ERR_INVALID, and a newer caller's larger struct is
  * DEP_ERR_UNSUPPORTED unless the fields this library does not know are all
- * zero.  Fields are only ever appended.  dep_status, which the library
+ * zero.  Fields are only ever appended, and never into the tail padding of
+ * an earlier layout (its callers may leave those bytes unset, and their
+ * size covers them): such bytes become a `reserved` field the library does
+ * not read.  dep_status, which the library
  * allocates, learns the caller's sizes from the dep_status() macro (as
  * zlib's inflateInit does) and reports in its size fields what it filled.
  * dep_job_shape is the one exception: it is embedded in dep_attach_args and
@@ -320,6 +323,15 @@ DEP_EXPORT int dep_layout(dep_client_t *c, const struct dep_layout_args *a, dep_
  *
  * expert_alignment > 1 (DeepEP's): each recv_count_per_expert is rounded
  * up to a multiple of it (at most 65536); the rows are not padded.
+ *
+ * recv_index_type (appended in 0.4.0): the type of recv_topk_idx's
+ * elements, 0 or DEP_INDEX_I32 for int32 (what a caller of an older
+ * deepep.h gets), DEP_INDEX_I64 for int64 (DeepEP's topk_idx_t, so that a
+ * binding returns the ids without a widening copy); any other value is
+ * DEP_ERR_INVALID.  The values, the -1s and the padding are the same
+ * either way.  A cached dispatch writes no ids; its type is checked all
+ * the same.  A library older than 0.4.0 refuses a non-zero value
+ * (DEP_ERR_UNSUPPORTED, "Structs grow").
  */
 struct dep_dispatch_args {
   uint32_t size;               /* sizeof(struct dep_dispatch_args) */
@@ -330,7 +342,8 @@ struct dep_dispatch_args {
   uint32_t num_tokens;
   /* Outputs, capacity world_size * max_tokens_per_rank rows (num_worst_tokens with it): */
   void *recv_x;                /* bf16 [rows, hidden]; use_fp8: e4m3 bytes */
-  int32_t *recv_topk_idx;      /* [rows, topk] local expert ids, -1 where not ours */
+  void *recv_topk_idx;         /* [rows, topk] local expert ids (recv_index_type), -1 where
+                                  not ours */
   float *recv_topk_weights;    /* [rows, topk], 0 where not ours */
   int32_t *recv_count_per_expert; /* [num_experts / world_size] */
   uint32_t *num_recv;          /* host pointer: rows received (the call waits for it) */
@@ -340,6 +353,11 @@ struct dep_dispatch_args {
   int cached;                  /* 1: reuse h's routing (see above) */
   uint32_t num_worst_tokens;   /* 0, or the rows the outputs hold: no wait */
   uint32_t expert_alignment;   /* 0 or 1: exact counts; else rounded up to a multiple */
+  /* Appended in 0.4.0 (0.3.0's sizeof ends after reserved): */
+  uint32_t reserved;           /* 0.3.0's tail padding, which its callers may leave unset: not
+                                  read */
+  int recv_index_type;         /* recv_topk_idx's type: 0 or DEP_INDEX_I32 int32, or
+                                  DEP_INDEX_I64 */
 };
 DEP_EXPORT int dep_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, dep_handle_t *h,
                             dep_stream_t stream);

@@ -36,6 +36,14 @@ static inline int64_t idx_at(const void *idx, int type, size_t i) {
   return type == DEP_INDEX_I64 ? ((const int64_t *)idx)[i] : ((const int32_t *)idx)[i];
 }
 
+/* Store a received id as the dispatch's recv_index_type says (0: int32). */
+static inline void ridx_put(void *idx, int wide, size_t i, int32_t v) {
+  if (wide)
+    ((int64_t *)idx)[i] = v;
+  else
+    ((int32_t *)idx)[i] = v;
+}
+
 static inline struct ops_slot *slot_at(const struct ops_ctx *c, uint32_t slab, unsigned parity,
                                        uint32_t src) {
   return (struct ops_slot *)(c->slabs[slab] + dep_slab_ctrl_slot(&c->lay, parity, src));
@@ -637,6 +645,7 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
   if (!a->cached)
     memset(a->recv_count_per_expert, 0, le * sizeof(int32_t));
   uint8_t *rx = a->recv_x;
+  const int wide = a->recv_index_type == DEP_INDEX_I64;
   uint64_t off = 0;
   for (uint32_t src = 0; src < c->world; src++) {
     for (uint32_t j = 0; j < from[src]; j++, off++) {
@@ -653,7 +662,7 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
       const float *w = (const float *)(row + ops_weights_off(hid, k));
       for (uint32_t i = 0; i < k; i++) {
         int32_t l = ids[i] >= 0 && (uint32_t)ids[i] < le ? ids[i] : -1;
-        a->recv_topk_idx[off * k + i] = l;
+        ridx_put(a->recv_topk_idx, wide, off * k + i, l);
         a->recv_topk_weights[off * k + i] = l >= 0 ? w[i] : 0.0f;
         if (l >= 0)
           a->recv_count_per_expert[l]++;
@@ -667,7 +676,7 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
   }
   /* DeepEP's padding of the worst-case rows, and its rounded counts. */
   for (uint64_t i = total * k; i < (uint64_t)a->num_worst_tokens * k; i++) {
-    a->recv_topk_idx[i] = -1;
+    ridx_put(a->recv_topk_idx, wide, i, -1);
     a->recv_topk_weights[i] = 0.0f;
   }
   if (a->expert_alignment > 1)

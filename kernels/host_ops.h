@@ -36,6 +36,8 @@
  * count (num_recv, recv_count[e]) and past num_tokens are left untouched,
  * except that a dispatch with num_worst_tokens writes recv_topk_idx -1 and
  * recv_topk_weights 0 in its rows past num_recv, up to num_worst_tokens.
+ * recv_topk_idx holds int32 or, with recv_index_type DEP_INDEX_I64, int64
+ * ids: the same values either way.
  * A cached dispatch (deepep.h) sends each token to the rows its handle's
  * dispatch put it in and posts that dispatch's seq as ref_seq, which every
  * receiver checks against its own handle, as a combine's.
@@ -213,6 +215,11 @@ int ops_check_ll_dispatch(const struct ops_ctx *c, const struct dep_ll_dispatch_
                           const struct dep_handle *h, char *why, size_t whylen);
 int ops_check_ll_combine(const struct ops_ctx *c, const struct dep_ll_combine_args *a,
                          const struct dep_handle *h, char *why, size_t whylen);
+
+/* Bytes of one of a dispatch's received ids (recv_index_type: 0 is int32). */
+static inline uint32_t ops_recv_idx_bytes(const struct dep_dispatch_args *a) {
+  return a->recv_index_type == DEP_INDEX_I64 ? 8u : 4u;
+}
 
 /* Hash of a topk_idx array as int64 values (LL combine checks it matches). */
 uint64_t ops_check_idx_hash(const void *idx, int index_type, size_t n);

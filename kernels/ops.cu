@@ -278,6 +278,14 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
   return true;
 }
 
+/* Store received id i as int32, or as int64 where the caller asked (recv_index_type). */
+__device__ __forceinline__ void ridx_put(const cuops_dispatch_args &a, uint64_t i, int32_t v) {
+  if (a.ri64)
+    ((int64_t *)a.ridx)[i] = v;
+  else
+    ((int32_t *)a.ridx)[i] = v;
+}
+
 /* Every warp: claim rows from the grid's counter, sources from this rank
  * on, and copy each into recv_x after every earlier source's rows.  A
  * cached dispatch checks that every source routed by the same dispatch,
@@ -332,7 +340,7 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
   if (a.worst > total && !a.cached)
     for (uint64_t i = (uint64_t)total * K + (uint64_t)blockIdx.x * CUOPS_THREADS + threadIdx.x;
          i < (uint64_t)a.worst * K; i += (uint64_t)gridDim.x * CUOPS_THREADS) {
-      a.ridx[i] = -1;
+      ridx_put(a, i, -1);
       a.rw[i] = 0.0f;
     }
   const uint32_t G = h / 128;
@@ -372,7 +380,7 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
       if (lane < K) {
         int32_t id = __ldcg(ids + lane);
         int32_t l = id >= 0 && (uint32_t)id < J.le ? id : -1;
-        a.ridx[out * K + lane] = l;
+        ridx_put(a, out * K + lane, l);
         a.rw[out * K + lane] = l >= 0 ? __ldcg(w + lane) : 0.0f;
         if (l >= 0)
           atomicAdd(&a.cnt[l], 1);

@@ -159,6 +159,11 @@ int ops_check_dispatch(const struct ops_ctx *c, const struct dep_dispatch_args *
   if (a->use_fp8 != 0 && a->use_fp8 != 1)
     return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: use_fp8 is %d; give 0 (bf16) or 1 (e4m3 with scales)",
                     a->use_fp8);
+  if (a->recv_index_type != 0 && a->recv_index_type != DEP_INDEX_I32 &&
+      a->recv_index_type != DEP_INDEX_I64)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: recv_index_type %d is neither 0 nor "
+                    "DEP_INDEX_I32 (%d: int32 ids) nor DEP_INDEX_I64 (%d: int64 ids)",
+                    a->recv_index_type, DEP_INDEX_I32, DEP_INDEX_I64);
   if (a->cached != 0 && a->cached != 1)
     return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: cached is %d; give 0 or 1 (reuse the handle's routing)",
                     a->cached);
@@ -203,7 +208,7 @@ int ops_check_dispatch(const struct ops_ctx *c, const struct dep_dispatch_args *
   } else {
     if ((rc = check_index_type(a->index_type, op, why, whylen)) != 0)
       return rc;
-    NEED(a->recv_topk_idx, op, "recv_topk_idx");
+    NEED_AL(a->recv_topk_idx, ops_recv_idx_bytes(a), op, "recv_topk_idx");
     NEED(a->recv_topk_weights, op, "recv_topk_weights");
     NEED(a->recv_count_per_expert, op, "recv_count_per_expert");
   }

@@ -1105,6 +1105,76 @@ START_TEST(throughput_extensions_match_the_oracle) {
 }
 END_TEST
 
+/*
+ * Received ids as int64 (recv_index_type DEP_INDEX_I64) and, explicitly, as
+ * int32: each rank dispatches with each type, first with the exact row
+ * count, then with num_worst_tokens.  The ids are the oracle's values
+ * (the -1 columns of other ranks' experts included), every padding row is
+ * -1 in every column of the type's width, the weights are the oracle's,
+ * and nothing is written past the rows.
+ */
+static int wide_ids_rank(struct ops_ctx *c, void *arg, char *msg) {
+  const struct ext_case *e = arg;
+  const struct ow_case *d = &e->d;
+  const uint32_t r = c->rank, K = d->sc.topk;
+  const struct ref_rank_in *in = &d->in[r];
+  const struct ref_dispatch_out *want = &d->disp[r];
+  struct ow_outs o;
+  ow_outs_alloc(&o, d);
+  const size_t rows = o.rows_tp, cap = rows * K * 8;
+  int64_t *ri = malloc(cap + 8);
+  ck_assert(ri);
+  static const int types[] = {DEP_INDEX_I64, DEP_INDEX_I32};
+  int rc = 0;
+  for (int round = 0; round < 4 && rc == 0; round++) {
+    const int type = types[round & 1];
+    const size_t esz = type == DEP_INDEX_I64 ? 8 : 4;
+    const uint32_t worst = round < 2 ? 0 : e->worst[r], n = want->num_recv;
+    const size_t filled = (size_t)(worst ? worst : n) * K;
+    const uint8_t pz = round & 1 ? 0x5A : 0xA5;
+    const char *what = type == DEP_INDEX_I64 ? "dispatch (int64 ids)" : "dispatch (int32 ids)";
+    memset(ri, pz, cap);
+    memset(o.rw, pz, rows * K * 4);
+    o.num_recv = ~0u;
+    struct dep_dispatch_args a = {
+        .size = sizeof a, .x = in->x, .topk_idx = d->idx[r], .index_type = d->sc.itype,
+        .topk_weights = in->topk_weights, .num_tokens = in->num_tokens, .recv_x = o.rx,
+        .recv_topk_idx = ri, .recv_index_type = type, .recv_topk_weights = o.rw,
+        .recv_count_per_expert = o.cnt, .num_recv = &o.num_recv, .num_worst_tokens = worst};
+    EXT_CALL(host_ops_dispatch(c, &a, &o.h), what);
+    if (worst == 0 && o.num_recv != n)
+      return ow_fail(msg, "%s: num_recv %u, want %u [%s]", what, o.num_recv, n, d->desc);
+    for (size_t i = 0; i < filled; i++) {
+      int64_t got = esz == 8 ? ri[i] : ((const int32_t *)ri)[i];
+      int64_t exp = i < (size_t)n * K ? want->topk_idx[i] : -1;
+      if (got != exp)
+        return ow_fail(msg, "%s: row %zu k %zu (num_recv %u, num_worst_tokens %u): id %lld, "
+                       "want %lld [%s]", what, i / K, i % K, n, worst, (long long)got,
+                       (long long)exp, d->desc);
+    }
+    if (memcmp(o.rw, want->topk_weights, (size_t)n * K * 4) != 0)
+      return ow_fail(msg, "%s: weights differ from the oracle [%s]", what, d->desc);
+    if (ow_unpoisoned((uint8_t *)ri + filled * esz, cap - filled * esz, pz) >= 0)
+      return ow_fail(msg, "%s: ids written past their %zu rows [%s]", what, filled / K, d->desc);
+  }
+  free(ri);
+  ow_outs_free(&o);
+  return rc;
+}
+
+START_TEST(received_ids_are_the_oracles_as_int64_and_int32) {
+  ow_seed_init(200 + (uint64_t)_i);
+  struct ext_case *e = malloc(sizeof *e);
+  ext_make(e, &ext_scenarios[_i]);
+  struct ow_world w;
+  ow_world_open(&w, &e->d.shape, e->d.sc.world);
+  ow_run_ranks(&w, &e->d.shape, wide_ids_rank, e, OW_TIMEOUT_MS, e->d.desc);
+  ow_world_close(&w);
+  ext_free(e);
+  free(e);
+}
+END_TEST
+
 /* Rank 0 dispatches cached, rank 1 afresh: DEP_ERR_MISMATCH on both, then in step;
  * a num_worst_tokens below the rows received is DEP_ERR_INVALID, in step too. */
 static int ext_fault_rank(struct ops_ctx *c, void *arg, char *msg) {
@@ -1186,6 +1256,9 @@ START_TEST(bad_extension_arguments_are_refused_before_any_write) {
   REFUSED(BAD(b.expert_alignment = 65537), "expert_alignment 65537");
   REFUSED(BAD(b.cached = 2), "cached is 2");
   REFUSED(BAD(b.cached = 1), "holds no dispatch");
+  REFUSED(BAD(b.recv_index_type = 3), "recv_index_type 3 is neither 0 nor DEP_INDEX_I32");
+  REFUSED(BAD(b.recv_index_type = DEP_INDEX_I64, b.recv_topk_idx = o.ridx + 1),
+          "recv_topk_idx is not 8-byte aligned");
 #undef BAD
   /* A handle with a dispatch in it, made without writing to the slabs: its fields by hand. */
   struct dep_handle h = o.h;
@@ -1199,6 +1272,7 @@ START_TEST(bad_extension_arguments_are_refused_before_any_write) {
   REFUSED(BAD(b.topk_idx = d->idx[0]), "topk_idx is not read in cached mode");
   REFUSED(BAD(b.topk_weights = in->topk_weights), "topk_weights is not read in cached mode");
   REFUSED(BAD(b.recv_topk_idx = o.ridx), "recv_topk_idx is not read in cached mode");
+  REFUSED(BAD(b.recv_index_type = -1), "recv_index_type -1");
   REFUSED(BAD(b.recv_count_per_expert = o.cnt), "recv_count_per_expert is not read");
   REFUSED(BAD(b.expert_alignment = 2), "expert_alignment is not used in cached mode");
   REFUSED(BAD(b.num_tokens = 3), "num_tokens 3, but the handle's dispatch had 4");
@@ -1235,6 +1309,8 @@ Suite *ops_suite(void) {
                       (int)(sizeof scenarios / sizeof scenarios[0]));
   tcase_add_test(ops, thousand_calls_back_to_back_stay_correct);
   tcase_add_loop_test(ops, throughput_extensions_match_the_oracle, 0,
+                      (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
+  tcase_add_loop_test(ops, received_ids_are_the_oracles_as_int64_and_int32, 0,
                       (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
   suite_add_tcase(s, ops);
 

@@ -174,6 +174,8 @@ class DispatchArgs(_Sized):
         ("cached", c_int),
         ("num_worst_tokens", c_uint32),
         ("expert_alignment", c_uint32),
+        ("reserved", c_uint32),
+        ("recv_index_type", c_int),
     ]
 
 

@@ -216,6 +216,47 @@ def test_argument_structs_carry_their_size_and_grow_safely(buf):
     assert "does not know" in conn.errmsg()
 
 
+def test_dispatch_writes_int64_ids_and_a_caller_of_the_0_3_0_struct_gets_int32(buf):
+    """recv_index_type (0.4.0): DEP_INDEX_I64 writes the received ids as int64; a caller of
+    the 0.3.0 struct, whose size ends where recv_index_type begins and whose tail padding
+    (now `reserved`) it may leave unset, gets int32 ids as before, whatever lies past its
+    size; any other type is refused naming it.  Rows past those received are untouched."""
+    from deepep import _lib
+    lib, conn = buf._conn.lib, buf._conn
+    x, idx, w = tokens()
+    rows = buf.sizes["recv_rows"]
+    rx = torch.empty(rows, 128, dtype=torch.bfloat16, device=DEV)
+    rw = torch.empty(rows, 2, dtype=torch.float32, device=DEV)
+    cnt = torch.empty(buf.num_local_experts, dtype=torch.int32, device=DEV)
+    wide = torch.full((rows, 2), -7, dtype=torch.int64, device=DEV)
+    narrow = torch.full((rows, 2), -7, dtype=torch.int32, device=DEV)
+    nrecv = ctypes.c_uint32()
+    h = ctypes.c_void_p()
+    assert lib.dep_handle_new(conn.ptr, ctypes.byref(h)) == 0
+    stream = None if conftest.BACKEND == "host" else torch.cuda.current_stream().cuda_stream
+    a = _lib.DispatchArgs(x.data_ptr(), idx.data_ptr(), _lib.INDEX_I64, w.data_ptr(), 4,
+                          rx.data_ptr(), wide.data_ptr(), rw.data_ptr(), cnt.data_ptr(),
+                          ctypes.addressof(nrecv))
+    try:
+        a.recv_index_type = _lib.INDEX_I64
+        assert lib.dep_dispatch(conn.ptr, ctypes.byref(a), h, stream) == 0, conn.errmsg()
+        # One rank: every token received once, in order, its ids local ids already.
+        assert nrecv.value == 4 and torch.equal(wide[:4], idx) and bool((wide[4:] == -7).all())
+        a.recv_topk_idx = narrow.data_ptr()
+        a.size = _lib.DispatchArgs.recv_index_type.offset  # the 0.3.0 sizeof
+        a.reserved = 0xdeadbeef
+        assert lib.dep_dispatch(conn.ptr, ctypes.byref(a), h, stream) == 0, conn.errmsg()
+        assert torch.equal(narrow[:4], idx.int()) and bool((narrow[4:] == -7).all())
+        a.size, a.reserved, a.recv_index_type = ctypes.sizeof(a), 0, 5
+        assert lib.dep_dispatch(conn.ptr, ctypes.byref(a), h, stream) == _lib.ERR_INVALID
+        assert "recv_index_type 5 is neither 0 nor DEP_INDEX_I32" in conn.errmsg()
+    finally:
+        lib.dep_handle_free(h)
+    # The binding's own ids are int64 as DeepEP's, its calls in step after the refusal.
+    _, ri, _, counts, _, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    assert ri.dtype == torch.int64 and torch.equal(ri, idx) and counts == [2, 2, 2, 2]
+
+
 def test_status_and_attach_structs_carry_their_sizes(buf):
     """dep_status lays its result out in the mirrors' sizes and says what it filled; the
     attach structs carry their size too (AttachArgs is checked by every attach)."""
