@@ -1,6 +1,6 @@
 /*
  * codec.h — the little-endian field codec every wire format of the project
- * uses (the control protocol, proto.c; the peer protocol, peer_proto.c):
+ * uses (the control protocol, proto*.c; the peer protocol, peer_proto.c):
  * fixed-width integers, length-prefixed strings (u16 length + bytes, no
  * NUL) and raw bytes, written into a growable buffer and read from a body
  * of known length.  Errors are sticky on both sides, so an encoder or a

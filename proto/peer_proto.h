@@ -13,7 +13,7 @@
  *        4    2 version  DEP_PEER_VERSION
  *        6    2 type     enum dep_peer_type
  *        8    .  the message's fields, little-endian, strings as u16
- *                length + bytes (no NUL), like proto.c's bodies
+ *                length + bytes (no NUL), like the control protocol's bodies
  *
  *   HELLO      u32 version, str node (<= 63), str listen_address (<= 255),
  *              u16 listen_port, 32 bytes challenge

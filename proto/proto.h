@@ -441,31 +441,25 @@ union dep_msg_body {
   struct dep_msg_stats_ok stats_ok;
 };
 
-/* The per-type codecs proto_frame_encode / proto_body_decode dispatch to. */
+/* The per-type codecs proto_frame_encode / proto_body_decode dispatch to,
+ * by the file that holds them.  proto.c: the bodies every connection uses. */
 int proto_encode_error(struct proto_buf *b, const struct dep_msg_error *m);
 int proto_decode_error(const uint8_t *p, size_t len, struct dep_msg_error *m);
 int proto_encode_hello(struct proto_buf *b, const struct dep_msg_hello *m);
 int proto_decode_hello(const uint8_t *p, size_t len, struct dep_msg_hello *m);
 int proto_encode_hello_ok(struct proto_buf *b, const struct dep_msg_hello_ok *m);
 int proto_decode_hello_ok(const uint8_t *p, size_t len, struct dep_msg_hello_ok *m);
-int proto_encode_status(struct proto_buf *b, const struct dep_status *m);
-int proto_decode_status(const uint8_t *p, size_t len, struct dep_status *m);
+int proto_encode_opaque(struct proto_buf *b, const struct dep_msg_opaque *m);
+/* m->data points into p: valid as long as p is. */
+int proto_decode_opaque(const uint8_t *p, size_t len, struct dep_msg_opaque *m);
+
+/* proto_rank.c: what a rank's library asks of its daemon. */
 int proto_encode_attach(struct proto_buf *b, const struct dep_attach_args *m);
 int proto_decode_attach(const uint8_t *p, size_t len, struct dep_attach_args *m);
 int proto_encode_attach_ok(struct proto_buf *b, const struct dep_msg_attach_ok *m);
 int proto_decode_attach_ok(const uint8_t *p, size_t len, struct dep_msg_attach_ok *m);
-int proto_encode_text(struct proto_buf *b, const struct dep_msg_text *m);
-int proto_decode_text(const uint8_t *p, size_t len, struct dep_msg_text *m);
-int proto_encode_drain(struct proto_buf *b, const struct dep_msg_drain *m);
-int proto_decode_drain(const uint8_t *p, size_t len, struct dep_msg_drain *m);
 int proto_encode_slab(struct proto_buf *b, const struct dep_msg_slab *m);
 int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m);
-int proto_encode_peers(struct proto_buf *b, const struct dep_msg_peers *m);
-int proto_encode_job_nodes(struct proto_buf *b, const struct dep_msg_job_nodes *m);
-int proto_decode_job_nodes(const uint8_t *p, size_t len, struct dep_msg_job_nodes *m);
-/* Allocates m->peers (NULL when none): free with proto_peers_free. */
-int proto_decode_peers(const uint8_t *p, size_t len, struct dep_msg_peers *m);
-void proto_peers_free(struct dep_msg_peers *m);
 int proto_encode_kernels(struct proto_buf *b, const struct dep_msg_kernels *m);
 int proto_decode_kernels(const uint8_t *p, size_t len, struct dep_msg_kernels *m);
 int proto_encode_kernels_ok(struct proto_buf *b, const struct dep_msg_kernels_ok *m);
@@ -474,9 +468,20 @@ int proto_encode_tune(struct proto_buf *b, const struct dep_msg_tune *m);
 int proto_decode_tune(const uint8_t *p, size_t len, struct dep_msg_tune *m);
 int proto_encode_tune_ok(struct proto_buf *b, const struct dep_msg_tune_ok *m);
 int proto_decode_tune_ok(const uint8_t *p, size_t len, struct dep_msg_tune_ok *m);
-int proto_encode_opaque(struct proto_buf *b, const struct dep_msg_opaque *m);
-/* m->data points into p: valid as long as p is. */
-int proto_decode_opaque(const uint8_t *p, size_t len, struct dep_msg_opaque *m);
+
+/* proto_ctl.c: what deepepctl asks about the daemon itself. */
+int proto_encode_status(struct proto_buf *b, const struct dep_status *m);
+int proto_decode_status(const uint8_t *p, size_t len, struct dep_status *m);
+int proto_encode_text(struct proto_buf *b, const struct dep_msg_text *m);
+int proto_decode_text(const uint8_t *p, size_t len, struct dep_msg_text *m);
+int proto_encode_drain(struct proto_buf *b, const struct dep_msg_drain *m);
+int proto_decode_drain(const uint8_t *p, size_t len, struct dep_msg_drain *m);
+int proto_encode_peers(struct proto_buf *b, const struct dep_msg_peers *m);
+/* Allocates m->peers (NULL when none): free with proto_peers_free. */
+int proto_decode_peers(const uint8_t *p, size_t len, struct dep_msg_peers *m);
+void proto_peers_free(struct dep_msg_peers *m);
+int proto_encode_job_nodes(struct proto_buf *b, const struct dep_msg_job_nodes *m);
+int proto_decode_job_nodes(const uint8_t *p, size_t len, struct dep_msg_job_nodes *m);
 
 /* proto_stats.c: the stats and clients messages. */
 int proto_encode_lend_ok(struct proto_buf *b, const struct dep_msg_lend_ok *m);
@@ -496,7 +501,7 @@ void proto_clients_free(struct dep_msg_clients *m);
 const char *proto_type_name(uint16_t type);
 
 /*
- * Field validation shared by both ends: a job id of 1..63 characters from
+ * proto_rank.c: field validation shared by both ends: a job id of 1..63 characters from
  * [A-Za-z0-9._:-]; attach args within DEP_MAX_* and the shape limits of
  * deepep.h.  Returns 0 or DEP_ERR_INVALID with a message naming the field.
  */
