@@ -6,6 +6,8 @@
 #define DEP_TEST_SUITES_H
 #define DEP_TEST_SUITES(XX) \
   XX(proto)                 \
+  XX(shape)                 \
+  XX(fdpass)                \
   XX(config)                \
   XX(daemon)                \
   XX(reload)                \
