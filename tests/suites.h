@@ -9,6 +9,8 @@
   XX(shape)                 \
   XX(fdpass)                \
   XX(config)                \
+  XX(config_bounds)         \
+  XX(config_reload)         \
   XX(daemon)                \
   XX(reload)                \
   XX(server)                \
