@@ -4,7 +4,9 @@ Every struct here mirrors client/deepep.h field for field;
 tests/test_abi.py compiles a C program against deepep.h and compares each
 struct's size and each field's offset with these, so the two cannot drift.
 The library is found, in order, at $DEEPEP_CLIENT_LIB, beside this file,
-then through the system loader (libdeepep-client.so.0).
+then through the system loader (libdeepep-client.so.0), once per process: at
+`import deepep` (buffer.py), or at the first Buffer(...) where that failed.  So
+$DEEPEP_CLIENT_LIB is read when deepep is imported.
 """
 from __future__ import annotations
 

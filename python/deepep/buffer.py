@@ -38,7 +38,10 @@ _HANDLE_POOL = 4
 #: cuda: collected handles kept for reuse (each with the events of its streams).
 _CUDA_POOL = 16
 #: cuda: handles made ahead, for the calls captured in a CUDA graph (where the
-#: library's cuMemAlloc of a new handle is not allowed); refilled after each capture.
+#: library's cuMemAlloc of a new handle is not allowed): one at each call outside a capture
+#: that makes a Handle, up to this many, rather than all in Buffer(...) (whose time a
+#: restarted trainer waits for); so the warm-up torch asks for before a capture, the same
+#: calls run once outside it, leaves one for each handle the capture makes.
 _GRAPH_SPARE = 4
 #: Prototypes kept per Buffer for _new (one per output shape and dtype seen).
 _PROTOS = 1024
@@ -49,6 +52,15 @@ _IDX = (torch.int64, torch.int32)
 
 
 _clock = time.perf_counter_ns
+
+# libdeepep-client is loaded here, at `import deepep`, as DeepEP loads its extension, so that
+# Buffer(...) (which a restarted trainer's first call waits for) spends no time on it; where
+# it cannot be loaded the import still works, and Buffer(...) raises the loader's error
+# saying how to build or point to it.
+try:
+    _lib.load()
+except OSError:
+    pass
 
 
 def _no_hook() -> None:
@@ -159,6 +171,7 @@ class Handle:
 
 
 _Tensor = torch.Tensor
+_empty_like = torch.empty_like
 _INDEX_TYPES = {torch.int64: _lib.INDEX_I64, torch.int32: _lib.INDEX_I32}
 
 
@@ -166,10 +179,6 @@ def _ok(t: Any, dtype: torch.dtype, ndim: int, device: torch.device) -> bool:
     """The common case of an input check, in one test (the caller then runs the detailed
     checks, which name what is wrong, only where this fails)."""
     return type(t) is _Tensor and t.dtype is dtype and t.dim() == ndim and t.device == device
-
-
-def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
-    return None if t is None or t.numel() == 0 else t.data_ptr()
 
 
 class Buffer:
@@ -353,8 +362,8 @@ class Buffer:
     def _prepare(self) -> None:
         """What every call of this job shape reuses: argument structs (only pointers and
         counts change per call), their byrefs, the bound C functions and, on the host
-        backend, the scratch the received int32 ids and counts land in before they are
-        copied out (on cuda those stay per call: the copy is queued on the caller's stream)."""
+        backend, the scratch the counts land in before they are read out as a list (on cuda
+        they stay per call: the list is read after the call on the caller's stream)."""
         lib = self._conn.lib
         self._fn_layout, self._fn_dispatch = lib.dep_layout, lib.dep_dispatch
         self._fn_combine = lib.dep_combine
@@ -367,21 +376,21 @@ class Buffer:
         self._la = _lib.LayoutArgs()
         self._da = _lib.DispatchArgs()
         self._da.num_recv = ctypes.addressof(self._num_recv)
+        # The library writes the received ids as int64, DeepEP's topk_idx_t (no widening copy).
+        self._da.recv_index_type = _lib.INDEX_I64
         self._ca = _lib.CombineArgs()
         self._lla = _lib.LLDispatchArgs()
         self._llca = _lib.LLCombineArgs()
         self._la_ref, self._da_ref, self._ca_ref = (
             ctypes.byref(self._la), ctypes.byref(self._da), ctypes.byref(self._ca))
         self._lla_ref, self._llca_ref = ctypes.byref(self._lla), ctypes.byref(self._llca)
-        self._scratch_idx = self._scratch_counts = None
-        self._scratch_views: dict = {}
+        self._scratch_counts = None
         self._protos: dict = {}
+        self._tp_protos: dict = {}
+        self._ll_protos: list = [None, None]
+        self._da_mode: Any = None
         if self._host:
-            self._scratch_idx = self._empty([self._rows, self.num_topk], torch.int32)
             self._scratch_counts = self._empty([self.num_local_experts], torch.int32)
-        else:
-            while len(self._spare) < _GRAPH_SPARE:
-                self._spare.append(self._new_handle())
 
     def _shape_sizes(self) -> dict:
         """dep_shape_sizes of this Buffer's job shape: what the outputs are sized for."""
@@ -405,13 +414,16 @@ class Buffer:
         """A dep_handle_t for a new Handle on cuda, or None to make one.  Inside a CUDA-graph
         capture one made ahead (the library cannot allocate while the stream captures), and
         the Handle is then kept by the Buffer until destroy(): the graph may be replayed
-        after the caller dropped it.  Else the oldest collected one whose streams have passed
-        the events recorded when it was collected."""
+        after the caller dropped it.  Else (one more made ahead, up to _GRAPH_SPARE) the
+        oldest collected one whose streams have passed the events recorded when it was
+        collected."""
         if torch.cuda.is_current_stream_capturing():
             if not self._spare:
-                raise Error(-17, f"more than {_GRAPH_SPARE} handles made in one CUDA-graph "
-                            "capture on this Buffer; capture fewer dispatches per graph",
-                            "low_latency_dispatch")
+                raise Error(-17, "no handle made ahead for this call in a CUDA-graph capture: "
+                            "this Buffer makes one at each dispatch outside a capture, up to "
+                            f"{_GRAPH_SPARE}; run the captured calls once before the capture "
+                            f"(torch's warm-up), and capture at most {_GRAPH_SPARE} dispatches "
+                            "per graph", "low_latency_dispatch")
             return self._spare.pop()
         if len(self._spare) < _GRAPH_SPARE:
             self._spare.append(self._new_handle())
@@ -506,20 +518,36 @@ class Buffer:
                 torch.empty((1,), dtype=dtype, device=self.device).expand(shape)
         return torch.empty_like(p)
 
+    def _tp_prototypes(self, rows: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The prototypes (as _new's) of a bf16 dispatch's recv_x, recv_topk_idx and
+        recv_topk_weights of `rows` rows, kept per row count: the usual call then makes its
+        outputs with three empty_like calls and no look-ups."""
+        if len(self._tp_protos) >= _PROTOS:
+            self._tp_protos.clear()
+        k = self.num_topk
+        one = lambda dtype: torch.empty((1,), dtype=dtype, device=self.device)  # noqa: E731
+        pr = self._tp_protos[rows] = (one(torch.bfloat16).expand((rows, self.hidden)),
+                                      one(torch.int64).expand((rows, k)),
+                                      one(torch.float32).expand((rows, k)))
+        return pr
+
+    def _ll_prototypes(self, fp8: bool) -> tuple:
+        """The prototypes of low_latency_dispatch's recv_x, scales (FP8; else None) and
+        recv_count, made at the first call of each FP8 setting."""
+        L, rows, hid = self.num_local_experts, self._ll_rows, self.hidden
+        one = lambda dtype: torch.empty((1,), dtype=dtype, device=self.device)  # noqa: E731
+        pr = self._ll_protos[fp8] = (
+            one(fp8_dtype if fp8 else torch.bfloat16).expand((L, rows, hid)),
+            one(torch.float32).expand((L, rows, hid // _FP8_GROUP)) if fp8 else None,
+            one(torch.int32).expand((L,)))
+        return pr
+
     def _stream(self) -> Optional[int]:
         return None if self._host else torch.cuda.current_stream(self.device).cuda_stream
 
     def _event(self, previous_event: Optional[EventOverlap], async_finish: bool) -> EventOverlap:
         return EventOverlap(EventHandle(cuda=not self._host)) if async_finish \
             else EventOverlap(None)
-
-    def _widen(self, ids: torch.Tensor, rows: int) -> torch.Tensor:
-        """The received int32 expert ids as a fresh int64 tensor (DeepEP's topk_idx_t): copied
-        into a _new tensor, cheaper than ids.to(torch.int64) (which allocates through
-        torch.empty's argument parsing)."""
-        out = self._new((rows, self.num_topk), torch.int64)
-        out.copy_(ids)
-        return out
 
     def _fail(self, rc: int, call: str) -> None:
         raise from_code(rc, self._conn.errmsg(), call)
@@ -688,15 +716,16 @@ class Buffer:
         """
         op = "dispatch"
         scales = None
-        if isinstance(x, (tuple, list)):
+        if type(x) is not _Tensor and isinstance(x, (tuple, list)):
             if len(x) != 2:
                 raise ValueError("dispatch: an FP8 x is a tuple (values, scales), not "
                                  f"{len(x)} items")
             x, scales = x
-        for name, v in (("expert_alignment", expert_alignment),
-                        ("num_worst_tokens", num_worst_tokens)):
-            if type(v) is not int:
-                raise TypeError(f"dispatch: {name} must be an int, not {type(v).__name__}")
+        if type(expert_alignment) is not int or type(num_worst_tokens) is not int:
+            for name, v in (("expert_alignment", expert_alignment),
+                            ("num_worst_tokens", num_worst_tokens)):
+                if type(v) is not int:
+                    raise TypeError(f"dispatch: {name} must be an int, not {type(v).__name__}")
         if expert_alignment < 1:
             raise ValueError(f"dispatch: expert_alignment is {expert_alignment}; it must be "
                              "1 or more")
@@ -744,9 +773,9 @@ class Buffer:
             # compares as a tuple), the checks that name what is wrong only where it fails.
             if itype is not None and type(x) is _Tensor and type(topk_weights) is _Tensor and \
                     (fp8 or x.dtype is torch.bfloat16) and topk_weights.dtype is torch.float32:
-                ks = topk_idx.shape
-                usual = len(ks) == 2 and ks == topk_weights.shape and x.dim() == 2 and \
-                    ks[0] == x.size(0) and x.device == dev and topk_idx.device == dev and \
+                ks, xs = topk_idx.shape, x.shape
+                usual = len(ks) == 2 and ks == topk_weights.shape and len(xs) == 2 and \
+                    ks[0] == xs[0] and x.device == dev and topk_idx.device == dev and \
                     topk_weights.device == dev
             else:
                 usual = False
@@ -760,17 +789,19 @@ class Buffer:
                 if w.shape != idx.shape:
                     raise ValueError(f"dispatch: topk_weights has shape {tuple(w.shape)} but "
                                      f"topk_idx {tuple(idx.shape)}")
-        n = x.size(0)
-        if fp8 and tuple(scales.shape) != (n, x.size(1) // _FP8_GROUP):
+        n, hx = x.shape
+        if fp8 and tuple(scales.shape) != (n, hx // _FP8_GROUP):
             raise ValueError(f"dispatch: FP8 scales have shape {tuple(scales.shape)}; expected "
-                             f"{(n, x.size(1) // _FP8_GROUP)} (float32, one per token and "
+                             f"{(n, hx // _FP8_GROUP)} (float32, one per token and "
                              f"{_FP8_GROUP} channels)")
         if not cached:
             ne = None
             if num_tokens_per_expert is not None:
                 ne = self._input("num_tokens_per_expert", num_tokens_per_expert,
                                  (torch.int32, torch.int64), 1).numel()
-            self._shape(op, x.size(1), ne, idx.size(1))
+            if ne is not None or not self.attached or hx != self.hidden or \
+                    idx.shape[1] != self.num_topk:
+                self._shape(op, hx, ne, idx.size(1))
             if num_tokens_per_rank is not None or is_token_in_rank is not None:
                 for name, t, want in (("num_tokens_per_rank", num_tokens_per_rank,
                                        (self.group_size,)),
@@ -779,8 +810,8 @@ class Buffer:
                     if t is not None and tuple(t.shape) != want:
                         raise ValueError(f"dispatch: {name} has shape {tuple(t.shape)}; "
                                          f"expected {want}")
-        elif x.size(1) != self.hidden:
-            raise ValueError(f"dispatch: x has {x.size(1)} channels; this Buffer's job has "
+        elif hx != self.hidden:
+            raise ValueError(f"dispatch: x has {hx} channels; this Buffer's job has "
                              f"hidden {self.hidden}")
         if n > self.max_tokens_per_rank:
             self._tokens_fit(op, n, self.max_tokens_per_rank, "max_tokens_per_rank")
@@ -792,42 +823,61 @@ class Buffer:
         if rows is None:  # pragma: no cover - h.worst is set whenever num_recv is unknown
             raise Error(-17, "the handle's row count is unknown", op)
         k, hid = self.num_topk, self.hidden
-        # A row at least, so that the pointers are never NULL (a cached dispatch may receive
-        # none), shrunk below once the call is made.
-        alloc = max(rows, 1)
-        new = self._new
-        recv_x = new((alloc, hid), x.dtype if fp8 else torch.bfloat16)
-        recv_s = new((alloc, hid // _FP8_GROUP), torch.float32) if fp8 else None
         a = self._da
+        # The fields that stay as they were while the call's mode does (set when it changes).
+        mode = (fp8, cached, num_worst_tokens, expert_alignment, itype)
+        if mode != self._da_mode:
+            a.use_fp8, a.cached = int(fp8), int(cached)
+            a.num_worst_tokens, a.expert_alignment = num_worst_tokens, expert_alignment
+            a.index_type = itype
+            a.x_scales = a.recv_x_scales = None
+            if cached:
+                a.topk_idx = a.topk_weights = a.recv_topk_idx = a.recv_topk_weights = None
+                a.recv_count_per_expert = None
+            elif self._host:
+                a.recv_count_per_expert = self._scratch_counts.data_ptr()
+            self._da_mode = mode
         # The caller's current stream, looked up once per call (None on the host backend).
         cs = None if self._host else torch.cuda.current_stream(dev)
-        a.use_fp8, a.cached = int(fp8), int(cached)
-        a.num_worst_tokens = num_worst_tokens
-        a.expert_alignment = expert_alignment
-        a.x = x.data_ptr() if n else None
-        a.x_scales = scales.data_ptr() if fp8 and n else None
-        a.recv_x, a.recv_x_scales = recv_x.data_ptr(), _ptr(recv_s)
-        if cached:
-            a.topk_idx = a.topk_weights = a.recv_topk_idx = a.recv_topk_weights = None
-            a.recv_count_per_expert = None
+        recv_s = None
+        if fp8 or cached:
+            # A row at least, so that the pointers are never NULL (a cached dispatch may
+            # receive none), shrunk below once the call is made.
+            alloc = rows or 1
+            recv_x = self._new((alloc, hid), x.dtype if fp8 else torch.bfloat16)
+            if fp8:
+                recv_s = self._new((alloc, hid // _FP8_GROUP), torch.float32)
+                a.x_scales = scales.data_ptr() if n else None
+                a.recv_x_scales = recv_s.data_ptr()
         else:
-            recv_w = new((rows, k), torch.float32)
+            # The usual call's three outputs, from prototypes kept per row count.
+            alloc = rows
+            pr = self._tp_protos.get(rows)
+            if pr is None:
+                pr = self._tp_prototypes(rows)
+            recv_x, recv_idx, recv_w = _empty_like(pr[0]), _empty_like(pr[1]), \
+                _empty_like(pr[2])
+        a.x = x.data_ptr() if n else None
+        a.recv_x = recv_x.data_ptr()
+        if not cached:
+            if fp8:
+                recv_idx = self._new((rows, k), torch.int64)
+                recv_w = self._new((rows, k), torch.float32)
             if self._host:
-                recv_idx, counts = self._scratch_idx, self._scratch_counts
+                counts = self._scratch_counts
             else:
-                recv_idx = new((rows, k), torch.int32)
-                counts = new((self.num_local_experts,), torch.int32)
+                counts = self._new((self.num_local_experts,), torch.int32)
+                a.recv_count_per_expert = counts.data_ptr()
             h = Handle(self, "dispatch", n, stream=cs)
             if n:
                 a.topk_idx, a.topk_weights = idx.data_ptr(), w.data_ptr()
             else:
                 a.topk_idx = a.topk_weights = None
-            a.index_type = itype
             a.recv_topk_idx, a.recv_topk_weights = recv_idx.data_ptr(), recv_w.data_ptr()
-            a.recv_count_per_expert = counts.data_ptr()
         a.num_tokens = n
         num_recv = self._num_recv
-        num_recv.value = 0
+        if num_worst_tokens:
+            num_recv.value = 0  # not written with num_worst_tokens
         if previous_event is not None:
             self._wait(previous_event)
         if cs is not None:
@@ -847,7 +897,7 @@ class Buffer:
         h.worst = num_worst_tokens
         if num_worst_tokens:
             h.num_recv = num_recv.value if self._host else None
-            return out_x, self._widen(recv_idx[:rows], rows), recv_w, [], h, ev
+            return out_x, recv_idx, recv_w, [], h, ev
         r = h.num_recv = num_recv.value
         if r != rows:
             # Shrunk in place (the storage keeps its capacity, as a slice's would): cheaper
@@ -855,16 +905,9 @@ class Buffer:
             recv_x.resize_((r, hid))
             if fp8:
                 recv_s.resize_((r, hid // _FP8_GROUP))
+            recv_idx.resize_((r, k))
             recv_w.resize_((r, k))
-            if self._host:
-                # The scratch's first r rows, as a view made once per r (it is only read).
-                v = self._scratch_views.get(r)
-                if v is None:
-                    v = self._scratch_views[r] = recv_idx[:r]
-                recv_idx = v
-            else:
-                recv_idx = recv_idx[:r]
-        return (out_x, self._widen(recv_idx, r), recv_w, counts.tolist(), h, ev)
+        return (out_x, recv_idx, recv_w, counts.tolist(), h, ev)
 
     def combine(self, x: torch.Tensor, handle: Handle,
                 topk_weights: Optional[torch.Tensor] = None, bias: Any = None,
@@ -992,14 +1035,23 @@ class Buffer:
                     raise TypeError(f"{name} must be an int, not {type(v).__name__}")
         dev = self.device
         itype = _INDEX_TYPES.get(topk_idx.dtype) if type(topk_idx) is _Tensor else None
-        if itype is not None and _ok(x, torch.bfloat16, 2, dev) and topk_idx.dim() == 2 and \
-                topk_idx.device == dev and topk_idx.size(0) == x.size(0):
+        if itype is not None and type(x) is _Tensor and x.dtype is torch.bfloat16:
+            xs, ks = x.shape, topk_idx.shape
+            usual = len(xs) == 2 and len(ks) == 2 and ks[0] == xs[0] and x.device == dev and \
+                topk_idx.device == dev
+        else:
+            usual = False
+        if usual:
             x, idx = x.contiguous(), topk_idx.contiguous()
         else:
             x = self._input("x", x, _BF16, 2)
             idx, itype = self._topk(op, topk_idx, x.size(0))
-        n = x.size(0)
-        self._shape(op, x.size(1), num_experts, idx.size(1), num_max_dispatch_tokens_per_rank)
+            xs, ks = x.shape, idx.shape
+        n, hx = xs
+        if not self.attached or hx != self.hidden or ks[1] != self.num_topk or \
+                num_experts != self.num_experts or \
+                num_max_dispatch_tokens_per_rank != self.max_ll_tokens_per_rank:
+            self._shape(op, hx, num_experts, ks[1], num_max_dispatch_tokens_per_rank)
         if n > self.max_ll_tokens_per_rank:
             self._tokens_fit(op, n, self.max_ll_tokens_per_rank,
                              "num_max_dispatch_tokens_per_rank")
@@ -1011,12 +1063,13 @@ class Buffer:
                     stats.data_ptr() != cumulative_local_expert_recv_stats.data_ptr():
                 raise ValueError("cumulative_local_expert_recv_stats must be a contiguous "
                                  f"[{self.num_local_experts}] int32 tensor")
-        rows, L, hid = self._ll_rows, self.num_local_experts, self.hidden
         fp8 = bool(use_fp8)
-        new = self._new
-        recv_x = new((L, rows, hid), fp8_dtype if fp8 else torch.bfloat16)
-        scales = new((L, rows, hid // _FP8_GROUP), torch.float32) if fp8 else None
-        count = new((L,), torch.int32)
+        # The outputs, from prototypes kept per FP8 setting (the shapes are the job's).
+        pr = self._ll_protos[fp8]
+        if pr is None:
+            pr = self._ll_prototypes(fp8)
+        recv_x, count = _empty_like(pr[0]), _empty_like(pr[2])
+        scales = _empty_like(pr[1]) if fp8 else None
         cs = None if self._host else torch.cuda.current_stream(dev)
         h = Handle(self, "low_latency_dispatch", n, stream=cs)
         a = self._lla
@@ -1026,7 +1079,7 @@ class Buffer:
             a.x = a.topk_idx = None
         a.index_type, a.num_tokens, a.use_fp8 = itype, n, int(fp8)
         a.recv_x, a.recv_count = recv_x.data_ptr(), count.data_ptr()
-        a.recv_scales = _ptr(scales)
+        a.recv_scales = scales.data_ptr() if fp8 else None
         rc = self._fn_ll_dispatch(self._conn.ptr, self._lla_ref, h._ptr,
                                   None if cs is None else cs.cuda_stream)
         if rc:

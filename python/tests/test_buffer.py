@@ -3,6 +3,7 @@ events, Config, and the deep_ep compatibility module."""
 import ctypes
 import importlib.util
 import os
+import subprocess
 import sys
 import uuid
 
@@ -77,6 +78,28 @@ def test_missing_daemon_says_how_to_start_it(tmp_path):
         one_rank(str(tmp_path / "none.sock"), **SHAPE)
     assert e.value.name == "DEP_ERR_NO_DAEMON" and e.value.code == -5
     assert "deepepd" in str(e.value) and "none.sock" in str(e.value)
+
+
+def test_the_library_is_loaded_at_import_and_a_missing_one_fails_buffer_not_the_import():
+    """`import deepep` loads libdeepep-client (as DeepEP loads its extension); where
+    $DEEPEP_CLIENT_LIB names no library the import still works and Buffer(...) raises the
+    loader's error, naming the variable and how to build the library."""
+    code = ("import deepep, deepep._lib as L\n"
+            "print('loaded' if L._lib is not None else 'not loaded')\n"
+            "try:\n"
+            "    deepep.Buffer(job_id='j', rank=0, world_size=1, socket='/nonexistent.sock')\n"
+            "except OSError as e:\n"
+            "    print('OSError:', e)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = lambda lib: subprocess.run([sys.executable, "-c", code], capture_output=True,  # noqa
+                                     text=True, env=dict(env, DEEPEP_CLIENT_LIB=lib),
+                                     timeout=120)
+    ok = run(os.environ["DEEPEP_CLIENT_LIB"])
+    assert ok.returncode == 0 and ok.stdout.startswith("loaded"), ok.stderr
+    bad = run("/nonexistent/libdeepep-client.so.0")
+    assert bad.returncode == 0 and bad.stdout.startswith("not loaded"), bad.stderr
+    assert "OSError: deepep: cannot load libdeepep-client" in bad.stdout
+    assert "$DEEPEP_CLIENT_LIB" in bad.stdout and "Build it (make)" in bad.stdout
 
 
 def test_the_daemon_refusing_a_shape_is_an_error_with_code_name_and_message(daemon):
@@ -460,6 +483,36 @@ def test_handles_held_stay_valid_while_dropped_ones_are_reused(buf):
     for xi, recv, h in held:
         out, _, _ = buf.combine(recv, h)
         torch.testing.assert_close(out, xi)  # each token was received once by the one rank
+
+
+def test_calls_of_every_mode_in_any_order_each_get_their_own_arguments(buf):
+    """The binding keeps dispatch's argument struct between calls and sets the fields of a
+    mode (bf16 or FP8, fresh or cached, num_worst_tokens, expert_alignment, index type) only
+    when the mode changes: calls of each mode, interleaved, each get exactly their own
+    (one rank: every token comes back once, in order, its ids unchanged)."""
+    x, idx, w = tokens()
+    idx2 = torch.tensor([[3, 2], [2, 3], [3, 2], [1, 0]], dtype=torch.int32, device=DEV)
+    g = torch.Generator().manual_seed(7)
+    x8 = torch.randint(0, 256, (4, 128), dtype=torch.uint8, generator=g).to(DEV)
+    sc = torch.rand(4, 1, generator=g).to(DEV)
+    for _ in range(2):
+        rx, ri, rw, counts, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+        assert torch.equal(rx, x) and torch.equal(ri, idx) and torch.equal(rw, w)
+        assert counts == [2, 2, 2, 2]
+        assert torch.equal(buf.dispatch(x * 2, handle=h)[0], x * 2)
+        (q, qs), ri, rw, counts, h8, _ = buf.dispatch((x8, sc), topk_idx=idx, topk_weights=w,
+                                                      num_worst_tokens=6, expert_alignment=4)
+        assert torch.equal(q.view(torch.uint8)[:4], x8) and torch.equal(qs[:4], sc)
+        assert ri.shape == (6, 2) and torch.equal(ri[:4], idx) and bool((ri[4:] == -1).all())
+        assert torch.equal(rw[:4], w) and bool((rw[4:] == 0).all()) and counts == []
+        (q, qs), *rest = buf.dispatch((x8, sc), handle=h8)
+        assert q.shape == (6, 128) and torch.equal(q.view(torch.uint8)[:4], x8)
+        assert rest[:3] == [None, None, None]
+        assert buf.dispatch(x, topk_idx=idx, topk_weights=w, expert_alignment=4)[3] == \
+            [4, 4, 4, 4]
+        rx, ri, rw, counts, h, _ = buf.dispatch(x * 3, topk_idx=idx2, topk_weights=w)
+        assert torch.equal(rx, x * 3) and torch.equal(ri, idx2.long()) and counts == [1, 1, 3, 3]
+        torch.testing.assert_close(buf.combine(rx, h)[0], x * 3)
 
 
 def test_outputs_are_fresh_per_call(buf):
