@@ -4,12 +4,10 @@
  * rank's page reports, counted exactly; a job's figures kept after its
  * ranks are killed; a first call slower than warn_first_call_ratio x the
  * steady median logged naming job, rank and op; `deepepctl metrics` read by
- * a real Prometheus parser (python3-prometheus-client's), and the same
- * exposition scraped over TCP from metrics.listen, whose bounds (other
- * paths and methods, request size, idle and surplus clients, a port taken
- * at start) are held here too; `deepepctl
+ * a real Prometheus parser (python3-prometheus-client's; the same
+ * exposition scraped from metrics.listen is check_metrics.c's); `deepepctl
  * doctor` passing on a healthy daemon and failing each check it can be
- * made to fail here.  The histogram's buckets and quantiles are checked on
+ * made to fail here.  The rank processes are tests/statsranks.c's.  The histogram's buckets and quantiles are checked on
  * their own first.  Tagged "gpu" (make check-gpu; it skips elsewhere,
  * saying why): a cuda rank's stats, the kernels' own GPU times, against
  * CUDA events around the same calls, and its refused call counted.
@@ -27,11 +25,8 @@
  * a pool too full for the largest job seen, and a job routing every token
  * to one rank.
  */
-#include <arpa/inet.h>
 #include <check.h>
-#include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -40,7 +35,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cudaranks.h"
@@ -49,6 +43,7 @@
 #include "opsworld.h"
 #include "proto.h"
 #include "stats_page.h"
+#include "statsranks.h"
 #include "testutil.h"
 
 /* ---- the histogram ------------------------------------------------------------- */
@@ -161,167 +156,6 @@ START_TEST(stats_ok_carries_each_pool_s_made_bytes) {
   proto_buf_free(&b);
 }
 END_TEST
-
-/* ---- rank processes -------------------------------------------------------------- */
-
-#define ST_W 2u
-#define ST_HIDDEN 256u
-#define ST_EXPERTS 8u
-#define ST_TOPK 2u
-#define ST_TOKENS 64u
-#define ST_LL 16u
-static const struct dep_job_shape st_shape = {.max_tokens_per_rank = ST_TOKENS,
-                                              .hidden = ST_HIDDEN,
-                                              .num_experts = ST_EXPERTS,
-                                              .topk = ST_TOPK,
-                                              .max_ll_tokens_per_rank = ST_LL,
-                                              .dtype = DEP_DTYPE_BF16};
-
-/* What each rank does, in this order. */
-struct st_plan {
-  uint32_t layouts;   /* layouts of ST_TOKENS tokens */
-  uint32_t pairs;     /* dispatch + combine of `tokens` tokens */
-  uint32_t ll_pairs;  /* ll_dispatch + ll_combine of ST_LL tokens */
-  uint32_t bad;       /* dispatches refused (num_tokens over the job's bound) */
-  uint32_t tokens;    /* tokens per dispatch after the first (0: the job's bound) */
-  uint32_t first_tokens; /* tokens of the first dispatch (0: the job's bound) */
-  bool to_rank0;      /* every token selects experts of rank 0 only */
-  struct dep_job_shape shape; /* zero: st_shape */
-};
-
-static int st_rank_run(dep_client_t *c, const struct st_plan *p, char *msg, size_t len) {
-  const struct dep_job_shape *s = &p->shape;
-  const uint32_t T = s->max_tokens_per_rank, H = s->hidden, K = s->topk, E = s->num_experts;
-  const uint32_t L = s->max_ll_tokens_per_rank, le = E / ST_W;
-  uint16_t *x = calloc((size_t)T * H, 2), *rx = calloc((size_t)ST_W * T * H, 2);
-  uint16_t *out = calloc((size_t)T * H, 2);
-  uint16_t *lrx = calloc((size_t)le * ST_W * L * H, 2);
-  int64_t *idx = calloc((size_t)T * K, 8);
-  float *w = calloc((size_t)T * K, 4), *rw = calloc((size_t)ST_W * T * K, 4);
-  int32_t *ridx = calloc((size_t)ST_W * T * K, 4), *cnt = calloc(E, 4), *lcnt = calloc(E, 4);
-  int32_t tpr[ST_W], *tpe = calloc(E, 4);
-  uint8_t *tir = calloc((size_t)T * ST_W, 1);
-  for (uint32_t t = 0; t < T; t++)
-    for (uint32_t k = 0; k < K; k++) {
-      idx[(size_t)t * K + k] = p->to_rank0 ? (int64_t)k % le : (int64_t)((t + k * le) % E);
-      w[(size_t)t * K + k] = 0.5f;
-    }
-  dep_handle_t *h = NULL;
-  int rc = dep_handle_new(c, &h);
-#define ST_CALL(what, expr)                                                      \
-  if (rc == 0 && (rc = (expr)) != 0)                                             \
-    snprintf(msg, len, "%s: %s: %s", what, dep_errname(rc), dep_errmsg(c));
-  for (uint32_t i = 0; i < p->layouts && rc == 0; i++) {
-    struct dep_layout_args a = {sizeof(struct dep_layout_args), idx, DEP_INDEX_I64, T, tpr, tpe,
-                                tir};
-    ST_CALL("dep_layout", dep_layout(c, &a, NULL));
-  }
-  for (uint32_t i = 0; i < p->pairs && rc == 0; i++) {
-    uint32_t n = i == 0 ? (p->first_tokens != 0 ? p->first_tokens : T)
-                        : (p->tokens != 0 ? p->tokens : T), nr = 0;
-    struct dep_dispatch_args d = {.size = sizeof(struct dep_dispatch_args), .x = x, .topk_idx = idx,
-                                  .index_type = DEP_INDEX_I64, .topk_weights = w, .num_tokens = n,
-                                  .recv_x = rx, .recv_topk_idx = ridx, .recv_topk_weights = rw,
-                                  .recv_count_per_expert = cnt, .num_recv = &nr};
-    ST_CALL("dep_dispatch", dep_dispatch(c, &d, h, NULL));
-    struct dep_combine_args cb = {.size = sizeof(struct dep_combine_args), .x = rx, .out = out};
-    ST_CALL("dep_combine", dep_combine(c, &cb, h, NULL));
-  }
-  for (uint32_t i = 0; i < p->ll_pairs && rc == 0; i++) {
-    struct dep_ll_dispatch_args d = {sizeof(struct dep_ll_dispatch_args), x, idx, DEP_INDEX_I64, L,
-                                     0, lrx, NULL, lcnt};
-    ST_CALL("dep_ll_dispatch", dep_ll_dispatch(c, &d, h, NULL));
-    struct dep_ll_combine_args cb = {sizeof(struct dep_ll_combine_args), lrx, idx, DEP_INDEX_I64, w,
-                                     out};
-    ST_CALL("dep_ll_combine", dep_ll_combine(c, &cb, h, NULL));
-  }
-  for (uint32_t i = 0; i < p->bad && rc == 0; i++) {
-    uint32_t nr = 0;
-    struct dep_dispatch_args d = {.size = sizeof(struct dep_dispatch_args), .x = x, .topk_idx = idx,
-                                  .index_type = DEP_INDEX_I64, .topk_weights = w,
-                                  .num_tokens = T + 1, .recv_x = rx, .recv_topk_idx = ridx,
-                                  .recv_topk_weights = rw, .recv_count_per_expert = cnt,
-                                  .num_recv = &nr};
-    if (dep_dispatch(c, &d, h, NULL) != DEP_ERR_INVALID) {
-      snprintf(msg, len, "a dispatch of %u tokens (bound %u) was not DEP_ERR_INVALID", T + 1, T);
-      rc = DEP_ERR_INTERNAL;
-    }
-  }
-#undef ST_CALL
-  dep_handle_free(h);
-  free(x), free(rx), free(out), free(lrx), free(idx), free(w), free(rw), free(ridx), free(cnt);
-  free(lcnt), free(tpe), free(tir);
-  return rc;
-}
-
-struct st_rank {
-  pid_t pid;
-  int rep, go;
-};
-
-/* A rank: attach, run the plan, report "ok" or the failure, wait for its word, detach. */
-static void st_spawn(struct st_rank *r, const struct tu_daemon *d, const char *job, uint32_t rank,
-                     const struct st_plan *plan) {
-  int rep[2], go[2];
-  ck_assert_int_eq(pipe(rep), 0);
-  ck_assert_int_eq(pipe(go), 0);
-  fflush(NULL);
-  r->pid = fork();
-  ck_assert_int_ge(r->pid, 0);
-  if (r->pid == 0) {
-    close(rep[0]);
-    close(go[1]);
-    struct st_plan p = *plan;
-    if (p.shape.hidden == 0)
-      p.shape = st_shape;
-    struct dep_attach_args a = {.size = sizeof a,
-                                .rank = rank, .world_size = ST_W, .local_rank = rank,
-                                .local_world_size = ST_W, .shape = p.shape};
-    snprintf(a.job_id, sizeof a.job_id, "%s", job);
-    char msg[400] = "ok";
-    dep_client_t *c = NULL;
-    int rc = dep_client_new(&c);
-    if (rc == 0 && (rc = dep_connect(c, d->sock)) == 0 && (rc = dep_attach(c, &a)) != 0)
-      snprintf(msg, sizeof msg, "dep_attach: %s", dep_errmsg(c));
-    if (rc == 0)
-      rc = st_rank_run(c, &p, msg, sizeof msg);
-    if (write(rep[1], msg, strlen(msg) + 1) < 0)
-      _exit(3);
-    char g;
-    if (read(go[0], &g, 1) != 1)
-      _exit(0);
-    if (rc == 0)
-      dep_detach(c);
-    dep_client_free(c);
-    _exit(rc == 0 ? 0 : 1);
-  }
-  close(rep[1]);
-  close(go[0]);
-  r->rep = rep[0];
-  r->go = go[1];
-}
-
-/* The rank ran its plan. */
-static void st_ran(struct st_rank *r) {
-  char msg[400] = "";
-  ssize_t n = read(r->rep, msg, sizeof msg - 1);
-  ck_assert_msg(n > 0, "rank pid %d exited before reporting", (int)r->pid);
-  ck_assert_msg(strcmp(msg, "ok") == 0, "rank pid %d: %s", (int)r->pid, msg);
-}
-
-static void st_finish(struct st_rank *r, bool kill9) {
-  if (kill9)
-    kill(r->pid, SIGKILL);
-  else
-    ck_assert_int_eq(write(r->go, "g", 1), 1);
-  int st = 0;
-  ck_assert_int_eq(waitpid(r->pid, &st, 0), r->pid);
-  if (!kill9)
-    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank pid %d: status 0x%x",
-                  (int)r->pid, st);
-  close(r->rep);
-  close(r->go);
-}
 
 /* ---- asking the daemon -------------------------------------------------------------- */
 
@@ -549,29 +383,6 @@ END_TEST
 
 /* ---- deepepctl --------------------------------------------------------------------- */
 
-/* Run deepepctl with args (NULL-terminated) to its end; its exit code, stdout malloc'd. */
-static int st_ctl(const char *dir, char **out, const char *const *args) {
-  return dw_run_ctl(NULL, dir, out, args);
-}
-#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
-
-/* A Prometheus parser's reading of the file: the families and samples it found, or why not. */
-static const char st_parse_py[] =
-    "import sys\n"
-    "from prometheus_client.parser import text_string_to_metric_families\n"
-    "fams = {f.name: f for f in text_string_to_metric_families(open(sys.argv[1]).read())}\n"
-    "calls = [s for s in fams['deepep_op_calls'].samples if s.labels['op'] == 'dispatch']\n"
-    "assert len(calls) == 2, calls\n"
-    "assert all(s.value == 10 for s in calls), calls\n"
-    "assert all(set(s.labels) == {'job', 'rank', 'op', 'device'} for s in calls), calls\n"
-    "lat = fams['deepep_op_latency_seconds']\n"
-    "assert lat.type == 'summary', lat.type\n"
-    "q = [s for s in lat.samples if s.labels.get('quantile') == '0.5']\n"
-    "assert q and all(s.value > 0 for s in q), lat.samples\n"
-    "assert fams['deepep_pool_bytes'].type == 'gauge'\n"
-    "assert fams['deepep_daemon_up'].samples[0].value == 1\n"
-    "print('parsed', len(fams), 'families')\n";
-
 START_TEST(metrics_parse_with_a_prometheus_parser) {
   struct tu_daemon d;
   dw_start(&d, NULL);
@@ -582,28 +393,20 @@ START_TEST(metrics_parse_with_a_prometheus_parser) {
   for (uint32_t i = 0; i < ST_W; i++)
     st_ran(&r[i]);
   char *out = NULL;
-  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "metrics")), 0);
-  char prom[300], py[300], res[300];
-  dw_sfmt(prom, sizeof prom, "%s/deepep.prom", d.dir);
-  dw_sfmt(py, sizeof py, "%s/parse.py", d.dir);
-  dw_sfmt(res, sizeof res, "%s/parse.out", d.dir);
-  ck_assert_int_eq(tu_write_file(prom, out), 0);
-  ck_assert_int_eq(tu_write_file(py, st_parse_py), 0);
-  char cmd[1200];
-  dw_sfmt(cmd, sizeof cmd, "/usr/bin/python3 %s %s > %s 2>&1", py, prom, res);
-  int rc = system(cmd);
-  char *said = dw_slurp(res);
+  ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "metrics")), 0);
+  char *said = NULL;
+  int rc = st_prometheus_parse(d.dir, "deepep.prom", out, &said);
   ck_assert_msg(rc == 0, "the Prometheus parser refused deepepctl metrics (is "
                 "python3-prometheus-client installed? make deps): %s\n--- metrics:\n%s",
                 said, out);
   ck_assert_msg(strstr(said, "parsed") != NULL, "%s", said);
   free(said);
   free(out);
-  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "stats", "st-prom")), 0);
+  ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "--json", "stats", "st-prom")), 0);
   ck_assert_msg(strstr(out, "\"op\":\"dispatch\"") != NULL, "%s", out);
   ck_assert_msg(strstr(out, "\"calls\":10,") != NULL, "%s", out);
   free(out);
-  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "clients")), 0);
+  ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "--json", "clients")), 0);
   ck_assert_msg(strstr(out, "\"job\":\"st-prom\",\"rank\":1,") != NULL, "%s", out);
   ck_assert_msg(strstr(out, "\"attached\":\"yes\"") != NULL, "%s", out);
   free(out);
@@ -632,7 +435,7 @@ START_TEST(doctor_passes_on_a_healthy_node) {
   for (uint32_t i = 0; i < ST_W; i++)
     st_ran(&r[i]);
   char *out = NULL;
-  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "doctor")), 0);
+  ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "--json", "doctor")), 0);
   /* The kernels and the GPUs' memory do not apply to the host backend: skipped, not passed. */
   const char *checks[] = {"connections", "kernels", "allocation", "memory", "balance"};
   const char *want[] = {"OK", "SKIP", "OK", "SKIP", "OK"};
@@ -642,7 +445,7 @@ START_TEST(doctor_passes_on_a_healthy_node) {
   ck_assert_msg(strstr(out, "rank 0 receives 1.00 x the mean") != NULL ||
                     strstr(out, "rank 1 receives 1.00 x the mean") != NULL, "%s", out);
   free(out);
-  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "doctor")), 0);
+  ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "doctor")), 0);
   ck_assert_msg(strstr(out, "balance      OK") != NULL, "%s", out);
   ck_assert_msg(strstr(out, "memory       SKIP  host backend: no device memory") != NULL, "%s",
                 out);
@@ -659,7 +462,7 @@ START_TEST(doctor_fails_connections_without_a_daemon_or_a_peer) {
   char sock[300];
   dw_sfmt(sock, sizeof sock, "%s/none.sock", dir);
   char *out = NULL;
-  ck_assert_int_eq(st_ctl(dir, &out, ARGS("-s", sock, "--json", "doctor")), 1);
+  ck_assert_int_eq(st_ctl(dir, &out, DW_ARGS("-s", sock, "--json", "doctor")), 1);
   ck_assert_msg(st_doctor_says(out, "connections", "FAIL"), "%s", out);
   ck_assert_msg(strstr(out, "no control socket at") != NULL, "%s", out);
   free(out);
@@ -672,7 +475,7 @@ START_TEST(doctor_fails_connections_without_a_daemon_or_a_peer) {
           "peer_wait_ms: 0\n", port);
   dw_start(&d, y);
   ck_assert_int_eq(chmod(d.sock, 0666), 0);
-  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "doctor")), 1);
+  ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "--json", "doctor")), 1);
   ck_assert_msg(st_doctor_says(out, "connections", "FAIL"), "%s", out);
   ck_assert_msg(strstr(out, "peer 127.0.0.1:") != NULL, "%s", out);
   ck_assert_msg(strstr(out, "any local user may connect") != NULL, "%s", out);
@@ -707,7 +510,7 @@ START_TEST(doctor_fails_allocation_when_the_largest_job_cannot_start_again) {
   for (uint32_t i = 0; i < ST_W; i++)
     st_ran(&b[i]);
   char *out = NULL;
-  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "doctor")), 1);
+  ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "--json", "doctor")), 1);
   ck_assert_msg(st_doctor_says(out, "allocation", "FAIL"), "%s", out);
   ck_assert_msg(strstr(out, "job st-big, the largest seen") != NULL, "%s", out);
   ck_assert_msg(st_doctor_says(out, "connections", "OK"), "%s", out);
@@ -728,7 +531,7 @@ START_TEST(doctor_fails_balance_when_every_token_goes_to_one_rank) {
   for (uint32_t i = 0; i < ST_W; i++)
     st_ran(&r[i]);
   char *out = NULL;
-  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "doctor")), 1);
+  ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "--json", "doctor")), 1);
   /* Every token of both ranks to rank 0: it receives 2 x the mean, past the FAIL bound. */
   ck_assert_msg(st_doctor_says(out, "balance", "FAIL"), "%s", out);
   ck_assert_msg(strstr(out, "job st-skew: rank 0 receives 2.00 x the mean") != NULL, "%s", out);
@@ -736,258 +539,6 @@ START_TEST(doctor_fails_balance_when_every_token_goes_to_one_rank) {
   for (uint32_t i = 0; i < ST_W; i++)
     st_finish(&r[i], false);
   dw_stop_ok(&d);
-}
-END_TEST
-
-/* ---- metrics.listen ---------------------------------------------------------------- */
-
-/* A TCP port free on 127.0.0.1 now (bound to port 0, read, let go). */
-static int st_free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof sa;
-  ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-  ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
-static int st_tcp(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect to port %d: %s",
-                port, strerror(errno));
-  return fd;
-}
-
-/* What fd says until it closes, within timeout_ms (malloc'd, NUL-ended); *eof whether it did. */
-static char *st_read_all(int fd, int timeout_ms, bool *eof) {
-  size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap);
-  int64_t deadline = dw_now_ms() + timeout_ms;
-  *eof = false;
-  while (dw_now_ms() < deadline) {
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, (int)(deadline - dw_now_ms())) <= 0)
-      continue;
-    if (n + 1 >= cap)
-      buf = realloc(buf, cap *= 2);
-    ssize_t k = read(fd, buf + n, cap - n - 1);
-    if (k <= 0) {
-      *eof = true;
-      break;
-    }
-    n += (size_t)k;
-  }
-  buf[n] = '\0';
-  return buf;
-}
-
-/* One HTTP exchange with the daemon's listener: the whole answer. */
-static char *st_http(int port, const char *request) {
-  int fd = st_tcp(port);
-  ck_assert_int_eq(dw_send_all(fd, request, strlen(request)), 0);
-  bool eof;
-  char *got = st_read_all(fd, 5000, &eof);
-  ck_assert_msg(eof, "the listener did not close after answering: %s", got);
-  close(fd);
-  return got;
-}
-
-/* The sample lines' names and labels and the comment lines, values left out, one per line. */
-static char *st_exposition_shape(const char *text) {
-  char *out = malloc(strlen(text) + 1), *o = out;
-  for (const char *line = text; *line != '\0';) {
-    const char *end = strchr(line, '\n');
-    size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
-    size_t keep = len;
-    if (line[0] != '#')
-      while (keep > 0 && line[keep - 1] != ' ')
-        keep--;
-    memcpy(o, line, keep);
-    o += keep;
-    *o++ = '\n';
-    line += len + (end != NULL);
-  }
-  *o = '\0';
-  return out;
-}
-
-START_TEST(metrics_listen_serves_deepepctl_s_exposition_over_http) {
-  const int port = st_free_port();
-  char y[200];
-  dw_sfmt(y, sizeof y, "metrics:\n  listen: 127.0.0.1:%d\n", port);
-  struct tu_daemon d;
-  dw_start(&d, y);
-  char want[120];
-  dw_sfmt(want, sizeof want, "metrics: serving the Prometheus exposition at "
-          "http://127.0.0.1:%d/metrics", port);
-  ck_assert_msg(dw_log_has(&d, want, 0), "%s", tu_daemon_log(&d));
-  const struct st_plan plan = {.pairs = 10};
-  struct st_rank r[ST_W];
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_spawn(&r[i], &d, "st-prom", i, &plan);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_ran(&r[i]);
-  char *got = st_http(port, "GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n");
-  ck_assert_msg(strncmp(got, "HTTP/1.1 200 OK\r\n", 17) == 0, "%s", got);
-  ck_assert_msg(strstr(got, "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
-                "%s", got);
-  char *body = strstr(got, "\r\n\r\n");
-  ck_assert_ptr_nonnull(body);
-  body += 4;
-  const char *cl = strstr(got, "\r\nContent-Length: ");
-  ck_assert_ptr_nonnull(cl);
-  ck_assert_uint_eq(strtoul(cl + 18, NULL, 10), strlen(body));
-  /* A real Prometheus parser reads it as it reads deepepctl's (st_parse_py's checks). */
-  char prom[300], py[300], res[300], cmd[1200];
-  dw_sfmt(prom, sizeof prom, "%s/scraped.prom", d.dir);
-  dw_sfmt(py, sizeof py, "%s/parse.py", d.dir);
-  dw_sfmt(res, sizeof res, "%s/parse.out", d.dir);
-  ck_assert_int_eq(tu_write_file(prom, body), 0);
-  ck_assert_int_eq(tu_write_file(py, st_parse_py), 0);
-  dw_sfmt(cmd, sizeof cmd, "/usr/bin/python3 %s %s > %s 2>&1", py, prom, res);
-  int rc = system(cmd);
-  char *said = dw_slurp(res);
-  ck_assert_msg(rc == 0, "the Prometheus parser refused the scrape: %s\n--- scraped:\n%s", said,
-                body);
-  free(said);
-  /* The very exposition deepepctl prints: the same families, samples and labels. */
-  char *out = NULL;
-  ck_assert_int_eq(st_ctl(d.dir, &out, ARGS("-s", d.sock, "metrics")), 0);
-  char *a = st_exposition_shape(body), *b = st_exposition_shape(out);
-  ck_assert_msg(strcmp(a, b) == 0, "--- scraped:\n%s\n--- deepepctl metrics:\n%s", body, out);
-  free(a), free(b), free(out), free(got);
-  /* A query string is the scraper's business. */
-  got = st_http(port, "GET /metrics?name[]=x HTTP/1.0\r\n\r\n");
-  ck_assert_msg(strncmp(got, "HTTP/1.1 200 OK\r\n", 17) == 0, "%s", got);
-  free(got);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_finish(&r[i], false);
-  dw_stop_ok(&d);
-}
-END_TEST
-
-START_TEST(metrics_listen_answers_anything_else_with_an_error_and_carries_on) {
-  const int port = st_free_port();
-  char y[200];
-  dw_sfmt(y, sizeof y, "metrics:\n  listen: 127.0.0.1:%d\n", port);
-  struct tu_daemon d;
-  dw_start(&d, y);
-  static const struct {
-    const char *request, *status;
-  } cases[] = {
-      {"GET / HTTP/1.1\r\n\r\n", "HTTP/1.1 404 Not Found\r\n"},
-      {"GET /metricsx HTTP/1.1\r\n\r\n", "HTTP/1.1 404 Not Found\r\n"},
-      {"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n", "HTTP/1.1 405 Method Not Allowed\r\n"},
-      {"HEAD /metrics HTTP/1.1\r\n\r\n", "HTTP/1.1 405 Method Not Allowed\r\n"},
-      {"hello\n\n", "HTTP/1.1 400 Bad Request\r\n"},
-      {"GET /metrics SPDY/3\r\n\r\n", "HTTP/1.1 400 Bad Request\r\n"},
-  };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    char *got = st_http(port, cases[i].request);
-    ck_assert_msg(strncmp(got, cases[i].status, strlen(cases[i].status)) == 0, "%s -> %s",
-                  cases[i].request, got);
-    if (strstr(cases[i].status, "405") != NULL)
-      ck_assert_msg(strstr(got, "\r\nAllow: GET\r\n") != NULL, "%s", got);
-    free(got);
-  }
-  /* Headers past the bound: refused without reading on. */
-  char *big = malloc(6000);
-  memset(big, 'a', 5999);
-  big[5999] = '\0';
-  memcpy(big, "GET /metrics HTTP/1.1\r\nX-Long: ", 31);
-  int fd = st_tcp(port);
-  ck_assert_int_eq(dw_send_all(fd, big, 5000), 0);
-  bool eof;
-  char *got = st_read_all(fd, 5000, &eof);
-  ck_assert_msg(strncmp(got, "HTTP/1.1 431 ", 13) == 0, "%s", got);
-  free(got);
-  close(fd);
-  free(big);
-  /* A request sent a byte at a time is one request. */
-  fd = st_tcp(port);
-  for (const char *p = "GET /metrics HTTP/1.1\n\n"; *p != '\0'; p++) {
-    ck_assert_int_eq(dw_send_all(fd, p, 1), 0);
-    dw_sleep_ms(2);
-  }
-  got = st_read_all(fd, 5000, &eof);
-  ck_assert_msg(strncmp(got, "HTTP/1.1 200 OK\r\n", 17) == 0 && eof, "%s", got);
-  free(got);
-  close(fd);
-  /* The control socket never noticed. */
-  char state[32];
-  ck_assert_ptr_nonnull(tu_daemon_state(d.sock, state, sizeof state));
-  ck_assert_str_eq(state, "ready");
-  dw_stop_ok(&d);
-}
-END_TEST
-
-START_TEST(metrics_listen_bounds_idle_and_surplus_scrapers) {
-  const int port = st_free_port();
-  char y[200];
-  dw_sfmt(y, sizeof y, "metrics:\n  listen: 127.0.0.1:%d\n", port);
-  struct tu_daemon d;
-  dw_start(&d, y);
-  enum { HELD = 16 }; /* METRICS_HTTP_CONNS */
-  int idle[HELD];
-  int64_t t0 = dw_now_ms();
-  for (int i = 0; i < HELD; i++)
-    idle[i] = st_tcp(port);
-  /* Slots full: one more is closed at once, unanswered. */
-  int fd = st_tcp(port);
-  bool eof;
-  char *got = st_read_all(fd, 3000, &eof);
-  ck_assert_msg(eof && got[0] == '\0', "the 17th connection got '%s'%s", got,
-                eof ? "" : " and stayed open");
-  free(got);
-  close(fd);
-  ck_assert(dw_log_has(&d, "metrics: more than 16 scrapers at once", 2000));
-  /* The idle ones are closed at the bound (5 s from their accept), not before. */
-  for (int i = 0; i < HELD; i++) {
-    got = st_read_all(idle[i], 8000, &eof);
-    int64_t waited = dw_now_ms() - t0;
-    ck_assert_msg(eof && got[0] == '\0', "idle connection %d: '%s'", i, got);
-    ck_assert_msg(waited >= 4500 && waited < 8000, "idle connection %d closed after %lld ms", i,
-                  (long long)waited);
-    free(got);
-    close(idle[i]);
-  }
-  got = st_http(port, "GET /metrics HTTP/1.1\r\n\r\n");
-  ck_assert_msg(strncmp(got, "HTTP/1.1 200 OK\r\n", 17) == 0, "%s", got);
-  free(got);
-  dw_stop_ok(&d);
-}
-END_TEST
-
-START_TEST(a_metrics_port_already_taken_fails_the_start) {
-  /* Off by default: a daemon of the plain test config serves no metrics. */
-  struct tu_daemon d;
-  dw_start(&d, NULL);
-  ck_assert(!dw_log_has(&d, "metrics: serving", 0));
-  dw_stop_ok(&d);
-  int taken = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof sa;
-  ck_assert_int_eq(bind(taken, (struct sockaddr *)&sa, sizeof sa), 0);
-  ck_assert_int_eq(listen(taken, 1), 0);
-  ck_assert_int_eq(getsockname(taken, (struct sockaddr *)&sa, &len), 0);
-  const int port = ntohs(sa.sin_port);
-  char y[200], want[200];
-  dw_sfmt(y, sizeof y, "metrics:\n  listen: 127.0.0.1:%d\n", port);
-  char dir[200];
-  tu_tmpdir(dir, sizeof dir);
-  struct tu_daemon_opts o = {.wait = TU_WAIT_NONE};
-  ck_assert_int_eq(tu_daemon_start_opts(&d, dir, y, &o), 0);
-  int st = tu_daemon_wait_exit(&d, 10000);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) != 0, "status 0x%x", st);
-  dw_sfmt(want, sizeof want, "metrics.listen 127.0.0.1:%d: cannot listen there: address already "
-          "in use; choose another port or address", port);
-  ck_assert_msg(dw_log_has(&d, want, 0), "%s", tu_daemon_log(&d));
-  close(taken);
-  tu_daemon_cleanup(&d);
-  tu_rmtree(dir);
 }
 END_TEST
 
@@ -1156,7 +707,7 @@ START_TEST(doctor_on_cuda_names_each_gpu_s_kernels_and_memory) {
   struct tu_daemon d;
   dw_start(&d, NULL);
   char *out = NULL;
-  int rc = st_ctl(d.dir, &out, ARGS("-s", d.sock, "--json", "doctor"));
+  int rc = st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "--json", "doctor"));
   printf("doctor on cuda (exit %d): %s\n", rc, out);
   /* This build's fatbin has SASS for sm_80, sm_90 and sm_100 (or the daemon lends a compile). */
   ck_assert_msg(st_doctor_says(out, "kernels", "OK"), "%s", out);
@@ -1186,13 +737,6 @@ Suite *stats_suite(void) {
   tcase_add_test(t, an_ordinary_first_call_is_not_logged);
   tcase_add_test(t, systemd_status_says_jobs_ranks_and_warnings);
   tcase_add_test(t, metrics_parse_with_a_prometheus_parser);
-  suite_add_tcase(s, t);
-  t = tcase_create("metrics.listen");
-  tcase_set_timeout(t, 60);
-  tcase_add_test(t, metrics_listen_serves_deepepctl_s_exposition_over_http);
-  tcase_add_test(t, metrics_listen_answers_anything_else_with_an_error_and_carries_on);
-  tcase_add_test(t, metrics_listen_bounds_idle_and_surplus_scrapers);
-  tcase_add_test(t, a_metrics_port_already_taken_fails_the_start);
   suite_add_tcase(s, t);
   t = tcase_create("gpu timer");
   tcase_set_tags(t, "gpu");

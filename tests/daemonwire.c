@@ -340,3 +340,23 @@ int dw_run_ctl(const char *bin, const char *dir, char **out, const char *const *
   *out = dw_slurp(path);
   return WEXITSTATUS(st);
 }
+
+void dw_child_fork(struct dw_child *c) {
+  int rep[2], go[2];
+  ck_assert_int_eq(pipe(rep), 0);
+  ck_assert_int_eq(pipe(go), 0);
+  fflush(NULL);
+  c->pid = fork();
+  ck_assert_int_ge(c->pid, 0);
+  if (c->pid == 0) {
+    close(rep[0]);
+    close(go[1]);
+    c->rep = rep[1];
+    c->go = go[0];
+    return;
+  }
+  close(rep[1]);
+  close(go[0]);
+  c->rep = rep[0];
+  c->go = go[1];
+}

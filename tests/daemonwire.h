@@ -87,6 +87,21 @@ char *dw_slurp(const char *path);
  * in dir/ctl.out and returned in *out (dw_slurp's); its exit code.
  */
 int dw_run_ctl(const char *bin, const char *dir, char **out, const char *const *args);
+/* dw_run_ctl's args as a literal: DW_ARGS("-s", sock, "status"). */
+#define DW_ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/*
+ * A child process and two pipes to it: rep, on which it reports, and go, on
+ * which the parent gives its word (or closes it).  dw_child_fork forks: in
+ * the child (pid 0) rep is its writing end and go its reading end, in the
+ * parent rep the reading end and go the writing end; each side's other ends
+ * are closed.
+ */
+struct dw_child {
+  pid_t pid;
+  int rep, go;
+};
+void dw_child_fork(struct dw_child *c);
 
 /* ATTACH arguments for local rank local_rank of a one-node job of lws ranks (a fixed shape). */
 struct dep_attach_args dw_job_args(const char *id, uint32_t local_rank, uint32_t lws);

@@ -30,6 +30,7 @@
   XX(multinode)             \
   XX(xnode)                 \
   XX(stats)                 \
+  XX(metrics)               \
   XX(doctor)                \
   XX(runner)                \
   XX(readme)

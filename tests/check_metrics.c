@@ -1,0 +1,281 @@
+/*
+ * check_metrics.c — metrics.listen (daemon/metrics_http.c) as a
+ * specification, through a real deepepd and real rank processes on the
+ * host backend: GET /metrics over TCP serves the very exposition
+ * `deepepctl metrics` prints, which a real Prometheus parser reads; any
+ * other path, method or malformed request gets its HTTP error and the
+ * daemon carries on; a request past the header bound, idle scrapers and
+ * scrapers past the slots are bounded; and a port already taken fails the
+ * start, saying what to do.
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemonwire.h"
+#include "statsranks.h"
+#include "testutil.h"
+
+/* A TCP port free on 127.0.0.1 now (bound to port 0, read, let go). */
+static int mt_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof sa;
+  ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+static int mt_tcp(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect to port %d: %s",
+                port, strerror(errno));
+  return fd;
+}
+
+/* What fd says until it closes, within timeout_ms (malloc'd, NUL-ended); *eof whether it did. */
+static char *mt_read_all(int fd, int timeout_ms, bool *eof) {
+  size_t cap = 1 << 16, n = 0;
+  char *buf = malloc(cap);
+  int64_t deadline = dw_now_ms() + timeout_ms;
+  *eof = false;
+  while (dw_now_ms() < deadline) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, (int)(deadline - dw_now_ms())) <= 0)
+      continue;
+    if (n + 1 >= cap)
+      buf = realloc(buf, cap *= 2);
+    ssize_t k = read(fd, buf + n, cap - n - 1);
+    if (k <= 0) {
+      *eof = true;
+      break;
+    }
+    n += (size_t)k;
+  }
+  buf[n] = '\0';
+  return buf;
+}
+
+/* One HTTP exchange with the daemon's listener: the whole answer. */
+static char *mt_http(int port, const char *request) {
+  int fd = mt_tcp(port);
+  ck_assert_int_eq(dw_send_all(fd, request, strlen(request)), 0);
+  bool eof;
+  char *got = mt_read_all(fd, 5000, &eof);
+  ck_assert_msg(eof, "the listener did not close after answering: %s", got);
+  close(fd);
+  return got;
+}
+
+/* The sample lines' names and labels and the comment lines, values left out, one per line. */
+static char *mt_exposition_shape(const char *text) {
+  char *out = malloc(strlen(text) + 1), *o = out;
+  for (const char *line = text; *line != '\0';) {
+    const char *end = strchr(line, '\n');
+    size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
+    size_t keep = len;
+    if (line[0] != '#')
+      while (keep > 0 && line[keep - 1] != ' ')
+        keep--;
+    memcpy(o, line, keep);
+    o += keep;
+    *o++ = '\n';
+    line += len + (end != NULL);
+  }
+  *o = '\0';
+  return out;
+}
+
+START_TEST(metrics_listen_serves_deepepctl_s_exposition_over_http) {
+  const int port = mt_free_port();
+  char y[200];
+  dw_sfmt(y, sizeof y, "metrics:\n  listen: 127.0.0.1:%d\n", port);
+  struct tu_daemon d;
+  dw_start(&d, y);
+  char want[120];
+  dw_sfmt(want, sizeof want, "metrics: serving the Prometheus exposition at "
+          "http://127.0.0.1:%d/metrics", port);
+  ck_assert_msg(dw_log_has(&d, want, 0), "%s", tu_daemon_log(&d));
+  const struct st_plan plan = {.pairs = 10};
+  struct st_rank r[ST_W];
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_spawn(&r[i], &d, "st-prom", i, &plan);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_ran(&r[i]);
+  char *got = mt_http(port, "GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n");
+  ck_assert_msg(strncmp(got, "HTTP/1.1 200 OK\r\n", 17) == 0, "%s", got);
+  ck_assert_msg(strstr(got, "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+                "%s", got);
+  char *body = strstr(got, "\r\n\r\n");
+  ck_assert_ptr_nonnull(body);
+  body += 4;
+  const char *cl = strstr(got, "\r\nContent-Length: ");
+  ck_assert_ptr_nonnull(cl);
+  ck_assert_uint_eq(strtoul(cl + 18, NULL, 10), strlen(body));
+  /* A real Prometheus parser reads it as it reads deepepctl's. */
+  char *said = NULL;
+  int rc = st_prometheus_parse(d.dir, "scraped.prom", body, &said);
+  ck_assert_msg(rc == 0, "the Prometheus parser refused the scrape: %s\n--- scraped:\n%s", said,
+                body);
+  free(said);
+  /* The very exposition deepepctl prints: the same families, samples and labels. */
+  char *out = NULL;
+  ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "metrics")), 0);
+  char *a = mt_exposition_shape(body), *b = mt_exposition_shape(out);
+  ck_assert_msg(strcmp(a, b) == 0, "--- scraped:\n%s\n--- deepepctl metrics:\n%s", body, out);
+  free(a), free(b), free(out), free(got);
+  /* A query string is the scraper's business. */
+  got = mt_http(port, "GET /metrics?name[]=x HTTP/1.0\r\n\r\n");
+  ck_assert_msg(strncmp(got, "HTTP/1.1 200 OK\r\n", 17) == 0, "%s", got);
+  free(got);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_finish(&r[i], false);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(metrics_listen_answers_anything_else_with_an_error_and_carries_on) {
+  const int port = mt_free_port();
+  char y[200];
+  dw_sfmt(y, sizeof y, "metrics:\n  listen: 127.0.0.1:%d\n", port);
+  struct tu_daemon d;
+  dw_start(&d, y);
+  static const struct {
+    const char *request, *status;
+  } cases[] = {
+      {"GET / HTTP/1.1\r\n\r\n", "HTTP/1.1 404 Not Found\r\n"},
+      {"GET /metricsx HTTP/1.1\r\n\r\n", "HTTP/1.1 404 Not Found\r\n"},
+      {"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n", "HTTP/1.1 405 Method Not Allowed\r\n"},
+      {"HEAD /metrics HTTP/1.1\r\n\r\n", "HTTP/1.1 405 Method Not Allowed\r\n"},
+      {"hello\n\n", "HTTP/1.1 400 Bad Request\r\n"},
+      {"GET /metrics SPDY/3\r\n\r\n", "HTTP/1.1 400 Bad Request\r\n"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *got = mt_http(port, cases[i].request);
+    ck_assert_msg(strncmp(got, cases[i].status, strlen(cases[i].status)) == 0, "%s -> %s",
+                  cases[i].request, got);
+    if (strstr(cases[i].status, "405") != NULL)
+      ck_assert_msg(strstr(got, "\r\nAllow: GET\r\n") != NULL, "%s", got);
+    free(got);
+  }
+  /* Headers past the bound: refused without reading on. */
+  char *big = malloc(6000);
+  memset(big, 'a', 5999);
+  big[5999] = '\0';
+  memcpy(big, "GET /metrics HTTP/1.1\r\nX-Long: ", 31);
+  int fd = mt_tcp(port);
+  ck_assert_int_eq(dw_send_all(fd, big, 5000), 0);
+  bool eof;
+  char *got = mt_read_all(fd, 5000, &eof);
+  ck_assert_msg(strncmp(got, "HTTP/1.1 431 ", 13) == 0, "%s", got);
+  free(got);
+  close(fd);
+  free(big);
+  /* A request sent a byte at a time is one request. */
+  fd = mt_tcp(port);
+  for (const char *p = "GET /metrics HTTP/1.1\n\n"; *p != '\0'; p++) {
+    ck_assert_int_eq(dw_send_all(fd, p, 1), 0);
+    dw_sleep_ms(2);
+  }
+  got = mt_read_all(fd, 5000, &eof);
+  ck_assert_msg(strncmp(got, "HTTP/1.1 200 OK\r\n", 17) == 0 && eof, "%s", got);
+  free(got);
+  close(fd);
+  /* The control socket never noticed. */
+  char state[32];
+  ck_assert_ptr_nonnull(tu_daemon_state(d.sock, state, sizeof state));
+  ck_assert_str_eq(state, "ready");
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(metrics_listen_bounds_idle_and_surplus_scrapers) {
+  const int port = mt_free_port();
+  char y[200];
+  dw_sfmt(y, sizeof y, "metrics:\n  listen: 127.0.0.1:%d\n", port);
+  struct tu_daemon d;
+  dw_start(&d, y);
+  enum { HELD = 16 }; /* METRICS_HTTP_CONNS */
+  int idle[HELD];
+  int64_t t0 = dw_now_ms();
+  for (int i = 0; i < HELD; i++)
+    idle[i] = mt_tcp(port);
+  /* Slots full: one more is closed at once, unanswered. */
+  int fd = mt_tcp(port);
+  bool eof;
+  char *got = mt_read_all(fd, 3000, &eof);
+  ck_assert_msg(eof && got[0] == '\0', "the 17th connection got '%s'%s", got,
+                eof ? "" : " and stayed open");
+  free(got);
+  close(fd);
+  ck_assert(dw_log_has(&d, "metrics: more than 16 scrapers at once", 2000));
+  /* The idle ones are closed at the bound (5 s from their accept), not before. */
+  for (int i = 0; i < HELD; i++) {
+    got = mt_read_all(idle[i], 8000, &eof);
+    int64_t waited = dw_now_ms() - t0;
+    ck_assert_msg(eof && got[0] == '\0', "idle connection %d: '%s'", i, got);
+    ck_assert_msg(waited >= 4500 && waited < 8000, "idle connection %d closed after %lld ms", i,
+                  (long long)waited);
+    free(got);
+    close(idle[i]);
+  }
+  got = mt_http(port, "GET /metrics HTTP/1.1\r\n\r\n");
+  ck_assert_msg(strncmp(got, "HTTP/1.1 200 OK\r\n", 17) == 0, "%s", got);
+  free(got);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(a_metrics_port_already_taken_fails_the_start) {
+  /* Off by default: a daemon of the plain test config serves no metrics. */
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  ck_assert(!dw_log_has(&d, "metrics: serving", 0));
+  dw_stop_ok(&d);
+  int taken = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof sa;
+  ck_assert_int_eq(bind(taken, (struct sockaddr *)&sa, sizeof sa), 0);
+  ck_assert_int_eq(listen(taken, 1), 0);
+  ck_assert_int_eq(getsockname(taken, (struct sockaddr *)&sa, &len), 0);
+  const int port = ntohs(sa.sin_port);
+  char y[200], want[200];
+  dw_sfmt(y, sizeof y, "metrics:\n  listen: 127.0.0.1:%d\n", port);
+  char dir[200];
+  tu_tmpdir(dir, sizeof dir);
+  struct tu_daemon_opts o = {.wait = TU_WAIT_NONE};
+  ck_assert_int_eq(tu_daemon_start_opts(&d, dir, y, &o), 0);
+  int st = tu_daemon_wait_exit(&d, 10000);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) != 0, "status 0x%x", st);
+  dw_sfmt(want, sizeof want, "metrics.listen 127.0.0.1:%d: cannot listen there: address already "
+          "in use; choose another port or address", port);
+  ck_assert_msg(dw_log_has(&d, want, 0), "%s", tu_daemon_log(&d));
+  close(taken);
+  tu_daemon_cleanup(&d);
+  tu_rmtree(dir);
+}
+END_TEST
+
+Suite *metrics_suite(void);
+Suite *metrics_suite(void) {
+  Suite *s = suite_create("metrics");
+  TCase *t = tcase_create("metrics.listen");
+  tcase_set_timeout(t, 60);
+  tcase_add_test(t, metrics_listen_serves_deepepctl_s_exposition_over_http);
+  tcase_add_test(t, metrics_listen_answers_anything_else_with_an_error_and_carries_on);
+  tcase_add_test(t, metrics_listen_bounds_idle_and_surplus_scrapers);
+  tcase_add_test(t, a_metrics_port_already_taken_fails_the_start);
+  suite_add_tcase(s, t);
+  return s;
+}

@@ -1,0 +1,64 @@
+/*
+ * statsranks.h — the rank processes of the stats suites (check_stats.c,
+ * check_metrics.c): a job of ST_W local ranks on a real deepepd of the host
+ * backend, each a process that attaches, runs a plan of calls, reports, and
+ * waits for the test's word to detach; and a Prometheus parser's reading of
+ * the exposition of such a job.  Prefix st_.
+ */
+#ifndef DEP_STATSRANKS_H
+#define DEP_STATSRANKS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "daemonwire.h"
+#include "deepep.h"
+#include "testutil.h"
+
+#define ST_W 2u
+#define ST_HIDDEN 256u
+#define ST_EXPERTS 8u
+#define ST_TOPK 2u
+#define ST_TOKENS 64u
+#define ST_LL 16u
+/* The job's shape, unless a plan names its own. */
+extern const struct dep_job_shape st_shape;
+
+/* What each rank does, in this order. */
+struct st_plan {
+  uint32_t layouts;   /* layouts of ST_TOKENS tokens */
+  uint32_t pairs;     /* dispatch + combine of `tokens` tokens */
+  uint32_t ll_pairs;  /* ll_dispatch + ll_combine of ST_LL tokens */
+  uint32_t bad;       /* dispatches refused (num_tokens over the job's bound) */
+  uint32_t tokens;    /* tokens per dispatch after the first (0: the job's bound) */
+  uint32_t first_tokens; /* tokens of the first dispatch (0: the job's bound) */
+  bool to_rank0;      /* every token selects experts of rank 0 only */
+  struct dep_job_shape shape; /* zero: st_shape */
+};
+
+/* A rank process (its pipes: dw_child's). */
+#define st_rank dw_child
+
+/* A rank: attach rank `rank` of job, run the plan, report "ok" or the failure, wait for the
+ * word, detach. */
+void st_spawn(struct st_rank *r, const struct tu_daemon *d, const char *job, uint32_t rank,
+              const struct st_plan *plan);
+/* The rank ran its plan: the test fails with its message otherwise. */
+void st_ran(struct st_rank *r);
+/* Its end: the word given (it detaches and must exit 0), or SIGKILL. */
+void st_finish(struct st_rank *r, bool kill9);
+
+/* Run this build's deepepctl with args (DW_ARGS) to its end: its exit code, its stdout in *out
+ * (malloc'd). */
+int st_ctl(const char *dir, char **out, const char *const *args);
+
+/*
+ * Write text (an exposition of a job of ST_W ranks that each ran 10
+ * dispatch + combine pairs) to dir/name and have a real Prometheus parser
+ * (python3-prometheus-client) read it, checking the families, samples and
+ * labels deepepd gives such a job: the parser's exit status (0: it read
+ * it so), what it said in *said (malloc'd).
+ */
+int st_prometheus_parse(const char *dir, const char *name, const char *text, char **said);
+
+#endif
