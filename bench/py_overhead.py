@@ -15,14 +15,22 @@ by a synchronise, so that the launch queue never backs up and each timing is the
 time in that call (dispatch's includes its wait for the row count, on both sides).
 
 The "floor" column is what torch alone costs per call of each method, measured in the same
-process: the fresh output tensors that DeepEP's contract makes each method return (each at
-the cheapest torch makes one: empty_like of a prototype), and dispatch's int32 -> int64 copy
-of the received ids (into a fresh int64 tensor); "above floor" is the rest of the binding's
+process: the fresh output tensors that DeepEP's contract makes each method return, each at
+the cheapest torch makes one (empty_like of a prototype; dispatch's three are then shrunk to
+the rows received, a resize_ each, counted too); "above floor" is the rest of the binding's
 work (checks, struct, Handle, result tuple).  The per-call clock reads are in every figure,
-C and Python alike, so they cancel in the differences.
+C and Python alike, so they cancel in the differences.  dispatch's C call writes int64 ids
+(recv_index_type DEP_INDEX_I64), as the binding's does.
+
+--against DIR times a second package beside this one in the same processes: DIR holds a
+copy of an older python/deepep (e.g. `git archive REV python/deepep | tar -x -C /tmp/old`
+gives DIR=/tmp/old/python/deepep), imported as deepep_old, with a Buffer of its own (another
+job on the same daemon); its blocks alternate with the C and the new package's, so that a
+before/after comparison is not at the mercy of a machine whose speed drifts between runs.
 
   DEP_BUILD=build PYTHONPATH=python /usr/bin/python3 bench/py_overhead.py \\
     [-s SOCKET] [--world 1,2] [--iters N] [--blocks B] [--device cpu|cuda] [-o RAW.csv]
+    [--against DIR]
 
 Without -s it starts $DEP_BUILD/deepepd (default build/) on a temporary socket, with the
 host backend (--device cpu, the default) or the cuda backend (--device cuda; it says it
@@ -39,6 +47,7 @@ the matching backend.  On the GPU machine (DEVICE.md), from the repository root:
 """
 import argparse
 import ctypes
+import importlib.util
 import json
 import os
 import statistics
@@ -63,6 +72,16 @@ def pct(v, q):
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+def import_old(path):
+    """The package in directory `path`, imported as deepep_old (its relative imports with it)."""
+    spec = importlib.util.spec_from_file_location(
+        "deepep_old", os.path.join(path, "__init__.py"), submodule_search_locations=[path])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["deepep_old"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def worker(o):
     """One rank: attach, run every op's blocks, print the per-call samples as JSON."""
     import torch
@@ -77,9 +96,11 @@ def worker(o):
     clock = time.perf_counter_ns if o.clock == "wall" else time.thread_time_ns
     sync = torch.cuda.synchronize if cuda else None
     r, w = o.rank, o.world
-    b = deepep.Buffer(job_id=o.job, rank=r, world_size=w, local_rank=r, local_world_size=w,
-                      socket=o.socket, hidden=H, num_experts=E, num_topk=K,
-                      max_tokens_per_rank=M, max_ll_tokens_per_rank=M)
+    shape = dict(rank=r, world_size=w, local_rank=r, local_world_size=w, socket=o.socket,
+                 hidden=H, num_experts=E, num_topk=K, max_tokens_per_rank=M,
+                 max_ll_tokens_per_rank=M)
+    b = deepep.Buffer(job_id=o.job, **shape)
+    old = import_old(o.against).Buffer(job_id=o.job + "-old", **shape) if o.against else None
     lib, c = b._conn.lib, b._conn.ptr
     st = None if not cuda else torch.cuda.current_stream(dev).cuda_stream
     rows, L, llrows = b.sizes["recv_rows"], b.sizes["local_experts"], b.sizes["ll_recv_rows"]
@@ -95,7 +116,7 @@ def worker(o):
     in_rank = empty(N, w, dtype=torch.bool)
     la = _lib.LayoutArgs(idx.data_ptr(), _lib.INDEX_I64, N, per_rank.data_ptr(),
                          per_expert.data_ptr(), in_rank.data_ptr())
-    rx, ri = empty(rows, H, dtype=torch.bfloat16), empty(rows, K, dtype=torch.int32)
+    rx, ri = empty(rows, H, dtype=torch.bfloat16), empty(rows, K, dtype=torch.int64)
     rw, cnt = empty(rows, K, dtype=torch.float32), empty(L, dtype=torch.int32)
     nrecv = ctypes.c_uint32()
     h, lh = ctypes.c_void_p(), ctypes.c_void_p()
@@ -104,6 +125,7 @@ def worker(o):
     da = _lib.DispatchArgs(x.data_ptr(), idx.data_ptr(), _lib.INDEX_I64, wt.data_ptr(), N,
                            rx.data_ptr(), ri.data_ptr(), rw.data_ptr(), cnt.data_ptr(),
                            ctypes.addressof(nrecv))
+    da.recv_index_type = _lib.INDEX_I64
     out = empty(N, H, dtype=torch.bfloat16)
     llx, llc = empty(L, llrows, H, dtype=torch.bfloat16), empty(L, dtype=torch.int32)
     lla = _lib.LLDispatchArgs(x.data_ptr(), idx.data_ptr(), _lib.INDEX_I64, N, 0,
@@ -124,6 +146,18 @@ def worker(o):
     recv, _, _, _, ph, _ = b.dispatch(x, topk_idx=idx, topk_weights=wt)
     _, _, plh, _, _ = b.low_latency_dispatch(x, idx, M, E, use_fp8=False)
     ref = ctypes.byref
+    olds = {}
+    if old is not None:
+        orecv, _, _, _, oph, _ = old.dispatch(x, topk_idx=idx, topk_weights=wt)
+        _, _, oplh, _, _ = old.low_latency_dispatch(x, idx, M, E, use_fp8=False)
+        olds = {
+            "get_dispatch_layout": lambda: old.get_dispatch_layout(idx, E),
+            "dispatch": lambda: old.dispatch(x, topk_idx=idx, topk_weights=wt),
+            "combine": lambda: old.combine(orecv, oph),
+            "low_latency_dispatch": lambda: old.low_latency_dispatch(x, idx, M, E,
+                                                                     use_fp8=False),
+            "low_latency_combine": lambda: old.low_latency_combine(llx, idx, wt, oplh),
+        }
     pairs = {
         "get_dispatch_layout": (lambda: b.get_dispatch_layout(idx, E),
                                 c_call(lib.dep_layout, c, ref(la), st)),
@@ -149,34 +183,41 @@ def worker(o):
     res = {"rank": r, "ops": {}}
     for name in OPS:
         py, cc = pairs[name]
-        block(cc, 50)  # warm both, on every rank alike
+        po = olds.get(name)
+        block(cc, 50)  # warm each, on every rank alike
         block(py, 50)
-        sc, sp = [], []
+        if po is not None:
+            block(po, 50)
+        sc, sp, so = [], [], []
         for _ in range(o.blocks):
             sc += block(cc, o.iters)
             sp += block(py, o.iters)
-        res["ops"][name] = {"c": sc, "py": sp}
+            if po is not None:
+                so += block(po, o.iters)
+        res["ops"][name] = {"c": sc, "py": sp, "old": so}
     ffi = lib.dep_errname
     res["ffi"] = block(lambda: ffi(0), o.iters)
     # torch's own share: the outputs each method allocates (DeepEP's contract: fresh ones).
     # The cheapest fresh tensor torch makes: empty_like of a one-element prototype expanded
-    # to the shape (what the binding uses), beside torch.empty; and the cheapest widening copy.
+    # to the shape (what the binding uses), beside torch.empty; and one made at twice the
+    # rows and shrunk (dispatch's outputs, made at the capacity before the row count is known).
     small = block(lambda: torch.empty((N, H), dtype=torch.bfloat16, device=dev), o.iters)
     proto = torch.empty((1,), dtype=torch.bfloat16, device=dev).expand(N, H)
     like = block(lambda: torch.empty_like(proto), o.iters)
-    i32 = empty(N, K, dtype=torch.int32)
-    p64 = torch.empty((1,), dtype=torch.int64, device=dev).expand(N, K)
-    widen = block(lambda: torch.empty_like(p64).copy_(i32), o.iters)
-    res["empty"], res["like"], res["widen"] = small, like, widen
+    pbig = torch.empty((1,), dtype=torch.bfloat16, device=dev).expand(2 * N, H)
+    shrunk = block(lambda: torch.empty_like(pbig).resize_((N, H)), o.iters)
+    res["empty"], res["like"], res["shrunk"] = small, like, shrunk
     lib.dep_handle_free(h)
     lib.dep_handle_free(lh)
     b.destroy()
+    if old is not None:
+        old.destroy()
     json.dump(res, sys.stdout)
 
 
-# Per method: the fresh output tensors it must make, and its int32 -> int64 copies (each a
-# fresh tensor too), as DeepEP returns them.
-FLOOR = {"get_dispatch_layout": (3, 0), "dispatch": (2, 1), "combine": (1, 0),
+# Per method: the fresh output tensors it must make as they are, and those it makes at the
+# capacity and shrinks to the rows received, as DeepEP returns them.
+FLOOR = {"get_dispatch_layout": (3, 0), "dispatch": (0, 3), "combine": (1, 0),
          "low_latency_dispatch": (2, 0), "low_latency_combine": (1, 0)}
 
 
@@ -215,7 +256,8 @@ def run_world(o, sock, world):
     for r in range(world):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r),
                "--world", str(world), "--job", job, "-s", sock, "--iters", str(o.iters),
-               "--blocks", str(o.blocks), "--device", o.device, "--clock", o.clock]
+               "--blocks", str(o.blocks), "--device", o.device, "--clock", o.clock] + \
+            (["--against", o.against] if o.against else [])
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE))
     outs = []
     for r, p in enumerate(procs):
@@ -235,6 +277,8 @@ def main():
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--clock", choices=("cpu", "wall"))
     ap.add_argument("-o", "--output", help="CSV of every rank's medians and p99s")
+    ap.add_argument("--against", metavar="DIR",
+                    help="also time the package in DIR (an older python/deepep) as deepep_old")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
@@ -263,31 +307,36 @@ def main():
             ffi = max(statistics.median(x["ffi"]) for x in outs) / 1e3
             emp = max(statistics.median(x["empty"]) for x in outs) / 1e3
             like = max(statistics.median(x["like"]) for x in outs) / 1e3
-            wid = max(statistics.median(x["widen"]) for x in outs) / 1e3
+            shr = max(statistics.median(x["shrunk"]) for x in outs) / 1e3
             print(f"\nworld {world}: ffi (a ctypes call of dep_errname) {ffi:.2f}; one small "
-                  f"output: torch.empty {emp:.2f}, empty_like of a prototype {like:.2f}; "
-                  f"int32 -> int64 copy into one {wid:.2f} (each timed alone, as the calls)")
+                  f"output: torch.empty {emp:.2f}, empty_like of a prototype {like:.2f}, "
+                  f"the same made at twice the rows and shrunk {shr:.2f} (each timed alone, "
+                  "as the calls)")
             print(f"{'method':<22} {'C med':>7} {'Py med':>7} {'above':>7}   {'C p99':>7} "
-                  f"{'Py p99':>7} {'above':>7}   {'floor':>6}  {'above floor':>11}")
+                  f"{'Py p99':>7} {'above':>7}   {'floor':>6}  {'above floor':>11}" +
+                  (f"   {'old med':>7} {'old above':>9} {'new-old':>7}" if o.against else ""))
             for name in OPS:
                 per = []
                 for x in outs:
-                    c, p = x["ops"][name]["c"], x["ops"][name]["py"]
+                    c, p, q = (x["ops"][name][s] for s in ("c", "py", "old"))
                     per.append((statistics.median(c) / 1e3, statistics.median(p) / 1e3,
-                                pct(c, 0.99) / 1e3, pct(p, 0.99) / 1e3))
+                                pct(c, 0.99) / 1e3, pct(p, 0.99) / 1e3,
+                                statistics.median(q) / 1e3 if q else float("nan")))
                     rows.append((world, x["rank"], name) + per[-1])
-                cm, pm, c99, p99 = max(per, key=lambda v: v[1] - v[0])
-                ne, nw = FLOOR[name]
-                floor = ne * like + nw * wid
+                cm, pm, c99, p99, om = max(per, key=lambda v: v[1] - v[0])
+                ne, ns = FLOOR[name]
+                floor = ne * like + ns * shr
                 print(f"{name:<22} {cm:7.2f} {pm:7.2f} {pm - cm:7.2f}   {c99:7.2f} {p99:7.2f} "
-                      f"{p99 - c99:7.2f}   {floor:6.2f}  {pm - cm - floor:11.2f}")
+                      f"{p99 - c99:7.2f}   {floor:6.2f}  {pm - cm - floor:11.2f}" +
+                      (f"   {om:7.2f} {om - cm:9.2f} {pm - om:7.2f}" if o.against else ""))
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait()
     if o.output:
         with open(o.output, "w") as f:
-            f.write("world,rank,op,c_median_us,py_median_us,c_p99_us,py_p99_us\n")
+            f.write("world,rank,op,c_median_us,py_median_us,c_p99_us,py_p99_us,"
+                    "old_median_us\n")
             for row in rows:
                 f.write(",".join(str(v) if isinstance(v, (int, str)) else f"{v:.3f}"
                                  for v in row) + "\n")
