@@ -262,7 +262,6 @@ END_TEST
 static int dg_ctl(const char *bin, const char *dir, char **out, const char *const *args) {
   return dw_run_ctl(bin, dir, out, args);
 }
-#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 /* `deepepctl --json doctor` of build dir bin_dir (NULL: this build's), printed for the log. */
 static int dg_doctor(const char *bin_dir, const struct tu_daemon *d, const char *what,
@@ -272,7 +271,7 @@ static int dg_doctor(const char *bin_dir, const struct tu_daemon *d, const char 
     dw_sfmt(bin, sizeof bin, "%s/deepepctl", bin_dir);
   else
     dw_sfmt(bin, sizeof bin, "%s", tu_bin("deepepctl"));
-  int rc = dg_ctl(bin, d->dir, out, ARGS("-s", d->sock, "--json", "doctor"));
+  int rc = dg_ctl(bin, d->dir, out, DW_ARGS("-s", d->sock, "--json", "doctor"));
   printf("doctor, %s (exit %d): %s\n", what, rc, *out);
   fflush(stdout);
   return rc;
@@ -287,52 +286,29 @@ static bool dg_says(const char *out, const char *check, const char *result) {
   ck_assert_msg(dg_says(out, check, result), "%s is not %s: %s", check, result, out)
 #define DG_IN(out, what) ck_assert_msg(strstr(out, what) != NULL, "\"%s\" not in: %s", what, out)
 
-/* A process that holds a CUDA context, or memory, until told to go; it reports on rep. */
-struct dg_proc {
-  pid_t pid;
-  int rep, go;
-};
-
-static void dg_fork(struct dg_proc *p) {
-  int rep[2], go[2];
-  ck_assert_int_eq(pipe(rep), 0);
-  ck_assert_int_eq(pipe(go), 0);
-  fflush(NULL);
-  p->pid = fork();
-  ck_assert_int_ge(p->pid, 0);
-  if (p->pid == 0) {
-    close(rep[0]);
-    close(go[1]);
-    p->rep = rep[1];
-    p->go = go[0];
-    return;
-  }
-  close(rep[1]);
-  close(go[0]);
-  p->rep = rep[0];
-  p->go = go[1];
-}
+/* The processes below (dw_child) hold a CUDA context, or memory, until told to go; each
+ * reports on rep. */
 
 /* In the child: say msg, wait for the parent's word (or its end), exit with code. */
-static void dg_child_report(const struct dg_proc *p, const char *msg) {
+static void dg_child_report(const struct dw_child *p, const char *msg) {
   ssize_t n = write(p->rep, msg, strlen(msg));
   (void)n;
 }
-static void dg_child_wait(const struct dg_proc *p) {
+static void dg_child_wait(const struct dw_child *p) {
   char c;
   ssize_t n = read(p->go, &c, 1);
   (void)n;
 }
 
 /* In the parent: what the child reported ("ok..." or why), asserted to begin with "ok". */
-static void dg_reported(struct dg_proc *p, const char *what, char *msg, size_t len) {
+static void dg_reported(struct dw_child *p, const char *what, char *msg, size_t len) {
   ssize_t n = read(p->rep, msg, len - 1);
   msg[n > 0 ? n : 0] = '\0';
   ck_assert_msg(n > 0 && strncmp(msg, "ok", 2) == 0, "%s (pid %d): %s", what, (int)p->pid,
                 n > 0 ? msg : "exited before reporting");
 }
 
-static void dg_finish(struct dg_proc *p, const char *what) {
+static void dg_finish(struct dw_child *p, const char *what) {
   ck_assert_int_eq(write(p->go, "g", 1), 1);
   int st = 0;
   ck_assert_int_eq(waitpid(p->pid, &st, 0), p->pid);
@@ -343,9 +319,9 @@ static void dg_finish(struct dg_proc *p, const char *what) {
 }
 
 /* A rank process: attach rank `rank` of `W` (all local) of job on GPU uuid, hold until told. */
-static void dg_rank(struct dg_proc *p, const char *sock, const char *job, uint32_t rank,
+static void dg_rank(struct dw_child *p, const char *sock, const char *job, uint32_t rank,
                     uint32_t W, const struct dep_job_shape *sh, const uint8_t uuid[16]) {
-  dg_fork(p);
+  dw_child_fork(p);
   if (p->pid != 0)
     return;
   char msg[512];
@@ -367,27 +343,46 @@ static void dg_rank(struct dg_proc *p, const char *sock, const char *job, uint32
 }
 
 /*
- * A process outside MPS (as the daemon) that takes GPU uuid's memory with cuMemAlloc until
- * no more than `leave` bytes are free, and holds it until told (its exit frees it).
+ * In a child: outside MPS (as the daemon), with the primary context of GPU uuid current: the
+ * driver, or NULL with why (the driver's load, no such GPU, or the context's CUDA error).
  */
-static void dg_hog(struct dg_proc *p, const uint8_t uuid[16], uint64_t leave) {
-  dg_fork(p);
-  if (p->pid != 0)
-    return;
+static const struct cudadrv *dg_outside_mps_on(const uint8_t uuid[16], char *why, size_t len) {
   unsetenv("CUDA_MPS_PIPE_DIRECTORY");
   unsetenv("CUDA_MPS_LOG_DIRECTORY");
-  char msg[512], why[256] = "";
-  const struct cudadrv *cu = cudadrv_load(why, sizeof why);
+  const struct cudadrv *cu = cudadrv_load(why, len);
+  if (cu == NULL)
+    return NULL;
   CUdevice dev;
   CUcontext ctx;
   CUresult r = CUDA_SUCCESS;
-  if (cu == NULL || cudadrv_device_by_uuid(cu, uuid, &dev) != 0 ||
-      (r = cu->cuDevicePrimaryCtxRetain(&ctx, dev)) != CUDA_SUCCESS ||
+  if (cudadrv_device_by_uuid(cu, uuid, &dev) != 0) {
+    snprintf(why, len, "no GPU of that UUID visible");
+    return NULL;
+  }
+  if ((r = cu->cuDevicePrimaryCtxRetain(&ctx, dev)) != CUDA_SUCCESS ||
       (r = cu->cuCtxSetCurrent(ctx)) != CUDA_SUCCESS) {
-    snprintf(msg, sizeof msg, "hog: %s", cu == NULL ? why : cudadrv_errstr(r));
+    snprintf(why, len, "%s", cudadrv_errstr(r));
+    return NULL;
+  }
+  return cu;
+}
+
+/*
+ * A process outside MPS (as the daemon) that takes GPU uuid's memory with cuMemAlloc until
+ * no more than `leave` bytes are free, and holds it until told (its exit frees it).
+ */
+static void dg_hog(struct dw_child *p, const uint8_t uuid[16], uint64_t leave) {
+  dw_child_fork(p);
+  if (p->pid != 0)
+    return;
+  char msg[512], why[256] = "";
+  const struct cudadrv *cu = dg_outside_mps_on(uuid, why, sizeof why);
+  if (cu == NULL) {
+    snprintf(msg, sizeof msg, "hog: %s", why);
     dg_child_report(p, msg);
     _exit(1);
   }
+  CUresult r = CUDA_SUCCESS;
   size_t free_b = 0, total_b = 0, chunk = 4 * GIB;
   uint64_t taken = 0;
   for (int i = 0; i < 4096; i++) {
@@ -447,14 +442,9 @@ static void dg_wait_free(const uint8_t uuid[16], uint64_t bytes) {
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
   if (pid == 0) {
-    unsetenv("CUDA_MPS_PIPE_DIRECTORY");
-    unsetenv("CUDA_MPS_LOG_DIRECTORY");
-    const struct cudadrv *cu = cudadrv_load(NULL, 0);
-    CUdevice dev;
-    CUcontext ctx;
-    if (cu == NULL || cudadrv_device_by_uuid(cu, uuid, &dev) != 0 ||
-        cu->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
-        cu->cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+    char why[256];
+    const struct cudadrv *cu = dg_outside_mps_on(uuid, why, sizeof why);
+    if (cu == NULL)
       _exit(2);
     for (int i = 0; i < 100; i++) {
       size_t free_b = 0, total_b = 0;
@@ -470,7 +460,20 @@ static void dg_wait_free(const uint8_t uuid[16], uint64_t bytes) {
                 "GPU memory was not given back within 10 s of the hog's end (status 0x%x)", st);
 }
 
-/* Wait until the daemon runs no job (a job's end, its arena's scrub, are the daemon's own). */
+/* A hog on GPU uuid that leaves `leave` bytes free, once it says how much it took. */
+static void dg_hog_start(struct dw_child *hog, const uint8_t uuid[16], uint64_t leave) {
+  char msg[512];
+  dg_hog(hog, uuid, leave);
+  dg_reported(hog, "hog", msg, sizeof msg);
+  printf("memory hog: %s\n", msg);
+}
+
+/* The hog's end, and its memory back (8 GiB free again). */
+static void dg_hog_end(struct dw_child *hog, const uint8_t uuid[16]) {
+  dg_finish(hog, "hog");
+  dg_wait_free(uuid, 8 * GIB);
+}
+
 /* The daemon runs no job, and holds nothing for exited ranks: it looks for
  * them once a second (lend.c), so memory an exited rank held counts as held
  * by a gone process until then, which the allocation check sees. */
@@ -545,7 +548,7 @@ START_TEST(doctor_passes_a_healthy_gpu_node_and_reports_its_real_compute_mode) {
   DG_IN(out, "\"ok\":\"true\"");
   free(out);
   /* The text form: one line per check, each OK. */
-  rc = dg_ctl(tu_bin("deepepctl"), d.dir, &out, ARGS("-s", d.sock, "doctor"));
+  rc = dg_ctl(tu_bin("deepepctl"), d.dir, &out, DW_ARGS("-s", d.sock, "doctor"));
   printf("doctor, as text (exit %d):\n%s", rc, out);
   ck_assert_int_eq(rc, 0);
   for (int i = 0; i < 5; i++) {
@@ -569,7 +572,7 @@ START_TEST(doctor_warns_of_ranks_sharing_a_gpu_without_mps) {
   cudadrv_uuid_str(g.uuid[0], gpu);
   const bool mps = dg_mode_mps(g.uuid[0]) % 2 != 0;
   /* Two rank processes of one job, both on GPU 0 (whatever DEP_TEST_GPUS says: the point). */
-  struct dg_proc r[2];
+  struct dw_child r[2];
   char msg[512];
   for (uint32_t i = 0; i < 2; i++)
     dg_rank(&r[i], d.sock, "dg-shared", i, 2, &dg_small, g.uuid[0]);
@@ -633,7 +636,7 @@ static struct dep_job_shape dg_shape_of(uint64_t bytes, uint64_t *got) {
 /* Run a one-rank job of shape sh to its end. */
 static void dg_job(const struct tu_daemon *d, const char *job, const struct dep_job_shape *sh,
                    const uint8_t uuid[16]) {
-  struct dg_proc r;
+  struct dw_child r;
   char msg[512];
   dg_rank(&r, d->sock, job, 0, 1, sh, uuid);
   dg_reported(&r, job, msg, sizeof msg);
@@ -656,16 +659,14 @@ START_TEST(doctor_warns_then_fails_when_the_gpu_has_too_little_memory_for_the_po
           "  chunk_size: 2MiB\n  host_size: 64MiB\n", (unsigned long long)budget_mib);
   struct tu_daemon d;
   dg_start(&d, yaml);
-  char gpu[DEP_UUID_STR_LEN], msg[512];
+  char gpu[DEP_UUID_STR_LEN];
   cudadrv_uuid_str(g.uuid[0], gpu);
   printf("memory: budget %llu MiB, job A %.0f MiB, job B %.0f MiB\n",
          (unsigned long long)budget_mib, (double)a_bytes / MIB, (double)b_bytes / MIB);
   /* 1. A GPU nearly full (1 GiB left, less doctor's own context): the pool's rest does not
    *    fit.  No job seen yet: WARN, exit 0. */
-  struct dg_proc hog;
-  dg_hog(&hog, g.uuid[0], GIB);
-  dg_reported(&hog, "hog", msg, sizeof msg);
-  printf("memory hog: %s\n", msg);
+  struct dw_child hog;
+  dg_hog_start(&hog, g.uuid[0], GIB);
   char *out = NULL;
   int rc = dg_doctor(NULL, &d, "GPU full, no job seen", &out);
   DG_SAYS(out, "memory", "WARN");
@@ -675,8 +676,7 @@ START_TEST(doctor_warns_then_fails_when_the_gpu_has_too_little_memory_for_the_po
   DG_IN(out, "preallocation: true");
   ck_assert_int_eq(rc, 0);
   free(out);
-  dg_finish(&hog, "hog");
-  dg_wait_free(g.uuid[0], 8 * GIB);
+  dg_hog_end(&hog, g.uuid[0]);
   /* 2. A runs and ends, B runs and ends (unmaking A's block): with the GPU full again, a job
    *    of A's size could not attach: FAIL, exit 1. */
   dg_job(&d, "dg-big", &big, g.uuid[0]);
@@ -685,9 +685,7 @@ START_TEST(doctor_warns_then_fails_when_the_gpu_has_too_little_memory_for_the_po
   ck_assert_msg(strstr(log, "to make room for a block of") != NULL,
                 "B's start did not unmake A's block:\n%s", log);
   free(log);
-  dg_hog(&hog, g.uuid[0], GIB);
-  dg_reported(&hog, "hog", msg, sizeof msg);
-  printf("memory hog: %s\n", msg);
+  dg_hog_start(&hog, g.uuid[0], GIB);
   rc = dg_doctor(NULL, &d, "GPU full, the largest job's arena unmade", &out);
   DG_SAYS(out, "memory", "FAIL");
   DG_IN(out, "job dg-big, the largest seen here");
@@ -696,8 +694,7 @@ START_TEST(doctor_warns_then_fails_when_the_gpu_has_too_little_memory_for_the_po
   ck_assert_int_eq(rc, 1);
   DG_IN(out, "\"ok\":\"false\"");
   free(out);
-  dg_finish(&hog, "hog");
-  dg_wait_free(g.uuid[0], 8 * GIB);
+  dg_hog_end(&hog, g.uuid[0]);
   /* 3. The memory back: OK again. */
   rc = dg_doctor(NULL, &d, "GPU memory freed", &out);
   DG_SAYS(out, "memory", "OK");

@@ -153,20 +153,11 @@ static void lc_rank_main(const char *sock, const char *job, uint32_t rank, enum 
 
 static void lc_spawn(struct lc_rank *r, const char *sock, const char *job, uint32_t rank,
                      enum lc_script script) {
-  int to[2], from[2];
-  ck_assert_int_eq(pipe(to), 0);
-  ck_assert_int_eq(pipe(from), 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0) {
-    close(to[1]);
-    close(from[0]);
-    lc_rank_main(sock, job, rank, script, to[0], from[1]);
-  }
-  close(to[0]);
-  close(from[1]);
-  *r = (struct lc_rank){.pid = pid, .to = to[1], .from = from[0]};
+  struct dw_child c;
+  dw_child_fork(&c);
+  if (c.pid == 0)
+    lc_rank_main(sock, job, rank, script, c.go, c.rep);
+  *r = (struct lc_rank){.pid = c.pid, .to = c.go, .from = c.rep};
 }
 
 /* The rank's next report (within 30 s), which must be `step`. */

@@ -67,6 +67,15 @@ static char *mt_read_all(int fd, int timeout_ms, bool *eof) {
   return buf;
 }
 
+/* A daemon whose metrics.listen is a port free on 127.0.0.1: that port. */
+static int mt_start(struct tu_daemon *d) {
+  const int port = mt_free_port();
+  char y[200];
+  dw_sfmt(y, sizeof y, "metrics:\n  listen: 127.0.0.1:%d\n", port);
+  dw_start(d, y);
+  return port;
+}
+
 /* One HTTP exchange with the daemon's listener: the whole answer. */
 static char *mt_http(int port, const char *request) {
   int fd = mt_tcp(port);
@@ -98,21 +107,15 @@ static char *mt_exposition_shape(const char *text) {
 }
 
 START_TEST(metrics_listen_serves_deepepctl_s_exposition_over_http) {
-  const int port = mt_free_port();
-  char y[200];
-  dw_sfmt(y, sizeof y, "metrics:\n  listen: 127.0.0.1:%d\n", port);
   struct tu_daemon d;
-  dw_start(&d, y);
+  const int port = mt_start(&d);
   char want[120];
   dw_sfmt(want, sizeof want, "metrics: serving the Prometheus exposition at "
           "http://127.0.0.1:%d/metrics", port);
   ck_assert_msg(dw_log_has(&d, want, 0), "%s", tu_daemon_log(&d));
   const struct st_plan plan = {.pairs = 10};
   struct st_rank r[ST_W];
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_spawn(&r[i], &d, "st-prom", i, &plan);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_ran(&r[i]);
+  st_job_start(r, &d, "st-prom", &plan);
   char *got = mt_http(port, "GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n");
   ck_assert_msg(strncmp(got, "HTTP/1.1 200 OK\r\n", 17) == 0, "%s", got);
   ck_assert_msg(strstr(got, "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
@@ -139,18 +142,14 @@ START_TEST(metrics_listen_serves_deepepctl_s_exposition_over_http) {
   got = mt_http(port, "GET /metrics?name[]=x HTTP/1.0\r\n\r\n");
   ck_assert_msg(strncmp(got, "HTTP/1.1 200 OK\r\n", 17) == 0, "%s", got);
   free(got);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_finish(&r[i], false);
+  st_job_end(r, false);
   dw_stop_ok(&d);
 }
 END_TEST
 
 START_TEST(metrics_listen_answers_anything_else_with_an_error_and_carries_on) {
-  const int port = mt_free_port();
-  char y[200];
-  dw_sfmt(y, sizeof y, "metrics:\n  listen: 127.0.0.1:%d\n", port);
   struct tu_daemon d;
-  dw_start(&d, y);
+  const int port = mt_start(&d);
   static const struct {
     const char *request, *status;
   } cases[] = {
@@ -201,11 +200,8 @@ START_TEST(metrics_listen_answers_anything_else_with_an_error_and_carries_on) {
 END_TEST
 
 START_TEST(metrics_listen_bounds_idle_and_surplus_scrapers) {
-  const int port = mt_free_port();
-  char y[200];
-  dw_sfmt(y, sizeof y, "metrics:\n  listen: 127.0.0.1:%d\n", port);
   struct tu_daemon d;
-  dw_start(&d, y);
+  const int port = mt_start(&d);
   enum { HELD = 16 }; /* METRICS_HTTP_CONNS */
   int idle[HELD];
   int64_t t0 = dw_now_ms();

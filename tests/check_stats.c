@@ -214,10 +214,7 @@ START_TEST(stats_count_every_call_and_outlive_the_job) {
   dw_start(&d, NULL);
   const struct st_plan plan = {.layouts = 3, .pairs = 10, .ll_pairs = 12, .bad = 2};
   struct st_rank r[ST_W];
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_spawn(&r[i], &d, "st-count", i, &plan);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_ran(&r[i]);
+  st_job_start(r, &d, "st-count", &plan);
   struct dep_msg_stats_rank got[ST_W];
   struct dep_msg_stats_ok ok;
   ck_assert_uint_eq(st_fetch(&d, "st-count", got, &ok), ST_W);
@@ -250,8 +247,7 @@ START_TEST(stats_count_every_call_and_outlive_the_job) {
     ck_assert_uint_eq(g->recent[0][1], ST_TOKENS);
   }
   /* The ranks die: the job ends, and its figures stay, marked ended. */
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_finish(&r[i], true);
+  st_job_end(r, true);
   int64_t deadline = dw_now_ms() + 5000;
   do {
     dw_sleep_ms(50);
@@ -275,10 +271,7 @@ START_TEST(a_slow_first_call_is_logged_with_job_rank_and_op) {
                                    .num_experts = ST_EXPERTS, .topk = ST_TOPK,
                                    .max_ll_tokens_per_rank = ST_LL, .dtype = DEP_DTYPE_BF16}};
   struct st_rank r[ST_W];
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_spawn(&r[i], &d, "st-slow", i, &plan);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_ran(&r[i]);
+  st_job_start(r, &d, "st-slow", &plan);
   ck_assert_msg(dw_log_has(&d, "job st-slow rank 0: the first dispatch took", 5000),
                 "no first-call warning for rank 0's dispatch in:\n%s", tu_daemon_log(&d));
   ck_assert(dw_log_has(&d, "job st-slow rank 1: the first dispatch took", 5000));
@@ -288,8 +281,7 @@ START_TEST(a_slow_first_call_is_logged_with_job_rank_and_op) {
   st_fetch(&d, "st-slow", got, &ok);
   ck_assert_uint_ge(ok.warnings, 2);
   ck_assert_uint_eq(ok.warn_ratio_milli, 2000);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_finish(&r[i], false);
+  st_job_end(r, false);
   dw_stop_ok(&d);
 }
 END_TEST
@@ -306,18 +298,14 @@ START_TEST(an_ordinary_first_call_is_not_logged) {
                                          .max_ll_tokens_per_rank = ST_LL,
                                          .dtype = DEP_DTYPE_BF16}};
   struct st_rank r[ST_W];
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_spawn(&r[i], &d, "st-calm", i, &plan);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_ran(&r[i]);
+  st_job_start(r, &d, "st-calm", &plan);
   struct dep_msg_stats_rank got[ST_W];
   struct dep_msg_stats_ok ok;
   st_fetch(&d, "st-calm", got, &ok); /* folds, and so checks, what the ranks wrote */
   ck_assert_uint_eq(got[0].ops[DEP_STATS_OP_DISPATCH].calls, 12);
   ck_assert(!dw_log_has(&d, "the first dispatch took", 300));
   ck_assert_uint_eq(ok.warnings, 0);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_finish(&r[i], false);
+  st_job_end(r, false);
   dw_stop_ok(&d);
 }
 END_TEST
@@ -367,13 +355,9 @@ START_TEST(systemd_status_says_jobs_ranks_and_warnings) {
   ST_NOTIFY("READY=1");
   const struct st_plan plan = {.pairs = 2};
   struct st_rank r[ST_W];
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_spawn(&r[i], &d, "st-notify", i, &plan);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_ran(&r[i]);
+  st_job_start(r, &d, "st-notify", &plan);
   ST_NOTIFY("STATUS=ready on %s: 1 job(s), 2 rank(s) reporting, 0 first-call warning(s)", d.sock);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_finish(&r[i], false);
+  st_job_end(r, false);
   ST_NOTIFY("STATUS=ready on %s: 0 job(s), 0 rank(s) reporting, 0 first-call warning(s)", d.sock);
 #undef ST_NOTIFY
   close(ns);
@@ -388,10 +372,7 @@ START_TEST(metrics_parse_with_a_prometheus_parser) {
   dw_start(&d, NULL);
   const struct st_plan plan = {.pairs = 10};
   struct st_rank r[ST_W];
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_spawn(&r[i], &d, "st-prom", i, &plan);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_ran(&r[i]);
+  st_job_start(r, &d, "st-prom", &plan);
   char *out = NULL;
   ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "metrics")), 0);
   char *said = NULL;
@@ -410,8 +391,7 @@ START_TEST(metrics_parse_with_a_prometheus_parser) {
   ck_assert_msg(strstr(out, "\"job\":\"st-prom\",\"rank\":1,") != NULL, "%s", out);
   ck_assert_msg(strstr(out, "\"attached\":\"yes\"") != NULL, "%s", out);
   free(out);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_finish(&r[i], false);
+  st_job_end(r, false);
   dw_stop_ok(&d);
 }
 END_TEST
@@ -430,10 +410,7 @@ START_TEST(doctor_passes_on_a_healthy_node) {
   ck_assert_int_eq(chmod(d.sock, 0660), 0);
   const struct st_plan plan = {.layouts = 2, .pairs = 2};
   struct st_rank r[ST_W];
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_spawn(&r[i], &d, "st-healthy", i, &plan);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_ran(&r[i]);
+  st_job_start(r, &d, "st-healthy", &plan);
   char *out = NULL;
   ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "--json", "doctor")), 0);
   /* The kernels and the GPUs' memory do not apply to the host backend: skipped, not passed. */
@@ -450,8 +427,7 @@ START_TEST(doctor_passes_on_a_healthy_node) {
   ck_assert_msg(strstr(out, "memory       SKIP  host backend: no device memory") != NULL, "%s",
                 out);
   free(out);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_finish(&r[i], false);
+  st_job_end(r, false);
   dw_stop_ok(&d);
 }
 END_TEST
@@ -499,24 +475,16 @@ START_TEST(doctor_fails_allocation_when_the_largest_job_cannot_start_again) {
   struct st_plan other = big;
   other.shape.max_tokens_per_rank = 384;
   struct st_rank a[ST_W], b[ST_W];
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_spawn(&a[i], &d, "st-big", i, &big);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_ran(&a[i]);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_finish(&a[i], false);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_spawn(&b[i], &d, "st-other", i, &other);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_ran(&b[i]);
+  st_job_start(a, &d, "st-big", &big);
+  st_job_end(a, false);
+  st_job_start(b, &d, "st-other", &other);
   char *out = NULL;
   ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "--json", "doctor")), 1);
   ck_assert_msg(st_doctor_says(out, "allocation", "FAIL"), "%s", out);
   ck_assert_msg(strstr(out, "job st-big, the largest seen") != NULL, "%s", out);
   ck_assert_msg(st_doctor_says(out, "connections", "OK"), "%s", out);
   free(out);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_finish(&b[i], false);
+  st_job_end(b, false);
   dw_stop_ok(&d);
 }
 END_TEST
@@ -526,18 +494,14 @@ START_TEST(doctor_fails_balance_when_every_token_goes_to_one_rank) {
   dw_start(&d, NULL);
   const struct st_plan plan = {.layouts = 1, .to_rank0 = true};
   struct st_rank r[ST_W];
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_spawn(&r[i], &d, "st-skew", i, &plan);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_ran(&r[i]);
+  st_job_start(r, &d, "st-skew", &plan);
   char *out = NULL;
   ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "--json", "doctor")), 1);
   /* Every token of both ranks to rank 0: it receives 2 x the mean, past the FAIL bound. */
   ck_assert_msg(st_doctor_says(out, "balance", "FAIL"), "%s", out);
   ck_assert_msg(strstr(out, "job st-skew: rank 0 receives 2.00 x the mean") != NULL, "%s", out);
   free(out);
-  for (uint32_t i = 0; i < ST_W; i++)
-    st_finish(&r[i], false);
+  st_job_end(r, false);
   dw_stop_ok(&d);
 }
 END_TEST

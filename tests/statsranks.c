@@ -84,10 +84,12 @@ static int st_rank_run(dep_client_t *c, const struct st_plan *p, char *msg, size
   return rc;
 }
 
-void st_spawn(struct st_rank *r, const struct tu_daemon *d, const char *job, uint32_t rank,
-              const struct st_plan *plan) {
-  dw_child_fork(r);
-  if (r->pid == 0) {
+/* A rank: attach rank `rank` of job, run the plan, report "ok" or the failure, wait for the
+ * word, detach. */
+static void st_spawn(struct st_rank *r, const struct tu_daemon *d, const char *job,
+                     uint32_t rank, const struct st_plan *plan) {
+  dw_child_fork(&r->proc);
+  if (r->proc.pid == 0) {
     struct st_plan p = *plan;
     if (p.shape.hidden == 0)
       p.shape = st_shape;
@@ -102,10 +104,10 @@ void st_spawn(struct st_rank *r, const struct tu_daemon *d, const char *job, uin
       snprintf(msg, sizeof msg, "dep_attach: %s", dep_errmsg(c));
     if (rc == 0)
       rc = st_rank_run(c, &p, msg, sizeof msg);
-    if (write(r->rep, msg, strlen(msg) + 1) < 0)
+    if (write(r->proc.rep, msg, strlen(msg) + 1) < 0)
       _exit(3);
     char g;
-    if (read(r->go, &g, 1) != 1)
+    if (read(r->proc.go, &g, 1) != 1)
       _exit(0);
     if (rc == 0)
       dep_detach(c);
@@ -114,25 +116,39 @@ void st_spawn(struct st_rank *r, const struct tu_daemon *d, const char *job, uin
   }
 }
 
-void st_ran(struct st_rank *r) {
+/* The rank ran its plan. */
+static void st_ran(struct st_rank *r) {
   char msg[400] = "";
-  ssize_t n = read(r->rep, msg, sizeof msg - 1);
-  ck_assert_msg(n > 0, "rank pid %d exited before reporting", (int)r->pid);
-  ck_assert_msg(strcmp(msg, "ok") == 0, "rank pid %d: %s", (int)r->pid, msg);
+  ssize_t n = read(r->proc.rep, msg, sizeof msg - 1);
+  ck_assert_msg(n > 0, "rank pid %d exited before reporting", (int)r->proc.pid);
+  ck_assert_msg(strcmp(msg, "ok") == 0, "rank pid %d: %s", (int)r->proc.pid, msg);
 }
 
-void st_finish(struct st_rank *r, bool kill9) {
+static void st_finish(struct st_rank *r, bool kill9) {
   if (kill9)
-    kill(r->pid, SIGKILL);
+    kill(r->proc.pid, SIGKILL);
   else
-    ck_assert_int_eq(write(r->go, "g", 1), 1);
+    ck_assert_int_eq(write(r->proc.go, "g", 1), 1);
   int st = 0;
-  ck_assert_int_eq(waitpid(r->pid, &st, 0), r->pid);
+  ck_assert_int_eq(waitpid(r->proc.pid, &st, 0), r->proc.pid);
   if (!kill9)
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank pid %d: status 0x%x",
-                  (int)r->pid, st);
-  close(r->rep);
-  close(r->go);
+                  (int)r->proc.pid, st);
+  close(r->proc.rep);
+  close(r->proc.go);
+}
+
+void st_job_start(struct st_rank r[ST_W], const struct tu_daemon *d, const char *job,
+                  const struct st_plan *plan) {
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_spawn(&r[i], d, job, i, plan);
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_ran(&r[i]);
+}
+
+void st_job_end(struct st_rank r[ST_W], bool kill9) {
+  for (uint32_t i = 0; i < ST_W; i++)
+    st_finish(&r[i], kill9);
 }
 
 /* A Prometheus parser's reading of the file: the families and samples it found, or why not. */

@@ -36,17 +36,20 @@ struct st_plan {
   struct dep_job_shape shape; /* zero: st_shape */
 };
 
-/* A rank process (its pipes: dw_child's). */
-#define st_rank dw_child
+/* A rank process and its pipes. */
+struct st_rank {
+  struct dw_child proc;
+};
 
-/* A rank: attach rank `rank` of job, run the plan, report "ok" or the failure, wait for the
- * word, detach. */
-void st_spawn(struct st_rank *r, const struct tu_daemon *d, const char *job, uint32_t rank,
-              const struct st_plan *plan);
-/* The rank ran its plan: the test fails with its message otherwise. */
-void st_ran(struct st_rank *r);
-/* Its end: the word given (it detaches and must exit 0), or SIGKILL. */
-void st_finish(struct st_rank *r, bool kill9);
+/*
+ * Job `job` on d: ST_W rank processes, each attaching, running the plan and
+ * waiting for the word to detach; returns once every one ran its plan (the
+ * test fails with a rank's message otherwise).
+ */
+void st_job_start(struct st_rank r[ST_W], const struct tu_daemon *d, const char *job,
+                  const struct st_plan *plan);
+/* The job's end: the word given (each rank detaches and must exit 0), or SIGKILL. */
+void st_job_end(struct st_rank r[ST_W], bool kill9);
 
 /* Run this build's deepepctl with args (DW_ARGS) to its end: its exit code, its stdout in *out
  * (malloc'd). */
