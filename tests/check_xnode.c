@@ -346,10 +346,9 @@ START_TEST(on_the_gpu_a_job_on_daemons_sharing_it_matches_the_oracle) {
   char job[32];
   snprintf(job, sizeof job, "gpu-spread-%d", _i);
   const uint64_t t0 = cr_ms_now();
-  static char fails[OW_MAXW * (OW_MSG + 16)];
+  static char fails[OW_FAILS_LEN];
   int nfail = gpu_run(&ns, L->split, job, d, cr_body_rounds, &a, false, fails, sizeof fails);
-  ck_assert_msg(nfail == 0, "%s: %d rank(s) failed (DEP_TEST_SEED=%llu):%s", d->desc, nfail,
-                (unsigned long long)ow_seed, fails);
+  OW_ASSERT_NONE_FAILED(d->desc, nfail, fails);
   char out[16384];
   ctl_json(&ns, "peers", out, sizeof out);
   ck_assert_msg(strstr(out, "\"data_frames_out\":0") == NULL,
@@ -415,7 +414,7 @@ START_TEST(on_the_gpu_a_lost_node_fails_the_survivors_within_the_op_timeout) {
   nodes_start_all(&ns);
   const uint32_t split[NODES_MAX] = {2, 2};
   struct gpu_loss g = {.d = d, .victim = ns.d[1].pid, .first_gone = 2, .kill_round = 4};
-  static char fails[OW_MAXW * (OW_MSG + 16)];
+  static char fails[OW_FAILS_LEN];
   int nfail = gpu_run(&ns, split, "gpu-loss", d, body_until_node_lost, &g, true, fails,
                       sizeof fails);
   ns.d[1].pid = 0; /* killed: nodes_stop must not wait for it */

@@ -179,10 +179,9 @@ static int cr_failures(struct cr_world *w, uint32_t W, const int *failed, char *
 }
 
 static void cr_report(struct cr_world *w, uint32_t W, const int *failed, const char *what) {
-  static char out[OW_MAXW * (OW_MSG + 16)];
+  static char out[OW_FAILS_LEN];
   int n = cr_failures(w, W, failed, out, sizeof out);
-  ck_assert_msg(n == 0, "%s: %d rank(s) failed (DEP_TEST_SEED=%llu):%s", what, n,
-                (unsigned long long)ow_seed, out);
+  OW_ASSERT_NONE_FAILED(what, n, out);
 }
 
 void cr_run_procs(struct cr_world *w, const char *job, const struct dep_job_shape *sh, uint32_t W,
@@ -190,10 +189,9 @@ void cr_run_procs(struct cr_world *w, const char *job, const struct dep_job_shap
   struct cr_place p = {.wait_all = false};
   for (uint32_t r = 0; r < W; r++)
     p.sock[r] = w->dm.sock, p.local[r] = r, p.lws[r] = W;
-  static char out[OW_MAXW * (OW_MSG + 16)];
+  static char out[OW_FAILS_LEN];
   int n = cr_run_procs_placed(w, &p, job, sh, W, fn, arg, out, sizeof out);
-  ck_assert_msg(n == 0, "%s: %d rank(s) failed (DEP_TEST_SEED=%llu):%s", what, n,
-                (unsigned long long)ow_seed, out);
+  OW_ASSERT_NONE_FAILED(what, n, out);
 }
 
 int cr_run_procs_placed(struct cr_world *w, const struct cr_place *p, const char *job,

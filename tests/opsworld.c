@@ -120,7 +120,7 @@ void ow_run_ranks(struct ow_world *w, const struct dep_job_shape *s, ow_rank_fn 
       usleep(500);
     }
   }
-  char report[OW_MAXW * (OW_MSG + 40)] = "";
+  char report[OW_FAILS_LEN] = "";
   size_t len = 0;
   for (uint32_t r = 0; r < w->n && len < sizeof report; r++) {
     if (WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0)
@@ -129,8 +129,7 @@ void ow_run_ranks(struct ow_world *w, const struct dep_job_shape *s, ow_rank_fn 
                             WIFSIGNALED(st[r]) ? strsignal(WTERMSIG(st[r])) : "failed",
                             w->msg[r * OW_MSG] ? w->msg + (size_t)r * OW_MSG : "(stopped)");
   }
-  ck_assert_msg(failed == 0, "%s: %d rank(s) failed (DEP_TEST_SEED=%llu):%s", what, failed,
-                (unsigned long long)ow_seed, report);
+  OW_ASSERT_NONE_FAILED(what, failed, report);
 }
 
 /* ---- scenarios: inputs and the oracle's expectations ------------------------- */

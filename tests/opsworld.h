@@ -16,6 +16,16 @@
 #define OW_MAXW 8
 #define OW_MSG 700
 #define OW_TIMEOUT_MS 10000u /* generous: 8 ranks on 2 cores under ASan */
+/* Room for every rank's failure, one line each: "\n  rank R (how): its message". */
+#define OW_FAILS_LEN (OW_MAXW * (OW_MSG + 40))
+/*
+ * The end of a world's run: none of its ranks failed, else the test fails
+ * with how many did, what each said (fails) and the seed that replays the
+ * run.  A macro, so that the failure names the caller's line.
+ */
+#define OW_ASSERT_NONE_FAILED(what, nfailed, fails)                                   \
+  ck_assert_msg((nfailed) == 0, "%s: %d rank(s) failed (DEP_TEST_SEED=%llu):%s", (what), \
+                (nfailed), (unsigned long long)ow_seed, (fails))
 
 /* The run's seed: $DEP_TEST_SEED, else fresh; salt varies it per loop test. */
 extern uint64_t ow_seed;
