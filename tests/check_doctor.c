@@ -64,6 +64,24 @@ static void dg_fresh(struct doctor_check *k, const char *name) {
 #define DG_DOES(k, what) \
   ck_assert_msg(strstr((k)->action, what) != NULL, "\"%s\" not in: %s", what, (k)->action)
 
+/* A fresh check of doctor's, judged from these inputs: its result. */
+static enum doctor_result dg_kernels(struct doctor_check *k, const struct doctor_kernels_in *in) {
+  dg_fresh(k, "kernels");
+  doctor_judge_kernels(k, in);
+  return k->result;
+}
+static enum doctor_result dg_mode(struct doctor_check *k, const char *gpu, int mode, bool mps,
+                                  const char *shared_job) {
+  dg_fresh(k, "allocation");
+  doctor_judge_mode(k, gpu, mode, mps, shared_job);
+  return k->result;
+}
+static enum doctor_result dg_memory(struct doctor_check *k, const struct doctor_memory_in *in) {
+  dg_fresh(k, "memory");
+  doctor_judge_memory(k, in);
+  return k->result;
+}
+
 /* ---- decisions: kernels ------------------------------------------------------------------ */
 
 #define BUILD_A "aaaaaaaaaaaaaaaa1111111111111111aaaaaaaaaaaaaaaa1111111111111111"
@@ -71,14 +89,12 @@ static void dg_fresh(struct doctor_check *k, const char *name) {
 
 START_TEST(kernels_pass_with_sass_and_fail_with_no_code_for_the_gpu) {
   struct doctor_check k;
-  dg_fresh(&k, "kernels");
   ck_assert(!doctor_kernels_ask(KIMAGE_SASS));
   ck_assert(!doctor_kernels_ask(KIMAGE_NONE));
   ck_assert(doctor_kernels_ask(KIMAGE_PTX_ONLY));
   ck_assert(doctor_kernels_ask(KIMAGE_UNKNOWN));
   struct doctor_kernels_in in = {.gpu = "GPU-1", .arch = 90, .fit = KIMAGE_SASS, .build = BUILD_A};
-  doctor_judge_kernels(&k, &in);
-  ck_assert_int_eq(k.result, DOCTOR_OK);
+  ck_assert_int_eq(dg_kernels(&k, &in), DOCTOR_OK);
   DG_HAS(&k, "GPU GPU-1 (sm_90): SASS for it in the fatbin");
   ck_assert_str_eq(k.action, "");
   /* A GPU newer than every SASS and older than every PTX of the build (simulated: sm_120). */
@@ -95,40 +111,30 @@ START_TEST(kernels_with_ptx_only_need_the_daemon_s_compile_of_this_build) {
   struct dep_msg_kernels_ok lent = {.arch = 90, .driver = 13000, .build = BUILD_A, .bytes = 281344};
   /* The daemon lends a compile of this very build: OK. */
   struct doctor_check k;
-  dg_fresh(&k, "kernels");
   struct doctor_kernels_in in = {.gpu = "GPU-1", .arch = 90, .fit = KIMAGE_PTX_ONLY,
                                  .build = BUILD_A, .lend_rc = 0, .lend_why = "", .lent = &lent};
-  doctor_judge_kernels(&k, &in);
-  ck_assert_int_eq(k.result, DOCTOR_OK);
+  ck_assert_int_eq(dg_kernels(&k, &in), DOCTOR_OK);
   DG_HAS(&k, "the daemon lends its cached compile of it (281344 bytes, driver 13000)");
   /* Another build's compile: this library's trainers compile for themselves. */
-  dg_fresh(&k, "kernels");
   in.build = BUILD_B;
-  doctor_judge_kernels(&k, &in);
-  ck_assert_int_eq(k.result, DOCTOR_WARN);
+  ck_assert_int_eq(dg_kernels(&k, &in), DOCTOR_WARN);
   DG_HAS(&k, "lends a compile of build aaaaaaaaaaaaaaaa, not this library's bbbbbbbbbbbbbbbb");
   DG_DOES(&k, "from one build");
   /* No compile at all (a daemon of a SASS build): WARN. */
-  dg_fresh(&k, "kernels");
   in = (struct doctor_kernels_in){.gpu = "GPU-1", .arch = 90, .fit = KIMAGE_PTX_ONLY,
                                   .build = BUILD_A, .lend_rc = DEP_ERR_NOT_FOUND,
                                   .lend_why = "deepepd has no kernels to lend for this GPU"};
-  doctor_judge_kernels(&k, &in);
-  ck_assert_int_eq(k.result, DOCTOR_WARN);
+  ck_assert_int_eq(dg_kernels(&k, &in), DOCTOR_WARN);
   DG_HAS(&k, "each trainer process compiles it at its start");
   DG_DOES(&k, "install deepepd and libdeepep-client from one build");
   /* A fatbin the parser does not read and no compile: the driver decides, nothing to say. */
-  dg_fresh(&k, "kernels");
   in.fit = KIMAGE_UNKNOWN;
-  doctor_judge_kernels(&k, &in);
-  ck_assert_int_eq(k.result, DOCTOR_OK);
+  ck_assert_int_eq(dg_kernels(&k, &in), DOCTOR_OK);
   /* A daemon that did not answer: WARN, pointing at its log. */
-  dg_fresh(&k, "kernels");
   in = (struct doctor_kernels_in){.gpu = "GPU-1", .arch = 90, .fit = KIMAGE_PTX_ONLY,
                                   .build = BUILD_A, .lend_rc = DEP_ERR_PROTOCOL,
                                   .lend_why = "a malformed KERNELS_OK"};
-  doctor_judge_kernels(&k, &in);
-  ck_assert_int_eq(k.result, DOCTOR_WARN);
+  ck_assert_int_eq(dg_kernels(&k, &in), DOCTOR_WARN);
   DG_HAS(&k, "did not say what it has for it (a malformed KERNELS_OK)");
   DG_DOES(&k, "daemon's log");
 }
@@ -138,9 +144,7 @@ END_TEST
 
 START_TEST(compute_modes_other_than_default_fail) {
   struct doctor_check k;
-  dg_fresh(&k, "allocation");
-  doctor_judge_mode(&k, "GPU-1", DOCTOR_MODE_DEFAULT, false, NULL);
-  ck_assert_int_eq(k.result, DOCTOR_OK);
+  ck_assert_int_eq(dg_mode(&k, "GPU-1", DOCTOR_MODE_DEFAULT, false, NULL), DOCTOR_OK);
   ck_assert_str_eq(k.detail, "GPU GPU-1: compute mode default, MPS not running");
   dg_fresh(&k, "allocation");
   doctor_judge_mode(&k, "GPU-1", DOCTOR_MODE_DEFAULT, true, NULL);
@@ -154,9 +158,7 @@ START_TEST(compute_modes_other_than_default_fail) {
     DG_HAS(&k, "deepepd holds one of its own");
     DG_DOES(&k, "nvidia-smi -i GPU-1 -c DEFAULT");
   }
-  dg_fresh(&k, "allocation");
-  doctor_judge_mode(&k, "GPU-1", DOCTOR_MODE_PROHIBITED, false, NULL);
-  ck_assert_int_eq(k.result, DOCTOR_FAIL);
+  ck_assert_int_eq(dg_mode(&k, "GPU-1", DOCTOR_MODE_PROHIBITED, false, NULL), DOCTOR_FAIL);
   DG_HAS(&k, "compute mode prohibited");
   DG_DOES(&k, "nvidia-smi -i GPU-1 -c DEFAULT");
 }
@@ -164,14 +166,10 @@ END_TEST
 
 START_TEST(ranks_sharing_a_gpu_in_several_processes_want_mps) {
   struct doctor_check k;
-  dg_fresh(&k, "allocation");
-  doctor_judge_mode(&k, "GPU-1", DOCTOR_MODE_DEFAULT, false, "job-a");
-  ck_assert_int_eq(k.result, DOCTOR_WARN);
+  ck_assert_int_eq(dg_mode(&k, "GPU-1", DOCTOR_MODE_DEFAULT, false, "job-a"), DOCTOR_WARN);
   DG_HAS(&k, "ranks of job job-a in several processes share GPU GPU-1 without MPS");
   DG_DOES(&k, "nvidia-cuda-mps-control -d");
-  dg_fresh(&k, "allocation");
-  doctor_judge_mode(&k, "GPU-1", DOCTOR_MODE_DEFAULT, true, "job-a");
-  ck_assert_int_eq(k.result, DOCTOR_OK);
+  ck_assert_int_eq(dg_mode(&k, "GPU-1", DOCTOR_MODE_DEFAULT, true, "job-a"), DOCTOR_OK);
   DG_HAS(&k, "share GPU GPU-1 through MPS");
   ck_assert_str_eq(k.action, "");
 }
@@ -213,45 +211,33 @@ END_TEST
 START_TEST(memory_judges_the_pool_s_rest_and_the_largest_job_against_free_memory) {
   struct doctor_check k;
   /* The rest of the budget fits: OK. */
-  dg_fresh(&k, "memory");
   struct doctor_memory_in in = {.gpu = "GPU-1", .budget = 8 * GIB, .made = 2 * GIB,
                                 .busy = 0, .free_b = 6 * GIB, .total_b = 140 * GIB};
-  doctor_judge_memory(&k, &in);
-  ck_assert_int_eq(k.result, DOCTOR_OK);
+  ck_assert_int_eq(dg_memory(&k, &in), DOCTOR_OK);
   DG_HAS(&k, "GPU GPU-1: 6.00 of 140.00 GiB free; its pool has made 2.00 of its 8.00 GiB");
   /* A byte short, no job seen: WARN. */
-  dg_fresh(&k, "memory");
   in.free_b = 6 * GIB - 1;
-  doctor_judge_memory(&k, &in);
-  ck_assert_int_eq(k.result, DOCTOR_WARN);
+  ck_assert_int_eq(dg_memory(&k, &in), DOCTOR_WARN);
   DG_HAS(&k, "its pool may still make 6.00 GiB of its 8.00 GiB budget, but the GPU has only");
   DG_DOES(&k, "preallocation: true");
   /* The largest job seen (5 GiB) fits what is made and unlent (2) and free (3): WARN. */
-  dg_fresh(&k, "memory");
   in = (struct doctor_memory_in){.gpu = "GPU-1", .budget = 8 * GIB, .made = 2 * GIB, .busy = 0,
                                  .free_b = 3 * GIB, .total_b = 140 * GIB, .largest = 5 * GIB,
                                  .largest_job = "big"};
-  doctor_judge_memory(&k, &in);
-  ck_assert_int_eq(k.result, DOCTOR_WARN);
+  ck_assert_int_eq(dg_memory(&k, &in), DOCTOR_WARN);
   DG_HAS(&k, "(the largest job seen here still fits)");
   /* A byte more than that: FAIL. */
-  dg_fresh(&k, "memory");
   in.largest = 5 * GIB + 1;
-  doctor_judge_memory(&k, &in);
-  ck_assert_int_eq(k.result, DOCTOR_FAIL);
+  ck_assert_int_eq(dg_memory(&k, &in), DOCTOR_FAIL);
   DG_HAS(&k, "job big, the largest seen here, took 5.00 GiB, but the pool holds only 2.00 GiB "
          "made and unlent and the GPU has 3.00 GiB free: a job that size cannot attach");
   /* What is lent to running jobs is not spare. */
-  dg_fresh(&k, "memory");
   in.largest = 4 * GIB;
   in.busy = 2 * GIB;
-  doctor_judge_memory(&k, &in);
-  ck_assert_int_eq(k.result, DOCTOR_FAIL);
+  ck_assert_int_eq(dg_memory(&k, &in), DOCTOR_FAIL);
   /* The largest job running has its arena: it need not attach again. */
-  dg_fresh(&k, "memory");
   in.largest_running = true;
-  doctor_judge_memory(&k, &in);
-  ck_assert_int_eq(k.result, DOCTOR_WARN);
+  ck_assert_int_eq(dg_memory(&k, &in), DOCTOR_WARN);
   DG_HAS(&k, "(the largest job seen here runs now, its arena made)");
 }
 END_TEST
@@ -507,6 +493,17 @@ static void dg_start(struct tu_daemon *d, const char *yaml) {
   ck_assert_int_eq(chmod(d->sock, 0660), 0);
 }
 
+/* A GPU test's start: skip (saying why) without a GPU, else a daemon started with yaml and the
+ * first GPU's UUID as a string in gpu. */
+static bool dg_gpu_start(const char *test, struct tu_gpus *g, struct tu_daemon *d,
+                         const char *yaml, char gpu[DEP_UUID_STR_LEN]) {
+  if (!cr_gpu_probe(test, g))
+    return false;
+  dg_start(d, yaml);
+  cudadrv_uuid_str(g->uuid[0], gpu);
+  return true;
+}
+
 static const struct dep_job_shape dg_small = {.max_tokens_per_rank = 128, .hidden = 1024,
                                               .num_experts = 8, .topk = 2,
                                               .dtype = DEP_DTYPE_BF16};
@@ -515,12 +512,10 @@ static const struct dep_job_shape dg_small = {.max_tokens_per_rank = 128, .hidde
 
 START_TEST(doctor_passes_a_healthy_gpu_node_and_reports_its_real_compute_mode) {
   struct tu_gpus g;
-  if (!cr_gpu_probe(__func__, &g))
-    return;
   struct tu_daemon d;
-  dg_start(&d, NULL);
   char gpu[DEP_UUID_STR_LEN];
-  cudadrv_uuid_str(g.uuid[0], gpu);
+  if (!dg_gpu_start(__func__, &g, &d, NULL, gpu))
+    return;
   const int mm = dg_mode_mps(g.uuid[0]);
   /* What doctor must say of the mode and MPS the GPU has, read here and judged alike. */
   struct doctor_check want;
@@ -564,12 +559,10 @@ END_TEST
 
 START_TEST(doctor_warns_of_ranks_sharing_a_gpu_without_mps) {
   struct tu_gpus g;
-  if (!cr_gpu_probe(__func__, &g))
-    return;
   struct tu_daemon d;
-  dg_start(&d, NULL);
   char gpu[DEP_UUID_STR_LEN];
-  cudadrv_uuid_str(g.uuid[0], gpu);
+  if (!dg_gpu_start(__func__, &g, &d, NULL, gpu))
+    return;
   const bool mps = dg_mode_mps(g.uuid[0]) % 2 != 0;
   /* Two rank processes of one job, both on GPU 0 (whatever DEP_TEST_GPUS says: the point). */
   struct dw_child r[2];
