@@ -121,7 +121,7 @@ class Handle:
         if buf._host:
             ptr = pool.pop() if pool else None
         else:
-            ptr = buf._cuda_handle()
+            ptr = buf._cuda_handle(kind)
             # The caller's current stream (the op looked it up once: each lookup makes a
             # torch.cuda.Stream, microseconds a call).
             self._stream = stream if stream is not None else torch.cuda.current_stream(buf.device)
@@ -410,20 +410,20 @@ class Buffer:
         conn.check(conn.lib.dep_handle_new(conn.ptr, ctypes.byref(p)), "dep_handle_new")
         return p.value
 
-    def _cuda_handle(self) -> Optional[int]:
+    def _cuda_handle(self, op: str) -> Optional[int]:
         """A dep_handle_t for a new Handle on cuda, or None to make one.  Inside a CUDA-graph
         capture one made ahead (the library cannot allocate while the stream captures), and
         the Handle is then kept by the Buffer until destroy(): the graph may be replayed
         after the caller dropped it.  Else (one more made ahead, up to _GRAPH_SPARE) the
         oldest collected one whose streams have passed the events recorded when it was
-        collected."""
+        collected.  op names the call in the error."""
         if torch.cuda.is_current_stream_capturing():
             if not self._spare:
                 raise Error(-17, "no handle made ahead for this call in a CUDA-graph capture: "
                             "this Buffer makes one at each dispatch outside a capture, up to "
                             f"{_GRAPH_SPARE}; run the captured calls once before the capture "
                             f"(torch's warm-up), and capture at most {_GRAPH_SPARE} dispatches "
-                            "per graph", "low_latency_dispatch")
+                            "per graph", op)
             return self._spare.pop()
         if len(self._spare) < _GRAPH_SPARE:
             self._spare.append(self._new_handle())
