@@ -111,8 +111,6 @@ static bool starts(const char *s, const char *prefix) {
   return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
-#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
-
 /*
  * The output is exactly one JSON error object, on one line:
  * {"error":{"code":<code>,"name":"<its name>","message":"..."}}.
@@ -189,49 +187,49 @@ START_TEST(json_errors_are_one_object_with_code_and_name_and_the_usual_exit_stat
   char *out, *err;
 
   /* No daemon: exit 1, the object on stdout, nothing on stderr. */
-  ck_assert_int_eq(ctl_run(ARGS("--json", "-s", sock, "status"), &out, &err), 1);
+  ck_assert_int_eq(ctl_run(DW_ARGS("--json", "-s", sock, "status"), &out, &err), 1);
   const char *msg = expect_json_error(out, DEP_ERR_NO_DAEMON);
   ck_assert_msg(strstr(msg, sock) != NULL, "the message does not name %s: %s", sock, out);
   ck_assert_str_eq(err, "");
   free(out);
   free(err);
   /* --json after the command counts the same. */
-  ck_assert_int_eq(ctl_run(ARGS("-s", sock, "status", "--json"), &out, &err), 1);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", sock, "status", "--json"), &out, &err), 1);
   expect_json_error(out, DEP_ERR_NO_DAEMON);
   free(out);
   free(err);
   /* Without --json the same failure stays text on stderr. */
-  ck_assert_int_eq(ctl_run(ARGS("-s", sock, "status"), &out, &err), 1);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", sock, "status"), &out, &err), 1);
   ck_assert_str_eq(out, "");
   ck_assert_msg(starts(err, "deepepctl: deepepd not running: no socket at "), "%s", err);
   free(out);
   free(err);
 
   /* Usage errors: exit 2, DEP_ERR_INVALID, also when --json comes after the mistake. */
-  ck_assert_int_eq(ctl_run(ARGS("bogus", "--json"), &out, &err), 2);
+  ck_assert_int_eq(ctl_run(DW_ARGS("bogus", "--json"), &out, &err), 2);
   msg = expect_json_error(out, DEP_ERR_INVALID);
   ck_assert_msg(starts(msg, "unknown command \\\"bogus\\\""), "%s", out);
   ck_assert_str_eq(err, "");
   free(out);
   free(err);
-  ck_assert_int_eq(ctl_run(ARGS("--frobnicate", "-j", "status"), &out, &err), 2);
+  ck_assert_int_eq(ctl_run(DW_ARGS("--frobnicate", "-j", "status"), &out, &err), 2);
   expect_json_error(out, DEP_ERR_INVALID);
   free(out);
   free(err);
-  ck_assert_int_eq(ctl_run(ARGS("--json"), &out, &err), 2);
+  ck_assert_int_eq(ctl_run(DW_ARGS("--json"), &out, &err), 2);
   expect_json_error(out, DEP_ERR_INVALID);
   free(out);
   free(err);
-  ck_assert_int_eq(ctl_run(ARGS("-j", "status", "extra"), &out, &err), 2);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-j", "status", "extra"), &out, &err), 2);
   expect_json_error(out, DEP_ERR_INVALID);
   free(out);
   free(err);
-  ck_assert_int_eq(ctl_run(ARGS("--json", "-s"), &out, &err), 2);
+  ck_assert_int_eq(ctl_run(DW_ARGS("--json", "-s"), &out, &err), 2);
   expect_json_error(out, DEP_ERR_INVALID);
   free(out);
   free(err);
   /* -s's argument is a path, not the option it looks like. */
-  ck_assert_int_eq(ctl_run(ARGS("-s", "--json", "bogus"), &out, &err), 2);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", "--json", "bogus"), &out, &err), 2);
   ck_assert_str_eq(out, "");
   ck_assert_ptr_nonnull(strstr(err, "usage: deepepctl"));
   free(out);
@@ -250,14 +248,14 @@ START_TEST(json_errors_carry_the_daemons_reply) {
     printf("%s: the uid %d part skipped: needs root\n", __func__, NOBODY);
   } else {
     struct ctl_proc p;
-    ctl_spawn_as(&p, NOBODY, ARGS("-s", d.sock, "--json", "drain"));
+    ctl_spawn_as(&p, NOBODY, DW_ARGS("-s", d.sock, "--json", "drain"));
     ck_assert_int_eq(ctl_reap(&p, 10000, &out, &err), 1);
     const char *msg = expect_json_error(out, DEP_ERR_PERMISSION);
     ck_assert_msg(starts(msg, "drain: only root or deepepd's own user"), "%s", out);
     ck_assert_str_eq(err, "");
     free(out);
     free(err);
-    ctl_spawn_as(&p, NOBODY, ARGS("-s", d.sock, "drain"));
+    ctl_spawn_as(&p, NOBODY, DW_ARGS("-s", d.sock, "drain"));
     ck_assert_int_eq(ctl_reap(&p, 10000, &out, &err), 1);
     ck_assert_msg(starts(err, "deepepctl: drain: only root"), "%s", err);
     free(out);
@@ -268,7 +266,7 @@ START_TEST(json_errors_carry_the_daemons_reply) {
   }
   /* An error reply with the daemon's own code: RELOAD of a file that does not parse. */
   ck_assert_int_eq(tu_write_file(d.conf, "pool: [unclosed\n"), 0);
-  ck_assert_int_eq(ctl_run(ARGS("--json", "-s", d.sock, "reload"), &out, &err), 1);
+  ck_assert_int_eq(ctl_run(DW_ARGS("--json", "-s", d.sock, "reload"), &out, &err), 1);
   const char *msg = expect_json_error(out, DEP_ERR_CONFIG);
   ck_assert_msg(starts(msg, "reload: "), "%s", out);
   ck_assert_str_eq(err, "");
@@ -287,17 +285,17 @@ START_TEST(version_option_prints_deepepctls_version_and_protocol) {
   dw_sfmt(want_json, sizeof want_json, "{\"version\":\"%s\",\"proto_version\":%d}\n",
           DEP_VERSION_STRING, DEP_PROTO_VERSION);
   char *out, *err;
-  ck_assert_int_eq(ctl_run(ARGS("--version"), &out, &err), 0);
+  ck_assert_int_eq(ctl_run(DW_ARGS("--version"), &out, &err), 0);
   ck_assert_str_eq(out, want_text);
   ck_assert_str_eq(err, "");
   free(out);
   free(err);
-  ck_assert_int_eq(ctl_run(ARGS("-V"), &out, &err), 0);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-V"), &out, &err), 0);
   ck_assert_str_eq(out, want_text);
   free(out);
   free(err);
   /* --json counts wherever it is; -V never needs a daemon. */
-  ck_assert_int_eq(ctl_run(ARGS("-V", "--json", "-s", "/nonexistent"), &out, &err), 0);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-V", "--json", "-s", "/nonexistent"), &out, &err), 0);
   ck_assert_str_eq(out, want_json);
   free(out);
   free(err);
@@ -313,13 +311,13 @@ START_TEST(version_shows_the_daemon_or_says_none_answers) {
           DEP_PROTO_VERSION);
   char *out, *err;
   /* None: still exit 0 (deepepctl's own part is the answer), saying why. */
-  ck_assert_int_eq(ctl_run(ARGS("-s", sock, "version"), &out, &err), 0);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", sock, "version"), &out, &err), 0);
   ck_assert_msg(strstr(out, DEP_VERSION_STRING) != NULL, "%s", out);
   ck_assert_msg(strstr(out, "\ndaemon:\n  deepepd not running: no socket at ") != NULL, "%s", out);
   ck_assert_str_eq(err, "");
   free(out);
   free(err);
-  ck_assert_int_eq(ctl_run(ARGS("-s", sock, "--json", "version"), &out, &err), 0);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", sock, "--json", "version"), &out, &err), 0);
   ck_assert_msg(starts(out, head), "%s", out);
   ck_assert_msg(strstr(out, ",\"daemon\":null}\n") != NULL, "%s", out);
   free(out);
@@ -330,11 +328,11 @@ START_TEST(version_shows_the_daemon_or_says_none_answers) {
   char want[160];
   dw_sfmt(want, sizeof want, "\"daemon\":{\"version\":\"%s\",\"proto_version\":%d,\"backend\":\"",
           DEP_VERSION_STRING, DEP_PROTO_VERSION);
-  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "--json", "version"), &out, &err), 0);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "--json", "version"), &out, &err), 0);
   ck_assert_msg(starts(out, head) && strstr(out, want) != NULL, "%s", out);
   free(out);
   free(err);
-  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "version"), &out, &err), 0);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "version"), &out, &err), 0);
   ck_assert_msg(strstr(out, "\ndaemon:\n  VERSION") != NULL, "%s", out);
   free(out);
   free(err);
@@ -353,7 +351,7 @@ START_TEST(drain_refuses_new_jobs_while_a_gathering_job_completes) {
   int r0 = attach_rank(&d, "gathering", 0, 2);
   ck_assert(job_listed_within(obs, "gathering", true));
   char *out, *err;
-  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "drain"), &out, &err), 0);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "drain"), &out, &err), 0);
   ck_assert_msg(starts(out, "drain: draining"), "%s", out);
   ck_assert_str_eq(err, "");
   free(out);
@@ -386,7 +384,7 @@ START_TEST(drain_wait_returns_once_the_last_job_detaches) {
   dw_start(&d, NULL);
   int job = attached_job(&d, "running");
   struct ctl_proc p;
-  ctl_spawn(&p, ARGS("-s", d.sock, "drain", "--wait", "--timeout", "30"));
+  ctl_spawn(&p, DW_ARGS("-s", d.sock, "drain", "--wait", "--timeout", "30"));
   /* It waits while the job runs... */
   dw_sleep_ms(500);
   ck_assert_msg(ctl_running(&p), "drain --wait returned with a job still running");
@@ -405,7 +403,7 @@ START_TEST(drain_wait_returns_once_the_last_job_detaches) {
   free(out);
   free(err);
   /* With no job left it returns at once; JSON says how long it waited. */
-  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "--json", "drain", "--wait"), &out, &err), 0);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "--json", "drain", "--wait"), &out, &err), 0);
   ck_assert_msg(starts(out, "{\"result\":\"draining") &&
                     strstr(out, ",\"waited_ms\":") != NULL,
                 "%s", out);
@@ -424,7 +422,7 @@ START_TEST(drain_wait_timeout_exits_1_naming_the_jobs_left) {
   char *out, *err;
   int64_t t0 = dw_now_ms();
   ck_assert_int_eq(
-      ctl_run(ARGS("-s", d.sock, "drain", "--wait", "--timeout", "0.3"), &out, &err), 1);
+      ctl_run(DW_ARGS("-s", d.sock, "drain", "--wait", "--timeout", "0.3"), &out, &err), 1);
   ck_assert_int_ge(dw_now_ms() - t0, 300);
   ck_assert_msg(starts(err, "deepepctl: drain --wait: 1 job(s) still running") &&
                     strstr(err, "stays (ranks 1/1)") != NULL,
@@ -433,7 +431,7 @@ START_TEST(drain_wait_timeout_exits_1_naming_the_jobs_left) {
   free(out);
   free(err);
   ck_assert_int_eq(
-      ctl_run(ARGS("-s", d.sock, "--json", "drain", "--wait", "--timeout", "0"), &out, &err), 1);
+      ctl_run(DW_ARGS("-s", d.sock, "--json", "drain", "--wait", "--timeout", "0"), &out, &err), 1);
   const char *msg = expect_json_error(out, DEP_ERR_TIMEOUT);
   ck_assert_msg(strstr(msg, "stays") != NULL, "%s", out);
   free(out);
@@ -451,13 +449,13 @@ START_TEST(drain_cancel_lets_new_jobs_in_again) {
   struct tu_daemon d;
   dw_start(&d, NULL);
   char *out, *err;
-  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "drain"), &out, &err), 0);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "drain"), &out, &err), 0);
   free(out);
   free(err);
   int fd = attach_rank(&d, "refused", 0, 1);
   dw_expect_error(fd, DEP_ERR_STATE, NULL, 0);
   close(fd);
-  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "--json", "drain", "--cancel"), &out, &err), 0);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "--json", "drain", "--cancel"), &out, &err), 0);
   ck_assert_msg(starts(out, "{\"result\":\"accepting new jobs"), "%s", out);
   free(out);
   free(err);
@@ -476,14 +474,14 @@ START_TEST(drain_options_that_do_not_fit_are_usage_errors_naming_them) {
     const char *const *args;
     const char *says;
   } bad[] = {
-      {ARGS("drain", "--timeout", "5"), "--timeout goes with --wait"},
-      {ARGS("drain", "--wait", "--timeout", "x"), "--timeout needs a number of seconds"},
-      {ARGS("drain", "--wait", "--timeout", "-1"), "--timeout needs a number of seconds"},
-      {ARGS("drain", "--wait", "--timeout", "inf"), "--timeout needs a number of seconds"},
-      {ARGS("drain", "--cancel", "--wait"), "--cancel takes neither --wait nor --timeout"},
-      {ARGS("drain", "now"), "drain takes no argument \"now\""},
-      {ARGS("drain", "--timeout"), "option --timeout needs an argument"},
-      {ARGS("drain", "--frobnicate"), "unknown option --frobnicate"},
+      {DW_ARGS("drain", "--timeout", "5"), "--timeout goes with --wait"},
+      {DW_ARGS("drain", "--wait", "--timeout", "x"), "--timeout needs a number of seconds"},
+      {DW_ARGS("drain", "--wait", "--timeout", "-1"), "--timeout needs a number of seconds"},
+      {DW_ARGS("drain", "--wait", "--timeout", "inf"), "--timeout needs a number of seconds"},
+      {DW_ARGS("drain", "--cancel", "--wait"), "--cancel takes neither --wait nor --timeout"},
+      {DW_ARGS("drain", "now"), "drain takes no argument \"now\""},
+      {DW_ARGS("drain", "--timeout"), "option --timeout needs an argument"},
+      {DW_ARGS("drain", "--frobnicate"), "unknown option --frobnicate"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     char *out, *err;
@@ -503,14 +501,14 @@ START_TEST(status_shows_the_daemons_state) {
   struct tu_daemon d;
   dw_start(&d, NULL);
   char *out, *err;
-  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "status"), &out, &err), 0);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "status"), &out, &err), 0);
   ck_assert_msg(strstr(out, "\nstate:    ready\n") != NULL, "%s", out);
   free(out);
   free(err);
-  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "drain"), &out, &err), 0);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "drain"), &out, &err), 0);
   free(out);
   free(err);
-  ck_assert_int_eq(ctl_run(ARGS("-s", d.sock, "--json", "status"), &out, &err), 0);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "--json", "status"), &out, &err), 0);
   ck_assert_msg(strstr(out, ",\"state\":\"draining\",") != NULL, "%s", out);
   free(out);
   free(err);
@@ -520,13 +518,13 @@ END_TEST
 
 START_TEST(a_path_that_is_not_a_socket_is_named_as_such) {
   char *out, *err;
-  ck_assert_int_eq(ctl_run(ARGS("-s", "/etc/passwd", "status"), &out, &err), 1);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", "/etc/passwd", "status"), &out, &err), 1);
   ck_assert_msg(starts(err, "deepepctl: /etc/passwd is not a socket: it is a regular file"),
                 "%s", err);
   ck_assert_msg(strstr(err, "stale") == NULL, "%s", err);
   free(out);
   free(err);
-  ck_assert_int_eq(ctl_run(ARGS("--json", "-s", "/etc/passwd", "status"), &out, &err), 1);
+  ck_assert_int_eq(ctl_run(DW_ARGS("--json", "-s", "/etc/passwd", "status"), &out, &err), 1);
   const char *msg = expect_json_error(out, DEP_ERR_NO_DAEMON);
   ck_assert_msg(starts(msg, "/etc/passwd is not a socket"), "%s", out);
   free(out);
@@ -534,7 +532,7 @@ START_TEST(a_path_that_is_not_a_socket_is_named_as_such) {
 
   char dir[200], sock[256];
   tu_tmpdir(dir, sizeof dir);
-  ck_assert_int_eq(ctl_run(ARGS("-s", dir, "status"), &out, &err), 1);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", dir, "status"), &out, &err), 1);
   ck_assert_msg(strstr(err, " is not a socket: it is a directory") != NULL, "%s", err);
   free(out);
   free(err);
@@ -567,7 +565,7 @@ START_TEST(help_lists_every_command_and_option) {
       "--cancel",     "--wait",       "--timeout S", "-V, --version", "-j, --json",
       "-s, --socket", "-h, --help",
   };
-  const char *const *const asks[] = {ARGS("-h"), ARGS("help"), ARGS("drain", "--help")};
+  const char *const *const asks[] = {DW_ARGS("-h"), DW_ARGS("help"), DW_ARGS("drain", "--help")};
   for (size_t a = 0; a < sizeof asks / sizeof asks[0]; a++) {
     char *out, *err;
     ck_assert_int_eq(ctl_run(asks[a], &out, &err), 0);

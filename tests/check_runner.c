@@ -11,7 +11,6 @@
  * skips a part and then fails.
  */
 #include <check.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,14 +69,8 @@ static char *run_selftest(const char *mode, const char *tap, int *code) {
   char dir[200], out[256];
   tu_tmpdir(dir, sizeof dir);
   dw_sfmt(out, sizeof out, "%s/out", dir);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
+  pid_t pid = dw_fork_stdout_to(out);
   if (pid == 0) {
-    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0)
-      _exit(126);
-    dup2(fd, 1);
-    close(fd);
     setenv(SELFTEST_ENV, mode, 1);
     setenv("CK_RUN_SUITE", "runner", 1);
     setenv("CK_RUN_CASE", "selftest", 1);

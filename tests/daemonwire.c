@@ -312,6 +312,20 @@ void dw_attach(int fd, const struct dep_attach_args *a, uint32_t req) {
   ck_assert_int_eq(dw_send_frame(fd, DEP_MSG_ATTACH, req, a), 0);
 }
 
+pid_t dw_fork_stdout_to(const char *path) {
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+      _exit(126);
+    dup2(fd, 1);
+    close(fd);
+  }
+  return pid;
+}
+
 int dw_run_ctl(const char *bin, const char *dir, char **out, const char *const *args) {
   char path[300];
   dw_sfmt(path, sizeof path, "%s/ctl.out", dir);
@@ -322,14 +336,8 @@ int dw_run_ctl(const char *bin, const char *dir, char **out, const char *const *
   argv[n] = NULL;
   if (bin == NULL)
     bin = tu_bin("deepepctl");
-  fflush(NULL);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
+  pid_t pid = dw_fork_stdout_to(path);
   if (pid == 0) {
-    int o = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (o < 0)
-      _exit(126);
-    dup2(o, 1);
     unsetenv(DEP_SOCKET_ENV);
     execv(bin, (char *const *)argv);
     _exit(127);

@@ -81,6 +81,9 @@ int dw_run_deepepd(const char *const args[], const char *out_path);
 
 /* A whole (small) file as a string, empty when missing; the caller frees it. */
 char *dw_slurp(const char *path);
+/* Fork a child whose stdout is the file path (made or emptied): 0 in the child (which exits 126
+ * when it cannot open it), its pid in the parent. */
+pid_t dw_fork_stdout_to(const char *path);
 /*
  * Run the deepepctl binary bin (NULL: this build's) with args (at most 10,
  * NULL-terminated) to its end, without $DEEPEPD_SOCKET, its stdout caught
