@@ -168,27 +168,27 @@ static void diff_table(const struct key *table, const char *prefix, const char *
   }
 }
 
-size_t config_diff_restart(const struct config *old_c, const struct config *new_c,
-                           char *restart_keys, size_t len) {
+/* The keys of one kind (live, or needing a restart) whose values differ, into out: how many. */
+static size_t diff_kind(const struct config *old_c, const struct config *new_c, bool live,
+                        char *out, size_t len) {
   size_t count = 0;
-  if (restart_keys != NULL && len > 0)
-    restart_keys[0] = '\0';
+  if (out != NULL && len > 0)
+    out[0] = '\0';
   if (old_c == NULL || new_c == NULL)
     return 0;
-  diff_table(config__root_keys, "", (const char *)old_c, (const char *)new_c, false, restart_keys, len,
+  diff_table(config__root_keys, "", (const char *)old_c, (const char *)new_c, live, out, len,
              &count);
   return count;
 }
 
+size_t config_diff_restart(const struct config *old_c, const struct config *new_c,
+                           char *restart_keys, size_t len) {
+  return diff_kind(old_c, new_c, false, restart_keys, len);
+}
+
 size_t config_diff_live(const struct config *old_c, const struct config *new_c, char *changes,
                         size_t len) {
-  size_t count = 0;
-  if (changes != NULL && len > 0)
-    changes[0] = '\0';
-  if (old_c == NULL || new_c == NULL)
-    return 0;
-  diff_table(config__root_keys, "", (const char *)old_c, (const char *)new_c, true, changes, len, &count);
-  return count;
+  return diff_kind(old_c, new_c, true, changes, len);
 }
 
 static void copy_live(const struct key *table, char *dst, const char *src) {
