@@ -6,7 +6,6 @@
  * read and a dead peer each have their code.
  */
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -14,19 +13,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "daemonwire.h"
 #include "deepep.h"
 #include "fdpass.h"
-
-static int count_open_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  ck_assert_ptr_nonnull(d);
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d)) != NULL;)
-    if (e->d_name[0] != '.')
-      n++;
-  closedir(d);
-  return n;
-}
 
 static void make_memfds(int *fds, int n) {
   for (int i = 0; i < n; i++) {
@@ -82,7 +71,7 @@ START_TEST(more_fds_than_room_is_refused_and_nothing_leaks) {
   for (size_t r = 0; r < sizeof cases / sizeof cases[0]; r++) {
     int sv[2], mine[3], got[3] = {-1, -1, -1}, ngot = 0, nsend = cases[r][0];
     ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-    int before = count_open_fds();
+    int before = dw_open_fds();
     make_memfds(mine, nsend);
     ck_assert_int_eq(fdpass_send(sv[0], "f", 1, mine, nsend), 1);
     fdpass_close_all(mine, nsend);
@@ -90,7 +79,7 @@ START_TEST(more_fds_than_room_is_refused_and_nothing_leaks) {
     ck_assert_int_eq(fdpass_recv(sv[1], &c, 1, got, cases[r][1], &ngot), DEP_ERR_PROTOCOL);
     ck_assert_int_eq(ngot, 0);
     ck_assert_int_eq(got[0], -1);
-    ck_assert_int_eq(count_open_fds(), before);
+    ck_assert_int_eq(dw_open_fds(), before);
     close(sv[0]);
     close(sv[1]);
   }
@@ -102,7 +91,7 @@ START_TEST(ancillary_data_other_than_fds_is_refused_and_nothing_leaks) {
   ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
   /* With SO_PASSCRED the kernel adds SCM_CREDENTIALS to every message. */
   ck_assert_int_eq(setsockopt(sv[1], SOL_SOCKET, SO_PASSCRED, &on, sizeof on), 0);
-  int before = count_open_fds();
+  int before = dw_open_fds();
   make_memfds(mine, 1);
   ck_assert_int_eq(fdpass_send(sv[0], "f", 1, mine, 1), 1);
   fdpass_close_all(mine, 1);
@@ -110,7 +99,7 @@ START_TEST(ancillary_data_other_than_fds_is_refused_and_nothing_leaks) {
   /* Room for 64 fds: both messages fit, so only the type check refuses it. */
   ck_assert_int_eq(fdpass_recv(sv[1], &c, 1, got, 64, &ngot), DEP_ERR_PROTOCOL);
   ck_assert_int_eq(ngot, 0);
-  ck_assert_int_eq(count_open_fds(), before);
+  ck_assert_int_eq(dw_open_fds(), before);
   close(sv[0]);
   close(sv[1]);
 }

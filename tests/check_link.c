@@ -8,7 +8,6 @@
  */
 #include <arpa/inet.h>
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -20,6 +19,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "daemonwire.h"
 #include "fdpass.h"
 #include "link.h"
 #include "log.h"
@@ -187,16 +187,6 @@ static void encode(struct proto_buf *b, uint16_t type, uint32_t id, const void *
   ck_assert_int_eq(proto_frame_encode(b, type, 0, id, msg), 0);
 }
 
-static int open_fds(void) {
-  int n = 0;
-  DIR *d = opendir("/proc/self/fd");
-  ck_assert_ptr_nonnull(d);
-  while (readdir(d) != NULL)
-    n++;
-  closedir(d);
-  return n;
-}
-
 START_TEST(frames_split_at_every_byte_boundary_arrive_whole) {
   struct world w;
   w_start(&w, false);
@@ -294,7 +284,7 @@ static void send_header_with_fd(int sock, int fd, bool flagged) {
 START_TEST(fds_sent_to_a_link_that_takes_none_drop_it_and_are_closed) {
   struct world w;
   w_start(&w, false);
-  int before = open_fds();
+  int before = dw_open_fds();
   int passed = open("/dev/null", O_RDONLY | O_CLOEXEC);
   send_header_with_fd(w.far, passed, true);
   close(passed);
@@ -304,7 +294,7 @@ START_TEST(fds_sent_to_a_link_that_takes_none_drop_it_and_are_closed) {
   ck_assert_int_eq(w.closes, 1);
   ck_assert(w_logged(&w, "test link: dropped: sent 1 file descriptor(s); testers never send any"));
   /* The fd that came and the link's socket are both closed. */
-  ck_assert_int_eq(open_fds(), before - 1);
+  ck_assert_int_eq(dw_open_fds(), before - 1);
   uint8_t byte;
   ck_assert_int_eq(recv(w.far, &byte, 1, 0), 0);
   ck_assert_int_eq(uv_loop_close(&w.loop), 0);
@@ -335,7 +325,7 @@ END_TEST
 START_TEST(fds_ride_both_ways_on_a_link_that_passes_them) {
   struct world w;
   w_start(&w, true);
-  int before = open_fds();
+  int before = dw_open_fds();
   int passed = open("/dev/null", O_RDONLY | O_CLOEXEC);
   struct stat want;
   ck_assert_int_eq(fstat(passed, &want), 0);
@@ -344,7 +334,7 @@ START_TEST(fds_ride_both_ways_on_a_link_that_passes_them) {
   ck_assert_int_eq(w.frames, 1);
   ck_assert_int_eq(w.nfds, 1);
   ck_assert(w.fd_st.st_ino == want.st_ino && w.fd_st.st_dev == want.st_dev);
-  ck_assert_int_eq(open_fds(), before + 1); /* ours only: the link closed what it was not kept */
+  ck_assert_int_eq(dw_open_fds(), before + 1); /* ours only: the link closed what it was not kept */
 
   /* The link sends one back with a frame; the caller keeps its own copy. */
   ck_assert_int_eq(link_send(&w.link, DEP_MSG_STATUS, 4, NULL, &passed, 1), 0);
@@ -368,7 +358,7 @@ START_TEST(fds_ride_both_ways_on_a_link_that_passes_them) {
   ck_assert_int_eq(w.frames, 1);
   ck_assert_int_eq(w.closes, 1);
   expect_error_then_eof(w.far, DEP_ERR_PROTOCOL, "does not carry any");
-  ck_assert_int_eq(open_fds(), before - 1);
+  ck_assert_int_eq(dw_open_fds(), before - 1);
   ck_assert_int_eq(uv_loop_close(&w.loop), 0);
   close(w.far);
   close(w.log_fd);

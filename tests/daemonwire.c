@@ -8,6 +8,7 @@
 #include "daemonwire.h"
 
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -310,6 +311,17 @@ struct dep_attach_args dw_job_args(const char *id, uint32_t local_rank, uint32_t
 
 void dw_attach(int fd, const struct dep_attach_args *a, uint32_t req) {
   ck_assert_int_eq(dw_send_frame(fd, DEP_MSG_ATTACH, req, a), 0);
+}
+
+int dw_open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    if (e->d_name[0] != '.')
+      n++;
+  closedir(d);
+  return n;
 }
 
 pid_t dw_fork_stdout_to(const char *path) {

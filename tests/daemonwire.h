@@ -81,6 +81,9 @@ int dw_run_deepepd(const char *const args[], const char *out_path);
 
 /* A whole (small) file as a string, empty when missing; the caller frees it. */
 char *dw_slurp(const char *path);
+/* How many fds this process has open now (a count to compare before and after). */
+int dw_open_fds(void);
+
 /* Fork a child whose stdout is the file path (made or emptied): 0 in the child (which exits 126
  * when it cannot open it), its pid in the parent. */
 pid_t dw_fork_stdout_to(const char *path);
