@@ -1,9 +1,11 @@
 /*
- * daemonwire.h — helpers shared by check_daemon.c and check_job.c: speaking
- * the control protocol by hand on a raw socket (frames, deadlines, the
- * replies a test expects) and running the real deepepd.  Prefix dw_ (as
- * testutil's tu_).  Every helper fails the calling test on what it cannot
- * handle, so a test reads as the conversation it checks.
+ * daemonwire.h — helpers shared by the suites that talk to a real deepepd
+ * (check_daemon.c and check_job.c first): speaking the control protocol by
+ * hand on a raw socket (frames, deadlines, the replies a test expects),
+ * running the real deepepd and deepepctl, child processes with a pipe each
+ * way, and this process's open fds.  Prefix dw_ (as testutil's tu_).
+ * Every helper fails the calling test on what it cannot handle, so a test
+ * reads as the conversation it checks.
  */
 #ifndef DEP_DAEMONWIRE_H
 #define DEP_DAEMONWIRE_H
