@@ -116,8 +116,11 @@ else
 $(info deepepd: nvcc not found at $(NVCC); building the host-only library (set CUDA_HOME to enable CUDA kernels))
 endif
 
-SONAME   := libdeepep-client.so.0
-LIB_SO   := $(BUILD)/$(SONAME).4.0
+# The version is deepep.h's (DEP_VERSION_STRING); the library's file, the .pc,
+# the installed man pages and the Python package take it from there.
+VERSION  := $(shell sed -n 's/^\#define DEP_VERSION_STRING "\(.*\)"/\1/p' client/deepep.h)
+SONAME   := libdeepep-client.so.$(firstword $(subst ., ,$(VERSION)))
+LIB_SO   := $(BUILD)/libdeepep-client.so.$(VERSION)
 LIB_A    := $(BUILD)/libdeepep-client.a
 DAEMON   := $(BUILD)/deepepd
 CTL      := $(BUILD)/deepepctl
@@ -188,7 +191,7 @@ $(BUILD)/bench/%: bench/%.c $(call obj,$(BENCHLIB_SRC)) $$(call obj,$$(wildcard 
 
 # install writes the .pc again: PREFIX on the install line may differ from the build's.
 PC_SED = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
-	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define DEP_VERSION_STRING "\(.*\)"/\1/p' client/deepep.h)|g'
+	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(VERSION)|g'
 $(BUILD)/deepep-client.pc: client/deepep-client.pc.in Makefile
 	$(PC_SED) $< > $@
 
@@ -265,7 +268,8 @@ install: all
 	test -e $(DESTDIR)$(SYSCONFDIR)/deepepd/deepepd.yaml || \
 	  install -m 0644 config/deepepd.yaml $(DESTDIR)$(SYSCONFDIR)/deepepd/deepepd.yaml
 	for m in man/*.[1-8]; do [ -e "$$m" ] || continue; s=$${m##*.}; \
-	  install -m 0644 $$m $(DESTDIR)$(MANDIR)/man$$s/; done
+	  sed 's|@VERSION@|$(VERSION)|g' $$m > $(DESTDIR)$(MANDIR)/man$$s/$${m##*/}; \
+	  chmod 0644 $(DESTDIR)$(MANDIR)/man$$s/$${m##*/}; done
 
 clean:
 	rm -rf build build-asan
