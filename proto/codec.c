@@ -173,3 +173,89 @@ void codec_r_init(struct codec_r *r, const uint8_t *p, size_t len) {
   r->bad = false;
 }
 
+
+/* ---- field tables (codec.h) ----------------------------------------------- */
+
+void codec_w_rec(struct codec_w *w, const struct codec_field *f, size_t n, const void *rec) {
+  const uint8_t *base = rec;
+  for (size_t i = 0; i < n && !w->err; i++) {
+    const void *at = base + f[i].off;
+    uint8_t u8;
+    uint16_t u16;
+    uint32_t u32;
+    uint64_t u64;
+    switch (f[i].kind) {
+    case CODEC_KIND_U8:
+      memcpy(&u8, at, 1);
+      codec_w_u8(w, u8);
+      break;
+    case CODEC_KIND_U16:
+      memcpy(&u16, at, 2);
+      codec_w_u16(w, u16);
+      break;
+    case CODEC_KIND_U32:
+    case CODEC_KIND_I32: /* the same four bytes: codec_w_i32 is codec_w_u32 of them */
+      memcpy(&u32, at, 4);
+      codec_w_u32(w, u32);
+      break;
+    case CODEC_KIND_U64:
+      memcpy(&u64, at, 8);
+      codec_w_u64(w, u64);
+      break;
+    case CODEC_KIND_STR:
+      codec_w_str(w, at, f[i].size);
+      break;
+    default:
+      w->err = DEP_ERR_INTERNAL;
+    }
+  }
+}
+
+void codec_r_rec(struct codec_r *r, const struct codec_field *f, size_t n, void *rec) {
+  uint8_t *base = rec;
+  for (size_t i = 0; i < n && !r->bad; i++) {
+    void *at = base + f[i].off;
+    uint8_t u8;
+    uint16_t u16;
+    uint32_t u32;
+    int32_t i32;
+    uint64_t u64;
+    switch (f[i].kind) {
+    case CODEC_KIND_U8:
+      u8 = codec_r_u8(r);
+      memcpy(at, &u8, 1);
+      break;
+    case CODEC_KIND_U16:
+      u16 = codec_r_u16(r);
+      memcpy(at, &u16, 2);
+      break;
+    case CODEC_KIND_U32:
+      u32 = codec_r_u32(r);
+      memcpy(at, &u32, 4);
+      break;
+    case CODEC_KIND_I32:
+      i32 = codec_r_i32(r);
+      memcpy(at, &i32, 4);
+      break;
+    case CODEC_KIND_U64:
+      u64 = codec_r_u64(r);
+      memcpy(at, &u64, 8);
+      break;
+    case CODEC_KIND_STR:
+      codec_r_str(r, at, f[i].size);
+      break;
+    default:
+      r->bad = true;
+    }
+  }
+}
+
+size_t codec_rec_min(const struct codec_field *f, size_t n) {
+  static const uint8_t width[] = {[CODEC_KIND_U8] = 1, [CODEC_KIND_U16] = 2,
+                                  [CODEC_KIND_U32] = 4, [CODEC_KIND_U64] = 8,
+                                  [CODEC_KIND_I32] = 4, [CODEC_KIND_STR] = 2};
+  size_t bytes = 0;
+  for (size_t i = 0; i < n; i++)
+    bytes += f[i].kind < sizeof width ? width[f[i].kind] : 0;
+  return bytes;
+}

@@ -87,4 +87,43 @@ void codec_r_str(struct codec_r *r, char *dst, size_t size);
 /* 0, or DEP_ERR_PROTOCOL when the body was bad or not read exactly. */
 int codec_r_finish(const struct codec_r *r);
 
+/*
+ * Field tables: a record's fields once, in wire order, driving both its
+ * encoder and its decoder (and the smallest encoding, which bounds a
+ * count before anything is allocated).  Each entry names a member of the
+ * record's C struct; CODEC_U32(type, member) and the others check at
+ * compile time that the member has the field's width (a string is a char
+ * array of the decoder's size, holding its NUL).
+ */
+enum codec_kind { CODEC_KIND_U8 = 1, CODEC_KIND_U16, CODEC_KIND_U32, CODEC_KIND_U64,
+                  CODEC_KIND_I32, CODEC_KIND_STR };
+
+struct codec_field {
+  uint8_t kind;  /* enum codec_kind */
+  uint16_t size; /* the member's size (a string's array) */
+  uint32_t off;  /* offsetof the member */
+};
+
+/* 0, and a compile error where cond is false (a static assertion usable in
+ * an initializer). */
+#define CODEC_CHECK(cond) (0 * sizeof(struct { _Static_assert(cond, "codec: a field's member has the wrong width"); int codec_x; }))
+#define CODEC_MEMBER_SIZE(type, m) sizeof(((type *)0)->m)
+#define CODEC_FIELD(kind, width, type, m)                                                   \
+  {(kind), (uint16_t)CODEC_MEMBER_SIZE(type, m),                                          \
+   (uint32_t)(offsetof(type, m) + CODEC_CHECK((width) == 0 || CODEC_MEMBER_SIZE(type, m) == (width)))}
+#define CODEC_U8(type, m) CODEC_FIELD(CODEC_KIND_U8, 1, type, m)
+#define CODEC_U16(type, m) CODEC_FIELD(CODEC_KIND_U16, 2, type, m)
+#define CODEC_U32(type, m) CODEC_FIELD(CODEC_KIND_U32, 4, type, m)
+#define CODEC_U64(type, m) CODEC_FIELD(CODEC_KIND_U64, 8, type, m)
+#define CODEC_I32(type, m) CODEC_FIELD(CODEC_KIND_I32, 4, type, m)
+#define CODEC_STR(type, m) CODEC_FIELD(CODEC_KIND_STR, 0, type, m)
+#define CODEC_NFIELDS(table) (sizeof(table) / sizeof((table)[0]))
+
+/* Write rec's fields in the table's order. */
+void codec_w_rec(struct codec_w *w, const struct codec_field *f, size_t n, const void *rec);
+/* Read them into rec (strings NUL-terminated; nothing past a failure is read). */
+void codec_r_rec(struct codec_r *r, const struct codec_field *f, size_t n, void *rec);
+/* The bytes of the smallest encoding of such a record (strings empty). */
+size_t codec_rec_min(const struct codec_field *f, size_t n);
+
 #endif /* DEP_CODEC_H */
