@@ -205,6 +205,9 @@ void codec_w_rec(struct codec_w *w, const struct codec_field *f, size_t n, const
     case CODEC_KIND_STR:
       codec_w_str(w, at, f[i].size);
       break;
+    case CODEC_KIND_BYTES:
+      codec_w_bytes(w, at, f[i].size);
+      break;
     default:
       w->err = DEP_ERR_INTERNAL;
     }
@@ -244,6 +247,9 @@ void codec_r_rec(struct codec_r *r, const struct codec_field *f, size_t n, void 
     case CODEC_KIND_STR:
       codec_r_str(r, at, f[i].size);
       break;
+    case CODEC_KIND_BYTES:
+      codec_r_bytes(r, at, f[i].size);
+      break;
     default:
       r->bad = true;
     }
@@ -256,6 +262,7 @@ size_t codec_rec_min(const struct codec_field *f, size_t n) {
                                   [CODEC_KIND_I32] = 4, [CODEC_KIND_STR] = 2};
   size_t bytes = 0;
   for (size_t i = 0; i < n; i++)
-    bytes += f[i].kind < sizeof width ? width[f[i].kind] : 0;
+    bytes += f[i].kind == CODEC_KIND_BYTES ? f[i].size
+             : f[i].kind < sizeof width ? width[f[i].kind] : 0;
   return bytes;
 }

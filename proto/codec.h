@@ -91,16 +91,16 @@ int codec_r_finish(const struct codec_r *r);
  * Field tables: a record's fields once, in wire order, driving both its
  * encoder and its decoder (and the smallest encoding, which bounds a
  * count before anything is allocated).  Each entry names a member of the
- * record's C struct; CODEC_U32(type, member) and the others check at
+ * record's C struct (a nested one too: shape.hidden); CODEC_U32(type, member) and the others check at
  * compile time that the member has the field's width (a string is a char
  * array of the decoder's size, holding its NUL).
  */
 enum codec_kind { CODEC_KIND_U8 = 1, CODEC_KIND_U16, CODEC_KIND_U32, CODEC_KIND_U64,
-                  CODEC_KIND_I32, CODEC_KIND_STR };
+                  CODEC_KIND_I32, CODEC_KIND_STR, CODEC_KIND_BYTES };
 
 struct codec_field {
   uint8_t kind;  /* enum codec_kind */
-  uint16_t size; /* the member's size (a string's array) */
+  uint16_t size; /* the member's size (a string's array; the bytes of a BYTES field) */
   uint32_t off;  /* offsetof the member */
 };
 
@@ -117,6 +117,8 @@ struct codec_field {
 #define CODEC_U64(type, m) CODEC_FIELD(CODEC_KIND_U64, 8, type, m)
 #define CODEC_I32(type, m) CODEC_FIELD(CODEC_KIND_I32, 4, type, m)
 #define CODEC_STR(type, m) CODEC_FIELD(CODEC_KIND_STR, 0, type, m)
+/* A fixed array of raw bytes, all of it on the wire. */
+#define CODEC_BYTES(type, m) CODEC_FIELD(CODEC_KIND_BYTES, 0, type, m)
 #define CODEC_NFIELDS(table) (sizeof(table) / sizeof((table)[0]))
 
 /* Write rec's fields in the table's order. */

@@ -1,23 +1,11 @@
 /*
  * proto_rank.c — the bodies of what a rank's library asks of its daemon
  * (proto.h): ATTACH and its reply (one SLAB frame per device, then
- * ATTACH_OK), KERNELS and TUNE, field by field with the shared codec
- * (codec.h), and the attach fields' checks both ends run:
- *
- *   ATTACH     str job_id (<= 63), u32 rank, u32 world_size, u32 local_rank,
- *              u32 local_world_size, 16 bytes device_uuid,
- *              u32 max_tokens_per_rank, u32 hidden, u32 num_experts,
- *              u32 topk, u32 dtype, u32 max_ll_tokens_per_rank
- *   ATTACH_OK  u64 slab_bytes, u32 local_world_size, u32 num_fds (<= 250),
- *              str backend (<= 7), u32 op_timeout_ms, u32 kernel_warmup (0/1)
- *   SLAB       u64 chunk_bytes, u32 n_chunks (1..250), 16 bytes device_uuid,
- *              u32 n_ranks (1..64), n_ranks x {u32 local_rank, u32 rank,
- *              u64 offset}
- *   KERNELS    16 bytes device_uuid
- *   KERNELS_OK u32 arch, i32 driver, str build (64 hex digits), u64 bytes
- *              (1..DEP_KERNELS_MAX_BYTES); the cubin's fd rides on it
- *   TUNE       u32 sms (1..DEP_TUNE_MAX_SMS), u32 env_ctas
- *   TUNE_OK    u32 ctas, u32 how (1..DEP_TUNE_HOW_MAX)
+ * ATTACH_OK), KERNELS and TUNE, with the shared codec (codec.h): each
+ * body's fields are one table below, in wire order, driving its encoder and
+ * its decoder, and the checks of the values beside them; a SLAB is its
+ * head, then n_ranks (1..64) rank records.  KERNELS_OK's cubin fd rides on
+ * its frame.  Then the attach fields' checks both ends run.
  */
 #include <stdbool.h>
 #include <string.h>
@@ -29,21 +17,41 @@
 
 /* ---- ATTACH / ATTACH_OK -------------------------------------------------- */
 
+#define ATTACH_F(kind, m) CODEC_##kind(struct dep_attach_args, m)
+static const struct codec_field attach_fields[] = {
+    ATTACH_F(STR, job_id),           ATTACH_F(U32, rank),
+    ATTACH_F(U32, world_size),       ATTACH_F(U32, local_rank),
+    ATTACH_F(U32, local_world_size), ATTACH_F(BYTES, device_uuid),
+    ATTACH_F(U32, shape.max_tokens_per_rank), ATTACH_F(U32, shape.hidden),
+    ATTACH_F(U32, shape.num_experts), ATTACH_F(U32, shape.topk),
+    ATTACH_F(U32, shape.dtype),      ATTACH_F(U32, shape.max_ll_tokens_per_rank),
+};
+#undef ATTACH_F
+
+static const struct codec_field attach_ok_fields[] = {
+    CODEC_U64(struct dep_msg_attach_ok, slab_bytes),
+    CODEC_U32(struct dep_msg_attach_ok, local_world_size),
+    CODEC_U32(struct dep_msg_attach_ok, num_fds),
+    CODEC_STR(struct dep_msg_attach_ok, backend),
+    CODEC_U32(struct dep_msg_attach_ok, op_timeout_ms),
+    CODEC_U32(struct dep_msg_attach_ok, kernel_warmup), /* 0 or 1 */
+};
+
+static const struct codec_field slab_head[] = {
+    CODEC_U64(struct dep_msg_slab, chunk_bytes),  CODEC_U32(struct dep_msg_slab, n_chunks),
+    CODEC_BYTES(struct dep_msg_slab, device_uuid), CODEC_U32(struct dep_msg_slab, n_ranks),
+};
+
+static const struct codec_field slab_rank[] = {
+    CODEC_U32(struct dep_msg_slab_rank, local_rank),
+    CODEC_U32(struct dep_msg_slab_rank, rank),
+    CODEC_U64(struct dep_msg_slab_rank, offset),
+};
+
 int proto_encode_attach(struct proto_buf *b, const struct dep_attach_args *m) {
   struct codec_w w;
   codec_w_init(&w, b);
-  codec_w_str(&w, m->job_id, sizeof m->job_id);
-  codec_w_u32(&w, m->rank);
-  codec_w_u32(&w, m->world_size);
-  codec_w_u32(&w, m->local_rank);
-  codec_w_u32(&w, m->local_world_size);
-  codec_w_bytes(&w, m->device_uuid, sizeof m->device_uuid);
-  codec_w_u32(&w, m->shape.max_tokens_per_rank);
-  codec_w_u32(&w, m->shape.hidden);
-  codec_w_u32(&w, m->shape.num_experts);
-  codec_w_u32(&w, m->shape.topk);
-  codec_w_u32(&w, m->shape.dtype);
-  codec_w_u32(&w, m->shape.max_ll_tokens_per_rank);
+  codec_w_rec(&w, attach_fields, CODEC_NFIELDS(attach_fields), m);
   return codec_w_finish(&w);
 }
 
@@ -54,18 +62,7 @@ int proto_decode_attach(const uint8_t *p, size_t len, struct dep_attach_args *m)
   codec_r_init(&r, p, len);
   memset(m, 0, sizeof *m);
   m->size = sizeof *m; /* not on the wire: this library's own layout */
-  codec_r_str(&r, m->job_id, sizeof m->job_id);
-  m->rank = codec_r_u32(&r);
-  m->world_size = codec_r_u32(&r);
-  m->local_rank = codec_r_u32(&r);
-  m->local_world_size = codec_r_u32(&r);
-  codec_r_bytes(&r, m->device_uuid, sizeof m->device_uuid);
-  m->shape.max_tokens_per_rank = codec_r_u32(&r);
-  m->shape.hidden = codec_r_u32(&r);
-  m->shape.num_experts = codec_r_u32(&r);
-  m->shape.topk = codec_r_u32(&r);
-  m->shape.dtype = codec_r_u32(&r);
-  m->shape.max_ll_tokens_per_rank = codec_r_u32(&r);
+  codec_r_rec(&r, attach_fields, CODEC_NFIELDS(attach_fields), m);
   return codec_r_finish(&r);
 }
 
@@ -74,12 +71,7 @@ int proto_encode_attach_ok(struct proto_buf *b, const struct dep_msg_attach_ok *
     return DEP_ERR_INVALID;
   struct codec_w w;
   codec_w_init(&w, b);
-  codec_w_u64(&w, m->slab_bytes);
-  codec_w_u32(&w, m->local_world_size);
-  codec_w_u32(&w, m->num_fds);
-  codec_w_str(&w, m->backend, sizeof m->backend);
-  codec_w_u32(&w, m->op_timeout_ms);
-  codec_w_u32(&w, m->kernel_warmup);
+  codec_w_rec(&w, attach_ok_fields, CODEC_NFIELDS(attach_ok_fields), m);
   return codec_w_finish(&w);
 }
 
@@ -87,12 +79,7 @@ int proto_decode_attach_ok(const uint8_t *p, size_t len, struct dep_msg_attach_o
   struct codec_r r;
   codec_r_init(&r, p, len);
   memset(m, 0, sizeof *m);
-  m->slab_bytes = codec_r_u64(&r);
-  m->local_world_size = codec_r_u32(&r);
-  m->num_fds = codec_r_u32(&r);
-  codec_r_str(&r, m->backend, sizeof m->backend);
-  m->op_timeout_ms = codec_r_u32(&r);
-  m->kernel_warmup = codec_r_u32(&r);
+  codec_r_rec(&r, attach_ok_fields, CODEC_NFIELDS(attach_ok_fields), m);
   if (!r.bad && (m->num_fds > DEP_PROTO_MAX_FDS || m->kernel_warmup > 1))
     return DEP_ERR_PROTOCOL;
   return codec_r_finish(&r);
@@ -104,15 +91,9 @@ int proto_encode_slab(struct proto_buf *b, const struct dep_msg_slab *m) {
     return DEP_ERR_INVALID;
   struct codec_w w;
   codec_w_init(&w, b);
-  codec_w_u64(&w, m->chunk_bytes);
-  codec_w_u32(&w, m->n_chunks);
-  codec_w_bytes(&w, m->device_uuid, sizeof m->device_uuid);
-  codec_w_u32(&w, m->n_ranks);
-  for (uint32_t i = 0; i < m->n_ranks; i++) {
-    codec_w_u32(&w, m->ranks[i].local_rank);
-    codec_w_u32(&w, m->ranks[i].rank);
-    codec_w_u64(&w, m->ranks[i].offset);
-  }
+  codec_w_rec(&w, slab_head, CODEC_NFIELDS(slab_head), m);
+  for (uint32_t i = 0; i < m->n_ranks && !w.err; i++)
+    codec_w_rec(&w, slab_rank, CODEC_NFIELDS(slab_rank), &m->ranks[i]);
   return codec_w_finish(&w);
 }
 
@@ -120,17 +101,12 @@ int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m) {
   struct codec_r r;
   codec_r_init(&r, p, len);
   memset(m, 0, sizeof *m);
-  m->chunk_bytes = codec_r_u64(&r);
-  m->n_chunks = codec_r_u32(&r);
-  codec_r_bytes(&r, m->device_uuid, sizeof m->device_uuid);
-  m->n_ranks = codec_r_u32(&r);
+  codec_r_rec(&r, slab_head, CODEC_NFIELDS(slab_head), m);
   if (r.bad || m->n_chunks == 0 || m->n_chunks > DEP_PROTO_MAX_FDS || m->chunk_bytes == 0 ||
       m->n_ranks == 0 || m->n_ranks > DEP_MAX_LOCAL_RANKS)
     return DEP_ERR_PROTOCOL;
   for (uint32_t i = 0; i < m->n_ranks; i++) {
-    m->ranks[i].local_rank = codec_r_u32(&r);
-    m->ranks[i].rank = codec_r_u32(&r);
-    m->ranks[i].offset = codec_r_u64(&r);
+    codec_r_rec(&r, slab_rank, CODEC_NFIELDS(slab_rank), &m->ranks[i]);
     if (!r.bad && m->ranks[i].local_rank >= DEP_MAX_LOCAL_RANKS)
       return DEP_ERR_PROTOCOL;
   }
@@ -139,17 +115,27 @@ int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m) {
 
 /* ---- KERNELS, KERNELS_OK ------------------------------------------------------ */
 
+static const struct codec_field kernels_fields[] = {
+    CODEC_BYTES(struct dep_msg_kernels, device_uuid),
+};
+
+static const struct codec_field kernels_ok_fields[] = {
+    CODEC_U32(struct dep_msg_kernels_ok, arch),  CODEC_I32(struct dep_msg_kernels_ok, driver),
+    CODEC_STR(struct dep_msg_kernels_ok, build), /* 64 hex digits */
+    CODEC_U64(struct dep_msg_kernels_ok, bytes), /* 1..DEP_KERNELS_MAX_BYTES */
+};
+
 int proto_encode_kernels(struct proto_buf *b, const struct dep_msg_kernels *m) {
   struct codec_w w;
   codec_w_init(&w, b);
-  codec_w_bytes(&w, m->device_uuid, sizeof m->device_uuid);
+  codec_w_rec(&w, kernels_fields, CODEC_NFIELDS(kernels_fields), m);
   return codec_w_finish(&w);
 }
 
 int proto_decode_kernels(const uint8_t *p, size_t len, struct dep_msg_kernels *m) {
   struct codec_r r;
   codec_r_init(&r, p, len);
-  codec_r_bytes(&r, m->device_uuid, sizeof m->device_uuid);
+  codec_r_rec(&r, kernels_fields, CODEC_NFIELDS(kernels_fields), m);
   return codec_r_finish(&r);
 }
 
@@ -167,10 +153,7 @@ int proto_encode_kernels_ok(struct proto_buf *b, const struct dep_msg_kernels_ok
     return DEP_ERR_INVALID;
   struct codec_w w;
   codec_w_init(&w, b);
-  codec_w_u32(&w, m->arch);
-  codec_w_i32(&w, m->driver);
-  codec_w_str(&w, m->build, sizeof m->build);
-  codec_w_u64(&w, m->bytes);
+  codec_w_rec(&w, kernels_ok_fields, CODEC_NFIELDS(kernels_ok_fields), m);
   return codec_w_finish(&w);
 }
 
@@ -178,10 +161,7 @@ int proto_decode_kernels_ok(const uint8_t *p, size_t len, struct dep_msg_kernels
   struct codec_r r;
   codec_r_init(&r, p, len);
   memset(m, 0, sizeof *m);
-  m->arch = codec_r_u32(&r);
-  m->driver = codec_r_i32(&r);
-  codec_r_str(&r, m->build, sizeof m->build);
-  m->bytes = codec_r_u64(&r);
+  codec_r_rec(&r, kernels_ok_fields, CODEC_NFIELDS(kernels_ok_fields), m);
   int rc = codec_r_finish(&r);
   if (rc == 0 && (!kernels_build_ok(m->build) || m->bytes == 0 || m->bytes > DEP_KERNELS_MAX_BYTES))
     rc = DEP_ERR_PROTOCOL;
@@ -190,19 +170,27 @@ int proto_decode_kernels_ok(const uint8_t *p, size_t len, struct dep_msg_kernels
 
 /* ---- TUNE, TUNE_OK -------------------------------------------------------------- */
 
+static const struct codec_field tune_fields[] = {
+    CODEC_U32(struct dep_msg_tune, sms), /* 1..DEP_TUNE_MAX_SMS */
+    CODEC_U32(struct dep_msg_tune, env_ctas),
+};
+
+static const struct codec_field tune_ok_fields[] = {
+    CODEC_U32(struct dep_msg_tune_ok, ctas),
+    CODEC_U32(struct dep_msg_tune_ok, how), /* 1..DEP_TUNE_HOW_MAX */
+};
+
 int proto_encode_tune(struct proto_buf *b, const struct dep_msg_tune *m) {
   struct codec_w w;
   codec_w_init(&w, b);
-  codec_w_u32(&w, m->sms);
-  codec_w_u32(&w, m->env_ctas);
+  codec_w_rec(&w, tune_fields, CODEC_NFIELDS(tune_fields), m);
   return codec_w_finish(&w);
 }
 
 int proto_decode_tune(const uint8_t *p, size_t len, struct dep_msg_tune *m) {
   struct codec_r r;
   codec_r_init(&r, p, len);
-  m->sms = codec_r_u32(&r);
-  m->env_ctas = codec_r_u32(&r);
+  codec_r_rec(&r, tune_fields, CODEC_NFIELDS(tune_fields), m);
   int rc = codec_r_finish(&r);
   if (rc == 0 && (m->sms < 1 || m->sms > DEP_TUNE_MAX_SMS))
     rc = DEP_ERR_PROTOCOL;
@@ -214,16 +202,14 @@ int proto_encode_tune_ok(struct proto_buf *b, const struct dep_msg_tune_ok *m) {
     return DEP_ERR_INVALID;
   struct codec_w w;
   codec_w_init(&w, b);
-  codec_w_u32(&w, m->ctas);
-  codec_w_u32(&w, m->how);
+  codec_w_rec(&w, tune_ok_fields, CODEC_NFIELDS(tune_ok_fields), m);
   return codec_w_finish(&w);
 }
 
 int proto_decode_tune_ok(const uint8_t *p, size_t len, struct dep_msg_tune_ok *m) {
   struct codec_r r;
   codec_r_init(&r, p, len);
-  m->ctas = codec_r_u32(&r);
-  m->how = codec_r_u32(&r);
+  codec_r_rec(&r, tune_ok_fields, CODEC_NFIELDS(tune_ok_fields), m);
   int rc = codec_r_finish(&r);
   if (rc == 0 && (m->how < 1 || m->how > DEP_TUNE_HOW_MAX))
     rc = DEP_ERR_PROTOCOL;
