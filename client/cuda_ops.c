@@ -205,13 +205,18 @@ static int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
                        "is now out of step with its peers: detach and restart the job", op, m);
 }
 
+/* The refusal of a library built without nvcc, whose cuda client has no kernels. */
+static int no_kernels(dep_client_t *c, const char *op) {
+  return client_seterr(c, DEP_ERR_UNSUPPORTED,
+                       "%s: this libdeepep-client was built without nvcc, so it has no CUDA "
+                       "kernels; rebuild it with CUDA_HOME set to a CUDA toolkit, or run deepepd "
+                       "with backend: host", op);
+}
+
 /* What every cuda operation does first. */
 static int cuops_begin(dep_client_t *c, const char *op, CUstream s) {
   if (!c->cuops.ready)
-    return client_seterr(c, DEP_ERR_UNSUPPORTED,
-                         "%s: this libdeepep-client was built without nvcc, so it has no CUDA "
-                         "kernels; rebuild it with CUDA_HOME set to a CUDA toolkit, or run deepepd "
-                         "with backend: host", op);
+    return no_kernels(c, op);
   if (c->cuops.broken)
     return client_seterr(c, DEP_ERR_STATE, "%s: an earlier call timed out or found a rank of the "
                          "job gone, so the ranks are out of step; detach and restart the job", op);
@@ -269,11 +274,59 @@ static uint64_t handle_carve(uint64_t W, uint64_t mt, uint64_t ll, uint64_t K, u
   return off;
 }
 
+/* A handle's device arrays for the job c is bound to (handle_carve's). */
+static uint64_t job_handle_carve(const dep_client_t *c, uint64_t at[9]) {
+  const struct ops_ctx *o = &c->ops;
+  return handle_carve(o->world, o->shape.max_tokens_per_rank, o->lay.max_ll_tokens,
+                      o->shape.topk, c->cuops.job.kd, at);
+}
+
+int cuda_ops_handle_bytes(dep_client_t *c, const char *op, uint64_t *bytes) {
+  uint64_t at[9];
+  if (!c->cuops.ready)
+    return no_kernels(c, op);
+  *bytes = job_handle_carve(c, at);
+  return 0;
+}
+
+int cuda_ops_handle_mem_check(dep_client_t *c, const char *op, const void *mem,
+                              uint64_t bytes) {
+  /* Both ends, so that memory which begins on the GPU but is shorter than
+   * it says is caught too; the ordinal where the driver tells it. */
+  const CUdeviceptr at[2] = {(CUdeviceptr)(uintptr_t)mem,
+                             (CUdeviceptr)(uintptr_t)mem + (bytes ? bytes - 1 : 0)};
+  for (int i = 0; i < 2; i++) {
+    unsigned type = 0;
+    int ord = -1;
+    CUresult r = drv()->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, at[i]);
+    if (r == CUDA_SUCCESS && type == CU_MEMORYTYPE_DEVICE &&
+        (drv()->cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, at[i]) !=
+             CUDA_SUCCESS || ord == c->cuda_dev))
+      continue;
+    char what[96];
+    if (r != CUDA_SUCCESS)
+      snprintf(what, sizeof what, "the driver does not know it (%s): host memory?",
+               cudadrv_errstr(r));
+    else if (type != CU_MEMORYTYPE_DEVICE)
+      snprintf(what, sizeof what, "it is %s memory", type == CU_MEMORYTYPE_HOST ? "host" :
+               "not device");
+    else
+      snprintf(what, sizeof what, "it is GPU %d's", ord);
+    return client_seterr(c, DEP_ERR_INVALID, "%s: mem%s (%#llx) is not device memory of this "
+                         "rank's GPU %d: %s; allocate the handle's %llu bytes on that GPU "
+                         "(cuMemAlloc, cudaMalloc, torch.empty on its device)", op,
+                         i ? "'s last byte" : "", (unsigned long long)at[i], c->cuda_dev, what,
+                         (unsigned long long)bytes);
+  }
+  return 0;
+}
+
 /*
  * Size the handle's device arrays for this job (once) and fill its host
  * fields.  The arrays are `lent` memory where that is not 0 (the warm-up's
- * handle, in the rank's private area: no allocation at attach), else a
- * cuMemAlloc of the handle's own.
+ * handle, in the rank's private area: no allocation at attach), else the
+ * caller's of a dep_handle_new_in handle (h->mem; refused when this job's
+ * handle is larger), else a cuMemAlloc of the handle's own.
  */
 static int handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op,
                           CUdeviceptr lent) {
@@ -286,7 +339,15 @@ static int handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op,
     cuda_ops_handle_free(h), m = NULL;
   if (m == NULL) {
     uint64_t at[9];
-    uint64_t bytes = handle_carve(W, mt, ll, K, kd, at);
+    uint64_t bytes = job_handle_carve(c, at);
+    if (lent == 0 && h->mem != NULL) {
+      if (bytes > h->mem_bytes)
+        return client_seterr(c, DEP_ERR_INVALID, "%s: the handle's memory (%zu bytes, "
+                             "dep_handle_new_in) is less than a handle of this job takes (%llu, "
+                             "dep_handle_bytes): it was made for another job; make a new handle",
+                             op, h->mem_bytes, (unsigned long long)bytes);
+      lent = (CUdeviceptr)(uintptr_t)h->mem;
+    }
     m = calloc(1, sizeof *m);
     if (m == NULL)
       return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory for a handle", op);
@@ -330,8 +391,8 @@ static int handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op,
   return 0;
 }
 
-int cuda_ops_handle_new(dep_client_t *c, struct dep_handle *h) {
-  return c->cuops.ready ? handle_reserve(c, h, "dep_handle_new", 0) : 0;
+int cuda_ops_handle_new(dep_client_t *c, struct dep_handle *h, const char *op) {
+  return c->cuops.ready ? handle_reserve(c, h, op, 0) : 0;
 }
 
 static struct cuops_hdl hdl_of(const struct dep_handle *h) {

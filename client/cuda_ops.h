@@ -449,8 +449,17 @@ int cuda_ops_attach(dep_client_t *c);
 /* Undo cuda_ops_attach (client_unmap); safe on a zeroed state. */
 void cuda_ops_detach(dep_client_t *c);
 /* Make a new handle's device arrays now (dep_handle_new on an attached cuda
- * client), rather than in its first dispatch; a no-op without kernels. */
-int cuda_ops_handle_new(dep_client_t *c, struct dep_handle *h);
+ * client), rather than in its first dispatch, or carve them in h->mem (a
+ * dep_handle_new_in handle); a no-op without kernels. */
+int cuda_ops_handle_new(dep_client_t *c, struct dep_handle *h, const char *op);
+/* The bytes of a handle's device arrays in the attached job, as
+ * handle_reserve carves them (dep_handle_bytes on cuda); DEP_ERR_UNSUPPORTED
+ * without kernels. */
+int cuda_ops_handle_bytes(dep_client_t *c, const char *op, uint64_t *bytes);
+/* 0 when the driver says [mem, mem + bytes) begins and ends in device
+ * memory of the rank's GPU, else DEP_ERR_INVALID saying what it is. */
+int cuda_ops_handle_mem_check(dep_client_t *c, const char *op, const void *mem,
+                              uint64_t bytes);
 /* Free a handle's device arrays (dep_handle_free). */
 void cuda_ops_handle_free(struct dep_handle *h);
 

@@ -280,10 +280,55 @@ enum dep_index_type { DEP_INDEX_I64 = 1, DEP_INDEX_I32 = 2 };
 
 /* Argument structs begin with `size` and grow as "Structs grow" above says. */
 
-/* What dispatch leaves for the matching combine (opaque, reusable). */
+/*
+ * What dispatch leaves for the matching combine (opaque, reusable).
+ * dep_handle_new makes one whose arrays the library allocates (on cuda a
+ * cuMemAlloc, at dep_handle_new when attached, else at its first
+ * dispatch); dep_handle_free frees it with them.
+ */
 typedef struct dep_handle dep_handle_t;
 DEP_EXPORT int dep_handle_new(dep_client_t *c, dep_handle_t **out);
 DEP_EXPORT void dep_handle_free(dep_handle_t *h);
+
+/*
+ * A handle whose arrays live in memory the caller lends (appended in
+ * 0.4.0): for a caller in which the library must not allocate, as on cuda
+ * while its stream captures a CUDA graph (cuMemAlloc is not allowed then;
+ * a binding serves the memory from its own allocator, torch's from the
+ * graph's pool), so that a capture may hold as many dispatches as it likes.
+ *
+ * dep_handle_bytes: the bytes such a handle takes in the attached job (the
+ * backend's arrays for its shape and world size; the same until the next
+ * dep_attach).  DEP_ERR_STATE when not attached; on cuda without kernels,
+ * DEP_ERR_UNSUPPORTED as the operations.
+ *
+ * dep_handle_new_in: a handle whose arrays are the first dep_handle_bytes
+ * bytes at mem.  mem is DEP_HANDLE_ALIGN-byte aligned (cuMemAlloc's,
+ * cudaMalloc's and torch's allocations are; malloc's are not: use
+ * aligned_alloc), at least dep_handle_bytes long (bytes says how long it
+ * is), and reachable from the operations: on cuda device memory of the
+ * rank's GPU (the library asks the driver, cuPointerGetAttribute, and
+ * refuses a host pointer or another GPU's memory), on the host backend
+ * this process's memory.  It needs no initialising (a dispatch writes
+ * every element before anything reads it).  The library writes nothing
+ * outside those bytes and never frees them: mem must stay valid until
+ * dep_handle_free, and on cuda until the last kernel queued with the
+ * handle has run (for a captured one: for as long as the graph may be
+ * replayed).  dep_handle_free frees only the library's host-side state.
+ * The handle is used as one of dep_handle_new (one lent memory holds one
+ * handle); after a dep_attach to a job whose handles take more than bytes,
+ * a dispatch into it is DEP_ERR_INVALID (make a new one).  NULL c or out,
+ * NULL or misaligned mem, bytes too small: DEP_ERR_INVALID naming it; not
+ * attached: DEP_ERR_STATE.
+ *
+ * Two calls rather than a field of dep_shape_sizes, because the size is
+ * the backend's (cuda's arrays are not the host's) and known at attach;
+ * two scalar arguments rather than an argument struct: nothing to grow
+ * (a later need is a new function).
+ */
+#define DEP_HANDLE_ALIGN 256
+DEP_EXPORT int dep_handle_bytes(dep_client_t *c, size_t *bytes);
+DEP_EXPORT int dep_handle_new_in(dep_client_t *c, void *mem, size_t bytes, dep_handle_t **out);
 
 /* layout: from topk_idx, tokens per rank, tokens per expert, token-in-rank mask. */
 struct dep_layout_args {

@@ -45,7 +45,7 @@ DEP_EXPORT int dep_handle_new(dep_client_t *c, dep_handle_t **out) {
     return client_seterr(c, DEP_ERR_NO_MEMORY, "dep_handle_new: out of memory");
   host_ops_handle_init(h);
   if (c->cuda && c->attached) {
-    int rc = cuda_ops_handle_new(c, h);
+    int rc = cuda_ops_handle_new(c, h, "dep_handle_new");
     if (rc != 0) {
       free(h);
       return rc;
@@ -55,6 +55,72 @@ DEP_EXPORT int dep_handle_new(dep_client_t *c, dep_handle_t **out) {
   return 0;
 }
 
+/* The bytes of a handle's arrays in the attached job: each backend's one
+ * carve, which its handle_reserve lays out in a dep_handle_new_in's memory. */
+static int handle_bytes(dep_client_t *c, const char *op, uint64_t *out) {
+  if (!c->attached)
+    return client_seterr(c, DEP_ERR_STATE, "%s: not attached to a job; call dep_attach first "
+                         "(a handle's size is its job's)", op);
+  if (c->cuda)
+    return cuda_ops_handle_bytes(c, op, out);
+  *out = host_ops_handle_bytes(&c->ops);
+  return 0;
+}
+
+DEP_EXPORT int dep_handle_bytes(dep_client_t *c, size_t *bytes) {
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  if (bytes == NULL)
+    return client_seterr(c, DEP_ERR_INVALID, "dep_handle_bytes: bytes is NULL");
+  uint64_t n = 0;
+  int rc = handle_bytes(c, "dep_handle_bytes", &n);
+  if (rc == 0)
+    *bytes = (size_t)n;
+  return rc;
+}
+
+DEP_EXPORT int dep_handle_new_in(dep_client_t *c, void *mem, size_t bytes, dep_handle_t **out) {
+  const char *op = "dep_handle_new_in";
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  if (out == NULL)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: out is NULL", op);
+  *out = NULL;
+  uint64_t need = 0;
+  int rc = handle_bytes(c, op, &need);
+  if (rc != 0)
+    return rc;
+  const char *kind = c->cuda ? "device memory of the rank's GPU" : "host memory";
+  if (mem == NULL)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: mem is NULL; lend dep_handle_bytes (%llu) "
+                         "bytes of %s, or use dep_handle_new", op, (unsigned long long)need,
+                         kind);
+  if ((uintptr_t)mem % DEP_HANDLE_ALIGN != 0)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: mem %p is not %d-byte aligned "
+                         "(DEP_HANDLE_ALIGN); cuMemAlloc's and torch's allocations are, malloc's "
+                         "are not (use aligned_alloc)", op, mem, DEP_HANDLE_ALIGN);
+  if (bytes < need)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: bytes %zu is less than a handle of this job "
+                         "takes (%llu, dep_handle_bytes); lend that many bytes of %s", op, bytes,
+                         (unsigned long long)need, kind);
+  if (c->cuda && (rc = cuda_ops_handle_mem_check(c, op, mem, need)) != 0)
+    return rc;
+  dep_handle_t *h = calloc(1, sizeof *h);
+  if (h == NULL)
+    return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory", op);
+  host_ops_handle_init(h);
+  h->mem = mem;
+  h->mem_bytes = bytes;
+  if (c->cuda && (rc = cuda_ops_handle_new(c, h, op)) != 0) {
+    free(h);
+    return rc;
+  }
+  *out = h;
+  return 0;
+}
+
+/* A dep_handle_new_in handle's memory is the caller's: cuda_ops_handle_free
+ * and host_ops_handle_fini leave it. */
 DEP_EXPORT void dep_handle_free(dep_handle_t *h) {
   if (h == NULL)
     return;

@@ -92,6 +92,7 @@ static void drv_load_once(void) {
   RESOLVE(cuLinkAddData, "cuLinkAddData_v2");
   RESOLVE(cuLinkComplete, "cuLinkComplete");
   RESOLVE(cuLinkDestroy, "cuLinkDestroy");
+  RESOLVE(cuPointerGetAttribute, "cuPointerGetAttribute");
   RESOLVE(cuMemGetInfo, "cuMemGetInfo_v2");
   *(void **)(&drv.cuMemGetHandleForAddressRange) = dlsym(h, "cuMemGetHandleForAddressRange");
   CUresult r = drv.cuInit(0);

@@ -56,6 +56,11 @@ typedef struct CUlinkState_st *CUlinkState;
 #define CU_JIT_INPUT_FATBINARY 2
 #define CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD 0x1
 #define CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED 110
+/* What memory a pointer is (dep_handle_new_in checks the caller's). */
+#define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define CU_MEMORYTYPE_HOST 1
+#define CU_MEMORYTYPE_DEVICE 2
 
 typedef struct {
   int type;
@@ -156,6 +161,8 @@ struct cudadrv {
                             void **);
   CUresult (*cuLinkComplete)(CUlinkState, void **, size_t *);
   CUresult (*cuLinkDestroy)(CUlinkState);
+  /* dep_handle_new_in: that the caller's memory is the rank's GPU's. */
+  CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
   /* deepepctl doctor: a GPU's free memory against its pool's budget. */
   CUresult (*cuMemGetInfo)(size_t *, size_t *);
   /* Optional (NULL on drivers before 11.7): a dma-buf fd of device memory, which the

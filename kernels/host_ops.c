@@ -226,29 +226,59 @@ void host_ops_handle_init(struct dep_handle *h) { memset(h, 0, sizeof *h); }
 void host_ops_handle_fini(struct dep_handle *h) {
   if (h == NULL)
     return;
-  free(h->token_ranks);
-  free(h->ll_rows);
+  if (h->mem == NULL) {
+    free(h->token_ranks);
+    free(h->ll_rows);
+  }
   memset(h, 0, sizeof *h);
 }
 
-/* Size the handle's arrays for c's shape (once) and mark it empty. */
+/* A handle's arrays for c's shape: token_ranks (TP) then ll_rows (LL),
+ * each from a DEP_HANDLE_ALIGN boundary of the caller's memory. */
+struct handle_carve {
+  uint32_t tp_cap;
+  uint64_t ll_cap, ll_off, total;
+};
+static struct handle_carve handle_carve(const struct ops_ctx *c) {
+  const uint32_t le = local_experts(c), k = c->shape.topk;
+  struct handle_carve v = {.tp_cap = c->shape.max_tokens_per_rank};
+  v.ll_cap = (uint64_t)c->world * c->lay.max_ll_tokens * (k < le ? k : le);
+  v.ll_off = dep_round_up((uint64_t)v.tp_cap * sizeof(uint64_t), DEP_HANDLE_ALIGN);
+  v.total = v.ll_off + dep_round_up(v.ll_cap * sizeof(uint32_t[2]), DEP_HANDLE_ALIGN);
+  return v;
+}
+
+uint64_t host_ops_handle_bytes(const struct ops_ctx *c) { return handle_carve(c).total; }
+
+/* Size the handle's arrays for c's shape (once, or each time in the
+ * caller's memory, which holds both) and mark it empty. */
 static int handle_reserve(struct ops_ctx *c, struct dep_handle *h, uint32_t kind) {
   h->kind = OPS_HANDLE_EMPTY;
-  if (kind == OPS_HANDLE_TP && h->token_cap < c->shape.max_tokens_per_rank) {
-    uint64_t *p = realloc(h->token_ranks, (size_t)c->shape.max_tokens_per_rank * sizeof *p);
+  const struct handle_carve v = handle_carve(c);
+  if (h->mem != NULL) {
+    if (v.total > h->mem_bytes)
+      return set_why(c, DEP_ERR_INVALID, "the handle's memory (%zu bytes, dep_handle_new_in) is "
+                     "less than a handle of this job takes (%llu, dep_handle_bytes): it was made "
+                     "for another job; make a new handle", h->mem_bytes,
+                     (unsigned long long)v.total);
+    h->token_ranks = h->mem;
+    h->token_cap = v.tp_cap;
+    h->ll_rows = (uint32_t(*)[2])((uint8_t *)h->mem + v.ll_off);
+    h->ll_cap = v.ll_cap;
+  }
+  if (kind == OPS_HANDLE_TP && h->token_cap < v.tp_cap) {
+    uint64_t *p = realloc(h->token_ranks, (size_t)v.tp_cap * sizeof *p);
     if (p == NULL)
       return set_why(c, DEP_ERR_NO_MEMORY, "out of memory for a dispatch handle");
     h->token_ranks = p;
-    h->token_cap = c->shape.max_tokens_per_rank;
+    h->token_cap = v.tp_cap;
   }
-  uint32_t le = local_experts(c), k = c->shape.topk;
-  uint64_t cap = (uint64_t)c->world * c->lay.max_ll_tokens * (k < le ? k : le);
-  if (kind == OPS_HANDLE_LL && h->ll_cap < cap) {
-    uint32_t(*p)[2] = realloc(h->ll_rows, (size_t)cap * sizeof *p);
+  if (kind == OPS_HANDLE_LL && h->ll_cap < v.ll_cap) {
+    uint32_t(*p)[2] = realloc(h->ll_rows, (size_t)v.ll_cap * sizeof *p);
     if (p == NULL)
       return set_why(c, DEP_ERR_NO_MEMORY, "out of memory for a low-latency dispatch handle");
     h->ll_rows = p;
-    h->ll_cap = cap;
+    h->ll_cap = v.ll_cap;
   }
   h->world = c->world;
   h->rank = c->rank;

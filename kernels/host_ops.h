@@ -175,6 +175,11 @@ struct dep_handle {
   uint64_t ll_cap;
   uint64_t idx_hash;   /* LL: hash of the dispatched topk_idx */
   void *cuda;          /* cuda backend: the device arrays (client/cuda_ops.c) */
+  /* Memory the caller lent for the arrays (dep_handle_new_in), host or
+   * device as the backend's: carved, never grown or freed.  NULL: the
+   * library allocates them. */
+  void *mem;
+  size_t mem_bytes;
 };
 
 /* ---- context ------------------------------------------------------------ */
@@ -198,9 +203,13 @@ int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32
                         uint32_t timeout_ms, char *why, size_t whylen);
 void host_ops_fini(struct ops_ctx *c);
 
-/* A handle starts empty; fini frees what dispatches allocated in it. */
+/* A handle starts empty; fini frees what dispatches allocated in it (not
+ * the caller's memory of a dep_handle_new_in handle). */
 void host_ops_handle_init(struct dep_handle *h);
 void host_ops_handle_fini(struct dep_handle *h);
+/* The bytes of a handle's arrays for c's shape, as handle_reserve carves
+ * them in a caller's memory (dep_handle_bytes on the host backend). */
+uint64_t host_ops_handle_bytes(const struct ops_ctx *c);
 
 /* ---- argument checks (ops_check.c): DEP_ERR_INVALID naming the argument -- */
 

@@ -10,7 +10,8 @@
  * calls back to back, a rank that never calls (DEP_ERR_TIMEOUT within the
  * bound, the daemon healthy after), a rank the daemon found gone
  * (DEP_ERR_PEER at once), out-of-range ids (DEP_ERR_INVALID
- * through the error word) and bad arguments refused before any launch.
+ * through the error word), bad arguments refused before any launch, and
+ * every op through a handle in memory the caller lends (dep_handle_new_in).
  *
  * Tagged "gpu": each test skips, saying why, unless DEP_TEST_BACKEND=cuda
  * and a GPU is present (make check-gpu).  The test process never touches
@@ -367,6 +368,112 @@ START_TEST(throughput_extensions_match_the_oracle) {
   cr_world_stop(&w);
   ext_gpu_free(e);
   free(e);
+}
+END_TEST
+
+/* ---- handles in memory the caller lends (dep_handle_new_in) ------------------------------ */
+
+#define LENT_GUARD 4096u
+#define LENT_POISON 0xa5
+
+/* The lent memory's guards (LENT_GUARD bytes each side of its n) still poisoned: 0, or 1
+ * with k->msg. */
+static int lent_guards_kept(struct rk *k, CUdeviceptr m, size_t n, const char *when) {
+  uint8_t g[2][LENT_GUARD];
+  CR_CU(k, k->cu->cuStreamSynchronize(k->s), "cuStreamSynchronize");
+  CR_CU(k, k->cu->cuMemcpyDtoH(g[0], m, LENT_GUARD), "cuMemcpyDtoH");
+  CR_CU(k, k->cu->cuMemcpyDtoH(g[1], m + LENT_GUARD + n, LENT_GUARD), "cuMemcpyDtoH");
+  for (int i = 0; i < 2; i++)
+    if (ow_unpoisoned(g[i], LENT_GUARD, LENT_POISON) >= 0)
+      return ow_fail(k->msg, "rank %u: %s: the library wrote outside the handle's %zu bytes "
+                     "(%s guard)", k->rank, when, n, i ? "upper" : "lower");
+  return 0;
+}
+
+/* A refused dep_handle_new_in: DEP_ERR_INVALID, its message holding want. */
+static int lent_refused(struct rk *k, void *mem, size_t n, const char *want) {
+  dep_handle_t *h = NULL;
+  int rc = dep_handle_new_in(k->c, mem, n, &h);
+  if (rc != DEP_ERR_INVALID || h != NULL || strstr(dep_errmsg(k->c), want) == NULL)
+    return ow_fail(k->msg, "rank %u: dep_handle_new_in(%p, %zu): %s (\"%s\"), want "
+                   "DEP_ERR_INVALID saying \"%s\"", k->rank, mem, n, dep_errname(rc),
+                   dep_errmsg(k->c), want);
+  return 0;
+}
+
+/*
+ * The rank's handle replaced by one in cuMemAlloc'd memory of its GPU
+ * (poisoned, with poisoned guards): host memory, a misaligned or short
+ * one refused first; then every op's rounds against the oracle, twice,
+ * bit-identical; the guards kept; and after dep_handle_free the memory
+ * still the caller's to cuMemFree.
+ */
+static int body_lent(struct rk *k, void *arg) {
+  const struct ow_case *d = arg;
+  size_t n = 0;
+  CALL(k, dep_handle_bytes(k->c, &n), "dep_handle_bytes");
+  CUdeviceptr m = 0;
+  CR_CU(k, k->cu->cuMemAlloc(&m, 2 * LENT_GUARD + n), "cuMemAlloc");
+  CR_CU(k, k->cu->cuMemsetD8(m, LENT_POISON, 2 * LENT_GUARD + n), "cuMemsetD8");
+  void *mem = (void *)(uintptr_t)(m + LENT_GUARD);
+  void *host = aligned_alloc(DEP_HANDLE_ALIGN, dep_round_up(n, DEP_HANDLE_ALIGN));
+  int rc = host == NULL ? ow_fail(k->msg, "out of memory") : 0;
+  if (rc == 0)
+    rc = lent_refused(k, host, n, "is not device memory of this rank's GPU") ||
+         lent_refused(k, (uint8_t *)mem + 8, n, "256-byte aligned") ||
+         lent_refused(k, mem, n - 1, "dep_handle_bytes");
+  free(host);
+  if (rc != 0)
+    return rc;
+  dep_handle_free(k->h);
+  k->h = NULL;
+  CALL(k, dep_handle_new_in(k->c, mem, n, &k->h), "dep_handle_new_in");
+  uint64_t first = 0;
+  for (int round = 0; round < 2 && rc == 0; round++) {
+    uint64_t dig = 0;
+    rc = cr_upload(k, d) || cr_round_tp(k, d, 0xA5, &dig) || cr_round_ll(k, d, 0, 0xA5, &dig) ||
+         (d->sc.fp8 && cr_round_ll(k, d, 1, 0xA5, &dig)) ||
+         lent_guards_kept(k, m, n, "the rounds");
+    if (rc == 0 && round == 1 && dig != first)
+      rc = ow_fail(k->msg, "rank %u: round 1 repeats round 0's inputs but its outputs differ "
+                   "[%s]", k->rank, d->desc);
+    first = dig;
+  }
+  if (rc != 0)
+    return rc;
+  CR_CU(k, k->cu->cuStreamSynchronize(k->s), "cuStreamSynchronize");
+  dep_handle_free(k->h);
+  k->h = NULL;
+  if (lent_guards_kept(k, m, n, "dep_handle_free"))
+    return 1;
+  /* The memory is still ours: a library that freed it makes this fail. */
+  CR_CU(k, k->cu->cuMemFree(m), "cuMemFree of the lent memory after dep_handle_free");
+  return 0;
+}
+
+static const struct ow_scenario lent_scenarios[] = {
+  /* world hidden topk experts max_tokens max_ll  routing  tokens  index  fp8 */
+  {1, 128, 2, 4, 8, 8, P_RANDOM, T_MAX, DEP_INDEX_I64, 0},
+  {2, 2048, 2, 8, 128, 64, P_RANDOM, T_MIXED, DEP_INDEX_I32, 1},
+  {8, 128, 8, 64, 16, 16, P_RANDOM, T_MIXED, DEP_INDEX_I64, 1},
+};
+
+/* Every op through a handle whose arrays are in the caller's device memory, as the oracle
+ * says; the memory outside its bytes untouched and never freed by the library. */
+START_TEST(ops_through_a_handle_in_lent_device_memory_match_the_oracle) {
+  CR_NEEDS_GPU();
+  ow_seed_init(400 + (uint64_t)_i);
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &lent_scenarios[_i], lent_scenarios[_i].fp8);
+  struct cr_world w;
+  cr_world_start(&w, NULL);
+  char job[32];
+  snprintf(job, sizeof job, "lent-%d", _i);
+  cr_run_procs(&w, job, &d->shape, d->sc.world, body_lent, d, d->desc);
+  cr_world_stop(&w);
+  ow_case_free(d);
+  free(d);
 }
 END_TEST
 
@@ -761,6 +868,8 @@ Suite *cuda_ops_suite(void) {
   tcase_add_test(tc, two_hundred_forty_calls_back_to_back_stay_correct);
   tcase_add_loop_test(tc, throughput_extensions_match_the_oracle, 0,
                       (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
+  tcase_add_loop_test(tc, ops_through_a_handle_in_lent_device_memory_match_the_oracle, 0,
+                      (int)(sizeof lent_scenarios / sizeof lent_scenarios[0]));
   suite_add_tcase(s, tc);
   /* Its own case, so that it can run outside MPS alone (CK_RUN_CASE=threads). */
   TCase *th = tcase_create("threads");

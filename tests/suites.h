@@ -19,6 +19,7 @@
   XX(client)                \
   XX(ctl)                   \
   XX(ops)                   \
+  XX(handles)               \
   XX(memory)                \
   XX(pool)                  \
   XX(lifecycle)             \
