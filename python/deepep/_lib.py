@@ -266,6 +266,8 @@ _PROTOTYPES = [
     ("dep_attach_info", c_int, [_client_p, POINTER(AttachInfo)]),
     ("dep_attach_times", c_int, [_client_p, POINTER(AttachTimes)]),
     ("dep_handle_new", c_int, [_client_p, POINTER(c_void_p)]),
+    ("dep_handle_bytes", c_int, [_client_p, POINTER(ctypes.c_size_t)]),
+    ("dep_handle_new_in", c_int, [_client_p, c_void_p, ctypes.c_size_t, POINTER(c_void_p)]),
     ("dep_handle_free", None, [c_void_p]),
     ("dep_layout", c_int, [_client_p, POINTER(LayoutArgs), c_void_p]),
     ("dep_dispatch", c_int, [_client_p, POINTER(DispatchArgs), c_void_p, c_void_p]),

@@ -37,12 +37,6 @@ _FP8_GROUP = 128
 _HANDLE_POOL = 4
 #: cuda: collected handles kept for reuse (each with the events of its streams).
 _CUDA_POOL = 16
-#: cuda: handles made ahead, for the calls captured in a CUDA graph (where the
-#: library's cuMemAlloc of a new handle is not allowed): one at each call outside a capture
-#: that makes a Handle, up to this many, rather than all in Buffer(...) (whose time a
-#: restarted trainer waits for); so the warm-up torch asks for before a capture, the same
-#: calls run once outside it, leaves one for each handle the capture makes.
-_GRAPH_SPARE = 4
 #: Prototypes kept per Buffer for _new (one per output shape and dtype seen).
 _PROTOS = 1024
 _BF16 = (torch.bfloat16,)
@@ -97,7 +91,9 @@ class Handle:
     Unlike DeepEP's tuple of prefix matrices, its contents are the library's
     (a dep_handle_t); ``num_tokens`` and ``num_recv`` say the rows on each side
     (``num_recv`` is None after a dispatch with num_worst_tokens on cuda, which does not
-    wait for it; ``rows`` is then num_worst_tokens).
+    wait for it; ``rows`` is then num_worst_tokens).  One made inside a CUDA-graph capture
+    has its device arrays in a torch tensor (dep_handle_new_in), served from the graph's
+    pool as DeepEP's handle tensors are, and is kept by its Buffer until destroy().
     """
 
     @property
@@ -117,16 +113,20 @@ class Handle:
         self.worst = 0
         self.hidden = buf.hidden
         self._stream: Any = None
+        #: cuda, made in a capture: the tensor that holds the handle's device arrays.
+        self._mem: Optional[torch.Tensor] = None
         pool = buf._handle_pool
         if buf._host:
             ptr = pool.pop() if pool else None
         else:
-            ptr = buf._cuda_handle(kind)
             # The caller's current stream (the op looked it up once: each lookup makes a
             # torch.cuda.Stream, microseconds a call).
             self._stream = stream if stream is not None else torch.cuda.current_stream(buf.device)
             if torch.cuda.is_current_stream_capturing():
+                ptr = buf._captured_handle(self)
                 buf._pinned.append(self)  # the graph holds its arrays: kept until destroy()
+            else:
+                ptr = buf._cuda_handle()
         if ptr is None:
             p = ctypes.c_void_p()
             conn.check(conn.lib.dep_handle_new(conn.ptr, ctypes.byref(p)), "dep_handle_new")
@@ -161,6 +161,12 @@ class Handle:
                 buf._handle_pool.append(ptr)
             else:
                 self._free()
+            return
+        if self._mem is not None:
+            # Made in a capture (the Buffer keeps it until destroy(), so this runs only if
+            # that changes): its arrays go with its tensor, so it is never pooled for reuse;
+            # dep_handle_free frees only the library's host side.
+            self._free()
             return
         # cuda: the kernels queued on the handle's streams may still use its device
         # arrays, and dep_handle_free (cuMemFree) would wait for the whole device.  So
@@ -232,8 +238,8 @@ class Buffer:
         self._handles: "weakref.WeakSet[Handle]" = weakref.WeakSet()
         self._handle_pool: List[int] = []
         self._cuda_pool: List[Tuple[int, list]] = []
-        self._spare: List[int] = []
         self._pinned: List[Handle] = []
+        self._handle_bytes = 0
         self._deferred: List[int] = []
         self._selfref = weakref.ref(self)
         self.attached = False
@@ -404,29 +410,29 @@ class Buffer:
 
     # ---- cuda handles -----------------------------------------------------
 
-    def _new_handle(self) -> int:
+    def _captured_handle(self, h: Handle) -> int:
+        """A dep_handle_t for Handle h made inside a CUDA-graph capture, where the library's
+        cuMemAlloc is not allowed: its device arrays are a torch tensor of dep_handle_bytes
+        on the Buffer's device, which torch's caching allocator serves from the graph's
+        private pool (as it serves DeepEP's handle tensors), held by h (dep_handle_new_in);
+        the Buffer keeps h until destroy(), since the graph may be replayed after the caller
+        dropped it.  So a graph captures as many dispatches as the model makes."""
         conn = self._conn
+        if not self._handle_bytes:
+            n = ctypes.c_size_t()
+            conn.check(conn.lib.dep_handle_bytes(conn.ptr, ctypes.byref(n)), "dep_handle_bytes")
+            self._handle_bytes = n.value
+        mem = torch.empty(self._handle_bytes, dtype=torch.uint8, device=self.device)
         p = ctypes.c_void_p()
-        conn.check(conn.lib.dep_handle_new(conn.ptr, ctypes.byref(p)), "dep_handle_new")
+        conn.check(conn.lib.dep_handle_new_in(conn.ptr, mem.data_ptr(), self._handle_bytes,
+                                              ctypes.byref(p)), "dep_handle_new_in")
+        h._mem = mem
         return p.value
 
-    def _cuda_handle(self, op: str) -> Optional[int]:
-        """A dep_handle_t for a new Handle on cuda, or None to make one.  Inside a CUDA-graph
-        capture one made ahead (the library cannot allocate while the stream captures), and
-        the Handle is then kept by the Buffer until destroy(): the graph may be replayed
-        after the caller dropped it.  Else (one more made ahead, up to _GRAPH_SPARE) the
-        oldest collected one whose streams have passed the events recorded when it was
-        collected.  op names the call in the error."""
-        if torch.cuda.is_current_stream_capturing():
-            if not self._spare:
-                raise Error(-17, "no handle made ahead for this call in a CUDA-graph capture: "
-                            "this Buffer makes one at each dispatch outside a capture, up to "
-                            f"{_GRAPH_SPARE}; run the captured calls once before the capture "
-                            f"(torch's warm-up), and capture at most {_GRAPH_SPARE} dispatches "
-                            "per graph", op)
-            return self._spare.pop()
-        if len(self._spare) < _GRAPH_SPARE:
-            self._spare.append(self._new_handle())
+    def _cuda_handle(self) -> Optional[int]:
+        """A dep_handle_t for a new Handle on cuda outside a capture, or None to make one
+        (dep_handle_new): the oldest collected one whose streams have passed the events
+        recorded when it was collected."""
         pool = self._cuda_pool
         if pool and all(e.query() for e in pool[0][1]):
             return pool.pop(0)[0]
@@ -998,6 +1004,10 @@ class Buffer:
                              return_recv_hook: bool = False):
         """Low-latency dispatch into a fixed-shape buffer per local expert.
 
+        On cuda it never waits on the host, so it (and its low_latency_combine) can be captured
+        in a CUDA graph, as many calls in one graph as the model makes, with no call needed
+        before the capture (the handle's device arrays then come from the graph's pool).
+
         Args:
             x: [num_tokens, hidden] bfloat16, num_tokens <= num_max_dispatch_tokens_per_rank.
             topk_idx: [num_tokens, num_topk] int64 (or int32), -1 for none.
@@ -1186,11 +1196,10 @@ class Buffer:
         for h in list(self._handles):
             h._free()
         if self._conn is not None and self._conn.ptr:
-            for p in self._handle_pool + [p for p, _ in self._cuda_pool] + self._spare + \
-                    self._deferred:
+            for p in self._handle_pool + [p for p, _ in self._cuda_pool] + self._deferred:
                 self._conn.lib.dep_handle_free(p)
-        self._handle_pool, self._cuda_pool, self._spare, self._deferred = [], [], [], []
-        self._pinned = []
+        self._handle_pool, self._cuda_pool, self._deferred = [], [], []
+        self._pinned = []  # with them the tensors of the handles made in captures
         if self._conn is not None:
             self._conn.free()
         self.attached = False

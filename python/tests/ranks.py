@@ -188,6 +188,72 @@ def graph_rank(args) -> List[Dict[str, np.ndarray]]:
     return out
 
 
+#: The layers of graph_layers_rank's one graph (a decode step's MoE layers, as SGLang and
+#: vLLM capture them).
+GRAPH_LAYERS = 16
+
+
+def graph_layers_rank(args) -> List[Dict[str, np.ndarray]]:
+    """Rank `rank` of a job on the cuda backend: GRAPH_LAYERS layers, each a low-latency
+    dispatch (bf16), the experts' scaling and a combine, with inputs and outputs of its own,
+    captured in one CUDA graph with no deepep call before it (a handle made in a capture has
+    its arrays in a torch tensor from the graph's pool: nothing made ahead), then replayed
+    `iters` times, each with new inputs for every layer.  Layer l of replay i uses the inputs
+    of iteration 2 (i GRAPH_LAYERS + l) (full batches: a graph has one token count); one
+    result per (replay, layer), as graph_rank's low-latency part with "it" saying the
+    inputs."""
+    sock, job, rank, world, seed, iters, dev = args
+    import deepep
+    dev = torch.device(dev)
+    torch.cuda.set_device(dev)
+    s = shape(world)
+    b = deepep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
+                      local_world_size=world, socket=sock, **s)
+    L, E, M = s["num_experts"] // world, s["num_experts"], s["max_ll_tokens_per_rank"]
+    scale = torch.from_numpy(expert_scale(world)[rank * L:(rank + 1) * L]).view(L, 1, 1).to(dev)
+    sx = [torch.empty(M, s["hidden"], dtype=torch.bfloat16, device=dev)
+          for _ in range(GRAPH_LAYERS)]
+    sidx = [torch.empty(M, s["num_topk"], dtype=torch.int64, device=dev)
+            for _ in range(GRAPH_LAYERS)]
+    sw = [torch.empty(M, s["num_topk"], dtype=torch.float32, device=dev)
+          for _ in range(GRAPH_LAYERS)]
+    sout = [torch.empty(M, s["hidden"], dtype=torch.bfloat16, device=dev)
+            for _ in range(GRAPH_LAYERS)]
+
+    def load(i):
+        for l in range(GRAPH_LAYERS):
+            li = inputs(seed, rank, world, 2 * (i * GRAPH_LAYERS + l), ll=True)
+            assert li["idx"].shape[0] == M
+            sx[l].copy_(torch.from_numpy(li["x"]).bfloat16())
+            sidx[l].copy_(torch.from_numpy(li["idx"]))
+            sw[l].copy_(torch.from_numpy(li["w"]))
+
+    # torch's own kernels once outside (torch's rule); no deepep call before the capture.
+    ((torch.zeros(L, 1, s["hidden"], device=dev).float() * scale).bfloat16())
+    load(0)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    layers = []
+    with torch.cuda.graph(g):
+        for l in range(GRAPH_LAYERS):
+            recv, count, h, _, _ = b.low_latency_dispatch(sx[l], sidx[l], M, E, use_fp8=False)
+            y = (recv.float() * scale).bfloat16()
+            b.low_latency_combine(y, sidx[l], sw[l], h, out=sout[l])
+            layers.append((recv, count))
+    del h  # the Buffer keeps every captured handle (and its tensor) for the graph
+    out = []
+    for i in range(iters):
+        load(i)
+        g.replay()
+        torch.cuda.synchronize()
+        for l, (recv, count) in enumerate(layers):
+            out.append(dict(it=2 * (i * GRAPH_LAYERS + l), ll_x=bits(recv),
+                            ll_count=count.cpu().numpy(), ll_combined=bits(sout[l])))
+    del g
+    b.destroy()
+    return out
+
+
 def fp8_inputs(seed: int, rank: int, world: int, it: int) -> Dict[str, np.ndarray]:
     """An FP8 tuple for throughput dispatch: any e4m3 bytes (moved as they are) and scales."""
     s = shape(world)

@@ -280,6 +280,53 @@ def test_dispatch_writes_int64_ids_and_a_caller_of_the_0_3_0_struct_gets_int32(b
     assert ri.dtype == torch.int64 and torch.equal(ri, idx) and counts == [2, 2, 2, 2]
 
 
+def test_a_handle_in_a_torch_tensor_carries_a_dispatch_and_its_combine(buf):
+    """dep_handle_new_in (0.4.0), called as the binding calls it in a CUDA-graph capture: the
+    handle's arrays in a torch tensor of dep_handle_bytes on the Buffer's device (aligned by
+    hand here: torch's CPU allocations are only 64-byte aligned), a dispatch and its combine
+    through it, the handle's arrays written there and the bytes around them untouched;
+    misaligned or short memory is refused saying what to do."""
+    from deepep import _lib
+    lib, conn = buf._conn.lib, buf._conn
+    n = ctypes.c_size_t()
+    assert lib.dep_handle_bytes(conn.ptr, ctypes.byref(n)) == 0, conn.errmsg()
+    n, guard = n.value, 512
+    assert n > 0 and n % 256 == 0
+    mem = torch.full((2 * guard + n + 256,), 0xa5, dtype=torch.uint8, device=DEV)
+    at = guard + (-(mem.data_ptr() + guard)) % 256
+    base = mem.data_ptr() + at
+    h = ctypes.c_void_p()
+    assert lib.dep_handle_new_in(conn.ptr, base + 8, n, ctypes.byref(h)) == _lib.ERR_INVALID
+    assert "is not 256-byte aligned (DEP_HANDLE_ALIGN)" in conn.errmsg() and not h.value
+    assert lib.dep_handle_new_in(conn.ptr, base, n - 1, ctypes.byref(h)) == _lib.ERR_INVALID
+    assert "is less than a handle of this job takes" in conn.errmsg() and not h.value
+    assert lib.dep_handle_new_in(conn.ptr, base, n, ctypes.byref(h)) == 0, conn.errmsg()
+    x = (torch.arange(4 * 128) % 61 / 8 - 3).view(4, 128).bfloat16().to(DEV)
+    _, idx, w = tokens()
+    rows = buf.sizes["recv_rows"]
+    rx = torch.empty(rows, 128, dtype=torch.bfloat16, device=DEV)
+    ri = torch.empty(rows, 2, dtype=torch.int64, device=DEV)
+    rw = torch.empty(rows, 2, dtype=torch.float32, device=DEV)
+    cnt = torch.empty(buf.num_local_experts, dtype=torch.int32, device=DEV)
+    out = torch.empty_like(x)
+    nrecv = ctypes.c_uint32()
+    stream = None if conftest.BACKEND == "host" else torch.cuda.current_stream().cuda_stream
+    a = _lib.DispatchArgs(x.data_ptr(), idx.data_ptr(), _lib.INDEX_I64, w.data_ptr(), 4,
+                          rx.data_ptr(), ri.data_ptr(), rw.data_ptr(), cnt.data_ptr(),
+                          ctypes.addressof(nrecv))
+    a.recv_index_type = _lib.INDEX_I64
+    c = _lib.CombineArgs(rx.data_ptr(), out.data_ptr())
+    try:
+        assert lib.dep_dispatch(conn.ptr, ctypes.byref(a), h, stream) == 0, conn.errmsg()
+        assert lib.dep_combine(conn.ptr, ctypes.byref(c), h, stream) == 0, conn.errmsg()
+    finally:
+        lib.dep_handle_free(h)  # the tensor's memory stays the tensor's
+    # One rank: every token received once, so the combine gives x back.
+    assert nrecv.value == 4 and torch.equal(rx[:4], x) and torch.equal(out, x)
+    assert bool((mem[at:at + n] != 0xa5).any()), "the handle's arrays are not in the tensor"
+    assert bool((mem[:at] == 0xa5).all()) and bool((mem[at + n:] == 0xa5).all())
+
+
 def test_status_and_attach_structs_carry_their_sizes(buf):
     """dep_status lays its result out in the mirrors' sizes and says what it filled; the
     attach structs carry their size too (AttachArgs is checked by every attach)."""

@@ -1,6 +1,6 @@
 """deepep.Buffer on the cuda backend: the GPU's UUID, the caller's current stream, real CUDA
-events, device tensors, and one layer's low-latency pair captured in a CUDA graph and replayed
-with new inputs.  Each test skips, saying so, unless DEP_TEST_BACKEND=cuda (conftest.py)."""
+events, device tensors, one layer's low-latency pair captured in a CUDA graph and replayed
+with new inputs, and sixteen layers' pairs in one graph.  Each test skips, saying so, unless DEP_TEST_BACKEND=cuda (conftest.py)."""
 import ctypes
 import uuid
 
@@ -168,6 +168,22 @@ def test_low_latency_pair_in_a_cuda_graph_replayed_100_times_with_new_inputs(dae
     test_ops.check_ll_dispatch(world, res, seed)
     test_ops.check_ll_combine(world, res, seed)
     test_ops.check_ll_fp8(world, res, seed)
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_sixteen_layers_low_latency_pairs_in_one_cuda_graph_replayed_with_new_inputs(
+        daemon, seed, world):
+    """A decode step as SGLang and vLLM capture it: one low_latency_dispatch and
+    low_latency_combine per MoE layer, 16 layers in one graph (no limit on the dispatches a
+    graph captures, nothing made ahead), each layer checked on every replay."""
+    iters = 10
+    res = ranks.run_world(daemon, f"graph16-{world}-{uuid.uuid4().hex[:8]}", world, seed,
+                          iters=iters, device=conftest.DEVICE, fn=ranks.graph_layers_rank,
+                          timeout=240)
+    assert [len(r) for r in res] == [iters * ranks.GRAPH_LAYERS] * world
+    assert len({r["it"] for r in res[0]}) == iters * ranks.GRAPH_LAYERS
+    test_ops.check_ll_dispatch(world, res, seed)
+    test_ops.check_ll_combine(world, res, seed)
 
 
 @pytest.mark.parametrize("world", [1, 2, 8])
