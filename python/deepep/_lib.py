@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int32, c_uint8,
+from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_uint8,
                     c_uint32, c_uint64, c_void_p)
 from typing import Optional
 

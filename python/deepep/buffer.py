@@ -13,13 +13,13 @@ import ctypes
 import os
 import time
 import weakref
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from . import _lib
 from .config import Config
-from .errors import Error, NoDaemon, Unsupported, from_code
+from .errors import Error, Unsupported, from_code
 from .event import EventHandle, EventOverlap
 from .identity import Identity, from_environment
 
