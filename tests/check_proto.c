@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "codec.h"
 #include "proto.h"
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -178,6 +179,83 @@ static void make_hdr(uint8_t out[DEP_PROTO_HDR_LEN], uint16_t version, uint16_t 
 }
 
 /* ---- round trips --------------------------------------------------------- */
+
+/* ---- field tables (codec.h) ---------------------------------------------- */
+
+struct every_kind {
+  uint8_t a;
+  uint16_t b;
+  uint32_t c;
+  uint64_t d;
+  int32_t e;
+  char f[8];
+  uint8_t g[5];
+  struct {
+    uint32_t h;
+  } in;
+};
+
+static const struct codec_field every_kind_f[] = {
+    CODEC_U8(struct every_kind, a),   CODEC_U16(struct every_kind, b),
+    CODEC_U32(struct every_kind, c),  CODEC_U64(struct every_kind, d),
+    CODEC_I32(struct every_kind, e),  CODEC_STR(struct every_kind, f),
+    CODEC_BYTES(struct every_kind, g), CODEC_U32(struct every_kind, in.h),
+};
+
+START_TEST(a_field_table_writes_each_kind_in_order_and_reads_it_back) {
+  struct every_kind x = {.a = 0xA1, .b = 0xB2C3, .c = 0xC4D5E6F7u, .d = 0x0102030405060708ull,
+                         .e = -42, .f = "seven!!", .g = {9, 8, 7, 6, 5}, .in = {.h = 77}};
+  static const uint8_t wire[] = {0xA1, 0xC3, 0xB2, 0xF7, 0xE6, 0xD5, 0xC4, 8, 7, 6, 5, 4, 3,
+                                 2, 1, 0xD6, 0xFF, 0xFF, 0xFF, 7, 0, 's', 'e', 'v', 'e', 'n',
+                                 '!', '!', 9, 8, 7, 6, 5, 77, 0, 0, 0};
+  struct proto_buf b = {0};
+  struct codec_w w;
+  codec_w_init(&w, &b);
+  codec_w_rec(&w, every_kind_f, CODEC_NFIELDS(every_kind_f), &x);
+  ck_assert_int_eq(codec_w_finish(&w), 0);
+  ck_assert_uint_eq(b.len, sizeof wire);
+  ck_assert_mem_eq(b.data, wire, sizeof wire);
+
+  struct every_kind y;
+  memset(&y, 0x55, sizeof y);
+  struct codec_r r;
+  codec_r_init(&r, b.data, b.len);
+  codec_r_rec(&r, every_kind_f, CODEC_NFIELDS(every_kind_f), &y);
+  ck_assert_int_eq(codec_r_finish(&r), 0);
+  ck_assert(y.a == x.a && y.b == x.b && y.c == x.c && y.d == x.d && y.e == x.e &&
+            y.in.h == x.in.h);
+  ck_assert_str_eq(y.f, x.f);
+  ck_assert_mem_eq(y.g, x.g, sizeof x.g);
+
+  /* The smallest encoding is that of a record whose string is empty. */
+  struct every_kind z = {0};
+  proto_buf_reset(&b);
+  codec_w_init(&w, &b);
+  codec_w_rec(&w, every_kind_f, CODEC_NFIELDS(every_kind_f), &z);
+  ck_assert_int_eq(codec_w_finish(&w), 0);
+  ck_assert_uint_eq(codec_rec_min(every_kind_f, CODEC_NFIELDS(every_kind_f)), b.len);
+
+  /* Every truncation is refused, and reading stops at the first short field. */
+  proto_buf_reset(&b);
+  codec_w_init(&w, &b);
+  codec_w_rec(&w, every_kind_f, CODEC_NFIELDS(every_kind_f), &x);
+  ck_assert_int_eq(codec_w_finish(&w), 0);
+  for (size_t n = 0; n < b.len; n++) {
+    codec_r_init(&r, b.data, n);
+    codec_r_rec(&r, every_kind_f, CODEC_NFIELDS(every_kind_f), &y);
+    ck_assert_msg(codec_r_finish(&r) == DEP_ERR_PROTOCOL, "a body cut to %zu bytes was read", n);
+  }
+
+  /* A string that does not fit its member fails the write and leaves the buffer as it was. */
+  size_t before = b.len;
+  memset(x.f, 'x', sizeof x.f); /* no NUL */
+  codec_w_init(&w, &b);
+  codec_w_rec(&w, every_kind_f, CODEC_NFIELDS(every_kind_f), &x);
+  ck_assert_int_eq(codec_w_finish(&w), DEP_ERR_INVALID);
+  ck_assert_uint_eq(b.len, before);
+  proto_buf_free(&b);
+}
+END_TEST
 
 START_TEST(every_message_type_round_trips) {
   struct proto_buf b;
@@ -737,6 +815,7 @@ Suite *proto_suite(void) {
   Suite *s = suite_create("proto");
   TCase *tc = tcase_create("codec");
   tcase_add_test(tc, every_message_type_round_trips);
+  tcase_add_test(tc, a_field_table_writes_each_kind_in_order_and_reads_it_back);
   tcase_add_test(tc, status_round_trips_with_0_1_and_many_records);
   tcase_add_test(tc, frames_append_and_failed_encodes_leave_the_buffer_alone);
   tcase_add_test(tc, header_checks_each_field_in_order);
