@@ -126,12 +126,9 @@ def run_world(sock: str, job: str, world: int, seed: int, iters: int = 2, timeou
         return res.get(timeout)
 
 
-def graph_rank(args) -> List[Dict[str, np.ndarray]]:
-    """Rank `rank` of a job on the cuda backend: one layer's low-latency pair captured in a
-    CUDA graph (dispatch bf16, the experts' scaling, combine, and an FP8 dispatch of xn), then
-    replayed `iters` times, each with new inputs copied into the graph's input tensors.
-    Replay i uses the inputs of iteration 2 i (full batches: a graph has one token count) and
-    returns what run_rank's low-latency part returns, with "it" saying the inputs."""
+def _graph_setup(args):
+    """A graph rank's Buffer on its GPU, the shape, the device, the experts E, the
+    low-latency tokens M and this rank's experts' scales (as run_rank applies them)."""
     sock, job, rank, world, seed, iters, dev = args
     import deepep
     dev = torch.device(dev)
@@ -141,6 +138,17 @@ def graph_rank(args) -> List[Dict[str, np.ndarray]]:
                       local_world_size=world, socket=sock, **s)
     L, E, M = s["num_experts"] // world, s["num_experts"], s["max_ll_tokens_per_rank"]
     scale = torch.from_numpy(expert_scale(world)[rank * L:(rank + 1) * L]).view(L, 1, 1).to(dev)
+    return b, s, dev, E, M, scale
+
+
+def graph_rank(args) -> List[Dict[str, np.ndarray]]:
+    """Rank `rank` of a job on the cuda backend: one layer's low-latency pair captured in a
+    CUDA graph (dispatch bf16, the experts' scaling, combine, and an FP8 dispatch of xn), then
+    replayed `iters` times, each with new inputs copied into the graph's input tensors.
+    Replay i uses the inputs of iteration 2 i (full batches: a graph has one token count) and
+    returns what run_rank's low-latency part returns, with "it" saying the inputs."""
+    sock, job, rank, world, seed, iters, dev = args
+    b, s, dev, E, M, scale = _graph_setup(args)
 
     def load(it):
         li = inputs(seed, rank, world, it, ll=True)
@@ -203,14 +211,7 @@ def graph_layers_rank(args) -> List[Dict[str, np.ndarray]]:
     result per (replay, layer), as graph_rank's low-latency part with "it" saying the
     inputs."""
     sock, job, rank, world, seed, iters, dev = args
-    import deepep
-    dev = torch.device(dev)
-    torch.cuda.set_device(dev)
-    s = shape(world)
-    b = deepep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
-                      local_world_size=world, socket=sock, **s)
-    L, E, M = s["num_experts"] // world, s["num_experts"], s["max_ll_tokens_per_rank"]
-    scale = torch.from_numpy(expert_scale(world)[rank * L:(rank + 1) * L]).view(L, 1, 1).to(dev)
+    b, s, dev, E, M, scale = _graph_setup(args)
     sx = [torch.empty(M, s["hidden"], dtype=torch.bfloat16, device=dev)
           for _ in range(GRAPH_LAYERS)]
     sidx = [torch.empty(M, s["num_topk"], dtype=torch.int64, device=dev)
@@ -229,7 +230,7 @@ def graph_layers_rank(args) -> List[Dict[str, np.ndarray]]:
             sw[l].copy_(torch.from_numpy(li["w"]))
 
     # torch's own kernels once outside (torch's rule); no deepep call before the capture.
-    ((torch.zeros(L, 1, s["hidden"], device=dev).float() * scale).bfloat16())
+    ((torch.zeros(scale.shape[0], 1, s["hidden"], device=dev).float() * scale).bfloat16())
     load(0)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
