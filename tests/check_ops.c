@@ -1091,18 +1091,22 @@ static const struct ow_scenario ext_scenarios[] = {
   {8, 128, 2, 8, 16, 16, P_ONE_RANK, T_ZERO, DEP_INDEX_I32, 0},
 };
 
-/* FP8 dispatch, cached mode, num_worst_tokens, expert_alignment and combined weights. */
-START_TEST(throughput_extensions_match_the_oracle) {
-  ow_seed_init(100 + (uint64_t)_i);
+/* ext_scenarios[i]'s world, seeded with seed, each rank running fn on the case. */
+static void ext_run(int i, uint64_t seed, ow_rank_fn fn) {
+  ow_seed_init(seed);
   struct ext_case *e = malloc(sizeof *e);
-  ext_make(e, &ext_scenarios[_i]);
+  ck_assert_ptr_nonnull(e);
+  ext_make(e, &ext_scenarios[i]);
   struct ow_world w;
   ow_world_open(&w, &e->d.shape, e->d.sc.world);
-  ow_run_ranks(&w, &e->d.shape, ext_rank, e, OW_TIMEOUT_MS, e->d.desc);
+  ow_run_ranks(&w, &e->d.shape, fn, e, OW_TIMEOUT_MS, e->d.desc);
   ow_world_close(&w);
   ext_free(e);
   free(e);
 }
+
+/* FP8 dispatch, cached mode, num_worst_tokens, expert_alignment and combined weights. */
+START_TEST(throughput_extensions_match_the_oracle) { ext_run(_i, 100 + (uint64_t)_i, ext_rank); }
 END_TEST
 
 /*
@@ -1163,15 +1167,7 @@ static int wide_ids_rank(struct ops_ctx *c, void *arg, char *msg) {
 }
 
 START_TEST(received_ids_are_the_oracles_as_int64_and_int32) {
-  ow_seed_init(200 + (uint64_t)_i);
-  struct ext_case *e = malloc(sizeof *e);
-  ext_make(e, &ext_scenarios[_i]);
-  struct ow_world w;
-  ow_world_open(&w, &e->d.shape, e->d.sc.world);
-  ow_run_ranks(&w, &e->d.shape, wide_ids_rank, e, OW_TIMEOUT_MS, e->d.desc);
-  ow_world_close(&w);
-  ext_free(e);
-  free(e);
+  ext_run(_i, 200 + (uint64_t)_i, wide_ids_rank);
 }
 END_TEST
 
