@@ -2,6 +2,8 @@
 # gpu-all.sh — one GPU pass for the open issues in one command (DEVICE.md),
 # in order of what each issue still lacks, every step under its own timeout
 # and skipped (saying so) once the pass's budget cannot hold it:
+#   cudaops   one node: check_cuda_ops under MPS (every op against the oracle;
+#             0.4.0's int64 received ids and handles in lent device memory)
 #   xnode     issue 14: check_xnode's gpu case under MPS (jobs over daemons
 #             sharing the GPU against the oracle; a lost node)  [gpu-xnode.sh]
 #   ep        issue 14: bench/ep across two cuda daemons and on one, loopback
@@ -19,7 +21,7 @@
 #   make BUILD=build-ptx PTX_ONLY=90 STATIC_DEPS=1 all      (the doctor's PTX part)
 #   a pure-Python pytest in build-gpu/pylib where the GPU machine has none
 # Usage there, from the repository root: bench/gpu-all.sh [BUILD_DIR]
-# Knobs: STEPS (default "xnode ep doctor pytest pyover hostwarm"), BUDGET (seconds, 400).
+# Knobs: STEPS (default "cudaops xnode ep doctor pytest pyover hostwarm"), BUDGET (seconds, 400).
 set -u
 R=$(pwd)
 B=$(cd "${1:-build-gpu}" && pwd) || exit 2
@@ -42,9 +44,17 @@ PY=$(command -v python3)
 PP=$R/python
 $PY -c "import pytest" 2>/dev/null || PP=$R/python:$B/pylib
 
-for s in ${STEPS:-xnode ep doctor pytest pyover hostwarm}; do
+for s in ${STEPS:-cudaops xnode ep doctor pytest pyover hostwarm}; do
   t=$SECONDS
   case $s in
+  cudaops)
+    fits 130 cudaops || continue
+    mps_on
+    echo "== cudaops: CK_RUN_SUITE=cuda_ops (gpu-tagged), MPS"
+    env DEP_BUILD="$B" DEP_TEST_TAGS=gpu DEP_TEST_BACKEND=cuda CK_RUN_SUITE=cuda_ops \
+      CK_VERBOSITY=verbose timeout 120 "$B"/check_deepepd > "$OUTD/cudaops-gpu.log" 2>&1
+    echo "== cudaops rc $?"; grep -E "Checks:|:F:|:E:" "$OUTD/cudaops-gpu.log" | tail -30
+    mps_off ;;
   xnode) fits 130 xnode && OUT=$OUTD STEPS=xnode SECS=120 bench/gpu-xnode.sh "$B" ;;
   ep) fits 110 ep && OUT=$OUTD STEPS=ep EP_CALLS=50 bench/gpu-xnode.sh "$B" ;;
   doctor)
