@@ -289,8 +289,7 @@ int cuda_ops_handle_bytes(dep_client_t *c, const char *op, uint64_t *bytes) {
   return 0;
 }
 
-int cuda_ops_handle_mem_check(dep_client_t *c, const char *op, const void *mem,
-                              uint64_t bytes) {
+static int handle_mem_check(dep_client_t *c, const char *op, const void *mem, uint64_t bytes) {
   /* Both ends, so that memory which begins on the GPU but is shorter than
    * it says is caught too; the ordinal where the driver tells it. */
   const CUdeviceptr at[2] = {(CUdeviceptr)(uintptr_t)mem,
@@ -319,6 +318,19 @@ int cuda_ops_handle_mem_check(dep_client_t *c, const char *op, const void *mem,
                          (unsigned long long)bytes);
   }
   return 0;
+}
+
+/* The driver answers for the context current on the calling thread, which
+ * need not be the rank's (a thread of the caller's own): asked in it. */
+int cuda_ops_handle_mem_check(dep_client_t *c, const char *op, const void *mem,
+                              uint64_t bytes) {
+  struct ctx_guard g;
+  int rc = ctx_enter(c, &g, op);
+  if (rc != 0)
+    return rc;
+  rc = handle_mem_check(c, op, mem, bytes);
+  ctx_leave(&g);
+  return rc;
 }
 
 /*
