@@ -6,11 +6,9 @@
  * little-endian order, so the wire format does not depend on the compiler's
  * struct layout or the host's byte order.
  *
- * Body layouts (strings are u16 length + bytes, no NUL):
- *   ERROR      i32 code (< 0), str message (<= 511)
- *   HELLO      u32 version, u32 pid, str name (<= 63)
- *   HELLO_OK   u32 version, str daemon_version (<= 31), str backend (<= 7)
- *   PEER       the bytes of one peer protocol message (peer_proto.h), passed through
+ * Bodies: each one field table (codec.h) driving its encoder and decoder,
+ * here ERROR (code < 0), HELLO and HELLO_OK; PEER is the bytes of one peer
+ * protocol message (peer_proto.h), passed through;
  *   ATTACH, ATTACH_OK, SLAB, KERNELS, KERNELS_OK, TUNE, TUNE_OK: proto_rank.c
  *   STATUS_OK, RELOAD_OK, DRAIN, DRAIN_OK, PEERS_OK, JOB_NODES_OK: proto_ctl.c
  *   STATS_LEND_OK, XRING_LEND_OK, STATS, STATS_RANK, STATS_OK, CLIENTS_OK: proto_stats.c
@@ -100,13 +98,29 @@ void proto_buf_reset(struct proto_buf *b) { b->len = 0; }
 
 /* ---- ERROR --------------------------------------------------------------- */
 
+static const struct codec_field error_fields[] = {
+    CODEC_I32(struct dep_msg_error, code), /* < 0 */
+    CODEC_STR(struct dep_msg_error, message),
+};
+
+static const struct codec_field hello_fields[] = {
+    CODEC_U32(struct dep_msg_hello, version),
+    CODEC_U32(struct dep_msg_hello, pid),
+    CODEC_STR(struct dep_msg_hello, name),
+};
+
+static const struct codec_field hello_ok_fields[] = {
+    CODEC_U32(struct dep_msg_hello_ok, version),
+    CODEC_STR(struct dep_msg_hello_ok, daemon_version),
+    CODEC_STR(struct dep_msg_hello_ok, backend),
+};
+
 int proto_encode_error(struct proto_buf *b, const struct dep_msg_error *m) {
   struct codec_w w;
   codec_w_init(&w, b);
   if (m->code >= 0) /* an error reply always carries a failure code */
     return DEP_ERR_INVALID;
-  codec_w_i32(&w, m->code);
-  codec_w_str(&w, m->message, sizeof m->message);
+  codec_w_rec(&w, error_fields, CODEC_NFIELDS(error_fields), m);
   return codec_w_finish(&w);
 }
 
@@ -114,8 +128,7 @@ int proto_decode_error(const uint8_t *p, size_t len, struct dep_msg_error *m) {
   struct codec_r r;
   codec_r_init(&r, p, len);
   memset(m, 0, sizeof *m);
-  m->code = codec_r_i32(&r);
-  codec_r_str(&r, m->message, sizeof m->message);
+  codec_r_rec(&r, error_fields, CODEC_NFIELDS(error_fields), m);
   if (!r.bad && m->code >= 0)
     return DEP_ERR_PROTOCOL;
   return codec_r_finish(&r);
@@ -126,9 +139,7 @@ int proto_decode_error(const uint8_t *p, size_t len, struct dep_msg_error *m) {
 int proto_encode_hello(struct proto_buf *b, const struct dep_msg_hello *m) {
   struct codec_w w;
   codec_w_init(&w, b);
-  codec_w_u32(&w, m->version);
-  codec_w_u32(&w, m->pid);
-  codec_w_str(&w, m->name, sizeof m->name);
+  codec_w_rec(&w, hello_fields, CODEC_NFIELDS(hello_fields), m);
   return codec_w_finish(&w);
 }
 
@@ -136,18 +147,14 @@ int proto_decode_hello(const uint8_t *p, size_t len, struct dep_msg_hello *m) {
   struct codec_r r;
   codec_r_init(&r, p, len);
   memset(m, 0, sizeof *m);
-  m->version = codec_r_u32(&r);
-  m->pid = codec_r_u32(&r);
-  codec_r_str(&r, m->name, sizeof m->name);
+  codec_r_rec(&r, hello_fields, CODEC_NFIELDS(hello_fields), m);
   return codec_r_finish(&r);
 }
 
 int proto_encode_hello_ok(struct proto_buf *b, const struct dep_msg_hello_ok *m) {
   struct codec_w w;
   codec_w_init(&w, b);
-  codec_w_u32(&w, m->version);
-  codec_w_str(&w, m->daemon_version, sizeof m->daemon_version);
-  codec_w_str(&w, m->backend, sizeof m->backend);
+  codec_w_rec(&w, hello_ok_fields, CODEC_NFIELDS(hello_ok_fields), m);
   return codec_w_finish(&w);
 }
 
@@ -155,9 +162,7 @@ int proto_decode_hello_ok(const uint8_t *p, size_t len, struct dep_msg_hello_ok 
   struct codec_r r;
   codec_r_init(&r, p, len);
   memset(m, 0, sizeof *m);
-  m->version = codec_r_u32(&r);
-  codec_r_str(&r, m->daemon_version, sizeof m->daemon_version);
-  codec_r_str(&r, m->backend, sizeof m->backend);
+  codec_r_rec(&r, hello_ok_fields, CODEC_NFIELDS(hello_ok_fields), m);
   return codec_r_finish(&r);
 }
 
