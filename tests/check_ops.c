@@ -8,6 +8,8 @@
  * rank is a bounded DEP_ERR_TIMEOUT that names it, and a rank the daemon
  * found gone a DEP_ERR_PEER within milliseconds; bad arguments are
  * DEP_ERR_INVALID naming the argument with nothing written to any slab.
+ * The throughput extensions (FP8, cached mode, worst-case rows, alignment,
+ * weights, int64 ids) are check_ops_ext.c's.
  *
  * Inputs are fresh random data each run; a failure prints the seed, and
  * DEP_TEST_SEED=<seed> replays it.
@@ -32,59 +34,6 @@
     if (rc_ != 0)                                                                           \
       return ow_fail(msg, "%s returned %s: %s [%s]", op, dep_errname(rc_), c->why, d->desc); \
   } while (0)
-
-static int round_tp(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, uint8_t pz,
-                    uint64_t *dig, char *msg) {
-  const uint32_t r = c->rank, h = d->sc.hidden, K = d->sc.topk, W = d->sc.world;
-  const struct ref_rank_in *in = &d->in[r];
-  const struct ref_dispatch_out *e = &d->disp[r];
-  memset(o->rx, pz, o->rows_tp * h * 2);
-  memset(o->ridx, pz, o->rows_tp * K * 4);
-  memset(o->rw, pz, o->rows_tp * K * 4);
-  memset(o->cnt, pz, d->le * 4);
-  memset(&o->num_recv, pz, 4);
-  struct dep_dispatch_args da = {.size = sizeof(struct dep_dispatch_args), .x = in->x,
-                                 .topk_idx = d->idx[r], .index_type = d->sc.itype,
-                                 .topk_weights = in->topk_weights, .num_tokens = in->num_tokens,
-                                 .recv_x = o->rx, .recv_topk_idx = o->ridx, .recv_topk_weights = o->rw, .recv_count_per_expert = o->cnt, .num_recv = &o->num_recv};
-  CALL(host_ops_dispatch(c, &da, &o->h), "dispatch");
-  if (o->num_recv != e->num_recv)
-    return ow_fail(msg, "dispatch: num_recv %u, want %u [%s]", o->num_recv, e->num_recv, d->desc);
-  for (uint32_t i = 0; i < e->num_recv; i++) {
-    if (memcmp(o->rx + (size_t)i * h, e->x + (size_t)i * h, h * 2) != 0)
-      return ow_fail(msg, "dispatch: recv_x row %u is not token %u of rank %u [%s]", i,
-                   e->from[i].token, e->from[i].rank, d->desc);
-    for (uint32_t k = 0; k < K; k++) {
-      size_t j = (size_t)i * K + k;
-      if (o->ridx[j] != e->topk_idx[j] || memcmp(&o->rw[j], &e->topk_weights[j], 4) != 0)
-        return ow_fail(msg, "dispatch: row %u k %u: id %d weight %g, want %d %g [%s]", i, k,
-                     o->ridx[j], o->rw[j], e->topk_idx[j], e->topk_weights[j], d->desc);
-    }
-  }
-  for (uint32_t l = 0; l < d->le; l++)
-    if (o->cnt[l] != e->count[l])
-      return ow_fail(msg, "dispatch: recv_count_per_expert[%u] %d, want %d [%s]", l, o->cnt[l],
-                   e->count[l], d->desc);
-  size_t n = e->num_recv, rest = o->rows_tp - n;
-  if (ow_unpoisoned(o->rx + n * h, rest * h * 2, pz) >= 0 ||
-      ow_unpoisoned(o->ridx + n * K, rest * K * 4, pz) >= 0 ||
-      ow_unpoisoned(o->rw + n * K, rest * K * 4, pz) >= 0)
-    return ow_fail(msg, "dispatch: wrote past num_recv %zu [%s]", n, d->desc);
-  *dig = ow_fnv(*dig, o->rx, n * h * 2);
-
-  memset(o->out, pz, (size_t)d->sc.max_tokens * h * 2);
-  struct dep_combine_args ca = {.size = sizeof(struct dep_combine_args), .x = d->cx[r],
-                                .out = o->out};
-  CALL(host_ops_combine(c, &ca, &o->h), "combine");
-  if (ow_check_sum(o->out, &d->comb[r], in->num_tokens, h, "combine", d->desc, msg))
-    return 1;
-  if (ow_unpoisoned(o->out + (size_t)in->num_tokens * h,
-                 (size_t)(d->sc.max_tokens - in->num_tokens) * h * 2, pz) >= 0)
-    return ow_fail(msg, "combine: wrote past num_tokens %u [%s]", in->num_tokens, d->desc);
-  *dig = ow_fnv(*dig, o->out, (size_t)in->num_tokens * h * 2);
-  (void)W;
-  return 0;
-}
 
 static int round_ll(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, uint8_t pz,
                     uint64_t *dig, char *msg) {
@@ -176,7 +125,7 @@ static int scenario_rank(struct ops_ctx *c, void *arg, char *msg) {
   int rc = 0;
   for (int round = 0; round < 2 && rc == 0; round++) {
     uint8_t pz = round ? 0x5A : 0xA5;
-    rc = round_layout(c, d, &o, pz, msg) || round_tp(c, d, &o, pz, &dig[round], msg) ||
+    rc = round_layout(c, d, &o, pz, msg) || ow_round_tp(c, d, &o, pz, &dig[round], msg) ||
          round_ll(c, d, &o, pz, &dig[round], msg);
   }
   if (rc == 0 && dig[0] != dig[1])
@@ -241,7 +190,7 @@ static int back_to_back_rank(struct ops_ctx *c, void *arg, char *msg) {
     const struct ow_case *d = &s->d[round % NSETS];
     uint64_t dig = 0;
     uint8_t pz = round & 1 ? 0x5A : 0xA5;
-    rc = round_tp(c, d, &o, pz, &dig, msg) || round_ll(c, d, &o, pz, &dig, msg);
+    rc = ow_round_tp(c, d, &o, pz, &dig, msg) || round_ll(c, d, &o, pz, &dig, msg);
     if (rc)
       snprintf(msg + strlen(msg), OW_MSG - strlen(msg), " (round %d)", round);
     calls += rc ? 0 : 4;
@@ -272,16 +221,6 @@ END_TEST
 
 /* ---- faults: a missing rank, ranks out of step, bad arguments ------------------ */
 
-static int do_dispatch(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o,
-                       struct dep_handle *h) {
-  const struct ref_rank_in *in = &d->in[c->rank];
-  struct dep_dispatch_args da = {.size = sizeof(struct dep_dispatch_args), .x = in->x,
-                                 .topk_idx = d->idx[c->rank], .index_type = d->sc.itype,
-                                 .topk_weights = in->topk_weights,
-                                 .num_tokens = in->num_tokens, .recv_x = o->rx, .recv_topk_idx = o->ridx, .recv_topk_weights = o->rw, .recv_count_per_expert = o->cnt, .num_recv = &o->num_recv};
-  return host_ops_dispatch(c, &da, h);
-}
-
 static int do_ll_dispatch(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, int fp8) {
   const struct ref_rank_in *in = &d->in_ll[c->rank];
   struct dep_ll_dispatch_args la = {sizeof(struct dep_ll_dispatch_args), in->x, d->idx[c->rank],
@@ -290,7 +229,6 @@ static int do_ll_dispatch(struct ops_ctx *c, const struct ow_case *d, struct ow_
   return host_ops_ll_dispatch(c, &la, &o->h);
 }
 
-static const struct ow_scenario small = {2, 128, 2, 4, 4, 4, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
 
 struct timeout_arg {
   struct ow_case d;
@@ -311,7 +249,7 @@ static int timeout_rank(struct ops_ctx *c, void *arg, char *msg) {
   ow_outs_alloc(&o, d);
   int rc = 0;
   if (t->phase == 1)
-    rc = do_dispatch(c, d, &o, &o.h);
+    rc = ow_dispatch(c, d, &o, &o.h);
   else if (t->phase == 2)
     rc = do_ll_dispatch(c, d, &o, 0);
   if (rc != 0 || c->rank == t->missing) {
@@ -323,7 +261,7 @@ static int timeout_rank(struct ops_ctx *c, void *arg, char *msg) {
                                                                  : OPS_OP_LL_COMBINE;
   uint64_t t0 = ms_now();
   if (t->phase == 0) {
-    rc = do_dispatch(c, d, &o, &o.h);
+    rc = ow_dispatch(c, d, &o, &o.h);
   } else if (t->phase == 1) {
     struct dep_combine_args ca = {.size = sizeof(struct dep_combine_args), .x = d->cx[c->rank],
                                   .out = o.out};
@@ -353,7 +291,7 @@ static int timeout_rank(struct ops_ctx *c, void *arg, char *msg) {
                "{%d %u %u %u %llu >=200}", atomic_load(&er.code), er.op, er.rank, er.source,
                (unsigned long long)er.seq, er.waited_ms, DEP_ERR_TIMEOUT, op, c->rank, t->missing,
                (unsigned long long)seq);
-  else if ((rc = do_dispatch(c, d, &o, &o.h)) != DEP_ERR_STATE)
+  else if ((rc = ow_dispatch(c, d, &o, &o.h)) != DEP_ERR_STATE)
     rc = ow_fail(msg, "the call after a timeout returned %s, want DEP_ERR_STATE", dep_errname(rc));
   else
     rc = 0;
@@ -365,7 +303,7 @@ static int timeout_rank(struct ops_ctx *c, void *arg, char *msg) {
 START_TEST(missing_rank_times_out_and_is_named) {
   ow_seed_init(0);
   struct timeout_arg *t = malloc(sizeof *t);
-  struct ow_scenario sc = small;
+  struct ow_scenario sc = ow_small;
   sc.world = _i == 0 ? 2 : 3;
   sc.experts = 6;
   t->phase = _i;
@@ -424,7 +362,7 @@ static void gone_open_world(struct gone_world *g, const struct ow_scenario *sc) 
   ow_outs_alloc(&g->o, &g->d);
 }
 
-static void gone_open(struct gone_world *g) { gone_open_world(g, &small); }
+static void gone_open(struct gone_world *g) { gone_open_world(g, &ow_small); }
 
 /* Post source src's slot for call seq into rank 0's slab: a dispatch of no rows to it. */
 static void post_empty_dispatch(struct gone_world *g, uint32_t src, uint64_t seq) {
@@ -481,7 +419,7 @@ static void expect_gone(struct gone_world *g, int rc, uint64_t waited_ms, uint32
   ck_assert_uint_eq(er.seq, seq);
   ck_assert_uint_eq(er.seen_flag, OPS_ERR_GONE(4242, detached));
   /* The job cannot go on: the context is broken, as after a timeout. */
-  ck_assert_int_eq(do_dispatch(&g->c, &g->d, &g->o, &g->o.h), DEP_ERR_STATE);
+  ck_assert_int_eq(ow_dispatch(&g->c, &g->d, &g->o, &g->o.h), DEP_ERR_STATE);
   ck_assert_ptr_nonnull(strstr(g->c.why, "gone"));
 }
 
@@ -495,7 +433,7 @@ START_TEST(a_gone_peer_fails_the_wait_at_once_naming_it) {
   pthread_t th;
   ck_assert_int_eq(pthread_create(&th, NULL, abort_later, &a), 0);
   uint64_t t0 = ms_now();
-  int rc = do_dispatch(&g->c, &g->d, &g->o, &g->o.h);
+  int rc = ow_dispatch(&g->c, &g->d, &g->o, &g->o.h);
   uint64_t waited = ms_now() - t0;
   pthread_join(th, NULL);
   printf("ops: a gone peer: %s after %llu ms: %s\n", dep_errname(rc), (unsigned long long)waited,
@@ -522,7 +460,7 @@ START_TEST(a_peer_that_posted_before_leaving_is_no_error_until_it_is_waited_for)
   atomic_store_explicit(&sl->flag, 1, memory_order_release);
   struct abort_writer a = {g->w.slabs[0], 1, 4242, 0, 0};
   write_abort(&a);
-  int rc = do_dispatch(&g->c, &g->d, &g->o, &g->o.h);
+  int rc = ow_dispatch(&g->c, &g->d, &g->o, &g->o.h);
   ck_assert_msg(rc == 0, "dispatch with every flag there: %s: %s", dep_errname(rc), g->c.why);
   ck_assert_uint_eq(g->o.h.recv_from[1], 0);
   struct ops_err_record er;
@@ -554,7 +492,7 @@ START_TEST(a_peer_that_left_after_posting_fails_no_wait_for_a_slower_live_one) {
   pthread_t th;
   ck_assert_int_eq(pthread_create(&th, NULL, post_later, &lp), 0);
   uint64_t t0 = ms_now();
-  int rc = do_dispatch(&g->c, &g->d, &g->o, &g->o.h);
+  int rc = ow_dispatch(&g->c, &g->d, &g->o, &g->o.h);
   uint64_t waited = ms_now() - t0;
   pthread_join(th, NULL);
   ck_assert_msg(rc == 0, "dispatch waiting for live rank 1 gave %s after %llu ms: %s",
@@ -580,7 +518,7 @@ static int out_of_step_rank(struct ops_ctx *c, void *arg, char *msg) {
   int rc = 0;
   /* Different operations in one call. */
   if (c->rank == 0)
-    rc = do_dispatch(c, d, &o, &o.h);
+    rc = ow_dispatch(c, d, &o, &o.h);
   else
     rc = do_ll_dispatch(c, d, &o, 0);
   if (rc != DEP_ERR_MISMATCH || strstr(c->why, "rank") == NULL)
@@ -589,7 +527,7 @@ static int out_of_step_rank(struct ops_ctx *c, void *arg, char *msg) {
   else if ((rc = do_ll_dispatch(c, d, &o, (int)c->rank)) != DEP_ERR_MISMATCH)
     rc = ow_fail(msg, "ll_dispatch with and without fp8: %s (%s)", dep_errname(rc), c->why);
   /* Combines of different dispatches. */
-  else if ((rc = do_dispatch(c, d, &o, &o.h)) != 0 || (rc = do_dispatch(c, d, &o, &h2)) != 0)
+  else if ((rc = ow_dispatch(c, d, &o, &o.h)) != 0 || (rc = ow_dispatch(c, d, &o, &h2)) != 0)
     rc = ow_fail(msg, "dispatch after mismatches: %s (%s)", dep_errname(rc), c->why);
   else {
     struct dep_combine_args ca = {.size = sizeof(struct dep_combine_args), .x = d->cx[c->rank],
@@ -603,7 +541,7 @@ static int out_of_step_rank(struct ops_ctx *c, void *arg, char *msg) {
   /* Still in step: a full round is right. */
   uint64_t dig = 0;
   if (rc == 0)
-    rc = round_tp(c, d, &o, 0xA5, &dig, msg) || round_ll(c, d, &o, 0xA5, &dig, msg);
+    rc = ow_round_tp(c, d, &o, 0xA5, &dig, msg) || round_ll(c, d, &o, 0xA5, &dig, msg);
   if (rc == 0 && c->seq != 9)
     rc = ow_fail(msg, "seq %llu after 9 calls", (unsigned long long)c->seq);
   host_ops_handle_fini(&h2);
@@ -615,9 +553,9 @@ static int out_of_step_rank(struct ops_ctx *c, void *arg, char *msg) {
 START_TEST(ranks_making_different_calls_get_mismatch_and_stay_in_step) {
   ow_seed_init(0);
   struct ow_case *d = malloc(sizeof *d);
-  ow_case_make(d, &small, 0);
+  ow_case_make(d, &ow_small, 0);
   struct ow_world w;
-  ow_world_open(&w, &d->shape, small.world);
+  ow_world_open(&w, &d->shape, ow_small.world);
   ow_run_ranks(&w, &d->shape, out_of_step_rank, d, OW_TIMEOUT_MS, "out of step");
   ow_world_close(&w);
   ow_case_free(d);
@@ -625,30 +563,10 @@ START_TEST(ranks_making_different_calls_get_mismatch_and_stay_in_step) {
 }
 END_TEST
 
-static int all_zero(const uint8_t *p, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (p[i] != 0)
-      return 0;
-  return 1;
-}
-
-/* Refused with DEP_ERR_INVALID, a message naming the argument, no seq
- * used, and every slab byte as before (zero here). */
-#define REFUSED(call, name)                                                                \
-  do {                                                                                     \
-    c.why[0] = 0;                                                                          \
-    int rc_ = (call);                                                                      \
-    ck_assert_msg(rc_ == DEP_ERR_INVALID, "%s: %s (%s)", #call, dep_errname(rc_), c.why);  \
-    ck_assert_msg(strstr(c.why, name) != NULL, "%s: message \"%s\" does not name \"%s\"",  \
-                  #call, c.why, name);                                                     \
-    ck_assert_msg(all_zero(w.map, w.map_bytes), "%s wrote to a slab", #call);              \
-    ck_assert_uint_eq(c.seq, 0);                                                           \
-  } while (0)
-
 START_TEST(bad_arguments_are_refused_before_any_write) {
   ow_seed_init(0);
   struct ow_case *d = malloc(sizeof *d);
-  ow_case_make(d, &small, 0);
+  ow_case_make(d, &ow_small, 0);
   struct ow_world w;
   ow_world_open(&w, &d->shape, 2);
   struct ops_ctx c;
@@ -664,38 +582,38 @@ START_TEST(bad_arguments_are_refused_before_any_write) {
                                        .recv_x = o.rx,
                                        .recv_topk_idx = o.ridx, .recv_topk_weights = o.rw, .recv_count_per_expert = o.cnt, .num_recv = &o.num_recv};
   struct dep_dispatch_args b = da;
-  REFUSED(host_ops_dispatch(&c, NULL, &o.h), "args");
-  REFUSED(host_ops_dispatch(&c, &da, NULL), "handle is NULL");
+  OW_REFUSED(host_ops_dispatch(&c, NULL, &o.h), "args");
+  OW_REFUSED(host_ops_dispatch(&c, &da, NULL), "handle is NULL");
 #define BAD(field, value) (b = da, b.field = value, host_ops_dispatch(&c, &b, &o.h))
-  REFUSED(BAD(index_type, 0), "index_type");
-  REFUSED(BAD(num_tokens, 5), "num_tokens 5 exceeds max_tokens_per_rank 4");
-  REFUSED(BAD(x, NULL), "x is NULL");
-  REFUSED(BAD(x, (const char *)in->x + 1), "x is not 2-byte aligned");
-  REFUSED(BAD(topk_idx, NULL), "topk_idx is NULL");
-  REFUSED(BAD(topk_idx, (const char *)idx + 4), "topk_idx is not 8-byte aligned");
-  REFUSED(BAD(topk_weights, NULL), "topk_weights is NULL");
-  REFUSED(BAD(recv_x, NULL), "recv_x is NULL");
-  REFUSED(BAD(recv_topk_idx, NULL), "recv_topk_idx is NULL");
-  REFUSED(BAD(recv_topk_weights, NULL), "recv_topk_weights is NULL");
-  REFUSED(BAD(recv_count_per_expert, NULL), "recv_count_per_expert is NULL");
-  REFUSED(BAD(num_recv, NULL), "num_recv is NULL");
+  OW_REFUSED(BAD(index_type, 0), "index_type");
+  OW_REFUSED(BAD(num_tokens, 5), "num_tokens 5 exceeds max_tokens_per_rank 4");
+  OW_REFUSED(BAD(x, NULL), "x is NULL");
+  OW_REFUSED(BAD(x, (const char *)in->x + 1), "x is not 2-byte aligned");
+  OW_REFUSED(BAD(topk_idx, NULL), "topk_idx is NULL");
+  OW_REFUSED(BAD(topk_idx, (const char *)idx + 4), "topk_idx is not 8-byte aligned");
+  OW_REFUSED(BAD(topk_weights, NULL), "topk_weights is NULL");
+  OW_REFUSED(BAD(recv_x, NULL), "recv_x is NULL");
+  OW_REFUSED(BAD(recv_topk_idx, NULL), "recv_topk_idx is NULL");
+  OW_REFUSED(BAD(recv_topk_weights, NULL), "recv_topk_weights is NULL");
+  OW_REFUSED(BAD(recv_count_per_expert, NULL), "recv_count_per_expert is NULL");
+  OW_REFUSED(BAD(num_recv, NULL), "num_recv is NULL");
 #undef BAD
   int64_t saved = idx[7];
   idx[7] = 4;
-  REFUSED(host_ops_dispatch(&c, &da, &o.h), "topk_idx[3][1] = 4 outside [-1, 4)");
+  OW_REFUSED(host_ops_dispatch(&c, &da, &o.h), "topk_idx[3][1] = 4 outside [-1, 4)");
   idx[7] = -2;
-  REFUSED(host_ops_dispatch(&c, &da, &o.h), "topk_idx[3][1] = -2");
+  OW_REFUSED(host_ops_dispatch(&c, &da, &o.h), "topk_idx[3][1] = -2");
   struct dep_layout_args la = {sizeof(struct dep_layout_args), idx, DEP_INDEX_I64, 4, o.tpr, o.tpe,
                                o.tir}, lb = la;
-  REFUSED(host_ops_layout(&c, &la), "layout: topk_idx[3][1] = -2");
+  OW_REFUSED(host_ops_layout(&c, &la), "layout: topk_idx[3][1] = -2");
   idx[7] = saved;
-  REFUSED(host_ops_layout(&c, NULL), "args");
-  REFUSED((lb = la, lb.index_type = 9, host_ops_layout(&c, &lb)), "index_type 9");
-  REFUSED((lb = la, lb.num_tokens = 5, host_ops_layout(&c, &lb)), "num_tokens");
-  REFUSED((lb = la, lb.tokens_per_rank = NULL, host_ops_layout(&c, &lb)), "tokens_per_rank");
-  REFUSED((lb = la, lb.tokens_per_expert = NULL, host_ops_layout(&c, &lb)), "tokens_per_expert");
-  REFUSED((lb = la, lb.token_in_rank = NULL, host_ops_layout(&c, &lb)), "token_in_rank");
-  REFUSED((lb = la, lb.topk_idx = NULL, host_ops_layout(&c, &lb)), "topk_idx is NULL");
+  OW_REFUSED(host_ops_layout(&c, NULL), "args");
+  OW_REFUSED((lb = la, lb.index_type = 9, host_ops_layout(&c, &lb)), "index_type 9");
+  OW_REFUSED((lb = la, lb.num_tokens = 5, host_ops_layout(&c, &lb)), "num_tokens");
+  OW_REFUSED((lb = la, lb.tokens_per_rank = NULL, host_ops_layout(&c, &lb)), "tokens_per_rank");
+  OW_REFUSED((lb = la, lb.tokens_per_expert = NULL, host_ops_layout(&c, &lb)), "tokens_per_expert");
+  OW_REFUSED((lb = la, lb.token_in_rank = NULL, host_ops_layout(&c, &lb)), "token_in_rank");
+  OW_REFUSED((lb = la, lb.topk_idx = NULL, host_ops_layout(&c, &lb)), "topk_idx is NULL");
   /* Empty calls may pass NULL inputs; layout is local, so it runs. */
   lb = la, lb.num_tokens = 0, lb.topk_idx = NULL, lb.token_in_rank = NULL;
   ck_assert_int_eq(host_ops_layout(&c, &lb), 0);
@@ -706,32 +624,32 @@ START_TEST(bad_arguments_are_refused_before_any_write) {
                                            o.lcnt};
   struct dep_ll_dispatch_args lb2 = lda;
 #define BAD(field, value) (lb2 = lda, lb2.field = value, host_ops_ll_dispatch(&c, &lb2, &o.h))
-  REFUSED(host_ops_ll_dispatch(&c, NULL, &o.h), "args");
-  REFUSED(host_ops_ll_dispatch(&c, &lda, NULL), "handle");
-  REFUSED(BAD(num_tokens, 5), "num_tokens 5 exceeds max_ll_tokens_per_rank 4");
-  REFUSED(BAD(use_fp8, 2), "use_fp8");
-  REFUSED(BAD(recv_scales, NULL), "recv_scales");
-  REFUSED(BAD(recv_count, NULL), "recv_count");
-  REFUSED(BAD(recv_x, NULL), "recv_x");
-  REFUSED(BAD(x, NULL), "x is NULL");
-  REFUSED(BAD(index_type, -1), "index_type");
-  REFUSED(BAD(topk_idx, NULL), "topk_idx");
+  OW_REFUSED(host_ops_ll_dispatch(&c, NULL, &o.h), "args");
+  OW_REFUSED(host_ops_ll_dispatch(&c, &lda, NULL), "handle");
+  OW_REFUSED(BAD(num_tokens, 5), "num_tokens 5 exceeds max_ll_tokens_per_rank 4");
+  OW_REFUSED(BAD(use_fp8, 2), "use_fp8");
+  OW_REFUSED(BAD(recv_scales, NULL), "recv_scales");
+  OW_REFUSED(BAD(recv_count, NULL), "recv_count");
+  OW_REFUSED(BAD(recv_x, NULL), "recv_x");
+  OW_REFUSED(BAD(x, NULL), "x is NULL");
+  OW_REFUSED(BAD(index_type, -1), "index_type");
+  OW_REFUSED(BAD(topk_idx, NULL), "topk_idx");
 #undef BAD
   int32_t idx32[8] = {0, 1, 2, 3, 3, 2, 1, 104};
-  REFUSED((lb2 = lda, lb2.index_type = DEP_INDEX_I32, lb2.topk_idx = idx32,
+  OW_REFUSED((lb2 = lda, lb2.index_type = DEP_INDEX_I32, lb2.topk_idx = idx32,
            host_ops_ll_dispatch(&c, &lb2, &o.h)), "topk_idx[3][1] = 104");
 
   struct dep_combine_args ca = {.size = sizeof(struct dep_combine_args), .x = d->cx[0],
                                 .out = o.out};
-  REFUSED(host_ops_combine(&c, &ca, NULL), "handle is NULL");
-  REFUSED(host_ops_combine(&c, &ca, &o.h), "holds no dispatch");
-  REFUSED(host_ops_combine(&c, NULL, &o.h), "args");
+  OW_REFUSED(host_ops_combine(&c, &ca, NULL), "handle is NULL");
+  OW_REFUSED(host_ops_combine(&c, &ca, &o.h), "holds no dispatch");
+  OW_REFUSED(host_ops_combine(&c, NULL, &o.h), "args");
   struct dep_ll_combine_args lc = {sizeof(struct dep_ll_combine_args), d->lx[0], idx, DEP_INDEX_I64,
                                    in->topk_weights, o.lout};
-  REFUSED(host_ops_ll_combine(&c, &lc, NULL), "handle is NULL");
-  REFUSED(host_ops_ll_combine(&c, &lc, &o.h), "holds no dispatch");
+  OW_REFUSED(host_ops_ll_combine(&c, &lc, NULL), "handle is NULL");
+  OW_REFUSED(host_ops_ll_combine(&c, &lc, &o.h), "holds no dispatch");
   ck_assert_int_eq(host_ops_dispatch(NULL, &da, &o.h), DEP_ERR_INVALID);
-  ck_assert(all_zero(w.map, w.map_bytes));
+  ck_assert(ow_all_zero(w.map, w.map_bytes));
   ow_outs_free(&o);
   host_ops_fini(&c);
   ow_world_close(&w);
@@ -743,7 +661,7 @@ END_TEST
 /* Combines refuse a handle of the other mode, of another shape, or other ids. */
 START_TEST(handles_of_the_wrong_kind_are_refused) {
   ow_seed_init(0);
-  struct ow_scenario sc = small;
+  struct ow_scenario sc = ow_small;
   sc.world = 1;
   struct ow_case *d = malloc(sizeof *d);
   ow_case_make(d, &sc, 0);
@@ -756,7 +674,7 @@ START_TEST(handles_of_the_wrong_kind_are_refused) {
   ow_outs_alloc(&o, d);
   struct dep_handle tp;
   host_ops_handle_init(&tp);
-  ck_assert_int_eq(do_dispatch(&c, d, &o, &tp), 0);
+  ck_assert_int_eq(ow_dispatch(&c, d, &o, &tp), 0);
   ck_assert_int_eq(do_ll_dispatch(&c, d, &o, 0), 0);
   uint8_t *snap = malloc(w.map_bytes);
   memcpy(snap, w.map, w.map_bytes);
@@ -899,397 +817,6 @@ START_TEST(bf16_rounds_to_nearest_even) {
 }
 END_TEST
 
-/* ---- throughput extensions: FP8, cached mode, worst-case rows, alignment, weights -- */
-
-/* A case with FP8 inputs beside the bf16 ones, combine weights, and their oracle. */
-struct ext_case {
-  struct ow_case d;
-  uint32_t align[OW_MAXW], worst[OW_MAXW];
-  uint8_t *x8[OW_MAXW];
-  float *scales[OW_MAXW];
-  float *cw[OW_MAXW];           /* combine's weights: [num_recv, topk] per rank */
-  struct ref_dispatch_out disp8[OW_MAXW];
-  struct ref_sum wsum[OW_MAXW]; /* the oracle's combined weights */
-};
-
-static void ext_make(struct ext_case *e, const struct ow_scenario *sc) {
-  memset(e, 0, sizeof *e);
-  struct ow_case *d = &e->d;
-  ow_case_make(d, sc, 0);
-  const uint32_t W = sc->world, h = sc->hidden, K = sc->topk;
-  struct ref_rank_in in8[OW_MAXW];
-  static const uint32_t aligns[] = {0, 1, 2, 3, 128};
-  for (uint32_t r = 0; r < W; r++) {
-    uint32_t n = d->in[r].num_tokens;
-    e->x8[r] = malloc((size_t)n * h + 1);
-    e->scales[r] = malloc(((size_t)n * (h / 128) + 1) * 4);
-    ck_assert(e->x8[r] && e->scales[r]);
-    for (size_t i = 0; i < (size_t)n * h; i++)
-      e->x8[r][i] = (uint8_t)ow_rnd(); /* moved as bytes: any code, NaN included */
-    for (size_t i = 0; i < (size_t)n * (h / 128); i++)
-      e->scales[r][i] = ow_unif() + 1e-3f;
-    in8[r] = d->in[r];
-    in8[r].x8 = e->x8[r];
-    in8[r].scales = e->scales[r];
-    e->align[r] = aligns[ow_below(5)];
-  }
-  ck_assert_int_eq(ref_dispatch(&d->shape, W, in8, e->disp8), 0);
-  for (uint32_t r = 0; r < W; r++) {
-    uint32_t nr = d->disp[r].num_recv, cap = W * sc->max_tokens;
-    e->worst[r] = nr + ow_below(cap - nr + 1); /* anywhere from exact to the capacity */
-    e->worst[r] += e->worst[r] == 0;            /* 0 would mean none */
-    e->cw[r] = malloc(((size_t)nr * K + 1) * 4);
-    ck_assert(e->cw[r]);
-    for (size_t i = 0; i < (size_t)nr * K; i++)
-      e->cw[r][i] = ow_unif() * 2.0f - 1.0f;
-  }
-  ck_assert_int_eq(ref_combine_weights(&d->shape, W, d->in, d->disp,
-                                       (const float *const *)e->cw, e->wsum), 0);
-}
-
-static void ext_free(struct ext_case *e) {
-  uint32_t W = e->d.sc.world;
-  for (uint32_t r = 0; r < W; r++)
-    free(e->x8[r]), free(e->scales[r]), free(e->cw[r]);
-  ref_dispatch_free(e->disp8, W);
-  ref_sum_free(e->wsum, W);
-  ow_case_free(&e->d);
-}
-
-/* The received rows of a dispatch (bf16, or FP8 bytes and scales) against the oracle's. */
-static int ext_rows(const struct ext_case *e, uint32_t r, const void *rx, const float *rs,
-                    uint32_t n, int fp8, const char *what, char *msg) {
-  const struct ow_case *d = &e->d;
-  const uint32_t h = d->sc.hidden, G = h / 128;
-  const struct ref_dispatch_out *want = fp8 ? &e->disp8[r] : &d->disp[r];
-  if (n != want->num_recv)
-    return ow_fail(msg, "%s: %u rows, want %u [%s]", what, n, want->num_recv, d->desc);
-  for (uint32_t i = 0; i < n; i++) {
-    int bad = fp8 ? memcmp((const uint8_t *)rx + (size_t)i * h, want->x8 + (size_t)i * h, h) != 0 ||
-                        memcmp(rs + (size_t)i * G, want->scales + (size_t)i * G, G * 4) != 0
-                  : memcmp((const uint16_t *)rx + (size_t)i * h, want->x + (size_t)i * h, h * 2) != 0;
-    if (bad)
-      return ow_fail(msg, "%s: row %u is not token %u of rank %u%s [%s]", what, i,
-                     want->from[i].token, want->from[i].rank, fp8 ? " (e4m3 bytes and scales)" : "",
-                     d->desc);
-  }
-  return 0;
-}
-
-#define EXT_CALL(expr, what)                                                                 \
-  do {                                                                                       \
-    int rc_ = (expr);                                                                        \
-    if (rc_ != 0)                                                                            \
-      return ow_fail(msg, "%s returned %s: %s [%s]", what, dep_errname(rc_), c->why, d->desc); \
-  } while (0)
-
-/*
- * FP8 dispatch with num_worst_tokens and expert_alignment, then a cached
- * bf16 dispatch through its handle, a combine with weights, and a cached
- * FP8 dispatch with num_worst_tokens: each against the oracle, twice.
- */
-static int ext_rank(struct ops_ctx *c, void *arg, char *msg) {
-  const struct ext_case *e = arg;
-  const struct ow_case *d = &e->d;
-  const uint32_t r = c->rank, h = d->sc.hidden, K = d->sc.topk, G = h / 128;
-  const struct ref_rank_in *in = &d->in[r];
-  const struct ref_dispatch_out *want = &d->disp[r];
-  struct ow_outs o;
-  ow_outs_alloc(&o, d);
-  const size_t rows = o.rows_tp;
-  uint8_t *rx8 = malloc(rows * h + 1);
-  float *rs = malloc(rows * G * 4 + 4), *ow = malloc(((size_t)d->sc.max_tokens * K + 1) * 4);
-  int32_t cnt[256];
-  int rc = 0;
-  for (int round = 0; round < 2 && rc == 0; round++) {
-    const uint8_t pz = round ? 0x5A : 0xA5;
-    const uint32_t worst = e->worst[r];
-    memset(rx8, pz, rows * h);
-    memset(rs, pz, rows * G * 4);
-    memset(o.ridx, pz, rows * K * 4);
-    memset(o.rw, pz, rows * K * 4);
-    struct dep_dispatch_args a = {
-        .size = sizeof a, .x = e->x8[r], .x_scales = e->scales[r], .use_fp8 = 1,
-        .topk_idx = d->idx[r], .index_type = d->sc.itype, .topk_weights = in->topk_weights,
-        .num_tokens = in->num_tokens, .recv_x = rx8, .recv_x_scales = rs,
-        .recv_topk_idx = o.ridx, .recv_topk_weights = o.rw, .recv_count_per_expert = cnt,
-        .num_worst_tokens = worst, .expert_alignment = e->align[r]};
-    EXT_CALL(host_ops_dispatch(c, &a, &o.h), "dispatch (fp8, num_worst_tokens)");
-    const uint32_t n = want->num_recv;
-    if ((rc = ext_rows(e, r, rx8, rs, n, 1, "dispatch (fp8)", msg)) != 0)
-      break;
-    if (memcmp(o.ridx, want->topk_idx, (size_t)n * K * 4) != 0 ||
-        memcmp(o.rw, want->topk_weights, (size_t)n * K * 4) != 0)
-      return ow_fail(msg, "dispatch (fp8): ids or weights differ from the oracle [%s]", d->desc);
-    for (size_t i = (size_t)n * K; i < (size_t)worst * K; i++)
-      if (o.ridx[i] != -1 || o.rw[i] != 0.0f)
-        return ow_fail(msg, "dispatch: padding row %zu of %u (num_recv %u) has id %d weight %g, "
-                       "want -1 and 0 [%s]", i / K, worst, n, o.ridx[i], o.rw[i], d->desc);
-    if (ow_unpoisoned(o.ridx + (size_t)worst * K, (rows - worst) * K * 4, pz) >= 0 ||
-        ow_unpoisoned(rx8 + (size_t)n * h, (rows - n) * h, pz) >= 0 ||
-        ow_unpoisoned(rs + (size_t)n * G, (rows - n) * G * 4, pz) >= 0)
-      return ow_fail(msg, "dispatch: wrote past its rows (num_recv %u, num_worst_tokens %u) [%s]",
-                     n, worst, d->desc);
-    int32_t wc[256];
-    memcpy(wc, want->count, d->le * 4);
-    ref_align_counts(wc, d->le, e->align[r]);
-    if (memcmp(cnt, wc, d->le * 4) != 0)
-      return ow_fail(msg, "dispatch: recv_count_per_expert differs from the oracle's rounded to "
-                     "multiples of %u [%s]", e->align[r], d->desc);
-
-    /* Cached, bf16: the same routing, no ids, the handle unchanged. */
-    memset(o.rx, pz, rows * h * 2);
-    o.num_recv = ~0u;
-    struct dep_dispatch_args cb = {.size = sizeof cb, .cached = 1, .x = in->x,
-                                   .num_tokens = in->num_tokens, .recv_x = o.rx,
-                                   .num_recv = &o.num_recv, .num_worst_tokens = worst};
-    EXT_CALL(host_ops_dispatch(c, &cb, &o.h), "dispatch (cached)");
-    if ((rc = ext_rows(e, r, o.rx, NULL, n, 0, "dispatch (cached)", msg)) != 0)
-      break;
-    if (ow_unpoisoned(o.rx + (size_t)n * h, (rows - n) * h * 2, pz) >= 0)
-      return ow_fail(msg, "dispatch (cached): wrote past its %u rows [%s]", n, d->desc);
-
-    /* Combine with weights, through the handle the cached dispatch left as it was. */
-    memset(o.out, pz, (size_t)d->sc.max_tokens * h * 2);
-    memset(ow, pz, (size_t)d->sc.max_tokens * K * 4);
-    struct dep_combine_args ca = {.size = sizeof ca, .x = d->cx[r], .out = o.out,
-                                  .topk_weights = e->cw[r], .out_topk_weights = ow};
-    EXT_CALL(host_ops_combine(c, &ca, &o.h), "combine (weights)");
-    if (ow_check_sum(o.out, &d->comb[r], in->num_tokens, h, "combine", d->desc, msg))
-      return 1;
-    for (size_t i = 0; i < (size_t)in->num_tokens * K; i++) {
-      double v = e->wsum[r].val[i], tol = ldexp(e->wsum[r].mag[i], -20);
-      if (!(fabs(ow[i] - v) <= tol))
-        return ow_fail(msg, "combine: out_topk_weights[%zu][%zu] = %.9g, want %.9g +- %.3g [%s]",
-                       i / K, i % K, ow[i], v, tol, d->desc);
-    }
-    if (ow_unpoisoned(ow + (size_t)in->num_tokens * K,
-                      (size_t)(d->sc.max_tokens - in->num_tokens) * K * 4, pz) >= 0)
-      return ow_fail(msg, "combine: out_topk_weights written past num_tokens [%s]", d->desc);
-
-    /* Cached, FP8, its own worst-case rows. */
-    memset(rx8, pz, rows * h);
-    struct dep_dispatch_args c8 = {.size = sizeof c8, .cached = 1, .use_fp8 = 1, .x = e->x8[r],
-                                   .x_scales = e->scales[r], .num_tokens = in->num_tokens,
-                                   .recv_x = rx8, .recv_x_scales = rs,
-                                   .num_worst_tokens = o.rows_tp};
-    EXT_CALL(host_ops_dispatch(c, &c8, &o.h), "dispatch (cached, fp8)");
-    rc = ext_rows(e, r, rx8, rs, n, 1, "dispatch (cached, fp8)", msg);
-  }
-  free(rx8), free(rs), free(ow);
-  ow_outs_free(&o);
-  return rc;
-}
-
-static const struct ow_scenario ext_scenarios[] = {
-  /* world hidden topk experts max_tokens max_ll  routing  tokens  index  fp8 */
-  {1, 128, 2, 4, 8, 8, P_RANDOM, T_MAX, DEP_INDEX_I64, 0},
-  {2, 2048, 8, 8, 16, 16, P_DUP, T_MIXED, DEP_INDEX_I32, 0},
-  {4, 256, 4, 16, 32, 8, P_RANDOM, T_MIXED, DEP_INDEX_I64, 0},
-  {4, 128, 8, 16, 16, 16, P_NONE, T_MAX, DEP_INDEX_I32, 0},
-  {8, 384, 8, 64, 16, 16, P_RANDOM, T_MAX, DEP_INDEX_I64, 0},
-  {8, 128, 2, 8, 16, 16, P_ONE_RANK, T_ZERO, DEP_INDEX_I32, 0},
-};
-
-/* ext_scenarios[i]'s world, seeded with seed, each rank running fn on the case. */
-static void ext_run(int i, uint64_t seed, ow_rank_fn fn) {
-  ow_seed_init(seed);
-  struct ext_case *e = malloc(sizeof *e);
-  ck_assert_ptr_nonnull(e);
-  ext_make(e, &ext_scenarios[i]);
-  struct ow_world w;
-  ow_world_open(&w, &e->d.shape, e->d.sc.world);
-  ow_run_ranks(&w, &e->d.shape, fn, e, OW_TIMEOUT_MS, e->d.desc);
-  ow_world_close(&w);
-  ext_free(e);
-  free(e);
-}
-
-/* FP8 dispatch, cached mode, num_worst_tokens, expert_alignment and combined weights. */
-START_TEST(throughput_extensions_match_the_oracle) { ext_run(_i, 100 + (uint64_t)_i, ext_rank); }
-END_TEST
-
-/*
- * Received ids as int64 (recv_index_type DEP_INDEX_I64) and, explicitly, as
- * int32: each rank dispatches with each type, first with the exact row
- * count, then with num_worst_tokens.  The ids are the oracle's values
- * (the -1 columns of other ranks' experts included), every padding row is
- * -1 in every column of the type's width, the weights are the oracle's,
- * and nothing is written past the rows.
- */
-static int wide_ids_rank(struct ops_ctx *c, void *arg, char *msg) {
-  const struct ext_case *e = arg;
-  const struct ow_case *d = &e->d;
-  const uint32_t r = c->rank, K = d->sc.topk;
-  const struct ref_rank_in *in = &d->in[r];
-  const struct ref_dispatch_out *want = &d->disp[r];
-  struct ow_outs o;
-  ow_outs_alloc(&o, d);
-  const size_t rows = o.rows_tp, cap = rows * K * 8;
-  int64_t *ri = malloc(cap + 8);
-  ck_assert(ri);
-  static const int types[] = {DEP_INDEX_I64, DEP_INDEX_I32};
-  int rc = 0;
-  for (int round = 0; round < 4 && rc == 0; round++) {
-    const int type = types[round & 1];
-    const size_t esz = type == DEP_INDEX_I64 ? 8 : 4;
-    const uint32_t worst = round < 2 ? 0 : e->worst[r], n = want->num_recv;
-    const size_t filled = (size_t)(worst ? worst : n) * K;
-    const uint8_t pz = round & 1 ? 0x5A : 0xA5;
-    const char *what = type == DEP_INDEX_I64 ? "dispatch (int64 ids)" : "dispatch (int32 ids)";
-    memset(ri, pz, cap);
-    memset(o.rw, pz, rows * K * 4);
-    o.num_recv = ~0u;
-    struct dep_dispatch_args a = {
-        .size = sizeof a, .x = in->x, .topk_idx = d->idx[r], .index_type = d->sc.itype,
-        .topk_weights = in->topk_weights, .num_tokens = in->num_tokens, .recv_x = o.rx,
-        .recv_topk_idx = ri, .recv_index_type = type, .recv_topk_weights = o.rw,
-        .recv_count_per_expert = o.cnt, .num_recv = &o.num_recv, .num_worst_tokens = worst};
-    EXT_CALL(host_ops_dispatch(c, &a, &o.h), what);
-    if (worst == 0 && o.num_recv != n)
-      return ow_fail(msg, "%s: num_recv %u, want %u [%s]", what, o.num_recv, n, d->desc);
-    for (size_t i = 0; i < filled; i++) {
-      int64_t got = esz == 8 ? ri[i] : ((const int32_t *)ri)[i];
-      int64_t exp = i < (size_t)n * K ? want->topk_idx[i] : -1;
-      if (got != exp)
-        return ow_fail(msg, "%s: row %zu k %zu (num_recv %u, num_worst_tokens %u): id %lld, "
-                       "want %lld [%s]", what, i / K, i % K, n, worst, (long long)got,
-                       (long long)exp, d->desc);
-    }
-    if (memcmp(o.rw, want->topk_weights, (size_t)n * K * 4) != 0)
-      return ow_fail(msg, "%s: weights differ from the oracle [%s]", what, d->desc);
-    if (ow_unpoisoned((uint8_t *)ri + filled * esz, cap - filled * esz, pz) >= 0)
-      return ow_fail(msg, "%s: ids written past their %zu rows [%s]", what, filled / K, d->desc);
-  }
-  free(ri);
-  ow_outs_free(&o);
-  return rc;
-}
-
-START_TEST(received_ids_are_the_oracles_as_int64_and_int32) {
-  ext_run(_i, 200 + (uint64_t)_i, wide_ids_rank);
-}
-END_TEST
-
-/* Rank 0 dispatches cached, rank 1 afresh: DEP_ERR_MISMATCH on both, then in step;
- * a num_worst_tokens below the rows received is DEP_ERR_INVALID, in step too. */
-static int ext_fault_rank(struct ops_ctx *c, void *arg, char *msg) {
-  const struct ow_case *d = arg;
-  struct ow_outs o;
-  ow_outs_alloc(&o, d);
-  int rc = do_dispatch(c, d, &o, &o.h);
-  const struct ref_rank_in *in = &d->in[c->rank];
-  if (rc == 0) {
-    struct dep_dispatch_args cb = {.size = sizeof cb, .cached = 1, .x = in->x,
-                                   .num_tokens = in->num_tokens, .recv_x = o.rx,
-                                   .num_recv = &o.num_recv};
-    rc = c->rank == 0 ? host_ops_dispatch(c, &cb, &o.h) : do_dispatch(c, d, &o, &o.h);
-    rc = rc == DEP_ERR_MISMATCH ? 0
-                                : ow_fail(msg, "cached against fresh: %s (%s)", dep_errname(rc), c->why);
-  }
-  if (rc == 0 && (rc = do_dispatch(c, d, &o, &o.h)) != 0)
-    rc = ow_fail(msg, "after the mismatch: %s (%s)", dep_errname(rc), c->why);
-  if (rc == 0) {
-    const uint32_t n = d->disp[c->rank].num_recv;
-    struct dep_dispatch_args a = {.size = sizeof a, .x = in->x, .topk_idx = d->idx[c->rank],
-                                  .index_type = d->sc.itype, .topk_weights = in->topk_weights,
-                                  .num_tokens = in->num_tokens, .recv_x = o.rx,
-                                  .recv_topk_idx = o.ridx, .recv_topk_weights = o.rw,
-                                  .recv_count_per_expert = o.cnt, .num_worst_tokens = n > 1 ? n - 1 : n};
-    rc = host_ops_dispatch(c, &a, &o.h);
-    if (n > 1 && (rc != DEP_ERR_INVALID || strstr(c->why, "num_worst_tokens") == NULL))
-      rc = ow_fail(msg, "num_worst_tokens %u below %u rows: %s (%s)", n - 1, n, dep_errname(rc),
-                   c->why);
-    else
-      rc = n > 1 ? 0 : rc;
-  }
-  uint64_t dig = 0;
-  if (rc == 0)
-    rc = round_tp(c, d, &o, 0xA5, &dig, msg);
-  ow_outs_free(&o);
-  return rc;
-}
-
-START_TEST(cached_and_worst_case_faults_keep_the_ranks_in_step) {
-  ow_seed_init(0);
-  struct ow_case *d = malloc(sizeof *d);
-  ow_case_make(d, &small, 0);
-  struct ow_world w;
-  ow_world_open(&w, &d->shape, small.world);
-  ow_run_ranks(&w, &d->shape, ext_fault_rank, d, OW_TIMEOUT_MS, "cached/worst faults");
-  ow_world_close(&w);
-  ow_case_free(d);
-  free(d);
-}
-END_TEST
-
-/* The new arguments' refusals: DEP_ERR_INVALID naming each, nothing written. */
-START_TEST(bad_extension_arguments_are_refused_before_any_write) {
-  ow_seed_init(0);
-  struct ow_case *d = malloc(sizeof *d);
-  ow_case_make(d, &small, 0);
-  struct ow_world w;
-  ow_world_open(&w, &d->shape, 2);
-  struct ops_ctx c;
-  char why[256];
-  ck_assert_int_eq(host_ops_init(&c, &d->shape, 2, 0, w.slabs, 200, why, sizeof why), 0);
-  struct ow_outs o;
-  ow_outs_alloc(&o, d);
-  const struct ref_rank_in *in = &d->in[0];
-  float sc[64] = {1.0f}, ow[64];
-  const struct dep_dispatch_args da = {
-      .size = sizeof da, .x = in->x, .topk_idx = d->idx[0], .index_type = DEP_INDEX_I64,
-      .topk_weights = in->topk_weights, .num_tokens = 4, .recv_x = o.rx, .recv_topk_idx = o.ridx,
-      .recv_topk_weights = o.rw, .recv_count_per_expert = o.cnt, .num_recv = &o.num_recv};
-  struct dep_dispatch_args b;
-#define BAD(...) (b = da, __VA_ARGS__, host_ops_dispatch(&c, &b, &o.h))
-  REFUSED(BAD(b.use_fp8 = 2), "use_fp8");
-  REFUSED(BAD(b.use_fp8 = 1, b.recv_x_scales = sc), "x_scales (required with use_fp8) is NULL");
-  REFUSED(BAD(b.use_fp8 = 1, b.x_scales = sc), "recv_x_scales (required");
-  REFUSED(BAD(b.x_scales = sc), "x_scales is not read without use_fp8");
-  REFUSED(BAD(b.recv_x_scales = sc), "recv_x_scales is not read without use_fp8");
-  REFUSED(BAD(b.num_worst_tokens = 9), "num_worst_tokens 9 exceeds the 8 rows");
-  REFUSED(BAD(b.expert_alignment = 65537), "expert_alignment 65537");
-  REFUSED(BAD(b.cached = 2), "cached is 2");
-  REFUSED(BAD(b.cached = 1), "holds no dispatch");
-  REFUSED(BAD(b.recv_index_type = 3), "recv_index_type 3 is neither 0 nor DEP_INDEX_I32");
-  REFUSED(BAD(b.recv_index_type = DEP_INDEX_I64, b.recv_topk_idx = o.ridx + 1),
-          "recv_topk_idx is not 8-byte aligned");
-#undef BAD
-  /* A handle with a dispatch in it, made without writing to the slabs: its fields by hand. */
-  struct dep_handle h = o.h;
-  h.kind = OPS_HANDLE_TP, h.world = 2, h.rank = 0, h.hidden = d->shape.hidden;
-  h.topk = d->shape.topk, h.num_experts = d->shape.num_experts;
-  h.max_tokens = d->shape.max_tokens_per_rank, h.max_ll_tokens = c.lay.max_ll_tokens;
-  h.num_tokens = 4, h.num_recv = 5;
-  const struct dep_dispatch_args ca = {.size = sizeof ca, .cached = 1, .x = in->x,
-                                       .num_tokens = 4, .recv_x = o.rx, .num_recv = &o.num_recv};
-#define BAD(...) (b = ca, __VA_ARGS__, host_ops_dispatch(&c, &b, &h))
-  REFUSED(BAD(b.topk_idx = d->idx[0]), "topk_idx is not read in cached mode");
-  REFUSED(BAD(b.topk_weights = in->topk_weights), "topk_weights is not read in cached mode");
-  REFUSED(BAD(b.recv_topk_idx = o.ridx), "recv_topk_idx is not read in cached mode");
-  REFUSED(BAD(b.recv_index_type = -1), "recv_index_type -1");
-  REFUSED(BAD(b.recv_count_per_expert = o.cnt), "recv_count_per_expert is not read");
-  REFUSED(BAD(b.expert_alignment = 2), "expert_alignment is not used in cached mode");
-  REFUSED(BAD(b.num_tokens = 3), "num_tokens 3, but the handle's dispatch had 4");
-  REFUSED(BAD(b.num_worst_tokens = 4), "num_worst_tokens 4 is below the 5 rows");
-  h.worst = 6;
-  REFUSED(BAD((void)0), "give num_worst_tokens here too");
-#undef BAD
-  h.worst = 0;
-  struct dep_combine_args cw = {.size = sizeof cw, .x = d->cx[0], .out = o.out,
-                                .out_topk_weights = ow};
-  REFUSED(host_ops_combine(&c, &cw, &h), "topk_weights (required with out_topk_weights) is NULL");
-  cw.out_topk_weights = NULL, cw.topk_weights = sc;
-  REFUSED(host_ops_combine(&c, &cw, &h), "topk_weights is given without out_topk_weights");
-  ow_outs_free(&o);
-  host_ops_fini(&c);
-  ow_world_close(&w);
-  ow_case_free(d);
-  free(d);
-}
-END_TEST
-
 Suite *ops_suite(void);
 Suite *ops_suite(void) {
   Suite *s = suite_create("ops");
@@ -1304,10 +831,6 @@ Suite *ops_suite(void) {
   tcase_add_loop_test(ops, every_op_matches_the_oracle, 0,
                       (int)(sizeof scenarios / sizeof scenarios[0]));
   tcase_add_test(ops, thousand_calls_back_to_back_stay_correct);
-  tcase_add_loop_test(ops, throughput_extensions_match_the_oracle, 0,
-                      (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
-  tcase_add_loop_test(ops, received_ids_are_the_oracles_as_int64_and_int32, 0,
-                      (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
   suite_add_tcase(s, ops);
 
   TCase *faults = tcase_create("faults");
@@ -1319,8 +842,6 @@ Suite *ops_suite(void) {
   tcase_add_test(faults, ranks_making_different_calls_get_mismatch_and_stay_in_step);
   tcase_add_test(faults, bad_arguments_are_refused_before_any_write);
   tcase_add_test(faults, handles_of_the_wrong_kind_are_refused);
-  tcase_add_test(faults, cached_and_worst_case_faults_keep_the_ranks_in_step);
-  tcase_add_test(faults, bad_extension_arguments_are_refused_before_any_write);
   tcase_add_test(faults, init_refuses_bad_contexts);
   suite_add_tcase(s, faults);
   return s;

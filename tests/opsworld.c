@@ -294,3 +294,82 @@ int ow_check_sum(const uint16_t *got, const struct ref_sum *want, uint32_t ntok,
   return 0;
 }
 
+
+/* ---- calls the suites share (check_ops.c, check_ops_ext.c) ---------------- */
+
+const struct ow_scenario ow_small = {2, 128, 2, 4, 4, 4, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
+
+
+int ow_dispatch(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o,
+                       struct dep_handle *h) {
+  const struct ref_rank_in *in = &d->in[c->rank];
+  struct dep_dispatch_args da = {.size = sizeof(struct dep_dispatch_args), .x = in->x,
+                                 .topk_idx = d->idx[c->rank], .index_type = d->sc.itype,
+                                 .topk_weights = in->topk_weights,
+                                 .num_tokens = in->num_tokens, .recv_x = o->rx, .recv_topk_idx = o->ridx, .recv_topk_weights = o->rw, .recv_count_per_expert = o->cnt, .num_recv = &o->num_recv};
+  return host_ops_dispatch(c, &da, h);
+}
+
+int ow_all_zero(const uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != 0)
+      return 0;
+  return 1;
+}
+
+int ow_round_tp(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, uint8_t pz,
+                    uint64_t *dig, char *msg) {
+  const uint32_t r = c->rank, h = d->sc.hidden, K = d->sc.topk, W = d->sc.world;
+  const struct ref_rank_in *in = &d->in[r];
+  const struct ref_dispatch_out *e = &d->disp[r];
+  memset(o->rx, pz, o->rows_tp * h * 2);
+  memset(o->ridx, pz, o->rows_tp * K * 4);
+  memset(o->rw, pz, o->rows_tp * K * 4);
+  memset(o->cnt, pz, d->le * 4);
+  memset(&o->num_recv, pz, 4);
+  struct dep_dispatch_args da = {.size = sizeof(struct dep_dispatch_args), .x = in->x,
+                                 .topk_idx = d->idx[r], .index_type = d->sc.itype,
+                                 .topk_weights = in->topk_weights, .num_tokens = in->num_tokens,
+                                 .recv_x = o->rx, .recv_topk_idx = o->ridx, .recv_topk_weights = o->rw, .recv_count_per_expert = o->cnt, .num_recv = &o->num_recv};
+  int rc = host_ops_dispatch(c, &da, &o->h);
+  if (rc != 0)
+    return ow_fail(msg, "dispatch returned %s: %s [%s]", dep_errname(rc), c->why, d->desc);
+  if (o->num_recv != e->num_recv)
+    return ow_fail(msg, "dispatch: num_recv %u, want %u [%s]", o->num_recv, e->num_recv, d->desc);
+  for (uint32_t i = 0; i < e->num_recv; i++) {
+    if (memcmp(o->rx + (size_t)i * h, e->x + (size_t)i * h, h * 2) != 0)
+      return ow_fail(msg, "dispatch: recv_x row %u is not token %u of rank %u [%s]", i,
+                   e->from[i].token, e->from[i].rank, d->desc);
+    for (uint32_t k = 0; k < K; k++) {
+      size_t j = (size_t)i * K + k;
+      if (o->ridx[j] != e->topk_idx[j] || memcmp(&o->rw[j], &e->topk_weights[j], 4) != 0)
+        return ow_fail(msg, "dispatch: row %u k %u: id %d weight %g, want %d %g [%s]", i, k,
+                     o->ridx[j], o->rw[j], e->topk_idx[j], e->topk_weights[j], d->desc);
+    }
+  }
+  for (uint32_t l = 0; l < d->le; l++)
+    if (o->cnt[l] != e->count[l])
+      return ow_fail(msg, "dispatch: recv_count_per_expert[%u] %d, want %d [%s]", l, o->cnt[l],
+                   e->count[l], d->desc);
+  size_t n = e->num_recv, rest = o->rows_tp - n;
+  if (ow_unpoisoned(o->rx + n * h, rest * h * 2, pz) >= 0 ||
+      ow_unpoisoned(o->ridx + n * K, rest * K * 4, pz) >= 0 ||
+      ow_unpoisoned(o->rw + n * K, rest * K * 4, pz) >= 0)
+    return ow_fail(msg, "dispatch: wrote past num_recv %zu [%s]", n, d->desc);
+  *dig = ow_fnv(*dig, o->rx, n * h * 2);
+
+  memset(o->out, pz, (size_t)d->sc.max_tokens * h * 2);
+  struct dep_combine_args ca = {.size = sizeof(struct dep_combine_args), .x = d->cx[r],
+                                .out = o->out};
+  rc = host_ops_combine(c, &ca, &o->h);
+  if (rc != 0)
+    return ow_fail(msg, "combine returned %s: %s [%s]", dep_errname(rc), c->why, d->desc);
+  if (ow_check_sum(o->out, &d->comb[r], in->num_tokens, h, "combine", d->desc, msg))
+    return 1;
+  if (ow_unpoisoned(o->out + (size_t)in->num_tokens * h,
+                 (size_t)(d->sc.max_tokens - in->num_tokens) * h * 2, pz) >= 0)
+    return ow_fail(msg, "combine: wrote past num_tokens %u [%s]", in->num_tokens, d->desc);
+  *dig = ow_fnv(*dig, o->out, (size_t)in->num_tokens * h * 2);
+  (void)W;
+  return 0;
+}

@@ -113,4 +113,28 @@ long ow_unpoisoned(const void *p, size_t n, uint8_t poison);
 int ow_check_sum(const uint16_t *got, const struct ref_sum *want, uint32_t ntok, uint32_t h,
                  const char *op, const char *desc, char *msg);
 
+/* A small two-rank scenario for the refusal tests. */
+extern const struct ow_scenario ow_small;
+/* dispatch of d's inputs for c's rank into o with handle h (no checks). */
+int ow_dispatch(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o,
+                struct dep_handle *h);
+/* 1 when n bytes at p are all zero. */
+int ow_all_zero(const uint8_t *p, size_t n);
+/* One throughput round (dispatch, then combine) against the oracle, outputs
+ * poisoned with pz first, the moved bytes folded into *dig; 0, or 1 with msg. */
+int ow_round_tp(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, uint8_t pz,
+                uint64_t *dig, char *msg);
+/* Refused with DEP_ERR_INVALID, a message naming the argument, no seq
+ * used, and every slab byte as before (zero here). */
+#define OW_REFUSED(call, name)                                                                \
+  do {                                                                                     \
+    c.why[0] = 0;                                                                          \
+    int rc_ = (call);                                                                      \
+    ck_assert_msg(rc_ == DEP_ERR_INVALID, "%s: %s (%s)", #call, dep_errname(rc_), c.why);  \
+    ck_assert_msg(strstr(c.why, name) != NULL, "%s: message \"%s\" does not name \"%s\"",  \
+                  #call, c.why, name);                                                     \
+    ck_assert_msg(ow_all_zero(w.map, w.map_bytes), "%s wrote to a slab", #call);              \
+    ck_assert_uint_eq(c.seq, 0);                                                           \
+  } while (0)
+
 #endif /* DEP_OPSWORLD_H */

@@ -19,6 +19,7 @@
   XX(client)                \
   XX(ctl)                   \
   XX(ops)                   \
+  XX(ops_ext)               \
   XX(handles)               \
   XX(memory)                \
   XX(pool)                  \
