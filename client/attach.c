@@ -63,7 +63,7 @@ void client_unmap(dep_client_t *c) {
   host_ops_fini(&c->ops);
   if (c->xring != NULL) {
     xring_drain(c);
-    munmap(c->xring, DEP_XRING_BYTES);
+    munmap(c->xring, DEP_XRING_BYTES + c->layout.xchg_bytes);
   }
   c->xring = NULL;
   for (uint32_t i = 0; i < c->n_arenas; i++)
@@ -183,17 +183,18 @@ static int attach_reply(dep_client_t *c, uint32_t id, int timeout_ms) {
 
 /*
  * A job that spans nodes: ask the daemon for this rank's ring to its proxy
- * (xring.h), filled by the C operations (host) or the kernels (cuda, which
- * register it for the device: cuda_ops_attach).  Without one (a daemon
- * with no peers) the rank is attached but its operations refuse, saying
- * why (xring_why).
+ * and the exchange region after it (xring.h, slab.h), filled and read by
+ * the C operations (host) or the kernels (cuda, which register it for the
+ * device: cuda_ops_attach).  Without one (a daemon with no peers) the rank
+ * is attached but its operations refuse, saying why (xring_why).
  */
 static void attach_ring(dep_client_t *c) {
   c->xring = NULL;
   void *p = NULL;
   char why[220];
   if (client_lend_map(c, DEP_MSG_XRING_LEND, DEP_MSG_XRING_LEND_OK, DEP_XRING_VERSION,
-                      (uint32_t)DEP_XRING_BYTES, &p, why, sizeof why) != 0) {
+                      (uint32_t)DEP_XRING_BYTES, DEP_XRING_BYTES + c->layout.xchg_bytes, &p, why,
+                      sizeof why) != 0) {
     snprintf(c->xring_why, sizeof c->xring_why, "deepepd lends no ring to its proxy: %s", why);
     return;
   }
@@ -217,7 +218,8 @@ static void populate(uint8_t *p, uint64_t len) {
 /*
  * The host backend's warm-up (kernel_warmup): the pages of every slab that
  * this rank's operations touch — all of its own, and its slots and blocks
- * in each local peer's — mapped in now, so that the first call of each
+ * in each local peer's, and its exchange region in a job that spans
+ * nodes — mapped in now, so that the first call of each
  * operation does not take a page fault per 4 KiB it touches (which made
  * the host's first dispatch 2-4x its steady time: BENCHMARKS.md).
  */
@@ -238,6 +240,8 @@ static void host_warmup(dep_client_t *c) {
       populate(s + dep_slab_block(l, parity, o->rank), l->block_bytes);
     }
   }
+  if (o->xchg != NULL)
+    populate(o->xchg, l->xchg_bytes);
   c->times.warmup_ms = now_ms() - t0;
 }
 

@@ -355,7 +355,7 @@ int64_t client_deadline(int timeout_ms) {
 }
 
 int client_lend_map(dep_client_t *c, uint16_t type, uint16_t ok_type, uint32_t version,
-                    uint32_t bytes, void **map, char *why, size_t whylen) {
+                    uint32_t bytes, uint64_t map_bytes, void **map, char *why, size_t whylen) {
   char saved[CLIENT_ERRMSG_MAX];
   snprintf(saved, sizeof saved, "%s", c->errmsg);
   struct client_frame f;
@@ -366,10 +366,12 @@ int client_lend_map(dep_client_t *c, uint16_t type, uint16_t ok_type, uint32_t v
     return rc;
   }
   struct dep_msg_lend_ok ok;
+  struct stat st;
   void *p = MAP_FAILED;
   if (proto_decode_lend_ok(f.body, f.hdr.body_len, &ok) == 0 && f.nfds == 1 &&
-      ok.version == version && ok.bytes == bytes)
-    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fds[0], 0);
+      ok.version == version && ok.bytes == bytes && fstat(f.fds[0], &st) == 0 &&
+      (uint64_t)st.st_size == map_bytes)
+    p = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fds[0], 0);
   client_frame_release(&f); /* closes the fd: the mapping stays */
   if (p == MAP_FAILED) {
     snprintf(why, whylen, "deepepd lent a %s of another version or size (a daemon of another "

@@ -142,13 +142,15 @@ int client_request(dep_client_t *c, uint16_t type, const void *msg, uint16_t ok_
 
 /*
  * Ask for a memfd the daemon lends (STATS_LEND, XRING_LEND: a LEND_OK reply
- * with its fd) and map it shared, read-write.  0 with *map set, or
- * DEP_ERR_* with why: the daemon's refusal, or a memfd of another version
- * or size than `version` and `bytes` (a daemon of another build).  The
+ * with its fd) and map all `map_bytes` of it shared, read-write.  0 with
+ * *map set, or DEP_ERR_* with why: the daemon's refusal, or a memfd of
+ * another version or size than `version`, `bytes` (what the reply says)
+ * and `map_bytes` (the memfd's own size: an XRING_LEND memfd holds the
+ * exchange region after the ring) — a daemon of another build.  The
  * handle's last message (dep_errmsg) is left as it was.
  */
 int client_lend_map(dep_client_t *c, uint16_t type, uint16_t ok_type, uint32_t version,
-                    uint32_t bytes, void **map, char *why, size_t whylen);
+                    uint32_t bytes, uint64_t map_bytes, void **map, char *why, size_t whylen);
 
 /* The name sent in HELLO (deepepctl calls itself "deepepctl 0.1.0"). */
 void client_set_name(dep_client_t *c, const char *name);

@@ -980,32 +980,36 @@ int cuda_ops_prepare(dep_client_t *c) {
 
 #ifdef DEP_HAVE_FATBIN
 /*
- * A job that spans nodes: the outbox's place in this rank's slab, and the
- * proxy's ring registered for the device, where the kernels push their
- * descriptors (cuda_ops.h).  cuda_ops_detach unregisters it, before
- * client_unmap drains and unmaps it.
+ * A job that spans nodes: the proxy's ring and the exchange region after it
+ * (xring.h, slab.h), one host mapping registered for the device, where the
+ * kernels push their descriptors, write their blocks for other nodes and
+ * read and wait on the blocks from them (cuda_ops.h).  cuda_ops_detach
+ * unregisters it, before client_unmap drains and unmaps it.
  */
 static int ring_bind(dep_client_t *c) {
   struct cuops_state *st = &c->cuops;
   struct cuops_job *j = &st->job;
   const struct ops_ctx *o = &c->ops;
-  j->xslot_off = o->lay.xslot_off;
-  j->outbox_off = o->lay.outbox_off;
+  j->in_slot_off = o->lay.in_slot_off;
+  j->out_slot_off = o->lay.out_slot_off;
+  j->in_off = o->lay.in_off;
+  j->out_off = o->lay.out_off;
   j->n_remote = o->lay.n_remote;
-  j->ring = NULL;
+  j->ring = j->xchg = NULL;
   if (j->remote_mask == 0)
     return 0;
   const struct cudadrv *cu = drv();
-  CUresult r = cu->cuMemHostRegister(c->xring, DEP_XRING_BYTES, CU_MEMHOSTREGISTER_PORTABLE |
-                                                                    CU_MEMHOSTREGISTER_DEVICEMAP);
+  CUresult r = cu->cuMemHostRegister(c->xring, DEP_XRING_BYTES + o->lay.xchg_bytes,
+                                     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
   if (r != CUDA_SUCCESS)
-    return cu_fail(c, "dep_attach", "registering the ring to the daemon's proxy for the GPU "
-                   "(cuMemHostRegister)", r);
+    return cu_fail(c, "dep_attach", "registering the ring to the daemon's proxy and the exchange "
+                   "region for the GPU (cuMemHostRegister)", r);
   st->ring_pinned = c->xring;
   CUdeviceptr d = 0;
   if ((r = cu->cuMemHostGetDevicePointer(&d, c->xring, 0)) != CUDA_SUCCESS)
     return cu_fail(c, "dep_attach", "cuMemHostGetDevicePointer (the ring to the proxy)", r);
   j->ring = (uint8_t *)(uintptr_t)d;
+  j->xchg = j->ring + DEP_XRING_BYTES;
   return 0;
 }
 #endif

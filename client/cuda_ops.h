@@ -20,17 +20,27 @@
  *     system fence; receivers wait for the flag, then for each row's mark.
  *     Every rank posts to every rank on every call, zero rows included.
  *   - A rank on another node (cuops_job.remote_mask) is reached through
- *     this rank's daemon (DESIGN §7, proto/xring.h): its rows and slot go
- *     into the outbox of this rank's own slab instead, and once every
- *     sender of that destination is done (the arrive counter), one thread
- *     fences at system scope and pushes a descriptor into the ring the
- *     daemon lent (host memory registered for the device): a slot of the
- *     ring reserved with an atomic on the device, the descriptor written,
- *     then the ring's head published in reservation order.  A full ring is
- *     a bounded wait; a ring the proxy stopped serving fails the call with
- *     the proxy's code (CUOPS_PHASE_RING).  The daemon writes the block,
- *     then the slot, then the flag into the remote rank's slab, where its
- *     kernels wait as for a local peer.
+ *     this rank's daemon (DESIGN §7, proto/xring.h) and this rank's
+ *     exchange region (proto/slab.h): host memory the daemon lent after
+ *     the ring, which the library registered for the device.  The rows
+ *     and slot for that rank go into the region's out block and out slot
+ *     for it instead of a slab, and once every sender of that destination
+ *     is done (the arrive counter), one thread fences at system scope and
+ *     pushes a descriptor into the ring: a slot of the ring reserved with
+ *     an atomic on the device, the descriptor written, then the ring's
+ *     head published in reservation order.  A full ring is a bounded wait;
+ *     a ring the proxy stopped serving fails the call with the proxy's
+ *     code (CUOPS_PHASE_RING).  The daemon's proxy reads the block and
+ *     slot with plain loads and sends them (TCP) or writes them (RDMA)
+ *     into the exchange region of the remote rank, whose daemon (TCP)
+ *     stores the block, then the slot, then the flag with release
+ *     ordering, plain stores into host memory: no daemon copies into or
+ *     out of GPU memory, so no call waits for the daemon's own context to
+ *     get the GPU.  The receiving kernels read a remote source's slot and
+ *     rows in the in slot and in block of their exchange region
+ *     (recv_slot, recv_block: host memory over the mapping) and a local
+ *     source's in their slab, with the same acquire loads at system
+ *     scope, bounded waits, error records and abort polling.
  *   - Every wait is bounded by op_timeout_ms on %globaltimer.  A failure
  *     is claimed once (cuops_dev.claim) and recorded in pinned host memory
  *     (cuops_host.err, read by the library without a sync) and in the
@@ -226,12 +236,14 @@ struct cuops_job {
                                       NULL for a rank on another node */
   uint64_t data_off, block_bytes, parity_bytes, row_bytes;
   /* A job that spans nodes: bit r set for each rank on another node; the
-   * outbox of this rank's slab (slab.h: slot images, then blocks, by
-   * parity and the rank's number among the remote ones) and the ring to
-   * the daemon's proxy (device address of the registered mapping). */
-  uint64_t remote_mask, xslot_off, outbox_off;
+   * ring to the daemon's proxy and the exchange region after it (device
+   * addresses of the registered host mapping, xring.h), and the offsets in
+   * the region of its in slots, out slots, in blocks and out blocks
+   * (slab.h: by parity and the rank's number among the remote ones). */
+  uint64_t remote_mask, in_slot_off, out_slot_off, in_off, out_off;
   uint32_t n_remote, pad0;
   uint8_t *ring;
+  uint8_t *xchg;
   uint32_t world, rank, hidden, topk, num_experts, le, kd, max_tokens, max_ll, parts;
   uint32_t *tcnt;                  /* dispatch: [world][parts * warps] rows counted, scratch */
   uint64_t timeout_ns;
@@ -374,7 +386,8 @@ struct cuops_state {
   struct dep_handle *warm_h;      /* the warm-up's handle */
   bool lent_kernels;              /* the module is the daemon's compile (KERNELS), not the fatbin */
   void *stats_pinned;             /* the stats page as registered (cuda_ops_stats_bind), or NULL */
-  void *ring_pinned;              /* the ring to the proxy as registered (a job across nodes) */
+  void *ring_pinned;              /* the ring to the proxy and the exchange region after it, as
+                                     registered (a job across nodes) */
   struct cuops_job job;
 };
 

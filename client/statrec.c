@@ -34,7 +34,8 @@ void statrec_lend(dep_client_t *c) {
   void *p = NULL;
   char why[256];
   if (client_lend_map(c, DEP_MSG_STATS_LEND, DEP_MSG_STATS_LEND_OK, DEP_STATS_VERSION,
-                      (uint32_t)DEP_STATS_PAGE_BYTES, &p, why, sizeof why) != 0)
+                      (uint32_t)DEP_STATS_PAGE_BYTES, DEP_STATS_PAGE_BYTES, &p, why,
+                      sizeof why) != 0)
     return;
   struct dep_stats_page *pg = p;
   /* The daemon wrote the header; a page that is not ours to write is left alone. */

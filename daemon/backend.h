@@ -58,23 +58,11 @@ struct backend_ops {
    * slab.h).  0 or DEP_ERR_* with why. */
   int (*chunk_write)(struct backend_dev *d, struct chunk_mem *m, uint64_t off, const void *src,
                      size_t len, char *why, size_t whylen);
-  /* Read len bytes at off of the chunk, seeing every write that a process
-   * mapping it made before it published them (release ordering, or a
-   * finished kernel).  0 or DEP_ERR_* with why. */
-  int (*chunk_read)(struct backend_dev *d, struct chunk_mem *m, uint64_t off, void *dst,
-                    size_t len, char *why, size_t whylen);
   /* Optional (NULL: host, whose chunks the daemon maps and registers by
    * address): a dma-buf fd of the chunk for ibv_reg_dmabuf_mr, the caller's
    * to close, and the address its first byte has.  0 or DEP_ERR_* with why. */
   int (*chunk_dmabuf)(struct backend_dev *d, struct chunk_mem *m, int *fd, uint64_t *iova,
                       char *why, size_t whylen);
-  /* Optional (NULL: host, whose chunks are copied with memcpy): pin host
-   * memory [p, p + len) for copies to and from the chunks of every device
-   * (the proxy's staging, xfer.c: from pinned memory the copy engine moves
-   * the bytes itself, with no bounce through the driver's own buffer).
-   * 0 or DEP_ERR_* with why; host_unpin undoes it. */
-  int (*host_pin)(struct backend_dev *d, void *p, size_t len, char *why, size_t whylen);
-  void (*host_unpin)(struct backend_dev *d, void *p);
   void (*release_dev)(struct backend_dev *d);
 };
 

@@ -162,16 +162,6 @@ fail:
   return rc;
 }
 
-static int cuda_chunk_read(struct backend_dev *d, struct chunk_mem *m, uint64_t off, void *dst,
-                           size_t len, char *why, size_t whylen) {
-  int rc = 0;
-  CU_TRY(cu->cuCtxSetCurrent((CUcontext)d->ctx), "cuCtxSetCurrent");
-  CU_TRY(cu->cuMemcpyDtoH(dst, m->dev_ptr + off, len), "cuMemcpyDtoH (proxy)");
-  return 0;
-fail:
-  return rc;
-}
-
 /* The daemon's own mapping of the chunk as a dma-buf, for the NIC (rdma.h). */
 static int cuda_chunk_dmabuf(struct backend_dev *d, struct chunk_mem *m, int *fd, uint64_t *iova,
                              char *why, size_t whylen) {
@@ -195,22 +185,6 @@ fail:
   return rc;
 }
 
-/* Portable: the staging serves the chunks of every GPU the daemon holds. */
-static int cuda_host_pin(struct backend_dev *d, void *p, size_t len, char *why, size_t whylen) {
-  int rc = 0;
-  CU_TRY(cu->cuCtxSetCurrent((CUcontext)d->ctx), "cuCtxSetCurrent");
-  CU_TRY(cu->cuMemHostRegister(p, len, CU_MEMHOSTREGISTER_PORTABLE),
-         "cuMemHostRegister (the proxy's staging)");
-  return 0;
-fail:
-  return rc;
-}
-
-static void cuda_host_unpin(struct backend_dev *d, void *p) {
-  if (cu->cuCtxSetCurrent((CUcontext)d->ctx) == CUDA_SUCCESS)
-    cu->cuMemHostUnregister(p);
-}
-
 static void cuda_release_dev(struct backend_dev *d) {
   if (cu != NULL && d->ctx != NULL)
     cu->cuDevicePrimaryCtxRelease(d->ordinal);
@@ -225,9 +199,6 @@ const struct backend_ops backend_cuda_ops = {
     .chunk_destroy = cuda_chunk_destroy,
     .chunk_scrub = cuda_chunk_scrub,
     .chunk_write = cuda_chunk_write,
-    .chunk_read = cuda_chunk_read,
     .chunk_dmabuf = cuda_chunk_dmabuf,
-    .host_pin = cuda_host_pin,
-    .host_unpin = cuda_host_unpin,
     .release_dev = cuda_release_dev,
 };

@@ -774,8 +774,8 @@ static void job_on_membership(int k, const struct dep_peer_membership *in) {
               why);
     return;
   }
-  /* Each rank's windows cover its slab from its first byte on, in order:
-   * what a writer into it will rely on. */
+  /* Each rank's windows cover its exchange region (slab.h) from its first
+   * byte on, in order: what a writer into it will rely on. */
   struct dep_slab_layout l;
   if (dep__slab_layout_nodes(&in->sw.shape, in->sw.world_size, in->local_world_size, &l, why,
                             sizeof why) != 0) {
@@ -792,10 +792,10 @@ static void job_on_membership(int k, const struct dep_peer_membership *in) {
         break;
       at += v->len;
     }
-    if (at < l.total_bytes) {
+    if (at < l.xchg_bytes) {
       log_warnx("peer %s: MEMBERSHIP of job %s refused: the windows of its rank %u cover %llu "
-                "of its slab's %llu bytes", peer_name(k), in->job_id, (unsigned)in->ranks[r],
-                (unsigned long long)at, (unsigned long long)l.total_bytes);
+                "of its exchange region's %llu bytes", peer_name(k), in->job_id,
+                (unsigned)in->ranks[r], (unsigned long long)at, (unsigned long long)l.xchg_bytes);
       return;
     }
   }

@@ -32,6 +32,7 @@
 
 struct conn;
 struct pool_block; /* one block of a device's pool (pool.h) */
+struct lend_xchg;  /* a rank's ring and exchange region (lend.h) */
 
 /* One local rank's place in its job. */
 struct job_rank {
@@ -69,6 +70,8 @@ struct job {
   uint32_t told;             /* what the abort words say (lend_tell_gone): 0 nothing yet,
                                 else 1 + the DEP_SLAB_GONE_* of the rank they name */
   uv_timer_t timer;          /* the attach timeout */
+  struct lend_xchg *xchg;    /* a job that spans nodes, once lent: each local rank's ring and
+                                exchange region (lend.h), by local rank; NULL otherwise */
   struct job *next;
   struct job_rank ranks[];   /* local_world_size slots, indexed by local rank */
 };

@@ -7,11 +7,16 @@
  * table and rendezvous (job.c) decide when; this module decides what.
  */
 #include "lend.h"
-#include "nicreg.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "conn.h"
 #include "devices.h"
@@ -19,8 +24,10 @@
 #include "log.h"
 #include "pool.h"
 #include "proto.h"
+#include "rdmaxp.h"
 #include "shape.h"
 #include "slab.h"
+#include "xring.h"
 
 static const struct config *lend_cfg;
 static uv_timer_t lend_reaper;
@@ -41,9 +48,69 @@ static void lend_on_reap(uv_timer_t *t) {
     held_changed();
 }
 
-/* What the buffer cache matches on: the same shape, world and remote ranks (slab.h). */
+/* What the buffer cache matches on: the same shape and world (slab.h). */
 static uint64_t lend_shape_key(const struct job *j) {
-  return dep__slab_key(&j->shape, j->world_size, j->local_world_size);
+  return dep__slab_key(&j->shape, j->world_size);
+}
+
+/* Let go of the job's rings and exchange regions (the proxy no longer uses them). */
+static void lend_xchg_free(struct job *j) {
+  if (j->xchg == NULL)
+    return;
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    struct lend_xchg *x = &j->xchg[i];
+    if (x->mr != NULL)
+      rdmaxp_dereg(x->mr);
+    if (x->ring != NULL)
+      munmap(x->ring, x->bytes);
+    if (x->fd >= 0)
+      close(x->fd);
+  }
+  free(j->xchg);
+  j->xchg = NULL;
+}
+
+/*
+ * A job that spans nodes, whose operations run (a world the operations
+ * serve): one memfd per local rank, its ring written (the ranks check it)
+ * and its exchange region zero, sealed against resizing.  0, or
+ * DEP_ERR_NO_MEMORY / INVALID with why.
+ */
+static int lend_xchg_make(struct job *j, char *why, size_t whylen) {
+  if (!j->multinode || j->world_size > DEP_MAX_LOCAL_RANKS || j->xchg != NULL)
+    return 0;
+  struct dep_slab_layout l;
+  int rc = dep__slab_layout_nodes(&j->shape, j->world_size, j->local_world_size, &l, why, whylen);
+  if (rc != 0)
+    return rc;
+  j->xchg = calloc(j->local_world_size, sizeof *j->xchg);
+  if (j->xchg == NULL) {
+    snprintf(why, whylen, "out of memory for the rings of %u local ranks", j->local_world_size);
+    return DEP_ERR_NO_MEMORY;
+  }
+  for (uint32_t i = 0; i < j->local_world_size; i++)
+    j->xchg[i].fd = -1;
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    struct lend_xchg *x = &j->xchg[i];
+    x->bytes = DEP_XRING_BYTES + l.xchg_bytes;
+    void *p = MAP_FAILED;
+    x->fd = memfd_create("deepepd-xchg", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (x->fd < 0 || ftruncate(x->fd, (off_t)x->bytes) != 0 ||
+        fcntl(x->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+        (p = mmap(NULL, x->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, x->fd, 0)) == MAP_FAILED) {
+      snprintf(why, whylen, "cannot make the ring and exchange region of local rank %u (%llu "
+               "bytes of host memory): %s", i, (unsigned long long)x->bytes, strerror(errno));
+      lend_xchg_free(j);
+      return DEP_ERR_NO_MEMORY;
+    }
+    x->ring = p;
+    x->ring->magic = DEP_XRING_MAGIC;
+    x->ring->version = DEP_XRING_VERSION;
+    x->ring->entries = DEP_XRING_ENTRIES;
+    x->ring->rank = j->ranks[i].rank;
+    x->ring->xchg_bytes = l.xchg_bytes;
+  }
+  return 0;
 }
 
 _Static_assert(POOL_MAX_PIECES <= DEP_PROTO_MAX_FDS, "an arena's pieces must fit one SLAB frame");
@@ -58,6 +125,7 @@ _Static_assert(POOL_MAX_PIECES <= DEP_PROTO_MAX_FDS, "an arena's pieces must fit
 
 /* Return every arena the job holds to its pool, scrubbed (or cached), once each. */
 void lend_release(struct job *j, bool abandon) {
+  lend_xchg_free(j);
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     struct pool_block *arena = j->ranks[i].arena;
     if (arena == NULL)
@@ -143,23 +211,41 @@ int lend_arenas(struct job *j, char *why, size_t whylen) {
     }
   }
   j->slab_bytes = stride;
-  return 0;
+  int rc = lend_xchg_make(j, why, whylen);
+  if (rc != 0)
+    lend_release(j, false);
+  return rc;
 }
 
 
 int lend_windows(const struct job *j, struct dep_peer_membership *x, char *why, size_t whylen) {
   x->n_windows = 0;
-  for (uint32_t i = 0; i < j->local_world_size; i++) {
-    struct pool_block *arena = j->ranks[i].arena;
-    if (arena == NULL)
-      continue;
-    nicreg_block(arena);
-    if (nicreg_windows(arena, i, j->ranks[i].offset, j->slab_bytes, x->windows, &x->n_windows,
-                       DEP_PEER_WINDOWS_MAX) != 0) {
-      snprintf(why, whylen, "its %u local slabs span more than %d pieces of their arenas "
-               "(raise pool.max_allocation)", j->local_world_size, DEP_PEER_WINDOWS_MAX);
+  for (uint32_t i = 0; j->xchg != NULL && i < j->local_world_size; i++) {
+    struct lend_xchg *e = &j->xchg[i];
+    if (e->mr == NULL && rdmaxp_active()) {
+      char no[256] = "";
+      if (rdmaxp_reg_host(e->ring, e->bytes, &e->mr, no, sizeof no) != 0) {
+        e->mr = NULL;
+        static bool said;
+        if (!said)
+          log_warnx("rdma: the exchange regions of job %s cannot be registered with %s: %s; "
+                    "peers send their blocks over TCP", j->id, rdmaxp_device(), no);
+        said = true;
+      }
+    }
+    if (x->n_windows == DEP_PEER_WINDOWS_MAX) {
+      snprintf(why, whylen, "its %u local ranks need more than %d windows", j->local_world_size,
+               DEP_PEER_WINDOWS_MAX);
       return DEP_ERR_LIMIT;
     }
+    /* One window: the exchange region, from its first byte (after the ring). */
+    x->windows[x->n_windows++] = (struct dep_peer_window){
+        .rank_index = i,
+        .slab_off = 0,
+        .len = e->bytes - DEP_XRING_BYTES,
+        .addr = e->mr != NULL ? (uint64_t)(uintptr_t)dep_xring_xchg(e->ring) : 0,
+        .rkey = rdmaxp_mr_rkey(e->mr),
+    };
   }
   return 0;
 }

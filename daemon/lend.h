@@ -18,6 +18,24 @@
 #include "job.h"
 #include "peer_proto.h"
 
+struct dep_xring;
+struct ibv_mr;
+
+/*
+ * A local rank's ring to the proxy and exchange region (xring.h, slab.h):
+ * one sealed memfd of host memory, made fresh with the arenas of a job
+ * that spans nodes (never reused, so never scrubbed), mapped by the
+ * daemon, lent to the rank at XRING_LEND, registered with the NIC where
+ * there is one (peers write into its in blocks and slots).
+ */
+struct lend_xchg {
+  int fd;                  /* -1: none */
+  struct dep_xring *ring;  /* the daemon's mapping: the ring, its exchange region after it */
+  uint64_t bytes;          /* of the memfd: DEP_XRING_BYTES + the layout's xchg_bytes */
+  struct ibv_mr *mr;       /* the mapping registered with the NIC, or NULL */
+  bool lent;               /* its rank was sent it (XRING_LEND) */
+};
+
 /* Start lending with the running configuration (read at each use: it is
  * rewritten on reload) and the loop that reaps exited holders. */
 void lend_init(uv_loop_t *loop, const struct config *cfg);
@@ -31,13 +49,15 @@ void lend_fini(void);
 int lend_check(const struct dep_attach_args *a, uint64_t *slab_bytes, char *why, size_t whylen);
 
 /* The rendezvous completed: lend the job its arenas and place every local
- * rank's slab (j->slab_bytes becomes the stride).  0, or DEP_ERR_* with why,
- * and nothing lent. */
+ * rank's slab (j->slab_bytes becomes the stride), and for a job that spans
+ * nodes make each local rank's ring and exchange region (j->xchg).  0, or
+ * DEP_ERR_* with why, and nothing lent. */
 int lend_arenas(struct job *j, char *why, size_t whylen);
 
-/* What a peer needs to write into the job's local slabs (MEMBERSHIP's
- * windows): each arena registered with the NIC first, unless it was before
- * (nicreg.h).  0, or DEP_ERR_LIMIT with why. */
+/* What a peer needs to write into the job's local ranks (MEMBERSHIP's
+ * windows): each rank's exchange region, registered with the NIC first
+ * unless it was before; a window with rkey 0 where it could not be.  0, or
+ * DEP_ERR_LIMIT with why. */
 int lend_windows(const struct job *j, struct dep_peer_membership *x, char *why, size_t whylen);
 
 /* Send connection c every arena of the job, one SLAB frame each; c's process
@@ -45,7 +65,9 @@ int lend_windows(const struct job *j, struct dep_peer_membership *x, char *why, 
 int lend_send(const struct job *j, struct conn *c, uint32_t request_id);
 
 /* Give the job's arenas back: scrubbed and cached or freed, or, when
- * abandon (the daemon is stopping), let go of unscrubbed (DESIGN §13). */
+ * abandon (the daemon is stopping), let go of unscrubbed (DESIGN §13); its
+ * exchange regions go (a rank that mapped one keeps its pages until it
+ * unmaps them). */
 void lend_release(struct job *j, bool abandon);
 
 /* Rank `gone` of the running job j left (how: DEP_SLAB_GONE_*, slab.h): write

@@ -520,19 +520,18 @@ void pool_block_abandon(struct pool_block *b) {
   block_unmake(p, b);
 }
 
-/* Copy len bytes between buf and the block at off, piece by piece. */
-static int block_copy(struct pool_block *b, uint64_t off, uint8_t *buf, size_t len, bool write,
-                      char *why, size_t whylen) {
+int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
+                     size_t whylen) {
   struct pool *p = b->pool;
+  const uint8_t *buf = src;
   while (len > 0) {
     uint64_t i = off / b->piece_bytes, in = off % b->piece_bytes;
     if (i >= b->n_pieces) {
-      snprintf(why, whylen, "%s past the end of the block", write ? "write" : "read");
+      snprintf(why, whylen, "write past the end of the block");
       return DEP_ERR_INVALID;
     }
     size_t n = len < b->piece_bytes - in ? len : (size_t)(b->piece_bytes - in);
-    int rc = write ? p->ops->chunk_write(&p->dev, &b->piece[i], in, buf, n, why, whylen)
-                   : p->ops->chunk_read(&p->dev, &b->piece[i], in, buf, n, why, whylen);
+    int rc = p->ops->chunk_write(&p->dev, &b->piece[i], in, buf, n, why, whylen);
     if (rc != 0)
       return rc;
     buf += n;
@@ -540,16 +539,6 @@ static int block_copy(struct pool_block *b, uint64_t off, uint8_t *buf, size_t l
     len -= n;
   }
   return 0;
-}
-
-int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
-                     size_t whylen) {
-  return block_copy(b, off, (uint8_t *)(uintptr_t)src, len, true, why, whylen);
-}
-
-int pool_block_read(struct pool_block *b, uint64_t off, void *dst, size_t len, char *why,
-                    size_t whylen) {
-  return block_copy(b, off, dst, len, false, why, whylen);
 }
 
 void pool_block_put(struct pool_block *b, bool cache) {
@@ -574,17 +563,6 @@ void pool_block_put(struct pool_block *b, bool cache) {
 }
 
 uint64_t pool_block_bytes(const struct pool_block *b) { return b->n_pieces * b->piece_bytes; }
-
-int pool_pin_host(struct pool *p, void *mem, size_t len, char *why, size_t whylen) {
-  return p->ops->host_pin != NULL ? p->ops->host_pin(&p->dev, mem, len, why, whylen) : 0;
-}
-
-void pool_unpin_host(struct pool *p, void *mem) {
-  if (p->ops->host_unpin != NULL)
-    p->ops->host_unpin(&p->dev, mem);
-}
-
-struct pool *pool_of(struct pool_block *b) { return b->pool; }
 
 uint32_t pool_block_pieces(const struct pool_block *b) { return b->n_pieces; }
 

@@ -176,24 +176,10 @@ void pool_block_put(struct pool_block *b, bool cache);
 void pool_block_abandon(struct pool_block *b);
 
 /* Write len bytes at off of the block (across its pieces); 0 or DEP_ERR_* with why.
- * Safe from any thread while the block is lent (the inter-node proxy's). */
+ * Safe from any thread while the block is lent (lend.c writes the abort words with it). */
 int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
                      size_t whylen);
-/* Read len bytes at off of the block into dst, as pool_block_write writes. */
-int pool_block_read(struct pool_block *b, uint64_t off, void *dst, size_t len, char *why,
-                    size_t whylen);
 
-/*
- * Pin host memory [p, p + len) for copies to and from the blocks of pool
- * p's backend where that gains anything (cuda: registered, portable, so for
- * every GPU's blocks); elsewhere nothing is done.  0, or DEP_ERR_* with why
- * (the memory stays usable, unpinned).  Thread-safe: it touches no pool
- * state.  pool_unpin_host undoes a pin that succeeded.
- */
-int pool_pin_host(struct pool *p, void *mem, size_t len, char *why, size_t whylen);
-void pool_unpin_host(struct pool *p, void *mem);
-/* The pool a block is of. */
-struct pool *pool_of(struct pool_block *b);
 
 /* The block's size, and how it is made: pieces of piece bytes each. */
 uint64_t pool_block_bytes(const struct pool_block *b);

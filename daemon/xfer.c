@@ -2,19 +2,19 @@
  * xfer.c — the data path between nodes (xfer.h, DESIGN §7): the routes of
  * the jobs that span nodes, the rings lent to their ranks, and the proxy
  * threads that drain them (RDMA writes through xfer_rdma.c, else frames
- * over the TCP data connections of xfer_conn.c).
+ * over the TCP data connections of xfer_conn.c).  Every byte moves
+ * between exchange regions (proto/slab.h), host memory the daemon maps:
+ * plain loads and stores, no call into the backend, on cuda as on host.
  */
 #include "xfer.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
@@ -23,9 +23,9 @@
 #include "conn.h"
 #include "devices.h"
 #include "job.h"
+#include "lend.h"
 #include "log.h"
 #include "peer.h"
-#include "pool.h"
 #include "proto.h"
 #include "slab.h"
 #include "xfer_internal.h"
@@ -101,7 +101,7 @@ void xfer__routes_fail_peer(int k, const char *what) {
 }
 
 void xfer_job_start(const struct job *j, const int16_t *who) {
-  if (!X->active || j->world_size > DEP_MAX_LOCAL_RANKS)
+  if (!X->active || j->world_size > DEP_MAX_LOCAL_RANKS || j->xchg == NULL)
     return; /* operations refuse such a world (host_ops.h); the job has memory only */
   if (X->started == 0 && xfer_start_threads() != 0) {
     log_warnx("job %s: no proxy thread runs; its operations between nodes will fail", j->id);
@@ -134,10 +134,11 @@ void xfer_job_start(const struct job *j, const int16_t *who) {
     const struct job_rank *q = &j->ranks[i];
     r->local_of[q->rank] = (int16_t)i;
     r->rank_of[i] = q->rank;
-    r->arena[i] = q->arena;
-    r->offset[i] = q->offset;
+    r->ring[i] = j->xchg[i].ring;
+    r->xchg[i] = dep_xring_xchg(j->xchg[i].ring);
+    r->mr[i] = j->xchg[i].mr;
   }
-  r->rdma = xfer_rdma_route_new(j, who, &r->lay);
+  r->rdma = xfer_rdma_route_new(j, who);
   pthread_rwlock_wrlock(&X->lock);
   r->next = X->routes;
   X->routes = r;
@@ -173,9 +174,6 @@ void xfer_job_end(const struct job *j) {
   if (r == NULL)
     return;
   xfer_rdma_route_free(r->rdma); /* its writes in flight land first */
-  for (uint32_t i = 0; i < r->local_world; i++)
-    if (r->ring[i] != NULL)
-      munmap(r->ring[i], DEP_XRING_BYTES);
   free(r);
 }
 
@@ -196,51 +194,29 @@ void xfer_lend_ring(struct conn *c, uint32_t request_id) {
                     j->local_world_size, j->world_size);
     return;
   }
-  pthread_rwlock_wrlock(&X->lock);
-  struct xfer_route *r = X->active ? route_of(j) : NULL;
-  uint32_t lr = c->job_local_rank;
-  int code = 0;
-  const char *what = NULL;
-  if (r == NULL) {
-    code = DEP_ERR_UNSUPPORTED;
-    what = j->world_size > DEP_MAX_LOCAL_RANKS
-               ? "its world is larger than the operations serve"
-               : "this daemon moves no data between nodes (no peers, or the proxy did not start)";
-  } else if (lr >= r->local_world || r->ring[lr] != NULL) {
-    code = DEP_ERR_STATE;
-    what = "this rank has its ring already";
-  }
-  int fd = -1;
-  struct dep_xring *ring = MAP_FAILED;
-  if (code == 0) {
-    fd = memfd_create("deepepd-xring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0 || ftruncate(fd, (off_t)DEP_XRING_BYTES) != 0 ||
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-        (ring = mmap(NULL, DEP_XRING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
-            MAP_FAILED) {
-      code = DEP_ERR_NO_MEMORY;
-      what = strerror(errno);
-    }
-  }
-  if (code == 0) {
-    ring->magic = DEP_XRING_MAGIC;
-    ring->version = DEP_XRING_VERSION;
-    ring->entries = DEP_XRING_ENTRIES;
-    ring->rank = j->ranks[lr].rank;
-    atomic_store(&ring->failed, atomic_load(&r->failed));
-    r->ring[lr] = ring;
-  }
+  pthread_rwlock_rdlock(&X->lock);
+  const bool routed = X->active && route_of(j) != NULL;
   pthread_rwlock_unlock(&X->lock);
-  if (code != 0) {
-    if (fd >= 0)
-      close(fd);
-    conn_send_error(c, request_id, code, "XRING_LEND: job %s: %s", j->id, what);
+  uint32_t lr = c->job_local_rank;
+  if (!routed || j->xchg == NULL) {
+    conn_send_error(c, request_id, DEP_ERR_UNSUPPORTED, "XRING_LEND: job %s: %s", j->id,
+                    j->world_size > DEP_MAX_LOCAL_RANKS
+                        ? "its world is larger than the operations serve"
+                        : "this daemon moves no data between nodes (no peers, or the proxy did "
+                          "not start)");
     return;
   }
-  struct dep_msg_lend_ok ok = {.version = DEP_XRING_VERSION,
-                                     .bytes = (uint32_t)DEP_XRING_BYTES};
+  if (lr >= j->local_world_size || j->xchg[lr].lent) {
+    conn_send_error(c, request_id, DEP_ERR_STATE, "XRING_LEND: job %s: this rank has its ring "
+                    "already", j->id);
+    return;
+  }
+  /* bytes is the ring's: the whole memfd (ring, then the exchange region)
+   * is larger, and the rank checks its size against its own layout. */
+  j->xchg[lr].lent = true;
+  struct dep_msg_lend_ok ok = {.version = DEP_XRING_VERSION, .bytes = (uint32_t)DEP_XRING_BYTES};
+  int fd = j->xchg[lr].fd;
   conn_send(c, DEP_MSG_XRING_LEND_OK, request_id, &ok, &fd, 1);
-  close(fd); /* conn_send sends its own duplicate */
 }
 
 static bool ended_here(const char *id) {
@@ -251,8 +227,7 @@ static bool ended_here(const char *id) {
 }
 
 int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
-                       struct pool_block **arena, uint64_t *block_off, uint64_t *slot_off,
-                       char *why, size_t whylen) {
+                       uint8_t **block, uint8_t **slot, char *why, size_t whylen) {
   struct xfer_route *r = route_find(h->job_id);
   *route = r;
   if (r == NULL)
@@ -266,58 +241,50 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
   }
   if (atomic_load(&r->failed) != 0)
     return DEP_ERR_NOT_FOUND; /* the job cannot go on here; its bytes have no reader */
-  uint32_t ld = (uint32_t)r->local_of[h->dest];
-  *arena = r->arena[ld];
-  *block_off = r->offset[ld] + dep_slab_block(&r->lay, h->parity, h->src);
-  *slot_off = r->offset[ld] + dep_slab_ctrl_slot(&r->lay, h->parity, h->src);
+  uint8_t *x = r->xchg[r->local_of[h->dest]];
+  const uint32_t ri = r->remote_of[h->src];
+  *block = x + dep_slab_in_block(&r->lay, h->parity, ri);
+  *slot = x + dep_slab_in_slot(&r->lay, h->parity, ri);
   return 0;
+}
+
+void xfer__frame_write(uint8_t *block, uint8_t *slot, const struct dep_xfer_hdr *h,
+                       const uint8_t *payload) {
+  if (h->bytes > 0)
+    memcpy(block, payload, h->bytes);
+  memcpy(slot + 8, h->slot + 8, sizeof h->slot - 8);
+  uint64_t flag;
+  memcpy(&flag, h->slot, sizeof flag);
+  atomic_store_explicit((_Atomic uint64_t *)slot, flag, memory_order_release);
 }
 
 /* ---- the proxy threads -------------------------------------------------------- */
 
-bool xfer__batch_room(struct xfer_batch *b, size_t n, struct pool *pool) {
-  if (b->len + n > b->cap) {
-    size_t cap = b->cap ? b->cap : 1u << 16; /* a power of two: whole pages */
-    while (cap < b->len + n)
-      cap *= 2;
-    uint8_t *p = aligned_alloc(4096, cap);
-    if (p == NULL)
-      return false;
-    if (b->len > 0)
-      memcpy(p, b->buf, b->len);
-    xfer__batch_free(b);
-    b->buf = p;
-    b->cap = cap;
-  }
-  if (pool != NULL && b->pinned == NULL && !b->pin_failed && b->cap > 0) {
-    char why[256] = "";
-    if (pool_pin_host(pool, b->buf, b->cap, why, sizeof why) == 0) {
-      b->pinned = pool;
-    } else {
-      b->pin_failed = true;
-      static _Atomic bool said;
-      if (!atomic_exchange(&said, true))
-        log_warnx("data path: its staging stays unpinned (%s); copies to and from GPU memory "
-                  "then pass through the driver's own buffer", why);
-    }
-  }
+bool xfer__batch_room(struct xfer_batch *b, size_t n) {
+  if (b->len + n <= b->cap)
+    return true;
+  size_t cap = b->cap ? b->cap : 1u << 16;
+  while (cap < b->len + n)
+    cap *= 2;
+  uint8_t *p = realloc(b->buf, cap);
+  if (p == NULL)
+    return false;
+  b->buf = p;
+  b->cap = cap;
   return true;
 }
 
 void xfer__batch_free(struct xfer_batch *b) {
-  if (b->pinned != NULL)
-    pool_unpin_host(b->pinned, b->buf);
   free(b->buf);
   b->buf = NULL;
-  b->cap = 0;
-  b->pinned = NULL;
-  b->pin_failed = false;
+  b->len = b->cap = 0;
 }
 
 /*
  * Take one descriptor of local rank lr's ring in route r into the batch of
- * the peer holding its destination.  false: the descriptor was bad, or the
- * slab could not be read (the route is failed, and said why).
+ * the peer holding its destination, or into RDMA writes: its out slot and
+ * out block, read in place in the exchange region.  false: the descriptor
+ * was bad (the route is failed, and said why).
  */
 static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_desc *d,
                       struct xfer_batch *batches, uint64_t *frames) {
@@ -329,19 +296,25 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
              d->parity, (unsigned long long)d->bytes, (unsigned long long)r->lay.block_bytes);
     goto bad;
   }
-  uint32_t ri = r->remote_of[d->dest];
-  uint64_t base = r->offset[lr];
-  int via = xfer_rdma_take(r->rdma, peer, r->arena[lr], base, r->rank_of[lr], ri, d, why,
-                           sizeof why);
-  if (via < 0)
+  const uint32_t ri = r->remote_of[d->dest];
+  const uint8_t *slot = r->xchg[lr] + dep_slab_out_slot(&r->lay, d->parity, ri);
+  const uint8_t *block = r->xchg[lr] + dep_slab_out_block(&r->lay, d->parity, ri);
+  /* The rank wrote the slot before the descriptor (the ring's head, read
+   * with acquire) and leaves it until the call after next. */
+  uint64_t flag = atomic_load_explicit((const _Atomic uint64_t *)slot, memory_order_relaxed);
+  if (flag != d->seq) {
+    snprintf(why, sizeof why, "a descriptor of call %llu whose slot image holds call %llu",
+             (unsigned long long)d->seq, (unsigned long long)flag);
     goto bad;
-  if (via > 0) { /* queued as RDMA writes (xfer_rdma.h) */
+  }
+  if (xfer_rdma_take(r->rdma, peer, r->mr[lr], slot, block, r->rank_of[lr], d)) {
+    /* queued as RDMA writes (xfer_rdma.h) */
     atomic_fetch_add_explicit(&r->bytes_out, DEP_SLAB_CTRL_SLOT + d->bytes, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
     return true;
   }
   struct xfer_batch *b = &batches[peer];
-  if (!xfer__batch_room(b, sizeof(struct dep_xfer_hdr) + d->bytes, pool_of(r->arena[lr]))) {
+  if (!xfer__batch_room(b, sizeof(struct dep_xfer_hdr) + d->bytes)) {
     snprintf(why, sizeof why, "out of memory for a batch of %llu bytes",
              (unsigned long long)(b->len + d->bytes));
     goto bad;
@@ -355,18 +328,8 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
   h->seq = d->seq;
   h->bytes = d->bytes;
   snprintf(h->job_id, sizeof h->job_id, "%s", r->id);
-  if (pool_block_read(r->arena[lr], base + dep_slab_out_slot(&r->lay, d->parity, ri), h->slot,
-                      sizeof h->slot, why, sizeof why) != 0 ||
-      pool_block_read(r->arena[lr], base + dep_slab_out_block(&r->lay, d->parity, ri),
-                      (uint8_t *)(h + 1), d->bytes, why, sizeof why) != 0)
-    goto bad;
-  uint64_t flag;
-  memcpy(&flag, h->slot, sizeof flag);
-  if (flag != d->seq) {
-    snprintf(why, sizeof why, "a descriptor of call %llu whose slot image holds call %llu",
-             (unsigned long long)d->seq, (unsigned long long)flag);
-    goto bad;
-  }
+  memcpy(h->slot, slot, sizeof h->slot);
+  memcpy(h + 1, block, d->bytes);
   b->len += sizeof *h + d->bytes;
   frames[peer]++;
   atomic_fetch_add_explicit(&r->bytes_out, sizeof *h + d->bytes, memory_order_relaxed);
@@ -570,9 +533,6 @@ void xfer_fini(void) {
     struct xfer_route *r = X->routes;
     X->routes = r->next;
     xfer_rdma_route_free(r->rdma);
-    for (uint32_t i = 0; i < r->local_world; i++)
-      if (r->ring[i] != NULL)
-        munmap(r->ring[i], DEP_XRING_BYTES);
     free(r);
   }
   pthread_rwlock_unlock(&X->lock);

@@ -153,10 +153,10 @@ struct receiver {
   int slot; /* in X->peers[peer].in_fds */
 };
 
-/* Receive frames from peer k on fd and write them into the slabs here. */
+/* Receive frames from peer k on fd and write them into the exchange regions here. */
 static void receive(int k, int fd) {
   struct xfer_peer *xp = &X->peers[k];
-  struct xfer_batch in = {0}; /* the payload, on its way into a slab */
+  struct xfer_batch in = {0}; /* the payload, on its way into an exchange region */
   char why[256] = "";
   for (;;) {
     int w = wait_readable(fd);
@@ -176,8 +176,7 @@ static void receive(int k, int fd) {
     /* Check before reading the payload, and again before writing it: the
      * job may end while its bytes arrive. */
     struct xfer_route *route;
-    struct pool_block *arena;
-    uint64_t block_off, slot_off;
+    uint8_t *block, *slot;
     int rc;
     /* A job not here yet (DEP_ERR_STATE) is waited for until its route is
      * added, woken by xfer_job_start, not polled. */
@@ -185,7 +184,7 @@ static void receive(int k, int fd) {
     for (;;) {
       uint64_t seen = atomic_load(&X->routes_added);
       pthread_rwlock_rdlock(&X->lock);
-      rc = xfer__frame_target(k, &h, &route, &arena, &block_off, &slot_off, why, sizeof why);
+      rc = xfer__frame_target(k, &h, &route, &block, &slot, why, sizeof why);
       pthread_rwlock_unlock(&X->lock);
       if (rc != DEP_ERR_STATE || atomic_load(&X->stop) || mono_ns() >= until)
         break;
@@ -196,7 +195,7 @@ static void receive(int k, int fd) {
     if (rc == DEP_ERR_STATE)
       log_warnx("peer %s: frames of job %s, which does not run here after %d ms, are dropped",
                 peer_name(k), h.job_id, XFER_ROUTE_WAIT_MS);
-    if (!xfer__batch_room(&in, h.bytes, rc == 0 ? pool_of(arena) : NULL)) {
+    if (!xfer__batch_room(&in, h.bytes)) {
       snprintf(why, sizeof why, "out of memory for a frame of %llu bytes",
                (unsigned long long)h.bytes);
       break;
@@ -210,20 +209,11 @@ static void receive(int k, int fd) {
     if (rc != 0)
       continue; /* a job that is not (or no longer) here: its bytes have no reader */
     pthread_rwlock_rdlock(&X->lock);
-    rc = xfer__frame_target(k, &h, &route, &arena, &block_off, &slot_off, why, sizeof why);
+    rc = xfer__frame_target(k, &h, &route, &block, &slot, why, sizeof why);
     if (rc == 0) {
       atomic_fetch_add_explicit(&route->bytes_in, sizeof h + h.bytes, memory_order_relaxed);
       atomic_fetch_add_explicit(&route->frames_in, 1, memory_order_relaxed);
-    }
-    /* Payload, then the slot's fields, then its flag: a reader that sees the
-     * flag (acquire) sees the rest (pool_block_write's ordering). */
-    if (rc == 0 && (pool_block_write(arena, block_off, in.buf, h.bytes, why, sizeof why) != 0 ||
-                    pool_block_write(arena, slot_off + 8, h.slot + 8, sizeof h.slot - 8, why,
-                                     sizeof why) != 0 ||
-                    pool_block_write(arena, slot_off, h.slot, 8, why, sizeof why) != 0)) {
-      log_warnx("job %s: cannot write a block from node %s: %s; the job fails", route->id,
-                peer_name(k), why);
-      xfer__route_fail(route, DEP_ERR_INTERNAL);
+      xfer__frame_write(block, slot, &h, in.buf);
     }
     pthread_rwlock_unlock(&X->lock);
     if (rc == DEP_ERR_PROTOCOL)

@@ -17,7 +17,6 @@
 
 #include "config.h"
 #include "peer_proto.h"
-#include "pool.h"
 #include "proto.h"
 #include "slab.h"
 #include "xfer.h"
@@ -36,6 +35,7 @@
 #define XFER_ENDED_MAX 64
 
 struct xfer_rdma_route;
+struct ibv_mr;
 
 /* One job that spans nodes, as the threads see it. */
 struct xfer_route {
@@ -47,9 +47,12 @@ struct xfer_route {
   int16_t local_of[DEP_MAX_LOCAL_RANKS]; /* global rank -> local rank here; -1: remote */
   uint32_t rank_of[DEP_MAX_LOCAL_RANKS];  /* local rank -> global rank */
   uint32_t remote_of[DEP_MAX_LOCAL_RANKS]; /* global rank -> its number among remote ranks */
-  struct pool_block *arena[DEP_MAX_LOCAL_RANKS]; /* by local rank */
-  uint64_t offset[DEP_MAX_LOCAL_RANKS];
-  struct dep_xring *ring[DEP_MAX_LOCAL_RANKS];   /* by local rank; NULL until lent */
+  /* By local rank: its ring and the exchange region after it (the job's,
+   * lend.h: the route goes before they do), and their registration with
+   * the NIC (NULL: none). */
+  struct dep_xring *ring[DEP_MAX_LOCAL_RANKS];
+  uint8_t *xchg[DEP_MAX_LOCAL_RANKS];
+  struct ibv_mr *mr[DEP_MAX_LOCAL_RANKS];
   _Atomic int failed;            /* 0, or the code it stopped with */
   _Atomic bool said;             /* a failure of its frames was logged */
   _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in; /* deepepctl status */
@@ -80,14 +83,11 @@ struct xfer_peer {
   int in_fds[XFER_CONNS_MAX];    /* inbound connections' fds, for shutdown (under X->lock) */
 };
 
-/* A proxy thread's batch for one peer, or a receiver's payload: host
- * memory the bytes of GPU slabs pass through, pinned where the backend
- * gains by it (pool_pin_host: the copy engine then moves them itself). */
+/* A proxy thread's batch for one peer, or a receiver's payload on its way
+ * into an exchange region. */
 struct xfer_batch {
-  uint8_t *buf;                  /* page-aligned, so that no two buffers pin one page */
+  uint8_t *buf;
   size_t len, cap;
-  struct pool *pinned;           /* the pool whose backend pinned buf, or NULL */
-  bool pin_failed;               /* ... it could not: not tried again for this buf */
 };
 
 /* The data path's state: what the loop and the threads share. */
@@ -135,17 +135,22 @@ void xfer__routes_wait(uint64_t seen, uint64_t deadline_ns);
  * fails". */
 void xfer__routes_fail_peer(int k, const char *what);
 /* Check a frame's header from peer k against the routes (lock held); on
- * success fill the write's target.  DEP_ERR_NOT_FOUND: no such job here
- * now; DEP_ERR_STATE: none, but it may come (the caller waits for it);
- * DEP_ERR_PROTOCOL with why: the job does not allow it. */
+ * success say where its payload and slot go: the in block and in slot of
+ * its source in its destination's exchange region, valid while the lock
+ * is held.  DEP_ERR_NOT_FOUND: no such job here now; DEP_ERR_STATE: none,
+ * but it may come (the caller waits for it); DEP_ERR_PROTOCOL with why:
+ * the job does not allow it. */
 int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
-                       struct pool_block **arena, uint64_t *block_off, uint64_t *slot_off,
-                       char *why, size_t whylen);
+                       uint8_t **block, uint8_t **slot, char *why, size_t whylen);
+/* Write a frame's payload, then its slot's fields, then its flag (release)
+ * at the target xfer__frame_target gave: plain stores into host memory,
+ * which a kernel waiting on the flag over the device mapping sees in that
+ * order (lock held). */
+void xfer__frame_write(uint8_t *block, uint8_t *slot, const struct dep_xfer_hdr *h,
+                       const uint8_t *payload);
 
-/* Grow b to hold n more bytes past its len, pinned for the copies to and
- * from pool's blocks (NULL: no pool, left unpinned); false when out of
- * memory.  A pin that fails is said once and the buffer used unpinned. */
-bool xfer__batch_room(struct xfer_batch *b, size_t n, struct pool *pool);
+/* Grow b to hold n more bytes past its len; false when out of memory. */
+bool xfer__batch_room(struct xfer_batch *b, size_t n);
 void xfer__batch_free(struct xfer_batch *b);
 
 /* ---- xfer_conn.c ---- */

@@ -18,7 +18,6 @@
 #include "job.h"
 #include "log.h"
 #include "peer.h"
-#include "pool.h"
 #include "rdmaxp.h"
 #include "xfer.h"
 
@@ -35,11 +34,11 @@
 #define XR_QUIESCE_MS 2000ull
 
 struct xr_win {
-  uint64_t slab_off, len, addr;
+  uint64_t slab_off, len, addr; /* slab_off: of the exchange region (peer_proto.h) */
   uint32_t rkey;
 };
 
-/* One remote rank's slab, as an RDMA target. */
+/* One remote rank's exchange region, as an RDMA target. */
 struct xr_dest {
   int16_t peer;                   /* -1: held here */
   uint32_t n;                     /* windows; 0: not a target (a window without a key) */
@@ -52,8 +51,8 @@ struct xr_count {
 
 struct xfer_rdma_route {
   char id[DEP_JOB_ID_MAX];
-  struct dep_slab_layout lay;     /* this node's slabs: where the outboxes are */
-  struct dep_slab_layout lay_of[CONFIG_MAX_LIST]; /* peer k's slabs: where blocks land */
+  struct dep_slab_layout lay_of[CONFIG_MAX_LIST]; /* peer k's ranks' layout: where blocks land
+                                                     in their exchange regions */
   uint32_t world;
   uint64_t peers;                 /* bit k: peer k holds ranks of it */
   struct xr_dest dest[DEP_MAX_LOCAL_RANKS];
@@ -145,7 +144,7 @@ static void on_up(void *owner, struct rdmaxp_qp *q) {
   p->was_up |= ours;
   if (ours)
     log_info("peer %s: data path over RDMA (a queue pair of its own on %s): blocks for its "
-             "ranks are written into their slabs", peer_name(e->peer), rdmaxp_device());
+             "ranks are written into their exchange regions", peer_name(e->peer), rdmaxp_device());
 }
 
 static void on_down(void *owner, struct rdmaxp_qp *q, const char *why) {
@@ -289,15 +288,13 @@ static bool reap(int k, struct xr_peer *p) {
 
 /* ---- routes (the loop) --------------------------------------------------------------- */
 
-struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who,
-                                            const struct dep_slab_layout *lay) {
+struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who) {
   if (!XR.active || !rdmaxp_active())
     return NULL;
   struct xfer_rdma_route *xr = calloc(1, sizeof *xr);
   if (xr == NULL)
     return NULL;
   snprintf(xr->id, sizeof xr->id, "%s", j->id);
-  xr->lay = *lay;
   xr->world = j->world_size;
   uint32_t keyed[CONFIG_MAX_LIST] = {0}, ranks[CONFIG_MAX_LIST] = {0};
   int64_t bare[CONFIG_MAX_LIST];
@@ -313,7 +310,7 @@ struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *
     ranks[d->peer]++;
     const struct dep_peer_membership *m = job_membership(j->id, d->peer);
     char why[256];
-    /* A node's slabs are laid out for its own count of remote ranks. */
+    /* A node's exchange regions are laid out for its own count of remote ranks. */
     if (m != NULL && !laid[d->peer]) {
       laid[d->peer] = true;
       if (dep__slab_layout_nodes(&j->shape, j->world_size, m->local_world_size,
@@ -329,7 +326,7 @@ struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *
       if (m->ranks[i] == g)
         idx = i;
     bool ok = idx != UINT32_MAX;
-    /* job.c checked that a rank's windows cover its slab in order. */
+    /* job.c checked that a rank's windows cover its exchange region in order. */
     for (uint32_t w = 0; ok && w < m->n_windows; w++) {
       const struct dep_peer_window *v = &m->windows[w];
       if (v->rank_index != idx)
@@ -352,9 +349,9 @@ struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *
     if (!(xr->peers >> k & 1))
       continue;
     if (bare[k] >= 0)
-      log_info("job %s: blocks for rank %lld on node %s go over TCP: its slab is not registered "
-               "with that node's NIC (%u of its %u ranks there are)", xr->id, (long long)bare[k],
-               peer_name(k), keyed[k], ranks[k]);
+      log_info("job %s: blocks for rank %lld on node %s go over TCP: its exchange region is not "
+               "registered with that node's NIC (%u of its %u ranks there are)", xr->id,
+               (long long)bare[k], peer_name(k), keyed[k], ranks[k]);
     if (keyed[k] > 0)
       log_info("job %s: blocks for %u rank(s) on node %s go by RDMA writes%s", xr->id, keyed[k],
                peer_name(k), atomic_load(&XR.p[k].ready)
@@ -367,8 +364,8 @@ struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *
 void xfer_rdma_route_free(struct xfer_rdma_route *xr) {
   if (xr == NULL)
     return;
-  /* A write in flight reads our outbox and lands in the peer's slab: both
-   * must still be this job's when it does. */
+  /* A write in flight reads our exchange region and lands in the peer's:
+   * both must still be this job's when it does. */
   for (int k = 0; k < CONFIG_MAX_LIST; k++) {
     if (!(xr->peers >> k & 1))
       continue;
@@ -481,91 +478,80 @@ void xfer_rdma_thread_end(void) {
   XT = NULL;
 }
 
-/* The segments of a block's payload: src_off in the arena to dst_off in
- * the target's slab, split where a source piece or a target window ends.
- * Returns how many, or 0 when it does not fit in max (or a piece is not
- * registered, or the target has no window there). */
-static uint32_t segments(const struct pool_block *a, uint64_t src_off, const struct xr_dest *d,
+/* The segments of bytes [src, src + len) of an exchange region here
+ * (registered as mr) written to dst_off of the target's exchange region,
+ * split where a target window ends.  Returns how many, or 0 when they do
+ * not fit in max (or the target has no window there). */
+static uint32_t segments(const struct ibv_mr *mr, const uint8_t *src, const struct xr_dest *d,
                          uint64_t dst_off, uint64_t len, struct ibv_send_wr *wr,
                          struct ibv_sge *sge, uint32_t max) {
   uint32_t n = 0;
-  const uint64_t pb = a->piece_bytes;
   while (len > 0) {
-    uint32_t i = (uint32_t)(src_off / pb);
-    if (i >= a->n_pieces || a->mr[i] == NULL || n == max)
-      return 0;
-    uint64_t in = src_off - (uint64_t)i * pb, take = pb - in < len ? pb - in : len;
     const struct xr_win *w = NULL;
     for (uint32_t x = 0; x < d->n && w == NULL; x++)
       if (dst_off >= d->w[x].slab_off && dst_off < d->w[x].slab_off + d->w[x].len)
         w = &d->w[x];
-    if (w == NULL)
+    if (w == NULL || n == max)
       return 0;
-    uint64_t room = w->slab_off + w->len - dst_off;
-    if (take > room)
-      take = room;
+    uint64_t room = w->slab_off + w->len - dst_off, take = len < room ? len : room;
     if (take > UINT32_MAX)
       take = UINT32_MAX & ~4095u;
-    sge[n] = (struct ibv_sge){.addr = a->nic_addr[i] + in, .length = (uint32_t)take,
-                              .lkey = rdmaxp_mr_lkey(a->mr[i])};
+    sge[n] = (struct ibv_sge){.addr = (uint64_t)(uintptr_t)src, .length = (uint32_t)take,
+                              .lkey = rdmaxp_mr_lkey(mr)};
     wr[n] = (struct ibv_send_wr){.sg_list = &sge[n], .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
     wr[n].wr.rdma.remote_addr = w->addr + (dst_off - w->slab_off);
     wr[n].wr.rdma.rkey = w->rkey;
     n++;
-    src_off += take;
+    src += take;
     dst_off += take;
     len -= take;
   }
   return n;
 }
 
-int xfer_rdma_take(struct xfer_rdma_route *xr, int k, struct pool_block *arena, uint64_t base,
-                   uint32_t src, uint32_t ri, const struct dep_xring_desc *d, char *why,
-                   size_t whylen) {
-  if (xr == NULL || d->dest >= xr->world || xr->dest[d->dest].n == 0 || k < 0 ||
+/* Source rank src's number among the ranks that peer k does not hold: where
+ * its blocks land in the exchange regions of k's ranks (slab.h). */
+static uint32_t remote_at(const struct xfer_rdma_route *xr, int k, uint32_t src) {
+  uint32_t n = 0;
+  for (uint32_t g = 0; g < src; g++)
+    n += xr->dest[g].peer != k;
+  return n;
+}
+
+bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr,
+                    const uint8_t *slot, const uint8_t *block, uint32_t src,
+                    const struct dep_xring_desc *d) {
+  if (xr == NULL || mr == NULL || d->dest >= xr->world || xr->dest[d->dest].n == 0 || k < 0 ||
       k >= CONFIG_MAX_LIST || !atomic_load_explicit(&XR.p[k].ready, memory_order_acquire))
-    return 0;
+    return false;
   const struct xr_dest *t = &xr->dest[d->dest];
-  const struct dep_slab_layout *l = &xr->lay, *tl = &xr->lay_of[k];
-  unsigned par = d->parity;
-  uint64_t slot_src = base + dep_slab_out_slot(l, par, ri);
-  /* The TCP path checks the slot image it copies; here the NIC copies it,
-   * so the flag is checked in place (the rank wrote it before the
-   * descriptor, and leaves it until the call after next). */
-  uint64_t flag;
-  if (pool_block_read(arena, slot_src, &flag, sizeof flag, why, whylen) != 0)
-    return -1;
-  if (flag != d->seq) {
-    snprintf(why, whylen, "a descriptor of call %llu whose slot image holds call %llu",
-             (unsigned long long)d->seq, (unsigned long long)flag);
-    return -1;
-  }
+  const struct dep_slab_layout *tl = &xr->lay_of[k];
+  const unsigned par = d->parity;
+  const uint32_t ri = remote_at(xr, k, src);
   /* Payload, then the slot's fields, then its flag: the same queue pair
    * places them in that order, so a reader that sees the flag sees the rest. */
   struct ibv_send_wr wr[XR_SEGS + 2];
   struct ibv_sge sge[XR_SEGS + 2];
   uint32_t n = 0;
   if (d->bytes > 0 &&
-      (n = segments(arena, base + dep_slab_out_block(l, par, ri), t,
-                    dep_slab_block(tl, par, src), d->bytes, wr, sge, XR_SEGS)) == 0)
-    return 0;
-  uint64_t slot_dst = dep_slab_ctrl_slot(tl, par, src);
-  uint32_t m = segments(arena, slot_src + 8, t, slot_dst + 8, DEP_SLAB_CTRL_SLOT - 8, wr + n,
-                        sge + n, 1);
-  if (m == 0 || segments(arena, slot_src, t, slot_dst, 8, wr + n + 1, sge + n + 1, 1) == 0)
-    return 0;
+      (n = segments(mr, block, t, dep_slab_in_block(tl, par, ri), d->bytes, wr, sge, XR_SEGS)) == 0)
+    return false;
+  const uint64_t slot_dst = dep_slab_in_slot(tl, par, ri);
+  if (segments(mr, slot + 8, t, slot_dst + 8, DEP_SLAB_CTRL_SLOT - 8, wr + n, sge + n, 1) == 0 ||
+      segments(mr, slot, t, slot_dst, 8, wr + n + 1, sge + n + 1, 1) == 0)
+    return false;
   n += 2;
   if (XT == NULL && (XT = calloc(1, sizeof *XT)) == NULL)
-    return 0;
+    return false;
   struct xr_chain *c = XT->chain[k];
   if (c == NULL && (c = XT->chain[k] = calloc(1, sizeof *c)) == NULL)
-    return 0;
+    return false;
   if (c->n + n > XR_CHAIN) {
     if (!chain_post(k, c)) {
       /* What the chain held is lost: its routes fail at the sweep's end. */
       atomic_fetch_or(&XR.lost, 1ull << k);
       XT->queued &= ~(1ull << k);
-      return 0;
+      return false;
     }
     XT->outstanding |= 1ull << k;
   }
@@ -586,5 +572,5 @@ int xfer_rdma_take(struct xfer_rdma_route *xr, int k, struct pool_block *arena, 
   atomic_fetch_add_explicit(&rc->blocks, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&rc->writes, n, memory_order_relaxed);
   atomic_fetch_add_explicit(&rc->bytes, bytes, memory_order_relaxed);
-  return 1;
+  return true;
 }

@@ -1,13 +1,13 @@
 /*
  * xfer_rdma.h — the RDMA half of the data path between nodes (DESIGN §7,
- * xfer.h): where a peer can be reached over RDMA and both slabs are
- * registered with the NIC, a proxy thread moves a block by RDMA writes
- * from the sender's registered outbox (nicreg.h: the arena's mr[] and
- * nic_addr[]) straight into the destination rank's slab (the windows of
- * the receiver's MEMBERSHIP: addr, rkey), then writes the slot image
- * behind it on the same queue pair, its flag last; no thread of the
- * receiving daemon takes part.  Anything else goes over TCP, as xfer.c
- * does it.
+ * xfer.h): where a peer can be reached over RDMA and both exchange regions
+ * (proto/slab.h: host memory) are registered with the NIC (lend.h), a
+ * proxy thread moves a block by RDMA writes from the sender's out block
+ * straight into the in block of the destination rank's exchange region
+ * (the windows of the receiver's MEMBERSHIP: addr, rkey), then writes the
+ * out slot into the in slot behind it on the same queue pair, its flag
+ * last; no thread of the receiving daemon takes part.  Anything else goes
+ * over TCP, as xfer.c does it.
  *
  * The queue pairs are the data path's own, one per peer and direction,
  * not the peer links' (rdmaxp.h): they are opened like the TCP data
@@ -43,7 +43,6 @@
 #include "xring.h"
 
 struct job;
-struct pool_block;
 struct xfer_rdma_route;
 
 /* With the data path (xfer_init): hook the data queue pairs into rdmaxp. */
@@ -62,27 +61,27 @@ void xfer_rdma_peer_down(int k);
 
 /*
  * The RDMA targets of job j, which xfer.c's route keeps: for each remote
- * rank (who[g] >= 0), its slab's windows from the MEMBERSHIP of the peer
- * holding it (job.c's records), when all of them carry a key.  NULL (out
- * of memory, or no RDMA here): every block goes over TCP.  Logs per peer
- * which transport its blocks take.
+ * rank (who[g] >= 0), its exchange region's windows from the MEMBERSHIP of
+ * the peer holding it (job.c's records), when all of them carry a key.
+ * NULL (out of memory, or no RDMA here): every block goes over TCP.  Logs
+ * per peer which transport its blocks take.
  */
-struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who,
-                                            const struct dep_slab_layout *lay);
+struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who);
 /* The job's route goes: wait (bounded) until no write of ours is in
  * flight, say what moved, free it.  NULL is fine. */
 void xfer_rdma_route_free(struct xfer_rdma_route *xr);
 
 /*
- * A proxy thread's descriptor d of global rank src (its slab at `base` of
- * arena), for remote rank number ri, bound for peer k: queued as RDMA
- * writes (1), or not RDMA's (0: the caller sends it over TCP), or bad (-1,
- * with why: the slot image does not hold the call).  The writes go at the
- * next xfer_rdma_flush, or earlier when the chain fills.
+ * A proxy thread's descriptor d of global rank src, whose out slot and out
+ * block are at slot and block in its exchange region (registered as mr;
+ * NULL: not), bound for peer k: true when queued as RDMA writes, false when
+ * not RDMA's (the caller sends it over TCP).  The writes go at the next
+ * xfer_rdma_flush, or earlier when the chain fills.
  */
-int xfer_rdma_take(struct xfer_rdma_route *xr, int k, struct pool_block *arena, uint64_t base,
-                   uint32_t src, uint32_t ri, const struct dep_xring_desc *d, char *why,
-                   size_t whylen);
+struct ibv_mr;
+bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr,
+                    const uint8_t *slot, const uint8_t *block, uint32_t src,
+                    const struct dep_xring_desc *d);
 /* Post what this thread queued (the end of a sweep, with xfer.c's route
  * lock still held, so that no route goes while its writes wait), and
  * retire what completed.  Returns the peers (bit k) whose queue pair

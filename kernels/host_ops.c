@@ -54,12 +54,30 @@ static inline uint8_t *row_at(const struct ops_ctx *c, uint32_t slab, unsigned p
   return c->slabs[slab] + dep_slab_row(&c->lay, parity, src, row);
 }
 
+/* What source src posted to this rank in a call of parity: its slot and
+ * block in our slab, or (src on another node) in our exchange region,
+ * where the daemon writes them. */
+static inline struct ops_slot *in_slot(const struct ops_ctx *c, unsigned parity, uint32_t src) {
+  if (c->remote[src] < 0)
+    return slot_at(c, c->rank, parity, src);
+  return (struct ops_slot *)(c->xchg + dep_slab_in_slot(&c->lay, parity, (uint32_t)c->remote[src]));
+}
+
+static inline uint8_t *in_row(const struct ops_ctx *c, unsigned parity, uint32_t src,
+                              uint32_t row) {
+  if (c->remote[src] < 0)
+    return row_at(c, c->rank, parity, src, row);
+  return c->xchg + dep_slab_in_block(&c->lay, parity, (uint32_t)c->remote[src]) +
+         (uint64_t)row * c->lay.row_bytes;
+}
+
 /* Where this rank's block for dest goes in a call of parity: dest's slab,
- * or (dest on another node) the outbox of our own, for the proxy. */
+ * or (dest on another node) the out block of our exchange region, for the
+ * proxy. */
 static inline uint8_t *out_block(const struct ops_ctx *c, uint32_t dest, unsigned parity) {
   if (c->remote[dest] < 0)
     return c->slabs[dest] + dep_slab_block(&c->lay, parity, c->rank);
-  return c->slabs[c->rank] + dep_slab_out_block(&c->lay, parity, (uint32_t)c->remote[dest]);
+  return c->xchg + dep_slab_out_block(&c->lay, parity, (uint32_t)c->remote[dest]);
 }
 
 static inline uint8_t *out_row(const struct ops_ctx *c, uint32_t dest, unsigned parity,
@@ -194,6 +212,13 @@ int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32
   rc = dep__slab_layout_nodes(s, world, local, &c->lay, why, whylen);
   if (rc != 0)
     return rc;
+  if (c->ring != NULL && c->ring->xchg_bytes != c->lay.xchg_bytes) {
+    snprintf(why, whylen, "the proxy's ring has an exchange region of %llu bytes, this job's "
+             "layout needs %llu (a daemon of another build?)",
+             (unsigned long long)c->ring->xchg_bytes, (unsigned long long)c->lay.xchg_bytes);
+    return DEP_ERR_INVALID;
+  }
+  c->xchg = c->ring != NULL ? dep_xring_xchg(c->ring) : NULL;
   if (timeout_ms == 0) {
     snprintf(why, whylen, "op timeout is 0 ms; give a bound (e.g. 10000)");
     return DEP_ERR_INVALID;
@@ -354,7 +379,7 @@ static int post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op, ui
   unsigned parity = (unsigned)(c->seq & 1);
   struct ops_slot *s = c->remote[dest] < 0
                            ? slot_at(c, dest, parity, c->rank)
-                           : (struct ops_slot *)(c->slabs[c->rank] +
+                           : (struct ops_slot *)(c->xchg +
                                                  dep_slab_out_slot(&c->lay, parity,
                                                                    (uint32_t)c->remote[dest]));
   s->rows = rows;
@@ -408,7 +433,7 @@ static inline int aborted(const struct ops_ctx *c, unsigned parity, uint32_t src
   uint32_t gone = ab->rank;
   if (gone == src || gone >= c->world || ab->detached == DEP_SLAB_GONE_NODE)
     return 1;
-  const struct ops_slot *g = slot_at(c, c->rank, parity, gone);
+  const struct ops_slot *g = in_slot(c, parity, gone);
   return atomic_load_explicit(&g->flag, memory_order_acquire) != c->seq;
 }
 
@@ -484,7 +509,7 @@ static int wait_all(struct ops_ctx *c, uint32_t op) {
   unsigned parity = (unsigned)(c->seq & 1);
   uint64_t start = now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull;
   for (uint32_t src = 0; src < c->world; src++) {
-    struct ops_slot *s = slot_at(c, c->rank, parity, src);
+    struct ops_slot *s = in_slot(c, parity, src);
     for (uint32_t i = 0;; i++) {
       uint64_t f = atomic_load_explicit(&s->flag, memory_order_acquire);
       if (f == c->seq)
@@ -510,7 +535,7 @@ static int wait_all(struct ops_ctx *c, uint32_t op) {
     }
   }
   for (uint32_t src = 0; src < c->world; src++) {
-    struct ops_slot *s = slot_at(c, c->rank, parity, src);
+    struct ops_slot *s = in_slot(c, parity, src);
     if (s->op != op)
       return set_why(c, DEP_ERR_MISMATCH, "call %llu: this rank ran %s%s, rank %u ran %s%s; every "
                      "rank must make the same sequence of calls", (unsigned long long)c->seq,
@@ -525,7 +550,7 @@ static int check_combine_slots(struct ops_ctx *c, const struct dep_handle *h,
                                const uint32_t *expect) {
   unsigned parity = (unsigned)(c->seq & 1);
   for (uint32_t src = 0; src < c->world; src++) {
-    struct ops_slot *s = slot_at(c, c->rank, parity, src);
+    struct ops_slot *s = in_slot(c, parity, src);
     if (s->ref_seq != h->seq)
       return set_why(c, DEP_ERR_MISMATCH, "%s: rank %u combined the dispatch of call %llu, this "
                      "rank the dispatch of call %llu; pass each rank the handle of the same call",
@@ -651,7 +676,7 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
   uint32_t from[DEP_MAX_LOCAL_RANKS];
   uint64_t total = 0;
   for (uint32_t src = 0; src < c->world; src++) {
-    const struct ops_slot *sl = slot_at(c, c->rank, parity, src);
+    const struct ops_slot *sl = in_slot(c, parity, src);
     uint32_t n = sl->rows;
     if (n > c->shape.max_tokens_per_rank)
       return set_why(c, DEP_ERR_MISMATCH, "dispatch: rank %u posted %u rows, over the job's "
@@ -679,7 +704,7 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
   uint64_t off = 0;
   for (uint32_t src = 0; src < c->world; src++) {
     for (uint32_t j = 0; j < from[src]; j++, off++) {
-      const uint8_t *row = row_at(c, c->rank, parity, src, j);
+      const uint8_t *row = in_row(c, parity, src, j);
       if (a->use_fp8) {
         memcpy(rx + off * hid, row, hid);
         memcpy(a->recv_x_scales + off * groups, row + hid, groups * sizeof(float));
@@ -773,7 +798,7 @@ int host_ops_combine(struct ops_ctx *c, const struct dep_combine_args *a,
     for (uint32_t r = 0; r < c->world; r++) {
       if (!((h->token_ranks[t] >> r) & 1u))
         continue;
-      const uint8_t *row = row_at(c, c->rank, parity, r, cursor[r]++);
+      const uint8_t *row = in_row(c, parity, r, cursor[r]++);
       const uint16_t *v = (const uint16_t *)row;
       for (uint32_t i = 0; i < hid; i++)
         acc[i] += host_ops_bf16_to_float(v[i]);
@@ -867,18 +892,18 @@ int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a
     return rc;
 
   for (uint32_t src = 0; src < c->world; src++)
-    if (slot_at(c, c->rank, parity, src)->rows > c->lay.max_ll_tokens)
+    if (in_slot(c, parity, src)->rows > c->lay.max_ll_tokens)
       return set_why(c, DEP_ERR_MISMATCH, "ll_dispatch: rank %u posted %u rows, over the job's "
-                     "max_ll_tokens_per_rank %u", src, slot_at(c, c->rank, parity, src)->rows,
+                     "max_ll_tokens_per_rank %u", src, in_slot(c, parity, src)->rows,
                      c->lay.max_ll_tokens);
   /* Expand each received token into its experts' rows: sources ascending,
    * tokens ascending, so each expert's rows are in (source, token) order. */
   memset(a->recv_count, 0, le * sizeof(int32_t));
   uint64_t nv = 0;
   for (uint32_t src = 0; src < c->world; src++) {
-    uint32_t n = slot_at(c, c->rank, parity, src)->rows, owed = 0;
+    uint32_t n = in_slot(c, parity, src)->rows, owed = 0;
     for (uint32_t j = 0; j < n; j++) {
-      const uint8_t *row = row_at(c, c->rank, parity, src, j);
+      const uint8_t *row = in_row(c, parity, src, j);
       const int32_t *meta = (const int32_t *)(row + ops_meta_off(hid));
       const int32_t *ids = (const int32_t *)(row + ops_ids_off(hid));
       uint32_t nids = meta[1] >= 0 && (uint32_t)meta[1] <= kd ? (uint32_t)meta[1] : 0;
@@ -958,8 +983,7 @@ int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
       if (e < 0)
         continue;
       uint32_t d = (uint32_t)(e / (c->shape.num_experts / c->world));
-      const uint16_t *v = (const uint16_t *)(c->slabs[c->rank] +
-                                             dep_slab_block(&c->lay, parity, d) +
+      const uint16_t *v = (const uint16_t *)(in_row(c, parity, d, 0) +
                                              (uint64_t)(base[d] + (uint32_t)sel.vec[j]) * 2u * hid);
       float w = a->topk_weights[(size_t)t * k + j];
       for (uint32_t i = 0; i < hid; i++)

@@ -129,8 +129,10 @@ static inline uint64_t ops_weights_off(uint32_t hidden, uint32_t topk) {
 /*
  * One rank's view of a job: shape, layout and every local rank's slab.  In
  * a job that spans nodes (DESIGN §7) a remote rank has no slab here: what
- * this rank means for it goes into the outbox of its own slab and a
- * descriptor into its ring (xring.h), and the daemon's proxy moves it.
+ * this rank means for it goes into the out block and slot of its exchange
+ * region (slab.h, host memory after its ring) and a descriptor into its
+ * ring (xring.h), and the daemon's proxy moves it; what a remote rank
+ * sent this one is read from the in block and slot there.
  */
 struct ops_ctx {
   struct dep_job_shape shape;
@@ -139,8 +141,9 @@ struct ops_ctx {
   uint8_t *slabs[DEP_MAX_LOCAL_RANKS]; /* every local rank's slab mapped here, by rank;
                                           NULL for a remote rank */
   int32_t remote[DEP_MAX_LOCAL_RANKS]; /* a remote rank's number among the remote ranks
-                                          (slab.h's outbox); -1 for a local rank */
+                                          (slab.h's exchange region); -1 for a local rank */
   struct dep_xring *ring;              /* the proxy's ring: a job that spans nodes only */
+  uint8_t *xchg;                       /* ... and the exchange region after it */
   uint64_t seq;                        /* communicating calls made so far */
   uint32_t timeout_ms;                 /* bound on each call's waits */
   int broken;                          /* a wait timed out: the ranks are out of step */
@@ -195,8 +198,10 @@ int host_ops_init(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t wor
 /*
  * The same for a job that spans nodes: slabs[r] is NULL for each rank r on
  * another node (at least one), and ring is this rank's ring (xring.h),
- * lent by the daemon, through which its proxy serves those ranks.  The
- * layout is dep__slab_layout_nodes's for the local ranks counted.
+ * lent by the daemon, through which its proxy serves those ranks; its
+ * exchange region (dep_xring_xchg) must be mapped too, ring->xchg_bytes
+ * long.  The layout is dep__slab_layout_nodes's for the local ranks
+ * counted.
  */
 int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world,
                         uint32_t rank, uint8_t *const *slabs, struct dep_xring *ring,

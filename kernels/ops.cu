@@ -359,7 +359,7 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
         q++;
       src = (J.rank + q) % W;
       j = first + lane - s_first[q];
-      row = block_at(J, J.rank, k.parity, src) + (uint64_t)j * J.row_bytes;
+      row = recv_block(J, k.parity, src) + (uint64_t)j * J.row_bytes;
     }
     if (!wait_rows(J, k, op, row, src))
       return;
@@ -493,7 +493,7 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
     for (uint32_t s0 = 0; s0 < W; s0 += 32) { /* every row of the token marked first */
       const uint32_t s = s0 + lane;
       int32_t p = s < W ? a.h.tp_pos[(uint64_t)t * W + s] : -1;
-      const uint8_t *row = p >= 0 ? block_at(J, J.rank, k.parity, s) + (uint64_t)p * J.row_bytes : NULL;
+      const uint8_t *row = p >= 0 ? recv_block(J, k.parity, s) + (uint64_t)p * J.row_bytes : NULL;
       if (!wait_rows(J, k, CUOPS_OP_COMBINE, row, s))
         return false;
     }
@@ -503,7 +503,7 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
       for (uint32_t s = 0; s < W; s++) {
         const int32_t p = a.h.tp_pos[(uint64_t)t * W + s];
         if (p >= 0)
-          wsum = __fadd_rn(wsum, __ldcg((const float *)(block_at(J, J.rank, k.parity, s) +
+          wsum = __fadd_rn(wsum, __ldcg((const float *)(recv_block(J, k.parity, s) +
                                                         (uint64_t)p * J.row_bytes + 2ull * h +
                                                         16 + 4ull * J.topk) + lane));
       }
@@ -517,7 +517,8 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
         const uint32_t s = s0 + lane;
         int32_t p = s < W ? a.h.tp_pos[(uint64_t)t * W + s] : -1;
         uint32_t have = __ballot_sync(FULL_MASK, p >= 0);
-        uint64_t row = p >= 0 ? (uint64_t)(block_at(J, J.rank, k.parity, s) + (uint64_t)p * J.row_bytes) : 0;
+        uint64_t row =
+            p >= 0 ? (uint64_t)(recv_block(J, k.parity, s) + (uint64_t)p * J.row_bytes) : 0;
         uint32_t from = __fns(have, 0, (int)lane + 1); /* lane i takes the i-th present row */
         uint64_t mine = __shfl_sync(FULL_MASK, row, from < 32 ? from : 0);
         red_add(acc, c0, h, mine, 1.0f, false, __popc(have));
@@ -838,7 +839,7 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
     while (f >= s_first[s + 1])
       s++;
     int32_t ids[CUOPS_MAX_TOPK];
-    const uint8_t *row = block_at(J, J.rank, k.parity, s) + (uint64_t)(f - s_first[s]) * J.row_bytes;
+    const uint8_t *row = recv_block(J, k.parity, s) + (uint64_t)(f - s_first[s]) * J.row_bytes;
     uint32_t n = ll_row_ids(J, row, ids);
     for (uint32_t i = 0; i < n; i++)
       atomicAdd(&cnt[s * le + (uint32_t)ids[i]], 1u);
@@ -861,7 +862,7 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
     while (f >= s_first[s + 1])
       s++;
     const uint32_t j = f - s_first[s];
-    const uint8_t *row = block_at(J, J.rank, k.parity, s) + (uint64_t)j * J.row_bytes;
+    const uint8_t *row = recv_block(J, k.parity, s) + (uint64_t)j * J.row_bytes;
     const int32_t *meta = (const int32_t *)(row + 2ull * h);
     int32_t ids[CUOPS_MAX_TOPK];
     uint32_t n = ll_row_ids(J, row, ids); /* the same for every lane */
@@ -985,7 +986,7 @@ KERNEL dep__k_ll_combine(const cuops_job J, const cuops_ll_combine_args a) {
           int32_t e = route[0];
           uint32_t vi = (uint32_t)route[1];
           if (e >= 0 && vi < vcap) {
-            src = (uint64_t)(block_at(J, J.rank, k.parity, (uint32_t)e / J.le) + (uint64_t)vi * h * 2);
+            src = (uint64_t)(recv_block(J, k.parity, (uint32_t)e / J.le) + (uint64_t)vi * h * 2);
             w = a.w[(uint64_t)t * K + lane];
           }
         }
@@ -1029,7 +1030,7 @@ KERNEL dep__k_ll_cast(const cuops_job J, const cuops_ll_dispatch_args a) {
 KERNEL dep__k_touch(const cuops_job J, const cuops_touch_args a) {
   uint32_t v = 0;
   const uint8_t *slab = J.slabs[blockIdx.x];
-  if (slab == nullptr) /* a rank on another node: its daemon holds its slab */
+  if (slab == nullptr) /* a rank on another node: its blocks come through the exchange region */
     return;
   for (uint64_t off = (uint64_t)threadIdx.x << 16; off < a.bytes; off += (uint64_t)CUOPS_THREADS << 16)
     v += *(const volatile uint32_t *)(slab + off);

@@ -31,27 +31,41 @@ __device__ __forceinline__ uint8_t *block_at(const cuops_job &J, uint32_t slab, 
          (uint64_t)src * J.block_bytes;
 }
 
-/* Whether rank d is on another node: reached through the outbox and the ring. */
+/* Whether rank d is on another node: reached through the exchange region and the ring. */
 __device__ __forceinline__ bool is_remote(const cuops_job &J, uint32_t d) {
   return ((J.remote_mask >> d) & 1ull) != 0;
 }
 
-/* The outbox entry of remote rank d in a call of parity: its index among
- * (parity, remote rank) pairs (slab.h dep_slab_out_block/out_slot). */
+/* The exchange region's entry of remote rank d in a call of parity: its
+ * index among (parity, remote rank) pairs (slab.h dep_xchg_index). */
 __device__ __forceinline__ uint64_t out_index(const cuops_job &J, unsigned parity, uint32_t d) {
   return (uint64_t)parity * J.n_remote + (uint64_t)__popcll(J.remote_mask & ((1ull << d) - 1ull));
 }
 
 /* Where this rank's block (and slot) for destination d goes in a call of
- * parity: d's slab, or (d on another node) the outbox of this rank's own. */
+ * parity: d's slab, or (d on another node) the out block (out slot) of
+ * this rank's exchange region. */
 __device__ __forceinline__ uint8_t *send_block(const cuops_job &J, unsigned parity, uint32_t d) {
-  return is_remote(J, d) ? J.slabs[J.rank] + J.outbox_off + out_index(J, parity, d) * J.block_bytes
+  return is_remote(J, d) ? J.xchg + J.out_off + out_index(J, parity, d) * J.block_bytes
                          : block_at(J, d, parity, J.rank);
 }
 
 __device__ __forceinline__ uint8_t *send_slot(const cuops_job &J, unsigned parity, uint32_t d) {
-  return is_remote(J, d) ? J.slabs[J.rank] + J.xslot_off + out_index(J, parity, d) * CUOPS_SLOT_BYTES
+  return is_remote(J, d) ? J.xchg + J.out_slot_off + out_index(J, parity, d) * CUOPS_SLOT_BYTES
                          : slot_at(J, d, parity, J.rank);
+}
+
+/* Where source s's block (and slot) for this rank is in a call of parity:
+ * this rank's slab, or (s on another node) the in block (in slot) of its
+ * exchange region, which the daemons fill (host memory over the mapping). */
+__device__ __forceinline__ uint8_t *recv_block(const cuops_job &J, unsigned parity, uint32_t s) {
+  return is_remote(J, s) ? J.xchg + J.in_off + out_index(J, parity, s) * J.block_bytes
+                         : block_at(J, J.rank, parity, s);
+}
+
+__device__ __forceinline__ uint8_t *recv_slot(const cuops_job &J, unsigned parity, uint32_t s) {
+  return is_remote(J, s) ? J.xchg + J.in_slot_off + out_index(J, parity, s) * CUOPS_SLOT_BYTES
+                         : slot_at(J, J.rank, parity, s);
 }
 
 __device__ __forceinline__ int64_t idx_at(const void *idx, int32_t itype, uint64_t i) {
@@ -186,7 +200,7 @@ __device__ __forceinline__ bool gone_blocks(const cuops_job &J, const call &k, u
   const uint32_t gone = a->rank;
   if (gone == src || gone >= J.world || a->detached == CUOPS_GONE_NODE)
     return true;
-  return ld_acquire_sys((const uint64_t *)slot_at(J, J.rank, k.parity, gone)) != k.seq;
+  return ld_acquire_sys((const uint64_t *)recv_slot(J, k.parity, gone)) != k.seq;
 }
 
 /* Every CTA of a communicating kernel starts here (all threads). */
@@ -332,7 +346,7 @@ __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, ui
  * block for destination d, once its part is written: the last to arrive
  * publishes it.  For a local d that is posting the slot (post, with
  * header) or nothing (the throughput ops posted theirs first: header
- * false); for a remote d, pushing the outbox block's first `bytes` and
+ * false); for a remote d, pushing the out block's first `bytes` and
  * its slot image to the proxy, once all of it is written.
  */
 __device__ __forceinline__ void arrive(const cuops_job &J, const call &k, uint32_t d,
@@ -440,12 +454,13 @@ struct peers {
 
 /*
  * Thread 0: wait, bounded, until every source has posted this call into
- * this rank's slab, then read their slots.  0, or 1 when the call failed
+ * this rank's slab (a remote source: its exchange region), then read their
+ * slots.  0, or 1 when the call failed
  * (recorded here or by another CTA).
  */
 __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uint32_t op, peers *p) {
   for (uint32_t s = 0; s < J.world; s++) {
-    uint8_t *slot = slot_at(J, J.rank, k.parity, s);
+    uint8_t *slot = recv_slot(J, k.parity, s);
     for (uint32_t i = 0;; i++) {
       uint64_t f = ld_acquire_sys((const uint64_t *)slot);
       if (f == k.seq)

@@ -45,10 +45,11 @@
  * fails or aborts its side; JOB_END says the sender's part of the job is
  * gone, so the receiver forgets its MEMBERSHIP.  MEMBERSHIP's windows say
  * where a writer puts bytes for each of the sender's ranks: bytes
- * [slab_off, slab_off + len) of rank ranks[rank_index]'s slab are at `addr`
- * under `rkey` on the sender's NIC (daemon/nicreg.h; rkey 0: not registered
- * with one, so not a target of RDMA writes).  A slab that spans several
- * pieces of its arena has a window per piece.  The shape travels
+ * [slab_off, slab_off + len) of rank ranks[rank_index]'s exchange region
+ * (proto/slab.h: host memory, where blocks from other nodes land) are at
+ * `addr` under `rkey` on the sender's NIC (daemon/lend.h; rkey 0: not
+ * registered with one, so not a target of RDMA writes).  Each rank has one
+ * window today; the field names keep their version-3 spelling.  The shape travels
  * as the table's fields with their count, so a build whose shape has
  * another field is refused by name rather than misread; adding a row to
  * the shape table is a layout change of MEMBERSHIP and bumps
@@ -91,6 +92,10 @@
  *      JOB_END (multi-node jobs).
  *   2  MEMBERSHIP carries windows in place of its opaque bytes; XPORT and
  *      XPORT_NAK settle each link's transport (TCP or an RDMA queue pair).
+ *   3  DATA_OFFER and DATA_HELLO (the data path's connections, xring.h).
+ *   4  MEMBERSHIP's windows cover each rank's exchange region, no longer
+ *      its slab (the same layout, another meaning: an older peer would
+ *      write blocks where no one reads them).
  */
 #ifndef DEP_PEER_PROTO_H
 #define DEP_PEER_PROTO_H
@@ -102,7 +107,7 @@
 #include "shape.h"
 
 #define DEP_PEER_MAGIC 0x31505044u /* "DPP1" */
-#define DEP_PEER_VERSION 3
+#define DEP_PEER_VERSION 4
 #define DEP_PEER_HDR_LEN 8
 #define DEP_PEER_CHALLENGE_LEN 32
 #define DEP_PEER_MAC_LEN 32
@@ -157,10 +162,10 @@ struct dep_peer_keepalive {
   uint64_t stamp;
 };
 
-/* One window of MEMBERSHIP: where a writer puts bytes of one rank's slab. */
+/* One window of MEMBERSHIP: where a writer puts bytes of one rank's exchange region. */
 struct dep_peer_window {
   uint32_t rank_index; /* into ranks[] */
-  uint64_t slab_off;   /* the first byte of the slab this window covers */
+  uint64_t slab_off;   /* the first byte of the exchange region this window covers */
   uint64_t len;
   uint64_t addr;       /* the address an RDMA write of slab_off names */
   uint32_t rkey;       /* its remote key; 0: not registered with a NIC */

@@ -51,6 +51,9 @@
  *      budget the rank was given and where it came from (before any
  *      release carried 5); TUNE and TUNE_OK (adaptive_optimization: a
  *      rank's SM budget from the daemon's tuning table).
+ *   6  A slab has no outbox (slab.h): a rank's bytes for and from other
+ *      nodes are in its exchange region, which XRING_LEND_OK's memfd holds
+ *      after the ring (xring.h version 2).
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -65,8 +68,9 @@
 #define DEP_PROTO_MAGIC 0x31504544u /* "DEP1" */
 /* 1: the first; 2: a slab ends in its rank's private area (slab.h);
  * 3: STATUS_OK's state, the slab's abort words (slab.h); 4: PEERS_OK's transport;
- * 5: PEERS_OK's and JOB_NODES_OK's data-path figures, STATS_RANK's SM budget. */
-#define DEP_PROTO_VERSION 5
+ * 5: PEERS_OK's and JOB_NODES_OK's data-path figures, STATS_RANK's SM budget;
+ * 6: the exchange region in place of the slab's outbox. */
+#define DEP_PROTO_VERSION 6
 #define DEP_PROTO_HDR_LEN 24
 #define DEP_PROTO_MAX_BODY (256u * 1024u)
 /* Linux accepts at most 253 fds in one SCM_RIGHTS message. */

@@ -15,18 +15,8 @@ int dep__slab_layout(const struct dep_job_shape *s, uint32_t world_size,
   return dep__slab_layout_nodes(s, world_size, world_size, out, why, whylen);
 }
 
-uint64_t dep__slab_key(const struct dep_job_shape *s, uint32_t world_size,
-                      uint32_t local_world_size) {
-  uint64_t key = dep__shape_key(s, world_size);
-  if (local_world_size >= world_size)
-    return key;
-  /* FNV-1a over the remote count's bytes, continuing the shape's hash. */
-  uint32_t remote = world_size - local_world_size;
-  for (int i = 0; i < 4; i++) {
-    key ^= (remote >> (8 * i)) & 0xffu;
-    key *= 0x100000001b3ull;
-  }
-  return key;
+uint64_t dep__slab_key(const struct dep_job_shape *s, uint32_t world_size) {
+  return dep__shape_key(s, world_size);
 }
 
 int dep__slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
@@ -67,14 +57,6 @@ int dep__slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
    * far below 2^64, so the checked ranges rule out overflow. */
   out->parity_bytes = (uint64_t)world_size * block;
   uint64_t end = out->data_off + 2 * out->parity_bytes;
-  out->n_remote = world_size - local_world_size;
-  out->xslot_off = out->outbox_off = 0;
-  if (out->n_remote > 0) {
-    out->xslot_off = dep_round_up(end, DEP_SLAB_ALIGN);
-    out->outbox_off = dep_round_up(out->xslot_off + 2ull * out->n_remote * DEP_SLAB_CTRL_SLOT,
-                                   DEP_SLAB_ALIGN);
-    end = out->outbox_off + 2ull * out->n_remote * block;
-  }
   out->priv_off = dep_round_up(end, DEP_SLAB_ALIGN);
   /* One FP8 row (a byte per channel and a float scale per 128) for each
    * low-latency token, a count per expert, a word per (rank, warp), and a
@@ -88,5 +70,14 @@ int dep__slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
                     dep_round_up(4ull * W * ll, 256) + dep_round_up(8ull * W * ll * k, 256) +
                     16 * W;
   out->total_bytes = out->priv_off + out->priv_bytes;
+  const uint64_t nr = world_size - local_world_size;
+  out->n_remote = (uint32_t)nr;
+  out->in_slot_off = out->out_slot_off = out->in_off = out->out_off = out->xchg_bytes = 0;
+  if (nr > 0) {
+    out->out_slot_off = 2 * nr * DEP_SLAB_CTRL_SLOT;
+    out->in_off = dep_round_up(out->out_slot_off + 2 * nr * DEP_SLAB_CTRL_SLOT, DEP_SLAB_ALIGN);
+    out->out_off = out->in_off + 2 * nr * block;
+    out->xchg_bytes = dep_round_up(out->out_off + 2 * nr * block, DEP_SLAB_ALIGN);
+  }
   return 0;
 }

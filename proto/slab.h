@@ -11,22 +11,40 @@
  *           the source's sequence flag and row count for that call.
  *   data    for each parity, for each source rank, one block of
  *           block_bytes: what that source pushed in a call of that parity.
- *   xslot   4 KiB-aligned, only in a job that spans nodes: for each parity
- *           and each rank on another node ("remote", numbered in rank
- *           order among the remote ranks), the 64-byte control slot this
- *           rank means for it, flag included, as it would have written it
- *           into a local peer's ctrl.
- *   outbox  4 KiB-aligned, beside xslot: for each parity and each remote
- *           rank, one block_bytes block, the rows this rank means for it.
- *           The rank fills both and pushes a descriptor (xring.h); the
- *           daemon's proxy moves them, payload before slot, into the block
- *           and slot of this rank in the remote rank's slab (DESIGN §7).
  *   priv    4 KiB-aligned, last: the rank's own scratch, which no peer
  *           reads or writes.  The cuda library keeps its operation state,
  *           its FP8 staging rows, its warm-up's world of one and the
  *           warm-up's handle there, rather than allocating them at every
  *           attach (a cuMemAlloc cost each of 8 ranks attaching at once
  *           0.75 ms; BENCHMARKS.md).
+ *
+ * A rank of a job that spans nodes has, beside its slab, an exchange
+ * region in host memory: the memfd of its ring to the daemon's proxy
+ * (xring.h), after the ring.  The ranks on other nodes ("remote", numbered
+ * in rank order among the ranks this node does not hold) are reached only
+ * through it, so that the daemon moves their bytes with plain loads and
+ * stores, never a copy into or out of GPU memory (DESIGN §7):
+ *
+ *   in_slot   for each parity and each remote source, the 64-byte control
+ *             slot the daemon writes for it (fields, then the flag last
+ *             with release ordering) once its block is in.
+ *   out_slot  for each parity and each remote destination, the control
+ *             slot this rank means for it, flag included, as it would
+ *             have written it into a local peer's ctrl.
+ *   in        4 KiB-aligned: for each parity and each remote source, one
+ *             block_bytes block, what that source pushed in a call of that
+ *             parity (the daemon writes it before the slot).
+ *   out       4 KiB-aligned: for each parity and each remote destination,
+ *             one block_bytes block, the rows this rank means for it.  The
+ *             rank fills out and out_slot and pushes a descriptor
+ *             (xring.h); the proxy sends both, payload before slot, to the
+ *             daemon holding the destination, which writes them into its
+ *             in and in_slot.
+ *
+ * A receiver reads a local source's slot and block in its slab and a
+ * remote source's in its exchange region: the same fields, the same
+ * waits, the same ordering.  (A remote source's slot and block in the slab
+ * stay unused: the slab's layout is one for every count of remote ranks.)
  *
  * A block holds either max_tokens_per_rank rows of row_bytes (a bf16 token
  * with its remapped top-k ids, weights and source index, or an FP8 token
@@ -84,18 +102,21 @@ struct dep_slab_layout {
   uint64_t block_bytes;  /* one source's block in one parity */
   uint64_t data_off;
   uint64_t parity_bytes; /* world_size * block_bytes */
-  uint32_t n_remote;     /* ranks of the job on other nodes (0: a single-node job) */
-  uint64_t xslot_off;    /* n_remote > 0: 2 * n_remote slot images, by (parity, remote) */
-  uint64_t outbox_off;   /* n_remote > 0: 2 * n_remote blocks, by (parity, remote) */
   uint64_t priv_off;     /* the rank's own scratch: after the data, 4 KiB aligned */
   uint64_t priv_bytes;
   uint64_t total_bytes;  /* priv_off + priv_bytes, before rounding to chunks */
+  /* The exchange region (above), offsets from its start; all 0 in a
+   * single-node job.  Each holds 2 * n_remote slots or blocks, by
+   * (parity, remote rank number). */
+  uint32_t n_remote;     /* ranks of the job on other nodes (0: a single-node job) */
+  uint64_t in_slot_off, out_slot_off, in_off, out_off;
+  uint64_t xchg_bytes;   /* the region's size: out_off + its blocks, 4 KiB aligned */
 };
 
 /*
  * Compute the layout for a job shape whose local_world_size ranks of
  * world_size are on this node (the rest, on other nodes, give it an
- * outbox).  Returns 0, or DEP_ERR_INVALID when the shape is out of range,
+ * exchange region).  Returns 0, or DEP_ERR_INVALID when the shape is out of range,
  * local_world_size is not 1..world_size or the size would overflow
  * (message in why).
  */
@@ -107,11 +128,10 @@ int dep__slab_layout_nodes(const struct dep_job_shape *shape, uint32_t world_siz
 int dep__slab_layout(const struct dep_job_shape *shape, uint32_t world_size,
                     struct dep_slab_layout *out, char *why, size_t whylen);
 
-/* What memory made for a layout is cached under: dep__shape_key's for a
- * single-node job, and one that also names how many ranks are remote
- * (whose outboxes size the slab) for a job spanning nodes. */
-uint64_t dep__slab_key(const struct dep_job_shape *shape, uint32_t world_size,
-                      uint32_t local_world_size);
+/* What memory made for a layout is cached under: dep__shape_key's (the
+ * slab does not depend on how many ranks are remote: their bytes pass
+ * through the exchange region, which is not pool memory). */
+uint64_t dep__slab_key(const struct dep_job_shape *shape, uint32_t world_size);
 
 /* Offset of the control slot of (parity, source rank). */
 static inline uint64_t dep_slab_ctrl_slot(const struct dep_slab_layout *l, unsigned parity,
@@ -131,15 +151,28 @@ static inline uint64_t dep_slab_row(const struct dep_slab_layout *l, unsigned pa
   return dep_slab_block(l, parity, src) + (uint64_t)row * l->row_bytes;
 }
 
-/* Offsets of the slot image and of the outbox block this rank fills for
- * its remote rank number `ri` (0..n_remote-1) in a call of `parity`. */
+/* Offsets in the exchange region of the slot and block of remote rank
+ * number `ri` (0..n_remote-1) in a call of `parity`: what it sent this
+ * rank (in) and what this rank means for it (out). */
+static inline uint64_t dep_xchg_index(const struct dep_slab_layout *l, unsigned parity,
+                                      uint32_t ri) {
+  return (uint64_t)parity * l->n_remote + ri;
+}
+static inline uint64_t dep_slab_in_slot(const struct dep_slab_layout *l, unsigned parity,
+                                        uint32_t ri) {
+  return l->in_slot_off + dep_xchg_index(l, parity, ri) * DEP_SLAB_CTRL_SLOT;
+}
+static inline uint64_t dep_slab_in_block(const struct dep_slab_layout *l, unsigned parity,
+                                         uint32_t ri) {
+  return l->in_off + dep_xchg_index(l, parity, ri) * l->block_bytes;
+}
 static inline uint64_t dep_slab_out_slot(const struct dep_slab_layout *l, unsigned parity,
                                          uint32_t ri) {
-  return l->xslot_off + ((uint64_t)parity * l->n_remote + ri) * DEP_SLAB_CTRL_SLOT;
+  return l->out_slot_off + dep_xchg_index(l, parity, ri) * DEP_SLAB_CTRL_SLOT;
 }
 static inline uint64_t dep_slab_out_block(const struct dep_slab_layout *l, unsigned parity,
                                           uint32_t ri) {
-  return l->outbox_off + ((uint64_t)parity * l->n_remote + ri) * l->block_bytes;
+  return l->out_off + dep_xchg_index(l, parity, ri) * l->block_bytes;
 }
 
 /* Round a size up to a whole number of chunks. */

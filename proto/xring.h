@@ -3,17 +3,26 @@
  * daemon's proxy (DESIGN §7), defined once for the library that fills the
  * ring and the daemon that drains it.
  *
- * A rank's ring is one sealed memfd the daemon lends after the attach
- * (XRING_LEND), mapped by both: the rank is its only producer, one proxy
- * thread of the daemon its only consumer.  For each remote destination of
- * a call the rank has filled the outbox block and the slot image of its
- * slab (slab.h) and then pushes one descriptor:
+ * A rank's ring is the start of one sealed memfd the daemon makes when the
+ * job's local ranks are all attached and lends after the attach
+ * (XRING_LEND), mapped by both; the rank's exchange region (slab.h: its
+ * in and out slots and blocks, host memory) follows it at
+ * DEP_XRING_BYTES, and the memfd is DEP_XRING_BYTES + xchg_bytes long.
+ * The rank is the ring's only producer, one proxy thread of the daemon
+ * its only consumer.  For each remote destination of a call the rank has
+ * filled the out block and out slot of its exchange region and then
+ * pushes one descriptor:
  *
  *   entries[head % entries] = {dest, parity, seq, bytes};
  *   head = head + 1               (store with release ordering)
  *
- * and the proxy, having moved the block and then the slot into the
- * remote rank's slab, stores tail = tail + 1 (release).  A full ring
+ * and the proxy, having taken the block and then the slot (into a frame,
+ * or as RDMA writes into the remote rank's in block and in slot), stores
+ * tail = tail + 1 (release).  The daemon that holds the destination writes
+ * a frame's payload into the destination's in block, then the slot's
+ * fields, then its flag (release), with plain stores into the memfd: on
+ * the cuda backend the kernels wait on that flag in host memory mapped for
+ * the device, and no daemon copies into or out of GPU memory.  A full ring
  * (head - tail == entries) makes the rank wait, bounded by the op timeout
  * like every wait of the operations; it never overwrites.
  *
@@ -32,7 +41,8 @@
 #include "slab.h"
 
 #define DEP_XRING_MAGIC 0x47525844u /* "DXRG" */
-#define DEP_XRING_VERSION 1
+/* 1: the ring alone; 2: the exchange region follows it in the memfd. */
+#define DEP_XRING_VERSION 2
 /* Descriptors a ring holds: every remote rank's block of two calls in
  * flight, for the largest world of operations (DEP_MAX_LOCAL_RANKS), with
  * room to spare; a power of two. */
@@ -51,7 +61,8 @@ struct dep_xring {
   uint32_t magic, version;
   uint32_t entries;           /* DEP_XRING_ENTRIES */
   uint32_t rank;              /* the global rank that fills it */
-  uint8_t pad0[48];
+  uint64_t xchg_bytes;        /* the exchange region's size after the ring (slab.h) */
+  uint8_t pad0[40];
   _Atomic uint64_t head;      /* descriptors pushed: the rank's */
   uint8_t pad1[56];
   _Atomic uint64_t tail;      /* descriptors moved: the proxy's */
@@ -65,6 +76,11 @@ struct dep_xring {
 };
 
 #define DEP_XRING_BYTES ((sizeof(struct dep_xring) + 4095u) / 4096u * 4096u)
+
+/* The exchange region of the memfd whose ring is r: right after it. */
+static inline uint8_t *dep_xring_xchg(struct dep_xring *r) {
+  return (uint8_t *)r + DEP_XRING_BYTES;
+}
 
 /*
  * The stream of a data connection between two daemons (daemon/xfer.h):
@@ -85,7 +101,8 @@ struct dep_xfer_hdr {
   uint64_t seq;             /* the call; the slot image's flag */
   uint64_t bytes;           /* payload after this header: <= the layout's block_bytes */
   char job_id[DEP_JOB_ID_MAX];
-  uint8_t slot[DEP_SLAB_CTRL_SLOT]; /* the control slot, flag first, as the sender wrote it */
+  uint8_t slot[DEP_SLAB_CTRL_SLOT]; /* the control slot, flag first, as the sender wrote it
+                                       into its out slot */
 };
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data stream is little-endian");
 

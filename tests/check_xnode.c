@@ -643,14 +643,16 @@ static void ring_rank_open(struct ring_rank *r, uint32_t timeout_ms) {
   char why[256];
   ck_assert_msg(dep__slab_layout_nodes(&r->s, 2, 1, &r->lay, why, sizeof why) == 0, "%s", why);
   ck_assert_uint_eq(r->lay.n_remote, 1);
+  ck_assert_uint_gt(r->lay.xchg_bytes, 0);
   r->slab = aligned_alloc(4096, dep_round_up(r->lay.total_bytes, 4096));
-  r->ring = aligned_alloc(4096, DEP_XRING_BYTES);
+  r->ring = aligned_alloc(4096, DEP_XRING_BYTES + r->lay.xchg_bytes);
   ck_assert(r->slab != NULL && r->ring != NULL);
   memset(r->slab, 0, r->lay.total_bytes);
-  memset(r->ring, 0, DEP_XRING_BYTES);
+  memset(r->ring, 0, DEP_XRING_BYTES + r->lay.xchg_bytes);
   r->ring->magic = DEP_XRING_MAGIC;
   r->ring->version = DEP_XRING_VERSION;
   r->ring->entries = DEP_XRING_ENTRIES;
+  r->ring->xchg_bytes = r->lay.xchg_bytes;
   uint8_t *slabs[DEP_MAX_LOCAL_RANKS] = {r->slab, NULL};
   ck_assert_msg(host_ops_init_nodes(&r->c, &r->s, 2, 0, slabs, r->ring, timeout_ms, why,
                                     sizeof why) == 0, "%s", why);
@@ -677,8 +679,9 @@ static int ring_dispatch(struct ring_rank *r, dep_handle_t *h, uint16_t *x) {
   return host_ops_dispatch(&r->c, &a, h);
 }
 
-/* The block for the remote rank goes to the outbox, its slot image beside, one descriptor after. */
-START_TEST(a_block_for_a_remote_rank_is_an_outbox_block_a_slot_image_and_a_descriptor) {
+/* The block for the remote rank goes to the out block of the exchange region (after the
+ * ring, not the slab), its slot image to the out slot, one descriptor after. */
+START_TEST(a_block_for_a_remote_rank_is_an_out_block_a_slot_image_and_a_descriptor) {
   struct ring_rank r;
   ring_rank_open(&r, 100);
   dep_handle_t h;
@@ -693,12 +696,67 @@ START_TEST(a_block_for_a_remote_rank_is_an_outbox_block_a_slot_image_and_a_descr
   ck_assert_uint_eq(d->parity, 1);
   ck_assert_uint_eq(d->seq, 1);
   ck_assert_uint_eq(d->bytes, r.lay.row_bytes);
-  const struct ops_slot *sl = (const struct ops_slot *)(r.slab + dep_slab_out_slot(&r.lay, 1, 0));
+  uint8_t *xchg = dep_xring_xchg(r.ring);
+  const struct ops_slot *sl = (const struct ops_slot *)(xchg + dep_slab_out_slot(&r.lay, 1, 0));
   ck_assert_uint_eq(atomic_load(&sl->flag), 1);
   ck_assert_uint_eq(sl->rows, 1);
   ck_assert_uint_eq(sl->op, OPS_OP_DISPATCH);
-  ck_assert_int_eq(memcmp(r.slab + dep_slab_out_block(&r.lay, 1, 0), x, sizeof x), 0);
-  /* Rank 1 has no slab here: nothing was written but our own. */
+  ck_assert_int_eq(memcmp(xchg + dep_slab_out_block(&r.lay, 1, 0), x, sizeof x), 0);
+  /* Rank 1 has no slab here, and no byte for it went into ours: the slab's
+   * data area past rank 0's own blocks is as it was. */
+  for (uint64_t o = dep_slab_block(&r.lay, 0, 1); o < r.lay.data_off + 2 * r.lay.parity_bytes; o++)
+    if (o < dep_slab_block(&r.lay, 1, 0) || o >= dep_slab_block(&r.lay, 1, 1))
+      ck_assert_uint_eq(r.slab[o], 0);
+  host_ops_handle_fini(&h);
+  ring_rank_close(&r);
+}
+END_TEST
+
+/*
+ * What the remote rank sent is read from the in slot and in block of the
+ * exchange region, as the daemon writes them there: a combine's vector
+ * from rank 1, written (block, then slot, flag last) before the call, is
+ * summed into rank 0's output; the same bytes in rank 1's slot and block
+ * of the slab are not looked at.
+ */
+START_TEST(a_block_from_a_remote_rank_is_read_from_the_in_block_and_in_slot) {
+  struct ring_rank r;
+  ring_rank_open(&r, 2000);
+  dep_handle_t h;
+  host_ops_handle_init(&h);
+  uint16_t x[128];
+  for (int i = 0; i < 128; i++)
+    x[i] = (uint16_t)(0x3f80 + i); /* 1.0, 1.0078, ... */
+  /* Rank 1's part of the dispatch (call 1, parity 1): no rows for rank 0. */
+  uint8_t *xchg = dep_xring_xchg(r.ring);
+  struct ops_slot *in = (struct ops_slot *)(xchg + dep_slab_in_slot(&r.lay, 1, 0));
+  in->rows = 0;
+  in->op = OPS_OP_DISPATCH;
+  in->num_tokens = 0;
+  atomic_store_explicit(&in->flag, 1, memory_order_release);
+  ck_assert_int_eq(ring_dispatch(&r, &h, x), 0);
+  ck_assert_uint_eq(h.recv_from[1], 0);
+  ck_assert_uint_eq(h.recv_from[0], 0);
+  ck_assert_uint_eq(atomic_load(&r.ring->head), 1);
+  /* The combine (call 2, parity 0): rank 1 sends back its vector for our token. */
+  uint16_t back[128];
+  for (int i = 0; i < 128; i++)
+    back[i] = 0x4000; /* 2.0 */
+  memcpy(xchg + dep_slab_in_block(&r.lay, 0, 0), back, sizeof back);
+  in = (struct ops_slot *)(xchg + dep_slab_in_slot(&r.lay, 0, 0));
+  in->rows = 1;
+  in->op = OPS_OP_COMBINE;
+  in->ref_seq = 1;
+  in->num_tokens = 0;
+  atomic_store_explicit(&in->flag, 2, memory_order_release);
+  /* A decoy in the slab where a local rank 1 would have written. */
+  struct ops_slot *decoy = (struct ops_slot *)(r.slab + dep_slab_ctrl_slot(&r.lay, 0, 1));
+  decoy->rows = 7;
+  uint16_t out[128];
+  struct dep_combine_args ca = {.size = sizeof ca, .x = x, .out = out};
+  ck_assert_msg(host_ops_combine(&r.c, &ca, &h) == 0, "%s", r.c.why);
+  for (int i = 0; i < 128; i++)
+    ck_assert_uint_eq(out[i], 0x4000);
   host_ops_handle_fini(&h);
   ring_rank_close(&r);
 }
@@ -774,7 +832,8 @@ Suite *xnode_suite(void);
 Suite *xnode_suite(void) {
   Suite *s = suite_create("xnode");
   TCase *r = tcase_create("ring");
-  tcase_add_test(r, a_block_for_a_remote_rank_is_an_outbox_block_a_slot_image_and_a_descriptor);
+  tcase_add_test(r, a_block_for_a_remote_rank_is_an_out_block_a_slot_image_and_a_descriptor);
+  tcase_add_test(r, a_block_from_a_remote_rank_is_read_from_the_in_block_and_in_slot);
   tcase_add_test(r, a_full_ring_is_a_bounded_wait_that_overwrites_nothing);
   tcase_add_test(r, a_ring_the_proxy_stopped_fails_the_call_at_once);
   tcase_add_test(r, init_refuses_a_remote_rank_without_a_ring_and_a_ring_of_another_rank);
