@@ -2,7 +2,8 @@
 # gpu-xnode.sh — issue 14's GPU pass in one command (DEVICE.md): jobs that
 # span daemons on the cuda backend, two or three daemons on this machine
 # sharing its GPU over TCP on loopback (check_xnode's gpu case: the kernels'
-# outbox and ring, the proxies' copies out of and into GPU memory), under
+# exchange region and ring in host memory, which the proxies read and
+# write with plain loads and stores), under
 # MPS (the daemons outside it, as tu_daemon_start keeps them), then the
 # single-node oracle suite (check_cuda_ops' oracle case) on the same build,
 # then the first layouts once more time-sliced (no MPS: nothing deadlocks

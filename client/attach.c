@@ -44,7 +44,8 @@ static double now_ms(void) {
  * Before a rank of a job that spans nodes lets go: wait, bounded by the op
  * timeout, until the daemon's proxy has taken every descriptor it pushed.
  * Its last call's blocks for other nodes are then on their way, and the
- * daemon may end the job here (and scrub the outbox) as soon as it hears.
+ * daemon may end the job here (and let go of the exchange region) as soon
+ * as it hears.
  */
 static void xring_drain(dep_client_t *c) {
   struct dep_xring *r = c->xring;

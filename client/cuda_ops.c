@@ -676,7 +676,7 @@ static int warmup(dep_client_t *c) {
   const struct cuops_job job = st->job;
   st->job.world = 1;
   st->job.rank = 0;
-  st->job.remote_mask = 0; /* no ring, no outbox: nothing leaves this rank */
+  st->job.remote_mask = 0; /* no ring, no exchange region: nothing leaves this rank */
   st->job.slabs[0] = (uint8_t *)(uintptr_t)st->loop_slab;
   st->job.le = job.num_experts;
   st->job.kd = job.topk < job.num_experts ? job.topk : job.num_experts;

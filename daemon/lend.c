@@ -7,6 +7,7 @@
  * table and rendezvous (job.c) decide when; this module decides what.
  */
 #include "lend.h"
+#include "nicreg.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -59,8 +60,7 @@ static void lend_xchg_free(struct job *j) {
     return;
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     struct lend_xchg *x = &j->xchg[i];
-    if (x->mr != NULL)
-      rdmaxp_dereg(x->mr);
+    nicreg_host_release(x->pool, x->mr, x->bytes);
     if (x->ring != NULL)
       munmap(x->ring, x->bytes);
     if (x->fd >= 0)
@@ -93,6 +93,7 @@ static int lend_xchg_make(struct job *j, char *why, size_t whylen) {
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     struct lend_xchg *x = &j->xchg[i];
     x->bytes = DEP_XRING_BYTES + l.xchg_bytes;
+    x->pool = j->ranks[i].arena->pool; /* lend_arenas placed every rank */
     void *p = MAP_FAILED;
     x->fd = memfd_create("deepepd-xchg", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (x->fd < 0 || ftruncate(x->fd, (off_t)x->bytes) != 0 ||
@@ -222,30 +223,16 @@ int lend_windows(const struct job *j, struct dep_peer_membership *x, char *why, 
   x->n_windows = 0;
   for (uint32_t i = 0; j->xchg != NULL && i < j->local_world_size; i++) {
     struct lend_xchg *e = &j->xchg[i];
-    if (e->mr == NULL && rdmaxp_active()) {
-      char no[256] = "";
-      if (rdmaxp_reg_host(e->ring, e->bytes, &e->mr, no, sizeof no) != 0) {
-        e->mr = NULL;
-        static bool said;
-        if (!said)
-          log_warnx("rdma: the exchange regions of job %s cannot be registered with %s: %s; "
-                    "peers send their blocks over TCP", j->id, rdmaxp_device(), no);
-        said = true;
-      }
-    }
+    if (e->mr == NULL && rdmaxp_active())
+      (void)nicreg_host(e->pool, e->ring, e->bytes, &e->mr); /* said there when it fails */
     if (x->n_windows == DEP_PEER_WINDOWS_MAX) {
       snprintf(why, whylen, "its %u local ranks need more than %d windows", j->local_world_size,
                DEP_PEER_WINDOWS_MAX);
       return DEP_ERR_LIMIT;
     }
     /* One window: the exchange region, from its first byte (after the ring). */
-    x->windows[x->n_windows++] = (struct dep_peer_window){
-        .rank_index = i,
-        .slab_off = 0,
-        .len = e->bytes - DEP_XRING_BYTES,
-        .addr = e->mr != NULL ? (uint64_t)(uintptr_t)dep_xring_xchg(e->ring) : 0,
-        .rkey = rdmaxp_mr_rkey(e->mr),
-    };
+    x->windows[x->n_windows++] =
+        nicreg_window(i, dep_xring_xchg(e->ring), e->bytes - DEP_XRING_BYTES, e->mr);
   }
   return 0;
 }

@@ -20,6 +20,7 @@
 
 struct dep_xring;
 struct ibv_mr;
+struct pool;
 
 /*
  * A local rank's ring to the proxy and exchange region (xring.h, slab.h):
@@ -32,7 +33,8 @@ struct lend_xchg {
   int fd;                  /* -1: none */
   struct dep_xring *ring;  /* the daemon's mapping: the ring, its exchange region after it */
   uint64_t bytes;          /* of the memfd: DEP_XRING_BYTES + the layout's xchg_bytes */
-  struct ibv_mr *mr;       /* the mapping registered with the NIC, or NULL */
+  struct ibv_mr *mr;       /* the mapping registered with the NIC, or NULL (nicreg.h) */
+  struct pool *pool;       /* of its rank's device: what the registration is counted in */
   bool lent;               /* its rank was sent it (XRING_LEND) */
 };
 

@@ -1,13 +1,15 @@
 /*
- * nicreg.h — arenas registered with the NIC (DESIGN §7): the pieces of a
- * pool block registered with the RDMA device (rdmaxp.h) the first time a
- * multi-node job is lent the block, and kept with it across jobs until the
- * block is unmade, so that a job restart pays no registration.  Host
- * pieces by the daemon's own mapping (ibv_reg_mr); GPU pieces as dma-buf
- * (the backend's chunk_dmabuf, then ibv_reg_dmabuf_mr).  A piece that
- * cannot be registered (no RDMA device, a GPU or driver without dma-buf,
- * RLIMIT_MEMLOCK) is left unregistered and said once: its windows carry
- * rkey 0, which no peer may write with.
+ * nicreg.h — exchange regions registered with the NIC (DESIGN §7): each
+ * local rank's exchange region of a job that spans nodes (lend.h,
+ * proto/slab.h: host memory the daemon maps) is registered with the RDMA
+ * device (rdmaxp.h, ibv_reg_mr on the daemon's mapping) when the job is
+ * first announced to its peers, so that peers' RDMA writes land in its in
+ * blocks and slots and ours leave from its out blocks and slots, and is
+ * counted in its rank's device pool (nic_bytes, deepepctl peers) until the
+ * region goes with the job.  A region that cannot be registered (no RDMA
+ * device, RLIMIT_MEMLOCK) is said once per pool: its window carries rkey
+ * 0, which no peer may write with, so its blocks go over TCP.  No GPU
+ * memory is registered: no byte between nodes passes through it.
  */
 #ifndef DEP_DAEMON_NICREG_H
 #define DEP_DAEMON_NICREG_H
@@ -17,17 +19,18 @@
 #include "peer_proto.h"
 #include "pool.h"
 
-/* Register blk's pieces unless that was tried already (cheap then). */
-void nicreg_block(struct pool_block *blk);
-/* Drop blk's registrations (before its pieces go). */
-void nicreg_release(struct pool_block *blk);
+struct ibv_mr;
 
-/*
- * The windows (peer_proto.h) for bytes [off, off + len) of blk, which is
- * local rank `rank_index`'s slab: one per piece it spans, appended to
- * out[*n..max).  Returns 0, or DEP_ERR_LIMIT when max is reached.
- */
-int nicreg_windows(const struct pool_block *blk, uint32_t rank_index, uint64_t off, uint64_t len,
-                   struct dep_peer_window *out, uint32_t *n, uint32_t max);
+/* Register [addr, addr + len) for rank memory of pool p: 0 with *mr (its
+ * bytes counted in p->nic_bytes), or DEP_ERR_* with *mr NULL (said once
+ * per pool).  No RDMA device: DEP_ERR_UNSUPPORTED, said by rdmaxp already. */
+int nicreg_host(struct pool *p, void *addr, uint64_t len, struct ibv_mr **mr);
+/* Undo nicreg_host (mr NULL: nothing). */
+void nicreg_host_release(struct pool *p, struct ibv_mr *mr, uint64_t len);
+
+/* The MEMBERSHIP window (peer_proto.h) of local rank `rank_index`'s exchange
+ * region at addr, len bytes, registered as mr (NULL: rkey 0, no address). */
+struct dep_peer_window nicreg_window(uint32_t rank_index, const void *addr, uint64_t len,
+                                     const struct ibv_mr *mr);
 
 #endif /* DEP_DAEMON_NICREG_H */

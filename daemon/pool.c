@@ -12,7 +12,6 @@
 
 #include "config_value.h"
 #include "log.h"
-#include "nicreg.h"
 #include "proc.h"
 #include "slab.h"
 
@@ -67,7 +66,6 @@ static bool block_held(const struct pool_block *b) {
 
 /* Give a block's pieces back to the backend. */
 static void pieces_destroy(struct pool *p, struct pool_block *blk) {
-  nicreg_release(blk);
   for (uint32_t i = 0; i < blk->n_pieces; i++)
     p->ops->chunk_destroy(&p->dev, &blk->piece[i]);
   blk->n_pieces = 0;

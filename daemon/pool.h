@@ -49,7 +49,6 @@ enum pool_block_state { POOL_BLOCK_FREE = 0, POOL_BLOCK_LENT, POOL_BLOCK_CACHED 
  * holders still alive. */
 #define POOL_MAX_HOLDERS (2 * DEP_MAX_LOCAL_RANKS)
 
-struct ibv_mr;
 
 /* One made block; what job.c holds per arena while it is lent. */
 struct pool_block {
@@ -65,11 +64,6 @@ struct pool_block {
   struct proc_id holders[POOL_MAX_HOLDERS]; /* processes it was lent to that may still live */
   uint32_t n_holders;
   struct pool_block *next;     /* the pool's list of made blocks */
-  /* The pieces' registrations with the NIC (nicreg.h), made the first time
-   * a multi-node job is lent the block and kept until it is unmade. */
-  struct ibv_mr *mr[POOL_MAX_PIECES];
-  uint64_t nic_addr[POOL_MAX_PIECES]; /* the address piece i's first byte has for the NIC */
-  bool nic_done;               /* registration was tried (mr[i] NULL: it failed, logged) */
 };
 
 /* Memory the pool no longer has but a process of uid may still hold. */
@@ -98,7 +92,7 @@ struct pool {
   uint64_t cache_seq;          /* the last cached_seq handed out */
   struct pool_ghost *ghosts;   /* charged beside the made blocks: made + ghost <= budget */
   uint64_t ghost_bytes;
-  uint64_t nic_bytes;          /* of the made blocks, registered with the NIC */
+  uint64_t nic_bytes;          /* its ranks' exchange regions registered with the NIC (nicreg.h) */
   bool nic_warned;             /* a registration failed, said once */
 };
 

@@ -1,7 +1,8 @@
 /*
  * rdmaxp.h — the RDMA transport of deepepd's peer links (DESIGN §7): one
  * RDMA device (the one listen.address is on, else the first), its
- * protection domain, on which every arena is registered once (nicreg.h),
+ * protection domain, on which the ranks' exchange regions are registered
+ * (nicreg.h),
  * and one reliable-connected queue pair per authenticated peer link, set
  * up with librdmacm and kept as long as its link.
  *

@@ -2,17 +2,20 @@
  * xfer.h — the daemon's half of the data path between nodes (DESIGN §7).
  *
  * A rank of a job that spans nodes writes what it means for a rank on
- * another node into the outbox of its own slab and pushes a descriptor
- * into its ring (proto/xring.h), which this module lends it (XRING_LEND).
- * Proxy threads (never the loop) drain the rings: for each descriptor they
- * read the outbox block and its slot image, and send both in one frame
+ * another node into the out block and out slot of its exchange region
+ * (proto/slab.h: host memory, after its ring in the memfd lend.c makes and
+ * this module lends it, XRING_LEND) and pushes a descriptor into its ring
+ * (proto/xring.h).  Proxy threads (never the loop) drain the rings: for
+ * each descriptor they read the out block and out slot in place (plain
+ * loads: no copy out of GPU memory on cuda), and send both in one frame
  * (xring.h's dep_xfer_hdr, then the payload) over a data connection to
  * the daemon that holds the destination rank; frames for one peer found in
  * one sweep go in one send.  That daemon's receiver thread checks the frame
  * against the job (the sender's node holds the source rank, the
  * destination is held here, the sizes fit the layout) and writes the
- * payload, then the slot with its flag last, into the destination rank's
- * slab, where the rank's wait finds it as it finds a local peer's.
+ * payload, then the slot with its flag last, into the in block and in slot
+ * of the destination rank's exchange region (plain stores), where the
+ * rank's wait finds it as it finds a local peer's in its slab.
  *
  * Data connections are TCP, made for each peer once it is up: this daemon
  * offers single-use tokens over the authenticated peer link (DATA_OFFER),
@@ -21,15 +24,15 @@
  * carries the peer's frames to us.  Each direction has its own
  * connections: min(connection_pool_size, XFER_CONNS_MAX) of them.
  *
- * Where the peer's links are on RDMA and both slabs are registered with
- * the NIC, blocks go instead as RDMA writes straight into the destination
- * slab, on a queue pair of the data path's own opened with one more
+ * Where the peer's links are on RDMA and both exchange regions are
+ * registered with the NIC, blocks go instead as RDMA writes straight into
+ * the destination's exchange region, on a queue pair of the data path's own opened with one more
  * DATA_OFFER token, with no receiver thread (xfer_rdma.h); the log says
  * per peer which the data path uses.
  *
  * Everything the loop calls is on the loop thread; the route table the
  * threads read is guarded by a reader-writer lock, and a job's route goes
- * (xfer_job_end) before its arenas go back to the pool.
+ * (xfer_job_end) before its arenas and exchange regions go (lend_release).
  */
 #ifndef DEP_DAEMON_XFER_H
 #define DEP_DAEMON_XFER_H

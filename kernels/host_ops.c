@@ -337,7 +337,7 @@ static void backoff(uint32_t i) {
 }
 
 /*
- * Hand the proxy the outbox block (bytes of it) and slot image for dest:
+ * Hand the proxy the out block (bytes of it) and out slot for dest:
  * one descriptor, published with release ordering after everything it
  * names.  A full ring is waited on like a peer (spin, yield, sleep),
  * bounded by the op timeout; a ring the proxy stopped draining (its job
@@ -371,8 +371,8 @@ static int ring_push(struct ops_ctx *c, uint32_t op, uint32_t dest, uint64_t byt
 
 /*
  * Publish this rank's block for the current call (bytes of it, from its
- * start) to dest: its control slot in dest's slab, or the slot image in
- * our outbox and a descriptor for the proxy (dest on another node).
+ * start) to dest: its control slot in dest's slab, or the out slot of our
+ * exchange region and a descriptor for the proxy (dest on another node).
  */
 static int post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op, uint64_t ref_seq,
                 uint32_t num_tokens, uint64_t bytes) {

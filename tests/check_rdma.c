@@ -183,42 +183,24 @@ START_TEST(test_daemon_links_neither_libibverbs_nor_librdmacm) {
 }
 END_TEST
 
-/* ---- arenas as the NIC sees them (nicreg.h) ---------------------------------- */
+/* ---- exchange regions as the NIC sees them (nicreg.h) ------------------------ */
 
-START_TEST(test_windows_cover_a_slab_piece_by_piece) {
-  /* Three pieces of 4 KiB, the second not registered: a slab at 6 KiB of 5 KiB spans the
-   * second and third, and its windows say where each part is for a writer. */
-  static struct pool_block blk;
-  struct ibv_mr mr0 = {.rkey = 0x11}, mr2 = {.rkey = 0x33};
-  memset(&blk, 0, sizeof blk);
-  blk.n_pieces = 3;
-  blk.piece_bytes = 4096;
-  blk.mr[0] = &mr0;
-  blk.mr[2] = &mr2;
-  blk.nic_addr[0] = 0x10000;
-  blk.nic_addr[1] = 0x20000;
-  blk.nic_addr[2] = 0x30000;
-  struct dep_peer_window w[4];
-  uint32_t n = 0;
-  ck_assert_int_eq(nicreg_windows(&blk, 5, 6144, 5120, w, &n, 4), 0);
-  ck_assert_uint_eq(n, 2);
-  ck_assert_uint_eq(w[0].rank_index, 5);
-  ck_assert_uint_eq(w[0].slab_off, 0);
-  ck_assert_uint_eq(w[0].len, 2048);
-  ck_assert_uint_eq(w[0].rkey, 0); /* not registered: no target for RDMA writes */
-  ck_assert_uint_eq(w[0].addr, 0);
-  ck_assert_uint_eq(w[1].slab_off, 2048);
-  ck_assert_uint_eq(w[1].len, 3072);
-  ck_assert_uint_eq(w[1].addr, 0x30000);
-  ck_assert_uint_eq(w[1].rkey, 0x33);
-  /* A slab within the first piece: one window at its offset there. */
-  ck_assert_int_eq(nicreg_windows(&blk, 0, 1024, 1024, w, &n, 4), 0);
-  ck_assert_uint_eq(n, 3);
-  ck_assert_uint_eq(w[2].addr, 0x10000 + 1024);
-  ck_assert_uint_eq(w[2].rkey, 0x11);
-  /* No room left: the limit, not an overrun. */
-  ck_assert_int_eq(nicreg_windows(&blk, 1, 0, 12288, w, &n, 4), DEP_ERR_LIMIT);
-  ck_assert_uint_eq(n, 4);
+START_TEST(test_a_window_names_a_registered_exchange_region_and_no_other) {
+  /* A registered region: its window is its address and key, for writers from its first byte. */
+  static uint8_t region[8192];
+  struct ibv_mr mr = {.rkey = 0x33};
+  struct dep_peer_window w = nicreg_window(5, region, sizeof region, &mr);
+  ck_assert_uint_eq(w.rank_index, 5);
+  ck_assert_uint_eq(w.slab_off, 0);
+  ck_assert_uint_eq(w.len, sizeof region);
+  ck_assert_uint_eq(w.addr, (uint64_t)(uintptr_t)region);
+  ck_assert_uint_eq(w.rkey, 0x33);
+  /* One that could not be registered: no key and no address, so no peer writes into it. */
+  w = nicreg_window(1, region, sizeof region, NULL);
+  ck_assert_uint_eq(w.rank_index, 1);
+  ck_assert_uint_eq(w.len, sizeof region);
+  ck_assert_uint_eq(w.rkey, 0);
+  ck_assert_uint_eq(w.addr, 0);
 }
 END_TEST
 
@@ -273,7 +255,7 @@ Suite *rdma_suite(void) {
   tcase_add_test(daemon, test_daemon_links_neither_libibverbs_nor_librdmacm);
   TCase *nic = tcase_create("nicreg");
   suite_add_tcase(s, nic);
-  tcase_add_test(nic, test_windows_cover_a_slab_piece_by_piece);
+  tcase_add_test(nic, test_a_window_names_a_registered_exchange_region_and_no_other);
   TCase *gpu = tcase_create("dmabuf");
   tcase_set_tags(gpu, "gpu");
   suite_add_tcase(s, gpu);

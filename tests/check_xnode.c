@@ -10,8 +10,9 @@
  * taken down (root only), fails every survivor's call within the op
  * timeout, and the daemons carry on.  Tagged gpu (make check-gpu): the
  * same kind of job on the cuda backend, two or three daemons sharing one
- * machine's GPU over TCP on loopback (the kernels' outbox and ring, the
- * proxy's copies from and into GPU memory), held against the oracle.
+ * machine's GPU over TCP on loopback (the kernels' exchange region and
+ * ring in host memory, which the daemons read and write with no CUDA
+ * call), held against the oracle.
  */
 #include <check.h>
 #include <signal.h>

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # job2.sh — a multi-node job over RDMA queue pairs: two daemons (transport:
 # rdma) on two nodes, one rank of a 2-rank job on each.  Each daemon lends
-# its rank's arena, registers it with rxe once, announces its windows (the
-# NIC's address and rkey of the slab) in MEMBERSHIP, and both ranks attach
+# its rank's arena and makes its exchange region, registers the region with
+# rxe, announces its window (the NIC's address and rkey of the region) in
+# MEMBERSHIP, and both ranks attach
 # with no bootstrap of their own.  Then node 1's rank dies: node 2's daemon
 # learns it over the peer link and says so; node 1's daemon is killed:
 # node 2's loses its queue pairs and reconnects when it is back.
@@ -37,7 +38,8 @@ got() { grep -q . "$d/rank.out" 2>/dev/null; }
 wait_until 60 got || { show; fail "the rank did not attach within 60 s"; }
 grep -q "^attached in" "$d/rank.out" || { cat "$d/rank.out"; show; fail "the rank's attach failed"; }
 say "node $RDMAVM_NODE: $(cat "$d/rank.out")"
-grep -qE "registered a block of .* with rxe0" "$d/log" || { show; fail "the arena was not registered with rxe0"; }
+grep -qE "registered an exchange region of .* with rxe0" "$d/log" \
+  || { show; fail "the exchange region was not registered with rxe0"; }
 grep -qE "job job-rdma: node .* holds 1 of its 2 ranks \(1 window\(s\), 1 registered with its NIC\)" "$d/log" \
   || { show; fail "the peer's MEMBERSHIP did not carry a registered window"; }
 "$B/deepepctl" -s "$sock" peers --json | grep -qE '"nic_bytes":[1-9]' || { show; fail "peers shows no registered bytes"; }
