@@ -328,8 +328,11 @@ static int gpu_run(const struct nodes *ns, const uint32_t *split, const char *jo
 /*
  * Rank processes of one job attached to two or three daemons on the cuda
  * backend, all on this machine's GPU 0 (DEP_TEST_GPUS spreads them): the
- * blocks between daemons go GPU -> the proxy -> TCP -> the other daemon ->
- * GPU.  Every output, twice (under two poisons), as the oracle says: moves
+ * blocks between daemons go from the kernels into the sender's exchange
+ * region (host memory mapped for the GPU) -> the proxy's plain loads ->
+ * TCP -> the other daemon's plain stores into the receiver's exchange
+ * region, where its kernels wait on the flag and read the rows over the
+ * mapping; no daemon makes a CUDA call on that path.  Every output, twice (under two poisons), as the oracle says: moves
  * bit for bit, sums bit for bit in the host backend's order, which is what
  * the same job gives on one node.
  */
