@@ -8,6 +8,7 @@
  */
 #include <check.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "proto.h"
@@ -200,6 +201,55 @@ START_TEST(shape_limits_are_one_definition_with_messages_naming_the_field) {
 }
 END_TEST
 
+/*
+ * A job that spans nodes: its slab is the single-node one (the remote count
+ * changes nothing in it, nor its cache key), and its exchange region holds,
+ * for each parity and remote rank, an in slot, an out slot, an in block and
+ * an out block, none overlapping another, the blocks 4 KiB aligned, all
+ * within xchg_bytes; a single-node job has none.
+ */
+START_TEST(the_exchange_region_holds_every_remote_ranks_slots_and_blocks_apart) {
+  struct dep_shape_world sw = sample_shape();
+  sw.world_size = 8;
+  sw.shape.max_tokens_per_rank = 64;
+  sw.shape.max_ll_tokens_per_rank = 0;
+  sw.shape.hidden = 256;
+  sw.shape.num_experts = 16;
+  sw.shape.topk = 4;
+  struct dep_slab_layout one, l;
+  char why[256] = "";
+  ck_assert_int_eq(dep__slab_layout(&sw.shape, 8, &one, why, sizeof why), 0);
+  ck_assert_uint_eq(one.n_remote, 0);
+  ck_assert_uint_eq(one.xchg_bytes, 0);
+  ck_assert_int_eq(dep__slab_layout_nodes(&sw.shape, 8, 3, &l, why, sizeof why), 0);
+  ck_assert_uint_eq(l.n_remote, 5);
+  ck_assert_uint_eq(l.total_bytes, one.total_bytes);
+  ck_assert_uint_eq(l.priv_off, one.priv_off);
+  ck_assert_uint_eq(dep__slab_key(&sw.shape, 8), dep__shape_key(&sw.shape, 8));
+  ck_assert_uint_eq(l.in_off % DEP_SLAB_ALIGN, 0);
+  ck_assert_uint_eq(l.xchg_bytes % DEP_SLAB_ALIGN, 0);
+  /* Mark every byte each (parity, remote) part claims: each claimed once, inside the region. */
+  uint8_t *seen = calloc(1, l.xchg_bytes);
+  ck_assert_ptr_nonnull(seen);
+  for (unsigned p = 0; p < 2; p++)
+    for (uint32_t ri = 0; ri < l.n_remote; ri++) {
+      const uint64_t at[4] = {dep_slab_in_slot(&l, p, ri), dep_slab_out_slot(&l, p, ri),
+                              dep_slab_in_block(&l, p, ri), dep_slab_out_block(&l, p, ri)};
+      const uint64_t len[4] = {DEP_SLAB_CTRL_SLOT, DEP_SLAB_CTRL_SLOT, l.block_bytes,
+                               l.block_bytes};
+      for (int k = 0; k < 4; k++) {
+        ck_assert_uint_le(at[k] + len[k], l.xchg_bytes);
+        for (uint64_t b = at[k]; b < at[k] + len[k]; b++) {
+          ck_assert_msg(seen[b] == 0, "byte %llu of the exchange region claimed twice",
+                        (unsigned long long)b);
+          seen[b] = 1;
+        }
+      }
+    }
+  free(seen);
+}
+END_TEST
+
 Suite *shape_suite(void);
 Suite *shape_suite(void) {
   Suite *s = suite_create("shape");
@@ -208,6 +258,7 @@ Suite *shape_suite(void) {
   tcase_add_test(tc, every_shape_field_is_checked_compared_and_keyed);
   tcase_add_test(tc, a_default_and_its_value_are_the_same_shape);
   tcase_add_test(tc, shape_limits_are_one_definition_with_messages_naming_the_field);
+  tcase_add_test(tc, the_exchange_region_holds_every_remote_ranks_slots_and_blocks_apart);
   suite_add_tcase(s, tc);
   return s;
 }
