@@ -365,6 +365,46 @@ START_TEST(on_the_gpu_a_job_on_daemons_sharing_it_matches_the_oracle) {
 }
 END_TEST
 
+/*
+ * Calls back to back across two daemons on the cuda backend, the inputs
+ * changing every round (two cases of one shape, alternating, 8 rounds of
+ * 5 calls): a call reuses the exchange region's blocks and slots of the
+ * call two before it, now with other rows, which the GPU reads from host
+ * memory over the mapping.  A row or slot read stale (from a cache, or
+ * before the daemon's stores landed) differs from the oracle; every round
+ * repeats the digest of the last round with its inputs.
+ */
+START_TEST(on_the_gpu_calls_across_daemons_read_each_calls_own_rows_as_inputs_change) {
+  CR_NEEDS_GPU();
+  ow_seed_init(4242);
+  const struct ow_scenario sc = {4, 2048, 8, 16, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 1};
+  struct ow_case *d = malloc(2 * sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(&d[0], &sc, 1);
+  ow_case_make(&d[1], &sc, 1);
+  ck_assert_uint_eq(d[0].in[0].num_tokens, d[1].in[0].num_tokens);
+  ck_assert_msg(memcmp(d[0].in[0].x, d[1].in[0].x, (size_t)d[0].in[0].num_tokens * 2048 * 2) != 0,
+                "the two cases have the same inputs: the test would see no stale row");
+  struct nodes ns;
+  nodes_config_with(&ns, 2, 60000, ", op_timeout_ms: 30000", "");
+  nodes_start_all(&ns);
+  const uint32_t split[NODES_MAX] = {2, 2};
+  struct cr_rounds a = {d, 2, 8};
+  const uint64_t t0 = cr_ms_now();
+  static char fails[OW_MAXW * (OW_MSG + 16)];
+  int nfail = gpu_run(&ns, split, "gpu-change", d, cr_body_rounds, &a, false, fails,
+                      sizeof fails);
+  ck_assert_msg(nfail == 0, "%s: %d rank(s) failed (DEP_TEST_SEED=%llu):%s", d->desc, nfail,
+                (unsigned long long)ow_seed, fails);
+  printf("xnode gpu: 8 rounds of changing inputs over 2 daemons: as the oracle says, in %llu ms\n",
+         (unsigned long long)(cr_ms_now() - t0));
+  nodes_stop(&ns);
+  ow_case_free(&d[0]);
+  ow_case_free(&d[1]);
+  free(d);
+}
+END_TEST
+
 /* What the ranks of the lost-node test share. */
 struct gpu_loss {
   const struct ow_case *d;
@@ -860,6 +900,7 @@ Suite *xnode_suite(void) {
   tcase_set_timeout(g, 240);
   tcase_add_loop_test(g, on_the_gpu_a_job_on_daemons_sharing_it_matches_the_oracle, 0,
                       (int)(sizeof gpu_layouts / sizeof gpu_layouts[0]));
+  tcase_add_test(g, on_the_gpu_calls_across_daemons_read_each_calls_own_rows_as_inputs_change);
   tcase_add_test(g, on_the_gpu_a_lost_node_fails_the_survivors_within_the_op_timeout);
   suite_add_tcase(s, g);
   return s;
