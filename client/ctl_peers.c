@@ -4,7 +4,8 @@
  * connections up of the pool and of them those on RDMA queue pairs,
  * inbound connections, round trips of the last keep-alives (the TCP link's
  * and the queue pair's), bytes, reconnects and the last error; the RDMA
- * device and the pool memory registered with it; as a table or --json.
+ * device and the bytes registered with it (the exchange regions of running
+ * multi-node jobs); as a table or --json.
  */
 #include <stdio.h>
 #include <stdlib.h>

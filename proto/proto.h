@@ -220,7 +220,7 @@ struct dep_msg_peers {
   char listen[272];          /* "address:port" it listens on, "" for none */
   uint32_t auth;             /* 1: peer_key_file in use; 0: peer_insecure */
   char rdma[DEP_MSG_TEXT_MAX]; /* the RDMA device peer links use ("rxe0"), or "none: " and why */
-  uint64_t nic_bytes;        /* pool memory registered with that device */
+  uint64_t nic_bytes;        /* exchange regions registered with that device */
   uint32_t proxy_threads;    /* the data path's proxy threads running (0 until a job needs them) */
   uint64_t proxy_busy_us;    /* time they spent moving blocks (not polling), summed */
   uint32_t n_peers;          /* 0..DEP_PEERS_MAX */
