@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "config_value.h"
 #include "conn.h"
 #include "devices.h"
 #include "held.h"
@@ -54,27 +55,42 @@ static uint64_t lend_shape_key(const struct job *j) {
   return dep__slab_key(&j->shape, j->world_size);
 }
 
-/* Let go of the job's rings and exchange regions (the proxy no longer uses them). */
-static void lend_xchg_free(struct job *j) {
+/* What a ring and exchange region is cached under: the layout's inputs,
+ * shape and world (the slab's key) and the count of local ranks. */
+static uint64_t lend_xchg_key(const struct job *j) {
+  return lend_shape_key(j) * 0x9e3779b97f4a7c15ull + j->local_world_size;
+}
+
+/* Let go of the job's rings and exchange regions (the proxy no longer uses
+ * them): cached for the next job of its uid and key, or unmade. */
+static void lend_xchg_free(struct job *j, bool cache) {
   if (j->xchg == NULL)
     return;
-  for (uint32_t i = 0; i < j->local_world_size; i++) {
-    struct lend_xchg *x = &j->xchg[i];
-    nicreg_host_release(x->pool, x->mr, x->bytes);
-    if (x->ring != NULL)
-      munmap(x->ring, x->bytes);
-    if (x->fd >= 0)
-      close(x->fd);
-  }
+  for (uint32_t i = 0; i < j->local_world_size; i++)
+    if (j->xchg[i].region != NULL)
+      pool_region_put(j->xchg[i].region, cache);
   free(j->xchg);
   j->xchg = NULL;
 }
 
 /*
+ * A region taken from the cache: what the last job left that the new one
+ * must not see.  The ring's indices and entries, and every slot (a flag
+ * of the last job's calls would pass for one of this job's: sequences
+ * start again at each job); the blocks keep the same uid's bytes, which a
+ * receiver reads only after a slot's flag of this job says they are in.
+ */
+static void lend_xchg_reset(uint8_t *map, const struct dep_slab_layout *l) {
+  memset(map, 0, DEP_XRING_BYTES);
+  memset(map + DEP_XRING_BYTES + l->in_slot_off, 0, l->in_off - l->in_slot_off);
+}
+
+/*
  * A job that spans nodes, whose operations run (a world the operations
- * serve): one memfd per local rank, its ring written (the ranks check it)
- * and its exchange region zero, sealed against resizing.  0, or
- * DEP_ERR_NO_MEMORY / INVALID with why.
+ * serve): one ring and exchange region per local rank from its device's
+ * pool (pool.h: cached from an earlier job of the uid and key, reset, or
+ * made zero), its ring's header written (the ranks check it).  0, or
+ * DEP_ERR_NO_MEMORY / LIMIT / INVALID with why.
  */
 static int lend_xchg_make(struct job *j, char *why, size_t whylen) {
   if (!j->multinode || j->world_size > DEP_MAX_LOCAL_RANKS || j->xchg != NULL)
@@ -88,30 +104,41 @@ static int lend_xchg_make(struct job *j, char *why, size_t whylen) {
     snprintf(why, whylen, "out of memory for the rings of %u local ranks", j->local_world_size);
     return DEP_ERR_NO_MEMORY;
   }
-  for (uint32_t i = 0; i < j->local_world_size; i++)
-    j->xchg[i].fd = -1;
+  const uint64_t bytes = DEP_XRING_BYTES + l.xchg_bytes, key = lend_xchg_key(j);
+  uint32_t warm = 0, registered = 0;
   for (uint32_t i = 0; i < j->local_world_size; i++) {
-    struct lend_xchg *x = &j->xchg[i];
-    x->bytes = DEP_XRING_BYTES + l.xchg_bytes;
-    x->pool = j->ranks[i].arena->pool; /* lend_arenas placed every rank */
-    void *p = MAP_FAILED;
-    x->fd = memfd_create("deepepd-xchg", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (x->fd < 0 || ftruncate(x->fd, (off_t)x->bytes) != 0 ||
-        fcntl(x->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-        (p = mmap(NULL, x->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, x->fd, 0)) == MAP_FAILED) {
-      snprintf(why, whylen, "cannot make the ring and exchange region of local rank %u (%llu "
-               "bytes of host memory): %s", i, (unsigned long long)x->bytes, strerror(errno));
-      lend_xchg_free(j);
-      return DEP_ERR_NO_MEMORY;
+    struct pool *p = j->ranks[i].arena->pool; /* lend_arenas placed every rank */
+    struct pool_region *r = NULL;
+    rc = pool_region_get(p, bytes, j->owner_uid, key, lend_cfg->memory_per_uid, &r, why, whylen);
+    if (rc != 0) {
+      lend_xchg_free(j, lend_cfg->buffer_cache_enabled);
+      return rc;
     }
-    x->ring = p;
-    x->ring->magic = DEP_XRING_MAGIC;
-    x->ring->version = DEP_XRING_VERSION;
-    x->ring->entries = DEP_XRING_ENTRIES;
-    x->ring->rank = j->ranks[i].rank;
-    x->ring->xchg_bytes = l.xchg_bytes;
+    j->xchg[i].region = r;
+    if (r->warm) {
+      lend_xchg_reset(r->map, &l);
+      warm++;
+      registered += r->mr != NULL;
+    }
+    struct dep_xring *ring = r->map;
+    ring->magic = DEP_XRING_MAGIC;
+    ring->version = DEP_XRING_VERSION;
+    ring->entries = DEP_XRING_ENTRIES;
+    ring->rank = j->ranks[i].rank;
+    ring->xchg_bytes = l.xchg_bytes;
   }
+  char a[32];
+  if (warm > 0)
+    log_info("job %s: %u of its %u local rank(s)' exchange regions (%s each) reused from an "
+             "earlier job of uid %u of this shape, %u with their NIC registration", j->id, warm,
+             j->local_world_size, config_value_size_text(bytes, a, sizeof a),
+             (unsigned)j->owner_uid, registered);
   return 0;
+}
+
+void lend_xchg_hold(const struct job *j, uint32_t lr) {
+  if (j->xchg != NULL && lr < j->local_world_size && j->xchg[lr].region != NULL)
+    pool_region_hold(j->xchg[lr].region, &j->ranks[lr].proc);
 }
 
 _Static_assert(POOL_MAX_PIECES <= DEP_PROTO_MAX_FDS, "an arena's pieces must fit one SLAB frame");
@@ -126,7 +153,7 @@ _Static_assert(POOL_MAX_PIECES <= DEP_PROTO_MAX_FDS, "an arena's pieces must fit
 
 /* Return every arena the job holds to its pool, scrubbed (or cached), once each. */
 void lend_release(struct job *j, bool abandon) {
-  lend_xchg_free(j);
+  lend_xchg_free(j, !abandon && lend_cfg->buffer_cache_enabled);
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     struct pool_block *arena = j->ranks[i].arena;
     if (arena == NULL)
@@ -222,9 +249,10 @@ int lend_arenas(struct job *j, char *why, size_t whylen) {
 int lend_windows(const struct job *j, struct dep_peer_membership *x, char *why, size_t whylen) {
   x->n_windows = 0;
   for (uint32_t i = 0; j->xchg != NULL && i < j->local_world_size; i++) {
-    struct lend_xchg *e = &j->xchg[i];
+    struct pool_region *e = j->xchg[i].region;
+    /* A region from the cache keeps its registration. */
     if (e->mr == NULL && rdmaxp_active())
-      (void)nicreg_host(e->pool, e->ring, e->bytes, &e->mr); /* said there when it fails */
+      (void)nicreg_host(e->pool, e->map, e->bytes, &e->mr); /* said there when it fails */
     if (x->n_windows == DEP_PEER_WINDOWS_MAX) {
       snprintf(why, whylen, "its %u local ranks need more than %d windows", j->local_world_size,
                DEP_PEER_WINDOWS_MAX);
@@ -232,7 +260,7 @@ int lend_windows(const struct job *j, struct dep_peer_membership *x, char *why, 
     }
     /* One window: the exchange region, from its first byte (after the ring). */
     x->windows[x->n_windows++] =
-        nicreg_window(i, dep_xring_xchg(e->ring), e->bytes - DEP_XRING_BYTES, e->mr);
+        nicreg_window(i, dep_xring_xchg(e->map), e->bytes - DEP_XRING_BYTES, e->mr);
   }
   return 0;
 }
@@ -299,12 +327,15 @@ int lend_check(const struct dep_attach_args *a, uint64_t *slab_bytes, char *why,
   uint64_t piece;
   uint64_t need = pool_block_layout(p, stride * a->local_world_size, lend_peer_cap(p), &pieces,
                                     &piece);
+  /* And, across nodes, each local rank's ring and exchange region (pool.h). */
+  const uint64_t xchg = l.n_remote > 0 ? DEP_XRING_BYTES + l.xchg_bytes : 0;
+  need += xchg * a->local_world_size;
   if (need > pool_total_bytes(p)) {
     const double mib = 1024.0 * 1024.0;
     snprintf(why, whylen, "this job shape needs %.1f MiB per rank, %.1f MiB for its %u local "
              "ranks, but device %s's pool holds %.1f MiB; lower max_tokens_per_rank or hidden, "
              "or raise pool.size_per_device (pool.host_size on the host backend)",
-             (double)l.total_bytes / mib, (double)need / mib, a->local_world_size,
+             (double)(l.total_bytes + xchg) / mib, (double)need / mib, a->local_world_size,
              p->dev.uuid_str, (double)pool_total_bytes(p) / mib);
     return DEP_ERR_NO_MEMORY;
   }

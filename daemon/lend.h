@@ -18,23 +18,19 @@
 #include "job.h"
 #include "peer_proto.h"
 
-struct dep_xring;
-struct ibv_mr;
-struct pool;
+struct pool_region;
 
 /*
  * A local rank's ring to the proxy and exchange region (xring.h, slab.h):
- * one sealed memfd of host memory, made fresh with the arenas of a job
- * that spans nodes (never reused, so never scrubbed), mapped by the
+ * one sealed memfd of host memory (pool.h's region), mapped by the
  * daemon, lent to the rank at XRING_LEND, registered with the NIC where
- * there is one (peers write into its in blocks and slots).
+ * there is one (peers write into its in blocks and slots).  Made with the
+ * arenas of a job that spans nodes, or taken with its registration from
+ * the cache of an earlier job of the same uid, shape, world and local
+ * ranks, its ring and slots reset; cached again when the job ends.
  */
 struct lend_xchg {
-  int fd;                  /* -1: none */
-  struct dep_xring *ring;  /* the daemon's mapping: the ring, its exchange region after it */
-  uint64_t bytes;          /* of the memfd: DEP_XRING_BYTES + the layout's xchg_bytes */
-  struct ibv_mr *mr;       /* the mapping registered with the NIC, or NULL (nicreg.h) */
-  struct pool *pool;       /* of its rank's device: what the registration is counted in */
+  struct pool_region *region; /* NULL: none */
   bool lent;               /* its rank was sent it (XRING_LEND) */
 };
 
@@ -62,14 +58,19 @@ int lend_arenas(struct job *j, char *why, size_t whylen);
  * DEP_ERR_LIMIT with why. */
 int lend_windows(const struct job *j, struct dep_peer_membership *x, char *why, size_t whylen);
 
+/* Local rank lr's ring and exchange region is being sent to connection c's
+ * process, which may map it until it exits. */
+void lend_xchg_hold(const struct job *j, uint32_t lr);
+
 /* Send connection c every arena of the job, one SLAB frame each; c's process
  * is a holder of them from here. */
 int lend_send(const struct job *j, struct conn *c, uint32_t request_id);
 
 /* Give the job's arenas back: scrubbed and cached or freed, or, when
  * abandon (the daemon is stopping), let go of unscrubbed (DESIGN §13); its
- * exchange regions go (a rank that mapped one keeps its pages until it
- * unmaps them). */
+ * rings and exchange regions are cached (with the arenas' rule,
+ * buffer_cache.enabled) or go (a rank that mapped one keeps its pages
+ * until it unmaps them). */
 void lend_release(struct job *j, bool abandon);
 
 /* Rank `gone` of the running job j left (how: DEP_SLAB_GONE_*, slab.h): write

@@ -6,7 +6,8 @@
  * first announced to its peers, so that peers' RDMA writes land in its in
  * blocks and slots and ours leave from its out blocks and slots, and is
  * counted in its rank's device pool (nic_bytes, deepepctl peers) until the
- * region goes with the job.  A region that cannot be registered (no RDMA
+ * region is unmade: a region cached for the next job of its uid and shape
+ * (pool.h) keeps its registration, so a restarted job pays none.  A region that cannot be registered (no RDMA
  * device, RLIMIT_MEMLOCK) is said once per pool: its window carries rkey
  * 0, which no peer may write with, so its blocks go over TCP.  No GPU
  * memory is registered: no byte between nodes passes through it.

@@ -5,13 +5,19 @@
  */
 #include "pool.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "config_value.h"
 #include "log.h"
+#include "nicreg.h"
 #include "proc.h"
 #include "slab.h"
 
@@ -158,6 +164,44 @@ static void block_unmake(struct pool *p, struct pool_block *blk) {
   free(blk);
 }
 
+static void region_reap(struct pool_region *r) {
+  r->n_holders = holders_reap(r->holders, r->n_holders, r->file_dev, &r->file_ino, 1);
+}
+
+static bool region_held(const struct pool_region *r) {
+  return r->state != POOL_BLOCK_LENT && r->n_holders > 0;
+}
+
+/* Take a region off the pool's list: its NIC registration, mapping and fd
+ * go; what live holders still map stays charged as a ghost. */
+static void region_unmake(struct pool *p, struct pool_region *r) {
+  if (region_held(r)) {
+    region_reap(r);
+    if (r->n_holders > 0) {
+      struct pool_ghost *g = ghost_add(p, r->uid, r->bytes, r->holders, r->n_holders);
+      g->file_dev = r->file_dev;
+      g->file_ino[0] = r->file_ino;
+      g->n_files = 1;
+    }
+  }
+  for (struct pool_region **pp = &p->regions; *pp != NULL; pp = &(*pp)->next) {
+    if (*pp == r) {
+      *pp = r->next;
+      break;
+    }
+  }
+  if (r->state == POOL_BLOCK_CACHED)
+    p->cached_bytes -= r->bytes;
+  else if (r->state == POOL_BLOCK_LENT)
+    p->used_bytes -= r->bytes;
+  p->made_bytes -= r->bytes;
+  p->region_bytes -= r->bytes;
+  nicreg_host_release(p, r->mr, r->bytes);
+  munmap(r->map, r->bytes);
+  close(r->fd);
+  free(r);
+}
+
 /* Ghosts preloaded from a stopped daemon's held file, by device. */
 struct pool_preload {
   struct pool_preload *next;
@@ -208,6 +252,9 @@ void pool_reap(struct pool *p) {
   for (struct pool_block *b = p->blocks; b != NULL; b = b->next)
     if (b->state != POOL_BLOCK_LENT && b->n_holders > 0)
       block_reap(b);
+  for (struct pool_region *r = p->regions; r != NULL; r = r->next)
+    if (region_held(r))
+      region_reap(r);
   for (struct pool_ghost **gg = &p->ghosts; *gg != NULL;) {
     struct pool_ghost *g = *gg;
     g->n_holders = holders_reap(g->holders, g->n_holders, g->file_dev, g->file_ino, g->n_files);
@@ -260,6 +307,9 @@ uint64_t pool_held_bytes(const struct pool *p) {
   for (const struct pool_block *b = p->blocks; b != NULL; b = b->next)
     if (block_held(b))
       n += pool_block_bytes(b);
+  for (const struct pool_region *r = p->regions; r != NULL; r = r->next)
+    if (region_held(r))
+      n += r->bytes;
   return n;
 }
 
@@ -271,6 +321,9 @@ uint64_t pool_uid_bytes(const struct pool *p, uid_t uid) {
   for (const struct pool_block *b = p->blocks; b != NULL; b = b->next)
     if (b->has_owner && b->last_uid == uid && (b->state == POOL_BLOCK_LENT || b->n_holders > 0))
       n += pool_block_bytes(b);
+  for (const struct pool_region *r = p->regions; r != NULL; r = r->next)
+    if (r->uid == uid && (r->state == POOL_BLOCK_LENT || r->n_holders > 0))
+      n += r->bytes;
   return n;
 }
 
@@ -307,6 +360,10 @@ int pool_init(struct pool *p, const struct backend_ops *ops, const struct backen
 void pool_fini(struct pool *p) {
   if (p->ops == NULL)
     return;
+  while (p->regions != NULL) {
+    p->regions->n_holders = 0; /* as for blocks below */
+    region_unmake(p, p->regions);
+  }
   while (p->blocks != NULL) {
     p->blocks->n_holders = 0; /* the daemon is stopping: the held file has them */
     block_unmake(p, p->blocks);
@@ -385,31 +442,60 @@ static struct pool_block *cached_victim(const struct pool *p) {
   return best;
 }
 
+/* The cached region to evict first, likewise. */
+static struct pool_region *cached_region_victim(const struct pool *p) {
+  struct pool_region *best = NULL;
+  for (struct pool_region *r = p->regions; r != NULL; r = r->next)
+    if (r->state == POOL_BLOCK_CACHED && r->n_holders == 0 &&
+        (best == NULL || r->cached_seq < best->cached_seq))
+      best = r;
+  return best;
+}
+
 /*
  * Unmake free blocks, then cached ones, until the budget has room for a
  * block of `size`.  The caller has checked that the blocks lent to live
  * jobs leave that room, so this always succeeds.  Logged, so that an
  * operator sees a job of a new shape displace the memory of older ones.
  */
-static void make_room(struct pool *p, uint64_t size, uid_t uid) {
-  uint32_t n_free = 0, n_cached = 0;
+static void make_room(struct pool *p, uint64_t size, uid_t uid, const char *what) {
+  uint32_t n_free = 0, n_cached = 0, n_regions = 0;
   uint64_t released = 0;
   while (pool_room(p) < size) {
     struct pool_block *b = free_victim(p, uid);
-    if (b != NULL)
+    struct pool_region *r = NULL;
+    if (b != NULL) {
       n_free++;
-    else if ((b = cached_victim(p)) != NULL)
-      n_cached++;
-    else
-      break; /* only lent and held blocks left: the caller's check makes this unreachable */
-    released += pool_block_bytes(b);
-    block_unmake(p, b);
+    } else {
+      /* The oldest cached thing, block or region. */
+      b = cached_victim(p);
+      r = cached_region_victim(p);
+      if (b != NULL && r != NULL && r->cached_seq < b->cached_seq)
+        b = NULL;
+      else if (b != NULL)
+        r = NULL;
+      if (b == NULL && r == NULL)
+        break; /* only lent and held memory left: the caller's check makes this unreachable */
+      if (b != NULL)
+        n_cached++;
+      else
+        n_regions++;
+    }
+    if (r != NULL) {
+      released += r->bytes;
+      region_unmake(p, r);
+    } else {
+      released += pool_block_bytes(b);
+      block_unmake(p, b);
+    }
   }
-  if (n_free + n_cached == 0)
+  if (n_free + n_cached + n_regions == 0)
     return;
-  char a[32], c[32];
-  log_info("pool %s: unmade %u free and %u cached block(s), %s in all, to make room for a "
-           "block of %s", p->dev.uuid_str, n_free, n_cached, SIZE_TEXT(released, a),
+  char a[32], c[32], regions[64] = "";
+  if (n_regions > 0)
+    snprintf(regions, sizeof regions, " and %u cached exchange region(s)", n_regions);
+  log_info("pool %s: unmade %u free and %u cached block(s)%s, %s in all, to make room for %s of "
+           "%s", p->dev.uuid_str, n_free, n_cached, regions, SIZE_TEXT(released, a), what,
            SIZE_TEXT(size, c));
 }
 
@@ -438,11 +524,10 @@ uint64_t pool_block_layout(const struct pool *p, uint64_t bytes, uint64_t max_pi
 /* Refuse a block that would take uid past its quota: fresh memory counts
  * in full, a block already charged to uid (held by its processes) not again. */
 static int check_quota(const struct pool *p, uid_t uid, uint64_t quota, uint64_t size,
-                       const struct pool_block *b, char *why, size_t whylen) {
+                       bool charged, char *why, size_t whylen) {
   if (quota == 0)
     return 0;
   uint64_t have = pool_uid_bytes(p, uid);
-  bool charged = b != NULL && b->has_owner && b->last_uid == uid && b->n_holders > 0;
   if (charged || have + size <= quota)
     return 0;
   char a[32], c[32], d[32];
@@ -452,6 +537,26 @@ static int check_quota(const struct pool *p, uid_t uid, uint64_t quota, uint64_t
            (unsigned)uid, SIZE_TEXT(have, a), p->dev.uuid_str, SIZE_TEXT(size, c),
            SIZE_TEXT(quota, d));
   return DEP_ERR_LIMIT;
+}
+
+/* Whether the budget can hold `size` more beside what live jobs and holders
+ * keep (then make_room finds it); DEP_ERR_NO_MEMORY with why, naming what. */
+static int check_room(const struct pool *p, uint64_t size, const char *what, char *why,
+                      size_t whylen) {
+  char t[32], u[32], v[32], x[32];
+  const uint64_t held = pool_held_bytes(p);
+  if (size <= p->budget_bytes && p->budget_bytes - size >= p->used_bytes + held)
+    return 0;
+  char held_text[160] = "";
+  if (held > 0)
+    snprintf(held_text, sizeof held_text, ", and processes whose jobs ended (or that a "
+             "stopped deepepd served) still hold %s until they exit", SIZE_TEXT(held, x));
+  snprintf(why, whylen, "device %s (%s) cannot lend this job %s of %s: its pool's budget is %s "
+           "and live jobs hold %s of it%s; raise pool.size_per_device (pool.host_size on the "
+           "host backend), lower max_tokens_per_rank, or wait for jobs to end", p->dev.uuid_str,
+           p->dev.name, what, SIZE_TEXT(size, v), SIZE_TEXT(p->budget_bytes, t),
+           SIZE_TEXT(p->used_bytes, u), held_text);
+  return DEP_ERR_NO_MEMORY;
 }
 
 int pool_block_get(struct pool *p, uint64_t bytes, uint64_t max_piece, uid_t uid,
@@ -464,25 +569,15 @@ int pool_block_get(struct pool *p, uint64_t bytes, uint64_t max_piece, uid_t uid
   struct pool_block *b = cached_match(p, n, piece, uid, shape_key);
   if (b == NULL)
     b = free_match(p, n, piece, uid);
-  int rc = check_quota(p, uid, uid_quota, size, b, why, whylen);
+  bool charged = b != NULL && b->has_owner && b->last_uid == uid && b->n_holders > 0;
+  int rc = check_quota(p, uid, uid_quota, size, charged, why, whylen);
   if (rc != 0)
     return rc;
   if (b == NULL) {
-    char t[32], u[32], v[32], w[32], x[32];
-    const uint64_t held = pool_held_bytes(p);
-    if (size > p->budget_bytes || p->budget_bytes - size < p->used_bytes + held) {
-      char held_text[160] = "";
-      if (held > 0)
-        snprintf(held_text, sizeof held_text, ", and processes whose jobs ended (or that a "
-                 "stopped deepepd served) still hold %s until they exit", SIZE_TEXT(held, x));
-      snprintf(why, whylen, "device %s (%s) cannot lend this job a block of %s: its pool's "
-               "budget is %s and live jobs hold %s of it%s; raise pool.size_per_device "
-               "(pool.host_size on the host backend), lower max_tokens_per_rank, or wait for "
-               "jobs to end", p->dev.uuid_str, p->dev.name, SIZE_TEXT(size, v),
-               SIZE_TEXT(p->budget_bytes, t), SIZE_TEXT(p->used_bytes, u), held_text);
-      return DEP_ERR_NO_MEMORY;
-    }
-    make_room(p, size, uid);
+    char t[32], u[32], v[32], w[32];
+    if ((rc = check_room(p, size, "a block", why, whylen)) != 0)
+      return rc;
+    make_room(p, size, uid, "a block");
     rc = block_make(p, n, piece, &b, why, whylen);
     if (rc != 0)
       return rc;
@@ -571,3 +666,104 @@ int pool_block_fd(const struct pool_block *b, uint32_t i) {
 }
 
 uint64_t pool_total_bytes(const struct pool *p) { return p->budget_bytes; }
+
+/* ---- regions (rings and exchange regions) --------------------------------------- */
+
+/* A cached region of this uid, key and size; one another uid used is never lent. */
+static struct pool_region *cached_region(const struct pool *p, uint64_t bytes, uid_t uid,
+                                         uint64_t key) {
+  for (struct pool_region *r = p->regions; r != NULL; r = r->next)
+    if (r->state == POOL_BLOCK_CACHED && r->uid == uid && r->key == key && r->bytes == bytes &&
+        r->n_holders + DEP_MAX_LOCAL_RANKS <= POOL_MAX_HOLDERS)
+      return r;
+  return NULL;
+}
+
+/* A new sealed memfd of `bytes`, mapped, zero; put on the pool's list. */
+static int region_make(struct pool *p, uint64_t bytes, struct pool_region **out, char *why,
+                       size_t whylen) {
+  char a[32];
+  struct pool_region *r = calloc(1, sizeof *r);
+  if (r == NULL) {
+    snprintf(why, whylen, "out of memory for a region record");
+    return DEP_ERR_NO_MEMORY;
+  }
+  struct stat st;
+  r->map = MAP_FAILED;
+  r->fd = memfd_create("deepepd-xchg", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (r->fd < 0 || ftruncate(r->fd, (off_t)bytes) != 0 ||
+      fcntl(r->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+      fstat(r->fd, &st) != 0 ||
+      (r->map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0)) == MAP_FAILED) {
+    snprintf(why, whylen, "cannot make a ring and exchange region of %s of host memory: %s",
+             SIZE_TEXT(bytes, a), strerror(errno));
+    if (r->fd >= 0)
+      close(r->fd);
+    free(r);
+    return DEP_ERR_NO_MEMORY;
+  }
+  r->pool = p;
+  r->bytes = bytes;
+  r->file_dev = (uint64_t)st.st_dev;
+  r->file_ino = (uint64_t)st.st_ino;
+  r->next = p->regions;
+  p->regions = r;
+  p->made_bytes += bytes;
+  p->region_bytes += bytes;
+  *out = r;
+  return 0;
+}
+
+int pool_region_get(struct pool *p, uint64_t bytes, uid_t uid, uint64_t key, uint64_t uid_quota,
+                    struct pool_region **out, char *why, size_t whylen) {
+  pool_reap(p);
+  struct pool_region *r = cached_region(p, bytes, uid, key);
+  int rc = check_quota(p, uid, uid_quota, bytes, r != NULL && r->n_holders > 0, why, whylen);
+  if (rc != 0)
+    return rc;
+  if (r != NULL) {
+    p->cached_bytes -= bytes;
+    r->warm = true;
+  } else {
+    if ((rc = check_room(p, bytes, "a ring and exchange region", why, whylen)) != 0)
+      return rc;
+    make_room(p, bytes, uid, "a ring and exchange region");
+    if ((rc = region_make(p, bytes, &r, why, whylen)) != 0)
+      return rc;
+    r->warm = false;
+  }
+  r->state = POOL_BLOCK_LENT;
+  r->uid = uid;
+  r->key = key;
+  p->used_bytes += bytes;
+  *out = r;
+  return 0;
+}
+
+void pool_region_hold(struct pool_region *r, const struct proc_id *p) {
+  if (p->pid <= 0)
+    return;
+  for (uint32_t i = 0; i < r->n_holders; i++)
+    if (r->holders[i].pid == p->pid && r->holders[i].start == p->start)
+      return;
+  if (r->n_holders == POOL_MAX_HOLDERS)
+    r->n_holders = holders_reap(r->holders, r->n_holders, 0, NULL, 0);
+  if (r->n_holders < POOL_MAX_HOLDERS)
+    r->holders[r->n_holders++] = *p;
+  else
+    log_warnx("pool %s: a region already has %u live holders; pid %d is not tracked",
+              r->pool->dev.uuid_str, (unsigned)POOL_MAX_HOLDERS, (int)p->pid);
+}
+
+void pool_region_put(struct pool_region *r, bool cache) {
+  struct pool *p = r->pool;
+  p->used_bytes -= r->bytes;
+  if (!cache) {
+    r->state = POOL_BLOCK_FREE; /* not lent: live holders make it a ghost */
+    region_unmake(p, r);
+    return;
+  }
+  r->state = POOL_BLOCK_CACHED;
+  r->cached_seq = ++p->cache_seq;
+  p->cached_bytes += r->bytes;
+}

@@ -29,6 +29,21 @@
  * client kept after detach still counts against the budget and against
  * its uid's limits.memory_per_uid.  A stopped daemon writes what is lent
  * or held to a file (held.h) and the next one starts with those ghosts.
+ *
+ * Regions: a rank of a job that spans nodes also gets its ring and
+ * exchange region (lend.h), one sealed memfd of host memory whatever the
+ * backend, which the daemon maps and may have registered with the NIC.
+ * A region lives as a block does, and is charged as one: made within the
+ * budget (on cuda too: the budget is what the daemon spends for the
+ * device's ranks), lent to one rank, then cached, mapping and NIC
+ * registration kept, for the next job of the same uid and key (shape,
+ * world and local ranks: the layout), or unmade; a cached one is evicted,
+ * oldest first beside cached blocks, when the budget needs the room; a
+ * region another uid used is never lent (it is unmade, and its uid gets a
+ * fresh one); held ones stay charged to their uid, as ghosts once unmade.
+ * What a new job must not see (ring, slots) the lender resets; the blocks
+ * keep the same uid's bytes, read only after a slot's flag says a call's
+ * block is in.
  */
 #ifndef DEP_POOL_H
 #define DEP_POOL_H
@@ -39,6 +54,8 @@
 
 #include "backend.h"
 #include "proc.h"
+
+struct ibv_mr;
 
 enum pool_block_state { POOL_BLOCK_FREE = 0, POOL_BLOCK_LENT, POOL_BLOCK_CACHED };
 
@@ -66,6 +83,24 @@ struct pool_block {
   struct pool_block *next;     /* the pool's list of made blocks */
 };
 
+/* A rank's ring and exchange region (lend.h), made and charged by its rank's pool. */
+struct pool_region {
+  struct pool *pool;
+  int fd;                      /* the sealed memfd */
+  void *map;                   /* the daemon's mapping of all of it */
+  uint64_t bytes;
+  struct ibv_mr *mr;           /* the mapping registered with the NIC, or NULL (nicreg.h) */
+  enum pool_block_state state; /* LENT or CACHED */
+  bool warm;                   /* LENT: it was cached (mapping and registration kept) */
+  uid_t uid;                   /* of the job it serves or last served */
+  uint64_t key;                /* that job's: what a cached region matches on */
+  uint64_t cached_seq;         /* CACHED: when (shares the blocks' sequence) */
+  uint64_t file_dev, file_ino; /* the memfd, by which /proc shows who holds it */
+  struct proc_id holders[POOL_MAX_HOLDERS];
+  uint32_t n_holders;
+  struct pool_region *next;    /* the pool's list of made regions */
+};
+
 /* Memory the pool no longer has but a process of uid may still hold. */
 struct pool_ghost {
   struct pool_ghost *next;
@@ -86,9 +121,11 @@ struct pool {
   bool prealloc;               /* the reserve was made at start (preallocation) */
   struct pool_block *blocks;   /* every made block, in no particular order */
   uint32_t n_blocks;
-  uint64_t made_bytes;         /* sum of the made blocks' sizes, <= budget_bytes */
+  struct pool_region *regions; /* every made region */
+  uint64_t made_bytes;         /* sum of the made blocks' and regions' sizes, <= budget_bytes */
   uint64_t used_bytes;         /* of them, lent to live jobs */
   uint64_t cached_bytes;       /* of them, cached for the next job of their shape */
+  uint64_t region_bytes;       /* of made_bytes, the regions' */
   uint64_t cache_seq;          /* the last cached_seq handed out */
   struct pool_ghost *ghosts;   /* charged beside the made blocks: made + ghost <= budget */
   uint64_t ghost_bytes;
@@ -131,9 +168,10 @@ void pool_reap(struct pool *p);
  */
 void pool_forget(struct pool *p, uid_t uid, uint64_t shape_key);
 
-/* Memory no live job holds that processes may still hold: held blocks and ghosts. */
+/* Memory no live job holds that processes may still hold: held blocks and regions, ghosts. */
 uint64_t pool_held_bytes(const struct pool *p);
-/* What uid is charged on this pool: blocks lent to its jobs, held by its processes, ghosts. */
+/* What uid is charged on this pool: blocks and regions lent to its jobs or held by its
+ * processes, ghosts. */
 uint64_t pool_uid_bytes(const struct pool *p, uid_t uid);
 
 /*
@@ -181,6 +219,24 @@ uint32_t pool_block_pieces(const struct pool_block *b);
 uint64_t pool_block_piece_bytes(const struct pool_block *b);
 /* Piece i's exported fd (owned by the pool: do not close). */
 int pool_block_fd(const struct pool_block *b, uint32_t i);
+
+/*
+ * Lend a ring and exchange region of `bytes` to a rank of a job of `uid`
+ * and key: a cached one of the same uid, key and size first (r->warm: its
+ * contents and NIC registration are the last job's), else a new zeroed
+ * sealed memfd, mapped, making room as pool_block_get does.  Refused as
+ * pool_block_get refuses (DEP_ERR_NO_MEMORY, DEP_ERR_LIMIT past
+ * uid_quota), with why.
+ */
+int pool_region_get(struct pool *p, uint64_t bytes, uid_t uid, uint64_t key, uint64_t uid_quota,
+                    struct pool_region **out, char *why, size_t whylen);
+
+/* The region's fd is being sent to process p: it may map it until it exits. */
+void pool_region_hold(struct pool_region *r, const struct proc_id *p);
+
+/* Return a lent region (its job's proxy no longer touches it): cached for
+ * the next job of its uid and key, or unmade when !cache. */
+void pool_region_put(struct pool_region *r, bool cache);
 
 /* The pool's budget: what STATUS reports as its total. */
 uint64_t pool_total_bytes(const struct pool *p);

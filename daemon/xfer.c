@@ -26,6 +26,7 @@
 #include "lend.h"
 #include "log.h"
 #include "peer.h"
+#include "pool.h"
 #include "proto.h"
 #include "slab.h"
 #include "xfer_internal.h"
@@ -134,9 +135,9 @@ void xfer_job_start(const struct job *j, const int16_t *who) {
     const struct job_rank *q = &j->ranks[i];
     r->local_of[q->rank] = (int16_t)i;
     r->rank_of[i] = q->rank;
-    r->ring[i] = j->xchg[i].ring;
-    r->xchg[i] = dep_xring_xchg(j->xchg[i].ring);
-    r->mr[i] = j->xchg[i].mr;
+    r->ring[i] = j->xchg[i].region->map;
+    r->xchg[i] = dep_xring_xchg(j->xchg[i].region->map);
+    r->mr[i] = j->xchg[i].region->mr;
   }
   r->rdma = xfer_rdma_route_new(j, who);
   pthread_rwlock_wrlock(&X->lock);
@@ -214,8 +215,9 @@ void xfer_lend_ring(struct conn *c, uint32_t request_id) {
   /* bytes is the ring's: the whole memfd (ring, then the exchange region)
    * is larger, and the rank checks its size against its own layout. */
   j->xchg[lr].lent = true;
+  lend_xchg_hold(j, lr);
   struct dep_msg_lend_ok ok = {.version = DEP_XRING_VERSION, .bytes = (uint32_t)DEP_XRING_BYTES};
-  int fd = j->xchg[lr].fd;
+  int fd = j->xchg[lr].region->fd;
   conn_send(c, DEP_MSG_XRING_LEND_OK, request_id, &ok, &fd, 1);
 }
 

@@ -20,7 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,8 +35,10 @@
 #include "deepep.h"
 #include "nodes.h"
 #include "opsworld.h"
+#include "slab.h"
 #include "testutil.h"
 #include "xnround.h"
+#include "xring.h"
 
 #define XN_ROUNDS_MAX 250
 #define XN_OP_TIMEOUT_MS 4000
@@ -44,6 +48,7 @@ struct xn_run {
   uint32_t rounds;           /* rounds of layout, dispatch, combine, LL dispatch, LL combine */
   bool alternate_fp8;        /* LL dispatch's FP8 on in odd rounds */
   bool until_error;          /* fault tests: go on until a call fails */
+  uid_t uid;                 /* 0: the test's own; else the ranks run as it (root only) */
 };
 
 /* A rank process: attach on sock as (rank, local_rank of lws), run, report. */
@@ -51,6 +56,8 @@ static void xn_rank_main(const char *sock, const char *job, const struct xn_run 
                          uint32_t local_rank, uint32_t lws, struct xn_result *res) {
   const struct ow_case *d = run->d;
   dep_client_t *c = NULL;
+  if (run->uid != 0 && (setgroups(0, NULL) != 0 || setgid(run->uid) != 0 || setuid(run->uid) != 0))
+    _exit(3);
   int rc = dep_client_new(&c);
   if (rc == 0)
     rc = dep_connect(c, sock);
@@ -251,6 +258,121 @@ START_TEST(a_thousand_calls_back_to_back_across_nodes_stay_as_on_one_node) {
          (long long)(t1 - t0), (long long)(t2 - t1));
   munmap(r1, 4 * sizeof *r1);
   munmap(r2, 4 * sizeof *r2);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
+/*
+ * Warm exchange regions (pool.h's regions): a second job of the same uid,
+ * shape, world and placement across the same two daemons gets the rings
+ * and exchange regions of the first back, reset (each node says so), and
+ * runs as the first did, digest for digest, though every slot's flag of
+ * the first job's calls was left in them; a job of another uid of the
+ * same shape gets fresh ones (root only: it runs as nobody).  Then
+ * limits.memory_per_uid counts the regions: a quota that holds the arenas
+ * but not one more region refuses the job, naming the limit.
+ */
+static int count_in(const char *hay, const char *needle) {
+  int n = 0;
+  for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+    n++;
+  return n;
+}
+
+START_TEST(a_restarted_job_gets_its_exchange_regions_back_and_another_uid_does_not) {
+  ow_seed_init(83);
+  const struct xn_layout *L = &layouts[2]; /* 2 + 2 ranks */
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &L->sc, L->sc.fp8);
+  struct nodes ns;
+  nodes_config_with(&ns, 2, 20000, ", op_timeout_ms: 16000", "allow: {any_user: true}\n");
+  nodes_start_all(&ns);
+  for (int i = 0; i < 2; i++)
+    chmod(ns.d[i].dir, 0755); /* uid 65534 reaches the sockets */
+  const uint32_t n = L->sc.world;
+  struct xn_place spread;
+  memset(&spread, 0, sizeof spread);
+  xn_place(&spread, L->split, L->nodes);
+  struct xn_run run = {.d = d, .rounds = 2};
+  struct xn_result *r1 = xn_results(n), *r2 = xn_results(n);
+  xn_run_job(&ns, &spread, "warm-first", &run, r1);
+  for (int i = 0; i < 2; i++) {
+    char *log = tu_daemon_log(&ns.d[i]);
+    ck_assert_msg(count_in(log, "reused from an earlier job") == 0,
+                  "node %d: the first job of its shape reused regions:\n%s", i, log);
+    free(log);
+  }
+  xn_run_job(&ns, &spread, "warm-second", &run, r2);
+  for (uint32_t g = 0; g < n; g++)
+    ck_assert_msg(r1[g].digest == r2[g].digest, "rank %u: the job on reused exchange regions "
+                  "got other outputs than the first (seed %llu)", g, (unsigned long long)ow_seed);
+  for (int i = 0; i < 2; i++) {
+    char *log = tu_daemon_log(&ns.d[i]);
+    ck_assert_msg(strstr(log, "job warm-second: 2 of its 2 local rank(s)' exchange regions") !=
+                      NULL, "node %d: the second job did not get both regions back:\n%s", i,
+                  log);
+    free(log);
+  }
+  if (geteuid() == 0) {
+    struct xn_run other = run;
+    other.uid = 65534;
+    struct xn_result *r3 = xn_results(n);
+    xn_run_job(&ns, &spread, "warm-nobody", &other, r3);
+    for (int i = 0; i < 2; i++) {
+      char *log = tu_daemon_log(&ns.d[i]);
+      ck_assert_msg(count_in(log, "reused from an earlier job of uid 65534") == 0,
+                    "node %d: uid 65534's job got another uid's regions:\n%s", i, log);
+      free(log);
+    }
+    munmap(r3, n * sizeof *r3);
+  }
+  printf("xnode: a second job of the shape got its exchange regions back on both nodes and ran "
+         "as the first%s\n", geteuid() == 0 ? "; another uid's job got fresh ones" : "");
+  munmap(r1, n * sizeof *r1);
+  munmap(r2, n * sizeof *r2);
+  nodes_stop(&ns);
+
+  /* The quota: the arenas of a node's ranks fit, their regions do not (a
+   * larger shape: the limit is at least 2 MiB). */
+  const struct xn_layout *Q = &layouts[8]; /* 4 + 4 ranks */
+  struct ow_case *q = malloc(sizeof *q);
+  ck_assert_ptr_nonnull(q);
+  ow_case_make(q, &Q->sc, Q->sc.fp8);
+  const uint32_t qn = Q->sc.world, lws = Q->split[0];
+  struct dep_slab_layout l;
+  char why[256];
+  ck_assert_int_eq(dep__slab_layout_nodes(&q->shape, qn, lws, &l, why, sizeof why), 0);
+  const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  const uint64_t stride = (l.total_bytes + 65535) / 65536 * 65536;
+  const uint64_t arena = (lws * stride + page - 1) / page * page;
+  const uint64_t region = DEP_XRING_BYTES + l.xchg_bytes;
+  const uint64_t quota = (arena + region + 1023) / 1024; /* KiB: under the arenas and two */
+  ck_assert_uint_ge(quota, 2048);
+  char limits[128];
+  snprintf(limits, sizeof limits, ", op_timeout_ms: 8000, memory_per_uid: %lluKiB",
+           (unsigned long long)quota);
+  nodes_config_with(&ns, 2, 20000, limits, "");
+  nodes_start_all(&ns);
+  struct xn_place qp;
+  memset(&qp, 0, sizeof qp);
+  xn_place(&qp, Q->split, Q->nodes);
+  struct xn_run qrun = {.d = q, .rounds = 1};
+  struct xn_result *r4 = xn_results(qn);
+  pid_t pids[OW_MAXW];
+  xn_spawn(&ns, &qp, "over-quota", &qrun, r4, pids);
+  ck_assert(!xn_reap(pids, qn, 60000));
+  for (uint32_t g = 0; g < qn; g++)
+    ck_assert_msg(r4[g].rc == DEP_ERR_LIMIT && strstr(r4[g].msg, "memory_per_uid") != NULL,
+                  "rank %u: %s (%d)", g, r4[g].msg, r4[g].rc);
+  printf("xnode: memory_per_uid counts the exchange regions: %llu KiB of arenas and regions "
+         "a node refused under a quota of %llu KiB\n",
+         (unsigned long long)((arena + lws * region) / 1024), (unsigned long long)quota);
+  ow_case_free(q);
+  free(q);
+  munmap(r4, qn * sizeof *r4);
   nodes_stop(&ns);
   ow_case_free(d);
   free(d);
@@ -887,6 +1009,7 @@ Suite *xnode_suite(void) {
   tcase_add_loop_test(t, a_job_across_nodes_gives_every_rank_what_it_gets_on_one_node, 0,
                       (int)(sizeof layouts / sizeof layouts[0]));
   tcase_add_test(t, a_thousand_calls_back_to_back_across_nodes_stay_as_on_one_node);
+  tcase_add_test(t, a_restarted_job_gets_its_exchange_regions_back_and_another_uid_does_not);
   suite_add_tcase(s, t);
   TCase *f = tcase_create("faults");
   tcase_set_timeout(f, 120);

@@ -10,7 +10,8 @@
 # bytes, and no frame went over the TCP data connections); then the same
 # job with all four ranks on node 1's daemon must give every rank the same
 # digest, bit for bit.  Last, node 2's daemon and ranks are killed in the
-# middle of a third job: node 1's ranks fail (DEP_ERR_PEER or
+# middle of a third job (of the first's shape and placement: it must get
+# the first's exchange regions back, registrations and all): node 1's ranks fail (DEP_ERR_PEER or
 # DEP_ERR_TIMEOUT) within the op timeout, and node 1's daemon carries on.
 # XRANK_HIDDEN and XRANK_TOKENS (run.sh -e) make the blocks larger for
 # measuring writes and posts; the one-node job then needs more than the
@@ -117,6 +118,18 @@ for l in 0 1; do
 done
 running() { grep -q "job xr-kill: all 4 ranks held" "$d/log"; }
 wait_until 120 running || { show; fail "the third job did not start"; }
+# Of xr-spread's shape and placement: it got its rings and exchange regions
+# back (pool.h), with their registrations on the rdma transport, and the
+# registered bytes stayed what they were (no region registered again).
+grep -qE "job xr-kill: 2 of its 2 local rank\(s\)' exchange regions .* $([[ $MIXED == 0 ]] && echo 2 || echo '[0-2]') with their NIC registration" "$d/log" \
+  || { show; fail "the third job did not get xr-spread's exchange regions back"; }
+if [[ $MIXED == 0 ]]; then
+  nic_then=$(grep -o '"nic_bytes":[0-9]*' "$d/peers.json" | head -1)
+  nic_now=$("$B/deepepctl" -s "$sock" peers --json | grep -o '"nic_bytes":[0-9]*' | head -1)
+  [[ -n $nic_then && $nic_then == "$nic_now" ]] \
+    || { show; fail "registered bytes went from $nic_then to $nic_now for a job on reused regions"; }
+  say "node $RDMAVM_NODE: xr-kill on xr-spread's regions and registrations ($nic_now)"
+fi
 sleep 5 # some rounds, and writes in flight
 barrier kill 60
 if [[ $RDMAVM_NODE == 2 ]]; then
