@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #include <sodium.h>
@@ -35,6 +36,20 @@
 
 /* A sweep's frames for one peer go out in one send, up to this many bytes. */
 #define XFER_BATCH_BYTES (4u << 20)
+/*
+ * A payload shorter than this is copied into its batch beside its header;
+ * a longer one is sent from its out block in place (its own iovec).  Below
+ * a page the copy costs about what a segment of its own does (the
+ * kernel's per-iovec work, and more sendmsg calls: a batch of many small
+ * frames would need several of IOV_MAX iovecs each), and copying keeps a
+ * run of empty and small frames with their headers in one iovec, as the
+ * batch was before; above it the copy grows with the bytes and the
+ * iovec's cost does not.
+ */
+#define XFER_COPY_MAX 4096u
+/* How long an ended job's route waits for a receive into its regions
+ * before it cuts the connections it is read from (xfer_job_end). */
+#define XFER_END_CUT_MS 2000
 /* A proxy thread with nothing to do spins this long (yielding) before it
  * sleeps in steps of XFER_NAP_NS: a call's next descriptor usually comes
  * within microseconds of the last. */
@@ -174,6 +189,37 @@ void xfer_job_end(const struct job *j) {
   pthread_rwlock_unlock(&X->lock);
   if (r == NULL)
     return;
+  /* Unlisted, it is taken by no one new; a proxy still sending from its out
+   * blocks or a receiver reading into its in blocks finishes first: the
+   * regions go back to the pool, for another job, right after this.  A
+   * healthy connection finishes a frame in milliseconds; a receive still
+   * not done after XFER_END_CUT_MS is one the peer stalls (this loop must
+   * not wait out XFER_IO_MS), so the job's peers' inbound connections are
+   * cut, their receivers give the route back at once, and the loop's tick
+   * offers new ones.  A send waits as xfer_peer_down's does, for its
+   * connection's progress or XFER_IO_MS. */
+  uint64_t t0 = mono_ns();
+  bool cut = false;
+  while (atomic_load(&r->users) != 0) {
+    if (!cut && mono_ns() - t0 > XFER_END_CUT_MS * 1000000ull) {
+      pthread_rwlock_rdlock(&X->lock);
+      for (uint32_t g = 0; g < r->world; g++)
+        for (int i = 0; r->peer_of[g] >= 0 && i < XFER_CONNS_MAX; i++)
+          if (X->peers[r->peer_of[g]].in_fds[i] >= 0)
+            shutdown(X->peers[r->peer_of[g]].in_fds[i], SHUT_RDWR);
+      pthread_rwlock_unlock(&X->lock);
+      log_warnx("job %s: a frame of it was still being received %d ms after it ended; its "
+                "peers' inbound data connections are cut (new ones are offered)", r->id,
+                XFER_END_CUT_MS);
+      cut = true;
+    }
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+  }
+  uint64_t waited_ms = (mono_ns() - t0) / 1000000u;
+  if (waited_ms >= 100)
+    log_info("job %s: its route waited %llu ms for sends and receives still using its exchange "
+             "regions", r->id, (unsigned long long)waited_ms);
   xfer_rdma_route_free(r->rdma); /* its writes in flight land first */
   free(r);
 }
@@ -250,10 +296,11 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
   return 0;
 }
 
-void xfer__frame_write(uint8_t *block, uint8_t *slot, const struct dep_xfer_hdr *h,
-                       const uint8_t *payload) {
-  if (h->bytes > 0)
-    memcpy(block, payload, h->bytes);
+void xfer__route_put(struct xfer_route *r) {
+  atomic_fetch_sub_explicit(&r->users, 1, memory_order_release);
+}
+
+void xfer__frame_publish(uint8_t *slot, const struct dep_xfer_hdr *h) {
   memcpy(slot + 8, h->slot + 8, sizeof h->slot - 8);
   uint64_t flag;
   memcpy(&flag, h->slot, sizeof flag);
@@ -276,10 +323,60 @@ bool xfer__batch_room(struct xfer_batch *b, size_t n) {
   return true;
 }
 
+void xfer__batch_reset(struct xfer_batch *b) {
+  for (uint32_t i = 0; i < b->n_seg; i++)
+    if (b->seg[i].held != NULL)
+      xfer__route_put(b->seg[i].held);
+  b->n_seg = 0;
+  b->len = b->bytes = 0;
+}
+
 void xfer__batch_free(struct xfer_batch *b) {
+  xfer__batch_reset(b);
   free(b->buf);
+  free(b->seg);
   b->buf = NULL;
-  b->len = b->cap = 0;
+  b->seg = NULL;
+  b->cap = b->cap_seg = 0;
+}
+
+/* Room in b for `copy` more bytes in buf and two more segments (one
+ * frame), so that a frame is appended whole or not at all; false when out
+ * of memory. */
+static bool batch_reserve(struct xfer_batch *b, size_t copy) {
+  if (!xfer__batch_room(b, copy))
+    return false;
+  if (b->n_seg + 2 <= b->cap_seg)
+    return true;
+  uint32_t cap = b->cap_seg ? 2 * b->cap_seg : 64;
+  struct xfer_seg *p = realloc(b->seg, cap * sizeof *p);
+  if (p == NULL)
+    return false;
+  b->seg = p;
+  b->cap_seg = cap;
+  return true;
+}
+
+/* Append n bytes copied into the batch's buf (reserved), in one segment
+ * with the bytes copied just before. */
+static void batch_copy(struct xfer_batch *b, const void *src, size_t n) {
+  struct xfer_seg *last = b->n_seg > 0 ? &b->seg[b->n_seg - 1] : NULL;
+  if (last == NULL || last->ext != NULL) {
+    b->seg[b->n_seg++] = (struct xfer_seg){.off = b->len};
+    last = &b->seg[b->n_seg - 1];
+  }
+  memcpy(b->buf + b->len, src, n);
+  b->len += n;
+  last->len += n;
+  b->bytes += n;
+}
+
+/* Append n bytes sent in place from an exchange region of route r, which
+ * the segment holds until the batch is reset (reserved). */
+static void batch_ref(struct xfer_batch *b, const uint8_t *src, size_t n, struct xfer_route *r) {
+  atomic_fetch_add_explicit(&r->users, 1, memory_order_relaxed);
+  b->seg[b->n_seg++] = (struct xfer_seg){.ext = src, .len = n, .held = r};
+  b->bytes += n;
 }
 
 /*
@@ -315,26 +412,28 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
     atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
     return true;
   }
+  /* The header, then the payload: copied in below XFER_COPY_MAX, else sent
+   * from the out block in place, which the rank leaves alone until the
+   * call after next (the destination has then received it: it sends this
+   * rank the next call's block only once it has all of this one's). */
   struct xfer_batch *b = &batches[peer];
-  if (!xfer__batch_room(b, sizeof(struct dep_xfer_hdr) + d->bytes)) {
+  struct dep_xfer_hdr h = {.magic = DEP_XFER_MAGIC, .src = r->rank_of[lr], .dest = d->dest,
+                           .parity = d->parity, .seq = d->seq, .bytes = d->bytes};
+  snprintf(h.job_id, sizeof h.job_id, "%s", r->id);
+  memcpy(h.slot, slot, sizeof h.slot);
+  const bool copy = d->bytes < XFER_COPY_MAX;
+  if (!batch_reserve(b, sizeof h + (copy ? d->bytes : 0))) {
     snprintf(why, sizeof why, "out of memory for a batch of %llu bytes",
-             (unsigned long long)(b->len + d->bytes));
+             (unsigned long long)(b->bytes + sizeof h + d->bytes));
     goto bad;
   }
-  struct dep_xfer_hdr *h = (struct dep_xfer_hdr *)(b->buf + b->len);
-  memset(h, 0, sizeof *h);
-  h->magic = DEP_XFER_MAGIC;
-  h->src = r->rank_of[lr];
-  h->dest = d->dest;
-  h->parity = d->parity;
-  h->seq = d->seq;
-  h->bytes = d->bytes;
-  snprintf(h->job_id, sizeof h->job_id, "%s", r->id);
-  memcpy(h->slot, slot, sizeof h->slot);
-  memcpy(h + 1, block, d->bytes);
-  b->len += sizeof *h + d->bytes;
+  batch_copy(b, &h, sizeof h);
+  if (copy && d->bytes > 0)
+    batch_copy(b, block, d->bytes);
+  else if (!copy)
+    batch_ref(b, block, d->bytes, r);
   frames[peer]++;
-  atomic_fetch_add_explicit(&r->bytes_out, sizeof *h + d->bytes, memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->bytes_out, sizeof h + d->bytes, memory_order_relaxed);
   atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
   return true;
 bad:
@@ -375,7 +474,7 @@ static uint64_t sweep(uint32_t self, struct xfer_batch *batches, uint64_t *frame
         taken++;
         atomic_store_explicit(&ring->tail, tail, memory_order_release);
         int peer = r->peer_of[d.dest];
-        if (batches[peer].len >= XFER_BATCH_BYTES) {
+        if (batches[peer].bytes >= XFER_BATCH_BYTES) {
           *full = true;
           break;
         }
@@ -406,10 +505,10 @@ static void *proxy_main(void *arg) {
     uint64_t t0 = mono_ns();
     uint64_t taken = sweep(self, batches, frames, &full);
     for (int k = 0; k < CONFIG_MAX_LIST; k++) {
-      if (batches[k].len == 0)
+      if (batches[k].n_seg == 0)
         continue;
       (void)xfer__batch_send(k, &batches[k], frames[k]);
-      batches[k].len = 0;
+      xfer__batch_reset(&batches[k]);
       frames[k] = 0;
     }
     uint64_t now = mono_ns();

@@ -2,9 +2,10 @@
  * xfer_conn.c — the TCP data connections between nodes (xfer.h,
  * xfer_internal.h): the single-use tokens this daemon offers a peer once
  * it is up (DATA_OFFER), the connector threads that open a connection with
- * a peer's token, a receiver thread per inbound connection that writes
- * each frame into the destination rank's slab, and the proxy threads'
- * send of a batch, round robin over a peer's connections.
+ * a peer's token, a receiver thread per inbound connection that reads
+ * each frame's payload straight into the destination rank's in block, and
+ * the proxy threads' send of a batch (sendmsg, the larger payloads from
+ * their out blocks in place), round robin over a peer's connections.
  */
 #include "xfer.h"
 
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -67,6 +69,72 @@ static int io_all(int fd, void *buf, size_t len, bool send_it) {
     }
     if (r < 0 && errno != EINTR)
       return -1;
+  }
+  return 0;
+}
+
+/* The iovecs one sendmsg takes at most (IOV_MAX is 1024; more gains nothing
+ * on a batch of at most XFER_BATCH_BYTES). */
+#define XFER_IOV 64
+
+/*
+ * Send batch b's segments on fd in order with sendmsg (headers and copied
+ * payloads from its buf, the larger payloads from their out blocks in
+ * place), waiting at most XFER_IO_MS for any progress.  0, or -1 (errno).
+ */
+static int send_batch(int fd, const struct xfer_batch *b) {
+  uint32_t i = 0; /* the first segment not sent whole */
+  size_t done = 0; /* of it, sent */
+  while (i < b->n_seg) {
+    struct iovec iov[XFER_IOV];
+    int n = 0;
+    for (uint32_t k = i; k < b->n_seg && n < XFER_IOV; k++, n++) {
+      const struct xfer_seg *g = &b->seg[k];
+      const uint8_t *base = g->ext != NULL ? g->ext : b->buf + g->off;
+      const size_t skip = k == i ? done : 0;
+      iov[n] = (struct iovec){.iov_base = (void *)(base + skip), .iov_len = g->len - skip};
+    }
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w > 0) {
+      size_t left = (size_t)w;
+      while (left > 0) {
+        size_t rest = b->seg[i].len - done;
+        if (left < rest) {
+          done += left;
+          break;
+        }
+        left -= rest;
+        i++;
+        done = 0;
+      }
+      continue;
+    }
+    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      return -1;
+    struct pollfd pf = {.fd = fd, .events = POLLOUT};
+    int r = poll(&pf, 1, XFER_IO_MS);
+    if (r == 0) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    if (r < 0 && errno != EINTR)
+      return -1;
+  }
+  return 0;
+}
+
+/* Read and drop n bytes of fd (a payload no job here reads), through scratch. */
+static int drain(int fd, struct xfer_batch *scratch, uint64_t n) {
+  while (n > 0) {
+    size_t c = n < (1u << 20) ? (size_t)n : 1u << 20;
+    if (!xfer__batch_room(scratch, c)) {
+      errno = ENOMEM;
+      return -1;
+    }
+    if (io_all(fd, scratch->buf, c, false) != 0)
+      return -1;
+    n -= c;
   }
   return 0;
 }
@@ -121,7 +189,7 @@ int xfer__batch_send(int k, struct xfer_batch *b, uint64_t frames) {
         pthread_mutex_unlock(&xp->out[i].mu);
         continue;
       }
-      int rc = io_all(xp->out[i].fd, b->buf, b->len, true);
+      int rc = send_batch(xp->out[i].fd, b);
       if (rc != 0) {
         log_warnx("peer %s: data connection %u dropped while sending (%s)", peer_name(k), i,
                   strerror(errno));
@@ -129,7 +197,7 @@ int xfer__batch_send(int k, struct xfer_batch *b, uint64_t frames) {
       }
       pthread_mutex_unlock(&xp->out[i].mu);
       if (rc == 0) {
-        atomic_fetch_add(&xp->bytes_out, b->len);
+        atomic_fetch_add(&xp->bytes_out, b->bytes);
         atomic_fetch_add(&xp->frames_out, frames);
         return 0;
       }
@@ -156,7 +224,7 @@ struct receiver {
 /* Receive frames from peer k on fd and write them into the exchange regions here. */
 static void receive(int k, int fd) {
   struct xfer_peer *xp = &X->peers[k];
-  struct xfer_batch in = {0}; /* the payload, on its way into an exchange region */
+  struct xfer_batch in = {0}; /* scratch for payloads no job here reads */
   char why[256] = "";
   for (;;) {
     int w = wait_readable(fd);
@@ -173,8 +241,11 @@ static void receive(int k, int fd) {
                h.magic, (unsigned long long)h.bytes);
       break;
     }
-    /* Check before reading the payload, and again before writing it: the
-     * job may end while its bytes arrive. */
+    /* Every check before a byte is written: the job runs here, the peer
+     * holds the source, the destination is held here, the parity and
+     * size fit its layout.  Then the route is held (users) while the
+     * payload is read straight into the destination's in block: the
+     * job's regions stay its own until the read is done. */
     struct xfer_route *route;
     uint8_t *block, *slot;
     int rc;
@@ -185,6 +256,8 @@ static void receive(int k, int fd) {
       uint64_t seen = atomic_load(&X->routes_added);
       pthread_rwlock_rdlock(&X->lock);
       rc = xfer__frame_target(k, &h, &route, &block, &slot, why, sizeof why);
+      if (rc == 0)
+        atomic_fetch_add_explicit(&route->users, 1, memory_order_relaxed);
       pthread_rwlock_unlock(&X->lock);
       if (rc != DEP_ERR_STATE || atomic_load(&X->stop) || mono_ns() >= until)
         break;
@@ -195,29 +268,24 @@ static void receive(int k, int fd) {
     if (rc == DEP_ERR_STATE)
       log_warnx("peer %s: frames of job %s, which does not run here after %d ms, are dropped",
                 peer_name(k), h.job_id, XFER_ROUTE_WAIT_MS);
-    if (!xfer__batch_room(&in, h.bytes)) {
-      snprintf(why, sizeof why, "out of memory for a frame of %llu bytes",
-               (unsigned long long)h.bytes);
-      break;
+    int io;
+    if (rc == 0) {
+      io = h.bytes > 0 ? io_all(fd, block, h.bytes, false) : 0;
+      if (io == 0) {
+        atomic_fetch_add_explicit(&route->bytes_in, sizeof h + h.bytes, memory_order_relaxed);
+        atomic_fetch_add_explicit(&route->frames_in, 1, memory_order_relaxed);
+        xfer__frame_publish(slot, &h);
+      }
+      xfer__route_put(route);
+    } else {
+      io = drain(fd, &in, h.bytes); /* a job that is not (or no longer) here: no reader */
     }
-    if (h.bytes > 0 && io_all(fd, in.buf, h.bytes, false) != 0) {
+    if (io != 0) {
       snprintf(why, sizeof why, "%s", errno ? strerror(errno) : "closed");
       break;
     }
     atomic_fetch_add(&xp->bytes_in, sizeof h + h.bytes);
     atomic_fetch_add(&xp->frames_in, 1);
-    if (rc != 0)
-      continue; /* a job that is not (or no longer) here: its bytes have no reader */
-    pthread_rwlock_rdlock(&X->lock);
-    rc = xfer__frame_target(k, &h, &route, &block, &slot, why, sizeof why);
-    if (rc == 0) {
-      atomic_fetch_add_explicit(&route->bytes_in, sizeof h + h.bytes, memory_order_relaxed);
-      atomic_fetch_add_explicit(&route->frames_in, 1, memory_order_relaxed);
-      xfer__frame_write(block, slot, &h, in.buf);
-    }
-    pthread_rwlock_unlock(&X->lock);
-    if (rc == DEP_ERR_PROTOCOL)
-      break;
     why[0] = '\0';
   }
   if (why[0] != '\0' && !atomic_load(&X->stop))

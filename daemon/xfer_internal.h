@@ -58,6 +58,12 @@ struct xfer_route {
   _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in; /* deepepctl status */
   _Atomic uint32_t ring_peak;    /* most descriptors a sweep found waiting in one ring */
   struct xfer_rdma_route *rdma;  /* where its blocks may go by RDMA writes (NULL: TCP only) */
+  /* Threads reading or writing its exchange regions without the lock: a
+   * proxy's send straight from an out block, a receiver's read straight
+   * into an in block.  Taken with the lock held (the route is listed),
+   * given back after the I/O; xfer_job_end, having unlisted the route,
+   * waits for 0 before the regions go back to the pool. */
+  _Atomic uint32_t users;
   struct xfer_route *next;
 };
 
@@ -83,11 +89,27 @@ struct xfer_peer {
   int in_fds[XFER_CONNS_MAX];    /* inbound connections' fds, for shutdown (under X->lock) */
 };
 
-/* A proxy thread's batch for one peer, or a receiver's payload on its way
- * into an exchange region. */
+/*
+ * A part of a batch to send: len bytes of the batch's buf at off (headers,
+ * and payloads copied in), or of an out block in place (ext), whose route
+ * is held (users) until the batch is sent.
+ */
+struct xfer_seg {
+  size_t off;
+  const uint8_t *ext;            /* NULL: in buf */
+  size_t len;
+  struct xfer_route *held;       /* ext's route, given back after the send */
+};
+
+/* A proxy thread's batch for one peer (frames: headers and payloads, in
+ * segs, bytes in all), or a receiver's scratch for a payload no job here
+ * reads (buf alone). */
 struct xfer_batch {
   uint8_t *buf;
   size_t len, cap;
+  struct xfer_seg *seg;
+  uint32_t n_seg, cap_seg;
+  size_t bytes;
 };
 
 /* The data path's state: what the loop and the threads share. */
@@ -142,15 +164,18 @@ void xfer__routes_fail_peer(int k, const char *what);
  * the job does not allow it. */
 int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
                        uint8_t **block, uint8_t **slot, char *why, size_t whylen);
-/* Write a frame's payload, then its slot's fields, then its flag (release)
- * at the target xfer__frame_target gave: plain stores into host memory,
- * which a kernel waiting on the flag over the device mapping sees in that
- * order (lock held). */
-void xfer__frame_write(uint8_t *block, uint8_t *slot, const struct dep_xfer_hdr *h,
-                       const uint8_t *payload);
+/* Write a frame's slot fields, then its flag (release), at the target
+ * xfer__frame_target gave, once its payload is in the block: plain stores
+ * into host memory, which a kernel waiting on the flag over the device
+ * mapping sees in that order (the route held). */
+void xfer__frame_publish(uint8_t *slot, const struct dep_xfer_hdr *h);
+/* Give back a route taken (users) for I/O outside the lock. */
+void xfer__route_put(struct xfer_route *r);
 
-/* Grow b to hold n more bytes past its len; false when out of memory. */
+/* Grow b's buf to hold n more bytes past its len; false when out of memory. */
 bool xfer__batch_room(struct xfer_batch *b, size_t n);
+/* Empty a sent (or failed) batch, giving back the routes its segments hold. */
+void xfer__batch_reset(struct xfer_batch *b);
 void xfer__batch_free(struct xfer_batch *b);
 
 /* ---- xfer_conn.c ---- */
