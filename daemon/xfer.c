@@ -327,7 +327,7 @@ void xfer__batch_reset(struct xfer_batch *b) {
   for (uint32_t i = 0; i < b->n_seg; i++)
     if (b->seg[i].held != NULL)
       xfer__route_put(b->seg[i].held);
-  b->n_seg = 0;
+  b->n_seg = b->n_mark = 0;
   b->len = b->bytes = 0;
 }
 
@@ -335,9 +335,11 @@ void xfer__batch_free(struct xfer_batch *b) {
   xfer__batch_reset(b);
   free(b->buf);
   free(b->seg);
+  free(b->mark);
   b->buf = NULL;
   b->seg = NULL;
-  b->cap = b->cap_seg = 0;
+  b->mark = NULL;
+  b->cap = b->cap_seg = b->cap_mark = 0;
 }
 
 /* Room in b for `copy` more bytes in buf and two more segments (one
@@ -346,6 +348,14 @@ void xfer__batch_free(struct xfer_batch *b) {
 static bool batch_reserve(struct xfer_batch *b, size_t copy) {
   if (!xfer__batch_room(b, copy))
     return false;
+  if (b->n_mark == b->cap_mark) {
+    uint32_t cap = b->cap_mark ? 2 * b->cap_mark : 64;
+    size_t *m = realloc(b->mark, cap * sizeof *m);
+    if (m == NULL)
+      return false;
+    b->mark = m;
+    b->cap_mark = cap;
+  }
   if (b->n_seg + 2 <= b->cap_seg)
     return true;
   uint32_t cap = b->cap_seg ? 2 * b->cap_seg : 64;
@@ -427,6 +437,7 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
              (unsigned long long)(b->bytes + sizeof h + d->bytes));
     goto bad;
   }
+  b->mark[b->n_mark++] = b->bytes;
   batch_copy(b, &h, sizeof h);
   if (copy && d->bytes > 0)
     batch_copy(b, block, d->bytes);

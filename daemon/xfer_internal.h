@@ -110,6 +110,8 @@ struct xfer_batch {
   struct xfer_seg *seg;
   uint32_t n_seg, cap_seg;
   size_t bytes;
+  size_t *mark;                  /* where each frame starts, in bytes of the batch */
+  uint32_t n_mark, cap_mark;
 };
 
 /* The data path's state: what the loop and the threads share. */
