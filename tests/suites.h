@@ -31,6 +31,7 @@
   XX(peers)                 \
   XX(multinode)             \
   XX(xnode)                 \
+  XX(xfer)                  \
   XX(stats)                 \
   XX(metrics)               \
   XX(doctor)                \
