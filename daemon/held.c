@@ -30,7 +30,7 @@ void held_path(const char *socket_path, char *out, size_t len) {
   snprintf(out, len, "%s.held", socket_path);
 }
 
-/* One line: a block's or a ghost's charge. */
+/* One line: a block's, a region's or a ghost's charge. */
 static void held_line(FILE *f, const struct pool *p, uid_t uid, uint64_t bytes,
                       const struct proc_id *h, uint32_t n) {
   if (n == 0)
@@ -64,6 +64,10 @@ static void held_write(void) {
     for (const struct pool_block *b = p->blocks; b != NULL; b = b->next) {
       held_line(f, p, b->last_uid, pool_block_bytes(b), b->holders, b->n_holders);
       lines += b->n_holders > 0;
+    }
+    for (const struct pool_region *r = p->regions; r != NULL; r = r->next) {
+      held_line(f, p, r->uid, r->bytes, r->holders, r->n_holders);
+      lines += r->n_holders > 0;
     }
     for (const struct pool_ghost *g = p->ghosts; g != NULL; g = g->next) {
       held_line(f, p, g->uid, g->bytes, g->holders, g->n_holders);

@@ -6,7 +6,7 @@
  * (write a temporary file, rename) whenever what is lent or held changes,
  * coalesced to once per loop turn, and once more when the daemon stops.
  *
- * One line per block or ghost (pool.h):
+ * One line per block, region or ghost (pool.h):
  *   UUID BYTES UID N PID:START ... (N holders; UUID as 32 hex digits)
  * The file is trusted only when it belongs to deepepd's own user and nobody
  * else may write it; every field is checked, and a bad line is skipped

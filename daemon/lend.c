@@ -137,8 +137,10 @@ static int lend_xchg_make(struct job *j, char *why, size_t whylen) {
 }
 
 void lend_xchg_hold(const struct job *j, uint32_t lr) {
-  if (j->xchg != NULL && lr < j->local_world_size && j->xchg[lr].region != NULL)
-    pool_region_hold(j->xchg[lr].region, &j->ranks[lr].proc);
+  if (j->xchg == NULL || lr >= j->local_world_size || j->xchg[lr].region == NULL)
+    return;
+  pool_region_hold(j->xchg[lr].region, &j->ranks[lr].proc);
+  held_changed(); /* the held file names its process (held.h) */
 }
 
 _Static_assert(POOL_MAX_PIECES <= DEP_PROTO_MAX_FDS, "an arena's pieces must fit one SLAB frame");

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -376,6 +377,85 @@ START_TEST(a_restarted_job_gets_its_exchange_regions_back_and_another_uid_does_n
   nodes_stop(&ns);
   ow_case_free(d);
   free(d);
+}
+END_TEST
+
+/*
+ * A daemon that stops under a job that spans nodes: the next one on its
+ * socket charges what the job's rank still maps, its ring and exchange
+ * region included (the held file names the region's holder too), until the
+ * rank exits.  One rank on each of two daemons; node 0's is stopped
+ * (SIGTERM) and started again while its rank holds everything it was lent.
+ */
+static uint64_t pool_bytes(const struct tu_daemon *d, bool held) {
+  int fd = dw_client(d);
+  struct dep_status *st = dw_status(fd);
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < st->num_devices; i++)
+    n += held ? st->devices[i].pool_held_bytes : st->devices[i].pool_used_bytes;
+  dep_status_free(st);
+  close(fd);
+  return n;
+}
+
+START_TEST(a_restarted_daemon_charges_the_exchange_region_a_rank_still_maps) {
+  struct nodes ns;
+  nodes_config_with(&ns, 2, 20000, "", "");
+  nodes_start_all(&ns);
+  const struct dep_job_shape shape = {.max_tokens_per_rank = 16, .hidden = 128,
+                                      .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16};
+  int go[2][2];
+  pid_t pids[2];
+  for (uint32_t g = 0; g < 2; g++) /* not inherited by the daemon started below */
+    ck_assert_int_eq(pipe2(go[g], O_CLOEXEC), 0);
+  for (uint32_t g = 0; g < 2; g++) {
+    pids[g] = fork();
+    ck_assert_int_ge(pids[g], 0);
+    if (pids[g] == 0) {
+      close(go[0][1]); /* both: each rank's read ends when the test closes its own */
+      close(go[1][1]);
+      dep_client_t *c = NULL;
+      struct dep_attach_args a = {.size = sizeof a, .rank = g, .world_size = 2,
+                                  .local_world_size = 1, .shape = shape};
+      snprintf(a.job_id, sizeof a.job_id, "held-xchg");
+      if (dep_client_new(&c) != 0 || dep_connect(c, ns.d[g].sock) != 0 || dep_attach(c, &a) != 0)
+        _exit(2);
+      char x;
+      (void)read(go[g][0], &x, 1); /* hold everything until told */
+      _exit(0);
+    }
+    close(go[g][0]);
+  }
+  /* Both ranks attached and lent their rings: node 0 has the arena and the region lent. */
+  struct dep_slab_layout l;
+  char why[256];
+  ck_assert_int_eq(dep__slab_layout_nodes(&shape, 2, 1, &l, why, sizeof why), 0);
+  const uint64_t region = DEP_XRING_BYTES + l.xchg_bytes;
+  uint64_t lent = 0;
+  for (int t = 0; t < 400 && (lent = pool_bytes(&ns.d[0], false)) <= region; t++)
+    dw_sleep_ms(25);
+  ck_assert_uint_gt(lent, region); /* an arena and a region */
+  dw_sleep_ms(200); /* the held file is written off the loop's turn */
+  ck_assert_int_eq(tu_daemon_stop(&ns.d[0]), 0);
+  node_start(&ns, 0);
+  const uint64_t held = pool_bytes(&ns.d[0], true);
+  ck_assert_msg(held == lent, "the new daemon charges %llu bytes; the rank holds %llu (its "
+                "region, %llu, included)", (unsigned long long)held, (unsigned long long)lent,
+                (unsigned long long)region);
+  for (int g = 0; g < 2; g++) {
+    close(go[g][1]);
+    int st;
+    ck_assert_int_eq(waitpid(pids[g], &st, 0), pids[g]);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d exited %#x", g, st);
+  }
+  uint64_t left = held;
+  for (int t = 0; t < 250 && (left = pool_bytes(&ns.d[0], true)) != 0; t++)
+    dw_sleep_ms(20);
+  ck_assert_uint_eq(left, 0);
+  printf("xnode: a restarted daemon charged the %llu bytes its rank held, the exchange region's "
+         "%llu included, until it exited\n", (unsigned long long)lent,
+         (unsigned long long)region);
+  nodes_stop(&ns);
 }
 END_TEST
 
@@ -1010,6 +1090,7 @@ Suite *xnode_suite(void) {
                       (int)(sizeof layouts / sizeof layouts[0]));
   tcase_add_test(t, a_thousand_calls_back_to_back_across_nodes_stay_as_on_one_node);
   tcase_add_test(t, a_restarted_job_gets_its_exchange_regions_back_and_another_uid_does_not);
+  tcase_add_test(t, a_restarted_daemon_charges_the_exchange_region_a_rank_still_maps);
   suite_add_tcase(s, t);
   TCase *f = tcase_create("faults");
   tcase_set_timeout(f, 120);
