@@ -12,6 +12,8 @@
 #             DEP_PTX_BUILD names a PTX-only build for the kernel-cache part)
 #   pytest    issue 17: the Python suite on CUDA tensors under MPS (the CUDA
 #             graph captures included)
+#   restart   issue 17: bench/py_restart.py, 8 rank processes under MPS (a trainer's
+#             restart to its first dispatch; NCCL's init and first all_to_all beside it)
 #   pyover    issue 17: bench/py_overhead.py --device cuda under MPS
 #   hostwarm  the host backend's first calls with and without its warm-up
 # Logs under $OUT, one file per step (the device tool brings back only a few
@@ -21,7 +23,8 @@
 #   make BUILD=build-ptx PTX_ONLY=90 STATIC_DEPS=1 all      (the doctor's PTX part)
 #   a pure-Python pytest in build-gpu/pylib where the GPU machine has none
 # Usage there, from the repository root: bench/gpu-all.sh [BUILD_DIR]
-# Knobs: STEPS (default "cudaops xnode ep doctor pytest pyover hostwarm"), BUDGET (seconds, 400).
+# Knobs: STEPS (default "cudaops xnode ep doctor pytest restart pyover hostwarm"), BUDGET (seconds, 400),
+# PYTEST_SECS (the pytest step's limit, 240; a test past 60 s dumps its stacks).
 set -u
 R=$(pwd)
 B=$(cd "${1:-build-gpu}" && pwd) || exit 2
@@ -44,7 +47,7 @@ PY=$(command -v python3)
 PP=$R/python
 $PY -c "import pytest" 2>/dev/null || PP=$R/python:$B/pylib
 
-for s in ${STEPS:-cudaops xnode ep doctor pytest pyover hostwarm}; do
+for s in ${STEPS:-cudaops xnode ep doctor pytest restart pyover hostwarm}; do
   t=$SECONDS
   case $s in
   cudaops)
@@ -63,9 +66,9 @@ for s in ${STEPS:-cudaops xnode ep doctor pytest pyover hostwarm}; do
     env DEP_BUILD="$B" ${DEP_PTX_BUILD:+DEP_PTX_BUILD="$DEP_PTX_BUILD"} DEP_TEST_TAGS=gpu \
       DEP_TEST_BACKEND=cuda CK_RUN_SUITE=doctor CK_VERBOSITY=verbose timeout 90 "$B"/check_deepepd \
       > "$OUTD/doctor-gpu.log" 2>&1
-    echo "== doctor rc $?"; grep -E "doctor|Checks:|:F:|:E:|skipped" "$OUTD/doctor-gpu.log" | tail -30 ;;
+    echo "== doctor rc $?"; grep -E "Checks:|:F:|:E:|skipped|\(in part\)" "$OUTD/doctor-gpu.log" | cut -c1-300 | tail -30 ;;
   pytest)
-    fits 110 pytest || continue
+    fits $((${PYTEST_SECS:-240} + 10)) pytest || continue
     D=$(mktemp -d /tmp/pyg.XXXX)
     printf 'socket:\n  path: %s/d.sock\nbackend: cuda\npool:\n  size_per_device: 16GiB\n  chunk_size: 1GiB\n  host_size: 1GiB\n' "$D" > "$D/d.yaml"
     env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY setsid "$B"/deepepd -c "$D/d.yaml" > "$OUTD/pytest-deepepd.log" 2>&1 &
@@ -73,9 +76,25 @@ for s in ${STEPS:-cudaops xnode ep doctor pytest pyover hostwarm}; do
     mps_on
     echo "== pytest: python/tests on CUDA tensors, MPS"
     DEEPEP_CLIENT_LIB=$B/libdeepep-client.so.0 DEP_BUILD=$B DEP_TEST_BACKEND=cuda DEP_TEST_SOCKET=$D/d.sock \
-      PYTHONPATH=$PP timeout 100 $PY -m pytest -p no:cacheprovider -rs -v python/tests \
-      > "$OUTD/pytest-cuda-mps.log" 2>&1
-    echo "== pytest rc $?"; grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUTD/pytest-cuda-mps.log" | tail -20
+      PYTHONPATH=$PP timeout ${PYTEST_SECS:-240} $PY -m pytest -p no:cacheprovider -rs -v \
+      -o faulthandler_timeout=60 python/tests > "$OUTD/pytest-cuda-mps.log" 2>&1
+    rc=$?
+    echo "== pytest rc $rc$([ $rc = 124 ] && echo " (timed out after ${PYTEST_SECS:-240} s; the log's end:)")"
+    grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUTD/pytest-cuda-mps.log" | tail -20
+    [ $rc = 124 ] && tail -25 "$OUTD/pytest-cuda-mps.log"
+    mps_off
+    pkill -TERM -f "deepepd -c $D/" ;;
+  restart)
+    fits 160 restart || continue
+    D=$(mktemp -d /tmp/pyr.XXXX)
+    printf 'socket:\n  path: %s/d.sock\nbackend: cuda\npool:\n  size_per_device: 16GiB\n  chunk_size: 1GiB\n  host_size: 1GiB\n' "$D" > "$D/d.yaml"
+    env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY setsid "$B"/deepepd -c "$D/d.yaml" > "$OUTD/restart-deepepd.log" 2>&1 &
+    for i in $(seq 150); do "$B"/deepepctl -s "$D/d.sock" status >/dev/null 2>&1 && break; sleep 0.2; done
+    mps_on
+    echo "== restart: bench/py_restart.py, 8 processes, MPS"
+    DEEPEP_CLIENT_LIB=$B/libdeepep-client.so.0 PYTHONPATH=$R/python timeout 150 $PY bench/py_restart.py \
+      -s "$D/d.sock" -n 8 -r ${RESTART_RUNS:-3} -o "$OUTD/py-restart.csv" 2>&1 | tee "$OUTD/py-restart.txt"
+    echo "== restart rc ${PIPESTATUS[0]}"
     mps_off
     pkill -TERM -f "deepepd -c $D/" ;;
   pyover)
@@ -92,3 +111,5 @@ for s in ${STEPS:-cudaops xnode ep doctor pytest pyover hostwarm}; do
   echo "== step $s: $((SECONDS - t)) s"
 done
 echo "== pass: $((SECONDS - T0)) s"; date -u
+# The device tool brings back only a few files: every step's log in one archive.
+(cd "$OUTD" && tar czf logs.tgz --exclude logs.tgz --exclude gpu-all.log . && echo "== logs: $OUTD/logs.tgz")
