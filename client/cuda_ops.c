@@ -503,6 +503,12 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
     rc = need(why, sizeof why, a->topk_weights, 4, "dispatch", "topk_weights");
   if (rc == 0 && a->cached && h->cuda == NULL)
     rc = DEP_ERR_INVALID, snprintf(why, sizeof why, "dispatch (cached): handle was not filled on the GPU");
+  const uint32_t le = c->cuops.job.le;
+  if (rc == 0 && a->recv_count_per_expert_host != NULL && le > c->cuops.host_counts_cap)
+    rc = DEP_ERR_INTERNAL,
+    snprintf(why, sizeof why, "dispatch: the job's %u local experts overrun the pinned room for "
+             "recv_count_per_expert_host (%u, made at attach); this is a bug, please report it",
+             le, c->cuops.host_counts_cap);
   if (rc != 0)
     return cuops_refused(c, DEP_STATS_OP_DISPATCH, rc, op, why);
   if ((rc = cuops_begin(c, op, s)) != 0 || (!a->cached && (rc = handle_reserve(c, h, op, 0)) != 0))
@@ -515,8 +521,8 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
                                   align, a->recv_index_type == DEP_INDEX_I64, 0, hdl_of(h)};
   CUresult r;
   if (!a->cached &&
-      (r = drv()->cuMemsetD32Async((CUdeviceptr)(uintptr_t)a->recv_count_per_expert, 0,
-                                   c->cuops.job.le, s)) != CUDA_SUCCESS)
+      (r = drv()->cuMemsetD32Async((CUdeviceptr)(uintptr_t)a->recv_count_per_expert, 0, le,
+                                   s)) != CUDA_SUCCESS)
     return cu_fail(c, op, "cuMemsetD32Async", r);
   if ((rc = launch(c, CUOPS_K_DISPATCH, comm_grid(c), 0, &k, s, op)) != 0)
     return rc;
@@ -538,11 +544,19 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
     h->kind = OPS_HANDLE_TP;
     return 0;
   }
+  /* The counts behind the kernels that write them, so that the wait below covers them too. */
+  if (a->recv_count_per_expert_host != NULL &&
+      (r = drv()->cuMemcpyDtoHAsync(c->cuops.host_counts,
+                                    (CUdeviceptr)(uintptr_t)a->recv_count_per_expert,
+                                    le * sizeof(int32_t), s)) != CUDA_SUCCESS)
+    return cu_fail(c, op, "cuMemcpyDtoHAsync (recv_count_per_expert_host)", r);
   /* The one synchronising call: num_recv is a host value. */
   if ((r = drv()->cuStreamSynchronize(s)) != CUDA_SUCCESS)
     return cu_fail(c, op, "cuStreamSynchronize", r);
   if ((rc = cuops_poll(c, op, s, true)) != 0)
     return rc;
+  if (a->recv_count_per_expert_host != NULL)
+    memcpy(a->recv_count_per_expert_host, c->cuops.host_counts, le * sizeof(int32_t));
   const volatile struct cuops_host *hp = c->cuops.host;
   h->num_recv = hp->num_recv;
   for (uint32_t i = 0; i < c->ops.world; i++)
@@ -841,24 +855,35 @@ static int sm_budget(dep_client_t *c, uint32_t *out) {
  * cuMemHostAlloc, which sets up the driver's pinned pool: on an H200 that
  * took 1.31 ms of a lone rank's attach against 0.33 ms registered (2.2
  * against 1.3 ms with 8 ranks attaching at once; BENCHMARKS.md, run 17).
+ * After the record, in the same registration, room for `le` counts: a
+ * dispatch given recv_count_per_expert_host copies its counts there on its
+ * stream (a copy into pinned memory is queued, not staged), before the
+ * synchronisation it makes anyway.  One page holds the record and some 950
+ * counts.
  */
-static size_t host_record_bytes(void) {
-  return dep_round_up(sizeof(struct cuops_host), (uint64_t)sysconf(_SC_PAGESIZE));
+#ifdef DEP_HAVE_FATBIN
+#define HOST_COUNTS_OFF dep_round_up(sizeof(struct cuops_host), 64)
+
+static size_t host_record_bytes(uint32_t le) {
+  return dep_round_up(HOST_COUNTS_OFF + (uint64_t)le * sizeof(int32_t),
+                      (uint64_t)sysconf(_SC_PAGESIZE));
 }
 
-#ifdef DEP_HAVE_FATBIN
-static CUresult host_record_make(const struct cudadrv *cu, struct cuops_state *st) {
-  void *p = mmap(NULL, host_record_bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                 -1, 0);
+static CUresult host_record_make(const struct cudadrv *cu, struct cuops_state *st, uint32_t le) {
+  const size_t bytes = host_record_bytes(le);
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     return CUDA_ERROR_OUT_OF_MEMORY;
-  CUresult r = cu->cuMemHostRegister(p, host_record_bytes(), CU_MEMHOSTREGISTER_PORTABLE |
-                                                                 CU_MEMHOSTREGISTER_DEVICEMAP);
+  CUresult r = cu->cuMemHostRegister(p, bytes, CU_MEMHOSTREGISTER_PORTABLE |
+                                                   CU_MEMHOSTREGISTER_DEVICEMAP);
   if (r != CUDA_SUCCESS) {
-    munmap(p, host_record_bytes());
+    munmap(p, bytes);
     return r;
   }
   st->host = p; /* zero, as anonymous memory is */
+  st->host_bytes = bytes;
+  st->host_counts = (int32_t *)((uint8_t *)p + HOST_COUNTS_OFF);
+  st->host_counts_cap = le;
   return CUDA_SUCCESS;
 }
 #endif
@@ -867,7 +892,7 @@ static void host_record_free(const struct cudadrv *cu, struct cuops_state *st) {
   if (st->host == NULL)
     return;
   cu->cuMemHostUnregister(st->host);
-  munmap(st->host, host_record_bytes());
+  munmap(st->host, st->host_bytes);
 }
 
 void cuda_ops_drop_kernels(dep_client_t *c) {
@@ -958,7 +983,12 @@ int cuda_ops_prepare(dep_client_t *c) {
     if ((r = cu->cuModuleGetFunction(&st->fn[k], st->mod, kernel_names[k])) != CUDA_SUCCESS)
       return client_seterr(c, DEP_ERR_CUDA, "%s: kernel %s: %s", op, kernel_names[k],
                            cudadrv_errstr(r));
-  if ((r = host_record_make(cu, st)) != CUDA_SUCCESS)
+  /* The job's local experts as this rank asks for them (the daemon checks the shape; one
+   * it refuses gets no room, and no call). */
+  const struct dep_attach_args *aa = &c->args;
+  const uint32_t le = aa->world_size > 0 && aa->shape.num_experts <= DEP_SHAPE_MAX_EXPERTS
+                          ? aa->shape.num_experts / aa->world_size : 0;
+  if ((r = host_record_make(cu, st, le)) != CUDA_SUCCESS)
     return cu_fail(c, op, "pinning the error record (cuMemHostRegister)", r);
   if ((r = cu->cuMemHostGetDevicePointer(&st->host_dev, st->host, 0)) != CUDA_SUCCESS)
     return cu_fail(c, op, "cuMemHostGetDevicePointer (the error record)", r);

@@ -372,8 +372,12 @@ struct cuops_state {
   CUcontext ctx;
   CUmodule mod;
   CUfunction fn[CUOPS_K_COUNT];
-  struct cuops_host *host;        /* a registered page, host address */
+  struct cuops_host *host;        /* registered pages, host address: the error record, */
   CUdeviceptr host_dev;           /* ... and its device address */
+  size_t host_bytes;              /* ... their length */
+  int32_t *host_counts;           /* ... then where a dispatch's counts land for the caller
+                                     (recv_count_per_expert_host), */
+  uint32_t host_counts_cap;       /* ... room for this many (the job's local experts) */
   CUstream stream;                /* zeroes the next six, runs the warm-up; gone after attach */
   CUdeviceptr dev;                /* struct cuops_dev */
   CUdeviceptr scratch;            /* warm-up outputs */

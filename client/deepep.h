@@ -30,8 +30,8 @@ extern "C" {
 /* Library version; the wire protocol has its own version (proto/proto.h). */
 #define DEP_VERSION_MAJOR 0
 #define DEP_VERSION_MINOR 4
-#define DEP_VERSION_PATCH 0
-#define DEP_VERSION_STRING "0.4.0"
+#define DEP_VERSION_PATCH 1
+#define DEP_VERSION_STRING "0.4.1"
 
 /* Where the daemon listens unless the caller or $DEEPEPD_SOCKET says otherwise. */
 #define DEP_DEFAULT_SOCKET "/run/deepepd/deepepd.sock"
@@ -377,6 +377,19 @@ DEP_EXPORT int dep_layout(dep_client_t *c, const struct dep_layout_args *a, dep_
  * either way.  A cached dispatch writes no ids; its type is checked all
  * the same.  A library older than 0.4.0 refuses a non-zero value
  * (DEP_ERR_UNSUPPORTED, "Structs grow").
+ *
+ * recv_count_per_expert_host (appended in 0.4.1): NULL, or host memory
+ * (int32_t-aligned, as num_recv is host memory) of num_experts / world_size
+ * counts, where a call that returns 0 leaves a copy of recv_count_per_expert
+ * (rounded as expert_alignment says), so that a caller on cuda reads the
+ * counts with no device-to-host copy and no synchronisation of its own: the
+ * copy is queued on the stream behind the dispatch, into pinned memory of
+ * the library's, before the one synchronisation the call makes for num_recv,
+ * and copied out after it.  On the host backend it is a plain copy (it may
+ * be recv_count_per_expert itself).  Only a call that waits may ask for it:
+ * with num_worst_tokens (no wait) or cached (no counts) it is
+ * DEP_ERR_INVALID naming it.  A failed call leaves it as it was.  A library
+ * older than 0.4.1 refuses a non-NULL value (DEP_ERR_UNSUPPORTED).
  */
 struct dep_dispatch_args {
   uint32_t size;               /* sizeof(struct dep_dispatch_args) */
@@ -403,6 +416,11 @@ struct dep_dispatch_args {
                                   read */
   int recv_index_type;         /* recv_topk_idx's type: 0 or DEP_INDEX_I32 int32, or
                                   DEP_INDEX_I64 */
+  /* Appended in 0.4.1 (0.4.0's sizeof ends after reserved2): */
+  uint32_t reserved2;          /* 0.4.0's tail padding, which its callers may leave unset: not
+                                  read */
+  int32_t *recv_count_per_expert_host; /* NULL, or host [num_experts / world_size]: the
+                                          counts, copied as the call returns (above) */
 };
 DEP_EXPORT int dep_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, dep_handle_t *h,
                             dep_stream_t stream);

@@ -739,6 +739,8 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
       uint32_t m = a->expert_alignment, v = (uint32_t)a->recv_count_per_expert[l];
       a->recv_count_per_expert[l] = (int32_t)((v + m - 1) / m * m);
     }
+  if (a->recv_count_per_expert_host != NULL) /* it may be recv_count_per_expert itself */
+    memmove(a->recv_count_per_expert_host, a->recv_count_per_expert, le * sizeof(int32_t));
   for (uint32_t src = 0; src < c->world; src++)
     h->recv_from[src] = from[src];
   if (a->num_worst_tokens == 0)

@@ -193,6 +193,8 @@ int ops_check_dispatch(const struct ops_ctx *c, const struct dep_dispatch_args *
     UNUSED_IN(a->recv_topk_idx, op, "recv_topk_idx", "in cached mode (not written)");
     UNUSED_IN(a->recv_topk_weights, op, "recv_topk_weights", "in cached mode (not written)");
     UNUSED_IN(a->recv_count_per_expert, op, "recv_count_per_expert", "in cached mode (not written)");
+    UNUSED_IN(a->recv_count_per_expert_host, op, "recv_count_per_expert_host",
+              "in cached mode (no counts are written)");
     if (a->expert_alignment > 1)
       return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: expert_alignment is not used in cached mode (no counts "
                       "are written); give 0 or 1");
@@ -211,6 +213,14 @@ int ops_check_dispatch(const struct ops_ctx *c, const struct dep_dispatch_args *
     NEED_AL(a->recv_topk_idx, ops_recv_idx_bytes(a), op, "recv_topk_idx");
     NEED(a->recv_topk_weights, op, "recv_topk_weights");
     NEED(a->recv_count_per_expert, op, "recv_count_per_expert");
+    if (a->recv_count_per_expert_host != NULL) {
+      /* The copy rides on the wait for num_recv, which num_worst_tokens does without. */
+      if (a->num_worst_tokens != 0)
+        return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: recv_count_per_expert_host is "
+                        "not written with num_worst_tokens (the call does not wait for the "
+                        "counts); pass NULL and read recv_count_per_expert");
+      NEED(a->recv_count_per_expert_host, op, "recv_count_per_expert_host");
+    }
   }
   if (a->num_tokens > 0) {
     NEED_AL(a->x, a->use_fp8 ? 1u : 2u, op, "x");

@@ -247,13 +247,16 @@ static int body_ext(struct rk *k, void *arg) {
         cr_poison(k, B_CNT, pz))
       return ow_fail(k->msg, "round %d: uploading the FP8 inputs failed", round);
     uint32_t nrecv = 0xdeadbeef;
+    int32_t host_cnt[256 + 8];
+    memset(host_cnt, pz, sizeof host_cnt);
     struct dep_dispatch_args a = {
         .size = sizeof a, .use_fp8 = 1, .x = xs, .x_scales = (const float *)(xs + sc_off),
         .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype, .topk_weights = CR_DEV(k, B_W),
         .num_tokens = n, .recv_x = rxs, .recv_x_scales = (float *)(rxs + rows * h),
         .recv_topk_idx = CR_DEV(k, B_RIDX), .recv_topk_weights = CR_DEV(k, B_RW),
         .recv_count_per_expert = CR_DEV(k, B_CNT), .num_recv = worst ? NULL : &nrecv,
-        .num_worst_tokens = worst, .expert_alignment = e->align[r]};
+        .num_worst_tokens = worst, .expert_alignment = e->align[r],
+        .recv_count_per_expert_host = worst ? NULL : host_cnt};
     CALL(k, dep_dispatch(k->c, &a, k->h, k->s), "dep_dispatch (fp8)");
     if (!worst && nrecv != nr)
       return ow_fail(k->msg, "dispatch (fp8): num_recv %u, want %u [%s]", nrecv, nr, d->desc);
@@ -294,6 +297,12 @@ static int body_ext(struct rk *k, void *arg) {
     if (cr_get(k, B_CNT) || memcmp(k->host, want_cnt, k->le * 4) != 0)
       return ow_fail(k->msg, "dispatch: recv_count_per_expert is not the oracle's rounded to "
                      "multiples of %u [%s]", e->align[r], d->desc);
+    /* Where the call waited: the same counts on the host as it returned, and no more. */
+    if (!worst && (memcmp(host_cnt, want_cnt, k->le * 4) != 0 ||
+                   ow_unpoisoned(host_cnt + k->le, 8 * 4, pz) >= 0))
+      return ow_fail(k->msg, "dispatch: recv_count_per_expert_host is not the oracle's counts "
+                     "rounded to multiples of %u, or written past %u [%s]", e->align[r], k->le,
+                     d->desc);
 
     /* Cached, bf16, through the handle (num_worst_tokens as its dispatch had). */
     if (cr_put(k, B_X, d->in[r].x, (size_t)n * h * 2) || cr_poison(k, B_RX, pz))
@@ -770,6 +779,15 @@ static int body_invalid(struct rk *k, void *arg) {
     b = f.da;
     b.topk_weights = (const float *)((uintptr_t)CR_DEV(k, B_W) + 2);
     EXPECT(k, dep_dispatch(k->c, &b, k->h, k->s), DEP_ERR_INVALID, "dispatch, unaligned weights");
+    int32_t hc[4];
+    b = f.da;
+    b.recv_count_per_expert_host = hc;
+    b.num_worst_tokens = 1;
+    EXPECT(k, dep_dispatch(k->c, &b, k->h, k->s), DEP_ERR_INVALID,
+           "dispatch, recv_count_per_expert_host with num_worst_tokens");
+    if (strstr(dep_errmsg(k->c), "recv_count_per_expert_host is not written") == NULL)
+      return ow_fail(k->msg, "message does not name recv_count_per_expert_host: %s",
+                     dep_errmsg(k->c));
     struct dep_ll_dispatch_args bl = f.la;
     bl.use_fp8 = 2;
     EXPECT(k, dep_ll_dispatch(k->c, &bl, k->h, k->s), DEP_ERR_INVALID, "ll_dispatch, use_fp8 2");

@@ -293,6 +293,68 @@ START_TEST(received_ids_are_the_oracles_as_int64_and_int32) {
 }
 END_TEST
 
+/*
+ * recv_count_per_expert_host: a dispatch that waits leaves there, as it
+ * returns, the counts it wrote to recv_count_per_expert: the oracle's,
+ * rounded to expert_alignment, in a buffer of their own or in
+ * recv_count_per_expert itself, exactly num_experts / world_size of them
+ * (the poison after them stays); a call refused for giving it with
+ * num_worst_tokens leaves it as it was, on every rank alike (in step).
+ */
+static int host_counts_rank(struct ops_ctx *c, void *arg, char *msg) {
+  const struct ext_case *e = arg;
+  const struct ow_case *d = &e->d;
+  const uint32_t r = c->rank, le = d->le;
+  const struct ref_rank_in *in = &d->in[r];
+  const struct ref_dispatch_out *want = &d->disp[r];
+  struct ow_outs o;
+  ow_outs_alloc(&o, d);
+  int32_t dev[256 + 8], host[256 + 8], wc[256];
+  ck_assert_uint_le(le, 256);
+  int rc = 0;
+  for (int round = 0; round < 3 && rc == 0; round++) {
+    const uint8_t pz = round & 1 ? 0x5A : 0xA5;
+    const uint32_t align = round == 2 ? 0 : e->align[r];
+    int32_t *hc = round == 1 ? dev : host; /* round 1: the same memory as the device's */
+    memset(dev, pz, sizeof dev);
+    memset(host, pz, sizeof host);
+    struct dep_dispatch_args a = {
+        .size = sizeof a, .x = in->x, .topk_idx = d->idx[r], .index_type = d->sc.itype,
+        .topk_weights = in->topk_weights, .num_tokens = in->num_tokens, .recv_x = o.rx,
+        .recv_topk_idx = o.ridx, .recv_topk_weights = o.rw, .recv_count_per_expert = dev,
+        .num_recv = &o.num_recv, .expert_alignment = align, .recv_count_per_expert_host = hc,
+        .num_worst_tokens = o.rows_tp};
+    if (host_ops_dispatch(c, &a, &o.h) != DEP_ERR_INVALID ||
+        strstr(c->why, "recv_count_per_expert_host is not written with num_worst_tokens") == NULL)
+      return ow_fail(msg, "recv_count_per_expert_host with num_worst_tokens was not refused "
+                     "naming it (%s) [%s]", c->why, d->desc);
+    if (ow_unpoisoned(host, sizeof host, pz) >= 0 || ow_unpoisoned(dev, sizeof dev, pz) >= 0)
+      return ow_fail(msg, "the refused call wrote the counts [%s]", d->desc);
+    a.num_worst_tokens = 0;
+    EXT_CALL(host_ops_dispatch(c, &a, &o.h), "dispatch (recv_count_per_expert_host)");
+    memcpy(wc, want->count, le * 4);
+    ref_align_counts(wc, le, align);
+    if (memcmp(hc, wc, le * 4) != 0 || memcmp(dev, wc, le * 4) != 0)
+      return ow_fail(msg, "round %d: recv_count_per_expert_host %s recv_count_per_expert is not "
+                     "the oracle's counts rounded to multiples of %u [%s]", round,
+                     round == 1 ? "as" : "beside", align, d->desc);
+    if (ow_unpoisoned(hc + le, 8 * 4, pz) >= 0 ||
+        (round != 1 && ow_unpoisoned(dev + le, 8 * 4, pz) >= 0))
+      return ow_fail(msg, "round %d: counts written past the %u local experts [%s]", round, le,
+                     d->desc);
+    if (o.num_recv != want->num_recv)
+      return ow_fail(msg, "round %d: num_recv %u, want %u [%s]", round, o.num_recv,
+                     want->num_recv, d->desc);
+  }
+  ow_outs_free(&o);
+  return rc;
+}
+
+START_TEST(counts_on_the_host_are_the_oracles_as_the_call_returns) {
+  ext_run(_i, 300 + (uint64_t)_i, host_counts_rank);
+}
+END_TEST
+
 /* Rank 0 dispatches cached, rank 1 afresh: DEP_ERR_MISMATCH on both, then in step;
  * a num_worst_tokens below the rows received is DEP_ERR_INVALID, in step too. */
 static int ext_fault_rank(struct ops_ctx *c, void *arg, char *msg) {
@@ -377,6 +439,11 @@ START_TEST(bad_extension_arguments_are_refused_before_any_write) {
   OW_REFUSED(BAD(b.recv_index_type = 3), "recv_index_type 3 is neither 0 nor DEP_INDEX_I32");
   OW_REFUSED(BAD(b.recv_index_type = DEP_INDEX_I64, b.recv_topk_idx = o.ridx + 1),
           "recv_topk_idx is not 8-byte aligned");
+  int32_t hc[8];
+  OW_REFUSED(BAD(b.recv_count_per_expert_host = hc, b.num_worst_tokens = 8),
+             "recv_count_per_expert_host is not written with num_worst_tokens");
+  OW_REFUSED(BAD(b.recv_count_per_expert_host = (int32_t *)((uintptr_t)hc + 2)),
+             "recv_count_per_expert_host is not 4-byte aligned");
 #undef BAD
   /* A handle with a dispatch in it, made without writing to the slabs: its fields by hand. */
   struct dep_handle h = o.h;
@@ -392,6 +459,8 @@ START_TEST(bad_extension_arguments_are_refused_before_any_write) {
   OW_REFUSED(BAD(b.recv_topk_idx = o.ridx), "recv_topk_idx is not read in cached mode");
   OW_REFUSED(BAD(b.recv_index_type = -1), "recv_index_type -1");
   OW_REFUSED(BAD(b.recv_count_per_expert = o.cnt), "recv_count_per_expert is not read");
+  OW_REFUSED(BAD(b.recv_count_per_expert_host = hc),
+             "recv_count_per_expert_host is not read in cached mode");
   OW_REFUSED(BAD(b.expert_alignment = 2), "expert_alignment is not used in cached mode");
   OW_REFUSED(BAD(b.num_tokens = 3), "num_tokens 3, but the handle's dispatch had 4");
   OW_REFUSED(BAD(b.num_worst_tokens = 4), "num_worst_tokens 4 is below the 5 rows");
@@ -420,6 +489,8 @@ Suite *ops_ext_suite(void) {
   tcase_add_loop_test(ops, throughput_extensions_match_the_oracle, 0,
                       (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
   tcase_add_loop_test(ops, received_ids_are_the_oracles_as_int64_and_int32, 0,
+                      (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
+  tcase_add_loop_test(ops, counts_on_the_host_are_the_oracles_as_the_call_returns, 0,
                       (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
   suite_add_tcase(s, ops);
 

@@ -12,7 +12,7 @@ from .errors import Error, InvalidArgument, NoDaemon, Unsupported
 from .event import EventHandle, EventOverlap
 from .identity import Identity, from_environment
 
-__version__ = "0.4.0"
+__version__ = "0.4.1"
 __all__ = ["Buffer", "Config", "EventHandle", "EventOverlap", "Error", "Handle", "Identity",
            "InvalidArgument", "NoDaemon", "Unsupported", "fp8_dtype", "from_environment",
            "topk_idx_t", "DEFAULT_MAX_TOKENS_PER_RANK", "DEFAULT_MAX_LL_TOKENS_PER_RANK"]

@@ -178,6 +178,8 @@ class DispatchArgs(_Sized):
         ("expert_alignment", c_uint32),
         ("reserved", c_uint32),
         ("recv_index_type", c_int),
+        ("reserved2", c_uint32),
+        ("recv_count_per_expert_host", c_void_p),
     ]
 
 

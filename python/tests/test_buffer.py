@@ -280,6 +280,57 @@ def test_dispatch_writes_int64_ids_and_a_caller_of_the_0_3_0_struct_gets_int32(b
     assert ri.dtype == torch.int64 and torch.equal(ri, idx) and counts == [2, 2, 2, 2]
 
 
+def test_dispatch_leaves_its_counts_on_the_host_and_a_caller_of_the_0_4_0_struct_is_served(buf):
+    """recv_count_per_expert_host (0.4.1): a dispatch that waits copies its counts there as
+    it returns (on cuda behind the kernels, before its one synchronisation), exactly
+    num_local_experts of them; a caller of the 0.4.0 struct, whose size ends where the field
+    begins and whose tail padding (reserved2) it may leave unset, is served as before and its
+    memory past its size is not read; with num_worst_tokens it is refused naming it and the
+    host memory is left as it was."""
+    from deepep import _lib
+    lib, conn = buf._conn.lib, buf._conn
+    x, idx, w = tokens()
+    rows, L = buf.sizes["recv_rows"], buf.num_local_experts
+    rx = torch.empty(rows, 128, dtype=torch.bfloat16, device=DEV)
+    ri = torch.empty(rows, 2, dtype=torch.int64, device=DEV)
+    rw = torch.empty(rows, 2, dtype=torch.float32, device=DEV)
+    cnt = torch.full((L,), -3, dtype=torch.int32, device=DEV)
+    host = (ctypes.c_int32 * (L + 2))()
+    nrecv = ctypes.c_uint32()
+    h = ctypes.c_void_p()
+    assert lib.dep_handle_new(conn.ptr, ctypes.byref(h)) == 0
+    stream = None if conftest.BACKEND == "host" else torch.cuda.current_stream().cuda_stream
+    a = _lib.DispatchArgs(x.data_ptr(), idx.data_ptr(), _lib.INDEX_I64, w.data_ptr(), 4,
+                          rx.data_ptr(), ri.data_ptr(), rw.data_ptr(), cnt.data_ptr(),
+                          ctypes.addressof(nrecv))
+    a.recv_index_type = _lib.INDEX_I64
+    a.recv_count_per_expert_host = ctypes.addressof(host)
+    try:
+        host[:] = [-7] * (L + 2)
+        assert lib.dep_dispatch(conn.ptr, ctypes.byref(a), h, stream) == 0, conn.errmsg()
+        # One rank, 4 tokens each naming experts t % 4 and (t + 1) % 4: 2 (row, k) pairs each.
+        assert host[:] == [2] * L + [-7, -7] and cnt.tolist() == [2] * L
+        a.expert_alignment = 3
+        assert lib.dep_dispatch(conn.ptr, ctypes.byref(a), h, stream) == 0, conn.errmsg()
+        assert host[:] == [3] * L + [-7, -7]
+        a.expert_alignment = 0
+        host[:] = [-7] * (L + 2)
+        a.size = _lib.DispatchArgs.recv_count_per_expert_host.offset  # the 0.4.0 sizeof
+        a.reserved2 = 0xdeadbeef
+        assert lib.dep_dispatch(conn.ptr, ctypes.byref(a), h, stream) == 0, conn.errmsg()
+        assert host[:] == [-7] * (L + 2) and nrecv.value == 4 and cnt.tolist() == [2] * L
+        a.size, a.reserved2, a.num_worst_tokens, a.num_recv = ctypes.sizeof(a), 0, rows, None
+        assert lib.dep_dispatch(conn.ptr, ctypes.byref(a), h, stream) == _lib.ERR_INVALID
+        assert "recv_count_per_expert_host is not written with num_worst_tokens" in \
+            conn.errmsg()
+        assert host[:] == [-7] * (L + 2)
+    finally:
+        lib.dep_handle_free(h)
+    # The binding's counts, in step after the refusal.
+    _, _, _, counts, _, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    assert counts == [2] * L
+
+
 def test_a_handle_in_a_torch_tensor_carries_a_dispatch_and_its_combine(buf):
     """dep_handle_new_in (0.4.0), called as the binding calls it in a CUDA-graph capture: the
     handle's arrays in a torch tensor of dep_handle_bytes on the Buffer's device (aligned by
