@@ -35,8 +35,10 @@ DEFAULT_MAX_LL_TOKENS_PER_RANK = 256
 _FP8_GROUP = 128
 #: dep_handle_t's of collected Handles kept per Buffer for the next dispatch.
 _HANDLE_POOL = 4
-#: cuda: collected handles kept for reuse (each with the events of its streams).
+#: cuda: collected handles kept for reuse (each with its stream, or events on its streams).
 _CUDA_POOL = 16
+#: cuda: torch.cuda.Streams kept per Buffer by raw stream (_stream_of).
+_STREAMS = 256
 #: Prototypes kept per Buffer for _new (one per output shape and dtype seen).
 _PROTOS = 1024
 _BF16 = (torch.bfloat16,)
@@ -46,6 +48,14 @@ _IDX = (torch.int64, torch.int32)
 
 
 _clock = time.perf_counter_ns
+
+# The caller's current stream as its raw CUstream (an int), and whether it is capturing a
+# CUDA graph, straight from torch's C extension where it has them (torch 2.x): the public
+# torch.cuda.current_stream() builds a Stream after its device-index parsing and lazy-init
+# checks, microseconds a call (BENCHMARKS.md, Python binding overhead).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or \
+    torch.cuda.is_current_stream_capturing
 
 # libdeepep-client is loaded here, at `import deepep`, as DeepEP loads its extension, so that
 # Buffer(...) (which a restarted trainer's first call waits for) spends no time on it; where
@@ -102,7 +112,7 @@ class Handle:
         return self.worst or self.num_recv
 
     def __init__(self, buf: "Buffer", kind: str, num_tokens: int, num_recv: int = 0,
-                 stream: Any = None):
+                 stream: Optional[int] = None, capturing: Optional[bool] = None):
         conn = self._conn = buf._conn
         self._buffer = buf._selfref
         self.kind = kind
@@ -112,6 +122,8 @@ class Handle:
         #: and a cached dispatch through this handle have too.
         self.worst = 0
         self.hidden = buf.hidden
+        #: cuda: the raw stream (an int) the handle's device arrays were used on, or a tuple
+        #: of them once a combine used it on another.
         self._stream: Any = None
         #: cuda, made in a capture: the tensor that holds the handle's device arrays.
         self._mem: Optional[torch.Tensor] = None
@@ -119,14 +131,13 @@ class Handle:
         if buf._host:
             ptr = pool.pop() if pool else None
         else:
-            # The caller's current stream (the op looked it up once: each lookup makes a
-            # torch.cuda.Stream, microseconds a call).
-            self._stream = stream if stream is not None else torch.cuda.current_stream(buf.device)
-            if torch.cuda.is_current_stream_capturing():
+            # The caller's current stream and capture state (the op looked them up once).
+            self._stream = stream if stream is not None else buf._stream()
+            if capturing if capturing is not None else _capturing():
                 ptr = buf._captured_handle(self)
                 buf._pinned.append(self)  # the graph holds its arrays: kept until destroy()
             else:
-                ptr = buf._cuda_handle()
+                ptr = buf._cuda_handle(self._stream)
         if ptr is None:
             p = ctypes.c_void_p()
             conn.check(conn.lib.dep_handle_new(conn.ptr, ctypes.byref(p)), "dep_handle_new")
@@ -136,11 +147,11 @@ class Handle:
         self._ptr: Optional[int] = ptr
         buf._handles.add(self)
 
-    def _used_on(self, stream: Any) -> None:
-        """Note a second stream the handle's device arrays were used on (a combine's)."""
-        if stream is not self._stream and stream != self._stream:
-            self._stream = (self._stream, stream) if not isinstance(self._stream, tuple) \
-                else self._stream + (stream,)
+    def _used_on(self, stream: int) -> None:
+        """Note another stream the handle's device arrays were used on (a combine's)."""
+        s = self._stream
+        if stream != s and (type(s) is not tuple or stream not in s):
+            self._stream = s + (stream,) if type(s) is tuple else (s, stream)
 
     def _free(self) -> None:
         if self._ptr:
@@ -170,8 +181,8 @@ class Handle:
             return
         # cuda: the kernels queued on the handle's streams may still use its device
         # arrays, and dep_handle_free (cuMemFree) would wait for the whole device.  So
-        # the handle goes back to the Buffer with an event on each of those streams, and
-        # is reused once every event has completed.
+        # the handle goes back to the Buffer, to be reused behind those kernels
+        # (Buffer._cuda_handle).
         self._ptr = None
         buf._cuda_release(ptr, self._stream)
 
@@ -237,7 +248,12 @@ class Buffer:
         self._conn: Optional[_Conn] = None
         self._handles: "weakref.WeakSet[Handle]" = weakref.WeakSet()
         self._handle_pool: List[int] = []
-        self._cuda_pool: List[Tuple[int, list]] = []
+        #: cuda: collected handles, oldest first, each [ptr, stream, events]: stream, the one
+        #: raw stream it was used on (no event: a call on that stream is queued behind it),
+        #: or events recorded on each of several (then stream is None).
+        self._cuda_pool: List[list] = []
+        self._free_events: List[Any] = []  # torch.cuda.Events of reused handles, to record again
+        self._streams: dict = {}  # raw stream -> torch.cuda.Stream, for recording events
         self._pinned: List[Handle] = []
         self._handle_bytes = 0
         self._deferred: List[int] = []
@@ -292,6 +308,7 @@ class Buffer:
         t = self._lap("status", t)
         self.device = torch.device("cpu") if self._host else \
             torch.device("cuda", torch.cuda.current_device())
+        self._dev_index = self.device.index
         self._lap("device", t)
         if None not in (self.hidden, self.num_experts, self.num_topk):
             self._attach()
@@ -367,9 +384,13 @@ class Buffer:
 
     def _prepare(self) -> None:
         """What every call of this job shape reuses: argument structs (only pointers and
-        counts change per call), their byrefs, the bound C functions and, on the host
-        backend, the scratch the counts land in before they are read out as a list (on cuda
-        they stay per call: the list is read after the call on the caller's stream)."""
+        counts change per call), their byrefs, the bound C functions, and the scratch a
+        dispatch's counts land in before they are read out as a list: host memory (on cuda
+        the library copies them there from a device scratch, recv_count_per_expert_host,
+        behind its kernels and before the wait it makes anyway, so the list needs no copy
+        and no synchronisation of its own).  The device scratch serves only dispatches that
+        wait (each is done with it when it returns); one with num_worst_tokens, which may
+        still be running on its stream, or be captured in a graph, gets counts of its own."""
         lib = self._conn.lib
         self._fn_layout, self._fn_dispatch = lib.dep_layout, lib.dep_dispatch
         self._fn_combine = lib.dep_combine
@@ -390,13 +411,14 @@ class Buffer:
         self._la_ref, self._da_ref, self._ca_ref = (
             ctypes.byref(self._la), ctypes.byref(self._da), ctypes.byref(self._ca))
         self._lla_ref, self._llca_ref = ctypes.byref(self._lla), ctypes.byref(self._llca)
-        self._scratch_counts = None
+        self._counts_host = (ctypes.c_int32 * self.num_local_experts)()
+        self._counts_addr = ctypes.addressof(self._counts_host)
         self._protos: dict = {}
         self._tp_protos: dict = {}
         self._ll_protos: list = [None, None]
         self._da_mode: Any = None
-        if self._host:
-            self._scratch_counts = self._empty([self.num_local_experts], torch.int32)
+        self._counts_dev = None if self._host else \
+            self._empty([self.num_local_experts], torch.int32)
 
     def _shape_sizes(self) -> dict:
         """dep_shape_sizes of this Buffer's job shape: what the outputs are sized for."""
@@ -429,30 +451,56 @@ class Buffer:
         h._mem = mem
         return p.value
 
-    def _cuda_handle(self) -> Optional[int]:
-        """A dep_handle_t for a new Handle on cuda outside a capture, or None to make one
-        (dep_handle_new): the oldest collected one whose streams have passed the events
-        recorded when it was collected."""
+    def _cuda_handle(self, stream: int) -> Optional[int]:
+        """A dep_handle_t for a new Handle on cuda outside a capture, used on raw stream
+        `stream`, or None to make one (dep_handle_new): a collected one last used on that
+        stream alone (this call's kernels queue behind its), else the oldest, once the
+        events on its streams have completed."""
         pool = self._cuda_pool
-        if pool and all(e.query() for e in pool[0][1]):
-            return pool.pop(0)[0]
-        return None
+        if not pool:
+            return None
+        for i in range(len(pool)):
+            if pool[i][1] == stream:
+                return pool.pop(i)[0]
+        ent = pool[0]
+        if ent[2] is None:
+            # Last used on another stream alone: an event there now comes after its kernels.
+            ent[2] = [self._recorded(ent[1])]
+            ent[1] = None
+        events = ent[2]
+        for e in events:
+            if not e.query():
+                return None
+        pool.pop(0)
+        self._free_events += events
+        return ent[0]
+
+    def _recorded(self, stream: int) -> Any:
+        """A torch.cuda.Event (a reused one where there is one) recorded on raw stream now."""
+        e = self._free_events.pop() if self._free_events else torch.cuda.Event()
+        e.record(self._stream_of(stream))
+        return e
+
+    def _stream_of(self, raw: int) -> Any:
+        """The torch.cuda.Stream of a raw stream this Buffer saw current (_stream keeps
+        them), else torch's wrapper of a stream made outside it."""
+        st = self._streams.get(raw)
+        if st is None:
+            st = torch.cuda.ExternalStream(raw, device=self.device)
+        return st
 
     def _cuda_release(self, ptr: int, streams: Any) -> None:
-        """A collected Handle's dep_handle_t, back for reuse once its streams are past it."""
-        if torch.cuda.is_current_stream_capturing():
+        """A collected Handle's dep_handle_t, back for reuse behind its streams' kernels."""
+        if _capturing():
             self._deferred.append(ptr)  # no event can be recorded for after it: at destroy()
             return
         if len(self._cuda_pool) >= _CUDA_POOL:
             self._deferred.append(ptr)
             return
-        events = []
-        for st in (streams if isinstance(streams, tuple) else (streams,)):
-            if st is not None:
-                e = torch.cuda.Event()
-                e.record(st)
-                events.append(e)
-        self._cuda_pool.append((ptr, events))
+        if type(streams) is tuple:
+            self._cuda_pool.append([ptr, None, [self._recorded(st) for st in streams]])
+        else:
+            self._cuda_pool.append([ptr, streams, None])
 
     def _shape(self, op: str, hidden: Optional[int], num_experts: Optional[int],
                topk: Optional[int], ll_tokens: Optional[int] = None) -> None:
@@ -548,19 +596,36 @@ class Buffer:
             one(torch.int32).expand((L,)))
         return pr
 
-    def _stream(self) -> Optional[int]:
-        return None if self._host else torch.cuda.current_stream(self.device).cuda_stream
+    def _stream(self) -> int:
+        """cuda: the caller's current stream on this Buffer's device, as its raw CUstream;
+        the first time one is seen, its torch.cuda.Stream is kept too (_stream_of)."""
+        raw = _raw_stream(self._dev_index) if _raw_stream is not None else \
+            torch.cuda.current_stream(self.device).cuda_stream
+        if raw not in self._streams:
+            if len(self._streams) >= _STREAMS:
+                self._streams.clear()
+            self._streams[raw] = torch.cuda.current_stream(self.device)
+        return raw
 
     def _event(self, previous_event: Optional[EventOverlap], async_finish: bool) -> EventOverlap:
-        return EventOverlap(EventHandle(cuda=not self._host)) if async_finish \
-            else EventOverlap(None)
+        if not async_finish:
+            return EventOverlap(None)
+        if self._host:
+            return EventOverlap(EventHandle(cuda=False))
+        # On the current stream, as EventHandle() records, given as the Stream kept for it.
+        return EventOverlap(EventHandle(cuda=True, stream=self._streams[self._stream()]))
 
     def _fail(self, rc: int, call: str) -> None:
         raise from_code(rc, self._conn.errmsg(), call)
 
-    @staticmethod
-    def _wait(previous_event: Optional[EventOverlap]) -> None:
-        if previous_event is not None and previous_event.event is not None:
+    def _wait(self, previous_event: Optional[EventOverlap]) -> None:
+        """Make the current stream wait for previous_event (nothing on the host backend)."""
+        if previous_event is None or previous_event.event is None:
+            return
+        ev = previous_event.event
+        if not self._host and type(ev) is EventHandle and ev.event is not None:
+            ev.event.wait(self._streams[self._stream()])  # current_stream_wait(), as kept
+        else:
             previous_event.current_stream_wait()
 
     def _topk(self, op: str, topk_idx: Any, num_tokens: Optional[int]) -> Tuple[torch.Tensor, int]:
@@ -668,8 +733,7 @@ class Buffer:
         a.token_in_rank = in_rank.data_ptr() if n else None
         if previous_event is not None:
             self._wait(previous_event)
-        rc = self._fn_layout(self._conn.ptr, self._la_ref,
-                             None if self._host else self._stream())
+        rc = self._fn_layout(self._conn.ptr, self._la_ref, None if self._host else self._stream())
         if rc:
             self._fail(rc, "dep_layout")
         return per_rank, None, per_expert, in_rank, \
@@ -751,8 +815,10 @@ class Buffer:
         elif topk_idx is None or topk_weights is None:
             raise ValueError("dispatch: topk_idx and topk_weights are required (or a handle, "
                              "for cached mode)")
-        if not self._host and not cached and num_worst_tokens == 0 and \
-                torch.cuda.is_current_stream_capturing():
+        # Whether the current stream captures a CUDA graph: asked once a call (the Handle
+        # takes the answer).
+        capturing = False if self._host else _capturing()
+        if capturing and not cached and num_worst_tokens == 0:
             raise Unsupported("dispatch inside a CUDA-graph capture without num_worst_tokens",
                               "dep_dispatch waits on the host for its row count; give "
                               "num_worst_tokens (outputs of that many rows, no wait)")
@@ -837,14 +903,21 @@ class Buffer:
             a.num_worst_tokens, a.expert_alignment = num_worst_tokens, expert_alignment
             a.index_type = itype
             a.x_scales = a.recv_x_scales = None
+            # The counts (_prepare): none cached; on the host backend straight into the host
+            # scratch; on cuda, where the call waits, the device scratch and a copy to the
+            # host one; with num_worst_tokens, per call (below), none copied.
+            a.recv_count_per_expert_host = None
             if cached:
                 a.topk_idx = a.topk_weights = a.recv_topk_idx = a.recv_topk_weights = None
                 a.recv_count_per_expert = None
             elif self._host:
-                a.recv_count_per_expert = self._scratch_counts.data_ptr()
+                a.recv_count_per_expert = self._counts_addr
+            elif not num_worst_tokens:
+                a.recv_count_per_expert = self._counts_dev.data_ptr()
+                a.recv_count_per_expert_host = self._counts_addr
             self._da_mode = mode
         # The caller's current stream, looked up once per call (None on the host backend).
-        cs = None if self._host else torch.cuda.current_stream(dev)
+        cs = None if self._host else self._stream()
         recv_s = None
         if fp8 or cached:
             # A row at least, so that the pointers are never NULL (a cached dispatch may
@@ -869,12 +942,10 @@ class Buffer:
             if fp8:
                 recv_idx = self._new((rows, k), torch.int64)
                 recv_w = self._new((rows, k), torch.float32)
-            if self._host:
-                counts = self._scratch_counts
-            else:
-                counts = self._new((self.num_local_experts,), torch.int32)
+            if num_worst_tokens and not self._host:
+                counts = self._new((self.num_local_experts,), torch.int32)  # alive to return
                 a.recv_count_per_expert = counts.data_ptr()
-            h = Handle(self, "dispatch", n, stream=cs)
+            h = Handle(self, "dispatch", n, stream=cs, capturing=capturing)
             if n:
                 a.topk_idx, a.topk_weights = idx.data_ptr(), w.data_ptr()
             else:
@@ -886,10 +957,9 @@ class Buffer:
             num_recv.value = 0  # not written with num_worst_tokens
         if previous_event is not None:
             self._wait(previous_event)
-        if cs is not None:
+        if cached and cs is not None:
             h._used_on(cs)
-        rc = self._fn_dispatch(self._conn.ptr, self._da_ref, h._ptr,
-                               None if cs is None else cs.cuda_stream)
+        rc = self._fn_dispatch(self._conn.ptr, self._da_ref, h._ptr, cs)
         if rc:
             self._fail(rc, "dep_dispatch")
         ev = self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
@@ -913,7 +983,7 @@ class Buffer:
                 recv_s.resize_((r, hid // _FP8_GROUP))
             recv_idx.resize_((r, k))
             recv_w.resize_((r, k))
-        return (out_x, recv_idx, recv_w, counts.tolist(), h, ev)
+        return (out_x, recv_idx, recv_w, self._counts_host[:], h, ev)
 
     def combine(self, x: torch.Tensor, handle: Handle,
                 topk_weights: Optional[torch.Tensor] = None, bias: Any = None,
@@ -971,10 +1041,9 @@ class Buffer:
             self._wait(previous_event)
         cs = None
         if not self._host:
-            cs = torch.cuda.current_stream(self.device)
+            cs = self._stream()
             h._used_on(cs)
-        rc = self._fn_combine(self._conn.ptr, self._ca_ref, h._ptr,
-                              None if cs is None else cs.cuda_stream)
+        rc = self._fn_combine(self._conn.ptr, self._ca_ref, h._ptr, cs)
         if rc:
             self._fail(rc, "dep_combine")
         return out, out_w, \
@@ -1080,7 +1149,7 @@ class Buffer:
             pr = self._ll_prototypes(fp8)
         recv_x, count = _empty_like(pr[0]), _empty_like(pr[2])
         scales = _empty_like(pr[1]) if fp8 else None
-        cs = None if self._host else torch.cuda.current_stream(dev)
+        cs = None if self._host else self._stream()
         h = Handle(self, "low_latency_dispatch", n, stream=cs)
         a = self._lla
         if n:
@@ -1090,8 +1159,7 @@ class Buffer:
         a.index_type, a.num_tokens, a.use_fp8 = itype, n, int(fp8)
         a.recv_x, a.recv_count = recv_x.data_ptr(), count.data_ptr()
         a.recv_scales = scales.data_ptr() if fp8 else None
-        rc = self._fn_ll_dispatch(self._conn.ptr, self._lla_ref, h._ptr,
-                                  None if cs is None else cs.cuda_stream)
+        rc = self._fn_ll_dispatch(self._conn.ptr, self._lla_ref, h._ptr, cs)
         if rc:
             self._fail(rc, "dep_ll_dispatch")
         if stats is not None:
@@ -1161,10 +1229,9 @@ class Buffer:
         a.index_type = itype
         cs = None
         if not self._host:
-            cs = torch.cuda.current_stream(self.device)
+            cs = self._stream()
             h._used_on(cs)
-        rc = self._fn_ll_combine(self._conn.ptr, self._llca_ref, h._ptr,
-                                 None if cs is None else cs.cuda_stream)
+        rc = self._fn_ll_combine(self._conn.ptr, self._llca_ref, h._ptr, cs)
         if rc:
             self._fail(rc, "dep_ll_combine")
         return out, self._event(None, async_finish) if async_finish else EventOverlap(None), \
@@ -1196,9 +1263,10 @@ class Buffer:
         for h in list(self._handles):
             h._free()
         if self._conn is not None and self._conn.ptr:
-            for p in self._handle_pool + [p for p, _ in self._cuda_pool] + self._deferred:
+            for p in self._handle_pool + [e[0] for e in self._cuda_pool] + self._deferred:
                 self._conn.lib.dep_handle_free(p)
         self._handle_pool, self._cuda_pool, self._deferred = [], [], []
+        self._free_events, self._streams = [], {}
         self._pinned = []  # with them the tensors of the handles made in captures
         if self._conn is not None:
             self._conn.free()

@@ -15,17 +15,23 @@ import torch
 class EventHandle:
     """An event captured on the current stream at construction.
 
+    Args:
+        cuda: whether there is CUDA (None: whether torch has initialised it).
+        stream: the current stream's torch.cuda.Stream, where the caller has it (None: look
+            it up).
+
     Attributes:
         event: the torch.cuda.Event, or None where there is no CUDA (complete).
     """
 
-    def __init__(self, cuda: Optional[bool] = None):
+    def __init__(self, cuda: Optional[bool] = None, stream: Optional[Any] = None):
         if cuda is None:
             cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self.event: Optional[Any] = None
         if cuda:
+            # deepep.Buffer passes the stream it keeps: current_stream() costs microseconds.
             self.event = torch.cuda.Event()
-            self.event.record(torch.cuda.current_stream())
+            self.event.record(stream if stream is not None else torch.cuda.current_stream())
 
     def current_stream_wait(self) -> None:
         """Make the current stream wait for the event (nothing to wait for without CUDA)."""

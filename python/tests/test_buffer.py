@@ -326,9 +326,14 @@ def test_dispatch_leaves_its_counts_on_the_host_and_a_caller_of_the_0_4_0_struct
         assert host[:] == [-7] * (L + 2)
     finally:
         lib.dep_handle_free(h)
-    # The binding's counts, in step after the refusal.
+    # The binding's counts, in step after the refusal: a list of ints of its own per call
+    # (the host scratch they are read from is the next call's).
     _, _, _, counts, _, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
-    assert counts == [2] * L
+    assert counts == [2] * L and type(counts) is list and {type(c) for c in counts} == {int}
+    one = torch.full_like(idx, -1)
+    one[:, 0] = 1
+    _, _, _, other, _, _ = buf.dispatch(x, topk_idx=one, topk_weights=w)
+    assert other == [0, 4, 0, 0] and counts == [2] * L
 
 
 def test_a_handle_in_a_torch_tensor_carries_a_dispatch_and_its_combine(buf):

@@ -112,6 +112,70 @@ def test_operations_run_in_order_on_the_callers_current_stream(daemon):
     b.destroy()
 
 
+def test_a_collected_handle_is_reused_behind_the_kernels_of_every_stream_it_was_used_on(
+        daemon):
+    """Handle reuse (Buffer._cuda_handle): a handle used on one stream alone is reused at
+    once by the next dispatch on that stream, even while the stream still runs its combine
+    (stream order puts the new dispatch behind it), and the combine's result is intact; one
+    used on a second stream (a combine there), or on another stream alone, is not reused
+    while that stream is still busy, and is once it is past; the counts are the host copy's
+    (recv_count_per_expert_host) on every call."""
+    b = one_rank(daemon)
+    x, idx, w = tokens()
+    want = torch.bincount(idx.flatten().cpu(), minlength=4).tolist()
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(s1):
+        b.dispatch(x, topk_idx=idx, topk_weights=w)  # the pool's first handle, collected
+        rx, _, _, counts, h, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)
+        torch.cuda._sleep(SLEEP)
+        comb, _, _ = b.combine(rx * 2, h)  # queued behind the sleep
+        p = h._ptr
+        del h
+        assert not s1.query()
+        rx3, _, _, counts3, h3, _ = b.dispatch(x * 3, topk_idx=idx, topk_weights=w)
+        assert h3._ptr == p, "a handle of this stream alone was not reused at once"
+    s1.synchronize()
+    torch.testing.assert_close(comb, x * 2, rtol=0, atol=0)
+    torch.testing.assert_close(rx3, x * 3, rtol=0, atol=0)
+    assert counts == counts3 == want
+    # Used on s1 (its dispatch) and s2 (its combine, behind a sleep there): not reused
+    # while s2 is busy.
+    with torch.cuda.stream(s2):
+        torch.cuda._sleep(SLEEP)
+        comb2, _, _ = b.combine(rx3 * 2, h3)
+    p3 = h3._ptr
+    del h3
+    with torch.cuda.stream(s1):
+        rx4, _, _, _, h4, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)
+        assert not s2.query() and h4._ptr != p3, "reused before the other stream was past it"
+    s2.synchronize()
+    torch.testing.assert_close(comb2, x * 6, rtol=0, atol=0)
+    with torch.cuda.stream(s1):
+        rx5, _, _, _, h5, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)
+        assert h5._ptr == p3, "not reused once both streams were past it"
+    # Used on s2 alone, collected while s2 is busy: not reused on s1 until s2 is past it.
+    with torch.cuda.stream(s2):
+        torch.cuda._sleep(SLEEP)
+        rx6, _, _, _, h6, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)
+        torch.cuda._sleep(SLEEP)
+        comb6, _, _ = b.combine(rx6, h6)
+    p6 = h6._ptr
+    del h6, h4
+    with torch.cuda.stream(s1):
+        _, _, _, _, h7, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)
+        # h4's (s1's alone) is taken; h6's waits for s2.
+        assert not s2.query() and h7._ptr != p6
+        _, _, _, _, h8, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)
+        assert h8._ptr != p6
+    s2.synchronize()
+    torch.testing.assert_close(comb6, x, rtol=0, atol=0)
+    with torch.cuda.stream(s1):
+        _, _, _, counts9, h9, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)
+        assert h9._ptr == p6 and counts9 == want
+    torch.testing.assert_close(rx5, x, rtol=0, atol=0)
+    b.destroy()
+
+
 def test_async_finish_and_previous_event_are_real_cuda_events(daemon):
     b = one_rank(daemon)
     x, idx, w = tokens()
