@@ -228,7 +228,12 @@ struct cuops_dev {
   /* The proxy's ring: descriptors reserved, published (its head as this
    * rank last stored it) and known taken (its tail as last read). */
   unsigned long long xr_next, xr_pub, xr_tail;
+  /* Per remote source: the call whose flag CTA 0 last saw in the exchange
+   * region (CUOPS_XSEEN_FAILED set: that wait failed), for the other CTAs
+   * to wait on in device memory (ops_dev.cuh wait_peers). */
+  unsigned long long xseen[CUOPS_MAX_RANKS];
 };
+#define CUOPS_XSEEN_FAILED (1ull << 63)
 
 /* One rank's view of its job, passed by value to every kernel. */
 struct cuops_job {

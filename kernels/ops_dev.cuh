@@ -90,6 +90,10 @@ __device__ __forceinline__ uint64_t ld_acquire_gpu(const unsigned long long *p) 
   return v;
 }
 
+__device__ __forceinline__ void st_release_gpu(unsigned long long *p, uint64_t v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ uint32_t ld_acquire_sys32(const uint32_t *p) {
   uint32_t v;
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -461,29 +465,50 @@ struct peers {
 __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uint32_t op, peers *p) {
   for (uint32_t s = 0; s < J.world; s++) {
     uint8_t *slot = recv_slot(J, k.parity, s);
+    /* A remote source's flag is in host memory: CTA 0 alone polls it and
+     * passes what it saw on through device memory (xseen), which the other
+     * CTAs poll.  Every CTA polling across the bus saturates its reads,
+     * and the senders' stores and system fences to host memory wait
+     * behind them: a call's time grew with its CTAs (BENCHMARKS.md,
+     * "Between nodes on the cuda backend").  Acquire (system) in CTA 0,
+     * release then acquire (GPU) to the others: the block's bytes are
+     * ordered before their reads. */
+    const bool mirror = is_remote(J, s) && blockIdx.x != 0;
+    unsigned long long *seen = &J.dev->xseen[s];
     for (uint32_t i = 0;; i++) {
-      uint64_t f = ld_acquire_sys((const uint64_t *)slot);
+      uint64_t f = mirror ? ld_acquire_gpu(seen) : ld_acquire_sys((const uint64_t *)slot);
       if (f == k.seq)
         break;
-      if (f > k.seq) {
+      if (mirror && f == (k.seq | CUOPS_XSEEN_FAILED))
+        return 1; /* recorded by CTA 0 */
+      if (!mirror && f > k.seq) {
         rec_fail(J, DEP_ERR_MISMATCH, op, s, CUOPS_PHASE_AHEAD, k.seq, f, globaltimer_ns() - k.t0);
+        if (is_remote(J, s))
+          st_release_gpu(seen, k.seq | CUOPS_XSEEN_FAILED);
         return 1;
       }
       if ((i & 31u) == 31u) {
         uint64_t waited = globaltimer_ns() - k.t0;
+        int failed = 0;
         if (waited > J.timeout_ns) {
           rec_fail(J, DEP_ERR_TIMEOUT, op, s, CUOPS_PHASE_WAIT, k.seq, f, waited);
-          return 1;
-        }
-        if (*(volatile uint32_t *)&J.dev->broken)
-          return 1;
-        if (job_aborted(J, k, s, waited)) {
+          failed = 1;
+        } else if (*(volatile uint32_t *)&J.dev->broken) {
+          failed = 1;
+        } else if (job_aborted(J, k, s, waited)) {
           rec_gone(J, op, k.seq, waited);
+          failed = 1;
+        }
+        if (failed) {
+          if (is_remote(J, s) && !mirror)
+            st_release_gpu(seen, k.seq | CUOPS_XSEEN_FAILED);
           return 1;
         }
         __nanosleep(64);
       }
     }
+    if (is_remote(J, s) && !mirror)
+      st_release_gpu(seen, k.seq);
     volatile uint32_t *s32 = (volatile uint32_t *)slot;
     p->rows[s] = s32[2];
     p->op[s] = s32[3];
