@@ -20,7 +20,11 @@ the cheapest torch makes one (empty_like of a prototype; dispatch's three are th
 the rows received, a resize_ each, counted too); "above floor" is the rest of the binding's
 work (checks, struct, Handle, result tuple).  The per-call clock reads are in every figure,
 C and Python alike, so they cancel in the differences.  dispatch's C call writes int64 ids
-(recv_index_type DEP_INDEX_I64), as the binding's does.
+(recv_index_type DEP_INDEX_I64), as the binding's does; it does not ask for the counts on the
+host (recv_count_per_expert_host), which the binding's does, so that its figures stay those of
+the calls before it: on cuda that copy is in the Python column's C call.  A line of single
+torch calls follows (other ways to shrink an output than resize_, and on cuda the current
+stream's lookups, the capture check, an event's record and query), to place what is left.
 
 --against DIR times a second package beside this one in the same processes: DIR holds a
 copy of an older python/deepep (e.g. `git archive REV python/deepep | tar -x -C /tmp/old`
@@ -207,6 +211,21 @@ def worker(o):
     pbig = torch.empty((1,), dtype=torch.bfloat16, device=dev).expand(2 * N, H)
     shrunk = block(lambda: torch.empty_like(pbig).resize_((N, H)), o.iters)
     res["empty"], res["like"], res["shrunk"] = small, like, shrunk
+    # The torch calls the binding makes per call, or chose against, timed alone: other ways
+    # to shrink an output made at the capacity (in place of resize_), and on cuda the current
+    # stream's lookups, the capture check and an event recorded.
+    probes = {"as_strided_": lambda: torch.empty_like(pbig).as_strided_((N, H), (H, 1)),
+              "sliced": lambda: torch.empty_like(pbig)[:N]}
+    if cuda:
+        probes["current_stream"] = lambda: torch.cuda.current_stream(dev)
+        if hasattr(torch._C, "_cuda_getCurrentRawStream"):
+            probes["raw_stream"] = lambda: torch._C._cuda_getCurrentRawStream(0)
+        probes["is_capturing"] = torch.cuda.is_current_stream_capturing
+        ev = torch.cuda.Event()
+        cur = torch.cuda.current_stream(dev)
+        probes["event_record"] = lambda: ev.record(cur)
+        probes["event_query"] = ev.query
+    res["probes"] = {k: block(f, o.iters) for k, f in probes.items()}
     lib.dep_handle_free(h)
     lib.dep_handle_free(lh)
     b.destroy()
@@ -312,6 +331,10 @@ def main():
                   f"output: torch.empty {emp:.2f}, empty_like of a prototype {like:.2f}, "
                   f"the same made at twice the rows and shrunk {shr:.2f} (each timed alone, "
                   "as the calls)")
+            names = list(outs[0]["probes"])
+            print("torch calls, each timed alone: " + ", ".join(
+                f"{k} {max(statistics.median(x['probes'][k]) for x in outs) / 1e3:.2f}"
+                for k in names) + " (as_strided_ and sliced: made at twice the rows, as shrunk)")
             print(f"{'method':<22} {'C med':>7} {'Py med':>7} {'above':>7}   {'C p99':>7} "
                   f"{'Py p99':>7} {'above':>7}   {'floor':>6}  {'above floor':>11}" +
                   (f"   {'old med':>7} {'old above':>9} {'new-old':>7}" if o.against else ""))
