@@ -378,8 +378,8 @@ DEP_EXPORT int dep_layout(dep_client_t *c, const struct dep_layout_args *a, dep_
  * the same.  A library older than 0.4.0 refuses a non-zero value
  * (DEP_ERR_UNSUPPORTED, "Structs grow").
  *
- * recv_count_per_expert_host (appended in 0.4.1): NULL, or host memory
- * (int32_t-aligned, as num_recv is host memory) of num_experts / world_size
+ * recv_count_per_expert_host (appended in 0.4.1): NULL, or host memory (on
+ * cuda too, as num_recv is; int32_t-aligned) of num_experts / world_size
  * counts, where a call that returns 0 leaves a copy of recv_count_per_expert
  * (rounded as expert_alignment says), so that a caller on cuda reads the
  * counts with no device-to-host copy and no synchronisation of its own: the
