@@ -112,4 +112,6 @@ for s in ${STEPS:-cudaops xnode ep doctor pytest restart pyover hostwarm}; do
 done
 echo "== pass: $((SECONDS - T0)) s"; date -u
 # The device tool brings back only a few files: every step's log in one archive.
-(cd "$OUTD" && tar czf logs.tgz --exclude logs.tgz --exclude gpu-all.log . && echo "== logs: $OUTD/logs.tgz")
+T=$(mktemp /tmp/gpu-all-logs.XXXXXX)
+(cd "$OUTD" && tar czf "$T" --exclude logs.tgz --exclude gpu-all.log . && mv "$T" logs.tgz &&
+  echo "== logs: $OUTD/logs.tgz")
