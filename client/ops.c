@@ -1,8 +1,8 @@
 /*
  * ops.c — the public dispatch/combine entry points (DESIGN §6).  Each
  * checks its arguments and the handle's state, then runs the operation of
- * the job's backend.  The host backend's operations are the plain-C ones in
- * kernels/host_ops.c over the shared-memory slabs; the stream argument is
+ * the job's backend.  The host backend's operations are the plain-C ones of
+ * kernels/host_ops.h over the shared-memory slabs; the stream argument is
  * ignored there.  The cuda backend's are kernels launched on the caller's
  * stream by client/cuda_ops.c, which does its own checks (it must not read
  * device memory on the host).

@@ -1,0 +1,96 @@
+/*
+ * host_ops_internal.h — what the host backend's files (host_ops.c,
+ * host_ops_tp.c, host_ops_ll.c) share and no one else sees: where a slot or
+ * row lies in the slabs and the exchange region, and the protocol's steps.
+ * The public interface is host_ops.h.
+ */
+#ifndef DEP_HOST_OPS_INTERNAL_H
+#define DEP_HOST_OPS_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "host_ops.h"
+
+/* Say why in c->why and return rc, so that a failure reads `return set_why(...)`. */
+static inline int set_why(struct ops_ctx *c, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline int set_why(struct ops_ctx *c, int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->why, sizeof c->why, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+static inline int64_t idx_at(const void *idx, int type, size_t i) {
+  return type == DEP_INDEX_I64 ? ((const int64_t *)idx)[i] : ((const int32_t *)idx)[i];
+}
+
+/* Store a received id as the dispatch's recv_index_type says (0: int32). */
+static inline void ridx_put(void *idx, int wide, size_t i, int32_t v) {
+  if (wide)
+    ((int64_t *)idx)[i] = v;
+  else
+    ((int32_t *)idx)[i] = v;
+}
+
+static inline struct ops_slot *slot_at(const struct ops_ctx *c, uint32_t slab, unsigned parity,
+                                       uint32_t src) {
+  return (struct ops_slot *)(c->slabs[slab] + dep_slab_ctrl_slot(&c->lay, parity, src));
+}
+
+static inline uint8_t *row_at(const struct ops_ctx *c, uint32_t slab, unsigned parity,
+                              uint32_t src, uint32_t row) {
+  return c->slabs[slab] + dep_slab_row(&c->lay, parity, src, row);
+}
+
+/* What source src posted to this rank in a call of parity: its slot and
+ * block in our slab, or (src on another node) in our exchange region,
+ * where the daemon writes them. */
+static inline struct ops_slot *in_slot(const struct ops_ctx *c, unsigned parity, uint32_t src) {
+  if (c->remote[src] < 0)
+    return slot_at(c, c->rank, parity, src);
+  return (struct ops_slot *)(c->xchg + dep_slab_in_slot(&c->lay, parity, (uint32_t)c->remote[src]));
+}
+
+static inline uint8_t *in_row(const struct ops_ctx *c, unsigned parity, uint32_t src,
+                              uint32_t row) {
+  if (c->remote[src] < 0)
+    return row_at(c, c->rank, parity, src, row);
+  return c->xchg + dep_slab_in_block(&c->lay, parity, (uint32_t)c->remote[src]) +
+         (uint64_t)row * c->lay.row_bytes;
+}
+
+/* Where this rank's block for dest goes in a call of parity: dest's slab,
+ * or (dest on another node) the out block of our exchange region, for the
+ * proxy. */
+static inline uint8_t *out_block(const struct ops_ctx *c, uint32_t dest, unsigned parity) {
+  if (c->remote[dest] < 0)
+    return c->slabs[dest] + dep_slab_block(&c->lay, parity, c->rank);
+  return c->xchg + dep_slab_out_block(&c->lay, parity, (uint32_t)c->remote[dest]);
+}
+
+static inline uint8_t *out_row(const struct ops_ctx *c, uint32_t dest, unsigned parity,
+                               uint32_t row) {
+  return out_block(c, dest, parity) + (uint64_t)row * c->lay.row_bytes;
+}
+
+static inline uint32_t local_experts(const struct ops_ctx *c) {
+  return c->shape.num_experts / c->world;
+}
+
+/* Size h's arrays for c's shape for a handle of kind (OPS_HANDLE_TP or _LL) and mark it empty. */
+int host_ops__handle_reserve(struct ops_ctx *c, struct dep_handle *h, uint32_t kind);
+/* Start a communicating call: refuse an unready or broken context, else take the next seq. */
+int host_ops__begin(struct ops_ctx *c);
+/* Post this rank's block to every rank, rows[d] rows of stride bytes each. */
+int host_ops__post_all(struct ops_ctx *c, const uint32_t *rows, uint32_t op, uint64_t ref_seq,
+                       uint32_t num_tokens, uint64_t stride);
+/* Wait for every source's post of this call and check it made the same op. */
+int host_ops__wait_all(struct ops_ctx *c, uint32_t op);
+/* Check that every source of a combine answered h's dispatch with expect[src] rows. */
+int host_ops__check_combine_slots(struct ops_ctx *c, const struct dep_handle *h,
+                                  const uint32_t *expect);
+
+#endif

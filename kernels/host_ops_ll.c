@@ -1,0 +1,210 @@
+/*
+ * host_ops_ll.c — the host backend's low-latency pair (DESIGN §6):
+ * ll_dispatch, which sends a token once to each rank owning one of its
+ * experts (cast to FP8 here when asked) and expands it there into its
+ * experts' rows, and ll_combine, which sends each expert's vector back and
+ * sums them weighted at the origin, over the protocol of host_ops.c.
+ */
+#include "host_ops_internal.h"
+
+/* One bf16 token to FP8: h e4m3 bytes, then h/128 float32 scales. */
+static void token_to_fp8(const uint16_t *x, uint32_t hidden, uint8_t *out) {
+  float *scales = (float *)(out + hidden);
+  for (uint32_t g = 0; g < hidden / 128; g++) {
+    const uint16_t *xg = x + (size_t)g * 128;
+    float amax = 0.0f;
+    for (int i = 0; i < 128; i++) {
+      float v = host_ops_bf16_to_float(xg[i]);
+      v = v < 0 ? -v : v;
+      amax = v > amax ? v : amax;
+    }
+    float scale = (amax > 1e-4f ? amax : 1e-4f) / 448.0f;
+    scales[g] = scale;
+    for (int i = 0; i < 128; i++)
+      out[g * 128 + i] = host_ops_float_to_e4m3(host_ops_bf16_to_float(xg[i]) / scale);
+  }
+}
+
+/* ---- low-latency mode --------------------------------------------------------------- */
+
+/* A token's distinct experts on each rank, in order of first appearance. */
+struct token_sel {
+  uint64_t mask;                          /* ranks it goes to */
+  uint8_t n[DEP_MAX_LOCAL_RANKS];         /* distinct local experts per rank */
+  int32_t ids[DEP_MAX_LOCAL_RANKS][16];   /* those local experts */
+  int32_t vec[16];                        /* per k: index among its rank's distinct experts */
+};
+
+static void select_token(const struct ops_ctx *c, const void *idx, int type, uint32_t t,
+                         struct token_sel *s) {
+  const uint32_t k = c->shape.topk, le = local_experts(c);
+  s->mask = 0;
+  for (uint32_t j = 0; j < k; j++) {
+    int64_t e = idx_at(idx, type, (size_t)t * k + j);
+    s->vec[j] = -1;
+    if (e < 0)
+      continue;
+    uint32_t d = (uint32_t)(e / le);
+    int32_t l = (int32_t)(e % le);
+    if (!((s->mask >> d) & 1u)) {
+      s->mask |= 1ull << d;
+      s->n[d] = 0;
+    }
+    uint32_t i = 0;
+    while (i < s->n[d] && s->ids[d][i] != l)
+      i++;
+    if (i == s->n[d])
+      s->ids[d][s->n[d]++] = l;
+    s->vec[j] = (int32_t)i;
+  }
+}
+
+int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a,
+                         struct dep_handle *h) {
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  int rc = ops_check_ll_dispatch(c, a, h, c->why, sizeof c->why);
+  if (rc != 0 || (rc = host_ops__handle_reserve(c, h, OPS_HANDLE_LL)) != 0 ||
+      (rc = host_ops__begin(c)) != 0)
+    return rc;
+  const uint32_t hid = c->shape.hidden, k = c->shape.topk, le = local_experts(c);
+  const uint32_t kd = k < le ? k : le, groups = hid / 128;
+  const uint64_t rows = (uint64_t)c->world * c->lay.max_ll_tokens;
+  const unsigned parity = (unsigned)(c->seq & 1);
+  const uint32_t op = OPS_OP_LL_DISPATCH | (a->use_fp8 ? OPS_OP_FP8 : 0);
+  const size_t payload = a->use_fp8 ? hid + groups * sizeof(float) : 2u * hid;
+  const uint16_t *x = a->x;
+  uint32_t sent[DEP_MAX_LOCAL_RANKS] = {0};
+  struct token_sel sel;
+
+  for (uint32_t t = 0; t < a->num_tokens; t++) {
+    select_token(c, a->topk_idx, a->index_type, t, &sel);
+    if (sel.mask == 0)
+      continue;
+    const void *src = x + (size_t)t * hid;
+    if (a->use_fp8) {
+      token_to_fp8(x + (size_t)t * hid, hid, c->stage); /* once per token, not per rank */
+      src = c->stage;
+    }
+    for (uint32_t d = 0; d < c->world; d++) {
+      if (!((sel.mask >> d) & 1u))
+        continue;
+      uint8_t *row = out_row(c, d, parity, sent[d]++);
+      memcpy(row, src, payload);
+      int32_t *meta = (int32_t *)(row + ops_meta_off(hid));
+      meta[0] = (int32_t)t;
+      meta[1] = sel.n[d];
+      memcpy(row + ops_ids_off(hid), sel.ids[d], sel.n[d] * sizeof(int32_t));
+    }
+  }
+  if ((rc = host_ops__post_all(c, sent, op, 0, a->num_tokens, c->lay.row_bytes)) != 0 ||
+      (rc = host_ops__wait_all(c, op)) != 0)
+    return rc;
+
+  for (uint32_t src = 0; src < c->world; src++)
+    if (in_slot(c, parity, src)->rows > c->lay.max_ll_tokens)
+      return set_why(c, DEP_ERR_MISMATCH, "ll_dispatch: rank %u posted %u rows, over the job's "
+                     "max_ll_tokens_per_rank %u", src, in_slot(c, parity, src)->rows,
+                     c->lay.max_ll_tokens);
+  /* Expand each received token into its experts' rows: sources ascending,
+   * tokens ascending, so each expert's rows are in (source, token) order. */
+  memset(a->recv_count, 0, le * sizeof(int32_t));
+  uint64_t nv = 0;
+  for (uint32_t src = 0; src < c->world; src++) {
+    uint32_t n = in_slot(c, parity, src)->rows, owed = 0;
+    for (uint32_t j = 0; j < n; j++) {
+      const uint8_t *row = in_row(c, parity, src, j);
+      const int32_t *meta = (const int32_t *)(row + ops_meta_off(hid));
+      const int32_t *ids = (const int32_t *)(row + ops_ids_off(hid));
+      uint32_t nids = meta[1] >= 0 && (uint32_t)meta[1] <= kd ? (uint32_t)meta[1] : 0;
+      for (uint32_t i = 0; i < nids; i++) {
+        if (ids[i] < 0 || (uint32_t)ids[i] >= le || (uint64_t)a->recv_count[ids[i]] >= rows)
+          return set_why(c, DEP_ERR_MISMATCH, "ll_dispatch: rank %u sent a malformed row %u",
+                         src, j);
+        uint32_t l = (uint32_t)ids[i], pos = (uint32_t)a->recv_count[l]++;
+        uint64_t at = (uint64_t)l * rows + pos;
+        if (a->use_fp8) {
+          memcpy((uint8_t *)a->recv_x + at * hid, row, hid);
+          memcpy(a->recv_scales + at * groups, row + hid, groups * sizeof(float));
+        } else {
+          memcpy((uint16_t *)a->recv_x + at * hid, row, 2u * hid);
+        }
+        h->ll_rows[nv][0] = l;
+        h->ll_rows[nv][1] = pos;
+        nv++;
+        owed++;
+      }
+    }
+    h->recv_from[src] = owed;
+  }
+  h->num_tokens = a->num_tokens;
+  h->num_recv = (uint32_t)nv;
+  h->idx_hash = ops_check_idx_hash(a->topk_idx, a->index_type, (size_t)a->num_tokens * k);
+  h->seq = c->seq;
+  h->kind = OPS_HANDLE_LL;
+  return 0;
+}
+
+int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
+                        const struct dep_handle *h) {
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  int rc = ops_check_ll_combine(c, a, h, c->why, sizeof c->why);
+  if (rc != 0 || (rc = host_ops__begin(c)) != 0)
+    return rc;
+  const uint32_t hid = c->shape.hidden, k = c->shape.topk;
+  const uint64_t rows = (uint64_t)c->world * c->lay.max_ll_tokens;
+  const unsigned parity = (unsigned)(c->seq & 1);
+  const uint16_t *x = a->x;
+
+  /* Send each source one vector per (token, distinct local expert), in
+   * the order the dispatch received them, which is the order the origin
+   * enumerates them from its topk_idx. */
+  uint64_t nv = 0;
+  for (uint32_t d = 0; d < c->world; d++) {
+    uint8_t *block = out_block(c, d, parity);
+    for (uint32_t i = 0; i < h->recv_from[d]; i++, nv++) {
+      uint64_t at = (uint64_t)h->ll_rows[nv][0] * rows + h->ll_rows[nv][1];
+      memcpy(block + (uint64_t)i * 2u * hid, x + at * hid, 2u * hid);
+    }
+  }
+  if ((rc = host_ops__post_all(c, h->recv_from, OPS_OP_LL_COMBINE, h->seq, h->num_tokens,
+                               2ull * hid)) != 0 ||
+      (rc = host_ops__wait_all(c, OPS_OP_LL_COMBINE)) != 0)
+    return rc;
+
+  struct token_sel sel;
+  uint32_t expect[DEP_MAX_LOCAL_RANKS] = {0}, base[DEP_MAX_LOCAL_RANKS] = {0};
+  for (uint32_t t = 0; t < h->num_tokens; t++) {
+    select_token(c, a->topk_idx, a->index_type, t, &sel);
+    for (uint32_t d = 0; d < c->world; d++)
+      if ((sel.mask >> d) & 1u)
+        expect[d] += sel.n[d];
+  }
+  if ((rc = host_ops__check_combine_slots(c, h, expect)) != 0)
+    return rc;
+
+  uint16_t *out = a->out;
+  float *acc = c->acc;
+  for (uint32_t t = 0; t < h->num_tokens; t++) {
+    select_token(c, a->topk_idx, a->index_type, t, &sel);
+    memset(acc, 0, hid * sizeof *acc);
+    for (uint32_t j = 0; j < k; j++) {
+      int64_t e = idx_at(a->topk_idx, a->index_type, (size_t)t * k + j);
+      if (e < 0)
+        continue;
+      uint32_t d = (uint32_t)(e / (c->shape.num_experts / c->world));
+      const uint16_t *v = (const uint16_t *)(in_row(c, parity, d, 0) +
+                                             (uint64_t)(base[d] + (uint32_t)sel.vec[j]) * 2u * hid);
+      float w = a->topk_weights[(size_t)t * k + j];
+      for (uint32_t i = 0; i < hid; i++)
+        acc[i] += w * host_ops_bf16_to_float(v[i]);
+    }
+    for (uint32_t d = 0; d < c->world; d++)
+      if ((sel.mask >> d) & 1u)
+        base[d] += sel.n[d];
+    for (uint32_t i = 0; i < hid; i++)
+      out[(size_t)t * hid + i] = host_ops_float_to_bf16(acc[i]);
+  }
+  return 0;
+}
