@@ -103,8 +103,15 @@ class Handle:
     (``num_recv`` is None after a dispatch with num_worst_tokens on cuda, which does not
     wait for it; ``rows`` is then num_worst_tokens).  One made inside a CUDA-graph capture
     has its device arrays in a torch tensor (dep_handle_new_in), served from the graph's
-    pool as DeepEP's handle tensors are, and is kept by its Buffer until destroy().
+    pool as DeepEP's handle tensors are.  A handle made or used (by a combine, a cached
+    dispatch or a low_latency_combine) while the current stream captures a CUDA graph is
+    kept by its Buffer until destroy(), never reused for another call: the graph reads its
+    device arrays at every replay, after the caller has dropped it.
     """
+
+    #: Kept by its Buffer until destroy() (Buffer._pinned), for a graph that uses its
+    #: arrays; set on the instance, so the usual handle costs nothing here.
+    _pin = False
 
     @property
     def rows(self) -> int:
@@ -135,7 +142,7 @@ class Handle:
             self._stream = stream if stream is not None else buf._stream()
             if capturing if capturing is not None else _capturing():
                 ptr = buf._captured_handle(self)
-                buf._pinned.append(self)  # the graph holds its arrays: kept until destroy()
+                buf._keep(self)  # the graph holds its arrays
             else:
                 ptr = buf._cuda_handle(self._stream)
         if ptr is None:
@@ -146,12 +153,6 @@ class Handle:
         # collected, so none that a caller can still pass to a combine.
         self._ptr: Optional[int] = ptr
         buf._handles.add(self)
-
-    def _used_on(self, stream: int) -> None:
-        """Note another stream the handle's device arrays were used on (a combine's)."""
-        s = self._stream
-        if stream != s and (type(s) is not tuple or stream not in s):
-            self._stream = s + (stream,) if type(s) is tuple else (s, stream)
 
     def _free(self) -> None:
         if self._ptr:
@@ -254,6 +255,8 @@ class Buffer:
         self._cuda_pool: List[list] = []
         self._free_events: List[Any] = []  # torch.cuda.Events of reused handles, to record again
         self._streams: dict = {}  # raw stream -> torch.cuda.Stream, for recording events
+        #: Handles kept until destroy(), never pooled: those made or used while the current
+        #: stream captured a CUDA graph (Handle._pin), whose arrays the graph reads.
         self._pinned: List[Handle] = []
         self._handle_bytes = 0
         self._deferred: List[int] = []
@@ -488,6 +491,24 @@ class Buffer:
         if st is None:
             st = torch.cuda.ExternalStream(raw, device=self.device)
         return st
+
+    def _use(self, h: Handle, stream: int, capturing: bool) -> None:
+        """cuda: an operation is about to queue work on Handle h's device arrays on raw stream
+        `stream` (a combine, a cached dispatch, a low_latency_combine); `capturing` says
+        whether that stream captures a CUDA graph.  Notes the stream, for reuse behind it
+        once h is collected, and in a capture keeps h (_keep): the graph reads its arrays at
+        every replay, so they must never be handed to a later dispatch, even though h was
+        made outside the capture and the caller drops it."""
+        s = h._stream
+        if stream != s and (type(s) is not tuple or stream not in s):
+            h._stream = s + (stream,) if type(s) is tuple else (s, stream)
+        if capturing and not h._pin:
+            self._keep(h)
+
+    def _keep(self, h: Handle) -> None:
+        """Keep Handle h until destroy() (never pooled): a CUDA graph made or used it."""
+        h._pin = True
+        self._pinned.append(h)
 
     def _cuda_release(self, ptr: int, streams: Any) -> None:
         """A collected Handle's dep_handle_t, back for reuse behind its streams' kernels."""
@@ -758,6 +779,8 @@ class Buffer:
                 per token and 128 channels), moved as they are.
             handle: a dispatch's Handle for DeepEP's cached mode: the tokens go where that
                 dispatch sent them (x must hold as many); pass no topk_idx or topk_weights.
+                Used inside a CUDA-graph capture, it is kept by the Buffer until destroy()
+                (as combine's).
             num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
                 num_tokens_per_expert: get_dispatch_layout's results; accepted, and only their
                 sizes are checked (the library derives the layout from topk_idx itself).
@@ -958,7 +981,7 @@ class Buffer:
         if previous_event is not None:
             self._wait(previous_event)
         if cached and cs is not None:
-            h._used_on(cs)
+            self._use(h, cs, capturing)
         rc = self._fn_dispatch(self._conn.ptr, self._da_ref, h._ptr, cs)
         if rc:
             self._fail(rc, "dep_dispatch")
@@ -995,7 +1018,9 @@ class Buffer:
         Args:
             x: [rows, hidden] bfloat16, one row per row the dispatch delivered (rows: its
                 num_recv, or its num_worst_tokens; the padding rows are not read).
-            handle: the matching dispatch's.
+            handle: the matching dispatch's.  Used inside a CUDA-graph capture, it is kept
+                by the Buffer until destroy() (never reused for another dispatch), since the
+                graph reads its arrays at every replay.
             topk_weights: optional [rows, num_topk] float32 (DeepEP's): summed back too.
             bias: must be None (not supported).
             config, previous_event, async_finish, allocate_on_comm_stream: as DeepEP's.
@@ -1042,7 +1067,7 @@ class Buffer:
         cs = None
         if not self._host:
             cs = self._stream()
-            h._used_on(cs)
+            self._use(h, cs, _capturing())
         rc = self._fn_combine(self._conn.ptr, self._ca_ref, h._ptr, cs)
         if rc:
             self._fail(rc, "dep_combine")
@@ -1179,7 +1204,8 @@ class Buffer:
             x: [num_local_experts, world_size * max, hidden] bfloat16 expert outputs.
             topk_idx: the matching dispatch's (the library checks it is the same).
             topk_weights: [num_tokens, num_topk] float32.
-            handle: the matching low_latency_dispatch's.
+            handle: the matching low_latency_dispatch's; kept by the Buffer until destroy()
+                where the call is captured in a CUDA graph (as combine's).
             use_logfmt, zero_copy: must be False; combine_wait_recv_cost_stats: None.
             async_finish, return_recv_hook: as for low_latency_dispatch.
             out: optional [num_tokens, hidden] bfloat16 to write into.
@@ -1230,7 +1256,7 @@ class Buffer:
         cs = None
         if not self._host:
             cs = self._stream()
-            h._used_on(cs)
+            self._use(h, cs, _capturing())
         rc = self._fn_ll_combine(self._conn.ptr, self._llca_ref, h._ptr, cs)
         if rc:
             self._fail(rc, "dep_ll_combine")

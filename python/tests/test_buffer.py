@@ -1,11 +1,13 @@
 """deepep.Buffer's contract outside the data path: identity, errors, refused arguments,
 events, Config, and the deep_ep compatibility module."""
 import ctypes
+import gc
 import importlib.util
 import os
 import subprocess
 import sys
 import uuid
+import weakref
 
 import pytest
 import torch
@@ -586,6 +588,56 @@ def test_handles_held_stay_valid_while_dropped_ones_are_reused(buf):
     for xi, recv, h in held:
         out, _, _ = buf.combine(recv, h)
         torch.testing.assert_close(out, xi)  # each token was received once by the one rank
+
+
+def test_a_handle_used_while_a_graph_captures_is_kept_until_destroy_and_never_reused(daemon):
+    """The decision Buffer._use makes for a combine, a cached dispatch or a
+    low_latency_combine on cuda, each of which asks torch once whether the current stream
+    captures a CUDA graph and passes the answer: a handle used in a capture is kept by the
+    Buffer once the caller drops it, so no later dispatch gets its dep_handle_t (whose arrays
+    the graph reads at every replay), and it stays usable; one used outside a capture goes
+    back to the pool and is reused.  Driven here with the capture state given, on either
+    backend (the host backend never captures); test_cuda checks that the operations pass
+    torch's answer, in a real capture."""
+    b = one_rank(daemon, **SHAPE)
+    x, idx, w = tokens()
+    cs = None if b._host else b._stream()  # the stream the operations pass
+    later = deepep.buffer._CUDA_POOL + 1  # held dispatches that take all either pool has
+
+    def dispatch():
+        rx, _, _, _, h, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)
+        return h, lambda h: b.combine(rx, h)[0]  # given the handle: this holds none
+
+    def ll_dispatch():
+        recv, _, h, _, _ = b.low_latency_dispatch(x, idx, 8, 4, use_fp8=False)
+        return h, lambda h: b.low_latency_combine(recv, idx, w, h)[0]
+
+    def ptrs(make):
+        return {h._ptr for h, _ in [make() for _ in range(later)]}
+
+    for make in (dispatch, ll_dispatch):
+        h = make()[0]
+        ptr = h._ptr
+        b._use(h, cs, False)
+        del h
+        gc.collect()
+        assert ptr in ptrs(make), "a handle used outside a capture was not reused"
+        h, combine = make()
+        kept, ref = h._ptr, weakref.ref(h)
+        b._use(h, cs, True)
+        b._use(h, cs, True)  # kept once, however often a graph uses it
+        del h
+        gc.collect()
+        assert ref() is not None and b._pinned.count(ref()) == 1
+        assert kept not in ptrs(make), "a later dispatch got the graph's handle"
+        assert kept not in ptrs(make)  # nor once those were dropped in turn
+        torch.testing.assert_close(combine(ref()), x)  # one rank: each token back once, weighed 1
+        if make is dispatch:
+            torch.testing.assert_close(b.dispatch(x * 3, handle=ref())[0], x * 3)
+    kept = list(b._pinned)
+    assert len(kept) == 2
+    b.destroy()
+    assert b._pinned == [] and all(h._ptr is None for h in kept)  # freed at destroy()
 
 
 def test_calls_of_every_mode_in_any_order_each_get_their_own_arguments(buf):

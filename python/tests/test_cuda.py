@@ -1,7 +1,9 @@
 """deepep.Buffer on the cuda backend: the GPU's UUID, the caller's current stream, real CUDA
 events, device tensors, one layer's low-latency pair captured in a CUDA graph and replayed
-with new inputs, and sixteen layers' pairs in one graph.  Each test skips, saying so, unless DEP_TEST_BACKEND=cuda (conftest.py)."""
+with new inputs, sixteen layers' pairs in one graph, and handles made before a capture and used
+in it kept for the graph.  Each test skips, saying so, unless DEP_TEST_BACKEND=cuda (conftest.py)."""
 import ctypes
+import gc
 import uuid
 
 import pytest
@@ -257,6 +259,85 @@ def test_worst_case_throughput_pair_in_a_cuda_graph_replayed_100_times(daemon, s
                           timeout=240)
     assert [len(r) for r in res] == [100] * world
     test_ops.check_worst(world, res, seed)
+
+
+def other_calls(b, rnd, ptr, held):
+    """Dispatches (throughput and low-latency) of other routings and token counts, some of
+    whose handles are held (so that the pool empties and new ones are made) and the rest
+    dropped at once (so that they are reused among themselves): none may get the handle
+    `ptr` whose arrays a graph reads, and each one's results are its own."""
+    for i in range(deepep.buffer._CUDA_POOL + 2):
+        n = 3 + (i + rnd) % 6
+        x, idx, w = tokens(n, seed=100 * rnd + i)
+        idx[i % n] = -1  # one token sent nowhere: another routing than the graph's
+        sent = (idx >= 0).any(1)
+        rx, _, _, _, h, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)
+        recv, count, lh, _, _ = b.low_latency_dispatch(x, idx, 16, 4, use_fp8=False)
+        assert ptr not in (h._ptr, lh._ptr), "a later dispatch got the graph's handle"
+        torch.testing.assert_close(rx, x[sent], rtol=0, atol=0)
+        assert count.tolist() == torch.bincount(idx[idx >= 0].cpu(), minlength=4).tolist()
+        if i % 3 == 0:
+            held.append((h, lh))
+
+
+@pytest.mark.parametrize("op", ["combine", "cached_dispatch", "low_latency_combine"])
+def test_a_handle_made_before_a_capture_and_used_in_it_is_kept_for_the_graph(daemon, op):
+    """A dispatch outside a capture, the op that takes its handle captured in a CUDA graph,
+    the handle then dropped: the Buffer keeps it (Buffer._use), so dispatches after it, of
+    other routings, never get its arrays (which the graph reads at every replay), and each
+    replay with new inputs gives the reference result, rounds of such dispatches between
+    replays.  Without the keep, the dropped handle went back to the pool and the next
+    dispatch rewrote its arrays under the graph."""
+    b = one_rank(daemon)
+    x, idx, w = tokens()
+    if op == "low_latency_combine":
+        recv, _, h, _, _ = b.low_latency_dispatch(x, idx, 16, 4, use_fp8=False)
+        sin, sw = recv.clone(), w.clone()  # the graph's inputs
+
+        def run(h):
+            return b.low_latency_combine(sin, idx, sw, h)[0]
+
+        def load(k, wk):
+            sin.copy_(recv * k)
+            sw.copy_(wk)
+            return ll_reference(x * k, idx, wk)
+    else:
+        rx, _, _, _, h, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)
+        assert torch.equal(rx, x)  # one rank: every token once, in order
+        sin = rx.clone()
+
+        def run(h):
+            if op == "combine":
+                return b.combine(sin, h)[0]
+            return b.dispatch(sin, handle=h)[0]
+
+        def load(k, wk):
+            sin.copy_(x * k)
+            return x * k  # combine and cached dispatch alike give the rows back in order
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run(h)  # torch's rule: each captured call once outside first, on a side stream
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = run(h)
+    ptr = h._ptr
+    del h
+    gc.collect()
+    torch.cuda.synchronize()  # every stream it was used on is past it: reusable, were it pooled
+    held = []
+    for rnd in range(3):
+        other_calls(b, rnd, ptr, held)
+        _, _, wk = tokens(seed=50 + rnd)
+        want = load(rnd + 2, wk)
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert len(b._pinned) == 1 and b._pinned[0]._ptr == ptr
+    del g
+    b.destroy()
 
 
 def test_dispatch_without_worst_case_rows_in_a_capture_is_refused_before_anything_is_queued(
