@@ -17,6 +17,7 @@
   XX(link)                  \
   XX(job)                   \
   XX(client)                \
+  XX(client_daemon)         \
   XX(ctl)                   \
   XX(ops)                   \
   XX(ops_ext)               \

@@ -1,0 +1,507 @@
+/*
+ * check_client_daemon.c — libdeepep-client and deepepctl against a real
+ * deepepd, through real processes: status, attach and detach work; a newer
+ * caller's larger structs are filled as far as the library knows them; a
+ * daemon that goes away is noticed at once, never a hang; deepepctl
+ * prints, exits and speaks JSON as its man page says.  Without a daemon,
+ * or with a fake one: check_client.c.
+ */
+#include <check.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "clienttest.h"
+#include "cuda_ops.h"
+#include "daemonwire.h"
+#include "deepep.h"
+#include "proto.h"
+#include "slab.h"
+#include "testutil.h"
+
+/* ---- helpers ------------------------------------------------------------- */
+
+/* Run deepepctl with args; stdout and stderr come back malloc'd. */
+static int run_ctl(const char *const *args, char **out, char **err) {
+  char dir[200];
+  tu_tmpdir(dir, sizeof dir);
+  char fout[256], ferr[256];
+  snprintf(fout, sizeof fout, "%s/out", dir);
+  snprintf(ferr, sizeof ferr, "%s/err", dir);
+  const char *argv[16] = {"deepepctl"};
+  int n = 1;
+  for (; args[n - 1] != NULL && n < 15; n++)
+    argv[n] = args[n - 1];
+  argv[n] = NULL;
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    int o = open(fout, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int e = open(ferr, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (o < 0 || e < 0)
+      _exit(126);
+    dup2(o, 1);
+    dup2(e, 2);
+    execv(tu_bin("deepepctl"), (char *const *)argv);
+    _exit(127);
+  }
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  struct tu_daemon fake = {0};
+  snprintf(fake.log, sizeof fake.log, "%s", fout);
+  *out = tu_daemon_log(&fake); /* reads a whole file */
+  snprintf(fake.log, sizeof fake.log, "%s", ferr);
+  *err = tu_daemon_log(&fake);
+  tu_rmtree(dir);
+  ck_assert_msg(WIFEXITED(st), "deepepctl did not exit normally (status 0x%x)", st);
+  return WEXITSTATUS(st);
+}
+
+static bool all_zero(const void *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (((const uint8_t *)p)[i] != 0)
+      return false;
+  return true;
+}
+
+/* A newer caller's larger structs (zero past this library's fields) are
+ * filled as far as this library knows them, `size` says how far, the rest
+ * stays zero; dep_status lays its arrays out at the caller's element sizes. */
+START_TEST(larger_structs_are_filled_as_far_as_the_library_knows_them) {
+  struct tu_daemon d;
+  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
+  dep_client_t *c = cl_new_client();
+  ck_assert_msg(dep_connect(c, d.sock) == 0, "%s", dep_errmsg(c));
+  struct {
+    struct dep_attach_args a;
+    uint8_t newer[24];
+  } ba = {.a = cl_attach_args("job-sized", 0)};
+  ba.a.size = sizeof ba;
+  ba.a.world_size = ba.a.local_world_size = 1;
+  ck_assert_msg(dep_attach(c, &ba.a) == 0, "%s", dep_errmsg(c));
+  struct {
+    struct dep_attach_info i;
+    uint8_t newer[40];
+  } bi = {.i.size = sizeof bi};
+  ck_assert_msg(dep_attach_info(c, &bi.i) == 0, "%s", dep_errmsg(c));
+  ck_assert_uint_eq(bi.i.size, sizeof(struct dep_attach_info));
+  ck_assert_str_eq(bi.i.backend, "host");
+  ck_assert_uint_gt(bi.i.slab_bytes, 0);
+  ck_assert_ptr_nonnull(bi.i.slabs[0]);
+  ck_assert(all_zero(bi.newer, sizeof bi.newer));
+  struct {
+    struct dep_attach_times t;
+    uint8_t newer[16];
+  } bt = {.t.size = sizeof bt};
+  ck_assert_msg(dep_attach_times(c, &bt.t) == 0, "%s", dep_errmsg(c));
+  ck_assert_uint_eq(bt.t.size, sizeof(struct dep_attach_times));
+  ck_assert(bt.t.total_ms > 0 && all_zero(bt.newer, sizeof bt.newer));
+  struct {
+    struct dep_shape_sizes s;
+    uint8_t newer[8];
+  } bs = {.s.size = sizeof bs};
+  ck_assert_msg(dep_shape_sizes(c, &ba.a.shape, 1, &bs.s) == 0, "%s", dep_errmsg(c));
+  ck_assert_uint_eq(bs.s.size, sizeof(struct dep_shape_sizes));
+  ck_assert_uint_eq(bs.s.recv_rows, ba.a.shape.max_tokens_per_rank);
+  ck_assert(all_zero(bs.newer, sizeof bs.newer));
+
+  const uint32_t top = sizeof(struct dep_status) + 8, dsz = sizeof(struct dep_status_device) + 24,
+                 jsz = sizeof(struct dep_status_job) + 40;
+  struct dep_status *st = NULL, *plain = NULL;
+  ck_assert_msg(dep_status_sized(c, &st, top, dsz, jsz) == 0, "%s", dep_errmsg(c));
+  ck_assert_msg(dep_status(c, &plain) == 0, "%s", dep_errmsg(c));
+  ck_assert_uint_eq(st->size, sizeof(struct dep_status));
+  ck_assert_uint_eq(st->device_size, sizeof(struct dep_status_device));
+  ck_assert_uint_eq(st->job_size, sizeof(struct dep_status_job));
+  ck_assert_uint_eq(plain->device_size, sizeof(struct dep_status_device));
+  ck_assert(all_zero((const uint8_t *)st + sizeof(struct dep_status), 8));
+  ck_assert_uint_eq(st->num_jobs, 1);
+  ck_assert_uint_eq(st->num_devices, plain->num_devices);
+  ck_assert_uint_ge(st->num_devices, 1);
+  for (uint32_t i = 0; i < st->num_devices; i++) {
+    const uint8_t *e = (const uint8_t *)st->devices + (size_t)i * dsz;
+    const struct dep_status_device *dv = (const void *)e;
+    ck_assert_str_eq(dv->name, plain->devices[i].name);
+    ck_assert_uint_eq(dv->pool_total_bytes, plain->devices[i].pool_total_bytes);
+    ck_assert(all_zero(e + sizeof *dv, dsz - sizeof *dv));
+  }
+  const struct dep_status_job *j = (const void *)st->jobs;
+  ck_assert_str_eq(j->job_id, "job-sized");
+  ck_assert_str_eq(plain->jobs[0].job_id, "job-sized");
+  ck_assert_uint_eq(j->world_size, 1);
+  ck_assert(all_zero((const uint8_t *)j + sizeof *j, jsz - sizeof *j));
+  dep_status_free(st);
+  dep_status_free(plain);
+  ck_assert_int_eq(dep_detach(c), 0);
+  dep_client_free(c);
+  tu_daemon_stop(&d);
+  tu_daemon_cleanup(&d);
+}
+END_TEST
+
+/* ---- a real daemon ---------------------------------------------------------------- */
+
+START_TEST(status_reports_the_daemon) {
+  struct tu_daemon d;
+  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
+  dep_client_t *c = cl_new_client();
+  ck_assert_msg(dep_connect(c, d.sock) == 0, "%s", dep_errmsg(c));
+  struct dep_status *st = NULL;
+  ck_assert_msg(dep_status(c, &st) == 0, "%s", dep_errmsg(c));
+  ck_assert_uint_eq(st->pid, (uint32_t)d.pid);
+  ck_assert_str_eq(st->backend, "host");
+  ck_assert_uint_eq(st->proto_version, DEP_PROTO_VERSION);
+  ck_assert_str_eq(st->version, DEP_VERSION_STRING);
+  ck_assert_uint_ge(st->num_clients, 1);
+  ck_assert_uint_eq(st->num_jobs, 0);
+  dep_status_free(st);
+  dep_client_free(c);
+  tu_daemon_stop(&d);
+  tu_daemon_cleanup(&d);
+}
+END_TEST
+
+START_TEST(two_handles_are_independent) {
+  struct tu_daemon d;
+  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
+  dep_client_t *a = cl_new_client(), *b = cl_new_client();
+  ck_assert_int_eq(dep_connect(a, d.sock), 0);
+  ck_assert_int_eq(dep_connect(b, d.sock), 0);
+  struct dep_status *st = NULL;
+  ck_assert_int_eq(dep_status(a, &st), 0);
+  ck_assert_uint_ge(st->num_clients, 2);
+  dep_status_free(st);
+  /* A failure on one handle leaves the other's message and connection alone. */
+  struct dep_attach_args bad = cl_attach_args("job-x", 0);
+  bad.shape.topk = 99;
+  ck_assert_int_eq(dep_attach(b, &bad), DEP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dep_errmsg(b), "topk"));
+  ck_assert_str_eq(dep_errmsg(a), "");
+  dep_client_free(b);
+  ck_assert_int_eq(dep_status(a, &st), 0);
+  ck_assert_uint_eq(st->pid, (uint32_t)d.pid);
+  ck_assert_uint_eq(st->num_jobs, 0); /* the invalid attach never reached the daemon */
+  dep_status_free(st);
+  dep_client_free(a);
+  tu_daemon_stop(&d);
+  tu_daemon_cleanup(&d);
+}
+END_TEST
+
+START_TEST(daemon_stop_is_daemon_gone_at_once_and_reconnect_works) {
+  struct tu_daemon d;
+  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
+  dep_client_t *c = cl_new_client();
+  ck_assert_int_eq(dep_connect(c, d.sock), 0);
+  tu_daemon_stop(&d);
+  struct dep_status *st = NULL;
+  int64_t t0 = dw_now_ms();
+  ck_assert_int_eq(dep_status(c, &st), DEP_ERR_DAEMON_GONE);
+  ck_assert_int_lt(dw_now_ms() - t0, 1000);
+  ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "reconnect with dep_connect"));
+  ck_assert_int_eq(dep_status(c, &st), DEP_ERR_STATE);
+  /* The same handle connects to a new daemon in the same place. */
+  ck_assert_int_eq(tu_daemon_start_in(&d, d.dir, NULL), 0);
+  ck_assert_msg(dep_connect(c, d.sock) == 0, "%s", dep_errmsg(c));
+  ck_assert_int_eq(dep_status(c, &st), 0);
+  ck_assert_uint_eq(st->pid, (uint32_t)d.pid);
+  dep_status_free(st);
+  dep_client_free(c);
+  tu_daemon_stop(&d);
+  tu_daemon_cleanup(&d);
+}
+END_TEST
+
+/* A rank in its own process: attach, report, wait for the word, detach. */
+static void rank_main(const char *sock, uint32_t rank, int report, int go) {
+  dep_client_t *c = NULL;
+  int rc = dep_client_new(&c);
+  if (rc == 0)
+    rc = dep_connect(c, sock);
+  struct dep_attach_args a = cl_attach_args("job-two", rank);
+  if (rc == 0)
+    rc = dep_attach(c, &a);
+  if (rc != 0)
+    fprintf(stderr, "rank %u: %s\n", rank, dep_errmsg(c));
+  if (write(report, &rc, sizeof rc) != sizeof rc || rc != 0)
+    _exit(1);
+  char byte;
+  if (read(go, &byte, 1) != 1)
+    _exit(2);
+  rc = dep_detach(c);
+  if (rc != 0)
+    fprintf(stderr, "rank %u detach: %s\n", rank, dep_errmsg(c));
+  if (write(report, &rc, sizeof rc) != sizeof rc)
+    _exit(3);
+  dep_client_free(c);
+  _exit(rc == 0 ? 0 : 4);
+}
+
+static int read_report(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  ck_assert_int_eq(poll(&p, 1, 20000), 1);
+  int rc = -999;
+  ck_assert_int_eq(read(fd, &rc, sizeof rc), (ssize_t)sizeof rc);
+  return rc;
+}
+
+static const struct dep_status_job *find_job(const struct dep_status *st, const char *id) {
+  for (uint32_t i = 0; i < st->num_jobs; i++)
+    if (strcmp(st->jobs[i].job_id, id) == 0)
+      return &st->jobs[i];
+  return NULL;
+}
+
+/* Balanced braces and brackets outside strings, and a "pid" equal to pid. */
+static void check_json(const char *js, pid_t pid) {
+  int depth = 0;
+  bool in_str = false;
+  for (const char *p = js; *p != '\0'; p++) {
+    if (in_str) {
+      if (*p == '\\')
+        p++;
+      else if (*p == '"')
+        in_str = false;
+      continue;
+    }
+    if (*p == '"')
+      in_str = true;
+    else if (*p == '{' || *p == '[')
+      depth++;
+    else if (*p == '}' || *p == ']')
+      ck_assert_int_ge(--depth, 0);
+  }
+  ck_assert_int_eq(depth, 0);
+  ck_assert(!in_str);
+  static const char *const keys[] = {
+      "\"version\":", "\"proto_version\":", "\"uptime_ms\":", "\"backend\":", "\"clients\":",
+      "\"devices\":[", "\"jobs\":["};
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    ck_assert_msg(strstr(js, keys[i]) != NULL, "missing %s in %s", keys[i], js);
+  char want[64];
+  snprintf(want, sizeof want, "\"pid\":%d,", (int)pid);
+  ck_assert_msg(strstr(js, want) != NULL, "no %s in %s", want, js);
+}
+
+START_TEST(two_ranks_attach_show_in_status_and_detach) {
+  struct tu_daemon d;
+  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
+  int report[2], go[2];
+  ck_assert_int_eq(pipe(report), 0);
+  ck_assert_int_eq(pipe(go), 0);
+  pid_t kids[2];
+  for (uint32_t r = 0; r < 2; r++) {
+    kids[r] = fork();
+    ck_assert_int_ge(kids[r], 0);
+    if (kids[r] == 0)
+      rank_main(d.sock, r, report[1], go[0]);
+  }
+  ck_assert_int_eq(read_report(report[0]), 0);
+  ck_assert_int_eq(read_report(report[0]), 0);
+
+  dep_client_t *c = cl_new_client();
+  ck_assert_int_eq(dep_connect(c, d.sock), 0);
+  struct dep_status *st = NULL;
+  ck_assert_int_eq(dep_status(c, &st), 0);
+  const struct dep_status_job *j = find_job(st, "job-two");
+  ck_assert_ptr_nonnull(j);
+  ck_assert_uint_eq(j->ranks_attached, 2);
+  ck_assert_uint_eq(j->ranks_expected, 2);
+  ck_assert_uint_eq(j->world_size, 2);
+  ck_assert_uint_eq(j->owner_uid, (uint32_t)getuid());
+  dep_status_free(st);
+
+  /* deepepctl shows the job, as text and as JSON. */
+  char *out, *err;
+  ck_assert_int_eq(run_ctl((const char *[]){"-s", d.sock, "status", NULL}, &out, &err), 0);
+  ck_assert_msg(strstr(out, "job-two") != NULL && strstr(out, "2/2") != NULL, "%s", out);
+  free(out);
+  free(err);
+  ck_assert_int_eq(run_ctl((const char *[]){"-s", d.sock, "--json", "status", NULL}, &out, &err), 0);
+  check_json(out, d.pid);
+  ck_assert_ptr_nonnull(strstr(out, "\"job_id\":\"job-two\""));
+  ck_assert_ptr_nonnull(strstr(out, "\"ranks_attached\":2,\"ranks_expected\":2"));
+  free(out);
+  free(err);
+
+  ck_assert_int_eq(write(go[1], "gg", 2), 2);
+  ck_assert_int_eq(read_report(report[0]), 0);
+  ck_assert_int_eq(read_report(report[0]), 0);
+  for (int r = 0; r < 2; r++) {
+    int ws = 0;
+    ck_assert_int_eq(waitpid(kids[r], &ws, 0), kids[r]);
+    ck_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  }
+  ck_assert_int_eq(dep_status(c, &st), 0);
+  ck_assert_ptr_null(find_job(st, "job-two"));
+  ck_assert_uint_eq(st->num_jobs, 0);
+  dep_status_free(st);
+  dep_client_free(c);
+  tu_daemon_stop(&d);
+  tu_daemon_cleanup(&d);
+}
+END_TEST
+
+/* The fraction of the pages of [p, p + len) that this process's page table maps now. */
+static double pages_mapped(const void *p, uint64_t len) {
+  int fd = open("/proc/self/pagemap", O_RDONLY);
+  ck_assert_int_ge(fd, 0);
+  const uint64_t first = (uintptr_t)p / 4096, n = (len + 4095) / 4096;
+  uint64_t present = 0;
+  for (uint64_t i = 0; i < n; i++) {
+    uint64_t e = 0;
+    ck_assert_int_eq(pread(fd, &e, sizeof e, (off_t)((first + i) * 8)), (ssize_t)sizeof e);
+    present += e >> 63;
+  }
+  close(fd);
+  return (double)present / (double)n;
+}
+
+/* Attach a job of one rank on the host backend (kernel_warmup as `warm` says) and
+ * return how much of its slab is mapped in before any call; warmup_ms in *ms. */
+static double attached_slab_mapped(bool warm, double *ms) {
+  struct tu_daemon d;
+  ck_assert_int_eq(tu_daemon_start(&d, warm ? "kernel_warmup: true\n" : "kernel_warmup: false\n"),
+                   0);
+  dep_client_t *c = cl_new_client();
+  ck_assert_int_eq(dep_connect(c, d.sock), 0);
+  struct dep_attach_args a = cl_attach_args("job-warm", 0);
+  a.world_size = a.local_world_size = 1;
+  a.shape.hidden = 2048;
+  ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
+  struct dep_attach_info info = {.size = sizeof info};
+  ck_assert_int_eq(dep_attach_info(c, &info), 0);
+  struct dep_attach_times t = {.size = sizeof t};
+  ck_assert_int_eq(dep_attach_times(c, &t), 0);
+  *ms = t.warmup_ms;
+  /* What the operations touch: the layout's bytes (the slab is rounded up to chunks). */
+  struct dep_slab_layout lay;
+  char why[256];
+  ck_assert_int_eq(dep__slab_layout(&a.shape, 1, &lay, why, sizeof why), 0);
+  ck_assert_uint_ge(info.slab_bytes, lay.total_bytes);
+  double f = pages_mapped(info.slabs[0], lay.total_bytes);
+  ck_assert_int_eq(dep_detach(c), 0);
+  dep_client_free(c);
+  tu_daemon_stop(&d);
+  tu_daemon_cleanup(&d);
+  return f;
+}
+
+/* The host backend's warm-up maps every page of the rank's slab in at
+ * attach, so that the first call takes no page faults; without it nothing
+ * but what the attach itself read is mapped. */
+START_TEST(host_warmup_maps_the_slab_in_before_the_first_call) {
+  double ms_on = 0, ms_off = 0;
+  double on = attached_slab_mapped(true, &ms_on), off = attached_slab_mapped(false, &ms_off);
+  printf("host warm-up: %.0f%% of the slab mapped in %.3f ms; without it %.0f%%\n", on * 100,
+         ms_on, off * 100);
+  ck_assert_msg(on == 1.0, "kernel_warmup: true left %.1f%% of the slab unmapped", (1 - on) * 100);
+  ck_assert_msg(ms_on > 0.0, "warmup_ms says nothing of the warm-up");
+  ck_assert_msg(off < 0.5, "kernel_warmup: false mapped %.0f%% of the slab anyway", off * 100);
+  ck_assert_msg(ms_off == 0.0, "warmup_ms %.3f without a warm-up", ms_off);
+}
+END_TEST
+
+/* ---- deepepctl ---------------------------------------------------------------------- */
+
+START_TEST(ctl_status_prints_the_daemon) {
+  struct tu_daemon d;
+  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
+  char *out, *err, want[64];
+  ck_assert_int_eq(run_ctl((const char *[]){"-s", d.sock, "status", NULL}, &out, &err), 0);
+  const char *pid = strstr(out, "\npid:");
+  ck_assert_msg(pid != NULL, "no pid line in:\n%s", out);
+  snprintf(want, sizeof want, "%d\n", (int)d.pid);
+  pid += strspn(pid + 5, " ") + 5;
+  ck_assert_msg(strncmp(pid, want, strlen(want)) == 0, "pid is not %s in:\n%s", want, out);
+  ck_assert_ptr_nonnull(strstr(out, "version:"));
+  ck_assert_ptr_nonnull(strstr(out, "uptime:"));
+  ck_assert_ptr_nonnull(strstr(out, "backend:  host\n"));
+  ck_assert_ptr_nonnull(strstr(out, "devices:"));
+  ck_assert_ptr_nonnull(strstr(out, "no jobs"));
+  ck_assert_str_eq(err, "");
+  free(out);
+  free(err);
+  /* --json after the command works too, and parses. */
+  ck_assert_int_eq(run_ctl((const char *[]){"-s", d.sock, "status", "--json", NULL}, &out, &err), 0);
+  check_json(out, d.pid);
+  ck_assert_ptr_nonnull(strstr(out, "\"jobs\":[]"));
+  free(out);
+  free(err);
+  tu_daemon_stop(&d);
+  tu_daemon_cleanup(&d);
+}
+END_TEST
+
+/* Exit status of deepepctl with args, output discarded. */
+static int ctl_rc(const char *const *args) {
+  char *out, *err;
+  int rc = run_ctl(args, &out, &err);
+  free(out);
+  free(err);
+  return rc;
+}
+
+START_TEST(ctl_usage_errors_exit_2) {
+  char *out, *err;
+  ck_assert_int_eq(run_ctl((const char *[]){"bogus", NULL}, &out, &err), 2);
+  ck_assert_ptr_nonnull(strstr(err, "unknown command \"bogus\""));
+  ck_assert_ptr_nonnull(strstr(err, "usage: deepepctl"));
+  ck_assert_str_eq(out, "");
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_rc((const char *[]){"--frobnicate", "status", NULL}), 2);
+  ck_assert_int_eq(ctl_rc((const char *[]){NULL}), 2);
+  ck_assert_int_eq(ctl_rc((const char *[]){"-s", NULL}), 2);
+  ck_assert_int_eq(ctl_rc((const char *[]){"status", "extra", NULL}), 2);
+  ck_assert_int_eq(run_ctl((const char *[]){"--help", NULL}, &out, &err), 0);
+  ck_assert_ptr_nonnull(strstr(out, "status"));
+  ck_assert_str_eq(err, "");
+  free(out);
+  free(err);
+  ck_assert_int_eq(run_ctl((const char *[]){"version", NULL}, &out, &err), 0);
+  ck_assert_ptr_nonnull(strstr(out, DEP_VERSION_STRING));
+  free(out);
+  free(err);
+}
+END_TEST
+
+START_TEST(ctl_without_daemon_exits_1_with_no_daemon_message) {
+  char *out, *err;
+  ck_assert_int_eq(run_ctl((const char *[]){"-s", "/nonexistent", "status", NULL}, &out, &err), 1);
+  ck_assert_msg(strstr(err, "deepepctl: deepepd not running: no socket at /nonexistent") != NULL,
+                "%s", err);
+  ck_assert_ptr_nonnull(strstr(err, "systemctl start deepepd"));
+  ck_assert_str_eq(out, "");
+  free(out);
+  free(err);
+}
+END_TEST
+
+Suite *client_daemon_suite(void);
+Suite *client_daemon_suite(void) {
+  Suite *s = suite_create("client_daemon");
+  TCase *real = tcase_create("daemon");
+  tcase_add_test(real, status_reports_the_daemon);
+  tcase_add_test(real, larger_structs_are_filled_as_far_as_the_library_knows_them);
+  tcase_add_test(real, two_handles_are_independent);
+  tcase_add_test(real, daemon_stop_is_daemon_gone_at_once_and_reconnect_works);
+  tcase_add_test(real, two_ranks_attach_show_in_status_and_detach);
+  tcase_add_test(real, host_warmup_maps_the_slab_in_before_the_first_call);
+  tcase_set_timeout(real, 60);
+  suite_add_tcase(s, real);
+
+  TCase *ctl = tcase_create("deepepctl");
+  tcase_add_test(ctl, ctl_status_prints_the_daemon);
+  tcase_add_test(ctl, ctl_usage_errors_exit_2);
+  tcase_add_test(ctl, ctl_without_daemon_exits_1_with_no_daemon_message);
+  tcase_set_timeout(ctl, 60);
+  suite_add_tcase(s, ctl);
+  return s;
+}

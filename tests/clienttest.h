@@ -1,0 +1,17 @@
+/*
+ * clienttest.h — what the client suites share (check_client.c,
+ * check_client_daemon.c): a client handle and a valid attach.  Prefix cl_.
+ */
+#ifndef DEP_CLIENTTEST_H
+#define DEP_CLIENTTEST_H
+
+#include <stdint.h>
+
+#include "deepep.h"
+
+/* A new client handle; the test fails if the library gives none. */
+dep_client_t *cl_new_client(void);
+/* A valid attach for rank `rank` of a two-rank, one-node job. */
+struct dep_attach_args cl_attach_args(const char *job, uint32_t rank);
+
+#endif /* DEP_CLIENTTEST_H */
