@@ -32,6 +32,8 @@
   XX(peers)                 \
   XX(multinode)             \
   XX(xnode)                 \
+  XX(xnode_faults)          \
+  XX(xnode_ring)            \
   XX(xfer)                  \
   XX(stats)                 \
   XX(metrics)               \

@@ -1,0 +1,204 @@
+/*
+ * check_xnode_faults.c — faults of jobs that span nodes (DESIGN §7), on
+ * real daemons on 127.0.0.1 that are each other's peers (nodes.h) and real
+ * rank processes (xnjob.h): a data connection cut while its link stays
+ * comes back; a remote rank or a remote daemon killed while the job runs,
+ * or the link between two daemons in two network namespaces taken down
+ * (root only), fails every survivor's call within the op timeout, and the
+ * daemons carry on.
+ */
+#include <check.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "daemonwire.h"
+#include "deepep.h"
+#include "nodes.h"
+#include "opsworld.h"
+#include "testutil.h"
+#include "xnjob.h"
+#include "xnround.h"
+
+/* ---- faults ---------------------------------------------------------------------- */
+
+/*
+ * A data connection cut while its peer link stays up comes back: each
+ * daemon closes its first inbound data connection as soon as it is opened
+ * ($DEEPEPD_TEST_DATA_DROPS=1, xfer_internal.h); within a few of the
+ * loop's ticks both nodes have their two data connections each way again
+ * (the listener offers a token for the missing one, the opener replaces
+ * the cut one), and a job across them runs.
+ */
+START_TEST(a_data_connection_cut_while_its_link_stays_comes_back) {
+  setenv("DEEPEPD_TEST_DATA_DROPS", "1", 1);
+  struct nodes ns;
+  nodes_config_with(&ns, 2, 20000, ", op_timeout_ms: 8000", "");
+  nodes_start_all(&ns);
+  unsetenv("DEEPEPD_TEST_DATA_DROPS");
+  char out[16384];
+  for (int i = 0; i < 2; i++) {
+    bool back = false;
+    for (int t = 0; t < 200 && !back; t++) {
+      xn_ctl_json_at(&ns, i, "peers", out, sizeof out);
+      back = strstr(out, "\"data_out\":2,\"data_in\":2") != NULL;
+      if (!back)
+        dw_sleep_ms(50);
+    }
+    char *log = tu_daemon_log(&ns.d[i]);
+    ck_assert_msg(strstr(log, "inbound data connection closed at once") != NULL,
+                  "node %d cut no data connection:\n%s", i, log);
+    ck_assert_msg(back, "node %d: not two data connections each way 10 s after one was cut: %s"
+                  "\n%s", i, out, log);
+    ck_assert_msg(strstr(log, "offering new ones") != NULL, "node %d offered none:\n%s", i, log);
+    free(log);
+  }
+  ow_seed_init(61);
+  const struct xn_layout *L = &xn_layouts[2]; /* 2 + 2 ranks */
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &L->sc, L->sc.fp8);
+  struct xn_place spread;
+  memset(&spread, 0, sizeof spread);
+  xn_place(&spread, L->split, L->nodes);
+  struct xn_result *r = xn_results(L->sc.world);
+  struct xn_run run = {.d = d, .rounds = 2};
+  xn_run_job(&ns, &spread, "after-the-cut", &run, r);
+  printf("xnode: a data connection cut while its link stayed came back on both nodes; a job "
+         "ran across them\n");
+  munmap(r, L->sc.world * sizeof *r);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
+/* A running job's traffic shows: per peer (deepepctl peers) and per job (status). */
+static void expect_traffic(const struct nodes *ns) {
+  char out[16384];
+  xn_ctl_json(ns, "peers", out, sizeof out);
+  ck_assert_msg(strstr(out, "\"data_out\":2,\"data_in\":2") != NULL &&
+                strstr(out, "\"proxy_threads\":1") != NULL &&
+                strstr(out, "\"data_frames_out\":0") == NULL, "peers: %s", out);
+  xn_ctl_json(ns, "status", out, sizeof out);
+  const char *j = strstr(out, "\"job_id\":\"doomed\"");
+  ck_assert_msg(j != NULL && strstr(j, "\"bytes_out\":0,") == NULL &&
+                strstr(j, "\"bytes_in\":0,") == NULL && strstr(j, "\"ring_peak\":") != NULL,
+                "status: %s", out);
+}
+
+/*
+ * A job of 2 + 2 ranks runs until a call fails; after some rounds the test
+ * kills (what 0) a rank on node 1, or (what 1) node 1's daemon and its
+ * ranks.  Every survivor on node 0 fails within the op timeout with
+ * DEP_ERR_PEER or DEP_ERR_TIMEOUT, and a new job on node 0 runs.
+ */
+static void kill_mid_run(int what) {
+  ow_seed_init(90 + (uint64_t)what);
+  struct ow_scenario sc = {4, 128, 2, 8, 8, 8, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &sc, 0);
+  struct nodes ns;
+  char limits[64];
+  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", XN_OP_TIMEOUT_MS);
+  if (what == 2) {
+    const char *why = nodes_config_netns(&ns, 20000, limits, "");
+    if (why != NULL) {
+      tu_skip("a_link_taken_down_mid_run_fails_every_rank_within_the_op_timeout", "%s", why);
+      ow_case_free(d);
+      free(d);
+      return;
+    }
+  } else {
+    nodes_config_with(&ns, 2, 20000, limits, "");
+  }
+  nodes_start_all(&ns);
+  struct xn_run run = {.d = d, .until_error = true};
+  struct xn_place p;
+  memset(&p, 0, sizeof p);
+  uint32_t split[NODES_MAX] = {2, 2};
+  xn_place(&p, split, 2);
+  struct xn_result *res = xn_results(4);
+  pid_t pids[OW_MAXW];
+  xn_spawn(&ns, &p, "doomed", &run, res, pids);
+  for (int t = 0; t < 20000 && atomic_load(&res[0].rounds) < 20; t += 5) {
+    if (atomic_load(&res[0].done))
+      break;
+    dw_sleep_ms(5);
+  }
+  ck_assert_msg(atomic_load(&res[0].rounds) >= 20, "the job did not run 20 rounds: %s",
+                res[0].msg);
+  if (what == 0)
+    expect_traffic(&ns);
+  int64_t killed = xn_mono_ms();
+  if (what == 0) {
+    kill(pids[3], SIGKILL);
+  } else if (what == 2) {
+    ck_assert_int_eq(nodes_sh("ip -n %s link set dv%da down", ns.net.ns[0], (int)getpid()), 0);
+    /* Down once ip has returned, which takes seconds on a loaded machine: the
+     * bound runs from there (a call waiting then started no later). */
+    killed = xn_mono_ms();
+  } else {
+    kill(ns.d[1].pid, SIGKILL);
+    kill(pids[2], SIGKILL);
+    kill(pids[3], SIGKILL);
+  }
+  bool ok = xn_reap(pids, 4, XN_OP_TIMEOUT_MS * 3);
+  (void)ok; /* the survivors exit 1: their call failed, as it must */
+  for (uint32_t g = 0; g < (what == 2 ? 4u : 2u); g++) {
+    ck_assert_msg(atomic_load(&res[g].done), "rank %u hung after the fault", g);
+    ck_assert_msg(res[g].rc == DEP_ERR_PEER || res[g].rc == DEP_ERR_TIMEOUT,
+                  "rank %u: %s, want DEP_ERR_PEER or DEP_ERR_TIMEOUT: %s", g,
+                  dep_errname(res[g].rc), res[g].msg);
+    int64_t after = res[g].fail_ms - killed;
+    ck_assert_msg(after <= XN_OP_TIMEOUT_MS + 1500, "rank %u failed %lld ms after the kill, over "
+                  "the op timeout of %d ms: %s", g, (long long)after, XN_OP_TIMEOUT_MS,
+                  res[g].msg);
+    printf("xnode: %s: rank %u failed after %lld ms with %s\n",
+           what == 0 ? "a remote rank killed" : what == 1 ? "the remote daemon killed"
+                                                          : "the veth taken down",
+           g, (long long)after, dep_errname(res[g].rc));
+  }
+  /* The survivors' daemon reclaims the job; a new one-node job runs there. */
+  if (what == 1)
+    ns.d[1].pid = 0;
+  struct xn_place one;
+  memset(&one, 0, sizeof one);
+  uint32_t all[NODES_MAX] = {4};
+  xn_place(&one, all, 1);
+  struct xn_run again = {.d = d, .rounds = 2};
+  struct xn_result *r2 = xn_results(4);
+  xn_run_job(&ns, &one, "after", &again, r2);
+  munmap(res, 4 * sizeof *res);
+  munmap(r2, 4 * sizeof *r2);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
+}
+
+START_TEST(sigkill_of_a_remote_rank_fails_the_others_within_the_op_timeout) { kill_mid_run(0); }
+END_TEST
+
+START_TEST(sigkill_of_a_remote_daemon_fails_the_others_within_the_op_timeout) { kill_mid_run(1); }
+END_TEST
+
+/* Two daemons in two network namespaces; the veth between them goes down mid-run. */
+START_TEST(a_link_taken_down_mid_run_fails_every_rank_within_the_op_timeout) { kill_mid_run(2); }
+END_TEST
+
+Suite *xnode_faults_suite(void);
+Suite *xnode_faults_suite(void) {
+  Suite *s = suite_create("xnode_faults");
+  TCase *f = tcase_create("faults");
+  tcase_set_timeout(f, 120);
+  tcase_add_test(f, a_data_connection_cut_while_its_link_stays_comes_back);
+  tcase_add_test(f, sigkill_of_a_remote_rank_fails_the_others_within_the_op_timeout);
+  tcase_add_test(f, sigkill_of_a_remote_daemon_fails_the_others_within_the_op_timeout);
+  tcase_add_test(f, a_link_taken_down_mid_run_fails_every_rank_within_the_op_timeout);
+  suite_add_tcase(s, f);
+  return s;
+}

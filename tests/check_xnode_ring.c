@@ -1,0 +1,233 @@
+/*
+ * check_xnode_ring.c — the host backend's side of a job that spans nodes
+ * (DESIGN §7), with no daemon and no proxy: a rank of world 2 whose peer is
+ * on another node writes its block for that peer into the out block and
+ * out slot of its exchange region and a descriptor into the proxy's ring,
+ * reads the peer's from the in block and in slot, waits a bounded time on
+ * a full ring and fails at once on one the proxy stopped.
+ */
+#include <check.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "deepep.h"
+#include "host_ops.h"
+#include "slab.h"
+#include "xnround.h"
+#include "xring.h"
+
+/* ---- the ring, with no proxy: a rank of world 2 whose peer is on another node ------ */
+
+struct ring_rank {
+  struct dep_job_shape s;
+  struct dep_slab_layout lay;
+  uint8_t *slab;
+  struct dep_xring *ring;
+  struct ops_ctx c;
+};
+
+static void ring_rank_open(struct ring_rank *r, uint32_t timeout_ms) {
+  memset(r, 0, sizeof *r);
+  r->s = (struct dep_job_shape){.max_tokens_per_rank = 4, .hidden = 128, .num_experts = 4,
+                                .topk = 2, .dtype = DEP_DTYPE_BF16};
+  char why[256];
+  ck_assert_msg(dep__slab_layout_nodes(&r->s, 2, 1, &r->lay, why, sizeof why) == 0, "%s", why);
+  ck_assert_uint_eq(r->lay.n_remote, 1);
+  ck_assert_uint_gt(r->lay.xchg_bytes, 0);
+  r->slab = aligned_alloc(4096, dep_round_up(r->lay.total_bytes, 4096));
+  r->ring = aligned_alloc(4096, DEP_XRING_BYTES + r->lay.xchg_bytes);
+  ck_assert(r->slab != NULL && r->ring != NULL);
+  memset(r->slab, 0, r->lay.total_bytes);
+  memset(r->ring, 0, DEP_XRING_BYTES + r->lay.xchg_bytes);
+  r->ring->magic = DEP_XRING_MAGIC;
+  r->ring->version = DEP_XRING_VERSION;
+  r->ring->entries = DEP_XRING_ENTRIES;
+  r->ring->xchg_bytes = r->lay.xchg_bytes;
+  uint8_t *slabs[DEP_MAX_LOCAL_RANKS] = {r->slab, NULL};
+  ck_assert_msg(host_ops_init_nodes(&r->c, &r->s, 2, 0, slabs, r->ring, timeout_ms, why,
+                                    sizeof why) == 0, "%s", why);
+}
+
+static void ring_rank_close(struct ring_rank *r) {
+  host_ops_fini(&r->c);
+  free(r->slab);
+  free(r->ring);
+}
+
+/* One token to rank 1 (experts 2 and 3 are its). */
+static int ring_dispatch(struct ring_rank *r, dep_handle_t *h, uint16_t *x) {
+  static int64_t idx[2] = {2, 3};
+  static float w[2] = {0.5f, 0.25f};
+  static uint16_t rx[8 * 128];
+  static int32_t ridx[8 * 2], cnt[2];
+  static float rw[8 * 2];
+  static uint32_t nrecv;
+  struct dep_dispatch_args a = {.size = sizeof a, .x = x, .topk_idx = idx,
+                                .index_type = DEP_INDEX_I64, .topk_weights = w, .num_tokens = 1,
+                                .recv_x = rx, .recv_topk_idx = ridx, .recv_topk_weights = rw,
+                                .recv_count_per_expert = cnt, .num_recv = &nrecv};
+  return host_ops_dispatch(&r->c, &a, h);
+}
+
+/* The block for the remote rank goes to the out block of the exchange region (after the
+ * ring, not the slab), its slot image to the out slot, one descriptor after. */
+START_TEST(a_block_for_a_remote_rank_is_an_out_block_a_slot_image_and_a_descriptor) {
+  struct ring_rank r;
+  ring_rank_open(&r, 100);
+  dep_handle_t h;
+  host_ops_handle_init(&h);
+  uint16_t x[128];
+  for (int i = 0; i < 128; i++)
+    x[i] = (uint16_t)(0x3f00 + i);
+  ck_assert_int_eq(ring_dispatch(&r, &h, x), DEP_ERR_TIMEOUT); /* no proxy: rank 1 never posts */
+  ck_assert_uint_eq(atomic_load(&r.ring->head), 1);
+  const struct dep_xring_desc *d = &r.ring->desc[0];
+  ck_assert_uint_eq(d->dest, 1);
+  ck_assert_uint_eq(d->parity, 1);
+  ck_assert_uint_eq(d->seq, 1);
+  ck_assert_uint_eq(d->bytes, r.lay.row_bytes);
+  uint8_t *xchg = dep_xring_xchg(r.ring);
+  const struct ops_slot *sl = (const struct ops_slot *)(xchg + dep_slab_out_slot(&r.lay, 1, 0));
+  ck_assert_uint_eq(atomic_load(&sl->flag), 1);
+  ck_assert_uint_eq(sl->rows, 1);
+  ck_assert_uint_eq(sl->op, OPS_OP_DISPATCH);
+  ck_assert_int_eq(memcmp(xchg + dep_slab_out_block(&r.lay, 1, 0), x, sizeof x), 0);
+  /* Rank 1 has no slab here, and no byte for it went into ours: the slab's
+   * data area past rank 0's own blocks is as it was. */
+  for (uint64_t o = dep_slab_block(&r.lay, 0, 1); o < r.lay.data_off + 2 * r.lay.parity_bytes; o++)
+    if (o < dep_slab_block(&r.lay, 1, 0) || o >= dep_slab_block(&r.lay, 1, 1))
+      ck_assert_uint_eq(r.slab[o], 0);
+  host_ops_handle_fini(&h);
+  ring_rank_close(&r);
+}
+END_TEST
+
+/*
+ * What the remote rank sent is read from the in slot and in block of the
+ * exchange region, as the daemon writes them there: a combine's vector
+ * from rank 1, written (block, then slot, flag last) before the call, is
+ * summed into rank 0's output; the same bytes in rank 1's slot and block
+ * of the slab are not looked at.
+ */
+START_TEST(a_block_from_a_remote_rank_is_read_from_the_in_block_and_in_slot) {
+  struct ring_rank r;
+  ring_rank_open(&r, 2000);
+  dep_handle_t h;
+  host_ops_handle_init(&h);
+  uint16_t x[128];
+  for (int i = 0; i < 128; i++)
+    x[i] = (uint16_t)(0x3f80 + i); /* 1.0, 1.0078, ... */
+  /* Rank 1's part of the dispatch (call 1, parity 1): no rows for rank 0. */
+  uint8_t *xchg = dep_xring_xchg(r.ring);
+  struct ops_slot *in = (struct ops_slot *)(xchg + dep_slab_in_slot(&r.lay, 1, 0));
+  in->rows = 0;
+  in->op = OPS_OP_DISPATCH;
+  in->num_tokens = 0;
+  atomic_store_explicit(&in->flag, 1, memory_order_release);
+  ck_assert_int_eq(ring_dispatch(&r, &h, x), 0);
+  ck_assert_uint_eq(h.recv_from[1], 0);
+  ck_assert_uint_eq(h.recv_from[0], 0);
+  ck_assert_uint_eq(atomic_load(&r.ring->head), 1);
+  /* The combine (call 2, parity 0): rank 1 sends back its vector for our token. */
+  uint16_t back[128];
+  for (int i = 0; i < 128; i++)
+    back[i] = 0x4000; /* 2.0 */
+  memcpy(xchg + dep_slab_in_block(&r.lay, 0, 0), back, sizeof back);
+  in = (struct ops_slot *)(xchg + dep_slab_in_slot(&r.lay, 0, 0));
+  in->rows = 1;
+  in->op = OPS_OP_COMBINE;
+  in->ref_seq = 1;
+  in->num_tokens = 0;
+  atomic_store_explicit(&in->flag, 2, memory_order_release);
+  /* A decoy in the slab where a local rank 1 would have written. */
+  struct ops_slot *decoy = (struct ops_slot *)(r.slab + dep_slab_ctrl_slot(&r.lay, 0, 1));
+  decoy->rows = 7;
+  uint16_t out[128];
+  struct dep_combine_args ca = {.size = sizeof ca, .x = x, .out = out};
+  ck_assert_msg(host_ops_combine(&r.c, &ca, &h) == 0, "%s", r.c.why);
+  for (int i = 0; i < 128; i++)
+    ck_assert_uint_eq(out[i], 0x4000);
+  host_ops_handle_fini(&h);
+  ring_rank_close(&r);
+}
+END_TEST
+
+/* A ring the proxy does not drain: the call waits, bounded, and overwrites nothing. */
+START_TEST(a_full_ring_is_a_bounded_wait_that_overwrites_nothing) {
+  struct ring_rank r;
+  ring_rank_open(&r, 300);
+  for (uint32_t i = 0; i < DEP_XRING_ENTRIES; i++)
+    r.ring->desc[i] = (struct dep_xring_desc){.dest = 7, .parity = 0, .seq = 1000 + i};
+  atomic_store(&r.ring->head, DEP_XRING_ENTRIES); /* tail 0: full */
+  dep_handle_t h;
+  host_ops_handle_init(&h);
+  uint16_t x[128] = {0};
+  int64_t t0 = xn_mono_ms();
+  ck_assert_int_eq(ring_dispatch(&r, &h, x), DEP_ERR_TIMEOUT);
+  int64_t waited = xn_mono_ms() - t0;
+  ck_assert_msg(waited >= 290 && waited < 3000, "waited %lld ms for a 300 ms bound",
+                (long long)waited);
+  ck_assert_msg(strstr(r.c.why, "ring stayed full") != NULL, "%s", r.c.why);
+  ck_assert_uint_eq(atomic_load(&r.ring->head), DEP_XRING_ENTRIES);
+  for (uint32_t i = 0; i < DEP_XRING_ENTRIES; i++)
+    ck_assert_uint_eq(r.ring->desc[i].seq, 1000 + i);
+  struct ops_err_record er;
+  host_ops_err_read(r.slab, &er);
+  ck_assert_int_eq(atomic_load(&er.code), DEP_ERR_TIMEOUT);
+  ck_assert_uint_eq(er.source, 1);
+  /* The context is broken: the ranks are out of step. */
+  ck_assert_int_eq(ring_dispatch(&r, &h, x), DEP_ERR_STATE);
+  host_ops_handle_fini(&h);
+  ring_rank_close(&r);
+}
+END_TEST
+
+/* A ring the proxy stopped serving (its job failed): the call fails at once with its code. */
+START_TEST(a_ring_the_proxy_stopped_fails_the_call_at_once) {
+  struct ring_rank r;
+  ring_rank_open(&r, 5000);
+  atomic_store(&r.ring->failed, DEP_ERR_PEER);
+  dep_handle_t h;
+  host_ops_handle_init(&h);
+  uint16_t x[128] = {0};
+  int64_t t0 = xn_mono_ms();
+  ck_assert_int_eq(ring_dispatch(&r, &h, x), DEP_ERR_PEER);
+  ck_assert_int_lt(xn_mono_ms() - t0, 1000);
+  ck_assert_msg(strstr(r.c.why, "stopped serving this rank") != NULL, "%s", r.c.why);
+  ck_assert_uint_eq(atomic_load(&r.ring->head), 0);
+  host_ops_handle_fini(&h);
+  ring_rank_close(&r);
+}
+END_TEST
+
+/* A remote rank needs a ring, and a ring must be this rank's. */
+START_TEST(init_refuses_a_remote_rank_without_a_ring_and_a_ring_of_another_rank) {
+  struct ring_rank r;
+  ring_rank_open(&r, 100);
+  char why[256] = "";
+  uint8_t *slabs[DEP_MAX_LOCAL_RANKS] = {r.slab, NULL};
+  struct ops_ctx c;
+  ck_assert_int_eq(host_ops_init_nodes(&c, &r.s, 2, 0, slabs, NULL, 100, why, sizeof why),
+                   DEP_ERR_INVALID);
+  ck_assert_msg(strstr(why, "slab of rank 1 is not mapped") != NULL, "%s", why);
+  r.ring->rank = 1;
+  ck_assert_int_eq(host_ops_init_nodes(&c, &r.s, 2, 0, slabs, r.ring, 100, why, sizeof why),
+                   DEP_ERR_INVALID);
+  ck_assert_msg(strstr(why, "not one for rank 0") != NULL, "%s", why);
+  ring_rank_close(&r);
+}
+END_TEST
+
+Suite *xnode_ring_suite(void);
+Suite *xnode_ring_suite(void) {
+  Suite *s = suite_create("xnode_ring");
+  TCase *r = tcase_create("ring");
+  tcase_add_test(r, a_block_for_a_remote_rank_is_an_out_block_a_slot_image_and_a_descriptor);
+  tcase_add_test(r, a_block_from_a_remote_rank_is_read_from_the_in_block_and_in_slot);
+  tcase_add_test(r, a_full_ring_is_a_bounded_wait_that_overwrites_nothing);
+  tcase_add_test(r, a_ring_the_proxy_stopped_fails_the_call_at_once);
+  tcase_add_test(r, init_refuses_a_remote_rank_without_a_ring_and_a_ring_of_another_rank);
+  suite_add_tcase(s, r);
+  return s;
+}

@@ -1,0 +1,63 @@
+/*
+ * xnjob.h — a job whose rank processes run on several real daemons
+ * (nodes.h), each rank on the public API running xn_round (xnround.h):
+ * where each rank goes, its processes forked and reaped, what each
+ * reports, and the job layouts the suites of jobs across nodes share
+ * (check_xnode.c, check_xnode_faults.c).  Prefix xn_.
+ */
+#ifndef DEP_XNJOB_H
+#define DEP_XNJOB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "nodes.h"
+#include "opsworld.h"
+#include "xnround.h"
+
+#define XN_OP_TIMEOUT_MS 4000
+
+struct xn_run {
+  const struct ow_case *d;
+  uint32_t rounds;           /* rounds of layout, dispatch, combine, LL dispatch, LL combine */
+  bool alternate_fp8;        /* LL dispatch's FP8 on in odd rounds */
+  bool until_error;          /* fault tests: go on until a call fails */
+  uid_t uid;                 /* 0: the test's own; else the ranks run as it (root only) */
+};
+
+/* Where each global rank runs: node, local rank, and the node's rank count. */
+struct xn_place {
+  uint32_t node[OW_MAXW], local[OW_MAXW], lws[OW_MAXW];
+};
+
+struct xn_layout {
+  struct ow_scenario sc;
+  int nodes;
+  uint32_t split[NODES_MAX];
+};
+
+/* Jobs over two or three nodes, each run across them and on one node (check_xnode.c). */
+extern const struct xn_layout xn_layouts[];
+extern const int xn_nlayouts;
+
+/* Spread ranks over nodes in blocks: split[i] ranks on node i. */
+void xn_place(struct xn_place *p, const uint32_t *split, int nodes);
+/* Fork every rank; returns their pids (results in res[]). */
+void xn_spawn(const struct nodes *ns, const struct xn_place *p, const char *job,
+              const struct xn_run *run, struct xn_result *res, pid_t *pids);
+/* Wait for every rank, killing all after timeout_ms; true when all exited 0. */
+bool xn_reap(pid_t *pids, uint32_t n, int timeout_ms);
+/* n results in memory shared with the rank processes, zeroed (munmap when done). */
+struct xn_result *xn_results(uint32_t n);
+/* Run the job placed as p (nodes of ns) and fail the test with every failing rank's message. */
+void xn_run_job(const struct nodes *ns, const struct xn_place *p, const char *job,
+                const struct xn_run *run, struct xn_result *res);
+
+/* deepepctl's output on node i (status or peers, --json) into out. */
+void xn_ctl_json_at(const struct nodes *ns, int i, const char *what, char *out, size_t len);
+/* The same on node 0. */
+void xn_ctl_json(const struct nodes *ns, const char *what, char *out, size_t len);
+
+#endif /* DEP_XNJOB_H */
