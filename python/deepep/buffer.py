@@ -12,8 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-import weakref
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -21,6 +20,7 @@ from . import _lib
 from .config import Config
 from .errors import Error, Unsupported, from_code
 from .event import EventHandle, EventOverlap
+from .handle import Handle, HandlePools, _capturing
 from .identity import Identity, from_environment
 
 #: The dtype of top-k expert ids (DeepEP's topk_idx_t); int32 is accepted too.
@@ -33,10 +33,6 @@ DEFAULT_MAX_TOKENS_PER_RANK = 4096
 #: The low-latency bound when neither the constructor, the environment nor an LL call says.
 DEFAULT_MAX_LL_TOKENS_PER_RANK = 256
 _FP8_GROUP = 128
-#: dep_handle_t's of collected Handles kept per Buffer for the next dispatch.
-_HANDLE_POOL = 4
-#: cuda: collected handles kept for reuse (each with its stream, or events on its streams).
-_CUDA_POOL = 16
 #: cuda: torch.cuda.Streams kept per Buffer by raw stream (_stream_of).
 _STREAMS = 256
 #: Prototypes kept per Buffer for _new (one per output shape and dtype seen).
@@ -49,13 +45,12 @@ _IDX = (torch.int64, torch.int32)
 
 _clock = time.perf_counter_ns
 
-# The caller's current stream as its raw CUstream (an int), and whether it is capturing a
-# CUDA graph, straight from torch's C extension where it has them (torch 2.x): the public
-# torch.cuda.current_stream() builds a Stream after its device-index parsing and lazy-init
-# checks, microseconds a call (BENCHMARKS.md, Python binding overhead).
+# The caller's current stream as its raw CUstream (an int), straight from torch's C
+# extension where it has it (torch 2.x): the public torch.cuda.current_stream() builds a
+# Stream after its device-index parsing and lazy-init checks, microseconds a call
+# (BENCHMARKS.md, Python binding overhead).  Whether it captures a CUDA graph is
+# handle.py's _capturing.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or \
-    torch.cuda.is_current_stream_capturing
 
 # libdeepep-client is loaded here, at `import deepep`, as DeepEP loads its extension, so that
 # Buffer(...) (which a restarted trainer's first call waits for) spends no time on it; where
@@ -95,99 +90,6 @@ class _Conn:
             self.ptr = None
 
 
-class Handle:
-    """What a dispatch leaves for its combine: opaque, pass it back as it is.
-
-    Unlike DeepEP's tuple of prefix matrices, its contents are the library's
-    (a dep_handle_t); ``num_tokens`` and ``num_recv`` say the rows on each side
-    (``num_recv`` is None after a dispatch with num_worst_tokens on cuda, which does not
-    wait for it; ``rows`` is then num_worst_tokens).  One made inside a CUDA-graph capture
-    has its device arrays in a torch tensor (dep_handle_new_in), served from the graph's
-    pool as DeepEP's handle tensors are.  A handle made or used (by a combine, a cached
-    dispatch or a low_latency_combine) while the current stream captures a CUDA graph is
-    kept by its Buffer until destroy(), never reused for another call: the graph reads its
-    device arrays at every replay, after the caller has dropped it.
-    """
-
-    #: Kept by its Buffer until destroy() (Buffer._pinned), for a graph that uses its
-    #: arrays; set on the instance, so the usual handle costs nothing here.
-    _pin = False
-
-    @property
-    def rows(self) -> int:
-        """The rows of the dispatch's outputs: num_worst_tokens where given, else num_recv."""
-        return self.worst or self.num_recv
-
-    def __init__(self, buf: "Buffer", kind: str, num_tokens: int, num_recv: int = 0,
-                 stream: Optional[int] = None, capturing: Optional[bool] = None):
-        conn = self._conn = buf._conn
-        self._buffer = buf._selfref
-        self.kind = kind
-        self.num_tokens = num_tokens
-        self.num_recv = num_recv
-        #: A dispatch's num_worst_tokens (0: none): its outputs' rows, which a combine's x
-        #: and a cached dispatch through this handle have too.
-        self.worst = 0
-        self.hidden = buf.hidden
-        #: cuda: the raw stream (an int) the handle's device arrays were used on, or a tuple
-        #: of them once a combine used it on another.
-        self._stream: Any = None
-        #: cuda, made in a capture: the tensor that holds the handle's device arrays.
-        self._mem: Optional[torch.Tensor] = None
-        pool = buf._handle_pool
-        if buf._host:
-            ptr = pool.pop() if pool else None
-        else:
-            # The caller's current stream and capture state (the op looked them up once).
-            self._stream = stream if stream is not None else buf._stream()
-            if capturing if capturing is not None else _capturing():
-                ptr = buf._captured_handle(self)
-                buf._keep(self)  # the graph holds its arrays
-            else:
-                ptr = buf._cuda_handle(self._stream)
-        if ptr is None:
-            p = ctypes.c_void_p()
-            conn.check(conn.lib.dep_handle_new(conn.ptr, ctypes.byref(p)), "dep_handle_new")
-            ptr = p.value
-        # A dep_handle_t is reusable; the pool holds only those of Handles already
-        # collected, so none that a caller can still pass to a combine.
-        self._ptr: Optional[int] = ptr
-        buf._handles.add(self)
-
-    def _free(self) -> None:
-        if self._ptr:
-            self._conn.lib.dep_handle_free(self._ptr)
-            self._ptr = None
-
-    def __del__(self) -> None:
-        ptr = self._ptr
-        if not ptr:
-            return
-        buf = self._buffer()
-        if buf is None or buf._conn is not self._conn or not self._conn.ptr:
-            self._free()
-            return
-        if buf._host:
-            if len(buf._handle_pool) < _HANDLE_POOL:
-                self._ptr = None
-                buf._handle_pool.append(ptr)
-            else:
-                self._free()
-            return
-        if self._mem is not None:
-            # Made in a capture (the Buffer keeps it until destroy(), so this runs only if
-            # that changes): its arrays go with its tensor, so it is never pooled for reuse;
-            # dep_handle_free frees only the library's host side.
-            self._free()
-            return
-        # cuda: the kernels queued on the handle's streams may still use its device
-        # arrays, and dep_handle_free (cuMemFree) would wait for the whole device.  So
-        # the handle goes back to the Buffer, to be reused behind those kernels
-        # (Buffer._cuda_handle).
-        self._ptr = None
-        buf._cuda_release(ptr, self._stream)
-
-
 _Tensor = torch.Tensor
 _empty_like = torch.empty_like
 _INDEX_TYPES = {torch.int64: _lib.INDEX_I64, torch.int32: _lib.INDEX_I32}
@@ -199,7 +101,7 @@ def _ok(t: Any, dtype: torch.dtype, ndim: int, device: torch.device) -> bool:
     return type(t) is _Tensor and t.dtype is dtype and t.dim() == ndim and t.device == device
 
 
-class Buffer:
+class Buffer(HandlePools):
     """One rank's side of deepepd's dispatch and combine, with DeepEP's methods.
 
     Args (DeepEP's, in DeepEP's order; accepted for compatibility):
@@ -247,20 +149,8 @@ class Buffer:
                  num_topk: Optional[int] = None, max_tokens_per_rank: Optional[int] = None,
                  max_ll_tokens_per_rank: Optional[int] = None):
         self._conn: Optional[_Conn] = None
-        self._handles: "weakref.WeakSet[Handle]" = weakref.WeakSet()
-        self._handle_pool: List[int] = []
-        #: cuda: collected handles, oldest first, each [ptr, stream, events]: stream, the one
-        #: raw stream it was used on (no event: a call on that stream is queued behind it),
-        #: or events recorded on each of several (then stream is None).
-        self._cuda_pool: List[list] = []
-        self._free_events: List[Any] = []  # torch.cuda.Events of reused handles, to record again
+        self._handles_init()
         self._streams: dict = {}  # raw stream -> torch.cuda.Stream, for recording events
-        #: Handles kept until destroy(), never pooled: those made or used while the current
-        #: stream captured a CUDA graph (Handle._pin), whose arrays the graph reads.
-        self._pinned: List[Handle] = []
-        self._handle_bytes = 0
-        self._deferred: List[int] = []
-        self._selfref = weakref.ref(self)
         self.attached = False
         for name, v in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -432,96 +322,6 @@ class Buffer:
                                                         self.group_size, ctypes.byref(out)),
                          "dep_shape_sizes")
         return {name: getattr(out, name) for name, _ in out._fields_ if name != "size"}
-
-    # ---- cuda handles -----------------------------------------------------
-
-    def _captured_handle(self, h: Handle) -> int:
-        """A dep_handle_t for Handle h made inside a CUDA-graph capture, where the library's
-        cuMemAlloc is not allowed: its device arrays are a torch tensor of dep_handle_bytes
-        on the Buffer's device, which torch's caching allocator serves from the graph's
-        private pool (as it serves DeepEP's handle tensors), held by h (dep_handle_new_in);
-        the Buffer keeps h until destroy(), since the graph may be replayed after the caller
-        dropped it.  So a graph captures as many dispatches as the model makes."""
-        conn = self._conn
-        if not self._handle_bytes:
-            n = ctypes.c_size_t()
-            conn.check(conn.lib.dep_handle_bytes(conn.ptr, ctypes.byref(n)), "dep_handle_bytes")
-            self._handle_bytes = n.value
-        mem = torch.empty(self._handle_bytes, dtype=torch.uint8, device=self.device)
-        p = ctypes.c_void_p()
-        conn.check(conn.lib.dep_handle_new_in(conn.ptr, mem.data_ptr(), self._handle_bytes,
-                                              ctypes.byref(p)), "dep_handle_new_in")
-        h._mem = mem
-        return p.value
-
-    def _cuda_handle(self, stream: int) -> Optional[int]:
-        """A dep_handle_t for a new Handle on cuda outside a capture, used on raw stream
-        `stream`, or None to make one (dep_handle_new): a collected one last used on that
-        stream alone (this call's kernels queue behind its), else the oldest, once the
-        events on its streams have completed."""
-        pool = self._cuda_pool
-        if not pool:
-            return None
-        for i in range(len(pool)):
-            if pool[i][1] == stream:
-                return pool.pop(i)[0]
-        ent = pool[0]
-        if ent[2] is None:
-            # Last used on another stream alone: an event there now comes after its kernels.
-            ent[2] = [self._recorded(ent[1])]
-            ent[1] = None
-        events = ent[2]
-        for e in events:
-            if not e.query():
-                return None
-        pool.pop(0)
-        self._free_events += events
-        return ent[0]
-
-    def _recorded(self, stream: int) -> Any:
-        """A torch.cuda.Event (a reused one where there is one) recorded on raw stream now."""
-        e = self._free_events.pop() if self._free_events else torch.cuda.Event()
-        e.record(self._stream_of(stream))
-        return e
-
-    def _stream_of(self, raw: int) -> Any:
-        """The torch.cuda.Stream of a raw stream this Buffer saw current (_stream keeps
-        them), else torch's wrapper of a stream made outside it."""
-        st = self._streams.get(raw)
-        if st is None:
-            st = torch.cuda.ExternalStream(raw, device=self.device)
-        return st
-
-    def _use(self, h: Handle, stream: int, capturing: bool) -> None:
-        """cuda: an operation is about to queue work on Handle h's device arrays on raw stream
-        `stream` (a combine, a cached dispatch, a low_latency_combine); `capturing` says
-        whether that stream captures a CUDA graph.  Notes the stream, for reuse behind it
-        once h is collected, and in a capture keeps h (_keep): the graph reads its arrays at
-        every replay, so they must never be handed to a later dispatch, even though h was
-        made outside the capture and the caller drops it."""
-        s = h._stream
-        if stream != s and (type(s) is not tuple or stream not in s):
-            h._stream = s + (stream,) if type(s) is tuple else (s, stream)
-        if capturing and not h._pin:
-            self._keep(h)
-
-    def _keep(self, h: Handle) -> None:
-        """Keep Handle h until destroy() (never pooled): a CUDA graph made or used it."""
-        h._pin = True
-        self._pinned.append(h)
-
-    def _cuda_release(self, ptr: int, streams: Any) -> None:
-        """A collected Handle's dep_handle_t, back for reuse behind its streams' kernels."""
-        if _capturing():
-            self._deferred.append(ptr)  # no event can be recorded for after it: at destroy()
-            return
-        if len(self._cuda_pool) >= _CUDA_POOL:
-            self._deferred.append(ptr)
-            return
-        if type(streams) is tuple:
-            self._cuda_pool.append([ptr, None, [self._recorded(st) for st in streams]])
-        else:
-            self._cuda_pool.append([ptr, streams, None])
 
     def _shape(self, op: str, hidden: Optional[int], num_experts: Optional[int],
                topk: Optional[int], ll_tokens: Optional[int] = None) -> None:
@@ -1074,19 +874,6 @@ class Buffer:
         return out, out_w, \
             self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
 
-    def _handle(self, op: str, handle: Any, kind: str) -> Handle:
-        if type(handle) is Handle and handle._buffer is self._selfref and handle._ptr and \
-                handle.kind == kind:
-            return handle
-        if not isinstance(handle, Handle):
-            raise TypeError(f"{op}: handle must be the Handle a {kind} returned, not "
-                            f"{type(handle).__name__}")
-        if handle._buffer() is not self or handle._ptr is None:
-            raise ValueError(f"{op}: handle belongs to another (or a destroyed) Buffer")
-        if handle.kind != kind:
-            raise ValueError(f"{op}: handle is a {handle.kind}'s; pass the matching {kind}'s")
-        return handle
-
     # ---- low-latency mode -------------------------------------------------
 
     def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor,
@@ -1284,16 +1071,8 @@ class Buffer:
 
     def destroy(self) -> None:
         """Free every handle, detach and close the connection (idempotent)."""
-        if not getattr(self, "_host", True) and (self._handles or self._cuda_pool):
-            torch.cuda.synchronize(self.device)  # no kernel still uses a handle's arrays
-        for h in list(self._handles):
-            h._free()
-        if self._conn is not None and self._conn.ptr:
-            for p in self._handle_pool + [e[0] for e in self._cuda_pool] + self._deferred:
-                self._conn.lib.dep_handle_free(p)
-        self._handle_pool, self._cuda_pool, self._deferred = [], [], []
-        self._free_events, self._streams = [], {}
-        self._pinned = []  # with them the tensors of the handles made in captures
+        self._handles_free()
+        self._streams = {}
         if self._conn is not None:
             self._conn.free()
         self.attached = False

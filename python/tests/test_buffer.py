@@ -602,7 +602,7 @@ def test_a_handle_used_while_a_graph_captures_is_kept_until_destroy_and_never_re
     b = one_rank(daemon, **SHAPE)
     x, idx, w = tokens()
     cs = None if b._host else b._stream()  # the stream the operations pass
-    later = deepep.buffer._CUDA_POOL + 1  # held dispatches that take all either pool has
+    later = deepep.handle._CUDA_POOL + 1  # held dispatches that take all either pool has
 
     def dispatch():
         rx, _, _, _, h, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)

@@ -266,7 +266,7 @@ def other_calls(b, rnd, ptr, held):
     whose handles are held (so that the pool empties and new ones are made) and the rest
     dropped at once (so that they are reused among themselves): none may get the handle
     `ptr` whose arrays a graph reads, and each one's results are its own."""
-    for i in range(deepep.buffer._CUDA_POOL + 2):
+    for i in range(deepep.handle._CUDA_POOL + 2):
         n = 3 + (i + rnd) % 6
         x, idx, w = tokens(n, seed=100 * rnd + i)
         idx[i % n] = -1  # one token sent nowhere: another routing than the graph's
