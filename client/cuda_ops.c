@@ -1,8 +1,8 @@
 /*
- * cuda_ops.c — the cuda backend's MoE operations: argument checks, the
- * handle's device arrays, kernel launches on the caller's stream, and the
- * error record the kernels leave in pinned host memory (see cuda_ops.h for
- * the protocol and for what is checked where).  The kernels are the
+ * cuda_ops.c — the cuda backend's MoE operations: argument checks, kernel
+ * launches on the caller's stream, and the error record the kernels leave
+ * in pinned host memory (see cuda_ops.h for the protocol and for what is
+ * checked where); the handles' device arrays are cuda_handles.c's.  The kernels are the
  * embedded fatbin (kernels/ops.cu), loaded once per attachment with
  * cuModuleLoadData: no run-time compilation.
  */
@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "client_internal.h"
+#include "cuda_ops_internal.h"
 #include "kimage.h"
 #include "shape.h"
 #include "xring.h"
@@ -70,43 +71,6 @@ static const char *const kernel_names[CUOPS_K_COUNT] = {
 #undef CUOPS__NAME
 };
 #endif
-
-/* A handle's device arrays, made on its first cuda dispatch for one job shape. */
-struct cuops_hmem {
-  CUcontext ctx;
-  CUdeviceptr base;
-  bool lent; /* base is not ours to free (handle_reserve) */
-  uint32_t world, max_tokens, max_ll, topk, kd;
-  struct cuops_hdl p;
-};
-
-static const struct cudadrv *drv(void) { return cudadrv_load(NULL, 0); }
-
-static int cu_fail(dep_client_t *c, const char *op, const char *what, CUresult r) {
-  return client_seterr(c, r == CUDA_ERROR_OUT_OF_MEMORY ? DEP_ERR_NO_MEMORY : DEP_ERR_CUDA,
-                       "%s: %s: %s", op, what, cudadrv_errstr(r));
-}
-
-/* The caller's thread may have no context, or another one, current. */
-struct ctx_guard {
-  bool pushed;
-};
-static int ctx_enter(dep_client_t *c, struct ctx_guard *g, const char *op) {
-  CUcontext cur = NULL;
-  g->pushed = false;
-  if (drv()->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == c->cuops.ctx)
-    return 0;
-  CUresult r = drv()->cuCtxPushCurrent(c->cuops.ctx);
-  if (r != CUDA_SUCCESS)
-    return cu_fail(c, op, "cuCtxPushCurrent", r);
-  g->pushed = true;
-  return 0;
-}
-static void ctx_leave(struct ctx_guard *g) {
-  CUcontext dummy;
-  if (g->pushed)
-    drv()->cuCtxPopCurrent(&dummy);
-}
 
 /* ---- the error record -------------------------------------------------------------- */
 
@@ -205,14 +169,6 @@ static int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
                        "is now out of step with its peers: detach and restart the job", op, m);
 }
 
-/* The refusal of a library built without nvcc, whose cuda client has no kernels. */
-static int no_kernels(dep_client_t *c, const char *op) {
-  return client_seterr(c, DEP_ERR_UNSUPPORTED,
-                       "%s: this libdeepep-client was built without nvcc, so it has no CUDA "
-                       "kernels; rebuild it with CUDA_HOME set to a CUDA toolkit, or run deepepd "
-                       "with backend: host", op);
-}
-
 /* What every cuda operation does first. */
 static int cuops_begin(dep_client_t *c, const char *op, CUstream s) {
   if (!c->cuops.ready)
@@ -234,181 +190,6 @@ static int launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, unsigned 
                                      params, NULL);
   ctx_leave(&g);
   return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, "cuLaunchKernel", r);
-}
-
-/* ---- handles ------------------------------------------------------------------------ */
-
-void cuda_ops_handle_free(struct dep_handle *h) {
-  if (h == NULL || h->cuda == NULL)
-    return;
-  struct cuops_hmem *m = h->cuda;
-  const struct cudadrv *cu = drv();
-  CUcontext dummy;
-  if (!m->lent && cu != NULL && cu->cuCtxPushCurrent(m->ctx) == CUDA_SUCCESS) {
-    cu->cuMemFree(m->base);
-    cu->cuCtxPopCurrent(&dummy);
-  }
-  free(m);
-  h->cuda = NULL;
-}
-
-static uint64_t carve(uint64_t *off, uint64_t bytes) {
-  uint64_t at = *off;
-  *off += dep_round_up(bytes ? bytes : 1, 256);
-  return at;
-}
-
-/* A handle's device arrays for a world of W ranks: their offsets, and their size returned. */
-static uint64_t handle_carve(uint64_t W, uint64_t mt, uint64_t ll, uint64_t K, uint64_t kd,
-                             uint64_t at[9]) {
-  uint64_t off = 0;
-  at[0] = carve(&off, 8);
-  at[1] = carve(&off, 4 * mt * W);
-  at[2] = carve(&off, 4 * W);
-  at[3] = carve(&off, 4 * W);
-  at[4] = carve(&off, 8 * ll * K);
-  at[5] = carve(&off, 4 * W);
-  at[6] = carve(&off, 4 * W);
-  at[7] = carve(&off, 4 * W * ll);
-  at[8] = carve(&off, 8 * W * ll * kd);
-  return off;
-}
-
-/* A handle's device arrays for the job c is bound to (handle_carve's). */
-static uint64_t job_handle_carve(const dep_client_t *c, uint64_t at[9]) {
-  const struct ops_ctx *o = &c->ops;
-  return handle_carve(o->world, o->shape.max_tokens_per_rank, o->lay.max_ll_tokens,
-                      o->shape.topk, c->cuops.job.kd, at);
-}
-
-int cuda_ops_handle_bytes(dep_client_t *c, const char *op, uint64_t *bytes) {
-  uint64_t at[9];
-  if (!c->cuops.ready)
-    return no_kernels(c, op);
-  *bytes = job_handle_carve(c, at);
-  return 0;
-}
-
-static int handle_mem_check(dep_client_t *c, const char *op, const void *mem, uint64_t bytes) {
-  /* Both ends, so that memory which begins on the GPU but is shorter than
-   * it says is caught too; the ordinal where the driver tells it. */
-  const CUdeviceptr at[2] = {(CUdeviceptr)(uintptr_t)mem,
-                             (CUdeviceptr)(uintptr_t)mem + (bytes ? bytes - 1 : 0)};
-  for (int i = 0; i < 2; i++) {
-    unsigned type = 0;
-    int ord = -1;
-    CUresult r = drv()->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, at[i]);
-    if (r == CUDA_SUCCESS && type == CU_MEMORYTYPE_DEVICE &&
-        (drv()->cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, at[i]) !=
-             CUDA_SUCCESS || ord == c->cuda_dev))
-      continue;
-    char what[96];
-    if (r != CUDA_SUCCESS)
-      snprintf(what, sizeof what, "the driver does not know it (%s): host memory?",
-               cudadrv_errstr(r));
-    else if (type != CU_MEMORYTYPE_DEVICE)
-      snprintf(what, sizeof what, "it is %s memory", type == CU_MEMORYTYPE_HOST ? "host" :
-               "not device");
-    else
-      snprintf(what, sizeof what, "it is GPU %d's", ord);
-    return client_seterr(c, DEP_ERR_INVALID, "%s: mem%s (%#llx) is not device memory of this "
-                         "rank's GPU %d: %s; allocate the handle's %llu bytes on that GPU "
-                         "(cuMemAlloc, cudaMalloc, torch.empty on its device)", op,
-                         i ? "'s last byte" : "", (unsigned long long)at[i], c->cuda_dev, what,
-                         (unsigned long long)bytes);
-  }
-  return 0;
-}
-
-/* The driver answers for the context current on the calling thread, which
- * need not be the rank's (a thread of the caller's own): asked in it. */
-int cuda_ops_handle_mem_check(dep_client_t *c, const char *op, const void *mem,
-                              uint64_t bytes) {
-  struct ctx_guard g;
-  int rc = ctx_enter(c, &g, op);
-  if (rc != 0)
-    return rc;
-  rc = handle_mem_check(c, op, mem, bytes);
-  ctx_leave(&g);
-  return rc;
-}
-
-/*
- * Size the handle's device arrays for this job (once) and fill its host
- * fields.  The arrays are `lent` memory where that is not 0 (the warm-up's
- * handle, in the rank's private area: no allocation at attach), else the
- * caller's of a dep_handle_new_in handle (h->mem; refused when this job's
- * handle is larger), else a cuMemAlloc of the handle's own.
- */
-static int handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op,
-                          CUdeviceptr lent) {
-  const struct ops_ctx *o = &c->ops;
-  const uint32_t W = o->world, mt = o->shape.max_tokens_per_rank, ll = o->lay.max_ll_tokens;
-  const uint32_t K = o->shape.topk, kd = c->cuops.job.kd;
-  struct cuops_hmem *m = h->cuda;
-  if (m != NULL && (m->ctx != c->cuops.ctx || m->world != W || m->max_tokens != mt ||
-                    m->max_ll != ll || m->topk != K || m->kd != kd))
-    cuda_ops_handle_free(h), m = NULL;
-  if (m == NULL) {
-    uint64_t at[9];
-    uint64_t bytes = job_handle_carve(c, at);
-    if (lent == 0 && h->mem != NULL) {
-      if (bytes > h->mem_bytes)
-        return client_seterr(c, DEP_ERR_INVALID, "%s: the handle's memory (%zu bytes, "
-                             "dep_handle_new_in) is less than a handle of this job takes (%llu, "
-                             "dep_handle_bytes): it was made for another job; make a new handle",
-                             op, h->mem_bytes, (unsigned long long)bytes);
-      lent = (CUdeviceptr)(uintptr_t)h->mem;
-    }
-    m = calloc(1, sizeof *m);
-    if (m == NULL)
-      return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory for a handle", op);
-    if (lent != 0) {
-      m->base = lent;
-      m->lent = true;
-    } else {
-      struct ctx_guard g;
-      int rc = ctx_enter(c, &g, op);
-      if (rc != 0) {
-        free(m);
-        return rc;
-      }
-      /* Every element is written by a dispatch before a kernel reads it. */
-      CUresult r = drv()->cuMemAlloc(&m->base, bytes);
-      ctx_leave(&g);
-      if (r != CUDA_SUCCESS) {
-        if (m->base != 0)
-          drv()->cuMemFree(m->base);
-        free(m);
-        return cu_fail(c, op, "allocating a handle's device arrays", r);
-      }
-    }
-    m->ctx = c->cuops.ctx;
-    m->world = W, m->max_tokens = mt, m->max_ll = ll, m->topk = K, m->kd = kd;
-#define AT(i, type) ((type)(uintptr_t)(m->base + at[i]))
-    m->p = (struct cuops_hdl){AT(0, uint64_t *), AT(1, int32_t *), AT(2, uint32_t *),
-                              AT(3, uint32_t *), AT(4, int32_t *), AT(5, uint32_t *),
-                              AT(6, uint32_t *), AT(7, int32_t *), AT(8, int32_t *)};
-#undef AT
-    h->cuda = m;
-  }
-  h->kind = OPS_HANDLE_EMPTY;
-  h->world = W;
-  h->rank = o->rank;
-  h->hidden = o->shape.hidden;
-  h->topk = K;
-  h->num_experts = o->shape.num_experts;
-  h->max_tokens = mt;
-  h->max_ll_tokens = ll;
-  return 0;
-}
-
-int cuda_ops_handle_new(dep_client_t *c, struct dep_handle *h, const char *op) {
-  return c->cuops.ready ? handle_reserve(c, h, op, 0) : 0;
-}
-
-static struct cuops_hdl hdl_of(const struct dep_handle *h) {
-  return ((const struct cuops_hmem *)h->cuda)->p;
 }
 
 /* ---- argument checks: ops_check_* with num_tokens 0 never reads device memory -------- */
@@ -511,7 +292,8 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
              le, c->cuops.host_counts_cap);
   if (rc != 0)
     return cuops_refused(c, DEP_STATS_OP_DISPATCH, rc, op, why);
-  if ((rc = cuops_begin(c, op, s)) != 0 || (!a->cached && (rc = handle_reserve(c, h, op, 0)) != 0))
+  if ((rc = cuops_begin(c, op, s)) != 0 ||
+      (!a->cached && (rc = cuops_handle_reserve(c, h, op, 0)) != 0))
     return rc;
   const uint32_t align = a->expert_alignment > 1 && !a->cached ? a->expert_alignment : 0;
   struct cuops_dispatch_args k = {a->x, a->topk_idx, a->topk_weights, a->index_type,
@@ -605,7 +387,7 @@ int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
     rc = need(why, sizeof why, a->topk_idx, IDX_ALIGN(a->index_type), "ll_dispatch", "topk_idx");
   if (rc != 0)
     return cuops_refused(c, DEP_STATS_OP_LL_DISPATCH, rc, op, why);
-  if ((rc = cuops_begin(c, op, s)) != 0 || (rc = handle_reserve(c, h, op, 0)) != 0)
+  if ((rc = cuops_begin(c, op, s)) != 0 || (rc = cuops_handle_reserve(c, h, op, 0)) != 0)
     return rc;
   struct cuops_ll_dispatch_args k = {a->x, a->topk_idx, a->index_type, a->num_tokens, a->use_fp8,
                                      0, a->recv_x, a->recv_scales, a->recv_count,
@@ -698,7 +480,7 @@ static int warmup(dep_client_t *c) {
   st->job.dev = (struct cuops_dev *)(uintptr_t)st->loop_dev;
   int32_t *scr = (int32_t *)(uintptr_t)st->scratch;
   uint32_t nrecv = 0;
-  int rc = handle_reserve(c, h, op, st->warm_mem);
+  int rc = cuops_handle_reserve(c, h, op, st->warm_mem);
   struct dep_layout_args la = {.size = sizeof la, .index_type = DEP_INDEX_I64,
                                .tokens_per_rank = scr, .tokens_per_expert = scr};
   struct dep_dispatch_args da = {.size = sizeof da, .index_type = DEP_INDEX_I64, .recv_x = scr,

@@ -1,0 +1,92 @@
+/*
+ * cuda_ops_internal.h — what the cuda backend's two files share: cuda_ops.c
+ * (the operations, the error record, attach) and cuda_handles.c (each
+ * handle's device arrays).  The driver's table, a driver error as a
+ * DEP_ERR_*, the rank's context made current on the caller's thread, and
+ * where a handle's arrays lie.  Seen by no file outside these two.
+ */
+#ifndef DEP_CUDA_OPS_INTERNAL_H
+#define DEP_CUDA_OPS_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "client_internal.h"
+
+/* A handle's device arrays, made on its first cuda dispatch for one job shape. */
+struct cuops_hmem {
+  CUcontext ctx;
+  CUdeviceptr base;
+  bool lent; /* base is not ours to free (handle_reserve) */
+  uint32_t world, max_tokens, max_ll, topk, kd;
+  struct cuops_hdl p;
+};
+
+static inline const struct cudadrv *drv(void) { return cudadrv_load(NULL, 0); }
+
+static inline int cu_fail(dep_client_t *c, const char *op, const char *what, CUresult r) {
+  return client_seterr(c, r == CUDA_ERROR_OUT_OF_MEMORY ? DEP_ERR_NO_MEMORY : DEP_ERR_CUDA,
+                       "%s: %s: %s", op, what, cudadrv_errstr(r));
+}
+
+/* The caller's thread may have no context, or another one, current. */
+struct ctx_guard {
+  bool pushed;
+};
+static inline int ctx_enter(dep_client_t *c, struct ctx_guard *g, const char *op) {
+  CUcontext cur = NULL;
+  g->pushed = false;
+  if (drv()->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == c->cuops.ctx)
+    return 0;
+  CUresult r = drv()->cuCtxPushCurrent(c->cuops.ctx);
+  if (r != CUDA_SUCCESS)
+    return cu_fail(c, op, "cuCtxPushCurrent", r);
+  g->pushed = true;
+  return 0;
+}
+static inline void ctx_leave(struct ctx_guard *g) {
+  CUcontext dummy;
+  if (g->pushed)
+    drv()->cuCtxPopCurrent(&dummy);
+}
+
+/* The refusal of a library built without nvcc, whose cuda client has no kernels. */
+static inline int no_kernels(dep_client_t *c, const char *op) {
+  return client_seterr(c, DEP_ERR_UNSUPPORTED,
+                       "%s: this libdeepep-client was built without nvcc, so it has no CUDA "
+                       "kernels; rebuild it with CUDA_HOME set to a CUDA toolkit, or run deepepd "
+                       "with backend: host", op);
+}
+
+static inline uint64_t carve(uint64_t *off, uint64_t bytes) {
+  uint64_t at = *off;
+  *off += dep_round_up(bytes ? bytes : 1, 256);
+  return at;
+}
+
+/* A handle's device arrays for a world of W ranks: their offsets, and their size returned. */
+static inline uint64_t handle_carve(uint64_t W, uint64_t mt, uint64_t ll, uint64_t K,
+                                    uint64_t kd, uint64_t at[9]) {
+  uint64_t off = 0;
+  at[0] = carve(&off, 8);
+  at[1] = carve(&off, 4 * mt * W);
+  at[2] = carve(&off, 4 * W);
+  at[3] = carve(&off, 4 * W);
+  at[4] = carve(&off, 8 * ll * K);
+  at[5] = carve(&off, 4 * W);
+  at[6] = carve(&off, 4 * W);
+  at[7] = carve(&off, 4 * W * ll);
+  at[8] = carve(&off, 8 * W * ll * kd);
+  return off;
+}
+
+static inline struct cuops_hdl hdl_of(const struct dep_handle *h) {
+  return ((const struct cuops_hmem *)h->cuda)->p;
+}
+
+/* Size the handle's device arrays for this job (once) and fill its host
+ * fields; the arrays are lent memory where that is not 0 (cuda_handles.c). */
+int cuops_handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op,
+                         CUdeviceptr lent);
+
+#endif /* DEP_CUDA_OPS_INTERNAL_H */
