@@ -442,6 +442,9 @@ Suite *tune_suite(void) {
   tcase_add_test(tc, tune_and_its_answer_round_trip_and_bad_values_are_refused);
   tcase_add_test(tc, a_job_is_given_the_tables_budget_at_attach);
   tcase_add_test(tc, tune_before_attach_is_refused_and_the_connection_kept);
+  /* Above Check's 4 s: the table's writes are fsync'd and some tests start a
+   * daemon, which under ASan on a loaded 2-core machine took longer (CI). */
+  tcase_set_timeout(tc, 30);
   suite_add_tcase(s, tc);
   return s;
 }
