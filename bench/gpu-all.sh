@@ -43,6 +43,14 @@ fits() {
   return 1
 }
 . "$(dirname "${BASH_SOURCE[0]}")/mps.sh"
+# cuda_daemon LOG: a cuda deepepd on a socket in a new directory $D, outside MPS (started
+# before it: DEVICE.md), its stderr in $OUTD/LOG; returns once it answers.
+cuda_daemon() {
+  D=$(mktemp -d /tmp/dep-ga.XXXX)
+  printf 'socket:\n  path: %s/d.sock\nbackend: cuda\npool:\n  size_per_device: 16GiB\n  chunk_size: 1GiB\n  host_size: 1GiB\n' "$D" > "$D/d.yaml"
+  env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY setsid "$B"/deepepd -c "$D/d.yaml" > "$OUTD/$1" 2>&1 &
+  for i in $(seq 150); do "$B"/deepepctl -s "$D/d.sock" status >/dev/null 2>&1 && break; sleep 0.2; done
+}
 PY=$(command -v python3)
 PP=$R/python
 $PY -c "import pytest" 2>/dev/null || PP=$R/python:$B/pylib
@@ -69,10 +77,7 @@ for s in ${STEPS:-cudaops xnode ep doctor pytest restart pyover hostwarm}; do
     echo "== doctor rc $?"; grep -E "Checks:|:F:|:E:|skipped|\(in part\)" "$OUTD/doctor-gpu.log" | cut -c1-300 | tail -30 ;;
   pytest)
     fits $((${PYTEST_SECS:-240} + 10)) pytest || continue
-    D=$(mktemp -d /tmp/pyg.XXXX)
-    printf 'socket:\n  path: %s/d.sock\nbackend: cuda\npool:\n  size_per_device: 16GiB\n  chunk_size: 1GiB\n  host_size: 1GiB\n' "$D" > "$D/d.yaml"
-    env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY setsid "$B"/deepepd -c "$D/d.yaml" > "$OUTD/pytest-deepepd.log" 2>&1 &
-    for i in $(seq 150); do "$B"/deepepctl -s "$D/d.sock" status >/dev/null 2>&1 && break; sleep 0.2; done
+    cuda_daemon pytest-deepepd.log
     mps_on
     echo "== pytest: python/tests on CUDA tensors, MPS"
     DEEPEP_CLIENT_LIB=$B/libdeepep-client.so.0 DEP_BUILD=$B DEP_TEST_BACKEND=cuda DEP_TEST_SOCKET=$D/d.sock \
@@ -86,10 +91,7 @@ for s in ${STEPS:-cudaops xnode ep doctor pytest restart pyover hostwarm}; do
     pkill -TERM -f "deepepd -c $D/" ;;
   restart)
     fits 160 restart || continue
-    D=$(mktemp -d /tmp/pyr.XXXX)
-    printf 'socket:\n  path: %s/d.sock\nbackend: cuda\npool:\n  size_per_device: 16GiB\n  chunk_size: 1GiB\n  host_size: 1GiB\n' "$D" > "$D/d.yaml"
-    env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY setsid "$B"/deepepd -c "$D/d.yaml" > "$OUTD/restart-deepepd.log" 2>&1 &
-    for i in $(seq 150); do "$B"/deepepctl -s "$D/d.sock" status >/dev/null 2>&1 && break; sleep 0.2; done
+    cuda_daemon restart-deepepd.log
     mps_on
     echo "== restart: bench/py_restart.py, 8 processes, MPS"
     DEEPEP_CLIENT_LIB=$B/libdeepep-client.so.0 PYTHONPATH=$R/python timeout 150 $PY bench/py_restart.py \
