@@ -8,7 +8,8 @@
  * which exists only while DEP_RUNNER_SELFTEST is set (so a plain run never
  * sees it): two passes, one whole skip, a loop test whose two runs skip,
  * and one test skipped in part; DEP_RUNNER_SELFTEST=fail adds a test that
- * skips a part and then fails.
+ * skips a part and then fails.  The failures are listed after the skips,
+ * next to the counts, so that the tail of a long log shows them.
  */
 #include <check.h>
 #include <stdio.h>
@@ -142,6 +143,11 @@ START_TEST(a_failure_after_a_skip_is_a_failure) {
   HAS(text, "Checks: 7, Passed: 3, Skipped: 3, Failures: 1, Errors: 0\n");
   HAS(text, ":F:selftest:selftest_fails_after_a_skipped_part:0: the rest fails\n");
   LACKS(text, "runner/selftest/selftest_fails_after_a_skipped_part");
+  /* Below the skip list, next to the counts, where a log's tail shows it. */
+  const char *fails = strstr(text, ":F:selftest:");
+  const char *skips = strstr(text, "Skipped (");
+  ck_assert_msg(fails != NULL && skips != NULL && fails > skips,
+                "the failure should follow the skip list:\n%s", text);
   free(text);
 }
 END_TEST

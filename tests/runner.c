@@ -233,13 +233,11 @@ static void print_skips(const struct run *run, size_t skipped, size_t parts) {
   }
 }
 
+/* The failures come after the skips, next to the counts: a CI log's tail then shows them. */
 static void print_summary(const struct run *run, int ntests, bool verbose) {
   size_t passed = 0, skipped = 0, parts = 0, failures = 0, errors = 0;
   for (size_t i = 0; i < run->nres; i++) {
     const struct result *r = &run->res[i];
-    if (verbose || r->kind != 'P')
-      printf("%s:%d:%c:%s:%s:%d: %s\n", r->file, r->line, r->kind, r->tcase, r->test, r->iter,
-             r->msg);
     if (r->kind == 'F')
       failures++;
     else if (r->kind == 'E')
@@ -250,6 +248,12 @@ static void print_summary(const struct run *run, int ntests, bool verbose) {
       passed++, parts += r->part != NULL;
   }
   print_skips(run, skipped, parts);
+  for (size_t i = 0; i < run->nres; i++) {
+    const struct result *r = &run->res[i];
+    if (verbose || r->kind != 'P')
+      printf("%s:%d:%c:%s:%s:%d: %s\n", r->file, r->line, r->kind, r->tcase, r->test, r->iter,
+             r->msg);
+  }
   if (run->nres != (size_t)ntests)
     printf("runner: Check ran %d tests but its log shows %zu: the counts below are the log's\n",
            ntests, run->nres);
