@@ -12,7 +12,8 @@
 
 #include "ctl.h"
 
-#define CTL_CELL_MAX 128
+/* A number, size or duration as text fits here; a string cell is as long as its string. */
+#define CTL_NUM_MAX 64
 
 void ctl_out_bytes(char *buf, size_t len, uint64_t bytes) {
   static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
@@ -46,40 +47,64 @@ void ctl_out_duration(char *buf, size_t len, uint64_t ms) {
 
 /* ---- text ------------------------------------------------------------------ */
 
-/* Strings come from the daemon: keep terminal control bytes out of the text. */
-static void ctl_out_cell(char *buf, size_t len, const struct ctl_col *col,
-                         const struct ctl_val *v) {
+/* One value as text, in a string of its own (the caller frees it), or NULL (ENOMEM).  Strings
+ * come from the daemon: terminal control bytes are kept out of the text, and a string is never
+ * cut, since a reload's or a drain's answer and a peer's last error run past any fixed width. */
+static char *ctl_out_cell(const struct ctl_col *col, const struct ctl_val *v) {
+  char buf[CTL_NUM_MAX];
   switch (col->kind) {
   case CTL_STR: {
-    size_t i = 0;
-    for (const char *p = v->s != NULL ? v->s : ""; *p != '\0' && i + 1 < len; p++)
-      buf[i++] = ((unsigned char)*p < 0x20 || *p == 0x7f) ? '?' : *p;
-    buf[i] = '\0';
-    if (i == 0)
-      snprintf(buf, len, "-");
-    break;
+    const char *s = v->s != NULL && v->s[0] != '\0' ? v->s : "-";
+    char *out = strdup(s);
+    if (out != NULL)
+      for (char *p = out; *p != '\0'; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+          *p = '?';
+    return out;
   }
   case CTL_UINT:
-    snprintf(buf, len, "%" PRIu64, v->u);
+    snprintf(buf, sizeof buf, "%" PRIu64, v->u);
     break;
   case CTL_BYTES:
-    ctl_out_bytes(buf, len, v->u);
+    ctl_out_bytes(buf, sizeof buf, v->u);
     break;
   case CTL_MS:
-    ctl_out_duration(buf, len, v->u);
+    ctl_out_duration(buf, sizeof buf, v->u);
     break;
   case CTL_NS:
     if (v->u == 0)
-      snprintf(buf, len, "-");
+      snprintf(buf, sizeof buf, "-");
     else if (v->u < 1000000)
-      snprintf(buf, len, "%.1f us", (double)v->u / 1e3);
+      snprintf(buf, sizeof buf, "%.1f us", (double)v->u / 1e3);
     else
-      snprintf(buf, len, "%.2f ms", (double)v->u / 1e6);
+      snprintf(buf, sizeof buf, "%.2f ms", (double)v->u / 1e6);
     break;
   case CTL_MILLI:
-    snprintf(buf, len, "%.2f", (double)v->u / 1e3);
+    snprintf(buf, sizeof buf, "%.2f", (double)v->u / 1e3);
     break;
+  default:
+    buf[0] = '\0';
   }
+  return strdup(buf);
+}
+
+/* "a" + "/" + "b" in a new string; frees a.  NULL (and a freed) on ENOMEM. */
+static char *ctl_out_join(char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  char *j = realloc(a, la + 1 + lb + 1);
+  if (j == NULL) {
+    free(a);
+    return NULL;
+  }
+  j[la] = '/';
+  memcpy(j + la + 1, b, lb + 1);
+  return j;
+}
+
+static void ctl_out_free_cells(char **cell, size_t n) {
+  for (size_t i = 0; cell != NULL && i < n; i++)
+    free(cell[i]);
+  free(cell);
 }
 
 static int ctl_out_text_table(FILE *f, const struct ctl_table *t) {
@@ -95,38 +120,43 @@ static int ctl_out_text_table(FILE *f, const struct ctl_table *t) {
         (t->cols[c].flags & CTL_COL_NOTEXT) == 0)
       nvis++;
   size_t ncells = (t->nrows + 1) * nvis;
-  char(*cell)[CTL_CELL_MAX] = calloc(ncells, sizeof *cell);
+  char **cell = calloc(ncells, sizeof *cell);
   size_t *width = calloc(nvis, sizeof *width);
   bool *right = calloc(nvis, sizeof *right);
-  if (cell == NULL || width == NULL || right == NULL) {
-    free(cell);
-    free(width);
-    free(right);
-    return -1;
-  }
-  for (size_t c = 0, v = 0; c < t->ncols; c++) {
+  int rc = cell == NULL || width == NULL || right == NULL ? -1 : 0;
+  for (size_t c = 0, v = 0; rc == 0 && c < t->ncols; c++) {
     if (((t->cols[c].flags & CTL_COL_JOIN) != 0 && c > 0) ||
         (t->cols[c].flags & CTL_COL_NOTEXT) != 0)
       continue;
-    snprintf(cell[v], CTL_CELL_MAX, "%s", t->cols[c].label);
+    if ((cell[v] = strdup(t->cols[c].label)) == NULL)
+      rc = -1;
     right[v] = t->cols[c].kind != CTL_STR;
     v++;
   }
-  for (size_t r = 0; r < t->nrows; r++) {
-    char(*row)[CTL_CELL_MAX] = cell + (r + 1) * nvis;
+  for (size_t r = 0; rc == 0 && r < t->nrows; r++) {
+    char **row = cell + (r + 1) * nvis;
     size_t v = 0;
-    for (size_t c = 0; c < t->ncols; c++) {
+    for (size_t c = 0; rc == 0 && c < t->ncols; c++) {
       if ((t->cols[c].flags & CTL_COL_NOTEXT) != 0)
         continue;
-      char text[CTL_CELL_MAX];
-      ctl_out_cell(text, sizeof text, &t->cols[c], &t->cells[r * t->ncols + c]);
-      if ((t->cols[c].flags & CTL_COL_JOIN) != 0 && v > 0) {
-        size_t used = strlen(row[v - 1]);
-        snprintf(row[v - 1] + used, CTL_CELL_MAX - used, "/%s", text);
+      char *text = ctl_out_cell(&t->cols[c], &t->cells[r * t->ncols + c]);
+      if (text == NULL) {
+        rc = -1;
+      } else if ((t->cols[c].flags & CTL_COL_JOIN) != 0 && v > 0) {
+        row[v - 1] = ctl_out_join(row[v - 1], text);
+        free(text);
+        if (row[v - 1] == NULL)
+          rc = -1;
       } else {
-        memcpy(row[v++], text, sizeof text);
+        row[v++] = text;
       }
     }
+  }
+  if (rc != 0) {
+    ctl_out_free_cells(cell, ncells);
+    free(width);
+    free(right);
+    return -1;
   }
   for (size_t i = 0; i < ncells; i++) {
     size_t w = strlen(cell[i]);
@@ -149,7 +179,7 @@ static int ctl_out_text_table(FILE *f, const struct ctl_table *t) {
     }
     fputs("\n", f);
   }
-  free(cell);
+  ctl_out_free_cells(cell, ncells);
   free(width);
   free(right);
   return 0;
@@ -161,10 +191,12 @@ static int ctl_out_text(FILE *f, const struct ctl_doc *d) {
     if (strlen(d->fields[i].label) > w)
       w = strlen(d->fields[i].label);
   for (size_t i = 0; i < d->nfields; i++) {
-    char text[CTL_CELL_MAX];
-    ctl_out_cell(text, sizeof text, &d->fields[i], &d->values[i]);
+    char *text = ctl_out_cell(&d->fields[i], &d->values[i]);
+    if (text == NULL)
+      return -1;
     fprintf(f, "%s:%*s %s\n", d->fields[i].label, (int)(w - strlen(d->fields[i].label)), "",
             text);
+    free(text);
   }
   for (size_t i = 0; i < d->ntables; i++)
     if (ctl_out_text_table(f, &d->tables[i]) != 0)

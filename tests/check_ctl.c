@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ctl.h"
 #include "daemonwire.h"
 #include "deepep.h"
 #include "proto.h"
@@ -578,6 +579,49 @@ START_TEST(help_lists_every_command_and_option) {
 }
 END_TEST
 
+/* ---- the text renderer ---------------------------------------------------------- */
+
+/* What ctl_out_render prints for doc, malloc'd. */
+static char *render_text(const struct ctl_doc *doc) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(ctl_out_render(f, doc, false), 0);
+  fclose(f);
+  return buf;
+}
+
+/* A reload's answer names every key that needs a restart, a drain's every job left and a peer's
+ * last error the whole reason: the text shows each string whole, as JSON does, never cut to a
+ * column width (it once cut them at 127 bytes: "needs restart ...: so"). */
+START_TEST(text_output_shows_long_strings_whole) {
+  char longs[DEP_MSG_TEXT_MAX];
+  memset(longs, 'k', sizeof longs - 2);
+  memcpy(longs + sizeof longs - 12, "socket.mode", 11);
+  longs[sizeof longs - 1] = '\0';
+  static const struct ctl_col fields[] = {{"result", "reload", CTL_STR, 0}};
+  const struct ctl_val vals[] = {{.s = longs}};
+  static const struct ctl_col cols[] = {{"address", "PEER", CTL_STR, 0},
+                                        {"conns_up", "CONNS", CTL_UINT, 0},
+                                        {"conns_total", "", CTL_UINT, CTL_COL_JOIN},
+                                        {"last_error", "LAST ERROR", CTL_STR, 0}};
+  const struct ctl_val cells[] = {{.s = "10.0.0.2:7470"}, {.u = 3}, {.u = 24}, {.s = longs},
+                                  {.s = "b\x01z"},         {.u = 0}, {.u = 24}, {.s = ""}};
+  const struct ctl_table tables[] = {{"peers", "no peers", cols, 4, 2, cells, 0}};
+  const struct ctl_doc doc = {fields, vals, 1, tables, 1};
+  char *out = render_text(&doc);
+  char want[DEP_MSG_TEXT_MAX + 32];
+  dw_sfmt(want, sizeof want, "reload: %s\n", longs);
+  ck_assert_msg(starts(out, want), "the field is not whole:\n%s", out);
+  dw_sfmt(want, sizeof want, "  10.0.0.2:7470   3/24  %s\n", longs);
+  ck_assert_msg(strstr(out, want) != NULL, "the cell is not whole:\n%s", out);
+  /* Control bytes stay out of the terminal; an empty string is "-". */
+  ck_assert_msg(strstr(out, "  b?z             0/24  -\n") != NULL, "%s", out);
+  free(out);
+}
+END_TEST
+
 Suite *ctl_suite(void);
 Suite *ctl_suite(void) {
   Suite *s = suite_create("ctl");
@@ -587,6 +631,7 @@ Suite *ctl_suite(void) {
   tcase_add_test(local, drain_options_that_do_not_fit_are_usage_errors_naming_them);
   tcase_add_test(local, a_path_that_is_not_a_socket_is_named_as_such);
   tcase_add_test(local, help_lists_every_command_and_option);
+  tcase_add_test(local, text_output_shows_long_strings_whole);
   tcase_set_timeout(local, 30);
   suite_add_tcase(s, local);
 
