@@ -368,9 +368,11 @@ static int apply_value(struct loader *L, const struct key *k, const yaml_node_t 
                   x != 0 ? a : "");
     }
     const bool auto_ok = (k->flags & F_ZERO_AUTO) && rc == CONFIG_VALUE_OK && x == 0;
+    /* What 0 means for this key, said beside the range ("0 (no bound per user) or ..."). */
+    const char *zero = (k->flags & F_ZERO_AUTO) ? (k->zero != NULL ? k->zero : "off") : NULL;
     if (!auto_ok && (rc != CONFIG_VALUE_OK || x < k->min || x > k->max))
-      return fail(L, v->start_mark, "'%s' must be %sbetween %s and %s, got %s", path,
-                  (k->flags & F_ZERO_AUTO) ? "0 (the daemon chooses) or " : "",
+      return fail(L, v->start_mark, "'%s' must be %s%s%sbetween %s and %s, got %s", path,
+                  zero != NULL ? "0 (" : "", zero != NULL ? zero : "", zero != NULL ? ") or " : "",
                   config_value_size_text(k->min, a, sizeof a),
                   config_value_size_text(k->max, b, sizeof b), shown(raw, n, got, sizeof got));
     if ((k->flags & F_GRANULE) && x % CHUNK_GRANULE != 0)

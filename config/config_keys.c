@@ -54,7 +54,7 @@ static const struct key pool_keys[] = {
      .flags = F_GRANULE},
     /* Live: read when a job's arenas are made, so it applies from the next job on. */
     {.name = "max_allocation", .kind = K_SIZE, AT(pool_max_allocation), .min = CHUNK_GRANULE, .max = 64 * TiB,
-     .flags = F_GRANULE | F_ZERO_AUTO, .live = true},
+     .flags = F_GRANULE | F_ZERO_AUTO, .zero = "the daemon chooses", .live = true},
     {.name = "host_size", .kind = K_SIZE, AT(host_pool_size), .min = CHUNK_GRANULE, .max = 64 * TiB},
     {.name = NULL}};
 
@@ -86,7 +86,7 @@ static const struct key limits_keys[] = {
     {.name = "max_jobs_per_uid", .kind = K_UINT, AT(max_jobs_per_uid), .min = 1, .max = 4096, .live = true},
     /* 0: no bound per uid beyond the pool's own */
     {.name = "memory_per_uid", .kind = K_SIZE, AT(memory_per_uid), .min = CHUNK_GRANULE, .max = 64 * TiB,
-     .flags = F_ZERO_AUTO, .live = true},
+     .flags = F_ZERO_AUTO, .zero = "no bound per user", .live = true},
     {.name = NULL}};
 
 const struct key config__root_keys[] = {

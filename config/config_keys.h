@@ -45,7 +45,7 @@ struct name_value {
 #define F_TOKEN 4u    /* a name: no spaces */
 /* Flag on sizes. */
 #define F_GRANULE 8u  /* a whole number of CHUNK_GRANULE (allocation sizes) */
-#define F_ZERO_AUTO 16u /* K_SIZE: 0 is allowed too, and means "the daemon chooses" */
+#define F_ZERO_AUTO 16u /* K_SIZE: 0 is allowed too, meaning what .zero says */
 #define F_ABSPATH 32u /* K_STR: "" or an absolute path (the daemon's cwd is no place to rely on) */
 #define F_LISTEN 64u  /* K_STR: "" or "ADDRESS:PORT" (config_listen_split) */
 
@@ -62,6 +62,7 @@ struct key {
   const struct key *sub;          /* K_SECTION (and K_PEERS: the keys of one peer) */
   const struct name_value *names; /* K_ENUM, ended by a NULL name */
   const char *expected;           /* K_ENUM: the choices, for messages */
+  const char *zero;               /* F_ZERO_AUTO: what 0 means, for messages ("no bound") */
 };
 
 /* Every key of the file, in the order of the shipped default file (config_keys.c). */

@@ -504,6 +504,9 @@ static const struct bad {
      "t.yaml:2:19: 'pool.max_allocation' must be 0 (the daemon chooses) or between 2 MiB and 64 TiB, got 1MiB"},
     {"pool:\n  max_allocation: 65TiB\n",
      "t.yaml:2:19: 'pool.max_allocation' must be 0 (the daemon chooses) or between 2 MiB and 64 TiB, got 65TiB"},
+    /* 0 is no bound here, not the daemon's choice: the message says what 0 means for the key */
+    {"limits:\n  memory_per_uid: 1MiB\n",
+     "t.yaml:2:19: 'limits.memory_per_uid' must be 0 (no bound per user) or between 2 MiB and 64 TiB, got 1MiB"},
     {"pool:\n  max_allocation: lots\n",
      "t.yaml:2:19: expected a size (bytes, or a number with KiB, MiB, GiB or TiB) for 'pool.max_allocation', got 'lots'"},
     /* duplicates name the first occurrence */
