@@ -163,10 +163,7 @@ START_TEST(every_op_matches_the_oracle) {
   const struct ow_scenario *sc = &scenarios[_i];
   struct ow_case *d = malloc(sizeof *d);
   ow_case_make(d, sc, sc->fp8);
-  struct ow_world w;
-  ow_world_open(&w, &d->shape, sc->world);
-  ow_run_ranks(&w, &d->shape, scenario_rank, d, OW_TIMEOUT_MS, d->desc);
-  ow_world_close(&w);
+  ow_run_ranks(&d->shape, sc->world, scenario_rank, d, d->desc);
   ow_case_free(d);
   free(d);
 }
@@ -209,10 +206,7 @@ START_TEST(thousand_calls_back_to_back_stay_correct) {
     sc.itype = i & 1 ? DEP_INDEX_I64 : DEP_INDEX_I32;
     ow_case_make(&s->d[i], &sc, i & 1);
   }
-  struct ow_world w;
-  ow_world_open(&w, &s->d[0].shape, sc.world);
-  ow_run_ranks(&w, &s->d[0].shape, back_to_back_rank, s, OW_TIMEOUT_MS, "1000 calls");
-  ow_world_close(&w);
+  ow_run_ranks(&s->d[0].shape, sc.world, back_to_back_rank, s, "1000 calls");
   for (int i = 0; i < NSETS; i++)
     ow_case_free(&s->d[i]);
   free(s);
@@ -309,10 +303,7 @@ START_TEST(missing_rank_times_out_and_is_named) {
   t->phase = _i;
   t->missing = _i == 2 ? 2 : 1;
   ow_case_make(&t->d, &sc, 0);
-  struct ow_world w;
-  ow_world_open(&w, &t->d.shape, sc.world);
-  ow_run_ranks(&w, &t->d.shape, timeout_rank, t, OW_TIMEOUT_MS, "missing rank");
-  ow_world_close(&w);
+  ow_run_ranks(&t->d.shape, sc.world, timeout_rank, t, "missing rank");
   ow_case_free(&t->d);
   free(t);
 }
@@ -343,29 +334,12 @@ static void *abort_later(void *arg) {
   return NULL;
 }
 
-/* Rank 0 of a world of 2, on its slabs, with the default 10 s op timeout. */
-struct gone_world {
-  struct ow_case d;
-  struct ow_world w;
-  struct ops_ctx c;
-  struct ow_outs o;
-};
-
-static void gone_open_world(struct gone_world *g, const struct ow_scenario *sc) {
-  ow_seed_init(0);
-  ow_case_make(&g->d, sc, 0);
-  ow_world_open(&g->w, &g->d.shape, sc->world);
-  char why[256] = "";
-  ck_assert_int_eq(host_ops_init(&g->c, &g->d.shape, sc->world, 0, g->w.slabs, 10000, why,
-                                 sizeof why),
-                   0);
-  ow_outs_alloc(&g->o, &g->d);
-}
-
-static void gone_open(struct gone_world *g) { gone_open_world(g, &ow_small); }
+/* Rank 0's op timeout in these tests, the default 10 s: a gone peer fails
+ * its wait long before. */
+#define GONE_TIMEOUT_MS 10000
 
 /* Post source src's slot for call seq into rank 0's slab: a dispatch of no rows to it. */
-static void post_empty_dispatch(struct gone_world *g, uint32_t src, uint64_t seq) {
+static void post_empty_dispatch(struct ow_rank0 *g, uint32_t src, uint64_t seq) {
   struct ops_slot *sl =
       (struct ops_slot *)(g->w.slabs[0] + dep_slab_ctrl_slot(&g->w.lay, (unsigned)(seq & 1), src));
   sl->rows = 0;
@@ -376,7 +350,7 @@ static void post_empty_dispatch(struct gone_world *g, uint32_t src, uint64_t seq
 }
 
 struct late_post {
-  struct gone_world *g;
+  struct ow_rank0 *g;
   uint32_t src;
   uint32_t delay_ms;
 };
@@ -389,16 +363,9 @@ static void *post_later(void *arg) {
   return NULL;
 }
 
-static void gone_close(struct gone_world *g) {
-  ow_outs_free(&g->o);
-  host_ops_fini(&g->c);
-  ow_world_close(&g->w);
-  ow_case_free(&g->d);
-}
-
 /* The call failed with DEP_ERR_PEER naming rank 1 and pid 4242, recorded,
  * soon after the abort words came (not after the 10 s timeout). */
-static void expect_gone(struct gone_world *g, int rc, uint64_t waited_ms, uint32_t op,
+static void expect_gone(struct ow_rank0 *g, int rc, uint64_t waited_ms, uint32_t op,
                         uint64_t seq, uint32_t detached) {
   ck_assert_msg(rc == DEP_ERR_PEER, "%s returned %s: %s", host_ops_op_name(op), dep_errname(rc),
                 g->c.why);
@@ -427,8 +394,7 @@ static void expect_gone(struct gone_world *g, int rc, uint64_t waited_ms, uint32
  * words (rank 1 died, or detached): the dispatch fails at once with
  * DEP_ERR_PEER naming it, not after the 10 s timeout. */
 START_TEST(a_gone_peer_fails_the_wait_at_once_naming_it) {
-  struct gone_world *g = malloc(sizeof *g);
-  gone_open(g);
+  struct ow_rank0 *g = ow_rank0_open(&ow_small, GONE_TIMEOUT_MS);
   struct abort_writer a = {g->w.slabs[0], 1, 4242, (uint32_t)_i, 50};
   pthread_t th;
   ck_assert_int_eq(pthread_create(&th, NULL, abort_later, &a), 0);
@@ -441,8 +407,7 @@ START_TEST(a_gone_peer_fails_the_wait_at_once_naming_it) {
   ck_assert_msg(waited >= 40, "failed after %llu ms, before the abort words were written",
                 (unsigned long long)waited);
   expect_gone(g, rc, waited, OPS_OP_DISPATCH, 1, (uint32_t)_i);
-  gone_close(g);
-  free(g);
+  ow_rank0_close(g);
 }
 END_TEST
 
@@ -450,8 +415,7 @@ END_TEST
  * before the abort words, so call 1 completes; call 2, which rank 1 will
  * never make, fails at once. */
 START_TEST(a_peer_that_posted_before_leaving_is_no_error_until_it_is_waited_for) {
-  struct gone_world *g = malloc(sizeof *g);
-  gone_open(g);
+  struct ow_rank0 *g = ow_rank0_open(&ow_small, GONE_TIMEOUT_MS);
   struct ops_slot *sl = (struct ops_slot *)(g->w.slabs[0] + dep_slab_ctrl_slot(&g->w.lay, 1, 1));
   sl->rows = 0; /* rank 1's call 1: a dispatch of no rows to rank 0 */
   sl->op = OPS_OP_DISPATCH;
@@ -471,8 +435,7 @@ START_TEST(a_peer_that_posted_before_leaving_is_no_error_until_it_is_waited_for)
   uint64_t t0 = ms_now();
   rc = host_ops_combine(&g->c, &ca, &g->o.h);
   expect_gone(g, rc, ms_now() - t0, OPS_OP_COMBINE, 2, 0);
-  gone_close(g);
-  free(g);
+  ow_rank0_close(g);
 }
 END_TEST
 
@@ -483,8 +446,7 @@ END_TEST
  * fails at once naming it. */
 START_TEST(a_peer_that_left_after_posting_fails_no_wait_for_a_slower_live_one) {
   static const struct ow_scenario three = {3, 128, 2, 6, 4, 4, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
-  struct gone_world *g = malloc(sizeof *g);
-  gone_open_world(g, &three);
+  struct ow_rank0 *g = ow_rank0_open(&three, GONE_TIMEOUT_MS);
   post_empty_dispatch(g, 2, 1);
   struct abort_writer a = {g->w.slabs[0], 2, 4343, 1, 0};
   write_abort(&a);
@@ -504,8 +466,7 @@ START_TEST(a_peer_that_left_after_posting_fails_no_wait_for_a_slower_live_one) {
   ck_assert_msg(rc == DEP_ERR_PEER, "combine gave %s: %s", dep_errname(rc), g->c.why);
   ck_assert_msg(strstr(g->c.why, "rank 2 (pid 4343) of the job is gone (it detached)") != NULL,
                 "said: %s", g->c.why);
-  gone_close(g);
-  free(g);
+  ow_rank0_close(g);
 }
 END_TEST
 
@@ -551,40 +512,26 @@ static int out_of_step_rank(struct ops_ctx *c, void *arg, char *msg) {
 
 /* Ranks that make different calls get DEP_ERR_MISMATCH, then carry on in step. */
 START_TEST(ranks_making_different_calls_get_mismatch_and_stay_in_step) {
-  ow_seed_init(0);
-  struct ow_case *d = malloc(sizeof *d);
-  ow_case_make(d, &ow_small, 0);
-  struct ow_world w;
-  ow_world_open(&w, &d->shape, ow_small.world);
-  ow_run_ranks(&w, &d->shape, out_of_step_rank, d, OW_TIMEOUT_MS, "out of step");
-  ow_world_close(&w);
-  ow_case_free(d);
-  free(d);
+  ow_run_small(out_of_step_rank, "out of step");
 }
 END_TEST
 
 START_TEST(bad_arguments_are_refused_before_any_write) {
-  ow_seed_init(0);
-  struct ow_case *d = malloc(sizeof *d);
-  ow_case_make(d, &ow_small, 0);
-  struct ow_world w;
-  ow_world_open(&w, &d->shape, 2);
-  struct ops_ctx c;
-  char why[256];
-  ck_assert_int_eq(host_ops_init(&c, &d->shape, 2, 0, w.slabs, 200, why, sizeof why), 0);
-  struct ow_outs o;
-  ow_outs_alloc(&o, d);
+  struct ow_rank0 *r = ow_rank0_open(&ow_small, 200);
+  struct ops_ctx *c = &r->c;
+  struct ow_case *d = &r->d;
+  struct ow_outs *o = &r->o;
   int64_t *idx = d->idx[0];
   const struct ref_rank_in *in = &d->in[0];
   const struct dep_dispatch_args da = {.size = sizeof(struct dep_dispatch_args), .x = in->x,
                                        .topk_idx = idx, .index_type = DEP_INDEX_I64,
                                        .topk_weights = in->topk_weights, .num_tokens = 4,
-                                       .recv_x = o.rx,
-                                       .recv_topk_idx = o.ridx, .recv_topk_weights = o.rw, .recv_count_per_expert = o.cnt, .num_recv = &o.num_recv};
+                                       .recv_x = o->rx,
+                                       .recv_topk_idx = o->ridx, .recv_topk_weights = o->rw, .recv_count_per_expert = o->cnt, .num_recv = &o->num_recv};
   struct dep_dispatch_args b = da;
-  OW_REFUSED(host_ops_dispatch(&c, NULL, &o.h), "args");
-  OW_REFUSED(host_ops_dispatch(&c, &da, NULL), "handle is NULL");
-#define BAD(field, value) (b = da, b.field = value, host_ops_dispatch(&c, &b, &o.h))
+  OW_REFUSED(host_ops_dispatch(c, NULL, &o->h), "args");
+  OW_REFUSED(host_ops_dispatch(c, &da, NULL), "handle is NULL");
+#define BAD(field, value) (b = da, b.field = value, host_ops_dispatch(c, &b, &o->h))
   OW_REFUSED(BAD(index_type, 0), "index_type");
   OW_REFUSED(BAD(num_tokens, 5), "num_tokens 5 exceeds max_tokens_per_rank 4");
   OW_REFUSED(BAD(x, NULL), "x is NULL");
@@ -600,32 +547,32 @@ START_TEST(bad_arguments_are_refused_before_any_write) {
 #undef BAD
   int64_t saved = idx[7];
   idx[7] = 4;
-  OW_REFUSED(host_ops_dispatch(&c, &da, &o.h), "topk_idx[3][1] = 4 outside [-1, 4)");
+  OW_REFUSED(host_ops_dispatch(c, &da, &o->h), "topk_idx[3][1] = 4 outside [-1, 4)");
   idx[7] = -2;
-  OW_REFUSED(host_ops_dispatch(&c, &da, &o.h), "topk_idx[3][1] = -2");
-  struct dep_layout_args la = {sizeof(struct dep_layout_args), idx, DEP_INDEX_I64, 4, o.tpr, o.tpe,
-                               o.tir}, lb = la;
-  OW_REFUSED(host_ops_layout(&c, &la), "layout: topk_idx[3][1] = -2");
+  OW_REFUSED(host_ops_dispatch(c, &da, &o->h), "topk_idx[3][1] = -2");
+  struct dep_layout_args la = {sizeof(struct dep_layout_args), idx, DEP_INDEX_I64, 4, o->tpr,
+                               o->tpe, o->tir}, lb = la;
+  OW_REFUSED(host_ops_layout(c, &la), "layout: topk_idx[3][1] = -2");
   idx[7] = saved;
-  OW_REFUSED(host_ops_layout(&c, NULL), "args");
-  OW_REFUSED((lb = la, lb.index_type = 9, host_ops_layout(&c, &lb)), "index_type 9");
-  OW_REFUSED((lb = la, lb.num_tokens = 5, host_ops_layout(&c, &lb)), "num_tokens");
-  OW_REFUSED((lb = la, lb.tokens_per_rank = NULL, host_ops_layout(&c, &lb)), "tokens_per_rank");
-  OW_REFUSED((lb = la, lb.tokens_per_expert = NULL, host_ops_layout(&c, &lb)), "tokens_per_expert");
-  OW_REFUSED((lb = la, lb.token_in_rank = NULL, host_ops_layout(&c, &lb)), "token_in_rank");
-  OW_REFUSED((lb = la, lb.topk_idx = NULL, host_ops_layout(&c, &lb)), "topk_idx is NULL");
+  OW_REFUSED(host_ops_layout(c, NULL), "args");
+  OW_REFUSED((lb = la, lb.index_type = 9, host_ops_layout(c, &lb)), "index_type 9");
+  OW_REFUSED((lb = la, lb.num_tokens = 5, host_ops_layout(c, &lb)), "num_tokens");
+  OW_REFUSED((lb = la, lb.tokens_per_rank = NULL, host_ops_layout(c, &lb)), "tokens_per_rank");
+  OW_REFUSED((lb = la, lb.tokens_per_expert = NULL, host_ops_layout(c, &lb)), "tokens_per_expert");
+  OW_REFUSED((lb = la, lb.token_in_rank = NULL, host_ops_layout(c, &lb)), "token_in_rank");
+  OW_REFUSED((lb = la, lb.topk_idx = NULL, host_ops_layout(c, &lb)), "topk_idx is NULL");
   /* Empty calls may pass NULL inputs; layout is local, so it runs. */
   lb = la, lb.num_tokens = 0, lb.topk_idx = NULL, lb.token_in_rank = NULL;
-  ck_assert_int_eq(host_ops_layout(&c, &lb), 0);
-  ck_assert_int_eq(o.tpr[0] + o.tpr[1], 0);
+  ck_assert_int_eq(host_ops_layout(c, &lb), 0);
+  ck_assert_int_eq(o->tpr[0] + o->tpr[1], 0);
 
   const struct dep_ll_dispatch_args lda = {sizeof(struct dep_ll_dispatch_args), in->x, idx,
-                                           DEP_INDEX_I64, 4, 1, o.lx, o.lscales,
-                                           o.lcnt};
+                                           DEP_INDEX_I64, 4, 1, o->lx, o->lscales,
+                                           o->lcnt};
   struct dep_ll_dispatch_args lb2 = lda;
-#define BAD(field, value) (lb2 = lda, lb2.field = value, host_ops_ll_dispatch(&c, &lb2, &o.h))
-  OW_REFUSED(host_ops_ll_dispatch(&c, NULL, &o.h), "args");
-  OW_REFUSED(host_ops_ll_dispatch(&c, &lda, NULL), "handle");
+#define BAD(field, value) (lb2 = lda, lb2.field = value, host_ops_ll_dispatch(c, &lb2, &o->h))
+  OW_REFUSED(host_ops_ll_dispatch(c, NULL, &o->h), "args");
+  OW_REFUSED(host_ops_ll_dispatch(c, &lda, NULL), "handle");
   OW_REFUSED(BAD(num_tokens, 5), "num_tokens 5 exceeds max_ll_tokens_per_rank 4");
   OW_REFUSED(BAD(use_fp8, 2), "use_fp8");
   OW_REFUSED(BAD(recv_scales, NULL), "recv_scales");
@@ -637,80 +584,66 @@ START_TEST(bad_arguments_are_refused_before_any_write) {
 #undef BAD
   int32_t idx32[8] = {0, 1, 2, 3, 3, 2, 1, 104};
   OW_REFUSED((lb2 = lda, lb2.index_type = DEP_INDEX_I32, lb2.topk_idx = idx32,
-           host_ops_ll_dispatch(&c, &lb2, &o.h)), "topk_idx[3][1] = 104");
+           host_ops_ll_dispatch(c, &lb2, &o->h)), "topk_idx[3][1] = 104");
 
   struct dep_combine_args ca = {.size = sizeof(struct dep_combine_args), .x = d->cx[0],
-                                .out = o.out};
-  OW_REFUSED(host_ops_combine(&c, &ca, NULL), "handle is NULL");
-  OW_REFUSED(host_ops_combine(&c, &ca, &o.h), "holds no dispatch");
-  OW_REFUSED(host_ops_combine(&c, NULL, &o.h), "args");
+                                .out = o->out};
+  OW_REFUSED(host_ops_combine(c, &ca, NULL), "handle is NULL");
+  OW_REFUSED(host_ops_combine(c, &ca, &o->h), "holds no dispatch");
+  OW_REFUSED(host_ops_combine(c, NULL, &o->h), "args");
   struct dep_ll_combine_args lc = {sizeof(struct dep_ll_combine_args), d->lx[0], idx, DEP_INDEX_I64,
-                                   in->topk_weights, o.lout};
-  OW_REFUSED(host_ops_ll_combine(&c, &lc, NULL), "handle is NULL");
-  OW_REFUSED(host_ops_ll_combine(&c, &lc, &o.h), "holds no dispatch");
-  ck_assert_int_eq(host_ops_dispatch(NULL, &da, &o.h), DEP_ERR_INVALID);
-  ck_assert(ow_all_zero(w.map, w.map_bytes));
-  ow_outs_free(&o);
-  host_ops_fini(&c);
-  ow_world_close(&w);
-  ow_case_free(d);
-  free(d);
+                                   in->topk_weights, o->lout};
+  OW_REFUSED(host_ops_ll_combine(c, &lc, NULL), "handle is NULL");
+  OW_REFUSED(host_ops_ll_combine(c, &lc, &o->h), "holds no dispatch");
+  ck_assert_int_eq(host_ops_dispatch(NULL, &da, &o->h), DEP_ERR_INVALID);
+  ck_assert(ow_all_zero(r->w.map, r->w.map_bytes));
+  ow_rank0_close(r);
 }
 END_TEST
 
 /* Combines refuse a handle of the other mode, of another shape, or other ids. */
 START_TEST(handles_of_the_wrong_kind_are_refused) {
-  ow_seed_init(0);
   struct ow_scenario sc = ow_small;
   sc.world = 1;
-  struct ow_case *d = malloc(sizeof *d);
-  ow_case_make(d, &sc, 0);
-  struct ow_world w;
-  ow_world_open(&w, &d->shape, 1);
-  struct ops_ctx c;
-  char why[256];
-  ck_assert_int_eq(host_ops_init(&c, &d->shape, 1, 0, w.slabs, 200, why, sizeof why), 0);
-  struct ow_outs o;
-  ow_outs_alloc(&o, d);
+  struct ow_rank0 *r = ow_rank0_open(&sc, 200);
+  struct ops_ctx *c = &r->c;
+  struct ow_case *d = &r->d;
+  struct ow_outs *o = &r->o;
   struct dep_handle tp;
   host_ops_handle_init(&tp);
-  ck_assert_int_eq(ow_dispatch(&c, d, &o, &tp), 0);
-  ck_assert_int_eq(do_ll_dispatch(&c, d, &o, 0), 0);
-  uint8_t *snap = malloc(w.map_bytes);
-  memcpy(snap, w.map, w.map_bytes);
+  ck_assert_int_eq(ow_dispatch(c, d, o, &tp), 0);
+  ck_assert_int_eq(do_ll_dispatch(c, d, o, 0), 0);
+  uint8_t *snap = malloc(r->w.map_bytes);
+  memcpy(snap, r->w.map, r->w.map_bytes);
   struct dep_combine_args ca = {.size = sizeof(struct dep_combine_args), .x = d->cx[0],
-                                .out = o.out};
+                                .out = o->out};
   struct dep_ll_combine_args lc = {sizeof(struct dep_ll_combine_args), d->lx[0], d->idx[0],
                                    DEP_INDEX_I64, d->in[0].topk_weights,
-                                   o.lout};
-#define REFUSED_H(call, name)                                                              \
-  do {                                                                                     \
-    int rc_ = (call);                                                                      \
-    ck_assert_msg(rc_ == DEP_ERR_INVALID, "%s: %s (%s)", #call, dep_errname(rc_), c.why);  \
-    ck_assert_msg(strstr(c.why, name), "%s: \"%s\" lacks \"%s\"", #call, c.why, name);      \
-    ck_assert_msg(memcmp(snap, w.map, w.map_bytes) == 0, "%s wrote to the slab", #call);   \
-    ck_assert_uint_eq(c.seq, 2);                                                           \
+                                   o->lout};
+#define REFUSED_H(call, name)                                                                      \
+  do {                                                                                             \
+    int rc_ = (call);                                                                              \
+    ck_assert_msg(rc_ == DEP_ERR_INVALID, "%s: %s (%s)", #call, dep_errname(rc_), c->why);         \
+    ck_assert_msg(strstr(c->why, name), "%s: \"%s\" lacks \"%s\"", #call, c->why, name);           \
+    ck_assert_msg(memcmp(snap, r->w.map, r->w.map_bytes) == 0, "%s wrote to the slab", #call);     \
+    ck_assert_uint_eq(c->seq, 2);                                                                  \
   } while (0)
-  REFUSED_H(host_ops_combine(&c, &ca, &o.h), "holds a dep_ll_dispatch, not a dep_dispatch");
-  REFUSED_H(host_ops_ll_combine(&c, &lc, &tp), "holds a dep_dispatch, not a dep_ll_dispatch");
+  REFUSED_H(host_ops_combine(c, &ca, &o->h), "holds a dep_ll_dispatch, not a dep_dispatch");
+  REFUSED_H(host_ops_ll_combine(c, &lc, &tp), "holds a dep_dispatch, not a dep_ll_dispatch");
   struct dep_handle other = tp;
   other.hidden = 256;
-  REFUSED_H(host_ops_combine(&c, &ca, &other), "another job shape");
+  REFUSED_H(host_ops_combine(c, &ca, &other), "another job shape");
   int64_t *idx = d->idx[0];
   int64_t saved = idx[2];
   idx[2] = idx[2] == 3 ? 2 : 3;
-  REFUSED_H(host_ops_ll_combine(&c, &lc, &o.h), "differs from the one given");
+  REFUSED_H(host_ops_ll_combine(c, &lc, &o->h), "differs from the one given");
   idx[2] = saved;
   /* The right handles still work, in either order. */
-  ck_assert_int_eq(host_ops_ll_combine(&c, &lc, &o.h), 0);
-  ck_assert_int_eq(host_ops_combine(&c, &ca, &tp), 0);
+  ck_assert_int_eq(host_ops_ll_combine(c, &lc, &o->h), 0);
+  ck_assert_int_eq(host_ops_combine(c, &ca, &tp), 0);
   free(snap);
   host_ops_handle_fini(&tp);
-  ow_outs_free(&o);
-  host_ops_fini(&c);
-  ow_world_close(&w);
-  ow_case_free(d);
-  free(d);
+  ow_rank0_close(r);
 }
 END_TEST
 

@@ -219,10 +219,7 @@ static void ext_run(int i, uint64_t seed, ow_rank_fn fn) {
   struct ext_case *e = malloc(sizeof *e);
   ck_assert_ptr_nonnull(e);
   ext_make(e, &ext_scenarios[i]);
-  struct ow_world w;
-  ow_world_open(&w, &e->d.shape, e->d.sc.world);
-  ow_run_ranks(&w, &e->d.shape, fn, e, OW_TIMEOUT_MS, e->d.desc);
-  ow_world_close(&w);
+  ow_run_ranks(&e->d.shape, e->d.sc.world, fn, e, e->d.desc);
   ext_free(e);
   free(e);
 }
@@ -395,38 +392,24 @@ static int ext_fault_rank(struct ops_ctx *c, void *arg, char *msg) {
 }
 
 START_TEST(cached_and_worst_case_faults_keep_the_ranks_in_step) {
-  ow_seed_init(0);
-  struct ow_case *d = malloc(sizeof *d);
-  ow_case_make(d, &ow_small, 0);
-  struct ow_world w;
-  ow_world_open(&w, &d->shape, ow_small.world);
-  ow_run_ranks(&w, &d->shape, ext_fault_rank, d, OW_TIMEOUT_MS, "cached/worst faults");
-  ow_world_close(&w);
-  ow_case_free(d);
-  free(d);
+  ow_run_small(ext_fault_rank, "cached/worst faults");
 }
 END_TEST
 
 /* The new arguments' refusals: DEP_ERR_INVALID naming each, nothing written. */
 START_TEST(bad_extension_arguments_are_refused_before_any_write) {
-  ow_seed_init(0);
-  struct ow_case *d = malloc(sizeof *d);
-  ow_case_make(d, &ow_small, 0);
-  struct ow_world w;
-  ow_world_open(&w, &d->shape, 2);
-  struct ops_ctx c;
-  char why[256];
-  ck_assert_int_eq(host_ops_init(&c, &d->shape, 2, 0, w.slabs, 200, why, sizeof why), 0);
-  struct ow_outs o;
-  ow_outs_alloc(&o, d);
+  struct ow_rank0 *r = ow_rank0_open(&ow_small, 200);
+  struct ops_ctx *c = &r->c;
+  struct ow_case *d = &r->d;
+  struct ow_outs *o = &r->o;
   const struct ref_rank_in *in = &d->in[0];
   float sc[64] = {1.0f}, ow[64];
   const struct dep_dispatch_args da = {
       .size = sizeof da, .x = in->x, .topk_idx = d->idx[0], .index_type = DEP_INDEX_I64,
-      .topk_weights = in->topk_weights, .num_tokens = 4, .recv_x = o.rx, .recv_topk_idx = o.ridx,
-      .recv_topk_weights = o.rw, .recv_count_per_expert = o.cnt, .num_recv = &o.num_recv};
+      .topk_weights = in->topk_weights, .num_tokens = 4, .recv_x = o->rx, .recv_topk_idx = o->ridx,
+      .recv_topk_weights = o->rw, .recv_count_per_expert = o->cnt, .num_recv = &o->num_recv};
   struct dep_dispatch_args b;
-#define BAD(...) (b = da, __VA_ARGS__, host_ops_dispatch(&c, &b, &o.h))
+#define BAD(...) (b = da, __VA_ARGS__, host_ops_dispatch(c, &b, &o->h))
   OW_REFUSED(BAD(b.use_fp8 = 2), "use_fp8");
   OW_REFUSED(BAD(b.use_fp8 = 1, b.recv_x_scales = sc), "x_scales (required with use_fp8) is NULL");
   OW_REFUSED(BAD(b.use_fp8 = 1, b.x_scales = sc), "recv_x_scales (required");
@@ -437,7 +420,7 @@ START_TEST(bad_extension_arguments_are_refused_before_any_write) {
   OW_REFUSED(BAD(b.cached = 2), "cached is 2");
   OW_REFUSED(BAD(b.cached = 1), "holds no dispatch");
   OW_REFUSED(BAD(b.recv_index_type = 3), "recv_index_type 3 is neither 0 nor DEP_INDEX_I32");
-  OW_REFUSED(BAD(b.recv_index_type = DEP_INDEX_I64, b.recv_topk_idx = o.ridx + 1),
+  OW_REFUSED(BAD(b.recv_index_type = DEP_INDEX_I64, b.recv_topk_idx = o->ridx + 1),
           "recv_topk_idx is not 8-byte aligned");
   int32_t hc[8];
   OW_REFUSED(BAD(b.recv_count_per_expert_host = hc, b.num_worst_tokens = 8),
@@ -446,19 +429,19 @@ START_TEST(bad_extension_arguments_are_refused_before_any_write) {
              "recv_count_per_expert_host is not 4-byte aligned");
 #undef BAD
   /* A handle with a dispatch in it, made without writing to the slabs: its fields by hand. */
-  struct dep_handle h = o.h;
+  struct dep_handle h = o->h;
   h.kind = OPS_HANDLE_TP, h.world = 2, h.rank = 0, h.hidden = d->shape.hidden;
   h.topk = d->shape.topk, h.num_experts = d->shape.num_experts;
-  h.max_tokens = d->shape.max_tokens_per_rank, h.max_ll_tokens = c.lay.max_ll_tokens;
+  h.max_tokens = d->shape.max_tokens_per_rank, h.max_ll_tokens = c->lay.max_ll_tokens;
   h.num_tokens = 4, h.num_recv = 5;
   const struct dep_dispatch_args ca = {.size = sizeof ca, .cached = 1, .x = in->x,
-                                       .num_tokens = 4, .recv_x = o.rx, .num_recv = &o.num_recv};
-#define BAD(...) (b = ca, __VA_ARGS__, host_ops_dispatch(&c, &b, &h))
+                                       .num_tokens = 4, .recv_x = o->rx, .num_recv = &o->num_recv};
+#define BAD(...) (b = ca, __VA_ARGS__, host_ops_dispatch(c, &b, &h))
   OW_REFUSED(BAD(b.topk_idx = d->idx[0]), "topk_idx is not read in cached mode");
   OW_REFUSED(BAD(b.topk_weights = in->topk_weights), "topk_weights is not read in cached mode");
-  OW_REFUSED(BAD(b.recv_topk_idx = o.ridx), "recv_topk_idx is not read in cached mode");
+  OW_REFUSED(BAD(b.recv_topk_idx = o->ridx), "recv_topk_idx is not read in cached mode");
   OW_REFUSED(BAD(b.recv_index_type = -1), "recv_index_type -1");
-  OW_REFUSED(BAD(b.recv_count_per_expert = o.cnt), "recv_count_per_expert is not read");
+  OW_REFUSED(BAD(b.recv_count_per_expert = o->cnt), "recv_count_per_expert is not read");
   OW_REFUSED(BAD(b.recv_count_per_expert_host = hc),
              "recv_count_per_expert_host is not read in cached mode");
   OW_REFUSED(BAD(b.expert_alignment = 2), "expert_alignment is not used in cached mode");
@@ -468,16 +451,12 @@ START_TEST(bad_extension_arguments_are_refused_before_any_write) {
   OW_REFUSED(BAD((void)0), "give num_worst_tokens here too");
 #undef BAD
   h.worst = 0;
-  struct dep_combine_args cw = {.size = sizeof cw, .x = d->cx[0], .out = o.out,
+  struct dep_combine_args cw = {.size = sizeof cw, .x = d->cx[0], .out = o->out,
                                 .out_topk_weights = ow};
-  OW_REFUSED(host_ops_combine(&c, &cw, &h), "topk_weights (required with out_topk_weights) is NULL");
+  OW_REFUSED(host_ops_combine(c, &cw, &h), "topk_weights (required with out_topk_weights) is NULL");
   cw.out_topk_weights = NULL, cw.topk_weights = sc;
-  OW_REFUSED(host_ops_combine(&c, &cw, &h), "topk_weights is given without out_topk_weights");
-  ow_outs_free(&o);
-  host_ops_fini(&c);
-  ow_world_close(&w);
-  ow_case_free(d);
-  free(d);
+  OW_REFUSED(host_ops_combine(c, &cw, &h), "topk_weights is given without out_topk_weights");
+  ow_rank0_close(r);
 }
 END_TEST
 

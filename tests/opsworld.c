@@ -82,8 +82,8 @@ int ow_fail(char *msg, const char *fmt, ...) {
 
 
 /* Fork one process per rank, each with its own ctx on the shared slabs. */
-void ow_run_ranks(struct ow_world *w, const struct dep_job_shape *s, ow_rank_fn fn, void *arg,
-                      uint32_t timeout_ms, const char *what) {
+static void run_ranks(struct ow_world *w, const struct dep_job_shape *s, ow_rank_fn fn, void *arg,
+                      const char *what) {
   pid_t pid[OW_MAXW];
   for (uint32_t r = 0; r < w->n; r++) {
     pid[r] = fork();
@@ -92,7 +92,7 @@ void ow_run_ranks(struct ow_world *w, const struct dep_job_shape *s, ow_rank_fn 
       struct ops_ctx c;
       char why[256];
       char *msg = w->msg + (size_t)r * OW_MSG;
-      if (host_ops_init(&c, s, w->n, r, w->slabs, timeout_ms, why, sizeof why) != 0)
+      if (host_ops_init(&c, s, w->n, r, w->slabs, OW_TIMEOUT_MS, why, sizeof why) != 0)
         _exit(ow_fail(msg, "host_ops_init: %s", why));
       int rc = fn(&c, arg, msg);
       host_ops_fini(&c);
@@ -130,6 +130,14 @@ void ow_run_ranks(struct ow_world *w, const struct dep_job_shape *s, ow_rank_fn 
                             w->msg[r * OW_MSG] ? w->msg + (size_t)r * OW_MSG : "(stopped)");
   }
   OW_ASSERT_NONE_FAILED(what, failed, report);
+}
+
+void ow_run_ranks(const struct dep_job_shape *s, uint32_t n, ow_rank_fn fn, void *arg,
+                  const char *what) {
+  struct ow_world w;
+  ow_world_open(&w, s, n);
+  run_ranks(&w, s, fn, arg, what);
+  ow_world_close(&w);
 }
 
 /* ---- scenarios: inputs and the oracle's expectations ------------------------- */
@@ -298,6 +306,38 @@ int ow_check_sum(const uint16_t *got, const struct ref_sum *want, uint32_t ntok,
 /* ---- calls the suites share (check_ops.c, check_ops_ext.c) ---------------- */
 
 const struct ow_scenario ow_small = {2, 128, 2, 4, 4, 4, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
+
+void ow_run_small(ow_rank_fn fn, const char *what) {
+  ow_seed_init(0);
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &ow_small, 0);
+  ow_run_ranks(&d->shape, ow_small.world, fn, d, what);
+  ow_case_free(d);
+  free(d);
+}
+
+struct ow_rank0 *ow_rank0_open(const struct ow_scenario *sc, uint32_t timeout_ms) {
+  struct ow_rank0 *r = malloc(sizeof *r);
+  ck_assert_ptr_nonnull(r);
+  ow_seed_init(0);
+  ow_case_make(&r->d, sc, 0);
+  ow_world_open(&r->w, &r->d.shape, sc->world);
+  char why[256] = "";
+  ck_assert_msg(host_ops_init(&r->c, &r->d.shape, sc->world, 0, r->w.slabs, timeout_ms, why,
+                              sizeof why) == 0,
+                "host_ops_init: %s", why);
+  ow_outs_alloc(&r->o, &r->d);
+  return r;
+}
+
+void ow_rank0_close(struct ow_rank0 *r) {
+  ow_outs_free(&r->o);
+  host_ops_fini(&r->c);
+  ow_world_close(&r->w);
+  ow_case_free(&r->d);
+  free(r);
+}
 
 
 int ow_dispatch(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o,

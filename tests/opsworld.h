@@ -89,11 +89,12 @@ struct ow_outs {
 void ow_world_open(struct ow_world *w, const struct dep_job_shape *s, uint32_t n);
 void ow_world_close(struct ow_world *w);
 
-/* Fork one process per rank, each with its own ctx on the shared slabs;
- * the test fails, with every failing rank's message and the seed, unless
- * all ranks return 0.  Once one fails the others are stopped. */
-void ow_run_ranks(struct ow_world *w, const struct dep_job_shape *s, ow_rank_fn fn, void *arg,
-                  uint32_t timeout_ms, const char *what);
+/* Open a world of n ranks of shape s and fork one process per rank, each
+ * with its own ctx (OW_TIMEOUT_MS) on the shared slabs; the test fails,
+ * with every failing rank's message and the seed, unless all ranks return
+ * 0.  Once one fails the others are stopped.  The world is closed after. */
+void ow_run_ranks(const struct dep_job_shape *s, uint32_t n, ow_rank_fn fn, void *arg,
+                  const char *what);
 
 int ow_fail(char *msg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -115,6 +116,25 @@ int ow_check_sum(const uint16_t *got, const struct ref_sum *want, uint32_t ntok,
 
 /* A small two-rank scenario for the refusal tests. */
 extern const struct ow_scenario ow_small;
+/* ow_run_ranks with a case of ow_small (seed salt 0, no FP8) as the ranks' arg. */
+void ow_run_small(ow_rank_fn fn, const char *what);
+
+/* Rank 0 of a world of sc->world, in the test's own process, for tests
+ * that make one rank's calls themselves: the scenario's inputs and the
+ * oracle's answers (seed salt 0, no FP8), every rank's slab, rank 0's ctx
+ * on them and its output buffers. */
+struct ow_rank0 {
+  struct ow_case d;
+  struct ow_world w;
+  struct ops_ctx c;
+  struct ow_outs o;
+};
+/* A new one, its ctx with op timeout timeout_ms; the test fails if it does
+ * not open.  Allocated: a case is too large for a test's stack. */
+struct ow_rank0 *ow_rank0_open(const struct ow_scenario *sc, uint32_t timeout_ms);
+/* Closes all that ow_rank0_open opened and frees r. */
+void ow_rank0_close(struct ow_rank0 *r);
+
 /* dispatch of d's inputs for c's rank into o with handle h (no checks). */
 int ow_dispatch(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o,
                 struct dep_handle *h);
@@ -124,17 +144,18 @@ int ow_all_zero(const uint8_t *p, size_t n);
  * poisoned with pz first, the moved bytes folded into *dig; 0, or 1 with msg. */
 int ow_round_tp(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, uint8_t pz,
                 uint64_t *dig, char *msg);
-/* Refused with DEP_ERR_INVALID, a message naming the argument, no seq
- * used, and every slab byte as before (zero here). */
-#define OW_REFUSED(call, name)                                                                \
-  do {                                                                                     \
-    c.why[0] = 0;                                                                          \
-    int rc_ = (call);                                                                      \
-    ck_assert_msg(rc_ == DEP_ERR_INVALID, "%s: %s (%s)", #call, dep_errname(rc_), c.why);  \
-    ck_assert_msg(strstr(c.why, name) != NULL, "%s: message \"%s\" does not name \"%s\"",  \
-                  #call, c.why, name);                                                     \
-    ck_assert_msg(ow_all_zero(w.map, w.map_bytes), "%s wrote to a slab", #call);              \
-    ck_assert_uint_eq(c.seq, 0);                                                           \
+/* In a test holding a struct ow_rank0 *r that has made no call: refused
+ * with DEP_ERR_INVALID, a message naming the argument, no seq used, and
+ * every slab byte as before (zero). */
+#define OW_REFUSED(call, name)                                                                     \
+  do {                                                                                             \
+    r->c.why[0] = 0;                                                                               \
+    int rc_ = (call);                                                                              \
+    ck_assert_msg(rc_ == DEP_ERR_INVALID, "%s: %s (%s)", #call, dep_errname(rc_), r->c.why);       \
+    ck_assert_msg(strstr(r->c.why, name) != NULL, "%s: message \"%s\" does not name \"%s\"",       \
+                  #call, r->c.why, name);                                                          \
+    ck_assert_msg(ow_all_zero(r->w.map, r->w.map_bytes), "%s wrote to a slab", #call);             \
+    ck_assert_uint_eq(r->c.seq, 0);                                                                \
   } while (0)
 
 #endif /* DEP_OPSWORLD_H */
