@@ -114,6 +114,7 @@ struct ctl_col {
 struct ctl_val {
   const char *s; /* CTL_STR */
   uint64_t u;    /* the numeric kinds */
+  bool none;     /* no such value for this row: "-" in text; JSON and metrics keep u */
 };
 
 /* A table of at most one row: in JSON an object, or null without a row. */

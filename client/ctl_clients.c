@@ -62,11 +62,13 @@ int ctl_clients(struct ctl *ctl, int argc, char **argv) {
       row[1].u = x->uid;
       row[2].s = x->name;
       row[3].s = x->job_id;
-      row[4].u = x->rank;
-      row[5].u = x->local_rank;
+      /* A connection that is no rank (deepepctl) has no rank, local rank or attach time:
+       * "-" in text, not rank 0 (JSON keeps its numbers, with "job": ""). */
+      row[4] = (struct ctl_val){.u = x->rank, .none = !rank};
+      row[5] = (struct ctl_val){.u = x->local_rank, .none = !rank};
       row[6].s = uuid[i];
       row[7].u = x->connected_ms;
-      row[8].u = x->attached_ms;
+      row[8] = (struct ctl_val){.u = x->attached_ms, .none = !rank};
       row[9].s = !rank ? "" : x->attached ? "yes" : "waiting";
     }
     const struct ctl_val fields[] = {{.u = m.left_out}};

@@ -52,6 +52,8 @@ void ctl_out_duration(char *buf, size_t len, uint64_t ms) {
  * cut, since a reload's or a drain's answer and a peer's last error run past any fixed width. */
 static char *ctl_out_cell(const struct ctl_col *col, const struct ctl_val *v) {
   char buf[CTL_NUM_MAX];
+  if (v->none)
+    return strdup("-");
   switch (col->kind) {
   case CTL_STR: {
     const char *s = v->s != NULL && v->s[0] != '\0' ? v->s : "-";

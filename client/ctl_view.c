@@ -153,6 +153,9 @@ int ctl_view_stats(const struct ctl_stats *s, struct ctl_view *v) {
       uint64_t mean = o->steady_calls > 0 ? o->steady_sum_ns / o->steady_calls : 0;
       uint64_t per = o->calls > 0 ? o->bytes / o->calls : 0;
       oc[OC_GBPS].u = mean > 0 ? per * 1000 / mean : 0;
+      /* Before a steady call there is no median to divide by: "-" in text, as MEDIAN says. */
+      oc[OC_RATIO].none = o->median_ns == 0;
+      oc[OC_GBPS].none = mean == 0;
       oc[OC_ERRORS].u = o->errors;
       oc[OC_TIMEOUTS].u = o->timeouts;
       oc[OC_BYTES].u = o->bytes;

@@ -517,6 +517,34 @@ START_TEST(status_shows_the_daemons_state) {
 }
 END_TEST
 
+/* A connection that is no rank (deepepctl itself) has no rank, local rank or attach time: the
+ * text says "-" there, as it does for its job and device, not rank 0 (which a real rank 0 has);
+ * the JSON keeps the numbers, with "job": "" marking it. */
+START_TEST(clients_shows_no_rank_for_a_connection_that_is_no_rank) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  char *out, *err;
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "clients"), &out, &err), 0);
+  const char *row = strstr(out, " deepepctl ");
+  ck_assert_msg(row != NULL, "%s", out);
+  char name[64], job[64], rank[16], local[16], dev[64], conn[32], att[32], run[16];
+  ck_assert_int_eq(sscanf(row, " deepepctl %63s %63s %15s %15s %63s %31s %31s %15s", name, job,
+                          rank, local, dev, conn, att, run),
+                   8);
+  ck_assert_str_eq(job, "-");
+  ck_assert_msg(strcmp(rank, "-") == 0 && strcmp(local, "-") == 0 && strcmp(att, "-") == 0,
+                "RANK %s LOCAL %s ATTACHED %s for deepepctl's own connection:\n%s", rank, local,
+                att, out);
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "--json", "clients"), &out, &err), 0);
+  ck_assert_msg(strstr(out, "\"job\":\"\",\"rank\":0,\"local_rank\":0,") != NULL, "%s", out);
+  free(out);
+  free(err);
+  dw_stop_ok(&d);
+}
+END_TEST
+
 START_TEST(a_path_that_is_not_a_socket_is_named_as_such) {
   char *out, *err;
   ck_assert_int_eq(ctl_run(DW_ARGS("-s", "/etc/passwd", "status"), &out, &err), 1);
@@ -622,6 +650,27 @@ START_TEST(text_output_shows_long_strings_whole) {
 }
 END_TEST
 
+/* A value a row does not have is "-" in text, whatever its kind; JSON keeps the number. */
+START_TEST(a_value_a_row_lacks_is_a_dash_in_text_and_a_number_in_json) {
+  static const struct ctl_col cols[] = {{"rank", "RANK", CTL_UINT, 0},
+                                        {"ratio", "RATIO", CTL_MILLI, 0}};
+  const struct ctl_val cells[] = {{.u = 0, .none = true}, {.u = 0, .none = true},
+                                  {.u = 0}, {.u = 1500}};
+  const struct ctl_table tables[] = {{"rows", "none", cols, 2, 2, cells, 0}};
+  const struct ctl_doc doc = {NULL, NULL, 0, tables, 1};
+  char *out = render_text(&doc);
+  ck_assert_str_eq(out, "\nrows:\n  RANK  RATIO\n     -      -\n     0   1.50\n");
+  free(out);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  ck_assert_int_eq(ctl_out_render(f, &doc, true), 0);
+  fclose(f);
+  ck_assert_str_eq(buf, "{\"rows\":[{\"rank\":0,\"ratio\":0.000},{\"rank\":0,\"ratio\":1.500}]}\n");
+  free(buf);
+}
+END_TEST
+
 Suite *ctl_suite(void);
 Suite *ctl_suite(void) {
   Suite *s = suite_create("ctl");
@@ -632,6 +681,7 @@ Suite *ctl_suite(void) {
   tcase_add_test(local, a_path_that_is_not_a_socket_is_named_as_such);
   tcase_add_test(local, help_lists_every_command_and_option);
   tcase_add_test(local, text_output_shows_long_strings_whole);
+  tcase_add_test(local, a_value_a_row_lacks_is_a_dash_in_text_and_a_number_in_json);
   tcase_set_timeout(local, 30);
   suite_add_tcase(s, local);
 
@@ -639,6 +689,7 @@ Suite *ctl_suite(void) {
   tcase_add_test(daemon, json_errors_carry_the_daemons_reply);
   tcase_add_test(daemon, version_shows_the_daemon_or_says_none_answers);
   tcase_add_test(daemon, status_shows_the_daemons_state);
+  tcase_add_test(daemon, clients_shows_no_rank_for_a_connection_that_is_no_rank);
   tcase_add_test(daemon, drain_refuses_new_jobs_while_a_gathering_job_completes);
   tcase_add_test(daemon, drain_wait_returns_once_the_last_job_detaches);
   tcase_add_test(daemon, drain_wait_timeout_exits_1_naming_the_jobs_left);
