@@ -277,8 +277,7 @@ START_TEST(silent_attach_times_out_on_the_client) {
   tu_tmpdir(dir, sizeof dir);
   pid_t fake = fake_daemon_start(dir, sock, sizeof sock, FAKE_SILENT_ATTACH);
   setenv("DEEPEPD_ATTACH_TIMEOUT_MS", "200", 1);
-  dep_client_t *c = cl_new_client();
-  ck_assert_int_eq(dep_connect(c, sock), 0);
+  dep_client_t *c = cl_connect(sock);
   struct dep_attach_args a = cl_attach_args("job-silent", 0);
   int64_t t0 = dw_now_ms();
   ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_TIMEOUT);
@@ -298,8 +297,7 @@ START_TEST(bad_attach_timeout_env_is_invalid) {
   tu_tmpdir(dir, sizeof dir);
   pid_t fake = fake_daemon_start(dir, sock, sizeof sock, FAKE_SILENT_ATTACH);
   setenv("DEEPEPD_ATTACH_TIMEOUT_MS", "soon", 1);
-  dep_client_t *c = cl_new_client();
-  ck_assert_int_eq(dep_connect(c, sock), 0);
+  dep_client_t *c = cl_connect(sock);
   struct dep_attach_args a = cl_attach_args("job-env", 0);
   ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_INVALID);
   ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "DEEPEPD_ATTACH_TIMEOUT_MS"));
@@ -401,8 +399,7 @@ START_TEST(slabs_are_unmapped_before_the_daemon_hears_detach) {
     char dir[200], sock[256];
     tu_tmpdir(dir, sizeof dir);
     pid_t fake = fake_daemon_start(dir, sock, sizeof sock, FAKE_ATTACH_UNMAP);
-    dep_client_t *c = cl_new_client();
-    ck_assert_int_eq(dep_connect(c, sock), 0);
+    dep_client_t *c = cl_connect(sock);
     struct dep_attach_args a = cl_attach_args("job-unmap", 0);
     ck_assert_int_eq(dep_attach(c, &a), DEP_OK);
     if (!by_free)

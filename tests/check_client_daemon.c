@@ -27,6 +27,20 @@
 
 /* ---- helpers ------------------------------------------------------------- */
 
+/* A real daemon started in d (extra_yaml as tu_daemon_start takes it) and a
+ * client connected to it. */
+static dep_client_t *daemon_and_client(struct tu_daemon *d, const char *extra_yaml) {
+  ck_assert_int_eq(tu_daemon_start(d, extra_yaml), 0);
+  return cl_connect(d->sock);
+}
+
+/* Free c, then stop the daemon in d and remove its directory. */
+static void daemon_and_client_end(struct tu_daemon *d, dep_client_t *c) {
+  dep_client_free(c);
+  tu_daemon_stop(d);
+  tu_daemon_cleanup(d);
+}
+
 /* Run deepepctl with args; stdout and stderr come back malloc'd. */
 static int run_ctl(const char *const *args, char **out, char **err) {
   char dir[200];
@@ -75,9 +89,7 @@ static bool all_zero(const void *p, size_t n) {
  * stays zero; dep_status lays its arrays out at the caller's element sizes. */
 START_TEST(larger_structs_are_filled_as_far_as_the_library_knows_them) {
   struct tu_daemon d;
-  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
-  dep_client_t *c = cl_new_client();
-  ck_assert_msg(dep_connect(c, d.sock) == 0, "%s", dep_errmsg(c));
+  dep_client_t *c = daemon_and_client(&d, NULL);
   struct {
     struct dep_attach_args a;
     uint8_t newer[24];
@@ -139,9 +151,7 @@ START_TEST(larger_structs_are_filled_as_far_as_the_library_knows_them) {
   dep_status_free(st);
   dep_status_free(plain);
   ck_assert_int_eq(dep_detach(c), 0);
-  dep_client_free(c);
-  tu_daemon_stop(&d);
-  tu_daemon_cleanup(&d);
+  daemon_and_client_end(&d, c);
 }
 END_TEST
 
@@ -149,9 +159,7 @@ END_TEST
 
 START_TEST(status_reports_the_daemon) {
   struct tu_daemon d;
-  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
-  dep_client_t *c = cl_new_client();
-  ck_assert_msg(dep_connect(c, d.sock) == 0, "%s", dep_errmsg(c));
+  dep_client_t *c = daemon_and_client(&d, NULL);
   struct dep_status *st = NULL;
   ck_assert_msg(dep_status(c, &st) == 0, "%s", dep_errmsg(c));
   ck_assert_uint_eq(st->pid, (uint32_t)d.pid);
@@ -161,18 +169,13 @@ START_TEST(status_reports_the_daemon) {
   ck_assert_uint_ge(st->num_clients, 1);
   ck_assert_uint_eq(st->num_jobs, 0);
   dep_status_free(st);
-  dep_client_free(c);
-  tu_daemon_stop(&d);
-  tu_daemon_cleanup(&d);
+  daemon_and_client_end(&d, c);
 }
 END_TEST
 
 START_TEST(two_handles_are_independent) {
   struct tu_daemon d;
-  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
-  dep_client_t *a = cl_new_client(), *b = cl_new_client();
-  ck_assert_int_eq(dep_connect(a, d.sock), 0);
-  ck_assert_int_eq(dep_connect(b, d.sock), 0);
+  dep_client_t *a = daemon_and_client(&d, NULL), *b = cl_connect(d.sock);
   struct dep_status *st = NULL;
   ck_assert_int_eq(dep_status(a, &st), 0);
   ck_assert_uint_ge(st->num_clients, 2);
@@ -188,17 +191,13 @@ START_TEST(two_handles_are_independent) {
   ck_assert_uint_eq(st->pid, (uint32_t)d.pid);
   ck_assert_uint_eq(st->num_jobs, 0); /* the invalid attach never reached the daemon */
   dep_status_free(st);
-  dep_client_free(a);
-  tu_daemon_stop(&d);
-  tu_daemon_cleanup(&d);
+  daemon_and_client_end(&d, a);
 }
 END_TEST
 
 START_TEST(daemon_stop_is_daemon_gone_at_once_and_reconnect_works) {
   struct tu_daemon d;
-  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
-  dep_client_t *c = cl_new_client();
-  ck_assert_int_eq(dep_connect(c, d.sock), 0);
+  dep_client_t *c = daemon_and_client(&d, NULL);
   tu_daemon_stop(&d);
   struct dep_status *st = NULL;
   int64_t t0 = dw_now_ms();
@@ -212,9 +211,7 @@ START_TEST(daemon_stop_is_daemon_gone_at_once_and_reconnect_works) {
   ck_assert_int_eq(dep_status(c, &st), 0);
   ck_assert_uint_eq(st->pid, (uint32_t)d.pid);
   dep_status_free(st);
-  dep_client_free(c);
-  tu_daemon_stop(&d);
-  tu_daemon_cleanup(&d);
+  daemon_and_client_end(&d, c);
 }
 END_TEST
 
@@ -305,8 +302,7 @@ START_TEST(two_ranks_attach_show_in_status_and_detach) {
   ck_assert_int_eq(read_report(report[0]), 0);
   ck_assert_int_eq(read_report(report[0]), 0);
 
-  dep_client_t *c = cl_new_client();
-  ck_assert_int_eq(dep_connect(c, d.sock), 0);
+  dep_client_t *c = cl_connect(d.sock);
   struct dep_status *st = NULL;
   ck_assert_int_eq(dep_status(c, &st), 0);
   const struct dep_status_job *j = find_job(st, "job-two");
@@ -342,9 +338,7 @@ START_TEST(two_ranks_attach_show_in_status_and_detach) {
   ck_assert_ptr_null(find_job(st, "job-two"));
   ck_assert_uint_eq(st->num_jobs, 0);
   dep_status_free(st);
-  dep_client_free(c);
-  tu_daemon_stop(&d);
-  tu_daemon_cleanup(&d);
+  daemon_and_client_end(&d, c);
 }
 END_TEST
 
@@ -367,10 +361,8 @@ static double pages_mapped(const void *p, uint64_t len) {
  * return how much of its slab is mapped in before any call; warmup_ms in *ms. */
 static double attached_slab_mapped(bool warm, double *ms) {
   struct tu_daemon d;
-  ck_assert_int_eq(tu_daemon_start(&d, warm ? "kernel_warmup: true\n" : "kernel_warmup: false\n"),
-                   0);
-  dep_client_t *c = cl_new_client();
-  ck_assert_int_eq(dep_connect(c, d.sock), 0);
+  dep_client_t *c =
+      daemon_and_client(&d, warm ? "kernel_warmup: true\n" : "kernel_warmup: false\n");
   struct dep_attach_args a = cl_attach_args("job-warm", 0);
   a.world_size = a.local_world_size = 1;
   a.shape.hidden = 2048;
@@ -387,9 +379,7 @@ static double attached_slab_mapped(bool warm, double *ms) {
   ck_assert_uint_ge(info.slab_bytes, lay.total_bytes);
   double f = pages_mapped(info.slabs[0], lay.total_bytes);
   ck_assert_int_eq(dep_detach(c), 0);
-  dep_client_free(c);
-  tu_daemon_stop(&d);
-  tu_daemon_cleanup(&d);
+  daemon_and_client_end(&d, c);
   return f;
 }
 

@@ -14,6 +14,13 @@ dep_client_t *cl_new_client(void) {
   return c;
 }
 
+dep_client_t *cl_connect(const char *sock) {
+  dep_client_t *c = cl_new_client();
+  int rc = dep_connect(c, sock);
+  ck_assert_msg(rc == 0, "dep_connect(%s): %s: %s", sock, dep_errname(rc), dep_errmsg(c));
+  return c;
+}
+
 /* A valid attach for rank `rank` of a two-rank, one-node job. */
 struct dep_attach_args cl_attach_args(const char *job, uint32_t rank) {
   struct dep_attach_args a;

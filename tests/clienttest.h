@@ -11,6 +11,9 @@
 
 /* A new client handle; the test fails if the library gives none. */
 dep_client_t *cl_new_client(void);
+/* A new client handle connected to the daemon at sock; the test fails,
+ * with the library's message, if it does not connect. */
+dep_client_t *cl_connect(const char *sock);
 /* A valid attach for rank `rank` of a two-rank, one-node job. */
 struct dep_attach_args cl_attach_args(const char *job, uint32_t rank);
 
