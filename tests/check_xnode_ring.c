@@ -25,6 +25,7 @@ struct ring_rank {
   uint8_t *slab;
   struct dep_xring *ring;
   struct ops_ctx c;
+  dep_handle_t h; /* the handle its calls use */
 };
 
 static void ring_rank_open(struct ring_rank *r, uint32_t timeout_ms) {
@@ -47,16 +48,18 @@ static void ring_rank_open(struct ring_rank *r, uint32_t timeout_ms) {
   uint8_t *slabs[DEP_MAX_LOCAL_RANKS] = {r->slab, NULL};
   ck_assert_msg(host_ops_init_nodes(&r->c, &r->s, 2, 0, slabs, r->ring, timeout_ms, why,
                                     sizeof why) == 0, "%s", why);
+  host_ops_handle_init(&r->h);
 }
 
 static void ring_rank_close(struct ring_rank *r) {
+  host_ops_handle_fini(&r->h);
   host_ops_fini(&r->c);
   free(r->slab);
   free(r->ring);
 }
 
-/* One token to rank 1 (experts 2 and 3 are its). */
-static int ring_dispatch(struct ring_rank *r, dep_handle_t *h, uint16_t *x) {
+/* One token to rank 1 (experts 2 and 3 are its), with the rank's handle. */
+static int ring_dispatch(struct ring_rank *r, uint16_t *x) {
   static int64_t idx[2] = {2, 3};
   static float w[2] = {0.5f, 0.25f};
   static uint16_t rx[8 * 128];
@@ -67,7 +70,7 @@ static int ring_dispatch(struct ring_rank *r, dep_handle_t *h, uint16_t *x) {
                                 .index_type = DEP_INDEX_I64, .topk_weights = w, .num_tokens = 1,
                                 .recv_x = rx, .recv_topk_idx = ridx, .recv_topk_weights = rw,
                                 .recv_count_per_expert = cnt, .num_recv = &nrecv};
-  return host_ops_dispatch(&r->c, &a, h);
+  return host_ops_dispatch(&r->c, &a, &r->h);
 }
 
 /* The block for the remote rank goes to the out block of the exchange region (after the
@@ -75,12 +78,10 @@ static int ring_dispatch(struct ring_rank *r, dep_handle_t *h, uint16_t *x) {
 START_TEST(a_block_for_a_remote_rank_is_an_out_block_a_slot_image_and_a_descriptor) {
   struct ring_rank r;
   ring_rank_open(&r, 100);
-  dep_handle_t h;
-  host_ops_handle_init(&h);
   uint16_t x[128];
   for (int i = 0; i < 128; i++)
     x[i] = (uint16_t)(0x3f00 + i);
-  ck_assert_int_eq(ring_dispatch(&r, &h, x), DEP_ERR_TIMEOUT); /* no proxy: rank 1 never posts */
+  ck_assert_int_eq(ring_dispatch(&r, x), DEP_ERR_TIMEOUT); /* no proxy: rank 1 never posts */
   ck_assert_uint_eq(atomic_load(&r.ring->head), 1);
   const struct dep_xring_desc *d = &r.ring->desc[0];
   ck_assert_uint_eq(d->dest, 1);
@@ -98,7 +99,6 @@ START_TEST(a_block_for_a_remote_rank_is_an_out_block_a_slot_image_and_a_descript
   for (uint64_t o = dep_slab_block(&r.lay, 0, 1); o < r.lay.data_off + 2 * r.lay.parity_bytes; o++)
     if (o < dep_slab_block(&r.lay, 1, 0) || o >= dep_slab_block(&r.lay, 1, 1))
       ck_assert_uint_eq(r.slab[o], 0);
-  host_ops_handle_fini(&h);
   ring_rank_close(&r);
 }
 END_TEST
@@ -113,8 +113,6 @@ END_TEST
 START_TEST(a_block_from_a_remote_rank_is_read_from_the_in_block_and_in_slot) {
   struct ring_rank r;
   ring_rank_open(&r, 2000);
-  dep_handle_t h;
-  host_ops_handle_init(&h);
   uint16_t x[128];
   for (int i = 0; i < 128; i++)
     x[i] = (uint16_t)(0x3f80 + i); /* 1.0, 1.0078, ... */
@@ -125,9 +123,9 @@ START_TEST(a_block_from_a_remote_rank_is_read_from_the_in_block_and_in_slot) {
   in->op = OPS_OP_DISPATCH;
   in->num_tokens = 0;
   atomic_store_explicit(&in->flag, 1, memory_order_release);
-  ck_assert_int_eq(ring_dispatch(&r, &h, x), 0);
-  ck_assert_uint_eq(h.recv_from[1], 0);
-  ck_assert_uint_eq(h.recv_from[0], 0);
+  ck_assert_int_eq(ring_dispatch(&r, x), 0);
+  ck_assert_uint_eq(r.h.recv_from[1], 0);
+  ck_assert_uint_eq(r.h.recv_from[0], 0);
   ck_assert_uint_eq(atomic_load(&r.ring->head), 1);
   /* The combine (call 2, parity 0): rank 1 sends back its vector for our token. */
   uint16_t back[128];
@@ -145,10 +143,9 @@ START_TEST(a_block_from_a_remote_rank_is_read_from_the_in_block_and_in_slot) {
   decoy->rows = 7;
   uint16_t out[128];
   struct dep_combine_args ca = {.size = sizeof ca, .x = x, .out = out};
-  ck_assert_msg(host_ops_combine(&r.c, &ca, &h) == 0, "%s", r.c.why);
+  ck_assert_msg(host_ops_combine(&r.c, &ca, &r.h) == 0, "%s", r.c.why);
   for (int i = 0; i < 128; i++)
     ck_assert_uint_eq(out[i], 0x4000);
-  host_ops_handle_fini(&h);
   ring_rank_close(&r);
 }
 END_TEST
@@ -160,11 +157,9 @@ START_TEST(a_full_ring_is_a_bounded_wait_that_overwrites_nothing) {
   for (uint32_t i = 0; i < DEP_XRING_ENTRIES; i++)
     r.ring->desc[i] = (struct dep_xring_desc){.dest = 7, .parity = 0, .seq = 1000 + i};
   atomic_store(&r.ring->head, DEP_XRING_ENTRIES); /* tail 0: full */
-  dep_handle_t h;
-  host_ops_handle_init(&h);
   uint16_t x[128] = {0};
   int64_t t0 = xn_mono_ms();
-  ck_assert_int_eq(ring_dispatch(&r, &h, x), DEP_ERR_TIMEOUT);
+  ck_assert_int_eq(ring_dispatch(&r, x), DEP_ERR_TIMEOUT);
   int64_t waited = xn_mono_ms() - t0;
   ck_assert_msg(waited >= 290 && waited < 3000, "waited %lld ms for a 300 ms bound",
                 (long long)waited);
@@ -177,8 +172,7 @@ START_TEST(a_full_ring_is_a_bounded_wait_that_overwrites_nothing) {
   ck_assert_int_eq(atomic_load(&er.code), DEP_ERR_TIMEOUT);
   ck_assert_uint_eq(er.source, 1);
   /* The context is broken: the ranks are out of step. */
-  ck_assert_int_eq(ring_dispatch(&r, &h, x), DEP_ERR_STATE);
-  host_ops_handle_fini(&h);
+  ck_assert_int_eq(ring_dispatch(&r, x), DEP_ERR_STATE);
   ring_rank_close(&r);
 }
 END_TEST
@@ -188,15 +182,12 @@ START_TEST(a_ring_the_proxy_stopped_fails_the_call_at_once) {
   struct ring_rank r;
   ring_rank_open(&r, 5000);
   atomic_store(&r.ring->failed, DEP_ERR_PEER);
-  dep_handle_t h;
-  host_ops_handle_init(&h);
   uint16_t x[128] = {0};
   int64_t t0 = xn_mono_ms();
-  ck_assert_int_eq(ring_dispatch(&r, &h, x), DEP_ERR_PEER);
+  ck_assert_int_eq(ring_dispatch(&r, x), DEP_ERR_PEER);
   ck_assert_int_lt(xn_mono_ms() - t0, 1000);
   ck_assert_msg(strstr(r.c.why, "stopped serving this rank") != NULL, "%s", r.c.why);
   ck_assert_uint_eq(atomic_load(&r.ring->head), 0);
-  host_ops_handle_fini(&h);
   ring_rank_close(&r);
 }
 END_TEST
