@@ -50,11 +50,22 @@ static const struct ctl_col peer_cols[] = {
 };
 #define PEER_NCOLS (sizeof peer_cols / sizeof peer_cols[0])
 
+/* How peers authenticate.  The daemon says only whether a key is in use; without one, peers
+ * or a listener run only with peer_insecure (the daemon refuses to start otherwise), and a
+ * daemon with neither has no peer links to authenticate at all. */
+static const char *peers_auth(const struct dep_msg_peers *m) {
+  if (m->auth)
+    return "peer_key_file";
+  if (m->n_peers == 0 && m->listen[0] == '\0')
+    return "none (no peers or listener configured)";
+  return "none (peer_insecure)";
+}
+
 static int peers_render(const struct ctl *ctl, const struct dep_msg_peers *m) {
   const struct ctl_val fields[PEERS_NFIELDS] = {
       {.s = m->node},
       {.s = m->listen[0] ? m->listen : "-"},
-      {.s = m->auth ? "peer_key_file" : "none (peer_insecure)"},
+      {.s = peers_auth(m)},
       {.s = m->rdma[0] ? m->rdma : "-"},
       {.u = m->nic_bytes},
       {.u = m->proxy_threads},

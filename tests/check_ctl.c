@@ -545,6 +545,27 @@ START_TEST(clients_shows_no_rank_for_a_connection_that_is_no_rank) {
 }
 END_TEST
 
+/* A daemon with no peers and no listener has no peer links: peers does not say they run
+ * unauthenticated under peer_insecure, which the configuration does not set. */
+START_TEST(peers_without_peers_says_none_are_configured_not_peer_insecure) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  char *out, *err;
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "peers"), &out, &err), 0);
+  ck_assert_msg(strstr(out, "\nauth:          none (no peers or listener configured)\n") != NULL,
+                "%s", out);
+  ck_assert_msg(strstr(out, "peer_insecure") == NULL, "%s", out);
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "--json", "peers"), &out, &err), 0);
+  ck_assert_msg(strstr(out, "\"auth\":\"none (no peers or listener configured)\"") != NULL, "%s",
+                out);
+  free(out);
+  free(err);
+  dw_stop_ok(&d);
+}
+END_TEST
+
 START_TEST(a_path_that_is_not_a_socket_is_named_as_such) {
   char *out, *err;
   ck_assert_int_eq(ctl_run(DW_ARGS("-s", "/etc/passwd", "status"), &out, &err), 1);
@@ -690,6 +711,7 @@ Suite *ctl_suite(void) {
   tcase_add_test(daemon, version_shows_the_daemon_or_says_none_answers);
   tcase_add_test(daemon, status_shows_the_daemons_state);
   tcase_add_test(daemon, clients_shows_no_rank_for_a_connection_that_is_no_rank);
+  tcase_add_test(daemon, peers_without_peers_says_none_are_configured_not_peer_insecure);
   tcase_add_test(daemon, drain_refuses_new_jobs_while_a_gathering_job_completes);
   tcase_add_test(daemon, drain_wait_returns_once_the_last_job_detaches);
   tcase_add_test(daemon, drain_wait_timeout_exits_1_naming_the_jobs_left);
