@@ -151,26 +151,41 @@ START_TEST(shipped_file_has_every_documented_key) {
 }
 END_TEST
 
-START_TEST(readme_documents_every_key) {
+/* Every key of the shipped file stands in the text at path as before, the key, after. */
+static void assert_documents_every_key(const char *path, const char *before, const char *after) {
   char keys[64][64];
   size_t n = shipped_keys(keys, 64);
-  const char *readme = read_text("README.md");
+  const char *text = read_text(path);
   for (size_t i = 0; i < n; i++) {
     char needle[80];
-    snprintf(needle, sizeof needle, "`%s`", keys[i]);
-    ck_assert_msg(strstr(readme, needle) != NULL, "README.md does not mention %s", needle);
+    snprintf(needle, sizeof needle, "%s%s%s", before, keys[i], after);
+    ck_assert_msg(strstr(text, needle) != NULL, "%s has no '%s'", path, needle);
   }
+}
+
+START_TEST(readme_documents_every_key) {
+  assert_documents_every_key("README.md", "`", "`");
 }
 END_TEST
 
 START_TEST(man_page_documents_every_key) {
+  assert_documents_every_key("man/deepepd.yaml.5", ".B ", "\n");
+}
+END_TEST
+
+/* Each key has one entry (.TP, then the key in bold) in deepepd.yaml(5): a second one is a copy
+ * that the next edit changes in one place only (warn_first_call_ratio once had two). */
+START_TEST(man_page_has_one_entry_per_key) {
   char keys[64][64];
   size_t n = shipped_keys(keys, 64);
-  const char *man = read_text("man/deepepd.yaml.5");
+  const char *text = read_text("man/deepepd.yaml.5");
   for (size_t i = 0; i < n; i++) {
     char needle[80];
-    snprintf(needle, sizeof needle, ".B %s\n", keys[i]);
-    ck_assert_msg(strstr(man, needle) != NULL, "man/deepepd.yaml.5 has no entry '%s'", needle);
+    snprintf(needle, sizeof needle, ".TP\n.B %s\n", keys[i]);
+    size_t count = 0;
+    for (const char *p = strstr(text, needle); p != NULL; p = strstr(p + 1, needle))
+      count++;
+    ck_assert_msg(count == 1, "man/deepepd.yaml.5 has %zu entries for '%s'", count, keys[i]);
   }
 }
 END_TEST
@@ -790,6 +805,7 @@ Suite *config_suite(void) {
   tcase_add_test(t, shipped_file_has_every_documented_key);
   tcase_add_test(t, readme_documents_every_key);
   tcase_add_test(t, man_page_documents_every_key);
+  tcase_add_test(t, man_page_has_one_entry_per_key);
   tcase_add_test(t, empty_documents_give_the_defaults);
   tcase_add_test(t, max_allocation_defaults_to_0_the_daemon_chooses);
   suite_add_tcase(s, t);
