@@ -119,7 +119,7 @@
 #define CUOPS_WARPS (CUOPS_THREADS / 32)
 #define CUOPS_MAX_RANKS DEP_MAX_LOCAL_RANKS
 #define CUOPS_MAX_CTAS 96u
-/* CTAs of one communicating kernel resident per SM (__launch_bounds__ in ops.cu). */
+/* CTAs of one communicating kernel resident per SM (__launch_bounds__: ops_dev.cuh KERNEL). */
 #define CUOPS_CTAS_PER_SM 2u
 /* Overrides the SM budget (CTAs per communicating kernel) of every rank. */
 #define CUOPS_CTAS_ENV "DEEPEP_KERNEL_CTAS"
@@ -219,7 +219,7 @@ struct cuops_dev {
   uint32_t broken;                 /* 1 after a timeout: kernels do nothing */
   uint32_t pad;
   uint32_t arrive[CUOPS_MAX_RANKS]; /* sender CTAs done per destination */
-  uint32_t bar_count, bar_gen;     /* the dispatch's grid barrier (ops.cu) */
+  uint32_t bar_count, bar_gen;     /* the dispatch's grid barrier (ops_tp.cuh grid_meet) */
   uint32_t ticket;                 /* the throughput ops' receive work, claimed; 0 between calls */
   int32_t code;                    /* the failure rec_fail recorded in the running call, for its
                                       stats entry; 0 between calls */

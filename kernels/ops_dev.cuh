@@ -3,8 +3,8 @@
  * kernels (kernels/ops.cu): slab addressing, the flag protocol (release /
  * acquire at system scope, bounded waits on %globaltimer, the error
  * record), number formats bit-identical to kernels/host_ops.c, 16-byte
- * vector copies and a block-wide prefix sum.  The ABI and the protocol are
- * described in client/cuda_ops.h.
+ * vector copies, a block-wide prefix sum and the declaration every kernel
+ * has (KERNEL).  The ABI and the protocol are described in client/cuda_ops.h.
  */
 #ifndef DEP_OPS_DEV_CUH
 #define DEP_OPS_DEV_CUH
@@ -13,6 +13,10 @@
 #include <stdint.h>
 
 #include "cuda_ops.h"
+
+/* A kernel: C linkage (the launcher looks each up by name in the one module),
+ * CUOPS_THREADS threads a CTA, CUOPS_CTAS_PER_SM CTAs resident per SM. */
+#define KERNEL extern "C" __global__ void __launch_bounds__(CUOPS_THREADS, CUOPS_CTAS_PER_SM)
 
 #define FULL_MASK 0xffffffffu
 /* A wait on this rank's own CTAs, for no source rank (gone_blocks). */

@@ -1,0 +1,507 @@
+/*
+ * ops_tp.cuh — the cuda backend's throughput kernels: layout, dispatch (with
+ * DeepEP's expert alignment after it) and combine, the host backend's
+ * kernels/host_ops_tp.c on the GPU.  Part of the one translation unit
+ * kernels/ops.cu (whose banner describes the grid), included there once.
+ */
+#ifndef DEP_OPS_TP_CUH
+#define DEP_OPS_TP_CUH
+
+#include "ops_dev.cuh"
+
+/* ---- layout: local, no communication ------------------------------------------- */
+
+/*
+ * The last CTA of a layout logs it in the stats page: its time from that
+ * CTA's start, its status, and the tokens it sends each rank, read back
+ * from tokens_per_rank once every CTA has added to it (each fenced before
+ * counting itself done).  Only where the rank has a stats page: a layout
+ * without one pays nothing.
+ */
+__device__ __forceinline__ void layout_end(const cuops_job &J, const cuops_layout_args &a,
+                                           uint64_t t0) {
+  __syncthreads();
+  if (threadIdx.x != 0)
+    return;
+  __threadfence();
+  if (atomicAdd(&J.dev->layout_done, 1u) != gridDim.x - 1)
+    return;
+  J.dev->layout_done = 0;
+  const uint64_t n = J.dev->layouts + 1;
+  J.dev->layouts = n;
+  const int32_t code = *(volatile int32_t *)&J.dev->code;
+  if (code != 0)
+    J.dev->code = 0;
+  volatile dep_stats_layout *e = &J.stats->layouts[n % DEP_STATS_LAYOUT_RING];
+  e->n = 0; /* being rewritten: the daemon skips it */
+  const uint64_t ns = globaltimer_ns() - t0;
+  e->ns = ns > 0xffffffffull ? 0xffffffffu : (uint32_t)ns;
+  e->status = code;
+  e->world = code == 0 ? J.world : 0;
+  for (uint32_t d = 0; d < J.world; d++)
+    e->tokens[d] = (uint32_t)*(volatile int32_t *)&a.tpr[d];
+  __threadfence_system(); /* a layout is not the latency path: its entry is whole when seen */
+  e->n = n;
+}
+
+KERNEL dep__k_layout(const cuops_job J, const cuops_layout_args a) {
+  const uint32_t K = J.topk;
+  const uint64_t t0 = J.stats != nullptr && threadIdx.x == 0 ? globaltimer_ns() : 0;
+  for (uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < a.num_tokens;
+       t += gridDim.x * blockDim.x) {
+    uint64_t mask = 0;
+    for (uint32_t k = 0; k < K; k++) {
+      int64_t e = checked_id(J, a.idx, a.itype, (uint64_t)t * K + k, 0, true);
+      if (e < 0)
+        continue;
+      atomicAdd(&a.tpe[e], 1);
+      mask |= 1ull << (e / J.le);
+    }
+    for (uint32_t d = 0; d < J.world; d++) {
+      uint32_t in = (uint32_t)(mask >> d) & 1u;
+      a.tir[(uint64_t)t * J.world + d] = (uint8_t)in;
+      if (in)
+        atomicAdd(&a.tpr[d], 1);
+    }
+  }
+  if (J.stats != nullptr)
+    layout_end(J, a, t0);
+}
+
+/* ---- throughput dispatch ----------------------------------------------------------
+ * Every CTA sends, then receives.  CTA b sends part b % P of the rows for
+ * rank b / P: its warps take contiguous groups of tokens, count the rows
+ * each group makes for that rank, meet once (a barrier of the whole grid:
+ * every CTA is resident, cuda_ops.h), learn from the counts of the groups
+ * before theirs where their rows go, and write them, marking them as they
+ * go (the row marks of ops_dev.cuh); part 0's first warp posts the rank's
+ * row count before any row.  Then each warp claims rows to receive from a
+ * counter shared by the grid, sources from this rank onwards (its own rows
+ * come first: they are written soonest), waits for each row's mark and
+ * copies it out.  So a CTA whose sends are quick (to this GPU) receives
+ * while the CTAs sending across NVLink are still pushing, and on one GPU
+ * every CTA does both halves.
+ */
+
+/* Rows a sender warp writes between two marks (one system fence each). */
+#define DISPATCH_MARK_EVERY 4u
+/* Rows a receiver warp claims at a time (and waits for at once). */
+#define RECV_CLAIM 2u
+
+/* Every CTA: wait, bounded, until the whole grid has arrived. */
+__device__ __forceinline__ bool grid_meet(const cuops_job &J, const call &k, uint32_t op) {
+  __shared__ uint32_t s_ok;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t ok = 1;
+    __threadfence();
+    const uint32_t gen = *(volatile uint32_t *)&J.dev->bar_gen;
+    __threadfence(); /* read the generation before arriving */
+    if (atomicAdd(&J.dev->bar_count, 1u) == gridDim.x - 1) {
+      J.dev->bar_count = 0;
+      __threadfence();
+      atomicAdd(&J.dev->bar_gen, 1u);
+    } else {
+      for (uint32_t i = 0; *(volatile uint32_t *)&J.dev->bar_gen == gen; i++) {
+        if ((i & 31u) != 31u)
+          continue;
+        uint64_t waited = globaltimer_ns() - k.t0;
+        if (waited > J.timeout_ns || *(volatile uint32_t *)&J.dev->broken) {
+          if (waited > J.timeout_ns)
+            rec_fail(J, DEP_ERR_TIMEOUT, op, J.rank, CUOPS_PHASE_WAIT, k.seq, gen, waited);
+          ok = 0;
+          break;
+        }
+        if (job_aborted(J, k, CUOPS_NO_SRC, waited)) {
+          rec_gone(J, op, k.seq, waited);
+          ok = 0;
+          break;
+        }
+        __nanosleep(64);
+      }
+    }
+    __threadfence();
+    s_ok = ok;
+  }
+  __syncthreads();
+  return s_ok != 0;
+}
+
+/* Lane j < K: token t's j-th id and whether it is an expert of rank d. */
+__device__ __forceinline__ bool id_for(const cuops_job &J, const cuops_dispatch_args &a, uint32_t t,
+                                       uint32_t d, bool report, int64_t *e) {
+  const uint32_t lane = threadIdx.x & 31u;
+  *e = lane < J.topk ? checked_id(J, a.idx, a.itype, (uint64_t)t * J.topk + lane,
+                                  CUOPS_OP_DISPATCH, report)
+                     : -1;
+  return *e >= 0 && (uint64_t)*e / J.le == d;
+}
+
+/* The op a dispatch posts and checks: DISPATCH, with FP8 and CACHED or-ed in. */
+__device__ __forceinline__ uint32_t dispatch_op(const cuops_dispatch_args &a) {
+  return CUOPS_OP_DISPATCH | (a.fp8 ? CUOPS_OP_FP8 : 0u) | (a.cached ? CUOPS_OP_CACHED : 0u);
+}
+
+/* One token's payload into a row: bf16, or e4m3 bytes then their scales. */
+__device__ __forceinline__ void dispatch_payload(const cuops_job &J, const cuops_dispatch_args &a,
+                                                 uint8_t *dst, uint32_t t) {
+  const uint32_t h = J.hidden;
+  if (a.fp8) {
+    warp_copy(dst, (const uint8_t *)a.x + (uint64_t)t * h, h);
+    warp_copy(dst + h, a.xs + (uint64_t)t * (h / 128), 4ull * (h / 128));
+  } else {
+    warp_copy(dst, (const uint8_t *)a.x + (uint64_t)t * h * 2, 2ull * h);
+  }
+}
+
+/*
+ * Sender part `part` for rank d; false when the call failed.  A cached
+ * dispatch (a.cached) sends each token to the row its handle's dispatch
+ * gave it (tp_pos), so it needs neither the counts nor the grid barrier:
+ * the rows of a group of tokens are still contiguous, in token order.
+ */
+__device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_dispatch_args &a,
+                                              const call &k, uint32_t d, uint32_t part) {
+  const uint32_t lane = threadIdx.x & 31u, K = J.topk, h = J.hidden;
+  const uint32_t ng = J.parts * CUOPS_WARPS, g = part * CUOPS_WARPS + (threadIdx.x >> 5);
+  const uint32_t gs = (a.num_tokens + ng - 1) / ng;
+  const uint32_t t0 = min(g * gs, a.num_tokens), t1 = min(t0 + gs, a.num_tokens);
+  uint32_t *cnt = J.tcnt + (uint64_t)d * ng;
+  /* which of the group's tokens go to d, a bit each (the group is at most
+   * CUOPS_MAX_TOKENS / CUOPS_WARPS tokens: one part, the largest max_tokens_per_rank) */
+  __shared__ uint32_t s_go[CUOPS_WARPS][CUOPS_MAX_TOKENS / CUOPS_WARPS / 32];
+  uint32_t *go_bits = s_go[threadIdx.x >> 5];
+  uint32_t before = 0, all = 0; /* the rows before the group's, and to d in all */
+  if (a.cached) {
+    /* 1'. the handle says which tokens go to d and where the group's rows start */
+    bool first = true;
+    for (uint32_t b = t0; b < t1; b += 32) {
+      const uint32_t t = b + lane;
+      const int32_t p = t < t1 ? a.h.tp_pos[(uint64_t)t * J.world + d] : -1;
+      const uint32_t bits = __ballot_sync(FULL_MASK, p >= 0);
+      if (lane == 0)
+        go_bits[(b - t0) / 32] = bits;
+      if (first && bits != 0) {
+        before = (uint32_t)__shfl_sync(FULL_MASK, p, __ffs(bits) - 1);
+        first = false;
+      }
+    }
+    __syncwarp();
+    all = a.h.tp_sent[d];
+    if (g == 0 && lane == 0)
+      post_header(J, k, d, all, dispatch_op(a), *a.h.seq, a.num_tokens);
+  } else {
+    /* 1. count the group's rows for d: lane i takes every 32nd token */
+    uint32_t c = 0;
+    for (uint32_t b = t0; b < t1; b += 32) {
+      const uint32_t t = b + lane;
+      bool go = false; /* every id read: rank 0's senders report bad ones */
+      for (uint32_t j = 0; t < t1 && j < K; j++) {
+        int64_t e = checked_id(J, a.idx, a.itype, (uint64_t)t * K + j, CUOPS_OP_DISPATCH, d == 0);
+        go |= e >= 0 && (uint64_t)e / J.le == d;
+      }
+      if (t < t1 && !go)
+        a.h.tp_pos[(uint64_t)t * J.world + d] = -1;
+      const uint32_t bits = __ballot_sync(FULL_MASK, go);
+      if (lane == 0)
+        go_bits[(b - t0) / 32] = bits;
+      c += __popc(bits);
+    }
+    if (lane == 0)
+      cnt[g] = c;
+    if (!grid_meet(J, k, CUOPS_OP_DISPATCH))
+      return false;
+    /* 2. where the group's rows start: the rows of the groups before it */
+    for (uint32_t i = lane; i < ng; i += 32) {
+      uint32_t v = __ldcg(cnt + i);
+      before += i < g ? v : 0;
+      all += v;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      before += __shfl_xor_sync(FULL_MASK, before, o);
+      all += __shfl_xor_sync(FULL_MASK, all, o);
+    }
+    if (g == 0 && lane == 0) { /* the count first: receivers place their rows by it */
+      a.h.tp_sent[d] = all;
+      post_header(J, k, d, all, dispatch_op(a), 0, a.num_tokens);
+    }
+  }
+  /* 3. the rows, marked every few */
+  uint8_t *blk = send_block(J, k.parity, d);
+  uint32_t row = before, marked = before;
+  for (uint32_t b = t0; b < t1; b += 32) {
+    for (uint32_t bits = go_bits[(b - t0) / 32]; bits != 0; bits &= bits - 1) {
+      const uint32_t t = b + __ffs(bits) - 1;
+      uint8_t *dst = blk + (uint64_t)row * J.row_bytes;
+      dispatch_payload(J, a, dst, t);
+      int32_t *meta = (int32_t *)(dst + 2ull * h);
+      if (lane == 0) {
+        meta[0] = (int32_t)t;
+        meta[1] = (int32_t)K;
+      }
+      if (!a.cached) {
+        int64_t e;
+        const bool mine = id_for(J, a, t, d, false, &e);
+        if (lane == 0)
+          a.h.tp_pos[(uint64_t)t * J.world + d] = (int32_t)row;
+        if (lane < K) {
+          ((int32_t *)(meta + 4))[lane] = mine ? (int32_t)((uint64_t)e % J.le) : -1;
+          ((float *)(meta + 4 + K))[lane] = mine ? a.w[(uint64_t)t * K + lane] : 0.0f;
+        }
+      }
+      row++;
+      if (row - marked == DISPATCH_MARK_EVERY) {
+        mark_rows(J, k, blk, marked, 1, row);
+        marked = row;
+      }
+    }
+  }
+  if (row > marked)
+    mark_rows(J, k, blk, marked, 1, row);
+  __syncwarp();
+  if (lane == 0) /* a remote d: the block goes to the proxy once every group's rows are in */
+    arrive(J, k, d, ng, false, 0, dispatch_op(a), 0, a.num_tokens, (uint64_t)all * J.row_bytes);
+  return true;
+}
+
+/* Store received id i as int32, or as int64 where the caller asked (recv_index_type). */
+__device__ __forceinline__ void ridx_put(const cuops_dispatch_args &a, uint64_t i, int32_t v) {
+  if (a.ri64)
+    ((int64_t *)a.ridx)[i] = v;
+  else
+    ((int32_t *)a.ridx)[i] = v;
+}
+
+/* Every warp: claim rows from the grid's counter, sources from this rank
+ * on, and copy each into recv_x after every earlier source's rows.  A
+ * cached dispatch checks that every source routed by the same dispatch,
+ * with the rows that dispatch sent here, and leaves the handle as it is;
+ * with num_worst_tokens the rows past those received get ids -1 and
+ * weights 0 (DeepEP's padding). */
+__device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_dispatch_args &a,
+                                              const call &k) {
+  __shared__ peers s_p;
+  __shared__ uint32_t s_ok, s_off[CUOPS_MAX_RANKS], s_first[CUOPS_MAX_RANKS + 1];
+  const uint32_t K = J.topk, h = J.hidden, W = J.world, lane = threadIdx.x & 31u;
+  const uint32_t op = dispatch_op(a);
+  if (threadIdx.x == 0) {
+    uint32_t ok = wait_peers(J, k, op, &s_p) == 0, off = 0;
+    const uint64_t hseq = a.cached ? *a.h.seq : 0;
+    for (uint32_t s = 0; ok && s < W; s++) {
+      if (s_p.op[s] != op || s_p.rows[s] > J.max_tokens ||
+          (a.cached && (s_p.ref[s] != hseq || s_p.rows[s] != a.h.tp_from[s]))) {
+        if (blockIdx.x == 0)
+          rec_fail(J, DEP_ERR_MISMATCH, op, s, CUOPS_PHASE_PEER, k.seq,
+                   ((uint64_t)s_p.op[s] << 32) | s_p.rows[s], 0);
+        ok = 0;
+      }
+      s_off[s] = off;
+      off += s_p.rows[s];
+    }
+    if (ok && a.worst != 0 && off > a.worst) {
+      if (blockIdx.x == 0)
+        rec_fail(J, DEP_ERR_INVALID, op, J.rank, CUOPS_PHASE_WORST, k.seq, off, 0);
+      ok = 0;
+    }
+    /* the claim order: sources rank, rank + 1, ... (mod world) */
+    s_first[0] = 0;
+    for (uint32_t q = 0; ok && q < W; q++)
+      s_first[q + 1] = s_first[q] + s_p.rows[(J.rank + q) % W];
+    s_ok = ok;
+    if (ok && blockIdx.x == 0) {
+      for (uint32_t s = 0; s < W; s++) {
+        if (!a.cached)
+          a.h.tp_from[s] = s_p.rows[s];
+        ((volatile uint32_t *)J.host->recv_from)[s] = s_p.rows[s];
+      }
+      *(volatile uint32_t *)&J.host->num_recv = off;
+      if (!a.cached)
+        *a.h.seq = k.seq;
+    }
+  }
+  __syncthreads();
+  if (!s_ok)
+    return;
+  const uint32_t total = s_first[W];
+  if (a.worst > total && !a.cached)
+    for (uint64_t i = (uint64_t)total * K + (uint64_t)blockIdx.x * CUOPS_THREADS + threadIdx.x;
+         i < (uint64_t)a.worst * K; i += (uint64_t)gridDim.x * CUOPS_THREADS) {
+      ridx_put(a, i, -1);
+      a.rw[i] = 0.0f;
+    }
+  const uint32_t G = h / 128;
+  uint32_t next = lane == 0 ? atomicAdd(&J.dev->ticket, RECV_CLAIM) : 0;
+  next = __shfl_sync(FULL_MASK, next, 0);
+  while (next < total) {
+    const uint32_t first = next, n = min(RECV_CLAIM, total - first);
+    next = lane == 0 ? atomicAdd(&J.dev->ticket, RECV_CLAIM) : 0; /* in flight while we copy */
+    next = __shfl_sync(FULL_MASK, next, 0);
+    /* lane L < n finds claimed row L; the warp waits for all n marks at once */
+    uint32_t src = 0, j = 0;
+    const uint8_t *row = NULL;
+    if (lane < n) {
+      uint32_t q = 0;
+      while (first + lane >= s_first[q + 1])
+        q++;
+      src = (J.rank + q) % W;
+      j = first + lane - s_first[q];
+      row = recv_block(J, k.parity, src) + (uint64_t)j * J.row_bytes;
+    }
+    if (!wait_rows(J, k, op, row, src))
+      return;
+    for (uint32_t i = 0; i < n; i++) {
+      const uint8_t *row_i = (const uint8_t *)__shfl_sync(FULL_MASK, (uint64_t)row, i);
+      const uint32_t src_i = __shfl_sync(FULL_MASK, src, i), j_i = __shfl_sync(FULL_MASK, j, i);
+      const uint64_t out = (uint64_t)s_off[src_i] + j_i;
+      if (a.fp8) {
+        warp_copy((uint8_t *)a.rx + out * h, row_i, h);
+        warp_copy(a.rxs + out * G, row_i + h, 4ull * G);
+      } else {
+        warp_copy((uint8_t *)a.rx + out * h * 2, row_i, 2ull * h);
+      }
+      if (a.cached)
+        continue;
+      const int32_t *ids = (const int32_t *)(row_i + 2ull * h) + 4;
+      const float *w = (const float *)(ids + K);
+      if (lane < K) {
+        int32_t id = __ldcg(ids + lane);
+        int32_t l = id >= 0 && (uint32_t)id < J.le ? id : -1;
+        ridx_put(a, out * K + lane, l);
+        a.rw[out * K + lane] = l >= 0 ? __ldcg(w + lane) : 0.0f;
+        if (l >= 0)
+          atomicAdd(&a.cnt[l], 1);
+      }
+    }
+  }
+}
+
+KERNEL dep__k_dispatch(const cuops_job J, const cuops_dispatch_args a) {
+  call k = call_begin(J);
+  if (!k.skip && dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts))
+    dispatch_recv(J, a, k);
+  call_end(J, k, DEP_STATS_OP_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, a.fp8 != 0));
+}
+
+/* DeepEP's expert_alignment: after dep__k_dispatch on the same stream, each
+ * local expert's count rounded up to a multiple of a.align (one CTA). */
+KERNEL dep__k_align(const cuops_job J, const cuops_dispatch_args a) {
+  if (*(volatile uint32_t *)&J.dev->broken)
+    return;
+  for (uint32_t l = threadIdx.x; l < J.le; l += CUOPS_THREADS)
+    a.cnt[l] = (int32_t)(((uint32_t)a.cnt[l] + a.align - 1) / a.align * a.align);
+}
+
+/* ---- throughput combine ------------------------------------------------------------- */
+
+/* Included here, where its parts were written when ops.cu was one file: the
+ * module's shared variables (combine_wait's) keep their order in the PTX,
+ * and with it the fatbin and its build id stay as they were. */
+#include "ops_combine.cuh"
+
+/* Combine's receive: the calling warp sums each token of [first, last),
+ * sources ascending, from the rows each source sent back at the positions
+ * its dispatch recorded, once they are marked; false when the call failed. */
+__device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_combine_args &a,
+                                               const call &k, uint32_t first, uint32_t last) {
+  const uint32_t h = J.hidden, W = J.world, lane = threadIdx.x & 31u;
+  const bool vec = ((uintptr_t)a.out & 15u) == 0;
+  for (uint32_t t = first; t < last; t++) {
+    uint8_t *out = (uint8_t *)a.out + (uint64_t)t * h * 2;
+    for (uint32_t s0 = 0; s0 < W; s0 += 32) { /* every row of the token marked first */
+      const uint32_t s = s0 + lane;
+      int32_t p = s < W ? a.h.tp_pos[(uint64_t)t * W + s] : -1;
+      const uint8_t *row = p >= 0 ? recv_block(J, k.parity, s) + (uint64_t)p * J.row_bytes : NULL;
+      if (!wait_rows(J, k, CUOPS_OP_COMBINE, row, s))
+        return false;
+    }
+    if (a.ow != NULL && lane < J.topk) {
+      /* lane k: the weights' sum over the sources, in order (float32, as the host's) */
+      float wsum = 0.0f;
+      for (uint32_t s = 0; s < W; s++) {
+        const int32_t p = a.h.tp_pos[(uint64_t)t * W + s];
+        if (p >= 0)
+          wsum = __fadd_rn(wsum, __ldcg((const float *)(recv_block(J, k.parity, s) +
+                                                        (uint64_t)p * J.row_bytes + 2ull * h +
+                                                        16 + 4ull * J.topk) + lane));
+      }
+      a.ow[(uint64_t)t * J.topk + lane] = wsum;
+    }
+    for (uint32_t c = 0; c < h; c += 256u * RED_C) { /* warp-uniform: red_add shuffles */
+      const uint32_t c0 = c + lane * 8;
+      red_acc acc = {};
+      for (uint32_t s0 = 0; s0 < W; s0 += 32) {
+        /* this group's sources that hold the token, in order */
+        const uint32_t s = s0 + lane;
+        int32_t p = s < W ? a.h.tp_pos[(uint64_t)t * W + s] : -1;
+        uint32_t have = __ballot_sync(FULL_MASK, p >= 0);
+        uint64_t row =
+            p >= 0 ? (uint64_t)(recv_block(J, k.parity, s) + (uint64_t)p * J.row_bytes) : 0;
+        uint32_t from = __fns(have, 0, (int)lane + 1); /* lane i takes the i-th present row */
+        uint64_t mine = __shfl_sync(FULL_MASK, row, from < 32 ? from : 0);
+        red_add(acc, c0, h, mine, 1.0f, false, __popc(have));
+      }
+      red_store(acc, out, c0, h, vec);
+    }
+  }
+  return true;
+}
+
+/* Rows a combine sender warp writes between two marks. */
+#define COMBINE_MARK_EVERY 4u
+/* Tokens a reducing warp claims at a time. */
+#define REDUCE_CLAIM 2u
+
+/* As dispatch: CTA b sends part b % P of the rows back to rank b / P (its
+ * count posted first, rows marked as they land), then every warp claims
+ * tokens to sum from the grid's counter, each as soon as its rows are
+ * marked. */
+KERNEL dep__k_combine(const cuops_job J, const cuops_combine_args a) {
+  call k = call_begin(J);
+  const uint32_t h = J.hidden, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+  const uint64_t hseq = *a.h.seq;
+  if (!k.skip) {
+    /* Rows from source d are contiguous in x, sources ascending: send each
+     * back to row j of d's block, in the order they came. */
+    const uint32_t d = blockIdx.x / J.parts, part = blockIdx.x % J.parts;
+    const uint32_t stride = J.parts * CUOPS_WARPS, group = stride * COMBINE_MARK_EVERY;
+    uint32_t off = 0;
+    for (uint32_t s = 0; s < d; s++)
+      off += a.h.tp_from[s];
+    const uint32_t n = a.h.tp_from[d];
+    const uint32_t op = CUOPS_OP_COMBINE | (a.ow != NULL ? CUOPS_OP_WEIGHTS : 0u);
+    if (part == 0 && threadIdx.x == 0)
+      post_header(J, k, d, n, op, hseq, a.num_tokens);
+    uint8_t *blk = send_block(J, k.parity, d);
+    const uint32_t K = J.topk;
+    for (uint32_t g = part * CUOPS_WARPS + warp; g < n; g += group) {
+      const uint32_t end = g + group < n ? g + group : n;
+      for (uint32_t j = g; j < end; j += stride) {
+        uint8_t *row = blk + (uint64_t)j * J.row_bytes;
+        warp_copy(row, (const uint8_t *)a.x + ((uint64_t)off + j) * h * 2, 2ull * h);
+        if (a.ow != NULL && lane < K) /* the weights where a dispatch row has them */
+          ((float *)(row + 2ull * h + 16 + 4ull * K))[lane] = a.w[((uint64_t)off + j) * K + lane];
+      }
+      mark_rows(J, k, blk, g, stride, end);
+    }
+    __syncwarp();
+    if (lane == 0) /* a remote d: the block goes to the proxy once every warp's rows are in */
+      arrive(J, k, d, stride, false, 0, op, hseq, a.num_tokens, (uint64_t)n * J.row_bytes);
+    if (combine_wait(J, k, op, hseq, a.h.tp_sent, blockIdx.x == 0)) {
+      uint32_t next = lane == 0 ? atomicAdd(&J.dev->ticket, REDUCE_CLAIM) : 0;
+      next = __shfl_sync(FULL_MASK, next, 0);
+      while (next < a.num_tokens) {
+        const uint32_t first = next;
+        next = lane == 0 ? atomicAdd(&J.dev->ticket, REDUCE_CLAIM) : 0;
+        next = __shfl_sync(FULL_MASK, next, 0);
+        const uint32_t last = first + REDUCE_CLAIM < a.num_tokens ? first + REDUCE_CLAIM
+                                                                 : a.num_tokens;
+        if (!combine_reduce(J, a, k, first, last))
+          break;
+      }
+    }
+  }
+  call_end(J, k, DEP_STATS_OP_COMBINE, dep_stats_bytes(a.num_tokens, J.hidden, false));
+}
+
+
+#endif /* DEP_OPS_TP_CUH */
