@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/un.h>
 
 #include "client_internal.h"
 #include "ctl.h"
@@ -128,6 +129,11 @@ int ctl_common_option(struct ctl *ctl, int ch, char **argv) {
   case 's':
     if (optarg[0] == '\0')
       return ctl_usage_error(ctl, "-s needs a socket path, not an empty string");
+    /* A path no socket can have is a malformed option argument (exit 2), as an empty one is. */
+    if (strlen(optarg) >= sizeof((struct sockaddr_un *)NULL)->sun_path)
+      return ctl_usage_error(ctl, "-s %s: %zu bytes, longer than the %zu a Unix socket path may "
+                                  "have", optarg, strlen(optarg),
+                             sizeof((struct sockaddr_un *)NULL)->sun_path - 1);
     ctl->socket = optarg;
     return -1;
   case 'j':

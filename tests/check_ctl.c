@@ -609,6 +609,27 @@ START_TEST(a_path_that_is_not_a_socket_is_named_as_such) {
 }
 END_TEST
 
+/* A socket path longer than sun_path allows is a malformed option argument: exit 2, as an empty
+ * one is (it was exit 1, as if a daemon had been asked and failed). */
+START_TEST(a_socket_path_too_long_for_a_unix_socket_is_a_usage_error) {
+  char path[121];
+  memset(path, 'x', sizeof path - 1);
+  path[sizeof path - 1] = '\0';
+  char *out, *err;
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", path, "status"), &out, &err), 2);
+  ck_assert_str_eq(out, "");
+  ck_assert_msg(strstr(err, "120 bytes, longer than the 107") != NULL, "%s", err);
+  ck_assert_msg(strstr(err, "usage:") != NULL, "%s", err);
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(DW_ARGS("--json", "status", "-s", path), &out, &err), 2);
+  expect_json_error(out, DEP_ERR_INVALID);
+  ck_assert_str_eq(err, "");
+  free(out);
+  free(err);
+}
+END_TEST
+
 START_TEST(help_lists_every_command_and_option) {
   static const char *const want[] = {
       "\n  status ",  "\n  reload ",  "\n  drain ",    "\n  version ", "\n  help ",
@@ -701,6 +722,7 @@ Suite *ctl_suite(void) {
   tcase_add_test(local, drain_options_that_do_not_fit_are_usage_errors_naming_them);
   tcase_add_test(local, a_path_that_is_not_a_socket_is_named_as_such);
   tcase_add_test(local, help_lists_every_command_and_option);
+  tcase_add_test(local, a_socket_path_too_long_for_a_unix_socket_is_a_usage_error);
   tcase_add_test(local, text_output_shows_long_strings_whole);
   tcase_add_test(local, a_value_a_row_lacks_is_a_dash_in_text_and_a_number_in_json);
   tcase_set_timeout(local, 30);
