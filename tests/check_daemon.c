@@ -320,15 +320,10 @@ START_TEST(test_second_daemon_refuses_to_start) {
   char out[300];
   dw_sfmt(out, sizeof out, "%s/second.log", d.dir);
   const char *args[] = {"-c", d.conf, NULL};
-  int st = dw_run_deepepd(args, out);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) != 0, "a second deepepd started (status %d)",
-                st);
-  char *text = dw_slurp(out);
   char want[300];
   dw_sfmt(want, sizeof want, "another deepepd is already listening on %s (pid %d)", d.sock,
           (int)d.pid);
-  ck_assert_msg(strstr(text, want) != NULL, "second daemon said: %s", text);
-  free(text);
+  dw_deepepd_exits(args, out, 1, want);
   /* The first keeps its socket file and its clients, and takes new ones. */
   struct stat sb;
   ck_assert_int_eq(stat(d.sock, &sb), 0);
@@ -373,12 +368,8 @@ START_TEST(test_non_socket_at_path_is_left_alone) {
   ck_assert_int_eq(tu_write_file(conf, yaml), 0);
   ck_assert_int_eq(tu_write_file(path, "precious\n"), 0);
   const char *args[] = {"-c", conf, NULL};
-  int st = dw_run_deepepd(args, out);
-  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1);
-  char *text = dw_slurp(out);
-  ck_assert_msg(strstr(text, "exists and is not a socket") != NULL, "said: %s", text);
-  free(text);
-  text = dw_slurp(path);
+  dw_deepepd_exits(args, out, 1, "exists and is not a socket");
+  char *text = dw_slurp(path);
   ck_assert_str_eq(text, "precious\n");
   free(text);
   tu_rmtree(dir);
@@ -396,12 +387,7 @@ START_TEST(test_socket_path_too_long_fails_loudly) {
   char out[300];
   dw_sfmt(out, sizeof out, "%s/out.log", dir);
   const char *args[] = {"--backend", "host", "-s", longpath, NULL};
-  int st = dw_run_deepepd(args, out);
-  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1);
-  char *text = dw_slurp(out);
-  ck_assert_msg(strstr(text, "socket path too long (150 bytes, max 107)") != NULL, "said: %s",
-                text);
-  free(text);
+  dw_deepepd_exits(args, out, 1, "socket path too long (150 bytes, max 107)");
   tu_rmtree(dir);
 }
 END_TEST
@@ -634,23 +620,14 @@ START_TEST(test_check_config) {
   ck_assert_int_eq(tu_write_file(good, "backend: host\nlimits:\n  max_jobs: 8\n"), 0);
   ck_assert_int_eq(tu_write_file(bad, "backend: host\nlimits:\n  max_jobz: 8\n"), 0);
   const char *a1[] = {"--check-config", good, NULL};
-  int st = dw_run_deepepd(a1, out);
-  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  char *text = dw_slurp(out);
   char want[400];
   dw_sfmt(want, sizeof want, "%s: ok", good);
-  ck_assert_msg(strstr(text, want) != NULL, "said: %s", text);
-  free(text);
+  dw_deepepd_exits(a1, out, 0, want);
   const char *a2[] = {"--check-config", bad, NULL};
-  st = dw_run_deepepd(a2, out);
-  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1);
-  text = dw_slurp(out);
   dw_sfmt(want, sizeof want, "%s:3:3:", bad);
-  ck_assert_msg(strstr(text, want) != NULL, "said: %s (wanted %s)", text, want);
-  free(text);
+  dw_deepepd_exits(a2, out, 1, want);
   const char *a3[] = {"--no-such-option", NULL};
-  st = dw_run_deepepd(a3, out);
-  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+  dw_deepepd_exits(a3, out, 2, NULL);
   tu_rmtree(dir);
 }
 END_TEST

@@ -286,13 +286,9 @@ START_TEST(test_a_missing_socket_group_stops_the_start) {
           "pool:\n  host_size: 64MiB\n  chunk_size: 2MiB\n", dir);
   ck_assert_int_eq(tu_write_file(conf, yaml), 0);
   const char *args[] = {"-c", conf, NULL};
-  int st = dw_run_deepepd(args, out);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "wait status %d", st);
-  char *text = dw_slurp(out);
   char want[400];
   dw_sfmt(want, sizeof want, "<3>%s: 'socket.group' is 'no-such-group-4d2': no such group", conf);
-  ck_assert_msg(strstr(text, want) != NULL, "said: %s", text);
-  free(text);
+  dw_deepepd_exits(args, out, 1, want);
   tu_rmtree(dir);
 }
 END_TEST
@@ -303,11 +299,7 @@ START_TEST(test_an_empty_socket_option_is_refused) {
   dw_sfmt(out, sizeof out, "%s/out.log", dir);
   /* With --check-config the old behaviour (the default socket) would pass as "ok". */
   const char *args[] = {"-s", "", "--check-config", "config/deepepd.yaml", NULL};
-  int st = dw_run_deepepd(args, out);
-  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 2, "wait status %d", st);
-  char *text = dw_slurp(out);
-  ck_assert_msg(strstr(text, "deepepd: -s/--socket needs a path") != NULL, "said: %s", text);
-  free(text);
+  dw_deepepd_exits(args, out, 2, "deepepd: -s/--socket needs a path");
   tu_rmtree(dir);
 }
 END_TEST

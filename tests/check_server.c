@@ -190,14 +190,10 @@ START_TEST(test_silent_live_process_keeps_the_socket) {
           sa.sun_path);
   ck_assert_int_eq(tu_write_file(conf, yaml), 0);
   const char *args[] = {"-c", conf, NULL};
-  int st = dw_run_deepepd(args, out);
-  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1);
-  char *text = dw_slurp(out);
   char want[300];
   dw_sfmt(want, sizeof want, "<3>process %d holds %s and accepts connections but did not answer",
           (int)getpid(), sa.sun_path);
-  ck_assert_msg(strstr(text, want) != NULL, "said: %s", text);
-  free(text);
+  dw_deepepd_exits(args, out, 1, want);
   struct stat sb;
   ck_assert_int_eq(stat(sa.sun_path, &sb), 0);
   close(s);
@@ -587,14 +583,10 @@ START_TEST(test_status_is_answered_while_the_pools_are_made) {
   char out[300];
   dw_sfmt(out, sizeof out, "%s/second.log", d.dir);
   const char *args[] = {"-c", d.conf, NULL};
-  int st = dw_run_deepepd(args, out);
-  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1);
-  char *text = dw_slurp(out);
   char want[300];
   dw_sfmt(want, sizeof want, "another deepepd is already listening on %s (pid %d)", d.sock,
           (int)d.pid);
-  ck_assert_msg(strstr(text, want) != NULL, "the second daemon said: %s", text);
-  free(text);
+  dw_deepepd_exits(args, out, 1, want);
   /* A waiting ATTACH whose connection goes away is forgotten. */
   int gone = dw_client(&d);
   struct dep_attach_args ga = dw_job_args("gone", 0, 1);

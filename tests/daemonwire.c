@@ -286,6 +286,16 @@ int dw_run_deepepd(const char *const args[], const char *out_path) {
   return -1;
 }
 
+void dw_deepepd_exits(const char *const args[], const char *out_path, int code, const char *want) {
+  int st = dw_run_deepepd(args, out_path);
+  char *text = dw_slurp(out_path);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == code,
+                "deepepd %s: wait status 0x%x, want exit %d; it said: %s", args[0], st, code, text);
+  ck_assert_msg(want == NULL || strstr(text, want) != NULL, "deepepd %s said: %s (want %s)",
+                args[0], text, want);
+  free(text);
+}
+
 /* A whole (small) file as a string; the caller frees it. */
 char *dw_slurp(const char *path) {
   char *text = calloc(1, 65536);

@@ -80,6 +80,9 @@ void dw_stop_ok(struct tu_daemon *d);
 
 /* Run deepepd with args (NULL-terminated), output to out_path; its wait status. */
 int dw_run_deepepd(const char *const args[], const char *out_path);
+/* dw_run_deepepd; the test fails unless deepepd exits with status `code`
+ * and its output contains `want` (not checked when NULL). */
+void dw_deepepd_exits(const char *const args[], const char *out_path, int code, const char *want);
 
 /* A whole (small) file as a string, empty when missing; the caller frees it. */
 char *dw_slurp(const char *path);
