@@ -153,8 +153,10 @@ class Buffer(HandlePools):
         self._streams: dict = {}  # raw stream -> torch.cuda.Stream, for recording events
         self.attached = False
         for name, v in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{name} must be a non-negative int, not {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+            if v < 0:
+                raise ValueError(f"{name} is {v}; it must be 0 or more")
         self.group = group
         self.comm = comm
         self.num_nvl_bytes = num_nvl_bytes

@@ -43,8 +43,10 @@ class Identity:
             raise ValueError(f"job_id {self.job_id!r} is longer than {_lib.JOB_ID_MAX - 1} bytes")
         for name in ("rank", "world_size", "local_rank", "local_world_size"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise TypeError(f"{name} must be a non-negative int, not {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+            if v < 0:
+                raise ValueError(f"{name} is {v}; it must be 0 or more")
         if not 1 <= self.world_size <= _lib.MAX_WORLD:
             raise ValueError(f"world_size {self.world_size} is out of range 1..{_lib.MAX_WORLD}")
         if self.rank >= self.world_size:

@@ -73,6 +73,23 @@ def test_identity_missing_or_wrong_names_the_field():
         from_environment(dict(RANK="x", WORLD_SIZE="1"))
 
 
+def test_a_wrong_type_is_a_type_error_and_a_wrong_value_a_value_error():
+    # As the Buffer's docstring and Python's own conventions have it: a negative rank is a bad
+    # value (it was a TypeError), a float byte count a bad type (it was a ValueError).
+    with pytest.raises(ValueError, match="rank is -1; it must be 0 or more"):
+        from_environment({}, job_id="j", rank=-1, world_size=1, local_rank=0,
+                         local_world_size=1)
+    with pytest.raises(ValueError, match="local_rank is -1"):
+        from_environment({}, job_id="j", rank=0, world_size=1, local_rank=-1,
+                         local_world_size=1)
+    with pytest.raises(TypeError, match="rank must be an int, not str"):
+        from_environment({}, job_id="j", rank="0", world_size=1)
+    with pytest.raises(TypeError, match="num_nvl_bytes must be an int, not float"):
+        deepep.Buffer(None, 1.5, job_id="j", rank=0, world_size=1)
+    with pytest.raises(ValueError, match="num_rdma_bytes is -1; it must be 0 or more"):
+        deepep.Buffer(None, 0, -1, job_id="j", rank=0, world_size=1)
+
+
 # ---- errors --------------------------------------------------------------------
 
 def test_missing_daemon_says_how_to_start_it(tmp_path):
