@@ -383,17 +383,34 @@ START_TEST(a_wrong_key_and_an_unlisted_peer_are_refused_and_logged) {
 }
 END_TEST
 
-START_TEST(random_bytes_on_the_peer_port_are_dropped) {
-  struct tu_daemon a;
-  char dir[256], key[300], ya[1024];
-  tu_tmpdir(dir, sizeof dir);
+/* A daemon in a fresh dir with a key, listening on 127.0.0.1 at port_base()
+ * for a peer on the next port that never comes; its peer port's address in *sa. */
+static void lone_daemon_start(struct tu_daemon *a, char *dir, size_t len, struct sockaddr_in *sa) {
+  char key[300], ya[1024];
+  tu_tmpdir(dir, len);
   write_key(dir, "key", key, sizeof key);
   int pa = port_base();
   peer_yaml(ya, sizeof ya, "127.0.0.1", pa, "127.0.0.1", pa + 1, key);
-  ck_assert_int_eq(tu_daemon_start(&a, ya), 0);
+  ck_assert_int_eq(tu_daemon_start(a, ya), 0);
+  *sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)pa)};
+  inet_pton(AF_INET, "127.0.0.1", &sa->sin_addr);
+}
+
+/* The daemon still answers on its socket; then stop it and remove dir. */
+static void lone_daemon_stop(struct tu_daemon *a, const char *dir) {
+  char state[32];
+  ck_assert_ptr_nonnull(tu_daemon_state(a->sock, state, sizeof state));
+  tu_daemon_stop(a);
+  tu_daemon_cleanup(a);
+  tu_rmtree(dir);
+}
+
+START_TEST(random_bytes_on_the_peer_port_are_dropped) {
+  struct tu_daemon a;
+  char dir[256];
+  struct sockaddr_in sa;
+  lone_daemon_start(&a, dir, sizeof dir, &sa);
   int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)pa)};
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
   ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
   uint8_t junk[512];
   for (size_t i = 0; i < sizeof junk; i++)
@@ -407,11 +424,7 @@ START_TEST(random_bytes_on_the_peer_port_are_dropped) {
   ck_assert_int_le(n, 0);
   close(fd);
   ck_assert(log_has(&a, "bad frame magic"));
-  char state[32];
-  ck_assert_ptr_nonnull(tu_daemon_state(a.sock, state, sizeof state));
-  tu_daemon_stop(&a);
-  tu_daemon_cleanup(&a);
-  tu_rmtree(dir);
+  lone_daemon_stop(&a, dir);
 }
 END_TEST
 
@@ -419,16 +432,11 @@ END_TEST
  * they are closed at once, logged once, and the daemon carries on. */
 START_TEST(a_flood_of_silent_connections_is_bounded) {
   struct tu_daemon a;
-  char dir[256], key[300], ya[1024];
-  tu_tmpdir(dir, sizeof dir);
-  write_key(dir, "key", key, sizeof key);
-  int pa = port_base();
-  peer_yaml(ya, sizeof ya, "127.0.0.1", pa, "127.0.0.1", pa + 1, key);
-  ck_assert_int_eq(tu_daemon_start(&a, ya), 0);
+  char dir[256];
+  struct sockaddr_in sa;
+  lone_daemon_start(&a, dir, sizeof dir, &sa);
   enum { N = 300 };
   static int fds[N];
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)pa)};
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
   for (int i = 0; i < N; i++) {
     fds[i] = socket(AF_INET, SOCK_STREAM, 0);
     ck_assert_int_ge(fds[i], 0);
@@ -447,11 +455,7 @@ START_TEST(a_flood_of_silent_connections_is_bounded) {
   ck_assert_int_eq(read(fds[N - 1], &b, 1), 0);
   for (int i = 0; i < N; i++)
     close(fds[i]);
-  char state[32];
-  ck_assert_ptr_nonnull(tu_daemon_state(a.sock, state, sizeof state));
-  tu_daemon_stop(&a);
-  tu_daemon_cleanup(&a);
-  tu_rmtree(dir);
+  lone_daemon_stop(&a, dir);
 }
 END_TEST
 
