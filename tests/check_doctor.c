@@ -42,6 +42,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "clienttest.h"
 #include "ctl_doctor.h"
 #include "cudadrv.h"
 #include "cudaranks.h"
@@ -464,9 +465,7 @@ static void dg_hog_end(struct dw_child *hog, const uint8_t uuid[16]) {
  * them once a second (lend.c), so memory an exited rank held counts as held
  * by a gone process until then, which the allocation check sees. */
 static void dg_no_jobs(const struct tu_daemon *d) {
-  dep_client_t *c = NULL;
-  ck_assert_int_eq(dep_client_new(&c), 0);
-  ck_assert_int_eq(dep_connect(c, d->sock), 0);
+  dep_client_t *c = cl_connect(d->sock);
   uint32_t jobs = 1;
   uint64_t held = 1;
   for (int i = 0; i < 500 && (jobs > 0 || held > 0); i++) {

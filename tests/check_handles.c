@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "clienttest.h"
 #include "daemonwire.h"
 #include "deepep.h"
 #include "opsworld.h"
@@ -289,12 +290,10 @@ END_TEST
 /* One rank of a job of this shape on daemon dm, attached as job. */
 static dep_client_t *hd_attach_one(const struct tu_daemon *dm, const char *job,
                                    const struct dep_job_shape *s) {
-  dep_client_t *c = NULL;
   struct dep_attach_args a = {.size = sizeof a, .world_size = 1, .local_world_size = 1,
                               .shape = *s};
   snprintf(a.job_id, sizeof a.job_id, "%s", job);
-  ck_assert_int_eq(dep_client_new(&c), 0);
-  ck_assert_int_eq(dep_connect(c, dm->sock), 0);
+  dep_client_t *c = cl_connect(dm->sock);
   ck_assert_msg(dep_attach(c, &a) == 0, "dep_attach: %s", dep_errmsg(c));
   return c;
 }

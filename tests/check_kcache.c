@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "client_internal.h"
+#include "clienttest.h"
 #include "codec.h"
 #include "cudaranks.h"
 #include "kcache.h"
@@ -420,9 +421,7 @@ START_TEST(a_daemon_with_no_compile_to_lend_says_so_and_keeps_the_connection) {
   }
   struct tu_daemon d;
   ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
-  dep_client_t *c = NULL;
-  ck_assert_int_eq(dep_client_new(&c), 0);
-  ck_assert_int_eq(dep_connect(c, d.sock), 0);
+  dep_client_t *c = cl_connect(d.sock);
   struct dep_msg_kernels m = {{0}};
   struct client_frame f;
   ck_assert_int_eq(client_request(c, DEP_MSG_KERNELS, &m, DEP_MSG_KERNELS_OK, 5000, &f),

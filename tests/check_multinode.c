@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "clienttest.h"
 #include "daemonwire.h"
 #include "deepep.h"
 #include "nodes.h"
@@ -523,9 +524,7 @@ END_TEST
 START_TEST(a_job_spanning_nodes_on_a_daemon_without_peers_runs_no_operation) {
   struct tu_daemon d;
   ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
-  dep_client_t *c = NULL;
-  ck_assert_int_eq(dep_client_new(&c), 0);
-  ck_assert_int_eq(dep_connect(c, d.sock), 0);
+  dep_client_t *c = cl_connect(d.sock);
   struct dep_attach_args a = {.size = sizeof a, .rank = 0, .world_size = 2, .local_rank = 0,
                               .local_world_size = 1,
                               .shape = {.max_tokens_per_rank = 4, .hidden = 128,

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "client_internal.h"
+#include "clienttest.h"
 #include "cudaranks.h"
 #include "kimage.h"
 #include "proto.h"
@@ -413,9 +414,7 @@ START_TEST(tune_before_attach_is_refused_and_the_connection_kept) {
   }
   struct tu_daemon d;
   ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
-  dep_client_t *c = NULL;
-  ck_assert_int_eq(dep_client_new(&c), 0);
-  ck_assert_int_eq(dep_connect(c, d.sock), 0);
+  dep_client_t *c = cl_connect(d.sock);
   struct dep_msg_tune m = {.sms = 132};
   struct client_frame f;
   ck_assert_int_eq(client_request(c, DEP_MSG_TUNE, &m, DEP_MSG_TUNE_OK, 5000, &f), DEP_ERR_STATE);

@@ -1,6 +1,7 @@
 /*
  * clienttest.h — what the client suites share (check_client.c,
- * check_client_daemon.c): a client handle and a valid attach.  Prefix cl_.
+ * check_client_daemon.c): a client handle, one connected to a daemon (which
+ * the other suites use too) and a valid attach.  Prefix cl_.
  */
 #ifndef DEP_CLIENTTEST_H
 #define DEP_CLIENTTEST_H

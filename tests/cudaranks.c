@@ -2,6 +2,7 @@
  * cudaranks.c — rank processes and rank threads on the cuda backend for
  * check_cuda_ops.c (cudaranks.h).
  */
+#include "clienttest.h"
 #include "cudaranks.h"
 
 #include <check.h>
@@ -145,9 +146,7 @@ void cr_world_start(struct cr_world *w, const char *yaml) {
 }
 
 void cr_world_stop(struct cr_world *w) {
-  dep_client_t *c = NULL;
-  ck_assert_int_eq(dep_client_new(&c), 0);
-  ck_assert_msg(dep_connect(c, w->dm.sock) == 0, "%s", dep_errmsg(c));
+  dep_client_t *c = cl_connect(w->dm.sock);
   struct dep_status *st = NULL;
   for (int i = 0; i < 200; i++) {
     ck_assert_msg(dep_status(c, &st) == 0, "deepepd stopped answering: %s", dep_errmsg(c));

@@ -13,6 +13,7 @@
  * daemon serves exactly those GPUs.  A rank that fails reports the line here
  * that failed over the group's pipe and writes why on stderr.
  */
+#include "clienttest.h"
 #include "memranks.h"
 
 #include <check.h>
@@ -611,10 +612,7 @@ void mr_start_pool(struct tu_daemon *d, unsigned pool_mib, const char *pool_keys
 }
 
 dep_client_t *mr_observer(const struct tu_daemon *d) {
-  dep_client_t *c = NULL;
-  ck_assert_int_eq(dep_client_new(&c), 0);
-  ck_assert_msg(dep_connect(c, d->sock) == 0, "%s", dep_errmsg(c));
-  return c;
+  return cl_connect(d->sock);
 }
 
 /* The daemon survived everything: it still answers and exits cleanly on SIGTERM. */
