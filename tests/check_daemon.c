@@ -395,71 +395,18 @@ END_TEST
 /* READY=1 once listening, RELOADING=1 + READY=1 on SIGHUP, STOPPING=1 on SIGTERM. */
 static void check_notify(bool abstract) {
   struct tu_daemon d;
-  memset(&d, 0, sizeof d);
-  tu_tmpdir(d.dir, sizeof d.dir);
-  dw_sfmt(d.sock, sizeof d.sock, "%s/d.sock", d.dir);
-  dw_sfmt(d.conf, sizeof d.conf, "%s/deepepd.yaml", d.dir);
-  dw_sfmt(d.log, sizeof d.log, "%s/deepepd.log", d.dir);
-  char yaml[512];
-  /* A small pool: the default 1 GiB takes longer than EXPECT_NOTIFY waits
-   * to make on a busy two-core machine. */
-  dw_sfmt(yaml, sizeof yaml,
-          "socket:\n  path: %s\nbackend: host\npool:\n  host_size: 64MiB\n  chunk_size: 2MiB\n",
-          d.sock);
-  ck_assert_int_eq(tu_write_file(d.conf, yaml), 0);
-  char name[200];
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  socklen_t salen;
-  if (abstract) {
-    dw_sfmt(name, sizeof name, "@deepepd-test-%d", (int)getpid());
-    memcpy(sa.sun_path + 1, name + 1, strlen(name) - 1);
-    salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(name));
-  } else {
-    dw_sfmt(name, sizeof name, "%s/notify", d.dir);
-    dw_sfmt(sa.sun_path, sizeof sa.sun_path, "%s", name);
-    salen = sizeof sa;
-  }
-  int ns = socket(AF_UNIX, SOCK_DGRAM, 0);
-  ck_assert_int_eq(bind(ns, (struct sockaddr *)&sa, salen), 0);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0) {
-    int fd = open(d.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(fd, 2);
-    setenv("NOTIFY_SOCKET", name, 1);
-    execl(tu_bin("deepepd"), "deepepd", "-c", d.conf, (char *)NULL);
-    _exit(127);
-  }
-  d.pid = pid;
-  char got[512];
-  /* Collect datagrams until want arrives (5 s). */
-#define EXPECT_NOTIFY(want)                                                         \
-  do {                                                                              \
-    bool seen = false;                                                              \
-    int64_t dl = dw_now_ms() + 5000;                                                   \
-    while (!seen && dw_now_ms() < dl) {                                                \
-      struct pollfd pfd = {.fd = ns, .events = POLLIN};                             \
-      if (poll(&pfd, 1, 100) <= 0)                                                  \
-        continue;                                                                   \
-      ssize_t n = recv(ns, got, sizeof got - 1, 0);                                 \
-      ck_assert_int_gt(n, 0);                                                       \
-      got[n] = '\0';                                                                \
-      seen = strncmp(got, want, strlen(want)) == 0;                                 \
-    }                                                                               \
-    ck_assert_msg(seen, "no %s from deepepd (last: %s)", want, got);                \
-  } while (0)
-  EXPECT_NOTIFY("READY=1");
+  int ns = dw_start_notifying(&d, abstract);
+  dw_expect_notify(ns, "READY=1");
   /* Ready means listening. */
   int fd = dw_client(&d);
   close(fd);
-  kill(pid, SIGHUP);
-  EXPECT_NOTIFY("RELOADING=1");
-  EXPECT_NOTIFY("READY=1");
-  kill(pid, SIGTERM);
-  EXPECT_NOTIFY("STOPPING=1");
-#undef EXPECT_NOTIFY
+  kill(d.pid, SIGHUP);
+  dw_expect_notify(ns, "RELOADING=1");
+  dw_expect_notify(ns, "READY=1");
+  kill(d.pid, SIGTERM);
+  dw_expect_notify(ns, "STOPPING=1");
   int st;
-  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_int_eq(waitpid(d.pid, &st, 0), d.pid);
   ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   d.pid = 0;
   close(ns);

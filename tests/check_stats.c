@@ -27,14 +27,11 @@
  */
 #include <check.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "cudaranks.h"
@@ -311,55 +308,20 @@ START_TEST(an_ordinary_first_call_is_not_logged) {
 END_TEST
 
 START_TEST(systemd_status_says_jobs_ranks_and_warnings) {
-  /* The daemon by hand (tu_daemon_start keeps NOTIFY_SOCKET from it), on a datagram socket. */
   struct tu_daemon d;
-  memset(&d, 0, sizeof d);
-  tu_tmpdir(d.dir, sizeof d.dir);
-  dw_sfmt(d.sock, sizeof d.sock, "%s/d.sock", d.dir);
-  dw_sfmt(d.conf, sizeof d.conf, "%s/deepepd.yaml", d.dir);
-  dw_sfmt(d.log, sizeof d.log, "%s/deepepd.log", d.dir);
-  char yaml[600];
-  dw_sfmt(yaml, sizeof yaml, "socket:\n  path: %s\nbackend: host\npool:\n  host_size: 64MiB\n"
-          "  chunk_size: 2MiB\n", d.sock);
-  ck_assert_int_eq(tu_write_file(d.conf, yaml), 0);
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  dw_sfmt(sa.sun_path, sizeof sa.sun_path, "%s/notify", d.dir);
-  int ns = socket(AF_UNIX, SOCK_DGRAM, 0);
-  ck_assert_int_eq(bind(ns, (struct sockaddr *)&sa, sizeof sa), 0);
-  fflush(NULL);
-  d.pid = fork();
-  ck_assert_int_ge(d.pid, 0);
-  if (d.pid == 0) {
-    int fd = open(d.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(fd, 2);
-    setenv("NOTIFY_SOCKET", sa.sun_path, 1);
-    execl(tu_bin("deepepd"), "deepepd", "-c", d.conf, (char *)NULL);
-    _exit(127);
-  }
-  char want[400], got[512] = "";
-#define ST_NOTIFY(...)                                                        \
-  do {                                                                        \
-    dw_sfmt(want, sizeof want, __VA_ARGS__);                                  \
-    bool seen_ = false;                                                       \
-    for (int64_t dl_ = dw_now_ms() + 5000; !seen_ && dw_now_ms() < dl_;) {    \
-      struct pollfd pfd_ = {.fd = ns, .events = POLLIN};                      \
-      if (poll(&pfd_, 1, 100) <= 0)                                           \
-        continue;                                                             \
-      ssize_t n_ = recv(ns, got, sizeof got - 1, 0);                          \
-      ck_assert_int_gt(n_, 0);                                                \
-      got[n_] = '\0';                                                         \
-      seen_ = strcmp(got, want) == 0;                                         \
-    }                                                                         \
-    ck_assert_msg(seen_, "no \"%s\" from deepepd (last: %s)", want, got);     \
-  } while (0)
-  ST_NOTIFY("READY=1");
+  int ns = dw_start_notifying(&d, false);
+  dw_expect_notify(ns, "READY=1");
   const struct st_plan plan = {.pairs = 2};
   struct st_rank r[ST_W];
   st_job_start(r, &d, "st-notify", &plan);
-  ST_NOTIFY("STATUS=ready on %s: 1 job(s), 2 rank(s) reporting, 0 first-call warning(s)", d.sock);
+  char want[400];
+  dw_sfmt(want, sizeof want,
+          "STATUS=ready on %s: 1 job(s), 2 rank(s) reporting, 0 first-call warning(s)", d.sock);
+  dw_expect_notify(ns, want);
   st_job_end(r, false);
-  ST_NOTIFY("STATUS=ready on %s: 0 job(s), 0 rank(s) reporting, 0 first-call warning(s)", d.sock);
-#undef ST_NOTIFY
+  dw_sfmt(want, sizeof want,
+          "STATUS=ready on %s: 0 job(s), 0 rank(s) reporting, 0 first-call warning(s)", d.sock);
+  dw_expect_notify(ns, want);
   close(ns);
   dw_stop_ok(&d);
 }

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -252,6 +253,63 @@ void dw_stop_ok(struct tu_daemon *d) {
   ck_assert_msg(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
                 "deepepd did not exit cleanly (wait status %d)", st);
   tu_daemon_cleanup(d);
+}
+
+int dw_start_notifying(struct tu_daemon *d, bool abstract) {
+  memset(d, 0, sizeof *d);
+  tu_tmpdir(d->dir, sizeof d->dir);
+  dw_sfmt(d->sock, sizeof d->sock, "%s/d.sock", d->dir);
+  dw_sfmt(d->conf, sizeof d->conf, "%s/deepepd.yaml", d->dir);
+  dw_sfmt(d->log, sizeof d->log, "%s/deepepd.log", d->dir);
+  char yaml[600];
+  /* A small pool: the default 1 GiB takes longer than dw_expect_notify waits
+   * to make on a busy two-core machine. */
+  dw_sfmt(yaml, sizeof yaml,
+          "socket:\n  path: %s\nbackend: host\npool:\n  host_size: 64MiB\n  chunk_size: 2MiB\n",
+          d->sock);
+  ck_assert_int_eq(tu_write_file(d->conf, yaml), 0);
+  char name[200];
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  socklen_t salen;
+  if (abstract) {
+    dw_sfmt(name, sizeof name, "@deepepd-test-%d", (int)getpid());
+    memcpy(sa.sun_path + 1, name + 1, strlen(name) - 1);
+    salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(name));
+  } else {
+    dw_sfmt(name, sizeof name, "%s/notify", d->dir);
+    dw_sfmt(sa.sun_path, sizeof sa.sun_path, "%s", name);
+    salen = sizeof sa;
+  }
+  int ns = socket(AF_UNIX, SOCK_DGRAM, 0);
+  ck_assert_int_ge(ns, 0);
+  ck_assert_int_eq(bind(ns, (struct sockaddr *)&sa, salen), 0);
+  fflush(NULL);
+  d->pid = fork();
+  ck_assert_int_ge(d->pid, 0);
+  if (d->pid == 0) {
+    int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, 2);
+    setenv("NOTIFY_SOCKET", name, 1);
+    execl(tu_bin("deepepd"), "deepepd", "-c", d->conf, (char *)NULL);
+    _exit(127);
+  }
+  return ns;
+}
+
+void dw_expect_notify(int ns, const char *want) {
+  char got[512] = "";
+  const size_t len = strlen(want);
+  bool seen = false;
+  for (int64_t dl = dw_now_ms() + 5000; !seen && dw_now_ms() < dl;) {
+    struct pollfd pfd = {.fd = ns, .events = POLLIN};
+    if (poll(&pfd, 1, 100) <= 0)
+      continue;
+    ssize_t n = recv(ns, got, sizeof got - 1, 0);
+    ck_assert_int_gt(n, 0);
+    got[n] = '\0';
+    seen = strncmp(got, want, len) == 0 && (got[len] == '\0' || got[len] == '\n');
+  }
+  ck_assert_msg(seen, "no \"%s\" from deepepd (last: %s)", want, got);
 }
 
 /* Run deepepd with args, output to out_path; returns its wait status. */

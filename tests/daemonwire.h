@@ -78,6 +78,16 @@ bool dw_log_has(const struct tu_daemon *d, const char *needle, int timeout_ms);
 void dw_start(struct tu_daemon *d, const char *extra_yaml);
 void dw_stop_ok(struct tu_daemon *d);
 
+/* A daemon started by hand (tu_daemon_start keeps NOTIFY_SOCKET from it) in
+ * a fresh directory, on a 64 MiB host pool, sending its sd_notify datagrams
+ * to a socket of ours: d->dir/notify, or an abstract one when abstract.
+ * Returns that socket; d->pid is the daemon's. */
+int dw_start_notifying(struct tu_daemon *d, bool abstract);
+/* Wait up to 5 s for a datagram on ns whose first line is want (the whole
+ * datagram, or the part before its first newline); the test fails, naming
+ * the last one seen, if none comes. */
+void dw_expect_notify(int ns, const char *want);
+
 /* Run deepepd with args (NULL-terminated), output to out_path; its wait status. */
 int dw_run_deepepd(const char *const args[], const char *out_path);
 /* dw_run_deepepd; the test fails unless deepepd exits with status `code`
