@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
@@ -33,6 +34,9 @@ int ctl_genkey(struct ctl *ctl, int argc, char **argv) {
     }
     if (path != NULL)
       return ctl_usage_error(ctl, "genkey takes one FILE, not also \"%s\"", argv[i]);
+    if (argv[i][0] == '\0')
+      return ctl_usage_error(ctl, "genkey needs a FILE name, not an empty string (none, or -, "
+                                  "for standard output)");
     path = argv[i];
   }
   unsigned char key[GENKEY_BYTES];
@@ -52,7 +56,17 @@ int ctl_genkey(struct ctl *ctl, int argc, char **argv) {
   hex[2 * GENKEY_BYTES + 1] = '\0';
   memset(key, 0, sizeof key);
   if (path == NULL || strcmp(path, "-") == 0) {
-    fputs(hex, stdout);
+    if (ctl->json) {
+      /* --json: one object, as every command prints ({"key": "64 hex digits"}). */
+      hex[2 * GENKEY_BYTES] = '\0';
+      static const struct ctl_col cols[] = {{"key", "key", CTL_STR, 0}};
+      const struct ctl_val vals[] = {{.s = hex}};
+      const struct ctl_doc doc = {cols, vals, 1, NULL, 0};
+      ctl_out_render(stdout, &doc, true);
+    } else {
+      fputs(hex, stdout);
+    }
+    memset(hex, 0, sizeof hex);
     return ctl_finish_output(CTL_EXIT_OK);
   }
   int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -77,7 +91,19 @@ int ctl_genkey(struct ctl *ctl, int argc, char **argv) {
   }
   if (fsync(fd) != 0 || close(fd) != 0)
     return ctl_fail(ctl, DEP_ERR_IO, "genkey: writing %s: %s", path, strerror(errno));
-  fprintf(stderr, "deepepctl: wrote a new peer key to %s (mode 0600); copy it to every node\n",
-          path);
-  return CTL_EXIT_OK;
+  memset(hex, 0, sizeof hex);
+  char said[PATH_MAX + 96];
+  snprintf(said, sizeof said, "wrote a new peer key to %s (mode 0600); copy it to every node",
+           path);
+  if (!ctl->json) {
+    fprintf(stderr, "deepepctl: %s\n", said);
+    return CTL_EXIT_OK;
+  }
+  /* --json: the answer on stdout as one object, nothing on stderr (deepepctl(1)). */
+  static const struct ctl_col cols[] = {{"result", "genkey", CTL_STR, 0},
+                                        {"file", "file", CTL_STR, 0}};
+  const struct ctl_val vals[] = {{.s = said}, {.s = path}};
+  const struct ctl_doc doc = {cols, vals, 2, NULL, 0};
+  ctl_out_render(stdout, &doc, true);
+  return ctl_finish_output(CTL_EXIT_OK);
 }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -630,6 +631,42 @@ START_TEST(a_socket_path_too_long_for_a_unix_socket_is_a_usage_error) {
 }
 END_TEST
 
+/* genkey under --json prints one JSON object on stdout, as every command does, and nothing on
+ * stderr: {"result", "file"} for a FILE (it printed its text line on stderr and nothing on stdout),
+ * {"key"} to stdout (it printed the bare hex).  An empty FILE is a usage error. */
+START_TEST(genkey_under_json_prints_one_object) {
+  char dir[200], path[256], want[400];
+  tu_tmpdir(dir, sizeof dir);
+  dw_sfmt(path, sizeof path, "%s/peer.key", dir);
+  char *out, *err;
+  ck_assert_int_eq(ctl_run(DW_ARGS("--json", "genkey", path), &out, &err), 0);
+  dw_sfmt(want, sizeof want,
+          "{\"result\":\"wrote a new peer key to %s (mode 0600); copy it to every node\","
+          "\"file\":\"%s\"}\n", path, path);
+  ck_assert_str_eq(out, want);
+  ck_assert_str_eq(err, "");
+  free(out);
+  free(err);
+  struct stat st;
+  ck_assert_int_eq(stat(path, &st), 0);
+  ck_assert_uint_eq(st.st_mode & 07777, 0600);
+  ck_assert_int_eq(st.st_size, 65);
+  ck_assert_int_eq(ctl_run(DW_ARGS("--json", "genkey"), &out, &err), 0);
+  ck_assert_msg(starts(out, "{\"key\":\"") && strlen(out) == 8 + 64 + 3 &&
+                    strcmp(out + 8 + 64, "\"}\n") == 0 &&
+                    strspn(out + 8, "0123456789abcdef") == 64,
+                "%s", out);
+  ck_assert_str_eq(err, "");
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(DW_ARGS("genkey", ""), &out, &err), 2);
+  ck_assert_msg(strstr(err, "genkey needs a FILE name") != NULL, "%s", err);
+  free(out);
+  free(err);
+  tu_rmtree(dir);
+}
+END_TEST
+
 START_TEST(help_lists_every_command_and_option) {
   static const char *const want[] = {
       "\n  status ",  "\n  reload ",  "\n  drain ",    "\n  version ", "\n  help ",
@@ -722,6 +759,7 @@ Suite *ctl_suite(void) {
   tcase_add_test(local, drain_options_that_do_not_fit_are_usage_errors_naming_them);
   tcase_add_test(local, a_path_that_is_not_a_socket_is_named_as_such);
   tcase_add_test(local, help_lists_every_command_and_option);
+  tcase_add_test(local, genkey_under_json_prints_one_object);
   tcase_add_test(local, a_socket_path_too_long_for_a_unix_socket_is_a_usage_error);
   tcase_add_test(local, text_output_shows_long_strings_whole);
   tcase_add_test(local, a_value_a_row_lacks_is_a_dash_in_text_and_a_number_in_json);
