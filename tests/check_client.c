@@ -105,10 +105,9 @@ START_TEST(too_long_path_is_invalid) {
 END_TEST
 
 START_TEST(socket_without_access_is_permission) {
-  char dir[200], sock[256];
-  tu_tmpdir(dir, sizeof dir);
-  pid_t fake = fake_daemon_start(dir, sock, sizeof sock, FAKE_SILENT_ATTACH);
-  ck_assert_int_eq(chmod(sock, 0600), 0);
+  struct fake_daemon fake;
+  fake_daemon_start(&fake, FAKE_SILENT_ATTACH);
+  ck_assert_int_eq(chmod(fake.sock, 0600), 0);
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
   if (pid == 0) {
@@ -118,15 +117,14 @@ START_TEST(socket_without_access_is_permission) {
     dep_client_t *c = NULL;
     if (dep_client_new(&c) != 0)
       _exit(11);
-    int rc = dep_connect(c, sock);
-    int named = strstr(dep_errmsg(c), sock) != NULL && strstr(dep_errmsg(c), "group") != NULL;
+    int rc = dep_connect(c, fake.sock);
+    int named = strstr(dep_errmsg(c), fake.sock) != NULL && strstr(dep_errmsg(c), "group") != NULL;
     dep_client_free(c);
     _exit(rc == DEP_ERR_PERMISSION && named ? 0 : 12);
   }
   int st = 0;
   waitpid(pid, &st, 0);
-  fake_daemon_stop(fake);
-  tu_rmtree(dir);
+  fake_daemon_stop(&fake);
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status 0x%x", st);
 }
 END_TEST
@@ -230,11 +228,10 @@ START_TEST(fake_daemon_violations_are_refused) {
       {FAKE_WRONG_TYPE, 0, DEP_ERR_PROTOCOL, "DETACH_OK"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    char dir[200], sock[256];
-    tu_tmpdir(dir, sizeof dir);
-    pid_t fake = fake_daemon_start(dir, sock, sizeof sock, cases[i].script);
+    struct fake_daemon fake;
+    fake_daemon_start(&fake, cases[i].script);
     dep_client_t *c = cl_new_client();
-    int rc = dep_connect(c, sock);
+    int rc = dep_connect(c, fake.sock);
     ck_assert_int_eq(rc, cases[i].connect_rc);
     if (rc == 0) {
       struct dep_status *st = NULL;
@@ -248,36 +245,32 @@ START_TEST(fake_daemon_violations_are_refused) {
     ck_assert_int_eq(dep_status(c, &st), DEP_ERR_STATE);
     ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "dep_connect"));
     dep_client_free(c);
-    fake_daemon_stop(fake);
-    tu_rmtree(dir);
+    fake_daemon_stop(&fake);
   }
 }
 END_TEST
 
 /* Racing the daemon's close, the client still reports its reason. */
 START_TEST(refusal_on_accept_reports_the_daemons_reason) {
-  char dir[200], sock[256];
-  tu_tmpdir(dir, sizeof dir);
-  pid_t fake = fake_daemon_start(dir, sock, sizeof sock, FAKE_REFUSE);
+  struct fake_daemon fake;
+  fake_daemon_start(&fake, FAKE_REFUSE);
   dep_client_t *c = cl_new_client();
   for (int i = 0; i < FAKE_REFUSALS; i++) {
-    ck_assert_int_eq(dep_connect(c, sock), DEP_ERR_PERMISSION);
+    ck_assert_int_eq(dep_connect(c, fake.sock), DEP_ERR_PERMISSION);
     ck_assert_msg(strstr(dep_errmsg(c), "not allowed by the fake deepepd") != NULL, "try %d: %s",
                   i, dep_errmsg(c));
     ck_assert_int_eq(dep_status(c, &(struct dep_status *){NULL}), DEP_ERR_STATE);
   }
   dep_client_free(c);
-  fake_daemon_stop(fake);
-  tu_rmtree(dir);
+  fake_daemon_stop(&fake);
 }
 END_TEST
 
 START_TEST(silent_attach_times_out_on_the_client) {
-  char dir[200], sock[256];
-  tu_tmpdir(dir, sizeof dir);
-  pid_t fake = fake_daemon_start(dir, sock, sizeof sock, FAKE_SILENT_ATTACH);
+  struct fake_daemon fake;
+  fake_daemon_start(&fake, FAKE_SILENT_ATTACH);
   setenv("DEEPEPD_ATTACH_TIMEOUT_MS", "200", 1);
-  dep_client_t *c = cl_connect(sock);
+  dep_client_t *c = cl_connect(fake.sock);
   struct dep_attach_args a = cl_attach_args("job-silent", 0);
   int64_t t0 = dw_now_ms();
   ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_TIMEOUT);
@@ -287,23 +280,20 @@ START_TEST(silent_attach_times_out_on_the_client) {
   ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "job-silent"));
   ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_STATE); /* closed after the timeout */
   dep_client_free(c);
-  fake_daemon_stop(fake);
-  tu_rmtree(dir);
+  fake_daemon_stop(&fake);
 }
 END_TEST
 
 START_TEST(bad_attach_timeout_env_is_invalid) {
-  char dir[200], sock[256];
-  tu_tmpdir(dir, sizeof dir);
-  pid_t fake = fake_daemon_start(dir, sock, sizeof sock, FAKE_SILENT_ATTACH);
+  struct fake_daemon fake;
+  fake_daemon_start(&fake, FAKE_SILENT_ATTACH);
   setenv("DEEPEPD_ATTACH_TIMEOUT_MS", "soon", 1);
-  dep_client_t *c = cl_connect(sock);
+  dep_client_t *c = cl_connect(fake.sock);
   struct dep_attach_args a = cl_attach_args("job-env", 0);
   ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_INVALID);
   ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "DEEPEPD_ATTACH_TIMEOUT_MS"));
   dep_client_free(c);
-  fake_daemon_stop(fake);
-  tu_rmtree(dir);
+  fake_daemon_stop(&fake);
 }
 END_TEST
 
@@ -396,30 +386,27 @@ END_TEST
  */
 START_TEST(slabs_are_unmapped_before_the_daemon_hears_detach) {
   for (int by_free = 0; by_free <= 1; by_free++) {
-    char dir[200], sock[256];
-    tu_tmpdir(dir, sizeof dir);
-    pid_t fake = fake_daemon_start(dir, sock, sizeof sock, FAKE_ATTACH_UNMAP);
-    dep_client_t *c = cl_connect(sock);
+    struct fake_daemon fake;
+    fake_daemon_start(&fake, FAKE_ATTACH_UNMAP);
+    dep_client_t *c = cl_connect(fake.sock);
     struct dep_attach_args a = cl_attach_args("job-unmap", 0);
     ck_assert_int_eq(dep_attach(c, &a), DEP_OK);
     if (!by_free)
       ck_assert_int_eq(dep_detach(c), DEP_OK);
     dep_client_free(c);
-    ck_assert_msg(fake_daemon_wait(fake) == 0, "DETACH came while the slabs were mapped (%s)",
+    ck_assert_msg(fake_daemon_wait(&fake) == 0, "DETACH came while the slabs were mapped (%s)",
                   by_free ? "dep_client_free" : "dep_detach");
-    tu_rmtree(dir);
   }
 }
 END_TEST
 
 START_TEST(attach_reply_fds_never_leak) {
   for (int lie = 0; lie <= 1; lie++) {
-    char dir[200], sock[256];
-    tu_tmpdir(dir, sizeof dir);
-    pid_t fake = fake_daemon_start(dir, sock, sizeof sock, lie ? FAKE_ATTACH_FDS_LIE : FAKE_ATTACH_FDS);
+    struct fake_daemon fake;
+    fake_daemon_start(&fake, lie ? FAKE_ATTACH_FDS_LIE : FAKE_ATTACH_FDS);
     dep_client_t *c = cl_new_client();
     int before = count_open_fds();
-    ck_assert_int_eq(dep_connect(c, sock), 0);
+    ck_assert_int_eq(dep_connect(c, fake.sock), 0);
     struct dep_attach_args a = cl_attach_args("job-fds", 0);
     if (lie) {
       ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_PROTOCOL);
@@ -432,8 +419,7 @@ START_TEST(attach_reply_fds_never_leak) {
     }
     dep_client_free(c);
     ck_assert_int_eq(count_open_fds(), before);
-    fake_daemon_stop(fake);
-    tu_rmtree(dir);
+    fake_daemon_stop(&fake);
   }
 }
 END_TEST

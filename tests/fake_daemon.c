@@ -20,6 +20,7 @@
 
 #include "fdpass.h"
 #include "proto.h"
+#include "testutil.h"
 
 /* A Unix stream socket bound to path (not listening). */
 int fake_daemon_bind(const char *path) {
@@ -158,25 +159,27 @@ static void fake_serve(int lfd, enum fake_script script) {
 }
 
 /* Start a fake daemon on dir/fake.sock; returns its pid. */
-pid_t fake_daemon_start(const char *dir, char *sock, size_t len, enum fake_script script) {
-  snprintf(sock, len, "%s/fake.sock", dir);
-  int lfd = fake_daemon_bind(sock);
+void fake_daemon_start(struct fake_daemon *f, enum fake_script script) {
+  tu_tmpdir(f->dir, sizeof f->dir);
+  snprintf(f->sock, sizeof f->sock, "%s/fake.sock", f->dir);
+  int lfd = fake_daemon_bind(f->sock);
   ck_assert_int_eq(listen(lfd, 4), 0);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0)
+  f->pid = fork();
+  ck_assert_int_ge(f->pid, 0);
+  if (f->pid == 0)
     fake_serve(lfd, script);
   close(lfd);
-  return pid;
 }
 
-int fake_daemon_wait(pid_t pid) {
+int fake_daemon_wait(struct fake_daemon *f) {
   int st = 0;
-  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert_int_eq(waitpid(f->pid, &st, 0), f->pid);
+  tu_rmtree(f->dir);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-void fake_daemon_stop(pid_t pid) {
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
+void fake_daemon_stop(struct fake_daemon *f) {
+  kill(f->pid, SIGKILL);
+  waitpid(f->pid, NULL, 0);
+  tu_rmtree(f->dir);
 }

@@ -27,12 +27,20 @@ enum fake_script {
 /* A Unix stream socket bound to path, not listening (asserts on failure). */
 int fake_daemon_bind(const char *path);
 
-/* Serve `script` on dir/fake.sock (path written to sock) in a child; returns its pid. */
-pid_t fake_daemon_start(const char *dir, char *sock, size_t len, enum fake_script script);
+/* A fake daemon serving one script in a child, in a temporary directory of its own. */
+struct fake_daemon {
+  char dir[200];  /* made by fake_daemon_start, removed by fake_daemon_stop or _wait */
+  char sock[256]; /* dir/fake.sock */
+  pid_t pid;
+};
 
-/* Kill and reap the fake daemon. */
-void fake_daemon_stop(pid_t pid);
-/* Wait for it to end by itself (after the client closed); its exit status. */
-int fake_daemon_wait(pid_t pid);
+/* Serve `script` on f->sock, in a fresh directory, in a child. */
+void fake_daemon_start(struct fake_daemon *f, enum fake_script script);
+
+/* Kill and reap the fake daemon, and remove its directory. */
+void fake_daemon_stop(struct fake_daemon *f);
+/* Wait for it to end by itself (after the client closed) and remove its
+ * directory; its exit status. */
+int fake_daemon_wait(struct fake_daemon *f);
 
 #endif
