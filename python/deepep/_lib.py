@@ -320,10 +320,19 @@ def load() -> ctypes.CDLL:
             if how.startswith("$"):
                 break  # an explicit choice that fails is not silently replaced
             continue
-        for name, restype, argtypes in _PROTOTYPES:
-            fn = getattr(lib, name)
-            fn.restype = restype
-            fn.argtypes = argtypes
+        try:
+            for name, restype, argtypes in _PROTOTYPES:
+                fn = getattr(lib, name)
+                fn.restype = restype
+                fn.argtypes = argtypes
+        except AttributeError:
+            # Another library, or an older libdeepep-client than this package: not one to
+            # use, and no reason for `import deepep` to fail (Buffer(...) says what to do).
+            tried.append(f"{path} ({how}): it has no {name}, so it is not a libdeepep-client "
+                         "of this package's version (an older build, or another library)")
+            if how.startswith("$"):
+                break
+            continue
         lib.dep_status = _status_call(lib)
         _lib = lib
         return lib

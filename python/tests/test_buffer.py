@@ -119,6 +119,13 @@ def test_the_library_is_loaded_at_import_and_a_missing_one_fails_buffer_not_the_
     assert bad.returncode == 0 and bad.stdout.startswith("not loaded"), bad.stderr
     assert "OSError: deepep: cannot load libdeepep-client" in bad.stdout
     assert "$DEEPEP_CLIENT_LIB" in bad.stdout and "Build it (make)" in bad.stdout
+    # A library that loads but is not this package's libdeepep-client (another library, or an
+    # older build lacking a function) is refused the same way; the import used to fail there
+    # with ctypes' AttributeError.
+    other = run("libc.so.6")
+    assert other.returncode == 0 and other.stdout.startswith("not loaded"), other.stderr
+    assert "OSError: deepep: cannot load libdeepep-client" in other.stdout
+    assert "libc.so.6 ($DEEPEP_CLIENT_LIB): it has no dep_" in other.stdout
 
 
 def test_the_daemon_refusing_a_shape_is_an_error_with_code_name_and_message(daemon):
