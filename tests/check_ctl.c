@@ -132,23 +132,6 @@ static const char *expect_json_error(const char *out, int code) {
 
 /* ---- raw ranks -------------------------------------------------------------------- */
 
-/* The ATTACH reply: SLAB frames (their fds closed here), then ATTACH_OK. */
-static void expect_attach_ok(int fd, uint32_t req) {
-  struct dw_frame *f = dw_frame_new();
-  for (;;) {
-    int fds[DEP_PROTO_MAX_FDS], nfds = 0;
-    ck_assert_int_eq(dw_recv_frame_fds(fd, f, 5000, fds, &nfds), 0);
-    for (int i = 0; i < nfds; i++)
-      close(fds[i]);
-    if (f->h.type != DEP_MSG_SLAB)
-      break;
-  }
-  ck_assert_msg(f->h.type == DEP_MSG_ATTACH_OK, "got %s where ATTACH_OK was expected",
-                proto_type_name(f->h.type));
-  ck_assert_uint_eq(f->h.request_id, req);
-  free(f);
-}
-
 /* A greeted connection that sends ATTACH for local rank lr of the job (lws ranks). */
 static int attach_rank(const struct tu_daemon *d, const char *job, uint32_t lr, uint32_t lws) {
   int fd = dw_client(d);
@@ -160,7 +143,7 @@ static int attach_rank(const struct tu_daemon *d, const char *job, uint32_t lr, 
 /* A one-rank job, attached: its connection. */
 static int attached_job(const struct tu_daemon *d, const char *job) {
   int fd = attach_rank(d, job, 0, 1);
-  expect_attach_ok(fd, 10);
+  dw_expect_attach_ok(fd, 10, NULL);
   return fd;
 }
 
@@ -370,8 +353,8 @@ START_TEST(drain_refuses_new_jobs_while_a_gathering_job_completes) {
 
   /* The gathering job's last rank still gets in, and both hear ATTACH_OK. */
   int r1 = attach_rank(&d, "gathering", 1, 2);
-  expect_attach_ok(r0, 10);
-  expect_attach_ok(r1, 11);
+  dw_expect_attach_ok(r0, 10, NULL);
+  dw_expect_attach_ok(r1, 11, NULL);
   close(r0);
   close(r1);
   ck_assert(job_listed_within(obs, "gathering", false));

@@ -156,27 +156,9 @@ static int attach_rank(const struct tu_daemon *d, const char *id, uint32_t rank,
 
 /* The ATTACH reply: SLAB frames (their fds closed), then ATTACH_OK for lws local ranks. */
 static void expect_ready(int fd, uint32_t lws) {
-  struct dw_frame *f = dw_frame_new();
-  for (;;) {
-    int fds[DEP_PROTO_MAX_FDS], nfds = 0;
-    ck_assert_int_eq(dw_recv_frame_fds(fd, f, 5000, fds, &nfds), 0);
-    for (int i = 0; i < nfds; i++)
-      close(fds[i]);
-    if (f->h.type == DEP_MSG_SLAB)
-      continue;
-    if (f->h.type == DEP_MSG_ERROR) {
-      struct dep_msg_error e;
-      ck_assert_int_eq(proto_decode_error(f->body, f->h.body_len, &e), 0);
-      ck_abort_msg("ATTACH failed: %s: %s", dep_strerror(e.code), e.message);
-    }
-    ck_assert_str_eq(proto_type_name(f->h.type), "ATTACH_OK");
-    ck_assert_uint_eq(f->h.request_id, 7);
-    struct dep_msg_attach_ok ok;
-    ck_assert_int_eq(proto_decode_attach_ok(f->body, f->h.body_len, &ok), 0);
-    ck_assert_uint_eq(ok.local_world_size, lws);
-    break;
-  }
-  free(f);
+  struct dep_msg_attach_ok ok;
+  dw_expect_attach_ok(fd, 7, &ok);
+  ck_assert_uint_eq(ok.local_world_size, lws);
 }
 
 /* An ERROR with this code whose message holds every needle (NULL-terminated). */

@@ -130,6 +130,27 @@ struct dw_frame *dw_frame_new(void) {
 }
 
 /* Expect an ERROR frame with this code; its message goes to msg. */
+void dw_expect_attach_ok(int fd, uint32_t req, struct dep_msg_attach_ok *ok) {
+  struct dw_frame *f = dw_frame_new();
+  do {
+    int fds[DEP_PROTO_MAX_FDS], nfds = 0;
+    ck_assert_int_eq(dw_recv_frame_fds(fd, f, 5000, fds, &nfds), 0);
+    for (int i = 0; i < nfds; i++)
+      close(fds[i]);
+  } while (f->h.type == DEP_MSG_SLAB);
+  if (f->h.type == DEP_MSG_ERROR) {
+    struct dep_msg_error e;
+    ck_assert_int_eq(proto_decode_error(f->body, f->h.body_len, &e), 0);
+    ck_abort_msg("ATTACH failed: %s: %s", dep_strerror(e.code), e.message);
+  }
+  ck_assert_msg(f->h.type == DEP_MSG_ATTACH_OK, "got %s where ATTACH_OK was expected",
+                proto_type_name(f->h.type));
+  ck_assert_uint_eq(f->h.request_id, req);
+  if (ok != NULL)
+    ck_assert_int_eq(proto_decode_attach_ok(f->body, f->h.body_len, ok), 0);
+  free(f);
+}
+
 void dw_expect_error(int fd, int code, char *msg, size_t len) {
   struct dw_frame *f = dw_frame_new();
   int rc = dw_recv_frame(fd, f, 5000);

@@ -48,6 +48,10 @@ struct dw_frame *dw_frame_new(void);
 
 /* Expect an ERROR frame with this code; its message goes to msg (may be NULL). */
 void dw_expect_error(int fd, int code, char *msg, size_t len);
+/* Expect the reply to ATTACH request req within 5 s: SLAB frames (their fds
+ * closed here), then ATTACH_OK, decoded into ok when it is not NULL; an
+ * ERROR instead fails the test with its code and message. */
+void dw_expect_attach_ok(int fd, uint32_t req, struct dep_msg_attach_ok *ok);
 
 /* The peer sends nothing more and closes (a pending reply would be a failure). */
 void dw_expect_eof(int fd);
