@@ -57,7 +57,7 @@ struct dep_client {
   struct mem_ctx_ref primary;     /* the primary context this handle holds (mem.h) */
   struct dep_attach_times times;  /* how long dep_attach took, and where the time went */
   struct ops_ctx ops;             /* dispatch/combine state (the job's shape and slabs) */
-  struct cuops_state cuops;       /* cuda backend: kernels, error record (cuda_ops.c) */
+  struct cuops_state cuops;       /* cuda backend: kernels, error record (cuda_attach.c) */
   void *lent_kernels;             /* the daemon's cubin, mapped from KERNELS until loaded */
   size_t lent_kernels_bytes;
   struct statrec stats;           /* the stats page the daemon lent this rank (statrec.h) */

@@ -1,9 +1,12 @@
 /*
- * cuda_ops_internal.h — what the cuda backend's two files share: cuda_ops.c
- * (the operations, the error record, attach) and cuda_handles.c (each
+ * cuda_ops_internal.h — what the cuda backend's three files share:
+ * cuda_ops.c (the operations, the error record), cuda_attach.c (loading the
+ * kernels, binding them to the job, the warm-up) and cuda_handles.c (each
  * handle's device arrays).  The driver's table, a driver error as a
- * DEP_ERR_*, the rank's context made current on the caller's thread, and
- * where a handle's arrays lie.  Seen by no file outside these two.
+ * DEP_ERR_*, the rank's context made current on the caller's thread, where
+ * a handle's arrays lie, and the launch and the error record's report that
+ * the warm-up shares with the operations.  Seen by no file outside these
+ * three.
  */
 #ifndef DEP_CUDA_OPS_INTERNAL_H
 #define DEP_CUDA_OPS_INTERNAL_H
@@ -88,5 +91,13 @@ static inline struct cuops_hdl hdl_of(const struct dep_handle *h) {
  * fields; the arrays are lent memory where that is not 0 (cuda_handles.c). */
 int cuops_handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op,
                          CUdeviceptr lent);
+
+/* Launch kernel k on stream s with the job and args as its two parameters,
+ * in the rank's context (cuda_ops.c). */
+int cuops_launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, unsigned shmem,
+                 void *args, CUstream s, const char *op);
+/* Report what the kernels recorded, if anything; `own`: the record is this
+ * synchronised call's (cuda_ops.c). */
+int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own);
 
 #endif /* DEP_CUDA_OPS_INTERNAL_H */

@@ -3,7 +3,7 @@
  * proto/stats_page.h): asked for at the end of dep_attach (STATS_LEND),
  * mapped, and written by the operations with plain stores and the vDSO
  * clock, never a system call.  On cuda the kernels write the communicating
- * calls themselves (cuda_ops.c binds the page for them); the library
+ * calls themselves (cuda_attach.c binds the page for them); the library
  * writes the rest: refused calls and the attach times.
  *
  * A daemon without STATS_LEND (older) or one that cannot make the page

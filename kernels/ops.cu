@@ -9,7 +9,7 @@
  * building blocks in ops_dev.cuh; here is the warm-up.
  *
  * Grid of every communicating kernel: world * P CTAs (P = J.parts, the SM
- * budget: client/cuda_ops.c).  CTA b first sends, as part b % P of the
+ * budget: client/cuda_attach.c).  CTA b first sends, as part b % P of the
  * rows for peer b / P, without waiting; then it receives: it waits,
  * bounded, for every source's flag and takes its share of the receive
  * work — in the low-latency ops a fixed share (part b % P of source
