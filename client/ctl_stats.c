@@ -132,6 +132,13 @@ int ctl_stats(struct ctl *ctl, int argc, char **argv) {
   if (rc >= 0)
     return rc;
   const char *job = optind < argc ? argv[optind] : NULL;
+  /* A JOB no job can have is a usage error, not a silent "every job" ("") or a search for its
+   * first 63 bytes (the request holds no more). */
+  if (job != NULL && job[0] == '\0')
+    return ctl_usage_error(ctl, "stats needs a JOB id, not an empty string (none for every job)");
+  if (job != NULL && strlen(job) >= DEP_JOB_ID_MAX)
+    return ctl_usage_error(ctl, "stats: JOB \"%.*s...\" is %zu bytes; a job id has at most %d",
+                           24, job, strlen(job), DEP_JOB_ID_MAX - 1);
   dep_client_t *c = ctl_connect(ctl);
   if (c == NULL)
     return CTL_EXIT_FAIL;

@@ -650,6 +650,26 @@ START_TEST(genkey_under_json_prints_one_object) {
 }
 END_TEST
 
+/* stats JOB with a JOB no job can have is a usage error: "" listed every job, and a JOB past 63
+ * bytes was cut to them and searched for (a "no stats for job" naming another id). */
+START_TEST(stats_with_an_impossible_job_id_is_a_usage_error) {
+  char job[101];
+  memset(job, 'x', sizeof job - 1);
+  job[sizeof job - 1] = '\0';
+  char *out, *err;
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", "/nonexistent.sock", "stats", ""), &out, &err), 2);
+  ck_assert_msg(strstr(err, "stats needs a JOB id, not an empty string") != NULL, "%s", err);
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", "/nonexistent.sock", "--json", "stats", job), &out, &err),
+                   2);
+  const char *msg = expect_json_error(out, DEP_ERR_INVALID);
+  ck_assert_msg(strstr(msg, "is 100 bytes; a job id has at most 63") != NULL, "%s", out);
+  free(out);
+  free(err);
+}
+END_TEST
+
 START_TEST(help_lists_every_command_and_option) {
   static const char *const want[] = {
       "\n  status ",  "\n  reload ",  "\n  drain ",    "\n  version ", "\n  help ",
@@ -742,6 +762,7 @@ Suite *ctl_suite(void) {
   tcase_add_test(local, drain_options_that_do_not_fit_are_usage_errors_naming_them);
   tcase_add_test(local, a_path_that_is_not_a_socket_is_named_as_such);
   tcase_add_test(local, help_lists_every_command_and_option);
+  tcase_add_test(local, stats_with_an_impossible_job_id_is_a_usage_error);
   tcase_add_test(local, genkey_under_json_prints_one_object);
   tcase_add_test(local, a_socket_path_too_long_for_a_unix_socket_is_a_usage_error);
   tcase_add_test(local, text_output_shows_long_strings_whole);
