@@ -234,6 +234,16 @@ static int apply_mapping(struct loader *L, const yaml_node_t *m, const struct ke
                          char *base, const char *path);
 
 /* A list of strings (users, groups, devices) replacing the one in the struct. */
+/* Whether two valid GPU UUIDs (config_value_gpu_uuid) name one GPU: GPU- is optional, and
+ * hex digits are compared in either case. */
+static bool same_gpu(const char *a, const char *b) {
+  if (strncmp(a, "GPU-", 4) == 0)
+    a += 4;
+  if (strncmp(b, "GPU-", 4) == 0)
+    b += 4;
+  return strcasecmp(a, b) == 0;
+}
+
 static int take_list(struct loader *L, const struct key *k, const yaml_node_t *v, char *base,
                      const char *path) {
   size_t count = 0;
@@ -262,6 +272,11 @@ static int take_list(struct loader *L, const struct key *k, const yaml_node_t *v
                     "'%s' is not a GPU UUID (like GPU-5fa1c2e0-1b2c-3d4e-5f60-718293a4b5c6; "
                     "`nvidia-smi -L` lists them)",
                     epath);
+      /* One GPU named twice (with and without GPU-, in either case) would be served twice. */
+      for (size_t j = 0; k->kind == K_DEVICES && j < count; j++)
+        if (same_gpu(base + k->off + j * k->entry, dst))
+          return fail(L, e->start_mark, "'%s' names the GPU of '%s[%zu]' again; list each once",
+                      epath, path, j);
       count++;
     }
   }
@@ -296,6 +311,13 @@ static int take_peers(struct loader *L, const struct key *k, const yaml_node_t *
         return rc;
       if (p->host[0] == '\0')
         return fail(L, e->start_mark, "'%s' needs a 'host'", epath);
+      /* The same daemon twice would get two sets of links, and its connections one entry. */
+      for (size_t j = 0; j < count; j++) {
+        const struct config_peer *q = (const struct config_peer *)(void *)(base + k->off) + j;
+        if (q->port == p->port && strcasecmp(q->host, p->host) == 0)
+          return fail(L, e->start_mark, "'%s' repeats '%s[%zu]' (%s port %u); list each peer once",
+                      epath, path, j, p->host, (unsigned)p->port);
+      }
       count++;
     }
   }

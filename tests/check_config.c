@@ -466,6 +466,12 @@ static const struct bad {
     {"transport: fast\n", "t.yaml:1:12: expected one of auto, rdma, tcp for 'transport', got 'fast'"},
     {"peers: [{host: b, transport: ib}]\n",
      "t.yaml:1:30: expected one of auto, rdma, tcp for 'peers[0].transport', got 'ib'"},
+    /* one peer or GPU listed twice (the port's default and a UUID's spelling do not hide it) */
+    {"peers:\n  - {host: a}\n  - {host: A, port: 7470}\n",
+     "t.yaml:3:5: 'peers[1]' repeats 'peers[0]' (A port 7470); list each peer once"},
+    {"devices:\n  - GPU-5fa1c2e0-1b2c-3d4e-5f60-718293a4b5c6\n"
+     "  - 5FA1C2E0-1B2C-3D4E-5F60-718293A4B5C6\n",
+     "t.yaml:3:5: 'devices[1]' names the GPU of 'devices[0]' again; list each once"},
     {"allow:\n  any_user: [yes]\n", "t.yaml:2:13: expected a boolean (true/false) for 'allow.any_user', got a list"},
     {"limits:\n  max_jobs: lots\n", "t.yaml:2:13: expected a decimal integer for 'limits.max_jobs', got 'lots'"},
     {"connection_pool_size: 2.5\n",
