@@ -550,6 +550,31 @@ START_TEST(peers_without_peers_says_none_are_configured_not_peer_insecure) {
 }
 END_TEST
 
+/* A job on this node alone shows no node columns in the text (deepepctl(1): the table shows
+ * NODES, REMOTE, TX, RX and RING_PEAK when a job spans nodes); the JSON keeps their keys. */
+START_TEST(status_shows_node_columns_only_for_jobs_that_span_nodes) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  int fd = attached_job(&d, "one-node");
+  char *out, *err;
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "status"), &out, &err), 0);
+  const char *jobs = strstr(out, "\njobs:\n");
+  ck_assert_msg(jobs != NULL && strstr(jobs, " one-node ") != NULL, "%s", out);
+  ck_assert_msg(strstr(jobs, "NODES") == NULL && strstr(jobs, "RING_PEAK") == NULL,
+                "node columns for a job on one node:\n%s", out);
+  free(out);
+  free(err);
+  ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "--json", "status"), &out, &err), 0);
+  ck_assert_msg(strstr(out, ",\"nodes\":1,\"remote_ranks\":0,\"bytes_out\":0,\"bytes_in\":0,"
+                            "\"ring_peak\":0}") != NULL,
+                "%s", out);
+  free(out);
+  free(err);
+  close(fd);
+  dw_stop_ok(&d);
+}
+END_TEST
+
 START_TEST(a_path_that_is_not_a_socket_is_named_as_such) {
   char *out, *err;
   ck_assert_int_eq(ctl_run(DW_ARGS("-s", "/etc/passwd", "status"), &out, &err), 1);
@@ -774,6 +799,7 @@ Suite *ctl_suite(void) {
   tcase_add_test(daemon, json_errors_carry_the_daemons_reply);
   tcase_add_test(daemon, version_shows_the_daemon_or_says_none_answers);
   tcase_add_test(daemon, status_shows_the_daemons_state);
+  tcase_add_test(daemon, status_shows_node_columns_only_for_jobs_that_span_nodes);
   tcase_add_test(daemon, clients_shows_no_rank_for_a_connection_that_is_no_rank);
   tcase_add_test(daemon, peers_without_peers_says_none_are_configured_not_peer_insecure);
   tcase_add_test(daemon, drain_refuses_new_jobs_while_a_gathering_job_completes);
