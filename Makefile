@@ -224,8 +224,10 @@ check-rdma: all $(TESTS)
 check-gpu: all $(TESTS)
 	DEP_BUILD=$(abspath $(BUILD)) DEP_TEST_TAGS=gpu DEP_TEST_BACKEND=cuda $(TESTS)
 
+# ASan and UBSan make the suite two to three times slower: Check's timeouts,
+# there to catch a hung test, are doubled with it.
 asan:
-	$(MAKE) BUILD=build-asan CFLAGS="-O1 -g -fno-omit-frame-pointer" \
+	CK_TIMEOUT_MULTIPLIER=2 $(MAKE) BUILD=build-asan CFLAGS="-O1 -g -fno-omit-frame-pointer" \
 	  SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" check
 
 FUZZ_SECONDS ?= 30
