@@ -186,12 +186,16 @@ def test_expert_ids_out_of_range_are_the_librarys_invalid_argument(buf):
 def test_arguments_not_in_the_library_yet_raise_unsupported(buf):
     x, idx, w = tokens()
     _, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    q = torch.zeros(4, 128, dtype=torch.uint8, device=DEV)
+    packed = torch.ones(4, 1, dtype=torch.int32, device=DEV)  # DeepEP's UE8M0, four an int
     cases = [
         lambda: buf.combine(x, h, bias=x),
         lambda: buf.low_latency_dispatch(x, idx, 8, 4, round_scale=True),
         lambda: buf.low_latency_combine(x.view(1, 4, 128), idx, w, h, zero_copy=True),
+        # README lists int32 scales in an FP8 tuple among these (it was a TypeError)
+        lambda: buf.dispatch((q, packed), topk_idx=idx, topk_weights=w),
     ]
-    names = ["bias", "round_scale", "zero_copy"]
+    names = ["bias", "round_scale", "zero_copy", "int32 (packed UE8M0) FP8 scales"]
     for case, name in zip(cases, names):
         with pytest.raises(deepep.Unsupported, match="not in libdeepep-client yet") as e:
             case()
