@@ -321,7 +321,7 @@ void dw_expect_notify(int ns, const char *want) {
   char got[512] = "";
   const size_t len = strlen(want);
   bool seen = false;
-  for (int64_t dl = dw_now_ms() + 5000; !seen && dw_now_ms() < dl;) {
+  for (int64_t dl = dw_now_ms() + 15000; !seen && dw_now_ms() < dl;) {
     struct pollfd pfd = {.fd = ns, .events = POLLIN};
     if (poll(&pfd, 1, 100) <= 0)
       continue;
