@@ -54,11 +54,12 @@ int client_seterr(dep_client_t *c, int code, const char *fmt, ...) {
 
 int client_size_check(dep_client_t *c, const char *op, const char *type, uint32_t size,
                       size_t ours, size_t first) {
-  if (size >= first)
+  if (size >= first && size <= CLIENT_SIZE_MAX)
     return 0;
-  return c ? client_seterr(c, DEP_ERR_INVALID, "%s: the size of struct %s is %u; set .size = "
+  return c ? client_seterr(c, DEP_ERR_INVALID, "%s: the size of struct %s is %u%s; set .size = "
                            "sizeof(struct %s) (%zu with this deepep.h) before the call", op,
-                           type, size, type, ours)
+                           type, size, size > CLIENT_SIZE_MAX ? ", not a sizeof (over 4096)" : "",
+                           type, ours)
            : DEP_ERR_INVALID;
 }
 

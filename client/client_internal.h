@@ -99,7 +99,14 @@ int client_seterr(dep_client_t *c, int code, const char *fmt, ...)
  * ours are not all zero is DEP_ERR_UNSUPPORTED.  client_args_give: an
  * output taken so copied back, as much as both structs hold, with `size`
  * set to those bytes.
+ *
+ * A size above CLIENT_SIZE_MAX is DEP_ERR_INVALID too: no struct of deepep.h
+ * comes near it (dep_attach_info, the largest, is 808 bytes), so such a size
+ * is an unset or corrupt field, and reading that far past the caller's
+ * struct for the zero check would fault rather than fail.  deepep.h states
+ * the number.
  */
+#define CLIENT_SIZE_MAX 4096u
 #define CLIENT_FIRST_LAYOUT(type, last) (offsetof(type, last) + sizeof(((type *)0)->last))
 #define CLIENT_TAKE(c, op, type, last, a, out)                                            \
   client_args_take((c), (op), #type, (a), sizeof(struct type),                            \

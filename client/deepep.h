@@ -87,7 +87,9 @@ DEP_EXPORT const char *dep_errname(int err);
  * `size` the bytes it filled (the smaller of the two structs).  So a caller
  * built against an older deepep.h keeps working, and a newer one can tell
  * which fields an older library filled.  A size of 0 or below the struct's first layout is
- * DEP_ERR_INVALID, and a newer caller's larger struct is
+ * DEP_ERR_INVALID, as is one above 4096 (no struct here comes near it: such a
+ * size was never set with sizeof, and the library does not read that far past
+ * the struct), and a newer caller's larger struct is
  * DEP_ERR_UNSUPPORTED unless the fields this library does not know are all
  * zero.  Fields are only ever appended, and never into the tail padding of
  * an earlier layout (its callers may leave those bytes unset, and their

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -209,6 +210,43 @@ START_TEST(struct_sizes_below_the_first_layout_are_invalid_and_say_what_to_set) 
   struct dep_shape_sizes sz = {.size = 3};
   ck_assert_int_eq(dep_shape_sizes(c, &a.shape, 1, &sz), DEP_ERR_INVALID);
   ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "sizeof(struct dep_shape_sizes)"));
+  dep_client_free(c);
+}
+END_TEST
+
+/* A size no sizeof gives (an unset field) is refused without reading past
+ * the caller's struct: here the struct ends a mapping, zeros up to its end,
+ * so a zero check that walked on to the size would fault. */
+START_TEST(a_garbage_struct_size_is_invalid_without_reading_past_the_struct) {
+  dep_client_t *c = cl_new_client();
+  const long pg = sysconf(_SC_PAGESIZE);
+  uint8_t *m = mmap(NULL, (size_t)pg * 2, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                    -1, 0);
+  ck_assert_ptr_ne(m, MAP_FAILED);
+  ck_assert_int_eq(munmap(m + pg, (size_t)pg), 0);
+  struct dep_attach_args *a = (void *)(m + pg - sizeof *a);
+  *a = cl_attach_args("job-a", 0);
+  const uint32_t bad[] = {4097, 0x10000, 0xdeadbeef, UINT32_MAX};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    a->size = bad[i];
+    ck_assert_int_eq(dep_attach(c, a), DEP_ERR_INVALID);
+    ck_assert_msg(strstr(dep_errmsg(c), "not a sizeof") != NULL &&
+                      strstr(dep_errmsg(c), "sizeof(struct dep_attach_args)") != NULL,
+                  "%u: %s", bad[i], dep_errmsg(c));
+  }
+  struct dep_combine_args *ca = (void *)(m + pg - sizeof *ca);
+  memset(ca, 0, sizeof *ca);
+  ca->size = 0x10000000;
+  ck_assert_int_eq(dep_combine(c, ca, NULL, NULL), DEP_ERR_INVALID);
+  struct dep_status *st = NULL;
+  ck_assert_int_eq(dep_status_sized(c, &st, sizeof *st, UINT32_MAX, sizeof(struct dep_status_job)),
+                   DEP_ERR_INVALID);
+  ck_assert_ptr_null(st);
+  struct dep_shape_sizes *sz = (void *)(m + pg - sizeof *sz);
+  memset(sz, 0, sizeof *sz);
+  sz->size = 0xffff;
+  ck_assert_int_eq(dep_shape_sizes(NULL, &a->shape, 1, sz), DEP_ERR_INVALID);
+  munmap(m, (size_t)pg);
   dep_client_free(c);
 }
 END_TEST
@@ -473,6 +511,7 @@ Suite *client_suite(void) {
   tcase_add_test(local, handle_api_refuses_null_and_unconnected_use);
   tcase_add_test(local, attach_with_invalid_args_is_invalid_and_names_the_field);
   tcase_add_test(local, struct_sizes_below_the_first_layout_are_invalid_and_say_what_to_set);
+  tcase_add_test(local, a_garbage_struct_size_is_invalid_without_reading_past_the_struct);
   tcase_add_test(local, shared_library_exports_only_dep_symbols);
   tcase_add_test(local, kernel_ctas_override_is_bounded_and_refused_clearly);
   tcase_add_test(local, the_operations_memory_fits_every_slabs_private_area);
