@@ -134,6 +134,8 @@ struct loader {
   size_t errlen;
   /* The pool sizes are checked against each other after the walk; these say where each was set. */
   const yaml_node_t *pool_size_node, *chunk_node, *host_node;
+  /* So are the peers against the key: where peers and listen.address were set. */
+  const yaml_node_t *peers_node, *listen_node;
 };
 
 static size_t line_of(yaml_mark_t m) { return m.line + 1; }
@@ -336,8 +338,11 @@ static int apply_value(struct loader *L, const struct key *k, const yaml_node_t 
   case K_DEVICES:
     return take_list(L, k, v, base, path);
   case K_PEERS:
+    L->peers_node = v;
     return take_peers(L, k, v, base, path);
   case K_STR:
+    if (strcmp(path, "listen.address") == 0)
+      L->listen_node = v;
     return take_string(L, v, path, k->flags, dst, k->size);
   default:
     break;
@@ -548,6 +553,21 @@ static int check_pool(struct loader *L, const struct config *c, yaml_mark_t fall
   return 0;
 }
 
+/* Peers or a listener need a key, or peer_insecure for tests: a file without either is one the
+ * daemon cannot start with, so it is refused here, where --check-config and a reload see it too,
+ * blaming the key that asked for peers. */
+static int check_peer_auth(struct loader *L, const struct config *c, yaml_mark_t fallback) {
+  bool peers = c->n_peers > 0, listener = c->listen_address[0] != '\0';
+  if ((!peers && !listener) || c->peer_key_file[0] != '\0' || c->peer_insecure)
+    return 0;
+  const yaml_node_t *blame = peers ? L->peers_node : L->listen_node;
+  return fail(L, blame != NULL ? blame->start_mark : fallback,
+              "'%s' is set but 'peer_key_file' is not: peers could not authenticate; write a key "
+              "(deepepctl genkey /etc/deepepd/peer.key) and set peer_key_file to it on every "
+              "node, or, for tests on one machine only, set peer_insecure: true",
+              peers ? "peers" : "listen.address");
+}
+
 /* Line and column of a byte offset, for reader errors that carry only an offset. */
 static yaml_mark_t mark_at(const char *data, size_t len, size_t off) {
   yaml_mark_t m = {0, 0, 0};
@@ -713,6 +733,8 @@ int config_load_buffer(struct config *c, const char *name, const char *data, siz
   }
   if (rc == 0)
     rc = check_pool(&L, copy, start);
+  if (rc == 0)
+    rc = check_peer_auth(&L, copy, start);
   if (rc == 0) {
     /* A second document would be ignored silently by the loader; say so instead. */
     yaml_document_t next;

@@ -361,13 +361,13 @@ END_TEST
 
 START_TEST(the_transport_is_the_daemons_unless_a_peer_names_its_own) {
   struct config c;
-  ct_load_ok(&c, "peers: [{host: a}, {host: b, transport: tcp}, {host: c, transport: rdma}]\n");
+  ct_load_ok(&c, "peers: [{host: a}, {host: b, transport: tcp}, {host: c, transport: rdma}]\npeer_insecure: true\n");
   ck_assert_int_eq(c.transport, CONFIG_TRANSPORT_AUTO); /* the default */
   ck_assert_int_eq(c.peers[0].transport, CONFIG_TRANSPORT_DEFAULT);
   ck_assert_int_eq(config_peer_transport(&c, &c.peers[0]), CONFIG_TRANSPORT_AUTO);
   ck_assert_int_eq(config_peer_transport(&c, &c.peers[1]), CONFIG_TRANSPORT_TCP);
   ck_assert_int_eq(config_peer_transport(&c, &c.peers[2]), CONFIG_TRANSPORT_RDMA);
-  ct_load_ok(&c, "transport: rdma\npeers: [{host: a}, {host: b, transport: auto}]\n");
+  ct_load_ok(&c, "transport: rdma\npeers: [{host: a}, {host: b, transport: auto}]\npeer_insecure: true\n");
   ck_assert_int_eq(config_peer_transport(&c, &c.peers[0]), CONFIG_TRANSPORT_RDMA);
   ck_assert_int_eq(config_peer_transport(&c, &c.peers[1]), CONFIG_TRANSPORT_AUTO);
 }
@@ -466,6 +466,15 @@ static const struct bad {
     {"transport: fast\n", "t.yaml:1:12: expected one of auto, rdma, tcp for 'transport', got 'fast'"},
     {"peers: [{host: b, transport: ib}]\n",
      "t.yaml:1:30: expected one of auto, rdma, tcp for 'peers[0].transport', got 'ib'"},
+    /* peers or a listener with neither a key nor peer_insecure: the daemon could not start */
+    {"peers:\n  - {host: a}\n",
+     "t.yaml:2:3: 'peers' is set but 'peer_key_file' is not: peers could not authenticate; write a "
+     "key (deepepctl genkey /etc/deepepd/peer.key) and set peer_key_file to it on every node, or, "
+     "for tests on one machine only, set peer_insecure: true"},
+    {"listen:\n  address: 10.0.0.1\npeer_insecure: false\n",
+     "t.yaml:2:12: 'listen.address' is set but 'peer_key_file' is not: peers could not "
+     "authenticate; write a key (deepepctl genkey /etc/deepepd/peer.key) and set peer_key_file to "
+     "it on every node, or, for tests on one machine only, set peer_insecure: true"},
     /* one peer or GPU listed twice (the port's default and a UUID's spelling do not hide it) */
     {"peers:\n  - {host: a}\n  - {host: A, port: 7470}\n",
      "t.yaml:3:5: 'peers[1]' repeats 'peers[0]' (A port 7470); list each peer once"},

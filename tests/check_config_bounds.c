@@ -177,7 +177,7 @@ START_TEST(the_largest_valid_file_is_within_the_bounds) {
            "host_size: 64MiB}\npreallocation: true\nbuffer_cache_enabled: true\n"
            "kernel_warmup: true\n"
            "connection_pool_size: 8\nlisten: {address: \"\", port: 1}\n"
-           "peer_key_file: \"\"\npeer_insecure: false\npeer_wait_ms: 0\nlimits: {max_clients: 1, max_jobs: 1, attach_timeout_ms: 1, "
+           "peer_key_file: \"\"\npeer_insecure: true\npeer_wait_ms: 0\nlimits: {max_clients: 1, max_jobs: 1, attach_timeout_ms: 1, "
            "op_timeout_ms: 1, client_queue_bytes: 1MiB, hello_timeout_ms: 1, reserved_clients: 0, "
            "max_clients_per_uid: 1, max_jobs_per_uid: 1, memory_per_uid: 0}\nlog_level: info\n");
   struct config c;

@@ -61,7 +61,7 @@ static const struct {
     {"listen:\n  port: 7471\n", "listen.port"},
     {"peers: [{host: b}]\n", "peers"},
     {"peer_key_file: /etc/k\n", "peer_key_file"},
-    {"peer_insecure: true\n", "peer_insecure"},
+    {"peer_insecure: false\n", "peer_insecure"},
     {"peer_wait_ms: 5\n", "peer_wait_ms"},
     {"transport: tcp\n", "transport"},
     {"metrics:\n  listen: 127.0.0.1:9464\n", "metrics.listen"},
@@ -70,8 +70,12 @@ static const struct {
 START_TEST(restart_keys_are_named) {
   struct config a, b;
   char keys[512];
-  config_defaults(&a);
-  ct_load_ok(&b, restart_changes[_i].yaml);
+  /* From a file with peer_insecure set, so that peers or a listener alone are a valid change
+   * (without a key or it, a file with them is refused). */
+  ct_load_ok(&a, "peer_insecure: true\n");
+  b = a;
+  int rc = ct_load(&b, restart_changes[_i].yaml);
+  ck_assert_msg(rc == 0, "refused (%d): %s", rc, ct_err);
   ck_assert_uint_eq(config_diff_restart(&a, &b, keys, sizeof keys), 1);
   ck_assert_str_eq(keys, restart_changes[_i].key);
 }
@@ -80,9 +84,9 @@ END_TEST
 START_TEST(restart_keys_are_listed_together) {
   struct config a, b;
   char keys[512], small[10];
-  ct_load_ok(&a, "peers: [{host: b, port: 1}]\n");
+  ct_load_ok(&a, "peers: [{host: b, port: 1}]\npeer_insecure: true\n");
   ct_load_ok(&b, "peers: [{host: b, port: 2}]\nsocket:\n  path: /x.sock\npool:\n  chunk_size: 2MiB\n"
-              "log_level: debug\n");
+              "log_level: debug\npeer_insecure: true\n");
   ck_assert_uint_eq(config_diff_restart(&a, &b, keys, sizeof keys), 3);
   ck_assert_str_eq(keys, "socket.path, pool.chunk_size, peers");
   /* A short buffer is cut, terminated, and the count stays right. */
