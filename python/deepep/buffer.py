@@ -483,13 +483,24 @@ class Buffer(HandlePools):
         return True
 
     @staticmethod
+    def _num_ranks(call: str, num_ranks: int) -> None:
+        if not isinstance(num_ranks, int) or isinstance(num_ranks, bool):
+            raise TypeError(f"{call}: num_ranks must be an int, not {type(num_ranks).__name__}")
+        if num_ranks <= 0:
+            raise ValueError(f"{call}: num_ranks is {num_ranks}; it must be positive")
+
+    @staticmethod
     def get_dispatch_config(num_ranks: int) -> Config:
-        """The Config DeepEP would use for a dispatch among num_ranks ranks."""
+        """A dispatch Config for num_ranks ranks (a positive int), for callers that size buffers
+        from its hints: the same chunking for every num_ranks (deepepd sizes memory from the job
+        shape, and its kernels do not read the Config)."""
+        Buffer._num_ranks("get_dispatch_config", num_ranks)
         return Config(Buffer.num_sms, 6, 256, 6, 128)
 
     @staticmethod
     def get_combine_config(num_ranks: int) -> Config:
-        """The Config DeepEP would use for a combine among num_ranks ranks."""
+        """A combine Config for num_ranks ranks (a positive int); see get_dispatch_config."""
+        Buffer._num_ranks("get_combine_config", num_ranks)
         return Config(Buffer.num_sms, 4, 256, 6, 128)
 
     @staticmethod

@@ -73,6 +73,21 @@ def test_identity_missing_or_wrong_names_the_field():
         from_environment(dict(RANK="x", WORLD_SIZE="1"))
 
 
+def test_configs_for_a_rank_count_that_cannot_be_are_refused():
+    # Any positive count gets a Config (Megatron asks for its group's size, whatever it is);
+    # 0, a negative one or a non-int was handed a Config too.
+    for n in (1, 3, 8, 160):
+        assert deepep.Buffer.get_dispatch_config(n).num_max_nvl_chunked_send_tokens == 6
+        assert deepep.Buffer.get_combine_config(n).num_max_nvl_chunked_send_tokens == 4
+    for get in (deepep.Buffer.get_dispatch_config, deepep.Buffer.get_combine_config):
+        with pytest.raises(ValueError, match="num_ranks is 0; it must be positive"):
+            get(0)
+        with pytest.raises(ValueError, match="num_ranks is -1"):
+            get(-1)
+        with pytest.raises(TypeError, match="num_ranks must be an int, not float"):
+            get(8.0)
+
+
 def test_a_wrong_type_is_a_type_error_and_a_wrong_value_a_value_error():
     # As the Buffer's docstring and Python's own conventions have it: a negative rank is a bad
     # value (it was a TypeError), a float byte count a bad type (it was a ValueError).
