@@ -339,6 +339,8 @@ class Buffer(HandlePools):
                  "max_ll_tokens_per_rank": ll_tokens}
         what = {"hidden": "x.size(1)", "num_experts": "num_experts", "num_topk":
                 "topk_idx.size(1)", "max_ll_tokens_per_rank": "num_max_dispatch_tokens_per_rank"}
+        if op == "clean_low_latency_buffer":
+            what["hidden"] = "hidden"  # an argument of its own there, not x's width
         for name, v in given.items():
             have = getattr(self, name)
             if v is None:

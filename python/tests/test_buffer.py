@@ -73,6 +73,14 @@ def test_identity_missing_or_wrong_names_the_field():
         from_environment(dict(RANK="x", WORLD_SIZE="1"))
 
 
+def test_clean_low_latency_buffer_names_its_own_argument(buf):
+    # Its hidden is an argument, not x.size(1) (there is no x): the message said x.size(1).
+    with pytest.raises(ValueError, match="clean_low_latency_buffer: hidden is 256 but this "
+                                         "Buffer's job has hidden 128"):
+        buf.clean_low_latency_buffer(8, 256, 4)
+    buf.clean_low_latency_buffer(8, 128, 4)
+
+
 def test_configs_for_a_rank_count_that_cannot_be_are_refused():
     # Any positive count gets a Config (Megatron asks for its group's size, whatever it is);
     # 0, a negative one or a non-int was handed a Config too.
