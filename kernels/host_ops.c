@@ -23,13 +23,22 @@
 #include "shape.h"
 
 const char *host_ops_op_name(uint32_t op) {
-  switch (op & ~OPS_OP_FP8) {
+  switch (op & ~(OPS_OP_FP8 | OPS_OP_CACHED | OPS_OP_WEIGHTS)) {
   case OPS_OP_DISPATCH: return "dispatch";
   case OPS_OP_COMBINE: return "combine";
   case OPS_OP_LL_DISPATCH: return "ll_dispatch";
   case OPS_OP_LL_COMBINE: return "ll_combine";
   default: return "unknown op";
   }
+}
+
+/* The modes or-ed into a slot's op, as a mismatch message shows them after the name. */
+static const char *op_modes(uint32_t op) {
+  static const char *const modes[8] = {"", " (fp8)", " (cached)", " (fp8, cached)", " (weighted)",
+                                       " (fp8, weighted)", " (cached, weighted)",
+                                       " (fp8, cached, weighted)"};
+  return modes[((op & OPS_OP_FP8) ? 1 : 0) | ((op & OPS_OP_CACHED) ? 2 : 0) |
+               ((op & OPS_OP_WEIGHTS) ? 4 : 0)];
 }
 
 /* ---- number formats --------------------------------------------------------- */
@@ -453,9 +462,10 @@ int host_ops__wait_all(struct ops_ctx *c, uint32_t op) {
     struct ops_slot *s = in_slot(c, parity, src);
     if (s->op != op)
       return set_why(c, DEP_ERR_MISMATCH, "call %llu: this rank ran %s%s, rank %u ran %s%s; every "
-                     "rank must make the same sequence of calls", (unsigned long long)c->seq,
-                     host_ops_op_name(op), (op & OPS_OP_FP8) ? " (fp8)" : "", src,
-                     host_ops_op_name(s->op), (s->op & OPS_OP_FP8) ? " (fp8)" : "");
+                     "rank must make the same sequence of calls, in the same modes (use_fp8, "
+                     "cached, a combine's out_topk_weights)", (unsigned long long)c->seq,
+                     host_ops_op_name(op), op_modes(op), src, host_ops_op_name(s->op),
+                     op_modes(s->op));
   }
   return 0;
 }

@@ -252,6 +252,7 @@ int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
 
 /* The error record in a slab's error words (a copy; code 0 means none). */
 void host_ops_err_read(const uint8_t *slab, struct ops_err_record *out);
+/* An op's name (dispatch, combine, ...), whatever modes are or-ed into it. */
 const char *host_ops_op_name(uint32_t op);
 
 /* ---- number formats ----------------------------------------------------- */

@@ -396,6 +396,52 @@ START_TEST(cached_and_worst_case_faults_keep_the_ranks_in_step) {
 }
 END_TEST
 
+/* Ranks that disagree about a call's mode are told which modes met: a cached
+ * dispatch against a fresh one, a weighted combine against a plain one (the
+ * message named the moded call "unknown op"). */
+static int mode_mismatch_rank(struct ops_ctx *c, void *arg, char *msg) {
+  const struct ow_case *d = arg;
+  const struct ref_rank_in *in = &d->in[c->rank];
+  struct ow_outs o;
+  ow_outs_alloc(&o, d);
+  int rc = ow_dispatch(c, d, &o, &o.h);
+  if (rc != 0)
+    rc = ow_fail(msg, "dispatch: %s (%s)", dep_errname(rc), c->why);
+  if (rc == 0) {
+    struct dep_dispatch_args cb = {.size = sizeof cb, .cached = 1, .x = in->x,
+                                   .num_tokens = in->num_tokens, .recv_x = o.rx,
+                                   .num_recv = &o.num_recv};
+    rc = c->rank == 0 ? host_ops_dispatch(c, &cb, &o.h) : ow_dispatch(c, d, &o, &o.h);
+    const char *mine = c->rank == 0 ? "this rank ran dispatch (cached)" : "ran dispatch (cached)";
+    rc = rc == DEP_ERR_MISMATCH && strstr(c->why, "unknown") == NULL && strstr(c->why, mine)
+             ? 0
+             : ow_fail(msg, "cached against fresh: %s (%s)", dep_errname(rc), c->why);
+  }
+  if (rc == 0 && (rc = ow_dispatch(c, d, &o, &o.h)) != 0)
+    rc = ow_fail(msg, "dispatch after the mismatch: %s (%s)", dep_errname(rc), c->why);
+  if (rc == 0) {
+    float *ow = calloc((size_t)in->num_tokens * d->shape.topk + 1, sizeof *ow);
+    struct dep_combine_args ca = {.size = sizeof ca, .x = o.rx, .out = o.out};
+    if (c->rank == 0) {
+      ca.topk_weights = o.rw;
+      ca.out_topk_weights = ow;
+    }
+    rc = host_ops_combine(c, &ca, &o.h);
+    const char *mine = c->rank == 0 ? "this rank ran combine (weighted)" : "ran combine (weighted)";
+    rc = rc == DEP_ERR_MISMATCH && strstr(c->why, "unknown") == NULL && strstr(c->why, mine)
+             ? 0
+             : ow_fail(msg, "weighted against plain combine: %s (%s)", dep_errname(rc), c->why);
+    free(ow);
+  }
+  ow_outs_free(&o);
+  return rc;
+}
+
+START_TEST(a_mode_mismatch_names_both_modes) {
+  ow_run_small(mode_mismatch_rank, "mode mismatch");
+}
+END_TEST
+
 /* The new arguments' refusals: DEP_ERR_INVALID naming each, nothing written. */
 START_TEST(bad_extension_arguments_are_refused_before_any_write) {
   struct ow_rank0 *r = ow_rank0_open(&ow_small, 200);
@@ -476,6 +522,7 @@ Suite *ops_ext_suite(void) {
   TCase *faults = tcase_create("faults");
   tcase_set_timeout(faults, 30);
   tcase_add_test(faults, cached_and_worst_case_faults_keep_the_ranks_in_step);
+  tcase_add_test(faults, a_mode_mismatch_names_both_modes);
   tcase_add_test(faults, bad_extension_arguments_are_refused_before_any_write);
   suite_add_tcase(s, faults);
   return s;
