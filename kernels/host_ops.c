@@ -492,8 +492,7 @@ int host_ops__begin(struct ops_ctx *c) {
   if (c->acc == NULL || c->stage == NULL)
     return set_why(c, DEP_ERR_STATE, "ops context not initialised (host_ops_init)");
   if (c->broken)
-    return set_why(c, DEP_ERR_STATE, "an earlier call timed out or found a rank of the job "
-                   "gone, so the ranks are out of step; detach and restart the job");
+    return set_why(c, DEP_ERR_STATE, "%s", OPS_BROKEN_WHY);
   c->seq++;
   return 0;
 }

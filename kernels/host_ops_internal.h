@@ -12,6 +12,11 @@
 
 #include "host_ops.h"
 
+/* Why a call on a broken context (c->broken) is refused: the ranks are out of step. */
+#define OPS_BROKEN_WHY                                                                          \
+  "an earlier call timed out or found a rank of the job gone, so the ranks are out of step; "   \
+  "detach and restart the job"
+
 /* Say why in c->why and return rc, so that a failure reads `return set_why(...)`. */
 static inline int set_why(struct ops_ctx *c, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

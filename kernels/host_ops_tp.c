@@ -16,6 +16,10 @@ int host_ops_layout(struct ops_ctx *c, const struct dep_layout_args *a) {
   int rc = ops_check_layout(c, a, c->why, sizeof c->why);
   if (rc != 0)
     return rc;
+  /* A layout waits for no rank, but once the ranks are out of step every
+   * operation is refused (deepep(3)), as on cuda: the job cannot go on. */
+  if (c->broken)
+    return set_why(c, DEP_ERR_STATE, "%s", OPS_BROKEN_WHY);
   uint32_t k = c->shape.topk, le = local_experts(c);
   memset(a->tokens_per_rank, 0, c->world * sizeof(int32_t));
   memset(a->tokens_per_expert, 0, c->shape.num_experts * sizeof(int32_t));

@@ -442,6 +442,25 @@ START_TEST(a_mode_mismatch_names_both_modes) {
 }
 END_TEST
 
+/* After a call timed out every later operation is DEP_ERR_STATE, as deepep(3)
+ * says and the cuda backend does: a layout too, though it waits for no rank
+ * (it ran on, as if the job could go on). */
+START_TEST(a_layout_after_a_timed_out_call_is_state) {
+  struct ow_rank0 *r = ow_rank0_open(&ow_small, 50);
+  const struct ref_rank_in *in = &r->d.in[0];
+  int rc = ow_dispatch(&r->c, &r->d, &r->o, &r->o.h); /* rank 1 never calls */
+  ck_assert_msg(rc == DEP_ERR_TIMEOUT, "dispatch: %s (%s)", dep_errname(rc), r->c.why);
+  struct dep_layout_args la = {.size = sizeof la, .topk_idx = r->d.idx[0],
+                               .index_type = r->d.sc.itype, .num_tokens = in->num_tokens,
+                               .tokens_per_rank = r->o.tpr, .tokens_per_expert = r->o.tpe,
+                               .token_in_rank = r->o.tir};
+  rc = host_ops_layout(&r->c, &la);
+  ck_assert_msg(rc == DEP_ERR_STATE && strstr(r->c.why, "out of step") != NULL,
+                "layout after the timeout: %s (%s)", dep_errname(rc), r->c.why);
+  ow_rank0_close(r);
+}
+END_TEST
+
 /* The new arguments' refusals: DEP_ERR_INVALID naming each, nothing written. */
 START_TEST(bad_extension_arguments_are_refused_before_any_write) {
   struct ow_rank0 *r = ow_rank0_open(&ow_small, 200);
@@ -523,6 +542,7 @@ Suite *ops_ext_suite(void) {
   tcase_set_timeout(faults, 30);
   tcase_add_test(faults, cached_and_worst_case_faults_keep_the_ranks_in_step);
   tcase_add_test(faults, a_mode_mismatch_names_both_modes);
+  tcase_add_test(faults, a_layout_after_a_timed_out_call_is_state);
   tcase_add_test(faults, bad_extension_arguments_are_refused_before_any_write);
   suite_add_tcase(s, faults);
   return s;
