@@ -464,6 +464,29 @@ END_TEST
 
 /* ---- the shared library's ABI ----------------------------------------------------------- */
 
+/* deepep(3)'s SYNOPSIS lists every function the version script exports (it
+ * lacked the five operations, which a reader of the page never learnt of). */
+START_TEST(the_man_page_synopsis_lists_every_exported_function) {
+  char *map = dw_slurp("client/libdeepep-client.map"), *man = dw_slurp("man/deepep.3");
+  ck_assert_msg(map[0] != '\0' && man[0] != '\0', "run from the repository root");
+  char *syn = strstr(man, ".SH SYNOPSIS"), *end = syn ? strstr(syn, ".SH DESCRIPTION") : NULL;
+  ck_assert_msg(syn != NULL && end != NULL, "man/deepep.3 has no SYNOPSIS before DESCRIPTION");
+  *end = '\0';
+  int n = 0;
+  for (char *line = strtok(map, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+    char name[64], call[80];
+    if (sscanf(line, " %63[a-z_]; ", name) != 1 || strncmp(name, "dep_", 4) != 0)
+      continue;
+    snprintf(call, sizeof call, "%s(", name);
+    ck_assert_msg(strstr(syn, call) != NULL, "deepep(3)'s SYNOPSIS does not list %s", name);
+    n++;
+  }
+  ck_assert_int_ge(n, 20);
+  free(map);
+  free(man);
+}
+END_TEST
+
 START_TEST(shared_library_exports_only_dep_symbols) {
   char cmd[700], line[512];
   snprintf(cmd, sizeof cmd, "nm -D --defined-only %s 2>&1", tu_bin("libdeepep-client.so"));
@@ -513,6 +536,7 @@ Suite *client_suite(void) {
   tcase_add_test(local, struct_sizes_below_the_first_layout_are_invalid_and_say_what_to_set);
   tcase_add_test(local, a_garbage_struct_size_is_invalid_without_reading_past_the_struct);
   tcase_add_test(local, shared_library_exports_only_dep_symbols);
+  tcase_add_test(local, the_man_page_synopsis_lists_every_exported_function);
   tcase_add_test(local, kernel_ctas_override_is_bounded_and_refused_clearly);
   tcase_add_test(local, the_operations_memory_fits_every_slabs_private_area);
   suite_add_tcase(s, local);
