@@ -301,8 +301,9 @@ DEP_EXPORT void dep_handle_free(dep_handle_t *h);
  *
  * dep_handle_bytes: the bytes such a handle takes in the attached job (the
  * backend's arrays for its shape and world size; the same until the next
- * dep_attach).  DEP_ERR_STATE when not attached; on cuda without kernels,
- * DEP_ERR_UNSUPPORTED as the operations.
+ * dep_attach).  DEP_ERR_STATE when not attached; where the operations are
+ * DEP_ERR_UNSUPPORTED (on cuda without kernels, a job spanning nodes on a
+ * daemon with no peers), so is this, with their message.
  *
  * dep_handle_new_in: a handle whose arrays are the first dep_handle_bytes
  * bytes at mem.  mem is DEP_HANDLE_ALIGN-byte aligned (cuMemAlloc's,

@@ -61,6 +61,11 @@ static int handle_bytes(dep_client_t *c, const char *op, uint64_t *out) {
   if (!c->attached)
     return client_seterr(c, DEP_ERR_STATE, "%s: not attached to a job; call dep_attach first "
                          "(a handle's size is its job's)", op);
+  /* A job spanning nodes without its ring has no operations, so no
+   * operations' context to size a handle by (its world is 0). */
+  int rc = ops_ready(c, op);
+  if (rc != 0)
+    return rc;
   if (c->cuda)
     return cuda_ops_handle_bytes(c, op, out);
   *out = host_ops_handle_bytes(&c->ops);

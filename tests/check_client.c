@@ -251,6 +251,38 @@ START_TEST(a_garbage_struct_size_is_invalid_without_reading_past_the_struct) {
 }
 END_TEST
 
+/* ---- a real daemon ----------------------------------------------------------------- */
+
+/*
+ * A rank of a job that spans nodes on a daemon with no peers is attached but
+ * has no operations: a handle's size is DEP_ERR_UNSUPPORTED as they are,
+ * saying why.  dep_handle_bytes and dep_handle_new_in divided by the unset
+ * context's world (SIGFPE).
+ */
+START_TEST(a_handle_of_a_job_without_operations_is_unsupported_not_a_crash) {
+  struct tu_daemon d;
+  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
+  dep_client_t *c = cl_connect(d.sock);
+  struct dep_attach_args a = cl_attach_args("lonely", 0);
+  a.local_world_size = 1;
+  ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
+  size_t bytes = 12345;
+  ck_assert_int_eq(dep_handle_bytes(c, &bytes), DEP_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(dep_errmsg(c), "dep_handle_bytes") != NULL &&
+                    strstr(dep_errmsg(c), "spans nodes") != NULL, "%s", dep_errmsg(c));
+  ck_assert_uint_eq(bytes, 12345);
+  void *mem = aligned_alloc(DEP_HANDLE_ALIGN, 1 << 16);
+  dep_handle_t *h = (dep_handle_t *)&bytes;
+  ck_assert_int_eq(dep_handle_new_in(c, mem, 1 << 16, &h), DEP_ERR_UNSUPPORTED);
+  ck_assert_ptr_null(h);
+  free(mem);
+  ck_assert_int_eq(dep_detach(c), 0);
+  dep_client_free(c);
+  tu_daemon_stop(&d);
+  tu_daemon_cleanup(&d);
+}
+END_TEST
+
 /* ---- a misbehaving peer ---------------------------------------------------------- */
 
 START_TEST(fake_daemon_violations_are_refused) {
@@ -541,6 +573,10 @@ Suite *client_suite(void) {
   tcase_add_test(local, the_operations_memory_fits_every_slabs_private_area);
   suite_add_tcase(s, local);
 
+  TCase *real = tcase_create("daemon");
+  tcase_set_timeout(real, 20);
+  tcase_add_test(real, a_handle_of_a_job_without_operations_is_unsupported_not_a_crash);
+  suite_add_tcase(s, real);
   TCase *fake = tcase_create("fake_daemon");
   tcase_add_test(fake, fake_daemon_violations_are_refused);
   tcase_add_test(fake, refusal_on_accept_reports_the_daemons_reason);
