@@ -8,6 +8,7 @@
  * so a daemon of another layout cannot hand over a slab too small.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -318,7 +319,9 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in
     client_unmap(c);
     return rc;
   }
+  static _Atomic uint64_t attachments;
   c->attached = true;
+  c->attach_id = atomic_fetch_add(&attachments, 1) + 1;
   snprintf(c->job_id, sizeof c->job_id, "%.*s", (int)sizeof c->job_id - 1, args->job_id);
   /* The operations run among the ranks of one node; a job spanning nodes
    * attaches (its memory is lent) but its operations need the proxy.  On

@@ -43,6 +43,9 @@ struct dep_client {
   char socket_path[CLIENT_SOCKET_MAX];
   struct dep_msg_hello_ok hello;  /* the daemon's answer to our HELLO */
   bool attached;
+  /* This attachment's number, unique in the process: a dispatch stamps its
+   * handle with it, and a combine refuses a handle another one filled. */
+  uint64_t attach_id;
   char job_id[DEP_JOB_ID_MAX];    /* the job while attached */
   struct dep_msg_attach_ok attach_ok; /* the last ATTACH_OK */
   struct dep_attach_args args;    /* what this rank attached with */

@@ -286,7 +286,10 @@ enum dep_index_type { DEP_INDEX_I64 = 1, DEP_INDEX_I32 = 2 };
  * What dispatch leaves for the matching combine (opaque, reusable).
  * dep_handle_new makes one whose arrays the library allocates (on cuda a
  * cuMemAlloc, at dep_handle_new when attached, else at its first
- * dispatch); dep_handle_free frees it with them.
+ * dispatch); dep_handle_free frees it with them.  A handle holds the
+ * dispatch of one attachment: after the next dep_attach, a combine, LL
+ * combine or cached dispatch with it is DEP_ERR_INVALID until a dispatch
+ * fills it again.
  */
 typedef struct dep_handle dep_handle_t;
 DEP_EXPORT int dep_handle_new(dep_client_t *c, dep_handle_t **out);

@@ -134,6 +134,22 @@ DEP_EXPORT void dep_handle_free(dep_handle_t *h) {
   free(h);
 }
 
+/* A handle filled by a dispatch of an earlier attachment (another job, or
+ * the same one before a dep_detach) routes nothing of this one. */
+static int handle_of_this_attach(dep_client_t *c, const char *op, const dep_handle_t *h) {
+  if (h == NULL || h->kind == OPS_HANDLE_EMPTY || h->attach_id == c->attach_id)
+    return 0;
+  return client_seterr(c, DEP_ERR_INVALID, "%s: the handle holds a dispatch of an earlier "
+                       "attachment (before the last dep_attach); pass the handle of this job's "
+                       "matching dispatch", op);
+}
+
+/* A dispatch that routed afresh makes the handle this attachment's. */
+static void stamp_handle(const dep_client_t *c, dep_handle_t *h, bool fresh) {
+  if (fresh)
+    h->attach_id = c->attach_id;
+}
+
 /*
  * On the host backend each call is timed on the host clock around the
  * synchronous C code and logged in the stats page (statrec.h): a call that
@@ -141,7 +157,7 @@ DEP_EXPORT void dep_handle_free(dep_handle_t *h) {
  * before it ran (bad arguments, a broken context) is counted as refused.
  * On cuda the kernels log their own calls, on the GPU's timer.
  */
-#define OPS_CALL(op, type, last, sop, bytes, check, run, cuda_run)  \
+#define OPS_CALL(op, type, last, sop, bytes, routed, stamp, check, run, cuda_run) \
   do {                                                              \
     if (c == NULL)                                                  \
       return DEP_ERR_INVALID;                                       \
@@ -153,8 +169,16 @@ DEP_EXPORT void dep_handle_free(dep_handle_t *h) {
     rc_ = ops_ready(c, op);                                         \
     if (rc_ != 0)                                                   \
       return rc_;                                                   \
-    if (c->cuda)                                                    \
-      return (cuda_run);                                            \
+    if ((routed) && (rc_ = handle_of_this_attach(c, op, h)) != 0) { \
+      statrec_rejected(&c->stats, sop);                             \
+      return rc_;                                                   \
+    }                                                               \
+    if (c->cuda) {                                                  \
+      rc_ = (cuda_run);                                             \
+      if (rc_ == 0)                                                 \
+        stamp;                                                      \
+      return rc_;                                                   \
+    }                                                               \
     char why_[256] = "";                                            \
     rc_ = (check);                                                  \
     if (rc_ != 0) {                                                 \
@@ -164,6 +188,8 @@ DEP_EXPORT void dep_handle_free(dep_handle_t *h) {
     const uint64_t seq_ = c->ops.seq, t0_ = statrec_now_ns();       \
     rc_ = (run);                                                    \
     const uint64_t ns_ = statrec_now_ns() - t0_;                    \
+    if (rc_ == 0)                                                   \
+      stamp;                                                        \
     if (c->ops.seq != seq_)                                         \
       statrec_call(&c->stats, sop, c->ops.seq, ns_, rc_, (bytes));  \
     else if (rc_ != 0)                                              \
@@ -201,6 +227,7 @@ DEP_EXPORT int dep_dispatch(dep_client_t *c, const struct dep_dispatch_args *a_i
                             dep_handle_t *h, dep_stream_t stream) {
   OPS_CALL("dep_dispatch", dep_dispatch_args, expert_alignment, DEP_STATS_OP_DISPATCH,
            dep_stats_bytes(a->num_tokens, c->ops.shape.hidden, a->use_fp8 != 0),
+           a->cached == 1, stamp_handle(c, h, a->cached != 1),
            ops_check_dispatch(&c->ops, a, h, why_, sizeof why_),
            host_ops_dispatch(&c->ops, a, h),
            cuda_ops_dispatch(c, a, h, stream));
@@ -209,7 +236,7 @@ DEP_EXPORT int dep_dispatch(dep_client_t *c, const struct dep_dispatch_args *a_i
 DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a_in,
                            const dep_handle_t *h, dep_stream_t stream) {
   OPS_CALL("dep_combine", dep_combine_args, out_topk_weights, DEP_STATS_OP_COMBINE,
-           dep_stats_bytes(h ? h->num_tokens : 0, c->ops.shape.hidden, false),
+           dep_stats_bytes(h ? h->num_tokens : 0, c->ops.shape.hidden, false), true, (void)0,
            ops_check_combine(&c->ops, a, h, why_, sizeof why_),
            host_ops_combine(&c->ops, a, h),
            cuda_ops_combine(c, a, h, stream));
@@ -218,7 +245,8 @@ DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a_in,
 DEP_EXPORT int dep_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a_in,
                                dep_handle_t *h, dep_stream_t stream) {
   OPS_CALL("dep_ll_dispatch", dep_ll_dispatch_args, recv_count, DEP_STATS_OP_LL_DISPATCH,
-           dep_stats_bytes(a->num_tokens, c->ops.shape.hidden, a->use_fp8 != 0),
+           dep_stats_bytes(a->num_tokens, c->ops.shape.hidden, a->use_fp8 != 0), false,
+           stamp_handle(c, h, true),
            ops_check_ll_dispatch(&c->ops, a, h, why_, sizeof why_),
            host_ops_ll_dispatch(&c->ops, a, h),
            cuda_ops_ll_dispatch(c, a, h, stream));
@@ -227,7 +255,7 @@ DEP_EXPORT int dep_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_arg
 DEP_EXPORT int dep_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a_in,
                               const dep_handle_t *h, dep_stream_t stream) {
   OPS_CALL("dep_ll_combine", dep_ll_combine_args, out, DEP_STATS_OP_LL_COMBINE,
-           dep_stats_bytes(h ? h->num_tokens : 0, c->ops.shape.hidden, false),
+           dep_stats_bytes(h ? h->num_tokens : 0, c->ops.shape.hidden, false), true, (void)0,
            ops_check_ll_combine(&c->ops, a, h, why_, sizeof why_),
            host_ops_ll_combine(&c->ops, a, h),
            cuda_ops_ll_combine(c, a, h, stream));

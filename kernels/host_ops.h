@@ -178,6 +178,7 @@ struct dep_handle {
   uint64_t ll_cap;
   uint64_t idx_hash;   /* LL: hash of the dispatched topk_idx */
   void *cuda;          /* cuda backend: the device arrays (client/cuda_ops.c) */
+  uint64_t attach_id;  /* the attachment whose dispatch filled it (client/ops.c) */
   /* Memory the caller lent for the arrays (dep_handle_new_in), host or
    * device as the backend's: carved, never grown or freed.  NULL: the
    * library allocates them. */

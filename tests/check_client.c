@@ -283,6 +283,67 @@ START_TEST(a_handle_of_a_job_without_operations_is_unsupported_not_a_crash) {
 }
 END_TEST
 
+/*
+ * A handle does not cross attachments: after dep_detach and a dep_attach to
+ * another job of the same shape, a combine (or cached dispatch, or LL
+ * combine) with a handle the earlier job's dispatch filled is
+ * DEP_ERR_INVALID saying so; it ran, routing the new job's rows by the old
+ * job's dispatch.  A new dispatch into the handle makes it this job's.
+ */
+START_TEST(a_handle_filled_in_an_earlier_attachment_is_refused) {
+  struct tu_daemon d;
+  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
+  dep_client_t *c = cl_connect(d.sock);
+  struct dep_attach_args a = cl_attach_args("first", 0);
+  a.world_size = a.local_world_size = 1;
+  a.shape.max_tokens_per_rank = 4;
+  ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
+  int32_t idx[8] = {0, 1, 2, 3, 4, 5, 6, 7}, cnt[8], lcnt[8];
+  float w[8] = {1, 1, 1, 1, 1, 1, 1, 1}, rw[8];
+  static uint16_t x[4 * 256], rx[4 * 256], out[4 * 256], lx[8 * 4 * 256];
+  int32_t ridx[8];
+  uint32_t nr = 0;
+  const struct dep_dispatch_args da = {.size = sizeof da, .x = x, .topk_idx = idx,
+                                       .index_type = DEP_INDEX_I32, .topk_weights = w,
+                                       .num_tokens = 4, .recv_x = rx, .recv_topk_idx = ridx,
+                                       .recv_topk_weights = rw, .recv_count_per_expert = cnt,
+                                       .num_recv = &nr};
+  const struct dep_dispatch_args cached = {.size = sizeof cached, .x = x, .num_tokens = 4,
+                                           .recv_x = rx, .num_recv = &nr, .cached = 1};
+  const struct dep_combine_args ca = {.size = sizeof ca, .x = rx, .out = out};
+  const struct dep_ll_dispatch_args ld = {.size = sizeof ld, .x = x, .topk_idx = idx,
+                                          .index_type = DEP_INDEX_I32, .num_tokens = 4,
+                                          .recv_x = lx, .recv_count = lcnt};
+  const struct dep_ll_combine_args lc = {.size = sizeof lc, .x = lx, .topk_idx = idx,
+                                         .index_type = DEP_INDEX_I32, .topk_weights = w,
+                                         .out = out};
+  dep_handle_t *h = NULL, *hl = NULL;
+  ck_assert_int_eq(dep_handle_new(c, &h), 0);
+  ck_assert_int_eq(dep_handle_new(c, &hl), 0);
+  ck_assert_msg(dep_dispatch(c, &da, h, NULL) == 0 && nr == 4, "%s", dep_errmsg(c));
+  ck_assert_msg(dep_ll_dispatch(c, &ld, hl, NULL) == 0, "%s", dep_errmsg(c));
+  ck_assert_int_eq(dep_detach(c), 0);
+  snprintf(a.job_id, sizeof a.job_id, "second");
+  ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
+  ck_assert_int_eq(dep_combine(c, &ca, h, NULL), DEP_ERR_INVALID);
+  ck_assert_msg(strstr(dep_errmsg(c), "earlier attachment") != NULL, "%s", dep_errmsg(c));
+  ck_assert_int_eq(dep_dispatch(c, &cached, h, NULL), DEP_ERR_INVALID);
+  ck_assert_msg(strstr(dep_errmsg(c), "earlier attachment") != NULL, "%s", dep_errmsg(c));
+  ck_assert_int_eq(dep_ll_combine(c, &lc, hl, NULL), DEP_ERR_INVALID);
+  ck_assert_msg(strstr(dep_errmsg(c), "earlier attachment") != NULL, "%s", dep_errmsg(c));
+  ck_assert_msg(dep_dispatch(c, &da, h, NULL) == 0, "%s", dep_errmsg(c));
+  ck_assert_msg(dep_combine(c, &ca, h, NULL) == 0, "%s", dep_errmsg(c));
+  ck_assert_msg(dep_dispatch(c, &cached, h, NULL) == 0, "%s", dep_errmsg(c));
+  ck_assert_msg(dep_ll_dispatch(c, &ld, hl, NULL) == 0, "%s", dep_errmsg(c));
+  ck_assert_msg(dep_ll_combine(c, &lc, hl, NULL) == 0, "%s", dep_errmsg(c));
+  dep_handle_free(h);
+  dep_handle_free(hl);
+  dep_client_free(c);
+  tu_daemon_stop(&d);
+  tu_daemon_cleanup(&d);
+}
+END_TEST
+
 /* ---- a misbehaving peer ---------------------------------------------------------- */
 
 START_TEST(fake_daemon_violations_are_refused) {
@@ -576,6 +637,7 @@ Suite *client_suite(void) {
   TCase *real = tcase_create("daemon");
   tcase_set_timeout(real, 20);
   tcase_add_test(real, a_handle_of_a_job_without_operations_is_unsupported_not_a_crash);
+  tcase_add_test(real, a_handle_filled_in_an_earlier_attachment_is_refused);
   suite_add_tcase(s, real);
   TCase *fake = tcase_create("fake_daemon");
   tcase_add_test(fake, fake_daemon_violations_are_refused);
