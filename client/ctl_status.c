@@ -47,23 +47,11 @@ static const struct ctl_col job_cols[] = {
 };
 #define JOB_NCOLS (sizeof job_cols / sizeof job_cols[0])
 
-/* The same records when no job spans nodes: the node columns (one node, nothing sent or
- * received, an empty ring) stay in the JSON but out of the text table, as deepepctl(1) says. */
-static const struct ctl_col job_cols_one_node[] = {
-    {"job_id", "JOB", CTL_STR, 0},
-    {"owner_uid", "UID", CTL_UINT, 0},
-    {"ranks_attached", "RANKS", CTL_UINT, 0},
-    {"ranks_expected", "", CTL_UINT, CTL_COL_JOIN},
-    {"world_size", "WORLD", CTL_UINT, 0},
-    {"slab_bytes", "SLAB", CTL_BYTES, 0},
-    {"age_ms", "AGE", CTL_MS, 0},
-    {"nodes", "NODES", CTL_UINT, CTL_COL_NOTEXT},
-    {"remote_ranks", "REMOTE", CTL_UINT, CTL_COL_NOTEXT},
-    {"bytes_out", "TX", CTL_BYTES, CTL_COL_NOTEXT},
-    {"bytes_in", "RX", CTL_BYTES, CTL_COL_NOTEXT},
-    {"ring_peak", "RING_PEAK", CTL_UINT, CTL_COL_NOTEXT},
-};
-_Static_assert(sizeof job_cols_one_node == sizeof job_cols, "one column list, two renderings");
+/* The node columns, job_cols[JOB_NODE_COL...]: when no job spans nodes (one node, nothing
+ * sent or received, an empty ring) they stay in the JSON but out of the text table, as
+ * deepepctl(1) says. */
+#define JOB_NODE_COL 7
+_Static_assert(JOB_NCOLS == JOB_NODE_COL + 5, "the node columns end the job columns");
 
 /* Turn the daemon's status into the output records and render them. */
 static int status_render(const struct ctl *ctl, const struct dep_status *st,
@@ -118,10 +106,13 @@ static int status_render(const struct ctl *ctl, const struct dep_status *st,
       }
     }
   }
+  struct ctl_col jcols[JOB_NCOLS];
+  memcpy(jcols, job_cols, sizeof jcols);
+  for (size_t k = JOB_NODE_COL; !multinode && k < JOB_NCOLS; k++)
+    jcols[k].flags |= CTL_COL_NOTEXT;
   const struct ctl_table tables[] = {
       {"devices", "no devices", device_cols, DEVICE_NCOLS, st->num_devices, dev, 0},
-      {"jobs", "no jobs", multinode ? job_cols : job_cols_one_node, JOB_NCOLS, st->num_jobs, job,
-       0},
+      {"jobs", "no jobs", jcols, JOB_NCOLS, st->num_jobs, job, 0},
   };
   const struct ctl_doc doc = {status_fields, fields, STATUS_NFIELDS, tables, 2};
   int rc = ctl_out_render(stdout, &doc, ctl->json);
