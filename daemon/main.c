@@ -214,9 +214,10 @@ int main(int argc, char **argv) {
         return 2;
       }
       if (strlen(optarg) >= CONFIG_PATH_MAX) {
-        fprintf(stderr, "deepepd: socket path too long (%zu bytes, max %d): %s\n", strlen(optarg),
-                CONFIG_PATH_MAX - 1, optarg);
-        return 1;
+        /* A malformed option argument, as an empty one is: status 2 (deepepd(8)). */
+        fprintf(stderr, "deepepd: -s/--socket: socket path too long (%zu bytes, max %d, "
+                "the size of sun_path): %s\n", strlen(optarg), CONFIG_PATH_MAX - 1, optarg);
+        return 2;
       }
       snprintf(deepepd.socket_override, sizeof deepepd.socket_override, "%s", optarg);
       break;
