@@ -138,6 +138,11 @@ void client_set_name(dep_client_t *c, const char *name) {
     snprintf(c->name, sizeof c->name, "%s", name);
 }
 
+void client_set_hello_timeout(dep_client_t *c, int timeout_ms) {
+  if (c != NULL && timeout_ms >= 0)
+    c->hello_timeout_ms = timeout_ms;
+}
+
 /* ---- framing -------------------------------------------------------------- */
 
 /* What the request in flight is, for messages. */
@@ -509,7 +514,8 @@ static int client_hello(dep_client_t *c) {
   struct dep_msg_hello hello = {.version = DEP_PROTO_VERSION, .pid = (uint32_t)getpid()};
   snprintf(hello.name, sizeof hello.name, "%s", c->name);
   struct client_frame f;
-  int rc = client_request(c, DEP_MSG_HELLO, &hello, DEP_MSG_HELLO_OK, CLIENT_REQUEST_TIMEOUT_MS, &f);
+  int timeout_ms = c->hello_timeout_ms > 0 ? c->hello_timeout_ms : CLIENT_REQUEST_TIMEOUT_MS;
+  int rc = client_request(c, DEP_MSG_HELLO, &hello, DEP_MSG_HELLO_OK, timeout_ms, &f);
   if (rc != 0) {
     client_disconnect(c); /* a refused HELLO leaves nothing to talk over */
     return rc;

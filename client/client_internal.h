@@ -4,7 +4,7 @@
  * grows into later).  Nothing declared here is exported from the shared
  * library: the build hides every symbol that is not DEP_EXPORT, and the
  * version script keeps only dep_*.  deepepctl links the static archive and
- * may use client_set_name().
+ * may use client_set_name() and client_set_hello_timeout().
  */
 #ifndef DEP_CLIENT_INTERNAL_H
 #define DEP_CLIENT_INTERNAL_H
@@ -41,6 +41,7 @@ struct dep_client {
   uint32_t next_request;          /* request ids count from 1; 0 marks daemon notices */
   char name[CLIENT_NAME_MAX];     /* what HELLO calls this client */
   char socket_path[CLIENT_SOCKET_MAX];
+  int hello_timeout_ms;           /* 0: CLIENT_REQUEST_TIMEOUT_MS (client_set_hello_timeout) */
   struct dep_msg_hello_ok hello;  /* the daemon's answer to our HELLO */
   bool attached;
   /* This attachment's number, unique in the process: a dispatch stamps its
@@ -164,5 +165,9 @@ int client_lend_map(dep_client_t *c, uint16_t type, uint16_t ok_type, uint32_t v
 
 /* The name sent in HELLO (deepepctl calls itself "deepepctl 0.1.0"). */
 void client_set_name(dep_client_t *c, const char *name);
+/* How long dep_connect waits for HELLO's reply (0: the library's default).
+ * A program keeps the default; deepepctl, whose operator wants to hear of a
+ * hung daemon in seconds, sets a shorter one. */
+void client_set_hello_timeout(dep_client_t *c, int timeout_ms);
 
 #endif /* DEP_CLIENT_INTERNAL_H */

@@ -218,6 +218,20 @@ static bool ctl_json_anywhere(int argc, char **argv) {
   return json;
 }
 
+int ctl_dep_connect(const struct ctl *ctl, dep_client_t *c) {
+  client_set_name(c, "deepepctl " DEP_VERSION_STRING);
+  client_set_hello_timeout(c, CTL_HELLO_TIMEOUT_MS);
+  int rc = dep_connect(c, ctl->socket);
+  /* The library's text ("reconnect with dep_connect") is advice to a program. */
+  if (rc == DEP_ERR_TIMEOUT)
+    return client_seterr(c, rc,
+                         "deepepd at %s accepted the connection but did not answer within %d s: "
+                         "it may be hung; check `systemctl status deepepd` and its log "
+                         "(`journalctl -u deepepd`)",
+                         c->socket_path, CTL_HELLO_TIMEOUT_MS / 1000);
+  return rc;
+}
+
 dep_client_t *ctl_connect(const struct ctl *ctl) {
   dep_client_t *c = NULL;
   int rc = dep_client_new(&c);
@@ -225,8 +239,7 @@ dep_client_t *ctl_connect(const struct ctl *ctl) {
     ctl_fail(ctl, rc, "%s", dep_strerror(rc));
     return NULL;
   }
-  client_set_name(c, "deepepctl " DEP_VERSION_STRING);
-  rc = dep_connect(c, ctl->socket);
+  rc = ctl_dep_connect(ctl, c);
   if (rc != 0) {
     ctl_fail_client(ctl, c, rc, NULL);
     return NULL;

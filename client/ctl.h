@@ -81,6 +81,17 @@ int ctl_fail_client(const struct ctl *ctl, dep_client_t *c, int code, const char
  * error object on stdout, code DEP_ERR_INVALID).  Returns CTL_EXIT_USAGE. */
 int ctl_usage_error(const struct ctl *ctl, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/*
+ * A daemon that accepts but does not answer HELLO within this is taken as
+ * hung: an operator at a shell wants to know in seconds, not after the
+ * library's 30 s meant for trainers (deepepd itself gives a HELLO a second
+ * when it asks whether a daemon is alive).
+ */
+#define CTL_HELLO_TIMEOUT_MS 5000
+/* dep_connect(c, ctl->socket) as deepepctl: its name in HELLO, the wait above,
+ * and on a timeout a message saying what to check.  0 or a DEP_ERR_* code,
+ * the message in dep_errmsg(c). */
+int ctl_dep_connect(const struct ctl *ctl, dep_client_t *c);
 /* A new handle connected to the daemon, or NULL after reporting why. */
 dep_client_t *ctl_connect(const struct ctl *ctl);
 /* Flush stdout and turn a write error into CTL_EXIT_FAIL. */

@@ -428,9 +428,8 @@ int ctl_doctor(struct ctl *ctl, int argc, char **argv) {
   rc = dep_client_new(&c);
   if (rc != 0)
     return ctl_fail(ctl, rc, "%s", dep_strerror(rc));
-  client_set_name(c, "deepepctl " DEP_VERSION_STRING);
   errno = 0;
-  rc = dep_connect(c, ctl->socket);
+  rc = ctl_dep_connect(ctl, c);
   doctor_socket(ctl, &k[0], rc == 0, dep_errmsg(c));
   struct dep_status *st = NULL;
   struct ctl_stats s = {0};

@@ -34,8 +34,7 @@ int ctl_version_show(const struct ctl *ctl, bool ask_daemon) {
   if (ask_daemon) {
     int rc = dep_client_new(&c);
     if (rc == 0) {
-      client_set_name(c, "deepepctl " DEP_VERSION_STRING);
-      rc = dep_connect(c, ctl->socket);
+      rc = ctl_dep_connect(ctl, c);
     }
     if (rc == 0) {
       /* HELLO_OK says it all; c stays open until the row is rendered. */

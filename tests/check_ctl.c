@@ -618,6 +618,43 @@ START_TEST(a_path_that_is_not_a_socket_is_named_as_such) {
 }
 END_TEST
 
+/* A daemon that accepts but never answers HELLO (hung) is given up on within
+ * CTL_HELLO_TIMEOUT_MS, not the library's 30 s, with advice for an operator
+ * rather than the library's "reconnect with dep_connect". */
+START_TEST(a_daemon_that_never_answers_is_given_up_on_in_seconds) {
+  char dir[200], sock[256];
+  tu_tmpdir(dir, sizeof dir);
+  dw_sfmt(sock, sizeof sock, "%s/hung.sock", dir);
+  /* Listening but never accepting: connect succeeds, HELLO sits unread. */
+  int s = socket(AF_UNIX, SOCK_STREAM, 0);
+  ck_assert_int_ge(s, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  dw_sfmt(sa.sun_path, sizeof sa.sun_path, "%s", sock);
+  ck_assert_int_eq(bind(s, (struct sockaddr *)&sa, sizeof sa), 0);
+  ck_assert_int_eq(listen(s, 4), 0);
+  char *out, *err;
+  int64_t t0 = dw_now_ms();
+  struct ctl_proc p;
+  ctl_spawn(&p, DW_ARGS("-s", sock, "status"));
+  /* ctl_reap aborts the test if it takes longer than the bound and a margin. */
+  ck_assert_int_eq(ctl_reap(&p, CTL_HELLO_TIMEOUT_MS + 3000, &out, &err), 1);
+  int64_t took = dw_now_ms() - t0;
+  ck_assert_msg(took >= CTL_HELLO_TIMEOUT_MS - 100, "gave up after %lld ms", (long long)took);
+  ck_assert_str_eq(out, "");
+  char want[400];
+  dw_sfmt(want, sizeof want,
+          "deepepctl: deepepd at %s accepted the connection but did not answer within %d s: it "
+          "may be hung; check `systemctl status deepepd`",
+          sock, CTL_HELLO_TIMEOUT_MS / 1000);
+  ck_assert_msg(starts(err, want), "%s", err);
+  ck_assert_msg(strstr(err, "dep_connect") == NULL, "%s", err);
+  free(out);
+  free(err);
+  close(s);
+  tu_rmtree(dir);
+}
+END_TEST
+
 /* A socket path longer than sun_path allows is a malformed option argument: exit 2, as an empty
  * one is (it was exit 1, as if a daemon had been asked and failed). */
 START_TEST(a_socket_path_too_long_for_a_unix_socket_is_a_usage_error) {
@@ -790,6 +827,7 @@ Suite *ctl_suite(void) {
   tcase_add_test(local, stats_with_an_impossible_job_id_is_a_usage_error);
   tcase_add_test(local, genkey_under_json_prints_one_object);
   tcase_add_test(local, a_socket_path_too_long_for_a_unix_socket_is_a_usage_error);
+  tcase_add_test(local, a_daemon_that_never_answers_is_given_up_on_in_seconds);
   tcase_add_test(local, text_output_shows_long_strings_whole);
   tcase_add_test(local, a_value_a_row_lacks_is_a_dash_in_text_and_a_number_in_json);
   tcase_set_timeout(local, 30);
