@@ -232,6 +232,40 @@ START_TEST(readme_trainer_runs_as_shown_against_the_quick_start_daemon) {
 }
 END_TEST
 
+/* Without a daemon the trainer says why in one line, naming the failure once
+ * (it printed dep_strerror's "deepepd is not running" before dep_errmsg's
+ * "deepepd not running: no socket at ..."), and exits 1. */
+START_TEST(readme_trainer_without_a_daemon_says_why_in_one_line) {
+  struct quick q;
+  quick_setup(&q);
+  char out[256], err[256];
+  dw_sfmt(out, sizeof out, "%s/out", q.dir);
+  dw_sfmt(err, sizeof err, "%s/err", q.dir);
+  int st = sh_in(q.dir,
+                 "cc -o trainer trainer.c -Iclient build/libdeepep-client.a -ldl -lpthread "
+                 "-lm" EXTRA_LDFLAGS,
+                 out, NULL);
+  char *o = dw_slurp(out);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "README's trainer.c:\n%s", o);
+  free(o);
+  st = sh_in(q.dir, "DEEPEPD_SOCKET=run/deepepd.sock ./trainer", out, err);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d", st);
+  o = dw_slurp(out);
+  char *e = dw_slurp(err);
+  ck_assert_str_eq(o, "");
+  const char *want = "trainer: deepepd not running: no socket at run/deepepd.sock";
+  ck_assert_msg(strncmp(e, want, strlen(want)) == 0, "it printed: %s", e);
+  const char *nl = strchr(e, '\n');
+  ck_assert_msg(nl != NULL && nl[1] == '\0', "not one line: %s", e);
+  ck_assert_msg(strstr(e, " (DEP_ERR_NO_DAEMON)\n") != NULL, "no code named: %s", e);
+  const char *again = strstr(e, "not running");
+  ck_assert_msg(strstr(again + 1, "not running") == NULL, "says it twice: %s", e);
+  free(o);
+  free(e);
+  quick_teardown(&q);
+}
+END_TEST
+
 /* The same-uid caveat is written down where an operator looks: README and deepepd(8). */
 START_TEST(security_notes_say_what_is_isolated_and_what_is_not) {
   char *readme = dw_slurp("README.md"), *man = dw_slurp("man/deepepd.8");
@@ -259,6 +293,7 @@ Suite *readme_suite(void) {
   tcase_set_timeout(tc, 60); /* a compiler run, a daemon start */
   tcase_add_test(tc, readme_trainer_is_a_whole_program_that_compiles_without_warnings);
   tcase_add_test(tc, readme_trainer_runs_as_shown_against_the_quick_start_daemon);
+  tcase_add_test(tc, readme_trainer_without_a_daemon_says_why_in_one_line);
   suite_add_tcase(s, tc);
   TCase *sec = tcase_create("security");
   tcase_add_test(sec, security_notes_say_what_is_isolated_and_what_is_not);
