@@ -30,11 +30,37 @@ static int ops_ready(dep_client_t *c, const char *op) {
  * is the last field of the struct's first layout. */
 #define TAKE(op, type, last, a, out) CLIENT_TAKE(c, op, type, last, a, out)
 
+/*
+ * A failure's message names the public function once.  The kernels'
+ * messages (and the cuda backend's) begin with the operation as they know
+ * it, "combine: ...", for their own callers and tests; behind the public
+ * name that read "dep_combine: combine: ...".  why past that leading name.
+ */
+static const char *ops_why_body(const char *op, const char *why) {
+  const char *kop = op + strlen("dep_"); /* "dep_combine": "combine" */
+  size_t k = strlen(kop);
+  return strncmp(why, kop, k) == 0 && strncmp(why + k, ": ", 2) == 0 ? why + k + 2 : why;
+}
+
+/* A refusal or failure of op, "op: why", the operation named once. */
+static int ops_fail(dep_client_t *c, const char *op, int rc, const char *why) {
+  return client_seterr(c, rc, "%s: %s", op, ops_why_body(op, why));
+}
+
+/* The cuda backend set its own "op: why" (client/cuda_ops.c); name op once there too. */
+static int ops_cuda_result(dep_client_t *c, const char *op, int rc) {
+  size_t n = strlen(op);
+  if (rc != 0 && strncmp(c->errmsg, op, n) == 0 && strncmp(c->errmsg + n, ": ", 2) == 0) {
+    char *body = c->errmsg + n + 2;
+    const char *rest = ops_why_body(op, body);
+    memmove(body, rest, strlen(rest) + 1);
+  }
+  return rc;
+}
+
 /* Map an operation's result to the handle's message. */
 static int ops_result(dep_client_t *c, const char *op, int rc) {
-  if (rc != 0)
-    return client_seterr(c, rc, "%s: %s", op, c->ops.why);
-  return 0;
+  return rc != 0 ? ops_fail(c, op, rc, c->ops.why) : 0;
 }
 
 DEP_EXPORT int dep_handle_new(dep_client_t *c, dep_handle_t **out) {
@@ -177,13 +203,13 @@ static void stamp_handle(const dep_client_t *c, dep_handle_t *h, bool fresh) {
       rc_ = (cuda_run);                                             \
       if (rc_ == 0)                                                 \
         stamp;                                                      \
-      return rc_;                                                   \
+      return ops_cuda_result(c, op, rc_);                           \
     }                                                               \
     char why_[256] = "";                                            \
     rc_ = (check);                                                  \
     if (rc_ != 0) {                                                 \
       statrec_rejected(&c->stats, sop);                             \
-      return client_seterr(c, rc_, op ": %s", why_);                \
+      return ops_fail(c, op, rc_, why_);                            \
     }                                                               \
     const uint64_t seq_ = c->ops.seq, t0_ = statrec_now_ns();       \
     rc_ = (run);                                                    \
@@ -210,11 +236,11 @@ DEP_EXPORT int dep_layout(dep_client_t *c, const struct dep_layout_args *a_in,
   if (rc != 0)
     return rc;
   if (c->cuda)
-    return cuda_ops_layout(c, a, stream);
+    return ops_cuda_result(c, "dep_layout", cuda_ops_layout(c, a, stream));
   char why[256] = "";
   if ((rc = ops_check_layout(&c->ops, a, why, sizeof why)) != 0) {
     statrec_rejected(&c->stats, DEP_STATS_OP_LAYOUT);
-    return client_seterr(c, rc, "dep_layout: %s", why);
+    return ops_fail(c, "dep_layout", rc, why);
   }
   /* A layout is local (no seq): its own ring, with the tokens it sends each rank. */
   const uint64_t t0 = statrec_now_ns();

@@ -344,6 +344,65 @@ START_TEST(a_handle_filled_in_an_earlier_attachment_is_refused) {
 }
 END_TEST
 
+/*
+ * An operation's refusal names the public function once: "dep_combine:
+ * handle holds ...", not "dep_combine: combine: handle holds ..." (the
+ * kernels' checks name the operation, and the library put its public
+ * name before theirs).
+ */
+START_TEST(a_refused_operation_is_named_once) {
+  struct tu_daemon d;
+  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
+  dep_client_t *c = cl_connect(d.sock);
+  struct dep_attach_args a = cl_attach_args("named", 0);
+  a.world_size = a.local_world_size = 1;
+  a.shape.max_tokens_per_rank = 4;
+  ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
+  int32_t idx[8] = {0}, tpr[1], tpe[8], cnt[8], lcnt[8];
+  uint8_t in_rank[4];
+  float w[8] = {1, 1, 1, 1, 1, 1, 1, 1}, rw[8];
+  static uint16_t x[4 * 256], rx[4 * 256], out[4 * 256], lx[8 * 4 * 256];
+  int32_t ridx[8];
+  uint32_t nr = 0;
+  const struct dep_layout_args la = {.size = sizeof la, .topk_idx = idx, .index_type = 0,
+                                     .num_tokens = 4, .tokens_per_rank = tpr,
+                                     .tokens_per_expert = tpe, .token_in_rank = in_rank};
+  const struct dep_dispatch_args da = {.size = sizeof da, .x = x, .topk_idx = idx,
+                                       .index_type = DEP_INDEX_I32, .topk_weights = w,
+                                       .num_tokens = 4, .recv_x = rx, .recv_topk_idx = ridx,
+                                       .recv_topk_weights = rw, .recv_count_per_expert = cnt,
+                                       .num_recv = &nr, .use_fp8 = 5};
+  const struct dep_combine_args ca = {.size = sizeof ca, .x = rx, .out = out};
+  const struct dep_ll_dispatch_args ld = {.size = sizeof ld, .x = x, .topk_idx = idx,
+                                          .index_type = DEP_INDEX_I32, .num_tokens = 4,
+                                          .recv_x = lx, .recv_count = lcnt, .use_fp8 = 5};
+  const struct dep_ll_combine_args lc = {.size = sizeof lc, .x = lx, .topk_idx = idx,
+                                         .index_type = DEP_INDEX_I32, .topk_weights = w,
+                                         .out = out};
+  dep_handle_t *h = NULL;
+  ck_assert_int_eq(dep_handle_new(c, &h), 0);
+  ck_assert_int_eq(dep_layout(c, &la, NULL), DEP_ERR_INVALID);
+  ck_assert_msg(strncmp(dep_errmsg(c), "dep_layout: index_type 0 ", 25) == 0, "%s",
+                dep_errmsg(c));
+  ck_assert_int_eq(dep_dispatch(c, &da, h, NULL), DEP_ERR_INVALID);
+  ck_assert_msg(strncmp(dep_errmsg(c), "dep_dispatch: use_fp8 is 5", 26) == 0, "%s",
+                dep_errmsg(c));
+  ck_assert_int_eq(dep_combine(c, &ca, h, NULL), DEP_ERR_INVALID);
+  ck_assert_msg(strncmp(dep_errmsg(c), "dep_combine: handle holds no dispatch", 37) == 0, "%s",
+                dep_errmsg(c));
+  ck_assert_int_eq(dep_ll_dispatch(c, &ld, h, NULL), DEP_ERR_INVALID);
+  ck_assert_msg(strncmp(dep_errmsg(c), "dep_ll_dispatch: use_fp8 is 5", 29) == 0, "%s",
+                dep_errmsg(c));
+  ck_assert_int_eq(dep_ll_combine(c, &lc, h, NULL), DEP_ERR_INVALID);
+  ck_assert_msg(strncmp(dep_errmsg(c), "dep_ll_combine: handle holds no dispatch", 40) == 0,
+                "%s", dep_errmsg(c));
+  dep_handle_free(h);
+  dep_client_free(c);
+  tu_daemon_stop(&d);
+  tu_daemon_cleanup(&d);
+}
+END_TEST
+
 /* ---- a misbehaving peer ---------------------------------------------------------- */
 
 START_TEST(fake_daemon_violations_are_refused) {
@@ -638,6 +697,7 @@ Suite *client_suite(void) {
   tcase_set_timeout(real, 20);
   tcase_add_test(real, a_handle_of_a_job_without_operations_is_unsupported_not_a_crash);
   tcase_add_test(real, a_handle_filled_in_an_earlier_attachment_is_refused);
+  tcase_add_test(real, a_refused_operation_is_named_once);
   suite_add_tcase(s, real);
   TCase *fake = tcase_create("fake_daemon");
   tcase_add_test(fake, fake_daemon_violations_are_refused);
