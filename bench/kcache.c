@@ -57,7 +57,7 @@ static int one(const char *sock, int i, int out_fd) {
     rc = dep_attach(c, &a);
   double total = bench_now_ms() - t0;
   if (rc != 0) {
-    fprintf(stderr, "kcache: attach: %s: %s\n", dep_strerror(rc), dep_errmsg(c));
+    fprintf(stderr, "kcache: attach: %s (%s)\n", dep_errmsg(c), dep_errname(rc));
     return 1;
   }
   struct dep_attach_times t = {.size = sizeof t};
