@@ -250,6 +250,10 @@ run: all
 	@echo "deepepd: in another shell: $(CTL) -s run/deepepd.sock status"
 	exec $(DAEMON) --backend host --socket run/deepepd.sock
 
+# Each exported function (the version script's list) gets a man3 page that
+# is deepep(3), so that `man dep_dispatch` finds it.
+EXPORTED = $(shell sed -n 's/^ *\(dep_[a-z0-9_]*\);$$/\1/p' client/libdeepep-client.map)
+
 install: all
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 	  $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSCONFDIR)/deepepd \
@@ -272,6 +276,8 @@ install: all
 	for m in man/*.[1-8]; do [ -e "$$m" ] || continue; s=$${m##*.}; \
 	  sed 's|@VERSION@|$(VERSION)|g' $$m > $(DESTDIR)$(MANDIR)/man$$s/$${m##*/}; \
 	  chmod 0644 $(DESTDIR)$(MANDIR)/man$$s/$${m##*/}; done
+	for f in $(EXPORTED); do echo '.so man3/deepep.3' > $(DESTDIR)$(MANDIR)/man3/$$f.3; \
+	  chmod 0644 $(DESTDIR)$(MANDIR)/man3/$$f.3; done
 
 clean:
 	rm -rf build build-asan
