@@ -114,8 +114,26 @@ static bool server_resolve_group(const char *name, gid_t *gid) {
   return true;
 }
 
+/* Whether gid, or one of the user's groups, is the group named name. */
+static bool server_in_group(const char *name, gid_t gid, const gid_t *groups, int ng) {
+  gid_t want;
+  if (!server_resolve_group(name, &want))
+    return false;
+  if (want == gid)
+    return true;
+  for (int k = 0; k < ng; k++)
+    if (groups[k] == want)
+      return true;
+  return false;
+}
+
+/*
+ * Whether the peer is in a group that admits it: one of allow.groups, or
+ * socket.group, the group the socket is made for (README, sysusers snippet:
+ * its members may connect without being listed again).
+ */
 static bool server_group_listed(const struct config *cfg, uid_t uid, gid_t gid) {
-  if (cfg->n_allow_groups == 0)
+  if (cfg->n_allow_groups == 0 && cfg->socket_group[0] == '\0')
     return false;
   /* The peer's supplementary groups come from its user's entry: SO_PEERCRED
    * reports only the primary gid. */
@@ -128,16 +146,11 @@ static bool server_group_listed(const struct config *cfg, uid_t uid, gid_t gid) 
     if (getgrouplist(res->pw_name, res->pw_gid, groups, &ng) < 0)
       ng = SERVER_MAX_GROUPS; /* truncated: check the first ones */
   }
-  for (size_t i = 0; i < cfg->n_allow_groups; i++) {
-    gid_t want;
-    if (!server_resolve_group(cfg->allow_groups[i], &want))
-      continue;
-    if (want == gid)
+  if (cfg->socket_group[0] != '\0' && server_in_group(cfg->socket_group, gid, groups, ng))
+    return true;
+  for (size_t i = 0; i < cfg->n_allow_groups; i++)
+    if (server_in_group(cfg->allow_groups[i], gid, groups, ng))
       return true;
-    for (int k = 0; k < ng; k++)
-      if (groups[k] == want)
-        return true;
-  }
   return false;
 }
 
@@ -210,7 +223,7 @@ static void server_admit(int fd) {
   const struct config *cfg = &deepepd.cfg;
   if (!server_peer_allowed(cfg, cred.uid, cred.gid)) {
     conn_fail(c, 0, DEP_ERR_PERMISSION,
-              "uid %u is not allowed by deepepd (allow.users / allow.groups in %s)",
+              "uid %u is not allowed by deepepd (allow.users, allow.groups or socket.group in %s)",
               (unsigned)cred.uid,
               deepepd.config_path[0] ? deepepd.config_path : DEEPEPD_DEFAULT_CONFIG);
     return;
