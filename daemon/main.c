@@ -24,6 +24,7 @@
 #include "metrics_http.h"
 #include "notify.h"
 #include "peer.h"
+#include "pool.h"
 #include "proto.h"
 #include "rdmadrv.h"
 #include "server.h"
@@ -166,6 +167,12 @@ static void main_warmup(void) {
  */
 static void main_on_pools(int rc, const char *why) {
   deepepd.starting = false;
+  if (deepepd.stopping) { /* a stop while they were made: not a failure of the start */
+    if (rc != 0)
+      log_info("devices: %s", why);
+    control_attach_resume(DEP_ERR_DAEMON_GONE, "deepepd is stopping");
+    return;
+  }
   if (rc != 0) {
     log_errx("devices: %s", why);
     main_pools_failed = true;
@@ -173,10 +180,6 @@ static void main_on_pools(int rc, const char *why) {
     snprintf(msg, sizeof msg, "deepepd could not make its device pools (%s) and is stopping", why);
     control_attach_resume(rc, msg);
     deepepd_shutdown("the device pools could not be made");
-    return;
-  }
-  if (deepepd.stopping) {
-    control_attach_resume(DEP_ERR_DAEMON_GONE, "deepepd is stopping");
     return;
   }
   log_info("device pools ready in %llu ms",
@@ -318,7 +321,9 @@ int main(int argc, char **argv) {
     goto out_held;
 
   uv_run(&loop, UV_RUN_DEFAULT);
-  /* Stopped while the pools were being made: they are finished first. */
+  /* Stopped while the pools were being made: the thread making them gives up
+   * before its next block, and is waited for. */
+  pool_stop_making();
   while (devices_pending())
     uv_run(&loop, UV_RUN_ONCE);
   status = main_pools_failed ? 1 : 0;

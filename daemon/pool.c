@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -327,6 +328,11 @@ uint64_t pool_uid_bytes(const struct pool *p, uid_t uid) {
   return n;
 }
 
+/* Set by the loop thread when the daemon stops; read by the thread making the pools. */
+static atomic_bool pool_stopping;
+
+void pool_stop_making(void) { atomic_store(&pool_stopping, true); }
+
 int pool_init(struct pool *p, const struct backend_ops *ops, const struct backend_dev *dev,
               uint64_t budget_bytes, uint64_t reserve_bytes, bool prealloc, char *why,
               size_t whylen) {
@@ -347,6 +353,12 @@ int pool_init(struct pool *p, const struct backend_ops *ops, const struct backen
   if (!prealloc)
     return 0;
   for (uint64_t i = 0, n = pool_room(p) / reserve_bytes; i < n; i++) {
+    if (atomic_load(&pool_stopping)) {
+      snprintf(why, whylen, "the daemon stopped while the pool of device %s was made (%llu of "
+               "%llu blocks)", dev->uuid_str, (unsigned long long)i, (unsigned long long)n);
+      pool_fini(p);
+      return DEP_ERR_STATE;
+    }
     struct pool_block *blk;
     int rc = block_make(p, 1, reserve_bytes, &blk, why, whylen);
     if (rc != 0) {

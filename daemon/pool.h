@@ -150,6 +150,12 @@ void pool_preload_ghost(const uint8_t uuid[16], uid_t uid, uint64_t bytes,
 int pool_init(struct pool *p, const struct backend_ops *ops, const struct backend_dev *dev,
               uint64_t budget_bytes, uint64_t reserve_bytes, bool prealloc, char *why,
               size_t whylen);
+/*
+ * Make any pool_init still making its reserve, on any thread, give up before
+ * its next block (DEP_ERR_STATE): the daemon is stopping, and a large
+ * reserve takes seconds to make that a stop should not wait for.
+ */
+void pool_stop_making(void);
 /* Unmake every block (none may still be lent) and release the device.
  * Ghosts are forgotten: the held file (held.h) has them. */
 void pool_fini(struct pool *p);

@@ -669,6 +669,40 @@ START_TEST(test_pools_that_cannot_be_made_fail_the_waiting_attach) {
 }
 END_TEST
 
+/*
+ * A stop while the pools are made does not wait for them (seconds for a large
+ * reserve, which a systemctl stop at start would sit through): the reserve
+ * gives up before its next block, and the daemon exits 0, as for any stop.
+ */
+START_TEST(test_stop_while_the_pools_are_made_is_prompt) {
+  struct tu_daemon d;
+  memset(&d, 0, sizeof d);
+  tu_tmpdir(d.dir, sizeof d.dir);
+  /* 2048 blocks: seconds to make here, a few ms each. */
+  struct tu_daemon_opts o = {.wait = TU_WAIT_SOCKET};
+  ck_assert_int_eq(tu_daemon_start_opts(&d, d.dir,
+                                        "pool:\n  host_size: 4GiB\n  chunk_size: 2MiB\n"
+                                        "  size_per_device: 8GiB\npreallocation: true\n",
+                                        &o),
+                   0);
+  char state[32];
+  ck_assert_ptr_nonnull(tu_daemon_state(d.sock, state, sizeof state));
+  ck_assert_str_eq(state, "starting");
+  int64_t t0 = dw_now_ms();
+  ck_assert_int_eq(kill(d.pid, SIGTERM), 0);
+  int st = tu_daemon_wait_exit(&d, 3000);
+  int64_t took = dw_now_ms() - t0;
+  printf("%s: stopped %lld ms after SIGTERM\n", __func__, (long long)took);
+  ck_assert_msg(st >= 0, "deepepd still making its pools 3 s after SIGTERM");
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "wait status %d", st);
+  ck_assert(dw_log_has(&d, "the daemon stopped while the pool of device", 0));
+  char *log = tu_daemon_log(&d);
+  ck_assert_msg(strstr(log, "device pools ready") == NULL, "the pools were finished: %s", log);
+  free(log);
+  tu_daemon_cleanup(&d);
+}
+END_TEST
+
 Suite *server_suite(void);
 Suite *server_suite(void) {
   Suite *s = suite_create("server");
@@ -686,7 +720,8 @@ Suite *server_suite(void) {
         test_max_clients_is_clamped_to_the_fd_limit, test_out_of_fds_refuses_with_limit, NULL}},
       {"startup",
        {test_status_is_answered_while_the_pools_are_made,
-        test_pools_that_cannot_be_made_fail_the_waiting_attach, NULL}},
+        test_pools_that_cannot_be_made_fail_the_waiting_attach,
+        test_stop_while_the_pools_are_made_is_prompt, NULL}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     TCase *tc = tcase_create(cases[i].name);
