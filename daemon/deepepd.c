@@ -126,11 +126,19 @@ static void deepepd_reload_tell(struct reload_waiter *w, int rc, const char *msg
   }
 }
 
-/* The end of a reload for systemd (Type=notify-reload), which saw RELOADING=1 at its start.
- * Neither is sent while the daemon starts (its READY=1 waits for the pools) or stops. */
+/*
+ * Whether RELOADING=1 went out, so that READY=1 ends the reload.  Neither is
+ * sent before the start's own READY=1 (it waits for the pools, the kernel
+ * warm-up and the peers: a reload meanwhile must not announce readiness
+ * early), nor once the daemon stops.
+ */
+static bool reload_notified;
+
+/* The end of a reload for systemd (Type=notify-reload), which saw RELOADING=1 at its start. */
 static void deepepd_reload_notify_ready(void) {
-  if (deepepd.stopping || deepepd.starting || deepepd.warming)
+  if (!reload_notified || deepepd.stopping)
     return;
+  reload_notified = false;
   notify_send("READY=1");
   notify_send("STATUS=listening on %s", deepepd.cfg.socket_path);
 }
@@ -239,9 +247,11 @@ static void deepepd_reload_begin(struct reload_waiter *w) {
   /* systemd (Type=notify-reload) wants the time the reload began with it. */
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  if (!deepepd.starting)
+  if (notify_ready_count() > 0) { /* ready, and not already reloading */
     notify_send("RELOADING=1\nMONOTONIC_USEC=%llu", (unsigned long long)ts.tv_sec * 1000000ull +
                                                         (unsigned long long)ts.tv_nsec / 1000u);
+    reload_notified = true;
+  }
   const char *path = deepepd.config_path;
   if (path[0] == '\0' && access(DEEPEPD_DEFAULT_CONFIG, F_OK) == 0)
     path = DEEPEPD_DEFAULT_CONFIG;

@@ -414,6 +414,80 @@ static void check_notify(bool abstract) {
   tu_daemon_cleanup(&d);
 }
 
+/* The next datagram on ns within ms into got (NUL-terminated): its length, or -1. */
+static ssize_t notify_next(int ns, char *got, size_t len, int ms) {
+  struct pollfd pfd = {.fd = ns, .events = POLLIN};
+  if (poll(&pfd, 1, ms) <= 0)
+    return -1;
+  ssize_t n = recv(ns, got, len - 1, 0);
+  ck_assert_int_gt(n, 0);
+  got[n] = '\0';
+  return n;
+}
+
+/*
+ * A reload during the start, here while READY=1 waits for a peer that is
+ * down (peer_wait_ms), neither says RELOADING=1 nor READY=1: systemd must
+ * see the daemon ready only once the start is over (deepepd(8): READY=1
+ * waits until every peer is up or peer_wait_ms passes).
+ */
+START_TEST(test_reload_while_starting_does_not_say_ready) {
+  struct tu_daemon d;
+  memset(&d, 0, sizeof d);
+  tu_tmpdir(d.dir, sizeof d.dir);
+  dw_sfmt(d.sock, sizeof d.sock, "%s/d.sock", d.dir);
+  dw_sfmt(d.conf, sizeof d.conf, "%s/deepepd.yaml", d.dir);
+  dw_sfmt(d.log, sizeof d.log, "%s/deepepd.log", d.dir);
+  int port = 4000 + (int)(getpid() % 2000) * 8 + 6; /* and port + 1, where nobody listens */
+  char yaml[1024];
+  dw_sfmt(yaml, sizeof yaml,
+          "socket:\n  path: %s\nbackend: host\npool:\n  host_size: 64MiB\n  chunk_size: 2MiB\n"
+          "listen: {address: 127.0.0.1, port: %d}\npeers: [{host: 127.0.0.1, port: %d}]\n"
+          "peer_insecure: true\npeer_wait_ms: 4000\n",
+          d.sock, port, port + 1);
+  ck_assert_int_eq(tu_write_file(d.conf, yaml), 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  dw_sfmt(sa.sun_path, sizeof sa.sun_path, "%s/notify", d.dir);
+  int ns = socket(AF_UNIX, SOCK_DGRAM, 0);
+  ck_assert_int_ge(ns, 0);
+  ck_assert_int_eq(bind(ns, (struct sockaddr *)&sa, sizeof sa), 0);
+  fflush(NULL);
+  d.pid = fork();
+  ck_assert_int_ge(d.pid, 0);
+  if (d.pid == 0) {
+    int fd = open(d.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, 2);
+    setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+    execl(tu_bin("deepepd"), "deepepd", "-c", d.conf, (char *)NULL);
+    _exit(127);
+  }
+  /* The pools are made and READY=1 waits for the peer. */
+  char got[512] = "";
+  for (int64_t dl = dw_now_ms() + 15000; strncmp(got, "STATUS=waiting for peers", 24) != 0;) {
+    ck_assert_msg(dw_now_ms() < dl, "no STATUS=waiting for peers (last: %s)", got);
+    if (notify_next(ns, got, sizeof got, 100) > 0)
+      ck_assert_msg(strncmp(got, "READY=1", 7) != 0, "READY=1 before the peer wait");
+  }
+  /* RELOAD_OK comes after whatever the reload notifies (sent before it, on a local socket). */
+  int fd = dw_client(&d);
+  struct dep_msg_text m;
+  dw_reload(fd, 2, &m);
+  close(fd);
+  while (notify_next(ns, got, sizeof got, 0) > 0)
+    ck_assert_msg(strncmp(got, "READY=1", 7) != 0 && strncmp(got, "RELOADING=1", 11) != 0,
+                  "a reload during the start said %s", got);
+  /* The start's own READY=1 still comes, once peer_wait_ms has passed. */
+  dw_expect_notify(ns, "READY=1");
+  kill(d.pid, SIGTERM);
+  int st;
+  ck_assert_int_eq(waitpid(d.pid, &st, 0), d.pid);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  d.pid = 0;
+  close(ns);
+  tu_daemon_cleanup(&d);
+}
+END_TEST
+
 START_TEST(test_sd_notify_path) { check_notify(false); }
 END_TEST
 
@@ -760,7 +834,8 @@ Suite *daemon_suite(void) {
       {"socket",
        {test_second_daemon_refuses_to_start, test_stale_socket_is_reclaimed,
         test_non_socket_at_path_is_left_alone, test_socket_path_too_long_fails_loudly,
-        test_sd_notify_path, test_sd_notify_abstract, NULL}},
+        test_sd_notify_path, test_sd_notify_abstract, test_reload_while_starting_does_not_say_ready,
+        NULL}},
       {"signals",
        {test_sigterm_tells_clients_and_exits_cleanly,
         test_sighup_reloads_live_keys_and_names_the_rest,
