@@ -30,6 +30,18 @@ static void conn_settled(struct peer_conn *c, bool rdma, const char *why) {
     s->backoff_ms = PEER_BACKOFF_MIN_MS;
   } else {
     p->inbound_up++;
+    /* The peer is back: it reached us.  Our own connections to it try again
+     * at the next tick rather than at the end of a backoff of up to 30 s, so
+     * that both ends see the link up together (a job's MEMBERSHIP goes only
+     * to a peer this end sees up). */
+    uint64_t now = now_ms();
+    for (uint32_t i = 0; i < P->pool_size; i++) {
+      struct peer_slot *s = &p->slots[i];
+      if (s->state == SLOT_BACKOFF && s->retry_at_ms > now) {
+        s->retry_at_ms = now;
+        s->backoff_ms = PEER_BACKOFF_MIN_MS;
+      }
+    }
   }
   peer__note_links(p);
   if (c->slot >= 0 && peer__all_up(p) && !p->was_up) {

@@ -348,6 +348,47 @@ START_TEST(two_daemons_bring_their_pools_up) {
 }
 END_TEST
 
+/* The longest backoff sock's first peer waits out ("backoff_ms" of peers --json), or -1. */
+static long peer_backoff_ms(const char *sock) {
+  char out[8192];
+  if (ctl_peers_json("", sock, out, sizeof out) != 0)
+    return -1;
+  const char *p = strstr(out, "\"backoff_ms\":");
+  return p != NULL ? strtol(p + strlen("\"backoff_ms\":"), NULL, 10) : -1;
+}
+
+/*
+ * A peer down at start that comes up later is up on both ends at once: the
+ * end that waited in a backoff (doubling to 30 s) tries again as soon as the
+ * peer reaches it, rather than at the end of that backoff, during which it
+ * would tell the peer no job's membership.
+ */
+START_TEST(a_peer_that_comes_up_late_is_up_on_both_ends_at_once) {
+  struct tu_daemon a, b;
+  char dir[256], key[300], ya[1024], yb[1024], out[8192];
+  tu_tmpdir(dir, sizeof dir);
+  write_key(dir, "key", key, sizeof key);
+  int pa = port_base() + 2, pb = pa + 1;
+  peer_yaml(ya, sizeof ya, "127.0.0.1", pa, "127.0.0.1", pb, key);
+  peer_yaml(yb, sizeof yb, "127.0.0.1", pb, "127.0.0.1", pa, key);
+  ck_assert_int_eq(tu_daemon_start(&a, ya), 0);
+  /* a has backed off long enough that a connection waits 8 s more. */
+  long wait = -1;
+  for (int t = 0; t < 40000 && (wait = peer_backoff_ms(a.sock)) < 8000; t += 100)
+    usleep(100 * 1000);
+  ck_assert_msg(wait >= 8000, "a's backoff never reached 8 s (%ld ms)", wait);
+  ck_assert_int_eq(tu_daemon_start(&b, yb), 0);
+  ck_assert_msg(wait_peers("", b.sock, "\"state\":\"up\"", 5000, out, sizeof out), "b: %s", out);
+  ck_assert_msg(wait_peers("", a.sock, "\"state\":\"up\"", 2500, out, sizeof out),
+                "a still backs off after b is up: %s", out);
+  tu_daemon_stop(&a);
+  tu_daemon_stop(&b);
+  tu_daemon_cleanup(&a);
+  tu_daemon_cleanup(&b);
+  tu_rmtree(dir);
+}
+END_TEST
+
 START_TEST(a_wrong_key_and_an_unlisted_peer_are_refused_and_logged) {
   struct tu_daemon a, b, c;
   char dir[256], key[300], key2[300], ya[1024], yb[1024], yc[1024], out[8192];
@@ -612,6 +653,10 @@ Suite *peers_suite(void) {
   tcase_add_test(tc, a_daemon_refuses_to_start_with_a_readable_key_or_none);
   tcase_add_test(tc, the_transport_is_chosen_per_peer_and_rdma_is_never_silently_tcp);
   tcase_add_test(tc, two_daemons_in_two_network_namespaces_come_up);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("late");
+  tcase_set_timeout(tc, 90); /* a backoff grown to seconds */
+  tcase_add_test(tc, a_peer_that_comes_up_late_is_up_on_both_ends_at_once);
   suite_add_tcase(s, tc);
   return s;
 }
