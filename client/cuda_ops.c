@@ -102,16 +102,19 @@ int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
              "GPU is stuck); restart the job", what, r.source, (unsigned long long)r.seq,
              r.waited_ms, (unsigned long long)r.seen_flag);
     break;
-  case CUOPS_PHASE_GONE:
-    snprintf(m, sizeof m, "rank %u (pid %u) of the job is gone (%s) while this rank waited in %s "
-             "(call %llu, after %u ms); the job cannot go on: restart it", r.source,
-             (uint32_t)r.seen_flag,
+  case CUOPS_PHASE_GONE: {
+    char pidtext[24] = ""; /* no pid: a rank on another node, whose pid this daemon never learns */
+    if ((uint32_t)r.seen_flag != 0)
+      snprintf(pidtext, sizeof pidtext, " (pid %u)", (uint32_t)r.seen_flag);
+    snprintf(m, sizeof m, "rank %u%s of the job is gone (%s) while this rank waited in %s "
+             "(call %llu, after %u ms); the job cannot go on: restart it", r.source, pidtext,
              (r.seen_flag >> 32) == DEP_SLAB_GONE_NODE ? "its node is lost: the peer link to its "
                                                          "daemon dropped"
              : (r.seen_flag >> 32) == DEP_SLAB_GONE_DETACHED ? "it detached"
                                                              : "its process ended",
              what, (unsigned long long)r.seq, r.waited_ms);
     break;
+  }
   case CUOPS_PHASE_RING:
     if (code == DEP_ERR_TIMEOUT)
       snprintf(m, sizeof m, "%s: the proxy's ring stayed full for %u ms (call %llu, for rank %u "

@@ -382,11 +382,13 @@ static int peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t wait
   er->waited_ms = (uint32_t)(waited_ns / 1000000u);
   atomic_store_explicit(&er->code, DEP_ERR_PEER, memory_order_release);
   c->broken = 1;
-  char whom[24] = "it";
+  char whom[24] = "it", pidtext[24] = "";
   if (gone != src)
     snprintf(whom, sizeof whom, "rank %u", src);
-  return set_why(c, DEP_ERR_PEER, "rank %u (pid %u) of the job is gone (%s) while this rank "
-                 "waited for %s in %s (call %llu); the job cannot go on: restart it", gone, pid,
+  if (pid != 0) /* 0: a rank on another node, whose pid this daemon never learns */
+    snprintf(pidtext, sizeof pidtext, " (pid %u)", pid);
+  return set_why(c, DEP_ERR_PEER, "rank %u%s of the job is gone (%s) while this rank "
+                 "waited for %s in %s (call %llu); the job cannot go on: restart it", gone, pidtext,
                  ab->detached == DEP_SLAB_GONE_NODE ? "its node is lost: the peer link to its "
                                                       "daemon dropped"
                  : detached ? "it detached" : "its process ended", whom, host_ops_op_name(op),

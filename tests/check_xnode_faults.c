@@ -158,6 +158,8 @@ static void kill_mid_run(int what) {
     ck_assert_msg(after <= XN_OP_TIMEOUT_MS + 1500, "rank %u failed %lld ms after the kill, over "
                   "the op timeout of %d ms: %s", g, (long long)after, XN_OP_TIMEOUT_MS,
                   res[g].msg);
+    /* A remote rank's pid is not known here: the message names none, not "pid 0". */
+    ck_assert_msg(strstr(res[g].msg, "(pid 0)") == NULL, "rank %u: %s", g, res[g].msg);
     printf("xnode: %s: rank %u failed after %lld ms with %s\n",
            what == 0 ? "a remote rank killed" : what == 1 ? "the remote daemon killed"
                                                           : "the veth taken down",
