@@ -92,9 +92,13 @@ int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
   switch (r.phase) {
   case CUOPS_PHASE_WAIT:
     snprintf(m, sizeof m, "timeout in %s waiting for rank %u (call %llu, %u ms, its flag read "
-             "%llu): that rank did not make the same call; check that every rank runs the same "
+             "%llu): that rank did not make the same call%s; check that every rank runs the same "
              "sequence of operations and is alive", what, r.source, (unsigned long long)r.seq,
-             r.waited_ms, (unsigned long long)r.seen_flag);
+             r.waited_ms, (unsigned long long)r.seen_flag,
+             r.source < 64 && (c->cuops.job.remote_mask >> r.source) & 1
+                 ? ", or its node's daemon or the link to it is stuck (deepepctl peers on both "
+                   "nodes)"
+                 : "");
     break;
   case CUOPS_PHASE_ROW:
     snprintf(m, sizeof m, "timeout in %s waiting for rows from rank %u (call %llu, %u ms, a row's "

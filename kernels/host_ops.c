@@ -337,9 +337,11 @@ static int timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t s
   atomic_store_explicit(&er->code, DEP_ERR_TIMEOUT, memory_order_release);
   c->broken = 1;
   return set_why(c, DEP_ERR_TIMEOUT, "timeout in %s waiting for rank %u (call %llu, %u ms): that "
-                 "rank did not make the same call; check that every rank runs the same sequence "
+                 "rank did not make the same call%s; check that every rank runs the same sequence "
                  "of operations and is alive", host_ops_op_name(op), src,
-                 (unsigned long long)c->seq, c->timeout_ms);
+                 (unsigned long long)c->seq, c->timeout_ms,
+                 c->remote[src] >= 0 ? ", or its node's daemon or the link to it is stuck "
+                                       "(deepepctl peers on both nodes)" : "");
 }
 
 /*

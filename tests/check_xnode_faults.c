@@ -160,6 +160,9 @@ static void kill_mid_run(int what) {
                   res[g].msg);
     /* A remote rank's pid is not known here: the message names none, not "pid 0". */
     ck_assert_msg(strstr(res[g].msg, "(pid 0)") == NULL, "rank %u: %s", g, res[g].msg);
+    /* A wait for another node that timed out points at the daemons and the link too. */
+    ck_assert_msg(res[g].rc != DEP_ERR_TIMEOUT || strstr(res[g].msg, "deepepctl peers") != NULL,
+                  "rank %u: %s", g, res[g].msg);
     printf("xnode: %s: rank %u failed after %lld ms with %s\n",
            what == 0 ? "a remote rank killed" : what == 1 ? "the remote daemon killed"
                                                           : "the veth taken down",
