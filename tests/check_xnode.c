@@ -206,10 +206,18 @@ START_TEST(a_restarted_job_gets_its_exchange_regions_back_and_another_uid_does_n
   const uint64_t region = DEP_XRING_BYTES + l.xchg_bytes;
   const uint64_t quota = (arena + region + 1023) / 1024; /* KiB: under the arenas and two */
   ck_assert_uint_ge(quota, 2048);
-  char limits[128];
-  snprintf(limits, sizeof limits, ", op_timeout_ms: 8000, memory_per_uid: %lluKiB",
-           (unsigned long long)quota);
-  nodes_config_with(&ns, 2, 20000, limits, "");
+  /* Node 0 alone has the quota, and its ranks start once all of node 1's wait in the job:
+   * the refusal then reaches every rank.  (A node lends at its last local rank's attach, so
+   * with the quota on both, or ranks arriving in any order, the first node to refuse fails
+   * the job on the other while only some of that node's ranks are there; its later ones
+   * gather the id anew and time out.) */
+  nodes_config_with(&ns, 2, 20000, ", op_timeout_ms: 8000", "");
+  char *lim = strstr(ns.yaml[0], "op_timeout_ms: 8000}");
+  ck_assert_ptr_nonnull(lim);
+  char rest[sizeof ns.yaml[0]];
+  snprintf(rest, sizeof rest, "%s", lim + strlen("op_timeout_ms: 8000"));
+  snprintf(lim, sizeof ns.yaml[0] - (size_t)(lim - ns.yaml[0]),
+           "op_timeout_ms: 8000, memory_per_uid: %lluKiB%s", (unsigned long long)quota, rest);
   nodes_start_all(&ns);
   struct xn_place qp;
   memset(&qp, 0, sizeof qp);
@@ -217,7 +225,15 @@ START_TEST(a_restarted_job_gets_its_exchange_regions_back_and_another_uid_does_n
   struct xn_run qrun = {.d = q, .rounds = 1};
   struct xn_result *r4 = xn_results(qn);
   pid_t pids[OW_MAXW];
-  xn_spawn(&ns, &qp, "over-quota", &qrun, r4, pids);
+  xn_spawn_node(&ns, &qp, "over-quota", &qrun, r4, pids, 1);
+  int obs = dw_client(&ns.d[1]);
+  uint32_t at = 0;
+  for (int t = 0; t < 30000 && !(dw_job_listed(obs, "over-quota", &at, NULL) && at == Q->split[1]);
+       t += 20)
+    dw_sleep_ms(20);
+  close(obs);
+  ck_assert_msg(at == Q->split[1], "node 1 holds %u of its %u ranks of the job", at, Q->split[1]);
+  xn_spawn_node(&ns, &qp, "over-quota", &qrun, r4, pids, 0);
   ck_assert(!xn_reap(pids, qn, 60000));
   for (uint32_t g = 0; g < qn; g++)
     ck_assert_msg(r4[g].rc == DEP_ERR_LIMIT && strstr(r4[g].msg, "memory_per_uid") != NULL,

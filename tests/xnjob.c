@@ -85,7 +85,15 @@ void xn_place(struct xn_place *p, const uint32_t *split, int nodes) {
 /* Fork every rank; returns their pids (results in res[]). */
 void xn_spawn(const struct nodes *ns, const struct xn_place *p, const char *job,
               const struct xn_run *run, struct xn_result *res, pid_t *pids) {
+  xn_spawn_node(ns, p, job, run, res, pids, -1);
+}
+
+/* Fork the ranks placed on node (every rank: -1); pids[] of the others untouched. */
+void xn_spawn_node(const struct nodes *ns, const struct xn_place *p, const char *job,
+                   const struct xn_run *run, struct xn_result *res, pid_t *pids, int node) {
   for (uint32_t g = 0; g < run->d->sc.world; g++) {
+    if (node >= 0 && p->node[g] != (uint32_t)node)
+      continue;
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();

@@ -47,6 +47,9 @@ void xn_place(struct xn_place *p, const uint32_t *split, int nodes);
 /* Fork every rank; returns their pids (results in res[]). */
 void xn_spawn(const struct nodes *ns, const struct xn_place *p, const char *job,
               const struct xn_run *run, struct xn_result *res, pid_t *pids);
+/* Fork the ranks placed on node (every rank: -1); pids[] of the others untouched. */
+void xn_spawn_node(const struct nodes *ns, const struct xn_place *p, const char *job,
+                   const struct xn_run *run, struct xn_result *res, pid_t *pids, int node);
 /* Wait for every rank, killing all after timeout_ms; true when all exited 0. */
 bool xn_reap(pid_t *pids, uint32_t n, int timeout_ms);
 /* n results in memory shared with the rank processes, zeroed (munmap when done). */
