@@ -743,35 +743,6 @@ START_TEST(test_allow_list) {
 END_TEST
 
 /*
- * Start deepepd on d (already made by dw_start and stopped) with yaml as the
- * whole configuration, for keys dw_start's own socket: section would repeat.
- */
-static void restart_with_conf(struct tu_daemon *d, const char *yaml) {
-  ck_assert_int_eq(tu_write_file(d->conf, yaml), 0);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0) {
-    int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 2);
-      dup2(fd, 1);
-      close(fd);
-    }
-    unsetenv("NOTIFY_SOCKET");
-    execl(tu_bin("deepepd"), "deepepd", "-c", d->conf, (char *)NULL);
-    _exit(127);
-  }
-  d->pid = pid;
-  char state[32];
-  int64_t end = dw_now_ms() + 10000;
-  while (tu_daemon_state(d->sock, state, sizeof state) == NULL || strcmp(state, "starting") == 0) {
-    ck_assert_msg(waitpid(pid, NULL, WNOHANG) == 0, "deepepd exited at start");
-    ck_assert_msg(dw_now_ms() < end, "deepepd did not start");
-    dw_sleep_ms(10);
-  }
-}
-
-/*
  * The members of socket.group may connect, as README and the sysusers
  * snippet say ("set socket.group: deepep ... then add trainer accounts to
  * the group"), without being listed again in allow.groups.
@@ -789,7 +760,8 @@ START_TEST(test_socket_group_members_are_allowed) {
           "socket:\n  path: %s\n  mode: 0660\n  group: \"%d\"\nbackend: host\n"
           "pool:\n  host_size: 64MiB\n  chunk_size: 2MiB\n",
           d.sock, NOBODY);
-  restart_with_conf(&d, yaml);
+  const struct tu_daemon_opts whole = {.whole_config = true};
+  ck_assert_int_eq(tu_daemon_start_opts(&d, d.dir, yaml, &whole), 0);
   struct stat sb;
   ck_assert_int_eq(stat(d.sock, &sb), 0);
   ck_assert_uint_eq(sb.st_gid, NOBODY);

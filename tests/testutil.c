@@ -423,8 +423,11 @@ int tu_daemon_start_opts(struct tu_daemon *d, const char *dir, const char *extra
                          : "pool:\n  host_size: 64MiB\n  chunk_size: 2MiB\n"
                            "  size_per_device: 1GiB\n";
   char yaml[8192];
-  snprintf(yaml, sizeof yaml, "socket:\n  path: %s\n  mode: 0666\nbackend: %s\n%s%s", d->sock,
-           backend != NULL && backend[0] != '\0' ? backend : "host", pool, extra);
+  if (o->whole_config)
+    snprintf(yaml, sizeof yaml, "%s", extra);
+  else
+    snprintf(yaml, sizeof yaml, "socket:\n  path: %s\n  mode: 0666\nbackend: %s\n%s%s", d->sock,
+             backend != NULL && backend[0] != '\0' ? backend : "host", pool, extra);
   if (tu_write_file(d->conf, yaml) != 0)
     return -1;
   pid_t pid = fork();

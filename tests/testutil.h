@@ -123,6 +123,7 @@ struct tu_daemon_opts {
   long uid;           /* > 0: it runs as this uid and gid (the test must be root) */
   const char *socket; /* its socket path instead of dir/d.sock */
   const char *netns;  /* it runs in this network namespace (ip netns's name; the test is root) */
+  bool whole_config;  /* extra_yaml is the whole file: no socket:, backend: or pool: added */
   enum tu_wait wait;
 };
 
