@@ -283,6 +283,23 @@ START_TEST(a_handle_of_a_job_without_operations_is_unsupported_not_a_crash) {
 }
 END_TEST
 
+/* A daemon of its own and a world of one rank attached to it as job (max_tokens_per_rank 4). */
+static dep_client_t *one_rank_job(struct tu_daemon *d, const char *job, struct dep_attach_args *a) {
+  ck_assert_int_eq(tu_daemon_start(d, NULL), 0);
+  dep_client_t *c = cl_connect(d->sock);
+  *a = cl_attach_args(job, 0);
+  a->world_size = a->local_world_size = 1;
+  a->shape.max_tokens_per_rank = 4;
+  ck_assert_msg(dep_attach(c, a) == 0, "%s", dep_errmsg(c));
+  return c;
+}
+
+static void one_rank_end(struct tu_daemon *d, dep_client_t *c) {
+  dep_client_free(c);
+  tu_daemon_stop(d);
+  tu_daemon_cleanup(d);
+}
+
 /*
  * A handle does not cross attachments: after dep_detach and a dep_attach to
  * another job of the same shape, a combine (or cached dispatch, or LL
@@ -292,12 +309,8 @@ END_TEST
  */
 START_TEST(a_handle_filled_in_an_earlier_attachment_is_refused) {
   struct tu_daemon d;
-  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
-  dep_client_t *c = cl_connect(d.sock);
-  struct dep_attach_args a = cl_attach_args("first", 0);
-  a.world_size = a.local_world_size = 1;
-  a.shape.max_tokens_per_rank = 4;
-  ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
+  struct dep_attach_args a;
+  dep_client_t *c = one_rank_job(&d, "first", &a);
   int32_t idx[8] = {0, 1, 2, 3, 4, 5, 6, 7}, cnt[8], lcnt[8];
   float w[8] = {1, 1, 1, 1, 1, 1, 1, 1}, rw[8];
   static uint16_t x[4 * 256], rx[4 * 256], out[4 * 256], lx[8 * 4 * 256];
@@ -338,9 +351,7 @@ START_TEST(a_handle_filled_in_an_earlier_attachment_is_refused) {
   ck_assert_msg(dep_ll_combine(c, &lc, hl, NULL) == 0, "%s", dep_errmsg(c));
   dep_handle_free(h);
   dep_handle_free(hl);
-  dep_client_free(c);
-  tu_daemon_stop(&d);
-  tu_daemon_cleanup(&d);
+  one_rank_end(&d, c);
 }
 END_TEST
 
@@ -352,12 +363,8 @@ END_TEST
  */
 START_TEST(a_refused_operation_is_named_once) {
   struct tu_daemon d;
-  ck_assert_int_eq(tu_daemon_start(&d, NULL), 0);
-  dep_client_t *c = cl_connect(d.sock);
-  struct dep_attach_args a = cl_attach_args("named", 0);
-  a.world_size = a.local_world_size = 1;
-  a.shape.max_tokens_per_rank = 4;
-  ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
+  struct dep_attach_args a;
+  dep_client_t *c = one_rank_job(&d, "named", &a);
   int32_t idx[8] = {0}, tpr[1], tpe[8], cnt[8], lcnt[8];
   uint8_t in_rank[4];
   float w[8] = {1, 1, 1, 1, 1, 1, 1, 1}, rw[8];
@@ -397,9 +404,7 @@ START_TEST(a_refused_operation_is_named_once) {
   ck_assert_msg(strncmp(dep_errmsg(c), "dep_ll_combine: handle holds no dispatch", 40) == 0,
                 "%s", dep_errmsg(c));
   dep_handle_free(h);
-  dep_client_free(c);
-  tu_daemon_stop(&d);
-  tu_daemon_cleanup(&d);
+  one_rank_end(&d, c);
 }
 END_TEST
 
