@@ -6,7 +6,9 @@
  *
  * A page is another process's memory: the daemon maps it read-only once its
  * header is written, takes a ring entry only when its sequence number is
- * the one expected, and bounds every count and index it reads from it.  The
+ * the one expected, and bounds every count and index it reads from it.  A
+ * fold's work is bounded whatever the page holds (stats_fold_calls), and a
+ * page that breaks the ring's rule (stats_page.h) is read no more.  The
  * memfd is sealed against resizing, so a rank cannot truncate it under the
  * daemon's mapping (which would make the daemon's reads fault).
  */
@@ -85,6 +87,12 @@ static uint64_t stats_now_ms(void) { return uv_now(stats_loop); }
 
 /* ---- folding a page ------------------------------------------------------- */
 
+static void stats_rank_unmap(struct stats_rank *r) {
+  if (r->page != NULL)
+    munmap(r->page, DEP_STATS_PAGE_BYTES);
+  r->page = NULL;
+}
+
 static void stats_note(struct stats_rank *r, unsigned op, uint64_t ns, int status,
                        uint64_t bytes) {
   struct stats_op *o = &r->ops[op];
@@ -105,10 +113,40 @@ static void stats_note(struct stats_rank *r, unsigned op, uint64_t ns, int statu
   o->hist[dep__stats_bucket(ns)]++;
 }
 
-/* Take one ring entry if it holds call `seq`; false when it does not (yet). */
-static bool stats_take_call(struct stats_rank *r, uint64_t seq) {
+/*
+ * Whether seq may stand in slot `slot` of a ring of `ring` entries: 0 (empty),
+ * or a call number that belongs there and that no process reaches
+ * (DEP_STATS_SEQ_LIMIT).  An honest writer stores nothing else, even while
+ * it laps the ring; a page that holds anything else is garbage, and the
+ * daemon stops reading it (stats_reject) rather than search it for sense.
+ */
+static bool stats_seq_fits(uint64_t seq, uint32_t slot, uint32_t ring) {
+  return seq == 0 || (seq % ring == slot && seq < DEP_STATS_SEQ_LIMIT);
+}
+
+/*
+ * The rank's page broke the ring's rule: log it once, keep the figures
+ * folded so far, and let the page go, so that whatever the rank writes
+ * there from now on costs the daemon nothing (DESIGN §11).
+ */
+static void stats_reject(const struct stats_job *sj, struct stats_rank *r, const char *ring,
+                         uint32_t slot, uint64_t seq) {
+  log_warnx("job %s rank %u (pid %u): its stats page holds %s[%u] = %llu, a number that "
+            "entry cannot hold; deepepd reads the page no more and keeps the rank's figures "
+            "as they were (only libdeepep-client may write a stats page)",
+            sj->id, r->rank, r->pid, ring, slot, (unsigned long long)seq);
+  stats_rank_unmap(r);
+}
+
+/*
+ * Take ring entry seq % DEP_STATS_RING if it holds call `seq`: true when
+ * taken; else false, with the seq the entry held (the last one read) in
+ * *held.
+ */
+static bool stats_take_call(struct stats_rank *r, uint64_t seq, uint64_t *held) {
   const struct dep_stats_call *e = &r->page->calls[seq % DEP_STATS_RING];
   uint64_t s1 = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
+  *held = s1;
   if (s1 != seq)
     return false;
   struct dep_stats_call copy;
@@ -117,7 +155,8 @@ static bool stats_take_call(struct stats_rank *r, uint64_t seq) {
   copy.op = __atomic_load_n(&e->op, __ATOMIC_RELAXED);
   copy.status = __atomic_load_n(&e->status, __ATOMIC_RELAXED);
   atomic_thread_fence(memory_order_acquire);
-  if (__atomic_load_n(&e->seq, __ATOMIC_RELAXED) != seq)
+  *held = __atomic_load_n(&e->seq, __ATOMIC_RELAXED);
+  if (*held != seq)
     return false; /* overwritten while it was read: the writer lapped the ring */
   /* Only the communicating ops have a seq; anything else is a bad entry, counted as dropped. */
   if (copy.op != DEP_STATS_OP_LAYOUT && copy.op < DEP_STATS_NOPS)
@@ -131,27 +170,68 @@ static bool stats_take_call(struct stats_rank *r, uint64_t seq) {
  * The writer lapped the ring (more than DEP_STATS_RING calls since the last
  * read): skip to half a ring behind its newest entry, so the entries read
  * next are not the ones it overwrites next, and count the calls skipped.
+ * One pass over the ring; false when an entry breaks the ring's rule (the
+ * page is rejected then).
  */
-static void stats_catch_up(struct stats_rank *r) {
+static bool stats_catch_up(const struct stats_job *sj, struct stats_rank *r) {
   uint64_t newest = 0;
   for (uint32_t i = 0; i < DEP_STATS_RING; i++) {
     uint64_t s = __atomic_load_n(&r->page->calls[i].seq, __ATOMIC_ACQUIRE);
+    if (!stats_seq_fits(s, i, DEP_STATS_RING)) {
+      stats_reject(sj, r, "calls", i, s);
+      return false;
+    }
     newest = s > newest ? s : newest;
   }
-  if (newest <= r->last_seq + DEP_STATS_RING / 2)
-    return;
+  if (newest <= r->last_seq || newest - r->last_seq <= DEP_STATS_RING / 2)
+    return true;
   uint64_t from = newest - DEP_STATS_RING / 2;
   r->dropped += from - r->last_seq;
   r->last_seq = from;
+  return true;
 }
 
-static void stats_fold_layouts(struct stats_rank *r) {
+/*
+ * The calls written since the last fold, in order.  Whatever the page
+ * holds, this looks at no more than DEP_STATS_RING entries for calls to
+ * take and passes over the ring at most once more to catch up: a writer
+ * that laps the ring again within one fold is caught up with at the next.
+ */
+static void stats_fold_calls(const struct stats_job *sj, struct stats_rank *r) {
+  bool caught_up = false;
+  for (uint32_t i = 0; i < DEP_STATS_RING; i++) {
+    uint64_t want = r->last_seq + 1, held = 0;
+    if (stats_take_call(r, want, &held)) {
+      r->last_seq = want;
+      continue;
+    }
+    if (!stats_seq_fits(held, (uint32_t)(want % DEP_STATS_RING), DEP_STATS_RING)) {
+      stats_reject(sj, r, "calls", (uint32_t)(want % DEP_STATS_RING), held);
+      return;
+    }
+    /* Not there: none newer yet (an empty entry, or the last lap's), or the writer lapped
+     * the ring (a newer lap's). */
+    if (held <= want || caught_up)
+      return;
+    caught_up = true;
+    if (!stats_catch_up(sj, r))
+      return;
+  }
+}
+
+/* The layouts written since the last fold: one pass over their ring; false when an entry
+ * breaks the ring's rule (the page is rejected then). */
+static bool stats_fold_layouts(const struct stats_job *sj, struct stats_rank *r) {
   struct dep_stats_layout fresh[DEP_STATS_LAYOUT_RING];
   uint32_t n = 0;
   uint64_t newest = r->last_layout;
   for (uint32_t i = 0; i < DEP_STATS_LAYOUT_RING; i++) {
     const struct dep_stats_layout *e = &r->page->layouts[i];
     uint64_t s1 = __atomic_load_n(&e->n, __ATOMIC_ACQUIRE);
+    if (!stats_seq_fits(s1, i, DEP_STATS_LAYOUT_RING)) {
+      stats_reject(sj, r, "layouts", i, s1);
+      return false;
+    }
     if (s1 <= r->last_layout)
       continue;
     struct dep_stats_layout c;
@@ -186,6 +266,7 @@ static void stats_fold_layouts(struct stats_rank *r) {
     r->recent_world = fresh[i].world;
   }
   r->last_layout = newest;
+  return true;
 }
 
 static void stats_check_first(const struct stats_job *sj, struct stats_rank *r) {
@@ -222,29 +303,12 @@ static void stats_fold(struct stats_job *sj, struct stats_rank *r) {
   }
   for (unsigned op = 0; op < DEP_STATS_NOPS; op++)
     r->rejected[op] = __atomic_load_n(&p->rejected[op], __ATOMIC_RELAXED);
-  stats_fold_layouts(r);
-  for (uint32_t i = 0; i < DEP_STATS_RING; i++) {
-    if (stats_take_call(r, r->last_seq + 1)) {
-      r->last_seq++;
-      continue;
-    }
-    /* Not there: none newer yet, or the writer lapped the ring. */
-    uint64_t s = __atomic_load_n(&p->calls[(r->last_seq + 1) % DEP_STATS_RING].seq,
-                                 __ATOMIC_ACQUIRE);
-    if (s <= r->last_seq + 1)
-      break;
-    stats_catch_up(r);
-  }
+  if (stats_fold_layouts(sj, r))
+    stats_fold_calls(sj, r);
   stats_check_first(sj, r);
 }
 
 /* ---- jobs that end --------------------------------------------------------- */
-
-static void stats_rank_unmap(struct stats_rank *r) {
-  if (r->page != NULL)
-    munmap(r->page, DEP_STATS_PAGE_BYTES);
-  r->page = NULL;
-}
 
 static void stats_job_free(struct stats_job *sj) {
   for (uint32_t i = 0; i < DEP_MAX_LOCAL_RANKS; i++) {

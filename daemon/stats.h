@@ -36,9 +36,6 @@ void stats_lend(struct conn *c, uint32_t request_id);
 /* Connection c's rank was given its SM budget (autotune.c): its page's record says so, if
  * the page is lent already (else stats_lend copies it). */
 void stats_tuned(const struct conn *c);
-/* Connection c's rank was given its SM budget (autotune.c): its page's record says so, if
- * the page is lent already (else stats_lend copies it). */
-void stats_tuned(const struct conn *c);
 /* STATS: the ranks of the jobs c may see (one job, or all), then STATS_OK. */
 void stats_reply(struct conn *c, uint32_t request_id, const struct dep_msg_stats_req *req);
 /* Every rank's figures, as STATS gives them to root (metrics.listen): *ranks

@@ -30,7 +30,13 @@
  *              attached = 1 (release).
  *
  * The page is input from another process: the daemon checks the header it
- * wrote itself is unchanged and bounds every index it derives from it.
+ * wrote itself is unchanged and bounds every index it derives from it.  Its
+ * work on a page is bounded whatever the page holds: a fold takes at most
+ * one ring's worth of entries and passes over the ring at most once more,
+ * and it stops reading a page whose ring holds a number where no honest
+ * writer puts one (a seq not in calls[seq % DEP_STATS_RING], an n not in
+ * layouts[n % DEP_STATS_LAYOUT_RING], either past DEP_STATS_SEQ_LIMIT),
+ * keeping the rank's figures so far.
  * Changing this layout changes what both ends compute: bump
  * DEP_STATS_VERSION (the STATS_LEND reply carries it; a library of another
  * version goes without stats rather than writing a layout the daemon
@@ -65,6 +71,9 @@ extern "C" {
 #define DEP_STATS_RING 4096u
 #define DEP_STATS_LAYOUT_RING 16u
 #define DEP_STATS_POLL_MS 100u
+/* No call or layout is numbered this high (2^63: centuries of calls at any
+ * rate), so the daemon's arithmetic on the numbers it reads cannot wrap. */
+#define DEP_STATS_SEQ_LIMIT (1ull << 63)
 
 /* The operations, in the order of every per-op array.  XX(NAME, "name") */
 #define DEP_STATS_OPS(XX)            \
