@@ -37,6 +37,13 @@
 /* A sweep's frames for one peer go out in one send, up to this many bytes. */
 #define XFER_BATCH_BYTES (4u << 20)
 /*
+ * The bytes a ring may send in its turn of a proxy thread's round robin
+ * (deficit round robin, sweep): as much as one batch, so that a ring alone
+ * still fills a batch per sweep, while a ring that is never empty takes no
+ * more than this before every other ring of the thread has had its turn.
+ */
+#define XFER_QUANTUM XFER_BATCH_BYTES
+/*
  * A payload shorter than this is copied into its batch beside its header;
  * a longer one is sent from its out block in place (its own iovec).  Below
  * a page the copy costs about what a segment of its own does (the
@@ -155,6 +162,7 @@ void xfer_job_start(const struct job *j, const int16_t *who) {
     r->mr[i] = j->xchg[i].region->mr;
   }
   r->rdma = xfer_rdma_route_new(j, who);
+  r->serial = ++X->serials;
   pthread_rwlock_wrlock(&X->lock);
   r->next = X->routes;
   X->routes = r;
@@ -454,44 +462,131 @@ bad:
   return false;
 }
 
-/* One sweep over the rings thread `self` serves; returns descriptors taken. */
-static uint64_t sweep(uint32_t self, struct xfer_batch *batches, uint64_t *frames, bool *full) {
+/*
+ * A proxy thread's place in its round robin over the rings it serves (its
+ * own, on its stack): the ring its next sweep visits first, by its route's
+ * serial and its local rank, and whether that ring is part-way through its
+ * turn (a batch filled during it: it goes on with what is left of its
+ * quantum, not a new one).  Rings come in the order of the route list
+ * (newest route first, serials falling), then by local rank.
+ */
+struct px_cursor {
+  uint64_t serial;
+  uint32_t lr;
+  bool resume;
+};
+
+/* Whether ring lr of route r comes at or after the cursor in the round. */
+static bool at_or_after(const struct xfer_route *r, uint32_t lr, const struct px_cursor *c) {
+  return r->serial < c->serial || (r->serial == c->serial && lr >= c->lr);
+}
+
+/* What a descriptor costs of its ring's deficit: the bytes it puts on the
+ * wire.  One the layout does not allow costs nothing, so that take_desc
+ * sees it (and fails the job) at once. */
+static uint64_t desc_cost(const struct xfer_route *r, const struct dep_xring_desc *d) {
+  return d->bytes > r->lay.block_bytes ? 0 : sizeof(struct dep_xfer_hdr) + d->bytes;
+}
+
+enum px_turn {
+  PX_DRAINED,  /* the ring had nothing more (as its head read at the start of the turn) */
+  PX_SHORT,    /* its next descriptor costs more than its deficit: it waits for its next turn */
+  PX_FULL,     /* a peer's batch filled: the sweep ends */
+  PX_FAILED    /* the ring was bad: its job is failed */
+};
+
+/*
+ * One turn of local rank lr's ring in route r (deficit round robin by
+ * bytes): the ring's deficit grows by XFER_QUANTUM unless the turn goes on
+ * from the last sweep (fresh false), and descriptors are taken while the
+ * next one's cost fits in it.  A ring found empty keeps no deficit: a rank
+ * cannot save up turns by pausing.  *taken counts the descriptors taken.
+ */
+static enum px_turn ring_turn(struct xfer_route *r, uint32_t lr, bool fresh,
+                              struct xfer_batch *batches, uint64_t *frames, uint64_t *taken) {
+  struct dep_xring *ring = r->ring[lr];
+  uint64_t tail = atomic_load_explicit(&ring->tail, memory_order_relaxed);
+  uint64_t head = atomic_load_explicit(&ring->head, memory_order_acquire);
+  if (head - tail > DEP_XRING_ENTRIES) {
+    if (!atomic_exchange(&r->said, true))
+      log_warnx("job %s: local rank %u's ring says %llu descriptors are waiting, more than it "
+                "holds; the job fails", r->id, lr, (unsigned long long)(head - tail));
+    xfer__route_fail(r, DEP_ERR_PROTOCOL);
+    return PX_FAILED;
+  }
+  if (head - tail > atomic_load_explicit(&r->ring_peak, memory_order_relaxed))
+    atomic_store_explicit(&r->ring_peak, (uint32_t)(head - tail), memory_order_relaxed);
+  if (tail == head) {
+    r->deficit[lr] = 0;
+    return PX_DRAINED;
+  }
+  if (fresh)
+    r->deficit[lr] += XFER_QUANTUM;
+  while (tail != head) {
+    struct dep_xring_desc d = ring->desc[tail % DEP_XRING_ENTRIES];
+    const uint64_t cost = desc_cost(r, &d);
+    if (cost > r->deficit[lr])
+      return PX_SHORT;
+    if (!take_desc(r, lr, &d, batches, frames))
+      return PX_FAILED;
+    r->deficit[lr] -= cost;
+    tail++;
+    (*taken)++;
+    atomic_store_explicit(&ring->tail, tail, memory_order_release);
+    if (batches[r->peer_of[d.dest]].bytes >= XFER_BATCH_BYTES)
+      return PX_FULL;
+  }
+  r->deficit[lr] = 0;
+  return PX_DRAINED;
+}
+
+/*
+ * One sweep over the rings thread `self` serves: at most one turn of each
+ * (ring_turn), in round-robin order from the cursor, until a peer's batch
+ * is full.  The next sweep starts where this one stopped; one that went
+ * all the way round starts a ring later than this one did, so that no ring
+ * is always last in the batches.  A ring with work waiting thus has its
+ * turn in every round, however full the others keep theirs: what goes
+ * ahead of it is at most a quantum and one block of each other ring.
+ * Returns the descriptors taken; *more says whether a ring was left with
+ * work waiting (the thread sweeps again at once).
+ */
+static uint64_t sweep(uint32_t self, struct px_cursor *cur, struct xfer_batch *batches,
+                      uint64_t *frames, bool *more) {
   uint64_t taken = 0;
-  *full = false;
+  bool full = false;
+  uint32_t visited = 0;
+  struct px_cursor next = {.serial = cur->serial, .lr = cur->lr}; /* a new turn for all */
+  *more = false;
   pthread_rwlock_rdlock(&X->lock);
-  for (struct xfer_route *r = X->routes; r != NULL && !*full; r = r->next) {
-    if (atomic_load(&r->failed) != 0)
-      continue;
-    for (uint32_t lr = self; lr < r->local_world && !*full; lr += X->nthreads) {
-      struct dep_xring *ring = r->ring[lr];
-      if (ring == NULL)
-        continue;
-      uint64_t tail = atomic_load_explicit(&ring->tail, memory_order_relaxed);
-      uint64_t head = atomic_load_explicit(&ring->head, memory_order_acquire);
-      if (head - tail > DEP_XRING_ENTRIES) {
-        if (!atomic_exchange(&r->said, true))
-          log_warnx("job %s: local rank %u's ring says %llu descriptors are waiting, more than it "
-                    "holds; the job fails", r->id, lr, (unsigned long long)(head - tail));
-        xfer__route_fail(r, DEP_ERR_PROTOCOL);
-        break;
-      }
-      if (head - tail > atomic_load_explicit(&r->ring_peak, memory_order_relaxed))
-        atomic_store_explicit(&r->ring_peak, (uint32_t)(head - tail), memory_order_relaxed);
-      while (tail != head) {
-        struct dep_xring_desc d = ring->desc[tail % DEP_XRING_ENTRIES];
-        if (!take_desc(r, lr, &d, batches, frames))
-          break;
-        tail++;
-        taken++;
-        atomic_store_explicit(&ring->tail, tail, memory_order_release);
-        int peer = r->peer_of[d.dest];
-        if (batches[peer].bytes >= XFER_BATCH_BYTES) {
-          *full = true;
-          break;
+  /* The first pass takes the rings at or after the cursor, the second
+   * (after wrapping round) those before it. */
+  for (int pass = 0; pass < 2 && !full; pass++) {
+    for (struct xfer_route *r = X->routes; r != NULL && !full; r = r->next) {
+      for (uint32_t lr = self; lr < r->local_world && !full; lr += X->nthreads) {
+        if (at_or_after(r, lr, cur) != (pass == 0) || atomic_load(&r->failed) != 0 ||
+            r->ring[lr] == NULL)
+          continue;
+        const bool fresh = !(cur->resume && r->serial == cur->serial && lr == cur->lr);
+        enum px_turn t = ring_turn(r, lr, fresh, batches, frames, &taken);
+        /* After a whole round, the next sweep starts at the second ring of this one. */
+        if (++visited == 2)
+          next = (struct px_cursor){.serial = r->serial, .lr = lr};
+        if (t == PX_SHORT)
+          *more = true;
+        if (t == PX_FULL) {
+          /* The ring goes on with what is left of its quantum; with nothing
+           * left, the next ring has the next turn. */
+          full = *more = true;
+          next = r->deficit[lr] > 0
+                     ? (struct px_cursor){.serial = r->serial, .lr = lr, .resume = true}
+                     : (struct px_cursor){.serial = r->serial, .lr = lr + 1};
         }
       }
     }
   }
+  if (visited > 0)
+    *cur = next;
   /* The sweep's RDMA writes go before the lock does, so that no route ends
    * with writes of it still waiting in a chain. */
   uint64_t lost = xfer_rdma_flush();
@@ -510,11 +605,12 @@ static void *proxy_main(void *arg) {
   prctl(PR_SET_TIMERSLACK, 1000ul); /* naps of XFER_NAP_NS, not the default 50 us more */
   struct xfer_batch batches[CONFIG_MAX_LIST] = {{0}};
   uint64_t frames[CONFIG_MAX_LIST] = {0};
+  struct px_cursor cur = {.serial = UINT64_MAX}; /* the newest route's first ring */
   uint64_t last_work = 0;
   while (!atomic_load(&X->stop)) {
-    bool full;
+    bool more;
     uint64_t t0 = mono_ns();
-    uint64_t taken = sweep(self, batches, frames, &full);
+    uint64_t taken = sweep(self, &cur, batches, frames, &more);
     for (int k = 0; k < CONFIG_MAX_LIST; k++) {
       if (batches[k].n_seg == 0)
         continue;
@@ -523,7 +619,7 @@ static void *proxy_main(void *arg) {
       frames[k] = 0;
     }
     uint64_t now = mono_ns();
-    if (taken > 0 || full) {
+    if (taken > 0 || more) {
       atomic_fetch_add_explicit(&X->busy_ns, now - t0, memory_order_relaxed);
       last_work = now;
       continue;

@@ -58,6 +58,14 @@ struct xfer_route {
   _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in; /* deepepctl status */
   _Atomic uint32_t ring_peak;    /* most descriptors a sweep found waiting in one ring */
   struct xfer_rdma_route *rdma;  /* where its blocks may go by RDMA writes (NULL: TCP only) */
+  /* Its place in the proxy threads' round robin over rings (xfer.c's
+   * sweep): routes listed later have larger serials.  The loop's, set
+   * before the route is listed. */
+  uint64_t serial;
+  /* By local rank: the bytes the proxy thread serving that ring may still
+   * take from it in its current turn (deficit round robin, xfer.c).  Only
+   * that thread (local rank mod proxy threads) reads or writes it. */
+  uint64_t deficit[DEP_MAX_LOCAL_RANKS];
   /* Threads reading or writing its exchange regions without the lock: a
    * proxy's send straight from an out block, a receiver's read straight
    * into an in block.  Taken with the lock held (the route is listed),
@@ -125,6 +133,7 @@ struct xfer_state {
   pthread_cond_t routes_cv;       /* a route was added, or stop (CLOCK_MONOTONIC) */
   _Atomic uint64_t routes_added;  /* routes added so far (changed under routes_mu) */
   struct xfer_route *routes;
+  uint64_t serials;              /* the loop's: routes listed so far (each one's serial) */
   _Atomic bool stop;
   pthread_t threads[64];
   uint32_t started;
