@@ -12,6 +12,7 @@
  */
 #include "metrics_http.h"
 
+#include <netinet/in.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@ struct mh_conn {
   char req[METRICS_HTTP_REQ_MAX];
   size_t len;
   char *reply; /* status line, headers and body, malloc'd */
+  struct sockaddr_storage from; /* the peer's address; its port is not compared */
   bool answered, closing;
   int open_handles; /* freed when both handles have closed */
   struct mh_conn *next;
@@ -39,8 +41,8 @@ static struct {
   uv_loop_t *loop;
   uv_tcp_t listener;
   bool listening;
-  struct mh_conn *conns;
-  unsigned n_conns;
+  struct mh_conn *conns; /* newest first */
+  unsigned n_conns;       /* those not closing: the slots taken */
   bool said_full;
   char where[CONFIG_LISTEN_MAX];
   uv_tcp_t drop; /* a connection refused for want of memory, while it closes */
@@ -61,7 +63,6 @@ static void mh_on_closed(uv_handle_t *h) {
       *pp = c->next;
       break;
     }
-  M.n_conns--;
   free(c->reply);
   free(c);
 }
@@ -70,6 +71,7 @@ static void mh_close(struct mh_conn *c) {
   if (c->closing)
     return;
   c->closing = true;
+  M.n_conns--;
   uv_close((uv_handle_t *)&c->tcp, mh_on_closed);
   uv_close((uv_handle_t *)&c->timer, mh_on_closed);
 }
@@ -213,6 +215,40 @@ static void mh_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b) {
                   "deepepd: the request is larger than 4096 bytes\n");
 }
 
+/* Whether a and b come from the same address, whatever their ports. */
+static bool mh_same_source(const struct mh_conn *a, const struct mh_conn *b) {
+  if (a->from.ss_family != b->from.ss_family)
+    return false;
+  if (a->from.ss_family == AF_INET)
+    return ((const struct sockaddr_in *)&a->from)->sin_addr.s_addr ==
+           ((const struct sockaddr_in *)&b->from)->sin_addr.s_addr;
+  return memcmp(&((const struct sockaddr_in6 *)&a->from)->sin6_addr,
+                &((const struct sockaddr_in6 *)&b->from)->sin6_addr, sizeof(struct in6_addr)) == 0;
+}
+
+/* The connection to close when one more than METRICS_HTTP_CONNS are open: among those still
+ * waiting for a whole request, the oldest of the address holding the most of them.  Closing
+ * the newest instead let any client that opened the slots and sent nothing deny every scrape;
+ * closing the oldest of the busiest address means such a client evicts its own connections
+ * first, while a scraper, whose request follows its connect, is answered before it is the
+ * oldest.  The newest connection has sent nothing yet, so there is always one. */
+static struct mh_conn *mh_victim(void) {
+  struct mh_conn *victim = NULL;
+  unsigned victim_n = 0;
+  for (struct mh_conn *c = M.conns; c != NULL; c = c->next) {
+    if (c->answered || c->closing)
+      continue;
+    unsigned n = 0;
+    for (struct mh_conn *o = M.conns; o != NULL; o = o->next)
+      n += !o->answered && !o->closing && mh_same_source(c, o);
+    if (n >= victim_n) { /* >=: the list is newest first, so a tie goes to the older */
+      victim = c;
+      victim_n = n;
+    }
+  }
+  return victim;
+}
+
 static void mh_on_connection(uv_stream_t *server, int status) {
   if (status != 0) {
     log_warnx("metrics: accept on %s: %s", M.where, uv_strerror(status));
@@ -242,13 +278,21 @@ static void mh_on_connection(uv_stream_t *server, int status) {
     mh_close(c);
     return;
   }
-  if (M.n_conns > METRICS_HTTP_CONNS) {
-    if (!M.said_full)
-      log_warnx("metrics: more than %d scrapers at once on %s; closing the newest (said once)",
-                METRICS_HTTP_CONNS, M.where);
-    M.said_full = true;
+  int len = sizeof c->from;
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->from, &len) != 0) {
     mh_close(c);
     return;
+  }
+  if (M.n_conns > METRICS_HTTP_CONNS) {
+    if (!M.said_full)
+      log_warnx("metrics: more than %d connections at once on %s; closing the one that has "
+                "waited longest for its request, from the address holding the most (said once)",
+                METRICS_HTTP_CONNS, M.where);
+    M.said_full = true;
+    struct mh_conn *victim = mh_victim();
+    mh_close(victim);
+    if (victim == c)
+      return;
   }
   uv_timer_start(&c->timer, mh_on_timeout, METRICS_HTTP_IDLE_MS, 0);
   if (uv_read_start((uv_stream_t *)&c->tcp, mh_alloc, mh_on_read) != 0)

@@ -7,7 +7,9 @@
  * any other method 405.  One request per connection (Connection: close),
  * its request line and headers at most METRICS_HTTP_REQ_MAX bytes (431
  * past that), the whole exchange within METRICS_HTTP_IDLE_MS, at most
- * METRICS_HTTP_CONNS connections at once (more are closed on accept).
+ * METRICS_HTTP_CONNS connections at once: one more closes, of those still
+ * waiting for their request, the oldest of the address holding the most,
+ * so idle connections cannot deny a scraper its slot.
  * Everything runs on the loop without blocking it: libuv's non-blocking
  * TCP, and an exposition rendered in memory.  There is no authentication,
  * and a scrape shows every job's figures, as root's `deepepctl metrics`

@@ -11,10 +11,11 @@ $DEEPEP_CLIENT_LIB is read when deepep is imported.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_uint8,
                     c_uint32, c_uint64, c_void_p)
-from typing import Optional
+from typing import Any, Optional, Tuple
 
 SONAME = "libdeepep-client.so.0"
 LIB_ENV = "DEEPEP_CLIENT_LIB"
@@ -280,6 +281,41 @@ _PROTOTYPES = [
 ]
 
 _lib: Optional[ctypes.CDLL] = None
+
+
+def field_type(struct: Any, field: str) -> Any:
+    """The ctypes type of one field of a struct above, e.g. field_type(JobShape, "hidden")."""
+    return dict(struct._fields_)[field]
+
+
+@functools.lru_cache(maxsize=None)
+def c_range(ctype: Any) -> Tuple[int, int]:
+    """The lowest and highest value a ctypes integer type holds."""
+    bits = 8 * ctypes.sizeof(ctype)
+    if ctype(-1).value < 0:
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+def checked_int(name: str, v: object, ctype: Any, lo: Optional[int] = None,
+                hi: Optional[int] = None) -> int:
+    """v, checked before it crosses into a C field or argument of type ctype: ctypes keeps
+    only the low bits of an int too wide for it, so Buffer(num_experts=2**32 + 4) would
+    attach with 4.  The range is ctype's, narrowed to lo..hi where the library has a bound
+    of its own that the binding knows.
+
+    Raises:
+        TypeError: v is not an int (a bool is not taken for one), naming `name`.
+        ValueError: v is outside the range, naming `name` and the range.
+    """
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    clo, chi = c_range(ctype)
+    lo = clo if lo is None else max(lo, clo)
+    hi = chi if hi is None else min(hi, chi)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} is {v}; it must be in {lo}..{hi}")
+    return v
 
 
 def _status_call(lib: ctypes.CDLL):

@@ -93,6 +93,21 @@ class _Conn:
 _Tensor = torch.Tensor
 _empty_like = torch.empty_like
 _INDEX_TYPES = {torch.int64: _lib.INDEX_I64, torch.int32: _lib.INDEX_I32}
+# dispatch's test of the usual expert_alignment, in one comparison (_lib.checked_int says what
+# is wrong where it fails); num_worst_tokens is bounded by the rows a rank can receive.
+_ALIGN_MAX = _lib.c_range(_lib.field_type(_lib.DispatchArgs, "expert_alignment"))[1]
+
+
+#: dep_job_shape's field of each shape attribute of Buffer (the others have their own names).
+_SHAPE_FIELDS = {"num_topk": "topk"}
+
+
+def _shape_int(what: str, name: str, v: object) -> int:
+    """v as Buffer's job shape attribute `name` (hidden, num_experts, num_topk,
+    max_tokens_per_rank, max_ll_tokens_per_rank), said by `what`: positive and within its
+    dep_job_shape field; the library checks the shape's own bounds."""
+    return _lib.checked_int(what, v, _lib.field_type(_lib.JobShape, _SHAPE_FIELDS.get(name, name)),
+                            lo=1)
 
 
 def _ok(t: Any, dtype: torch.dtype, ndim: int, device: torch.device) -> bool:
@@ -117,9 +132,12 @@ class Buffer(HandlePools):
     Keyword-only (deepepd's):
         job_id, rank, world_size, local_rank, local_world_size: the job's identity; each one
             not given comes from the environment (torchrun, SLURM, $DEEPEP_JOB_ID).
-        socket: the daemon's socket (else $DEEPEPD_SOCKET, else /run/deepepd/deepepd.sock).
-        hidden, num_experts, num_topk: the job shape; when all three are given the Buffer
-            attaches at once, else at the first operation that supplies the rest.
+        socket: the daemon's socket (else $DEEPEPD_SOCKET, else /run/deepepd/deepepd.sock);
+            a path with a NUL character is refused.
+        hidden, num_experts, num_topk: the job shape, each positive and at most 2**32 - 1
+            (its uint32_t field of dep_job_shape; the library bounds them further); when all
+            three are given the Buffer attaches at once, else at the first operation that
+            supplies the rest.
         max_tokens_per_rank: the most tokens one rank dispatches in one call (else
             $DEEPEP_MAX_TOKENS_PER_RANK, else 4096).
         max_ll_tokens_per_rank: the low-latency bound, which low_latency_dispatch's
@@ -129,7 +147,8 @@ class Buffer(HandlePools):
 
     Raises:
         NoDaemon: no deepepd answers on the socket (the message says how to start one).
-        ValueError, TypeError: an argument is wrong (the message names it).
+        ValueError, TypeError: an argument is wrong (the message names it, and the range
+            of an integer outside the C field it would cross into), before anything is sent.
         Error: the daemon refused the attach (code, name and the library's message).
     """
 
@@ -186,6 +205,9 @@ class Buffer(HandlePools):
             "max_ll_tokens_per_rank", max_ll_tokens_per_rank, "DEEPEP_MAX_LL_TOKENS_PER_RANK")
         if socket is not None and not isinstance(socket, str):
             raise TypeError(f"socket must be a path (str), not {type(socket).__name__}")
+        if socket is not None and "\0" in socket:
+            # C would read the path up to the NUL, and connect to another socket than named.
+            raise ValueError(f"socket {socket!r} contains a NUL character, which no path can")
         self.socket = socket or os.environ.get(_lib.SOCKET_ENV) or _lib.DEFAULT_SOCKET
 
         #: Where the constructor's (and the attach's) time went, in ms: load (the library,
@@ -217,18 +239,18 @@ class Buffer(HandlePools):
 
     @staticmethod
     def _opt_int(name: str, v: Optional[int], env: Optional[str] = None) -> Optional[int]:
+        """A job shape field given to the constructor (else from $env, where one is named), or
+        None: positive, and within its field of dep_job_shape (_shape_int)."""
+        what = name
         if v is None and env is not None and os.environ.get(env):
+            what = f"${env}"
             try:
                 v = int(os.environ[env])
             except ValueError:
                 raise ValueError(f"${env}={os.environ[env]!r} is not an integer") from None
         if v is None:
             return None
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-        if v <= 0:
-            raise ValueError(f"{name} is {v}; it must be positive")
-        return v
+        return _shape_int(what, name, v)
 
     def _daemon_backend(self) -> str:
         st = ctypes.POINTER(_lib.Status)()
@@ -341,6 +363,9 @@ class Buffer(HandlePools):
                 "topk_idx.size(1)", "max_ll_tokens_per_rank": "num_max_dispatch_tokens_per_rank"}
         if op == "clean_low_latency_buffer":
             what["hidden"] = "hidden"  # an argument of its own there, not x's width
+        for name, v in given.items():
+            if v is not None:  # every one, before any is taken
+                _shape_int(f"{op}: {what[name]}", name, v)
         for name, v in given.items():
             have = getattr(self, name)
             if v is None:
@@ -634,9 +659,9 @@ class Buffer(HandlePools):
                             ("num_worst_tokens", num_worst_tokens)):
                 if type(v) is not int:
                     raise TypeError(f"dispatch: {name} must be an int, not {type(v).__name__}")
-        if expert_alignment < 1:
-            raise ValueError(f"dispatch: expert_alignment is {expert_alignment}; it must be "
-                             "1 or more")
+        if not 1 <= expert_alignment <= _ALIGN_MAX:
+            _lib.checked_int("dispatch: expert_alignment", expert_alignment,
+                             _lib.field_type(_lib.DispatchArgs, "expert_alignment"), lo=1)
         if num_worst_tokens < 0:
             raise ValueError(f"dispatch: num_worst_tokens is {num_worst_tokens}; give 0 or "
                              "the rows the outputs should have")

@@ -22,7 +22,7 @@ from typing import Mapping, Optional
 from . import _lib
 
 JOB_ID_ENV = "DEEPEP_JOB_ID"
-_JOB_ID_RE = re.compile(r"^[A-Za-z0-9._:-]+$")
+_JOB_ID_RE = re.compile(r"[A-Za-z0-9._:-]+")  # fullmatch: "$" would let a final "\n" by
 
 
 @dataclass(frozen=True)
@@ -35,25 +35,25 @@ class Identity:
     local_world_size: int
 
     def check(self) -> None:
-        """ValueError naming the first field out of range."""
-        if not isinstance(self.job_id, str) or not _JOB_ID_RE.match(self.job_id):
+        """ValueError naming the first field out of range (TypeError for a field that is not
+        an int)."""
+        if not isinstance(self.job_id, str) or not _JOB_ID_RE.fullmatch(self.job_id):
             raise ValueError(f"job_id {self.job_id!r}: use 1..{_lib.JOB_ID_MAX - 1} characters "
                              "of [A-Za-z0-9._:-]")
         if len(self.job_id.encode()) >= _lib.JOB_ID_MAX:
             raise ValueError(f"job_id {self.job_id!r} is longer than {_lib.JOB_ID_MAX - 1} bytes")
-        for name in ("rank", "world_size", "local_rank", "local_world_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-            if v < 0:
-                raise ValueError(f"{name} is {v}; it must be 0 or more")
-        if not 1 <= self.world_size <= _lib.MAX_WORLD:
-            raise ValueError(f"world_size {self.world_size} is out of range 1..{_lib.MAX_WORLD}")
+        # The library's bounds (deepep.h DEP_MAX_WORLD, DEP_MAX_LOCAL_RANKS), narrower than
+        # the dep_attach_args fields these cross into.
+        for name, lo, hi in (("rank", 0, _lib.MAX_WORLD - 1), ("world_size", 1, _lib.MAX_WORLD),
+                             ("local_rank", 0, _lib.MAX_LOCAL_RANKS - 1),
+                             ("local_world_size", 1, _lib.MAX_LOCAL_RANKS)):
+            _lib.checked_int(name, getattr(self, name), _lib.field_type(_lib.AttachArgs, name),
+                             lo, hi)
+        if self.local_world_size > self.world_size:
+            raise ValueError(f"local_world_size {self.local_world_size} exceeds world_size "
+                             f"{self.world_size}")
         if self.rank >= self.world_size:
             raise ValueError(f"rank {self.rank} is not below world_size {self.world_size}")
-        if not 1 <= self.local_world_size <= min(self.world_size, _lib.MAX_LOCAL_RANKS):
-            raise ValueError(f"local_world_size {self.local_world_size} is out of range "
-                             f"1..{min(self.world_size, _lib.MAX_LOCAL_RANKS)}")
         if self.local_rank >= self.local_world_size:
             raise ValueError(f"local_rank {self.local_rank} is not below local_world_size "
                              f"{self.local_world_size}")

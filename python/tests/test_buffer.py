@@ -99,7 +99,7 @@ def test_configs_for_a_rank_count_that_cannot_be_are_refused():
 def test_a_wrong_type_is_a_type_error_and_a_wrong_value_a_value_error():
     # As the Buffer's docstring and Python's own conventions have it: a negative rank is a bad
     # value (it was a TypeError), a float byte count a bad type (it was a ValueError).
-    with pytest.raises(ValueError, match="rank is -1; it must be 0 or more"):
+    with pytest.raises(ValueError, match="rank is -1; it must be in 0..4095"):
         from_environment({}, job_id="j", rank=-1, world_size=1, local_rank=0,
                          local_world_size=1)
     with pytest.raises(ValueError, match="local_rank is -1"):
