@@ -542,6 +542,57 @@ START_TEST(a_job_id_another_uid_takes_on_another_node_fails_nothing_and_names_no
 }
 END_TEST
 
+/* ATTACH global rank `rank` of job `id`, a world of `world` ranks too large
+ * for the operations (DEP_MAX_LOCAL_RANKS), in a small shape: its
+ * experts a multiple of the world, its memory a few MiB a node. */
+static int attach_wide(const struct tu_daemon *d, const char *id, uint32_t rank, uint32_t world,
+                       uint32_t lr, uint32_t lws) {
+  int fd = dw_client(d);
+  struct dep_attach_args a = dw_job_args(id, lr, lws);
+  a.rank = rank;
+  a.world_size = world;
+  a.shape = (struct dep_job_shape){.max_tokens_per_rank = 4, .hidden = 128,
+                                   .num_experts = world, .topk = 2, .dtype = DEP_DTYPE_BF16};
+  dw_attach(fd, &a, 7);
+  return fd;
+}
+
+/*
+ * Any refusal of another node's MEMBERSHIP fails the job at once on every
+ * node with the reason (DESIGN §5).  A world of 65 ranks over two nodes
+ * (32 on node 1, 33 on node 0): no node lends an exchange region above the
+ * 64 ranks the operations serve, so each refuses the other's MEMBERSHIP.
+ * That refusal was only logged, and every rank waited out
+ * limits.attach_timeout_ms to fail with "start every rank on every node".
+ * attach_timeout_ms is 120 s here; each node's ranks must fail within 10 s
+ * of the last one's ATTACH (a ceiling for a loaded machine, a twelfth of
+ * the timeout).  Node 1's ranks come first, all of them, then node 0's: a
+ * node whose ranks fail while some of them have not attached yet leaves
+ * those to gather anew (a later attempt of the job).
+ */
+START_TEST(a_world_above_64_ranks_across_nodes_fails_at_once_on_both_with_the_reason) {
+  enum { WORLD = DEP_MAX_LOCAL_RANKS + 1, ON1 = WORLD / 2, ON0 = WORLD - ON1 };
+  struct nodes ns;
+  nodes_start(&ns, 2, 120000);
+  int fd[WORLD];
+  for (uint32_t i = 0; i < ON1; i++)
+    fd[ON0 + i] = attach_wide(&ns.d[1], "wide", ON0 + i, WORLD, i, ON1);
+  int64_t t0 = dw_now_ms();
+  for (uint32_t i = 0; i < ON1; i++)
+    expect_fail(fd[ON0 + i], DEP_ERR_UNSUPPORTED, "lent no exchange region", "up to 64 ranks");
+  ck_assert_int_lt(dw_now_ms() - t0, 10000);
+  for (uint32_t i = 0; i < ON0; i++)
+    fd[i] = attach_wide(&ns.d[0], "wide", i, WORLD, i, ON0);
+  t0 = dw_now_ms();
+  for (uint32_t i = 0; i < ON0; i++)
+    expect_fail(fd[i], DEP_ERR_UNSUPPORTED, "lent no exchange region", "up to 64 ranks");
+  ck_assert_int_lt(dw_now_ms() - t0, 10000);
+  for (uint32_t i = 0; i < WORLD; i++)
+    close(fd[i]);
+  nodes_stop(&ns);
+}
+END_TEST
+
 /*
  * A rank of a job that spans nodes, on a daemon with no peers: it attaches
  * (the memory is lent for its local ranks) but no node holds the others,
@@ -597,6 +648,7 @@ Suite *multinode_suite(void) {
   tcase_add_test(tc, a_running_job_whose_remote_daemon_is_killed_aborts_the_local_rank_naming_it);
   tcase_add_test(tc, a_daemon_stopped_cleanly_fails_a_gathering_job_and_aborts_a_running_one_elsewhere);
   tcase_add_test(tc, a_job_id_another_uid_takes_on_another_node_fails_nothing_and_names_no_owner);
+  tcase_add_test(tc, a_world_above_64_ranks_across_nodes_fails_at_once_on_both_with_the_reason);
   suite_add_tcase(s, tc);
   return s;
 }
