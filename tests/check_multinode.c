@@ -10,14 +10,19 @@
  * to the ranks left on the other nodes through the abort words of their
  * slabs.
  */
+#include <arpa/inet.h>
 #include <check.h>
 #include <grp.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sodium.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +31,7 @@
 #include "daemonwire.h"
 #include "deepep.h"
 #include "nodes.h"
+#include "peerauth.h"
 #include "peer_proto.h"
 #include "proto.h"
 #include "slab.h"
@@ -593,6 +599,177 @@ START_TEST(a_world_above_64_ranks_across_nodes_fails_at_once_on_both_with_the_re
 }
 END_TEST
 
+/* ---- a fake node: an authenticated peer link the test speaks itself ---- */
+
+static void fake_send_raw(int fd, const struct proto_buf *b) {
+  struct dep_msg_opaque o = {.data = b->data, .len = b->len};
+  ck_assert_int_eq(dw_send_frame(fd, DEP_MSG_PEER, 0, &o), 0);
+}
+
+static void fake_send(int fd, const struct dep_peer_msg *m) {
+  struct proto_buf b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(peer_proto_encode(&b, m), 0);
+  fake_send_raw(fd, &b);
+  proto_buf_free(&b);
+}
+
+/* The next peer message into *m (its bytes stay in f), within timeout_ms. */
+static void fake_recv(int fd, struct dw_frame *f, struct dep_peer_msg *m, int timeout_ms) {
+  ck_assert_int_eq(dw_recv_frame(fd, f, timeout_ms), 0);
+  ck_assert_str_eq(proto_type_name(f->h.type), "PEER");
+  char why[256] = "";
+  ck_assert_msg(peer_proto_decode(f->body, f->h.body_len, m, why, sizeof why) == 0, "%s", why);
+}
+
+/*
+ * Open a peer link into node `into` from 127.0.0.1 as the configured peer
+ * node `as` (its listen port; that daemon is not started), with the nodes'
+ * key, and run the handshake as the connecting end: HELLO, AUTH, AUTH_OK,
+ * then the acceptor's XPORT (TCP on loopback).  The link is up at the far
+ * end when XPORT comes.
+ */
+static int fake_peer_open(const struct nodes *ns, int into, int as) {
+  static uint8_t key[PEERAUTH_KEY_MAX];
+  size_t keylen = 0;
+  char why[256];
+  ck_assert_msg(peerauth_key_load(ns->key, key, sizeof key, &keylen, why, sizeof why) == 0, "%s",
+                why);
+  ck_assert_int_ge(sodium_init(), 0);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ck_assert_int_ge(fd, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)ns->port[into])};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  static struct peerauth_hs hs;
+  hs = (struct peerauth_hs){.connector = true, .key = key, .keylen = keylen};
+  struct proto_buf b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(peerauth_hello(&hs, "fake", "127.0.0.1", (uint16_t)ns->port[as], &b), 0);
+  fake_send_raw(fd, &b);
+  proto_buf_free(&b);
+  struct dw_frame *f = dw_frame_new();
+  struct dep_peer_msg *m = malloc(sizeof *m);
+  ck_assert_ptr_nonnull(m);
+  for (bool xport = false; !xport;) {
+    fake_recv(fd, f, m, 5000);
+    switch (m->type) {
+    case DEP_PEER_HELLO: {
+      ck_assert_int_eq(peerauth_take(&hs, f->body, f->h.body_len), 0);
+      struct dep_peer_msg a = {.type = DEP_PEER_AUTH};
+      peerauth_mac(&hs, a.u.auth.mac);
+      fake_send(fd, &a);
+      break;
+    }
+    case DEP_PEER_AUTH:
+      ck_assert(peerauth_check(&hs, m->u.auth.mac));
+      fake_send(fd, &(struct dep_peer_msg){.type = DEP_PEER_AUTH_OK});
+      break;
+    case DEP_PEER_AUTH_OK:
+      break;
+    case DEP_PEER_XPORT:
+      ck_assert_uint_eq(m->u.xport.kind, DEP_PEER_XPORT_TCP);
+      xport = true;
+      break;
+    default:
+      ck_abort_msg("the daemon said %s during the handshake: %s",
+                   peer_proto_type_name(m->type), m->u.error.message);
+    }
+  }
+  free(m);
+  free(f);
+  return fd;
+}
+
+/* A well-formed MEMBERSHIP of job id: rank 1 of a world of two, held by the sender. */
+static void fake_membership(struct dep_peer_msg *m, const char *id) {
+  memset(m, 0, sizeof *m);
+  m->type = DEP_PEER_MEMBERSHIP;
+  struct dep_peer_membership *x = &m->u.membership;
+  dw_sfmt(x->job_id, sizeof x->job_id, "%s", id);
+  x->owner_uid = 0;
+  x->sw.world_size = 2;
+  x->sw.shape = dw_job_args(id, 0, 1).shape;
+  x->local_world_size = x->n_ranks = 1;
+  x->ranks[0] = 1;
+  struct dep_slab_layout l;
+  char why[256];
+  ck_assert_msg(dep__slab_layout_nodes(&x->sw.shape, 2, 1, &l, why, sizeof why) == 0, "%s", why);
+  x->n_windows = 1;
+  x->windows[0] = (struct dep_peer_window){0, 0, l.xchg_bytes, 0, 0};
+}
+
+/* Read what is waiting on the fake link (for up to wait_ms for the first):
+ * JOB_FAILs counted into *refused (each checked), KEEPALIVEs answered. */
+static void fake_drain(int fd, int wait_ms, uint32_t *refused, struct dw_frame *f,
+                       struct dep_peer_msg *m) {
+  for (int ms = wait_ms;; ms = 0) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, ms) <= 0)
+      return;
+    fake_recv(fd, f, m, 5000);
+    if (m->type == DEP_PEER_KEEPALIVE && m->u.keepalive.reply == 0) {
+      m->u.keepalive.reply = 1;
+      fake_send(fd, m);
+    } else if (m->type == DEP_PEER_JOB_FAIL) {
+      ck_assert_int_eq(m->u.job.code, DEP_ERR_LIMIT);
+      ck_assert_msg(strstr(m->u.job.message, "too many jobs pending from node 127.0.0.1:") !=
+                        NULL, "%s", m->u.job.message);
+      (*refused)++;
+    }
+  }
+}
+
+/*
+ * An authenticated peer cannot exhaust the table of what peers report: a
+ * fake node sends 5000 MEMBERSHIPs of jobs that never come into node 0.
+ * Node 0 keeps as many as limits.max_jobs (64) from it and refuses each
+ * one past them back to it at once (JOB_FAIL, "too many jobs pending from
+ * node ..."); then a two-node job of the real nodes runs.  Before, the
+ * 4096-record table filled for every peer and the job half-completed: node
+ * 1's rank attached, node 0's waited.
+ */
+START_TEST(a_peer_flooding_memberships_is_refused_past_its_share_and_a_real_job_runs) {
+  enum { FLOOD = 5000, KEPT = 64 /* limits.max_jobs's default */ };
+  struct nodes ns;
+  nodes_config(&ns, 3, 8000);
+  node_start(&ns, 0);
+  node_start(&ns, 1);
+  int fd = fake_peer_open(&ns, 0, 2);
+  struct dw_frame *f = dw_frame_new();
+  struct dep_peer_msg *m = malloc(sizeof *m), *in = malloc(sizeof *in);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_ptr_nonnull(in);
+  uint32_t refused = 0;
+  int64_t t0 = dw_now_ms();
+  for (int i = 0; i < FLOOD; i++) {
+    char id[32];
+    dw_sfmt(id, sizeof id, "flood-%d", i);
+    fake_membership(m, id);
+    fake_send(fd, m);
+    fake_drain(fd, 0, &refused, f, in);
+  }
+  /* Every refusal comes back as its MEMBERSHIP is read: 10 s from the
+   * first send for all of them is a ceiling for a loaded machine (the
+   * test's own timeout is 20 s). */
+  while (refused < FLOOD - KEPT && dw_now_ms() - t0 < 10000)
+    fake_drain(fd, 5000, &refused, f, in);
+  ck_assert_uint_eq(refused, FLOOD - KEPT);
+  ck_assert(dw_log_has(&ns.d[0], "too many jobs pending from node 127.0.0.1:", 2000));
+  int a = attach_rank(&ns.d[0], "real", 0, 2, 0, 1);
+  int b = attach_rank(&ns.d[1], "real", 1, 2, 0, 1);
+  expect_ready(a, 1);
+  expect_ready(b, 1);
+  close(a);
+  close(b);
+  close(fd);
+  free(m);
+  free(in);
+  free(f);
+  nodes_stop(&ns);
+}
+END_TEST
+
 /*
  * A rank of a job that spans nodes, on a daemon with no peers: it attaches
  * (the memory is lent for its local ranks) but no node holds the others,
@@ -649,6 +826,7 @@ Suite *multinode_suite(void) {
   tcase_add_test(tc, a_daemon_stopped_cleanly_fails_a_gathering_job_and_aborts_a_running_one_elsewhere);
   tcase_add_test(tc, a_job_id_another_uid_takes_on_another_node_fails_nothing_and_names_no_owner);
   tcase_add_test(tc, a_world_above_64_ranks_across_nodes_fails_at_once_on_both_with_the_reason);
+  tcase_add_test(tc, a_peer_flooding_memberships_is_refused_past_its_share_and_a_real_job_runs);
   suite_add_tcase(s, tc);
   return s;
 }
