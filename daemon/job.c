@@ -47,8 +47,8 @@ void job_init(uv_loop_t *loop, const struct config *cfg) {
  * that job, and what it tells the other uid's ranks is at most that the id
  * is taken (job_attach). */
 
-/* Records at most, from all peers together: an authenticated peer is
- * trusted, but bounded. */
+/* Records at most, from all peers together (member_cap gives each peer its
+ * share): an authenticated peer is trusted, but bounded. */
 #define JOB_MEMBERS_MAX 4096u
 
 struct job_member {
@@ -58,7 +58,6 @@ struct job_member {
 };
 
 static struct job_member *job_members;
-static uint32_t job_n_members;
 
 /* Whether record x is of job j: the same id and the same owner. */
 static bool member_of(const struct job_member *x, const struct job *j) {
@@ -98,7 +97,6 @@ static void member_drop(const char *id, int peer) {
     return;
   *pp = x->next;
   free(x);
-  job_n_members--;
 }
 
 /* Whether a peer holds id for another uid than `uid`, and none for uid:
@@ -329,9 +327,9 @@ static const char *job_node(int who) { return who == JOB_HERE ? "this node" : pe
 /*
  * Fill job_who for j from its local ranks and the peers' records of its uid
  * (another uid's are held apart), checking each against the job: the same
- * shape and world, ranks within the world, no rank held twice, no more ranks than world_size.  On a
- * conflict the job fails on every node and false is returned; else *held is
- * the number of world ranks accounted for.
+ * shape and world, ranks within the world, no rank held twice, no more
+ * ranks than world_size.  On a conflict the job fails on every node and
+ * false is returned; else *held is the number of world ranks accounted for.
  */
 static bool job_gather(struct job *j, uint32_t *held) {
   char msg[DEP_MSG_TEXT_MAX];
@@ -889,10 +887,10 @@ static int job_membership_check(int k, const struct dep_peer_membership *in, cha
   /* Room for its record: a re-sent MEMBERSHIP replaces the one held. */
   const uint32_t cap = member_cap();
   if (*member_slot(in->job_id, k) == NULL && members_of(k) >= cap) {
-    snprintf(why, len, "too many jobs pending from node %s: it holds %u jobs here already (as "
-             "many as limits.max_jobs allows a node, at most %u of %u records a peer); end one "
-             "of its jobs first, and keep limits.max_jobs the same on every node",
-             peer_name(k), cap, cap, JOB_MEMBERS_MAX);
+    snprintf(why, len, "too many jobs pending from node %s: it holds %u here already "
+             "(limits.max_jobs, or its share of %u records among %d peers, whichever is less); "
+             "end one of its jobs first, and keep limits.max_jobs the same on every node",
+             peer_name(k), cap, JOB_MEMBERS_MAX, peer_count());
     return DEP_ERR_LIMIT;
   }
   return 0;
@@ -909,7 +907,6 @@ static void job_on_membership(int k, const struct dep_peer_membership *in) {
       snprintf(why, sizeof why, "node %s is out of memory for its record", peer_name(k));
     } else {
       (*pp)->peer = k;
-      job_n_members++;
     }
   }
   if (rc != 0) {
