@@ -39,9 +39,16 @@ void job_init(uv_loop_t *loop, const struct config *cfg) {
  * Kept apart from the job table: a peer's MEMBERSHIP often arrives before
  * the first local rank of the job does, and it outlives a local job that
  * failed (its ranks may come back under the same id).  A record goes when
- * its peer says JOB_END or JOB_FAIL, or when the peer goes down. */
+ * its peer says JOB_END or JOB_FAIL, or when the peer goes down.
+ *
+ * Across nodes a job is its (owner uid, id) (DESIGN §4): a record counts
+ * toward the local job of its id only when both are the same uid's.  A
+ * record of another uid is held apart: it never joins, completes or fails
+ * that job, and what it tells the other uid's ranks is at most that the id
+ * is taken (job_attach). */
 
-/* Records at most: an authenticated peer is trusted, but bounded. */
+/* Records at most, from all peers together (member_cap gives each peer its
+ * share): an authenticated peer is trusted, but bounded. */
 #define JOB_MEMBERS_MAX 4096u
 
 struct job_member {
@@ -51,7 +58,29 @@ struct job_member {
 };
 
 static struct job_member *job_members;
-static uint32_t job_n_members;
+
+/* Whether record x is of job j: the same id and the same owner. */
+static bool member_of(const struct job_member *x, const struct job *j) {
+  return x->m.owner_uid == (uint32_t)j->owner_uid && strcmp(x->m.job_id, j->id) == 0;
+}
+
+/*
+ * The most records one peer may hold here: as many jobs as this node may
+ * hold itself (limits.max_jobs, the same on every node of a cluster, bounds
+ * the jobs a peer can announce), and never more than its share of
+ * JOB_MEMBERS_MAX, so that one peer cannot fill the table for the others.
+ */
+static uint32_t member_cap(void) {
+  uint32_t share = JOB_MEMBERS_MAX / (uint32_t)(peer_count() > 0 ? peer_count() : 1);
+  return job_cfg->max_jobs < share ? job_cfg->max_jobs : share;
+}
+
+static uint32_t members_of(int peer) {
+  uint32_t n = 0;
+  for (const struct job_member *x = job_members; x != NULL; x = x->next)
+    n += x->peer == peer;
+  return n;
+}
 
 static struct job_member **member_slot(const char *id, int peer) {
   struct job_member **pp = &job_members;
@@ -68,18 +97,31 @@ static void member_drop(const char *id, int peer) {
     return;
   *pp = x->next;
   free(x);
-  job_n_members--;
 }
 
-const struct dep_peer_membership *job_membership(const char *id, int peer) {
-  const struct job_member *x = *member_slot(id, peer);
-  return x != NULL ? &x->m : NULL;
+/* Whether a peer holds id for another uid than `uid`, and none for uid:
+ * the id is taken across nodes. */
+static bool member_taken(const char *id, uid_t uid) {
+  bool other = false;
+  for (const struct job_member *x = job_members; x != NULL; x = x->next) {
+    if (strcmp(x->m.job_id, id) != 0)
+      continue;
+    if (x->m.owner_uid == (uint32_t)uid)
+      return false;
+    other = true;
+  }
+  return other;
+}
+
+const struct dep_peer_membership *job_membership(const struct job *j, int peer) {
+  const struct job_member *x = *member_slot(j->id, peer);
+  return x != NULL && member_of(x, j) ? &x->m : NULL;
 }
 
 uint32_t job_remote_ranks(const struct job *j, uint32_t *nodes) {
   uint32_t n = 0, k = 0;
   for (const struct job_member *x = job_members; x != NULL; x = x->next) {
-    if (strcmp(x->m.job_id, j->id) != 0)
+    if (!member_of(x, j))
       continue;
     n += x->m.n_ranks;
     k++;
@@ -110,12 +152,12 @@ static void ranks_fmt(const uint8_t *set, uint32_t world, char *buf, size_t len)
   }
 }
 
-/* A JOB_FAIL (code < 0) or JOB_END (code 0) about j. */
-static struct dep_peer_msg job_event(const struct job *j, int code, uint32_t rank, bool detached,
-                                     const char *msg) {
+/* A JOB_FAIL (code < 0) or JOB_END (code 0) about the job (owner, id). */
+static struct dep_peer_msg job_event(const char *id, uint32_t owner, int code, uint32_t rank,
+                                     bool detached, const char *msg) {
   struct dep_peer_msg m = {.type = code < 0 ? DEP_PEER_JOB_FAIL : DEP_PEER_JOB_END};
-  snprintf(m.u.job.job_id, sizeof m.u.job.job_id, "%s", j->id);
-  m.u.job.owner_uid = (uint32_t)j->owner_uid;
+  snprintf(m.u.job.job_id, sizeof m.u.job.job_id, "%s", id);
+  m.u.job.owner_uid = owner;
   m.u.job.rank = rank;
   m.u.job.detached = detached ? 1u : 0u;
   m.u.job.code = code;
@@ -123,13 +165,18 @@ static struct dep_peer_msg job_event(const struct job *j, int code, uint32_t ran
   return m;
 }
 
+/* Send m to every peer that is up. */
+static void job_send_peers(const struct dep_peer_msg *m) {
+  for (int k = 0; k < peer_count(); k++)
+    if (peer_is_up(k))
+      (void)peer_send(k, m);
+}
+
 /* Send JOB_FAIL (code < 0) or JOB_END (code 0) about j to every peer that is up. */
 static void job_tell_peers(const struct job *j, int code, uint32_t rank, bool detached,
                            const char *msg) {
-  struct dep_peer_msg m = job_event(j, code, rank, detached, msg);
-  for (int k = 0; k < peer_count(); k++)
-    if (peer_is_up(k))
-      (void)peer_send(k, &m);
+  struct dep_peer_msg m = job_event(j->id, (uint32_t)j->owner_uid, code, rank, detached, msg);
+  job_send_peers(&m);
 }
 
 static void job_fail_everywhere(struct job *j, int code, const char *msg);
@@ -278,11 +325,11 @@ static void job_fail_everywhere(struct job *j, int code, const char *msg) {
 static const char *job_node(int who) { return who == JOB_HERE ? "this node" : peer_name(who); }
 
 /*
- * Fill job_who for j from its local ranks and the peers' records, checking
- * each record against the job: the same uid, the same shape and world, ranks
- * within the world, no rank held twice, no more ranks than world_size.  On a
- * conflict the job fails on every node and false is returned; else *held is
- * the number of world ranks accounted for.
+ * Fill job_who for j from its local ranks and the peers' records of its uid
+ * (another uid's are held apart), checking each against the job: the same
+ * shape and world, ranks within the world, no rank held twice, no more
+ * ranks than world_size.  On a conflict the job fails on every node and
+ * false is returned; else *held is the number of world ranks accounted for.
  */
 static bool job_gather(struct job *j, uint32_t *held) {
   char msg[DEP_MSG_TEXT_MAX];
@@ -296,23 +343,10 @@ static bool job_gather(struct job *j, uint32_t *held) {
     }
   }
   for (const struct job_member *x = job_members; x != NULL; x = x->next) {
-    if (strcmp(x->m.job_id, j->id) != 0)
-      continue;
+    if (!member_of(x, j))
+      continue; /* another uid's job of the same id: held apart */
     const char *field = NULL;
     uint64_t have = 0, gives = 0;
-    if (x->m.owner_uid != (uint32_t)j->owner_uid) {
-      snprintf(msg, sizeof msg,
-               "job %s: node %s holds it for uid %u but this node's ranks run as uid %u; a job "
-               "belongs to one uid on every node (uid numbers must agree across nodes)",
-               j->id, peer_name(x->peer), (unsigned)x->m.owner_uid, (unsigned)j->owner_uid);
-      /* A peer heeds a JOB_FAIL only for its job of the uid it names (so that
-       * one user's job cannot end another's): that node's is the other uid's. */
-      struct dep_peer_msg m = job_event(j, DEP_ERR_PERMISSION, DEP_PEER_NO_RANK, false, msg);
-      m.u.job.owner_uid = x->m.owner_uid;
-      (void)peer_send(x->peer, &m);
-      job_fail_everywhere(j, DEP_ERR_PERMISSION, msg);
-      return false;
-    }
     if (dep__shape_diff(&j->shape, j->world_size, &x->m.sw.shape, x->m.sw.world_size, &field,
                        &have, &gives)) {
       snprintf(msg, sizeof msg,
@@ -564,6 +598,29 @@ void job_refuse_attach(struct conn *c, uint32_t request_id, const struct dep_att
   job_refuse(j, c, request_id, a, code, msg);
 }
 
+/*
+ * c's uid asked for an id that another uid holds: its job here (j), or,
+ * with none here, a peer's record.  It learns that the id is taken and
+ * nothing else (not the owner, not the node); the owner's job goes on
+ * untouched (DESIGN §4).  The daemon's log names both for the administrator.
+ */
+static void job_refuse_taken(struct conn *c, uint32_t request_id, const char *id,
+                             const struct job *j) {
+  if (j != NULL) {
+    log_warnx("job %s: uid %u (pid %d) tried to join a job of uid %u; refused", id,
+              (unsigned)c->uid, (int)c->pid, (unsigned)j->owner_uid);
+  } else {
+    for (const struct job_member *x = job_members; x != NULL; x = x->next)
+      if (strcmp(x->m.job_id, id) == 0)
+        log_warnx("job %s: uid %u (pid %d) asked for an id that node %s holds for uid %u; "
+                  "refused", id, (unsigned)c->uid, (int)c->pid, peer_name(x->peer),
+                  (unsigned)x->m.owner_uid);
+  }
+  conn_send_error(c, request_id, DEP_ERR_PERMISSION,
+                  "job %s belongs to another user; choose a job id of your own (the ranks of "
+                  "one job run as the same uid number on every node)", id);
+}
+
 /* Live jobs of one uid (a job still gathering its ranks holds its id too). */
 static uint32_t job_count_of(uid_t uid) {
   uint32_t n = 0;
@@ -588,6 +645,10 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
   if (rc != 0) {
     snprintf(msg, sizeof msg, "job %s: %s", a->job_id, why);
     job_refuse(j, c, request_id, a, rc, msg);
+    return;
+  }
+  if (j == NULL ? member_taken(a->job_id, c->uid) : j->owner_uid != c->uid) {
+    job_refuse_taken(c, request_id, a->job_id, j);
     return;
   }
   if (j == NULL) {
@@ -621,14 +682,6 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
     }
     j->slab_bytes = slab_bytes; /* the layout's size; the stride once lent */
   } else {
-    /* Another user learns that the id is taken, and nothing else about the job. */
-    if (j->owner_uid != c->uid) {
-      log_warnx("job %s: uid %u (pid %d) tried to join a job of uid %u; refused", j->id,
-                (unsigned)c->uid, (int)c->pid, (unsigned)j->owner_uid);
-      conn_send_error(c, request_id, DEP_ERR_PERMISSION,
-                      "job %s belongs to another user; choose a job id of your own", a->job_id);
-      return;
-    }
     if (j->ready) {
       conn_send_error(c, request_id, DEP_ERR_STATE,
                       "job %s has already started (all %u local ranks attached); a rank cannot "
@@ -744,6 +797,8 @@ static void job_on_peer_down(int k) {
     struct job_member *next = x->next;
     if (x->peer == k) {
       struct job *j = job_find(x->m.job_id);
+      if (j != NULL && !member_of(x, j))
+        j = NULL; /* another uid's job of that id: the peer held none of its ranks */
       if (j != NULL && !j->dead && j->multinode && !j->ready) {
         char msg[DEP_MSG_TEXT_MAX];
         snprintf(msg, sizeof msg,
@@ -766,21 +821,51 @@ static void job_on_peer_down(int k) {
   xfer_peer_down(k);
 }
 
-static void job_on_membership(int k, const struct dep_peer_membership *in) {
-  char why[256];
-  if (proto_check_job_id(in->job_id, why, sizeof why) != 0 ||
-      dep__shape_check(&in->sw.shape, in->sw.world_size, why, sizeof why) != 0) {
-    log_warnx("peer %s: MEMBERSHIP of job \"%.64s\" refused: %s", peer_name(k), in->job_id,
-              why);
+/*
+ * Peer k's MEMBERSHIP cannot be taken here (why): its job can never start,
+ * so it fails at once on every node (DESIGN §5), not after
+ * limits.attach_timeout_ms.  Every peer that is up is told (JOB_FAIL under
+ * the sender's uid: each node fails its job of that uid and id, and no
+ * other uid's), the sender with them; the ranks of that job waiting here are
+ * answered with the reason; and nothing the sender said of it is kept.
+ */
+static void job_refuse_membership(int k, const struct dep_peer_membership *in, int code,
+                                  const char *why) {
+  char msg[DEP_MSG_TEXT_MAX];
+  snprintf(msg, sizeof msg, "job %.64s: the ranks on node %s were refused: %.380s", in->job_id,
+           peer_name(k), why);
+  member_drop(in->job_id, k);
+  struct job *j = job_find(in->job_id);
+  if (j != NULL && !j->dead && !j->ready && j->multinode &&
+      (uint32_t)j->owner_uid == in->owner_uid) {
+    job_fail_everywhere(j, code, msg);
     return;
   }
+  log_warnx("%s", msg);
+  struct dep_peer_msg m = job_event(in->job_id, in->owner_uid, code, DEP_PEER_NO_RANK, false, msg);
+  job_send_peers(&m);
+}
+
+/* Why peer k's MEMBERSHIP cannot be taken as a record, with its code; 0 when it can. */
+static int job_membership_check(int k, const struct dep_peer_membership *in, char *why,
+                                size_t len) {
+  int rc = proto_check_job_id(in->job_id, why, len);
+  if (rc == 0)
+    rc = dep__shape_check(&in->sw.shape, in->sw.world_size, why, len);
   /* Each rank's windows cover its exchange region (slab.h) from its first
    * byte on, in order: what a writer into it will rely on. */
   struct dep_slab_layout l;
-  if (dep__slab_layout_nodes(&in->sw.shape, in->sw.world_size, in->local_world_size, &l, why,
-                            sizeof why) != 0) {
-    log_warnx("peer %s: MEMBERSHIP of job %s refused: %s", peer_name(k), in->job_id, why);
-    return;
+  if (rc == 0)
+    rc = dep__slab_layout_nodes(&in->sw.shape, in->sw.world_size, in->local_world_size, &l, why,
+                                len);
+  if (rc != 0)
+    return rc;
+  if (in->n_windows == 0) {
+    /* lend.c lends an exchange region only to a world the operations serve. */
+    snprintf(why, len, "node %s lent no exchange region for them: jobs that span nodes exchange "
+             "data in worlds of up to %u ranks, and this one has %u", peer_name(k),
+             DEP_MAX_LOCAL_RANKS, in->sw.world_size);
+    return DEP_ERR_UNSUPPORTED;
   }
   for (uint32_t r = 0; r < in->n_ranks; r++) {
     uint64_t at = 0;
@@ -793,24 +878,40 @@ static void job_on_membership(int k, const struct dep_peer_membership *in) {
       at += v->len;
     }
     if (at < l.xchg_bytes) {
-      log_warnx("peer %s: MEMBERSHIP of job %s refused: the windows of its rank %u cover %llu "
-                "of its exchange region's %llu bytes", peer_name(k), in->job_id,
-                (unsigned)in->ranks[r], (unsigned long long)at, (unsigned long long)l.xchg_bytes);
-      return;
+      snprintf(why, len, "the windows of its rank %u cover %llu of its exchange region's %llu "
+               "bytes", (unsigned)in->ranks[r], (unsigned long long)at,
+               (unsigned long long)l.xchg_bytes);
+      return DEP_ERR_PROTOCOL;
     }
   }
+  /* Room for its record: a re-sent MEMBERSHIP replaces the one held. */
+  const uint32_t cap = member_cap();
+  if (*member_slot(in->job_id, k) == NULL && members_of(k) >= cap) {
+    snprintf(why, len, "too many jobs pending from node %s: it holds %u here already "
+             "(limits.max_jobs, or its share of %u records among %d peers, whichever is less); "
+             "end one of its jobs first, and keep limits.max_jobs the same on every node",
+             peer_name(k), cap, JOB_MEMBERS_MAX, peer_count());
+    return DEP_ERR_LIMIT;
+  }
+  return 0;
+}
+
+static void job_on_membership(int k, const struct dep_peer_membership *in) {
+  char why[DEP_MSG_TEXT_MAX - 64];
+  int rc = job_membership_check(k, in, why, sizeof why);
   struct job_member **pp = member_slot(in->job_id, k);
-  if (*pp == NULL) {
-    if (job_n_members >= JOB_MEMBERS_MAX) {
-      log_warnx("peer %s: MEMBERSHIP of job %s dropped: %u records held already", peer_name(k),
-                in->job_id, JOB_MEMBERS_MAX);
-      return;
-    }
+  if (rc == 0 && *pp == NULL) {
     *pp = calloc(1, sizeof **pp);
-    if (*pp == NULL)
-      return;
-    (*pp)->peer = k;
-    job_n_members++;
+    if (*pp == NULL) {
+      rc = DEP_ERR_NO_MEMORY;
+      snprintf(why, sizeof why, "node %s is out of memory for its record", peer_name(k));
+    } else {
+      (*pp)->peer = k;
+    }
+  }
+  if (rc != 0) {
+    job_refuse_membership(k, in, rc, why);
+    return;
   }
   (*pp)->m = *in;
   uint32_t keyed = 0;
@@ -819,14 +920,23 @@ static void job_on_membership(int k, const struct dep_peer_membership *in) {
   log_info("job %s: node %s holds %u of its %u ranks (%u window(s), %u registered with its NIC)",
            in->job_id, peer_name(k), in->n_ranks, in->sw.world_size, in->n_windows, keyed);
   struct job *j = job_find(in->job_id);
-  if (j != NULL)
+  if (j != NULL && member_of(*pp, j))
     job_progress(j);
+  else if (j != NULL)
+    log_warnx("job %s: node %s holds a job of this id for uid %u, this node one for uid %u: "
+              "they are two jobs, held apart", j->id, peer_name(k), (unsigned)in->owner_uid,
+              (unsigned)j->owner_uid);
 }
 
 static void job_on_job_event(int k, uint16_t type, const struct dep_peer_job_event *e) {
   struct job_member **pp = member_slot(e->job_id, k);
-  uint32_t first = *pp != NULL && (*pp)->m.n_ranks > 0 ? (*pp)->m.ranks[0] : DEP_PEER_NO_RANK;
-  member_drop(e->job_id, k);
+  uint32_t first = DEP_PEER_NO_RANK;
+  /* The peer's job of that id and uid is over: its record goes, another uid's stays. */
+  if (*pp != NULL && (*pp)->m.owner_uid == e->owner_uid) {
+    if ((*pp)->m.n_ranks > 0)
+      first = (*pp)->m.ranks[0];
+    member_drop(e->job_id, k);
+  }
   struct job *j = job_find(e->job_id);
   if (type == DEP_PEER_JOB_END || j == NULL || j->dead || !j->multinode ||
       (uint32_t)j->owner_uid != e->owner_uid)

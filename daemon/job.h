@@ -102,9 +102,10 @@ void job_conn_closed(struct conn *c);
 
 /* Remote ranks of job j that peers reported, and how many peers reported them. */
 uint32_t job_remote_ranks(const struct job *j, uint32_t *nodes);
-/* The MEMBERSHIP that peer k sent for job id (its ranks, their slabs'
- * windows), NULL when none is held; valid until the loop runs on. */
-const struct dep_peer_membership *job_membership(const char *id, int peer);
+/* The MEMBERSHIP that peer k sent for job j (its id, under j's uid: its
+ * ranks, their exchange regions' windows), NULL when none is held; valid
+ * until the loop runs on. */
+const struct dep_peer_membership *job_membership(const struct job *j, int peer);
 /* Find a live job by id (NULL when none). */
 struct job *job_lookup(const char *id);
 

@@ -308,7 +308,7 @@ struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *
       continue;
     xr->peers |= 1ull << d->peer;
     ranks[d->peer]++;
-    const struct dep_peer_membership *m = job_membership(j->id, d->peer);
+    const struct dep_peer_membership *m = job_membership(j, d->peer);
     char why[256];
     /* A node's exchange regions are laid out for its own count of remote ranks. */
     if (m != NULL && !laid[d->peer]) {
