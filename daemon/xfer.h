@@ -20,7 +20,8 @@
  * Data connections are TCP, made for each peer once it is up: this daemon
  * offers single-use tokens over the authenticated peer link (DATA_OFFER),
  * the peer opens a connection to our listener whose first frame is
- * DATA_HELLO with one (peer.c hands the socket over), and from then on it
+ * DATA_HELLO with one (peer.c hands the socket over), proves on it that it
+ * holds the peer key (xring.h's challenge and proof), and from then on it
  * carries the peer's frames to us.  Each direction has its own
  * connections: min(connection_pool_size, XFER_CONNS_MAX) of them.
  *
@@ -80,8 +81,9 @@ void xfer_on_offer(int peer, const struct dep_peer_data_offer *o);
 /*
  * An inbound connection from peer `peer` opened with DATA_HELLO: whether
  * the token is one offered to that peer and not yet used (then fd, which
- * peer.c no longer reads, becomes a data connection and is xfer's to
- * close), or not (the caller closes fd and drops the link).
+ * peer.c no longer reads, is xfer's to close: a receiver thread asks it
+ * for its proof of the key and spends the offer only on a proof that
+ * holds), or not (the caller closes fd and drops the link).
  */
 bool xfer_accept(int peer, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd);
 

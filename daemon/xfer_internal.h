@@ -73,17 +73,24 @@ struct xfer_out {
   pthread_mutex_t mu;            /* one sender at a time */
 };
 
+/* An offer: made by the loop, spent by the receiver whose connection
+ * proves the key (under xfer_conn.c's offers_mu). */
 struct xfer_offer {
   int peer;                      /* -1: free */
-  int spent_by;                  /* the peer it was made to, once spent */
   uint8_t token[DEP_PEER_TOKEN_LEN];
   uint64_t expires_ms;
+};
+
+/* What a peer did beyond its bounds, said at most every XFER_SAY_MS (xfer_conn.c). */
+struct xfer_say {
+  _Atomic uint64_t last_ms, count;
 };
 
 struct xfer_peer {
   struct xfer_out out[XFER_CONNS_MAX];
   _Atomic uint32_t next;         /* round robin over out[] */
-  _Atomic uint32_t conns_in;
+  _Atomic uint32_t conns_in;      /* proven and receiving */
+  struct xfer_say bad_proofs;
   _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in;
   _Atomic uint64_t gen;          /* bumped when the peer goes down: connectors of an older one quit */
   int in_fds[XFER_CONNS_MAX];    /* inbound connections' fds, for shutdown (under X->lock) */
@@ -129,7 +136,7 @@ struct xfer_state {
   pthread_t threads[64];
   uint32_t started;
   struct xfer_peer peers[CONFIG_MAX_LIST];
-  struct xfer_offer offers[XFER_OFFERS_MAX]; /* the loop's */
+  struct xfer_offer offers[XFER_OFFERS_MAX]; /* under xfer_conn.c's offers_mu */
   _Atomic int test_drops;        /* $DEEPEPD_TEST_DATA_DROPS left to do (xfer_conn.c) */
   char ended[XFER_ENDED_MAX][DEP_JOB_ID_MAX];  /* under lock: the last jobs whose route went */
   uint32_t n_ended;
