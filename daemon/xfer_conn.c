@@ -727,6 +727,7 @@ static void *connector_main(void *arg) {
     if (!placed)
       close(fd);
   }
+  atomic_fetch_sub(&xp->connecting, 1);
   atomic_fetch_sub(&X->helpers, 1);
   return NULL;
 }
@@ -736,7 +737,19 @@ void xfer_on_offer(int k, const struct dep_peer_data_offer *o) {
     return;
   if (xfer_rdma_on_offer(k, o->token))
     return; /* spent on our data queue pair to k */
+  /* A connector thread per data connection the peer may have from us, at
+   * most: an offer past them is ignored (the peer offers again, at its
+   * tick, for a connection still missing), so that no peer, however many
+   * offers it sends, makes more threads here than that. */
   struct xfer_peer *xp = &X->peers[k];
+  if (atomic_load(&xp->connecting) >= X->conns) {
+    uint64_t n;
+    if (say_now(&xp->excess_offers, &n))
+      log_warnx("peer %s: %llu DATA_OFFER(s) ignored: %u data connection(s) to it are being "
+                "opened already, as many as it may have", peer_name(k), (unsigned long long)n,
+                X->conns);
+    return;
+  }
   struct connector *c = calloc(1, sizeof *c);
   if (c == NULL)
     return;
@@ -750,7 +763,9 @@ void xfer_on_offer(int k, const struct dep_peer_data_offer *o) {
     return;
   }
   peer_data_key(k, true, c->dkey);
+  atomic_fetch_add(&xp->connecting, 1);
   if (!spawn_helper(connector_main, c)) {
+    atomic_fetch_sub(&xp->connecting, 1);
     sodium_memzero(c, sizeof *c);
     free(c);
   }

@@ -90,7 +90,8 @@ struct xfer_peer {
   struct xfer_out out[XFER_CONNS_MAX];
   _Atomic uint32_t next;         /* round robin over out[] */
   _Atomic uint32_t conns_in;      /* proven and receiving */
-  struct xfer_say bad_proofs;
+  _Atomic uint32_t connecting;    /* connector threads to it: at most X->conns */
+  struct xfer_say excess_offers, bad_proofs;
   _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in;
   _Atomic uint64_t gen;          /* bumped when the peer goes down: connectors of an older one quit */
   int in_fds[XFER_CONNS_MAX];    /* inbound connections' fds, for shutdown (under X->lock) */

@@ -6,10 +6,12 @@
  */
 #include <arpa/inet.h>
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -804,6 +806,60 @@ START_TEST(a_data_connection_must_prove_the_peer_key_not_just_name_a_token) {
 }
 END_TEST
 
+/* The daemon's threads now (/proc/PID/task). */
+static int task_count(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (d == NULL)
+    return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/*
+ * An authenticated peer that sends thousands of DATA_OFFERs makes no more
+ * threads here than the data connections it may have (one, with
+ * connection_pool_size 1): each offer started a connector thread, which
+ * waited seconds for a listener that never answers.  The excess is said
+ * (at most every few seconds), and the link stays up.
+ */
+START_TEST(a_flood_of_data_offers_starts_a_bounded_number_of_threads) {
+  struct fp f;
+  fp_start(&f);
+  const int before = task_count(f.d.pid);
+  ck_assert_int_gt(before, 0);
+  enum { N = 3000 };
+  struct dep_peer_msg m = {.type = DEP_PEER_DATA_OFFER};
+  int most = before;
+  for (int i = 0; i < N; i++) {
+    randombytes_buf(m.u.data_offer.token, sizeof m.u.data_offer.token);
+    fp_send(f.link, &m);
+    if (i % 100 == 0) {
+      int n = task_count(f.d.pid);
+      most = n > most ? n : most;
+    }
+  }
+  /* The connectors wait up to seconds for the challenge that the test's
+   * listener never sends: look for two seconds, while they would live. */
+  for (int64_t until = dw_now_ms() + 2000; dw_now_ms() < until;) {
+    fp_pump(&f, 20, 9); /* keep-alives answered */
+    int n = task_count(f.d.pid);
+    most = n > most ? n : most;
+  }
+  /* One connector thread at most, and a few for the loop's thread pool
+   * (libuv starts 4 on first use) that the flood may happen to start. */
+  ck_assert_msg(most <= before + 1 + 4, "%d threads with the flood, %d before it", most, before);
+  ck_assert_msg(dw_log_has(&f.d, "DATA_OFFER(s) ignored", 5000), "the excess is not said");
+  char out[8192];
+  ck_assert_msg(wait_peers("", f.d.sock, "\"state\":\"up\"", 2000, out, sizeof out), "%s", out);
+  fp_stop(&f);
+}
+END_TEST
+
 /* ---- two network namespaces joined by a veth pair (root) ---------------------- */
 
 /* Start deepepd in namespace ns with config conf (its stderr to log); its pid. */
@@ -887,6 +943,7 @@ Suite *peers_suite(void) {
   tc = tcase_create("data");
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, a_data_connection_must_prove_the_peer_key_not_just_name_a_token);
+  tcase_add_test(tc, a_flood_of_data_offers_starts_a_bounded_number_of_threads);
   suite_add_tcase(s, tc);
   tc = tcase_create("late");
   tcase_set_timeout(tc, 90); /* a backoff grown to seconds */
