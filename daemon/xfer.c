@@ -176,6 +176,7 @@ void xfer_job_end(const struct job *j) {
   if (!X->active)
     return;
   pthread_rwlock_wrlock(&X->lock);
+  xfer__unexpect(j); /* its frames are no longer waited for (xfer_conn.c) */
   struct xfer_route *r = NULL;
   for (struct xfer_route **pp = &X->routes; *pp != NULL; pp = &(*pp)->next) {
     if ((*pp)->job == j) {

@@ -63,6 +63,13 @@ void xfer_lend_ring(struct conn *c, uint32_t request_id);
 /* The job table's events.  who[r] for each global rank r < world: -1 for a
  * rank held here, else the peer that holds it (job.c's job_who). */
 void xfer_job_start(const struct job *j, const int16_t *who);
+/* j's ranks here have all attached and its MEMBERSHIP goes to the peers
+ * now (job.c, before it is sent): a peer that completes the job first may
+ * send frames for it before its route is here, and a receiver waits for
+ * the route of such a job only.  A frame of any other job it does not
+ * hold (one that ended, however long ago, or never ran here) is dropped
+ * at once.  Until xfer_job_end. */
+void xfer_job_expect(const struct job *j);
 /* j cannot go on (a node or a rank is gone): its rings stop, their ranks'
  * pushes fail with code, and nothing more is moved for it. */
 void xfer_job_fail(const struct job *j, int code);

@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "job.h"
 #include "log.h"
 #include "peer.h"
 #include "peerauth.h"
@@ -355,6 +356,59 @@ int xfer__batch_send(int k, struct xfer_batch *b, uint64_t frames) {
 
 /* ---- receivers --------------------------------------------------------------- */
 
+void xfer_job_expect(const struct job *j) {
+  if (!X->active)
+    return;
+  struct xfer_expect *e = calloc(1, sizeof *e);
+  pthread_rwlock_wrlock(&X->lock);
+  bool have = false;
+  for (struct xfer_expect *x = X->expected; x != NULL && !have; x = x->next)
+    have = x->job == j;
+  if (!have && e != NULL) {
+    e->job = j;
+    snprintf(e->id, sizeof e->id, "%s", j->id);
+    e->next = X->expected;
+    X->expected = e;
+    e = NULL;
+  }
+  pthread_rwlock_unlock(&X->lock);
+  if (e != NULL || have) {
+    free(e);
+    return;
+  }
+  log_warnx("job %s: out of memory to expect its frames; those that come before its route are "
+            "dropped", j->id);
+}
+
+void xfer__unexpect(const struct job *j) {
+  bool gone = false;
+  for (struct xfer_expect **pp = &X->expected; *pp != NULL;) {
+    struct xfer_expect *x = *pp;
+    if (x->job == j) {
+      *pp = x->next;
+      free(x);
+      gone = true;
+    } else {
+      pp = &x->next;
+    }
+  }
+  if (!gone)
+    return;
+  /* A receiver waiting for its route stops waiting. */
+  pthread_mutex_lock(&X->routes_mu);
+  atomic_fetch_add(&X->routes_added, 1);
+  pthread_cond_broadcast(&X->routes_cv);
+  pthread_mutex_unlock(&X->routes_mu);
+}
+
+/* Whether a job of this id is expected here (lock held). */
+static bool expected_here(const char *id) {
+  for (const struct xfer_expect *x = X->expected; x != NULL; x = x->next)
+    if (strcmp(x->id, id) == 0)
+      return true;
+  return false;
+}
+
 /* The offers (X->offers): made and withdrawn by the loop, spent by the
  * receiver whose connection proves the key. */
 static pthread_mutex_t offers_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -469,8 +523,14 @@ static void receive(int k, int fd) {
     struct xfer_route *route;
     uint8_t *block, *slot;
     int rc;
-    /* A job not here yet (DEP_ERR_STATE) is waited for until its route is
-     * added, woken by xfer_job_start, not polled. */
+    /* A job with no route here (DEP_ERR_STATE) is waited for only while it
+     * is expected here (its ranks here all attached, its MEMBERSHIP sent:
+     * the peer may have completed it first), until its route is added,
+     * woken by xfer_job_start, not polled.  Any other job's frame is
+     * dropped at once: the peer can send one only after our MEMBERSHIP,
+     * so a job not expected is not about to be held (it ended here, however
+     * long ago, or never ran), and waiting would stall every other job's
+     * frames behind it on this connection. */
     uint64_t until = mono_ns() + (uint64_t)XFER_ROUTE_WAIT_MS * 1000000ull;
     for (;;) {
       uint64_t seen = atomic_load(&X->routes_added);
@@ -478,6 +538,8 @@ static void receive(int k, int fd) {
       rc = xfer__frame_target(k, &h, &route, &block, &slot, why, sizeof why);
       if (rc == 0)
         atomic_fetch_add_explicit(&route->users, 1, memory_order_relaxed);
+      if (rc == DEP_ERR_STATE && !expected_here(h.job_id))
+        rc = DEP_ERR_NOT_FOUND;
       pthread_rwlock_unlock(&X->lock);
       if (rc != DEP_ERR_STATE || atomic_load(&X->stop) || mono_ns() >= until)
         break;
@@ -485,9 +547,11 @@ static void receive(int k, int fd) {
     }
     if (rc == DEP_ERR_PROTOCOL)
       break;
-    if (rc == DEP_ERR_STATE)
-      log_warnx("peer %s: frames of job %s, which does not run here after %d ms, are dropped",
-                peer_name(k), h.job_id, XFER_ROUTE_WAIT_MS);
+    uint64_t n;
+    if (rc != 0 && say_now(&xp->stale_frames, &n))
+      log_warnx("peer %s: %llu frame(s) of jobs that do not run here dropped (the latest of job "
+                "%s%s)", peer_name(k), (unsigned long long)n, h.job_id,
+                rc == DEP_ERR_STATE ? ", expected here but still without its route" : "");
     int io;
     if (rc == 0) {
       io = h.bytes > 0 ? io_all(fd, block, h.bytes, false) : 0;
