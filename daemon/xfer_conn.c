@@ -3,8 +3,9 @@
  * xfer_internal.h): the single-use tokens this daemon offers a peer once
  * it is up (DATA_OFFER), the connector threads that open a connection with
  * a peer's token and prove the peer key on it (xring.h's challenge and
- * proof), a receiver thread per inbound connection that checks the proof, then reads
- * each frame's payload straight into the destination rank's in block, and
+ * proof), a receiver thread per inbound connection that checks the proof,
+ * then reads each frame's payload straight into the destination rank's in
+ * block (or drops a frame of a job not held here), and
  * the proxy threads' send of a batch (sendmsg, the larger payloads from
  * their out blocks in place), round robin over a peer's connections.
  */
@@ -43,11 +44,12 @@
  * this; so does a data connection's handshake after DATA_HELLO (the
  * challenge, the proof and the ack), each step of it. */
 #define XFER_CONNECT_MS 3000
-/* What a peer does beyond its bounds (DATA_OFFERs past the connections it
- * may have opened, proofs that fail) is said at most once in this long,
- * with a count, so that a peer cannot flood the log either. */
-#define XFER_SAY_MS 10000
 #define XFER_IO_MS 10000
+/* What a peer does beyond its bounds (DATA_OFFERs past the connections it
+ * may have opened, proofs that fail, frames of jobs not here) is said at
+ * most once in this long, with a count, so that a peer cannot flood the
+ * log either. */
+#define XFER_SAY_MS 10000
 /* The largest payload a frame may carry (a block of the largest shape fits). */
 #define XFER_MAX_PAYLOAD (1ull << 32)
 

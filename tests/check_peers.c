@@ -725,7 +725,8 @@ static void fp_stop(struct fp *f) {
 /* Open a data connection to the daemon naming token as the fake peer
  * (DATA_HELLO), and read its challenge's nonce: the fd, or -1 when no
  * challenge of this data stream version comes. */
-static int fp_data_open(const struct fp *f, const uint8_t *token, uint8_t nonce[DEP_XFER_NONCE_LEN]) {
+static int fp_data_open(const struct fp *f, const uint8_t *token,
+                        uint8_t nonce[DEP_XFER_NONCE_LEN]) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f->dport)};
   inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
