@@ -386,7 +386,7 @@ void xfer__unexpect(const struct job *j) {
   bool gone = false;
   for (struct xfer_expect **pp = &X->expected; *pp != NULL;) {
     struct xfer_expect *x = *pp;
-    if (x->job == j) {
+    if (j == NULL || x->job == j) {
       *pp = x->next;
       free(x);
       gone = true;

@@ -202,7 +202,7 @@ void xfer__batch_free(struct xfer_batch *b);
 
 /* ---- xfer_conn.c ---- */
 
-/* Forget j's expectation (xfer_job_end, lock held for writing). */
+/* Forget j's expectation, or every one (NULL: xfer_fini); lock held for writing. */
 void xfer__unexpect(const struct job *j);
 
 /* Send batch b (frames of them) to peer k on one of its data connections:
