@@ -205,6 +205,7 @@ static bool job_announce(struct job *j, int k) {
     job_fail_everywhere(j, rc, msg);
     return false;
   }
+  xfer_job_expect(j); /* before a peer can complete it and send frames */
   for (int p = 0; p < peer_count(); p++)
     if ((k < 0 || p == k) && peer_is_up(p))
       (void)peer_send(p, &m);

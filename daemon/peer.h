@@ -81,6 +81,11 @@ bool peer_is_up(int peer);
 int peer_data_address(int peer, struct sockaddr_storage *out, socklen_t *len);
 /* "host:port (node)" for messages. */
 const char *peer_name(int peer);
+/* The key that proves a data connection between us and peer k, for the
+ * direction in which `we_open` (peerauth_data_key: peer_key_file's, our
+ * node's and its node's names as the HELLOs said them); the loop's, for a
+ * thread to keep a copy of.  peer_insecure: an empty key. */
+void peer_data_key(int peer, bool we_open, uint8_t out[DEP_PEER_MAC_LEN]);
 /* Send m to peer k on one of its authenticated links: 0, or DEP_ERR_STATE
  * when none is up (or the link's queue refused it). */
 int peer_send(int peer, const struct dep_peer_msg *m);

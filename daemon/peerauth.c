@@ -1,7 +1,8 @@
 /*
  * peerauth.c — the peer handshake without sockets (peerauth.h): reading
  * and checking peer_key_file, the HELLO with its random challenge, and the
- * AUTH MAC computed and verified with libsodium.
+ * AUTH MAC computed and verified with libsodium, and the data connections'
+ * proof of the same key.
  */
 #include "peerauth.h"
 
@@ -124,6 +125,54 @@ void peerauth_mac(const struct peerauth_hs *hs, uint8_t mac[DEP_PEER_MAC_LEN]) {
 bool peerauth_check(const struct peerauth_hs *hs, const uint8_t mac[DEP_PEER_MAC_LEN]) {
   uint8_t want[DEP_PEER_MAC_LEN];
   peerauth_mac_of(hs, !hs->connector, hs->theirs, hs->theirs_len, hs->mine, hs->mine_len, want);
+  bool ok = crypto_verify_32(want, mac) == 0;
+  sodium_memzero(want, sizeof want);
+  return ok;
+}
+
+/* The contexts of the data connections' derived key and of its proofs. */
+static const char peerauth_data_context[] = "deepepd data connection key v1";
+static const char peerauth_proof_context[] = "deepepd data connection proof v1";
+
+/* A length-prefixed string into an HMAC. */
+static void mac_str(crypto_auth_hmacsha512256_state *st, const char *s) {
+  size_t n = strnlen(s, DEP_PEER_NODE_MAX);
+  uint8_t l[2] = {(uint8_t)n, (uint8_t)(n >> 8)};
+  crypto_auth_hmacsha512256_update(st, l, 2);
+  crypto_auth_hmacsha512256_update(st, (const uint8_t *)s, n);
+}
+
+void peerauth_data_key(const uint8_t *key, size_t keylen, const char *opener,
+                       const char *acceptor, uint8_t out[DEP_PEER_MAC_LEN]) {
+  crypto_auth_hmacsha512256_state st;
+  crypto_auth_hmacsha512256_init(&st, key, keylen);
+  crypto_auth_hmacsha512256_update(&st, (const uint8_t *)peerauth_data_context,
+                                   sizeof peerauth_data_context - 1);
+  mac_str(&st, opener);
+  mac_str(&st, acceptor);
+  crypto_auth_hmacsha512256_final(&st, out);
+  sodium_memzero(&st, sizeof st);
+}
+
+void peerauth_data_mac(const uint8_t dkey[DEP_PEER_MAC_LEN],
+                       const uint8_t nonce[DEP_PEER_CHALLENGE_LEN],
+                       const uint8_t token[DEP_PEER_TOKEN_LEN], uint8_t mac[DEP_PEER_MAC_LEN]) {
+  crypto_auth_hmacsha512256_state st;
+  crypto_auth_hmacsha512256_init(&st, dkey, DEP_PEER_MAC_LEN);
+  crypto_auth_hmacsha512256_update(&st, (const uint8_t *)peerauth_proof_context,
+                                   sizeof peerauth_proof_context - 1);
+  crypto_auth_hmacsha512256_update(&st, nonce, DEP_PEER_CHALLENGE_LEN);
+  crypto_auth_hmacsha512256_update(&st, token, DEP_PEER_TOKEN_LEN);
+  crypto_auth_hmacsha512256_final(&st, mac);
+  sodium_memzero(&st, sizeof st);
+}
+
+bool peerauth_data_check(const uint8_t dkey[DEP_PEER_MAC_LEN],
+                         const uint8_t nonce[DEP_PEER_CHALLENGE_LEN],
+                         const uint8_t token[DEP_PEER_TOKEN_LEN],
+                         const uint8_t mac[DEP_PEER_MAC_LEN]) {
+  uint8_t want[DEP_PEER_MAC_LEN];
+  peerauth_data_mac(dkey, nonce, token, want);
   bool ok = crypto_verify_32(want, mac) == 0;
   sodium_memzero(want, sizeof want);
   return ok;

@@ -53,4 +53,25 @@ void peerauth_mac(const struct peerauth_hs *hs, uint8_t mac[DEP_PEER_MAC_LEN]);
 /* Whether the far end's AUTH is the right one (constant time). */
 bool peerauth_check(const struct peerauth_hs *hs, const uint8_t mac[DEP_PEER_MAC_LEN]);
 
+/*
+ * The data connections' proof (proto/xring.h, daemon/xfer.h).  Each end
+ * derives, with the key, one key per direction between two nodes: a MAC
+ * over a context of its own, the opener's node name and the acceptor's
+ * (each as HELLO carried it), so that a proof made for one direction or
+ * one pair of nodes answers no other.  The opener proves it holds that
+ * key with a MAC over the acceptor's fresh nonce and the DATA_OFFER's
+ * token: a proof answers one connection's challenge only.  Threads hold
+ * the derived key, never peer_key_file's.
+ */
+void peerauth_data_key(const uint8_t *key, size_t keylen, const char *opener,
+                       const char *acceptor, uint8_t out[DEP_PEER_MAC_LEN]);
+void peerauth_data_mac(const uint8_t dkey[DEP_PEER_MAC_LEN],
+                       const uint8_t nonce[DEP_PEER_CHALLENGE_LEN],
+                       const uint8_t token[DEP_PEER_TOKEN_LEN], uint8_t mac[DEP_PEER_MAC_LEN]);
+/* Whether mac is the opener's proof for nonce and token (constant time). */
+bool peerauth_data_check(const uint8_t dkey[DEP_PEER_MAC_LEN],
+                         const uint8_t nonce[DEP_PEER_CHALLENGE_LEN],
+                         const uint8_t token[DEP_PEER_TOKEN_LEN],
+                         const uint8_t mac[DEP_PEER_MAC_LEN]);
+
 #endif /* DEP_DAEMON_PEERAUTH_H */

@@ -5,6 +5,8 @@
  * queue pair or answers XPORT_NAK, and the link is up once the queue pair
  * connects or both ends agree on TCP.  With transport rdma a link that
  * cannot have RDMA is refused (and retried); with auto it settles on TCP.
+ * The key that proves the data connections beside the links (xfer.h) is
+ * derived here, where the link's key and both node names are.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -155,6 +157,12 @@ void peerxport_on_nak(struct peer_conn *c, const struct dep_peer_error *nak) {
   log_escape(nak->message, strlen(nak->message), msg, sizeof msg);
   snprintf(why, sizeof why, "the peer: %s", msg);
   conn_without_rdma(c, why);
+}
+
+void peer_data_key(int k, bool we_open, uint8_t out[DEP_PEER_MAC_LEN]) {
+  const char *them = k >= 0 && (size_t)k < P->n ? P->peers[k].node : "";
+  const size_t keylen = P->authenticated ? P->keylen : 0;
+  peerauth_data_key(P->key, keylen, we_open ? P->node : them, we_open ? them : P->node, out);
 }
 
 /* ---- the RDMA transport's events (rdmaxp.h): owner is the link ----------- */

@@ -184,6 +184,7 @@ void xfer_job_end(const struct job *j) {
   if (!X->active)
     return;
   pthread_rwlock_wrlock(&X->lock);
+  xfer__unexpect(j); /* its frames are no longer waited for (xfer_conn.c) */
   struct xfer_route *r = NULL;
   for (struct xfer_route **pp = &X->routes; *pp != NULL; pp = &(*pp)->next) {
     if ((*pp)->job == j) {
@@ -743,6 +744,7 @@ void xfer_fini(void) {
     xfer_rdma_route_free(r->rdma);
     free(r);
   }
+  xfer__unexpect(NULL); /* the jobs still here end after this, unseen by xfer_job_end */
   pthread_rwlock_unlock(&X->lock);
   X->active = false;
 }

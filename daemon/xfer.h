@@ -20,7 +20,8 @@
  * Data connections are TCP, made for each peer once it is up: this daemon
  * offers single-use tokens over the authenticated peer link (DATA_OFFER),
  * the peer opens a connection to our listener whose first frame is
- * DATA_HELLO with one (peer.c hands the socket over), and from then on it
+ * DATA_HELLO with one (peer.c hands the socket over), proves on it that it
+ * holds the peer key (xring.h's challenge and proof), and from then on it
  * carries the peer's frames to us.  Each direction has its own
  * connections: min(connection_pool_size, XFER_CONNS_MAX) of them.
  *
@@ -62,6 +63,13 @@ void xfer_lend_ring(struct conn *c, uint32_t request_id);
 /* The job table's events.  who[r] for each global rank r < world: -1 for a
  * rank held here, else the peer that holds it (job.c's job_who). */
 void xfer_job_start(const struct job *j, const int16_t *who);
+/* j's ranks here have all attached and its MEMBERSHIP goes to the peers
+ * now (job.c, before it is sent): a peer that completes the job first may
+ * send frames for it before its route is here, and a receiver waits for
+ * the route of such a job only.  A frame of any other job it does not
+ * hold (one that ended, however long ago, or never ran here) is dropped
+ * at once.  Until xfer_job_end. */
+void xfer_job_expect(const struct job *j);
 /* j cannot go on (a node or a rank is gone): its rings stop, their ranks'
  * pushes fail with code, and nothing more is moved for it. */
 void xfer_job_fail(const struct job *j, int code);
@@ -80,8 +88,9 @@ void xfer_on_offer(int peer, const struct dep_peer_data_offer *o);
 /*
  * An inbound connection from peer `peer` opened with DATA_HELLO: whether
  * the token is one offered to that peer and not yet used (then fd, which
- * peer.c no longer reads, becomes a data connection and is xfer's to
- * close), or not (the caller closes fd and drops the link).
+ * peer.c no longer reads, is xfer's to close: a receiver thread asks it
+ * for its proof of the key and spends the offer only on a proof that
+ * holds), or not (the caller closes fd and drops the link).
  */
 bool xfer_accept(int peer, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd);
 

@@ -2,8 +2,10 @@
  * xfer_conn.c — the TCP data connections between nodes (xfer.h,
  * xfer_internal.h): the single-use tokens this daemon offers a peer once
  * it is up (DATA_OFFER), the connector threads that open a connection with
- * a peer's token, a receiver thread per inbound connection that reads
- * each frame's payload straight into the destination rank's in block, and
+ * a peer's token and prove the peer key on it (xring.h's challenge and
+ * proof), a receiver thread per inbound connection that checks the proof,
+ * then reads each frame's payload straight into the destination rank's in
+ * block (or drops a frame of a job not held here), and
  * the proxy threads' send of a batch (sendmsg, the larger payloads from
  * their out blocks in place), round robin over a peer's connections.
  */
@@ -26,8 +28,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "job.h"
 #include "log.h"
 #include "peer.h"
+#include "peerauth.h"
 #include "pool.h"
 #include "proto.h"
 #include "xfer_internal.h"
@@ -36,16 +40,23 @@
 
 /* A DATA_OFFER's token is good for this long. */
 #define XFER_OFFER_MS 10000
-/* A connect, or a send or receive that makes no progress, gives up after this. */
+/* A connect, or a send or receive that makes no progress, gives up after
+ * this; so does a data connection's handshake after DATA_HELLO (the
+ * challenge, the proof and the ack), each step of it. */
 #define XFER_CONNECT_MS 3000
 #define XFER_IO_MS 10000
+/* What a peer does beyond its bounds (DATA_OFFERs past the connections it
+ * may have opened, proofs that fail, frames of jobs not here) is said at
+ * most once in this long, with a count, so that a peer cannot flood the
+ * log either. */
+#define XFER_SAY_MS 10000
 /* The largest payload a frame may carry (a block of the largest shape fits). */
 #define XFER_MAX_PAYLOAD (1ull << 32)
 
 /* ---- socket helpers (threads) ------------------------------------------------ */
 
-/* Send or receive all len bytes, waiting at most XFER_IO_MS for any progress. */
-static int io_all(int fd, void *buf, size_t len, bool send_it) {
+/* Send or receive all len bytes, waiting at most ms for any progress. */
+static int io_within(int fd, void *buf, size_t len, bool send_it, int ms) {
   uint8_t *p = buf;
   while (len > 0) {
     ssize_t n = send_it ? send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT)
@@ -62,7 +73,7 @@ static int io_all(int fd, void *buf, size_t len, bool send_it) {
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
       return -1;
     struct pollfd pf = {.fd = fd, .events = send_it ? POLLOUT : POLLIN};
-    int r = poll(&pf, 1, XFER_IO_MS);
+    int r = poll(&pf, 1, ms);
     if (r == 0) {
       errno = ETIMEDOUT;
       return -1;
@@ -71,6 +82,10 @@ static int io_all(int fd, void *buf, size_t len, bool send_it) {
       return -1;
   }
   return 0;
+}
+
+static int io_all(int fd, void *buf, size_t len, bool send_it) {
+  return io_within(fd, buf, len, send_it, XFER_IO_MS);
 }
 
 /* The iovecs one sendmsg takes at most (IOV_MAX is 1024; more gains nothing
@@ -343,11 +358,144 @@ int xfer__batch_send(int k, struct xfer_batch *b, uint64_t frames) {
 
 /* ---- receivers --------------------------------------------------------------- */
 
+void xfer_job_expect(const struct job *j) {
+  if (!X->active)
+    return;
+  struct xfer_expect *e = calloc(1, sizeof *e);
+  pthread_rwlock_wrlock(&X->lock);
+  bool have = false;
+  for (struct xfer_expect *x = X->expected; x != NULL && !have; x = x->next)
+    have = x->job == j;
+  if (!have && e != NULL) {
+    e->job = j;
+    snprintf(e->id, sizeof e->id, "%s", j->id);
+    e->next = X->expected;
+    X->expected = e;
+    e = NULL;
+  }
+  pthread_rwlock_unlock(&X->lock);
+  if (e != NULL || have) {
+    free(e);
+    return;
+  }
+  log_warnx("job %s: out of memory to expect its frames; those that come before its route are "
+            "dropped", j->id);
+}
+
+void xfer__unexpect(const struct job *j) {
+  bool gone = false;
+  for (struct xfer_expect **pp = &X->expected; *pp != NULL;) {
+    struct xfer_expect *x = *pp;
+    if (j == NULL || x->job == j) {
+      *pp = x->next;
+      free(x);
+      gone = true;
+    } else {
+      pp = &x->next;
+    }
+  }
+  if (!gone)
+    return;
+  /* A receiver waiting for its route stops waiting. */
+  pthread_mutex_lock(&X->routes_mu);
+  atomic_fetch_add(&X->routes_added, 1);
+  pthread_cond_broadcast(&X->routes_cv);
+  pthread_mutex_unlock(&X->routes_mu);
+}
+
+/* Whether a job of this id is expected here (lock held). */
+static bool expected_here(const char *id) {
+  for (const struct xfer_expect *x = X->expected; x != NULL; x = x->next)
+    if (strcmp(x->id, id) == 0)
+      return true;
+  return false;
+}
+
+/* The offers (X->offers): made and withdrawn by the loop, spent by the
+ * receiver whose connection proves the key. */
+static pthread_mutex_t offers_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The open offer with token made to peer k (to any peer: k < 0), offers_mu
+ * held; NULL when none. */
+static struct xfer_offer *offer_find(int k, const uint8_t *token) {
+  const uint64_t now = mono_ns() / 1000000ull;
+  for (int i = 0; i < XFER_OFFERS_MAX; i++) {
+    struct xfer_offer *x = &X->offers[i];
+    if (x->peer >= 0 && (k < 0 || x->peer == k) && x->expires_ms >= now &&
+        sodium_memcmp(x->token, token, DEP_PEER_TOKEN_LEN) == 0)
+      return x;
+  }
+  return NULL;
+}
+
+/* Spend the open offer with token (made to peer k, or to any: k < 0): the
+ * peer it was made to, or -1 when none is open (single use). */
+static int offer_spend(int k, const uint8_t *token) {
+  pthread_mutex_lock(&offers_mu);
+  struct xfer_offer *o = offer_find(k, token);
+  const int peer = o != NULL ? o->peer : -1;
+  if (o != NULL)
+    o->peer = -1;
+  pthread_mutex_unlock(&offers_mu);
+  return peer;
+}
+
+/* Say a peer's excess (s) at most once per XFER_SAY_MS, from any thread:
+ * true when this one is said, with *n the events since the last line. */
+static bool say_now(struct xfer_say *s, uint64_t *n) {
+  atomic_fetch_add(&s->count, 1);
+  uint64_t now = mono_ns() / 1000000ull, last = atomic_load(&s->last_ms);
+  if (last != 0 && now - last < XFER_SAY_MS)
+    return false;
+  if (!atomic_compare_exchange_strong(&s->last_ms, &last, now))
+    return false;
+  *n = atomic_exchange(&s->count, 0);
+  return true;
+}
+
 struct receiver {
   int peer;
   int fd;
   int slot; /* in X->peers[peer].in_fds */
+  uint8_t token[DEP_PEER_TOKEN_LEN]; /* the offer DATA_HELLO named */
+  uint8_t dkey[DEP_PEER_MAC_LEN];    /* peer_data_key(peer, false) */
 };
+
+_Static_assert(DEP_XFER_NONCE_LEN == DEP_PEER_CHALLENGE_LEN && DEP_XFER_MAC_LEN == DEP_PEER_MAC_LEN,
+               "the data connection's proof is peerauth_data_mac's");
+
+/*
+ * The handshake of an inbound data connection (xring.h): a fresh nonce
+ * out, the opener's proof of the key in, then the offer spent.  Until the
+ * proof holds, the offer stays open: a connection that names a token it
+ * saw but cannot prove the key takes nothing from the peer that can.
+ * true, or false with why.
+ */
+static bool receiver_proven(const struct receiver *rv, char *why, size_t whylen) {
+  struct dep_xfer_challenge ch = {.magic = DEP_XFER_MAGIC, .version = DEP_XFER_VERSION};
+  randombytes_buf(ch.nonce, sizeof ch.nonce);
+  struct dep_xfer_proof pr;
+  if (io_within(rv->fd, &ch, sizeof ch, true, XFER_CONNECT_MS) != 0 ||
+      io_within(rv->fd, &pr, sizeof pr, false, XFER_CONNECT_MS) != 0) {
+    snprintf(why, whylen, "no proof of the peer key came (%s)",
+             errno ? strerror(errno) : "closed");
+    return false;
+  }
+  if (!peerauth_data_check(rv->dkey, ch.nonce, rv->token, pr.mac)) {
+    uint64_t n;
+    if (say_now(&X->peers[rv->peer].bad_proofs, &n))
+      log_warnx("peer %s: %llu data connection(s) that named a token offered to it but did not "
+                "prove the peer key are refused: a different peer_key_file there, or someone "
+                "who saw the token on the wire", peer_name(rv->peer), (unsigned long long)n);
+    why[0] = '\0'; /* said */
+    return false;
+  }
+  if (offer_spend(rv->peer, rv->token) < 0) {
+    snprintf(why, whylen, "its token was spent by another connection, or expired");
+    return false;
+  }
+  return true;
+}
 
 /* Receive frames from peer k on fd and write them into the exchange regions here. */
 static void receive(int k, int fd) {
@@ -377,8 +525,14 @@ static void receive(int k, int fd) {
     struct xfer_route *route;
     uint8_t *block, *slot;
     int rc;
-    /* A job not here yet (DEP_ERR_STATE) is waited for until its route is
-     * added, woken by xfer_job_start, not polled. */
+    /* A job with no route here (DEP_ERR_STATE) is waited for only while it
+     * is expected here (its ranks here all attached, its MEMBERSHIP sent:
+     * the peer may have completed it first), until its route is added,
+     * woken by xfer_job_start, not polled.  Any other job's frame is
+     * dropped at once: the peer can send one only after our MEMBERSHIP,
+     * so a job not expected is not about to be held (it ended here, however
+     * long ago, or never ran), and waiting would stall every other job's
+     * frames behind it on this connection. */
     uint64_t until = mono_ns() + (uint64_t)XFER_ROUTE_WAIT_MS * 1000000ull;
     for (;;) {
       uint64_t seen = atomic_load(&X->routes_added);
@@ -386,6 +540,8 @@ static void receive(int k, int fd) {
       rc = xfer__frame_target(k, &h, &route, &block, &slot, why, sizeof why);
       if (rc == 0)
         atomic_fetch_add_explicit(&route->users, 1, memory_order_relaxed);
+      if (rc == DEP_ERR_STATE && !expected_here(h.job_id))
+        rc = DEP_ERR_NOT_FOUND;
       pthread_rwlock_unlock(&X->lock);
       if (rc != DEP_ERR_STATE || atomic_load(&X->stop) || mono_ns() >= until)
         break;
@@ -393,9 +549,11 @@ static void receive(int k, int fd) {
     }
     if (rc == DEP_ERR_PROTOCOL)
       break;
-    if (rc == DEP_ERR_STATE)
-      log_warnx("peer %s: frames of job %s, which does not run here after %d ms, are dropped",
-                peer_name(k), h.job_id, XFER_ROUTE_WAIT_MS);
+    uint64_t n;
+    if (rc != 0 && say_now(&xp->stale_frames, &n))
+      log_warnx("peer %s: %llu frame(s) of jobs that do not run here dropped (the latest of job "
+                "%s%s)", peer_name(k), (unsigned long long)n, h.job_id,
+                rc == DEP_ERR_STATE ? ", expected here but still without its route" : "");
     int io;
     if (rc == 0) {
       io = h.bytes > 0 ? io_all(fd, block, h.bytes, false) : 0;
@@ -423,19 +581,29 @@ static void receive(int k, int fd) {
 
 static void *receiver_main(void *arg) {
   struct receiver rv = *(struct receiver *)arg;
+  sodium_memzero(arg, sizeof rv);
   free(arg);
   prctl(PR_SET_NAME, "deepepd-rx");
-  struct dep_xfer_ack ack = {DEP_XFER_MAGIC, DEP_XFER_VERSION};
-  const bool acked = io_all(rv.fd, &ack, sizeof ack, true) == 0;
-  if (acked && atomic_load(&X->test_drops) > 0 && atomic_fetch_sub(&X->test_drops, 1) > 0)
-    log_warnx("peer %s: an inbound data connection closed at once ($" XFER_TEST_DROPS_ENV ")",
-              peer_name(rv.peer));
-  else if (acked)
-    receive(rv.peer, rv.fd);
+  char why[160] = "";
+  const bool proven = receiver_proven(&rv, why, sizeof why);
+  sodium_memzero(rv.dkey, sizeof rv.dkey);
+  struct xfer_peer *xp = &X->peers[rv.peer];
+  if (proven) {
+    atomic_fetch_add(&xp->conns_in, 1);
+    struct dep_xfer_ack ack = {DEP_XFER_MAGIC, DEP_XFER_VERSION};
+    const bool acked = io_all(rv.fd, &ack, sizeof ack, true) == 0;
+    if (acked && atomic_load(&X->test_drops) > 0 && atomic_fetch_sub(&X->test_drops, 1) > 0)
+      log_warnx("peer %s: an inbound data connection closed at once ($" XFER_TEST_DROPS_ENV ")",
+                peer_name(rv.peer));
+    else if (acked)
+      receive(rv.peer, rv.fd);
+    atomic_fetch_sub(&xp->conns_in, 1);
+  } else if (why[0] != '\0' && !atomic_load(&X->stop)) {
+    log_warnx("peer %s: an inbound data connection is refused: %s", peer_name(rv.peer), why);
+  }
   pthread_rwlock_wrlock(&X->lock);
-  X->peers[rv.peer].in_fds[rv.slot] = -1;
+  xp->in_fds[rv.slot] = -1;
   pthread_rwlock_unlock(&X->lock);
-  atomic_fetch_sub(&X->peers[rv.peer].conns_in, 1);
   close(rv.fd);
   atomic_fetch_sub(&X->helpers, 1);
   return NULL;
@@ -458,32 +626,20 @@ static bool spawn_helper(void *(*fn)(void *), void *arg) {
   return true;
 }
 
-/* The open offer with token (made to peer k, or to any peer: k < 0), spent; NULL when none. */
-static struct xfer_offer *offer_spend(int k, const uint8_t *token) {
-  uint64_t now = mono_ns() / 1000000ull;
-  for (int i = 0; i < XFER_OFFERS_MAX; i++) {
-    struct xfer_offer *x = &X->offers[i];
-    if (x->peer >= 0 && (k < 0 || x->peer == k) && x->expires_ms >= now &&
-        sodium_memcmp(x->token, token, DEP_PEER_TOKEN_LEN) == 0) {
-      int peer = x->peer;
-      x->peer = -1; /* single use */
-      x->spent_by = peer;
-      return x;
-    }
-  }
-  return NULL;
-}
-
 int xfer_offer_spend(const uint8_t *token) {
-  struct xfer_offer *o = X->active ? offer_spend(-1, token) : NULL;
-  return o != NULL ? o->spent_by : -1;
+  return X->active ? offer_spend(-1, token) : -1;
 }
 
 bool xfer_accept(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd) {
   if (!X->active || k < 0 || k >= CONFIG_MAX_LIST)
     return false;
-  if (offer_spend(k, token) == NULL)
+  pthread_mutex_lock(&offers_mu);
+  const bool offered = offer_find(k, token) != NULL;
+  pthread_mutex_unlock(&offers_mu);
+  if (!offered)
     return false;
+  /* A receiver thread per slot at most: a peer, or whoever names its
+   * tokens, has at most XFER_CONNS_MAX of them here, proving or proven. */
   struct xfer_peer *xp = &X->peers[k];
   pthread_rwlock_wrlock(&X->lock);
   int slot = -1;
@@ -497,13 +653,14 @@ bool xfer_accept(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd) {
   if (rv == NULL)
     goto fail;
   *rv = (struct receiver){.peer = k, .fd = fd, .slot = slot};
+  memcpy(rv->token, token, DEP_PEER_TOKEN_LEN);
+  peer_data_key(k, false, rv->dkey);
   int fl = fcntl(fd, F_GETFL);
   if (fl >= 0)
     (void)fcntl(fd, F_SETFL, fl | O_NONBLOCK);
   tune_socket(fd);
-  atomic_fetch_add(&xp->conns_in, 1);
   if (!spawn_helper(receiver_main, rv)) {
-    atomic_fetch_sub(&xp->conns_in, 1);
+    sodium_memzero(rv, sizeof *rv);
     free(rv);
     goto fail;
   }
@@ -515,7 +672,7 @@ fail:
     pthread_rwlock_unlock(&X->lock);
   }
   close(fd);
-  return true; /* the token was good: fd is ours, and closed */
+  return true; /* the token was one offered: fd is ours, and closed */
 }
 
 /* ---- connectors --------------------------------------------------------------- */
@@ -524,6 +681,7 @@ struct connector {
   int peer;
   uint64_t gen;
   uint8_t token[DEP_PEER_TOKEN_LEN];
+  uint8_t dkey[DEP_PEER_MAC_LEN];    /* peer_data_key(peer, true) */
   struct sockaddr_storage addr;
   socklen_t addrlen;
 };
@@ -571,11 +729,35 @@ static int connect_data(const struct connector *c, char *why, size_t whylen) {
     rc = -1;
   proto_buf_free(&inner);
   proto_buf_free(&frame);
+  if (rc != 0) {
+    snprintf(why, whylen, "cannot send DATA_HELLO: %s", errno ? strerror(errno) : "closed");
+    goto fail;
+  }
+  /* Its challenge (magic and version first, so that another version is
+   * named rather than timed out), our proof of the key, its ack. */
+  struct dep_xfer_challenge ch;
   struct dep_xfer_ack ack;
-  if (rc != 0 || io_all(fd, &ack, sizeof ack, false) != 0 || ack.magic != DEP_XFER_MAGIC ||
-      ack.version != DEP_XFER_VERSION) {
-    snprintf(why, whylen, "the peer did not take the data connection (%s)",
-             rc != 0 ? "cannot send DATA_HELLO" : "no acknowledgement");
+  const size_t head = sizeof ack;
+  const int io = io_within(fd, &ch, head, false, XFER_CONNECT_MS);
+  if (io != 0 || ch.magic != DEP_XFER_MAGIC || ch.version != DEP_XFER_VERSION) {
+    if (io == 0 && ch.magic == DEP_XFER_MAGIC)
+      snprintf(why, whylen, "the peer speaks data stream version %u, this deepepd %u: run the "
+               "same deepepd on every node", ch.version, DEP_XFER_VERSION);
+    else
+      snprintf(why, whylen, "the peer did not take the data connection (no challenge)");
+    goto fail;
+  }
+  struct dep_xfer_proof pr;
+  if (io_within(fd, (uint8_t *)&ch + head, sizeof ch - head, false, XFER_CONNECT_MS) != 0) {
+    snprintf(why, whylen, "the peer did not take the data connection (no challenge)");
+    goto fail;
+  }
+  peerauth_data_mac(c->dkey, ch.nonce, c->token, pr.mac);
+  if (io_within(fd, &pr, sizeof pr, true, XFER_CONNECT_MS) != 0 ||
+      io_within(fd, &ack, sizeof ack, false, XFER_CONNECT_MS) != 0 ||
+      ack.magic != DEP_XFER_MAGIC || ack.version != DEP_XFER_VERSION) {
+    snprintf(why, whylen, "the peer refused our proof of the peer key (is peer_key_file the same "
+             "on both nodes?)");
     goto fail;
   }
   return fd;
@@ -586,11 +768,13 @@ fail:
 
 static void *connector_main(void *arg) {
   struct connector c = *(struct connector *)arg;
+  sodium_memzero(arg, sizeof c);
   free(arg);
   prctl(PR_SET_NAME, "deepepd-dc");
   struct xfer_peer *xp = &X->peers[c.peer];
   char why[256] = "";
   int fd = connect_data(&c, why, sizeof why);
+  sodium_memzero(c.dkey, sizeof c.dkey);
   if (fd < 0) {
     if (!atomic_load(&X->stop))
       log_warnx("peer %s: cannot open a data connection: %s", peer_name(c.peer), why);
@@ -609,6 +793,7 @@ static void *connector_main(void *arg) {
     if (!placed)
       close(fd);
   }
+  atomic_fetch_sub(&xp->connecting, 1);
   atomic_fetch_sub(&X->helpers, 1);
   return NULL;
 }
@@ -618,11 +803,24 @@ void xfer_on_offer(int k, const struct dep_peer_data_offer *o) {
     return;
   if (xfer_rdma_on_offer(k, o->token))
     return; /* spent on our data queue pair to k */
+  /* A connector thread per data connection the peer may have from us, at
+   * most: an offer past them is ignored (the peer offers again, at its
+   * tick, for a connection still missing), so that no peer, however many
+   * offers it sends, makes more threads here than that. */
+  struct xfer_peer *xp = &X->peers[k];
+  if (atomic_load(&xp->connecting) >= X->conns) {
+    uint64_t n;
+    if (say_now(&xp->excess_offers, &n))
+      log_warnx("peer %s: %llu DATA_OFFER(s) ignored: %u data connection(s) to it are being "
+                "opened already, as many as it may have", peer_name(k), (unsigned long long)n,
+                X->conns);
+    return;
+  }
   struct connector *c = calloc(1, sizeof *c);
   if (c == NULL)
     return;
   c->peer = k;
-  c->gen = atomic_load(&X->peers[k].gen);
+  c->gen = atomic_load(&xp->gen);
   memcpy(c->token, o->token, DEP_PEER_TOKEN_LEN);
   if (peer_data_address(k, &c->addr, &c->addrlen) != 0) {
     log_warnx("peer %s: a data connection is offered but the peer has no address here",
@@ -630,26 +828,36 @@ void xfer_on_offer(int k, const struct dep_peer_data_offer *o) {
     free(c);
     return;
   }
-  if (!spawn_helper(connector_main, c))
+  peer_data_key(k, true, c->dkey);
+  atomic_fetch_add(&xp->connecting, 1);
+  if (!spawn_helper(connector_main, c)) {
+    atomic_fetch_sub(&xp->connecting, 1);
+    sodium_memzero(c, sizeof *c);
     free(c);
+  }
 }
 
 /* Offer peer k n tokens for data connections into this daemon (the loop's). */
 static void offer(int k, uint32_t offers, uint64_t now) {
   for (uint32_t n = 0; n < offers; n++) {
+    struct dep_peer_msg m = {.type = DEP_PEER_DATA_OFFER};
+    randombytes_buf(m.u.data_offer.token, DEP_PEER_TOKEN_LEN);
     struct xfer_offer *o = NULL;
+    pthread_mutex_lock(&offers_mu);
     for (int i = 0; i < XFER_OFFERS_MAX && o == NULL; i++)
       if (X->offers[i].peer < 0 || X->offers[i].expires_ms < now)
         o = &X->offers[i];
+    if (o != NULL) {
+      memcpy(o->token, m.u.data_offer.token, DEP_PEER_TOKEN_LEN);
+      o->peer = k;
+      o->expires_ms = now + XFER_OFFER_MS;
+    }
+    pthread_mutex_unlock(&offers_mu);
     if (o == NULL)
       return;
-    struct dep_peer_msg m = {.type = DEP_PEER_DATA_OFFER};
-    randombytes_buf(m.u.data_offer.token, DEP_PEER_TOKEN_LEN);
-    memcpy(o->token, m.u.data_offer.token, DEP_PEER_TOKEN_LEN);
-    o->peer = k;
-    o->expires_ms = now + XFER_OFFER_MS;
-    if (peer_send(k, &m) != 0) {
-      o->peer = -1;
+    if (peer_send(k, &m) != 0) { /* not sent: no one holds it (outside the lock: a
+                                    failed send may take the peer down here) */
+      (void)offer_spend(k, m.u.data_offer.token);
       return;
     }
   }
@@ -671,8 +879,10 @@ void xfer_tick(void) {
       continue;
     /* What it has, and what it may still open with the tokens it holds. */
     uint32_t have = atomic_load(&X->peers[k].conns_in);
+    pthread_mutex_lock(&offers_mu);
     for (int i = 0; i < XFER_OFFERS_MAX; i++)
       have += X->offers[i].peer == k && X->offers[i].expires_ms >= now;
+    pthread_mutex_unlock(&offers_mu);
     if (have >= X->conns)
       continue;
     log_info("peer %s: %u of its %u data connections into this node are missing; offering "
@@ -686,9 +896,11 @@ void xfer_peer_down(int k) {
     return;
   struct xfer_peer *xp = &X->peers[k];
   atomic_fetch_add(&xp->gen, 1);
+  pthread_mutex_lock(&offers_mu);
   for (int i = 0; i < XFER_OFFERS_MAX; i++)
     if (X->offers[i].peer == k)
       X->offers[i].peer = -1;
+  pthread_mutex_unlock(&offers_mu);
   xfer_rdma_peer_down(k);
   for (uint32_t i = 0; i < X->conns; i++) {
     pthread_mutex_lock(&xp->out[i].mu);

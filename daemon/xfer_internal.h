@@ -27,9 +27,11 @@
  * daemon are closed as soon as they are acknowledged, as a connection the
  * network cuts while the peer link stays up. */
 #define XFER_TEST_DROPS_ENV "DEEPEPD_TEST_DATA_DROPS"
-/* A frame for a job this node does not run yet waits this long for it: the
- * nodes of a job learn that it is complete one after another, and the
- * first one's ranks may send before the last one has its route. */
+/* A frame for a job expected here (xfer_job_expect) that has no route yet
+ * waits at most this long for it: the nodes of a job learn that it is
+ * complete one after another, and the first one's ranks may send before
+ * the last one has its route.  A frame of a job not expected waits not at
+ * all. */
 #define XFER_ROUTE_WAIT_MS 5000
 /* Jobs that ended here, remembered so that their late frames are dropped at once. */
 #define XFER_ENDED_MAX 64
@@ -75,23 +77,39 @@ struct xfer_route {
   struct xfer_route *next;
 };
 
+/* A job whose ranks here have all attached and announced it (xfer_job_expect):
+ * frames for it may come before its route. */
+struct xfer_expect {
+  const struct job *job;         /* the loop's handle; never dereferenced by threads */
+  char id[DEP_JOB_ID_MAX];
+  struct xfer_expect *next;
+};
+
 /* One outbound data connection (we send on it). */
 struct xfer_out {
   int fd;                        /* -1: none */
   pthread_mutex_t mu;            /* one sender at a time */
 };
 
+/* An offer: made by the loop, spent by the receiver whose connection
+ * proves the key (under xfer_conn.c's offers_mu). */
 struct xfer_offer {
   int peer;                      /* -1: free */
-  int spent_by;                  /* the peer it was made to, once spent */
   uint8_t token[DEP_PEER_TOKEN_LEN];
   uint64_t expires_ms;
+};
+
+/* What a peer did beyond its bounds, said at most every XFER_SAY_MS (xfer_conn.c). */
+struct xfer_say {
+  _Atomic uint64_t last_ms, count;
 };
 
 struct xfer_peer {
   struct xfer_out out[XFER_CONNS_MAX];
   _Atomic uint32_t next;         /* round robin over out[] */
-  _Atomic uint32_t conns_in;
+  _Atomic uint32_t conns_in;      /* proven and receiving */
+  _Atomic uint32_t connecting;    /* connector threads to it: at most X->conns */
+  struct xfer_say excess_offers, bad_proofs, stale_frames;
   _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in;
   _Atomic uint64_t gen;          /* bumped when the peer goes down: connectors of an older one quit */
   int in_fds[XFER_CONNS_MAX];    /* inbound connections' fds, for shutdown (under X->lock) */
@@ -130,15 +148,17 @@ struct xfer_state {
   uint16_t listen_port;
   pthread_rwlock_t lock;         /* routes, in_fds */
   pthread_mutex_t routes_mu;      /* routes_cv's */
-  pthread_cond_t routes_cv;       /* a route was added, or stop (CLOCK_MONOTONIC) */
-  _Atomic uint64_t routes_added;  /* routes added so far (changed under routes_mu) */
+  pthread_cond_t routes_cv;       /* a route was added, an expected job went, or stop
+                                     (CLOCK_MONOTONIC) */
+  _Atomic uint64_t routes_added;  /* such changes so far (changed under routes_mu) */
   struct xfer_route *routes;
   uint64_t serials;              /* the loop's: routes listed so far (each one's serial) */
+  struct xfer_expect *expected;   /* under lock: jobs whose frames may precede their route */
   _Atomic bool stop;
   pthread_t threads[64];
   uint32_t started;
   struct xfer_peer peers[CONFIG_MAX_LIST];
-  struct xfer_offer offers[XFER_OFFERS_MAX]; /* the loop's */
+  struct xfer_offer offers[XFER_OFFERS_MAX]; /* under xfer_conn.c's offers_mu */
   _Atomic int test_drops;        /* $DEEPEPD_TEST_DATA_DROPS left to do (xfer_conn.c) */
   char ended[XFER_ENDED_MAX][DEP_JOB_ID_MAX];  /* under lock: the last jobs whose route went */
   uint32_t n_ended;
@@ -190,6 +210,9 @@ void xfer__batch_reset(struct xfer_batch *b);
 void xfer__batch_free(struct xfer_batch *b);
 
 /* ---- xfer_conn.c ---- */
+
+/* Forget j's expectation, or every one (NULL: xfer_fini); lock held for writing. */
+void xfer__unexpect(const struct job *j);
 
 /* Send batch b (frames of them) to peer k on one of its data connections:
  * 0, or -1 with every route that sends to k failed. */

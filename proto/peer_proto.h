@@ -199,8 +199,11 @@ struct dep_peer_xport {
  * an authenticated link a daemon sends DATA_OFFER: a random single-use
  * token.  The peer then opens a TCP connection to the sender's listener
  * whose first and only frame is DATA_HELLO with that token and its own
- * listen_port; from there on the connection carries the proxy's stream
- * (xring.h's dep_xfer_hdr and payloads), from the opener to the listener.
+ * listen_port; from there on the connection carries the data stream
+ * (xring.h: the listener's challenge, the opener's proof of the peer key,
+ * the ack, then dep_xfer_hdr and payloads, from the opener to the
+ * listener).  The token names the offer; the proof, not the token, is
+ * what opens the connection.
  */
 struct dep_peer_data_offer {
   uint8_t token[DEP_PEER_TOKEN_LEN];

@@ -84,14 +84,34 @@ static inline uint8_t *dep_xring_xchg(struct dep_xring *r) {
 
 /*
  * The stream of a data connection between two daemons (daemon/xfer.h):
- * after DATA_HELLO (peer_proto.h) the listener answers DEP_XFER_ACK (8
- * bytes: magic, version), then the opener sends frames, each this header
- * and `bytes` of payload.  Little-endian, as both ends' slabs are.
+ * after DATA_HELLO (peer_proto.h) the listener sends a challenge (magic,
+ * version, a fresh random nonce); the opener answers with its proof, a MAC
+ * with a key derived from peer_key_file over the nonce, the DATA_OFFER's
+ * token and the direction (daemon/peerauth.h), so that holding the key,
+ * not having seen the token, is what opens a data connection; the
+ * listener then answers the ack (magic, version), or closes the
+ * connection when the proof is wrong.  Then the opener sends frames, each
+ * this header and `bytes` of payload.  Little-endian, as both ends' slabs
+ * are.
+ *
+ * Version history (the data stream's own, beside the peer protocol's):
+ *   1  initial: DATA_HELLO, the ack, frames.
+ *   2  the challenge and the proof before the ack (the token alone, seen
+ *      in clear on the peer link, no longer opens a connection).
  */
 #define DEP_XFER_MAGIC 0x46584444u /* "DDXF" */
-#define DEP_XFER_VERSION 1
+#define DEP_XFER_VERSION 2
+#define DEP_XFER_NONCE_LEN 32
+#define DEP_XFER_MAC_LEN 32
 struct dep_xfer_ack {
   uint32_t magic, version;
+};
+struct dep_xfer_challenge {
+  uint32_t magic, version;
+  uint8_t nonce[DEP_XFER_NONCE_LEN];
+};
+struct dep_xfer_proof {
+  uint8_t mac[DEP_XFER_MAC_LEN];
 };
 struct dep_xfer_hdr {
   uint32_t magic;

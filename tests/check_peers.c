@@ -6,9 +6,12 @@
  */
 #include <arpa/inet.h>
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "daemonwire.h"
 #include "peer.h"
 #include "peerauth.h"
 #include "peer_proto.h"
@@ -25,6 +29,7 @@
 #include "rdmadrv.h"
 #include "nodes.h"
 #include "testutil.h"
+#include "xring.h"
 
 /* ---- codec ---------------------------------------------------------------- */
 
@@ -574,6 +579,288 @@ START_TEST(the_transport_is_chosen_per_peer_and_rdma_is_never_silently_tcp) {
 }
 END_TEST
 
+/* ---- a fake authenticated peer (the test holds the key) ------------------------ */
+
+/*
+ * A real daemon whose one peer is this test: the test listens on the
+ * peer's port, takes the daemon's link and answers its handshake with the
+ * shared key (peerauth.h), as a peer daemon would, so that it speaks as an
+ * authenticated peer: it reads the DATA_OFFERs the daemon makes and may
+ * send its own, and opens data connections by hand.
+ */
+struct fp {
+  struct tu_daemon d;
+  char dir[256];
+  int dport, fport;            /* the daemon's listen port, the fake peer's */
+  int lfd, link;               /* the fake's listener; the daemon's link to it */
+  uint8_t key[PEERAUTH_KEY_MAX];
+  size_t keylen;
+  char dnode[DEP_PEER_NODE_MAX]; /* the daemon's node, from its HELLO */
+  uint8_t tok[8][DEP_PEER_TOKEN_LEN];
+  int ntok;
+};
+
+/* One peer message as a PEER frame on fd. */
+static void fp_send(int fd, const struct dep_peer_msg *m) {
+  struct proto_buf inner, frame;
+  proto_buf_init(&inner);
+  proto_buf_init(&frame);
+  ck_assert_int_eq(peer_proto_encode(&inner, m), 0);
+  struct dep_msg_opaque o = {.data = inner.data, .len = inner.len};
+  ck_assert_int_eq(proto_frame_encode(&frame, DEP_MSG_PEER, 0, 0, &o), 0);
+  ck_assert_int_eq(dw_send_all(fd, frame.data, frame.len), 0);
+  proto_buf_free(&inner);
+  proto_buf_free(&frame);
+}
+
+/* The next peer message on fd within ms (its raw bytes in raw when not NULL): 0, or -1. */
+static int fp_recv(int fd, struct dep_peer_msg *m, int ms, uint8_t *raw, size_t *rawlen) {
+  static struct dw_frame f;
+  if (dw_recv_frame(fd, &f, ms) != 0 || f.h.type != DEP_MSG_PEER)
+    return -1;
+  if (raw != NULL) {
+    memcpy(raw, f.body, f.h.body_len);
+    *rawlen = f.h.body_len;
+  }
+  return peer_proto_decode(f.body, f.h.body_len, m, NULL, 0) == 0 ? 0 : -1;
+}
+
+/* Read the daemon's link for ms, answering its keep-alives and keeping the
+ * tokens it offers, until it has offered `want`. */
+static void fp_pump(struct fp *f, int ms, int want) {
+  const int64_t until = dw_now_ms() + ms;
+  struct dep_peer_msg m;
+  while (f->ntok < want && dw_now_ms() < until) {
+    struct pollfd pf = {.fd = f->link, .events = POLLIN};
+    if (poll(&pf, 1, 50) != 1)
+      continue;
+    ck_assert_int_eq(fp_recv(f->link, &m, 2000, NULL, NULL), 0);
+    if (m.type == DEP_PEER_KEEPALIVE && m.u.keepalive.reply == 0) {
+      m.u.keepalive.reply = 1;
+      fp_send(f->link, &m);
+    } else if (m.type == DEP_PEER_DATA_OFFER && f->ntok < 8) {
+      memcpy(f->tok[f->ntok++], m.u.data_offer.token, DEP_PEER_TOKEN_LEN);
+    }
+  }
+}
+
+/* Start the daemon with the test as its one peer, and bring the link up. */
+static void fp_start(struct fp *f) {
+  memset(f, 0, sizeof *f);
+  tu_tmpdir(f->dir, sizeof f->dir);
+  char key[300], y[1024], why[256];
+  write_key(f->dir, "key", key, sizeof key);
+  ck_assert_int_eq(peerauth_key_load(key, f->key, sizeof f->key, &f->keylen, why, sizeof why), 0);
+  f->dport = port_base() + 4;
+  f->fport = f->dport + 1;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f->fport)};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(f->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  ck_assert_int_eq(bind(f->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  ck_assert_int_eq(listen(f->lfd, 4096), 0);
+  snprintf(y, sizeof y,
+           "connection_pool_size: 1\nlisten: {address: 127.0.0.1, port: %d}\n"
+           "peers: [{host: 127.0.0.1, port: %d, transport: tcp}]\npeer_key_file: %s\n"
+           "peer_wait_ms: 0\n", f->dport, f->fport, key);
+  ck_assert_int_eq(tu_daemon_start(&f->d, y), 0);
+  struct pollfd pf = {.fd = f->lfd, .events = POLLIN};
+  ck_assert_int_eq(poll(&pf, 1, 10000), 1);
+  f->link = accept(f->lfd, NULL, NULL);
+  ck_assert_int_ge(f->link, 0);
+  /* The acceptor's side of the handshake (peer.c): HELLO, AUTH, AUTH_OK, then XPORT tcp. */
+  struct peerauth_hs hs = {.connector = false, .key = f->key, .keylen = f->keylen};
+  struct dep_peer_msg m;
+  uint8_t raw[DEP_PEER_HELLO_MAX];
+  size_t rawlen = 0;
+  ck_assert_int_eq(fp_recv(f->link, &m, 5000, raw, &rawlen), 0);
+  ck_assert_uint_eq(m.type, DEP_PEER_HELLO);
+  snprintf(f->dnode, sizeof f->dnode, "%s", m.u.hello.node);
+  ck_assert_int_eq(peerauth_take(&hs, raw, rawlen), 0);
+  struct proto_buf b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(peerauth_hello(&hs, "fakepeer", "127.0.0.1", (uint16_t)f->fport, &b), 0);
+  struct dep_msg_opaque o = {.data = b.data, .len = b.len};
+  struct proto_buf frame;
+  proto_buf_init(&frame);
+  ck_assert_int_eq(proto_frame_encode(&frame, DEP_MSG_PEER, 0, 0, &o), 0);
+  ck_assert_int_eq(dw_send_all(f->link, frame.data, frame.len), 0);
+  proto_buf_free(&frame);
+  proto_buf_free(&b);
+  struct dep_peer_msg auth = {.type = DEP_PEER_AUTH};
+  peerauth_mac(&hs, auth.u.auth.mac);
+  fp_send(f->link, &auth);
+  bool verified = false, acked = false;
+  while (!verified || !acked) {
+    ck_assert_int_eq(fp_recv(f->link, &m, 5000, NULL, NULL), 0);
+    if (m.type == DEP_PEER_AUTH) {
+      ck_assert(peerauth_check(&hs, m.u.auth.mac));
+      verified = true;
+      fp_send(f->link, &(struct dep_peer_msg){.type = DEP_PEER_AUTH_OK});
+    } else {
+      ck_assert_uint_eq(m.type, DEP_PEER_AUTH_OK);
+      acked = true;
+    }
+  }
+  struct dep_peer_msg x = {.type = DEP_PEER_XPORT};
+  x.u.xport.kind = DEP_PEER_XPORT_TCP;
+  snprintf(x.u.xport.reason, sizeof x.u.xport.reason, "transport: tcp here");
+  fp_send(f->link, &x);
+  /* The link is up: the daemon offers its data connection. */
+  fp_pump(f, 10000, 1);
+  ck_assert_msg(f->ntok >= 1, "the daemon offered no data connection");
+}
+
+static void fp_stop(struct fp *f) {
+  char state[32];
+  ck_assert_ptr_nonnull(tu_daemon_state(f->d.sock, state, sizeof state));
+  tu_daemon_stop(&f->d);
+  tu_daemon_cleanup(&f->d);
+  close(f->link);
+  close(f->lfd);
+  tu_rmtree(f->dir);
+}
+
+/* Open a data connection to the daemon naming token as the fake peer
+ * (DATA_HELLO), and read its challenge's nonce: the fd, or -1 when no
+ * challenge of this data stream version comes. */
+static int fp_data_open(const struct fp *f, const uint8_t *token,
+                        uint8_t nonce[DEP_XFER_NONCE_LEN]) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f->dport)};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  struct dep_peer_msg m = {.type = DEP_PEER_DATA_HELLO};
+  memcpy(m.u.data_hello.token, token, DEP_PEER_TOKEN_LEN);
+  m.u.data_hello.listen_port = (uint16_t)f->fport;
+  fp_send(fd, &m);
+  struct timeval tv = {.tv_sec = 5};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  struct dep_xfer_challenge ch;
+  if (recv(fd, &ch, sizeof ch, MSG_WAITALL) != (ssize_t)sizeof ch || ch.magic != DEP_XFER_MAGIC ||
+      ch.version != DEP_XFER_VERSION) {
+    close(fd);
+    return -1;
+  }
+  memcpy(nonce, ch.nonce, DEP_XFER_NONCE_LEN);
+  return fd;
+}
+
+/* Answer a challenge with mac: whether the daemon acknowledges the
+ * connection (else it closes it). */
+static bool fp_data_prove(int fd, const uint8_t mac[DEP_XFER_MAC_LEN]) {
+  ck_assert_int_eq(dw_send_all(fd, mac, DEP_XFER_MAC_LEN), 0);
+  struct dep_xfer_ack ack;
+  return recv(fd, &ack, sizeof ack, MSG_WAITALL) == (ssize_t)sizeof ack &&
+         ack.magic == DEP_XFER_MAGIC && ack.version == DEP_XFER_VERSION;
+}
+
+/*
+ * A data connection is opened by holding the key, not by having seen a
+ * token: one that names a token the daemon offered but answers the
+ * challenge without the key, or with a proof made for another
+ * connection's challenge, is refused (and said), and the offer stays for
+ * the peer that proves the key; once spent, the token opens nothing.
+ */
+START_TEST(a_data_connection_must_prove_the_peer_key_not_just_name_a_token) {
+  struct fp f;
+  fp_start(&f);
+  const uint8_t *tok = f.tok[0];
+  uint8_t dkey[DEP_PEER_MAC_LEN], n1[DEP_XFER_NONCE_LEN], n2[DEP_XFER_NONCE_LEN],
+      n3[DEP_XFER_NONCE_LEN], mac1[DEP_XFER_MAC_LEN], wrong[DEP_XFER_MAC_LEN];
+  peerauth_data_key(f.key, f.keylen, "fakepeer", f.dnode, dkey);
+  /* The peer's own connection takes the challenge, and waits. */
+  int c1 = fp_data_open(&f, tok, n1);
+  ck_assert_msg(c1 >= 0, "no challenge: the token alone opened the data connection");
+  peerauth_data_mac(dkey, n1, tok, mac1);
+  /* One that saw the token but has no key. */
+  int c2 = fp_data_open(&f, tok, n2);
+  ck_assert_int_ge(c2, 0);
+  memset(wrong, 0x5a, sizeof wrong);
+  ck_assert_msg(!fp_data_prove(c2, wrong), "a proof without the key was taken");
+  /* One that replays the proof seen on the peer's connection. */
+  int c3 = fp_data_open(&f, tok, n3);
+  ck_assert_int_ge(c3, 0);
+  ck_assert(memcmp(n1, n3, sizeof n1) != 0);
+  ck_assert_msg(!fp_data_prove(c3, mac1), "a proof made for another challenge was taken");
+  /* A proof made with the key for the wrong direction (as if the daemon opened it). */
+  uint8_t back[DEP_PEER_MAC_LEN], mback[DEP_XFER_MAC_LEN], n4[DEP_XFER_NONCE_LEN];
+  peerauth_data_key(f.key, f.keylen, f.dnode, "fakepeer", back);
+  int c4 = fp_data_open(&f, tok, n4);
+  ck_assert_int_ge(c4, 0);
+  peerauth_data_mac(back, n4, tok, mback);
+  ck_assert_msg(!fp_data_prove(c4, mback), "a proof for the other direction was taken");
+  /* The offer is still the peer's: its proof opens the connection. */
+  ck_assert_msg(fp_data_prove(c1, mac1), "the peer's own proof was refused");
+  char out[8192];
+  ck_assert_msg(wait_peers("", f.d.sock, "\"data_in\":1", 5000, out, sizeof out), "%s", out);
+  ck_assert(log_has(&f.d, "did not prove the peer key are refused"));
+  /* Spent: the token opens nothing more, whatever proof comes. */
+  uint8_t n5[DEP_XFER_NONCE_LEN];
+  ck_assert_int_lt(fp_data_open(&f, tok, n5), 0);
+  close(c1);
+  close(c2);
+  close(c3);
+  close(c4);
+  fp_stop(&f);
+}
+END_TEST
+
+/* The daemon's threads now (/proc/PID/task). */
+static int task_count(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (d == NULL)
+    return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/*
+ * An authenticated peer that sends thousands of DATA_OFFERs makes no more
+ * threads here than the data connections it may have (one, with
+ * connection_pool_size 1): each offer started a connector thread, which
+ * waited seconds for a listener that never answers.  The excess is said
+ * (at most every few seconds), and the link stays up.
+ */
+START_TEST(a_flood_of_data_offers_starts_a_bounded_number_of_threads) {
+  struct fp f;
+  fp_start(&f);
+  const int before = task_count(f.d.pid);
+  ck_assert_int_gt(before, 0);
+  enum { N = 3000 };
+  struct dep_peer_msg m = {.type = DEP_PEER_DATA_OFFER};
+  int most = before;
+  for (int i = 0; i < N; i++) {
+    randombytes_buf(m.u.data_offer.token, sizeof m.u.data_offer.token);
+    fp_send(f.link, &m);
+    if (i % 100 == 0) {
+      int n = task_count(f.d.pid);
+      most = n > most ? n : most;
+    }
+  }
+  /* The connectors wait up to seconds for the challenge that the test's
+   * listener never sends: look for two seconds, while they would live. */
+  for (int64_t until = dw_now_ms() + 2000; dw_now_ms() < until;) {
+    fp_pump(&f, 20, 9); /* keep-alives answered */
+    int n = task_count(f.d.pid);
+    most = n > most ? n : most;
+  }
+  /* One connector thread at most, and a few for the loop's thread pool
+   * (libuv starts 4 on first use) that the flood may happen to start. */
+  ck_assert_msg(most <= before + 1 + 4, "%d threads with the flood, %d before it", most, before);
+  ck_assert_msg(dw_log_has(&f.d, "DATA_OFFER(s) ignored", 5000), "the excess is not said");
+  char out[8192];
+  ck_assert_msg(wait_peers("", f.d.sock, "\"state\":\"up\"", 2000, out, sizeof out), "%s", out);
+  fp_stop(&f);
+}
+END_TEST
+
 /* ---- two network namespaces joined by a veth pair (root) ---------------------- */
 
 /* Start deepepd in namespace ns with config conf (its stderr to log); its pid. */
@@ -653,6 +940,11 @@ Suite *peers_suite(void) {
   tcase_add_test(tc, a_daemon_refuses_to_start_with_a_readable_key_or_none);
   tcase_add_test(tc, the_transport_is_chosen_per_peer_and_rdma_is_never_silently_tcp);
   tcase_add_test(tc, two_daemons_in_two_network_namespaces_come_up);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("data");
+  tcase_set_timeout(tc, 30);
+  tcase_add_test(tc, a_data_connection_must_prove_the_peer_key_not_just_name_a_token);
+  tcase_add_test(tc, a_flood_of_data_offers_starts_a_bounded_number_of_threads);
   suite_add_tcase(s, tc);
   tc = tcase_create("late");
   tcase_set_timeout(tc, 90); /* a backoff grown to seconds */

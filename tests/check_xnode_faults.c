@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "daemonwire.h"
@@ -195,6 +197,131 @@ END_TEST
 START_TEST(a_link_taken_down_mid_run_fails_every_rank_within_the_op_timeout) { kill_mid_run(2); }
 END_TEST
 
+/* ---- frames of a job the receiver forgot ---------------------------------------- */
+
+/* What the test and its lingering rank say to each other, in shared memory. */
+struct linger {
+  _Atomic int ready;  /* the rank ran its first round with its peer */
+  _Atomic int go;     /* the test: call on, the peer gone */
+  _Atomic int stop;   /* the test: detach */
+  _Atomic int calls;  /* rounds it started after go */
+  struct xn_result res;
+};
+
+/* Rank 0 of job id on node 0: one round with its peer, then, told to, it
+ * calls on (each call sends its blocks for rank 1, whose node ended the
+ * job, and waits out the op timeout) until told to stop. */
+static void linger_main(const struct nodes *ns, const char *id, const struct ow_case *d,
+                        struct linger *l) {
+  dep_client_t *c = NULL;
+  int rc = dep_client_new(&c);
+  if (rc == 0)
+    rc = dep_connect(c, ns->d[0].sock);
+  struct dep_attach_args a = {.size = sizeof a, .rank = 0, .world_size = d->sc.world,
+                              .local_rank = 0, .local_world_size = 1, .shape = d->shape};
+  snprintf(a.job_id, sizeof a.job_id, "%s", id);
+  if (rc == 0)
+    rc = dep_attach(c, &a);
+  struct ow_outs o;
+  ow_outs_alloc(&o, d);
+  if (rc == 0)
+    rc = xn_round(c, d, 0, d->sc.fp8, &o, &l->res);
+  l->res.rc = rc;
+  atomic_store(&l->ready, 1);
+  if (rc != 0)
+    _exit(1);
+  while (!atomic_load(&l->go) && !atomic_load(&l->stop))
+    dw_sleep_ms(5);
+  while (!atomic_load(&l->stop)) {
+    atomic_fetch_add(&l->calls, 1);
+    (void)xn_round(c, d, 0, d->sc.fp8, &o, &l->res); /* times out: rank 1 is gone */
+  }
+  ow_outs_free(&o);
+  dep_detach(c);
+  dep_client_free(c);
+  _exit(0);
+}
+
+/*
+ * A receiver remembered the last 64 jobs that ended, and waited 5 s for
+ * the route of any other: a frame of an older one (a rank kept attached on
+ * node 0 after its peer on node 1 detached, then 70 short jobs) held node
+ * 1's data connection for 5 s, and another uid's job, whose blocks came
+ * behind it, timed out.  A receiver now waits only for a job whose ranks
+ * there have all attached and announced it: the forgotten job's frames are
+ * dropped at once (and said), and the other job's calls all return within
+ * the op timeout.
+ */
+START_TEST(frames_of_a_forgotten_job_are_dropped_at_once_and_stall_no_other_job) {
+  ow_seed_init(71);
+  const struct xn_layout *L = &xn_layouts[0]; /* 1 + 1 ranks */
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &L->sc, L->sc.fp8);
+  struct nodes ns;
+  char limits[64];
+  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", XN_OP_TIMEOUT_MS);
+  nodes_config_with(&ns, 2, 20000, limits, "allow: {any_user: true}\n");
+  nodes_start_all(&ns);
+  for (int i = 0; i < 2; i++)
+    chmod(ns.d[i].dir, 0755); /* uid 65534 reaches the sockets */
+  struct xn_place p;
+  memset(&p, 0, sizeof p);
+  xn_place(&p, L->split, L->nodes);
+  /* The job that lingers on node 0, its rank 1 on node 1 gone after a round. */
+  struct linger *l = mmap(NULL, sizeof *l, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                          -1, 0);
+  ck_assert_ptr_ne(l, MAP_FAILED);
+  memset(l, 0, sizeof *l);
+  fflush(stdout);
+  pid_t lp = fork();
+  ck_assert_int_ge(lp, 0);
+  if (lp == 0)
+    linger_main(&ns, "forgotten", d, l);
+  struct xn_run one = {.d = d, .rounds = 1};
+  struct xn_result *r = xn_results(2);
+  pid_t pids[OW_MAXW];
+  xn_spawn_node(&ns, &p, "forgotten", &one, r, pids, 1);
+  ck_assert_msg(xn_reap(&pids[1], 1, 60000), "rank 1: %s", r[1].msg);
+  for (int t = 0; t < 60000 && !atomic_load(&l->ready); t += 5)
+    dw_sleep_ms(5);
+  ck_assert_msg(atomic_load(&l->ready) && l->res.rc == 0, "rank 0: %s", l->res.msg);
+  /* 70 short jobs across both nodes end after it: node 1 forgets it. */
+  struct xn_run none = {.d = d, .rounds = 0};
+  for (int i = 0; i < 70; i++) {
+    char id[32];
+    snprintf(id, sizeof id, "short-%d", i);
+    memset(r, 0, 2 * sizeof *r);
+    xn_run_job(&ns, &p, id, &none, r);
+  }
+  /* Its rank calls on: its blocks for rank 1 reach node 1. */
+  atomic_store(&l->go, 1);
+  for (int t = 0; t < 10000 && atomic_load(&l->calls) < 1; t += 5)
+    dw_sleep_ms(5);
+  /* Another uid's job across the same nodes: every call returns within
+   * the op timeout (xn_round fails it otherwise), while forgotten frames
+   * keep coming. */
+  struct xn_run other = {.d = d, .rounds = 40, .uid = geteuid() == 0 ? 65534 : 0};
+  xn_run_job(&ns, &p, "other-uid", &other, r);
+  const int calls = atomic_load(&l->calls);
+  atomic_store(&l->stop, 1);
+  int st = 0;
+  ck_assert_int_eq(waitpid(lp, &st, 0), lp);
+  char *log = tu_daemon_log(&ns.d[1]);
+  ck_assert_msg(strstr(log, "frame(s) of jobs that do not run here dropped") != NULL,
+                "node 1 did not say it dropped the forgotten job's frames:\n%s", log);
+  ck_assert_msg(strstr(log, "does not run here after") == NULL, "node 1 waited:\n%s", log);
+  free(log);
+  printf("xnode: frames of a forgotten job (%d calls) were dropped at once; another uid's job "
+         "ran 40 rounds beside them\n", calls);
+  munmap(r, 2 * sizeof *r);
+  munmap(l, sizeof *l);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
 Suite *xnode_faults_suite(void);
 Suite *xnode_faults_suite(void) {
   Suite *s = suite_create("xnode_faults");
@@ -204,6 +331,7 @@ Suite *xnode_faults_suite(void) {
   tcase_add_test(f, sigkill_of_a_remote_rank_fails_the_others_within_the_op_timeout);
   tcase_add_test(f, sigkill_of_a_remote_daemon_fails_the_others_within_the_op_timeout);
   tcase_add_test(f, a_link_taken_down_mid_run_fails_every_rank_within_the_op_timeout);
+  tcase_add_test(f, frames_of_a_forgotten_job_are_dropped_at_once_and_stall_no_other_job);
   suite_add_tcase(s, f);
   return s;
 }
