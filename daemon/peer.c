@@ -194,8 +194,6 @@ static void conn_on_hello(struct peer_conn *c, const struct dep_peer_msg *m, con
   }
   c->got_hello = true;
   const struct dep_peer_hello *h = &m->u.hello;
-  char node[4 * DEP_PEER_NODE_MAX];
-  log_escape(h->node, strlen(h->node), node, sizeof node);
   if (h->version != DEP_PEER_VERSION) {
     peer__refuse(c, DEP_ERR_VERSION, "speaks peer protocol version %u, this deepepd speaks %u",
                 (unsigned)h->version, (unsigned)DEP_PEER_VERSION);
@@ -204,13 +202,17 @@ static void conn_on_hello(struct peer_conn *c, const struct dep_peer_msg *m, con
   if (c->slot < 0) {
     c->peer = peer_identify(c, h->listen_port);
     if (c->peer == NULL) {
+      /* Its node name is not repeated: it is the far end's, and unproven. */
       peer__refuse(c, DEP_ERR_PERMISSION,
-                  "%s (node \"%s\", listen port %u) is not in this daemon's peers: refused",
-                  c->from, node, (unsigned)h->listen_port);
+                  "%s (listen port %u) is not in this daemon's peers: refused", c->from,
+                  (unsigned)h->listen_port);
       return;
     }
   }
-  cut(c->peer->node, sizeof c->peer->node, node);
+  /* Kept for this connection alone until it authenticates (peer__take_node). */
+  char node[4 * DEP_PEER_NODE_MAX];
+  log_escape(h->node, strlen(h->node), node, sizeof node);
+  cut(c->node, sizeof c->node, node);
   peerauth_take(&c->hs, raw, len);
   /* The acceptor answers with its own HELLO only now that it knows the caller. */
   if (c->slot < 0 && peer__send_hello(c) != 0)
@@ -264,7 +266,13 @@ static void conn_on_auth(struct peer_conn *c, const struct dep_peer_msg *m) {
   c->verified = true;
   if (peer__send(c, &(struct dep_peer_msg){.type = DEP_PEER_AUTH_OK}) != 0)
     return;
+  peer__take_node(c);
   peerxport_begin(c);
+}
+
+void peer__take_node(struct peer_conn *c) {
+  if (c->peer != NULL && c->verified && c->acked)
+    cut(c->peer->node, sizeof c->peer->node, c->node);
 }
 
 static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const uint8_t *body,
@@ -318,6 +326,7 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
       return;
     }
     c->acked = true;
+    peer__take_node(c);
     peerxport_begin(c);
     break;
   case DEP_PEER_ERROR: {
@@ -670,14 +679,7 @@ int peer_data_address(int k, struct sockaddr_storage *out, socklen_t *len) {
 const char *peer_name(int k) {
   if (k < 0 || (size_t)k >= P->n)
     return "?";
-  struct peer *p = &P->peers[k];
-  char tmp[sizeof p->label];
-  if (p->node[0] != '\0')
-    snprintf(tmp, sizeof tmp, "%s (%s)", p->name, p->node);
-  else
-    snprintf(tmp, sizeof tmp, "%s", p->name);
-  memcpy(p->label, tmp, sizeof tmp);
-  return p->label;
+  return P->peers[k].name;
 }
 
 int peer_send(int k, const struct dep_peer_msg *m) {

@@ -79,7 +79,9 @@ bool peer_is_up(int peer);
 /* Where to open a data connection to peer k (its address, its listen
  * port): 0, or -1 when its host has not resolved. */
 int peer_data_address(int peer, struct sockaddr_storage *out, socklen_t *len);
-/* "host:port (node)" for messages. */
+/* "host:port" for messages, as configured: fixed from peer_init on, so any
+ * thread may call it (a proxy's, a receiver's).  What a peer says its node
+ * is shows in `deepepctl peers` only, once one of its links authenticated. */
 const char *peer_name(int peer);
 /* Send m to peer k on one of its authenticated links: 0, or DEP_ERR_STATE
  * when none is up (or the link's queue refused it). */

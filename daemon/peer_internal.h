@@ -48,6 +48,9 @@ struct peer_conn {
   struct peerauth_hs hs;
   char from[INET6_ADDRSTRLEN + 8]; /* inbound: the source address, for log lines */
   struct sockaddr_storage src;
+  /* What its HELLO said its node is (escaped): the peer's name shows it only
+   * once this connection has authenticated (peer__take_node). */
+  char node[DEP_PEER_NODE_MAX];
   uint64_t opened_ms, last_rx_ms, last_tx_ms;
   uint64_t last_ping_ms;      /* our last KEEPALIVE: each side pings on its own clock, so that
                                  both measure the round trip (replies are traffic, not pings) */
@@ -66,8 +69,10 @@ struct peer_slot {
 struct peer {
   char host[256];
   uint16_t port;
-  char name[272]; /* "host:port" */
-  char node[DEP_PEER_NODE_MAX];
+  /* "host:port", from the configuration: set by peer_init and never written
+   * again, so that any thread may read it (peer_name). */
+  char name[272];
+  char node[DEP_PEER_NODE_MAX]; /* what an authenticated link's HELLO said (the loop's) */
   struct peer_slot *slots;
   struct sockaddr_storage addrs[PEER_MAX_ADDRS];
   int naddrs;
@@ -81,7 +86,6 @@ struct peer {
   bool said_tcp;                 /* auto fell back to TCP: said once */
   uint32_t inbound_up;
   bool linked_up; /* some link up, as last told to the job table */
-  char label[300]; /* "host:port (node)" */
   bool was_up; /* every slot up at the last look, for one log line per change */
 };
 
@@ -136,6 +140,8 @@ int peer__send_hello(struct peer_conn *c);
 /* Tell the far end why (best effort), remember it, log it and drop the link. */
 void peer__refuse(struct peer_conn *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* c authenticated: its HELLO's node name may now be shown as its peer's. */
+void peer__take_node(struct peer_conn *c);
 /* Whether every slot of p is up. */
 bool peer__all_up(const struct peer *p);
 /* Tell the job table when p gains its first link or loses its last. */

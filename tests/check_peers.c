@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "daemonwire.h"
 #include "peer.h"
 #include "peerauth.h"
 #include "peer_proto.h"
@@ -25,6 +26,11 @@
 #include "rdmadrv.h"
 #include "nodes.h"
 #include "testutil.h"
+
+/* Linux's, which glibc's netinet/in.h does not name. */
+#ifndef IP_BIND_ADDRESS_NO_PORT
+#define IP_BIND_ADDRESS_NO_PORT 24
+#endif
 
 /* ---- codec ---------------------------------------------------------------- */
 
@@ -500,6 +506,118 @@ START_TEST(a_flood_of_silent_connections_is_bounded) {
 }
 END_TEST
 
+/* ---- strangers on the peer port ------------------------------------------------ */
+
+/* A socket bound to 127.0.0.<from> (any port), connecting to 127.0.0.1:port
+ * (blocking unless nonblock): the fd, or -1.  Linux routes all of 127/8 to
+ * lo, so 127.0.0.2 and up are addresses no daemon of these tests lists. */
+static int connect_from(int from, int port, bool nonblock) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
+  if (fd < 0)
+    return -1;
+  int one = 1;
+  /* The port is picked at connect, per destination: a flood does not run out of them. */
+  (void)setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
+  struct sockaddr_in me = {.sin_family = AF_INET};
+  struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  char a[32];
+  snprintf(a, sizeof a, "127.0.0.%d", from);
+  inet_pton(AF_INET, a, &me.sin_addr);
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  if (bind(fd, (struct sockaddr *)&me, sizeof me) != 0 ||
+      (connect(fd, (struct sockaddr *)&to, sizeof to) != 0 && errno != EINPROGRESS)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* A peer daemon's first frame on fd: HELLO as `node`, listening on listen_port. 0 or -1. */
+static int send_hello(int fd, const char *node, int listen_port) {
+  struct peerauth_hs hs = {.connector = true, .key = key_a, .keylen = 32};
+  struct proto_buf b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(peerauth_hello(&hs, node, "127.0.0.1", (uint16_t)listen_port, &b), 0);
+  struct dep_msg_opaque o = {.data = b.data, .len = b.len};
+  int rc = dw_send_frame(fd, DEP_MSG_PEER, 0, &o);
+  proto_buf_free(&b);
+  return rc;
+}
+
+/* Whether the daemon on port answers a HELLO from 127.0.0.<from> (as node,
+ * listening on listen_port) with a HELLO of its own, as it does a peer it
+ * knows until AUTH; the connection stays open in *out. */
+static bool hello_answered(int from, int port, const char *node, int listen_port, int *out) {
+  int fd = connect_from(from, port, false);
+  if (fd < 0)
+    return false;
+  bool ok = false;
+  struct dw_frame *f = dw_frame_new();
+  struct dep_peer_msg m;
+  if (send_hello(fd, node, listen_port) == 0 && dw_recv_frame(fd, f, 2000) == 0 &&
+      f->h.type == DEP_MSG_PEER)
+    ok = peer_proto_decode(f->body, f->h.body_len, &m, NULL, 0) == 0 && m.type == DEP_PEER_HELLO;
+  free(f);
+  if (ok)
+    *out = fd;
+  else
+    close(fd);
+  return ok;
+}
+
+/* Wait (up to 5 s: its peer's host resolves meanwhile) until the daemon on
+ * port answers a HELLO from its peer's address; that connection's fd. */
+static int hello_until_answered(int port, const char *node, int listen_port) {
+  int fd = -1;
+  for (int t = 0; t < 5000; t += 100) {
+    if (hello_answered(1, port, node, listen_port, &fd))
+      return fd;
+    dw_sleep_ms(100);
+  }
+  ck_abort_msg("the daemon on port %d never answered a HELLO from its peer's address", port);
+  return -1;
+}
+
+/*
+ * Nothing a connection says before it authenticates is shown or used: a
+ * HELLO from the peer's own address and port, naming itself "EVIL-NODE", is
+ * answered (the daemon takes it for its peer until AUTH), yet neither
+ * `deepepctl peers`, nor the error a rank of a job across the two nodes
+ * gets, nor the log, shows that name.
+ */
+START_TEST(an_unauthenticated_hello_does_not_rename_the_peer) {
+  char dir[256], key[300], y[1024], out[8192];
+  tu_tmpdir(dir, sizeof dir);
+  write_key(dir, "key", key, sizeof key);
+  int pa = port_base(), pb = pa + 1;
+  peer_yaml(y, sizeof y, "127.0.0.1", pa, "127.0.0.1", pb, key);
+  snprintf(y + strlen(y), sizeof y - strlen(y), "limits: {attach_timeout_ms: 1000}\n");
+  struct tu_daemon a;
+  ck_assert_int_eq(tu_daemon_start(&a, y), 0);
+  int evil = hello_until_answered(pa, "EVIL-NODE", pb);
+  ck_assert_int_eq(ctl_peers_json("", a.sock, out, sizeof out), 0);
+  ck_assert_msg(strstr(out, "EVIL") == NULL,
+                "deepepctl peers shows what an unauthenticated connection said: %s", out);
+  /* A rank of a job over two nodes: its timeout names the peer that is not up. */
+  int fd = dw_client(&a);
+  struct dep_attach_args args = dw_job_args("evil-hello", 0, 1);
+  args.world_size = 2;
+  dw_attach(fd, &args, 1);
+  char msg[DEP_MSG_TEXT_MAX], want[64];
+  dw_expect_error(fd, DEP_ERR_TIMEOUT, msg, sizeof msg);
+  snprintf(want, sizeof want, "not up: 127.0.0.1:%d", pb);
+  ck_assert_msg(strstr(msg, want) != NULL, "%s", msg);
+  ck_assert_msg(strstr(msg, "EVIL") == NULL,
+                "a rank is told what an unauthenticated connection said: %s", msg);
+  close(fd);
+  close(evil);
+  ck_assert(!log_has(&a, "EVIL"));
+  tu_daemon_stop(&a);
+  tu_daemon_cleanup(&a);
+  tu_rmtree(dir);
+}
+END_TEST
+
 /* Start deepepd with yaml in dir/sub and expect it to refuse to start (exit non-zero). */
 static void expect_refused_start(struct tu_daemon *d, const char *dir, const char *sub,
                                  const char *yaml) {
@@ -653,6 +771,7 @@ Suite *peers_suite(void) {
   tcase_add_test(tc, a_daemon_refuses_to_start_with_a_readable_key_or_none);
   tcase_add_test(tc, the_transport_is_chosen_per_peer_and_rdma_is_never_silently_tcp);
   tcase_add_test(tc, two_daemons_in_two_network_namespaces_come_up);
+  tcase_add_test(tc, an_unauthenticated_hello_does_not_rename_the_peer);
   suite_add_tcase(s, tc);
   tc = tcase_create("late");
   tcase_set_timeout(tc, 90); /* a backoff grown to seconds */
