@@ -24,6 +24,20 @@
 
 #define PEER_MAX_ADDRS 8
 
+/*
+ * Why an inbound connection was refused before it authenticated: the log
+ * counts refusals per source address and kind, and says each kind from a
+ * source once, then a count per interval (peerconn_refused).
+ */
+enum peer_refusal {
+  PEER_REFUSED_PROTOCOL, /* broke the framing, the handshake's order or its version */
+  PEER_REFUSED_BUSY,     /* every place for unauthenticated connections was taken */
+  PEER_REFUSED_TIMEOUT,  /* did not authenticate within PEER_HANDSHAKE_MS */
+  PEER_REFUSED_UNLISTED, /* says a listen port that no configured peer at its address has */
+  PEER_REFUSED_AUTH,     /* failed authentication, or a data connection's token */
+  PEER_REFUSAL_KINDS
+};
+
 /* A link is up once it authenticated and settled its transport (peer_proto.h XPORT). */
 enum peer_slot_state { SLOT_CONNECTING, SLOT_AUTHENTICATING, SLOT_TRANSPORT, SLOT_UP, SLOT_BACKOFF };
 
@@ -43,6 +57,7 @@ struct peer_conn {
   bool authed;           /* verified and acked: the transport is being settled */
   bool rdma;             /* settled on an RDMA queue pair (else TCP) */
   bool handed_off;       /* a data connection: its socket is xfer's now */
+  enum peer_refusal refusal; /* inbound: why, should it be dropped before authenticating */
   struct rdmaxp_qp *qp;  /* the link's queue pair, offered, connecting or up */
   uint64_t authed_ms;
   struct peerauth_hs hs;
@@ -89,6 +104,20 @@ struct peer {
   bool was_up; /* every slot up at the last look, for one log line per change */
 };
 
+/* Sources whose refusals are counted apart; the rest share one count. */
+#define PEER_REFUSAL_SOURCES 32
+/* Refusals from one source are said in one line per this interval. */
+#define PEER_REFUSAL_LOG_MS 10000
+
+/* The refusals of one source address in the current interval. */
+struct peer_refusals {
+  bool used;
+  struct sockaddr_storage addr; /* port zero: sources are told apart by address only */
+  uint64_t since_ms;            /* the interval's start */
+  uint32_t said;                /* a bit per kind already said in a line of its own */
+  uint32_t count[PEER_REFUSAL_KINDS]; /* since since_ms, not yet said */
+};
+
 /* The peer layer's state: the loop's alone. */
 struct peer_layer {
   uv_loop_t *loop;
@@ -109,6 +138,8 @@ struct peer_layer {
   uv_poll_t listen_poll;
   bool listening;
   uint64_t accept_paused_until;
+  struct peer_refusals refusals[PEER_REFUSAL_SOURCES];
+  struct peer_refusals refusals_other; /* sources past the table, counted together */
   uv_timer_t tick;
   uint64_t start_ms;
   uint64_t last_tick_ms;         /* when the tick last ran: a late one is said */
@@ -150,6 +181,18 @@ void peer__note_links(struct peer *p);
 void peer__check_ready(void);
 
 /* ---- peerconn.c ---- */
+
+/* Whether x and y are the same IPv4 or IPv6 address (ports aside). */
+bool peerconn_same_address(const struct sockaddr_storage *x, const struct sockaddr_storage *y);
+/*
+ * An inbound connection from src was refused before it authenticated, for
+ * kind (why: the daemon's own words, never the far end's): the first of a
+ * kind from a source is logged at once, the rest counted and logged in one
+ * line per source every PEER_REFUSAL_LOG_MS (peerconn_refusals_tick).
+ */
+void peerconn_refused(const struct sockaddr_storage *src, enum peer_refusal kind, const char *why);
+/* Log the counts of the sources whose interval ended (all: every count, at stop). */
+void peerconn_refusals_tick(uint64_t now, bool all);
 
 /* Slot i of p failed or was lost (why): wait, with jitter, then try again. */
 void peerconn_backoff(struct peer *p, int i, const char *why);

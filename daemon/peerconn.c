@@ -2,9 +2,9 @@
  * peerconn.c — opening the peer links (peer_internal.h): resolving each
  * peer's host, connecting its slots with a non-blocking connect and
  * backing off with jitter when one fails or drops, accepting inbound
- * connections (bounded while they authenticate, paused on EMFILE), and
- * the listener.  A connection becomes a link (link.h) once it is open;
- * peer.c runs it from there.
+ * connections (bounded while they authenticate, paused on EMFILE), the
+ * listener, and the refusals' log lines, counted per source.  A connection
+ * becomes a link (link.h) once it is open; peer.c runs it from there.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -211,7 +211,128 @@ void peerconn_connect(struct peer *p, int i) {
   s->state = SLOT_CONNECTING;
 }
 
+/* ---- refusals: counted per source, said once per interval ---------------- */
+
+static const char *const refusal_names[PEER_REFUSAL_KINDS] = {
+    [PEER_REFUSED_PROTOCOL] = "broke the protocol",
+    [PEER_REFUSED_BUSY] = "no place left",
+    [PEER_REFUSED_TIMEOUT] = "did not authenticate in time",
+    [PEER_REFUSED_UNLISTED] = "not a configured peer's listen port",
+    [PEER_REFUSED_AUTH] = "failed authentication",
+};
+
+bool peerconn_same_address(const struct sockaddr_storage *x, const struct sockaddr_storage *y) {
+  if (x->ss_family == AF_INET && y->ss_family == AF_INET)
+    return ((const struct sockaddr_in *)x)->sin_addr.s_addr ==
+           ((const struct sockaddr_in *)y)->sin_addr.s_addr;
+  if (x->ss_family == AF_INET6 && y->ss_family == AF_INET6)
+    return memcmp(&((const struct sockaddr_in6 *)x)->sin6_addr,
+                  &((const struct sockaddr_in6 *)y)->sin6_addr, 16) == 0;
+  return false;
+}
+
+/* a's address, numeric, without its port. */
+static void addr_text(const struct sockaddr_storage *a, char *buf, size_t len) {
+  snprintf(buf, len, "?");
+  (void)getnameinfo((const struct sockaddr *)a, sizeof *a, buf, (socklen_t)len, NULL, 0,
+                    NI_NUMERICHOST);
+}
+
+void peerconn_refused(const struct sockaddr_storage *src, enum peer_refusal kind,
+                      const char *why) {
+  struct peer_refusals *r = NULL, *vacant = NULL;
+  for (size_t i = 0; i < PEER_REFUSAL_SOURCES && r == NULL; i++) {
+    struct peer_refusals *q = &P->refusals[i];
+    if (q->used && peerconn_same_address(&q->addr, src))
+      r = q;
+    else if (!q->used && vacant == NULL)
+      vacant = q;
+  }
+  if (r == NULL && vacant != NULL) {
+    r = vacant;
+    memset(r, 0, sizeof *r);
+    r->used = true;
+    r->addr = *src;
+    r->since_ms = now_ms();
+  }
+  if (r == NULL) { /* more sources than the table: one count for the rest */
+    r = &P->refusals_other;
+    if (!r->used) {
+      memset(r, 0, sizeof *r);
+      r->used = true;
+      r->since_ms = now_ms();
+    }
+    r->count[kind]++;
+    return;
+  }
+  if ((r->said & (1u << kind)) == 0) {
+    r->said |= 1u << kind;
+    char addr[INET6_ADDRSTRLEN];
+    addr_text(&r->addr, addr, sizeof addr);
+    log_warnx("peers: refused a connection from %s: %s (further refusals from %s are counted "
+              "and logged every %d s)", addr, why, addr, PEER_REFUSAL_LOG_MS / 1000);
+    return;
+  }
+  r->count[kind]++;
+}
+
+/* Log r's counts in one line, if any, and start its next interval; a
+ * source with none is forgotten, so that its next refusal is said at once. */
+static void refusals_say(struct peer_refusals *r, uint64_t now, bool other) {
+  uint32_t total = 0;
+  char kinds[512] = "";
+  size_t o = 0;
+  for (int k = 0; k < PEER_REFUSAL_KINDS; k++) {
+    if (r->count[k] == 0)
+      continue;
+    total += r->count[k];
+    int n = snprintf(kinds + o, sizeof kinds - o, "%s%u %s", o ? ", " : "", r->count[k],
+                     refusal_names[k]);
+    if (n > 0 && (size_t)n < sizeof kinds - o)
+      o += (size_t)n;
+  }
+  if (total == 0) {
+    r->used = false;
+    return;
+  }
+  char addr[INET6_ADDRSTRLEN + 16];
+  if (other)
+    snprintf(addr, sizeof addr, "other addresses");
+  else
+    addr_text(&r->addr, addr, sizeof addr);
+  log_warnx("peers: refused %u %sconnection%s from %s in the last %llu s: %s", total,
+            other ? "" : "more ", total == 1 ? "" : "s", addr,
+            (unsigned long long)((now - r->since_ms + 500) / 1000), kinds);
+  memset(r->count, 0, sizeof r->count);
+  r->since_ms = now;
+}
+
+void peerconn_refusals_tick(uint64_t now, bool all) {
+  for (size_t i = 0; i < PEER_REFUSAL_SOURCES; i++) {
+    struct peer_refusals *r = &P->refusals[i];
+    if (r->used && (all || now - r->since_ms >= PEER_REFUSAL_LOG_MS))
+      refusals_say(r, now, false);
+  }
+  struct peer_refusals *r = &P->refusals_other;
+  if (r->used && (all || now - r->since_ms >= PEER_REFUSAL_LOG_MS))
+    refusals_say(r, now, true);
+}
+
 /* ---- inbound ------------------------------------------------------------- */
+
+/* ss as the address to compare: an IPv4 caller on a dual-stack socket as IPv4. */
+static void addr_plain(const struct sockaddr_storage *ss, struct sockaddr_storage *out) {
+  *out = *ss;
+  if (ss->ss_family != AF_INET6)
+    return;
+  const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+  if (!IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr))
+    return;
+  struct sockaddr_in s4 = {.sin_family = AF_INET, .sin_port = s6->sin6_port};
+  memcpy(&s4.sin_addr, s6->sin6_addr.s6_addr + 12, 4);
+  memset(out, 0, sizeof *out);
+  memcpy(out, &s4, sizeof s4);
+}
 
 void peerconn_on_accept(uv_poll_t *h, int status, int events) {
   for (int n = 0; n < PEER_ACCEPT_BUDGET; n++) {
@@ -226,19 +347,19 @@ void peerconn_on_accept(uv_poll_t *h, int status, int events) {
       P->accept_paused_until = now_ms() + PEER_ACCEPT_PAUSE_MS;
       return;
     }
+    struct sockaddr_storage src;
+    addr_plain(&ss, &src);
     uint32_t pending = 0;
     for (const struct peer_conn *q = P->inbound; q != NULL; q = q->next)
       pending += !q->up;
-    static bool flood_logged; /* once per flood, not per refused connection */
     if (pending >= PEER_PREAUTH_MAX) {
-      if (!flood_logged)
-        log_warnx("peers: %u inbound connections are still authenticating; refusing more "
-                  "until they finish (a flood on the peer port?)", pending);
-      flood_logged = true;
       close(fd);
+      char why[DEP_MSG_TEXT_MAX];
+      snprintf(why, sizeof why, "%u inbound connections are still authenticating (a flood on "
+               "the peer port?)", pending);
+      peerconn_refused(&src, PEER_REFUSED_BUSY, why);
       continue;
     }
-    flood_logged = false;
     struct peer_conn *c = calloc(1, sizeof *c);
     if (c == NULL) {
       close(fd);
@@ -247,17 +368,7 @@ void peerconn_on_accept(uv_poll_t *h, int status, int events) {
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     c->slot = -1;
-    c->src = ss;
-    /* An IPv4 caller on a dual-stack socket: compare it as IPv4. */
-    if (ss.ss_family == AF_INET6) {
-      struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
-      if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
-        struct sockaddr_in s4 = {.sin_family = AF_INET, .sin_port = s6->sin6_port};
-        memcpy(&s4.sin_addr, s6->sin6_addr.s6_addr + 12, 4);
-        memset(&c->src, 0, sizeof c->src);
-        memcpy(&c->src, &s4, sizeof s4);
-      }
-    }
+    c->src = src;
     char host[INET6_ADDRSTRLEN] = "?", serv[8] = "?";
     (void)getnameinfo((struct sockaddr *)&c->src, sizeof c->src, host, sizeof host, serv,
                       sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV);

@@ -476,7 +476,8 @@ START_TEST(random_bytes_on_the_peer_port_are_dropped) {
 END_TEST
 
 /* Connections that never authenticate are bounded (256 at once): past that
- * they are closed at once, logged once, and the daemon carries on. */
+ * they are closed at once, counted with the refusals of their address, and
+ * the daemon carries on. */
 START_TEST(a_flood_of_silent_connections_is_bounded) {
   struct tu_daemon a;
   char dir[256];
@@ -578,6 +579,20 @@ static int hello_until_answered(int port, const char *node, int listen_port) {
   return -1;
 }
 
+static int count_lines(const char *s) {
+  int n = 0;
+  for (; s != NULL && *s != '\0'; s++)
+    n += *s == '\n';
+  return n;
+}
+
+static int log_lines(const struct tu_daemon *d) {
+  char *log = tu_daemon_log(d);
+  int n = count_lines(log);
+  free(log);
+  return n;
+}
+
 /*
  * Nothing a connection says before it authenticates is shown or used: a
  * HELLO from the peer's own address and port, naming itself "EVIL-NODE", is
@@ -615,6 +630,68 @@ START_TEST(an_unauthenticated_hello_does_not_rename_the_peer) {
   tu_daemon_stop(&a);
   tu_daemon_cleanup(&a);
   tu_rmtree(dir);
+}
+END_TEST
+
+/*
+ * Refusals are counted per source address, not logged one by one: 2000
+ * HELLOs from the peer's address naming a listen port no peer has (each
+ * with a 63-character node name), 500 from an address that is no peer's,
+ * and 20 connections that never speak make a few lines, and the name the
+ * far end chose is never logged.
+ */
+START_TEST(refused_connections_are_logged_as_counts_per_source) {
+  struct tu_daemon a;
+  char dir[256];
+  struct sockaddr_in sa;
+  lone_daemon_start(&a, dir, sizeof dir, &sa);
+  int pa = port_base();
+  close(hello_until_answered(pa, "node-x", pa + 1));
+  int before = log_lines(&a);
+  char name[64];
+  memset(name, 'Z', 63);
+  name[63] = '\0';
+  memcpy(name, "flood-", 6);
+  for (int round = 0; round < 25; round++) {
+    int fds[100];
+    for (int i = 0; i < 100; i++) {
+      fds[i] = connect_from(round < 20 ? 1 : 2, pa, false);
+      if (fds[i] >= 0)
+        (void)send_hello(fds[i], name, pa + 7); /* the far end may have closed it: refused */
+    }
+    for (int i = 0; i < 100; i++)
+      if (fds[i] >= 0)
+        close(fds[i]);
+  }
+  /* Twenty that never speak: the daemon closes them after its handshake timeout. */
+  int idle[20];
+  for (int i = 0; i < 20; i++)
+    ck_assert_int_ge(idle[i] = connect_from(1, pa, false), 0);
+  for (int i = 0; i < 20; i++) {
+    struct timeval tv = {.tv_sec = 20}; /* four times the handshake timeout */
+    setsockopt(idle[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t b;
+    ssize_t n = read(idle[i], &b, 1);
+    ck_assert_msg(n == 0 || (n < 0 && errno == ECONNRESET), "idle connection %d: read %zd (%s)",
+                  i, n, n < 0 ? strerror(errno) : "data");
+    close(idle[i]);
+  }
+  /* Each kind of refusal said once per source (7 kinds, 2 sources), a count
+   * per source per 10 s for the at most 30 s this takes (3 each), and 4
+   * for anything else the daemon says meanwhile; the old code said one
+   * line per connection (over 2000). */
+  const int most = 2 * (7 + 3) + 4;
+  int lines = log_lines(&a) - before;
+  ck_assert_msg(lines <= most, "%d log lines for 2520 refused connections", lines);
+  /* The count of the first interval (10 s) comes in one line. */
+  ck_assert(dw_log_has(&a, "more connections from 127.0.0.1 in the last", 20000));
+  lines = log_lines(&a) - before;
+  char *log = tu_daemon_log(&a);
+  ck_assert_msg(lines <= most, "%d log lines for the refusals:\n%s", lines, log);
+  ck_assert_msg(strstr(log, "ZZZZZZZZ") == NULL, "the far end's node name is logged:\n%s", log);
+  free(log);
+  ck_assert(log_has(&a, "not a configured peer's listen port"));
+  lone_daemon_stop(&a, dir);
 }
 END_TEST
 
@@ -772,6 +849,11 @@ Suite *peers_suite(void) {
   tcase_add_test(tc, the_transport_is_chosen_per_peer_and_rdma_is_never_silently_tcp);
   tcase_add_test(tc, two_daemons_in_two_network_namespaces_come_up);
   tcase_add_test(tc, an_unauthenticated_hello_does_not_rename_the_peer);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("strangers");
+  /* Handshake timeouts waited out, a count's interval. */
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, refused_connections_are_logged_as_counts_per_source);
   suite_add_tcase(s, tc);
   tc = tcase_create("late");
   tcase_set_timeout(tc, 90); /* a backoff grown to seconds */
