@@ -8,8 +8,10 @@
  * the handshake's MAC are peerauth.h.
  *
  * A connection is accepted only from a configured peer: its source
- * address must be one that the entry's host resolves to, and the
- * listen_port in its HELLO the entry's port.  The address comes from the
+ * address must be one that the entry's host resolves to (else it is
+ * closed at accept), and the listen_port in its HELLO the entry's port.
+ * Each such address has its own share of the places for connections still
+ * authenticating, so a flood from elsewhere cannot keep a peer out.  The address comes from the
  * kernel, not from anything the far end wrote, and the port tells apart
  * several daemons of one host (and the port is covered by the MAC); host
  * names are not compared, since nodes often share one (containers, tests)

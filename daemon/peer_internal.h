@@ -31,7 +31,9 @@
  */
 enum peer_refusal {
   PEER_REFUSED_PROTOCOL, /* broke the framing, the handshake's order or its version */
-  PEER_REFUSED_BUSY,     /* every place for unauthenticated connections was taken */
+  PEER_REFUSED_ADDRESS,  /* its source address is no configured peer's */
+  PEER_REFUSED_BUSY,     /* its address's places for unauthenticated connections were all taken */
+  PEER_REFUSED_EVICTED,  /* still unauthenticated when a newer connection from its address needed the place */
   PEER_REFUSED_TIMEOUT,  /* did not authenticate within PEER_HANDSHAKE_MS */
   PEER_REFUSED_UNLISTED, /* says a listen port that no configured peer at its address has */
   PEER_REFUSED_AUTH,     /* failed authentication, or a data connection's token */

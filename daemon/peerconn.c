@@ -2,7 +2,8 @@
  * peerconn.c — opening the peer links (peer_internal.h): resolving each
  * peer's host, connecting its slots with a non-blocking connect and
  * backing off with jitter when one fails or drops, accepting inbound
- * connections (bounded while they authenticate, paused on EMFILE), the
+ * connections (only from peers' addresses, each address with its share of
+ * the places for connections still authenticating; paused on EMFILE), the
  * listener, and the refusals' log lines, counted per source.  A connection
  * becomes a link (link.h) once it is open; peer.c runs it from there.
  */
@@ -22,11 +23,16 @@
 
 #define PEER_ACCEPT_BUDGET 64
 #define PEER_ACCEPT_PAUSE_MS 1000
-/* Inbound connections not yet authenticated, at most: each lasts at most
- * PEER_HANDSHAKE_MS, and a configured peer opens connection_pool_size of
- * them at once, so this leaves room for many peers reconnecting together
- * while a flood of strangers cannot take the daemon's fds. */
+/* Inbound connections not yet authenticated, at most, in all: the fds that
+ * connections from peers' addresses can hold before proving anything.  Each
+ * address's share is its peers' part of it (conn_admit), so that a flood
+ * from one address leaves every other peer its places. */
 #define PEER_PREAUTH_MAX 256u
+/* A connection still authenticating gives its place to a newer one from its
+ * address only once it is this old: a peer's own connection says HELLO at
+ * once and authenticates within two round trips, while a flood's idle ones
+ * would otherwise hold the place for the whole PEER_HANDSHAKE_MS. */
+#define PEER_PREAUTH_GRACE_MS 1000
 
 /* ---- slots: backoff ------------------------------------------------------ */
 
@@ -215,7 +221,9 @@ void peerconn_connect(struct peer *p, int i) {
 
 static const char *const refusal_names[PEER_REFUSAL_KINDS] = {
     [PEER_REFUSED_PROTOCOL] = "broke the protocol",
-    [PEER_REFUSED_BUSY] = "no place left",
+    [PEER_REFUSED_ADDRESS] = "not from a configured peer's address",
+    [PEER_REFUSED_BUSY] = "no place left for its address",
+    [PEER_REFUSED_EVICTED] = "unauthenticated, closed for a newer one",
     [PEER_REFUSED_TIMEOUT] = "did not authenticate in time",
     [PEER_REFUSED_UNLISTED] = "not a configured peer's listen port",
     [PEER_REFUSED_AUTH] = "failed authentication",
@@ -320,6 +328,81 @@ void peerconn_refusals_tick(uint64_t now, bool all) {
 
 /* ---- inbound ------------------------------------------------------------- */
 
+/* How many configured peers have a among their addresses. */
+static uint32_t peers_at(const struct sockaddr_storage *a) {
+  uint32_t n = 0;
+  for (size_t k = 0; k < P->n; k++) {
+    const struct peer *p = &P->peers[k];
+    for (int i = 0; i < p->naddrs; i++) {
+      if (peerconn_same_address(&p->addrs[i], a)) {
+        n++;
+        break;
+      }
+    }
+  }
+  return n;
+}
+
+/*
+ * Whether a connection from src may take a place while it authenticates.
+ * Only a configured peer's address may; its share of PEER_PREAUTH_MAX is
+ * its peers' part.  When the share (or the whole) is taken, the oldest
+ * connection from that address (or any) past PEER_PREAUTH_GRACE_MS gives
+ * way; when none is that old, the new one is refused (*kind, why).
+ */
+static bool conn_admit(const struct sockaddr_storage *src, enum peer_refusal *kind, char *why,
+                       size_t len) {
+  uint32_t at = peers_at(src);
+  if (at == 0) {
+    uint32_t unresolved = 0;
+    for (size_t k = 0; k < P->n; k++)
+      unresolved += P->peers[k].naddrs == 0;
+    *kind = PEER_REFUSED_ADDRESS;
+    if (unresolved > 0)
+      snprintf(why, len, "not the address of a configured peer (%u of %zu peers' hosts are not "
+               "resolved yet)", unresolved, P->n);
+    else
+      snprintf(why, len, "not the address of a configured peer");
+    return false;
+  }
+  uint32_t share = (uint32_t)(PEER_PREAUTH_MAX * at / P->n);
+  if (share == 0)
+    share = 1;
+  uint32_t total = 0, mine = 0;
+  struct peer_conn *oldest_mine = NULL, *oldest = NULL;
+  uint64_t now = now_ms();
+  for (struct peer_conn *q = P->inbound; q != NULL; q = q->next) {
+    if (q->authed || q->handed_off || !link_open(&q->link))
+      continue;
+    total++;
+    bool same = peerconn_same_address(&q->src, src);
+    mine += same;
+    if (now - q->opened_ms < PEER_PREAUTH_GRACE_MS)
+      continue;
+    if (oldest == NULL || q->opened_ms < oldest->opened_ms)
+      oldest = q;
+    if (same && (oldest_mine == NULL || q->opened_ms < oldest_mine->opened_ms))
+      oldest_mine = q;
+  }
+  if (mine < share && total < PEER_PREAUTH_MAX)
+    return true;
+  struct peer_conn *victim = mine >= share ? oldest_mine : oldest;
+  if (victim == NULL) {
+    *kind = PEER_REFUSED_BUSY;
+    if (mine >= share)
+      snprintf(why, len, "%u connections from its address (its share of places) are still "
+               "authenticating, none of them for %d ms yet", mine, PEER_PREAUTH_GRACE_MS);
+    else
+      snprintf(why, len, "%u inbound connections are still authenticating, none of them for "
+               "%d ms yet", total, PEER_PREAUTH_GRACE_MS);
+    return false;
+  }
+  victim->refusal = PEER_REFUSED_EVICTED;
+  link_drop(&victim->link, "not authenticated after %llu ms when a newer connection needed its "
+            "place", (unsigned long long)(now - victim->opened_ms));
+  return true;
+}
+
 /* ss as the address to compare: an IPv4 caller on a dual-stack socket as IPv4. */
 static void addr_plain(const struct sockaddr_storage *ss, struct sockaddr_storage *out) {
   *out = *ss;
@@ -349,15 +432,11 @@ void peerconn_on_accept(uv_poll_t *h, int status, int events) {
     }
     struct sockaddr_storage src;
     addr_plain(&ss, &src);
-    uint32_t pending = 0;
-    for (const struct peer_conn *q = P->inbound; q != NULL; q = q->next)
-      pending += !q->up;
-    if (pending >= PEER_PREAUTH_MAX) {
+    enum peer_refusal kind;
+    char why[DEP_MSG_TEXT_MAX];
+    if (!conn_admit(&src, &kind, why, sizeof why)) {
       close(fd);
-      char why[DEP_MSG_TEXT_MAX];
-      snprintf(why, sizeof why, "%u inbound connections are still authenticating (a flood on "
-               "the peer port?)", pending);
-      peerconn_refused(&src, PEER_REFUSED_BUSY, why);
+      peerconn_refused(&src, kind, why);
       continue;
     }
     struct peer_conn *c = calloc(1, sizeof *c);
@@ -402,7 +481,7 @@ int peerconn_listen(void) {
   int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   int one = 1;
   if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-      bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+      bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
     log_warn("peers: cannot listen on %s port %u", P->listen_address, (unsigned)P->listen_port);
     if (fd >= 0)
       close(fd);

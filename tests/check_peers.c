@@ -7,12 +7,17 @@
 #include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -25,7 +30,9 @@
 #include "proto.h"
 #include "rdmadrv.h"
 #include "nodes.h"
+#include "opsworld.h"
 #include "testutil.h"
+#include "xnjob.h"
 
 /* Linux's, which glibc's netinet/in.h does not name. */
 #ifndef IP_BIND_ADDRESS_NO_PORT
@@ -475,9 +482,9 @@ START_TEST(random_bytes_on_the_peer_port_are_dropped) {
 }
 END_TEST
 
-/* Connections that never authenticate are bounded (256 at once): past that
- * they are closed at once, counted with the refusals of their address, and
- * the daemon carries on. */
+/* Connections that never authenticate are bounded (256 at once, all from
+ * the one peer's address here): past that they are closed at once, counted
+ * with the refusals of their address, and the daemon carries on. */
 START_TEST(a_flood_of_silent_connections_is_bounded) {
   struct tu_daemon a;
   char dir[256];
@@ -491,8 +498,8 @@ START_TEST(a_flood_of_silent_connections_is_bounded) {
     ck_assert_int_eq(connect(fds[i], (struct sockaddr *)&sa, sizeof sa), 0);
   }
   bool logged = false;
-  for (int i = 0; i < 300 && !(logged = log_has(&a, "inbound connections are still "
-                                                         "authenticating"));
+  for (int i = 0; i < 300 && !(logged = log_has(&a, "connections from its address (its share "
+                                                         "of places) are still authenticating"));
        i++)
     usleep(10000);
   ck_assert(logged);
@@ -691,7 +698,164 @@ START_TEST(refused_connections_are_logged_as_counts_per_source) {
   ck_assert_msg(strstr(log, "ZZZZZZZZ") == NULL, "the far end's node name is logged:\n%s", log);
   free(log);
   ck_assert(log_has(&a, "not a configured peer's listen port"));
+  ck_assert(log_has(&a, "from 127.0.0.2: not the address of a configured peer"));
   lone_daemon_stop(&a, dir);
+}
+END_TEST
+
+/*
+ * Idle connections from a peer's own address cannot hold its places: with
+ * its share full (256, its one peer's), a new connection from it is
+ * refused while the idle ones are younger than a second, and then takes
+ * the place of the oldest, which the daemon closes (the old code kept them
+ * all for its whole handshake timeout).
+ */
+START_TEST(idle_connections_from_a_peers_address_give_way_to_newer_ones) {
+  struct tu_daemon a;
+  char dir[256];
+  struct sockaddr_in sa;
+  lone_daemon_start(&a, dir, sizeof dir, &sa);
+  int pa = port_base();
+  close(hello_until_answered(pa, "node-x", pa + 1));
+  static int fds[256];
+  for (int i = 0; i < 256; i++)
+    ck_assert_int_ge(fds[i] = connect_from(1, pa, false), 0);
+  /* A newcomer speaking as the peer is answered once an idle one gave way:
+   * 20 s is four times the handshake timeout. */
+  int fd = -1;
+  bool answered = false;
+  for (int64_t t0 = dw_now_ms(); !answered && dw_now_ms() - t0 < 20000;)
+    if (!(answered = hello_answered(1, pa, "node-x", pa + 1, &fd)))
+      dw_sleep_ms(100);
+  ck_assert_msg(answered, "no new connection from the peer's address was taken");
+  ck_assert(dw_log_has(&a, "when a newer connection needed its place", 5000));
+  struct timeval tv = {.tv_sec = 5};
+  setsockopt(fds[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  uint8_t b;
+  ck_assert_int_le(read(fds[0], &b, 1), 0); /* the oldest was closed */
+  close(fd);
+  for (int i = 0; i < 256; i++)
+    close(fds[i]);
+  lone_daemon_stop(&a, dir);
+}
+END_TEST
+
+/*
+ * A process that holds per_port connections to each of ports[] on
+ * 127.0.0.1, from 127.0.0.2 .. 127.0.0.9 (addresses no daemon lists), and
+ * opens a new one for each that is closed, until it is killed (or its
+ * parent dies).  *opened (shared memory) counts what it opened.  Returns
+ * once the first ones are open.
+ */
+static pid_t flood_start(const int *ports, int nports, int per_port, uint64_t *opened) {
+  int p[2];
+  ck_assert_int_eq(pipe(p), 0);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(p[0]);
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    int n = nports * per_port;
+    struct pollfd *pf = calloc((size_t)n, sizeof *pf);
+    for (int i = 0; i < n; i++) {
+      pf[i].fd = connect_from(2 + i % 8, ports[i % nports], true);
+      pf[i].events = POLLIN;
+      __atomic_add_fetch(opened, 1, __ATOMIC_RELAXED);
+    }
+    (void)write(p[1], "x", 1);
+    close(p[1]);
+    for (;;) {
+      (void)poll(pf, (nfds_t)n, 100);
+      bool reopened = false;
+      for (int i = 0; i < n; i++) {
+        if (pf[i].fd >= 0 && pf[i].revents == 0)
+          continue;
+        if (pf[i].fd >= 0) {
+          char b[256];
+          ssize_t k = recv(pf[i].fd, b, sizeof b, MSG_DONTWAIT);
+          if (k > 0 || (k < 0 && errno == EAGAIN))
+            continue; /* the daemon said something: still open */
+          close(pf[i].fd);
+        }
+        pf[i].fd = connect_from(2 + i % 8, ports[i % nports], true);
+        __atomic_add_fetch(opened, 1, __ATOMIC_RELAXED);
+        reopened = true;
+      }
+      if (reopened)
+        usleep(1000); /* a daemon that is down refuses at once: no spinning on it */
+    }
+  }
+  close(p[1]);
+  char c;
+  ck_assert_int_eq(read(p[0], &c, 1), 1);
+  close(p[0]);
+  return pid;
+}
+
+/*
+ * A flood of connections from addresses that are no configured peer's does
+ * not keep the peers from linking again: 300 idle connections to each
+ * daemon's peer port, each one the daemon closes opened again at once
+ * (with 256 places for connections still authenticating, shared by all,
+ * the old code let them hold every place, and a restarted daemon's peers
+ * stayed down for the whole flood).  One daemon is killed and started
+ * again during the flood; the links come back and a job over the two
+ * nodes attaches and runs.
+ */
+START_TEST(a_flood_from_strangers_does_not_keep_a_restarted_peer_out) {
+  ow_seed_init(91);
+  const struct xn_layout *L = &xn_layouts[0];
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &L->sc, L->sc.fp8);
+  struct nodes ns;
+  nodes_config(&ns, 2, 20000);
+  nodes_start_all(&ns);
+  uint64_t *opened = mmap(NULL, sizeof *opened, PROT_READ | PROT_WRITE,
+                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert(opened != MAP_FAILED);
+  *opened = 0;
+  pid_t flood = flood_start(ns.port, 2, 300, opened);
+  /* In full swing first: every connection refused and opened again ten times over. */
+  for (int64_t t0 = dw_now_ms(); __atomic_load_n(opened, __ATOMIC_RELAXED) < 10 * 600 &&
+                                 dw_now_ms() - t0 < 20000;)
+    dw_sleep_ms(10);
+  kill(ns.d[1].pid, SIGKILL);
+  waitpid(ns.d[1].pid, NULL, 0);
+  node_start(&ns, 1);
+  /* Without the flood they are back within 3 s; ten times that on a loaded machine. */
+  bool up = false;
+  for (int64_t t0 = dw_now_ms(); dw_now_ms() - t0 < 30000;) {
+    if ((up = node_sees_all(&ns, 0) && node_sees_all(&ns, 1)))
+      break;
+    dw_sleep_ms(100);
+  }
+  if (!up) {
+    char out[8192];
+    xn_ctl_json_at(&ns, 1, "peers", out, sizeof out);
+    kill(flood, SIGKILL);
+    waitpid(flood, NULL, 0);
+    ck_abort_msg("the peers did not link again within 30 s of a restart under a flood of %llu "
+                 "connections: %s", (unsigned long long)*opened, out);
+  }
+  struct xn_place spread;
+  memset(&spread, 0, sizeof spread);
+  xn_place(&spread, L->split, L->nodes);
+  struct xn_result *res = xn_results(L->sc.world);
+  struct xn_run run = {.d = d, .rounds = 2};
+  xn_run_job(&ns, &spread, "under-flood", &run, res);
+  kill(flood, SIGKILL);
+  waitpid(flood, NULL, 0);
+  printf("peers: linked again and ran a job across 2 nodes under a flood of %llu connections\n",
+         (unsigned long long)*opened);
+  munmap(res, L->sc.world * sizeof *res);
+  munmap(opened, sizeof *opened);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
 }
 END_TEST
 
@@ -851,9 +1015,11 @@ Suite *peers_suite(void) {
   tcase_add_test(tc, an_unauthenticated_hello_does_not_rename_the_peer);
   suite_add_tcase(s, tc);
   tc = tcase_create("strangers");
-  /* Handshake timeouts waited out, a count's interval. */
+  /* Handshake timeouts waited out, a count's interval, a restart and a job under a flood. */
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, refused_connections_are_logged_as_counts_per_source);
+  tcase_add_test(tc, idle_connections_from_a_peers_address_give_way_to_newer_ones);
+  tcase_add_test(tc, a_flood_from_strangers_does_not_keep_a_restarted_peer_out);
   suite_add_tcase(s, tc);
   tc = tcase_create("late");
   tcase_set_timeout(tc, 90); /* a backoff grown to seconds */
