@@ -254,8 +254,12 @@ void link_vdrop(struct link *l, const char *fmt, va_list ap) {
     return;
   char why[DEP_MSG_TEXT_MAX], who[128];
   vsnprintf(why, sizeof why, fmt, ap);
-  link_name(l, who, sizeof who);
-  log_warnx("%s: dropped: %s", who, why);
+  if (l->ops->on_drop != NULL) {
+    l->ops->on_drop(l, why);
+  } else {
+    link_name(l, who, sizeof who);
+    log_warnx("%s: dropped: %s", who, why);
+  }
   link_close(l, "dropped");
 }
 

@@ -67,6 +67,9 @@ struct link_ops {
   void (*on_closing)(struct link *l);
   /* Once, from the close callback, after the socket is closed: the owner may free l. */
   void (*on_close)(struct link *l);
+  /* Optional: say why the link is being dropped, in place of link_drop's own
+   * warning line (an owner that rate-limits what strangers cause, say). */
+  void (*on_drop)(struct link *l, const char *why);
 };
 
 struct link {
@@ -116,7 +119,7 @@ int link_send_error(struct link *l, uint32_t request_id, int code, const char *f
 int link_vsend_error(struct link *l, uint32_t request_id, int code, const char *fmt,
                      va_list ap);
 
-/* Log why (a warning naming the link) and close, after a best-effort flush. */
+/* Log why (a warning naming the link, or ops->on_drop) and close, after a best-effort flush. */
 void link_drop(struct link *l, const char *fmt, ...) LOG_PRINTF(2, 3);
 void link_vdrop(struct link *l, const char *fmt, va_list ap);
 /* Send an ERROR and then drop the link with the same reason. */

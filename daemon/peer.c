@@ -157,17 +157,9 @@ static struct peer *peer_identify(const struct peer_conn *c, uint16_t listen_por
     struct peer *p = &P->peers[i];
     if (p->port != listen_port)
       continue;
-    for (int a = 0; a < p->naddrs; a++) {
-      const struct sockaddr_storage *x = &p->addrs[a], *y = &c->src;
-      if (x->ss_family == AF_INET && y->ss_family == AF_INET &&
-          ((const struct sockaddr_in *)x)->sin_addr.s_addr ==
-              ((const struct sockaddr_in *)y)->sin_addr.s_addr)
+    for (int a = 0; a < p->naddrs; a++)
+      if (peerconn_same_address(&p->addrs[a], &c->src))
         return p;
-      if (x->ss_family == AF_INET6 && y->ss_family == AF_INET6 &&
-          memcmp(&((const struct sockaddr_in6 *)x)->sin6_addr,
-                 &((const struct sockaddr_in6 *)y)->sin6_addr, 16) == 0)
-        return p;
-    }
   }
   return NULL;
 }
@@ -194,8 +186,6 @@ static void conn_on_hello(struct peer_conn *c, const struct dep_peer_msg *m, con
   }
   c->got_hello = true;
   const struct dep_peer_hello *h = &m->u.hello;
-  char node[4 * DEP_PEER_NODE_MAX];
-  log_escape(h->node, strlen(h->node), node, sizeof node);
   if (h->version != DEP_PEER_VERSION) {
     peer__refuse(c, DEP_ERR_VERSION, "speaks peer protocol version %u, this deepepd speaks %u",
                 (unsigned)h->version, (unsigned)DEP_PEER_VERSION);
@@ -204,13 +194,18 @@ static void conn_on_hello(struct peer_conn *c, const struct dep_peer_msg *m, con
   if (c->slot < 0) {
     c->peer = peer_identify(c, h->listen_port);
     if (c->peer == NULL) {
+      /* Its node name is not repeated: it is the far end's, and unproven. */
+      c->refusal = PEER_REFUSED_UNLISTED;
       peer__refuse(c, DEP_ERR_PERMISSION,
-                  "%s (node \"%s\", listen port %u) is not in this daemon's peers: refused",
-                  c->from, node, (unsigned)h->listen_port);
+                  "%s (listen port %u) is not in this daemon's peers: refused", c->from,
+                  (unsigned)h->listen_port);
       return;
     }
   }
-  cut(c->peer->node, sizeof c->peer->node, node);
+  /* Kept for this connection alone until it authenticates (peer__take_node). */
+  char node[4 * DEP_PEER_NODE_MAX];
+  log_escape(h->node, strlen(h->node), node, sizeof node);
+  cut(c->node, sizeof c->node, node);
   peerauth_take(&c->hs, raw, len);
   /* The acceptor answers with its own HELLO only now that it knows the caller. */
   if (c->slot < 0 && peer__send_hello(c) != 0)
@@ -231,6 +226,7 @@ static void conn_on_data_hello(struct peer_conn *c, const struct dep_peer_data_h
   }
   struct peer *p = peer_identify(c, h->listen_port);
   if (p == NULL) {
+    c->refusal = PEER_REFUSED_UNLISTED;
     peer__refuse(c, DEP_ERR_PERMISSION, "%s (listen port %u) is not in this daemon's peers: its "
                 "data connection is refused", c->from, (unsigned)h->listen_port);
     return;
@@ -242,6 +238,7 @@ static void conn_on_data_hello(struct peer_conn *c, const struct dep_peer_data_h
   }
   if (!xfer_accept((int)(p - P->peers), h->token, fd)) {
     close(fd);
+    c->refusal = PEER_REFUSED_AUTH;
     peer__refuse(c, DEP_ERR_PERMISSION, "opened a data connection with a token this daemon did "
                 "not offer it (or used it already)");
     return;
@@ -256,6 +253,7 @@ static void conn_on_auth(struct peer_conn *c, const struct dep_peer_msg *m) {
     return;
   }
   if (!peerauth_check(&c->hs, m->u.auth.mac)) {
+    c->refusal = PEER_REFUSED_AUTH;
     peer__refuse(c, DEP_ERR_PERMISSION,
                 "authentication failed: a different peer_key_file, or a replayed or reflected "
                 "answer");
@@ -264,7 +262,13 @@ static void conn_on_auth(struct peer_conn *c, const struct dep_peer_msg *m) {
   c->verified = true;
   if (peer__send(c, &(struct dep_peer_msg){.type = DEP_PEER_AUTH_OK}) != 0)
     return;
+  peer__take_node(c);
   peerxport_begin(c);
+}
+
+void peer__take_node(struct peer_conn *c) {
+  if (c->peer != NULL && c->verified && c->acked)
+    cut(c->peer->node, sizeof c->peer->node, c->node);
 }
 
 static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const uint8_t *body,
@@ -318,9 +322,15 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
       return;
     }
     c->acked = true;
+    peer__take_node(c);
     peerxport_begin(c);
     break;
   case DEP_PEER_ERROR: {
+    if (c->slot < 0 && !c->authed) {
+      /* A stranger's words are not repeated in our log. */
+      link_drop(l, "sent ERROR before authenticating");
+      return;
+    }
     char msg[4 * DEP_MSG_TEXT_MAX], err[sizeof msg + 32];
     log_escape(m.u.error.message, strlen(m.u.error.message), msg, sizeof msg);
     snprintf(err, sizeof err, "refused by the peer: %s", msg);
@@ -398,6 +408,20 @@ static void peer_on_close(struct link *l) {
   free(c);
 }
 
+/* Why l is dropped: an inbound connection not yet authenticated is counted
+ * with its source's refusals (a flood logs a line per interval, not one per
+ * connection); our own links and authenticated ones are logged as they go. */
+static void peer_on_drop(struct link *l, const char *why) {
+  struct peer_conn *c = l->user;
+  if (c->slot < 0 && !c->authed) {
+    peerconn_refused(&c->src, c->refusal, why);
+    return;
+  }
+  char who[300];
+  peer_describe(l, who, sizeof who);
+  log_warnx("%s: dropped: %s", who, why);
+}
+
 const struct link_ops peer__link_ops = {
     .kind = "peers",
     .sends_fds = false,
@@ -407,6 +431,7 @@ const struct link_ops peer__link_ops = {
     .on_frame = peer_on_frame,
     .on_closing = peer_on_closing,
     .on_close = peer_on_close,
+    .on_drop = peer_on_drop,
 };
 /* ---- the tick: retries, keep-alives, timeouts, readiness ----------------- */
 
@@ -416,6 +441,7 @@ static void conn_tick(struct peer_conn *c, uint64_t now) {
     return;
   if (!c->up) {
     if (!c->authed && now - c->opened_ms > PEER_HANDSHAKE_MS) {
+      c->refusal = PEER_REFUSED_TIMEOUT;
       snprintf(c->err, sizeof c->err, "did not authenticate within %d ms", PEER_HANDSHAKE_MS);
       link_drop(&c->link, "%s", c->err);
     } else if (c->authed && now - c->authed_ms > PEER_TRANSPORT_MS) {
@@ -519,6 +545,7 @@ static void peer_on_tick(uv_timer_t *t) {
     conn_tick(c, now);
   }
   xfer_tick(); /* data connections lost while their link stayed */
+  peerconn_refusals_tick(now, false);
   peer__check_ready();
 }
 /* ---- init, fini, queries ------------------------------------------------- */
@@ -628,6 +655,7 @@ void peer_fini(void) {
     free(P->peers[k].slots);
     P->peers[k].slots = NULL;
   }
+  peerconn_refusals_tick(uv_now(P->loop), true);
   rdmaxp_fini();
   sodium_memzero(P->key, sizeof P->key);
   P->ready_cb = NULL;
@@ -670,14 +698,7 @@ int peer_data_address(int k, struct sockaddr_storage *out, socklen_t *len) {
 const char *peer_name(int k) {
   if (k < 0 || (size_t)k >= P->n)
     return "?";
-  struct peer *p = &P->peers[k];
-  char tmp[sizeof p->label];
-  if (p->node[0] != '\0')
-    snprintf(tmp, sizeof tmp, "%s (%s)", p->name, p->node);
-  else
-    snprintf(tmp, sizeof tmp, "%s", p->name);
-  memcpy(p->label, tmp, sizeof tmp);
-  return p->label;
+  return P->peers[k].name;
 }
 
 int peer_send(int k, const struct dep_peer_msg *m) {

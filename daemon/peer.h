@@ -8,8 +8,10 @@
  * the handshake's MAC are peerauth.h.
  *
  * A connection is accepted only from a configured peer: its source
- * address must be one that the entry's host resolves to, and the
- * listen_port in its HELLO the entry's port.  The address comes from the
+ * address must be one that the entry's host resolves to (else it is
+ * closed at accept), and the listen_port in its HELLO the entry's port.
+ * Each such address has its own share of the places for connections still
+ * authenticating, so a flood from elsewhere cannot keep a peer out.  The address comes from the
  * kernel, not from anything the far end wrote, and the port tells apart
  * several daemons of one host (and the port is covered by the MAC); host
  * names are not compared, since nodes often share one (containers, tests)
@@ -79,7 +81,9 @@ bool peer_is_up(int peer);
 /* Where to open a data connection to peer k (its address, its listen
  * port): 0, or -1 when its host has not resolved. */
 int peer_data_address(int peer, struct sockaddr_storage *out, socklen_t *len);
-/* "host:port (node)" for messages. */
+/* "host:port" for messages, as configured: fixed from peer_init on, so any
+ * thread may call it (a proxy's, a receiver's).  What a peer says its node
+ * is shows in `deepepctl peers` only, once one of its links authenticated. */
 const char *peer_name(int peer);
 /* The key that proves a data connection between us and peer k, for the
  * direction in which `we_open` (peerauth_data_key: peer_key_file's, our

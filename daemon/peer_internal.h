@@ -24,6 +24,22 @@
 
 #define PEER_MAX_ADDRS 8
 
+/*
+ * Why an inbound connection was refused before it authenticated: the log
+ * counts refusals per source address and kind, and says each kind from a
+ * source once, then a count per interval (peerconn_refused).
+ */
+enum peer_refusal {
+  PEER_REFUSED_PROTOCOL, /* broke the framing, the handshake's order or its version */
+  PEER_REFUSED_ADDRESS,  /* its source address is no configured peer's */
+  PEER_REFUSED_BUSY,     /* its address's places for unauthenticated connections were all taken */
+  PEER_REFUSED_EVICTED,  /* still unauthenticated when a newer connection from its address needed the place */
+  PEER_REFUSED_TIMEOUT,  /* did not authenticate within PEER_HANDSHAKE_MS */
+  PEER_REFUSED_UNLISTED, /* says a listen port that no configured peer at its address has */
+  PEER_REFUSED_AUTH,     /* failed authentication, or a data connection's token */
+  PEER_REFUSAL_KINDS
+};
+
 /* A link is up once it authenticated and settled its transport (peer_proto.h XPORT). */
 enum peer_slot_state { SLOT_CONNECTING, SLOT_AUTHENTICATING, SLOT_TRANSPORT, SLOT_UP, SLOT_BACKOFF };
 
@@ -43,11 +59,15 @@ struct peer_conn {
   bool authed;           /* verified and acked: the transport is being settled */
   bool rdma;             /* settled on an RDMA queue pair (else TCP) */
   bool handed_off;       /* a data connection: its socket is xfer's now */
+  enum peer_refusal refusal; /* inbound: why, should it be dropped before authenticating */
   struct rdmaxp_qp *qp;  /* the link's queue pair, offered, connecting or up */
   uint64_t authed_ms;
   struct peerauth_hs hs;
   char from[INET6_ADDRSTRLEN + 8]; /* inbound: the source address, for log lines */
   struct sockaddr_storage src;
+  /* What its HELLO said its node is (escaped): the peer's name shows it only
+   * once this connection has authenticated (peer__take_node). */
+  char node[DEP_PEER_NODE_MAX];
   uint64_t opened_ms, last_rx_ms, last_tx_ms;
   uint64_t last_ping_ms;      /* our last KEEPALIVE: each side pings on its own clock, so that
                                  both measure the round trip (replies are traffic, not pings) */
@@ -66,8 +86,10 @@ struct peer_slot {
 struct peer {
   char host[256];
   uint16_t port;
-  char name[272]; /* "host:port" */
-  char node[DEP_PEER_NODE_MAX];
+  /* "host:port", from the configuration: set by peer_init and never written
+   * again, so that any thread may read it (peer_name). */
+  char name[272];
+  char node[DEP_PEER_NODE_MAX]; /* what an authenticated link's HELLO said (the loop's) */
   struct peer_slot *slots;
   struct sockaddr_storage addrs[PEER_MAX_ADDRS];
   int naddrs;
@@ -81,8 +103,21 @@ struct peer {
   bool said_tcp;                 /* auto fell back to TCP: said once */
   uint32_t inbound_up;
   bool linked_up; /* some link up, as last told to the job table */
-  char label[300]; /* "host:port (node)" */
   bool was_up; /* every slot up at the last look, for one log line per change */
+};
+
+/* Sources whose refusals are counted apart; the rest share one count. */
+#define PEER_REFUSAL_SOURCES 32
+/* Refusals from one source are said in one line per this interval. */
+#define PEER_REFUSAL_LOG_MS 10000
+
+/* The refusals of one source address in the current interval. */
+struct peer_refusals {
+  bool used;
+  struct sockaddr_storage addr; /* port zero: sources are told apart by address only */
+  uint64_t since_ms;            /* the interval's start */
+  uint32_t said;                /* a bit per kind already said in a line of its own */
+  uint32_t count[PEER_REFUSAL_KINDS]; /* since since_ms, not yet said */
 };
 
 /* The peer layer's state: the loop's alone. */
@@ -105,6 +140,8 @@ struct peer_layer {
   uv_poll_t listen_poll;
   bool listening;
   uint64_t accept_paused_until;
+  struct peer_refusals refusals[PEER_REFUSAL_SOURCES];
+  struct peer_refusals refusals_other; /* sources past the table, counted together */
   uv_timer_t tick;
   uint64_t start_ms;
   uint64_t last_tick_ms;         /* when the tick last ran: a late one is said */
@@ -136,6 +173,8 @@ int peer__send_hello(struct peer_conn *c);
 /* Tell the far end why (best effort), remember it, log it and drop the link. */
 void peer__refuse(struct peer_conn *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* c authenticated: its HELLO's node name may now be shown as its peer's. */
+void peer__take_node(struct peer_conn *c);
 /* Whether every slot of p is up. */
 bool peer__all_up(const struct peer *p);
 /* Tell the job table when p gains its first link or loses its last. */
@@ -144,6 +183,18 @@ void peer__note_links(struct peer *p);
 void peer__check_ready(void);
 
 /* ---- peerconn.c ---- */
+
+/* Whether x and y are the same IPv4 or IPv6 address (ports aside). */
+bool peerconn_same_address(const struct sockaddr_storage *x, const struct sockaddr_storage *y);
+/*
+ * An inbound connection from src was refused before it authenticated, for
+ * kind (why: the daemon's own words, never the far end's): the first of a
+ * kind from a source is logged at once, the rest counted and logged in one
+ * line per source every PEER_REFUSAL_LOG_MS (peerconn_refusals_tick).
+ */
+void peerconn_refused(const struct sockaddr_storage *src, enum peer_refusal kind, const char *why);
+/* Log the counts of the sources whose interval ended (all: every count, at stop). */
+void peerconn_refusals_tick(uint64_t now, bool all);
 
 /* Slot i of p failed or was lost (why): wait, with jitter, then try again. */
 void peerconn_backoff(struct peer *p, int i, const char *why);

@@ -2,9 +2,10 @@
  * peerconn.c — opening the peer links (peer_internal.h): resolving each
  * peer's host, connecting its slots with a non-blocking connect and
  * backing off with jitter when one fails or drops, accepting inbound
- * connections (bounded while they authenticate, paused on EMFILE), and
- * the listener.  A connection becomes a link (link.h) once it is open;
- * peer.c runs it from there.
+ * connections (only from peers' addresses, each address with its share of
+ * the places for connections still authenticating; paused on EMFILE), the
+ * listener, and the refusals' log lines, counted per source.  A connection
+ * becomes a link (link.h) once it is open; peer.c runs it from there.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -22,11 +23,16 @@
 
 #define PEER_ACCEPT_BUDGET 64
 #define PEER_ACCEPT_PAUSE_MS 1000
-/* Inbound connections not yet authenticated, at most: each lasts at most
- * PEER_HANDSHAKE_MS, and a configured peer opens connection_pool_size of
- * them at once, so this leaves room for many peers reconnecting together
- * while a flood of strangers cannot take the daemon's fds. */
+/* Inbound connections not yet authenticated, at most, in all: the fds that
+ * connections from peers' addresses can hold before proving anything.  Each
+ * address's share is its peers' part of it (conn_admit), so that a flood
+ * from one address leaves every other peer its places. */
 #define PEER_PREAUTH_MAX 256u
+/* A connection still authenticating gives its place to a newer one from its
+ * address only once it is this old: a peer's own connection says HELLO at
+ * once and authenticates within two round trips, while a flood's idle ones
+ * would otherwise hold the place for the whole PEER_HANDSHAKE_MS. */
+#define PEER_PREAUTH_GRACE_MS 1000
 
 /* ---- slots: backoff ------------------------------------------------------ */
 
@@ -211,7 +217,205 @@ void peerconn_connect(struct peer *p, int i) {
   s->state = SLOT_CONNECTING;
 }
 
+/* ---- refusals: counted per source, said once per interval ---------------- */
+
+static const char *const refusal_names[PEER_REFUSAL_KINDS] = {
+    [PEER_REFUSED_PROTOCOL] = "broke the protocol",
+    [PEER_REFUSED_ADDRESS] = "not from a configured peer's address",
+    [PEER_REFUSED_BUSY] = "no place left for its address",
+    [PEER_REFUSED_EVICTED] = "unauthenticated, closed for a newer one",
+    [PEER_REFUSED_TIMEOUT] = "did not authenticate in time",
+    [PEER_REFUSED_UNLISTED] = "not a configured peer's listen port",
+    [PEER_REFUSED_AUTH] = "failed authentication",
+};
+
+bool peerconn_same_address(const struct sockaddr_storage *x, const struct sockaddr_storage *y) {
+  if (x->ss_family == AF_INET && y->ss_family == AF_INET)
+    return ((const struct sockaddr_in *)x)->sin_addr.s_addr ==
+           ((const struct sockaddr_in *)y)->sin_addr.s_addr;
+  if (x->ss_family == AF_INET6 && y->ss_family == AF_INET6)
+    return memcmp(&((const struct sockaddr_in6 *)x)->sin6_addr,
+                  &((const struct sockaddr_in6 *)y)->sin6_addr, 16) == 0;
+  return false;
+}
+
+/* a's address, numeric, without its port. */
+static void addr_text(const struct sockaddr_storage *a, char *buf, size_t len) {
+  snprintf(buf, len, "?");
+  (void)getnameinfo((const struct sockaddr *)a, sizeof *a, buf, (socklen_t)len, NULL, 0,
+                    NI_NUMERICHOST);
+}
+
+void peerconn_refused(const struct sockaddr_storage *src, enum peer_refusal kind,
+                      const char *why) {
+  struct peer_refusals *r = NULL, *vacant = NULL;
+  for (size_t i = 0; i < PEER_REFUSAL_SOURCES && r == NULL; i++) {
+    struct peer_refusals *q = &P->refusals[i];
+    if (q->used && peerconn_same_address(&q->addr, src))
+      r = q;
+    else if (!q->used && vacant == NULL)
+      vacant = q;
+  }
+  if (r == NULL && vacant != NULL) {
+    r = vacant;
+    memset(r, 0, sizeof *r);
+    r->used = true;
+    r->addr = *src;
+    r->since_ms = now_ms();
+  }
+  if (r == NULL) { /* more sources than the table: one count for the rest */
+    r = &P->refusals_other;
+    if (!r->used) {
+      memset(r, 0, sizeof *r);
+      r->used = true;
+      r->since_ms = now_ms();
+    }
+    r->count[kind]++;
+    return;
+  }
+  if ((r->said & (1u << kind)) == 0) {
+    r->said |= 1u << kind;
+    char addr[INET6_ADDRSTRLEN];
+    addr_text(&r->addr, addr, sizeof addr);
+    log_warnx("peers: refused a connection from %s: %s (further refusals from %s are counted "
+              "and logged every %d s)", addr, why, addr, PEER_REFUSAL_LOG_MS / 1000);
+    return;
+  }
+  r->count[kind]++;
+}
+
+/* Log r's counts in one line, if any, and start its next interval; a
+ * source with none is forgotten, so that its next refusal is said at once. */
+static void refusals_say(struct peer_refusals *r, uint64_t now, bool other) {
+  uint32_t total = 0;
+  char kinds[512] = "";
+  size_t o = 0;
+  for (int k = 0; k < PEER_REFUSAL_KINDS; k++) {
+    if (r->count[k] == 0)
+      continue;
+    total += r->count[k];
+    int n = snprintf(kinds + o, sizeof kinds - o, "%s%u %s", o ? ", " : "", r->count[k],
+                     refusal_names[k]);
+    if (n > 0 && (size_t)n < sizeof kinds - o)
+      o += (size_t)n;
+  }
+  if (total == 0) {
+    r->used = false;
+    return;
+  }
+  char addr[INET6_ADDRSTRLEN + 16];
+  if (other)
+    snprintf(addr, sizeof addr, "other addresses");
+  else
+    addr_text(&r->addr, addr, sizeof addr);
+  log_warnx("peers: refused %u %sconnection%s from %s in the last %llu s: %s", total,
+            other ? "" : "more ", total == 1 ? "" : "s", addr,
+            (unsigned long long)((now - r->since_ms + 500) / 1000), kinds);
+  memset(r->count, 0, sizeof r->count);
+  r->since_ms = now;
+}
+
+void peerconn_refusals_tick(uint64_t now, bool all) {
+  for (size_t i = 0; i < PEER_REFUSAL_SOURCES; i++) {
+    struct peer_refusals *r = &P->refusals[i];
+    if (r->used && (all || now - r->since_ms >= PEER_REFUSAL_LOG_MS))
+      refusals_say(r, now, false);
+  }
+  struct peer_refusals *r = &P->refusals_other;
+  if (r->used && (all || now - r->since_ms >= PEER_REFUSAL_LOG_MS))
+    refusals_say(r, now, true);
+}
+
 /* ---- inbound ------------------------------------------------------------- */
+
+/* How many configured peers have a among their addresses. */
+static uint32_t peers_at(const struct sockaddr_storage *a) {
+  uint32_t n = 0;
+  for (size_t k = 0; k < P->n; k++) {
+    const struct peer *p = &P->peers[k];
+    for (int i = 0; i < p->naddrs; i++) {
+      if (peerconn_same_address(&p->addrs[i], a)) {
+        n++;
+        break;
+      }
+    }
+  }
+  return n;
+}
+
+/*
+ * Whether a connection from src may take a place while it authenticates.
+ * Only a configured peer's address may; its share of PEER_PREAUTH_MAX is
+ * its peers' part.  When the share (or the whole) is taken, the oldest
+ * connection from that address (or any) past PEER_PREAUTH_GRACE_MS gives
+ * way; when none is that old, the new one is refused (*kind, why).
+ */
+static bool conn_admit(const struct sockaddr_storage *src, enum peer_refusal *kind, char *why,
+                       size_t len) {
+  uint32_t at = peers_at(src);
+  if (at == 0) {
+    uint32_t unresolved = 0;
+    for (size_t k = 0; k < P->n; k++)
+      unresolved += P->peers[k].naddrs == 0;
+    *kind = PEER_REFUSED_ADDRESS;
+    if (unresolved > 0)
+      snprintf(why, len, "not the address of a configured peer (%u of %zu peers' hosts are not "
+               "resolved yet)", unresolved, P->n);
+    else
+      snprintf(why, len, "not the address of a configured peer");
+    return false;
+  }
+  uint32_t share = (uint32_t)(PEER_PREAUTH_MAX * at / P->n);
+  if (share == 0)
+    share = 1;
+  uint32_t total = 0, mine = 0;
+  struct peer_conn *oldest_mine = NULL, *oldest = NULL;
+  uint64_t now = now_ms();
+  for (struct peer_conn *q = P->inbound; q != NULL; q = q->next) {
+    if (q->authed || q->handed_off || !link_open(&q->link))
+      continue;
+    total++;
+    bool same = peerconn_same_address(&q->src, src);
+    mine += same;
+    if (now - q->opened_ms < PEER_PREAUTH_GRACE_MS)
+      continue;
+    if (oldest == NULL || q->opened_ms < oldest->opened_ms)
+      oldest = q;
+    if (same && (oldest_mine == NULL || q->opened_ms < oldest_mine->opened_ms))
+      oldest_mine = q;
+  }
+  if (mine < share && total < PEER_PREAUTH_MAX)
+    return true;
+  struct peer_conn *victim = mine >= share ? oldest_mine : oldest;
+  if (victim == NULL) {
+    *kind = PEER_REFUSED_BUSY;
+    if (mine >= share)
+      snprintf(why, len, "%u connections from its address (its share of places) are still "
+               "authenticating, none of them for %d ms yet", mine, PEER_PREAUTH_GRACE_MS);
+    else
+      snprintf(why, len, "%u inbound connections are still authenticating, none of them for "
+               "%d ms yet", total, PEER_PREAUTH_GRACE_MS);
+    return false;
+  }
+  victim->refusal = PEER_REFUSED_EVICTED;
+  link_drop(&victim->link, "not authenticated after %llu ms when a newer connection needed its "
+            "place", (unsigned long long)(now - victim->opened_ms));
+  return true;
+}
+
+/* ss as the address to compare: an IPv4 caller on a dual-stack socket as IPv4. */
+static void addr_plain(const struct sockaddr_storage *ss, struct sockaddr_storage *out) {
+  *out = *ss;
+  if (ss->ss_family != AF_INET6)
+    return;
+  const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+  if (!IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr))
+    return;
+  struct sockaddr_in s4 = {.sin_family = AF_INET, .sin_port = s6->sin6_port};
+  memcpy(&s4.sin_addr, s6->sin6_addr.s6_addr + 12, 4);
+  memset(out, 0, sizeof *out);
+  memcpy(out, &s4, sizeof s4);
+}
 
 void peerconn_on_accept(uv_poll_t *h, int status, int events) {
   for (int n = 0; n < PEER_ACCEPT_BUDGET; n++) {
@@ -226,19 +430,15 @@ void peerconn_on_accept(uv_poll_t *h, int status, int events) {
       P->accept_paused_until = now_ms() + PEER_ACCEPT_PAUSE_MS;
       return;
     }
-    uint32_t pending = 0;
-    for (const struct peer_conn *q = P->inbound; q != NULL; q = q->next)
-      pending += !q->up;
-    static bool flood_logged; /* once per flood, not per refused connection */
-    if (pending >= PEER_PREAUTH_MAX) {
-      if (!flood_logged)
-        log_warnx("peers: %u inbound connections are still authenticating; refusing more "
-                  "until they finish (a flood on the peer port?)", pending);
-      flood_logged = true;
+    struct sockaddr_storage src;
+    addr_plain(&ss, &src);
+    enum peer_refusal kind;
+    char why[DEP_MSG_TEXT_MAX];
+    if (!conn_admit(&src, &kind, why, sizeof why)) {
       close(fd);
+      peerconn_refused(&src, kind, why);
       continue;
     }
-    flood_logged = false;
     struct peer_conn *c = calloc(1, sizeof *c);
     if (c == NULL) {
       close(fd);
@@ -247,17 +447,7 @@ void peerconn_on_accept(uv_poll_t *h, int status, int events) {
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     c->slot = -1;
-    c->src = ss;
-    /* An IPv4 caller on a dual-stack socket: compare it as IPv4. */
-    if (ss.ss_family == AF_INET6) {
-      struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
-      if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
-        struct sockaddr_in s4 = {.sin_family = AF_INET, .sin_port = s6->sin6_port};
-        memcpy(&s4.sin_addr, s6->sin6_addr.s6_addr + 12, 4);
-        memset(&c->src, 0, sizeof c->src);
-        memcpy(&c->src, &s4, sizeof s4);
-      }
-    }
+    c->src = src;
     char host[INET6_ADDRSTRLEN] = "?", serv[8] = "?";
     (void)getnameinfo((struct sockaddr *)&c->src, sizeof c->src, host, sizeof host, serv,
                       sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV);
@@ -291,7 +481,7 @@ int peerconn_listen(void) {
   int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   int one = 1;
   if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-      bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+      bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
     log_warn("peers: cannot listen on %s port %u", P->listen_address, (unsigned)P->listen_port);
     if (fd >= 0)
       close(fd);

@@ -8,6 +8,7 @@
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -16,6 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -28,8 +32,15 @@
 #include "proto.h"
 #include "rdmadrv.h"
 #include "nodes.h"
+#include "opsworld.h"
 #include "testutil.h"
 #include "xring.h"
+#include "xnjob.h"
+
+/* Linux's, which glibc's netinet/in.h does not name. */
+#ifndef IP_BIND_ADDRESS_NO_PORT
+#define IP_BIND_ADDRESS_NO_PORT 24
+#endif
 
 /* ---- codec ---------------------------------------------------------------- */
 
@@ -474,8 +485,9 @@ START_TEST(random_bytes_on_the_peer_port_are_dropped) {
 }
 END_TEST
 
-/* Connections that never authenticate are bounded (256 at once): past that
- * they are closed at once, logged once, and the daemon carries on. */
+/* Connections that never authenticate are bounded (256 at once, all from
+ * the one peer's address here): past that they are closed at once, counted
+ * with the refusals of their address, and the daemon carries on. */
 START_TEST(a_flood_of_silent_connections_is_bounded) {
   struct tu_daemon a;
   char dir[256];
@@ -489,8 +501,8 @@ START_TEST(a_flood_of_silent_connections_is_bounded) {
     ck_assert_int_eq(connect(fds[i], (struct sockaddr *)&sa, sizeof sa), 0);
   }
   bool logged = false;
-  for (int i = 0; i < 300 && !(logged = log_has(&a, "inbound connections are still "
-                                                         "authenticating"));
+  for (int i = 0; i < 300 && !(logged = log_has(&a, "connections from its address (its share "
+                                                         "of places) are still authenticating"));
        i++)
     usleep(10000);
   ck_assert(logged);
@@ -502,6 +514,351 @@ START_TEST(a_flood_of_silent_connections_is_bounded) {
   for (int i = 0; i < N; i++)
     close(fds[i]);
   lone_daemon_stop(&a, dir);
+}
+END_TEST
+
+/* ---- strangers on the peer port ------------------------------------------------ */
+
+/* A socket bound to 127.0.0.<from> (any port), connecting to 127.0.0.1:port
+ * (blocking unless nonblock): the fd, or -1.  Linux routes all of 127/8 to
+ * lo, so 127.0.0.2 and up are addresses no daemon of these tests lists. */
+static int connect_from(int from, int port, bool nonblock) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
+  if (fd < 0)
+    return -1;
+  int one = 1;
+  /* The port is picked at connect, per destination: a flood does not run out of them. */
+  (void)setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
+  struct sockaddr_in me = {.sin_family = AF_INET};
+  struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  char a[32];
+  snprintf(a, sizeof a, "127.0.0.%d", from);
+  inet_pton(AF_INET, a, &me.sin_addr);
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  if (bind(fd, (struct sockaddr *)&me, sizeof me) != 0 ||
+      (connect(fd, (struct sockaddr *)&to, sizeof to) != 0 && errno != EINPROGRESS)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* A peer daemon's first frame on fd: HELLO as `node`, listening on listen_port. 0 or -1. */
+static int send_hello(int fd, const char *node, int listen_port) {
+  struct peerauth_hs hs = {.connector = true, .key = key_a, .keylen = 32};
+  struct proto_buf b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(peerauth_hello(&hs, node, "127.0.0.1", (uint16_t)listen_port, &b), 0);
+  struct dep_msg_opaque o = {.data = b.data, .len = b.len};
+  int rc = dw_send_frame(fd, DEP_MSG_PEER, 0, &o);
+  proto_buf_free(&b);
+  return rc;
+}
+
+/* Whether the daemon on port answers a HELLO from 127.0.0.<from> (as node,
+ * listening on listen_port) with a HELLO of its own, as it does a peer it
+ * knows until AUTH; the connection stays open in *out. */
+static bool hello_answered(int from, int port, const char *node, int listen_port, int *out) {
+  int fd = connect_from(from, port, false);
+  if (fd < 0)
+    return false;
+  bool ok = false;
+  struct dw_frame *f = dw_frame_new();
+  struct dep_peer_msg m;
+  if (send_hello(fd, node, listen_port) == 0 && dw_recv_frame(fd, f, 2000) == 0 &&
+      f->h.type == DEP_MSG_PEER)
+    ok = peer_proto_decode(f->body, f->h.body_len, &m, NULL, 0) == 0 && m.type == DEP_PEER_HELLO;
+  free(f);
+  if (ok)
+    *out = fd;
+  else
+    close(fd);
+  return ok;
+}
+
+/* Wait (up to 5 s: its peer's host resolves meanwhile) until the daemon on
+ * port answers a HELLO from its peer's address; that connection's fd. */
+static int hello_until_answered(int port, const char *node, int listen_port) {
+  int fd = -1;
+  for (int t = 0; t < 5000; t += 100) {
+    if (hello_answered(1, port, node, listen_port, &fd))
+      return fd;
+    dw_sleep_ms(100);
+  }
+  ck_abort_msg("the daemon on port %d never answered a HELLO from its peer's address", port);
+  return -1;
+}
+
+static int count_lines(const char *s) {
+  int n = 0;
+  for (; s != NULL && *s != '\0'; s++)
+    n += *s == '\n';
+  return n;
+}
+
+static int log_lines(const struct tu_daemon *d) {
+  char *log = tu_daemon_log(d);
+  int n = count_lines(log);
+  free(log);
+  return n;
+}
+
+/*
+ * Nothing a connection says before it authenticates is shown or used: a
+ * HELLO from the peer's own address and port, naming itself "EVIL-NODE", is
+ * answered (the daemon takes it for its peer until AUTH), yet neither
+ * `deepepctl peers`, nor the error a rank of a job across the two nodes
+ * gets, nor the log, shows that name.
+ */
+START_TEST(an_unauthenticated_hello_does_not_rename_the_peer) {
+  char dir[256], key[300], y[1024], out[8192];
+  tu_tmpdir(dir, sizeof dir);
+  write_key(dir, "key", key, sizeof key);
+  int pa = port_base(), pb = pa + 1;
+  peer_yaml(y, sizeof y, "127.0.0.1", pa, "127.0.0.1", pb, key);
+  snprintf(y + strlen(y), sizeof y - strlen(y), "limits: {attach_timeout_ms: 1000}\n");
+  struct tu_daemon a;
+  ck_assert_int_eq(tu_daemon_start(&a, y), 0);
+  int evil = hello_until_answered(pa, "EVIL-NODE", pb);
+  ck_assert_int_eq(ctl_peers_json("", a.sock, out, sizeof out), 0);
+  ck_assert_msg(strstr(out, "EVIL") == NULL,
+                "deepepctl peers shows what an unauthenticated connection said: %s", out);
+  /* A rank of a job over two nodes: its timeout names the peer that is not up. */
+  int fd = dw_client(&a);
+  struct dep_attach_args args = dw_job_args("evil-hello", 0, 1);
+  args.world_size = 2;
+  dw_attach(fd, &args, 1);
+  char msg[DEP_MSG_TEXT_MAX], want[64];
+  dw_expect_error(fd, DEP_ERR_TIMEOUT, msg, sizeof msg);
+  snprintf(want, sizeof want, "not up: 127.0.0.1:%d", pb);
+  ck_assert_msg(strstr(msg, want) != NULL, "%s", msg);
+  ck_assert_msg(strstr(msg, "EVIL") == NULL,
+                "a rank is told what an unauthenticated connection said: %s", msg);
+  close(fd);
+  close(evil);
+  ck_assert(!log_has(&a, "EVIL"));
+  tu_daemon_stop(&a);
+  tu_daemon_cleanup(&a);
+  tu_rmtree(dir);
+}
+END_TEST
+
+/*
+ * Refusals are counted per source address, not logged one by one: 2000
+ * HELLOs from the peer's address naming a listen port no peer has (each
+ * with a 63-character node name), 500 from an address that is no peer's,
+ * and 20 connections that never speak make a few lines, and the name the
+ * far end chose is never logged.
+ */
+START_TEST(refused_connections_are_logged_as_counts_per_source) {
+  struct tu_daemon a;
+  char dir[256];
+  struct sockaddr_in sa;
+  lone_daemon_start(&a, dir, sizeof dir, &sa);
+  int pa = port_base();
+  close(hello_until_answered(pa, "node-x", pa + 1));
+  int before = log_lines(&a);
+  char name[64];
+  memset(name, 'Z', 63);
+  name[63] = '\0';
+  memcpy(name, "flood-", 6);
+  for (int round = 0; round < 25; round++) {
+    int fds[100];
+    for (int i = 0; i < 100; i++) {
+      fds[i] = connect_from(round < 20 ? 1 : 2, pa, false);
+      if (fds[i] >= 0)
+        (void)send_hello(fds[i], name, pa + 7); /* the far end may have closed it: refused */
+    }
+    for (int i = 0; i < 100; i++)
+      if (fds[i] >= 0)
+        close(fds[i]);
+  }
+  /* Twenty that never speak: the daemon closes them after its handshake timeout. */
+  int idle[20];
+  for (int i = 0; i < 20; i++)
+    ck_assert_int_ge(idle[i] = connect_from(1, pa, false), 0);
+  for (int i = 0; i < 20; i++) {
+    struct timeval tv = {.tv_sec = 20}; /* four times the handshake timeout */
+    setsockopt(idle[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t b;
+    ssize_t n = read(idle[i], &b, 1);
+    ck_assert_msg(n == 0 || (n < 0 && errno == ECONNRESET), "idle connection %d: read %zd (%s)",
+                  i, n, n < 0 ? strerror(errno) : "data");
+    close(idle[i]);
+  }
+  /* Each kind of refusal said once per source (7 kinds, 2 sources), a count
+   * per source per 10 s for the at most 30 s this takes (3 each), and 4
+   * for anything else the daemon says meanwhile; the old code said one
+   * line per connection (over 2000). */
+  const int most = 2 * (7 + 3) + 4;
+  int lines = log_lines(&a) - before;
+  ck_assert_msg(lines <= most, "%d log lines for 2520 refused connections", lines);
+  /* The count of the first interval (10 s) comes in one line. */
+  ck_assert(dw_log_has(&a, "more connections from 127.0.0.1 in the last", 20000));
+  lines = log_lines(&a) - before;
+  char *log = tu_daemon_log(&a);
+  ck_assert_msg(lines <= most, "%d log lines for the refusals:\n%s", lines, log);
+  ck_assert_msg(strstr(log, "ZZZZZZZZ") == NULL, "the far end's node name is logged:\n%s", log);
+  free(log);
+  ck_assert(log_has(&a, "not a configured peer's listen port"));
+  ck_assert(log_has(&a, "from 127.0.0.2: not the address of a configured peer"));
+  lone_daemon_stop(&a, dir);
+}
+END_TEST
+
+/*
+ * Idle connections from a peer's own address cannot hold its places: with
+ * its share full (256, its one peer's), a new connection from it is
+ * refused while the idle ones are younger than a second, and then takes
+ * the place of the oldest, which the daemon closes (the old code kept them
+ * all for its whole handshake timeout).
+ */
+START_TEST(idle_connections_from_a_peers_address_give_way_to_newer_ones) {
+  struct tu_daemon a;
+  char dir[256];
+  struct sockaddr_in sa;
+  lone_daemon_start(&a, dir, sizeof dir, &sa);
+  int pa = port_base();
+  close(hello_until_answered(pa, "node-x", pa + 1));
+  static int fds[256];
+  for (int i = 0; i < 256; i++)
+    ck_assert_int_ge(fds[i] = connect_from(1, pa, false), 0);
+  /* A newcomer speaking as the peer is answered once an idle one gave way:
+   * 20 s is four times the handshake timeout. */
+  int fd = -1;
+  bool answered = false;
+  for (int64_t t0 = dw_now_ms(); !answered && dw_now_ms() - t0 < 20000;)
+    if (!(answered = hello_answered(1, pa, "node-x", pa + 1, &fd)))
+      dw_sleep_ms(100);
+  ck_assert_msg(answered, "no new connection from the peer's address was taken");
+  ck_assert(dw_log_has(&a, "when a newer connection needed its place", 5000));
+  struct timeval tv = {.tv_sec = 5};
+  setsockopt(fds[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  uint8_t b;
+  ck_assert_int_le(read(fds[0], &b, 1), 0); /* the oldest was closed */
+  close(fd);
+  for (int i = 0; i < 256; i++)
+    close(fds[i]);
+  lone_daemon_stop(&a, dir);
+}
+END_TEST
+
+/*
+ * A process that holds per_port connections to each of ports[] on
+ * 127.0.0.1, from 127.0.0.2 .. 127.0.0.9 (addresses no daemon lists), and
+ * opens a new one for each that is closed, until it is killed (or its
+ * parent dies).  *opened (shared memory) counts what it opened.  Returns
+ * once the first ones are open.
+ */
+static pid_t flood_start(const int *ports, int nports, int per_port, uint64_t *opened) {
+  int p[2];
+  ck_assert_int_eq(pipe(p), 0);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(p[0]);
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    int n = nports * per_port;
+    struct pollfd *pf = calloc((size_t)n, sizeof *pf);
+    for (int i = 0; i < n; i++) {
+      pf[i].fd = connect_from(2 + i % 8, ports[i % nports], true);
+      pf[i].events = POLLIN;
+      __atomic_add_fetch(opened, 1, __ATOMIC_RELAXED);
+    }
+    (void)write(p[1], "x", 1);
+    close(p[1]);
+    for (;;) {
+      (void)poll(pf, (nfds_t)n, 100);
+      bool reopened = false;
+      for (int i = 0; i < n; i++) {
+        if (pf[i].fd >= 0 && pf[i].revents == 0)
+          continue;
+        if (pf[i].fd >= 0) {
+          char b[256];
+          ssize_t k = recv(pf[i].fd, b, sizeof b, MSG_DONTWAIT);
+          if (k > 0 || (k < 0 && errno == EAGAIN))
+            continue; /* the daemon said something: still open */
+          close(pf[i].fd);
+        }
+        pf[i].fd = connect_from(2 + i % 8, ports[i % nports], true);
+        __atomic_add_fetch(opened, 1, __ATOMIC_RELAXED);
+        reopened = true;
+      }
+      if (reopened)
+        usleep(1000); /* a daemon that is down refuses at once: no spinning on it */
+    }
+  }
+  close(p[1]);
+  char c;
+  ck_assert_int_eq(read(p[0], &c, 1), 1);
+  close(p[0]);
+  return pid;
+}
+
+/*
+ * A flood of connections from addresses that are no configured peer's does
+ * not keep the peers from linking again: 300 idle connections to each
+ * daemon's peer port, each one the daemon closes opened again at once
+ * (with 256 places for connections still authenticating, shared by all,
+ * the old code let them hold every place, and a restarted daemon's peers
+ * stayed down for the whole flood).  One daemon is killed and started
+ * again during the flood; the links come back and a job over the two
+ * nodes attaches and runs.
+ */
+START_TEST(a_flood_from_strangers_does_not_keep_a_restarted_peer_out) {
+  ow_seed_init(91);
+  const struct xn_layout *L = &xn_layouts[0];
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &L->sc, L->sc.fp8);
+  struct nodes ns;
+  nodes_config(&ns, 2, 20000);
+  nodes_start_all(&ns);
+  uint64_t *opened = mmap(NULL, sizeof *opened, PROT_READ | PROT_WRITE,
+                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert(opened != MAP_FAILED);
+  *opened = 0;
+  pid_t flood = flood_start(ns.port, 2, 300, opened);
+  /* In full swing first: every connection refused and opened again ten times over. */
+  for (int64_t t0 = dw_now_ms(); __atomic_load_n(opened, __ATOMIC_RELAXED) < 10 * 600 &&
+                                 dw_now_ms() - t0 < 20000;)
+    dw_sleep_ms(10);
+  kill(ns.d[1].pid, SIGKILL);
+  waitpid(ns.d[1].pid, NULL, 0);
+  node_start(&ns, 1);
+  /* Without the flood they are back within 3 s; ten times that on a loaded machine. */
+  bool up = false;
+  for (int64_t t0 = dw_now_ms(); dw_now_ms() - t0 < 30000;) {
+    if ((up = node_sees_all(&ns, 0) && node_sees_all(&ns, 1)))
+      break;
+    dw_sleep_ms(100);
+  }
+  if (!up) {
+    char out[8192];
+    xn_ctl_json_at(&ns, 1, "peers", out, sizeof out);
+    kill(flood, SIGKILL);
+    waitpid(flood, NULL, 0);
+    ck_abort_msg("the peers did not link again within 30 s of a restart under a flood of %llu "
+                 "connections: %s", (unsigned long long)*opened, out);
+  }
+  struct xn_place spread;
+  memset(&spread, 0, sizeof spread);
+  xn_place(&spread, L->split, L->nodes);
+  struct xn_result *res = xn_results(L->sc.world);
+  struct xn_run run = {.d = d, .rounds = 2};
+  xn_run_job(&ns, &spread, "under-flood", &run, res);
+  kill(flood, SIGKILL);
+  waitpid(flood, NULL, 0);
+  printf("peers: linked again and ran a job across 2 nodes under a flood of %llu connections\n",
+         (unsigned long long)*opened);
+  munmap(res, L->sc.world * sizeof *res);
+  munmap(opened, sizeof *opened);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
 }
 END_TEST
 
@@ -940,6 +1297,14 @@ Suite *peers_suite(void) {
   tcase_add_test(tc, a_daemon_refuses_to_start_with_a_readable_key_or_none);
   tcase_add_test(tc, the_transport_is_chosen_per_peer_and_rdma_is_never_silently_tcp);
   tcase_add_test(tc, two_daemons_in_two_network_namespaces_come_up);
+  tcase_add_test(tc, an_unauthenticated_hello_does_not_rename_the_peer);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("strangers");
+  /* Handshake timeouts waited out, a count's interval, a restart and a job under a flood. */
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, refused_connections_are_logged_as_counts_per_source);
+  tcase_add_test(tc, idle_connections_from_a_peers_address_give_way_to_newer_ones);
+  tcase_add_test(tc, a_flood_from_strangers_does_not_keep_a_restarted_peer_out);
   suite_add_tcase(s, tc);
   tc = tcase_create("data");
   tcase_set_timeout(tc, 30);
