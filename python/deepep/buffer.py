@@ -18,7 +18,7 @@ import torch
 
 from . import _lib
 from .config import Config
-from .errors import Error, Unsupported, from_code
+from .errors import Error, InvalidArgument, Unsupported, from_code
 from .event import EventHandle, EventOverlap
 from .handle import Handle, HandlePools, _capturing
 from .identity import Identity, from_environment
@@ -265,10 +265,13 @@ class Buffer(HandlePools):
             return bytes(16)
         return _cuda_uuid(self.device.index)
 
+    def _default_max_tokens(self) -> int:
+        """max_tokens_per_rank where neither the constructor nor the environment gave it."""
+        return max(DEFAULT_MAX_TOKENS_PER_RANK, self.max_ll_tokens_per_rank or 0)
+
     def _attach(self) -> None:
         if self.max_tokens_per_rank is None:
-            self.max_tokens_per_rank = max(DEFAULT_MAX_TOKENS_PER_RANK,
-                                           self.max_ll_tokens_per_rank or 0)
+            self.max_tokens_per_rank = self._default_max_tokens()
         if self.max_ll_tokens_per_rank is None:
             self.max_ll_tokens_per_rank = min(self.max_tokens_per_rank,
                                               DEFAULT_MAX_LL_TOKENS_PER_RANK)
@@ -348,13 +351,15 @@ class Buffer(HandlePools):
         return {name: getattr(out, name) for name, _ in out._fields_ if name != "size"}
 
     def _shape(self, op: str, hidden: Optional[int], num_experts: Optional[int],
-               topk: Optional[int], ll_tokens: Optional[int] = None) -> None:
-        """Attach on the first call that completes the shape; later calls must match it."""
+               topk: Optional[int], ll_tokens: Optional[int] = None) -> bool:
+        """Attach on the first call that completes the shape; later calls must match it.
+        True once attached; False only for get_dispatch_layout on a shape that lacks just
+        hidden (what it gives is recorded; the first dispatch gives hidden and attaches)."""
         if self.attached and (hidden is None or hidden == self.hidden) and \
                 (num_experts is None or num_experts == self.num_experts) and \
                 (topk is None or topk == self.num_topk) and \
                 (ll_tokens is None or ll_tokens == self.max_ll_tokens_per_rank):
-            return
+            return True
         if self._conn is None or self._conn.ptr is None:
             raise Error(-17, "this Buffer was destroyed", op)
         given = {"hidden": hidden, "num_experts": num_experts, "num_topk": topk,
@@ -377,12 +382,15 @@ class Buffer(HandlePools):
                                  f"{have}; one Buffer serves one job shape (make another Buffer "
                                  "for another shape)")
         if self.attached:
-            return
+            return True
         missing = [n for n in ("hidden", "num_experts", "num_topk") if getattr(self, n) is None]
+        if missing == ["hidden"] and op == "get_dispatch_layout":
+            return False
         if missing:
             raise ValueError(f"{op}: the job shape lacks {', '.join(missing)}, which this call "
                              f"cannot supply; give Buffer({'=..., '.join(missing)}=...)")
         self._attach()
+        return True
 
     # ---- tensors ----------------------------------------------------------
 
@@ -563,6 +571,9 @@ class Buffer(HandlePools):
             previous_event, async_finish, allocate_on_comm_stream: as DeepEP's (the host
                 backend is synchronous; on cuda the work runs on the current stream).
 
+        On a Buffer that has not attached (its shape lacks hidden, which the first dispatch
+        gives) the layout is computed with torch, with the library's checks and results.
+
         Returns:
             num_tokens_per_rank: [world_size] int32, tokens that go to each rank.
             num_tokens_per_rdma_rank: None (one node).
@@ -579,7 +590,11 @@ class Buffer(HandlePools):
         else:
             idx, itype = self._topk("get_dispatch_layout", topk_idx, None)
         n, k = idx.shape
-        self._shape("get_dispatch_layout", None, num_experts, k)
+        if not self._shape("get_dispatch_layout", None, num_experts, k):
+            if previous_event is not None:
+                self._wait(previous_event)
+            return self._layout_unattached(idx) + \
+                (self._event(previous_event, async_finish) if async_finish else EventOverlap(None),)
         if n > self.max_tokens_per_rank:
             self._tokens_fit("get_dispatch_layout", n, self.max_tokens_per_rank,
                              "max_tokens_per_rank")
@@ -599,6 +614,34 @@ class Buffer(HandlePools):
             self._fail(rc, "dep_layout")
         return per_rank, None, per_expert, in_rank, \
             self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
+
+    def _layout_unattached(self, idx: torch.Tensor) -> Tuple[torch.Tensor, None, torch.Tensor,
+                                                             torch.Tensor]:
+        """get_dispatch_layout's results where the Buffer has not attached yet (its shape
+        lacks hidden, which the first dispatch gives: Megatron asks for the layout first).
+        The layout needs no other rank and no daemon memory, so it is computed here with
+        torch, as DESIGN §6 defines it and dep_layout computes it (the tests compare the two):
+        expert e is rank e // (num_experts / world_size)'s; -1 selects nothing."""
+        W, E = self.group_size, self.num_experts
+        if E % W != 0:
+            raise ValueError(f"num_experts {E} is not divisible by the world size {W}")
+        n = idx.size(0)
+        bound = self.max_tokens_per_rank or self._default_max_tokens()
+        if n > bound:
+            self._tokens_fit("get_dispatch_layout", n, bound, "max_tokens_per_rank")
+        bad = (idx < -1) | (idx >= E)
+        if bool(bad.any()):
+            v = int(idx[bad][0])
+            raise InvalidArgument(_lib.ERR_INVALID, f"topk_idx holds expert {v}; ids are -1 "
+                                  f"(none) or 0..{E - 1}", "get_dispatch_layout")
+        idx = idx.long()
+        chosen = idx >= 0
+        owner = torch.where(chosen, idx // (E // W), torch.full_like(idx, -1))
+        ranks = torch.arange(W, dtype=torch.int64, device=idx.device)
+        in_rank = (owner.unsqueeze(2) == ranks.view(1, 1, W)).any(1)
+        per_rank = in_rank.sum(0).to(torch.int32)
+        per_expert = torch.bincount(idx[chosen], minlength=E).to(torch.int32)
+        return per_rank, None, per_expert, in_rank
 
     def dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
                  handle: Optional[Handle] = None,

@@ -166,6 +166,46 @@ def test_group_size_is_checked(daemon):
         one_rank(daemon, group=Group(), **SHAPE)
 
 
+def test_layout_comes_before_any_dispatch_on_a_buffer_without_hidden(daemon):
+    """Megatron's order: Buffer(group, nvl, rdma), get_dispatch_layout, then dispatch; the
+    layout before the attach (hidden unknown) equals the library's after it."""
+    shape = {k: v for k, v in SHAPE.items() if k != "hidden"}
+    b = one_rank(daemon, world_size=2, local_world_size=1, local_rank=0,
+                 **dict(shape, num_experts=8, num_topk=3))
+    idx = torch.tensor([[0, 5, -1], [7, 6, 4], [-1, -1, -1], [1, 2, 3], [3, -1, 0]],
+                       dtype=torch.int64, device=DEV)
+    per_rank, rdma, per_expert, in_rank, ev = b.get_dispatch_layout(idx, 8, async_finish=True)
+    assert not b.attached and rdma is None and ev.event is not None
+    assert per_rank.dtype == torch.int32 and per_expert.dtype == torch.int32
+    assert in_rank.dtype == torch.bool and per_rank.device == DEV
+    assert per_rank.tolist() == [3, 2]
+    assert per_expert.tolist() == [2, 1, 1, 2, 1, 1, 1, 1]
+    assert in_rank.tolist() == [[True, True], [False, True], [False, False], [True, False],
+                                [True, False]]
+    # int32 ids too, and the library's checks: ids out of range, a wrong num_experts.
+    assert torch.equal(b.get_dispatch_layout(idx.int(), 8)[3], in_rank)
+    with pytest.raises(deepep.InvalidArgument, match="expert 8"):
+        b.get_dispatch_layout(torch.tensor([[8, 0, 1]], device=DEV), 8)
+    with pytest.raises(ValueError, match="num_experts"):
+        b.get_dispatch_layout(idx, 16)
+    assert not b.attached
+    b.destroy()
+    # The same ids through dep_layout, on a Buffer that has attached (a world of one, which
+    # attaches alone): its world differs, so compare against a one-rank layout computed
+    # before that Buffer's attach.
+    shape1 = dict(shape, num_experts=8, num_topk=3)
+    b = one_rank(daemon, **shape1)
+    before = b.get_dispatch_layout(idx, 8)
+    assert not b.attached
+    b.dispatch(torch.zeros(5, 128, dtype=torch.bfloat16, device=DEV), topk_idx=idx,
+               topk_weights=torch.ones(5, 3, device=DEV))
+    assert b.attached
+    after = b.get_dispatch_layout(idx, 8)
+    for i in (0, 2, 3):
+        assert torch.equal(before[i], after[i]), i
+    b.destroy()
+
+
 @pytest.fixture
 def buf(daemon):
     b = one_rank(daemon, **SHAPE)
@@ -494,8 +534,8 @@ def test_destroy_is_idempotent_and_ends_the_buffer(daemon):
 def test_the_shape_is_taken_from_the_first_calls_that_supply_it(daemon):
     b = one_rank(daemon, max_tokens_per_rank=8)
     x, idx, w = tokens()
-    with pytest.raises(ValueError, match="lacks hidden"):
-        b.get_dispatch_layout(idx, 4)
+    # The layout needs no hidden (Megatron asks for it first): computed before the attach.
+    assert b.get_dispatch_layout(idx, 4)[0].tolist() == [4]
     assert not b.attached
     recv_x, _, _, counts, h, _ = b.dispatch(x, topk_idx=idx, topk_weights=w,
                                             num_tokens_per_expert=torch.zeros(4, dtype=torch.int32,
