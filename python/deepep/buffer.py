@@ -1,7 +1,8 @@
-"""deepep.Buffer: DeepEP's Buffer over libdeepep-client, with no process group.
+"""deepep.Buffer: DeepEP's Buffer over libdeepep-client, needing no process group.
 
 A Buffer is one rank of one job.  Its identity (job id, ranks) comes from
-arguments or the launcher's environment (identity.py); its memory is the
+the process group where one is given, else from arguments or the
+launcher's environment (identity.py); its memory is the
 daemon's, lent at attach for one job shape (hidden, num_experts, top-k,
 token bounds).  The shape is given to the constructor, or taken from the
 first operation that reveals it: the Buffer then attaches there, and every
@@ -21,7 +22,7 @@ from .config import Config
 from .errors import Error, InvalidArgument, Unsupported, from_code
 from .event import EventHandle, EventOverlap
 from .handle import Handle, HandlePools, _capturing
-from .identity import Identity, from_environment
+from .identity import Identity, from_environment, from_group
 
 #: The dtype of top-k expert ids (DeepEP's topk_idx_t); int32 is accepted too.
 topk_idx_t = torch.int64
@@ -120,18 +121,25 @@ class Buffer(HandlePools):
     """One rank's side of deepepd's dispatch and combine, with DeepEP's methods.
 
     Args (DeepEP's, in DeepEP's order; accepted for compatibility):
-        group: a torch.distributed ProcessGroup (or None); only its size() is checked
-            against world_size, nothing is sent over it.
+        group: a torch.distributed ProcessGroup (the expert-parallel group), or None.  Where
+            given, the job's identity is the group's (identity.from_group): rank and world
+            size are the group's, the local ranks its members on this host, and the job id
+            is agreed over the group in one collective at construction (which every member
+            must make); nothing else is sent over it.  Each Buffer so made is a job of its
+            own, so several groups in one world, and one process in several groups, work.
         num_nvl_bytes, num_rdma_bytes: kept as attributes; deepepd sizes memory from the
             job shape.
         low_latency_mode, num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl,
             use_fabric, explicitly_destroy, enable_shrink: accepted and kept; they change
             nothing here.
-        comm: an mpi4py communicator in place of group (its Get_size() is checked).
+        comm: an mpi4py communicator in place of group (its Get_size() is checked against
+            the world size from the arguments or the environment).
 
     Keyword-only (deepepd's):
         job_id, rank, world_size, local_rank, local_world_size: the job's identity; each one
-            not given comes from the environment (torchrun, SLURM, $DEEPEP_JOB_ID).
+            not given comes from the group where one is given (one that disagrees with the
+            group is a ValueError), else from the environment (torchrun, SLURM,
+            $DEEPEP_JOB_ID).
         socket: the daemon's socket (else $DEEPEPD_SOCKET, else /run/deepepd/deepepd.sock);
             a path with a NUL character is refused.
         hidden, num_experts, num_topk: the job shape, each positive and at most 2**32 - 1
@@ -183,17 +191,16 @@ class Buffer(HandlePools):
         self.low_latency_mode = bool(low_latency_mode)
         self.num_qps_per_rank = num_qps_per_rank
         self.explicitly_destroy = bool(explicitly_destroy)
-        self.identity: Identity = from_environment(
-            job_id=job_id, rank=rank, world_size=world_size, local_rank=local_rank,
-            local_world_size=local_world_size)
-        size = None
+        given = dict(job_id=job_id, rank=rank, world_size=world_size, local_rank=local_rank,
+                     local_world_size=local_world_size)
         if group is not None:
-            size = group.size()
-        elif comm is not None:
-            size = comm.Get_size()
-        if size is not None and size != self.identity.world_size:
-            raise ValueError(f"group has {size} ranks but world_size is "
-                             f"{self.identity.world_size}; pass the expert-parallel group")
+            self.identity: Identity = from_group(group, **given)
+        else:
+            self.identity = from_environment(**given)
+            if comm is not None and comm.Get_size() != self.identity.world_size:
+                raise ValueError(f"comm has {comm.Get_size()} ranks but world_size is "
+                                 f"{self.identity.world_size}; pass the expert-parallel "
+                                 "communicator")
         self.rank = self.identity.rank
         self.group_size = self.identity.world_size
         self.hidden = self._opt_int("hidden", hidden)

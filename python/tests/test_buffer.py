@@ -2,7 +2,6 @@
 events, Config, and the deep_ep compatibility module."""
 import ctypes
 import gc
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import torch
 
 import conftest
 import deepep
+import ranks
 from deepep.identity import from_environment
 
 DEV = torch.device(conftest.DEVICE)
@@ -158,11 +158,13 @@ def test_the_daemon_refusing_a_shape_is_an_error_with_code_name_and_message(daem
     assert isinstance(e.value, ValueError) and isinstance(e.value, deepep.Error)
 
 
-def test_group_size_is_checked(daemon):
+def test_a_group_without_torch_distributed_is_refused_saying_why(daemon):
+    """The identity of a Buffer given a group is the group's (test_group.py); without an
+    initialised torch.distributed there is none to take."""
     class Group:
         def size(self):
             return 2
-    with pytest.raises(ValueError, match="group has 2 ranks but world_size is 1"):
+    with pytest.raises(ValueError, match="torch.distributed is not initialized"):
         one_rank(daemon, group=Group(), **SHAPE)
 
 
@@ -598,16 +600,7 @@ def test_set_num_sms_checks_and_sets():
 
 def import_compat():
     """python/deep_ep_compat imported as deep_ep, as an opt-in install lays it out."""
-    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "deep_ep_compat")
-    for name in ("deep_ep.utils", "deep_ep"):
-        sys.modules.pop(name, None)
-    spec = importlib.util.spec_from_file_location("deep_ep", os.path.join(root, "__init__.py"),
-                                                  submodule_search_locations=[root])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["deep_ep"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return ranks.import_compat()
 
 
 def test_deep_ep_imports_as_megatron_and_sglang_import_it(daemon):

@@ -1,0 +1,87 @@
+"""deep_ep.Buffer(group, num_nvl_bytes, num_rdma_bytes) as DeepEP's callers build it: the
+job's identity from the process group.  A world of 4 processes started by
+torch.multiprocessing.spawn (no launcher's variables), gloo over a FileStore, cut into
+expert-parallel groups of two in two ways, so that there are two EP groups per cut and every
+process is in two groups; each group's ranks run the operations of test_ops against its numpy
+reference."""
+import os
+import pickle
+import time
+
+import pytest
+import torch.multiprocessing as tmp
+
+import conftest
+import ranks
+from test_ops import (check_combine, check_dispatch, check_layout, check_ll_combine,
+                      check_ll_dispatch, check_ll_fp8)
+
+#: Generous ceiling for the 4 processes' start (torch imports), construction and 2
+#: iterations on a loaded 2-core machine; the ranks finish in seconds when it is idle.
+_TIMEOUT = 300
+_ITERS = 2
+
+
+@pytest.fixture(scope="module")
+def spawned(daemon, seed, tmp_path_factory):
+    """Every process's pickled results (group_rank), by world rank."""
+    if conftest.BACKEND != "host":
+        pytest.skip("the group tests run on the host backend (CPU tensors, gloo)")
+    d = tmp_path_factory.mktemp("group")
+    ctx = tmp.spawn(ranks.group_rank, args=(daemon, str(d / "store"), seed, _ITERS, str(d)),
+                    nprocs=ranks.GROUP_WORLD, join=False)
+    deadline = time.monotonic() + _TIMEOUT
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"the group ranks did not finish within {_TIMEOUT} s")
+    out = []
+    for r in range(ranks.GROUP_WORLD):
+        with open(os.path.join(d, f"{r}.pkl"), "rb") as f:
+            out.append(pickle.load(f))
+    return out
+
+
+def members(out, cut):
+    """{group index: [(group rank, identity, results) in group rank order]}."""
+    groups = {}
+    for o in out:
+        i, gr, ident, res = o[cut]
+        groups.setdefault(i, []).append((gr, ident, res))
+    return {i: sorted(m, key=lambda e: e[0]) for i, m in groups.items()}
+
+
+def test_the_identity_is_the_groups_and_each_group_is_a_job_of_its_own(spawned):
+    jobs = set()
+    for cut, ms in (("pairs", ranks.PAIRS), ("cross", ranks.CROSS)):
+        groups = members(spawned, cut)
+        assert sorted(groups) == list(range(len(ms)))
+        for i, group in groups.items():
+            assert [gr for gr, _, _ in group] == [0, 1]
+            idents = [ident for _, ident, _ in group]
+            # One host: every member is local, in group rank order.
+            assert [(x.rank, x.world_size, x.local_rank, x.local_world_size)
+                    for x in idents] == [(0, 2, 0, 2), (1, 2, 1, 2)]
+            assert len({x.job_id for x in idents}) == 1
+            jobs.add(idents[0].job_id)
+    # Two groups per cut, every process in one of each: four jobs, none shared.
+    assert len(jobs) == 4
+
+
+def test_a_group_that_disagrees_with_explicit_arguments_is_a_value_error(spawned):
+    for o in spawned:
+        msgs = o["refused"]
+        assert len(msgs) == 3, msgs
+        assert "world_size 4 was given but the group says 2" in msgs[0]
+        assert "rank" in msgs[1] and "but the group says" in msgs[1]
+        assert "local_world_size 1 was given but the group has 2 on this host" in msgs[2]
+
+
+@pytest.mark.parametrize("cut", ["pairs", "cross"])
+@pytest.mark.parametrize("check", [check_layout, check_dispatch, check_combine,
+                                   check_ll_dispatch, check_ll_combine, check_ll_fp8],
+                         ids=lambda f: f.__name__)
+def test_each_groups_ranks_dispatch_and_combine_among_themselves(spawned, seed, cut, check):
+    for i, group in members(spawned, cut).items():
+        check(2, [res for _, _, res in group], ranks.group_seed(seed, cut, i))
