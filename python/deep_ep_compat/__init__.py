@@ -17,7 +17,12 @@ work as with DeepEP.  Where the semantics differ:
 - with num_worst_tokens, rows past those received have recv_topk_idx -1 and
   recv_topk_weights 0, and recv_x there is not written (as DeepEP);
 - FP8 values are torch.float8_e4m3fn where torch has it, else uint8;
-- Buffer accepts and ignores keyword arguments that forks of DeepEP add.
+- Buffer accepts and ignores keyword arguments that forks of DeepEP add;
+- get_local_buffer_tensor is a buffer of the Buffer's own (deepepd's memory is
+  never handed out), get_comm_stream the caller's current stream (None on the
+  host backend), get_next_low_latency_combine_buffer one tensor per Buffer;
+- get_dispatch_config/get_combine_config give a rank count DeepEP's tables do not
+  list the next larger one's row (DeepEP asserts).
 """
 from typing import Any
 

@@ -99,6 +99,22 @@ _INDEX_TYPES = {torch.int64: _lib.INDEX_I64, torch.int32: _lib.INDEX_I32}
 _ALIGN_MAX = _lib.c_range(_lib.field_type(_lib.DispatchArgs, "expert_alignment"))[1]
 
 
+#: DeepEP V1's recommended Configs (deep_ep/buffer.py, get_dispatch_config and
+#: get_combine_config): rank count -> (num_max_nvl_chunked_send_tokens,
+#: num_max_nvl_chunked_recv_tokens, num_max_rdma_chunked_send_tokens,
+#: num_max_rdma_chunked_recv_tokens); num_sms is Buffer.num_sms.
+_DISPATCH_CONFIGS = {
+    2: (24, 256, 6, 128), 4: (6, 256, 6, 128), 8: (6, 256, 6, 128), 16: (36, 288, 20, 128),
+    24: (32, 288, 8, 128), 32: (32, 288, 8, 128), 48: (32, 288, 8, 128), 64: (32, 288, 8, 128),
+    96: (20, 480, 12, 128), 128: (20, 560, 12, 128), 144: (32, 720, 12, 128),
+    160: (28, 720, 12, 128),
+}
+_COMBINE_CONFIGS = {
+    2: (10, 256, 6, 128), 4: (9, 256, 6, 128), 8: (4, 256, 6, 128), 16: (4, 288, 12, 128),
+    24: (1, 288, 8, 128), 32: (1, 288, 8, 128), 48: (1, 288, 8, 128), 64: (1, 288, 8, 128),
+    96: (1, 480, 8, 128), 128: (1, 560, 8, 128), 144: (2, 720, 8, 128), 160: (2, 720, 8, 128),
+}
+
 #: dep_job_shape's field of each shape attribute of Buffer (the others have their own names).
 _SHAPE_FIELDS = {"num_topk": "topk"}
 
@@ -176,6 +192,10 @@ class Buffer(HandlePools):
                  num_topk: Optional[int] = None, max_tokens_per_rank: Optional[int] = None,
                  max_ll_tokens_per_rank: Optional[int] = None):
         self._conn: Optional[_Conn] = None
+        #: get_next_low_latency_combine_buffer's tensor, and get_local_buffer_tensor's
+        #: buffers (use_rdma_buffer -> uint8 tensor), made at their first call.
+        self._ll_combine_buf: Optional[torch.Tensor] = None
+        self._raw_buffers: dict = {}
         self._handles_init()
         self._streams: dict = {}  # raw stream -> torch.cuda.Stream, for recording events
         self.attached = False
@@ -532,18 +552,27 @@ class Buffer(HandlePools):
             raise ValueError(f"{call}: num_ranks is {num_ranks}; it must be positive")
 
     @staticmethod
+    def _config(call: str, table: dict, num_ranks: int) -> Config:
+        """Config(Buffer.num_sms, *table's row for num_ranks): DeepEP's row where its table has
+        one, else the row of the next larger rank count it lists (its largest past them):
+        DeepEP asserts there, but deepepd serves any world, and its kernels do not read the
+        Config (callers size buffers from its hints)."""
+        Buffer._num_ranks(call, num_ranks)
+        n = min((k for k in table if k >= num_ranks), default=max(table))
+        return Config(Buffer.num_sms, *table[n])
+
+    @staticmethod
     def get_dispatch_config(num_ranks: int) -> Config:
-        """A dispatch Config for num_ranks ranks (a positive int), for callers that size buffers
-        from its hints: the same chunking for every num_ranks (deepepd sizes memory from the job
-        shape, and its kernels do not read the Config)."""
-        Buffer._num_ranks("get_dispatch_config", num_ranks)
-        return Config(Buffer.num_sms, 6, 256, 6, 128)
+        """DeepEP's recommended dispatch Config for num_ranks ranks (a positive int), with
+        Buffer.num_sms: its table's row (_DISPATCH_CONFIGS), or for a rank count it does not
+        list the next larger one's.  deepepd's kernels do not read it; callers size buffers
+        from its hints and pass it back."""
+        return Buffer._config("get_dispatch_config", _DISPATCH_CONFIGS, num_ranks)
 
     @staticmethod
     def get_combine_config(num_ranks: int) -> Config:
-        """A combine Config for num_ranks ranks (a positive int); see get_dispatch_config."""
-        Buffer._num_ranks("get_combine_config", num_ranks)
-        return Config(Buffer.num_sms, 4, 256, 6, 128)
+        """DeepEP's recommended combine Config for num_ranks ranks; see get_dispatch_config."""
+        return Buffer._config("get_combine_config", _COMBINE_CONFIGS, num_ranks)
 
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int,
@@ -1088,7 +1117,9 @@ class Buffer(HandlePools):
             topk_weights: [num_tokens, num_topk] float32.
             handle: the matching low_latency_dispatch's; kept by the Buffer until destroy()
                 where the call is captured in a CUDA graph (as combine's).
-            use_logfmt, zero_copy: must be False; combine_wait_recv_cost_stats: None.
+            use_logfmt: must be False; combine_wait_recv_cost_stats: None.
+            zero_copy: read the input from get_next_low_latency_combine_buffer's tensor
+                (which the caller has written) instead of x (still checked for its shape).
             async_finish, return_recv_hook: as for low_latency_dispatch.
             out: optional [num_tokens, hidden] bfloat16 to write into.
 
@@ -1100,13 +1131,22 @@ class Buffer(HandlePools):
         op = "low_latency_combine"
         if use_logfmt:
             raise Unsupported("low_latency_combine(use_logfmt=True)")
-        if zero_copy:
-            raise Unsupported("low_latency_combine(zero_copy=True)")
         if combine_wait_recv_cost_stats is not None:
             raise Unsupported("low_latency_combine(combine_wait_recv_cost_stats=...)")
         h = self._handle(op, handle, "low_latency_dispatch")
         nt, dev = h.num_tokens, self.device
         want = (self.num_local_experts, self._ll_rows, self.hidden)
+        if zero_copy:
+            # DeepEP's zero copy: the input is what the caller wrote into the combine buffer
+            # (x is still checked as the call's input, as DeepEP's).
+            if self._ll_combine_buf is None:
+                raise ValueError(f"{op}: zero_copy=True but get_next_low_latency_combine_buffer "
+                                 "was never called; write the input there first")
+            if not isinstance(x, torch.Tensor) or tuple(x.shape) != want:
+                raise ValueError(f"{op}: x has shape "
+                                 f"{tuple(x.shape) if isinstance(x, torch.Tensor) else None}; "
+                                 f"expected {want}")
+            x = self._ll_combine_buf
         itype = _INDEX_TYPES.get(topk_idx.dtype) if type(topk_idx) is _Tensor else None
         if itype is not None and _ok(x, torch.bfloat16, 3, dev) and x.shape == want and \
                 topk_idx.dim() == 2 and topk_idx.device == dev and topk_idx.size(0) == nt and \
@@ -1151,6 +1191,71 @@ class Buffer(HandlePools):
         here (the library keeps its state per operation), but the shape is checked."""
         self._shape("clean_low_latency_buffer", hidden, num_experts, None,
                     num_max_dispatch_tokens_per_rank)
+
+    def get_next_low_latency_combine_buffer(self, handle: Handle) -> torch.Tensor:
+        """The tensor a zero-copy low_latency_combine reads its input from (DeepEP's): write
+        the experts' outputs into it, then call low_latency_combine(..., zero_copy=True).
+
+        Args:
+            handle: the low_latency_dispatch's handle whose combine comes next.
+
+        Returns:
+            [num_local_experts, world_size * max_ll_tokens_per_rank, hidden] bfloat16 on the
+            Buffer's device: one tensor per Buffer, made at the first call and returned again
+            at every later one (DeepEP alternates two; here the combine reads it on the
+            caller's stream, so one serves as long as the caller writes it on that stream).
+        """
+        self._handle("get_next_low_latency_combine_buffer", handle, "low_latency_dispatch")
+        buf = self._ll_combine_buf
+        if buf is None:
+            buf = self._ll_combine_buf = self._empty(
+                (self.num_local_experts, self._ll_rows, self.hidden), torch.bfloat16)
+        return buf
+
+    def get_local_buffer_tensor(self, dtype: torch.dtype, size: Optional[torch.Size] = None,
+                                offset: int = 0, use_rdma_buffer: bool = False) -> torch.Tensor:
+        """DeepEP's raw buffer as a tensor, for callers that use it as scratch (vLLM zeroes
+        the RDMA one).  deepepd's memory is the operations' own and is never handed out:
+        this is a buffer of the Buffer's own, num_nvl_bytes (or with use_rdma_buffer
+        num_rdma_bytes) bytes on the Buffer's device, made at the first call for it and the
+        same memory at every later one.
+
+        Args:
+            dtype: the tensor's dtype; the buffer's bytes from `offset` elements of it on.
+            size: optional torch.Size: the first size.numel() elements, viewed so.
+            offset: elements of dtype to skip (0 or more).
+            use_rdma_buffer: the num_rdma_bytes buffer instead of the num_nvl_bytes one.
+
+        Returns:
+            a 1-D tensor of dtype over the rest of the buffer, or of shape `size`.
+        """
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"get_local_buffer_tensor: offset {offset!r} must be an int >= 0")
+        nbytes = self.num_rdma_bytes if use_rdma_buffer else self.num_nvl_bytes
+        raw = self._raw_buffers.get(bool(use_rdma_buffer))
+        if raw is None:
+            raw = self._raw_buffers[bool(use_rdma_buffer)] = self._empty((nbytes,), torch.uint8)
+        elem = torch.empty((), dtype=dtype).element_size()
+        t = raw[:nbytes // elem * elem].view(dtype)[offset:]
+        if size is None:
+            return t
+        n = torch.Size(size).numel()
+        if n > t.numel():
+            raise ValueError(f"get_local_buffer_tensor: size {tuple(size)} needs {n} elements; "
+                             f"the {'RDMA' if use_rdma_buffer else 'NVL'} buffer has "
+                             f"{t.numel()} of {dtype} past offset {offset} "
+                             f"({'num_rdma_bytes' if use_rdma_buffer else 'num_nvl_bytes'} "
+                             f"{nbytes})")
+        return t[:n].view(size)
+
+    def get_comm_stream(self) -> Any:
+        """The stream the Buffer's operations run on: deepepd queues each on the caller's
+        current stream (it has no stream of its own), so this is the current
+        torch.cuda.Stream of the Buffer's device; None on the host backend, where the
+        operations run on the calling thread."""
+        if self._host:
+            return None
+        return torch.cuda.current_stream(self.device)
 
     def attach_times(self) -> dict:
         """Where the attach's time went, in ms (dep_attach_times: total, wait, map, setup,

@@ -84,9 +84,9 @@ def test_clean_low_latency_buffer_names_its_own_argument(buf):
 def test_configs_for_a_rank_count_that_cannot_be_are_refused():
     # Any positive count gets a Config (Megatron asks for its group's size, whatever it is);
     # 0, a negative one or a non-int was handed a Config too.
-    for n in (1, 3, 8, 160):
-        assert deepep.Buffer.get_dispatch_config(n).num_max_nvl_chunked_send_tokens == 6
-        assert deepep.Buffer.get_combine_config(n).num_max_nvl_chunked_send_tokens == 4
+    for n in (1, 3, 8, 160, 1000):
+        assert deepep.Buffer.get_dispatch_config(n).num_sms == deepep.Buffer.num_sms
+        assert deepep.Buffer.get_combine_config(n).num_sms == deepep.Buffer.num_sms
     for get in (deepep.Buffer.get_dispatch_config, deepep.Buffer.get_combine_config):
         with pytest.raises(ValueError, match="num_ranks is 0; it must be positive"):
             get(0)
@@ -256,11 +256,10 @@ def test_arguments_not_in_the_library_yet_raise_unsupported(buf):
     cases = [
         lambda: buf.combine(x, h, bias=x),
         lambda: buf.low_latency_dispatch(x, idx, 8, 4, round_scale=True),
-        lambda: buf.low_latency_combine(x.view(1, 4, 128), idx, w, h, zero_copy=True),
         # README lists int32 scales in an FP8 tuple among these (it was a TypeError)
         lambda: buf.dispatch((q, packed), topk_idx=idx, topk_weights=w),
     ]
-    names = ["bias", "round_scale", "zero_copy", "int32 (packed UE8M0) FP8 scales"]
+    names = ["bias", "round_scale", "int32 (packed UE8M0) FP8 scales"]
     for case, name in zip(cases, names):
         with pytest.raises(deepep.Unsupported, match="not in libdeepep-client yet") as e:
             case()
@@ -583,6 +582,95 @@ def test_config_and_size_hints():
         deepep.Config(20, 256, 256)
     hint = deepep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 288)
     assert hint % 128 == 0 and hint == deepep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 16, 288)
+
+
+def fields(c):
+    return (c.num_sms, c.num_max_nvl_chunked_send_tokens, c.num_max_nvl_chunked_recv_tokens,
+            c.num_max_rdma_chunked_send_tokens, c.num_max_rdma_chunked_recv_tokens)
+
+
+def test_configs_are_deepeps_tables_and_the_next_larger_row_for_other_rank_counts():
+    """DeepEP V1's get_dispatch_config/get_combine_config tables (their values as DeepEP's
+    buffer.py lists them), with Buffer.num_sms; a rank count DeepEP does not list (it
+    asserts) gets the next larger one's row.  They were one row for every count before.
+    (Config rounds the RDMA receive count up to a multiple of the send count, as DeepEP's.)"""
+    B = deepep.Buffer
+    old = B.num_sms
+    try:
+        assert fields(B.get_dispatch_config(2)) == fields(deepep.Config(old, 24, 256, 6, 128))
+        assert fields(B.get_dispatch_config(16)) == fields(deepep.Config(old, 36, 288, 20, 128))
+        assert fields(B.get_dispatch_config(96)) == fields(deepep.Config(old, 20, 480, 12, 128))
+        assert fields(B.get_combine_config(4)) == fields(deepep.Config(old, 9, 256, 6, 128))
+        assert fields(B.get_combine_config(8)) == fields(deepep.Config(old, 4, 256, 6, 128))
+        assert fields(B.get_combine_config(144)) == fields(deepep.Config(old, 2, 720, 8, 128))
+        B.set_num_sms(24)
+        assert fields(B.get_dispatch_config(8)) == fields(deepep.Config(24, 6, 256, 6, 128))
+        assert fields(B.get_combine_config(1)) == fields(B.get_combine_config(2))
+        assert fields(B.get_dispatch_config(40)) == fields(B.get_dispatch_config(48))
+        assert fields(B.get_dispatch_config(1000)) == fields(B.get_dispatch_config(160))
+    finally:
+        B.num_sms = old
+
+
+def test_a_zero_copy_low_latency_combine_reads_the_next_combine_buffer(buf):
+    """DeepEP's zero copy: the caller writes the experts' outputs into
+    get_next_low_latency_combine_buffer(handle), then combines with zero_copy=True (x is
+    not read).  It raised Unsupported, and the method did not exist."""
+    x, idx, w = tokens()
+    x = x * torch.arange(1, 5, device=DEV).view(4, 1).bfloat16()
+    recv, count, h, _, _ = buf.low_latency_dispatch(x, idx, 8, 4, use_fp8=False)
+    want, _, _ = buf.low_latency_combine(recv * 2, idx, w, h)
+    nxt = buf.get_next_low_latency_combine_buffer(h)
+    assert nxt.shape == recv.shape and nxt.dtype == torch.bfloat16 and nxt.device == DEV
+    nxt[:, :, :] = recv * 2
+    got, _, _ = buf.low_latency_combine(torch.zeros_like(recv), idx, w, h, zero_copy=True)
+    assert torch.equal(got, want) and not torch.equal(got, torch.zeros_like(got))
+    assert buf.get_next_low_latency_combine_buffer(h).data_ptr() == nxt.data_ptr()
+    _, _, _, _, th, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    with pytest.raises(ValueError, match="low_latency_dispatch"):
+        buf.get_next_low_latency_combine_buffer(th)
+    with pytest.raises(ValueError, match="expected"):
+        buf.low_latency_combine(recv[:1], idx, w, h, zero_copy=True)
+
+
+def test_zero_copy_without_the_combine_buffer_says_to_write_it_first(daemon):
+    b = one_rank(daemon, **SHAPE)
+    x, idx, w = tokens()
+    recv, _, h, _, _ = b.low_latency_dispatch(x, idx, 8, 4, use_fp8=False)
+    with pytest.raises(ValueError, match="get_next_low_latency_combine_buffer was never"):
+        b.low_latency_combine(recv, idx, w, h, zero_copy=True)
+    b.destroy()
+
+
+def test_local_buffer_tensor_is_the_buffers_own_memory_of_the_bytes_asked_for(daemon):
+    """vLLM zeroes get_local_buffer_tensor(torch.int8, use_rdma_buffer=True); deepepd's memory
+    is never handed out, so it is a buffer of the Buffer's own, of the bytes asked for."""
+    b = one_rank(daemon, num_nvl_bytes=1024, num_rdma_bytes=256, **SHAPE)
+    rdma = b.get_local_buffer_tensor(torch.int8, use_rdma_buffer=True)
+    assert rdma.shape == (256,) and rdma.dtype == torch.int8 and rdma.device == DEV
+    rdma.zero_()
+    nvl = b.get_local_buffer_tensor(torch.float32, torch.Size([4, 8]), offset=2)
+    assert nvl.shape == (4, 8) and nvl.dtype == torch.float32
+    whole = b.get_local_buffer_tensor(torch.float32)
+    assert whole.numel() == 256 and nvl.data_ptr() == whole.data_ptr() + 8
+    nvl.fill_(3)  # the same memory at every call
+    assert (b.get_local_buffer_tensor(torch.float32)[2:34] == 3).all()
+    assert b.get_local_buffer_tensor(torch.int8, use_rdma_buffer=True).data_ptr() == \
+        rdma.data_ptr()
+    with pytest.raises(ValueError, match="num_nvl_bytes 1024"):
+        b.get_local_buffer_tensor(torch.float32, torch.Size([300]))
+    with pytest.raises(ValueError, match="offset"):
+        b.get_local_buffer_tensor(torch.float32, offset=-1)
+    b.destroy()
+
+
+def test_the_comm_stream_is_the_one_operations_run_on(buf):
+    """deepepd queues every operation on the caller's current stream: get_comm_stream is
+    that stream on cuda (test_cuda.py), None on the host backend (no stream)."""
+    if conftest.BACKEND == "host":
+        assert buf.get_comm_stream() is None
+    else:
+        assert buf.get_comm_stream() == torch.cuda.current_stream(DEV)
 
 
 def test_set_num_sms_checks_and_sets():
