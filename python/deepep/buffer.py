@@ -119,6 +119,15 @@ _COMBINE_CONFIGS = {
 _SHAPE_FIELDS = {"num_topk": "topk"}
 
 
+def _token_in_rank(idx: torch.Tensor, num_experts: int, world: int) -> torch.Tensor:
+    """[num_tokens, world] bool: whether rank r owns one of token t's experts (int64 ids,
+    -1 for none; expert e is rank e // (num_experts / world)'s), as dep_layout's
+    token_in_rank."""
+    owner = torch.where(idx >= 0, idx // (num_experts // world), torch.full_like(idx, -1))
+    ranks = torch.arange(world, dtype=torch.int64, device=idx.device)
+    return (owner.unsqueeze(2) == ranks.view(1, 1, world)).any(1)
+
+
 def _shape_int(what: str, name: str, v: object) -> int:
     """v as Buffer's job shape attribute `name` (hidden, num_experts, num_topk,
     max_tokens_per_rank, max_ll_tokens_per_rank), said by `what`: positive and within its
@@ -672,12 +681,23 @@ class Buffer(HandlePools):
                                   f"(none) or 0..{E - 1}", "get_dispatch_layout")
         idx = idx.long()
         chosen = idx >= 0
-        owner = torch.where(chosen, idx // (E // W), torch.full_like(idx, -1))
-        ranks = torch.arange(W, dtype=torch.int64, device=idx.device)
-        in_rank = (owner.unsqueeze(2) == ranks.view(1, 1, W)).any(1)
+        in_rank = _token_in_rank(idx, E, W)
         per_rank = in_rank.sum(0).to(torch.int32)
         per_expert = torch.bincount(idx[chosen], minlength=E).to(torch.int32)
         return per_rank, None, per_expert, in_rank
+
+    def recv_from(self, handle: Handle) -> Optional[list]:
+        """The rows a dispatch's handle received from each source rank, in rank order (they
+        are contiguous by source): [world_size] ints; None where the library does not know
+        them on the host (a dispatch with num_worst_tokens on cuda, which never waits)."""
+        h = self._handle("recv_from", handle, "dispatch")
+        out = (ctypes.c_uint32 * self.group_size)()
+        rc = self._conn.lib.dep_handle_recv_from(self._conn.ptr, h._ptr, out, self.group_size)
+        if rc == _lib.ERR_STATE and h.worst and not self._host:
+            return None
+        if rc:
+            self._fail(rc, "dep_handle_recv_from")
+        return list(out)
 
     def dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
                  handle: Optional[Handle] = None,

@@ -88,6 +88,11 @@ def rank_ops(b, rank: int, world: int, seed: int, iters: int, dev: torch.device
             is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, async_finish=True)
         ev.current_stream_wait()
         assert ri.dtype == torch.int64 and rw.dtype == torch.float32 and rx.device == dev
+        if isinstance(h, tuple):  # deep_ep's DeepEP-shaped handle
+            r.update(h_rank_prefix=h[0].cpu().numpy(), h_chan_prefix=h[1].cpu().numpy(),
+                     h_recv_chan_prefix=h[2].cpu().numpy(), h_src_idx=h[3].cpu().numpy(),
+                     h_in_rank=h[4].cpu().numpy(), h_send_head=h[5].cpu().numpy(),
+                     h_channels=np.int64(b.get_dispatch_config(world).num_sms // 2))
         r.update(recv_x=bits(rx), recv_idx=ri.cpu().numpy(), recv_w=rw.cpu().numpy(),
                  counts=np.array(counts, np.int64))
         y = (rx.float() * (rank + 1)).bfloat16()

@@ -712,6 +712,11 @@ def test_deep_ep_imports_as_megatron_and_sglang_import_it(daemon):
         allocate_on_comm_stream=True)
     after.current_stream_wait()
     assert torch.tensor(counts).tolist() == [2, 2, 2, 2]
+    # DeepEP's intranode handle: a 6-tuple whose [0][i][rank] ends source i's rows.
+    assert isinstance(handle, tuple) and len(handle) == 6
+    assert isinstance(handle.handle, deepep.Handle) and handle[0].tolist() == [[4]]
+    assert handle[3].shape == (4,) and torch.equal(handle[4], in_rank)
+    assert handle[5].view(-1).tolist() == [0, 1, 2, 3]
     out, _, ev = b.combine(recv_x, handle=handle, async_finish=True, previous_event=after,
                            allocate_on_comm_stream=True)
     assert torch.equal(out, x)  # one rank received each token once
@@ -744,6 +749,30 @@ def test_deep_ep_imports_as_megatron_and_sglang_import_it(daemon):
 
 
 # ---- per-call state reused by the binding --------------------------------------
+
+def test_recv_from_counts_rows_per_source_and_refuses_other_handles(buf):
+    """dep_handle_recv_from: a throughput dispatch's rows from each source; an empty or
+    low-latency handle, or too short an array, is DEP_ERR_INVALID naming it."""
+    from deepep import _lib
+    x, idx, w = tokens()
+    _, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    assert buf.recv_from(h) == [4]
+    lib, c = _lib.load(), buf._conn.ptr
+    out = (ctypes.c_uint32 * 1)()
+    assert lib.dep_handle_recv_from(c, h._ptr, out, 0) == _lib.ERR_INVALID
+    assert "n is 0; the job has 1 ranks" in buf._conn.errmsg()
+    _, _, lh, _, _ = buf.low_latency_dispatch(x, idx, 8, 4, use_fp8=False)
+    assert lib.dep_handle_recv_from(c, lh._ptr, out, 1) == _lib.ERR_INVALID
+    assert "a low-latency dispatch" in buf._conn.errmsg()
+    p = ctypes.c_void_p()
+    assert lib.dep_handle_new(c, ctypes.byref(p)) == 0
+    assert lib.dep_handle_recv_from(c, p, out, 1) == _lib.ERR_INVALID
+    assert "holds no dispatch" in buf._conn.errmsg()
+    lib.dep_handle_free(p)
+    assert lib.dep_handle_recv_from(c, h._ptr, None, 1) == _lib.ERR_INVALID
+    with pytest.raises(ValueError, match="low_latency_dispatch's"):
+        buf.recv_from(lh)
+
 
 def test_handles_held_stay_valid_while_dropped_ones_are_reused(buf):
     """Dropped handles' dep_handle_t's are reused; one the caller holds is never."""

@@ -3,18 +3,19 @@ job's identity from the process group.  A world of 4 processes started by
 torch.multiprocessing.spawn (no launcher's variables), gloo over a FileStore, cut into
 expert-parallel groups of two in two ways, so that there are two EP groups per cut and every
 process is in two groups; each group's ranks run the operations of test_ops against its numpy
-reference."""
+reference, and dispatch's handle is DeepEP's tuple."""
 import os
 import pickle
 import time
 
+import numpy as np
 import pytest
 import torch.multiprocessing as tmp
 
 import conftest
 import ranks
 from test_ops import (check_combine, check_dispatch, check_layout, check_ll_combine,
-                      check_ll_dispatch, check_ll_fp8)
+                      check_ll_dispatch, check_ll_fp8, every_input, owner)
 
 #: Generous ceiling for the 4 processes' start (torch imports), construction and 2
 #: iterations on a loaded 2-core machine; the ranks finish in seconds when it is idle.
@@ -85,3 +86,40 @@ def test_a_group_that_disagrees_with_explicit_arguments_is_a_value_error(spawned
 def test_each_groups_ranks_dispatch_and_combine_among_themselves(spawned, seed, cut, check):
     for i, group in members(spawned, cut).items():
         check(2, [res for _, _, res in group], ranks.group_seed(seed, cut, i))
+
+
+def check_handle(W, res, seed):
+    """deep_ep's dispatch handle against the reference: DeepEP's rank prefix matrix column of
+    the receiving rank (its tests' check_data reads it), its channel prefix matrix, the token
+    mask, send_head's places, and recv_src_idx's length (the rows received)."""
+    L = ranks.shape(W)["num_experts"] // W
+    for it in range(len(res[0])):
+        inps = every_input(seed, W, it)
+        in_rank = []
+        for inp in inps:
+            o = owner(inp["idx"], L)
+            in_rank.append(np.stack([(o == q).any(1) for q in range(W)], 1) if len(o)
+                           else np.zeros((0, W), bool))
+        for r in range(W):
+            got = res[r][it]
+            from_src = [int(m[:, r].sum()) for m in in_rank]
+            np.testing.assert_array_equal(got["h_rank_prefix"][:, r], np.cumsum(from_src))
+            assert (np.delete(got["h_rank_prefix"], r, axis=1) == -1).all()
+            assert got["h_src_idx"].shape == (sum(from_src),)
+            m = in_rank[r]
+            np.testing.assert_array_equal(got["h_in_rank"], m)
+            n, C = len(m), int(got["h_channels"])
+            per = -(-n // C)
+            sent = np.zeros((W, C), np.int64)
+            for t in range(n):
+                sent[:, t // per] += m[t]
+            np.testing.assert_array_equal(got["h_chan_prefix"], np.cumsum(sent, 1))
+            assert got["h_recv_chan_prefix"].shape == (W, C)
+            head = np.where(m, np.cumsum(m, 0) - 1, -1)
+            np.testing.assert_array_equal(got["h_send_head"], head)
+
+
+@pytest.mark.parametrize("cut", ["pairs", "cross"])
+def test_dispatch_handles_are_deepeps_tuples(spawned, seed, cut):
+    for i, group in members(spawned, cut).items():
+        check_handle(2, [res for _, _, res in group], ranks.group_seed(seed, cut, i))
