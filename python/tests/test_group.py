@@ -123,3 +123,27 @@ def check_handle(W, res, seed):
 def test_dispatch_handles_are_deepeps_tuples(spawned, seed, cut):
     for i, group in members(spawned, cut).items():
         check_handle(2, [res for _, _, res in group], ranks.group_seed(seed, cut, i))
+
+
+def test_the_agreed_job_id_follows_the_launchers_run_id_and_fits(daemon, tmp_path):
+    """Each Buffer of a group is a job of its own, named after the launcher's run id where
+    there is one (cut to fit DEP_JOB_ID_MAX with the agreed part), or the caller's job_id.
+    (group=None in from_group is torch's default group, the world of one here.)"""
+    import pickle
+    import re
+    from deepep import _lib
+    ctx = tmp.spawn(ranks.job_id_rank, args=(daemon, str(tmp_path / "store"), str(tmp_path)),
+                    nprocs=1, join=False)
+    deadline = time.monotonic() + _TIMEOUT
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            ctx.processes[0].kill()
+            pytest.fail(f"the process did not finish within {_TIMEOUT} s")
+    with open(tmp_path / "ids.pkl", "rb") as f:
+        ids = pickle.load(f)
+    a, b = ids["none"]
+    assert re.fullmatch(r"ep-[0-9a-f]{16}", a) and a != b
+    assert ids["given"] == "mine"
+    t = ids["torchrun"]
+    assert re.fullmatch(r"r+-[0-9a-f]{16}", t) and len(t) == _lib.JOB_ID_MAX - 1
+    assert re.fullmatch(r"fixed-[0-9a-f]{16}", ids["deepep"])
