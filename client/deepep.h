@@ -336,6 +336,20 @@ DEP_EXPORT void dep_handle_free(dep_handle_t *h);
 DEP_EXPORT int dep_handle_bytes(dep_client_t *c, size_t *bytes);
 DEP_EXPORT int dep_handle_new_in(dep_client_t *c, void *mem, size_t bytes, dep_handle_t **out);
 
+/*
+ * The rows a throughput dispatch into h received from each source rank
+ * (added after 0.4.1): out[s] for s in 0..world_size-1, in rank order,
+ * the rows being contiguous by source (DeepEP's rank prefix matrix's
+ * column of this rank is their running sum).  n is out's length, at least
+ * world_size.  NULL c, h or out, n too small, or a handle that holds no
+ * dep_dispatch of this attachment (empty, a low-latency one's, an earlier
+ * attachment's): DEP_ERR_INVALID; not attached: DEP_ERR_STATE, as after a
+ * dispatch with num_worst_tokens on cuda (which never waits, so the counts
+ * stay on the device).  A cached dispatch leaves them as they were.
+ */
+DEP_EXPORT int dep_handle_recv_from(dep_client_t *c, const dep_handle_t *h, uint32_t *out,
+                                    uint32_t n);
+
 /* layout: from topk_idx, tokens per rank, tokens per expert, token-in-rank mask. */
 struct dep_layout_args {
   uint32_t size;               /* sizeof(struct dep_layout_args) */

@@ -170,6 +170,31 @@ static int handle_of_this_attach(dep_client_t *c, const char *op, const dep_hand
                        "matching dispatch", op);
 }
 
+DEP_EXPORT int dep_handle_recv_from(dep_client_t *c, const dep_handle_t *h, uint32_t *out,
+                                    uint32_t n) {
+  const char *op = "dep_handle_recv_from";
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  if (h == NULL || out == NULL)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: %s is NULL", op, h == NULL ? "h" : "out");
+  int rc = ops_ready(c, op);
+  if (rc != 0 || (rc = handle_of_this_attach(c, op, h)) != 0)
+    return rc;
+  if (h->kind != OPS_HANDLE_TP)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: the handle holds %s; pass the handle of "
+                         "a throughput dispatch (dep_dispatch)", op,
+                         h->kind == OPS_HANDLE_LL ? "a low-latency dispatch" : "no dispatch");
+  if (n < c->ops.world)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: n is %u; the job has %u ranks, one count "
+                         "each", op, n, c->ops.world);
+  /* On cuda such a dispatch never waits, so its counts stay on the device. */
+  if (c->cuda && h->worst != 0)
+    return client_seterr(c, DEP_ERR_STATE, "%s: the dispatch had num_worst_tokens on the cuda "
+                         "backend, which leaves the counts on the device", op);
+  memcpy(out, h->recv_from, c->ops.world * sizeof *out);
+  return 0;
+}
+
 /* A dispatch that routed afresh makes the handle this attachment's. */
 static void stamp_handle(const dep_client_t *c, dep_handle_t *h, bool fresh) {
   if (fresh)

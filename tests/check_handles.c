@@ -8,7 +8,8 @@
  * not free it (the rank frees it itself after dep_handle_free, so a second
  * free aborts the rank).  The refusals (not attached, NULL, misaligned,
  * too short, a handle too small for a job attached later) each say what
- * is wrong and what to do.  The same on cuda, through cuMemAlloc'd memory,
+ * is wrong and what to do.  dep_handle_recv_from's counts per source are
+ * held to the oracle's too.  The same on cuda, through cuMemAlloc'd memory,
  * is check_cuda_ops's (gpu).
  *
  * Inputs are fresh random data each run; a failure prints the seed, and
@@ -94,6 +95,15 @@ static int hd_round_tp(dep_client_t *c, dep_handle_t *h, const struct ow_case *d
     if (o->cnt[l] != e->count[l])
       return ow_fail(msg, "rank %u: dispatch: recv_count_per_expert[%u] %d, want %d [%s]", r, l,
                      o->cnt[l], e->count[l], d->desc);
+  /* The rows from each source, as the oracle's rows say where they came from. */
+  uint32_t from[OW_MAXW], want[OW_MAXW] = {0};
+  for (uint32_t i = 0; i < e->num_recv; i++)
+    want[e->from[i].rank]++;
+  HD_CALL(dep_handle_recv_from(c, h, from, d->sc.world), "dep_handle_recv_from");
+  for (uint32_t s = 0; s < d->sc.world; s++)
+    if (from[s] != want[s])
+      return ow_fail(msg, "rank %u: dep_handle_recv_from[%u] %u, want %u [%s]", r, s, from[s],
+                     want[s], d->desc);
   memset(o->out, HD_POISON, (size_t)d->sc.max_tokens * hid * 2);
   struct dep_combine_args ca = {.size = sizeof ca, .x = d->cx[r], .out = o->out};
   HD_CALL(dep_combine(c, &ca, h, NULL), "dep_combine");
@@ -313,6 +323,12 @@ START_TEST(a_client_not_attached_is_refused_and_told_to_attach) {
   ck_assert_ptr_null(h);
   ck_assert_int_eq(dep_handle_bytes(NULL, &n), DEP_ERR_INVALID);
   ck_assert_int_eq(dep_handle_new_in(NULL, mem, sizeof mem, &h), DEP_ERR_INVALID);
+  uint32_t from[1];
+  ck_assert_int_eq(dep_handle_new(c, &h), 0);
+  ck_assert_int_eq(dep_handle_recv_from(c, h, from, 1), DEP_ERR_STATE);
+  ck_assert_msg(strstr(dep_errmsg(c), "call dep_attach first") != NULL, "%s", dep_errmsg(c));
+  ck_assert_int_eq(dep_handle_recv_from(NULL, h, from, 1), DEP_ERR_INVALID);
+  dep_handle_free(h);
   dep_client_free(c);
 }
 END_TEST

@@ -9,20 +9,30 @@ work as with DeepEP.  Where the semantics differ:
 
 - the low-latency receive order is deterministic: rows of each local expert
   are packed from row 0 in (source rank, source token) order;
-- handles are opaque deepep.Handle objects, not DeepEP's tuples of prefix
-  matrices; pass them back as they are;
+- dispatch's handle is DeepEP's intranode tuple (DispatchHandle; README.md
+  says which members hold DeepEP's values and which only its shapes), with
+  deepepd's handle as its .handle; a low-latency handle is still an opaque
+  deepep.Handle: pass it back as it is;
 - FP8 scales are row-major float32 [.., hidden // 128] (low-latency and throughput), not
   column-major; a throughput FP8 tuple's scales are made contiguous, and UE8M0 or int32
   scales are not taken;
 - with num_worst_tokens, rows past those received have recv_topk_idx -1 and
   recv_topk_weights 0, and recv_x there is not written (as DeepEP);
 - FP8 values are torch.float8_e4m3fn where torch has it, else uint8;
-- Buffer accepts and ignores keyword arguments that forks of DeepEP add.
+- Buffer accepts and ignores keyword arguments that forks of DeepEP add;
+- get_local_buffer_tensor is a buffer of the Buffer's own (deepepd's memory is
+  never handed out), get_comm_stream the caller's current stream (None on the
+  host backend), get_next_low_latency_combine_buffer one tensor per Buffer;
+- get_dispatch_config/get_combine_config give a rank count DeepEP's tables do not
+  list the next larger one's row (DeepEP asserts).
 """
-from typing import Any
+from typing import Any, Optional
+
+import torch
 
 import deepep as _deepep
 from deepep import Config, EventHandle, EventOverlap, Unsupported, topk_idx_t
+from deepep.buffer import _token_in_rank
 
 __version__ = _deepep.__version__
 
@@ -42,8 +52,96 @@ class Buffer(_deepep.Buffer):
                          use_fabric, explicitly_destroy, enable_shrink, comm, **own)
 
 
+    def dispatch(self, x: Any, handle: Any = None, num_tokens_per_rank: Any = None,
+                 num_tokens_per_rdma_rank: Any = None, is_token_in_rank: Any = None,
+                 num_tokens_per_expert: Any = None, topk_idx: Any = None,
+                 topk_weights: Any = None, expert_alignment: int = 1,
+                 num_worst_tokens: int = 0, config: Optional[Config] = None,
+                 previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                 allocate_on_comm_stream: bool = False):
+        """deepep.Buffer.dispatch (its docstring says each argument's shape and dtype), with
+        DeepEP's handle: a DispatchHandle tuple; one passed back (cached mode) is
+        deepepd's handle inside it."""
+        out = super().dispatch(
+            x, _unwrap(handle), num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+            num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_worst_tokens,
+            config, previous_event, async_finish, allocate_on_comm_stream)
+        if handle is not None:
+            return out
+        recv_x, recv_idx, recv_w, counts, h, ev = out
+        rows = recv_idx.size(0)
+        return recv_x, recv_idx, recv_w, counts, \
+            DispatchHandle.made(self, h, topk_idx, is_token_in_rank, rows, config), ev
+
+    def combine(self, x: torch.Tensor, handle: Any, topk_weights: Optional[torch.Tensor] = None,
+                bias: Any = None, config: Optional[Config] = None,
+                previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                allocate_on_comm_stream: bool = False):
+        """deepep.Buffer.combine, taking dispatch's DispatchHandle."""
+        return super().combine(x, _unwrap(handle), topk_weights, bias, config, previous_event,
+                               async_finish, allocate_on_comm_stream)
+
+
+def _unwrap(handle: Any) -> Any:
+    return handle.handle if isinstance(handle, DispatchHandle) else handle
+
+
+class DispatchHandle(tuple):
+    """DeepEP's intranode dispatch handle, (rank_prefix_matrix, channel_prefix_matrix,
+    recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_head), int32 tensors
+    (is_token_in_rank bool) on the Buffer's device, with deepepd's deepep.Handle as
+    `.handle` (what combine and cached dispatches use).  With R ranks, n tokens sent,
+    `rows` received and C = config.num_sms // 2 channels (DeepEP's):
+
+    - rank_prefix_matrix [R, R]: column `rank` is DeepEP's, the running sum over source
+      ranks of the rows received from each (the rows are contiguous by source: DeepEP's
+      tests read rank_prefix_matrix[i][rank] as the end of source i's rows); the other
+      columns, what other ranks received, are not known here: -1.  After a dispatch with
+      num_worst_tokens on cuda (whose counts stay on the device) column `rank` is -1 too.
+    - channel_prefix_matrix [R, C]: DeepEP's: per destination, the running sum over channels
+      of the tokens sent there, token t being in channel t // ceil(n / C).
+    - recv_channel_prefix_matrix [R, C], recv_src_idx [rows]: their shapes (recv_src_idx's
+      length is the rows received, as DeepEP's), values -1: which source token each row
+      is, and the senders' channels, are not known on the receiving rank.
+    - is_token_in_rank [n, R]: DeepEP's (the argument, or computed from topk_idx).
+    - send_head [n, R]: -1 where token t does not go to rank r, else its place among the
+      tokens this rank sends r (DeepEP's is a slot of its channel ring buffers).
+    """
+
+    handle: "_deepep.Handle"
+
+    @classmethod
+    def made(cls, buf: "Buffer", h: "_deepep.Handle", topk_idx: Optional[torch.Tensor],
+             is_token_in_rank: Optional[torch.Tensor], rows: int,
+             config: Optional[Config]) -> "DispatchHandle":
+        R, dev, n = buf.group_size, buf.device, h.num_tokens
+        if is_token_in_rank is None:
+            in_rank = _token_in_rank(topk_idx.to(dev).long(), buf.num_experts, R)
+        else:
+            in_rank = is_token_in_rank.to(dev, torch.bool)
+        i32 = torch.int32
+        prefix = torch.full((R, R), -1, dtype=i32, device=dev)
+        counts = buf.recv_from(h)
+        if counts is not None:
+            prefix[:, buf.rank] = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(dev, i32)
+        C = max((config or buf.get_dispatch_config(R)).num_sms // 2, 1)
+        per = -(-n // C)  # ceil(n / C): DeepEP's tokens per channel
+        sent = torch.zeros((R, C), dtype=i32, device=dev)
+        if n:
+            channel = torch.arange(n, device=dev) // per
+            sent.index_add_(1, channel, in_rank.t().to(i32))
+        chan_prefix = sent.cumsum(1).to(i32)
+        head = torch.where(in_rank, in_rank.to(i32).cumsum(0).to(i32) - 1,
+                           torch.full((n, R), -1, dtype=i32, device=dev))
+        t = cls((prefix, chan_prefix, torch.full((R, C), -1, dtype=i32, device=dev),
+                 torch.full((rows,), -1, dtype=i32, device=dev), in_rank, head))
+        t.handle = h
+        return t
+
+
 _DEEPEP_KWARGS = ("job_id", "rank", "world_size", "local_rank", "local_world_size", "socket",
                   "hidden", "num_experts", "num_topk", "max_tokens_per_rank",
                   "max_ll_tokens_per_rank")
 
-__all__ = ["Buffer", "Config", "EventHandle", "EventOverlap", "Unsupported", "topk_idx_t"]
+__all__ = ["Buffer", "Config", "DispatchHandle", "EventHandle", "EventOverlap", "Unsupported",
+           "topk_idx_t"]

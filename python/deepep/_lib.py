@@ -36,6 +36,7 @@ INDEX_I32 = 2
 ERR_INVALID = -1
 ERR_NO_DAEMON = -5
 ERR_UNSUPPORTED = -16
+ERR_STATE = -17
 
 
 class JobShape(Structure):
@@ -272,6 +273,7 @@ _PROTOTYPES = [
     ("dep_handle_bytes", c_int, [_client_p, POINTER(ctypes.c_size_t)]),
     ("dep_handle_new_in", c_int, [_client_p, c_void_p, ctypes.c_size_t, POINTER(c_void_p)]),
     ("dep_handle_free", None, [c_void_p]),
+    ("dep_handle_recv_from", c_int, [_client_p, c_void_p, POINTER(c_uint32), c_uint32]),
     ("dep_layout", c_int, [_client_p, POINTER(LayoutArgs), c_void_p]),
     ("dep_dispatch", c_int, [_client_p, POINTER(DispatchArgs), c_void_p, c_void_p]),
     ("dep_combine", c_int, [_client_p, POINTER(CombineArgs), c_void_p, c_void_p]),

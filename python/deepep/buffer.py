@@ -1,7 +1,8 @@
-"""deepep.Buffer: DeepEP's Buffer over libdeepep-client, with no process group.
+"""deepep.Buffer: DeepEP's Buffer over libdeepep-client, needing no process group.
 
 A Buffer is one rank of one job.  Its identity (job id, ranks) comes from
-arguments or the launcher's environment (identity.py); its memory is the
+the process group where one is given, else from arguments or the
+launcher's environment (identity.py); its memory is the
 daemon's, lent at attach for one job shape (hidden, num_experts, top-k,
 token bounds).  The shape is given to the constructor, or taken from the
 first operation that reveals it: the Buffer then attaches there, and every
@@ -18,10 +19,10 @@ import torch
 
 from . import _lib
 from .config import Config
-from .errors import Error, Unsupported, from_code
+from .errors import Error, InvalidArgument, Unsupported, from_code
 from .event import EventHandle, EventOverlap
 from .handle import Handle, HandlePools, _capturing
-from .identity import Identity, from_environment
+from .identity import Identity, from_environment, from_group
 
 #: The dtype of top-k expert ids (DeepEP's topk_idx_t); int32 is accepted too.
 topk_idx_t = torch.int64
@@ -98,8 +99,33 @@ _INDEX_TYPES = {torch.int64: _lib.INDEX_I64, torch.int32: _lib.INDEX_I32}
 _ALIGN_MAX = _lib.c_range(_lib.field_type(_lib.DispatchArgs, "expert_alignment"))[1]
 
 
+#: DeepEP V1's recommended Configs (deep_ep/buffer.py, get_dispatch_config and
+#: get_combine_config): rank count -> (num_max_nvl_chunked_send_tokens,
+#: num_max_nvl_chunked_recv_tokens, num_max_rdma_chunked_send_tokens,
+#: num_max_rdma_chunked_recv_tokens); num_sms is Buffer.num_sms.
+_DISPATCH_CONFIGS = {
+    2: (24, 256, 6, 128), 4: (6, 256, 6, 128), 8: (6, 256, 6, 128), 16: (36, 288, 20, 128),
+    24: (32, 288, 8, 128), 32: (32, 288, 8, 128), 48: (32, 288, 8, 128), 64: (32, 288, 8, 128),
+    96: (20, 480, 12, 128), 128: (20, 560, 12, 128), 144: (32, 720, 12, 128),
+    160: (28, 720, 12, 128),
+}
+_COMBINE_CONFIGS = {
+    2: (10, 256, 6, 128), 4: (9, 256, 6, 128), 8: (4, 256, 6, 128), 16: (4, 288, 12, 128),
+    24: (1, 288, 8, 128), 32: (1, 288, 8, 128), 48: (1, 288, 8, 128), 64: (1, 288, 8, 128),
+    96: (1, 480, 8, 128), 128: (1, 560, 8, 128), 144: (2, 720, 8, 128), 160: (2, 720, 8, 128),
+}
+
 #: dep_job_shape's field of each shape attribute of Buffer (the others have their own names).
 _SHAPE_FIELDS = {"num_topk": "topk"}
+
+
+def _token_in_rank(idx: torch.Tensor, num_experts: int, world: int) -> torch.Tensor:
+    """[num_tokens, world] bool: whether rank r owns one of token t's experts (int64 ids,
+    -1 for none; expert e is rank e // (num_experts / world)'s), as dep_layout's
+    token_in_rank."""
+    owner = torch.where(idx >= 0, idx // (num_experts // world), torch.full_like(idx, -1))
+    ranks = torch.arange(world, dtype=torch.int64, device=idx.device)
+    return (owner.unsqueeze(2) == ranks.view(1, 1, world)).any(1)
 
 
 def _shape_int(what: str, name: str, v: object) -> int:
@@ -120,18 +146,25 @@ class Buffer(HandlePools):
     """One rank's side of deepepd's dispatch and combine, with DeepEP's methods.
 
     Args (DeepEP's, in DeepEP's order; accepted for compatibility):
-        group: a torch.distributed ProcessGroup (or None); only its size() is checked
-            against world_size, nothing is sent over it.
+        group: a torch.distributed ProcessGroup (the expert-parallel group), or None.  Where
+            given, the job's identity is the group's (identity.from_group): rank and world
+            size are the group's, the local ranks its members on this host, and the job id
+            is agreed over the group in one collective at construction (which every member
+            must make); nothing else is sent over it.  Each Buffer so made is a job of its
+            own, so several groups in one world, and one process in several groups, work.
         num_nvl_bytes, num_rdma_bytes: kept as attributes; deepepd sizes memory from the
             job shape.
         low_latency_mode, num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl,
             use_fabric, explicitly_destroy, enable_shrink: accepted and kept; they change
             nothing here.
-        comm: an mpi4py communicator in place of group (its Get_size() is checked).
+        comm: an mpi4py communicator in place of group (its Get_size() is checked against
+            the world size from the arguments or the environment).
 
     Keyword-only (deepepd's):
         job_id, rank, world_size, local_rank, local_world_size: the job's identity; each one
-            not given comes from the environment (torchrun, SLURM, $DEEPEP_JOB_ID).
+            not given comes from the group where one is given (one that disagrees with the
+            group is a ValueError), else from the environment (torchrun, SLURM,
+            $DEEPEP_JOB_ID).
         socket: the daemon's socket (else $DEEPEPD_SOCKET, else /run/deepepd/deepepd.sock);
             a path with a NUL character is refused.
         hidden, num_experts, num_topk: the job shape, each positive and at most 2**32 - 1
@@ -168,6 +201,10 @@ class Buffer(HandlePools):
                  num_topk: Optional[int] = None, max_tokens_per_rank: Optional[int] = None,
                  max_ll_tokens_per_rank: Optional[int] = None):
         self._conn: Optional[_Conn] = None
+        #: get_next_low_latency_combine_buffer's tensor, and get_local_buffer_tensor's
+        #: buffers (use_rdma_buffer -> uint8 tensor), made at their first call.
+        self._ll_combine_buf: Optional[torch.Tensor] = None
+        self._raw_buffers: dict = {}
         self._handles_init()
         self._streams: dict = {}  # raw stream -> torch.cuda.Stream, for recording events
         self.attached = False
@@ -183,17 +220,16 @@ class Buffer(HandlePools):
         self.low_latency_mode = bool(low_latency_mode)
         self.num_qps_per_rank = num_qps_per_rank
         self.explicitly_destroy = bool(explicitly_destroy)
-        self.identity: Identity = from_environment(
-            job_id=job_id, rank=rank, world_size=world_size, local_rank=local_rank,
-            local_world_size=local_world_size)
-        size = None
+        given = dict(job_id=job_id, rank=rank, world_size=world_size, local_rank=local_rank,
+                     local_world_size=local_world_size)
         if group is not None:
-            size = group.size()
-        elif comm is not None:
-            size = comm.Get_size()
-        if size is not None and size != self.identity.world_size:
-            raise ValueError(f"group has {size} ranks but world_size is "
-                             f"{self.identity.world_size}; pass the expert-parallel group")
+            self.identity: Identity = from_group(group, **given)
+        else:
+            self.identity = from_environment(**given)
+            if comm is not None and comm.Get_size() != self.identity.world_size:
+                raise ValueError(f"comm has {comm.Get_size()} ranks but world_size is "
+                                 f"{self.identity.world_size}; pass the expert-parallel "
+                                 "communicator")
         self.rank = self.identity.rank
         self.group_size = self.identity.world_size
         self.hidden = self._opt_int("hidden", hidden)
@@ -265,10 +301,13 @@ class Buffer(HandlePools):
             return bytes(16)
         return _cuda_uuid(self.device.index)
 
+    def _default_max_tokens(self) -> int:
+        """max_tokens_per_rank where neither the constructor nor the environment gave it."""
+        return max(DEFAULT_MAX_TOKENS_PER_RANK, self.max_ll_tokens_per_rank or 0)
+
     def _attach(self) -> None:
         if self.max_tokens_per_rank is None:
-            self.max_tokens_per_rank = max(DEFAULT_MAX_TOKENS_PER_RANK,
-                                           self.max_ll_tokens_per_rank or 0)
+            self.max_tokens_per_rank = self._default_max_tokens()
         if self.max_ll_tokens_per_rank is None:
             self.max_ll_tokens_per_rank = min(self.max_tokens_per_rank,
                                               DEFAULT_MAX_LL_TOKENS_PER_RANK)
@@ -348,13 +387,15 @@ class Buffer(HandlePools):
         return {name: getattr(out, name) for name, _ in out._fields_ if name != "size"}
 
     def _shape(self, op: str, hidden: Optional[int], num_experts: Optional[int],
-               topk: Optional[int], ll_tokens: Optional[int] = None) -> None:
-        """Attach on the first call that completes the shape; later calls must match it."""
+               topk: Optional[int], ll_tokens: Optional[int] = None) -> bool:
+        """Attach on the first call that completes the shape; later calls must match it.
+        True once attached; False only for get_dispatch_layout on a shape that lacks just
+        hidden (what it gives is recorded; the first dispatch gives hidden and attaches)."""
         if self.attached and (hidden is None or hidden == self.hidden) and \
                 (num_experts is None or num_experts == self.num_experts) and \
                 (topk is None or topk == self.num_topk) and \
                 (ll_tokens is None or ll_tokens == self.max_ll_tokens_per_rank):
-            return
+            return True
         if self._conn is None or self._conn.ptr is None:
             raise Error(-17, "this Buffer was destroyed", op)
         given = {"hidden": hidden, "num_experts": num_experts, "num_topk": topk,
@@ -377,12 +418,15 @@ class Buffer(HandlePools):
                                  f"{have}; one Buffer serves one job shape (make another Buffer "
                                  "for another shape)")
         if self.attached:
-            return
+            return True
         missing = [n for n in ("hidden", "num_experts", "num_topk") if getattr(self, n) is None]
+        if missing == ["hidden"] and op == "get_dispatch_layout":
+            return False
         if missing:
             raise ValueError(f"{op}: the job shape lacks {', '.join(missing)}, which this call "
                              f"cannot supply; give Buffer({'=..., '.join(missing)}=...)")
         self._attach()
+        return True
 
     # ---- tensors ----------------------------------------------------------
 
@@ -517,18 +561,27 @@ class Buffer(HandlePools):
             raise ValueError(f"{call}: num_ranks is {num_ranks}; it must be positive")
 
     @staticmethod
+    def _config(call: str, table: dict, num_ranks: int) -> Config:
+        """Config(Buffer.num_sms, *table's row for num_ranks): DeepEP's row where its table has
+        one, else the row of the next larger rank count it lists (its largest past them):
+        DeepEP asserts there, but deepepd serves any world, and its kernels do not read the
+        Config (callers size buffers from its hints)."""
+        Buffer._num_ranks(call, num_ranks)
+        n = min((k for k in table if k >= num_ranks), default=max(table))
+        return Config(Buffer.num_sms, *table[n])
+
+    @staticmethod
     def get_dispatch_config(num_ranks: int) -> Config:
-        """A dispatch Config for num_ranks ranks (a positive int), for callers that size buffers
-        from its hints: the same chunking for every num_ranks (deepepd sizes memory from the job
-        shape, and its kernels do not read the Config)."""
-        Buffer._num_ranks("get_dispatch_config", num_ranks)
-        return Config(Buffer.num_sms, 6, 256, 6, 128)
+        """DeepEP's recommended dispatch Config for num_ranks ranks (a positive int), with
+        Buffer.num_sms: its table's row (_DISPATCH_CONFIGS), or for a rank count it does not
+        list the next larger one's.  deepepd's kernels do not read it; callers size buffers
+        from its hints and pass it back."""
+        return Buffer._config("get_dispatch_config", _DISPATCH_CONFIGS, num_ranks)
 
     @staticmethod
     def get_combine_config(num_ranks: int) -> Config:
-        """A combine Config for num_ranks ranks (a positive int); see get_dispatch_config."""
-        Buffer._num_ranks("get_combine_config", num_ranks)
-        return Config(Buffer.num_sms, 4, 256, 6, 128)
+        """DeepEP's recommended combine Config for num_ranks ranks; see get_dispatch_config."""
+        return Buffer._config("get_combine_config", _COMBINE_CONFIGS, num_ranks)
 
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int,
@@ -563,6 +616,9 @@ class Buffer(HandlePools):
             previous_event, async_finish, allocate_on_comm_stream: as DeepEP's (the host
                 backend is synchronous; on cuda the work runs on the current stream).
 
+        On a Buffer that has not attached (its shape lacks hidden, which the first dispatch
+        gives) the layout is computed with torch, with the library's checks and results.
+
         Returns:
             num_tokens_per_rank: [world_size] int32, tokens that go to each rank.
             num_tokens_per_rdma_rank: None (one node).
@@ -579,7 +635,11 @@ class Buffer(HandlePools):
         else:
             idx, itype = self._topk("get_dispatch_layout", topk_idx, None)
         n, k = idx.shape
-        self._shape("get_dispatch_layout", None, num_experts, k)
+        if not self._shape("get_dispatch_layout", None, num_experts, k):
+            if previous_event is not None:
+                self._wait(previous_event)
+            return self._layout_unattached(idx) + \
+                (self._event(previous_event, async_finish) if async_finish else EventOverlap(None),)
         if n > self.max_tokens_per_rank:
             self._tokens_fit("get_dispatch_layout", n, self.max_tokens_per_rank,
                              "max_tokens_per_rank")
@@ -599,6 +659,45 @@ class Buffer(HandlePools):
             self._fail(rc, "dep_layout")
         return per_rank, None, per_expert, in_rank, \
             self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
+
+    def _layout_unattached(self, idx: torch.Tensor) -> Tuple[torch.Tensor, None, torch.Tensor,
+                                                             torch.Tensor]:
+        """get_dispatch_layout's results where the Buffer has not attached yet (its shape
+        lacks hidden, which the first dispatch gives: Megatron asks for the layout first).
+        The layout needs no other rank and no daemon memory, so it is computed here with
+        torch, as DESIGN §6 defines it and dep_layout computes it (the tests compare the two):
+        expert e is rank e // (num_experts / world_size)'s; -1 selects nothing."""
+        W, E = self.group_size, self.num_experts
+        if E % W != 0:
+            raise ValueError(f"num_experts {E} is not divisible by the world size {W}")
+        n = idx.size(0)
+        bound = self.max_tokens_per_rank or self._default_max_tokens()
+        if n > bound:
+            self._tokens_fit("get_dispatch_layout", n, bound, "max_tokens_per_rank")
+        bad = (idx < -1) | (idx >= E)
+        if bool(bad.any()):
+            v = int(idx[bad][0])
+            raise InvalidArgument(_lib.ERR_INVALID, f"topk_idx holds expert {v}; ids are -1 "
+                                  f"(none) or 0..{E - 1}", "get_dispatch_layout")
+        idx = idx.long()
+        chosen = idx >= 0
+        in_rank = _token_in_rank(idx, E, W)
+        per_rank = in_rank.sum(0).to(torch.int32)
+        per_expert = torch.bincount(idx[chosen], minlength=E).to(torch.int32)
+        return per_rank, None, per_expert, in_rank
+
+    def recv_from(self, handle: Handle) -> Optional[list]:
+        """The rows a dispatch's handle received from each source rank, in rank order (they
+        are contiguous by source): [world_size] ints; None where the library does not know
+        them on the host (a dispatch with num_worst_tokens on cuda, which never waits)."""
+        h = self._handle("recv_from", handle, "dispatch")
+        out = (ctypes.c_uint32 * self.group_size)()
+        rc = self._conn.lib.dep_handle_recv_from(self._conn.ptr, h._ptr, out, self.group_size)
+        if rc == _lib.ERR_STATE and h.worst and not self._host:
+            return None
+        if rc:
+            self._fail(rc, "dep_handle_recv_from")
+        return list(out)
 
     def dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
                  handle: Optional[Handle] = None,
@@ -1038,7 +1137,9 @@ class Buffer(HandlePools):
             topk_weights: [num_tokens, num_topk] float32.
             handle: the matching low_latency_dispatch's; kept by the Buffer until destroy()
                 where the call is captured in a CUDA graph (as combine's).
-            use_logfmt, zero_copy: must be False; combine_wait_recv_cost_stats: None.
+            use_logfmt: must be False; combine_wait_recv_cost_stats: None.
+            zero_copy: read the input from get_next_low_latency_combine_buffer's tensor
+                (which the caller has written) instead of x (still checked for its shape).
             async_finish, return_recv_hook: as for low_latency_dispatch.
             out: optional [num_tokens, hidden] bfloat16 to write into.
 
@@ -1050,13 +1151,22 @@ class Buffer(HandlePools):
         op = "low_latency_combine"
         if use_logfmt:
             raise Unsupported("low_latency_combine(use_logfmt=True)")
-        if zero_copy:
-            raise Unsupported("low_latency_combine(zero_copy=True)")
         if combine_wait_recv_cost_stats is not None:
             raise Unsupported("low_latency_combine(combine_wait_recv_cost_stats=...)")
         h = self._handle(op, handle, "low_latency_dispatch")
         nt, dev = h.num_tokens, self.device
         want = (self.num_local_experts, self._ll_rows, self.hidden)
+        if zero_copy:
+            # DeepEP's zero copy: the input is what the caller wrote into the combine buffer
+            # (x is still checked as the call's input, as DeepEP's).
+            if self._ll_combine_buf is None:
+                raise ValueError(f"{op}: zero_copy=True but get_next_low_latency_combine_buffer "
+                                 "was never called; write the input there first")
+            if not isinstance(x, torch.Tensor) or tuple(x.shape) != want:
+                raise ValueError(f"{op}: x has shape "
+                                 f"{tuple(x.shape) if isinstance(x, torch.Tensor) else None}; "
+                                 f"expected {want}")
+            x = self._ll_combine_buf
         itype = _INDEX_TYPES.get(topk_idx.dtype) if type(topk_idx) is _Tensor else None
         if itype is not None and _ok(x, torch.bfloat16, 3, dev) and x.shape == want and \
                 topk_idx.dim() == 2 and topk_idx.device == dev and topk_idx.size(0) == nt and \
@@ -1101,6 +1211,71 @@ class Buffer(HandlePools):
         here (the library keeps its state per operation), but the shape is checked."""
         self._shape("clean_low_latency_buffer", hidden, num_experts, None,
                     num_max_dispatch_tokens_per_rank)
+
+    def get_next_low_latency_combine_buffer(self, handle: Handle) -> torch.Tensor:
+        """The tensor a zero-copy low_latency_combine reads its input from (DeepEP's): write
+        the experts' outputs into it, then call low_latency_combine(..., zero_copy=True).
+
+        Args:
+            handle: the low_latency_dispatch's handle whose combine comes next.
+
+        Returns:
+            [num_local_experts, world_size * max_ll_tokens_per_rank, hidden] bfloat16 on the
+            Buffer's device: one tensor per Buffer, made at the first call and returned again
+            at every later one (DeepEP alternates two; here the combine reads it on the
+            caller's stream, so one serves as long as the caller writes it on that stream).
+        """
+        self._handle("get_next_low_latency_combine_buffer", handle, "low_latency_dispatch")
+        buf = self._ll_combine_buf
+        if buf is None:
+            buf = self._ll_combine_buf = self._empty(
+                (self.num_local_experts, self._ll_rows, self.hidden), torch.bfloat16)
+        return buf
+
+    def get_local_buffer_tensor(self, dtype: torch.dtype, size: Optional[torch.Size] = None,
+                                offset: int = 0, use_rdma_buffer: bool = False) -> torch.Tensor:
+        """DeepEP's raw buffer as a tensor, for callers that use it as scratch (vLLM zeroes
+        the RDMA one).  deepepd's memory is the operations' own and is never handed out:
+        this is a buffer of the Buffer's own, num_nvl_bytes (or with use_rdma_buffer
+        num_rdma_bytes) bytes on the Buffer's device, made at the first call for it and the
+        same memory at every later one.
+
+        Args:
+            dtype: the tensor's dtype; the buffer's bytes from `offset` elements of it on.
+            size: optional torch.Size: the first size.numel() elements, viewed so.
+            offset: elements of dtype to skip (0 or more).
+            use_rdma_buffer: the num_rdma_bytes buffer instead of the num_nvl_bytes one.
+
+        Returns:
+            a 1-D tensor of dtype over the rest of the buffer, or of shape `size`.
+        """
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"get_local_buffer_tensor: offset {offset!r} must be an int >= 0")
+        nbytes = self.num_rdma_bytes if use_rdma_buffer else self.num_nvl_bytes
+        raw = self._raw_buffers.get(bool(use_rdma_buffer))
+        if raw is None:
+            raw = self._raw_buffers[bool(use_rdma_buffer)] = self._empty((nbytes,), torch.uint8)
+        elem = torch.empty((), dtype=dtype).element_size()
+        t = raw[:nbytes // elem * elem].view(dtype)[offset:]
+        if size is None:
+            return t
+        n = torch.Size(size).numel()
+        if n > t.numel():
+            raise ValueError(f"get_local_buffer_tensor: size {tuple(size)} needs {n} elements; "
+                             f"the {'RDMA' if use_rdma_buffer else 'NVL'} buffer has "
+                             f"{t.numel()} of {dtype} past offset {offset} "
+                             f"({'num_rdma_bytes' if use_rdma_buffer else 'num_nvl_bytes'} "
+                             f"{nbytes})")
+        return t[:n].view(size)
+
+    def get_comm_stream(self) -> Any:
+        """The stream the Buffer's operations run on: deepepd queues each on the caller's
+        current stream (it has no stream of its own), so this is the current
+        torch.cuda.Stream of the Buffer's device; None on the host backend, where the
+        operations run on the calling thread."""
+        if self._host:
+            return None
+        return torch.cuda.current_stream(self.device)
 
     def attach_times(self) -> dict:
         """Where the attach's time went, in ms (dep_attach_times: total, wait, map, setup,

@@ -11,13 +11,22 @@ already say all of it in the environment:
   SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE, and SLURM_JOB_ID with
   SLURM_STEP_ID;
 - DEEPEP_JOB_ID, when set, overrides the job id of either.
+
+Where the caller gives a torch.distributed process group (DeepEP's
+``Buffer(group, ...)``), the identity is the group's instead (from_group):
+its rank and size, its members on this host as the local ranks, and a job
+id agreed over the group, so that an expert-parallel group inside a larger
+world, several such groups, and one process in several groups each make a
+job of their own.
 """
 from __future__ import annotations
 
 import os
 import re
+import secrets
+import socket
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from . import _lib
 
@@ -135,5 +144,92 @@ def from_environment(env: Optional[Mapping[str, str]] = None, **given: Optional[
             "them to Buffer(...), or start under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, "
             "LOCAL_WORLD_SIZE, TORCHELASTIC_RUN_ID) or srun, or set $DEEPEP_JOB_ID for the job id")
     ident = Identity(**fields)  # type: ignore[arg-type]
+    ident.check()
+    return ident
+
+
+#: The random part of a job id agreed over a group (hex characters; 64 bits).
+_GROUP_ID_HEX = 16
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def _launcher_run_id(env: Mapping[str, str]) -> Optional[str]:
+    """The launcher's id of this run ($DEEPEP_JOB_ID, torchrun's TORCHELASTIC_RUN_ID, SLURM's
+    job and step), where there is one."""
+    if env.get(JOB_ID_ENV):
+        return env[JOB_ID_ENV]
+    if env.get("TORCHELASTIC_RUN_ID"):
+        return env["TORCHELASTIC_RUN_ID"]
+    job, step = env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID")
+    if job:
+        return f"slurm-{job}.{step}" if step else f"slurm-{job}"
+    return None
+
+
+def _host_key() -> str:
+    """What tells this host from every other: its name and this boot's id (two containers
+    may share a host name; a host's boot id is the same in each of its containers, whose
+    ranks share one deepepd)."""
+    try:
+        with open(_BOOT_ID) as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def from_group(group: Any, env: Optional[Mapping[str, str]] = None,
+               **given: Optional[object]) -> Identity:
+    """The Identity of this process in a torch.distributed process group, agreed with the
+    group's other members in one collective (all_gather_object) at construction, which every
+    member must make; nothing else is ever sent over the group.
+
+    rank and world_size are the group's (dist.get_rank(group), dist.get_world_size(group));
+    the local ranks are the group's members on this host, in group rank order; the job id is
+    given's job_id where the caller gives one (every member must then give the same), else
+    rank 0's random id, after the launcher's run id where there is one (`env`, as
+    from_environment reads it).  The launcher's RANK and WORLD_SIZE, which are the world's,
+    are not read.  An explicit field of `given` that disagrees with the group is a
+    ValueError naming both, raised before the collective where the group alone decides it
+    (rank, world_size), so every member raises alike."""
+    import torch.distributed as dist
+    env = os.environ if env is None else env
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("group given but torch.distributed is not initialized; call "
+                         "dist.init_process_group first, or pass group=None and the identity "
+                         "(job_id, rank, world_size) or a launcher's environment")
+    try:
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+    except (RuntimeError, TypeError, AttributeError) as e:
+        raise TypeError(f"group must be a torch.distributed ProcessGroup this process belongs "
+                        f"to, not {type(group).__name__} ({e})") from None
+    if rank < 0:
+        raise ValueError("this process is not a member of the group it passed")
+    for name, have in (("rank", rank), ("world_size", size)):
+        v = given.get(name)
+        if v is not None and v != have:
+            raise ValueError(f"{name} {v!r} was given but the group says {have}; pass one or "
+                             "the other (the group's rank and size are the job's)")
+    every: list = [None] * size
+    dist.all_gather_object(every, (_host_key(), secrets.token_hex(_GROUP_ID_HEX // 2)),
+                           group=group)
+    here = [r for r, (host, _) in enumerate(every) if host == every[rank][0]]
+    local_rank, local_world_size = here.index(rank), len(here)
+    for name, have in (("local_rank", local_rank), ("local_world_size", local_world_size)):
+        v = given.get(name)
+        if v is not None and v != have:
+            raise ValueError(f"{name} {v!r} was given but the group has {have} on this host; "
+                             "pass one or the other")
+    job_id = given.get("job_id")
+    if job_id is None:
+        agreed = every[0][1]
+        base = _launcher_run_id(env)
+        if base:
+            # The launcher's id first (deepepctl shows which run a job is), cut to leave
+            # room for the agreed part, which alone keeps the jobs of one run apart.
+            base = base[:_lib.JOB_ID_MAX - 1 - len(agreed) - 1]
+        job_id = f"{base}-{agreed}" if base else f"ep-{agreed}"
+    ident = Identity(job_id=job_id, rank=rank, world_size=size,  # type: ignore[arg-type]
+                     local_rank=local_rank, local_world_size=local_world_size)
     ident.check()
     return ident

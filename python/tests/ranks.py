@@ -57,9 +57,19 @@ def run_rank(args) -> List[Dict[str, np.ndarray]]:
     dev = torch.device(dev)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    s = shape(world)
     b = deepep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
-                      local_world_size=world, socket=sock, **s)
+                      local_world_size=world, socket=sock, **shape(world))
+    out = rank_ops(b, rank, world, seed, iters, dev)
+    b.destroy()
+    return out
+
+
+def rank_ops(b, rank: int, world: int, seed: int, iters: int, dev: torch.device
+             ) -> List[Dict[str, np.ndarray]]:
+    """run_rank's operations on Buffer b, rank `rank` of a job of `world` ranks (b may not have
+    attached yet: its first layout or dispatch then supplies the shape)."""
+    import deepep
+    s = shape(world)
     L = s["num_experts"] // world
     out = []
     for it in range(iters):
@@ -78,6 +88,11 @@ def run_rank(args) -> List[Dict[str, np.ndarray]]:
             is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, async_finish=True)
         ev.current_stream_wait()
         assert ri.dtype == torch.int64 and rw.dtype == torch.float32 and rx.device == dev
+        if isinstance(h, tuple):  # deep_ep's DeepEP-shaped handle
+            r.update(h_rank_prefix=h[0].cpu().numpy(), h_chan_prefix=h[1].cpu().numpy(),
+                     h_recv_chan_prefix=h[2].cpu().numpy(), h_src_idx=h[3].cpu().numpy(),
+                     h_in_rank=h[4].cpu().numpy(), h_send_head=h[5].cpu().numpy(),
+                     h_channels=np.int64(b.get_dispatch_config(world).num_sms // 2))
         r.update(recv_x=bits(rx), recv_idx=ri.cpu().numpy(), recv_w=rw.cpu().numpy(),
                  counts=np.array(counts, np.int64))
         y = (rx.float() * (rank + 1)).bfloat16()
@@ -111,7 +126,6 @@ def run_rank(args) -> List[Dict[str, np.ndarray]]:
         r.update(fp8_x=q.view(torch.uint8).cpu().numpy(), fp8_scales=sc.cpu().numpy(),
                  fp8_count=count.cpu().numpy())
         out.append(r)
-    b.destroy()
     return out
 
 
@@ -356,3 +370,103 @@ def graph_tp_rank(args) -> List[Dict[str, np.ndarray]]:
     del g
     b.destroy()
     return out
+
+
+def import_compat():
+    """python/deep_ep_compat imported as deep_ep, as an opt-in install lays it out."""
+    import importlib.util
+    import os
+    import sys
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "deep_ep_compat")
+    for name in ("deep_ep.utils", "deep_ep"):
+        sys.modules.pop(name, None)
+    spec = importlib.util.spec_from_file_location("deep_ep", os.path.join(root, "__init__.py"),
+                                                  submodule_search_locations=[root])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["deep_ep"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+#: group_rank's world and its two ways of cutting it into expert-parallel groups of two:
+#: PAIRS as Megatron's EP inside DP ({0, 1}, {2, 3}), CROSS across them ({0, 2}, {1, 3}), so
+#: that every process is in one group of each.
+GROUP_WORLD = 4
+PAIRS = ([0, 1], [2, 3])
+CROSS = ([0, 2], [1, 3])
+#: The token bounds group_rank's ranks take from the environment, as a launcher would set
+#: them: Buffer(group, num_nvl_bytes, num_rdma_bytes) is DeepEP's call, with no shape.
+GROUP_ENV = {"DEEPEP_MAX_TOKENS_PER_RANK": str(shape(2)["max_tokens_per_rank"]),
+             "DEEPEP_MAX_LL_TOKENS_PER_RANK": str(shape(2)["max_ll_tokens_per_rank"])}
+
+
+def group_seed(seed: int, cut: str, index: int) -> int:
+    """The seed of the inputs of EP group `index` of cut "pairs" or "cross" (each group's
+    inputs differ, so that a row delivered to another group's job would show)."""
+    return seed * 8 + {"pairs": 0, "cross": 2}[cut] + index
+
+
+def group_rank(rank: int, sock: str, store: str, seed: int, iters: int, outdir: str) -> None:
+    """Process `rank` of a world of GROUP_WORLD started by torch.multiprocessing.spawn, gloo
+    over a FileStore, with no launcher's variables: it builds deep_ep.Buffer(group, ...) on its
+    PAIRS group and on its CROSS group (one process, two groups, two jobs), checks that
+    explicit arguments disagreeing with the group are refused, runs rank_ops on each Buffer
+    as the group's rank, and pickles {"pairs"/"cross": (group index, group rank, identity,
+    results), "refused": messages} into outdir/<rank>.pkl."""
+    import os
+    import pickle
+    import torch.distributed as dist
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                 "DEEPEP_JOB_ID", "SLURM_PROCID", "SLURM_JOB_ID"):
+        os.environ.pop(name, None)
+    os.environ.update(GROUP_ENV)
+    os.environ["DEEPEPD_SOCKET"] = sock
+    dist.init_process_group("gloo", store=dist.FileStore(store, GROUP_WORLD), rank=rank,
+                            world_size=GROUP_WORLD)
+    # Every process makes every group, in one order (torch's rule for new_group).
+    groups = {"pairs": [dist.new_group(m) for m in PAIRS],
+              "cross": [dist.new_group(m) for m in CROSS]}
+    deep_ep = import_compat()
+    out: Dict[str, object] = {"refused": []}
+    pick = {cut: next(i for i, m in enumerate(ms) if rank in m)
+            for cut, ms in (("pairs", PAIRS), ("cross", CROSS))}
+    for kw in (dict(world_size=GROUP_WORLD), dict(rank=(dist.get_rank(groups["pairs"][
+            pick["pairs"]]) + 1) % 2), dict(local_world_size=1)):
+        try:
+            deep_ep.Buffer(groups["pairs"][pick["pairs"]], 1 << 20, 0, **kw)
+        except ValueError as e:
+            out["refused"].append(str(e))
+    bufs = {cut: deep_ep.Buffer(groups[cut][pick[cut]], 1 << 20, 0) for cut in ("pairs", "cross")}
+    for cut, b in bufs.items():
+        g = groups[cut][pick[cut]]
+        gr, gw = dist.get_rank(g), dist.get_world_size(g)
+        res = rank_ops(b, gr, gw, group_seed(seed, cut, pick[cut]), iters, torch.device("cpu"))
+        out[cut] = (pick[cut], gr, b.identity, res)
+    for b in bufs.values():
+        b.destroy()
+    with open(os.path.join(outdir, f"{rank}.pkl"), "wb") as f:
+        pickle.dump(out, f)
+    dist.destroy_process_group()
+
+
+def job_id_rank(rank: int, sock: str, store: str, outdir: str) -> None:
+    """One process, a gloo world of 1 over a FileStore: the job ids from_group agrees with a
+    launcher's long run id in the environment, with none, and with job_id given; pickled into
+    outdir/ids.pkl."""
+    import os
+    import pickle
+    import torch.distributed as dist
+    from deepep.identity import from_group
+    dist.init_process_group("gloo", store=dist.FileStore(store, 1), rank=0, world_size=1)
+    for name in ("DEEPEP_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        os.environ.pop(name, None)
+    out = {"none": [from_group(None).job_id, from_group(None).job_id],
+           "given": from_group(None, job_id="mine").job_id}
+    os.environ["TORCHELASTIC_RUN_ID"] = "r" * 70
+    out["torchrun"] = from_group(None).job_id
+    os.environ["DEEPEP_JOB_ID"] = "fixed"
+    out["deepep"] = from_group(None).job_id
+    with open(os.path.join(outdir, "ids.pkl"), "wb") as f:
+        pickle.dump(out, f)
+    dist.destroy_process_group()

@@ -2,7 +2,6 @@
 events, Config, and the deep_ep compatibility module."""
 import ctypes
 import gc
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import torch
 
 import conftest
 import deepep
+import ranks
 from deepep.identity import from_environment
 
 DEV = torch.device(conftest.DEVICE)
@@ -84,9 +84,9 @@ def test_clean_low_latency_buffer_names_its_own_argument(buf):
 def test_configs_for_a_rank_count_that_cannot_be_are_refused():
     # Any positive count gets a Config (Megatron asks for its group's size, whatever it is);
     # 0, a negative one or a non-int was handed a Config too.
-    for n in (1, 3, 8, 160):
-        assert deepep.Buffer.get_dispatch_config(n).num_max_nvl_chunked_send_tokens == 6
-        assert deepep.Buffer.get_combine_config(n).num_max_nvl_chunked_send_tokens == 4
+    for n in (1, 3, 8, 160, 1000):
+        assert deepep.Buffer.get_dispatch_config(n).num_sms == deepep.Buffer.num_sms
+        assert deepep.Buffer.get_combine_config(n).num_sms == deepep.Buffer.num_sms
     for get in (deepep.Buffer.get_dispatch_config, deepep.Buffer.get_combine_config):
         with pytest.raises(ValueError, match="num_ranks is 0; it must be positive"):
             get(0)
@@ -158,12 +158,54 @@ def test_the_daemon_refusing_a_shape_is_an_error_with_code_name_and_message(daem
     assert isinstance(e.value, ValueError) and isinstance(e.value, deepep.Error)
 
 
-def test_group_size_is_checked(daemon):
+def test_a_group_without_torch_distributed_is_refused_saying_why(daemon):
+    """The identity of a Buffer given a group is the group's (test_group.py); without an
+    initialised torch.distributed there is none to take."""
     class Group:
         def size(self):
             return 2
-    with pytest.raises(ValueError, match="group has 2 ranks but world_size is 1"):
+    with pytest.raises(ValueError, match="torch.distributed is not initialized"):
         one_rank(daemon, group=Group(), **SHAPE)
+
+
+def test_layout_comes_before_any_dispatch_on_a_buffer_without_hidden(daemon):
+    """Megatron's order: Buffer(group, nvl, rdma), get_dispatch_layout, then dispatch; the
+    layout before the attach (hidden unknown) equals the library's after it."""
+    shape = {k: v for k, v in SHAPE.items() if k != "hidden"}
+    b = one_rank(daemon, world_size=2, local_world_size=1, local_rank=0,
+                 **dict(shape, num_experts=8, num_topk=3))
+    idx = torch.tensor([[0, 5, -1], [7, 6, 4], [-1, -1, -1], [1, 2, 3], [3, -1, 0]],
+                       dtype=torch.int64, device=DEV)
+    per_rank, rdma, per_expert, in_rank, ev = b.get_dispatch_layout(idx, 8, async_finish=True)
+    assert not b.attached and rdma is None and ev.event is not None
+    assert per_rank.dtype == torch.int32 and per_expert.dtype == torch.int32
+    assert in_rank.dtype == torch.bool and per_rank.device == DEV
+    assert per_rank.tolist() == [3, 2]
+    assert per_expert.tolist() == [2, 1, 1, 2, 1, 1, 1, 1]
+    assert in_rank.tolist() == [[True, True], [False, True], [False, False], [True, False],
+                                [True, False]]
+    # int32 ids too, and the library's checks: ids out of range, a wrong num_experts.
+    assert torch.equal(b.get_dispatch_layout(idx.int(), 8)[3], in_rank)
+    with pytest.raises(deepep.InvalidArgument, match="expert 8"):
+        b.get_dispatch_layout(torch.tensor([[8, 0, 1]], device=DEV), 8)
+    with pytest.raises(ValueError, match="num_experts"):
+        b.get_dispatch_layout(idx, 16)
+    assert not b.attached
+    b.destroy()
+    # The same ids through dep_layout, on a Buffer that has attached (a world of one, which
+    # attaches alone): its world differs, so compare against a one-rank layout computed
+    # before that Buffer's attach.
+    shape1 = dict(shape, num_experts=8, num_topk=3)
+    b = one_rank(daemon, **shape1)
+    before = b.get_dispatch_layout(idx, 8)
+    assert not b.attached
+    b.dispatch(torch.zeros(5, 128, dtype=torch.bfloat16, device=DEV), topk_idx=idx,
+               topk_weights=torch.ones(5, 3, device=DEV))
+    assert b.attached
+    after = b.get_dispatch_layout(idx, 8)
+    for i in (0, 2, 3):
+        assert torch.equal(before[i], after[i]), i
+    b.destroy()
 
 
 @pytest.fixture
@@ -214,11 +256,10 @@ def test_arguments_not_in_the_library_yet_raise_unsupported(buf):
     cases = [
         lambda: buf.combine(x, h, bias=x),
         lambda: buf.low_latency_dispatch(x, idx, 8, 4, round_scale=True),
-        lambda: buf.low_latency_combine(x.view(1, 4, 128), idx, w, h, zero_copy=True),
         # README lists int32 scales in an FP8 tuple among these (it was a TypeError)
         lambda: buf.dispatch((q, packed), topk_idx=idx, topk_weights=w),
     ]
-    names = ["bias", "round_scale", "zero_copy", "int32 (packed UE8M0) FP8 scales"]
+    names = ["bias", "round_scale", "int32 (packed UE8M0) FP8 scales"]
     for case, name in zip(cases, names):
         with pytest.raises(deepep.Unsupported, match="not in libdeepep-client yet") as e:
             case()
@@ -494,8 +535,8 @@ def test_destroy_is_idempotent_and_ends_the_buffer(daemon):
 def test_the_shape_is_taken_from_the_first_calls_that_supply_it(daemon):
     b = one_rank(daemon, max_tokens_per_rank=8)
     x, idx, w = tokens()
-    with pytest.raises(ValueError, match="lacks hidden"):
-        b.get_dispatch_layout(idx, 4)
+    # The layout needs no hidden (Megatron asks for it first): computed before the attach.
+    assert b.get_dispatch_layout(idx, 4)[0].tolist() == [4]
     assert not b.attached
     recv_x, _, _, counts, h, _ = b.dispatch(x, topk_idx=idx, topk_weights=w,
                                             num_tokens_per_expert=torch.zeros(4, dtype=torch.int32,
@@ -543,6 +584,95 @@ def test_config_and_size_hints():
     assert hint % 128 == 0 and hint == deepep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 16, 288)
 
 
+def fields(c):
+    return (c.num_sms, c.num_max_nvl_chunked_send_tokens, c.num_max_nvl_chunked_recv_tokens,
+            c.num_max_rdma_chunked_send_tokens, c.num_max_rdma_chunked_recv_tokens)
+
+
+def test_configs_are_deepeps_tables_and_the_next_larger_row_for_other_rank_counts():
+    """DeepEP V1's get_dispatch_config/get_combine_config tables (their values as DeepEP's
+    buffer.py lists them), with Buffer.num_sms; a rank count DeepEP does not list (it
+    asserts) gets the next larger one's row.  They were one row for every count before.
+    (Config rounds the RDMA receive count up to a multiple of the send count, as DeepEP's.)"""
+    B = deepep.Buffer
+    old = B.num_sms
+    try:
+        assert fields(B.get_dispatch_config(2)) == fields(deepep.Config(old, 24, 256, 6, 128))
+        assert fields(B.get_dispatch_config(16)) == fields(deepep.Config(old, 36, 288, 20, 128))
+        assert fields(B.get_dispatch_config(96)) == fields(deepep.Config(old, 20, 480, 12, 128))
+        assert fields(B.get_combine_config(4)) == fields(deepep.Config(old, 9, 256, 6, 128))
+        assert fields(B.get_combine_config(8)) == fields(deepep.Config(old, 4, 256, 6, 128))
+        assert fields(B.get_combine_config(144)) == fields(deepep.Config(old, 2, 720, 8, 128))
+        B.set_num_sms(24)
+        assert fields(B.get_dispatch_config(8)) == fields(deepep.Config(24, 6, 256, 6, 128))
+        assert fields(B.get_combine_config(1)) == fields(B.get_combine_config(2))
+        assert fields(B.get_dispatch_config(40)) == fields(B.get_dispatch_config(48))
+        assert fields(B.get_dispatch_config(1000)) == fields(B.get_dispatch_config(160))
+    finally:
+        B.num_sms = old
+
+
+def test_a_zero_copy_low_latency_combine_reads_the_next_combine_buffer(buf):
+    """DeepEP's zero copy: the caller writes the experts' outputs into
+    get_next_low_latency_combine_buffer(handle), then combines with zero_copy=True (x is
+    not read).  It raised Unsupported, and the method did not exist."""
+    x, idx, w = tokens()
+    x = x * torch.arange(1, 5, device=DEV).view(4, 1).bfloat16()
+    recv, count, h, _, _ = buf.low_latency_dispatch(x, idx, 8, 4, use_fp8=False)
+    want, _, _ = buf.low_latency_combine(recv * 2, idx, w, h)
+    nxt = buf.get_next_low_latency_combine_buffer(h)
+    assert nxt.shape == recv.shape and nxt.dtype == torch.bfloat16 and nxt.device == DEV
+    nxt[:, :, :] = recv * 2
+    got, _, _ = buf.low_latency_combine(torch.zeros_like(recv), idx, w, h, zero_copy=True)
+    assert torch.equal(got, want) and not torch.equal(got, torch.zeros_like(got))
+    assert buf.get_next_low_latency_combine_buffer(h).data_ptr() == nxt.data_ptr()
+    _, _, _, _, th, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    with pytest.raises(ValueError, match="low_latency_dispatch"):
+        buf.get_next_low_latency_combine_buffer(th)
+    with pytest.raises(ValueError, match="expected"):
+        buf.low_latency_combine(recv[:1], idx, w, h, zero_copy=True)
+
+
+def test_zero_copy_without_the_combine_buffer_says_to_write_it_first(daemon):
+    b = one_rank(daemon, **SHAPE)
+    x, idx, w = tokens()
+    recv, _, h, _, _ = b.low_latency_dispatch(x, idx, 8, 4, use_fp8=False)
+    with pytest.raises(ValueError, match="get_next_low_latency_combine_buffer was never"):
+        b.low_latency_combine(recv, idx, w, h, zero_copy=True)
+    b.destroy()
+
+
+def test_local_buffer_tensor_is_the_buffers_own_memory_of_the_bytes_asked_for(daemon):
+    """vLLM zeroes get_local_buffer_tensor(torch.int8, use_rdma_buffer=True); deepepd's memory
+    is never handed out, so it is a buffer of the Buffer's own, of the bytes asked for."""
+    b = one_rank(daemon, num_nvl_bytes=1024, num_rdma_bytes=256, **SHAPE)
+    rdma = b.get_local_buffer_tensor(torch.int8, use_rdma_buffer=True)
+    assert rdma.shape == (256,) and rdma.dtype == torch.int8 and rdma.device == DEV
+    rdma.zero_()
+    nvl = b.get_local_buffer_tensor(torch.float32, torch.Size([4, 8]), offset=2)
+    assert nvl.shape == (4, 8) and nvl.dtype == torch.float32
+    whole = b.get_local_buffer_tensor(torch.float32)
+    assert whole.numel() == 256 and nvl.data_ptr() == whole.data_ptr() + 8
+    nvl.fill_(3)  # the same memory at every call
+    assert (b.get_local_buffer_tensor(torch.float32)[2:34] == 3).all()
+    assert b.get_local_buffer_tensor(torch.int8, use_rdma_buffer=True).data_ptr() == \
+        rdma.data_ptr()
+    with pytest.raises(ValueError, match="num_nvl_bytes 1024"):
+        b.get_local_buffer_tensor(torch.float32, torch.Size([300]))
+    with pytest.raises(ValueError, match="offset"):
+        b.get_local_buffer_tensor(torch.float32, offset=-1)
+    b.destroy()
+
+
+def test_the_comm_stream_is_the_one_operations_run_on(buf):
+    """deepepd queues every operation on the caller's current stream: get_comm_stream is
+    that stream on cuda (test_cuda.py), None on the host backend (no stream)."""
+    if conftest.BACKEND == "host":
+        assert buf.get_comm_stream() is None
+    else:
+        assert buf.get_comm_stream() == torch.cuda.current_stream(DEV)
+
+
 def test_set_num_sms_checks_and_sets():
     old = deepep.Buffer.num_sms
     try:
@@ -558,16 +688,7 @@ def test_set_num_sms_checks_and_sets():
 
 def import_compat():
     """python/deep_ep_compat imported as deep_ep, as an opt-in install lays it out."""
-    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "deep_ep_compat")
-    for name in ("deep_ep.utils", "deep_ep"):
-        sys.modules.pop(name, None)
-    spec = importlib.util.spec_from_file_location("deep_ep", os.path.join(root, "__init__.py"),
-                                                  submodule_search_locations=[root])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["deep_ep"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return ranks.import_compat()
 
 
 def test_deep_ep_imports_as_megatron_and_sglang_import_it(daemon):
@@ -591,6 +712,11 @@ def test_deep_ep_imports_as_megatron_and_sglang_import_it(daemon):
         allocate_on_comm_stream=True)
     after.current_stream_wait()
     assert torch.tensor(counts).tolist() == [2, 2, 2, 2]
+    # DeepEP's intranode handle: a 6-tuple whose [0][i][rank] ends source i's rows.
+    assert isinstance(handle, tuple) and len(handle) == 6
+    assert isinstance(handle.handle, deepep.Handle) and handle[0].tolist() == [[4]]
+    assert handle[3].shape == (4,) and torch.equal(handle[4], in_rank)
+    assert handle[5].view(-1).tolist() == [0, 1, 2, 3]
     out, _, ev = b.combine(recv_x, handle=handle, async_finish=True, previous_event=after,
                            allocate_on_comm_stream=True)
     assert torch.equal(out, x)  # one rank received each token once
@@ -623,6 +749,30 @@ def test_deep_ep_imports_as_megatron_and_sglang_import_it(daemon):
 
 
 # ---- per-call state reused by the binding --------------------------------------
+
+def test_recv_from_counts_rows_per_source_and_refuses_other_handles(buf):
+    """dep_handle_recv_from: a throughput dispatch's rows from each source; an empty or
+    low-latency handle, or too short an array, is DEP_ERR_INVALID naming it."""
+    from deepep import _lib
+    x, idx, w = tokens()
+    _, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    assert buf.recv_from(h) == [4]
+    lib, c = _lib.load(), buf._conn.ptr
+    out = (ctypes.c_uint32 * 1)()
+    assert lib.dep_handle_recv_from(c, h._ptr, out, 0) == _lib.ERR_INVALID
+    assert "n is 0; the job has 1 ranks" in buf._conn.errmsg()
+    _, _, lh, _, _ = buf.low_latency_dispatch(x, idx, 8, 4, use_fp8=False)
+    assert lib.dep_handle_recv_from(c, lh._ptr, out, 1) == _lib.ERR_INVALID
+    assert "a low-latency dispatch" in buf._conn.errmsg()
+    p = ctypes.c_void_p()
+    assert lib.dep_handle_new(c, ctypes.byref(p)) == 0
+    assert lib.dep_handle_recv_from(c, p, out, 1) == _lib.ERR_INVALID
+    assert "holds no dispatch" in buf._conn.errmsg()
+    lib.dep_handle_free(p)
+    assert lib.dep_handle_recv_from(c, h._ptr, None, 1) == _lib.ERR_INVALID
+    with pytest.raises(ValueError, match="low_latency_dispatch's"):
+        buf.recv_from(lh)
+
 
 def test_handles_held_stay_valid_while_dropped_ones_are_reused(buf):
     """Dropped handles' dep_handle_t's are reused; one the caller holds is never."""

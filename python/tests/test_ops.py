@@ -42,7 +42,10 @@ def every_input(seed, W, it, ll=False):
 
 
 def test_layout_counts_tokens_per_rank_and_expert(world, seed):
-    W, res = world
+    check_layout(*world, seed)
+
+
+def check_layout(W, res, seed):
     sh = ranks.shape(W)
     L = sh["num_experts"] // W
     for it in range(len(res[0])):
@@ -58,7 +61,10 @@ def test_layout_counts_tokens_per_rank_and_expert(world, seed):
 
 
 def test_dispatch_delivers_each_token_once_per_rank_in_source_order(world, seed):
-    W, res = world
+    check_dispatch(*world, seed)
+
+
+def check_dispatch(W, res, seed):
     sh = ranks.shape(W)
     L = sh["num_experts"] // W
     for it in range(len(res[0])):
@@ -84,7 +90,10 @@ def test_dispatch_delivers_each_token_once_per_rank_in_source_order(world, seed)
 
 
 def test_combine_sums_every_receivers_row_in_float32(world, seed):
-    W, res = world
+    check_combine(*world, seed)
+
+
+def check_combine(W, res, seed):
     L = ranks.shape(W)["num_experts"] // W
     for it in range(len(res[0])):
         for s, inp in enumerate(every_input(seed, W, it)):
