@@ -30,8 +30,8 @@ extern "C" {
 /* Library version; the wire protocol has its own version (proto/proto.h). */
 #define DEP_VERSION_MAJOR 0
 #define DEP_VERSION_MINOR 4
-#define DEP_VERSION_PATCH 1
-#define DEP_VERSION_STRING "0.4.1"
+#define DEP_VERSION_PATCH 2
+#define DEP_VERSION_STRING "0.4.2"
 
 /* Where the daemon listens unless the caller or $DEEPEPD_SOCKET says otherwise. */
 #define DEP_DEFAULT_SOCKET "/run/deepepd/deepepd.sock"
@@ -338,7 +338,7 @@ DEP_EXPORT int dep_handle_new_in(dep_client_t *c, void *mem, size_t bytes, dep_h
 
 /*
  * The rows a throughput dispatch into h received from each source rank
- * (added after 0.4.1): out[s] for s in 0..world_size-1, in rank order,
+ * (added in 0.4.2): out[s] for s in 0..world_size-1, in rank order,
  * the rows being contiguous by source (DeepEP's rank prefix matrix's
  * column of this rank is their running sum).  n is out's length, at least
  * world_size.  NULL c, h or out, n too small, or a handle that holds no
