@@ -618,8 +618,8 @@ static void job_refuse_taken(struct conn *c, uint32_t request_id, const char *id
                   (unsigned)x->m.owner_uid);
   }
   conn_send_error(c, request_id, DEP_ERR_PERMISSION,
-                  "job %s belongs to another user; choose a job id of your own (the ranks of "
-                  "one job run as the same uid number on every node)", id);
+                  "job %s belongs to another user; choose a job id of your own (all processes "
+                  "of one job run as the same uid number on every node)", id);
 }
 
 /* Live jobs of one uid (a job still gathering its ranks holds its id too). */
