@@ -186,9 +186,12 @@ static void conn_on_hello(struct peer_conn *c, const struct dep_peer_msg *m, con
   }
   c->got_hello = true;
   const struct dep_peer_hello *h = &m->u.hello;
-  if (h->version != DEP_PEER_VERSION) {
-    peer__refuse(c, DEP_ERR_VERSION, "speaks peer protocol version %u, this deepepd speaks %u",
-                (unsigned)h->version, (unsigned)DEP_PEER_VERSION);
+  if (h->version < DEP_PEER_MIN_VERSION || h->version > DEP_PEER_VERSION) {
+    peer__refuse(c, DEP_ERR_VERSION,
+                 "the peer speaks peer protocol version %u; this deepepd speaks versions %u..%u: "
+                 "run the same deepepd version on every node (upgrade the older)",
+                 (unsigned)h->version, (unsigned)DEP_PEER_MIN_VERSION,
+                 (unsigned)DEP_PEER_VERSION);
     return;
   }
   if (c->slot < 0) {

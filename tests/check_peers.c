@@ -648,9 +648,11 @@ START_TEST(an_unauthenticated_hello_does_not_rename_the_peer) {
 }
 END_TEST
 
-/* A HELLO from the peer's address under peer protocol version v: the
- * ERROR the daemon answers (its message in msg), or -1 when none comes. */
-static int hello_version_refusal(int port, int listen_port, uint16_t v, char *msg, size_t len) {
+/* A HELLO from the peer's address saying peer protocol version v in its
+ * header, or in its body's version field (in_body): the ERROR the daemon
+ * answers (its message in msg), or -1 when none comes. */
+static int hello_version_refusal(int port, int listen_port, uint16_t v, bool in_body, char *msg,
+                                 size_t len) {
   int fd = connect_from(1, port, false);
   if (fd < 0)
     return -1;
@@ -658,8 +660,9 @@ static int hello_version_refusal(int port, int listen_port, uint16_t v, char *ms
   struct proto_buf b;
   proto_buf_init(&b);
   ck_assert_int_eq(peerauth_hello(&hs, "oldnode", "127.0.0.1", (uint16_t)listen_port, &b), 0);
-  b.data[4] = (uint8_t)v; /* the peer header's version, little-endian */
-  b.data[5] = (uint8_t)(v >> 8);
+  size_t at = in_body ? DEP_PEER_HDR_LEN : 4; /* HELLO's u32 version, or the header's u16 */
+  b.data[at] = (uint8_t)v;
+  b.data[at + 1] = (uint8_t)(v >> 8);
   struct dep_msg_opaque o = {.data = b.data, .len = b.len};
   int code = -1;
   struct dw_frame *f = dw_frame_new();
@@ -686,18 +689,18 @@ START_TEST(a_peer_outside_the_version_window_is_told_both) {
   lone_daemon_start(&a, dir, sizeof dir, &sa);
   int pa = ntohs(sa.sin_port);
   const uint16_t outside[] = {DEP_PEER_MIN_VERSION - 1, DEP_PEER_VERSION + 1};
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 4; i++) {
     char msg[DEP_MSG_TEXT_MAX] = "", want[96];
     int code = -1;
     /* 5 s: the daemon resolves its peer's host (which admits the address) meanwhile. */
     for (int t = 0; t < 5000 && code != DEP_ERR_VERSION; t += 100) {
-      code = hello_version_refusal(pa, pa + 1, outside[i], msg, sizeof msg);
+      code = hello_version_refusal(pa, pa + 1, outside[i % 2], i >= 2, msg, sizeof msg);
       if (code != DEP_ERR_VERSION)
         dw_sleep_ms(100);
     }
     ck_assert_msg(code == DEP_ERR_VERSION, "HELLO of version %u: code %d, \"%s\"",
-                  (unsigned)outside[i], code, msg);
-    dw_sfmt(want, sizeof want, "peer protocol version %u;", (unsigned)outside[i]);
+                  (unsigned)outside[i % 2], code, msg);
+    dw_sfmt(want, sizeof want, "peer protocol version %u;", (unsigned)outside[i % 2]);
     ck_assert_msg(strstr(msg, want) != NULL, "\"%s\" lacks \"%s\"", msg, want);
     dw_sfmt(want, sizeof want, "speaks versions %d..%d", DEP_PEER_MIN_VERSION, DEP_PEER_VERSION);
     ck_assert_msg(strstr(msg, want) != NULL, "\"%s\" lacks \"%s\"", msg, want);
