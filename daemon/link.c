@@ -309,12 +309,12 @@ static void link_refuse_version(struct link *l) {
            "this deepepd (%s) speaks protocol versions %u..%u; your frame is of version %u: %s",
            DEP_VERSION_STRING, (unsigned)DEP_PROTO_MIN_VERSION, (unsigned)DEP_PROTO_VERSION,
            (unsigned)l->h.version, link_version_advice(l->h.version));
-  struct proto_buf b;
-  proto_buf_init(&b);
   if (!l->ops->refuses_in_their_version) {
     link_fail(l, l->h.request_id, DEP_ERR_VERSION, "%s", e.message);
     return;
   }
+  struct proto_buf b;
+  proto_buf_init(&b);
   if (proto_frame_encode(&b, DEP_MSG_ERROR, 0, l->h.request_id, &e) == 0) {
     struct dep_frame_hdr h = {.magic = DEP_PROTO_MAGIC,
                               .version = l->h.version,
