@@ -200,6 +200,21 @@ static int client_read_exact(dep_client_t *c, void *buf, size_t len, struct clie
 }
 
 /*
+ * Whether a header proto_hdr_decode refused with hdr_rc is still one to
+ * read whole: an ERROR of another protocol version (its header and body
+ * are the same in every version, proto.h: a deepepd that does not speak
+ * ours says why in it), or a frame of a type this library does not know
+ * (a newer deepepd's), whose body is read so that the reason given is
+ * that, not a broken stream.
+ */
+static bool client_frame_readable(int hdr_rc, const struct dep_frame_hdr *h) {
+  if (h->magic != DEP_PROTO_MAGIC || h->body_len > DEP_PROTO_MAX_BODY ||
+      (h->flags & ~DEP_FRAME_F_KNOWN) != 0)
+    return false;
+  return hdr_rc == DEP_ERR_UNSUPPORTED || (hdr_rc == DEP_ERR_VERSION && h->type == DEP_MSG_ERROR);
+}
+
+/*
  * Read one whole frame.  The header is checked (magic, version, type,
  * flags, length) before the body is allocated.  On failure the frame holds
  * nothing and the connection is closed.
@@ -207,13 +222,14 @@ static int client_read_exact(dep_client_t *c, void *buf, size_t len, struct clie
 static int client_read_frame(dep_client_t *c, struct client_frame *f,
                              const struct client_wait *w) {
   uint8_t hdr[DEP_PROTO_HDR_LEN];
+  char why[256] = "";
   client_frame_init(f);
   int rc = client_read_exact(c, hdr, sizeof hdr, f, w);
+  int hdr_rc = 0;
   if (rc == 0) {
-    char why[256] = "";
-    rc = proto_hdr_decode(hdr, DEP_PROTO_MAX_BODY, &f->hdr, why, sizeof why);
-    if (rc != 0)
-      rc = client_fail(c, rc, "bad frame from deepepd in reply to %s: %s", w->what, why);
+    hdr_rc = proto_hdr_decode(hdr, DEP_PROTO_MAX_BODY, &f->hdr, why, sizeof why);
+    if (hdr_rc != 0 && !client_frame_readable(hdr_rc, &f->hdr))
+      rc = client_fail(c, hdr_rc, "bad frame from deepepd in reply to %s: %s", w->what, why);
   }
   if (rc == 0 && f->hdr.body_len > 0) {
     f->body = malloc(f->hdr.body_len);
@@ -227,6 +243,14 @@ static int client_read_frame(dep_client_t *c, struct client_frame *f,
     rc = client_fail(c, DEP_ERR_PROTOCOL,
                      "deepepd sent %d file descriptors on a %s frame not flagged to carry any",
                      f->nfds, proto_type_name(f->hdr.type));
+  if (rc == 0 && hdr_rc == DEP_ERR_UNSUPPORTED)
+    /* A reply this library cannot read fails the request it answers; the
+     * connection goes with it, since what else that reply would have
+     * brought (more records, fds) cannot be told apart from the next. */
+    rc = client_fail(c, DEP_ERR_PROTOCOL,
+                     "deepepd answered %s with message type %u, which this libdeepep-client "
+                     "(protocol %u) does not know: use a libdeepep-client that matches deepepd",
+                     w->what, (unsigned)f->hdr.type, (unsigned)DEP_PROTO_VERSION);
   if (rc != 0)
     client_frame_release(f);
   return rc;
@@ -525,11 +549,11 @@ static int client_hello(dep_client_t *c) {
   client_frame_release(&f);
   if (rc != 0)
     return client_fail(c, DEP_ERR_PROTOCOL, "deepepd sent a malformed HELLO_OK");
-  if (ok.version != DEP_PROTO_VERSION)
+  if (!proto_version_known(ok.version))
     return client_fail(c, DEP_ERR_VERSION,
-                       "deepepd speaks protocol version %u, this library %u: upgrade deepepd "
-                       "and libdeepep-client together",
-                       ok.version, (unsigned)DEP_PROTO_VERSION);
+                       "deepepd speaks protocol version %u; this libdeepep-client speaks versions "
+                       "%u..%u: upgrade whichever is older",
+                       ok.version, (unsigned)DEP_PROTO_MIN_VERSION, (unsigned)DEP_PROTO_VERSION);
   c->hello = ok;
   return 0;
 }

@@ -199,6 +199,7 @@ static const struct link_ops conn_link_ops = {
     .kind = "clients",
     .sends_fds = true,
     .takes_fds = false,
+    .refuses_in_their_version = true,
     .limits = conn_limits,
     .describe = conn_describe,
     .on_frame = conn_on_frame,

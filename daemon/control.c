@@ -3,7 +3,8 @@
  * promises: the header was checked by the link (link.c); here the connection state
  * (HELLO first), then the body, then its fields.  A client that breaks the
  * protocol gets an ERROR and is dropped; one that asks for something it may
- * not have gets an ERROR and keeps its connection.
+ * not have, or for a request type this deepepd does not know, gets an ERROR
+ * and keeps its connection.
  */
 #include "control.h"
 
@@ -42,12 +43,13 @@ static void control_hello(struct conn *c, const struct dep_frame_hdr *h, const u
   /* The name reaches log lines and the error below: escaped first, whatever the path. */
   char name[4 * sizeof m.name];
   log_escape(m.name, strnlen(m.name, sizeof m.name), name, sizeof name);
-  if (m.version != DEP_PROTO_VERSION) {
+  if (!proto_version_known(m.version)) {
     conn_fail(c, h->request_id, DEP_ERR_VERSION,
-              "protocol version mismatch: the client (%s) speaks version %u, deepepd %s speaks "
-              "version %u; upgrade deepepd and libdeepep-client together",
+              "protocol version mismatch: the client (%s) speaks version %u; this deepepd (%s) "
+              "speaks protocol versions %u..%u: %s",
               name[0] ? name : "unnamed", m.version, DEP_VERSION_STRING,
-              (unsigned)DEP_PROTO_VERSION);
+              (unsigned)DEP_PROTO_MIN_VERSION, (unsigned)DEP_PROTO_VERSION,
+              link_version_advice(m.version));
     return;
   }
   if (c->hello_done) {
@@ -439,6 +441,15 @@ void control_handle(struct conn *c, const struct dep_frame_hdr *h, const uint8_t
     control_clients(c, h, len);
     break;
   default:
+    if (!proto_type_known(h->type)) {
+      /* A newer library's or deepepctl's request (DESIGN §8): its body
+       * was read whole, so the connection stays in step and stays open. */
+      conn_send_error(c, h->request_id, DEP_ERR_UNSUPPORTED,
+                      "this deepepd (protocol %u, version %s) does not know request type %u; "
+                      "upgrade deepepd or use a matching client",
+                      (unsigned)DEP_PROTO_VERSION, DEP_VERSION_STRING, (unsigned)h->type);
+      break;
+    }
     /* Replies and notices travel from the daemon only. */
     conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "clients may not send %s frames",
               proto_type_name(h->type));

@@ -113,37 +113,27 @@ static void link_after_flush(struct link *l) {
   link_set_events(l, want);
 }
 
-int link_send(struct link *l, uint16_t type, uint32_t request_id, const void *msg,
-              const int *fds, int nfds) {
-  if (l->closed)
-    return DEP_ERR_DAEMON_GONE;
-  if (nfds < 0 || nfds > DEP_PROTO_MAX_FDS || (nfds > 0 && !l->ops->sends_fds))
-    return DEP_ERR_INVALID;
+/* Queue the encoded frame in b (taken over: freed here whatever happens)
+ * with copies of fds, and write what the socket takes now. */
+static int link_queue(struct link *l, uint16_t type, struct proto_buf *b, const int *fds,
+                      int nfds) {
   char who[128];
-  struct proto_buf b;
-  proto_buf_init(&b);
-  int rc = proto_frame_encode(&b, type, nfds > 0 ? DEP_FRAME_F_FDS : 0, request_id, msg);
-  if (rc != 0) {
-    proto_buf_free(&b);
-    link_name(l, who, sizeof who);
-    log_warnx("%s: cannot encode a %s frame: %s", who, proto_type_name(type), dep_strerror(rc));
-    return rc;
-  }
   struct link_limits lim;
   l->ops->limits(l, &lim);
-  if (l->out_bytes + b.len > lim.queue_bytes) {
-    proto_buf_free(&b);
+  if (l->out_bytes + b->len > lim.queue_bytes) {
+    proto_buf_free(b);
     link_drop(l, "does not read its replies: its output queue would pass %u bytes (%s)",
               lim.queue_bytes, lim.queue_key);
     return DEP_ERR_LIMIT;
   }
   struct link_out *o = calloc(1, sizeof *o + sizeof(int) * (size_t)nfds);
   if (o == NULL) {
-    proto_buf_free(&b);
+    proto_buf_free(b);
     return DEP_ERR_NO_MEMORY;
   }
-  o->data = b.data;
-  o->len = b.len;
+  o->data = b->data;
+  o->len = b->len;
+  proto_buf_init(b);
   for (int i = 0; i < nfds; i++) {
     /* The queue keeps its own copies: the caller may close its fds at once. */
     o->fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
@@ -165,7 +155,7 @@ int link_send(struct link *l, uint16_t type, uint32_t request_id, const void *ms
   l->out_bytes += o->len;
   if (was_empty) {
     /* Write at once: most frames fit the socket buffer, saving a loop turn. */
-    rc = link_flush(l);
+    int rc = link_flush(l);
     if (rc != 0) {
       link_close(l, "the peer went away while we wrote to it");
       return rc;
@@ -173,6 +163,25 @@ int link_send(struct link *l, uint16_t type, uint32_t request_id, const void *ms
   }
   link_after_flush(l);
   return 0;
+}
+
+int link_send(struct link *l, uint16_t type, uint32_t request_id, const void *msg,
+              const int *fds, int nfds) {
+  if (l->closed)
+    return DEP_ERR_DAEMON_GONE;
+  if (nfds < 0 || nfds > DEP_PROTO_MAX_FDS || (nfds > 0 && !l->ops->sends_fds))
+    return DEP_ERR_INVALID;
+  struct proto_buf b;
+  proto_buf_init(&b);
+  int rc = proto_frame_encode(&b, type, nfds > 0 ? DEP_FRAME_F_FDS : 0, request_id, msg);
+  if (rc != 0) {
+    char who[128];
+    proto_buf_free(&b);
+    link_name(l, who, sizeof who);
+    log_warnx("%s: cannot encode a %s frame: %s", who, proto_type_name(type), dep_strerror(rc));
+    return rc;
+  }
+  return link_queue(l, type, &b, fds, nfds);
 }
 
 int link_vsend_error(struct link *l, uint32_t request_id, int code, const char *fmt,
@@ -280,13 +289,60 @@ void link_fail(struct link *l, uint32_t request_id, int code, const char *fmt, .
   va_end(ap);
 }
 
-/* A whole header arrived: check it before anything is allocated for the body. */
+const char *link_version_advice(uint32_t theirs) {
+  return theirs > DEP_PROTO_VERSION
+             ? "upgrade this deepepd: it is the older end"
+             : "upgrade the older end (libdeepep-client, deepepctl or the peer's deepepd)";
+}
+
+/*
+ * Refuse a frame of a protocol version this build does not speak, and
+ * drop the link.  Where the owner asks, the ERROR goes out under the far
+ * end's own version number: the header and the ERROR body are the same in
+ * every version (proto.h), and a client that checks the version of what it
+ * reads, as every release so far does, reads the reason rather than "bad
+ * version".
+ */
+static void link_refuse_version(struct link *l) {
+  struct dep_msg_error e = {.code = DEP_ERR_VERSION};
+  snprintf(e.message, sizeof e.message,
+           "this deepepd (%s) speaks protocol versions %u..%u; your frame is of version %u: %s",
+           DEP_VERSION_STRING, (unsigned)DEP_PROTO_MIN_VERSION, (unsigned)DEP_PROTO_VERSION,
+           (unsigned)l->h.version, link_version_advice(l->h.version));
+  if (!l->ops->refuses_in_their_version) {
+    link_fail(l, l->h.request_id, DEP_ERR_VERSION, "%s", e.message);
+    return;
+  }
+  struct proto_buf b;
+  proto_buf_init(&b);
+  if (proto_frame_encode(&b, DEP_MSG_ERROR, 0, l->h.request_id, &e) == 0) {
+    struct dep_frame_hdr h = {.magic = DEP_PROTO_MAGIC,
+                              .version = l->h.version,
+                              .type = DEP_MSG_ERROR,
+                              .request_id = l->h.request_id,
+                              .body_len = (uint32_t)(b.len - DEP_PROTO_HDR_LEN)};
+    proto_hdr_encode(&h, b.data);
+    (void)link_queue(l, DEP_MSG_ERROR, &b, NULL, 0);
+  }
+  proto_buf_free(&b);
+  link_drop(l, "%s", e.message);
+}
+
+/*
+ * A whole header arrived: check it before anything is allocated for the
+ * body.  A frame of a type this build does not know is read whole and
+ * handed on like any other: its owner answers or ignores it (link.h).
+ */
 static bool link_got_header(struct link *l) {
   char why[256];
   struct link_limits lim;
   l->ops->limits(l, &lim);
   int rc = proto_hdr_decode(l->hdr, lim.max_body, &l->h, why, sizeof why);
-  if (rc != 0) {
+  if (rc == DEP_ERR_VERSION) {
+    link_refuse_version(l);
+    return false;
+  }
+  if (rc != 0 && rc != DEP_ERR_UNSUPPORTED) {
     link_fail(l, l->h.request_id, rc, "%s", why);
     return false;
   }

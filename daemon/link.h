@@ -51,13 +51,20 @@ struct link_ops {
   bool sends_fds;
   /* The far end may send fds with a frame; otherwise any fd received drops the link. */
   bool takes_fds;
+  /* A frame of a protocol version outside this build's window is refused
+   * with an ERROR under that version (the far end reads it as an answer to
+   * its request: clients); otherwise under this build's (a peer daemon
+   * expects no ERROR frame, and its own version check names both). */
+  bool refuses_in_their_version;
   /* Fill *out with the limits in force now. */
   void (*limits)(const struct link *l, struct link_limits *out);
   /* Write the link's name for log lines, e.g. "client 3 (pid 10 uid 1000)". */
   void (*describe)(const struct link *l, char *buf, size_t len);
   /*
    * A whole frame whose header was checked; body is h->body_len bytes (NULL
-   * when empty) and is freed on return.  fds[0..nfds) came with it (only on a link that
+   * when empty) and is freed on return.  Its type may be one this build
+   * does not know (!proto_type_known: a newer far end's): the owner
+   * answers or ignores it, and the link stays in step either way.  fds[0..nfds) came with it (only on a link that
    * takes fds): the handler may keep any by setting its entry to -1; the
    * rest are closed on return.
    */
@@ -118,6 +125,10 @@ int link_send_error(struct link *l, uint32_t request_id, int code, const char *f
     LOG_PRINTF(4, 5);
 int link_vsend_error(struct link *l, uint32_t request_id, int code, const char *fmt,
                      va_list ap);
+
+/* What to tell a far end of protocol version theirs, outside this build's
+ * window (proto.h): which end to upgrade. */
+const char *link_version_advice(uint32_t theirs);
 
 /* Log why (a warning naming the link, or ops->on_drop) and close, after a best-effort flush. */
 void link_drop(struct link *l, const char *fmt, ...) LOG_PRINTF(2, 3);

@@ -186,9 +186,12 @@ static void conn_on_hello(struct peer_conn *c, const struct dep_peer_msg *m, con
   }
   c->got_hello = true;
   const struct dep_peer_hello *h = &m->u.hello;
-  if (h->version != DEP_PEER_VERSION) {
-    peer__refuse(c, DEP_ERR_VERSION, "speaks peer protocol version %u, this deepepd speaks %u",
-                (unsigned)h->version, (unsigned)DEP_PEER_VERSION);
+  if (h->version < DEP_PEER_MIN_VERSION || h->version > DEP_PEER_VERSION) {
+    peer__refuse(c, DEP_ERR_VERSION,
+                 "the peer speaks peer protocol version %u; this deepepd speaks versions %u..%u: "
+                 "run the same deepepd version on every node (upgrade the older)",
+                 (unsigned)h->version, (unsigned)DEP_PEER_MIN_VERSION,
+                 (unsigned)DEP_PEER_VERSION);
     return;
   }
   if (c->slot < 0) {
@@ -271,12 +274,46 @@ void peer__take_node(struct peer_conn *c) {
     cut(c->peer->node, sizeof c->peer->node, c->node);
 }
 
+/*
+ * A message of a type this deepepd does not know, from a peer that is up:
+ * logged (one line, then at most one per PEER_REFUSAL_LOG_MS with the
+ * count between, so a newer peer that keeps probing cannot fill the log),
+ * and the link stays.
+ */
+static void peer_log_unknown(const struct peer_conn *c, const char *what) {
+  static uint64_t last_ms;
+  static unsigned long skipped;
+  uint64_t now = now_ms();
+  if (last_ms != 0 && now - last_ms < PEER_REFUSAL_LOG_MS) {
+    skipped++;
+    return;
+  }
+  if (skipped > 0)
+    log_warnx("peer %s: sent %s, which this deepepd does not know (a newer deepepd?); the link "
+              "stays (%lu more such messages since the last line)",
+              c->peer->name, what, skipped);
+  else
+    log_warnx("peer %s: sent %s, which this deepepd does not know (a newer deepepd?); the link "
+              "stays", c->peer->name, what);
+  last_ms = now;
+  skipped = 0;
+}
+
 static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const uint8_t *body,
                           size_t len, int *fds, int nfds) {
   struct peer_conn *c = l->user;
   c->last_rx_ms = now_ms();
   if (c->peer != NULL)
     c->peer->bytes_in += DEP_PROTO_HDR_LEN + len;
+  if (h->type != DEP_MSG_PEER && c->up && !proto_type_known(h->type)) {
+    /* A control frame type of a newer peer: not answered, since peers
+     * speak to each other only in PEER frames (and before authentication
+     * it closes the link, below, as any unexpected frame does). */
+    char what[64];
+    snprintf(what, sizeof what, "control frame type %u", (unsigned)h->type);
+    peer_log_unknown(c, what);
+    return;
+  }
   if (h->type != DEP_MSG_PEER) {
     peer__refuse(c, DEP_ERR_PROTOCOL, "sent a %s frame on a peer link", proto_type_name(h->type));
     return;
@@ -286,6 +323,9 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
   int rc = peer_proto_decode(body, len, &m, why, sizeof why);
   if (rc == DEP_ERR_UNSUPPORTED && c->up) {
     /* A newer peer may probe: say so and keep the link (peer_proto.h). */
+    char what[64];
+    snprintf(what, sizeof what, "peer message type %u", (unsigned)m.type);
+    peer_log_unknown(c, what);
     struct dep_peer_msg e = {.type = DEP_PEER_ERROR};
     e.u.error.code = DEP_ERR_UNSUPPORTED;
     snprintf(e.u.error.message, sizeof e.u.error.message, "%s", why);

@@ -739,10 +739,12 @@ static int connect_data(const struct connector *c, char *why, size_t whylen) {
   struct dep_xfer_ack ack;
   const size_t head = sizeof ack;
   const int io = io_within(fd, &ch, head, false, XFER_CONNECT_MS);
-  if (io != 0 || ch.magic != DEP_XFER_MAGIC || ch.version != DEP_XFER_VERSION) {
+  if (io != 0 || ch.magic != DEP_XFER_MAGIC || ch.version < DEP_XFER_MIN_VERSION ||
+      ch.version > DEP_XFER_VERSION) {
     if (io == 0 && ch.magic == DEP_XFER_MAGIC)
-      snprintf(why, whylen, "the peer speaks data stream version %u, this deepepd %u: run the "
-               "same deepepd on every node", ch.version, DEP_XFER_VERSION);
+      snprintf(why, whylen, "the peer speaks data stream version %u; this deepepd speaks "
+               "versions %u..%u: run the same deepepd on every node", ch.version,
+               DEP_XFER_MIN_VERSION, DEP_XFER_VERSION);
     else
       snprintf(why, whylen, "the peer did not take the data connection (no challenge)");
     goto fail;

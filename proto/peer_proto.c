@@ -224,11 +224,11 @@ int peer_proto_decode(const uint8_t *p, size_t len, struct dep_peer_msg *m, char
             DEP_PEER_MAGIC);
     return DEP_ERR_PROTOCOL;
   }
-  if (version != DEP_PEER_VERSION) {
+  if (version < DEP_PEER_MIN_VERSION || version > DEP_PEER_VERSION) {
     why_set(why, whylen,
-            "the peer speaks peer protocol version %u, this deepepd speaks %u: run the same "
-            "deepepd version on every node",
-            (unsigned)version, (unsigned)DEP_PEER_VERSION);
+            "the peer speaks peer protocol version %u; this deepepd speaks versions %u..%u: run "
+            "the same deepepd version on every node (upgrade the older)",
+            (unsigned)version, (unsigned)DEP_PEER_MIN_VERSION, (unsigned)DEP_PEER_VERSION);
     return DEP_ERR_VERSION;
   }
   if (m->type == 0 || m->type >= DEP_PEER_TYPE_MAX_) {

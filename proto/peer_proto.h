@@ -83,10 +83,13 @@
  * Rules for growing it (the membership messages of multi-node jobs come
  * next): add message types, never change a layout without bumping the
  * version.  An authenticated peer that receives a type it does not know
- * answers ERROR DEP_ERR_UNSUPPORTED and keeps the link, so a newer daemon
- * can probe an older one.
+ * answers ERROR DEP_ERR_UNSUPPORTED, logs it (at a bounded rate) and keeps
+ * the link, so a newer daemon can probe an older one; a control frame of
+ * a type it does not know around it is logged and ignored likewise.
+ * Before authentication an unknown type closes the connection, as any
+ * unexpected message does.
  *
- * Version history:
+ * Version history (the only one: DEP_PEER_VERSION is the last entry):
  *   1  initial: HELLO, AUTH, AUTH_OK, ERROR, KEEPALIVE, CLOSE.  Added
  *      since, without a bump (new types only): MEMBERSHIP, JOB_FAIL,
  *      JOB_END (multi-node jobs).
@@ -107,7 +110,15 @@
 #include "shape.h"
 
 #define DEP_PEER_MAGIC 0x31505044u /* "DPP1" */
+/* The version this build speaks (the history above), and the oldest it
+ * answers.  Today the window is this one version: each bump so far changed
+ * what a message means to the receiver (MEMBERSHIP's windows, where blocks
+ * land), which an older peer would get wrong silently.  A peer outside it
+ * is refused at its HELLO, before authentication, naming the window; an
+ * older peer reads that ERROR as a version mismatch naming both versions,
+ * since every version checks the version before anything else. */
 #define DEP_PEER_VERSION 4
+#define DEP_PEER_MIN_VERSION 4
 #define DEP_PEER_HDR_LEN 8
 #define DEP_PEER_CHALLENGE_LEN 32
 #define DEP_PEER_MAC_LEN 32

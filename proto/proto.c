@@ -52,18 +52,22 @@ int proto_hdr_decode(const uint8_t in[DEP_PROTO_HDR_LEN], uint32_t max_body,
             h->magic, DEP_PROTO_MAGIC);
     return DEP_ERR_PROTOCOL;
   }
-  if (h->version != DEP_PROTO_VERSION) {
+  if (!proto_version_known(h->version)) {
     why_set(why, whylen,
-            "peer speaks protocol version %u, this build speaks %u: upgrade deepepd and "
-            "libdeepep-client together",
-            (unsigned)h->version, (unsigned)DEP_PROTO_VERSION);
+            "the far end speaks protocol version %u; this build speaks versions %u..%u: "
+            "upgrade whichever of deepepd and libdeepep-client (or deepepctl) is older",
+            (unsigned)h->version, (unsigned)DEP_PROTO_MIN_VERSION, (unsigned)DEP_PROTO_VERSION);
     return DEP_ERR_VERSION;
   }
-  if (h->type == 0 || h->type >= DEP_MSG_TYPE_MAX_) {
-    why_set(why, whylen, "unknown message type %u (known: 1..%u)", (unsigned)h->type,
-            (unsigned)(DEP_MSG_TYPE_MAX_ - 1));
+  /* The type is checked here, in order, but an unknown one is said last:
+   * it is the one fault that keeps the connection, so it may be reported
+   * only of a header that is right in every other way (its body, within
+   * the limit, can then be read and skipped). */
+  if (h->type == 0) {
+    why_set(why, whylen, "message type 0 is never sent (types start at 1)");
     return DEP_ERR_PROTOCOL;
   }
+  bool unknown = !proto_type_known(h->type);
   if ((h->flags & ~DEP_FRAME_F_KNOWN) != 0) {
     why_set(why, whylen, "unknown frame flags 0x%08x on a %s frame (known: 0x%08x)", h->flags,
             proto_type_name(h->type), DEP_FRAME_F_KNOWN);
@@ -77,6 +81,12 @@ int proto_hdr_decode(const uint8_t in[DEP_PROTO_HDR_LEN], uint32_t max_body,
   if (reserved != 0) {
     why_set(why, whylen, "reserved header field is 0x%08x, must be zero", reserved);
     return DEP_ERR_PROTOCOL;
+  }
+  if (unknown) {
+    why_set(why, whylen, "unknown message type %u (this build of protocol version %u knows "
+            "1..%u)", (unsigned)h->type, (unsigned)DEP_PROTO_VERSION,
+            (unsigned)(DEP_MSG_TYPE_MAX_ - 1));
+    return DEP_ERR_UNSUPPORTED;
   }
   return 0;
 }
@@ -251,7 +261,7 @@ static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
  * be queued in one buffer; on failure b is left as it was. */
 int proto_frame_encode(struct proto_buf *b, uint16_t type, uint32_t flags,
                        uint32_t request_id, const void *msg) {
-  if (type == 0 || type >= DEP_MSG_TYPE_MAX_ || (flags & ~DEP_FRAME_F_KNOWN) != 0)
+  if (!proto_type_known(type) || (flags & ~DEP_FRAME_F_KNOWN) != 0)
     return DEP_ERR_INVALID;
   size_t start = b->len;
   if (codec_grow(b, DEP_PROTO_HDR_LEN) == NULL)

@@ -16,24 +16,42 @@
  *       20    4 reserved    must be zero
  *
  * Checks happen in this order, each with its own error: magic, version,
- * type, body length, then the body's fields.  Every request gets exactly one
- * reply: the request's *_OK type with data, or DEP_MSG_ERROR {code, message}.
+ * type, flags, body length, reserved, then the body's fields.  A bad magic,
+ * flags, length or reserved field closes the connection: the stream can no
+ * longer be trusted to be in step.  A version outside the window below is
+ * DEP_ERR_VERSION and closes it too, after an ERROR the far end can read.
+ * A type this build does not know, in a header right in every other way,
+ * is DEP_ERR_UNSUPPORTED: the frame is whole (its length was checked), so
+ * its body is read and skipped, the request is answered ERROR
+ * {DEP_ERR_UNSUPPORTED, ...} with its request id, and the connection stays
+ * (DESIGN §8): a newer library or deepepctl can try a new request on an
+ * older daemon and carry on.  Every request gets exactly one reply: the
+ * request's *_OK type with data, or DEP_MSG_ERROR {code, message}.
  *
  * Bodies are encoded field by field in little-endian order (never by
  * copying a C struct), strings as u16 length + bytes (no NUL on the wire).
  *
- * Version history:
+ * The header's layout and the ERROR body {i32 code, str message} are the
+ * same in every version and stay so: that is what lets either end refuse a
+ * version it does not speak with a message the other can read (deepepd
+ * answers a client's frame of another version with an ERROR whose header
+ * carries that version, and the library reads an ERROR of any version).
+ *
+ * Version history (the only one: DEP_PROTO_VERSION is the last entry):
  *   1  initial: HELLO, ERROR, STATUS, ATTACH, DETACH, SHUTDOWN notice;
  *      the ATTACH reply is one SLAB frame per device the job's local ranks
  *      use (the arena holding their slabs, its chunk fds riding on it)
  *      followed by ATTACH_OK, all with the request's id; RELOAD re-reads
  *      the configuration as SIGHUP does.
+ *   2  a slab ends in its rank's private area (slab.h), which holds the
+ *      cuda library's operation memory: the same messages, another slab.
  *   3  STATUS_OK carries the daemon's state after its backend, and each
- *      device's held bytes; DRAIN.  Added since, without a bump (new
- *      types only): PEERS and PEERS_OK (deepepctl peers); PEER, the
- *      carrier of the peer protocol between daemons (peer_proto.h);
- *      JOB_NODES and JOB_NODES_OK (deepepctl status: the nodes of
- *      multi-node jobs, beside STATUS_OK's job records, left as they are).
+ *      device's held bytes; DRAIN; the slab's abort words (slab.h).  Added
+ *      since, without a bump (new types only): PEERS and PEERS_OK
+ *      (deepepctl peers); PEER, the carrier of the peer protocol between
+ *      daemons (peer_proto.h); JOB_NODES and JOB_NODES_OK (deepepctl
+ *      status: the nodes of multi-node jobs, beside STATUS_OK's job
+ *      records, left as they are).
  *   4  PEERS_OK carries the RDMA device (or why none) and the bytes
  *      registered with it, and per peer the configured transport, the
  *      links on RDMA queue pairs and their keep-alive's round trip.  Added
@@ -60,17 +78,22 @@
 #ifndef DEP_PROTO_H
 #define DEP_PROTO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "deepep.h"
 
 #define DEP_PROTO_MAGIC 0x31504544u /* "DEP1" */
-/* 1: the first; 2: a slab ends in its rank's private area (slab.h);
- * 3: STATUS_OK's state, the slab's abort words (slab.h); 4: PEERS_OK's transport;
- * 5: PEERS_OK's and JOB_NODES_OK's data-path figures, STATS_RANK's SM budget;
- * 6: the exchange region in place of the slab's outbox. */
+/* The version this build speaks (the history above says what each one
+ * changed), and the oldest it answers: the compatibility window.  Today the
+ * window is this one version: each bump so far changed a layout (a slab,
+ * a reply) that this build no longer writes or reads, so a library or
+ * deepepctl of another version is refused at HELLO with the window named,
+ * and told to upgrade whichever end is older.  Widening it means keeping
+ * the older layouts' codecs for connections that said an older version. */
 #define DEP_PROTO_VERSION 6
+#define DEP_PROTO_MIN_VERSION 6
 #define DEP_PROTO_HDR_LEN 24
 #define DEP_PROTO_MAX_BODY (256u * 1024u)
 /* Linux accepts at most 253 fds in one SCM_RIGHTS message. */
@@ -387,8 +410,13 @@ const char *proto_tune_how_name(uint32_t how);
 void proto_hdr_encode(const struct dep_frame_hdr *h, uint8_t out[DEP_PROTO_HDR_LEN]);
 /*
  * Parse and check a header: magic, version, type, flags, body length
- * against max_body.  Returns 0 or DEP_ERR_PROTOCOL / DEP_ERR_VERSION; on
- * error `why` (if not NULL, `whylen` bytes) says what was wrong.
+ * against max_body, reserved.  Returns 0; DEP_ERR_PROTOCOL (the stream is
+ * broken: close it); DEP_ERR_VERSION (a version outside
+ * DEP_PROTO_MIN_VERSION..DEP_PROTO_VERSION; the rest of the header may be
+ * wrong too); or DEP_ERR_UNSUPPORTED (a type this build does not know, in
+ * a header right in every other way: the frame is whole and may be
+ * skipped).  *h is filled in every case; on error `why` (if not NULL,
+ * `whylen` bytes) says what was wrong.
  */
 int proto_hdr_decode(const uint8_t in[DEP_PROTO_HDR_LEN], uint32_t max_body,
                      struct dep_frame_hdr *h, char *why, size_t whylen);
@@ -503,6 +531,14 @@ void proto_clients_free(struct dep_msg_clients *m);
 
 /* The name of a message type for logs ("ATTACH"), or "UNKNOWN". */
 const char *proto_type_name(uint16_t type);
+/* Whether this build knows the type (1..DEP_MSG_TYPE_MAX_ - 1). */
+static inline bool proto_type_known(uint16_t type) {
+  return type > 0 && type < DEP_MSG_TYPE_MAX_;
+}
+/* Whether this build speaks protocol version v: DEP_PROTO_MIN_VERSION..DEP_PROTO_VERSION. */
+static inline bool proto_version_known(uint32_t v) {
+  return v >= DEP_PROTO_MIN_VERSION && v <= DEP_PROTO_VERSION;
+}
 
 /*
  * proto_rank.c: field validation shared by both ends: a job id of 1..63 characters from

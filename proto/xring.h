@@ -40,8 +40,14 @@
 #include "deepep.h"
 #include "slab.h"
 
+/*
+ * The ring's layout history (DEP_XRING_VERSION, the only one; XRING_LEND_OK
+ * states it and the library maps only its own, which the control
+ * protocol's version window already implies: proto.h, version 6):
+ *   1  the ring alone.
+ *   2  the exchange region follows the ring in the memfd (xchg_bytes).
+ */
 #define DEP_XRING_MAGIC 0x47525844u /* "DXRG" */
-/* 1: the ring alone; 2: the exchange region follows it in the memfd. */
 #define DEP_XRING_VERSION 2
 /* Descriptors a ring holds: every remote rank's block of two calls in
  * flight, for the largest world of operations (DEP_MAX_LOCAL_RANKS), with
@@ -94,13 +100,20 @@ static inline uint8_t *dep_xring_xchg(struct dep_xring *r) {
  * this header and `bytes` of payload.  Little-endian, as both ends' slabs
  * are.
  *
- * Version history (the data stream's own, beside the peer protocol's):
+ * Version history (the data stream's own and only one, beside the peer
+ * protocol's in peer_proto.h; DEP_XFER_VERSION is the last entry):
  *   1  initial: DATA_HELLO, the ack, frames.
  *   2  the challenge and the proof before the ack (the token alone, seen
  *      in clear on the peer link, no longer opens a connection).
+ *
+ * The window this build answers is DEP_XFER_MIN_VERSION..DEP_XFER_VERSION:
+ * the opener checks the listener's challenge against it and names both
+ * when it is outside.  Version 1 is never answered: its connections open
+ * on the token alone.
  */
 #define DEP_XFER_MAGIC 0x46584444u /* "DDXF" */
 #define DEP_XFER_VERSION 2
+#define DEP_XFER_MIN_VERSION 2
 #define DEP_XFER_NONCE_LEN 32
 #define DEP_XFER_MAC_LEN 32
 struct dep_xfer_ack {

@@ -421,6 +421,11 @@ START_TEST(fake_daemon_violations_are_refused) {
       {FAKE_VERSION_ERROR, DEP_ERR_VERSION, 0, "protocol 9"},
       {FAKE_SHUTDOWN, 0, DEP_ERR_DAEMON_GONE, "reconnect with dep_connect"},
       {FAKE_WRONG_TYPE, 0, DEP_ERR_PROTOCOL, "DETACH_OK"},
+      /* An ERROR of another version is read (its layout never changes), so
+       * the daemon's reason reaches the user rather than "bad frame". */
+      {FAKE_OTHER_VERSION, DEP_ERR_VERSION, 0, "fake deepepd speaks protocol 9"},
+      /* A reply of a type this library does not know fails the request. */
+      {FAKE_UNKNOWN_REPLY, 0, DEP_ERR_PROTOCOL, "answered STATUS with message type"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     struct fake_daemon fake;

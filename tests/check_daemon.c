@@ -136,10 +136,8 @@ START_TEST(test_bad_frames_drop_only_the_offender) {
   st = dw_status(good);
   dep_status_free(st);
 
-  h = ok;
-  h.type = 999;
-  proto_hdr_encode(&h, hdr);
-  offend(&d, hdr, sizeof hdr, DEP_ERR_PROTOCOL, true);
+  /* A type the daemon does not know is no offence: it is answered and the
+   * connection stays (server/protocol). */
 
   /* A reply type sent by a client. */
   h = ok;
@@ -215,29 +213,16 @@ START_TEST(test_version_mismatch_names_both_versions) {
   struct tu_daemon d;
   dw_start(&d, NULL);
   char msg[DEP_MSG_TEXT_MAX];
-  /* HELLO from a newer client. */
+  /* HELLO from a newer client.  A frame header of another version is
+   * server/protocol's (its refusal carries that version in its header). */
   int fd = tu_connect_raw(d.sock);
   dw_hello_as(fd, DEP_PROTO_VERSION + 1);
   dw_expect_error(fd, DEP_ERR_VERSION, msg, sizeof msg);
   char want[64];
   dw_sfmt(want, sizeof want, "speaks version %d", DEP_PROTO_VERSION + 1);
   ck_assert_msg(strstr(msg, want) != NULL, "\"%s\" does not contain \"%s\"", msg, want);
-  dw_sfmt(want, sizeof want, "speaks version %d", DEP_PROTO_VERSION);
-  ck_assert_msg(strstr(msg, want) != NULL, "\"%s\" does not contain \"%s\"", msg, want);
-  dw_expect_eof(fd);
-  close(fd);
-  /* A frame header of another version. */
-  fd = tu_connect_raw(d.sock);
-  uint8_t hdr[DEP_PROTO_HDR_LEN];
-  struct dep_frame_hdr h = {.magic = DEP_PROTO_MAGIC, .version = DEP_PROTO_VERSION,
-                            .type = DEP_MSG_STATUS, .request_id = 5};
-  proto_hdr_encode(&h, hdr);
-  hdr[4] = DEP_PROTO_VERSION + 6;
-  ck_assert_int_eq(dw_send_all(fd, hdr, sizeof hdr), 0);
-  dw_expect_error(fd, DEP_ERR_VERSION, msg, sizeof msg);
-  dw_sfmt(want, sizeof want, "version %d", DEP_PROTO_VERSION + 6);
-  ck_assert_msg(strstr(msg, want) != NULL, "\"%s\" does not contain \"%s\"", msg, want);
-  dw_sfmt(want, sizeof want, "speaks %d", DEP_PROTO_VERSION);
+  dw_sfmt(want, sizeof want, "speaks protocol versions %d..%d", DEP_PROTO_MIN_VERSION,
+          DEP_PROTO_VERSION);
   ck_assert_msg(strstr(msg, want) != NULL, "\"%s\" does not contain \"%s\"", msg, want);
   dw_expect_eof(fd);
   close(fd);

@@ -271,6 +271,77 @@ START_TEST(a_header_over_the_body_limit_is_refused_before_allocating) {
 }
 END_TEST
 
+/* A type this build does not know is no framing fault: the frame reaches
+ * its owner whole (to answer or ignore), and the next one is read in step. */
+START_TEST(a_frame_of_an_unknown_type_reaches_the_owner_whole) {
+  struct world w;
+  w_start(&w, false);
+  uint8_t frame[DEP_PROTO_HDR_LEN + 5] = {0};
+  struct dep_frame_hdr h = {.magic = DEP_PROTO_MAGIC, .version = DEP_PROTO_VERSION,
+                            .type = DEP_MSG_TYPE_MAX_ + 5, .request_id = 12, .body_len = 5};
+  proto_hdr_encode(&h, frame);
+  memcpy(frame + DEP_PROTO_HDR_LEN, "abcde", 5);
+  send_all(w.far, frame, sizeof frame);
+  struct proto_buf b;
+  proto_buf_init(&b);
+  encode(&b, DEP_MSG_STATUS, 13, NULL);
+  send_all(w.far, b.data, b.len);
+  proto_buf_free(&b);
+  w_spin(&w);
+  ck_assert_int_eq(w.frames, 2);
+  ck_assert_uint_eq(w.hdr[0].type, DEP_MSG_TYPE_MAX_ + 5);
+  ck_assert_uint_eq(w.hdr[0].request_id, 12);
+  ck_assert_uint_eq(w.len[0], 5);
+  ck_assert(memcmp(w.body[0], "abcde", 5) == 0);
+  ck_assert_uint_eq(w.hdr[1].type, DEP_MSG_STATUS);
+  ck_assert_uint_eq(w.hdr[1].request_id, 13);
+  ck_assert_int_eq(w.closings, 0);
+  w_stop(&w);
+}
+END_TEST
+
+/* A frame of a version outside the window is refused with an ERROR naming
+ * the window, under that version where the owner asks (its clients read
+ * it so), under this build's otherwise; the link goes either way. */
+START_TEST(a_frame_of_another_version_is_refused_in_the_owners_way) {
+  for (int theirs = 0; theirs < 2; theirs++) {
+    struct world w;
+    w_start(&w, false);
+    w.ops.refuses_in_their_version = theirs;
+    uint16_t v = DEP_PROTO_VERSION + 2;
+    struct dep_frame_hdr h = {.magic = DEP_PROTO_MAGIC, .version = v, .type = DEP_MSG_STATUS,
+                              .request_id = 21};
+    uint8_t raw[DEP_PROTO_HDR_LEN];
+    proto_hdr_encode(&h, raw);
+    send_all(w.far, raw, sizeof raw);
+    w_spin(&w);
+    ck_assert_int_eq(w.frames, 0);
+    ck_assert_int_eq(w.closes, 1);
+    recv_all(w.far, raw, sizeof raw);
+    struct dep_frame_hdr got;
+    int rc = proto_hdr_decode(raw, DEP_PROTO_MAX_BODY, &got, NULL, 0);
+    ck_assert_int_eq(rc, theirs ? DEP_ERR_VERSION : 0);
+    ck_assert_uint_eq(got.version, theirs ? v : DEP_PROTO_VERSION);
+    ck_assert_uint_eq(got.type, DEP_MSG_ERROR);
+    ck_assert_uint_eq(got.request_id, 21);
+    uint8_t body[DEP_MSG_TEXT_MAX + 8];
+    ck_assert_uint_le(got.body_len, sizeof body);
+    recv_all(w.far, body, got.body_len);
+    struct dep_msg_error e;
+    ck_assert_int_eq(proto_decode_error(body, got.body_len, &e), 0);
+    ck_assert_int_eq(e.code, DEP_ERR_VERSION);
+    char want[96];
+    snprintf(want, sizeof want, "speaks protocol versions %d..%d; your frame is of version %u",
+             DEP_PROTO_MIN_VERSION, DEP_PROTO_VERSION, (unsigned)v);
+    ck_assert_msg(strstr(e.message, want) != NULL, "\"%s\" lacks \"%s\"", e.message, want);
+    ck_assert(strstr(e.message, "upgrade this deepepd") != NULL);
+    ck_assert_int_eq(uv_loop_close(&w.loop), 0);
+    close(w.far);
+    close(w.log_fd);
+  }
+}
+END_TEST
+
 /* Send a STATUS header with fd riding on it (flagged or not) from the test's end. */
 static void send_header_with_fd(int sock, int fd, bool flagged) {
   struct dep_frame_hdr h = {.magic = DEP_PROTO_MAGIC, .version = DEP_PROTO_VERSION,
@@ -494,6 +565,8 @@ Suite *link_suite(void) {
   TCase *tc = tcase_create("framing");
   tcase_add_test(tc, frames_split_at_every_byte_boundary_arrive_whole);
   tcase_add_test(tc, a_header_over_the_body_limit_is_refused_before_allocating);
+  tcase_add_test(tc, a_frame_of_an_unknown_type_reaches_the_owner_whole);
+  tcase_add_test(tc, a_frame_of_another_version_is_refused_in_the_owners_way);
   tcase_add_test(tc, fds_sent_to_a_link_that_takes_none_drop_it_and_are_closed);
   tcase_add_test(tc, fds_ride_both_ways_on_a_link_that_passes_them);
   tcase_add_test(tc, the_output_bound_closes_a_link_that_does_not_read);

@@ -111,11 +111,16 @@ START_TEST(magic_version_and_type_are_checked_in_that_order) {
   b.data[6] = 99; /* a type from a newer daemon */
   ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_UNSUPPORTED);
   ck_assert_uint_eq(out.type, 99);
-  b.data[4] = DEP_PEER_VERSION + 1; /* a version this build does not speak */
+  b.data[4] = DEP_PEER_MIN_VERSION; /* the window's oldest is spoken */
+  ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_UNSUPPORTED);
+  b.data[4] = DEP_PEER_MIN_VERSION - 1; /* one below the window is not */
   ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_VERSION);
-  char v[32];
-  snprintf(v, sizeof v, "version %d", DEP_PEER_VERSION + 1);
-  ck_assert_ptr_nonnull(strstr(why, v));
+  b.data[4] = DEP_PEER_VERSION + 1; /* nor one above */
+  ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_VERSION);
+  char v[64];
+  snprintf(v, sizeof v, "version %d; this deepepd speaks versions %d..%d", DEP_PEER_VERSION + 1,
+           DEP_PEER_MIN_VERSION, DEP_PEER_VERSION);
+  ck_assert_msg(strstr(why, v) != NULL, "why: %s", why);
   b.data[0] ^= 1; /* not the peer protocol at all */
   ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_PROTOCOL);
   ck_assert_ptr_nonnull(strstr(why, "magic"));
@@ -643,6 +648,67 @@ START_TEST(an_unauthenticated_hello_does_not_rename_the_peer) {
 }
 END_TEST
 
+/* A HELLO from the peer's address saying peer protocol version v in its
+ * header, or in its body's version field (in_body): the ERROR the daemon
+ * answers (its message in msg), or -1 when none comes. */
+static int hello_version_refusal(int port, int listen_port, uint16_t v, bool in_body, char *msg,
+                                 size_t len) {
+  int fd = connect_from(1, port, false);
+  if (fd < 0)
+    return -1;
+  struct peerauth_hs hs = {.connector = true, .key = key_a, .keylen = 32};
+  struct proto_buf b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(peerauth_hello(&hs, "oldnode", "127.0.0.1", (uint16_t)listen_port, &b), 0);
+  size_t at = in_body ? DEP_PEER_HDR_LEN : 4; /* HELLO's u32 version, or the header's u16 */
+  b.data[at] = (uint8_t)v;
+  b.data[at + 1] = (uint8_t)(v >> 8);
+  struct dep_msg_opaque o = {.data = b.data, .len = b.len};
+  int code = -1;
+  struct dw_frame *f = dw_frame_new();
+  struct dep_peer_msg m;
+  if (dw_send_frame(fd, DEP_MSG_PEER, 0, &o) == 0 && dw_recv_frame(fd, f, 2000) == 0 &&
+      f->h.type == DEP_MSG_PEER &&
+      peer_proto_decode(f->body, f->h.body_len, &m, NULL, 0) == 0 && m.type == DEP_PEER_ERROR) {
+    code = m.u.error.code;
+    snprintf(msg, len, "%s", m.u.error.message);
+    dw_expect_eof(fd);
+  }
+  free(f);
+  proto_buf_free(&b);
+  close(fd);
+  return code;
+}
+
+/* A peer below or above the peer protocol's window is refused at its
+ * HELLO with the window and its own version named. */
+START_TEST(a_peer_outside_the_version_window_is_told_both) {
+  struct tu_daemon a;
+  char dir[256];
+  struct sockaddr_in sa;
+  lone_daemon_start(&a, dir, sizeof dir, &sa);
+  int pa = ntohs(sa.sin_port);
+  const uint16_t outside[] = {DEP_PEER_MIN_VERSION - 1, DEP_PEER_VERSION + 1};
+  for (int i = 0; i < 4; i++) {
+    char msg[DEP_MSG_TEXT_MAX] = "", want[96];
+    int code = -1;
+    /* 5 s: the daemon resolves its peer's host (which admits the address) meanwhile. */
+    for (int t = 0; t < 5000 && code != DEP_ERR_VERSION; t += 100) {
+      code = hello_version_refusal(pa, pa + 1, outside[i % 2], i >= 2, msg, sizeof msg);
+      if (code != DEP_ERR_VERSION)
+        dw_sleep_ms(100);
+    }
+    ck_assert_msg(code == DEP_ERR_VERSION, "HELLO of version %u: code %d, \"%s\"",
+                  (unsigned)outside[i % 2], code, msg);
+    dw_sfmt(want, sizeof want, "peer protocol version %u;", (unsigned)outside[i % 2]);
+    ck_assert_msg(strstr(msg, want) != NULL, "\"%s\" lacks \"%s\"", msg, want);
+    dw_sfmt(want, sizeof want, "speaks versions %d..%d", DEP_PEER_MIN_VERSION, DEP_PEER_VERSION);
+    ck_assert_msg(strstr(msg, want) != NULL, "\"%s\" lacks \"%s\"", msg, want);
+  }
+  lone_daemon_stop(&a, dir);
+}
+END_TEST
+
 /*
  * Refusals are counted per source address, not logged one by one: 2000
  * HELLOs from the peer's address naming a listen port no peer has (each
@@ -1164,6 +1230,72 @@ START_TEST(a_data_connection_must_prove_the_peer_key_not_just_name_a_token) {
 }
 END_TEST
 
+/* The next message of type want on the fake's link within 5 s (a ceiling
+ * for replies the daemon sends at once), answering keep-alives meanwhile;
+ * -1 when none comes or the link closes. */
+static int fp_expect(struct fp *f, uint16_t want, struct dep_peer_msg *m) {
+  const int64_t until = dw_now_ms() + 5000;
+  while (dw_now_ms() < until) {
+    struct pollfd pf = {.fd = f->link, .events = POLLIN};
+    if (poll(&pf, 1, 50) != 1)
+      continue;
+    if (fp_recv(f->link, m, 2000, NULL, NULL) != 0)
+      return -1;
+    if (m->type == want)
+      return 0;
+    if (m->type == DEP_PEER_KEEPALIVE && m->u.keepalive.reply == 0) {
+      m->u.keepalive.reply = 1;
+      fp_send(f->link, m);
+    }
+  }
+  return -1;
+}
+
+/*
+ * DESIGN §8, the peer protocol's rule: what an authenticated peer sends
+ * that this deepepd does not know (a peer message type, or a control
+ * frame type around it) leaves the link up: the peer message is answered
+ * ERROR UNSUPPORTED, the frame ignored, each logged (at a bounded rate),
+ * and the next known message is served on the same link.
+ */
+START_TEST(an_unknown_type_from_an_authenticated_peer_leaves_the_link_up) {
+  struct fp f;
+  fp_start(&f);
+  /* A peer message of a type from a newer daemon, with a body. */
+  struct proto_buf inner, frame;
+  proto_buf_init(&inner);
+  proto_buf_init(&frame);
+  struct dep_peer_msg k = {.type = DEP_PEER_KEEPALIVE, .u.keepalive = {.reply = 1, .stamp = 1}};
+  ck_assert_int_eq(peer_proto_encode(&inner, &k), 0);
+  inner.data[6] = DEP_PEER_TYPE_MAX_ + 5;
+  struct dep_msg_opaque o = {.data = inner.data, .len = inner.len};
+  ck_assert_int_eq(proto_frame_encode(&frame, DEP_MSG_PEER, 0, 0, &o), 0);
+  ck_assert_int_eq(dw_send_all(f.link, frame.data, frame.len), 0);
+  struct dep_peer_msg m;
+  ck_assert_msg(fp_expect(&f, DEP_PEER_ERROR, &m) == 0, "no ERROR for an unknown peer type");
+  ck_assert_int_eq(m.u.error.code, DEP_ERR_UNSUPPORTED);
+  /* A control frame of a type from a newer daemon around it: ignored. */
+  frame.data[6] = (uint8_t)(DEP_MSG_TYPE_MAX_ + 5);
+  frame.data[7] = 0;
+  ck_assert_int_eq(dw_send_all(f.link, frame.data, frame.len), 0);
+  proto_buf_free(&inner);
+  proto_buf_free(&frame);
+  /* The link still serves what it knows: a keep-alive is answered with its stamp. */
+  struct dep_peer_msg ask = {.type = DEP_PEER_KEEPALIVE, .u.keepalive = {.stamp = 424242}};
+  fp_send(f.link, &ask);
+  bool answered = false;
+  while (!answered && fp_expect(&f, DEP_PEER_KEEPALIVE, &m) == 0)
+    answered = m.u.keepalive.reply == 1 && m.u.keepalive.stamp == 424242;
+  ck_assert_msg(answered, "the keep-alive after the unknown frames was not answered");
+  char out[8192];
+  ck_assert_msg(wait_peers("", f.d.sock, "\"state\":\"up\"", 5000, out, sizeof out), "%s", out);
+  ck_assert_msg(strstr(out, "\"reconnects\":0") != NULL, "the link was dropped: %s", out);
+  ck_assert(log_has(&f.d, "sent peer message type"));
+  ck_assert(log_has(&f.d, "which this deepepd does not know"));
+  fp_stop(&f);
+}
+END_TEST
+
 /* The daemon's threads now (/proc/PID/task). */
 static int task_count(pid_t pid) {
   char path[64];
@@ -1214,6 +1346,37 @@ START_TEST(a_flood_of_data_offers_starts_a_bounded_number_of_threads) {
   ck_assert_msg(dw_log_has(&f.d, "DATA_OFFER(s) ignored", 5000), "the excess is not said");
   char out[8192];
   ck_assert_msg(wait_peers("", f.d.sock, "\"state\":\"up\"", 2000, out, sizeof out), "%s", out);
+  fp_stop(&f);
+}
+END_TEST
+
+/* The data stream's window (xring.h): a listener whose challenge is of a
+ * version below or above it is refused by the opening daemon, which names
+ * the window and the listener's version. */
+START_TEST(a_data_stream_outside_the_version_window_is_refused_naming_both) {
+  struct fp f;
+  fp_start(&f);
+  const uint32_t outside[] = {DEP_XFER_MIN_VERSION - 1, DEP_XFER_VERSION + 1};
+  for (int i = 0; i < 2; i++) {
+    struct dep_peer_msg m = {.type = DEP_PEER_DATA_OFFER};
+    randombytes_buf(m.u.data_offer.token, sizeof m.u.data_offer.token);
+    fp_send(f.link, &m);
+    /* 10 s: a ceiling for the daemon's connector to reach the test's listener. */
+    struct pollfd pf = {.fd = f.lfd, .events = POLLIN};
+    ck_assert_int_eq(poll(&pf, 1, 10000), 1);
+    int fd = accept(f.lfd, NULL, NULL);
+    ck_assert_int_ge(fd, 0);
+    struct dw_frame *fr = dw_frame_new();
+    ck_assert_int_eq(dw_recv_frame(fd, fr, 5000), 0); /* its DATA_HELLO */
+    free(fr);
+    struct dep_xfer_challenge ch = {.magic = DEP_XFER_MAGIC, .version = outside[i]};
+    ck_assert_int_eq(dw_send_all(fd, &ch, sizeof ch), 0);
+    char want[128];
+    dw_sfmt(want, sizeof want, "the peer speaks data stream version %u; this deepepd speaks "
+            "versions %d..%d", (unsigned)outside[i], DEP_XFER_MIN_VERSION, DEP_XFER_VERSION);
+    ck_assert_msg(dw_log_has(&f.d, want, 10000), "not logged: %s", want);
+    close(fd);
+  }
   fp_stop(&f);
 }
 END_TEST
@@ -1298,6 +1461,7 @@ Suite *peers_suite(void) {
   tcase_add_test(tc, the_transport_is_chosen_per_peer_and_rdma_is_never_silently_tcp);
   tcase_add_test(tc, two_daemons_in_two_network_namespaces_come_up);
   tcase_add_test(tc, an_unauthenticated_hello_does_not_rename_the_peer);
+  tcase_add_test(tc, a_peer_outside_the_version_window_is_told_both);
   suite_add_tcase(s, tc);
   tc = tcase_create("strangers");
   /* Handshake timeouts waited out, a count's interval, a restart and a job under a flood. */
@@ -1309,6 +1473,8 @@ Suite *peers_suite(void) {
   tc = tcase_create("data");
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, a_data_connection_must_prove_the_peer_key_not_just_name_a_token);
+  tcase_add_test(tc, an_unknown_type_from_an_authenticated_peer_leaves_the_link_up);
+  tcase_add_test(tc, a_data_stream_outside_the_version_window_is_refused_naming_both);
   tcase_add_test(tc, a_flood_of_data_offers_starts_a_bounded_number_of_threads);
   suite_add_tcase(s, tc);
   tc = tcase_create("late");

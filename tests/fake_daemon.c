@@ -55,6 +55,20 @@ static void fake_send(int fd, uint16_t type, uint32_t id, const void *msg, const
   proto_buf_free(&b);
 }
 
+/* As fake_send, with the header's u16 at off (4: version, 6: type) then set to v. */
+static void fake_send_as(int fd, uint16_t type, uint32_t id, const void *msg, size_t off,
+                         uint16_t v) {
+  struct proto_buf b;
+  proto_buf_init(&b);
+  if (proto_frame_encode(&b, type, 0, id, msg) != 0)
+    _exit(3);
+  b.data[off] = (uint8_t)v;
+  b.data[off + 1] = (uint8_t)(v >> 8);
+  if (fdpass_send(fd, b.data, b.len, NULL, 0) != (ssize_t)b.len)
+    _exit(3);
+  proto_buf_free(&b);
+}
+
 /* Whether the process at the other end of fd maps a memfd named "slab". */
 static bool peer_maps_slab(int fd) {
   struct ucred cr;
@@ -100,10 +114,13 @@ static void fake_serve(int lfd, enum fake_script script) {
   snprintf(ok.backend, sizeof ok.backend, "host");
   if (script == FAKE_BAD_REQUEST_ID) {
     fake_send(fd, DEP_MSG_HELLO_OK, h.request_id + 7, &ok, NULL, 0);
-  } else if (script == FAKE_VERSION_ERROR) {
+  } else if (script == FAKE_VERSION_ERROR || script == FAKE_OTHER_VERSION) {
     struct dep_msg_error e = {.code = DEP_ERR_VERSION};
     snprintf(e.message, sizeof e.message, "fake deepepd speaks protocol 9, you speak 1");
-    fake_send(fd, DEP_MSG_ERROR, h.request_id, &e, NULL, 0);
+    if (script == FAKE_OTHER_VERSION)
+      fake_send_as(fd, DEP_MSG_ERROR, h.request_id, &e, 4, DEP_PROTO_VERSION + 3);
+    else
+      fake_send(fd, DEP_MSG_ERROR, h.request_id, &e, NULL, 0);
   } else {
     fake_send(fd, DEP_MSG_HELLO_OK, h.request_id, &ok, NULL, 0);
     if (fake_read(fd, &h) != 0)
@@ -112,6 +129,10 @@ static void fake_serve(int lfd, enum fake_script script) {
       fake_send(fd, DEP_MSG_SHUTDOWN, 0, NULL, NULL, 0);
     else if (script == FAKE_WRONG_TYPE)
       fake_send(fd, DEP_MSG_DETACH_OK, h.request_id, NULL, NULL, 0);
+    else if (script == FAKE_UNKNOWN_REPLY)
+      fake_send_as(fd, DEP_MSG_ERROR, h.request_id,
+                   &(struct dep_msg_error){.code = DEP_ERR_INTERNAL, .message = "a body"}, 6,
+                   DEP_MSG_TYPE_MAX_ + 5);
     else if (script == FAKE_ATTACH_FDS || script == FAKE_ATTACH_FDS_LIE ||
              script == FAKE_ATTACH_UNMAP) {
       /* One arena of two 1 MiB memfd chunks holding both local ranks'

@@ -19,6 +19,8 @@ enum fake_script {
   FAKE_ATTACH_UNMAP,    /* as FAKE_ATTACH_FDS; exits 6 if DETACH comes while the client
                            still maps the slabs (fake_daemon_wait) */
   FAKE_REFUSE,          /* ERROR with request id 0 on accept, then close: "not allowed" */
+  FAKE_OTHER_VERSION,   /* HELLO answered with ERROR{VERSION} under a header of another version */
+  FAKE_UNKNOWN_REPLY,   /* STATUS answered with a frame of a type no build knows */
 };
 
 /* How many connections FAKE_REFUSE refuses before it exits. */

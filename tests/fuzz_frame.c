@@ -62,11 +62,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct dep_frame_hdr h;
   char why[256] = "";
   int rc = proto_hdr_decode(data, DEP_PROTO_MAX_BODY, &h, why, sizeof why);
-  if (rc != 0 && rc != DEP_ERR_PROTOCOL && rc != DEP_ERR_VERSION)
+  if (rc != 0 && rc != DEP_ERR_PROTOCOL && rc != DEP_ERR_VERSION && rc != DEP_ERR_UNSUPPORTED)
     die("unexpected header error", 0);
   if (rc != 0 && why[0] == '\0')
     die("header refused without saying why", 0);
-  if (rc == 0) {
+  /* An unknown type is the one refusal whose frame is skipped and the
+   * link kept: the rest of its header must be right. */
+  if (rc == DEP_ERR_UNSUPPORTED &&
+      (proto_type_known(h.type) || h.type == 0 || !proto_version_known(h.version) ||
+       h.body_len > DEP_PROTO_MAX_BODY || (h.flags & ~DEP_FRAME_F_KNOWN) != 0))
+    die("unknown type reported of a header wrong otherwise", h.type);
+  if (rc == 0 || rc == DEP_ERR_UNSUPPORTED) {
     uint8_t again[DEP_PROTO_HDR_LEN];
     proto_hdr_encode(&h, again);
     if (memcmp(again, data, DEP_PROTO_HDR_LEN) != 0)
