@@ -79,10 +79,21 @@ START_TEST(a_data_connection_cut_while_its_link_stays_comes_back) {
 }
 END_TEST
 
-/* A running job's traffic shows: per peer (deepepctl peers) and per job (status). */
+/*
+ * A running job's traffic shows: per peer (deepepctl peers) and per job
+ * (status).  A peer's second data connection may still be opening while the
+ * first carries the job (each one proves the key in a round trip of its own,
+ * which takes long on a loaded machine), so the count is waited for, up to
+ * 20 s, a bound far above any handshake.
+ */
 static void expect_traffic(const struct nodes *ns) {
   char out[16384];
-  xn_ctl_json(ns, "peers", out, sizeof out);
+  for (int waited = 0;; waited += 50) {
+    xn_ctl_json(ns, "peers", out, sizeof out);
+    if (strstr(out, "\"data_out\":2,\"data_in\":2") != NULL || waited >= 20000)
+      break;
+    dw_sleep_ms(50);
+  }
   ck_assert_msg(strstr(out, "\"data_out\":2,\"data_in\":2") != NULL &&
                 strstr(out, "\"proxy_threads\":1") != NULL &&
                 strstr(out, "\"data_frames_out\":0") == NULL, "peers: %s", out);
