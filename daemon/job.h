@@ -76,6 +76,10 @@ struct job {
   struct job_rank ranks[];   /* local_world_size slots, indexed by local rank */
 };
 
+/* Failures of multi-node jobs a node remembers for their late ranks (job.c):
+ * past that the oldest is forgotten, and its late ranks gather the id anew. */
+#define JOB_FAILED_MAX 128u
+
 /* Start the job table with the running configuration (read at each use:
  * it is rewritten on reload). */
 void job_init(uv_loop_t *loop, const struct config *cfg);
