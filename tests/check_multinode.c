@@ -709,6 +709,7 @@ START_TEST(a_failed_jobs_late_ranks_hear_it_at_once_and_the_job_started_again_ru
   ck_assert(dw_log_has(&ns.d[1], "job late: rank 2 (local 0", 5000));
   x = late_args("late", 0, WORLD, 0, 2);
   dw_attach(r0, &x, 7);
+  ck_assert(dw_log_has(&ns.d[0], "job late: rank 0 (local 0", 5000));
   x = late_args("late", 1, WORLD, 1, 2);
   x.shape.hidden = 512;
   dw_attach(r1, &x, 7);
