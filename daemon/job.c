@@ -182,6 +182,19 @@ static void job_tell_peers(const struct job *j, int code, uint32_t rank, bool de
 
 static void job_fail_everywhere(struct job *j, int code, const char *msg);
 
+/* Peer k's bit in a job's `accepted` (peers are at most CONFIG_MAX_LIST). */
+_Static_assert(CONFIG_MAX_LIST <= 64, "job.accepted holds a bit per peer");
+static uint64_t job_peer_bit(int k) { return (uint64_t)1 << (unsigned)k; }
+
+/* The peers holding ranks of j (their records) that have not taken its MEMBERSHIP yet. */
+static uint64_t job_unaccepted(const struct job *j) {
+  uint64_t need = 0;
+  for (const struct job_member *x = job_members; x != NULL; x = x->next)
+    if (member_of(x, j))
+      need |= job_peer_bit(x->peer);
+  return need & ~j->accepted;
+}
+
 /* Send our MEMBERSHIP of j to peer k, or to every peer that is up (k < 0):
  * the ranks held here and where peers write into their slabs.  False when
  * the job failed instead. */
@@ -207,9 +220,12 @@ static bool job_announce(struct job *j, int k) {
     return false;
   }
   xfer_job_expect(j); /* before a peer can complete it and send frames */
-  for (int p = 0; p < peer_count(); p++)
-    if ((k < 0 || p == k) && peer_is_up(p))
+  for (int p = 0; p < peer_count(); p++) {
+    if ((k < 0 || p == k) && peer_is_up(p)) {
+      j->accepted &= ~job_peer_bit(p); /* until it answers this one */
       (void)peer_send(p, &m);
+    }
+  }
   j->announced = true;
   return true;
 }
@@ -279,6 +295,7 @@ static void job_remove_rank(struct job *j, uint32_t local_rank, bool detached) {
       /* Our MEMBERSHIP no longer holds: the peers forget it until we send it again. */
       job_tell_peers(j, 0, DEP_PEER_NO_RANK, false, "a local rank left while it gathered");
       j->announced = false;
+      j->accepted = 0;
     }
     if (!j->ready && j->lent && j->attached > 1) {
       /* No rank was sent the arenas yet; the rank that takes the free slot
@@ -559,7 +576,10 @@ static void job_progress(struct job *j) {
   if (j->attached == j->local_world_size && !j->announced &&
       (!job_lend(j) || !job_announce(j, -1)))
     return;
-  if (j->attached == j->local_world_size && held == j->world_size) {
+  /* Every node holding ranks of it must have taken our MEMBERSHIP: one that
+   * refuses it fails the job (JOB_FAIL), and that must come while our ranks
+   * still wait for their ATTACH, not after they started. */
+  if (j->attached == j->local_world_size && held == j->world_size && job_unaccepted(j) == 0) {
     uint32_t nodes = 0;
     (void)job_remote_ranks(j, &nodes);
     log_info("job %s: all %u ranks held on %u node(s)", j->id, j->world_size, 1 + nodes);
@@ -588,6 +608,26 @@ static void job_timeout_multinode(struct job *j) {
       *o += (size_t)n;
   }
   char msg[DEP_MSG_TEXT_MAX];
+  uint64_t silent = job_unaccepted(j);
+  if (held == j->world_size && j->attached == j->local_world_size && silent != 0) {
+    /* Every rank is here; a node never said it took our MEMBERSHIP. */
+    char quiet[200] = "";
+    size_t oq = 0;
+    for (int k = 0; k < peer_count(); k++) {
+      if (!(silent & job_peer_bit(k)))
+        continue;
+      int n = snprintf(quiet + oq, sizeof quiet - oq, "%s%s", oq ? ", " : "", peer_name(k));
+      if (n > 0 && (size_t)n < sizeof quiet - oq)
+        oq += (size_t)n;
+    }
+    snprintf(msg, sizeof msg,
+             "job %s: all %u ranks attached, but after %u ms node(s) %s had not acknowledged "
+             "this node's membership of the job (MEMBERSHIP_OK, which a deepepd older than "
+             "this one does not send: run the same deepepd version on every node)",
+             j->id, j->world_size, j->timeout_ms, quiet);
+    job_fail_everywhere(j, DEP_ERR_TIMEOUT, msg);
+    return;
+  }
   int len = snprintf(msg, sizeof msg,
                      "job %s: %u of %u ranks attached after %u ms (%u of %u here); missing "
                      "global ranks %s; peers up: %s; not up: %s (start every rank on every node, "
@@ -981,6 +1021,8 @@ static void job_on_peer_down(int k) {
     }
     x = next;
   }
+  for (struct job *j = job_list; j != NULL; j = j->next)
+    j->accepted &= ~job_peer_bit(k); /* it forgot our MEMBERSHIP: sent again when it is up */
   xfer_peer_down(k);
 }
 
@@ -1078,6 +1120,11 @@ static void job_on_membership(int k, const struct dep_peer_membership *in) {
     return;
   }
   (*pp)->m = *in;
+  /* Taken: the sender may answer its ranks once every node has said so. */
+  struct dep_peer_msg ok = {.type = DEP_PEER_MEMBERSHIP_OK};
+  snprintf(ok.u.job.job_id, sizeof ok.u.job.job_id, "%s", in->job_id);
+  ok.u.job.owner_uid = in->owner_uid;
+  (void)peer_send(k, &ok);
   uint32_t keyed = 0;
   for (uint32_t w = 0; w < in->n_windows; w++)
     keyed += in->windows[w].rkey != 0;
@@ -1143,9 +1190,25 @@ static void job_on_job_event(int k, uint16_t type, const struct dep_peer_job_eve
   xfer_job_fail(j, DEP_ERR_PEER);
 }
 
+/* Peer k took our MEMBERSHIP of (uid, id): the job may complete on that count. */
+static void job_on_membership_ok(int k, const struct dep_peer_job_event *e) {
+  struct job *j = job_find(e->job_id);
+  /* An answer to a MEMBERSHIP since withdrawn (a local rank left) counts for
+   * nothing when it comes before we announce again; one still on its way
+   * when we do is taken for the new one (a window of one round trip to
+   * that peer, in which a refusal could again come after the start). */
+  if (j == NULL || j->dead || j->ready || !j->multinode || !j->announced ||
+      (uint32_t)j->owner_uid != e->owner_uid)
+    return;
+  j->accepted |= job_peer_bit(k);
+  job_progress(j);
+}
+
 static void job_on_peer_msg(int k, const struct dep_peer_msg *m) {
   if (m->type == DEP_PEER_MEMBERSHIP)
     job_on_membership(k, &m->u.membership);
+  else if (m->type == DEP_PEER_MEMBERSHIP_OK)
+    job_on_membership_ok(k, &m->u.job);
   else if (m->type == DEP_PEER_JOB_FAIL || m->type == DEP_PEER_JOB_END)
     job_on_job_event(k, m->type, &m->u.job);
 }

@@ -60,9 +60,11 @@ static struct dep_peer_msg sample_membership(void) {
 }
 
 START_TEST(membership_and_job_events_round_trip) {
-  struct dep_peer_msg m[5] = {sample_membership(), {.type = DEP_PEER_JOB_FAIL},
+  struct dep_peer_msg m[6] = {sample_membership(), {.type = DEP_PEER_JOB_FAIL},
                               {.type = DEP_PEER_JOB_END}, {.type = DEP_PEER_XPORT},
-                              {.type = DEP_PEER_XPORT_NAK}};
+                              {.type = DEP_PEER_XPORT_NAK}, {.type = DEP_PEER_MEMBERSHIP_OK}};
+  snprintf(m[5].u.job.job_id, sizeof m[5].u.job.job_id, "train-7");
+  m[5].u.job.owner_uid = 1000;
   m[3].u.xport.kind = DEP_PEER_XPORT_RDMA;
   memset(m[3].u.xport.token, 0xab, sizeof m[3].u.xport.token);
   m[3].u.xport.mbox_addr = 0x55550000ull;
@@ -78,7 +80,7 @@ START_TEST(membership_and_job_events_round_trip) {
   snprintf(m[1].u.job.message, sizeof m[1].u.job.message, "rank 3 detached");
   snprintf(m[2].u.job.job_id, sizeof m[2].u.job.job_id, "train-7");
   m[2].u.job.rank = DEP_PEER_NO_RANK;
-  for (int i = 0; i < 5; i++) {
+  for (int i = 0; i < 6; i++) {
     struct proto_buf b;
     proto_buf_init(&b);
     ck_assert_int_eq(peer_proto_encode(&b, &m[i]), 0);
@@ -755,6 +757,51 @@ START_TEST(a_failed_jobs_late_ranks_hear_it_at_once_and_the_job_started_again_ru
 }
 END_TEST
 
+/*
+ * A node answers its ranks only once every node holding ranks of the job
+ * has taken its MEMBERSHIP (MEMBERSHIP_OK), so that a refusal reaches
+ * ranks still waiting for their ATTACH.  Node 0 takes at most one job's
+ * MEMBERSHIP from node 1 (limits.max_jobs 1 on node 0 only), and job
+ * "held" keeps that place (node 1's rank of it waits).  Job "taken":
+ * node 0's rank attaches first and node 1 takes its MEMBERSHIP; then node
+ * 1's rank attaches, and node 1 holds every rank while node 0 refuses
+ * node 1's MEMBERSHIP.  Node 1's rank must get that refusal as its
+ * ATTACH's error (DEP_ERR_LIMIT, "too many jobs pending"): it once got
+ * ATTACH_OK from node 1, which had started the job on holding every
+ * record, and then only the abort words of a job that had failed.  Once
+ * "held" is gone, the same ranks attach "taken" again and it runs.
+ */
+START_TEST(a_membership_refused_after_the_sender_holds_every_rank_fails_its_attach_cleanly) {
+  struct nodes ns;
+  nodes_config(&ns, 2, 8000);
+  char *lim = strstr(ns.yaml[0], "attach_timeout_ms: 8000}");
+  ck_assert_ptr_nonnull(lim);
+  char rest[sizeof ns.yaml[0]];
+  dw_sfmt(rest, sizeof rest, "%s", lim + strlen("attach_timeout_ms: 8000"));
+  dw_sfmt(lim, sizeof ns.yaml[0] - (size_t)(lim - ns.yaml[0]),
+          "attach_timeout_ms: 8000, max_jobs: 1%s", rest);
+  nodes_start_all(&ns);
+  int h1 = attach_rank(&ns.d[1], "held", 1, 2, 0, 1);
+  ck_assert(dw_log_has(&ns.d[0], "job held: node 127.0.0.1:", 5000));
+  int a = attach_rank(&ns.d[0], "taken", 0, 2, 0, 1);
+  ck_assert(dw_log_has(&ns.d[1], "job taken: node 127.0.0.1:", 5000));
+  int b = attach_rank(&ns.d[1], "taken", 1, 2, 0, 1);
+  expect_fail(b, DEP_ERR_LIMIT, "too many jobs pending from node 127.0.0.1:", "limits.max_jobs");
+  expect_fail(a, DEP_ERR_LIMIT, "too many jobs pending from node 127.0.0.1:", NULL);
+  close(a);
+  close(b);
+  close(h1);
+  ck_assert(dw_log_has(&ns.d[1], "job held: removed", 5000));
+  a = attach_rank(&ns.d[0], "taken", 0, 2, 0, 1);
+  b = attach_rank(&ns.d[1], "taken", 1, 2, 0, 1);
+  expect_ready(a, 1);
+  expect_ready(b, 1);
+  close(a);
+  close(b);
+  nodes_stop(&ns);
+}
+END_TEST
+
 /* ATTACH global rank `rank` of job `id`, a world of `world` ranks too large
  * for the operations (DEP_MAX_LOCAL_RANKS), in a small shape: its
  * experts a multiple of the world, its memory a few MiB a node. */
@@ -1035,6 +1082,7 @@ Suite *multinode_suite(void) {
   tcase_add_test(tc, a_job_id_another_uid_takes_on_another_node_fails_nothing_and_names_no_owner);
   tcase_add_test(tc, a_world_above_64_ranks_across_nodes_fails_at_once_on_both_with_the_reason);
   tcase_add_test(tc, a_failed_jobs_late_ranks_hear_it_at_once_and_the_job_started_again_runs);
+  tcase_add_test(tc, a_membership_refused_after_the_sender_holds_every_rank_fails_its_attach_cleanly);
   tcase_add_test(tc, a_peer_flooding_memberships_is_refused_past_its_share_and_a_real_job_runs);
   suite_add_tcase(s, tc);
   return s;
