@@ -764,6 +764,32 @@ static bool job_mismatch(const struct job *j, const struct dep_attach_args *a, c
 }
 
 /*
+ * The first rank of a multi-node job to come here was refused before the
+ * job was made (its shape, a limit, a drain): the job cannot start, and
+ * its ranks on the other nodes wait for this one (DESIGN §5).  They are
+ * told at once (JOB_FAIL under c's uid: it fails that uid's job of the id
+ * only), and its later ranks here hear it (job_refuse_late).
+ */
+static void job_refuse_first(struct conn *c, const struct dep_attach_args *a, int code,
+                             const char *msg) {
+  if (a->world_size <= a->local_world_size || peer_count() == 0 ||
+      proto_check_job_id(a->job_id, NULL, 0) != 0)
+    return;
+  char all[DEP_MSG_TEXT_MAX];
+  snprintf(all, sizeof all, "job %s cannot start: its rank %u (local %u, pid %d) was refused: "
+           "%.300s", a->job_id, a->rank, a->local_rank, (int)c->pid, msg);
+  log_warnx("%s", all);
+  job_remember_failure((uint32_t)c->uid, a->job_id, code, NULL, all, NULL);
+  struct job_failed *f = failed_find((uint32_t)c->uid, a->job_id);
+  struct proc_id p;
+  if (f != NULL && proc_identify(c->pid, &p) == 0)
+    failed_tell(f, &p, JOB_TOLD_ANY);
+  struct dep_peer_msg m = job_event(a->job_id, (uint32_t)c->uid, code, DEP_PEER_NO_RANK, false,
+                                    all);
+  job_send_peers(&m);
+}
+
+/*
  * Refuse an ATTACH: answer it, and when it names a job of the caller's uid
  * that is still gathering its ranks, fail that job at once for every rank
  * waiting in it, with the same reason (DESIGN §5): a job with a refused
@@ -774,7 +800,11 @@ static bool job_mismatch(const struct job *j, const struct dep_attach_args *a, c
 static void job_refuse(struct job *j, struct conn *c, uint32_t request_id,
                        const struct dep_attach_args *a, int code, const char *msg) {
   conn_send_error(c, request_id, code, "%s", msg);
-  if (j == NULL || j->ready || j->dead || j->owner_uid != c->uid || j->attached == 0)
+  if (j == NULL) {
+    job_refuse_first(c, a, code, msg);
+    return;
+  }
+  if (j->ready || j->dead || j->owner_uid != c->uid || j->attached == 0)
     return;
   char all[DEP_MSG_TEXT_MAX];
   snprintf(all, sizeof all, "job %s cannot start: its rank %u (local %u, pid %d) was refused: "
@@ -856,31 +886,33 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
   }
   if (j == NULL) {
     if (deepepd.draining) {
-      conn_send_error(c, request_id, DEP_ERR_STATE,
-                      "deepepd is draining (deepepctl drain): it starts no new job until "
-                      "`deepepctl drain --cancel`; running jobs go on");
+      job_refuse(NULL, c, request_id, a, DEP_ERR_STATE,
+                 "deepepd is draining (deepepctl drain): it starts no new job until "
+                 "`deepepctl drain --cancel`; running jobs go on");
       return;
     }
     if (job_n >= job_cfg->max_jobs) {
-      conn_send_error(c, request_id, DEP_ERR_LIMIT,
-                      "deepepd already holds %u jobs (limits.max_jobs); wait for one to end or "
-                      "raise the limit",
-                      job_n);
+      snprintf(msg, sizeof msg,
+               "deepepd already holds %u jobs (limits.max_jobs); wait for one to end or raise "
+               "the limit",
+               job_n);
+      job_refuse(NULL, c, request_id, a, DEP_ERR_LIMIT, msg);
       return;
     }
     uint32_t mine = job_count_of(c->uid);
     if (mine >= job_cfg->max_jobs_per_uid) {
       log_warnx("job %s: uid %u (pid %d) already holds %u jobs (limits.max_jobs_per_uid); "
                 "refused", a->job_id, (unsigned)c->uid, (int)c->pid, mine);
-      conn_send_error(c, request_id, DEP_ERR_LIMIT,
-                      "uid %u already holds %u jobs (limits.max_jobs_per_uid %u); wait for one "
-                      "to end, or ask the administrator to raise the limit",
-                      (unsigned)c->uid, mine, job_cfg->max_jobs_per_uid);
+      snprintf(msg, sizeof msg,
+               "uid %u already holds %u jobs (limits.max_jobs_per_uid %u); wait for one to end, "
+               "or ask the administrator to raise the limit",
+               (unsigned)c->uid, mine, job_cfg->max_jobs_per_uid);
+      job_refuse(NULL, c, request_id, a, DEP_ERR_LIMIT, msg);
       return;
     }
     j = job_create(c, a);
     if (j == NULL) {
-      conn_send_error(c, request_id, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
+      job_refuse(NULL, c, request_id, a, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
       return;
     }
     j->slab_bytes = slab_bytes; /* the layout's size; the stride once lent */

@@ -771,15 +771,22 @@ END_TEST
  * record, and then only the abort words of a job that had failed.  Once
  * "held" is gone, the same ranks attach "taken" again and it runs.
  */
+/* Two nodes configured with attach_timeout_ms `timeout`, node 0 also with `more` limits. */
+static void nodes_config_node0(struct nodes *ns, int timeout, const char *more) {
+  nodes_config(ns, 2, timeout);
+  char was[64];
+  dw_sfmt(was, sizeof was, "attach_timeout_ms: %d}", timeout);
+  char *lim = strstr(ns->yaml[0], was);
+  ck_assert_ptr_nonnull(lim);
+  char rest[sizeof ns->yaml[0]];
+  dw_sfmt(rest, sizeof rest, "%s", lim + strlen(was) - 1);
+  dw_sfmt(lim, sizeof ns->yaml[0] - (size_t)(lim - ns->yaml[0]), "attach_timeout_ms: %d%s%s",
+          timeout, more, rest);
+}
+
 START_TEST(a_membership_refused_after_the_sender_holds_every_rank_fails_its_attach_cleanly) {
   struct nodes ns;
-  nodes_config(&ns, 2, 8000);
-  char *lim = strstr(ns.yaml[0], "attach_timeout_ms: 8000}");
-  ck_assert_ptr_nonnull(lim);
-  char rest[sizeof ns.yaml[0]];
-  dw_sfmt(rest, sizeof rest, "%s", lim + strlen("attach_timeout_ms: 8000"));
-  dw_sfmt(lim, sizeof ns.yaml[0] - (size_t)(lim - ns.yaml[0]),
-          "attach_timeout_ms: 8000, max_jobs: 1%s", rest);
+  nodes_config_node0(&ns, 8000, ", max_jobs: 1");
   nodes_start_all(&ns);
   int h1 = attach_rank(&ns.d[1], "held", 1, 2, 0, 1);
   ck_assert(dw_log_has(&ns.d[0], "job held: node 127.0.0.1:", 5000));
@@ -798,6 +805,34 @@ START_TEST(a_membership_refused_after_the_sender_holds_every_rank_fails_its_atta
   expect_ready(b, 1);
   close(a);
   close(b);
+  nodes_stop(&ns);
+}
+END_TEST
+
+/*
+ * The first rank of a multi-node job that a node refuses before the job
+ * exists there (a limit: limits.max_jobs 1 on node 0, which runs a job
+ * of one rank) fails the job on every node at once (DESIGN §5): node 1's
+ * rank, waiting, gets the reason within 4 s (a ceiling for a loaded
+ * machine; attach_timeout_ms is 60 s).  It once waited out the timeout,
+ * since only the refused rank was answered.
+ */
+START_TEST(a_first_rank_refused_by_a_limit_fails_the_job_on_every_node_at_once) {
+  struct nodes ns;
+  nodes_config_node0(&ns, 60000, ", max_jobs: 1");
+  nodes_start_all(&ns);
+  int b = attach_rank(&ns.d[1], "full", 1, 2, 0, 1);
+  ck_assert(dw_log_has(&ns.d[0], "job full: node 127.0.0.1:", 5000));
+  int busy = attach_rank(&ns.d[0], "busy", 0, 1, 0, 1);
+  expect_ready(busy, 1);
+  int a = attach_rank(&ns.d[0], "full", 0, 2, 0, 1);
+  int64_t t0 = dw_now_ms();
+  expect_fail(a, DEP_ERR_LIMIT, "limits.max_jobs", NULL);
+  expect_fail(b, DEP_ERR_LIMIT, "limits.max_jobs", "cannot start: its rank 0");
+  ck_assert_int_lt(dw_now_ms() - t0, 4000);
+  close(a);
+  close(b);
+  close(busy);
   nodes_stop(&ns);
 }
 END_TEST
@@ -1083,6 +1118,7 @@ Suite *multinode_suite(void) {
   tcase_add_test(tc, a_world_above_64_ranks_across_nodes_fails_at_once_on_both_with_the_reason);
   tcase_add_test(tc, a_failed_jobs_late_ranks_hear_it_at_once_and_the_job_started_again_runs);
   tcase_add_test(tc, a_membership_refused_after_the_sender_holds_every_rank_fails_its_attach_cleanly);
+  tcase_add_test(tc, a_first_rank_refused_by_a_limit_fails_the_job_on_every_node_at_once);
   tcase_add_test(tc, a_peer_flooding_memberships_is_refused_past_its_share_and_a_real_job_runs);
   suite_add_tcase(s, tc);
   return s;
