@@ -758,6 +758,74 @@ START_TEST(a_failed_jobs_late_ranks_hear_it_at_once_and_the_job_started_again_ru
 END_TEST
 
 /*
+ * A failure is remembered under its owner's uid: uid 65534's rank of the
+ * same id, its process started before root's job failed, learns nothing
+ * of it and gathers its own job (no reply within attach_as_nobody's 2 s),
+ * while root's late rank, the same global rank on the same node, hears
+ * the failure at once.  Root only (a rank runs as uid 65534).
+ */
+START_TEST(a_remembered_failure_is_told_to_its_own_uids_late_ranks_only) {
+  if (geteuid() != 0) {
+    tu_skip_part(__func__, "running a rank as uid 65534 needs root");
+    return;
+  }
+  struct nodes ns;
+  nodes_config_with(&ns, 2, 120000, "", "allow: {any_user: true}\n");
+  nodes_start_all(&ns);
+  chmod(ns.d[1].dir, 0755); /* uid 65534 reaches node 1's socket */
+  struct rank_said *said = mmap(NULL, sizeof *said, PROT_READ | PROT_WRITE,
+                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(said, MAP_FAILED);
+  memset(said, 0, sizeof *said);
+  int gate[2], hold[2], ngate[2];
+  ck_assert_int_eq(pipe(gate), 0);
+  ck_assert_int_eq(pipe(hold), 0);
+  ck_assert_int_eq(pipe(ngate), 0);
+  /* World 3: node 0 holds ranks 0-1, node 1 rank 2. */
+  pid_t late = fork_rank(ns.d[1].sock, "uidlate", 2, 3, 0, 1, gate[0], hold[0], said);
+  fflush(stdout);
+  pid_t nobody = fork();
+  ck_assert_int_ge(nobody, 0);
+  if (nobody == 0) {
+    char g;
+    _exit(read(ngate[0], &g, 1) == 1 ? attach_as_nobody(ns.d[1].sock, "uidlate", 2, 3, 0, NULL)
+                                      : 20);
+  }
+  uint64_t started = start_tick(late), s2 = start_tick(nobody);
+  started = s2 > started ? s2 : started;
+  while (boot_ticks() <= started) /* the failure comes a clock tick after they started */
+    dw_sleep_ms(2);
+  int r0 = dw_client(&ns.d[0]), r1 = dw_client(&ns.d[0]);
+  struct dep_attach_args x = late_args("uidlate", 0, 3, 0, 2);
+  dw_attach(r0, &x, 7);
+  ck_assert(dw_log_has(&ns.d[0], "job uidlate: rank 0 (local 0", 5000));
+  x = late_args("uidlate", 1, 3, 1, 2);
+  x.shape.hidden = 512;
+  dw_attach(r1, &x, 7);
+  expect_fail(r1, DEP_ERR_MISMATCH, "hidden", NULL);
+  expect_fail(r0, DEP_ERR_MISMATCH, "hidden", NULL);
+  ck_assert(dw_log_has(&ns.d[1], "before any of its ranks attached here", 5000));
+  open_gates(gate[1], 1);
+  bool answered = ranks_answer(said, &late, 1, 8000);
+  reap_all(&late, 1);
+  ck_assert_msg(answered, "root's late rank was not answered within 8 s");
+  ck_assert_msg(said->rc == DEP_ERR_MISMATCH && strstr(said->msg, "before this rank attached"),
+                "root's late rank: %s (%d)", said->msg, said->rc);
+  open_gates(ngate[1], 1);
+  expect_child_ok(nobody, "uid 65534's rank of an id whose root job failed");
+  close(r0);
+  close(r1);
+  munmap(said, sizeof *said);
+  for (int i = 0; i < 2; i++) {
+    close(gate[i]);
+    close(hold[i]);
+    close(ngate[i]);
+  }
+  nodes_stop(&ns);
+}
+END_TEST
+
+/*
  * A node answers its ranks only once every node holding ranks of the job
  * has taken its MEMBERSHIP (MEMBERSHIP_OK), so that a refusal reaches
  * ranks still waiting for their ATTACH.  Node 0 takes at most one job's
@@ -1117,6 +1185,7 @@ Suite *multinode_suite(void) {
   tcase_add_test(tc, a_job_id_another_uid_takes_on_another_node_fails_nothing_and_names_no_owner);
   tcase_add_test(tc, a_world_above_64_ranks_across_nodes_fails_at_once_on_both_with_the_reason);
   tcase_add_test(tc, a_failed_jobs_late_ranks_hear_it_at_once_and_the_job_started_again_runs);
+  tcase_add_test(tc, a_remembered_failure_is_told_to_its_own_uids_late_ranks_only);
   tcase_add_test(tc, a_membership_refused_after_the_sender_holds_every_rank_fails_its_attach_cleanly);
   tcase_add_test(tc, a_first_rank_refused_by_a_limit_fails_the_job_on_every_node_at_once);
   tcase_add_test(tc, a_peer_flooding_memberships_is_refused_past_its_share_and_a_real_job_runs);
