@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "conn.h"
@@ -181,6 +182,19 @@ static void job_tell_peers(const struct job *j, int code, uint32_t rank, bool de
 
 static void job_fail_everywhere(struct job *j, int code, const char *msg);
 
+/* Peer k's bit in a job's `accepted` (peers are at most CONFIG_MAX_LIST). */
+_Static_assert(CONFIG_MAX_LIST <= 64, "job.accepted holds a bit per peer");
+static uint64_t job_peer_bit(int k) { return (uint64_t)1 << (unsigned)k; }
+
+/* The peers holding ranks of j (their records) that have not taken its MEMBERSHIP yet. */
+static uint64_t job_unaccepted(const struct job *j) {
+  uint64_t need = 0;
+  for (const struct job_member *x = job_members; x != NULL; x = x->next)
+    if (member_of(x, j))
+      need |= job_peer_bit(x->peer);
+  return need & ~j->accepted;
+}
+
 /* Send our MEMBERSHIP of j to peer k, or to every peer that is up (k < 0):
  * the ranks held here and where peers write into their slabs.  False when
  * the job failed instead. */
@@ -206,9 +220,12 @@ static bool job_announce(struct job *j, int k) {
     return false;
   }
   xfer_job_expect(j); /* before a peer can complete it and send frames */
-  for (int p = 0; p < peer_count(); p++)
-    if ((k < 0 || p == k) && peer_is_up(p))
+  for (int p = 0; p < peer_count(); p++) {
+    if ((k < 0 || p == k) && peer_is_up(p)) {
+      j->accepted &= ~job_peer_bit(p); /* until it answers this one */
       (void)peer_send(p, &m);
+    }
+  }
   j->announced = true;
   return true;
 }
@@ -278,6 +295,7 @@ static void job_remove_rank(struct job *j, uint32_t local_rank, bool detached) {
       /* Our MEMBERSHIP no longer holds: the peers forget it until we send it again. */
       job_tell_peers(j, 0, DEP_PEER_NO_RANK, false, "a local rank left while it gathered");
       j->announced = false;
+      j->accepted = 0;
     }
     if (!j->ready && j->lent && j->attached > 1) {
       /* No rank was sent the arenas yet; the rank that takes the free slot
@@ -297,8 +315,152 @@ static void job_remove_rank(struct job *j, uint32_t local_rank, bool detached) {
     job_destroy(j, "no ranks left");
 }
 
-/* Fail every rank still waiting for the rendezvous, then tear the job down. */
-static void job_fail(struct job *j, int code, const char *msg) {
+/* ---- failures remembered: a late rank hears them -----------------------
+ * A multi-node job that fails while it gathers leaves ranks that have not
+ * attached yet, on this node or another.  Each would gather the id anew
+ * and wait out limits.attach_timeout_ms for ranks that have already been
+ * told and gone.  So a node keeps each such failure it makes or hears of
+ * (a JOB_FAIL naming no rank), keyed by (owner uid, id) as the job is, and
+ * answers a late rank of that uid and id with it at once.
+ *
+ * A late rank is told apart from a rank of the job started again under
+ * the same id by its process (proc.h): the failure refuses a process that
+ * started before this node learned of it (it was part of the attempt that
+ * failed) and that has not heard it yet: it was not in the job here when
+ * the job failed (waiting, or refused), and this record has not refused it
+ * as that rank before.  A process started after, or one that has heard and
+ * tries again, gathers the id anew.  A failure applies for
+ * limits.attach_timeout_ms; it never fails a job that gathers anew under
+ * the id, it only answers the late rank. */
+
+/* Processes a record remembers as told; past that the oldest are forgotten
+ * (one of those that attaches again is told again, once). */
+#define JOB_FAILED_TOLD 64u
+/* A told process that waited in the job when it failed: past it for every rank. */
+#define JOB_TOLD_ANY UINT32_MAX
+
+struct job_told {
+  struct proc_id proc;
+  uint32_t rank;             /* the rank it was refused as late, or JOB_TOLD_ANY */
+};
+
+struct job_failed {
+  char id[DEP_JOB_ID_MAX];   /* "" when the slot is free */
+  uint32_t owner_uid;
+  int code;
+  uint64_t at_tick;          /* when this node learned of it, in proc.h's unit (clock ticks
+                                since boot): processes started before are of that attempt */
+  uint64_t until_ns;         /* uv_hrtime() after which it no longer applies */
+  char msg[DEP_MSG_TEXT_MAX];
+  struct job_told told[JOB_FAILED_TOLD];
+  uint32_t n_told;           /* entries written to told[], in turn */
+};
+
+static struct job_failed job_failed[JOB_FAILED_MAX];
+
+/* Now in proc.h's unit (process start times); 0 when the clock cannot say,
+ * which refuses no process. */
+static uint64_t job_boot_ticks(void) {
+  struct timespec ts;
+  long hz = sysconf(_SC_CLK_TCK);
+  if (hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &ts) != 0)
+    return 0;
+  return (uint64_t)ts.tv_sec * (uint64_t)hz +
+         (uint64_t)ts.tv_nsec / (1000000000u / (uint64_t)hz);
+}
+
+/* The live record of (uid, id), or NULL. */
+static struct job_failed *failed_find(uint32_t uid, const char *id) {
+  uint64_t now = uv_hrtime();
+  for (uint32_t i = 0; i < JOB_FAILED_MAX; i++) {
+    struct job_failed *f = &job_failed[i];
+    if (f->id[0] != '\0' && f->owner_uid == uid && now < f->until_ns && strcmp(f->id, id) == 0)
+      return f;
+  }
+  return NULL;
+}
+
+/* Whether process p heard failure f for global rank `rank` (JOB_TOLD_ANY: for every rank). */
+static bool failed_told(const struct job_failed *f, const struct proc_id *p, uint32_t rank) {
+  uint32_t n = f->n_told < JOB_FAILED_TOLD ? f->n_told : JOB_FAILED_TOLD;
+  for (uint32_t i = 0; i < n; i++) {
+    const struct job_told *t = &f->told[i];
+    if (t->proc.pid == p->pid && t->proc.start == p->start &&
+        (t->rank == JOB_TOLD_ANY || t->rank == rank))
+      return true;
+  }
+  return false;
+}
+
+static void failed_tell(struct job_failed *f, const struct proc_id *p, uint32_t rank) {
+  if (p->pid <= 0 || failed_told(f, p, rank))
+    return;
+  f->told[f->n_told % JOB_FAILED_TOLD] = (struct job_told){*p, rank};
+  f->n_told++;
+}
+
+/*
+ * Remember that the job (uid, id) failed while it gathered, with the code
+ * and reason its ranks were told, on node `where` (NULL: this one); j, when
+ * it is the local job that failed, gives the processes told with it.  A
+ * record of (uid, id) that still applies takes the newer failure and keeps
+ * the processes it told; else a free, outlived or the oldest slot is used.
+ */
+static void job_remember_failure(uint32_t uid, const char *id, int code, const char *where,
+                                 const char *reason, const struct job *j) {
+  struct job_failed *f = failed_find(uid, id);
+  if (f == NULL) {
+    uint64_t now = uv_hrtime();
+    f = &job_failed[0];
+    for (uint32_t i = 0; i < JOB_FAILED_MAX; i++) {
+      struct job_failed *x = &job_failed[i];
+      if (x->id[0] == '\0' || now >= x->until_ns) {
+        f = x;
+        break;
+      }
+      if (x->until_ns < f->until_ns)
+        f = x;
+    }
+    memset(f, 0, sizeof *f);
+    snprintf(f->id, sizeof f->id, "%s", id);
+    f->owner_uid = uid;
+  }
+  f->code = code;
+  f->at_tick = job_boot_ticks();
+  f->until_ns = uv_hrtime() + (uint64_t)job_cfg->attach_timeout_ms * 1000000u;
+  snprintf(f->msg, sizeof f->msg, "job %s failed on %s%s before this rank attached: %s", id,
+           where != NULL ? "node " : "this node", where != NULL ? where : "", reason);
+  if (j != NULL)
+    for (uint32_t i = 0; i < j->local_world_size; i++)
+      if (j->ranks[i].conn != NULL)
+        failed_tell(f, &j->ranks[i].proc, JOB_TOLD_ANY);
+}
+
+/*
+ * A rank of (c's uid, id) that comes after that job failed: answer it with
+ * the failure and return true when it is a late rank of the attempt that
+ * failed (see above); false, touching nothing, when it may gather anew.
+ */
+static bool job_refuse_late(struct conn *c, uint32_t request_id, const struct dep_attach_args *a) {
+  struct job_failed *f = failed_find((uint32_t)c->uid, a->job_id);
+  struct proc_id p;
+  if (f == NULL || proc_identify(c->pid, &p) != 0 || failed_told(f, &p, a->rank) ||
+      p.start >= f->at_tick)
+    return false;
+  failed_tell(f, &p, a->rank);
+  log_info("job %s: rank %u (pid %d) attached after the job failed; told why", a->job_id,
+           a->rank, (int)c->pid);
+  conn_send_error(c, request_id, f->code, "%s", f->msg);
+  return true;
+}
+
+/* Fail every rank still waiting for the rendezvous, then tear the job down;
+ * a multi-node job's failure is remembered for its late ranks, as on node
+ * `where` (NULL: this one) for `reason`. */
+static void job_fail_from(struct job *j, int code, const char *msg, const char *where,
+                          const char *reason) {
+  if (j->multinode && !j->ready)
+    job_remember_failure((uint32_t)j->owner_uid, j->id, code, where, reason, j);
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     struct job_rank *r = &j->ranks[i];
     if (r->conn != NULL && r->waiting) {
@@ -307,6 +469,11 @@ static void job_fail(struct job *j, int code, const char *msg) {
     }
   }
   job_destroy(j, dep_strerror(code));
+}
+
+/* Fail every rank still waiting for the rendezvous, then tear the job down. */
+static void job_fail(struct job *j, int code, const char *msg) {
+  job_fail_from(j, code, msg, NULL, msg);
 }
 
 /* ---- multi-node: who holds which rank -------------------------------- */
@@ -409,7 +576,10 @@ static void job_progress(struct job *j) {
   if (j->attached == j->local_world_size && !j->announced &&
       (!job_lend(j) || !job_announce(j, -1)))
     return;
-  if (j->attached == j->local_world_size && held == j->world_size) {
+  /* Every node holding ranks of it must have taken our MEMBERSHIP: one that
+   * refuses it fails the job (JOB_FAIL), and that must come while our ranks
+   * still wait for their ATTACH, not after they started. */
+  if (j->attached == j->local_world_size && held == j->world_size && job_unaccepted(j) == 0) {
     uint32_t nodes = 0;
     (void)job_remote_ranks(j, &nodes);
     log_info("job %s: all %u ranks held on %u node(s)", j->id, j->world_size, 1 + nodes);
@@ -438,6 +608,26 @@ static void job_timeout_multinode(struct job *j) {
       *o += (size_t)n;
   }
   char msg[DEP_MSG_TEXT_MAX];
+  uint64_t silent = job_unaccepted(j);
+  if (held == j->world_size && j->attached == j->local_world_size && silent != 0) {
+    /* Every rank is here; a node never said it took our MEMBERSHIP. */
+    char quiet[200] = "";
+    size_t oq = 0;
+    for (int k = 0; k < peer_count(); k++) {
+      if (!(silent & job_peer_bit(k)))
+        continue;
+      int n = snprintf(quiet + oq, sizeof quiet - oq, "%s%s", oq ? ", " : "", peer_name(k));
+      if (n > 0 && (size_t)n < sizeof quiet - oq)
+        oq += (size_t)n;
+    }
+    snprintf(msg, sizeof msg,
+             "job %s: all %u ranks attached, but after %u ms node(s) %s had not acknowledged "
+             "this node's membership of the job (MEMBERSHIP_OK, which a deepepd older than "
+             "this one does not send: run the same deepepd version on every node)",
+             j->id, j->world_size, j->timeout_ms, quiet);
+    job_fail_everywhere(j, DEP_ERR_TIMEOUT, msg);
+    return;
+  }
   int len = snprintf(msg, sizeof msg,
                      "job %s: %u of %u ranks attached after %u ms (%u of %u here); missing "
                      "global ranks %s; peers up: %s; not up: %s (start every rank on every node, "
@@ -574,6 +764,32 @@ static bool job_mismatch(const struct job *j, const struct dep_attach_args *a, c
 }
 
 /*
+ * The first rank of a multi-node job to come here was refused before the
+ * job was made (its shape, a limit, a drain): the job cannot start, and
+ * its ranks on the other nodes wait for this one (DESIGN §5).  They are
+ * told at once (JOB_FAIL under c's uid: it fails that uid's job of the id
+ * only), and its later ranks here hear it (job_refuse_late).
+ */
+static void job_refuse_first(struct conn *c, const struct dep_attach_args *a, int code,
+                             const char *msg) {
+  if (a->world_size <= a->local_world_size || peer_count() == 0 ||
+      proto_check_job_id(a->job_id, NULL, 0) != 0)
+    return;
+  char all[DEP_MSG_TEXT_MAX];
+  snprintf(all, sizeof all, "job %s cannot start: its rank %u (local %u, pid %d) was refused: "
+           "%.300s", a->job_id, a->rank, a->local_rank, (int)c->pid, msg);
+  log_warnx("%s", all);
+  job_remember_failure((uint32_t)c->uid, a->job_id, code, NULL, all, NULL);
+  struct job_failed *f = failed_find((uint32_t)c->uid, a->job_id);
+  struct proc_id p;
+  if (f != NULL && proc_identify(c->pid, &p) == 0)
+    failed_tell(f, &p, JOB_TOLD_ANY);
+  struct dep_peer_msg m = job_event(a->job_id, (uint32_t)c->uid, code, DEP_PEER_NO_RANK, false,
+                                    all);
+  job_send_peers(&m);
+}
+
+/*
  * Refuse an ATTACH: answer it, and when it names a job of the caller's uid
  * that is still gathering its ranks, fail that job at once for every rank
  * waiting in it, with the same reason (DESIGN §5): a job with a refused
@@ -584,13 +800,27 @@ static bool job_mismatch(const struct job *j, const struct dep_attach_args *a, c
 static void job_refuse(struct job *j, struct conn *c, uint32_t request_id,
                        const struct dep_attach_args *a, int code, const char *msg) {
   conn_send_error(c, request_id, code, "%s", msg);
-  if (j == NULL || j->ready || j->dead || j->owner_uid != c->uid || j->attached == 0)
+  if (j == NULL) {
+    job_refuse_first(c, a, code, msg);
+    return;
+  }
+  if (j->ready || j->dead || j->owner_uid != c->uid || j->attached == 0)
     return;
   char all[DEP_MSG_TEXT_MAX];
   snprintf(all, sizeof all, "job %s cannot start: its rank %u (local %u, pid %d) was refused: "
            "%.300s", j->id, a->rank, a->local_rank, (int)c->pid, msg);
-  log_warnx("%s", all);
-  job_fail(j, code, all);
+  /* Its ranks on the other nodes wait for it too: they are told (JOB_FAIL),
+   * and the refused rank's process has heard it, should it try again. */
+  if (!j->multinode) {
+    log_warnx("%s", all);
+    job_fail(j, code, all);
+    return;
+  }
+  job_fail_everywhere(j, code, all);
+  struct job_failed *f = failed_find((uint32_t)c->uid, a->job_id);
+  struct proc_id p;
+  if (f != NULL && proc_identify(c->pid, &p) == 0)
+    failed_tell(f, &p, JOB_TOLD_ANY);
 }
 
 void job_refuse_attach(struct conn *c, uint32_t request_id, const struct dep_attach_args *a,
@@ -638,6 +868,8 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
                     c->job->id, c->job_local_rank);
     return;
   }
+  if (job_refuse_late(c, request_id, a))
+    return;
   struct job *j = job_find(a->job_id);
   char why[DEP_MSG_TEXT_MAX - DEP_JOB_ID_MAX - 8] = "";
   char msg[DEP_MSG_TEXT_MAX];
@@ -654,31 +886,33 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
   }
   if (j == NULL) {
     if (deepepd.draining) {
-      conn_send_error(c, request_id, DEP_ERR_STATE,
-                      "deepepd is draining (deepepctl drain): it starts no new job until "
-                      "`deepepctl drain --cancel`; running jobs go on");
+      job_refuse(NULL, c, request_id, a, DEP_ERR_STATE,
+                 "deepepd is draining (deepepctl drain): it starts no new job until "
+                 "`deepepctl drain --cancel`; running jobs go on");
       return;
     }
     if (job_n >= job_cfg->max_jobs) {
-      conn_send_error(c, request_id, DEP_ERR_LIMIT,
-                      "deepepd already holds %u jobs (limits.max_jobs); wait for one to end or "
-                      "raise the limit",
-                      job_n);
+      snprintf(msg, sizeof msg,
+               "deepepd already holds %u jobs (limits.max_jobs); wait for one to end or raise "
+               "the limit",
+               job_n);
+      job_refuse(NULL, c, request_id, a, DEP_ERR_LIMIT, msg);
       return;
     }
     uint32_t mine = job_count_of(c->uid);
     if (mine >= job_cfg->max_jobs_per_uid) {
       log_warnx("job %s: uid %u (pid %d) already holds %u jobs (limits.max_jobs_per_uid); "
                 "refused", a->job_id, (unsigned)c->uid, (int)c->pid, mine);
-      conn_send_error(c, request_id, DEP_ERR_LIMIT,
-                      "uid %u already holds %u jobs (limits.max_jobs_per_uid %u); wait for one "
-                      "to end, or ask the administrator to raise the limit",
-                      (unsigned)c->uid, mine, job_cfg->max_jobs_per_uid);
+      snprintf(msg, sizeof msg,
+               "uid %u already holds %u jobs (limits.max_jobs_per_uid %u); wait for one to end, "
+               "or ask the administrator to raise the limit",
+               (unsigned)c->uid, mine, job_cfg->max_jobs_per_uid);
+      job_refuse(NULL, c, request_id, a, DEP_ERR_LIMIT, msg);
       return;
     }
     j = job_create(c, a);
     if (j == NULL) {
-      conn_send_error(c, request_id, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
+      job_refuse(NULL, c, request_id, a, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
       return;
     }
     j->slab_bytes = slab_bytes; /* the layout's size; the stride once lent */
@@ -819,6 +1053,8 @@ static void job_on_peer_down(int k) {
     }
     x = next;
   }
+  for (struct job *j = job_list; j != NULL; j = j->next)
+    j->accepted &= ~job_peer_bit(k); /* it forgot our MEMBERSHIP: sent again when it is up */
   xfer_peer_down(k);
 }
 
@@ -843,6 +1079,7 @@ static void job_refuse_membership(int k, const struct dep_peer_membership *in, i
     return;
   }
   log_warnx("%s", msg);
+  job_remember_failure(in->owner_uid, in->job_id, code, NULL, msg, NULL);
   struct dep_peer_msg m = job_event(in->job_id, in->owner_uid, code, DEP_PEER_NO_RANK, false, msg);
   job_send_peers(&m);
 }
@@ -915,6 +1152,11 @@ static void job_on_membership(int k, const struct dep_peer_membership *in) {
     return;
   }
   (*pp)->m = *in;
+  /* Taken: the sender may answer its ranks once every node has said so. */
+  struct dep_peer_msg ok = {.type = DEP_PEER_MEMBERSHIP_OK};
+  snprintf(ok.u.job.job_id, sizeof ok.u.job.job_id, "%s", in->job_id);
+  ok.u.job.owner_uid = in->owner_uid;
+  (void)peer_send(k, &ok);
   uint32_t keyed = 0;
   for (uint32_t w = 0; w < in->n_windows; w++)
     keyed += in->windows[w].rkey != 0;
@@ -938,17 +1180,28 @@ static void job_on_job_event(int k, uint16_t type, const struct dep_peer_job_eve
       first = (*pp)->m.ranks[0];
     member_drop(e->job_id, k);
   }
-  struct job *j = job_find(e->job_id);
-  if (type == DEP_PEER_JOB_END || j == NULL || j->dead || !j->multinode ||
-      (uint32_t)j->owner_uid != e->owner_uid)
+  if (type == DEP_PEER_JOB_END)
     return;
+  struct job *j = job_find(e->job_id);
   char text[4 * DEP_MSG_TEXT_MAX];
   log_escape(e->message, strlen(e->message), text, sizeof text);
+  char reason[DEP_MSG_TEXT_MAX];
+  snprintf(reason, sizeof reason, "%.380s", text);
+  if (j == NULL || j->dead || !j->multinode || (uint32_t)j->owner_uid != e->owner_uid) {
+    /* None of its ranks is here yet (or this node holds another uid's job
+     * of that id): those that come later hear it (job_refuse_late). */
+    if (e->rank == DEP_PEER_NO_RANK) {
+      log_info("job %.64s of uid %u failed on node %s before any of its ranks attached here",
+               e->job_id, (unsigned)e->owner_uid, peer_name(k));
+      job_remember_failure(e->owner_uid, e->job_id, e->code, peer_name(k), reason, NULL);
+    }
+    return;
+  }
   if (!j->ready) {
     char msg[DEP_MSG_TEXT_MAX];
     snprintf(msg, sizeof msg, "job %s failed on node %s: %.380s", j->id, peer_name(k), text);
     log_warnx("%s", msg);
-    job_fail(j, e->code, msg);
+    job_fail_from(j, e->code, msg, peer_name(k), reason);
     return;
   }
   uint32_t rank = e->rank != DEP_PEER_NO_RANK ? e->rank : first;
@@ -969,9 +1222,25 @@ static void job_on_job_event(int k, uint16_t type, const struct dep_peer_job_eve
   xfer_job_fail(j, DEP_ERR_PEER);
 }
 
+/* Peer k took our MEMBERSHIP of (uid, id): the job may complete on that count. */
+static void job_on_membership_ok(int k, const struct dep_peer_job_event *e) {
+  struct job *j = job_find(e->job_id);
+  /* An answer to a MEMBERSHIP since withdrawn (a local rank left) counts for
+   * nothing when it comes before we announce again; one still on its way
+   * when we do is taken for the new one (a window of one round trip to
+   * that peer, in which a refusal could again come after the start). */
+  if (j == NULL || j->dead || j->ready || !j->multinode || !j->announced ||
+      (uint32_t)j->owner_uid != e->owner_uid)
+    return;
+  j->accepted |= job_peer_bit(k);
+  job_progress(j);
+}
+
 static void job_on_peer_msg(int k, const struct dep_peer_msg *m) {
   if (m->type == DEP_PEER_MEMBERSHIP)
     job_on_membership(k, &m->u.membership);
+  else if (m->type == DEP_PEER_MEMBERSHIP_OK)
+    job_on_membership_ok(k, &m->u.job);
   else if (m->type == DEP_PEER_JOB_FAIL || m->type == DEP_PEER_JOB_END)
     job_on_job_event(k, m->type, &m->u.job);
 }

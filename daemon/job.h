@@ -11,9 +11,11 @@
  * A multi-node job (world_size > local_world_size, DESIGN §7) completes
  * only when every global rank 0..world_size-1 is held by exactly one node:
  * this one, or a peer daemon that reported it in a MEMBERSHIP message
- * (peer_proto.h).  Its membership goes to every peer that is up once its
- * local ranks are all here; a conflict, a timeout, a peer lost while it
- * gathers fails it on every node.  Operations across nodes are a later
+ * (peer_proto.h), and every node holding ranks of it has taken this
+ * node's MEMBERSHIP (MEMBERSHIP_OK), so that no refusal comes after its
+ * ranks were answered.  Its membership goes to every peer that is up once
+ * its local ranks are all here; a conflict, a refusal, a timeout, a peer
+ * lost while it gathers fails it on every node.  Operations across nodes are a later
  * issue: the library refuses them (client/ops.c).
  */
 #ifndef DEP_DAEMON_JOB_H
@@ -63,6 +65,7 @@ struct job {
   bool multinode;            /* world_size > local_world_size and peers configured: they
                                 hold the other ranks */
   bool announced;            /* our MEMBERSHIP went to the peers (local ranks all here) */
+  uint64_t accepted;         /* bit k: peer k answered that MEMBERSHIP with MEMBERSHIP_OK */
   bool lent;                 /* its arenas are lent: at the rendezvous, or for a multi-node
                                 job once its local ranks are all here (MEMBERSHIP carries
                                 where peers write into them) */
@@ -75,6 +78,10 @@ struct job {
   struct job *next;
   struct job_rank ranks[];   /* local_world_size slots, indexed by local rank */
 };
+
+/* Failures of multi-node jobs a node remembers for their late ranks (job.c):
+ * past that the oldest is forgotten, and its late ranks gather the id anew. */
+#define JOB_FAILED_MAX 128u
 
 /* Start the job table with the running configuration (read at each use:
  * it is rewritten on reload). */

@@ -403,6 +403,7 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
   case DEP_PEER_DATA_HELLO: /* handled above */
     break;
   case DEP_PEER_MEMBERSHIP:
+  case DEP_PEER_MEMBERSHIP_OK:
   case DEP_PEER_JOB_FAIL:
   case DEP_PEER_JOB_END:
     if (P->ev != NULL && P->ev->job_msg != NULL)

@@ -66,7 +66,8 @@ void peer_wait(peer_ready_fn *done);
  * What the peer layer tells the job table (job.c hands these in): a peer
  * numbered 0..peer_count()-1 came up (its first authenticated link, either
  * direction) or went down (its last one closed), and a job message
- * (MEMBERSHIP, JOB_FAIL, JOB_END) arrived from an authenticated peer.
+ * (MEMBERSHIP, MEMBERSHIP_OK, JOB_FAIL, JOB_END) arrived from an
+ * authenticated peer.
  */
 struct peer_events {
   void (*up)(int peer);

@@ -48,6 +48,10 @@ static const struct codec_field job_f[] = {
     MSG_F(STR, job.job_id),   MSG_F(U32, job.owner_uid), MSG_F(U32, job.rank),
     MSG_F(U32, job.detached), MSG_F(I32, job.code),      MSG_F(STR, job.message),
 };
+static const struct codec_field membership_ok_f[] = {
+    MSG_F(STR, job.job_id),
+    MSG_F(U32, job.owner_uid),
+};
 #undef MSG_F
 
 static const struct {
@@ -60,7 +64,7 @@ static const struct {
     BODY(DEP_PEER_KEEPALIVE, keepalive_f), BODY(DEP_PEER_XPORT, xport_f),
     BODY(DEP_PEER_DATA_OFFER, data_offer_f), BODY(DEP_PEER_DATA_HELLO, data_hello_f),
     BODY(DEP_PEER_XPORT_NAK, nak_f),       BODY(DEP_PEER_JOB_FAIL, job_f),
-    BODY(DEP_PEER_JOB_END, job_f),
+    BODY(DEP_PEER_JOB_END, job_f),         BODY(DEP_PEER_MEMBERSHIP_OK, membership_ok_f),
 #undef BODY
     /* AUTH_OK: empty; MEMBERSHIP: below */
 };
@@ -260,7 +264,7 @@ const char *peer_proto_type_name(uint16_t type) {
       [DEP_PEER_MEMBERSHIP] = "MEMBERSHIP", [DEP_PEER_JOB_FAIL] = "JOB_FAIL",
       [DEP_PEER_JOB_END] = "JOB_END",     [DEP_PEER_XPORT] = "XPORT",
       [DEP_PEER_XPORT_NAK] = "XPORT_NAK", [DEP_PEER_DATA_OFFER] = "DATA_OFFER",
-      [DEP_PEER_DATA_HELLO] = "DATA_HELLO",
+      [DEP_PEER_DATA_HELLO] = "DATA_HELLO", [DEP_PEER_MEMBERSHIP_OK] = "MEMBERSHIP_OK",
   };
   return type < DEP_PEER_TYPE_MAX_ && names[type] != NULL ? names[type] : "UNKNOWN";
 }

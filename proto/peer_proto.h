@@ -36,6 +36,7 @@
  *   JOB_FAIL   str job_id, u32 owner_uid, u32 rank (DEP_PEER_NO_RANK: none),
  *              u32 detached (0/1), i32 code (< 0), str message (<= 511)
  *   JOB_END    as JOB_FAIL, with code 0
+ *   MEMBERSHIP_OK str job_id, u32 owner_uid
  *
  * Multi-node jobs (job.c): a daemon whose local ranks of a job have all
  * attached sends MEMBERSHIP (which global ranks it holds, under which uid
@@ -43,7 +44,12 @@
  * comes up later.  JOB_FAIL says the job failed on the sender (a conflict,
  * a timeout, a rank that left it while it ran: `rank`), so the receiver
  * fails or aborts its side; JOB_END says the sender's part of the job is
- * gone, so the receiver forgets its MEMBERSHIP.  MEMBERSHIP's windows say
+ * gone, so the receiver forgets its MEMBERSHIP.  MEMBERSHIP_OK says the
+ * sender took the receiver's MEMBERSHIP of that job (owner uid and id) as
+ * a record; a MEMBERSHIP it cannot take it answers with JOB_FAIL instead.
+ * A node answers its ranks' ATTACH only once every node holding ranks of
+ * the job has taken its MEMBERSHIP, so that a refusal never reaches a job
+ * that has started.  MEMBERSHIP's windows say
  * where a writer puts bytes for each of the sender's ranks: bytes
  * [slab_off, slab_off + len) of rank ranks[rank_index]'s exchange region
  * (proto/slab.h: host memory, where blocks from other nodes land) are at
@@ -98,7 +104,9 @@
  *   3  DATA_OFFER and DATA_HELLO (the data path's connections, xring.h).
  *   4  MEMBERSHIP's windows cover each rank's exchange region, no longer
  *      its slab (the same layout, another meaning: an older peer would
- *      write blocks where no one reads them).
+ *      write blocks where no one reads them).  Added since, without a
+ *      bump: MEMBERSHIP_OK (a peer that sends none leaves the jobs it
+ *      holds ranks of to time out, saying so).
  */
 #ifndef DEP_PEER_PROTO_H
 #define DEP_PEER_PROTO_H
@@ -148,6 +156,7 @@ enum dep_peer_type {
   DEP_PEER_XPORT_NAK = 11,
   DEP_PEER_DATA_OFFER = 12,
   DEP_PEER_DATA_HELLO = 13,
+  DEP_PEER_MEMBERSHIP_OK = 14,
   DEP_PEER_TYPE_MAX_
 };
 
@@ -224,7 +233,7 @@ struct dep_peer_data_hello {
   uint16_t listen_port; /* the opener's listen.port: names it among a host's daemons */
 };
 
-/* JOB_FAIL and JOB_END. */
+/* JOB_FAIL and JOB_END; MEMBERSHIP_OK carries job_id and owner_uid only. */
 struct dep_peer_job_event {
   char job_id[DEP_JOB_ID_MAX];
   uint32_t owner_uid;
@@ -243,7 +252,7 @@ struct dep_peer_msg {
     struct dep_peer_error error; /* ERROR, CLOSE */
     struct dep_peer_keepalive keepalive;
     struct dep_peer_membership membership;
-    struct dep_peer_job_event job; /* JOB_FAIL, JOB_END */
+    struct dep_peer_job_event job; /* JOB_FAIL, JOB_END, MEMBERSHIP_OK */
     struct dep_peer_xport xport;
     struct dep_peer_error nak;     /* XPORT_NAK */
     struct dep_peer_data_offer data_offer;

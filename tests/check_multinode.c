@@ -25,6 +25,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "clienttest.h"
@@ -59,9 +60,11 @@ static struct dep_peer_msg sample_membership(void) {
 }
 
 START_TEST(membership_and_job_events_round_trip) {
-  struct dep_peer_msg m[5] = {sample_membership(), {.type = DEP_PEER_JOB_FAIL},
+  struct dep_peer_msg m[6] = {sample_membership(), {.type = DEP_PEER_JOB_FAIL},
                               {.type = DEP_PEER_JOB_END}, {.type = DEP_PEER_XPORT},
-                              {.type = DEP_PEER_XPORT_NAK}};
+                              {.type = DEP_PEER_XPORT_NAK}, {.type = DEP_PEER_MEMBERSHIP_OK}};
+  snprintf(m[5].u.job.job_id, sizeof m[5].u.job.job_id, "train-7");
+  m[5].u.job.owner_uid = 1000;
   m[3].u.xport.kind = DEP_PEER_XPORT_RDMA;
   memset(m[3].u.xport.token, 0xab, sizeof m[3].u.xport.token);
   m[3].u.xport.mbox_addr = 0x55550000ull;
@@ -77,7 +80,7 @@ START_TEST(membership_and_job_events_round_trip) {
   snprintf(m[1].u.job.message, sizeof m[1].u.job.message, "rank 3 detached");
   snprintf(m[2].u.job.job_id, sizeof m[2].u.job.job_id, "train-7");
   m[2].u.job.rank = DEP_PEER_NO_RANK;
-  for (int i = 0; i < 5; i++) {
+  for (int i = 0; i < 6; i++) {
     struct proto_buf b;
     proto_buf_init(&b);
     ck_assert_int_eq(peer_proto_encode(&b, &m[i]), 0);
@@ -548,6 +551,360 @@ START_TEST(a_job_id_another_uid_takes_on_another_node_fails_nothing_and_names_no
 }
 END_TEST
 
+/* ---- a failed job's late ranks, and the job started again ---------------- */
+
+/* What a rank process's ATTACH got (in memory shared with the test). */
+struct rank_said {
+  int done;                  /* 1 once rc and msg are set */
+  int rc;                    /* dep_attach's */
+  int64_t ms;                /* from its gate opening to the answer */
+  char msg[DEP_MSG_TEXT_MAX];
+};
+
+/* Rank `rank` (local lr of lws) of job id, a world of six: a small shape. */
+static struct dep_attach_args late_args(const char *id, uint32_t rank, uint32_t world,
+                                        uint32_t lr, uint32_t lws) {
+  struct dep_attach_args a = dw_job_args(id, lr, lws);
+  a.rank = rank;
+  a.world_size = world;
+  a.shape.num_experts = 12; /* a multiple of the world */
+  a.shape.max_tokens_per_rank = 8;
+  a.shape.hidden = 256;
+  return a;
+}
+
+/*
+ * A rank process on the public API: forked now, it attaches global rank
+ * `rank` (local lr of lws) of job `id`, a world of `world`, on sock once a
+ * byte comes on `gate`; after an ATTACH_OK it stays attached until a byte
+ * comes on `hold`.  Its answer lands in *out.
+ */
+static pid_t fork_rank(const char *sock, const char *id, uint32_t rank, uint32_t world,
+                       uint32_t lr, uint32_t lws, int gate, int hold, struct rank_said *out) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid != 0)
+    return pid;
+  char b;
+  if (read(gate, &b, 1) != 1)
+    _exit(2);
+  int64_t t0 = dw_now_ms();
+  dep_client_t *c = NULL;
+  int rc = dep_client_new(&c);
+  if (rc == 0)
+    rc = dep_connect(c, sock);
+  struct dep_attach_args a = late_args(id, rank, world, lr, lws);
+  if (rc == 0)
+    rc = dep_attach(c, &a);
+  out->ms = dw_now_ms() - t0;
+  out->rc = rc;
+  snprintf(out->msg, sizeof out->msg, "%s", c != NULL ? dep_errmsg(c) : "");
+  __atomic_store_n(&out->done, 1, __ATOMIC_RELEASE);
+  if (rc == 0 && read(hold, &b, 1) == 1)
+    dep_detach(c);
+  dep_client_free(c);
+  _exit(0);
+}
+
+/* Open n gates of a pipe (write n bytes). */
+static void open_gates(int fd, int n) {
+  for (int i = 0; i < n; i++)
+    ck_assert_int_eq(write(fd, "g", 1), 1);
+}
+
+/* Wait up to timeout_ms for n answers; false (the rest killed) when some never came. */
+static bool ranks_answer(struct rank_said *said, const pid_t *pids, int n, int timeout_ms) {
+  int64_t until = dw_now_ms() + timeout_ms;
+  for (int i = 0; i < n; i++) {
+    while (!__atomic_load_n(&said[i].done, __ATOMIC_ACQUIRE) && dw_now_ms() < until)
+      dw_sleep_ms(5);
+    if (!__atomic_load_n(&said[i].done, __ATOMIC_ACQUIRE)) {
+      for (int k = 0; k < n; k++)
+        kill(pids[k], SIGKILL);
+      return false;
+    }
+  }
+  return true;
+}
+
+static void reap_all(const pid_t *pids, int n) {
+  for (int i = 0; i < n; i++)
+    waitpid(pids[i], NULL, 0);
+}
+
+/* The kernel's clock, in /proc/PID/stat's starttime unit. */
+static uint64_t boot_ticks(void) {
+  struct timespec ts;
+  ck_assert_int_eq(clock_gettime(CLOCK_BOOTTIME, &ts), 0);
+  long hz = sysconf(_SC_CLK_TCK);
+  return (uint64_t)ts.tv_sec * (uint64_t)hz + (uint64_t)ts.tv_nsec / (1000000000u / (uint64_t)hz);
+}
+
+static uint64_t start_tick(pid_t pid) {
+  char path[64], buf[1024];
+  dw_sfmt(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "re");
+  ck_assert_ptr_nonnull(f);
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  char *p = strrchr(buf, ')');
+  ck_assert_ptr_nonnull(p);
+  unsigned long long start = 0;
+  ck_assert_int_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d "
+                          "%*d %*d %*d %*d %llu", &start), 1);
+  return start;
+}
+
+/*
+ * A multi-node job that fails while it gathers answers its late ranks at
+ * once, on every node (DESIGN §5), and the same id started again runs.
+ * Three nodes, a world of six, two ranks on each (node 0 ranks 0-1, node
+ * 1 ranks 2-3, node 2 ranks 4-5).  Rank processes for ranks 1, 3, 4 and 5
+ * are started first but attach only after the failure (late ranks of that
+ * attempt).  Rank 2 waits on node 1; on node 0 rank 0 waits and a process
+ * claiming rank 1 gives another hidden size: refused, the job fails on
+ * every node with that reason.  The late ranks, on the node that failed
+ * (1), on a node whose other rank waited (3) and on a node where none had
+ * attached (4, 5), must hear it within 8 s (a ceiling for a loaded
+ * machine; attach_timeout_ms is 120 s).  They once gathered the id anew
+ * and waited out the timeout; rank 2 was not even told (a rank refused on
+ * one node failed the job there only).  Then the trainer starts the job
+ * again with the same id: six new processes, all ready on every node.  (A
+ * process that heard the failure and tries again gathers anew too:
+ * a_rank_claimed_on_both_nodes_fails_on_both.)
+ */
+START_TEST(a_failed_jobs_late_ranks_hear_it_at_once_and_the_job_started_again_runs) {
+  enum { WORLD = 6, LATE = 4, ALL = 6 };
+  struct nodes ns;
+  nodes_start(&ns, 3, 120000);
+  struct rank_said *said = mmap(NULL, (LATE + ALL) * sizeof *said, PROT_READ | PROT_WRITE,
+                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(said, MAP_FAILED);
+  memset(said, 0, (LATE + ALL) * sizeof *said);
+  int gate[2], hold[2];
+  ck_assert_int_eq(pipe(gate), 0);
+  ck_assert_int_eq(pipe(hold), 0);
+  /* global rank: node, local rank, local world */
+  static const uint32_t at[WORLD][3] = {{0, 0, 2}, {0, 1, 2}, {1, 0, 2},
+                                        {1, 1, 2}, {2, 0, 2}, {2, 1, 2}};
+  static const uint32_t late[LATE] = {1, 3, 4, 5};
+  pid_t pids[LATE + ALL];
+  for (int i = 0; i < LATE; i++) {
+    uint32_t g = late[i];
+    pids[i] = fork_rank(ns.d[at[g][0]].sock, "late", g, WORLD, at[g][1], at[g][2], gate[0],
+                        hold[0], &said[i]);
+  }
+  /* The failure comes a clock tick after they started (the unit of process start times). */
+  uint64_t started = 0;
+  for (int i = 0; i < LATE; i++) {
+    uint64_t s = start_tick(pids[i]);
+    started = s > started ? s : started;
+  }
+  while (boot_ticks() <= started)
+    dw_sleep_ms(2);
+  int r2 = dw_client(&ns.d[1]), r0 = dw_client(&ns.d[0]), r1 = dw_client(&ns.d[0]);
+  struct dep_attach_args x = late_args("late", 2, WORLD, 0, 2);
+  dw_attach(r2, &x, 7);
+  ck_assert(dw_log_has(&ns.d[1], "job late: rank 2 (local 0", 5000));
+  x = late_args("late", 0, WORLD, 0, 2);
+  dw_attach(r0, &x, 7);
+  ck_assert(dw_log_has(&ns.d[0], "job late: rank 0 (local 0", 5000));
+  x = late_args("late", 1, WORLD, 1, 2);
+  x.shape.hidden = 512;
+  dw_attach(r1, &x, 7);
+  expect_fail(r1, DEP_ERR_MISMATCH, "hidden", NULL);
+  expect_fail(r0, DEP_ERR_MISMATCH, "hidden", "rank 1");
+  expect_fail(r2, DEP_ERR_MISMATCH, "hidden", "failed on node 127.0.0.1:");
+  ck_assert(dw_log_has(&ns.d[2], "before any of its ranks attached here", 5000));
+  open_gates(gate[1], LATE);
+  bool answered = ranks_answer(said, pids, LATE, 8000);
+  reap_all(pids, LATE);
+  ck_assert_msg(answered, "a late rank of the failed job was not answered within 8 s");
+  for (int i = 0; i < LATE; i++) {
+    ck_assert_msg(said[i].rc == DEP_ERR_MISMATCH && strstr(said[i].msg, "hidden") != NULL &&
+                      strstr(said[i].msg, "before this rank attached") != NULL,
+                  "late rank %u: %s (%d)", late[i], said[i].msg, said[i].rc);
+  }
+  ck_assert_msg(strstr(said[0].msg, "failed on this node") != NULL, "%s", said[0].msg);
+  for (int i = 1; i < LATE; i++)
+    ck_assert_msg(strstr(said[i].msg, "failed on node 127.0.0.1:") != NULL, "%s", said[i].msg);
+  close(r0);
+  close(r1);
+  close(r2);
+
+  /* Started again: new processes, the same id, every rank. */
+  for (uint32_t g = 0; g < WORLD; g++)
+    pids[LATE + g] = fork_rank(ns.d[at[g][0]].sock, "late", g, WORLD, at[g][1], at[g][2],
+                               gate[0], hold[0], &said[LATE + g]);
+  open_gates(gate[1], ALL);
+  answered = ranks_answer(said + LATE, pids + LATE, ALL, 15000);
+  if (answered)
+    open_gates(hold[1], ALL);
+  reap_all(pids + LATE, ALL);
+  ck_assert_msg(answered, "the job started again was not ready within 15 s");
+  for (uint32_t g = 0; g < WORLD; g++)
+    ck_assert_msg(said[LATE + g].rc == 0, "rank %u of the job started again: %s (%d)", g,
+                  said[LATE + g].msg, said[LATE + g].rc);
+  munmap(said, (LATE + ALL) * sizeof *said);
+  for (int i = 0; i < 2; i++) {
+    close(gate[i]);
+    close(hold[i]);
+  }
+  nodes_stop(&ns);
+}
+END_TEST
+
+/*
+ * A failure is remembered under its owner's uid: uid 65534's rank of the
+ * same id, its process started before root's job failed, learns nothing
+ * of it and gathers its own job (no reply within attach_as_nobody's 2 s),
+ * while root's late rank, the same global rank on the same node, hears
+ * the failure at once.  Root only (a rank runs as uid 65534).
+ */
+START_TEST(a_remembered_failure_is_told_to_its_own_uids_late_ranks_only) {
+  if (geteuid() != 0) {
+    tu_skip_part(__func__, "running a rank as uid 65534 needs root");
+    return;
+  }
+  struct nodes ns;
+  nodes_config_with(&ns, 2, 120000, "", "allow: {any_user: true}\n");
+  nodes_start_all(&ns);
+  chmod(ns.d[1].dir, 0755); /* uid 65534 reaches node 1's socket */
+  struct rank_said *said = mmap(NULL, sizeof *said, PROT_READ | PROT_WRITE,
+                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(said, MAP_FAILED);
+  memset(said, 0, sizeof *said);
+  int gate[2], hold[2], ngate[2];
+  ck_assert_int_eq(pipe(gate), 0);
+  ck_assert_int_eq(pipe(hold), 0);
+  ck_assert_int_eq(pipe(ngate), 0);
+  /* World 3: node 0 holds ranks 0-1, node 1 rank 2. */
+  pid_t late = fork_rank(ns.d[1].sock, "uidlate", 2, 3, 0, 1, gate[0], hold[0], said);
+  fflush(stdout);
+  pid_t nobody = fork();
+  ck_assert_int_ge(nobody, 0);
+  if (nobody == 0) {
+    char g;
+    _exit(read(ngate[0], &g, 1) == 1 ? attach_as_nobody(ns.d[1].sock, "uidlate", 2, 3, 0, NULL)
+                                      : 20);
+  }
+  uint64_t started = start_tick(late), s2 = start_tick(nobody);
+  started = s2 > started ? s2 : started;
+  while (boot_ticks() <= started) /* the failure comes a clock tick after they started */
+    dw_sleep_ms(2);
+  int r0 = dw_client(&ns.d[0]), r1 = dw_client(&ns.d[0]);
+  struct dep_attach_args x = late_args("uidlate", 0, 3, 0, 2);
+  dw_attach(r0, &x, 7);
+  ck_assert(dw_log_has(&ns.d[0], "job uidlate: rank 0 (local 0", 5000));
+  x = late_args("uidlate", 1, 3, 1, 2);
+  x.shape.hidden = 512;
+  dw_attach(r1, &x, 7);
+  expect_fail(r1, DEP_ERR_MISMATCH, "hidden", NULL);
+  expect_fail(r0, DEP_ERR_MISMATCH, "hidden", NULL);
+  ck_assert(dw_log_has(&ns.d[1], "before any of its ranks attached here", 5000));
+  open_gates(gate[1], 1);
+  bool answered = ranks_answer(said, &late, 1, 8000);
+  reap_all(&late, 1);
+  ck_assert_msg(answered, "root's late rank was not answered within 8 s");
+  ck_assert_msg(said->rc == DEP_ERR_MISMATCH && strstr(said->msg, "before this rank attached"),
+                "root's late rank: %s (%d)", said->msg, said->rc);
+  open_gates(ngate[1], 1);
+  expect_child_ok(nobody, "uid 65534's rank of an id whose root job failed");
+  close(r0);
+  close(r1);
+  munmap(said, sizeof *said);
+  for (int i = 0; i < 2; i++) {
+    close(gate[i]);
+    close(hold[i]);
+    close(ngate[i]);
+  }
+  nodes_stop(&ns);
+}
+END_TEST
+
+/*
+ * A node answers its ranks only once every node holding ranks of the job
+ * has taken its MEMBERSHIP (MEMBERSHIP_OK), so that a refusal reaches
+ * ranks still waiting for their ATTACH.  Node 0 takes at most one job's
+ * MEMBERSHIP from node 1 (limits.max_jobs 1 on node 0 only), and job
+ * "held" keeps that place (node 1's rank of it waits).  Job "taken":
+ * node 0's rank attaches first and node 1 takes its MEMBERSHIP; then node
+ * 1's rank attaches, and node 1 holds every rank while node 0 refuses
+ * node 1's MEMBERSHIP.  Node 1's rank must get that refusal as its
+ * ATTACH's error (DEP_ERR_LIMIT, "too many jobs pending"): it once got
+ * ATTACH_OK from node 1, which had started the job on holding every
+ * record, and then only the abort words of a job that had failed.  Once
+ * "held" is gone, the same ranks attach "taken" again and it runs.
+ */
+/* Two nodes configured with attach_timeout_ms `timeout`, node 0 also with `more` limits. */
+static void nodes_config_node0(struct nodes *ns, int timeout, const char *more) {
+  nodes_config(ns, 2, timeout);
+  char was[64];
+  dw_sfmt(was, sizeof was, "attach_timeout_ms: %d}", timeout);
+  char *lim = strstr(ns->yaml[0], was);
+  ck_assert_ptr_nonnull(lim);
+  char rest[sizeof ns->yaml[0]];
+  dw_sfmt(rest, sizeof rest, "%s", lim + strlen(was) - 1);
+  dw_sfmt(lim, sizeof ns->yaml[0] - (size_t)(lim - ns->yaml[0]), "attach_timeout_ms: %d%s%s",
+          timeout, more, rest);
+}
+
+START_TEST(a_membership_refused_after_the_sender_holds_every_rank_fails_its_attach_cleanly) {
+  struct nodes ns;
+  nodes_config_node0(&ns, 8000, ", max_jobs: 1");
+  nodes_start_all(&ns);
+  int h1 = attach_rank(&ns.d[1], "held", 1, 2, 0, 1);
+  ck_assert(dw_log_has(&ns.d[0], "job held: node 127.0.0.1:", 5000));
+  int a = attach_rank(&ns.d[0], "taken", 0, 2, 0, 1);
+  ck_assert(dw_log_has(&ns.d[1], "job taken: node 127.0.0.1:", 5000));
+  int b = attach_rank(&ns.d[1], "taken", 1, 2, 0, 1);
+  expect_fail(b, DEP_ERR_LIMIT, "too many jobs pending from node 127.0.0.1:", "limits.max_jobs");
+  expect_fail(a, DEP_ERR_LIMIT, "too many jobs pending from node 127.0.0.1:", NULL);
+  close(a);
+  close(b);
+  close(h1);
+  ck_assert(dw_log_has(&ns.d[1], "job held: removed", 5000));
+  a = attach_rank(&ns.d[0], "taken", 0, 2, 0, 1);
+  b = attach_rank(&ns.d[1], "taken", 1, 2, 0, 1);
+  expect_ready(a, 1);
+  expect_ready(b, 1);
+  close(a);
+  close(b);
+  nodes_stop(&ns);
+}
+END_TEST
+
+/*
+ * The first rank of a multi-node job that a node refuses before the job
+ * exists there (a limit: limits.max_jobs 1 on node 0, which runs a job
+ * of one rank) fails the job on every node at once (DESIGN §5): node 1's
+ * rank, waiting, gets the reason within 4 s (a ceiling for a loaded
+ * machine; attach_timeout_ms is 60 s).  It once waited out the timeout,
+ * since only the refused rank was answered.
+ */
+START_TEST(a_first_rank_refused_by_a_limit_fails_the_job_on_every_node_at_once) {
+  struct nodes ns;
+  nodes_config_node0(&ns, 60000, ", max_jobs: 1");
+  nodes_start_all(&ns);
+  int b = attach_rank(&ns.d[1], "full", 1, 2, 0, 1);
+  ck_assert(dw_log_has(&ns.d[0], "job full: node 127.0.0.1:", 5000));
+  int busy = attach_rank(&ns.d[0], "busy", 0, 1, 0, 1);
+  expect_ready(busy, 1);
+  int a = attach_rank(&ns.d[0], "full", 0, 2, 0, 1);
+  int64_t t0 = dw_now_ms();
+  expect_fail(a, DEP_ERR_LIMIT, "limits.max_jobs", NULL);
+  expect_fail(b, DEP_ERR_LIMIT, "limits.max_jobs", "cannot start: its rank 0");
+  ck_assert_int_lt(dw_now_ms() - t0, 4000);
+  close(a);
+  close(b);
+  close(busy);
+  nodes_stop(&ns);
+}
+END_TEST
+
 /* ATTACH global rank `rank` of job `id`, a world of `world` ranks too large
  * for the operations (DEP_MAX_LOCAL_RANKS), in a small shape: its
  * experts a multiple of the world, its memory a few MiB a node. */
@@ -572,9 +929,10 @@ static int attach_wide(const struct tu_daemon *d, const char *id, uint32_t rank,
  * limits.attach_timeout_ms to fail with "start every rank on every node".
  * attach_timeout_ms is 120 s here; each node's ranks must fail within 10 s
  * of the last one's ATTACH (a ceiling for a loaded machine, a twelfth of
- * the timeout).  Node 1's ranks come first, all of them, then node 0's: a
- * node whose ranks fail while some of them have not attached yet leaves
- * those to gather anew (a later attempt of the job).
+ * the timeout).  Node 1's ranks come first, all of them, then node 0's,
+ * after node 0 refused node 1's MEMBERSHIP: they are late ranks of the
+ * failed attempt (their process, the test's, started before), told the
+ * failure at once.
  */
 START_TEST(a_world_above_64_ranks_across_nodes_fails_at_once_on_both_with_the_reason) {
   enum { WORLD = DEP_MAX_LOCAL_RANKS + 1, ON1 = WORLD / 2, ON0 = WORLD - ON1 };
@@ -826,6 +1184,10 @@ Suite *multinode_suite(void) {
   tcase_add_test(tc, a_daemon_stopped_cleanly_fails_a_gathering_job_and_aborts_a_running_one_elsewhere);
   tcase_add_test(tc, a_job_id_another_uid_takes_on_another_node_fails_nothing_and_names_no_owner);
   tcase_add_test(tc, a_world_above_64_ranks_across_nodes_fails_at_once_on_both_with_the_reason);
+  tcase_add_test(tc, a_failed_jobs_late_ranks_hear_it_at_once_and_the_job_started_again_runs);
+  tcase_add_test(tc, a_remembered_failure_is_told_to_its_own_uids_late_ranks_only);
+  tcase_add_test(tc, a_membership_refused_after_the_sender_holds_every_rank_fails_its_attach_cleanly);
+  tcase_add_test(tc, a_first_rank_refused_by_a_limit_fails_the_job_on_every_node_at_once);
   tcase_add_test(tc, a_peer_flooding_memberships_is_refused_past_its_share_and_a_real_job_runs);
   suite_add_tcase(s, tc);
   return s;

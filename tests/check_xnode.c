@@ -207,10 +207,11 @@ START_TEST(a_restarted_job_gets_its_exchange_regions_back_and_another_uid_does_n
   const uint64_t quota = (arena + region + 1023) / 1024; /* KiB: under the arenas and two */
   ck_assert_uint_ge(quota, 2048);
   /* Node 0 alone has the quota, and its ranks start once all of node 1's wait in the job:
-   * the refusal then reaches every rank.  (A node lends at its last local rank's attach, so
-   * with the quota on both, or ranks arriving in any order, the first node to refuse fails
-   * the job on the other while only some of that node's ranks are there; its later ones
-   * gather the id anew and time out.) */
+   * the refusal then reaches every rank as the ATTACH of the job it waits in.  (A node lends
+   * at its last local rank's attach, so with ranks arriving in any order the first node to
+   * refuse may fail the job on the other while only some of that node's ranks are there;
+   * its later ones are told the failure as late ranks, when their processes started a clock
+   * tick before it: multinode/daemons' a_failed_jobs_late_ranks_hear_it_at_once...) */
   nodes_config_with(&ns, 2, 20000, ", op_timeout_ms: 8000", "");
   char *lim = strstr(ns.yaml[0], "op_timeout_ms: 8000}");
   ck_assert_ptr_nonnull(lim);
