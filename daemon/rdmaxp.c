@@ -39,9 +39,15 @@
 #define MBOX_PONG_IN 8u
 #define MBOX_PING_OUT 16u
 #define MBOX_PONG_OUT 24u
-/* The connection's private data: the offer's token, then the connector's mailbox. */
+/* A link's connection private data: the offer's token, then the connector's
+ * mailbox.  A data queue pair's is xring.h's dep_xfer_rdma_req. */
 #define PRIV_LEN (DEP_PEER_TOKEN_LEN + 8 + 4)
-_Static_assert(PRIV_LEN <= 56, "RC connection private data holds 56 bytes");
+/* What an RC connection request's private data holds. */
+#define PRIV_MAX 56
+_Static_assert(PRIV_LEN <= PRIV_MAX, "RC connection private data holds 56 bytes");
+_Static_assert(sizeof(struct dep_xfer_rdma_req) <= PRIV_MAX &&
+                   sizeof((struct dep_xfer_rdma_req *)0)->token == DEP_PEER_TOKEN_LEN,
+               "a data queue pair's request is its token, version and proof");
 
 struct rdmaxp_qp {
   struct rdmaxp_qp *next;
@@ -53,6 +59,7 @@ struct rdmaxp_qp {
   struct ibv_cq *cq;
   bool connected;
   uint8_t token[DEP_PEER_TOKEN_LEN];
+  uint8_t proof[DEP_XFER_RDMA_PROOF_LEN]; /* a data queue pair's, connecting */
   uint8_t *mbox;
   struct ibv_mr *mbox_mr;
   uint64_t far_mbox;
@@ -419,27 +426,42 @@ static void on_route_resolved(struct rdmaxp_qp *q) {
     qp_fail(q, "%s", why);
     return;
   }
-  uint8_t priv[PRIV_LEN];
-  memcpy(priv, q->token, DEP_PEER_TOKEN_LEN);
-  codec_put_u64(priv + DEP_PEER_TOKEN_LEN, (uintptr_t)q->mbox);
-  codec_put_u32(priv + DEP_PEER_TOKEN_LEN + 8, rdmaxp_mr_rkey(q->mbox_mr));
-  struct rdma_conn_param p = conn_param(priv, PRIV_LEN);
+  uint8_t priv[PRIV_MAX];
+  size_t len = PRIV_LEN;
+  if (q->data) {
+    struct dep_xfer_rdma_req req = {.version = DEP_XFER_VERSION};
+    memcpy(req.token, q->token, sizeof req.token);
+    memcpy(req.proof, q->proof, sizeof req.proof);
+    memcpy(priv, &req, sizeof req);
+    len = sizeof req;
+  } else {
+    memcpy(priv, q->token, DEP_PEER_TOKEN_LEN);
+    codec_put_u64(priv + DEP_PEER_TOKEN_LEN, (uintptr_t)q->mbox);
+    codec_put_u32(priv + DEP_PEER_TOKEN_LEN + 8, rdmaxp_mr_rkey(q->mbox_mr));
+  }
+  struct rdma_conn_param p = conn_param(priv, (uint8_t)len);
   if (R.rd->cm.connect(q->id, &p) != 0)
     qp_fail(q, "rdma_connect: %s", strerror(errno));
 }
 
-/* A connection request on the listener: it must carry the token of an open offer. */
+/* A connection request on the listener: it must carry the token of an open
+ * offer, and a data queue pair's its proof of the key too. */
 static void on_connect_request(struct rdma_cm_id *id, const uint8_t *priv, size_t privlen) {
   struct rdmaxp_qp *q = NULL;
+  bool said = false;
   if (privlen >= PRIV_LEN)
     for (q = R.qps; q != NULL; q = q->next)
       if (q->acceptor && q->id == NULL &&
           sodium_memcmp(q->token, priv, DEP_PEER_TOKEN_LEN) == 0)
         break;
-  if (q == NULL && privlen >= PRIV_LEN && R.dev_ev != NULL && R.dev_ev->accept != NULL) {
+  if (q == NULL && privlen >= sizeof(struct dep_xfer_rdma_req) && R.dev_ev != NULL &&
+      R.dev_ev->accept != NULL) {
     /* Not a link's: perhaps a data connection, with a token the data path offered. */
     char why[256];
-    void *owner = R.dev_ev->accept(priv);
+    struct dep_xfer_rdma_req req;
+    memcpy(&req, priv, sizeof req);
+    void *owner = R.dev_ev->accept(&req, &said);
+    sodium_memzero(&req, sizeof req);
     if (owner != NULL && (q = qp_new(owner, true, true, why, sizeof why)) == NULL) {
       log_warnx("rdma: a data connection cannot be accepted: %s", why);
       (void)R.rd->cm.reject(id, NULL, 0);
@@ -452,8 +474,9 @@ static void on_connect_request(struct rdma_cm_id *id, const uint8_t *priv, size_
     }
   }
   if (q == NULL) {
-    log_warnx("rdma: a connection request that names no open offer of an authenticated peer "
-              "link: rejected");
+    if (!said)
+      log_warnx("rdma: a connection request that names no open offer of an authenticated peer "
+                "link: rejected");
     (void)R.rd->cm.reject(id, NULL, 0);
     (void)R.rd->cm.destroy_id(id);
     return;
@@ -590,7 +613,8 @@ struct rdmaxp_qp *rdmaxp_connect(void *owner, const struct sockaddr *src, const 
 void rdmaxp_set_data_events(const struct rdmaxp_data_events *ev) { R.dev_ev = ev; }
 
 struct rdmaxp_qp *rdmaxp_data_connect(void *owner, const struct sockaddr *dst,
-                                      const uint8_t token[DEP_PEER_TOKEN_LEN], char *why,
+                                      const uint8_t token[DEP_PEER_TOKEN_LEN],
+                                      const uint8_t proof[DEP_XFER_RDMA_PROOF_LEN], char *why,
                                       size_t whylen) {
   if (!R.active) {
     snprintf(why, whylen, "%s", R.why);
@@ -600,6 +624,7 @@ struct rdmaxp_qp *rdmaxp_data_connect(void *owner, const struct sockaddr *dst,
   if (q == NULL)
     return NULL;
   memcpy(q->token, token, sizeof q->token);
+  memcpy(q->proof, proof, sizeof q->proof);
   return qp_dial(q, NULL, dst, why, whylen);
 }
 

@@ -21,6 +21,9 @@
  * whose token matches no open offer is rejected and logged.  The token
  * travels over the authenticated link, which is how it is kept from
  * strangers (no encryption: DESIGN §7's fabric is trusted as NCCL's is).
+ * A link's queue pair carries only the keep-alive; the data path's (below)
+ * carry blocks, and a token seen on the wire does not open one: its
+ * request must prove the peer key as well.
  *
  * Each queue pair has a mailbox, 64 registered bytes per end, through which
  * its keep-alive goes as RDMA writes with immediate data: the round trip
@@ -38,6 +41,7 @@
 
 #include "config.h"
 #include "peer_proto.h"
+#include "xring.h"
 
 struct ibv_mr;
 struct rdmaxp_qp;
@@ -111,17 +115,19 @@ bool rdmaxp_qp_accepted(const struct rdmaxp_qp *q);
 
 /*
  * The data path's queue pairs (daemon/xfer_rdma.h): one per peer and
- * direction beside the links', connected with a token of a DATA_OFFER in
- * the private data (the data connections' scheme, peer_proto.h), set up and
- * torn down on the loop like the links' but driven by a proxy thread: a
- * completion queue of their own with no channel, which that thread polls,
- * no receives, no keep-alive, and only the sends it asks for signalled.
+ * direction beside the links', connected with a token of a DATA_OFFER and
+ * a proof of the peer key in the private data (xring.h's
+ * dep_xfer_rdma_req), set up and torn down on the loop like the links' but
+ * driven by a proxy thread: a completion queue of their own with no
+ * channel, which that thread polls, no receives, no keep-alive, and only
+ * the sends it asks for signalled.
  */
 struct rdmaxp_data_events {
   /* A connection request whose token names no link's offer: the owner for
-   * the queue pair when token is one the data path offered (spent then),
-   * else NULL (it is rejected). */
-  void *(*accept)(const uint8_t *token);
+   * the queue pair when its token is one the data path offered and its
+   * proof holds (the offer spent then), else NULL (it is rejected; *said
+   * when the hook logged why, else rdmaxp says it names no offer). */
+  void *(*accept)(const struct dep_xfer_rdma_req *req, bool *said);
   /* q is connected. */
   void (*up)(void *owner, struct rdmaxp_qp *q);
   /* q failed or the far end closed it: called before q is freed, so that
@@ -130,9 +136,11 @@ struct rdmaxp_data_events {
 };
 void rdmaxp_set_data_events(const struct rdmaxp_data_events *ev);
 /* Open a data queue pair to dst (the peer's listen address and port) with
- * token; NULL with why when it cannot start, later failures come as down(). */
+ * token and the proof of the key for it (peerauth_rdma_proof); NULL with
+ * why when it cannot start, later failures come as down(). */
 struct rdmaxp_qp *rdmaxp_data_connect(void *owner, const struct sockaddr *dst,
-                                      const uint8_t token[DEP_PEER_TOKEN_LEN], char *why,
+                                      const uint8_t token[DEP_PEER_TOKEN_LEN],
+                                      const uint8_t proof[DEP_XFER_RDMA_PROOF_LEN], char *why,
                                       size_t whylen);
 /* The verbs objects a data queue pair's owner posts on and polls. */
 struct ibv_qp *rdmaxp_qp_verbs(const struct rdmaxp_qp *q);

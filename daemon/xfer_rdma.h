@@ -14,7 +14,10 @@
  * connections, with a single-use token of a DATA_OFFER (the peer offers
  * one more when RDMA may be had; the first that comes is spent on the
  * queue pair, in the private data of the connection request that the
- * offering daemon's connection manager listener checks), and their
+ * offering daemon's connection manager listener checks) and a proof of
+ * the peer key beside it (xring.h's dep_xfer_rdma_req: a MAC over the
+ * token with the key derived for the direction), without which the token
+ * opens nothing and stays open for the peer; and their
  * completion queue has no channel: the proxy thread that posts polls it
  * itself.  So no completion queue is drained by two threads, and the
  * loop is never on the path of a block.  A mutex per peer makes one proxy
@@ -44,6 +47,12 @@
 
 struct job;
 struct xfer_rdma_route;
+
+/* A test's fault (tests/rdma/badproof2.sh): the first N data queue pairs
+ * this daemon opens are each preceded by a request with the right token
+ * and a wrong proof (one made for the other direction); ours is opened
+ * with the same token once the peer has rejected that one. */
+#define XR_TEST_BAD_PROOFS_ENV "DEEPEPD_TEST_RDMA_BAD_PROOFS"
 
 /* With the data path (xfer_init): hook the data queue pairs into rdmaxp. */
 void xfer_rdma_init(const struct config *cfg);
