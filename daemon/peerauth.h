@@ -89,4 +89,20 @@ bool peerauth_rdma_check(const uint8_t dkey[DEP_PEER_MAC_LEN], uint32_t version,
                          const uint8_t token[DEP_PEER_TOKEN_LEN],
                          const uint8_t proof[DEP_XFER_RDMA_PROOF_LEN]);
 
+/*
+ * The proof that opens a link's RDMA queue pair (peer_proto.h's
+ * dep_peer_qp_req): with the key derived for the link's direction (as
+ * for the data connections), a MAC over its own context, XPORT's whole
+ * token and the connecting end's mailbox, cut to DEP_PEER_QP_PROOF_LEN.
+ */
+void peerauth_qp_proof(const uint8_t dkey[DEP_PEER_MAC_LEN],
+                       const uint8_t token[DEP_PEER_TOKEN_LEN], uint64_t mbox_addr,
+                       uint32_t mbox_rkey,
+                       uint8_t proof[DEP_PEER_QP_PROOF_LEN]);
+/* Whether proof is the connecting end's for token and mailbox (constant time). */
+bool peerauth_qp_check(const uint8_t dkey[DEP_PEER_MAC_LEN],
+                       const uint8_t token[DEP_PEER_TOKEN_LEN], uint64_t mbox_addr,
+                       uint32_t mbox_rkey,
+                       const uint8_t proof[DEP_PEER_QP_PROOF_LEN]);
+
 #endif /* DEP_DAEMON_PEERAUTH_H */

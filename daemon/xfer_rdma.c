@@ -62,7 +62,7 @@ struct xfer_rdma_route {
 };
 
 /* What rdmaxp's callbacks are given as owner: one per peer and direction,
- * and the test's queue pair with a wrong proof (XR_TEST_BAD_PROOFS_ENV). */
+ * and the test's queue pair with a wrong proof (RDMAXP_TEST_BAD_PROOFS_ENV). */
 struct xr_end {
   int peer;
   bool out, wrong;
@@ -111,7 +111,8 @@ static struct {
   struct xr_peer p[CONFIG_MAX_LIST];
   struct xr_end ends[3][CONFIG_MAX_LIST]; /* [0] in, [1] out, [2] the test's wrong proof */
   _Atomic uint64_t lost;          /* peers whose writes in flight were lost (the loop saw it) */
-  int test_bad_proofs;            /* $DEEPEPD_TEST_RDMA_BAD_PROOFS left to do (the loop's) */
+  int test_bad_proofs;            /* $DEEPEPD_TEST_RDMA_BAD_PROOFS left to do for data queue
+                                     pairs (the loop's; the one made for the other direction) */
 } XR;
 
 static _Thread_local struct xr_thread *XT;
@@ -216,7 +217,7 @@ static void token_to_tcp(int k, const uint8_t token[DEP_PEER_TOKEN_LEN]) {
 static void wrong_done(int k, const char *why) {
   struct xr_peer *p = &XR.p[k];
   p->wrong = NULL;
-  log_info("peer %s: the RDMA data queue pair with a wrong proof ($" XR_TEST_BAD_PROOFS_ENV
+  log_info("peer %s: the RDMA data queue pair with a wrong proof ($" RDMAXP_TEST_BAD_PROOFS_ENV
            ") did not connect (%s); opening ours with the same token", peer_name(k), why);
   char w[256];
   struct rdmaxp_qp *q = open_out(k, p->token, false, w, sizeof w);
@@ -235,7 +236,7 @@ static void on_up(void *owner, struct rdmaxp_qp *q) {
   struct xr_end *e = owner;
   struct xr_peer *p = &XR.p[e->peer];
   if (e->wrong) {
-    log_warnx("peer %s: the RDMA data queue pair with a wrong proof ($" XR_TEST_BAD_PROOFS_ENV
+    log_warnx("peer %s: the RDMA data queue pair with a wrong proof ($" RDMAXP_TEST_BAD_PROOFS_ENV
               ") was accepted: the peer opened it on the token alone", peer_name(e->peer));
     return; /* it stays, unused, until the peer goes down */
   }
@@ -310,7 +311,7 @@ void xfer_rdma_init(const struct config *cfg) {
     XR.ends[1][k] = (struct xr_end){.peer = k, .out = true};
     XR.ends[2][k] = (struct xr_end){.peer = k, .out = true, .wrong = true};
   }
-  const char *t = getenv(XR_TEST_BAD_PROOFS_ENV);
+  const char *t = getenv(RDMAXP_TEST_BAD_PROOFS_ENV);
   XR.test_bad_proofs = t != NULL ? atoi(t) : 0;
   rdmaxp_set_data_events(&xr_events);
   XR.active = true;

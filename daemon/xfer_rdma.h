@@ -48,12 +48,6 @@
 struct job;
 struct xfer_rdma_route;
 
-/* A test's fault (tests/rdma/badproof2.sh): the first N data queue pairs
- * this daemon opens are each preceded by a request with the right token
- * and a wrong proof (one made for the other direction); ours is opened
- * with the same token once the peer has rejected that one. */
-#define XR_TEST_BAD_PROOFS_ENV "DEEPEPD_TEST_RDMA_BAD_PROOFS"
-
 /* With the data path (xfer_init): hook the data queue pairs into rdmaxp. */
 void xfer_rdma_init(const struct config *cfg);
 /* Close every data queue pair (the proxy threads have stopped). */
