@@ -133,6 +133,8 @@ bool peerauth_check(const struct peerauth_hs *hs, const uint8_t mac[DEP_PEER_MAC
 /* The contexts of the data connections' derived key and of its proofs. */
 static const char peerauth_data_context[] = "deepepd data connection key v1";
 static const char peerauth_proof_context[] = "deepepd data connection proof v1";
+static const char peerauth_rdma_context[] = "deepepd rdma data queue pair proof v1";
+static const char peerauth_qp_context[] = "deepepd rdma link queue pair proof v1";
 
 /* A length-prefixed string into an HMAC. */
 static void mac_str(crypto_auth_hmacsha512256_state *st, const char *s) {
@@ -174,6 +176,66 @@ bool peerauth_data_check(const uint8_t dkey[DEP_PEER_MAC_LEN],
   uint8_t want[DEP_PEER_MAC_LEN];
   peerauth_data_mac(dkey, nonce, token, want);
   bool ok = crypto_verify_32(want, mac) == 0;
+  sodium_memzero(want, sizeof want);
+  return ok;
+}
+
+void peerauth_rdma_proof(const uint8_t dkey[DEP_PEER_MAC_LEN], uint32_t version,
+                         const uint8_t token[DEP_PEER_TOKEN_LEN],
+                         uint8_t proof[DEP_XFER_RDMA_PROOF_LEN]) {
+  crypto_auth_hmacsha512256_state st;
+  uint8_t mac[DEP_PEER_MAC_LEN];
+  const uint8_t v[4] = {(uint8_t)version, (uint8_t)(version >> 8), (uint8_t)(version >> 16),
+                        (uint8_t)(version >> 24)};
+  crypto_auth_hmacsha512256_init(&st, dkey, DEP_PEER_MAC_LEN);
+  crypto_auth_hmacsha512256_update(&st, (const uint8_t *)peerauth_rdma_context,
+                                   sizeof peerauth_rdma_context - 1);
+  crypto_auth_hmacsha512256_update(&st, v, sizeof v);
+  crypto_auth_hmacsha512256_update(&st, token, DEP_PEER_TOKEN_LEN);
+  crypto_auth_hmacsha512256_final(&st, mac);
+  memcpy(proof, mac, DEP_XFER_RDMA_PROOF_LEN);
+  sodium_memzero(&st, sizeof st);
+  sodium_memzero(mac, sizeof mac);
+}
+
+bool peerauth_rdma_check(const uint8_t dkey[DEP_PEER_MAC_LEN], uint32_t version,
+                         const uint8_t token[DEP_PEER_TOKEN_LEN],
+                         const uint8_t proof[DEP_XFER_RDMA_PROOF_LEN]) {
+  uint8_t want[DEP_XFER_RDMA_PROOF_LEN];
+  peerauth_rdma_proof(dkey, version, token, want);
+  bool ok = sodium_memcmp(want, proof, sizeof want) == 0;
+  sodium_memzero(want, sizeof want);
+  return ok;
+}
+
+void peerauth_qp_proof(const uint8_t dkey[DEP_PEER_MAC_LEN],
+                       const uint8_t token[DEP_PEER_TOKEN_LEN], uint64_t mbox_addr,
+                       uint32_t mbox_rkey,
+                       uint8_t proof[DEP_PEER_QP_PROOF_LEN]) {
+  crypto_auth_hmacsha512256_state st;
+  uint8_t mac[DEP_PEER_MAC_LEN], mbox[12];
+  for (int i = 0; i < 8; i++)
+    mbox[i] = (uint8_t)(mbox_addr >> (8 * i));
+  for (int i = 0; i < 4; i++)
+    mbox[8 + i] = (uint8_t)(mbox_rkey >> (8 * i));
+  crypto_auth_hmacsha512256_init(&st, dkey, DEP_PEER_MAC_LEN);
+  crypto_auth_hmacsha512256_update(&st, (const uint8_t *)peerauth_qp_context,
+                                   sizeof peerauth_qp_context - 1);
+  crypto_auth_hmacsha512256_update(&st, token, DEP_PEER_TOKEN_LEN);
+  crypto_auth_hmacsha512256_update(&st, mbox, sizeof mbox);
+  crypto_auth_hmacsha512256_final(&st, mac);
+  memcpy(proof, mac, DEP_PEER_QP_PROOF_LEN);
+  sodium_memzero(&st, sizeof st);
+  sodium_memzero(mac, sizeof mac);
+}
+
+bool peerauth_qp_check(const uint8_t dkey[DEP_PEER_MAC_LEN],
+                       const uint8_t token[DEP_PEER_TOKEN_LEN], uint64_t mbox_addr,
+                       uint32_t mbox_rkey,
+                       const uint8_t proof[DEP_PEER_QP_PROOF_LEN]) {
+  uint8_t want[DEP_PEER_QP_PROOF_LEN];
+  peerauth_qp_proof(dkey, token, mbox_addr, mbox_rkey, want);
+  bool ok = sodium_memcmp(want, proof, sizeof want) == 0;
   sodium_memzero(want, sizeof want);
   return ok;
 }

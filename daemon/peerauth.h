@@ -13,6 +13,7 @@
 
 #include "peer_proto.h"
 #include "proto.h"
+#include "xring.h"
 
 /* The longest key read from peer_key_file, and the shortest accepted. */
 #define PEERAUTH_KEY_MAX 4096
@@ -73,5 +74,35 @@ bool peerauth_data_check(const uint8_t dkey[DEP_PEER_MAC_LEN],
                          const uint8_t nonce[DEP_PEER_CHALLENGE_LEN],
                          const uint8_t token[DEP_PEER_TOKEN_LEN],
                          const uint8_t mac[DEP_PEER_MAC_LEN]);
+
+/*
+ * The proof that opens an RDMA data queue pair (xring.h's
+ * dep_xfer_rdma_req): with the same derived key, a MAC over its own
+ * context, the data stream's version and the DATA_OFFER's token, which is
+ * the accepting end's fresh nonce, cut to DEP_XFER_RDMA_PROOF_LEN bytes.
+ */
+void peerauth_rdma_proof(const uint8_t dkey[DEP_PEER_MAC_LEN], uint32_t version,
+                         const uint8_t token[DEP_PEER_TOKEN_LEN],
+                         uint8_t proof[DEP_XFER_RDMA_PROOF_LEN]);
+/* Whether proof is the opener's for version and token (constant time). */
+bool peerauth_rdma_check(const uint8_t dkey[DEP_PEER_MAC_LEN], uint32_t version,
+                         const uint8_t token[DEP_PEER_TOKEN_LEN],
+                         const uint8_t proof[DEP_XFER_RDMA_PROOF_LEN]);
+
+/*
+ * The proof that opens a link's RDMA queue pair (peer_proto.h's
+ * dep_peer_qp_req): with the key derived for the link's direction (as
+ * for the data connections), a MAC over its own context, XPORT's whole
+ * token and the connecting end's mailbox, cut to DEP_PEER_QP_PROOF_LEN.
+ */
+void peerauth_qp_proof(const uint8_t dkey[DEP_PEER_MAC_LEN],
+                       const uint8_t token[DEP_PEER_TOKEN_LEN], uint64_t mbox_addr,
+                       uint32_t mbox_rkey,
+                       uint8_t proof[DEP_PEER_QP_PROOF_LEN]);
+/* Whether proof is the connecting end's for token and mailbox (constant time). */
+bool peerauth_qp_check(const uint8_t dkey[DEP_PEER_MAC_LEN],
+                       const uint8_t token[DEP_PEER_TOKEN_LEN], uint64_t mbox_addr,
+                       uint32_t mbox_rkey,
+                       const uint8_t proof[DEP_PEER_QP_PROOF_LEN]);
 
 #endif /* DEP_DAEMON_PEERAUTH_H */

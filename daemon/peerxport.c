@@ -5,10 +5,12 @@
  * queue pair or answers XPORT_NAK, and the link is up once the queue pair
  * connects or both ends agree on TCP.  With transport rdma a link that
  * cannot have RDMA is refused (and retried); with auto it settles on TCP.
- * The key that proves the data connections beside the links (xfer.h) is
- * derived here, where the link's key and both node names are.
+ * The key that proves the data connections beside the links (xfer.h), and
+ * the links' own RDMA connection requests, is derived here, where the
+ * link's key and both node names are.
  */
 #include <errno.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -71,6 +73,13 @@ static void conn_send_nak(struct peer_conn *c, const char *why) {
   (void)peer__send(c, &m);
 }
 
+/* The key derived for a connection between us and the peer whose node is
+ * them, in the direction in which we_open (peerauth_data_key). */
+static void derived_key(const char *them, bool we_open, uint8_t out[DEP_PEER_MAC_LEN]) {
+  const size_t keylen = P->authenticated ? P->keylen : 0;
+  peerauth_data_key(P->key, keylen, we_open ? P->node : them, we_open ? them : P->node, out);
+}
+
 /* Both ends authenticated: the accepting end offers the transport. */
 static void conn_offer(struct peer_conn *c) {
   struct peer *p = c->peer;
@@ -79,7 +88,11 @@ static void conn_offer(struct peer_conn *c) {
   m.type = DEP_PEER_XPORT;
   char why[DEP_MSG_TEXT_MAX] = "transport: tcp here";
   if (p->transport != CONFIG_TRANSPORT_TCP) {
-    c->qp = rdmaxp_offer(c, &m.u.xport, why, sizeof why);
+    /* Its connection request must prove the key for the far end's direction. */
+    uint8_t dkey[DEP_PEER_MAC_LEN];
+    derived_key(p->node, false, dkey);
+    c->qp = rdmaxp_offer(c, dkey, &m.u.xport, why, sizeof why);
+    sodium_memzero(dkey, sizeof dkey);
     if (c->qp != NULL) {
       (void)peer__send(c, &m); /* up when the queue pair connects, or TCP on XPORT_NAK */
       return;
@@ -133,8 +146,11 @@ void peerxport_on_xport(struct peer_conn *c, const struct dep_peer_xport *x) {
         ((struct sockaddr_in *)&src)->sin_port = 0;
       else if (src.ss_family == AF_INET6)
         ((struct sockaddr_in6 *)&src)->sin6_port = 0;
-      c->qp = rdmaxp_connect(c, (struct sockaddr *)&src, (struct sockaddr *)&dst, x, why,
+      uint8_t dkey[DEP_PEER_MAC_LEN];
+      derived_key(p->node, true, dkey);
+      c->qp = rdmaxp_connect(c, (struct sockaddr *)&src, (struct sockaddr *)&dst, x, dkey, why,
                              sizeof why);
+      sodium_memzero(dkey, sizeof dkey);
       if (c->qp != NULL)
         return; /* up when it connects, or down */
     }
@@ -160,9 +176,7 @@ void peerxport_on_nak(struct peer_conn *c, const struct dep_peer_error *nak) {
 }
 
 void peer_data_key(int k, bool we_open, uint8_t out[DEP_PEER_MAC_LEN]) {
-  const char *them = k >= 0 && (size_t)k < P->n ? P->peers[k].node : "";
-  const size_t keylen = P->authenticated ? P->keylen : 0;
-  peerauth_data_key(P->key, keylen, we_open ? P->node : them, we_open ? them : P->node, out);
+  derived_key(k >= 0 && (size_t)k < P->n ? P->peers[k].node : "", we_open, out);
 }
 
 /* ---- the RDMA transport's events (rdmaxp.h): owner is the link ----------- */

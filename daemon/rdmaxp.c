@@ -21,7 +21,9 @@
 #include "codec.h"
 #include "deepep.h"
 #include "log.h"
+#include "peerauth.h"
 #include "rdmadrv.h"
+#include "xfer.h"
 
 /* Receives kept posted per queue pair: a write with immediate data consumes one. */
 #define RDMA_RECV_DEPTH 32
@@ -39,9 +41,15 @@
 #define MBOX_PONG_IN 8u
 #define MBOX_PING_OUT 16u
 #define MBOX_PONG_OUT 24u
-/* The connection's private data: the offer's token, then the connector's mailbox. */
-#define PRIV_LEN (DEP_PEER_TOKEN_LEN + 8 + 4)
-_Static_assert(PRIV_LEN <= 56, "RC connection private data holds 56 bytes");
+/* What an RC connection request's private data holds: a link's is
+ * peer_proto.h's dep_peer_qp_req, a data queue pair's xring.h's
+ * dep_xfer_rdma_req. */
+#define PRIV_MAX 56
+_Static_assert(sizeof(struct dep_peer_qp_req) <= PRIV_MAX,
+               "RC connection private data holds 56 bytes");
+_Static_assert(sizeof(struct dep_xfer_rdma_req) <= PRIV_MAX &&
+                   sizeof((struct dep_xfer_rdma_req *)0)->token == DEP_PEER_TOKEN_LEN,
+               "a data queue pair's request is its token, version and proof");
 
 struct rdmaxp_qp {
   struct rdmaxp_qp *next;
@@ -53,6 +61,15 @@ struct rdmaxp_qp {
   struct ibv_cq *cq;
   bool connected;
   uint8_t token[DEP_PEER_TOKEN_LEN];
+  uint8_t proof[DEP_XFER_RDMA_PROOF_LEN]; /* a data queue pair's, connecting */
+  /* A link's: the key its connection request's proof is made with (the
+   * connecting end's direction), until the request is made or accepted. */
+  uint8_t dkey[DEP_PEER_MAC_LEN];
+  /* A link's connecting end, the test's request with a wrong proof
+   * (RDMAXP_TEST_BAD_PROOFS_ENV) out: dialled again from src to dst with
+   * the right one once it is rejected. */
+  bool wrong;
+  struct sockaddr_storage src, dst;
   uint8_t *mbox;
   struct ibv_mr *mbox_mr;
   uint64_t far_mbox;
@@ -79,6 +96,10 @@ static struct {
   struct rdmaxp_qp *qps;
   uint64_t serial;
   const struct rdmaxp_data_events *dev_ev; /* the data path's hooks; NULL: none */
+  /* Links' connection requests that named an offer but did not prove the
+   * key since the last line about them, and when that was (XFER_SAY_MS). */
+  uint64_t bad_proofs, bad_said_ms;
+  int test_bad_proofs;      /* $DEEPEPD_TEST_RDMA_BAD_PROOFS left to do for links */
 } R;
 
 bool rdmaxp_active(void) { return R.active; }
@@ -193,6 +214,7 @@ static void qp_free(struct rdmaxp_qp *q) {
     (void)R.rd->ibv.destroy_cq(q->cq);
   rdmaxp_dereg(q->mbox_mr);
   free(q->mbox);
+  sodium_memzero(q, sizeof *q);
   free(q);
 }
 
@@ -419,27 +441,75 @@ static void on_route_resolved(struct rdmaxp_qp *q) {
     qp_fail(q, "%s", why);
     return;
   }
-  uint8_t priv[PRIV_LEN];
-  memcpy(priv, q->token, DEP_PEER_TOKEN_LEN);
-  codec_put_u64(priv + DEP_PEER_TOKEN_LEN, (uintptr_t)q->mbox);
-  codec_put_u32(priv + DEP_PEER_TOKEN_LEN + 8, rdmaxp_mr_rkey(q->mbox_mr));
-  struct rdma_conn_param p = conn_param(priv, PRIV_LEN);
+  uint8_t priv[PRIV_MAX];
+  size_t len;
+  if (q->data) {
+    struct dep_xfer_rdma_req req = {.version = DEP_XFER_VERSION};
+    memcpy(req.token, q->token, sizeof req.token);
+    memcpy(req.proof, q->proof, sizeof req.proof);
+    memcpy(priv, &req, sizeof req);
+    len = sizeof req;
+  } else {
+    const uint64_t mbox = (uintptr_t)q->mbox;
+    const uint32_t rkey = rdmaxp_mr_rkey(q->mbox_mr);
+    memcpy(priv, q->token, DEP_PEER_QP_TOKEN_NAME);
+    codec_put_u64(priv + offsetof(struct dep_peer_qp_req, mbox_addr), mbox);
+    codec_put_u32(priv + offsetof(struct dep_peer_qp_req, mbox_rkey), rkey);
+    peerauth_qp_proof(q->dkey, q->token, mbox, rkey,
+                      priv + offsetof(struct dep_peer_qp_req, proof));
+    if (!q->wrong) /* else qp_redial makes the right one with it */
+      sodium_memzero(q->dkey, sizeof q->dkey);
+    len = sizeof(struct dep_peer_qp_req);
+  }
+  struct rdma_conn_param p = conn_param(priv, (uint8_t)len);
   if (R.rd->cm.connect(q->id, &p) != 0)
     qp_fail(q, "rdma_connect: %s", strerror(errno));
 }
 
-/* A connection request on the listener: it must carry the token of an open offer. */
+/* Whether a link's request (priv) that names q's offer proves the key;
+ * one that does not is said at most every XFER_SAY_MS, with a count. */
+static bool link_proven(const struct rdmaxp_qp *q, const uint8_t *priv) {
+  if (peerauth_qp_check(q->dkey, q->token,
+                        codec_get_u64(priv + offsetof(struct dep_peer_qp_req, mbox_addr)),
+                        codec_get_u32(priv + offsetof(struct dep_peer_qp_req, mbox_rkey)),
+                        priv + offsetof(struct dep_peer_qp_req, proof)))
+    return true;
+  R.bad_proofs++;
+  const uint64_t now = uv_hrtime() / 1000000u;
+  if (R.bad_said_ms == 0 || now - R.bad_said_ms >= XFER_SAY_MS) {
+    log_warnx("rdma: %llu connection request(s) that named a link's open offer but did not "
+              "prove the peer key are rejected: someone who saw the offer on the wire",
+              (unsigned long long)R.bad_proofs);
+    R.bad_proofs = 0;
+    R.bad_said_ms = now;
+  }
+  return false;
+}
+
+/* A connection request on the listener: it must name an open offer and
+ * prove the peer key (a link's or a data queue pair's way). */
 static void on_connect_request(struct rdma_cm_id *id, const uint8_t *priv, size_t privlen) {
   struct rdmaxp_qp *q = NULL;
-  if (privlen >= PRIV_LEN)
+  bool said = false;
+  if (privlen >= sizeof(struct dep_peer_qp_req))
     for (q = R.qps; q != NULL; q = q->next)
       if (q->acceptor && q->id == NULL &&
-          sodium_memcmp(q->token, priv, DEP_PEER_TOKEN_LEN) == 0)
+          sodium_memcmp(q->token, priv, DEP_PEER_QP_TOKEN_NAME) == 0)
         break;
-  if (q == NULL && privlen >= PRIV_LEN && R.dev_ev != NULL && R.dev_ev->accept != NULL) {
+  if (q != NULL && !link_proven(q, priv)) {
+    /* The offer stays open for the link's own request. */
+    (void)R.rd->cm.reject(id, NULL, 0);
+    (void)R.rd->cm.destroy_id(id);
+    return;
+  }
+  if (q == NULL && privlen >= sizeof(struct dep_xfer_rdma_req) && R.dev_ev != NULL &&
+      R.dev_ev->accept != NULL) {
     /* Not a link's: perhaps a data connection, with a token the data path offered. */
     char why[256];
-    void *owner = R.dev_ev->accept(priv);
+    struct dep_xfer_rdma_req req;
+    memcpy(&req, priv, sizeof req);
+    void *owner = R.dev_ev->accept(&req, &said);
+    sodium_memzero(&req, sizeof req);
     if (owner != NULL && (q = qp_new(owner, true, true, why, sizeof why)) == NULL) {
       log_warnx("rdma: a data connection cannot be accepted: %s", why);
       (void)R.rd->cm.reject(id, NULL, 0);
@@ -452,18 +522,22 @@ static void on_connect_request(struct rdma_cm_id *id, const uint8_t *priv, size_
     }
   }
   if (q == NULL) {
-    log_warnx("rdma: a connection request that names no open offer of an authenticated peer "
-              "link: rejected");
+    if (!said)
+      log_warnx("rdma: a connection request that names no open offer of an authenticated peer "
+                "link: rejected");
     (void)R.rd->cm.reject(id, NULL, 0);
     (void)R.rd->cm.destroy_id(id);
     return;
   }
   /* Single use: the token is spent whatever happens next. */
   sodium_memzero(q->token, sizeof q->token);
-  q->far_mbox = codec_get_u64(priv + DEP_PEER_TOKEN_LEN);
-  q->far_rkey = codec_get_u32(priv + DEP_PEER_TOKEN_LEN + 8);
+  sodium_memzero(q->dkey, sizeof q->dkey);
+  q->far_mbox = codec_get_u64(priv + offsetof(struct dep_peer_qp_req, mbox_addr));
+  q->far_rkey = codec_get_u32(priv + offsetof(struct dep_peer_qp_req, mbox_rkey));
   qp_accept(q, id);
 }
+
+static void qp_redial(struct rdmaxp_qp *q);
 
 static void on_cm_event(enum rdma_cm_event_type type, struct rdma_cm_id *id, int status,
                         const uint8_t *priv, size_t privlen) {
@@ -484,6 +558,9 @@ static void on_cm_event(enum rdma_cm_event_type type, struct rdma_cm_id *id, int
     break;
   case RDMA_CM_EVENT_ESTABLISHED:
     q->connected = true;
+    if (q->wrong)
+      log_warnx("rdma: a link's connection request with a wrong proof ($" RDMAXP_TEST_BAD_PROOFS_ENV
+                ") was accepted: the peer opened the queue pair on the token alone");
     if (q->data && R.dev_ev != NULL && R.dev_ev->up != NULL)
       R.dev_ev->up(q->owner, q);
     else if (!q->data && R.ev != NULL && R.ev->up != NULL)
@@ -491,7 +568,10 @@ static void on_cm_event(enum rdma_cm_event_type type, struct rdma_cm_id *id, int
     break;
   case RDMA_CM_EVENT_REJECTED:
     q->connected = false;
-    qp_fail(q, "the peer rejected the RDMA connection (status %d)", status);
+    if (q->wrong)
+      qp_redial(q);
+    else
+      qp_fail(q, "the peer rejected the RDMA connection (status %d)", status);
     break;
   case RDMA_CM_EVENT_DISCONNECTED:
     q->connected = false;
@@ -530,26 +610,57 @@ static void on_ech(uv_poll_t *h, int status, int events) {
 
 /* The connecting end, a link's or the data path's: an id on the event
  * channel, resolving the address from src (NULL: any) to dst; the route,
- * the queue pair and the connect follow as events.  NULL with why, q
- * freed, when it cannot start. */
-static struct rdmaxp_qp *qp_dial(struct rdmaxp_qp *q, const struct sockaddr *src,
-                                 const struct sockaddr *dst, char *why, size_t whylen) {
+ * the queue pair and the connect follow as events.  -1 with why when it
+ * cannot start (q keeps no id). */
+static int dial(struct rdmaxp_qp *q, const struct sockaddr *src, const struct sockaddr *dst,
+                char *why, size_t whylen) {
   if (R.rd->cm.create_id(R.ech, &q->id, q, RDMA_PS_TCP) != 0) {
     snprintf(why, whylen, "rdma_create_id: %s", strerror(errno));
     q->id = NULL;
-    qp_free(q);
-    return NULL;
+    return -1;
   }
   if (R.rd->cm.resolve_addr(q->id, (struct sockaddr *)src, (struct sockaddr *)dst,
                             RDMAXP_RESOLVE_MS) != 0) {
     snprintf(why, whylen, "rdma_resolve_addr: %s", strerror(errno));
+    (void)R.rd->cm.destroy_id(q->id);
+    q->id = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+/* dial, or NULL with why and q freed. */
+static struct rdmaxp_qp *qp_dial(struct rdmaxp_qp *q, const struct sockaddr *src,
+                                 const struct sockaddr *dst, char *why, size_t whylen) {
+  if (dial(q, src, dst, why, whylen) != 0) {
     qp_free(q);
     return NULL;
   }
   return q;
 }
 
-struct rdmaxp_qp *rdmaxp_offer(void *owner, struct dep_peer_xport *out, char *why, size_t whylen) {
+/* The test's request with a wrong proof was rejected: q's id, queue pair
+ * and completion queue go, and q dials again with the right proof (its
+ * owner keeps q). */
+static void qp_redial(struct rdmaxp_qp *q) {
+  log_info("rdma: a link's connection request with a wrong proof ($" RDMAXP_TEST_BAD_PROOFS_ENV
+           ") was rejected; sending ours");
+  q->wrong = false;
+  q->dkey[0] ^= 1; /* the right key again */
+  if (q->id->qp != NULL)
+    R.rd->cm.destroy_qp(q->id);
+  (void)R.rd->cm.destroy_id(q->id);
+  q->id = NULL;
+  if (q->cq != NULL)
+    (void)R.rd->ibv.destroy_cq(q->cq);
+  q->cq = NULL;
+  char why[256];
+  if (dial(q, (struct sockaddr *)&q->src, (struct sockaddr *)&q->dst, why, sizeof why) != 0)
+    qp_fail(q, "%s", why);
+}
+
+struct rdmaxp_qp *rdmaxp_offer(void *owner, const uint8_t dkey[DEP_PEER_MAC_LEN],
+                               struct dep_peer_xport *out, char *why, size_t whylen) {
   if (!R.active) {
     snprintf(why, whylen, "%s", R.why);
     return NULL;
@@ -558,6 +669,7 @@ struct rdmaxp_qp *rdmaxp_offer(void *owner, struct dep_peer_xport *out, char *wh
   if (q == NULL)
     return NULL;
   randombytes_buf(q->token, sizeof q->token);
+  memcpy(q->dkey, dkey, sizeof q->dkey);
   memset(out, 0, sizeof *out);
   out->kind = DEP_PEER_XPORT_RDMA;
   memcpy(out->token, q->token, sizeof out->token);
@@ -568,7 +680,8 @@ struct rdmaxp_qp *rdmaxp_offer(void *owner, struct dep_peer_xport *out, char *wh
 }
 
 struct rdmaxp_qp *rdmaxp_connect(void *owner, const struct sockaddr *src, const struct sockaddr *dst,
-                             const struct dep_peer_xport *offer, char *why, size_t whylen) {
+                                 const struct dep_peer_xport *offer,
+                                 const uint8_t dkey[DEP_PEER_MAC_LEN], char *why, size_t whylen) {
   if (!R.active) {
     snprintf(why, whylen, "%s", R.why);
     return NULL;
@@ -582,6 +695,18 @@ struct rdmaxp_qp *rdmaxp_connect(void *owner, const struct sockaddr *src, const 
   if (q == NULL)
     return NULL;
   memcpy(q->token, offer->token, sizeof q->token);
+  memcpy(q->dkey, dkey, sizeof q->dkey);
+  if (R.test_bad_proofs > 0) {
+    /* The test's request goes first, its proof made with a key one bit
+     * off: without the key. */
+    R.test_bad_proofs--;
+    q->wrong = true;
+    q->dkey[0] ^= 1;
+    memcpy(&q->src, src, src->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                     : sizeof(struct sockaddr_in));
+    memcpy(&q->dst, dst, dst->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                     : sizeof(struct sockaddr_in));
+  }
   q->far_mbox = offer->mbox_addr;
   q->far_rkey = offer->mbox_rkey;
   return qp_dial(q, src, dst, why, whylen);
@@ -590,7 +715,8 @@ struct rdmaxp_qp *rdmaxp_connect(void *owner, const struct sockaddr *src, const 
 void rdmaxp_set_data_events(const struct rdmaxp_data_events *ev) { R.dev_ev = ev; }
 
 struct rdmaxp_qp *rdmaxp_data_connect(void *owner, const struct sockaddr *dst,
-                                      const uint8_t token[DEP_PEER_TOKEN_LEN], char *why,
+                                      const uint8_t token[DEP_PEER_TOKEN_LEN],
+                                      const uint8_t proof[DEP_XFER_RDMA_PROOF_LEN], char *why,
                                       size_t whylen) {
   if (!R.active) {
     snprintf(why, whylen, "%s", R.why);
@@ -600,6 +726,7 @@ struct rdmaxp_qp *rdmaxp_data_connect(void *owner, const struct sockaddr *dst,
   if (q == NULL)
     return NULL;
   memcpy(q->token, token, sizeof q->token);
+  memcpy(q->proof, proof, sizeof q->proof);
   return qp_dial(q, NULL, dst, why, whylen);
 }
 
@@ -760,6 +887,8 @@ int rdmaxp_init(uv_loop_t *loop, const struct config *cfg, const struct rdmaxp_e
     return 0;
   }
   R.active = true;
+  const char *t = getenv(RDMAXP_TEST_BAD_PROOFS_ENV);
+  R.test_bad_proofs = t != NULL ? atoi(t) : 0;
   log_info("rdma: peer links on %s%s%s", R.dev,
            cfg->listen_address[0] ? ", listening on " : " (no listener: listen.address unset)",
            cfg->listen_address);

@@ -17,10 +17,15 @@
  * A queue pair is bound to the TCP link that authenticated it: the end
  * that accepted the link makes an offer (peer_proto.h XPORT) with a random,
  * single-use token and its mailbox; the end that connected opens the RDMA
- * connection with that token in its private data.  A connection request
- * whose token matches no open offer is rejected and logged.  The token
- * travels over the authenticated link, which is how it is kept from
- * strangers (no encryption: DESIGN §7's fabric is trusted as NCCL's is).
+ * connection with that token in its private data, and a proof of the peer
+ * key over it (peer_proto.h's dep_peer_qp_req).  A connection request
+ * whose token matches no open offer is rejected and logged; one whose
+ * proof is wrong too (rate-limited), and the offer stays open for the
+ * link's own.  The token travels in clear over the authenticated link: it
+ * names the offer, and holding the key, not having seen the token, is
+ * what opens a queue pair (whichever queue pair it is, it may write into
+ * every region registered on the protection domain whose key it learns).
+ * Nothing is encrypted: DESIGN §7's fabric is trusted as NCCL's is.
  *
  * Each queue pair has a mailbox, 64 registered bytes per end, through which
  * its keep-alive goes as RDMA writes with immediate data: the round trip
@@ -38,6 +43,7 @@
 
 #include "config.h"
 #include "peer_proto.h"
+#include "xring.h"
 
 struct ibv_mr;
 struct rdmaxp_qp;
@@ -54,6 +60,11 @@ struct rdmaxp_events {
 
 /* A connect, a route or an address taking longer than this fails the queue pair. */
 #define RDMAXP_RESOLVE_MS 2000
+/* A test's fault (tests/rdma/badproof2.sh): the first N link queue pairs
+ * and the first N data queue pairs (xfer_rdma.h) this daemon opens are
+ * each preceded by a request with the right token and a wrong proof; its
+ * own follows, with the same token, once the peer has rejected that one. */
+#define RDMAXP_TEST_BAD_PROOFS_ENV "DEEPEPD_TEST_RDMA_BAD_PROOFS"
 
 /*
  * Open the RDMA device for the peer links when a configured peer may use
@@ -90,17 +101,21 @@ uint32_t rdmaxp_mr_lkey(const struct ibv_mr *mr);
 
 /*
  * The accepting end of an authenticated link: a queue pair waiting for the
- * far end's connection, and the XPORT message (kind rdma) that invites it.
- * NULL with why when none can be made.
+ * far end's connection, whose request must prove dkey (the key derived for
+ * the far end's direction, peerauth_data_key), and the XPORT message (kind
+ * rdma) that invites it.  NULL with why when none can be made.
  */
-struct rdmaxp_qp *rdmaxp_offer(void *owner, struct dep_peer_xport *out, char *why, size_t whylen);
+struct rdmaxp_qp *rdmaxp_offer(void *owner, const uint8_t dkey[DEP_PEER_MAC_LEN],
+                               struct dep_peer_xport *out, char *why, size_t whylen);
 /*
  * The connecting end: connect from src (the link's local address) to dst
- * (the far daemon's listen address and port) with the offer's token.  NULL
- * with why when it cannot start; later failures come as down().
+ * (the far daemon's listen address and port) with the offer's token and a
+ * proof made with dkey (the key derived for our direction).  NULL with why
+ * when it cannot start; later failures come as down().
  */
 struct rdmaxp_qp *rdmaxp_connect(void *owner, const struct sockaddr *src, const struct sockaddr *dst,
-                             const struct dep_peer_xport *offer, char *why, size_t whylen);
+                                 const struct dep_peer_xport *offer,
+                                 const uint8_t dkey[DEP_PEER_MAC_LEN], char *why, size_t whylen);
 /* Disconnect and free q; no callback follows. */
 void rdmaxp_close(struct rdmaxp_qp *q);
 /* Whether q is connected. */
@@ -111,17 +126,19 @@ bool rdmaxp_qp_accepted(const struct rdmaxp_qp *q);
 
 /*
  * The data path's queue pairs (daemon/xfer_rdma.h): one per peer and
- * direction beside the links', connected with a token of a DATA_OFFER in
- * the private data (the data connections' scheme, peer_proto.h), set up and
- * torn down on the loop like the links' but driven by a proxy thread: a
- * completion queue of their own with no channel, which that thread polls,
- * no receives, no keep-alive, and only the sends it asks for signalled.
+ * direction beside the links', connected with a token of a DATA_OFFER and
+ * a proof of the peer key in the private data (xring.h's
+ * dep_xfer_rdma_req), set up and torn down on the loop like the links' but
+ * driven by a proxy thread: a completion queue of their own with no
+ * channel, which that thread polls, no receives, no keep-alive, and only
+ * the sends it asks for signalled.
  */
 struct rdmaxp_data_events {
   /* A connection request whose token names no link's offer: the owner for
-   * the queue pair when token is one the data path offered (spent then),
-   * else NULL (it is rejected). */
-  void *(*accept)(const uint8_t *token);
+   * the queue pair when its token is one the data path offered and its
+   * proof holds (the offer spent then), else NULL (it is rejected; *said
+   * when the hook logged why, else rdmaxp says it names no offer). */
+  void *(*accept)(const struct dep_xfer_rdma_req *req, bool *said);
   /* q is connected. */
   void (*up)(void *owner, struct rdmaxp_qp *q);
   /* q failed or the far end closed it: called before q is freed, so that
@@ -130,9 +147,11 @@ struct rdmaxp_data_events {
 };
 void rdmaxp_set_data_events(const struct rdmaxp_data_events *ev);
 /* Open a data queue pair to dst (the peer's listen address and port) with
- * token; NULL with why when it cannot start, later failures come as down(). */
+ * token and the proof of the key for it (peerauth_rdma_proof); NULL with
+ * why when it cannot start, later failures come as down(). */
 struct rdmaxp_qp *rdmaxp_data_connect(void *owner, const struct sockaddr *dst,
-                                      const uint8_t token[DEP_PEER_TOKEN_LEN], char *why,
+                                      const uint8_t token[DEP_PEER_TOKEN_LEN],
+                                      const uint8_t proof[DEP_XFER_RDMA_PROOF_LEN], char *why,
                                       size_t whylen);
 /* The verbs objects a data queue pair's owner posts on and polls. */
 struct ibv_qp *rdmaxp_qp_verbs(const struct rdmaxp_qp *q);

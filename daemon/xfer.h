@@ -94,9 +94,17 @@ void xfer_on_offer(int peer, const struct dep_peer_data_offer *o);
  */
 bool xfer_accept(int peer, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd);
 
-/* An RDMA data queue pair's connection request carried token (xfer_rdma.h):
- * the peer it was offered to, the offer spent; -1 when no open offer has it. */
+/* An RDMA data queue pair's connection request named token (xfer_rdma.h):
+ * the peer the open offer that has it was made to, the offer left open
+ * (the request's proof is checked first), or -1 when none has it; and the
+ * same with the offer spent (single use), once the proof holds. */
+int xfer_offer_peer(const uint8_t *token);
 int xfer_offer_spend(const uint8_t *token);
+/* What a peer does beyond its bounds (DATA_OFFERs past the connections it
+ * may have opened, proofs that fail, frames of jobs not here) is said at
+ * most once in this long, with a count, so that a peer cannot flood the
+ * log either. */
+#define XFER_SAY_MS 10000
 
 /* What `deepepctl peers` shows for peer k: data connections up each way,
  * and bytes and frames moved each way. */

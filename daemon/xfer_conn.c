@@ -45,11 +45,6 @@
  * challenge, the proof and the ack), each step of it. */
 #define XFER_CONNECT_MS 3000
 #define XFER_IO_MS 10000
-/* What a peer does beyond its bounds (DATA_OFFERs past the connections it
- * may have opened, proofs that fail, frames of jobs not here) is said at
- * most once in this long, with a count, so that a peer cannot flood the
- * log either. */
-#define XFER_SAY_MS 10000
 /* The largest payload a frame may carry (a block of the largest shape fits). */
 #define XFER_MAX_PAYLOAD (1ull << 32)
 
@@ -624,6 +619,16 @@ static bool spawn_helper(void *(*fn)(void *), void *arg) {
     return false;
   }
   return true;
+}
+
+int xfer_offer_peer(const uint8_t *token) {
+  if (!X->active)
+    return -1;
+  pthread_mutex_lock(&offers_mu);
+  const struct xfer_offer *o = offer_find(-1, token);
+  const int peer = o != NULL ? o->peer : -1;
+  pthread_mutex_unlock(&offers_mu);
+  return peer;
 }
 
 int xfer_offer_spend(const uint8_t *token) {

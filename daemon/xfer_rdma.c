@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include "job.h"
 #include "log.h"
 #include "peer.h"
+#include "peerauth.h"
 #include "rdmaxp.h"
 #include "xfer.h"
 
@@ -59,10 +61,16 @@ struct xfer_rdma_route {
   struct xr_count by_peer[CONFIG_MAX_LIST];
 };
 
-/* What rdmaxp's callbacks are given as owner: one per peer and direction. */
+/* What rdmaxp's callbacks are given as owner: one per peer and direction,
+ * and the test's queue pair with a wrong proof (RDMAXP_TEST_BAD_PROOFS_ENV). */
 struct xr_end {
   int peer;
-  bool out;
+  bool out, wrong;
+};
+
+/* What a peer did wrong here, said at most every XFER_SAY_MS (the loop's). */
+struct xr_say {
+  uint64_t last_ms, count;
 };
 
 struct xr_peer {
@@ -76,6 +84,10 @@ struct xr_peer {
    * up, and whether it failed to (then TCP until the peer is down). */
   uint8_t token[DEP_PEER_TOKEN_LEN];
   bool was_up, no_rdma;
+  struct rdmaxp_qp *wrong;        /* the loop's: the test's request with a wrong proof */
+  /* The loop's: its requests that named an offer but did not prove the
+   * key, or were of another data stream version. */
+  struct xr_say bad_proofs, bad_versions;
 };
 
 /* One proxy thread's chain for one peer. */
@@ -97,8 +109,10 @@ static struct {
   bool active;
   const struct config *cfg;
   struct xr_peer p[CONFIG_MAX_LIST];
-  struct xr_end ends[2][CONFIG_MAX_LIST]; /* [0] in, [1] out */
+  struct xr_end ends[3][CONFIG_MAX_LIST]; /* [0] in, [1] out, [2] the test's wrong proof */
   _Atomic uint64_t lost;          /* peers whose writes in flight were lost (the loop saw it) */
+  int test_bad_proofs;            /* $DEEPEPD_TEST_RDMA_BAD_PROOFS left to do for data queue
+                                     pairs (the loop's; the one made for the other direction) */
 } XR;
 
 static _Thread_local struct xr_thread *XT;
@@ -116,16 +130,116 @@ static uint64_t mono_ms(void) {
 
 /* ---- the data queue pairs (the loop) ---------------------------------------------- */
 
-static void *on_accept(const uint8_t *token) {
-  int k = xfer_offer_spend(token);
+/* Whether to say one more of s now: true at most once per XFER_SAY_MS,
+ * with *n the ones since the last line. */
+static bool say_now(struct xr_say *s, uint64_t *n) {
+  s->count++;
+  const uint64_t now = mono_ms();
+  if (s->last_ms != 0 && now - s->last_ms < XFER_SAY_MS)
+    return false;
+  s->last_ms = now;
+  *n = s->count;
+  s->count = 0;
+  return true;
+}
+
+/*
+ * A connection request that names no link's offer: its token must be one
+ * the data path offered, and its proof must hold (a MAC with the key
+ * derived for this direction, peer_data_key) before the offer is spent.
+ * A request that names an offer but fails the proof takes nothing: the
+ * offer stays open for the peer, whose own request may come after.
+ */
+static void *on_accept(const struct dep_xfer_rdma_req *req, bool *said) {
+  const int k = xfer_offer_peer(req->token);
   if (k < 0 || k >= CONFIG_MAX_LIST)
     return NULL;
+  struct xr_peer *p = &XR.p[k];
+  uint64_t n;
+  *said = true;
+  if (req->version != DEP_XFER_VERSION) {
+    /* Before version 3 a request had zeros where the version is. */
+    if (say_now(&p->bad_versions, &n))
+      log_warnx("peer %s: %llu RDMA data queue pair request(s) of data stream version %u%s (this "
+                "deepepd speaks %u) are rejected: run the same deepepd on every node",
+                peer_name(k), (unsigned long long)n, (unsigned)req->version,
+                req->version == 0 ? " (1 or 2: they carry none)" : "", DEP_XFER_VERSION);
+    return NULL;
+  }
+  uint8_t dkey[DEP_PEER_MAC_LEN];
+  peer_data_key(k, false, dkey);
+  const bool proven = peerauth_rdma_check(dkey, req->version, req->token, req->proof);
+  sodium_memzero(dkey, sizeof dkey);
+  if (!proven) {
+    if (say_now(&p->bad_proofs, &n))
+      log_warnx("peer %s: %llu RDMA data queue pair request(s) that named a token offered to it "
+                "but did not prove the peer key are rejected: a different peer_key_file there, "
+                "or someone who saw the token on the wire", peer_name(k), (unsigned long long)n);
+    return NULL;
+  }
+  if (xfer_offer_spend(req->token) != k) {
+    *said = false; /* spent or withdrawn meanwhile: it names no open offer now */
+    return NULL;
+  }
   return &XR.ends[0][k];
+}
+
+/* Open our data queue pair to peer k with token (its proof made here);
+ * NULL with why. */
+static struct rdmaxp_qp *open_out(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], bool wrong,
+                                  char *why, size_t whylen) {
+  struct sockaddr_storage dst;
+  socklen_t dl = sizeof dst;
+  if (peer_data_address(k, &dst, &dl) != 0) {
+    snprintf(why, whylen, "the peer has no address here");
+    return NULL;
+  }
+  /* The test's wrong proof is one made for the other direction: with the
+   * key we hold, but not the one this direction's requests prove. */
+  uint8_t dkey[DEP_PEER_MAC_LEN], proof[DEP_XFER_RDMA_PROOF_LEN];
+  peer_data_key(k, !wrong, dkey);
+  peerauth_rdma_proof(dkey, DEP_XFER_VERSION, token, proof);
+  sodium_memzero(dkey, sizeof dkey);
+  return rdmaxp_data_connect(&XR.ends[wrong ? 2 : 1][k], (struct sockaddr *)&dst, token, proof,
+                             why, whylen);
+}
+
+/* Peer k's token is spent on no queue pair of ours after all: a TCP data
+ * connection spends it, in case the peer offered no extra one for us. */
+static void token_to_tcp(int k, const uint8_t token[DEP_PEER_TOKEN_LEN]) {
+  struct dep_peer_data_offer o;
+  memcpy(o.token, token, sizeof o.token);
+  xfer_on_offer(k, &o);
+}
+
+/* The test's request with a wrong proof was rejected (or failed): our own
+ * queue pair is opened now with the same token, which must still be open. */
+static void wrong_done(int k, const char *why) {
+  struct xr_peer *p = &XR.p[k];
+  p->wrong = NULL;
+  log_info("peer %s: the RDMA data queue pair with a wrong proof ($" RDMAXP_TEST_BAD_PROOFS_ENV
+           ") did not connect (%s); opening ours with the same token", peer_name(k), why);
+  char w[256];
+  struct rdmaxp_qp *q = open_out(k, p->token, false, w, sizeof w);
+  if (q == NULL) {
+    p->no_rdma = true;
+    log_warnx("peer %s: data path over TCP: no queue pair can be opened (%s)", peer_name(k), w);
+    token_to_tcp(k, p->token);
+    return;
+  }
+  pthread_mutex_lock(&p->mu);
+  p->out = q;
+  pthread_mutex_unlock(&p->mu);
 }
 
 static void on_up(void *owner, struct rdmaxp_qp *q) {
   struct xr_end *e = owner;
   struct xr_peer *p = &XR.p[e->peer];
+  if (e->wrong) {
+    log_warnx("peer %s: the RDMA data queue pair with a wrong proof ($" RDMAXP_TEST_BAD_PROOFS_ENV
+              ") was accepted: the peer opened it on the token alone", peer_name(e->peer));
+    return; /* it stays, unused, until the peer goes down */
+  }
   if (!e->out) {
     if (p->in != NULL && p->in != q)
       rdmaxp_close(p->in); /* the peer opened a new one: its old one is gone there */
@@ -150,6 +264,11 @@ static void on_up(void *owner, struct rdmaxp_qp *q) {
 static void on_down(void *owner, struct rdmaxp_qp *q, const char *why) {
   struct xr_end *e = owner;
   struct xr_peer *p = &XR.p[e->peer];
+  if (e->wrong) {
+    if (p->wrong == q)
+      wrong_done(e->peer, why);
+    return;
+  }
   if (!e->out) {
     if (p->in == q)
       p->in = NULL;
@@ -171,9 +290,7 @@ static void on_down(void *owner, struct rdmaxp_qp *q, const char *why) {
     p->no_rdma = true;
     log_warnx("peer %s: data path over TCP: its queue pair did not connect (%s)",
               peer_name(e->peer), why);
-    struct dep_peer_data_offer o;
-    memcpy(o.token, p->token, sizeof o.token);
-    xfer_on_offer(e->peer, &o);
+    token_to_tcp(e->peer, p->token);
     return;
   }
   if (inflight)
@@ -192,7 +309,10 @@ void xfer_rdma_init(const struct config *cfg) {
     pthread_mutex_init(&XR.p[k].mu, NULL);
     XR.ends[0][k] = (struct xr_end){.peer = k, .out = false};
     XR.ends[1][k] = (struct xr_end){.peer = k, .out = true};
+    XR.ends[2][k] = (struct xr_end){.peer = k, .out = true, .wrong = true};
   }
+  const char *t = getenv(RDMAXP_TEST_BAD_PROOFS_ENV);
+  XR.test_bad_proofs = t != NULL ? atoi(t) : 0;
   rdmaxp_set_data_events(&xr_events);
   XR.active = true;
 }
@@ -218,25 +338,26 @@ bool xfer_rdma_on_offer(int k, const uint8_t token[DEP_PEER_TOKEN_LEN]) {
   pthread_mutex_lock(&p->mu);
   bool have = p->out != NULL;
   pthread_mutex_unlock(&p->mu);
-  if (have)
+  if (have || p->wrong != NULL)
     return false;
-  struct sockaddr_storage dst;
-  socklen_t dl = sizeof dst;
   char why[256];
-  struct rdmaxp_qp *q = NULL;
-  if (peer_data_address(k, &dst, &dl) != 0)
-    snprintf(why, sizeof why, "the peer has no address here");
-  else
-    q = rdmaxp_data_connect(&XR.ends[1][k], (struct sockaddr *)&dst, token, why, sizeof why);
+  /* The test's request with a wrong proof goes first; ours follows once it is rejected. */
+  const bool wrong = XR.test_bad_proofs > 0;
+  struct rdmaxp_qp *q = open_out(k, token, wrong, why, sizeof why);
   if (q == NULL) {
     log_warnx("peer %s: data path over TCP: no queue pair can be opened (%s)", peer_name(k), why);
     return false; /* the token is still good: a TCP data connection spends it */
   }
+  memcpy(p->token, token, sizeof p->token);
+  p->was_up = false;
+  if (wrong) {
+    XR.test_bad_proofs--;
+    p->wrong = q;
+    return true;
+  }
   pthread_mutex_lock(&p->mu);
   p->out = q;
   pthread_mutex_unlock(&p->mu);
-  memcpy(p->token, token, sizeof p->token);
-  p->was_up = false;
   return true;
 }
 
@@ -254,6 +375,8 @@ void xfer_rdma_peer_down(int k) {
   rdmaxp_close(q); /* no proxy thread holds it: they take mu first */
   rdmaxp_close(p->in);
   p->in = NULL;
+  rdmaxp_close(p->wrong);
+  p->wrong = NULL;
   p->was_up = p->no_rdma = false; /* the next time it is up, RDMA is tried again */
 }
 

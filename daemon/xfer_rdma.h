@@ -14,7 +14,10 @@
  * connections, with a single-use token of a DATA_OFFER (the peer offers
  * one more when RDMA may be had; the first that comes is spent on the
  * queue pair, in the private data of the connection request that the
- * offering daemon's connection manager listener checks), and their
+ * offering daemon's connection manager listener checks) and a proof of
+ * the peer key beside it (xring.h's dep_xfer_rdma_req: a MAC over the
+ * token with the key derived for the direction), without which the token
+ * opens nothing and stays open for the peer; and their
  * completion queue has no channel: the proxy thread that posts polls it
  * itself.  So no completion queue is drained by two threads, and the
  * loop is never on the path of a block.  A mutex per peer makes one proxy

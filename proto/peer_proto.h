@@ -67,10 +67,12 @@
  * rdma with a single-use token and its mailbox (a small registered buffer
  * for the queue pair's keep-alive).  The end that connected either opens
  * an RDMA connection to the acceptor's listen address and port (librdmacm,
- * its private data carrying the token and its own mailbox, which binds the
- * queue pair to this authenticated link), or answers XPORT_NAK with why
- * it will not or could not.  A link is up once its transport is settled:
- * RDMA connected, or TCP agreed.  The end that dialled the queue pair
+ * its private data carrying the token's first bytes, its own mailbox and
+ * a proof of the peer key over the whole token and that mailbox:
+ * dep_peer_qp_req below; the token, seen in clear, binds the queue pair to
+ * this authenticated link, the proof is what opens it), or answers
+ * XPORT_NAK with why it will not or could not.  A link is up once its
+ * transport is settled: RDMA connected, or TCP agreed.  The end that dialled the queue pair
  * learns it is connected first and may send at once; so at the end that
  * accepted, a frame past the handshake on a link whose queue pair it has
  * already accepted settles the link as RDMA (it is proof the queue pair
@@ -104,9 +106,12 @@
  *   3  DATA_OFFER and DATA_HELLO (the data path's connections, xring.h).
  *   4  MEMBERSHIP's windows cover each rank's exchange region, no longer
  *      its slab (the same layout, another meaning: an older peer would
- *      write blocks where no one reads them).  Added since, without a
- *      bump: MEMBERSHIP_OK (a peer that sends none leaves the jobs it
- *      holds ranks of to time out, saying so).
+ *      write blocks where no one reads them).
+ *   5  a link's RDMA connection request carries a proof of the peer key
+ *      (dep_peer_qp_req); before, XPORT's token alone, with the mailbox,
+ *      opened the queue pair.  Added since, without a bump: MEMBERSHIP_OK
+ *      (a peer that sends none leaves the jobs it holds ranks of to time
+ *      out, saying so).
  */
 #ifndef DEP_PEER_PROTO_H
 #define DEP_PEER_PROTO_H
@@ -121,12 +126,13 @@
 /* The version this build speaks (the history above), and the oldest it
  * answers.  Today the window is this one version: each bump so far changed
  * what a message means to the receiver (MEMBERSHIP's windows, where blocks
- * land), which an older peer would get wrong silently.  A peer outside it
- * is refused at its HELLO, before authentication, naming the window; an
- * older peer reads that ERROR as a version mismatch naming both versions,
- * since every version checks the version before anything else. */
-#define DEP_PEER_VERSION 4
-#define DEP_PEER_MIN_VERSION 4
+ * land) or let a queue pair open without the key, which an older peer would
+ * get wrong silently or allow.  A peer outside it is refused at its HELLO,
+ * before authentication, naming the window; an older peer reads that ERROR
+ * as a version mismatch naming both versions, since every version checks
+ * the version before anything else. */
+#define DEP_PEER_VERSION 5
+#define DEP_PEER_MIN_VERSION 5
 #define DEP_PEER_HDR_LEN 8
 #define DEP_PEER_CHALLENGE_LEN 32
 #define DEP_PEER_MAC_LEN 32
@@ -213,6 +219,25 @@ struct dep_peer_xport {
   uint32_t mbox_rkey, mbox_len;
   char reason[DEP_MSG_TEXT_MAX];         /* tcp: why not RDMA */
 };
+/*
+ * The private data of a link's RDMA connection request, little-endian, all
+ * 56 bytes that a reliable connection's request holds: the first 16 bytes
+ * of XPORT's token (they name the offer; the proof covers all of it), the
+ * connecting end's mailbox, and the first 28 bytes of its proof
+ * (daemon/peerauth.h: a MAC with the key derived for the direction over
+ * the token and the mailbox).  The mailbox and a whole token leave no
+ * room for a whole MAC; 224 bits of it is far past RFC 2104's half of the
+ * hash, and each guess costs a connection request.
+ */
+#define DEP_PEER_QP_TOKEN_NAME 16
+#define DEP_PEER_QP_PROOF_LEN 28
+struct dep_peer_qp_req {
+  uint8_t token[DEP_PEER_QP_TOKEN_NAME];
+  uint64_t mbox_addr;
+  uint32_t mbox_rkey;
+  uint8_t proof[DEP_PEER_QP_PROOF_LEN];
+};
+_Static_assert(sizeof(struct dep_peer_qp_req) == 56, "RC connection private data holds 56 bytes");
 
 /*
  * The data connections of the inter-node data path (daemon/xfer.h).  Over

@@ -100,20 +100,32 @@ static inline uint8_t *dep_xring_xchg(struct dep_xring *r) {
  * this header and `bytes` of payload.  Little-endian, as both ends' slabs
  * are.
  *
+ * An RDMA data queue pair (daemon/xfer_rdma.h) is opened with a
+ * DATA_OFFER's token too, in its connection request's private data
+ * (dep_xfer_rdma_req): there is no stream before the queue pair is
+ * accepted to carry a challenge, so the offer's token, fresh, random,
+ * single-use and chosen by the accepting end, is the nonce, and the proof
+ * is a MAC with the same derived key over the version and the token
+ * (daemon/peerauth.h).  The accepting end rejects a request whose proof is
+ * wrong and leaves the offer open.
+ *
  * Version history (the data stream's own and only one, beside the peer
  * protocol's in peer_proto.h; DEP_XFER_VERSION is the last entry):
  *   1  initial: DATA_HELLO, the ack, frames.
  *   2  the challenge and the proof before the ack (the token alone, seen
  *      in clear on the peer link, no longer opens a connection).
+ *   3  an RDMA data queue pair's request carries the version and a proof
+ *      beside the token (dep_xfer_rdma_req); before, the token alone, with
+ *      12 bytes of zeros, opened it.
  *
  * The window this build answers is DEP_XFER_MIN_VERSION..DEP_XFER_VERSION:
  * the opener checks the listener's challenge against it and names both
- * when it is outside.  Version 1 is never answered: its connections open
- * on the token alone.
+ * when it is outside.  Versions 1 and 2 are never answered: their
+ * connections, or their RDMA queue pairs, open on the token alone.
  */
 #define DEP_XFER_MAGIC 0x46584444u /* "DDXF" */
-#define DEP_XFER_VERSION 2
-#define DEP_XFER_MIN_VERSION 2
+#define DEP_XFER_VERSION 3
+#define DEP_XFER_MIN_VERSION 3
 #define DEP_XFER_NONCE_LEN 32
 #define DEP_XFER_MAC_LEN 32
 struct dep_xfer_ack {
@@ -126,6 +138,22 @@ struct dep_xfer_challenge {
 struct dep_xfer_proof {
   uint8_t mac[DEP_XFER_MAC_LEN];
 };
+/*
+ * The private data of an RDMA data queue pair's connection request: the
+ * 56 bytes a reliable connection's request carries hold the token (32),
+ * the version (4) and 20 bytes of the proof's MAC, its first ones.  A MAC
+ * cut to 160 bits is still more than half the hash's 256 (RFC 2104's
+ * bound), and each guess at it costs a connection request that is
+ * answered with a rejection: the whole MAC would need a token cut short,
+ * and the offers are named by their whole token.
+ */
+#define DEP_XFER_RDMA_PROOF_LEN 20
+struct dep_xfer_rdma_req {
+  uint8_t token[32];        /* DEP_PEER_TOKEN_LEN (peer_proto.h) */
+  uint32_t version;         /* DEP_XFER_VERSION */
+  uint8_t proof[DEP_XFER_RDMA_PROOF_LEN];
+};
+_Static_assert(sizeof(struct dep_xfer_rdma_req) == 56, "RC connection private data holds 56 bytes");
 struct dep_xfer_hdr {
   uint32_t magic;
   uint32_t src;             /* the sending rank (on the opener's node) */

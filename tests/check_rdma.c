@@ -5,13 +5,17 @@
  * more devices without failing; where a library is absent (played by
  * $DEEPEPD_LIBIBVERBS / $DEEPEPD_LIBRDMACM naming a file that does not
  * exist) the seam says so, and a real daemon still starts, says why once
- * and answers STATUS.  The daemon links neither library.
+ * and answers STATUS.  The daemon links neither library.  An RDMA queue
+ * pair's request, a data queue pair's or a link's, proves the peer key
+ * (peerauth_rdma_proof, peerauth_qp_proof): the proof holds for its own
+ * key, direction, token and version or mailbox only.
  *
  * Each test runs in its own forked process, so each loads the seam afresh
  * with the environment it set.
  */
 #include <check.h>
 #include <dlfcn.h>
+#include <sodium.h>
 #include <sys/types.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +25,7 @@
 #include "backend.h"
 #include "daemonwire.h"
 #include "nicreg.h"
+#include "peerauth.h"
 #include "rdmadrv.h"
 #include "testutil.h"
 
@@ -204,6 +209,109 @@ START_TEST(test_a_window_names_a_registered_exchange_region_and_no_other) {
 }
 END_TEST
 
+/* ---- the proof that opens a data queue pair (peerauth.h) ------------------------ */
+
+START_TEST(test_a_data_queue_pair_proof_holds_for_its_key_direction_and_token_only) {
+  ck_assert_int_ge(sodium_init(), 0);
+  uint8_t key[PEERAUTH_KEY_MIN], other[PEERAUTH_KEY_MIN];
+  memset(key, 0x5a, sizeof key);
+  memset(other, 0x5a, sizeof other);
+  other[7] ^= 1; /* a peer_key_file that differs in one bit */
+  /* node-b opens a queue pair into node-a: the key both derive for that direction. */
+  uint8_t dkey[DEP_PEER_MAC_LEN], back[DEP_PEER_MAC_LEN], nokey[DEP_PEER_MAC_LEN],
+      insecure[DEP_PEER_MAC_LEN];
+  peerauth_data_key(key, sizeof key, "node-b", "node-a", dkey);
+  peerauth_data_key(key, sizeof key, "node-a", "node-b", back);
+  peerauth_data_key(other, sizeof other, "node-b", "node-a", nokey);
+  peerauth_data_key(key, 0, "node-b", "node-a", insecure);
+  uint8_t tok[DEP_PEER_TOKEN_LEN], tok2[DEP_PEER_TOKEN_LEN];
+  randombytes_buf(tok, sizeof tok);
+  memcpy(tok2, tok, sizeof tok2);
+  tok2[DEP_PEER_TOKEN_LEN - 1] ^= 0x80; /* another offer's token (nonce), one bit apart */
+  uint8_t proof[DEP_XFER_RDMA_PROOF_LEN], p[DEP_XFER_RDMA_PROOF_LEN];
+  peerauth_rdma_proof(dkey, DEP_XFER_VERSION, tok, proof);
+  /* The opener's own proof holds, and the accepting end makes the same. */
+  ck_assert(peerauth_rdma_check(dkey, DEP_XFER_VERSION, tok, proof));
+  /* Made without the key: refused. */
+  peerauth_rdma_proof(nokey, DEP_XFER_VERSION, tok, p);
+  ck_assert_msg(!peerauth_rdma_check(dkey, DEP_XFER_VERSION, tok, p),
+                "a proof made with another peer_key_file was taken");
+  peerauth_rdma_proof(insecure, DEP_XFER_VERSION, tok, p);
+  ck_assert_msg(!peerauth_rdma_check(dkey, DEP_XFER_VERSION, tok, p),
+                "a proof made with an empty key was taken");
+  /* Made for the other direction (the key the acceptor itself would open with): refused. */
+  peerauth_rdma_proof(back, DEP_XFER_VERSION, tok, p);
+  ck_assert_msg(!peerauth_rdma_check(dkey, DEP_XFER_VERSION, tok, p),
+                "a proof for the other direction was taken");
+  /* Replayed against another offer's token, the nonce it answers: refused. */
+  ck_assert_msg(!peerauth_rdma_check(dkey, DEP_XFER_VERSION, tok2, proof),
+                "a proof seen for one token was taken for another");
+  /* Of another data stream version: refused. */
+  ck_assert_msg(!peerauth_rdma_check(dkey, DEP_XFER_VERSION + 1, tok, proof),
+                "a proof made for another version was taken");
+  /* Any one bit of it wrong: refused. */
+  for (size_t i = 0; i < sizeof proof; i++) {
+    memcpy(p, proof, sizeof p);
+    p[i] ^= 1;
+    ck_assert_msg(!peerauth_rdma_check(dkey, DEP_XFER_VERSION, tok, p), "byte %zu flipped: taken",
+                  i);
+  }
+  /* It is not the TCP data connections' proof of the same token: a proof
+   * seen on one kind of connection answers the other kind never. */
+  uint8_t mac[DEP_PEER_MAC_LEN];
+  peerauth_data_mac(dkey, tok, tok, mac);
+  ck_assert_msg(!peerauth_rdma_check(dkey, DEP_XFER_VERSION, tok, mac),
+                "a TCP data connection's proof was taken for a queue pair");
+}
+END_TEST
+
+START_TEST(test_a_link_queue_pair_proof_holds_for_its_key_direction_token_and_mailbox_only) {
+  ck_assert_int_ge(sodium_init(), 0);
+  uint8_t key[PEERAUTH_KEY_MIN], other[PEERAUTH_KEY_MIN];
+  memset(key, 0x3c, sizeof key);
+  memcpy(other, key, sizeof other);
+  other[0] ^= 1;
+  uint8_t dkey[DEP_PEER_MAC_LEN], back[DEP_PEER_MAC_LEN], nokey[DEP_PEER_MAC_LEN];
+  peerauth_data_key(key, sizeof key, "node-b", "node-a", dkey);
+  peerauth_data_key(key, sizeof key, "node-a", "node-b", back);
+  peerauth_data_key(other, sizeof other, "node-b", "node-a", nokey);
+  uint8_t tok[DEP_PEER_TOKEN_LEN], tok2[DEP_PEER_TOKEN_LEN];
+  randombytes_buf(tok, sizeof tok);
+  memcpy(tok2, tok, sizeof tok2);
+  /* Another offer whose token's first bytes, all the request names, are the same. */
+  tok2[DEP_PEER_TOKEN_LEN - 1] ^= 1;
+  const uint64_t mbox = 0x7f0012345000ull;
+  const uint32_t rkey = 0x1234;
+  uint8_t proof[DEP_PEER_QP_PROOF_LEN], p[DEP_PEER_QP_PROOF_LEN];
+  peerauth_qp_proof(dkey, tok, mbox, rkey, proof);
+  ck_assert(peerauth_qp_check(dkey, tok, mbox, rkey, proof));
+  peerauth_qp_proof(nokey, tok, mbox, rkey, p);
+  ck_assert_msg(!peerauth_qp_check(dkey, tok, mbox, rkey, p), "a proof without the key was taken");
+  peerauth_qp_proof(back, tok, mbox, rkey, p);
+  ck_assert_msg(!peerauth_qp_check(dkey, tok, mbox, rkey, p),
+                "a proof for the other direction was taken");
+  ck_assert_msg(!peerauth_qp_check(dkey, tok2, mbox, rkey, proof),
+                "a proof for one offer was taken for another with the same first bytes");
+  /* The same proof with another mailbox (someone else's, to be written to): refused. */
+  ck_assert_msg(!peerauth_qp_check(dkey, tok, mbox + 64, rkey, proof), "another mailbox was taken");
+  ck_assert_msg(!peerauth_qp_check(dkey, tok, mbox, rkey ^ 1, proof), "another rkey was taken");
+  for (size_t i = 0; i < sizeof proof; i++) {
+    memcpy(p, proof, sizeof p);
+    p[i] ^= 0x40;
+    ck_assert_msg(!peerauth_qp_check(dkey, tok, mbox, rkey, p), "byte %zu flipped: taken", i);
+  }
+  /* Not a data queue pair's proof of the same token, nor the other way round. */
+  uint8_t dp[DEP_XFER_RDMA_PROOF_LEN];
+  peerauth_rdma_proof(dkey, DEP_XFER_VERSION, tok, dp);
+  memset(p, 0, sizeof p);
+  memcpy(p, dp, sizeof dp);
+  ck_assert_msg(!peerauth_qp_check(dkey, tok, mbox, rkey, p),
+                "a data queue pair's proof was taken");
+  ck_assert_msg(!peerauth_rdma_check(dkey, DEP_XFER_VERSION, tok, proof),
+                "a link's proof was taken for a data queue pair");
+}
+END_TEST
+
 START_TEST(test_a_cuda_chunk_exports_as_dma_buf) {
   char why[256] = "";
   if (!backend_cuda_available(why, sizeof why)) {
@@ -256,6 +364,11 @@ Suite *rdma_suite(void) {
   TCase *nic = tcase_create("nicreg");
   suite_add_tcase(s, nic);
   tcase_add_test(nic, test_a_window_names_a_registered_exchange_region_and_no_other);
+  TCase *proof = tcase_create("proof");
+  suite_add_tcase(s, proof);
+  tcase_add_test(proof, test_a_data_queue_pair_proof_holds_for_its_key_direction_and_token_only);
+  tcase_add_test(proof,
+                 test_a_link_queue_pair_proof_holds_for_its_key_direction_token_and_mailbox_only);
   TCase *gpu = tcase_create("dmabuf");
   tcase_set_tags(gpu, "gpu");
   suite_add_tcase(s, gpu);
