@@ -46,20 +46,24 @@ static double now_ms(void) {
  * timeout, until the daemon's proxy has taken every descriptor it pushed.
  * Its last call's blocks for other nodes are then on their way, and the
  * daemon may end the job here (and let go of the exchange region) as soon
- * as it hears.
+ * as it hears.  A proxy that stopped serving the ring (failed: the job
+ * failed, or the watcher found the daemon gone) or a daemon whose
+ * connection closed since the watcher stopped takes nothing more: no wait.
  */
 static void xring_drain(dep_client_t *c) {
   struct dep_xring *r = c->xring;
   const uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
   const double t0 = now_ms(), limit = c->attach_ok.op_timeout_ms;
   while (atomic_load_explicit(&r->tail, memory_order_acquire) != head &&
-         atomic_load_explicit(&r->failed, memory_order_acquire) == 0 && now_ms() - t0 < limit) {
+         atomic_load_explicit(&r->failed, memory_order_acquire) == 0 && now_ms() - t0 < limit &&
+         !watch_hung_up(c->fd)) {
     struct timespec ts = {0, 50000};
     nanosleep(&ts, NULL);
   }
 }
 
 void client_unmap(dep_client_t *c) {
+  watch_stop(c); /* it writes to the slab and the ring: joined before they go */
   cuda_ops_detach(c); /* the kernels and their memory go before the slabs they address */
   statrec_unmap(c);
   host_ops_fini(&c->ops);
@@ -349,7 +353,10 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in
   }
   if (!c->cuda && c->attach_ok.kernel_warmup && ops_here)
     host_warmup(c);
-  if (c->cuda && (rc = cuda_ops_attach(c)) != 0) {
+  /* A job across nodes: its waits fail at once when this node's daemon goes
+   * (watch.h), once everything the watcher writes to is in place. */
+  if ((c->cuda && (rc = cuda_ops_attach(c)) != 0) ||
+      (c->xring != NULL && (rc = watch_start(c)) != 0)) {
     char msg[CLIENT_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "%s", c->errmsg);
     dep_detach(c);

@@ -19,6 +19,7 @@
 #include "proto.h"
 #include "slab.h"
 #include "statrec.h"
+#include "watch.h"
 
 #define CLIENT_ERRMSG_MAX 1024
 #define CLIENT_NAME_MAX 64
@@ -67,6 +68,8 @@ struct dep_client {
   struct statrec stats;           /* the stats page the daemon lent this rank (statrec.h) */
   struct dep_xring *xring;        /* a job that spans nodes: the ring to the daemon's proxy */
   char xring_why[256];            /* ... or why this rank has none (operations refuse) */
+  struct watch watch;             /* ... and the thread that fails its waits when the daemon
+                                     goes (watch.h) */
   struct proto_buf tx;            /* reused for every request */
   char errmsg[CLIENT_ERRMSG_MAX]; /* the last failure on this handle */
 };

@@ -81,8 +81,12 @@ int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
                         .seq = e->seq, .seen_flag = e->seen_flag, .waited_ms = e->waited_ms,
                         .phase = e->phase};
   const char *what = op_name(r.op & ~(CUOPS_OP_FP8 | CUOPS_OP_CACHED | CUOPS_OP_WEIGHTS));
-  if (!own || code == DEP_ERR_TIMEOUT || code == DEP_ERR_PEER || r.phase == CUOPS_PHASE_AHEAD ||
-      r.phase == CUOPS_PHASE_RING) {
+  /* The kernels record every abort as DEP_ERR_PEER; words the library wrote
+   * because this node's daemon is gone (cuda_ops_daemon_gone) say so. */
+  if (r.phase == CUOPS_PHASE_GONE && (r.seen_flag >> 32) == DEP_SLAB_GONE_DAEMON)
+    code = DEP_ERR_DAEMON_GONE;
+  if (!own || code == DEP_ERR_TIMEOUT || code == DEP_ERR_PEER || code == DEP_ERR_DAEMON_GONE ||
+      r.phase == CUOPS_PHASE_AHEAD || r.phase == CUOPS_PHASE_RING) {
     c->cuops.broken = true;
   } else {
     e->code = 0;
@@ -107,6 +111,11 @@ int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
              r.waited_ms, (unsigned long long)r.seen_flag);
     break;
   case CUOPS_PHASE_GONE: {
+    if (code == DEP_ERR_DAEMON_GONE) {
+      snprintf(m, sizeof m, "%s (call %llu, after %u ms): " OPS_DAEMON_GONE_WHY, what,
+               (unsigned long long)r.seq, r.waited_ms);
+      break;
+    }
     char pidtext[24] = ""; /* no pid: a rank on another node, whose pid this daemon never learns */
     if ((uint32_t)r.seen_flag != 0)
       snprintf(pidtext, sizeof pidtext, " (pid %u)", (uint32_t)r.seen_flag);
@@ -125,6 +134,9 @@ int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
                "on another node); the daemon's proxy is stuck or its link to that node is too "
                "slow: see deepepctl peers", what, r.waited_ms, (unsigned long long)r.seq,
                r.source);
+    else if (code == DEP_ERR_DAEMON_GONE)
+      snprintf(m, sizeof m, "%s (call %llu, for rank %u on another node): " OPS_DAEMON_GONE_WHY,
+               what, (unsigned long long)r.seq, r.source);
     else
       snprintf(m, sizeof m, "%s: the daemon's proxy stopped serving this rank (call %llu, for "
                "rank %u on another node): %s; restart the job", what, (unsigned long long)r.seq,
@@ -159,6 +171,34 @@ int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
     return client_seterr(c, code, "%s: %s", op, m);
   return client_seterr(c, code, "%s: not run: an earlier call failed on the GPU: %s; this rank "
                        "is now out of step with its peers: detach and restart the job", op, m);
+}
+
+void cuda_ops_daemon_gone(dep_client_t *c) {
+  struct cuops_state *st = &c->cuops;
+  const struct cudadrv *cu = drv();
+  if (!st->ready || cu == NULL || cu->cuCtxPushCurrent(st->ctx) != CUDA_SUCCESS)
+    return;
+  const CUdeviceptr words = (CUdeviceptr)(uintptr_t)(c->ops.slabs[c->ops.rank] + CUOPS_ABORT_OFF);
+  struct cuops_abort ab = {.rank = DEP_SLAB_GONE_NO_RANK, .pid = 0,
+                           .detached = DEP_SLAB_GONE_DAEMON, .code = 0};
+  int32_t told = 0;
+  CUstream s = NULL;
+  if (cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) {
+    if (cu->cuMemcpyDtoHAsync(&told, words + offsetof(struct cuops_abort, code), sizeof told, s) ==
+            CUDA_SUCCESS &&
+        cu->cuStreamSynchronize(s) == CUDA_SUCCESS && told == 0) {
+      /* Who and how first, the code last, in stream order: a kernel that
+       * reads the code (acquire, system scope) reads the rest after it. */
+      const int32_t code = DEP_ERR_DAEMON_GONE;
+      if (cu->cuMemcpyHtoDAsync(words, &ab, offsetof(struct cuops_abort, code), s) ==
+          CUDA_SUCCESS)
+        cu->cuMemcpyHtoDAsync(words + offsetof(struct cuops_abort, code), &code, sizeof code, s);
+      cu->cuStreamSynchronize(s); /* before ab and code leave scope */
+    }
+    cu->cuStreamDestroy(s);
+  }
+  CUcontext dummy;
+  cu->cuCtxPopCurrent(&dummy);
 }
 
 /* What every cuda operation does first. */

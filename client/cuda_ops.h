@@ -470,6 +470,17 @@ void cuda_ops_stats_bind(dep_client_t *c);
 int cuda_ops_attach(dep_client_t *c);
 /* Undo cuda_ops_attach (client_unmap); safe on a zeroed state. */
 void cuda_ops_detach(dep_client_t *c);
+/*
+ * This rank's daemon is gone in a job that spans nodes (client/watch.c, on
+ * its own thread): write the abort words of this rank's slab, device
+ * memory, as host_ops_daemon_gone writes a host slab's (slab.h
+ * DEP_SLAB_GONE_DAEMON, code last), unless the daemon wrote them first, so
+ * that a kernel waiting for any rank fails within microseconds.  The
+ * copies go on a stream of their own that does not synchronise with the
+ * legacy default stream, so a kernel spinning on the caller's stream does
+ * not hold them up.  A driver failure leaves the op timeout as the bound.
+ */
+void cuda_ops_daemon_gone(dep_client_t *c);
 /* Make a new handle's device arrays now (dep_handle_new on an attached cuda
  * client), rather than in its first dispatch, or carve them in h->mem (a
  * dep_handle_new_in handle); a no-op without kernels. */

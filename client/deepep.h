@@ -272,7 +272,12 @@ DEP_EXPORT int dep_attach_times(dep_client_t *c, struct dep_attach_times *out);
  * one.  A peer that never arrives is DEP_ERR_TIMEOUT after the daemon's
  * op timeout, never a hang; one the daemon saw go (its process ended, or
  * it detached, while the job ran) is DEP_ERR_PEER within milliseconds.
- * The operations need no daemon: they go on if it stops (DESIGN §13).
+ * The operations of a job on one node need no daemon: they go on if it
+ * stops (DESIGN §13).  A job that spans nodes moves its blocks between
+ * nodes through the daemon: when this node's daemon stops, restarts or
+ * dies, a waiting call fails within milliseconds, and every later one at
+ * once, with DEP_ERR_DAEMON_GONE (a thread of the library, one per handle
+ * attached to such a job, watches the connection); re-attach.
  * Experts are owned in contiguous blocks: expert
  * e lives on rank e / (num_experts / world_size).
  */

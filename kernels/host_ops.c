@@ -357,7 +357,8 @@ static inline int aborted(const struct ops_ctx *c, unsigned parity, uint32_t src
   if (__atomic_load_n(&ab->code, __ATOMIC_ACQUIRE) == 0)
     return 0;
   uint32_t gone = ab->rank;
-  if (gone == src || gone >= c->world || ab->detached == DEP_SLAB_GONE_NODE)
+  if (gone == src || gone >= c->world || ab->detached == DEP_SLAB_GONE_NODE ||
+      ab->detached == DEP_SLAB_GONE_DAEMON)
     return 1;
   const struct ops_slot *g = in_slot(c, parity, gone);
   return atomic_load_explicit(&g->flag, memory_order_acquire) != c->seq;
@@ -367,7 +368,10 @@ static inline int aborted(const struct ops_ctx *c, unsigned parity, uint32_t src
  * The daemon found a rank of the job gone and said so in this rank's abort
  * words (slab.h): record it as a timeout is recorded (the gone rank as the
  * source, its pid and whether it detached in seen_flag: host_ops.h) and
- * break the context, since the job cannot go on without that rank.
+ * break the context, since the job cannot go on without that rank.  Words
+ * the library wrote because this node's daemon is gone
+ * (host_ops_daemon_gone) are DEP_ERR_DAEMON_GONE, the awaited rank the
+ * source: every rank on another node is out of reach.
  */
 static int peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t waited_ns) {
   const struct dep_slab_abort *ab = (const struct dep_slab_abort *)(c->slabs[c->rank] +
@@ -375,15 +379,20 @@ static int peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t wait
   /* The daemon stores code last with release ordering, and aborted() read
    * it with acquire: the words stored before it are visible here. */
   uint32_t gone = ab->rank, pid = ab->pid, detached = ab->detached;
+  const int daemon = detached == DEP_SLAB_GONE_DAEMON;
   struct ops_err_record *er = (struct ops_err_record *)c->slabs[c->rank];
   er->op = op & ~OPS_OP_FP8;
   er->rank = c->rank;
-  er->source = gone;
+  er->source = daemon ? src : gone;
   er->seq = c->seq;
   er->seen_flag = OPS_ERR_GONE(pid, detached);
   er->waited_ms = (uint32_t)(waited_ns / 1000000u);
-  atomic_store_explicit(&er->code, DEP_ERR_PEER, memory_order_release);
+  atomic_store_explicit(&er->code, daemon ? DEP_ERR_DAEMON_GONE : DEP_ERR_PEER,
+                        memory_order_release);
   c->broken = 1;
+  if (daemon)
+    return set_why(c, DEP_ERR_DAEMON_GONE, "%s (call %llu, waiting for rank %u): "
+                   OPS_DAEMON_GONE_WHY, host_ops_op_name(op), (unsigned long long)c->seq, src);
   char whom[24] = "it", pidtext[24] = "";
   if (gone != src)
     snprintf(whom, sizeof whom, "rank %u", src);
@@ -395,6 +404,24 @@ static int peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t wait
                                                       "daemon dropped"
                  : detached ? "it detached" : "its process ended", whom, host_ops_op_name(op),
                  (unsigned long long)c->seq);
+}
+
+void host_ops_daemon_gone(struct ops_ctx *c, int slabs_on_host) {
+  if (c->ring == NULL)
+    return;
+  int32_t zero = 0;
+  atomic_compare_exchange_strong_explicit(&c->ring->failed, &zero, DEP_ERR_DAEMON_GONE,
+                                          memory_order_acq_rel, memory_order_acquire);
+  if (!slabs_on_host)
+    return;
+  struct dep_slab_abort *ab = (struct dep_slab_abort *)(c->slabs[c->rank] + DEP_SLAB_ABORT_OFF);
+  if (__atomic_load_n(&ab->code, __ATOMIC_ACQUIRE) != 0)
+    return; /* the daemon told of a gone rank or node first: that is what broke the job */
+  ab->rank = DEP_SLAB_GONE_NO_RANK;
+  ab->pid = 0;
+  ab->detached = DEP_SLAB_GONE_DAEMON;
+  /* Code last, with release ordering, as the daemon writes it (aborted() reads it with acquire). */
+  __atomic_store_n(&ab->code, DEP_ERR_DAEMON_GONE, __ATOMIC_RELEASE);
 }
 
 /*
@@ -418,6 +445,9 @@ static int ring_fail(struct ops_ctx *c, uint32_t op, uint32_t dest, int code, ui
                    "on another node); the daemon's proxy is stuck or its link to that node is "
                    "too slow: see deepepctl peers", host_ops_op_name(op), c->timeout_ms,
                    (unsigned long long)c->seq, dest);
+  if (code == DEP_ERR_DAEMON_GONE)
+    return set_why(c, code, "%s (call %llu, for rank %u on another node): " OPS_DAEMON_GONE_WHY,
+                   host_ops_op_name(op), (unsigned long long)c->seq, dest);
   return set_why(c, code, "%s: the daemon's proxy stopped serving this rank (call %llu, for rank "
                  "%u on another node): %s; restart the job", host_ops_op_name(op),
                  (unsigned long long)c->seq, dest,

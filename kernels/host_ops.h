@@ -251,6 +251,28 @@ int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a
 int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
                         const struct dep_handle *h);
 
+/*
+ * What a rank of a job that spans nodes is told when its control
+ * connection to this node's daemon closes (DEP_ERR_DAEMON_GONE): by its
+ * waiting call, by every later call (client/ops.c), on both backends.
+ */
+#define OPS_DAEMON_GONE_WHY                                                                     \
+  "deepepd on this node stopped or restarted, and the job's links to other nodes went with "   \
+  "it: re-attach (dep_detach, then dep_connect and dep_attach, on every rank of the job)"
+
+/*
+ * This rank's daemon is gone (client/watch.c saw its control connection
+ * close) in a job that spans nodes: mark the proxy's ring failed
+ * (DEP_ERR_DAEMON_GONE: a push waiting for room, and the drain before a
+ * detach, stop at once) and, where the slabs are host memory, write the
+ * abort words of this rank's slab (slab.h DEP_SLAB_GONE_DAEMON: every
+ * wait fails within milliseconds); the cuda backend writes its device
+ * slab's itself (cuda_ops_daemon_gone).  Neither overwrites what the
+ * daemon wrote first.  Called from the watcher's thread while the caller's
+ * thread may be inside an operation: it touches only those shared words.
+ */
+void host_ops_daemon_gone(struct ops_ctx *c, int slabs_on_host);
+
 /* The error record in a slab's error words (a copy; code 0 means none). */
 void host_ops_err_read(const uint8_t *slab, struct ops_err_record *out);
 /* An op's name (dispatch, combine, ...), whatever modes are or-ed into it. */

@@ -80,10 +80,20 @@ struct dep_slab_abort {
 };
 /* dep_slab_abort.detached.  A rank that died or detached fails the waits
  * that depend on it; a lost node (its daemon's peer link dropped), every
- * wait: its other ranks are gone with it, whatever they posted. */
+ * wait: its other ranks are gone with it, whatever they posted.  The
+ * library itself writes DEP_SLAB_GONE_DAEMON into its own rank's words
+ * (client/watch.c) when its control connection to this node's daemon
+ * closes in a job that spans nodes: the daemon's proxy carried the job's
+ * links to the other nodes, so every wait fails, with
+ * DEP_ERR_DAEMON_GONE; rank is then DEP_SLAB_GONE_NO_RANK, which names no
+ * rank of any world, so that a reader that knows only the codes above
+ * (the kernels) fails every wait too.  How it went is 2 bits in an error
+ * record (host_ops.h OPS_ERR_GONE). */
 #define DEP_SLAB_GONE_DIED 0u     /* it disconnected (its process ended) */
 #define DEP_SLAB_GONE_DETACHED 1u /* it detached (or freed its handle) */
 #define DEP_SLAB_GONE_NODE 2u     /* rank names the first rank of a node that is lost */
+#define DEP_SLAB_GONE_DAEMON 3u   /* this node's daemon stopped, died or restarted */
+#define DEP_SLAB_GONE_NO_RANK 0xffffffffu
 _Static_assert(DEP_SLAB_ABORT_OFF + sizeof(struct dep_slab_abort) <= DEP_SLAB_ERR_BYTES,
                "the abort words must fit the error words");
 /* The private area's part that does not grow with the shape: the library's

@@ -561,6 +561,83 @@ START_TEST(on_the_gpu_a_lost_node_fails_the_survivors_within_the_op_timeout) {
 }
 END_TEST
 
+/* Rounds until a call fails; node 1's first rank kills its own daemon
+ * (victim) before round kill_round and goes on, as every rank does.  A
+ * failure's message ends with the round and how long its round took. */
+static int body_until_own_daemon_gone(struct rk *k, void *arg) {
+  const struct gpu_loss *g = arg;
+  for (int round = 0; round < 100000; round++) {
+    if (k->rank == g->first_gone && round == g->kill_round)
+      kill(g->victim, SIGKILL);
+    uint64_t dig = 0, t0 = cr_ms_now();
+    if (cr_upload(k, g->d) || cr_round_tp(k, g->d, 0xA5, &dig) ||
+        cr_round_ll(k, g->d, 0, 0xA5, &dig)) {
+      size_t l = strlen(k->msg);
+      snprintf(k->msg + l, OW_MSG - l, " (round %d, after %llu ms)", round,
+               (unsigned long long)(cr_ms_now() - t0));
+      return 1;
+    }
+  }
+  return ow_fail(k->msg, "rank %u: 100000 rounds and no failure: the daemon's death was not "
+                 "seen", k->rank);
+}
+
+/*
+ * On the cuda backend, a job of 2 + 2 ranks on two daemons sharing the GPU:
+ * node 1's daemon is SIGKILLed mid-run and its ranks live on.  Their
+ * kernels were told through the abort words of their slabs (device
+ * memory, written by the library's watcher thread: cuda_ops_daemon_gone),
+ * so they fail within a bound far below the op timeout (60 s) with
+ * DEP_ERR_DAEMON_GONE saying so, not DEP_ERR_TIMEOUT after it; node 0's
+ * fail with DEP_ERR_PEER.  (check_xnode_faults's own-daemon cases are the
+ * host backend's.)
+ */
+START_TEST(on_the_gpu_a_ranks_own_daemon_killed_fails_it_with_daemon_gone_at_once) {
+  CR_NEEDS_GPU();
+  enum { OP_MS = 60000, BOUND_MS = 10000 };
+  ow_seed_init(78);
+  struct ow_scenario sc = {4, 2048, 8, 16, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &sc, 0);
+  struct nodes ns;
+  char limits[64];
+  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", OP_MS);
+  nodes_config_with(&ns, 2, 60000, limits, "");
+  nodes_start_all(&ns);
+  const uint32_t split[NODES_MAX] = {2, 2};
+  struct gpu_loss g = {.d = d, .victim = ns.d[1].pid, .first_gone = 2, .kill_round = 4};
+  static char fails[OW_FAILS_LEN];
+  int nfail = gpu_run(&ns, split, "gpu-own", d, body_until_own_daemon_gone, &g, true, fails,
+                      sizeof fails);
+  tu_daemon_wait_exit(&ns.d[1], 10000);
+  ck_assert_msg(nfail == 4, "not every rank failed (%d did):%s", nfail, fails);
+  for (int r = 0; r < 4; r++) {
+    char tag[32];
+    snprintf(tag, sizeof tag, "rank %d: ", r);
+    const char *m = strstr(fails, tag);
+    ck_assert_msg(m != NULL, "rank %d did not fail:%s", r, fails);
+    const char *end = strstr(m + 1, "\n  rank ");
+    char one[OW_MSG + 32];
+    snprintf(one, sizeof one, "%.*s", end ? (int)(end - m) : (int)strlen(m), m);
+    /* Node 1's ranks: the daemon-gone message, which the harness shows with
+     * the code's name (a call that returned it) or without (dep_layout's
+     * outputs checked after it failed); node 0's: as the lost-node test. */
+    const char *want = r >= 2 ? "deepepd on this node stopped or restarted" : "DEP_ERR_PEER";
+    ck_assert_msg(strstr(one, want) != NULL, "rank %d failed otherwise than \"%s\": %s", r,
+                  want, one);
+    const char *after = strstr(one, ", after ");
+    unsigned long long ms = after ? strtoull(after + 8, NULL, 10) : ~0ull;
+    ck_assert_msg(ms <= BOUND_MS, "rank %d took %llu ms to fail (bound %d ms, op timeout %d ms): "
+                  "%s", r, ms, BOUND_MS, OP_MS, one);
+    printf("xnode gpu: node 1's daemon killed: %s\n", one);
+  }
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
 Suite *xnode_suite(void);
 Suite *xnode_suite(void) {
   Suite *s = suite_create("xnode");
@@ -579,6 +656,7 @@ Suite *xnode_suite(void) {
                       (int)(sizeof gpu_layouts / sizeof gpu_layouts[0]));
   tcase_add_test(g, on_the_gpu_calls_across_daemons_read_each_calls_own_rows_as_inputs_change);
   tcase_add_test(g, on_the_gpu_a_lost_node_fails_the_survivors_within_the_op_timeout);
+  tcase_add_test(g, on_the_gpu_a_ranks_own_daemon_killed_fails_it_with_daemon_gone_at_once);
   suite_add_tcase(s, g);
   return s;
 }

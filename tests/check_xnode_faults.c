@@ -5,7 +5,8 @@
  * comes back; a remote rank or a remote daemon killed while the job runs,
  * or the link between two daemons in two network namespaces taken down
  * (root only), fails every survivor's call within the op timeout, and the
- * daemons carry on.
+ * daemons carry on; a rank's own daemon killed or restarted fails it at
+ * once with DEP_ERR_DAEMON_GONE, and its job can be joined again.
  */
 #include <check.h>
 #include <signal.h>
@@ -198,6 +199,136 @@ static void kill_mid_run(int what) {
   free(d);
 }
 
+/*
+ * A bound far below the op timeout of the next test (60 s) that a loaded
+ * machine (and ASan) keeps: a rank learns its daemon is gone from its
+ * control connection's close, within milliseconds, and the other node's
+ * from the peer link's; a rank that waited out the op timeout, as before,
+ * is far past it.
+ */
+#define XN_GONE_BOUND_MS 10000
+#define XN_GONE_OP_TIMEOUT_MS 60000
+
+/*
+ * A rank's own daemon goes while a job across nodes runs: node 1's daemon
+ * is killed (SIGKILL), or stopped (SIGTERM) and started again at once.  The
+ * job's blocks between the nodes went through it, so its ranks (1 of 2 + 2)
+ * fail with DEP_ERR_DAEMON_GONE saying so within XN_GONE_BOUND_MS — they
+ * learn it from their control connection's close, not the op timeout —
+ * and so does their next call, and their dep_detach returns within the
+ * bound too; node 0's ranks fail with DEP_ERR_PEER (their daemon's peer
+ * link dropped).  Then a job across both daemons runs: after the SIGTERM
+ * in the same rank processes, which connect and attach again to the
+ * restarted daemon; after the SIGKILL, once node 1 is started again, in new
+ * ones.  (A job on one node is not failed by its daemon's restart at all:
+ * check_lifecycle's a_sigterm_leaves_running_jobs_computing and
+ * a_sigkill_leaves_running_jobs_computing.)
+ */
+static void own_daemon_goes_mid_run(int sig) {
+  ow_seed_init(95 + (uint64_t)sig);
+  struct ow_scenario sc = {4, 128, 2, 8, 8, 8, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &sc, 0);
+  struct nodes ns;
+  char limits[64];
+  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", XN_GONE_OP_TIMEOUT_MS);
+  nodes_config_with(&ns, 2, 20000, limits, "");
+  nodes_start_all(&ns);
+  struct xn_run run = {.d = d, .until_error = true, .rounds = 2,
+                       .rejoin = sig == SIGTERM ? "rejoined" : NULL};
+  struct xn_place p;
+  memset(&p, 0, sizeof p);
+  uint32_t split[NODES_MAX] = {2, 2};
+  xn_place(&p, split, 2);
+  struct xn_result *res = xn_results(4);
+  pid_t pids[OW_MAXW];
+  xn_spawn(&ns, &p, "goes", &run, res, pids);
+  for (int t = 0; t < 20000 && atomic_load(&res[2].rounds) < 20 && !atomic_load(&res[2].done);
+       t += 5)
+    dw_sleep_ms(5);
+  ck_assert_msg(atomic_load(&res[2].rounds) >= 20, "the job did not run 20 rounds: %s",
+                res[2].msg);
+  const int64_t killed = xn_mono_ms();
+  kill(ns.d[1].pid, sig);
+  int st = tu_daemon_wait_exit(&ns.d[1], 10000);
+  ck_assert_msg(st != -1, "node 1's deepepd did not exit on signal %d", sig);
+  if (sig == SIGTERM)
+    node_start(&ns, 1); /* systemctl restart: the new daemon at once, beside the ranks */
+  /* Bounded by 3 x the bound, well below the op timeout, so the old
+   * behaviour (waiting it out) fails here rather than hanging the test. */
+  for (uint32_t g = 0; g < 4; g++) {
+    for (int t = 0; t < 3 * XN_GONE_BOUND_MS && !atomic_load(&res[g].detached); t += 5)
+      dw_sleep_ms(5);
+    ck_assert_msg(atomic_load(&res[g].detached), "rank %u had not failed and detached %d ms "
+                  "after node 1's daemon got signal %d (op timeout %d ms): %s", g,
+                  3 * XN_GONE_BOUND_MS, sig, XN_GONE_OP_TIMEOUT_MS,
+                  atomic_load(&res[g].done) ? res[g].msg : "still in its call");
+  }
+  for (uint32_t g = 0; g < 4; g++) {
+    const bool own = p.node[g] == 1;
+    const int want = own ? DEP_ERR_DAEMON_GONE : DEP_ERR_PEER;
+    const int64_t after = res[g].fail_ms - killed;
+    ck_assert_msg(res[g].rc == want, "rank %u (node %u): %s, want %s: %s", g, p.node[g],
+                  dep_errname(res[g].rc), dep_errname(want), res[g].msg);
+    ck_assert_msg(after <= XN_GONE_BOUND_MS, "rank %u failed %lld ms after the signal (bound "
+                  "%d ms, op timeout %d ms): %s", g, (long long)after, XN_GONE_BOUND_MS,
+                  XN_GONE_OP_TIMEOUT_MS, res[g].msg);
+    ck_assert_msg(res[g].detach_ms <= XN_GONE_BOUND_MS, "rank %u's dep_detach took %lld ms",
+                  g, (long long)res[g].detach_ms);
+    if (own) {
+      ck_assert_msg(strstr(res[g].msg, "deepepd on this node stopped or restarted") != NULL &&
+                    strstr(res[g].msg, "dep_connect and dep_attach") != NULL, "rank %u: %s", g,
+                    res[g].msg);
+      ck_assert_msg(res[g].later_rc == DEP_ERR_DAEMON_GONE, "rank %u's next call: %s", g,
+                    dep_errname(res[g].later_rc));
+      ck_assert_msg(res[g].detach_rc == DEP_ERR_DAEMON_GONE, "rank %u's dep_detach: %s", g,
+                    dep_errname(res[g].detach_rc));
+    } else {
+      ck_assert_msg(res[g].detach_rc == 0, "rank %u's dep_detach: %s", g,
+                    dep_errname(res[g].detach_rc));
+    }
+    printf("xnode: node 1's daemon got signal %d: rank %u (node %u) failed after %lld ms with "
+           "%s; dep_detach took %lld ms\n", sig, g, p.node[g], (long long)after,
+           dep_errname(res[g].rc), (long long)res[g].detach_ms);
+  }
+  struct xn_place spread;
+  memset(&spread, 0, sizeof spread);
+  xn_place(&spread, split, 2);
+  if (sig == SIGTERM) {
+    nodes_wait_up(&ns);
+    for (uint32_t g = 0; g < 4; g++)
+      atomic_store(&res[g].go, 1);
+    bool ok = xn_reap(pids, 4, 120000);
+    for (uint32_t g = 0; g < 4; g++)
+      ck_assert_msg(res[g].rejoin_rc == 0, "rank %u attached again after the restart: %s: %s",
+                    g, dep_errname(res[g].rejoin_rc), res[g].rejoin_msg);
+    ck_assert(ok);
+  } else {
+    xn_reap(pids, 4, 10000); /* every rank exits 1: its call failed, as it must */
+    node_start(&ns, 1);
+    nodes_wait_up(&ns);
+    struct xn_run again = {.d = d, .rounds = 2};
+    struct xn_result *r2 = xn_results(4);
+    xn_run_job(&ns, &spread, "after", &again, r2);
+    munmap(r2, 4 * sizeof *r2);
+  }
+  munmap(res, 4 * sizeof *res);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
+}
+
+START_TEST(sigkill_of_a_ranks_own_daemon_fails_it_with_daemon_gone_at_once) {
+  own_daemon_goes_mid_run(SIGKILL);
+}
+END_TEST
+
+START_TEST(a_restart_of_a_ranks_own_daemon_fails_it_with_daemon_gone_and_it_attaches_again) {
+  own_daemon_goes_mid_run(SIGTERM);
+}
+END_TEST
+
 START_TEST(sigkill_of_a_remote_rank_fails_the_others_within_the_op_timeout) { kill_mid_run(0); }
 END_TEST
 
@@ -343,6 +474,8 @@ Suite *xnode_faults_suite(void) {
   tcase_add_test(f, sigkill_of_a_remote_daemon_fails_the_others_within_the_op_timeout);
   tcase_add_test(f, a_link_taken_down_mid_run_fails_every_rank_within_the_op_timeout);
   tcase_add_test(f, frames_of_a_forgotten_job_are_dropped_at_once_and_stall_no_other_job);
+  tcase_add_test(f, sigkill_of_a_ranks_own_daemon_fails_it_with_daemon_gone_at_once);
+  tcase_add_test(f, a_restart_of_a_ranks_own_daemon_fails_it_with_daemon_gone_and_it_attaches_again);
   suite_add_tcase(s, f);
   return s;
 }

@@ -32,6 +32,53 @@ const struct xn_layout xn_layouts[] = {
 };
 const int xn_nlayouts = (int)(sizeof xn_layouts / sizeof xn_layouts[0]);
 
+/* dep_connect to sock and dep_attach as (rank, local_rank of lws) to job on c. */
+static int xn_join(dep_client_t *c, const char *sock, const char *job, const struct ow_case *d,
+                   uint32_t rank, uint32_t local_rank, uint32_t lws) {
+  int rc = dep_connect(c, sock);
+  struct dep_attach_args a = {.size = sizeof a,
+                              .rank = rank, .world_size = d->sc.world, .local_rank = local_rank,
+                              .local_world_size = lws, .shape = d->shape};
+  snprintf(a.job_id, sizeof a.job_id, "%s", job);
+  if (rc == 0)
+    rc = dep_attach(c, &a);
+  return rc;
+}
+
+/*
+ * After a fault test's failing call: once the test says go (it has
+ * restarted what it stopped and checked what came before; bounded, so a
+ * test that failed first leaves no rank behind), join run->rejoin on the
+ * same handle and run its rounds.  0, or the failure's code (msg says).
+ */
+static int xn_rejoin(dep_client_t *c, const char *sock, const struct xn_run *run, uint32_t rank,
+                     uint32_t local_rank, uint32_t lws, struct ow_outs *o,
+                     struct xn_result *res) {
+  const int64_t until = xn_mono_ms() + 120000;
+  while (!atomic_load(&res->go)) {
+    if (xn_mono_ms() > until) {
+      snprintf(res->rejoin_msg, sizeof res->rejoin_msg, "the test never said go");
+      return 1;
+    }
+    dw_sleep_ms(5);
+  }
+  int rc = xn_join(c, sock, run->rejoin, run->d, rank, local_rank, lws);
+  if (rc != 0) {
+    snprintf(res->rejoin_msg, sizeof res->rejoin_msg, "attach of rank %u to %s: %s: %s", rank,
+             run->rejoin, dep_errname(rc), dep_errmsg(c));
+    return rc;
+  }
+  struct xn_result r;
+  memset(&r, 0, sizeof r);
+  for (uint32_t i = 0; i < run->rounds && rc == 0; i++)
+    rc = xn_round(c, run->d, rank, run->d->sc.fp8, o, &r);
+  snprintf(res->rejoin_msg, sizeof res->rejoin_msg, "%s", r.msg);
+  if (rc == 0 && (rc = dep_detach(c)) != 0)
+    snprintf(res->rejoin_msg, sizeof res->rejoin_msg, "dep_detach of %s: %s: %s", run->rejoin,
+             dep_errname(rc), dep_errmsg(c));
+  return rc;
+}
+
 /* A rank process: attach on sock as (rank, local_rank of lws), run, report. */
 static void xn_rank_main(const char *sock, const char *job, const struct xn_run *run, uint32_t rank,
                          uint32_t local_rank, uint32_t lws, struct xn_result *res) {
@@ -41,13 +88,7 @@ static void xn_rank_main(const char *sock, const char *job, const struct xn_run 
     _exit(3);
   int rc = dep_client_new(&c);
   if (rc == 0)
-    rc = dep_connect(c, sock);
-  struct dep_attach_args a = {.size = sizeof a,
-                              .rank = rank, .world_size = d->sc.world, .local_rank = local_rank,
-                              .local_world_size = lws, .shape = d->shape};
-  snprintf(a.job_id, sizeof a.job_id, "%s", job);
-  if (rc == 0)
-    rc = dep_attach(c, &a);
+    rc = xn_join(c, sock, job, d, rank, local_rank, lws);
   if (rc != 0) {
     snprintf(res->msg, sizeof res->msg, "attach of rank %u: %s: %s", rank, dep_errname(rc),
              c ? dep_errmsg(c) : "");
@@ -63,10 +104,20 @@ static void xn_rank_main(const char *sock, const char *job, const struct xn_run 
     if (rc == 0)
       atomic_fetch_add(&res->rounds, 1);
   }
-  ow_outs_free(&o);
   res->rc = rc;
   atomic_store(&res->done, 1);
-  dep_detach(c);
+  if (run->until_error && rc < 0) {
+    struct xn_result later;
+    memset(&later, 0, sizeof later);
+    res->later_rc = xn_round(c, d, rank, d->sc.fp8, &o, &later);
+  }
+  int64_t t0 = xn_mono_ms();
+  res->detach_rc = dep_detach(c);
+  res->detach_ms = xn_mono_ms() - t0;
+  atomic_store(&res->detached, 1);
+  if (run->rejoin != NULL)
+    rc = res->rejoin_rc = xn_rejoin(c, sock, run, rank, local_rank, lws, &o, res);
+  ow_outs_free(&o);
   dep_client_free(c);
   _exit(rc == 0 ? 0 : 1);
 }

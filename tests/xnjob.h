@@ -23,7 +23,11 @@ struct xn_run {
   const struct ow_case *d;
   uint32_t rounds;           /* rounds of layout, dispatch, combine, LL dispatch, LL combine */
   bool alternate_fp8;        /* LL dispatch's FP8 on in odd rounds */
-  bool until_error;          /* fault tests: go on until a call fails */
+  bool until_error;          /* fault tests: go on until a call fails, then make one more
+                                call and time dep_detach (xn_result) */
+  const char *rejoin;        /* ... then, once the test sets res->go, dep_connect and
+                                dep_attach again in the same process to this job and run
+                                `rounds` rounds of it (xn_result.rejoin_rc) */
   uid_t uid;                 /* 0: the test's own; else the ranks run as it (root only) */
 };
 

@@ -21,6 +21,14 @@ struct xn_result {
   int64_t fail_ms;         /* when the failing call returned (CLOCK_MONOTONIC ms) */
   uint64_t digest;
   char msg[OW_MSG];
+  /* Fault tests (xn_run.until_error), after the failing call (xnjob.c): */
+  int later_rc;            /* the first call of one more round */
+  int detach_rc;           /* dep_detach's code */
+  int64_t detach_ms;       /* ... and how long it took */
+  _Atomic int detached;    /* 1: dep_detach returned (the three above are set) */
+  _Atomic int go;          /* set by the test: attach again now (xn_run.rejoin) */
+  int rejoin_rc;           /* the rejoined job's verdict, as rc */
+  char rejoin_msg[OW_MSG];
 };
 
 /* CLOCK_MONOTONIC in ms. */
