@@ -361,16 +361,17 @@ void xfer_job_expect(const struct job *j) {
   bool have = false;
   for (struct xfer_expect *x = X->expected; x != NULL && !have; x = x->next)
     have = x->job == j;
-  if (!have && e != NULL) {
+  bool listed = !have && e != NULL;
+  if (listed) {
     e->job = j;
     snprintf(e->id, sizeof e->id, "%s", j->id);
     e->next = X->expected;
     X->expected = e;
-    e = NULL;
   }
   pthread_rwlock_unlock(&X->lock);
-  if (e != NULL || have) {
-    free(e);
+  if (listed || have) {
+    if (!listed)
+      free(e);
     return;
   }
   log_warnx("job %s: out of memory to expect its frames; those that come before its route are "

@@ -453,6 +453,8 @@ START_TEST(frames_of_a_forgotten_job_are_dropped_at_once_and_stall_no_other_job)
   ck_assert_msg(strstr(log, "frame(s) of jobs that do not run here dropped") != NULL,
                 "node 1 did not say it dropped the forgotten job's frames:\n%s", log);
   ck_assert_msg(strstr(log, "does not run here after") == NULL, "node 1 waited:\n%s", log);
+  /* Every job it gathered was expected (nothing here is short of memory). */
+  ck_assert_msg(strstr(log, "to expect its frames") == NULL, "node 1:\n%s", log);
   free(log);
   printf("xnode: frames of a forgotten job (%d calls) were dropped at once; another uid's job "
          "ran 40 rounds beside them\n", calls);
