@@ -150,17 +150,29 @@ END_TEST
 
 /* ---- real daemons ---------------------------------------------------------- */
 
-/* ATTACH global rank `rank` of a job of `world` ranks as local rank lr of lws on d. */
-static int attach_rank(const struct tu_daemon *d, const char *id, uint32_t rank, uint32_t world,
-                       uint32_t lr, uint32_t lws) {
-  int fd = dw_client(d);
+/* Global rank `rank` of job `id`, a world of `world` ranks, as local rank lr of lws. */
+static struct dep_attach_args job_args(const char *id, uint32_t rank, uint32_t world,
+                                       uint32_t lr, uint32_t lws) {
   struct dep_attach_args a = dw_job_args(id, lr, lws);
   a.rank = rank;
   a.world_size = world;
   if (world % 3 == 0)
     a.shape.num_experts = 12; /* a multiple of the world */
-  dw_attach(fd, &a, 7);
+  return a;
+}
+
+/* ATTACH *a on a new connection to d: the connection. */
+static int attach_args(const struct tu_daemon *d, const struct dep_attach_args *a) {
+  int fd = dw_client(d);
+  dw_attach(fd, a, 7);
   return fd;
+}
+
+/* ATTACH global rank `rank` of a job of `world` ranks as local rank lr of lws on d. */
+static int attach_rank(const struct tu_daemon *d, const char *id, uint32_t rank, uint32_t world,
+                       uint32_t lr, uint32_t lws) {
+  struct dep_attach_args a = job_args(id, rank, world, lr, lws);
+  return attach_args(d, &a);
 }
 
 /* The ATTACH reply: SLAB frames (their fds closed), then ATTACH_OK for lws local ranks. */
@@ -168,6 +180,29 @@ static void expect_ready(int fd, uint32_t lws) {
   struct dep_msg_attach_ok ok;
   dw_expect_attach_ok(fd, 7, &ok);
   ck_assert_uint_eq(ok.local_world_size, lws);
+}
+
+/* Rank `rank` of job `id`, a world of two, attaches on node `node` (its only
+ * local rank); the other node of two says it has the job's MEMBERSHIP
+ * within timeout_ms.  The connection. */
+static int attach_announced(const struct nodes *ns, int node, const char *id, uint32_t rank,
+                            int timeout_ms) {
+  int fd = attach_rank(&ns->d[node], id, rank, 2, 0, 1);
+  char has[64];
+  dw_sfmt(has, sizeof has, "job %s: node 127.0.0.1:", id);
+  ck_assert(dw_log_has(&ns->d[1 - node], has, timeout_ms));
+  return fd;
+}
+
+/* A job `id` of 1 + 1 ranks (rank 0 on node 0, rank 1 on node 1) is ready on both; then its
+ * ranks leave. */
+static void expect_1_plus_1_runs(const struct nodes *ns, const char *id) {
+  int a = attach_rank(&ns->d[0], id, 0, 2, 0, 1);
+  int b = attach_rank(&ns->d[1], id, 1, 2, 0, 1);
+  expect_ready(a, 1);
+  expect_ready(b, 1);
+  close(a);
+  close(b);
 }
 
 /* An ERROR with this code whose message holds every needle (NULL-terminated). */
@@ -292,12 +327,7 @@ START_TEST(a_rank_claimed_on_both_nodes_fails_on_both) {
   close(a);
   close(b);
   /* A right one works at once after. */
-  a = attach_rank(&ns.d[0], "twice", 0, 2, 0, 1);
-  b = attach_rank(&ns.d[1], "twice", 1, 2, 0, 1);
-  expect_ready(a, 1);
-  expect_ready(b, 1);
-  close(a);
-  close(b);
+  expect_1_plus_1_runs(&ns, "twice");
   nodes_stop(&ns);
 }
 END_TEST
@@ -342,12 +372,7 @@ START_TEST(a_daemon_killed_while_the_job_gathers_fails_it_at_once_then_a_new_job
   /* Node 1 back: a new job works. */
   ck_assert_int_eq(tu_daemon_start_in(&ns.d[1], ns.d[1].dir, ns.yaml[1]), 0);
   nodes_wait_up(&ns);
-  int a = attach_rank(&ns.d[0], "again", 0, 2, 0, 1);
-  int b = attach_rank(&ns.d[1], "again", 1, 2, 0, 1);
-  expect_ready(a, 1);
-  expect_ready(b, 1);
-  close(a);
-  close(b);
+  expect_1_plus_1_runs(&ns, "again");
   nodes_stop(&ns);
 }
 END_TEST
@@ -464,11 +489,7 @@ static int attach_as_nobody(const char *sock, const char *id, uint32_t rank, uin
   if (dw_send_frame(fd, DEP_MSG_HELLO, 1, &h) != 0 || dw_recv_frame(fd, &f, 5000) != 0 ||
       f.h.type != DEP_MSG_HELLO_OK)
     return 12;
-  struct dep_attach_args x = dw_job_args(id, 0, 1);
-  x.rank = rank;
-  x.world_size = world;
-  if (world % 3 == 0)
-    x.shape.num_experts = 12; /* as attach_rank: a multiple of the world */
+  struct dep_attach_args x = job_args(id, rank, world, 0, 1);
   if (dw_send_frame(fd, DEP_MSG_ATTACH, 7, &x) != 0)
     return 13;
   int rc = dw_recv_frame(fd, &f, want == 0 ? 2000 : 5000);
@@ -494,6 +515,20 @@ static pid_t fork_nobody(const char *sock, const char *id, uint32_t rank, uint32
   return pid;
 }
 
+/* Two nodes (attach_timeout_ms `timeout`) that any user may attach to,
+ * node 1's socket open to uid 65534, started; false, with test skipped
+ * saying why, unless root (a rank runs as uid 65534). */
+static bool nodes_start_for_nobody(struct nodes *ns, const char *test, int timeout) {
+  if (geteuid() != 0) {
+    tu_skip_part(test, "running a rank as uid 65534 needs root");
+    return false;
+  }
+  nodes_config_with(ns, 2, timeout, "", "allow: {any_user: true}\n");
+  nodes_start_all(ns);
+  chmod(ns->d[1].dir, 0755); /* uid 65534 reaches node 1's socket */
+  return true;
+}
+
 static void expect_child_ok(pid_t pid, const char *what) {
   int st;
   ck_assert_int_eq(waitpid(pid, &st, 0), pid);
@@ -514,16 +549,10 @@ static void expect_child_ok(pid_t pid, const char *what) {
  * fails.  Root's jobs then complete with their own ranks.
  */
 START_TEST(a_job_id_another_uid_takes_on_another_node_fails_nothing_and_names_no_owner) {
-  if (geteuid() != 0) {
-    tu_skip_part(__func__, "running a rank as uid 65534 needs root");
-    return;
-  }
   struct nodes ns;
-  nodes_config_with(&ns, 2, 8000, "", "allow: {any_user: true}\n");
-  nodes_start_all(&ns);
-  chmod(ns.d[1].dir, 0755); /* uid 65534 reaches node 1's socket */
-  int a = attach_rank(&ns.d[0], "uids", 0, 2, 0, 1); /* as root */
-  ck_assert(dw_log_has(&ns.d[1], "job uids: node 127.0.0.1:", 3000));
+  if (!nodes_start_for_nobody(&ns, __func__, 8000))
+    return;
+  int a = attach_announced(&ns, 0, "uids", 0, 3000); /* as root */
   pid_t pid = fork_nobody(ns.d[1].sock, "uids", 1, 2, DEP_ERR_PERMISSION,
                           "job uids belongs to another user");
   expect_child_ok(pid, "an id a peer holds for root");
@@ -564,9 +593,7 @@ struct rank_said {
 /* Rank `rank` (local lr of lws) of job id, a world of six: a small shape. */
 static struct dep_attach_args late_args(const char *id, uint32_t rank, uint32_t world,
                                         uint32_t lr, uint32_t lws) {
-  struct dep_attach_args a = dw_job_args(id, lr, lws);
-  a.rank = rank;
-  a.world_size = world;
+  struct dep_attach_args a = job_args(id, rank, world, lr, lws);
   a.shape.num_experts = 12; /* a multiple of the world */
   a.shape.max_tokens_per_rank = 8;
   a.shape.hidden = 256;
@@ -606,6 +633,15 @@ static pid_t fork_rank(const char *sock, const char *id, uint32_t rank, uint32_t
     dep_detach(c);
   dep_client_free(c);
   _exit(0);
+}
+
+/* n answers in memory shared with the rank processes, zeroed (munmap when done). */
+static struct rank_said *said_new(int n) {
+  struct rank_said *said = mmap(NULL, (size_t)n * sizeof *said, PROT_READ | PROT_WRITE,
+                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(said, MAP_FAILED);
+  memset(said, 0, (size_t)n * sizeof *said);
+  return said;
 }
 
 /* Open n gates of a pipe (write n bytes). */
@@ -658,6 +694,37 @@ static uint64_t start_tick(pid_t pid) {
   return start;
 }
 
+/* Wait until the kernel's clock has ticked past the start of each of the n
+ * processes (its unit of process start times): a failure after this comes
+ * after they started, as a trainer's late ranks' would. */
+static void tick_past_start(const pid_t *pids, int n) {
+  uint64_t started = 0;
+  for (int i = 0; i < n; i++) {
+    uint64_t s = start_tick(pids[i]);
+    started = s > started ? s : started;
+  }
+  while (boot_ticks() <= started)
+    dw_sleep_ms(2);
+}
+
+/* Job id (a world of `world`) fails on node 0: its rank 0 (local 0 of 2)
+ * attaches there, then a rank 1 (local 1 of 2) with another hidden size is
+ * refused.  Their connections in *r0 and *r1. */
+static void fail_on_node0(const struct nodes *ns, const char *id, uint32_t world, int *r0,
+                          int *r1) {
+  *r0 = dw_client(&ns->d[0]);
+  *r1 = dw_client(&ns->d[0]);
+  struct dep_attach_args x = late_args(id, 0, world, 0, 2);
+  dw_attach(*r0, &x, 7);
+  char waits[64];
+  dw_sfmt(waits, sizeof waits, "job %s: rank 0 (local 0", id);
+  ck_assert(dw_log_has(&ns->d[0], waits, 5000));
+  x = late_args(id, 1, world, 1, 2);
+  x.shape.hidden = 512;
+  dw_attach(*r1, &x, 7);
+  expect_fail(*r1, DEP_ERR_MISMATCH, "hidden", NULL);
+}
+
 /*
  * A multi-node job that fails while it gathers answers its late ranks at
  * once, on every node (DESIGN §5), and the same id started again runs.
@@ -680,10 +747,7 @@ START_TEST(a_failed_jobs_late_ranks_hear_it_at_once_and_the_job_started_again_ru
   enum { WORLD = 6, LATE = 4, ALL = 6 };
   struct nodes ns;
   nodes_start(&ns, 3, 120000);
-  struct rank_said *said = mmap(NULL, (LATE + ALL) * sizeof *said, PROT_READ | PROT_WRITE,
-                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ck_assert_ptr_ne(said, MAP_FAILED);
-  memset(said, 0, (LATE + ALL) * sizeof *said);
+  struct rank_said *said = said_new(LATE + ALL);
   int gate[2], hold[2];
   ck_assert_int_eq(pipe(gate), 0);
   ck_assert_int_eq(pipe(hold), 0);
@@ -697,25 +761,13 @@ START_TEST(a_failed_jobs_late_ranks_hear_it_at_once_and_the_job_started_again_ru
     pids[i] = fork_rank(ns.d[at[g][0]].sock, "late", g, WORLD, at[g][1], at[g][2], gate[0],
                         hold[0], &said[i]);
   }
-  /* The failure comes a clock tick after they started (the unit of process start times). */
-  uint64_t started = 0;
-  for (int i = 0; i < LATE; i++) {
-    uint64_t s = start_tick(pids[i]);
-    started = s > started ? s : started;
-  }
-  while (boot_ticks() <= started)
-    dw_sleep_ms(2);
-  int r2 = dw_client(&ns.d[1]), r0 = dw_client(&ns.d[0]), r1 = dw_client(&ns.d[0]);
+  /* The failure comes a clock tick after they started. */
+  tick_past_start(pids, LATE);
+  int r2 = dw_client(&ns.d[1]), r0, r1;
   struct dep_attach_args x = late_args("late", 2, WORLD, 0, 2);
   dw_attach(r2, &x, 7);
   ck_assert(dw_log_has(&ns.d[1], "job late: rank 2 (local 0", 5000));
-  x = late_args("late", 0, WORLD, 0, 2);
-  dw_attach(r0, &x, 7);
-  ck_assert(dw_log_has(&ns.d[0], "job late: rank 0 (local 0", 5000));
-  x = late_args("late", 1, WORLD, 1, 2);
-  x.shape.hidden = 512;
-  dw_attach(r1, &x, 7);
-  expect_fail(r1, DEP_ERR_MISMATCH, "hidden", NULL);
+  fail_on_node0(&ns, "late", WORLD, &r0, &r1);
   expect_fail(r0, DEP_ERR_MISMATCH, "hidden", "rank 1");
   expect_fail(r2, DEP_ERR_MISMATCH, "hidden", "failed on node 127.0.0.1:");
   ck_assert(dw_log_has(&ns.d[2], "before any of its ranks attached here", 5000));
@@ -765,18 +817,10 @@ END_TEST
  * the failure at once.  Root only (a rank runs as uid 65534).
  */
 START_TEST(a_remembered_failure_is_told_to_its_own_uids_late_ranks_only) {
-  if (geteuid() != 0) {
-    tu_skip_part(__func__, "running a rank as uid 65534 needs root");
-    return;
-  }
   struct nodes ns;
-  nodes_config_with(&ns, 2, 120000, "", "allow: {any_user: true}\n");
-  nodes_start_all(&ns);
-  chmod(ns.d[1].dir, 0755); /* uid 65534 reaches node 1's socket */
-  struct rank_said *said = mmap(NULL, sizeof *said, PROT_READ | PROT_WRITE,
-                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ck_assert_ptr_ne(said, MAP_FAILED);
-  memset(said, 0, sizeof *said);
+  if (!nodes_start_for_nobody(&ns, __func__, 120000))
+    return;
+  struct rank_said *said = said_new(1);
   int gate[2], hold[2], ngate[2];
   ck_assert_int_eq(pipe(gate), 0);
   ck_assert_int_eq(pipe(hold), 0);
@@ -791,18 +835,10 @@ START_TEST(a_remembered_failure_is_told_to_its_own_uids_late_ranks_only) {
     _exit(read(ngate[0], &g, 1) == 1 ? attach_as_nobody(ns.d[1].sock, "uidlate", 2, 3, 0, NULL)
                                       : 20);
   }
-  uint64_t started = start_tick(late), s2 = start_tick(nobody);
-  started = s2 > started ? s2 : started;
-  while (boot_ticks() <= started) /* the failure comes a clock tick after they started */
-    dw_sleep_ms(2);
-  int r0 = dw_client(&ns.d[0]), r1 = dw_client(&ns.d[0]);
-  struct dep_attach_args x = late_args("uidlate", 0, 3, 0, 2);
-  dw_attach(r0, &x, 7);
-  ck_assert(dw_log_has(&ns.d[0], "job uidlate: rank 0 (local 0", 5000));
-  x = late_args("uidlate", 1, 3, 1, 2);
-  x.shape.hidden = 512;
-  dw_attach(r1, &x, 7);
-  expect_fail(r1, DEP_ERR_MISMATCH, "hidden", NULL);
+  const pid_t both[2] = {late, nobody};
+  tick_past_start(both, 2); /* the failure comes a clock tick after they started */
+  int r0, r1;
+  fail_on_node0(&ns, "uidlate", 3, &r0, &r1);
   expect_fail(r0, DEP_ERR_MISMATCH, "hidden", NULL);
   ck_assert(dw_log_has(&ns.d[1], "before any of its ranks attached here", 5000));
   open_gates(gate[1], 1);
@@ -856,10 +892,8 @@ START_TEST(a_membership_refused_after_the_sender_holds_every_rank_fails_its_atta
   struct nodes ns;
   nodes_config_node0(&ns, 8000, ", max_jobs: 1");
   nodes_start_all(&ns);
-  int h1 = attach_rank(&ns.d[1], "held", 1, 2, 0, 1);
-  ck_assert(dw_log_has(&ns.d[0], "job held: node 127.0.0.1:", 5000));
-  int a = attach_rank(&ns.d[0], "taken", 0, 2, 0, 1);
-  ck_assert(dw_log_has(&ns.d[1], "job taken: node 127.0.0.1:", 5000));
+  int h1 = attach_announced(&ns, 1, "held", 1, 5000);
+  int a = attach_announced(&ns, 0, "taken", 0, 5000);
   int b = attach_rank(&ns.d[1], "taken", 1, 2, 0, 1);
   expect_fail(b, DEP_ERR_LIMIT, "too many jobs pending from node 127.0.0.1:", "limits.max_jobs");
   expect_fail(a, DEP_ERR_LIMIT, "too many jobs pending from node 127.0.0.1:", NULL);
@@ -867,12 +901,7 @@ START_TEST(a_membership_refused_after_the_sender_holds_every_rank_fails_its_atta
   close(b);
   close(h1);
   ck_assert(dw_log_has(&ns.d[1], "job held: removed", 5000));
-  a = attach_rank(&ns.d[0], "taken", 0, 2, 0, 1);
-  b = attach_rank(&ns.d[1], "taken", 1, 2, 0, 1);
-  expect_ready(a, 1);
-  expect_ready(b, 1);
-  close(a);
-  close(b);
+  expect_1_plus_1_runs(&ns, "taken");
   nodes_stop(&ns);
 }
 END_TEST
@@ -889,8 +918,7 @@ START_TEST(a_first_rank_refused_by_a_limit_fails_the_job_on_every_node_at_once) 
   struct nodes ns;
   nodes_config_node0(&ns, 60000, ", max_jobs: 1");
   nodes_start_all(&ns);
-  int b = attach_rank(&ns.d[1], "full", 1, 2, 0, 1);
-  ck_assert(dw_log_has(&ns.d[0], "job full: node 127.0.0.1:", 5000));
+  int b = attach_announced(&ns, 1, "full", 1, 5000);
   int busy = attach_rank(&ns.d[0], "busy", 0, 1, 0, 1);
   expect_ready(busy, 1);
   int a = attach_rank(&ns.d[0], "full", 0, 2, 0, 1);
@@ -910,14 +938,10 @@ END_TEST
  * experts a multiple of the world, its memory a few MiB a node. */
 static int attach_wide(const struct tu_daemon *d, const char *id, uint32_t rank, uint32_t world,
                        uint32_t lr, uint32_t lws) {
-  int fd = dw_client(d);
-  struct dep_attach_args a = dw_job_args(id, lr, lws);
-  a.rank = rank;
-  a.world_size = world;
+  struct dep_attach_args a = job_args(id, rank, world, lr, lws);
   a.shape = (struct dep_job_shape){.max_tokens_per_rank = 4, .hidden = 128,
                                    .num_experts = world, .topk = 2, .dtype = DEP_DTYPE_BF16};
-  dw_attach(fd, &a, 7);
-  return fd;
+  return attach_args(d, &a);
 }
 
 /*
@@ -1114,12 +1138,7 @@ START_TEST(a_peer_flooding_memberships_is_refused_past_its_share_and_a_real_job_
     fake_drain(fd, 5000, &refused, f, in);
   ck_assert_uint_eq(refused, FLOOD - KEPT);
   ck_assert(dw_log_has(&ns.d[0], "too many jobs pending from node 127.0.0.1:", 2000));
-  int a = attach_rank(&ns.d[0], "real", 0, 2, 0, 1);
-  int b = attach_rank(&ns.d[1], "real", 1, 2, 0, 1);
-  expect_ready(a, 1);
-  expect_ready(b, 1);
-  close(a);
-  close(b);
+  expect_1_plus_1_runs(&ns, "real");
   close(fd);
   free(m);
   free(in);

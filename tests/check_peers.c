@@ -446,34 +446,39 @@ START_TEST(a_wrong_key_and_an_unlisted_peer_are_refused_and_logged) {
 END_TEST
 
 /* A daemon in a fresh dir with a key, listening on 127.0.0.1 at port_base()
- * for a peer on the next port that never comes; its peer port's address in *sa. */
-static void lone_daemon_start(struct tu_daemon *a, char *dir, size_t len, struct sockaddr_in *sa) {
+ * for a peer on the next port that never comes. */
+struct lone {
+  struct tu_daemon d;
+  char dir[256];
+  int port;              /* its peer port */
+  struct sockaddr_in sa; /* ... as an address */
+};
+
+static void lone_daemon_start(struct lone *l) {
   char key[300], ya[1024];
-  tu_tmpdir(dir, len);
-  write_key(dir, "key", key, sizeof key);
-  int pa = port_base();
-  peer_yaml(ya, sizeof ya, "127.0.0.1", pa, "127.0.0.1", pa + 1, key);
-  ck_assert_int_eq(tu_daemon_start(a, ya), 0);
-  *sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)pa)};
-  inet_pton(AF_INET, "127.0.0.1", &sa->sin_addr);
+  tu_tmpdir(l->dir, sizeof l->dir);
+  write_key(l->dir, "key", key, sizeof key);
+  l->port = port_base();
+  peer_yaml(ya, sizeof ya, "127.0.0.1", l->port, "127.0.0.1", l->port + 1, key);
+  ck_assert_int_eq(tu_daemon_start(&l->d, ya), 0);
+  l->sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)l->port)};
+  inet_pton(AF_INET, "127.0.0.1", &l->sa.sin_addr);
 }
 
-/* The daemon still answers on its socket; then stop it and remove dir. */
-static void lone_daemon_stop(struct tu_daemon *a, const char *dir) {
+/* The daemon still answers on its socket; then stop it and remove its dir. */
+static void lone_daemon_stop(struct lone *l) {
   char state[32];
-  ck_assert_ptr_nonnull(tu_daemon_state(a->sock, state, sizeof state));
-  tu_daemon_stop(a);
-  tu_daemon_cleanup(a);
-  tu_rmtree(dir);
+  ck_assert_ptr_nonnull(tu_daemon_state(l->d.sock, state, sizeof state));
+  tu_daemon_stop(&l->d);
+  tu_daemon_cleanup(&l->d);
+  tu_rmtree(l->dir);
 }
 
 START_TEST(random_bytes_on_the_peer_port_are_dropped) {
-  struct tu_daemon a;
-  char dir[256];
-  struct sockaddr_in sa;
-  lone_daemon_start(&a, dir, sizeof dir, &sa);
+  struct lone l;
+  lone_daemon_start(&l);
   int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&l.sa, sizeof l.sa), 0);
   uint8_t junk[512];
   for (size_t i = 0; i < sizeof junk; i++)
     junk[i] = (uint8_t)(i * 131 + 7);
@@ -485,8 +490,8 @@ START_TEST(random_bytes_on_the_peer_port_are_dropped) {
   }
   ck_assert_int_le(n, 0);
   close(fd);
-  ck_assert(log_has(&a, "bad frame magic"));
-  lone_daemon_stop(&a, dir);
+  ck_assert(log_has(&l.d, "bad frame magic"));
+  lone_daemon_stop(&l);
 }
 END_TEST
 
@@ -494,20 +499,18 @@ END_TEST
  * the one peer's address here): past that they are closed at once, counted
  * with the refusals of their address, and the daemon carries on. */
 START_TEST(a_flood_of_silent_connections_is_bounded) {
-  struct tu_daemon a;
-  char dir[256];
-  struct sockaddr_in sa;
-  lone_daemon_start(&a, dir, sizeof dir, &sa);
+  struct lone l;
+  lone_daemon_start(&l);
   enum { N = 300 };
   static int fds[N];
   for (int i = 0; i < N; i++) {
     fds[i] = socket(AF_INET, SOCK_STREAM, 0);
     ck_assert_int_ge(fds[i], 0);
-    ck_assert_int_eq(connect(fds[i], (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(connect(fds[i], (struct sockaddr *)&l.sa, sizeof l.sa), 0);
   }
   bool logged = false;
-  for (int i = 0; i < 300 && !(logged = log_has(&a, "connections from its address (its share "
-                                                         "of places) are still authenticating"));
+  for (int i = 0; i < 300 && !(logged = log_has(&l.d, "connections from its address (its share "
+                                                           "of places) are still authenticating"));
        i++)
     usleep(10000);
   ck_assert(logged);
@@ -518,7 +521,7 @@ START_TEST(a_flood_of_silent_connections_is_bounded) {
   ck_assert_int_eq(read(fds[N - 1], &b, 1), 0);
   for (int i = 0; i < N; i++)
     close(fds[i]);
-  lone_daemon_stop(&a, dir);
+  lone_daemon_stop(&l);
 }
 END_TEST
 
@@ -592,6 +595,13 @@ static int hello_until_answered(int port, const char *node, int listen_port) {
   }
   ck_abort_msg("the daemon on port %d never answered a HELLO from its peer's address", port);
   return -1;
+}
+
+/* lone_daemon_start, then wait until it answers a HELLO from its peer's
+ * address (as "node-x" on the next port): its peer's host has resolved. */
+static void lone_daemon_start_resolved(struct lone *l) {
+  lone_daemon_start(l);
+  close(hello_until_answered(l->port, "node-x", l->port + 1));
 }
 
 static int count_lines(const char *s) {
@@ -683,11 +693,9 @@ static int hello_version_refusal(int port, int listen_port, uint16_t v, bool in_
 /* A peer below or above the peer protocol's window is refused at its
  * HELLO with the window and its own version named. */
 START_TEST(a_peer_outside_the_version_window_is_told_both) {
-  struct tu_daemon a;
-  char dir[256];
-  struct sockaddr_in sa;
-  lone_daemon_start(&a, dir, sizeof dir, &sa);
-  int pa = ntohs(sa.sin_port);
+  struct lone l;
+  lone_daemon_start(&l);
+  int pa = l.port;
   const uint16_t outside[] = {DEP_PEER_MIN_VERSION - 1, DEP_PEER_VERSION + 1};
   for (int i = 0; i < 4; i++) {
     char msg[DEP_MSG_TEXT_MAX] = "", want[96];
@@ -705,7 +713,7 @@ START_TEST(a_peer_outside_the_version_window_is_told_both) {
     dw_sfmt(want, sizeof want, "speaks versions %d..%d", DEP_PEER_MIN_VERSION, DEP_PEER_VERSION);
     ck_assert_msg(strstr(msg, want) != NULL, "\"%s\" lacks \"%s\"", msg, want);
   }
-  lone_daemon_stop(&a, dir);
+  lone_daemon_stop(&l);
 }
 END_TEST
 
@@ -717,13 +725,10 @@ END_TEST
  * far end chose is never logged.
  */
 START_TEST(refused_connections_are_logged_as_counts_per_source) {
-  struct tu_daemon a;
-  char dir[256];
-  struct sockaddr_in sa;
-  lone_daemon_start(&a, dir, sizeof dir, &sa);
-  int pa = port_base();
-  close(hello_until_answered(pa, "node-x", pa + 1));
-  int before = log_lines(&a);
+  struct lone l;
+  lone_daemon_start_resolved(&l);
+  int pa = l.port;
+  int before = log_lines(&l.d);
   char name[64];
   memset(name, 'Z', 63);
   name[63] = '\0';
@@ -757,18 +762,18 @@ START_TEST(refused_connections_are_logged_as_counts_per_source) {
    * for anything else the daemon says meanwhile; the old code said one
    * line per connection (over 2000). */
   const int most = 2 * (7 + 3) + 4;
-  int lines = log_lines(&a) - before;
+  int lines = log_lines(&l.d) - before;
   ck_assert_msg(lines <= most, "%d log lines for 2520 refused connections", lines);
   /* The count of the first interval (10 s) comes in one line. */
-  ck_assert(dw_log_has(&a, "more connections from 127.0.0.1 in the last", 20000));
-  lines = log_lines(&a) - before;
-  char *log = tu_daemon_log(&a);
+  ck_assert(dw_log_has(&l.d, "more connections from 127.0.0.1 in the last", 20000));
+  lines = log_lines(&l.d) - before;
+  char *log = tu_daemon_log(&l.d);
   ck_assert_msg(lines <= most, "%d log lines for the refusals:\n%s", lines, log);
   ck_assert_msg(strstr(log, "ZZZZZZZZ") == NULL, "the far end's node name is logged:\n%s", log);
   free(log);
-  ck_assert(log_has(&a, "not a configured peer's listen port"));
-  ck_assert(log_has(&a, "from 127.0.0.2: not the address of a configured peer"));
-  lone_daemon_stop(&a, dir);
+  ck_assert(log_has(&l.d, "not a configured peer's listen port"));
+  ck_assert(log_has(&l.d, "from 127.0.0.2: not the address of a configured peer"));
+  lone_daemon_stop(&l);
 }
 END_TEST
 
@@ -780,12 +785,9 @@ END_TEST
  * all for its whole handshake timeout).
  */
 START_TEST(idle_connections_from_a_peers_address_give_way_to_newer_ones) {
-  struct tu_daemon a;
-  char dir[256];
-  struct sockaddr_in sa;
-  lone_daemon_start(&a, dir, sizeof dir, &sa);
-  int pa = port_base();
-  close(hello_until_answered(pa, "node-x", pa + 1));
+  struct lone l;
+  lone_daemon_start_resolved(&l);
+  int pa = l.port;
   static int fds[256];
   for (int i = 0; i < 256; i++)
     ck_assert_int_ge(fds[i] = connect_from(1, pa, false), 0);
@@ -797,7 +799,7 @@ START_TEST(idle_connections_from_a_peers_address_give_way_to_newer_ones) {
     if (!(answered = hello_answered(1, pa, "node-x", pa + 1, &fd)))
       dw_sleep_ms(100);
   ck_assert_msg(answered, "no new connection from the peer's address was taken");
-  ck_assert(dw_log_has(&a, "when a newer connection needed its place", 5000));
+  ck_assert(dw_log_has(&l.d, "when a newer connection needed its place", 5000));
   struct timeval tv = {.tv_sec = 5};
   setsockopt(fds[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   uint8_t b;
@@ -805,7 +807,7 @@ START_TEST(idle_connections_from_a_peers_address_give_way_to_newer_ones) {
   close(fd);
   for (int i = 0; i < 256; i++)
     close(fds[i]);
-  lone_daemon_stop(&a, dir);
+  lone_daemon_stop(&l);
 }
 END_TEST
 

@@ -463,24 +463,28 @@ START_TEST(on_the_gpu_calls_across_daemons_read_each_calls_own_rows_as_inputs_ch
 }
 END_TEST
 
-/* What the ranks of the lost-node test share. */
+/* What the ranks of the tests that lose node 1 or its daemon share. */
 struct gpu_loss {
   const struct ow_case *d;
   pid_t victim;        /* node 1's daemon */
   uint32_t first_gone; /* node 1's first rank: it kills the daemon */
   int kill_round;
+  bool ranks_live_on;  /* node 1's ranks go on after the kill, else they stop with it */
+  const char *unseen;  /* what no failure in 100000 rounds means */
 };
 
-/* Rounds until a call fails.  Node 1's ranks stop at kill_round, the first
- * of them killing its daemon first: node 1 is lost with its ranks.  A
- * failure's message ends with the round and how long its round took. */
-static int body_until_node_lost(struct rk *k, void *arg) {
+/* Rounds until a call fails.  Node 1's first rank kills its daemon before
+ * round kill_round; then node 1's ranks stop (node 1 is lost with its
+ * ranks), or, where ranks_live_on, go on as every rank does.  A failure's
+ * message ends with the round and how long its round took. */
+static int body_until_failure(struct rk *k, void *arg) {
   const struct gpu_loss *g = arg;
   for (int round = 0; round < 100000; round++) {
     if (k->rank >= g->first_gone && round == g->kill_round) {
       if (k->rank == g->first_gone)
         kill(g->victim, SIGKILL);
-      _exit(0);
+      if (!g->ranks_live_on)
+        _exit(0);
     }
     uint64_t dig = 0, t0 = cr_ms_now();
     if (cr_upload(k, g->d) || cr_round_tp(k, g->d, 0xA5, &dig) ||
@@ -491,8 +495,39 @@ static int body_until_node_lost(struct rk *k, void *arg) {
       return 1;
     }
   }
-  return ow_fail(k->msg, "rank %u: 100000 rounds and no failure: node 1's loss was not seen",
-                 k->rank);
+  return ow_fail(k->msg, "rank %u: 100000 rounds and no failure: %s", k->rank, g->unseen);
+}
+
+/* A job of 2 + 2 ranks (a case of seed) on two daemons started in ns with
+ * an op timeout of op_ms, node 1's daemon g's victim, run with
+ * body_until_failure until its ranks fail: how many did, their messages in
+ * fails. */
+static int gpu_run_until_failure(struct nodes *ns, uint64_t seed, int op_ms, const char *job,
+                                 struct gpu_loss *g, char *fails, size_t len) {
+  ow_seed_init(seed);
+  const struct ow_scenario sc = {4, 2048, 8, 16, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
+  struct ow_case *d = xn_case_new(&sc, 0);
+  xn_nodes_start(ns, 2, 60000, op_ms, "");
+  const uint32_t split[NODES_MAX] = {2, 2};
+  g->d = d;
+  g->victim = ns->d[1].pid;
+  int nfail = gpu_run(ns, split, job, d, body_until_failure, g, true, fails, len);
+  xn_case_free(d);
+  return nfail;
+}
+
+/* Rank r's failure in fails (gpu_run's), up to the next rank's, into one;
+ * the test fails where r did not fail.  Returns how long its last round
+ * ran, the " after N ms" body_until_failure appended (~0 where none). */
+static unsigned long long gpu_rank_failure(const char *fails, int r, char *one, size_t len) {
+  char tag[32];
+  snprintf(tag, sizeof tag, "rank %d: ", r);
+  const char *m = strstr(fails, tag);
+  ck_assert_msg(m != NULL, "rank %d did not fail:%s", r, fails);
+  const char *end = strstr(m + 1, "\n  rank ");
+  snprintf(one, len, "%.*s", end ? (int)(end - m) : (int)strlen(m), m);
+  const char *after = strstr(one, ", after ");
+  return after ? strtoull(after + 8, NULL, 10) : ~0ull;
 }
 
 /*
@@ -504,36 +539,18 @@ static int body_until_node_lost(struct rk *k, void *arg) {
 START_TEST(on_the_gpu_a_lost_node_fails_the_survivors_within_the_op_timeout) {
   CR_NEEDS_GPU();
   enum { OP_MS = 10000 };
-  ow_seed_init(77);
-  struct ow_scenario sc = {4, 2048, 8, 16, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
-  struct ow_case *d = malloc(sizeof *d);
-  ck_assert_ptr_nonnull(d);
-  ow_case_make(d, &sc, 0);
   struct nodes ns;
-  char limits[64];
-  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", OP_MS);
-  nodes_config_with(&ns, 2, 60000, limits, "");
-  nodes_start_all(&ns);
-  const uint32_t split[NODES_MAX] = {2, 2};
-  struct gpu_loss g = {.d = d, .victim = ns.d[1].pid, .first_gone = 2, .kill_round = 4};
+  struct gpu_loss g = {.first_gone = 2, .kill_round = 4,
+                       .unseen = "node 1's loss was not seen"};
   static char fails[OW_FAILS_LEN];
-  int nfail = gpu_run(&ns, split, "gpu-loss", d, body_until_node_lost, &g, true, fails,
-                      sizeof fails);
+  int nfail = gpu_run_until_failure(&ns, 77, OP_MS, "gpu-loss", &g, fails, sizeof fails);
   ns.d[1].pid = 0; /* killed: nodes_stop must not wait for it */
   ck_assert_msg(nfail == 2, "not just node 0's two ranks failed (%d did):%s", nfail, fails);
-  const char *at = fails;
   for (int r = 0; r < 2; r++) {
-    char tag[32];
-    snprintf(tag, sizeof tag, "rank %d: ", r);
-    const char *m = strstr(at, tag);
-    ck_assert_msg(m != NULL, "rank %d did not fail:%s", r, fails);
-    const char *end = strstr(m + 1, "\n  rank ");
     char one[OW_MSG + 32];
-    snprintf(one, sizeof one, "%.*s", end ? (int)(end - m) : (int)strlen(m), m);
+    unsigned long long ms = gpu_rank_failure(fails, r, one, sizeof one);
     ck_assert_msg(strstr(one, "DEP_ERR_PEER") != NULL || strstr(one, "DEP_ERR_TIMEOUT") != NULL,
                   "rank %d failed otherwise: %s", r, one);
-    const char *after = strstr(one, ", after ");
-    unsigned long long ms = after ? strtoull(after + 8, NULL, 10) : ~0ull;
     ck_assert_msg(ms <= OP_MS + 5000, "rank %d took %llu ms to fail, past the op timeout: %s", r,
                   ms, one);
     printf("xnode gpu: node 1 lost: %s\n", one);
@@ -542,9 +559,7 @@ START_TEST(on_the_gpu_a_lost_node_fails_the_survivors_within_the_op_timeout) {
   xn_ctl_json(&ns, "status", out, sizeof out);
   /* A job on node 0 alone runs after the loss. */
   struct ow_scenario sc2 = {2, 2048, 8, 16, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
-  struct ow_case *d2 = malloc(sizeof *d2);
-  ck_assert_ptr_nonnull(d2);
-  ow_case_make(d2, &sc2, 0);
+  struct ow_case *d2 = xn_case_new(&sc2, 0);
   struct nodes one = ns;
   one.n = 1;
   const uint32_t all[NODES_MAX] = {2};
@@ -554,33 +569,9 @@ START_TEST(on_the_gpu_a_lost_node_fails_the_survivors_within_the_op_timeout) {
   ck_assert_msg(nfail == 0, "a job on node 0 after node 1's loss failed:%s", fails);
   printf("xnode gpu: node 0 ran a new job after node 1's loss\n");
   nodes_stop(&ns);
-  ow_case_free(d2);
-  free(d2);
-  ow_case_free(d);
-  free(d);
+  xn_case_free(d2);
 }
 END_TEST
-
-/* Rounds until a call fails; node 1's first rank kills its own daemon
- * (victim) before round kill_round and goes on, as every rank does.  A
- * failure's message ends with the round and how long its round took. */
-static int body_until_own_daemon_gone(struct rk *k, void *arg) {
-  const struct gpu_loss *g = arg;
-  for (int round = 0; round < 100000; round++) {
-    if (k->rank == g->first_gone && round == g->kill_round)
-      kill(g->victim, SIGKILL);
-    uint64_t dig = 0, t0 = cr_ms_now();
-    if (cr_upload(k, g->d) || cr_round_tp(k, g->d, 0xA5, &dig) ||
-        cr_round_ll(k, g->d, 0, 0xA5, &dig)) {
-      size_t l = strlen(k->msg);
-      snprintf(k->msg + l, OW_MSG - l, " (round %d, after %llu ms)", round,
-               (unsigned long long)(cr_ms_now() - t0));
-      return 1;
-    }
-  }
-  return ow_fail(k->msg, "rank %u: 100000 rounds and no failure: the daemon's death was not "
-                 "seen", k->rank);
-}
 
 /*
  * On the cuda backend, a job of 2 + 2 ranks on two daemons sharing the GPU:
@@ -595,46 +586,27 @@ static int body_until_own_daemon_gone(struct rk *k, void *arg) {
 START_TEST(on_the_gpu_a_ranks_own_daemon_killed_fails_it_with_daemon_gone_at_once) {
   CR_NEEDS_GPU();
   enum { OP_MS = 60000, BOUND_MS = 10000 };
-  ow_seed_init(78);
-  struct ow_scenario sc = {4, 2048, 8, 16, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
-  struct ow_case *d = malloc(sizeof *d);
-  ck_assert_ptr_nonnull(d);
-  ow_case_make(d, &sc, 0);
   struct nodes ns;
-  char limits[64];
-  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", OP_MS);
-  nodes_config_with(&ns, 2, 60000, limits, "");
-  nodes_start_all(&ns);
-  const uint32_t split[NODES_MAX] = {2, 2};
-  struct gpu_loss g = {.d = d, .victim = ns.d[1].pid, .first_gone = 2, .kill_round = 4};
+  struct gpu_loss g = {.first_gone = 2, .kill_round = 4, .ranks_live_on = true,
+                       .unseen = "the daemon's death was not seen"};
   static char fails[OW_FAILS_LEN];
-  int nfail = gpu_run(&ns, split, "gpu-own", d, body_until_own_daemon_gone, &g, true, fails,
-                      sizeof fails);
+  int nfail = gpu_run_until_failure(&ns, 78, OP_MS, "gpu-own", &g, fails, sizeof fails);
   tu_daemon_wait_exit(&ns.d[1], 10000);
   ck_assert_msg(nfail == 4, "not every rank failed (%d did):%s", nfail, fails);
   for (int r = 0; r < 4; r++) {
-    char tag[32];
-    snprintf(tag, sizeof tag, "rank %d: ", r);
-    const char *m = strstr(fails, tag);
-    ck_assert_msg(m != NULL, "rank %d did not fail:%s", r, fails);
-    const char *end = strstr(m + 1, "\n  rank ");
     char one[OW_MSG + 32];
-    snprintf(one, sizeof one, "%.*s", end ? (int)(end - m) : (int)strlen(m), m);
+    unsigned long long ms = gpu_rank_failure(fails, r, one, sizeof one);
     /* Node 1's ranks: the daemon-gone message, which the harness shows with
      * the code's name (a call that returned it) or without (dep_layout's
      * outputs checked after it failed); node 0's: as the lost-node test. */
     const char *want = r >= 2 ? "deepepd on this node stopped or restarted" : "DEP_ERR_PEER";
     ck_assert_msg(strstr(one, want) != NULL, "rank %d failed otherwise than \"%s\": %s", r,
                   want, one);
-    const char *after = strstr(one, ", after ");
-    unsigned long long ms = after ? strtoull(after + 8, NULL, 10) : ~0ull;
     ck_assert_msg(ms <= BOUND_MS, "rank %d took %llu ms to fail (bound %d ms, op timeout %d ms): "
                   "%s", r, ms, BOUND_MS, OP_MS, one);
     printf("xnode gpu: node 1's daemon killed: %s\n", one);
   }
   nodes_stop(&ns);
-  ow_case_free(d);
-  free(d);
 }
 END_TEST
 

@@ -29,6 +29,40 @@
 
 /* ---- faults ---------------------------------------------------------------------- */
 
+/* A job of d's world placed over `nodes` nodes as split runs 2 rounds as job
+ * (xn_run_job fails the test otherwise). */
+static void run_two_rounds(const struct nodes *ns, const uint32_t *split, int nodes,
+                           const struct ow_case *d, const char *job) {
+  struct xn_place p;
+  memset(&p, 0, sizeof p);
+  xn_place(&p, split, nodes);
+  struct xn_run run = {.d = d, .rounds = 2};
+  struct xn_result *r = xn_results(d->sc.world);
+  xn_run_job(ns, &p, job, &run, r);
+  munmap(r, d->sc.world * sizeof *r);
+}
+
+/*
+ * Spawn job `job` of 2 + 2 ranks on ns as run says (placed in *p, pids in
+ * pids), its results in a fresh xn_results(4), returned once rank watch
+ * has run 20 rounds (the test fails where it has not within 20 s).
+ */
+static struct xn_result *spawn_2_plus_2_running(const struct nodes *ns, struct xn_place *p,
+                                                const char *job, const struct xn_run *run,
+                                                pid_t *pids, uint32_t watch) {
+  memset(p, 0, sizeof *p);
+  const uint32_t split[NODES_MAX] = {2, 2};
+  xn_place(p, split, 2);
+  struct xn_result *res = xn_results(4);
+  xn_spawn(ns, p, job, run, res, pids);
+  for (int t = 0; t < 20000 && atomic_load(&res[watch].rounds) < 20 &&
+                  !atomic_load(&res[watch].done); t += 5)
+    dw_sleep_ms(5);
+  ck_assert_msg(atomic_load(&res[watch].rounds) >= 20, "the job did not run 20 rounds: %s",
+                res[watch].msg);
+  return res;
+}
+
 /*
  * A data connection cut while its peer link stays up comes back: each
  * daemon closes its first inbound data connection as soon as it is opened
@@ -62,21 +96,12 @@ START_TEST(a_data_connection_cut_while_its_link_stays_comes_back) {
   }
   ow_seed_init(61);
   const struct xn_layout *L = &xn_layouts[2]; /* 2 + 2 ranks */
-  struct ow_case *d = malloc(sizeof *d);
-  ck_assert_ptr_nonnull(d);
-  ow_case_make(d, &L->sc, L->sc.fp8);
-  struct xn_place spread;
-  memset(&spread, 0, sizeof spread);
-  xn_place(&spread, L->split, L->nodes);
-  struct xn_result *r = xn_results(L->sc.world);
-  struct xn_run run = {.d = d, .rounds = 2};
-  xn_run_job(&ns, &spread, "after-the-cut", &run, r);
+  struct ow_case *d = xn_case_new(&L->sc, L->sc.fp8);
+  run_two_rounds(&ns, L->split, L->nodes, d, "after-the-cut");
   printf("xnode: a data connection cut while its link stayed came back on both nodes; a job "
          "ran across them\n");
-  munmap(r, L->sc.world * sizeof *r);
   nodes_stop(&ns);
-  ow_case_free(d);
-  free(d);
+  xn_case_free(d);
 }
 END_TEST
 
@@ -114,8 +139,7 @@ static void expect_traffic(const struct nodes *ns) {
 static void kill_mid_run(int what) {
   ow_seed_init(90 + (uint64_t)what);
   struct ow_scenario sc = {4, 128, 2, 8, 8, 8, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
-  struct ow_case *d = malloc(sizeof *d);
-  ow_case_make(d, &sc, 0);
+  struct ow_case *d = xn_case_new(&sc, 0);
   struct nodes ns;
   char limits[64];
   snprintf(limits, sizeof limits, ", op_timeout_ms: %d", XN_OP_TIMEOUT_MS);
@@ -123,8 +147,7 @@ static void kill_mid_run(int what) {
     const char *why = nodes_config_netns(&ns, 20000, limits, "");
     if (why != NULL) {
       tu_skip("a_link_taken_down_mid_run_fails_every_rank_within_the_op_timeout", "%s", why);
-      ow_case_free(d);
-      free(d);
+      xn_case_free(d);
       return;
     }
   } else {
@@ -133,19 +156,8 @@ static void kill_mid_run(int what) {
   nodes_start_all(&ns);
   struct xn_run run = {.d = d, .until_error = true};
   struct xn_place p;
-  memset(&p, 0, sizeof p);
-  uint32_t split[NODES_MAX] = {2, 2};
-  xn_place(&p, split, 2);
-  struct xn_result *res = xn_results(4);
   pid_t pids[OW_MAXW];
-  xn_spawn(&ns, &p, "doomed", &run, res, pids);
-  for (int t = 0; t < 20000 && atomic_load(&res[0].rounds) < 20; t += 5) {
-    if (atomic_load(&res[0].done))
-      break;
-    dw_sleep_ms(5);
-  }
-  ck_assert_msg(atomic_load(&res[0].rounds) >= 20, "the job did not run 20 rounds: %s",
-                res[0].msg);
+  struct xn_result *res = spawn_2_plus_2_running(&ns, &p, "doomed", &run, pids, 0);
   if (what == 0)
     expect_traffic(&ns);
   int64_t killed = xn_mono_ms();
@@ -185,18 +197,11 @@ static void kill_mid_run(int what) {
   /* The survivors' daemon reclaims the job; a new one-node job runs there. */
   if (what == 1)
     ns.d[1].pid = 0;
-  struct xn_place one;
-  memset(&one, 0, sizeof one);
-  uint32_t all[NODES_MAX] = {4};
-  xn_place(&one, all, 1);
-  struct xn_run again = {.d = d, .rounds = 2};
-  struct xn_result *r2 = xn_results(4);
-  xn_run_job(&ns, &one, "after", &again, r2);
+  const uint32_t all[NODES_MAX] = {4};
+  run_two_rounds(&ns, all, 1, d, "after");
   munmap(res, 4 * sizeof *res);
-  munmap(r2, 4 * sizeof *r2);
   nodes_stop(&ns);
-  ow_case_free(d);
-  free(d);
+  xn_case_free(d);
 }
 
 /*
@@ -227,28 +232,14 @@ static void kill_mid_run(int what) {
 static void own_daemon_goes_mid_run(int sig) {
   ow_seed_init(95 + (uint64_t)sig);
   struct ow_scenario sc = {4, 128, 2, 8, 8, 8, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
-  struct ow_case *d = malloc(sizeof *d);
-  ck_assert_ptr_nonnull(d);
-  ow_case_make(d, &sc, 0);
+  struct ow_case *d = xn_case_new(&sc, 0);
   struct nodes ns;
-  char limits[64];
-  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", XN_GONE_OP_TIMEOUT_MS);
-  nodes_config_with(&ns, 2, 20000, limits, "");
-  nodes_start_all(&ns);
+  xn_nodes_start(&ns, 2, 20000, XN_GONE_OP_TIMEOUT_MS, "");
   struct xn_run run = {.d = d, .until_error = true, .rounds = 2,
                        .rejoin = sig == SIGTERM ? "rejoined" : NULL};
   struct xn_place p;
-  memset(&p, 0, sizeof p);
-  uint32_t split[NODES_MAX] = {2, 2};
-  xn_place(&p, split, 2);
-  struct xn_result *res = xn_results(4);
   pid_t pids[OW_MAXW];
-  xn_spawn(&ns, &p, "goes", &run, res, pids);
-  for (int t = 0; t < 20000 && atomic_load(&res[2].rounds) < 20 && !atomic_load(&res[2].done);
-       t += 5)
-    dw_sleep_ms(5);
-  ck_assert_msg(atomic_load(&res[2].rounds) >= 20, "the job did not run 20 rounds: %s",
-                res[2].msg);
+  struct xn_result *res = spawn_2_plus_2_running(&ns, &p, "goes", &run, pids, 2);
   const int64_t killed = xn_mono_ms();
   kill(ns.d[1].pid, sig);
   int st = tu_daemon_wait_exit(&ns.d[1], 10000);
@@ -292,9 +283,6 @@ static void own_daemon_goes_mid_run(int sig) {
            "%s; dep_detach took %lld ms\n", sig, g, p.node[g], (long long)after,
            dep_errname(res[g].rc), (long long)res[g].detach_ms);
   }
-  struct xn_place spread;
-  memset(&spread, 0, sizeof spread);
-  xn_place(&spread, split, 2);
   if (sig == SIGTERM) {
     nodes_wait_up(&ns);
     for (uint32_t g = 0; g < 4; g++)
@@ -308,15 +296,12 @@ static void own_daemon_goes_mid_run(int sig) {
     xn_reap(pids, 4, 10000); /* every rank exits 1: its call failed, as it must */
     node_start(&ns, 1);
     nodes_wait_up(&ns);
-    struct xn_run again = {.d = d, .rounds = 2};
-    struct xn_result *r2 = xn_results(4);
-    xn_run_job(&ns, &spread, "after", &again, r2);
-    munmap(r2, 4 * sizeof *r2);
+    const uint32_t split[NODES_MAX] = {2, 2};
+    run_two_rounds(&ns, split, 2, d, "after");
   }
   munmap(res, 4 * sizeof *res);
   nodes_stop(&ns);
-  ow_case_free(d);
-  free(d);
+  xn_case_free(d);
 }
 
 START_TEST(sigkill_of_a_ranks_own_daemon_fails_it_with_daemon_gone_at_once) {
@@ -397,14 +382,9 @@ static void linger_main(const struct nodes *ns, const char *id, const struct ow_
 START_TEST(frames_of_a_forgotten_job_are_dropped_at_once_and_stall_no_other_job) {
   ow_seed_init(71);
   const struct xn_layout *L = &xn_layouts[0]; /* 1 + 1 ranks */
-  struct ow_case *d = malloc(sizeof *d);
-  ck_assert_ptr_nonnull(d);
-  ow_case_make(d, &L->sc, L->sc.fp8);
+  struct ow_case *d = xn_case_new(&L->sc, L->sc.fp8);
   struct nodes ns;
-  char limits[64];
-  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", XN_OP_TIMEOUT_MS);
-  nodes_config_with(&ns, 2, 20000, limits, "allow: {any_user: true}\n");
-  nodes_start_all(&ns);
+  xn_nodes_start(&ns, 2, 20000, XN_OP_TIMEOUT_MS, "allow: {any_user: true}\n");
   for (int i = 0; i < 2; i++)
     chmod(ns.d[i].dir, 0755); /* uid 65534 reaches the sockets */
   struct xn_place p;
@@ -461,8 +441,7 @@ START_TEST(frames_of_a_forgotten_job_are_dropped_at_once_and_stall_no_other_job)
   munmap(r, 2 * sizeof *r);
   munmap(l, sizeof *l);
   nodes_stop(&ns);
-  ow_case_free(d);
-  free(d);
+  xn_case_free(d);
 }
 END_TEST
 

@@ -122,6 +122,26 @@ static void xn_rank_main(const char *sock, const char *job, const struct xn_run 
   _exit(rc == 0 ? 0 : 1);
 }
 
+struct ow_case *xn_case_new(const struct ow_scenario *sc, int fp8) {
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, sc, fp8);
+  return d;
+}
+
+void xn_case_free(struct ow_case *d) {
+  ow_case_free(d);
+  free(d);
+}
+
+void xn_nodes_start(struct nodes *ns, int n, int attach_timeout_ms, int op_timeout_ms,
+                    const char *extra) {
+  char limits[64];
+  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", op_timeout_ms);
+  nodes_config_with(ns, n, attach_timeout_ms, limits, extra);
+  nodes_start_all(ns);
+}
+
 /* Spread ranks over nodes in blocks: split[i] ranks on node i. */
 void xn_place(struct xn_place *p, const uint32_t *split, int nodes) {
   uint32_t g = 0;

@@ -46,6 +46,14 @@ struct xn_layout {
 extern const struct xn_layout xn_layouts[];
 extern const int xn_nlayouts;
 
+/* A case of scenario sc (FP8 dispatch as fp8) in memory of its own; xn_case_free frees both. */
+struct ow_case *xn_case_new(const struct ow_scenario *sc, int fp8);
+void xn_case_free(struct ow_case *d);
+/* n nodes (nodes_config_with: attach_timeout_ms, extra) whose limits.op_timeout_ms is
+ * op_timeout_ms, started and seeing each other. */
+void xn_nodes_start(struct nodes *ns, int n, int attach_timeout_ms, int op_timeout_ms,
+                    const char *extra);
+
 /* Spread ranks over nodes in blocks: split[i] ranks on node i. */
 void xn_place(struct xn_place *p, const uint32_t *split, int nodes);
 /* Fork every rank; returns their pids (results in res[]). */

@@ -29,24 +29,31 @@ if BACKEND not in ("host", "cuda"):
 DEVICE = "cuda:0" if BACKEND == "cuda" else "cpu"
 
 
-def daemon_state(sock: str) -> str:
-    """The daemon's state ("" when none answers), through the library."""
+def daemon_status(sock: str, read):
+    """read(the daemon's dep_status result) through the library, or None when no daemon
+    answers at sock (or its dep_status fails)."""
     from deepep import _lib
     lib = _lib.load()
     c = ctypes.c_void_p()
     if lib.dep_client_new(ctypes.byref(c)) != 0:
-        return ""
+        return None
     try:
         if lib.dep_connect(c, sock.encode()) != 0:
-            return ""
+            return None
         st = ctypes.POINTER(_lib.Status)()
         if lib.dep_status(c, ctypes.byref(st)) != 0:
-            return ""
-        s = st.contents.state.decode()
-        lib.dep_status_free(st)
-        return s
+            return None
+        try:
+            return read(st.contents)
+        finally:
+            lib.dep_status_free(st)
     finally:
         lib.dep_client_free(c)
+
+
+def daemon_state(sock: str) -> str:
+    """The daemon's state ("" when none answers), through the library."""
+    return daemon_status(sock, lambda st: st.state.decode()) or ""
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 events, device tensors, one layer's low-latency pair captured in a CUDA graph and replayed
 with new inputs, sixteen layers' pairs in one graph, and handles made before a capture and used
 in it kept for the graph.  Each test skips, saying so, unless DEP_TEST_BACKEND=cuda (conftest.py)."""
-import ctypes
 import gc
 import uuid
 
@@ -13,7 +12,6 @@ import conftest
 import deepep
 import ranks
 import test_ops
-from deepep import _lib
 from deepep.buffer import _cuda_uuid, _driver_uuid
 
 pytestmark = pytest.mark.usefixtures("cuda_only")
@@ -47,19 +45,11 @@ def ll_reference(x, idx, w):
 
 
 def daemon_uuids(sock):
-    lib = _lib.load()
-    c = ctypes.c_void_p()
-    assert lib.dep_client_new(ctypes.byref(c)) == 0
-    try:
-        assert lib.dep_connect(c, sock.encode()) == 0
-        st = ctypes.POINTER(_lib.Status)()
-        assert lib.dep_status(c, ctypes.byref(st)) == 0
-        out = [st.contents.devices[i].uuid.decode().lower().replace("gpu-", "")
-               for i in range(st.contents.num_devices)]
-        lib.dep_status_free(st)
-        return out
-    finally:
-        lib.dep_client_free(c)
+    out = conftest.daemon_status(sock, lambda st: [st.devices[i].uuid.decode().lower()
+                                                   .replace("gpu-", "")
+                                                   for i in range(st.num_devices)])
+    assert out is not None, f"dep_status of the daemon at {sock} failed"
+    return out
 
 
 def test_the_gpus_uuid_is_torchs_the_drivers_and_one_the_daemon_lends(daemon):

@@ -23,19 +23,10 @@ U32 = 2**32 - 1
 
 def daemon_jobs(sock):
     """The job ids the daemon holds now (dep_status)."""
-    lib = _lib.load()
-    c = ctypes.c_void_p()
-    assert lib.dep_client_new(ctypes.byref(c)) == 0
-    try:
-        assert lib.dep_connect(c, sock.encode()) == 0
-        st = ctypes.POINTER(_lib.Status)()
-        assert lib.dep_status(c, ctypes.byref(st)) == 0
-        try:
-            return {st.contents.jobs[i].job_id.decode() for i in range(st.contents.num_jobs)}
-        finally:
-            lib.dep_status_free(st)
-    finally:
-        lib.dep_client_free(c)
+    jobs = conftest.daemon_status(sock, lambda st: {st.jobs[i].job_id.decode()
+                                                    for i in range(st.num_jobs)})
+    assert jobs is not None, f"dep_status of the daemon at {sock} failed"
+    return jobs
 
 
 def refused(daemon, job_id, call, match):
