@@ -57,6 +57,7 @@
 
 #include <stdint.h>
 
+#include "ccuda.h"
 #include "deepep.h"
 
 #define DEP_SLAB_CTRL_SLOT 64u  /* bytes per (parity, source) control slot */
@@ -94,8 +95,8 @@ struct dep_slab_abort {
 #define DEP_SLAB_GONE_NODE 2u     /* rank names the first rank of a node that is lost */
 #define DEP_SLAB_GONE_DAEMON 3u   /* this node's daemon stopped, died or restarted */
 #define DEP_SLAB_GONE_NO_RANK 0xffffffffu
-_Static_assert(DEP_SLAB_ABORT_OFF + sizeof(struct dep_slab_abort) <= DEP_SLAB_ERR_BYTES,
-               "the abort words must fit the error words");
+DEP_STATIC_ASSERT(DEP_SLAB_ABORT_OFF + sizeof(struct dep_slab_abort) <= DEP_SLAB_ERR_BYTES,
+                  "the abort words must fit the error words");
 /* The private area's part that does not grow with the shape: the library's
  * counters and its SM-sized scratch (for GPUs of up to 512 SMs); what grows
  * with it is added per expert, per rank and per token, and a control area
