@@ -22,17 +22,16 @@
 /* A wait on this rank's own CTAs, for no source rank (gone_blocks). */
 #define CUOPS_NO_SRC 0xffffffffu
 
-/* ---- slab addressing (proto/slab.h) ---------------------------------------- */
+/* ---- slab addressing (proto/slab.h's functions, on the job's numbers) ------- */
 
 __device__ __forceinline__ uint8_t *slot_at(const cuops_job &J, uint32_t slab, unsigned parity,
                                             uint32_t src) {
-  return J.slabs[slab] + DEP_SLAB_ERR_BYTES + ((uint64_t)parity * J.world + src) * DEP_SLAB_CTRL_SLOT;
+  return J.slabs[slab] + DEP_SLAB_CTRL_SLOT_AT(J.world, parity, src);
 }
 
 __device__ __forceinline__ uint8_t *block_at(const cuops_job &J, uint32_t slab, unsigned parity,
                                              uint32_t src) {
-  return J.slabs[slab] + J.data_off + (uint64_t)parity * J.parity_bytes +
-         (uint64_t)src * J.block_bytes;
+  return J.slabs[slab] + DEP_SLAB_BLOCK_AT(J.data_off, J.parity_bytes, J.block_bytes, parity, src);
 }
 
 /* Whether rank d is on another node: reached through the exchange region and the ring. */
@@ -41,35 +40,42 @@ __device__ __forceinline__ bool is_remote(const cuops_job &J, uint32_t d) {
 }
 
 /* The exchange region's entry of remote rank d in a call of parity: its
- * index among (parity, remote rank) pairs (slab.h dep_xchg_index). */
+ * index among (parity, remote rank) pairs (slab.h DEP_XCHG_INDEX), the
+ * remote ranks numbered in rank order. */
 __device__ __forceinline__ uint64_t out_index(const cuops_job &J, unsigned parity, uint32_t d) {
-  return (uint64_t)parity * J.n_remote + (uint64_t)__popcll(J.remote_mask & ((1ull << d) - 1ull));
+  return DEP_XCHG_INDEX(J.n_remote, parity, __popcll(J.remote_mask & ((1ull << d) - 1ull)));
 }
 
 /* Where this rank's block (and slot) for destination d goes in a call of
  * parity: d's slab, or (d on another node) the out block (out slot) of
  * this rank's exchange region. */
 __device__ __forceinline__ uint8_t *send_block(const cuops_job &J, unsigned parity, uint32_t d) {
-  return is_remote(J, d) ? J.xchg + J.out_off + out_index(J, parity, d) * J.block_bytes
-                         : block_at(J, d, parity, J.rank);
+  return is_remote(J, d)
+             ? J.xchg + DEP_XCHG_ENTRY_AT(J.out_off, J.block_bytes, out_index(J, parity, d))
+             : block_at(J, d, parity, J.rank);
 }
 
 __device__ __forceinline__ uint8_t *send_slot(const cuops_job &J, unsigned parity, uint32_t d) {
-  return is_remote(J, d) ? J.xchg + J.out_slot_off + out_index(J, parity, d) * DEP_SLAB_CTRL_SLOT
-                         : slot_at(J, d, parity, J.rank);
+  return is_remote(J, d)
+             ? J.xchg +
+                   DEP_XCHG_ENTRY_AT(J.out_slot_off, DEP_SLAB_CTRL_SLOT, out_index(J, parity, d))
+             : slot_at(J, d, parity, J.rank);
 }
 
 /* Where source s's block (and slot) for this rank is in a call of parity:
  * this rank's slab, or (s on another node) the in block (in slot) of its
  * exchange region, which the daemons fill (host memory over the mapping). */
 __device__ __forceinline__ uint8_t *recv_block(const cuops_job &J, unsigned parity, uint32_t s) {
-  return is_remote(J, s) ? J.xchg + J.in_off + out_index(J, parity, s) * J.block_bytes
-                         : block_at(J, J.rank, parity, s);
+  return is_remote(J, s)
+             ? J.xchg + DEP_XCHG_ENTRY_AT(J.in_off, J.block_bytes, out_index(J, parity, s))
+             : block_at(J, J.rank, parity, s);
 }
 
 __device__ __forceinline__ uint8_t *recv_slot(const cuops_job &J, unsigned parity, uint32_t s) {
-  return is_remote(J, s) ? J.xchg + J.in_slot_off + out_index(J, parity, s) * DEP_SLAB_CTRL_SLOT
-                         : slot_at(J, J.rank, parity, s);
+  return is_remote(J, s)
+             ? J.xchg +
+                   DEP_XCHG_ENTRY_AT(J.in_slot_off, DEP_SLAB_CTRL_SLOT, out_index(J, parity, s))
+             : slot_at(J, J.rank, parity, s);
 }
 
 __device__ __forceinline__ int64_t idx_at(const void *idx, int32_t itype, uint64_t i) {
@@ -204,7 +210,8 @@ struct call {
  * it detached after its last call) fails no wait for a live, slower rank.
  */
 __device__ __forceinline__ bool gone_blocks(const cuops_job &J, const call &k, uint32_t src) {
-  const volatile dep_slab_abort *a = (const volatile dep_slab_abort *)(J.slabs[J.rank] + DEP_SLAB_ABORT_OFF);
+  const volatile dep_slab_abort *a =
+      (const volatile dep_slab_abort *)(J.slabs[J.rank] + DEP_SLAB_ABORT_OFF);
   const uint32_t gone = a->rank;
   if (gone == src || gone >= J.world || a->detached == DEP_SLAB_GONE_NODE)
     return true;
@@ -335,7 +342,8 @@ __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, ui
     }
     if ((n & 31u) == 31u) {
       const uint64_t waited = globaltimer_ns() - k.t0;
-      const int32_t failed = (int32_t)ld_acquire_sys32((const uint32_t *)(r + offsetof(dep_xring, failed)));
+      const int32_t failed =
+          (int32_t)ld_acquire_sys32((const uint32_t *)(r + offsetof(dep_xring, failed)));
       if (failed != 0 || waited > J.timeout_ns) {
         atomicExch(&J.dev->broken, 1u); /* d will not get this call, whatever the code */
         rec_fail(J, failed != 0 ? failed : DEP_ERR_TIMEOUT, op, d, CUOPS_PHASE_RING, k.seq,

@@ -9,8 +9,6 @@
  *                      and stores (kernels/ops_dev.cuh).  Both have the
  *                      size and alignment of t on every target we build
  *                      for, so one struct definition lays out alike.
- *   DEP_HD             marks an inline function of a shared header that
- *                      the kernels call as well (__host__ __device__).
  */
 #ifndef DEP_CCUDA_H
 #define DEP_CCUDA_H
@@ -22,12 +20,6 @@
 #include <stdatomic.h>
 #define DEP_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
 #define DEP_ATOMIC(t) _Atomic t
-#endif
-
-#ifdef __CUDACC__
-#define DEP_HD __host__ __device__
-#else
-#define DEP_HD
 #endif
 
 #endif /* DEP_CCUDA_H */
