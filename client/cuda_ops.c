@@ -15,13 +15,6 @@
 #include "shape.h"
 #include "xring.h"
 
-/* The kernels write a slot's fields at these offsets (ops_dev.cuh post_header). */
-_Static_assert(offsetof(struct ops_slot, rows) == 8 && offsetof(struct ops_slot, op) == 12 &&
-                   offsetof(struct ops_slot, ref_seq) == 16 &&
-                   offsetof(struct ops_slot, num_tokens) == 24,
-               "ops_slot layout differs from what the kernels write");
-_Static_assert(CUOPS_MAX_RANKS <= 64, "remote_mask has a bit per rank");
-
 /* ---- the error record -------------------------------------------------------------- */
 
 static const char *op_name(uint32_t op) {

@@ -291,11 +291,11 @@ __device__ __forceinline__ void post_header(const cuops_job &J, const call &k, u
                                             uint32_t rows, uint32_t op, uint64_t ref_seq,
                                             uint32_t num_tokens) {
   uint8_t *slot = send_slot(J, k.parity, d);
-  volatile uint32_t *s32 = (volatile uint32_t *)slot;
-  s32[2] = rows;
-  s32[3] = op;
-  ((volatile uint64_t *)slot)[2] = ref_seq;
-  s32[6] = num_tokens;
+  volatile ops_slot *sl = (volatile ops_slot *)slot;
+  sl->rows = rows;
+  sl->op = op;
+  sl->ref_seq = ref_seq;
+  sl->num_tokens = num_tokens;
   st_release_sys((uint64_t *)slot, k.seq);
 }
 
@@ -521,10 +521,10 @@ __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uin
     }
     if (is_remote(J, s) && !mirror)
       st_release_gpu(seen, k.seq);
-    volatile uint32_t *s32 = (volatile uint32_t *)slot;
-    p->rows[s] = s32[2];
-    p->op[s] = s32[3];
-    p->ref[s] = ((volatile uint64_t *)slot)[2];
+    const volatile ops_slot *sl = (const volatile ops_slot *)slot;
+    p->rows[s] = sl->rows;
+    p->op[s] = sl->op;
+    p->ref[s] = sl->ref_seq;
   }
   return 0;
 }

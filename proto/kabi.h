@@ -221,6 +221,7 @@ struct cuops_job {
    * last CTA of each call writes its entry there (ops_dev.cuh stats_call). */
   struct dep_stats_page *stats;
 };
+DEP_STATIC_ASSERT(CUOPS_MAX_RANKS <= 64, "remote_mask has a bit per rank");
 
 /* dep__k_touch: the bytes of each slab to touch. */
 struct cuops_touch_args {
