@@ -4,7 +4,9 @@
  * of a job is a process on this machine and every rank's slab is mapped
  * (MAP_SHARED) into every rank.  The CUDA kernels implement the same
  * semantics on the same slab layout, so what is written here about slots,
- * rows and error records is the contract for them too.
+ * rows and error records is the contract for them too (the slot's and the
+ * error record's structs, and the op codes, are proto/kabi.h's, which
+ * both backends include).
  *
  * Protocol, per communicating call (layout is local and takes no part):
  *   - seq = ++ctx->seq, parity = seq & 1.  All ranks make the same sequence
