@@ -135,7 +135,8 @@ $(BUILD)/obj/%.o: %.c
 	$(CC) $(ALLCFLAGS) -c $< -o $@
 
 ifneq ($(FATBIN),)
-$(FATBIN): $(KCUDA_SRC) $(wildcard kernels/*.cuh) client/cuda_ops.h proto/stats_page.h
+$(FATBIN): $(KCUDA_SRC) $(wildcard kernels/*.cuh) proto/kabi.h proto/ccuda.h proto/slab.h \
+           proto/shape.h proto/stats_page.h proto/xring.h client/deepep.h
 	@mkdir -p $(@D)
 	$(NVCC) -fatbin -O3 -std=c++17 -Ikernels -Iclient -Iproto $(NVCC_GENCODE) -o $@ $(KCUDA_SRC)
 # The fatbin is embedded with .incbin so the library needs no file at run time,

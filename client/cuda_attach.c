@@ -114,7 +114,7 @@ static int warmup(dep_client_t *c) {
 #endif
 
 /*
- * CTAs one communicating kernel of this rank may use (cuda_ops.h: the SM
+ * CTAs one communicating kernel of this rank may use (kabi.h: the SM
  * budget): the GPU's SMs shared out among the job's ranks on it, at most
  * CUOPS_MAX_CTAS, so that every rank's kernel is resident at once and a
  * lone rank leaves most of its GPU to the trainer's compute.
@@ -386,7 +386,7 @@ int cuda_ops_prepare(dep_client_t *c) {
  * A job that spans nodes: the proxy's ring and the exchange region after it
  * (xring.h, slab.h), one host mapping registered for the device, where the
  * kernels push their descriptors, write their blocks for other nodes and
- * read and wait on the blocks from them (cuda_ops.h).  cuda_ops_detach
+ * read and wait on the blocks from them (kabi.h).  cuda_ops_detach
  * unregisters it, before client_unmap drains and unmaps it.
  */
 static int ring_bind(dep_client_t *c) {

@@ -1,7 +1,7 @@
 /*
  * cuda_ops.c — the cuda backend's MoE operations: argument checks, kernel
  * launches on the caller's stream, and the error record the kernels leave
- * in pinned host memory (see cuda_ops.h for the protocol and for what is
+ * in pinned host memory (see kabi.h for the protocol, cuda_ops.h for what is
  * checked where); the handles' device arrays are cuda_handles.c's, loading
  * the kernels and binding them to the job (attach) cuda_attach.c's.  The
  * kernels are the embedded fatbin (kernels/ops.cu).
@@ -14,48 +14,6 @@
 #include "cuda_ops_internal.h"
 #include "shape.h"
 #include "xring.h"
-
-/* The kernels restate host_ops.h's layouts; hold them to it. */
-_Static_assert(CUOPS_OP_DISPATCH == OPS_OP_DISPATCH && CUOPS_OP_COMBINE == OPS_OP_COMBINE &&
-                   CUOPS_OP_LL_DISPATCH == OPS_OP_LL_DISPATCH &&
-                   CUOPS_OP_LL_COMBINE == OPS_OP_LL_COMBINE && CUOPS_OP_FP8 == OPS_OP_FP8 &&
-                   CUOPS_OP_CACHED == OPS_OP_CACHED && CUOPS_OP_WEIGHTS == OPS_OP_WEIGHTS,
-               "op codes differ from host_ops.h");
-_Static_assert(CUOPS_SLOT_BYTES == DEP_SLAB_CTRL_SLOT && CUOPS_ERR_BYTES == DEP_SLAB_ERR_BYTES,
-               "slab control layout differs from slab.h");
-_Static_assert(offsetof(struct ops_slot, rows) == 8 && offsetof(struct ops_slot, op) == 12 &&
-                   offsetof(struct ops_slot, ref_seq) == 16 &&
-                   offsetof(struct ops_slot, num_tokens) == 24,
-               "ops_slot layout differs from what the kernels write");
-_Static_assert(offsetof(struct ops_err_record, seq) == offsetof(struct cuops_err, seq) &&
-                   offsetof(struct ops_err_record, waited_ms) ==
-                       offsetof(struct cuops_err, waited_ms) &&
-                   sizeof(struct ops_err_record) == sizeof(struct cuops_err),
-               "error record layout differs from host_ops.h");
-_Static_assert(CUOPS_GONE_NODE == DEP_SLAB_GONE_NODE, "abort words' node-lost value differs");
-_Static_assert(CUOPS_ABORT_OFF == DEP_SLAB_ABORT_OFF &&
-                   sizeof(struct cuops_abort) == sizeof(struct dep_slab_abort) &&
-                   offsetof(struct cuops_abort, rank) == offsetof(struct dep_slab_abort, rank) &&
-                   offsetof(struct cuops_abort, pid) == offsetof(struct dep_slab_abort, pid) &&
-                   offsetof(struct cuops_abort, detached) ==
-                       offsetof(struct dep_slab_abort, detached) &&
-                   offsetof(struct cuops_abort, code) == offsetof(struct dep_slab_abort, code),
-               "abort words differ from slab.h");
-_Static_assert(CUOPS_ERR_GONE(0xfffffffeu, 7) == OPS_ERR_GONE(0xfffffffeu, 7),
-               "a gone rank's record differs from host_ops.h");
-_Static_assert(CUOPS_SLOT_BYTES == DEP_SLAB_CTRL_SLOT, "slot images differ from slab.h");
-_Static_assert(offsetof(struct dep_xring, head) == CUOPS_XRING_HEAD_OFF &&
-                   offsetof(struct dep_xring, tail) == CUOPS_XRING_TAIL_OFF &&
-                   offsetof(struct dep_xring, failed) == CUOPS_XRING_FAILED_OFF &&
-                   offsetof(struct dep_xring, desc) == CUOPS_XRING_DESC_OFF &&
-                   CUOPS_XRING_ENTRIES == DEP_XRING_ENTRIES &&
-                   sizeof(struct cuops_xdesc) == sizeof(struct dep_xring_desc) &&
-                   offsetof(struct cuops_xdesc, seq) == offsetof(struct dep_xring_desc, seq) &&
-                   offsetof(struct cuops_xdesc, bytes) == offsetof(struct dep_xring_desc, bytes),
-               "the kernels' view of the proxy's ring differs from xring.h");
-_Static_assert(CUOPS_MAX_RANKS <= 64, "remote_mask has a bit per rank");
-_Static_assert(CUOPS_MAX_TOKENS == DEP_SHAPE_MAX_TOKENS && CUOPS_MAX_TOPK == DEP_SHAPE_MAX_TOPK,
-               "the kernels' arrays are sized for other shape limits than proto/shape.h's");
 
 /* ---- the error record -------------------------------------------------------------- */
 
@@ -72,15 +30,15 @@ static const char *op_name(uint32_t op) {
  * the peers make it, the context is broken from here on.
  */
 int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
-  volatile struct cuops_err *e = &c->cuops.host->err;
+  volatile struct ops_err_record *e = &c->cuops.host->err;
   int32_t code = e->code;
   if (code == 0)
     return 0;
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
-  struct cuops_err r = {.code = code, .op = e->op, .rank = e->rank, .source = e->source,
+  struct ops_err_record r = {.code = code, .op = e->op, .rank = e->rank, .source = e->source,
                         .seq = e->seq, .seen_flag = e->seen_flag, .waited_ms = e->waited_ms,
                         .phase = e->phase};
-  const char *what = op_name(r.op & ~(CUOPS_OP_FP8 | CUOPS_OP_CACHED | CUOPS_OP_WEIGHTS));
+  const char *what = op_name(r.op & ~(OPS_OP_FP8 | OPS_OP_CACHED | OPS_OP_WEIGHTS));
   /* The kernels record every abort as DEP_ERR_PEER; words the library wrote
    * because this node's daemon is gone (cuda_ops_daemon_gone) say so. */
   if (r.phase == CUOPS_PHASE_GONE && (r.seen_flag >> 32) == DEP_SLAB_GONE_DAEMON)
@@ -157,7 +115,7 @@ int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
     snprintf(m, sizeof m, "%s found topk_idx of token %u = %lld: expert ids must be in [-1, "
              "num_experts %u)%s; the call's outputs are not valid", what, r.source,
              (long long)r.seen_flag, c->args.shape.num_experts,
-             (r.op & ~CUOPS_OP_FP8) == CUOPS_OP_LL_COMBINE
+             (r.op & ~OPS_OP_FP8) == OPS_OP_LL_COMBINE
                  ? " and equal to those given to the matching dep_ll_dispatch" : "");
     break;
   default:
@@ -178,21 +136,21 @@ void cuda_ops_daemon_gone(dep_client_t *c) {
   const struct cudadrv *cu = drv();
   if (!st->ready || cu == NULL || cu->cuCtxPushCurrent(st->ctx) != CUDA_SUCCESS)
     return;
-  const CUdeviceptr words = (CUdeviceptr)(uintptr_t)(c->ops.slabs[c->ops.rank] + CUOPS_ABORT_OFF);
-  struct cuops_abort ab = {.rank = DEP_SLAB_GONE_NO_RANK, .pid = 0,
+  const CUdeviceptr words = (CUdeviceptr)(uintptr_t)(c->ops.slabs[c->ops.rank] + DEP_SLAB_ABORT_OFF);
+  struct dep_slab_abort ab = {.rank = DEP_SLAB_GONE_NO_RANK, .pid = 0,
                            .detached = DEP_SLAB_GONE_DAEMON, .code = 0};
   int32_t told = 0;
   CUstream s = NULL;
   if (cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) {
-    if (cu->cuMemcpyDtoHAsync(&told, words + offsetof(struct cuops_abort, code), sizeof told, s) ==
+    if (cu->cuMemcpyDtoHAsync(&told, words + offsetof(struct dep_slab_abort, code), sizeof told, s) ==
             CUDA_SUCCESS &&
         cu->cuStreamSynchronize(s) == CUDA_SUCCESS && told == 0) {
       /* Who and how first, the code last, in stream order: a kernel that
        * reads the code (acquire, system scope) reads the rest after it. */
       const int32_t code = DEP_ERR_DAEMON_GONE;
-      if (cu->cuMemcpyHtoDAsync(words, &ab, offsetof(struct cuops_abort, code), s) ==
+      if (cu->cuMemcpyHtoDAsync(words, &ab, offsetof(struct dep_slab_abort, code), s) ==
           CUDA_SUCCESS)
-        cu->cuMemcpyHtoDAsync(words + offsetof(struct cuops_abort, code), &code, sizeof code, s);
+        cu->cuMemcpyHtoDAsync(words + offsetof(struct dep_slab_abort, code), &code, sizeof code, s);
       cu->cuStreamSynchronize(s); /* before ab and code leave scope */
     }
     cu->cuStreamDestroy(s);
@@ -249,7 +207,7 @@ static int tokens_ok(char *why, size_t len, uint32_t n, uint32_t max, const char
 
 #define IDX_ALIGN(t) ((t) == DEP_INDEX_I64 ? 8u : 4u)
 
-/* The grid of a communicating kernel (cuda_ops.h: the SM budget). */
+/* The grid of a communicating kernel (kabi.h: the SM budget). */
 static unsigned comm_grid(const dep_client_t *c) {
   return c->cuops.job.world * c->cuops.job.parts;
 }

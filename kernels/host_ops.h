@@ -4,7 +4,9 @@
  * of a job is a process on this machine and every rank's slab is mapped
  * (MAP_SHARED) into every rank.  The CUDA kernels implement the same
  * semantics on the same slab layout, so what is written here about slots,
- * rows and error records is the contract for them too.
+ * rows and error records is the contract for them too (the slot's and the
+ * error record's structs, and the op codes, are proto/kabi.h's, which
+ * both backends include).
  *
  * Protocol, per communicating call (layout is local and takes no part):
  *   - seq = ++ctx->seq, parity = seq & 1.  All ranks make the same sequence
@@ -59,55 +61,12 @@
 #include <string.h>
 
 #include "deepep.h"
+#include "kabi.h"
 #include "slab.h"
 #include "xring.h"
 
-/* Communicating operations, as carried in slots and error records. */
-enum ops_op {
-  OPS_OP_DISPATCH = 1,
-  OPS_OP_COMBINE = 2,
-  OPS_OP_LL_DISPATCH = 3,
-  OPS_OP_LL_COMBINE = 4,
-};
-#define OPS_OP_FP8 0x100u /* or-ed into a slot's op: the rows carry FP8 */
-#define OPS_OP_CACHED 0x200u /* or-ed into a dispatch's op: routed by a handle (cached mode) */
-#define OPS_OP_WEIGHTS 0x400u /* or-ed into a combine's op: its rows carry topk weights */
-
-/*
- * One (parity, source) control slot at dep_slab_ctrl_slot() of the
- * receiver's slab.  The sender fills rows/op/ref_seq, then stores flag.
- */
-struct ops_slot {
-  _Atomic uint64_t flag; /* seq of the call that filled the slot */
-  uint32_t rows;         /* rows (LL combine: vectors) in the block */
-  uint32_t op;           /* enum ops_op, | OPS_OP_FP8 */
-  uint64_t ref_seq;      /* combines: seq of the dispatch their handle holds */
-  uint32_t num_tokens;   /* the sender's num_tokens in this call (diagnostics) */
-  uint32_t reserved;
-};
-_Static_assert(sizeof(struct ops_slot) <= DEP_SLAB_CTRL_SLOT, "slot exceeds DEP_SLAB_CTRL_SLOT");
-
-/*
- * The error words at offset 0 of a rank's own slab, written by that rank
- * when a wait times out or finds a peer gone (code last, with release
- * ordering), so that the daemon and deepepctl can say which rank waited
- * for whom.
- */
-struct ops_err_record {
-  _Atomic int32_t code; /* 0, or the DEP_ERR_* of the failed call */
-  uint32_t op;          /* enum ops_op */
-  uint32_t rank;        /* the rank that waited (this slab's owner) */
-  uint32_t source;      /* the rank it waited for; DEP_ERR_PEER: the rank that is gone */
-  uint64_t seq;         /* the call */
-  uint64_t seen_flag;   /* the source's flag when it gave up; DEP_ERR_PEER: OPS_ERR_GONE */
-  uint32_t waited_ms;
-  uint32_t reserved;
-};
-/* DEP_ERR_PEER's seen_flag: the gone rank's pid, and in bits 32-33 how it
- * went: the abort words' detached (slab.h DEP_SLAB_GONE_*). */
-#define OPS_ERR_GONE(pid, detached) ((uint64_t)(uint32_t)(pid) | ((uint64_t)((detached) & 3u) << 32))
-_Static_assert(sizeof(struct ops_err_record) <= DEP_SLAB_ABORT_OFF,
-               "record overlaps the abort words (slab.h)");
+/* The op codes, the control slot (struct ops_slot) and the error record
+ * (struct ops_err_record) are kabi.h's: the kernels write them too. */
 
 /*
  * A row (dep_slab_row, row_bytes apart) in a dispatch block:

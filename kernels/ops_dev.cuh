@@ -4,7 +4,7 @@
  * acquire at system scope, bounded waits on %globaltimer, the error
  * record), number formats bit-identical to kernels/host_ops.c, 16-byte
  * vector copies, a block-wide prefix sum and the declaration every kernel
- * has (KERNEL).  The ABI and the protocol are described in client/cuda_ops.h.
+ * has (KERNEL).  The ABI and the protocol are described in proto/kabi.h.
  */
 #ifndef DEP_OPS_DEV_CUH
 #define DEP_OPS_DEV_CUH
@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cuda_ops.h"
+#include "kabi.h"
 
 /* A kernel: C linkage (the launcher looks each up by name in the one module),
  * CUOPS_THREADS threads a CTA, CUOPS_CTAS_PER_SM CTAs resident per SM. */
@@ -22,17 +22,16 @@
 /* A wait on this rank's own CTAs, for no source rank (gone_blocks). */
 #define CUOPS_NO_SRC 0xffffffffu
 
-/* ---- slab addressing (proto/slab.h) ---------------------------------------- */
+/* ---- slab addressing (proto/slab.h's functions, on the job's numbers) ------- */
 
 __device__ __forceinline__ uint8_t *slot_at(const cuops_job &J, uint32_t slab, unsigned parity,
                                             uint32_t src) {
-  return J.slabs[slab] + CUOPS_ERR_BYTES + ((uint64_t)parity * J.world + src) * CUOPS_SLOT_BYTES;
+  return J.slabs[slab] + DEP_SLAB_CTRL_SLOT_AT(J.world, parity, src);
 }
 
 __device__ __forceinline__ uint8_t *block_at(const cuops_job &J, uint32_t slab, unsigned parity,
                                              uint32_t src) {
-  return J.slabs[slab] + J.data_off + (uint64_t)parity * J.parity_bytes +
-         (uint64_t)src * J.block_bytes;
+  return J.slabs[slab] + DEP_SLAB_BLOCK_AT(J.data_off, J.parity_bytes, J.block_bytes, parity, src);
 }
 
 /* Whether rank d is on another node: reached through the exchange region and the ring. */
@@ -41,35 +40,42 @@ __device__ __forceinline__ bool is_remote(const cuops_job &J, uint32_t d) {
 }
 
 /* The exchange region's entry of remote rank d in a call of parity: its
- * index among (parity, remote rank) pairs (slab.h dep_xchg_index). */
+ * index among (parity, remote rank) pairs (slab.h DEP_XCHG_INDEX), the
+ * remote ranks numbered in rank order. */
 __device__ __forceinline__ uint64_t out_index(const cuops_job &J, unsigned parity, uint32_t d) {
-  return (uint64_t)parity * J.n_remote + (uint64_t)__popcll(J.remote_mask & ((1ull << d) - 1ull));
+  return DEP_XCHG_INDEX(J.n_remote, parity, __popcll(J.remote_mask & ((1ull << d) - 1ull)));
 }
 
 /* Where this rank's block (and slot) for destination d goes in a call of
  * parity: d's slab, or (d on another node) the out block (out slot) of
  * this rank's exchange region. */
 __device__ __forceinline__ uint8_t *send_block(const cuops_job &J, unsigned parity, uint32_t d) {
-  return is_remote(J, d) ? J.xchg + J.out_off + out_index(J, parity, d) * J.block_bytes
-                         : block_at(J, d, parity, J.rank);
+  return is_remote(J, d)
+             ? J.xchg + DEP_XCHG_ENTRY_AT(J.out_off, J.block_bytes, out_index(J, parity, d))
+             : block_at(J, d, parity, J.rank);
 }
 
 __device__ __forceinline__ uint8_t *send_slot(const cuops_job &J, unsigned parity, uint32_t d) {
-  return is_remote(J, d) ? J.xchg + J.out_slot_off + out_index(J, parity, d) * CUOPS_SLOT_BYTES
-                         : slot_at(J, d, parity, J.rank);
+  return is_remote(J, d)
+             ? J.xchg +
+                   DEP_XCHG_ENTRY_AT(J.out_slot_off, DEP_SLAB_CTRL_SLOT, out_index(J, parity, d))
+             : slot_at(J, d, parity, J.rank);
 }
 
 /* Where source s's block (and slot) for this rank is in a call of parity:
  * this rank's slab, or (s on another node) the in block (in slot) of its
  * exchange region, which the daemons fill (host memory over the mapping). */
 __device__ __forceinline__ uint8_t *recv_block(const cuops_job &J, unsigned parity, uint32_t s) {
-  return is_remote(J, s) ? J.xchg + J.in_off + out_index(J, parity, s) * J.block_bytes
-                         : block_at(J, J.rank, parity, s);
+  return is_remote(J, s)
+             ? J.xchg + DEP_XCHG_ENTRY_AT(J.in_off, J.block_bytes, out_index(J, parity, s))
+             : block_at(J, J.rank, parity, s);
 }
 
 __device__ __forceinline__ uint8_t *recv_slot(const cuops_job &J, unsigned parity, uint32_t s) {
-  return is_remote(J, s) ? J.xchg + J.in_slot_off + out_index(J, parity, s) * CUOPS_SLOT_BYTES
-                         : slot_at(J, J.rank, parity, s);
+  return is_remote(J, s)
+             ? J.xchg +
+                   DEP_XCHG_ENTRY_AT(J.in_slot_off, DEP_SLAB_CTRL_SLOT, out_index(J, parity, s))
+             : slot_at(J, J.rank, parity, s);
 }
 
 __device__ __forceinline__ int64_t idx_at(const void *idx, int32_t itype, uint64_t i) {
@@ -127,7 +133,7 @@ __device__ __forceinline__ void rec_fail(const cuops_job &J, int32_t code, uint3
   atomicCAS((unsigned *)&J.dev->code, 0u, (unsigned)code);
   if (atomicCAS(&J.dev->claim, 0u, 1u) != 0u)
     return;
-  volatile cuops_err *rec[2] = {&J.host->err, (volatile cuops_err *)J.slabs[J.rank]};
+  volatile ops_err_record *rec[2] = {&J.host->err, (volatile ops_err_record *)J.slabs[J.rank]};
   for (int i = 0; i < 2; i++) {
     rec[i]->op = op;
     rec[i]->rank = J.rank;
@@ -148,7 +154,7 @@ struct call;
 __device__ __forceinline__ bool gone_blocks(const cuops_job &J, const call &k, uint32_t src);
 
 /*
- * The abort code in this rank's own slab (cuda_ops.h CUOPS_ABORT_OFF):
+ * The abort code in this rank's own slab (slab.h DEP_SLAB_ABORT_OFF):
  * nonzero once the daemon found a rank of the job gone, and that rank one
  * this wait depends on (gone_blocks).  One thread asks, and only once its
  * wait has gone unmet for CUOPS_ABORT_POLL_NS (waited).
@@ -157,8 +163,8 @@ __device__ __forceinline__ bool job_aborted(const cuops_job &J, const call &k, u
                                             uint64_t waited) {
   if (waited < CUOPS_ABORT_POLL_NS)
     return false;
-  const uint8_t *w = J.slabs[J.rank] + CUOPS_ABORT_OFF;
-  if (ld_acquire_sys32((const uint32_t *)(w + offsetof(cuops_abort, code))) == 0u)
+  const uint8_t *w = J.slabs[J.rank] + DEP_SLAB_ABORT_OFF;
+  if (ld_acquire_sys32((const uint32_t *)(w + offsetof(dep_slab_abort, code))) == 0u)
     return false;
   return gone_blocks(J, k, src);
 }
@@ -168,10 +174,10 @@ __device__ __forceinline__ bool job_aborted(const cuops_job &J, const call &k, u
  * the one that asked), so the words stored before it are visible. */
 __device__ __forceinline__ void rec_gone(const cuops_job &J, uint32_t op, uint64_t seq,
                                          uint64_t waited) {
-  const uint8_t *w = J.slabs[J.rank] + CUOPS_ABORT_OFF;
-  (void)ld_acquire_sys32((const uint32_t *)(w + offsetof(cuops_abort, code)));
-  const volatile cuops_abort *a = (const volatile cuops_abort *)w;
-  rec_fail(J, DEP_ERR_PEER, op, a->rank, CUOPS_PHASE_GONE, seq, CUOPS_ERR_GONE(a->pid, a->detached),
+  const uint8_t *w = J.slabs[J.rank] + DEP_SLAB_ABORT_OFF;
+  (void)ld_acquire_sys32((const uint32_t *)(w + offsetof(dep_slab_abort, code)));
+  const volatile dep_slab_abort *a = (const volatile dep_slab_abort *)w;
+  rec_fail(J, DEP_ERR_PEER, op, a->rank, CUOPS_PHASE_GONE, seq, OPS_ERR_GONE(a->pid, a->detached),
            waited);
 }
 
@@ -204,9 +210,10 @@ struct call {
  * it detached after its last call) fails no wait for a live, slower rank.
  */
 __device__ __forceinline__ bool gone_blocks(const cuops_job &J, const call &k, uint32_t src) {
-  const volatile cuops_abort *a = (const volatile cuops_abort *)(J.slabs[J.rank] + CUOPS_ABORT_OFF);
+  const volatile dep_slab_abort *a =
+      (const volatile dep_slab_abort *)(J.slabs[J.rank] + DEP_SLAB_ABORT_OFF);
   const uint32_t gone = a->rank;
-  if (gone == src || gone >= J.world || a->detached == CUOPS_GONE_NODE)
+  if (gone == src || gone >= J.world || a->detached == DEP_SLAB_GONE_NODE)
     return true;
   return ld_acquire_sys((const uint64_t *)recv_slot(J, k.parity, gone)) != k.seq;
 }
@@ -233,7 +240,7 @@ __device__ __forceinline__ call call_begin(const cuops_job &J) {
  * The last CTA of a call logs it in the rank's stats page (stats_page.h),
  * host memory mapped for the device: the call's time on the global timer
  * from this CTA's start (every CTA of a call is resident and starts at
- * once, cuda_ops.h), its bytes and its status, then its seq.  Stores only,
+ * once, kabi.h), its bytes and its status, then its seq.  Stores only,
  * which PCIe posts without waiting: no load crosses the bus.  There is no
  * system fence before the seq either (it would hold the call's end for a
  * round trip): one thread's posted writes arrive in order in practice, and
@@ -284,18 +291,18 @@ __device__ __forceinline__ void post_header(const cuops_job &J, const call &k, u
                                             uint32_t rows, uint32_t op, uint64_t ref_seq,
                                             uint32_t num_tokens) {
   uint8_t *slot = send_slot(J, k.parity, d);
-  volatile uint32_t *s32 = (volatile uint32_t *)slot;
-  s32[2] = rows;
-  s32[3] = op;
-  ((volatile uint64_t *)slot)[2] = ref_seq;
-  s32[6] = num_tokens;
+  volatile ops_slot *sl = (volatile ops_slot *)slot;
+  sl->rows = rows;
+  sl->op = op;
+  sl->ref_seq = ref_seq;
+  sl->num_tokens = num_tokens;
   st_release_sys((uint64_t *)slot, k.seq);
 }
 
 /*
  * One thread, once this rank's block (its first `bytes`) and slot image
  * for the remote rank d are written and fenced at system scope: hand them
- * to the daemon's proxy (cuda_ops.h, proto/xring.h).  Reserve a
+ * to the daemon's proxy (kabi.h, proto/xring.h).  Reserve a
  * descriptor, wait (bounded) for room — the tail last read is kept in
  * device memory, so the steady state reads nothing across the bus — write
  * it, then publish the ring's head in reservation order: after the
@@ -311,13 +318,13 @@ __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, ui
   for (uint32_t n = 0;; n++) {
     if (!written) {
       unsigned long long tail = *(volatile unsigned long long *)&J.dev->xr_tail;
-      if (i - tail >= CUOPS_XRING_ENTRIES) {
-        tail = ld_acquire_sys((const uint64_t *)(r + CUOPS_XRING_TAIL_OFF));
+      if (i - tail >= DEP_XRING_ENTRIES) {
+        tail = ld_acquire_sys((const uint64_t *)(r + offsetof(dep_xring, tail)));
         atomicMax(&J.dev->xr_tail, tail);
       }
-      if (i - tail < CUOPS_XRING_ENTRIES) {
-        volatile cuops_xdesc *e =
-            (volatile cuops_xdesc *)(r + CUOPS_XRING_DESC_OFF) + i % CUOPS_XRING_ENTRIES;
+      if (i - tail < DEP_XRING_ENTRIES) {
+        volatile dep_xring_desc *e =
+            (volatile dep_xring_desc *)(r + offsetof(dep_xring, desc)) + i % DEP_XRING_ENTRIES;
         e->dest = d;
         e->parity = k.parity;
         e->seq = k.seq;
@@ -328,14 +335,15 @@ __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, ui
     }
     if (written && ld_acquire_gpu(&J.dev->xr_pub) == i) {
       __threadfence_system();
-      st_release_sys((uint64_t *)(r + CUOPS_XRING_HEAD_OFF), i + 1);
+      st_release_sys((uint64_t *)(r + offsetof(dep_xring, head)), i + 1);
       __threadfence_system();
       *(volatile unsigned long long *)&J.dev->xr_pub = i + 1;
       return true;
     }
     if ((n & 31u) == 31u) {
       const uint64_t waited = globaltimer_ns() - k.t0;
-      const int32_t failed = (int32_t)ld_acquire_sys32((const uint32_t *)(r + CUOPS_XRING_FAILED_OFF));
+      const int32_t failed =
+          (int32_t)ld_acquire_sys32((const uint32_t *)(r + offsetof(dep_xring, failed)));
       if (failed != 0 || waited > J.timeout_ns) {
         atomicExch(&J.dev->broken, 1u); /* d will not get this call, whatever the code */
         rec_fail(J, failed != 0 ? failed : DEP_ERR_TIMEOUT, op, d, CUOPS_PHASE_RING, k.seq,
@@ -513,10 +521,10 @@ __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uin
     }
     if (is_remote(J, s) && !mirror)
       st_release_gpu(seen, k.seq);
-    volatile uint32_t *s32 = (volatile uint32_t *)slot;
-    p->rows[s] = s32[2];
-    p->op[s] = s32[3];
-    p->ref[s] = ((volatile uint64_t *)slot)[2];
+    const volatile ops_slot *sl = (const volatile ops_slot *)slot;
+    p->rows[s] = sl->rows;
+    p->op[s] = sl->op;
+    p->ref[s] = sl->ref_seq;
   }
   return 0;
 }

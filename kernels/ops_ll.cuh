@@ -17,7 +17,7 @@ __device__ __forceinline__ uint32_t ll_select(const cuops_job &J, const void *id
                                               uint32_t t, uint32_t d, bool report, int32_t *ids) {
   uint32_t n = 0;
   for (uint32_t j = 0; j < J.topk; j++) {
-    int64_t e = checked_id(J, idx, itype, (uint64_t)t * J.topk + j, CUOPS_OP_LL_DISPATCH, report);
+    int64_t e = checked_id(J, idx, itype, (uint64_t)t * J.topk + j, OPS_OP_LL_DISPATCH, report);
     if (e < 0 || (uint64_t)e / J.le != d)
       continue;
     int32_t l = (int32_t)(e % J.le);
@@ -139,7 +139,7 @@ __device__ __forceinline__ void ll_dispatch_send(const cuops_job &J, const cuops
   __syncthreads();
   for (uint32_t base = 0; base < a.num_tokens; base += CUOPS_THREADS) {
     uint32_t t = base + threadIdx.x, n = 0, trows, tvecs;
-    int32_t ids[CUOPS_MAX_TOPK], idx[CUOPS_MAX_TOPK];
+    int32_t ids[DEP_SHAPE_MAX_TOPK], idx[DEP_SHAPE_MAX_TOPK];
     if (t < a.num_tokens)
       n = ll_select(J, a.idx, a.itype, t, d, d == 0 && part == 0, ids);
     uint32_t roff = block_scan(n > 0, &trows);
@@ -262,7 +262,7 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
     uint32_t s = 0;
     while (f >= s_first[s + 1])
       s++;
-    int32_t ids[CUOPS_MAX_TOPK];
+    int32_t ids[DEP_SHAPE_MAX_TOPK];
     const uint8_t *row = recv_block(J, k.parity, s) + (uint64_t)(f - s_first[s]) * J.row_bytes;
     uint32_t n = ll_row_ids(J, row, ids);
     for (uint32_t i = 0; i < n; i++)
@@ -288,7 +288,7 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
     const uint32_t j = f - s_first[s];
     const uint8_t *row = recv_block(J, k.parity, s) + (uint64_t)j * J.row_bytes;
     const int32_t *meta = (const int32_t *)(row + 2ull * h);
-    int32_t ids[CUOPS_MAX_TOPK];
+    int32_t ids[DEP_SHAPE_MAX_TOPK];
     uint32_t n = ll_row_ids(J, row, ids); /* the same for every lane */
     int32_t l = -1, ix = -1;
     if (lane < n) {
@@ -336,7 +336,7 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
 
 KERNEL dep__k_ll_dispatch(const cuops_job J, const cuops_ll_dispatch_args a) {
   call k = call_begin(J);
-  const uint32_t op = CUOPS_OP_LL_DISPATCH | (a.fp8 ? CUOPS_OP_FP8 : 0u);
+  const uint32_t op = OPS_OP_LL_DISPATCH | (a.fp8 ? OPS_OP_FP8 : 0u);
   if (!k.skip) {
     ll_dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts, op);
     ll_dispatch_recv(J, a, k, blockIdx.x, gridDim.x, op);
@@ -384,7 +384,7 @@ __device__ __forceinline__ void ll_combine_send(const cuops_job &J, const cuops_
     __syncthreads();
   }
   if (threadIdx.x == 0)
-    post(J, k, d, vecs, CUOPS_OP_LL_COMBINE, hseq, a.num_tokens, (uint64_t)vecs * h * 2);
+    post(J, k, d, vecs, OPS_OP_LL_COMBINE, hseq, a.num_tokens, (uint64_t)vecs * h * 2);
 }
 
 KERNEL dep__k_ll_combine(const cuops_job J, const cuops_ll_combine_args a) {
@@ -395,7 +395,7 @@ KERNEL dep__k_ll_combine(const cuops_job J, const cuops_ll_combine_args a) {
   if (!k.skip) {
     ll_combine_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts, hseq);
     const uint32_t r = blockIdx.x, R = gridDim.x;
-    if (combine_wait(J, k, CUOPS_OP_LL_COMBINE, hseq, a.h.ll_expect, r == 0)) {
+    if (combine_wait(J, k, OPS_OP_LL_COMBINE, hseq, a.h.ll_expect, r == 0)) {
       const bool vec = ((uintptr_t)a.out & 15u) == 0;
       for (uint32_t t = r * CUOPS_WARPS + warp; t < a.num_tokens; t += R * CUOPS_WARPS) {
         /* lane j < K: route j of this token; the ids must be the dispatch's */
@@ -405,7 +405,7 @@ KERNEL dep__k_ll_combine(const cuops_job J, const cuops_ll_combine_args a) {
           const int32_t *route = a.h.ll_route + ((uint64_t)t * K + lane) * 2;
           int64_t id = idx_at(a.idx, a.itype, (uint64_t)t * K + lane);
           if (id != route[0])
-            rec_fail(J, DEP_ERR_INVALID, CUOPS_OP_LL_COMBINE, t, CUOPS_PHASE_IDS, k.seq,
+            rec_fail(J, DEP_ERR_INVALID, OPS_OP_LL_COMBINE, t, CUOPS_PHASE_IDS, k.seq,
                      (uint64_t)id, 0);
           int32_t e = route[0];
           uint32_t vi = (uint32_t)route[1];

@@ -72,7 +72,7 @@ KERNEL dep__k_layout(const cuops_job J, const cuops_layout_args a) {
  * Every CTA sends, then receives.  CTA b sends part b % P of the rows for
  * rank b / P: its warps take contiguous groups of tokens, count the rows
  * each group makes for that rank, meet once (a barrier of the whole grid:
- * every CTA is resident, cuda_ops.h), learn from the counts of the groups
+ * every CTA is resident, kabi.h), learn from the counts of the groups
  * before theirs where their rows go, and write them, marking them as they
  * go (the row marks of ops_dev.cuh); part 0's first warp posts the rank's
  * row count before any row.  Then each warp claims rows to receive from a
@@ -132,14 +132,14 @@ __device__ __forceinline__ bool id_for(const cuops_job &J, const cuops_dispatch_
                                        uint32_t d, bool report, int64_t *e) {
   const uint32_t lane = threadIdx.x & 31u;
   *e = lane < J.topk ? checked_id(J, a.idx, a.itype, (uint64_t)t * J.topk + lane,
-                                  CUOPS_OP_DISPATCH, report)
+                                  OPS_OP_DISPATCH, report)
                      : -1;
   return *e >= 0 && (uint64_t)*e / J.le == d;
 }
 
 /* The op a dispatch posts and checks: DISPATCH, with FP8 and CACHED or-ed in. */
 __device__ __forceinline__ uint32_t dispatch_op(const cuops_dispatch_args &a) {
-  return CUOPS_OP_DISPATCH | (a.fp8 ? CUOPS_OP_FP8 : 0u) | (a.cached ? CUOPS_OP_CACHED : 0u);
+  return OPS_OP_DISPATCH | (a.fp8 ? OPS_OP_FP8 : 0u) | (a.cached ? OPS_OP_CACHED : 0u);
 }
 
 /* One token's payload into a row: bf16, or e4m3 bytes then their scales. */
@@ -168,8 +168,8 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
   const uint32_t t0 = min(g * gs, a.num_tokens), t1 = min(t0 + gs, a.num_tokens);
   uint32_t *cnt = J.tcnt + (uint64_t)d * ng;
   /* which of the group's tokens go to d, a bit each (the group is at most
-   * CUOPS_MAX_TOKENS / CUOPS_WARPS tokens: one part, the largest max_tokens_per_rank) */
-  __shared__ uint32_t s_go[CUOPS_WARPS][CUOPS_MAX_TOKENS / CUOPS_WARPS / 32];
+   * DEP_SHAPE_MAX_TOKENS / CUOPS_WARPS tokens: one part, the largest max_tokens_per_rank) */
+  __shared__ uint32_t s_go[CUOPS_WARPS][DEP_SHAPE_MAX_TOKENS / CUOPS_WARPS / 32];
   uint32_t *go_bits = s_go[threadIdx.x >> 5];
   uint32_t before = 0, all = 0; /* the rows before the group's, and to d in all */
   if (a.cached) {
@@ -197,7 +197,7 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
       const uint32_t t = b + lane;
       bool go = false; /* every id read: rank 0's senders report bad ones */
       for (uint32_t j = 0; t < t1 && j < K; j++) {
-        int64_t e = checked_id(J, a.idx, a.itype, (uint64_t)t * K + j, CUOPS_OP_DISPATCH, d == 0);
+        int64_t e = checked_id(J, a.idx, a.itype, (uint64_t)t * K + j, OPS_OP_DISPATCH, d == 0);
         go |= e >= 0 && (uint64_t)e / J.le == d;
       }
       if (t < t1 && !go)
@@ -209,7 +209,7 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
     }
     if (lane == 0)
       cnt[g] = c;
-    if (!grid_meet(J, k, CUOPS_OP_DISPATCH))
+    if (!grid_meet(J, k, OPS_OP_DISPATCH))
       return false;
     /* 2. where the group's rows start: the rows of the groups before it */
     for (uint32_t i = lane; i < ng; i += 32) {
@@ -411,7 +411,7 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
       const uint32_t s = s0 + lane;
       int32_t p = s < W ? a.h.tp_pos[(uint64_t)t * W + s] : -1;
       const uint8_t *row = p >= 0 ? recv_block(J, k.parity, s) + (uint64_t)p * J.row_bytes : NULL;
-      if (!wait_rows(J, k, CUOPS_OP_COMBINE, row, s))
+      if (!wait_rows(J, k, OPS_OP_COMBINE, row, s))
         return false;
     }
     if (a.ow != NULL && lane < J.topk) {
@@ -468,7 +468,7 @@ KERNEL dep__k_combine(const cuops_job J, const cuops_combine_args a) {
     for (uint32_t s = 0; s < d; s++)
       off += a.h.tp_from[s];
     const uint32_t n = a.h.tp_from[d];
-    const uint32_t op = CUOPS_OP_COMBINE | (a.ow != NULL ? CUOPS_OP_WEIGHTS : 0u);
+    const uint32_t op = OPS_OP_COMBINE | (a.ow != NULL ? OPS_OP_WEIGHTS : 0u);
     if (part == 0 && threadIdx.x == 0)
       post_header(J, k, d, n, op, hseq, a.num_tokens);
     uint8_t *blk = send_block(J, k.parity, d);

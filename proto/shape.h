@@ -23,8 +23,8 @@
 
 #include "deepep.h"
 
-/* The limits, for code that must size something by them (kernels via
- * client/cuda_ops.h, which holds its copies to these at compile time). */
+/* The limits, for code that must size something by them (the kernels, which
+ * read this header through kabi.h). */
 #define DEP_SHAPE_MAX_TOKENS 65536u
 #define DEP_SHAPE_HIDDEN_STEP 128u /* channels per FP8 scale */
 #define DEP_SHAPE_MAX_HIDDEN 16384u

@@ -57,6 +57,7 @@
 
 #include <stdint.h>
 
+#include "ccuda.h"
 #include "deepep.h"
 
 #define DEP_SLAB_CTRL_SLOT 64u  /* bytes per (parity, source) control slot */
@@ -94,8 +95,8 @@ struct dep_slab_abort {
 #define DEP_SLAB_GONE_NODE 2u     /* rank names the first rank of a node that is lost */
 #define DEP_SLAB_GONE_DAEMON 3u   /* this node's daemon stopped, died or restarted */
 #define DEP_SLAB_GONE_NO_RANK 0xffffffffu
-_Static_assert(DEP_SLAB_ABORT_OFF + sizeof(struct dep_slab_abort) <= DEP_SLAB_ERR_BYTES,
-               "the abort words must fit the error words");
+DEP_STATIC_ASSERT(DEP_SLAB_ABORT_OFF + sizeof(struct dep_slab_abort) <= DEP_SLAB_ERR_BYTES,
+                  "the abort words must fit the error words");
 /* The private area's part that does not grow with the shape: the library's
  * counters and its SM-sized scratch (for GPUs of up to 512 SMs); what grows
  * with it is added per expert, per rank and per token, and a control area
@@ -143,16 +144,41 @@ int dep__slab_layout(const struct dep_job_shape *shape, uint32_t world_size,
  * through the exchange region, which is not pool memory). */
 uint64_t dep__slab_key(const struct dep_job_shape *shape, uint32_t world_size);
 
+/*
+ * The addressing is written once, here, on the layout's numbers alone:
+ * the functions below apply it to a struct dep_slab_layout, and the
+ * kernels (kernels/ops_dev.cuh) to the same numbers in their job
+ * descriptor (kabi.h struct cuops_job).  These are macros rather than
+ * functions so that the kernels' code stays what it was when they wrote
+ * each expression out (a function's arguments are evaluated first, which
+ * reorders the loads nvcc emits).
+ */
+
+/* Offset of the control slot of (parity, source rank) in a world of `world`. */
+#define DEP_SLAB_CTRL_SLOT_AT(world, parity, src) \
+  (DEP_SLAB_ERR_BYTES + ((uint64_t)(parity) * (world) + (src)) * DEP_SLAB_CTRL_SLOT)
+
+/* Offset of the block pushed by source `src` in a call of `parity`. */
+#define DEP_SLAB_BLOCK_AT(data_off, parity_bytes, block_bytes, parity, src) \
+  ((data_off) + (uint64_t)(parity) * (parity_bytes) + (uint64_t)(src) * (block_bytes))
+
+/* The exchange region's entry of remote rank number `ri` (0..n_remote-1)
+ * in a call of `parity`: its index among the (parity, remote rank) pairs,
+ * and the offset of entry `index` in an array of `unit`-byte entries at
+ * `off` (the in or out slots, or blocks). */
+#define DEP_XCHG_INDEX(n_remote, parity, ri) ((uint64_t)(parity) * (n_remote) + (uint64_t)(ri))
+#define DEP_XCHG_ENTRY_AT(off, unit, index) ((off) + (index) * (unit))
+
 /* Offset of the control slot of (parity, source rank). */
 static inline uint64_t dep_slab_ctrl_slot(const struct dep_slab_layout *l, unsigned parity,
                                           uint32_t src) {
-  return DEP_SLAB_ERR_BYTES + ((uint64_t)parity * l->world_size + src) * DEP_SLAB_CTRL_SLOT;
+  return DEP_SLAB_CTRL_SLOT_AT(l->world_size, parity, src);
 }
 
 /* Offset of the block pushed by source `src` in a call of `parity`. */
 static inline uint64_t dep_slab_block(const struct dep_slab_layout *l, unsigned parity,
                                       uint32_t src) {
-  return l->data_off + (uint64_t)parity * l->parity_bytes + (uint64_t)src * l->block_bytes;
+  return DEP_SLAB_BLOCK_AT(l->data_off, l->parity_bytes, l->block_bytes, parity, src);
 }
 
 /* Offset of row `row` pushed by source `src` in a call of `parity`. */
@@ -166,23 +192,23 @@ static inline uint64_t dep_slab_row(const struct dep_slab_layout *l, unsigned pa
  * rank (in) and what this rank means for it (out). */
 static inline uint64_t dep_xchg_index(const struct dep_slab_layout *l, unsigned parity,
                                       uint32_t ri) {
-  return (uint64_t)parity * l->n_remote + ri;
+  return DEP_XCHG_INDEX(l->n_remote, parity, ri);
 }
 static inline uint64_t dep_slab_in_slot(const struct dep_slab_layout *l, unsigned parity,
                                         uint32_t ri) {
-  return l->in_slot_off + dep_xchg_index(l, parity, ri) * DEP_SLAB_CTRL_SLOT;
+  return DEP_XCHG_ENTRY_AT(l->in_slot_off, DEP_SLAB_CTRL_SLOT, dep_xchg_index(l, parity, ri));
 }
 static inline uint64_t dep_slab_in_block(const struct dep_slab_layout *l, unsigned parity,
                                          uint32_t ri) {
-  return l->in_off + dep_xchg_index(l, parity, ri) * l->block_bytes;
+  return DEP_XCHG_ENTRY_AT(l->in_off, l->block_bytes, dep_xchg_index(l, parity, ri));
 }
 static inline uint64_t dep_slab_out_slot(const struct dep_slab_layout *l, unsigned parity,
                                          uint32_t ri) {
-  return l->out_slot_off + dep_xchg_index(l, parity, ri) * DEP_SLAB_CTRL_SLOT;
+  return DEP_XCHG_ENTRY_AT(l->out_slot_off, DEP_SLAB_CTRL_SLOT, dep_xchg_index(l, parity, ri));
 }
 static inline uint64_t dep_slab_out_block(const struct dep_slab_layout *l, unsigned parity,
                                           uint32_t ri) {
-  return l->out_off + dep_xchg_index(l, parity, ri) * l->block_bytes;
+  return DEP_XCHG_ENTRY_AT(l->out_off, l->block_bytes, dep_xchg_index(l, parity, ri));
 }
 
 /* Round a size up to a whole number of chunks. */

@@ -34,9 +34,9 @@
 #ifndef DEP_XRING_H
 #define DEP_XRING_H
 
-#include <stdatomic.h>
 #include <stdint.h>
 
+#include "ccuda.h"
 #include "deepep.h"
 #include "slab.h"
 
@@ -69,14 +69,14 @@ struct dep_xring {
   uint32_t rank;              /* the global rank that fills it */
   uint64_t xchg_bytes;        /* the exchange region's size after the ring (slab.h) */
   uint8_t pad0[40];
-  _Atomic uint64_t head;      /* descriptors pushed: the rank's */
+  DEP_ATOMIC(uint64_t) head;     /* descriptors pushed: the rank's */
   uint8_t pad1[56];
-  _Atomic uint64_t tail;      /* descriptors moved: the proxy's */
+  DEP_ATOMIC(uint64_t) tail;     /* descriptors moved: the proxy's */
   uint8_t pad2[56];
   /* The proxy's word for the rank: 0, or the DEP_ERR_* code with which it
    * stopped draining this ring (its job failed, its peer is gone); a rank
    * waiting for room reads it and stops waiting. */
-  _Atomic int32_t failed;
+  DEP_ATOMIC(int32_t) failed;
   uint8_t pad3[60];
   struct dep_xring_desc desc[DEP_XRING_ENTRIES];
 };
@@ -153,7 +153,8 @@ struct dep_xfer_rdma_req {
   uint32_t version;         /* DEP_XFER_VERSION */
   uint8_t proof[DEP_XFER_RDMA_PROOF_LEN];
 };
-_Static_assert(sizeof(struct dep_xfer_rdma_req) == 56, "RC connection private data holds 56 bytes");
+DEP_STATIC_ASSERT(sizeof(struct dep_xfer_rdma_req) == 56,
+                  "RC connection private data holds 56 bytes");
 struct dep_xfer_hdr {
   uint32_t magic;
   uint32_t src;             /* the sending rank (on the opener's node) */
@@ -165,6 +166,6 @@ struct dep_xfer_hdr {
   uint8_t slot[DEP_SLAB_CTRL_SLOT]; /* the control slot, flag first, as the sender wrote it
                                        into its out slot */
 };
-_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data stream is little-endian");
+DEP_STATIC_ASSERT(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data stream is little-endian");
 
 #endif /* DEP_XRING_H */

@@ -1,0 +1,323 @@
+/*
+ * kabi.h — the interface between the cuda backend's launcher
+ * (client/cuda_ops.c, cuda_attach.c, cuda_handles.c) and its kernels
+ * (kernels/ops.cu), defined once and read by both: C11 and CUDA C++
+ * alike (ccuda.h).  It builds on what the host backend and the daemon
+ * already share: the slab and exchange region layouts and the abort words
+ * (slab.h), the proxy's ring (xring.h) and the shape's limits (shape.h).
+ * The semantics and the row layout are the host backend's
+ * (kernels/host_ops.h); the op codes, the control slot and the error
+ * record, which both backends write, are defined here.
+ *
+ * Protocol on the GPU (DESIGN §6, kernel rules):
+ *   - The call counter lives in device memory (cuops_dev.seq): each
+ *     communicating kernel reads it, uses seq + 1, and its last CTA to
+ *     finish stores seq + 1.  Nothing a call needs comes from the host at
+ *     launch time except pointers and num_tokens, so low-latency calls can
+ *     be captured in a CUDA graph and replayed.
+ *   - Push only: sender CTAs write rows into the peers' slabs, the last
+ *     sender CTA of each destination fences (system scope) and stores the
+ *     flag with st.release.sys; receiver CTAs wait with ld.acquire.sys.
+ *     The throughput ops post the flag (with the row count) before the
+ *     rows, and mark each row with the call in its meta word 3 after a
+ *     system fence; receivers wait for the flag, then for each row's mark.
+ *     Every rank posts to every rank on every call, zero rows included.
+ *   - A rank on another node (cuops_job.remote_mask) is reached through
+ *     this rank's daemon (DESIGN §7, proto/xring.h) and this rank's
+ *     exchange region (proto/slab.h): host memory the daemon lent after
+ *     the ring, which the library registered for the device.  The rows
+ *     and slot for that rank go into the region's out block and out slot
+ *     for it instead of a slab, and once every sender of that destination
+ *     is done (the arrive counter), one thread fences at system scope and
+ *     pushes a descriptor into the ring: a slot of the ring reserved with
+ *     an atomic on the device, the descriptor written, then the ring's
+ *     head published in reservation order.  A full ring is a bounded wait;
+ *     a ring the proxy stopped serving fails the call with the proxy's
+ *     code (CUOPS_PHASE_RING).  The daemon's proxy reads the block and
+ *     slot with plain loads and sends them (TCP) or writes them (RDMA)
+ *     into the exchange region of the remote rank, whose daemon (TCP)
+ *     stores the block, then the slot, then the flag with release
+ *     ordering, plain stores into host memory: no daemon copies into or
+ *     out of GPU memory, so no call waits for the daemon's own context to
+ *     get the GPU.  The receiving kernels read a remote source's slot and
+ *     rows in the in slot and in block of their exchange region
+ *     (recv_slot, recv_block: host memory over the mapping) and a local
+ *     source's in their slab, with the same acquire loads at system
+ *     scope, bounded waits, error records and abort polling.
+ *   - Every wait is bounded by op_timeout_ms on %globaltimer.  A failure
+ *     is claimed once (cuops_dev.claim) and recorded in pinned host memory
+ *     (cuops_host.err, read by the library without a sync) and in the
+ *     slab's error words; the kernel returns, it never traps.
+ *   - A wait whose condition is not met after CUOPS_ABORT_POLL_NS also
+ *     polls, every time it reads the clock, the abort code in this rank's
+ *     own slab (slab.h DEP_SLAB_ABORT_OFF: the daemon writes it when a
+ *     rank of the running job is gone), so a dead peer fails the call within
+ *     microseconds of the daemon noticing (DEP_ERR_PEER, CUOPS_PHASE_GONE)
+ *     rather than after op_timeout_ms; waits shorter than that never load
+ *     it, so the steady state pays nothing.  The flag or row is always
+ *     checked first, and the abort counts only for a wait on the gone rank
+ *     itself or while the gone rank has not posted this call: a peer that
+ *     pushed its part and then left (it detached after its last call) is
+ *     no error, not even for a wait on another, slower rank.
+ *   - SM budget: every communicating kernel is world * P CTAs of
+ *     CUOPS_THREADS threads, each of which first sends (part of the rows
+ *     for one peer) then receives (in the throughput ops, work claimed
+ *     from a counter, so that CTAs done sending early receive while others
+ *     still push across NVLink).  P = max(1, B / world), where B, the
+ *     rank's budget, is the GPU's SMs divided by the job's ranks on that
+ *     GPU, at most CUOPS_MAX_CTAS: ranks sharing one GPU all fit at once
+ *     (8 ranks on 132 SMs: 16 CTAs each), and a rank alone on its GPU
+ *     leaves the rest of it to the trainer's kernels.  $DEEPEP_KERNEL_CTAS
+ *     sets B for every rank (at most CUOPS_CTAS_PER_SM * SMs / ranks on the
+ *     GPU, so that all stay resident).  "Ranks on the GPU" are the job's
+ *     ranks that this rank's daemon holds there: daemons that share one GPU
+ *     (a test of nodes on one machine) do not see each other's, and must
+ *     be given a budget that fits them all.  Each lane keeps
+ *     several 16-byte loads in flight (ops_dev.cuh), since a copy with one
+ *     load in flight per thread runs at the memory's latency.
+ *
+ */
+#ifndef DEP_KABI_H
+#define DEP_KABI_H
+
+#include <stdint.h>
+
+#include "ccuda.h"
+#include "deepep.h"
+#include "shape.h"
+#include "slab.h"
+#include "stats_page.h"
+#include "xring.h"
+
+#define CUOPS_THREADS 256
+#define CUOPS_WARPS (CUOPS_THREADS / 32)
+#define CUOPS_MAX_RANKS DEP_MAX_LOCAL_RANKS
+#define CUOPS_MAX_CTAS 96u
+/* CTAs of one communicating kernel resident per SM (__launch_bounds__: ops_dev.cuh KERNEL). */
+#define CUOPS_CTAS_PER_SM 2u
+/* Low-latency dispatch keeps per-(source, local expert) counts and offsets
+ * in dynamic shared memory: 8 bytes per expert, within the 48 KiB a kernel
+ * gets without opting in. */
+#define CUOPS_LL_MAX_EXPERTS 4096u
+#define CUOPS_LL_SHMEM(num_experts) (8u * (num_experts))
+
+/* How long a wait goes unmet before it polls the abort code (slab.h's
+ * abort words) too. */
+#define CUOPS_ABORT_POLL_NS 20000u
+
+/* Communicating operations, as carried in slots and error records. */
+enum ops_op {
+  OPS_OP_DISPATCH = 1,
+  OPS_OP_COMBINE = 2,
+  OPS_OP_LL_DISPATCH = 3,
+  OPS_OP_LL_COMBINE = 4,
+};
+#define OPS_OP_FP8 0x100u /* or-ed into a slot's op: the rows carry FP8 */
+#define OPS_OP_CACHED 0x200u /* or-ed into a dispatch's op: routed by a handle (cached mode) */
+#define OPS_OP_WEIGHTS 0x400u /* or-ed into a combine's op: its rows carry topk weights */
+
+/*
+ * One (parity, source) control slot at dep_slab_ctrl_slot() of the
+ * receiver's slab.  The sender fills rows/op/ref_seq, then stores flag.
+ */
+struct ops_slot {
+  DEP_ATOMIC(uint64_t) flag; /* seq of the call that filled the slot */
+  uint32_t rows;         /* rows (LL combine: vectors) in the block */
+  uint32_t op;           /* enum ops_op, | OPS_OP_FP8 */
+  uint64_t ref_seq;      /* combines: seq of the dispatch their handle holds */
+  uint32_t num_tokens;   /* the sender's num_tokens in this call (diagnostics) */
+  uint32_t reserved;
+};
+DEP_STATIC_ASSERT(sizeof(struct ops_slot) <= DEP_SLAB_CTRL_SLOT, "slot exceeds DEP_SLAB_CTRL_SLOT");
+
+/*
+ * The error words at offset 0 of a rank's own slab, written by that rank
+ * when a wait times out or finds a peer gone (code last, with release
+ * ordering), so that the daemon and deepepctl can say which rank waited
+ * for whom.  The cuda backend's kernels write the same record into pinned
+ * host memory too (cuops_host.err), for the library to read without a sync.
+ */
+struct ops_err_record {
+  DEP_ATOMIC(int32_t) code; /* 0, or the DEP_ERR_* of the failed call */
+  uint32_t op;          /* enum ops_op */
+  uint32_t rank;        /* the rank that waited (this slab's owner) */
+  uint32_t source;      /* the rank it waited for; DEP_ERR_PEER: the rank that is gone */
+  uint64_t seq;         /* the call */
+  uint64_t seen_flag;   /* the source's flag when it gave up; DEP_ERR_PEER: OPS_ERR_GONE */
+  uint32_t waited_ms;
+  uint32_t phase;       /* cuda: where it failed (enum cuops_phase); the host backend
+                           does not write it */
+};
+/* DEP_ERR_PEER's seen_flag: the gone rank's pid, and in bits 32-33 how it
+ * went: the abort words' detached (slab.h DEP_SLAB_GONE_*). */
+#define OPS_ERR_GONE(pid, detached) ((uint64_t)(uint32_t)(pid) | ((uint64_t)((detached) & 3u) << 32))
+DEP_STATIC_ASSERT(sizeof(struct ops_err_record) <= DEP_SLAB_ABORT_OFF,
+                  "record overlaps the abort words (slab.h)");
+
+/* Where a failure happened (ops_err_record.phase). */
+enum cuops_phase {
+  CUOPS_PHASE_WAIT = 1,    /* waiting for a peer's flag */
+  CUOPS_PHASE_AHEAD = 2,   /* a peer's flag is past this call: ranks out of step */
+  CUOPS_PHASE_PEER = 3,    /* a peer made another call, or sent malformed rows */
+  CUOPS_PHASE_IDS = 4,     /* the caller's topk_idx */
+  CUOPS_PHASE_ROW = 5,     /* waiting for a peer's row (throughput ops) */
+  CUOPS_PHASE_GONE = 6,    /* the abort words: source is the gone rank, seen_flag OPS_ERR_GONE */
+  CUOPS_PHASE_WORST = 7,   /* dispatch: more rows arrived than num_worst_tokens (seen_flag: rows) */
+  CUOPS_PHASE_RING = 8,    /* the proxy's ring: full past the timeout, or no longer served
+                              (code: the proxy's); source is the destination rank */
+};
+
+/* Pinned host memory mapped for the device: written by kernels, read by the library. */
+struct cuops_host {
+  struct ops_err_record err;       /* code stored last */
+  uint32_t num_recv;               /* dispatch: rows received */
+  uint32_t recv_from[CUOPS_MAX_RANKS]; /* dispatch: rows from each source */
+};
+
+/* Device scratch of one client. */
+struct cuops_dev {
+  uint64_t seq;                    /* communicating calls made */
+  uint32_t done;                   /* CTAs finished in the running launch */
+  uint32_t claim;                  /* 1 once a failure is recorded */
+  uint32_t broken;                 /* 1 after a timeout: kernels do nothing */
+  uint32_t pad;
+  uint32_t arrive[CUOPS_MAX_RANKS]; /* sender CTAs done per destination */
+  uint32_t bar_count, bar_gen;     /* the dispatch's grid barrier (ops_tp.cuh grid_meet) */
+  uint32_t ticket;                 /* the throughput ops' receive work, claimed; 0 between calls */
+  int32_t code;                    /* the failure rec_fail recorded in the running call, for its
+                                      stats entry; 0 between calls */
+  uint32_t layout_done;            /* CTAs of the running layout finished */
+  uint64_t layouts;                /* layouts made (the stats page's layout ring) */
+  /* The proxy's ring: descriptors reserved, published (its head as this
+   * rank last stored it) and known taken (its tail as last read). */
+  unsigned long long xr_next, xr_pub, xr_tail;
+  /* Per remote source: the call whose flag CTA 0 last saw in the exchange
+   * region (CUOPS_XSEEN_FAILED set: that wait failed), for the other CTAs
+   * to wait on in device memory (ops_dev.cuh wait_peers). */
+  unsigned long long xseen[CUOPS_MAX_RANKS];
+};
+#define CUOPS_XSEEN_FAILED (1ull << 63)
+
+/* One rank's view of its job, passed by value to every kernel. */
+struct cuops_job {
+  uint8_t *slabs[CUOPS_MAX_RANKS]; /* every local rank's slab (device pointers), by rank;
+                                      NULL for a rank on another node */
+  uint64_t data_off, block_bytes, parity_bytes, row_bytes;
+  /* A job that spans nodes: bit r set for each rank on another node; the
+   * ring to the daemon's proxy and the exchange region after it (device
+   * addresses of the registered host mapping, xring.h), and the offsets in
+   * the region of its in slots, out slots, in blocks and out blocks
+   * (slab.h: by parity and the rank's number among the remote ones). */
+  uint64_t remote_mask, in_slot_off, out_slot_off, in_off, out_off;
+  uint32_t n_remote, pad0;
+  uint8_t *ring;
+  uint8_t *xchg;
+  uint32_t world, rank, hidden, topk, num_experts, le, kd, max_tokens, max_ll, parts;
+  uint32_t *tcnt;                  /* dispatch: [world][parts * warps] rows counted, scratch */
+  uint64_t timeout_ns;
+  struct cuops_host *host;         /* device address of the pinned block */
+  struct cuops_dev *dev;
+  /* Device address of the stats page (stats_page.h), pinned, or NULL: the
+   * last CTA of each call writes its entry there (ops_dev.cuh stats_call). */
+  struct dep_stats_page *stats;
+};
+DEP_STATIC_ASSERT(CUOPS_MAX_RANKS <= 64, "remote_mask has a bit per rank");
+
+/* dep__k_touch: the bytes of each slab to touch. */
+struct cuops_touch_args {
+  uint64_t bytes;
+};
+
+/* A handle's device arrays (one allocation). */
+struct cuops_hdl {
+  uint64_t *seq;       /* [1] call number of the dispatch */
+  int32_t *tp_pos;     /* [max_tokens * world] row of token t at rank d, -1 if not sent */
+  uint32_t *tp_sent;   /* [world] rows sent to each rank */
+  uint32_t *tp_from;   /* [world] rows received from each rank */
+  int32_t *ll_route;   /* [max_ll * topk * 2] {expert, vector index at its rank} */
+  uint32_t *ll_expect; /* [world] vectors each rank owes back */
+  uint32_t *ll_rows;   /* [world] rows received from each rank */
+  int32_t *ll_nids;    /* [world * max_ll] distinct experts of each received row */
+  int32_t *ll_map;     /* [world * max_ll * kd * 2] {local expert, row} of each (row, id) */
+};
+
+struct cuops_layout_args {
+  const void *idx;
+  int32_t itype;
+  uint32_t num_tokens;
+  int32_t *tpr, *tpe;
+  uint8_t *tir;
+};
+
+/* A dispatch (deepep.h): bf16 or FP8 rows (fp8: x is e4m3 bytes, xs their
+ * scales), fresh or routed by the handle (cached), outputs of `worst` rows
+ * or of the rows received (worst 0); align > 1 rounds the counts
+ * (dep__k_align, launched after it); ridx holds int32 ids, or int64 with
+ * ri64 (recv_index_type DEP_INDEX_I64). */
+struct cuops_dispatch_args {
+  const void *x, *idx;
+  const float *w;
+  int32_t itype;
+  uint32_t num_tokens;
+  void *rx;
+  void *ridx;
+  float *rw;
+  int32_t *cnt;
+  const float *xs;
+  float *rxs;
+  int32_t fp8, cached;
+  uint32_t worst, align;
+  int32_t ri64;
+  uint32_t pad;
+  struct cuops_hdl h;
+};
+
+/* w/ow: DeepEP's combine of weights (ow NULL: none; w NULL only with no rows),
+ * w [rows, topk], ow [num_tokens, topk]. */
+struct cuops_combine_args {
+  const void *x;
+  void *out;
+  uint32_t num_tokens;
+  uint32_t pad;
+  const float *w;
+  float *ow;
+  struct cuops_hdl h;
+};
+
+struct cuops_ll_dispatch_args {
+  const void *x, *idx;
+  int32_t itype;
+  uint32_t num_tokens;
+  int32_t fp8;
+  uint32_t pad;
+  void *rx;
+  float *rs;
+  int32_t *cnt;
+  uint8_t *stage;      /* FP8: this rank's tokens, cast once (dep__k_ll_cast), CUOPS_STAGE_ROW each */
+  struct cuops_hdl h;
+};
+
+/* A staged FP8 token: hidden bytes of e4m3, then hidden / 128 float32 scales (the row's layout). */
+#define CUOPS_STAGE_ROW(hidden) ((((uint64_t)(hidden) + (hidden) / 32u) + 15u) & ~(uint64_t)15u)
+
+struct cuops_ll_combine_args {
+  const void *x, *idx;
+  int32_t itype;
+  uint32_t num_tokens;
+  const float *w;
+  void *out;
+  struct cuops_hdl h;
+};
+
+/* Kernel names in the fatbin, in the order of cuops_state.fn[]. */
+#define CUOPS_KERNELS(XX)                  \
+  XX(LAYOUT, "dep__k_layout")               \
+  XX(DISPATCH, "dep__k_dispatch")           \
+  XX(COMBINE, "dep__k_combine")             \
+  XX(LL_DISPATCH, "dep__k_ll_dispatch")     \
+  XX(LL_COMBINE, "dep__k_ll_combine")       \
+  XX(LL_CAST, "dep__k_ll_cast")              \
+  XX(ALIGN, "dep__k_align")                 \
+  XX(TOUCH, "dep__k_touch")
+
+#endif /* DEP_KABI_H */
