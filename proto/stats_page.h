@@ -18,7 +18,7 @@
  *   calls[]    one entry per communicating call (dispatch, combine and their
  *              low-latency forms), at calls[seq % DEP_STATS_RING], where
  *              seq is the call number the operations already keep
- *              (host_ops.h, cuda_ops.h): the entry's seq is stored last,
+ *              (host_ops.h, kabi.h): the entry's seq is stored last,
  *              with release ordering, and a reader takes an entry only when
  *              it reads the same seq before and after copying it.
  *   layouts[]  one entry per layout, at layouts[n % DEP_STATS_LAYOUT_RING],
