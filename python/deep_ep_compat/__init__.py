@@ -18,6 +18,8 @@ work as with DeepEP.  Where the semantics differ:
   scales are not taken;
 - with num_worst_tokens, rows past those received have recv_topk_idx -1 and
   recv_topk_weights 0, and recv_x there is not written (as DeepEP);
+- combine's bias is added after the combine (bf16(float32(combined) + bias_0 +
+  bias_1): the combined sum is rounded to bf16 before the bias is added);
 - FP8 values are torch.float8_e4m3fn where torch has it, else uint8;
 - Buffer accepts and ignores keyword arguments that forks of DeepEP add;
 - get_local_buffer_tensor is a buffer of the Buffer's own (deepepd's memory is

@@ -254,17 +254,31 @@ def test_arguments_not_in_the_library_yet_raise_unsupported(buf):
     q = torch.zeros(4, 128, dtype=torch.uint8, device=DEV)
     packed = torch.ones(4, 1, dtype=torch.int32, device=DEV)  # DeepEP's UE8M0, four an int
     cases = [
-        lambda: buf.combine(x, h, bias=x),
         lambda: buf.low_latency_dispatch(x, idx, 8, 4, round_scale=True),
         # README lists int32 scales in an FP8 tuple among these (it was a TypeError)
         lambda: buf.dispatch((q, packed), topk_idx=idx, topk_weights=w),
     ]
-    names = ["bias", "round_scale", "int32 (packed UE8M0) FP8 scales"]
+    names = ["round_scale", "int32 (packed UE8M0) FP8 scales"]
     for case, name in zip(cases, names):
         with pytest.raises(deepep.Unsupported, match="not in libdeepep-client yet") as e:
             case()
         assert name in str(e.value)
         assert isinstance(e.value, NotImplementedError)
+
+
+def test_a_wrong_bias_is_refused_naming_it_before_the_combine_is_sent(buf):
+    x, idx, w = tokens()
+    rx, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    for bias, err, msg in (
+            (x.float(), TypeError, r"bias has dtype torch.float32; it must be torch.bfloat16"),
+            (x[:3], ValueError, r"bias has shape \(3, 128\); expected \(4, 128\)"),
+            ((x, x, x), ValueError, "bias is a tuple of 3 items"),
+            ((x, "b"), TypeError, r"bias\[1\] must be a torch.Tensor or None, not str")):
+        with pytest.raises(err, match=msg):
+            buf.combine(rx, h, bias=bias)
+    # Nothing was sent: the handle's combine is still to be made, and adds the bias.
+    out, _, _ = buf.combine(rx, h, bias=(None, x))
+    assert torch.equal(out, (x.float() * 2).bfloat16())
 
 
 def test_bad_fp8_cached_worst_and_weight_arguments_name_the_argument(buf):

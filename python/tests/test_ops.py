@@ -317,3 +317,45 @@ def check_worst(W, res, seed):
             want = bf16_bits(inp["x"] * factor[:, None] + np.float32(0)) if len(o) else \
                 np.zeros((0, inp["x"].shape[1]), np.int16)
             np.testing.assert_array_equal(res[s][i]["worst_combined"], want)
+
+
+# ---- combine's bias, and deep_ep's internode_dispatch / internode_combine ----
+
+_bias = {}
+
+
+@pytest.fixture(params=WORLDS, ids=lambda w: f"world{w}")
+def bias_world(request, daemon, seed):
+    """(world size, every rank's results) of ranks.bias_rank in one job of that many ranks."""
+    w = request.param
+    if w not in _bias:
+        _bias[w] = ranks.run_world(daemon, f"pybias-{w}-{uuid.uuid4().hex[:8]}", w, seed,
+                                   device=conftest.DEVICE, fn=ranks.bias_rank)
+    return w, _bias[w]
+
+
+def combined_reference(inp, W, L):
+    """The combine of run_rank's experts (rank r multiplies by r + 1) as float32 values of the
+    bf16 result (check_combine's)."""
+    o = owner(inp["idx"], L)
+    factor = np.array([sum(q + 1 for q in range(W) if (o[t] == q).any())
+                       for t in range(len(o))], np.float32)
+    return bf16_round(inp["x"] * factor[:, None] + np.float32(0)) if len(o) else \
+        np.zeros((0, inp["x"].shape[1]), np.float32)
+
+
+def test_combine_adds_bias_0_and_bias_1_to_each_combined_token(bias_world, seed):
+    """DeepEP's combine(bias=t | (t0, t1)): bf16(combined + t0 + t1), the sum in float32."""
+    W, res = bias_world
+    L = ranks.shape(W)["num_experts"] // W
+    for it in range(len(res[0])):
+        for s, inp in enumerate(every_input(seed, W, it)):
+            c = combined_reference(inp, W, L)
+            bi = ranks.bias_inputs(seed, s, W, it)
+            got = res[s][it]
+            np.testing.assert_array_equal(got["plain"], bf16_bits(c))
+            np.testing.assert_array_equal(got["bias0"], bf16_bits(c + bi["b0"]))
+            np.testing.assert_array_equal(got["bias01"], bf16_bits(c + bi["b0"] + bi["b1"]))
+            np.testing.assert_array_equal(got["bias_1"], bf16_bits(c + bi["b1"]))
+            if len(c):  # the bias changed something (the grid makes it exact, not absent)
+                assert (got["bias01"] != got["plain"]).any()
