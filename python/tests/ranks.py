@@ -334,7 +334,10 @@ def bias_inputs(seed: int, rank: int, world: int, it: int) -> Dict[str, np.ndarr
 def bias_rank(args) -> List[Dict[str, np.ndarray]]:
     """Rank `rank` of a job, per iteration: a dispatch (experts multiply by rank + 1), then
     combines of its rows with no bias, bias=bias_0, bias=(bias_0, bias_1) and
-    bias=(None, bias_1), through deep_ep's Buffer."""
+    bias=(None, bias_1), through deep_ep's Buffer; then internode_dispatch with DeepEP's
+    positional arguments (config where dispatch has num_worst_tokens), a cached
+    internode_dispatch through its handle, and internode_combine with weights and bias
+    (bias_0, bias_1)."""
     sock, job, rank, world, seed, iters, dev = args
     import deepep
     dev = torch.device(dev)
@@ -358,6 +361,20 @@ def bias_rank(args) -> List[Dict[str, np.ndarray]]:
              "bias0": bits(b.combine(y, h, bias=b0)[0]),
              "bias01": bits(b.combine(y, h, bias=(b0, b1))[0]),
              "bias_1": bits(b.combine(y, h, bias=(None, b1))[0])}
+        per_rank, rdma, per_expert, in_rank, _ = b.get_dispatch_layout(idx, shape(world)[
+            "num_experts"])
+        ix, ii, iw, ic, ih, _ = b.internode_dispatch(x, None, per_rank, rdma, in_rank,
+                                                     per_expert, idx, w, 1,
+                                                     b.get_dispatch_config(world))
+        r.update(inter_x=bits(ix), inter_idx=ii.cpu().numpy(), inter_w=iw.cpu().numpy(),
+                 inter_counts=np.array(ic, np.int64))
+        iy = (ix.float() * (rank + 1)).bfloat16()
+        cached = b.internode_dispatch(x, ih)
+        assert cached[1:5] == (None, None, None, None)
+        r["inter_cached"] = bits(cached[0])
+        comb, comb_w, _ = b.internode_combine(iy, ih, iw, (b0, b1),
+                                              b.get_combine_config(world))
+        r.update(inter_combined=bits(comb), inter_combined_w=comb_w.cpu().numpy())
         out.append(r)
     b.destroy()
     return out

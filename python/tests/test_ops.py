@@ -359,3 +359,33 @@ def test_combine_adds_bias_0_and_bias_1_to_each_combined_token(bias_world, seed)
             np.testing.assert_array_equal(got["bias_1"], bf16_bits(c + bi["b1"]))
             if len(c):  # the bias changed something (the grid makes it exact, not absent)
                 assert (got["bias01"] != got["plain"]).any()
+
+
+def test_internode_dispatch_and_combine_are_dispatch_and_combine_with_deepeps_signature(
+        bias_world, seed):
+    """deep_ep's internode_dispatch (DeepEP's positional arguments: config where dispatch has
+    num_worst_tokens), cached through its handle, and internode_combine with weights and bias:
+    dispatch's rows and combine's sums, as the references of those say."""
+    W, res = bias_world
+    L = ranks.shape(W)["num_experts"] // W
+    for it in range(len(res[0])):
+        inps = every_input(seed, W, it)
+        for r in range(W):
+            rows, ids, ws, _ = expected_rows(inps, r, L)
+            got, n = res[r][it], len(ids)
+            assert got["inter_x"].shape[0] == n and got["inter_cached"].shape[0] == n
+            if n:
+                np.testing.assert_array_equal(got["inter_x"], bf16_bits(np.stack(rows["x"])))
+                np.testing.assert_array_equal(got["inter_cached"], got["inter_x"])
+                np.testing.assert_array_equal(got["inter_idx"], np.stack(ids))
+                np.testing.assert_array_equal(got["inter_w"], np.stack(ws))
+            assert list(got["inter_counts"]) == \
+                [int((np.stack(ids) == l).sum()) if n else 0 for l in range(L)]
+        for s, inp in enumerate(inps):
+            c = combined_reference(inp, W, L)
+            bi = ranks.bias_inputs(seed, s, W, it)
+            np.testing.assert_array_equal(res[s][it]["inter_combined"],
+                                          bf16_bits(c + bi["b0"] + bi["b1"]))
+            np.testing.assert_array_equal(res[s][it]["inter_combined_w"],
+                                          np.where(inp["idx"] >= 0, inp["w"], 0)
+                                          .astype(np.float32))
