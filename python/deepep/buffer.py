@@ -207,6 +207,9 @@ class Buffer(HandlePools):
         self._raw_buffers: dict = {}
         self._handles_init()
         self._streams: dict = {}  # raw stream -> torch.cuda.Stream, for recording events
+        #: The node of each rank as a tensor on the Buffer's device (_per_node), once asked.
+        self._node_index: Optional[torch.Tensor] = None
+        self._num_nodes = 0
         self.attached = False
         for name, v in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
             if not isinstance(v, int) or isinstance(v, bool):
@@ -621,7 +624,11 @@ class Buffer(HandlePools):
 
         Returns:
             num_tokens_per_rank: [world_size] int32, tokens that go to each rank.
-            num_tokens_per_rdma_rank: None (one node).
+            num_tokens_per_rdma_rank: in a job across nodes (world_size > local_world_size),
+                [nodes] int32, the tokens that go to at least one rank of each node (DeepEP's
+                RDMA ranks), the node of each rank being Identity.node_of's (a group's hosts,
+                else node by node); None in a job on one node, as DeepEP's, and where the node
+                of each rank is not known (a world of uneven nodes from the environment).
             num_tokens_per_expert: [num_experts] int32, (token, k) pairs naming each expert.
             is_token_in_rank: [num_tokens, world_size] bool.
             event: an EventOverlap (its event is None unless async_finish).
@@ -657,7 +664,7 @@ class Buffer(HandlePools):
         rc = self._fn_layout(self._conn.ptr, self._la_ref, None if self._host else self._stream())
         if rc:
             self._fail(rc, "dep_layout")
-        return per_rank, None, per_expert, in_rank, \
+        return per_rank, self._per_node(in_rank), per_expert, in_rank, \
             self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
 
     def _layout_unattached(self, idx: torch.Tensor) -> Tuple[torch.Tensor, None, torch.Tensor,
@@ -684,7 +691,26 @@ class Buffer(HandlePools):
         in_rank = _token_in_rank(idx, E, W)
         per_rank = in_rank.sum(0).to(torch.int32)
         per_expert = torch.bincount(idx[chosen], minlength=E).to(torch.int32)
-        return per_rank, None, per_expert, in_rank
+        return per_rank, self._per_node(in_rank), per_expert, in_rank
+
+    def _per_node(self, in_rank: torch.Tensor) -> Optional[torch.Tensor]:
+        """get_dispatch_layout's num_tokens_per_rdma_rank: per node, the tokens that go to at
+        least one of its ranks ([nodes] int32, torch ops on the current stream), or None for a
+        job on one node (DeepEP's) or one whose ranks' nodes are unknown."""
+        ident = self.identity
+        if ident.world_size == ident.local_world_size:
+            return None
+        node = self._node_index
+        if node is None:
+            nodes = ident.node_of()
+            if nodes is None:
+                return None
+            node = self._node_index = torch.tensor(nodes, dtype=torch.int64, device=self.device)
+            self._num_nodes = max(nodes) + 1
+        n = in_rank.size(0)
+        hits = torch.zeros((n, self._num_nodes), dtype=torch.int32, device=self.device)
+        hits.index_add_(1, node, in_rank.to(torch.int32))
+        return (hits > 0).sum(0, dtype=torch.int32)
 
     def recv_from(self, handle: Handle) -> Optional[list]:
         """The rows a dispatch's handle received from each source rank, in rank order (they
