@@ -18,11 +18,16 @@ work as with DeepEP.  Where the semantics differ:
   scales are not taken;
 - with num_worst_tokens, rows past those received have recv_topk_idx -1 and
   recv_topk_weights 0, and recv_x there is not written (as DeepEP);
+- combine's bias is added after the combine (bf16(float32(combined) + bias_0 +
+  bias_1): the combined sum is rounded to bf16 before the bias is added);
 - FP8 values are torch.float8_e4m3fn where torch has it, else uint8;
 - Buffer accepts and ignores keyword arguments that forks of DeepEP add;
 - get_local_buffer_tensor is a buffer of the Buffer's own (deepepd's memory is
   never handed out), get_comm_stream the caller's current stream (None on the
   host backend), get_next_low_latency_combine_buffer one tensor per Buffer;
+- internode_dispatch and internode_combine are dispatch and combine (which serve a job
+  across nodes themselves) with DeepEP's internode signatures; their handle is dispatch's
+  DispatchHandle, not DeepEP's internode 10-tuple;
 - get_dispatch_config/get_combine_config give a rank count DeepEP's tables do not
   list the next larger one's row (DeepEP asserts).
 """
@@ -80,6 +85,32 @@ class Buffer(_deepep.Buffer):
         """deepep.Buffer.combine, taking dispatch's DispatchHandle."""
         return super().combine(x, _unwrap(handle), topk_weights, bias, config, previous_event,
                                async_finish, allocate_on_comm_stream)
+
+    def internode_dispatch(self, x: Any, handle: Any = None, num_tokens_per_rank: Any = None,
+                           num_tokens_per_rdma_rank: Any = None, is_token_in_rank: Any = None,
+                           num_tokens_per_expert: Any = None, topk_idx: Any = None,
+                           topk_weights: Any = None, expert_alignment: int = 1,
+                           config: Optional[Config] = None,
+                           previous_event: Optional[EventOverlap] = None,
+                           async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """DeepEP's internode_dispatch, with its signature (no num_worst_tokens; config follows
+        expert_alignment): dispatch itself, which serves every topology (deepepd moves the
+        blocks between nodes), so the results, and the handle (a DispatchHandle, not DeepEP's
+        internode 10-tuple), are dispatch's.  config may be None (DeepEP asserts it is not)."""
+        return self.dispatch(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank,
+                             is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
+                             expert_alignment, 0, config, previous_event, async_finish,
+                             allocate_on_comm_stream)
+
+    def internode_combine(self, x: torch.Tensor, handle: Any,
+                          topk_weights: Optional[torch.Tensor] = None, bias: Any = None,
+                          config: Optional[Config] = None,
+                          previous_event: Optional[EventOverlap] = None,
+                          async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """DeepEP's internode_combine (the same signature as combine): combine itself, taking
+        the handle of dispatch or internode_dispatch."""
+        return self.combine(x, handle, topk_weights, bias, config, previous_event, async_finish,
+                            allocate_on_comm_stream)
 
 
 def _unwrap(handle: Any) -> Any:

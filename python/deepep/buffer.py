@@ -207,6 +207,9 @@ class Buffer(HandlePools):
         self._raw_buffers: dict = {}
         self._handles_init()
         self._streams: dict = {}  # raw stream -> torch.cuda.Stream, for recording events
+        #: The node of each rank as a tensor on the Buffer's device (_per_node), once asked.
+        self._node_index: Optional[torch.Tensor] = None
+        self._num_nodes = 0
         self.attached = False
         for name, v in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
             if not isinstance(v, int) or isinstance(v, bool):
@@ -621,7 +624,11 @@ class Buffer(HandlePools):
 
         Returns:
             num_tokens_per_rank: [world_size] int32, tokens that go to each rank.
-            num_tokens_per_rdma_rank: None (one node).
+            num_tokens_per_rdma_rank: in a job across nodes (world_size > local_world_size),
+                [nodes] int32, the tokens that go to at least one rank of each node (DeepEP's
+                RDMA ranks), the node of each rank being Identity.node_of's (a group's hosts,
+                else node by node); None in a job on one node, as DeepEP's, and where the node
+                of each rank is not known (a world of uneven nodes from the environment).
             num_tokens_per_expert: [num_experts] int32, (token, k) pairs naming each expert.
             is_token_in_rank: [num_tokens, world_size] bool.
             event: an EventOverlap (its event is None unless async_finish).
@@ -657,7 +664,7 @@ class Buffer(HandlePools):
         rc = self._fn_layout(self._conn.ptr, self._la_ref, None if self._host else self._stream())
         if rc:
             self._fail(rc, "dep_layout")
-        return per_rank, None, per_expert, in_rank, \
+        return per_rank, self._per_node(in_rank), per_expert, in_rank, \
             self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
 
     def _layout_unattached(self, idx: torch.Tensor) -> Tuple[torch.Tensor, None, torch.Tensor,
@@ -684,7 +691,26 @@ class Buffer(HandlePools):
         in_rank = _token_in_rank(idx, E, W)
         per_rank = in_rank.sum(0).to(torch.int32)
         per_expert = torch.bincount(idx[chosen], minlength=E).to(torch.int32)
-        return per_rank, None, per_expert, in_rank
+        return per_rank, self._per_node(in_rank), per_expert, in_rank
+
+    def _per_node(self, in_rank: torch.Tensor) -> Optional[torch.Tensor]:
+        """get_dispatch_layout's num_tokens_per_rdma_rank: per node, the tokens that go to at
+        least one of its ranks ([nodes] int32, torch ops on the current stream), or None for a
+        job on one node (DeepEP's) or one whose ranks' nodes are unknown."""
+        ident = self.identity
+        if ident.world_size == ident.local_world_size:
+            return None
+        node = self._node_index
+        if node is None:
+            nodes = ident.node_of()
+            if nodes is None:
+                return None
+            node = self._node_index = torch.tensor(nodes, dtype=torch.int64, device=self.device)
+            self._num_nodes = max(nodes) + 1
+        n = in_rank.size(0)
+        hits = torch.zeros((n, self._num_nodes), dtype=torch.int32, device=self.device)
+        hits.index_add_(1, node, in_rank.to(torch.int32))
+        return (hits > 0).sum(0, dtype=torch.int32)
 
     def recv_from(self, handle: Handle) -> Optional[list]:
         """The rows a dispatch's handle received from each source rank, in rank order (they
@@ -966,20 +992,26 @@ class Buffer(HandlePools):
                 by the Buffer until destroy() (never reused for another dispatch), since the
                 graph reads its arrays at every replay.
             topk_weights: optional [rows, num_topk] float32 (DeepEP's): summed back too.
-            bias: must be None (not supported).
+            bias: None, a [num_tokens, hidden] bfloat16 tensor, or a tuple (or list) of up to
+                two such tensors (or None in their place), DeepEP's bias_0 and bias_1: added to
+                the combined rows, after the library's combine, as
+                bf16(float32(combined_x) + float32(bias_0) + float32(bias_1)).  DeepEP adds
+                them to its float32 sum before its one rounding; here the sum has been rounded
+                to bfloat16 first, so a result may differ from DeepEP's by that rounding.  On
+                cuda the additions are torch ops queued on the caller's current stream, after
+                the combine and before the returned event.
             config, previous_event, async_finish, allocate_on_comm_stream: as DeepEP's.
 
         Returns:
-            combined_x: [num_tokens, hidden] bfloat16 of the dispatching rank (not weighted:
-                weigh the rows before combine).
+            combined_x: [num_tokens, hidden] bfloat16 of the dispatching rank, plus bias
+                (not weighted: weigh the rows before combine).
             combined_topk_weights: with topk_weights, [num_tokens, num_topk] float32, the sum
                 over the ranks that received each token (so the dispatch's recv_topk_weights
                 combine to the original weights); else None.
             event: an EventOverlap.
         """
-        if bias is not None:
-            raise Unsupported("combine(bias=...)", "add the bias after combine")
         h = self._handle("combine", handle, "dispatch")
+        biases = None if bias is None else self._biases(bias, h.num_tokens)
         x = x.contiguous() if _ok(x, torch.bfloat16, 2, self.device) else \
             self._input("x", x, _BF16, 2)
         rows = h.rows
@@ -1015,8 +1047,49 @@ class Buffer(HandlePools):
         rc = self._fn_combine(self._conn.ptr, self._ca_ref, h._ptr, cs)
         if rc:
             self._fail(rc, "dep_combine")
+        if biases and nt:
+            # On the current stream, behind the combine (cuda), as DeepEP's kernel adds them
+            # before the event it records; in float32, rounded to bfloat16 once.
+            acc = out.float()
+            for b in biases:
+                acc += b
+            out.copy_(acc)
         return out, out_w, \
             self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
+
+    def _biases(self, bias: Any, num_tokens: int) -> list:
+        """combine's bias (DeepEP's: a tensor, or a tuple of bias_0 and bias_1, either None)
+        as the list of tensors to add, each checked to be [num_tokens, hidden] bfloat16 on
+        this Buffer's device (the combine's dtype, as DeepEP requires), before the combine
+        is sent (a wrong one must not leave the other ranks' combine done and this one's not)."""
+        if isinstance(bias, (tuple, list)):
+            if not 1 <= len(bias) <= 2:
+                raise ValueError(f"combine: bias is a {type(bias).__name__} of {len(bias)} "
+                                 "items; give a tensor or (bias_0, bias_1)")
+            items = list(bias)
+        else:
+            items = [bias]
+        want = (num_tokens, self.hidden)
+        out = []
+        for i, b in enumerate(items):
+            name = "bias" if len(items) == 1 and not isinstance(bias, (tuple, list)) \
+                else f"bias[{i}]"
+            if b is None:
+                continue
+            if not isinstance(b, torch.Tensor):
+                raise TypeError(f"combine: {name} must be a torch.Tensor or None, not "
+                                f"{type(b).__name__}")
+            if b.dtype is not torch.bfloat16:
+                raise TypeError(f"combine: {name} has dtype {b.dtype}; it must be "
+                                "torch.bfloat16 (the combine's dtype)")
+            if tuple(b.shape) != want:
+                raise ValueError(f"combine: {name} has shape {tuple(b.shape)}; expected "
+                                 f"{want} (the dispatching rank's tokens, hidden)")
+            if b.device != self.device:
+                raise ValueError(f"combine: {name} is on {b.device}; this rank's tensors live "
+                                 f"on {self.device} ({self.backend} backend)")
+            out.append(b)
+        return out
 
     # ---- low-latency mode -------------------------------------------------
 

@@ -25,8 +25,8 @@ import os
 import re
 import secrets
 import socket
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Tuple
 
 from . import _lib
 
@@ -42,6 +42,21 @@ class Identity:
     world_size: int
     local_rank: int
     local_world_size: int
+    #: The node of each rank (nodes numbered in the order of their lowest rank), where it is
+    #: known: from a group, whose members said their hosts.  None from the environment, whose
+    #: launchers (torchrun, SLURM's default block distribution) number ranks node by node:
+    #: rank r is then on node r // local_world_size (node_of).  Not sent to the daemon.
+    nodes: Optional[Tuple[int, ...]] = field(default=None, compare=False)
+
+    def node_of(self) -> Optional[Tuple[int, ...]]:
+        """The node of each rank: `nodes` where known, else node by node (rank //
+        local_world_size) where local_world_size divides world_size; None where neither says
+        (an uneven world from the environment)."""
+        if self.nodes is not None:
+            return self.nodes
+        if self.world_size % self.local_world_size:
+            return None
+        return tuple(r // self.local_world_size for r in range(self.world_size))
 
     def check(self) -> None:
         """ValueError naming the first field out of range (TypeError for a field that is not
@@ -229,7 +244,9 @@ def from_group(group: Any, env: Optional[Mapping[str, str]] = None,
             # room for the agreed part, which alone keeps the jobs of one run apart.
             base = base[:_lib.JOB_ID_MAX - 1 - len(agreed) - 1]
         job_id = f"{base}-{agreed}" if base else f"ep-{agreed}"
+    first: dict = {}
+    nodes = tuple(first.setdefault(host, len(first)) for host, _ in every)
     ident = Identity(job_id=job_id, rank=rank, world_size=size,  # type: ignore[arg-type]
-                     local_rank=local_rank, local_world_size=local_world_size)
+                     local_rank=local_rank, local_world_size=local_world_size, nodes=nodes)
     ident.check()
     return ident

@@ -321,6 +321,65 @@ def ext_rank(args) -> List[Dict[str, np.ndarray]]:
     return out
 
 
+def bias_inputs(seed: int, rank: int, world: int, it: int) -> Dict[str, np.ndarray]:
+    """combine's bias_0 and bias_1 for rank `rank`'s tokens of iteration it, on a grid exact in
+    bf16 (multiples of 1/4 in [-8, 8])."""
+    s = shape(world)
+    n = inputs(seed, rank, world, it)["idx"].shape[0]
+    rng = np.random.default_rng([seed, rank, world, it, 11])
+    return dict(b0=(rng.integers(-32, 33, (n, s["hidden"])) / 4).astype(np.float32),
+                b1=(rng.integers(-32, 33, (n, s["hidden"])) / 4).astype(np.float32))
+
+
+def bias_rank(args) -> List[Dict[str, np.ndarray]]:
+    """Rank `rank` of a job, per iteration: a dispatch (experts multiply by rank + 1), then
+    combines of its rows with no bias, bias=bias_0, bias=(bias_0, bias_1) and
+    bias=(None, bias_1), through deep_ep's Buffer; then internode_dispatch with DeepEP's
+    positional arguments (config where dispatch has num_worst_tokens), a cached
+    internode_dispatch through its handle, and internode_combine with weights and bias
+    (bias_0, bias_1)."""
+    sock, job, rank, world, seed, iters, dev = args
+    import deepep
+    dev = torch.device(dev)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    deep_ep = import_compat()
+    b = deep_ep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
+                       local_world_size=world, socket=sock, **shape(world))
+    assert isinstance(b, deepep.Buffer)
+    out = []
+    for it in range(iters):
+        inp, bi = inputs(seed, rank, world, it), bias_inputs(seed, rank, world, it)
+        x = torch.from_numpy(inp["x"]).bfloat16().to(dev)
+        idx = torch.from_numpy(inp["idx"]).to(dev)
+        w = torch.from_numpy(inp["w"]).to(dev)
+        b0 = torch.from_numpy(bi["b0"]).bfloat16().to(dev)
+        b1 = torch.from_numpy(bi["b1"]).bfloat16().to(dev)
+        rx, _, _, _, h, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)
+        y = (rx.float() * (rank + 1)).bfloat16()
+        r = {"plain": bits(b.combine(y, h)[0]),
+             "bias0": bits(b.combine(y, h, bias=b0)[0]),
+             "bias01": bits(b.combine(y, h, bias=(b0, b1))[0]),
+             "bias_1": bits(b.combine(y, h, bias=(None, b1))[0])}
+        per_rank, rdma, per_expert, in_rank, _ = b.get_dispatch_layout(idx, shape(world)[
+            "num_experts"])
+        ix, ii, iw, ic, ih, _ = b.internode_dispatch(x, None, per_rank, rdma, in_rank,
+                                                     per_expert, idx, w, 1,
+                                                     b.get_dispatch_config(world))
+        r.update(inter_x=bits(ix), inter_idx=ii.cpu().numpy(), inter_w=iw.cpu().numpy(),
+                 inter_counts=np.array(ic, np.int64))
+        iy = (ix.float() * (rank + 1)).bfloat16()
+        cached = b.internode_dispatch(x, ih)
+        assert cached[1:5] == (None, None, None, None)
+        r["inter_cached"] = bits(cached[0])
+        comb, comb_w, _ = b.internode_combine(iy, ih, iw, (b0, b1),
+                                              b.get_combine_config(world))
+        r.update(inter_combined=bits(comb), inter_combined_w=comb_w.cpu().numpy())
+        out.append(r)
+    b.destroy()
+    return out
+
+
 def graph_tp_rank(args) -> List[Dict[str, np.ndarray]]:
     """Rank `rank` of a job on the cuda backend: one layer's throughput pair with
     num_worst_tokens captured in a CUDA graph (dispatch, the experts' x (rank + 1), combine),

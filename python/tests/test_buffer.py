@@ -177,7 +177,9 @@ def test_layout_comes_before_any_dispatch_on_a_buffer_without_hidden(daemon):
     idx = torch.tensor([[0, 5, -1], [7, 6, 4], [-1, -1, -1], [1, 2, 3], [3, -1, 0]],
                        dtype=torch.int64, device=DEV)
     per_rank, rdma, per_expert, in_rank, ev = b.get_dispatch_layout(idx, 8, async_finish=True)
-    assert not b.attached and rdma is None and ev.event is not None
+    assert not b.attached and ev.event is not None
+    # Two nodes of one rank each: per node, the tokens of its one rank.
+    assert rdma.dtype == torch.int32 and rdma.tolist() == [3, 2]
     assert per_rank.dtype == torch.int32 and per_expert.dtype == torch.int32
     assert in_rank.dtype == torch.bool and per_rank.device == DEV
     assert per_rank.tolist() == [3, 2]
@@ -206,6 +208,39 @@ def test_layout_comes_before_any_dispatch_on_a_buffer_without_hidden(daemon):
     for i in (0, 2, 3):
         assert torch.equal(before[i], after[i]), i
     b.destroy()
+
+
+def test_layout_counts_tokens_per_node_in_a_job_across_nodes(daemon):
+    """DeepEP's num_tokens_per_rdma_rank: per node, the tokens that go to at least one of its
+    ranks; a world of 4 in nodes of 2 (from the environment: ranks node by node), before the
+    Buffer attaches (it never does here: no other rank comes)."""
+    import dataclasses
+    b = one_rank(daemon, world_size=4, local_world_size=2, local_rank=0, num_experts=8,
+                 num_topk=3, max_tokens_per_rank=8)
+    # Experts 0-1 are rank 0's, 2-3 rank 1's (node 0), 4-5 rank 2's, 6-7 rank 3's (node 1).
+    idx = torch.tensor([[0, 2, -1], [4, 6, 7], [-1, -1, -1], [1, 3, 5], [0, 1, -1],
+                        [6, -1, -1]], dtype=torch.int64, device=DEV)
+    per_rank, rdma, _, in_rank, _ = b.get_dispatch_layout(idx, 8)
+    assert not b.attached and per_rank.tolist() == [3, 2, 2, 2]
+    assert rdma.dtype == torch.int32 and rdma.device == DEV and rdma.tolist() == [3, 3]
+    assert b.identity.node_of() == (0, 0, 1, 1)
+    # Where the group said the hosts, its nodes count: ranks 0 and 2 on one, 1 and 3 on the
+    # other (an expert-parallel group across data-parallel replicas).
+    b.identity = dataclasses.replace(b.identity, nodes=(0, 1, 0, 1))
+    b._node_index = None
+    assert b.get_dispatch_layout(idx, 8)[1].tolist() == [4, 4]
+    b.destroy()
+    # One node: None, as DeepEP's; and a world of uneven nodes from the environment, whose
+    # ranks' nodes are unknown, None too.
+    one = one_rank(daemon, world_size=4, local_world_size=4, local_rank=0, num_experts=8,
+                   num_topk=3)
+    assert one.get_dispatch_layout(idx, 8)[1] is None
+    one.destroy()
+    uneven = one_rank(daemon, world_size=3, local_world_size=2, local_rank=0, num_experts=6,
+                      num_topk=3)
+    assert uneven.identity.node_of() is None
+    assert uneven.get_dispatch_layout(idx.clamp(max=5), 6)[1] is None
+    uneven.destroy()
 
 
 @pytest.fixture
@@ -254,17 +289,31 @@ def test_arguments_not_in_the_library_yet_raise_unsupported(buf):
     q = torch.zeros(4, 128, dtype=torch.uint8, device=DEV)
     packed = torch.ones(4, 1, dtype=torch.int32, device=DEV)  # DeepEP's UE8M0, four an int
     cases = [
-        lambda: buf.combine(x, h, bias=x),
         lambda: buf.low_latency_dispatch(x, idx, 8, 4, round_scale=True),
         # README lists int32 scales in an FP8 tuple among these (it was a TypeError)
         lambda: buf.dispatch((q, packed), topk_idx=idx, topk_weights=w),
     ]
-    names = ["bias", "round_scale", "int32 (packed UE8M0) FP8 scales"]
+    names = ["round_scale", "int32 (packed UE8M0) FP8 scales"]
     for case, name in zip(cases, names):
         with pytest.raises(deepep.Unsupported, match="not in libdeepep-client yet") as e:
             case()
         assert name in str(e.value)
         assert isinstance(e.value, NotImplementedError)
+
+
+def test_a_wrong_bias_is_refused_naming_it_before_the_combine_is_sent(buf):
+    x, idx, w = tokens()
+    rx, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    for bias, err, msg in (
+            (x.float(), TypeError, r"bias has dtype torch.float32; it must be torch.bfloat16"),
+            (x[:3], ValueError, r"bias has shape \(3, 128\); expected \(4, 128\)"),
+            ((x, x, x), ValueError, "bias is a tuple of 3 items"),
+            ((x, "b"), TypeError, r"bias\[1\] must be a torch.Tensor or None, not str")):
+        with pytest.raises(err, match=msg):
+            buf.combine(rx, h, bias=bias)
+    # Nothing was sent: the handle's combine is still to be made, and adds the bias.
+    out, _, _ = buf.combine(rx, h, bias=(None, x))
+    assert torch.equal(out, (x.float() * 2).bfloat16())
 
 
 def test_bad_fp8_cached_worst_and_weight_arguments_name_the_argument(buf):

@@ -64,6 +64,7 @@ def test_the_identity_is_the_groups_and_each_group_is_a_job_of_its_own(spawned):
             # One host: every member is local, in group rank order.
             assert [(x.rank, x.world_size, x.local_rank, x.local_world_size)
                     for x in idents] == [(0, 2, 0, 2), (1, 2, 1, 2)]
+            assert all(x.nodes == (0, 0) for x in idents)  # the hosts the members said
             assert len({x.job_id for x in idents}) == 1
             jobs.add(idents[0].job_id)
     # Two groups per cut, every process in one of each: four jobs, none shared.

@@ -317,3 +317,75 @@ def check_worst(W, res, seed):
             want = bf16_bits(inp["x"] * factor[:, None] + np.float32(0)) if len(o) else \
                 np.zeros((0, inp["x"].shape[1]), np.int16)
             np.testing.assert_array_equal(res[s][i]["worst_combined"], want)
+
+
+# ---- combine's bias, and deep_ep's internode_dispatch / internode_combine ----
+
+_bias = {}
+
+
+@pytest.fixture(params=WORLDS, ids=lambda w: f"world{w}")
+def bias_world(request, daemon, seed):
+    """(world size, every rank's results) of ranks.bias_rank in one job of that many ranks."""
+    w = request.param
+    if w not in _bias:
+        _bias[w] = ranks.run_world(daemon, f"pybias-{w}-{uuid.uuid4().hex[:8]}", w, seed,
+                                   device=conftest.DEVICE, fn=ranks.bias_rank)
+    return w, _bias[w]
+
+
+def combined_reference(inp, W, L):
+    """The combine of run_rank's experts (rank r multiplies by r + 1) as float32 values of the
+    bf16 result (check_combine's)."""
+    o = owner(inp["idx"], L)
+    factor = np.array([sum(q + 1 for q in range(W) if (o[t] == q).any())
+                       for t in range(len(o))], np.float32)
+    return bf16_round(inp["x"] * factor[:, None] + np.float32(0)) if len(o) else \
+        np.zeros((0, inp["x"].shape[1]), np.float32)
+
+
+def test_combine_adds_bias_0_and_bias_1_to_each_combined_token(bias_world, seed):
+    """DeepEP's combine(bias=t | (t0, t1)): bf16(combined + t0 + t1), the sum in float32."""
+    W, res = bias_world
+    L = ranks.shape(W)["num_experts"] // W
+    for it in range(len(res[0])):
+        for s, inp in enumerate(every_input(seed, W, it)):
+            c = combined_reference(inp, W, L)
+            bi = ranks.bias_inputs(seed, s, W, it)
+            got = res[s][it]
+            np.testing.assert_array_equal(got["plain"], bf16_bits(c))
+            np.testing.assert_array_equal(got["bias0"], bf16_bits(c + bi["b0"]))
+            np.testing.assert_array_equal(got["bias01"], bf16_bits(c + bi["b0"] + bi["b1"]))
+            np.testing.assert_array_equal(got["bias_1"], bf16_bits(c + bi["b1"]))
+            if len(c):  # the bias changed something (the grid makes it exact, not absent)
+                assert (got["bias01"] != got["plain"]).any()
+
+
+def test_internode_dispatch_and_combine_are_dispatch_and_combine_with_deepeps_signature(
+        bias_world, seed):
+    """deep_ep's internode_dispatch (DeepEP's positional arguments: config where dispatch has
+    num_worst_tokens), cached through its handle, and internode_combine with weights and bias:
+    dispatch's rows and combine's sums, as the references of those say."""
+    W, res = bias_world
+    L = ranks.shape(W)["num_experts"] // W
+    for it in range(len(res[0])):
+        inps = every_input(seed, W, it)
+        for r in range(W):
+            rows, ids, ws, _ = expected_rows(inps, r, L)
+            got, n = res[r][it], len(ids)
+            assert got["inter_x"].shape[0] == n and got["inter_cached"].shape[0] == n
+            if n:
+                np.testing.assert_array_equal(got["inter_x"], bf16_bits(np.stack(rows["x"])))
+                np.testing.assert_array_equal(got["inter_cached"], got["inter_x"])
+                np.testing.assert_array_equal(got["inter_idx"], np.stack(ids))
+                np.testing.assert_array_equal(got["inter_w"], np.stack(ws))
+            assert list(got["inter_counts"]) == \
+                [int((np.stack(ids) == l).sum()) if n else 0 for l in range(L)]
+        for s, inp in enumerate(inps):
+            c = combined_reference(inp, W, L)
+            bi = ranks.bias_inputs(seed, s, W, it)
+            np.testing.assert_array_equal(res[s][it]["inter_combined"],
+                                          bf16_bits(c + bi["b0"] + bi["b1"]))
+            np.testing.assert_array_equal(res[s][it]["inter_combined_w"],
+                                          np.where(inp["idx"] >= 0, inp["w"], 0)
+                                          .astype(np.float32))
