@@ -242,6 +242,15 @@ $(BUILD)/fuzz/fuzz_%: tests/fuzz_%.c $(PROTO_SRC) $(CONFIG_SRC)
 	@mkdir -p $(@D)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(PROTO_SRC) $(CONFIG_SRC) $(LIBS_YAML)
 
+# The fuzz seeds from their fixed messages (tests/corpus_seeds.c), after a
+# layout or version change; the proto suite's corpus case says when.
+.PHONY: corpus
+corpus: $(BUILD)/corpus_seeds
+	$(BUILD)/corpus_seeds tests/corpus
+$(BUILD)/corpus_seeds: tests/corpus_seeds.c tests/corpus_seeds.h $(PROTO_SRC)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -DDEP_CORPUS_SEEDS_MAIN -o $@ tests/corpus_seeds.c $(PROTO_SRC)
+
 deps:
 	./.ci/install-deps
 
