@@ -14,14 +14,19 @@ WORLDS = [1, 2, 4, 8] if conftest.BACKEND == "cuda" else [1, 2, 4]
 _results = {}
 
 
+def world_once(cache: dict, prefix: str, w: int, daemon, seed, **kw):
+    """(w, every rank's results) of one job of w rank processes (ranks.run_world with kw), run
+    once per world size and kept in cache for the module's other tests."""
+    if w not in cache:
+        cache[w] = ranks.run_world(daemon, f"{prefix}-{w}-{uuid.uuid4().hex[:8]}", w, seed,
+                                   device=conftest.DEVICE, **kw)
+    return w, cache[w]
+
+
 @pytest.fixture(params=WORLDS, ids=lambda w: f"world{w}")
 def world(request, daemon, seed):
     """(world size, every rank's results) for one job of that many rank processes."""
-    w = request.param
-    if w not in _results:
-        _results[w] = ranks.run_world(daemon, f"pytest-{w}-{uuid.uuid4().hex[:8]}", w, seed,
-                                      device=conftest.DEVICE)
-    return w, _results[w]
+    return world_once(_results, "pytest", request.param, daemon, seed)
 
 
 def bf16_bits(a: np.ndarray) -> np.ndarray:
@@ -219,11 +224,7 @@ _ext = {}
 @pytest.fixture(params=WORLDS, ids=lambda w: f"world{w}")
 def ext_world(request, daemon, seed):
     """(world size, every rank's results) of ranks.ext_rank in one job of that many ranks."""
-    w = request.param
-    if w not in _ext:
-        _ext[w] = ranks.run_world(daemon, f"pyext-{w}-{uuid.uuid4().hex[:8]}", w, seed,
-                                  device=conftest.DEVICE, fn=ranks.ext_rank)
-    return w, _ext[w]
+    return world_once(_ext, "pyext", request.param, daemon, seed, fn=ranks.ext_rank)
 
 
 def expected_rows(inps, r, L, keys=("x",)):
@@ -327,11 +328,7 @@ _bias = {}
 @pytest.fixture(params=WORLDS, ids=lambda w: f"world{w}")
 def bias_world(request, daemon, seed):
     """(world size, every rank's results) of ranks.bias_rank in one job of that many ranks."""
-    w = request.param
-    if w not in _bias:
-        _bias[w] = ranks.run_world(daemon, f"pybias-{w}-{uuid.uuid4().hex[:8]}", w, seed,
-                                   device=conftest.DEVICE, fn=ranks.bias_rank)
-    return w, _bias[w]
+    return world_once(_bias, "pybias", request.param, daemon, seed, fn=ranks.bias_rank)
 
 
 def combined_reference(inp, W, L):
