@@ -1,9 +1,13 @@
 /*
  * fuzz_frame.c — libFuzzer harness for the protocol decoders (make fuzz).
  * The input's first 24 bytes are decoded as a frame header and the rest as
- * the body of every message type.  Whatever decodes must re-encode to the
- * very same bytes and pass the field checks without crashing; a mismatch
- * aborts so libFuzzer keeps the input.  Seeds: tests/corpus/frame/.
+ * the body of every message type, through the decoder its callers use:
+ * proto_body_decode, or for the bodies it leaves to their callers
+ * (PEERS_OK, JOB_NODES_OK, CLIENTS_OK) their own decoders.  Whatever
+ * decodes must re-encode to the very same bytes and pass the field checks
+ * without crashing, and what a decoder allocated is freed as its callers
+ * free it (a refused body must leave nothing allocated); a mismatch aborts
+ * so libFuzzer keeps the input.  Seeds: tests/corpus/frame/.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -20,14 +24,58 @@ static void die(const char *what, uint16_t type) {
   abort();
 }
 
+/* The bodies proto_body_decode leaves to their callers' own decoders.
+ * JOB_NODES_OK is a fixed array too large for the stack, so all three live
+ * here (libFuzzer runs one input at a time). */
+static struct dep_msg_peers peers;
+static struct dep_msg_job_nodes job_nodes;
+static struct dep_msg_clients clients;
+
+/* Decodes `body` as type t with the decoder its callers use and points *msg
+ * at the result. */
+static int decode_type(uint16_t t, const uint8_t *body, size_t len, union dep_msg_body *m,
+                       const void **msg) {
+  switch (t) {
+  case DEP_MSG_PEERS_OK:
+    *msg = &peers;
+    return proto_decode_peers(body, len, &peers);
+  case DEP_MSG_JOB_NODES_OK:
+    *msg = &job_nodes;
+    return proto_decode_job_nodes(body, len, &job_nodes);
+  case DEP_MSG_CLIENTS_OK:
+    *msg = &clients;
+    return proto_decode_clients(body, len, &clients);
+  default:
+    *msg = m;
+    return proto_body_decode(t, body, len, m);
+  }
+}
+
+/* Frees what decoding type t allocated, as its callers do. */
+static void free_type(uint16_t t, union dep_msg_body *m) {
+  if (t == DEP_MSG_STATUS_OK) {
+    free(m->status.devices);
+    free(m->status.jobs);
+  } else if (t == DEP_MSG_PEERS_OK) {
+    proto_peers_free(&peers);
+  } else if (t == DEP_MSG_CLIENTS_OK) {
+    proto_clients_free(&clients);
+  }
+}
+
 static void decode_every_type(const uint8_t *body, size_t len) {
   struct proto_buf b;
   proto_buf_init(&b);
   for (uint16_t t = 0; t <= DEP_MSG_TYPE_MAX_; t++) {
     union dep_msg_body m;
-    int rc = proto_body_decode(t, body, len, &m);
-    if (rc == DEP_ERR_PROTOCOL)
+    const void *msg;
+    int rc = decode_type(t, body, len, &m, &msg);
+    if (rc == DEP_ERR_PROTOCOL) {
+      if ((t == DEP_MSG_PEERS_OK && (peers.peers != NULL || peers.n_peers != 0)) ||
+          (t == DEP_MSG_CLIENTS_OK && (clients.clients != NULL || clients.n != 0)))
+        die("refused body left its records allocated", t);
       continue;
+    }
     if (rc != 0)
       die("unexpected decode error", t);
     char why[256];
@@ -38,7 +86,7 @@ static void decode_every_type(const uint8_t *body, size_t len) {
       proto_check_job_id(m.attach.job_id, why, sizeof why);
     }
     proto_buf_reset(&b);
-    if (proto_frame_encode(&b, t, DEP_FRAME_F_FDS, 7, &m) != 0)
+    if (proto_frame_encode(&b, t, DEP_FRAME_F_FDS, 7, msg) != 0)
       die("re-encode failed", t);
     if (b.len != DEP_PROTO_HDR_LEN + len || memcmp(b.data + DEP_PROTO_HDR_LEN, body, len) != 0)
       die("round trip changed the body", t);
@@ -46,10 +94,7 @@ static void decode_every_type(const uint8_t *body, size_t len) {
     if (proto_hdr_decode(b.data, DEP_PROTO_MAX_BODY, &h, why, sizeof why) != 0 || h.type != t ||
         h.body_len != len || h.request_id != 7 || h.flags != DEP_FRAME_F_FDS)
       die("re-encoded header does not decode", t);
-    if (t == DEP_MSG_STATUS_OK) {
-      free(m.status.devices);
-      free(m.status.jobs);
-    }
+    free_type(t, &m);
   }
   proto_buf_free(&b);
 }
