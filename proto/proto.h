@@ -247,7 +247,7 @@ struct dep_msg_peers {
   uint32_t proxy_threads;    /* the data path's proxy threads running (0 until a job needs them) */
   uint64_t proxy_busy_us;    /* time they spent moving blocks (not polling), summed */
   uint32_t n_peers;          /* 0..DEP_PEERS_MAX */
-  struct dep_msg_peer_info *peers; /* n_peers; the decoder allocates: dep_msg_peers_free */
+  struct dep_msg_peer_info *peers; /* n_peers; the decoder allocates: proto_peers_free */
 };
 
 /* JOB_NODES_OK: for each multi-node job the viewer may see, the ranks and
@@ -445,9 +445,10 @@ void proto_buf_reset(struct proto_buf *b);
  */
 int proto_frame_encode(struct proto_buf *b, uint16_t type, uint32_t flags,
                        uint32_t request_id, const void *msg);
-/* Decode a body of the given type into `msg` (the matching struct); PEERS_OK,
- * which allocates, only through proto_decode_peers, and JOB_NODES_OK, which
- * is large, only through proto_decode_job_nodes. */
+/* Decode a body of the given type into `msg` (the matching struct); PEERS_OK
+ * and CLIENTS_OK, which allocate, only through proto_decode_peers and
+ * proto_decode_clients, and JOB_NODES_OK, which is large, only through
+ * proto_decode_job_nodes. */
 int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg);
 /* Room for any body proto_body_decode decodes: one member per struct it
  * fills (keep in step with its switch; the fuzz harness decodes every type
