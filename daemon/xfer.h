@@ -105,6 +105,14 @@ int xfer_offer_spend(const uint8_t *token);
  * most once in this long, with a count, so that a peer cannot flood the
  * log either. */
 #define XFER_SAY_MS 10000
+/* One kind of event a peer causes, said at most once per XFER_SAY_MS with a
+ * count (xfer_say_now), from any thread. */
+struct xfer_say {
+  _Atomic uint64_t last_ms, count;
+};
+/* Count one more event of s: true when it is to be said now, with *n the
+ * events since the last line. */
+bool xfer_say_now(struct xfer_say *s, uint64_t *n);
 
 /* What `deepepctl peers` shows for peer k: data connections up each way,
  * and bytes and frames moved each way. */

@@ -436,9 +436,7 @@ static int offer_spend(int k, const uint8_t *token) {
   return peer;
 }
 
-/* Say a peer's excess (s) at most once per XFER_SAY_MS, from any thread:
- * true when this one is said, with *n the events since the last line. */
-static bool say_now(struct xfer_say *s, uint64_t *n) {
+bool xfer_say_now(struct xfer_say *s, uint64_t *n) {
   atomic_fetch_add(&s->count, 1);
   uint64_t now = mono_ns() / 1000000ull, last = atomic_load(&s->last_ms);
   if (last != 0 && now - last < XFER_SAY_MS)
@@ -479,7 +477,7 @@ static bool receiver_proven(const struct receiver *rv, char *why, size_t whylen)
   }
   if (!peerauth_data_check(rv->dkey, ch.nonce, rv->token, pr.mac)) {
     uint64_t n;
-    if (say_now(&X->peers[rv->peer].bad_proofs, &n))
+    if (xfer_say_now(&X->peers[rv->peer].bad_proofs, &n))
       log_warnx("peer %s: %llu data connection(s) that named a token offered to it but did not "
                 "prove the peer key are refused: a different peer_key_file there, or someone "
                 "who saw the token on the wire", peer_name(rv->peer), (unsigned long long)n);
@@ -546,7 +544,7 @@ static void receive(int k, int fd) {
     if (rc == DEP_ERR_PROTOCOL)
       break;
     uint64_t n;
-    if (rc != 0 && say_now(&xp->stale_frames, &n))
+    if (rc != 0 && xfer_say_now(&xp->stale_frames, &n))
       log_warnx("peer %s: %llu frame(s) of jobs that do not run here dropped (the latest of job "
                 "%s%s)", peer_name(k), (unsigned long long)n, h.job_id,
                 rc == DEP_ERR_STATE ? ", expected here but still without its route" : "");
@@ -818,7 +816,7 @@ void xfer_on_offer(int k, const struct dep_peer_data_offer *o) {
   struct xfer_peer *xp = &X->peers[k];
   if (atomic_load(&xp->connecting) >= X->conns) {
     uint64_t n;
-    if (say_now(&xp->excess_offers, &n))
+    if (xfer_say_now(&xp->excess_offers, &n))
       log_warnx("peer %s: %llu DATA_OFFER(s) ignored: %u data connection(s) to it are being "
                 "opened already, as many as it may have", peer_name(k), (unsigned long long)n,
                 X->conns);

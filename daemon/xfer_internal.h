@@ -100,10 +100,6 @@ struct xfer_offer {
 };
 
 /* What a peer did beyond its bounds, said at most every XFER_SAY_MS (xfer_conn.c). */
-struct xfer_say {
-  _Atomic uint64_t last_ms, count;
-};
-
 struct xfer_peer {
   struct xfer_out out[XFER_CONNS_MAX];
   _Atomic uint32_t next;         /* round robin over out[] */

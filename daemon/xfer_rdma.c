@@ -69,10 +69,6 @@ struct xr_end {
 };
 
 /* What a peer did wrong here, said at most every XFER_SAY_MS (the loop's). */
-struct xr_say {
-  uint64_t last_ms, count;
-};
-
 struct xr_peer {
   pthread_mutex_t mu;             /* one poster/poller at a time; the loop's changes */
   struct rdmaxp_qp *out;          /* under mu: our queue pair into the peer, connecting or up */
@@ -87,7 +83,7 @@ struct xr_peer {
   struct rdmaxp_qp *wrong;        /* the loop's: the test's request with a wrong proof */
   /* The loop's: its requests that named an offer but did not prove the
    * key, or were of another data stream version. */
-  struct xr_say bad_proofs, bad_versions;
+  struct xfer_say bad_proofs, bad_versions;
 };
 
 /* One proxy thread's chain for one peer. */
@@ -130,19 +126,6 @@ static uint64_t mono_ms(void) {
 
 /* ---- the data queue pairs (the loop) ---------------------------------------------- */
 
-/* Whether to say one more of s now: true at most once per XFER_SAY_MS,
- * with *n the ones since the last line. */
-static bool say_now(struct xr_say *s, uint64_t *n) {
-  s->count++;
-  const uint64_t now = mono_ms();
-  if (s->last_ms != 0 && now - s->last_ms < XFER_SAY_MS)
-    return false;
-  s->last_ms = now;
-  *n = s->count;
-  s->count = 0;
-  return true;
-}
-
 /*
  * A connection request that names no link's offer: its token must be one
  * the data path offered, and its proof must hold (a MAC with the key
@@ -159,7 +142,7 @@ static void *on_accept(const struct dep_xfer_rdma_req *req, bool *said) {
   *said = true;
   if (req->version != DEP_XFER_VERSION) {
     /* Before version 3 a request had zeros where the version is. */
-    if (say_now(&p->bad_versions, &n))
+    if (xfer_say_now(&p->bad_versions, &n))
       log_warnx("peer %s: %llu RDMA data queue pair request(s) of data stream version %u%s (this "
                 "deepepd speaks %u) are rejected: run the same deepepd on every node",
                 peer_name(k), (unsigned long long)n, (unsigned)req->version,
@@ -171,7 +154,7 @@ static void *on_accept(const struct dep_xfer_rdma_req *req, bool *said) {
   const bool proven = peerauth_rdma_check(dkey, req->version, req->token, req->proof);
   sodium_memzero(dkey, sizeof dkey);
   if (!proven) {
-    if (say_now(&p->bad_proofs, &n))
+    if (xfer_say_now(&p->bad_proofs, &n))
       log_warnx("peer %s: %llu RDMA data queue pair request(s) that named a token offered to it "
                 "but did not prove the peer key are rejected: a different peer_key_file there, "
                 "or someone who saw the token on the wire", peer_name(k), (unsigned long long)n);
