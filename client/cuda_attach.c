@@ -150,32 +150,15 @@ int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, c
 }
 
 int cuops_block_layout(const struct dep_job_shape *shape, uint32_t world,
-                       const struct dep_slab_layout *lay, int sms, struct cuops_block *out,
+                       const struct dep_slab_layout *lay, int sms, struct dep_slab_priv *out,
                        char *why, size_t whylen) {
-  uint64_t off = 0;
-  out->dev = carve(&off, sizeof(struct cuops_dev));
-  out->scratch = carve(&off, 4ull * shape->num_experts + 256);
-  out->stage = carve(&off, (uint64_t)lay->max_ll_tokens * CUOPS_STAGE_ROW(shape->hidden));
-  /* The dispatch's count scratch, for the largest SM budget sm_budget can
-   * give (any split of CUOPS_CTAS_PER_SM CTAs per SM among the world's
-   * ranks): the budget is known only after the daemon's reply. */
-  out->tcnt_bytes = ((uint64_t)CUOPS_CTAS_PER_SM * (uint64_t)sms + world) * CUOPS_WARPS * 4 + 4096;
-  out->tcnt = carve(&off, out->tcnt_bytes);
-  out->loop_dev = carve(&off, sizeof(struct cuops_dev));
-  out->loop_slab = carve(&off, lay->data_off + 4096);
-  /* The warm-up's handle, whose world of one has every expert local. */
-  uint64_t at[9];
-  const uint32_t K = shape->topk;
-  out->warm_handle = carve(&off, handle_carve(world, shape->max_tokens_per_rank,
-                                              lay->max_ll_tokens, K,
-                                              K < shape->num_experts ? K : shape->num_experts, at));
-  out->end = off;
-  if (sms < 1 || off > lay->priv_bytes) {
-    snprintf(why, whylen, "the operations' memory (%llu bytes for %d SMs) overruns the slab's "
-             "private area (%llu bytes); this is a bug, please report it",
-             (unsigned long long)off, sms, (unsigned long long)lay->priv_bytes);
-    return DEP_ERR_INTERNAL;
+  if (sms < 1 || (unsigned)sms > DEP_SLAB_MAX_SMS) {
+    snprintf(why, whylen, "this GPU has %d SMs; the slab's private area holds the operations' "
+             "scratch for GPUs of 1 to %u SMs: run deepepd with backend: host on it, or use a "
+             "build that raises DEP_SLAB_MAX_SMS", sms, DEP_SLAB_MAX_SMS);
+    return DEP_ERR_UNSUPPORTED;
   }
+  dep__slab_priv(shape, world, lay, out);
   return 0;
 }
 
@@ -429,7 +412,7 @@ int cuda_ops_attach(dep_client_t *c) {
   const struct cudadrv *cu = drv();
   struct cuops_job *j = &st->job;
   const struct ops_ctx *o = &c->ops;
-  struct cuops_block b;
+  struct dep_slab_priv b;
   char why[256] = "";
   int rc = cuops_block_layout(&o->shape, o->world, &o->lay, st->sms, &b, why, sizeof why);
   if (rc != 0)

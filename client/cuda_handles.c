@@ -25,15 +25,15 @@ void cuda_ops_handle_free(struct dep_handle *h) {
   h->cuda = NULL;
 }
 
-/* A handle's device arrays for the job c is bound to (handle_carve's). */
-static uint64_t job_handle_carve(const dep_client_t *c, uint64_t at[9]) {
+/* A handle's device arrays for the job c is bound to (cuops_handle_carve's). */
+static uint64_t job_handle_carve(const dep_client_t *c, uint64_t at[CUOPS_HDL_ARRAYS]) {
   const struct ops_ctx *o = &c->ops;
-  return handle_carve(o->world, o->shape.max_tokens_per_rank, o->lay.max_ll_tokens,
+  return cuops_handle_carve(o->world, o->shape.max_tokens_per_rank, o->lay.max_ll_tokens,
                       o->shape.topk, c->cuops.job.kd, at);
 }
 
 int cuda_ops_handle_bytes(dep_client_t *c, const char *op, uint64_t *bytes) {
-  uint64_t at[9];
+  uint64_t at[CUOPS_HDL_ARRAYS];
   if (!c->cuops.ready)
     return no_kernels(c, op);
   *bytes = job_handle_carve(c, at);
@@ -101,7 +101,7 @@ int cuops_handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op,
                     m->max_ll != ll || m->topk != K || m->kd != kd))
     cuda_ops_handle_free(h), m = NULL;
   if (m == NULL) {
-    uint64_t at[9];
+    uint64_t at[CUOPS_HDL_ARRAYS];
     uint64_t bytes = job_handle_carve(c, at);
     if (lent == 0 && h->mem != NULL) {
       if (bytes > h->mem_bytes)

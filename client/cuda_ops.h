@@ -99,17 +99,12 @@ struct dep_handle;
 
 /*
  * Where the operations' memory sits in the rank's private area of its
- * slab (slab.h), as offsets from the area's start: the kernels' counters,
- * the warm-up's outputs, the FP8 staging rows, the dispatch's count
- * scratch (sized for a GPU of `sms` SMs), the warm-up's world of one and
- * its handle.  0, or DEP_ERR_INTERNAL with why when it would overrun the
- * area.
+ * slab: dep__slab_priv's carving (slab.h), for a GPU of `sms` SMs.  0, or
+ * DEP_ERR_UNSUPPORTED with why for a GPU with more SMs than the area holds
+ * scratch for (DEP_SLAB_MAX_SMS).
  */
-struct cuops_block {
-  uint64_t dev, scratch, stage, tcnt, tcnt_bytes, loop_dev, loop_slab, warm_handle, end;
-};
 int cuops_block_layout(const struct dep_job_shape *shape, uint32_t world,
-                       const struct dep_slab_layout *lay, int sms, struct cuops_block *out,
+                       const struct dep_slab_layout *lay, int sms, struct dep_slab_priv *out,
                        char *why, size_t whylen);
 
 /*

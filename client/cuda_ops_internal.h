@@ -61,28 +61,6 @@ static inline int no_kernels(dep_client_t *c, const char *op) {
                        "with backend: host", op);
 }
 
-static inline uint64_t carve(uint64_t *off, uint64_t bytes) {
-  uint64_t at = *off;
-  *off += dep_round_up(bytes ? bytes : 1, 256);
-  return at;
-}
-
-/* A handle's device arrays for a world of W ranks: their offsets, and their size returned. */
-static inline uint64_t handle_carve(uint64_t W, uint64_t mt, uint64_t ll, uint64_t K,
-                                    uint64_t kd, uint64_t at[9]) {
-  uint64_t off = 0;
-  at[0] = carve(&off, 8);
-  at[1] = carve(&off, 4 * mt * W);
-  at[2] = carve(&off, 4 * W);
-  at[3] = carve(&off, 4 * W);
-  at[4] = carve(&off, 8 * ll * K);
-  at[5] = carve(&off, 4 * W);
-  at[6] = carve(&off, 4 * W);
-  at[7] = carve(&off, 4 * W * ll);
-  at[8] = carve(&off, 8 * W * ll * kd);
-  return off;
-}
-
 static inline struct cuops_hdl hdl_of(const struct dep_handle *h) {
   return ((const struct cuops_hmem *)h->cuda)->p;
 }

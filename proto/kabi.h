@@ -241,6 +241,30 @@ struct cuops_hdl {
   int32_t *ll_map;     /* [world * max_ll * kd * 2] {local expert, row} of each (row, id) */
 };
 
+/*
+ * Where struct cuops_hdl's arrays lie in one allocation, in its order, for
+ * a world of W ranks, mt tokens a rank, ll low-latency tokens, top-K and kd
+ * distinct experts a token may have on one rank: their offsets in at[], and
+ * the allocation's size returned.  One definition for every handle the
+ * library makes and the warm-up's handle in the slab's private area
+ * (dep__slab_priv).
+ */
+#define CUOPS_HDL_ARRAYS 9
+static inline uint64_t cuops_handle_carve(uint64_t W, uint64_t mt, uint64_t ll, uint64_t K,
+                                          uint64_t kd, uint64_t at[CUOPS_HDL_ARRAYS]) {
+  uint64_t off = 0;
+  at[0] = dep_carve(&off, 8);
+  at[1] = dep_carve(&off, 4 * mt * W);
+  at[2] = dep_carve(&off, 4 * W);
+  at[3] = dep_carve(&off, 4 * W);
+  at[4] = dep_carve(&off, 8 * ll * K);
+  at[5] = dep_carve(&off, 4 * W);
+  at[6] = dep_carve(&off, 4 * W);
+  at[7] = dep_carve(&off, 4 * W * ll);
+  at[8] = dep_carve(&off, 8 * W * ll * kd);
+  return off;
+}
+
 struct cuops_layout_args {
   const void *idx;
   int32_t itype;

@@ -72,6 +72,8 @@
  *   6  A slab has no outbox (slab.h): a rank's bytes for and from other
  *      nodes are in its exchange region, which XRING_LEND_OK's memfd holds
  *      after the ring (xring.h version 2).
+ *   7  A slab's private area is as large as its carving (slab.h
+ *      dep__slab_priv), no longer a formula of its own: slab sizes differ.
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -92,8 +94,8 @@
  * deepepctl of another version is refused at HELLO with the window named,
  * and told to upgrade whichever end is older.  Widening it means keeping
  * the older layouts' codecs for connections that said an older version. */
-#define DEP_PROTO_VERSION 6
-#define DEP_PROTO_MIN_VERSION 6
+#define DEP_PROTO_VERSION 7
+#define DEP_PROTO_MIN_VERSION 7
 #define DEP_PROTO_HDR_LEN 24
 #define DEP_PROTO_MAX_BODY (256u * 1024u)
 /* Linux accepts at most 253 fds in one SCM_RIGHTS message. */

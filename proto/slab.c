@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 
+#include "kabi.h"
 #include "proto.h"
 #include "shape.h"
 
@@ -58,17 +59,9 @@ int dep__slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
   out->parity_bytes = (uint64_t)world_size * block;
   uint64_t end = out->data_off + 2 * out->parity_bytes;
   out->priv_off = dep_round_up(end, DEP_SLAB_ALIGN);
-  /* One FP8 row (a byte per channel and a float scale per 128) for each
-   * low-latency token, a count per expert, a word per (rank, warp), and a
-   * control area; and a handle's arrays (per token: its destinations,
-   * per low-latency token: its top-k and, per rank, its slot and rows). */
-  const uint64_t W = world_size, mt = s->max_tokens_per_rank;
-  uint64_t fp8_row = dep_round_up(h + h / 32, 16);
-  out->priv_bytes = DEP_SLAB_PRIV_FIXED + dep_round_up((uint64_t)ll * fp8_row, 256) +
-                    dep_round_up(4ull * s->num_experts, 256) + out->data_off + 32 * W +
-                    dep_round_up(4 * mt * W, 256) + dep_round_up(8ull * ll * k, 256) +
-                    dep_round_up(4ull * W * ll, 256) + dep_round_up(8ull * W * ll * k, 256) +
-                    16 * W;
+  struct dep_slab_priv pv;
+  dep__slab_priv(s, world_size, out, &pv);
+  out->priv_bytes = dep_round_up(pv.end, DEP_SLAB_ALIGN);
   out->total_bytes = out->priv_off + out->priv_bytes;
   const uint64_t nr = world_size - local_world_size;
   out->n_remote = (uint32_t)nr;
@@ -80,4 +73,28 @@ int dep__slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
     out->xchg_bytes = dep_round_up(out->out_off + 2 * nr * block, DEP_SLAB_ALIGN);
   }
   return 0;
+}
+
+void dep__slab_priv(const struct dep_job_shape *s, uint32_t world_size,
+                    const struct dep_slab_layout *l, struct dep_slab_priv *out) {
+  uint64_t off = 0;
+  const uint64_t W = world_size, K = s->topk;
+  out->dev = dep_carve(&off, sizeof(struct cuops_dev));
+  out->scratch = dep_carve(&off, 4ull * s->num_experts + 256);
+  out->stage = dep_carve(&off, (uint64_t)l->max_ll_tokens * CUOPS_STAGE_ROW(s->hidden));
+  /* A word per warp of every CTA the largest SM budget may launch (any
+   * split of CUOPS_CTAS_PER_SM CTAs an SM among the world's ranks), and a
+   * page: the budget is known only after the daemon's reply. */
+  out->tcnt_bytes = ((uint64_t)CUOPS_CTAS_PER_SM * DEP_SLAB_MAX_SMS + W) * CUOPS_WARPS * 4 + 4096;
+  out->tcnt = dep_carve(&off, out->tcnt_bytes);
+  out->loop_dev = dep_carve(&off, sizeof(struct cuops_dev));
+  /* The warm-up's world of one: its control slots fit the job's, and a page of data. */
+  out->loop_slab = dep_carve(&off, l->data_off + 4096);
+  /* The warm-up's handle, whose world of one has every expert local. */
+  uint64_t at[CUOPS_HDL_ARRAYS];
+  out->warm_handle = dep_carve(&off, cuops_handle_carve(W, s->max_tokens_per_rank,
+                                                        l->max_ll_tokens, K,
+                                                        K < s->num_experts ? K : s->num_experts,
+                                                        at));
+  out->end = off;
 }

@@ -97,11 +97,8 @@ struct dep_slab_abort {
 #define DEP_SLAB_GONE_NO_RANK 0xffffffffu
 DEP_STATIC_ASSERT(DEP_SLAB_ABORT_OFF + sizeof(struct dep_slab_abort) <= DEP_SLAB_ERR_BYTES,
                   "the abort words must fit the error words");
-/* The private area's part that does not grow with the shape: the library's
- * counters and its SM-sized scratch (for GPUs of up to 512 SMs); what grows
- * with it is added per expert, per rank and per token, and a control area
- * for the warm-up's world of one (dep__slab_layout). */
-#define DEP_SLAB_PRIV_FIXED (64u * 1024u)
+/* The largest GPU (in SMs) whose per-CTA scratch the private area holds. */
+#define DEP_SLAB_MAX_SMS 512u
 
 struct dep_slab_layout {
   uint32_t world_size;
@@ -138,6 +135,31 @@ int dep__slab_layout_nodes(const struct dep_job_shape *shape, uint32_t world_siz
 /* The layout of a single-node job: dep__slab_layout_nodes with every rank local. */
 int dep__slab_layout(const struct dep_job_shape *shape, uint32_t world_size,
                     struct dep_slab_layout *out, char *why, size_t whylen);
+
+/*
+ * The private area's parts, as offsets from its start, and its size (end):
+ * the cuda library's counters (struct cuops_dev, kabi.h), the layout's
+ * per-expert scratch, the low-latency FP8 staging rows, the dispatch's
+ * per-warp count scratch (tcnt, tcnt_bytes: for a GPU of up to
+ * DEP_SLAB_MAX_SMS SMs), the warm-up's counters and world of one
+ * (loop_dev, loop_slab) and its handle (warm_handle).  One function carves
+ * it: the layout's priv_bytes is its end, and the library addresses the
+ * parts by its offsets, so the two cannot disagree.  The host backend keeps
+ * nothing there; the area is part of the layout all the same, which is one
+ * for both backends.
+ */
+struct dep_slab_priv {
+  uint64_t dev, scratch, stage, tcnt, tcnt_bytes, loop_dev, loop_slab, warm_handle, end;
+};
+void dep__slab_priv(const struct dep_job_shape *shape, uint32_t world_size,
+                    const struct dep_slab_layout *lay, struct dep_slab_priv *out);
+
+/* Take the next part of `bytes` (256-byte aligned; 0 takes one unit) from *off. */
+static inline uint64_t dep_carve(uint64_t *off, uint64_t bytes) {
+  const uint64_t at = *off;
+  *off += (((bytes ? bytes : 1) + 255u) / 256u) * 256u;
+  return at;
+}
 
 /* What memory made for a layout is cached under: dep__shape_key's (the
  * slab does not depend on how many ranks are remote: their bytes pass

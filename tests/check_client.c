@@ -531,15 +531,17 @@ END_TEST
 
 /*
  * The slab's private area (slab.h) holds the cuda library's operation
- * memory (cuops_block_layout), without a GPU: for shapes at the ends of
- * every range and GPUs of 1 to 512 SMs, it comes after the data, aligned,
- * its parts in order inside it; a GPU beyond the bound is refused, not
- * overrun.
+ * memory, carved by one function (dep__slab_priv) whose end is the area's
+ * size: without a GPU, for shapes at the ends of every range, the parts
+ * lie in order inside the area, which is no larger than the carving needs
+ * (rounded to a page), and the library's view for GPUs of 1 to
+ * DEP_SLAB_MAX_SMS SMs is that same carving; a GPU beyond the bound is
+ * refused, not overrun.
  */
 START_TEST(the_operations_memory_fits_every_slabs_private_area) {
   static const uint32_t hiddens[] = {128, 7168, 16384}, tokens[] = {1, 128, 4096, 65536};
   static const uint32_t worlds[] = {1, 2, 8, 64, 4096}, topks[] = {1, 8, 16};
-  static const int sms[] = {1, 132, 512};
+  static const int sms[] = {1, 132, (int)DEP_SLAB_MAX_SMS};
   char why[256];
   unsigned checked = 0;
   for (size_t hi = 0; hi < 3; hi++)
@@ -557,14 +559,23 @@ START_TEST(the_operations_memory_fits_every_slabs_private_area) {
             ck_assert_uint_eq(l.priv_off % DEP_SLAB_ALIGN, 0);
             ck_assert_uint_ge(l.priv_off, l.data_off + 2 * l.parity_bytes);
             ck_assert_uint_eq(l.total_bytes, l.priv_off + l.priv_bytes);
+            struct dep_slab_priv p;
+            dep__slab_priv(&sh, W, &l, &p);
+            ck_assert(p.dev < p.scratch && p.scratch < p.stage && p.stage < p.tcnt &&
+                      p.tcnt + p.tcnt_bytes <= p.loop_dev && p.loop_dev < p.loop_slab &&
+                      p.loop_slab + l.data_off + 4096 <= p.warm_handle &&
+                      p.warm_handle < p.end);
+            ck_assert_uint_eq(l.priv_bytes, dep_round_up(p.end, DEP_SLAB_ALIGN));
             for (size_t si = 0; si < 3; si++) {
-              struct cuops_block b;
+              struct dep_slab_priv b;
               ck_assert_msg(cuops_block_layout(&sh, W, &l, sms[si], &b, why, sizeof why) == 0,
                             "hidden %u, %u tokens, world %u, top-%u, %d SMs: %s", sh.hidden, mt,
                             W, sh.topk, sms[si], why);
-              ck_assert(b.dev < b.scratch && b.scratch < b.stage && b.stage < b.tcnt &&
-                        b.tcnt + b.tcnt_bytes <= b.loop_dev && b.loop_dev < b.loop_slab &&
-                        b.loop_slab + l.data_off + 4096 <= b.end && b.end <= l.priv_bytes);
+              ck_assert(memcmp(&b, &p, sizeof b) == 0);
+              /* The count scratch holds a word per warp of the most CTAs the SMs allow. */
+              ck_assert_uint_ge(b.tcnt_bytes,
+                                ((uint64_t)CUOPS_CTAS_PER_SM * (uint64_t)sms[si] + W) *
+                                    CUOPS_WARPS * 4);
               checked++;
             }
           }
@@ -572,10 +583,12 @@ START_TEST(the_operations_memory_fits_every_slabs_private_area) {
   struct dep_job_shape sh = {.max_tokens_per_rank = 4096, .hidden = 7168, .num_experts = 256,
                              .topk = 8, .dtype = DEP_DTYPE_BF16};
   struct dep_slab_layout l;
-  struct cuops_block b;
+  struct dep_slab_priv b;
   ck_assert_int_eq(dep__slab_layout(&sh, 8, &l, why, sizeof why), 0);
-  ck_assert_int_eq(cuops_block_layout(&sh, 8, &l, 1 << 20, &b, why, sizeof why), DEP_ERR_INTERNAL);
+  ck_assert_int_eq(cuops_block_layout(&sh, 8, &l, DEP_SLAB_MAX_SMS + 1, &b, why, sizeof why),
+                   DEP_ERR_UNSUPPORTED);
   ck_assert_msg(strstr(why, "private area") != NULL, "said %s", why);
+  ck_assert_int_eq(cuops_block_layout(&sh, 8, &l, 0, &b, why, sizeof why), DEP_ERR_UNSUPPORTED);
 }
 END_TEST
 
