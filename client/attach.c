@@ -290,8 +290,11 @@ static int attach_bind_device(dep_client_t *c, const struct dep_attach_args *a) 
   c->cuda_dev = -1;
   if (!c->cuda)
     return 0;
+  int rc = cuda_ops_world_check(c, a);
+  if (rc != 0)
+    return rc;
   char why[256] = "";
-  int rc = mem_cuda_bind(a->device_uuid, &c->cuda_dev, &c->primary, why, sizeof why);
+  rc = mem_cuda_bind(a->device_uuid, &c->cuda_dev, &c->primary, why, sizeof why);
   if (rc != 0)
     return client_seterr(c, rc, "dep_attach: %s", why);
   return 0;

@@ -7,7 +7,8 @@
  * over two daemons (64 a node, the most a node holds) and one of 96 over
  * three attach on every rank, and deepepctl status, peers and stats show
  * them; more than 64 ranks on one node is refused at attach with the
- * limit named.  Shapes are small (a few tokens a rank), so a
+ * limit named; the cuda library refuses a world its kernels cannot address
+ * before it sends anything.  Shapes are small (a few tokens a rank), so a
  * job of 128 processes costs a 2-core machine seconds.
  */
 #include <check.h>
@@ -22,6 +23,7 @@
 
 #include "daemonwire.h"
 #include "deepep.h"
+#include "fake_daemon.h"
 #include "nodes.h"
 #include "testutil.h"
 
@@ -280,6 +282,31 @@ START_TEST(more_than_64_ranks_on_one_node_are_refused_at_attach_naming_the_limit
 }
 END_TEST
 
+/*
+ * The cuda library refuses a world its kernels cannot address (above 64
+ * ranks: kabi.h's rank masks) at dep_attach, with DEP_ERR_UNSUPPORTED
+ * naming the limit and the backend, before it touches the driver or sends
+ * anything: the fake daemon (which says its backend is cuda) hears no
+ * request after HELLO.  Before, the library bound the GPU and sent ATTACH,
+ * and its job attached with operations that could never run.
+ */
+START_TEST(the_cuda_library_refuses_a_world_above_its_kernels_limit_before_sending_anything) {
+  struct fake_daemon f;
+  fake_daemon_start(&f, FAKE_CUDA_SILENT);
+  dep_client_t *c = NULL;
+  ck_assert_int_eq(dep_client_new(&c), 0);
+  ck_assert_int_eq(dep_connect(c, f.sock), 0);
+  struct dep_attach_args a = {.size = sizeof a, .rank = 0, .world_size = 2 * DEP_MAX_LOCAL_RANKS,
+                              .local_rank = 0, .local_world_size = DEP_MAX_LOCAL_RANKS,
+                              .shape = bw_shape(2 * DEP_MAX_LOCAL_RANKS)};
+  snprintf(a.job_id, sizeof a.job_id, "cudawide");
+  ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_UNSUPPORTED);
+  expect_has(dep_errmsg(c), "world of 128 ranks; the cuda backend serves worlds of up to 64");
+  dep_client_free(c);
+  ck_assert_int_eq(fake_daemon_wait(&f), 0);
+}
+END_TEST
+
 Suite *bigworld_suite(void);
 Suite *bigworld_suite(void) {
   Suite *s = suite_create("bigworld");
@@ -290,6 +317,8 @@ Suite *bigworld_suite(void) {
   suite_add_tcase(s, tc);
   TCase *lim = tcase_create("limits");
   tcase_add_test(lim, more_than_64_ranks_on_one_node_are_refused_at_attach_naming_the_limit);
+  tcase_add_test(lim,
+                 the_cuda_library_refuses_a_world_above_its_kernels_limit_before_sending_anything);
   suite_add_tcase(s, lim);
   return s;
 }
