@@ -207,6 +207,39 @@ static void attach_ring(dep_client_t *c) {
   c->xring = p;
 }
 
+/*
+ * The operations' context over every slab mapped here, by global rank (a
+ * table of the job's world, NULL for a rank on another node).  A world
+ * larger than one node's ranks that this build's host operations refuse
+ * (host_ops.h says which worlds they serve) is still attached, its memory
+ * lent on every node: its ring goes back and its operations refuse, saying
+ * why (xring_why), as on a daemon without peers.  0, or the refusal's code
+ * with why.
+ */
+static int attach_ops(dep_client_t *c, char *why, size_t whylen) {
+  const struct dep_attach_args *a = &c->args;
+  uint8_t **slabs = calloc(a->world_size, sizeof *slabs);
+  if (slabs == NULL) {
+    snprintf(why, whylen, "out of memory for the slab table of a world of %u ranks",
+             a->world_size);
+    return DEP_ERR_NO_MEMORY;
+  }
+  for (uint32_t i = 0; i < a->local_world_size; i++)
+    slabs[c->ranks[i]] = c->slabs[i];
+  int rc = host_ops_init_nodes(&c->ops, &a->shape, a->world_size, a->rank, slabs, c->xring,
+                               c->attach_ok.op_timeout_ms, why, whylen);
+  free(slabs);
+  if (rc != 0 && a->world_size > DEP_MAX_LOCAL_RANKS && c->xring != NULL) {
+    snprintf(c->xring_why, sizeof c->xring_why, "this library's host operations refuse it: %s",
+             why);
+    host_ops_fini(&c->ops);
+    munmap(c->xring, DEP_XRING_BYTES + c->layout.xchg_bytes);
+    c->xring = NULL;
+    rc = 0;
+  }
+  return rc;
+}
+
 /* Map in, writable, the pages of [p, p + len): MADV_POPULATE_WRITE, which
  * changes no byte (a local peer may be writing there already), or where
  * the kernel has none (before 5.14) a read of each page. */
@@ -257,8 +290,11 @@ static int attach_bind_device(dep_client_t *c, const struct dep_attach_args *a) 
   c->cuda_dev = -1;
   if (!c->cuda)
     return 0;
+  int rc = cuda_ops_world_check(c, a);
+  if (rc != 0)
+    return rc;
   char why[256] = "";
-  int rc = mem_cuda_bind(a->device_uuid, &c->cuda_dev, &c->primary, why, sizeof why);
+  rc = mem_cuda_bind(a->device_uuid, &c->cuda_dev, &c->primary, why, sizeof why);
   if (rc != 0)
     return client_seterr(c, rc, "dep_attach: %s", why);
   return 0;
@@ -332,25 +368,14 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in
    * cuda the context holds device pointers, for the checks and addressing;
    * the kernels are loaded (and warmed up) before dep_attach returns. */
   c->xring_why[0] = '\0';
-  if (args->world_size != args->local_world_size) {
-    if (args->world_size > DEP_MAX_LOCAL_RANKS)
-      snprintf(c->xring_why, sizeof c->xring_why, "the operations serve worlds of up to %u ranks",
-               DEP_MAX_LOCAL_RANKS);
-    else
-      attach_ring(c);
+  if (args->world_size != args->local_world_size)
+    attach_ring(c);
+  const bool one_node = args->world_size == args->local_world_size;
+  if ((one_node || c->xring != NULL) && (rc = attach_ops(c, why, sizeof why)) != 0) {
+    dep_detach(c);
+    return client_seterr(c, rc, "dep_attach: %s", why);
   }
-  const bool ops_here = args->world_size == args->local_world_size || c->xring != NULL;
-  if (ops_here) {
-    uint8_t *slabs[DEP_MAX_LOCAL_RANKS] = {NULL};
-    for (uint32_t i = 0; i < args->local_world_size; i++)
-      slabs[c->ranks[i]] = c->slabs[i];
-    rc = host_ops_init_nodes(&c->ops, &args->shape, args->world_size, args->rank, slabs,
-                             c->xring, c->attach_ok.op_timeout_ms, why, sizeof why);
-    if (rc != 0) {
-      dep_detach(c);
-      return client_seterr(c, rc, "dep_attach: %s", why);
-    }
-  }
+  const bool ops_here = one_node || c->xring != NULL; /* attach_ops may give the ring back */
   if (!c->cuda && c->attach_ok.kernel_warmup && ops_here)
     host_warmup(c);
   /* A job across nodes: its waits fail at once when this node's daemon goes

@@ -276,6 +276,15 @@ static void take_kernels(dep_client_t *c, const struct client_frame *f, const st
   c->lent_kernels_bytes = (size_t)ok.bytes;
 }
 
+int cuda_ops_world_check(dep_client_t *c, const struct dep_attach_args *a) {
+  if (a->world_size <= CUOPS_MAX_RANKS)
+    return 0;
+  return client_seterr(c, DEP_ERR_UNSUPPORTED, "dep_attach: job \"%s\" has a world of %u "
+                       "ranks; the cuda backend serves worlds of up to %u ranks for now (its "
+                       "kernels address ranks by a 64-bit mask), so run it with fewer ranks",
+                       a->job_id, a->world_size, CUOPS_MAX_RANKS);
+}
+
 int cuda_ops_fetch_kernels(dep_client_t *c) {
   cuda_ops_drop_kernels(c);
   struct kimage img;

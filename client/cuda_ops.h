@@ -120,6 +120,13 @@ int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, c
 uint32_t cuops_most_ctas(int sms, uint32_t sharing);
 
 /*
+ * At dep_attach on cuda, before anything goes on the wire or touches the
+ * driver: a world the kernels cannot address (more than CUOPS_MAX_RANKS
+ * ranks: kabi.h keeps a 64-bit mask of ranks) is DEP_ERR_UNSUPPORTED
+ * naming the limit; 0 otherwise.
+ */
+int cuda_ops_world_check(dep_client_t *c, const struct dep_attach_args *a);
+/*
  * At dep_attach on cuda, right after ATTACH is sent (so that it runs while
  * the daemon waits for the other local ranks and lends the memory): load
  * the embedded fatbin and every kernel, pin the error record, make the

@@ -1099,10 +1099,13 @@ static int job_membership_check(int k, const struct dep_peer_membership *in, cha
   if (rc != 0)
     return rc;
   if (in->n_windows == 0) {
-    /* lend.c lends an exchange region only to a world the operations serve. */
-    snprintf(why, len, "node %s lent no exchange region for them: jobs that span nodes exchange "
-             "data in worlds of up to %u ranks, and this one has %u", peer_name(k),
-             DEP_MAX_LOCAL_RANKS, in->sw.world_size);
+    /* Every node lends its ranks of a job across nodes an exchange region,
+     * whatever the world; a deepepd of the same peer protocol from before
+     * that lent none above 64 ranks. */
+    snprintf(why, len, "node %s lent no exchange region for them (a deepepd older than this "
+             "node's lends none to a world above %u ranks, and this one has %u): run one "
+             "deepepd version on every node", peer_name(k), DEP_MAX_LOCAL_RANKS,
+             in->sw.world_size);
     return DEP_ERR_UNSUPPORTED;
   }
   for (uint32_t r = 0; r < in->n_ranks; r++) {

@@ -86,14 +86,14 @@ static void lend_xchg_reset(uint8_t *map, const struct dep_slab_layout *l) {
 }
 
 /*
- * A job that spans nodes, whose operations run (a world the operations
- * serve): one ring and exchange region per local rank from its device's
- * pool (pool.h: cached from an earlier job of the uid and key, reset, or
- * made zero), its ring's header written (the ranks check it).  0, or
+ * A job that spans nodes, of any world: one ring and exchange region per
+ * local rank from its device's pool (pool.h: cached from an earlier job of
+ * the uid and key, reset, or made zero), its ring's header written (the
+ * ranks check it).  0, or
  * DEP_ERR_NO_MEMORY / LIMIT / INVALID with why.
  */
 static int lend_xchg_make(struct job *j, char *why, size_t whylen) {
-  if (!j->multinode || j->world_size > DEP_MAX_LOCAL_RANKS || j->xchg != NULL)
+  if (!j->multinode || j->xchg != NULL)
     return 0;
   struct dep_slab_layout l;
   int rc = dep__slab_layout_nodes(&j->shape, j->world_size, j->local_world_size, &l, why, whylen);

@@ -123,14 +123,27 @@ void xfer__routes_fail_peer(int k, const char *what) {
   }
 }
 
+struct xfer_route *xfer__route_new(uint32_t world) {
+  /* The tables after the route, remote_of first (for its alignment). */
+  const size_t w = world;
+  struct xfer_route *r = calloc(1, sizeof *r + w * (sizeof *r->remote_of + 2 * sizeof *r->peer_of));
+  if (r == NULL)
+    return NULL;
+  r->world = world;
+  r->remote_of = (uint32_t *)(r + 1);
+  r->peer_of = (int16_t *)(r->remote_of + w);
+  r->local_of = r->peer_of + w;
+  return r;
+}
+
 void xfer_job_start(const struct job *j, const int16_t *who) {
-  if (!X->active || j->world_size > DEP_MAX_LOCAL_RANKS || j->xchg == NULL)
-    return; /* operations refuse such a world (host_ops.h); the job has memory only */
+  if (!X->active || j->xchg == NULL)
+    return;
   if (X->started == 0 && xfer_start_threads() != 0) {
     log_warnx("job %s: no proxy thread runs; its operations between nodes will fail", j->id);
     return;
   }
-  struct xfer_route *r = calloc(1, sizeof *r);
+  struct xfer_route *r = xfer__route_new(j->world_size);
   if (r == NULL) {
     log_warnx("job %s: out of memory for its route between nodes; its operations will time out",
               j->id);
@@ -138,7 +151,6 @@ void xfer_job_start(const struct job *j, const int16_t *who) {
   }
   snprintf(r->id, sizeof r->id, "%s", j->id);
   r->job = j;
-  r->world = j->world_size;
   r->local_world = j->local_world_size;
   char why[256];
   if (dep__slab_layout_nodes(&j->shape, j->world_size, j->local_world_size, &r->lay, why,
@@ -255,11 +267,8 @@ void xfer_lend_ring(struct conn *c, uint32_t request_id) {
   pthread_rwlock_unlock(&X->lock);
   uint32_t lr = c->job_local_rank;
   if (!routed || j->xchg == NULL) {
-    conn_send_error(c, request_id, DEP_ERR_UNSUPPORTED, "XRING_LEND: job %s: %s", j->id,
-                    j->world_size > DEP_MAX_LOCAL_RANKS
-                        ? "its world is larger than the operations serve"
-                        : "this daemon moves no data between nodes (no peers, or the proxy did "
-                          "not start)");
+    conn_send_error(c, request_id, DEP_ERR_UNSUPPORTED, "XRING_LEND: job %s: this daemon moves "
+                    "no data between nodes (no peers, or the proxy did not start)", j->id);
     return;
   }
   if (lr >= j->local_world_size || j->xchg[lr].lent) {

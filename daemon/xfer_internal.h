@@ -45,10 +45,12 @@ struct xfer_route {
   const struct job *job;         /* the loop's handle; never dereferenced by threads */
   uint32_t world, local_world;
   struct dep_slab_layout lay;
-  int16_t peer_of[DEP_MAX_LOCAL_RANKS];  /* global rank -> peer holding it; -1: held here */
-  int16_t local_of[DEP_MAX_LOCAL_RANKS]; /* global rank -> local rank here; -1: remote */
-  uint32_t rank_of[DEP_MAX_LOCAL_RANKS];  /* local rank -> global rank */
-  uint32_t remote_of[DEP_MAX_LOCAL_RANKS]; /* global rank -> its number among remote ranks */
+  /* By global rank, world entries each (allocated with the route: a world
+   * is bounded by DEP_MAX_WORLD, not by the local ranks). */
+  int16_t *peer_of;               /* global rank -> peer holding it; -1: held here */
+  int16_t *local_of;              /* global rank -> local rank here; -1: remote */
+  uint32_t *remote_of;            /* global rank -> its number among remote ranks */
+  uint32_t rank_of[DEP_MAX_LOCAL_RANKS]; /* local rank -> global rank */
   /* By local rank: its ring and the exchange region after it (the job's,
    * lend.h: the route goes before they do), and their registration with
    * the NIC (NULL: none). */
@@ -173,6 +175,10 @@ static inline uint64_t mono_ns(void) {
 }
 
 /* ---- xfer.c ---- */
+
+/* A route of a world of `world` ranks, zeroed, its per-world tables in the
+ * same allocation (free() frees both); NULL when out of memory. */
+struct xfer_route *xfer__route_new(uint32_t world);
 
 /* Stop a route (any thread, lock held for reading at least): its rings say code. */
 void xfer__route_fail(struct xfer_route *r, int code);

@@ -57,8 +57,8 @@ struct xfer_rdma_route {
                                                      in their exchange regions */
   uint32_t world;
   uint64_t peers;                 /* bit k: peer k holds ranks of it */
-  struct xr_dest dest[DEP_MAX_LOCAL_RANKS];
   struct xr_count by_peer[CONFIG_MAX_LIST];
+  struct xr_dest dest[];          /* by global rank: world entries */
 };
 
 /* What rdmaxp's callbacks are given as owner: one per peer and direction,
@@ -397,7 +397,7 @@ static bool reap(int k, struct xr_peer *p) {
 struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who) {
   if (!XR.active || !rdmaxp_active())
     return NULL;
-  struct xfer_rdma_route *xr = calloc(1, sizeof *xr);
+  struct xfer_rdma_route *xr = calloc(1, sizeof *xr + j->world_size * sizeof xr->dest[0]);
   if (xr == NULL)
     return NULL;
   snprintf(xr->id, sizeof xr->id, "%s", j->id);

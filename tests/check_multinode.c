@@ -933,8 +933,8 @@ START_TEST(a_first_rank_refused_by_a_limit_fails_the_job_on_every_node_at_once) 
 }
 END_TEST
 
-/* ATTACH global rank `rank` of job `id`, a world of `world` ranks too large
- * for the operations (DEP_MAX_LOCAL_RANKS), in a small shape: its
+/* ATTACH global rank `rank` of job `id`, a world of `world` ranks larger
+ * than one node holds (DEP_MAX_LOCAL_RANKS), in a small shape: its
  * experts a multiple of the world, its memory a few MiB a node. */
 static int attach_wide(const struct tu_daemon *d, const char *id, uint32_t rank, uint32_t world,
                        uint32_t lr, uint32_t lws) {
@@ -945,36 +945,24 @@ static int attach_wide(const struct tu_daemon *d, const char *id, uint32_t rank,
 }
 
 /*
- * Any refusal of another node's MEMBERSHIP fails the job at once on every
- * node with the reason (DESIGN §5).  A world of 65 ranks over two nodes
- * (32 on node 1, 33 on node 0): no node lends an exchange region above the
- * 64 ranks the operations serve, so each refuses the other's MEMBERSHIP.
- * That refusal was only logged, and every rank waited out
- * limits.attach_timeout_ms to fail with "start every rank on every node".
- * attach_timeout_ms is 120 s here; each node's ranks must fail within 10 s
- * of the last one's ATTACH (a ceiling for a loaded machine, a twelfth of
- * the timeout).  Node 1's ranks come first, all of them, then node 0's,
- * after node 0 refused node 1's MEMBERSHIP: they are late ranks of the
- * failed attempt (their process, the test's, started before), told the
- * failure at once.
+ * A world is bounded by DEP_MAX_WORLD, not by one node's ranks: a world of
+ * 65 over two nodes (33 on node 0, 32 on node 1) is ready on both, each
+ * rank's reply carrying its node's slabs.  Before, no node lent an
+ * exchange region above 64 ranks and each refused the other's MEMBERSHIP:
+ * every rank failed with DEP_ERR_UNSUPPORTED ("lent no exchange region").
+ * (check_bigworld.c runs the largest worlds, through the library.)
  */
-START_TEST(a_world_above_64_ranks_across_nodes_fails_at_once_on_both_with_the_reason) {
+START_TEST(a_world_above_64_ranks_across_nodes_is_ready_on_both) {
   enum { WORLD = DEP_MAX_LOCAL_RANKS + 1, ON1 = WORLD / 2, ON0 = WORLD - ON1 };
   struct nodes ns;
   nodes_start(&ns, 2, 120000);
   int fd[WORLD];
   for (uint32_t i = 0; i < ON1; i++)
     fd[ON0 + i] = attach_wide(&ns.d[1], "wide", ON0 + i, WORLD, i, ON1);
-  int64_t t0 = dw_now_ms();
-  for (uint32_t i = 0; i < ON1; i++)
-    expect_fail(fd[ON0 + i], DEP_ERR_UNSUPPORTED, "lent no exchange region", "up to 64 ranks");
-  ck_assert_int_lt(dw_now_ms() - t0, 10000);
   for (uint32_t i = 0; i < ON0; i++)
     fd[i] = attach_wide(&ns.d[0], "wide", i, WORLD, i, ON0);
-  t0 = dw_now_ms();
-  for (uint32_t i = 0; i < ON0; i++)
-    expect_fail(fd[i], DEP_ERR_UNSUPPORTED, "lent no exchange region", "up to 64 ranks");
-  ck_assert_int_lt(dw_now_ms() - t0, 10000);
+  for (uint32_t i = 0; i < WORLD; i++)
+    expect_ready(fd[i], i < ON0 ? ON0 : ON1);
   for (uint32_t i = 0; i < WORLD; i++)
     close(fd[i]);
   nodes_stop(&ns);
@@ -1202,7 +1190,7 @@ Suite *multinode_suite(void) {
   tcase_add_test(tc, a_running_job_whose_remote_daemon_is_killed_aborts_the_local_rank_naming_it);
   tcase_add_test(tc, a_daemon_stopped_cleanly_fails_a_gathering_job_and_aborts_a_running_one_elsewhere);
   tcase_add_test(tc, a_job_id_another_uid_takes_on_another_node_fails_nothing_and_names_no_owner);
-  tcase_add_test(tc, a_world_above_64_ranks_across_nodes_fails_at_once_on_both_with_the_reason);
+  tcase_add_test(tc, a_world_above_64_ranks_across_nodes_is_ready_on_both);
   tcase_add_test(tc, a_failed_jobs_late_ranks_hear_it_at_once_and_the_job_started_again_runs);
   tcase_add_test(tc, a_remembered_failure_is_told_to_its_own_uids_late_ranks_only);
   tcase_add_test(tc, a_membership_refused_after_the_sender_holds_every_rank_fails_its_attach_cleanly);

@@ -53,13 +53,12 @@ static void xf_make(struct xf *f, const char *id) {
       X->peers[k].in_fds[i] = -1;
   X->active = true;
   f->job = calloc(1, sizeof *f->job + 2 * sizeof(struct job_rank));
-  f->r = calloc(1, sizeof *f->r);
+  f->r = xfer__route_new(4);
   ck_assert_ptr_nonnull(f->job);
   ck_assert_ptr_nonnull(f->r);
   struct xfer_route *r = f->r;
   snprintf(r->id, sizeof r->id, "%s", id);
   r->job = f->job;
-  r->world = 4;
   r->local_world = 2;
   struct dep_job_shape shape = {.max_tokens_per_rank = 16, .hidden = 256, .num_experts = 8,
                                 .topk = 2, .dtype = DEP_DTYPE_BF16, .max_ll_tokens_per_rank = 16};

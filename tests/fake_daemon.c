@@ -111,8 +111,12 @@ static void fake_serve(int lfd, enum fake_script script) {
     _exit(4);
   struct dep_msg_hello_ok ok = {.version = DEP_PROTO_VERSION};
   snprintf(ok.daemon_version, sizeof ok.daemon_version, "fake");
-  snprintf(ok.backend, sizeof ok.backend, "host");
-  if (script == FAKE_BAD_REQUEST_ID) {
+  snprintf(ok.backend, sizeof ok.backend, "%s", script == FAKE_CUDA_SILENT ? "cuda" : "host");
+  if (script == FAKE_CUDA_SILENT) {
+    fake_send(fd, DEP_MSG_HELLO_OK, h.request_id, &ok, NULL, 0);
+    if (fake_read(fd, &h) == 0)
+      verdict = 7;
+  } else if (script == FAKE_BAD_REQUEST_ID) {
     fake_send(fd, DEP_MSG_HELLO_OK, h.request_id + 7, &ok, NULL, 0);
   } else if (script == FAKE_VERSION_ERROR || script == FAKE_OTHER_VERSION) {
     struct dep_msg_error e = {.code = DEP_ERR_VERSION};

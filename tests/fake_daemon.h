@@ -21,6 +21,7 @@ enum fake_script {
   FAKE_REFUSE,          /* ERROR with request id 0 on accept, then close: "not allowed" */
   FAKE_OTHER_VERSION,   /* HELLO answered with ERROR{VERSION} under a header of another version */
   FAKE_UNKNOWN_REPLY,   /* STATUS answered with a frame of a type no build knows */
+  FAKE_CUDA_SILENT,     /* HELLO_OK saying backend "cuda"; exits 7 if any request follows */
 };
 
 /* How many connections FAKE_REFUSE refuses before it exits. */

@@ -31,6 +31,7 @@
   XX(rdma)                  \
   XX(peers)                 \
   XX(multinode)             \
+  XX(bigworld)              \
   XX(xnode)                 \
   XX(xnode_faults)          \
   XX(xnode_ring)            \

@@ -1,0 +1,324 @@
+/*
+ * check_bigworld.c — worlds larger than one node: a world is bounded by
+ * DEP_MAX_WORLD, a node's ranks by DEP_MAX_LOCAL_RANKS (deepep.h), and
+ * every per-world table of the daemons and the library is sized by the job.
+ * Real daemons on 127.0.0.1 (nodes.h), real rank processes on the public
+ * API that attach, wait for the test's word and detach: a job of 128 ranks
+ * over two daemons (64 a node, the most a node holds) and one of 96 over
+ * three attach on every rank, and deepepctl status, peers and stats show
+ * them; more than 64 ranks on one node is refused at attach with the
+ * limit named; the cuda library refuses a world its kernels cannot address
+ * before it sends anything.  Shapes are small (a few tokens a rank), so a
+ * job of 128 processes costs a 2-core machine seconds.
+ */
+#include <check.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemonwire.h"
+#include "deepep.h"
+#include "fake_daemon.h"
+#include "nodes.h"
+#include "testutil.h"
+
+/* What every rank and the test must finish within: a ceiling for 128
+ * processes attaching on a loaded 2-core machine, far above the seconds it
+ * takes; the job's attach_timeout_ms is above it, so a rank that is not
+ * answered fails the test here rather than by that timeout. */
+#define BW_CEILING_MS 120000
+#define BW_ATTACH_TIMEOUT_MS 180000
+#define BW_MAXW 128
+
+/* What a rank process says of its attach, in memory shared with the test. */
+struct bw_result {
+  int rc;
+  char msg[256];
+};
+
+/* A small shape for a world of `world` ranks: one expert a rank, a few tokens. */
+static struct dep_job_shape bw_shape(uint32_t world) {
+  return (struct dep_job_shape){.max_tokens_per_rank = 4, .hidden = 128, .num_experts = world,
+                                .topk = 2, .dtype = DEP_DTYPE_BF16, .max_ll_tokens_per_rank = 4};
+}
+
+/*
+ * A rank: attach as (rank of world, local rank lr of lws) to job on sock,
+ * say so on rep (one byte, after res is written), wait until the test
+ * closes go's write end, detach.  Exits 0 when the attach and the detach
+ * both returned DEP_OK.
+ */
+static void bw_rank_main(const char *sock, const char *job, uint32_t rank, uint32_t world,
+                         uint32_t lr, uint32_t lws, struct bw_result *res, int rep, int go) {
+  dep_client_t *c = NULL;
+  int rc = dep_client_new(&c);
+  if (rc == 0)
+    rc = dep_connect(c, sock);
+  struct dep_attach_args a = {.size = sizeof a, .rank = rank, .world_size = world,
+                              .local_rank = lr, .local_world_size = lws,
+                              .shape = bw_shape(world)};
+  snprintf(a.job_id, sizeof a.job_id, "%s", job);
+  if (rc == 0)
+    rc = dep_attach(c, &a);
+  res->rc = rc;
+  snprintf(res->msg, sizeof res->msg, "%s", rc == 0 || c == NULL ? "" : dep_errmsg(c));
+  char one = 1;
+  if (write(rep, &one, 1) != 1)
+    _exit(3);
+  struct pollfd p = {.fd = go, .events = POLLIN};
+  if (poll(&p, 1, BW_CEILING_MS) != 1)
+    _exit(4);
+  if (rc == 0)
+    rc = dep_detach(c);
+  dep_client_free(c);
+  _exit(rc == 0 ? 0 : 1);
+}
+
+/* A job's rank processes and how the test talks to them. */
+struct bw_job {
+  uint32_t world;
+  pid_t pid[BW_MAXW];
+  struct bw_result *res;
+  int rep[2], go[2];
+};
+
+/* Fork the job's ranks: split[i] of them on node i, in blocks of global ranks. */
+static void bw_spawn(struct bw_job *b, const struct nodes *ns, const char *job,
+                     const uint32_t *split) {
+  b->world = 0;
+  for (int i = 0; i < ns->n; i++)
+    b->world += split[i];
+  ck_assert_uint_le(b->world, BW_MAXW);
+  b->res = mmap(NULL, BW_MAXW * sizeof *b->res, PROT_READ | PROT_WRITE,
+                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(b->res, MAP_FAILED);
+  ck_assert_int_eq(pipe(b->rep), 0);
+  ck_assert_int_eq(pipe(b->go), 0);
+  uint32_t g = 0;
+  for (int i = 0; i < ns->n; i++)
+    for (uint32_t l = 0; l < split[i]; l++, g++) {
+      fflush(stdout);
+      fflush(stderr);
+      pid_t pid = fork();
+      ck_assert_int_ge(pid, 0);
+      if (pid == 0) {
+        close(b->rep[0]);
+        close(b->go[1]);
+        bw_rank_main(ns->d[i].sock, job, g, b->world, l, split[i], &b->res[g], b->rep[1],
+                     b->go[0]);
+      }
+      b->pid[g] = pid;
+    }
+  close(b->rep[1]);
+  close(b->go[0]);
+}
+
+/* Wait (BW_CEILING_MS in all) until every rank has said how its attach went. */
+static void bw_wait_attached(struct bw_job *b) {
+  const int64_t until = dw_now_ms() + BW_CEILING_MS;
+  uint32_t said = 0;
+  while (said < b->world) {
+    int64_t left = until - dw_now_ms();
+    struct pollfd p = {.fd = b->rep[0], .events = POLLIN};
+    ck_assert_msg(left > 0 && poll(&p, 1, (int)left) == 1,
+                  "%u of %u ranks said nothing of their attach within %d ms", b->world - said,
+                  b->world, BW_CEILING_MS);
+    char buf[BW_MAXW];
+    ssize_t n = read(b->rep[0], buf, sizeof buf);
+    ck_assert_int_gt(n, 0);
+    said += (uint32_t)n;
+  }
+}
+
+/* Every rank's attach returned DEP_OK (else the test fails, naming each that did not). */
+static void bw_expect_all_ok(const struct bw_job *b) {
+  char all[4096] = "";
+  uint32_t bad = 0;
+  for (uint32_t g = 0; g < b->world; g++)
+    if (b->res[g].rc != 0 && bad++ < 8)
+      snprintf(all + strlen(all), sizeof all - strlen(all), "\n  rank %u: %s: %s", g,
+               dep_errname(b->res[g].rc), b->res[g].msg);
+  ck_assert_msg(bad == 0, "%u of %u ranks failed to attach:%s", bad, b->world, all);
+}
+
+/* Let every rank detach and exit; each must exit 0 within BW_CEILING_MS. */
+static void bw_finish(struct bw_job *b, bool want_ok) {
+  close(b->go[1]);
+  const int64_t until = dw_now_ms() + BW_CEILING_MS;
+  uint32_t failed = 0;
+  for (uint32_t g = 0; g < b->world; g++) {
+    int st = 0;
+    while (waitpid(b->pid[g], &st, WNOHANG) != b->pid[g]) {
+      if (dw_now_ms() > until) {
+        for (uint32_t k = g; k < b->world; k++)
+          kill(b->pid[k], SIGKILL);
+        waitpid(b->pid[g], &st, 0);
+        break;
+      }
+      dw_sleep_ms(5);
+    }
+    failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  close(b->rep[0]);
+  munmap(b->res, BW_MAXW * sizeof *b->res);
+  if (want_ok)
+    ck_assert_msg(failed == 0, "%u ranks did not detach cleanly", failed);
+}
+
+/* deepepctl's `what` (status, peers, stats) as JSON on node i, into out. */
+static void bw_ctl(const struct nodes *ns, int i, const char *what, char *out, size_t len) {
+  char cmd[700];
+  dw_sfmt(cmd, sizeof cmd, "%s -s %s %s --json", tu_bin("deepepctl"), ns->d[i].sock, what);
+  FILE *f = popen(cmd, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t got = fread(out, 1, len - 1, f);
+  out[got] = '\0';
+  ck_assert_int_eq(pclose(f), 0);
+}
+
+static void expect_has(const char *out, const char *needle) {
+  ck_assert_msg(strstr(out, needle) != NULL, "\"%s\" not in: %.3000s", needle, out);
+}
+
+/* How many times needle occurs in s. */
+static uint32_t count_of(const char *s, const char *needle) {
+  uint32_t n = 0;
+  for (const char *p = s; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+    n++;
+  return n;
+}
+
+/* The first global rank on node i (ranks are placed in blocks). */
+static uint32_t first_of(const uint32_t *split, int i) {
+  uint32_t g = 0;
+  for (int k = 0; k < i; k++)
+    g += split[k];
+  return g;
+}
+
+/*
+ * A job of world ranks split over ns->n nodes attaches on every rank, and
+ * each node's deepepctl status shows it whole: its world, its nodes, the
+ * ranks held here and elsewhere; peers shows every other node up; stats
+ * lists the job's ranks here.
+ */
+static void expect_job_attaches(const uint32_t *split, int nodes, const char *job) {
+  struct nodes ns;
+  nodes_start(&ns, nodes, BW_ATTACH_TIMEOUT_MS);
+  struct bw_job b;
+  bw_spawn(&b, &ns, job, split);
+  bw_wait_attached(&b);
+  bw_expect_all_ok(&b);
+  static char out[1 << 20];
+  char want[128];
+  for (int i = 0; i < nodes; i++) {
+    bw_ctl(&ns, i, "status", out, sizeof out);
+    dw_sfmt(want, sizeof want, "\"world_size\":%u", b.world);
+    expect_has(out, want);
+    dw_sfmt(want, sizeof want, "\"nodes\":%d,\"remote_ranks\":%u", nodes, b.world - split[i]);
+    expect_has(out, want);
+    dw_sfmt(want, sizeof want, "\"ranks_attached\":%u,\"ranks_expected\":%u", split[i],
+            split[i]);
+    expect_has(out, want);
+    bw_ctl(&ns, i, "peers", out, sizeof out);
+    ck_assert_msg(count_of(out, "\"state\":\"up\"") == (uint32_t)nodes - 1, "%.3000s", out);
+    bw_ctl(&ns, i, "stats", out, sizeof out);
+    dw_sfmt(want, sizeof want, "\"job\":\"%s\"", job);
+    ck_assert_msg(count_of(out, want) == split[i], "%.3000s", out);
+    for (uint32_t l = 0; l < split[i]; l++) {
+      dw_sfmt(want, sizeof want, "\"job\":\"%s\",\"rank\":%u,", job, first_of(split, i) + l);
+      expect_has(out, want);
+    }
+  }
+  bw_finish(&b, true);
+  nodes_stop(&ns);
+}
+
+START_TEST(a_job_of_128_ranks_over_two_nodes_of_64_attaches_and_shows_whole) {
+  const uint32_t split[] = {DEP_MAX_LOCAL_RANKS, DEP_MAX_LOCAL_RANKS};
+  expect_job_attaches(split, 2, "bw128");
+}
+END_TEST
+
+START_TEST(a_job_of_96_ranks_over_three_nodes_of_32_attaches_and_shows_whole) {
+  const uint32_t split[] = {32, 32, 32};
+  expect_job_attaches(split, 3, "bw96");
+}
+END_TEST
+
+/*
+ * A node holds at most DEP_MAX_LOCAL_RANKS ranks of a job: a 65th local
+ * rank is refused at attach, naming the bound, by the library before
+ * anything goes on the wire and by the daemon for a client that sends it
+ * anyway (each at once: the ceiling of 10 s is for a loaded machine).
+ */
+START_TEST(more_than_64_ranks_on_one_node_are_refused_at_attach_naming_the_limit) {
+  enum { WORLD = DEP_MAX_LOCAL_RANKS + 1 };
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  struct dep_attach_args a = {.size = sizeof a, .rank = 0, .world_size = WORLD, .local_rank = 0,
+                              .local_world_size = WORLD, .shape = bw_shape(WORLD)};
+  snprintf(a.job_id, sizeof a.job_id, "wide1");
+  dep_client_t *c = NULL;
+  ck_assert_int_eq(dep_client_new(&c), 0);
+  ck_assert_int_eq(dep_connect(c, d.sock), 0);
+  int64_t t0 = dw_now_ms();
+  ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_INVALID);
+  expect_has(dep_errmsg(c), "local_world_size 65 is out of range (allowed 1..64)");
+  dep_client_free(c);
+  int fd = dw_client(&d);
+  dw_attach(fd, &a, 7);
+  char msg[DEP_MSG_TEXT_MAX];
+  dw_expect_error(fd, DEP_ERR_INVALID, msg, sizeof msg);
+  expect_has(msg, "local_world_size 65 is out of range (allowed 1..64)");
+  ck_assert_int_lt(dw_now_ms() - t0, 10000);
+  close(fd);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+/*
+ * The cuda library refuses a world its kernels cannot address (above 64
+ * ranks: kabi.h's rank masks) at dep_attach, with DEP_ERR_UNSUPPORTED
+ * naming the limit and the backend, before it touches the driver or sends
+ * anything: the fake daemon (which says its backend is cuda) hears no
+ * request after HELLO.  Before, the library bound the GPU and sent ATTACH,
+ * and its job attached with operations that could never run.
+ */
+START_TEST(the_cuda_library_refuses_a_world_above_its_kernels_limit_before_sending_anything) {
+  struct fake_daemon f;
+  fake_daemon_start(&f, FAKE_CUDA_SILENT);
+  dep_client_t *c = NULL;
+  ck_assert_int_eq(dep_client_new(&c), 0);
+  ck_assert_int_eq(dep_connect(c, f.sock), 0);
+  struct dep_attach_args a = {.size = sizeof a, .rank = 0, .world_size = 2 * DEP_MAX_LOCAL_RANKS,
+                              .local_rank = 0, .local_world_size = DEP_MAX_LOCAL_RANKS,
+                              .shape = bw_shape(2 * DEP_MAX_LOCAL_RANKS)};
+  snprintf(a.job_id, sizeof a.job_id, "cudawide");
+  ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_UNSUPPORTED);
+  expect_has(dep_errmsg(c), "world of 128 ranks; the cuda backend serves worlds of up to 64");
+  dep_client_free(c);
+  ck_assert_int_eq(fake_daemon_wait(&f), 0);
+}
+END_TEST
+
+Suite *bigworld_suite(void);
+Suite *bigworld_suite(void) {
+  Suite *s = suite_create("bigworld");
+  TCase *tc = tcase_create("attach");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, a_job_of_128_ranks_over_two_nodes_of_64_attaches_and_shows_whole);
+  tcase_add_test(tc, a_job_of_96_ranks_over_three_nodes_of_32_attaches_and_shows_whole);
+  suite_add_tcase(s, tc);
+  TCase *lim = tcase_create("limits");
+  tcase_add_test(lim, more_than_64_ranks_on_one_node_are_refused_at_attach_naming_the_limit);
+  tcase_add_test(lim,
+                 the_cuda_library_refuses_a_world_above_its_kernels_limit_before_sending_anything);
+  suite_add_tcase(s, lim);
+  return s;
+}
