@@ -245,8 +245,55 @@ static const struct ctl_metric peer_metrics[] = {
      "Connections lost or failed and tried again.", 1, NULL},
 };
 
-int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stats *s,
+/* Whether a is of a later run of its job than b: a running job is the latest; of two that
+ * ended, the one that ended last.  A tie keeps the one the daemon listed first (its newest). */
+static bool ctl_view_later_run(const struct dep_msg_stats_rank *a,
+                               const struct dep_msg_stats_rank *b) {
+  if (a->finished != b->finished)
+    return !a->finished;
+  return a->finished && a->ended_ms < b->ended_ms;
+}
+
+/*
+ * The ranks whose series the exposition shows: of the records of one job id and rank, only
+ * the latest run's.  A job id reused while the daemon still keeps an earlier run's figures
+ * would otherwise give two samples of one series, which Prometheus keeps one of, silently.
+ * The earlier run's series are dropped rather than told apart by a label: the record has no
+ * field unique to a run (a pid is reused; a run number would change STATS_RANK's layout), a
+ * label per run would start new series at every run where Prometheus's counters already
+ * read a restart as a reset, and `deepepctl stats` keeps showing every run kept.  An ended
+ * run's figures stay in the exposition until a later run of its job id starts, so the calls
+ * a short job made after the last scrape are still scraped.  *out's ranks are malloc'd.
+ */
+static int ctl_view_latest_runs(const struct ctl_stats *s, struct ctl_stats *out) {
+  *out = *s;
+  out->ranks = calloc((size_t)s->n + 1, sizeof *out->ranks);
+  if (out->ranks == NULL)
+    return -1;
+  out->n = 0;
+  for (uint32_t i = 0; i < s->n; i++) {
+    const struct dep_msg_stats_rank *r = &s->ranks[i];
+    bool latest = true;
+    for (uint32_t j = 0; j < s->n && latest; j++) {
+      const struct dep_msg_stats_rank *o = &s->ranks[j];
+      if (j == i || o->rank != r->rank || strcmp(o->job_id, r->job_id) != 0)
+        continue;
+      /* Another run of the same rank: this one is shown only if no other is later, nor as
+       * late and listed before it. */
+      latest = !ctl_view_later_run(o, r) && (j > i || ctl_view_later_run(r, o));
+    }
+    if (latest)
+      out->ranks[out->n++] = *r;
+  }
+  return 0;
+}
+
+int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stats *all_runs,
                      const struct dep_msg_peers *pm) {
+  struct ctl_stats latest;
+  if (ctl_view_latest_runs(all_runs, &latest) != 0)
+    return -1;
+  const struct ctl_stats *s = &latest;
   const uint32_t npeers = pm != NULL ? pm->n_peers : 0;
   struct ctl_val scells[SC_N] = {[SC_STATE] = {.s = st->state}, [SC_UP] = {.u = 1}};
   struct ctl_val dcells[DC_N] = {
@@ -293,5 +340,6 @@ int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stat
   }
   free(pcells);
   free(xcells);
+  free(latest.ranks);
   return out;
 }

@@ -6,7 +6,7 @@
  * other path, method or malformed request gets its HTTP error and the
  * daemon carries on; a request past the header bound and idle scrapers are
  * bounded, while idle connections filling the slots deny no scrape; and a port already taken fails the
- * start, saying what to do.
+ * start, saying what to do; a job id run again names each series once.
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -153,6 +153,129 @@ START_TEST(metrics_listen_serves_deepepctl_s_exposition_over_http) {
   ck_assert_msg(strncmp(got, "HTTP/1.1 200 OK\r\n", 17) == 0, "%s", got);
   free(got);
   st_job_end(r, false);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+/* The first sample whose name and labels an earlier sample had already (malloc'd), or NULL. */
+static char *mt_duplicate_series(const char *text) {
+  char *shape = mt_exposition_shape(text);
+  char *dup = NULL;
+  for (char *line = shape; *line != '\0' && dup == NULL;) {
+    char *end = strchr(line, '\n');
+    size_t len = (size_t)(end - line);
+    for (char *o = shape; o < line && line[0] != '#' && dup == NULL;) {
+      char *oend = strchr(o, '\n');
+      if ((size_t)(oend - o) == len && memcmp(o, line, len) == 0)
+        dup = strndup(line, len);
+      o = oend + 1;
+    }
+    line = end + 1;
+  }
+  free(shape);
+  return dup;
+}
+
+/* The samples of family `name` (no suffix) that carry every label of `labels` (`a="x"`
+ * pieces; the values here have no comma): how many, and the last one's value in *value. */
+static unsigned mt_samples(const char *text, const char *name, const char *const *labels,
+                           double *value) {
+  unsigned n = 0;
+  size_t nl = strlen(name);
+  for (const char *line = text; *line != '\0';) {
+    const char *end = strchr(line, '\n');
+    size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
+    const char *close = memchr(line, '}', len);
+    if (len > nl && strncmp(line, name, nl) == 0 && line[nl] == '{' && close != NULL) {
+      /* ",a=\"x\",b=\"y\",": each label between two commas. */
+      char set[600];
+      dw_sfmt(set, sizeof set, ",%.*s,", (int)(close - line - nl - 1), line + nl + 1);
+      bool match = true;
+      for (size_t i = 0; match && labels[i] != NULL; i++) {
+        char want[200];
+        dw_sfmt(want, sizeof want, ",%s,", labels[i]);
+        match = strstr(set, want) != NULL;
+      }
+      if (match) {
+        n++;
+        *value = strtod(close + 1, NULL);
+      }
+    }
+    line += len + (end != NULL);
+  }
+  return n;
+}
+
+/* deepepctl's exposition and the listener's name each series once, and the dispatch calls of
+ * each rank of job st-again are the `calls` of the run expected. */
+static void mt_check_latest_run(const struct tu_daemon *d, int port, double calls) {
+  char *out = NULL;
+  ck_assert_int_eq(st_ctl(d->dir, &out, DW_ARGS("-s", d->sock, "metrics")), 0);
+  char *got = mt_http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+  char *body = strstr(got, "\r\n\r\n");
+  ck_assert_ptr_nonnull(body);
+  const char *texts[] = {out, body + 4};
+  for (size_t i = 0; i < 2; i++) {
+    char *dup = mt_duplicate_series(texts[i]);
+    ck_assert_msg(dup == NULL, "series %s appears twice in:\n%.2000s", dup, texts[i]);
+    for (unsigned rank = 0; rank < ST_W; rank++) {
+      char rl[40];
+      dw_sfmt(rl, sizeof rl, "rank=\"%u\"", rank);
+      const char *labels[] = {"job=\"st-again\"", rl, "op=\"dispatch\"", NULL};
+      double v = -1;
+      ck_assert_msg(mt_samples(texts[i], "deepep_op_calls_total", labels, &v) == 1 && v == calls,
+                    "rank %u: want one sample of %g calls in:\n%.2000s", rank, calls,
+                    texts[i]);
+    }
+  }
+  /* A real Prometheus parser, made to refuse a series named twice, reads it too. */
+  char *said = NULL;
+  int rc = st_prometheus_parse(d->dir, "again.prom", out, &said);
+  ck_assert_msg(rc == 0, "the Prometheus parser refused it: %.1000s\n--- metrics:\n%.2000s", said,
+                out);
+  free(said);
+  free(got);
+  free(out);
+}
+
+/* Whether `deepepctl stats --json` shows job st-again with no rank running, within timeout_ms. */
+static bool mt_runs_ended(const struct tu_daemon *d, int timeout_ms) {
+  int64_t deadline = dw_now_ms() + timeout_ms;
+  do {
+    char *out = NULL;
+    ck_assert_int_eq(st_ctl(d->dir, &out, DW_ARGS("-s", d->sock, "--json", "stats")), 0);
+    bool ended = strstr(out, "\"state\":\"running\"") == NULL;
+    free(out);
+    if (ended)
+      return true;
+    dw_sleep_ms(50);
+  } while (dw_now_ms() < deadline);
+  return false;
+}
+
+START_TEST(a_job_id_run_again_names_each_series_once) {
+  struct tu_daemon d;
+  const int port = mt_start(&d);
+  struct st_rank r[ST_W];
+  /* A first run of job st-again, ended: the daemon keeps its figures. */
+  const struct st_plan first = {.pairs = 4};
+  st_job_start(r, &d, "st-again", &first);
+  st_job_end(r, false);
+  /* Run again under the same job id: its series are the ended run's, now the new run's (a
+   * counter reset to Prometheus), never both. */
+  const struct st_plan again = {.pairs = 10};
+  st_job_start(r, &d, "st-again", &again);
+  mt_check_latest_run(&d, port, 10);
+  /* stats still shows both runs: only the exposition keeps to the latest. */
+  char *out = NULL;
+  ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "stats", "st-again")), 0);
+  ck_assert_msg(strstr(out, "ended") != NULL && strstr(out, "running") != NULL, "%s", out);
+  free(out);
+  /* Both ended: the one that ended last is the latest.  The daemon notices an end at its next
+   * poll of the pages; 10 s is a ceiling for a loaded machine, not a wait. */
+  st_job_end(r, false);
+  ck_assert_msg(mt_runs_ended(&d, 10000), "the second run still shows as running after 10 s");
+  mt_check_latest_run(&d, port, 10);
   dw_stop_ok(&d);
 }
 END_TEST
@@ -321,6 +444,7 @@ Suite *metrics_suite(void) {
   tcase_set_timeout(t, 60);
   tcase_add_test(t, metrics_listen_serves_deepepctl_s_exposition_over_http);
   tcase_add_test(t, metrics_listen_answers_anything_else_with_an_error_and_carries_on);
+  tcase_add_test(t, a_job_id_run_again_names_each_series_once);
   tcase_add_test(t, idle_connections_cannot_deny_a_scrape);
   tcase_add_test(t, an_address_holding_the_slots_evicts_its_own_connections_first);
   tcase_add_test(t, a_metrics_port_already_taken_fails_the_start);
