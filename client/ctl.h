@@ -112,7 +112,8 @@ enum ctl_kind {
 #define CTL_COL_JOIN 0x1u
 /* Only in JSON (and metrics): too much for the text table. */
 #define CTL_COL_NOTEXT 0x2u
-/* A label of every metric of its table (ctl_out_metrics). */
+/* A label of every metric of its table (ctl_out_metrics), named by its key; job and instance,
+ * the names Prometheus keeps for its own, become ep_job and ep_instance. */
 #define CTL_COL_LABEL 0x4u
 
 struct ctl_col {

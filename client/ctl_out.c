@@ -350,6 +350,16 @@ static void ctl_out_label_value(FILE *f, const char *s) {
   fputc('"', f);
 }
 
+/* A column's label name.  Prometheus gives every series it scrapes the labels `job` and
+ * `instance` of its own (the scrape's) and renames a sample's labels of those names to
+ * exported_*: ours take the prefix ep_ instead, so that a query names them as deepepctl(1)
+ * does. */
+static void ctl_out_label_name(FILE *f, const char *key) {
+  if (strcmp(key, "job") == 0 || strcmp(key, "instance") == 0)
+    fputs("ep_", f);
+  fputs(key, f);
+}
+
 static void ctl_out_labels(FILE *f, const struct ctl_table *t, size_t r, const char *extra) {
   bool any = false;
   for (size_t c = 0; c < t->ncols; c++) {
@@ -358,7 +368,8 @@ static void ctl_out_labels(FILE *f, const struct ctl_table *t, size_t r, const c
     const struct ctl_val *v = &t->cells[r * t->ncols + c];
     fputs(any ? "," : "{", f);
     any = true;
-    fprintf(f, "%s=", t->cols[c].key);
+    ctl_out_label_name(f, t->cols[c].key);
+    fputc('=', f);
     if (t->cols[c].kind == CTL_STR) {
       ctl_out_label_value(f, v->s);
     } else {

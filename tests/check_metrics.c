@@ -221,7 +221,7 @@ static void mt_check_latest_run(const struct tu_daemon *d, int port, double call
     for (unsigned rank = 0; rank < ST_W; rank++) {
       char rl[40];
       dw_sfmt(rl, sizeof rl, "rank=\"%u\"", rank);
-      const char *labels[] = {"job=\"st-again\"", rl, "op=\"dispatch\"", NULL};
+      const char *labels[] = {"ep_job=\"st-again\"", rl, "op=\"dispatch\"", NULL};
       double v = -1;
       ck_assert_msg(mt_samples(texts[i], "deepep_op_calls_total", labels, &v) == 1 && v == calls,
                     "rank %u: want one sample of %g calls in:\n%.2000s", rank, calls,

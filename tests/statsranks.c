@@ -165,7 +165,7 @@ static const char st_parse_py[] =
     "calls = [s for s in fams['deepep_op_calls'].samples if s.labels['op'] == 'dispatch']\n"
     "assert len(calls) == 2, calls\n"
     "assert all(s.value == 10 for s in calls), calls\n"
-    "assert all(set(s.labels) == {'job', 'rank', 'op', 'device'} for s in calls), calls\n"
+    "assert all(set(s.labels) == {'ep_job', 'rank', 'op', 'device'} for s in calls), calls\n"
     "lat = fams['deepep_op_latency_seconds']\n"
     "assert lat.type == 'summary', lat.type\n"
     "q = [s for s in lat.samples if s.labels.get('quantile') == '0.5']\n"
