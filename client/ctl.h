@@ -163,7 +163,7 @@ struct ctl_metric {
   const char *suffix; /* after the family in the sample's name ("_sum"), or "" */
   const char *type;   /* counter, gauge or summary */
   const char *help;
-  double scale;       /* the value times this (1e-9: ns to seconds) */
+  unsigned decimals;  /* the value is in units of 10^-decimals of the family's (9: ns to s) */
   const char *extra;  /* one more label ("quantile=\"0.5\""), or NULL */
 };
 struct ctl_mtable {

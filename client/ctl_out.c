@@ -387,6 +387,23 @@ static void ctl_out_labels(FILE *f, const struct ctl_table *t, size_t r, const c
     fputc('}', f);
 }
 
+/* v units of 10^-decimals as an exact decimal, trailing zeros left out: a counter or a byte
+ * count is the integer it is (1073741824, never 1.07374182e+09), and 1500 ns is 0.0000015 s. */
+static void ctl_out_decimal(FILE *f, uint64_t v, unsigned decimals) {
+  uint64_t unit = 1;
+  for (unsigned i = 0; i < decimals; i++)
+    unit *= 10;
+  fprintf(f, "%" PRIu64, v / unit);
+  uint64_t frac = v % unit;
+  if (frac == 0)
+    return;
+  while (frac % 10 == 0) {
+    frac /= 10;
+    decimals--;
+  }
+  fprintf(f, ".%0*" PRIu64, (int)decimals, frac);
+}
+
 int ctl_out_metrics(FILE *f, const struct ctl_mtable *mt, size_t n) {
   for (size_t i = 0; i < n; i++) {
     const struct ctl_table *t = mt[i].table;
@@ -399,10 +416,9 @@ int ctl_out_metrics(FILE *f, const struct ctl_mtable *mt, size_t n) {
         fprintf(f, "%s%s", d->family, d->suffix);
         ctl_out_labels(f, t, r, d->extra);
         const struct ctl_val *v = &t->cells[r * t->ncols + d->col];
-        double x = (double)v->u;
-        if (t->cols[d->col].kind == CTL_MILLI)
-          x /= 1000.0;
-        fprintf(f, " %.9g\n", x * d->scale);
+        fputc(' ', f);
+        ctl_out_decimal(f, v->u, d->decimals + (t->cols[d->col].kind == CTL_MILLI ? 3 : 0));
+        fputc('\n', f);
       }
     }
   }

@@ -39,21 +39,21 @@ static const struct ctl_col op_cols[OC_N] = {
 };
 
 static const struct ctl_metric op_metrics[] = {
-    {OC_CALLS, "deepep_op_calls_total", "", "counter", "Calls of the operation that ran.", 1,
+    {OC_CALLS, "deepep_op_calls_total", "", "counter", "Calls of the operation that ran.", 0,
      NULL},
     {OC_FIRST, "deepep_op_first_call_seconds", "", "gauge",
-     "The first call's time (GPU time on cuda, host clock on the host backend).", 1e-9, NULL},
+     "The first call's time (GPU time on cuda, host clock on the host backend).", 9, NULL},
     {OC_MEDIAN, "deepep_op_latency_seconds", "", "summary",
      "Steady-state call time: every call after the first (log-scale histogram, within 12.5%).",
-     1e-9, "quantile=\"0.5\""},
-    {OC_P99, "deepep_op_latency_seconds", "", "summary", "", 1e-9, "quantile=\"0.99\""},
-    {OC_SUM, "deepep_op_latency_seconds", "_sum", "summary", "", 1e-9, NULL},
-    {OC_STEADY, "deepep_op_latency_seconds", "_count", "summary", "", 1, NULL},
+     9, "quantile=\"0.5\""},
+    {OC_P99, "deepep_op_latency_seconds", "", "summary", "", 9, "quantile=\"0.99\""},
+    {OC_SUM, "deepep_op_latency_seconds", "_sum", "summary", "", 9, NULL},
+    {OC_STEADY, "deepep_op_latency_seconds", "_count", "summary", "", 0, NULL},
     {OC_BYTES, "deepep_op_bytes_total", "", "counter",
-     "Hidden-state bytes of the caller's tokens over the calls that ran.", 1, NULL},
+     "Hidden-state bytes of the caller's tokens over the calls that ran.", 0, NULL},
     {OC_ERRORS, "deepep_op_errors_total", "", "counter",
-     "Calls that failed (timeouts included) or were refused.", 1, NULL},
-    {OC_TIMEOUTS, "deepep_op_timeouts_total", "", "counter", "Calls that timed out.", 1, NULL},
+     "Calls that failed (timeouts included) or were refused.", 0, NULL},
+    {OC_TIMEOUTS, "deepep_op_timeouts_total", "", "counter", "Calls that timed out.", 0, NULL},
 };
 
 /* ---- the rank table: one row per rank ----------------------------------------------- */
@@ -87,14 +87,14 @@ static const struct ctl_col rank_cols[RC_N] = {
 
 static const struct ctl_metric rank_metrics[] = {
     {RC_ATTACH, "deepep_rank_attach_seconds", "", "gauge",
-     "dep_attach's time and its parts (dep_attach_times).", 1e-9, "part=\"total\""},
-    {RC_WAIT, "deepep_rank_attach_seconds", "", "gauge", "", 1e-9, "part=\"wait\""},
-    {RC_MAP, "deepep_rank_attach_seconds", "", "gauge", "", 1e-9, "part=\"map\""},
-    {RC_SETUP, "deepep_rank_attach_seconds", "", "gauge", "", 1e-9, "part=\"setup\""},
-    {RC_WARMUP, "deepep_rank_attach_seconds", "", "gauge", "", 1e-9, "part=\"warmup\""},
-    {RC_LAYOUTS, "deepep_rank_layouts_total", "", "counter", "Layouts the rank made.", 1, NULL},
+     "dep_attach's time and its parts (dep_attach_times).", 9, "part=\"total\""},
+    {RC_WAIT, "deepep_rank_attach_seconds", "", "gauge", "", 9, "part=\"wait\""},
+    {RC_MAP, "deepep_rank_attach_seconds", "", "gauge", "", 9, "part=\"map\""},
+    {RC_SETUP, "deepep_rank_attach_seconds", "", "gauge", "", 9, "part=\"setup\""},
+    {RC_WARMUP, "deepep_rank_attach_seconds", "", "gauge", "", 9, "part=\"warmup\""},
+    {RC_LAYOUTS, "deepep_rank_layouts_total", "", "counter", "Layouts the rank made.", 0, NULL},
     {RC_DROPPED, "deepep_rank_calls_dropped_total", "", "counter",
-     "Calls the daemon could not read before the rank's ring overwrote them.", 1, NULL},
+     "Calls the daemon could not read before the rank's ring overwrote them.", 0, NULL},
 };
 
 int ctl_view_stats(const struct ctl_stats *s, struct ctl_view *v) {
@@ -189,7 +189,7 @@ static const struct ctl_col state_cols[SC_N] = {
     [SC_UP] = {"up", "UP", CTL_UINT, 0},
 };
 static const struct ctl_metric state_metrics[] = {
-    {SC_UP, "deepep_daemon_up", "", "gauge", "1: deepepd answered, in the state labelled.", 1,
+    {SC_UP, "deepep_daemon_up", "", "gauge", "1: deepepd answered, in the state labelled.", 0,
      NULL},
 };
 
@@ -201,12 +201,12 @@ static const struct ctl_col daemon_cols[DC_N] = {
     [DC_WARNINGS] = {"warnings", "WARNINGS", CTL_UINT, 0},
 };
 static const struct ctl_metric daemon_metrics[] = {
-    {DC_UPTIME, "deepep_daemon_uptime_seconds", "", "gauge", "Since deepepd started.", 1e-3, NULL},
-    {DC_CLIENTS, "deepep_daemon_clients", "", "gauge", "Connections open.", 1, NULL},
+    {DC_UPTIME, "deepep_daemon_uptime_seconds", "", "gauge", "Since deepepd started.", 3, NULL},
+    {DC_CLIENTS, "deepep_daemon_clients", "", "gauge", "Connections open.", 0, NULL},
     {DC_JOBS, "deepep_daemon_jobs", "", "gauge",
-     "Jobs running (to deepepctl, those its user may see; to metrics.listen, all).", 1, NULL},
+     "Jobs running (to deepepctl, those its user may see; to metrics.listen, all).", 0, NULL},
     {DC_WARNINGS, "deepep_first_call_warnings_total", "", "counter",
-     "First calls slower than warn_first_call_ratio x their op's steady median.", 1, NULL},
+     "First calls slower than warn_first_call_ratio x their op's steady median.", 0, NULL},
 };
 
 enum { PC_DEVICE, PC_TOTAL, PC_USED, PC_CACHED, PC_HELD, PC_N };
@@ -220,10 +220,10 @@ static const struct ctl_col pool_cols[PC_N] = {
 static const struct ctl_metric pool_metrics[] = {
     {PC_TOTAL, "deepep_pool_bytes", "", "gauge",
      "A device's pool: its budget, lent to live jobs, cached scrubbed, held by gone processes.",
-     1, "kind=\"total\""},
-    {PC_USED, "deepep_pool_bytes", "", "gauge", "", 1, "kind=\"used\""},
-    {PC_CACHED, "deepep_pool_bytes", "", "gauge", "", 1, "kind=\"cached\""},
-    {PC_HELD, "deepep_pool_bytes", "", "gauge", "", 1, "kind=\"held\""},
+     0, "kind=\"total\""},
+    {PC_USED, "deepep_pool_bytes", "", "gauge", "", 0, "kind=\"used\""},
+    {PC_CACHED, "deepep_pool_bytes", "", "gauge", "", 0, "kind=\"cached\""},
+    {PC_HELD, "deepep_pool_bytes", "", "gauge", "", 0, "kind=\"held\""},
 };
 
 enum { XC_PEER, XC_TRANSPORT, XC_UP, XC_CONNS, XC_RX, XC_TX, XC_RECONNECTS, XC_N };
@@ -237,12 +237,12 @@ static const struct ctl_col peer_cols[XC_N] = {
     [XC_RECONNECTS] = {"reconnects", "RECONNECTS", CTL_UINT, 0},
 };
 static const struct ctl_metric peer_metrics[] = {
-    {XC_UP, "deepep_peer_up", "", "gauge", "1: the peer daemon's connections are up.", 1, NULL},
-    {XC_CONNS, "deepep_peer_connections_up", "", "gauge", "Outbound connections up.", 1, NULL},
-    {XC_RX, "deepep_peer_received_bytes_total", "", "counter", "Bytes from the peer.", 1, NULL},
-    {XC_TX, "deepep_peer_sent_bytes_total", "", "counter", "Bytes to the peer.", 1, NULL},
+    {XC_UP, "deepep_peer_up", "", "gauge", "1: the peer daemon's connections are up.", 0, NULL},
+    {XC_CONNS, "deepep_peer_connections_up", "", "gauge", "Outbound connections up.", 0, NULL},
+    {XC_RX, "deepep_peer_received_bytes_total", "", "counter", "Bytes from the peer.", 0, NULL},
+    {XC_TX, "deepep_peer_sent_bytes_total", "", "counter", "Bytes to the peer.", 0, NULL},
     {XC_RECONNECTS, "deepep_peer_reconnects_total", "", "counter",
-     "Connections lost or failed and tried again.", 1, NULL},
+     "Connections lost or failed and tried again.", 0, NULL},
 };
 
 /* Whether a is of a later run of its job than b: a running job is the latest; of two that

@@ -22,9 +22,11 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "ctl_view.h"
 #include "daemonwire.h"
 #include "deepep.h"
 #include "proto.h"
+#include "stats_page.h"
 #include "testutil.h"
 
 #define NOBODY 65534
@@ -815,6 +817,58 @@ START_TEST(a_value_a_row_lacks_is_a_dash_in_text_and_a_number_in_json) {
 }
 END_TEST
 
+/* The exposition of one node (a device, a peer, a rank of job j that ran dispatches) whose
+ * figures are too large for a double's 9 significant digits, or have fractions of seconds. */
+static char *render_metrics(void) {
+  struct dep_status_device dev = {.uuid = "00000000-0000-0000-0000-000000000000",
+                                  .pool_total_bytes = 1073741824ull,
+                                  .pool_used_bytes = 15700000001ull};
+  struct dep_status st = {.state = "ready", .uptime_ms = 4710, .num_devices = 1,
+                          .devices = &dev};
+  struct dep_msg_stats_rank rank = {.job_id = "j"};
+  struct dep_msg_stats_op *o = &rank.ops[DEP_STATS_OP_DISPATCH];
+  o->calls = 123456789012ull;
+  o->bytes = 15700000001ull;
+  o->first_ns = 1500;
+  o->steady_calls = 3;
+  o->steady_sum_ns = 12345678901234ull;
+  o->median_ns = o->p99_ns = 2000000000;
+  struct ctl_stats s = {.ranks = &rank, .n = 1};
+  struct dep_msg_peer_info peer = {.address = "10.0.0.2:7470", .state = "up",
+                                   .transport = "tcp", .bytes_out = 15700000001ull};
+  struct dep_msg_peers pm = {.n_peers = 1, .peers = &peer};
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(ctl_view_metrics(f, &st, &s, &pm), 0);
+  fclose(f);
+  return buf;
+}
+
+/* Counters and byte gauges are the integers they are, and seconds exact decimals: %.9g once
+ * printed 1073741824 bytes as 1.07374182e+09 (1073741820) and rounded 15.7 GB likewise. */
+START_TEST(metrics_print_counts_and_bytes_as_exact_integers) {
+  char *out = render_metrics();
+  static const char *const want[] = {
+      "deepep_pool_bytes{device=\"00000000-0000-0000-0000-000000000000\",kind=\"total\"} "
+      "1073741824\n",
+      "deepep_pool_bytes{device=\"00000000-0000-0000-0000-000000000000\",kind=\"used\"} "
+      "15700000001\n",
+      "deepep_peer_sent_bytes_total{peer=\"10.0.0.2:7470\",transport=\"tcp\"} 15700000001\n",
+      "\ndeepep_daemon_uptime_seconds 4.71\n",
+      "op=\"dispatch\",device=\"00000000-0000-0000-0000-000000000000\"} 123456789012\n",
+      "op=\"dispatch\",device=\"00000000-0000-0000-0000-000000000000\"} 15700000001\n",
+      "op=\"dispatch\",device=\"00000000-0000-0000-0000-000000000000\"} 0.0000015\n",
+      "op=\"dispatch\",device=\"00000000-0000-0000-0000-000000000000\",quantile=\"0.5\"} 2\n",
+      "op=\"dispatch\",device=\"00000000-0000-0000-0000-000000000000\"} 12345.678901234\n",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    ck_assert_msg(strstr(out, want[i]) != NULL, "no \"%s\" in:\n%.3000s", want[i], out);
+  free(out);
+}
+END_TEST
+
 Suite *ctl_suite(void);
 Suite *ctl_suite(void) {
   Suite *s = suite_create("ctl");
@@ -830,6 +884,7 @@ Suite *ctl_suite(void) {
   tcase_add_test(local, a_daemon_that_never_answers_is_given_up_on_in_seconds);
   tcase_add_test(local, text_output_shows_long_strings_whole);
   tcase_add_test(local, a_value_a_row_lacks_is_a_dash_in_text_and_a_number_in_json);
+  tcase_add_test(local, metrics_print_counts_and_bytes_as_exact_integers);
   tcase_set_timeout(local, 30);
   suite_add_tcase(s, local);
 
