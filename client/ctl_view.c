@@ -226,7 +226,12 @@ static const struct ctl_metric pool_metrics[] = {
     {PC_HELD, "deepep_pool_bytes", "", "gauge", "", 0, "kind=\"held\""},
 };
 
-enum { XC_PEER, XC_TRANSPORT, XC_UP, XC_CONNS, XC_RX, XC_TX, XC_RECONNECTS, XC_N };
+/* A peer: its control link (peer.c), then the data path's connections and traffic to and from
+ * it (PEERS_OK's, as deepepctl peers shows them: what the proxy's TCP connections carried). */
+enum {
+  XC_PEER, XC_TRANSPORT, XC_UP, XC_CONNS, XC_RX, XC_TX, XC_RECONNECTS, XC_DATA_OUT, XC_DATA_IN,
+  XC_DATA_TX, XC_DATA_RX, XC_FRAMES_TX, XC_FRAMES_RX, XC_N
+};
 static const struct ctl_col peer_cols[XC_N] = {
     [XC_PEER] = {"peer", "PEER", CTL_STR, CTL_COL_LABEL},
     [XC_TRANSPORT] = {"transport", "TRANSPORT", CTL_STR, CTL_COL_LABEL},
@@ -235,14 +240,81 @@ static const struct ctl_col peer_cols[XC_N] = {
     [XC_RX] = {"bytes_in", "RX", CTL_BYTES, 0},
     [XC_TX] = {"bytes_out", "TX", CTL_BYTES, 0},
     [XC_RECONNECTS] = {"reconnects", "RECONNECTS", CTL_UINT, 0},
+    [XC_DATA_OUT] = {"data_out", "DATA", CTL_UINT, 0},
+    [XC_DATA_IN] = {"data_in", "", CTL_UINT, 0},
+    [XC_DATA_TX] = {"data_bytes_out", "DATA_TX", CTL_BYTES, 0},
+    [XC_DATA_RX] = {"data_bytes_in", "DATA_RX", CTL_BYTES, 0},
+    [XC_FRAMES_TX] = {"data_frames_out", "FRAMES_TX", CTL_UINT, 0},
+    [XC_FRAMES_RX] = {"data_frames_in", "FRAMES_RX", CTL_UINT, 0},
 };
 static const struct ctl_metric peer_metrics[] = {
     {XC_UP, "deepep_peer_up", "", "gauge", "1: the peer daemon's connections are up.", 0, NULL},
     {XC_CONNS, "deepep_peer_connections_up", "", "gauge", "Outbound connections up.", 0, NULL},
-    {XC_RX, "deepep_peer_received_bytes_total", "", "counter", "Bytes from the peer.", 0, NULL},
-    {XC_TX, "deepep_peer_sent_bytes_total", "", "counter", "Bytes to the peer.", 0, NULL},
+    {XC_RX, "deepep_peer_received_bytes_total", "", "counter",
+     "Bytes from the peer on the control link (the data path's: deepep_peer_data_bytes_total).",
+     0, NULL},
+    {XC_TX, "deepep_peer_sent_bytes_total", "", "counter",
+     "Bytes to the peer on the control link (the data path's: deepep_peer_data_bytes_total).", 0,
+     NULL},
     {XC_RECONNECTS, "deepep_peer_reconnects_total", "", "counter",
      "Connections lost or failed and tried again.", 0, NULL},
+    {XC_DATA_OUT, "deepep_peer_data_connections", "", "gauge",
+     "The data path's TCP connections up to the peer (out) and from it (in).", 0,
+     "direction=\"out\""},
+    {XC_DATA_IN, "deepep_peer_data_connections", "", "gauge", "", 0, "direction=\"in\""},
+    {XC_DATA_TX, "deepep_peer_data_bytes_total", "", "counter",
+     "Bytes the data path's TCP connections moved to the peer (out) and from it (in), headers "
+     "included.", 0, "direction=\"out\""},
+    {XC_DATA_RX, "deepep_peer_data_bytes_total", "", "counter", "", 0, "direction=\"in\""},
+    {XC_FRAMES_TX, "deepep_peer_data_frames_total", "", "counter",
+     "Frames (a block of a rank's tokens each) the data path's TCP connections moved to the "
+     "peer (out) and from it (in).", 0, "direction=\"out\""},
+    {XC_FRAMES_RX, "deepep_peer_data_frames_total", "", "counter", "", 0, "direction=\"in\""},
+};
+
+/* The data path as a whole: its proxy threads and the bytes registered with the RDMA device. */
+enum { PX_THREADS, PX_BUSY, PX_NIC, PX_N };
+static const struct ctl_col proxy_cols[PX_N] = {
+    [PX_THREADS] = {"proxy_threads", "PROXY THREADS", CTL_UINT, 0},
+    [PX_BUSY] = {"proxy_busy_us", "PROXY BUSY", CTL_UINT, 0},
+    [PX_NIC] = {"nic_bytes", "REGISTERED", CTL_BYTES, 0},
+};
+static const struct ctl_metric proxy_metrics[] = {
+    {PX_THREADS, "deepep_proxy_threads", "", "gauge",
+     "The data path's proxy threads running (0 until a job that spans nodes needs them).", 0,
+     NULL},
+    {PX_BUSY, "deepep_proxy_busy_seconds_total", "", "counter",
+     "Time the proxy threads spent moving blocks (not polling), summed over them.", 6, NULL},
+    {PX_NIC, "deepep_rdma_registered_bytes", "", "gauge",
+     "Exchange regions of running jobs registered with the RDMA device.", 0, NULL},
+};
+
+/* A job that spans nodes: its traffic through this daemon's proxy, whatever the transport
+ * (TCP or RDMA), and its rings' fullest (JOB_NODES_OK's, as deepepctl status shows them). */
+enum { JC_JOB, JC_TX, JC_RX, JC_FRAMES_TX, JC_FRAMES_RX, JC_RING_PEAK, JC_RING_ENTRIES, JC_N };
+static const struct ctl_col xjob_cols[JC_N] = {
+    [JC_JOB] = {"job", "JOB", CTL_STR, CTL_COL_LABEL},
+    [JC_TX] = {"bytes_out", "TX", CTL_BYTES, 0},
+    [JC_RX] = {"bytes_in", "RX", CTL_BYTES, 0},
+    [JC_FRAMES_TX] = {"frames_out", "FRAMES_TX", CTL_UINT, 0},
+    [JC_FRAMES_RX] = {"frames_in", "FRAMES_RX", CTL_UINT, 0},
+    [JC_RING_PEAK] = {"ring_peak", "RING PEAK", CTL_UINT, 0},
+    [JC_RING_ENTRIES] = {"ring_entries", "RING", CTL_UINT, 0},
+};
+static const struct ctl_metric xjob_metrics[] = {
+    {JC_TX, "deepep_job_data_bytes_total", "", "counter",
+     "Bytes of the job's blocks the proxy sent to other nodes (out) and received (in).", 0,
+     "direction=\"out\""},
+    {JC_RX, "deepep_job_data_bytes_total", "", "counter", "", 0, "direction=\"in\""},
+    {JC_FRAMES_TX, "deepep_job_data_blocks_total", "", "counter",
+     "The job's blocks the proxy sent to other nodes (out) and received (in).", 0,
+     "direction=\"out\""},
+    {JC_FRAMES_RX, "deepep_job_data_blocks_total", "", "counter", "", 0, "direction=\"in\""},
+    {JC_RING_PEAK, "deepep_job_ring_peak_descriptors", "", "gauge",
+     "The most descriptors a sweep of the proxy found waiting in one of the job's rings.", 0,
+     NULL},
+    {JC_RING_ENTRIES, "deepep_job_ring_entries", "", "gauge",
+     "The descriptors a ring of the job holds (what the peak is out of).", 0, NULL},
 };
 
 /* Whether a is of a later run of its job than b: a running job is the latest; of two that
@@ -289,7 +361,7 @@ static int ctl_view_latest_runs(const struct ctl_stats *s, struct ctl_stats *out
 }
 
 int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stats *all_runs,
-                     const struct dep_msg_peers *pm) {
+                     const struct dep_msg_peers *pm, const struct dep_msg_job_nodes *jn) {
   struct ctl_stats latest;
   if (ctl_view_latest_runs(all_runs, &latest) != 0)
     return -1;
@@ -302,9 +374,16 @@ int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stat
   };
   struct ctl_val *pcells = calloc((size_t)st->num_devices * PC_N + 1, sizeof *pcells);
   struct ctl_val *xcells = calloc((size_t)npeers * XC_N + 1, sizeof *xcells);
+  const uint32_t nxjobs = jn != NULL ? jn->n : 0;
+  struct ctl_val *jcells = calloc((size_t)nxjobs * JC_N + 1, sizeof *jcells);
+  struct ctl_val pxcells[PX_N] = {
+      [PX_THREADS] = {.u = pm != NULL ? pm->proxy_threads : 0},
+      [PX_BUSY] = {.u = pm != NULL ? pm->proxy_busy_us : 0},
+      [PX_NIC] = {.u = pm != NULL ? pm->nic_bytes : 0},
+  };
   struct ctl_view v;
   int out = -1;
-  if (pcells != NULL && xcells != NULL && ctl_view_stats(s, &v) == 0) {
+  if (pcells != NULL && xcells != NULL && jcells != NULL && ctl_view_stats(s, &v) == 0) {
     for (uint32_t i = 0; i < st->num_devices; i++) {
       struct ctl_val *row = pcells + (size_t)i * PC_N;
       row[PC_DEVICE].s = st->devices[i].uuid;
@@ -322,16 +401,36 @@ int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stat
       row[XC_RX].u = pm->peers[i].bytes_in;
       row[XC_TX].u = pm->peers[i].bytes_out;
       row[XC_RECONNECTS].u = pm->peers[i].reconnects;
+      row[XC_DATA_OUT].u = pm->peers[i].data_out;
+      row[XC_DATA_IN].u = pm->peers[i].data_in;
+      row[XC_DATA_TX].u = pm->peers[i].data_bytes_out;
+      row[XC_DATA_RX].u = pm->peers[i].data_bytes_in;
+      row[XC_FRAMES_TX].u = pm->peers[i].data_frames_out;
+      row[XC_FRAMES_RX].u = pm->peers[i].data_frames_in;
+    }
+    for (uint32_t i = 0; i < nxjobs; i++) {
+      struct ctl_val *row = jcells + (size_t)i * JC_N;
+      row[JC_JOB].s = jn->jobs[i].job_id;
+      row[JC_TX].u = jn->jobs[i].bytes_out;
+      row[JC_RX].u = jn->jobs[i].bytes_in;
+      row[JC_FRAMES_TX].u = jn->jobs[i].frames_out;
+      row[JC_FRAMES_RX].u = jn->jobs[i].frames_in;
+      row[JC_RING_PEAK].u = jn->jobs[i].ring_peak;
+      row[JC_RING_ENTRIES].u = jn->jobs[i].ring_entries;
     }
     const struct ctl_table stt = {"state", "", state_cols, SC_N, 1, scells, 0};
     const struct ctl_table dt = {"daemon", "", daemon_cols, DC_N, 1, dcells, 0};
     const struct ctl_table pt = {"pools", "", pool_cols, PC_N, st->num_devices, pcells, 0};
     const struct ctl_table xt = {"peers", "", peer_cols, XC_N, npeers, xcells, 0};
+    const struct ctl_table pxt = {"proxy", "", proxy_cols, PX_N, pm != NULL, pxcells, 0};
+    const struct ctl_table jt = {"jobs", "", xjob_cols, JC_N, nxjobs, jcells, 0};
     const struct ctl_mtable all[] = {
         {&stt, state_metrics, sizeof state_metrics / sizeof state_metrics[0]},
         {&dt, daemon_metrics, sizeof daemon_metrics / sizeof daemon_metrics[0]},
         {&pt, pool_metrics, sizeof pool_metrics / sizeof pool_metrics[0]},
         {&xt, peer_metrics, sizeof peer_metrics / sizeof peer_metrics[0]},
+        {&pxt, proxy_metrics, sizeof proxy_metrics / sizeof proxy_metrics[0]},
+        {&jt, xjob_metrics, sizeof xjob_metrics / sizeof xjob_metrics[0]},
         v.mops,
         v.mranks,
     };
@@ -340,6 +439,7 @@ int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stat
   }
   free(pcells);
   free(xcells);
+  free(jcells);
   free(latest.ranks);
   return out;
 }

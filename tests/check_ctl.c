@@ -835,13 +835,20 @@ static char *render_metrics(void) {
   o->median_ns = o->p99_ns = 2000000000;
   struct ctl_stats s = {.ranks = &rank, .n = 1};
   struct dep_msg_peer_info peer = {.address = "10.0.0.2:7470", .state = "up",
-                                   .transport = "tcp", .bytes_out = 15700000001ull};
-  struct dep_msg_peers pm = {.n_peers = 1, .peers = &peer};
+                                   .transport = "tcp", .bytes_out = 15700000001ull,
+                                   .data_out = 4, .data_in = 3,
+                                   .data_bytes_out = 107374182400ull, .data_bytes_in = 7,
+                                   .data_frames_out = 1600, .data_frames_in = 9};
+  struct dep_msg_peers pm = {.n_peers = 1, .peers = &peer, .proxy_threads = 2,
+                             .proxy_busy_us = 1500001, .nic_bytes = 8};
+  static struct dep_msg_job_nodes jn = {
+      .n = 1, .jobs = {{.job_id = "xj", .bytes_out = 11, .bytes_in = 12, .frames_out = 13,
+                        .frames_in = 14, .ring_peak = 5, .ring_entries = 1024}}};
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
   ck_assert_ptr_nonnull(f);
-  ck_assert_int_eq(ctl_view_metrics(f, &st, &s, &pm), 0);
+  ck_assert_int_eq(ctl_view_metrics(f, &st, &s, &pm, &jn), 0);
   fclose(f);
   return buf;
 }
@@ -869,6 +876,36 @@ START_TEST(metrics_print_counts_and_bytes_as_exact_integers) {
 }
 END_TEST
 
+/* The data path is in the exposition as deepepctl peers and status show it: per peer its
+ * connections, bytes and frames each way; its proxy threads; per job that spans nodes its
+ * traffic and its rings' fullest.  It once had the control link's bytes alone. */
+START_TEST(metrics_show_the_data_paths_traffic_per_peer_and_job) {
+  char *out = render_metrics();
+  static const char *const want[] = {
+      "deepep_peer_data_connections{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"out\"} 4\n",
+      "deepep_peer_data_connections{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"in\"} 3\n",
+      "deepep_peer_data_bytes_total{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"out\"} "
+      "107374182400\n",
+      "deepep_peer_data_bytes_total{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"in\"} 7\n",
+      "deepep_peer_data_frames_total{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"out\"} "
+      "1600\n",
+      "deepep_peer_data_frames_total{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"in\"} 9\n",
+      "\ndeepep_proxy_threads 2\n",
+      "\ndeepep_proxy_busy_seconds_total 1.500001\n",
+      "\ndeepep_rdma_registered_bytes 8\n",
+      "\ndeepep_job_data_bytes_total{ep_job=\"xj\",direction=\"out\"} 11\n",
+      "\ndeepep_job_data_bytes_total{ep_job=\"xj\",direction=\"in\"} 12\n",
+      "\ndeepep_job_data_blocks_total{ep_job=\"xj\",direction=\"out\"} 13\n",
+      "\ndeepep_job_data_blocks_total{ep_job=\"xj\",direction=\"in\"} 14\n",
+      "\ndeepep_job_ring_peak_descriptors{ep_job=\"xj\"} 5\n",
+      "\ndeepep_job_ring_entries{ep_job=\"xj\"} 1024\n",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    ck_assert_msg(strstr(out, want[i]) != NULL, "no \"%s\" in:\n%.3000s", want[i], out);
+  free(out);
+}
+END_TEST
+
 Suite *ctl_suite(void);
 Suite *ctl_suite(void) {
   Suite *s = suite_create("ctl");
@@ -885,6 +922,7 @@ Suite *ctl_suite(void) {
   tcase_add_test(local, text_output_shows_long_strings_whole);
   tcase_add_test(local, a_value_a_row_lacks_is_a_dash_in_text_and_a_number_in_json);
   tcase_add_test(local, metrics_print_counts_and_bytes_as_exact_integers);
+  tcase_add_test(local, metrics_show_the_data_paths_traffic_per_peer_and_job);
   tcase_set_timeout(local, 30);
   suite_add_tcase(s, local);
 

@@ -16,13 +16,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "daemonwire.h"
+#include "nodes.h"
 #include "statsranks.h"
 #include "testutil.h"
+#include "xnjob.h"
 
 /* A TCP port free on 127.0.0.1 now (bound to port 0, read, let go). */
 static int mt_free_port(void) {
@@ -280,6 +283,61 @@ START_TEST(a_job_id_run_again_names_each_series_once) {
 }
 END_TEST
 
+/* The number after "key": in JSON text (the first), or -1. */
+static double mt_json_number(const char *json, const char *key) {
+  char k[80];
+  dw_sfmt(k, sizeof k, "\"%s\":", key);
+  const char *p = strstr(json, k);
+  return p != NULL ? strtod(p + strlen(k), NULL) : -1;
+}
+
+/* A job across two daemons over loopback: node 0's exposition has the data path's bytes and
+ * frames to and from node 1 as `deepepctl peers` shows them (the metrics once had the control
+ * link's bytes alone, a fraction of what the data path moved). */
+START_TEST(the_data_paths_traffic_per_peer_is_in_the_metrics_as_peers_shows_it) {
+  const struct xn_layout *L = &xn_layouts[0];
+  ow_seed_init(5150);
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &L->sc, L->sc.fp8);
+  struct nodes ns;
+  nodes_config_with(&ns, L->nodes, 20000, ", op_timeout_ms: 16000", "");
+  nodes_start_all(&ns);
+  struct xn_run run = {.d = d, .rounds = 2};
+  struct xn_place spread;
+  memset(&spread, 0, sizeof spread);
+  xn_place(&spread, L->split, L->nodes);
+  struct xn_result *res = xn_results(L->sc.world);
+  xn_run_job(&ns, &spread, "mt-data", &run, res);
+  static char peers[16384];
+  xn_ctl_json(&ns, "peers", peers, sizeof peers);
+  char *out = NULL;
+  ck_assert_int_eq(st_ctl(ns.d[0].dir, &out, DW_ARGS("-s", ns.d[0].sock, "metrics")), 0);
+  static const struct {
+    const char *key, *family, *direction;
+  } pairs[] = {
+      {"data_bytes_out", "deepep_peer_data_bytes_total", "out"},
+      {"data_bytes_in", "deepep_peer_data_bytes_total", "in"},
+      {"data_frames_out", "deepep_peer_data_frames_total", "out"},
+      {"data_frames_in", "deepep_peer_data_frames_total", "in"},
+  };
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+    double want = mt_json_number(peers, pairs[i].key), got = -1;
+    ck_assert_msg(want > 0, "peers shows no %s: %s", pairs[i].key, peers);
+    char dir[40];
+    dw_sfmt(dir, sizeof dir, "direction=\"%s\"", pairs[i].direction);
+    const char *labels[] = {dir, NULL};
+    ck_assert_msg(mt_samples(out, pairs[i].family, labels, &got) == 1 && got == want,
+                  "%s{%s}: want %.0f (peers' %s) in:\n%.3000s", pairs[i].family, dir, want,
+                  pairs[i].key, out);
+  }
+  free(out);
+  munmap(res, L->sc.world * sizeof *res);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
 START_TEST(metrics_listen_answers_anything_else_with_an_error_and_carries_on) {
   struct tu_daemon d;
   const int port = mt_start(&d);
@@ -445,6 +503,7 @@ Suite *metrics_suite(void) {
   tcase_add_test(t, metrics_listen_serves_deepepctl_s_exposition_over_http);
   tcase_add_test(t, metrics_listen_answers_anything_else_with_an_error_and_carries_on);
   tcase_add_test(t, a_job_id_run_again_names_each_series_once);
+  tcase_add_test(t, the_data_paths_traffic_per_peer_is_in_the_metrics_as_peers_shows_it);
   tcase_add_test(t, idle_connections_cannot_deny_a_scrape);
   tcase_add_test(t, an_address_holding_the_slots_evicts_its_own_connections_first);
   tcase_add_test(t, a_metrics_port_already_taken_fails_the_start);
