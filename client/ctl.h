@@ -106,6 +106,7 @@ enum ctl_kind {
   CTL_MS,    /* a duration in ms: "3h 02m 11s" in text, a number in JSON */
   CTL_NS,    /* a duration in ns: "12.3 us" in text, a number of ns in JSON */
   CTL_MILLI, /* a real number held x 1000: "1.25" in text, 1.250 in JSON */
+  CTL_BOOL,  /* u != 0: "yes" or "no" in text, true or false in JSON */
 };
 
 /* In text, show this column as "/value" after the previous one ("1/2"). */
@@ -126,7 +127,7 @@ struct ctl_col {
 struct ctl_val {
   const char *s; /* CTL_STR */
   uint64_t u;    /* the numeric kinds */
-  bool none;     /* no such value for this row: "-" in text; JSON and metrics keep u */
+  bool none;     /* no such value for this row: "-" in text, null in JSON, NaN in metrics */
 };
 
 /* A table of at most one row: in JSON an object, or null without a row. */

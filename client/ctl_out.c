@@ -74,15 +74,16 @@ static char *ctl_out_cell(const struct ctl_col *col, const struct ctl_val *v) {
     ctl_out_duration(buf, sizeof buf, v->u);
     break;
   case CTL_NS:
-    if (v->u == 0)
-      snprintf(buf, sizeof buf, "-");
-    else if (v->u < 1000000)
+    if (v->u < 1000000)
       snprintf(buf, sizeof buf, "%.1f us", (double)v->u / 1e3);
     else
       snprintf(buf, sizeof buf, "%.2f ms", (double)v->u / 1e6);
     break;
   case CTL_MILLI:
     snprintf(buf, sizeof buf, "%.2f", (double)v->u / 1e3);
+    break;
+  case CTL_BOOL:
+    snprintf(buf, sizeof buf, "%s", v->u != 0 ? "yes" : "no");
     break;
   default:
     buf[0] = '\0';
@@ -285,10 +286,16 @@ static void ctl_out_json_str(FILE *f, const char *s) {
   fputc('"', f);
 }
 
+/* A value in its JSON type: a string, a number, true or false, or null where the row has none
+ * (where the text shows "-"), never a number or a string standing in for one of the others. */
 static void ctl_out_json_val(FILE *f, const struct ctl_col *col, const struct ctl_val *v) {
   ctl_out_json_str(f, col->key);
   fputc(':', f);
-  if (col->kind == CTL_STR)
+  if (v->none)
+    fputs("null", f);
+  else if (col->kind == CTL_BOOL)
+    fputs(v->u != 0 ? "true" : "false", f);
+  else if (col->kind == CTL_STR)
     ctl_out_json_str(f, v->s);
   else if (col->kind == CTL_MILLI)
     fprintf(f, "%" PRIu64 ".%03" PRIu64, v->u / 1000, v->u % 1000);
@@ -417,7 +424,12 @@ int ctl_out_metrics(FILE *f, const struct ctl_mtable *mt, size_t n) {
         ctl_out_labels(f, t, r, d->extra);
         const struct ctl_val *v = &t->cells[r * t->ncols + d->col];
         fputc(' ', f);
-        ctl_out_decimal(f, v->u, d->decimals + (t->cols[d->col].kind == CTL_MILLI ? 3 : 0));
+        /* A value the row has not (a quantile of no observation) is NaN, as the format and
+         * Prometheus's own clients have it, not a 0 that reads as a measurement. */
+        if (v->none)
+          fputs("NaN", f);
+        else
+          ctl_out_decimal(f, v->u, d->decimals + (t->cols[d->col].kind == CTL_MILLI ? 3 : 0));
         fputc('\n', f);
       }
     }

@@ -123,13 +123,16 @@ int ctl_view_stats(const struct ctl_stats *s, struct ctl_view *v) {
     rc[RC_PID].u = r->pid;
     rc[RC_STATE].s = state;
     rc[RC_AGE].u = r->age_ms;
-    rc[RC_ENDED].u = r->ended_ms;
+    rc[RC_ENDED] = (struct ctl_val){.u = r->ended_ms, .none = !r->finished};
     rc[RC_TIMER].s = r->cuda ? "gpu" : "host";
     rc[RC_ATTACH].u = r->attach_total_ns;
     rc[RC_WAIT].u = r->attach_wait_ns;
     rc[RC_MAP].u = r->attach_map_ns;
     rc[RC_SETUP].u = r->attach_setup_ns;
     rc[RC_WARMUP].u = r->attach_warmup_ns;
+    /* A rank that has not written its attach times has none. */
+    for (int k = RC_ATTACH; k <= RC_WARMUP; k++)
+      rc[k].none = !r->attached;
     rc[RC_LAYOUTS].u = r->layouts;
     rc[RC_DROPPED].u = r->dropped;
     rc[RC_CTAS].u = r->kernel_ctas;
@@ -148,6 +151,9 @@ int ctl_view_stats(const struct ctl_stats *s, struct ctl_view *v) {
       oc[OC_FIRST].u = o->first_ns;
       oc[OC_MEDIAN].u = o->median_ns;
       oc[OC_P99].u = o->p99_ns;
+      /* No call succeeded yet, or none after the first: no time to show ("-", null, NaN). */
+      oc[OC_FIRST].none = o->first_ns == 0;
+      oc[OC_MEDIAN].none = oc[OC_P99].none = o->steady_calls == 0;
       oc[OC_RATIO].u = o->median_ns > 0 ? o->first_ns * 1000 / o->median_ns : 0;
       /* bytes per ns is GB/s; the mean call, so that it weighs like the bytes. */
       uint64_t mean = o->steady_calls > 0 ? o->steady_sum_ns / o->steady_calls : 0;
