@@ -77,8 +77,9 @@ int ctl_fail(const struct ctl *ctl, int code, const char *fmt, ...)
 /* The same for the last failure on c, after "what: " when what is not NULL;
  * frees c.  Returns CTL_EXIT_FAIL. */
 int ctl_fail_client(const struct ctl *ctl, dep_client_t *c, int code, const char *what);
-/* A usage error: the message and the usage on stderr (with --json, the
- * error object on stdout, code DEP_ERR_INVALID).  Returns CTL_EXIT_USAGE. */
+/* A usage error: the message, the one-line usage and "see deepepctl --help"
+ * on stderr (with --json, the error object on stdout, code DEP_ERR_INVALID).
+ * Returns CTL_EXIT_USAGE. */
 int ctl_usage_error(const struct ctl *ctl, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /*

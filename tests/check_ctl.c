@@ -222,6 +222,15 @@ START_TEST(json_errors_are_one_object_with_code_and_name_and_the_usual_exit_stat
   ck_assert_ptr_nonnull(strstr(err, "usage: deepepctl"));
   free(out);
   free(err);
+  /* A usage error says what was wrong, the usage line and where the help is: three lines, not
+   * the whole help (it once printed all 25 lines of it). */
+  ck_assert_int_eq(ctl_run(DW_ARGS("bogus"), &out, &err), 2);
+  ck_assert_str_eq(out, "");
+  ck_assert_str_eq(err, "deepepctl: unknown command \"bogus\"\n"
+                        "usage: deepepctl [-s SOCKET] [--json] COMMAND [OPTIONS]\n"
+                        "see deepepctl --help\n");
+  free(out);
+  free(err);
   tu_rmtree(dir);
 }
 END_TEST
