@@ -8,6 +8,7 @@
  * help that lists every command.
  */
 #include <check.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
@@ -940,6 +941,94 @@ START_TEST(metrics_show_the_data_paths_traffic_per_peer_and_job) {
 }
 END_TEST
 
+/* A sanitized build's library loads into python3 only after the sanitizer's runtime, and
+ * python3's own allocations are no leak of ours. */
+#if defined(__SANITIZE_ADDRESS__)
+#define CTL_PY_ENV "LD_PRELOAD=$(cc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 "
+#else
+#define CTL_PY_ENV ""
+#endif
+
+/* A Python trainer in miniature: the library through ctypes, connected, until stdin closes. */
+static const char ctl_trainer_py[] =
+    "import ctypes, sys\n"
+    "lib = ctypes.CDLL(sys.argv[1])\n"
+    "c = ctypes.c_void_p()\n"
+    "assert lib.dep_client_new(ctypes.byref(c)) == 0\n"
+    "assert lib.dep_connect(c, sys.argv[2].encode()) == 0\n"
+    "sys.stdin.read()\n";
+
+/* Whether `deepepctl --json clients` names a connection `name`, within timeout_ms. */
+static bool clients_show(const char *sock, const char *name, int timeout_ms) {
+  char want[200];
+  dw_sfmt(want, sizeof want, "\"name\":\"%s\"", name);
+  int64_t deadline = dw_now_ms() + timeout_ms;
+  do {
+    char *out, *err;
+    ck_assert_int_eq(ctl_run(DW_ARGS("-s", sock, "--json", "clients"), &out, &err), 0);
+    bool found = strstr(out, want) != NULL;
+    free(out);
+    free(err);
+    if (found)
+      return true;
+    dw_sleep_ms(50);
+  } while (dw_now_ms() < deadline);
+  return false;
+}
+
+/* A connection of the library is named by its program and the library's version: a C program
+ * by its own name, a Python script by the script, not the interpreter (every Python rank was
+ * "libdeepep-client 0.4.1"). */
+START_TEST(clients_name_each_connections_program) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  /* A C program: this test's process, forked. */
+  struct dw_child c;
+  dw_child_fork(&c);
+  if (c.pid == 0) {
+    dep_client_t *h = NULL;
+    int rc = dep_client_new(&h);
+    if (rc == 0)
+      rc = dep_connect(h, d.sock);
+    if (write(c.rep, rc == 0 ? "k" : "x", 1) != 1)
+      _exit(3);
+    char g;
+    if (read(c.go, &g, 1) < 0)
+      _exit(4);
+    dep_client_free(h);
+    _exit(rc == 0 ? 0 : 1);
+  }
+  char got;
+  ck_assert_int_eq(read(c.rep, &got, 1), 1);
+  ck_assert_int_eq(got, 'k');
+  char want[200];
+  dw_sfmt(want, sizeof want, "%s (libdeepep-client %s)", program_invocation_short_name,
+          DEP_VERSION_STRING);
+  ck_assert_msg(clients_show(d.sock, want, 0), "no connection named \"%s\"", want);
+  /* A Python script, run as torchrun runs one (python3 -u SCRIPT ARGS). */
+  char py[300], cmd[1200];
+  dw_sfmt(py, sizeof py, "%s/my_trainer.py", d.dir);
+  ck_assert_int_eq(tu_write_file(py, ctl_trainer_py), 0);
+  dw_sfmt(cmd, sizeof cmd, CTL_PY_ENV "/usr/bin/python3 -u %s %s %s", py,
+          tu_bin("libdeepep-client.so"), d.sock);
+  FILE *trainer = popen(cmd, "w");
+  ck_assert_ptr_nonnull(trainer);
+  /* The script connects once python3 has started: 10 s is a ceiling for a loaded machine. */
+  dw_sfmt(want, sizeof want, "my_trainer.py (libdeepep-client %s)", DEP_VERSION_STRING);
+  ck_assert_msg(clients_show(d.sock, want, 10000),
+                "no connection named \"%s\" (is %s built? make all builds it)", want,
+                tu_bin("libdeepep-client.so"));
+  ck_assert_int_eq(pclose(trainer), 0);
+  ck_assert_int_eq(write(c.go, "g", 1), 1);
+  int st;
+  ck_assert_int_eq(waitpid(c.pid, &st, 0), c.pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
+  close(c.rep);
+  close(c.go);
+  dw_stop_ok(&d);
+}
+END_TEST
+
 /* ---- the JSON of every command, held to its types ---------------------------------- */
 
 /*
@@ -1122,6 +1211,7 @@ Suite *ctl_suite(void) {
   tcase_add_test(daemon, drain_wait_timeout_exits_1_naming_the_jobs_left);
   tcase_add_test(daemon, drain_cancel_lets_new_jobs_in_again);
   tcase_add_test(daemon, every_json_output_holds_its_types);
+  tcase_add_test(daemon, clients_name_each_connections_program);
   tcase_set_timeout(daemon, 60);
   suite_add_tcase(s, daemon);
   return s;
