@@ -10,6 +10,7 @@
  * caller can dep_connect again or dep_client_free it.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -32,7 +33,8 @@
 #define DEP_SYSCONFDIR "/etc"
 #endif
 
-#define CLIENT_DEFAULT_NAME "libdeepep-client " DEP_VERSION_STRING
+/* What HELLO says after the program's name: the library and its version. */
+#define CLIENT_LIBRARY_NAME "libdeepep-client " DEP_VERSION_STRING
 #define CLIENT_GONE_MSG                                                                  \
   "deepepd closed the connection (daemon stopped or restarted); reconnect with dep_connect"
 
@@ -425,6 +427,73 @@ int client_request(dep_client_t *c, uint16_t type, const void *msg, uint16_t ok_
 
 /* ---- handle ----------------------------------------------------------------- */
 
+/* The last component of a path. */
+static const char *client_basename(const char *path) {
+  const char *slash = strrchr(path, '/');
+  return slash != NULL ? slash + 1 : path;
+}
+
+/*
+ * The program this process runs, from its command line: argv[0]'s last component, or for a
+ * Python interpreter the script it runs (its last component), "-m MODULE" for a module, or
+ * "python3 -c" for a command, so that deepepctl clients tells one trainer from another (every
+ * Python rank would otherwise be the interpreter).  Interpreter options before the script are
+ * passed over; -W and -X take the next argument when none is attached.  "" when the command
+ * line cannot be read.
+ */
+static void client_program(char *out, size_t len) {
+  out[0] = '\0';
+  char cmd[4096];
+  int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  ssize_t n = read(fd, cmd, sizeof cmd - 1);
+  close(fd);
+  if (n <= 0)
+    return;
+  cmd[n] = '\0'; /* arguments are NUL-separated; a cut one ends here */
+  const char *argv[64];
+  int argc = 0;
+  for (char *p = cmd; p < cmd + n && argc < 64; p += strlen(p) + 1)
+    argv[argc++] = p;
+  const char *prog = client_basename(argv[0]);
+  if (strncmp(prog, "python", 6) == 0) {
+    for (int i = 1; i < argc; i++) {
+      const char *a = argv[i];
+      if (strcmp(a, "-m") == 0 && i + 1 < argc) {
+        snprintf(out, len, "-m %s", argv[i + 1]);
+        return;
+      }
+      if (strcmp(a, "-c") == 0) {
+        snprintf(out, len, "%s -c", prog);
+        return;
+      }
+      if ((strcmp(a, "-W") == 0 || strcmp(a, "-X") == 0) && i + 1 < argc) {
+        i++;
+        continue;
+      }
+      if (a[0] == '-' && strcmp(a, "-") != 0)
+        continue;
+      snprintf(out, len, "%s", client_basename(a));
+      return;
+    }
+  }
+  snprintf(out, len, "%s", prog);
+}
+
+/* HELLO's name: "PROGRAM (libdeepep-client VERSION)", the program cut to leave the library's
+ * name whole; the library's alone when the program is not known. */
+static void client_default_name(char *out, size_t len) {
+  char prog[CLIENT_NAME_MAX];
+  client_program(prog, sizeof prog);
+  if (prog[0] == '\0') {
+    snprintf(out, len, "%s", CLIENT_LIBRARY_NAME);
+    return;
+  }
+  int room = (int)len - (int)sizeof " (" CLIENT_LIBRARY_NAME ")";
+  snprintf(out, len, "%.*s (%s)", room > 0 ? room : 0, prog, CLIENT_LIBRARY_NAME);
+}
+
 DEP_EXPORT int dep_client_new(dep_client_t **out) {
   if (out == NULL)
     return DEP_ERR_INVALID;
@@ -435,7 +504,7 @@ DEP_EXPORT int dep_client_new(dep_client_t **out) {
   c->fd = -1;
   c->primary.dev = -1;
   c->next_request = 1;
-  snprintf(c->name, sizeof c->name, "%s", CLIENT_DEFAULT_NAME);
+  client_default_name(c->name, sizeof c->name);
   proto_buf_init(&c->tx);
   *out = c;
   return DEP_OK;

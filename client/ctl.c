@@ -49,9 +49,12 @@ static const struct option ctl_longopts[] = {
     {NULL, 0, NULL, 0},
 };
 
+/* The synopsis: the help's first line, and all a usage error shows of the help. */
+#define CTL_USAGE_LINE "usage: deepepctl [-s SOCKET] [--json] COMMAND [OPTIONS]\n"
+
 static void ctl_usage(FILE *f) {
   fprintf(f,
-          "usage: deepepctl [-s SOCKET] [--json] COMMAND [OPTIONS]\n"
+          CTL_USAGE_LINE
           "       deepepctl -h | -V\n"
           "\n"
           "Show and control deepepd, the node's warm MoE dispatch/combine daemon.\n"
@@ -110,10 +113,10 @@ int ctl_usage_error(const struct ctl *ctl, const char *fmt, ...) {
   if (ctl->json) {
     ctl_vfail(ctl, DEP_ERR_INVALID, fmt, ap);
   } else {
+    /* What was wrong and where to read more: the whole help would bury the message. */
     fputs("deepepctl: ", stderr);
     vfprintf(stderr, fmt, ap);
-    fputs("\n\n", stderr);
-    ctl_usage(stderr);
+    fputs("\n" CTL_USAGE_LINE "see deepepctl --help\n", stderr);
   }
   va_end(ap);
   return CTL_EXIT_USAGE;

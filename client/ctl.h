@@ -77,8 +77,9 @@ int ctl_fail(const struct ctl *ctl, int code, const char *fmt, ...)
 /* The same for the last failure on c, after "what: " when what is not NULL;
  * frees c.  Returns CTL_EXIT_FAIL. */
 int ctl_fail_client(const struct ctl *ctl, dep_client_t *c, int code, const char *what);
-/* A usage error: the message and the usage on stderr (with --json, the
- * error object on stdout, code DEP_ERR_INVALID).  Returns CTL_EXIT_USAGE. */
+/* A usage error: the message, the one-line usage and "see deepepctl --help"
+ * on stderr (with --json, the error object on stdout, code DEP_ERR_INVALID).
+ * Returns CTL_EXIT_USAGE. */
 int ctl_usage_error(const struct ctl *ctl, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /*
@@ -106,13 +107,15 @@ enum ctl_kind {
   CTL_MS,    /* a duration in ms: "3h 02m 11s" in text, a number in JSON */
   CTL_NS,    /* a duration in ns: "12.3 us" in text, a number of ns in JSON */
   CTL_MILLI, /* a real number held x 1000: "1.25" in text, 1.250 in JSON */
+  CTL_BOOL,  /* u != 0: "yes" or "no" in text, true or false in JSON */
 };
 
 /* In text, show this column as "/value" after the previous one ("1/2"). */
 #define CTL_COL_JOIN 0x1u
 /* Only in JSON (and metrics): too much for the text table. */
 #define CTL_COL_NOTEXT 0x2u
-/* A label of every metric of its table (ctl_out_metrics). */
+/* A label of every metric of its table (ctl_out_metrics), named by its key; job and instance,
+ * the names Prometheus keeps for its own, become ep_job and ep_instance. */
 #define CTL_COL_LABEL 0x4u
 
 struct ctl_col {
@@ -125,7 +128,7 @@ struct ctl_col {
 struct ctl_val {
   const char *s; /* CTL_STR */
   uint64_t u;    /* the numeric kinds */
-  bool none;     /* no such value for this row: "-" in text; JSON and metrics keep u */
+  bool none;     /* no such value for this row: "-" in text, null in JSON, NaN in metrics */
 };
 
 /* A table of at most one row: in JSON an object, or null without a row. */
@@ -162,7 +165,7 @@ struct ctl_metric {
   const char *suffix; /* after the family in the sample's name ("_sum"), or "" */
   const char *type;   /* counter, gauge or summary */
   const char *help;
-  double scale;       /* the value times this (1e-9: ns to seconds) */
+  unsigned decimals;  /* the value is in units of 10^-decimals of the family's (9: ns to s) */
   const char *extra;  /* one more label ("quantile=\"0.5\""), or NULL */
 };
 struct ctl_mtable {

@@ -61,15 +61,15 @@ int ctl_clients(struct ctl *ctl, int argc, char **argv) {
       row[0].u = x->pid;
       row[1].u = x->uid;
       row[2].s = x->name;
-      row[3].s = x->job_id;
-      /* A connection that is no rank (deepepctl) has no rank, local rank or attach time:
-       * "-" in text, not rank 0 (JSON keeps its numbers, with "job": ""). */
+      /* A connection that is no rank (deepepctl) has no job, rank, local rank, device or
+       * attach time: "-" in text and null in JSON, not rank 0. */
+      row[3] = (struct ctl_val){.s = x->job_id, .none = !rank};
       row[4] = (struct ctl_val){.u = x->rank, .none = !rank};
       row[5] = (struct ctl_val){.u = x->local_rank, .none = !rank};
-      row[6].s = uuid[i];
+      row[6] = (struct ctl_val){.s = uuid[i], .none = !rank};
       row[7].u = x->connected_ms;
-      row[8] = (struct ctl_val){.u = x->attached_ms, .none = !rank};
-      row[9].s = !rank ? "" : x->attached ? "yes" : "waiting";
+      row[8] = (struct ctl_val){.u = x->attached_ms, .none = !rank || !x->attached};
+      row[9] = (struct ctl_val){.s = x->attached ? "yes" : "waiting", .none = !rank};
     }
     const struct ctl_val fields[] = {{.u = m.left_out}};
     const struct ctl_table tables[] = {

@@ -377,7 +377,7 @@ static void doctor_balance(const struct ctl_stats *s, struct doctor_check *k) {
 /* ---- the command ------------------------------------------------------------------------- */
 
 static const struct ctl_col doctor_fields[] = {
-    {"ok", "healthy", CTL_STR, 0},
+    {"ok", "healthy", CTL_BOOL, 0},
 };
 
 static const struct ctl_col check_cols[] = {
@@ -391,6 +391,7 @@ static const struct ctl_col check_cols[] = {
 static int doctor_render(const struct ctl *ctl, const struct doctor_check *k, size_t n) {
   bool failed = false;
   struct ctl_val cells[DOCTOR_NCHECKS * CHECK_NCOLS];
+  memset(cells, 0, sizeof cells); /* a cell's none, read by the renderer, is false */
   for (size_t i = 0; i < n; i++) {
     failed |= k[i].result == DOCTOR_FAIL;
     cells[i * CHECK_NCOLS + 0].s = k[i].name;
@@ -399,7 +400,7 @@ static int doctor_render(const struct ctl *ctl, const struct doctor_check *k, si
     cells[i * CHECK_NCOLS + 3].s = k[i].action;
   }
   if (ctl->json) {
-    const struct ctl_val fields[] = {{.s = failed ? "false" : "true"}};
+    const struct ctl_val fields[] = {{.u = !failed}};
     const struct ctl_table tables[] = {{"checks", "", check_cols, CHECK_NCOLS, n, cells, 0}};
     const struct ctl_doc doc = {doctor_fields, fields, 1, tables, 1};
     if (ctl_out_render(stdout, &doc, true) != 0)

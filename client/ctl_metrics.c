@@ -41,8 +41,17 @@ int ctl_metrics(struct ctl *ctl, int argc, char **argv) {
       memset(&pm, 0, sizeof pm);
     client_frame_release(&f);
   }
+  /* The jobs that span nodes, for their traffic and rings (as deepepctl status shows them). */
+  struct dep_msg_job_nodes *jn = calloc(1, sizeof *jn);
+  if (jn != NULL && client_request(c, DEP_MSG_JOB_NODES, NULL, DEP_MSG_JOB_NODES_OK,
+                                   CLIENT_REQUEST_TIMEOUT_MS, &f) == 0) {
+    if (proto_decode_job_nodes(f.body, f.hdr.body_len, jn) != 0)
+      jn->n = 0;
+    client_frame_release(&f);
+  }
   dep_client_free(c);
-  int out = ctl_view_metrics(stdout, st, &s, &pm);
+  int out = jn != NULL ? ctl_view_metrics(stdout, st, &s, &pm, jn) : -1;
+  free(jn);
   proto_peers_free(&pm);
   ctl_stats_free(&s);
   dep_status_free(st);

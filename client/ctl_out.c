@@ -74,15 +74,16 @@ static char *ctl_out_cell(const struct ctl_col *col, const struct ctl_val *v) {
     ctl_out_duration(buf, sizeof buf, v->u);
     break;
   case CTL_NS:
-    if (v->u == 0)
-      snprintf(buf, sizeof buf, "-");
-    else if (v->u < 1000000)
+    if (v->u < 1000000)
       snprintf(buf, sizeof buf, "%.1f us", (double)v->u / 1e3);
     else
       snprintf(buf, sizeof buf, "%.2f ms", (double)v->u / 1e6);
     break;
   case CTL_MILLI:
     snprintf(buf, sizeof buf, "%.2f", (double)v->u / 1e3);
+    break;
+  case CTL_BOOL:
+    snprintf(buf, sizeof buf, "%s", v->u != 0 ? "yes" : "no");
     break;
   default:
     buf[0] = '\0';
@@ -285,10 +286,16 @@ static void ctl_out_json_str(FILE *f, const char *s) {
   fputc('"', f);
 }
 
+/* A value in its JSON type: a string, a number, true or false, or null where the row has none
+ * (where the text shows "-"), never a number or a string standing in for one of the others. */
 static void ctl_out_json_val(FILE *f, const struct ctl_col *col, const struct ctl_val *v) {
   ctl_out_json_str(f, col->key);
   fputc(':', f);
-  if (col->kind == CTL_STR)
+  if (v->none)
+    fputs("null", f);
+  else if (col->kind == CTL_BOOL)
+    fputs(v->u != 0 ? "true" : "false", f);
+  else if (col->kind == CTL_STR)
     ctl_out_json_str(f, v->s);
   else if (col->kind == CTL_MILLI)
     fprintf(f, "%" PRIu64 ".%03" PRIu64, v->u / 1000, v->u % 1000);
@@ -350,6 +357,16 @@ static void ctl_out_label_value(FILE *f, const char *s) {
   fputc('"', f);
 }
 
+/* A column's label name.  Prometheus gives every series it scrapes the labels `job` and
+ * `instance` of its own (the scrape's) and renames a sample's labels of those names to
+ * exported_*: ours take the prefix ep_ instead, so that a query names them as deepepctl(1)
+ * does. */
+static void ctl_out_label_name(FILE *f, const char *key) {
+  if (strcmp(key, "job") == 0 || strcmp(key, "instance") == 0)
+    fputs("ep_", f);
+  fputs(key, f);
+}
+
 static void ctl_out_labels(FILE *f, const struct ctl_table *t, size_t r, const char *extra) {
   bool any = false;
   for (size_t c = 0; c < t->ncols; c++) {
@@ -358,7 +375,8 @@ static void ctl_out_labels(FILE *f, const struct ctl_table *t, size_t r, const c
     const struct ctl_val *v = &t->cells[r * t->ncols + c];
     fputs(any ? "," : "{", f);
     any = true;
-    fprintf(f, "%s=", t->cols[c].key);
+    ctl_out_label_name(f, t->cols[c].key);
+    fputc('=', f);
     if (t->cols[c].kind == CTL_STR) {
       ctl_out_label_value(f, v->s);
     } else {
@@ -376,6 +394,23 @@ static void ctl_out_labels(FILE *f, const struct ctl_table *t, size_t r, const c
     fputc('}', f);
 }
 
+/* v units of 10^-decimals as an exact decimal, trailing zeros left out: a counter or a byte
+ * count is the integer it is (1073741824, never 1.07374182e+09), and 1500 ns is 0.0000015 s. */
+static void ctl_out_decimal(FILE *f, uint64_t v, unsigned decimals) {
+  uint64_t unit = 1;
+  for (unsigned i = 0; i < decimals; i++)
+    unit *= 10;
+  fprintf(f, "%" PRIu64, v / unit);
+  uint64_t frac = v % unit;
+  if (frac == 0)
+    return;
+  while (frac % 10 == 0) {
+    frac /= 10;
+    decimals--;
+  }
+  fprintf(f, ".%0*" PRIu64, (int)decimals, frac);
+}
+
 int ctl_out_metrics(FILE *f, const struct ctl_mtable *mt, size_t n) {
   for (size_t i = 0; i < n; i++) {
     const struct ctl_table *t = mt[i].table;
@@ -388,10 +423,14 @@ int ctl_out_metrics(FILE *f, const struct ctl_mtable *mt, size_t n) {
         fprintf(f, "%s%s", d->family, d->suffix);
         ctl_out_labels(f, t, r, d->extra);
         const struct ctl_val *v = &t->cells[r * t->ncols + d->col];
-        double x = (double)v->u;
-        if (t->cols[d->col].kind == CTL_MILLI)
-          x /= 1000.0;
-        fprintf(f, " %.9g\n", x * d->scale);
+        fputc(' ', f);
+        /* A value the row has not (a quantile of no observation) is NaN, as the format and
+         * Prometheus's own clients have it, not a 0 that reads as a measurement. */
+        if (v->none)
+          fputs("NaN", f);
+        else
+          ctl_out_decimal(f, v->u, d->decimals + (t->cols[d->col].kind == CTL_MILLI ? 3 : 0));
+        fputc('\n', f);
       }
     }
   }

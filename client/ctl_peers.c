@@ -64,9 +64,9 @@ static const char *peers_auth(const struct dep_msg_peers *m) {
 static int peers_render(const struct ctl *ctl, const struct dep_msg_peers *m) {
   const struct ctl_val fields[PEERS_NFIELDS] = {
       {.s = m->node},
-      {.s = m->listen[0] ? m->listen : "-"},
+      {.s = m->listen, .none = m->listen[0] == '\0'},
       {.s = peers_auth(m)},
-      {.s = m->rdma[0] ? m->rdma : "-"},
+      {.s = m->rdma, .none = m->rdma[0] == '\0'},
       {.u = m->nic_bytes},
       {.u = m->proxy_threads},
       {.u = m->proxy_busy_us},
@@ -78,9 +78,10 @@ static int peers_render(const struct ctl *ctl, const struct dep_msg_peers *m) {
     const struct dep_msg_peer_info *p = &m->peers[i];
     struct ctl_val *row = cells + (size_t)i * PEER_NCOLS;
     row[0].s = p->address;
-    row[1].s = p->node[0] || ctl->json ? p->node : "-";
+    /* What a peer has not yet (a name, a transport, an error) is "-" in text, null in JSON. */
+    row[1] = (struct ctl_val){.s = p->node, .none = p->node[0] == '\0'};
     row[2].s = p->state;
-    row[3].s = p->transport[0] || ctl->json ? p->transport : "-";
+    row[3] = (struct ctl_val){.s = p->transport, .none = p->transport[0] == '\0'};
     row[4].s = p->wanted;
     row[5].u = p->conns_up;
     row[6].u = p->conns_total;
@@ -98,7 +99,7 @@ static int peers_render(const struct ctl *ctl, const struct dep_msg_peers *m) {
     row[18].u = p->data_bytes_in;
     row[19].u = p->data_frames_out;
     row[20].u = p->data_frames_in;
-    row[21].s = p->last_error[0] || ctl->json ? p->last_error : "-";
+    row[21] = (struct ctl_val){.s = p->last_error, .none = p->last_error[0] == '\0'};
   }
   const struct ctl_table tables[] = {
       {"peers", "no peers configured", peer_cols, PEER_NCOLS, m->n_peers, cells, 0},

@@ -177,7 +177,8 @@ int ctl_stats(struct ctl *ctl, int argc, char **argv) {
       struct ctl_val *row = conns + (size_t)i * CONN_NCOLS;
       row[0].s = pm.peers[i].address;
       row[1].s = pm.peers[i].state;
-      row[2].s = pm.peers[i].transport;
+      row[2] = (struct ctl_val){.s = pm.peers[i].transport,
+                                .none = pm.peers[i].transport[0] == '\0'};
       row[3].u = pm.peers[i].conns_up;
       row[4].u = pm.peers[i].conns_total;
       row[5].u = pm.peers[i].bytes_in;

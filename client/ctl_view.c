@@ -39,21 +39,21 @@ static const struct ctl_col op_cols[OC_N] = {
 };
 
 static const struct ctl_metric op_metrics[] = {
-    {OC_CALLS, "deepep_op_calls_total", "", "counter", "Calls of the operation that ran.", 1,
+    {OC_CALLS, "deepep_op_calls_total", "", "counter", "Calls of the operation that ran.", 0,
      NULL},
     {OC_FIRST, "deepep_op_first_call_seconds", "", "gauge",
-     "The first call's time (GPU time on cuda, host clock on the host backend).", 1e-9, NULL},
+     "The first call's time (GPU time on cuda, host clock on the host backend).", 9, NULL},
     {OC_MEDIAN, "deepep_op_latency_seconds", "", "summary",
      "Steady-state call time: every call after the first (log-scale histogram, within 12.5%).",
-     1e-9, "quantile=\"0.5\""},
-    {OC_P99, "deepep_op_latency_seconds", "", "summary", "", 1e-9, "quantile=\"0.99\""},
-    {OC_SUM, "deepep_op_latency_seconds", "_sum", "summary", "", 1e-9, NULL},
-    {OC_STEADY, "deepep_op_latency_seconds", "_count", "summary", "", 1, NULL},
+     9, "quantile=\"0.5\""},
+    {OC_P99, "deepep_op_latency_seconds", "", "summary", "", 9, "quantile=\"0.99\""},
+    {OC_SUM, "deepep_op_latency_seconds", "_sum", "summary", "", 9, NULL},
+    {OC_STEADY, "deepep_op_latency_seconds", "_count", "summary", "", 0, NULL},
     {OC_BYTES, "deepep_op_bytes_total", "", "counter",
-     "Hidden-state bytes of the caller's tokens over the calls that ran.", 1, NULL},
+     "Hidden-state bytes of the caller's tokens over the calls that ran.", 0, NULL},
     {OC_ERRORS, "deepep_op_errors_total", "", "counter",
-     "Calls that failed (timeouts included) or were refused.", 1, NULL},
-    {OC_TIMEOUTS, "deepep_op_timeouts_total", "", "counter", "Calls that timed out.", 1, NULL},
+     "Calls that failed (timeouts included) or were refused.", 0, NULL},
+    {OC_TIMEOUTS, "deepep_op_timeouts_total", "", "counter", "Calls that timed out.", 0, NULL},
 };
 
 /* ---- the rank table: one row per rank ----------------------------------------------- */
@@ -87,14 +87,14 @@ static const struct ctl_col rank_cols[RC_N] = {
 
 static const struct ctl_metric rank_metrics[] = {
     {RC_ATTACH, "deepep_rank_attach_seconds", "", "gauge",
-     "dep_attach's time and its parts (dep_attach_times).", 1e-9, "part=\"total\""},
-    {RC_WAIT, "deepep_rank_attach_seconds", "", "gauge", "", 1e-9, "part=\"wait\""},
-    {RC_MAP, "deepep_rank_attach_seconds", "", "gauge", "", 1e-9, "part=\"map\""},
-    {RC_SETUP, "deepep_rank_attach_seconds", "", "gauge", "", 1e-9, "part=\"setup\""},
-    {RC_WARMUP, "deepep_rank_attach_seconds", "", "gauge", "", 1e-9, "part=\"warmup\""},
-    {RC_LAYOUTS, "deepep_rank_layouts_total", "", "counter", "Layouts the rank made.", 1, NULL},
+     "dep_attach's time and its parts (dep_attach_times).", 9, "part=\"total\""},
+    {RC_WAIT, "deepep_rank_attach_seconds", "", "gauge", "", 9, "part=\"wait\""},
+    {RC_MAP, "deepep_rank_attach_seconds", "", "gauge", "", 9, "part=\"map\""},
+    {RC_SETUP, "deepep_rank_attach_seconds", "", "gauge", "", 9, "part=\"setup\""},
+    {RC_WARMUP, "deepep_rank_attach_seconds", "", "gauge", "", 9, "part=\"warmup\""},
+    {RC_LAYOUTS, "deepep_rank_layouts_total", "", "counter", "Layouts the rank made.", 0, NULL},
     {RC_DROPPED, "deepep_rank_calls_dropped_total", "", "counter",
-     "Calls the daemon could not read before the rank's ring overwrote them.", 1, NULL},
+     "Calls the daemon could not read before the rank's ring overwrote them.", 0, NULL},
 };
 
 int ctl_view_stats(const struct ctl_stats *s, struct ctl_view *v) {
@@ -123,13 +123,16 @@ int ctl_view_stats(const struct ctl_stats *s, struct ctl_view *v) {
     rc[RC_PID].u = r->pid;
     rc[RC_STATE].s = state;
     rc[RC_AGE].u = r->age_ms;
-    rc[RC_ENDED].u = r->ended_ms;
+    rc[RC_ENDED] = (struct ctl_val){.u = r->ended_ms, .none = !r->finished};
     rc[RC_TIMER].s = r->cuda ? "gpu" : "host";
     rc[RC_ATTACH].u = r->attach_total_ns;
     rc[RC_WAIT].u = r->attach_wait_ns;
     rc[RC_MAP].u = r->attach_map_ns;
     rc[RC_SETUP].u = r->attach_setup_ns;
     rc[RC_WARMUP].u = r->attach_warmup_ns;
+    /* A rank that has not written its attach times has none. */
+    for (int k = RC_ATTACH; k <= RC_WARMUP; k++)
+      rc[k].none = !r->attached;
     rc[RC_LAYOUTS].u = r->layouts;
     rc[RC_DROPPED].u = r->dropped;
     rc[RC_CTAS].u = r->kernel_ctas;
@@ -148,6 +151,9 @@ int ctl_view_stats(const struct ctl_stats *s, struct ctl_view *v) {
       oc[OC_FIRST].u = o->first_ns;
       oc[OC_MEDIAN].u = o->median_ns;
       oc[OC_P99].u = o->p99_ns;
+      /* No call succeeded yet, or none after the first: no time to show ("-", null, NaN). */
+      oc[OC_FIRST].none = o->first_ns == 0;
+      oc[OC_MEDIAN].none = oc[OC_P99].none = o->steady_calls == 0;
       oc[OC_RATIO].u = o->median_ns > 0 ? o->first_ns * 1000 / o->median_ns : 0;
       /* bytes per ns is GB/s; the mean call, so that it weighs like the bytes. */
       uint64_t mean = o->steady_calls > 0 ? o->steady_sum_ns / o->steady_calls : 0;
@@ -189,7 +195,7 @@ static const struct ctl_col state_cols[SC_N] = {
     [SC_UP] = {"up", "UP", CTL_UINT, 0},
 };
 static const struct ctl_metric state_metrics[] = {
-    {SC_UP, "deepep_daemon_up", "", "gauge", "1: deepepd answered, in the state labelled.", 1,
+    {SC_UP, "deepep_daemon_up", "", "gauge", "1: deepepd answered, in the state labelled.", 0,
      NULL},
 };
 
@@ -201,12 +207,12 @@ static const struct ctl_col daemon_cols[DC_N] = {
     [DC_WARNINGS] = {"warnings", "WARNINGS", CTL_UINT, 0},
 };
 static const struct ctl_metric daemon_metrics[] = {
-    {DC_UPTIME, "deepep_daemon_uptime_seconds", "", "gauge", "Since deepepd started.", 1e-3, NULL},
-    {DC_CLIENTS, "deepep_daemon_clients", "", "gauge", "Connections open.", 1, NULL},
+    {DC_UPTIME, "deepep_daemon_uptime_seconds", "", "gauge", "Since deepepd started.", 3, NULL},
+    {DC_CLIENTS, "deepep_daemon_clients", "", "gauge", "Connections open.", 0, NULL},
     {DC_JOBS, "deepep_daemon_jobs", "", "gauge",
-     "Jobs running (to deepepctl, those its user may see; to metrics.listen, all).", 1, NULL},
+     "Jobs running (to deepepctl, those its user may see; to metrics.listen, all).", 0, NULL},
     {DC_WARNINGS, "deepep_first_call_warnings_total", "", "counter",
-     "First calls slower than warn_first_call_ratio x their op's steady median.", 1, NULL},
+     "First calls slower than warn_first_call_ratio x their op's steady median.", 0, NULL},
 };
 
 enum { PC_DEVICE, PC_TOTAL, PC_USED, PC_CACHED, PC_HELD, PC_N };
@@ -220,13 +226,18 @@ static const struct ctl_col pool_cols[PC_N] = {
 static const struct ctl_metric pool_metrics[] = {
     {PC_TOTAL, "deepep_pool_bytes", "", "gauge",
      "A device's pool: its budget, lent to live jobs, cached scrubbed, held by gone processes.",
-     1, "kind=\"total\""},
-    {PC_USED, "deepep_pool_bytes", "", "gauge", "", 1, "kind=\"used\""},
-    {PC_CACHED, "deepep_pool_bytes", "", "gauge", "", 1, "kind=\"cached\""},
-    {PC_HELD, "deepep_pool_bytes", "", "gauge", "", 1, "kind=\"held\""},
+     0, "kind=\"total\""},
+    {PC_USED, "deepep_pool_bytes", "", "gauge", "", 0, "kind=\"used\""},
+    {PC_CACHED, "deepep_pool_bytes", "", "gauge", "", 0, "kind=\"cached\""},
+    {PC_HELD, "deepep_pool_bytes", "", "gauge", "", 0, "kind=\"held\""},
 };
 
-enum { XC_PEER, XC_TRANSPORT, XC_UP, XC_CONNS, XC_RX, XC_TX, XC_RECONNECTS, XC_N };
+/* A peer: its control link (peer.c), then the data path's connections and traffic to and from
+ * it (PEERS_OK's, as deepepctl peers shows them: what the proxy's TCP connections carried). */
+enum {
+  XC_PEER, XC_TRANSPORT, XC_UP, XC_CONNS, XC_RX, XC_TX, XC_RECONNECTS, XC_DATA_OUT, XC_DATA_IN,
+  XC_DATA_TX, XC_DATA_RX, XC_FRAMES_TX, XC_FRAMES_RX, XC_N
+};
 static const struct ctl_col peer_cols[XC_N] = {
     [XC_PEER] = {"peer", "PEER", CTL_STR, CTL_COL_LABEL},
     [XC_TRANSPORT] = {"transport", "TRANSPORT", CTL_STR, CTL_COL_LABEL},
@@ -235,18 +246,132 @@ static const struct ctl_col peer_cols[XC_N] = {
     [XC_RX] = {"bytes_in", "RX", CTL_BYTES, 0},
     [XC_TX] = {"bytes_out", "TX", CTL_BYTES, 0},
     [XC_RECONNECTS] = {"reconnects", "RECONNECTS", CTL_UINT, 0},
+    [XC_DATA_OUT] = {"data_out", "DATA", CTL_UINT, 0},
+    [XC_DATA_IN] = {"data_in", "", CTL_UINT, 0},
+    [XC_DATA_TX] = {"data_bytes_out", "DATA_TX", CTL_BYTES, 0},
+    [XC_DATA_RX] = {"data_bytes_in", "DATA_RX", CTL_BYTES, 0},
+    [XC_FRAMES_TX] = {"data_frames_out", "FRAMES_TX", CTL_UINT, 0},
+    [XC_FRAMES_RX] = {"data_frames_in", "FRAMES_RX", CTL_UINT, 0},
 };
 static const struct ctl_metric peer_metrics[] = {
-    {XC_UP, "deepep_peer_up", "", "gauge", "1: the peer daemon's connections are up.", 1, NULL},
-    {XC_CONNS, "deepep_peer_connections_up", "", "gauge", "Outbound connections up.", 1, NULL},
-    {XC_RX, "deepep_peer_received_bytes_total", "", "counter", "Bytes from the peer.", 1, NULL},
-    {XC_TX, "deepep_peer_sent_bytes_total", "", "counter", "Bytes to the peer.", 1, NULL},
+    {XC_UP, "deepep_peer_up", "", "gauge", "1: the peer daemon's connections are up.", 0, NULL},
+    {XC_CONNS, "deepep_peer_connections_up", "", "gauge", "Outbound connections up.", 0, NULL},
+    {XC_RX, "deepep_peer_received_bytes_total", "", "counter",
+     "Bytes from the peer on the control link (the data path's: deepep_peer_data_bytes_total).",
+     0, NULL},
+    {XC_TX, "deepep_peer_sent_bytes_total", "", "counter",
+     "Bytes to the peer on the control link (the data path's: deepep_peer_data_bytes_total).", 0,
+     NULL},
     {XC_RECONNECTS, "deepep_peer_reconnects_total", "", "counter",
-     "Connections lost or failed and tried again.", 1, NULL},
+     "Connections lost or failed and tried again.", 0, NULL},
+    {XC_DATA_OUT, "deepep_peer_data_connections", "", "gauge",
+     "The data path's TCP connections up to the peer (out) and from it (in).", 0,
+     "direction=\"out\""},
+    {XC_DATA_IN, "deepep_peer_data_connections", "", "gauge", "", 0, "direction=\"in\""},
+    {XC_DATA_TX, "deepep_peer_data_bytes_total", "", "counter",
+     "Bytes the data path's TCP connections moved to the peer (out) and from it (in), headers "
+     "included.", 0, "direction=\"out\""},
+    {XC_DATA_RX, "deepep_peer_data_bytes_total", "", "counter", "", 0, "direction=\"in\""},
+    {XC_FRAMES_TX, "deepep_peer_data_frames_total", "", "counter",
+     "Frames (a block of a rank's tokens each) the data path's TCP connections moved to the "
+     "peer (out) and from it (in).", 0, "direction=\"out\""},
+    {XC_FRAMES_RX, "deepep_peer_data_frames_total", "", "counter", "", 0, "direction=\"in\""},
 };
 
-int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stats *s,
-                     const struct dep_msg_peers *pm) {
+/* The data path as a whole: its proxy threads and the bytes registered with the RDMA device. */
+enum { PX_THREADS, PX_BUSY, PX_NIC, PX_N };
+static const struct ctl_col proxy_cols[PX_N] = {
+    [PX_THREADS] = {"proxy_threads", "PROXY THREADS", CTL_UINT, 0},
+    [PX_BUSY] = {"proxy_busy_us", "PROXY BUSY", CTL_UINT, 0},
+    [PX_NIC] = {"nic_bytes", "REGISTERED", CTL_BYTES, 0},
+};
+static const struct ctl_metric proxy_metrics[] = {
+    {PX_THREADS, "deepep_proxy_threads", "", "gauge",
+     "The data path's proxy threads running (0 until a job that spans nodes needs them).", 0,
+     NULL},
+    {PX_BUSY, "deepep_proxy_busy_seconds_total", "", "counter",
+     "Time the proxy threads spent moving blocks (not polling), summed over them.", 6, NULL},
+    {PX_NIC, "deepep_rdma_registered_bytes", "", "gauge",
+     "Exchange regions of running jobs registered with the RDMA device.", 0, NULL},
+};
+
+/* A job that spans nodes: its traffic through this daemon's proxy, whatever the transport
+ * (TCP or RDMA), and its rings' fullest (JOB_NODES_OK's, as deepepctl status shows them). */
+enum { JC_JOB, JC_TX, JC_RX, JC_FRAMES_TX, JC_FRAMES_RX, JC_RING_PEAK, JC_RING_ENTRIES, JC_N };
+static const struct ctl_col xjob_cols[JC_N] = {
+    [JC_JOB] = {"job", "JOB", CTL_STR, CTL_COL_LABEL},
+    [JC_TX] = {"bytes_out", "TX", CTL_BYTES, 0},
+    [JC_RX] = {"bytes_in", "RX", CTL_BYTES, 0},
+    [JC_FRAMES_TX] = {"frames_out", "FRAMES_TX", CTL_UINT, 0},
+    [JC_FRAMES_RX] = {"frames_in", "FRAMES_RX", CTL_UINT, 0},
+    [JC_RING_PEAK] = {"ring_peak", "RING PEAK", CTL_UINT, 0},
+    [JC_RING_ENTRIES] = {"ring_entries", "RING", CTL_UINT, 0},
+};
+static const struct ctl_metric xjob_metrics[] = {
+    {JC_TX, "deepep_job_data_bytes_total", "", "counter",
+     "Bytes of the job's blocks the proxy sent to other nodes (out) and received (in).", 0,
+     "direction=\"out\""},
+    {JC_RX, "deepep_job_data_bytes_total", "", "counter", "", 0, "direction=\"in\""},
+    {JC_FRAMES_TX, "deepep_job_data_blocks_total", "", "counter",
+     "The job's blocks the proxy sent to other nodes (out) and received (in).", 0,
+     "direction=\"out\""},
+    {JC_FRAMES_RX, "deepep_job_data_blocks_total", "", "counter", "", 0, "direction=\"in\""},
+    {JC_RING_PEAK, "deepep_job_ring_peak_descriptors", "", "gauge",
+     "The most descriptors a sweep of the proxy found waiting in one of the job's rings.", 0,
+     NULL},
+    {JC_RING_ENTRIES, "deepep_job_ring_entries", "", "gauge",
+     "The descriptors a ring of the job holds (what the peak is out of).", 0, NULL},
+};
+
+/* Whether a is of a later run of its job than b: a running job is the latest; of two that
+ * ended, the one that ended last.  A tie keeps the one the daemon listed first (its newest). */
+static bool ctl_view_later_run(const struct dep_msg_stats_rank *a,
+                               const struct dep_msg_stats_rank *b) {
+  if (a->finished != b->finished)
+    return !a->finished;
+  return a->finished && a->ended_ms < b->ended_ms;
+}
+
+/*
+ * The ranks whose series the exposition shows: of the records of one job id and rank, only
+ * the latest run's.  A job id reused while the daemon still keeps an earlier run's figures
+ * would otherwise give two samples of one series, which Prometheus keeps one of, silently.
+ * The earlier run's series are dropped rather than told apart by a label: the record has no
+ * field unique to a run (a pid is reused; a run number would change STATS_RANK's layout), a
+ * label per run would start new series at every run where Prometheus's counters already
+ * read a restart as a reset, and `deepepctl stats` keeps showing every run kept.  An ended
+ * run's figures stay in the exposition until a later run of its job id starts, so the calls
+ * a short job made after the last scrape are still scraped.  *out's ranks are malloc'd.
+ */
+static int ctl_view_latest_runs(const struct ctl_stats *s, struct ctl_stats *out) {
+  *out = *s;
+  out->ranks = calloc((size_t)s->n + 1, sizeof *out->ranks);
+  if (out->ranks == NULL)
+    return -1;
+  out->n = 0;
+  for (uint32_t i = 0; i < s->n; i++) {
+    const struct dep_msg_stats_rank *r = &s->ranks[i];
+    bool latest = true;
+    for (uint32_t j = 0; j < s->n && latest; j++) {
+      const struct dep_msg_stats_rank *o = &s->ranks[j];
+      if (j == i || o->rank != r->rank || strcmp(o->job_id, r->job_id) != 0)
+        continue;
+      /* Another run of the same rank: this one is shown only if no other is later, nor as
+       * late and listed before it. */
+      latest = !ctl_view_later_run(o, r) && (j > i || ctl_view_later_run(r, o));
+    }
+    if (latest)
+      out->ranks[out->n++] = *r;
+  }
+  return 0;
+}
+
+int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stats *all_runs,
+                     const struct dep_msg_peers *pm, const struct dep_msg_job_nodes *jn) {
+  struct ctl_stats latest;
+  if (ctl_view_latest_runs(all_runs, &latest) != 0)
+    return -1;
+  const struct ctl_stats *s = &latest;
   const uint32_t npeers = pm != NULL ? pm->n_peers : 0;
   struct ctl_val scells[SC_N] = {[SC_STATE] = {.s = st->state}, [SC_UP] = {.u = 1}};
   struct ctl_val dcells[DC_N] = {
@@ -255,9 +380,16 @@ int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stat
   };
   struct ctl_val *pcells = calloc((size_t)st->num_devices * PC_N + 1, sizeof *pcells);
   struct ctl_val *xcells = calloc((size_t)npeers * XC_N + 1, sizeof *xcells);
+  const uint32_t nxjobs = jn != NULL ? jn->n : 0;
+  struct ctl_val *jcells = calloc((size_t)nxjobs * JC_N + 1, sizeof *jcells);
+  struct ctl_val pxcells[PX_N] = {
+      [PX_THREADS] = {.u = pm != NULL ? pm->proxy_threads : 0},
+      [PX_BUSY] = {.u = pm != NULL ? pm->proxy_busy_us : 0},
+      [PX_NIC] = {.u = pm != NULL ? pm->nic_bytes : 0},
+  };
   struct ctl_view v;
   int out = -1;
-  if (pcells != NULL && xcells != NULL && ctl_view_stats(s, &v) == 0) {
+  if (pcells != NULL && xcells != NULL && jcells != NULL && ctl_view_stats(s, &v) == 0) {
     for (uint32_t i = 0; i < st->num_devices; i++) {
       struct ctl_val *row = pcells + (size_t)i * PC_N;
       row[PC_DEVICE].s = st->devices[i].uuid;
@@ -275,16 +407,36 @@ int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stat
       row[XC_RX].u = pm->peers[i].bytes_in;
       row[XC_TX].u = pm->peers[i].bytes_out;
       row[XC_RECONNECTS].u = pm->peers[i].reconnects;
+      row[XC_DATA_OUT].u = pm->peers[i].data_out;
+      row[XC_DATA_IN].u = pm->peers[i].data_in;
+      row[XC_DATA_TX].u = pm->peers[i].data_bytes_out;
+      row[XC_DATA_RX].u = pm->peers[i].data_bytes_in;
+      row[XC_FRAMES_TX].u = pm->peers[i].data_frames_out;
+      row[XC_FRAMES_RX].u = pm->peers[i].data_frames_in;
+    }
+    for (uint32_t i = 0; i < nxjobs; i++) {
+      struct ctl_val *row = jcells + (size_t)i * JC_N;
+      row[JC_JOB].s = jn->jobs[i].job_id;
+      row[JC_TX].u = jn->jobs[i].bytes_out;
+      row[JC_RX].u = jn->jobs[i].bytes_in;
+      row[JC_FRAMES_TX].u = jn->jobs[i].frames_out;
+      row[JC_FRAMES_RX].u = jn->jobs[i].frames_in;
+      row[JC_RING_PEAK].u = jn->jobs[i].ring_peak;
+      row[JC_RING_ENTRIES].u = jn->jobs[i].ring_entries;
     }
     const struct ctl_table stt = {"state", "", state_cols, SC_N, 1, scells, 0};
     const struct ctl_table dt = {"daemon", "", daemon_cols, DC_N, 1, dcells, 0};
     const struct ctl_table pt = {"pools", "", pool_cols, PC_N, st->num_devices, pcells, 0};
     const struct ctl_table xt = {"peers", "", peer_cols, XC_N, npeers, xcells, 0};
+    const struct ctl_table pxt = {"proxy", "", proxy_cols, PX_N, pm != NULL, pxcells, 0};
+    const struct ctl_table jt = {"jobs", "", xjob_cols, JC_N, nxjobs, jcells, 0};
     const struct ctl_mtable all[] = {
         {&stt, state_metrics, sizeof state_metrics / sizeof state_metrics[0]},
         {&dt, daemon_metrics, sizeof daemon_metrics / sizeof daemon_metrics[0]},
         {&pt, pool_metrics, sizeof pool_metrics / sizeof pool_metrics[0]},
         {&xt, peer_metrics, sizeof peer_metrics / sizeof peer_metrics[0]},
+        {&pxt, proxy_metrics, sizeof proxy_metrics / sizeof proxy_metrics[0]},
+        {&jt, xjob_metrics, sizeof xjob_metrics / sizeof xjob_metrics[0]},
         v.mops,
         v.mranks,
     };
@@ -293,5 +445,7 @@ int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stat
   }
   free(pcells);
   free(xcells);
+  free(jcells);
+  free(latest.ranks);
   return out;
 }

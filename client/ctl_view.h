@@ -37,11 +37,14 @@ void ctl_view_free(struct ctl_view *v);
 
 /*
  * The whole Prometheus text exposition (version 0.0.4) of one daemon: its
- * state and counts (st), its pools (st's devices), its peers (pm, NULL for
- * none) and every rank's ops (s).  0, or -1 (out of memory, or f failed).
+ * state and counts (st), its pools (st's devices), its peers and data path
+ * (pm, NULL for none), its jobs that span nodes (jn, NULL for none) and
+ * every rank's ops (s; of the runs of one job id, the latest
+ * run's alone, so that each series is named once).  0, or -1 (out of
+ * memory, or f failed).
  */
 int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stats *s,
-                     const struct dep_msg_peers *pm);
+                     const struct dep_msg_peers *pm, const struct dep_msg_job_nodes *jn);
 
 /* The exposition's media type, for an HTTP Content-Type. */
 #define CTL_VIEW_METRICS_TYPE "text/plain; version=0.0.4; charset=utf-8"

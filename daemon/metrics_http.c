@@ -20,6 +20,7 @@
 
 #include "control.h"
 #include "ctl_view.h"
+#include "job.h"
 #include "log.h"
 #include "peer.h"
 #include "stats.h"
@@ -94,16 +95,20 @@ static char *mh_render(size_t *len) {
   FILE *f = open_memstream(&body, len);
   if (f == NULL)
     return NULL;
-  struct dep_status st;
+  struct dep_status st = {0};
   struct ctl_stats s = {0};
   struct dep_msg_peers pm = {0};
-  int rc = control_fill_status(&st, 0);
+  struct dep_msg_job_nodes *jn = calloc(1, sizeof *jn);
+  int rc = jn != NULL ? control_fill_status(&st, 0) : DEP_ERR_NO_MEMORY;
   if (rc == 0)
     rc = stats_snapshot(&s.ranks, &s.n, &s.ok);
   if (rc == 0)
     rc = peer_fill(&pm);
-  if (rc == 0)
-    rc = ctl_view_metrics(f, &st, &s, &pm);
+  if (rc == 0) {
+    job_fill_nodes(jn, 0);
+    rc = ctl_view_metrics(f, &st, &s, &pm, jn);
+  }
+  free(jn);
   free(st.devices);
   free(st.jobs);
   free(s.ranks);

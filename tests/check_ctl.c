@@ -8,6 +8,7 @@
  * help that lists every command.
  */
 #include <check.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
@@ -22,9 +23,12 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "ctl_view.h"
 #include "daemonwire.h"
 #include "deepep.h"
 #include "proto.h"
+#include "stats_page.h"
+#include "statsranks.h"
 #include "testutil.h"
 
 #define NOBODY 65534
@@ -217,6 +221,15 @@ START_TEST(json_errors_are_one_object_with_code_and_name_and_the_usual_exit_stat
   ck_assert_int_eq(ctl_run(DW_ARGS("-s", "--json", "bogus"), &out, &err), 2);
   ck_assert_str_eq(out, "");
   ck_assert_ptr_nonnull(strstr(err, "usage: deepepctl"));
+  free(out);
+  free(err);
+  /* A usage error says what was wrong, the usage line and where the help is: three lines, not
+   * the whole help (it once printed all 25 lines of it). */
+  ck_assert_int_eq(ctl_run(DW_ARGS("bogus"), &out, &err), 2);
+  ck_assert_str_eq(out, "");
+  ck_assert_str_eq(err, "deepepctl: unknown command \"bogus\"\n"
+                        "usage: deepepctl [-s SOCKET] [--json] COMMAND [OPTIONS]\n"
+                        "see deepepctl --help\n");
   free(out);
   free(err);
   tu_rmtree(dir);
@@ -503,7 +516,7 @@ END_TEST
 
 /* A connection that is no rank (deepepctl itself) has no rank, local rank or attach time: the
  * text says "-" there, as it does for its job and device, not rank 0 (which a real rank 0 has);
- * the JSON keeps the numbers, with "job": "" marking it. */
+ * the JSON says null for each (it once said "rank":0, as a real rank 0 has). */
 START_TEST(clients_shows_no_rank_for_a_connection_that_is_no_rank) {
   struct tu_daemon d;
   dw_start(&d, NULL);
@@ -522,7 +535,9 @@ START_TEST(clients_shows_no_rank_for_a_connection_that_is_no_rank) {
   free(out);
   free(err);
   ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "--json", "clients"), &out, &err), 0);
-  ck_assert_msg(strstr(out, "\"job\":\"\",\"rank\":0,\"local_rank\":0,") != NULL, "%s", out);
+  ck_assert_msg(strstr(out, "\"job\":null,\"rank\":null,\"local_rank\":null,\"device\":null,")
+                != NULL && strstr(out, "\"attached_ms\":null,\"attached\":null}") != NULL,
+                "%s", out);
   free(out);
   free(err);
   dw_stop_ok(&d);
@@ -794,8 +809,9 @@ START_TEST(text_output_shows_long_strings_whole) {
 }
 END_TEST
 
-/* A value a row does not have is "-" in text, whatever its kind; JSON keeps the number. */
-START_TEST(a_value_a_row_lacks_is_a_dash_in_text_and_a_number_in_json) {
+/* A value a row does not have is "-" in text, whatever its kind, and null in JSON (it once kept
+ * the number, 0, which reads as a measurement). */
+START_TEST(a_value_a_row_lacks_is_a_dash_in_text_and_null_in_json) {
   static const struct ctl_col cols[] = {{"rank", "RANK", CTL_UINT, 0},
                                         {"ratio", "RATIO", CTL_MILLI, 0}};
   const struct ctl_val cells[] = {{.u = 0, .none = true}, {.u = 0, .none = true},
@@ -810,8 +826,355 @@ START_TEST(a_value_a_row_lacks_is_a_dash_in_text_and_a_number_in_json) {
   FILE *f = open_memstream(&buf, &len);
   ck_assert_int_eq(ctl_out_render(f, &doc, true), 0);
   fclose(f);
-  ck_assert_str_eq(buf, "{\"rows\":[{\"rank\":0,\"ratio\":0.000},{\"rank\":0,\"ratio\":1.500}]}\n");
+  ck_assert_str_eq(buf, "{\"rows\":[{\"rank\":null,\"ratio\":null},{\"rank\":0,\"ratio\":1.500}]}\n");
   free(buf);
+}
+END_TEST
+
+/* The exposition of one node (a device, a peer, a rank of job j that ran dispatches) whose
+ * figures are too large for a double's 9 significant digits, or have fractions of seconds. */
+static char *render_metrics(void) {
+  struct dep_status_device dev = {.uuid = "00000000-0000-0000-0000-000000000000",
+                                  .pool_total_bytes = 1073741824ull,
+                                  .pool_used_bytes = 15700000001ull};
+  struct dep_status st = {.state = "ready", .uptime_ms = 4710, .num_devices = 1,
+                          .devices = &dev};
+  struct dep_msg_stats_rank rank = {.job_id = "j"};
+  struct dep_msg_stats_op *o = &rank.ops[DEP_STATS_OP_DISPATCH];
+  o->calls = 123456789012ull;
+  o->bytes = 15700000001ull;
+  o->first_ns = 1500;
+  o->steady_calls = 3;
+  o->steady_sum_ns = 12345678901234ull;
+  o->median_ns = o->p99_ns = 2000000000;
+  /* One combine, so far: no steady call, no quantile. */
+  rank.ops[DEP_STATS_OP_COMBINE].calls = 1;
+  rank.ops[DEP_STATS_OP_COMBINE].first_ns = 5000;
+  struct ctl_stats s = {.ranks = &rank, .n = 1};
+  struct dep_msg_peer_info peer = {.address = "10.0.0.2:7470", .state = "up",
+                                   .transport = "tcp", .bytes_out = 15700000001ull,
+                                   .data_out = 4, .data_in = 3,
+                                   .data_bytes_out = 107374182400ull, .data_bytes_in = 7,
+                                   .data_frames_out = 1600, .data_frames_in = 9};
+  struct dep_msg_peers pm = {.n_peers = 1, .peers = &peer, .proxy_threads = 2,
+                             .proxy_busy_us = 1500001, .nic_bytes = 8};
+  static struct dep_msg_job_nodes jn = {
+      .n = 1, .jobs = {{.job_id = "xj", .bytes_out = 11, .bytes_in = 12, .frames_out = 13,
+                        .frames_in = 14, .ring_peak = 5, .ring_entries = 1024}}};
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(ctl_view_metrics(f, &st, &s, &pm, &jn), 0);
+  fclose(f);
+  return buf;
+}
+
+/* Counters and byte gauges are the integers they are, and seconds exact decimals: %.9g once
+ * printed 1073741824 bytes as 1.07374182e+09 (1073741820) and rounded 15.7 GB likewise. */
+START_TEST(metrics_print_counts_and_bytes_as_exact_integers) {
+  char *out = render_metrics();
+  static const char *const want[] = {
+      "deepep_pool_bytes{device=\"00000000-0000-0000-0000-000000000000\",kind=\"total\"} "
+      "1073741824\n",
+      "deepep_pool_bytes{device=\"00000000-0000-0000-0000-000000000000\",kind=\"used\"} "
+      "15700000001\n",
+      "deepep_peer_sent_bytes_total{peer=\"10.0.0.2:7470\",transport=\"tcp\"} 15700000001\n",
+      "\ndeepep_daemon_uptime_seconds 4.71\n",
+      "op=\"dispatch\",device=\"00000000-0000-0000-0000-000000000000\"} 123456789012\n",
+      "op=\"dispatch\",device=\"00000000-0000-0000-0000-000000000000\"} 15700000001\n",
+      "op=\"dispatch\",device=\"00000000-0000-0000-0000-000000000000\"} 0.0000015\n",
+      "op=\"dispatch\",device=\"00000000-0000-0000-0000-000000000000\",quantile=\"0.5\"} 2\n",
+      "op=\"dispatch\",device=\"00000000-0000-0000-0000-000000000000\"} 12345.678901234\n",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    ck_assert_msg(strstr(out, want[i]) != NULL, "no \"%s\" in:\n%.3000s", want[i], out);
+  free(out);
+}
+END_TEST
+
+/* A summary's quantiles over no observation are NaN, as Prometheus's own clients print them;
+ * they were 0, which reads as a call that took no time. */
+START_TEST(metrics_quantiles_of_no_steady_call_are_nan) {
+  char *out = render_metrics();
+  static const char *const want[] = {
+      "op=\"combine\",device=\"00000000-0000-0000-0000-000000000000\",quantile=\"0.5\"} NaN\n",
+      "op=\"combine\",device=\"00000000-0000-0000-0000-000000000000\",quantile=\"0.99\"} NaN\n",
+      "deepep_op_latency_seconds_count{ep_job=\"j\",rank=\"0\",op=\"combine\","
+      "device=\"00000000-0000-0000-0000-000000000000\"} 0\n",
+      "deepep_op_first_call_seconds{ep_job=\"j\",rank=\"0\",op=\"combine\","
+      "device=\"00000000-0000-0000-0000-000000000000\"} 0.000005\n",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    ck_assert_msg(strstr(out, want[i]) != NULL, "no \"%s\" in:\n%.3000s", want[i], out);
+  free(out);
+}
+END_TEST
+
+/* The data path is in the exposition as deepepctl peers and status show it: per peer its
+ * connections, bytes and frames each way; its proxy threads; per job that spans nodes its
+ * traffic and its rings' fullest.  It once had the control link's bytes alone. */
+START_TEST(metrics_show_the_data_paths_traffic_per_peer_and_job) {
+  char *out = render_metrics();
+  static const char *const want[] = {
+      "deepep_peer_data_connections{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"out\"} 4\n",
+      "deepep_peer_data_connections{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"in\"} 3\n",
+      "deepep_peer_data_bytes_total{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"out\"} "
+      "107374182400\n",
+      "deepep_peer_data_bytes_total{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"in\"} 7\n",
+      "deepep_peer_data_frames_total{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"out\"} "
+      "1600\n",
+      "deepep_peer_data_frames_total{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"in\"} 9\n",
+      "\ndeepep_proxy_threads 2\n",
+      "\ndeepep_proxy_busy_seconds_total 1.500001\n",
+      "\ndeepep_rdma_registered_bytes 8\n",
+      "\ndeepep_job_data_bytes_total{ep_job=\"xj\",direction=\"out\"} 11\n",
+      "\ndeepep_job_data_bytes_total{ep_job=\"xj\",direction=\"in\"} 12\n",
+      "\ndeepep_job_data_blocks_total{ep_job=\"xj\",direction=\"out\"} 13\n",
+      "\ndeepep_job_data_blocks_total{ep_job=\"xj\",direction=\"in\"} 14\n",
+      "\ndeepep_job_ring_peak_descriptors{ep_job=\"xj\"} 5\n",
+      "\ndeepep_job_ring_entries{ep_job=\"xj\"} 1024\n",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    ck_assert_msg(strstr(out, want[i]) != NULL, "no \"%s\" in:\n%.3000s", want[i], out);
+  free(out);
+}
+END_TEST
+
+/* A sanitized build's library loads into python3 only after the sanitizer's runtime, and
+ * python3's own allocations are no leak of ours. */
+#if defined(__SANITIZE_ADDRESS__)
+#define CTL_PY_ENV "LD_PRELOAD=$(cc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 "
+#else
+#define CTL_PY_ENV ""
+#endif
+
+/* A Python trainer in miniature: the library through ctypes, connected, until stdin closes. */
+static const char ctl_trainer_py[] =
+    "import ctypes, sys\n"
+    "lib = ctypes.CDLL(sys.argv[1])\n"
+    "c = ctypes.c_void_p()\n"
+    "assert lib.dep_client_new(ctypes.byref(c)) == 0\n"
+    "assert lib.dep_connect(c, sys.argv[2].encode()) == 0\n"
+    "sys.stdin.read()\n";
+
+/* Whether `deepepctl --json clients` names a connection `name`, within timeout_ms. */
+static bool clients_show(const char *sock, const char *name, int timeout_ms) {
+  char want[200];
+  dw_sfmt(want, sizeof want, "\"name\":\"%s\"", name);
+  int64_t deadline = dw_now_ms() + timeout_ms;
+  do {
+    char *out, *err;
+    ck_assert_int_eq(ctl_run(DW_ARGS("-s", sock, "--json", "clients"), &out, &err), 0);
+    bool found = strstr(out, want) != NULL;
+    free(out);
+    free(err);
+    if (found)
+      return true;
+    dw_sleep_ms(50);
+  } while (dw_now_ms() < deadline);
+  return false;
+}
+
+/* A connection of the library is named by its program and the library's version: a C program
+ * by its own name, a Python script by the script, not the interpreter (every Python rank was
+ * "libdeepep-client 0.4.1"). */
+START_TEST(clients_name_each_connections_program) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  /* A C program: this test's process, forked. */
+  struct dw_child c;
+  dw_child_fork(&c);
+  if (c.pid == 0) {
+    dep_client_t *h = NULL;
+    int rc = dep_client_new(&h);
+    if (rc == 0)
+      rc = dep_connect(h, d.sock);
+    if (write(c.rep, rc == 0 ? "k" : "x", 1) != 1)
+      _exit(3);
+    char g;
+    if (read(c.go, &g, 1) < 0)
+      _exit(4);
+    dep_client_free(h);
+    _exit(rc == 0 ? 0 : 1);
+  }
+  char got;
+  ck_assert_int_eq(read(c.rep, &got, 1), 1);
+  ck_assert_int_eq(got, 'k');
+  char want[200];
+  dw_sfmt(want, sizeof want, "%s (libdeepep-client %s)", program_invocation_short_name,
+          DEP_VERSION_STRING);
+  ck_assert_msg(clients_show(d.sock, want, 0), "no connection named \"%s\"", want);
+  /* A Python script, run as torchrun runs one (python3 -u SCRIPT ARGS). */
+  char py[300], cmd[1200];
+  dw_sfmt(py, sizeof py, "%s/my_trainer.py", d.dir);
+  ck_assert_int_eq(tu_write_file(py, ctl_trainer_py), 0);
+  dw_sfmt(cmd, sizeof cmd, CTL_PY_ENV "/usr/bin/python3 -u %s %s %s", py,
+          tu_bin("libdeepep-client.so"), d.sock);
+  FILE *trainer = popen(cmd, "w");
+  ck_assert_ptr_nonnull(trainer);
+  /* The script connects once python3 has started: 10 s is a ceiling for a loaded machine. */
+  dw_sfmt(want, sizeof want, "my_trainer.py (libdeepep-client %s)", DEP_VERSION_STRING);
+  ck_assert_msg(clients_show(d.sock, want, 10000),
+                "no connection named \"%s\" (is %s built? make all builds it)", want,
+                tu_bin("libdeepep-client.so"));
+  ck_assert_int_eq(pclose(trainer), 0);
+  ck_assert_int_eq(write(c.go, "g", 1), 1);
+  int st;
+  ck_assert_int_eq(waitpid(c.pid, &st, 0), c.pid);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
+  close(c.rep);
+  close(c.go);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+/* ---- the JSON of every command, held to its types ---------------------------------- */
+
+/*
+ * A schema of each command's --json object (and of the error object): every key it has, no
+ * other, each of its type (a string, an integer, a number, true or false; "?" where null stands
+ * for what the text shows as "-"), and each table a list of at least one row of its own.
+ * python3's json module parses; argv: NAME=FILE of each output.
+ */
+static const char ctl_json_schema_py[] =
+    "import json, sys\n"
+    "S, I, N, B = 'str', 'int', 'num', 'bool'\n"
+    "def opt(t): return ('?', t)\n"
+    "DEV = {'uuid': S, 'name': S, 'backend': S, 'pool_total_bytes': I, 'pool_used_bytes': I,\n"
+    "       'pool_cached_bytes': I, 'pool_held_bytes': I}\n"
+    "JOB = {'job_id': S, 'owner_uid': I, 'ranks_attached': I, 'ranks_expected': I, 'world_size': I,\n"
+    "       'slab_bytes': I, 'age_ms': I, 'nodes': I, 'remote_ranks': I, 'bytes_out': I,\n"
+    "       'bytes_in': I, 'ring_peak': I}\n"
+    "OP = {'job': S, 'rank': I, 'op': S, 'device': S, 'state': S, 'calls': I, 'first_ns': opt(I),\n"
+    "      'median_ns': opt(I), 'p99_ns': opt(I), 'first_over_median': opt(N),\n"
+    "      'gbytes_per_s': opt(N), 'errors': I, 'timeouts': I, 'bytes': I, 'steady_calls': I,\n"
+    "      'steady_sum_ns': I}\n"
+    "RANK = {'job': S, 'rank': I, 'device': S, 'local_rank': I, 'pid': I, 'state': S, 'age_ms': I,\n"
+    "        'ended_ms': opt(I), 'timer': S, 'attach_ns': opt(I), 'attach_wait_ns': opt(I),\n"
+    "        'attach_map_ns': opt(I), 'attach_setup_ns': opt(I), 'attach_warmup_ns': opt(I),\n"
+    "        'layouts': I, 'dropped': I, 'kernel_ctas': I, 'kernel_ctas_from': S}\n"
+    "POOL = {'uuid': S, 'pool_total_bytes': I, 'pool_used_bytes': I, 'pool_cached_bytes': I,\n"
+    "        'pool_held_bytes': I}\n"
+    "CONN = {'address': S, 'state': S, 'transport': opt(S), 'conns_up': I, 'conns_total': I,\n"
+    "        'bytes_in': I, 'bytes_out': I}\n"
+    "PEER = {'address': S, 'node': opt(S), 'state': S, 'transport': opt(S), 'wanted': S,\n"
+    "        'conns_up': I, 'conns_total': I, 'qps_up': I, 'inbound_up': I, 'rtt_us': I,\n"
+    "        'rdma_rtt_us': I, 'bytes_in': I, 'bytes_out': I, 'reconnects': I, 'backoff_ms': I,\n"
+    "        'data_out': I, 'data_in': I, 'data_bytes_out': I, 'data_bytes_in': I,\n"
+    "        'data_frames_out': I, 'data_frames_in': I, 'last_error': opt(S)}\n"
+    "CLIENT = {'pid': I, 'uid': I, 'name': S, 'job': opt(S), 'rank': opt(I), 'local_rank': opt(I),\n"
+    "          'device': opt(S), 'connected_ms': I, 'attached_ms': opt(I), 'attached': opt(S)}\n"
+    "CHECK = {'check': S, 'result': S, 'detail': S, 'action': S}\n"
+    "# A list is [row]: at least one row, each of the row's schema.\n"
+    "SCHEMAS = {\n"
+    "    'status': {'version': S, 'state': S, 'pid': I, 'uptime_ms': I, 'backend': S,\n"
+    "               'proto_version': I, 'clients': I, 'devices': [DEV], 'jobs': [JOB]},\n"
+    "    'reload': {'result': S},\n"
+    "    'drain': {'result': S},\n"
+    "    'drain_wait': {'result': S, 'waited_ms': I},\n"
+    "    'peers': {'node': S, 'listen': opt(S), 'auth': S, 'rdma': opt(S), 'nic_bytes': I,\n"
+    "              'proxy_threads': I, 'proxy_busy_us': I, 'peers': [PEER]},\n"
+    "    'clients': {'left_out': I, 'clients': [CLIENT]},\n"
+    "    'stats': {'warn_first_call_ratio': N, 'first_call_warnings': I, 'ended_jobs_kept': I,\n"
+    "              'keep_jobs': I, 'keep_ms': I, 'ops': [OP], 'ranks': [RANK], 'pools': [POOL],\n"
+    "              'peers': [CONN]},\n"
+    "    'doctor': {'ok': B, 'checks': [CHECK]},\n"
+    "    'version': {'version': S, 'proto_version': I,\n"
+    "                'daemon': opt({'version': S, 'proto_version': I, 'backend': S})},\n"
+    "    'genkey': {'key': S},\n"
+    "    'error': {'error': {'code': I, 'name': S, 'message': S}},\n"
+    "}\n"
+    "def check(v, t, where):\n"
+    "    if isinstance(t, tuple):\n"
+    "        if v is None:\n"
+    "            return\n"
+    "        t = t[1]\n"
+    "    if t == S:\n"
+    "        assert isinstance(v, str), (where, 'not a string', v)\n"
+    "    elif t == I:\n"
+    "        assert isinstance(v, int) and not isinstance(v, bool), (where, 'not an integer', v)\n"
+    "    elif t == N:\n"
+    "        assert isinstance(v, (int, float)) and not isinstance(v, bool), (where, 'not a number', v)\n"
+    "    elif t == B:\n"
+    "        assert isinstance(v, bool), (where, 'not true or false', v)\n"
+    "    elif isinstance(t, list):\n"
+    "        assert isinstance(v, list) and len(v) > 0, (where, 'not a list of rows', v)\n"
+    "        for i, row in enumerate(v):\n"
+    "            check(row, t[0], '%s[%d]' % (where, i))\n"
+    "    else:\n"
+    "        assert isinstance(v, dict), (where, 'not an object', v)\n"
+    "        assert set(v) == set(t), (where, 'keys', sorted(set(v) ^ set(t)))\n"
+    "        for k in t:\n"
+    "            check(v[k], t[k], where + '.' + k)\n"
+    "try:\n"
+    "    for arg in sys.argv[1:]:\n"
+    "        name, path = arg.split('=', 1)\n"
+    "        text = open(path).read()\n"
+    "        assert text.endswith('}\\n') and text.count('\\n') == 1, (name, 'not one line', text)\n"
+    "        check(json.loads(text), SCHEMAS[name], name)\n"
+    "except AssertionError as e:\n"
+    "    sys.exit('%s' % (e,))\n"
+    "print('held', len(sys.argv) - 1)\n";
+
+/* deepepctl's --json output of args into dir/name.json, its exit code one of ok0 and ok1. */
+static void json_output(const char *dir, const char *name, const char *const *args, int ok0,
+                        int ok1, char *list, size_t len) {
+  char *out, *err;
+  int rc = ctl_run(args, &out, &err);
+  ck_assert_msg(rc == ok0 || rc == ok1, "%s: exit %d: %s%s", name, rc, out, err);
+  static unsigned n; /* each output a file of its own, a name's schema held by each */
+  char path[300];
+  dw_sfmt(path, sizeof path, "%s/%u-%s.json", dir, n++, name);
+  ck_assert_int_eq(tu_write_file(path, out), 0);
+  size_t used = strlen(list);
+  dw_sfmt(list + used, len - used, " %s=%s", name, path);
+  free(out);
+  free(err);
+}
+
+/* Every command's --json holds its schema: a daemon with a peer that never answers and a job
+ * whose ranks made one call of each op (no steady call: no median), and deepepctl's own
+ * connection, which is no rank.  It once said "ok":"true", "rank":0 for no rank, "median_ns":0
+ * for none and "listen":"-". */
+START_TEST(every_json_output_holds_its_types) {
+  struct tu_daemon d;
+  dw_start(&d, "peers: [{host: 127.0.0.1, port: 1}]\npeer_insecure: true\npeer_wait_ms: 0\n");
+  struct st_rank r[ST_W];
+  const struct st_plan plan = {.pairs = 1, .layouts = 1};
+  st_job_start(r, &d, "json-types", &plan);
+  char list[4096] = "";
+  const char *s = d.sock;
+  json_output(d.dir, "status", DW_ARGS("-s", s, "--json", "status"), 0, 0, list, sizeof list);
+  json_output(d.dir, "peers", DW_ARGS("-s", s, "--json", "peers"), 0, 0, list, sizeof list);
+  json_output(d.dir, "clients", DW_ARGS("-s", s, "--json", "clients"), 0, 0, list, sizeof list);
+  json_output(d.dir, "stats", DW_ARGS("-s", s, "--json", "stats"), 0, 0, list, sizeof list);
+  /* The peer that never answers fails the connections check: exit 1, the object all the same. */
+  json_output(d.dir, "doctor", DW_ARGS("-s", s, "--json", "doctor"), 0, 1, list, sizeof list);
+  json_output(d.dir, "version", DW_ARGS("-s", s, "--json", "version"), 0, 0, list, sizeof list);
+  json_output(d.dir, "reload", DW_ARGS("-s", s, "--json", "reload"), 0, 0, list, sizeof list);
+  json_output(d.dir, "drain", DW_ARGS("-s", s, "--json", "drain"), 0, 0, list, sizeof list);
+  json_output(d.dir, "drain", DW_ARGS("-s", s, "--json", "drain", "--cancel"), 0, 0, list,
+              sizeof list);
+  json_output(d.dir, "genkey", DW_ARGS("--json", "genkey"), 0, 0, list, sizeof list);
+  json_output(d.dir, "error", DW_ARGS("-s", s, "--json", "stats", "no-such-job"), 1, 1, list,
+              sizeof list);
+  /* Once the job has ended, a drain that waits says how long it waited. */
+  st_job_end(r, false);
+  json_output(d.dir, "drain_wait", DW_ARGS("-s", s, "--json", "drain", "--wait"), 0, 0, list,
+              sizeof list);
+  json_output(d.dir, "drain", DW_ARGS("-s", s, "--json", "drain", "--cancel"), 0, 0, list,
+              sizeof list);
+  char py[300], res[300], cmd[4600];
+  dw_sfmt(py, sizeof py, "%s/schema.py", d.dir);
+  dw_sfmt(res, sizeof res, "%s/schema.out", d.dir);
+  ck_assert_int_eq(tu_write_file(py, ctl_json_schema_py), 0);
+  dw_sfmt(cmd, sizeof cmd, "/usr/bin/python3 %s%s > %s 2>&1", py, list, res);
+  int rc = system(cmd);
+  char *said = dw_slurp(res);
+  ck_assert_msg(rc == 0, "a --json output does not hold its schema: %.2000s", said);
+  free(said);
+  dw_stop_ok(&d);
 }
 END_TEST
 
@@ -829,7 +1192,10 @@ Suite *ctl_suite(void) {
   tcase_add_test(local, a_socket_path_too_long_for_a_unix_socket_is_a_usage_error);
   tcase_add_test(local, a_daemon_that_never_answers_is_given_up_on_in_seconds);
   tcase_add_test(local, text_output_shows_long_strings_whole);
-  tcase_add_test(local, a_value_a_row_lacks_is_a_dash_in_text_and_a_number_in_json);
+  tcase_add_test(local, a_value_a_row_lacks_is_a_dash_in_text_and_null_in_json);
+  tcase_add_test(local, metrics_print_counts_and_bytes_as_exact_integers);
+  tcase_add_test(local, metrics_show_the_data_paths_traffic_per_peer_and_job);
+  tcase_add_test(local, metrics_quantiles_of_no_steady_call_are_nan);
   tcase_set_timeout(local, 30);
   suite_add_tcase(s, local);
 
@@ -844,6 +1210,8 @@ Suite *ctl_suite(void) {
   tcase_add_test(daemon, drain_wait_returns_once_the_last_job_detaches);
   tcase_add_test(daemon, drain_wait_timeout_exits_1_naming_the_jobs_left);
   tcase_add_test(daemon, drain_cancel_lets_new_jobs_in_again);
+  tcase_add_test(daemon, every_json_output_holds_its_types);
+  tcase_add_test(daemon, clients_name_each_connections_program);
   tcase_set_timeout(daemon, 60);
   suite_add_tcase(s, daemon);
   return s;

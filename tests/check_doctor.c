@@ -539,7 +539,7 @@ START_TEST(doctor_passes_a_healthy_gpu_node_and_reports_its_real_compute_mode) {
   for (int i = 0; i < 5; i++)
     DG_SAYS(out, checks[i], "OK");
   ck_assert_int_eq(rc, 0);
-  DG_IN(out, "\"ok\":\"true\"");
+  DG_IN(out, "\"ok\":true,");
   free(out);
   /* The text form: one line per check, each OK. */
   rc = dg_ctl(tu_bin("deepepctl"), d.dir, &out, DW_ARGS("-s", d.sock, "doctor"));
@@ -684,7 +684,7 @@ START_TEST(doctor_warns_then_fails_when_the_gpu_has_too_little_memory_for_the_po
   DG_IN(out, "a job that size cannot attach");
   DG_SAYS(out, "allocation", "OK"); /* the pool's budget itself has room for A */
   ck_assert_int_eq(rc, 1);
-  DG_IN(out, "\"ok\":\"false\"");
+  DG_IN(out, "\"ok\":false,");
   free(out);
   dg_hog_end(&hog, g.uuid[0]);
   /* 3. The memory back: OK again. */

@@ -6,7 +6,7 @@
  * other path, method or malformed request gets its HTTP error and the
  * daemon carries on; a request past the header bound and idle scrapers are
  * bounded, while idle connections filling the slots deny no scrape; and a port already taken fails the
- * start, saying what to do.
+ * start, saying what to do; a job id run again names each series once.
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -16,13 +16,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "daemonwire.h"
+#include "nodes.h"
 #include "statsranks.h"
 #include "testutil.h"
+#include "xnjob.h"
 
 /* A TCP port free on 127.0.0.1 now (bound to port 0, read, let go). */
 static int mt_free_port(void) {
@@ -154,6 +157,184 @@ START_TEST(metrics_listen_serves_deepepctl_s_exposition_over_http) {
   free(got);
   st_job_end(r, false);
   dw_stop_ok(&d);
+}
+END_TEST
+
+/* The first sample whose name and labels an earlier sample had already (malloc'd), or NULL. */
+static char *mt_duplicate_series(const char *text) {
+  char *shape = mt_exposition_shape(text);
+  char *dup = NULL;
+  for (char *line = shape; *line != '\0' && dup == NULL;) {
+    char *end = strchr(line, '\n');
+    size_t len = (size_t)(end - line);
+    for (char *o = shape; o < line && line[0] != '#' && dup == NULL;) {
+      char *oend = strchr(o, '\n');
+      if ((size_t)(oend - o) == len && memcmp(o, line, len) == 0)
+        dup = strndup(line, len);
+      o = oend + 1;
+    }
+    line = end + 1;
+  }
+  free(shape);
+  return dup;
+}
+
+/* The samples of family `name` (no suffix) that carry every label of `labels` (`a="x"`
+ * pieces; the values here have no comma): how many, and the last one's value in *value. */
+static unsigned mt_samples(const char *text, const char *name, const char *const *labels,
+                           double *value) {
+  unsigned n = 0;
+  size_t nl = strlen(name);
+  for (const char *line = text; *line != '\0';) {
+    const char *end = strchr(line, '\n');
+    size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
+    const char *close = memchr(line, '}', len);
+    if (len > nl && strncmp(line, name, nl) == 0 && line[nl] == '{' && close != NULL) {
+      /* ",a=\"x\",b=\"y\",": each label between two commas. */
+      char set[600];
+      dw_sfmt(set, sizeof set, ",%.*s,", (int)(close - line - nl - 1), line + nl + 1);
+      bool match = true;
+      for (size_t i = 0; match && labels[i] != NULL; i++) {
+        char want[200];
+        dw_sfmt(want, sizeof want, ",%s,", labels[i]);
+        match = strstr(set, want) != NULL;
+      }
+      if (match) {
+        n++;
+        *value = strtod(close + 1, NULL);
+      }
+    }
+    line += len + (end != NULL);
+  }
+  return n;
+}
+
+/* deepepctl's exposition and the listener's name each series once, and the dispatch calls of
+ * each rank of job st-again are the `calls` of the run expected. */
+static void mt_check_latest_run(const struct tu_daemon *d, int port, double calls) {
+  char *out = NULL;
+  ck_assert_int_eq(st_ctl(d->dir, &out, DW_ARGS("-s", d->sock, "metrics")), 0);
+  char *got = mt_http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+  char *body = strstr(got, "\r\n\r\n");
+  ck_assert_ptr_nonnull(body);
+  const char *texts[] = {out, body + 4};
+  for (size_t i = 0; i < 2; i++) {
+    char *dup = mt_duplicate_series(texts[i]);
+    ck_assert_msg(dup == NULL, "series %s appears twice in:\n%.2000s", dup, texts[i]);
+    for (unsigned rank = 0; rank < ST_W; rank++) {
+      char rl[40];
+      dw_sfmt(rl, sizeof rl, "rank=\"%u\"", rank);
+      const char *labels[] = {"ep_job=\"st-again\"", rl, "op=\"dispatch\"", NULL};
+      double v = -1;
+      ck_assert_msg(mt_samples(texts[i], "deepep_op_calls_total", labels, &v) == 1 && v == calls,
+                    "rank %u: want one sample of %g calls in:\n%.2000s", rank, calls,
+                    texts[i]);
+    }
+  }
+  /* A real Prometheus parser, made to refuse a series named twice, reads it too. */
+  char *said = NULL;
+  int rc = st_prometheus_parse(d->dir, "again.prom", out, &said);
+  ck_assert_msg(rc == 0, "the Prometheus parser refused it: %.1000s\n--- metrics:\n%.2000s", said,
+                out);
+  free(said);
+  free(got);
+  free(out);
+}
+
+/* Whether `deepepctl stats --json` shows job st-again with no rank running, within timeout_ms. */
+static bool mt_runs_ended(const struct tu_daemon *d, int timeout_ms) {
+  int64_t deadline = dw_now_ms() + timeout_ms;
+  do {
+    char *out = NULL;
+    ck_assert_int_eq(st_ctl(d->dir, &out, DW_ARGS("-s", d->sock, "--json", "stats")), 0);
+    bool ended = strstr(out, "\"state\":\"running\"") == NULL;
+    free(out);
+    if (ended)
+      return true;
+    dw_sleep_ms(50);
+  } while (dw_now_ms() < deadline);
+  return false;
+}
+
+START_TEST(a_job_id_run_again_names_each_series_once) {
+  struct tu_daemon d;
+  const int port = mt_start(&d);
+  struct st_rank r[ST_W];
+  /* A first run of job st-again, ended: the daemon keeps its figures. */
+  const struct st_plan first = {.pairs = 4};
+  st_job_start(r, &d, "st-again", &first);
+  st_job_end(r, false);
+  /* Run again under the same job id: its series are the ended run's, now the new run's (a
+   * counter reset to Prometheus), never both. */
+  const struct st_plan again = {.pairs = 10};
+  st_job_start(r, &d, "st-again", &again);
+  mt_check_latest_run(&d, port, 10);
+  /* stats still shows both runs: only the exposition keeps to the latest. */
+  char *out = NULL;
+  ck_assert_int_eq(st_ctl(d.dir, &out, DW_ARGS("-s", d.sock, "stats", "st-again")), 0);
+  ck_assert_msg(strstr(out, "ended") != NULL && strstr(out, "running") != NULL, "%s", out);
+  free(out);
+  /* Both ended: the one that ended last is the latest.  The daemon notices an end at its next
+   * poll of the pages; 10 s is a ceiling for a loaded machine, not a wait. */
+  st_job_end(r, false);
+  ck_assert_msg(mt_runs_ended(&d, 10000), "the second run still shows as running after 10 s");
+  mt_check_latest_run(&d, port, 10);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+/* The number after "key": in JSON text (the first), or -1. */
+static double mt_json_number(const char *json, const char *key) {
+  char k[80];
+  dw_sfmt(k, sizeof k, "\"%s\":", key);
+  const char *p = strstr(json, k);
+  return p != NULL ? strtod(p + strlen(k), NULL) : -1;
+}
+
+/* A job across two daemons over loopback: node 0's exposition has the data path's bytes and
+ * frames to and from node 1 as `deepepctl peers` shows them (the metrics once had the control
+ * link's bytes alone, a fraction of what the data path moved). */
+START_TEST(the_data_paths_traffic_per_peer_is_in_the_metrics_as_peers_shows_it) {
+  const struct xn_layout *L = &xn_layouts[0];
+  ow_seed_init(5150);
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &L->sc, L->sc.fp8);
+  struct nodes ns;
+  nodes_config_with(&ns, L->nodes, 20000, ", op_timeout_ms: 16000", "");
+  nodes_start_all(&ns);
+  struct xn_run run = {.d = d, .rounds = 2};
+  struct xn_place spread;
+  memset(&spread, 0, sizeof spread);
+  xn_place(&spread, L->split, L->nodes);
+  struct xn_result *res = xn_results(L->sc.world);
+  xn_run_job(&ns, &spread, "mt-data", &run, res);
+  static char peers[16384];
+  xn_ctl_json(&ns, "peers", peers, sizeof peers);
+  char *out = NULL;
+  ck_assert_int_eq(st_ctl(ns.d[0].dir, &out, DW_ARGS("-s", ns.d[0].sock, "metrics")), 0);
+  static const struct {
+    const char *key, *family, *direction;
+  } pairs[] = {
+      {"data_bytes_out", "deepep_peer_data_bytes_total", "out"},
+      {"data_bytes_in", "deepep_peer_data_bytes_total", "in"},
+      {"data_frames_out", "deepep_peer_data_frames_total", "out"},
+      {"data_frames_in", "deepep_peer_data_frames_total", "in"},
+  };
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+    double want = mt_json_number(peers, pairs[i].key), got = -1;
+    ck_assert_msg(want > 0, "peers shows no %s: %s", pairs[i].key, peers);
+    char dir[40];
+    dw_sfmt(dir, sizeof dir, "direction=\"%s\"", pairs[i].direction);
+    const char *labels[] = {dir, NULL};
+    ck_assert_msg(mt_samples(out, pairs[i].family, labels, &got) == 1 && got == want,
+                  "%s{%s}: want %.0f (peers' %s) in:\n%.3000s", pairs[i].family, dir, want,
+                  pairs[i].key, out);
+  }
+  free(out);
+  munmap(res, L->sc.world * sizeof *res);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
 }
 END_TEST
 
@@ -321,6 +502,8 @@ Suite *metrics_suite(void) {
   tcase_set_timeout(t, 60);
   tcase_add_test(t, metrics_listen_serves_deepepctl_s_exposition_over_http);
   tcase_add_test(t, metrics_listen_answers_anything_else_with_an_error_and_carries_on);
+  tcase_add_test(t, a_job_id_run_again_names_each_series_once);
+  tcase_add_test(t, the_data_paths_traffic_per_peer_is_in_the_metrics_as_peers_shows_it);
   tcase_add_test(t, idle_connections_cannot_deny_a_scrape);
   tcase_add_test(t, an_address_holding_the_slots_evicts_its_own_connections_first);
   tcase_add_test(t, a_metrics_port_already_taken_fails_the_start);
