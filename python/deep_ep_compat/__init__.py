@@ -116,8 +116,8 @@ class Buffer(_deepep.Buffer):
         recv, count, h, ev, hook = super().low_latency_dispatch(
             x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
             cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
-            use_fp8=bool(use_fp8) and not requant, async_finish=async_finish and
-            not return_recv_hook, return_recv_hook=return_recv_hook)
+            use_fp8=bool(use_fp8) and not requant, async_finish=async_finish,
+            return_recv_hook=return_recv_hook)
         if not use_fp8:
             return recv, count, h, ev, hook
         ue8m0 = bool(use_ue8m0)

@@ -606,3 +606,59 @@ def scales_rank(args) -> List[Dict[str, np.ndarray]]:
         out.append(r)
     b.destroy()
     return out
+
+
+def hook_rank(args) -> List[Dict[str, np.ndarray]]:
+    """Rank `rank` of a job of `world`, showing that return_recv_hook defers the receive.
+    Rank 0 makes a hooked low-latency dispatch, overwrites its x and topk_idx (the caller may,
+    once the call returns), then sets `returned`; the other ranks wait for `returned`
+    (ceiling `wait_s`) before their own call: a call that received before returning would
+    wait for them, and they for it.  Then every rank makes two hooked dispatches (of
+    iterations 1 and 2) and calls their hooks in reverse order, and a hooked combine of
+    iteration 0's rows whose x it overwrites before the hook.  Results as rank_ops'
+    (ll_x, ll_count, ll_combined), per iteration."""
+    sock, job, rank, world, seed, returned, wait_s = args
+    import deepep
+    s = shape(world)
+    M, E, L = s["max_ll_tokens_per_rank"], s["num_experts"], s["num_experts"] // world
+    b = deepep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
+                      local_world_size=world, socket=sock, **s)
+
+    def load(it):
+        li = inputs(seed, rank, world, it, ll=True)
+        return (torch.from_numpy(li["x"]).bfloat16(), torch.from_numpy(li["idx"]),
+                torch.from_numpy(li["w"]))
+
+    out: List[Dict[str, np.ndarray]] = [{} for _ in range(3)]
+    x, idx, w = load(0)
+    if rank != 0 and not returned.wait(wait_s):
+        raise AssertionError(f"rank 0's hooked low_latency_dispatch did not return within "
+                             f"{wait_s} s of this rank's waiting for it")
+    recv, count, h, ev, hook = b.low_latency_dispatch(x, idx, M, E, use_fp8=False,
+                                                      return_recv_hook=True)
+    assert ev.event is None
+    x.zero_()
+    idx.fill_(-1)
+    if rank == 0:
+        returned.set()
+    hook()
+    hook()  # a second call does nothing
+    out[0].update(ll_x=bits(recv), ll_count=count.cpu().numpy())
+    calls = []
+    for it in (1, 2):
+        xi, ii, _ = load(it)
+        calls.append((it,) + b.low_latency_dispatch(xi, ii, M, E, use_fp8=False,
+                                                    return_recv_hook=True))
+    for it, recv_i, count_i, _, _, hook_i in reversed(calls):
+        hook_i()
+        out[it].update(ll_x=bits(recv_i), ll_count=count_i.cpu().numpy())
+    x, idx, w = load(0)
+    scale = torch.from_numpy(expert_scale(world)[rank * L:(rank + 1) * L]).view(L, 1, 1)
+    y = (recv.float() * scale).bfloat16()
+    comb, ev, hook = b.low_latency_combine(y, idx, w, h, return_recv_hook=True)
+    y.zero_()
+    w.zero_()
+    hook()
+    out[0]["ll_combined"] = bits(comb)
+    b.destroy()
+    return out
