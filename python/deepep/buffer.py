@@ -552,11 +552,11 @@ class Buffer(HandlePools):
     def _defer(self, run: Any) -> Any:
         """return_recv_hook: queue run (the call's whole exchange, with its inputs already
         copied) and return the hook that runs it.  A hook runs every call deferred before
-        its own first, and every other operation of the Buffer runs them all before its
-        own, so the library sees each rank's calls in the order the caller made them
-        (which every rank of a job makes in one order, as DeepEP requires)."""
+        its own first, and every operation of the Buffer made without a hook runs them all
+        before its own, so the library sees each rank's calls in the order the caller made
+        them (which every rank of a job makes in one order, as DeepEP requires)."""
         d = _Deferred(run)
-        self._pending.append(d)
+        self._pending.append(d)  # behind the hooked calls before it, which it does not run
         return lambda: self._complete(d)
 
     def _complete(self, d: Optional[_Deferred] = None) -> None:
@@ -1163,9 +1163,10 @@ class Buffer(HandlePools):
                 recv_count (and the stats) are written when hook() is called, which makes the
                 whole exchange then (the library has no separate send and receive: nothing
                 overlaps the caller's work; on cuda the kernels are queued on the stream
-                current at hook()).  A hook runs every hooked call made before its own first,
-                and every other operation of the Buffer runs them all before its own, so each
-                rank's calls reach the library in call order.  Not with async_finish
+                current at hook()).  Hooked calls queue behind one another; a hook runs
+                those before its own first, and every operation of the Buffer made without a
+                hook runs them all before its own, so each rank's calls reach the library in
+                call order.  Not with async_finish
                 (ValueError, as DeepEP asserts).
 
         Returns:
@@ -1180,7 +1181,7 @@ class Buffer(HandlePools):
                 nothing.
         """
         op = "low_latency_dispatch"
-        if self._pending:
+        if self._pending and not return_recv_hook:
             self._complete()
         if async_finish and return_recv_hook:
             raise ValueError(f"{op}: async_finish and return_recv_hook cannot both be set "
@@ -1298,8 +1299,10 @@ class Buffer(HandlePools):
                 nothing.
         """
         op = "low_latency_combine"
-        if self._pending:
-            self._complete()  # the matching dispatch's among them, where its hook has not run
+        if self._pending and not return_recv_hook:
+            # The matching dispatch's among them, where its hook has not run (a hooked
+            # combine is queued behind it).
+            self._complete()
         if async_finish and return_recv_hook:
             raise ValueError(f"{op}: async_finish and return_recv_hook cannot both be set "
                              "(DeepEP's rule): the hook receives, so there is no event to "

@@ -645,13 +645,17 @@ def hook_rank(args) -> List[Dict[str, np.ndarray]]:
     hook()  # a second call does nothing
     out[0].update(ll_x=bits(recv), ll_count=count.cpu().numpy())
     calls = []
+    stats = torch.zeros(L, dtype=torch.int32)
     for it in (1, 2):
         xi, ii, _ = load(it)
         calls.append((it,) + b.low_latency_dispatch(xi, ii, M, E, use_fp8=False,
+                                                    cumulative_local_expert_recv_stats=stats,
                                                     return_recv_hook=True))
+    assert not stats.any()  # counted when received, in the hooks
     for it, recv_i, count_i, _, _, hook_i in reversed(calls):
         hook_i()
         out[it].update(ll_x=bits(recv_i), ll_count=count_i.cpu().numpy())
+    assert torch.equal(stats, calls[0][2] + calls[1][2])  # DeepEP's: cumulative
     x, idx, w = load(0)
     scale = torch.from_numpy(expert_scale(world)[rank * L:(rank + 1) * L]).view(L, 1, 1)
     y = (recv.float() * scale).bfloat16()
