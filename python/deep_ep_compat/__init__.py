@@ -29,7 +29,10 @@ work as with DeepEP.  Where the semantics differ:
   across nodes themselves) with DeepEP's internode signatures; their handle is dispatch's
   DispatchHandle, not DeepEP's internode 10-tuple;
 - get_dispatch_config/get_combine_config give a rank count DeepEP's tables do not
-  list the next larger one's row (DeepEP asserts).
+  list the next larger one's row (DeepEP asserts);
+- destroy() called twice raises RuntimeError (DeepEP's raises AttributeError), and a Buffer
+  made with explicitly_destroy=True and collected undestroyed is released after DeepEP's
+  warning (DeepEP leaks it).
 """
 from typing import Any, Optional, Tuple
 
@@ -54,10 +57,36 @@ class Buffer(_deepep.Buffer):
                  enable_shrink: bool = False, comm: Any = None, **kwargs: Any):
         own = {k: kwargs.pop(k) for k in list(kwargs) if k in _DEEPEP_KWARGS}
         self.ignored_kwargs = kwargs
+        self._destroyed = False
         super().__init__(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode,
                          num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl,
                          use_fabric, explicitly_destroy, enable_shrink, comm, **own)
 
+
+    def destroy(self) -> None:
+        """DeepEP's destroy(): only for a Buffer made with explicitly_destroy=True
+        (AssertionError otherwise, as DeepEP's assert), and once (RuntimeError the second
+        time); it frees the Buffer's handles and ends its job's attachment.  A Buffer made
+        without explicitly_destroy is released when it is collected."""
+        if not self.explicitly_destroy:
+            raise AssertionError("destroy() needs Buffer(..., explicitly_destroy=True), as "
+                                 "DeepEP's; without it the Buffer is released when collected")
+        if self._destroyed:
+            raise RuntimeError("destroy() was already called on this Buffer")
+        self._destroyed = True
+        _deepep.Buffer.destroy(self)
+
+    def __del__(self) -> None:
+        # DeepEP warns where an explicitly destroyed Buffer is collected undestroyed (its
+        # collective teardown is the caller's to run); here the release is local, so it
+        # is released as well.
+        if getattr(self, "explicitly_destroy", False) and not getattr(self, "_destroyed", True):
+            print("WARNING: destroy() was not called before the deep_ep Buffer was "
+                  "collected; it is released now", flush=True)
+        try:
+            _deepep.Buffer.destroy(self)
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
 
     def dispatch(self, x: Any, handle: Any = None, num_tokens_per_rank: Any = None,
                  num_tokens_per_rdma_rank: Any = None, is_token_in_rank: Any = None,

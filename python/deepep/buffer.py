@@ -598,46 +598,52 @@ class Buffer(HandlePools):
         if num_ranks <= 0:
             raise ValueError(f"{call}: num_ranks is {num_ranks}; it must be positive")
 
-    @staticmethod
-    def _config(call: str, table: dict, num_ranks: int) -> Config:
-        """Config(Buffer.num_sms, *table's row for num_ranks): DeepEP's row where its table has
+    @classmethod
+    def _config(cls, call: str, table: dict, num_ranks: int) -> Config:
+        """Config(cls.num_sms, *table's row for num_ranks): DeepEP's row where its table has
         one, else the row of the next larger rank count it lists (its largest past them):
         DeepEP asserts there, but deepepd serves any world, and its kernels do not read the
-        Config (callers size buffers from its hints)."""
-        Buffer._num_ranks(call, num_ranks)
+        Config (callers size buffers from its hints).  cls's num_sms, so that a subclass's
+        set_num_sms (deep_ep.Buffer's) is the one its configs carry, as DeepEP's."""
+        cls._num_ranks(call, num_ranks)
         n = min((k for k in table if k >= num_ranks), default=max(table))
-        return Config(Buffer.num_sms, *table[n])
+        return Config(cls.num_sms, *table[n])
 
-    @staticmethod
-    def get_dispatch_config(num_ranks: int) -> Config:
+    @classmethod
+    def get_dispatch_config(cls, num_ranks: int) -> Config:
         """DeepEP's recommended dispatch Config for num_ranks ranks (a positive int), with
-        Buffer.num_sms: its table's row (_DISPATCH_CONFIGS), or for a rank count it does not
-        list the next larger one's.  deepepd's kernels do not read it; callers size buffers
-        from its hints and pass it back."""
-        return Buffer._config("get_dispatch_config", _DISPATCH_CONFIGS, num_ranks)
+        num_sms as set_num_sms last set it: its table's row (_DISPATCH_CONFIGS), or for a
+        rank count it does not list the next larger one's.  deepepd's kernels do not read
+        it; callers size buffers from its hints and pass it back."""
+        return cls._config("get_dispatch_config", _DISPATCH_CONFIGS, num_ranks)
 
-    @staticmethod
-    def get_combine_config(num_ranks: int) -> Config:
+    @classmethod
+    def get_combine_config(cls, num_ranks: int) -> Config:
         """DeepEP's recommended combine Config for num_ranks ranks; see get_dispatch_config."""
-        return Buffer._config("get_combine_config", _COMBINE_CONFIGS, num_ranks)
+        return cls._config("get_combine_config", _COMBINE_CONFIGS, num_ranks)
 
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int,
                                        num_ranks: int, num_experts: int) -> int:
-        """Bytes of low-latency buffers for this shape, 128-byte aligned: deepepd's estimate
-        (double-buffered send and receive rows, bf16 or FP8 with scales), independent of
-        num_ranks as DeepEP's is.  deepepd itself sizes memory from the job shape."""
+        """DeepEP's bytes of low-latency buffers for this shape (its LowLatencyLayout's
+        total, rounded as DeepEP rounds it: up past the next multiple of 128): two send,
+        two receive and two signalling buffers, for dispatch messages (an int4 and the
+        larger of bf16 and FP8 with scales) and combine messages (bf16 with a bf16 pair per
+        128 channels); independent of num_ranks, as DeepEP's.  deepepd itself sizes memory
+        from the job shape."""
         for name, v in (("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank),
                         ("hidden", hidden), ("num_ranks", num_ranks),
                         ("num_experts", num_experts)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name} must be a positive int, not {v!r}")
-        row = 16 + max(2 * hidden, hidden + hidden // _FP8_GROUP * 4)
-        send = max(num_max_dispatch_tokens_per_rank * row,
-                   num_experts * num_max_dispatch_tokens_per_rank * 2 * hidden)
-        recv = num_experts * num_max_dispatch_tokens_per_rank * row
-        n = 2 * (send + recv) + 2 * num_experts * 8
-        return (n + 127) // 128 * 128
+        M, E, scales = num_max_dispatch_tokens_per_rank, num_experts, hidden // _FP8_GROUP
+        dispatch_msg = 16 + max(2 * hidden, hidden + scales * 4)
+        combine_msg = scales * 4 + 2 * hidden
+        send = max(M * dispatch_msg, E * M * combine_msg)
+        recv = E * M * max(dispatch_msg, combine_msg)
+        signal = (E * 4 + 127) // 128 * 128
+        n = 2 * (send + recv + signal)
+        return (n + 128) // 128 * 128
 
     # ---- throughput mode --------------------------------------------------
 

@@ -345,7 +345,8 @@ def bias_rank(args) -> List[Dict[str, np.ndarray]]:
         torch.cuda.set_device(dev)
     deep_ep = import_compat()
     b = deep_ep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
-                       local_world_size=world, socket=sock, **shape(world))
+                       local_world_size=world, socket=sock, explicitly_destroy=True,
+                       **shape(world))
     assert isinstance(b, deepep.Buffer)
     out = []
     for it in range(iters):
@@ -496,7 +497,8 @@ def group_rank(rank: int, sock: str, store: str, seed: int, iters: int, outdir: 
             deep_ep.Buffer(groups["pairs"][pick["pairs"]], 1 << 20, 0, **kw)
         except ValueError as e:
             out["refused"].append(str(e))
-    bufs = {cut: deep_ep.Buffer(groups[cut][pick[cut]], 1 << 20, 0) for cut in ("pairs", "cross")}
+    bufs = {cut: deep_ep.Buffer(groups[cut][pick[cut]], 1 << 20, 0, explicitly_destroy=True)
+            for cut in ("pairs", "cross")}
     for cut, b in bufs.items():
         g = groups[cut][pick[cut]]
         gr, gw = dist.get_rank(g), dist.get_world_size(g)
@@ -565,7 +567,7 @@ def scales_rank(args) -> List[Dict[str, np.ndarray]]:
     deep_ep = import_compat()
     s = scales_shape(world)
     b = deep_ep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
-                       local_world_size=world, socket=sock, **s)
+                       local_world_size=world, socket=sock, explicitly_destroy=True, **s)
     M, E = s["max_ll_tokens_per_rank"], s["num_experts"]
 
     def keep(r, name, pair, count):

@@ -157,3 +157,87 @@ def test_use_ue8m0_without_round_scale_is_refused_as_deepep_asserts():
         b.low_latency_dispatch(torch.zeros((1, 256), dtype=torch.bfloat16),
                                torch.zeros((1, 4), dtype=torch.int64), 16, 4,
                                round_scale=True, use_ue8m0=True)
+
+
+# ---- destroy, set_num_sms, configs and size hints ----
+
+_SHAPE = dict(hidden=128, num_experts=4, num_topk=2, max_tokens_per_rank=8)
+
+
+def one_rank(daemon, **kw):
+    return compat.Buffer(None, 1 << 20, 0, job_id="de-" + uuid.uuid4().hex[:8], rank=0,
+                         world_size=1, socket=daemon, **_SHAPE, **kw)
+
+
+def a_dispatch(b):
+    x = torch.ones((2, 128), dtype=torch.bfloat16, device=b.device)
+    idx = torch.tensor([[0, 1], [2, 3]], device=b.device)
+    return b.dispatch(x, topk_idx=idx, topk_weights=torch.ones((2, 2), device=b.device))
+
+
+def test_destroy_is_deepeps_with_and_without_explicitly_destroy(daemon, capsys):
+    """DeepEP's destroy() asserts explicitly_destroy (a Buffer made without it is released
+    when collected), and runs once.  It worked whatever the flag said."""
+    import gc
+    b = one_rank(daemon)
+    with pytest.raises(AssertionError, match="explicitly_destroy=True"):
+        b.destroy()
+    a_dispatch(b)  # still serves
+    del b
+    gc.collect()
+    assert "WARNING" not in capsys.readouterr().out
+    b = one_rank(daemon, explicitly_destroy=True)
+    a_dispatch(b)
+    b.destroy()
+    with pytest.raises(RuntimeError, match="already called"):
+        b.destroy()
+    with pytest.raises(compat._deepep.Error, match="destroyed"):
+        a_dispatch(b)
+    del b
+    gc.collect()
+    assert "WARNING" not in capsys.readouterr().out
+    b = one_rank(daemon, explicitly_destroy=True)
+    a_dispatch(b)
+    del b
+    gc.collect()
+    assert "destroy() was not called" in capsys.readouterr().out
+
+
+def test_set_num_sms_on_deep_ep_is_the_num_sms_of_its_configs():
+    """DeepEP's get_dispatch_config/get_combine_config carry Buffer.num_sms as set_num_sms set
+    it; deep_ep.Buffer's carried deepep.Buffer's (20) whatever deep_ep's was set to."""
+    B = compat.Buffer
+    try:
+        B.set_num_sms(24)
+        assert B.num_sms == 24
+        assert B.get_dispatch_config(8).num_sms == 24 and B.get_combine_config(8).num_sms == 24
+        with pytest.raises(ValueError, match="even"):
+            B.set_num_sms(23)
+    finally:
+        if "num_sms" in B.__dict__:
+            del B.num_sms
+
+
+def test_size_hints_are_deepeps_formulas():
+    """DeepEP V1's csrc/config.hpp, written out: the low-latency layout (two send, receive
+    and signalling buffers, rounded up past the next 128) and Config's NVLink and RDMA hints
+    (per channel and peer, counters and chunked tokens with their metadata).  They were
+    deepepd's own estimates."""
+    M, H, E = 128, 7168, 288
+    scales = H // 128
+    dmsg, cmsg = 16 + max(2 * H, H + 4 * scales), 4 * scales + 2 * H
+    total = 2 * max(M * dmsg, E * M * cmsg) + 2 * E * M * max(dmsg, cmsg) + 2 * 1152
+    want = (total + 128) // 128 * 128
+    assert want == 2146961792
+    for ranks_ in (8, 16, 64):
+        assert compat.Buffer.get_low_latency_rdma_size_hint(M, H, ranks_, E) == want
+    c = compat.Config(24, 6, 256, 6, 128)
+    per_token = 2 * H + 8 + 128 * 8 + 128 * 4 + 128 * 4
+    nvl = 12 * 8 * (2 * 1 + 3) * 4 + 12 * 8 * 256 * per_token
+    assert c.get_nvl_buffer_size_hint(2 * H, 8) == (nvl + 127) // 128 * 128
+    assert c.get_rdma_buffer_size_hint(2 * H, 8) == 0
+    # Config rounds the RDMA receive count (128) up to a multiple of the send count (6): 132.
+    rdma = 12 * 2 * 18 * 2 * 4 + 12 * 2 * 132 * (per_token + 16) * 2
+    assert c.get_rdma_buffer_size_hint(2 * H, 16) == (rdma + 127) // 128 * 128
+    nvl16 = 12 * 8 * (2 * 2 + 3) * 4 + 12 * 8 * 256 * per_token
+    assert c.get_nvl_buffer_size_hint(2 * H, 16) == (nvl16 + 127) // 128 * 128
