@@ -5,34 +5,8 @@
 Installed only when asked (DEEPEP_INSTALL_DEEP_EP=1 at install time), and
 never over a real DeepEP.  ``from deep_ep import Buffer, Config,
 EventOverlap`` and ``from deep_ep.utils import EventHandle, EventOverlap``
-work as with DeepEP.  Where the semantics differ:
-
-- the low-latency receive order is deterministic: rows of each local expert
-  are packed from row 0 in (source rank, source token) order;
-- dispatch's handle is DeepEP's intranode tuple (DispatchHandle; README.md
-  says which members hold DeepEP's values and which only its shapes), with
-  deepepd's handle as its .handle; a low-latency handle is still an opaque
-  deepep.Handle: pass it back as it is;
-- low-latency FP8 scales are DeepEP's (column-major; round_scale; UE8M0 packed in int32),
-  made by torch from the kernels' row-major float32 (README.md says at what cost); with
-  round_scale the rows travel as bf16 and are quantised on the receiving rank;
-- with num_worst_tokens, rows past those received have recv_topk_idx -1 and
-  recv_topk_weights 0, and recv_x there is not written (as DeepEP);
-- combine's bias is added after the combine (bf16(float32(combined) + bias_0 +
-  bias_1): the combined sum is rounded to bf16 before the bias is added);
-- FP8 values are torch.float8_e4m3fn where torch has it, else uint8;
-- Buffer accepts and ignores keyword arguments that forks of DeepEP add;
-- get_local_buffer_tensor is a buffer of the Buffer's own (deepepd's memory is
-  never handed out), get_comm_stream the caller's current stream (None on the
-  host backend), get_next_low_latency_combine_buffer one tensor per Buffer;
-- internode_dispatch and internode_combine are dispatch and combine (which serve a job
-  across nodes themselves) with DeepEP's internode signatures; their handle is dispatch's
-  DispatchHandle, not DeepEP's internode 10-tuple;
-- get_dispatch_config/get_combine_config give a rank count DeepEP's tables do not
-  list the next larger one's row (DeepEP asserts);
-- destroy() called twice raises RuntimeError (DeepEP's raises AttributeError), and a Buffer
-  made with explicitly_destroy=True and collected undestroyed is released after DeepEP's
-  warning (DeepEP leaks it).
+work as with DeepEP.  README.md (section Python) lists each way in which
+it still differs from DeepEP, with the reason.
 """
 from typing import Any, Optional, Tuple
 
