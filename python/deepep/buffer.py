@@ -1259,9 +1259,14 @@ class Buffer(HandlePools):
                          count: torch.Tensor, h: Handle, stats: Optional[torch.Tensor],
                          cs: Any = False) -> None:
         """dep_ll_dispatch of checked inputs into the outputs given, on stream cs (False: the
-        current stream, looked up now, as a deferred call's hook does)."""
+        current stream, looked up now, as a deferred call's hook does: the handle's arrays
+        are then used on that stream, which may not be the call's, and maybe in a capture
+        the call was not in, so it is noted as a combine's is)."""
         if cs is False:
-            cs = None if self._host else self._stream()
+            cs = None
+            if not self._host:
+                cs = self._stream()
+                self._use(h, cs, _capturing())
         a = self._lla
         if n:
             a.x, a.topk_idx = x.data_ptr(), idx.data_ptr()
