@@ -8,8 +8,7 @@ import torch
 
 import conftest
 import ranks
-from test_ops import bf16_round, e4m3_reference, every_input, expected_rows, ll_rows, \
-    quantize_reference
+from test_ops import bf16_round, e4m3_reference, expected_rows, ll_rows, quantize_reference
 
 compat = ranks.import_compat()
 from deep_ep import _fp8  # noqa: E402  (import_compat has made deep_ep importable)
