@@ -5,39 +5,18 @@
 Installed only when asked (DEEPEP_INSTALL_DEEP_EP=1 at install time), and
 never over a real DeepEP.  ``from deep_ep import Buffer, Config,
 EventOverlap`` and ``from deep_ep.utils import EventHandle, EventOverlap``
-work as with DeepEP.  Where the semantics differ:
-
-- the low-latency receive order is deterministic: rows of each local expert
-  are packed from row 0 in (source rank, source token) order;
-- dispatch's handle is DeepEP's intranode tuple (DispatchHandle; README.md
-  says which members hold DeepEP's values and which only its shapes), with
-  deepepd's handle as its .handle; a low-latency handle is still an opaque
-  deepep.Handle: pass it back as it is;
-- FP8 scales are row-major float32 [.., hidden // 128] (low-latency and throughput), not
-  column-major; a throughput FP8 tuple's scales are made contiguous, and UE8M0 or int32
-  scales are not taken;
-- with num_worst_tokens, rows past those received have recv_topk_idx -1 and
-  recv_topk_weights 0, and recv_x there is not written (as DeepEP);
-- combine's bias is added after the combine (bf16(float32(combined) + bias_0 +
-  bias_1): the combined sum is rounded to bf16 before the bias is added);
-- FP8 values are torch.float8_e4m3fn where torch has it, else uint8;
-- Buffer accepts and ignores keyword arguments that forks of DeepEP add;
-- get_local_buffer_tensor is a buffer of the Buffer's own (deepepd's memory is
-  never handed out), get_comm_stream the caller's current stream (None on the
-  host backend), get_next_low_latency_combine_buffer one tensor per Buffer;
-- internode_dispatch and internode_combine are dispatch and combine (which serve a job
-  across nodes themselves) with DeepEP's internode signatures; their handle is dispatch's
-  DispatchHandle, not DeepEP's internode 10-tuple;
-- get_dispatch_config/get_combine_config give a rank count DeepEP's tables do not
-  list the next larger one's row (DeepEP asserts).
+work as with DeepEP.  README.md (section Python) lists each way in which
+it still differs from DeepEP, with the reason.
 """
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import torch
 
 import deepep as _deepep
-from deepep import Config, EventHandle, EventOverlap, Unsupported, topk_idx_t
+from deepep import Config, EventHandle, EventOverlap, Unsupported, fp8_dtype, topk_idx_t
 from deepep.buffer import _token_in_rank
+
+from . import _fp8
 
 __version__ = _deepep.__version__
 
@@ -52,10 +31,36 @@ class Buffer(_deepep.Buffer):
                  enable_shrink: bool = False, comm: Any = None, **kwargs: Any):
         own = {k: kwargs.pop(k) for k in list(kwargs) if k in _DEEPEP_KWARGS}
         self.ignored_kwargs = kwargs
+        self._destroyed = False
         super().__init__(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode,
                          num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl,
                          use_fabric, explicitly_destroy, enable_shrink, comm, **own)
 
+
+    def destroy(self) -> None:
+        """DeepEP's destroy(): only for a Buffer made with explicitly_destroy=True
+        (AssertionError otherwise, as DeepEP's assert), and once (RuntimeError the second
+        time); it frees the Buffer's handles and ends its job's attachment.  A Buffer made
+        without explicitly_destroy is released when it is collected."""
+        if not self.explicitly_destroy:
+            raise AssertionError("destroy() needs Buffer(..., explicitly_destroy=True), as "
+                                 "DeepEP's; without it the Buffer is released when collected")
+        if self._destroyed:
+            raise RuntimeError("destroy() was already called on this Buffer")
+        self._destroyed = True
+        _deepep.Buffer.destroy(self)
+
+    def __del__(self) -> None:
+        # DeepEP warns where an explicitly destroyed Buffer is collected undestroyed (its
+        # collective teardown is the caller's to run); here the release is local, so it
+        # is released as well.
+        if getattr(self, "explicitly_destroy", False) and not getattr(self, "_destroyed", True):
+            print("WARNING: destroy() was not called before the deep_ep Buffer was "
+                  "collected; it is released now", flush=True)
+        try:
+            _deepep.Buffer.destroy(self)
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
 
     def dispatch(self, x: Any, handle: Any = None, num_tokens_per_rank: Any = None,
                  num_tokens_per_rdma_rank: Any = None, is_token_in_rank: Any = None,
@@ -66,17 +71,80 @@ class Buffer(_deepep.Buffer):
                  allocate_on_comm_stream: bool = False):
         """deepep.Buffer.dispatch (its docstring says each argument's shape and dtype), with
         DeepEP's handle: a DispatchHandle tuple; one passed back (cached mode) is
-        deepepd's handle inside it."""
+        deepepd's handle inside it.  An FP8 x's scales may also be DeepEP's other forms: any
+        strides, int32 (UE8M0 exponents packed four to an int, [num_tokens, hidden // 512]),
+        or one per token ([num_tokens]); they are moved as they are (bit for bit) and the
+        received scales have their form, row-major (as DeepEP's)."""
+        x, unpad = _padded_scales(x)
         out = super().dispatch(
             x, _unwrap(handle), num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
             num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_worst_tokens,
             config, previous_event, async_finish, allocate_on_comm_stream)
+        if unpad is not None:
+            out = (unpad(out[0]),) + tuple(out[1:])
         if handle is not None:
             return out
         recv_x, recv_idx, recv_w, counts, h, ev = out
         rows = recv_idx.size(0)
         return recv_x, recv_idx, recv_w, counts, \
             DispatchHandle.made(self, h, topk_idx, is_token_in_rank, rows, config), ev
+
+    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor,
+                             num_max_dispatch_tokens_per_rank: int, num_experts: int,
+                             cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                             dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None,
+                             use_fp8: bool = True, round_scale: bool = False,
+                             use_ue8m0: bool = False, async_finish: bool = False,
+                             return_recv_hook: bool = False):
+        """deepep.Buffer.low_latency_dispatch with DeepEP's FP8 scales: with use_fp8, recv_x
+        is (values [L, rows, hidden] fp8, scales [L, rows, hidden // 128] float32) with the
+        scales column-major (their storage is [L, hidden // 128, rows], as DeepEP's); with
+        round_scale each scale is 2**ceil(log2(max(amax, 1e-4) / 448)) and the values are
+        quantised with it; with use_ue8m0 (which needs round_scale, and hidden a multiple of
+        512) the scales are those powers' biased exponents, four to an int32 ([L, rows,
+        hidden // 512], column-major).  With return_recv_hook the conversions run in the hook,
+        after the receive."""
+        if use_ue8m0 and not round_scale:
+            raise ValueError("low_latency_dispatch: use_ue8m0=True needs round_scale=True "
+                             "(UE8M0 holds powers of two only; DeepEP asserts it too)")
+        hidden = x.size(-1) if isinstance(x, torch.Tensor) else None
+        if use_fp8 and use_ue8m0 and hidden is not None and hidden % (_fp8.GROUP * _fp8.UE8M0_PACK):
+            raise ValueError(f"low_latency_dispatch: use_ue8m0=True packs {_fp8.UE8M0_PACK} "
+                             f"scales an int32, so hidden must be a multiple of "
+                             f"{_fp8.GROUP * _fp8.UE8M0_PACK}; x has {hidden}")
+        # With round_scale the values are quantised here, from the bf16 rows received (the
+        # kernels' own FP8 cast has scales that are not powers of two, and requantising its
+        # output would round twice): what a sender would have computed from the same rows.
+        requant = bool(use_fp8) and bool(round_scale)
+        recv, count, h, ev, hook = super().low_latency_dispatch(
+            x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
+            cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
+            use_fp8=bool(use_fp8) and not requant, async_finish=async_finish,
+            return_recv_hook=return_recv_hook)
+        if not use_fp8:
+            return recv, count, h, ev, hook
+        ue8m0 = bool(use_ue8m0)
+        if not return_recv_hook:
+            out = _deepep_fp8(recv, requant, ue8m0)
+            if async_finish:  # behind the conversions (cuda; nothing to wait for on the host)
+                ev = self._event(None, True)
+            return out, count, h, ev, hook
+        # The hook receives, then converts into the tensors returned now.
+        L, rows, hid = self.num_local_experts, self._ll_rows, self.hidden
+        groups = hid // _fp8.GROUP // (_fp8.UE8M0_PACK if ue8m0 else 1)
+        vals = torch.empty((L, rows, hid), dtype=fp8_dtype, device=self.device) if requant \
+            else recv[0]
+        scales = torch.empty((L, groups, rows), dtype=torch.int32 if ue8m0 else torch.float32,
+                             device=self.device).transpose(1, 2)
+
+        def fp8_hook() -> None:
+            hook()
+            v, s = _deepep_fp8(recv, requant, ue8m0)
+            if requant:
+                vals.copy_(v)
+            scales.copy_(s)
+
+        return (vals, scales), count, h, ev, fp8_hook
 
     def combine(self, x: torch.Tensor, handle: Any, topk_weights: Optional[torch.Tensor] = None,
                 bias: Any = None, config: Optional[Config] = None,
@@ -111,6 +179,50 @@ class Buffer(_deepep.Buffer):
         the handle of dispatch or internode_dispatch."""
         return self.combine(x, handle, topk_weights, bias, config, previous_event, async_finish,
                             allocate_on_comm_stream)
+
+
+def _deepep_fp8(recv: Any, requant: bool, ue8m0: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """DeepEP's (values, column-major scales) from what deepepd's low-latency dispatch
+    received: (values, row-major float32 scales) as they are, or bf16 rows to quantise with
+    scales rounded to powers of two (requant), their exponents packed when ue8m0."""
+    if not requant:
+        values, scales = recv
+        return values, _fp8.column_major(scales)
+    q, e = _fp8.quantise_rounded(recv)
+    return q.view(fp8_dtype), _fp8.column_major(_fp8.scales_of(e, ue8m0))
+
+
+def _padded_scales(x: Any):
+    """dispatch's x with the FP8 scales deepepd moves (float32 [num_tokens, hidden // 128]),
+    and the function that gives the received scales back the caller's form, or None where x
+    needs no change.  Scales of another form (int32, as DeepEP's packed UE8M0, or one per
+    token) are stored bit for bit in the first columns of such a tensor (the rest zero): the
+    library moves scales as bytes, so they arrive as they were sent."""
+    if type(x) is torch.Tensor or not isinstance(x, (tuple, list)) or len(x) != 2:
+        return x, None
+    values, scales = x
+    if not isinstance(values, torch.Tensor) or not isinstance(scales, torch.Tensor) or \
+            values.dim() != 2 or (scales.dtype is torch.float32 and scales.dim() == 2):
+        return x, None  # deepep.Buffer.dispatch takes (or names what is wrong with) these
+    n, groups = values.size(0), values.size(1) // _fp8.GROUP
+    if scales.dtype not in (torch.float32, torch.int32) or scales.dim() not in (1, 2):
+        raise TypeError(f"dispatch: FP8 scales of dtype {scales.dtype} and {scales.dim()} "
+                        "dimensions; give float32 or int32 (UE8M0), [num_tokens, groups] or "
+                        "[num_tokens]")
+    width = 1 if scales.dim() == 1 else scales.size(1)
+    if scales.size(0) != n or width > groups:
+        raise ValueError(f"dispatch: FP8 scales have shape {tuple(scales.shape)}; expected "
+                         f"{n} rows of at most {groups} (hidden // {_fp8.GROUP}) scales")
+    words = torch.zeros((n, groups), dtype=torch.int32, device=scales.device)
+    words[:, :width] = scales.reshape(n, width).contiguous().view(torch.int32)
+    dtype, one_d = scales.dtype, scales.dim() == 1
+
+    def unpad(recv_x: Any) -> Any:
+        rv, rs = recv_x
+        rs = rs.view(torch.int32)[:, :width].contiguous().view(dtype)
+        return rv, rs.view(-1) if one_d else rs
+
+    return (values, words.view(torch.float32)), unpad
 
 
 def _unwrap(handle: Any) -> Any:

@@ -64,7 +64,18 @@ except OSError:
 
 
 def _no_hook() -> None:
-    """The receive hook of a call that has already received (the host backend is synchronous)."""
+    """The receive hook of a call made without return_recv_hook (it has received)."""
+
+
+class _Deferred:
+    """A low-latency call made with return_recv_hook: its exchange, run by its hook (or by
+    the Buffer's next operation, which runs every deferred one first, in call order)."""
+
+    __slots__ = ("run", "done")
+
+    def __init__(self, run: Any):
+        self.run = run
+        self.done = False
 
 
 class _Conn:
@@ -201,6 +212,9 @@ class Buffer(HandlePools):
                  num_topk: Optional[int] = None, max_tokens_per_rank: Optional[int] = None,
                  max_ll_tokens_per_rank: Optional[int] = None):
         self._conn: Optional[_Conn] = None
+        #: Low-latency calls made with return_recv_hook whose hooks have not run yet, in
+        #: call order (_defer).
+        self._pending: list = []
         #: get_next_low_latency_combine_buffer's tensor, and get_local_buffer_tensor's
         #: buffers (use_rdma_buffer -> uint8 tensor), made at their first call.
         self._ll_combine_buf: Optional[torch.Tensor] = None
@@ -535,6 +549,27 @@ class Buffer(HandlePools):
         if n > bound:
             raise ValueError(f"{op}: {n} tokens exceed {name} {bound} of this Buffer's job")
 
+    def _defer(self, run: Any) -> Any:
+        """return_recv_hook: queue run (the call's whole exchange, with its inputs already
+        copied) and return the hook that runs it.  A hook runs every call deferred before
+        its own first, and every operation of the Buffer made without a hook runs them all
+        before its own, so the library sees each rank's calls in the order the caller made
+        them (which every rank of a job makes in one order, as DeepEP requires)."""
+        d = _Deferred(run)
+        self._pending.append(d)  # behind the hooked calls before it, which it does not run
+        return lambda: self._complete(d)
+
+    def _complete(self, d: Optional[_Deferred] = None) -> None:
+        """Run the deferred calls up to d (all of them where d is None), in call order; a
+        hook called again does nothing."""
+        while self._pending and (d is None or not d.done):
+            first = self._pending.pop(0)
+            first.done = True
+            first.run()
+        if d is not None and not d.done:
+            raise Error(-17, "this Buffer was destroyed before the hook ran; its call never "
+                        "made its exchange", "hook")
+
     # ---- DeepEP's class-level helpers ---------------------------------------
 
     @classmethod
@@ -563,46 +598,52 @@ class Buffer(HandlePools):
         if num_ranks <= 0:
             raise ValueError(f"{call}: num_ranks is {num_ranks}; it must be positive")
 
-    @staticmethod
-    def _config(call: str, table: dict, num_ranks: int) -> Config:
-        """Config(Buffer.num_sms, *table's row for num_ranks): DeepEP's row where its table has
+    @classmethod
+    def _config(cls, call: str, table: dict, num_ranks: int) -> Config:
+        """Config(cls.num_sms, *table's row for num_ranks): DeepEP's row where its table has
         one, else the row of the next larger rank count it lists (its largest past them):
         DeepEP asserts there, but deepepd serves any world, and its kernels do not read the
-        Config (callers size buffers from its hints)."""
-        Buffer._num_ranks(call, num_ranks)
+        Config (callers size buffers from its hints).  cls's num_sms, so that a subclass's
+        set_num_sms (deep_ep.Buffer's) is the one its configs carry, as DeepEP's."""
+        cls._num_ranks(call, num_ranks)
         n = min((k for k in table if k >= num_ranks), default=max(table))
-        return Config(Buffer.num_sms, *table[n])
+        return Config(cls.num_sms, *table[n])
 
-    @staticmethod
-    def get_dispatch_config(num_ranks: int) -> Config:
+    @classmethod
+    def get_dispatch_config(cls, num_ranks: int) -> Config:
         """DeepEP's recommended dispatch Config for num_ranks ranks (a positive int), with
-        Buffer.num_sms: its table's row (_DISPATCH_CONFIGS), or for a rank count it does not
-        list the next larger one's.  deepepd's kernels do not read it; callers size buffers
-        from its hints and pass it back."""
-        return Buffer._config("get_dispatch_config", _DISPATCH_CONFIGS, num_ranks)
+        num_sms as set_num_sms last set it: its table's row (_DISPATCH_CONFIGS), or for a
+        rank count it does not list the next larger one's.  deepepd's kernels do not read
+        it; callers size buffers from its hints and pass it back."""
+        return cls._config("get_dispatch_config", _DISPATCH_CONFIGS, num_ranks)
 
-    @staticmethod
-    def get_combine_config(num_ranks: int) -> Config:
+    @classmethod
+    def get_combine_config(cls, num_ranks: int) -> Config:
         """DeepEP's recommended combine Config for num_ranks ranks; see get_dispatch_config."""
-        return Buffer._config("get_combine_config", _COMBINE_CONFIGS, num_ranks)
+        return cls._config("get_combine_config", _COMBINE_CONFIGS, num_ranks)
 
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int,
                                        num_ranks: int, num_experts: int) -> int:
-        """Bytes of low-latency buffers for this shape, 128-byte aligned: deepepd's estimate
-        (double-buffered send and receive rows, bf16 or FP8 with scales), independent of
-        num_ranks as DeepEP's is.  deepepd itself sizes memory from the job shape."""
+        """DeepEP's bytes of low-latency buffers for this shape (its LowLatencyLayout's
+        total, rounded as DeepEP rounds it: up past the next multiple of 128): two send,
+        two receive and two signalling buffers, for dispatch messages (an int4 and the
+        larger of bf16 and FP8 with scales) and combine messages (bf16 with a bf16 pair per
+        128 channels); independent of num_ranks, as DeepEP's.  deepepd itself sizes memory
+        from the job shape."""
         for name, v in (("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank),
                         ("hidden", hidden), ("num_ranks", num_ranks),
                         ("num_experts", num_experts)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name} must be a positive int, not {v!r}")
-        row = 16 + max(2 * hidden, hidden + hidden // _FP8_GROUP * 4)
-        send = max(num_max_dispatch_tokens_per_rank * row,
-                   num_experts * num_max_dispatch_tokens_per_rank * 2 * hidden)
-        recv = num_experts * num_max_dispatch_tokens_per_rank * row
-        n = 2 * (send + recv) + 2 * num_experts * 8
-        return (n + 127) // 128 * 128
+        M, E, scales = num_max_dispatch_tokens_per_rank, num_experts, hidden // _FP8_GROUP
+        dispatch_msg = 16 + max(2 * hidden, hidden + scales * 4)
+        combine_msg = scales * 4 + 2 * hidden
+        send = max(M * dispatch_msg, E * M * combine_msg)
+        recv = E * M * max(dispatch_msg, combine_msg)
+        signal = (E * 4 + 127) // 128 * 128
+        n = 2 * (send + recv + signal)
+        return (n + 128) // 128 * 128
 
     # ---- throughput mode --------------------------------------------------
 
@@ -773,6 +814,8 @@ class Buffer(HandlePools):
             In cached mode: (recv_x, None, None, None, None, event).
         """
         op = "dispatch"
+        if self._pending:
+            self._complete()
         scales = None
         if type(x) is not _Tensor and isinstance(x, (tuple, list)):
             if len(x) != 2:
@@ -1010,6 +1053,8 @@ class Buffer(HandlePools):
                 combine to the original weights); else None.
             event: an EventOverlap.
         """
+        if self._pending:
+            self._complete()
         h = self._handle("combine", handle, "dispatch")
         biases = None if bias is None else self._biases(bias, h.num_tokens)
         x = x.contiguous() if _ok(x, torch.bfloat16, 2, self.device) else \
@@ -1117,8 +1162,18 @@ class Buffer(HandlePools):
             use_fp8: cast to e4m3 with one float32 scale per token and 128 channels
                 (scale = max(amax, 1e-4) / 448).
             round_scale, use_ue8m0: must be False (not supported yet).
-            async_finish, return_recv_hook: accepted; on the host backend the call has received
-                when it returns, so the hook does nothing.
+            async_finish: return an event recorded after the call (cuda).
+            return_recv_hook: defer the receive to the hook the call returns (DeepEP's), so
+                that the caller can compute between: the call checks its arguments, copies x
+                and topk_idx (the caller may write them once it returns) and returns; recv_x,
+                recv_count (and the stats) are written when hook() is called, which makes the
+                whole exchange then (the library has no separate send and receive: nothing
+                overlaps the caller's work; on cuda the kernels are queued on the stream
+                current at hook()).  Hooked calls queue behind one another; a hook runs
+                those before its own first, and every operation of the Buffer made without a
+                hook runs them all before its own, so each rank's calls reach the library in
+                call order.  Not with async_finish
+                (ValueError, as DeepEP asserts).
 
         Returns:
             recv_x: [num_local_experts, world_size * max, hidden] bfloat16, or with use_fp8 a
@@ -1128,9 +1183,16 @@ class Buffer(HandlePools):
             recv_count: [num_local_experts] int32 valid rows.
             handle: for the matching low_latency_combine.
             event: an EventOverlap.
-            hook: a callable that receives (here: does nothing).
+            hook: with return_recv_hook, the callable that receives; else one that does
+                nothing.
         """
         op = "low_latency_dispatch"
+        if self._pending and not return_recv_hook:
+            self._complete()
+        if async_finish and return_recv_hook:
+            raise ValueError(f"{op}: async_finish and return_recv_hook cannot both be set "
+                             "(DeepEP's rule): the hook receives, so there is no event to "
+                             "wait for")
         if dispatch_wait_recv_cost_stats is not None:
             raise Unsupported("low_latency_dispatch(dispatch_wait_recv_cost_stats=...)")
         if round_scale or use_ue8m0:
@@ -1180,6 +1242,31 @@ class Buffer(HandlePools):
         scales = _empty_like(pr[1]) if fp8 else None
         cs = None if self._host else self._stream()
         h = Handle(self, "low_latency_dispatch", n, stream=cs)
+        out_x = (recv_x, scales) if fp8 else recv_x
+        if return_recv_hook:
+            # The exchange runs in the hook; the caller may write x and topk_idx once this
+            # returns (DeepEP's send has read them by then), so it runs on copies.
+            xc, ic = x.clone(), idx.clone()
+            hook = self._defer(lambda: self._ll_dispatch_now(
+                xc, ic, itype, n, fp8, recv_x, scales, count, h, stats))
+            return out_x, count, h, EventOverlap(None), hook
+        self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, stats, cs)
+        return (out_x, count, h,
+                self._event(None, async_finish) if async_finish else EventOverlap(None), _no_hook)
+
+    def _ll_dispatch_now(self, x: torch.Tensor, idx: torch.Tensor, itype: int, n: int,
+                         fp8: bool, recv_x: torch.Tensor, scales: Optional[torch.Tensor],
+                         count: torch.Tensor, h: Handle, stats: Optional[torch.Tensor],
+                         cs: Any = False) -> None:
+        """dep_ll_dispatch of checked inputs into the outputs given, on stream cs (False: the
+        current stream, looked up now, as a deferred call's hook does: the handle's arrays
+        are then used on that stream, which may not be the call's, and maybe in a capture
+        the call was not in, so it is noted as a combine's is)."""
+        if cs is False:
+            cs = None
+            if not self._host:
+                cs = self._stream()
+                self._use(h, cs, _capturing())
         a = self._lla
         if n:
             a.x, a.topk_idx = x.data_ptr(), idx.data_ptr()
@@ -1193,8 +1280,6 @@ class Buffer(HandlePools):
             self._fail(rc, "dep_ll_dispatch")
         if stats is not None:
             stats += count
-        return ((recv_x, scales) if fp8 else recv_x, count, h,
-                self._event(None, async_finish) if async_finish else EventOverlap(None), _no_hook)
 
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor,
                             topk_weights: torch.Tensor, handle: Handle,
@@ -1213,15 +1298,26 @@ class Buffer(HandlePools):
             use_logfmt: must be False; combine_wait_recv_cost_stats: None.
             zero_copy: read the input from get_next_low_latency_combine_buffer's tensor
                 (which the caller has written) instead of x (still checked for its shape).
-            async_finish, return_recv_hook: as for low_latency_dispatch.
+            async_finish, return_recv_hook: as for low_latency_dispatch (with the hook,
+                x, topk_idx and topk_weights, or the zero-copy buffer, are copied at the
+                call, and combined_x is written when hook() is called).
             out: optional [num_tokens, hidden] bfloat16 to write into.
 
         Returns:
             combined_x: [num_tokens, hidden] bfloat16 (out, where given).
             event: an EventOverlap.
-            hook: a callable that does nothing.
+            hook: with return_recv_hook, the callable that receives; else one that does
+                nothing.
         """
         op = "low_latency_combine"
+        if self._pending and not return_recv_hook:
+            # The matching dispatch's among them, where its hook has not run (a hooked
+            # combine is queued behind it).
+            self._complete()
+        if async_finish and return_recv_hook:
+            raise ValueError(f"{op}: async_finish and return_recv_hook cannot both be set "
+                             "(DeepEP's rule): the hook receives, so there is no event to "
+                             "wait for")
         if use_logfmt:
             raise Unsupported("low_latency_combine(use_logfmt=True)")
         if combine_wait_recv_cost_stats is not None:
@@ -1261,6 +1357,19 @@ class Buffer(HandlePools):
             if o.data_ptr() != out.data_ptr() or o.shape != (nt, self.hidden):
                 raise ValueError(f"{op}: out must be a contiguous "
                                  f"[{nt}, {self.hidden}] bfloat16 tensor")
+        if return_recv_hook:
+            # As low_latency_dispatch's: the exchange runs in the hook, on copies of the
+            # inputs (the zero-copy buffer's too), which the caller may write once this returns.
+            xc, ic, wc = x.clone(), idx.clone(), w.clone()
+            return out, EventOverlap(None), self._defer(
+                lambda: self._ll_combine_now(xc, ic, itype, wc, out, nt, h))
+        self._ll_combine_now(x, idx, itype, w, out, nt, h)
+        return out, self._event(None, async_finish) if async_finish else EventOverlap(None), \
+            _no_hook
+
+    def _ll_combine_now(self, x: torch.Tensor, idx: torch.Tensor, itype: int,
+                        w: torch.Tensor, out: torch.Tensor, nt: int, h: Handle) -> None:
+        """dep_ll_combine of checked inputs into out, on the current stream."""
         a = self._llca
         a.x = x.data_ptr()
         if nt:
@@ -1275,8 +1384,6 @@ class Buffer(HandlePools):
         rc = self._fn_ll_combine(self._conn.ptr, self._llca_ref, h._ptr, cs)
         if rc:
             self._fail(rc, "dep_ll_combine")
-        return out, self._event(None, async_finish) if async_finish else EventOverlap(None), \
-            _no_hook
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int,
                                  num_experts: int) -> None:
@@ -1363,7 +1470,9 @@ class Buffer(HandlePools):
     # ---- lifetime ---------------------------------------------------------
 
     def destroy(self) -> None:
-        """Free every handle, detach and close the connection (idempotent)."""
+        """Free every handle, detach and close the connection (idempotent).  A low-latency
+        call whose hook has not run never makes its exchange."""
+        self._pending = []
         self._handles_free()
         self._streams = {}
         if self._conn is not None:

@@ -2,13 +2,20 @@
 
 deepepd sizes a job's memory from the job shape (the daemon lends it), so
 nothing here changes what deepepd does: Config exists so that code which
-sizes DeepEP's buffers from these hints (Megatron-LM, SGLang) runs as it
-is, and the hints are deepepd's own estimate of the bytes a rank receives,
-of the order of DeepEP's, not DeepEP's formula.
+sizes DeepEP's buffers from these hints (Megatron-LM, SGLang, DeepEP's tests)
+runs as it is, and the hints are DeepEP V1's formulas (csrc/config.hpp), so
+that such code sizes what it would with DeepEP.
 """
 from __future__ import annotations
 
 _ALIGN = 128
+#: DeepEP's ranks per node (NUM_MAX_NVL_PEERS), its bounds on top-k and scales a token
+#: (kNumMaxTopK, kNumMaxScales) and its source meta bytes a token (internode SourceMeta),
+#: as its size hints count them.
+_NVL_PEERS = 8
+_MAX_TOPK = 128
+_MAX_SCALES = 128
+_SOURCE_META = 8
 
 
 def _align(n: int) -> int:
@@ -50,27 +57,40 @@ class Config:
         self.num_max_rdma_chunked_send_tokens = send
         self.num_max_rdma_chunked_recv_tokens = recv
 
-    def _per_token(self, hidden_bytes: int) -> int:
-        # A token's hidden state and its metadata (top-k ids, weights, scales, source).
-        return hidden_bytes + 128 * 8 + 128 * 4 + 128 * 4 + 16
+    def _sizes(self, num_ranks: int) -> tuple:
+        """(channels, NVLink ranks, RDMA ranks) as DeepEP counts them: num_sms // 2 channels,
+        ranks in groups of _NVL_PEERS per node.  DeepEP asserts a world below _NVL_PEERS or a
+        multiple of it; deepepd serves any world, so another is counted the same way."""
+        return (self.num_sms // 2, min(num_ranks, _NVL_PEERS), max(num_ranks // _NVL_PEERS, 1))
 
     def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
-        """Bytes for one node's ranks' receive chunks, 128-byte aligned (deepepd ignores it)."""
+        """DeepEP's NVLink buffer bytes for one rank: per channel and NVLink peer, the
+        counters and num_max_nvl_chunked_recv_tokens tokens of hidden_bytes with their
+        source meta, top-k ids, weights and scales (at most 128 each), 128-byte aligned.
+        deepepd ignores it."""
         hidden_bytes = _positive_int("hidden_bytes", hidden_bytes)
         num_ranks = _positive_int("num_ranks", num_ranks)
-        channels = max(self.num_sms // 2, 1)
-        return _align(channels * min(num_ranks, 8) * self.num_max_nvl_chunked_recv_tokens *
-                      self._per_token(hidden_bytes))
+        ch, nvl, rdma = self._sizes(num_ranks)
+        per_token = hidden_bytes + _SOURCE_META + _MAX_TOPK * 8 + _MAX_TOPK * 4 + _MAX_SCALES * 4
+        n = ch * nvl * (2 * rdma + 3) * 4 + ch * nvl * self.num_max_nvl_chunked_recv_tokens * \
+            per_token
+        return _align(n)
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
-        """Bytes for the receive chunks between nodes: 0 for one node's 8 ranks or fewer."""
+        """DeepEP's RDMA buffer bytes: 0 for one node's ranks (num_ranks <= 8); else per
+        channel and RDMA rank, send and receive sides of counters and
+        num_max_rdma_chunked_recv_tokens tokens (hidden, source meta, top-k ids, weights,
+        scales and an int4 of metadata each), 128-byte aligned.  deepepd ignores it."""
         hidden_bytes = _positive_int("hidden_bytes", hidden_bytes)
         num_ranks = _positive_int("num_ranks", num_ranks)
-        if num_ranks <= 8:
+        if num_ranks <= _NVL_PEERS:
             return 0
-        channels = max(self.num_sms // 2, 1)
-        return _align(2 * channels * (num_ranks // 8) * self.num_max_rdma_chunked_recv_tokens *
-                      self._per_token(hidden_bytes))
+        ch, _, rdma = self._sizes(num_ranks)
+        per_token = hidden_bytes + _SOURCE_META + _MAX_TOPK * 8 + _MAX_TOPK * 4 + \
+            _MAX_SCALES * 4 + 16
+        n = ch * rdma * (_NVL_PEERS * 2 + 2) * 2 * 4 + \
+            ch * rdma * self.num_max_rdma_chunked_recv_tokens * per_token * 2
+        return _align(n)
 
     def __repr__(self) -> str:
         return (f"Config(num_sms={self.num_sms}, "

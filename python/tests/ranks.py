@@ -345,7 +345,8 @@ def bias_rank(args) -> List[Dict[str, np.ndarray]]:
         torch.cuda.set_device(dev)
     deep_ep = import_compat()
     b = deep_ep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
-                       local_world_size=world, socket=sock, **shape(world))
+                       local_world_size=world, socket=sock, explicitly_destroy=True,
+                       **shape(world))
     assert isinstance(b, deepep.Buffer)
     out = []
     for it in range(iters):
@@ -496,7 +497,8 @@ def group_rank(rank: int, sock: str, store: str, seed: int, iters: int, outdir: 
             deep_ep.Buffer(groups["pairs"][pick["pairs"]], 1 << 20, 0, **kw)
         except ValueError as e:
             out["refused"].append(str(e))
-    bufs = {cut: deep_ep.Buffer(groups[cut][pick[cut]], 1 << 20, 0) for cut in ("pairs", "cross")}
+    bufs = {cut: deep_ep.Buffer(groups[cut][pick[cut]], 1 << 20, 0, explicitly_destroy=True)
+            for cut in ("pairs", "cross")}
     for cut, b in bufs.items():
         g = groups[cut][pick[cut]]
         gr, gw = dist.get_rank(g), dist.get_world_size(g)
@@ -529,3 +531,140 @@ def job_id_rank(rank: int, sock: str, store: str, outdir: str) -> None:
     with open(os.path.join(outdir, "ids.pkl"), "wb") as f:
         pickle.dump(out, f)
     dist.destroy_process_group()
+
+
+def scales_shape(world: int) -> Dict[str, int]:
+    """scales_rank's job shape: shape(world) with hidden 512, so that UE8M0 packs one int."""
+    return dict(shape(world), hidden=512)
+
+
+def scales_inputs(seed: int, rank: int, world: int, it: int) -> Dict[str, np.ndarray]:
+    """scales_rank's inputs: inputs()'s top-k ids and, for 512 channels, x of mixed
+    magnitudes per token (as inputs()'s xn), FP8 bytes and int32 scales for throughput."""
+    s = scales_shape(world)
+    inp = inputs(seed, rank, world, it, ll=True)
+    rng = np.random.default_rng([seed, rank, world, it, 13])
+    n = inp["idx"].shape[0]
+    inp["xn"] = rng.standard_normal((n, s["hidden"])).astype(np.float32) * \
+        rng.choice([1e-6, 1e-2, 1.0, 300.0], size=(n, 1)).astype(np.float32)
+    inp["q"] = rng.integers(0, 256, (n, s["hidden"]), dtype=np.uint8)
+    inp["sc_i32"] = rng.integers(-2 ** 31, 2 ** 31, (n, s["hidden"] // 512), dtype=np.int64) \
+        .astype(np.int32)
+    inp["sc_tok"] = (rng.random(n) + 0.5).astype(np.float32)
+    inp["sc_f32"] = (rng.random((n, s["hidden"] // 128)) + 1e-3).astype(np.float32)
+    return inp
+
+
+def scales_rank(args) -> List[Dict[str, np.ndarray]]:
+    """Rank `rank` of a job through deep_ep.Buffer, per iteration: low-latency FP8 dispatches
+    of xn as they are, with round_scale, with round_scale and use_ue8m0, and with round_scale
+    and the receive hook; then throughput FP8 dispatches with int32 (UE8M0) scales, one scale
+    per token, and column-major float32 scales.  Scales are returned with their strides."""
+    sock, job, rank, world, seed, iters, dev = args
+    dev = torch.device(dev)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    deep_ep = import_compat()
+    s = scales_shape(world)
+    b = deep_ep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
+                       local_world_size=world, socket=sock, explicitly_destroy=True, **s)
+    M, E = s["max_ll_tokens_per_rank"], s["num_experts"]
+
+    def keep(r, name, pair, count):
+        v, sc = pair
+        r[name + "_q"] = v.view(torch.uint8).cpu().numpy()
+        r[name + "_sc"] = sc.cpu().numpy()
+        r[name + "_stride"] = np.array(sc.stride())
+        r[name + "_dtype"] = str(sc.dtype)
+        r[name + "_count"] = count.cpu().numpy()
+
+    out = []
+    for it in range(iters):
+        r: Dict[str, np.ndarray] = {}
+        inp = scales_inputs(seed, rank, world, it)
+        x = torch.from_numpy(inp["xn"]).bfloat16().to(dev)
+        idx = torch.from_numpy(inp["idx"]).to(dev)
+        for name, kw in (("plain", {}), ("round", dict(round_scale=True)),
+                         ("ue8m0", dict(round_scale=True, use_ue8m0=True))):
+            pair, count, _, _, hook = b.low_latency_dispatch(x, idx, M, E, use_fp8=True, **kw)
+            hook()
+            keep(r, name, pair, count)
+        pair, count, _, _, hook = b.low_latency_dispatch(x, idx, M, E, use_fp8=True,
+                                                         round_scale=True, use_ue8m0=True,
+                                                         return_recv_hook=True)
+        hook()
+        keep(r, "hooked", pair, count)
+        w = torch.ones(idx.shape, dtype=torch.float32, device=dev)
+        q = torch.from_numpy(inp["q"]).to(dev).view(deep_ep.fp8_dtype)
+        for name, sc in (("tp_i32", torch.from_numpy(inp["sc_i32"])),
+                         ("tp_tok", torch.from_numpy(inp["sc_tok"])),
+                         ("tp_cm", torch.from_numpy(inp["sc_f32"]).t().contiguous().t())):
+            (rq, rs), _, _, _, h, _ = b.dispatch((q, sc.to(dev)), topk_idx=idx, topk_weights=w)
+            r[name + "_q"] = rq.view(torch.uint8).cpu().numpy()
+            r[name + "_sc"] = rs.cpu().numpy()
+            r[name + "_dtype"] = str(rs.dtype)
+            (cq, cs), *_ = b.dispatch((q, sc.to(dev)), handle=h)
+            r[name + "_cached_sc"] = cs.cpu().numpy()
+        out.append(r)
+    b.destroy()
+    return out
+
+
+def hook_rank(args) -> List[Dict[str, np.ndarray]]:
+    """Rank `rank` of a job of `world`, showing that return_recv_hook defers the receive.
+    Rank 0 makes a hooked low-latency dispatch, overwrites its x and topk_idx (the caller may,
+    once the call returns), then sets `returned`; the other ranks wait for `returned`
+    (ceiling `wait_s`) before their own call: a call that received before returning would
+    wait for them, and they for it.  Then every rank makes two hooked dispatches (of
+    iterations 1 and 2) and calls their hooks in reverse order, and a hooked combine of
+    iteration 0's rows whose x it overwrites before the hook.  Results as rank_ops'
+    (ll_x, ll_count, ll_combined), per iteration."""
+    sock, job, rank, world, seed, returned, wait_s = args
+    import deepep
+    s = shape(world)
+    M, E, L = s["max_ll_tokens_per_rank"], s["num_experts"], s["num_experts"] // world
+    b = deepep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
+                      local_world_size=world, socket=sock, **s)
+
+    def load(it):
+        li = inputs(seed, rank, world, it, ll=True)
+        return (torch.from_numpy(li["x"]).bfloat16(), torch.from_numpy(li["idx"]),
+                torch.from_numpy(li["w"]))
+
+    out: List[Dict[str, np.ndarray]] = [{} for _ in range(3)]
+    x, idx, w = load(0)
+    if rank != 0 and not returned.wait(wait_s):
+        raise AssertionError(f"rank 0's hooked low_latency_dispatch did not return within "
+                             f"{wait_s} s of this rank's waiting for it")
+    recv, count, h, ev, hook = b.low_latency_dispatch(x, idx, M, E, use_fp8=False,
+                                                      return_recv_hook=True)
+    assert ev.event is None
+    x.zero_()
+    idx.fill_(-1)
+    if rank == 0:
+        returned.set()
+    hook()
+    hook()  # a second call does nothing
+    out[0].update(ll_x=bits(recv), ll_count=count.cpu().numpy())
+    calls = []
+    stats = torch.zeros(L, dtype=torch.int32)
+    for it in (1, 2):
+        xi, ii, _ = load(it)
+        calls.append((it,) + b.low_latency_dispatch(xi, ii, M, E, use_fp8=False,
+                                                    cumulative_local_expert_recv_stats=stats,
+                                                    return_recv_hook=True))
+    assert not stats.any()  # counted when received, in the hooks
+    for it, recv_i, count_i, _, _, hook_i in reversed(calls):
+        hook_i()
+        out[it].update(ll_x=bits(recv_i), ll_count=count_i.cpu().numpy())
+    assert torch.equal(stats, calls[0][2] + calls[1][2])  # DeepEP's: cumulative
+    x, idx, w = load(0)
+    scale = torch.from_numpy(expert_scale(world)[rank * L:(rank + 1) * L]).view(L, 1, 1)
+    y = (recv.float() * scale).bfloat16()
+    comb, ev, hook = b.low_latency_combine(y, idx, w, h, return_recv_hook=True)
+    y.zero_()
+    w.zero_()
+    hook()
+    out[0]["ll_combined"] = bits(comb)
+    b.destroy()
+    return out

@@ -747,7 +747,8 @@ def test_deep_ep_imports_as_megatron_and_sglang_import_it(daemon):
     assert EO2 is EventOverlap and topk_idx_t is torch.int64 and EventHandle is deepep.EventHandle
     # Megatron's get_buffer: Buffer(group, num_nvl_bytes, num_rdma_bytes), then its attributes.
     b = Buffer(None, 1 << 20, 0, low_latency_mode=False, num_qps_per_rank=24,
-               allow_mnnvl=True, some_fork_only_kwarg=1, job_id="c-" + uuid.uuid4().hex[:8],
+               allow_mnnvl=True, explicitly_destroy=True, some_fork_only_kwarg=1,
+               job_id="c-" + uuid.uuid4().hex[:8],
                rank=0, world_size=1, socket=daemon, **SHAPE)
     assert (b.group, b.num_nvl_bytes, b.num_rdma_bytes, b.group_size) == (None, 1 << 20, 0, 1)
     assert b.ignored_kwargs == {"some_fork_only_kwarg": 1}

@@ -343,3 +343,28 @@ def test_dispatch_without_worst_case_rows_in_a_capture_is_refused_before_anythin
     rx, _, _, _, h, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)  # and it goes on
     torch.testing.assert_close(b.combine(rx, h)[0], x, rtol=0, atol=0)
     b.destroy()
+
+
+def test_a_hooked_low_latency_pair_runs_on_the_stream_current_at_its_hook(daemon):
+    """return_recv_hook defers the exchange to the hook, which queues it on the stream current
+    then: the handle notes that stream (as a combine's use does), the outputs are the
+    unhooked pair's, and the inputs may be overwritten between call and hook."""
+    b = one_rank(daemon)
+    x, idx, w = tokens()
+    want = ll_reference(x, idx, w)
+    side = torch.cuda.Stream()
+    xi = x.clone()
+    recv, count, h, ev, hook = b.low_latency_dispatch(xi, idx, 16, 4, use_fp8=False,
+                                                      return_recv_hook=True)
+    assert ev.event is None
+    xi.zero_()  # the caller's to reuse once the call returns
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        hook()
+        out, _, hook2 = b.low_latency_combine(recv, idx, w, h, return_recv_hook=True)
+        hook2()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert type(h._stream) is tuple and side.cuda_stream in h._stream
+    assert torch.equal(out, want)
+    b.destroy()
