@@ -1,10 +1,11 @@
 """The README's promise for the Python package: `pip install ./python` works offline, and the
-README's example then runs a dispatch and combine against a real daemon.
+README's example then runs a dispatch and combine against a real daemon; building the package
+leaves nothing in the tree, and the `deep_ep` module is shipped only by a build that asks for it.
 
 The package is installed with pip (no index, no build isolation: Debian's setuptools) into a
-temporary directory from a copy of python/, and the example, taken from the README's first ```python block, runs in
-a fresh interpreter that sees that directory and not the source tree.  The installed
-package's version is deepep.h's.
+temporary directory from a copy of python/, and the example, taken from the README's first
+```python block, runs in a fresh interpreter that sees that directory and not the source tree.
+The installed package's version is deepep.h's.
 """
 import os
 import re
@@ -12,15 +13,21 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 
 import pytest
 
 from conftest import BACKEND, REPO
 
+PIP_ENV = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
+
+
+def _readme() -> str:
+    return open(os.path.join(REPO, "README.md")).read()
+
 
 def _readme_example() -> str:
-    text = open(os.path.join(REPO, "README.md")).read()
-    m = re.search(r"```python\n(.*?)```", text, re.S)
+    m = re.search(r"```python\n(.*?)```", _readme(), re.S)
     assert m is not None, "README.md has no ```python block (the Python section's example)"
     return m.group(1)
 
@@ -30,6 +37,27 @@ def _header_version() -> str:
     m = re.search(r'#define DEP_VERSION_STRING "([^"]+)"', text)
     assert m is not None, "deepep.h defines no DEP_VERSION_STRING"
     return m.group(1)
+
+
+def _copy_package(dest: str) -> str:
+    """A copy of python/ as a fresh checkout has it (no build output, no tests) at dest."""
+    shutil.copytree(os.path.join(REPO, "python"), dest,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "tests"))
+    return dest
+
+
+def _wheel(src: str, out: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation",
+                           "--no-index", "--no-deps", "-w", out, src],
+                          capture_output=True, text=True, timeout=300, env=env,
+                          cwd=os.path.dirname(src))
+
+
+def _wheel_files(out: str) -> list:
+    wheels = [f for f in os.listdir(out) if f.endswith(".whl")]
+    assert len(wheels) == 1, f"pip wheel made {wheels} in {out}, not one wheel"
+    with zipfile.ZipFile(os.path.join(out, wheels[0])) as z:
+        return z.namelist()
 
 
 def test_pip_install_then_the_readme_example_runs(daemon):
@@ -64,3 +92,41 @@ def test_pip_install_then_the_readme_example_runs(daemon):
             f"the installed package's version is not deepep.h's: {lines[0]}"
         assert lines[-1] == "[2, 2, 2, 2] True", \
             f"the README's example printed {lines[-1]!r}, not what its comment says"
+
+
+def test_building_leaves_no_build_output_in_the_tree():
+    with tempfile.TemporaryDirectory(prefix="deepep-wheel.") as d:
+        src = _copy_package(os.path.join(d, "python"))
+        before = sorted(os.listdir(src))
+        r = _wheel(src, os.path.join(d, "w"), PIP_ENV)
+        assert r.returncode == 0, f"pip wheel ./python failed:\n{r.stdout}\n{r.stderr}"
+        after = sorted(os.listdir(src))
+        assert after == before, f"building the wheel left {sorted(set(after) - set(before))} " \
+                                "in python/"
+
+
+def test_deep_ep_is_shipped_only_by_a_build_that_asks_whatever_was_built_before():
+    with tempfile.TemporaryDirectory(prefix="deepep-wheel.") as d:
+        src = _copy_package(os.path.join(d, "python"))
+        opt_in = dict(PIP_ENV, DEEPEP_INSTALL_DEEP_EP="1")
+        r = _wheel(src, os.path.join(d, "w1"), opt_in)
+        assert r.returncode == 0, f"DEEPEP_INSTALL_DEEP_EP=1 pip wheel failed:\n{r.stderr}"
+        assert "deep_ep/__init__.py" in _wheel_files(os.path.join(d, "w1")), \
+            "DEEPEP_INSTALL_DEEP_EP=1 built a wheel without deep_ep/"
+        # A real DeepEP where the build can import it: the plain build after the opt-in
+        # one must neither ship deep_ep/ over it nor refuse (it installs no deep_ep).
+        real = os.path.join(d, "real")
+        os.makedirs(os.path.join(real, "deep_ep"))
+        with open(os.path.join(real, "deep_ep", "__init__.py"), "w") as f:
+            f.write('"""DeepEP itself."""\n')
+        plain = dict(PIP_ENV, PYTHONPATH=real)
+        plain.pop("DEEPEP_INSTALL_DEEP_EP", None)
+        r = _wheel(src, os.path.join(d, "w2"), plain)
+        assert r.returncode == 0, f"a plain pip wheel failed:\n{r.stdout}\n{r.stderr}"
+        shipped = [f for f in _wheel_files(os.path.join(d, "w2")) if f.startswith("deep_ep/")]
+        assert shipped == [], f"a plain build after an opt-in one shipped {shipped}"
+        # And an opt-in build after those refuses to go over the real DeepEP.
+        r = _wheel(src, os.path.join(d, "w3"), dict(plain, DEEPEP_INSTALL_DEEP_EP="1"))
+        assert r.returncode != 0 and "already installed" in r.stdout + r.stderr, \
+            f"an opt-in build went over a real DeepEP:\n{r.stdout}\n{r.stderr}"
+
