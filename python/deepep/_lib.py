@@ -375,8 +375,10 @@ def load() -> ctypes.CDLL:
         _lib = lib
         return lib
     raise OSError("deepep: cannot load libdeepep-client; tried " + "; ".join(tried) +
-                  f". Build it (make) and set ${LIB_ENV} to build/{SONAME}, or install it "
-                  "(make install; ldconfig).")
+                  f". This Python package (like a wheel of it) carries no native library: it "
+                  f"needs {SONAME}. Install the Debian package libdeepep-client0 (make deb "
+                  "builds it), or from the source tree run make install; ldconfig, or build "
+                  f"it (make) and set ${LIB_ENV} to build/{SONAME}.")
 
 
 def errname(code: int) -> str:

@@ -149,3 +149,24 @@ def test_deep_ep_is_shipped_only_by_a_build_that_asks_whatever_was_built_before(
         assert r.returncode != 0 and "already installed" in r.stdout + r.stderr, \
             f"an opt-in build went over a real DeepEP:\n{r.stdout}\n{r.stderr}"
 
+
+def test_a_missing_library_says_which_package_provides_it():
+    # $DEEPEP_CLIENT_LIB is an explicit choice that is never silently replaced, so a path
+    # with no library behind it is a missing library whatever the system has installed.
+    with tempfile.TemporaryDirectory(prefix="deepep-nolib.") as d:
+        code = ("import deepep\n"
+                "try:\n"
+                "    deepep.Buffer(job_id='nolib', rank=0, world_size=1, hidden=128,\n"
+                "                  num_experts=4, num_topk=2, max_tokens_per_rank=8)\n"
+                "except OSError as e:\n"
+                "    print(e)\n"
+                "else:\n"
+                "    raise SystemExit('Buffer(...) without the library did not raise')\n")
+        env = dict(os.environ, DEEPEP_CLIENT_LIB=os.path.join(d, "libdeepep-client.so.0"),
+                   PYTHONPATH=os.path.join(REPO, "python"))
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120, env=env, cwd=d)
+        assert r.returncode == 0, f"import deepep without the library failed:\n{r.stderr}"
+        msg = r.stdout
+        for words in ("libdeepep-client0", "make install", "carries no native library"):
+            assert words in msg, f"the missing library's message does not say {words!r}: {msg}"
