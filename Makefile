@@ -330,6 +330,28 @@ deb:
 	rm -rf $(DEB_DIR)/src
 	@ls $(DEB_DIR)/*.deb
 
+# The unit as make install writes it, its ExecStart pointed at this build's
+# daemon (verify insists the binary exists), held to systemd-analyze verify
+# (any line about it fails) and to an exposure ceiling of systemd-analyze
+# security: a change that loosens the sandbox past it must raise the ceiling
+# here, on purpose.  Where systemd-analyze is absent it skips, saying so.
+# (One decimal, as systemd-analyze prints it.)
+UNIT_EXPOSURE_MAX := 4.1
+verify-unit: $(DAEMON)
+	@if ! command -v systemd-analyze >/dev/null 2>&1; then \
+	  echo "verify-unit: SKIP: systemd-analyze not found (Debian package systemd)"; exit 0; fi; \
+	mkdir -p $(BUILD)/unit && \
+	sed -e 's|@SBINDIR@|$(abspath $(BUILD))|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
+	  systemd/deepepd.service.in > $(BUILD)/unit/deepepd.service && \
+	out=$$(systemd-analyze verify --man=no $(BUILD)/unit/deepepd.service 2>&1); rc=$$?; \
+	if [ $$rc -ne 0 ] || echo "$$out" | grep -q deepepd; then echo "$$out"; \
+	  echo "verify-unit: FAIL: systemd-analyze verify rejected systemd/deepepd.service.in"; exit 1; fi; \
+	sec=$$(systemd-analyze security --offline=true --no-pager \
+	  --threshold=$$(echo $(UNIT_EXPOSURE_MAX) | tr -d .) $(BUILD)/unit/deepepd.service 2>&1); rc=$$?; \
+	echo "$$sec" | tail -n 1; \
+	if [ $$rc -ne 0 ]; then echo "verify-unit: FAIL: deepepd.service's exposure is over $(UNIT_EXPOSURE_MAX)"; exit 1; fi; \
+	echo "verify-unit: deepepd.service OK (systemd-analyze verify; exposure at most $(UNIT_EXPOSURE_MAX))"
+
 clean:
 	rm -rf build build-asan
 
