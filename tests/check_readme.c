@@ -5,7 +5,7 @@
  * built, run with the section's own command against a daemon started as
  * `make run` starts it, and must print the section's ```text block.  The
  * security notes (README and deepepd(8)) must say both what is isolated and
- * what is not.
+ * what is not, and the unit and the words agree on who deepepd's user is.
  *
  * The trainer runs in a temporary directory laid out as the repository
  * root that the README's commands expect: client/ and build/ (links to the
@@ -286,6 +286,43 @@ START_TEST(security_notes_say_what_is_isolated_and_what_is_not) {
 }
 END_TEST
 
+/* Who "deepepd's user" is, as the unit, the sysusers snippet, the README and deepepd(8) say it:
+ * the unit names no User= (so the daemon runs as root), sysusers makes no user, and both
+ * documents say that deepepd's user is root under the unit.  A unit that gains a User= must
+ * have its user made by sysusers and the words changed with it, which this case then names. */
+START_TEST(unit_and_words_agree_on_deepepds_user) {
+  char *unit = dw_slurp("systemd/deepepd.service.in");
+  char *sysusers = dw_slurp("systemd/deepepd.sysusers");
+  char *readme = dw_slurp("README.md"), *man = dw_slurp("man/deepepd.8");
+  ck_assert_msg(unit[0] != '\0' && sysusers[0] != '\0',
+                "no systemd/deepepd.service.in or systemd/deepepd.sysusers");
+  ck_assert_msg(strstr(unit, "\nUser=") == NULL && strstr(unit, "\nDynamicUser=") == NULL,
+                "deepepd.service names a User=: make sysusers create it and the README and "
+                "deepepd(8) say that deepepd's user is that user, then change this case");
+  for (const char *l = sysusers; l != NULL; l = strchr(l, '\n'), l = l != NULL ? l + 1 : NULL)
+    ck_assert_msg(l[0] != 'u', "deepepd.sysusers makes a user, which the unit does not run as");
+  char *service = md_section(readme, "Running as a service");
+  ck_assert_msg(strstr(service, "runs deepepd as root") != NULL &&
+                    strstr(service, "\"deepepd's user\"") != NULL &&
+                    strstr(service, "is root under the unit") != NULL,
+                "README's \"Running as a service\" does not say that deepepd's user is root under "
+                "the unit");
+  ck_assert_msg(strstr(man, "runs deepepd as root") != NULL &&
+                    strstr(man, "is root under the unit") != NULL,
+                "deepepd(8) does not say that deepepd's user is root under the unit");
+  /* The hardening the words promise is in the unit. */
+  ck_assert_msg(strstr(unit, "\nSystemCallFilter=") != NULL,
+                "deepepd.service has no SystemCallFilter=");
+  ck_assert_msg(strstr(unit, "\nCapabilityBoundingSet=") != NULL,
+                "deepepd.service has no CapabilityBoundingSet=");
+  free(service);
+  free(unit);
+  free(sysusers);
+  free(readme);
+  free(man);
+}
+END_TEST
+
 Suite *readme_suite(void);
 Suite *readme_suite(void) {
   Suite *s = suite_create("readme");
@@ -297,6 +334,7 @@ Suite *readme_suite(void) {
   suite_add_tcase(s, tc);
   TCase *sec = tcase_create("security");
   tcase_add_test(sec, security_notes_say_what_is_isolated_and_what_is_not);
+  tcase_add_test(sec, unit_and_words_agree_on_deepepds_user);
   suite_add_tcase(s, sec);
   return s;
 }
