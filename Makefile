@@ -8,7 +8,8 @@
 #   make check-rdma      Soft-RoCE scenarios (tests/rdma/) in QEMU guests; root only
 #   make asan            the test suite under ASan + UBSan (in build-asan/)
 #   make fuzz            build the libFuzzer harnesses (clang) and run each briefly
-#   make deps            install missing Debian packages (apt-get; sudo when not root)
+#   make deps            install missing Debian packages (apt-get; sudo when not root):
+#                        `make deps run` only what building and running the daemon needs
 #   make run             build and start deepepd in the foreground (host backend, ./run/)
 #   make install PREFIX=/usr/local DESTDIR=
 #   make uninstall       remove what make install installed (same PREFIX, DESTDIR)
@@ -257,8 +258,12 @@ $(BUILD)/corpus_seeds: tests/corpus_seeds.c tests/corpus_seeds.h $(PROTO_SRC)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -DDEP_CORPUS_SEEDS_MAIN -o $@ tests/corpus_seeds.c $(PROTO_SRC)
 
+# make deps installs what the goals beside it need: with run (or all) alone,
+# what building and running the daemon needs; otherwise, or alone, also what
+# the tests, fuzzers, guests and make deb need (.ci/install-deps names each).
+DEPS_FOR = $(if $(filter-out deps run all,$(MAKECMDGOALS)),check,$(if $(filter run all,$(MAKECMDGOALS)),run,check))
 deps:
-	./.ci/install-deps
+	./.ci/install-deps $(DEPS_FOR)
 
 run: all
 	@mkdir -p run
