@@ -377,8 +377,8 @@ def load() -> ctypes.CDLL:
     raise OSError("deepep: cannot load libdeepep-client; tried " + "; ".join(tried) +
                   f". This Python package (like a wheel of it) carries no native library: it "
                   f"needs {SONAME}. Install the Debian package libdeepep-client0 (make deb "
-                  "builds it), or from the source tree run make install; ldconfig, or build "
-                  f"it (make) and set ${LIB_ENV} to build/{SONAME}.")
+                  "builds it), or run make install; ldconfig in the source tree. Build it "
+                  f"(make) and set ${LIB_ENV} to build/{SONAME} to use a build in place.")
 
 
 def errname(code: int) -> str:
