@@ -8,16 +8,23 @@
 #   make check-rdma      Soft-RoCE scenarios (tests/rdma/) in QEMU guests; root only
 #   make asan            the test suite under ASan + UBSan (in build-asan/)
 #   make fuzz            build the libFuzzer harnesses (clang) and run each briefly
-#   make deps            install missing Debian packages (apt-get; sudo when not root)
+#   make deps            install missing Debian packages (apt-get; sudo when not root):
+#                        `make deps run` only what building and running the daemon needs
 #   make run             build and start deepepd in the foreground (host backend, ./run/)
 #   make install PREFIX=/usr/local DESTDIR=
+#   make uninstall       remove what make install installed (same PREFIX, DESTDIR)
+#   make deb             the Debian packages (debian/, dpkg-buildpackage) into $(BUILD)/deb/
 #
 # Knobs (?=): PREFIX SYSCONFDIR RUNSTATEDIR CUDA_HOME NVCC_GENCODE PTX_ONLY WERROR STATIC_DEPS PYTHON
 
 PREFIX      ?= /usr/local
 BINDIR      ?= $(PREFIX)/bin
 SBINDIR     ?= $(PREFIX)/sbin
-LIBDIR      ?= $(PREFIX)/lib
+# On Debian and its derivatives the library goes in the multiarch directory
+# (/usr/lib/x86_64-linux-gnu, /usr/local/lib/x86_64-linux-gnu: both on the
+# loader's path there), as the distribution's own libraries do.
+MULTIARCH   := $(if $(wildcard /etc/debian_version),$(shell $(CC) -print-multiarch 2>/dev/null))
+LIBDIR      ?= $(PREFIX)/lib$(if $(MULTIARCH),/$(MULTIARCH))
 INCLUDEDIR  ?= $(PREFIX)/include
 MANDIR      ?= $(PREFIX)/share/man
 SYSCONFDIR  ?= /etc
@@ -127,7 +134,7 @@ CTL      := $(BUILD)/deepepctl
 TESTS    := $(BUILD)/check_deepepd
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check check-python check-rdma check-gpu asan fuzz deps run install clean verify-unit
+.PHONY: all check check-python check-rdma check-gpu asan fuzz deps run install uninstall deb clean verify-unit
 all: $(DAEMON) $(CTL) $(LIB_SO) $(BUILD)/libdeepep-client.so $(LIB_A) $(BUILD)/deepep-client.pc $(BENCHES)
 
 $(BUILD)/obj/%.o: %.c
@@ -159,7 +166,7 @@ FORCE:
 
 $(LIB_SO): $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) client/libdeepep-client.map
 	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=client/libdeepep-client.map \
-	  -Wl,--no-undefined $(SANFLAGS) -o $@ $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) -ldl -lpthread -lm
+	  -Wl,--no-undefined $(SANFLAGS) $(LDFLAGS) -o $@ $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) -ldl -lpthread -lm
 $(BUILD)/libdeepep-client.so: $(LIB_SO)
 	ln -sf $(notdir $(LIB_SO)) $(BUILD)/$(SONAME)
 	ln -sf $(notdir $(LIB_SO)) $@
@@ -171,11 +178,11 @@ $(LIB_A): $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ)
 # very kernels this build's library carries) and the library itself, whose
 # attach and warm-up its start-up check runs in a child process (warmup.c).
 $(DAEMON): $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) $(FATBIN_OBJ) $(CTLVIEW_OBJ) $(LIB_A)
-	$(CC) $(SANFLAGS) -o $@ $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) $(FATBIN_OBJ) \
+	$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) $(FATBIN_OBJ) \
 	  $(CTLVIEW_OBJ) $(LIB_A) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
 
 $(CTL): $(CTL_OBJ) $(LIB_A)
-	$(CC) $(SANFLAGS) -o $@ $(CTL_OBJ) $(LIB_A) -ldl -lpthread -lm
+	$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $(CTL_OBJ) $(LIB_A) -ldl -lpthread -lm
 
 # Each bench/<name>.c is one program, with the shared helpers of benchlib.c
 # and its own parts, bench/<name>/*.c where it has them, plus the daemon
@@ -251,8 +258,12 @@ $(BUILD)/corpus_seeds: tests/corpus_seeds.c tests/corpus_seeds.h $(PROTO_SRC)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -DDEP_CORPUS_SEEDS_MAIN -o $@ tests/corpus_seeds.c $(PROTO_SRC)
 
+# make deps installs what the goals beside it need: with run (or all) alone,
+# what building and running the daemon needs; otherwise, or alone, also what
+# the tests, fuzzers, guests and make deb need (.ci/install-deps names each).
+DEPS_FOR = $(if $(filter-out deps run all,$(MAKECMDGOALS)),check,$(if $(filter run all,$(MAKECMDGOALS)),run,check))
 deps:
-	./.ci/install-deps
+	./.ci/install-deps $(DEPS_FOR)
 
 run: all
 	@mkdir -p run
@@ -288,6 +299,63 @@ install: all
 	  chmod 0644 $(DESTDIR)$(MANDIR)/man$$s/$${m##*/}; done
 	for f in $(EXPORTED); do echo '.so man3/deepep.3' > $(DESTDIR)$(MANDIR)/man3/$$f.3; \
 	  chmod 0644 $(DESTDIR)$(MANDIR)/man3/$$f.3; done
+
+# Every file install writes, with the same PREFIX and DESTDIR.  The config is
+# removed only where it is still the shipped one: an edited config is the
+# operator's, and stays (said on the way).
+uninstall:
+	rm -f $(DESTDIR)$(SBINDIR)/deepepd $(DESTDIR)$(BINDIR)/deepepctl \
+	  $(DESTDIR)$(LIBDIR)/$(notdir $(LIB_SO)) $(DESTDIR)$(LIBDIR)/$(SONAME) \
+	  $(DESTDIR)$(LIBDIR)/libdeepep-client.so $(DESTDIR)$(LIBDIR)/$(notdir $(LIB_A)) \
+	  $(DESTDIR)$(INCLUDEDIR)/deepep.h $(DESTDIR)$(LIBDIR)/pkgconfig/deepep-client.pc \
+	  $(DESTDIR)$(UNITDIR)/deepepd.service $(DESTDIR)$(SYSUSERSDIR)/deepepd.conf \
+	  $(DESTDIR)$(TMPFILESDIR)/deepepd.conf
+	for m in man/*.[1-8]; do [ -e "$$m" ] || continue; \
+	  rm -f $(DESTDIR)$(MANDIR)/man$${m##*.}/$${m##*/}; done
+	for f in $(EXPORTED); do rm -f $(DESTDIR)$(MANDIR)/man3/$$f.3; done
+	if cmp -s config/deepepd.yaml $(DESTDIR)$(SYSCONFDIR)/deepepd/deepepd.yaml; then \
+	  rm -f $(DESTDIR)$(SYSCONFDIR)/deepepd/deepepd.yaml; \
+	  rmdir $(DESTDIR)$(SYSCONFDIR)/deepepd 2>/dev/null || true; \
+	elif [ -e $(DESTDIR)$(SYSCONFDIR)/deepepd/deepepd.yaml ]; then \
+	  echo "uninstall: kept $(DESTDIR)$(SYSCONFDIR)/deepepd/deepepd.yaml: it differs from the shipped config"; fi
+
+# The Debian packages deepepd, libdeepep-client0, libdeepep-client-dev and
+# python3-deepep (debian/), built by dpkg-buildpackage from a copy of the
+# tree in $(BUILD)/deb/src, so that debhelper's state stays out of the
+# checkout; the .debs land in $(BUILD)/deb/.  dpkg-buildpackage names any
+# build dependency that is missing (make deps installs them).
+DEB_DIR = $(BUILD)/deb
+deb:
+	@v=$$(dpkg-parsechangelog -S Version); [ "$$v" = "$(VERSION)" ] || \
+	  { echo "deb: debian/changelog is at $$v, deepep.h at $(VERSION): add a changelog entry (dch -v $(VERSION))"; exit 1; }
+	rm -rf $(DEB_DIR) && mkdir -p $(DEB_DIR)/src
+	tar -cf - --exclude-vcs --exclude=./build --exclude='./build-*' --exclude=./$(BUILD) \
+	  --exclude=./run --exclude=__pycache__ --exclude='*.egg-info' . | tar -xf - -C $(DEB_DIR)/src
+	cd $(DEB_DIR)/src && dpkg-buildpackage -us -uc -b
+	rm -rf $(DEB_DIR)/src
+	@ls $(DEB_DIR)/*.deb
+
+# The unit as make install writes it, its ExecStart pointed at this build's
+# daemon (verify insists the binary exists), held to systemd-analyze verify
+# (any line about it fails) and to an exposure ceiling of systemd-analyze
+# security: a change that loosens the sandbox past it must raise the ceiling
+# here, on purpose.  Where systemd-analyze is absent it skips, saying so.
+# (One decimal, as systemd-analyze prints it.)
+UNIT_EXPOSURE_MAX := 2.5
+verify-unit: $(DAEMON)
+	@if ! command -v systemd-analyze >/dev/null 2>&1; then \
+	  echo "verify-unit: SKIP: systemd-analyze not found (Debian package systemd)"; exit 0; fi; \
+	mkdir -p $(BUILD)/unit && \
+	sed -e 's|@SBINDIR@|$(abspath $(BUILD))|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
+	  systemd/deepepd.service.in > $(BUILD)/unit/deepepd.service && \
+	out=$$(systemd-analyze verify --man=no $(BUILD)/unit/deepepd.service 2>&1); rc=$$?; \
+	if [ $$rc -ne 0 ] || echo "$$out" | grep -q deepepd; then echo "$$out"; \
+	  echo "verify-unit: FAIL: systemd-analyze verify rejected systemd/deepepd.service.in"; exit 1; fi; \
+	sec=$$(systemd-analyze security --offline=true --no-pager \
+	  --threshold=$$(echo $(UNIT_EXPOSURE_MAX) | tr -d .) $(BUILD)/unit/deepepd.service 2>&1); rc=$$?; \
+	echo "$$sec" | tail -n 1; \
+	if [ $$rc -ne 0 ]; then echo "verify-unit: FAIL: deepepd.service's exposure is over $(UNIT_EXPOSURE_MAX)"; exit 1; fi; \
+	echo "verify-unit: deepepd.service OK (systemd-analyze verify; exposure at most $(UNIT_EXPOSURE_MAX))"
 
 clean:
 	rm -rf build build-asan

@@ -57,9 +57,16 @@ static void ctl_spawn_as(struct ctl_proc *p, int uid, const char *const *args) {
     argv[n] = args[n - 1];
   }
   argv[n] = NULL;
+  /* Another uid runs a copy it can reach (tu_otheruid). */
+  struct tu_otheruid other = {.fd = {-1, -1}};
+  if (uid >= 0)
+    ck_assert_msg(tu_otheruid_prepare(&other, "deepepctl") == 0,
+                  "cannot copy deepepctl for uid %d: %s", uid, strerror(errno));
   p->pid = fork();
   ck_assert_int_ge(p->pid, 0);
   if (p->pid == 0) {
+    if (uid >= 0)
+      tu_otheruid_child(&other);
     int o = open(fout, O_WRONLY | O_CREAT | O_TRUNC, 0666);
     int e = open(ferr, O_WRONLY | O_CREAT | O_TRUNC, 0666);
     if (o < 0 || e < 0)
@@ -70,9 +77,11 @@ static void ctl_spawn_as(struct ctl_proc *p, int uid, const char *const *args) {
                      setuid((uid_t)uid) != 0))
       _exit(125);
     unsetenv(DEP_SOCKET_ENV);
-    execv(tu_bin("deepepctl"), (char *const *)argv);
+    execv(uid >= 0 ? other.path : tu_bin("deepepctl"), (char *const *)argv);
     _exit(127);
   }
+  if (uid >= 0)
+    tu_otheruid_done(&other);
 }
 
 static void ctl_spawn(struct ctl_proc *p, const char *const *args) { ctl_spawn_as(p, -1, args); }

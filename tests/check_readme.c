@@ -5,7 +5,7 @@
  * built, run with the section's own command against a daemon started as
  * `make run` starts it, and must print the section's ```text block.  The
  * security notes (README and deepepd(8)) must say both what is isolated and
- * what is not.
+ * what is not, and the unit and the words agree on who deepepd's user is.
  *
  * The trainer runs in a temporary directory laid out as the repository
  * root that the README's commands expect: client/ and build/ (links to the
@@ -286,6 +286,122 @@ START_TEST(security_notes_say_what_is_isolated_and_what_is_not) {
 }
 END_TEST
 
+/* The lines of path that are words of a package name, as a space-separated list
+ * (" a b c ", so that a name is found with " name "; malloc'd). */
+static char *word_lines(const char *path) {
+  char *text = dw_slurp(path);
+  char *out = calloc(1, strlen(text) + 2);
+  ck_assert(out != NULL);
+  strcpy(out, " ");
+  for (char *l = strtok(text, "\n"); l != NULL; l = strtok(NULL, "\n")) {
+    strcat(out, l);
+    strcat(out, " ");
+  }
+  free(text);
+  return out;
+}
+
+/* The quick start's two commands install what each needs: `make deps run` (build and run the
+ * daemon) asks .ci/install-deps for its run set, which holds none of the test suite's packages;
+ * `make deps check` for the check set, which holds both.  Asked with make -n and install-deps
+ * --list, so nothing is installed. */
+START_TEST(quick_start_installs_what_each_command_needs_and_no_more) {
+  char *readme = dw_slurp("README.md");
+  char *qs = md_section(readme, "Quick start");
+  ck_assert_msg(strstr(qs, "\nmake deps run ") != NULL && strstr(qs, "\nmake deps check ") != NULL,
+                "README's Quick start does not give `make deps run` and `make deps check`");
+  char dir[200], out[256], cmd[512];
+  tu_tmpdir(dir, sizeof dir);
+  dw_sfmt(out, sizeof out, "%s/out", dir);
+  const char *goals[] = {"run", "check"};
+  for (size_t i = 0; i < 2; i++) {
+    dw_sfmt(cmd, sizeof cmd, "make -n deps %s | grep -x './.ci/install-deps %s'", goals[i],
+            goals[i]);
+    int st = sh_in(".", cmd, out, NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "make -n deps %s does not run .ci/install-deps %s: %s", goals[i], goals[i],
+                  dw_slurp(out));
+  }
+  char lists[2][256];
+  for (size_t i = 0; i < 2; i++) {
+    dw_sfmt(lists[i], sizeof lists[i], "%s/%s.list", dir, goals[i]);
+    dw_sfmt(cmd, sizeof cmd, "./.ci/install-deps --list %s", goals[i]);
+    int st = sh_in(".", cmd, lists[i], NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "install-deps --list %s failed: %s",
+                  goals[i], dw_slurp(lists[i]));
+  }
+  char *run = word_lines(lists[0]), *check = word_lines(lists[1]);
+  /* What running needs; the check set holds all of it too. */
+  const char *needed[] = {"build-essential", "pkg-config", "libuv1-dev", "libyaml-dev",
+                          "libsodium-dev"};
+  for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++) {
+    char w[64];
+    dw_sfmt(w, sizeof w, " %s ", needed[i]);
+    ck_assert_msg(strstr(run, w) != NULL, "make deps run would not install %s", needed[i]);
+  }
+  for (char *p = run + 1; *p != '\0';) {
+    char *sp = strchr(p, ' ');
+    char w[80];
+    dw_sfmt(w, sizeof w, " %.*s ", (int)(sp - p), p);
+    ck_assert_msg(strstr(check, w) != NULL, "the check set lacks%sof the run set", w);
+    p = sp + 1;
+  }
+  /* What only the tests need stays out of the run set. */
+  const char *tests_only[] = {"check", "clang", "qemu-system-x86", "python3-torch", "iperf3",
+                              "debhelper"};
+  for (size_t i = 0; i < sizeof tests_only / sizeof tests_only[0]; i++) {
+    char w[64];
+    dw_sfmt(w, sizeof w, " %s ", tests_only[i]);
+    ck_assert_msg(strstr(run, w) == NULL, "make deps run would install %s, which only the "
+                  "tests need", tests_only[i]);
+    ck_assert_msg(strstr(check, w) != NULL, "make deps check would not install %s",
+                  tests_only[i]);
+  }
+  free(run);
+  free(check);
+  free(qs);
+  free(readme);
+  tu_rmtree(dir);
+}
+END_TEST
+
+/* Who "deepepd's user" is, as the unit, the sysusers snippet, the README and deepepd(8) say it:
+ * the unit names no User= (so the daemon runs as root), sysusers makes no user, and both
+ * documents say that deepepd's user is root under the unit.  A unit that gains a User= must
+ * have its user made by sysusers and the words changed with it, which this case then names. */
+START_TEST(unit_and_words_agree_on_deepepds_user) {
+  char *unit = dw_slurp("systemd/deepepd.service.in");
+  char *sysusers = dw_slurp("systemd/deepepd.sysusers");
+  char *readme = dw_slurp("README.md"), *man = dw_slurp("man/deepepd.8");
+  ck_assert_msg(unit[0] != '\0' && sysusers[0] != '\0',
+                "no systemd/deepepd.service.in or systemd/deepepd.sysusers");
+  ck_assert_msg(strstr(unit, "\nUser=") == NULL && strstr(unit, "\nDynamicUser=") == NULL,
+                "deepepd.service names a User=: make sysusers create it and the README and "
+                "deepepd(8) say that deepepd's user is that user, then change this case");
+  for (const char *l = sysusers; l != NULL; l = strchr(l, '\n'), l = l != NULL ? l + 1 : NULL)
+    ck_assert_msg(l[0] != 'u', "deepepd.sysusers makes a user, which the unit does not run as");
+  char *service = md_section(readme, "Running as a service");
+  ck_assert_msg(strstr(service, "runs deepepd as root") != NULL &&
+                    strstr(service, "\"deepepd's user\"") != NULL &&
+                    strstr(service, "is root under the unit") != NULL,
+                "README's \"Running as a service\" does not say that deepepd's user is root under "
+                "the unit");
+  ck_assert_msg(strstr(man, "runs deepepd as root") != NULL &&
+                    strstr(man, "is root under the unit") != NULL,
+                "deepepd(8) does not say that deepepd's user is root under the unit");
+  /* The hardening the words promise is in the unit. */
+  ck_assert_msg(strstr(unit, "\nSystemCallFilter=") != NULL,
+                "deepepd.service has no SystemCallFilter=");
+  ck_assert_msg(strstr(unit, "\nCapabilityBoundingSet=") != NULL,
+                "deepepd.service has no CapabilityBoundingSet=");
+  free(service);
+  free(unit);
+  free(sysusers);
+  free(readme);
+  free(man);
+}
+END_TEST
+
 Suite *readme_suite(void);
 Suite *readme_suite(void) {
   Suite *s = suite_create("readme");
@@ -295,8 +411,13 @@ Suite *readme_suite(void) {
   tcase_add_test(tc, readme_trainer_runs_as_shown_against_the_quick_start_daemon);
   tcase_add_test(tc, readme_trainer_without_a_daemon_says_why_in_one_line);
   suite_add_tcase(s, tc);
+  TCase *deps = tcase_create("quickstart");
+  tcase_set_timeout(deps, 60); /* two make -n runs over the whole Makefile */
+  tcase_add_test(deps, quick_start_installs_what_each_command_needs_and_no_more);
+  suite_add_tcase(s, deps);
   TCase *sec = tcase_create("security");
   tcase_add_test(sec, security_notes_say_what_is_isolated_and_what_is_not);
+  tcase_add_test(sec, unit_and_words_agree_on_deepepds_user);
   suite_add_tcase(s, sec);
   return s;
 }

@@ -39,6 +39,50 @@ const char *tu_bin(const char *name) {
   return out;
 }
 
+int tu_otheruid_prepare(struct tu_otheruid *u, const char *name) {
+  memset(u, 0, sizeof *u);
+  u->fd[0] = u->fd[1] = -1;
+  snprintf(u->dir, sizeof u->dir, "/tmp/deptest-bin.XXXXXX");
+  if (mkdtemp(u->dir) == NULL)
+    return -1;
+  snprintf(u->path, sizeof u->path, "%s/%s", u->dir, name);
+  int in = open(tu_bin(name), O_RDONLY | O_CLOEXEC);
+  int out = open(u->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
+  int rc = in >= 0 && out >= 0 ? 0 : -1;
+  char buf[1 << 16];
+  ssize_t n = 0;
+  while (rc == 0 && (n = read(in, buf, sizeof buf)) > 0)
+    if (write(out, buf, (size_t)n) != n)
+      rc = -1;
+  /* The umask may have narrowed both modes; every uid must reach and run the copy. */
+  if (rc == 0 && (n < 0 || fchmod(out, 0755) != 0 || chmod(u->dir, 0755) != 0))
+    rc = -1;
+  if (out >= 0 && close(out) != 0)
+    rc = -1;
+  if (in >= 0)
+    close(in);
+  if (rc == 0 && pipe2(u->fd, O_CLOEXEC) != 0)
+    rc = -1;
+  if (rc != 0) {
+    int e = errno;
+    tu_rmtree(u->dir);
+    errno = e;
+  }
+  return rc;
+}
+
+void tu_otheruid_child(struct tu_otheruid *u) { close(u->fd[0]); }
+
+void tu_otheruid_done(struct tu_otheruid *u) {
+  close(u->fd[1]);
+  /* EOF once the child's exec closed the write end, or the child is gone. */
+  char c;
+  while (read(u->fd[0], &c, 1) < 0 && errno == EINTR) {
+  }
+  close(u->fd[0]);
+  tu_rmtree(u->dir);
+}
+
 void tu_tmpdir(char *out, size_t len) {
   const char *t = getenv("TMPDIR");
   snprintf(out, len, "%s/deptest.XXXXXX", t != NULL && t[0] != '\0' ? t : "/tmp");
@@ -430,9 +474,15 @@ int tu_daemon_start_opts(struct tu_daemon *d, const char *dir, const char *extra
              backend != NULL && backend[0] != '\0' ? backend : "host", pool, extra);
   if (tu_write_file(d->conf, yaml) != 0)
     return -1;
-  pid_t pid = fork();
-  if (pid < 0)
+  struct tu_otheruid other = {.fd = {-1, -1}};
+  if (o->uid > 0 && tu_otheruid_prepare(&other, "deepepd") != 0)
     return -1;
+  pid_t pid = fork();
+  if (pid < 0) {
+    if (o->uid > 0)
+      tu_otheruid_done(&other);
+    return -1;
+  }
   if (pid == 0) {
     int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd >= 0) {
@@ -445,9 +495,19 @@ int tu_daemon_start_opts(struct tu_daemon *d, const char *dir, const char *extra
      * client of the ranks' server could not serve them (DEVICE.md). */
     unsetenv("CUDA_MPS_PIPE_DIRECTORY");
     unsetenv("CUDA_MPS_LOG_DIRECTORY");
+    if (o->uid > 0) {
+      tu_otheruid_child(&other);
+      /* At fd 3, where the close_range below keeps it open until the exec closes it. */
+      if (o->nofile > 0 && other.fd[1] != 3) {
+        if (dup3(other.fd[1], 3, O_CLOEXEC) < 0)
+          _exit(126);
+        other.fd[1] = 3;
+      }
+    }
     if (o->nofile > 0) {
-      /* Only stdio goes with it, so that the fds it holds are its own. */
-      close_range(3, ~0u, 0);
+      /* Only stdio goes with it, so that the fds it holds are its own (fd 3, where
+         tu_otheruid's pipe is, closes at the exec). */
+      close_range(o->uid > 0 ? 4 : 3, ~0u, 0);
       struct rlimit rl = {.rlim_cur = (rlim_t)o->nofile, .rlim_max = (rlim_t)o->nofile};
       if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
         perror("setrlimit RLIMIT_NOFILE");
@@ -469,10 +529,12 @@ int tu_daemon_start_opts(struct tu_daemon *d, const char *dir, const char *extra
       }
       close(nfd);
     }
-    execl(tu_bin("deepepd"), "deepepd", "-c", d->conf, (char *)NULL);
+    execl(o->uid > 0 ? other.path : tu_bin("deepepd"), "deepepd", "-c", d->conf, (char *)NULL);
     perror("exec deepepd");
     _exit(127);
   }
+  if (o->uid > 0)
+    tu_otheruid_done(&other);
   d->pid = pid;
   if (o->wait == TU_WAIT_NONE)
     return 0;

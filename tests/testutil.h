@@ -14,6 +14,29 @@
 /* $DEP_BUILD/<name> (the Makefile sets DEP_BUILD), else build/<name>. */
 const char *tu_bin(const char *name);
 
+/*
+ * A program of the build for a child that drops to another uid before it
+ * execs it.  The build may sit inside a directory only its owner can enter
+ * (a clone in root's 0700 home, or in a mktemp -d), where that uid's exec
+ * fails with EACCES and the child exits 127; so the program is copied into
+ * a new directory under /tmp (not $TMPDIR, which may be such a directory
+ * too), mode 0755, and the copy is removed once the child has exec'd it.
+ *
+ * Before fork: tu_otheruid_prepare(&u, "deepepctl") (0, or -1 with errno).
+ * In the child: tu_otheruid_child(&u), then exec u.path; the pipe's write
+ * end u.fd[1] is close-on-exec and must stay open until the exec.
+ * In the parent: tu_otheruid_done(&u), which waits until the child has
+ * exec'd (or exited) and removes the copy.
+ */
+struct tu_otheruid {
+  char dir[64];
+  char path[128];
+  int fd[2];
+};
+int tu_otheruid_prepare(struct tu_otheruid *u, const char *name);
+void tu_otheruid_child(struct tu_otheruid *u);
+void tu_otheruid_done(struct tu_otheruid *u);
+
 /* A fresh temporary directory under $TMPDIR (0755 so other uids can reach a socket in it). */
 void tu_tmpdir(char *out, size_t len);
 

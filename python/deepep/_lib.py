@@ -375,8 +375,10 @@ def load() -> ctypes.CDLL:
         _lib = lib
         return lib
     raise OSError("deepep: cannot load libdeepep-client; tried " + "; ".join(tried) +
-                  f". Build it (make) and set ${LIB_ENV} to build/{SONAME}, or install it "
-                  "(make install; ldconfig).")
+                  f". This Python package (like a wheel of it) carries no native library: it "
+                  f"needs {SONAME}. Install the Debian package libdeepep-client0 (make deb "
+                  "builds it), or run make install; ldconfig in the source tree. Build it "
+                  f"(make) and set ${LIB_ENV} to build/{SONAME} to use a build in place.")
 
 
 def errname(code: int) -> str:
