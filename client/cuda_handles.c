@@ -143,6 +143,17 @@ int cuops_handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op,
 #undef AT
     h->cuda = m;
   }
+  /* The counts per source are read on the host (dep_handle_recv_from, a
+   * cached dispatch's and a combine's checks): host memory of the
+   * library's, never the device memory h->mem lends. */
+  if (h->recv_cap < W) {
+    uint32_t *p = realloc(h->recv_from, (size_t)W * sizeof *p);
+    if (p == NULL)
+      return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory for a handle's %u counts",
+                           op, W);
+    h->recv_from = p;
+    h->recv_cap = W;
+  }
   h->kind = OPS_HANDLE_EMPTY;
   h->world = W;
   h->rank = o->rank;

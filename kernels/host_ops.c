@@ -88,6 +88,10 @@ float host_ops_e4m3_to_float(uint8_t c) {
 
 /* ---- context and handles ---------------------------------------------------- */
 
+static int init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world,
+                      uint32_t rank, uint8_t *const *slabs, struct dep_xring *ring,
+                      uint32_t timeout_ms, char *why, size_t whylen);
+
 int host_ops_init(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world, uint32_t rank,
                   uint8_t *const *slabs, uint32_t timeout_ms, char *why, size_t whylen) {
   return host_ops_init_nodes(c, s, world, rank, slabs, NULL, timeout_ms, why, whylen);
@@ -101,14 +105,33 @@ int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32
     return DEP_ERR_INVALID;
   }
   memset(c, 0, sizeof *c);
-  if (world == 0 || world > DEP_MAX_LOCAL_RANKS || rank >= world) {
+  if (world == 0 || world > DEP_MAX_WORLD || rank >= world) {
     snprintf(why, whylen, "rank %u of world %u: the operations run 1..%u ranks in all", rank,
-             world, DEP_MAX_LOCAL_RANKS);
+             world, DEP_MAX_WORLD);
     return DEP_ERR_INVALID;
   }
   int rc = dep__shape_check(s, world, why, whylen);
+  if (rc == 0)
+    rc = init_nodes(c, s, world, rank, slabs, ring, timeout_ms, why, whylen);
   if (rc != 0)
-    return rc;
+    host_ops_fini(c);
+  return rc;
+}
+
+/* host_ops_init_nodes past its checks of the world and the shape; what it
+ * allocated is the caller's to free (host_ops_fini) whatever it returns. */
+static int init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world,
+                      uint32_t rank, uint8_t *const *slabs, struct dep_xring *ring,
+                      uint32_t timeout_ms, char *why, size_t whylen) {
+  /* Every per-rank table is sized by the job's world, once, here: no call
+   * allocates. */
+  c->slabs = calloc(world, sizeof *c->slabs);
+  c->remote = calloc(world, sizeof *c->remote);
+  c->per_rank = calloc((size_t)OPS_PER_RANK * world, sizeof *c->per_rank);
+  if (c->slabs == NULL || c->remote == NULL || c->per_rank == NULL) {
+    snprintf(why, whylen, "out of memory for the tables of a world of %u ranks", world);
+    return DEP_ERR_NO_MEMORY;
+  }
   uint32_t local = 0;
   for (uint32_t r = 0; r < world; r++) {
     c->remote[r] = slabs[r] == NULL ? (int32_t)(r - local) : -1;
@@ -133,7 +156,7 @@ int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32
     return DEP_ERR_INVALID;
   }
   c->ring = local < world ? ring : NULL;
-  rc = dep__slab_layout_nodes(s, world, local, &c->lay, why, whylen);
+  int rc = dep__slab_layout_nodes(s, world, local, &c->lay, why, whylen);
   if (rc != 0)
     return rc;
   if (c->ring != NULL && c->ring->xchg_bytes != c->lay.xchg_bytes) {
@@ -154,7 +177,6 @@ int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32
   c->acc = malloc((size_t)s->hidden * sizeof *c->acc);
   c->stage = malloc((size_t)s->hidden + (s->hidden / 128) * sizeof(float));
   if (c->acc == NULL || c->stage == NULL) {
-    host_ops_fini(c);
     snprintf(why, whylen, "out of memory for %u-channel scratch buffers", s->hidden);
     return DEP_ERR_NO_MEMORY;
   }
@@ -166,8 +188,14 @@ void host_ops_fini(struct ops_ctx *c) {
     return;
   free(c->acc);
   free(c->stage);
+  free(c->slabs);
+  free(c->remote);
+  free(c->per_rank);
   c->acc = NULL;
   c->stage = NULL;
+  c->slabs = NULL;
+  c->remote = NULL;
+  c->per_rank = NULL;
 }
 
 void host_ops_handle_init(struct dep_handle *h) { memset(h, 0, sizeof *h); }
@@ -179,20 +207,26 @@ void host_ops_handle_fini(struct dep_handle *h) {
     free(h->token_ranks);
     free(h->ll_rows);
   }
+  if (h->recv_cap > 0)
+    free(h->recv_from);
   memset(h, 0, sizeof *h);
 }
 
-/* A handle's arrays for c's shape: token_ranks (TP) then ll_rows (LL),
- * each from a DEP_HANDLE_ALIGN boundary of the caller's memory. */
+/* A handle's arrays for c's shape, each from a DEP_HANDLE_ALIGN boundary of
+ * the caller's memory: token_ranks then token_nranks (TP), recv_from (both
+ * kinds), ll_rows (LL). */
 struct handle_carve {
   uint32_t tp_cap;
-  uint64_t ll_cap, ll_off, total;
+  uint64_t nranks_off, tp_bytes, recv_off, ll_cap, ll_off, total;
 };
 static struct handle_carve handle_carve(const struct ops_ctx *c) {
   const uint32_t le = local_experts(c), k = c->shape.topk;
   struct handle_carve v = {.tp_cap = c->shape.max_tokens_per_rank};
   v.ll_cap = (uint64_t)c->world * c->lay.max_ll_tokens * (k < le ? k : le);
-  v.ll_off = dep_round_up((uint64_t)v.tp_cap * sizeof(uint64_t), DEP_HANDLE_ALIGN);
+  v.nranks_off = dep_round_up((uint64_t)v.tp_cap * k * sizeof(uint32_t), DEP_HANDLE_ALIGN);
+  v.tp_bytes = v.nranks_off + dep_round_up(v.tp_cap, DEP_HANDLE_ALIGN);
+  v.recv_off = v.tp_bytes;
+  v.ll_off = v.recv_off + dep_round_up((uint64_t)c->world * sizeof(uint32_t), DEP_HANDLE_ALIGN);
   v.total = v.ll_off + dep_round_up(v.ll_cap * sizeof(uint32_t[2]), DEP_HANDLE_ALIGN);
   return v;
 }
@@ -200,7 +234,7 @@ static struct handle_carve handle_carve(const struct ops_ctx *c) {
 uint64_t host_ops_handle_bytes(const struct ops_ctx *c) { return handle_carve(c).total; }
 
 /* Size the handle's arrays for c's shape (once, or each time in the
- * caller's memory, which holds both) and mark it empty. */
+ * caller's memory, which holds them all) and mark it empty. */
 int host_ops__handle_reserve(struct ops_ctx *c, struct dep_handle *h, uint32_t kind) {
   h->kind = OPS_HANDLE_EMPTY;
   const struct handle_carve v = handle_carve(c);
@@ -211,16 +245,28 @@ int host_ops__handle_reserve(struct ops_ctx *c, struct dep_handle *h, uint32_t k
                      "for another job; make a new handle", h->mem_bytes,
                      (unsigned long long)v.total);
     h->token_ranks = h->mem;
-    h->token_cap = v.tp_cap;
+    h->token_nranks = (uint8_t *)h->mem + v.nranks_off;
+    h->recv_from = (uint32_t *)((uint8_t *)h->mem + v.recv_off);
     h->ll_rows = (uint32_t(*)[2])((uint8_t *)h->mem + v.ll_off);
     h->ll_cap = v.ll_cap;
-  }
-  if (kind == OPS_HANDLE_TP && h->token_cap < v.tp_cap) {
-    uint64_t *p = realloc(h->token_ranks, (size_t)v.tp_cap * sizeof *p);
-    if (p == NULL)
-      return set_why(c, DEP_ERR_NO_MEMORY, "out of memory for a dispatch handle");
-    h->token_ranks = p;
-    h->token_cap = v.tp_cap;
+  } else {
+    if (kind == OPS_HANDLE_TP && h->tp_bytes < v.tp_bytes) {
+      uint32_t *p = realloc(h->token_ranks, (size_t)v.tp_bytes);
+      if (p == NULL)
+        return set_why(c, DEP_ERR_NO_MEMORY, "out of memory for a dispatch handle");
+      h->token_ranks = p;
+      h->tp_bytes = v.tp_bytes;
+    }
+    if (h->token_ranks != NULL) /* carved again: topk may differ from the last job's */
+      h->token_nranks = (uint8_t *)h->token_ranks + v.nranks_off;
+    if (h->recv_cap < c->world) {
+      uint32_t *p = realloc(h->recv_from, (size_t)c->world * sizeof *p);
+      if (p == NULL)
+        return set_why(c, DEP_ERR_NO_MEMORY, "out of memory for a handle's %u counts",
+                       c->world);
+      h->recv_from = p;
+      h->recv_cap = c->world;
+    }
   }
   if (kind == OPS_HANDLE_LL && h->ll_cap < v.ll_cap) {
     uint32_t(*p)[2] = realloc(h->ll_rows, (size_t)v.ll_cap * sizeof *p);

@@ -97,10 +97,10 @@ struct ops_ctx {
   struct dep_job_shape shape;
   struct dep_slab_layout lay;
   uint32_t world, rank;
-  uint8_t *slabs[DEP_MAX_LOCAL_RANKS]; /* every local rank's slab mapped here, by rank;
-                                          NULL for a remote rank */
-  int32_t remote[DEP_MAX_LOCAL_RANKS]; /* a remote rank's number among the remote ranks
-                                          (slab.h's exchange region); -1 for a local rank */
+  uint8_t **slabs;                     /* [world]: every local rank's slab mapped here, by
+                                          rank; NULL for a remote rank */
+  int32_t *remote;                     /* [world]: a remote rank's number among the remote
+                                          ranks (slab.h's exchange region); -1 for a local rank */
   struct dep_xring *ring;              /* the proxy's ring: a job that spans nodes only */
   uint8_t *xchg;                       /* ... and the exchange region after it */
   uint64_t seq;                        /* communicating calls made so far */
@@ -108,8 +108,13 @@ struct ops_ctx {
   int broken;                          /* a wait timed out: the ranks are out of step */
   float *acc;                          /* scratch: hidden float32 accumulators */
   uint8_t *stage;                      /* scratch: one FP8 token with its scales */
+  uint32_t *per_rank;                  /* scratch: OPS_PER_RANK counters for each rank */
   char why[256];                       /* message of the last failure */
 };
+
+/* The world-sized counters of ops_ctx.per_rank: a call's rows per rank
+ * (sent, received, expected back) and a read cursor per source. */
+#define OPS_PER_RANK 4u
 
 enum ops_handle_kind { OPS_HANDLE_EMPTY = 0, OPS_HANDLE_TP = 1, OPS_HANDLE_LL = 2 };
 
@@ -125,12 +130,17 @@ struct dep_handle {
   uint32_t num_tokens; /* tokens this rank dispatched */
   uint32_t num_recv;   /* TP: rows received in total */
   uint32_t worst;      /* TP: the dispatch's num_worst_tokens (0: num_recv is known on the host) */
-  /* TP: rows received from each source (they are contiguous, by source).
-   * LL: vectors this rank owes each source in the combine. */
-  uint32_t recv_from[DEP_MAX_LOCAL_RANKS];
-  /* TP: for each dispatched token, bit d set when rank d received it. */
-  uint64_t *token_ranks;
-  uint32_t token_cap;
+  /* [world] TP: rows received from each source (they are contiguous, by
+   * source).  LL: vectors this rank owes each source in the combine.  Host
+   * memory on both backends: carved in mem on the host backend, else the
+   * library's own (recv_cap > 0: its length). */
+  uint32_t *recv_from;
+  uint32_t recv_cap;
+  /* TP: for each dispatched token t, the ranks that received it, ascending:
+   * token_ranks[t * topk + i] for i < token_nranks[t] (at most topk). */
+  uint32_t *token_ranks;
+  uint8_t *token_nranks;
+  uint64_t tp_bytes;   /* the library's allocation of both (0: none, or carved in mem) */
   /* LL: per vector owed, in (source, source token, order of first
    * appearance in the token's top-k) order: {local expert, row}. */
   uint32_t (*ll_rows)[2];
@@ -148,7 +158,7 @@ struct dep_handle {
 /* ---- context ------------------------------------------------------------ */
 
 /*
- * Make a context for `rank` of `world` (1..DEP_MAX_LOCAL_RANKS) on the
+ * Make a context for `rank` of `world` (1..DEP_MAX_WORLD) on the
  * mapped slabs (slabs[0..world-1], each 64-byte aligned, laid out by
  * dep__slab_layout for this shape and zero or left by an earlier ctx that
  * ran in step).  0, DEP_ERR_INVALID or DEP_ERR_NO_MEMORY with why.

@@ -85,6 +85,32 @@ static inline uint32_t local_experts(const struct ops_ctx *c) {
   return c->shape.num_experts / c->world;
 }
 
+/*
+ * The ranks token t of topk_idx (topk ids per token) goes to: those owning
+ * one of its experts, each once, ascending, into dest (at most topk);
+ * returns how many.  O(topk^2) per token whatever the world: a token's ids
+ * are few.
+ */
+static inline uint32_t token_dests(const struct ops_ctx *c, const void *idx, int type, uint32_t t,
+                                   uint32_t *dest) {
+  const uint32_t k = c->shape.topk, le = local_experts(c);
+  uint32_t n = 0;
+  for (uint32_t j = 0; j < k; j++) {
+    int64_t e = idx_at(idx, type, (size_t)t * k + j);
+    if (e < 0)
+      continue;
+    uint32_t d = (uint32_t)(e / le), i = n;
+    while (i > 0 && dest[i - 1] > d)
+      i--;
+    if (i > 0 && dest[i - 1] == d)
+      continue;
+    memmove(dest + i + 1, dest + i, (n - i) * sizeof *dest);
+    dest[i] = d;
+    n++;
+  }
+  return n;
+}
+
 /* Size h's arrays for c's shape for a handle of kind (OPS_HANDLE_TP or _LL) and mark it empty. */
 int host_ops__handle_reserve(struct ops_ctx *c, struct dep_handle *h, uint32_t kind);
 /* Start a communicating call: refuse an unready or broken context, else take the next seq. */

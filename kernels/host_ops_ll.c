@@ -7,6 +7,8 @@
  */
 #include "host_ops_internal.h"
 
+#include "shape.h"
+
 /* One bf16 token to FP8: h e4m3 bytes, then h/128 float32 scales. */
 static void token_to_fp8(const uint16_t *x, uint32_t hidden, uint8_t *out) {
   float *scales = (float *)(out + hidden);
@@ -27,34 +29,35 @@ static void token_to_fp8(const uint16_t *x, uint32_t hidden, uint8_t *out) {
 
 /* ---- low-latency mode --------------------------------------------------------------- */
 
-/* A token's distinct experts on each rank, in order of first appearance. */
+/* A token's ranks, ascending, and its distinct experts on each, in order
+ * of first appearance: a list of at most topk, whatever the world. */
 struct token_sel {
-  uint64_t mask;                          /* ranks it goes to */
-  uint8_t n[DEP_MAX_LOCAL_RANKS];         /* distinct local experts per rank */
-  int32_t ids[DEP_MAX_LOCAL_RANKS][16];   /* those local experts */
-  int32_t vec[16];                        /* per k: index among its rank's distinct experts */
+  uint32_t nd;                                 /* ranks it goes to */
+  uint32_t dest[DEP_SHAPE_MAX_TOPK];           /* those ranks */
+  uint8_t n[DEP_SHAPE_MAX_TOPK];               /* distinct local experts on dest[i] */
+  int32_t ids[DEP_SHAPE_MAX_TOPK][DEP_SHAPE_MAX_TOPK]; /* those local experts */
+  int32_t vec[DEP_SHAPE_MAX_TOPK]; /* per k: index among its rank's distinct experts */
 };
 
 static void select_token(const struct ops_ctx *c, const void *idx, int type, uint32_t t,
                          struct token_sel *s) {
   const uint32_t k = c->shape.topk, le = local_experts(c);
-  s->mask = 0;
+  s->nd = token_dests(c, idx, type, t, s->dest);
+  memset(s->n, 0, s->nd * sizeof s->n[0]);
   for (uint32_t j = 0; j < k; j++) {
     int64_t e = idx_at(idx, type, (size_t)t * k + j);
     s->vec[j] = -1;
     if (e < 0)
       continue;
-    uint32_t d = (uint32_t)(e / le);
+    uint32_t d = (uint32_t)(e / le), p = 0;
     int32_t l = (int32_t)(e % le);
-    if (!((s->mask >> d) & 1u)) {
-      s->mask |= 1ull << d;
-      s->n[d] = 0;
-    }
+    while (s->dest[p] != d)
+      p++;
     uint32_t i = 0;
-    while (i < s->n[d] && s->ids[d][i] != l)
+    while (i < s->n[p] && s->ids[p][i] != l)
       i++;
-    if (i == s->n[d])
-      s->ids[d][s->n[d]++] = l;
+    if (i == s->n[p])
+      s->ids[p][s->n[p]++] = l;
     s->vec[j] = (int32_t)i;
   }
 }
@@ -74,27 +77,27 @@ int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a
   const uint32_t op = OPS_OP_LL_DISPATCH | (a->use_fp8 ? OPS_OP_FP8 : 0);
   const size_t payload = a->use_fp8 ? hid + groups * sizeof(float) : 2u * hid;
   const uint16_t *x = a->x;
-  uint32_t sent[DEP_MAX_LOCAL_RANKS] = {0};
+  uint32_t *sent = c->per_rank;
+  memset(sent, 0, c->world * sizeof *sent);
   struct token_sel sel;
 
   for (uint32_t t = 0; t < a->num_tokens; t++) {
     select_token(c, a->topk_idx, a->index_type, t, &sel);
-    if (sel.mask == 0)
+    if (sel.nd == 0)
       continue;
     const void *src = x + (size_t)t * hid;
     if (a->use_fp8) {
       token_to_fp8(x + (size_t)t * hid, hid, c->stage); /* once per token, not per rank */
       src = c->stage;
     }
-    for (uint32_t d = 0; d < c->world; d++) {
-      if (!((sel.mask >> d) & 1u))
-        continue;
+    for (uint32_t p = 0; p < sel.nd; p++) {
+      const uint32_t d = sel.dest[p];
       uint8_t *row = out_row(c, d, parity, sent[d]++);
       memcpy(row, src, payload);
       int32_t *meta = (int32_t *)(row + ops_meta_off(hid));
       meta[0] = (int32_t)t;
-      meta[1] = sel.n[d];
-      memcpy(row + ops_ids_off(hid), sel.ids[d], sel.n[d] * sizeof(int32_t));
+      meta[1] = sel.n[p];
+      memcpy(row + ops_ids_off(hid), sel.ids[p], sel.n[p] * sizeof(int32_t));
     }
   }
   if ((rc = host_ops__post_all(c, sent, op, 0, a->num_tokens, c->lay.row_bytes)) != 0 ||
@@ -174,12 +177,12 @@ int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
     return rc;
 
   struct token_sel sel;
-  uint32_t expect[DEP_MAX_LOCAL_RANKS] = {0}, base[DEP_MAX_LOCAL_RANKS] = {0};
+  uint32_t *expect = c->per_rank + 2 * c->world, *base = expect + c->world;
+  memset(expect, 0, 2 * c->world * sizeof *expect);
   for (uint32_t t = 0; t < h->num_tokens; t++) {
     select_token(c, a->topk_idx, a->index_type, t, &sel);
-    for (uint32_t d = 0; d < c->world; d++)
-      if ((sel.mask >> d) & 1u)
-        expect[d] += sel.n[d];
+    for (uint32_t p = 0; p < sel.nd; p++)
+      expect[sel.dest[p]] += sel.n[p];
   }
   if ((rc = host_ops__check_combine_slots(c, h, expect)) != 0)
     return rc;
@@ -200,9 +203,8 @@ int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
       for (uint32_t i = 0; i < hid; i++)
         acc[i] += w * host_ops_bf16_to_float(v[i]);
     }
-    for (uint32_t d = 0; d < c->world; d++)
-      if ((sel.mask >> d) & 1u)
-        base[d] += sel.n[d];
+    for (uint32_t p = 0; p < sel.nd; p++)
+      base[sel.dest[p]] += sel.n[p];
     for (uint32_t i = 0; i < hid; i++)
       out[(size_t)t * hid + i] = host_ops_float_to_bf16(acc[i]);
   }

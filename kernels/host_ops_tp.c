@@ -20,22 +20,21 @@ int host_ops_layout(struct ops_ctx *c, const struct dep_layout_args *a) {
    * operation is refused (deepep(3)), as on cuda: the job cannot go on. */
   if (c->broken)
     return set_why(c, DEP_ERR_STATE, "%s", OPS_BROKEN_WHY);
-  uint32_t k = c->shape.topk, le = local_experts(c);
+  uint32_t k = c->shape.topk;
+  uint32_t dest[DEP_SHAPE_MAX_TOPK];
   memset(a->tokens_per_rank, 0, c->world * sizeof(int32_t));
   memset(a->tokens_per_expert, 0, c->shape.num_experts * sizeof(int32_t));
   for (uint32_t t = 0; t < a->num_tokens; t++) {
-    uint64_t mask = 0;
     for (uint32_t j = 0; j < k; j++) {
       int64_t e = idx_at(a->topk_idx, a->index_type, (size_t)t * k + j);
-      if (e < 0)
-        continue;
-      a->tokens_per_expert[e]++;
-      mask |= 1ull << (e / le);
+      if (e >= 0)
+        a->tokens_per_expert[e]++;
     }
-    for (uint32_t d = 0; d < c->world; d++) {
-      uint8_t in = (uint8_t)((mask >> d) & 1u);
-      a->token_in_rank[(size_t)t * c->world + d] = in;
-      a->tokens_per_rank[d] += in;
+    uint8_t *in = a->token_in_rank + (size_t)t * c->world;
+    memset(in, 0, c->world);
+    for (uint32_t i = 0, n = token_dests(c, a->topk_idx, a->index_type, t, dest); i < n; i++) {
+      in[dest[i]] = 1;
+      a->tokens_per_rank[dest[i]]++;
     }
   }
   return 0;
@@ -73,23 +72,15 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
   const unsigned parity = (unsigned)(c->seq & 1);
   const uint32_t op = OPS_OP_DISPATCH | (a->use_fp8 ? OPS_OP_FP8 : 0) |
                       (a->cached ? OPS_OP_CACHED : 0);
-  uint32_t sent[DEP_MAX_LOCAL_RANKS] = {0};
+  uint32_t *sent = c->per_rank, *from = sent + c->world;
+  memset(sent, 0, c->world * sizeof *sent);
 
   for (uint32_t t = 0; t < a->num_tokens; t++) {
-    uint64_t mask = 0;
-    if (a->cached) {
-      mask = h->token_ranks[t];
-    } else {
-      for (uint32_t j = 0; j < k; j++) {
-        int64_t e = idx_at(a->topk_idx, a->index_type, (size_t)t * k + j);
-        if (e >= 0)
-          mask |= 1ull << (e / le);
-      }
-      h->token_ranks[t] = mask;
-    }
-    for (uint32_t d = 0; d < c->world; d++) {
-      if (!((mask >> d) & 1u))
-        continue;
+    uint32_t *dest = h->token_ranks + (size_t)t * k;
+    if (!a->cached)
+      h->token_nranks[t] = (uint8_t)token_dests(c, a->topk_idx, a->index_type, t, dest);
+    for (uint32_t i = 0; i < h->token_nranks[t]; i++) {
+      const uint32_t d = dest[i];
       uint8_t *row = out_row(c, d, parity, sent[d]++);
       put_payload(c, a, t, row);
       int32_t *meta = (int32_t *)(row + ops_meta_off(hid));
@@ -113,7 +104,6 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
     return rc;
 
   /* Check every source's row count before writing anything. */
-  uint32_t from[DEP_MAX_LOCAL_RANKS];
   uint64_t total = 0;
   for (uint32_t src = 0; src < c->world; src++) {
     const struct ops_slot *sl = in_slot(c, parity, src);
@@ -226,10 +216,11 @@ int host_ops_combine(struct ops_ctx *c, const struct dep_combine_args *a,
                                c->lay.row_bytes)) != 0 ||
       (rc = host_ops__wait_all(c, op)) != 0)
     return rc;
-  uint32_t expect[DEP_MAX_LOCAL_RANKS] = {0}, cursor[DEP_MAX_LOCAL_RANKS] = {0};
+  uint32_t *expect = c->per_rank + 2 * c->world, *cursor = expect + c->world;
+  memset(expect, 0, 2 * c->world * sizeof *expect);
   for (uint32_t t = 0; t < h->num_tokens; t++)
-    for (uint32_t d = 0; d < c->world; d++)
-      expect[d] += (uint32_t)((h->token_ranks[t] >> d) & 1u);
+    for (uint32_t i = 0; i < h->token_nranks[t]; i++)
+      expect[h->token_ranks[(size_t)t * k + i]]++;
   if ((rc = host_ops__check_combine_slots(c, h, expect)) != 0)
     return rc;
 
@@ -238,9 +229,8 @@ int host_ops_combine(struct ops_ctx *c, const struct dep_combine_args *a,
   for (uint32_t t = 0; t < h->num_tokens; t++) {
     memset(acc, 0, hid * sizeof *acc);
     memset(wacc, 0, sizeof wacc);
-    for (uint32_t r = 0; r < c->world; r++) {
-      if (!((h->token_ranks[t] >> r) & 1u))
-        continue;
+    for (uint32_t p = 0; p < h->token_nranks[t]; p++) {
+      const uint32_t r = h->token_ranks[(size_t)t * k + p];
       const uint8_t *row = in_row(c, parity, r, cursor[r]++);
       const uint16_t *v = (const uint16_t *)row;
       for (uint32_t i = 0; i < hid; i++)

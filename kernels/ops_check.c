@@ -34,9 +34,12 @@ uint64_t ops_check_idx_hash(const void *idx, int index_type, size_t n) {
 int ops_check_ctx(const struct ops_ctx *c, char *why, size_t whylen) {
   if (c == NULL)
     return why_fail(why, whylen, DEP_ERR_INVALID, "ops context is NULL (attach first)");
-  if (c->world == 0 || c->world > DEP_MAX_LOCAL_RANKS || c->rank >= c->world)
+  if (c->world == 0 || c->world > DEP_MAX_WORLD || c->rank >= c->world)
     return why_fail(why, whylen, DEP_ERR_INVALID, "rank %u of world %u out of range (the host backend runs 1..%u ranks)",
-                c->rank, c->world, DEP_MAX_LOCAL_RANKS);
+                c->rank, c->world, DEP_MAX_WORLD);
+  if (c->slabs == NULL || c->remote == NULL || c->per_rank == NULL)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "ops context has no tables (make it with "
+                    "host_ops_init)");
   int rc = dep__shape_check(&c->shape, c->world, why, whylen);
   if (rc != 0)
     return rc;

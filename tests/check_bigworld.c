@@ -6,7 +6,8 @@
  * API that attach, wait for the test's word and detach: a job of 128 ranks
  * over two daemons (64 a node, the most a node holds) and one of 96 over
  * three attach on every rank, and deepepctl status, peers and stats show
- * them; more than 64 ranks on one node is refused at attach with the
+ * them; both jobs run every operation of the host backend against the
+ * oracle; more than 64 ranks on one node is refused at attach with the
  * limit named; the cuda library refuses a world its kernels cannot address
  * before it sends anything.  Shapes are small (a few tokens a rank), so a
  * job of 128 processes costs a 2-core machine seconds.
@@ -26,6 +27,7 @@
 #include "fake_daemon.h"
 #include "nodes.h"
 #include "testutil.h"
+#include "xnjob.h"
 
 /* What every rank and the test must finish within: a ceiling for 128
  * processes attaching on a loaded 2-core machine, far above the seconds it
@@ -252,6 +254,48 @@ START_TEST(a_job_of_96_ranks_over_three_nodes_of_32_attaches_and_shows_whole) {
 END_TEST
 
 /*
+ * Every operation of the host backend runs in a world above 64 ranks: the
+ * job's ranks over `nodes` real daemons each run two rounds of layout,
+ * dispatch, combine, LL dispatch (FP8 in the second) and LL combine
+ * (xn_round), then a dispatch in FP8, a cached one and a weighted combine
+ * (xn_round_modes), each checked against the oracle.  Before, the job attached
+ * but every operation returned DEP_ERR_UNSUPPORTED ("world above 64").
+ * The op timeout is a ceiling for 128 processes sharing 2 loaded cores.
+ */
+static void expect_job_runs_every_op(const struct ow_scenario *sc, const uint32_t *split,
+                                     int nodes, const char *job) {
+  ow_seed_init(sc->world);
+  struct ow_case *d = xn_case_new(sc, 0);
+  struct nodes ns;
+  xn_nodes_start(&ns, nodes, BW_ATTACH_TIMEOUT_MS, 60000, "");
+  struct xn_place p;
+  xn_place(&p, split, nodes);
+  struct xn_run run = {.d = d, .rounds = 2, .alternate_fp8 = true, .modes = true};
+  struct xn_result *res = xn_results(sc->world);
+  xn_run_job(&ns, &p, job, &run, res);
+  for (uint32_t g = 0; g < sc->world; g++)
+    ck_assert_uint_eq(atomic_load(&res[g].rounds), 2);
+  munmap(res, sc->world * sizeof *res);
+  nodes_stop(&ns);
+  xn_case_free(d);
+}
+
+START_TEST(every_op_runs_against_the_oracle_in_a_job_of_128_ranks_over_two_nodes) {
+  /* world hidden topk experts max_tokens max_ll routing tokens index fp8 */
+  const struct ow_scenario sc = {128, 128, 4, 256, 2, 2, P_RANDOM, T_MIXED, DEP_INDEX_I32, 0};
+  const uint32_t split[] = {DEP_MAX_LOCAL_RANKS, DEP_MAX_LOCAL_RANKS};
+  expect_job_runs_every_op(&sc, split, 2, "bwops128");
+}
+END_TEST
+
+START_TEST(every_op_runs_against_the_oracle_in_a_job_of_96_ranks_over_three_nodes) {
+  const struct ow_scenario sc = {96, 128, 3, 96, 4, 4, P_DUP, T_MAX, DEP_INDEX_I64, 0};
+  const uint32_t split[] = {32, 32, 32};
+  expect_job_runs_every_op(&sc, split, 3, "bwops96");
+}
+END_TEST
+
+/*
  * A node holds at most DEP_MAX_LOCAL_RANKS ranks of a job: a 65th local
  * rank is refused at attach, naming the bound, by the library before
  * anything goes on the wire and by the daemon for a client that sends it
@@ -315,6 +359,11 @@ Suite *bigworld_suite(void) {
   tcase_add_test(tc, a_job_of_128_ranks_over_two_nodes_of_64_attaches_and_shows_whole);
   tcase_add_test(tc, a_job_of_96_ranks_over_three_nodes_of_32_attaches_and_shows_whole);
   suite_add_tcase(s, tc);
+  TCase *ops = tcase_create("ops");
+  tcase_set_timeout(ops, 300);
+  tcase_add_test(ops, every_op_runs_against_the_oracle_in_a_job_of_128_ranks_over_two_nodes);
+  tcase_add_test(ops, every_op_runs_against_the_oracle_in_a_job_of_96_ranks_over_three_nodes);
+  suite_add_tcase(s, ops);
   TCase *lim = tcase_create("limits");
   tcase_add_test(lim, more_than_64_ranks_on_one_node_are_refused_at_attach_naming_the_limit);
   tcase_add_test(lim,

@@ -661,7 +661,7 @@ START_TEST(init_refuses_bad_contexts) {
     ck_assert_msg(strstr(why, name), "%s: \"%s\" lacks \"%s\"", #expr, why, name);          \
   } while (0)
   BAD_INIT(host_ops_init(&c, &s, 0, 0, sl, 100, why, sizeof why), "world 0");
-  BAD_INIT(host_ops_init(&c, &s, 65, 0, sl, 100, why, sizeof why), "world 65");
+  BAD_INIT(host_ops_init(&c, &s, DEP_MAX_WORLD + 1, 0, sl, 100, why, sizeof why), "world 4097");
   BAD_INIT(host_ops_init(&c, &s, 2, 2, sl, 100, why, sizeof why), "rank 2 of world 2");
   BAD_INIT(host_ops_init(&c, &s, 3, 0, sl, 100, why, sizeof why), "num_experts 4");
   BAD_INIT(host_ops_init(&c, &s, 2, 0, sl, 0, why, sizeof why), "timeout");

@@ -13,7 +13,9 @@
 #include "host_ops.h"
 #include "ref.h"
 
-#define OW_MAXW 8
+/* The largest world a test runs: the jobs of check_bigworld.c, over nodes
+ * of at most DEP_MAX_LOCAL_RANKS ranks each (check_ops' worlds are 8 at most). */
+#define OW_MAXW 128
 #define OW_MSG 700
 #define OW_TIMEOUT_MS 10000u /* generous: 8 ranks on 2 cores under ASan */
 /* Room for every rank's failure, one line each: "\n  rank R (how): its message". */

@@ -101,6 +101,8 @@ static void xn_rank_main(const char *sock, const char *job, const struct xn_run 
   for (uint32_t i = 0; (run->until_error || i < run->rounds) && rc == 0; i++) {
     int fp8 = run->alternate_fp8 ? (int)(i & 1) : d->sc.fp8;
     rc = xn_round(c, d, rank, fp8, &o, res);
+    if (rc == 0 && run->modes)
+      rc = xn_round_modes(c, d, rank, &o, res);
     if (rc == 0)
       atomic_fetch_add(&res->rounds, 1);
   }

@@ -23,6 +23,7 @@ struct xn_run {
   const struct ow_case *d;
   uint32_t rounds;           /* rounds of layout, dispatch, combine, LL dispatch, LL combine */
   bool alternate_fp8;        /* LL dispatch's FP8 on in odd rounds */
+  bool modes;                /* each round also runs xn_round_modes */
   bool until_error;          /* fault tests: go on until a call fails, then make one more
                                 call and time dep_detach (xn_result) */
   const char *rejoin;        /* ... then, once the test sets res->go, dep_connect and

@@ -4,6 +4,7 @@
 #include "xnround.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -117,5 +118,112 @@ int xn_round(dep_client_t *c, const struct ow_case *d, uint32_t r, int fp8, stru
              d->desc);
   }
   res->digest = dig;
+  return rc;
+}
+
+/* The FP8 payload of token t of rank s: byte i, and the scale of group g. */
+static uint8_t xn_e4m3(uint32_t s, uint32_t t, uint32_t i) {
+  return (uint8_t)(s * 131u + t * 31u + i * 7u + (i >> 5));
+}
+static float xn_scale(uint32_t s, uint32_t t, uint32_t g) {
+  return (float)(s * 1000u + t * 10u + g + 1u);
+}
+
+/* A failing check of xn_round_modes: say what (with the case) and free hd. */
+#define XFAIL(...)                                                                            \
+  do {                                                                                        \
+    char what_[OW_MSG - 220];                                                                 \
+    snprintf(what_, sizeof what_, __VA_ARGS__);                                               \
+    snprintf(res->msg, sizeof res->msg, "%s [%s]", what_, d->desc);                           \
+    rc = 1;                                                                                   \
+    goto out;                                                                                 \
+  } while (0)
+#define XCALLH(expr, what)                                                                    \
+  do {                                                                                        \
+    if ((rc = (expr)) != 0) {                                                                 \
+      res->fail_ms = xn_mono_ms();                                                            \
+      snprintf(res->msg, sizeof res->msg, "%s: %s: %s [%s]", what, dep_errname(rc),           \
+               dep_errmsg(c), d->desc);                                                       \
+      goto out;                                                                               \
+    }                                                                                         \
+  } while (0)
+
+int xn_round_modes(dep_client_t *c, const struct ow_case *d, uint32_t r, struct ow_outs *o,
+                   struct xn_result *res) {
+  const uint32_t h = d->sc.hidden, K = d->sc.topk, G = h / 128;
+  const struct ref_rank_in *in = &d->in[r];
+  const struct ref_dispatch_out *want = &d->disp[r];
+  const uint32_t n = in->num_tokens;
+  uint8_t *x8 = malloc((size_t)n * h + 1), *rx8 = malloc(o->rows_tp * h + 1);
+  float *xs = malloc(((size_t)n * G + 1) * sizeof *xs);
+  float *rxs = malloc((o->rows_tp * G + 1) * sizeof *rxs);
+  float *ow = malloc(((size_t)n * K + 1) * sizeof *ow);
+  dep_handle_t *hd = NULL;
+  int rc = 0;
+  if (x8 == NULL || rx8 == NULL || xs == NULL || rxs == NULL || ow == NULL)
+    XFAIL("out of memory");
+  for (uint32_t t = 0; t < n; t++) {
+    for (uint32_t i = 0; i < h; i++)
+      x8[(size_t)t * h + i] = xn_e4m3(r, t, i);
+    for (uint32_t g = 0; g < G; g++)
+      xs[(size_t)t * G + g] = xn_scale(r, t, g);
+  }
+  XCALLH(dep_handle_new(c, &hd), "handle");
+
+  /* FP8: every row is its origin's bytes and scales; ids and weights the oracle's. */
+  struct dep_dispatch_args da = {.size = sizeof da, .x = x8, .x_scales = xs, .use_fp8 = 1,
+                                 .topk_idx = d->idx[r], .index_type = d->sc.itype,
+                                 .topk_weights = in->topk_weights, .num_tokens = n,
+                                 .recv_x = rx8, .recv_x_scales = rxs, .recv_topk_idx = o->ridx,
+                                 .recv_topk_weights = o->rw, .recv_count_per_expert = o->cnt,
+                                 .num_recv = &o->num_recv};
+  XCALLH(dep_dispatch(c, &da, hd, NULL), "dispatch (fp8)");
+  if (o->num_recv != want->num_recv)
+    XFAIL("dispatch (fp8): num_recv %u, want %u", o->num_recv, want->num_recv);
+  for (uint32_t i = 0; i < want->num_recv; i++) {
+    const struct ref_origin f = want->from[i];
+    for (uint32_t b = 0; b < h; b++)
+      if (rx8[(size_t)i * h + b] != xn_e4m3(f.rank, f.token, b))
+        XFAIL("dispatch (fp8): row %u byte %u is not rank %u token %u's", i, b, f.rank, f.token);
+    for (uint32_t g = 0; g < G; g++)
+      if (rxs[(size_t)i * G + g] != xn_scale(f.rank, f.token, g))
+        XFAIL("dispatch (fp8): row %u scale %u is not rank %u token %u's", i, g, f.rank,
+              f.token);
+  }
+  if (memcmp(o->ridx, want->topk_idx, (size_t)want->num_recv * K * 4) != 0 ||
+      memcmp(o->rw, want->topk_weights, (size_t)want->num_recv * K * 4) != 0 ||
+      memcmp(o->cnt, want->count, d->le * 4) != 0)
+    XFAIL("dispatch (fp8): recv_topk_idx, recv_topk_weights or the counts differ from the "
+          "oracle's");
+
+  /* Cached, bf16: the oracle's rows, bit for bit, on the FP8 dispatch's routing. */
+  struct dep_dispatch_args ca = {.size = sizeof ca, .x = in->x, .num_tokens = n, .cached = 1,
+                                 .recv_x = o->rx, .num_recv = &o->num_recv};
+  o->num_recv = 0;
+  XCALLH(dep_dispatch(c, &ca, hd, NULL), "dispatch (cached)");
+  if (o->num_recv != want->num_recv ||
+      memcmp(o->rx, want->x, (size_t)want->num_recv * h * 2) != 0)
+    XFAIL("dispatch (cached): %u rows, want %u, or their bytes differ from the oracle's",
+          o->num_recv, want->num_recv);
+
+  /* Weighted: the vectors' sums as the oracle's; each weight comes back from
+   * the one rank that owns its expert, plus zeros from the others: exact. */
+  struct dep_combine_args wa = {.size = sizeof wa, .x = d->cx[r], .topk_weights = o->rw,
+                                .out = o->out, .out_topk_weights = ow};
+  XCALLH(dep_combine(c, &wa, hd, NULL), "combine (weighted)");
+  if (ow_check_sum(o->out, &d->comb[r], n, h, "combine (weighted)", d->desc, res->msg)) {
+    rc = 1;
+    goto out;
+  }
+  for (size_t i = 0; i < (size_t)n * K; i++) {
+    float w = in->topk_idx[i] >= 0 ? in->topk_weights[i] : 0.0f;
+    if (ow[i] != w)
+      XFAIL("combine (weighted): token %zu weight %zu is %g, want %g", i / K, i % K,
+            (double)ow[i], (double)w);
+  }
+  res->digest = ow_fnv(res->digest, ow, (size_t)n * K * 4);
+out:
+  dep_handle_free(hd);
+  free(x8), free(rx8), free(xs), free(rxs), free(ow);
   return rc;
 }

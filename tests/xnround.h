@@ -40,4 +40,11 @@ int64_t xn_mono_ms(void);
 int xn_round(dep_client_t *c, const struct ow_case *d, uint32_t r, int fp8, struct ow_outs *o,
              struct xn_result *res);
 
+/* The throughput modes xn_round leaves out, on rank r of case d, each
+ * against the oracle: a fresh FP8 dispatch (e4m3 bytes and scales drawn
+ * from each token's origin), a cached bf16 dispatch on its handle and a
+ * weighted combine.  0, a DEP_ERR_* of a call, or 1; res->msg says which. */
+int xn_round_modes(dep_client_t *c, const struct ow_case *d, uint32_t r, struct ow_outs *o,
+                   struct xn_result *res);
+
 #endif /* DEP_XNROUND_H */
