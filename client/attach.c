@@ -83,6 +83,10 @@ void client_unmap(dep_client_t *c) {
 /*
  * Check an arena's slab list before mapping it: each slab inside the arena,
  * none overlapping another, each local rank named once in the whole reply.
+ * The layout's size depends on the job's streaming chunk, which ATTACH_OK
+ * (after the arenas) says; until then each slab must hold the smallest
+ * layout the shape has (c->layout, laid out for one-row chunks), and
+ * attach_check_slabs holds them to the job's own once it is known.
  */
 static int attach_check_arena(dep_client_t *c, const struct dep_msg_slab *m, const bool *seen) {
   if (m->chunk_bytes > UINT64_MAX / m->n_chunks)
@@ -146,6 +150,33 @@ static int attach_slab(dep_client_t *c, struct client_frame *f, bool *seen) {
   return 0;
 }
 
+/* Every local rank's slab holds the job's layout inside its arena, apart from every other's. */
+static int attach_check_slabs(dep_client_t *c) {
+  const uint64_t need = c->layout.total_bytes;
+  for (uint32_t i = 0; i < c->args.local_world_size; i++) {
+    const uint8_t *s = c->slabs[i];
+    const struct mem_map *in = NULL;
+    for (uint32_t a = 0; a < c->n_arenas && in == NULL; a++) {
+      const uint8_t *base = c->arenas[a].base;
+      if (s >= base && (uint64_t)(s - base) < c->arenas[a].bytes)
+        in = &c->arenas[a];
+    }
+    if (in == NULL || c->arenas[0].base == NULL ||
+        in->bytes - (uint64_t)(s - (const uint8_t *)in->base) < need)
+      return client_fail(c, DEP_ERR_PROTOCOL, "deepepd's arena does not hold local rank %u's slab "
+                         "of %llu bytes, which the job's layout (chunk_rows %u) needs (daemon and "
+                         "library of different versions?)", i, (unsigned long long)need,
+                         c->attach_ok.chunk_rows);
+    for (uint32_t k = 0; k < i; k++) {
+      const uint8_t *o = c->slabs[k];
+      if (o < s + need && s < o + need)
+        return client_fail(c, DEP_ERR_PROTOCOL, "deepepd's arena holds overlapping slabs for "
+                           "local ranks %u and %u", k, i);
+    }
+  }
+  return 0;
+}
+
 static int attach_ok(dep_client_t *c, struct client_frame *f, const bool *seen) {
   struct dep_msg_attach_ok ok;
   if (proto_decode_attach_ok(f->body, f->hdr.body_len, &ok) != 0)
@@ -157,6 +188,11 @@ static int attach_ok(dep_client_t *c, struct client_frame *f, const bool *seen) 
   if (ok.local_world_size != c->args.local_world_size)
     return client_fail(c, DEP_ERR_PROTOCOL, "deepepd's ATTACH_OK names local world size %u, "
                        "not %u", ok.local_world_size, c->args.local_world_size);
+  char why[256] = "";
+  const struct dep_attach_args *a = &c->args;
+  if (dep__slab_layout_nodes(&a->shape, a->world_size, a->local_world_size, ok.chunk_rows,
+                             &c->layout, why, sizeof why) != 0)
+    return client_fail(c, DEP_ERR_PROTOCOL, "deepepd's ATTACH_OK: %s", why);
   if (ok.slab_bytes < c->layout.total_bytes)
     return client_fail(c, DEP_ERR_PROTOCOL, "deepepd's slabs are %llu bytes apart; this "
                        "library's layout needs %llu", (unsigned long long)ok.slab_bytes,
@@ -166,7 +202,7 @@ static int attach_ok(dep_client_t *c, struct client_frame *f, const bool *seen) 
       return client_fail(c, DEP_ERR_PROTOCOL, "deepepd's ATTACH reply lacks local rank %u's slab",
                          i);
   c->attach_ok = ok;
-  return 0;
+  return attach_check_slabs(c);
 }
 
 /* Read the SLAB frames and the ATTACH_OK that ends the reply. */
@@ -227,6 +263,7 @@ static int attach_ops(dep_client_t *c, char *why, size_t whylen) {
   for (uint32_t i = 0; i < a->local_world_size; i++)
     slabs[c->ranks[i]] = c->slabs[i];
   int rc = host_ops_init_nodes(&c->ops, &a->shape, a->world_size, a->rank, slabs, c->xring,
+                               c->attach_ok.chunk_rows,
                                c->attach_ok.op_timeout_ms, why, whylen);
   free(slabs);
   if (rc != 0 && a->world_size > DEP_MAX_LOCAL_RANKS && c->xring != NULL) {
@@ -314,8 +351,8 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in
   char why[256] = "";
   rc = proto_check_attach(args, why, sizeof why);
   if (rc == 0)
-    rc = dep__slab_layout_nodes(&args->shape, args->world_size, args->local_world_size,
-                               &c->layout, why, sizeof why);
+    rc = dep__slab_layout_nodes(&args->shape, args->world_size, args->local_world_size, 1,
+                               &c->layout, why, sizeof why); /* the smallest: attach_check_arena */
   if (rc != 0)
     return client_seterr(c, DEP_ERR_INVALID, "dep_attach: %s", why);
   if (c->fd < 0)

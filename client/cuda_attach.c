@@ -152,6 +152,12 @@ int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, c
 int cuops_block_layout(const struct dep_job_shape *shape, uint32_t world,
                        const struct dep_slab_layout *lay, int sms, struct dep_slab_priv *out,
                        char *why, size_t whylen) {
+  if (lay->chan_rows < lay->max_tokens) {
+    snprintf(why, whylen, "deepepd streams this job's throughput operations in chunks of %u rows "
+             "(its stream_chunk_rows), which the cuda kernels do not do yet; set "
+             "stream_chunk_rows: 0 in its configuration", lay->chunk_rows);
+    return DEP_ERR_UNSUPPORTED;
+  }
   if (sms < 1 || (unsigned)sms > DEP_SLAB_MAX_SMS) {
     snprintf(why, whylen, "this GPU has %d SMs; the slab's private area holds the operations' "
              "scratch for GPUs of 1 to %u SMs: run deepepd with backend: host on it, or use a "

@@ -80,6 +80,8 @@ struct config {
   /* peers */
   uint32_t connection_pool_size;      /* default 24, 1..1024 */
   uint32_t proxy_threads;             /* inter-node proxy threads; 0 (default): one per device */
+  uint32_t stream_chunk_rows;         /* default 0: whole blocks; N: the throughput ops stream
+                                         through rings of chunks of N rows (proto/slab.h) */
   char listen_address[256];           /* listen.address, default "" (no peer listener) */
   uint16_t listen_port;               /* listen.port, default 7470 */
   size_t n_peers;

@@ -4,6 +4,7 @@
  * change without a restart; and the names of the enumerated values.
  */
 #include "config_keys.h"
+#include "shape.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -105,6 +106,8 @@ const struct key config__root_keys[] = {
      .live = true},
     {.name = "connection_pool_size", .kind = K_UINT, AT(connection_pool_size), .min = 1, .max = 1024},
     {.name = "proxy_threads", .kind = K_UINT, AT(proxy_threads), .min = 0, .max = 64},
+    {.name = "stream_chunk_rows", .kind = K_UINT, AT(stream_chunk_rows), .min = 0,
+     .max = DEP_SHAPE_MAX_TOKENS},
     {.name = "listen", .kind = K_SECTION, .sub = listen_keys},
     {.name = "peers", .kind = K_PEERS, LIST(peers, n_peers), .sub = peer_keys},
     {.name = "peer_key_file", .kind = K_STR, AT(peer_key_file)},

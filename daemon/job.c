@@ -701,6 +701,7 @@ static void job_complete(struct job *j) {
       .num_fds = 0,
       .op_timeout_ms = job_cfg->op_timeout_ms,
       .kernel_warmup = job_cfg->kernel_warmup ? 1 : 0,
+      .chunk_rows = j->chunk_rows,
   };
   snprintf(ok.backend, sizeof ok.backend, "%s", devices_backend_name());
   for (uint32_t i = 0; i < j->local_world_size; i++) {
@@ -725,6 +726,7 @@ static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {
   j->world_size = a->world_size;
   j->local_world_size = a->local_world_size;
   j->shape = a->shape;
+  j->chunk_rows = job_cfg->stream_chunk_rows;
   /* With no peers configured there is nobody to hold the other ranks: the
    * job completes with its local ranks, as before multi-node jobs (the
    * memory is still laid out for world_size). */
@@ -874,7 +876,7 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
   char why[DEP_MSG_TEXT_MAX - DEP_JOB_ID_MAX - 8] = "";
   char msg[DEP_MSG_TEXT_MAX];
   uint64_t slab_bytes = 0;
-  int rc = lend_check(a, &slab_bytes, why, sizeof why);
+  int rc = lend_check(a, job_cfg->stream_chunk_rows, &slab_bytes, why, sizeof why);
   if (rc != 0) {
     snprintf(msg, sizeof msg, "job %s: %s", a->job_id, why);
     job_refuse(j, c, request_id, a, rc, msg);
@@ -1094,8 +1096,8 @@ static int job_membership_check(int k, const struct dep_peer_membership *in, cha
    * byte on, in order: what a writer into it will rely on. */
   struct dep_slab_layout l;
   if (rc == 0)
-    rc = dep__slab_layout_nodes(&in->sw.shape, in->sw.world_size, in->local_world_size, &l, why,
-                                len);
+    rc = dep__slab_layout_nodes(&in->sw.shape, in->sw.world_size, in->local_world_size, 0, &l,
+                                why, len); /* the exchange region's part does not stream */
   if (rc != 0)
     return rc;
   if (in->n_windows == 0) {

@@ -55,6 +55,7 @@ struct job {
   uid_t owner_uid;           /* SO_PEERCRED of the creator */
   uint32_t world_size;
   uint32_t local_world_size;
+  uint32_t chunk_rows;       /* stream_chunk_rows when the job was made: its layout's (slab.h) */
   struct dep_job_shape shape;
   uint64_t created_ns;       /* uv_hrtime() */
   uint64_t ready_ns;         /* uv_hrtime() when the rendezvous completed (deepepctl clients) */

@@ -52,7 +52,7 @@ static void lend_on_reap(uv_timer_t *t) {
 
 /* What the buffer cache matches on: the same shape and world (slab.h). */
 static uint64_t lend_shape_key(const struct job *j) {
-  return dep__slab_key(&j->shape, j->world_size);
+  return dep__slab_key(&j->shape, j->world_size, j->chunk_rows);
 }
 
 /* What a ring and exchange region is cached under: the layout's inputs,
@@ -96,7 +96,8 @@ static int lend_xchg_make(struct job *j, char *why, size_t whylen) {
   if (!j->multinode || j->xchg != NULL)
     return 0;
   struct dep_slab_layout l;
-  int rc = dep__slab_layout_nodes(&j->shape, j->world_size, j->local_world_size, &l, why, whylen);
+  int rc = dep__slab_layout_nodes(&j->shape, j->world_size, j->local_world_size, j->chunk_rows, &l,
+                                  why, whylen);
   if (rc != 0)
     return rc;
   j->xchg = calloc(j->local_world_size, sizeof *j->xchg);
@@ -313,13 +314,21 @@ int lend_send(const struct job *j, struct conn *c, uint32_t request_id) {
  * rendezvous: its device is one this daemon serves, and the arena of the
  * job's shape fits that device's pool's budget at all.
  */
-int lend_check(const struct dep_attach_args *a, uint64_t *slab_bytes, char *why,
-                            size_t whylen) {
+int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, uint64_t *slab_bytes,
+               char *why, size_t whylen) {
   struct pool *p = devices_find(a->device_uuid, why, whylen);
   if (p == NULL)
     return DEP_ERR_NOT_FOUND;
   struct dep_slab_layout l;
-  int rc = dep__slab_layout_nodes(&a->shape, a->world_size, a->local_world_size, &l, why, whylen);
+  int rc = dep__slab_layout_nodes(&a->shape, a->world_size, a->local_world_size, chunk_rows, &l,
+                                  why, whylen);
+  if (rc == 0 && l.chan_rows < l.max_tokens && strcmp(devices_backend_name(), "host") != 0) {
+    snprintf(why, whylen, "this deepepd streams the throughput operations in chunks of %u rows "
+             "(stream_chunk_rows), which only the host backend's operations do so far; set "
+             "stream_chunk_rows: 0 in its configuration for the %s backend", chunk_rows,
+             devices_backend_name());
+    return DEP_ERR_UNSUPPORTED;
+  }
   if (rc != 0)
     return rc;
   /* The worst case: every local rank on this device, in one arena, one

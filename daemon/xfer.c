@@ -153,8 +153,8 @@ void xfer_job_start(const struct job *j, const int16_t *who) {
   r->job = j;
   r->local_world = j->local_world_size;
   char why[256];
-  if (dep__slab_layout_nodes(&j->shape, j->world_size, j->local_world_size, &r->lay, why,
-                            sizeof why) != 0) {
+  if (dep__slab_layout_nodes(&j->shape, j->world_size, j->local_world_size, j->chunk_rows,
+                             &r->lay, why, sizeof why) != 0) {
     log_warnx("job %s: %s", j->id, why);
     free(r);
     return;
@@ -299,7 +299,7 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
   if (r == NULL)
     return ended_here(h->job_id) ? DEP_ERR_NOT_FOUND : DEP_ERR_STATE;
   if (h->src >= r->world || r->peer_of[h->src] != k || h->dest >= r->world ||
-      r->local_of[h->dest] < 0 || h->parity > 1 || h->bytes > r->lay.block_bytes) {
+      r->local_of[h->dest] < 0 || h->parity > 1 || h->bytes > r->lay.xblock_bytes) {
     snprintf(why, whylen, "a frame of job %s from rank %u to rank %u (parity %u, %llu bytes) that "
              "the job's membership or layout does not allow", r->id, h->src, h->dest, h->parity,
              (unsigned long long)h->bytes);
@@ -417,10 +417,10 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
                       struct xfer_batch *batches, uint64_t *frames) {
   char why[256] = "";
   int peer = d->dest < r->world ? r->peer_of[d->dest] : -1;
-  if (peer < 0 || d->parity > 1 || d->bytes > r->lay.block_bytes) {
+  if (peer < 0 || d->parity > 1 || d->bytes > r->lay.xblock_bytes) {
     snprintf(why, sizeof why, "a descriptor for rank %u, parity %u, %llu bytes, which the job's "
              "layout does not allow (a remote rank, parity 0 or 1, up to %llu bytes)", d->dest,
-             d->parity, (unsigned long long)d->bytes, (unsigned long long)r->lay.block_bytes);
+             d->parity, (unsigned long long)d->bytes, (unsigned long long)r->lay.xblock_bytes);
     goto bad;
   }
   const uint32_t ri = r->remote_of[d->dest];
@@ -495,7 +495,7 @@ static bool at_or_after(const struct xfer_route *r, uint32_t lr, const struct px
  * wire.  One the layout does not allow costs nothing, so that take_desc
  * sees it (and fails the job) at once. */
 static uint64_t desc_cost(const struct xfer_route *r, const struct dep_xring_desc *d) {
-  return d->bytes > r->lay.block_bytes ? 0 : sizeof(struct dep_xfer_hdr) + d->bytes;
+  return d->bytes > r->lay.xblock_bytes ? 0 : sizeof(struct dep_xfer_hdr) + d->bytes;
 }
 
 enum px_turn {

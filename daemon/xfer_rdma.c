@@ -419,7 +419,8 @@ struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *
     /* A node's exchange regions are laid out for its own count of remote ranks. */
     if (m != NULL && !laid[d->peer]) {
       laid[d->peer] = true;
-      if (dep__slab_layout_nodes(&j->shape, j->world_size, m->local_world_size,
+      /* Its exchange region does not depend on the chunk (slab.h): 0 lays it out. */
+      if (dep__slab_layout_nodes(&j->shape, j->world_size, m->local_world_size, 0,
                                 &xr->lay_of[d->peer], why, sizeof why) != 0) {
         log_warnx("job %s: node %s: %s", xr->id, peer_name(d->peer), why);
         unlaid[d->peer] = true;

@@ -33,7 +33,7 @@ const char *host_ops_op_name(uint32_t op) {
 }
 
 /* The modes or-ed into a slot's op, as a mismatch message shows them after the name. */
-static const char *op_modes(uint32_t op) {
+const char *host_ops__op_modes(uint32_t op) {
   static const char *const modes[8] = {"", " (fp8)", " (cached)", " (fp8, cached)", " (weighted)",
                                        " (fp8, weighted)", " (cached, weighted)",
                                        " (fp8, cached, weighted)"};
@@ -90,16 +90,16 @@ float host_ops_e4m3_to_float(uint8_t c) {
 
 static int init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world,
                       uint32_t rank, uint8_t *const *slabs, struct dep_xring *ring,
-                      uint32_t timeout_ms, char *why, size_t whylen);
+                      uint32_t chunk_rows, uint32_t timeout_ms, char *why, size_t whylen);
 
 int host_ops_init(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world, uint32_t rank,
                   uint8_t *const *slabs, uint32_t timeout_ms, char *why, size_t whylen) {
-  return host_ops_init_nodes(c, s, world, rank, slabs, NULL, timeout_ms, why, whylen);
+  return host_ops_init_nodes(c, s, world, rank, slabs, NULL, 0, timeout_ms, why, whylen);
 }
 
 int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world,
                         uint32_t rank, uint8_t *const *slabs, struct dep_xring *ring,
-                        uint32_t timeout_ms, char *why, size_t whylen) {
+                        uint32_t chunk_rows, uint32_t timeout_ms, char *why, size_t whylen) {
   if (c == NULL || s == NULL || slabs == NULL) {
     snprintf(why, whylen, "host_ops_init: NULL context, shape or slab table");
     return DEP_ERR_INVALID;
@@ -112,7 +112,7 @@ int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32
   }
   int rc = dep__shape_check(s, world, why, whylen);
   if (rc == 0)
-    rc = init_nodes(c, s, world, rank, slabs, ring, timeout_ms, why, whylen);
+    rc = init_nodes(c, s, world, rank, slabs, ring, chunk_rows, timeout_ms, why, whylen);
   if (rc != 0)
     host_ops_fini(c);
   return rc;
@@ -122,13 +122,18 @@ int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32
  * allocated is the caller's to free (host_ops_fini) whatever it returns. */
 static int init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world,
                       uint32_t rank, uint8_t *const *slabs, struct dep_xring *ring,
-                      uint32_t timeout_ms, char *why, size_t whylen) {
+                      uint32_t chunk_rows, uint32_t timeout_ms, char *why, size_t whylen) {
   /* Every per-rank table is sized by the job's world, once, here: no call
-   * allocates. */
+   * allocates.  (The rows of each rank's tokens, rowlist, are at most a
+   * row per (token, k).) */
   c->slabs = calloc(world, sizeof *c->slabs);
   c->remote = calloc(world, sizeof *c->remote);
   c->per_rank = calloc((size_t)OPS_PER_RANK * world, sizeof *c->per_rank);
-  if (c->slabs == NULL || c->remote == NULL || c->per_rank == NULL) {
+  c->peer = calloc(world, sizeof *c->peer);
+  c->rowoff = calloc((size_t)world + 1, sizeof *c->rowoff);
+  c->rowlist = calloc((size_t)s->max_tokens_per_rank * s->topk, sizeof *c->rowlist);
+  if (c->slabs == NULL || c->remote == NULL || c->per_rank == NULL || c->peer == NULL ||
+      c->rowoff == NULL || c->rowlist == NULL) {
     snprintf(why, whylen, "out of memory for the tables of a world of %u ranks", world);
     return DEP_ERR_NO_MEMORY;
   }
@@ -156,7 +161,7 @@ static int init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t
     return DEP_ERR_INVALID;
   }
   c->ring = local < world ? ring : NULL;
-  int rc = dep__slab_layout_nodes(s, world, local, &c->lay, why, whylen);
+  int rc = dep__slab_layout_nodes(s, world, local, chunk_rows, &c->lay, why, whylen);
   if (rc != 0)
     return rc;
   if (c->ring != NULL && c->ring->xchg_bytes != c->lay.xchg_bytes) {
@@ -191,6 +196,12 @@ void host_ops_fini(struct ops_ctx *c) {
   free(c->slabs);
   free(c->remote);
   free(c->per_rank);
+  free(c->peer);
+  free(c->rowoff);
+  free(c->rowlist);
+  c->peer = NULL;
+  c->rowoff = NULL;
+  c->rowlist = NULL;
   c->acc = NULL;
   c->stage = NULL;
   c->slabs = NULL;
@@ -297,7 +308,7 @@ static int ring_fail(struct ops_ctx *c, uint32_t op, uint32_t dest, int code, ui
 
 /* The i-th look of a wait that is not met yet: yield for a while, then
  * sleep, so that many ranks sharing few cores still make progress. */
-static void backoff(uint32_t i) {
+void host_ops__backoff(uint32_t i) {
   if (i < 2048) {
     sched_yield();
   } else {
@@ -327,7 +338,7 @@ static int ring_push(struct ops_ctx *c, uint32_t op, uint32_t dest, uint64_t byt
     uint64_t waited = now_ns() - start;
     if (waited > (uint64_t)c->timeout_ms * 1000000ull)
       return ring_fail(c, op, dest, DEP_ERR_TIMEOUT, waited);
-    backoff(i);
+    host_ops__backoff(i);
   }
   struct dep_xring_desc *d = &r->desc[head % r->entries];
   d->dest = dest;
@@ -344,8 +355,8 @@ static int ring_push(struct ops_ctx *c, uint32_t op, uint32_t dest, uint64_t byt
  * start) to dest: its control slot in dest's slab, or the out slot of our
  * exchange region and a descriptor for the proxy (dest on another node).
  */
-static int post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op, uint64_t ref_seq,
-                uint32_t num_tokens, uint64_t bytes) {
+int host_ops__post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op, uint64_t ref_seq,
+                   uint32_t num_tokens, uint64_t bytes) {
   unsigned parity = (unsigned)(c->seq & 1);
   struct ops_slot *s = c->remote[dest] < 0
                            ? slot_at(c, dest, parity, c->rank)
@@ -364,15 +375,15 @@ static int post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op, ui
 int host_ops__post_all(struct ops_ctx *c, const uint32_t *rows, uint32_t op, uint64_t ref_seq,
                        uint32_t num_tokens, uint64_t stride) {
   for (uint32_t d = 0; d < c->world; d++) {
-    int rc = post(c, d, rows[d], op, ref_seq, num_tokens, (uint64_t)rows[d] * stride);
+    int rc = host_ops__post(c, d, rows[d], op, ref_seq, num_tokens, (uint64_t)rows[d] * stride);
     if (rc != 0)
       return rc;
   }
   return 0;
 }
 
-static int timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t seen,
-                        uint64_t waited_ns) {
+int host_ops__timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t seen,
+                           uint64_t waited_ns) {
   struct ops_err_record *er = (struct ops_err_record *)c->slabs[c->rank];
   er->op = op & ~OPS_OP_FP8;
   er->rank = c->rank;
@@ -397,7 +408,7 @@ static int timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t s
  * and then left (a clean end: it detached after its last call) does not
  * fail a wait for another, live rank that is merely slower.
  */
-static inline int aborted(const struct ops_ctx *c, unsigned parity, uint32_t src) {
+int host_ops__aborted(const struct ops_ctx *c, unsigned parity, uint32_t src) {
   const struct dep_slab_abort *ab = (const struct dep_slab_abort *)(c->slabs[c->rank] +
                                                                     DEP_SLAB_ABORT_OFF);
   if (__atomic_load_n(&ab->code, __ATOMIC_ACQUIRE) == 0)
@@ -419,7 +430,7 @@ static inline int aborted(const struct ops_ctx *c, unsigned parity, uint32_t src
  * (host_ops_daemon_gone) are DEP_ERR_DAEMON_GONE, the awaited rank the
  * source: every rank on another node is out of reach.
  */
-static int peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t waited_ns) {
+int host_ops__peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t waited_ns) {
   const struct dep_slab_abort *ab = (const struct dep_slab_abort *)(c->slabs[c->rank] +
                                                                     DEP_SLAB_ABORT_OFF);
   /* The daemon stores code last with release ordering, and aborted() read
@@ -530,12 +541,12 @@ int host_ops__wait_all(struct ops_ctx *c, uint32_t op) {
       uint64_t waited = now_ns() - start;
       /* The flag again after the abort words: a rank that posted and then
        * left between the two reads (this one preempted) is no error. */
-      if (aborted(c, parity, src) &&
+      if (host_ops__aborted(c, parity, src) &&
           atomic_load_explicit(&s->flag, memory_order_acquire) != c->seq)
-        return peer_fail(c, op, src, waited);
+        return host_ops__peer_fail(c, op, src, waited);
       if (waited > limit)
-        return timeout_fail(c, op, src, f, waited);
-      backoff(i);
+        return host_ops__timeout_fail(c, op, src, f, waited);
+      host_ops__backoff(i);
     }
   }
   for (uint32_t src = 0; src < c->world; src++) {
@@ -544,8 +555,8 @@ int host_ops__wait_all(struct ops_ctx *c, uint32_t op) {
       return set_why(c, DEP_ERR_MISMATCH, "call %llu: this rank ran %s%s, rank %u ran %s%s; every "
                      "rank must make the same sequence of calls, in the same modes (use_fp8, "
                      "cached, a combine's out_topk_weights)", (unsigned long long)c->seq,
-                     host_ops_op_name(op), op_modes(op), src, host_ops_op_name(s->op),
-                     op_modes(s->op));
+                     host_ops_op_name(op), host_ops__op_modes(op), src, host_ops_op_name(s->op),
+                     host_ops__op_modes(s->op));
   }
   return 0;
 }

@@ -93,6 +93,20 @@ static inline uint64_t ops_weights_off(uint32_t hidden, uint32_t topk) {
  * ring (xring.h), and the daemon's proxy moves it; what a remote rank
  * sent this one is read from the in block and slot there.
  */
+/* One rank's side of a streamed throughput call with one peer (host_ops_stream.c). */
+struct ops_peer {
+  uint32_t to_rows;    /* rows this call sends the peer */
+  uint32_t to_done;    /* ... written (into its channel, or its whole block on another node) */
+  uint64_t to_base;    /* combine: where they start in its input */
+  uint32_t from_rows;  /* rows the peer sends this rank: its slot's count, once seen */
+  uint32_t from_taken; /* ... taken out of the channel */
+  uint32_t from_cred;  /* ... credited back to it */
+  uint32_t want;       /* combine: the vectors it owes this rank */
+  uint64_t from_base;  /* dispatch: where its rows start in this rank's outputs */
+  uint32_t seen;       /* its slot for this call is seen (and checked) */
+  uint32_t other_op;   /* ... and it makes another op: nothing streams with it either way */
+};
+
 struct ops_ctx {
   struct dep_job_shape shape;
   struct dep_slab_layout lay;
@@ -109,6 +123,10 @@ struct ops_ctx {
   float *acc;                          /* scratch: hidden float32 accumulators */
   uint8_t *stage;                      /* scratch: one FP8 token with its scales */
   uint32_t *per_rank;                  /* scratch: OPS_PER_RANK counters for each rank */
+  struct ops_peer *peer;               /* [world]: a streamed call's state with each rank */
+  uint32_t *rowoff, *rowlist;          /* a dispatch's tokens for each rank, in token order:
+                                          rowlist[rowoff[d] .. rowoff[d + 1]) */
+  int stream_rc;                       /* a streamed call's first fault, said at its end */
   char why[256];                       /* message of the last failure */
 };
 
@@ -166,16 +184,16 @@ struct dep_handle {
 int host_ops_init(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world, uint32_t rank,
                   uint8_t *const *slabs, uint32_t timeout_ms, char *why, size_t whylen);
 /*
- * The same for a job that spans nodes: slabs[r] is NULL for each rank r on
- * another node (at least one), and ring is this rank's ring (xring.h),
+ * The same for a job that spans nodes, or streams: slabs[r] is NULL for
+ * each rank r on another node, and ring is this rank's ring (xring.h),
  * lent by the daemon, through which its proxy serves those ranks; its
  * exchange region (dep_xring_xchg) must be mapped too, ring->xchg_bytes
  * long.  The layout is dep__slab_layout_nodes's for the local ranks
- * counted.
+ * counted and the job's chunk_rows (0: whole blocks).
  */
 int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world,
                         uint32_t rank, uint8_t *const *slabs, struct dep_xring *ring,
-                        uint32_t timeout_ms, char *why, size_t whylen);
+                        uint32_t chunk_rows, uint32_t timeout_ms, char *why, size_t whylen);
 void host_ops_fini(struct ops_ctx *c);
 
 /* A handle starts empty; fini frees what dispatches allocated in it (not

@@ -111,6 +111,50 @@ static inline uint32_t token_dests(const struct ops_ctx *c, const void *idx, int
   return n;
 }
 
+/* The modes or-ed into a slot's op, as a mismatch message shows them after the name. */
+const char *host_ops__op_modes(uint32_t op);
+/* The i-th look of a wait that is not met yet: yield, then sleep (many ranks, few cores). */
+void host_ops__backoff(uint32_t i);
+/* Publish this rank's block for the current call (rows of it, bytes long) to dest. */
+int host_ops__post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op, uint64_t ref_seq,
+                   uint32_t num_tokens, uint64_t bytes);
+/* Whether a gone rank (the abort words) fails a wait of this call for src. */
+int host_ops__aborted(const struct ops_ctx *c, unsigned parity, uint32_t src);
+/* Fail the call: a gone rank (the abort words) or the op timeout, waiting for src. */
+int host_ops__peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t waited_ns);
+int host_ops__timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t seen,
+                           uint64_t waited_ns);
+
+/*
+ * A streamed throughput call (host_ops_stream.c).  The caller sets each
+ * peer's to_rows (host_ops__stream_setup zeroes the state first); fill
+ * writes row j for dest; see checks a source's slot once, when it is first
+ * there (a fault: host_ops__stream_fault); take moves what has arrived
+ * into the outputs (host_ops__stream_avail, _row, _taken), returns 1 if it
+ * moved anything, and names in *awaited a rank it still waits for
+ * (UINT32_MAX: it is done).
+ */
+struct ops_stream {
+  uint32_t op;
+  uint64_t ref_seq;
+  uint32_t num_tokens;
+  void (*fill)(struct ops_ctx *c, void *arg, uint32_t dest, uint32_t j, uint8_t *row);
+  void (*see)(struct ops_ctx *c, void *arg, uint32_t src, const struct ops_slot *slot);
+  int (*take)(struct ops_ctx *c, void *arg, const struct ops_stream *s, uint32_t *awaited);
+  void *arg;
+};
+void host_ops__stream_setup(struct ops_ctx *c);
+/* Run the call to its end: 0, the first fault found, or the failure that ended it. */
+int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s);
+int host_ops__stream_fault(struct ops_ctx *c, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Rows of src there to take in this call (0 until its slot is seen). */
+uint32_t host_ops__stream_avail(struct ops_ctx *c, const struct ops_stream *s, uint32_t src);
+/* Src's row r of this call. */
+const uint8_t *host_ops__stream_row(const struct ops_ctx *c, uint32_t src, uint32_t r);
+/* N more of src's rows are taken: credit it (a whole chunk, or its last row). */
+void host_ops__stream_taken(struct ops_ctx *c, uint32_t src, uint32_t n);
+
 /* Size h's arrays for c's shape for a handle of kind (OPS_HANDLE_TP or _LL) and mark it empty. */
 int host_ops__handle_reserve(struct ops_ctx *c, struct dep_handle *h, uint32_t kind);
 /* Start a communicating call: refuse an unready or broken context, else take the next seq. */

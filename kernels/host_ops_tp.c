@@ -58,8 +58,111 @@ static void put_payload(const struct ops_ctx *c, const struct dep_dispatch_args 
  * Throughput dispatch.  Fresh: each token to every rank owning one of its
  * experts, with its remapped ids and weights.  Cached (a->cached): to the
  * ranks h's dispatch sent it to, in the same rows (each rank's rows are in
- * token order either way), payload only, and h is left as it was.
+ * token order either way), payload only, and h is left as it was.  The
+ * rows move through host_ops__stream: each source's land at that source's
+ * offset in the outputs (sources ascending, then the source's token
+ * order), whatever order they arrive in.
  */
+struct disp_call {
+  const struct dep_dispatch_args *a;
+  struct dep_handle *h;
+  uint64_t cap;       /* rows the caller's outputs hold */
+  uint32_t known;     /* sources 0..known-1 have their counts, hence their offsets */
+  uint64_t next_base; /* the first row of source `known` */
+};
+
+/* Row j for dest: the j-th of the tokens that go to dest, in token order. */
+static void disp_fill(struct ops_ctx *c, void *arg, uint32_t d, uint32_t j, uint8_t *row) {
+  const struct disp_call *x = arg;
+  const struct dep_dispatch_args *a = x->a;
+  const uint32_t hid = c->shape.hidden, k = c->shape.topk, le = local_experts(c);
+  const uint32_t t = c->rowlist[c->rowoff[d] + j];
+  put_payload(c, a, t, row);
+  int32_t *meta = (int32_t *)(row + ops_meta_off(hid));
+  meta[0] = (int32_t)t;
+  meta[1] = (int32_t)k;
+  if (a->cached)
+    return;
+  int32_t *ids = (int32_t *)(row + ops_ids_off(hid));
+  float *w = (float *)(row + ops_weights_off(hid, k));
+  for (uint32_t i = 0; i < k; i++) {
+    int64_t e = idx_at(a->topk_idx, a->index_type, (size_t)t * k + i);
+    int mine = e >= 0 && (uint64_t)e / le == d;
+    ids[i] = mine ? (int32_t)(e % le) : -1;
+    w[i] = mine ? a->topk_weights[(size_t)t * k + i] : 0.0f;
+  }
+}
+
+static void disp_see(struct ops_ctx *c, void *arg, uint32_t src, const struct ops_slot *sl) {
+  const struct disp_call *x = arg;
+  if (!x->a->cached)
+    return;
+  if (sl->ref_seq != x->h->seq)
+    host_ops__stream_fault(c, DEP_ERR_MISMATCH, "dispatch (cached): rank %u routed by the "
+                           "dispatch of call %llu, this rank by that of call %llu; pass each rank "
+                           "the handle of the same dispatch", src,
+                           (unsigned long long)sl->ref_seq, (unsigned long long)x->h->seq);
+  else if (sl->rows != x->h->recv_from[src])
+    host_ops__stream_fault(c, DEP_ERR_MISMATCH, "dispatch (cached): rank %u sent %u rows, its "
+                           "dispatch %u", src, sl->rows, x->h->recv_from[src]);
+}
+
+/* Received row r of src (its rows begin at out) into the outputs. */
+static void disp_put(struct ops_ctx *c, const struct dep_dispatch_args *a, const uint8_t *row,
+                     uint64_t off) {
+  const uint32_t hid = c->shape.hidden, k = c->shape.topk, le = local_experts(c);
+  if (a->use_fp8) {
+    memcpy((uint8_t *)a->recv_x + off * hid, row, hid);
+    memcpy(a->recv_x_scales + off * (hid / 128), row + hid, (hid / 128) * sizeof(float));
+  } else {
+    memcpy((uint8_t *)a->recv_x + off * 2u * hid, row, 2u * hid);
+  }
+  if (a->cached)
+    return;
+  const int wide = a->recv_index_type == DEP_INDEX_I64;
+  const int32_t *ids = (const int32_t *)(row + ops_ids_off(hid));
+  const float *w = (const float *)(row + ops_weights_off(hid, k));
+  for (uint32_t i = 0; i < k; i++) {
+    int32_t l = ids[i] >= 0 && (uint32_t)ids[i] < le ? ids[i] : -1;
+    ridx_put(a->recv_topk_idx, wide, off * k + i, l);
+    a->recv_topk_weights[off * k + i] = l >= 0 ? w[i] : 0.0f;
+    if (l >= 0)
+      a->recv_count_per_expert[l]++;
+  }
+}
+
+static int disp_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, uint32_t *awaited) {
+  struct disp_call *x = arg;
+  int moved = 0;
+  /* A source's offset is known once every source before it has its count. */
+  while (x->known < c->world) {
+    host_ops__stream_avail(c, s, x->known);
+    struct ops_peer *p = &c->peer[x->known];
+    if (!p->seen)
+      break;
+    p->from_base = x->next_base;
+    x->next_base += p->from_rows;
+    x->known++;
+  }
+  for (uint32_t src = 0; src < c->world; src++) {
+    struct ops_peer *p = &c->peer[src];
+    const uint32_t n = src < x->known ? host_ops__stream_avail(c, s, src) : 0;
+    if (n > p->from_taken) {
+      for (uint32_t r = p->from_taken; r < n; r++) {
+        const uint64_t off = p->from_base + r;
+        /* A fault (a count out of step) and rows past the outputs drain unread. */
+        if (c->stream_rc == 0 && off < x->cap)
+          disp_put(c, x->a, host_ops__stream_row(c, src, r), off);
+      }
+      host_ops__stream_taken(c, src, n - p->from_taken);
+      moved = 1;
+    }
+    if ((!p->seen || p->from_taken < p->from_rows) && *awaited == UINT32_MAX)
+      *awaited = src;
+  }
+  return moved;
+}
+
 int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, struct dep_handle *h) {
   if (c == NULL)
     return DEP_ERR_INVALID;
@@ -67,99 +170,54 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
   if (rc != 0 || (!a->cached && (rc = host_ops__handle_reserve(c, h, OPS_HANDLE_TP)) != 0) ||
       (rc = host_ops__begin(c)) != 0)
     return rc;
-  const uint32_t hid = c->shape.hidden, k = c->shape.topk, le = local_experts(c);
-  const uint32_t groups = hid / 128;
-  const unsigned parity = (unsigned)(c->seq & 1);
+  const uint32_t k = c->shape.topk, le = local_experts(c);
   const uint32_t op = OPS_OP_DISPATCH | (a->use_fp8 ? OPS_OP_FP8 : 0) |
                       (a->cached ? OPS_OP_CACHED : 0);
-  uint32_t *sent = c->per_rank, *from = sent + c->world;
-  memset(sent, 0, c->world * sizeof *sent);
-
+  host_ops__stream_setup(c);
+  /* Each token's ranks (h's, when cached), then each rank's tokens in
+   * order: rowlist[rowoff[d] ..] (a counting sort, O(tokens * topk)). */
   for (uint32_t t = 0; t < a->num_tokens; t++) {
     uint32_t *dest = h->token_ranks + (size_t)t * k;
     if (!a->cached)
       h->token_nranks[t] = (uint8_t)token_dests(c, a->topk_idx, a->index_type, t, dest);
+    for (uint32_t i = 0; i < h->token_nranks[t]; i++)
+      c->peer[dest[i]].to_rows++;
+  }
+  c->rowoff[0] = 0;
+  for (uint32_t d = 0; d < c->world; d++)
+    c->rowoff[d + 1] = c->rowoff[d] + c->peer[d].to_rows;
+  for (uint32_t t = 0; t < a->num_tokens; t++)
     for (uint32_t i = 0; i < h->token_nranks[t]; i++) {
-      const uint32_t d = dest[i];
-      uint8_t *row = out_row(c, d, parity, sent[d]++);
-      put_payload(c, a, t, row);
-      int32_t *meta = (int32_t *)(row + ops_meta_off(hid));
-      meta[0] = (int32_t)t;
-      meta[1] = (int32_t)k;
-      if (a->cached)
-        continue;
-      int32_t *ids = (int32_t *)(row + ops_ids_off(hid));
-      float *w = (float *)(row + ops_weights_off(hid, k));
-      for (uint32_t j = 0; j < k; j++) {
-        int64_t e = idx_at(a->topk_idx, a->index_type, (size_t)t * k + j);
-        int mine = e >= 0 && (uint64_t)e / le == d;
-        ids[j] = mine ? (int32_t)(e % le) : -1;
-        w[j] = mine ? a->topk_weights[(size_t)t * k + j] : 0.0f;
-      }
+      const uint32_t d = h->token_ranks[(size_t)t * k + i];
+      c->rowlist[c->rowoff[d] + c->peer[d].to_done++] = t;
     }
-  }
-  if ((rc = host_ops__post_all(c, sent, op, a->cached ? h->seq : 0, a->num_tokens,
-                               c->lay.row_bytes)) != 0 ||
-      (rc = host_ops__wait_all(c, op)) != 0)
-    return rc;
+  for (uint32_t d = 0; d < c->world; d++)
+    c->peer[d].to_done = 0;
+  if (!a->cached)
+    memset(a->recv_count_per_expert, 0, le * sizeof(int32_t));
 
-  /* Check every source's row count before writing anything. */
-  uint64_t total = 0;
-  for (uint32_t src = 0; src < c->world; src++) {
-    const struct ops_slot *sl = in_slot(c, parity, src);
-    uint32_t n = sl->rows;
-    if (n > c->shape.max_tokens_per_rank)
-      return set_why(c, DEP_ERR_MISMATCH, "dispatch: rank %u posted %u rows, over the job's "
-                     "max_tokens_per_rank %u", src, n, c->shape.max_tokens_per_rank);
-    if (a->cached && sl->ref_seq != h->seq)
-      return set_why(c, DEP_ERR_MISMATCH, "dispatch (cached): rank %u routed by the dispatch of "
-                     "call %llu, this rank by that of call %llu; pass each rank the handle of "
-                     "the same dispatch", src, (unsigned long long)sl->ref_seq,
-                     (unsigned long long)h->seq);
-    if (a->cached && n != h->recv_from[src])
-      return set_why(c, DEP_ERR_MISMATCH, "dispatch (cached): rank %u sent %u rows, its "
-                     "dispatch %u", src, n, h->recv_from[src]);
-    from[src] = n;
-    total += n;
-  }
+  struct disp_call x = {.a = a, .h = h,
+                        .cap = a->num_worst_tokens != 0
+                                   ? a->num_worst_tokens
+                                   : (uint64_t)c->world * c->shape.max_tokens_per_rank};
+  const struct ops_stream s = {.op = op, .ref_seq = a->cached ? h->seq : 0,
+                               .num_tokens = a->num_tokens, .fill = disp_fill, .see = disp_see,
+                               .take = disp_take, .arg = &x};
+  if ((rc = host_ops__stream(c, &s)) != 0)
+    return rc;
+  const uint64_t total = x.next_base;
   if (a->num_worst_tokens != 0 && total > a->num_worst_tokens)
     return set_why(c, DEP_ERR_INVALID, "dispatch: num_worst_tokens %u is below the %llu rows "
                    "this rank received; give at least the rows a rank can receive (world_size "
                    "* max_tokens_per_rank at most)", a->num_worst_tokens,
                    (unsigned long long)total);
-  if (!a->cached)
-    memset(a->recv_count_per_expert, 0, le * sizeof(int32_t));
-  uint8_t *rx = a->recv_x;
-  const int wide = a->recv_index_type == DEP_INDEX_I64;
-  uint64_t off = 0;
-  for (uint32_t src = 0; src < c->world; src++) {
-    for (uint32_t j = 0; j < from[src]; j++, off++) {
-      const uint8_t *row = in_row(c, parity, src, j);
-      if (a->use_fp8) {
-        memcpy(rx + off * hid, row, hid);
-        memcpy(a->recv_x_scales + off * groups, row + hid, groups * sizeof(float));
-      } else {
-        memcpy(rx + off * 2u * hid, row, 2u * hid);
-      }
-      if (a->cached)
-        continue;
-      const int32_t *ids = (const int32_t *)(row + ops_ids_off(hid));
-      const float *w = (const float *)(row + ops_weights_off(hid, k));
-      for (uint32_t i = 0; i < k; i++) {
-        int32_t l = ids[i] >= 0 && (uint32_t)ids[i] < le ? ids[i] : -1;
-        ridx_put(a->recv_topk_idx, wide, off * k + i, l);
-        a->recv_topk_weights[off * k + i] = l >= 0 ? w[i] : 0.0f;
-        if (l >= 0)
-          a->recv_count_per_expert[l]++;
-      }
-    }
-  }
   if (a->cached) {
     if (a->num_worst_tokens == 0)
       *a->num_recv = (uint32_t)total;
     return 0;
   }
   /* DeepEP's padding of the worst-case rows, and its rounded counts. */
+  const int wide = a->recv_index_type == DEP_INDEX_I64;
   for (uint64_t i = total * k; i < (uint64_t)a->num_worst_tokens * k; i++) {
     ridx_put(a->recv_topk_idx, wide, i, -1);
     a->recv_topk_weights[i] = 0.0f;
@@ -172,7 +230,7 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
   if (a->recv_count_per_expert_host != NULL) /* it may be recv_count_per_expert itself */
     memmove(a->recv_count_per_expert_host, a->recv_count_per_expert, le * sizeof(int32_t));
   for (uint32_t src = 0; src < c->world; src++)
-    h->recv_from[src] = from[src];
+    h->recv_from[src] = c->peer[src].from_rows;
   if (a->num_worst_tokens == 0)
     *a->num_recv = (uint32_t)total;
   h->num_recv = (uint32_t)total;
@@ -187,8 +245,90 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
  * Throughput combine: every received row's vector back to its origin, and
  * in a weighted combine (out_topk_weights given) its topk weights too, in
  * the row where dispatch put the weights; both summed in float32, sources
- * ascending.
+ * ascending: token by token, each token's vectors taken in rank order as
+ * they arrive (host_ops__stream).
  */
+struct comb_call {
+  const struct dep_combine_args *a;
+  const struct dep_handle *h;
+  uint32_t t, p;    /* the token being summed, and how many of its ranks are in */
+  float wacc[DEP_SHAPE_MAX_TOPK];
+};
+
+/* Row j back to dest: the vector of the j-th row dest sent this rank. */
+static void comb_fill(struct ops_ctx *c, void *arg, uint32_t d, uint32_t j, uint8_t *row) {
+  const struct comb_call *x = arg;
+  const uint32_t hid = c->shape.hidden, k = c->shape.topk;
+  const uint64_t off = c->peer[d].to_base + j;
+  memcpy(row, (const uint16_t *)x->a->x + off * hid, 2u * hid);
+  if (x->a->out_topk_weights != NULL)
+    memcpy(row + ops_weights_off(hid, k), x->a->topk_weights + off * k, k * sizeof(float));
+}
+
+static void comb_see(struct ops_ctx *c, void *arg, uint32_t src, const struct ops_slot *sl) {
+  const struct comb_call *x = arg;
+  if (sl->ref_seq != x->h->seq)
+    host_ops__stream_fault(c, DEP_ERR_MISMATCH, "%s: rank %u combined the dispatch of call %llu, "
+                           "this rank the dispatch of call %llu; pass each rank the handle of "
+                           "the same call", host_ops_op_name(sl->op), src,
+                           (unsigned long long)sl->ref_seq, (unsigned long long)x->h->seq);
+  else if (sl->rows != c->peer[src].want)
+    host_ops__stream_fault(c, DEP_ERR_MISMATCH, "%s: rank %u sent %u vectors back, %u expected",
+                           host_ops_op_name(sl->op), src, sl->rows, c->peer[src].want);
+}
+
+static int comb_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, uint32_t *awaited) {
+  struct comb_call *x = arg;
+  const struct dep_combine_args *a = x->a;
+  const struct dep_handle *h = x->h;
+  const uint32_t hid = c->shape.hidden, k = c->shape.topk;
+  int moved = 0;
+  while (c->stream_rc == 0 && x->t < h->num_tokens) {
+    const uint32_t t = x->t;
+    if (x->p == 0) {
+      memset(c->acc, 0, hid * sizeof *c->acc);
+      memset(x->wacc, 0, sizeof x->wacc);
+    }
+    for (; x->p < h->token_nranks[t]; x->p++) {
+      const uint32_t r = h->token_ranks[(size_t)t * k + x->p];
+      if (host_ops__stream_avail(c, s, r) <= c->peer[r].from_taken || c->stream_rc != 0) {
+        *awaited = r;
+        return moved;
+      }
+      const uint8_t *row = host_ops__stream_row(c, r, c->peer[r].from_taken);
+      const uint16_t *v = (const uint16_t *)row;
+      for (uint32_t i = 0; i < hid; i++)
+        c->acc[i] += host_ops_bf16_to_float(v[i]);
+      if (a->out_topk_weights != NULL) {
+        const float *w = (const float *)(row + ops_weights_off(hid, k));
+        for (uint32_t j = 0; j < k; j++)
+          x->wacc[j] += w[j];
+      }
+      host_ops__stream_taken(c, r, 1);
+      moved = 1;
+    }
+    for (uint32_t i = 0; i < hid; i++)
+      ((uint16_t *)a->out)[(size_t)t * hid + i] = host_ops_float_to_bf16(c->acc[i]);
+    if (a->out_topk_weights != NULL)
+      memcpy(a->out_topk_weights + (size_t)t * k, x->wacc, k * sizeof(float));
+    x->t++;
+    x->p = 0;
+  }
+  /* Every source's slot is seen (it is checked there), and after a fault
+   * every row drains unread. */
+  for (uint32_t src = 0; src < c->world; src++) {
+    struct ops_peer *p = &c->peer[src];
+    const uint32_t n = host_ops__stream_avail(c, s, src);
+    if (c->stream_rc != 0 && n > p->from_taken) {
+      host_ops__stream_taken(c, src, n - p->from_taken);
+      moved = 1;
+    }
+    if ((!p->seen || p->from_taken < p->from_rows) && *awaited == UINT32_MAX)
+      *awaited = src;
+  }
+  return moved;
+}
+
 int host_ops_combine(struct ops_ctx *c, const struct dep_combine_args *a,
                      const struct dep_handle *h) {
   if (c == NULL)
@@ -196,55 +336,24 @@ int host_ops_combine(struct ops_ctx *c, const struct dep_combine_args *a,
   int rc = ops_check_combine(c, a, h, c->why, sizeof c->why);
   if (rc != 0 || (rc = host_ops__begin(c)) != 0)
     return rc;
-  const uint32_t hid = c->shape.hidden, k = c->shape.topk;
-  const unsigned parity = (unsigned)(c->seq & 1);
-  const uint16_t *x = a->x;
+  const uint32_t k = c->shape.topk;
   const int weighted = a->out_topk_weights != NULL;
-  const uint32_t op = OPS_OP_COMBINE | (weighted ? OPS_OP_WEIGHTS : 0);
-
-  /* Rows from each source are contiguous in x, sources ascending: send each
-   * source its rows back, in the order they came. */
+  host_ops__stream_setup(c);
+  /* Rows from each source are contiguous in x, sources ascending: each
+   * goes back to its source in the order it came; and each source owes
+   * this rank one vector per row it received. */
   uint64_t off = 0;
-  for (uint32_t d = 0; d < c->world; d++)
-    for (uint32_t j = 0; j < h->recv_from[d]; j++, off++) {
-      uint8_t *row = out_row(c, d, parity, j);
-      memcpy(row, x + off * hid, 2u * hid);
-      if (weighted)
-        memcpy(row + ops_weights_off(hid, k), a->topk_weights + off * k, k * sizeof(float));
-    }
-  if ((rc = host_ops__post_all(c, h->recv_from, op, h->seq, h->num_tokens,
-                               c->lay.row_bytes)) != 0 ||
-      (rc = host_ops__wait_all(c, op)) != 0)
-    return rc;
-  uint32_t *expect = c->per_rank + 2 * c->world, *cursor = expect + c->world;
-  memset(expect, 0, 2 * c->world * sizeof *expect);
+  for (uint32_t d = 0; d < c->world; d++) {
+    c->peer[d].to_base = off;
+    c->peer[d].to_rows = h->recv_from[d];
+    off += h->recv_from[d];
+  }
   for (uint32_t t = 0; t < h->num_tokens; t++)
     for (uint32_t i = 0; i < h->token_nranks[t]; i++)
-      expect[h->token_ranks[(size_t)t * k + i]]++;
-  if ((rc = host_ops__check_combine_slots(c, h, expect)) != 0)
-    return rc;
-
-  uint16_t *out = a->out;
-  float *acc = c->acc, wacc[DEP_SHAPE_MAX_TOPK];
-  for (uint32_t t = 0; t < h->num_tokens; t++) {
-    memset(acc, 0, hid * sizeof *acc);
-    memset(wacc, 0, sizeof wacc);
-    for (uint32_t p = 0; p < h->token_nranks[t]; p++) {
-      const uint32_t r = h->token_ranks[(size_t)t * k + p];
-      const uint8_t *row = in_row(c, parity, r, cursor[r]++);
-      const uint16_t *v = (const uint16_t *)row;
-      for (uint32_t i = 0; i < hid; i++)
-        acc[i] += host_ops_bf16_to_float(v[i]);
-      if (weighted) {
-        const float *w = (const float *)(row + ops_weights_off(hid, k));
-        for (uint32_t j = 0; j < k; j++)
-          wacc[j] += w[j];
-      }
-    }
-    for (uint32_t i = 0; i < hid; i++)
-      out[(size_t)t * hid + i] = host_ops_float_to_bf16(acc[i]);
-    if (weighted)
-      memcpy(a->out_topk_weights + (size_t)t * k, wacc, k * sizeof(float));
-  }
-  return 0;
+      c->peer[h->token_ranks[(size_t)t * k + i]].want++;
+  struct comb_call x = {.a = a, .h = h};
+  const struct ops_stream s = {.op = OPS_OP_COMBINE | (weighted ? OPS_OP_WEIGHTS : 0),
+                               .ref_seq = h->seq, .num_tokens = h->num_tokens, .fill = comb_fill,
+                               .see = comb_see, .take = comb_take, .arg = &x};
+  return host_ops__stream(c, &s);
 }

@@ -127,6 +127,12 @@ struct ops_slot {
   uint64_t ref_seq;      /* combines: seq of the dispatch their handle holds */
   uint32_t num_tokens;   /* the sender's num_tokens in this call (diagnostics) */
   uint32_t reserved;
+  /* A streamed call (slab.h): the rows the sender has published into the
+   * channel and the rows the receiver has taken out of it, each
+   * DEP_SLAB_CHAN_AT(call, rows) stored with release ordering; credit is
+   * the one word of the slot the receiver writes. */
+  DEP_ATOMIC(uint64_t) tail;
+  DEP_ATOMIC(uint64_t) credit;
 };
 DEP_STATIC_ASSERT(sizeof(struct ops_slot) <= DEP_SLAB_CTRL_SLOT, "slot exceeds DEP_SLAB_CTRL_SLOT");
 

@@ -74,6 +74,8 @@
  *      after the ring (xring.h version 2).
  *   7  A slab's private area is as large as its carving (slab.h
  *      dep__slab_priv), no longer a formula of its own: slab sizes differ.
+ *      ATTACH_OK carries the job's chunk_rows, which the slab's layout
+ *      depends on (streaming channels, slab.h).
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -187,6 +189,7 @@ struct dep_msg_attach_ok {
   char backend[8];
   uint32_t op_timeout_ms;     /* the bound on every wait inside an operation */
   uint32_t kernel_warmup;     /* 1: run every kernel once before dep_attach returns */
+  uint32_t chunk_rows;        /* the job's streaming chunk (slab.h; 0: whole blocks) */
 };
 
 /*

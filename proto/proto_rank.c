@@ -35,6 +35,7 @@ static const struct codec_field attach_ok_fields[] = {
     CODEC_STR(struct dep_msg_attach_ok, backend),
     CODEC_U32(struct dep_msg_attach_ok, op_timeout_ms),
     CODEC_U32(struct dep_msg_attach_ok, kernel_warmup), /* 0 or 1 */
+    CODEC_U32(struct dep_msg_attach_ok, chunk_rows),
 };
 
 static const struct codec_field slab_head[] = {

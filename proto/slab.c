@@ -13,16 +13,19 @@ static uint64_t max2(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
 int dep__slab_layout(const struct dep_job_shape *s, uint32_t world_size,
                     struct dep_slab_layout *out, char *why, size_t whylen) {
-  return dep__slab_layout_nodes(s, world_size, world_size, out, why, whylen);
+  return dep__slab_layout_nodes(s, world_size, world_size, 0, out, why, whylen);
 }
 
-uint64_t dep__slab_key(const struct dep_job_shape *s, uint32_t world_size) {
-  return dep__shape_key(s, world_size);
+uint64_t dep__slab_key(const struct dep_job_shape *s, uint32_t world_size, uint32_t chunk_rows) {
+  const uint32_t chan = dep_slab_chan_rows(s->max_tokens_per_rank, chunk_rows);
+  uint64_t k = dep__shape_key(s, world_size);
+  /* Whole blocks keep the shape's own key, so memory made before streaming serves them. */
+  return chan == s->max_tokens_per_rank ? k : (k ^ chan) * 0x100000001b3ull;
 }
 
 int dep__slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
-                          uint32_t local_world_size, struct dep_slab_layout *out, char *why,
-                          size_t whylen) {
+                          uint32_t local_world_size, uint32_t chunk_rows,
+                          struct dep_slab_layout *out, char *why, size_t whylen) {
   int rc = dep__shape_check(s, world_size, why, whylen);
   if (rc != 0)
     return rc;
@@ -41,10 +44,20 @@ int dep__slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
   const uint32_t ll = dep__shape_max_ll(s);
   uint64_t local_experts = s->num_experts / world_size;
   uint64_t ll_vectors = (uint64_t)ll * (k < local_experts ? k : local_experts);
-  uint64_t block = (uint64_t)s->max_tokens_per_rank * row;
-  if (ll_vectors * h * 2 > block)
-    block = ll_vectors * h * 2;
-  block = dep_round_up(block, 256);
+  if (chunk_rows > DEP_SHAPE_MAX_TOKENS) {
+    if (why != NULL)
+      snprintf(why, whylen, "chunk_rows %u is out of range (allowed 0 = whole blocks, or 1..%u)",
+               chunk_rows, DEP_SHAPE_MAX_TOKENS);
+    return DEP_ERR_INVALID;
+  }
+  const uint32_t chan = dep_slab_chan_rows(s->max_tokens_per_rank, chunk_rows);
+  /* A block of the exchange region holds a call's rows whole; one of the
+   * slab, a channel's (which low-latency calls use whole, as blocks). */
+  const uint64_t ll_bytes = max2(ll_vectors * h * 2, (uint64_t)ll * row);
+  const uint64_t block = dep_round_up(max2((uint64_t)chan * row, ll_bytes), 256);
+  out->xblock_bytes = dep_round_up(max2((uint64_t)s->max_tokens_per_rank * row, ll_bytes), 256);
+  out->chunk_rows = chan == s->max_tokens_per_rank ? chan : chunk_rows;
+  out->chan_rows = chan;
   uint64_t ctrl = DEP_SLAB_ERR_BYTES + 2ull * world_size * DEP_SLAB_CTRL_SLOT;
   out->world_size = world_size;
   out->max_tokens = s->max_tokens_per_rank;
@@ -69,8 +82,8 @@ int dep__slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
   if (nr > 0) {
     out->out_slot_off = 2 * nr * DEP_SLAB_CTRL_SLOT;
     out->in_off = dep_round_up(out->out_slot_off + 2 * nr * DEP_SLAB_CTRL_SLOT, DEP_SLAB_ALIGN);
-    out->out_off = out->in_off + 2 * nr * block;
-    out->xchg_bytes = dep_round_up(out->out_off + 2 * nr * block, DEP_SLAB_ALIGN);
+    out->out_off = out->in_off + 2 * nr * out->xblock_bytes;
+    out->xchg_bytes = dep_round_up(out->out_off + 2 * nr * out->xblock_bytes, DEP_SLAB_ALIGN);
   }
   return 0;
 }

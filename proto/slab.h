@@ -46,6 +46,19 @@
  * waits, the same ordering.  (A remote source's slot and block in the slab
  * stay unused: the slab's layout is one for every count of remote ranks.)
  *
+ * Streaming (DESIGN §6): a job whose chunk_rows (the daemon's
+ * stream_chunk_rows) is below max_tokens_per_rank has, for each (parity,
+ * local source), a channel rather than a whole block: a ring of
+ * DEP_SLAB_CHUNKS chunks of chunk_rows rows (chan_rows rows in all) in the
+ * same place, which the sender fills as the receiver's credit allows.
+ * Row r of a call's stream from a source is at ring row r % chan_rows.
+ * The slot's tail and credit words (struct ops_slot, kabi.h) carry the
+ * rows published and consumed, packed with the call (DEP_SLAB_CHAN_AT),
+ * so that a reader never takes a count from an earlier call of the same
+ * parity for this one's.  A remote source's or destination's block in the
+ * exchange region stays whole (xblock_bytes): rows between nodes do not
+ * stream yet.
+ *
  * A block holds either max_tokens_per_rank rows of row_bytes (a bf16 token
  * with its remapped top-k ids, weights and source index, or an FP8 token
  * with its scales: dispatch; a bf16 vector: throughput combine), or the
@@ -100,14 +113,26 @@ DEP_STATIC_ASSERT(DEP_SLAB_ABORT_OFF + sizeof(struct dep_slab_abort) <= DEP_SLAB
 /* The largest GPU (in SMs) whose per-CTA scratch the private area holds. */
 #define DEP_SLAB_MAX_SMS 512u
 
+/* Chunks in a channel's ring: a sender fills one while the receiver drains others. */
+#define DEP_SLAB_CHUNKS 4u
+/* A channel's tail or credit word: rows counted in call seq, comparable
+ * across calls (a later call's count is larger than any earlier one's).
+ * Rows stay below 2^20 (shape.h's DEP_SHAPE_MAX_TOKENS is 2^16), and a
+ * call counter below 2^44 takes centuries at a million calls a second. */
+#define DEP_SLAB_CHAN_SHIFT 20u
+#define DEP_SLAB_CHAN_AT(seq, rows) (((uint64_t)(seq) << DEP_SLAB_CHAN_SHIFT) | (uint64_t)(rows))
+
 struct dep_slab_layout {
   uint32_t world_size;
   uint32_t max_tokens;
+  uint32_t chunk_rows;   /* rows a sender publishes at a time (max_tokens: no streaming) */
+  uint32_t chan_rows;    /* rows a local channel holds: max_tokens, or DEP_SLAB_CHUNKS chunks */
   uint64_t ctrl_off;    /* always 0 */
   uint64_t ctrl_bytes;
   uint32_t max_ll_tokens; /* the low-latency bound in effect */
   uint64_t row_bytes;
-  uint64_t block_bytes;  /* one source's block in one parity */
+  uint64_t block_bytes;  /* one source's block (or channel) in one parity of the slab */
+  uint64_t xblock_bytes; /* one block of the exchange region: always whole */
   uint64_t data_off;
   uint64_t parity_bytes; /* world_size * block_bytes */
   uint64_t priv_off;     /* the rank's own scratch: after the data, 4 KiB aligned */
@@ -124,15 +149,23 @@ struct dep_slab_layout {
 /*
  * Compute the layout for a job shape whose local_world_size ranks of
  * world_size are on this node (the rest, on other nodes, give it an
- * exchange region).  Returns 0, or DEP_ERR_INVALID when the shape is out of range,
- * local_world_size is not 1..world_size or the size would overflow
- * (message in why).
+ * exchange region), streaming in chunks of chunk_rows rows (0, or at least
+ * max_tokens_per_rank: whole blocks).  Returns 0, or DEP_ERR_INVALID when
+ * the shape is out of range, local_world_size is not 1..world_size or the
+ * size would overflow (message in why).
  */
 int dep__slab_layout_nodes(const struct dep_job_shape *shape, uint32_t world_size,
-                          uint32_t local_world_size, struct dep_slab_layout *out, char *why,
-                          size_t whylen);
+                          uint32_t local_world_size, uint32_t chunk_rows,
+                          struct dep_slab_layout *out, char *why, size_t whylen);
 
-/* The layout of a single-node job: dep__slab_layout_nodes with every rank local. */
+/* The rows of a channel chunk_rows makes for max_tokens rows a call (0: whole blocks). */
+static inline uint32_t dep_slab_chan_rows(uint32_t max_tokens, uint32_t chunk_rows) {
+  if (chunk_rows == 0 || (uint64_t)chunk_rows * DEP_SLAB_CHUNKS >= max_tokens)
+    return max_tokens;
+  return chunk_rows * DEP_SLAB_CHUNKS;
+}
+
+/* The layout of a single-node job that does not stream: dep__slab_layout_nodes with every rank local. */
 int dep__slab_layout(const struct dep_job_shape *shape, uint32_t world_size,
                     struct dep_slab_layout *out, char *why, size_t whylen);
 
@@ -161,10 +194,10 @@ static inline uint64_t dep_carve(uint64_t *off, uint64_t bytes) {
   return at;
 }
 
-/* What memory made for a layout is cached under: dep__shape_key's (the
- * slab does not depend on how many ranks are remote: their bytes pass
- * through the exchange region, which is not pool memory). */
-uint64_t dep__slab_key(const struct dep_job_shape *shape, uint32_t world_size);
+/* What memory made for a layout is cached under: dep__shape_key's and the
+ * channels' rows (the slab does not depend on how many ranks are remote:
+ * their bytes pass through the exchange region, which is not pool memory). */
+uint64_t dep__slab_key(const struct dep_job_shape *shape, uint32_t world_size, uint32_t chunk_rows);
 
 /*
  * The addressing is written once, here, on the layout's numbers alone:
@@ -203,7 +236,8 @@ static inline uint64_t dep_slab_block(const struct dep_slab_layout *l, unsigned 
   return DEP_SLAB_BLOCK_AT(l->data_off, l->parity_bytes, l->block_bytes, parity, src);
 }
 
-/* Offset of row `row` pushed by source `src` in a call of `parity`. */
+/* Offset of row `row` pushed by source `src` in a call of `parity` (a
+ * channel's ring row: a streamed call's row r is at r % chan_rows). */
 static inline uint64_t dep_slab_row(const struct dep_slab_layout *l, unsigned parity,
                                     uint32_t src, uint32_t row) {
   return dep_slab_block(l, parity, src) + (uint64_t)row * l->row_bytes;
@@ -222,7 +256,7 @@ static inline uint64_t dep_slab_in_slot(const struct dep_slab_layout *l, unsigne
 }
 static inline uint64_t dep_slab_in_block(const struct dep_slab_layout *l, unsigned parity,
                                          uint32_t ri) {
-  return DEP_XCHG_ENTRY_AT(l->in_off, l->block_bytes, dep_xchg_index(l, parity, ri));
+  return DEP_XCHG_ENTRY_AT(l->in_off, l->xblock_bytes, dep_xchg_index(l, parity, ri));
 }
 static inline uint64_t dep_slab_out_slot(const struct dep_slab_layout *l, unsigned parity,
                                          uint32_t ri) {
@@ -230,7 +264,7 @@ static inline uint64_t dep_slab_out_slot(const struct dep_slab_layout *l, unsign
 }
 static inline uint64_t dep_slab_out_block(const struct dep_slab_layout *l, unsigned parity,
                                           uint32_t ri) {
-  return DEP_XCHG_ENTRY_AT(l->out_off, l->block_bytes, dep_xchg_index(l, parity, ri));
+  return DEP_XCHG_ENTRY_AT(l->out_off, l->xblock_bytes, dep_xchg_index(l, parity, ri));
 }
 
 /* Round a size up to a whole number of chunks. */

@@ -146,7 +146,7 @@ static size_t shipped_keys(char keys[][64], size_t max) {
 START_TEST(shipped_file_has_every_documented_key) {
   char keys[64][64];
   size_t n = shipped_keys(keys, 64);
-  ck_assert_uint_eq(n, 39); /* socket 3, allow 3, pool 4, listen 2, metrics 1, limits 10, and 16
+  ck_assert_uint_eq(n, 40); /* socket 3, allow 3, pool 4, listen 2, metrics 1, limits 10, and 17
                               at the top */
 }
 END_TEST
@@ -442,7 +442,8 @@ static const struct bad {
     {"log_level: info\nfoo: 1\n",
      "t.yaml:2:1: unknown key 'foo' at the top level (known: socket, allow, backend, devices, pool, "
      "preallocation, buffer_cache_enabled, kernel_warmup, kernel_cache_dir, adaptive_optimization, "
-     "warn_first_call_ratio, connection_pool_size, proxy_threads, listen, peers, "
+     "warn_first_call_ratio, connection_pool_size, proxy_threads, "
+     "stream_chunk_rows, listen, peers, "
      "peer_key_file, peer_insecure, peer_wait_ms, transport, metrics, limits, log_level)"},
     {"adaptive_optimization: sometimes\n",
      "t.yaml:1:24: expected a boolean (true/false) for 'adaptive_optimization', got 'sometimes'"},

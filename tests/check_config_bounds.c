@@ -65,7 +65,8 @@ START_TEST(nesting_deeper_than_32_levels_is_refused_where_it_opens) {
   ck_assert_str_eq(ct_err, "t.yaml:1:1: unknown key 'k' at the top level (known: socket, allow, "
                         "backend, devices, pool, preallocation, buffer_cache_enabled, "
                         "kernel_warmup, kernel_cache_dir, adaptive_optimization, "
-                        "warn_first_call_ratio, connection_pool_size, proxy_threads, listen, peers, "
+                        "warn_first_call_ratio, connection_pool_size, proxy_threads, "
+                        "stream_chunk_rows, listen, peers, "
                         "peer_key_file, peer_insecure, peer_wait_ms, transport, metrics, limits, log_level)");
   /* A list at its key's own column is a level too: the root, then a list and a mapping on each
    * "- k:" line; the 16th such line's mapping is the 33rd level. */

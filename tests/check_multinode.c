@@ -1064,7 +1064,7 @@ static void fake_membership(struct dep_peer_msg *m, const char *id) {
   x->ranks[0] = 1;
   struct dep_slab_layout l;
   char why[256];
-  ck_assert_msg(dep__slab_layout_nodes(&x->sw.shape, 2, 1, &l, why, sizeof why) == 0, "%s", why);
+  ck_assert_msg(dep__slab_layout_nodes(&x->sw.shape, 2, 1, 0, &l, why, sizeof why) == 0, "%s", why);
   x->n_windows = 1;
   x->windows[0] = (struct dep_peer_window){0, 0, l.xchg_bytes, 0, 0};
 }

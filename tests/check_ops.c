@@ -516,6 +516,103 @@ START_TEST(ranks_making_different_calls_get_mismatch_and_stay_in_step) {
 }
 END_TEST
 
+/* ---- streaming: the throughput ops through channels of a few rows ---------------------- */
+
+/* The chunks the streaming cases run with: one row, and three (slab.h: 4 chunks a channel). */
+static const uint32_t stream_chunks[] = {1, 3};
+#define N_STREAM_CHUNKS (sizeof stream_chunks / sizeof stream_chunks[0])
+
+/* Every scenario, every op, against the oracle, with the throughput ops
+ * streaming through channels of 4 and 12 rows (LL calls between them
+ * share the slab's blocks). */
+START_TEST(every_op_matches_the_oracle_streaming_in_small_chunks) {
+  const uint32_t n = (uint32_t)(sizeof scenarios / sizeof scenarios[0]);
+  ow_seed_init((uint64_t)_i + 1000);
+  const struct ow_scenario sc = scenarios[(uint32_t)_i % n];
+  const uint32_t chunk = stream_chunks[(uint32_t)_i / n];
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &sc, sc.fp8);
+  ow_run_ranks_chunked(&d->shape, sc.world, chunk, scenario_rank, d, d->desc);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
+/* Rank 1 comes late to every call: its senders fill its channels (4 rows
+ * each) and wait for its credit; nothing is overwritten, every output is
+ * the oracle's. */
+static int late_rank(struct ops_ctx *c, void *arg, char *msg) {
+  if (c->rank == 1) {
+    struct timespec ts = {0, 30 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  return scenario_rank(c, arg, msg);
+}
+
+START_TEST(a_slow_receiver_holds_its_senders_back_and_loses_nothing) {
+  static const struct ow_scenario sc = {4, 128, 4, 8, 64, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 1};
+  ow_seed_init(77);
+  struct ow_case *d = malloc(sizeof *d);
+  ow_case_make(d, &sc, sc.fp8);
+  ow_run_ranks_chunked(&d->shape, sc.world, 1, late_rank, d, d->desc);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
+/* Rank 1 posted call 1's slot (10 rows for rank 0) and 2 rows, then died:
+ * rank 0 waits for its rows and for its credit (rank 0 has more rows for
+ * it than its 4-row channel holds); the abort words fail the dispatch at
+ * once with DEP_ERR_PEER naming it, not after the 10 s timeout. */
+START_TEST(a_rank_gone_mid_stream_fails_its_peers_at_once) {
+  /* Every token to rank 1: 16 rows for its 4-row channel. */
+  static const struct ow_scenario sc = {2, 128, 2, 4, 16, 4, P_ONE_RANK, T_MAX, DEP_INDEX_I64, 0};
+  struct ow_rank0 *g = ow_rank0_open_chunked(&sc, 1, GONE_TIMEOUT_MS);
+  struct ops_slot *sl = (struct ops_slot *)(g->w.slabs[0] + dep_slab_ctrl_slot(&g->w.lay, 1, 1));
+  sl->rows = 10;
+  sl->op = OPS_OP_DISPATCH;
+  atomic_store_explicit(&sl->flag, 1, memory_order_release);
+  atomic_store_explicit(&sl->tail, DEP_SLAB_CHAN_AT(1, 2), memory_order_release);
+  struct abort_writer a = {g->w.slabs[0], 1, 4242, 0, 50};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, abort_later, &a), 0);
+  uint64_t t0 = ms_now();
+  int rc = ow_dispatch(&g->c, &g->d, &g->o, &g->o.h);
+  uint64_t waited = ms_now() - t0;
+  pthread_join(th, NULL);
+  ck_assert_msg(waited >= 40, "failed after %llu ms, before the abort words were written: %s",
+                (unsigned long long)waited, g->c.why);
+  expect_gone(g, rc, waited, OPS_OP_DISPATCH, 1, 0);
+  ow_rank0_close(g);
+}
+END_TEST
+
+/* A live rank this call waits for (here, for its credit) stopped its own
+ * call with a failure (its error record says so): this rank stops too,
+ * with DEP_ERR_PEER naming it, rather than waiting out the timeout. */
+START_TEST(a_peer_that_failed_its_call_stops_the_ranks_waiting_for_its_credit) {
+  /* Every token to rank 1: 32 rows for its 4-row channel. */
+  static const struct ow_scenario sc = {2, 128, 1, 2, 32, 4, P_ONE_RANK, T_MAX, DEP_INDEX_I64, 0};
+  struct ow_rank0 *g = ow_rank0_open_chunked(&sc, 1, GONE_TIMEOUT_MS);
+  /* Rank 1 posted call 1 (no rows for rank 0), then failed in it waiting for rank 0. */
+  post_empty_dispatch(g, 1, 1);
+  struct ops_err_record *er = (struct ops_err_record *)g->w.slabs[1];
+  er->op = OPS_OP_DISPATCH;
+  er->rank = 1;
+  er->source = 0;
+  er->seq = 1;
+  atomic_store_explicit(&er->code, DEP_ERR_TIMEOUT, memory_order_release);
+  uint64_t t0 = ms_now();
+  int rc = ow_dispatch(&g->c, &g->d, &g->o, &g->o.h);
+  uint64_t waited = ms_now() - t0;
+  ck_assert_msg(rc == DEP_ERR_PEER && strstr(g->c.why, "rank 1 stopped in call 1") != NULL,
+                "dispatch gave %s after %llu ms: %s", dep_errname(rc), (unsigned long long)waited,
+                g->c.why);
+  ck_assert_msg(waited < GONE_TIMEOUT_MS / 2, "after %llu ms", (unsigned long long)waited);
+  ow_rank0_close(g);
+}
+END_TEST
+
 START_TEST(bad_arguments_are_refused_before_any_write) {
   struct ow_rank0 *r = ow_rank0_open(&ow_small, 200);
   struct ops_ctx *c = &r->c;
@@ -650,7 +747,7 @@ END_TEST
 START_TEST(init_refuses_bad_contexts) {
   struct dep_job_shape s = {4, 128, 4, 2, DEP_DTYPE_BF16, 0};
   struct ow_world w;
-  ow_world_open(&w, &s, 2);
+  ow_world_open(&w, &s, 2, 0);
   struct ops_ctx c;
   char why[256];
   uint8_t *sl[DEP_MAX_LOCAL_RANKS] = {w.slabs[0], w.slabs[1]};
@@ -765,6 +862,15 @@ Suite *ops_suite(void) {
                       (int)(sizeof scenarios / sizeof scenarios[0]));
   tcase_add_test(ops, thousand_calls_back_to_back_stay_correct);
   suite_add_tcase(s, ops);
+
+  TCase *stream = tcase_create("stream");
+  tcase_set_timeout(stream, 60);
+  tcase_add_loop_test(stream, every_op_matches_the_oracle_streaming_in_small_chunks, 0,
+                      (int)(N_STREAM_CHUNKS * (sizeof scenarios / sizeof scenarios[0])));
+  tcase_add_test(stream, a_slow_receiver_holds_its_senders_back_and_loses_nothing);
+  tcase_add_test(stream, a_rank_gone_mid_stream_fails_its_peers_at_once);
+  tcase_add_test(stream, a_peer_that_failed_its_call_stops_the_ranks_waiting_for_its_credit);
+  suite_add_tcase(s, stream);
 
   TCase *faults = tcase_create("faults");
   tcase_set_timeout(faults, 30);

@@ -137,7 +137,8 @@ static struct dep_msg_hello_ok s_hello_ok = {.version = 1, .daemon_version = "0.
                                              .backend = "cuda"};
 static struct dep_msg_attach_ok s_attach_ok = {.slab_bytes = 1ull << 34, .local_world_size = 8,
                                                .num_fds = 3, .backend = "host",
-                                               .op_timeout_ms = 10000, .kernel_warmup = 1};
+                                               .op_timeout_ms = 10000, .kernel_warmup = 1,
+                                               .chunk_rows = 64};
 static struct dep_msg_slab s_slab = {.chunk_bytes = 64ull << 20,
                                      .n_chunks = 17,
                                      .n_ranks = 2,
@@ -572,7 +573,8 @@ START_TEST(strings_with_nul_or_too_long_are_rejected) {
   ck_assert_int_eq(e.code, DEP_ERR_MISMATCH);
 
   /* ATTACH_OK announcing more fds than a frame can carry. */
-  uint8_t ao[8 + 4 + 4 + 2 + 4 + 4] = {0}; /* ..., backend "", op_timeout_ms, kernel_warmup */
+  /* ..., backend "", op_timeout_ms, kernel_warmup, chunk_rows */
+  uint8_t ao[8 + 4 + 4 + 2 + 4 + 4 + 4] = {0};
   ao[12] = 251;
   expect_body_rc(DEP_MSG_ATTACH_OK, ao, sizeof ao, DEP_ERR_PROTOCOL);
   ao[12] = 250;

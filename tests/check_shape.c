@@ -221,11 +221,12 @@ START_TEST(the_exchange_region_holds_every_remote_ranks_slots_and_blocks_apart) 
   ck_assert_int_eq(dep__slab_layout(&sw.shape, 8, &one, why, sizeof why), 0);
   ck_assert_uint_eq(one.n_remote, 0);
   ck_assert_uint_eq(one.xchg_bytes, 0);
-  ck_assert_int_eq(dep__slab_layout_nodes(&sw.shape, 8, 3, &l, why, sizeof why), 0);
+  ck_assert_int_eq(dep__slab_layout_nodes(&sw.shape, 8, 3, 0, &l, why, sizeof why), 0);
   ck_assert_uint_eq(l.n_remote, 5);
   ck_assert_uint_eq(l.total_bytes, one.total_bytes);
   ck_assert_uint_eq(l.priv_off, one.priv_off);
-  ck_assert_uint_eq(dep__slab_key(&sw.shape, 8), dep__shape_key(&sw.shape, 8));
+  ck_assert_uint_eq(dep__slab_key(&sw.shape, 8, 0), dep__shape_key(&sw.shape, 8));
+  ck_assert_uint_ne(dep__slab_key(&sw.shape, 8, 1), dep__shape_key(&sw.shape, 8));
   ck_assert_uint_eq(l.in_off % DEP_SLAB_ALIGN, 0);
   ck_assert_uint_eq(l.xchg_bytes % DEP_SLAB_ALIGN, 0);
   /* Mark every byte each (parity, remote) part claims: each claimed once, inside the region. */
@@ -235,8 +236,8 @@ START_TEST(the_exchange_region_holds_every_remote_ranks_slots_and_blocks_apart) 
     for (uint32_t ri = 0; ri < l.n_remote; ri++) {
       const uint64_t at[4] = {dep_slab_in_slot(&l, p, ri), dep_slab_out_slot(&l, p, ri),
                               dep_slab_in_block(&l, p, ri), dep_slab_out_block(&l, p, ri)};
-      const uint64_t len[4] = {DEP_SLAB_CTRL_SLOT, DEP_SLAB_CTRL_SLOT, l.block_bytes,
-                               l.block_bytes};
+      const uint64_t len[4] = {DEP_SLAB_CTRL_SLOT, DEP_SLAB_CTRL_SLOT, l.xblock_bytes,
+                               l.xblock_bytes};
       for (int k = 0; k < 4; k++) {
         ck_assert_uint_le(at[k] + len[k], l.xchg_bytes);
         for (uint64_t b = at[k]; b < at[k] + len[k]; b++) {

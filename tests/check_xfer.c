@@ -63,7 +63,7 @@ static void xf_make(struct xf *f, const char *id) {
   struct dep_job_shape shape = {.max_tokens_per_rank = 16, .hidden = 256, .num_experts = 8,
                                 .topk = 2, .dtype = DEP_DTYPE_BF16, .max_ll_tokens_per_rank = 16};
   char why[256];
-  ck_assert_msg(dep__slab_layout_nodes(&shape, 4, 2, &r->lay, why, sizeof why) == 0, "%s", why);
+  ck_assert_msg(dep__slab_layout_nodes(&shape, 4, 2, 0, &r->lay, why, sizeof why) == 0, "%s", why);
   for (uint32_t g = 0; g < 4; g++) {
     r->peer_of[g] = g < 2 ? -1 : 0;
     r->local_of[g] = g < 2 ? (int16_t)g : -1;
@@ -108,7 +108,7 @@ START_TEST(a_frame_names_the_in_block_and_slot_of_its_source_in_its_destination)
   for (uint32_t src = 2; src < 4; src++)
     for (uint32_t dest = 0; dest < 2; dest++)
       for (uint32_t par = 0; par < 2; par++) {
-        struct dep_xfer_hdr h = xf_hdr("xf", src, dest, par, l->block_bytes);
+        struct dep_xfer_hdr h = xf_hdr("xf", src, dest, par, l->xblock_bytes);
         uint8_t *block, *slot;
         ck_assert_int_eq(xf_target(0, &h, &block, &slot), 0);
         ck_assert_ptr_eq(block, f.region[dest] + dep_slab_in_block(l, par, src - 2));
@@ -122,7 +122,7 @@ END_TEST
 START_TEST(a_frame_the_job_does_not_allow_is_refused_before_a_byte_is_written) {
   struct xf f;
   xf_make(&f, "xf");
-  const uint64_t bb = f.r->lay.block_bytes;
+  const uint64_t bb = f.r->lay.xblock_bytes;
   const struct {
     int peer;
     struct dep_xfer_hdr h;
@@ -405,7 +405,7 @@ static void fair_flood_main(const char *sock, uint32_t g, struct fair_shared *sh
   uint8_t *xchg = dep_xring_xchg(ring);
   atomic_store_explicit((_Atomic uint64_t *)(xchg + dep_slab_out_slot(l, 0, 0)), 2,
                         memory_order_release);
-  const struct dep_xring_desc d = {.dest = 1, .parity = 0, .seq = 2, .bytes = l->block_bytes};
+  const struct dep_xring_desc d = {.dest = 1, .parity = 0, .seq = 2, .bytes = l->xblock_bytes};
   while (atomic_load(&sh->phase) < 3) {
     if (atomic_load_explicit(&ring->failed, memory_order_acquire) != 0) {
       snprintf(sh->flood_msg, sizeof sh->flood_msg, "the proxy stopped the flood's ring: %s",
@@ -525,11 +525,11 @@ START_TEST(a_rank_flooding_its_ring_holds_up_another_jobs_calls_a_bounded_time) 
     fair_stats(sh, phase, &med[phase], &worst[phase]);
   struct dep_slab_layout fl;
   char why[256];
-  ck_assert_int_eq(dep__slab_layout_nodes(&fair_flood_shape, 2, 1, &fl, why, sizeof why), 0);
+  ck_assert_int_eq(dep__slab_layout_nodes(&fair_flood_shape, 2, 1, 0, &fl, why, sizeof why), 0);
   printf("xfer: the victim's %d calls (2 ranks, 1 token each way) alone: median %.2f ms, worst "
          "%.2f ms; beside a rank flooding its ring (%llu descriptors of %.2f MiB blocks "
          "meanwhile): median %.2f ms, worst %.2f ms\n", 4 * FAIR_ITERS, med[0] / 1000.0,
-         worst[0] / 1000.0, (unsigned long long)flood, fl.block_bytes / 1048576.0,
+         worst[0] / 1000.0, (unsigned long long)flood, fl.xblock_bytes / 1048576.0,
          med[1] / 1000.0, worst[1] / 1000.0);
   ck_assert_msg(worst[1] < FAIR_WORST_MS * 1000u, "beside the flood the victim's slowest call "
                 "took %.1f ms (ceiling %d ms)", worst[1] / 1000.0, FAIR_WORST_MS);

@@ -199,7 +199,7 @@ START_TEST(a_restarted_job_gets_its_exchange_regions_back_and_another_uid_does_n
   const uint32_t qn = Q->sc.world, lws = Q->split[0];
   struct dep_slab_layout l;
   char why[256];
-  ck_assert_int_eq(dep__slab_layout_nodes(&q->shape, qn, lws, &l, why, sizeof why), 0);
+  ck_assert_int_eq(dep__slab_layout_nodes(&q->shape, qn, lws, 0, &l, why, sizeof why), 0);
   const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
   const uint64_t stride = (l.total_bytes + 65535) / 65536 * 65536;
   const uint64_t arena = (lws * stride + page - 1) / page * page;
@@ -300,7 +300,7 @@ START_TEST(a_restarted_daemon_charges_the_exchange_region_a_rank_still_maps) {
   /* Both ranks attached and lent their rings: node 0 has the arena and the region lent. */
   struct dep_slab_layout l;
   char why[256];
-  ck_assert_int_eq(dep__slab_layout_nodes(&shape, 2, 1, &l, why, sizeof why), 0);
+  ck_assert_int_eq(dep__slab_layout_nodes(&shape, 2, 1, 0, &l, why, sizeof why), 0);
   const uint64_t region = DEP_XRING_BYTES + l.xchg_bytes;
   uint64_t lent = 0;
   for (int t = 0; t < 400 && (lent = pool_bytes(&ns.d[0], false)) <= region; t++)

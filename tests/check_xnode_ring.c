@@ -33,7 +33,7 @@ static void ring_rank_open(struct ring_rank *r, uint32_t timeout_ms) {
   r->s = (struct dep_job_shape){.max_tokens_per_rank = 4, .hidden = 128, .num_experts = 4,
                                 .topk = 2, .dtype = DEP_DTYPE_BF16};
   char why[256];
-  ck_assert_msg(dep__slab_layout_nodes(&r->s, 2, 1, &r->lay, why, sizeof why) == 0, "%s", why);
+  ck_assert_msg(dep__slab_layout_nodes(&r->s, 2, 1, 0, &r->lay, why, sizeof why) == 0, "%s", why);
   ck_assert_uint_eq(r->lay.n_remote, 1);
   ck_assert_uint_gt(r->lay.xchg_bytes, 0);
   r->slab = aligned_alloc(4096, dep_round_up(r->lay.total_bytes, 4096));
@@ -46,7 +46,7 @@ static void ring_rank_open(struct ring_rank *r, uint32_t timeout_ms) {
   r->ring->entries = DEP_XRING_ENTRIES;
   r->ring->xchg_bytes = r->lay.xchg_bytes;
   uint8_t *slabs[DEP_MAX_LOCAL_RANKS] = {r->slab, NULL};
-  ck_assert_msg(host_ops_init_nodes(&r->c, &r->s, 2, 0, slabs, r->ring, timeout_ms, why,
+  ck_assert_msg(host_ops_init_nodes(&r->c, &r->s, 2, 0, slabs, r->ring, 0, timeout_ms, why,
                                     sizeof why) == 0, "%s", why);
   host_ops_handle_init(&r->h);
 }
@@ -199,11 +199,11 @@ START_TEST(init_refuses_a_remote_rank_without_a_ring_and_a_ring_of_another_rank)
   char why[256] = "";
   uint8_t *slabs[DEP_MAX_LOCAL_RANKS] = {r.slab, NULL};
   struct ops_ctx c;
-  ck_assert_int_eq(host_ops_init_nodes(&c, &r.s, 2, 0, slabs, NULL, 100, why, sizeof why),
+  ck_assert_int_eq(host_ops_init_nodes(&c, &r.s, 2, 0, slabs, NULL, 0, 100, why, sizeof why),
                    DEP_ERR_INVALID);
   ck_assert_msg(strstr(why, "slab of rank 1 is not mapped") != NULL, "%s", why);
   r.ring->rank = 1;
-  ck_assert_int_eq(host_ops_init_nodes(&c, &r.s, 2, 0, slabs, r.ring, 100, why, sizeof why),
+  ck_assert_int_eq(host_ops_init_nodes(&c, &r.s, 2, 0, slabs, r.ring, 0, 100, why, sizeof why),
                    DEP_ERR_INVALID);
   ck_assert_msg(strstr(why, "not one for rank 0") != NULL, "%s", why);
   ring_rank_close(&r);

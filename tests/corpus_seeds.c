@@ -97,7 +97,7 @@ static int f_attach(struct proto_buf *b) {
 static int f_attach_ok(struct proto_buf *b) {
   struct dep_msg_attach_ok m = {.slab_bytes = 512ull << 20, .local_world_size = 8,
                                 .num_fds = 0, .backend = "cuda", .op_timeout_ms = 30000,
-                                .kernel_warmup = 1};
+                                .kernel_warmup = 1, .chunk_rows = 32};
   return frame(b, DEP_MSG_ATTACH_OK, 0, &m);
 }
 static int f_detach(struct proto_buf *b) { return frame(b, DEP_MSG_DETACH, 0, NULL); }

@@ -63,7 +63,7 @@ static bool test_on_cuda(void) {
 uint64_t mr_slab_of(const struct dep_job_shape *s, uint32_t world, uint32_t local) {
   struct dep_slab_layout l;
   char why[256];
-  ck_assert_msg(dep__slab_layout_nodes(s, world, local, &l, why, sizeof why) == 0, "%s", why);
+  ck_assert_msg(dep__slab_layout_nodes(s, world, local, 0, &l, why, sizeof why) == 0, "%s", why);
   return dep_round_up(l.total_bytes, SLAB_ALIGN);
 }
 

@@ -47,11 +47,13 @@ static uint16_t rand_bf16(int e) {
 /* ---- a world of ranks: shared slabs, one process per rank ------------------ */
 
 
-void ow_world_open(struct ow_world *w, const struct dep_job_shape *s, uint32_t n) {
+void ow_world_open(struct ow_world *w, const struct dep_job_shape *s, uint32_t n,
+                   uint32_t chunk) {
   char why[256];
   memset(w, 0, sizeof *w);
   w->n = n;
-  ck_assert_msg(dep__slab_layout(s, n, &w->lay, why, sizeof why) == 0, "%s", why);
+  w->chunk = chunk;
+  ck_assert_msg(dep__slab_layout_nodes(s, n, n, chunk, &w->lay, why, sizeof why) == 0, "%s", why);
   w->slab_bytes = dep_round_up(w->lay.total_bytes, 4096);
   w->map_bytes = w->slab_bytes * n;
   int fd = memfd_create("check-ops-slabs", MFD_CLOEXEC);
@@ -92,7 +94,8 @@ static void run_ranks(struct ow_world *w, const struct dep_job_shape *s, ow_rank
       struct ops_ctx c;
       char why[256];
       char *msg = w->msg + (size_t)r * OW_MSG;
-      if (host_ops_init(&c, s, w->n, r, w->slabs, OW_TIMEOUT_MS, why, sizeof why) != 0)
+      if (host_ops_init_nodes(&c, s, w->n, r, w->slabs, NULL, w->chunk, OW_TIMEOUT_MS, why,
+                              sizeof why) != 0)
         _exit(ow_fail(msg, "host_ops_init: %s", why));
       int rc = fn(&c, arg, msg);
       host_ops_fini(&c);
@@ -132,12 +135,17 @@ static void run_ranks(struct ow_world *w, const struct dep_job_shape *s, ow_rank
   OW_ASSERT_NONE_FAILED(what, failed, report);
 }
 
-void ow_run_ranks(const struct dep_job_shape *s, uint32_t n, ow_rank_fn fn, void *arg,
-                  const char *what) {
+void ow_run_ranks_chunked(const struct dep_job_shape *s, uint32_t n, uint32_t chunk, ow_rank_fn fn,
+                          void *arg, const char *what) {
   struct ow_world w;
-  ow_world_open(&w, s, n);
+  ow_world_open(&w, s, n, chunk);
   run_ranks(&w, s, fn, arg, what);
   ow_world_close(&w);
+}
+
+void ow_run_ranks(const struct dep_job_shape *s, uint32_t n, ow_rank_fn fn, void *arg,
+                  const char *what) {
+  ow_run_ranks_chunked(s, n, 0, fn, arg, what);
 }
 
 /* ---- scenarios: inputs and the oracle's expectations ------------------------- */
@@ -318,14 +326,19 @@ void ow_run_small(ow_rank_fn fn, const char *what) {
 }
 
 struct ow_rank0 *ow_rank0_open(const struct ow_scenario *sc, uint32_t timeout_ms) {
+  return ow_rank0_open_chunked(sc, 0, timeout_ms);
+}
+
+struct ow_rank0 *ow_rank0_open_chunked(const struct ow_scenario *sc, uint32_t chunk,
+                                       uint32_t timeout_ms) {
   struct ow_rank0 *r = malloc(sizeof *r);
   ck_assert_ptr_nonnull(r);
   ow_seed_init(0);
   ow_case_make(&r->d, sc, 0);
-  ow_world_open(&r->w, &r->d.shape, sc->world);
+  ow_world_open(&r->w, &r->d.shape, sc->world, chunk);
   char why[256] = "";
-  ck_assert_msg(host_ops_init(&r->c, &r->d.shape, sc->world, 0, r->w.slabs, timeout_ms, why,
-                              sizeof why) == 0,
+  ck_assert_msg(host_ops_init_nodes(&r->c, &r->d.shape, sc->world, 0, r->w.slabs, NULL, chunk,
+                                    timeout_ms, why, sizeof why) == 0,
                 "host_ops_init: %s", why);
   ow_outs_alloc(&r->o, &r->d);
   return r;

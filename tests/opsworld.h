@@ -39,6 +39,7 @@ float ow_unif(void); /* [0, 1) */
 /* Every rank's slab in one shared memfd, and a failure message per rank. */
 struct ow_world {
   uint32_t n;
+  uint32_t chunk; /* the layout's chunk_rows */
   struct dep_slab_layout lay;
   size_t slab_bytes, map_bytes;
   uint8_t *map;
@@ -88,7 +89,7 @@ struct ow_outs {
   struct dep_handle h;
 };
 
-void ow_world_open(struct ow_world *w, const struct dep_job_shape *s, uint32_t n);
+void ow_world_open(struct ow_world *w, const struct dep_job_shape *s, uint32_t n, uint32_t chunk);
 void ow_world_close(struct ow_world *w);
 
 /* Open a world of n ranks of shape s and fork one process per rank, each
@@ -97,6 +98,9 @@ void ow_world_close(struct ow_world *w);
  * 0.  Once one fails the others are stopped.  The world is closed after. */
 void ow_run_ranks(const struct dep_job_shape *s, uint32_t n, ow_rank_fn fn, void *arg,
                   const char *what);
+/* The same for a job that streams in chunks of chunk rows (slab.h). */
+void ow_run_ranks_chunked(const struct dep_job_shape *s, uint32_t n, uint32_t chunk, ow_rank_fn fn,
+                          void *arg, const char *what);
 
 int ow_fail(char *msg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -134,6 +138,9 @@ struct ow_rank0 {
 /* A new one, its ctx with op timeout timeout_ms; the test fails if it does
  * not open.  Allocated: a case is too large for a test's stack. */
 struct ow_rank0 *ow_rank0_open(const struct ow_scenario *sc, uint32_t timeout_ms);
+/* The same for a job that streams in chunks of chunk rows (slab.h). */
+struct ow_rank0 *ow_rank0_open_chunked(const struct ow_scenario *sc, uint32_t chunk,
+                                       uint32_t timeout_ms);
 /* Closes all that ow_rank0_open opened and frees r. */
 void ow_rank0_close(struct ow_rank0 *r);
 

@@ -32,6 +32,7 @@
   XX(peers)                 \
   XX(multinode)             \
   XX(bigworld)              \
+  XX(stream)                \
   XX(xnode)                 \
   XX(xnode_faults)          \
   XX(xnode_ring)            \

@@ -1,0 +1,260 @@
+/*
+ * host_ops_stream.c — how the host backend's throughput calls move their
+ * rows (DESIGN §6 "Streaming with bounded buffers"): every rank sends
+ * every rank its rows and receives every rank's, in one loop that never
+ * blocks on one peer while another could make progress.
+ *
+ * To a rank of this node the rows go through a channel in the receiver's
+ * slab (slab.h): the call's slot (rows, op, ref_seq) is posted first, then
+ * the rows into a ring of chan_rows rows, the tail (rows published) stored
+ * with release ordering after each chunk; the receiver takes rows out as
+ * they come and stores its credit (rows taken) after each chunk, which is
+ * what lets the sender reuse the ring.  A job whose chunk is a whole block
+ * (chan_rows = max_tokens_per_rank) runs the same protocol and never waits
+ * for credit.  To a rank on another node the rows go whole, as before: the
+ * out block of the exchange region is filled first, then the slot and a
+ * descriptor for the proxy (host_ops.c post), so that what another node
+ * receives never waits on anything this node does; and from one, a slot
+ * whose flag is there means its whole block is in.
+ *
+ * Where rows land is the caller's (a take function): dispatch places each
+ * source's rows at that source's offset in its output, whatever order they
+ * arrive in; combine sums each token's vectors in rank order.  A call that
+ * finds something wrong (a mismatch, a count out of range) keeps taking
+ * and sending to the end before it says so, so that its peers are not left
+ * waiting for credit; only a gone rank, a failed peer or the timeout end
+ * it at once.
+ */
+#include "host_ops_internal.h"
+
+#include <time.h>
+
+static uint64_t stream_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* A tail or credit word's rows for this call (0 for a word of an earlier call). */
+static inline uint32_t chan_rows_of(const struct ops_ctx *c, uint64_t word) {
+  const uint64_t at = DEP_SLAB_CHAN_AT(c->seq, 0);
+  return word >= at ? (uint32_t)(word - at) : 0;
+}
+
+/* The slot this rank posts to local rank dest in this call (in dest's slab). */
+static inline struct ops_slot *out_slot_local(const struct ops_ctx *c, uint32_t dest) {
+  return slot_at(c, dest, (unsigned)(c->seq & 1), c->rank);
+}
+
+void host_ops__stream_setup(struct ops_ctx *c) {
+  memset(c->peer, 0, c->world * sizeof *c->peer);
+  c->stream_rc = 0;
+}
+
+/* Record the call's first problem found while it goes on (host_ops__stream). */
+int host_ops__stream_fault(struct ops_ctx *c, int rc, const char *fmt, ...) {
+  if (c->stream_rc != 0)
+    return c->stream_rc;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->why, sizeof c->why, fmt, ap);
+  va_end(ap);
+  c->stream_rc = rc;
+  return rc;
+}
+
+uint32_t host_ops__stream_avail(struct ops_ctx *c, const struct ops_stream *s, uint32_t src) {
+  struct ops_peer *p = &c->peer[src];
+  const unsigned parity = (unsigned)(c->seq & 1);
+  const struct ops_slot *sl = in_slot(c, parity, src);
+  if (!p->seen) {
+    uint64_t f = atomic_load_explicit(&sl->flag, memory_order_acquire);
+    if (f != c->seq) {
+      if (f > c->seq && c->stream_rc == 0) {
+        c->broken = 1;
+        host_ops__stream_fault(c, DEP_ERR_MISMATCH, "%s: rank %u is at call %llu, this rank at "
+                               "call %llu; a rank restarted or the slabs were not fresh: restart "
+                               "the job", host_ops_op_name(s->op), src, (unsigned long long)f,
+                               (unsigned long long)c->seq);
+      }
+      return 0;
+    }
+    p->seen = 1;
+    p->from_rows = sl->rows;
+    if (p->from_rows > c->lay.max_tokens) {
+      host_ops__stream_fault(c, DEP_ERR_MISMATCH, "%s: rank %u posted %u rows, over the job's "
+                             "max_tokens_per_rank %u", host_ops_op_name(s->op), src, p->from_rows,
+                             c->lay.max_tokens);
+      p->from_rows = 0; /* nothing of it is read: its rows may not be in the ring's bounds */
+    } else if (sl->op != s->op) {
+      /* Its rows are not this op's stream, and it takes none of ours. */
+      p->other_op = 1;
+      p->from_rows = 0;
+      host_ops__stream_fault(c, DEP_ERR_MISMATCH, "call %llu: this rank ran %s%s, rank %u ran "
+                             "%s%s; every rank must make the same sequence of calls, in the same "
+                             "modes (use_fp8, cached, a combine's out_topk_weights)",
+                             (unsigned long long)c->seq, host_ops_op_name(s->op),
+                             host_ops__op_modes(s->op), src, host_ops_op_name(sl->op),
+                             host_ops__op_modes(sl->op));
+    } else if (s->see != NULL) {
+      s->see(c, s->arg, src, sl);
+    }
+  }
+  if (c->remote[src] >= 0)
+    return p->from_rows; /* the daemon posts a remote source's slot once its block is in */
+  uint32_t tail = chan_rows_of(c, atomic_load_explicit(&sl->tail, memory_order_acquire));
+  return tail < p->from_rows ? tail : p->from_rows;
+}
+
+const uint8_t *host_ops__stream_row(const struct ops_ctx *c, uint32_t src, uint32_t r) {
+  const unsigned parity = (unsigned)(c->seq & 1);
+  if (c->remote[src] >= 0)
+    return in_row(c, parity, src, r);
+  return row_at(c, c->rank, parity, src, r % c->lay.chan_rows);
+}
+
+void host_ops__stream_taken(struct ops_ctx *c, uint32_t src, uint32_t n) {
+  struct ops_peer *p = &c->peer[src];
+  p->from_taken += n;
+  if (c->remote[src] >= 0)
+    return;
+  /* Credit a whole chunk at a time, and the end of the stream: the sender
+   * waits for chunks, so a credit between them would buy it nothing. */
+  const uint32_t chunk = c->lay.chunk_rows;
+  if (p->from_taken == p->from_rows || p->from_taken / chunk != p->from_cred / chunk) {
+    p->from_cred = p->from_taken;
+    struct ops_slot *sl = slot_at(c, c->rank, (unsigned)(c->seq & 1), src);
+    atomic_store_explicit(&sl->credit, DEP_SLAB_CHAN_AT(c->seq, p->from_taken),
+                          memory_order_release);
+  }
+}
+
+/* Whether dest has taken enough to let row j into its ring. */
+static bool room_for(const struct ops_ctx *c, uint32_t dest, uint32_t j) {
+  const uint32_t chan = c->lay.chan_rows;
+  if (j < chan)
+    return true;
+  const struct ops_slot *sl = out_slot_local(c, dest);
+  return chan_rows_of(c, atomic_load_explicit(&sl->credit, memory_order_acquire)) >= j - chan + 1;
+}
+
+/* Write what dest's credit allows of its rows, publishing each chunk. 1 if any row moved. */
+static int send_some(struct ops_ctx *c, const struct ops_stream *s, uint32_t dest) {
+  struct ops_peer *p = &c->peer[dest];
+  const unsigned parity = (unsigned)(c->seq & 1);
+  const uint32_t chunk = c->lay.chunk_rows, chan = c->lay.chan_rows;
+  int moved = 0;
+  while (p->to_done < p->to_rows && room_for(c, dest, p->to_done)) {
+    /* The rest of this chunk: the credit came in whole chunks. */
+    uint32_t end = (p->to_done / chunk + 1) * chunk;
+    end = end < p->to_rows ? end : p->to_rows;
+    for (; p->to_done < end; p->to_done++)
+      s->fill(c, s->arg, dest, p->to_done, row_at(c, dest, parity, c->rank, p->to_done % chan));
+    atomic_store_explicit(&out_slot_local(c, dest)->tail, DEP_SLAB_CHAN_AT(c->seq, p->to_done),
+                          memory_order_release);
+    moved = 1;
+  }
+  return moved;
+}
+
+/*
+ * A local rank this call waits for failed a call of its own (its error
+ * record, which it writes before it stops, says so): it will send or take
+ * no more, so neither will this rank.  Recorded as a wait for it that
+ * found a peer gone.
+ */
+static int peer_stopped(struct ops_ctx *c, const struct ops_stream *s, uint32_t r,
+                        uint64_t waited_ns) {
+  struct ops_err_record theirs;
+  host_ops_err_read(c->slabs[r], &theirs);
+  const int32_t code = atomic_load_explicit(&theirs.code, memory_order_relaxed);
+  struct ops_err_record *er = (struct ops_err_record *)c->slabs[c->rank];
+  er->op = s->op & ~OPS_OP_FP8;
+  er->rank = c->rank;
+  er->source = r;
+  er->seq = c->seq;
+  er->seen_flag = 0;
+  er->waited_ms = (uint32_t)(waited_ns / 1000000u);
+  atomic_store_explicit(&er->code, DEP_ERR_PEER, memory_order_release);
+  c->broken = 1;
+  return set_why(c, DEP_ERR_PEER, "%s (call %llu): rank %u stopped in call %llu with %s "
+                 "(waiting for rank %u there): the job cannot go on; restart it",
+                 host_ops_op_name(s->op), (unsigned long long)c->seq, r,
+                 (unsigned long long)theirs.seq, dep_strerror(code), theirs.source);
+}
+
+int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s) {
+  const unsigned parity = (unsigned)(c->seq & 1);
+  int rc;
+  /* Whole blocks to other nodes first: what they receive then never waits
+   * on this node's channels. */
+  for (uint32_t d = 0; d < c->world; d++) {
+    if (c->remote[d] < 0)
+      continue;
+    struct ops_peer *p = &c->peer[d];
+    for (; p->to_done < p->to_rows; p->to_done++)
+      s->fill(c, s->arg, d, p->to_done, out_row(c, d, parity, p->to_done));
+    if ((rc = host_ops__post(c, d, p->to_rows, s->op, s->ref_seq, s->num_tokens,
+                             (uint64_t)p->to_rows * c->lay.row_bytes)) != 0)
+      return rc;
+  }
+  /* The slot before any row: the receiver learns the count at once. */
+  for (uint32_t d = 0; d < c->world; d++) {
+    if (c->remote[d] >= 0)
+      continue;
+    struct ops_slot *sl = out_slot_local(c, d);
+    sl->rows = c->peer[d].to_rows;
+    sl->op = s->op;
+    sl->ref_seq = s->ref_seq;
+    sl->num_tokens = s->num_tokens;
+    atomic_store_explicit(&sl->flag, c->seq, memory_order_release);
+  }
+  const uint64_t limit = (uint64_t)c->timeout_ms * 1000000ull;
+  uint64_t since = stream_now_ns();
+  for (uint32_t i = 0;; i++) {
+    int moved = 0;
+    uint32_t waiting = UINT32_MAX; /* a rank this pass could not go on without */
+    bool sent = true;
+    for (uint32_t d = 0; d < c->world; d++) {
+      if (c->remote[d] >= 0 || c->peer[d].to_done == c->peer[d].to_rows || c->peer[d].other_op)
+        continue;
+      moved |= send_some(c, s, d);
+      if (c->peer[d].to_done < c->peer[d].to_rows) {
+        sent = false;
+        waiting = waiting == UINT32_MAX ? d : waiting;
+      }
+    }
+    uint32_t awaited = UINT32_MAX;
+    int taken = s->take(c, s->arg, s, &awaited);
+    if (taken < 0)
+      return c->stream_rc != 0 ? c->stream_rc : DEP_ERR_INTERNAL;
+    moved |= taken > 0;
+    if (sent && awaited == UINT32_MAX)
+      break;
+    if (awaited != UINT32_MAX)
+      waiting = awaited;
+    if (moved) {
+      i = 0;
+      since = stream_now_ns();
+      continue;
+    }
+    if (i < 256)
+      continue;
+    const uint64_t waited = stream_now_ns() - since;
+    if (host_ops__aborted(c, parity, waiting))
+      return host_ops__peer_fail(c, s->op, waiting, waited);
+    if (c->remote[waiting] < 0 && waiting != c->rank) {
+      struct ops_err_record theirs;
+      host_ops_err_read(c->slabs[waiting], &theirs);
+      if (atomic_load_explicit(&theirs.code, memory_order_relaxed) != 0)
+        return peer_stopped(c, s, waiting, waited);
+    }
+    if (waited > limit)
+      return host_ops__timeout_fail(c, s->op, waiting,
+                                    atomic_load_explicit(&in_slot(c, parity, waiting)->flag,
+                                                         memory_order_relaxed),
+                                    waited);
+    host_ops__backoff(i);
+  }
+  return c->stream_rc;
+}

@@ -1,0 +1,145 @@
+/*
+ * check_stream.c — the throughput operations streaming through bounded
+ * channels on real daemons (DESIGN §6, slab.h): daemons configured with
+ * stream_chunk_rows lend slabs whose channels hold 4 chunks rather than a
+ * block of max_tokens_per_rank rows for each source, say so at attach, and
+ * the job's ranks (real processes on the public API, on one node and over
+ * two or three nodes, where the rows between nodes still go whole) get
+ * bit for bit what they get with whole blocks.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "deepep.h"
+#include "nodes.h"
+#include "slab.h"
+#include "testutil.h"
+#include "xnjob.h"
+
+/* A ceiling for a job's ranks on a loaded 2-core machine, not a timing. */
+#define ST_OP_TIMEOUT_MS 20000
+
+/* Run d's rounds as job on ns, placed as p, into fresh results (munmap'ed by the caller). */
+static struct xn_result *st_run(struct nodes *ns, const struct xn_place *p, const char *job,
+                                struct ow_case *d) {
+  struct xn_run run = {.d = d, .rounds = 2, .alternate_fp8 = true, .modes = true};
+  struct xn_result *res = xn_results(d->sc.world);
+  xn_run_job(ns, p, job, &run, res);
+  return res;
+}
+
+/*
+ * Each layout's job, run on daemons that stream in chunks of one row (4
+ * rows a channel, so every call streams many chunks) on one node and
+ * spread over its nodes, gives every rank bit for bit what the same job
+ * gives on daemons of whole blocks; every op (layout, dispatch bf16 and
+ * FP8, cached, combine weighted and not, LL between them) against the
+ * oracle on the way (xn_round, xn_round_modes).
+ */
+START_TEST(a_job_streaming_in_one_row_chunks_gets_what_whole_blocks_give) {
+  const struct xn_layout *L = &xn_layouts[_i];
+  ow_seed_init(5000 + (uint64_t)_i);
+  struct ow_case *d = xn_case_new(&L->sc, L->sc.fp8);
+  const uint32_t n = L->sc.world;
+  struct xn_place one, spread;
+  memset(&one, 0, sizeof one);
+  memset(&spread, 0, sizeof spread);
+  uint32_t all[NODES_MAX] = {n};
+  xn_place(&one, all, 1);
+  xn_place(&spread, L->split, L->nodes);
+  struct nodes whole, streamed;
+  xn_nodes_start(&whole, L->nodes, 20000, ST_OP_TIMEOUT_MS, "");
+  struct xn_result *r0 = st_run(&whole, &one, "whole", d);
+  nodes_stop(&whole);
+  xn_nodes_start(&streamed, L->nodes, 20000, ST_OP_TIMEOUT_MS, "stream_chunk_rows: 1\n");
+  struct xn_result *r1 = st_run(&streamed, &one, "stream-one", d);
+  struct xn_result *r2 = st_run(&streamed, &spread, "stream-spread", d);
+  nodes_stop(&streamed);
+  for (uint32_t g = 0; g < n; g++) {
+    ck_assert_msg(r1[g].digest == r0[g].digest && r2[g].digest == r0[g].digest,
+                  "rank %u got other outputs streaming (one node %d, %d nodes %d) than with "
+                  "whole blocks [%s] (seed %llu)", g, r1[g].digest == r0[g].digest,
+                  L->nodes, r2[g].digest == r0[g].digest, d->desc, (unsigned long long)ow_seed);
+    ck_assert_uint_eq(atomic_load(&r1[g].rounds), 2);
+  }
+  printf("stream: %s: one-row chunks on one node and over %d nodes as whole blocks\n", d->desc,
+         L->nodes);
+  munmap(r0, n * sizeof *r0);
+  munmap(r1, n * sizeof *r1);
+  munmap(r2, n * sizeof *r2);
+  xn_case_free(d);
+}
+END_TEST
+
+/*
+ * What a rank is lent follows the channels: a daemon that streams lends
+ * each rank the slab of dep__slab_layout_nodes with its chunk, which no
+ * longer holds max_tokens_per_rank rows for every source, and dep_status
+ * (deepepctl status) says so.
+ */
+START_TEST(a_streaming_daemon_lends_the_smaller_slab_and_status_shows_it) {
+  const struct dep_job_shape shape = {.max_tokens_per_rank = 512, .hidden = 1024,
+                                      .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16,
+                                      .max_ll_tokens_per_rank = 8};
+  struct dep_slab_layout whole, chunked;
+  char why[256];
+  ck_assert_int_eq(dep__slab_layout_nodes(&shape, 2, 2, 0, &whole, why, sizeof why), 0);
+  ck_assert_int_eq(dep__slab_layout_nodes(&shape, 2, 2, 8, &chunked, why, sizeof why), 0);
+  ck_assert_uint_eq(chunked.chan_rows, 8 * DEP_SLAB_CHUNKS);
+  ck_assert_uint_lt(chunked.total_bytes * 4, whole.total_bytes);
+  for (int streamed = 0; streamed < 2; streamed++) {
+    struct nodes ns;
+    xn_nodes_start(&ns, 1, 20000, ST_OP_TIMEOUT_MS, streamed ? "stream_chunk_rows: 8\n" : "");
+    dep_client_t *c[2] = {NULL, NULL};
+    int rc[2];
+    /* Two ranks attach at once: each dep_attach waits for the other. */
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    for (uint32_t r = 0; r < 2; r++) {
+      if ((r == 1) != (child == 0))
+        continue;
+      ck_assert_int_eq(dep_client_new(&c[r]), 0);
+      ck_assert_int_eq(dep_connect(c[r], ns.d[0].sock), 0);
+      struct dep_attach_args a = {.size = sizeof a, .rank = r, .world_size = 2, .local_rank = r,
+                                  .local_world_size = 2, .shape = shape};
+      snprintf(a.job_id, sizeof a.job_id, "lent-%d", streamed);
+      rc[r] = dep_attach(c[r], &a);
+      if (child == 0)
+        _exit(rc[r] == 0 && dep_detach(c[r]) == 0 ? 0 : 1);
+    }
+    ck_assert_msg(rc[0] == 0, "attach: %s", dep_errmsg(c[0]));
+    struct dep_status *st = NULL;
+    ck_assert_int_eq(dep_status(c[0], &st), 0);
+    ck_assert_uint_eq(st->num_jobs, 1);
+    const uint64_t want = (streamed ? chunked : whole).total_bytes;
+    ck_assert_msg(st->jobs[0].slab_bytes >= want && st->jobs[0].slab_bytes < want + 65536,
+                  "%s daemon: a slab of %llu bytes, the layout's %llu", streamed ? "a streaming"
+                  : "a whole-block", (unsigned long long)st->jobs[0].slab_bytes,
+                  (unsigned long long)want);
+    dep_status_free(st);
+    int wst = 0;
+    ck_assert_int_eq(waitpid(child, &wst, 0), child);
+    ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "rank 1 failed its attach or detach");
+    ck_assert_int_eq(dep_detach(c[0]), 0);
+    dep_client_free(c[0]);
+    nodes_stop(&ns);
+  }
+}
+END_TEST
+
+Suite *stream_suite(void);
+Suite *stream_suite(void) {
+  Suite *s = suite_create("stream");
+  TCase *t = tcase_create("daemons");
+  tcase_set_timeout(t, 240);
+  tcase_add_loop_test(t, a_job_streaming_in_one_row_chunks_gets_what_whole_blocks_give, 0,
+                      xn_nlayouts);
+  tcase_add_test(t, a_streaming_daemon_lends_the_smaller_slab_and_status_shows_it);
+  suite_add_tcase(s, t);
+  return s;
+}
