@@ -11,6 +11,8 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <sodium.h>
 #include <stdarg.h>
@@ -1181,6 +1183,32 @@ static bool fp_data_prove(int fd, const uint8_t mac[DEP_XFER_MAC_LEN]) {
          ack.magic == DEP_XFER_MAGIC && ack.version == DEP_XFER_VERSION;
 }
 
+/* The fake's link, answered from a thread of its own while a test does
+ * something else: the daemon takes a link it hears nothing on for
+ * PEER_DEAD_MS for a dead peer, and its offers with it. */
+struct fp_answerer {
+  struct fp *f;
+  atomic_bool stop;
+  pthread_t th;
+};
+
+static void *fp_answer(void *arg) {
+  struct fp_answerer *a = arg;
+  struct dep_peer_msg m;
+  while (!atomic_load(&a->stop)) {
+    struct pollfd pf = {.fd = a->f->link, .events = POLLIN};
+    if (poll(&pf, 1, 50) != 1)
+      continue;
+    if (fp_recv(a->f->link, &m, 2000, NULL, NULL) != 0)
+      break;
+    if (m.type == DEP_PEER_KEEPALIVE && m.u.keepalive.reply == 0) {
+      m.u.keepalive.reply = 1;
+      fp_send(a->f->link, &m);
+    }
+  }
+  return NULL;
+}
+
 /*
  * A data connection is opened by holding the key, not by having seen a
  * token: one that names a token the daemon offered but answers the
@@ -1190,12 +1218,18 @@ static bool fp_data_prove(int fd, const uint8_t mac[DEP_XFER_MAC_LEN]) {
  * The peer's first connection only takes a challenge and a proof an
  * observer could see, and goes: the daemon waits XFER_CONNECT_MS for a
  * proof, which the refused connections in between may outlast on a loaded
- * machine, so the peer proves on a connection of its own afterwards.
+ * machine, so the peer proves on a connection of its own afterwards.  The
+ * link is answered meanwhile (fp_answer): a loaded machine may take longer
+ * than PEER_DEAD_MS over the connections, and a link taken for dead takes
+ * the offer with it.
  */
 START_TEST(a_data_connection_must_prove_the_peer_key_not_just_name_a_token) {
   struct fp f;
   fp_start(&f);
   const uint8_t *tok = f.tok[0];
+  struct fp_answerer ans = {.f = &f};
+  atomic_init(&ans.stop, false);
+  ck_assert_int_eq(pthread_create(&ans.th, NULL, fp_answer, &ans), 0);
   uint8_t dkey[DEP_PEER_MAC_LEN], n1[DEP_XFER_NONCE_LEN], n2[DEP_XFER_NONCE_LEN],
       n3[DEP_XFER_NONCE_LEN], mac1[DEP_XFER_MAC_LEN], wrong[DEP_XFER_MAC_LEN];
   peerauth_data_key(f.key, f.keylen, "fakepeer", f.dnode, dkey);
@@ -1225,7 +1259,10 @@ START_TEST(a_data_connection_must_prove_the_peer_key_not_just_name_a_token) {
   c1 = fp_data_open(&f, tok, n1);
   ck_assert_int_ge(c1, 0);
   peerauth_data_mac(dkey, n1, tok, mac1);
-  ck_assert_msg(fp_data_prove(c1, mac1), "the peer's own proof was refused");
+  const bool proven = fp_data_prove(c1, mac1);
+  atomic_store(&ans.stop, true);
+  pthread_join(ans.th, NULL);
+  ck_assert_msg(proven, "the peer's own proof was refused");
   char out[8192];
   ck_assert_msg(wait_peers("", f.d.sock, "\"data_in\":1", 5000, out, sizeof out), "%s", out);
   ck_assert(log_has(&f.d, "did not prove the peer key are refused"));
