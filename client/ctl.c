@@ -40,6 +40,16 @@ static const struct ctl_cmd ctl_cmds[] = {
      NULL},
     {"version", ctl_version, "deepepctl's version and protocol, and the daemon's if one answers",
      NULL},
+    {"size", ctl_size, "what a job of a shape is lent per rank, before it starts (no daemon asked)",
+     "--world N\tranks in the job (8)\n"
+     "--ranks-per-node N\tits ranks on each node (the world, at most 64)\n"
+     "--tokens N\tmax_tokens_per_rank (4096)\n"
+     "--hidden N\thidden (7168)\n"
+     "--experts N\tnum_experts (256)\n"
+     "--topk N\ttopk (8)\n"
+     "--ll-tokens N\tmax_ll_tokens_per_rank (0: the default)\n"
+     "--fp8\tthe job's dtype is fp8_e4m3\n"
+     "--chunk-rows N\tthe daemon's stream_chunk_rows (0: whole blocks)"},
     {"help", ctl_help, "show this help", NULL},
 };
 #define CTL_NCMDS (sizeof ctl_cmds / sizeof ctl_cmds[0])

@@ -38,6 +38,7 @@ int ctl_status(struct ctl *ctl, int argc, char **argv);
 int ctl_reload(struct ctl *ctl, int argc, char **argv);
 int ctl_drain(struct ctl *ctl, int argc, char **argv);
 int ctl_version(struct ctl *ctl, int argc, char **argv);
+int ctl_size(struct ctl *ctl, int argc, char **argv);
 int ctl_peers(struct ctl *ctl, int argc, char **argv);
 int ctl_clients(struct ctl *ctl, int argc, char **argv);
 int ctl_stats(struct ctl *ctl, int argc, char **argv);

@@ -27,9 +27,11 @@
 #include "daemonwire.h"
 #include "deepep.h"
 #include "proto.h"
+#include "slab.h"
 #include "stats_page.h"
 #include "statsranks.h"
 #include "testutil.h"
+#include "xring.h"
 
 #define NOBODY 65534
 
@@ -496,6 +498,53 @@ START_TEST(drain_options_that_do_not_fit_are_usage_errors_naming_them) {
     ck_assert_str_eq(out, "");
     ck_assert_msg(strstr(err, bad[i].says) != NULL && strstr(err, "usage: deepepctl") != NULL,
                   "no \"%s\" and usage in: %s", bad[i].says, err);
+    free(out);
+    free(err);
+  }
+}
+END_TEST
+
+/*
+ * deepepctl size says, with no daemon, what a job of a shape is lent per
+ * rank: the layout's slab, and for a job across nodes the pinned ring and
+ * exchange region; streaming (--chunk-rows) shrinks the slab; a bad number
+ * or a node larger than the world is a usage error naming it.
+ */
+START_TEST(size_says_what_a_shape_is_lent_per_rank_before_the_job_starts) {
+  const struct dep_job_shape s = {.max_tokens_per_rank = 4096, .hidden = 7168,
+                                  .num_experts = 256, .topk = 8, .dtype = DEP_DTYPE_BF16};
+  for (uint32_t chunk = 0; chunk <= 32; chunk += 32) {
+    char chunk_arg[16];
+    snprintf(chunk_arg, sizeof chunk_arg, "%u", chunk);
+    char *out, *err;
+    ck_assert_int_eq(ctl_run(DW_ARGS("size", "--world", "64", "--ranks-per-node", "8",
+                                     "--chunk-rows", chunk_arg, "--json"), &out, &err), 0);
+    struct dep_slab_layout l;
+    char why[256], want[256];
+    ck_assert_int_eq(dep__slab_layout_nodes(&s, 64, 8, chunk, &l, why, sizeof why), 0);
+    snprintf(want, sizeof want, "\"slab_bytes\":%llu,\"pinned_host_bytes\":%llu,"
+             "\"total_bytes\":%llu}", (unsigned long long)l.total_bytes,
+             (unsigned long long)(DEP_XRING_BYTES + l.xchg_bytes),
+             (unsigned long long)(l.total_bytes + DEP_XRING_BYTES + l.xchg_bytes));
+    ck_assert_msg(strstr(out, want) != NULL, "want %s in %s", want, out);
+    ck_assert_msg(chunk == 0 || strstr(out, "\"channel_rows\":128,") != NULL, "%s", out);
+    free(out);
+    free(err);
+  }
+  const struct {
+    const char *const *args;
+    const char *says;
+  } bad[] = {
+      {DW_ARGS("size", "--world", "8", "--ranks-per-node", "9"),
+       "--ranks-per-node 9 is more than --world 8"},
+      {DW_ARGS("size", "--tokens", "x"), "--tokens needs a number from 1 to 65536"},
+      {DW_ARGS("size", "--world", "0"), "--world needs a number from 1 to 4096"},
+      {DW_ARGS("size", "--experts", "100", "--world", "8"), "num_experts"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char *out, *err;
+    ck_assert_int_eq(ctl_run(bad[i].args, &out, &err), 2);
+    ck_assert_msg(strstr(err, bad[i].says) != NULL, "no \"%s\" in: %s", bad[i].says, err);
     free(out);
     free(err);
   }
@@ -1194,6 +1243,7 @@ Suite *ctl_suite(void) {
   tcase_add_test(local, json_errors_are_one_object_with_code_and_name_and_the_usual_exit_status);
   tcase_add_test(local, version_option_prints_deepepctls_version_and_protocol);
   tcase_add_test(local, drain_options_that_do_not_fit_are_usage_errors_naming_them);
+  tcase_add_test(local, size_says_what_a_shape_is_lent_per_rank_before_the_job_starts);
   tcase_add_test(local, a_path_that_is_not_a_socket_is_named_as_such);
   tcase_add_test(local, help_lists_every_command_and_option);
   tcase_add_test(local, stats_with_an_impossible_job_id_is_a_usage_error);
