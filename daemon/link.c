@@ -191,14 +191,6 @@ int link_vsend_error(struct link *l, uint32_t request_id, int code, const char *
   return link_send(l, DEP_MSG_ERROR, request_id, &e, NULL, 0);
 }
 
-int link_send_error(struct link *l, uint32_t request_id, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int rc = link_vsend_error(l, request_id, code, fmt, ap);
-  va_end(ap);
-  return rc;
-}
-
 /*
  * Read and discard what the far end already sent (bounded), so that
  * closing does not turn our last frame into a reset on its side: a socket

@@ -121,8 +121,6 @@ bool link_open(const struct link *l);
 int link_send(struct link *l, uint16_t type, uint32_t request_id, const void *msg,
               const int *fds, int nfds);
 /* Send DEP_MSG_ERROR {code, printf-style message}. */
-int link_send_error(struct link *l, uint32_t request_id, int code, const char *fmt, ...)
-    LOG_PRINTF(4, 5);
 int link_vsend_error(struct link *l, uint32_t request_id, int code, const char *fmt,
                      va_list ap);
 

@@ -88,9 +88,8 @@
  * received its AUTH_OK.  Before that, any other message drops the link
  * (with the one exception of a settling RDMA transport, above).
  *
- * Rules for growing it (the membership messages of multi-node jobs come
- * next): add message types, never change a layout without bumping the
- * version.  An authenticated peer that receives a type it does not know
+ * Rules for growing it: add message types, never change a layout without
+ * bumping the version.  An authenticated peer that receives a type it does not know
  * answers ERROR DEP_ERR_UNSUPPORTED, logs it (at a bounded rate) and keeps
  * the link, so a newer daemon can probe an older one; a control frame of
  * a type it does not know around it is logged and ignored likewise.
