@@ -228,20 +228,27 @@ static void link_on_closed(uv_handle_t *h) {
   l->ops->on_close(l); /* last: the owner may free l */
 }
 
-void link_close(struct link *l, const char *why) {
+/* Close now; with `ours`, the socket is the link's alone: flush and drain it first. */
+static void link_close_now(struct link *l, const char *why, bool ours) {
   if (l->closed)
     return;
   char who[128];
   link_name(l, who, sizeof who);
   log_debug("%s: %s", who, why);
-  (void)link_flush(l); /* best effort: an ERROR explaining the close, a SHUTDOWN notice */
-  link_drain(l);
+  if (ours) {
+    (void)link_flush(l); /* best effort: an ERROR explaining the close, a SHUTDOWN notice */
+    link_drain(l);
+  }
   l->closed = true;
   if (l->ops->on_closing != NULL)
     l->ops->on_closing(l);
   uv_poll_stop(&l->poll);
   uv_close((uv_handle_t *)&l->poll, link_on_closed);
 }
+
+void link_close(struct link *l, const char *why) { link_close_now(l, why, true); }
+
+void link_hand_off(struct link *l, const char *why) { link_close_now(l, why, false); }
 
 void link_finish(struct link *l) {
   if (l->closed)

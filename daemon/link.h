@@ -140,6 +140,10 @@ void link_fail(struct link *l, uint32_t request_id, int code, const char *fmt, .
  * runs before this returns, ops->on_close from the close callback.
  */
 void link_close(struct link *l, const char *why);
+/* Close now, leaving the socket as it is: its connection goes on through a
+ * dup of the fd that someone else holds (a data connection, xfer.h), so
+ * nothing is flushed to it and nothing unread is taken from it. */
+void link_hand_off(struct link *l, const char *why);
 /* Stop reading and close once what is queued has been written. */
 void link_finish(struct link *l);
 
