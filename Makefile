@@ -7,6 +7,7 @@
 #   make check-python    the Python package's tests (python/tests, pytest, host backend)
 #   make check-rdma      Soft-RoCE scenarios (tests/rdma/) in QEMU guests; root only
 #   make asan            the test suite under ASan + UBSan (in build-asan/)
+#   make tsan            the threaded host suites under ThreadSanitizer (in build-tsan/)
 #   make fuzz            build the libFuzzer harnesses (clang) and run each briefly
 #   make deps            install missing Debian packages (apt-get; sudo when not root):
 #                        `make deps run` only what building and running the daemon needs
@@ -134,7 +135,8 @@ CTL      := $(BUILD)/deepepctl
 TESTS    := $(BUILD)/check_deepepd
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check check-python check-rdma check-gpu asan fuzz deps run install uninstall deb clean verify-unit
+.PHONY: all check check-python check-rdma check-gpu asan tsan fuzz deps run install uninstall deb clean \
+        verify-unit
 all: $(DAEMON) $(CTL) $(LIB_SO) $(BUILD)/libdeepep-client.so $(LIB_A) $(BUILD)/deepep-client.pc $(BENCHES)
 
 $(BUILD)/obj/%.o: %.c
@@ -237,6 +239,18 @@ check-gpu: all $(TESTS)
 asan:
 	CK_TIMEOUT_MULTIPLIER=2 $(MAKE) BUILD=build-asan CFLAGS="-O1 -g -fno-omit-frame-pointer" \
 	  SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" check
+
+# ThreadSanitizer over the host suites whose daemons and libraries run
+# threads (proxy, receiver and worker threads; the library's watch thread):
+# any report fails it (tests/tsan.sh).  Host-only (no kernels to build).
+# -Wno-tsan: GCC says it cannot model atomic_thread_fence; the three fences
+# (stats.c, statrec.c, cuda_ops.c) order memory shared with another process
+# or the GPU, which ThreadSanitizer does not watch either way.
+TSAN_SUITES ?= xfer xnode xnode_faults xnode_ring multinode peers server client ops link job
+tsan:
+	$(MAKE) BUILD=build-tsan NVCC=/nonexistent CFLAGS="-O1 -g -fno-omit-frame-pointer -Wno-tsan" \
+	  SANFLAGS="-fsanitize=thread" all build-tsan/check_deepepd
+	tests/tsan.sh build-tsan $(TSAN_SUITES)
 
 FUZZ_SECONDS ?= 30
 FUZZ_CFLAGS := $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined
@@ -358,6 +372,6 @@ verify-unit: $(DAEMON)
 	echo "verify-unit: deepepd.service OK (systemd-analyze verify; exposure at most $(UNIT_EXPOSURE_MAX))"
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-tsan
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

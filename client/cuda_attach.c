@@ -214,9 +214,8 @@ static int sm_budget(dep_client_t *c, uint32_t *out) {
 /*
  * The error record: host memory the kernels write through a device
  * mapping.  A page of our own pinned with cuMemHostRegister rather than
- * cuMemHostAlloc, which sets up the driver's pinned pool: on an H200 that
- * took 1.31 ms of a lone rank's attach against 0.33 ms registered (2.2
- * against 1.3 ms with 8 ranks attaching at once; BENCHMARKS.md, run 17).
+ * cuMemHostAlloc, which sets up the driver's pinned pool and makes attach
+ * several times slower (BENCHMARKS.md, run 17).
  * After the record, in the same registration, room for `le` counts: a
  * dispatch given recv_count_per_expert_host copies its counts there on its
  * stream (a copy into pinned memory is queued, not staged), before the
@@ -365,8 +364,7 @@ int cuda_ops_prepare(dep_client_t *c) {
     return cu_fail(c, op, "cuMemHostGetDevicePointer (the error record)", r);
   /* The operations' memory is this rank's private area of its slab
    * (slab.h), placed by cuda_ops_attach once the slabs are mapped: one
-   * cuMemAlloc fewer, which cost each of 8 ranks attaching at once 0.75 ms
-   * (BENCHMARKS.md).  It is zeroed on this private stream, which the
+   * cuMemAlloc fewer on the attach path (BENCHMARKS.md).  It is zeroed on this private stream, which the
    * warm-up then runs on. */
   st->sms = gpu_sms(cu);
   if ((r = cu->cuStreamCreate(&st->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {

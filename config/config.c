@@ -450,23 +450,6 @@ static int apply_value(struct loader *L, const struct key *k, const yaml_node_t 
   }
 }
 
-/*
- * Keys earlier versions documented but never acted on (a key that is parsed
- * and ignored is a defect, DESIGN §9): a file that still sets one is told
- * so precisely.  They come back when what they configure exists.
- */
-static const char *retired_key(const char *name, size_t n) {
-  static const struct {
-    const char *name, *why;
-  } retired[] = {
-      {NULL, NULL}, /* none now: adaptive_optimization came back with its tuning table */
-  };
-  for (size_t i = 0; retired[i].name != NULL; i++)
-    if (strlen(retired[i].name) == n && memcmp(retired[i].name, name, n) == 0)
-      return retired[i].why;
-  return NULL;
-}
-
 /* The names of a table's keys, for "unknown key" messages. */
 static void known_keys(const struct key *table, char *buf, size_t len) {
   size_t o = 0;
@@ -501,10 +484,6 @@ static int apply_mapping(struct loader *L, const yaml_node_t *m, const struct ke
     while (k->name != NULL && !(strlen(k->name) == nlen && memcmp(k->name, name, nlen) == 0))
       k++;
     if (k->name == NULL) {
-      const char *gone = path[0] == '\0' ? retired_key(name, nlen) : NULL;
-      if (gone != NULL)
-        return fail(L, kn->start_mark, "'%s' was removed: %s; delete this line",
-                    shown(kn->data.scalar.value, nlen, t, sizeof t), gone);
       known_keys(table, known, sizeof known);
       if (path[0] == '\0')
         return fail(L, kn->start_mark, "unknown key '%s' at the top level (known: %s)",

@@ -42,9 +42,8 @@ struct backend_ops {
   const char *name;       /* "cuda" or "host"; also the wire name */
   /* Where this backend cuts a job's arena into pieces (job.c): host, only
    * where pool.max_allocation is set (no driver is helped by pieces there,
-   * and each costs every rank an fd and an mmap: 8 ranks' attach took 1.6
-   * ms in 16 pieces against 0.96 in one; BENCHMARKS.md); cuda, where a
-   * peer GPU maps the arena, at pool.max_allocation or 480 MiB. */
+   * and each costs every rank an fd and an mmap at attach; BENCHMARKS.md);
+   * cuda, where a peer GPU maps the arena, at pool.max_allocation or 480 MiB. */
   bool cuts_only_when_set;
   /* Find the devices; fills at most max entries, returns how many or DEP_ERR_*. */
   int (*probe)(struct backend_dev *devs, int max, char *why, size_t whylen);

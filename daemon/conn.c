@@ -263,13 +263,6 @@ int conn_send_error(struct conn *c, uint32_t request_id, int code, const char *f
 
 void conn_close(struct conn *c, const char *why) { link_close(&c->link, why); }
 
-void conn_drop(struct conn *c, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  link_vdrop(&c->link, fmt, ap);
-  va_end(ap);
-}
-
 void conn_fail(struct conn *c, uint32_t request_id, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

@@ -73,8 +73,6 @@ int conn_send(struct conn *c, uint16_t type, uint32_t request_id, const void *ms
 int conn_send_error(struct conn *c, uint32_t request_id, int code, const char *fmt, ...)
     LOG_PRINTF(4, 5);
 
-/* Log why (a warning naming the peer) and close, after a best-effort flush. */
-void conn_drop(struct conn *c, const char *fmt, ...) LOG_PRINTF(2, 3);
 /* Reply with an ERROR and then drop the connection with the same reason. */
 void conn_fail(struct conn *c, uint32_t request_id, int code, const char *fmt, ...)
     LOG_PRINTF(4, 5);

@@ -31,15 +31,9 @@
  */
 #define CONTROL_STATUS_MAX_JOBS 2048u
 
-static void control_hello(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
-                          size_t len) {
-  struct dep_msg_hello m;
-  memset(&m, 0, sizeof m);
-  int rc = proto_decode_hello(body, len, &m);
-  if (rc != 0) {
-    conn_fail(c, h->request_id, rc, "malformed HELLO body (%zu bytes)", len);
-    return;
-  }
+static void control_hello(struct conn *c, const struct dep_frame_hdr *h,
+                          const union dep_msg_body *body) {
+  const struct dep_msg_hello m = body->hello;
   /* The name reaches log lines and the error below: escaped first, whatever the path. */
   char name[4 * sizeof m.name];
   log_escape(m.name, strnlen(m.name, sizeof m.name), name, sizeof name);
@@ -82,11 +76,8 @@ int control_fill_status(struct dep_status *st, uid_t viewer) {
   return rc;
 }
 
-static void control_status(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
-  if (len != 0) {
-    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "STATUS carries no body, got %zu bytes", len);
-    return;
-  }
+static void control_status(struct conn *c, const struct dep_frame_hdr *h,
+                           const union dep_msg_body *body) {
   struct dep_status st;
   int rc = control_fill_status(&st, c->uid);
   if (rc == 0)
@@ -163,17 +154,11 @@ static bool control_unpark(struct conn *c, uint32_t *request_id) {
 
 void control_conn_closed(struct conn *c) { (void)control_unpark(c, NULL); }
 
-static void control_attach(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
-                           size_t len) {
-  struct dep_attach_args a;
-  memset(&a, 0, sizeof a);
-  int rc = proto_decode_attach(body, len, &a);
-  if (rc != 0) {
-    conn_fail(c, h->request_id, rc, "malformed ATTACH body (%zu bytes)", len);
-    return;
-  }
+static void control_attach(struct conn *c, const struct dep_frame_hdr *h,
+                           const union dep_msg_body *body) {
+  struct dep_attach_args a = body->attach;
   char why[DEP_MSG_TEXT_MAX];
-  rc = proto_check_attach(&a, why, sizeof why);
+  int rc = proto_check_attach(&a, why, sizeof why);
   if (rc != 0) {
     char msg[DEP_MSG_TEXT_MAX];
     snprintf(msg, sizeof msg, "ATTACH: %.480s", why);
@@ -225,13 +210,8 @@ static void control_reload_done(void *arg, int rc, const char *msg) {
 }
 
 /* RELOAD: as SIGHUP, for root and the daemon's own user only; answered once it is done. */
-static void control_reload(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
-  if (len != 0) {
-    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "RELOAD carries no body, got %zu bytes", len);
-    return;
-  }
-  if (!control_operator(c, h, "reload"))
-    return;
+static void control_reload(struct conn *c, const struct dep_frame_hdr *h,
+                           const union dep_msg_body *body) {
   log_info("reload requested by uid %u (pid %d)", (unsigned)c->uid, (int)c->pid);
   struct control_reload_wait *w = malloc(sizeof *w);
   if (w == NULL) {
@@ -245,15 +225,9 @@ static void control_reload(struct conn *c, const struct dep_frame_hdr *h, size_t
 }
 
 /* DRAIN: stop taking new jobs (running ones finish), or take them again. */
-static void control_drain(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
-                          size_t len) {
-  struct dep_msg_drain m;
-  if (proto_decode_drain(body, len, &m) != 0) {
-    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "malformed DRAIN body (%zu bytes)", len);
-    return;
-  }
-  if (!control_operator(c, h, "drain"))
-    return;
+static void control_drain(struct conn *c, const struct dep_frame_hdr *h,
+                          const union dep_msg_body *body) {
+  const struct dep_msg_drain m = body->drain;
   if (deepepd.draining != (m.drain != 0))
     log_notice("%s by uid %u (pid %d): %s; %u job(s) running", m.drain ? "drain" : "resume",
                (unsigned)c->uid, (int)c->pid,
@@ -266,11 +240,8 @@ static void control_drain(struct conn *c, const struct dep_frame_hdr *h, const u
 }
 
 /* PEERS: each configured peer daemon and its connections (deepepctl peers). */
-static void control_peers(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
-  if (len != 0) {
-    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "PEERS carries no body, got %zu bytes", len);
-    return;
-  }
+static void control_peers(struct conn *c, const struct dep_frame_hdr *h,
+                          const union dep_msg_body *body) {
   struct dep_msg_peers m;
   int rc = peer_fill(&m);
   if (rc == 0)
@@ -281,12 +252,8 @@ static void control_peers(struct conn *c, const struct dep_frame_hdr *h, size_t 
 }
 
 /* JOB_NODES: the nodes of the multi-node jobs c may see (deepepctl status). */
-static void control_job_nodes(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
-  if (len != 0) {
-    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "JOB_NODES carries no body, got %zu bytes",
-              len);
-    return;
-  }
+static void control_job_nodes(struct conn *c, const struct dep_frame_hdr *h,
+                              const union dep_msg_body *body) {
   struct dep_msg_job_nodes *m = calloc(1, sizeof *m);
   if (m == NULL) {
     conn_send_error(c, h->request_id, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
@@ -298,53 +265,33 @@ static void control_job_nodes(struct conn *c, const struct dep_frame_hdr *h, siz
 }
 
 /* XRING_LEND: a rank of a running job that spans nodes asks for its ring (xfer.c). */
-static void control_xring_lend(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
-  if (len != 0) {
-    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "XRING_LEND carries no body, got %zu bytes",
-              len);
-    return;
-  }
+static void control_xring_lend(struct conn *c, const struct dep_frame_hdr *h,
+                               const union dep_msg_body *body) {
   xfer_lend_ring(c, h->request_id);
 }
 
 /* STATS_LEND: a rank of a running job asks for its stats page (stats.c). */
-static void control_stats_lend(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
-  if (len != 0) {
-    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "STATS_LEND carries no body, got %zu bytes",
-              len);
-    return;
-  }
+static void control_stats_lend(struct conn *c, const struct dep_frame_hdr *h,
+                               const union dep_msg_body *body) {
   stats_lend(c, h->request_id);
 }
 
 /* STATS: the per-rank figures of the jobs c may see (deepepctl stats, metrics, doctor). */
-static void control_stats(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
-                          size_t len) {
-  struct dep_msg_stats_req m;
-  if (proto_decode_stats_req(body, len, &m) != 0) {
-    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "malformed STATS body (%zu bytes)", len);
-    return;
-  }
-  stats_reply(c, h->request_id, &m);
+static void control_stats(struct conn *c, const struct dep_frame_hdr *h,
+                          const union dep_msg_body *body) {
+  stats_reply(c, h->request_id, &body->stats_req);
 }
 
 /* CLIENTS: the connections c may see (deepepctl clients). */
-static void control_clients(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
-  if (len != 0) {
-    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "CLIENTS carries no body, got %zu bytes", len);
-    return;
-  }
+static void control_clients(struct conn *c, const struct dep_frame_hdr *h,
+                            const union dep_msg_body *body) {
   stats_clients(c, h->request_id);
 }
 
 /* KERNELS: the daemon's compile of the library's kernels for a GPU, as a sealed memfd. */
-static void control_kernels(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
-                            size_t len) {
-  struct dep_msg_kernels m;
-  if (proto_decode_kernels(body, len, &m) != 0) {
-    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "malformed KERNELS body (%zu bytes)", len);
-    return;
-  }
+static void control_kernels(struct conn *c, const struct dep_frame_hdr *h,
+                            const union dep_msg_body *body) {
+  const struct dep_msg_kernels m = body->kernels;
   struct dep_msg_kernels_ok ok;
   char why[DEP_MSG_TEXT_MAX];
   int fd = -1;
@@ -361,21 +308,13 @@ static void control_kernels(struct conn *c, const struct dep_frame_hdr *h, const
 }
 
 /* TUNE: an attached rank's SM budget (adaptive_optimization, autotune.h). */
-static void control_tune(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body,
-                         size_t len) {
-  struct dep_msg_tune m;
-  if (proto_decode_tune(body, len, &m) != 0) {
-    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "malformed TUNE body (%zu bytes)", len);
-    return;
-  }
-  autotune_request(c, h->request_id, &m);
+static void control_tune(struct conn *c, const struct dep_frame_hdr *h,
+                         const union dep_msg_body *body) {
+  autotune_request(c, h->request_id, &body->tune);
 }
 
-static void control_detach(struct conn *c, const struct dep_frame_hdr *h, size_t len) {
-  if (len != 0) {
-    conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "DETACH carries no body, got %zu bytes", len);
-    return;
-  }
+static void control_detach(struct conn *c, const struct dep_frame_hdr *h,
+                           const union dep_msg_body *body) {
   /* An ATTACH still waiting for the pools ends here, as one waiting for
    * the other ranks does (job_detach). */
   uint32_t parked;
@@ -397,62 +336,60 @@ void control_handle(struct conn *c, const struct dep_frame_hdr *h, const uint8_t
               proto_type_name(h->type));
     return;
   }
-  switch (h->type) {
-  case DEP_MSG_HELLO:
-    control_hello(c, h, body, len);
-    break;
-  case DEP_MSG_STATUS:
-    control_status(c, h, len);
-    break;
-  case DEP_MSG_ATTACH:
-    control_attach(c, h, body, len);
-    break;
-  case DEP_MSG_DETACH:
-    control_detach(c, h, len);
-    break;
-  case DEP_MSG_RELOAD:
-    control_reload(c, h, len);
-    break;
-  case DEP_MSG_DRAIN:
-    control_drain(c, h, body, len);
-    break;
-  case DEP_MSG_PEERS:
-    control_peers(c, h, len);
-    break;
-  case DEP_MSG_JOB_NODES:
-    control_job_nodes(c, h, len);
-    break;
-  case DEP_MSG_KERNELS:
-    control_kernels(c, h, body, len);
-    break;
-  case DEP_MSG_TUNE:
-    control_tune(c, h, body, len);
-    break;
-  case DEP_MSG_STATS_LEND:
-    control_stats_lend(c, h, len);
-    break;
-  case DEP_MSG_XRING_LEND:
-    control_xring_lend(c, h, len);
-    break;
-  case DEP_MSG_STATS:
-    control_stats(c, h, body, len);
-    break;
-  case DEP_MSG_CLIENTS:
-    control_clients(c, h, len);
-    break;
-  default:
-    if (!proto_type_known(h->type)) {
-      /* A newer library's or deepepctl's request (DESIGN §8): its body
-       * was read whole, so the connection stays in step and stays open. */
-      conn_send_error(c, h->request_id, DEP_ERR_UNSUPPORTED,
-                      "this deepepd (protocol %u, version %s) does not know request type %u; "
-                      "upgrade deepepd or use a matching client",
-                      (unsigned)DEP_PROTO_VERSION, DEP_VERSION_STRING, (unsigned)h->type);
-      break;
-    }
+  if (!proto_type_known(h->type)) {
+    /* A newer library's or deepepctl's request (DESIGN §8): its body was
+     * read whole, so the connection stays in step and stays open. */
+    conn_send_error(c, h->request_id, DEP_ERR_UNSUPPORTED,
+                    "this deepepd (protocol %u, version %s) does not know request type %u; "
+                    "upgrade deepepd or use a matching client",
+                    (unsigned)DEP_PROTO_VERSION, DEP_VERSION_STRING, (unsigned)h->type);
+    return;
+  }
+  const enum dep_msg_from from = proto_type_from(h->type);
+  if (from != DEP_MSG_FROM_CLIENT && from != DEP_MSG_FROM_OPERATOR) {
     /* Replies and notices travel from the daemon only. */
     conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "clients may not send %s frames",
               proto_type_name(h->type));
+    return;
+  }
+  /* The body, then who asks, then the request itself. */
+  union dep_msg_body m;
+  if (proto_type_empty(h->type)) {
+    if (len != 0) {
+      conn_fail(c, h->request_id, DEP_ERR_PROTOCOL, "%s carries no body, got %zu bytes",
+                proto_type_name(h->type), len);
+      return;
+    }
+  } else {
+    int rc = proto_body_decode(h->type, body, len, &m);
+    if (rc != 0) {
+      conn_fail(c, h->request_id, rc, "malformed %s body (%zu bytes)", proto_type_name(h->type),
+                len);
+      return;
+    }
+  }
+  /* One case per request of DEP_MSG_MAP (proto.h), to control_<name>; an
+   * operator's request after control_operator, with its name as the verb. */
+  switch (h->type) {
+#define CASE_CLIENT(NAME, name)                                                                   \
+  case DEP_MSG_##NAME:                                                                           \
+    control_##name(c, h, &m);                                                                    \
     break;
+#define CASE_OPERATOR(NAME, name)                                                                 \
+  case DEP_MSG_##NAME:                                                                           \
+    if (control_operator(c, h, #name))                                                           \
+      control_##name(c, h, &m);                                                                  \
+    break;
+#define CASE_DAEMON(NAME, name)
+#define CASE_PEER(NAME, name)
+#define CASE_(NAME, name, number, body, from) CASE_##from(NAME, name)
+    DEP_MSG_MAP(CASE_)
+#undef CASE_
+#undef CASE_CLIENT
+#undef CASE_OPERATOR
+#undef CASE_DAEMON
+#undef CASE_PEER
+  default:
+    break; /* not a request: refused above */
   }
 }

@@ -15,8 +15,9 @@
  * node's MEMBERSHIP (MEMBERSHIP_OK), so that no refusal comes after its
  * ranks were answered.  Its membership goes to every peer that is up once
  * its local ranks are all here; a conflict, a refusal, a timeout, a peer
- * lost while it gathers fails it on every node.  Operations across nodes are a later
- * issue: the library refuses them (client/ops.c).
+ * lost while it gathers fails it on every node.  Operations across nodes
+ * run over the job's ring of data connections (xfer.h); a rank whose ring
+ * could not be made is refused them with the reason (client/ops.c).
  */
 #ifndef DEP_DAEMON_JOB_H
 #define DEP_DAEMON_JOB_H

@@ -191,14 +191,6 @@ int link_vsend_error(struct link *l, uint32_t request_id, int code, const char *
   return link_send(l, DEP_MSG_ERROR, request_id, &e, NULL, 0);
 }
 
-int link_send_error(struct link *l, uint32_t request_id, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int rc = link_vsend_error(l, request_id, code, fmt, ap);
-  va_end(ap);
-  return rc;
-}
-
 /*
  * Read and discard what the far end already sent (bounded), so that
  * closing does not turn our last frame into a reset on its side: a socket
@@ -236,20 +228,27 @@ static void link_on_closed(uv_handle_t *h) {
   l->ops->on_close(l); /* last: the owner may free l */
 }
 
-void link_close(struct link *l, const char *why) {
+/* Close now; with `ours`, the socket is the link's alone: flush and drain it first. */
+static void link_close_now(struct link *l, const char *why, bool ours) {
   if (l->closed)
     return;
   char who[128];
   link_name(l, who, sizeof who);
   log_debug("%s: %s", who, why);
-  (void)link_flush(l); /* best effort: an ERROR explaining the close, a SHUTDOWN notice */
-  link_drain(l);
+  if (ours) {
+    (void)link_flush(l); /* best effort: an ERROR explaining the close, a SHUTDOWN notice */
+    link_drain(l);
+  }
   l->closed = true;
   if (l->ops->on_closing != NULL)
     l->ops->on_closing(l);
   uv_poll_stop(&l->poll);
   uv_close((uv_handle_t *)&l->poll, link_on_closed);
 }
+
+void link_close(struct link *l, const char *why) { link_close_now(l, why, true); }
+
+void link_hand_off(struct link *l, const char *why) { link_close_now(l, why, false); }
 
 void link_finish(struct link *l) {
   if (l->closed)

@@ -121,8 +121,6 @@ bool link_open(const struct link *l);
 int link_send(struct link *l, uint16_t type, uint32_t request_id, const void *msg,
               const int *fds, int nfds);
 /* Send DEP_MSG_ERROR {code, printf-style message}. */
-int link_send_error(struct link *l, uint32_t request_id, int code, const char *fmt, ...)
-    LOG_PRINTF(4, 5);
 int link_vsend_error(struct link *l, uint32_t request_id, int code, const char *fmt,
                      va_list ap);
 
@@ -142,6 +140,10 @@ void link_fail(struct link *l, uint32_t request_id, int code, const char *fmt, .
  * runs before this returns, ops->on_close from the close callback.
  */
 void link_close(struct link *l, const char *why);
+/* Close now, leaving the socket as it is: its connection goes on through a
+ * dup of the fd that someone else holds (a data connection, xfer.h), so
+ * nothing is flushed to it and nothing unread is taken from it. */
+void link_hand_off(struct link *l, const char *why);
 /* Stop reading and close once what is queued has been written. */
 void link_finish(struct link *l);
 

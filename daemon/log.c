@@ -53,8 +53,6 @@ void log_set_level(int level) {
   log_level = level;
 }
 
-int log_get_level(void) { return log_level; }
-
 static void log_vemit(int prio, int errnum, const char *fmt, va_list ap) {
   if (prio > log_level)
     return;
@@ -134,12 +132,6 @@ void log_errx(const char *fmt, ...) { LOG_BODY(LOG_PRIO_ERR, 0); }
 void log_notice(const char *fmt, ...) { LOG_BODY(LOG_PRIO_NOTICE, 0); }
 void log_info(const char *fmt, ...) { LOG_BODY(LOG_PRIO_INFO, 0); }
 void log_debug(const char *fmt, ...) { LOG_BODY(LOG_PRIO_DEBUG, 0); }
-
-noreturn void fatal(const char *fmt, ...) {
-  int e = errno;
-  LOG_BODY(LOG_PRIO_CRIT, e);
-  exit(1);
-}
 
 noreturn void fatalx(const char *fmt, ...) {
   LOG_BODY(LOG_PRIO_CRIT, 0);

@@ -21,7 +21,6 @@ void log_init(int level);
 void log_fini(void);
 /* Change the level at run time (SIGHUP). */
 void log_set_level(int level);
-int log_get_level(void);
 
 #define LOG_PRINTF(a, b) __attribute__((format(printf, a, b)))
 
@@ -45,8 +44,7 @@ void log_errx(const char *fmt, ...) LOG_PRINTF(1, 2);
 void log_notice(const char *fmt, ...) LOG_PRINTF(1, 2);
 void log_info(const char *fmt, ...) LOG_PRINTF(1, 2);
 void log_debug(const char *fmt, ...) LOG_PRINTF(1, 2);
-/* Log at priority crit (with / without errno) and exit(1). */
-noreturn void fatal(const char *fmt, ...) LOG_PRINTF(1, 2);
+/* Log at priority crit and exit(1). */
 noreturn void fatalx(const char *fmt, ...) LOG_PRINTF(1, 2);
 
 #endif /* DEP_DAEMON_LOG_H */

@@ -220,7 +220,8 @@ static void conn_on_hello(struct peer_conn *c, const struct dep_peer_msg *m, con
  * An inbound connection whose first frame is DATA_HELLO: a peer opening a
  * data connection with a token we offered it (xfer.h).  Identified as a
  * HELLO is (source address and listen port); the socket goes to xfer, and
- * the link closes without touching it, having read nothing past the frame.
+ * the link closes without touching it (link_hand_off), having read nothing
+ * past the frame.
  */
 static void conn_on_data_hello(struct peer_conn *c, const struct dep_peer_data_hello *h) {
   if (c->slot >= 0 || c->got_hello) {
@@ -247,7 +248,9 @@ static void conn_on_data_hello(struct peer_conn *c, const struct dep_peer_data_h
     return;
   }
   c->handed_off = true;
-  link_close(&c->link, "handed to the data path");
+  /* Not link_close: its drain would read, on the loop, what the peer sends
+   * right behind the DATA_HELLO (its proof), which is the receiver's. */
+  link_hand_off(&c->link, "handed to the data path");
 }
 
 static void conn_on_auth(struct peer_conn *c, const struct dep_peer_msg *m) {

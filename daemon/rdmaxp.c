@@ -313,7 +313,6 @@ static int post_write_imm(struct rdmaxp_qp *q, uint32_t local_off, uint32_t far_
   return ibv_post_send(q->id->qp, &wr, &bad);
 }
 
-bool rdmaxp_qp_up(const struct rdmaxp_qp *q) { return q != NULL && q->connected; }
 /* An offer's id is set when a connection request takes it; a failed
  * rdma_accept frees q (qp_fail). */
 bool rdmaxp_qp_accepted(const struct rdmaxp_qp *q) {

@@ -118,8 +118,6 @@ struct rdmaxp_qp *rdmaxp_connect(void *owner, const struct sockaddr *src, const 
                                  const uint8_t dkey[DEP_PEER_MAC_LEN], char *why, size_t whylen);
 /* Disconnect and free q; no callback follows. */
 void rdmaxp_close(struct rdmaxp_qp *q);
-/* Whether q is connected. */
-bool rdmaxp_qp_up(const struct rdmaxp_qp *q);
 /* Whether q is an offer that the far end's connection request took, and
  * that was accepted (its ESTABLISHED may still be on the way). */
 bool rdmaxp_qp_accepted(const struct rdmaxp_qp *q);

@@ -550,7 +550,9 @@ static void receive(int k, int fd) {
                 rc == DEP_ERR_STATE ? ", expected here but still without its route" : "");
     int io;
     if (rc == 0) {
+      xfer__payload_begin();
       io = h.bytes > 0 ? io_all(fd, block, h.bytes, false) : 0;
+      xfer__payload_end();
       if (io == 0) {
         atomic_fetch_add_explicit(&route->bytes_in, sizeof h + h.bytes, memory_order_relaxed);
         atomic_fetch_add_explicit(&route->frames_in, 1, memory_order_relaxed);

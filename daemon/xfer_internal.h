@@ -202,6 +202,10 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
  * into host memory, which a kernel waiting on the flag over the device
  * mapping sees in that order (the route held). */
 void xfer__frame_publish(uint8_t *slot, const struct dep_xfer_hdr *h);
+/* Around a receiver's write of a payload into a rank's block: the ranks'
+ * memory, whose order ThreadSanitizer cannot see (xfer.c). */
+void xfer__payload_begin(void);
+void xfer__payload_end(void);
 /* Give back a route taken (users) for I/O outside the lock. */
 void xfer__route_put(struct xfer_route *r);
 

@@ -23,8 +23,6 @@
  * from run to run.
  */
 #include "ops_dev.cuh"
-/* In the order the kernels were written in when this was one file: the
- * module's layout stays what it was. */
 #include "ops_tp.cuh"
 #include "ops_ll.cuh"
 
@@ -33,9 +31,9 @@
 /*
  * CTA s reads one word in every 64 KiB of rank s's slab, so that the GPU's
  * page tables for the peers' memory (mapped at attach, on this GPU or
- * another) are walked now and not by the first operation (which then ran
- * 1.5 to 3.4 times its steady time across GPUs).  Reads only: the slabs
- * are the job's.
+ * another) are walked now and not by the first operation, which would
+ * otherwise run well past its steady time (BENCHMARKS.md).  Reads only:
+ * the slabs are the job's.
  */
 KERNEL dep__k_touch(const cuops_job J, const cuops_touch_args a) {
   uint32_t v = 0;

@@ -64,8 +64,6 @@ void codec_w_u64(struct codec_w *w, uint64_t v) {
     codec_put_u64(p, v);
 }
 
-void codec_w_i32(struct codec_w *w, int32_t v) { codec_w_u32(w, (uint32_t)v); }
-
 void codec_w_bytes(struct codec_w *w, const void *src, size_t n) {
   uint8_t *p = codec_w_space(w, n);
   if (p && n)
@@ -194,7 +192,7 @@ void codec_w_rec(struct codec_w *w, const struct codec_field *f, size_t n, const
       codec_w_u16(w, u16);
       break;
     case CODEC_KIND_U32:
-    case CODEC_KIND_I32: /* the same four bytes: codec_w_i32 is codec_w_u32 of them */
+    case CODEC_KIND_I32: /* the same four bytes: an int32_t goes as the uint32_t of its bits */
       memcpy(&u32, at, 4);
       codec_w_u32(w, u32);
       break;
@@ -265,4 +263,24 @@ size_t codec_rec_min(const struct codec_field *f, size_t n) {
     bytes += f[i].kind == CODEC_KIND_BYTES ? f[i].size
              : f[i].kind < sizeof width ? width[f[i].kind] : 0;
   return bytes;
+}
+
+int codec_body_encode(struct proto_buf *b, const struct codec_body *d, const void *rec) {
+  if (d->enc_ok != NULL && !d->enc_ok(rec))
+    return DEP_ERR_INVALID;
+  struct codec_w w;
+  codec_w_init(&w, b);
+  codec_w_rec(&w, d->f, d->n, rec);
+  return codec_w_finish(&w);
+}
+
+int codec_body_decode(const uint8_t *p, size_t len, const struct codec_body *d, void *rec) {
+  struct codec_r r;
+  codec_r_init(&r, p, len);
+  memset(rec, 0, d->size);
+  codec_r_rec(&r, d->f, d->n, rec);
+  int rc = codec_r_finish(&r);
+  if (rc == 0 && d->dec_ok != NULL && !d->dec_ok(rec))
+    rc = DEP_ERR_PROTOCOL;
+  return rc;
 }

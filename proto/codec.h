@@ -59,7 +59,6 @@ void codec_w_u8(struct codec_w *w, uint8_t v);
 void codec_w_u16(struct codec_w *w, uint16_t v);
 void codec_w_u32(struct codec_w *w, uint32_t v);
 void codec_w_u64(struct codec_w *w, uint64_t v);
-void codec_w_i32(struct codec_w *w, int32_t v);
 void codec_w_bytes(struct codec_w *w, const void *src, size_t n);
 /* A string from a fixed char array of `size` bytes: it must hold its NUL,
  * and its length must fit what the decoder accepts (size - 1). */
@@ -127,5 +126,33 @@ void codec_w_rec(struct codec_w *w, const struct codec_field *f, size_t n, const
 void codec_r_rec(struct codec_r *r, const struct codec_field *f, size_t n, void *rec);
 /* The bytes of the smallest encoding of such a record (strings empty). */
 size_t codec_rec_min(const struct codec_field *f, size_t n);
+
+/*
+ * A body that is one field table and nothing more, with the checks of its
+ * values each side makes (NULL: none).  The encoder refuses a record
+ * enc_ok rejects (DEP_ERR_INVALID) before writing a byte; the decoder
+ * zeroes the record, reads it exactly and refuses one dec_ok rejects
+ * (DEP_ERR_PROTOCOL).
+ */
+struct codec_body {
+  const struct codec_field *f;
+  size_t n;
+  size_t size; /* of the record */
+  bool (*enc_ok)(const void *rec);
+  bool (*dec_ok)(const void *rec);
+};
+int codec_body_encode(struct proto_buf *b, const struct codec_body *d, const void *rec);
+int codec_body_decode(const uint8_t *p, size_t len, const struct codec_body *d, void *rec);
+/* proto_encode_<body> and proto_decode_<body> (proto.h's DEP_MSG_BODIES)
+ * of a body that is the field table `fields` of a `type`. */
+#define CODEC_BODY(body, type, fields, enc_ok, dec_ok)                                           \
+  static const struct codec_body body##_body = {(fields), CODEC_NFIELDS(fields), sizeof(type),  \
+                                                (enc_ok), (dec_ok)};                             \
+  int proto_encode_##body(struct proto_buf *b, const type *m) {                                  \
+    return codec_body_encode(b, &body##_body, m);                                                \
+  }                                                                                              \
+  int proto_decode_##body(const uint8_t *p, size_t len, type *m) {                               \
+    return codec_body_decode(p, len, &body##_body, m);                                           \
+  }
 
 #endif /* DEP_CODEC_H */

@@ -20,9 +20,9 @@
 /* ---- fields ---------------------------------------------------------------- */
 
 /* Each type's body, one table in wire order (after the 8-byte header), for
- * its encoder and its decoder; MEMBERSHIP, whose body holds counted arrays,
- * is written out below with its window record's table.  The value checks
- * are beside, in peer_check. */
+ * its encoder and its decoder, named in DEP_PEER_MAP (peer_proto.h);
+ * MEMBERSHIP, whose body holds counted arrays, is written out below with
+ * its window record's table.  The value checks are beside, in peer_check. */
 #define MSG_F(kind, m) CODEC_##kind(struct dep_peer_msg, u.m)
 static const struct codec_field hello_f[] = {
     MSG_F(U32, hello.version),      MSG_F(STR, hello.node), MSG_F(STR, hello.listen_address),
@@ -54,20 +54,29 @@ static const struct codec_field membership_ok_f[] = {
 };
 #undef MSG_F
 
+/* The numbers run 1.. without a gap (the decoder's range check). */
+#define COUNT_(...) +1
+_Static_assert(0 DEP_PEER_MAP(COUNT_) == DEP_PEER_TYPE_MAX_ - 1,
+               "DEP_PEER_MAP: message numbers run 1..DEP_PEER_TYPE_MAX_ - 1 without a gap");
+#undef COUNT_
+
+/* Each type's table and name, from DEP_PEER_MAP: an EMPTY body has no
+ * fields; MEMBERSHIP's (OWN) codec is below. */
+#define BODY_TABLE(table) table, CODEC_NFIELDS(table)
+#define BODY_EMPTY(table) NULL, 0
+#define BODY_OWN(table) NULL, 0
 static const struct {
   const struct codec_field *f;
   size_t n;
+  const char *name;
 } peer_body[DEP_PEER_TYPE_MAX_] = {
-#define BODY(type, table) [type] = {table, CODEC_NFIELDS(table)}
-    BODY(DEP_PEER_HELLO, hello_f),         BODY(DEP_PEER_AUTH, auth_f),
-    BODY(DEP_PEER_ERROR, error_f),         BODY(DEP_PEER_CLOSE, error_f),
-    BODY(DEP_PEER_KEEPALIVE, keepalive_f), BODY(DEP_PEER_XPORT, xport_f),
-    BODY(DEP_PEER_DATA_OFFER, data_offer_f), BODY(DEP_PEER_DATA_HELLO, data_hello_f),
-    BODY(DEP_PEER_XPORT_NAK, nak_f),       BODY(DEP_PEER_JOB_FAIL, job_f),
-    BODY(DEP_PEER_JOB_END, job_f),         BODY(DEP_PEER_MEMBERSHIP_OK, membership_ok_f),
-#undef BODY
-    /* AUTH_OK: empty; MEMBERSHIP: below */
+#define ROW_(NAME, number, body, table) [DEP_PEER_##NAME] = {BODY_##body(table), #NAME},
+    DEP_PEER_MAP(ROW_)
+#undef ROW_
 };
+#undef BODY_TABLE
+#undef BODY_EMPTY
+#undef BODY_OWN
 
 static const struct codec_field window_f[] = {
     CODEC_U32(struct dep_peer_window, rank_index), CODEC_U64(struct dep_peer_window, slab_off),
@@ -257,14 +266,5 @@ int peer_proto_decode(const uint8_t *p, size_t len, struct dep_peer_msg *m, char
 }
 
 const char *peer_proto_type_name(uint16_t type) {
-  static const char *const names[DEP_PEER_TYPE_MAX_] = {
-      [DEP_PEER_HELLO] = "HELLO",         [DEP_PEER_AUTH] = "AUTH",
-      [DEP_PEER_AUTH_OK] = "AUTH_OK",     [DEP_PEER_ERROR] = "ERROR",
-      [DEP_PEER_KEEPALIVE] = "KEEPALIVE", [DEP_PEER_CLOSE] = "CLOSE",
-      [DEP_PEER_MEMBERSHIP] = "MEMBERSHIP", [DEP_PEER_JOB_FAIL] = "JOB_FAIL",
-      [DEP_PEER_JOB_END] = "JOB_END",     [DEP_PEER_XPORT] = "XPORT",
-      [DEP_PEER_XPORT_NAK] = "XPORT_NAK", [DEP_PEER_DATA_OFFER] = "DATA_OFFER",
-      [DEP_PEER_DATA_HELLO] = "DATA_HELLO", [DEP_PEER_MEMBERSHIP_OK] = "MEMBERSHIP_OK",
-  };
-  return type < DEP_PEER_TYPE_MAX_ && names[type] != NULL ? names[type] : "UNKNOWN";
+  return type > 0 && type < DEP_PEER_TYPE_MAX_ ? peer_body[type].name : "UNKNOWN";
 }

@@ -88,9 +88,8 @@
  * received its AUTH_OK.  Before that, any other message drops the link
  * (with the one exception of a settling RDMA transport, above).
  *
- * Rules for growing it (the membership messages of multi-node jobs come
- * next): add message types, never change a layout without bumping the
- * version.  An authenticated peer that receives a type it does not know
+ * Rules for growing it: add message types, never change a layout without
+ * bumping the version.  An authenticated peer that receives a type it does not know
  * answers ERROR DEP_ERR_UNSUPPORTED, logs it (at a bounded rate) and keeps
  * the link, so a newer daemon can probe an older one; a control frame of
  * a type it does not know around it is logged and ignored likewise.
@@ -148,21 +147,38 @@
   (DEP_PEER_HDR_LEN + 4 + 2 + (DEP_PEER_NODE_MAX - 1) + 2 + (DEP_PEER_ADDR_MAX - 1) + 2 + \
    DEP_PEER_CHALLENGE_LEN)
 
+/*
+ * Every peer message type, one line each: X(NAME, number, body, table).
+ *   NAME    DEP_PEER_<NAME>, and the type's name in logs
+ *   number  its type on the wire: never reused, never renumbered; the
+ *           numbers run 1.. without a gap
+ *   body    TABLE: its body is the field table `table` of peer_proto.c,
+ *           over the member of dep_peer_msg's union the table names;
+ *           EMPTY: no body; OWN: a codec of its own (MEMBERSHIP's counted
+ *           arrays)
+ * The type enum, the names and the codec's dispatch are made from it; the
+ * checks of a body's values are peer_check's (peer_proto.c).
+ */
+#define DEP_PEER_MAP(X)                                                                           \
+  X(HELLO, 1, TABLE, hello_f)                                                                     \
+  X(AUTH, 2, TABLE, auth_f)                                                                       \
+  X(AUTH_OK, 3, EMPTY, none)                                                                      \
+  X(ERROR, 4, TABLE, error_f)                                                                     \
+  X(KEEPALIVE, 5, TABLE, keepalive_f)                                                             \
+  X(CLOSE, 6, TABLE, error_f)                                                                     \
+  X(MEMBERSHIP, 7, OWN, none)                                                                     \
+  X(JOB_FAIL, 8, TABLE, job_f)                                                                    \
+  X(JOB_END, 9, TABLE, job_f)                                                                     \
+  X(XPORT, 10, TABLE, xport_f)                                                                    \
+  X(XPORT_NAK, 11, TABLE, nak_f)                                                                  \
+  X(DATA_OFFER, 12, TABLE, data_offer_f)                                                          \
+  X(DATA_HELLO, 13, TABLE, data_hello_f)                                                          \
+  X(MEMBERSHIP_OK, 14, TABLE, membership_ok_f)
+
 enum dep_peer_type {
-  DEP_PEER_HELLO = 1,
-  DEP_PEER_AUTH = 2,
-  DEP_PEER_AUTH_OK = 3,
-  DEP_PEER_ERROR = 4,
-  DEP_PEER_KEEPALIVE = 5,
-  DEP_PEER_CLOSE = 6,
-  DEP_PEER_MEMBERSHIP = 7,
-  DEP_PEER_JOB_FAIL = 8,
-  DEP_PEER_JOB_END = 9,
-  DEP_PEER_XPORT = 10,
-  DEP_PEER_XPORT_NAK = 11,
-  DEP_PEER_DATA_OFFER = 12,
-  DEP_PEER_DATA_HELLO = 13,
-  DEP_PEER_MEMBERSHIP_OK = 14,
+#define DEP_PEER_ENUM_(NAME, number, body, table) DEP_PEER_##NAME = number,
+  DEP_PEER_MAP(DEP_PEER_ENUM_)
+#undef DEP_PEER_ENUM_
   DEP_PEER_TYPE_MAX_
 };
 

@@ -8,12 +8,8 @@
  *
  * Bodies: each one field table (codec.h) driving its encoder and decoder,
  * here ERROR (code < 0), HELLO and HELLO_OK; PEER is the bytes of one peer
- * protocol message (peer_proto.h), passed through;
- *   ATTACH, ATTACH_OK, SLAB, KERNELS, KERNELS_OK, TUNE, TUNE_OK: proto_rank.c
- *   STATUS_OK, RELOAD_OK, DRAIN, DRAIN_OK, PEERS_OK, JOB_NODES_OK: proto_ctl.c
- *   STATS_LEND_OK, XRING_LEND_OK, STATS, STATS_RANK, STATS_OK, CLIENTS_OK: proto_stats.c
- *   STATUS, DETACH, DETACH_OK, SHUTDOWN, RELOAD, PEERS, JOB_NODES, STATS_LEND,
- *   CLIENTS, XRING_LEND: empty
+ * protocol message (peer_proto.h), passed through.  Which file holds each
+ * other body: DEP_MSG_BODIES (proto.h).
  */
 #include "proto.h"
 #include "codec.h"
@@ -106,7 +102,7 @@ void proto_buf_free(struct proto_buf *b) {
 
 void proto_buf_reset(struct proto_buf *b) { b->len = 0; }
 
-/* ---- ERROR --------------------------------------------------------------- */
+/* ---- ERROR, HELLO, HELLO_OK ---------------------------------------------------- */
 
 static const struct codec_field error_fields[] = {
     CODEC_I32(struct dep_msg_error, code), /* < 0 */
@@ -125,56 +121,12 @@ static const struct codec_field hello_ok_fields[] = {
     CODEC_STR(struct dep_msg_hello_ok, backend),
 };
 
-int proto_encode_error(struct proto_buf *b, const struct dep_msg_error *m) {
-  struct codec_w w;
-  codec_w_init(&w, b);
-  if (m->code >= 0) /* an error reply always carries a failure code */
-    return DEP_ERR_INVALID;
-  codec_w_rec(&w, error_fields, CODEC_NFIELDS(error_fields), m);
-  return codec_w_finish(&w);
+static bool error_check(const void *m) {
+  return ((const struct dep_msg_error *)m)->code < 0; /* an error always carries a failure */
 }
-
-int proto_decode_error(const uint8_t *p, size_t len, struct dep_msg_error *m) {
-  struct codec_r r;
-  codec_r_init(&r, p, len);
-  memset(m, 0, sizeof *m);
-  codec_r_rec(&r, error_fields, CODEC_NFIELDS(error_fields), m);
-  if (!r.bad && m->code >= 0)
-    return DEP_ERR_PROTOCOL;
-  return codec_r_finish(&r);
-}
-
-/* ---- HELLO / HELLO_OK ---------------------------------------------------- */
-
-int proto_encode_hello(struct proto_buf *b, const struct dep_msg_hello *m) {
-  struct codec_w w;
-  codec_w_init(&w, b);
-  codec_w_rec(&w, hello_fields, CODEC_NFIELDS(hello_fields), m);
-  return codec_w_finish(&w);
-}
-
-int proto_decode_hello(const uint8_t *p, size_t len, struct dep_msg_hello *m) {
-  struct codec_r r;
-  codec_r_init(&r, p, len);
-  memset(m, 0, sizeof *m);
-  codec_r_rec(&r, hello_fields, CODEC_NFIELDS(hello_fields), m);
-  return codec_r_finish(&r);
-}
-
-int proto_encode_hello_ok(struct proto_buf *b, const struct dep_msg_hello_ok *m) {
-  struct codec_w w;
-  codec_w_init(&w, b);
-  codec_w_rec(&w, hello_ok_fields, CODEC_NFIELDS(hello_ok_fields), m);
-  return codec_w_finish(&w);
-}
-
-int proto_decode_hello_ok(const uint8_t *p, size_t len, struct dep_msg_hello_ok *m) {
-  struct codec_r r;
-  codec_r_init(&r, p, len);
-  memset(m, 0, sizeof *m);
-  codec_r_rec(&r, hello_ok_fields, CODEC_NFIELDS(hello_ok_fields), m);
-  return codec_r_finish(&r);
-}
+CODEC_BODY(error, struct dep_msg_error, error_fields, error_check, error_check)
+CODEC_BODY(hello, struct dep_msg_hello, hello_fields, NULL, NULL)
+CODEC_BODY(hello_ok, struct dep_msg_hello_ok, hello_ok_fields, NULL, NULL)
 
 /* ---- PEER: passed through ---------------------------------------------------- */
 
@@ -193,65 +145,43 @@ int proto_decode_opaque(const uint8_t *p, size_t len, struct dep_msg_opaque *m) 
   return 0;
 }
 
-/* ---- frames and dispatch ------------------------------------------------- */
+/* ---- frames and dispatch, from DEP_MSG_MAP and DEP_MSG_BODIES ---------------- */
 
-static bool type_has_empty_body(uint16_t type) {
-  return type == DEP_MSG_STATUS || type == DEP_MSG_DETACH || type == DEP_MSG_DETACH_OK ||
-         type == DEP_MSG_SHUTDOWN || type == DEP_MSG_RELOAD || type == DEP_MSG_PEERS ||
-         type == DEP_MSG_JOB_NODES || type == DEP_MSG_STATS_LEND || type == DEP_MSG_CLIENTS ||
-         type == DEP_MSG_XRING_LEND;
+/* The numbers run 1.. without a gap: proto_type_known is a range.  (A
+ * number used twice is two equal case labels below, a compile error.) */
+#define COUNT_(...) +1
+_Static_assert(0 DEP_MSG_MAP(COUNT_) == DEP_MSG_TYPE_MAX_ - 1,
+               "DEP_MSG_MAP: message numbers run 1..DEP_MSG_TYPE_MAX_ - 1 without a gap");
+#undef COUNT_
+
+/* Each body's step of the dispatch: an empty body encodes to nothing and
+ * decodes only from nothing; any other needs its struct; an OWN body is
+ * decoded only by its own decoder. */
+static int encode_empty(struct proto_buf *b, const void *msg) { return 0; }
+static int decode_empty(const uint8_t *p, size_t len, void *msg) {
+  return len == 0 ? 0 : DEP_ERR_PROTOCOL;
 }
+#define DECODE_UNION(body) proto_decode_##body(p, len, msg)
+#define DECODE_OWN(body) DEP_ERR_PROTOCOL
+#define BODY_STEPS_(body, type, decoded)                                                         \
+  static int encode_##body(struct proto_buf *b, const void *msg) {                               \
+    return msg == NULL ? DEP_ERR_INVALID : proto_encode_##body(b, msg);                          \
+  }                                                                                              \
+  static int decode_##body(const uint8_t *p, size_t len, void *msg) {                            \
+    return msg == NULL ? DEP_ERR_INVALID : DECODE_##decoded(body);                               \
+  }
+DEP_MSG_BODIES(BODY_STEPS_)
+#undef BODY_STEPS_
+#undef DECODE_UNION
+#undef DECODE_OWN
 
 static int body_encode(struct proto_buf *b, uint16_t type, const void *msg) {
-  if (type_has_empty_body(type))
-    return 0;
-  if (msg == NULL)
-    return DEP_ERR_INVALID;
   switch (type) {
-  case DEP_MSG_ERROR:
-    return proto_encode_error(b, msg);
-  case DEP_MSG_HELLO:
-    return proto_encode_hello(b, msg);
-  case DEP_MSG_HELLO_OK:
-    return proto_encode_hello_ok(b, msg);
-  case DEP_MSG_STATUS_OK:
-    return proto_encode_status(b, msg);
-  case DEP_MSG_ATTACH:
-    return proto_encode_attach(b, msg);
-  case DEP_MSG_ATTACH_OK:
-    return proto_encode_attach_ok(b, msg);
-  case DEP_MSG_SLAB:
-    return proto_encode_slab(b, msg);
-  case DEP_MSG_RELOAD_OK:
-  case DEP_MSG_DRAIN_OK:
-    return proto_encode_text(b, msg);
-  case DEP_MSG_DRAIN:
-    return proto_encode_drain(b, msg);
-  case DEP_MSG_PEERS_OK:
-    return proto_encode_peers(b, msg);
-  case DEP_MSG_PEER:
-    return proto_encode_opaque(b, msg);
-  case DEP_MSG_JOB_NODES_OK:
-    return proto_encode_job_nodes(b, msg);
-  case DEP_MSG_KERNELS:
-    return proto_encode_kernels(b, msg);
-  case DEP_MSG_KERNELS_OK:
-    return proto_encode_kernels_ok(b, msg);
-  case DEP_MSG_TUNE:
-    return proto_encode_tune(b, msg);
-  case DEP_MSG_TUNE_OK:
-    return proto_encode_tune_ok(b, msg);
-  case DEP_MSG_STATS_LEND_OK:
-  case DEP_MSG_XRING_LEND_OK:
-    return proto_encode_lend_ok(b, msg);
-  case DEP_MSG_STATS:
-    return proto_encode_stats_req(b, msg);
-  case DEP_MSG_STATS_RANK:
-    return proto_encode_stats_rank(b, msg);
-  case DEP_MSG_STATS_OK:
-    return proto_encode_stats_ok(b, msg);
-  case DEP_MSG_CLIENTS_OK:
-    return proto_encode_clients(b, msg);
+#define CASE_(NAME, name, number, body, from)                                                    \
+  case DEP_MSG_##NAME:                                                                           \
+    return encode_##body(b, msg);
+    DEP_MSG_MAP(CASE_)
+#undef CASE_
   default:
     return DEP_ERR_INVALID;
   }
@@ -287,77 +217,43 @@ int proto_frame_encode(struct proto_buf *b, uint16_t type, uint32_t flags,
 }
 
 int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg) {
-  if (type_has_empty_body(type))
-    return len == 0 ? 0 : DEP_ERR_PROTOCOL;
-  if (msg == NULL)
-    return DEP_ERR_INVALID;
   switch (type) {
-  case DEP_MSG_ERROR:
-    return proto_decode_error(body, len, msg);
-  case DEP_MSG_HELLO:
-    return proto_decode_hello(body, len, msg);
-  case DEP_MSG_HELLO_OK:
-    return proto_decode_hello_ok(body, len, msg);
-  case DEP_MSG_STATUS_OK:
-    return proto_decode_status(body, len, msg);
-  case DEP_MSG_ATTACH:
-    return proto_decode_attach(body, len, msg);
-  case DEP_MSG_ATTACH_OK:
-    return proto_decode_attach_ok(body, len, msg);
-  case DEP_MSG_SLAB:
-    return proto_decode_slab(body, len, msg);
-  case DEP_MSG_RELOAD_OK:
-  case DEP_MSG_DRAIN_OK:
-    return proto_decode_text(body, len, msg);
-  case DEP_MSG_DRAIN:
-    return proto_decode_drain(body, len, msg);
-  /* PEERS_OK allocates: its callers decode it with proto_decode_peers. */
-  case DEP_MSG_PEER:
-    return proto_decode_opaque(body, len, msg);
-  /* JOB_NODES_OK is large (a fixed array): its callers decode it with
-   * proto_decode_job_nodes into memory of their own. */
-  case DEP_MSG_KERNELS:
-    return proto_decode_kernels(body, len, msg);
-  case DEP_MSG_KERNELS_OK:
-    return proto_decode_kernels_ok(body, len, msg);
-  case DEP_MSG_TUNE:
-    return proto_decode_tune(body, len, msg);
-  case DEP_MSG_TUNE_OK:
-    return proto_decode_tune_ok(body, len, msg);
-  case DEP_MSG_STATS_LEND_OK:
-  case DEP_MSG_XRING_LEND_OK:
-    return proto_decode_lend_ok(body, len, msg);
-  case DEP_MSG_STATS:
-    return proto_decode_stats_req(body, len, msg);
-  case DEP_MSG_STATS_RANK:
-    return proto_decode_stats_rank(body, len, msg);
-  case DEP_MSG_STATS_OK:
-    return proto_decode_stats_ok(body, len, msg);
-  /* CLIENTS_OK allocates: its callers decode it with proto_decode_clients. */
+#define CASE_(NAME, name, number, body_, from)                                                   \
+  case DEP_MSG_##NAME:                                                                           \
+    return decode_##body_(body, len, msg);
+    DEP_MSG_MAP(CASE_)
+#undef CASE_
   default:
-    return DEP_ERR_PROTOCOL;
+    return msg == NULL ? DEP_ERR_INVALID : DEP_ERR_PROTOCOL;
   }
 }
 
+/* Each body by number, `empty` first: a constant to compare. */
+enum body_id {
+  BODY_ID_empty,
+#define ID_(body, type, decoded) BODY_ID_##body,
+  DEP_MSG_BODIES(ID_)
+#undef ID_
+};
+
+/* What the dispatch above does not need, by type. */
+static const struct {
+  const char *name;
+  uint8_t from; /* enum dep_msg_from */
+  bool empty;
+} msg_info[DEP_MSG_TYPE_MAX_] = {
+#define INFO_(NAME, name, number, body, from)                                                    \
+  [DEP_MSG_##NAME] = {#NAME, DEP_MSG_FROM_##from, BODY_ID_##body == BODY_ID_empty},
+    DEP_MSG_MAP(INFO_)
+#undef INFO_
+};
+
 const char *proto_type_name(uint16_t type) {
-  static const char *const names[DEP_MSG_TYPE_MAX_] = {
-      [DEP_MSG_ERROR] = "ERROR",         [DEP_MSG_HELLO] = "HELLO",
-      [DEP_MSG_HELLO_OK] = "HELLO_OK",   [DEP_MSG_STATUS] = "STATUS",
-      [DEP_MSG_STATUS_OK] = "STATUS_OK", [DEP_MSG_ATTACH] = "ATTACH",
-      [DEP_MSG_ATTACH_OK] = "ATTACH_OK", [DEP_MSG_DETACH] = "DETACH",
-      [DEP_MSG_DETACH_OK] = "DETACH_OK", [DEP_MSG_SHUTDOWN] = "SHUTDOWN",
-      [DEP_MSG_SLAB] = "SLAB",           [DEP_MSG_RELOAD] = "RELOAD",
-      [DEP_MSG_RELOAD_OK] = "RELOAD_OK", [DEP_MSG_DRAIN] = "DRAIN",
-      [DEP_MSG_DRAIN_OK] = "DRAIN_OK",   [DEP_MSG_PEERS] = "PEERS",
-      [DEP_MSG_PEERS_OK] = "PEERS_OK",   [DEP_MSG_PEER] = "PEER",
-      [DEP_MSG_JOB_NODES] = "JOB_NODES", [DEP_MSG_JOB_NODES_OK] = "JOB_NODES_OK",
-      [DEP_MSG_KERNELS] = "KERNELS",     [DEP_MSG_KERNELS_OK] = "KERNELS_OK",
-      [DEP_MSG_STATS_LEND] = "STATS_LEND", [DEP_MSG_STATS_LEND_OK] = "STATS_LEND_OK",
-      [DEP_MSG_XRING_LEND] = "XRING_LEND", [DEP_MSG_XRING_LEND_OK] = "XRING_LEND_OK",
-      [DEP_MSG_STATS] = "STATS",         [DEP_MSG_STATS_RANK] = "STATS_RANK",
-      [DEP_MSG_STATS_OK] = "STATS_OK",   [DEP_MSG_CLIENTS] = "CLIENTS",
-      [DEP_MSG_CLIENTS_OK] = "CLIENTS_OK", [DEP_MSG_TUNE] = "TUNE",
-      [DEP_MSG_TUNE_OK] = "TUNE_OK",
-  };
-  return type < DEP_MSG_TYPE_MAX_ && names[type] != NULL ? names[type] : "UNKNOWN";
+  return proto_type_known(type) ? msg_info[type].name : "UNKNOWN";
 }
+
+enum dep_msg_from proto_type_from(uint16_t type) {
+  return proto_type_known(type) ? (enum dep_msg_from)msg_info[type].from : 0;
+}
+
+bool proto_type_empty(uint16_t type) { return proto_type_known(type) && msg_info[type].empty; }

@@ -106,42 +106,68 @@
 #define DEP_FRAME_F_FDS 0x1u /* SCM_RIGHTS fds accompany this frame */
 #define DEP_FRAME_F_KNOWN (DEP_FRAME_F_FDS)
 
+/*
+ * Every message type, one line each: X(NAME, name, number, body, from).
+ *   NAME    DEP_MSG_<NAME>, and the type's name in logs ("ATTACH")
+ *   name    the same in lower case: a request's handler is control_<name>
+ *           (control.c); an operator request's verb in its refusal
+ *   number  its type on the wire: never reused, never renumbered; the
+ *           numbers run 1.. without a gap (proto_type_known)
+ *   body    its body's codec, proto_encode_<body> / proto_decode_<body>, a
+ *           line of DEP_MSG_BODIES below; `empty` for no body
+ *   from    who may send it: CLIENT (a library or deepepctl: a request
+ *           control.c answers), OPERATOR (a request of root or deepepd's
+ *           own user only), DAEMON (a reply or a notice: a client that sends
+ *           one is dropped), PEER (between daemons, on a peer link only)
+ * The type enum, the names, both codec dispatches (proto.c), the body
+ * union and the daemon's request dispatch (control.c) are made from it: a
+ * new message is one line here and its handler (and, for a new body, its
+ * codec and a line of DEP_MSG_BODIES).
+ */
+#define DEP_MSG_MAP(X)                                                                            \
+  X(ERROR, error, 1, error, DAEMON)                /* a reply: the request failed */             \
+  X(HELLO, hello, 2, hello, CLIENT)                /* the first message of a connection */       \
+  X(HELLO_OK, hello_ok, 3, hello_ok, DAEMON)                                                      \
+  X(STATUS, status, 4, empty, CLIENT)                                                            \
+  X(STATUS_OK, status_ok, 5, status, DAEMON)       /* struct dep_status */                       \
+  X(ATTACH, attach, 6, attach, CLIENT)             /* struct dep_attach_args */                  \
+  X(ATTACH_OK, attach_ok, 7, attach_ok, DAEMON)                                                   \
+  X(DETACH, detach, 8, empty, CLIENT)                                                            \
+  X(DETACH_OK, detach_ok, 9, empty, DAEMON)                                                      \
+  X(SHUTDOWN, shutdown, 10, empty, DAEMON)         /* a notice, request_id 0: it is stopping */  \
+  X(SLAB, slab, 11, slab, DAEMON)                  /* part of the ATTACH reply, + chunk fds */   \
+  X(RELOAD, reload, 12, empty, OPERATOR)                                                         \
+  X(RELOAD_OK, reload_ok, 13, text, DAEMON)        /* what was applied, what needs a restart */  \
+  X(DRAIN, drain, 14, drain, OPERATOR)                                                           \
+  X(DRAIN_OK, drain_ok, 15, text, DAEMON)          /* the state now, the jobs still running */   \
+  X(PEERS, peers, 16, empty, CLIENT)                                                             \
+  X(PEERS_OK, peers_ok, 17, peers, DAEMON)                                                       \
+  X(PEER, peer, 18, opaque, PEER)                  /* one peer_proto.h message */                \
+  X(JOB_NODES, job_nodes, 19, empty, CLIENT)                                                     \
+  X(JOB_NODES_OK, job_nodes_ok, 20, job_nodes, DAEMON)                                           \
+  X(STATS_LEND, stats_lend, 21, empty, CLIENT)     /* a rank of a running job: its stats page */ \
+  X(STATS_LEND_OK, stats_lend_ok, 22, lend_ok, DAEMON) /* the page's memfd riding on it */       \
+  X(STATS, stats, 23, stats_req, CLIENT)                                                         \
+  X(STATS_RANK, stats_rank, 24, stats_rank, DAEMON) /* part of the STATS reply, one per rank */  \
+  X(STATS_OK, stats_ok, 25, stats_ok, DAEMON)      /* after the ranks */                         \
+  X(CLIENTS, clients, 26, empty, CLIENT)                                                         \
+  X(CLIENTS_OK, clients_ok, 27, clients, DAEMON)                                                 \
+  X(KERNELS, kernels, 28, kernels, CLIENT)                                                       \
+  X(KERNELS_OK, kernels_ok, 29, kernels_ok, DAEMON) /* + the cubin's fd */                       \
+  X(XRING_LEND, xring_lend, 30, empty, CLIENT)     /* a rank of a job across nodes: its ring */  \
+  X(XRING_LEND_OK, xring_lend_ok, 31, lend_ok, DAEMON) /* the ring's memfd riding on it */       \
+  X(TUNE, tune, 32, tune, CLIENT)                  /* an attached rank asks its SM budget */     \
+  X(TUNE_OK, tune_ok, 33, tune_ok, DAEMON)
+
 enum dep_msg_type {
-  DEP_MSG_ERROR = 1,     /* reply: struct dep_msg_error */
-  DEP_MSG_HELLO = 2,     /* request: struct dep_msg_hello */
-  DEP_MSG_HELLO_OK = 3,  /* reply: struct dep_msg_hello_ok */
-  DEP_MSG_STATUS = 4,    /* request: empty body */
-  DEP_MSG_STATUS_OK = 5, /* reply: struct dep_status */
-  DEP_MSG_ATTACH = 6,    /* request: struct dep_attach_args */
-  DEP_MSG_ATTACH_OK = 7, /* reply: struct dep_msg_attach_ok */
-  DEP_MSG_DETACH = 8,    /* request: empty body */
-  DEP_MSG_DETACH_OK = 9, /* reply: empty body */
-  DEP_MSG_SHUTDOWN = 10, /* notice from the daemon, request_id 0: it is stopping */
-  DEP_MSG_SLAB = 11,     /* part of the ATTACH reply: struct dep_msg_slab + its chunk fds */
-  DEP_MSG_RELOAD = 12,   /* request: empty body; root or the daemon's own user only */
-  DEP_MSG_RELOAD_OK = 13, /* reply: struct dep_msg_text, what was applied and what needs a restart */
-  DEP_MSG_DRAIN = 14,    /* request: struct dep_msg_drain; root or the daemon's own user only */
-  DEP_MSG_DRAIN_OK = 15, /* reply: struct dep_msg_text, the state now and the jobs still running */
-  DEP_MSG_PEERS = 16,    /* request: empty body */
-  DEP_MSG_PEERS_OK = 17, /* reply: struct dep_msg_peers */
-  DEP_MSG_PEER = 18,     /* between daemons only: struct dep_msg_opaque, one peer_proto.h message */
-  DEP_MSG_JOB_NODES = 19,    /* request: empty body */
-  DEP_MSG_JOB_NODES_OK = 20, /* reply: struct dep_msg_job_nodes */
-  DEP_MSG_STATS_LEND = 21,    /* request: empty body; a rank of a running job asks for its stats page */
-  DEP_MSG_STATS_LEND_OK = 22, /* reply: struct dep_msg_lend_ok, the page's memfd riding on it */
-  DEP_MSG_STATS = 23,         /* request: struct dep_msg_stats_req */
-  DEP_MSG_STATS_RANK = 24,    /* part of the STATS reply: struct dep_msg_stats_rank, one per rank */
-  DEP_MSG_STATS_OK = 25,      /* reply: struct dep_msg_stats_ok, after the ranks */
-  DEP_MSG_CLIENTS = 26,       /* request: empty body */
-  DEP_MSG_CLIENTS_OK = 27,    /* reply: struct dep_msg_clients */
-  DEP_MSG_KERNELS = 28,       /* request: struct dep_msg_kernels */
-  DEP_MSG_KERNELS_OK = 29,    /* reply: struct dep_msg_kernels_ok + the cubin's fd */
-  DEP_MSG_XRING_LEND = 30,    /* request: empty body; a rank of a job that spans nodes asks for its ring */
-  DEP_MSG_XRING_LEND_OK = 31, /* reply: struct dep_msg_lend_ok, the ring's memfd riding on it */
-  DEP_MSG_TUNE = 32,          /* request: struct dep_msg_tune; an attached rank asks its SM budget */
-  DEP_MSG_TUNE_OK = 33,       /* reply: struct dep_msg_tune_ok */
+#define DEP_MSG_ENUM_(NAME, name, number, body, from) DEP_MSG_##NAME = number,
+  DEP_MSG_MAP(DEP_MSG_ENUM_)
+#undef DEP_MSG_ENUM_
   DEP_MSG_TYPE_MAX_
 };
+
+/* Who may send a message type (DEP_MSG_MAP's last column). */
+enum dep_msg_from { DEP_MSG_FROM_CLIENT = 1, DEP_MSG_FROM_OPERATOR, DEP_MSG_FROM_DAEMON, DEP_MSG_FROM_PEER };
 
 struct dep_frame_hdr {
   uint32_t magic;
@@ -431,7 +457,7 @@ int proto_hdr_decode(const uint8_t in[DEP_PROTO_HDR_LEN], uint32_t max_body,
  * DEP_ERR_INVALID (a value that cannot be represented).  Decoders read
  * exactly `len` bytes: a short or long body, a bad string, or an
  * out-of-range field is DEP_ERR_PROTOCOL.  Decoders never allocate except
- * proto_decode_status (free with dep_status_free()).
+ * those DEP_MSG_BODIES says do.
  */
 struct proto_buf {
   uint8_t *data;
@@ -450,90 +476,71 @@ void proto_buf_reset(struct proto_buf *b);
  */
 int proto_frame_encode(struct proto_buf *b, uint16_t type, uint32_t flags,
                        uint32_t request_id, const void *msg);
-/* Decode a body of the given type into `msg` (the matching struct); PEERS_OK
- * and CLIENTS_OK, which allocate, only through proto_decode_peers and
- * proto_decode_clients, and JOB_NODES_OK, which is large, only through
- * proto_decode_job_nodes. */
+/*
+ * Every body, one line each: X(body, type, decoded).
+ *   body     its codec: proto_encode_<body> and proto_decode_<body>, in the
+ *            file its comment names
+ *   type     the C struct it encodes from and decodes into
+ *   decoded  UNION: proto_body_decode decodes it into union dep_msg_body
+ *            (STATUS_OK's allocates: free devices and jobs); OWN: only its
+ *            own decoder does, because it allocates (PEERS_OK, CLIENTS_OK:
+ *            proto_peers_free, proto_clients_free) or is too large for the
+ *            union (JOB_NODES_OK); proto_body_decode refuses it
+ */
+#define DEP_MSG_BODIES(X)                                                                         \
+  X(error, struct dep_msg_error, UNION)          /* proto.c: code < 0 */                         \
+  X(hello, struct dep_msg_hello, UNION)          /* proto.c */                                   \
+  X(hello_ok, struct dep_msg_hello_ok, UNION)    /* proto.c */                                   \
+  X(opaque, struct dep_msg_opaque, UNION)        /* proto.c: data points into the body */        \
+  X(attach, struct dep_attach_args, UNION)       /* proto_rank.c */                              \
+  X(attach_ok, struct dep_msg_attach_ok, UNION)  /* proto_rank.c */                              \
+  X(slab, struct dep_msg_slab, UNION)            /* proto_rank.c */                              \
+  X(kernels, struct dep_msg_kernels, UNION)      /* proto_rank.c */                              \
+  X(kernels_ok, struct dep_msg_kernels_ok, UNION) /* proto_rank.c */                             \
+  X(tune, struct dep_msg_tune, UNION)            /* proto_rank.c */                              \
+  X(tune_ok, struct dep_msg_tune_ok, UNION)      /* proto_rank.c */                              \
+  X(status, struct dep_status, UNION)            /* proto_ctl.c: allocates */                    \
+  X(text, struct dep_msg_text, UNION)            /* proto_ctl.c */                               \
+  X(drain, struct dep_msg_drain, UNION)          /* proto_ctl.c */                               \
+  X(peers, struct dep_msg_peers, OWN)            /* proto_ctl.c: allocates */                    \
+  X(job_nodes, struct dep_msg_job_nodes, OWN)    /* proto_ctl.c: large */                        \
+  X(lend_ok, struct dep_msg_lend_ok, UNION)      /* proto_stats.c */                             \
+  X(stats_req, struct dep_msg_stats_req, UNION)  /* proto_stats.c */                             \
+  X(stats_rank, struct dep_msg_stats_rank, UNION) /* proto_stats.c */                            \
+  X(stats_ok, struct dep_msg_stats_ok, UNION)    /* proto_stats.c */                             \
+  X(clients, struct dep_msg_clients, OWN)        /* proto_stats.c: allocates */
+
+/* Decode a body of the given type into `msg`, the member of union
+ * dep_msg_body its body names; an empty body must be empty.  A body
+ * DEP_MSG_BODIES marks OWN is refused (DEP_ERR_PROTOCOL): its callers use
+ * its own decoder. */
 int proto_body_decode(uint16_t type, const uint8_t *body, size_t len, void *msg);
-/* Room for any body proto_body_decode decodes: one member per struct it
- * fills (keep in step with its switch; the fuzz harness decodes every type
- * into one of these). */
+
+/* Room for any body proto_body_decode decodes: a member per UNION body,
+ * named as the body (the fuzz harness decodes every type into one). */
+#define DEP_MSG_UNION_MEMBER_UNION(body, type) type body;
+#define DEP_MSG_UNION_MEMBER_OWN(body, type)
+#define DEP_MSG_UNION_MEMBER_(body, type, decoded) DEP_MSG_UNION_MEMBER_##decoded(body, type)
 union dep_msg_body {
-  struct dep_msg_error error;
-  struct dep_msg_hello hello;
-  struct dep_msg_hello_ok hello_ok;
-  struct dep_status status;
-  struct dep_attach_args attach;
-  struct dep_msg_attach_ok attach_ok;
-  struct dep_msg_slab slab;
-  struct dep_msg_text text;
-  struct dep_msg_drain drain;
-  struct dep_msg_opaque opaque;
-  struct dep_msg_kernels kernels;
-  struct dep_msg_kernels_ok kernels_ok;
-  struct dep_msg_tune tune;
-  struct dep_msg_tune_ok tune_ok;
-  struct dep_msg_lend_ok lend_ok; /* STATS_LEND_OK, XRING_LEND_OK */
-  struct dep_msg_stats_req stats_req;
-  struct dep_msg_stats_rank stats_rank;
-  struct dep_msg_stats_ok stats_ok;
+  DEP_MSG_BODIES(DEP_MSG_UNION_MEMBER_)
 };
+#undef DEP_MSG_UNION_MEMBER_
 
-/* The per-type codecs proto_frame_encode / proto_body_decode dispatch to,
- * by the file that holds them.  proto.c: the bodies every connection uses. */
-int proto_encode_error(struct proto_buf *b, const struct dep_msg_error *m);
-int proto_decode_error(const uint8_t *p, size_t len, struct dep_msg_error *m);
-int proto_encode_hello(struct proto_buf *b, const struct dep_msg_hello *m);
-int proto_decode_hello(const uint8_t *p, size_t len, struct dep_msg_hello *m);
-int proto_encode_hello_ok(struct proto_buf *b, const struct dep_msg_hello_ok *m);
-int proto_decode_hello_ok(const uint8_t *p, size_t len, struct dep_msg_hello_ok *m);
-int proto_encode_opaque(struct proto_buf *b, const struct dep_msg_opaque *m);
-/* m->data points into p: valid as long as p is. */
-int proto_decode_opaque(const uint8_t *p, size_t len, struct dep_msg_opaque *m);
-
-/* proto_rank.c: what a rank's library asks of its daemon. */
-int proto_encode_attach(struct proto_buf *b, const struct dep_attach_args *m);
-int proto_decode_attach(const uint8_t *p, size_t len, struct dep_attach_args *m);
-int proto_encode_attach_ok(struct proto_buf *b, const struct dep_msg_attach_ok *m);
-int proto_decode_attach_ok(const uint8_t *p, size_t len, struct dep_msg_attach_ok *m);
-int proto_encode_slab(struct proto_buf *b, const struct dep_msg_slab *m);
-int proto_decode_slab(const uint8_t *p, size_t len, struct dep_msg_slab *m);
-int proto_encode_kernels(struct proto_buf *b, const struct dep_msg_kernels *m);
-int proto_decode_kernels(const uint8_t *p, size_t len, struct dep_msg_kernels *m);
-int proto_encode_kernels_ok(struct proto_buf *b, const struct dep_msg_kernels_ok *m);
-int proto_decode_kernels_ok(const uint8_t *p, size_t len, struct dep_msg_kernels_ok *m);
-int proto_encode_tune(struct proto_buf *b, const struct dep_msg_tune *m);
-int proto_decode_tune(const uint8_t *p, size_t len, struct dep_msg_tune *m);
-int proto_encode_tune_ok(struct proto_buf *b, const struct dep_msg_tune_ok *m);
-int proto_decode_tune_ok(const uint8_t *p, size_t len, struct dep_msg_tune_ok *m);
-
-/* proto_ctl.c: what deepepctl asks about the daemon itself. */
-int proto_encode_status(struct proto_buf *b, const struct dep_status *m);
-int proto_decode_status(const uint8_t *p, size_t len, struct dep_status *m);
-int proto_encode_text(struct proto_buf *b, const struct dep_msg_text *m);
-int proto_decode_text(const uint8_t *p, size_t len, struct dep_msg_text *m);
-int proto_encode_drain(struct proto_buf *b, const struct dep_msg_drain *m);
-int proto_decode_drain(const uint8_t *p, size_t len, struct dep_msg_drain *m);
-int proto_encode_peers(struct proto_buf *b, const struct dep_msg_peers *m);
-/* Allocates m->peers (NULL when none): free with proto_peers_free. */
-int proto_decode_peers(const uint8_t *p, size_t len, struct dep_msg_peers *m);
+/* The codecs proto_frame_encode and proto_body_decode dispatch to, one pair
+ * per body.  Decoders of OWN bodies that allocate: free with proto_peers_free
+ * and proto_clients_free (records NULL when none, and after a failure). */
+#define DEP_MSG_CODEC_DECL_(body, type, decoded)                                                  \
+  int proto_encode_##body(struct proto_buf *b, const type *m);                                    \
+  int proto_decode_##body(const uint8_t *p, size_t len, type *m);
+DEP_MSG_BODIES(DEP_MSG_CODEC_DECL_)
+#undef DEP_MSG_CODEC_DECL_
 void proto_peers_free(struct dep_msg_peers *m);
-int proto_encode_job_nodes(struct proto_buf *b, const struct dep_msg_job_nodes *m);
-int proto_decode_job_nodes(const uint8_t *p, size_t len, struct dep_msg_job_nodes *m);
-
-/* proto_stats.c: the stats and clients messages. */
-int proto_encode_lend_ok(struct proto_buf *b, const struct dep_msg_lend_ok *m);
-int proto_decode_lend_ok(const uint8_t *p, size_t len, struct dep_msg_lend_ok *m);
-int proto_encode_stats_req(struct proto_buf *b, const struct dep_msg_stats_req *m);
-int proto_decode_stats_req(const uint8_t *p, size_t len, struct dep_msg_stats_req *m);
-int proto_encode_stats_rank(struct proto_buf *b, const struct dep_msg_stats_rank *m);
-int proto_decode_stats_rank(const uint8_t *p, size_t len, struct dep_msg_stats_rank *m);
-int proto_encode_stats_ok(struct proto_buf *b, const struct dep_msg_stats_ok *m);
-int proto_decode_stats_ok(const uint8_t *p, size_t len, struct dep_msg_stats_ok *m);
-int proto_encode_clients(struct proto_buf *b, const struct dep_msg_clients *m);
-/* Allocates m->clients (NULL when none): free with proto_clients_free. */
-int proto_decode_clients(const uint8_t *p, size_t len, struct dep_msg_clients *m);
 void proto_clients_free(struct dep_msg_clients *m);
+
+/* Who may send a message type; 0 for a type this build does not know. */
+enum dep_msg_from proto_type_from(uint16_t type);
+/* Whether a message type's body is empty (false for a type this build does not know). */
+bool proto_type_empty(uint16_t type);
 
 /* The name of a message type for logs ("ATTACH"), or "UNKNOWN". */
 const char *proto_type_name(uint16_t type);

@@ -118,40 +118,17 @@ DEP_EXPORT void dep_status_free(struct dep_status *st) {
   free(st);
 }
 
-/* ---- DRAIN ------------------------------------------------------------------ */
+/* ---- DRAIN, RELOAD_OK and DRAIN_OK ------------------------------------------- */
 
-int proto_encode_drain(struct proto_buf *b, const struct dep_msg_drain *m) {
-  if (m->drain > 1)
-    return DEP_ERR_INVALID;
-  struct codec_w w;
-  codec_w_init(&w, b);
-  codec_w_u32(&w, m->drain);
-  return codec_w_finish(&w);
-}
-
-int proto_decode_drain(const uint8_t *p, size_t len, struct dep_msg_drain *m) {
-  struct codec_r r;
-  codec_r_init(&r, p, len);
-  m->drain = codec_r_u32(&r);
-  if (!r.bad && m->drain > 1)
-    return DEP_ERR_PROTOCOL;
-  return codec_r_finish(&r);
-}
-
-int proto_encode_text(struct proto_buf *b, const struct dep_msg_text *m) {
-  struct codec_w w;
-  codec_w_init(&w, b);
-  codec_w_str(&w, m->text, sizeof m->text);
-  return codec_w_finish(&w);
-}
-
-int proto_decode_text(const uint8_t *p, size_t len, struct dep_msg_text *m) {
-  struct codec_r r;
-  codec_r_init(&r, p, len);
-  memset(m, 0, sizeof *m);
-  codec_r_str(&r, m->text, sizeof m->text);
-  return codec_r_finish(&r);
-}
+static const struct codec_field drain_fields[] = {
+    CODEC_U32(struct dep_msg_drain, drain), /* 0 or 1 */
+};
+static const struct codec_field text_fields[] = {
+    CODEC_STR(struct dep_msg_text, text),
+};
+static bool drain_check(const void *rec) { return ((const struct dep_msg_drain *)rec)->drain <= 1; }
+CODEC_BODY(drain, struct dep_msg_drain, drain_fields, drain_check, drain_check)
+CODEC_BODY(text, struct dep_msg_text, text_fields, NULL, NULL)
 
 /* ---- PEERS_OK --------------------------------------------------------------- */
 

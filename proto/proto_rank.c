@@ -49,42 +49,32 @@ static const struct codec_field slab_rank[] = {
     CODEC_U64(struct dep_msg_slab_rank, offset),
 };
 
+static const struct codec_body attach_body = {attach_fields, CODEC_NFIELDS(attach_fields),
+                                              sizeof(struct dep_attach_args), NULL, NULL};
+
 int proto_encode_attach(struct proto_buf *b, const struct dep_attach_args *m) {
-  struct codec_w w;
-  codec_w_init(&w, b);
-  codec_w_rec(&w, attach_fields, CODEC_NFIELDS(attach_fields), m);
-  return codec_w_finish(&w);
+  return codec_body_encode(b, &attach_body, m);
 }
 
 /* Only the framing is checked here; the receiver runs proto_check_attach so
  * it can answer a bad field with a message naming it. */
 int proto_decode_attach(const uint8_t *p, size_t len, struct dep_attach_args *m) {
-  struct codec_r r;
-  codec_r_init(&r, p, len);
-  memset(m, 0, sizeof *m);
+  int rc = codec_body_decode(p, len, &attach_body, m);
   m->size = sizeof *m; /* not on the wire: this library's own layout */
-  codec_r_rec(&r, attach_fields, CODEC_NFIELDS(attach_fields), m);
-  return codec_r_finish(&r);
+  return rc;
 }
 
-int proto_encode_attach_ok(struct proto_buf *b, const struct dep_msg_attach_ok *m) {
-  if (m->num_fds > DEP_PROTO_MAX_FDS)
-    return DEP_ERR_INVALID;
-  struct codec_w w;
-  codec_w_init(&w, b);
-  codec_w_rec(&w, attach_ok_fields, CODEC_NFIELDS(attach_ok_fields), m);
-  return codec_w_finish(&w);
+/* The fds that ride on it fit one frame; the kernel warm-up is 0 or 1,
+ * which the receiver checks (the sender checks the fds alone). */
+static bool attach_ok_send_check(const void *rec) {
+  return ((const struct dep_msg_attach_ok *)rec)->num_fds <= DEP_PROTO_MAX_FDS;
 }
-
-int proto_decode_attach_ok(const uint8_t *p, size_t len, struct dep_msg_attach_ok *m) {
-  struct codec_r r;
-  codec_r_init(&r, p, len);
-  memset(m, 0, sizeof *m);
-  codec_r_rec(&r, attach_ok_fields, CODEC_NFIELDS(attach_ok_fields), m);
-  if (!r.bad && (m->num_fds > DEP_PROTO_MAX_FDS || m->kernel_warmup > 1))
-    return DEP_ERR_PROTOCOL;
-  return codec_r_finish(&r);
+static bool attach_ok_check(const void *rec) {
+  const struct dep_msg_attach_ok *m = rec;
+  return m->num_fds <= DEP_PROTO_MAX_FDS && m->kernel_warmup <= 1;
 }
+CODEC_BODY(attach_ok, struct dep_msg_attach_ok, attach_ok_fields, attach_ok_send_check,
+           attach_ok_check)
 
 int proto_encode_slab(struct proto_buf *b, const struct dep_msg_slab *m) {
   if (m->n_chunks == 0 || m->n_chunks > DEP_PROTO_MAX_FDS || m->n_ranks == 0 ||
@@ -126,49 +116,6 @@ static const struct codec_field kernels_ok_fields[] = {
     CODEC_U64(struct dep_msg_kernels_ok, bytes), /* 1..DEP_KERNELS_MAX_BYTES */
 };
 
-int proto_encode_kernels(struct proto_buf *b, const struct dep_msg_kernels *m) {
-  struct codec_w w;
-  codec_w_init(&w, b);
-  codec_w_rec(&w, kernels_fields, CODEC_NFIELDS(kernels_fields), m);
-  return codec_w_finish(&w);
-}
-
-int proto_decode_kernels(const uint8_t *p, size_t len, struct dep_msg_kernels *m) {
-  struct codec_r r;
-  codec_r_init(&r, p, len);
-  codec_r_rec(&r, kernels_fields, CODEC_NFIELDS(kernels_fields), m);
-  return codec_r_finish(&r);
-}
-
-static bool kernels_build_ok(const char *s) {
-  if (strlen(s) != 64)
-    return false;
-  for (; *s != '\0'; s++)
-    if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f')))
-      return false;
-  return true;
-}
-
-int proto_encode_kernels_ok(struct proto_buf *b, const struct dep_msg_kernels_ok *m) {
-  if (!kernels_build_ok(m->build) || m->bytes == 0 || m->bytes > DEP_KERNELS_MAX_BYTES)
-    return DEP_ERR_INVALID;
-  struct codec_w w;
-  codec_w_init(&w, b);
-  codec_w_rec(&w, kernels_ok_fields, CODEC_NFIELDS(kernels_ok_fields), m);
-  return codec_w_finish(&w);
-}
-
-int proto_decode_kernels_ok(const uint8_t *p, size_t len, struct dep_msg_kernels_ok *m) {
-  struct codec_r r;
-  codec_r_init(&r, p, len);
-  memset(m, 0, sizeof *m);
-  codec_r_rec(&r, kernels_ok_fields, CODEC_NFIELDS(kernels_ok_fields), m);
-  int rc = codec_r_finish(&r);
-  if (rc == 0 && (!kernels_build_ok(m->build) || m->bytes == 0 || m->bytes > DEP_KERNELS_MAX_BYTES))
-    rc = DEP_ERR_PROTOCOL;
-  return rc;
-}
-
 /* ---- TUNE, TUNE_OK -------------------------------------------------------------- */
 
 static const struct codec_field tune_fields[] = {
@@ -181,41 +128,38 @@ static const struct codec_field tune_ok_fields[] = {
     CODEC_U32(struct dep_msg_tune_ok, how), /* 1..DEP_TUNE_HOW_MAX */
 };
 
-int proto_encode_tune(struct proto_buf *b, const struct dep_msg_tune *m) {
-  struct codec_w w;
-  codec_w_init(&w, b);
-  codec_w_rec(&w, tune_fields, CODEC_NFIELDS(tune_fields), m);
-  return codec_w_finish(&w);
+/* ---- their checks and codecs ------------------------------------------------------ */
+
+static bool kernels_build_ok(const char *s) {
+  if (strlen(s) != 64)
+    return false;
+  for (; *s != '\0'; s++)
+    if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f')))
+      return false;
+  return true;
 }
 
-int proto_decode_tune(const uint8_t *p, size_t len, struct dep_msg_tune *m) {
-  struct codec_r r;
-  codec_r_init(&r, p, len);
-  codec_r_rec(&r, tune_fields, CODEC_NFIELDS(tune_fields), m);
-  int rc = codec_r_finish(&r);
-  if (rc == 0 && (m->sms < 1 || m->sms > DEP_TUNE_MAX_SMS))
-    rc = DEP_ERR_PROTOCOL;
-  return rc;
+static bool kernels_ok_check(const void *rec) {
+  const struct dep_msg_kernels_ok *m = rec;
+  return kernels_build_ok(m->build) && m->bytes > 0 && m->bytes <= DEP_KERNELS_MAX_BYTES;
 }
 
-int proto_encode_tune_ok(struct proto_buf *b, const struct dep_msg_tune_ok *m) {
-  if (m->how < 1 || m->how > DEP_TUNE_HOW_MAX)
-    return DEP_ERR_INVALID;
-  struct codec_w w;
-  codec_w_init(&w, b);
-  codec_w_rec(&w, tune_ok_fields, CODEC_NFIELDS(tune_ok_fields), m);
-  return codec_w_finish(&w);
+/* The daemon checks the SMs a rank asks with (the decoder); a TUNE_OK's how
+ * is checked on both sides. */
+static bool tune_check(const void *rec) {
+  const struct dep_msg_tune *m = rec;
+  return m->sms >= 1 && m->sms <= DEP_TUNE_MAX_SMS;
+}
+static bool tune_ok_check(const void *rec) {
+  const struct dep_msg_tune_ok *m = rec;
+  return m->how >= 1 && m->how <= DEP_TUNE_HOW_MAX;
 }
 
-int proto_decode_tune_ok(const uint8_t *p, size_t len, struct dep_msg_tune_ok *m) {
-  struct codec_r r;
-  codec_r_init(&r, p, len);
-  codec_r_rec(&r, tune_ok_fields, CODEC_NFIELDS(tune_ok_fields), m);
-  int rc = codec_r_finish(&r);
-  if (rc == 0 && (m->how < 1 || m->how > DEP_TUNE_HOW_MAX))
-    rc = DEP_ERR_PROTOCOL;
-  return rc;
-}
+CODEC_BODY(kernels, struct dep_msg_kernels, kernels_fields, NULL, NULL)
+CODEC_BODY(kernels_ok, struct dep_msg_kernels_ok, kernels_ok_fields, kernels_ok_check,
+           kernels_ok_check)
+CODEC_BODY(tune, struct dep_msg_tune, tune_fields, NULL, tune_check)
+CODEC_BODY(tune_ok, struct dep_msg_tune_ok, tune_ok_fields, tune_ok_check, tune_ok_check)
 
 const char *proto_tune_how_name(uint32_t how) {
   static const char *const names[DEP_TUNE_HOW_MAX + 1] = {

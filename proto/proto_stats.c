@@ -72,33 +72,11 @@ static const struct codec_field client_record[] = {
 };
 #undef CLIENT_F
 
-int proto_encode_lend_ok(struct proto_buf *b, const struct dep_msg_lend_ok *m) {
-  struct codec_w w;
-  codec_w_init(&w, b);
-  codec_w_rec(&w, lend_ok_fields, CODEC_NFIELDS(lend_ok_fields), m);
-  return codec_w_finish(&w);
-}
-
-int proto_decode_lend_ok(const uint8_t *p, size_t len, struct dep_msg_lend_ok *m) {
-  struct codec_r r;
-  codec_r_init(&r, p, len);
-  codec_r_rec(&r, lend_ok_fields, CODEC_NFIELDS(lend_ok_fields), m);
-  return codec_r_finish(&r);
-}
-
-int proto_encode_stats_req(struct proto_buf *b, const struct dep_msg_stats_req *m) {
-  struct codec_w w;
-  codec_w_init(&w, b);
-  codec_w_str(&w, m->job_id, sizeof m->job_id);
-  return codec_w_finish(&w);
-}
-
-int proto_decode_stats_req(const uint8_t *p, size_t len, struct dep_msg_stats_req *m) {
-  struct codec_r r;
-  codec_r_init(&r, p, len);
-  codec_r_str(&r, m->job_id, sizeof m->job_id);
-  return codec_r_finish(&r);
-}
+static const struct codec_field stats_req_fields[] = {
+    CODEC_STR(struct dep_msg_stats_req, job_id), /* "" for every job */
+};
+CODEC_BODY(lend_ok, struct dep_msg_lend_ok, lend_ok_fields, NULL, NULL)
+CODEC_BODY(stats_req, struct dep_msg_stats_req, stats_req_fields, NULL, NULL)
 
 int proto_encode_stats_rank(struct proto_buf *b, const struct dep_msg_stats_rank *m) {
   if (m->n_recent > DEP_STATS_WIRE_LAYOUTS || m->recent_world > DEP_MAX_LOCAL_RANKS)

@@ -1277,6 +1277,58 @@ START_TEST(a_data_connection_must_prove_the_peer_key_not_just_name_a_token) {
 }
 END_TEST
 
+/*
+ * The socket of a data connection is the data path's from the DATA_HELLO
+ * on: what the peer sends right behind that frame is the receiver's to
+ * read, not the peer link's to discard as it closes.  Here a proof (a
+ * wrong one) rides in the same write as the DATA_HELLO, so it is in the
+ * socket before the link closes: the receiver must read it as the proof
+ * and refuse it.  Before, the closing link drained it, and the receiver
+ * waited XFER_CONNECT_MS for a proof that never came (under load, a real
+ * peer's proof could be eaten the same way and its connection refused).
+ */
+START_TEST(bytes_right_behind_a_data_hello_reach_the_data_path) {
+  struct fp f;
+  fp_start(&f);
+  struct proto_buf b;
+  proto_buf_init(&b);
+  struct dep_peer_msg m = {.type = DEP_PEER_DATA_HELLO};
+  memcpy(m.u.data_hello.token, f.tok[0], DEP_PEER_TOKEN_LEN);
+  m.u.data_hello.listen_port = (uint16_t)f.fport;
+  struct proto_buf inner;
+  proto_buf_init(&inner);
+  ck_assert_int_eq(peer_proto_encode(&inner, &m), 0);
+  struct dep_msg_opaque o = {.data = inner.data, .len = inner.len};
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_PEER, 0, 0, &o), 0);
+  uint8_t out[1024];
+  ck_assert_uint_le(b.len + DEP_XFER_MAC_LEN, sizeof out);
+  memcpy(out, b.data, b.len);
+  memset(out + b.len, 0x5a, DEP_XFER_MAC_LEN); /* a proof without the key */
+  const size_t n = b.len + DEP_XFER_MAC_LEN;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f.dport)};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  ck_assert_int_eq(dw_send_all(fd, out, n), 0);
+  proto_buf_free(&inner);
+  proto_buf_free(&b);
+  /* The challenge, then the refusal of that proof: no acknowledgement. */
+  struct timeval tv = {.tv_sec = 10}; /* a ceiling: the old code's wait was 3 s */
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  struct dep_xfer_challenge ch;
+  ck_assert_int_eq(recv(fd, &ch, sizeof ch, MSG_WAITALL), (ssize_t)sizeof ch);
+  ck_assert_uint_eq(ch.magic, DEP_XFER_MAGIC);
+  struct dep_xfer_ack ack;
+  ck_assert_int_le(recv(fd, &ack, sizeof ack, MSG_WAITALL), 0);
+  ck_assert_msg(dw_log_has(&f.d, "did not prove the peer key are refused", 5000),
+                "the proof sent behind the DATA_HELLO was not read as one");
+  ck_assert_msg(!log_has(&f.d, "no proof of the peer key came"),
+                "the proof sent behind the DATA_HELLO was discarded");
+  close(fd);
+  fp_stop(&f);
+}
+END_TEST
+
 /* The next message of type want on the fake's link within 5 s (a ceiling
  * for replies the daemon sends at once), answering keep-alives meanwhile;
  * -1 when none comes or the link closes. */
@@ -1520,6 +1572,7 @@ Suite *peers_suite(void) {
   tc = tcase_create("data");
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, a_data_connection_must_prove_the_peer_key_not_just_name_a_token);
+  tcase_add_test(tc, bytes_right_behind_a_data_hello_reach_the_data_path);
   tcase_add_test(tc, an_unknown_type_from_an_authenticated_peer_leaves_the_link_up);
   tcase_add_test(tc, a_data_stream_outside_the_version_window_is_refused_naming_both);
   tcase_add_test(tc, a_flood_of_data_offers_starts_a_bounded_number_of_threads);

@@ -816,6 +816,50 @@ START_TEST(test_a_malformed_frame_of_an_unknown_type_closes_the_connection) {
 }
 END_TEST
 
+/* Every known type, as a client's frame on a greeted connection: a reply or
+ * a daemon's message is refused, a request's body is checked before
+ * anything else (an empty one must be empty, any other must decode), each
+ * with its own words and the connection closed.  The classes are written
+ * out here, apart from proto.h's DEP_MSG_MAP, so that the table cannot
+ * change what the daemon does unnoticed. */
+START_TEST(test_each_type_from_a_client_is_checked_as_it_always_was) {
+  static const char *const empty_requests[] = {"STATUS", "DETACH", "RELOAD", "PEERS",
+                                               "JOB_NODES", "STATS_LEND", "CLIENTS",
+                                               "XRING_LEND"};
+  static const char *const body_requests[] = {"HELLO", "ATTACH", "DRAIN", "STATS", "KERNELS",
+                                              "TUNE"};
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  int requests = 0;
+  for (uint16_t t = 1; t < DEP_MSG_TYPE_MAX_; t++) {
+    const char *name = proto_type_name(t);
+    bool empty = false, body = false;
+    for (size_t i = 0; i < sizeof empty_requests / sizeof *empty_requests; i++)
+      empty |= strcmp(name, empty_requests[i]) == 0;
+    for (size_t i = 0; i < sizeof body_requests / sizeof *body_requests; i++)
+      body |= strcmp(name, body_requests[i]) == 0;
+    /* Three bytes: a body where none belongs, and too short for any request's. */
+    const uint8_t junk[3] = {0, 0, 0};
+    int fd = dw_client(&d);
+    send_raw_frame(fd, DEP_PROTO_VERSION, t, 40 + t, junk, empty || body ? sizeof junk : 0);
+    char msg[DEP_MSG_TEXT_MAX], want[96];
+    dw_expect_error(fd, DEP_ERR_PROTOCOL, msg, sizeof msg);
+    if (empty)
+      dw_sfmt(want, sizeof want, "%s carries no body, got 3 bytes", name);
+    else if (body)
+      dw_sfmt(want, sizeof want, "malformed %s body (3 bytes)", name);
+    else
+      dw_sfmt(want, sizeof want, "clients may not send %s frames", name);
+    assert_says(msg, want);
+    dw_expect_eof(fd);
+    close(fd);
+    requests += empty || body;
+  }
+  ck_assert_int_eq(requests, 14); /* every request above is a known type */
+  dw_stop_ok(&d);
+}
+END_TEST
+
 /* A HELLO below or above the window (proto.h) is refused naming the window
  * and the client's version, and the refusal of a frame of another version
  * carries that version in its header, so the far end can read it. */
@@ -889,7 +933,8 @@ Suite *server_suite(void) {
       {"protocol",
        {test_an_unknown_request_type_is_answered_and_the_connection_stays,
         test_a_malformed_frame_of_an_unknown_type_closes_the_connection,
-        test_versions_outside_the_window_are_refused_naming_both, NULL}},
+        test_versions_outside_the_window_are_refused_naming_both,
+        test_each_type_from_a_client_is_checked_as_it_always_was, NULL}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     TCase *tc = tcase_create(cases[i].name);
