@@ -382,8 +382,8 @@ int host_ops__post_all(struct ops_ctx *c, const uint32_t *rows, uint32_t op, uin
   return 0;
 }
 
-int host_ops__timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t seen,
-                           uint64_t waited_ns) {
+void host_ops__record_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t seen,
+                           uint64_t waited_ns, int32_t code) {
   struct ops_err_record *er = (struct ops_err_record *)c->slabs[c->rank];
   er->op = op & ~OPS_OP_FP8;
   er->rank = c->rank;
@@ -391,8 +391,13 @@ int host_ops__timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_
   er->seq = c->seq;
   er->seen_flag = seen;
   er->waited_ms = (uint32_t)(waited_ns / 1000000u);
-  atomic_store_explicit(&er->code, DEP_ERR_TIMEOUT, memory_order_release);
+  atomic_store_explicit(&er->code, code, memory_order_release);
   c->broken = 1;
+}
+
+int host_ops__timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t seen,
+                           uint64_t waited_ns) {
+  host_ops__record_fail(c, op, src, seen, waited_ns, DEP_ERR_TIMEOUT);
   return set_why(c, DEP_ERR_TIMEOUT, "timeout in %s waiting for rank %u (call %llu, %u ms): that "
                  "rank did not make the same call%s; check that every rank runs the same sequence "
                  "of operations and is alive", host_ops_op_name(op), src,
@@ -437,16 +442,8 @@ int host_ops__peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t w
    * it with acquire: the words stored before it are visible here. */
   uint32_t gone = ab->rank, pid = ab->pid, detached = ab->detached;
   const int daemon = detached == DEP_SLAB_GONE_DAEMON;
-  struct ops_err_record *er = (struct ops_err_record *)c->slabs[c->rank];
-  er->op = op & ~OPS_OP_FP8;
-  er->rank = c->rank;
-  er->source = daemon ? src : gone;
-  er->seq = c->seq;
-  er->seen_flag = OPS_ERR_GONE(pid, detached);
-  er->waited_ms = (uint32_t)(waited_ns / 1000000u);
-  atomic_store_explicit(&er->code, daemon ? DEP_ERR_DAEMON_GONE : DEP_ERR_PEER,
-                        memory_order_release);
-  c->broken = 1;
+  host_ops__record_fail(c, op, daemon ? src : gone, OPS_ERR_GONE(pid, detached), waited_ns,
+                        daemon ? DEP_ERR_DAEMON_GONE : DEP_ERR_PEER);
   if (daemon)
     return set_why(c, DEP_ERR_DAEMON_GONE, "%s (call %llu, waiting for rank %u): "
                    OPS_DAEMON_GONE_WHY, host_ops_op_name(op), (unsigned long long)c->seq, src);
@@ -488,15 +485,7 @@ void host_ops_daemon_gone(struct ops_ctx *c, int slabs_on_host) {
  * and the context broken, since dest will not get this call.
  */
 static int ring_fail(struct ops_ctx *c, uint32_t op, uint32_t dest, int code, uint64_t waited_ns) {
-  struct ops_err_record *er = (struct ops_err_record *)c->slabs[c->rank];
-  er->op = op & ~OPS_OP_FP8;
-  er->rank = c->rank;
-  er->source = dest;
-  er->seq = c->seq;
-  er->seen_flag = 0;
-  er->waited_ms = (uint32_t)(waited_ns / 1000000u);
-  atomic_store_explicit(&er->code, code, memory_order_release);
-  c->broken = 1;
+  host_ops__record_fail(c, op, dest, 0, waited_ns, code);
   if (code == DEP_ERR_TIMEOUT)
     return set_why(c, code, "%s: the proxy's ring stayed full for %u ms (call %llu, for rank %u "
                    "on another node); the daemon's proxy is stuck or its link to that node is "

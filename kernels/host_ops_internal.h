@@ -120,6 +120,10 @@ int host_ops__post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op,
                    uint32_t num_tokens, uint64_t bytes);
 /* Whether a gone rank (the abort words) fails a wait of this call for src. */
 int host_ops__aborted(const struct ops_ctx *c, unsigned parity, uint32_t src);
+/* Record a failed wait for src in this rank's error record (host_ops.h), code
+ * last with release ordering, and break the context: the ranks are out of step. */
+void host_ops__record_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t seen,
+                           uint64_t waited_ns, int32_t code);
 /* Fail the call: a gone rank (the abort words) or the op timeout, waiting for src. */
 int host_ops__peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t waited_ns);
 int host_ops__timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t seen,

@@ -168,15 +168,7 @@ static int peer_stopped(struct ops_ctx *c, const struct ops_stream *s, uint32_t 
   struct ops_err_record theirs;
   host_ops_err_read(c->slabs[r], &theirs);
   const int32_t code = atomic_load_explicit(&theirs.code, memory_order_relaxed);
-  struct ops_err_record *er = (struct ops_err_record *)c->slabs[c->rank];
-  er->op = s->op & ~OPS_OP_FP8;
-  er->rank = c->rank;
-  er->source = r;
-  er->seq = c->seq;
-  er->seen_flag = 0;
-  er->waited_ms = (uint32_t)(waited_ns / 1000000u);
-  atomic_store_explicit(&er->code, DEP_ERR_PEER, memory_order_release);
-  c->broken = 1;
+  host_ops__record_fail(c, s->op, r, 0, waited_ns, DEP_ERR_PEER);
   return set_why(c, DEP_ERR_PEER, "%s (call %llu): rank %u stopped in call %llu with %s "
                  "(waiting for rank %u there): the job cannot go on; restart it",
                  host_ops_op_name(s->op), (unsigned long long)c->seq, r,
