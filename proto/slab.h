@@ -10,13 +10,14 @@
  *           (2) and each source rank (world_size) one 64-byte slot holding
  *           the source's sequence flag and row count for that call.
  *   data    for each parity, for each source rank, one block of
- *           block_bytes: what that source pushed in a call of that parity.
+ *           block_bytes: what that source pushed in a call of that parity
+ *           (a channel, when the job streams: below).
  *   priv    4 KiB-aligned, last: the rank's own scratch, which no peer
  *           reads or writes.  The cuda library keeps its operation state,
  *           its FP8 staging rows, its warm-up's world of one and the
  *           warm-up's handle there, rather than allocating them at every
- *           attach (a cuMemAlloc cost each of 8 ranks attaching at once
- *           0.75 ms; BENCHMARKS.md).
+ *           attach, where a cuMemAlloc per rank is a large part of the
+ *           attach (BENCHMARKS.md).  dep__slab_priv carves it.
  *
  * A rank of a job that spans nodes has, beside its slab, an exchange
  * region in host memory: the memfd of its ring to the daemon's proxy
