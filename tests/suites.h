@@ -41,5 +41,6 @@
   XX(metrics)               \
   XX(doctor)                \
   XX(runner)                \
+  XX(bench)                 \
   XX(readme)
 #endif
