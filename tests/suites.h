@@ -42,5 +42,6 @@
   XX(doctor)                \
   XX(runner)                \
   XX(bench)                 \
+  XX(man)                   \
   XX(readme)
 #endif
