@@ -124,8 +124,10 @@ else
 $(info deepepd: nvcc not found at $(NVCC); building the host-only library (set CUDA_HOME to enable CUDA kernels))
 endif
 
-# The version is deepep.h's (DEP_VERSION_STRING); the library's file, the .pc,
-# the installed man pages and the Python package take it from there.
+# The version is deepep.h's (DEP_VERSION_STRING); the library's file, the .pc
+# and the Python package take it from there.  The man pages carry it in their
+# .TH lines in the tree, so that `man -l man/deepepd.8` shows it too; the man
+# suite holds those to this one.
 VERSION  := $(shell sed -n 's/^\#define DEP_VERSION_STRING "\(.*\)"/\1/p' client/deepep.h)
 SONAME   := libdeepep-client.so.$(firstword $(subst ., ,$(VERSION)))
 LIB_SO   := $(BUILD)/libdeepep-client.so.$(VERSION)
@@ -136,7 +138,7 @@ TESTS    := $(BUILD)/check_deepepd
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 .PHONY: all check check-python check-rdma check-gpu asan tsan fuzz deps run install uninstall deb clean \
-        verify-unit
+        verify-unit lint-man
 all: $(DAEMON) $(CTL) $(LIB_SO) $(BUILD)/libdeepep-client.so $(LIB_A) $(BUILD)/deepep-client.pc $(BENCHES)
 
 $(BUILD)/obj/%.o: %.c
@@ -285,9 +287,11 @@ run: all
 	@echo "deepepd: in another shell: $(CTL) -s run/deepepd.sock status"
 	exec $(DAEMON) --backend host --socket run/deepepd.sock
 
-# Each exported function (the version script's list) gets a man3 page that
-# is deepep(3), so that `man dep_dispatch` finds it.
+# Each exported function (the version script's list) and each function-like
+# macro of deepep.h (dep_status) gets a man3 page that is deepep(3), so that
+# `man dep_dispatch` and `man dep_status` find it.
 EXPORTED = $(shell sed -n 's/^ *\(dep_[a-z0-9_]*\);$$/\1/p' client/libdeepep-client.map)
+MAN3_LINKS = $(EXPORTED) $(shell sed -n 's/^\#define \(dep_[a-z0-9_]*\)[^a-z0-9_ ].*/\1/p' client/deepep.h)
 
 install: all
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
@@ -308,10 +312,9 @@ install: all
 	install -m 0644 systemd/deepepd.tmpfiles $(DESTDIR)$(TMPFILESDIR)/deepepd.conf
 	test -e $(DESTDIR)$(SYSCONFDIR)/deepepd/deepepd.yaml || \
 	  install -m 0644 config/deepepd.yaml $(DESTDIR)$(SYSCONFDIR)/deepepd/deepepd.yaml
-	for m in man/*.[1-8]; do [ -e "$$m" ] || continue; s=$${m##*.}; \
-	  sed 's|@VERSION@|$(VERSION)|g' $$m > $(DESTDIR)$(MANDIR)/man$$s/$${m##*/}; \
-	  chmod 0644 $(DESTDIR)$(MANDIR)/man$$s/$${m##*/}; done
-	for f in $(EXPORTED); do echo '.so man3/deepep.3' > $(DESTDIR)$(MANDIR)/man3/$$f.3; \
+	for m in man/*.[1-8]; do [ -e "$$m" ] || continue; \
+	  install -m 0644 $$m $(DESTDIR)$(MANDIR)/man$${m##*.}/$${m##*/}; done
+	for f in $(MAN3_LINKS); do echo '.so man3/deepep.3' > $(DESTDIR)$(MANDIR)/man3/$$f.3; \
 	  chmod 0644 $(DESTDIR)$(MANDIR)/man3/$$f.3; done
 
 # Every file install writes, with the same PREFIX and DESTDIR.  The config is
@@ -326,7 +329,7 @@ uninstall:
 	  $(DESTDIR)$(TMPFILESDIR)/deepepd.conf
 	for m in man/*.[1-8]; do [ -e "$$m" ] || continue; \
 	  rm -f $(DESTDIR)$(MANDIR)/man$${m##*.}/$${m##*/}; done
-	for f in $(EXPORTED); do rm -f $(DESTDIR)$(MANDIR)/man3/$$f.3; done
+	for f in $(MAN3_LINKS); do rm -f $(DESTDIR)$(MANDIR)/man3/$$f.3; done
 	if cmp -s config/deepepd.yaml $(DESTDIR)$(SYSCONFDIR)/deepepd/deepepd.yaml; then \
 	  rm -f $(DESTDIR)$(SYSCONFDIR)/deepepd/deepepd.yaml; \
 	  rmdir $(DESTDIR)$(SYSCONFDIR)/deepepd 2>/dev/null || true; \
@@ -370,6 +373,24 @@ verify-unit: $(DAEMON)
 	echo "$$sec" | tail -n 1; \
 	if [ $$rc -ne 0 ]; then echo "verify-unit: FAIL: deepepd.service's exposure is over $(UNIT_EXPOSURE_MAX)"; exit 1; fi; \
 	echo "verify-unit: deepepd.service OK (systemd-analyze verify; exposure at most $(UNIT_EXPOSURE_MAX))"
+
+# Every man page rendered as a reader gets it, and linted.  mandoc -T lint
+# fails on WARNING and above (a date it cannot parse, a bad macro or
+# argument, text a formatter would drop); its STYLE notes are accepted: the
+# one the pages draw is "input text line longer than 80 bytes", a property
+# of the source, which is reflowed when rendered.  man -l (groff through
+# man-db, as `man` shows the installed page) must render with no warning.
+lint-man:
+	@command -v mandoc >/dev/null 2>&1 || \
+	  { echo "lint-man: mandoc not found (Debian package mandoc; make deps installs it)"; exit 1; }
+	@command -v man >/dev/null 2>&1 || \
+	  { echo "lint-man: man not found (Debian package man-db; make deps installs it)"; exit 1; }
+	@for m in man/*.[1-8]; do \
+	  out=$$(mandoc -T lint -W warning "$$m" 2>&1) || { echo "$$out"; \
+	    echo "lint-man: FAIL: mandoc -T lint: $$m"; exit 1; }; \
+	  out=$$(MANWIDTH=80 man --warnings -l "$$m" 2>&1 >/dev/null); \
+	  [ -z "$$out" ] || { echo "$$out"; echo "lint-man: FAIL: man -l warns about $$m"; exit 1; }; \
+	  echo "lint-man: $$m OK"; done
 
 clean:
 	rm -rf build build-asan build-tsan

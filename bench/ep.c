@@ -3,7 +3,7 @@
  * public API only (deepep.h), plus the CUDA driver seam for the caller's
  * own device buffers, streams and events on the cuda backend.
  *
- *   ep -s SOCKET[,SOCKET...] [-S SOCKET_NO_WARMUP] [-n 2,4,8] [-m processes,threads] [-g GPUS]
+ *   ep -s SOCKET[,SOCKET...] [-S SOCKET_NO_WARMUP] [-n COUNTS] [-m processes,threads] [-g GPUS]
  *      [-c CALLS] [-w WARMUP] [-r COPY_REPS] [-t TOKENS] [-l LL_TOKENS] [-H HIDDEN]
  *      [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-p tp,ll,ll8]
  *
@@ -93,9 +93,34 @@
 const char *const op_name[NOPS] = {"dispatch",    "combine",         "ll_dispatch",
                                    "ll_combine",  "ll_dispatch_fp8", "ll_combine_fp8"};
 
+/*
+ * What a run does when an option is not given, per backend (the daemon's,
+ * asked before anything runs).  The cuda defaults are one layer of a
+ * DeepSeek-V3-sized model (-t/-H/-e/-k) over up to 8 ranks; run on the host
+ * backend, where every byte is a memcpy on the CPU, they take minutes on a
+ * small machine, so the host defaults are a smaller layer and fewer calls,
+ * sized so that a default run against one or two host daemons finishes in
+ * well under a minute on 2 cores.  Given options win on either backend.
+ */
+struct ep_defaults {
+  const char *backend;
+  const char *counts; /* -n */
+  int calls, warm, reps;
+  struct dep_job_shape shape;
+};
+static const struct ep_defaults ep_defaults[] = {
+    {.backend = "cuda", .counts = "2,4,8", .calls = 200, .warm = 5, .reps = 20,
+     .shape = {.max_tokens_per_rank = 4096, .hidden = 7168, .num_experts = 256, .topk = 8,
+               .max_ll_tokens_per_rank = 128}},
+    {.backend = "host", .counts = "2,4", .calls = 50, .warm = 3, .reps = 10,
+     .shape = {.max_tokens_per_rank = 512, .hidden = 2048, .num_experts = 64, .topk = 8,
+               .max_ll_tokens_per_rank = 64}},
+};
+#define N_DEFAULTS (sizeof ep_defaults / sizeof ep_defaults[0])
+
 static void usage(void) {
   fprintf(stderr,
-          "usage: ep -s SOCKET[,SOCKET...] [-S SOCKET_NO_WARMUP] [-n 2,4,8] [-m processes,threads]\n"
+          "usage: ep -s SOCKET[,SOCKET...] [-S SOCKET_NO_WARMUP] [-n COUNTS] [-m processes,threads]\n"
           "          [-g GPUS]\n"
           "          [-c CALLS] [-w WARMUP] [-r COPY_REPS] [-t TOKENS] [-l LL_TOKENS] [-H HIDDEN]\n"
           "          [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-T] [-P N] [-p PAIRS]\n"
@@ -103,12 +128,12 @@ static void usage(void) {
           "      comma-separated: one daemon per node, peers of each other, the ranks spread\n"
           "      over them in equal blocks (rank counts divisible by the nodes; no -S)\n"
           "  -S  a second deepepd with kernel_warmup: false: time its first calls too\n"
-          "  -n  rank counts (default 2,4,8)        -m  modes (default processes,threads)\n"
+          "  -n  rank counts                        -m  modes (default processes,threads)\n"
           "  -g  spread the ranks over GPUS GPUs, rank r on GPU r %% GPUS (default 1: all on\n"
           "      GPU 0; 0: every visible GPU); with 2 or more the ceiling is the peer copy,\n"
           "      and GPU 0 -> GPU 1 peer copy figures are printed once\n"
-          "  -c  timed calls per op (default 200)   -w  untimed warm-up pairs (default 5)\n"
-          "  -r  copy-ceiling reps (default 20)     -o  append every raw time to a CSV file\n"
+          "  -c  timed calls per op                 -w  untimed warm-up pairs\n"
+          "  -r  copy-ceiling reps                  -o  append every raw time to a CSV file\n"
           "  -F  attach and time the first calls only (e.g. against a kernel_warmup: false daemon)\n"
           "  -T  rewrite each op's outputs just before its first call (cuda): the first call\n"
           "      then meets the caller's buffers as recently used ones, so first/med is the\n"
@@ -118,7 +143,15 @@ static void usage(void) {
           "      call of every op is timed either way\n"
           "  -P  N worlds with the stats page off and N on, alternating: per op the median of\n"
           "      each and what writing the page costs ($DEEPEP_STATS=0 turns it off)\n"
-          "  shape: -t 4096 tokens, -l 128 low-latency tokens, -H 7168, -e 256, -k 8\n");
+          "  -t/-l/-H/-e/-k  the shape: tokens, low-latency tokens, hidden, experts, top-k\n"
+          "defaults by the daemon's backend (the host's finish in seconds on a few cores):\n");
+  for (size_t i = 0; i < N_DEFAULTS; i++) {
+    const struct ep_defaults *d = &ep_defaults[i];
+    fprintf(stderr, "  %-4s -n %s -c %d -w %d -r %d -t %u -l %u -H %u -e %u -k %u\n", d->backend,
+            d->counts, d->calls, d->warm, d->reps, d->shape.max_tokens_per_rank,
+            d->shape.max_ll_tokens_per_rank, d->shape.hidden, d->shape.num_experts,
+            d->shape.topk);
+  }
   exit(2);
 }
 
@@ -300,28 +333,37 @@ static void report(const struct opts *o, const char *be, int n, const char *mode
   fflush(stdout);
 }
 
-static void parse_args(int argc, char **argv, struct opts *o) {
-  const char *counts = "2,4,8", *modes = "processes,threads", *socks = NULL;
-  const char *pairs = "tp,ll,ll8";
+/* The options whose defaults are the backend's (struct ep_defaults), as given. */
+struct ep_given {
+  const char *n, *c, *w, *r, *t, *l, *H, *e, *k;
+};
+
+/*
+ * The options, but for those whose defaults depend on the backend: they are
+ * kept as given until the daemon has said its backend (settle_args).
+ */
+static void parse_args(int argc, char **argv, struct opts *o, struct ep_given *g,
+                       const char **pairs, const char **modes) {
+  const char *socks = NULL;
   int opt;
   while ((opt = getopt(argc, argv, "s:S:n:m:c:w:r:t:l:H:e:k:x:o:FTg:P:p:h")) != -1) {
     switch (opt) {
     case 's': socks = optarg; break;
     case 'S': o->sock_nowarm = optarg; break;
-    case 'n': counts = optarg; break;
-    case 'm': modes = optarg; break;
-    case 'c': o->calls = atoi(optarg); break;
-    case 'w': o->warm = atoi(optarg); break;
-    case 'r': o->reps = atoi(optarg); break;
-    case 't': o->shape.max_tokens_per_rank = (uint32_t)atoi(optarg); break;
-    case 'l': o->shape.max_ll_tokens_per_rank = (uint32_t)atoi(optarg); break;
-    case 'H': o->shape.hidden = (uint32_t)atoi(optarg); break;
-    case 'e': o->shape.num_experts = (uint32_t)atoi(optarg); break;
-    case 'k': o->shape.topk = (uint32_t)atoi(optarg); break;
+    case 'n': g->n = optarg; break;
+    case 'm': *modes = optarg; break;
+    case 'c': g->c = optarg; break;
+    case 'w': g->w = optarg; break;
+    case 'r': g->r = optarg; break;
+    case 't': g->t = optarg; break;
+    case 'l': g->l = optarg; break;
+    case 'H': g->H = optarg; break;
+    case 'e': g->e = optarg; break;
+    case 'k': g->k = optarg; break;
     case 'x': o->seed = strtoull(optarg, NULL, 10); break;
     case 'o': o->raw = optarg; break;
     case 'F': o->first_only = true; break;
-    case 'p': pairs = optarg; break;
+    case 'p': *pairs = optarg; break;
     case 'T': o->retouch = true; break;
     case 'g': o->gpus_want = atoi(optarg); break;
     case 'P': o->stats_pairs = atoi(optarg); break;
@@ -346,11 +388,41 @@ static void parse_args(int argc, char **argv, struct opts *o) {
   }
   if (o->nodes == 0)
     o->nodes = 1;
-  const struct dep_job_shape *sh = &o->shape;
-  /* The first rule an argument breaks, said before the usage. */
   const char *bad = o->sock == NULL ? "-s names no daemon socket"
                     : optind != argc ? "arguments after the options"
-                    : o->gpus_want < 0 ? "-g must be 0 or more"
+                                     : NULL;
+  if (bad != NULL) {
+    fprintf(stderr, "ep: %s\n", bad);
+    usage();
+  }
+}
+
+/* The given options over the backend's defaults, checked. */
+static void settle_args(struct opts *o, const struct ep_given *g, const char *pairs,
+                        const char *modes, const char *backend) {
+  const struct ep_defaults *d = &ep_defaults[0]; /* a backend not in the table: the GPU's */
+  for (size_t i = 0; i < N_DEFAULTS; i++)
+    if (strcmp(ep_defaults[i].backend, backend) == 0)
+      d = &ep_defaults[i];
+  const char *counts = g->n ? g->n : d->counts;
+  o->calls = g->c ? atoi(g->c) : d->calls;
+  o->warm = g->w ? atoi(g->w) : d->warm;
+  o->reps = g->r ? atoi(g->r) : d->reps;
+  struct dep_job_shape *sh = &o->shape;
+  *sh = d->shape;
+  sh->dtype = DEP_DTYPE_BF16;
+  if (g->t)
+    sh->max_tokens_per_rank = (uint32_t)atoi(g->t);
+  if (g->l)
+    sh->max_ll_tokens_per_rank = (uint32_t)atoi(g->l);
+  if (g->H)
+    sh->hidden = (uint32_t)atoi(g->H);
+  if (g->e)
+    sh->num_experts = (uint32_t)atoi(g->e);
+  if (g->k)
+    sh->topk = (uint32_t)atoi(g->k);
+  /* The first rule an argument breaks, said before the usage. */
+  const char *bad = o->gpus_want < 0 ? "-g must be 0 or more"
                     : o->calls < 1 || o->calls > MAX_CALLS ? "-c must be from 1 to the most calls"
                     : o->stats_pairs < 0 || o->stats_pairs > 100 ? "-P must be from 0 to 100"
                     : o->warm < 0 ? "-w must be 0 or more"
@@ -431,16 +503,15 @@ static int query_backend(const char *sock, char backend[8], char dev[64]) {
 }
 
 int main(int argc, char **argv) {
-  static struct opts o = {.calls = 200, .warm = 5, .reps = 20, .seed = 42, .gpus_want = 1,
-                          .gpus = 1,
-                          .shape = {.max_tokens_per_rank = 4096, .hidden = 7168,
-                                    .num_experts = 256, .topk = 8, .dtype = DEP_DTYPE_BF16,
-                                    .max_ll_tokens_per_rank = 128}};
-  parse_args(argc, argv, &o);
-  const struct dep_job_shape *sh = &o.shape;
+  static struct opts o = {.seed = 42, .gpus_want = 1, .gpus = 1};
+  struct ep_given given = {0};
+  const char *pairs = "tp,ll,ll8", *modes = "processes,threads";
+  parse_args(argc, argv, &o, &given, &pairs, &modes);
   char backend[8], dev[64];
   if (query_backend(o.sock, backend, dev) != 0)
     return 1;
+  settle_args(&o, &given, pairs, modes, backend);
+  const struct dep_job_shape *sh = &o.shape;
   bool cuda = strcmp(backend, "cuda") == 0;
   char why[256];
   if (cuda && (o.gpus = bench_gpus(o.gpus_want, why, sizeof why)) < 0) {

@@ -99,7 +99,7 @@ hostwarm_step() {
   done
   echo "== hostwarm: bench/ep, host backend, kernel_warmup true (-s) and false (-S)"
   timeout 150 "$B"/bench/ep -s "$D/on.sock" -S "$D/off.sock" -n 2,4,8 -m processes -c 100 \
-    -t ${HW_TOKENS:-256} 2>&1 | tee "$OUTD/hostwarm-ep.txt"
+    -t ${HW_TOKENS:-256} -l 128 -H 7168 -e 256 -k 8 -w 5 -r 20 2>&1 | tee "$OUTD/hostwarm-ep.txt"
   pkill -TERM -f "deepepd -c $D/"; sleep 1
   echo "== hostwarm step in $((SECONDS - t0)) s"
 }

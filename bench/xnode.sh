@@ -179,7 +179,7 @@ for t in $(printf '%s\n' $TOKENS $LL_TOKENS | sort -nu); do
   [[ -n ${want_ll[$t]:-} ]] && pairs=${pairs:+$pairs,}ll,ll8
   before=$TCP_LAST
   nice -n "$NICE" "$BUILD/bench/ep" -s "$SOCKS" -n "$NLIST" -m processes -t "$t" -l "$l" \
-    -H "$HIDDEN" -c "$CALLS" -w 5 -r 3 -p "$pairs" >"$DIR/ep-$t.txt" ||
+    -H "$HIDDEN" -e 256 -k 8 -c "$CALLS" -w 5 -r 3 -p "$pairs" >"$DIR/ep-$t.txt" ||
     { cat "$DIR/ep-$t.txt"; KEEP=1; die "ep -t $t failed (the daemons' logs: $DIR/n*.log)"; }
   # tokens, ll tokens, then ep's row: ranks mode op attach first med p99 MB GB/s rankGB/s
   # copy rkcopy frac first/med nowarm nowarm/med xB xGB/s rkxGB/s

@@ -882,7 +882,12 @@ int rdmaxp_init(uv_loop_t *loop, const struct config *cfg, const struct rdmaxp_e
                "to TCP, or fix the RDMA set-up)", R.why);
       return -1;
     }
-    log_info("rdma: %s: peer links use TCP", R.why);
+    /* With no device to open, the probe at start (rdmadrv_probe_log) says
+     * that peers use TCP, and why, in a line of its own: this one would say
+     * it a second time in other words.  Only a failure past the probe
+     * (devices that the connection manager cannot use) is news. */
+    if (rdmadrv_probe(NULL, 0) > 0)
+      log_info("rdma: %s: peer links use TCP", R.why);
     return 0;
   }
   R.active = true;

@@ -5,7 +5,7 @@
  * more devices without failing; where a library is absent (played by
  * $DEEPEPD_LIBIBVERBS / $DEEPEPD_LIBRDMACM naming a file that does not
  * exist) the seam says so, and a real daemon still starts, says why once
- * and answers STATUS.  The daemon links neither library.  An RDMA queue
+ * (peers configured or not) and answers STATUS.  The daemon links neither library.  An RDMA queue
  * pair's request, a data queue pair's or a link's, proves the peer key
  * (peerauth_rdma_proof, peerauth_qp_proof): the proof holds for its own
  * key, direction, token and version or mailbox only.
@@ -170,6 +170,46 @@ START_TEST(test_daemon_logs_the_rdma_devices_or_why_there_are_none) {
                   "%d devices (%s); log:\n%s", n, text, log);
   free(log);
   dw_stop_ok(&d);
+}
+END_TEST
+
+/*
+ * A daemon with a peer (transport auto) where RDMA cannot be had: the reason
+ * and "use TCP" are logged once at start.  The peer is a port nobody serves;
+ * it is only there so that the RDMA transport tries to open, as it does on a
+ * real node.
+ */
+#define PEER_YAML "peers: [{host: 127.0.0.1, port: 1}]\npeer_insecure: true\n"
+
+static void expect_tcp_said_once(const char *why) {
+  struct tu_daemon d;
+  dw_start(&d, PEER_YAML);
+  ck_assert(dw_log_has(&d, "peer daemons will use TCP", 2000));
+  char *log = tu_daemon_log(&d);
+  ck_assert_msg(count_of(log, "use TCP") == 1 && count_of(log, why) == 1,
+                "not said exactly once ('%s'):\n%s", why, log);
+  free(log);
+  dw_stop_ok(&d);
+}
+
+START_TEST(test_daemon_with_peers_says_once_that_they_use_tcp) {
+  /* No libibverbs (played by a path that does not exist). */
+  ck_assert_int_eq(setenv(RDMADRV_ENV_IBVERBS, ABSENT_IBVERBS, 1), 0);
+  expect_tcp_said_once(ABSENT_IBVERBS);
+  /* rdma-core installed, no device: what a machine without a NIC logs (the
+   * probe's reason, and the connection manager's "no RDMA devices" before). */
+  ck_assert_int_eq(unsetenv(RDMADRV_ENV_IBVERBS), 0);
+  char why[256];
+  if (rdmadrv_load(why, sizeof why) == NULL) {
+    tu_skip_part(__func__, "rdma-core cannot be loaded here (%s; make deps installs it)", why);
+    return;
+  }
+  if (rdmadrv_probe(why, sizeof why) > 0) {
+    tu_skip_part(__func__, "this machine has an RDMA device (%s): the no-device part needs "
+                           "one without", why);
+    return;
+  }
+  expect_tcp_said_once(why);
 }
 END_TEST
 
@@ -360,6 +400,7 @@ Suite *rdma_suite(void) {
   tcase_set_timeout(daemon, 60);
   tcase_add_test(daemon, test_daemon_without_libibverbs_starts_says_why_once_and_serves_status);
   tcase_add_test(daemon, test_daemon_logs_the_rdma_devices_or_why_there_are_none);
+  tcase_add_test(daemon, test_daemon_with_peers_says_once_that_they_use_tcp);
   tcase_add_test(daemon, test_daemon_links_neither_libibverbs_nor_librdmacm);
   TCase *nic = tcase_create("nicreg");
   suite_add_tcase(s, nic);

@@ -41,5 +41,7 @@
   XX(metrics)               \
   XX(doctor)                \
   XX(runner)                \
+  XX(bench)                 \
+  XX(man)                   \
   XX(readme)
 #endif
