@@ -31,8 +31,8 @@ static const char *drv_hint;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 
 /* Every row of the X-macro tables, at its version, into the field of its part. */
-#define RDMADRV_SYM(part, field, sym, ver, opt) {.name = #sym, .version = ver, .at = &drv.part.field, \
-                                                  .optional = opt},
+#define RDMADRV_SYM(part, field, sym, ver, opt)                                           \
+  {.name = #sym, .version = ver, .at = &drv.part.field, .optional = opt},
 #define RDMADRV_SYM_IBV(field, sym, ver, ret, params) RDMADRV_SYM(ibv, field, sym, ver, false)
 #define RDMADRV_SYM_IBV_OPT(field, sym, ver, ret, params) RDMADRV_SYM(ibv, field, sym, ver, true)
 #define RDMADRV_SYM_CM(field, sym, ver, ret, params) RDMADRV_SYM(cm, field, sym, ver, false)
@@ -48,7 +48,7 @@ static bool drv_open(const char *env, const char *name, const char *package,
   if (override != NULL && override[0] != '\0')
     name = override;
   void *h;
-  char e[200];
+  char e[sizeof drv_why - 40]; /* room in drv_why for the words around it */
   int rc = dep_dl_load(name, syms, n, &h, e, sizeof e);
   if (rc == DEP_DL_OK)
     return true;
