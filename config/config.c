@@ -30,7 +30,6 @@
 #include "config_value.h"
 #include "deepep.h"
 
-#define DEFAULT_PORT 7470
 /* A config file is a page of text; anything this big is a mistake (or an attack). */
 #define CONFIG_FILE_MAX (1024 * 1024)
 /* %YAML and %TAG lines before the document (check_shape); a config file needs none. */
@@ -38,35 +37,7 @@
 
 void config_defaults(struct config *c) {
   memset(c, 0, sizeof *c);
-  snprintf(c->socket_path, sizeof c->socket_path, "%s", DEP_DEFAULT_SOCKET);
-  c->socket_mode = 0660;
-  c->allow_any_user = false;
-  c->backend = CONFIG_BACKEND_AUTO;
-  c->pool_size_per_device = 8 * GiB;
-  c->pool_chunk_size = 64 * MiB;
-  c->pool_max_allocation = 0; /* the daemon chooses (job.c) */
-  c->host_pool_size = 1 * GiB;
-  c->preallocation = true;
-  c->buffer_cache_enabled = true;
-  c->kernel_warmup = true;
-  snprintf(c->kernel_cache_dir, sizeof c->kernel_cache_dir, "%s", CONFIG_DEFAULT_KERNEL_CACHE_DIR);
-  c->warn_first_call_ratio = 3.0;
-  c->connection_pool_size = 24;
-  c->listen_port = DEFAULT_PORT;
-  c->peer_insecure = false;
-  c->peer_wait_ms = 10000;
-  c->transport = CONFIG_TRANSPORT_AUTO;
-  c->max_clients = 1024;
-  c->max_jobs = 64;
-  c->attach_timeout_ms = 30000;
-  c->op_timeout_ms = 10000;
-  c->client_queue_bytes = 4 * MiB;
-  c->hello_timeout_ms = 5000;
-  c->reserved_clients = 8;
-  c->max_clients_per_uid = 256;
-  c->max_jobs_per_uid = 16;
-  c->memory_per_uid = 0;
-  c->log_level = CONFIG_LOG_INFO;
+  config__defaults(config__root_keys, (char *)c);
 }
 
 int config_listen_split(const char *s, char *host, size_t hostlen, uint16_t *port, char *why,
@@ -307,7 +278,7 @@ static int take_peers(struct loader *L, const struct key *k, const yaml_node_t *
         return wrong_type(L, e, "a mapping {host, port}", epath);
       struct config_peer *p = (struct config_peer *)(void *)(base + k->off) + count;
       memset(p, 0, sizeof *p);
-      p->port = DEFAULT_PORT;
+      config__defaults(k->sub, (char *)p);
       int rc = apply_mapping(L, e, k->sub, (char *)p, epath);
       if (rc != 0)
         return rc;

@@ -1,10 +1,12 @@
 /*
  * config.h — deepepd's configuration (DESIGN §9): one typed struct, filled
- * with the documented defaults and then from a YAML file through libyaml.
+ * with the defaults and then from a YAML file through libyaml.
  *
- * The shipped config/deepepd.yaml documents every key; config_defaults()
- * and that file must agree (a test checks it).  Errors name the place:
- * "FILE:LINE:COLUMN: what is wrong".
+ * Each key's default is written once, in the key table (config_keys.c); the
+ * comments below say what a value means, not what it defaults to.  The
+ * shipped config/deepepd.yaml, deepepd.yaml(5) and README's table state
+ * the same defaults (tests/check_config.c holds them to the table).
+ * Errors name the place: "FILE:LINE:COLUMN: what is wrong".
  */
 #ifndef DEP_CONFIG_H
 #define DEP_CONFIG_H
@@ -42,77 +44,77 @@ enum config_transport { CONFIG_TRANSPORT_DEFAULT = 0, CONFIG_TRANSPORT_AUTO, CON
 struct config_peer {
   char host[256];
   uint16_t port;
-  enum config_transport transport; /* peers[i].transport, default: the top-level one */
+  enum config_transport transport; /* peers[i].transport; DEFAULT: the top-level one */
 };
 
 struct config {
   /* socket: */
-  char socket_path[CONFIG_PATH_MAX];  /* socket.path, default /run/deepepd/deepepd.sock */
-  uint32_t socket_mode;               /* socket.mode, default 0660 (YAML int, e.g. 0660 or "0660") */
-  char socket_group[CONFIG_NAME_MAX]; /* socket.group, default "" (daemon's group) */
+  char socket_path[CONFIG_PATH_MAX];  /* socket.path */
+  uint32_t socket_mode;               /* socket.mode (YAML int, e.g. 0660 or "0660") */
+  char socket_group[CONFIG_NAME_MAX]; /* socket.group; "": the daemon's group */
 
   /* allow: who may connect besides root and the daemon's own uid */
   size_t n_allow_users;
   char allow_users[CONFIG_MAX_LIST][CONFIG_NAME_MAX]; /* names or numeric uids */
   size_t n_allow_groups;
   char allow_groups[CONFIG_MAX_LIST][CONFIG_NAME_MAX];
-  bool allow_any_user;                /* allow.any_user, default false */
+  bool allow_any_user;                /* allow.any_user */
 
   /* memory */
-  enum config_backend backend;        /* backend: auto|cuda|host, default auto */
+  enum config_backend backend;        /* backend: auto|cuda|host */
   size_t n_devices;                   /* devices: [] = every GPU; else UUIDs ("GPU-..."/plain) */
   char devices[CONFIG_MAX_LIST][48];
-  uint64_t pool_size_per_device;      /* pool.size_per_device, default 8 GiB */
-  uint64_t pool_chunk_size;           /* pool.chunk_size, default 64 MiB */
-  uint64_t pool_max_allocation;       /* pool.max_allocation (an arena's pieces); 0, the default:
-                                         the daemon chooses (job.c) */
-  uint64_t host_pool_size;            /* pool.host_size, host backend pool, default 1 GiB */
-  bool preallocation;                 /* default true */
-  bool buffer_cache_enabled;          /* default true */
+  uint64_t pool_size_per_device;      /* pool.size_per_device */
+  uint64_t pool_chunk_size;           /* pool.chunk_size */
+  uint64_t pool_max_allocation;       /* pool.max_allocation (an arena's pieces); 0: the
+                                         daemon chooses (job.c) */
+  uint64_t host_pool_size;            /* pool.host_size, host backend pool */
+  bool preallocation;
+  bool buffer_cache_enabled;
 
   /* kernels */
-  bool kernel_warmup;                 /* default true: at start in the daemon, and at attach */
-  char kernel_cache_dir[256];         /* default CONFIG_DEFAULT_KERNEL_CACHE_DIR; "" for none */
-  bool adaptive_optimization;         /* default false: SM budgets chosen by measurement (tune.h) */
-  double warn_first_call_ratio;       /* default 3, 1.0..100: log a first call slower than this
-                                         x its op's steady median (daemon/stats.c) */
+  bool kernel_warmup;                 /* at start in the daemon, and at attach */
+  char kernel_cache_dir[256];         /* "" for none */
+  bool adaptive_optimization;         /* SM budgets chosen by measurement (tune.h) */
+  double warn_first_call_ratio;       /* 1.0..100: log a first call slower than this x its
+                                         op's steady median (daemon/stats.c) */
 
   /* peers */
-  uint32_t connection_pool_size;      /* default 24, 1..1024 */
-  uint32_t proxy_threads;             /* inter-node proxy threads; 0 (default): one per device */
-  uint32_t stream_chunk_rows;         /* default 0: whole blocks; N: the throughput ops stream
-                                         through rings of chunks of N rows (proto/slab.h) */
-  char listen_address[256];           /* listen.address, default "" (no peer listener) */
-  uint16_t listen_port;               /* listen.port, default 7470 */
+  uint32_t connection_pool_size;      /* 1..1024 */
+  uint32_t proxy_threads;             /* inter-node proxy threads; 0: one per device */
+  uint32_t stream_chunk_rows;         /* 0: whole blocks; N: the throughput ops stream through
+                                         rings of chunks of N rows (proto/slab.h) */
+  char listen_address[256];           /* listen.address; "": no peer listener */
+  uint16_t listen_port;               /* listen.port */
   size_t n_peers;
   struct config_peer peers[CONFIG_MAX_LIST];
-  char peer_key_file[256];            /* default "" */
+  char peer_key_file[256];
   enum config_transport transport;    /* transport: auto (RDMA where a device and route exist, else TCP), rdma, tcp */
-  bool peer_insecure;                 /* default false: peers without a key are refused */
-  uint32_t peer_wait_ms;              /* READY=1 waits this long for the peers, default 10000 */
+  bool peer_insecure;                 /* false: peers without a key are refused */
+  uint32_t peer_wait_ms;              /* READY=1 waits this long for the peers */
 
   /* metrics */
-  char metrics_listen[CONFIG_LISTEN_MAX]; /* metrics.listen "ADDRESS:PORT" (numeric), default ""
-                                         (no listener); config_listen_split reads it */
+  char metrics_listen[CONFIG_LISTEN_MAX]; /* metrics.listen "ADDRESS:PORT" (numeric), ""
+                                         for none; config_listen_split reads it */
 
   /* limits */
-  uint32_t max_clients;               /* limits.max_clients, default 1024 */
-  uint32_t max_jobs;                  /* limits.max_jobs, default 64 */
-  uint32_t attach_timeout_ms;         /* limits.attach_timeout_ms, default 30000 */
-  uint32_t op_timeout_ms;             /* limits.op_timeout_ms, default 10000 */
-  uint32_t client_queue_bytes;        /* limits.client_queue_bytes, default 4 MiB */
-  uint32_t hello_timeout_ms;          /* limits.hello_timeout_ms: HELLO must come this soon, 5000 */
+  uint32_t max_clients;               /* limits.max_clients */
+  uint32_t max_jobs;                  /* limits.max_jobs */
+  uint32_t attach_timeout_ms;         /* limits.attach_timeout_ms */
+  uint32_t op_timeout_ms;             /* limits.op_timeout_ms */
+  uint32_t client_queue_bytes;        /* limits.client_queue_bytes */
+  uint32_t hello_timeout_ms;          /* limits.hello_timeout_ms: HELLO must come this soon */
   uint32_t reserved_clients;          /* limits.reserved_clients: connections past max_clients
-                                         that only root and deepepd's user may open, default 8 */
-  uint32_t max_clients_per_uid;       /* limits.max_clients_per_uid, default 256 */
-  uint32_t max_jobs_per_uid;          /* limits.max_jobs_per_uid, default 16 */
+                                         that only root and deepepd's user may open */
+  uint32_t max_clients_per_uid;       /* limits.max_clients_per_uid */
+  uint32_t max_jobs_per_uid;          /* limits.max_jobs_per_uid */
   uint64_t memory_per_uid;            /* limits.memory_per_uid: lent and still held, on each
-                                         device; 0 (the default): no bound but the pool's */
+                                         device; 0: no bound but the pool's */
 
-  enum config_log_level log_level;    /* log_level: err|warning|notice|info|debug, default info */
+  enum config_log_level log_level;    /* log_level: err|warning|notice|info|debug */
 };
 
-/* Fill c with the documented defaults. */
+/* Fill c with every key's default (the key table's, config_keys.c). */
 void config_defaults(struct config *c);
 
 /*

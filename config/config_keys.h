@@ -2,8 +2,8 @@
  * config_keys.h — the key table of deepepd.yaml, private to config/: the
  * kinds of value, the table's entries and the helpers that read and write
  * a value where an entry says it lands.  The loader (config.c) and the
- * reload's comparisons (config_reload.c) both walk config__root_keys, so
- * they cannot disagree about a key.
+ * reload's comparisons (config_reload.c) and config_defaults() all walk
+ * config__root_keys, so they cannot disagree about a key or its default.
  */
 #ifndef DEP_CONFIG_KEYS_H
 #define DEP_CONFIG_KEYS_H
@@ -63,10 +63,24 @@ struct key {
   const struct name_value *names; /* K_ENUM, ended by a NULL name */
   const char *expected;           /* K_ENUM: the choices, for messages */
   const char *zero;               /* F_ZERO_AUTO: what 0 means, for messages ("no bound") */
+  /* The default, spelled as the shipped deepepd.yaml writes it ("8GiB", "0660", "auto"; "" an
+   * empty string, "[]" an empty list), read by the value parsers the file's text goes through.
+   * NULL: none of its own (the value stays zero; what zero means is the key's, e.g. a peer's
+   * transport left out is the top-level one).  Computed values (proxy_threads' 0: one per
+   * device) are the code's, not the table's. */
+  const char *dflt;
 };
 
 /* Every key of the file, in the order of the shipped default file (config_keys.c). */
 extern const struct key config__root_keys[];
+
+/*
+ * Write the default of every key of table (and of its sections) at base: config_defaults() with
+ * config__root_keys over a zeroed struct config, and a peer entry with its keys.  A default the
+ * parsers refuse would leave zero; tests/check_config.c loads the table's defaults as a file to
+ * hold each one to the loader's rules.
+ */
+void config__defaults(const struct key *table, char *base);
 
 /* The name of value in t, or "unknown". */
 const char *config__name_of(const struct name_value *t, int value);

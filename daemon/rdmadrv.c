@@ -4,7 +4,6 @@
  */
 #include "rdmadrv.h"
 
-#include <dlfcn.h>
 #include <endian.h>
 #include <errno.h>
 #include <pthread.h>
@@ -13,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dlload.h"
 #include "log.h"
 
 /* Every required row's type is the header's prototype of its symbol.  (The optional
@@ -30,58 +30,51 @@ static char drv_why[256];
 static const char *drv_hint;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 
-/* dlopen the library named by $env, else `name`; NULL with drv_why (and drv_hint) set. */
-static void *drv_open(const char *env, const char *name, const char *package,
-                      const char **opened) {
+/* Every row of the X-macro tables, at its version, into the field of its part. */
+#define RDMADRV_SYM(part, field, sym, ver, opt)                                           \
+  {.name = #sym, .version = ver, .at = &drv.part.field, .optional = opt},
+#define RDMADRV_SYM_IBV(field, sym, ver, ret, params) RDMADRV_SYM(ibv, field, sym, ver, false)
+#define RDMADRV_SYM_IBV_OPT(field, sym, ver, ret, params) RDMADRV_SYM(ibv, field, sym, ver, true)
+#define RDMADRV_SYM_CM(field, sym, ver, ret, params) RDMADRV_SYM(cm, field, sym, ver, false)
+static const struct dep_dlsym ibv_syms[] = {RDMADRV_IBV(RDMADRV_SYM_IBV)
+                                                RDMADRV_IBV_OPTIONAL(RDMADRV_SYM_IBV_OPT)};
+static const struct dep_dlsym cm_syms[] = {RDMADRV_CM(RDMADRV_SYM_CM)};
+
+/* Load the library named by $env, else `name`, and resolve syms; false with drv_why (and
+ * drv_hint) set. */
+static bool drv_open(const char *env, const char *name, const char *package,
+                     const struct dep_dlsym *syms, size_t n) {
   const char *override = getenv(env);
   if (override != NULL && override[0] != '\0')
     name = override;
-  *opened = name;
-  void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-  if (h != NULL)
-    return h;
-  const char *e = dlerror();
-  bool absent = e != NULL && strstr(e, "No such file or directory") != NULL;
+  void *h;
+  char e[sizeof drv_why - 40]; /* room in drv_why for the words around it */
+  int rc = dep_dl_load(name, syms, n, &h, e, sizeof e);
+  if (rc == DEP_DL_OK)
+    return true;
+  if (rc == DEP_DL_NO_SYMBOL) {
+    snprintf(drv_why, sizeof drv_why, "%s (rdma-core too old?)", e);
+    return false;
+  }
+  bool absent = strstr(e, "No such file or directory") != NULL;
   if (name == override) {
-    snprintf(drv_why, sizeof drv_why, "%s (from $%s) %s", name, env,
-             absent ? "not found" : e);
+    snprintf(drv_why, sizeof drv_why, "%s (from $%s) %s", name, env, absent ? "not found" : e);
   } else if (absent) {
     snprintf(drv_why, sizeof drv_why, "%s not installed", name);
     drv_hint = package;
   } else {
-    snprintf(drv_why, sizeof drv_why, "%s", e != NULL ? e : name);
+    snprintf(drv_why, sizeof drv_why, "%s", e);
   }
-  return NULL;
+  return false;
 }
 
-/* Resolve one row at its version; a required one missing ends the load. */
-#define RDMADRV_RESOLVE(part, field, sym, ver, required)                                 \
-  do {                                                                                   \
-    *(void **)(&drv.part.field) = dlvsym(h, #sym, ver);                                  \
-    if (drv.part.field == NULL && (required)) {                                          \
-      snprintf(drv_why, sizeof drv_why, "%s lacks %s@%s (rdma-core too old?)", opened,   \
-               #sym, ver);                                                               \
-      return;                                                                            \
-    }                                                                                    \
-  } while (0)
-#define RDMADRV_RESOLVE_IBV(field, sym, ver, ret, params) RDMADRV_RESOLVE(ibv, field, sym, ver, 1);
-#define RDMADRV_RESOLVE_IBV_OPT(field, sym, ver, ret, params) \
-  RDMADRV_RESOLVE(ibv, field, sym, ver, 0);
-#define RDMADRV_RESOLVE_CM(field, sym, ver, ret, params) RDMADRV_RESOLVE(cm, field, sym, ver, 1);
-
 static void drv_load_once(void) {
-  const char *opened;
   /* librdmacm needs libibverbs (it is linked against it): verbs first. */
-  void *h = drv_open(RDMADRV_ENV_IBVERBS, "libibverbs.so.1", "rdma-core / libibverbs1", &opened);
-  if (h == NULL)
-    return;
-  RDMADRV_IBV(RDMADRV_RESOLVE_IBV)
-  RDMADRV_IBV_OPTIONAL(RDMADRV_RESOLVE_IBV_OPT)
-  h = drv_open(RDMADRV_ENV_RDMACM, "librdmacm.so.1", "rdma-core / librdmacm1", &opened);
-  if (h == NULL)
-    return;
-  RDMADRV_CM(RDMADRV_RESOLVE_CM)
-  drv_ok = &drv;
+  if (drv_open(RDMADRV_ENV_IBVERBS, "libibverbs.so.1", "rdma-core / libibverbs1", ibv_syms,
+               sizeof ibv_syms / sizeof ibv_syms[0]) &&
+      drv_open(RDMADRV_ENV_RDMACM, "librdmacm.so.1", "rdma-core / librdmacm1", cm_syms,
+               sizeof cm_syms / sizeof cm_syms[0]))
+    drv_ok = &drv;
 }
 
 const struct rdmadrv *rdmadrv_load(char *why, size_t whylen) {

@@ -38,6 +38,7 @@
 
 #include "codec.h"
 #include "cuda_ops.h"
+#include "grow.h"
 #include "log.h"
 #include "shape.h"
 
@@ -252,14 +253,8 @@ static int tune_keep(struct tune_table *t, const struct tune_entry *e) {
       t->entries[i] = *e;
       return 0;
     }
-  if (t->n == t->cap) {
-    size_t cap = t->cap ? 2 * t->cap : 16;
-    struct tune_entry *p = realloc(t->entries, cap * sizeof *p);
-    if (p == NULL)
-      return DEP_ERR_NO_MEMORY;
-    t->entries = p;
-    t->cap = cap;
-  }
+  if (DEP_GROW(t->entries, t->cap, t->n + 1, 16) != 0)
+    return DEP_ERR_NO_MEMORY;
   t->entries[t->n++] = *e;
   return 0;
 }

@@ -23,6 +23,7 @@
 
 #include "conn.h"
 #include "devices.h"
+#include "grow.h"
 #include "job.h"
 #include "lend.h"
 #include "log.h"
@@ -358,17 +359,7 @@ void xfer__frame_publish(uint8_t *slot, const struct dep_xfer_hdr *h) {
 /* ---- the proxy threads -------------------------------------------------------- */
 
 bool xfer__batch_room(struct xfer_batch *b, size_t n) {
-  if (b->len + n <= b->cap)
-    return true;
-  size_t cap = b->cap ? b->cap : 1u << 16;
-  while (cap < b->len + n)
-    cap *= 2;
-  uint8_t *p = realloc(b->buf, cap);
-  if (p == NULL)
-    return false;
-  b->buf = p;
-  b->cap = cap;
-  return true;
+  return DEP_GROW(b->buf, b->cap, b->len + n, 1u << 16) == 0;
 }
 
 void xfer__batch_reset(struct xfer_batch *b) {
@@ -394,25 +385,8 @@ void xfer__batch_free(struct xfer_batch *b) {
  * frame), so that a frame is appended whole or not at all; false when out
  * of memory. */
 static bool batch_reserve(struct xfer_batch *b, size_t copy) {
-  if (!xfer__batch_room(b, copy))
-    return false;
-  if (b->n_mark == b->cap_mark) {
-    uint32_t cap = b->cap_mark ? 2 * b->cap_mark : 64;
-    size_t *m = realloc(b->mark, cap * sizeof *m);
-    if (m == NULL)
-      return false;
-    b->mark = m;
-    b->cap_mark = cap;
-  }
-  if (b->n_seg + 2 <= b->cap_seg)
-    return true;
-  uint32_t cap = b->cap_seg ? 2 * b->cap_seg : 64;
-  struct xfer_seg *p = realloc(b->seg, cap * sizeof *p);
-  if (p == NULL)
-    return false;
-  b->seg = p;
-  b->cap_seg = cap;
-  return true;
+  return xfer__batch_room(b, copy) && DEP_GROW(b->mark, b->cap_mark, b->n_mark + 1, 64) == 0 &&
+         DEP_GROW(b->seg, b->cap_seg, b->n_seg + 2, 64) == 0;
 }
 
 /* Append n bytes copied into the batch's buf (reserved), in one segment

@@ -132,10 +132,12 @@ struct xfer_batch {
   uint8_t *buf;
   size_t len, cap;
   struct xfer_seg *seg;
-  uint32_t n_seg, cap_seg;
+  uint32_t n_seg;
+  size_t cap_seg;
   size_t bytes;
   size_t *mark;                  /* where each frame starts, in bytes of the batch */
-  uint32_t n_mark, cap_mark;
+  uint32_t n_mark;
+  size_t cap_mark;
 };
 
 /* The data path's state: what the loop and the threads share. */

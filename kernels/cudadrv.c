@@ -4,97 +4,102 @@
 #include "cudadrv.h"
 
 #include <ctype.h>
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "dlload.h"
 
 static struct cudadrv drv;
 static const struct cudadrv *drv_ok;
 static char drv_why[256];
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 
-/* Resolve one symbol by its exact (versioned) name. */
-#define RESOLVE(field, sym)                                                      \
-  do {                                                                           \
-    *(void **)(&drv.field) = dlsym(h, sym);                                      \
-    if (drv.field == NULL) {                                                     \
-      snprintf(drv_why, sizeof drv_why, "libcuda.so.1 lacks %s (driver too old?)", sym); \
-      return;                                                                    \
-    }                                                                            \
-  } while (0)
+/* Every entry point by its exact (versioned) name: the table's type is the version's ABI. */
+#define SYM(field, sym) {.name = sym, .at = &drv.field}
+static const struct dep_dlsym drv_syms[] = {
+    SYM(cuInit, "cuInit"),
+    SYM(cuGetErrorString, "cuGetErrorString"),
+    SYM(cuDriverGetVersion, "cuDriverGetVersion"),
+    SYM(cuDeviceGetCount, "cuDeviceGetCount"),
+    SYM(cuDeviceGet, "cuDeviceGet"),
+    SYM(cuDeviceGetName, "cuDeviceGetName"),
+    SYM(cuDeviceGetUuid, "cuDeviceGetUuid_v2"),
+    SYM(cuDeviceGetAttribute, "cuDeviceGetAttribute"),
+    SYM(cuDeviceTotalMem, "cuDeviceTotalMem_v2"),
+    SYM(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
+    SYM(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"),
+    SYM(cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState"),
+    SYM(cuCtxGetCurrent, "cuCtxGetCurrent"),
+    SYM(cuCtxSetCurrent, "cuCtxSetCurrent"),
+    SYM(cuCtxGetDevice, "cuCtxGetDevice"),
+    SYM(cuCtxSynchronize, "cuCtxSynchronize"),
+    SYM(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity"),
+    SYM(cuMemCreate, "cuMemCreate"),
+    SYM(cuMemRelease, "cuMemRelease"),
+    SYM(cuMemExportToShareableHandle, "cuMemExportToShareableHandle"),
+    SYM(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle"),
+    SYM(cuMemAddressReserve, "cuMemAddressReserve"),
+    SYM(cuMemAddressFree, "cuMemAddressFree"),
+    SYM(cuMemMap, "cuMemMap"),
+    SYM(cuMemUnmap, "cuMemUnmap"),
+    SYM(cuMemSetAccess, "cuMemSetAccess"),
+    SYM(cuMemsetD8, "cuMemsetD8_v2"),
+    SYM(cuMemcpyDtoH, "cuMemcpyDtoH_v2"),
+    SYM(cuMemcpyHtoD, "cuMemcpyHtoD_v2"),
+    SYM(cuModuleLoadData, "cuModuleLoadData"),
+    SYM(cuModuleUnload, "cuModuleUnload"),
+    SYM(cuModuleGetFunction, "cuModuleGetFunction"),
+    SYM(cuLaunchKernel, "cuLaunchKernel"),
+    SYM(cuStreamSynchronize, "cuStreamSynchronize"),
+    SYM(cuMemAlloc, "cuMemAlloc_v2"),
+    SYM(cuMemFree, "cuMemFree_v2"),
+    SYM(cuMemHostRegister, "cuMemHostRegister_v2"),
+    SYM(cuMemHostUnregister, "cuMemHostUnregister"),
+    SYM(cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2"),
+    SYM(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
+    SYM(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
+    SYM(cuMemsetD8Async, "cuMemsetD8Async"),
+    SYM(cuMemsetD32Async, "cuMemsetD32Async"),
+    SYM(cuStreamCreate, "cuStreamCreate"),
+    SYM(cuStreamDestroy, "cuStreamDestroy_v2"),
+    SYM(cuStreamQuery, "cuStreamQuery"),
+    SYM(cuCtxPushCurrent, "cuCtxPushCurrent_v2"),
+    SYM(cuCtxPopCurrent, "cuCtxPopCurrent_v2"),
+    SYM(cuEventCreate, "cuEventCreate"),
+    SYM(cuEventRecord, "cuEventRecord"),
+    SYM(cuEventSynchronize, "cuEventSynchronize"),
+    SYM(cuEventElapsedTime, "cuEventElapsedTime"), /* v1: older drivers lack _v2 */
+    SYM(cuEventDestroy, "cuEventDestroy_v2"),
+    SYM(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer"),
+    SYM(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess"),
+    SYM(cuMemcpyPeerAsync, "cuMemcpyPeerAsync"),
+    SYM(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"),
+    SYM(cuStreamWaitEvent, "cuStreamWaitEvent"),
+    SYM(cuLinkCreate, "cuLinkCreate_v2"),
+    SYM(cuLinkAddData, "cuLinkAddData_v2"),
+    SYM(cuLinkComplete, "cuLinkComplete"),
+    SYM(cuLinkDestroy, "cuLinkDestroy"),
+    SYM(cuPointerGetAttribute, "cuPointerGetAttribute"),
+    SYM(cuMemGetInfo, "cuMemGetInfo_v2"),
+    /* Optional: drivers before 11.7 lack it (cudadrv.h). */
+    {.name = "cuMemGetHandleForAddressRange", .at = &drv.cuMemGetHandleForAddressRange,
+     .optional = true},
+};
 
 static void drv_load_once(void) {
-  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (h == NULL) {
-    snprintf(drv_why, sizeof drv_why, "no CUDA driver: %s", dlerror());
+  void *h;
+  char why[sizeof drv_why - 40]; /* room in drv_why for the words around it */
+  int rc = dep_dl_load("libcuda.so.1", drv_syms, sizeof drv_syms / sizeof drv_syms[0], &h, why,
+                       sizeof why);
+  if (rc == DEP_DL_NO_LIBRARY) {
+    snprintf(drv_why, sizeof drv_why, "no CUDA driver: %s", why);
     return;
   }
-  RESOLVE(cuInit, "cuInit");
-  RESOLVE(cuGetErrorString, "cuGetErrorString");
-  RESOLVE(cuDriverGetVersion, "cuDriverGetVersion");
-  RESOLVE(cuDeviceGetCount, "cuDeviceGetCount");
-  RESOLVE(cuDeviceGet, "cuDeviceGet");
-  RESOLVE(cuDeviceGetName, "cuDeviceGetName");
-  RESOLVE(cuDeviceGetUuid, "cuDeviceGetUuid_v2");
-  RESOLVE(cuDeviceGetAttribute, "cuDeviceGetAttribute");
-  RESOLVE(cuDeviceTotalMem, "cuDeviceTotalMem_v2");
-  RESOLVE(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-  RESOLVE(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
-  RESOLVE(cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState");
-  RESOLVE(cuCtxGetCurrent, "cuCtxGetCurrent");
-  RESOLVE(cuCtxSetCurrent, "cuCtxSetCurrent");
-  RESOLVE(cuCtxGetDevice, "cuCtxGetDevice");
-  RESOLVE(cuCtxSynchronize, "cuCtxSynchronize");
-  RESOLVE(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity");
-  RESOLVE(cuMemCreate, "cuMemCreate");
-  RESOLVE(cuMemRelease, "cuMemRelease");
-  RESOLVE(cuMemExportToShareableHandle, "cuMemExportToShareableHandle");
-  RESOLVE(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle");
-  RESOLVE(cuMemAddressReserve, "cuMemAddressReserve");
-  RESOLVE(cuMemAddressFree, "cuMemAddressFree");
-  RESOLVE(cuMemMap, "cuMemMap");
-  RESOLVE(cuMemUnmap, "cuMemUnmap");
-  RESOLVE(cuMemSetAccess, "cuMemSetAccess");
-  RESOLVE(cuMemsetD8, "cuMemsetD8_v2");
-  RESOLVE(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
-  RESOLVE(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
-  RESOLVE(cuModuleLoadData, "cuModuleLoadData");
-  RESOLVE(cuModuleUnload, "cuModuleUnload");
-  RESOLVE(cuModuleGetFunction, "cuModuleGetFunction");
-  RESOLVE(cuLaunchKernel, "cuLaunchKernel");
-  RESOLVE(cuStreamSynchronize, "cuStreamSynchronize");
-  RESOLVE(cuMemAlloc, "cuMemAlloc_v2");
-  RESOLVE(cuMemFree, "cuMemFree_v2");
-  RESOLVE(cuMemHostRegister, "cuMemHostRegister_v2");
-  RESOLVE(cuMemHostUnregister, "cuMemHostUnregister");
-  RESOLVE(cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2");
-  RESOLVE(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
-  RESOLVE(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
-  RESOLVE(cuMemsetD8Async, "cuMemsetD8Async");
-  RESOLVE(cuMemsetD32Async, "cuMemsetD32Async");
-  RESOLVE(cuStreamCreate, "cuStreamCreate");
-  RESOLVE(cuStreamDestroy, "cuStreamDestroy_v2");
-  RESOLVE(cuStreamQuery, "cuStreamQuery");
-  RESOLVE(cuCtxPushCurrent, "cuCtxPushCurrent_v2");
-  RESOLVE(cuCtxPopCurrent, "cuCtxPopCurrent_v2");
-  RESOLVE(cuEventCreate, "cuEventCreate");
-  RESOLVE(cuEventRecord, "cuEventRecord");
-  RESOLVE(cuEventSynchronize, "cuEventSynchronize");
-  RESOLVE(cuEventElapsedTime, "cuEventElapsedTime"); /* v1: older drivers lack _v2 */
-  RESOLVE(cuEventDestroy, "cuEventDestroy_v2");
-  RESOLVE(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer");
-  RESOLVE(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess");
-  RESOLVE(cuMemcpyPeerAsync, "cuMemcpyPeerAsync");
-  RESOLVE(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
-  RESOLVE(cuStreamWaitEvent, "cuStreamWaitEvent");
-  RESOLVE(cuLinkCreate, "cuLinkCreate_v2");
-  RESOLVE(cuLinkAddData, "cuLinkAddData_v2");
-  RESOLVE(cuLinkComplete, "cuLinkComplete");
-  RESOLVE(cuLinkDestroy, "cuLinkDestroy");
-  RESOLVE(cuPointerGetAttribute, "cuPointerGetAttribute");
-  RESOLVE(cuMemGetInfo, "cuMemGetInfo_v2");
-  *(void **)(&drv.cuMemGetHandleForAddressRange) = dlsym(h, "cuMemGetHandleForAddressRange");
+  if (rc != DEP_DL_OK) {
+    snprintf(drv_why, sizeof drv_why, "%s (driver too old?)", why);
+    return;
+  }
   CUresult r = drv.cuInit(0);
   if (r != CUDA_SUCCESS) {
     snprintf(drv_why, sizeof drv_why, "cuInit failed: %s", cudadrv_errstr(r));

@@ -3,25 +3,13 @@
  */
 #include "codec.h"
 
-#include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
+
 uint8_t *codec_grow(struct proto_buf *b, size_t n) {
-  if (n > SIZE_MAX - b->len)
+  if (n > SIZE_MAX - b->len || DEP_GROW(b->data, b->cap, b->len + n, 256) != 0)
     return NULL;
-  if (b->len + n > b->cap) {
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + n) {
-      if (cap > SIZE_MAX / 2)
-        return NULL;
-      cap *= 2;
-    }
-    uint8_t *d = realloc(b->data, cap);
-    if (d == NULL)
-      return NULL;
-    b->data = d;
-    b->cap = cap;
-  }
   uint8_t *p = b->data + b->len;
   b->len += n;
   return p;

@@ -17,6 +17,7 @@
 
 #include "codec.h"
 #include "corpus_seeds.h"
+#include "grow.h"
 #include "peer_proto.h"
 #include "proto.h"
 
@@ -1044,11 +1045,39 @@ START_TEST(every_fuzz_seed_decodes_at_this_version) {
 }
 END_TEST
 
+/* The one growable array (proto/grow.h) under the codec's buffers, the data path's batches and
+ * the tuning table: from `first`, doubling; nothing moves while it has the room; a size past
+ * SIZE_MAX is refused with the array as it was. */
+START_TEST(the_growable_array_doubles_and_refuses_what_cannot_fit) {
+  uint32_t *a = NULL;
+  size_t cap = 0;
+  ck_assert_int_eq(DEP_GROW(a, cap, 1, 16), 0);
+  ck_assert_uint_eq(cap, 16);
+  a[15] = 7;
+  uint32_t *was = a;
+  ck_assert_int_eq(DEP_GROW(a, cap, 16, 16), 0);
+  ck_assert_ptr_eq(a, was);
+  ck_assert_int_eq(DEP_GROW(a, cap, 17, 16), 0);
+  ck_assert_uint_eq(cap, 32);
+  ck_assert_uint_eq(a[15], 7);
+  ck_assert_int_eq(DEP_GROW(a, cap, 100, 16), 0);
+  ck_assert_uint_eq(cap, 128);
+  was = a;
+  ck_assert_int_eq(DEP_GROW(a, cap, SIZE_MAX / 2, 16), -1);
+  ck_assert_int_eq(DEP_GROW(a, cap, SIZE_MAX, 16), -1);
+  ck_assert_ptr_eq(a, was);
+  ck_assert_uint_eq(cap, 128);
+  ck_assert_uint_eq(a[15], 7);
+  free(a);
+}
+END_TEST
+
 Suite *proto_suite(void);
 Suite *proto_suite(void) {
   Suite *s = suite_create("proto");
   TCase *tc = tcase_create("codec");
   tcase_add_test(tc, every_message_type_round_trips);
+  tcase_add_test(tc, the_growable_array_doubles_and_refuses_what_cannot_fit);
   tcase_add_test(tc, a_field_table_writes_each_kind_in_order_and_reads_it_back);
   tcase_add_test(tc, status_round_trips_with_0_1_and_many_records);
   tcase_add_test(tc, frames_append_and_failed_encodes_leave_the_buffer_alone);

@@ -24,6 +24,7 @@
 
 #include "backend.h"
 #include "daemonwire.h"
+#include "dlload.h"
 #include "nicreg.h"
 #include "peerauth.h"
 #include "rdmadrv.h"
@@ -387,6 +388,48 @@ START_TEST(test_a_cuda_chunk_exports_as_dma_buf) {
 }
 END_TEST
 
+/* ---- the shared loader (proto/dlload.h), which cudadrv.c and rdmadrv.c both use ---- */
+
+/* libc stands for a library: it is there wherever the tests run, and lacks what we name. */
+#define LIBC "libc.so.6"
+
+START_TEST(test_loader_names_the_missing_symbol_and_leaves_nothing_behind) {
+  void *(*m)(size_t) = NULL, *(*opt)(void) = NULL, *(*gone)(void) = NULL;
+  void *h = NULL;
+  char why[256] = "";
+  /* Every row there (an optional one absent): loaded, the optional one NULL. */
+  struct dep_dlsym ok[] = {{.name = "malloc", .at = &m},
+                           {.name = "deepep_no_such_symbol", .at = &opt, .optional = true}};
+  ck_assert_int_eq(dep_dl_load(LIBC, ok, 2, &h, why, sizeof why), DEP_DL_OK);
+  ck_assert_ptr_nonnull(h);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_ptr_null(opt);
+  /* A required row absent: its name in the message, and the rows resolved before it NULL. */
+  struct dep_dlsym missing[] = {{.name = "malloc", .at = &m},
+                                {.name = "deepep_no_such_symbol", .at = &gone}};
+  ck_assert_int_eq(dep_dl_load(LIBC, missing, 2, &h, why, sizeof why), DEP_DL_NO_SYMBOL);
+  ck_assert_str_eq(why, LIBC " lacks deepep_no_such_symbol");
+  ck_assert_ptr_null(m);
+  /* At a version the library does not have: the version is named too. */
+  struct dep_dlsym versioned[] = {{.name = "malloc", .version = "DEEPEP_NO_SUCH_1.0", .at = &m}};
+  ck_assert_int_eq(dep_dl_load(LIBC, versioned, 1, &h, why, sizeof why), DEP_DL_NO_SYMBOL);
+  ck_assert_str_eq(why, LIBC " lacks malloc@DEEPEP_NO_SUCH_1.0");
+  /* No library: dlerror's words, which name it. */
+  ck_assert_int_eq(dep_dl_load(ABSENT_IBVERBS, ok, 2, &h, why, sizeof why), DEP_DL_NO_LIBRARY);
+  ck_assert_msg(strstr(why, ABSENT_IBVERBS) != NULL, "why: %s", why);
+}
+END_TEST
+
+/* Through the seam itself: a libibverbs without the verbs says which entry point it lacks,
+ * at which version, and what to suspect. */
+START_TEST(test_a_libibverbs_without_an_entry_point_is_named_with_it) {
+  ck_assert_int_eq(setenv(RDMADRV_ENV_IBVERBS, LIBC, 1), 0);
+  char why[256] = "";
+  ck_assert_ptr_null(rdmadrv_load(why, sizeof why));
+  ck_assert_str_eq(why, LIBC " lacks ibv_get_device_list@IBVERBS_1.1 (rdma-core too old?)");
+}
+END_TEST
+
 Suite *rdma_suite(void);
 Suite *rdma_suite(void) {
   Suite *s = suite_create("rdma");
@@ -395,6 +438,8 @@ Suite *rdma_suite(void) {
   tcase_add_test(seam, test_probe_lists_zero_or_more_devices_without_failing);
   tcase_add_test(seam, test_absent_libibverbs_is_reported_cleanly);
   tcase_add_test(seam, test_absent_librdmacm_is_reported_cleanly);
+  tcase_add_test(seam, test_loader_names_the_missing_symbol_and_leaves_nothing_behind);
+  tcase_add_test(seam, test_a_libibverbs_without_an_entry_point_is_named_with_it);
   suite_add_tcase(s, seam);
   TCase *daemon = tcase_create("daemon");
   tcase_set_timeout(daemon, 60);
