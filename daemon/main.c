@@ -292,7 +292,7 @@ int main(int argc, char **argv) {
   }
   if (deepepd_init(&loop) != 0)
     goto out_loop;
-  conn_init(&loop);
+  conn_init(&loop, &control_conn_ops);
   job_init(&loop, &deepepd.cfg);
   stats_init(&loop, &deepepd.cfg);
   /* STATUS says "starting" until the pools are made. */
