@@ -583,7 +583,7 @@ static void job_progress(struct job *j) {
     uint32_t nodes = 0;
     (void)job_remote_ranks(j, &nodes);
     log_info("job %s: all %u ranks held on %u node(s)", j->id, j->world_size, 1 + nodes);
-    xfer_job_start(j, job_who); /* before the replies: a rank asks for its ring next */
+    xfer_job_start(j, job_who, job_membership); /* before the replies: a rank asks for its ring next */
     job_complete(j);
   }
 }

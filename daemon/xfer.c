@@ -136,7 +136,7 @@ struct xfer_route *xfer__route_new(uint32_t world) {
   return r;
 }
 
-void xfer_job_start(const struct job *j, const int16_t *who) {
+void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn *membership) {
   if (!X->active || j->xchg == NULL)
     return;
   if (X->started == 0 && xfer_start_threads() != 0) {
@@ -173,7 +173,7 @@ void xfer_job_start(const struct job *j, const int16_t *who) {
     r->xchg[i] = dep_xring_xchg(j->xchg[i].region->map);
     r->mr[i] = j->xchg[i].region->mr;
   }
-  r->rdma = xfer_rdma_route_new(j, who);
+  r->rdma = xfer_rdma_route_new(j, who, membership);
   r->serial = ++X->serials;
   pthread_rwlock_wrlock(&X->lock);
   r->next = X->routes;

@@ -394,7 +394,8 @@ static bool reap(int k, struct xr_peer *p) {
 
 /* ---- routes (the loop) --------------------------------------------------------------- */
 
-struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who) {
+struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who,
+                                            xfer_membership_fn *membership) {
   if (!XR.active || !rdmaxp_active())
     return NULL;
   struct xfer_rdma_route *xr = calloc(1, sizeof *xr + j->world_size * sizeof xr->dest[0]);
@@ -414,7 +415,7 @@ struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *
       continue;
     xr->peers |= 1ull << d->peer;
     ranks[d->peer]++;
-    const struct dep_peer_membership *m = job_membership(j, d->peer);
+    const struct dep_peer_membership *m = membership(j, d->peer);
     char why[256];
     /* A node's exchange regions are laid out for its own count of remote ranks. */
     if (m != NULL && !laid[d->peer]) {

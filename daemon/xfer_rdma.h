@@ -43,6 +43,7 @@
 #include "config.h"
 #include "peer_proto.h"
 #include "slab.h"
+#include "xfer.h"
 #include "xring.h"
 
 struct job;
@@ -65,11 +66,12 @@ void xfer_rdma_peer_down(int k);
 /*
  * The RDMA targets of job j, which xfer.c's route keeps: for each remote
  * rank (who[g] >= 0), its exchange region's windows from the MEMBERSHIP of
- * the peer holding it (job.c's records), when all of them carry a key.
+ * the peer holding it (membership: job.c's records), when all of them carry a key.
  * NULL (out of memory, or no RDMA here): every block goes over TCP.  Logs
  * per peer which transport its blocks take.
  */
-struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who);
+struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who,
+                                            xfer_membership_fn *membership);
 /* The job's route goes: wait (bounded) until no write of ours is in
  * flight, say what moved, free it.  NULL is fine. */
 void xfer_rdma_route_free(struct xfer_rdma_route *xr);
