@@ -1020,7 +1020,6 @@ struct job *job_lookup(const char *id) { return job_find(id); }
 
 /* A peer came up: it learns the membership of every job gathering here. */
 static void job_on_peer_up(int k) {
-  xfer_peer_up(k);
   for (struct job *j = job_list; j != NULL; j = j->next)
     if (j->multinode && !j->ready && !j->dead && j->attached == j->local_world_size)
       job_announce(j, k);
@@ -1057,7 +1056,6 @@ static void job_on_peer_down(int k) {
   }
   for (struct job *j = job_list; j != NULL; j = j->next)
     j->accepted &= ~job_peer_bit(k); /* it forgot our MEMBERSHIP: sent again when it is up */
-  xfer_peer_down(k);
 }
 
 /*

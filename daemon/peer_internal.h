@@ -148,6 +148,7 @@ struct peer_layer {
   peer_ready_fn *ready_cb;
   char status[DEP_MSG_TEXT_MAX]; /* the last STATUS= sent while waiting */
   const struct peer_events *ev;
+  const struct peer_data_ops *data; /* NULL until xfer_init registers it */
 };
 extern struct peer_layer peer__layer;
 /* Each file's handle on it. */

@@ -726,7 +726,36 @@ static int xfer_start_threads(void) {
   return 0;
 }
 
+/* The data path's part of PEERS_OK: its proxy threads, each peer's data connections. */
+static void xfer_fill_peers(struct dep_msg_peers *m) {
+  xfer_proxy_stats(&m->proxy_threads, &m->proxy_busy_us);
+  for (uint32_t k = 0; k < m->n_peers; k++) {
+    struct dep_msg_peer_info *q = &m->peers[k];
+    struct xfer_peer_stats xs;
+    xfer_peer_stats((int)k, &xs);
+    q->data_out = xs.conns_out;
+    q->data_in = xs.conns_in;
+    q->data_bytes_out = xs.bytes_out;
+    q->data_bytes_in = xs.bytes_in;
+    q->data_frames_out = xs.frames_out;
+    q->data_frames_in = xs.frames_in;
+  }
+}
+
+/* What the peer layer hands the data path (peer.h). */
+static const struct peer_data_ops xfer_peer_ops = {
+    .up = xfer_peer_up,
+    .down = xfer_peer_down,
+    .accept = xfer_accept,
+    .offer = xfer_on_offer,
+    .tick = xfer_tick,
+    .fill = xfer_fill_peers,
+};
+
 int xfer_init(const struct config *cfg) {
+  /* Registered even on a single node, where each of them finds the data
+   * path inactive: a stray DATA_HELLO is refused as any unknown token is. */
+  peer_set_data_ops(&xfer_peer_ops);
   if (cfg->n_peers == 0)
     return 0; /* a single node: nothing to move */
   if (sodium_init() < 0) {

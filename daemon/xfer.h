@@ -83,9 +83,10 @@ void xfer_job_fail(const struct job *j, int code);
 /* j is gone: its route and rings go (before its arenas do). */
 void xfer_job_end(const struct job *j);
 
-/* The peer layer's events, passed on by job.c. */
+/* The peer layer's events (peer_data_ops: xfer_init subscribes). */
 void xfer_peer_up(int peer);
-/* The loop's tick (peer.c): a peer that is up with fewer inbound data
+/* The loop's tick (peer.c, through the peer_data_ops xfer_init registers;
+ * so are xfer_on_offer, xfer_accept and the PEERS record's data part): a peer that is up with fewer inbound data
  * connections than connection_pool_size (one dropped while the link
  * stayed) is offered tokens for the missing ones. */
 void xfer_tick(void);
@@ -121,7 +122,8 @@ struct xfer_say {
  * events since the last line. */
 bool xfer_say_now(struct xfer_say *s, uint64_t *n);
 
-/* What `deepepctl peers` shows for peer k: data connections up each way,
+/* What `deepepctl peers` shows for peer k (peer_fill, through the data
+ * ops): data connections up each way,
  * and bytes and frames moved each way. */
 struct xfer_peer_stats {
   uint32_t conns_out, conns_in;
