@@ -22,8 +22,10 @@ import os
 import subprocess
 import sys
 
-# nm's letters for a symbol an object defines and another may link to.
-DEFINED = set("TDBRCGSVWi")
+# nm's letters for a symbol an object defines and another may link to, and
+# for one it needs from elsewhere (w and v: a weak reference with no value here).
+DEFINED = set("TDBRCGSVWiu")
+UNDEFINED = set("Uwv")
 
 
 def nm_symbols(path):
@@ -36,16 +38,19 @@ def nm_symbols(path):
         if len(parts) < 2:
             continue
         name, kind = parts[0], parts[1]
-        if kind == "U":
+        if kind in UNDEFINED:
             undefined.add(name)
-        elif kind in DEFINED or kind.upper() in DEFINED:
+        elif kind in DEFINED:
             defined.add(name)
     return defined, undefined
 
 
 def graph(objdir):
     """Arrows file -> {file: sorted symbols} among the objects in objdir."""
-    objs = sorted(f for f in os.listdir(objdir) if f.endswith(".o"))
+    try:
+        objs = sorted(f for f in os.listdir(objdir) if f.endswith(".o"))
+    except OSError as e:
+        sys.exit(f"callgraph: cannot list {objdir} ({e.strerror}): build the daemon first (make)")
     if not objs:
         sys.exit(f"callgraph: no object files in {objdir}: build the daemon first (make)")
     owner, uses = {}, {}
@@ -134,6 +139,7 @@ def main():
     print(f"callgraph: {files} files in daemon/, {nloops} loop(s), the largest of "
           f"{largest} file(s) (limit {args.max})")
     if largest > args.max:
+        sys.stdout.flush()
         print(f"callgraph: FAIL: a loop of {largest} files exceeds the limit of {args.max}",
               file=sys.stderr)
         return 1
