@@ -752,6 +752,13 @@ static const struct peer_data_ops xfer_peer_ops = {
     .fill = xfer_fill_peers,
 };
 
+/* The offer table as the RDMA data queue pairs use it (xfer_rdma.h). */
+static const struct xfer_rdma_offers xfer_rdma_offer_ops = {
+    .peer = xfer_offer_peer,
+    .spend = xfer_offer_spend,
+    .to_tcp = xfer_on_offer,
+};
+
 int xfer_init(const struct config *cfg) {
   /* Registered even on a single node, where each of them finds the data
    * path inactive: a stray DATA_HELLO is refused as any unknown token is. */
@@ -786,7 +793,7 @@ int xfer_init(const struct config *cfg) {
   atomic_store(&X->test_drops, drops != NULL ? atoi(drops) : 0);
   X->cfg = cfg;
   X->active = true;
-  xfer_rdma_init(cfg);
+  xfer_rdma_init(cfg, &xfer_rdma_offer_ops);
   return 0;
 }
 

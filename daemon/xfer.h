@@ -38,8 +38,10 @@
 #ifndef DEP_DAEMON_XFER_H
 #define DEP_DAEMON_XFER_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "config.h"
 #include "peer_proto.h"
@@ -119,8 +121,21 @@ struct xfer_say {
   _Atomic uint64_t last_ms, count;
 };
 /* Count one more event of s: true when it is to be said now, with *n the
- * events since the last line. */
-bool xfer_say_now(struct xfer_say *s, uint64_t *n);
+ * events since the last line.  Inline, so that each of the data path's
+ * files uses it without calling into another. */
+static inline bool xfer_say_now(struct xfer_say *s, uint64_t *n) {
+  atomic_fetch_add(&s->count, 1);
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t now = (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
+  uint64_t last = atomic_load(&s->last_ms);
+  if (last != 0 && now - last < XFER_SAY_MS)
+    return false;
+  if (!atomic_compare_exchange_strong(&s->last_ms, &last, now))
+    return false;
+  *n = atomic_exchange(&s->count, 0);
+  return true;
+}
 
 /* What `deepepctl peers` shows for peer k (peer_fill, through the data
  * ops): data connections up each way,

@@ -49,8 +49,22 @@
 struct job;
 struct xfer_rdma_route;
 
-/* With the data path (xfer_init): hook the data queue pairs into rdmaxp. */
-void xfer_rdma_init(const struct config *cfg);
+/*
+ * The data path's offer table, as the queue pairs use it (xfer.c hands it
+ * in, so this file calls nothing of the data path above it), each on the
+ * loop thread: `peer` and `spend`, xfer_offer_peer and xfer_offer_spend
+ * (xfer.h); `to_tcp`, a DATA_OFFER of peer k's whose token no queue pair of
+ * ours spends after all, for a TCP data connection (xfer_on_offer).
+ */
+struct xfer_rdma_offers {
+  int (*peer)(const uint8_t *token);
+  int (*spend)(const uint8_t *token);
+  void (*to_tcp)(int k, const struct dep_peer_data_offer *o);
+};
+
+/* With the data path (xfer_init): hook the data queue pairs into rdmaxp;
+ * offers is kept, not copied. */
+void xfer_rdma_init(const struct config *cfg, const struct xfer_rdma_offers *offers);
 /* Close every data queue pair (the proxy threads have stopped). */
 void xfer_rdma_fini(void);
 
