@@ -47,8 +47,6 @@ static const char *const slot_state_names[] = {
     [SLOT_BACKOFF] = "backoff",
 };
 
-struct peer_layer peer__layer = {.listen_fd = -1};
-
 /* ---- naming and sending -------------------------------------------------- */
 
 static void peer_describe(const struct link *l, char *buf, size_t len) {
@@ -603,8 +601,18 @@ static void peer_on_tick(uv_timer_t *t) {
 }
 /* ---- init, fini, queries ------------------------------------------------- */
 
+/* What peerxport.c asks of this file (peer_internal.h). */
+static const struct peer_core peer_core = {
+    .send = peer__send,
+    .refuse = peer__refuse,
+    .all_up = peer__all_up,
+    .note_links = peer__note_links,
+    .check_ready = peer__check_ready,
+};
+
 int peer_init(uv_loop_t *loop, const struct config *cfg) {
   P->loop = loop;
+  P->core = &peer_core;
   P->pool_size = cfg->connection_pool_size;
   P->wait_ms = cfg->peer_wait_ms;
   P->listen_port = cfg->listen_port;

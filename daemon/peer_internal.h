@@ -149,6 +149,7 @@ struct peer_layer {
   char status[DEP_MSG_TEXT_MAX]; /* the last STATUS= sent while waiting */
   const struct peer_events *ev;
   const struct peer_data_ops *data; /* NULL until xfer_init registers it */
+  const struct peer_core *core;     /* peer.c's, set by peer_init */
 };
 extern struct peer_layer peer__layer;
 /* Each file's handle on it. */
@@ -182,6 +183,20 @@ bool peer__all_up(const struct peer *p);
 void peer__note_links(struct peer *p);
 /* Call the peer_wait callback once every peer is up or the wait is over. */
 void peer__check_ready(void);
+
+/*
+ * What peerxport.c asks of peer.c, through P->core (peer_init sets it), so
+ * that the transport's half calls nothing of the file above it: the
+ * peer__ functions of those names.
+ */
+struct peer_core {
+  int (*send)(struct peer_conn *c, const struct dep_peer_msg *m);
+  void (*refuse)(struct peer_conn *c, int code, const char *fmt, ...)
+      __attribute__((format(printf, 3, 4)));
+  bool (*all_up)(const struct peer *p);
+  void (*note_links)(struct peer *p);
+  void (*check_ready)(void);
+};
 
 /* ---- peerconn.c ---- */
 
