@@ -4,8 +4,9 @@
  * peer.c runs the links (the handshake, frames, keep-alive, the tick) and
  * answers the queries of peer.h; peerconn.c opens them (resolving,
  * connecting with backoff, accepting, the listener); peerxport.c settles
- * an authenticated link's transport (TCP, or an RDMA queue pair).  All of
- * it runs on the loop thread.
+ * an authenticated link's transport (TCP, or an RDMA queue pair), calling
+ * peer.c only through P->core; peerstate.c defines the layer's state.  All
+ * of it runs on the loop thread.
  */
 #ifndef DEP_DAEMON_PEER_INTERNAL_H
 #define DEP_DAEMON_PEER_INTERNAL_H
@@ -151,7 +152,7 @@ struct peer_layer {
   const struct peer_data_ops *data; /* NULL until xfer_init registers it */
   const struct peer_core *core;     /* peer.c's, set by peer_init */
 };
-extern struct peer_layer peer__layer;
+extern struct peer_layer peer__layer; /* peerstate.c */
 /* Each file's handle on it. */
 static struct peer_layer *const P = &peer__layer;
 
