@@ -2,7 +2,8 @@
  * conn.c — client connections: a framed link per accepted socket, the
  * client's identity and HELLO deadline, and the counts (total and per uid)
  * that admission checks.  The link reads and writes frames; what a frame
- * asks for is control.c's, what a departing rank means is job.c's.
+ * asks for, and what a departing client means, is for the ops conn_init
+ * was given (control.c's, which tell the job table too).
  */
 #include "conn.h"
 
@@ -12,9 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "control.h"
 #include "deepepd.h"
-#include "job.h"
 
 /* Open connections per uid: a small chained hash, an entry per uid connected now. */
 #define CONN_UID_BUCKETS 64
@@ -29,6 +28,7 @@ struct conn_uid {
 #define CONN_HELLO_SWEEP_MAX_MS 1000
 
 static uv_loop_t *conn_loop;
+static const struct conn_ops *conn_ops;
 static struct conn *conn_list;
 static uint32_t conn_n_open;
 static uint64_t conn_serial;
@@ -39,8 +39,9 @@ static struct conn *conn_hello_head, *conn_hello_tail;
 static uv_timer_t conn_hello_timer;
 static bool conn_timer_open;
 
-void conn_init(uv_loop_t *loop) {
+void conn_init(uv_loop_t *loop, const struct conn_ops *ops) {
   conn_loop = loop;
+  conn_ops = ops;
   uv_timer_init(loop, &conn_hello_timer);
   conn_timer_open = true;
 }
@@ -163,7 +164,7 @@ static void conn_describe(const struct link *l, char *buf, size_t len) {
 
 static void conn_on_frame(struct link *l, const struct dep_frame_hdr *h, const uint8_t *body,
                           size_t len, int *fds, int nfds) {
-  control_handle(l->user, h, body, len);
+  conn_ops->frame(l->user, h, body, len);
 }
 
 /* The link closed: out of the list, the counts and the HELLO deadline, at once. */
@@ -179,7 +180,7 @@ static void conn_on_closing(struct link *l) {
   conn_n_open--;
   conn_uid_remove(c->uid);
   conn_hello_unlist(c);
-  control_conn_closed(c);
+  conn_ops->closing(c);
   if (conn_n_open == 0 && conn_on_all_closed != NULL) {
     void (*cb)(void) = conn_on_all_closed;
     conn_on_all_closed = NULL;
@@ -187,10 +188,10 @@ static void conn_on_closing(struct link *l) {
   }
 }
 
-/* The socket is closed: the job table hears of it and the memory goes. */
+/* The socket is closed: the layer above hears of it and the memory goes. */
 static void conn_on_close(struct link *l) {
   struct conn *c = l->user;
-  job_conn_closed(c);
+  conn_ops->closed(c);
   free(c);
 }
 

@@ -2,8 +2,10 @@
  * conn.h — one client connection of deepepd: a framed link (link.h) on an
  * accepted Unix socket, which may send fds and takes none, plus what the
  * daemon knows of the client: its SO_PEERCRED identity, whether it said
- * HELLO and its name, the job its rank belongs to.  Each whole frame goes
- * to control_handle; a connection that goes tells control.c and job.c.
+ * HELLO and its name, the job its rank belongs to.  Each whole frame, and
+ * the news that a connection goes, go to the ops the layer above hands to
+ * conn_init (control.c's control_conn_ops): conn.c calls nothing above it,
+ * so it reads, and tests, alone.
  *
  * A connection that has not said HELLO within limits.hello_timeout_ms is
  * closed: one timer serves them all, since they wait in the order they
@@ -54,7 +56,21 @@ struct conn {
   struct conn *prev, *next;
 };
 
-void conn_init(uv_loop_t *loop);
+/*
+ * What a connection tells the layer above it, each on the loop thread:
+ * `frame`, one whole frame whose header was checked (body is h->body_len
+ * bytes); `closing`, the connection left the list and the counts (conn_close
+ * or the peer hung up), so nothing may be sent to it any more; `closed`, its
+ * socket is closed and its memory goes once the call returns.
+ */
+struct conn_ops {
+  void (*frame)(struct conn *c, const struct dep_frame_hdr *h, const uint8_t *body, size_t len);
+  void (*closing)(struct conn *c);
+  void (*closed)(struct conn *c);
+};
+
+/* ops (kept, not copied) serves every connection from now on. */
+void conn_init(uv_loop_t *loop, const struct conn_ops *ops);
 /* Close every connection now (the callbacks run on the next loop turn). */
 void conn_fini(void);
 

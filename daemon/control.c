@@ -154,6 +154,12 @@ static bool control_unpark(struct conn *c, uint32_t *request_id) {
 
 void control_conn_closed(struct conn *c) { (void)control_unpark(c, NULL); }
 
+const struct conn_ops control_conn_ops = {
+    .frame = control_handle,
+    .closing = control_conn_closed,
+    .closed = job_conn_closed,
+};
+
 static void control_attach(struct conn *c, const struct dep_frame_hdr *h,
                            const union dep_msg_body *body) {
   struct dep_attach_args a = body->attach;

@@ -30,4 +30,9 @@ void control_attach_resume(int rc, const char *why);
 /* Connection c is closing: forget its waiting ATTACH, if any. */
 void control_conn_closed(struct conn *c);
 
+/* What client connections call (conn_init's ops): control_handle for each
+ * frame, control_conn_closed as one closes, the job table (job_conn_closed)
+ * once its socket is gone. */
+extern const struct conn_ops control_conn_ops;
+
 #endif /* DEP_DAEMON_CONTROL_H */

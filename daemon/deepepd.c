@@ -13,12 +13,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "conn.h"
 #include "held.h"
 #include "job.h"
 #include "log.h"
 #include "notify.h"
-#include "server.h"
 
 /* How long clients get to read their SHUTDOWN notice before they are closed. */
 #define DEEPEPD_FLUSH_MS 1000
@@ -28,6 +26,7 @@ struct deepepd deepepd = {.backend_override = -1, .log_level_override = -1};
 static uv_signal_t sig_term, sig_int, sig_hup;
 static uv_timer_t stop_timer;
 static bool handles_open;
+static const struct deepepd_stop_ops *stop_ops;
 
 uint64_t deepepd_uptime_ms(void) { return (uv_hrtime() - deepepd.start_ns) / 1000000u; }
 
@@ -58,7 +57,7 @@ static void deepepd_finish(void) {
 static void deepepd_on_stop_timer(uv_timer_t *t) {
   log_warnx("shutdown: %u client(s) did not take their SHUTDOWN notice within %d ms; closing "
             "them",
-            conn_count(), DEEPEPD_FLUSH_MS);
+            stop_ops->clients(), DEEPEPD_FLUSH_MS);
   deepepd_finish();
 }
 
@@ -69,14 +68,14 @@ void deepepd_shutdown(const char *why) {
     return;
   }
   deepepd.stopping = true;
-  log_notice("%s: shutting down (%u client(s) connected)", why, conn_count());
+  log_notice("%s: shutting down (%u client(s) connected)", why, stop_ops->clients());
   notify_send("STOPPING=1");
   /* What the running jobs' ranks hold, for the daemon started next: they
    * keep computing on it (DESIGN §13). */
   held_save();
-  server_fini();
+  stop_ops->stop_accepting();
   uv_timer_start(&stop_timer, deepepd_on_stop_timer, DEEPEPD_FLUSH_MS, 0);
-  conn_shutdown_all(deepepd_finish);
+  stop_ops->close_clients(deepepd_finish);
 }
 
 /* Apply the keys that may change while running: those config_keys.c's table marks live. */
@@ -310,8 +309,9 @@ static void deepepd_on_signal(uv_signal_t *h, int signum) {
   }
 }
 
-int deepepd_init(uv_loop_t *loop) {
+int deepepd_init(uv_loop_t *loop, const struct deepepd_stop_ops *stop) {
   deepepd.loop = loop;
+  stop_ops = stop;
   deepepd.start_ns = uv_hrtime();
   uv_signal_init(loop, &sig_term);
   uv_signal_init(loop, &sig_int);

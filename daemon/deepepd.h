@@ -37,8 +37,22 @@ extern struct deepepd deepepd;
 /* Apply the command-line overrides to a configuration. */
 void deepepd_apply_overrides(struct config *c);
 
-/* Watch SIGTERM, SIGINT (shutdown) and SIGHUP (reload).  0 or -1. */
-int deepepd_init(uv_loop_t *loop);
+/*
+ * What shutdown asks of the layers above this one (main hands them in, so
+ * that the life cycle calls nothing above it): `clients`, how many client
+ * connections are open; `stop_accepting`, stop accepting and remove the
+ * socket; `close_clients`, send every client its SHUTDOWN notice and call
+ * `done` once the last one has gone (at once when there are none).
+ */
+struct deepepd_stop_ops {
+  uint32_t (*clients)(void);
+  void (*stop_accepting)(void);
+  void (*close_clients)(void (*done)(void));
+};
+
+/* Watch SIGTERM, SIGINT (shutdown) and SIGHUP (reload); stop (kept, not
+ * copied) is how shutdown reaches the server and the clients.  0 or -1. */
+int deepepd_init(uv_loop_t *loop, const struct deepepd_stop_ops *stop);
 void deepepd_fini(void);
 
 /*

@@ -583,7 +583,7 @@ static void job_progress(struct job *j) {
     uint32_t nodes = 0;
     (void)job_remote_ranks(j, &nodes);
     log_info("job %s: all %u ranks held on %u node(s)", j->id, j->world_size, 1 + nodes);
-    xfer_job_start(j, job_who); /* before the replies: a rank asks for its ring next */
+    xfer_job_start(j, job_who, job_membership); /* before the replies: a rank asks for its ring next */
     job_complete(j);
   }
 }
@@ -1020,7 +1020,6 @@ struct job *job_lookup(const char *id) { return job_find(id); }
 
 /* A peer came up: it learns the membership of every job gathering here. */
 static void job_on_peer_up(int k) {
-  xfer_peer_up(k);
   for (struct job *j = job_list; j != NULL; j = j->next)
     if (j->multinode && !j->ready && !j->dead && j->attached == j->local_world_size)
       job_announce(j, k);
@@ -1057,7 +1056,6 @@ static void job_on_peer_down(int k) {
   }
   for (struct job *j = job_list; j != NULL; j = j->next)
     j->accepted &= ~job_peer_bit(k); /* it forgot our MEMBERSHIP: sent again when it is up */
-  xfer_peer_down(k);
 }
 
 /*

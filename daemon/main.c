@@ -189,6 +189,13 @@ static void main_on_pools(int rc, const char *why) {
   main_warmup();
 }
 
+/* How shutdown reaches the server and its clients (deepepd.h). */
+static const struct deepepd_stop_ops main_stop_ops = {
+    .clients = conn_count,
+    .stop_accepting = server_fini,
+    .close_clients = conn_shutdown_all,
+};
+
 int main(int argc, char **argv) {
   enum { OPT_BACKEND = 256, OPT_LOG_LEVEL, OPT_CHECK, OPT_WARMUP, OPT_TUNE };
   static const struct option opts[] = {
@@ -290,9 +297,9 @@ int main(int argc, char **argv) {
     log_errx("uv_loop_init: %s", uv_strerror(rc));
     goto out_notify;
   }
-  if (deepepd_init(&loop) != 0)
+  if (deepepd_init(&loop, &main_stop_ops) != 0)
     goto out_loop;
-  conn_init(&loop);
+  conn_init(&loop, &control_conn_ops);
   job_init(&loop, &deepepd.cfg);
   stats_init(&loop, &deepepd.cfg);
   /* STATUS says "starting" until the pools are made. */

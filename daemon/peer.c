@@ -31,7 +31,6 @@
 #include "peer_internal.h"
 #include "peerauth.h"
 #include "rdmaxp.h"
-#include "xfer.h"
 
 #define PEER_TICK_MS 100
 /* A tick this late is said in the log (peer_on_tick). */
@@ -47,8 +46,6 @@ static const char *const slot_state_names[] = {
     [SLOT_UP] = "up",
     [SLOT_BACKOFF] = "backoff",
 };
-
-struct peer_layer peer__layer = {.listen_fd = -1};
 
 /* ---- naming and sending -------------------------------------------------- */
 
@@ -166,17 +163,25 @@ static struct peer *peer_identify(const struct peer_conn *c, uint16_t listen_por
 
 static uint32_t peer_links_up(const struct peer *p) { return peer_count_up(p) + p->inbound_up; }
 
-/* Tell the job table when a peer gains its first link or loses its last. */
+/* Tell the data path and the job table when a peer gains its first link or
+ * loses its last: the data path first when it comes up, last when it goes. */
 void peer__note_links(struct peer *p) {
   bool up = peer_links_up(p) > 0;
   if (up == p->linked_up || P->stopping)
     return;
   p->linked_up = up;
   int k = (int)(p - P->peers);
-  if (up && P->ev != NULL && P->ev->up != NULL)
-    P->ev->up(k);
-  else if (!up && P->ev != NULL && P->ev->down != NULL)
-    P->ev->down(k);
+  if (up) {
+    if (P->data != NULL)
+      P->data->up(k);
+    if (P->ev != NULL && P->ev->up != NULL)
+      P->ev->up(k);
+  } else {
+    if (P->ev != NULL && P->ev->down != NULL)
+      P->ev->down(k);
+    if (P->data != NULL)
+      P->data->down(k);
+  }
 }
 static void conn_on_hello(struct peer_conn *c, const struct dep_peer_msg *m, const uint8_t *raw,
                           size_t len) {
@@ -240,7 +245,7 @@ static void conn_on_data_hello(struct peer_conn *c, const struct dep_peer_data_h
     peer__refuse(c, DEP_ERR_INTERNAL, "cannot take the data connection: %s", strerror(errno));
     return;
   }
-  if (!xfer_accept((int)(p - P->peers), h->token, fd)) {
+  if (P->data == NULL || !P->data->accept((int)(p - P->peers), h->token, fd)) {
     close(fd);
     c->refusal = PEER_REFUSED_AUTH;
     peer__refuse(c, DEP_ERR_PERMISSION, "opened a data connection with a token this daemon did "
@@ -401,7 +406,8 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
     peerxport_on_nak(c, &m.u.nak);
     break;
   case DEP_PEER_DATA_OFFER:
-    xfer_on_offer((int)(c->peer - P->peers), &m.u.data_offer);
+    if (P->data != NULL)
+      P->data->offer((int)(c->peer - P->peers), &m.u.data_offer);
     break;
   case DEP_PEER_DATA_HELLO: /* handled above */
     break;
@@ -588,14 +594,25 @@ static void peer_on_tick(uv_timer_t *t) {
     next = c->next; /* conn_tick may drop c, which takes it out of the list */
     conn_tick(c, now);
   }
-  xfer_tick(); /* data connections lost while their link stayed */
+  if (P->data != NULL)
+    P->data->tick(); /* data connections lost while their link stayed */
   peerconn_refusals_tick(now, false);
   peer__check_ready();
 }
 /* ---- init, fini, queries ------------------------------------------------- */
 
+/* What peerxport.c asks of this file (peer_internal.h). */
+static const struct peer_core peer_core = {
+    .send = peer__send,
+    .refuse = peer__refuse,
+    .all_up = peer__all_up,
+    .note_links = peer__note_links,
+    .check_ready = peer__check_ready,
+};
+
 int peer_init(uv_loop_t *loop, const struct config *cfg) {
   P->loop = loop;
+  P->core = &peer_core;
   P->pool_size = cfg->connection_pool_size;
   P->wait_ms = cfg->peer_wait_ms;
   P->listen_port = cfg->listen_port;
@@ -718,6 +735,8 @@ void peer_wait(peer_ready_fn *done) {
 
 void peer_set_events(const struct peer_events *ev) { P->ev = ev; }
 
+void peer_set_data_ops(const struct peer_data_ops *ops) { P->data = ops; }
+
 int peer_count(void) { return P->active ? (int)P->n : 0; }
 
 bool peer_is_up(int k) {
@@ -762,7 +781,8 @@ int peer_send(int k, const struct dep_peer_msg *m) {
   return DEP_ERR_STATE;
 }
 
-int peer_fill(struct dep_msg_peers *m) {
+/* The links' part of PEERS_OK: every peer and its control connections. */
+static int peer_fill_links(struct dep_msg_peers *m) {
   memset(m, 0, sizeof *m);
   snprintf(m->node, sizeof m->node, "%s", P->node);
   if (P->listening)
@@ -774,7 +794,6 @@ int peer_fill(struct dep_msg_peers *m) {
     snprintf(m->rdma, sizeof m->rdma, "none: %s", rdmaxp_why());
   for (size_t i = 0; i < devices_count(); i++)
     m->nic_bytes += devices_at(i)->nic_bytes;
-  xfer_proxy_stats(&m->proxy_threads, &m->proxy_busy_us);
   if (P->n == 0 || P->stopping)
     return 0;
   m->peers = calloc(P->n, sizeof *m->peers);
@@ -801,14 +820,6 @@ int peer_fill(struct dep_msg_peers *m) {
     snprintf(q->wanted, sizeof q->wanted, "%s", config_transport_name(p->transport));
     q->qps_up = on_rdma;
     q->rdma_rtt_us = p->rdma_rtt_us;
-    struct xfer_peer_stats xs;
-    xfer_peer_stats((int)k, &xs);
-    q->data_out = xs.conns_out;
-    q->data_in = xs.conns_in;
-    q->data_bytes_out = xs.bytes_out;
-    q->data_bytes_in = xs.bytes_in;
-    q->data_frames_out = xs.frames_out;
-    q->data_frames_in = xs.frames_in;
     snprintf(q->last_error, sizeof q->last_error, "%s", p->last_error);
     q->conns_up = peer_count_up(p);
     q->conns_total = P->pool_size;
@@ -825,4 +836,11 @@ int peer_fill(struct dep_msg_peers *m) {
     }
   }
   return 0;
+}
+
+int peer_fill(struct dep_msg_peers *m) {
+  int rc = peer_fill_links(m);
+  if (rc == 0 && P->data != NULL)
+    P->data->fill(m);
+  return rc;
 }

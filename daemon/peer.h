@@ -76,6 +76,30 @@ struct peer_events {
 };
 void peer_set_events(const struct peer_events *ev);
 
+/*
+ * What the peer layer hands the data path between nodes (xfer.c registers
+ * these in xfer_init, so peer.c calls nothing above it), each on the loop
+ * thread: `up`, peer k came up, before the job table hears it (so its
+ * DATA_OFFERs go on the link ahead of the jobs' MEMBERSHIP); `down`, its
+ * last link closed, after the job table failed or told its jobs (whose
+ * routes go before their data connections); `accept`, an inbound connection from peer k said DATA_HELLO with
+ * token: whether the token was one offered to k (fd is then the data path's;
+ * else the caller closes it); `offer`, peer k's DATA_OFFER; `tick`, the
+ * layer's periodic tick; `fill`, the data path's part of a PEERS record (its
+ * proxy threads, and each of m->n_peers peers' data connections and
+ * traffic).  Before any are registered a DATA_HELLO is refused and the rest
+ * are not called.
+ */
+struct peer_data_ops {
+  void (*up)(int peer);
+  void (*down)(int peer);
+  bool (*accept)(int peer, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd);
+  void (*offer)(int peer, const struct dep_peer_data_offer *o);
+  void (*tick)(void);
+  void (*fill)(struct dep_msg_peers *m);
+};
+void peer_set_data_ops(const struct peer_data_ops *ops);
+
 /* Configured peers, and whether peer k has an authenticated link now. */
 int peer_count(void);
 bool peer_is_up(int peer);

@@ -4,8 +4,9 @@
  * peer.c runs the links (the handshake, frames, keep-alive, the tick) and
  * answers the queries of peer.h; peerconn.c opens them (resolving,
  * connecting with backoff, accepting, the listener); peerxport.c settles
- * an authenticated link's transport (TCP, or an RDMA queue pair).  All of
- * it runs on the loop thread.
+ * an authenticated link's transport (TCP, or an RDMA queue pair), calling
+ * peer.c only through P->core; peerstate.c defines the layer's state.  All
+ * of it runs on the loop thread.
  */
 #ifndef DEP_DAEMON_PEER_INTERNAL_H
 #define DEP_DAEMON_PEER_INTERNAL_H
@@ -148,8 +149,10 @@ struct peer_layer {
   peer_ready_fn *ready_cb;
   char status[DEP_MSG_TEXT_MAX]; /* the last STATUS= sent while waiting */
   const struct peer_events *ev;
+  const struct peer_data_ops *data; /* NULL until xfer_init registers it */
+  const struct peer_core *core;     /* peer.c's, set by peer_init */
 };
-extern struct peer_layer peer__layer;
+extern struct peer_layer peer__layer; /* peerstate.c */
 /* Each file's handle on it. */
 static struct peer_layer *const P = &peer__layer;
 
@@ -181,6 +184,20 @@ bool peer__all_up(const struct peer *p);
 void peer__note_links(struct peer *p);
 /* Call the peer_wait callback once every peer is up or the wait is over. */
 void peer__check_ready(void);
+
+/*
+ * What peerxport.c asks of peer.c, through P->core (peer_init sets it), so
+ * that the transport's half calls nothing of the file above it: the
+ * peer__ functions of those names.
+ */
+struct peer_core {
+  int (*send)(struct peer_conn *c, const struct dep_peer_msg *m);
+  void (*refuse)(struct peer_conn *c, int code, const char *fmt, ...)
+      __attribute__((format(printf, 3, 4)));
+  bool (*all_up)(const struct peer *p);
+  void (*note_links)(struct peer *p);
+  void (*check_ready)(void);
+};
 
 /* ---- peerconn.c ---- */
 

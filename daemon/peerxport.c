@@ -47,21 +47,21 @@ static void conn_settled(struct peer_conn *c, bool rdma, const char *why) {
       }
     }
   }
-  peer__note_links(p);
-  if (c->slot >= 0 && peer__all_up(p) && !p->was_up) {
+  P->core->note_links(p);
+  if (c->slot >= 0 && P->core->all_up(p) && !p->was_up) {
     p->was_up = true;
     p->last_error[0] = '\0';
     log_info("peer %s (%s): %u connection(s) up over %s%s", p->name, p->node, P->pool_size,
              rdma ? "RDMA" : "TCP", P->authenticated ? "" : ", unauthenticated (peer_insecure)");
   }
-  peer__check_ready();
+  P->core->check_ready();
 }
 
 /* RDMA cannot be had on this link (why): with transport rdma the link is
  * refused (and retried), with auto it settles on TCP. */
 static void conn_without_rdma(struct peer_conn *c, const char *why) {
   if (c->peer->transport == CONFIG_TRANSPORT_RDMA)
-    peer__refuse(c, DEP_ERR_UNSUPPORTED, "transport: rdma, but %s", why);
+    P->core->refuse(c, DEP_ERR_UNSUPPORTED, "transport: rdma, but %s", why);
   else
     conn_settled(c, false, why);
 }
@@ -70,7 +70,7 @@ static void conn_send_nak(struct peer_conn *c, const char *why) {
   struct dep_peer_msg m = {.type = DEP_PEER_XPORT_NAK};
   m.u.nak.code = DEP_ERR_UNSUPPORTED;
   cut(m.u.nak.message, sizeof m.u.nak.message, why);
-  (void)peer__send(c, &m);
+  (void)P->core->send(c, &m);
 }
 
 /* The key derived for a connection between us and the peer whose node is
@@ -94,13 +94,13 @@ static void conn_offer(struct peer_conn *c) {
     c->qp = rdmaxp_offer(c, dkey, &m.u.xport, why, sizeof why);
     sodium_memzero(dkey, sizeof dkey);
     if (c->qp != NULL) {
-      (void)peer__send(c, &m); /* up when the queue pair connects, or TCP on XPORT_NAK */
+      (void)P->core->send(c, &m); /* up when the queue pair connects, or TCP on XPORT_NAK */
       return;
     }
   }
   m.u.xport.kind = DEP_PEER_XPORT_TCP;
   snprintf(m.u.xport.reason, sizeof m.u.xport.reason, "%s", why);
-  if (peer__send(c, &m) != 0)
+  if (P->core->send(c, &m) != 0)
     return;
   conn_without_rdma(c, why);
 }
@@ -119,7 +119,7 @@ void peerxport_begin(struct peer_conn *c) {
 /* The connecting end: the acceptor's offer. */
 void peerxport_on_xport(struct peer_conn *c, const struct dep_peer_xport *x) {
   if (c->slot < 0 || c->up || c->qp != NULL) {
-    peer__refuse(c, DEP_ERR_PROTOCOL, "sent XPORT out of turn");
+    P->core->refuse(c, DEP_ERR_PROTOCOL, "sent XPORT out of turn");
     return;
   }
   struct peer *p = c->peer;
@@ -162,7 +162,7 @@ void peerxport_on_xport(struct peer_conn *c, const struct dep_peer_xport *x) {
 /* The accepting end: the connecting end will not or could not use RDMA. */
 void peerxport_on_nak(struct peer_conn *c, const struct dep_peer_error *nak) {
   if (c->slot >= 0 || !c->authed) {
-    peer__refuse(c, DEP_ERR_PROTOCOL, "sent XPORT_NAK out of turn");
+    P->core->refuse(c, DEP_ERR_PROTOCOL, "sent XPORT_NAK out of turn");
     return;
   }
   if (c->up)

@@ -137,7 +137,7 @@ struct xfer_route *xfer__route_new(uint32_t world) {
   return r;
 }
 
-void xfer_job_start(const struct job *j, const int16_t *who) {
+void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn *membership) {
   if (!X->active || j->xchg == NULL)
     return;
   if (X->started == 0 && xfer_start_threads() != 0) {
@@ -174,7 +174,7 @@ void xfer_job_start(const struct job *j, const int16_t *who) {
     r->xchg[i] = dep_xring_xchg(j->xchg[i].region->map);
     r->mr[i] = j->xchg[i].region->mr;
   }
-  r->rdma = xfer_rdma_route_new(j, who);
+  r->rdma = xfer_rdma_route_new(j, who, membership);
   r->serial = ++X->serials;
   pthread_rwlock_wrlock(&X->lock);
   r->next = X->routes;
@@ -700,7 +700,43 @@ static int xfer_start_threads(void) {
   return 0;
 }
 
+/* The data path's part of PEERS_OK: its proxy threads, each peer's data connections. */
+static void xfer_fill_peers(struct dep_msg_peers *m) {
+  xfer_proxy_stats(&m->proxy_threads, &m->proxy_busy_us);
+  for (uint32_t k = 0; k < m->n_peers; k++) {
+    struct dep_msg_peer_info *q = &m->peers[k];
+    struct xfer_peer_stats xs;
+    xfer_peer_stats((int)k, &xs);
+    q->data_out = xs.conns_out;
+    q->data_in = xs.conns_in;
+    q->data_bytes_out = xs.bytes_out;
+    q->data_bytes_in = xs.bytes_in;
+    q->data_frames_out = xs.frames_out;
+    q->data_frames_in = xs.frames_in;
+  }
+}
+
+/* What the peer layer hands the data path (peer.h). */
+static const struct peer_data_ops xfer_peer_ops = {
+    .up = xfer_peer_up,
+    .down = xfer_peer_down,
+    .accept = xfer_accept,
+    .offer = xfer_on_offer,
+    .tick = xfer_tick,
+    .fill = xfer_fill_peers,
+};
+
+/* The offer table as the RDMA data queue pairs use it (xfer_rdma.h). */
+static const struct xfer_rdma_offers xfer_rdma_offer_ops = {
+    .peer = xfer_offer_peer,
+    .spend = xfer_offer_spend,
+    .to_tcp = xfer_on_offer,
+};
+
 int xfer_init(const struct config *cfg) {
+  /* Registered even on a single node, where each of them finds the data
+   * path inactive: a stray DATA_HELLO is refused as any unknown token is. */
+  peer_set_data_ops(&xfer_peer_ops);
   if (cfg->n_peers == 0)
     return 0; /* a single node: nothing to move */
   if (sodium_init() < 0) {
@@ -731,7 +767,7 @@ int xfer_init(const struct config *cfg) {
   atomic_store(&X->test_drops, drops != NULL ? atoi(drops) : 0);
   X->cfg = cfg;
   X->active = true;
-  xfer_rdma_init(cfg);
+  xfer_rdma_init(cfg, &xfer_rdma_offer_ops);
   return 0;
 }
 

@@ -38,8 +38,10 @@
 #ifndef DEP_DAEMON_XFER_H
 #define DEP_DAEMON_XFER_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "config.h"
 #include "peer_proto.h"
@@ -60,9 +62,16 @@ void xfer_fini(void);
 /* XRING_LEND from an attached rank of a running job that spans nodes. */
 void xfer_lend_ring(struct conn *c, uint32_t request_id);
 
+/* What peer k said of job j in its MEMBERSHIP (its ranks, their exchange
+ * windows and keys), or NULL when it said nothing for j: job.c's records
+ * (job_membership), valid for the length of the call it is handed to. */
+typedef const struct dep_peer_membership *xfer_membership_fn(const struct job *j, int peer);
+
 /* The job table's events.  who[r] for each global rank r < world: -1 for a
- * rank held here, else the peer that holds it (job.c's job_who). */
-void xfer_job_start(const struct job *j, const int16_t *who);
+ * rank held here, else the peer that holds it (job.c's job_who); membership
+ * reads the peers' records of j during the call only, so xfer asks nothing
+ * of the job table. */
+void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn *membership);
 /* j's ranks here have all attached and its MEMBERSHIP goes to the peers
  * now (job.c, before it is sent): a peer that completes the job first may
  * send frames for it before its route is here, and a receiver waits for
@@ -76,9 +85,10 @@ void xfer_job_fail(const struct job *j, int code);
 /* j is gone: its route and rings go (before its arenas do). */
 void xfer_job_end(const struct job *j);
 
-/* The peer layer's events, passed on by job.c. */
+/* The peer layer's events (peer_data_ops: xfer_init subscribes). */
 void xfer_peer_up(int peer);
-/* The loop's tick (peer.c): a peer that is up with fewer inbound data
+/* The loop's tick (peer.c, through the peer_data_ops xfer_init registers;
+ * so are xfer_on_offer, xfer_accept and the PEERS record's data part): a peer that is up with fewer inbound data
  * connections than connection_pool_size (one dropped while the link
  * stayed) is offered tokens for the missing ones. */
 void xfer_tick(void);
@@ -111,10 +121,24 @@ struct xfer_say {
   _Atomic uint64_t last_ms, count;
 };
 /* Count one more event of s: true when it is to be said now, with *n the
- * events since the last line. */
-bool xfer_say_now(struct xfer_say *s, uint64_t *n);
+ * events since the last line.  Inline, so that each of the data path's
+ * files uses it without calling into another. */
+static inline bool xfer_say_now(struct xfer_say *s, uint64_t *n) {
+  atomic_fetch_add(&s->count, 1);
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t now = (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
+  uint64_t last = atomic_load(&s->last_ms);
+  if (last != 0 && now - last < XFER_SAY_MS)
+    return false;
+  if (!atomic_compare_exchange_strong(&s->last_ms, &last, now))
+    return false;
+  *n = atomic_exchange(&s->count, 0);
+  return true;
+}
 
-/* What `deepepctl peers` shows for peer k: data connections up each way,
+/* What `deepepctl peers` shows for peer k (peer_fill, through the data
+ * ops): data connections up each way,
  * and bytes and frames moved each way. */
 struct xfer_peer_stats {
   uint32_t conns_out, conns_in;

@@ -436,17 +436,6 @@ static int offer_spend(int k, const uint8_t *token) {
   return peer;
 }
 
-bool xfer_say_now(struct xfer_say *s, uint64_t *n) {
-  atomic_fetch_add(&s->count, 1);
-  uint64_t now = mono_ns() / 1000000ull, last = atomic_load(&s->last_ms);
-  if (last != 0 && now - last < XFER_SAY_MS)
-    return false;
-  if (!atomic_compare_exchange_strong(&s->last_ms, &last, now))
-    return false;
-  *n = atomic_exchange(&s->count, 0);
-  return true;
-}
-
 struct receiver {
   int peer;
   int fd;

@@ -104,6 +104,7 @@ struct xr_thread {
 static struct {
   bool active;
   const struct config *cfg;
+  const struct xfer_rdma_offers *offers;
   struct xr_peer p[CONFIG_MAX_LIST];
   struct xr_end ends[3][CONFIG_MAX_LIST]; /* [0] in, [1] out, [2] the test's wrong proof */
   _Atomic uint64_t lost;          /* peers whose writes in flight were lost (the loop saw it) */
@@ -134,7 +135,7 @@ static uint64_t mono_ms(void) {
  * offer stays open for the peer, whose own request may come after.
  */
 static void *on_accept(const struct dep_xfer_rdma_req *req, bool *said) {
-  const int k = xfer_offer_peer(req->token);
+  const int k = XR.offers->peer(req->token);
   if (k < 0 || k >= CONFIG_MAX_LIST)
     return NULL;
   struct xr_peer *p = &XR.p[k];
@@ -160,7 +161,7 @@ static void *on_accept(const struct dep_xfer_rdma_req *req, bool *said) {
                 "or someone who saw the token on the wire", peer_name(k), (unsigned long long)n);
     return NULL;
   }
-  if (xfer_offer_spend(req->token) != k) {
+  if (XR.offers->spend(req->token) != k) {
     *said = false; /* spent or withdrawn meanwhile: it names no open offer now */
     return NULL;
   }
@@ -192,7 +193,7 @@ static struct rdmaxp_qp *open_out(int k, const uint8_t token[DEP_PEER_TOKEN_LEN]
 static void token_to_tcp(int k, const uint8_t token[DEP_PEER_TOKEN_LEN]) {
   struct dep_peer_data_offer o;
   memcpy(o.token, token, sizeof o.token);
-  xfer_on_offer(k, &o);
+  XR.offers->to_tcp(k, &o);
 }
 
 /* The test's request with a wrong proof was rejected (or failed): our own
@@ -285,9 +286,10 @@ static void on_down(void *owner, struct rdmaxp_qp *q, const char *why) {
 static const struct rdmaxp_data_events xr_events = {
     .accept = on_accept, .up = on_up, .down = on_down};
 
-void xfer_rdma_init(const struct config *cfg) {
+void xfer_rdma_init(const struct config *cfg, const struct xfer_rdma_offers *offers) {
   memset(&XR, 0, sizeof XR);
   XR.cfg = cfg;
+  XR.offers = offers;
   for (int k = 0; k < CONFIG_MAX_LIST; k++) {
     pthread_mutex_init(&XR.p[k].mu, NULL);
     XR.ends[0][k] = (struct xr_end){.peer = k, .out = false};
@@ -394,7 +396,8 @@ static bool reap(int k, struct xr_peer *p) {
 
 /* ---- routes (the loop) --------------------------------------------------------------- */
 
-struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who) {
+struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who,
+                                            xfer_membership_fn *membership) {
   if (!XR.active || !rdmaxp_active())
     return NULL;
   struct xfer_rdma_route *xr = calloc(1, sizeof *xr + j->world_size * sizeof xr->dest[0]);
@@ -414,7 +417,7 @@ struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *
       continue;
     xr->peers |= 1ull << d->peer;
     ranks[d->peer]++;
-    const struct dep_peer_membership *m = job_membership(j, d->peer);
+    const struct dep_peer_membership *m = membership(j, d->peer);
     char why[256];
     /* A node's exchange regions are laid out for its own count of remote ranks. */
     if (m != NULL && !laid[d->peer]) {

@@ -43,13 +43,28 @@
 #include "config.h"
 #include "peer_proto.h"
 #include "slab.h"
+#include "xfer.h"
 #include "xring.h"
 
 struct job;
 struct xfer_rdma_route;
 
-/* With the data path (xfer_init): hook the data queue pairs into rdmaxp. */
-void xfer_rdma_init(const struct config *cfg);
+/*
+ * The data path's offer table, as the queue pairs use it (xfer.c hands it
+ * in, so this file calls nothing of the data path above it), each on the
+ * loop thread: `peer` and `spend`, xfer_offer_peer and xfer_offer_spend
+ * (xfer.h); `to_tcp`, a DATA_OFFER of peer k's whose token no queue pair of
+ * ours spends after all, for a TCP data connection (xfer_on_offer).
+ */
+struct xfer_rdma_offers {
+  int (*peer)(const uint8_t *token);
+  int (*spend)(const uint8_t *token);
+  void (*to_tcp)(int k, const struct dep_peer_data_offer *o);
+};
+
+/* With the data path (xfer_init): hook the data queue pairs into rdmaxp;
+ * offers is kept, not copied. */
+void xfer_rdma_init(const struct config *cfg, const struct xfer_rdma_offers *offers);
 /* Close every data queue pair (the proxy threads have stopped). */
 void xfer_rdma_fini(void);
 
@@ -65,11 +80,12 @@ void xfer_rdma_peer_down(int k);
 /*
  * The RDMA targets of job j, which xfer.c's route keeps: for each remote
  * rank (who[g] >= 0), its exchange region's windows from the MEMBERSHIP of
- * the peer holding it (job.c's records), when all of them carry a key.
+ * the peer holding it (membership: job.c's records), when all of them carry a key.
  * NULL (out of memory, or no RDMA here): every block goes over TCP.  Logs
  * per peer which transport its blocks take.
  */
-struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who);
+struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who,
+                                            xfer_membership_fn *membership);
 /* The job's route goes: wait (bounded) until no write of ours is in
  * flight, say what moved, free it.  NULL is fine. */
 void xfer_rdma_route_free(struct xfer_rdma_route *xr);
