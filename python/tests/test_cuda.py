@@ -175,10 +175,9 @@ def test_async_finish_and_previous_event_are_real_cuda_events(daemon):
     with torch.cuda.stream(s):
         torch.cuda._sleep(SLEEP)
         x3 = x * 3
-        recv, count, h, ev, hook = b.low_latency_dispatch(x3, idx, 16, 4, use_fp8=False,
-                                                          async_finish=True,
-                                                          return_recv_hook=True)
-        hook()
+        # Not with return_recv_hook: the hook receives, so there is no event (ValueError).
+        recv, count, h, ev, _ = b.low_latency_dispatch(x3, idx, 16, 4, use_fp8=False,
+                                                       async_finish=True)
     assert isinstance(ev.event.event, torch.cuda.Event) and not ev.event.query()
     with torch.cuda.stream(s2):
         ev.current_stream_wait()  # s2 waits for the dispatch on s
