@@ -30,6 +30,8 @@
   XX(tune)                  \
   XX(rdma)                  \
   XX(peers)                 \
+  XX(peer_strangers)        \
+  XX(peer_data)             \
   XX(multinode)             \
   XX(bigworld)              \
   XX(stream)                \
