@@ -19,6 +19,8 @@
   XX(client)                \
   XX(client_daemon)         \
   XX(ctl)                   \
+  XX(ctl_render)            \
+  XX(ctl_json)              \
   XX(ops)                   \
   XX(ops_ext)               \
   XX(handles)               \
