@@ -246,8 +246,8 @@ asan:
 # -Wno-tsan: GCC says it cannot model atomic_thread_fence; the three fences
 # (stats.c, statrec.c, cuda_ops.c) order memory shared with another process
 # or the GPU, which ThreadSanitizer does not watch either way.
-TSAN_SUITES ?= xfer xnode xnode_faults xnode_ring multinode peers peer_strangers peer_data \
-               server client ops link job
+TSAN_SUITES ?= xfer xnode xnode_faults xnode_ring multinode multinode_fail peers peer_strangers \
+               peer_data server client ops link job
 tsan:
 	$(MAKE) BUILD=build-tsan NVCC=/nonexistent CFLAGS="-O1 -g -fno-omit-frame-pointer -Wno-tsan" \
 	  SANFLAGS="-fsanitize=thread" all build-tsan/check_deepepd

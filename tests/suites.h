@@ -35,6 +35,7 @@
   XX(peer_strangers)        \
   XX(peer_data)             \
   XX(multinode)             \
+  XX(multinode_fail)        \
   XX(bigworld)              \
   XX(stream)                \
   XX(xnode)                 \
