@@ -265,7 +265,7 @@ $(BUILD)/fuzz/fuzz_%: tests/fuzz_%.c $(PROTO_SRC) $(CONFIG_SRC)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(PROTO_SRC) $(CONFIG_SRC) $(LIBS_YAML)
 
 # The fuzz seeds from their fixed messages (tests/corpus_seeds.c), after a
-# layout or version change; the proto suite's corpus case says when.
+# layout or version change; the proto_fuzz suite's corpus case says when.
 .PHONY: corpus
 corpus: $(BUILD)/corpus_seeds
 	$(BUILD)/corpus_seeds tests/corpus

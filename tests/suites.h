@@ -6,6 +6,7 @@
 #define DEP_TEST_SUITES_H
 #define DEP_TEST_SUITES(XX) \
   XX(proto)                 \
+  XX(proto_fuzz)            \
   XX(shape)                 \
   XX(fdpass)                \
   XX(config)                \
