@@ -248,7 +248,8 @@ asan:
 # -Wno-tsan: GCC says it cannot model atomic_thread_fence; the three fences
 # (stats.c, statrec.c, cuda_ops.c) order memory shared with another process
 # or the GPU, which ThreadSanitizer does not watch either way.
-TSAN_SUITES ?= xfer xnode xnode_faults xnode_ring multinode peers server client ops link job
+TSAN_SUITES ?= xfer xnode xnode_faults xnode_ring multinode multinode_fail peers peer_strangers \
+               peer_data server client ops link job
 tsan:
 	$(MAKE) BUILD=build-tsan NVCC=/nonexistent CFLAGS="-O1 -g -fno-omit-frame-pointer -Wno-tsan" \
 	  SANFLAGS="-fsanitize=thread" all build-tsan/check_deepepd
@@ -266,7 +267,7 @@ $(BUILD)/fuzz/fuzz_%: tests/fuzz_%.c $(PROTO_SRC) $(CONFIG_SRC)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(PROTO_SRC) $(CONFIG_SRC) $(LIBS_YAML)
 
 # The fuzz seeds from their fixed messages (tests/corpus_seeds.c), after a
-# layout or version change; the proto suite's corpus case says when.
+# layout or version change; the proto_fuzz suite's corpus case says when.
 .PHONY: corpus
 corpus: $(BUILD)/corpus_seeds
 	$(BUILD)/corpus_seeds tests/corpus

@@ -1,14 +1,21 @@
 /*
- * job.c — the job table and the node-local attach rendezvous.  Jobs are few
- * (limits.max_jobs), so a singly linked list searched by id is plenty and
- * easy to hold in one's head.
+ * job.c — the job table and the node-local attach rendezvous: a job's
+ * creation, its ranks' ATTACH and DETACH, the timeout, lending its arenas
+ * and answering every rank at once, its teardown, and what status shows.
+ * Jobs are few (limits.max_jobs), so a singly linked list searched by id
+ * is plenty and easy to hold in one's head.
+ *
+ * What spans nodes is elsewhere: the peers' MEMBERSHIP records, the
+ * gathering across nodes and the peer events in job_members.c; the
+ * failures remembered for a multi-node job's late ranks in job_failed.c.
+ * What the three share is job_internal.h.
  */
 #include "job.h"
+#include "job_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "conn.h"
@@ -23,11 +30,9 @@
 #include "slab.h"
 
 static uv_loop_t *job_loop;
-static struct job *job_list;
+struct job *job_list;
 static uint32_t job_n;
-static const struct config *job_cfg;
-
-static const struct peer_events job_peer_events;
+const struct config *job_cfg;
 
 void job_init(uv_loop_t *loop, const struct config *cfg) {
   job_loop = loop;
@@ -36,203 +41,9 @@ void job_init(uv_loop_t *loop, const struct config *cfg) {
   peer_set_events(&job_peer_events);
 }
 
-/* ---- what peers reported: one record per (job id, peer) ----------------
- * Kept apart from the job table: a peer's MEMBERSHIP often arrives before
- * the first local rank of the job does, and it outlives a local job that
- * failed (its ranks may come back under the same id).  A record goes when
- * its peer says JOB_END or JOB_FAIL, or when the peer goes down.
- *
- * Across nodes a job is its (owner uid, id) (DESIGN §4): a record counts
- * toward the local job of its id only when both are the same uid's.  A
- * record of another uid is held apart: it never joins, completes or fails
- * that job, and what it tells the other uid's ranks is at most that the id
- * is taken (job_attach). */
-
-/* Records at most, from all peers together (member_cap gives each peer its
- * share): an authenticated peer is trusted, but bounded. */
-#define JOB_MEMBERS_MAX 4096u
-
-struct job_member {
-  struct job_member *next;
-  int peer;
-  struct dep_peer_membership m;
-};
-
-static struct job_member *job_members;
-
-/* Whether record x is of job j: the same id and the same owner. */
-static bool member_of(const struct job_member *x, const struct job *j) {
-  return x->m.owner_uid == (uint32_t)j->owner_uid && strcmp(x->m.job_id, j->id) == 0;
-}
-
-/*
- * The most records one peer may hold here: as many jobs as this node may
- * hold itself (limits.max_jobs, the same on every node of a cluster, bounds
- * the jobs a peer can announce), and never more than its share of
- * JOB_MEMBERS_MAX, so that one peer cannot fill the table for the others.
- */
-static uint32_t member_cap(void) {
-  uint32_t share = JOB_MEMBERS_MAX / (uint32_t)(peer_count() > 0 ? peer_count() : 1);
-  return job_cfg->max_jobs < share ? job_cfg->max_jobs : share;
-}
-
-static uint32_t members_of(int peer) {
-  uint32_t n = 0;
-  for (const struct job_member *x = job_members; x != NULL; x = x->next)
-    n += x->peer == peer;
-  return n;
-}
-
-static struct job_member **member_slot(const char *id, int peer) {
-  struct job_member **pp = &job_members;
-  for (; *pp != NULL; pp = &(*pp)->next)
-    if ((*pp)->peer == peer && strcmp((*pp)->m.job_id, id) == 0)
-      break;
-  return pp;
-}
-
-static void member_drop(const char *id, int peer) {
-  struct job_member **pp = member_slot(id, peer);
-  struct job_member *x = *pp;
-  if (x == NULL)
-    return;
-  *pp = x->next;
-  free(x);
-}
-
-/* Whether a peer holds id for another uid than `uid`, and none for uid:
- * the id is taken across nodes. */
-static bool member_taken(const char *id, uid_t uid) {
-  bool other = false;
-  for (const struct job_member *x = job_members; x != NULL; x = x->next) {
-    if (strcmp(x->m.job_id, id) != 0)
-      continue;
-    if (x->m.owner_uid == (uint32_t)uid)
-      return false;
-    other = true;
-  }
-  return other;
-}
-
-const struct dep_peer_membership *job_membership(const struct job *j, int peer) {
-  const struct job_member *x = *member_slot(j->id, peer);
-  return x != NULL && member_of(x, j) ? &x->m : NULL;
-}
-
-uint32_t job_remote_ranks(const struct job *j, uint32_t *nodes) {
-  uint32_t n = 0, k = 0;
-  for (const struct job_member *x = job_members; x != NULL; x = x->next) {
-    if (!member_of(x, j))
-      continue;
-    n += x->m.n_ranks;
-    k++;
-  }
-  if (nodes != NULL)
-    *nodes = k;
-  return n;
-}
-
-/* "0-3,8,10-11" into buf (cut with "..." when long) from a bitmap of world ranks. */
-static void ranks_fmt(const uint8_t *set, uint32_t world, char *buf, size_t len) {
-  size_t off = 0;
-  buf[0] = '\0';
-  for (uint32_t r = 0; r < world; r++) {
-    if (!set[r])
-      continue;
-    uint32_t e = r;
-    while (e + 1 < world && set[e + 1])
-      e++;
-    int n = e > r ? snprintf(buf + off, len - off, "%s%u-%u", off ? "," : "", r, e)
-                  : snprintf(buf + off, len - off, "%s%u", off ? "," : "", r);
-    if (n < 0 || (size_t)n >= len - off - 4) {
-      snprintf(buf + off, len - off, ",...");
-      return;
-    }
-    off += (size_t)n;
-    r = e;
-  }
-}
-
-/* A JOB_FAIL (code < 0) or JOB_END (code 0) about the job (owner, id). */
-static struct dep_peer_msg job_event(const char *id, uint32_t owner, int code, uint32_t rank,
-                                     bool detached, const char *msg) {
-  struct dep_peer_msg m = {.type = code < 0 ? DEP_PEER_JOB_FAIL : DEP_PEER_JOB_END};
-  snprintf(m.u.job.job_id, sizeof m.u.job.job_id, "%s", id);
-  m.u.job.owner_uid = owner;
-  m.u.job.rank = rank;
-  m.u.job.detached = detached ? 1u : 0u;
-  m.u.job.code = code;
-  snprintf(m.u.job.message, sizeof m.u.job.message, "%s", msg != NULL ? msg : "");
-  return m;
-}
-
-/* Send m to every peer that is up. */
-static void job_send_peers(const struct dep_peer_msg *m) {
-  for (int k = 0; k < peer_count(); k++)
-    if (peer_is_up(k))
-      (void)peer_send(k, m);
-}
-
-/* Send JOB_FAIL (code < 0) or JOB_END (code 0) about j to every peer that is up. */
-static void job_tell_peers(const struct job *j, int code, uint32_t rank, bool detached,
-                           const char *msg) {
-  struct dep_peer_msg m = job_event(j->id, (uint32_t)j->owner_uid, code, rank, detached, msg);
-  job_send_peers(&m);
-}
-
-static void job_fail_everywhere(struct job *j, int code, const char *msg);
-
-/* Peer k's bit in a job's `accepted` (peers are at most CONFIG_MAX_LIST). */
-_Static_assert(CONFIG_MAX_LIST <= 64, "job.accepted holds a bit per peer");
-static uint64_t job_peer_bit(int k) { return (uint64_t)1 << (unsigned)k; }
-
-/* The peers holding ranks of j (their records) that have not taken its MEMBERSHIP yet. */
-static uint64_t job_unaccepted(const struct job *j) {
-  uint64_t need = 0;
-  for (const struct job_member *x = job_members; x != NULL; x = x->next)
-    if (member_of(x, j))
-      need |= job_peer_bit(x->peer);
-  return need & ~j->accepted;
-}
-
-/* Send our MEMBERSHIP of j to peer k, or to every peer that is up (k < 0):
- * the ranks held here and where peers write into their slabs.  False when
- * the job failed instead. */
-static bool job_announce(struct job *j, int k) {
-  static struct dep_peer_msg m; /* large (windows); the loop is the only caller */
-  memset(&m, 0, sizeof m);
-  m.type = DEP_PEER_MEMBERSHIP;
-  struct dep_peer_membership *x = &m.u.membership;
-  snprintf(x->job_id, sizeof x->job_id, "%s", j->id);
-  x->owner_uid = (uint32_t)j->owner_uid;
-  x->sw.shape = j->shape;
-  x->sw.world_size = j->world_size;
-  x->local_world_size = j->local_world_size;
-  x->n_ranks = j->local_world_size;
-  for (uint32_t i = 0; i < j->local_world_size; i++)
-    x->ranks[i] = j->ranks[i].rank;
-  char why[DEP_MSG_TEXT_MAX - DEP_JOB_ID_MAX - 8] = "";
-  int rc = lend_windows(j, x, why, sizeof why);
-  if (rc != 0) {
-    char msg[DEP_MSG_TEXT_MAX];
-    snprintf(msg, sizeof msg, "job %s: %s", j->id, why);
-    job_fail_everywhere(j, rc, msg);
-    return false;
-  }
-  xfer_job_expect(j); /* before a peer can complete it and send frames */
-  for (int p = 0; p < peer_count(); p++) {
-    if ((k < 0 || p == k) && peer_is_up(p)) {
-      j->accepted &= ~job_peer_bit(p); /* until it answers this one */
-      (void)peer_send(p, &m);
-    }
-  }
-  j->announced = true;
-  return true;
-}
-
 uint32_t job_count(void) { return job_n; }
 
-static struct job *job_find(const char *id) {
+struct job *job_find(const char *id) {
   for (struct job *j = job_list; j != NULL; j = j->next)
     if (strcmp(j->id, id) == 0)
       return j;
@@ -315,150 +126,11 @@ static void job_remove_rank(struct job *j, uint32_t local_rank, bool detached) {
     job_destroy(j, "no ranks left");
 }
 
-/* ---- failures remembered: a late rank hears them -----------------------
- * A multi-node job that fails while it gathers leaves ranks that have not
- * attached yet, on this node or another.  Each would gather the id anew
- * and wait out limits.attach_timeout_ms for ranks that have already been
- * told and gone.  So a node keeps each such failure it makes or hears of
- * (a JOB_FAIL naming no rank), keyed by (owner uid, id) as the job is, and
- * answers a late rank of that uid and id with it at once.
- *
- * A late rank is told apart from a rank of the job started again under
- * the same id by its process (proc.h): the failure refuses a process that
- * started before this node learned of it (it was part of the attempt that
- * failed) and that has not heard it yet: it was not in the job here when
- * the job failed (waiting, or refused), and this record has not refused it
- * as that rank before.  A process started after, or one that has heard and
- * tries again, gathers the id anew.  A failure applies for
- * limits.attach_timeout_ms; it never fails a job that gathers anew under
- * the id, it only answers the late rank. */
-
-/* Processes a record remembers as told; past that the oldest are forgotten
- * (one of those that attaches again is told again, once). */
-#define JOB_FAILED_TOLD 64u
-/* A told process that waited in the job when it failed: past it for every rank. */
-#define JOB_TOLD_ANY UINT32_MAX
-
-struct job_told {
-  struct proc_id proc;
-  uint32_t rank;             /* the rank it was refused as late, or JOB_TOLD_ANY */
-};
-
-struct job_failed {
-  char id[DEP_JOB_ID_MAX];   /* "" when the slot is free */
-  uint32_t owner_uid;
-  int code;
-  uint64_t at_tick;          /* when this node learned of it, in proc.h's unit (clock ticks
-                                since boot): processes started before are of that attempt */
-  uint64_t until_ns;         /* uv_hrtime() after which it no longer applies */
-  char msg[DEP_MSG_TEXT_MAX];
-  struct job_told told[JOB_FAILED_TOLD];
-  uint32_t n_told;           /* entries written to told[], in turn */
-};
-
-static struct job_failed job_failed[JOB_FAILED_MAX];
-
-/* Now in proc.h's unit (process start times); 0 when the clock cannot say,
- * which refuses no process. */
-static uint64_t job_boot_ticks(void) {
-  struct timespec ts;
-  long hz = sysconf(_SC_CLK_TCK);
-  if (hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &ts) != 0)
-    return 0;
-  return (uint64_t)ts.tv_sec * (uint64_t)hz +
-         (uint64_t)ts.tv_nsec / (1000000000u / (uint64_t)hz);
-}
-
-/* The live record of (uid, id), or NULL. */
-static struct job_failed *failed_find(uint32_t uid, const char *id) {
-  uint64_t now = uv_hrtime();
-  for (uint32_t i = 0; i < JOB_FAILED_MAX; i++) {
-    struct job_failed *f = &job_failed[i];
-    if (f->id[0] != '\0' && f->owner_uid == uid && now < f->until_ns && strcmp(f->id, id) == 0)
-      return f;
-  }
-  return NULL;
-}
-
-/* Whether process p heard failure f for global rank `rank` (JOB_TOLD_ANY: for every rank). */
-static bool failed_told(const struct job_failed *f, const struct proc_id *p, uint32_t rank) {
-  uint32_t n = f->n_told < JOB_FAILED_TOLD ? f->n_told : JOB_FAILED_TOLD;
-  for (uint32_t i = 0; i < n; i++) {
-    const struct job_told *t = &f->told[i];
-    if (t->proc.pid == p->pid && t->proc.start == p->start &&
-        (t->rank == JOB_TOLD_ANY || t->rank == rank))
-      return true;
-  }
-  return false;
-}
-
-static void failed_tell(struct job_failed *f, const struct proc_id *p, uint32_t rank) {
-  if (p->pid <= 0 || failed_told(f, p, rank))
-    return;
-  f->told[f->n_told % JOB_FAILED_TOLD] = (struct job_told){*p, rank};
-  f->n_told++;
-}
-
-/*
- * Remember that the job (uid, id) failed while it gathered, with the code
- * and reason its ranks were told, on node `where` (NULL: this one); j, when
- * it is the local job that failed, gives the processes told with it.  A
- * record of (uid, id) that still applies takes the newer failure and keeps
- * the processes it told; else a free, outlived or the oldest slot is used.
- */
-static void job_remember_failure(uint32_t uid, const char *id, int code, const char *where,
-                                 const char *reason, const struct job *j) {
-  struct job_failed *f = failed_find(uid, id);
-  if (f == NULL) {
-    uint64_t now = uv_hrtime();
-    f = &job_failed[0];
-    for (uint32_t i = 0; i < JOB_FAILED_MAX; i++) {
-      struct job_failed *x = &job_failed[i];
-      if (x->id[0] == '\0' || now >= x->until_ns) {
-        f = x;
-        break;
-      }
-      if (x->until_ns < f->until_ns)
-        f = x;
-    }
-    memset(f, 0, sizeof *f);
-    snprintf(f->id, sizeof f->id, "%s", id);
-    f->owner_uid = uid;
-  }
-  f->code = code;
-  f->at_tick = job_boot_ticks();
-  f->until_ns = uv_hrtime() + (uint64_t)job_cfg->attach_timeout_ms * 1000000u;
-  snprintf(f->msg, sizeof f->msg, "job %s failed on %s%s before this rank attached: %s", id,
-           where != NULL ? "node " : "this node", where != NULL ? where : "", reason);
-  if (j != NULL)
-    for (uint32_t i = 0; i < j->local_world_size; i++)
-      if (j->ranks[i].conn != NULL)
-        failed_tell(f, &j->ranks[i].proc, JOB_TOLD_ANY);
-}
-
-/*
- * A rank of (c's uid, id) that comes after that job failed: answer it with
- * the failure and return true when it is a late rank of the attempt that
- * failed (see above); false, touching nothing, when it may gather anew.
- */
-static bool job_refuse_late(struct conn *c, uint32_t request_id, const struct dep_attach_args *a) {
-  struct job_failed *f = failed_find((uint32_t)c->uid, a->job_id);
-  struct proc_id p;
-  if (f == NULL || proc_identify(c->pid, &p) != 0 || failed_told(f, &p, a->rank) ||
-      p.start >= f->at_tick)
-    return false;
-  failed_tell(f, &p, a->rank);
-  log_info("job %s: rank %u (pid %d) attached after the job failed; told why", a->job_id,
-           a->rank, (int)c->pid);
-  conn_send_error(c, request_id, f->code, "%s", f->msg);
-  return true;
-}
-
 /* Fail every rank still waiting for the rendezvous, then tear the job down;
  * a multi-node job's failure is remembered for its late ranks, as on node
  * `where` (NULL: this one) for `reason`. */
-static void job_fail_from(struct job *j, int code, const char *msg, const char *where,
-                          const char *reason) {
+void job_fail_from(struct job *j, int code, const char *msg, const char *where,
+                   const char *reason) {
   if (j->multinode && !j->ready)
     job_remember_failure((uint32_t)j->owner_uid, j->id, code, where, reason, j);
   for (uint32_t i = 0; i < j->local_world_size; i++) {
@@ -472,171 +144,8 @@ static void job_fail_from(struct job *j, int code, const char *msg, const char *
 }
 
 /* Fail every rank still waiting for the rendezvous, then tear the job down. */
-static void job_fail(struct job *j, int code, const char *msg) {
+void job_fail(struct job *j, int code, const char *msg) {
   job_fail_from(j, code, msg, NULL, msg);
-}
-
-/* ---- multi-node: who holds which rank -------------------------------- */
-
-/* Per world rank: JOB_NOBODY, JOB_HERE (a local rank attached) or the peer. */
-#define JOB_NOBODY (-2)
-#define JOB_HERE (-1)
-static int16_t job_who[DEP_MAX_WORLD];
-
-/* Fail j on every node: the peers are told (JOB_FAIL), the local ranks answered. */
-static void job_fail_everywhere(struct job *j, int code, const char *msg) {
-  log_warnx("%s", msg);
-  job_tell_peers(j, code, DEP_PEER_NO_RANK, false, msg);
-  job_fail(j, code, msg);
-}
-
-static const char *job_node(int who) { return who == JOB_HERE ? "this node" : peer_name(who); }
-
-/*
- * Fill job_who for j from its local ranks and the peers' records of its uid
- * (another uid's are held apart), checking each against the job: the same
- * shape and world, ranks within the world, no rank held twice, no more
- * ranks than world_size.  On a conflict the job fails on every node and
- * false is returned; else *held is the number of world ranks accounted for.
- */
-static bool job_gather(struct job *j, uint32_t *held) {
-  char msg[DEP_MSG_TEXT_MAX];
-  for (uint32_t r = 0; r < j->world_size; r++)
-    job_who[r] = JOB_NOBODY;
-  uint32_t n = 0, total = j->local_world_size;
-  for (uint32_t i = 0; i < j->local_world_size; i++) {
-    if (j->ranks[i].conn != NULL) {
-      job_who[j->ranks[i].rank] = JOB_HERE;
-      n++;
-    }
-  }
-  for (const struct job_member *x = job_members; x != NULL; x = x->next) {
-    if (!member_of(x, j))
-      continue; /* another uid's job of the same id: held apart */
-    const char *field = NULL;
-    uint64_t have = 0, gives = 0;
-    if (dep__shape_diff(&j->shape, j->world_size, &x->m.sw.shape, x->m.sw.world_size, &field,
-                       &have, &gives)) {
-      snprintf(msg, sizeof msg,
-               "job %s: the ranks on node %s give %s %llu but this node's give %llu; every rank "
-               "of a job must pass the same values on every node",
-               j->id, peer_name(x->peer), field, (unsigned long long)gives,
-               (unsigned long long)have);
-      job_fail_everywhere(j, DEP_ERR_MISMATCH, msg);
-      return false;
-    }
-    total += x->m.local_world_size;
-    if (total > j->world_size) {
-      snprintf(msg, sizeof msg,
-               "job %s: the nodes hold more ranks than its world_size %u (this node %u, node %s "
-               "%u, ...); check local_world_size on every node",
-               j->id, j->world_size, j->local_world_size, peer_name(x->peer),
-               x->m.local_world_size);
-      job_fail_everywhere(j, DEP_ERR_MISMATCH, msg);
-      return false;
-    }
-    for (uint32_t i = 0; i < x->m.n_ranks; i++) {
-      uint32_t r = x->m.ranks[i];
-      if (r >= j->world_size) {
-        snprintf(msg, sizeof msg, "job %s: node %s holds rank %u, beyond world_size %u", j->id,
-                 peer_name(x->peer), r, j->world_size);
-        job_fail_everywhere(j, DEP_ERR_MISMATCH, msg);
-        return false;
-      }
-      if (job_who[r] != JOB_NOBODY) {
-        char first[300];
-        snprintf(first, sizeof first, "%s", job_node(job_who[r]));
-        snprintf(msg, sizeof msg,
-                 "job %s: rank %u is claimed by two nodes, %s and %s; give every rank of a job "
-                 "to one node only",
-                 j->id, r, first, peer_name(x->peer));
-        job_fail_everywhere(j, DEP_ERR_EXISTS, msg);
-        return false;
-      }
-      job_who[r] = (int16_t)x->peer;
-      n++;
-    }
-  }
-  *held = n;
-  return true;
-}
-
-static void job_complete(struct job *j);
-static bool job_lend(struct job *j);
-
-/* Something changed for the gathering multi-node job j (a local rank, a
- * peer's record): announce it when its local ranks are all here, check it,
- * and complete it when every world rank is held. */
-static void job_progress(struct job *j) {
-  if (j->dead || j->ready || !j->multinode)
-    return;
-  uint32_t held = 0;
-  if (!job_gather(j, &held))
-    return;
-  if (j->attached == j->local_world_size && !j->announced &&
-      (!job_lend(j) || !job_announce(j, -1)))
-    return;
-  /* Every node holding ranks of it must have taken our MEMBERSHIP: one that
-   * refuses it fails the job (JOB_FAIL), and that must come while our ranks
-   * still wait for their ATTACH, not after they started. */
-  if (j->attached == j->local_world_size && held == j->world_size && job_unaccepted(j) == 0) {
-    uint32_t nodes = 0;
-    (void)job_remote_ranks(j, &nodes);
-    log_info("job %s: all %u ranks held on %u node(s)", j->id, j->world_size, 1 + nodes);
-    xfer_job_start(j, job_who, job_membership); /* before the replies: a rank asks for its ring next */
-    job_complete(j);
-  }
-}
-
-/* The multi-node job j timed out: name the missing world ranks and the peers. */
-static void job_timeout_multinode(struct job *j) {
-  uint32_t held = 0;
-  if (!job_gather(j, &held))
-    return;
-  static uint8_t missing_set[DEP_MAX_WORLD];
-  for (uint32_t r = 0; r < j->world_size; r++)
-    missing_set[r] = job_who[r] == JOB_NOBODY;
-  char missing[160], up[200] = "", down[200] = "";
-  ranks_fmt(missing_set, j->world_size, missing, sizeof missing);
-  size_t ou = 0, od = 0;
-  for (int k = 0; k < peer_count(); k++) {
-    bool is_up = peer_is_up(k);
-    char *b = is_up ? up : down;
-    size_t *o = is_up ? &ou : &od;
-    int n = snprintf(b + *o, sizeof up - *o, "%s%s", *o ? ", " : "", peer_name(k));
-    if (n > 0 && (size_t)n < sizeof up - *o)
-      *o += (size_t)n;
-  }
-  char msg[DEP_MSG_TEXT_MAX];
-  uint64_t silent = job_unaccepted(j);
-  if (held == j->world_size && j->attached == j->local_world_size && silent != 0) {
-    /* Every rank is here; a node never said it took our MEMBERSHIP. */
-    char quiet[200] = "";
-    size_t oq = 0;
-    for (int k = 0; k < peer_count(); k++) {
-      if (!(silent & job_peer_bit(k)))
-        continue;
-      int n = snprintf(quiet + oq, sizeof quiet - oq, "%s%s", oq ? ", " : "", peer_name(k));
-      if (n > 0 && (size_t)n < sizeof quiet - oq)
-        oq += (size_t)n;
-    }
-    snprintf(msg, sizeof msg,
-             "job %s: all %u ranks attached, but after %u ms node(s) %s had not acknowledged "
-             "this node's membership of the job (MEMBERSHIP_OK, which a deepepd older than "
-             "this one does not send: run the same deepepd version on every node)",
-             j->id, j->world_size, j->timeout_ms, quiet);
-    job_fail_everywhere(j, DEP_ERR_TIMEOUT, msg);
-    return;
-  }
-  int len = snprintf(msg, sizeof msg,
-                     "job %s: %u of %u ranks attached after %u ms (%u of %u here); missing "
-                     "global ranks %s; peers up: %s; not up: %s (start every rank on every node, "
-                     "or raise limits.attach_timeout_ms)",
-                     j->id, held, j->world_size, j->timeout_ms, j->attached, j->local_world_size,
-                     missing, up[0] ? up : "none", down[0] ? down : "none");
-  if (len >= (int)sizeof msg) /* many ranks or peers: say that the list was cut */
-    memcpy(msg + sizeof msg - 4, "...", 4);
-  job_fail_everywhere(j, DEP_ERR_TIMEOUT, msg);
 }
 
 static void job_on_timeout(uv_timer_t *t) {
@@ -667,7 +176,7 @@ static void job_on_timeout(uv_timer_t *t) {
 }
 
 /* Lend j its arenas unless they are; false after failing the job (everywhere). */
-static bool job_lend(struct job *j) {
+bool job_lend(struct job *j) {
   if (j->lent)
     return true;
   /* Room for "job <id>: " in front, within one ERROR message. */
@@ -687,7 +196,7 @@ static bool job_lend(struct job *j) {
 }
 
 /* Every rank is here: lend memory (unless it was) and answer them all. */
-static void job_complete(struct job *j) {
+void job_complete(struct job *j) {
   uv_timer_stop(&j->timer);
   if (!job_lend(j))
     return;
@@ -766,32 +275,6 @@ static bool job_mismatch(const struct job *j, const struct dep_attach_args *a, c
 }
 
 /*
- * The first rank of a multi-node job to come here was refused before the
- * job was made (its shape, a limit, a drain): the job cannot start, and
- * its ranks on the other nodes wait for this one (DESIGN §5).  They are
- * told at once (JOB_FAIL under c's uid: it fails that uid's job of the id
- * only), and its later ranks here hear it (job_refuse_late).
- */
-static void job_refuse_first(struct conn *c, const struct dep_attach_args *a, int code,
-                             const char *msg) {
-  if (a->world_size <= a->local_world_size || peer_count() == 0 ||
-      proto_check_job_id(a->job_id, NULL, 0) != 0)
-    return;
-  char all[DEP_MSG_TEXT_MAX];
-  snprintf(all, sizeof all, "job %s cannot start: its rank %u (local %u, pid %d) was refused: "
-           "%.300s", a->job_id, a->rank, a->local_rank, (int)c->pid, msg);
-  log_warnx("%s", all);
-  job_remember_failure((uint32_t)c->uid, a->job_id, code, NULL, all, NULL);
-  struct job_failed *f = failed_find((uint32_t)c->uid, a->job_id);
-  struct proc_id p;
-  if (f != NULL && proc_identify(c->pid, &p) == 0)
-    failed_tell(f, &p, JOB_TOLD_ANY);
-  struct dep_peer_msg m = job_event(a->job_id, (uint32_t)c->uid, code, DEP_PEER_NO_RANK, false,
-                                    all);
-  job_send_peers(&m);
-}
-
-/*
  * Refuse an ATTACH: answer it, and when it names a job of the caller's uid
  * that is still gathering its ranks, fail that job at once for every rank
  * waiting in it, with the same reason (DESIGN §5): a job with a refused
@@ -829,29 +312,6 @@ void job_refuse_attach(struct conn *c, uint32_t request_id, const struct dep_att
                        int code, const char *msg) {
   struct job *j = proto_check_job_id(a->job_id, NULL, 0) == 0 ? job_find(a->job_id) : NULL;
   job_refuse(j, c, request_id, a, code, msg);
-}
-
-/*
- * c's uid asked for an id that another uid holds: its job here (j), or,
- * with none here, a peer's record.  It learns that the id is taken and
- * nothing else (not the owner, not the node); the owner's job goes on
- * untouched (DESIGN §4).  The daemon's log names both for the administrator.
- */
-static void job_refuse_taken(struct conn *c, uint32_t request_id, const char *id,
-                             const struct job *j) {
-  if (j != NULL) {
-    log_warnx("job %s: uid %u (pid %d) tried to join a job of uid %u; refused", id,
-              (unsigned)c->uid, (int)c->pid, (unsigned)j->owner_uid);
-  } else {
-    for (const struct job_member *x = job_members; x != NULL; x = x->next)
-      if (strcmp(x->m.job_id, id) == 0)
-        log_warnx("job %s: uid %u (pid %d) asked for an id that node %s holds for uid %u; "
-                  "refused", id, (unsigned)c->uid, (int)c->pid, peer_name(x->peer),
-                  (unsigned)x->m.owner_uid);
-  }
-  conn_send_error(c, request_id, DEP_ERR_PERMISSION,
-                  "job %s belongs to another user; choose a job id of your own (all processes "
-                  "of one job run as the same uid number on every node)", id);
 }
 
 /* Live jobs of one uid (a job still gathering its ranks holds its id too). */
@@ -1014,245 +474,7 @@ int job_fill_status(struct dep_status *st, uid_t viewer_uid, uint32_t max_jobs) 
   return 0;
 }
 
-/* ---- what the peers say ------------------------------------------------- */
-
 struct job *job_lookup(const char *id) { return job_find(id); }
-
-/* A peer came up: it learns the membership of every job gathering here. */
-static void job_on_peer_up(int k) {
-  for (struct job *j = job_list; j != NULL; j = j->next)
-    if (j->multinode && !j->ready && !j->dead && j->attached == j->local_world_size)
-      job_announce(j, k);
-}
-
-/* A peer's last link closed: its gathering jobs fail at once, its running
- * ones are told (abort words) that its first rank is gone; its records go. */
-static void job_on_peer_down(int k) {
-  struct job_member *x = job_members;
-  while (x != NULL) {
-    struct job_member *next = x->next;
-    if (x->peer == k) {
-      struct job *j = job_find(x->m.job_id);
-      if (j != NULL && !member_of(x, j))
-        j = NULL; /* another uid's job of that id: the peer held none of its ranks */
-      if (j != NULL && !j->dead && j->multinode && !j->ready) {
-        char msg[DEP_MSG_TEXT_MAX];
-        snprintf(msg, sizeof msg,
-                 "job %s: node %s, which holds %u of its ranks, went down (its peer link "
-                 "dropped) while the job gathered its ranks",
-                 j->id, peer_name(k), x->m.n_ranks);
-        log_warnx("%s", msg);
-        job_fail(j, DEP_ERR_PEER, msg);
-      } else if (j != NULL && !j->dead && j->multinode && j->ready && x->m.n_ranks > 0) {
-        log_warnx("job %s: node %s went down while the job ran: its ranks are told that rank %u "
-                  "is gone", j->id, peer_name(k), x->m.ranks[0]);
-        struct job_rank gone = {.rank = x->m.ranks[0]};
-        lend_tell_gone(j, &gone, DEP_SLAB_GONE_NODE);
-        xfer_job_fail(j, DEP_ERR_PEER);
-      }
-      member_drop(x->m.job_id, k);
-    }
-    x = next;
-  }
-  for (struct job *j = job_list; j != NULL; j = j->next)
-    j->accepted &= ~job_peer_bit(k); /* it forgot our MEMBERSHIP: sent again when it is up */
-}
-
-/*
- * Peer k's MEMBERSHIP cannot be taken here (why): its job can never start,
- * so it fails at once on every node (DESIGN §5), not after
- * limits.attach_timeout_ms.  Every peer that is up is told (JOB_FAIL under
- * the sender's uid: each node fails its job of that uid and id, and no
- * other uid's), the sender with them; the ranks of that job waiting here are
- * answered with the reason; and nothing the sender said of it is kept.
- */
-static void job_refuse_membership(int k, const struct dep_peer_membership *in, int code,
-                                  const char *why) {
-  char msg[DEP_MSG_TEXT_MAX];
-  snprintf(msg, sizeof msg, "job %.64s: the ranks on node %s were refused: %.380s", in->job_id,
-           peer_name(k), why);
-  member_drop(in->job_id, k);
-  struct job *j = job_find(in->job_id);
-  if (j != NULL && !j->dead && !j->ready && j->multinode &&
-      (uint32_t)j->owner_uid == in->owner_uid) {
-    job_fail_everywhere(j, code, msg);
-    return;
-  }
-  log_warnx("%s", msg);
-  job_remember_failure(in->owner_uid, in->job_id, code, NULL, msg, NULL);
-  struct dep_peer_msg m = job_event(in->job_id, in->owner_uid, code, DEP_PEER_NO_RANK, false, msg);
-  job_send_peers(&m);
-}
-
-/* Why peer k's MEMBERSHIP cannot be taken as a record, with its code; 0 when it can. */
-static int job_membership_check(int k, const struct dep_peer_membership *in, char *why,
-                                size_t len) {
-  int rc = proto_check_job_id(in->job_id, why, len);
-  if (rc == 0)
-    rc = dep__shape_check(&in->sw.shape, in->sw.world_size, why, len);
-  /* Each rank's windows cover its exchange region (slab.h) from its first
-   * byte on, in order: what a writer into it will rely on. */
-  struct dep_slab_layout l;
-  if (rc == 0)
-    rc = dep__slab_layout_nodes(&in->sw.shape, in->sw.world_size, in->local_world_size, 0, &l,
-                                why, len); /* the exchange region's part does not stream */
-  if (rc != 0)
-    return rc;
-  if (in->n_windows == 0) {
-    /* Every node lends its ranks of a job across nodes an exchange region,
-     * whatever the world; a deepepd of the same peer protocol from before
-     * that lent none above 64 ranks. */
-    snprintf(why, len, "node %s lent no exchange region for them (a deepepd older than this "
-             "node's lends none to a world above %u ranks, and this one has %u): run one "
-             "deepepd version on every node", peer_name(k), DEP_MAX_LOCAL_RANKS,
-             in->sw.world_size);
-    return DEP_ERR_UNSUPPORTED;
-  }
-  for (uint32_t r = 0; r < in->n_ranks; r++) {
-    uint64_t at = 0;
-    for (uint32_t w = 0; w < in->n_windows; w++) {
-      const struct dep_peer_window *v = &in->windows[w];
-      if (v->rank_index != r)
-        continue;
-      if (v->slab_off != at)
-        break;
-      at += v->len;
-    }
-    if (at < l.xchg_bytes) {
-      snprintf(why, len, "the windows of its rank %u cover %llu of its exchange region's %llu "
-               "bytes", (unsigned)in->ranks[r], (unsigned long long)at,
-               (unsigned long long)l.xchg_bytes);
-      return DEP_ERR_PROTOCOL;
-    }
-  }
-  /* Room for its record: a re-sent MEMBERSHIP replaces the one held. */
-  const uint32_t cap = member_cap();
-  if (*member_slot(in->job_id, k) == NULL && members_of(k) >= cap) {
-    snprintf(why, len, "too many jobs pending from node %s: it holds %u here already "
-             "(limits.max_jobs, or its share of %u records among %d peers, whichever is less); "
-             "end one of its jobs first, and keep limits.max_jobs the same on every node",
-             peer_name(k), cap, JOB_MEMBERS_MAX, peer_count());
-    return DEP_ERR_LIMIT;
-  }
-  return 0;
-}
-
-static void job_on_membership(int k, const struct dep_peer_membership *in) {
-  char why[DEP_MSG_TEXT_MAX - 64];
-  int rc = job_membership_check(k, in, why, sizeof why);
-  struct job_member **pp = member_slot(in->job_id, k);
-  if (rc == 0 && *pp == NULL) {
-    *pp = calloc(1, sizeof **pp);
-    if (*pp == NULL) {
-      rc = DEP_ERR_NO_MEMORY;
-      snprintf(why, sizeof why, "node %s is out of memory for its record", peer_name(k));
-    } else {
-      (*pp)->peer = k;
-    }
-  }
-  if (rc != 0) {
-    job_refuse_membership(k, in, rc, why);
-    return;
-  }
-  (*pp)->m = *in;
-  /* Taken: the sender may answer its ranks once every node has said so. */
-  struct dep_peer_msg ok = {.type = DEP_PEER_MEMBERSHIP_OK};
-  snprintf(ok.u.job.job_id, sizeof ok.u.job.job_id, "%s", in->job_id);
-  ok.u.job.owner_uid = in->owner_uid;
-  (void)peer_send(k, &ok);
-  uint32_t keyed = 0;
-  for (uint32_t w = 0; w < in->n_windows; w++)
-    keyed += in->windows[w].rkey != 0;
-  log_info("job %s: node %s holds %u of its %u ranks (%u window(s), %u registered with its NIC)",
-           in->job_id, peer_name(k), in->n_ranks, in->sw.world_size, in->n_windows, keyed);
-  struct job *j = job_find(in->job_id);
-  if (j != NULL && member_of(*pp, j))
-    job_progress(j);
-  else if (j != NULL)
-    log_warnx("job %s: node %s holds a job of this id for uid %u, this node one for uid %u: "
-              "they are two jobs, held apart", j->id, peer_name(k), (unsigned)in->owner_uid,
-              (unsigned)j->owner_uid);
-}
-
-static void job_on_job_event(int k, uint16_t type, const struct dep_peer_job_event *e) {
-  struct job_member **pp = member_slot(e->job_id, k);
-  uint32_t first = DEP_PEER_NO_RANK;
-  /* The peer's job of that id and uid is over: its record goes, another uid's stays. */
-  if (*pp != NULL && (*pp)->m.owner_uid == e->owner_uid) {
-    if ((*pp)->m.n_ranks > 0)
-      first = (*pp)->m.ranks[0];
-    member_drop(e->job_id, k);
-  }
-  if (type == DEP_PEER_JOB_END)
-    return;
-  struct job *j = job_find(e->job_id);
-  char text[4 * DEP_MSG_TEXT_MAX];
-  log_escape(e->message, strlen(e->message), text, sizeof text);
-  char reason[DEP_MSG_TEXT_MAX];
-  snprintf(reason, sizeof reason, "%.380s", text);
-  if (j == NULL || j->dead || !j->multinode || (uint32_t)j->owner_uid != e->owner_uid) {
-    /* None of its ranks is here yet (or this node holds another uid's job
-     * of that id): those that come later hear it (job_refuse_late). */
-    if (e->rank == DEP_PEER_NO_RANK) {
-      log_info("job %.64s of uid %u failed on node %s before any of its ranks attached here",
-               e->job_id, (unsigned)e->owner_uid, peer_name(k));
-      job_remember_failure(e->owner_uid, e->job_id, e->code, peer_name(k), reason, NULL);
-    }
-    return;
-  }
-  if (!j->ready) {
-    char msg[DEP_MSG_TEXT_MAX];
-    snprintf(msg, sizeof msg, "job %s failed on node %s: %.380s", j->id, peer_name(k), text);
-    log_warnx("%s", msg);
-    job_fail_from(j, e->code, msg, peer_name(k), reason);
-    return;
-  }
-  uint32_t rank = e->rank != DEP_PEER_NO_RANK ? e->rank : first;
-  if (rank == DEP_PEER_NO_RANK || rank >= j->world_size)
-    return;
-  /* A rank on another node that detached ended its part cleanly, and its
-   * last blocks may still be on their way over a data connection, which
-   * this notice (on the peer link) can overtake: only a death fails the
-   * waits here at once.  A rank that waits for one that left early times
-   * out instead. */
-  if (e->detached != 0) {
-    log_info("job %s: node %s says rank %u detached (%.380s)", j->id, peer_name(k), rank, text);
-    return;
-  }
-  log_notice("job %s: node %s says rank %u is gone (%.380s)", j->id, peer_name(k), rank, text);
-  struct job_rank gone = {.rank = rank};
-  lend_tell_gone(j, &gone, DEP_SLAB_GONE_DIED);
-  xfer_job_fail(j, DEP_ERR_PEER);
-}
-
-/* Peer k took our MEMBERSHIP of (uid, id): the job may complete on that count. */
-static void job_on_membership_ok(int k, const struct dep_peer_job_event *e) {
-  struct job *j = job_find(e->job_id);
-  /* An answer to a MEMBERSHIP since withdrawn (a local rank left) counts for
-   * nothing when it comes before we announce again; one still on its way
-   * when we do is taken for the new one (a window of one round trip to
-   * that peer, in which a refusal could again come after the start). */
-  if (j == NULL || j->dead || j->ready || !j->multinode || !j->announced ||
-      (uint32_t)j->owner_uid != e->owner_uid)
-    return;
-  j->accepted |= job_peer_bit(k);
-  job_progress(j);
-}
-
-static void job_on_peer_msg(int k, const struct dep_peer_msg *m) {
-  if (m->type == DEP_PEER_MEMBERSHIP)
-    job_on_membership(k, &m->u.membership);
-  else if (m->type == DEP_PEER_MEMBERSHIP_OK)
-    job_on_membership_ok(k, &m->u.job);
-  else if (m->type == DEP_PEER_JOB_FAIL || m->type == DEP_PEER_JOB_END)
-    job_on_job_event(k, m->type, &m->u.job);
-}
-
-static const struct peer_events job_peer_events = {
-    .up = job_on_peer_up,
-    .down = job_on_peer_down,
-    .job_msg = job_on_peer_msg,
-};
 
 void job_fill_nodes(struct dep_msg_job_nodes *m, uid_t viewer_uid) {
   m->n = 0;
@@ -1275,6 +497,5 @@ void job_fini(void) {
   while (job_list != NULL)
     job_destroy(job_list, "the daemon is stopping");
   lend_fini();
-  while (job_members != NULL)
-    member_drop(job_members->m.job_id, job_members->peer);
+  job_members_fini();
 }

@@ -81,7 +81,7 @@ struct job {
   struct job_rank ranks[];   /* local_world_size slots, indexed by local rank */
 };
 
-/* Failures of multi-node jobs a node remembers for their late ranks (job.c):
+/* Failures of multi-node jobs a node remembers for their late ranks (job_failed.c):
  * past that the oldest is forgotten, and its late ranks gather the id anew. */
 #define JOB_FAILED_MAX 128u
 

@@ -4,7 +4,8 @@
  * bytes never crash a decoder, attach fields and job ids are checked with
  * messages naming them, and every error code has a name and a description.
  * The job shape's table has its own suite (check_shape.c), and so has fd
- * passing (check_fdpass.c).
+ * passing (check_fdpass.c); random frames and the fuzz seeds are
+ * check_proto_fuzz.c's.  The sample messages both use are protosamples.c's.
  */
 #include <check.h>
 #include <dirent.h>
@@ -20,6 +21,7 @@
 #include "grow.h"
 #include "peer_proto.h"
 #include "proto.h"
+#include "protosamples.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -40,43 +42,6 @@ static const uint8_t *encode_frame(struct proto_buf *b, uint16_t type, const voi
   ck_assert_uint_eq(h.body_len, b->len - DEP_PROTO_HDR_LEN);
   *body_len = h.body_len;
   return b->data + DEP_PROTO_HDR_LEN;
-}
-
-static struct dep_status *sample_status(uint32_t ndev, uint32_t njob) {
-  struct dep_status *st = calloc(1, sizeof *st);
-  ck_assert_ptr_nonnull(st);
-  snprintf(st->version, sizeof st->version, "0.1.0");
-  st->proto_version = DEP_PROTO_VERSION;
-  st->pid = 4242;
-  st->uptime_ms = 0x0123456789ABCDEFull;
-  snprintf(st->backend, sizeof st->backend, "host");
-  st->num_clients = 17;
-  st->num_devices = ndev;
-  st->num_jobs = njob;
-  if (ndev)
-    st->devices = calloc(ndev, sizeof *st->devices);
-  if (njob)
-    st->jobs = calloc(njob, sizeof *st->jobs);
-  for (uint32_t i = 0; i < ndev; i++) {
-    struct dep_status_device *d = &st->devices[i];
-    snprintf(d->uuid, sizeof d->uuid, "%08x-0000-4000-8000-%012x", i, i * 7u);
-    snprintf(d->name, sizeof d->name, "NVIDIA H200 #%u", i);
-    snprintf(d->backend, sizeof d->backend, "cuda");
-    d->pool_total_bytes = (uint64_t)i << 33;
-    d->pool_used_bytes = i * 3u;
-    d->pool_cached_bytes = UINT64_MAX - i;
-  }
-  for (uint32_t i = 0; i < njob; i++) {
-    struct dep_status_job *j = &st->jobs[i];
-    snprintf(j->job_id, sizeof j->job_id, "job-%u.train:%u", i, i * 11u);
-    j->owner_uid = 1000 + i;
-    j->ranks_attached = i % 8;
-    j->ranks_expected = 8;
-    j->world_size = 64;
-    j->slab_bytes = (uint64_t)(i + 1) << 30;
-    j->age_ms = 1000ull * i;
-  }
-  return st;
 }
 
 static void assert_status_eq(const struct dep_status *a, const struct dep_status *b) {
@@ -106,64 +71,6 @@ static void assert_status_eq(const struct dep_status *a, const struct dep_status
     ck_assert_uint_eq(a->jobs[i].age_ms, b->jobs[i].age_ms);
   }
 }
-
-static struct dep_attach_args sample_attach(void) {
-  struct dep_attach_args a;
-  memset(&a, 0, sizeof a);
-  a.size = sizeof a;
-  snprintf(a.job_id, sizeof a.job_id, "llama-moe.run_7:step-3");
-  a.rank = 13;
-  a.world_size = 64;
-  a.local_rank = 5;
-  a.local_world_size = 8;
-  for (int i = 0; i < 16; i++)
-    a.device_uuid[i] = (uint8_t)(0xF0 + i);
-  a.shape.max_tokens_per_rank = 4096;
-  a.shape.hidden = 7168;
-  a.shape.num_experts = 256;
-  a.shape.topk = 8;
-  a.shape.dtype = DEP_DTYPE_FP8_E4M3;
-  a.shape.max_ll_tokens_per_rank = 128;
-  return a;
-}
-
-/* One valid message of every body-carrying type, for the rejection tests. */
-struct sample {
-  uint16_t type;
-  const void *msg;
-};
-static struct dep_msg_error s_err = {.code = DEP_ERR_MISMATCH, .message = "ranks disagree"};
-static struct dep_msg_hello s_hello = {.version = 1, .pid = 77, .name = "deepepctl 0.1.0"};
-static struct dep_msg_hello_ok s_hello_ok = {.version = 1, .daemon_version = "0.1.0",
-                                             .backend = "cuda"};
-static struct dep_msg_attach_ok s_attach_ok = {.slab_bytes = 1ull << 34, .local_world_size = 8,
-                                               .num_fds = 3, .backend = "host",
-                                               .op_timeout_ms = 10000, .kernel_warmup = 1,
-                                               .chunk_rows = 64};
-static struct dep_msg_slab s_slab = {.chunk_bytes = 64ull << 20,
-                                     .n_chunks = 17,
-                                     .n_ranks = 2,
-                                     .ranks = {{3, 11, 0}, {5, 13, 1ull << 30}},
-                                     .device_uuid = {0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7,
-                                                     8, 9, 10, 11, 12}};
-static struct dep_attach_args s_attach;
-static struct dep_msg_text s_text = {.text = "applied /etc/deepepd/deepepd.yaml; nothing needs a restart"};
-
-static int samples(struct sample *out, struct dep_status **st) {
-  s_attach = sample_attach();
-  *st = sample_status(2, 3);
-  int n = 0;
-  out[n++] = (struct sample){DEP_MSG_ERROR, &s_err};
-  out[n++] = (struct sample){DEP_MSG_HELLO, &s_hello};
-  out[n++] = (struct sample){DEP_MSG_HELLO_OK, &s_hello_ok};
-  out[n++] = (struct sample){DEP_MSG_STATUS_OK, *st};
-  out[n++] = (struct sample){DEP_MSG_ATTACH, &s_attach};
-  out[n++] = (struct sample){DEP_MSG_ATTACH_OK, &s_attach_ok};
-  out[n++] = (struct sample){DEP_MSG_SLAB, &s_slab};
-  out[n++] = (struct sample){DEP_MSG_RELOAD_OK, &s_text};
-  return n;
-}
-
 
 /* Decoding must fail with `want`; a status that somehow succeeded is freed. */
 static void expect_body_rc(uint16_t type, const uint8_t *p, size_t len, int want) {
@@ -628,112 +535,6 @@ START_TEST(status_counts_beyond_the_body_are_rejected_before_allocating) {
 }
 END_TEST
 
-/* ---- random frames ------------------------------------------------------- */
-
-static uint64_t rng_state;
-static char fuzz_seed_msg[64];
-
-static uint64_t rng(void) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return rng_state;
-}
-
-/* A crash is the failure this test looks for: say which seed reproduces it. */
-static void on_crash(int sig) {
-  (void)!write(2, fuzz_seed_msg, strlen(fuzz_seed_msg));
-  signal(sig, SIG_DFL);
-  raise(sig);
-}
-
-/* Decode `p` as every body type; whatever decodes must re-encode to the same bytes. */
-static void decode_all_types(const uint8_t *p, size_t len, struct proto_buf *b, uint64_t seed) {
-  for (uint16_t t = 0; t <= DEP_MSG_TYPE_MAX_; t++) {
-    union dep_msg_body m;
-    int rc = proto_body_decode(t, p, len, &m);
-    ck_assert_msg(rc == 0 || rc == DEP_ERR_PROTOCOL, "seed %llu: type %u gave %d",
-                  (unsigned long long)seed, t, rc);
-    if (rc != 0)
-      continue;
-    proto_buf_reset(b);
-    ck_assert_msg(proto_frame_encode(b, t, 0, 0, &m) == 0, "seed %llu: re-encode of %s failed",
-                  (unsigned long long)seed, proto_type_name(t));
-    ck_assert_msg(b->len - DEP_PROTO_HDR_LEN == len &&
-                      memcmp(b->data + DEP_PROTO_HDR_LEN, p, len) == 0,
-                  "seed %llu: %s did not round-trip", (unsigned long long)seed,
-                  proto_type_name(t));
-    if (t == DEP_MSG_STATUS_OK) {
-      free(m.status.devices);
-      free(m.status.jobs);
-    }
-  }
-}
-
-START_TEST(random_frames_never_crash_a_decoder) {
-  const char *env = getenv("DEP_TEST_SEED");
-  uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
-  if (seed == 0)
-    seed = 1;
-  rng_state = seed;
-  snprintf(fuzz_seed_msg, sizeof fuzz_seed_msg, "random frames: DEP_TEST_SEED=%llu\n",
-           (unsigned long long)seed);
-  signal(SIGSEGV, on_crash);
-  signal(SIGABRT, on_crash);
-  signal(SIGBUS, on_crash);
-
-  struct sample s[8];
-  struct dep_status *st;
-  int ns = samples(s, &st);
-  struct proto_buf valid[8], out;
-  for (int i = 0; i < ns; i++) {
-    proto_buf_init(&valid[i]);
-    ck_assert_int_eq(proto_frame_encode(&valid[i], s[i].type, 0, 1, s[i].msg), 0);
-  }
-  proto_buf_init(&out);
-  uint8_t buf[512];
-  for (int iter = 0; iter < 100000; iter++) {
-    size_t len;
-    if (rng() % 2) { /* a valid frame with a few bytes changed, cut or extended */
-      const struct proto_buf *v = &valid[rng() % (uint64_t)ns];
-      len = v->len <= sizeof buf ? v->len : sizeof buf;
-      memcpy(buf, v->data, len);
-      for (int k = (int)(rng() % 4); k >= 0; k--)
-        buf[rng() % len] ^= (uint8_t)(1u << (rng() % 8));
-      if (rng() % 4 == 0)
-        len = (size_t)(rng() % (len + 1));
-    } else {
-      len = (size_t)(rng() % sizeof buf);
-      for (size_t k = 0; k < len; k++)
-        buf[k] = (uint8_t)rng();
-    }
-    struct dep_frame_hdr h;
-    char why[256];
-    if (len >= DEP_PROTO_HDR_LEN) {
-      int rc = proto_hdr_decode(buf, DEP_PROTO_MAX_BODY, &h, why, sizeof why);
-      ck_assert_msg(rc == 0 || rc == DEP_ERR_PROTOCOL || rc == DEP_ERR_VERSION ||
-                        rc == DEP_ERR_UNSUPPORTED,
-                    "seed %llu", (unsigned long long)seed);
-      /* A header that may be read on (whole, or whole but of an unknown type) is right. */
-      if (rc == 0 || rc == DEP_ERR_UNSUPPORTED)
-        ck_assert_msg(h.magic == DEP_PROTO_MAGIC && proto_version_known(h.version) &&
-                          h.body_len <= DEP_PROTO_MAX_BODY && h.type > 0 &&
-                          proto_type_known(h.type) == (rc == 0),
-                      "seed %llu", (unsigned long long)seed);
-      decode_all_types(buf + DEP_PROTO_HDR_LEN, len - DEP_PROTO_HDR_LEN, &out, seed);
-    }
-    decode_all_types(buf, len, &out, seed);
-  }
-  for (int i = 0; i < ns; i++)
-    proto_buf_free(&valid[i]);
-  proto_buf_free(&out);
-  dep_status_free(st);
-  signal(SIGSEGV, SIG_DFL);
-  signal(SIGABRT, SIG_DFL);
-  signal(SIGBUS, SIG_DFL);
-}
-END_TEST
-
 /* ---- field checks -------------------------------------------------------- */
 
 #define EXPECT_BAD_ATTACH(field_expr, needle)                                          \
@@ -842,209 +643,6 @@ START_TEST(every_error_code_has_a_name_and_description) {
 }
 END_TEST
 
-
-/* ---- the fuzz seeds (tests/corpus/frame, tests/corpus/peer) ---- */
-
-/* A whole seed file into b (reset first); 0, or -1 when it cannot be read. */
-static int read_seed(const char *path, struct proto_buf *b) {
-  proto_buf_reset(b);
-  FILE *f = fopen(path, "rb");
-  if (f == NULL)
-    return -1;
-  uint8_t chunk[4096];
-  size_t n;
-  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
-    uint8_t *p = codec_grow(b, n);
-    ck_assert_ptr_nonnull(p);
-    memcpy(p, chunk, n);
-  }
-  int bad = ferror(f);
-  fclose(f);
-  return bad ? -1 : 0;
-}
-
-/* Decode one control frame as its type's decoder does: 0, or the code with why. */
-static int decode_frame_seed(const uint8_t *p, size_t len, char *why, size_t whylen) {
-  struct dep_frame_hdr h;
-  if (len < DEP_PROTO_HDR_LEN) {
-    snprintf(why, whylen, "%zu bytes, shorter than a header", len);
-    return DEP_ERR_PROTOCOL;
-  }
-  int rc = proto_hdr_decode(p, DEP_PROTO_MAX_BODY, &h, why, whylen);
-  if (rc != 0)
-    return rc;
-  if (h.body_len != len - DEP_PROTO_HDR_LEN) {
-    snprintf(why, whylen, "header says %u body bytes, the file holds %zu", (unsigned)h.body_len,
-             len - DEP_PROTO_HDR_LEN);
-    return DEP_ERR_PROTOCOL;
-  }
-  const uint8_t *body = p + DEP_PROTO_HDR_LEN;
-  size_t blen = h.body_len;
-  /* The three that allocate or are large have decoders of their own
-   * (proto_body_decode's comment); the rest go through the dispatch. */
-  if (h.type == DEP_MSG_PEERS_OK) {
-    struct dep_msg_peers m;
-    rc = proto_decode_peers(body, blen, &m);
-    if (rc == 0)
-      proto_peers_free(&m);
-  } else if (h.type == DEP_MSG_CLIENTS_OK) {
-    struct dep_msg_clients m;
-    rc = proto_decode_clients(body, blen, &m);
-    if (rc == 0)
-      proto_clients_free(&m);
-  } else if (h.type == DEP_MSG_JOB_NODES_OK) {
-    struct dep_msg_job_nodes *m = malloc(sizeof *m);
-    ck_assert_ptr_nonnull(m);
-    rc = proto_decode_job_nodes(body, blen, m);
-    free(m);
-  } else {
-    union dep_msg_body *m = malloc(sizeof *m);
-    ck_assert_ptr_nonnull(m);
-    rc = proto_body_decode(h.type, body, blen, m);
-    if (rc == 0 && h.type == DEP_MSG_STATUS_OK) {
-      free(m->status.devices);
-      free(m->status.jobs);
-    }
-    free(m);
-  }
-  if (rc != 0)
-    snprintf(why, whylen, "its %s body does not decode", proto_type_name(h.type));
-  return rc;
-}
-
-/* Decode one seed as its harness's decoders do; 0, or the code with why. */
-static int decode_seed(enum corpus_seed_kind kind, const uint8_t *p, size_t len, char *why,
-                       size_t whylen) {
-  why[0] = '\0';
-  if (kind == CORPUS_FRAME)
-    return decode_frame_seed(p, len, why, whylen);
-  if (kind == CORPUS_PEERS_BODY) {
-    struct dep_msg_peers m;
-    int rc = proto_decode_peers(p, len, &m);
-    if (rc == 0)
-      proto_peers_free(&m);
-    else
-      snprintf(why, whylen, "not a PEERS_OK body");
-    return rc;
-  }
-  struct dep_peer_msg *m = malloc(sizeof *m);
-  ck_assert_ptr_nonnull(m);
-  int rc = peer_proto_decode(p, len, m, why, whylen);
-  free(m);
-  return rc;
-}
-
-static const struct corpus_seed *seed_named(const char *dir, const char *name) {
-  for (size_t i = 0; i < corpus_nseeds; i++)
-    if (strcmp(corpus_seeds[i].dir, dir) == 0 && strcmp(corpus_seeds[i].name, name) == 0)
-      return &corpus_seeds[i];
-  return NULL;
-}
-
-/* Append one complaint about a seed to the report (cut short when full). */
-static void complain(char *report, size_t cap, const char *dir, const char *name,
-                     const char *what, const char *why) {
-  size_t used = strlen(report);
-  if (used + 1 < cap)
-    snprintf(report + used, cap - used, "\n  tests/corpus/%s/%s: %s%s%s", dir, name, what,
-             why[0] ? ": " : "", why);
-}
-
-/*
- * Every seed libFuzzer starts from must reach a decoder: a seed of another
- * protocol version is refused at the version check, and the harness then
- * explores only the header checks.  So each seed in tests/corpus/frame and
- * tests/corpus/peer decodes at this build's versions (those named
- * unknown_type* are refused as DEP_ERR_UNSUPPORTED, an unknown type in a
- * header right otherwise), each is the bytes its fixed message in
- * corpus_seeds.c encodes to now (`make corpus` writes them anew), and every
- * message type of both protocols has a seed.  Runs from the repository root.
- */
-START_TEST(every_fuzz_seed_decodes_at_this_version) {
-  static char report[16384];
-  report[0] = '\0';
-  struct proto_buf file, want;
-  proto_buf_init(&file);
-  proto_buf_init(&want);
-  const char *const dirs[] = {"frame", "peer"};
-  bool frame_type_seen[DEP_MSG_TYPE_MAX_] = {false};
-  bool peer_type_seen[DEP_PEER_TYPE_MAX_] = {false};
-  for (size_t d = 0; d < sizeof dirs / sizeof dirs[0]; d++) {
-    char path[512];
-    snprintf(path, sizeof path, "tests/corpus/%s", dirs[d]);
-    DIR *dp = opendir(path);
-    ck_assert_msg(dp != NULL, "no %s in the current directory (run from the root)", path);
-    size_t nfiles = 0;
-    struct dirent *e;
-    while ((e = readdir(dp)) != NULL) {
-      if (e->d_name[0] == '.')
-        continue;
-      nfiles++;
-      snprintf(path, sizeof path, "tests/corpus/%s/%s", dirs[d], e->d_name);
-      ck_assert_msg(read_seed(path, &file) == 0, "%s cannot be read", path);
-      const struct corpus_seed *s = seed_named(dirs[d], e->d_name);
-      enum corpus_seed_kind kind = s != NULL ? s->kind
-                                   : d == 0  ? CORPUS_FRAME
-                                             : CORPUS_PEER;
-      char why[512];
-      int rc = decode_seed(kind, file.data, file.len, why, sizeof why);
-      if (corpus_seed_is_unknown_type(e->d_name)) {
-        if (rc != DEP_ERR_UNSUPPORTED) {
-          char what[64];
-          snprintf(what, sizeof what, "decodes with %s, not DEP_ERR_UNSUPPORTED",
-                   rc == 0 ? "success" : dep_errname(rc));
-          complain(report, sizeof report, dirs[d], e->d_name, what, why);
-        }
-      } else if (rc != 0) {
-        char what[64];
-        snprintf(what, sizeof what, "refused with %s", dep_errname(rc));
-        complain(report, sizeof report, dirs[d], e->d_name, what, why);
-      } else if (kind == CORPUS_FRAME) {
-        frame_type_seen[codec_get_u16(file.data + 6)] = true;
-      } else if (kind == CORPUS_PEER) {
-        peer_type_seen[codec_get_u16(file.data + 6)] = true;
-      }
-      if (s == NULL) {
-        complain(report, sizeof report, dirs[d], e->d_name,
-                 "has no fixed message in tests/corpus_seeds.c (add one, or delete it)", "");
-        continue;
-      }
-      proto_buf_reset(&want);
-      rc = s->build(&want);
-      ck_assert_msg(rc == 0, "the fixed message of %s does not encode: %s", path,
-                    dep_strerror(rc));
-      if (want.len != file.len || memcmp(want.data, file.data, file.len) != 0)
-        complain(report, sizeof report, dirs[d], e->d_name,
-                 "differs from what the encoder writes for its fixed message (make corpus)", "");
-    }
-    closedir(dp);
-    ck_assert_msg(nfiles > 0, "tests/corpus/%s holds no seeds", dirs[d]);
-  }
-  for (size_t i = 0; i < corpus_nseeds; i++) {
-    char path[512];
-    snprintf(path, sizeof path, "tests/corpus/%s/%s", corpus_seeds[i].dir, corpus_seeds[i].name);
-    if (access(path, F_OK) != 0)
-      complain(report, sizeof report, corpus_seeds[i].dir, corpus_seeds[i].name,
-               "is missing (make corpus)", "");
-  }
-  for (uint16_t t = 1; t < DEP_MSG_TYPE_MAX_; t++)
-    if (!frame_type_seen[t])
-      complain(report, sizeof report, "frame", "", "no seed of type", proto_type_name(t));
-  for (uint16_t t = 1; t < DEP_PEER_TYPE_MAX_; t++)
-    if (!peer_type_seen[t])
-      complain(report, sizeof report, "peer", "", "no seed of type", peer_proto_type_name(t));
-  proto_buf_free(&file);
-  proto_buf_free(&want);
-  /* Check carries at most a few kilobytes of message: the whole list goes to
-   * stderr, its start into the failure. */
-  if (report[0] != '\0')
-    fprintf(stderr, "fuzz seeds the harnesses would not decode as they are:%s\n", report);
-  ck_assert_msg(report[0] == '\0',
-                "fuzz seeds the harnesses would not decode as they are (all on stderr):%.2500s",
-                report);
-}
-END_TEST
-
 /* The one growable array (proto/grow.h) under the codec's buffers, the data path's batches and
  * the tuning table: from `first`, doubling; nothing moves while it has the room; a size past
  * SIZE_MAX is refused with the array as it was. */
@@ -1091,14 +689,5 @@ Suite *proto_suite(void) {
   tcase_add_test(tc, type_names_cover_every_type);
   tcase_add_test(tc, every_error_code_has_a_name_and_description);
   suite_add_tcase(s, tc);
-
-  TCase *corpus = tcase_create("corpus");
-  tcase_add_test(corpus, every_fuzz_seed_decodes_at_this_version);
-  suite_add_tcase(s, corpus);
-
-  TCase *rnd = tcase_create("random");
-  tcase_set_timeout(rnd, 120); /* 100k frames take seconds under ASan */
-  tcase_add_test(rnd, random_frames_never_crash_a_decoder);
-  suite_add_tcase(s, rnd);
   return s;
 }

@@ -3,7 +3,7 @@
  * tests/corpus/peer/) as fixed messages, encoded by this build's encoders.
  * Each seed file holds exactly what its entry's build function writes, so
  * a layout or version change shows as a seed that no longer matches (the
- * proto suite's corpus case) and `make corpus` writes the seeds anew from
+ * proto_fuzz suite's corpus case) and `make corpus` writes the seeds anew from
  * the same messages.  A seed the decoders refuse reaches none of them when
  * libFuzzer starts from it: that is what this keeps from happening again.
  */

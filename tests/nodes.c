@@ -13,8 +13,8 @@
 
 #include "daemonwire.h"
 
-/* Ports of this test process's daemons: apart from other runs' and check_peers'
- * (20000-35999), and below the kernel's ephemeral range (32768 up on Linux by
+/* Ports of this test process's daemons: apart from other runs' and the peer suites'
+ * (peerlab.c, 20000-35999), and below the kernel's ephemeral range (32768 up on Linux by
  * default), where an outbound connection of another test could hold one. */
 static int port_base(void) { return 4000 + (int)(getpid() % 2000) * 8; }
 

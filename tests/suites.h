@@ -6,6 +6,7 @@
 #define DEP_TEST_SUITES_H
 #define DEP_TEST_SUITES(XX) \
   XX(proto)                 \
+  XX(proto_fuzz)            \
   XX(shape)                 \
   XX(fdpass)                \
   XX(config)                \
@@ -19,6 +20,8 @@
   XX(client)                \
   XX(client_daemon)         \
   XX(ctl)                   \
+  XX(ctl_render)            \
+  XX(ctl_json)              \
   XX(ops)                   \
   XX(ops_ext)               \
   XX(handles)               \
@@ -30,7 +33,10 @@
   XX(tune)                  \
   XX(rdma)                  \
   XX(peers)                 \
+  XX(peer_strangers)        \
+  XX(peer_data)             \
   XX(multinode)             \
+  XX(multinode_fail)        \
   XX(bigworld)              \
   XX(stream)                \
   XX(xnode)                 \

@@ -1,0 +1,89 @@
+/*
+ * job_internal.h — what the job table's three files share, and nothing
+ * outside them includes: job.c (the table and the node-local rendezvous),
+ * job_members.c (the peers' MEMBERSHIP records and the gathering across
+ * nodes) and job_failed.c (failures remembered for late ranks).  job.h is
+ * the job table's face to the rest of the daemon.
+ */
+#ifndef DEP_DAEMON_JOB_INTERNAL_H
+#define DEP_DAEMON_JOB_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "config.h"
+#include "job.h"
+#include "peer.h"
+#include "peer_proto.h"
+#include "proc.h"
+#include "proto.h"
+
+struct conn;
+struct job_failed; /* one failure remembered (job_failed.c) */
+
+/* ---- job.c: the table ---------------------------------------------------- */
+
+extern struct job *job_list;          /* every live job, newest first */
+extern const struct config *job_cfg;  /* the running configuration (rewritten on reload) */
+
+struct job *job_find(const char *id);
+/* Fail every rank still waiting for the rendezvous, then tear the job down;
+ * a multi-node job's failure is remembered for its late ranks, as on node
+ * `where` (NULL: this one) for `reason`. */
+void job_fail_from(struct job *j, int code, const char *msg, const char *where,
+                   const char *reason);
+/* job_fail_from on this node, for msg. */
+void job_fail(struct job *j, int code, const char *msg);
+/* Lend j its arenas unless they are; false after failing the job (everywhere). */
+bool job_lend(struct job *j);
+/* Every rank is here: lend memory (unless it was) and answer them all. */
+void job_complete(struct job *j);
+
+/* ---- job_members.c: across nodes ----------------------------------------- */
+
+/* What job.c hands peer.c (peer_set_events). */
+extern const struct peer_events job_peer_events;
+
+/* Whether a peer holds id for another uid than `uid`, and none for uid. */
+bool member_taken(const char *id, uid_t uid);
+/* A JOB_FAIL (code < 0) or JOB_END (code 0) about the job (owner, id). */
+struct dep_peer_msg job_event(const char *id, uint32_t owner, int code, uint32_t rank,
+                              bool detached, const char *msg);
+/* Send m to every peer that is up. */
+void job_send_peers(const struct dep_peer_msg *m);
+/* Send JOB_FAIL (code < 0) or JOB_END (code 0) about j to every peer that is up. */
+void job_tell_peers(const struct job *j, int code, uint32_t rank, bool detached,
+                    const char *msg);
+/* Fail j on every node: the peers are told (JOB_FAIL), the local ranks answered. */
+void job_fail_everywhere(struct job *j, int code, const char *msg);
+/* Something changed for the gathering multi-node job j: announce, check, complete. */
+void job_progress(struct job *j);
+/* The multi-node job j timed out: name the missing world ranks and the peers. */
+void job_timeout_multinode(struct job *j);
+/* c's uid asked for an id that another uid holds (here: j; else a peer's record). */
+void job_refuse_taken(struct conn *c, uint32_t request_id, const char *id,
+                      const struct job *j);
+/* Forget every peer's record (the daemon is stopping). */
+void job_members_fini(void);
+
+/* ---- job_failed.c: failures remembered ----------------------------------- */
+
+/* A told process that waited in the job when it failed: past it for every rank. */
+#define JOB_TOLD_ANY UINT32_MAX
+
+/* The live record of (uid, id), or NULL. */
+struct job_failed *failed_find(uint32_t uid, const char *id);
+/* Record that process p heard failure f as global rank `rank` (or JOB_TOLD_ANY). */
+void failed_tell(struct job_failed *f, const struct proc_id *p, uint32_t rank);
+/* Remember that the job (uid, id) failed while it gathered (job_failed.c says how). */
+void job_remember_failure(uint32_t uid, const char *id, int code, const char *where,
+                          const char *reason, const struct job *j);
+/* Answer a late rank of a failed attempt with its failure (true), or touch nothing. */
+bool job_refuse_late(struct conn *c, uint32_t request_id, const struct dep_attach_args *a);
+/* The first rank of a multi-node job was refused before the job was made:
+ * its other nodes and its later ranks here are told. */
+void job_refuse_first(struct conn *c, const struct dep_attach_args *a, int code,
+                      const char *msg);
+
+#endif /* DEP_DAEMON_JOB_INTERNAL_H */
