@@ -8,6 +8,12 @@ where a calls (or reads) something b defines.  Symbols from outside daemon/
 (proto/, config/, kernels/, libc, libuv) are no arrows: the question is how
 the daemon's own files lean on each other.
 
+The files of one module count as one: a module whose files share a
+header of their own, daemon/<m>_internal.h, is <m>.c and every <m>_*.c
+(job.c, job_members.c and job_failed.c are the job module); the arrows
+inside a module are its own business, and those between modules are what
+must point one way.
+
 Prints every strongly connected component of more than one file (a set of
 files each of which reaches every other through the arrows), with the
 symbols that make each arrow inside it, and exits 1 when a component has
@@ -45,8 +51,25 @@ def nm_symbols(path):
     return defined, undefined
 
 
-def graph(objdir):
-    """Arrows file -> {file: sorted symbols} among the objects in objdir."""
+def modules(srcdir):
+    """The prefixes m of daemon/m_internal.h: the modules split over files."""
+    try:
+        return sorted((f[:-len("_internal.h")] for f in os.listdir(srcdir)
+                       if f.endswith("_internal.h")), key=len, reverse=True)
+    except OSError:
+        return []
+
+
+def module_of(name, mods):
+    """The module a file belongs to: its m where it is m.c or m_*.c, else itself."""
+    for m in mods:
+        if name == m or name.startswith(m + "_"):
+            return m
+    return name
+
+
+def graph(objdir, mods):
+    """Arrows module -> {module: sorted symbols} among the objects in objdir."""
     try:
         objs = sorted(f for f in os.listdir(objdir) if f.endswith(".o"))
     except OSError as e:
@@ -55,11 +78,11 @@ def graph(objdir):
         sys.exit(f"callgraph: no object files in {objdir}: build the daemon first (make)")
     owner, uses = {}, {}
     for o in objs:
-        name = o[:-2]
+        name = module_of(o[:-2], mods)
         defined, undefined = nm_symbols(os.path.join(objdir, o))
         for s in defined:
             owner.setdefault(s, name)
-        uses[name] = undefined
+        uses.setdefault(name, set()).update(undefined)
     arrows = {name: {} for name in uses}
     for name, undefined in uses.items():
         for s in undefined:
@@ -123,24 +146,26 @@ def main():
                     help="the most files a loop may hold before the exit status is 1 (default: 2)")
     args = ap.parse_args()
 
-    arrows = graph(os.path.join(args.build, "obj", "daemon"))
+    srcdir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "daemon")
+    mods = modules(srcdir)
+    arrows = graph(os.path.join(args.build, "obj", "daemon"), mods)
     loops = sorted((c for c in components(arrows) if len(c) > 1),
                    key=lambda c: (-len(c), c))
     largest = max((len(c) for c in loops), default=1)
     for c in loops:
         members = set(c)
-        print(f"loop of {len(c)} files: {' '.join(c)}")
+        print(f"loop of {len(c)}: {' '.join(c)}")
         for a in c:
             for b in sorted(arrows[a]):
                 if b in members:
                     print(f"  {a} -> {b}: {' '.join(arrows[a][b])}")
     files = len(arrows)
     nloops = len(loops)
-    print(f"callgraph: {files} files in daemon/, {nloops} loop(s), the largest of "
-          f"{largest} file(s) (limit {args.max})")
+    print(f"callgraph: {files} modules in daemon/ ({', '.join(mods) or 'none'} of several "
+          f"files each), {nloops} loop(s), the largest of {largest} (limit {args.max})")
     if largest > args.max:
         sys.stdout.flush()
-        print(f"callgraph: FAIL: a loop of {largest} files exceeds the limit of {args.max}",
+        print(f"callgraph: FAIL: a loop of {largest} exceeds the limit of {args.max}",
               file=sys.stderr)
         return 1
     return 0
