@@ -49,7 +49,7 @@ static bool drv_open(const char *env, const char *name, const char *package,
     name = override;
   void *h;
   char e[sizeof drv_why - 40]; /* room in drv_why for the words around it */
-  int rc = dep_dl_load(name, syms, n, &h, e, sizeof e);
+  int rc = dep__dl_load(name, syms, n, &h, e, sizeof e);
   if (rc == DEP_DL_OK)
     return true;
   if (rc == DEP_DL_NO_SYMBOL) {

@@ -90,7 +90,7 @@ static const struct dep_dlsym drv_syms[] = {
 static void drv_load_once(void) {
   void *h;
   char why[sizeof drv_why - 40]; /* room in drv_why for the words around it */
-  int rc = dep_dl_load("libcuda.so.1", drv_syms, sizeof drv_syms / sizeof drv_syms[0], &h, why,
+  int rc = dep__dl_load("libcuda.so.1", drv_syms, sizeof drv_syms / sizeof drv_syms[0], &h, why,
                        sizeof why);
   if (rc == DEP_DL_NO_LIBRARY) {
     snprintf(drv_why, sizeof drv_why, "no CUDA driver: %s", why);

@@ -11,7 +11,7 @@
  * requires it); the address is copied, not cast, into the table's function pointer. */
 static void put(void *at, void *p) { memcpy(at, &p, sizeof p); }
 
-int dep_dl_load(const char *path, const struct dep_dlsym *syms, size_t n, void **handle,
+int dep__dl_load(const char *path, const struct dep_dlsym *syms, size_t n, void **handle,
                 char *why, size_t whylen) {
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (h == NULL) {

@@ -32,7 +32,7 @@ enum dep_dl_rc {
  * otherwise an enum dep_dl_rc with why (whylen bytes) saying what failed, every `at` of the
  * table NULL and the library closed again.
  */
-int dep_dl_load(const char *path, const struct dep_dlsym *syms, size_t n, void **handle,
+int dep__dl_load(const char *path, const struct dep_dlsym *syms, size_t n, void **handle,
                 char *why, size_t whylen);
 
 #endif /* DEP_PROTO_DLLOAD_H */

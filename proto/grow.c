@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int dep_grow(void *arr, size_t *cap, size_t need, size_t size, size_t first) {
+int dep__grow(void *arr, size_t *cap, size_t need, size_t size, size_t first) {
   if (need <= *cap)
     return 0;
   size_t c = *cap != 0 ? *cap : first != 0 ? first : 1;

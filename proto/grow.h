@@ -15,9 +15,9 @@
  * capacity) doubled until `need` fit.  0, or -1 when out of memory or when the bytes would pass
  * SIZE_MAX, with the array and *cap as they were.
  */
-int dep_grow(void *arr, size_t *cap, size_t need, size_t size, size_t first);
+int dep__grow(void *arr, size_t *cap, size_t need, size_t size, size_t first);
 
-/* dep_grow for an array `arr` (an lvalue of pointer type) and its `cap` (a size_t lvalue). */
-#define DEP_GROW(arr, cap, need, first) dep_grow(&(arr), &(cap), (need), sizeof *(arr), (first))
+/* dep__grow for an array `arr` (an lvalue of pointer type) and its `cap` (a size_t lvalue). */
+#define DEP_GROW(arr, cap, need, first) dep__grow(&(arr), &(cap), (need), sizeof *(arr), (first))
 
 #endif /* DEP_PROTO_GROW_H */

@@ -400,22 +400,22 @@ START_TEST(test_loader_names_the_missing_symbol_and_leaves_nothing_behind) {
   /* Every row there (an optional one absent): loaded, the optional one NULL. */
   struct dep_dlsym ok[] = {{.name = "malloc", .at = &m},
                            {.name = "deepep_no_such_symbol", .at = &opt, .optional = true}};
-  ck_assert_int_eq(dep_dl_load(LIBC, ok, 2, &h, why, sizeof why), DEP_DL_OK);
+  ck_assert_int_eq(dep__dl_load(LIBC, ok, 2, &h, why, sizeof why), DEP_DL_OK);
   ck_assert_ptr_nonnull(h);
   ck_assert_ptr_nonnull(m);
   ck_assert_ptr_null(opt);
   /* A required row absent: its name in the message, and the rows resolved before it NULL. */
   struct dep_dlsym missing[] = {{.name = "malloc", .at = &m},
                                 {.name = "deepep_no_such_symbol", .at = &gone}};
-  ck_assert_int_eq(dep_dl_load(LIBC, missing, 2, &h, why, sizeof why), DEP_DL_NO_SYMBOL);
+  ck_assert_int_eq(dep__dl_load(LIBC, missing, 2, &h, why, sizeof why), DEP_DL_NO_SYMBOL);
   ck_assert_str_eq(why, LIBC " lacks deepep_no_such_symbol");
   ck_assert_ptr_null(m);
   /* At a version the library does not have: the version is named too. */
   struct dep_dlsym versioned[] = {{.name = "malloc", .version = "DEEPEP_NO_SUCH_1.0", .at = &m}};
-  ck_assert_int_eq(dep_dl_load(LIBC, versioned, 1, &h, why, sizeof why), DEP_DL_NO_SYMBOL);
+  ck_assert_int_eq(dep__dl_load(LIBC, versioned, 1, &h, why, sizeof why), DEP_DL_NO_SYMBOL);
   ck_assert_str_eq(why, LIBC " lacks malloc@DEEPEP_NO_SUCH_1.0");
   /* No library: dlerror's words, which name it. */
-  ck_assert_int_eq(dep_dl_load(ABSENT_IBVERBS, ok, 2, &h, why, sizeof why), DEP_DL_NO_LIBRARY);
+  ck_assert_int_eq(dep__dl_load(ABSENT_IBVERBS, ok, 2, &h, why, sizeof why), DEP_DL_NO_LIBRARY);
   ck_assert_msg(strstr(why, ABSENT_IBVERBS) != NULL, "why: %s", why);
 }
 END_TEST
