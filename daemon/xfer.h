@@ -63,17 +63,17 @@ void xfer_fini(void);
 void xfer_lend_ring(struct conn *c, uint32_t request_id);
 
 /* What peer k said of job j in its MEMBERSHIP (its ranks, their exchange
- * windows and keys), or NULL when it said nothing for j: job.c's records
+ * windows and keys), or NULL when it said nothing for j: job_members.c's records
  * (job_membership), valid for the length of the call it is handed to. */
 typedef const struct dep_peer_membership *xfer_membership_fn(const struct job *j, int peer);
 
 /* The job table's events.  who[r] for each global rank r < world: -1 for a
- * rank held here, else the peer that holds it (job.c's job_who); membership
+ * rank held here, else the peer that holds it (job_members.c's job_who); membership
  * reads the peers' records of j during the call only, so xfer asks nothing
  * of the job table. */
 void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn *membership);
 /* j's ranks here have all attached and its MEMBERSHIP goes to the peers
- * now (job.c, before it is sent): a peer that completes the job first may
+ * now (job_members.c, before it is sent): a peer that completes the job first may
  * send frames for it before its route is here, and a receiver waits for
  * the route of such a job only.  A frame of any other job it does not
  * hold (one that ended, however long ago, or never ran here) is dropped

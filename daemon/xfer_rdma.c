@@ -436,7 +436,7 @@ struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *
       if (m->ranks[i] == g)
         idx = i;
     bool ok = idx != UINT32_MAX;
-    /* job.c checked that a rank's windows cover its exchange region in order. */
+    /* job_members.c checked that a rank's windows cover its exchange region in order. */
     for (uint32_t w = 0; ok && w < m->n_windows; w++) {
       const struct dep_peer_window *v = &m->windows[w];
       if (v->rank_index != idx)

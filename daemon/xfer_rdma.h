@@ -80,7 +80,7 @@ void xfer_rdma_peer_down(int k);
 /*
  * The RDMA targets of job j, which xfer.c's route keeps: for each remote
  * rank (who[g] >= 0), its exchange region's windows from the MEMBERSHIP of
- * the peer holding it (membership: job.c's records), when all of them carry a key.
+ * the peer holding it (membership: job_members.c's records), when all of them carry a key.
  * NULL (out of memory, or no RDMA here): every block goes over TCP.  Logs
  * per peer which transport its blocks take.
  */

@@ -38,7 +38,7 @@
  *   JOB_END    as JOB_FAIL, with code 0
  *   MEMBERSHIP_OK str job_id, u32 owner_uid
  *
- * Multi-node jobs (job.c): a daemon whose local ranks of a job have all
+ * Multi-node jobs (daemon/job_members.c): a daemon whose local ranks of a job have all
  * attached sends MEMBERSHIP (which global ranks it holds, under which uid
  * and shape) to every peer that is up, and again to a peer whose link
  * comes up later.  JOB_FAIL says the job failed on the sender (a conflict,

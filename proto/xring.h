@@ -49,9 +49,10 @@
  */
 #define DEP_XRING_MAGIC 0x47525844u /* "DXRG" */
 #define DEP_XRING_VERSION 2
-/* Descriptors a ring holds: every remote rank's block of two calls in
- * flight, for the largest world of operations (DEP_MAX_LOCAL_RANKS), with
- * room to spare; a power of two. */
+/* Descriptors a ring holds, a power of two: every remote rank's block of
+ * two calls in flight for worlds of up to ~512 remote ranks; above that a
+ * rank's posts wait for the proxy to drain (bounded by the op timeout, as
+ * every wait), which is correct and slower. */
 #define DEP_XRING_ENTRIES 1024u
 
 /* One block for the proxy to move (32 bytes). */
