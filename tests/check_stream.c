@@ -12,9 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "daemonwire.h"
 #include "deepep.h"
 #include "nodes.h"
 #include "slab.h"
@@ -132,6 +134,55 @@ START_TEST(a_streaming_daemon_lends_the_smaller_slab_and_status_shows_it) {
 }
 END_TEST
 
+/*
+ * A rank killed while its job streams (one daemon, 4 ranks, one-row chunks,
+ * calls back to back): every survivor's call fails with DEP_ERR_PEER naming
+ * it, within the op timeout's ceiling rather than hanging on a channel the
+ * dead rank will never drain or fill; the daemon then runs a new job.
+ */
+START_TEST(a_rank_killed_mid_stream_fails_the_survivors_with_peer_not_a_hang) {
+  ow_seed_init(4242);
+  const struct ow_scenario sc = {4, 128, 4, 8, 64, 8, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
+  struct ow_case *d = xn_case_new(&sc, 0);
+  struct nodes ns;
+  xn_nodes_start(&ns, 1, 20000, ST_OP_TIMEOUT_MS, "stream_chunk_rows: 1\n");
+  struct xn_place p;
+  memset(&p, 0, sizeof p);
+  const uint32_t all[NODES_MAX] = {4};
+  xn_place(&p, all, 1);
+  struct xn_run run = {.d = d, .until_error = true};
+  struct xn_result *res = xn_results(4);
+  pid_t pids[4];
+  xn_spawn(&ns, &p, "doomed-stream", &run, res, pids);
+  for (int t = 0; t < 60000 && atomic_load(&res[0].rounds) < 20 && !atomic_load(&res[0].done);
+       t += 5)
+    dw_sleep_ms(5);
+  ck_assert_msg(atomic_load(&res[0].rounds) >= 20, "the job did not run 20 rounds: %s",
+                res[0].msg);
+  const int64_t killed = xn_mono_ms();
+  kill(pids[3], SIGKILL);
+  (void)xn_reap(pids, 4, ST_OP_TIMEOUT_MS * 3); /* the survivors exit 1: their call failed */
+  for (uint32_t g = 0; g < 3; g++) {
+    ck_assert_msg(atomic_load(&res[g].done), "rank %u hung after rank 3 was killed", g);
+    ck_assert_msg(res[g].rc == DEP_ERR_PEER && strstr(res[g].msg, "rank 3") != NULL,
+                  "rank %u: %s, want DEP_ERR_PEER naming rank 3: %s", g, dep_errname(res[g].rc),
+                  res[g].msg);
+    const int64_t after = res[g].fail_ms - killed;
+    ck_assert_msg(after < ST_OP_TIMEOUT_MS, "rank %u failed %lld ms after the kill: %s", g,
+                  (long long)after, res[g].msg);
+    printf("stream: rank 3 killed mid-stream: rank %u failed after %lld ms with %s\n", g,
+           (long long)after, dep_errname(res[g].rc));
+  }
+  munmap(res, 4 * sizeof *res);
+  struct xn_result *again = st_run(&ns, &p, "after-stream", d);
+  for (uint32_t g = 0; g < 4; g++)
+    ck_assert_uint_eq(atomic_load(&again[g].rounds), 2);
+  munmap(again, 4 * sizeof *again);
+  nodes_stop(&ns);
+  xn_case_free(d);
+}
+END_TEST
+
 Suite *stream_suite(void);
 Suite *stream_suite(void) {
   Suite *s = suite_create("stream");
@@ -140,6 +191,7 @@ Suite *stream_suite(void) {
   tcase_add_loop_test(t, a_job_streaming_in_one_row_chunks_gets_what_whole_blocks_give, 0,
                       xn_nlayouts);
   tcase_add_test(t, a_streaming_daemon_lends_the_smaller_slab_and_status_shows_it);
+  tcase_add_test(t, a_rank_killed_mid_stream_fails_the_survivors_with_peer_not_a_hang);
   suite_add_tcase(s, t);
   return s;
 }
