@@ -245,12 +245,8 @@ static void attach_ring(dep_client_t *c) {
 
 /*
  * The operations' context over every slab mapped here, by global rank (a
- * table of the job's world, NULL for a rank on another node).  A world
- * larger than one node's ranks that this build's host operations refuse
- * (host_ops.h says which worlds they serve) is still attached, its memory
- * lent on every node: its ring goes back and its operations refuse, saying
- * why (xring_why), as on a daemon without peers.  0, or the refusal's code
- * with why.
+ * table of the job's world, NULL for a rank on another node).  0, or the
+ * host operations' refusal (host_ops.h) with why.
  */
 static int attach_ops(dep_client_t *c, char *why, size_t whylen) {
   const struct dep_attach_args *a = &c->args;
@@ -263,17 +259,8 @@ static int attach_ops(dep_client_t *c, char *why, size_t whylen) {
   for (uint32_t i = 0; i < a->local_world_size; i++)
     slabs[c->ranks[i]] = c->slabs[i];
   int rc = host_ops_init_nodes(&c->ops, &a->shape, a->world_size, a->rank, slabs, c->xring,
-                               c->attach_ok.chunk_rows,
-                               c->attach_ok.op_timeout_ms, why, whylen);
+                               c->attach_ok.chunk_rows, c->attach_ok.op_timeout_ms, why, whylen);
   free(slabs);
-  if (rc != 0 && a->world_size > DEP_MAX_LOCAL_RANKS && c->xring != NULL) {
-    snprintf(c->xring_why, sizeof c->xring_why, "this library's host operations refuse it: %s",
-             why);
-    host_ops_fini(&c->ops);
-    munmap(c->xring, DEP_XRING_BYTES + c->layout.xchg_bytes);
-    c->xring = NULL;
-    rc = 0;
-  }
   return rc;
 }
 
