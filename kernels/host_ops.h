@@ -130,9 +130,11 @@ struct ops_ctx {
   char why[256];                       /* message of the last failure */
 };
 
-/* The world-sized counters of ops_ctx.per_rank: a call's rows per rank
- * (sent, received, expected back) and a read cursor per source. */
-#define OPS_PER_RANK 4u
+/* The world-sized counters of ops_ctx.per_rank, for the low-latency calls
+ * (the throughput ones keep theirs in ops_ctx.peer): a dispatch's rows sent
+ * to each rank; a combine's vectors expected from each rank and where each
+ * one's vectors begin. */
+#define OPS_PER_RANK 2u
 
 enum ops_handle_kind { OPS_HANDLE_EMPTY = 0, OPS_HANDLE_TP = 1, OPS_HANDLE_LL = 2 };
 

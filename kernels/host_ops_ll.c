@@ -177,7 +177,7 @@ int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
     return rc;
 
   struct token_sel sel;
-  uint32_t *expect = c->per_rank + 2 * c->world, *base = expect + c->world;
+  uint32_t *expect = c->per_rank, *base = expect + c->world;
   memset(expect, 0, 2 * c->world * sizeof *expect);
   for (uint32_t t = 0; t < h->num_tokens; t++) {
     select_token(c, a->topk_idx, a->index_type, t, &sel);
