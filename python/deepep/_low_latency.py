@@ -22,6 +22,18 @@ def _no_hook() -> None:
 class _LowLatency:
     """DeepEP's low-latency operations (a mixin of Buffer)."""
 
+    def _low_latency_begin(self, op: str, async_finish: bool, return_recv_hook: bool) -> None:
+        """What both low-latency calls do first: a call made without a hook runs the hooked
+        calls still queued (a combine's matching dispatch among them, where its hook has not
+        run), so each rank's calls reach the library in call order; and async_finish with a
+        hook is refused (DeepEP's rule: the hook receives, so there is no event to wait for)."""
+        if self._pending and not return_recv_hook:
+            self._complete()
+        if async_finish and return_recv_hook:
+            raise ValueError(f"{op}: async_finish and return_recv_hook cannot both be set "
+                             "(DeepEP's rule): the hook receives, so there is no event to "
+                             "wait for")
+
     def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor,
                              num_max_dispatch_tokens_per_rank: int, num_experts: int,
                              cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
@@ -71,12 +83,7 @@ class _LowLatency:
                 nothing.
         """
         op = "low_latency_dispatch"
-        if self._pending and not return_recv_hook:
-            self._complete()
-        if async_finish and return_recv_hook:
-            raise ValueError(f"{op}: async_finish and return_recv_hook cannot both be set "
-                             "(DeepEP's rule): the hook receives, so there is no event to "
-                             "wait for")
+        self._low_latency_begin(op, async_finish, return_recv_hook)
         if dispatch_wait_recv_cost_stats is not None:
             raise Unsupported("low_latency_dispatch(dispatch_wait_recv_cost_stats=...)")
         if round_scale or use_ue8m0:
@@ -194,14 +201,7 @@ class _LowLatency:
                 nothing.
         """
         op = "low_latency_combine"
-        if self._pending and not return_recv_hook:
-            # The matching dispatch's among them, where its hook has not run (a hooked
-            # combine is queued behind it).
-            self._complete()
-        if async_finish and return_recv_hook:
-            raise ValueError(f"{op}: async_finish and return_recv_hook cannot both be set "
-                             "(DeepEP's rule): the hook receives, so there is no event to "
-                             "wait for")
+        self._low_latency_begin(op, async_finish, return_recv_hook)
         if use_logfmt:
             raise Unsupported("low_latency_combine(use_logfmt=True)")
         if combine_wait_recv_cost_stats is not None:

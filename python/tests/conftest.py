@@ -9,6 +9,7 @@ build's.
 """
 import ctypes
 import os
+import pickle
 import random
 import subprocess
 import sys
@@ -134,3 +135,24 @@ def pytest_report_header(config):
             f"{torch.__version__}" + (f", {torch.cuda.get_device_name(0)}"
                                       if BACKEND == "cuda" and torch.cuda.is_available() else ""),
             f"deepep: seed {SEED} (rerun with DEEPEP_TEST_SEED={SEED})"]
+
+
+def spawn_ranks(fn, nprocs: int, args: tuple, d: str, timeout: float, what: str) -> list:
+    """Run fn(rank, *args) in nprocs processes started by torch.multiprocessing.spawn (as
+    DeepEP's tests start theirs), fail the test when they have not all ended within timeout
+    seconds (a ceiling for a loaded machine, not a timing), and return what each one pickled
+    into d/<rank>.pkl, by rank."""
+    import torch.multiprocessing as tmp  # on use: torch-free tests import conftest too
+
+    ctx = tmp.spawn(fn, args=args, nprocs=nprocs, join=False)
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"the {what} did not finish within {timeout} s")
+    out = []
+    for r in range(nprocs):
+        with open(os.path.join(d, f"{r}.pkl"), "rb") as f:
+            out.append(pickle.load(f))
+    return out

@@ -4,13 +4,9 @@ processes started by torch.multiprocessing.spawn (gloo over a FileStore): Megatr
 groups of two inside the world, SGLang on groups of two across them, vLLM on the whole
 world, so that the world holds two EP groups of each cut and every process is in three
 groups (three jobs, plus vLLM's second Buffer).  Against test_ops' numpy references."""
-import os
-import pickle
-import time
 
 import numpy as np
 import pytest
-import torch.multiprocessing as tmp
 
 import callers
 import conftest
@@ -30,19 +26,8 @@ def world(daemon, seed, tmp_path_factory):
     if conftest.BACKEND != "host":
         pytest.skip("the callers' sequences run on the host backend (CPU tensors, gloo)")
     d = tmp_path_factory.mktemp("callers")
-    ctx = tmp.spawn(callers.callers_rank, args=(daemon, str(d / "store"), seed, _ITERS, str(d)),
-                    nprocs=callers.WORLD, join=False)
-    deadline = time.monotonic() + _TIMEOUT
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"the callers' ranks did not finish within {_TIMEOUT} s")
-    out = []
-    for r in range(callers.WORLD):
-        with open(os.path.join(d, f"{r}.pkl"), "rb") as f:
-            out.append(pickle.load(f))
-    return out
+    return conftest.spawn_ranks(callers.callers_rank, callers.WORLD, (daemon, str(d / "store"), seed, _ITERS, str(d)),
+                                str(d), _TIMEOUT, "callers' ranks")
 
 
 def groups_of(out, caller):

@@ -4,8 +4,6 @@ torch.multiprocessing.spawn (no launcher's variables), gloo over a FileStore, cu
 expert-parallel groups of two in two ways, so that there are two EP groups per cut and every
 process is in two groups; each group's ranks run the operations of test_ops against its numpy
 reference, and dispatch's handle is DeepEP's tuple."""
-import os
-import pickle
 import time
 
 import numpy as np
@@ -29,19 +27,8 @@ def spawned(daemon, seed, tmp_path_factory):
     if conftest.BACKEND != "host":
         pytest.skip("the group tests run on the host backend (CPU tensors, gloo)")
     d = tmp_path_factory.mktemp("group")
-    ctx = tmp.spawn(ranks.group_rank, args=(daemon, str(d / "store"), seed, _ITERS, str(d)),
-                    nprocs=ranks.GROUP_WORLD, join=False)
-    deadline = time.monotonic() + _TIMEOUT
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"the group ranks did not finish within {_TIMEOUT} s")
-    out = []
-    for r in range(ranks.GROUP_WORLD):
-        with open(os.path.join(d, f"{r}.pkl"), "rb") as f:
-            out.append(pickle.load(f))
-    return out
+    return conftest.spawn_ranks(ranks.group_rank, ranks.GROUP_WORLD, (daemon, str(d / "store"), seed, _ITERS, str(d)),
+                                str(d), _TIMEOUT, "group ranks")
 
 
 def members(out, cut):
