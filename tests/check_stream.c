@@ -16,7 +16,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "daemonwire.h"
 #include "deepep.h"
 #include "nodes.h"
 #include "slab.h"
@@ -154,11 +153,7 @@ START_TEST(a_rank_killed_mid_stream_fails_the_survivors_with_peer_not_a_hang) {
   struct xn_result *res = xn_results(4);
   pid_t pids[4];
   xn_spawn(&ns, &p, "doomed-stream", &run, res, pids);
-  for (int t = 0; t < 60000 && atomic_load(&res[0].rounds) < 20 && !atomic_load(&res[0].done);
-       t += 5)
-    dw_sleep_ms(5);
-  ck_assert_msg(atomic_load(&res[0].rounds) >= 20, "the job did not run 20 rounds: %s",
-                res[0].msg);
+  xn_await_rounds(res, 0, 20, 60000);
   const int64_t killed = xn_mono_ms();
   kill(pids[3], SIGKILL);
   (void)xn_reap(pids, 4, ST_OP_TIMEOUT_MS * 3); /* the survivors exit 1: their call failed */

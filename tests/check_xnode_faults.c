@@ -55,11 +55,7 @@ static struct xn_result *spawn_2_plus_2_running(const struct nodes *ns, struct x
   xn_place(p, split, 2);
   struct xn_result *res = xn_results(4);
   xn_spawn(ns, p, job, run, res, pids);
-  for (int t = 0; t < 20000 && atomic_load(&res[watch].rounds) < 20 &&
-                  !atomic_load(&res[watch].done); t += 5)
-    dw_sleep_ms(5);
-  ck_assert_msg(atomic_load(&res[watch].rounds) >= 20, "the job did not run 20 rounds: %s",
-                res[watch].msg);
+  xn_await_rounds(res, watch, 20, 20000);
   return res;
 }
 

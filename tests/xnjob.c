@@ -201,6 +201,14 @@ bool xn_reap(pid_t *pids, uint32_t n, int timeout_ms) {
   return ok;
 }
 
+void xn_await_rounds(const struct xn_result *res, uint32_t g, uint32_t rounds, int ceiling_ms) {
+  for (int t = 0; t < ceiling_ms && atomic_load(&res[g].rounds) < rounds &&
+                  !atomic_load(&res[g].done); t += 5)
+    dw_sleep_ms(5);
+  ck_assert_msg(atomic_load(&res[g].rounds) >= rounds, "the job did not run %u rounds: %s",
+                rounds, res[g].msg);
+}
+
 struct xn_result *xn_results(uint32_t n) {
   struct xn_result *r = mmap(NULL, n * sizeof *r, PROT_READ | PROT_WRITE,
                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);

@@ -65,6 +65,9 @@ void xn_spawn_node(const struct nodes *ns, const struct xn_place *p, const char 
                    const struct xn_run *run, struct xn_result *res, pid_t *pids, int node);
 /* Wait for every rank, killing all after timeout_ms; true when all exited 0. */
 bool xn_reap(pid_t *pids, uint32_t n, int timeout_ms);
+/* Wait, at most ceiling_ms (a bound for a loaded machine, not a timing), until rank g of a
+ * running job has made `rounds` rounds, and fail the test if it did not. */
+void xn_await_rounds(const struct xn_result *res, uint32_t g, uint32_t rounds, int ceiling_ms);
 /* n results in memory shared with the rank processes, zeroed (munmap when done). */
 struct xn_result *xn_results(uint32_t n);
 /* Run the job placed as p (nodes of ns) and fail the test with every failing rank's message. */
