@@ -24,82 +24,6 @@
 
 #define SHIPPED "config/deepepd.yaml"
 
-static char *read_text(const char *path) {
-  FILE *f = fopen(path, "r");
-  ck_assert_msg(f != NULL, "%s: %s (run the tests from the repository root)", path,
-                strerror(errno));
-  static char buf[1 << 20];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  return buf;
-}
-
-/* A string field that must hold a terminated string equal to want. */
-#define ck_field_str(a, b, f)                                                                      \
-  do {                                                                                             \
-    ck_assert_msg(memchr((a)->f, '\0', sizeof(a)->f) != NULL, #f " was never set");                \
-    ck_assert_msg(strcmp((a)->f, (b)->f) == 0, #f ": '%s', want '%s'", (a)->f, (b)->f);            \
-  } while (0)
-/* Bools by their byte: garbage such as 0xa5 would otherwise read as "true". */
-#define ck_field_bool(a, b, f)                                                                     \
-  do {                                                                                             \
-    unsigned char raw_;                                                                            \
-    memcpy(&raw_, &(a)->f, 1);                                                                     \
-    ck_assert_msg(raw_ == ((b)->f ? 1 : 0), #f ": byte 0x%02x, want %d", raw_, (b)->f ? 1 : 0);    \
-  } while (0)
-#define ck_field(a, b, f)                                                                          \
-  ck_assert_msg((a)->f == (b)->f, #f ": %llu, want %llu", (unsigned long long)(a)->f,              \
-                (unsigned long long)(b)->f)
-
-/* Every field, one by one (padding bytes may differ, so no memcmp). */
-static void assert_same_config(const struct config *a, const struct config *b) {
-  ck_field_str(a, b, socket_path);
-  ck_field(a, b, socket_mode);
-  ck_field_str(a, b, socket_group);
-  ck_field(a, b, n_allow_users);
-  for (size_t i = 0; i < b->n_allow_users; i++)
-    ck_field_str(a, b, allow_users[i]);
-  ck_field(a, b, n_allow_groups);
-  for (size_t i = 0; i < b->n_allow_groups; i++)
-    ck_field_str(a, b, allow_groups[i]);
-  ck_field_bool(a, b, allow_any_user);
-  ck_field(a, b, backend);
-  ck_field(a, b, n_devices);
-  for (size_t i = 0; i < b->n_devices; i++)
-    ck_field_str(a, b, devices[i]);
-  ck_field(a, b, pool_size_per_device);
-  ck_field(a, b, pool_chunk_size);
-  ck_field(a, b, pool_max_allocation);
-  ck_field(a, b, host_pool_size);
-  ck_field_bool(a, b, preallocation);
-  ck_field_bool(a, b, buffer_cache_enabled);
-  ck_field_bool(a, b, kernel_warmup);
-  ck_field_str(a, b, kernel_cache_dir);
-  ck_field_bool(a, b, adaptive_optimization);
-  ck_assert_msg(a->warn_first_call_ratio == b->warn_first_call_ratio,
-                "warn_first_call_ratio: %g, want %g", a->warn_first_call_ratio,
-                b->warn_first_call_ratio);
-  ck_field(a, b, connection_pool_size);
-  ck_field_str(a, b, listen_address);
-  ck_field(a, b, listen_port);
-  ck_field_str(a, b, metrics_listen);
-  ck_field(a, b, n_peers);
-  for (size_t i = 0; i < b->n_peers; i++) {
-    ck_field_str(a, b, peers[i].host);
-    ck_field(a, b, peers[i].port);
-  }
-  ck_field_str(a, b, peer_key_file);
-  ck_field_bool(a, b, peer_insecure);
-  ck_field(a, b, peer_wait_ms);
-  ck_field(a, b, max_clients);
-  ck_field(a, b, max_jobs);
-  ck_field(a, b, attach_timeout_ms);
-  ck_field(a, b, op_timeout_ms);
-  ck_field(a, b, client_queue_bytes);
-  ck_field(a, b, log_level);
-}
-
 /* ---- the shipped file ------------------------------------------------------ */
 
 START_TEST(shipped_file_sets_every_key_to_its_default) {
@@ -109,14 +33,14 @@ START_TEST(shipped_file_sets_every_key_to_its_default) {
   int rc = config_load_file(c, SHIPPED, ct_err, sizeof ct_err);
   ck_assert_msg(rc == 0, "%s", ct_err);
   config_defaults(&want);
-  assert_same_config(c, &want);
+  ct_assert_same_config(c, &want);
   free(c);
 }
 END_TEST
 
 /* The dotted path of every leaf key of the shipped file ("pool.chunk_size", "peers"). */
 static size_t shipped_keys(char keys[][64], size_t max) {
-  const char *text = read_text(SHIPPED);
+  const char *text = ct_read_text(SHIPPED);
   yaml_parser_t p;
   yaml_document_t d;
   ck_assert(yaml_parser_initialize(&p));
@@ -156,7 +80,7 @@ END_TEST
 static void assert_documents_every_key(const char *path, const char *before, const char *after) {
   char keys[64][64];
   size_t n = shipped_keys(keys, 64);
-  const char *text = read_text(path);
+  const char *text = ct_read_text(path);
   for (size_t i = 0; i < n; i++) {
     char needle[80];
     snprintf(needle, sizeof needle, "%s%s%s", before, keys[i], after);
@@ -179,7 +103,7 @@ END_TEST
 START_TEST(man_page_has_one_entry_per_key) {
   char keys[64][64];
   size_t n = shipped_keys(keys, 64);
-  const char *text = read_text("man/deepepd.yaml.5");
+  const char *text = ct_read_text("man/deepepd.yaml.5");
   for (size_t i = 0; i < n; i++) {
     char needle[80];
     snprintf(needle, sizeof needle, ".TP\n.B %s\n", keys[i]);
@@ -191,227 +115,6 @@ START_TEST(man_page_has_one_entry_per_key) {
 }
 END_TEST
 
-/* ---- the defaults: one column of the key table ---------------------------------- */
-
-/*
- * Each default is written once, in the key table (config_keys.c).  The shipped file, the man
- * page and README's table are checked against it here rather than generated from it: each is
- * prose around the values, written by hand, and generated copies would need a build step and
- * still a check that the committed copy is current.  A failure names the key, the document and
- * both values.
- */
-
-/* Calls f for every leaf key of table ("pool.chunk_size"), and for each key of a list of
- * mappings ("peers[].port"). */
-static void each_key(const struct key *table, const char *prefix,
-                     void (*f)(const struct key *k, const char *path)) {
-  for (const struct key *k = table; k->name != NULL; k++) {
-    char path[96];
-    snprintf(path, sizeof path, "%s%s%s", prefix, prefix[0] != '\0' ? "." : "", k->name);
-    if (k->kind == K_SECTION) {
-      each_key(k->sub, path, f);
-      continue;
-    }
-    f(k, path);
-    if (k->kind == K_PEERS) {
-      char sub[100];
-      snprintf(sub, sizeof sub, "%s[]", path);
-      each_key(k->sub, sub, f);
-    }
-  }
-}
-
-static bool is_list(const struct key *k) {
-  return k->kind == K_NAMES || k->kind == K_DEVICES || k->kind == K_PEERS;
-}
-
-/* The default as README's table writes it, in backquotes: "" and [] as such. */
-static const char *readme_form(const struct key *k) {
-  return k->kind == K_STR && k->dflt[0] == '\0' ? "\"\"" : k->dflt;
-}
-
-static void has_a_default(const struct key *k, const char *path) {
-  /* Only a peer's host (required) and transport (the top-level one) have none. */
-  bool none = strcmp(path, "peers[].host") == 0 || strcmp(path, "peers[].transport") == 0;
-  ck_assert_msg((k->dflt == NULL) == none, "'%s' %s a default in the key table", path,
-                none ? "has" : "lacks");
-}
-
-START_TEST(every_key_has_its_default_in_the_table) {
-  each_key(config__root_keys, "", has_a_default);
-}
-END_TEST
-
-/* The table's defaults, written out as a file in the shipped spellings and loaded over garbage,
- * give what config_defaults() gives: each default passes the loader's own checks (type, range,
- * granule, the pool sizes against each other) and lands where the key says. */
-static char table_yaml[8192], table_section[64];
-static void write_default(const struct key *k, const char *path) {
-  if (k->dflt == NULL || strchr(path, '[') != NULL)
-    return;
-  size_t o = strlen(table_yaml);
-  const char *dot = strchr(path, '.'), *q = k->kind == K_STR ? "\"" : "";
-  if (dot != NULL && strncmp(table_section, path, (size_t)(dot - path + 1)) != 0) {
-    snprintf(table_section, sizeof table_section, "%.*s", (int)(dot - path + 1), path);
-    o += (size_t)snprintf(table_yaml + o, sizeof table_yaml - o, "%.*s:\n", (int)(dot - path), path);
-  } else if (dot == NULL) {
-    table_section[0] = '\0';
-  }
-  snprintf(table_yaml + o, sizeof table_yaml - o, "%s%s: %s%s%s\n", dot != NULL ? "  " : "",
-           dot != NULL ? dot + 1 : path, q, k->dflt, q);
-}
-
-START_TEST(the_tables_defaults_load_as_a_file_and_are_the_defaults) {
-  table_yaml[0] = table_section[0] = '\0';
-  each_key(config__root_keys, "", write_default);
-  struct config *c = malloc(sizeof *c), want;
-  memset(c, 0xa5, sizeof *c);
-  int rc = ct_load(c, table_yaml);
-  ck_assert_msg(rc == 0, "%s\n--- yaml:\n%s", ct_err, table_yaml);
-  config_defaults(&want);
-  assert_same_config(c, &want);
-  /* A peer that names only its host gets the table's port and the top-level transport. */
-  ct_load_ok(c, "peers: [{host: a}]\npeer_insecure: true\n");
-  ck_assert_uint_eq(c->peers[0].port, want.listen_port);
-  ck_assert_int_eq(c->peers[0].transport, CONFIG_TRANSPORT_DEFAULT);
-  free(c);
-}
-END_TEST
-
-/* The shipped file: each value, as written, is the table's text (so "8 GiB" for "8GiB" fails
- * too, which loading alone would not see). */
-static yaml_document_t shipped_doc;
-static void shipped_matches(const struct key *k, const char *path) {
-  if (k->dflt == NULL || strchr(path, '[') != NULL)
-    return;
-  yaml_node_t *n = yaml_document_get_root_node(&shipped_doc);
-  char rest[96];
-  snprintf(rest, sizeof rest, "%s", path);
-  for (char *part = strtok(rest, "."); part != NULL && n != NULL; part = strtok(NULL, ".")) {
-    yaml_node_t *found = NULL;
-    for (yaml_node_pair_t *p = n->data.mapping.pairs.start;
-         n->type == YAML_MAPPING_NODE && p < n->data.mapping.pairs.top; p++)
-      if (strcmp((char *)yaml_document_get_node(&shipped_doc, p->key)->data.scalar.value, part) == 0)
-        found = yaml_document_get_node(&shipped_doc, p->value);
-    n = found;
-  }
-  ck_assert_msg(n != NULL, SHIPPED " has no '%s'", path);
-  if (is_list(k)) {
-    ck_assert_msg(n->type == YAML_SEQUENCE_NODE &&
-                      n->data.sequence.items.top == n->data.sequence.items.start,
-                  SHIPPED ": '%s' is not the table's default, []", path);
-    return;
-  }
-  ck_assert_msg(n->type == YAML_SCALAR_NODE && strcmp((char *)n->data.scalar.value, k->dflt) == 0,
-                SHIPPED ": '%s' is '%s', the key table's default is '%s'", path,
-                n->type == YAML_SCALAR_NODE ? (char *)n->data.scalar.value : "(not a value)",
-                k->dflt);
-}
-
-START_TEST(shipped_file_writes_each_default_as_the_table_does) {
-  const char *text = read_text(SHIPPED);
-  yaml_parser_t p;
-  ck_assert(yaml_parser_initialize(&p));
-  yaml_parser_set_input_string(&p, (const unsigned char *)text, strlen(text));
-  ck_assert(yaml_parser_load(&p, &shipped_doc));
-  each_key(config__root_keys, "", shipped_matches);
-  yaml_document_delete(&shipped_doc);
-  yaml_parser_delete(&p);
-}
-END_TEST
-
-/* deepepd.yaml(5): a key's entry (".TP", ".B key", up to the next entry or section) says
- * "default" and then the value in bold (".BR 8GiB ,") or "empty" ("" and []).  A key of a list
- * of mappings is in its list's entry: ".B port" and then "default 7470". */
-static const char *man_text;
-
-/* The words after "default" at `at` in the form the man page writes them, or "" when none. */
-static void man_word(const char *at, char *word, size_t len) {
-  size_t n;
-  if (strncmp(at, "\n.BR ", 5) == 0 || strncmp(at, "\n.B ", 4) == 0)
-    at = strchr(at + 1, ' ') + 1;
-  else if (at[0] == ' ')
-    at++;
-  else
-    at = "";
-  n = strcspn(at, " \n),;");
-  if (n > 0 && at[n - 1] == '.') /* a sentence's end: "default empty." */
-    n--;
-  snprintf(word, len, "%.*s", (int)n, at);
-}
-
-static void man_matches(const struct key *k, const char *path) {
-  if (k->dflt == NULL)
-    return;
-  char head[128], word[128] = "";
-  const char *sub = strstr(path, "[].");
-  snprintf(head, sizeof head, ".TP\n.B %.*s\n",
-           sub != NULL ? (int)(sub - path) : (int)strlen(path), path);
-  const char *at = strstr(man_text, head);
-  ck_assert_msg(at != NULL, "man/deepepd.yaml.5 has no entry '.B %s'", path);
-  at += strlen(head);
-  /* The entry ends where the next one (or a section) starts. */
-  size_t len = strlen(at);
-  static const char *const ends[] = {"\n.TP\n", "\n.SS ", "\n.SH "};
-  for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++) {
-    const char *e = strstr(at, ends[i]);
-    if (e != NULL && (size_t)(e - at) < len)
-      len = (size_t)(e - at);
-  }
-  char entry[8192];
-  snprintf(entry, sizeof entry, "%.*s", (int)len, at);
-  const char *from = entry;
-  if (sub != NULL) { /* ".B port" within the list's entry */
-    char key[64];
-    snprintf(key, sizeof key, "\n.B %s\n", sub + 3);
-    from = strstr(entry, key);
-    ck_assert_msg(from != NULL, "man/deepepd.yaml.5: the entry of '%.*s' names no '%s'",
-                  (int)(sub - path), path, sub + 3);
-  }
-  /* The first "default" followed by a value: "default: the top-level transport" is none. */
-  for (const char *d = strstr(from, "default"); d != NULL && word[0] == '\0';
-       d = strstr(d + 1, "default")) {
-    man_word(d + strlen("default"), word, sizeof word);
-    /* In a list's own entry a key of its entries comes first ("port (1 to 65535; default
-     * 7470)"): the list's default is the "default empty" after them. */
-    if (sub == NULL && is_list(k) && strcmp(word, "empty") != 0)
-      word[0] = '\0';
-  }
-  const char *want = is_list(k) || (k->kind == K_STR && k->dflt[0] == '\0') ? "empty" : k->dflt;
-  ck_assert_msg(strcmp(word, want) == 0,
-                "man/deepepd.yaml.5 gives '%s' the default '%s', the key table '%s'", path, word,
-                want);
-}
-
-START_TEST(man_page_states_each_default_as_the_table_does) {
-  man_text = read_text("man/deepepd.yaml.5");
-  each_key(config__root_keys, "", man_matches);
-}
-END_TEST
-
-/* README's configuration table: "| `key` | `default` |", "" and [] as written in the file. */
-static const char *readme_text;
-static void readme_matches(const struct key *k, const char *path) {
-  if (k->dflt == NULL)
-    return;
-  char row[128], word[128];
-  snprintf(row, sizeof row, "\n| `%s` | ", path);
-  const char *at = strstr(readme_text, row);
-  ck_assert_msg(at != NULL, "README.md's configuration table has no row for '%s'", path);
-  at += strlen(row);
-  ck_assert_msg(at[0] == '`', "README.md gives '%s' no default in backquotes", path);
-  snprintf(word, sizeof word, "%.*s", (int)strcspn(at + 1, "`"), at + 1);
-  ck_assert_msg(strcmp(word, readme_form(k)) == 0,
-                "README.md gives '%s' the default '%s', the key table '%s'", path, word,
-                readme_form(k));
-}
-
-START_TEST(readme_states_each_default_as_the_table_does) {
-  readme_text = read_text("README.md");
-  each_key(config__root_keys, "", readme_matches);
-}
-END_TEST
-
 START_TEST(empty_documents_give_the_defaults) {
   static const char *const empty[] = {"",    "\n",    "# nothing but a comment\n",
                                       "~\n", "---\n", "--- ~\n...\n"};
@@ -419,11 +122,11 @@ START_TEST(empty_documents_give_the_defaults) {
   config_defaults(&want);
   for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++) {
     ct_load_ok(&c, empty[i]);
-    assert_same_config(&c, &want);
+    ct_assert_same_config(&c, &want);
   }
   /* An empty section keeps its defaults too. */
   ct_load_ok(&c, "pool:\nlimits: ~\nsocket:\n");
-  assert_same_config(&c, &want);
+  ct_assert_same_config(&c, &want);
 }
 END_TEST
 
@@ -606,7 +309,7 @@ START_TEST(a_file_changes_only_the_keys_it_names) {
   strcpy(want.allow_users[0], "d");
   want.log_level = CONFIG_LOG_DEBUG;
   want.pool_chunk_size = 4u << 20;
-  assert_same_config(&c, &want);
+  ct_assert_same_config(&c, &want);
   ck_assert_msg(ct_load(&c, "allow:\n  users: []\n") == 0, "%s", ct_err);
   ck_assert_uint_eq(c.n_allow_users, 0);
 }
@@ -1046,14 +749,6 @@ Suite *config_suite(void) {
   tcase_add_test(t, man_page_has_one_entry_per_key);
   tcase_add_test(t, empty_documents_give_the_defaults);
   tcase_add_test(t, max_allocation_defaults_to_0_the_daemon_chooses);
-  suite_add_tcase(s, t);
-
-  t = tcase_create("defaults");
-  tcase_add_test(t, every_key_has_its_default_in_the_table);
-  tcase_add_test(t, the_tables_defaults_load_as_a_file_and_are_the_defaults);
-  tcase_add_test(t, shipped_file_writes_each_default_as_the_table_does);
-  tcase_add_test(t, man_page_states_each_default_as_the_table_does);
-  tcase_add_test(t, readme_states_each_default_as_the_table_does);
   suite_add_tcase(s, t);
 
   t = tcase_create("values");

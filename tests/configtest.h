@@ -1,6 +1,6 @@
 /*
  * configtest.h — what the configuration suites share (check_config.c,
- * check_config_bounds.c, check_config_reload.c): a YAML text loaded as the
+ * check_config_defaults.c, check_config_bounds.c, check_config_reload.c): a YAML text loaded as the
  * file "t.yaml", the loader's message when it refuses one, and two device
  * UUIDs in the spellings a file may use.  Prefix ct_.
  */
@@ -19,5 +19,10 @@ extern char ct_err[1024];
 int ct_load(struct config *c, const char *yaml);
 /* Defaults, then the text; the test fails with the loader's message if it is refused. */
 void ct_load_ok(struct config *c, const char *yaml);
+/* A text file of the repository (tests run from its root), whole, in a static buffer that the
+ * next call reuses; the test fails when it cannot be read. */
+char *ct_read_text(const char *path);
+/* Every field of a equal to b's, one by one (padding bytes may differ, so no memcmp). */
+void ct_assert_same_config(const struct config *a, const struct config *b);
 
 #endif /* DEP_CONFIGTEST_H */

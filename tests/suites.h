@@ -10,6 +10,7 @@
   XX(shape)                 \
   XX(fdpass)                \
   XX(config)                \
+  XX(config_defaults)       \
   XX(config_bounds)         \
   XX(config_reload)         \
   XX(daemon)                \
