@@ -60,7 +60,9 @@ WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-
 ifeq ($(WERROR),1)
 WARN    += -Werror
 endif
-CPPFLAGS += -std=c11 -D_GNU_SOURCE -Iclient -Iproto -Iconfig -Idaemon -Ikernels \
+# include/ holds the public API (deepep.h), the contract that the library,
+# the daemon, deepepctl and the kernels all compile against: in no part's folder.
+CPPFLAGS += -std=c11 -D_GNU_SOURCE -Iinclude -Iclient -Iproto -Iconfig -Idaemon -Ikernels \
             -DDEP_SYSCONFDIR='"$(SYSCONFDIR)"' -DDEP_RUNSTATEDIR='"$(RUNSTATEDIR)"'
 ALLCFLAGS = $(CPPFLAGS) $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -MMD -MP $(SANFLAGS)
 
@@ -128,7 +130,7 @@ endif
 # and the Python package take it from there.  The man pages carry it in their
 # .TH lines in the tree, so that `man -l man/deepepd.8` shows it too; the man
 # suite holds those to this one.
-VERSION  := $(shell sed -n 's/^\#define DEP_VERSION_STRING "\(.*\)"/\1/p' client/deepep.h)
+VERSION  := $(shell sed -n 's/^\#define DEP_VERSION_STRING "\(.*\)"/\1/p' include/deepep.h)
 SONAME   := libdeepep-client.so.$(firstword $(subst ., ,$(VERSION)))
 LIB_SO   := $(BUILD)/libdeepep-client.so.$(VERSION)
 LIB_A    := $(BUILD)/libdeepep-client.a
@@ -147,9 +149,9 @@ $(BUILD)/obj/%.o: %.c
 
 ifneq ($(FATBIN),)
 $(FATBIN): $(KCUDA_SRC) $(wildcard kernels/*.cuh) proto/kabi.h proto/ccuda.h proto/slab.h \
-           proto/shape.h proto/stats_page.h proto/xring.h client/deepep.h
+           proto/shape.h proto/stats_page.h proto/xring.h include/deepep.h
 	@mkdir -p $(@D)
-	$(NVCC) -fatbin -O3 -std=c++17 -Ikernels -Iclient -Iproto $(NVCC_GENCODE) -o $@ $(KCUDA_SRC)
+	$(NVCC) -fatbin -O3 -std=c++17 -Ikernels -Iinclude -Iproto $(NVCC_GENCODE) -o $@ $(KCUDA_SRC)
 # The fatbin is embedded with .incbin so the library needs no file at run time,
 # with its build id beside it: the SHA-256 of the fatbin, by which the daemon's
 # kernel cache (which links this same object) keys what it compiled from it and
@@ -292,7 +294,7 @@ run: all
 # macro of deepep.h (dep_status) gets a man3 page that is deepep(3), so that
 # `man dep_dispatch` and `man dep_status` find it.
 EXPORTED = $(shell sed -n 's/^ *\(dep_[a-z0-9_]*\);$$/\1/p' client/libdeepep-client.map)
-MAN3_LINKS = $(EXPORTED) $(shell sed -n 's/^\#define \(dep_[a-z0-9_]*\)[^a-z0-9_ ].*/\1/p' client/deepep.h)
+MAN3_LINKS = $(EXPORTED) $(shell sed -n 's/^\#define \(dep_[a-z0-9_]*\)[^a-z0-9_ ].*/\1/p' include/deepep.h)
 
 install: all
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
@@ -305,7 +307,7 @@ install: all
 	ln -sf $(notdir $(LIB_SO)) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(notdir $(LIB_SO)) $(DESTDIR)$(LIBDIR)/libdeepep-client.so
 	install -m 0644 $(LIB_A) $(DESTDIR)$(LIBDIR)/
-	install -m 0644 client/deepep.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 0644 include/deepep.h $(DESTDIR)$(INCLUDEDIR)/
 	$(PC_SED) client/deepep-client.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/deepep-client.pc
 	sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' systemd/deepepd.service.in \
 	  > $(DESTDIR)$(UNITDIR)/deepepd.service

@@ -193,7 +193,7 @@ END_TEST
  * function-like dep_ macros, in out[] (each malloc'd); their count.
  */
 static int public_names(char *out[], int max) {
-  char *h = read_all("client/deepep.h");
+  char *h = read_all("include/deepep.h");
   int n = 0;
   for (const char *l = h; l != NULL; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
     const char *name = NULL;
@@ -217,7 +217,7 @@ static int public_names(char *out[], int max) {
     out[n++] = strndup(name, len);
   }
   free(h);
-  ck_assert_msg(n > 10, "found only %d public names in client/deepep.h", n);
+  ck_assert_msg(n > 10, "found only %d public names in include/deepep.h", n);
   return n;
 }
 

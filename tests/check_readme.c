@@ -101,8 +101,8 @@ static void quick_setup(struct quick *q) {
   const char *b = getenv("DEP_BUILD");
   ck_assert_msg(realpath(b != NULL && b[0] != '\0' ? b : "build", build) != NULL,
                 "no build directory (DEP_BUILD)");
-  dw_sfmt(src, sizeof src, "%s/client", here);
-  dw_sfmt(path, sizeof path, "%s/client", q->dir);
+  dw_sfmt(src, sizeof src, "%s/include", here);
+  dw_sfmt(path, sizeof path, "%s/include", q->dir);
   ck_assert_int_eq(symlink(src, path), 0);
   dw_sfmt(path, sizeof path, "%s/build", q->dir);
   ck_assert_int_eq(symlink(build, path), 0);
@@ -202,7 +202,7 @@ START_TEST(readme_trainer_is_a_whole_program_that_compiles_without_warnings) {
   dw_sfmt(out, sizeof out, "%s/cc.out", q.dir);
   int st = sh_in(q.dir,
                  "cc -std=c11 -Wall -Wextra -Wshadow -Werror -pedantic -o strict trainer.c "
-                 "-Iclient build/libdeepep-client.a -ldl -lpthread -lm" EXTRA_LDFLAGS,
+                 "-Iinclude build/libdeepep-client.a -ldl -lpthread -lm" EXTRA_LDFLAGS,
                  out, NULL);
   char *o = dw_slurp(out);
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "README's trainer.c:\n%s", o);
@@ -242,7 +242,7 @@ START_TEST(readme_trainer_without_a_daemon_says_why_in_one_line) {
   dw_sfmt(out, sizeof out, "%s/out", q.dir);
   dw_sfmt(err, sizeof err, "%s/err", q.dir);
   int st = sh_in(q.dir,
-                 "cc -o trainer trainer.c -Iclient build/libdeepep-client.a -ldl -lpthread "
+                 "cc -o trainer trainer.c -Iinclude build/libdeepep-client.a -ldl -lpthread "
                  "-lm" EXTRA_LDFLAGS,
                  out, NULL);
   char *o = dw_slurp(out);

@@ -9,8 +9,9 @@ import pytest
 
 from deepep import _lib
 
-HEADER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "client")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HEADER_DIR = os.path.join(ROOT, "include")
+MAP = os.path.join(ROOT, "client", "libdeepep-client.map")
 
 
 def test_every_struct_has_the_c_layout(tmp_path):
@@ -48,7 +49,7 @@ def test_every_c_struct_of_the_header_is_mirrored():
 
 
 def _map_globals():
-    text = open(os.path.join(HEADER_DIR, "libdeepep-client.map")).read()
+    text = open(MAP).read()
     body = text.split("global:", 1)[1].split("local:", 1)[0]
     import re
     return sorted(re.findall(r"\b(dep_\w+);", body))

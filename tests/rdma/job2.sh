@@ -14,7 +14,7 @@ B=${DEP_BUILD:?DEP_BUILD names the build directory}
 d=$(mktemp -d)
 sock=$d/deepepd.sock
 peer_config "$d" "connection_pool_size: 1" "transport: rdma" "log_level: debug" >"$d/deepepd.yaml"
-cc -std=c11 -D_GNU_SOURCE -Iclient -o "$d/rank" tests/rdma/rank.c -L"$B" -ldeepep-client \
+cc -std=c11 -D_GNU_SOURCE -Iinclude -o "$d/rank" tests/rdma/rank.c -L"$B" -ldeepep-client \
   -Wl,-rpath,"$B" || fail "cannot build tests/rdma/rank.c"
 start() {
   "$B/deepepd" -c "$d/deepepd.yaml" 2>>"$d/log" &
