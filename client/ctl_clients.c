@@ -9,7 +9,7 @@
 
 #include "client_internal.h"
 #include "ctl.h"
-#include "cudadrv.h"
+#include "uuid.h"
 
 static const struct ctl_col clients_fields[] = {
     {"left_out", "not listed (over the limit)", CTL_UINT, 0},
@@ -57,7 +57,7 @@ int ctl_clients(struct ctl *ctl, int argc, char **argv) {
       struct ctl_val *row = cells + (size_t)i * CLIENT_NCOLS;
       bool rank = x->job_id[0] != '\0';
       if (rank)
-        cudadrv_uuid_str(x->device_uuid, uuid[i]);
+        dep__uuid_str(x->device_uuid, uuid[i]);
       row[0].u = x->pid;
       row[1].u = x->uid;
       row[2].s = x->name;

@@ -42,6 +42,7 @@
 #include "ctl_stats.h"
 #include "cudadrv.h"
 #include "kimage.h"
+#include "uuid.h"
 
 #define DOCTOR_SKEW_WARN 1.25
 #define DOCTOR_SKEW_FAIL 1.75
@@ -166,7 +167,7 @@ static void doctor_kernels(dep_client_t *c, const struct dep_status *st, struct 
   for (uint32_t i = 0; i < st->num_devices && c->fd >= 0; i++) {
     const char *gpu = st->devices[i].uuid;
     struct dep_msg_kernels m;
-    if (cudadrv_uuid_parse(gpu, m.device_uuid) != 0)
+    if (dep__uuid_parse(gpu, m.device_uuid) != 0)
       continue;
     struct doctor_kernels_in in = {.gpu = gpu, .build = img.id, .lend_why = ""};
     in.fit = doctor_fit(cu, &img, m.device_uuid, &in.arch);
@@ -209,7 +210,7 @@ static void doctor_pools(const struct dep_status *st, const struct ctl_stats *s,
   const double mib = 1024.0 * 1024.0;
   const struct dep_msg_stats_ok *ok = &s->ok;
   char uuid[DEP_UUID_STR_LEN];
-  cudadrv_uuid_str(ok->largest_uuid, uuid);
+  dep__uuid_str(ok->largest_uuid, uuid);
   for (uint32_t i = 0; i < st->num_devices; i++) {
     const struct dep_status_device *d = &st->devices[i];
     uint64_t busy = d->pool_used_bytes + d->pool_held_bytes;
@@ -257,7 +258,7 @@ static void doctor_gpus(dep_client_t *c, const struct dep_status *st, struct doc
   for (uint32_t i = 0; i < st->num_devices; i++) {
     uint8_t uuid[16];
     CUdevice dev;
-    if (cudadrv_uuid_parse(st->devices[i].uuid, uuid) != 0 ||
+    if (dep__uuid_parse(st->devices[i].uuid, uuid) != 0 ||
         cudadrv_device_by_uuid(cu, uuid, &dev) != 0)
       continue;
     int mode = 0, mps = 0;
@@ -314,7 +315,7 @@ static void doctor_memory(const struct dep_status *st, const struct ctl_stats *s
     const struct dep_status_device *d = &st->devices[i];
     uint8_t uuid[16];
     CUdevice dev;
-    if (cudadrv_uuid_parse(d->uuid, uuid) != 0 || cudadrv_device_by_uuid(cu, uuid, &dev) != 0) {
+    if (dep__uuid_parse(d->uuid, uuid) != 0 || cudadrv_device_by_uuid(cu, uuid, &dev) != 0) {
       doctor_note(k, DOCTOR_WARN, "GPU %s: not visible here", d->uuid);
       doctor_do(k, "run deepepctl doctor on the node, with the daemon's GPUs visible");
       continue;
@@ -333,7 +334,7 @@ static void doctor_memory(const struct dep_status *st, const struct ctl_stats *s
       continue;
     }
     char uuid_l[DEP_UUID_STR_LEN];
-    cudadrv_uuid_str(ok->largest_uuid, uuid_l);
+    dep__uuid_str(ok->largest_uuid, uuid_l);
     const bool largest_here = ok->largest_bytes > 0 && strcmp(uuid_l, d->uuid) == 0;
     const struct doctor_memory_in in = {
         .gpu = d->uuid, .budget = d->pool_total_bytes, .made = p->made_bytes,

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cudadrv.h"
 #include "stats_page.h"
+#include "uuid.h"
 
 /* ---- the op table: one row per (job, rank, op) ------------------------------------ */
 
@@ -113,7 +113,7 @@ int ctl_view_stats(const struct ctl_stats *s, struct ctl_view *v) {
   size_t row = 0;
   for (uint32_t i = 0; i < s->n; i++) {
     const struct dep_msg_stats_rank *r = &s->ranks[i];
-    cudadrv_uuid_str(r->device_uuid, v->uuid[i]);
+    dep__uuid_str(r->device_uuid, v->uuid[i]);
     const char *state = r->finished ? "ended" : "running";
     struct ctl_val *rc = v->rank_cells + (size_t)i * RC_N;
     rc[RC_JOB].s = r->job_id;

@@ -13,6 +13,7 @@
 
 #include "cudadrv.h"
 #include "deepep.h"
+#include "uuid.h"
 
 static void close_fds(int *fds, uint32_t n) {
   for (uint32_t i = 0; i < n; i++)
@@ -159,7 +160,7 @@ int mem_cuda_bind(const uint8_t uuid[16], int *ordinal, struct mem_ctx_ref *ref,
   CUdevice dev;
   if (cudadrv_device_by_uuid(cu, uuid, &dev) != 0) {
     char s[DEP_UUID_STR_LEN];
-    cudadrv_uuid_str(uuid, s);
+    dep__uuid_str(uuid, s);
     snprintf(why, whylen, "no visible GPU has UUID %s (check CUDA_VISIBLE_DEVICES)", s);
     return DEP_ERR_NOT_FOUND;
   }

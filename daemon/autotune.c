@@ -23,6 +23,7 @@
 #include "shape.h"
 #include "stats.h"
 #include "tune.h"
+#include "uuid.h"
 #include "warmup.h"
 
 static struct {
@@ -257,7 +258,7 @@ static void autotune_run(const struct tune_key *k, const uint8_t (*place)[16], u
   }
   args[a++] = cands;
   for (uint32_t r = 0; r < k->world; r++) {
-    cudadrv_uuid_str(place[r], uuids[r]);
+    dep__uuid_str(place[r], uuids[r]);
     args[a++] = uuids[r];
   }
   args[a] = NULL;

@@ -11,6 +11,7 @@
 
 #include "backend.h"
 #include "cudadrv.h"
+#include "uuid.h"
 
 static const struct cudadrv *cu;
 
@@ -60,7 +61,7 @@ static int cuda_probe(struct backend_dev *devs, int max, char *why, size_t whyle
       continue; /* cannot lend memory from this GPU; the caller logs the count */
     CU_TRY(cu->cuDeviceGetUuid(&u, dev), "cuDeviceGetUuid");
     memcpy(d->uuid, u.bytes, 16);
-    cudadrv_uuid_str(d->uuid, d->uuid_str);
+    dep__uuid_str(d->uuid, d->uuid_str);
     CU_TRY(cu->cuDeviceGetName(d->name, (int)sizeof d->name, dev), "cuDeviceGetName");
     d->ordinal = dev;
     CUcontext ctx;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "uuid.h"
 
 static int host_probe(struct backend_dev *devs, int max, char *why, size_t whylen) {
   if (max < 1) {
@@ -20,7 +21,7 @@ static int host_probe(struct backend_dev *devs, int max, char *why, size_t whyle
     return DEP_ERR_INTERNAL;
   }
   memset(&devs[0], 0, sizeof devs[0]);
-  snprintf(devs[0].uuid_str, sizeof devs[0].uuid_str, "00000000-0000-0000-0000-000000000000");
+  dep__uuid_str(devs[0].uuid, devs[0].uuid_str); /* all zero */
   snprintf(devs[0].name, sizeof devs[0].name, "host");
   devs[0].ordinal = -1;
   devs[0].granularity = (uint64_t)sysconf(_SC_PAGESIZE);

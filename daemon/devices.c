@@ -10,10 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cudadrv.h"
 #include "kcheck.h"
 #include "log.h"
 #include "proto.h"
+#include "uuid.h"
 
 static uint64_t uv_hrtime_ms(void) { return uv_hrtime() / 1000000u; }
 
@@ -46,7 +46,7 @@ static bool listed(const struct config *c, const struct backend_dev *d) {
     return true;
   for (size_t i = 0; i < c->n_devices; i++) {
     uint8_t u[16];
-    if (cudadrv_uuid_parse(c->devices[i], u) == 0 && memcmp(u, d->uuid, 16) == 0)
+    if (dep__uuid_parse(c->devices[i], u) == 0 && memcmp(u, d->uuid, 16) == 0)
       return true;
   }
   return false;
@@ -192,7 +192,7 @@ struct pool *devices_find(const uint8_t uuid[16], char *why, size_t whylen) {
     if (memcmp(devs.pools[i].dev.uuid, uuid, 16) == 0)
       return &devs.pools[i];
   char want[DEP_UUID_STR_LEN];
-  cudadrv_uuid_str(uuid, want);
+  dep__uuid_str(uuid, want);
   size_t off = 0;
   int k = snprintf(why, whylen, "device %s is not served by this deepepd (%s backend; it serves",
                    want, devices_backend_name());

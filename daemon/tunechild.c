@@ -33,6 +33,7 @@
 #include "deepep.h"
 #include "log.h"
 #include "tune.h"
+#include "uuid.h"
 
 #define TUNE_CHILD_CALLS 32
 #define TUNE_CHILD_WARM 4
@@ -314,7 +315,7 @@ int autotune_child_main(const char *socket, int argc, char **argv) {
        t = strtok_r(NULL, ",", &save))
     bad = w.n_cands == TUNE_MAX_CANDS || tc_number(t, &w.cands[w.n_cands++]) != 0;
   for (uint32_t r = 0; r < w.world && !bad; r++)
-    bad = cudadrv_uuid_parse(argv[9 + r], w.uuid[r]) != 0;
+    bad = dep__uuid_parse(argv[9 + r], w.uuid[r]) != 0;
   if (bad || w.n_cands == 0) {
     log_errx("tuning child: usage: deepepd --" AUTOTUNE_CHILD_OPT " SOCKET WORLD TOKENS HIDDEN "
              "EXPERTS TOPK DTYPE LL RANKS_PER_GPU CTAS,... UUID... (one UUID per rank)");

@@ -11,13 +11,13 @@
 #include <unistd.h>
 
 #include "client_internal.h"
-#include "cudadrv.h"
 #include "deepep.h"
 #include "devices.h"
 #include "log.h"
 #include "pool.h"
 #include "proto.h"
 #include "shape.h"
+#include "uuid.h"
 
 /* The smallest shape that runs every kernel, the low-latency ones included. */
 static const struct dep_job_shape warmup_shape = {
@@ -123,7 +123,7 @@ static int warmup_one(const char *socket, const char *uuid, int i) {
       .shape = warmup_shape,
   };
   snprintf(a.job_id, sizeof a.job_id, WARMUP_JOB_PREFIX "%d-%d", (int)getpid(), i);
-  if (cudadrv_uuid_parse(uuid, a.device_uuid) != 0) {
+  if (dep__uuid_parse(uuid, a.device_uuid) != 0) {
     log_errx("kernel warm-up: %s is not a GPU UUID", uuid);
     return -1;
   }

@@ -3,7 +3,6 @@
  */
 #include "cudadrv.h"
 
-#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -126,31 +125,6 @@ const char *cudadrv_errstr(CUresult r) {
   if (drv.cuGetErrorString != NULL && drv.cuGetErrorString(r, &s) == CUDA_SUCCESS && s != NULL)
     return s;
   return "unknown CUDA error";
-}
-
-void cudadrv_uuid_str(const uint8_t u[16], char out[37]) {
-  snprintf(out, 37,
-           "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-           u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-}
-
-int cudadrv_uuid_parse(const char *s, uint8_t out[16]) {
-  if (strncmp(s, "GPU-", 4) == 0)
-    s += 4;
-  int n = 0;
-  for (; *s != '\0'; s++) {
-    if (*s == '-')
-      continue;
-    if (!isxdigit((unsigned char)*s) || n >= 32 || !isxdigit((unsigned char)s[1]))
-      return -1;
-    unsigned v;
-    if (sscanf(s, "%2x", &v) != 1)
-      return -1;
-    out[n / 2] = (uint8_t)v;
-    n += 2;
-    s++;
-  }
-  return n == 32 ? 0 : -1;
 }
 
 int cudadrv_device_by_uuid(const struct cudadrv *cu, const uint8_t uuid[16], CUdevice *out) {

@@ -181,11 +181,6 @@ const struct cudadrv *cudadrv_load(char *why, size_t whylen);
 /* The driver's name for a result ("CUDA_ERROR_OUT_OF_MEMORY: out of memory"). */
 const char *cudadrv_errstr(CUresult r);
 
-/* Format a device UUID as text "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (37 bytes with NUL). */
-void cudadrv_uuid_str(const uint8_t uuid[16], char out[37]);
-/* Parse "GPU-xxxxxxxx-..." or "xxxxxxxx-..." (32 hex digits, dashes optional); 0 or -1. */
-int cudadrv_uuid_parse(const char *s, uint8_t out[16]);
-
 /* Find the device ordinal with this UUID in the calling process; 0 or -1. */
 int cudadrv_device_by_uuid(const struct cudadrv *cu, const uint8_t uuid[16], CUdevice *out);
 

@@ -51,6 +51,7 @@
 #include "proto.h"
 #include "slab.h"
 #include "testutil.h"
+#include "uuid.h"
 
 #define GIB (1024ull * 1024 * 1024)
 #define MIB (1024ull * 1024)
@@ -499,7 +500,7 @@ static bool dg_gpu_start(const char *test, struct tu_gpus *g, struct tu_daemon *
   if (!cr_gpu_probe(test, g))
     return false;
   dg_start(d, yaml);
-  cudadrv_uuid_str(g->uuid[0], gpu);
+  dep__uuid_str(g->uuid[0], gpu);
   return true;
 }
 
@@ -652,7 +653,7 @@ START_TEST(doctor_warns_then_fails_when_the_gpu_has_too_little_memory_for_the_po
   struct tu_daemon d;
   dg_start(&d, yaml);
   char gpu[DEP_UUID_STR_LEN];
-  cudadrv_uuid_str(g.uuid[0], gpu);
+  dep__uuid_str(g.uuid[0], gpu);
   printf("memory: budget %llu MiB, job A %.0f MiB, job B %.0f MiB\n",
          (unsigned long long)budget_mib, (double)a_bytes / MIB, (double)b_bytes / MIB);
   /* 1. A GPU nearly full (1 GiB left, less doctor's own context): the pool's rest does not

@@ -20,6 +20,7 @@
 #include "backend.h"
 #include "log.h"
 #include "pool.h"
+#include "testutil.h"
 
 #define KIB 1024ull
 #define MIB (1024ull * 1024ull)
@@ -463,6 +464,43 @@ START_TEST(the_layout_keeps_to_whole_pages_and_at_most_max_pieces) {
 }
 END_TEST
 
+/*
+ * Arrows point down (STYLE: lower modules take callbacks; DESIGN §2): the
+ * device list formats and reads UUIDs with proto/uuid.h, not through the
+ * CUDA driver's seam, which only the cuda backend and the kernel checks
+ * call.  Read from the objects as built (nm -u: what each calls), so that
+ * an include added later that brings the arrow back fails here.
+ */
+static const struct {
+  const char *obj;       /* under DEP_BUILD */
+  const char *never[3];  /* prefixes of what it must not call */
+} layers[] = {
+    {"obj/daemon/devices.o", {"cudadrv_", NULL}},
+};
+
+START_TEST(the_pools_and_their_device_list_call_nothing_above_them) {
+  for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++) {
+    char cmd[700], line[512];
+    snprintf(cmd, sizeof cmd, "nm -u %s 2>&1", tu_bin(layers[i].obj));
+    FILE *f = popen(cmd, "r");
+    ck_assert_ptr_nonnull(f);
+    int n = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+      char kind[8], name[256];
+      ck_assert_msg(sscanf(line, "%7s %255s", kind, name) == 2 && strcmp(kind, "U") == 0,
+                    "%s: unexpected nm line: %s", layers[i].obj, line);
+      n++;
+      for (size_t k = 0; k < 3 && layers[i].never[k] != NULL; k++)
+        ck_assert_msg(strncmp(name, layers[i].never[k], strlen(layers[i].never[k])) != 0,
+                      "%s calls %s", layers[i].obj, name);
+    }
+    ck_assert_msg(pclose(f) == 0, "nm -u %s failed (binutils)", tu_bin(layers[i].obj));
+    /* Every object here calls libc and the log at least: none read means nm read nothing. */
+    ck_assert_msg(n > 0, "nm -u %s listed nothing", tu_bin(layers[i].obj));
+  }
+}
+END_TEST
+
 Suite *pool_suite(void);
 Suite *pool_suite(void) {
   Suite *s = suite_create("pool");
@@ -480,5 +518,8 @@ Suite *pool_suite(void) {
   tcase_add_test(tc, a_block_that_fails_midway_gives_back_its_pieces);
   tcase_add_test(tc, the_layout_keeps_to_whole_pages_and_at_most_max_pieces);
   suite_add_tcase(s, tc);
+  TCase *layer = tcase_create("layers");
+  tcase_add_test(layer, the_pools_and_their_device_list_call_nothing_above_them);
+  suite_add_tcase(s, layer);
   return s;
 }

@@ -22,6 +22,7 @@
 #include "peer_proto.h"
 #include "proto.h"
 #include "protosamples.h"
+#include "uuid.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -670,6 +671,32 @@ START_TEST(the_growable_array_doubles_and_refuses_what_cannot_fit) {
 }
 END_TEST
 
+/* A GPU's UUID as every part writes and reads it (proto/uuid.h): lower-case text with its four
+ * dashes, read back with or without nvidia-smi's "GPU-" and the dashes; anything but 32 hex
+ * digits is refused. */
+START_TEST(a_uuid_reads_back_from_its_text_and_nothing_else_is_one) {
+  const uint8_t u[16] = {0xde, 0xad, 0xbe, 0xef, 0x01, 0x23, 0x45, 0x67,
+                         0x89, 0xab, 0xcd, 0xef, 0x00, 0x10, 0xf0, 0xff};
+  char text[DEP_UUID_STR_LEN];
+  dep__uuid_str(u, text);
+  ck_assert_str_eq(text, "deadbeef-0123-4567-89ab-cdef0010f0ff");
+  uint8_t back[16];
+  ck_assert_int_eq(dep__uuid_parse(text, back), 0);
+  ck_assert_mem_eq(back, u, 16);
+  memset(back, 0, sizeof back);
+  ck_assert_int_eq(dep__uuid_parse("GPU-DEADBEEF0123456789abcdef0010f0ff", back), 0);
+  ck_assert_mem_eq(back, u, 16);
+  const uint8_t zero[16] = {0};
+  dep__uuid_str(zero, text);
+  ck_assert_str_eq(text, "00000000-0000-0000-0000-000000000000");
+  const char *bad[] = {"", "GPU-", "deadbeef-0123-4567-89ab-cdef0010f0f",
+                       "deadbeef-0123-4567-89ab-cdef0010f0ff00", "deadbeef-0123-4567-89ab-cdef0010f0fg",
+                       "d-eadbeef0123456789abcdef0010f0ff", "MIG-deadbeef-0123-4567-89ab-cdef0010f0ff"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    ck_assert_msg(dep__uuid_parse(bad[i], back) == -1, "\"%s\" read as a UUID", bad[i]);
+}
+END_TEST
+
 Suite *proto_suite(void);
 Suite *proto_suite(void) {
   Suite *s = suite_create("proto");
@@ -688,6 +715,7 @@ Suite *proto_suite(void) {
   tcase_add_test(tc, job_ids_are_1_to_63_safe_characters);
   tcase_add_test(tc, type_names_cover_every_type);
   tcase_add_test(tc, every_error_code_has_a_name_and_description);
+  tcase_add_test(tc, a_uuid_reads_back_from_its_text_and_nothing_else_is_one);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -38,6 +38,7 @@
 #include "cudadrv.h"
 #include "proto.h"
 #include "slab.h"
+#include "uuid.h"
 
 int64_t mr_now_ms(void) {
   struct timespec ts;
@@ -588,7 +589,7 @@ static void devices_yaml(char *out, size_t len, const char *extra) {
   size_t at = (size_t)snprintf(out, len, "devices: [");
   for (int i = 0; i < test_gpus.n && at < len; i++) {
     char u[37];
-    cudadrv_uuid_str(test_gpus.uuid[i], u);
+    dep__uuid_str(test_gpus.uuid[i], u);
     at += (size_t)snprintf(out + at, len - at, "%sGPU-%s", i ? ", " : "", u);
   }
   if (at < len)
