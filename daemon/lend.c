@@ -255,7 +255,7 @@ int lend_windows(const struct job *j, struct dep_peer_membership *x, char *why, 
     struct pool_region *e = j->xchg[i].region;
     /* A region from the cache keeps its registration. */
     if (e->mr == NULL && rdmaxp_active())
-      (void)nicreg_host(e->pool, e->map, e->bytes, &e->mr); /* said there when it fails */
+      (void)nicreg_region(e); /* said there when it fails */
     if (x->n_windows == DEP_PEER_WINDOWS_MAX) {
       snprintf(why, whylen, "its %u local ranks need more than %d windows", j->local_world_size,
                DEP_PEER_WINDOWS_MAX);

@@ -10,15 +10,24 @@
 #include "log.h"
 #include "rdmaxp.h"
 
-int nicreg_host(struct pool *p, void *addr, uint64_t len, struct ibv_mr **mr) {
-  *mr = NULL;
+/* The pool is unmaking r (pool_region.unregister). */
+static void nicreg_region_release(struct pool_region *r) {
+  rdmaxp_dereg(r->mr);
+  r->pool->nic_bytes -= r->bytes;
+  r->mr = NULL;
+  r->unregister = NULL;
+}
+
+int nicreg_region(struct pool_region *r) {
+  struct pool *p = r->pool;
+  r->mr = NULL;
   if (!rdmaxp_active())
     return DEP_ERR_UNSUPPORTED;
   char why[256] = "";
   const uint64_t t0 = uv_hrtime();
-  int rc = rdmaxp_reg_host(addr, len, mr, why, sizeof why);
+  int rc = rdmaxp_reg_host(r->map, r->bytes, &r->mr, why, sizeof why);
   if (rc != 0) {
-    *mr = NULL;
+    r->mr = NULL;
     /* Once per pool: every region of its ranks would fail alike. */
     if (!p->nic_warned)
       log_warnx("rdma: the exchange regions of device %s's ranks cannot be registered with %s: "
@@ -26,19 +35,13 @@ int nicreg_host(struct pool *p, void *addr, uint64_t len, struct ibv_mr **mr) {
     p->nic_warned = true;
     return rc;
   }
-  p->nic_bytes += len;
+  p->nic_bytes += r->bytes;
+  r->unregister = nicreg_region_release;
   char a[32];
   log_debug("rdma: registered an exchange region of %s for device %s with %s in %llu us",
-            config_value_size_text(len, a, sizeof a), p->dev.uuid_str, rdmaxp_device(),
+            config_value_size_text(r->bytes, a, sizeof a), p->dev.uuid_str, rdmaxp_device(),
             (unsigned long long)((uv_hrtime() - t0) / 1000u));
   return 0;
-}
-
-void nicreg_host_release(struct pool *p, struct ibv_mr *mr, uint64_t len) {
-  if (mr == NULL)
-    return;
-  rdmaxp_dereg(mr);
-  p->nic_bytes -= len;
 }
 
 struct dep_peer_window nicreg_window(uint32_t rank_index, const void *addr, uint64_t len,

@@ -22,12 +22,11 @@
 
 struct ibv_mr;
 
-/* Register [addr, addr + len) for rank memory of pool p: 0 with *mr (its
- * bytes counted in p->nic_bytes), or DEP_ERR_* with *mr NULL (said once
- * per pool).  No RDMA device: DEP_ERR_UNSUPPORTED, said by rdmaxp already. */
-int nicreg_host(struct pool *p, void *addr, uint64_t len, struct ibv_mr **mr);
-/* Undo nicreg_host (mr NULL: nothing). */
-void nicreg_host_release(struct pool *p, struct ibv_mr *mr, uint64_t len);
+/* Register region r's mapping (all r->bytes of it): 0 with r->mr set (its
+ * bytes counted in its pool's nic_bytes) and r->unregister, which the pool
+ * runs when it unmakes r, or DEP_ERR_* with r->mr NULL (said once per
+ * pool).  No RDMA device: DEP_ERR_UNSUPPORTED, said by rdmaxp already. */
+int nicreg_region(struct pool_region *r);
 
 /* The MEMBERSHIP window (peer_proto.h) of local rank `rank_index`'s exchange
  * region at addr, len bytes, registered as mr (NULL: rkey 0, no address). */

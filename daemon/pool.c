@@ -18,7 +18,6 @@
 
 #include "config_value.h"
 #include "log.h"
-#include "nicreg.h"
 #include "proc.h"
 #include "slab.h"
 
@@ -197,7 +196,8 @@ static void region_unmake(struct pool *p, struct pool_region *r) {
     p->used_bytes -= r->bytes;
   p->made_bytes -= r->bytes;
   p->region_bytes -= r->bytes;
-  nicreg_host_release(p, r->mr, r->bytes);
+  if (r->unregister != NULL)
+    r->unregister(r);
   munmap(r->map, r->bytes);
   close(r->fd);
   free(r);

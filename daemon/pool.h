@@ -90,6 +90,10 @@ struct pool_region {
   void *map;                   /* the daemon's mapping of all of it */
   uint64_t bytes;
   struct ibv_mr *mr;           /* the mapping registered with the NIC, or NULL (nicreg.h) */
+  /* Set by the layer that registered the mapping elsewhere (nicreg.c):
+   * undoes that, and runs before the pool unmaps the region.  The pool
+   * knows no NIC; NULL: nothing to undo. */
+  void (*unregister)(struct pool_region *r);
   enum pool_block_state state; /* LENT or CACHED */
   bool warm;                   /* LENT: it was cached (mapping and registration kept) */
   uid_t uid;                   /* of the job it serves or last served */

@@ -464,17 +464,64 @@ START_TEST(the_layout_keeps_to_whole_pages_and_at_most_max_pieces) {
 }
 END_TEST
 
+static int unregistered;             /* test_unregister calls */
+static bool mapped_when_unregistered; /* the region's last byte still read back then */
+
+static void test_unregister(struct pool_region *r) {
+  mapped_when_unregistered = ((volatile uint8_t *)r->map)[r->bytes - 1] == 0x5a;
+  unregistered++;
+  r->unregister = NULL;
+}
+
+/*
+ * The pool knows no NIC: what registered a region elsewhere (nicreg.c, on
+ * the RDMA device) hangs its undo on the region, and the pool runs it once
+ * when it unmakes the region, while the memory is still mapped (a NIC must
+ * never be left registered on unmapped memory).  A region cached for its
+ * uid's next job keeps its registration; the pool's end unmakes it too.
+ */
+START_TEST(a_region_is_unregistered_once_before_it_is_unmapped) {
+  struct pool p;
+  pool_open(&p, 8 * MIB, false);
+  unregistered = 0;
+  char why[256] = "";
+  struct pool_region *r = NULL, *again = NULL;
+  ck_assert_int_eq(pool_region_get(&p, MIB, 1000, 7, 0, &r, why, sizeof why), 0);
+  ((uint8_t *)r->map)[r->bytes - 1] = 0x5a;
+  r->unregister = test_unregister;
+  pool_region_put(r, true);
+  ck_assert_int_eq(unregistered, 0);
+  ck_assert_int_eq(pool_region_get(&p, MIB, 1000, 7, 0, &again, why, sizeof why), 0);
+  ck_assert_ptr_eq(again, r);
+  ck_assert(again->warm);
+  pool_region_put(again, false);
+  ck_assert_int_eq(unregistered, 1);
+  ck_assert(mapped_when_unregistered);
+
+  mapped_when_unregistered = false;
+  ck_assert_int_eq(pool_region_get(&p, MIB, 1000, 8, 0, &r, why, sizeof why), 0);
+  ((uint8_t *)r->map)[r->bytes - 1] = 0x5a;
+  r->unregister = test_unregister;
+  pool_region_put(r, true);
+  pool_fini(&p);
+  ck_assert_int_eq(unregistered, 2);
+  ck_assert(mapped_when_unregistered);
+}
+END_TEST
+
 /*
  * Arrows point down (STYLE: lower modules take callbacks; DESIGN §2): the
- * device list formats and reads UUIDs with proto/uuid.h, not through the
- * CUDA driver's seam, which only the cuda backend and the kernel checks
- * call.  Read from the objects as built (nm -u: what each calls), so that
+ * pool leaves the NIC to the layer that registers its regions (above), and
+ * the device list formats and reads UUIDs with proto/uuid.h, not through
+ * the CUDA driver's seam, which only the cuda backend and the kernel
+ * checks call.  Read from the objects as built (nm -u: what each calls), so that
  * an include added later that brings the arrow back fails here.
  */
 static const struct {
   const char *obj;       /* under DEP_BUILD */
   const char *never[3];  /* prefixes of what it must not call */
 } layers[] = {
+    {"obj/daemon/pool.o", {"nicreg_", "rdmaxp_", "ibv_"}},
     {"obj/daemon/devices.o", {"cudadrv_", NULL}},
 };
 
@@ -517,6 +564,7 @@ Suite *pool_suite(void) {
   tcase_add_test(tc, a_capped_block_is_equal_scrubbed_pieces);
   tcase_add_test(tc, a_block_that_fails_midway_gives_back_its_pieces);
   tcase_add_test(tc, the_layout_keeps_to_whole_pages_and_at_most_max_pieces);
+  tcase_add_test(tc, a_region_is_unregistered_once_before_it_is_unmapped);
   suite_add_tcase(s, tc);
   TCase *layer = tcase_create("layers");
   tcase_add_test(layer, the_pools_and_their_device_list_call_nothing_above_them);
