@@ -62,7 +62,7 @@ WARN    += -Werror
 endif
 # include/ holds the public API (deepep.h), the contract that the library,
 # the daemon, deepepctl and the kernels all compile against: in no part's folder.
-CPPFLAGS += -std=c11 -D_GNU_SOURCE -Iinclude -Iclient -Iproto -Iconfig -Idaemon -Ikernels \
+CPPFLAGS += -std=c11 -D_GNU_SOURCE -Iinclude -Iclient -Iproto -Iconfig -Idaemon -Ikernels -Irender \
             -DDEP_SYSCONFDIR='"$(SYSCONFDIR)"' -DDEP_RUNSTATEDIR='"$(RUNSTATEDIR)"'
 ALLCFLAGS = $(CPPFLAGS) $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -MMD -MP $(SANFLAGS)
 
@@ -86,6 +86,9 @@ endif
 PROTO_SRC  := $(wildcard proto/*.c)
 CONFIG_SRC := $(wildcard config/*.c)
 KHOST_SRC  := $(wildcard kernels/*.c)
+# render/: the output table and the records' views, which deepepctl and
+# deepepd (metrics.listen serves the exposition deepepctl prints) both link.
+RENDER_SRC := $(wildcard render/*.c)
 KCUDA_SRC  := $(wildcard kernels/*.cu)
 DAEMON_SRC := $(wildcard daemon/*.c)
 CTL_SRC    := $(wildcard client/ctl*.c)
@@ -100,15 +103,13 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 PROTO_OBJ  := $(call obj,$(PROTO_SRC))
 CONFIG_OBJ := $(call obj,$(CONFIG_SRC))
 KHOST_OBJ  := $(call obj,$(KHOST_SRC))
+RENDER_OBJ := $(call obj,$(RENDER_SRC))
 DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
 CTL_OBJ    := $(call obj,$(CTL_SRC))
 LIB_OBJ    := $(call obj,$(LIB_SRC))
 TEST_OBJ   := $(call obj,$(TEST_SRC))
 TESTLIB_OBJ := $(call obj,$(TESTLIB_SRC))
 DAEMON_MAIN := $(BUILD)/obj/daemon/main.o
-# deepepctl's files that deepepd links too: the output table and the records'
-# tables, so that metrics.listen serves the very exposition deepepctl prints.
-CTLVIEW_OBJ := $(call obj,client/ctl_out.c client/ctl_view.c)
 # deepepctl's files the test runner links beside those: doctor's decisions,
 # which tests/check_doctor.c runs on simulated GPUs.
 CTLTEST_OBJ := $(call obj,client/ctl_doctor_judge.c)
@@ -183,12 +184,12 @@ $(LIB_A): $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ)
 # The daemon links the library's fatbin object (its kernel cache compiles the
 # very kernels this build's library carries) and the library itself, whose
 # attach and warm-up its start-up check runs in a child process (warmup.c).
-$(DAEMON): $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) $(FATBIN_OBJ) $(CTLVIEW_OBJ) $(LIB_A)
+$(DAEMON): $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) $(FATBIN_OBJ) $(RENDER_OBJ) $(LIB_A)
 	$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) $(FATBIN_OBJ) \
-	  $(CTLVIEW_OBJ) $(LIB_A) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
+	  $(RENDER_OBJ) $(LIB_A) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
 
-$(CTL): $(CTL_OBJ) $(LIB_A)
-	$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $(CTL_OBJ) $(LIB_A) -ldl -lpthread -lm
+$(CTL): $(CTL_OBJ) $(RENDER_OBJ) $(LIB_A)
+	$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $(CTL_OBJ) $(RENDER_OBJ) $(LIB_A) -ldl -lpthread -lm
 
 # Each bench/<name>.c is one program, with the shared helpers of benchlib.c
 # and its own parts, bench/<name>/*.c where it has them, plus the daemon
@@ -211,9 +212,9 @@ $(BUILD)/deepep-client.pc: client/deepep-client.pc.in Makefile
 
 # The test runner links the daemon's modules (minus main) so unit tests can
 # reach them; integration tests start $(DAEMON) as a real process.
-$(TESTS): $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) $(CONFIG_OBJ) $(CTLVIEW_OBJ) $(CTLTEST_OBJ) $(LIB_A) | $(DAEMON) $(CTL) $(BENCHES)
+$(TESTS): $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) $(CONFIG_OBJ) $(RENDER_OBJ) $(CTLTEST_OBJ) $(LIB_A) | $(DAEMON) $(CTL) $(BENCHES)
 	$(CC) $(SANFLAGS) -o $@ $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) $(CONFIG_OBJ) \
-	  $(CTLVIEW_OBJ) $(CTLTEST_OBJ) $(LIB_A) $(LIBS_CHECK) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
+	  $(RENDER_OBJ) $(CTLTEST_OBJ) $(LIB_A) $(LIBS_CHECK) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
 
 # DEP_BUILD tells the tests where the binaries are.  The Python suite runs too,
 # except under the sanitizers (an ASan library cannot be loaded into python).

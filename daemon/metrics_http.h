@@ -1,6 +1,6 @@
 /*
  * metrics_http.h — metrics.listen (DESIGN §10): the Prometheus exposition
- * `deepepctl metrics` prints (client/ctl_view.c renders both), served over
+ * `deepepctl metrics` prints (render/ctl_view.c renders both), served over
  * plain HTTP for a scraper.  Off unless metrics.listen is set.
  *
  * GET /metrics only (a query string is ignored); any other path is 404,

@@ -3,7 +3,8 @@
  * the two programs that render them: deepepctl (`stats` as text or JSON,
  * `metrics`) and deepepd itself (metrics.listen serves the same
  * Prometheus exposition over HTTP, daemon/metrics_http.c).  The tables
- * are ctl_out.c's (ctl.h); both programs link this file and ctl_out.c.
+ * are ctl_out.h's; both programs link this file and ctl_out.c, which is
+ * why they live in render/, in neither program's folder.
  */
 #ifndef DEP_CTL_VIEW_H
 #define DEP_CTL_VIEW_H
@@ -12,7 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "ctl.h"
+#include "ctl_out.h"
 #include "deepep.h"
 #include "proto.h"
 

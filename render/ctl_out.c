@@ -1,5 +1,5 @@
 /*
- * ctl_out.c — deepepctl's one output table: a command builds its answer as
+ * ctl_out.c — the one output table (ctl_out.h): a command builds its answer as
  * records (summary fields, then tables of rows) and this file renders them
  * either as aligned text for people or as one JSON object for machines, so
  * the two can never disagree about what the daemon said.  A failure is
@@ -10,7 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctl.h"
+#include "ctl_out.h"
+#include "deepep.h"
 
 /* A number, size or duration as text fits here; a string cell is as long as its string. */
 #define CTL_NUM_MAX 64
