@@ -62,7 +62,7 @@ WARN    += -Werror
 endif
 # include/ holds the public API (deepep.h), the contract that the library,
 # the daemon, deepepctl and the kernels all compile against: in no part's folder.
-CPPFLAGS += -std=c11 -D_GNU_SOURCE -Iinclude -Iclient -Iproto -Iconfig -Idaemon -Ikernels -Irender \
+CPPFLAGS += -std=c11 -D_GNU_SOURCE -Iinclude -Iclient -Iproto -Iconfig -Idaemon -Ikernels -Irender -Icuda \
             -DDEP_SYSCONFDIR='"$(SYSCONFDIR)"' -DDEP_RUNSTATEDIR='"$(RUNSTATEDIR)"'
 ALLCFLAGS = $(CPPFLAGS) $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -MMD -MP $(SANFLAGS)
 
@@ -86,6 +86,10 @@ endif
 PROTO_SRC  := $(wildcard proto/*.c)
 CONFIG_SRC := $(wildcard config/*.c)
 KHOST_SRC  := $(wildcard kernels/*.c)
+# cuda/: the seam to the CUDA driver (dlopen of libcuda) and the kernels'
+# built image, which the library (to launch) and the daemon (its devices,
+# pools and kernel cache) both use; kernels/ is what the library runs.
+CUDA_SRC   := $(wildcard cuda/*.c)
 # render/: the output table and the records' views, which deepepctl and
 # deepepd (metrics.listen serves the exposition deepepctl prints) both link.
 RENDER_SRC := $(wildcard render/*.c)
@@ -103,6 +107,7 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 PROTO_OBJ  := $(call obj,$(PROTO_SRC))
 CONFIG_OBJ := $(call obj,$(CONFIG_SRC))
 KHOST_OBJ  := $(call obj,$(KHOST_SRC))
+CUDA_OBJ   := $(call obj,$(CUDA_SRC))
 RENDER_OBJ := $(call obj,$(RENDER_SRC))
 DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
 CTL_OBJ    := $(call obj,$(CTL_SRC))
@@ -119,7 +124,7 @@ HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
 ifneq ($(HAVE_NVCC),)
 ifneq ($(KCUDA_SRC),)
 FATBIN     := $(BUILD)/kernels/deepep_kernels.fatbin
-FATBIN_OBJ := $(BUILD)/obj/kernels/fatbin_blob.o
+FATBIN_OBJ := $(BUILD)/obj/cuda/fatbin_blob.o
 LIB_OBJ    += $(FATBIN_OBJ)
 CPPFLAGS   += -DDEP_HAVE_FATBIN=1
 endif
@@ -156,7 +161,8 @@ $(FATBIN): $(KCUDA_SRC) $(wildcard kernels/*.cuh) proto/kabi.h proto/ccuda.h pro
 # The fatbin is embedded with .incbin so the library needs no file at run time,
 # with its build id beside it: the SHA-256 of the fatbin, by which the daemon's
 # kernel cache (which links this same object) keys what it compiled from it and
-# the library knows a cached compile of its own kernels (kernels/kimage.h).
+# the library knows a cached compile of its own kernels (cuda/kimage.h), whose
+# object it is, in cuda/ with it.
 $(FATBIN_OBJ): $(FATBIN)
 	@mkdir -p $(@D)
 	id=$$(sha256sum $< | cut -c1-64); \
@@ -171,21 +177,22 @@ endif
 .PHONY: FORCE
 FORCE:
 
-$(LIB_SO): $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) client/libdeepep-client.map
+$(LIB_SO): $(LIB_OBJ) $(PROTO_OBJ) $(CUDA_OBJ) $(KHOST_OBJ) client/libdeepep-client.map
 	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=client/libdeepep-client.map \
-	  -Wl,--no-undefined $(SANFLAGS) $(LDFLAGS) -o $@ $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) -ldl -lpthread -lm
+	  -Wl,--no-undefined $(SANFLAGS) $(LDFLAGS) -o $@ $(LIB_OBJ) $(PROTO_OBJ) $(CUDA_OBJ) $(KHOST_OBJ) -ldl -lpthread -lm
 $(BUILD)/libdeepep-client.so: $(LIB_SO)
 	ln -sf $(notdir $(LIB_SO)) $(BUILD)/$(SONAME)
 	ln -sf $(notdir $(LIB_SO)) $@
-$(LIB_A): $(LIB_OBJ) $(PROTO_OBJ) $(KHOST_OBJ)
+$(LIB_A): $(LIB_OBJ) $(PROTO_OBJ) $(CUDA_OBJ) $(KHOST_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
-# The daemon links the library's fatbin object (its kernel cache compiles the
-# very kernels this build's library carries) and the library itself, whose
-# attach and warm-up its start-up check runs in a child process (warmup.c).
-$(DAEMON): $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) $(FATBIN_OBJ) $(RENDER_OBJ) $(LIB_A)
-	$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(KHOST_OBJ) $(FATBIN_OBJ) \
+# The daemon links the CUDA seam and the library's fatbin object (cuda/: its
+# kernel cache compiles the very kernels this build's library carries) and
+# the library itself, whose attach and warm-up its start-up check runs in a
+# child process (warmup.c); of kernels/, only what that library carries.
+$(DAEMON): $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(CUDA_OBJ) $(FATBIN_OBJ) $(RENDER_OBJ) $(LIB_A)
+	$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(CUDA_OBJ) $(FATBIN_OBJ) \
 	  $(RENDER_OBJ) $(LIB_A) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
 
 $(CTL): $(CTL_OBJ) $(RENDER_OBJ) $(LIB_A)

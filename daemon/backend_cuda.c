@@ -3,7 +3,7 @@
  * allocations (cuMemCreate) on one GPU, each exported as a POSIX file
  * descriptor, so each can be lent to one job alone and imported by any
  * local process.  The daemon keeps its own mapping of every chunk to scrub
- * it with cuMemsetD8.  The driver is reached through kernels/cudadrv.
+ * it with cuMemsetD8.  The driver is reached through cuda/cudadrv.
  */
 #include <stdio.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /*
  * rdmadrv.h — the daemon's narrow seam to libibverbs and librdmacm, reached
  * with dlopen("libibverbs.so.1") and dlopen("librdmacm.so.1") beside the
- * CUDA one (kernels/cudadrv.h), so that deepepd builds against rdma-core's
+ * CUDA one (cuda/cudadrv.h), so that deepepd builds against rdma-core's
  * headers but links neither library and runs where they are not installed:
  * its peers then use TCP (DESIGN §7).
  *

@@ -1,7 +1,7 @@
 /*
  * dlload.h — the one shape of the run-time seams to shared libraries that
  * deepepd and libdeepep-client reach with dlopen rather than link (the CUDA
- * driver, kernels/cudadrv.c; libibverbs and librdmacm, daemon/rdmadrv.c):
+ * driver, cuda/cudadrv.c; libibverbs and librdmacm, daemon/rdmadrv.c):
  * a table of symbol names and where their addresses go, and one function
  * that opens the library, resolves every row and says which symbol is
  * missing.  Each seam keeps its own words around that (which package to

@@ -1,6 +1,6 @@
 /*
  * check_kcache.c — the daemon's kernel cache (daemon/kcache.c, kcheck.c) and
- * the fatbin reader (kernels/kimage.c): entries keyed by architecture,
+ * the fatbin reader (cuda/kimage.c): entries keyed by architecture,
  * driver and build, their checksum, corrupt, refused and stale entries
  * rebuilt or removed, the directory's ownership and permissions, and the
  * sealed memfd an entry is lent as.  The compile and the driver's check are

@@ -10,7 +10,7 @@
  *
  * One body per test, two memories: on the host backend the slabs are host
  * pointers; with DEP_TEST_BACKEND=cuda they are device pointers, reached
- * through the driver (kernels/cudadrv.h) inside the rank processes only, so
+ * through the driver (cuda/cudadrv.h) inside the rank processes only, so
  * the test process itself never initialises CUDA before it forks.
  *
  * A rank runs a small script (FILL, CHECK, SYNC, ...) so that each test

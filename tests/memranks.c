@@ -6,7 +6,7 @@
  * and the daemon as STATUS and /proc show it.
  *
  * A rank reaches its memory as host pointers on the host backend, or as
- * device pointers through the driver (kernels/cudadrv.h) with
+ * device pointers through the driver (cuda/cudadrv.h) with
  * DEP_TEST_BACKEND=cuda, inside the rank process only, so the test process
  * itself never initialises CUDA before it forks.  On cuda, DEP_TEST_GPUS
  * spreads a job's local ranks over GPUs (local rank l on GPU l % N), and the
