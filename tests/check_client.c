@@ -662,6 +662,36 @@ START_TEST(the_man_page_synopsis_lists_every_exported_function) {
 }
 END_TEST
 
+/*
+ * The reference oracle (tests/ref.c) is the tests' measure of the
+ * operations, never shipped code: neither the library (shared or static)
+ * nor deepepd nor deepepctl carries a ref_ symbol.  nm reads each whole
+ * symbol table, local symbols included, and must find the protocol's
+ * codec_w_u32 in each: a stripped file, which would hide a ref_ symbol
+ * too, fails rather than passes.
+ */
+START_TEST(the_shipped_library_and_programs_carry_no_test_oracle) {
+  const char *shipped[] = {"libdeepep-client.so", "libdeepep-client.a", "deepepd", "deepepctl"};
+  for (size_t i = 0; i < sizeof shipped / sizeof shipped[0]; i++) {
+    char cmd[700], line[512];
+    snprintf(cmd, sizeof cmd, "nm %s 2>&1", tu_bin(shipped[i]));
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    bool codec = false;
+    while (fgets(line, sizeof line, p) != NULL) {
+      line[strcspn(line, "\n")] = '\0';
+      const char *name = strrchr(line, ' ');
+      name = name != NULL ? name + 1 : line;
+      ck_assert_msg(strncmp(name, "ref_", 4) != 0, "%s carries the oracle's %s", shipped[i],
+                    name);
+      codec |= strcmp(name, "codec_w_u32") == 0;
+    }
+    ck_assert_msg(pclose(p) == 0, "nm %s failed (binutils)", tu_bin(shipped[i]));
+    ck_assert_msg(codec, "nm %s shows no local symbols (stripped?)", tu_bin(shipped[i]));
+  }
+}
+END_TEST
+
 START_TEST(shared_library_exports_only_dep_symbols) {
   char cmd[700], line[512];
   snprintf(cmd, sizeof cmd, "nm -D --defined-only %s 2>&1", tu_bin("libdeepep-client.so"));
@@ -711,6 +741,7 @@ Suite *client_suite(void) {
   tcase_add_test(local, struct_sizes_below_the_first_layout_are_invalid_and_say_what_to_set);
   tcase_add_test(local, a_garbage_struct_size_is_invalid_without_reading_past_the_struct);
   tcase_add_test(local, shared_library_exports_only_dep_symbols);
+  tcase_add_test(local, the_shipped_library_and_programs_carry_no_test_oracle);
   tcase_add_test(local, the_man_page_synopsis_lists_every_exported_function);
   tcase_add_test(local, kernel_ctas_override_is_bounded_and_refused_clearly);
   tcase_add_test(local, the_operations_memory_fits_every_slabs_private_area);

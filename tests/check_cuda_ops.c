@@ -3,7 +3,7 @@
  * §6): ranks attach to a real deepepd on the cuda backend, as separate
  * processes and as threads (streams) of one process, and every
  * output of layout, dispatch, combine and the low-latency forms (bf16 and
- * FP8) is held against the reference oracle (kernels/ref.c): moves bit for
+ * FP8) is held against the reference oracle (tests/ref.c): moves bit for
  * bit, sums bit for bit against the host backend's float32 order (and within
  * the oracle's bound).  Outputs are poisoned before every call, so an
  * unwritten element or a write past the valid count fails.  Also: 240

@@ -3,7 +3,7 @@
  * (dep_handle_bytes, dep_handle_new_in), on the host backend: rank
  * processes attached to a real deepepd run a dispatch/combine pair and a
  * low-latency pair through such a handle, every output against the oracle
- * (kernels/ref.c) as check_ops holds the host operations to it; the lent
+ * (tests/ref.c) as check_ops holds the host operations to it; the lent
  * memory's neighbours are poisoned and must stay so, and the library must
  * not free it (the rank frees it itself after dep_handle_free, so a second
  * free aborts the rank).  The refusals (not attached, NULL, misaligned,

@@ -1,7 +1,7 @@
 /*
  * check_ops.c — the host backend's MoE operations as a specification
  * (DESIGN §6): ranks are real processes sharing memfd slabs, every output
- * is checked against the reference oracle (kernels/ref.c) — moves bit for
+ * is checked against the reference oracle (tests/ref.c) — moves bit for
  * bit, sums within a stated bound — over world sizes, shapes, routing
  * patterns and both index types; outputs are poisoned before every call so
  * an unwritten element fails; 1,000 calls in a row stay correct; a missing

@@ -1,6 +1,6 @@
 /*
  * cudarounds.h — one round of every operation on one rank of the cuda
- * backend against the oracle (opsworld.h, kernels/ref.c): what the GPU
+ * backend against the oracle (opsworld.h, tests/ref.c): what the GPU
  * suites' rank bodies run (check_cuda_ops.c, and check_xnode.c's job
  * across two daemons on one GPU).  Moves are held bit for bit, sums bit
  * for bit against the host backend's float32 order (and within the

@@ -38,7 +38,7 @@ peer_config "$d" "connection_pool_size: $pool" "transport: $xport" \
   "limits: {op_timeout_ms: $OP_MS, attach_timeout_ms: 120000}" >"$d/deepepd.yaml"
 # XRANK_CFLAGS: for a sanitizer build's objects (-fsanitize=address,undefined).
 cc -std=c11 -D_GNU_SOURCE ${XRANK_CFLAGS:-} -Iinclude -Iclient -Iproto -Ikernels -Itests -o "$d/xrank" tests/rdma/xrank.c \
-  "$B/obj/tests/xnround.o" "$B/obj/tests/opsworld.o" "$B/libdeepep-client.a" \
+  "$B/obj/tests/xnround.o" "$B/obj/tests/opsworld.o" "$B/obj/tests/ref.o" "$B/libdeepep-client.a" \
   -lcheck -lsubunit -lm -ldl -lpthread -lrt || fail "cannot build tests/rdma/xrank.c"
 "$B/deepepd" -c "$d/deepepd.yaml" 2>>"$d/log" &
 pid=$!
