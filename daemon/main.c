@@ -196,6 +196,123 @@ static const struct deepepd_stop_ops main_stop_ops = {
     .close_clients = conn_shutdown_all,
 };
 
+/* ---- the modules, in the order they start ------------------------------------ */
+
+/*
+ * Each module's start as the table calls it: with the loop and the running
+ * configuration, 0 or -1 (said).  A module whose own start takes other
+ * arguments, or cannot fail, gets its adapter here.
+ */
+static int main_deepepd_init(uv_loop_t *loop, const struct config *cfg) {
+  return deepepd_init(loop, &main_stop_ops);
+}
+
+static int main_conn_init(uv_loop_t *loop, const struct config *cfg) {
+  conn_init(loop, &control_conn_ops);
+  return 0;
+}
+
+static int main_stats_init(uv_loop_t *loop, const struct config *cfg) {
+  stats_init(loop, cfg);
+  return 0;
+}
+
+static int main_server_init(uv_loop_t *loop, const struct config *cfg) {
+  /* STATUS says "starting" until the pools are made. */
+  deepepd.starting = true;
+  return server_init(loop, cfg) == 0 ? 0 : -1;
+}
+
+/* metrics.listen, once the socket is ours: an address that cannot be bound fails the start. */
+static int main_metrics_init(uv_loop_t *loop, const struct config *cfg) {
+  return metrics_http_init(loop, cfg) == 0 ? 0 : -1;
+}
+
+/* The peers connect while the pools are made; READY=1 waits for both. */
+static int main_peer_init(uv_loop_t *loop, const struct config *cfg) {
+  return peer_init(loop, cfg) == 0 ? 0 : -1;
+}
+
+/* What an earlier daemon's ranks still hold, before the pools that it is charged to. */
+static int main_held_init(uv_loop_t *loop, const struct config *cfg) {
+  notify_send("STATUS=making device pools");
+  held_load(cfg->socket_path);
+  held_init(loop, cfg->socket_path);
+  return 0;
+}
+
+/* The pools are made after the socket is claimed (a second daemon must not
+ * allocate a whole pool before learning it cannot run), off the loop: the
+ * loop runs at once, so STATUS is answered while they are made (seconds for
+ * a large pool) and ATTACH waits for them (main_on_pools). */
+static int main_devices_init(uv_loop_t *loop, const struct config *cfg) {
+  rdmadrv_probe_log(); /* once: the RDMA devices, or why peers will use TCP */
+  main_pools_start_ns = uv_hrtime();
+  return devices_init(loop, cfg, main_on_pools) == 0 ? 0 : -1;
+}
+
+static int main_job_init(uv_loop_t *loop, const struct config *cfg) {
+  job_init(loop, cfg);
+  return 0;
+}
+
+/* The data path between nodes: its threads start with the first job that spans nodes. */
+static int main_xfer_init(uv_loop_t *loop, const struct config *cfg) {
+  return xfer_init(cfg) == 0 ? 0 : -1;
+}
+
+/*
+ * deepepd's modules in the order they start; they stop in the reverse, so
+ * that what a module uses is there until it stops: the proxy threads (xfer)
+ * stop before the slabs they read go back (job), every slab before its pool
+ * (devices), the data path's RDMA before the device it was made on (peer),
+ * and the socket (server) goes last but for the signals.  A module whose
+ * start fails is stopped too (each fini is safe after its init failed
+ * partway), then those before it; each module stops once.  The warm-up and
+ * the tuning start later, once the pools are made (main_on_pools): they have
+ * no start here, and stop in their place.  There is no reload column: every
+ * module reads the running configuration, which a reload rewrites in place
+ * (deepepd_apply_live), at each use.
+ */
+static const struct main_module {
+  const char *name;
+  int (*init)(uv_loop_t *loop, const struct config *cfg); /* NULL: started later */
+  void (*fini)(void);
+} main_modules[] = {
+    {"signals", main_deepepd_init, deepepd_fini},
+    {"connections", main_conn_init, conn_fini},
+    {"stats", main_stats_init, stats_fini},
+    {"socket", main_server_init, server_fini},
+    {"metrics", main_metrics_init, metrics_http_fini},
+    {"peers", main_peer_init, peer_fini},
+    {"held memory", main_held_init, held_fini},
+    {"tuning", NULL, autotune_fini},
+    {"kernel warm-up", NULL, warmup_fini},
+    {"devices", main_devices_init, devices_fini},
+    {"jobs", main_job_init, job_fini},
+    {"data path", main_xfer_init, xfer_fini},
+};
+#define MAIN_NMODULES (sizeof main_modules / sizeof main_modules[0])
+
+/* Start the modules in order: true when every one started.  *n is how many
+ * main_stop must stop: those that started, and one whose start failed. */
+static bool main_start(uv_loop_t *loop, size_t *n) {
+  for (size_t i = 0; i < MAIN_NMODULES; i++) {
+    *n = i + 1;
+    if (main_modules[i].init != NULL && main_modules[i].init(loop, &deepepd.cfg) != 0) {
+      log_debug("start: %s failed; stopping what started", main_modules[i].name);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Stop the first n modules, the last first. */
+static void main_stop(size_t n) {
+  while (n > 0)
+    main_modules[--n].fini();
+}
+
 int main(int argc, char **argv) {
   enum { OPT_BACKEND = 256, OPT_LOG_LEVEL, OPT_CHECK, OPT_WARMUP, OPT_TUNE };
   static const struct option opts[] = {
@@ -295,70 +412,29 @@ int main(int argc, char **argv) {
   int rc = uv_loop_init(&loop);
   if (rc != 0) {
     log_errx("uv_loop_init: %s", uv_strerror(rc));
-    goto out_notify;
+    notify_fini();
+    log_fini();
+    return status;
   }
-  if (deepepd_init(&loop, &main_stop_ops) != 0)
-    goto out_loop;
-  conn_init(&loop, &control_conn_ops);
-  job_init(&loop, &deepepd.cfg);
-  stats_init(&loop, &deepepd.cfg);
-  /* STATUS says "starting" until the pools are made. */
-  deepepd.starting = true;
-  if (server_init(&loop, &deepepd.cfg) != 0)
-    goto out_jobs;
-  /* metrics.listen, once the socket is ours: an address that cannot be bound fails the start. */
-  if (metrics_http_init(&loop, &deepepd.cfg) != 0)
-    goto out_server;
-  /* The data path between nodes, before the peers whose links it rides. */
-  if (xfer_init(&deepepd.cfg) != 0)
-    goto out_server;
-  /* The peers connect while the pools are made; READY=1 waits for both. */
-  if (peer_init(&loop, &deepepd.cfg) != 0)
-    goto out_server;
-  /* The pools are made after the socket is claimed (a second daemon must not
-   * allocate a whole pool before learning it cannot run), off the loop: the
-   * loop runs at once, so STATUS is answered while they are made (seconds
-   * for a large pool) and ATTACH waits for them (main_on_pools). */
-  notify_send("STATUS=making device pools");
-  held_load(deepepd.cfg.socket_path); /* what an earlier daemon's ranks still hold */
-  held_init(&loop, deepepd.cfg.socket_path);
-  rdmadrv_probe_log(); /* once: the RDMA devices, or why peers will use TCP */
-  main_pools_start_ns = uv_hrtime();
-  if (devices_init(&loop, &deepepd.cfg, main_on_pools) != 0)
-    goto out_held;
-
-  uv_run(&loop, UV_RUN_DEFAULT);
+  size_t started = 0;
+  bool ran = main_start(&loop, &started);
+  if (ran)
+    uv_run(&loop, UV_RUN_DEFAULT);
+  else
+    deepepd.stopping = true; /* pools whose making began end as in a stop (main_on_pools) */
   /* Stopped while the pools were being made: the thread making them gives up
    * before its next block, and is waited for. */
   pool_stop_making();
   while (devices_pending())
     uv_run(&loop, UV_RUN_ONCE);
-  status = main_pools_failed ? 1 : 0;
-
-  xfer_fini(); /* the proxy threads stop before the slabs they read go */
-  job_fini(); /* every slab goes back before its pool does */
-  devices_fini();
-out_held:
-  warmup_fini();
-  autotune_fini();
-  held_fini();
-  xfer_fini();
-  peer_fini();
-out_server:
-  metrics_http_fini();
-  server_fini();
-out_jobs:
-  job_fini(); /* again on the way out of a failed start: its timers must close */
-  stats_fini();
-  conn_fini();
-  deepepd_fini();
+  if (ran)
+    status = main_pools_failed ? 1 : 0;
+  main_stop(started);
   /* Let every close callback run, so nothing is left allocated. */
   uv_run(&loop, UV_RUN_DEFAULT);
-out_loop:
   rc = uv_loop_close(&loop);
   if (rc != 0)
     log_warnx("uv_loop_close: %s (a handle was left open)", uv_strerror(rc));
-out_notify:
   notify_fini();
   log_fini();
   return status;
