@@ -88,8 +88,8 @@ static void assert_documents_every_key(const char *path, const char *before, con
   }
 }
 
-START_TEST(readme_documents_every_key) {
-  assert_documents_every_key("README.md", "`", "`");
+START_TEST(configuration_doc_documents_every_key) {
+  assert_documents_every_key("docs/configuration.md", "`", "`");
 }
 END_TEST
 
@@ -744,7 +744,7 @@ Suite *config_suite(void) {
   TCase *t = tcase_create("shipped");
   tcase_add_test(t, shipped_file_sets_every_key_to_its_default);
   tcase_add_test(t, shipped_file_has_every_documented_key);
-  tcase_add_test(t, readme_documents_every_key);
+  tcase_add_test(t, configuration_doc_documents_every_key);
   tcase_add_test(t, man_page_documents_every_key);
   tcase_add_test(t, man_page_has_one_entry_per_key);
   tcase_add_test(t, empty_documents_give_the_defaults);

@@ -2,7 +2,7 @@
  * check_config_defaults.c — each configuration default is written once, in
  * the key table (config/config_keys.c): the table's defaults load as a file
  * and are config_defaults()'s, and the shipped file, the man page and
- * README's table state each default as the table does.  Run from the
+ * the table of docs/configuration.md state each default as the table does.  Run from the
  * repository root (make check does).
  */
 #include <check.h>
@@ -23,7 +23,7 @@
 
 /*
  * Each default is written once, in the key table (config_keys.c).  The shipped file, the man
- * page and README's table are checked against it here rather than generated from it: each is
+ * page and docs/configuration.md's table are checked against it here rather than generated from it: each is
  * prose around the values, written by hand, and generated copies would need a build step and
  * still a check that the committed copy is current.  A failure names the key, the document and
  * both values.
@@ -53,8 +53,8 @@ static bool is_list(const struct key *k) {
   return k->kind == K_NAMES || k->kind == K_DEVICES || k->kind == K_PEERS;
 }
 
-/* The default as README's table writes it, in backquotes: "" and [] as such. */
-static const char *readme_form(const struct key *k) {
+/* The default as docs/configuration.md's table writes it, in backquotes: "" and [] as such. */
+static const char *doc_form(const struct key *k) {
   return k->kind == K_STR && k->dflt[0] == '\0' ? "\"\"" : k->dflt;
 }
 
@@ -217,26 +217,27 @@ START_TEST(man_page_states_each_default_as_the_table_does) {
 }
 END_TEST
 
-/* README's configuration table: "| `key` | `default` |", "" and [] as written in the file. */
-static const char *readme_text;
-static void readme_matches(const struct key *k, const char *path) {
+/* docs/configuration.md's key table: "| `key` | `default` |", "" and [] as written in the file. */
+#define CONFIG_DOC "docs/configuration.md"
+static const char *doc_text;
+static void doc_matches(const struct key *k, const char *path) {
   if (k->dflt == NULL)
     return;
   char row[128], word[128];
   snprintf(row, sizeof row, "\n| `%s` | ", path);
-  const char *at = strstr(readme_text, row);
-  ck_assert_msg(at != NULL, "README.md's configuration table has no row for '%s'", path);
+  const char *at = strstr(doc_text, row);
+  ck_assert_msg(at != NULL, CONFIG_DOC "'s key table has no row for '%s'", path);
   at += strlen(row);
-  ck_assert_msg(at[0] == '`', "README.md gives '%s' no default in backquotes", path);
+  ck_assert_msg(at[0] == '`', CONFIG_DOC " gives '%s' no default in backquotes", path);
   snprintf(word, sizeof word, "%.*s", (int)strcspn(at + 1, "`"), at + 1);
-  ck_assert_msg(strcmp(word, readme_form(k)) == 0,
-                "README.md gives '%s' the default '%s', the key table '%s'", path, word,
-                readme_form(k));
+  ck_assert_msg(strcmp(word, doc_form(k)) == 0,
+                CONFIG_DOC " gives '%s' the default '%s', the key table '%s'", path, word,
+                doc_form(k));
 }
 
-START_TEST(readme_states_each_default_as_the_table_does) {
-  readme_text = ct_read_text("README.md");
-  each_key(config__root_keys, "", readme_matches);
+START_TEST(configuration_doc_states_each_default_as_the_table_does) {
+  doc_text = ct_read_text(CONFIG_DOC);
+  each_key(config__root_keys, "", doc_matches);
 }
 END_TEST
 
@@ -248,7 +249,7 @@ Suite *config_defaults_suite(void) {
   tcase_add_test(t, the_tables_defaults_load_as_a_file_and_are_the_defaults);
   tcase_add_test(t, shipped_file_writes_each_default_as_the_table_does);
   tcase_add_test(t, man_page_states_each_default_as_the_table_does);
-  tcase_add_test(t, readme_states_each_default_as_the_table_does);
+  tcase_add_test(t, configuration_doc_states_each_default_as_the_table_does);
   suite_add_tcase(s, t);
   return s;
 }

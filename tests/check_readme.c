@@ -1,18 +1,25 @@
 /*
- * check_readme.c — README.md works as written.  The ```c block under
- * "Linking a trainer" is the one definition of the example trainer: it is
- * built here with the section's own commands against the library just
- * built, run with the section's own command against a daemon started as
- * `make run` starts it, and must print the section's ```text block.  The
- * security notes (README and deepepd(8)) must say both what is isolated and
- * what is not, and the unit and the words agree on who deepepd's user is.
+ * check_readme.c — README.md and docs/ work as written.  The ```c block
+ * under "Linking a trainer" is the one definition of the example trainer:
+ * it is built here with the section's own commands against the library
+ * just built, run with the section's own command against a daemon started
+ * as `make run` starts it, and must print the section's ```text block.  The
+ * security notes (docs/operating.md and deepepd(8)) must say both what is
+ * isolated and what is not, and the unit and the words agree on who
+ * deepepd's user is.  The README stays short enough for a newcomer to read
+ * (README_MAX_LINES), every relative link in it and in the pages of docs/ leads to a
+ * file (and a heading, where it names one) that exists, and every page of
+ * docs/ is linked from the README.
  *
  * The trainer runs in a temporary directory laid out as the repository
  * root that the README's commands expect: client/ and build/ (links to the
  * sources and to $DEP_BUILD), trainer.c, and run/deepepd.sock.
  */
 #include <check.h>
+#include <ctype.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -33,12 +40,46 @@
 #define EXTRA_LDFLAGS ""
 #endif
 
-/* The text of section "## heading" of a Markdown document, up to the next "## " (malloc'd). */
-static char *md_section(const char *doc, const char *heading) {
+/*
+ * The README is what a newcomer reads first: what deepepd is, the quick
+ * start, linking a trainer in C and Python, several nodes, installing,
+ * operating, and where to read more.  The reference lives in docs/ and
+ * man/; this bound keeps it there (issue 28: the README had grown to 1060
+ * lines).
+ */
+#define README_MAX_LINES 250
+
+/* The operator's notes that the security and unit cases read. */
+#define OPERATING_DOC "docs/operating.md"
+
+/* A whole text file (malloc'd); fails the test if it cannot be read. */
+static char *read_doc(const char *path) {
+  FILE *f = fopen(path, "r");
+  ck_assert_msg(f != NULL, "%s: %s (run the tests from the repository root)", path,
+                strerror(errno));
+  size_t cap = 1 << 16, len = 0, got;
+  char *text = malloc(cap);
+  ck_assert_ptr_nonnull(text);
+  while ((got = fread(text + len, 1, cap - len - 1, f)) > 0) {
+    len += got;
+    if (cap - len < 4096) {
+      cap *= 2;
+      text = realloc(text, cap);
+      ck_assert_ptr_nonnull(text);
+    }
+  }
+  fclose(f);
+  text[len] = '\0';
+  return text;
+}
+
+/* The text of section "## heading" of the Markdown document named name, up to the next "## "
+ * (malloc'd). */
+static char *md_section(const char *doc, const char *name, const char *heading) {
   char h[128];
   dw_sfmt(h, sizeof h, "\n## %s\n", heading);
   const char *a = strstr(doc, h);
-  ck_assert_msg(a != NULL, "README.md has no section \"## %s\"", heading);
+  ck_assert_msg(a != NULL, "%s has no section \"## %s\"", name, heading);
   a += strlen(h);
   const char *b = strstr(a, "\n## ");
   return strndup(a, b != NULL ? (size_t)(b - a + 1) : strlen(a));
@@ -89,9 +130,8 @@ struct quick {
 };
 
 static void quick_setup(struct quick *q) {
-  char *readme = dw_slurp("README.md");
-  ck_assert_msg(readme[0] != '\0', "no README.md in the current directory (run from the root)");
-  q->section = md_section(readme, "Linking a trainer");
+  char *readme = read_doc("README.md");
+  q->section = md_section(readme, "README.md", "Linking a trainer");
   free(readme);
   q->daemon = 0;
   tu_tmpdir(q->dir, sizeof q->dir);
@@ -266,22 +306,23 @@ START_TEST(readme_trainer_without_a_daemon_says_why_in_one_line) {
 }
 END_TEST
 
-/* The same-uid caveat is written down where an operator looks: README and deepepd(8). */
+/* The same-uid caveat is written down where an operator looks: docs/operating.md and
+ * deepepd(8). */
 START_TEST(security_notes_say_what_is_isolated_and_what_is_not) {
-  char *readme = dw_slurp("README.md"), *man = dw_slurp("man/deepepd.8");
-  char *notes = md_section(readme, "Security notes");
+  char *doc = read_doc(OPERATING_DOC), *man = read_doc("man/deepepd.8");
+  char *notes = md_section(doc, OPERATING_DOC, "Security notes");
   const char *sec = strstr(man, "\n.SH SECURITY\n");
   ck_assert_msg(sec != NULL, "man/deepepd.8 has no SECURITY section");
   const char *needles[] = {"fresh memory", "scrubbed", "Within one uid", "leftover process",
                            "ptrace"};
   for (size_t i = 0; i < sizeof needles / sizeof needles[0]; i++) {
-    ck_assert_msg(strstr(notes, needles[i]) != NULL, "README's security notes lack \"%s\"",
+    ck_assert_msg(strstr(notes, needles[i]) != NULL, OPERATING_DOC "'s security notes lack \"%s\"",
                   needles[i]);
     ck_assert_msg(strstr(sec, needles[i]) != NULL, "deepepd(8)'s SECURITY lacks \"%s\"",
                   needles[i]);
   }
   free(notes);
-  free(readme);
+  free(doc);
   free(man);
 }
 END_TEST
@@ -306,8 +347,8 @@ static char *word_lines(const char *path) {
  * `make deps check` for the check set, which holds both.  Asked with make -n and install-deps
  * --list, so nothing is installed. */
 START_TEST(quick_start_installs_what_each_command_needs_and_no_more) {
-  char *readme = dw_slurp("README.md");
-  char *qs = md_section(readme, "Quick start");
+  char *readme = read_doc("README.md");
+  char *qs = md_section(readme, "README.md", "Quick start");
   ck_assert_msg(strstr(qs, "\nmake deps run ") != NULL && strstr(qs, "\nmake deps check ") != NULL,
                 "README's Quick start does not give `make deps run` and `make deps check`");
   char dir[200], out[256], cmd[512];
@@ -365,27 +406,27 @@ START_TEST(quick_start_installs_what_each_command_needs_and_no_more) {
 }
 END_TEST
 
-/* Who "deepepd's user" is, as the unit, the sysusers snippet, the README and deepepd(8) say it:
+/* Who "deepepd's user" is, as the unit, the sysusers snippet, docs/operating.md and deepepd(8) say it:
  * the unit names no User= (so the daemon runs as root), sysusers makes no user, and both
  * documents say that deepepd's user is root under the unit.  A unit that gains a User= must
  * have its user made by sysusers and the words changed with it, which this case then names. */
 START_TEST(unit_and_words_agree_on_deepepds_user) {
   char *unit = dw_slurp("systemd/deepepd.service.in");
   char *sysusers = dw_slurp("systemd/deepepd.sysusers");
-  char *readme = dw_slurp("README.md"), *man = dw_slurp("man/deepepd.8");
+  char *doc = read_doc(OPERATING_DOC), *man = read_doc("man/deepepd.8");
   ck_assert_msg(unit[0] != '\0' && sysusers[0] != '\0',
                 "no systemd/deepepd.service.in or systemd/deepepd.sysusers");
   ck_assert_msg(strstr(unit, "\nUser=") == NULL && strstr(unit, "\nDynamicUser=") == NULL,
-                "deepepd.service names a User=: make sysusers create it and the README and "
+                "deepepd.service names a User=: make sysusers create it and " OPERATING_DOC " and "
                 "deepepd(8) say that deepepd's user is that user, then change this case");
   for (const char *l = sysusers; l != NULL; l = strchr(l, '\n'), l = l != NULL ? l + 1 : NULL)
     ck_assert_msg(l[0] != 'u', "deepepd.sysusers makes a user, which the unit does not run as");
-  char *service = md_section(readme, "Running as a service");
+  char *service = md_section(doc, OPERATING_DOC, "Running as a service");
   ck_assert_msg(strstr(service, "runs deepepd as root") != NULL &&
                     strstr(service, "\"deepepd's user\"") != NULL &&
                     strstr(service, "is root under the unit") != NULL,
-                "README's \"Running as a service\" does not say that deepepd's user is root under "
-                "the unit");
+                OPERATING_DOC "'s \"Running as a service\" does not say that deepepd's user is "
+                "root under the unit");
   ck_assert_msg(strstr(man, "runs deepepd as root") != NULL &&
                     strstr(man, "is root under the unit") != NULL,
                 "deepepd(8) does not say that deepepd's user is root under the unit");
@@ -397,8 +438,130 @@ START_TEST(unit_and_words_agree_on_deepepds_user) {
   free(service);
   free(unit);
   free(sysusers);
-  free(readme);
+  free(doc);
   free(man);
+}
+END_TEST
+
+/* ---- the README's length and the documents' links ----------------------------------- */
+
+START_TEST(readme_stays_under_its_line_bound) {
+  char *readme = read_doc("README.md");
+  size_t lines = 0;
+  for (const char *p = readme; *p != '\0'; p++)
+    lines += *p == '\n';
+  ck_assert_msg(lines < README_MAX_LINES,
+                "README.md has %zu lines, the bound is under %d: move reference into docs/ or "
+                "man/ and link it",
+                lines, README_MAX_LINES);
+  free(readme);
+}
+END_TEST
+
+/* GitHub's anchor for a heading's text: lower case, spaces to '-', and every character but
+ * letters, digits, '-' and '_' dropped. */
+static void md_anchor(const char *heading, size_t n, char *out, size_t len) {
+  size_t o = 0;
+  for (size_t i = 0; i < n && o + 1 < len; i++) {
+    unsigned char ch = (unsigned char)heading[i];
+    if (isalnum(ch) || ch == '-' || ch == '_')
+      out[o++] = (char)tolower(ch);
+    else if (ch == ' ')
+      out[o++] = '-';
+  }
+  out[o] = '\0';
+}
+
+/* Whether the Markdown text has a heading (outside fenced blocks) whose anchor is anchor. */
+static bool md_has_anchor(const char *text, const char *anchor) {
+  bool fenced = false;
+  for (const char *l = text; *l != '\0';) {
+    const char *nl = strchr(l, '\n');
+    size_t n = nl != NULL ? (size_t)(nl - l) : strlen(l);
+    if (strncmp(l, "```", 3) == 0)
+      fenced = !fenced;
+    else if (!fenced && l[0] == '#') {
+      const char *h = l + strspn(l, "#");
+      h += strspn(h, " ");
+      char a[256];
+      md_anchor(h, n - (size_t)(h - l), a, sizeof a);
+      if (strcmp(a, anchor) == 0)
+        return true;
+    }
+    l += n + (nl != NULL);
+  }
+  return false;
+}
+
+/* Every relative link "[text](target)" of the Markdown file path, outside fenced blocks, leads to
+ * a file, and where it names a heading ("file.md#anchor", or "#anchor" in the same file) to that
+ * heading.  Links with a scheme (https:, mailto:) are not followed.  The count of links checked
+ * goes to *count. */
+static void links_resolve(const char *path, size_t *count) {
+  char *text = read_doc(path), dir[256];
+  const char *slash = strrchr(path, '/');
+  dw_sfmt(dir, sizeof dir, "%.*s", slash != NULL ? (int)(slash - path + 1) : 0, path);
+  bool fenced = false;
+  for (const char *l = text; *l != '\0';) {
+    const char *nl = strchr(l, '\n');
+    size_t n = nl != NULL ? (size_t)(nl - l) : strlen(l);
+    if (strncmp(l, "```", 3) == 0)
+      fenced = !fenced;
+    for (const char *m = l; !fenced && (m = strstr(m, "](")) != NULL && m < l + n; m += 2) {
+      const char *t = m + 2;
+      size_t tn = strcspn(t, ") \n");
+      char target[512], file[512], anchor[256] = "";
+      dw_sfmt(target, sizeof target, "%.*s", (int)tn, t);
+      ck_assert_msg(t[tn] == ')', "%s: a link to \"%s\" is not closed on its line", path, target);
+      if (strstr(target, "://") != NULL || strncmp(target, "mailto:", 7) == 0)
+        continue;
+      char *hash = strchr(target, '#');
+      if (hash != NULL) {
+        dw_sfmt(anchor, sizeof anchor, "%s", hash + 1);
+        *hash = '\0';
+      }
+      if (target[0] == '\0')
+        dw_sfmt(file, sizeof file, "%s", path);
+      else
+        dw_sfmt(file, sizeof file, "%s%s", dir, target);
+      struct stat st;
+      ck_assert_msg(stat(file, &st) == 0, "%s links to %s, which does not exist (%s)", path, file,
+                    strerror(errno));
+      if (anchor[0] != '\0') {
+        ck_assert_msg(strlen(file) > 3 && strcmp(file + strlen(file) - 3, ".md") == 0,
+                      "%s links to a heading of %s, which is not Markdown", path, file);
+        char *linked = read_doc(file);
+        ck_assert_msg(md_has_anchor(linked, anchor), "%s links to %s#%s, a heading %s lacks",
+                      path, file, anchor, file);
+        free(linked);
+      }
+      (*count)++;
+    }
+    l += n + (nl != NULL);
+  }
+  free(text);
+}
+
+START_TEST(every_relative_link_in_the_readme_and_docs_resolves) {
+  glob_t g;
+  ck_assert_msg(glob("docs/*.md", 0, NULL, &g) == 0 && g.gl_pathc > 0,
+                "no docs/*.md in the current directory (run from the root)");
+  size_t links = 0;
+  links_resolve("README.md", &links);
+  for (size_t i = 0; i < g.gl_pathc; i++)
+    links_resolve(g.gl_pathv[i], &links);
+  /* The README links every page of docs/ (its "Where to read more"), so that none is out of
+   * a newcomer's reach. */
+  char *readme = read_doc("README.md");
+  for (size_t i = 0; i < g.gl_pathc; i++) {
+    char needle[300];
+    dw_sfmt(needle, sizeof needle, "](%s)", g.gl_pathv[i]);
+    ck_assert_msg(strstr(readme, needle) != NULL, "README.md does not link %s", g.gl_pathv[i]);
+  }
+  /* The scan found links at all: a parser that sees none passes nothing. */
+  ck_assert_msg(links >= g.gl_pathc, "only %zu links found in README.md and docs/", links);
+  free(readme);
+  globfree(&g);
 }
 END_TEST
 
@@ -419,5 +582,9 @@ Suite *readme_suite(void) {
   tcase_add_test(sec, security_notes_say_what_is_isolated_and_what_is_not);
   tcase_add_test(sec, unit_and_words_agree_on_deepepds_user);
   suite_add_tcase(s, sec);
+  TCase *docs = tcase_create("docs");
+  tcase_add_test(docs, readme_stays_under_its_line_bound);
+  tcase_add_test(docs, every_relative_link_in_the_readme_and_docs_resolves);
+  suite_add_tcase(s, docs);
   return s;
 }
