@@ -353,6 +353,11 @@ class LowLatencyHandle(tuple):
         yield from self._made()
         yield from tuple.__getitem__(self, slice(2, None))
 
+    def __getnewargs__(self) -> tuple:
+        # copy.copy rebuilds a tuple subclass through __new__ with these (its state, the
+        # handle and the tables if made, follows in __dict__).
+        return (self.handle,) + tuple.__getitem__(self, slice(2, None))
+
     def __repr__(self) -> str:
         return (f"LowLatencyHandle(src_info, layout_range, {tuple.__getitem__(self, 2)}, "
                 f"{tuple.__getitem__(self, 3)}, {tuple.__getitem__(self, 4)})")

@@ -109,3 +109,23 @@ def test_low_latency_handle_info_refuses_what_is_not_a_received_low_latency_hand
         c = int(count[e])
         want = [t for t in range(idx.size(0)) if e in idx[t].tolist()]
         assert src[e, :c].tolist() == want and (src[e, c:] == -1).all()
+
+
+def test_a_low_latency_handle_unpacks_indexes_and_copies_as_a_tuple(buf):
+    """deep_ep.LowLatencyHandle on one rank: index (negative too), slice, unpack, copy; the
+    tables made once (deep_ep's Buffer passing it back is the spawned test's)."""
+    import copy
+    compat = ranks.import_compat()
+    x, idx, _ = tokens()
+    _, count, h, _, _ = buf.low_latency_dispatch(x, idx, 8, 4, use_fp8=False)
+    lh = compat.LowLatencyHandle(h, 8, 128, 4)
+    assert isinstance(lh, tuple) and len(lh) == 5 and lh.handle is h
+    src, rng, m, hid, ne = lh
+    assert (m, hid, ne) == (8, 128, 4) and lh[-1] == 4 and lh[2:] == (8, 128, 4)
+    assert lh[0] is src and lh[-5] is src and lh[1] is rng and lh[-4] is rng
+    assert torch.equal(rng & 0xffffffff, count.long().view(4, 1))
+    with pytest.raises(IndexError):
+        lh[5]
+    c = copy.copy(lh)
+    assert type(c) is type(lh) and c.handle is h and c[0] is src and c[2:] == lh[2:]
+    assert "LowLatencyHandle(src_info, layout_range, 8, 128, 4)" == repr(lh)
