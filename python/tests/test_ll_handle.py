@@ -10,11 +10,19 @@ import torch
 
 import conftest
 import ranks
-from test_buffer import buf, tokens  # noqa: F401  (buf: a fixture, one rank of SHAPE)
+from test_buffer import SHAPE, one_rank, tokens
 
 #: Generous ceiling for the 4 processes' start (torch imports), construction and 4 calls on a
 #: loaded 2-core machine; the ranks finish in seconds when it is idle.
 _TIMEOUT = 300
+
+
+@pytest.fixture
+def buf(daemon):
+    """One rank of test_buffer's SHAPE (4 local experts, 8 low-latency tokens)."""
+    b = one_rank(daemon, **SHAPE)
+    yield b
+    b.destroy()
 
 
 @pytest.fixture(scope="module")
