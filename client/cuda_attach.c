@@ -41,7 +41,9 @@ static double mono_ms(void) {
 /*
  * Run every kernel once (bf16 and FP8 low-latency alike) with zero tokens,
  * on a private stream, so that the module is resident and the first real
- * call runs at steady-state latency.  The calls run on a loopback world of
+ * call runs at steady-state latency.  dep__k_ll_info excepted: it serves
+ * dep_ll_handle_info, which no exchange waits for, and its outputs (a row
+ * per local expert and row) would not fit the warm-up's scratch.  The calls run on a loopback world of
  * one rank whose slab and counters are scratch memory of this client: the
  * same code paths (posting, waiting, the end-of-call ticket) without
  * depending on any peer, without writing into the job's slabs (which stay

@@ -139,7 +139,8 @@ int cuops_handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op,
 #define AT(i, type) ((type)(uintptr_t)(m->base + at[i]))
     m->p = (struct cuops_hdl){AT(0, uint64_t *), AT(1, int32_t *), AT(2, uint32_t *),
                               AT(3, uint32_t *), AT(4, int32_t *), AT(5, uint32_t *),
-                              AT(6, uint32_t *), AT(7, int32_t *), AT(8, int32_t *)};
+                              AT(6, uint32_t *), AT(7, int32_t *), AT(8, int32_t *),
+                              AT(9, int32_t *)};
 #undef AT
     h->cuda = m;
   }

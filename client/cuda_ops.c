@@ -427,3 +427,18 @@ int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
                                     a->topk_weights, a->out, hdl_of(h)};
   return cuops_launch(c, CUOPS_K_LL_COMBINE, comm_grid(c), 0, &k, s, op);
 }
+
+/* ops.c checked the handle's kind and the pointers; here what the kernel
+ * needs: the handle's device arrays, and a grid of one CTA per local expert. */
+int cuda_ops_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_args *a,
+                            const struct dep_handle *h, dep_stream_t stream) {
+  const char *op = "dep_ll_handle_info";
+  CUstream s = stream;
+  if (h->cuda == NULL)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: handle was not filled on the GPU", op);
+  int rc = cuops_begin(c, op, s);
+  if (rc != 0)
+    return rc;
+  struct cuops_ll_info_args k = {a->src_info, a->layout_range, hdl_of(h)};
+  return cuops_launch(c, CUOPS_K_LL_INFO, c->cuops.job.le, 0, &k, s, op);
+}

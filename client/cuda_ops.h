@@ -203,5 +203,7 @@ int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
                          struct dep_handle *h, dep_stream_t s);
 int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
                         const struct dep_handle *h, dep_stream_t s);
+int cuda_ops_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_args *a,
+                            const struct dep_handle *h, dep_stream_t s);
 
 #endif /* DEP_CUDA_OPS_H */

@@ -316,6 +316,47 @@ DEP_EXPORT int dep_ll_combine(dep_client_t *c, const struct dep_ll_combine_args 
            cuda_ops_ll_combine(c, a, h, stream));
 }
 
+/*
+ * Local on both backends (no seq, no stats entry): it reads the handle a
+ * dispatch filled.  The checks are the backends' common ones; on cuda the
+ * kernel reads the handle's device arrays, so it needs them made.
+ */
+DEP_EXPORT int dep_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_args *a_in,
+                                  const dep_handle_t *h, dep_stream_t stream) {
+  const char *op = "dep_ll_handle_info";
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  struct dep_ll_handle_info_args a[1];
+  int rc = TAKE(op, dep_ll_handle_info_args, layout_range, a_in, a);
+  if (rc != 0 || (rc = ops_ready(c, op)) != 0)
+    return rc;
+  if (h == NULL)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: h is NULL", op);
+  if ((rc = handle_of_this_attach(c, op, h)) != 0)
+    return rc;
+  if (h->kind != OPS_HANDLE_LL)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: the handle holds %s; pass the handle of "
+                         "a low-latency dispatch (dep_ll_dispatch)", op,
+                         h->kind == OPS_HANDLE_TP ? "a throughput dispatch (dep_dispatch)"
+                                                  : "no dispatch");
+  const struct {
+    const void *p;
+    size_t align;
+    const char *name;
+  } out[] = {{a->src_info, sizeof *a->src_info, "src_info"},
+             {a->layout_range, sizeof *a->layout_range, "layout_range"}};
+  for (size_t i = 0; i < sizeof out / sizeof out[0]; i++) {
+    if (out[i].p == NULL)
+      return client_seterr(c, DEP_ERR_INVALID, "%s: %s is NULL", op, out[i].name);
+    if ((uintptr_t)out[i].p % out[i].align != 0)
+      return client_seterr(c, DEP_ERR_INVALID, "%s: %s is not %zu-byte aligned", op,
+                           out[i].name, out[i].align);
+  }
+  if (c->cuda)
+    return ops_cuda_result(c, op, cuda_ops_ll_handle_info(c, a, h, stream));
+  return ops_result(c, op, host_ops_ll_handle_info(&c->ops, a, h));
+}
+
 DEP_EXPORT int dep_shape_sizes(dep_client_t *c, const struct dep_job_shape *shape,
                                uint32_t world_size, struct dep_shape_sizes *out) {
   const char *op = "dep_shape_sizes";

@@ -30,8 +30,8 @@ extern "C" {
 /* Library version; the wire protocol has its own version (proto/proto.h). */
 #define DEP_VERSION_MAJOR 0
 #define DEP_VERSION_MINOR 4
-#define DEP_VERSION_PATCH 2
-#define DEP_VERSION_STRING "0.4.2"
+#define DEP_VERSION_PATCH 3
+#define DEP_VERSION_STRING "0.4.3"
 
 /* Where the daemon listens unless the caller or $DEEPEPD_SOCKET says otherwise. */
 #define DEP_DEFAULT_SOCKET "/run/deepepd/deepepd.sock"
@@ -499,6 +499,42 @@ struct dep_ll_combine_args {
 };
 DEP_EXPORT int dep_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
                               const dep_handle_t *h, dep_stream_t stream);
+
+/*
+ * What a low-latency dispatch into h received, as DeepEP's low-latency
+ * handle holds it (added in 0.4.3), for a caller that checks or indexes
+ * the rows by their origin.  Rows per local expert are packed from row 0
+ * in (source rank, source token) order, so:
+ *   src_info[l * ll_recv_rows + i]: the index, among its source rank's
+ *     tokens (that rank's x of the dispatch), of the token in row i of
+ *     local expert l; -1 in the rows past recv_count[l].
+ *   layout_range[l * world_size + s]: DEP_LL_RANGE(begin, count), the rows
+ *     of local expert l that came from rank s: rows begin .. begin + count - 1
+ *     (count may be 0; begin is then where they would start).
+ * ll_recv_rows is dep_shape_sizes's (world_size * max_ll_tokens_per_rank).
+ * Every element of both is written.  On cuda both are device memory and a
+ * kernel on `stream` fills them: queue it behind the dispatch (the same
+ * stream, or one that waits for it), as a dep_ll_combine; it never waits
+ * on the host, so it can be captured in a CUDA graph.  On the host backend
+ * they are host memory, written before the call returns.  The handle is
+ * read, not changed: call it any number of times, before or after the
+ * dep_ll_combine.  NULL c, a, h, src_info or layout_range, a misaligned
+ * pointer, a handle that holds no dep_ll_dispatch of this attachment
+ * (empty, a throughput dispatch's, an earlier attachment's):
+ * DEP_ERR_INVALID naming it; not attached: DEP_ERR_STATE.
+ */
+struct dep_ll_handle_info_args {
+  uint32_t size;               /* sizeof(struct dep_ll_handle_info_args) */
+  int32_t *src_info;           /* out [local_experts, ll_recv_rows] */
+  int64_t *layout_range;       /* out [local_experts, world_size], DEP_LL_RANGE */
+};
+DEP_EXPORT int dep_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_args *a,
+                                  const dep_handle_t *h, dep_stream_t stream);
+
+/* DeepEP's packing of a (begin, count) of layout_range: begin in the high 32 bits. */
+#define DEP_LL_RANGE(begin, count) ((int64_t)(((uint64_t)(begin) << 32) | (uint32_t)(count)))
+#define DEP_LL_RANGE_BEGIN(r) ((uint32_t)((uint64_t)(r) >> 32))
+#define DEP_LL_RANGE_COUNT(r) ((uint32_t)(uint64_t)(r))
 
 /*
  * The sizes a caller allocates for, as a job of this shape and world size

@@ -238,7 +238,7 @@ static struct handle_carve handle_carve(const struct ops_ctx *c) {
   v.tp_bytes = v.nranks_off + dep_round_up(v.tp_cap, DEP_HANDLE_ALIGN);
   v.recv_off = v.tp_bytes;
   v.ll_off = v.recv_off + dep_round_up((uint64_t)c->world * sizeof(uint32_t), DEP_HANDLE_ALIGN);
-  v.total = v.ll_off + dep_round_up(v.ll_cap * sizeof(uint32_t[2]), DEP_HANDLE_ALIGN);
+  v.total = v.ll_off + dep_round_up(v.ll_cap * sizeof(struct ops_ll_vec), DEP_HANDLE_ALIGN);
   return v;
 }
 
@@ -258,7 +258,7 @@ int host_ops__handle_reserve(struct ops_ctx *c, struct dep_handle *h, uint32_t k
     h->token_ranks = h->mem;
     h->token_nranks = (uint8_t *)h->mem + v.nranks_off;
     h->recv_from = (uint32_t *)((uint8_t *)h->mem + v.recv_off);
-    h->ll_rows = (uint32_t(*)[2])((uint8_t *)h->mem + v.ll_off);
+    h->ll_rows = (struct ops_ll_vec *)((uint8_t *)h->mem + v.ll_off);
     h->ll_cap = v.ll_cap;
   } else {
     if (kind == OPS_HANDLE_TP && h->tp_bytes < v.tp_bytes) {
@@ -280,7 +280,7 @@ int host_ops__handle_reserve(struct ops_ctx *c, struct dep_handle *h, uint32_t k
     }
   }
   if (kind == OPS_HANDLE_LL && h->ll_cap < v.ll_cap) {
-    uint32_t(*p)[2] = realloc(h->ll_rows, (size_t)v.ll_cap * sizeof *p);
+    struct ops_ll_vec *p = realloc(h->ll_rows, (size_t)v.ll_cap * sizeof *p);
     if (p == NULL)
       return set_why(c, DEP_ERR_NO_MEMORY, "out of memory for a low-latency dispatch handle");
     h->ll_rows = p;

@@ -138,6 +138,13 @@ struct ops_ctx {
 
 enum ops_handle_kind { OPS_HANDLE_EMPTY = 0, OPS_HANDLE_TP = 1, OPS_HANDLE_LL = 2 };
 
+/* One vector a low-latency dispatch received: the row of local expert
+ * `expert` it went to, and the token of its source it is (what
+ * dep_ll_handle_info reports as DeepEP's src_info). */
+struct ops_ll_vec {
+  uint32_t expert, row, token;
+};
+
 /*
  * What a dispatch leaves for its combine (the public dep_handle_t).  Arrays
  * are allocated on first use for the ctx's shape and reused afterwards.
@@ -162,8 +169,8 @@ struct dep_handle {
   uint8_t *token_nranks;
   uint64_t tp_bytes;   /* the library's allocation of both (0: none, or carved in mem) */
   /* LL: per vector owed, in (source, source token, order of first
-   * appearance in the token's top-k) order: {local expert, row}. */
-  uint32_t (*ll_rows)[2];
+   * appearance in the token's top-k) order (struct ops_ll_vec). */
+  struct ops_ll_vec *ll_rows;
   uint64_t ll_cap;
   uint64_t idx_hash;   /* LL: hash of the dispatched topk_idx */
   void *cuda;          /* cuda backend: the device arrays (client/cuda_ops.c) */
@@ -239,6 +246,9 @@ int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a
                          struct dep_handle *h);
 int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
                         const struct dep_handle *h);
+/* Local: what the LL dispatch in h received, by source (dep_ll_handle_info). */
+int host_ops_ll_handle_info(struct ops_ctx *c, const struct dep_ll_handle_info_args *a,
+                            const struct dep_handle *h);
 
 /*
  * What a rank of a job that spans nodes is told when its control

@@ -3,7 +3,9 @@
  * ll_dispatch, which sends a token once to each rank owning one of its
  * experts (cast to FP8 here when asked) and expands it there into its
  * experts' rows, and ll_combine, which sends each expert's vector back and
- * sums them weighted at the origin, over the protocol of host_ops.c.
+ * sums them weighted at the origin, over the protocol of host_ops.c; and
+ * ll_handle_info, which reads back from a dispatch's handle where each row
+ * came from.
  */
 #include "host_ops_internal.h"
 
@@ -132,8 +134,8 @@ int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a
         } else {
           memcpy((uint16_t *)a->recv_x + at * hid, row, 2u * hid);
         }
-        h->ll_rows[nv][0] = l;
-        h->ll_rows[nv][1] = pos;
+        h->ll_rows[nv] = (struct ops_ll_vec){.expert = l, .row = pos,
+                                             .token = (uint32_t)meta[0]};
         nv++;
         owed++;
       }
@@ -167,7 +169,7 @@ int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
   for (uint32_t d = 0; d < c->world; d++) {
     uint8_t *block = out_block(c, d, parity);
     for (uint32_t i = 0; i < h->recv_from[d]; i++, nv++) {
-      uint64_t at = (uint64_t)h->ll_rows[nv][0] * rows + h->ll_rows[nv][1];
+      uint64_t at = (uint64_t)h->ll_rows[nv].expert * rows + h->ll_rows[nv].row;
       memcpy(block + (uint64_t)i * 2u * hid, x + at * hid, 2u * hid);
     }
   }
@@ -207,6 +209,43 @@ int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
       base[sel.dest[p]] += sel.n[p];
     for (uint32_t i = 0; i < hid; i++)
       out[(size_t)t * hid + i] = host_ops_float_to_bf16(acc[i]);
+  }
+  return 0;
+}
+
+/*
+ * The handle's vectors are in (source, source token) order, each with its
+ * row and token, so one pass gives each row's token and each (expert,
+ * source)'s count; a source's rows of an expert are contiguous, and begin
+ * where the earlier sources' end.
+ */
+int host_ops_ll_handle_info(struct ops_ctx *c, const struct dep_ll_handle_info_args *a,
+                            const struct dep_handle *h) {
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  if (h == NULL || h->kind != OPS_HANDLE_LL)
+    return set_why(c, DEP_ERR_INVALID, "ll_handle_info: the handle holds no low-latency "
+                   "dispatch; pass the handle of a dep_ll_dispatch");
+  const uint32_t W = h->world, le = h->num_experts / h->world;
+  const uint64_t rows = (uint64_t)W * h->max_ll_tokens;
+  for (uint64_t i = 0; i < le * rows; i++)
+    a->src_info[i] = -1;
+  memset(a->layout_range, 0, (size_t)le * W * sizeof *a->layout_range);
+  uint64_t nv = 0;
+  for (uint32_t s = 0; s < W; s++)
+    for (uint32_t i = 0; i < h->recv_from[s]; i++, nv++) {
+      const struct ops_ll_vec *v = &h->ll_rows[nv];
+      a->src_info[(uint64_t)v->expert * rows + v->row] = (int32_t)v->token;
+      a->layout_range[(uint64_t)v->expert * W + s]++;
+    }
+  for (uint32_t l = 0; l < le; l++) {
+    uint32_t begin = 0;
+    for (uint32_t s = 0; s < W; s++) {
+      int64_t *r = &a->layout_range[(uint64_t)l * W + s];
+      const uint32_t n = (uint32_t)*r;
+      *r = DEP_LL_RANGE(begin, n);
+      begin += n;
+    }
   }
   return 0;
 }

@@ -1,6 +1,7 @@
 /*
  * ops_ll.cuh — the cuda backend's low-latency kernels: the low-latency
- * dispatch, its FP8 cast and the low-latency combine, the host backend's
+ * dispatch, its FP8 cast, the low-latency combine and the read-back of
+ * where a dispatch's rows came from, the host backend's
  * kernels/host_ops_ll.c on the GPU.  Part of the one translation unit
  * kernels/ops.cu (whose banner describes the grid), included there once.
  */
@@ -308,8 +309,10 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
       m[0] = l;
       m[1] = (int32_t)pos;
     }
-    if (lane == 0)
+    if (lane == 0) {
       a.h.ll_nids[(uint64_t)s * J.max_ll + j] = (int32_t)n;
+      a.h.ll_src[(uint64_t)s * J.max_ll + j] = __ldcg(meta); /* dep__k_ll_info's src */
+    }
     if (a.fp8) {
       uint64_t dst = (uint64_t)((uint8_t *)a.rx + at * h);
       if (vec) {
@@ -429,6 +432,56 @@ KERNEL dep__k_ll_combine(const cuops_job J, const cuops_ll_combine_args a) {
     }
   }
   call_end(J, k, DEP_STATS_OP_LL_COMBINE, dep_stats_bytes(a.num_tokens, J.hidden, false));
+}
+
+/* ---- what a low-latency dispatch received, by source (dep_ll_handle_info) ---------------- */
+
+/*
+ * CTA l fills local expert l's part of both outputs, from the handle
+ * alone (no call of the protocol: it neither posts nor waits): src's rows
+ * -1, then each received row that names l writes its source token at its
+ * row and counts one for its source; then the counts' running sum over
+ * sources gives each source's first row (an expert's rows are packed in
+ * (source, token) order).  Every CTA reads every row's ids, which are few
+ * beside the rows' payload the dispatch moved.
+ */
+KERNEL dep__k_ll_info(const cuops_job J, const cuops_ll_info_args a) {
+  __shared__ uint32_t s_first[CUOPS_MAX_RANKS + 1], s_cnt[CUOPS_MAX_RANKS];
+  const uint32_t W = J.world, l = blockIdx.x;
+  const uint64_t rows_ll = (uint64_t)W * J.max_ll;
+  int32_t *src = a.src + (uint64_t)l * rows_ll;
+  for (uint64_t i = threadIdx.x; i < rows_ll; i += CUOPS_THREADS)
+    src[i] = -1;
+  for (uint32_t s = threadIdx.x; s < W; s += CUOPS_THREADS)
+    s_cnt[s] = 0;
+  if (threadIdx.x == 0) {
+    s_first[0] = 0;
+    for (uint32_t s = 0; s < W; s++)
+      s_first[s + 1] = s_first[s] + min(a.h.ll_rows[s], J.max_ll);
+  }
+  __syncthreads();
+  for (uint32_t f = threadIdx.x; f < s_first[W]; f += CUOPS_THREADS) {
+    uint32_t s = 0;
+    while (f >= s_first[s + 1])
+      s++;
+    const uint64_t at = (uint64_t)s * J.max_ll + (f - s_first[s]);
+    const int32_t n = a.h.ll_nids[at];
+    for (int32_t i = 0; i < n && (uint32_t)i < J.kd; i++) {
+      const int32_t *m = a.h.ll_map + (at * J.kd + (uint32_t)i) * 2;
+      if (m[0] == (int32_t)l && (uint32_t)m[1] < rows_ll) {
+        src[m[1]] = a.h.ll_src[at];
+        atomicAdd(&s_cnt[s], 1u);
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t begin = 0;
+    for (uint32_t s = 0; s < W; s++) {
+      a.range[(uint64_t)l * W + s] = DEP_LL_RANGE(begin, s_cnt[s]);
+      begin += s_cnt[s];
+    }
+  }
 }
 
 /* ---- the FP8 cast of a low-latency dispatch --------------------------------------------- */

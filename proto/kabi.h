@@ -245,6 +245,7 @@ struct cuops_hdl {
   uint32_t *ll_rows;   /* [world] rows received from each rank */
   int32_t *ll_nids;    /* [world * max_ll] distinct experts of each received row */
   int32_t *ll_map;     /* [world * max_ll * kd * 2] {local expert, row} of each (row, id) */
+  int32_t *ll_src;     /* [world * max_ll] the source's token index of each received row */
 };
 
 /*
@@ -255,7 +256,7 @@ struct cuops_hdl {
  * library makes and the warm-up's handle in the slab's private area
  * (dep__slab_priv).
  */
-#define CUOPS_HDL_ARRAYS 9
+#define CUOPS_HDL_ARRAYS 10
 static inline uint64_t cuops_handle_carve(uint64_t W, uint64_t mt, uint64_t ll, uint64_t K,
                                           uint64_t kd, uint64_t at[CUOPS_HDL_ARRAYS]) {
   uint64_t off = 0;
@@ -268,6 +269,7 @@ static inline uint64_t cuops_handle_carve(uint64_t W, uint64_t mt, uint64_t ll, 
   at[6] = dep_carve(&off, 4 * W);
   at[7] = dep_carve(&off, 4 * W * ll);
   at[8] = dep_carve(&off, 8 * W * ll * kd);
+  at[9] = dep_carve(&off, 4 * W * ll);
   return off;
 }
 
@@ -339,6 +341,14 @@ struct cuops_ll_combine_args {
   struct cuops_hdl h;
 };
 
+/* dep__k_ll_info (dep_ll_handle_info): src [le, world * max_ll] and range [le, world]
+ * from a low-latency dispatch's handle. */
+struct cuops_ll_info_args {
+  int32_t *src;
+  int64_t *range;
+  struct cuops_hdl h;
+};
+
 /* Kernel names in the fatbin, in the order of cuops_state.fn[]. */
 #define CUOPS_KERNELS(XX)                  \
   XX(LAYOUT, "dep__k_layout")               \
@@ -348,6 +358,7 @@ struct cuops_ll_combine_args {
   XX(LL_COMBINE, "dep__k_ll_combine")       \
   XX(LL_CAST, "dep__k_ll_cast")              \
   XX(ALIGN, "dep__k_align")                 \
-  XX(TOUCH, "dep__k_touch")
+  XX(TOUCH, "dep__k_touch")                 \
+  XX(LL_INFO, "dep__k_ll_info")
 
 #endif /* DEP_KABI_H */

@@ -8,8 +8,11 @@
  * not free it (the rank frees it itself after dep_handle_free, so a second
  * free aborts the rank).  The refusals (not attached, NULL, misaligned,
  * too short, a handle too small for a job attached later) each say what
- * is wrong and what to do.  dep_handle_recv_from's counts per source are
- * held to the oracle's too.  The same on cuda, through cuMemAlloc'd memory,
+ * is wrong and what to do.  dep_handle_recv_from's counts per source, and
+ * dep_ll_handle_info's source token of each low-latency row and rows per
+ * source, are held to the oracle's too, and the latter's refusals (a
+ * throughput, empty or earlier attachment's handle, NULL or misaligned
+ * outputs) checked.  The same on cuda, through cuMemAlloc'd memory,
  * is check_cuda_ops's (gpu).
  *
  * Inputs are fresh random data each run; a failure prints the seed, and
@@ -124,10 +127,36 @@ static int hd_round_ll(dep_client_t *c, dep_handle_t *h, const struct ow_case *d
   const struct ref_ll_out *e = &d->ll[r];
   memset(o->lx, HD_POISON, o->n_lx * 2);
   memset(o->lcnt, HD_POISON, d->le * 4);
+  memset(o->lsrc, HD_POISON, (size_t)d->le * rows * 4);
+  memset(o->lrange, HD_POISON, (size_t)d->le * d->sc.world * 8);
+  struct dep_ll_handle_info_args ia = {.size = sizeof ia, .src_info = o->lsrc,
+                                       .layout_range = o->lrange};
+  /* h holds the throughput dispatch of hd_round_tp. */
+  if (hd_refused(c, dep_ll_handle_info(c, &ia, h, NULL), DEP_ERR_INVALID,
+                 "the handle holds a throughput dispatch (dep_dispatch); pass the handle of a "
+                 "low-latency dispatch", "dep_ll_handle_info of a throughput handle", msg))
+    return 1;
   struct dep_ll_dispatch_args la = {.size = sizeof la, .x = in->x, .topk_idx = d->idx[r],
                                     .index_type = d->sc.itype, .num_tokens = in->num_tokens,
                                     .recv_x = o->lx, .recv_count = o->lcnt};
   HD_CALL(dep_ll_dispatch(c, &la, h, NULL), "dep_ll_dispatch");
+  struct dep_ll_handle_info_args bad_src = ia, bad_range = ia;
+  bad_src.src_info = NULL;
+  bad_range.layout_range = (int64_t *)((uint8_t *)o->lrange + 4);
+  if (hd_refused(c, dep_ll_handle_info(c, &ia, NULL, NULL), DEP_ERR_INVALID, "h is NULL",
+                 "dep_ll_handle_info(h NULL)", msg) ||
+      hd_refused(c, dep_ll_handle_info(c, &bad_src, h, NULL), DEP_ERR_INVALID,
+                 "src_info is NULL", "dep_ll_handle_info(src_info NULL)", msg) ||
+      hd_refused(c, dep_ll_handle_info(c, &bad_range, h, NULL), DEP_ERR_INVALID,
+                 "layout_range is not 8-byte aligned", "dep_ll_handle_info(misaligned)", msg))
+    return 1;
+  if (ow_unpoisoned(o->lsrc, (size_t)d->le * rows * 4, HD_POISON) >= 0 ||
+      ow_unpoisoned(o->lrange, (size_t)d->le * d->sc.world * 8, HD_POISON) >= 0)
+    return ow_fail(msg, "rank %u: a refused dep_ll_handle_info wrote its outputs [%s]", r,
+                   d->desc);
+  HD_CALL(dep_ll_handle_info(c, &ia, h, NULL), "dep_ll_handle_info");
+  if (ow_check_ll_info(d, r, o->lsrc, o->lrange, msg))
+    return 1;
   for (uint32_t l = 0; l < d->le; l++) {
     if (o->lcnt[l] != e->count[l])
       return ow_fail(msg, "rank %u: ll_dispatch: recv_count[%u] %d, want %d [%s]", r, l,
@@ -328,8 +357,70 @@ START_TEST(a_client_not_attached_is_refused_and_told_to_attach) {
   ck_assert_int_eq(dep_handle_recv_from(c, h, from, 1), DEP_ERR_STATE);
   ck_assert_msg(strstr(dep_errmsg(c), "call dep_attach first") != NULL, "%s", dep_errmsg(c));
   ck_assert_int_eq(dep_handle_recv_from(NULL, h, from, 1), DEP_ERR_INVALID);
+  int32_t src[1];
+  int64_t range[1];
+  struct dep_ll_handle_info_args ia = {.size = sizeof ia, .src_info = src, .layout_range = range};
+  ck_assert_int_eq(dep_ll_handle_info(c, &ia, h, NULL), DEP_ERR_STATE);
+  ck_assert_msg(strstr(dep_errmsg(c), "call dep_attach first") != NULL, "%s", dep_errmsg(c));
+  ck_assert_int_eq(dep_ll_handle_info(NULL, &ia, h, NULL), DEP_ERR_INVALID);
   dep_handle_free(h);
   dep_client_free(c);
+}
+END_TEST
+
+/*
+ * dep_ll_handle_info reads a handle of this attachment's low-latency
+ * dispatch only: an empty handle, and one an earlier attachment filled,
+ * are refused naming what they hold, before anything is written.
+ */
+START_TEST(ll_handle_info_reads_only_this_attachments_low_latency_dispatch) {
+  struct tu_daemon dm;
+  dw_start(&dm, NULL);
+  const struct dep_job_shape sh = {.max_tokens_per_rank = 8, .hidden = 128, .num_experts = 4,
+                                   .topk = 2, .dtype = DEP_DTYPE_BF16,
+                                   .max_ll_tokens_per_rank = 8};
+  dep_client_t *c = hd_attach_one(&dm, "hd-info-1", &sh);
+  dep_handle_t *h = NULL;
+  ck_assert_int_eq(dep_handle_new(c, &h), 0);
+  /* One rank, four local experts of 8 rows: token t names experts t % 4 and 3. */
+  static uint16_t x[8 * 128], rx[4 * 8 * 128];
+  static int64_t idx[8 * 2];
+  static int32_t cnt[4], src[4 * 8];
+  static int64_t range[4];
+  for (int t = 0; t < 8; t++)
+    idx[2 * t] = t % 4, idx[2 * t + 1] = t % 4 == 3 ? -1 : 3;
+  struct dep_ll_handle_info_args ia = {.size = sizeof ia, .src_info = src, .layout_range = range};
+  memset(src, HD_POISON, sizeof src);
+  ck_assert_int_eq(dep_ll_handle_info(c, &ia, h, NULL), DEP_ERR_INVALID);
+  ck_assert_msg(strstr(dep_errmsg(c), "the handle holds no dispatch") != NULL, "%s",
+                dep_errmsg(c));
+  struct dep_ll_dispatch_args la = {.size = sizeof la, .x = x, .topk_idx = idx,
+                                    .index_type = DEP_INDEX_I64, .num_tokens = 8, .recv_x = rx,
+                                    .recv_count = cnt};
+  ck_assert_msg(dep_ll_dispatch(c, &la, h, NULL) == 0, "dep_ll_dispatch: %s", dep_errmsg(c));
+  ck_assert_msg(dep_ll_handle_info(c, &ia, h, NULL) == 0, "%s", dep_errmsg(c));
+  /* Expert 3: tokens 0..7 (each names it once); experts 0..2: tokens l and l + 4. */
+  for (int l = 0; l < 4; l++) {
+    const int n = l == 3 ? 8 : 2;
+    ck_assert_int_eq(cnt[l], n);
+    ck_assert_int_eq(DEP_LL_RANGE_BEGIN(range[l]), 0);
+    ck_assert_int_eq(DEP_LL_RANGE_COUNT(range[l]), n);
+    for (int i = 0; i < 8; i++)
+      ck_assert_int_eq(src[l * 8 + i], i >= n ? -1 : l == 3 ? i : l + 4 * i);
+  }
+  ck_assert_int_eq(dep_detach(c), 0);
+  struct dep_attach_args a = {.size = sizeof a, .world_size = 1, .local_world_size = 1,
+                              .shape = sh};
+  snprintf(a.job_id, sizeof a.job_id, "hd-info-2");
+  ck_assert_msg(dep_attach(c, &a) == 0, "dep_attach: %s", dep_errmsg(c));
+  memset(src, HD_POISON, sizeof src);
+  ck_assert_int_eq(dep_ll_handle_info(c, &ia, h, NULL), DEP_ERR_INVALID);
+  ck_assert_msg(strstr(dep_errmsg(c), "earlier attachment") != NULL, "%s", dep_errmsg(c));
+  ck_assert_int_lt(ow_unpoisoned(src, sizeof src, HD_POISON), 0);
+  dep_handle_free(h);
+  ck_assert_int_eq(dep_detach(c), 0);
+  dep_client_free(c);
+  dw_stop_ok(&dm);
 }
 END_TEST
 
@@ -405,6 +496,7 @@ Suite *handles_suite(void) {
                       (int)(sizeof hd_scenarios / sizeof hd_scenarios[0]));
   tcase_add_test(lent, a_client_not_attached_is_refused_and_told_to_attach);
   tcase_add_test(lent, a_handle_too_small_for_a_later_job_is_refused_at_its_dispatch);
+  tcase_add_test(lent, ll_handle_info_reads_only_this_attachments_low_latency_dispatch);
   suite_add_tcase(s, lent);
   return s;
 }

@@ -49,6 +49,13 @@ static int round_ll(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *
                                     d->sc.itype, in->num_tokens, fp8, o->lx,
                                     fp8 ? o->lscales : NULL, o->lcnt};
   CALL(host_ops_ll_dispatch(c, &la, &o->h), "ll_dispatch");
+  /* Where each row came from, as DeepEP's handle says it (dep_ll_handle_info). */
+  memset(o->lsrc, pz, (size_t)d->le * rows * 4);
+  memset(o->lrange, pz, (size_t)d->le * d->sc.world * 8);
+  struct dep_ll_handle_info_args ia = {sizeof ia, o->lsrc, o->lrange};
+  CALL(host_ops_ll_handle_info(c, &ia, &o->h), "ll_handle_info");
+  if (ow_check_ll_info(d, r, o->lsrc, o->lrange, msg))
+    return 1;
   for (uint32_t l = 0; l < d->le; l++) {
     if (o->lcnt[l] != e->count[l])
       return ow_fail(msg, "ll_dispatch: recv_count[%u] %d, want %d [%s]", l, o->lcnt[l],

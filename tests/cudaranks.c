@@ -86,7 +86,8 @@ int rk_open_at(struct rk *k, const char *sock, const char *job, const struct dep
   size_t sz[B_COUNT] = {k->mt * h * 2, k->mt * k->K * 8, k->mt * k->K * 4, rows_tp * h * 2,
                         lrows * h * 2, W * 4, k->E * 4, (size_t)k->mt * W, rows_tp * h * 2,
                         rows_tp * k->K * 4, rows_tp * k->K * 4, k->le * 4, k->mt * h * 2,
-                        lrows * h * 2, lrows * (h / 128) * 4, k->le * 4, k->maxll * h * 2};
+                        lrows * h * 2, lrows * (h / 128) * 4, k->le * 4, k->maxll * h * 2,
+                        lrows * 4, (size_t)k->le * W * 8};
   size_t most = 0;
   for (int i = 0; i < B_COUNT; i++) {
     k->sz[i] = sz[i];

@@ -38,7 +38,7 @@ uint64_t cr_ms_now(void);
 /* ---- one rank: its client, stream and device buffers ------------------------------ */
 
 enum { B_X, B_IDX, B_W, B_CX, B_LX, B_TPR, B_TPE, B_TIR, B_RX, B_RIDX, B_RW, B_CNT, B_OUT, B_LRX,
-       B_LSC, B_LCNT, B_LOUT, B_COUNT };
+       B_LSC, B_LCNT, B_LOUT, B_LSRC, B_LRANGE, B_COUNT };
 
 struct rk {
   const struct cudadrv *cu;

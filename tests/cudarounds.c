@@ -137,7 +137,8 @@ int cr_round_ll(struct rk *k, const struct ow_case *d, int fp8, uint8_t pz, uint
   const struct ref_rank_in *in = &d->in_ll[r];
   const struct ref_ll_out *e = &d->ll[r];
   const size_t es = fp8 ? 1 : 2;
-  if (cr_poison(k, B_LRX, pz) || cr_poison(k, B_LSC, pz) || cr_poison(k, B_LCNT, pz) || cr_poison(k, B_LOUT, pz))
+  if (cr_poison(k, B_LRX, pz) || cr_poison(k, B_LSC, pz) || cr_poison(k, B_LCNT, pz) || cr_poison(k, B_LOUT, pz) ||
+      cr_poison(k, B_LSRC, pz) || cr_poison(k, B_LRANGE, pz))
     return 1;
   struct dep_ll_dispatch_args la = {sizeof(struct dep_ll_dispatch_args), CR_DEV(k, B_X),
                                     CR_DEV(k, B_IDX), d->sc.itype, in->num_tokens, fp8,
@@ -148,6 +149,20 @@ int cr_round_ll(struct rk *k, const struct ow_case *d, int fp8, uint8_t pz, uint
   /* Back to back with no synchronisation between them, as a graph would run them. */
   CALL(k, dep_ll_dispatch(k->c, &la, k->h, k->s), "dep_ll_dispatch");
   CALL(k, dep_ll_combine(k->c, &lc, k->h, k->s), "dep_ll_combine");
+  /* Where each row came from, read from the handle behind them on the same stream. */
+  struct dep_ll_handle_info_args ia = {sizeof ia, CR_DEV(k, B_LSRC), CR_DEV(k, B_LRANGE)};
+  CALL(k, dep_ll_handle_info(k->c, &ia, k->h, k->s), "dep_ll_handle_info");
+  int32_t *src = malloc(k->sz[B_LSRC] + 4);
+  if (src == NULL)
+    return ow_fail(k->msg, "out of memory");
+  int bad = cr_get(k, B_LSRC);
+  if (!bad)
+    memcpy(src, k->host, k->sz[B_LSRC]);
+  bad = bad || cr_get(k, B_LRANGE) || ow_check_ll_info(d, r, src, (const int64_t *)k->host,
+                                                       k->msg);
+  free(src);
+  if (bad)
+    return 1;
   if (cr_get(k, B_LCNT))
     return 1;
   if (memcmp(k->host, e->count, k->le * 4) != 0)

@@ -276,12 +276,15 @@ void ow_outs_alloc(struct ow_outs *o, const struct ow_case *d) {
   o->lscales = malloc(o->n_ls * 4);
   o->lcnt = malloc(d->le * 4);
   o->lout = malloc((size_t)d->max_ll * h * 2);
+  o->lsrc = malloc((size_t)d->le * d->rows_ll * 4);
+  o->lrange = malloc((size_t)d->le * W * 8);
   host_ops_handle_init(&o->h);
 }
 
 void ow_outs_free(struct ow_outs *o) {
   free(o->tpr), free(o->tpe), free(o->tir), free(o->rx), free(o->ridx), free(o->rw);
   free(o->cnt), free(o->out), free(o->lx), free(o->lscales), free(o->lcnt), free(o->lout);
+  free(o->lsrc), free(o->lrange);
   host_ops_handle_fini(&o->h);
 }
 
@@ -296,6 +299,40 @@ long ow_unpoisoned(const void *p, size_t n, uint8_t poison) {
     if (((const uint8_t *)p)[i] != poison)
       return (long)i;
   return -1;
+}
+
+int ow_check_ll_info(const struct ow_case *d, uint32_t r, const int32_t *src,
+                     const int64_t *range, char *msg) {
+  const struct ref_ll_out *e = &d->ll[r];
+  const uint32_t W = d->sc.world, rows = d->rows_ll;
+  for (uint32_t l = 0; l < d->le; l++) {
+    const struct ref_origin *from = e->from + (size_t)l * rows;
+    for (uint32_t i = 0; i < rows; i++) {
+      const int32_t want = (int32_t)i < e->count[l] ? (int32_t)from[i].token : -1;
+      if (src[(size_t)l * rows + i] != want)
+        return ow_fail(msg, "rank %u: ll_handle_info: src_info of expert %u row %u is %d, want "
+                       "%d (count %d) [%s]", r, l, i, src[(size_t)l * rows + i], want,
+                       e->count[l], d->desc);
+    }
+    uint32_t begin = 0;
+    for (uint32_t s = 0; s < W; s++) {
+      uint32_t n = 0;
+      for (int32_t i = 0; i < e->count[l]; i++)
+        n += from[i].rank == s;
+      for (uint32_t i = begin; i < begin + n; i++)
+        if (from[i].rank != s)
+          return ow_fail(msg, "rank %u: the oracle's rows of expert %u from rank %u are not "
+                         "contiguous (row %u is rank %u's) [%s]", r, l, s, i, from[i].rank,
+                         d->desc);
+      const int64_t got = range[(size_t)l * W + s];
+      if (DEP_LL_RANGE_BEGIN(got) != begin || DEP_LL_RANGE_COUNT(got) != n)
+        return ow_fail(msg, "rank %u: ll_handle_info: layout_range of expert %u, source %u is "
+                       "(begin %u, count %u), want (%u, %u) [%s]", r, l, s,
+                       DEP_LL_RANGE_BEGIN(got), DEP_LL_RANGE_COUNT(got), begin, n, d->desc);
+      begin += n;
+    }
+  }
+  return 0;
 }
 
 int ow_check_sum(const uint16_t *got, const struct ref_sum *want, uint32_t ntok, uint32_t h,

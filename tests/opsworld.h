@@ -81,9 +81,10 @@ struct ow_outs {
   int32_t *tpr, *tpe;
   uint8_t *tir;
   uint16_t *rx, *out, *lout;
-  int32_t *ridx, *cnt, *lcnt;
+  int32_t *ridx, *cnt, *lcnt, *lsrc;
   float *rw, *lscales;
   uint8_t *lx;
+  int64_t *lrange; /* [le, world]: with lsrc [le, rows_ll], dep_ll_handle_info's outputs */
   uint32_t num_recv;
   size_t rows_tp, n_lx, n_ls;
   struct dep_handle h;
@@ -117,6 +118,12 @@ long ow_unpoisoned(const void *p, size_t n, uint8_t poison);
 /* got (bf16) within 2^-8 |sum| + 2^-16 sum|terms| of the oracle's float64
  * sum: bf16 rounding plus float32 accumulation error, far below a wrong
  * term.  0, or 1 with a message. */
+/* dep_ll_handle_info's outputs for rank r's LL dispatch of case d against the
+ * oracle's rows: each valid row's source token, -1 past the count, and each
+ * source's (begin, count) tiling the expert's rows in source order.  0, or 1
+ * with a message. */
+int ow_check_ll_info(const struct ow_case *d, uint32_t r, const int32_t *src,
+                     const int64_t *range, char *msg);
 int ow_check_sum(const uint16_t *got, const struct ref_sum *want, uint32_t ntok, uint32_t h,
                  const char *op, const char *desc, char *msg);
 

@@ -8,7 +8,8 @@ EventOverlap`` and ``from deep_ep.utils import EventHandle, EventOverlap``
 work as with DeepEP.  README.md (section Python) lists each way in which
 it still differs from DeepEP, with the reason.
 """
-from typing import Any, Optional, Tuple
+import operator
+from typing import Any, Iterator, Optional, Tuple
 
 import torch
 
@@ -96,7 +97,8 @@ class Buffer(_deepep.Buffer):
                              use_fp8: bool = True, round_scale: bool = False,
                              use_ue8m0: bool = False, async_finish: bool = False,
                              return_recv_hook: bool = False):
-        """deepep.Buffer.low_latency_dispatch with DeepEP's FP8 scales: with use_fp8, recv_x
+        """deepep.Buffer.low_latency_dispatch with DeepEP's handle (a LowLatencyHandle) and
+        DeepEP's FP8 scales: with use_fp8, recv_x
         is (values [L, rows, hidden] fp8, scales [L, rows, hidden // 128] float32) with the
         scales column-major (their storage is [L, hidden // 128, rows], as DeepEP's); with
         round_scale each scale is 2**ceil(log2(max(amax, 1e-4) / 448)) and the values are
@@ -121,6 +123,7 @@ class Buffer(_deepep.Buffer):
             cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
             use_fp8=bool(use_fp8) and not requant, async_finish=async_finish,
             return_recv_hook=return_recv_hook)
+        h = LowLatencyHandle(h, num_max_dispatch_tokens_per_rank, self.hidden, num_experts)
         if not use_fp8:
             return recv, count, h, ev, hook
         ue8m0 = bool(use_ue8m0)
@@ -145,6 +148,20 @@ class Buffer(_deepep.Buffer):
             scales.copy_(s)
 
         return (vals, scales), count, h, ev, fp8_hook
+
+    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor,
+                            topk_weights: torch.Tensor, handle: Any, use_logfmt: bool = False,
+                            zero_copy: bool = False, async_finish: bool = False,
+                            return_recv_hook: bool = False, out: Optional[torch.Tensor] = None,
+                            combine_wait_recv_cost_stats: Optional[torch.Tensor] = None):
+        """deepep.Buffer.low_latency_combine, taking low_latency_dispatch's LowLatencyHandle."""
+        return super().low_latency_combine(x, topk_idx, topk_weights, _unwrap(handle), use_logfmt,
+                                           zero_copy, async_finish, return_recv_hook, out,
+                                           combine_wait_recv_cost_stats)
+
+    def get_next_low_latency_combine_buffer(self, handle: Any) -> torch.Tensor:
+        """deepep.Buffer.get_next_low_latency_combine_buffer, taking a LowLatencyHandle."""
+        return super().get_next_low_latency_combine_buffer(_unwrap(handle))
 
     def combine(self, x: torch.Tensor, handle: Any, topk_weights: Optional[torch.Tensor] = None,
                 bias: Any = None, config: Optional[Config] = None,
@@ -226,7 +243,7 @@ def _padded_scales(x: Any):
 
 
 def _unwrap(handle: Any) -> Any:
-    return handle.handle if isinstance(handle, DispatchHandle) else handle
+    return handle.handle if isinstance(handle, (DispatchHandle, LowLatencyHandle)) else handle
 
 
 class DispatchHandle(tuple):
@@ -282,9 +299,73 @@ class DispatchHandle(tuple):
         return t
 
 
+class LowLatencyHandle(tuple):
+    """DeepEP's low-latency handle, (src_info, layout_range, num_max_dispatch_tokens_per_rank,
+    hidden, num_experts), with deepepd's deepep.Handle as `.handle` (what
+    low_latency_combine and get_next_low_latency_combine_buffer use).  With L local experts
+    and R ranks:
+
+    - src_info [L, R * num_max_dispatch_tokens_per_rank] int32: DeepEP's, the index of each
+      row's token among its source rank's tokens; -1 past recv_count (DeepEP's are left
+      unwritten there).
+    - layout_range [L, R] int64: DeepEP's, (begin << 32) | count of each expert's rows from
+      each source rank; since deepepd packs them in (source rank, source token) order, begin
+      is the running sum of the counts (and where a source with none would begin).
+
+    Both are made the first time the handle is indexed or unpacked
+    (deepep.Buffer.low_latency_handle_info: on cuda a kernel on the current stream, which
+    must come after the dispatch, as DeepEP's tests wait for it before they read them) and
+    kept.  A caller that only passes the handle back, as a trainer or server does, so pays
+    no kernel and no allocation per dispatch; with return_recv_hook, index it after the
+    hook.  The tuple's own slots 0 and 1 hold None until then: read them by index or by
+    unpacking, which this class serves, not through tuple's C-level methods.
+    """
+
+    handle: "_deepep.Handle"
+
+    def __new__(cls, h: "_deepep.Handle", num_max_dispatch_tokens_per_rank: int, hidden: int,
+                num_experts: int) -> "LowLatencyHandle":
+        t = super().__new__(cls, (None, None, num_max_dispatch_tokens_per_rank, hidden,
+                                  num_experts))
+        t.handle = h
+        t._info = None
+        return t
+
+    def _made(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        info = self._info
+        if info is None:
+            buf = self.handle._buffer()
+            if buf is None:
+                raise ValueError("low-latency handle: its Buffer was destroyed before "
+                                 "src_info and layout_range were read")
+            info = self._info = buf.low_latency_handle_info(self.handle)
+        return info
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        j = operator.index(i)
+        if j in (0, 1, -5, -4):
+            return self._made()[j % 5]
+        return tuple.__getitem__(self, j)
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self._made()
+        yield from tuple.__getitem__(self, slice(2, None))
+
+    def __getnewargs__(self) -> tuple:
+        # copy.copy rebuilds a tuple subclass through __new__ with these (its state, the
+        # handle and the tables if made, follows in __dict__).
+        return (self.handle,) + tuple.__getitem__(self, slice(2, None))
+
+    def __repr__(self) -> str:
+        return (f"LowLatencyHandle(src_info, layout_range, {tuple.__getitem__(self, 2)}, "
+                f"{tuple.__getitem__(self, 3)}, {tuple.__getitem__(self, 4)})")
+
+
 _DEEPEP_KWARGS = ("job_id", "rank", "world_size", "local_rank", "local_world_size", "socket",
                   "hidden", "num_experts", "num_topk", "max_tokens_per_rank",
                   "max_ll_tokens_per_rank")
 
-__all__ = ["Buffer", "Config", "DispatchHandle", "EventHandle", "EventOverlap", "Unsupported",
-           "topk_idx_t"]
+__all__ = ["Buffer", "Config", "DispatchHandle", "EventHandle", "EventOverlap",
+           "LowLatencyHandle", "Unsupported", "topk_idx_t"]

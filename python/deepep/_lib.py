@@ -223,6 +223,15 @@ class LLCombineArgs(_Sized):
     ]
 
 
+class LLHandleInfoArgs(_Sized):
+    """struct dep_ll_handle_info_args."""
+    _fields_ = [
+        ("size", c_uint32),
+        ("src_info", c_void_p),
+        ("layout_range", c_void_p),
+    ]
+
+
 class ShapeSizes(_Sized):
     """struct dep_shape_sizes."""
     _fields_ = [
@@ -250,6 +259,7 @@ STRUCTS = {
     "dep_combine_args": CombineArgs,
     "dep_ll_dispatch_args": LLDispatchArgs,
     "dep_ll_combine_args": LLCombineArgs,
+    "dep_ll_handle_info_args": LLHandleInfoArgs,
     "dep_shape_sizes": ShapeSizes,
 }
 
@@ -279,6 +289,7 @@ _PROTOTYPES = [
     ("dep_combine", c_int, [_client_p, POINTER(CombineArgs), c_void_p, c_void_p]),
     ("dep_ll_dispatch", c_int, [_client_p, POINTER(LLDispatchArgs), c_void_p, c_void_p]),
     ("dep_ll_combine", c_int, [_client_p, POINTER(LLCombineArgs), c_void_p, c_void_p]),
+    ("dep_ll_handle_info", c_int, [_client_p, POINTER(LLHandleInfoArgs), c_void_p, c_void_p]),
     ("dep_shape_sizes", c_int, [_client_p, POINTER(JobShape), c_uint32, POINTER(ShapeSizes)]),
 ]
 

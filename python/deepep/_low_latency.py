@@ -1,14 +1,17 @@
 """Buffer's low-latency mode: DeepEP's low_latency_dispatch and low_latency_combine over
-dep_ll_dispatch and dep_ll_combine, with their receive hooks, and the buffer a zero-copy
-combine reads (buffer.py's Buffer takes them as the _LowLatency mixin).  Of the Buffer it
-uses the job's shape and argument structs (_prepare), its checks (_checks.py), streams,
-events, handles and deferred calls (_defer)."""
+dep_ll_dispatch and dep_ll_combine, with their receive hooks, where a dispatch's rows came
+from (dep_ll_handle_info), and the buffer a zero-copy combine reads (buffer.py's Buffer
+takes them as the _LowLatency mixin).  Of the Buffer it uses the job's shape and argument
+structs (_prepare), its checks (_checks.py), streams, events, handles and deferred calls
+(_defer)."""
 from __future__ import annotations
 
-from typing import Any, Optional
+import ctypes
+from typing import Any, Optional, Tuple
 
 import torch
 
+from . import _lib
 from ._checks import _BF16, _F32, _I32, _INDEX_TYPES, _Tensor, _empty_like, _ok
 from .errors import Unsupported
 from .event import EventOverlap
@@ -77,7 +80,8 @@ class _LowLatency:
                 row-major order, unlike DeepEP's column-major scales).  Rows of each local
                 expert are packed from row 0 in (source rank, source token) order.
             recv_count: [num_local_experts] int32 valid rows.
-            handle: for the matching low_latency_combine.
+            handle: for the matching low_latency_combine (low_latency_handle_info says
+                where each row came from).
             event: an EventOverlap.
             hook: with return_recv_hook, the callable that receives; else one that does
                 nothing.
@@ -138,9 +142,13 @@ class _LowLatency:
             # The exchange runs in the hook; the caller may write x and topk_idx once this
             # returns (DeepEP's send has read them by then), so it runs on copies.
             xc, ic = x.clone(), idx.clone()
-            hook = self._defer(lambda: self._ll_dispatch_now(
-                xc, ic, itype, n, fp8, recv_x, scales, count, h, stats))
-            return out_x, count, h, EventOverlap(None), hook
+            h._unreceived = True  # low_latency_handle_info waits for the hook
+
+            def receive() -> None:
+                self._ll_dispatch_now(xc, ic, itype, n, fp8, recv_x, scales, count, h, stats)
+                h._unreceived = False
+
+            return out_x, count, h, EventOverlap(None), self._defer(receive)
         self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, stats, cs)
         return (out_x, count, h,
                 self._event(None, async_finish) if async_finish else EventOverlap(None), _no_hook)
@@ -171,6 +179,43 @@ class _LowLatency:
             self._fail(rc, "dep_ll_dispatch")
         if stats is not None:
             stats += count
+
+    def low_latency_handle_info(self, handle: Handle) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Where each row of a low_latency_dispatch came from, as DeepEP's low-latency handle
+        holds it (its handle[0] and handle[1]; dep_ll_handle_info).  The rows of each local
+        expert are in (source rank, source token) order, so each source's rows are one range.
+
+        Args:
+            handle: a low_latency_dispatch's handle; with return_recv_hook, once its hook ran
+                (the rows are not there before: ValueError).
+
+        Returns:
+            src_info: [num_local_experts, world_size * max_ll_tokens_per_rank] int32: for
+                each row, the index of its token among its source rank's tokens (that rank's
+                x); -1 in the rows past recv_count.
+            layout_range: [num_local_experts, world_size] int64: for each source rank,
+                (begin << 32) | count, the expert's rows begin .. begin + count - 1 from it
+                (DeepEP's packing; begin is where they would start when count is 0).
+            New tensors on the Buffer's device, on cuda written by a kernel queued on the
+            current stream (which must come after the dispatch, as for low_latency_combine);
+            the handle is only read.
+        """
+        op = "low_latency_handle_info"
+        h = self._handle(op, handle, "low_latency_dispatch")
+        if getattr(h, "_unreceived", False):
+            raise ValueError(f"{op}: the dispatch was made with return_recv_hook and its hook "
+                             "has not run, so it has received nothing yet; call the hook first")
+        src = self._new((self.num_local_experts, self._ll_rows), torch.int32)
+        rng = self._new((self.num_local_experts, self.group_size), torch.int64)
+        a = _lib.LLHandleInfoArgs(src.data_ptr(), rng.data_ptr())
+        cs = None
+        if not self._host:
+            cs = self._stream()
+            self._use(h, cs, _capturing())
+        rc = self._conn.lib.dep_ll_handle_info(self._conn.ptr, ctypes.byref(a), h._ptr, cs)
+        if rc:
+            self._fail(rc, "dep_ll_handle_info")
+        return src, rng
 
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor,
                             topk_weights: torch.Tensor, handle: Handle,

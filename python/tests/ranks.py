@@ -668,3 +668,81 @@ def hook_rank(args) -> List[Dict[str, np.ndarray]]:
     out[0]["ll_combined"] = bits(comb)
     b.destroy()
     return out
+
+
+#: ll_handle_rank's world and job: DeepEP's test_low_latency.py at a size for a loaded
+#: 2-core machine (its rank_offset of 128 too, so that every source's rows have their own
+#: value, exact in bf16).
+LL_HANDLE_WORLD = 4
+LL_HANDLE_SHAPE = dict(hidden=256, num_experts=8, num_topk=3, num_tokens=16)
+LL_HANDLE_OFFSET = 128
+
+
+def ll_handle_rank(rank: int, sock: str, store: str, seed: int, outdir: str) -> None:
+    """Process `rank` of LL_HANDLE_WORLD started by torch.multiprocessing.spawn, gloo over a
+    FileStore, as DeepEP's test_low_latency.py runs its ranks: deep_ep.Buffer(group,
+    num_rdma_bytes=..., low_latency_mode=True), x of value rank - LL_HANDLE_OFFSET with the
+    token index in its last 128 channels, top-k from random scores with some -1, then
+    low_latency_dispatch with and without the hook, bf16 and FP8, each handle indexed
+    (handle[0], handle[1]) after the receive and passed back to low_latency_combine and
+    get_next_low_latency_combine_buffer.  Pickles every rank's top-k and, per call, the
+    handle's members, recv_count and the bf16 rows' values into outdir/<rank>.pkl; and
+    whether indexing a hooked call's handle before its hook was refused."""
+    import os
+    import pickle
+    import torch.distributed as dist
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                 "DEEPEP_JOB_ID", "SLURM_PROCID", "SLURM_JOB_ID"):
+        os.environ.pop(name, None)
+    os.environ["DEEPEPD_SOCKET"] = sock
+    W, s = LL_HANDLE_WORLD, LL_HANDLE_SHAPE
+    n, hidden, E, K = s["num_tokens"], s["hidden"], s["num_experts"], s["num_topk"]
+    dist.init_process_group("gloo", store=dist.FileStore(store, W), rank=rank, world_size=W)
+    group = dist.new_group(list(range(W)))
+    deep_ep = import_compat()
+    b = deep_ep.Buffer(group, num_rdma_bytes=1 << 20, low_latency_mode=True,
+                       num_qps_per_rank=E // W, explicitly_destroy=True)
+    gen = torch.Generator().manual_seed(seed * 16 + rank)
+    x = torch.ones((n, hidden), dtype=torch.bfloat16) * (rank - LL_HANDLE_OFFSET)
+    x[:, -128:] = torch.arange(n).to(torch.bfloat16).view(-1, 1)
+    scores = torch.rand((n, E), generator=gen) + 1
+    idx = torch.topk(scores, K, dim=-1, largest=True, sorted=True)[1]
+    for i in range(4):
+        idx[int(torch.randint(n, (1,), generator=gen)), int(torch.randint(K, (1,),
+                                                                          generator=gen))] = -1
+    w = torch.rand((n, K), generator=gen)
+    every = [torch.empty_like(idx) for _ in range(W)]
+    dist.all_gather(every, idx, group=group)
+    out = {"topk": np.stack([t.numpy() for t in every]), "calls": []}
+    for hooked in (False, True):
+        for fp8 in (False, True):
+            recv, count, handle, ev, hook = b.low_latency_dispatch(
+                x, idx, n, E, use_fp8=fp8, async_finish=not hooked, return_recv_hook=hooked)
+            if hooked:
+                try:
+                    handle[0]
+                    out["early"] = "not refused"
+                except ValueError as e:
+                    out["early"] = str(e)
+                hook()
+            else:
+                ev.current_stream_wait()
+            src, rng, m, hid, ne = handle  # DeepEP's own low_latency_combine unpacks it so
+            call = dict(hooked=hooked, fp8=fp8, tuple=isinstance(handle, tuple),
+                        len=len(handle), rest=(m, hid, ne), src=handle[0].numpy().copy(),
+                        range=handle[1].numpy().copy(), same=handle[0] is src,
+                        count=count.numpy().copy(), src_dtype=str(src.dtype),
+                        range_dtype=str(rng.dtype))
+            if not fp8:
+                call["recv"] = recv.float().numpy().copy()
+                y = recv.clone()
+                b.get_next_low_latency_combine_buffer(handle)[:, :, :] = y
+                c, _, _ = b.low_latency_combine(y, idx, w, handle, zero_copy=True)
+                call["combined"] = c.float().numpy().copy()
+            out["calls"].append(call)
+    want = (x.float() * w.masked_fill(idx == -1, 0).sum(1, keepdim=True)).numpy()
+    out["want_combined"] = want
+    b.destroy()
+    with open(os.path.join(outdir, f"{rank}.pkl"), "wb") as f:
+        pickle.dump(out, f)
+    dist.destroy_process_group()

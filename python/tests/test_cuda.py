@@ -1,7 +1,8 @@
 """deepep.Buffer on the cuda backend: the GPU's UUID, the caller's current stream, real CUDA
 events, device tensors, one layer's low-latency pair captured in a CUDA graph and replayed
-with new inputs, sixteen layers' pairs in one graph, and handles made before a capture and used
-in it kept for the graph.  Each test skips, saying so, unless DEP_TEST_BACKEND=cuda (conftest.py)."""
+with new inputs, sixteen layers' pairs in one graph, handles made before a capture and used
+in it kept for the graph, and a low-latency handle's read-back captured with its dispatch.
+Each test skips, saying so, unless DEP_TEST_BACKEND=cuda (conftest.py)."""
 import gc
 import uuid
 
@@ -366,4 +367,50 @@ def test_a_hooked_low_latency_pair_runs_on_the_stream_current_at_its_hook(daemon
     torch.cuda.synchronize()
     assert type(h._stream) is tuple and side.cuda_stream in h._stream
     assert torch.equal(out, want)
+    b.destroy()
+
+
+def check_ll_tables(src, rng, count, idx):
+    """One rank's low_latency_handle_info against its own top-k: expert e's rows are the
+    tokens that selected it, ascending; -1 past the count; one source, beginning at 0."""
+    src, rng, count, idx = src.cpu(), rng.cpu(), count.cpu(), idx.cpu()
+    for e in range(SHAPE["num_experts"]):
+        want = [t for t in range(idx.size(0)) if e in idx[t].tolist()]
+        c = len(want)
+        assert int(count[e]) == c
+        assert src[e, :c].tolist() == want and (src[e, c:] == -1).all()
+        assert rng[e].tolist() == [c]  # begin 0 in the high half, count in the low
+
+
+def test_low_latency_handle_info_in_a_cuda_graph_follows_each_replay(daemon):
+    """dep__k_ll_info never waits on the host: a low-latency dispatch and the read-back of its
+    handle captured in one CUDA graph give, at each replay with new top-k ids, that replay's
+    src_info and layout_range; outside a graph, a kernel on the current stream behind the
+    dispatch."""
+    b = one_rank(daemon)
+    M, E = SHAPE["max_ll_tokens_per_rank"], SHAPE["num_experts"]
+    x, idx, _ = tokens(n=M)
+    _, count, h, _, _ = b.low_latency_dispatch(x, idx, M, E, use_fp8=False)
+    src, rng = b.low_latency_handle_info(h)
+    torch.cuda.synchronize()
+    check_ll_tables(src, rng, count, idx)
+    sidx = idx.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # torch's warm-up rule before a capture
+        _, _, hw, _, _ = b.low_latency_dispatch(x, sidx, M, E, use_fp8=False)
+        b.low_latency_handle_info(hw)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        _, gcount, gh, _, _ = b.low_latency_dispatch(x, sidx, M, E, use_fp8=False)
+        gsrc, grng = b.low_latency_handle_info(gh)
+    for seed in range(2, 6):
+        _, new, _ = tokens(n=M, seed=seed)
+        sidx.copy_(new)
+        g.replay()
+        torch.cuda.synchronize()
+        check_ll_tables(gsrc, grng, gcount, new)
+    del g
     b.destroy()
