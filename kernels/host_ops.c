@@ -318,13 +318,14 @@ void host_ops__backoff(uint32_t i) {
 }
 
 /*
- * Hand the proxy the out block (bytes of it) and out slot for dest:
- * one descriptor, published with release ordering after everything it
- * names.  A full ring is waited on like a peer (spin, yield, sleep),
- * bounded by the op timeout; a ring the proxy stopped draining (its job
- * failed) fails the call with the proxy's code.
+ * Hand the proxy what a descriptor of kind names for dest (xring.h): one
+ * descriptor, published with release ordering after everything it names.
+ * A full ring is waited on like a peer (spin, yield, sleep), bounded by
+ * the op timeout; a ring the proxy stopped draining (its job failed) fails
+ * the call with the proxy's code.
  */
-static int ring_push(struct ops_ctx *c, uint32_t op, uint32_t dest, uint64_t bytes) {
+int host_ops__ring_push(struct ops_ctx *c, uint32_t op, uint32_t dest, uint32_t kind,
+                        uint32_t row0, uint64_t bytes) {
   struct dep_xring *r = c->ring;
   uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed), start = 0;
   for (uint32_t i = 0;; i++) {
@@ -345,7 +346,8 @@ static int ring_push(struct ops_ctx *c, uint32_t op, uint32_t dest, uint64_t byt
   d->parity = (uint32_t)(c->seq & 1);
   d->seq = c->seq;
   d->bytes = bytes;
-  d->reserved = 0;
+  d->kind = kind;
+  d->row0 = row0;
   atomic_store_explicit(&r->head, head + 1, memory_order_release);
   return 0;
 }
@@ -368,7 +370,7 @@ int host_ops__post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op,
   s->ref_seq = ref_seq;
   s->num_tokens = num_tokens;
   atomic_store_explicit(&s->flag, c->seq, memory_order_release);
-  return c->remote[dest] < 0 ? 0 : ring_push(c, op, dest, bytes);
+  return c->remote[dest] < 0 ? 0 : host_ops__ring_push(c, op, dest, DEP_XRING_BLOCK, 0, bytes);
 }
 
 /* Post to every rank, rows[d] of row_bytes each (stride: bytes apart). */
