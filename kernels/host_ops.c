@@ -487,6 +487,10 @@ void host_ops_daemon_gone(struct ops_ctx *c, int slabs_on_host) {
  * and the context broken, since dest will not get this call.
  */
 static int ring_fail(struct ops_ctx *c, uint32_t op, uint32_t dest, int code, uint64_t waited_ns) {
+  /* The proxy stops serving a job whose rank is gone after the daemon has
+   * said which (the abort words): the call fails naming it. */
+  if (code == DEP_ERR_PEER && host_ops__gone_said(c))
+    return host_ops__peer_fail(c, op, dest, waited_ns);
   host_ops__record_fail(c, op, dest, 0, waited_ns, code);
   if (code == DEP_ERR_TIMEOUT)
     return set_why(c, code, "%s: the proxy's ring stayed full for %u ms (call %llu, for rank %u "

@@ -235,6 +235,12 @@ static int send_some(struct ops_ctx *c, const struct ops_stream *s, uint32_t des
  */
 static int peer_stopped(struct ops_ctx *c, const struct ops_stream *s, uint32_t r,
                         uint64_t waited_ns) {
+  /* Stopped by a rank that died or a node lost, most likely: name that
+   * one, the cause (one that detached had finished its calls). */
+  const struct dep_slab_abort *ab = (const struct dep_slab_abort *)(c->slabs[c->rank] +
+                                                                    DEP_SLAB_ABORT_OFF);
+  if (host_ops__gone_said(c) && ab->detached != DEP_SLAB_GONE_DETACHED)
+    return host_ops__peer_fail(c, s->op, r, waited_ns);
   struct ops_err_record theirs;
   host_ops_err_read(c->slabs[r], &theirs);
   const int32_t code = atomic_load_explicit(&theirs.code, memory_order_relaxed);
@@ -243,6 +249,23 @@ static int peer_stopped(struct ops_ctx *c, const struct ops_stream *s, uint32_t 
                  "(waiting for rank %u there): the job cannot go on; restart it",
                  host_ops_op_name(s->op), (unsigned long long)c->seq, r,
                  (unsigned long long)theirs.seq, dep_strerror(code), theirs.source);
+}
+
+/*
+ * Whether a wait for remote rank r may be one that will never end because
+ * a rank of the job died: r's rows stream as r's own call goes on, and r
+ * stops streaming when that call fails (it depended on the dead rank),
+ * which its error record, on its own node, cannot tell this rank.  A rank
+ * that detached had finished its calls and stops no one; one whose process
+ * ended may have done so mid-call, so every wait for another node's rank
+ * fails with DEP_ERR_PEER naming it (the job cannot go on either way).
+ */
+static bool remote_may_have_stopped(const struct ops_ctx *c, uint32_t r) {
+  if (c->remote[r] < 0)
+    return false;
+  const struct dep_slab_abort *ab = (const struct dep_slab_abort *)(c->slabs[c->rank] +
+                                                                    DEP_SLAB_ABORT_OFF);
+  return host_ops__gone_said(c) && ab->detached == DEP_SLAB_GONE_DIED;
 }
 
 int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s) {
@@ -297,7 +320,7 @@ int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s) {
     if (i < 256)
       continue;
     const uint64_t waited = stream_now_ns() - since;
-    if (host_ops__aborted(c, parity, waiting))
+    if (host_ops__aborted(c, parity, waiting) || remote_may_have_stopped(c, waiting))
       return host_ops__peer_fail(c, s->op, waiting, waited);
     if (c->remote[waiting] < 0 && waiting != c->rank) {
       struct ops_err_record theirs;

@@ -135,6 +135,43 @@ START_TEST(a_sender_outrunning_a_slow_receiver_on_another_node_waits_for_its_cre
 END_TEST
 
 /*
+ * The channels between nodes mirror each other's rings, so every node of a
+ * job streams in the same chunks: two daemons whose stream_chunk_rows
+ * differ fail the job at attach on both nodes, naming the key, rather than
+ * writing rows where the other end does not read them.
+ */
+START_TEST(daemons_streaming_in_other_chunks_fail_the_job_at_attach_saying_so) {
+  ow_seed_init(6200);
+  const struct ow_scenario sc = {2, 128, 2, 4, 16, 8, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
+  struct ow_case *d = xn_case_new(&sc, 0);
+  struct nodes ns;
+  char limits[64];
+  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", ST_OP_TIMEOUT_MS);
+  nodes_config_with(&ns, 2, 20000, limits, "");
+  strncat(ns.yaml[1], "stream_chunk_rows: 2\n", sizeof ns.yaml[1] - strlen(ns.yaml[1]) - 1);
+  nodes_start_all(&ns);
+  struct xn_place p;
+  memset(&p, 0, sizeof p);
+  const uint32_t split[NODES_MAX] = {1, 1};
+  xn_place(&p, split, 2);
+  struct xn_run run = {.d = d, .rounds = 1};
+  struct xn_result *res = xn_results(2);
+  pid_t pids[2];
+  xn_spawn(&ns, &p, "chunks-differ", &run, res, pids);
+  (void)xn_reap(pids, 2, ST_OP_TIMEOUT_MS * 3);
+  for (uint32_t g = 0; g < 2; g++) {
+    ck_assert_msg(atomic_load(&res[g].done), "rank %u hung", g);
+    ck_assert_msg(res[g].rc == DEP_ERR_MISMATCH && strstr(res[g].msg, "stream_chunk_rows") != NULL,
+                  "rank %u: %s, want DEP_ERR_MISMATCH naming stream_chunk_rows: %s", g,
+                  dep_errname(res[g].rc), res[g].msg);
+  }
+  munmap(res, 2 * sizeof *res);
+  nodes_stop(&ns);
+  xn_case_free(d);
+}
+END_TEST
+
+/*
  * What a rank is lent follows the channels: a daemon that streams lends
  * each rank the slab of dep__slab_layout_nodes with its chunk, which no
  * longer holds max_tokens_per_rank rows for every source, and dep_status
@@ -247,6 +284,7 @@ Suite *stream_suite(void) {
                       xn_nlayouts);
   tcase_add_test(t, a_streaming_daemon_lends_the_smaller_slab_and_status_shows_it);
   tcase_add_test(t, a_sender_outrunning_a_slow_receiver_on_another_node_waits_for_its_credit);
+  tcase_add_test(t, daemons_streaming_in_other_chunks_fail_the_job_at_attach_saying_so);
   tcase_add_loop_test(t, a_rank_killed_mid_stream_fails_the_survivors_with_peer_not_a_hang, 0, 2);
   suite_add_tcase(s, t);
   return s;
