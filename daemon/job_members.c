@@ -192,6 +192,7 @@ static bool job_announce(struct job *j, int k) {
   x->owner_uid = (uint32_t)j->owner_uid;
   x->sw.shape = j->shape;
   x->sw.world_size = j->world_size;
+  x->chunk_rows = j->chunk_rows;
   x->local_world_size = j->local_world_size;
   x->n_ranks = j->local_world_size;
   for (uint32_t i = 0; i < j->local_world_size; i++)
@@ -261,6 +262,17 @@ static bool job_gather(struct job *j, uint32_t *held) {
                "of a job must pass the same values on every node",
                j->id, peer_name(x->peer), field, (unsigned long long)gives,
                (unsigned long long)have);
+      job_fail_everywhere(j, DEP_ERR_MISMATCH, msg);
+      return false;
+    }
+    /* The channels between nodes mirror each other's rings (slab.h). */
+    const uint32_t ours = dep_slab_chan_rows(j->shape.max_tokens_per_rank, j->chunk_rows);
+    const uint32_t theirs = dep_slab_chan_rows(j->shape.max_tokens_per_rank, x->m.chunk_rows);
+    if (ours != theirs) {
+      snprintf(msg, sizeof msg,
+               "job %s: node %s streams in chunks of %u rows (stream_chunk_rows), this node in "
+               "chunks of %u (0: whole blocks); set stream_chunk_rows the same on every node",
+               j->id, peer_name(x->peer), x->m.chunk_rows, j->chunk_rows);
       job_fail_everywhere(j, DEP_ERR_MISMATCH, msg);
       return false;
     }
@@ -476,8 +488,8 @@ static int job_membership_check(int k, const struct dep_peer_membership *in, cha
    * byte on, in order: what a writer into it will rely on. */
   struct dep_slab_layout l;
   if (rc == 0)
-    rc = dep__slab_layout_nodes(&in->sw.shape, in->sw.world_size, in->local_world_size, 0, &l,
-                                why, len); /* the exchange region's part does not stream */
+    rc = dep__slab_layout_nodes(&in->sw.shape, in->sw.world_size, in->local_world_size,
+                                in->chunk_rows, &l, why, len);
   if (rc != 0)
     return rc;
   if (in->n_windows == 0) {

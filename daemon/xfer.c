@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@
 #include "devices.h"
 #include "grow.h"
 #include "job.h"
+#include "kabi.h"
 #include "lend.h"
 #include "log.h"
 #include "peer.h"
@@ -293,25 +295,71 @@ static bool ended_here(const char *id) {
   return false;
 }
 
+/* Why a chunk (rows row0 .. row0 + bytes / row_bytes of a call's stream,
+ * kind DEP_XRING_CHUNK and or SLOT) does not fit layout l; NULL when it does. */
+static const char *chunk_wrong(const struct dep_slab_layout *l, uint32_t kind, uint32_t row0,
+                               uint64_t bytes) {
+  if (!(kind & DEP_XRING_CHUNK))
+    return bytes == 0 && row0 == 0 ? NULL : "a slot alone with rows";
+  if (l->chunk_rows == 0 || bytes % l->row_bytes != 0 || row0 % l->chunk_rows != 0)
+    return "rows that are not a chunk of its channel";
+  const uint64_t n = bytes / l->row_bytes;
+  if (n == 0 || n > l->chunk_rows || row0 + n > l->max_tokens)
+    return "more rows than a chunk or a call holds";
+  return NULL;
+}
+
+/* Whether kind is one a descriptor or frame may have. */
+static bool kind_known(uint32_t kind) {
+  return kind == DEP_XRING_BLOCK || kind == DEP_XRING_CHUNK || kind == DEP_XRING_SLOT ||
+         kind == (DEP_XRING_CHUNK | DEP_XRING_SLOT) || kind == DEP_XRING_CREDIT;
+}
+
 int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
-                       uint8_t **block, uint8_t **slot, char *why, size_t whylen) {
+                       struct xfer_target *t, char *why, size_t whylen) {
   struct xfer_route *r = route_find(h->job_id);
   *route = r;
+  memset(t, 0, sizeof *t);
   if (r == NULL)
     return ended_here(h->job_id) ? DEP_ERR_NOT_FOUND : DEP_ERR_STATE;
+  const struct dep_slab_layout *l = &r->lay;
+  const char *wrong = NULL;
   if (h->src >= r->world || r->peer_of[h->src] != k || h->dest >= r->world ||
-      r->local_of[h->dest] < 0 || h->parity > 1 || h->bytes > r->lay.xblock_bytes) {
-    snprintf(why, whylen, "a frame of job %s from rank %u to rank %u (parity %u, %llu bytes) that "
-             "the job's membership or layout does not allow", r->id, h->src, h->dest, h->parity,
-             (unsigned long long)h->bytes);
+      r->local_of[h->dest] < 0 || h->parity > 1 || !kind_known(h->kind))
+    wrong = "the job's membership does not allow";
+  else if (h->kind == DEP_XRING_BLOCK && h->bytes > l->xblock_bytes)
+    wrong = "more bytes than a block holds";
+  else if (h->kind == DEP_XRING_CREDIT && (h->bytes != 0 || h->row0 > l->max_tokens))
+    wrong = "a credit past the rows a call holds";
+  else if (h->kind != DEP_XRING_BLOCK && h->kind != DEP_XRING_CREDIT)
+    wrong = chunk_wrong(l, h->kind, h->row0, h->bytes);
+  if (wrong != NULL) {
+    snprintf(why, whylen, "a frame of job %s from rank %u to rank %u (kind %u, parity %u, row "
+             "%u, %llu bytes): %s", r->id, h->src, h->dest, h->kind, h->parity, h->row0,
+             (unsigned long long)h->bytes, wrong);
     return DEP_ERR_PROTOCOL;
   }
   if (atomic_load(&r->failed) != 0)
     return DEP_ERR_NOT_FOUND; /* the job cannot go on here; its bytes have no reader */
   uint8_t *x = r->xchg[r->local_of[h->dest]];
   const uint32_t ri = r->remote_of[h->src];
-  *block = x + dep_slab_in_block(&r->lay, h->parity, ri);
-  *slot = x + dep_slab_in_slot(&r->lay, h->parity, ri);
+  if (h->kind == DEP_XRING_CREDIT) {
+    /* The destination's channel to the source: the credit word of its out slot. */
+    t->credit = (_Atomic uint64_t *)(x + dep_slab_out_slot(l, h->parity, ri) +
+                                     offsetof(struct ops_slot, credit));
+    t->value = DEP_SLAB_CHAN_AT(h->seq, h->row0);
+    return 0;
+  }
+  t->payload = x + dep_slab_in_block(l, h->parity, ri);
+  if (h->kind & DEP_XRING_CHUNK) {
+    const uint32_t n = (uint32_t)(h->bytes / l->row_bytes);
+    t->payload += (uint64_t)(h->row0 % l->chan_rows) * l->row_bytes;
+    t->mark = (_Atomic uint64_t *)(x + dep_slab_in_mark(l, h->parity, ri,
+                                                         h->row0 / l->chunk_rows));
+    t->value = DEP_SLAB_CHAN_AT(h->seq, h->row0 + n);
+  }
+  if (h->kind == DEP_XRING_BLOCK || (h->kind & DEP_XRING_SLOT))
+    t->slot = x + dep_slab_in_slot(l, h->parity, ri);
   return 0;
 }
 
@@ -349,11 +397,25 @@ void xfer__payload_begin(void) {}
 void xfer__payload_end(void) {}
 #endif
 
-void xfer__frame_publish(uint8_t *slot, const struct dep_xfer_hdr *h) {
-  memcpy(slot + 8, h->slot + 8, sizeof h->slot - 8);
-  uint64_t flag;
-  memcpy(&flag, h->slot, sizeof flag);
-  atomic_store_explicit((_Atomic uint64_t *)slot, flag, memory_order_release);
+void xfer__frame_publish(const struct xfer_target *t, const struct dep_xfer_hdr *h) {
+  if (t->mark != NULL)
+    atomic_store_explicit(t->mark, t->value, memory_order_release);
+  if (t->slot != NULL) {
+    /* The fields the sender writes; the tail and credit words are not a
+     * remote slot's (slab.h), and credit is its reader's own. */
+    memcpy(t->slot + 8, h->slot + 8, offsetof(struct ops_slot, tail) - 8);
+    uint64_t flag;
+    memcpy(&flag, h->slot, sizeof flag);
+    atomic_store_explicit((_Atomic uint64_t *)t->slot, flag, memory_order_release);
+  }
+  if (t->credit != NULL) {
+    /* Credits may cross on the peer's connections: the largest stands. */
+    uint64_t was = atomic_load_explicit(t->credit, memory_order_relaxed);
+    while (was < t->value && !atomic_compare_exchange_weak_explicit(
+                                 t->credit, &was, t->value, memory_order_release,
+                                 memory_order_relaxed)) {
+    }
+  }
 }
 
 /* ---- the proxy threads -------------------------------------------------------- */
@@ -412,61 +474,113 @@ static void batch_ref(struct xfer_batch *b, const uint8_t *src, size_t n, struct
 }
 
 /*
+ * What descriptor d of local rank lr's ring in route r names in its
+ * exchange region (xfer_src), checked against the job's layout: true, or
+ * false with why.
+ */
+static bool desc_source(const struct xfer_route *r, uint32_t lr, const struct dep_xring_desc *d,
+                        struct xfer_src *s, char *why, size_t len) {
+  const struct dep_slab_layout *l = &r->lay;
+  const int peer = d->dest < r->world ? r->peer_of[d->dest] : -1;
+  const char *wrong = NULL;
+  memset(s, 0, sizeof *s);
+  if (peer < 0 || d->parity > 1 || !kind_known(d->kind))
+    wrong = "a remote rank, parity 0 or 1 and a known kind";
+  else if (d->kind == DEP_XRING_BLOCK && d->bytes > l->xblock_bytes)
+    wrong = "a block's bytes";
+  else if (d->kind == DEP_XRING_CREDIT && (d->bytes != 0 || d->row0 != 0))
+    wrong = "a credit without bytes";
+  else if (d->kind != DEP_XRING_BLOCK && d->kind != DEP_XRING_CREDIT)
+    wrong = chunk_wrong(l, d->kind, d->row0, d->bytes) != NULL ? "whole rows of a chunk" : NULL;
+  if (wrong != NULL) {
+    snprintf(why, len, "a descriptor for rank %u (kind %u, parity %u, row %u, %llu bytes) that "
+             "the job's layout does not allow (%s, up to %llu bytes)", d->dest, d->kind,
+             d->parity, d->row0, (unsigned long long)d->bytes, wrong,
+             (unsigned long long)l->xblock_bytes);
+    return false;
+  }
+  const uint32_t ri = r->remote_of[d->dest];
+  const uint8_t *x = r->xchg[lr];
+  if (d->kind == DEP_XRING_CREDIT) {
+    s->credit = x + dep_slab_in_slot(l, d->parity, ri) + offsetof(struct ops_slot, credit);
+    return true;
+  }
+  s->payload = x + dep_slab_out_block(l, d->parity, ri);
+  if (d->kind & DEP_XRING_CHUNK) {
+    s->at = (uint64_t)(d->row0 % l->chan_rows) * l->row_bytes;
+    s->payload += s->at;
+    s->chunk = d->row0 / l->chunk_rows;
+    s->mark = x + dep_slab_out_mark(l, d->parity, ri, s->chunk);
+  }
+  if (d->kind == DEP_XRING_BLOCK || (d->kind & DEP_XRING_SLOT)) {
+    /* The rank wrote the slot before the descriptor (the ring's head, read
+     * with acquire) and leaves it until the call after next. */
+    s->slot = x + dep_slab_out_slot(l, d->parity, ri);
+    uint64_t flag = atomic_load_explicit((const _Atomic uint64_t *)s->slot, memory_order_relaxed);
+    if (flag != d->seq) {
+      snprintf(why, len, "a descriptor of call %llu whose slot image holds call %llu",
+               (unsigned long long)d->seq, (unsigned long long)flag);
+      return false;
+    }
+  }
+  return true;
+}
+
+/*
  * Take one descriptor of local rank lr's ring in route r into the batch of
- * the peer holding its destination, or into RDMA writes: its out slot and
- * out block, read in place in the exchange region.  false: the descriptor
+ * the peer holding its destination, or into RDMA writes: what it names in
+ * the exchange region (desc_source), read in place.  false: the descriptor
  * was bad (the route is failed, and said why).
  */
 static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_desc *d,
                       struct xfer_batch *batches, uint64_t *frames) {
   char why[256] = "";
-  int peer = d->dest < r->world ? r->peer_of[d->dest] : -1;
-  if (peer < 0 || d->parity > 1 || d->bytes > r->lay.xblock_bytes) {
-    snprintf(why, sizeof why, "a descriptor for rank %u, parity %u, %llu bytes, which the job's "
-             "layout does not allow (a remote rank, parity 0 or 1, up to %llu bytes)", d->dest,
-             d->parity, (unsigned long long)d->bytes, (unsigned long long)r->lay.xblock_bytes);
+  struct xfer_src s;
+  if (!desc_source(r, lr, d, &s, why, sizeof why))
     goto bad;
-  }
-  const uint32_t ri = r->remote_of[d->dest];
-  const uint8_t *slot = r->xchg[lr] + dep_slab_out_slot(&r->lay, d->parity, ri);
-  const uint8_t *block = r->xchg[lr] + dep_slab_out_block(&r->lay, d->parity, ri);
-  /* The rank wrote the slot before the descriptor (the ring's head, read
-   * with acquire) and leaves it until the call after next. */
-  uint64_t flag = atomic_load_explicit((const _Atomic uint64_t *)slot, memory_order_relaxed);
-  if (flag != d->seq) {
-    snprintf(why, sizeof why, "a descriptor of call %llu whose slot image holds call %llu",
-             (unsigned long long)d->seq, (unsigned long long)flag);
-    goto bad;
-  }
-  if (xfer_rdma_take(r->rdma, peer, r->mr[lr], slot, block, r->rank_of[lr], d)) {
+  const int peer = r->peer_of[d->dest];
+  const uint64_t payload = s.payload != NULL ? d->bytes : 0;
+  if (xfer_rdma_take(r->rdma, peer, r->mr[lr], r->rank_of[lr], d, &s)) {
     /* queued as RDMA writes (xfer_rdma.h) */
-    atomic_fetch_add_explicit(&r->bytes_out, DEP_SLAB_CTRL_SLOT + d->bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->bytes_out, (s.slot ? DEP_SLAB_CTRL_SLOT : 0) + payload +
+                                                 (s.mark || s.credit ? sizeof(uint64_t) : 0),
+                              memory_order_relaxed);
     atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
     return true;
   }
   /* The header, then the payload: copied in below XFER_COPY_MAX, else sent
    * from the out block in place, which the rank leaves alone until the
-   * call after next (the destination has then received it: it sends this
-   * rank the next call's block only once it has all of this one's). */
+   * destination has it (a block until the call after next: the destination
+   * sends this rank the next call's block only once it has all of this
+   * one's; a chunk until the destination's credit covers it). */
   struct xfer_batch *b = &batches[peer];
   struct dep_xfer_hdr h = {.magic = DEP_XFER_MAGIC, .src = r->rank_of[lr], .dest = d->dest,
-                           .parity = d->parity, .seq = d->seq, .bytes = d->bytes};
+                           .parity = d->parity, .seq = d->seq, .bytes = payload,
+                           .kind = d->kind, .row0 = d->row0};
   snprintf(h.job_id, sizeof h.job_id, "%s", r->id);
-  memcpy(h.slot, slot, sizeof h.slot);
-  const bool copy = d->bytes < XFER_COPY_MAX;
-  if (!batch_reserve(b, sizeof h + (copy ? d->bytes : 0))) {
+  if (s.slot != NULL)
+    memcpy(h.slot, s.slot, sizeof h.slot);
+  if (s.credit != NULL) {
+    /* The word as it is now: a credit only grows, and any later one is as true. */
+    const uint64_t w = atomic_load_explicit((const _Atomic uint64_t *)s.credit,
+                                            memory_order_acquire);
+    h.seq = w >> DEP_SLAB_CHAN_SHIFT;
+    h.row0 = (uint32_t)(w & ((1u << DEP_SLAB_CHAN_SHIFT) - 1u));
+  }
+  const bool copy = payload < XFER_COPY_MAX;
+  if (!batch_reserve(b, sizeof h + (copy ? payload : 0))) {
     snprintf(why, sizeof why, "out of memory for a batch of %llu bytes",
-             (unsigned long long)(b->bytes + sizeof h + d->bytes));
+             (unsigned long long)(b->bytes + sizeof h + payload));
     goto bad;
   }
   b->mark[b->n_mark++] = b->bytes;
   batch_copy(b, &h, sizeof h);
-  if (copy && d->bytes > 0)
-    batch_copy(b, block, d->bytes);
+  if (copy && payload > 0)
+    batch_copy(b, s.payload, payload);
   else if (!copy)
-    batch_ref(b, block, d->bytes, r);
+    batch_ref(b, s.payload, payload, r);
   frames[peer]++;
-  atomic_fetch_add_explicit(&r->bytes_out, sizeof h + d->bytes, memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->bytes_out, sizeof h + payload, memory_order_relaxed);
   atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
   return true;
 bad:
@@ -499,7 +613,9 @@ static bool at_or_after(const struct xfer_route *r, uint32_t lr, const struct px
  * wire.  One the layout does not allow costs nothing, so that take_desc
  * sees it (and fails the job) at once. */
 static uint64_t desc_cost(const struct xfer_route *r, const struct dep_xring_desc *d) {
-  return d->bytes > r->lay.xblock_bytes ? 0 : sizeof(struct dep_xfer_hdr) + d->bytes;
+  return d->bytes > r->lay.xblock_bytes || d->kind == DEP_XRING_CREDIT
+             ? 0
+             : sizeof(struct dep_xfer_hdr) + d->bytes;
 }
 
 enum px_turn {

@@ -506,7 +506,7 @@ static void receive(int k, int fd) {
      * payload is read straight into the destination's in block: the
      * job's regions stay its own until the read is done. */
     struct xfer_route *route;
-    uint8_t *block, *slot;
+    struct xfer_target t;
     int rc;
     /* A job with no route here (DEP_ERR_STATE) is waited for only while it
      * is expected here (its ranks here all attached, its MEMBERSHIP sent:
@@ -520,7 +520,7 @@ static void receive(int k, int fd) {
     for (;;) {
       uint64_t seen = atomic_load(&X->routes_added);
       pthread_rwlock_rdlock(&X->lock);
-      rc = xfer__frame_target(k, &h, &route, &block, &slot, why, sizeof why);
+      rc = xfer__frame_target(k, &h, &route, &t, why, sizeof why);
       if (rc == 0)
         atomic_fetch_add_explicit(&route->users, 1, memory_order_relaxed);
       if (rc == DEP_ERR_STATE && !expected_here(h.job_id))
@@ -540,12 +540,12 @@ static void receive(int k, int fd) {
     int io;
     if (rc == 0) {
       xfer__payload_begin();
-      io = h.bytes > 0 ? io_all(fd, block, h.bytes, false) : 0;
+      io = h.bytes > 0 ? io_all(fd, t.payload, h.bytes, false) : 0;
       xfer__payload_end();
       if (io == 0) {
         atomic_fetch_add_explicit(&route->bytes_in, sizeof h + h.bytes, memory_order_relaxed);
         atomic_fetch_add_explicit(&route->frames_in, 1, memory_order_relaxed);
-        xfer__frame_publish(slot, &h);
+        xfer__frame_publish(&t, &h);
       }
       xfer__route_put(route);
     } else {

@@ -191,19 +191,27 @@ void xfer__routes_wait(uint64_t seen, uint64_t deadline_ns);
  * with DEP_ERR_PEER, saying once per route "job ID: WHAT NODE; the job
  * fails". */
 void xfer__routes_fail_peer(int k, const char *what);
+/* Where a frame's parts land in its destination's exchange region (each
+ * NULL when it has none), and the word its mark or credit stores. */
+struct xfer_target {
+  uint8_t *payload;            /* its bytes: the in block, or a chunk's ring rows in it */
+  _Atomic uint64_t *mark;      /* a chunk's mark (in_mark) */
+  uint8_t *slot;               /* the in slot */
+  _Atomic uint64_t *credit;    /* a credit: the destination's out slot's credit word */
+  uint64_t value;              /* what mark or credit stores */
+};
 /* Check a frame's header from peer k against the routes (lock held); on
- * success say where its payload and slot go: the in block and in slot of
- * its source in its destination's exchange region, valid while the lock
- * is held.  DEP_ERR_NOT_FOUND: no such job here now; DEP_ERR_STATE: none,
- * but it may come (the caller waits for it); DEP_ERR_PROTOCOL with why:
- * the job does not allow it. */
+ * success say where its parts go (t), valid while the lock is held.
+ * DEP_ERR_NOT_FOUND: no such job here now; DEP_ERR_STATE: none, but it may
+ * come (the caller waits for it); DEP_ERR_PROTOCOL with why: the job does
+ * not allow it. */
 int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
-                       uint8_t **block, uint8_t **slot, char *why, size_t whylen);
-/* Write a frame's slot fields, then its flag (release), at the target
- * xfer__frame_target gave, once its payload is in the block: plain stores
- * into host memory, which a kernel waiting on the flag over the device
- * mapping sees in that order (the route held). */
-void xfer__frame_publish(uint8_t *slot, const struct dep_xfer_hdr *h);
+                       struct xfer_target *t, char *why, size_t whylen);
+/* Once a frame's payload is in (t->payload), store its mark (release),
+ * then its slot's fields and flag (release), or its credit if larger:
+ * plain stores into host memory, which a kernel waiting on the flag over
+ * the device mapping sees in that order (the route held). */
+void xfer__frame_publish(const struct xfer_target *t, const struct dep_xfer_hdr *h);
 /* Around a receiver's write of a payload into a rank's block: the ranks'
  * memory, whose order ThreadSanitizer cannot see (xfer.c). */
 void xfer__payload_begin(void);

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <sodium.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include <time.h>
 
 #include "job.h"
+#include "kabi.h"
 #include "log.h"
 #include "peer.h"
 #include "peerauth.h"
@@ -422,8 +424,8 @@ struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *
     /* A node's exchange regions are laid out for its own count of remote ranks. */
     if (m != NULL && !laid[d->peer]) {
       laid[d->peer] = true;
-      /* Its exchange region does not depend on the chunk (slab.h): 0 lays it out. */
-      if (dep__slab_layout_nodes(&j->shape, j->world_size, m->local_world_size, 0,
+      /* Its chunk is the job's (job_members.c checks that every node's is). */
+      if (dep__slab_layout_nodes(&j->shape, j->world_size, m->local_world_size, j->chunk_rows,
                                 &xr->lay_of[d->peer], why, sizeof why) != 0) {
         log_warnx("job %s: node %s: %s", xr->id, peer_name(d->peer), why);
         unlaid[d->peer] = true;
@@ -628,9 +630,8 @@ static uint32_t remote_at(const struct xfer_rdma_route *xr, int k, uint32_t src)
   return n;
 }
 
-bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr,
-                    const uint8_t *slot, const uint8_t *block, uint32_t src,
-                    const struct dep_xring_desc *d) {
+bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr, uint32_t src,
+                    const struct dep_xring_desc *d, const struct xfer_src *s) {
   if (xr == NULL || mr == NULL || d->dest >= xr->world || xr->dest[d->dest].n == 0 || k < 0 ||
       k >= CONFIG_MAX_LIST || !atomic_load_explicit(&XR.p[k].ready, memory_order_acquire))
     return false;
@@ -638,19 +639,39 @@ bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr,
   const struct dep_slab_layout *tl = &xr->lay_of[k];
   const unsigned par = d->parity;
   const uint32_t ri = remote_at(xr, k, src);
-  /* Payload, then the slot's fields, then its flag: the same queue pair
-   * places them in that order, so a reader that sees the flag sees the rest. */
-  struct ibv_send_wr wr[XR_SEGS + 2];
-  struct ibv_sge sge[XR_SEGS + 2];
-  uint32_t n = 0;
-  if (d->bytes > 0 &&
-      (n = segments(mr, block, t, dep_slab_in_block(tl, par, ri), d->bytes, wr, sge, XR_SEGS)) == 0)
-    return false;
-  const uint64_t slot_dst = dep_slab_in_slot(tl, par, ri);
-  if (segments(mr, slot + 8, t, slot_dst + 8, DEP_SLAB_CTRL_SLOT - 8, wr + n, sge + n, 1) == 0 ||
-      segments(mr, slot, t, slot_dst, 8, wr + n + 1, sge + n + 1, 1) == 0)
-    return false;
-  n += 2;
+  /* Payload, then the chunk's mark, then the slot's fields, then its flag
+   * (or a credit word alone): the same queue pair places them in that
+   * order, so a reader that sees a mark or the flag sees what came before. */
+  struct ibv_send_wr wr[XR_SEGS + 3];
+  struct ibv_sge sge[XR_SEGS + 3];
+  uint32_t n = 0, m;
+  if (s->payload != NULL && d->bytes > 0) {
+    if ((n = segments(mr, s->payload, t, dep_slab_in_block(tl, par, ri) + s->at, d->bytes, wr,
+                      sge, XR_SEGS)) == 0)
+      return false;
+  }
+  if (s->mark != NULL) {
+    if ((m = segments(mr, s->mark, t, dep_slab_in_mark(tl, par, ri, s->chunk), sizeof(uint64_t),
+                      wr + n, sge + n, 1)) == 0)
+      return false;
+    n += m;
+  }
+  if (s->slot != NULL) {
+    const uint64_t slot_dst = dep_slab_in_slot(tl, par, ri);
+    const uint64_t fields = offsetof(struct ops_slot, tail) - 8;
+    if (segments(mr, s->slot + 8, t, slot_dst + 8, fields, wr + n, sge + n, 1) == 0 ||
+        segments(mr, s->slot, t, slot_dst, 8, wr + n + 1, sge + n + 1, 1) == 0)
+      return false;
+    n += 2;
+  }
+  if (s->credit != NULL) {
+    /* Into the destination's out slot for its channel to src (one queue
+     * pair: a later credit lands after an earlier one). */
+    const uint64_t at = dep_slab_out_slot(tl, par, ri) + offsetof(struct ops_slot, credit);
+    if (segments(mr, s->credit, t, at, sizeof(uint64_t), wr + n, sge + n, 1) == 0)
+      return false;
+    n += 1;
+  }
   if (XT == NULL && (XT = calloc(1, sizeof *XT)) == NULL)
     return false;
   struct xr_chain *c = XT->chain[k];
@@ -677,7 +698,8 @@ bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr,
     seen = c->routes[i] == xr;
   if (!seen && c->n_routes < 8)
     c->routes[c->n_routes++] = xr;
-  uint64_t bytes = d->bytes + DEP_SLAB_CTRL_SLOT;
+  uint64_t bytes = (s->payload != NULL ? d->bytes : 0) + (s->slot != NULL ? DEP_SLAB_CTRL_SLOT : 0) +
+                   (s->mark != NULL || s->credit != NULL ? sizeof(uint64_t) : 0);
   struct xr_count *rc = &xr->by_peer[k];
   atomic_fetch_add_explicit(&rc->blocks, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&rc->writes, n, memory_order_relaxed);

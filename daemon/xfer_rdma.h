@@ -91,16 +91,28 @@ struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *
 void xfer_rdma_route_free(struct xfer_rdma_route *xr);
 
 /*
- * A proxy thread's descriptor d of global rank src, whose out slot and out
- * block are at slot and block in its exchange region (registered as mr;
- * NULL: not), bound for peer k: true when queued as RDMA writes, false when
- * not RDMA's (the caller sends it over TCP).  The writes go at the next
- * xfer_rdma_flush, or earlier when the chain fills.
+ * What a descriptor names in its rank's exchange region (xring.h), checked
+ * against the job's layout by xfer.c: each part NULL when it has none.
+ */
+struct xfer_src {
+  const uint8_t *payload; /* the descriptor's bytes: a block's, or a chunk's rows */
+  uint64_t at;            /* where they go in the destination's in block (a chunk's ring row) */
+  const uint8_t *mark;    /* a chunk's mark word (out_mark), after the payload */
+  uint32_t chunk;         /* ... its chunk number in the stream */
+  const uint8_t *slot;    /* the slot image (out_slot), after the mark */
+  const uint8_t *credit;  /* a credit: the rank's credit word (its in slot's) */
+};
+
+/*
+ * A proxy thread's descriptor d of global rank src, naming s in its
+ * exchange region (registered as mr; NULL: not), bound for peer k: true
+ * when queued as RDMA writes, false when not RDMA's (the caller sends it
+ * over TCP).  The writes go at the next xfer_rdma_flush, or earlier when
+ * the chain fills.
  */
 struct ibv_mr;
-bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr,
-                    const uint8_t *slot, const uint8_t *block, uint32_t src,
-                    const struct dep_xring_desc *d);
+bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr, uint32_t src,
+                    const struct dep_xring_desc *d, const struct xfer_src *s);
 /* Post what this thread queued (the end of a sweep, with xfer.c's route
  * lock still held, so that no route goes while its writes wait), and
  * retire what completed.  Returns the peers (bit k) whose queue pair

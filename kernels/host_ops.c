@@ -318,13 +318,14 @@ void host_ops__backoff(uint32_t i) {
 }
 
 /*
- * Hand the proxy the out block (bytes of it) and out slot for dest:
- * one descriptor, published with release ordering after everything it
- * names.  A full ring is waited on like a peer (spin, yield, sleep),
- * bounded by the op timeout; a ring the proxy stopped draining (its job
- * failed) fails the call with the proxy's code.
+ * Hand the proxy what a descriptor of kind names for dest (xring.h): one
+ * descriptor, published with release ordering after everything it names.
+ * A full ring is waited on like a peer (spin, yield, sleep), bounded by
+ * the op timeout; a ring the proxy stopped draining (its job failed) fails
+ * the call with the proxy's code.
  */
-static int ring_push(struct ops_ctx *c, uint32_t op, uint32_t dest, uint64_t bytes) {
+int host_ops__ring_push(struct ops_ctx *c, uint32_t op, uint32_t dest, uint32_t kind,
+                        uint32_t row0, uint64_t bytes) {
   struct dep_xring *r = c->ring;
   uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed), start = 0;
   for (uint32_t i = 0;; i++) {
@@ -345,7 +346,8 @@ static int ring_push(struct ops_ctx *c, uint32_t op, uint32_t dest, uint64_t byt
   d->parity = (uint32_t)(c->seq & 1);
   d->seq = c->seq;
   d->bytes = bytes;
-  d->reserved = 0;
+  d->kind = kind;
+  d->row0 = row0;
   atomic_store_explicit(&r->head, head + 1, memory_order_release);
   return 0;
 }
@@ -368,7 +370,7 @@ int host_ops__post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op,
   s->ref_seq = ref_seq;
   s->num_tokens = num_tokens;
   atomic_store_explicit(&s->flag, c->seq, memory_order_release);
-  return c->remote[dest] < 0 ? 0 : ring_push(c, op, dest, bytes);
+  return c->remote[dest] < 0 ? 0 : host_ops__ring_push(c, op, dest, DEP_XRING_BLOCK, 0, bytes);
 }
 
 /* Post to every rank, rows[d] of row_bytes each (stride: bytes apart). */
@@ -485,6 +487,10 @@ void host_ops_daemon_gone(struct ops_ctx *c, int slabs_on_host) {
  * and the context broken, since dest will not get this call.
  */
 static int ring_fail(struct ops_ctx *c, uint32_t op, uint32_t dest, int code, uint64_t waited_ns) {
+  /* The proxy stops serving a job whose rank is gone after the daemon has
+   * said which (the abort words): the call fails naming it. */
+  if (code == DEP_ERR_PEER && host_ops__gone_said(c))
+    return host_ops__peer_fail(c, op, dest, waited_ns);
   host_ops__record_fail(c, op, dest, 0, waited_ns, code);
   if (code == DEP_ERR_TIMEOUT)
     return set_why(c, code, "%s: the proxy's ring stayed full for %u ms (call %llu, for rank %u "

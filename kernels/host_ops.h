@@ -105,6 +105,11 @@ struct ops_peer {
   uint64_t from_base;  /* dispatch: where its rows start in this rank's outputs */
   uint32_t seen;       /* its slot for this call is seen (and checked) */
   uint32_t other_op;   /* ... and it makes another op: nothing streams with it either way */
+  /* A peer on another node (its channels pass through the exchange region). */
+  uint32_t to_pushed;  /* our slot image for it is handed to the proxy */
+  uint32_t from_in;    /* its rows whose chunks are in (their marks seen) */
+  uint32_t cred_sent;  /* the credit last handed to the proxy for it */
+  uint32_t cred_due;   /* a credit it may wait for is not handed yet */
 };
 
 struct ops_ctx {

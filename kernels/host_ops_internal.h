@@ -8,6 +8,7 @@
 #define DEP_HOST_OPS_INTERNAL_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "host_ops.h"
@@ -115,9 +116,18 @@ static inline uint32_t token_dests(const struct ops_ctx *c, const void *idx, int
 const char *host_ops__op_modes(uint32_t op);
 /* The i-th look of a wait that is not met yet: yield, then sleep (many ranks, few cores). */
 void host_ops__backoff(uint32_t i);
+/* Push a descriptor of kind (xring.h DEP_XRING_*) for dest to the proxy's ring. */
+int host_ops__ring_push(struct ops_ctx *c, uint32_t op, uint32_t dest, uint32_t kind,
+                        uint32_t row0, uint64_t bytes);
 /* Publish this rank's block for the current call (rows of it, bytes long) to dest. */
 int host_ops__post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op, uint64_t ref_seq,
                    uint32_t num_tokens, uint64_t bytes);
+/* Whether the daemon has written the abort words (a rank of the job is gone). */
+static inline bool host_ops__gone_said(const struct ops_ctx *c) {
+  const struct dep_slab_abort *ab = (const struct dep_slab_abort *)(c->slabs[c->rank] +
+                                                                    DEP_SLAB_ABORT_OFF);
+  return __atomic_load_n(&ab->code, __ATOMIC_ACQUIRE) != 0;
+}
 /* Whether a gone rank (the abort words) fails a wait of this call for src. */
 int host_ops__aborted(const struct ops_ctx *c, unsigned parity, uint32_t src);
 /* Record a failed wait for src in this rank's error record (host_ops.h), code

@@ -329,7 +329,8 @@ __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, ui
         e->parity = k.parity;
         e->seq = k.seq;
         e->bytes = bytes;
-        e->reserved = 0;
+        e->kind = DEP_XRING_BLOCK;
+        e->row0 = 0;
         written = true;
       }
     }

@@ -143,6 +143,7 @@ static void membership_encode(struct codec_w *w, const struct dep_peer_membershi
   codec_w_u16(w, DEP_SHAPE_NFIELDS);
   for (unsigned f = 0; f < DEP_SHAPE_NFIELDS; f++)
     codec_w_u32(w, dep__shape_raw(&x->sw.shape, x->sw.world_size, f));
+  codec_w_u32(w, x->chunk_rows);
   codec_w_u32(w, x->local_world_size);
   codec_w_u32(w, x->n_ranks);
   for (uint32_t i = 0; i < x->n_ranks && w->err == 0; i++)
@@ -188,6 +189,7 @@ static int membership_decode(struct codec_r *r, struct dep_peer_membership *x, c
     uint32_t v = codec_r_u32(r);
     memcpy((uint8_t *)&x->sw + dep__shape_fields[f].off, &v, sizeof v);
   }
+  x->chunk_rows = codec_r_u32(r);
   x->local_world_size = codec_r_u32(r);
   x->n_ranks = codec_r_u32(r);
   if (!r->bad && (x->n_ranks > DEP_MAX_LOCAL_RANKS || x->n_ranks != x->local_world_size)) {

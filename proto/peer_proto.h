@@ -111,6 +111,9 @@
  *      opened the queue pair.  Added since, without a bump: MEMBERSHIP_OK
  *      (a peer that sends none leaves the jobs it holds ranks of to time
  *      out, saying so).
+ *   6  MEMBERSHIP carries the job's chunk_rows: the exchange regions hold
+ *      channels of that many rows' chunks (slab.h), and a frame of version
+ *      4 of the data stream (xring.h) writes into them.
  */
 #ifndef DEP_PEER_PROTO_H
 #define DEP_PEER_PROTO_H
@@ -130,8 +133,8 @@
  * before authentication, naming the window; an older peer reads that ERROR
  * as a version mismatch naming both versions, since every version checks
  * the version before anything else. */
-#define DEP_PEER_VERSION 5
-#define DEP_PEER_MIN_VERSION 5
+#define DEP_PEER_VERSION 6
+#define DEP_PEER_MIN_VERSION 6
 #define DEP_PEER_HDR_LEN 8
 #define DEP_PEER_CHALLENGE_LEN 32
 #define DEP_PEER_MAC_LEN 32
@@ -218,6 +221,7 @@ struct dep_peer_membership {
   char job_id[DEP_JOB_ID_MAX];
   uint32_t owner_uid;          /* the uid number: uids must agree across nodes */
   struct dep_shape_world sw;   /* the job's shape and world_size */
+  uint32_t chunk_rows;         /* the job's channels' chunk (slab.h): the same on every node */
   uint32_t local_world_size;   /* the sender's */
   uint32_t n_ranks;            /* == local_world_size */
   uint32_t ranks[DEP_MAX_LOCAL_RANKS];

@@ -76,6 +76,9 @@
  *      dep__slab_priv), no longer a formula of its own: slab sizes differ.
  *      ATTACH_OK carries the job's chunk_rows, which the slab's layout
  *      depends on (streaming channels, slab.h).
+ *   8  The exchange region of a job that spans nodes holds channels and
+ *      their chunks' marks (slab.h), and its ring version 3 descriptors
+ *      (xring.h): a library of 7 would address another layout.
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -96,8 +99,8 @@
  * deepepctl of another version is refused at HELLO with the window named,
  * and told to upgrade whichever end is older.  Widening it means keeping
  * the older layouts' codecs for connections that said an older version. */
-#define DEP_PROTO_VERSION 7
-#define DEP_PROTO_MIN_VERSION 7
+#define DEP_PROTO_VERSION 8
+#define DEP_PROTO_MIN_VERSION 8
 #define DEP_PROTO_HDR_LEN 24
 #define DEP_PROTO_MAX_BODY (256u * 1024u)
 /* Linux accepts at most 253 fds in one SCM_RIGHTS message. */

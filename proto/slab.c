@@ -51,11 +51,12 @@ int dep__slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
     return DEP_ERR_INVALID;
   }
   const uint32_t chan = dep_slab_chan_rows(s->max_tokens_per_rank, chunk_rows);
-  /* A block of the exchange region holds a call's rows whole; one of the
-   * slab, a channel's (which low-latency calls use whole, as blocks). */
+  /* A block holds a channel's rows (a call's, whole, without streaming),
+   * or a low-latency call's whole; the slab's and the exchange region's
+   * are one size. */
   const uint64_t ll_bytes = max2(ll_vectors * h * 2, (uint64_t)ll * row);
   const uint64_t block = dep_round_up(max2((uint64_t)chan * row, ll_bytes), 256);
-  out->xblock_bytes = dep_round_up(max2((uint64_t)s->max_tokens_per_rank * row, ll_bytes), 256);
+  out->xblock_bytes = block;
   out->chunk_rows = chan == s->max_tokens_per_rank ? chan : chunk_rows;
   out->chan_rows = chan;
   uint64_t ctrl = DEP_SLAB_ERR_BYTES + 2ull * world_size * DEP_SLAB_CTRL_SLOT;
@@ -78,10 +79,14 @@ int dep__slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
   out->total_bytes = out->priv_off + out->priv_bytes;
   const uint64_t nr = world_size - local_world_size;
   out->n_remote = (uint32_t)nr;
-  out->in_slot_off = out->out_slot_off = out->in_off = out->out_off = out->xchg_bytes = 0;
+  out->in_slot_off = out->out_slot_off = out->in_mark_off = out->out_mark_off = 0;
+  out->in_off = out->out_off = out->xchg_bytes = 0;
   if (nr > 0) {
+    const uint64_t marks = 2 * nr * DEP_SLAB_CHUNKS * sizeof(uint64_t);
     out->out_slot_off = 2 * nr * DEP_SLAB_CTRL_SLOT;
-    out->in_off = dep_round_up(out->out_slot_off + 2 * nr * DEP_SLAB_CTRL_SLOT, DEP_SLAB_ALIGN);
+    out->in_mark_off = out->out_slot_off + 2 * nr * DEP_SLAB_CTRL_SLOT;
+    out->out_mark_off = out->in_mark_off + marks;
+    out->in_off = dep_round_up(out->out_mark_off + marks, DEP_SLAB_ALIGN);
     out->out_off = out->in_off + 2 * nr * out->xblock_bytes;
     out->xchg_bytes = dep_round_up(out->out_off + 2 * nr * out->xblock_bytes, DEP_SLAB_ALIGN);
   }

@@ -27,20 +27,42 @@
  * stores, never a copy into or out of GPU memory (DESIGN §7):
  *
  *   in_slot   for each parity and each remote source, the 64-byte control
- *             slot the daemon writes for it (fields, then the flag last
- *             with release ordering) once its block is in.
+ *             slot the daemon writes for it (rows, op, ref_seq, num_tokens,
+ *             then the flag last with release ordering).  Its credit word
+ *             is this rank's: the rows of that source's channel it has
+ *             taken, which the proxy carries back (below).
  *   out_slot  for each parity and each remote destination, the control
  *             slot this rank means for it, flag included, as it would
- *             have written it into a local peer's ctrl.
+ *             have written it into a local peer's ctrl.  Its credit word
+ *             is the daemon's: the rows the destination has taken, as its
+ *             node's daemon last reported them.
+ *   in_mark   for each parity, remote source and chunk of the ring
+ *             (DEP_SLAB_CHUNKS), a word DEP_SLAB_CHAN_AT(call, end) the
+ *             daemon stores (release) once that chunk's rows, up to row
+ *             `end` of the call's stream, are in the in block.
+ *   out_mark  the same words as this rank means them for each remote
+ *             destination (the source of an RDMA write of the mark).
  *   in        4 KiB-aligned: for each parity and each remote source, one
- *             block_bytes block, what that source pushed in a call of that
- *             parity (the daemon writes it before the slot).
+ *             block of xblock_bytes: what that source pushed in a call of
+ *             that parity, or that source's channel.
  *   out       4 KiB-aligned: for each parity and each remote destination,
- *             one block_bytes block, the rows this rank means for it.  The
- *             rank fills out and out_slot and pushes a descriptor
- *             (xring.h); the proxy sends both, payload before slot, to the
- *             daemon holding the destination, which writes them into its
- *             in and in_slot.
+ *             one block: the rows this rank means for it, or its channel.
+ *
+ * A whole block (the low-latency calls, and the cuda backend's throughput
+ * calls) goes as before: the rank fills out and out_slot and pushes a
+ * descriptor (xring.h); the proxy sends both, payload before slot, to the
+ * daemon holding the destination, which writes them into its in and
+ * in_slot.  A channel between nodes (the host backend's throughput calls)
+ * mirrors a local one: the rank posts its out slot, fills the out channel
+ * chunk by chunk as the destination's credit allows (out_slot's credit
+ * word), writes each chunk's out_mark and pushes a chunk descriptor; the
+ * far daemon writes the rows at the same ring rows of the destination's
+ * in channel, then its in_mark.  Chunks may come over different data
+ * connections in any order: a chunk's own mark, not a tail that counts
+ * rows in order, says it is in.  The receiver takes rows in order, stores
+ * its credit in in_slot and pushes a credit descriptor; the proxy carries
+ * the word to the source's daemon, which stores it into the source's
+ * out_slot credit if it is larger (credits too may cross).
  *
  * A receiver reads a local source's slot and block in its slab and a
  * remote source's in its exchange region: the same fields, the same
@@ -49,16 +71,14 @@
  *
  * Streaming (DESIGN §6): a job whose chunk_rows (the daemon's
  * stream_chunk_rows) is below max_tokens_per_rank has, for each (parity,
- * local source), a channel rather than a whole block: a ring of
- * DEP_SLAB_CHUNKS chunks of chunk_rows rows (chan_rows rows in all) in the
- * same place, which the sender fills as the receiver's credit allows.
- * Row r of a call's stream from a source is at ring row r % chan_rows.
- * The slot's tail and credit words (struct ops_slot, kabi.h) carry the
- * rows published and consumed, packed with the call (DEP_SLAB_CHAN_AT),
- * so that a reader never takes a count from an earlier call of the same
- * parity for this one's.  A remote source's or destination's block in the
- * exchange region stays whole (xblock_bytes): rows between nodes do not
- * stream yet.
+ * source), a channel rather than a whole block: a ring of DEP_SLAB_CHUNKS
+ * chunks of chunk_rows rows (chan_rows rows in all) in the same place,
+ * which the sender fills as the receiver's credit allows.  Row r of a
+ * call's stream from a source is at ring row r % chan_rows.  A local
+ * slot's tail and credit words (struct ops_slot, kabi.h) carry the rows
+ * published and consumed, packed with the call (DEP_SLAB_CHAN_AT), so that
+ * a reader never takes a count from an earlier call of the same parity for
+ * this one's; a remote source's chunks are told by their marks.
  *
  * A block holds either max_tokens_per_rank rows of row_bytes (a bf16 token
  * with its remapped top-k ids, weights and source index, or an FP8 token
@@ -134,7 +154,7 @@ struct dep_slab_layout {
   uint32_t max_ll_tokens; /* the low-latency bound in effect */
   uint64_t row_bytes;
   uint64_t block_bytes;  /* one source's block (or channel) in one parity of the slab */
-  uint64_t xblock_bytes; /* one block of the exchange region: always whole */
+  uint64_t xblock_bytes; /* one block (or channel) of the exchange region: block_bytes */
   uint64_t data_off;
   uint64_t parity_bytes; /* world_size * block_bytes */
   uint64_t priv_off;     /* the rank's own scratch: after the data, 4 KiB aligned */
@@ -144,7 +164,7 @@ struct dep_slab_layout {
    * single-node job.  Each holds 2 * n_remote slots or blocks, by
    * (parity, remote rank number). */
   uint32_t n_remote;     /* ranks of the job on other nodes (0: a single-node job) */
-  uint64_t in_slot_off, out_slot_off, in_off, out_off;
+  uint64_t in_slot_off, out_slot_off, in_mark_off, out_mark_off, in_off, out_off;
   uint64_t xchg_bytes;   /* the region's size: out_off + its blocks, 4 KiB aligned */
 };
 
@@ -267,6 +287,21 @@ static inline uint64_t dep_slab_out_slot(const struct dep_slab_layout *l, unsign
 static inline uint64_t dep_slab_out_block(const struct dep_slab_layout *l, unsigned parity,
                                           uint32_t ri) {
   return DEP_XCHG_ENTRY_AT(l->out_off, l->xblock_bytes, dep_xchg_index(l, parity, ri));
+}
+/* Offsets of chunk `chunk`'s mark (a stream's chunk number, taken modulo
+ * DEP_SLAB_CHUNKS) of the channel from (in) or to (out) remote rank number
+ * ri in a call of parity. */
+static inline uint64_t dep_slab_in_mark(const struct dep_slab_layout *l, unsigned parity,
+                                        uint32_t ri, uint32_t chunk) {
+  return DEP_XCHG_ENTRY_AT(l->in_mark_off, sizeof(uint64_t),
+                           dep_xchg_index(l, parity, ri) * DEP_SLAB_CHUNKS +
+                               chunk % DEP_SLAB_CHUNKS);
+}
+static inline uint64_t dep_slab_out_mark(const struct dep_slab_layout *l, unsigned parity,
+                                         uint32_t ri, uint32_t chunk) {
+  return DEP_XCHG_ENTRY_AT(l->out_mark_off, sizeof(uint64_t),
+                           dep_xchg_index(l, parity, ri) * DEP_SLAB_CHUNKS +
+                               chunk % DEP_SLAB_CHUNKS);
 }
 
 /* Round a size up to a whole number of chunks. */

@@ -13,7 +13,7 @@
  * filled the out block and out slot of its exchange region and then
  * pushes one descriptor:
  *
- *   entries[head % entries] = {dest, parity, seq, bytes};
+ *   entries[head % entries] = {dest, parity, seq, bytes, kind = BLOCK};
  *   head = head + 1               (store with release ordering)
  *
  * and the proxy, having taken the block and then the slot (into a frame,
@@ -25,6 +25,17 @@
  * the device, and no daemon copies into or out of GPU memory.  A full ring
  * (head - tail == entries) makes the rank wait, bounded by the op timeout
  * like every wait of the operations; it never overwrites.
+ *
+ * A channel between nodes (slab.h; the host backend's streamed throughput
+ * calls) is moved chunk by chunk instead: a CHUNK descriptor names rows
+ * row0 .. row0 + bytes / row_bytes of the call's stream to dest, at their
+ * ring rows of the out channel, with the slot image too when SLOT is set
+ * (the first chunk of a call, or the slot alone for a stream of no rows);
+ * the far daemon writes the rows into the destination's in channel, then
+ * the chunk's mark, then (SLOT) the slot.  A CREDIT descriptor names a
+ * remote source (dest) whose channel to this rank it has taken rows of:
+ * the proxy carries the rank's credit word (its in slot's) to the daemon
+ * holding the source.
  *
  * Nothing the ring holds is trusted by the daemon: each descriptor is
  * checked against the job's layout (a destination on another node, a
@@ -46,22 +57,33 @@
  * protocol's version window already implies: proto.h, version 6):
  *   1  the ring alone.
  *   2  the exchange region follows the ring in the memfd (xchg_bytes).
+ *   3  a descriptor says its kind (block, chunk, credit) and a chunk's
+ *      first row, and the exchange region has its chunks' marks.
  */
 #define DEP_XRING_MAGIC 0x47525844u /* "DXRG" */
-#define DEP_XRING_VERSION 2
+#define DEP_XRING_VERSION 3
 /* Descriptors a ring holds, a power of two: every remote rank's block of
  * two calls in flight for worlds of up to ~512 remote ranks; above that a
  * rank's posts wait for the proxy to drain (bounded by the op timeout, as
  * every wait), which is correct and slower. */
 #define DEP_XRING_ENTRIES 1024u
 
-/* One block for the proxy to move (32 bytes). */
+/* dep_xring_desc.kind, and a frame's (dep_xfer_hdr): what it moves. */
+#define DEP_XRING_BLOCK 0u  /* the block's first `bytes`, then the slot image */
+#define DEP_XRING_CHUNK 1u  /* rows of the channel from row0, then the chunk's mark */
+#define DEP_XRING_SLOT 2u   /* or-ed into CHUNK: the slot image after the mark */
+#define DEP_XRING_CREDIT 4u /* the credit word for the channel from dest */
+
+/* One block, chunk or credit for the proxy to move (32 bytes). */
 struct dep_xring_desc {
   uint32_t dest;   /* the global rank it is for: one on another node */
   uint32_t parity; /* seq & 1: which outbox block and slot image */
   uint64_t seq;    /* the call: the slot image's flag */
-  uint64_t bytes;  /* of the block's payload, from its start: <= block_bytes */
-  uint64_t reserved;
+  uint64_t bytes;  /* of the payload: a block's from its start (<= xblock_bytes), a chunk's
+                      from row0's ring row (whole rows, at most chunk_rows of them) */
+  uint32_t kind;   /* DEP_XRING_*: BLOCK, CHUNK (| SLOT) or CREDIT */
+  uint32_t row0;   /* CHUNK: the chunk's first row in the call's stream (a multiple of
+                      chunk_rows) */
 };
 
 struct dep_xring {
@@ -118,6 +140,8 @@ static inline uint8_t *dep_xring_xchg(struct dep_xring *r) {
  *   3  an RDMA data queue pair's request carries the version and a proof
  *      beside the token (dep_xfer_rdma_req); before, the token alone, with
  *      12 bytes of zeros, opened it.
+ *   4  a frame says its kind (a block, a chunk of a channel, a credit) and
+ *      a chunk's first row: the channels between nodes (slab.h).
  *
  * The window this build answers is DEP_XFER_MIN_VERSION..DEP_XFER_VERSION:
  * the opener checks the listener's challenge against it and names both
@@ -125,8 +149,8 @@ static inline uint8_t *dep_xring_xchg(struct dep_xring *r) {
  * connections, or their RDMA queue pairs, open on the token alone.
  */
 #define DEP_XFER_MAGIC 0x46584444u /* "DDXF" */
-#define DEP_XFER_VERSION 3
-#define DEP_XFER_MIN_VERSION 3
+#define DEP_XFER_VERSION 4
+#define DEP_XFER_MIN_VERSION 4
 #define DEP_XFER_NONCE_LEN 32
 #define DEP_XFER_MAC_LEN 32
 struct dep_xfer_ack {
@@ -163,6 +187,8 @@ struct dep_xfer_hdr {
   uint32_t parity;
   uint64_t seq;             /* the call; the slot image's flag */
   uint64_t bytes;           /* payload after this header: <= the layout's block_bytes */
+  uint32_t kind;            /* DEP_XRING_*, as the descriptor's */
+  uint32_t row0;            /* CHUNK: the chunk's first row; CREDIT: the rows taken */
   char job_id[DEP_JOB_ID_MAX];
   uint8_t slot[DEP_SLAB_CTRL_SLOT]; /* the control slot, flag first, as the sender wrote it
                                        into its out slot */

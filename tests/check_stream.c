@@ -4,8 +4,9 @@
  * stream_chunk_rows lend slabs whose channels hold 4 chunks rather than a
  * block of max_tokens_per_rank rows for each source, say so at attach, and
  * the job's ranks (real processes on the public API, on one node and over
- * two or three nodes, where the rows between nodes still go whole) get
- * bit for bit what they get with whole blocks.
+ * two or three nodes, whose channels between nodes pass through the
+ * exchange regions and both daemons) get bit for bit what they get with
+ * whole blocks.
  */
 #include <check.h>
 #include <stdio.h>
@@ -36,13 +37,15 @@ static struct xn_result *st_run(struct nodes *ns, const struct xn_place *p, cons
 
 /*
  * Each layout's job, run on daemons that stream in chunks of one row (4
- * rows a channel, so every call streams many chunks) on one node and
- * spread over its nodes, gives every rank bit for bit what the same job
- * gives on daemons of whole blocks; every op (layout, dispatch bf16 and
- * FP8, cached, combine weighted and not, LL between them) against the
- * oracle on the way (xn_round, xn_round_modes).
+ * rows a channel) and of three (12 rows a channel), so that every call
+ * streams many chunks, on one node and spread over its nodes, gives every
+ * rank bit for bit what the same job gives on daemons of whole blocks;
+ * every op (layout, dispatch bf16 and FP8, cached, combine weighted and
+ * not, LL between them) against the oracle on the way (xn_round,
+ * xn_round_modes).  The layouts include every row to one rank on the other
+ * node, rows of all -1 and calls of no tokens (xnjob.c).
  */
-START_TEST(a_job_streaming_in_one_row_chunks_gets_what_whole_blocks_give) {
+START_TEST(a_job_streaming_in_small_chunks_gets_what_whole_blocks_give) {
   const struct xn_layout *L = &xn_layouts[_i];
   ow_seed_init(5000 + (uint64_t)_i);
   struct ow_case *d = xn_case_new(&L->sc, L->sc.fp8);
@@ -53,26 +56,117 @@ START_TEST(a_job_streaming_in_one_row_chunks_gets_what_whole_blocks_give) {
   uint32_t all[NODES_MAX] = {n};
   xn_place(&one, all, 1);
   xn_place(&spread, L->split, L->nodes);
-  struct nodes whole, streamed;
+  struct nodes whole;
   xn_nodes_start(&whole, L->nodes, 20000, ST_OP_TIMEOUT_MS, "");
   struct xn_result *r0 = st_run(&whole, &one, "whole", d);
   nodes_stop(&whole);
-  xn_nodes_start(&streamed, L->nodes, 20000, ST_OP_TIMEOUT_MS, "stream_chunk_rows: 1\n");
-  struct xn_result *r1 = st_run(&streamed, &one, "stream-one", d);
-  struct xn_result *r2 = st_run(&streamed, &spread, "stream-spread", d);
-  nodes_stop(&streamed);
-  for (uint32_t g = 0; g < n; g++) {
-    ck_assert_msg(r1[g].digest == r0[g].digest && r2[g].digest == r0[g].digest,
-                  "rank %u got other outputs streaming (one node %d, %d nodes %d) than with "
-                  "whole blocks [%s] (seed %llu)", g, r1[g].digest == r0[g].digest,
-                  L->nodes, r2[g].digest == r0[g].digest, d->desc, (unsigned long long)ow_seed);
-    ck_assert_uint_eq(atomic_load(&r1[g].rounds), 2);
+  static const uint32_t chunks[] = {1, 3};
+  for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+    char cfg[64];
+    snprintf(cfg, sizeof cfg, "stream_chunk_rows: %u\n", chunks[k]);
+    struct nodes streamed;
+    xn_nodes_start(&streamed, L->nodes, 20000, ST_OP_TIMEOUT_MS, cfg);
+    struct xn_result *r1 = st_run(&streamed, &one, "stream-one", d);
+    struct xn_result *r2 = st_run(&streamed, &spread, "stream-spread", d);
+    nodes_stop(&streamed);
+    for (uint32_t g = 0; g < n; g++) {
+      ck_assert_msg(r1[g].digest == r0[g].digest && r2[g].digest == r0[g].digest,
+                    "rank %u got other outputs streaming in chunks of %u (one node %d, %d nodes "
+                    "%d) than with whole blocks [%s] (seed %llu)", g, chunks[k],
+                    r1[g].digest == r0[g].digest, L->nodes, r2[g].digest == r0[g].digest,
+                    d->desc, (unsigned long long)ow_seed);
+      ck_assert_uint_eq(atomic_load(&r1[g].rounds), 2);
+      ck_assert_uint_eq(atomic_load(&r2[g].rounds), 2);
+    }
+    printf("stream: %s: chunks of %u rows on one node and over %d nodes as whole blocks\n",
+           d->desc, chunks[k], L->nodes);
+    munmap(r1, n * sizeof *r1);
+    munmap(r2, n * sizeof *r2);
   }
-  printf("stream: %s: one-row chunks on one node and over %d nodes as whole blocks\n", d->desc,
-         L->nodes);
   munmap(r0, n * sizeof *r0);
-  munmap(r1, n * sizeof *r1);
-  munmap(r2, n * sizeof *r2);
+  xn_case_free(d);
+}
+END_TEST
+
+/*
+ * A receiver on another node that comes late to every round: its senders
+ * fill the 4 rows of their channels to it and wait for its credit, which
+ * comes back through both daemons, and never write over a row it has not
+ * taken: its outputs and everyone's are bit for bit those of whole blocks.
+ */
+START_TEST(a_sender_outrunning_a_slow_receiver_on_another_node_waits_for_its_credit) {
+  ow_seed_init(6100);
+  const struct ow_scenario sc = {4, 256, 4, 8, 32, 8, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
+  struct ow_case *d = xn_case_new(&sc, 0);
+  struct xn_place one, spread;
+  memset(&one, 0, sizeof one);
+  memset(&spread, 0, sizeof spread);
+  const uint32_t all[NODES_MAX] = {4}, split[NODES_MAX] = {2, 2};
+  xn_place(&one, all, 1);
+  xn_place(&spread, split, 2);
+  struct nodes whole, streamed;
+  xn_nodes_start(&whole, 1, 20000, ST_OP_TIMEOUT_MS, "");
+  struct xn_result *r0 = st_run(&whole, &one, "slow-whole", d);
+  nodes_stop(&whole);
+  xn_nodes_start(&streamed, 2, 20000, ST_OP_TIMEOUT_MS, "stream_chunk_rows: 1\n");
+  struct xn_run run = {.d = d, .rounds = 3, .modes = true, .slow_ms = 100, .slow_rank = 3};
+  struct xn_result *r1 = xn_results(4);
+  xn_run_job(&streamed, &spread, "slow-stream", &run, r1);
+  nodes_stop(&streamed);
+  for (uint32_t g = 0; g < 4; g++) {
+    ck_assert_uint_eq(atomic_load(&r1[g].rounds), 3);
+    ck_assert_msg(r1[g].digest != 0, "rank %u has no digest", g);
+  }
+  /* Three rounds against two: compare the slow job with whole blocks run as long. */
+  struct nodes again;
+  xn_nodes_start(&again, 1, 20000, ST_OP_TIMEOUT_MS, "");
+  struct xn_run run3 = {.d = d, .rounds = 3, .modes = true};
+  struct xn_result *r3 = xn_results(4);
+  xn_run_job(&again, &one, "slow-whole-3", &run3, r3);
+  nodes_stop(&again);
+  for (uint32_t g = 0; g < 4; g++)
+    ck_assert_msg(r1[g].digest == r3[g].digest, "rank %u: a late receiver on another node changed "
+                  "its outputs (seed %llu)", g, (unsigned long long)ow_seed);
+  munmap(r0, 4 * sizeof *r0);
+  munmap(r1, 4 * sizeof *r1);
+  munmap(r3, 4 * sizeof *r3);
+  xn_case_free(d);
+}
+END_TEST
+
+/*
+ * The channels between nodes mirror each other's rings, so every node of a
+ * job streams in the same chunks: two daemons whose stream_chunk_rows
+ * differ fail the job at attach on both nodes, naming the key, rather than
+ * writing rows where the other end does not read them.
+ */
+START_TEST(daemons_streaming_in_other_chunks_fail_the_job_at_attach_saying_so) {
+  ow_seed_init(6200);
+  const struct ow_scenario sc = {2, 128, 2, 4, 16, 8, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
+  struct ow_case *d = xn_case_new(&sc, 0);
+  struct nodes ns;
+  char limits[64];
+  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", ST_OP_TIMEOUT_MS);
+  nodes_config_with(&ns, 2, 20000, limits, "");
+  strncat(ns.yaml[1], "stream_chunk_rows: 2\n", sizeof ns.yaml[1] - strlen(ns.yaml[1]) - 1);
+  nodes_start_all(&ns);
+  struct xn_place p;
+  memset(&p, 0, sizeof p);
+  const uint32_t split[NODES_MAX] = {1, 1};
+  xn_place(&p, split, 2);
+  struct xn_run run = {.d = d, .rounds = 1};
+  struct xn_result *res = xn_results(2);
+  pid_t pids[2];
+  xn_spawn(&ns, &p, "chunks-differ", &run, res, pids);
+  (void)xn_reap(pids, 2, ST_OP_TIMEOUT_MS * 3);
+  for (uint32_t g = 0; g < 2; g++) {
+    ck_assert_msg(atomic_load(&res[g].done), "rank %u hung", g);
+    ck_assert_msg(res[g].rc == DEP_ERR_MISMATCH && strstr(res[g].msg, "stream_chunk_rows") != NULL,
+                  "rank %u: %s, want DEP_ERR_MISMATCH naming stream_chunk_rows: %s", g,
+                  dep_errname(res[g].rc), res[g].msg);
+  }
+  munmap(res, 2 * sizeof *res);
+  nodes_stop(&ns);
   xn_case_free(d);
 }
 END_TEST
@@ -134,21 +228,24 @@ START_TEST(a_streaming_daemon_lends_the_smaller_slab_and_status_shows_it) {
 END_TEST
 
 /*
- * A rank killed while its job streams (one daemon, 4 ranks, one-row chunks,
- * calls back to back): every survivor's call fails with DEP_ERR_PEER naming
- * it, within the op timeout's ceiling rather than hanging on a channel the
- * dead rank will never drain or fill; the daemon then runs a new job.
+ * A rank killed while its job streams (4 ranks in one-row chunks, calls
+ * back to back; on one daemon, and 2 + 2 on two, where rank 3's channels
+ * to ranks 0 and 1 pass through both daemons): every survivor's call fails
+ * with DEP_ERR_PEER naming it, within the op timeout's ceiling rather than
+ * hanging on a channel the dead rank will never drain or fill; the daemons
+ * then run a new job.
  */
 START_TEST(a_rank_killed_mid_stream_fails_the_survivors_with_peer_not_a_hang) {
   ow_seed_init(4242);
   const struct ow_scenario sc = {4, 128, 4, 8, 64, 8, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
   struct ow_case *d = xn_case_new(&sc, 0);
+  const int nodes = 1 + _i;
   struct nodes ns;
-  xn_nodes_start(&ns, 1, 20000, ST_OP_TIMEOUT_MS, "stream_chunk_rows: 1\n");
+  xn_nodes_start(&ns, nodes, 20000, ST_OP_TIMEOUT_MS, "stream_chunk_rows: 1\n");
   struct xn_place p;
   memset(&p, 0, sizeof p);
-  const uint32_t all[NODES_MAX] = {4};
-  xn_place(&p, all, 1);
+  const uint32_t split[2][NODES_MAX] = {{4}, {2, 2}};
+  xn_place(&p, split[_i], nodes);
   struct xn_run run = {.d = d, .until_error = true};
   struct xn_result *res = xn_results(4);
   pid_t pids[4];
@@ -165,8 +262,8 @@ START_TEST(a_rank_killed_mid_stream_fails_the_survivors_with_peer_not_a_hang) {
     const int64_t after = res[g].fail_ms - killed;
     ck_assert_msg(after < ST_OP_TIMEOUT_MS, "rank %u failed %lld ms after the kill: %s", g,
                   (long long)after, res[g].msg);
-    printf("stream: rank 3 killed mid-stream: rank %u failed after %lld ms with %s\n", g,
-           (long long)after, dep_errname(res[g].rc));
+    printf("stream: rank 3 killed mid-stream (%d node(s)): rank %u failed after %lld ms with "
+           "%s\n", nodes, g, (long long)after, dep_errname(res[g].rc));
   }
   munmap(res, 4 * sizeof *res);
   struct xn_result *again = st_run(&ns, &p, "after-stream", d);
@@ -183,10 +280,12 @@ Suite *stream_suite(void) {
   Suite *s = suite_create("stream");
   TCase *t = tcase_create("daemons");
   tcase_set_timeout(t, 240);
-  tcase_add_loop_test(t, a_job_streaming_in_one_row_chunks_gets_what_whole_blocks_give, 0,
+  tcase_add_loop_test(t, a_job_streaming_in_small_chunks_gets_what_whole_blocks_give, 0,
                       xn_nlayouts);
   tcase_add_test(t, a_streaming_daemon_lends_the_smaller_slab_and_status_shows_it);
-  tcase_add_test(t, a_rank_killed_mid_stream_fails_the_survivors_with_peer_not_a_hang);
+  tcase_add_test(t, a_sender_outrunning_a_slow_receiver_on_another_node_waits_for_its_credit);
+  tcase_add_test(t, daemons_streaming_in_other_chunks_fail_the_job_at_attach_saying_so);
+  tcase_add_loop_test(t, a_rank_killed_mid_stream_fails_the_survivors_with_peer_not_a_hang, 0, 2);
   suite_add_tcase(s, t);
   return s;
 }

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@
 #include "daemonwire.h"
 #include "deepep.h"
 #include "job.h"
+#include "kabi.h"
 #include "log.h"
 #include "nodes.h"
 #include "slab.h"
@@ -94,11 +96,19 @@ static struct dep_xfer_hdr xf_hdr(const char *id, uint32_t src, uint32_t dest, u
   return h;
 }
 
-static int xf_target(int k, const struct dep_xfer_hdr *h, uint8_t **block, uint8_t **slot) {
+static int xf_target(int k, const struct dep_xfer_hdr *h, struct xfer_target *t) {
   struct xfer_route *r;
   char why[256] = "";
-  *block = *slot = NULL;
-  return xfer__frame_target(k, h, &r, block, slot, why, sizeof why);
+  return xfer__frame_target(k, h, &r, t, why, sizeof why);
+}
+
+/* A frame of kind: a chunk of rows from row0, or a credit of row0 rows taken. */
+static struct dep_xfer_hdr xf_kind(uint32_t src, uint32_t dest, uint32_t kind, uint32_t row0,
+                                   uint64_t bytes) {
+  struct dep_xfer_hdr h = xf_hdr("xf", src, dest, 1, bytes);
+  h.kind = kind;
+  h.row0 = row0;
+  return h;
 }
 
 START_TEST(a_frame_names_the_in_block_and_slot_of_its_source_in_its_destination) {
@@ -109,11 +119,13 @@ START_TEST(a_frame_names_the_in_block_and_slot_of_its_source_in_its_destination)
     for (uint32_t dest = 0; dest < 2; dest++)
       for (uint32_t par = 0; par < 2; par++) {
         struct dep_xfer_hdr h = xf_hdr("xf", src, dest, par, l->xblock_bytes);
-        uint8_t *block, *slot;
-        ck_assert_int_eq(xf_target(0, &h, &block, &slot), 0);
-        ck_assert_ptr_eq(block, f.region[dest] + dep_slab_in_block(l, par, src - 2));
-        ck_assert_ptr_eq(slot, f.region[dest] + dep_slab_in_slot(l, par, src - 2));
-        ck_assert_uint_le(block + h.bytes - f.region[dest], l->xchg_bytes);
+        struct xfer_target t;
+        ck_assert_int_eq(xf_target(0, &h, &t), 0);
+        ck_assert_ptr_eq(t.payload, f.region[dest] + dep_slab_in_block(l, par, src - 2));
+        ck_assert_ptr_eq(t.slot, f.region[dest] + dep_slab_in_slot(l, par, src - 2));
+        ck_assert_ptr_null(t.mark);
+        ck_assert_ptr_null(t.credit);
+        ck_assert_uint_le(t.payload + h.bytes - f.region[dest], l->xchg_bytes);
       }
   xf_free(&f);
 }
@@ -122,7 +134,9 @@ END_TEST
 START_TEST(a_frame_the_job_does_not_allow_is_refused_before_a_byte_is_written) {
   struct xf f;
   xf_make(&f, "xf");
-  const uint64_t bb = f.r->lay.xblock_bytes;
+  const uint64_t bb = f.r->lay.xblock_bytes, rb = f.r->lay.row_bytes;
+  const uint32_t ch = f.r->lay.chunk_rows, mt = f.r->lay.max_tokens;
+  const uint32_t C = DEP_XRING_CHUNK, S = DEP_XRING_SLOT, K = DEP_XRING_CREDIT;
   const struct {
     int peer;
     struct dep_xfer_hdr h;
@@ -138,22 +152,36 @@ START_TEST(a_frame_the_job_does_not_allow_is_refused_before_a_byte_is_written) {
       {0, xf_hdr("xf", 2, 1, 2, bb), DEP_ERR_PROTOCOL, "parity 2"},
       {0, xf_hdr("xf", 2, 1, 1, bb + 1), DEP_ERR_PROTOCOL, "more bytes than a block"},
       {0, xf_hdr("other", 2, 1, 1, bb), DEP_ERR_STATE, "a job not here (yet)"},
+      {0, xf_kind(2, 1, C | S, 0, ch * rb), 0, "a whole chunk with the slot"},
+      {0, xf_kind(2, 1, S, 0, 0), 0, "the slot alone"},
+      {0, xf_kind(2, 1, K, mt, 0), 0, "a credit for every row"},
+      {0, xf_kind(2, 1, 8, 0, 0), DEP_ERR_PROTOCOL, "a kind not known"},
+      {0, xf_kind(2, 1, C | K, 0, rb), DEP_ERR_PROTOCOL, "a chunk and a credit at once"},
+      {0, xf_kind(2, 1, C, 0, 0), DEP_ERR_PROTOCOL, "a chunk of no rows"},
+      {0, xf_kind(2, 1, C, 0, rb + 1), DEP_ERR_PROTOCOL, "a chunk of part of a row"},
+      {0, xf_kind(2, 1, C, 0, (ch + 1) * rb), DEP_ERR_PROTOCOL, "more rows than a chunk"},
+      {0, xf_kind(2, 1, C, 1, rb), DEP_ERR_PROTOCOL, "a chunk that starts mid-chunk"},
+      {0, xf_kind(2, 1, C, mt, rb), DEP_ERR_PROTOCOL, "rows past the call's"},
+      {0, xf_kind(2, 1, S, 0, rb), DEP_ERR_PROTOCOL, "a slot alone with rows"},
+      {0, xf_kind(2, 1, K, mt + 1, 0), DEP_ERR_PROTOCOL, "a credit past the call's rows"},
+      {0, xf_kind(2, 1, K, 0, rb), DEP_ERR_PROTOCOL, "a credit with bytes"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    uint8_t *block, *slot;
-    int rc = xf_target(cases[i].peer, &cases[i].h, &block, &slot);
+    struct xfer_target t;
+    int rc = xf_target(cases[i].peer, &cases[i].h, &t);
     ck_assert_msg(rc == cases[i].rc, "%s: %d, want %d", cases[i].what, rc, cases[i].rc);
     if (rc != 0)
-      ck_assert_msg(block == NULL && slot == NULL, "%s: a target was named", cases[i].what);
+      ck_assert_msg(t.payload == NULL && t.slot == NULL && t.mark == NULL && t.credit == NULL,
+                    "%s: a target was named", cases[i].what);
   }
   /* A failed route and an ended job: their bytes have no reader. */
   struct dep_xfer_hdr h = xf_hdr("xf", 2, 1, 1, bb);
-  uint8_t *block, *slot;
+  struct xfer_target t;
   atomic_store(&f.r->failed, DEP_ERR_PEER);
-  ck_assert_int_eq(xf_target(0, &h, &block, &slot), DEP_ERR_NOT_FOUND);
+  ck_assert_int_eq(xf_target(0, &h, &t), DEP_ERR_NOT_FOUND);
   atomic_store(&f.r->failed, 0);
   xfer_job_end(f.job);
-  ck_assert_int_eq(xf_target(0, &h, &block, &slot), DEP_ERR_NOT_FOUND);
+  ck_assert_int_eq(xf_target(0, &h, &t), DEP_ERR_NOT_FOUND);
   xf_free(&f);
 }
 END_TEST
@@ -165,10 +193,46 @@ START_TEST(a_frame_is_published_fields_first_and_the_flag_last) {
   const uint64_t flag = 7;
   memcpy(h.slot, &flag, sizeof flag);
   memset(h.slot + 8, 0xab, sizeof h.slot - 8);
-  uint8_t *block, *slot;
-  ck_assert_int_eq(xf_target(0, &h, &block, &slot), 0);
-  xfer__frame_publish(slot, &h);
-  ck_assert_int_eq(memcmp(slot, h.slot, sizeof h.slot), 0);
+  struct xfer_target t;
+  ck_assert_int_eq(xf_target(0, &h, &t), 0);
+  struct ops_slot *in = (struct ops_slot *)t.slot;
+  atomic_store(&in->credit, 5); /* the reader's own word: no frame writes it */
+  xfer__frame_publish(&t, &h);
+  ck_assert_int_eq(memcmp(t.slot, h.slot, offsetof(struct ops_slot, tail)), 0);
+  ck_assert_uint_eq(atomic_load(&in->credit), 5);
+  xf_free(&f);
+}
+END_TEST
+
+/* A chunk lands at its ring rows, its mark says which call's rows up to
+ * where are in; a credit is the destination's out slot's, and the largest
+ * of two that cross stands. */
+START_TEST(a_chunk_lands_at_its_ring_rows_and_a_credit_only_grows) {
+  struct xf f;
+  xf_make(&f, "xf");
+  const struct dep_slab_layout *l = &f.r->lay;
+  struct dep_xfer_hdr h = xf_kind(3, 0, DEP_XRING_CHUNK, 0, 3 * l->row_bytes);
+  h.seq = 9;
+  struct xfer_target t;
+  ck_assert_int_eq(xf_target(0, &h, &t), 0);
+  ck_assert_ptr_eq(t.payload, f.region[0] + dep_slab_in_block(l, 1, 1));
+  ck_assert_ptr_null(t.slot);
+  xfer__frame_publish(&t, &h);
+  const _Atomic uint64_t *mark =
+      (const _Atomic uint64_t *)(f.region[0] + dep_slab_in_mark(l, 1, 1, 0));
+  ck_assert_uint_eq(atomic_load(mark), DEP_SLAB_CHAN_AT(9, 3));
+
+  struct dep_xfer_hdr c = xf_kind(2, 1, DEP_XRING_CREDIT, 7, 0);
+  c.seq = 9;
+  ck_assert_int_eq(xf_target(0, &c, &t), 0);
+  ck_assert_ptr_eq((uint8_t *)t.credit, f.region[1] + dep_slab_out_slot(l, 1, 0) +
+                                            offsetof(struct ops_slot, credit));
+  xfer__frame_publish(&t, &c);
+  ck_assert_uint_eq(atomic_load(t.credit), DEP_SLAB_CHAN_AT(9, 7));
+  c.row0 = 4; /* an earlier credit, come later on another connection */
+  ck_assert_int_eq(xf_target(0, &c, &t), 0);
+  xfer__frame_publish(&t, &c);
+  ck_assert_uint_eq(atomic_load(t.credit), DEP_SLAB_CHAN_AT(9, 7));
   xf_free(&f);
 }
 END_TEST
@@ -543,6 +607,7 @@ Suite *xfer_suite(void) {
   Suite *s = suite_create("xfer");
   TCase *t = tcase_create("frames");
   tcase_add_test(t, a_frame_names_the_in_block_and_slot_of_its_source_in_its_destination);
+  tcase_add_test(t, a_chunk_lands_at_its_ring_rows_and_a_credit_only_grows);
   tcase_add_test(t, a_frame_the_job_does_not_allow_is_refused_before_a_byte_is_written);
   tcase_add_test(t, a_frame_is_published_fields_first_and_the_flag_last);
   tcase_add_test(t, a_job_ends_only_once_its_sends_and_receives_are_done);

@@ -1,10 +1,11 @@
 /*
  * check_xnode_ring.c — the host backend's side of a job that spans nodes
  * (DESIGN §7), with no daemon and no proxy: a rank of world 2 whose peer is
- * on another node writes its block for that peer into the out block and
- * out slot of its exchange region and a descriptor into the proxy's ring,
- * reads the peer's from the in block and in slot, waits a bounded time on
- * a full ring and fails at once on one the proxy stopped.
+ * on another node writes its rows for that peer into the out channel, the
+ * chunk's mark and the out slot of its exchange region and a descriptor
+ * into the proxy's ring, reads the peer's from the in channel once the
+ * in slot and the chunk's in mark say so, waits a bounded time on a full
+ * ring and fails at once on one the proxy stopped.
  */
 #include <check.h>
 #include <stdatomic.h>
@@ -73,8 +74,9 @@ static int ring_dispatch(struct ring_rank *r, uint16_t *x) {
   return host_ops_dispatch(&r->c, &a, &r->h);
 }
 
-/* The block for the remote rank goes to the out block of the exchange region (after the
- * ring, not the slab), its slot image to the out slot, one descriptor after. */
+/* The rows for the remote rank go to the out channel of the exchange region (after the
+ * ring, not the slab), the chunk's mark to out_mark and the slot image to the out slot,
+ * one descriptor after: a chunk with the slot. */
 START_TEST(a_block_for_a_remote_rank_is_an_out_block_a_slot_image_and_a_descriptor) {
   struct ring_rank r;
   ring_rank_open(&r, 100);
@@ -88,7 +90,11 @@ START_TEST(a_block_for_a_remote_rank_is_an_out_block_a_slot_image_and_a_descript
   ck_assert_uint_eq(d->parity, 1);
   ck_assert_uint_eq(d->seq, 1);
   ck_assert_uint_eq(d->bytes, r.lay.row_bytes);
+  ck_assert_uint_eq(d->kind, DEP_XRING_CHUNK | DEP_XRING_SLOT);
+  ck_assert_uint_eq(d->row0, 0);
   uint8_t *xchg = dep_xring_xchg(r.ring);
+  ck_assert_uint_eq(*(const uint64_t *)(xchg + dep_slab_out_mark(&r.lay, 1, 0, 0)),
+                    DEP_SLAB_CHAN_AT(1, 1));
   const struct ops_slot *sl = (const struct ops_slot *)(xchg + dep_slab_out_slot(&r.lay, 1, 0));
   ck_assert_uint_eq(atomic_load(&sl->flag), 1);
   ck_assert_uint_eq(sl->rows, 1);
@@ -104,11 +110,11 @@ START_TEST(a_block_for_a_remote_rank_is_an_out_block_a_slot_image_and_a_descript
 END_TEST
 
 /*
- * What the remote rank sent is read from the in slot and in block of the
+ * What the remote rank sent is read from the in slot and in channel of the
  * exchange region, as the daemon writes them there: a combine's vector
- * from rank 1, written (block, then slot, flag last) before the call, is
- * summed into rank 0's output; the same bytes in rank 1's slot and block
- * of the slab are not looked at.
+ * from rank 1, written (rows, then the chunk's mark, then the slot, flag
+ * last) before the call, is summed into rank 0's output; the same bytes in
+ * rank 1's slot and block of the slab are not looked at.
  */
 START_TEST(a_block_from_a_remote_rank_is_read_from_the_in_block_and_in_slot) {
   struct ring_rank r;
@@ -132,6 +138,7 @@ START_TEST(a_block_from_a_remote_rank_is_read_from_the_in_block_and_in_slot) {
   for (int i = 0; i < 128; i++)
     back[i] = 0x4000; /* 2.0 */
   memcpy(xchg + dep_slab_in_block(&r.lay, 0, 0), back, sizeof back);
+  *(uint64_t *)(xchg + dep_slab_in_mark(&r.lay, 0, 0, 0)) = DEP_SLAB_CHAN_AT(2, 1);
   in = (struct ops_slot *)(xchg + dep_slab_in_slot(&r.lay, 0, 0));
   in->rows = 1;
   in->op = OPS_OP_COMBINE;

@@ -30,6 +30,9 @@ struct xn_run {
                                 dep_attach again in the same process to this job and run
                                 `rounds` rounds of it (xn_result.rejoin_rc) */
   uid_t uid;                 /* 0: the test's own; else the ranks run as it (root only) */
+  uint32_t slow_ms;          /* > 0: rank slow_rank sleeps this long before each round, so
+                                that the others' calls outrun it (a credit test) */
+  uint32_t slow_rank;
 };
 
 /* Where each global rank runs: node, local rank, and the node's rank count. */

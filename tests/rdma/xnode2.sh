@@ -34,7 +34,11 @@ if [[ $MIXED == 1 ]]; then
 else
   xport=rdma pool=2
 fi
-peer_config "$d" "connection_pool_size: $pool" "transport: $xport" \
+# XNODE2_CHUNK=N (xnode2stream.sh): the daemons stream in chunks of N rows,
+# so the throughput calls' rows between the nodes go as chunks and credits.
+stream=()
+[[ -n ${XNODE2_CHUNK:-} ]] && stream=("stream_chunk_rows: $XNODE2_CHUNK")
+peer_config "$d" "connection_pool_size: $pool" "transport: $xport" ${stream[@]+"${stream[@]}"} \
   "limits: {op_timeout_ms: $OP_MS, attach_timeout_ms: 120000}" >"$d/deepepd.yaml"
 # XRANK_CFLAGS: for a sanitizer build's objects (-fsanitize=address,undefined).
 cc -std=c11 -D_GNU_SOURCE ${XRANK_CFLAGS:-} -Iinclude -Iclient -Iproto -Ikernels -Itests -o "$d/xrank" tests/rdma/xrank.c \
