@@ -4,7 +4,7 @@
  *
  * Each key's default is written once, in the key table (config_keys.c); the
  * comments below say what a value means, not what it defaults to.  The
- * shipped config/deepepd.yaml, deepepd.yaml(5) and README's table state
+ * shipped config/deepepd.yaml, deepepd.yaml(5) and docs/configuration.md's table state
  * the same defaults (tests/check_config.c holds them to the table).
  * Errors name the place: "FILE:LINE:COLUMN: what is wrong".
  */

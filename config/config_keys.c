@@ -3,7 +3,7 @@
  * its type, its range, its default, where it lands in struct config and
  * whether it may change without a restart; and the names of the enumerated
  * values.  config_defaults() applies the defaults of this table and no other
- * list; the shipped deepepd.yaml, deepepd.yaml(5) and README's table are held
+ * list; the shipped deepepd.yaml, deepepd.yaml(5) and docs/configuration.md's table are held
  * to it by tests/check_config.c.
  */
 #include "config_keys.h"

@@ -129,7 +129,7 @@ static bool server_in_group(const char *name, gid_t gid, const gid_t *groups, in
 
 /*
  * Whether the peer is in a group that admits it: one of allow.groups, or
- * socket.group, the group the socket is made for (README, sysusers snippet:
+ * socket.group, the group the socket is made for (docs/operating.md, sysusers snippet:
  * its members may connect without being listed again).
  */
 static bool server_group_listed(const struct config *cfg, uid_t uid, gid_t gid) {

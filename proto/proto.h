@@ -78,7 +78,9 @@
  *      depends on (streaming channels, slab.h).
  *   8  The exchange region of a job that spans nodes holds channels and
  *      their chunks' marks (slab.h), and its ring version 3 descriptors
- *      (xring.h): a library of 7 would address another layout.
+ *      (xring.h); a low-latency handle keeps each row's source token, so
+ *      the private area's warm-up handle is larger: a library of 7 would
+ *      address other layouts.
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */

@@ -1,11 +1,11 @@
-"""deep_ep — DeepEP's module names over deepepd (opt-in; README.md, section Python).
+"""deep_ep — DeepEP's module names over deepepd (opt-in; docs/python.md).
 
 (setup.py recognises this module by the words "DeepEP's module names over deepepd".)
 
 Installed only when asked (DEEPEP_INSTALL_DEEP_EP=1 at install time), and
 never over a real DeepEP.  ``from deep_ep import Buffer, Config,
 EventOverlap`` and ``from deep_ep.utils import EventHandle, EventOverlap``
-work as with DeepEP.  README.md (section Python) lists each way in which
+work as with DeepEP.  docs/python.md lists each way in which
 it still differs from DeepEP, with the reason.
 """
 import operator

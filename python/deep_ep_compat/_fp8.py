@@ -6,7 +6,7 @@ column-major (a [local_experts, rows, groups] tensor whose rows are the fastest 
 as TMA loads them), and, with round_scale, rounds each scale up to a power of two and
 quantises with it; with use_ue8m0 it packs those powers' exponents, four to an int32.  The
 functions here make DeepEP's forms on the Buffer's device with torch ops on the current
-stream (README.md, section Python, says what each costs).
+stream (docs/python.md, says what each costs).
 """
 from __future__ import annotations
 

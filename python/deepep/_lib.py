@@ -1,6 +1,6 @@
 """The ctypes seam to libdeepep-client: the C structs of deepep.h, defined once.
 
-Every struct here mirrors client/deepep.h field for field;
+Every struct here mirrors include/deepep.h field for field;
 tests/test_abi.py compiles a C program against deepep.h and compares each
 struct's size and each field's offset with these, so the two cannot drift.
 The library is found, in order, at $DEEPEP_CLIENT_LIB, beside this file,

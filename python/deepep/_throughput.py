@@ -246,7 +246,7 @@ class _Throughput:
                                  f", not {type(x).__name__}"))
             x = self._input("x", x, (x.dtype,), 2)
             if isinstance(scales, torch.Tensor) and scales.dtype == torch.int32:
-                # DeepEP's packed UE8M0 scales (four exponents an int): README lists them as
+                # DeepEP's packed UE8M0 scales (four exponents an int): docs/python.md lists them as
                 # not there yet, which is Unsupported, not a wrong dtype.
                 raise Unsupported("dispatch with int32 (packed UE8M0) FP8 scales",
                                   "give float32 scales, one per token and 128 channels")

@@ -290,7 +290,7 @@ def test_arguments_not_in_the_library_yet_raise_unsupported(buf):
     packed = torch.ones(4, 1, dtype=torch.int32, device=DEV)  # DeepEP's UE8M0, four an int
     cases = [
         lambda: buf.low_latency_dispatch(x, idx, 8, 4, round_scale=True),
-        # README lists int32 scales in an FP8 tuple among these (it was a TypeError)
+        # docs/python.md lists int32 scales in an FP8 tuple among these (it was a TypeError)
         lambda: buf.dispatch((q, packed), topk_idx=idx, topk_weights=w),
     ]
     names = ["round_scale", "int32 (packed UE8M0) FP8 scales"]
