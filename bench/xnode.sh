@@ -15,7 +15,8 @@
 # world, "2 4": 1+1 and 2+2), HIDDEN (7168), CALLS (timed calls per op, 100),
 # CONNS (connection_pool_size, so data connections each way, 2), TCP_SECONDS
 # (iperf3's run, 5), OUT (also write everything to this file), KEEP=1 (keep
-# the scratch directory with the daemons' logs), NICE (run the daemons,
+# the scratch directory with the daemons' logs), STREAM (the daemons'
+# stream_chunk_rows, 0: whole blocks), NICE (run the daemons,
 # ranks and ceilings at this nice value, e.g. -10 on a machine that others
 # load; every figure of a run is taken at the same one).
 set -euo pipefail
@@ -27,6 +28,7 @@ RANKS=${RANKS:-2 4}
 HIDDEN=${HIDDEN:-7168}
 CALLS=${CALLS:-100}
 CONNS=${CONNS:-2}
+STREAM=${STREAM:-0}
 TCP_SECONDS=${TCP_SECONDS:-5} # (not SECONDS: bash keeps its own)
 NICE=${NICE:-0}
 PORT=7471    # the daemons' listen port
@@ -85,6 +87,7 @@ socket: {path: $DIR/n$i.sock}
 backend: host
 pool: {host_size: 1GiB}
 connection_pool_size: $CONNS
+stream_chunk_rows: $STREAM
 listen: {address: ${ADDR[i]}, port: $PORT}
 peers: [{host: ${ADDR[1 - i]}, port: $PORT}]
 peer_key_file: $DIR/peer.key
@@ -114,7 +117,8 @@ echo "# xnode: $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), $(nproc) CPUs" \
      "($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)), commit" \
      "$(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "# two namespaces over veth (${ADDR[0]}, ${ADDR[1]}), deepepd host backend," \
-     "connection_pool_size $CONNS, default proxy_threads; nice $NICE; load average at start:" \
+     "connection_pool_size $CONNS, stream_chunk_rows $STREAM, default proxy_threads; nice $NICE;" \
+     "load average at start:" \
      "$(cut -d' ' -f1-3 /proc/loadavg)"
 
 # ---- the ceilings ---------------------------------------------------------------
