@@ -39,6 +39,7 @@ static const struct ctl_col job_cols[] = {
     {"world_size", "WORLD", CTL_UINT, 0},
     {"slab_bytes", "SLAB", CTL_BYTES, 0},
     {"age_ms", "AGE", CTL_MS, 0},
+    {"host_bytes", "HOST", CTL_BYTES, 0},
     {"nodes", "NODES", CTL_UINT, 0},
     {"remote_ranks", "REMOTE", CTL_UINT, 0},
     {"bytes_out", "TX", CTL_BYTES, 0},
@@ -47,11 +48,11 @@ static const struct ctl_col job_cols[] = {
 };
 #define JOB_NCOLS (sizeof job_cols / sizeof job_cols[0])
 
-/* The node columns, job_cols[JOB_NODE_COL...]: when no job spans nodes (one node, nothing
- * sent or received, an empty ring) they stay in the JSON but out of the text table, as
- * deepepctl(1) says. */
+/* The node columns, job_cols[JOB_NODE_COL...]: when no job spans nodes (no pinned host
+ * memory, one node, nothing sent or received, an empty ring) they stay in the JSON but out
+ * of the text table, as deepepctl(1) says. */
 #define JOB_NODE_COL 7
-_Static_assert(JOB_NCOLS == JOB_NODE_COL + 5, "the node columns end the job columns");
+_Static_assert(JOB_NCOLS == JOB_NODE_COL + 6, "the node columns end the job columns");
 
 /* Turn the daemon's status into the output records and render them. */
 static int status_render(const struct ctl *ctl, const struct dep_status *st,
@@ -93,16 +94,17 @@ static int status_render(const struct ctl *ctl, const struct dep_status *st,
     row[4].u = j->world_size;
     row[5].u = j->slab_bytes;
     row[6].u = j->age_ms;
+    row[JOB_NODE_COL].u = j->host_bytes;
     /* One node and no remote ranks, unless JOB_NODES says otherwise. */
-    row[7].u = 1;
-    row[8].u = 0;
+    row[JOB_NODE_COL + 1].u = 1;
+    row[JOB_NODE_COL + 2].u = 0;
     for (uint32_t k = 0; mn != NULL && k < mn->n; k++) {
       if (strcmp(mn->jobs[k].job_id, j->job_id) == 0) {
-        row[7].u = mn->jobs[k].nodes;
-        row[8].u = mn->jobs[k].remote_ranks;
-        row[9].u = mn->jobs[k].bytes_out;
-        row[10].u = mn->jobs[k].bytes_in;
-        row[11].u = mn->jobs[k].ring_peak;
+        row[JOB_NODE_COL + 1].u = mn->jobs[k].nodes;
+        row[JOB_NODE_COL + 2].u = mn->jobs[k].remote_ranks;
+        row[JOB_NODE_COL + 3].u = mn->jobs[k].bytes_out;
+        row[JOB_NODE_COL + 4].u = mn->jobs[k].bytes_in;
+        row[JOB_NODE_COL + 5].u = mn->jobs[k].ring_peak;
       }
     }
   }

@@ -335,8 +335,8 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
   struct job *j = job_find(a->job_id);
   char why[DEP_MSG_TEXT_MAX - DEP_JOB_ID_MAX - 8] = "";
   char msg[DEP_MSG_TEXT_MAX];
-  uint64_t slab_bytes = 0;
-  int rc = lend_check(a, job_cfg->stream_chunk_rows, &slab_bytes, why, sizeof why);
+  uint64_t slab_bytes = 0, host_bytes = 0;
+  int rc = lend_check(a, job_cfg->stream_chunk_rows, &slab_bytes, &host_bytes, why, sizeof why);
   if (rc != 0) {
     snprintf(msg, sizeof msg, "job %s: %s", a->job_id, why);
     job_refuse(j, c, request_id, a, rc, msg);
@@ -378,6 +378,7 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
       return;
     }
     j->slab_bytes = slab_bytes; /* the layout's size; the stride once lent */
+    j->host_bytes = host_bytes;
   } else {
     if (j->ready) {
       conn_send_error(c, request_id, DEP_ERR_STATE,
@@ -470,6 +471,7 @@ int job_fill_status(struct dep_status *st, uid_t viewer_uid, uint32_t max_jobs) 
     o->world_size = j->world_size;
     o->slab_bytes = j->slab_bytes;
     o->age_ms = job_age_ms(j);
+    o->host_bytes = j->host_bytes;
   }
   return 0;
 }

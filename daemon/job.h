@@ -62,6 +62,7 @@ struct job {
   uint64_t ready_ns;         /* uv_hrtime() when the rendezvous completed (deepepctl clients) */
   uint32_t timeout_ms;       /* limits.attach_timeout_ms when the job was made */
   uint64_t slab_bytes;       /* per rank: the layout's size, then the stride in an arena */
+  uint64_t host_bytes;       /* per rank: its ring and exchange region (0 on one node) */
   uint32_t attached;         /* occupied slots in ranks[] */
   bool ready;                /* the rendezvous completed */
   bool multinode;            /* world_size > local_world_size and peers configured: they

@@ -315,6 +315,7 @@ int lend_send(const struct job *j, struct conn *c, uint32_t request_id) {
  * job's shape fits that device's pool's budget at all.
  */
 int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, uint64_t *slab_bytes,
+               uint64_t *host_bytes,
                char *why, size_t whylen) {
   struct pool *p = devices_find(a->device_uuid, why, whylen);
   if (p == NULL)
@@ -351,6 +352,7 @@ int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, uint64_t *s
     return DEP_ERR_NO_MEMORY;
   }
   *slab_bytes = l.total_bytes;
+  *host_bytes = xchg;
   return 0;
 }
 

@@ -42,10 +42,12 @@ void lend_fini(void);
 /*
  * Before a rank joins: its device is one this daemon serves, and an arena of
  * the job's shape fits that device's pool at all.  0 with the layout's size
- * per slab in *slab_bytes, or DEP_ERR_NOT_FOUND / NO_MEMORY / INVALID with why.
+ * per slab in *slab_bytes and per rank's ring and exchange region in
+ * *host_bytes (0 on one node), or DEP_ERR_NOT_FOUND / NO_MEMORY / INVALID
+ * with why.
  */
-int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, uint64_t *slab_bytes, char *why,
-               size_t whylen);
+int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, uint64_t *slab_bytes,
+               uint64_t *host_bytes, char *why, size_t whylen);
 
 /* The rendezvous completed: lend the job its arenas and place every local
  * rank's slab (j->slab_bytes becomes the stride), and for a job that spans

@@ -148,6 +148,8 @@ struct dep_status_job {
   uint32_t world_size;
   uint64_t slab_bytes;     /* per rank */
   uint64_t age_ms;
+  uint64_t host_bytes;     /* per rank: the pinned host memory of a job across nodes (its
+                              ring and exchange region); 0 for a job on one node */
 };
 
 struct dep_status {

@@ -41,7 +41,7 @@ static const struct codec_field status_job[] = {
     CODEC_U32(struct dep_status_job, ranks_attached),
     CODEC_U32(struct dep_status_job, ranks_expected),
     CODEC_U32(struct dep_status_job, world_size),   CODEC_U64(struct dep_status_job, slab_bytes),
-    CODEC_U64(struct dep_status_job, age_ms),
+    CODEC_U64(struct dep_status_job, age_ms),       CODEC_U64(struct dep_status_job, host_bytes),
 };
 
 /* ---- STATUS_OK ----------------------------------------------------------- */

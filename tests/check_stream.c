@@ -22,6 +22,7 @@
 #include "slab.h"
 #include "testutil.h"
 #include "xnjob.h"
+#include "xring.h"
 
 /* A ceiling for a job's ranks on a loaded 2-core machine, not a timing. */
 #define ST_OP_TIMEOUT_MS 20000
@@ -216,12 +217,92 @@ START_TEST(a_streaming_daemon_lends_the_smaller_slab_and_status_shows_it) {
                   "%s daemon: a slab of %llu bytes, the layout's %llu", streamed ? "a streaming"
                   : "a whole-block", (unsigned long long)st->jobs[0].slab_bytes,
                   (unsigned long long)want);
+    ck_assert_uint_eq(st->jobs[0].host_bytes, 0); /* one node: no ring, no exchange region */
     dep_status_free(st);
     int wst = 0;
     ck_assert_int_eq(waitpid(child, &wst, 0), child);
     ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "rank 1 failed its attach or detach");
     ck_assert_int_eq(dep_detach(c[0]), 0);
     dep_client_free(c[0]);
+    nodes_stop(&ns);
+  }
+}
+END_TEST
+
+/*
+ * Between nodes the exchange region follows the channels too: a job of 2 +
+ * 2 ranks on two daemons that stream in chunks of 8 rows is lent, per rank,
+ * the ring and exchange region of dep__slab_layout_nodes with that chunk,
+ * a quarter or less of what whole blocks take, and dep_status (deepepctl
+ * status's HOST) says so on both nodes; a job on one node is lent none.
+ */
+START_TEST(two_streaming_daemons_lend_the_smaller_exchange_region_and_status_shows_it) {
+  const struct dep_job_shape shape = {.max_tokens_per_rank = 512, .hidden = 1024,
+                                      .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16,
+                                      .max_ll_tokens_per_rank = 8};
+  struct dep_slab_layout whole, chunked;
+  char why[256];
+  ck_assert_int_eq(dep__slab_layout_nodes(&shape, 4, 2, 0, &whole, why, sizeof why), 0);
+  ck_assert_int_eq(dep__slab_layout_nodes(&shape, 4, 2, 8, &chunked, why, sizeof why), 0);
+  ck_assert_uint_lt(chunked.xchg_bytes * 4, whole.xchg_bytes);
+  for (int streamed = 0; streamed < 2; streamed++) {
+    struct nodes ns;
+    xn_nodes_start(&ns, 2, 20000, ST_OP_TIMEOUT_MS, streamed ? "stream_chunk_rows: 8\n" : "");
+    /* Ranks 1-3 attach in children (each dep_attach waits for the rest),
+     * rank 0 here; each child waits for its pipe to close before it
+     * detaches, so that the job is whole while status is asked. */
+    int hold[2];
+    ck_assert_int_eq(pipe(hold), 0);
+    pid_t kids[3];
+    for (uint32_t r = 1; r < 4; r++) {
+      pid_t k = fork();
+      ck_assert_int_ge(k, 0);
+      if (k == 0) {
+        close(hold[1]);
+        dep_client_t *c = NULL;
+        struct dep_attach_args a = {.size = sizeof a, .rank = r, .world_size = 4,
+                                    .local_rank = r % 2, .local_world_size = 2, .shape = shape};
+        snprintf(a.job_id, sizeof a.job_id, "xlent-%d", streamed);
+        int rc = dep_client_new(&c) == 0 && dep_connect(c, ns.d[r / 2].sock) == 0 &&
+                         dep_attach(c, &a) == 0
+                     ? 0
+                     : 1;
+        char b;
+        (void)read(hold[0], &b, 1);
+        _exit(rc == 0 && dep_detach(c) == 0 ? 0 : 1);
+      }
+      kids[r - 1] = k;
+    }
+    close(hold[0]);
+    dep_client_t *c = NULL;
+    ck_assert_int_eq(dep_client_new(&c), 0);
+    ck_assert_int_eq(dep_connect(c, ns.d[0].sock), 0);
+    struct dep_attach_args a = {.size = sizeof a, .rank = 0, .world_size = 4, .local_rank = 0,
+                                .local_world_size = 2, .shape = shape};
+    snprintf(a.job_id, sizeof a.job_id, "xlent-%d", streamed);
+    ck_assert_msg(dep_attach(c, &a) == 0, "attach: %s", dep_errmsg(c));
+    const uint64_t want = DEP_XRING_BYTES + (streamed ? chunked : whole).xchg_bytes;
+    for (int n = 0; n < 2; n++) {
+      dep_client_t *q = NULL;
+      ck_assert_int_eq(dep_client_new(&q), 0);
+      ck_assert_int_eq(dep_connect(q, ns.d[n].sock), 0);
+      struct dep_status *st = NULL;
+      ck_assert_int_eq(dep_status(q, &st), 0);
+      ck_assert_uint_eq(st->num_jobs, 1);
+      ck_assert_msg(st->jobs[0].host_bytes == want, "node %d, %s daemons: %llu bytes of pinned "
+                    "host a rank, the layout's %llu", n, streamed ? "streaming" : "whole-block",
+                    (unsigned long long)st->jobs[0].host_bytes, (unsigned long long)want);
+      dep_status_free(st);
+      dep_client_free(q);
+    }
+    close(hold[1]);
+    for (int k = 0; k < 3; k++) {
+      int wst = 0;
+      ck_assert_int_eq(waitpid(kids[k], &wst, 0), kids[k]);
+      ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "rank %d failed", k + 1);
+    }
+    ck_assert_int_eq(dep_detach(c), 0);
+    dep_client_free(c);
     nodes_stop(&ns);
   }
 }
@@ -285,6 +366,7 @@ Suite *stream_suite(void) {
   tcase_add_test(t, a_streaming_daemon_lends_the_smaller_slab_and_status_shows_it);
   tcase_add_test(t, a_sender_outrunning_a_slow_receiver_on_another_node_waits_for_its_credit);
   tcase_add_test(t, daemons_streaming_in_other_chunks_fail_the_job_at_attach_saying_so);
+  tcase_add_test(t, two_streaming_daemons_lend_the_smaller_exchange_region_and_status_shows_it);
   tcase_add_loop_test(t, a_rank_killed_mid_stream_fails_the_survivors_with_peer_not_a_hang, 0, 2);
   suite_add_tcase(s, t);
   return s;

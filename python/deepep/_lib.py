@@ -122,6 +122,7 @@ class StatusJob(Structure):
         ("world_size", c_uint32),
         ("slab_bytes", c_uint64),
         ("age_ms", c_uint64),
+        ("host_bytes", c_uint64),
     ]
 
 
