@@ -77,7 +77,7 @@ static void st_forge_write(struct dep_stats_page *p, enum st_forge what) {
       p->calls[i].seq = 1;
     break;
   case ST_FORGE_LAYOUT:
-    p->layouts[3].n = 5;
+    dep_stats_layout_at(p, p->world, 3)->n = 5;
     break;
   case ST_FORGE_KEPT:
     for (uint32_t i = 1; i <= 100; i++)
