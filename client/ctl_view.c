@@ -101,6 +101,11 @@ static const struct ctl_metric rank_metrics[] = {
 
 /* ---- the balance table: one row per job with a layout --------------------------------- */
 
+static int ctl_balance_cmp(const void *x, const void *y) {
+  uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+  return (a > b) - (a < b);
+}
+
 int ctl_balance_of(const struct ctl_stats *s, const char *job, struct ctl_balance *b) {
   memset(b, 0, sizeof *b);
   for (uint32_t i = 0; i < s->n && b->world == 0; i++)
@@ -129,13 +134,9 @@ int ctl_balance_of(const struct ctl_stats *s, const char *job, struct ctl_balanc
   }
   for (uint32_t d = 0; d < b->world; d++) {
     b->total += b->to[d];
-    /* Insertion into the order of the counts: a world is thousands at most, and this runs
-     * once per job and request. */
-    uint32_t k = d;
-    for (; k > 0 && sorted[k - 1] > b->to[d]; k--)
-      sorted[k] = sorted[k - 1];
-    sorted[k] = b->to[d];
+    sorted[d] = b->to[d];
   }
+  qsort(sorted, b->world, sizeof *sorted, ctl_balance_cmp);
   b->min = sorted[0];
   b->max = sorted[b->world - 1];
   b->median = sorted[(b->world - 1) / 2];
@@ -192,9 +193,9 @@ static int ctl_view_balance(const struct ctl_stats *s, struct ctl_view *v) {
     bool seen = false;
     for (uint32_t j = 0; j < i && !seen; j++)
       seen = strcmp(s->ranks[j].job_id, job) == 0;
-    struct ctl_balance b;
     if (seen)
       continue;
+    struct ctl_balance b;
     if (ctl_balance_of(s, job, &b) != 0)
       return -1;
     if (b.world == 0)
