@@ -656,6 +656,7 @@ static int sg_body(struct rk *k, void *arg) {
       cr_put(k, B_LX, d->lx[r], k->sz[B_LX]))
     return 1;
   uint32_t nrecv = 0;
+  int rc;
   struct dep_dispatch_args da = {.size = sizeof(struct dep_dispatch_args), .x = CR_DEV(k, B_X),
                                  .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype,
                                  .topk_weights = CR_DEV(k, B_W), .num_tokens = n,
@@ -671,10 +672,15 @@ static int sg_body(struct rk *k, void *arg) {
   struct dep_ll_combine_args lc = {.size = sizeof(struct dep_ll_combine_args), .x = CR_DEV(k, B_LX),
                                    .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype,
                                    .topk_weights = CR_DEV(k, B_W), .out = CR_DEV(k, B_LOUT)};
+  /* One layout: its kernel's last CTA writes the tokens to each rank into the page. */
+  struct dep_layout_args lay = {sizeof(struct dep_layout_args), CR_DEV(k, B_IDX), d->sc.itype, n,
+                                CR_DEV(k, B_TPR), CR_DEV(k, B_TPE), CR_DEV(k, B_TIR)};
+  if ((rc = dep_layout(k->c, &lay, k->s)) != 0)
+    return ow_fail(k->msg, "rank %u: dep_layout: %s", r, dep_errmsg(k->c));
   /* One call refused before launch: counted as an error of its op, never as a call. */
   struct dep_dispatch_args bad = da;
   bad.num_tokens = k->mt + 1;
-  int rc = dep_dispatch(k->c, &bad, k->h, k->s);
+  rc = dep_dispatch(k->c, &bad, k->h, k->s);
   if (rc != DEP_ERR_INVALID)
     return ow_fail(k->msg, "rank %u: a dispatch of %u tokens (bound %u) returned %s", r,
                    bad.num_tokens, k->mt, dep_errname(rc));
@@ -746,6 +752,19 @@ START_TEST(cuda_stats_match_cuda_events_of_the_same_calls) {
                                   DEP_STATS_OP_LL_DISPATCH, DEP_STATS_OP_LL_COMBINE};
   for (uint32_t r = 0; r < ST_W; r++) {
     ck_assert_msg(got[r].cuda == 1, "rank %u's stats are not the GPU timer's", r);
+    /* The layout's tokens to each rank, as the kernel wrote them into the page (the layout
+     * entry after the calls' ring, stats_page.h), are the oracle's. */
+    int32_t tpr[ST_W], *tpe = malloc(sc.experts * 4u);
+    uint8_t *tir = malloc((size_t)sc.max_tokens * ST_W);
+    ck_assert(tpe != NULL && tir != NULL);
+    ref_layout(&d->shape, ST_W, &d->in[r], tpr, tpe, tir);
+    ck_assert_uint_eq(got[r].tokens_world, ST_W);
+    for (uint32_t dst = 0; dst < ST_W; dst++)
+      ck_assert_msg(got[r].tokens[dst] == (uint32_t)tpr[dst],
+                    "rank %u: the kernel says %u tokens to rank %u, the oracle %d", r,
+                    got[r].tokens[dst], dst, tpr[dst]);
+    free(tpe);
+    free(tir);
     for (int op = 0; op < 4; op++) {
       const struct dep_msg_stats_op *o = &got[r].ops[sop[op]];
       const char *name = dep__stats_op_name(sop[op]);
