@@ -54,9 +54,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "statrec: -n and -r must be positive (-r at most 1000)\n");
     return 2;
   }
-  struct statrec s = {0};
-  s.page = mmap(NULL, DEP_STATS_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                -1, 0);
+  struct statrec s = {.world = 8}; /* a node's job: the calls' ring does not depend on it */
+  s.bytes = dep_stats_page_bytes(s.world);
+  s.page = mmap(NULL, s.bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (s.page == MAP_FAILED) {
     perror("statrec: mmap");
     return 1;

@@ -59,41 +59,25 @@ int ctl_stats_fetch(dep_client_t *c, const char *job, struct ctl_stats *out) {
 }
 
 void ctl_stats_free(struct ctl_stats *s) {
+  for (uint32_t i = 0; i < s->n; i++)
+    proto_stats_rank_free(&s->ranks[i]);
   free(s->ranks);
   s->ranks = NULL;
   s->n = 0;
 }
 
 double ctl_stats_skew(const struct ctl_stats *s, const char *job, uint32_t *hot_rank) {
-  uint64_t recv[DEP_MAX_LOCAL_RANKS] = {0};
-  uint32_t world = 0, reported = 0, expect = 0;
-  for (uint32_t i = 0; i < s->n; i++) {
-    const struct dep_msg_stats_rank *r = &s->ranks[i];
-    if (strcmp(r->job_id, job) != 0)
-      continue;
-    expect = r->world;
-    if (r->n_recent == 0 || r->recent_world == 0)
-      continue;
-    if (world != 0 && r->recent_world != world)
-      return 0; /* ranks of two shapes: nothing to compare */
-    world = r->recent_world;
-    reported++;
-    for (uint32_t d = 0; d < world; d++)
-      recv[d] += r->recent[0][d];
-  }
-  if (world == 0 || reported != expect || expect != world)
+  struct ctl_balance b;
+  if (ctl_balance_of(s, job, &b) != 0)
     return 0;
-  uint64_t total = 0, max = 0;
-  for (uint32_t d = 0; d < world; d++) {
-    total += recv[d];
-    if (recv[d] > max) {
-      max = recv[d];
-      *hot_rank = d;
-    }
+  /* Judged only where every rank of the job reported here (a job on this node alone). */
+  double skew = 0;
+  if (b.world > 0 && b.ranks == b.world && b.total > 0 && b.ntop > 0) {
+    *hot_rank = b.top[0];
+    skew = (double)b.max * b.world / (double)b.total;
   }
-  if (total == 0)
-    return 0;
-  return (double)max * world / (double)total;
+  ctl_balance_free(&b);
+  return skew;
 }
 
 /* ---- deepepctl stats --------------------------------------------------------------- */
@@ -104,6 +88,8 @@ static const struct ctl_col stats_fields[] = {
     {"ended_jobs_kept", "ended jobs kept", CTL_UINT, 0},
     {"keep_jobs", "kept at most", CTL_UINT, 0},
     {"keep_ms", "kept for", CTL_MS, 0},
+    /* ranks whose tokens did not fit the reply: the balance leaves them out (STATS_OK) */
+    {"tokens_left_out", "ranks' tokens left out", CTL_UINT, 0},
 };
 #define STATS_NFIELDS (sizeof stats_fields / sizeof stats_fields[0])
 
@@ -187,14 +173,17 @@ int ctl_stats(struct ctl *ctl, int argc, char **argv) {
     const struct ctl_val fields[STATS_NFIELDS] = {
         {.u = s.ok.warn_ratio_milli}, {.u = s.ok.warnings}, {.u = s.ok.finished_jobs},
         {.u = s.ok.keep_jobs},        {.u = (uint64_t)s.ok.keep_s * 1000},
+        {.u = s.ok.tokens_left_out},
     };
     const struct ctl_table tables[] = {
         v.ops,
         v.ranks,
+        v.balance,
         {"pools", "no devices", pool_cols, POOL_NCOLS, st->num_devices, pools, 0},
         {"peers", "no peers configured", conn_cols, CONN_NCOLS, pm.n_peers, conns, 0},
     };
-    const struct ctl_doc doc = {stats_fields, fields, STATS_NFIELDS, tables, 4};
+    const struct ctl_doc doc = {stats_fields, fields, STATS_NFIELDS, tables,
+                                sizeof tables / sizeof tables[0]};
     out = ctl_out_render(stdout, &doc, ctl->json);
     ctl_view_free(&v);
   }

@@ -503,8 +503,8 @@ void cuda_ops_stats_bind(dep_client_t *c) {
     return;
   CUdeviceptr d = 0;
   void *p = c->stats.page;
-  if (cu->cuMemHostRegister(p, DEP_STATS_PAGE_BYTES, CU_MEMHOSTREGISTER_PORTABLE |
-                                                        CU_MEMHOSTREGISTER_DEVICEMAP) ==
+  if (cu->cuMemHostRegister(p, c->stats.bytes, CU_MEMHOSTREGISTER_PORTABLE |
+                                                   CU_MEMHOSTREGISTER_DEVICEMAP) ==
       CUDA_SUCCESS) {
     if (cu->cuMemHostGetDevicePointer(&d, p, 0) == CUDA_SUCCESS) {
       st->stats_pinned = p;

@@ -29,22 +29,27 @@ void statrec_lend(dep_client_t *c) {
   c->stats.layouts = 0;
   if (!statrec_enabled())
     return;
+  /* The page holds a count per rank of the job's world in each layout entry: its size is the
+   * world's (attach checked the world against DEP_MAX_WORLD). */
+  const uint32_t world = c->args.world_size;
+  const size_t bytes = dep_stats_page_bytes(world);
   /* An ERROR here (an older daemon's DEP_ERR_UNSUPPORTED, or one out of
    * memory) leaves the connection open and the rank without stats. */
   void *p = NULL;
   char why[256];
   if (client_lend_map(c, DEP_MSG_STATS_LEND, DEP_MSG_STATS_LEND_OK, DEP_STATS_VERSION,
-                      (uint32_t)DEP_STATS_PAGE_BYTES, DEP_STATS_PAGE_BYTES, &p, why,
-                      sizeof why) != 0)
+                      (uint32_t)bytes, bytes, &p, why, sizeof why) != 0)
     return;
   struct dep_stats_page *pg = p;
   /* The daemon wrote the header; a page that is not ours to write is left alone. */
   if (pg->magic != DEP_STATS_MAGIC || pg->version != DEP_STATS_VERSION ||
-      pg->rank != c->args.rank) {
-    munmap(p, DEP_STATS_PAGE_BYTES);
+      pg->rank != c->args.rank || pg->world != world || pg->bytes != bytes) {
+    munmap(p, bytes);
     return;
   }
   c->stats.page = pg;
+  c->stats.bytes = bytes;
+  c->stats.world = world;
 }
 
 void statrec_attached(dep_client_t *c) {
@@ -62,7 +67,7 @@ void statrec_attached(dep_client_t *c) {
 
 void statrec_unmap(dep_client_t *c) {
   if (c->stats.page != NULL)
-    munmap(c->stats.page, DEP_STATS_PAGE_BYTES);
+    munmap(c->stats.page, c->stats.bytes);
   c->stats.page = NULL;
 }
 
@@ -71,15 +76,16 @@ void statrec_layout(struct statrec *s, uint64_t ns, int status, const int32_t *t
   if (s->page == NULL)
     return;
   uint64_t n = ++s->layouts;
-  struct dep_stats_layout *e = &s->page->layouts[n % DEP_STATS_LAYOUT_RING];
+  struct dep_stats_layout *e = dep_stats_layout_at(s->page, s->world, n % DEP_STATS_LAYOUT_RING);
   __atomic_store_n(&e->n, 0, __ATOMIC_RELAXED); /* being rewritten: a reader skips it */
   __atomic_thread_fence(__ATOMIC_RELEASE);
-  if (world > DEP_MAX_LOCAL_RANKS)
-    world = DEP_MAX_LOCAL_RANKS;
+  if (world > s->world)
+    world = s->world;
   e->ns = ns > UINT32_MAX ? UINT32_MAX : (uint32_t)ns;
   e->status = status;
   e->world = status == 0 && tokens_per_rank != NULL ? world : 0;
+  uint32_t *tokens = dep_stats_layout_tokens(e);
   for (uint32_t i = 0; i < e->world; i++)
-    e->tokens[i] = tokens_per_rank[i] > 0 ? (uint32_t)tokens_per_rank[i] : 0;
+    tokens[i] = tokens_per_rank[i] > 0 ? (uint32_t)tokens_per_rank[i] : 0;
   __atomic_store_n(&e->n, n, __ATOMIC_RELEASE);
 }

@@ -24,6 +24,8 @@
 
 struct statrec {
   struct dep_stats_page *page; /* NULL: no stats for this attachment */
+  size_t bytes;                /* the page's: dep_stats_page_bytes(world) */
+  uint32_t world;              /* the job's, which sizes the page's layout entries */
   uint64_t layouts;            /* layouts written */
 };
 

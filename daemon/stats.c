@@ -32,10 +32,6 @@
 #include "notify.h"
 #include "stats_page.h"
 
-/* The layouts kept per rank: the load-balance check reads the newest. */
-#define STATS_RECENT 4u
-_Static_assert(STATS_RECENT <= DEP_STATS_WIRE_LAYOUTS, "STATS_RANK carries them all");
-
 /* What the daemon keeps of one op of one rank. */
 struct stats_op {
   uint64_t calls, first_ns, steady_calls, steady_sum_ns, bytes, errors, timeouts;
@@ -48,6 +44,8 @@ struct stats_rank {
   uint8_t device_uuid[16];
   uint64_t lent_ms;
   struct dep_stats_page *page; /* mapped read-only; NULL once the job ended */
+  size_t page_bytes;           /* dep_stats_page_bytes(world) */
+  uint32_t world;              /* the job's, which sizes the page's layout entries */
   uint64_t last_seq;           /* the newest call folded */
   uint64_t last_layout;        /* the newest layout folded */
   uint64_t dropped;
@@ -55,8 +53,10 @@ struct stats_rank {
   uint64_t rejected[DEP_STATS_NOPS];
   uint32_t attached, cuda;
   uint64_t attach_ns[5];       /* total, wait, map, setup, warmup */
-  uint32_t n_recent, recent_world;
-  uint32_t recent[STATS_RECENT][DEP_MAX_LOCAL_RANKS]; /* newest first */
+  /* The newest layout that ran: its tokens to each rank of the job (tokens_world of world;
+   * 0 before one).  scratch is where a layout is read before it is known whole. */
+  uint32_t tokens_world;
+  uint32_t *tokens, *scratch;
   uint32_t tune_ctas, tune_how; /* the SM budget it was given at attach (autotune.c) */
 };
 
@@ -89,7 +89,7 @@ static uint64_t stats_now_ms(void) { return uv_now(stats_loop); }
 
 static void stats_rank_unmap(struct stats_rank *r) {
   if (r->page != NULL)
-    munmap(r->page, DEP_STATS_PAGE_BYTES);
+    munmap(r->page, r->page_bytes);
   r->page = NULL;
 }
 
@@ -219,14 +219,38 @@ static void stats_fold_calls(const struct stats_job *sj, struct stats_rank *r) {
   }
 }
 
+/*
+ * Copy layout entry e, which says layout n, into the rank's newest: its counts into scratch
+ * first, kept only when the entry still says n after the copy (else the rank rewrote it
+ * meanwhile, and a newer layout is there to read at the next fold).  At most the job's world
+ * of counts, whatever the entry's own world says.
+ */
+static void stats_take_tokens(struct stats_rank *r, struct dep_stats_layout *e, uint64_t n) {
+  uint32_t world = __atomic_load_n(&e->world, __ATOMIC_RELAXED);
+  if (world > r->world)
+    world = r->world;
+  memcpy(r->scratch, dep_stats_layout_tokens(e), (size_t)world * sizeof *r->scratch);
+  atomic_thread_fence(memory_order_acquire);
+  if (__atomic_load_n(&e->n, __ATOMIC_RELAXED) != n)
+    return;
+  uint32_t *t = r->tokens;
+  r->tokens = r->scratch;
+  r->scratch = t;
+  r->tokens_world = world;
+}
+
 /* The layouts written since the last fold: one pass over their ring; false when an entry
  * breaks the ring's rule (the page is rejected then). */
 static bool stats_fold_layouts(const struct stats_job *sj, struct stats_rank *r) {
-  struct dep_stats_layout fresh[DEP_STATS_LAYOUT_RING];
+  struct fresh {
+    uint64_t n;
+    uint32_t ns, slot;
+    int32_t status;
+  } fresh[DEP_STATS_LAYOUT_RING];
   uint32_t n = 0;
   uint64_t newest = r->last_layout;
   for (uint32_t i = 0; i < DEP_STATS_LAYOUT_RING; i++) {
-    const struct dep_stats_layout *e = &r->page->layouts[i];
+    const struct dep_stats_layout *e = dep_stats_layout_at(r->page, r->world, i);
     uint64_t s1 = __atomic_load_n(&e->n, __ATOMIC_ACQUIRE);
     if (!stats_seq_fits(s1, i, DEP_STATS_LAYOUT_RING)) {
       stats_reject(sj, r, "layouts", i, s1);
@@ -234,20 +258,19 @@ static bool stats_fold_layouts(const struct stats_job *sj, struct stats_rank *r)
     }
     if (s1 <= r->last_layout)
       continue;
-    struct dep_stats_layout c;
-    memcpy(&c, e, sizeof c); /* a plain copy: checked by n below and bounded after */
+    struct fresh c = {.n = s1, .slot = i};
+    c.ns = __atomic_load_n(&e->ns, __ATOMIC_RELAXED);
+    c.status = __atomic_load_n(&e->status, __ATOMIC_RELAXED);
     atomic_thread_fence(memory_order_acquire);
-    if (__atomic_load_n(&e->n, __ATOMIC_RELAXED) != s1 || c.n != s1)
+    if (__atomic_load_n(&e->n, __ATOMIC_RELAXED) != s1)
       continue;
-    if (c.world > DEP_MAX_LOCAL_RANKS)
-      c.world = DEP_MAX_LOCAL_RANKS;
     fresh[n++] = c;
     newest = s1 > newest ? s1 : newest;
   }
   /* Oldest first, so that the first layout is the one timed as first. */
   for (uint32_t i = 1; i < n; i++)
     for (uint32_t k = i; k > 0 && fresh[k - 1].n > fresh[k].n; k--) {
-      struct dep_stats_layout t = fresh[k];
+      struct fresh t = fresh[k];
       fresh[k] = fresh[k - 1];
       fresh[k - 1] = t;
     }
@@ -257,14 +280,13 @@ static bool stats_fold_layouts(const struct stats_job *sj, struct stats_rank *r)
       r->dropped += fresh[i].n - expect;
     expect = fresh[i].n + 1;
     stats_note(r, DEP_STATS_OP_LAYOUT, fresh[i].ns, fresh[i].status, 0);
-    /* Newest first in recent[]. */
-    uint32_t keep = r->n_recent < STATS_RECENT ? r->n_recent : STATS_RECENT - 1;
-    memmove(r->recent[1], r->recent[0], keep * sizeof r->recent[0]);
-    memset(r->recent[0], 0, sizeof r->recent[0]);
-    memcpy(r->recent[0], fresh[i].tokens, fresh[i].world * sizeof fresh[i].tokens[0]);
-    r->n_recent = keep + 1;
-    r->recent_world = fresh[i].world;
   }
+  /* The counts of the newest that ran: what the load-balance figures read. */
+  for (uint32_t i = n; i-- > 0;)
+    if (fresh[i].status == 0) {
+      stats_take_tokens(r, dep_stats_layout_at(r->page, r->world, fresh[i].slot), fresh[i].n);
+      break;
+    }
   r->last_layout = newest;
   return true;
 }
@@ -310,12 +332,18 @@ static void stats_fold(struct stats_job *sj, struct stats_rank *r) {
 
 /* ---- jobs that end --------------------------------------------------------- */
 
+static void stats_rank_free(struct stats_rank *r) {
+  if (r == NULL)
+    return;
+  stats_rank_unmap(r);
+  free(r->tokens);
+  free(r->scratch);
+  free(r);
+}
+
 static void stats_job_free(struct stats_job *sj) {
-  for (uint32_t i = 0; i < DEP_MAX_LOCAL_RANKS; i++) {
-    if (sj->ranks[i] != NULL)
-      stats_rank_unmap(sj->ranks[i]);
-    free(sj->ranks[i]);
-  }
+  for (uint32_t i = 0; i < DEP_MAX_LOCAL_RANKS; i++)
+    stats_rank_free(sj->ranks[i]);
   free(sj);
 }
 
@@ -442,16 +470,17 @@ static void stats_note_arena(const struct job *j, const uint8_t *uuid) {
   memcpy(stats_largest_uuid, uuid, 16);
 }
 
-/* A sealed memfd of one page, its header written, mapped read-only here. */
-static int stats_make_page(const struct job *j, uint32_t local_rank, int *fd_out,
+/* A sealed memfd of one page of `bytes` (dep_stats_page_bytes of the job's world), its header
+ * written, mapped read-only here. */
+static int stats_make_page(const struct job *j, uint32_t local_rank, size_t bytes, int *fd_out,
                            struct dep_stats_page **map_out) {
   int fd = memfd_create("deepepd-stats", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0)
     return -1;
   struct dep_stats_page *w = MAP_FAILED;
-  if (ftruncate(fd, (off_t)DEP_STATS_PAGE_BYTES) != 0 ||
+  if (ftruncate(fd, (off_t)bytes) != 0 ||
       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-      (w = mmap(NULL, DEP_STATS_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+      (w = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
           MAP_FAILED) {
     int e = errno;
     close(fd);
@@ -460,14 +489,14 @@ static int stats_make_page(const struct job *j, uint32_t local_rank, int *fd_out
   }
   w->magic = DEP_STATS_MAGIC;
   w->version = DEP_STATS_VERSION;
-  w->bytes = (uint32_t)DEP_STATS_PAGE_BYTES;
+  w->bytes = (uint32_t)bytes;
   w->world = j->world_size;
   w->rank = j->ranks[local_rank].rank;
   w->local_rank = local_rank;
   /* From here the daemon only reads it: a stray write of ours cannot race the rank's. */
-  if (mprotect(w, DEP_STATS_PAGE_BYTES, PROT_READ) != 0) {
+  if (mprotect(w, bytes, PROT_READ) != 0) {
     int e = errno;
-    munmap(w, DEP_STATS_PAGE_BYTES);
+    munmap(w, bytes);
     close(fd);
     errno = e;
     return -1;
@@ -508,9 +537,16 @@ void stats_lend(struct conn *c, uint32_t request_id) {
   }
   struct stats_rank *r = calloc(1, sizeof *r);
   int fd = -1;
-  if (r == NULL || stats_make_page(j, lr, &fd, &r->page) != 0) {
+  if (r != NULL) {
+    r->world = j->world_size;
+    r->page_bytes = dep_stats_page_bytes(r->world);
+    r->tokens = calloc(r->world, sizeof *r->tokens);
+    r->scratch = calloc(r->world, sizeof *r->scratch);
+  }
+  if (r == NULL || r->tokens == NULL || r->scratch == NULL ||
+      stats_make_page(j, lr, r->page_bytes, &fd, &r->page) != 0) {
     int e = errno;
-    free(r);
+    stats_rank_free(r);
     log_warnx("job %s: cannot make local rank %u's stats page: %s; the rank runs without stats",
               j->id, lr, strerror(e));
     conn_send_error(c, request_id, DEP_ERR_NO_MEMORY,
@@ -528,8 +564,7 @@ void stats_lend(struct conn *c, uint32_t request_id) {
   r->tune_how = c->tune_how;
   sj->ranks[lr] = r;
   stats_note_arena(j, r->device_uuid);
-  struct dep_msg_lend_ok ok = {.version = DEP_STATS_VERSION,
-                                     .bytes = (uint32_t)DEP_STATS_PAGE_BYTES};
+  struct dep_msg_lend_ok ok = {.version = DEP_STATS_VERSION, .bytes = (uint32_t)r->page_bytes};
   conn_send(c, DEP_MSG_STATS_LEND_OK, request_id, &ok, &fd, 1);
   close(fd); /* conn_send sends its own duplicate */
 }
@@ -586,9 +621,8 @@ static void stats_fill_rank(const struct stats_job *sj, const struct stats_rank 
     w->timeouts = o->timeouts;
   }
   m->layouts = r->last_layout;
-  m->n_recent = r->n_recent;
-  m->recent_world = r->recent_world;
-  memcpy(m->recent, r->recent, sizeof r->recent);
+  m->tokens_world = r->tokens_world;
+  m->tokens = r->tokens_world > 0 ? r->tokens : NULL; /* the daemon's own: sent, never freed */
   m->kernel_ctas = r->tune_ctas;
   m->ctas_how = r->tune_how;
 }
@@ -637,7 +671,12 @@ void stats_reply(struct conn *c, uint32_t request_id, const struct dep_msg_stats
   }
   struct dep_msg_stats_ok ok;
   bool found = false;
-  uint32_t ranks = 0;
+  uint32_t ranks = 0, left_out = 0;
+  /* The counts of every rank of every job kept could pass what the connection may queue (the
+   * reply is queued whole before the loop writes it): they take a quarter of it at most (the
+   * frames' other fields and whatever else waits for the client take the rest), the newest
+   * jobs' first, and the ranks past it go without theirs, said in STATS_OK. */
+  uint64_t budget = deepepd.cfg.client_queue_bytes / 4;
   for (struct stats_job *sj = stats_jobs; sj != NULL; sj = sj->next) {
     if (!stats_may_see(c->uid, sj->owner_uid) ||
         (req->job_id[0] != '\0' && strcmp(req->job_id, sj->id) != 0))
@@ -648,6 +687,14 @@ void stats_reply(struct conn *c, uint32_t request_id, const struct dep_msg_stats
       if (sj->ranks[i] == NULL)
         continue;
       stats_fill_rank(sj, sj->ranks[i], m);
+      uint64_t need = (uint64_t)m->tokens_world * sizeof *m->tokens;
+      if (need > budget) {
+        m->tokens_world = 0;
+        m->tokens = NULL;
+        left_out++;
+      } else {
+        budget -= need;
+      }
       if (conn_send(c, DEP_MSG_STATS_RANK, request_id, m, NULL, 0) != 0) {
         free(m);
         return; /* the connection is closed: its queue was full */
@@ -665,6 +712,7 @@ void stats_reply(struct conn *c, uint32_t request_id, const struct dep_msg_stats
   }
   stats_fill_ok(&ok);
   ok.ranks = ranks;
+  ok.tokens_left_out = left_out;
   conn_send(c, DEP_MSG_STATS_OK, request_id, &ok, NULL, 0);
 }
 

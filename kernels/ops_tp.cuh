@@ -32,14 +32,16 @@ __device__ __forceinline__ void layout_end(const cuops_job &J, const cuops_layou
   const int32_t code = *(volatile int32_t *)&J.dev->code;
   if (code != 0)
     J.dev->code = 0;
-  volatile dep_stats_layout *e = &J.stats->layouts[n % DEP_STATS_LAYOUT_RING];
+  dep_stats_layout *entry = dep_stats_layout_at(J.stats, J.world, n % DEP_STATS_LAYOUT_RING);
+  volatile dep_stats_layout *e = entry;
+  volatile uint32_t *tokens = dep_stats_layout_tokens(entry);
   e->n = 0; /* being rewritten: the daemon skips it */
   const uint64_t ns = globaltimer_ns() - t0;
   e->ns = ns > 0xffffffffull ? 0xffffffffu : (uint32_t)ns;
   e->status = code;
   e->world = code == 0 ? J.world : 0;
   for (uint32_t d = 0; d < J.world; d++)
-    e->tokens[d] = (uint32_t)*(volatile int32_t *)&a.tpr[d];
+    tokens[d] = (uint32_t)*(volatile int32_t *)&a.tpr[d];
   __threadfence_system(); /* a layout is not the latency path: its entry is whole when seen */
   e->n = n;
 }

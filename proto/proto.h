@@ -80,7 +80,13 @@
  *      their chunks' marks (slab.h), and its ring version 3 descriptors
  *      (xring.h); a low-latency handle keeps each row's source token, so
  *      the private area's warm-up handle is larger: a library of 7 would
- *      address other layouts.
+ *      address other layouts.  STATUS_OK's job record carries host_bytes.
+ *      STATS_RANK carries the tokens of the rank's newest layout to every
+ *      rank of its job, a count per rank of a world of up to DEP_MAX_WORLD;
+ *      before, the newest 16 layouts' counts to ranks 0..63 alone.
+ *      STATS_OK says how many ranks' counts the reply left out.  Its
+ *      stats page is sized by the job's world (stats_page.h version 2), and
+ *      STATS_LEND_OK's bytes say so.
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -311,7 +317,7 @@ struct dep_msg_job_nodes {
  * ring to the daemon's proxy, xring.h): a sealed memfd rides on the frame. */
 struct dep_msg_lend_ok {
   uint32_t version;  /* of the layout the daemon wrote into it (DEP_STATS_VERSION, DEP_XRING_VERSION) */
-  uint32_t bytes;    /* the memfd's size (DEP_STATS_PAGE_BYTES, DEP_XRING_BYTES) */
+  uint32_t bytes;    /* the memfd's size (dep_stats_page_bytes(world), DEP_XRING_BYTES) */
 };
 
 /* STATS: the ranks of one job ("" for every job the asker may see). */
@@ -332,7 +338,6 @@ struct dep_msg_stats_op {
 };
 
 #define DEP_STATS_WIRE_OPS 5      /* DEP_STATS_NOPS, which proto_stats.c holds it to */
-#define DEP_STATS_WIRE_LAYOUTS 16 /* DEP_STATS_LAYOUT_RING, likewise */
 struct dep_msg_stats_rank {
   char job_id[DEP_JOB_ID_MAX];
   uint32_t rank, local_rank, world, pid, uid;
@@ -346,9 +351,11 @@ struct dep_msg_stats_rank {
   uint64_t dropped;        /* calls overwritten in the ring before the daemon read them */
   struct dep_msg_stats_op ops[DEP_STATS_WIRE_OPS];
   uint64_t layouts;        /* layouts made */
-  uint32_t n_recent;       /* 0..DEP_STATS_WIRE_LAYOUTS recent layouts, newest first */
-  uint32_t recent_world;   /* 0..DEP_MAX_LOCAL_RANKS tokens per layout */
-  uint32_t recent[DEP_STATS_WIRE_LAYOUTS][DEP_MAX_LOCAL_RANKS]; /* tokens sent to each rank */
+  /* The newest layout that ran: the tokens this rank sends to each rank of its job.  Decoded,
+   * tokens is allocated (proto_stats_rank_free); in the daemon's own records it points into
+   * the daemon's figures. */
+  uint32_t tokens_world;   /* 0..DEP_MAX_WORLD counts; 0 before a layout ran */
+  uint32_t *tokens;        /* [tokens_world]; NULL when tokens_world is 0 */
   uint32_t kernel_ctas;    /* the SM budget the rank was given at attach (TUNE_OK); 0: none */
   uint32_t ctas_how;       /* where it came from (TUNE_OK's how); 0: the rank did not ask */
 };
@@ -364,6 +371,10 @@ struct dep_msg_stats_ok {
   char largest_job[DEP_JOB_ID_MAX]; /* the largest arena lent since the daemon started */
   uint8_t largest_uuid[16];         /* ... on this device */
   uint64_t largest_bytes;           /* ... of this many bytes (0: none yet) */
+  /* Ranks whose tokens (STATS_RANK's tokens_world 0) this reply left out: their counts did not
+   * fit the quarter of limits.client_queue_bytes a reply's counts may take.  Asking for one job
+   * gets them while that job's fit. */
+  uint32_t tokens_left_out;
   /* What each served device's pool has made now (doctor's device-memory check: the rest of
    * its budget is what it may still take from the GPU). */
   uint32_t n_pools;                 /* 0..DEP_STATS_WIRE_POOLS */
@@ -487,7 +498,8 @@ int proto_frame_encode(struct proto_buf *b, uint16_t type, uint32_t flags,
  *            file its comment names
  *   type     the C struct it encodes from and decodes into
  *   decoded  UNION: proto_body_decode decodes it into union dep_msg_body
- *            (STATUS_OK's allocates: free devices and jobs); OWN: only its
+ *            (STATUS_OK's allocates: free devices and jobs; STATS_RANK's:
+ *            proto_stats_rank_free); OWN: only its
  *            own decoder does, because it allocates (PEERS_OK, CLIENTS_OK:
  *            proto_peers_free, proto_clients_free) or is too large for the
  *            union (JOB_NODES_OK); proto_body_decode refuses it
@@ -511,7 +523,7 @@ int proto_frame_encode(struct proto_buf *b, uint16_t type, uint32_t flags,
   X(job_nodes, struct dep_msg_job_nodes, OWN)    /* proto_ctl.c: large */                        \
   X(lend_ok, struct dep_msg_lend_ok, UNION)      /* proto_stats.c */                             \
   X(stats_req, struct dep_msg_stats_req, UNION)  /* proto_stats.c */                             \
-  X(stats_rank, struct dep_msg_stats_rank, UNION) /* proto_stats.c */                            \
+  X(stats_rank, struct dep_msg_stats_rank, UNION) /* proto_stats.c: allocates */                 \
   X(stats_ok, struct dep_msg_stats_ok, UNION)    /* proto_stats.c */                             \
   X(clients, struct dep_msg_clients, OWN)        /* proto_stats.c: allocates */
 
@@ -541,6 +553,8 @@ DEP_MSG_BODIES(DEP_MSG_CODEC_DECL_)
 #undef DEP_MSG_CODEC_DECL_
 void proto_peers_free(struct dep_msg_peers *m);
 void proto_clients_free(struct dep_msg_clients *m);
+/* Free what proto_decode_stats_rank allocated (tokens); NULL and 0 after. */
+void proto_stats_rank_free(struct dep_msg_stats_rank *m);
 
 /* Who may send a message type; 0 for a type this build does not know. */
 enum dep_msg_from proto_type_from(uint16_t type);

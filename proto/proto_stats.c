@@ -5,8 +5,8 @@
  * order, driving its encoder and its decoder.  STATS_LEND_OK and
  * XRING_LEND_OK are the same body (the page's or the ring's memfd rides on
  * it); STATS_RANK is its head, u32 n_ops (= DEP_STATS_WIRE_OPS) op records,
- * u64 layouts, u32 n_recent (<= DEP_STATS_WIRE_LAYOUTS), u32 recent_world
- * (<= DEP_MAX_LOCAL_RANKS), n_recent x recent_world u32, then its tail;
+ * u64 layouts, u32 tokens_world (<= DEP_MAX_WORLD), tokens_world u32 (the
+ * newest layout's tokens to each rank: 16 KiB at most), then its tail;
  * STATS_OK its head, then u32 n_pools (<= DEP_STATS_WIRE_POOLS) pool
  * records; CLIENTS_OK u32 n (<= DEP_CLIENTS_MAX), u32 left_out, then n
  * client records.  CLIENTS is empty.
@@ -19,8 +19,9 @@
 #include "stats_page.h"
 
 _Static_assert(DEP_STATS_WIRE_OPS == DEP_STATS_NOPS, "the wire carries every op of stats_page.h");
-_Static_assert(DEP_STATS_WIRE_LAYOUTS == DEP_STATS_LAYOUT_RING,
-               "the wire carries every layout the ring holds");
+/* A STATS_RANK of the largest world fits a frame, with room to spare for its fixed fields. */
+_Static_assert(DEP_MAX_WORLD * sizeof(uint32_t) <= DEP_PROTO_MAX_BODY / 2,
+               "the tokens of a world of DEP_MAX_WORLD fit a STATS_RANK");
 
 static const struct codec_field lend_ok_fields[] = {
     CODEC_U32(struct dep_msg_lend_ok, version),
@@ -55,6 +56,7 @@ static const struct codec_field stats_ok_head[] = {
     OK_F(U32, ranks),            OK_F(U32, finished_jobs), OK_F(U32, keep_jobs),
     OK_F(U32, keep_s),           OK_F(U32, warn_ratio_milli), OK_F(U64, warnings),
     OK_F(STR, largest_job),      OK_F(BYTES, largest_uuid), OK_F(U64, largest_bytes),
+    OK_F(U32, tokens_left_out),
 };
 #undef OK_F
 
@@ -79,7 +81,7 @@ CODEC_BODY(lend_ok, struct dep_msg_lend_ok, lend_ok_fields, NULL, NULL)
 CODEC_BODY(stats_req, struct dep_msg_stats_req, stats_req_fields, NULL, NULL)
 
 int proto_encode_stats_rank(struct proto_buf *b, const struct dep_msg_stats_rank *m) {
-  if (m->n_recent > DEP_STATS_WIRE_LAYOUTS || m->recent_world > DEP_MAX_LOCAL_RANKS)
+  if (m->tokens_world > DEP_MAX_WORLD || (m->tokens_world > 0 && m->tokens == NULL))
     return DEP_ERR_INVALID;
   struct codec_w w;
   codec_w_init(&w, b);
@@ -88,11 +90,9 @@ int proto_encode_stats_rank(struct proto_buf *b, const struct dep_msg_stats_rank
   for (unsigned i = 0; i < DEP_STATS_WIRE_OPS; i++)
     codec_w_rec(&w, stats_op, CODEC_NFIELDS(stats_op), &m->ops[i]);
   codec_w_u64(&w, m->layouts);
-  codec_w_u32(&w, m->n_recent);
-  codec_w_u32(&w, m->recent_world);
-  for (uint32_t i = 0; i < m->n_recent; i++)
-    for (uint32_t k = 0; k < m->recent_world; k++)
-      codec_w_u32(&w, m->recent[i][k]);
+  codec_w_u32(&w, m->tokens_world);
+  for (uint32_t k = 0; k < m->tokens_world; k++)
+    codec_w_u32(&w, m->tokens[k]);
   codec_w_rec(&w, stats_rank_tail, CODEC_NFIELDS(stats_rank_tail), m);
   return codec_w_finish(&w);
 }
@@ -107,15 +107,26 @@ int proto_decode_stats_rank(const uint8_t *p, size_t len, struct dep_msg_stats_r
   for (unsigned i = 0; i < DEP_STATS_WIRE_OPS; i++)
     codec_r_rec(&r, stats_op, CODEC_NFIELDS(stats_op), &m->ops[i]);
   m->layouts = codec_r_u64(&r);
-  m->n_recent = codec_r_u32(&r);
-  m->recent_world = codec_r_u32(&r);
-  if (r.bad || m->n_recent > DEP_STATS_WIRE_LAYOUTS || m->recent_world > DEP_MAX_LOCAL_RANKS)
+  uint32_t n = codec_r_u32(&r);
+  /* Bounded before anything is allocated: by the largest world, and by the bytes there are. */
+  if (r.bad || n > DEP_MAX_WORLD || n > r.left / sizeof(uint32_t))
     return DEP_ERR_PROTOCOL;
-  for (uint32_t i = 0; i < m->n_recent; i++)
-    for (uint32_t k = 0; k < m->recent_world; k++)
-      m->recent[i][k] = codec_r_u32(&r);
+  if (n > 0 && (m->tokens = malloc((size_t)n * sizeof *m->tokens)) == NULL)
+    return DEP_ERR_NO_MEMORY;
+  m->tokens_world = n;
+  for (uint32_t k = 0; k < n; k++)
+    m->tokens[k] = codec_r_u32(&r);
   codec_r_rec(&r, stats_rank_tail, CODEC_NFIELDS(stats_rank_tail), m);
-  return codec_r_finish(&r);
+  int rc = codec_r_finish(&r);
+  if (rc != 0)
+    proto_stats_rank_free(m);
+  return rc;
+}
+
+void proto_stats_rank_free(struct dep_msg_stats_rank *m) {
+  free(m->tokens);
+  m->tokens = NULL;
+  m->tokens_world = 0;
 }
 
 int proto_encode_stats_ok(struct proto_buf *b, const struct dep_msg_stats_ok *m) {

@@ -21,9 +21,14 @@
  *              (host_ops.h, kabi.h): the entry's seq is stored last,
  *              with release ordering, and a reader takes an entry only when
  *              it reads the same seq before and after copying it.
- *   layouts[]  one entry per layout, at layouts[n % DEP_STATS_LAYOUT_RING],
- *              n counting layouts from 1: its time and the tokens it sends
- *              to each rank (the load-balance check reads these).
+ *   layouts    after calls[], one entry per layout, in slot
+ *              n % DEP_STATS_LAYOUT_RING, n counting layouts from 1: its
+ *              time and the tokens it sends to each rank of the job (the
+ *              load-balance figures read these).  An entry holds a count per
+ *              rank of the job's world, so the page is sized by the world
+ *              at attach (dep_stats_page_bytes) and an entry is found with
+ *              dep_stats_layout_at: for a world of 1024 ranks, 16 entries
+ *              of 4 KiB each after the calls' 128 KiB.
  *   rejected[] calls the library refused before anything ran (bad
  *              arguments, wrong state), per op: they have no seq.
  *   attach_*   dep_attach_times, written once when dep_attach returns, then
@@ -35,7 +40,7 @@
  * one ring's worth of entries and passes over the ring at most once more,
  * and it stops reading a page whose ring holds a number where no honest
  * writer puts one (a seq not in calls[seq % DEP_STATS_RING], an n not in
- * layouts[n % DEP_STATS_LAYOUT_RING], either past DEP_STATS_SEQ_LIMIT),
+ * layout slot n % DEP_STATS_LAYOUT_RING, either past DEP_STATS_SEQ_LIMIT),
  * keeping the rank's figures so far.
  * Changing this layout changes what both ends compute: bump
  * DEP_STATS_VERSION (the STATS_LEND reply carries it; a library of another
@@ -63,7 +68,7 @@ extern "C" {
 #endif
 
 #define DEP_STATS_MAGIC 0x53504544u /* "DEPS" */
-#define DEP_STATS_VERSION 1u
+#define DEP_STATS_VERSION 2u /* 2: layouts after the calls, sized by the world */
 
 /* Calls the ring holds: the daemon reads it every DEP_STATS_POLL_MS, so a
  * rank may make this many calls per poll before entries are overwritten
@@ -101,14 +106,14 @@ struct dep_stats_call {
   uint64_t reserved;
 };
 
-/* One layout: when it ran and how many of this rank's tokens go to each rank. */
+/* One layout: when it ran, and then (dep_stats_layout_tokens) how many of this rank's tokens
+ * go to each rank, one u32 per rank of the job's world. */
 struct dep_stats_layout {
   uint64_t n;      /* layouts made so far, this one included; 0: empty; stored last */
   uint32_t ns;
   int32_t status;
-  uint32_t world;  /* entries of tokens[] in use */
+  uint32_t world;  /* counts in use: the job's world, or 0 for a layout that failed */
   uint32_t reserved;
-  uint32_t tokens[DEP_MAX_LOCAL_RANKS];
 };
 
 struct dep_stats_page {
@@ -122,12 +127,37 @@ struct dep_stats_page {
   uint32_t backend_cuda;   /* 1: times are the kernels' own (GPU time); 0: host clock */
   uint64_t attach_total_ns, attach_wait_ns, attach_map_ns, attach_setup_ns, attach_warmup_ns;
   uint64_t rejected[DEP_STATS_NOPS];
-  struct dep_stats_layout layouts[DEP_STATS_LAYOUT_RING];
   struct dep_stats_call calls[DEP_STATS_RING];
+  /* then DEP_STATS_LAYOUT_RING layout entries of dep_stats_layout_bytes(world) each */
 };
 
-/* What the daemon maps and the library is lent: the page rounded to 4 KiB. */
-#define DEP_STATS_PAGE_BYTES ((sizeof(struct dep_stats_page) + 4095u) / 4096u * 4096u)
+/* One layout entry of a world of `world` ranks: its head and a count per rank, rounded to 8
+ * bytes so that the next entry's n is aligned. */
+static inline DEP_STATS_HD size_t dep_stats_layout_bytes(uint32_t world) {
+  return (sizeof(struct dep_stats_layout) + (size_t)world * sizeof(uint32_t) + 7u) / 8u * 8u;
+}
+
+/* Where layout slot `slot` (< DEP_STATS_LAYOUT_RING) of a page of a world of `world` ranks
+ * starts, in bytes from the page's start. */
+static inline DEP_STATS_HD size_t dep_stats_layout_off(uint32_t world, uint32_t slot) {
+  return sizeof(struct dep_stats_page) + (size_t)slot * dep_stats_layout_bytes(world);
+}
+
+/* What the daemon maps and the library is lent for a job of `world` ranks (1..DEP_MAX_WORLD):
+ * the page and its layout entries, rounded to 4 KiB. */
+static inline DEP_STATS_HD size_t dep_stats_page_bytes(uint32_t world) {
+  return (dep_stats_layout_off(world, DEP_STATS_LAYOUT_RING) + 4095u) / 4096u * 4096u;
+}
+
+/* Layout slot `slot` of page p (of a world of `world` ranks), and the entry's counts. */
+static inline DEP_STATS_HD struct dep_stats_layout *dep_stats_layout_at(struct dep_stats_page *p,
+                                                                        uint32_t world,
+                                                                        uint32_t slot) {
+  return (struct dep_stats_layout *)((char *)p + dep_stats_layout_off(world, slot));
+}
+static inline DEP_STATS_HD uint32_t *dep_stats_layout_tokens(struct dep_stats_layout *e) {
+  return (uint32_t *)(e + 1);
+}
 
 /* The op's name ("ll_dispatch"), or "unknown". */
 const char *dep__stats_op_name(unsigned op);

@@ -86,6 +86,9 @@ static char *ctl_out_cell(const struct ctl_col *col, const struct ctl_val *v) {
   case CTL_BOOL:
     snprintf(buf, sizeof buf, "%s", v->u != 0 ? "yes" : "no");
     break;
+  case CTL_UINTS:
+    snprintf(buf, sizeof buf, "%" PRIu64 " values", v->u);
+    break;
   default:
     buf[0] = '\0';
   }
@@ -300,7 +303,12 @@ static void ctl_out_json_val(FILE *f, const struct ctl_col *col, const struct ct
     ctl_out_json_str(f, v->s);
   else if (col->kind == CTL_MILLI)
     fprintf(f, "%" PRIu64 ".%03" PRIu64, v->u / 1000, v->u % 1000);
-  else
+  else if (col->kind == CTL_UINTS) {
+    fputc('[', f);
+    for (uint64_t k = 0; k < v->u; k++)
+      fprintf(f, k == 0 ? "%" PRIu32 : ",%" PRIu32, v->list[k]);
+    fputc(']', f);
+  } else
     fprintf(f, "%" PRIu64, v->u);
 }
 

@@ -22,6 +22,8 @@ enum ctl_kind {
   CTL_NS,    /* a duration in ns: "12.3 us" in text, a number of ns in JSON */
   CTL_MILLI, /* a real number held x 1000: "1.25" in text, 1.250 in JSON */
   CTL_BOOL,  /* u != 0: "yes" or "no" in text, true or false in JSON */
+  CTL_UINTS, /* u numbers at list: an array in JSON; in text only their count ("1024 values"),
+                so a column of them is one for JSON (CTL_COL_NOTEXT) */
 };
 
 /* In text, show this column as "/value" after the previous one ("1/2"). */
@@ -41,7 +43,8 @@ struct ctl_col {
 
 struct ctl_val {
   const char *s; /* CTL_STR */
-  uint64_t u;    /* the numeric kinds */
+  uint64_t u;    /* the numeric kinds; CTL_UINTS: how many */
+  const uint32_t *list; /* CTL_UINTS */
   bool none;     /* no such value for this row: "-" in text, null in JSON, NaN in metrics */
 };
 

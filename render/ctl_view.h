@@ -24,13 +24,35 @@ struct ctl_stats {
   struct dep_msg_stats_ok ok;
 };
 
-/* The op table (one row per job, rank and op that ran) and the rank table
- * (one per rank), and the metrics of each. */
+/*
+ * A job's load balance as one daemon sees it: the tokens its ranks there send to each rank of
+ * the job in their newest layouts, summed.  Ranks whose newest layout is of another world, or
+ * that repeat a rank already counted (an earlier run of the same job id), are left out.
+ */
+#define CTL_BALANCE_TOP 3 /* the hot ranks named: enough to act on, short enough for a line */
+struct ctl_balance {
+  uint32_t world;       /* the job's; 0: no rank of the job here has a layout */
+  uint32_t ranks;       /* ranks whose layout was counted */
+  uint64_t *to;         /* [world]: tokens to each rank */
+  uint64_t total, min, median, max;
+  uint32_t top[CTL_BALANCE_TOP]; /* the ranks receiving most, most first (ties: lower rank) */
+  uint32_t ntop;        /* those that receive any */
+};
+/* The balance of job in s: 0, or -1 out of memory.  Free with ctl_balance_free. */
+int ctl_balance_of(const struct ctl_stats *s, const char *job, struct ctl_balance *b);
+void ctl_balance_free(struct ctl_balance *b);
+
+/* The op table (one row per job, rank and op that ran), the rank table
+ * (one per rank, with the tokens of its newest layout to each rank in
+ * JSON) and the metrics of each; the balance table (one row per job with
+ * a layout: its ctl_balance summarised). */
 struct ctl_view {
-  struct ctl_table ops, ranks;
+  struct ctl_table ops, ranks, balance;
   struct ctl_mtable mops, mranks;
-  struct ctl_val *op_cells, *rank_cells;
+  struct ctl_val *op_cells, *rank_cells, *balance_cells;
   char (*uuid)[DEP_UUID_STR_LEN]; /* per rank */
+  char (*top)[CTL_BALANCE_TOP * 24]; /* per balance row: "100:812 7:640 33:601" */
+  uint32_t (*top_ranks)[CTL_BALANCE_TOP]; /* per balance row */
 };
 /* 0, or -1 out of memory.  v points into s: keep s until ctl_view_free. */
 int ctl_view_stats(const struct ctl_stats *s, struct ctl_view *v);

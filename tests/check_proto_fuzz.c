@@ -61,6 +61,8 @@ static void decode_all_types(const uint8_t *p, size_t len, struct proto_buf *b, 
       free(m.status.devices);
       free(m.status.jobs);
     }
+    if (t == DEP_MSG_STATS_RANK)
+      proto_stats_rank_free(&m.stats_rank);
   }
 }
 
@@ -128,6 +130,89 @@ START_TEST(random_frames_never_crash_a_decoder) {
 }
 END_TEST
 
+/* ---- STATS_RANK's tokens: a count the body says, bounded ---- */
+
+/* Where STATS_RANK's tokens_world is in the body m encodes to: after the fixed fields, the ops
+ * and the layouts count, i.e. the body's length less the tokens and the 8-byte tail. */
+static size_t tokens_count_at(const struct dep_msg_stats_rank *m, size_t body_len) {
+  return body_len - 8 - (size_t)m->tokens_world * 4 - 4;
+}
+
+/*
+ * STATS_RANK carries a count per rank of a world of up to DEP_MAX_WORLD: its decoder takes the
+ * count from the body, so a count past the bound, or past the bytes the body holds, is refused
+ * before anything is allocated, and a body that decodes holds exactly its count's tokens.
+ * Bodies of the largest world and of small ones, with their count set to random and to edge
+ * values, bytes flipped and cut; whatever decodes re-encodes to the same bytes and frees
+ * clean (ASan says where it would not).
+ */
+START_TEST(stats_rank_tokens_are_bounded_by_the_world_and_the_body) {
+  const char *env = getenv("DEP_TEST_SEED");
+  uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+  rng_state = seed != 0 ? seed : 1;
+  uint32_t *tokens = calloc(DEP_MAX_WORLD, sizeof *tokens);
+  ck_assert_ptr_nonnull(tokens);
+  for (uint32_t k = 0; k < DEP_MAX_WORLD; k++)
+    tokens[k] = k * 7u;
+  struct proto_buf b, out;
+  proto_buf_init(&b);
+  proto_buf_init(&out);
+  const uint32_t worlds[] = {0, 1, 128, 1024, DEP_MAX_WORLD};
+  for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++) {
+    struct dep_msg_stats_rank m;
+    memset(&m, 0, sizeof m);
+    snprintf(m.job_id, sizeof m.job_id, "big");
+    m.world = worlds[w];
+    m.tokens_world = worlds[w];
+    m.tokens = worlds[w] > 0 ? tokens : NULL;
+    proto_buf_reset(&b);
+    ck_assert_int_eq(proto_encode_stats_rank(&b, &m), 0);
+    ck_assert_uint_le(b.len, DEP_PROTO_MAX_BODY);
+    const size_t at = tokens_count_at(&m, b.len);
+    ck_assert_uint_eq(codec_get_u32(b.data + at), worlds[w]);
+    uint8_t *body = malloc(b.len + 64);
+    ck_assert_ptr_nonnull(body);
+    const uint32_t edges[] = {DEP_MAX_WORLD + 1, UINT32_MAX, UINT32_MAX / 4, worlds[w] + 1,
+                              worlds[w] > 0 ? worlds[w] - 1 : 0};
+    for (int iter = 0; iter < 2000; iter++) {
+      memcpy(body, b.data, b.len);
+      size_t len = b.len;
+      uint32_t count = iter < 5 ? edges[iter] : (uint32_t)rng();
+      if (iter >= 5 && rng() % 2)
+        count %= DEP_MAX_WORLD + 2;
+      codec_put_u32(body + at, count);
+      if (iter >= 5 && rng() % 4 == 0)
+        body[rng() % len] ^= (uint8_t)(1u << (rng() % 8));
+      if (iter >= 5 && rng() % 4 == 0)
+        len = (size_t)(rng() % (len + 1));
+      struct dep_msg_stats_rank back;
+      int rc = proto_decode_stats_rank(body, len, &back);
+      ck_assert_msg(rc == 0 || rc == DEP_ERR_PROTOCOL, "seed %llu: %d",
+                    (unsigned long long)seed, rc);
+      /* An edge count, the body otherwise whole: only the true count reads the body exactly. */
+      if (iter < 5)
+        ck_assert_msg(rc == (count == worlds[w] ? 0 : DEP_ERR_PROTOCOL),
+                      "world %u, count %u: %s", worlds[w], count, dep_errname(rc));
+      if (rc != 0) {
+        ck_assert_ptr_null(back.tokens);
+        continue;
+      }
+      ck_assert_uint_le(back.tokens_world, DEP_MAX_WORLD);
+      proto_buf_reset(&out);
+      ck_assert_int_eq(proto_encode_stats_rank(&out, &back), 0);
+      ck_assert_msg(out.len == len && memcmp(out.data, body, len) == 0,
+                    "seed %llu: a decoded STATS_RANK did not round-trip",
+                    (unsigned long long)seed);
+      proto_stats_rank_free(&back);
+    }
+    free(body);
+  }
+  proto_buf_free(&b);
+  proto_buf_free(&out);
+  free(tokens);
+}
+END_TEST
+
 /* ---- the fuzz seeds (tests/corpus/frame, tests/corpus/peer) ---- */
 
 /* A whole seed file into b (reset first); 0, or -1 when it cannot be read. */
@@ -190,6 +275,8 @@ static int decode_frame_seed(const uint8_t *p, size_t len, char *why, size_t why
       free(m->status.devices);
       free(m->status.jobs);
     }
+    if (rc == 0 && h.type == DEP_MSG_STATS_RANK)
+      proto_stats_rank_free(&m->stats_rank);
     free(m);
   }
   if (rc != 0)
@@ -340,6 +427,7 @@ Suite *proto_fuzz_suite(void) {
   TCase *rnd = tcase_create("random");
   tcase_set_timeout(rnd, 120); /* 100k frames take seconds under ASan */
   tcase_add_test(rnd, random_frames_never_crash_a_decoder);
+  tcase_add_test(rnd, stats_rank_tokens_are_bounded_by_the_world_and_the_body);
   suite_add_tcase(s, rnd);
   return s;
 }

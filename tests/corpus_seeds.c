@@ -180,7 +180,7 @@ static int f_job_nodes_ok(struct proto_buf *b) {
 static int f_stats_lend(struct proto_buf *b) { return frame(b, DEP_MSG_STATS_LEND, 0, NULL); }
 static int f_stats_lend_ok(struct proto_buf *b) {
   struct dep_msg_lend_ok m = {.version = DEP_STATS_VERSION,
-                              .bytes = (uint32_t)DEP_STATS_PAGE_BYTES};
+                              .bytes = (uint32_t)dep_stats_page_bytes(16)};
   return frame(b, DEP_MSG_STATS_LEND_OK, DEP_FRAME_F_FDS, &m);
 }
 static int f_stats(struct proto_buf *b) {
@@ -201,10 +201,10 @@ static int f_stats_rank(struct proto_buf *b) {
                                          .steady_calls = 9 + i, .median_ns = 80000,
                                          .p99_ns = 120000, .steady_sum_ns = 720000 + i,
                                          .bytes = 1u << 20, .errors = 0, .timeouts = 0};
-  m.layouts = 3, m.n_recent = 2, m.recent_world = 2;
-  for (unsigned l = 0; l < 2; l++)
-    for (unsigned r = 0; r < 2; r++)
-      m.recent[l][r] = 100 + 10 * l + r;
+  static uint32_t tokens[16];
+  for (unsigned r = 0; r < 16; r++)
+    tokens[r] = 100 + r;
+  m.layouts = 3, m.tokens_world = 16, m.tokens = tokens;
   m.kernel_ctas = 24, m.ctas_how = DEP_TUNE_HOW_MEASURED;
   return frame(b, DEP_MSG_STATS_RANK, 0, &m);
 }

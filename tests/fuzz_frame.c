@@ -3,7 +3,8 @@
  * The input's first 24 bytes are decoded as a frame header and the rest as
  * the body of every message type, through the decoder its callers use:
  * proto_body_decode, or for the bodies it leaves to their callers
- * (PEERS_OK, JOB_NODES_OK, CLIENTS_OK) their own decoders.  Whatever
+ * (PEERS_OK, JOB_NODES_OK, CLIENTS_OK) their own decoders (STATS_RANK's
+ * allocates its tokens, freed as ctl_stats_free does).  Whatever
  * decodes must re-encode to the very same bytes and pass the field checks
  * without crashing, and what a decoder allocated is freed as its callers
  * free it (a refused body must leave nothing allocated); a mismatch aborts
@@ -60,6 +61,8 @@ static void free_type(uint16_t t, union dep_msg_body *m) {
     proto_peers_free(&peers);
   } else if (t == DEP_MSG_CLIENTS_OK) {
     proto_clients_free(&clients);
+  } else if (t == DEP_MSG_STATS_RANK) {
+    proto_stats_rank_free(&m->stats_rank);
   }
 }
 
@@ -72,7 +75,9 @@ static void decode_every_type(const uint8_t *body, size_t len) {
     int rc = decode_type(t, body, len, &m, &msg);
     if (rc == DEP_ERR_PROTOCOL) {
       if ((t == DEP_MSG_PEERS_OK && (peers.peers != NULL || peers.n_peers != 0)) ||
-          (t == DEP_MSG_CLIENTS_OK && (clients.clients != NULL || clients.n != 0)))
+          (t == DEP_MSG_CLIENTS_OK && (clients.clients != NULL || clients.n != 0)) ||
+          (t == DEP_MSG_STATS_RANK &&
+           (m.stats_rank.tokens != NULL || m.stats_rank.tokens_world != 0)))
         die("refused body left its records allocated", t);
       continue;
     }

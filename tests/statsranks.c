@@ -12,6 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "stats_page.h"
+
 const struct dep_job_shape st_shape = {.max_tokens_per_rank = ST_TOKENS,
                                               .hidden = ST_HIDDEN,
                                               .num_experts = ST_EXPERTS,
@@ -189,4 +191,63 @@ int st_prometheus_parse(const char *dir, const char *name, const char *text, cha
 
 int st_ctl(const char *dir, char **out, const char *const *args) {
   return dw_run_ctl(NULL, dir, out, args);
+}
+
+/* STATS for job: its ranks' records into out[] (by rank), their count returned. */
+uint32_t st_fetch(const struct tu_daemon *d, const char *job,
+                  struct dep_msg_stats_rank out[ST_W], struct dep_msg_stats_ok *ok) {
+  int fd = dw_client(d);
+  struct dep_msg_stats_req req;
+  memset(&req, 0, sizeof req);
+  snprintf(req.job_id, sizeof req.job_id, "%s", job);
+  ck_assert_int_eq(dw_send_frame(fd, DEP_MSG_STATS, 7, &req), 0);
+  struct dw_frame *f = dw_frame_new();
+  uint32_t n = 0;
+  for (;;) {
+    ck_assert_int_eq(dw_recv_frame(fd, f, 5000), 0);
+    ck_assert_uint_eq(f->h.request_id, 7);
+    if (f->h.type == DEP_MSG_STATS_OK) {
+      ck_assert_int_eq(proto_decode_stats_ok(f->body, f->h.body_len, ok), 0);
+      break;
+    }
+    ck_assert_msg(f->h.type == DEP_MSG_STATS_RANK, "got %s", proto_type_name(f->h.type));
+    struct dep_msg_stats_rank r;
+    ck_assert_int_eq(proto_decode_stats_rank(f->body, f->h.body_len, &r), 0);
+    ck_assert_str_eq(r.job_id, job);
+    ck_assert_uint_lt(r.rank, ST_W);
+    /* The tokens of a job of ST_W ranks, kept here so that out[] owns nothing. */
+    static uint32_t tokens[ST_W][ST_W];
+    const uint32_t world = r.tokens_world;
+    ck_assert_uint_le(world, ST_W);
+    if (world > 0)
+      memcpy(tokens[r.rank], r.tokens, world * sizeof r.tokens[0]);
+    proto_stats_rank_free(&r);
+    out[r.rank] = r;
+    out[r.rank].tokens_world = world;
+    out[r.rank].tokens = tokens[r.rank];
+    n++;
+  }
+  ck_assert_uint_eq(ok->ranks, n);
+  free(f);
+  close(fd);
+  return n;
+}
+
+void st_expect_op(const struct dep_msg_stats_rank *r, unsigned op, uint64_t calls,
+                  uint64_t errors, uint64_t bytes) {
+  const struct dep_msg_stats_op *o = &r->ops[op];
+  ck_assert_msg(o->calls == calls && o->errors == errors && o->timeouts == 0,
+                "rank %u %s: %llu calls %llu errors %llu timeouts, want %llu and %llu and 0",
+                r->rank, dep__stats_op_name(op), (unsigned long long)o->calls,
+                (unsigned long long)o->errors, (unsigned long long)o->timeouts,
+                (unsigned long long)calls, (unsigned long long)errors);
+  ck_assert_uint_eq(o->bytes, bytes);
+  if (calls > 0) {
+    ck_assert_uint_gt(o->first_ns, 0);
+    ck_assert_uint_eq(o->steady_calls, calls - 1);
+  }
+  if (calls > 1) {
+    ck_assert_uint_gt(o->median_ns, 0);
+    ck_assert_uint_ge(o->p99_ns, o->median_ns);
+  }
 }

@@ -1,6 +1,6 @@
 /*
  * statsranks.h — the rank processes of the stats suites (check_stats.c,
- * check_metrics.c): a job of ST_W local ranks on a real deepepd of the host
+ * check_stats_forged.c, check_metrics.c): a job of ST_W local ranks on a real deepepd of the host
  * backend, each a process that attaches, runs a plan of calls, reports, and
  * waits for the test's word to detach; and a Prometheus parser's reading of
  * the exposition of such a job.  Prefix st_.
@@ -13,6 +13,7 @@
 
 #include "daemonwire.h"
 #include "deepep.h"
+#include "proto.h"
 #include "testutil.h"
 
 #define ST_W 2u
@@ -50,6 +51,14 @@ void st_job_start(struct st_rank r[ST_W], const struct tu_daemon *d, const char 
                   const struct st_plan *plan);
 /* The job's end: the word given (each rank detaches and must exit 0), or SIGKILL. */
 void st_job_end(struct st_rank r[ST_W], bool kill9);
+
+/* STATS for job on d: its ranks' records into out[] (by rank), their count returned. */
+uint32_t st_fetch(const struct tu_daemon *d, const char *job,
+                  struct dep_msg_stats_rank out[ST_W], struct dep_msg_stats_ok *ok);
+/* Rank r's figures of op: calls, errors and bytes exactly, none timed out, and times where
+ * calls ran. */
+void st_expect_op(const struct dep_msg_stats_rank *r, unsigned op, uint64_t calls,
+                  uint64_t errors, uint64_t bytes);
 
 /* Run this build's deepepctl with args (DW_ARGS) to its end: its exit code, its stdout in *out
  * (malloc'd). */

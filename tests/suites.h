@@ -45,6 +45,7 @@
   XX(xnode_ring)            \
   XX(xfer)                  \
   XX(stats)                 \
+  XX(stats_forged)          \
   XX(metrics)               \
   XX(doctor)                \
   XX(runner)                \
