@@ -46,7 +46,7 @@ def _readme_install() -> str:
 
 
 def _header_version() -> str:
-    text = open(os.path.join(REPO, "client", "deepep.h")).read()
+    text = open(os.path.join(REPO, "include", "deepep.h")).read()
     m = re.search(r'#define DEP_VERSION_STRING "([^"]+)"', text)
     assert m is not None, "deepep.h defines no DEP_VERSION_STRING"
     return m.group(1)
