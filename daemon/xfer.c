@@ -451,18 +451,37 @@ static bool batch_reserve(struct xfer_batch *b, size_t copy) {
          DEP_GROW(b->seg, b->cap_seg, b->n_seg + 2, 64) == 0;
 }
 
-/* Append n bytes copied into the batch's buf (reserved), in one segment
- * with the bytes copied just before. */
-static void batch_copy(struct xfer_batch *b, const void *src, size_t n) {
+/* Count the n bytes written at the end of the batch's buf (b->len on)
+ * into one segment with the bytes copied just before. */
+static void batch_took(struct xfer_batch *b, size_t n) {
   struct xfer_seg *last = b->n_seg > 0 ? &b->seg[b->n_seg - 1] : NULL;
   if (last == NULL || last->ext != NULL) {
     b->seg[b->n_seg++] = (struct xfer_seg){.off = b->len};
     last = &b->seg[b->n_seg - 1];
   }
-  memcpy(b->buf + b->len, src, n);
   b->len += n;
   last->len += n;
   b->bytes += n;
+}
+
+/* Append n bytes copied into the batch's buf (reserved), in one segment
+ * with the bytes copied just before. */
+static void batch_copy(struct xfer_batch *b, const void *src, size_t n) {
+  memcpy(b->buf + b->len, src, n);
+  batch_took(b, n);
+}
+
+/* Append frame header h's wire form (xring.h; room reserved) as
+ * batch_copy does: 0, or the encoder's error with the batch as it was. */
+static int batch_hdr(struct xfer_batch *b, const struct dep_xfer_hdr *h) {
+  /* The codec appends to a proto_buf: the batch's buf, len and cap are one. */
+  struct proto_buf pb = {.data = b->buf, .len = b->len, .cap = b->cap};
+  const int rc = dep__xfer_hdr_encode(&pb, h);
+  b->buf = pb.data;
+  b->cap = pb.cap;
+  if (rc == 0)
+    batch_took(b, pb.len - b->len);
+  return rc;
 }
 
 /* Append n bytes sent in place from an exchange region of route r, which
@@ -568,19 +587,24 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
     h.row0 = (uint32_t)(w & ((1u << DEP_SLAB_CHAN_SHIFT) - 1u));
   }
   const bool copy = payload < XFER_COPY_MAX;
-  if (!batch_reserve(b, sizeof h + (copy ? payload : 0))) {
+  if (!batch_reserve(b, DEP_XFER_HDR_WIRE + (copy ? payload : 0))) {
     snprintf(why, sizeof why, "out of memory for a batch of %llu bytes",
-             (unsigned long long)(b->bytes + sizeof h + payload));
+             (unsigned long long)(b->bytes + DEP_XFER_HDR_WIRE + payload));
     goto bad;
   }
-  b->mark[b->n_mark++] = b->bytes;
-  batch_copy(b, &h, sizeof h);
+  const size_t at = b->bytes;
+  const int rc = batch_hdr(b, &h);
+  if (rc != 0) {
+    snprintf(why, sizeof why, "a frame header that does not encode (%s)", dep_strerror(rc));
+    goto bad;
+  }
+  b->mark[b->n_mark++] = at;
   if (copy && payload > 0)
     batch_copy(b, s.payload, payload);
   else if (!copy)
     batch_ref(b, s.payload, payload, r);
   frames[peer]++;
-  atomic_fetch_add_explicit(&r->bytes_out, sizeof h + payload, memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->bytes_out, DEP_XFER_HDR_WIRE + payload, memory_order_relaxed);
   atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
   return true;
 bad:
@@ -615,7 +639,7 @@ static bool at_or_after(const struct xfer_route *r, uint32_t lr, const struct px
 static uint64_t desc_cost(const struct xfer_route *r, const struct dep_xring_desc *d) {
   return d->bytes > r->lay.xblock_bytes || d->kind == DEP_XRING_CREDIT
              ? 0
-             : sizeof(struct dep_xfer_hdr) + d->bytes;
+             : DEP_XFER_HDR_WIRE + d->bytes;
 }
 
 enum px_turn {

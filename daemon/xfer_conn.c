@@ -489,15 +489,17 @@ static void receive(int k, int fd) {
     int w = wait_readable(fd);
     if (w <= 0)
       break;
+    uint8_t wire[DEP_XFER_HDR_WIRE];
     struct dep_xfer_hdr h;
-    if (io_all(fd, &h, sizeof h, false) != 0) {
+    if (io_all(fd, wire, sizeof wire, false) != 0) {
       snprintf(why, sizeof why, "%s", errno ? strerror(errno) : "closed");
       break;
     }
-    h.job_id[DEP_JOB_ID_MAX - 1] = '\0';
-    if (h.magic != DEP_XFER_MAGIC || h.bytes > XFER_MAX_PAYLOAD) {
-      snprintf(why, sizeof why, "a frame with magic %#x and %llu bytes: not deepepd's stream",
-               h.magic, (unsigned long long)h.bytes);
+    if (dep__xfer_hdr_decode(wire, sizeof wire, &h, why, sizeof why) != 0)
+      break;
+    if (h.bytes > XFER_MAX_PAYLOAD) {
+      snprintf(why, sizeof why, "a frame of %llu bytes: not a deepepd's data stream",
+               (unsigned long long)h.bytes);
       break;
     }
     /* Every check before a byte is written: the job runs here, the peer
@@ -543,7 +545,8 @@ static void receive(int k, int fd) {
       io = h.bytes > 0 ? io_all(fd, t.payload, h.bytes, false) : 0;
       xfer__payload_end();
       if (io == 0) {
-        atomic_fetch_add_explicit(&route->bytes_in, sizeof h + h.bytes, memory_order_relaxed);
+        atomic_fetch_add_explicit(&route->bytes_in, sizeof wire + h.bytes,
+                                  memory_order_relaxed);
         atomic_fetch_add_explicit(&route->frames_in, 1, memory_order_relaxed);
         xfer__frame_publish(&t, &h);
       }
@@ -555,7 +558,7 @@ static void receive(int k, int fd) {
       snprintf(why, sizeof why, "%s", errno ? strerror(errno) : "closed");
       break;
     }
-    atomic_fetch_add(&xp->bytes_in, sizeof h + h.bytes);
+    atomic_fetch_add(&xp->bytes_in, sizeof wire + h.bytes);
     atomic_fetch_add(&xp->frames_in, 1);
     why[0] = '\0';
   }

@@ -75,6 +75,22 @@ void codec_w_str(struct codec_w *w, const char *s, size_t size) {
   }
 }
 
+/* A string in the whole of a fixed array of `size` bytes, NUL-padded (CODEC_FSTR). */
+static void codec_w_fstr(struct codec_w *w, const char *s, size_t size) {
+  if (w->err)
+    return;
+  size_t n = strnlen(s, size);
+  if (n >= size) {
+    w->err = DEP_ERR_INVALID;
+    return;
+  }
+  uint8_t *p = codec_w_space(w, size);
+  if (p) {
+    memcpy(p, s, n);
+    memset(p + n, 0, size - n);
+  }
+}
+
 int codec_w_finish(struct codec_w *w) {
   if (w->err)
     w->b->len = w->start;
@@ -148,6 +164,24 @@ void codec_r_str(struct codec_r *r, char *dst, size_t size) {
   dst[n] = '\0';
 }
 
+/* A string from a fixed array of `size` bytes (CODEC_FSTR): a NUL in it,
+ * and nothing but NULs after the first. */
+static void codec_r_fstr(struct codec_r *r, char *dst, size_t size) {
+  dst[0] = '\0';
+  const uint8_t *s = codec_r_take(r, size);
+  if (s == NULL)
+    return;
+  const size_t n = strnlen((const char *)s, size);
+  bool padded = n < size;
+  for (size_t i = n; i < size; i++)
+    padded = padded && s[i] == 0;
+  if (!padded) {
+    r->bad = true;
+    return;
+  }
+  memcpy(dst, s, size);
+}
+
 /* The body must be read exactly: trailing bytes are as wrong as missing ones. */
 int codec_r_finish(const struct codec_r *r) {
   return (r->bad || r->left != 0) ? DEP_ERR_PROTOCOL : 0;
@@ -194,6 +228,9 @@ void codec_w_rec(struct codec_w *w, const struct codec_field *f, size_t n, const
     case CODEC_KIND_BYTES:
       codec_w_bytes(w, at, f[i].size);
       break;
+    case CODEC_KIND_FSTR:
+      codec_w_fstr(w, at, f[i].size);
+      break;
     default:
       w->err = DEP_ERR_INTERNAL;
     }
@@ -236,6 +273,9 @@ void codec_r_rec(struct codec_r *r, const struct codec_field *f, size_t n, void 
     case CODEC_KIND_BYTES:
       codec_r_bytes(r, at, f[i].size);
       break;
+    case CODEC_KIND_FSTR:
+      codec_r_fstr(r, at, f[i].size);
+      break;
     default:
       r->bad = true;
     }
@@ -248,7 +288,7 @@ size_t codec_rec_min(const struct codec_field *f, size_t n) {
                                   [CODEC_KIND_I32] = 4, [CODEC_KIND_STR] = 2};
   size_t bytes = 0;
   for (size_t i = 0; i < n; i++)
-    bytes += f[i].kind == CODEC_KIND_BYTES ? f[i].size
+    bytes += f[i].kind == CODEC_KIND_BYTES || f[i].kind == CODEC_KIND_FSTR ? f[i].size
              : f[i].kind < sizeof width ? width[f[i].kind] : 0;
   return bytes;
 }

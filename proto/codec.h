@@ -1,9 +1,10 @@
 /*
  * codec.h — the little-endian field codec every wire format of the project
- * uses (the control protocol, proto*.c; the peer protocol, peer_proto.c):
- * fixed-width integers, length-prefixed strings (u16 length + bytes, no
- * NUL) and raw bytes, written into a growable buffer and read from a body
- * of known length.  Errors are sticky on both sides, so an encoder or a
+ * uses (the control protocol, proto*.c; the peer protocol, peer_proto.c;
+ * the data stream's frame header, xring.c): fixed-width integers,
+ * length-prefixed strings (u16 length + bytes, no NUL), strings NUL-padded
+ * to a fixed size and raw bytes, written into a growable buffer and read
+ * from a body of known length.  Errors are sticky on both sides, so an encoder or a
  * decoder reads straight through and checks once at the end: a writer that
  * failed rolls the buffer back to where it started (codec_w_finish); a
  * reader that ran short, or was not read exactly to its end, is
@@ -95,7 +96,7 @@ int codec_r_finish(const struct codec_r *r);
  * array of the decoder's size, holding its NUL).
  */
 enum codec_kind { CODEC_KIND_U8 = 1, CODEC_KIND_U16, CODEC_KIND_U32, CODEC_KIND_U64,
-                  CODEC_KIND_I32, CODEC_KIND_STR, CODEC_KIND_BYTES };
+                  CODEC_KIND_I32, CODEC_KIND_STR, CODEC_KIND_BYTES, CODEC_KIND_FSTR };
 
 struct codec_field {
   uint8_t kind;  /* enum codec_kind */
@@ -118,6 +119,11 @@ struct codec_field {
 #define CODEC_STR(type, m) CODEC_FIELD(CODEC_KIND_STR, 0, type, m)
 /* A fixed array of raw bytes, all of it on the wire. */
 #define CODEC_BYTES(type, m) CODEC_FIELD(CODEC_KIND_BYTES, 0, type, m)
+/* A string in the whole of its fixed char array, NUL-padded: all of the
+ * array on the wire, for records of a fixed wire size (xring.h's frame
+ * header).  The reader refuses an array without a NUL, or with anything
+ * but NULs after its first, so that each string has one encoding. */
+#define CODEC_FSTR(type, m) CODEC_FIELD(CODEC_KIND_FSTR, 0, type, m)
 #define CODEC_NFIELDS(table) (sizeof(table) / sizeof((table)[0]))
 
 /* Write rec's fields in the table's order. */

@@ -45,6 +45,7 @@
 #ifndef DEP_XRING_H
 #define DEP_XRING_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ccuda.h"
@@ -120,8 +121,7 @@ static inline uint8_t *dep_xring_xchg(struct dep_xring *r) {
  * not having seen the token, is what opens a data connection; the
  * listener then answers the ack (magic, version), or closes the
  * connection when the proof is wrong.  Then the opener sends frames, each
- * this header and `bytes` of payload.  Little-endian, as both ends' slabs
- * are.
+ * a header (dep_xfer_hdr in its wire form, below) and `bytes` of payload.
  *
  * An RDMA data queue pair (daemon/xfer_rdma.h) is opened with a
  * DATA_OFFER's token too, in its connection request's private data
@@ -180,8 +180,21 @@ struct dep_xfer_rdma_req {
 };
 DEP_STATIC_ASSERT(sizeof(struct dep_xfer_rdma_req) == 56,
                   "RC connection private data holds 56 bytes");
+/*
+ * A frame's header, as the daemons use it; on the wire it is the codec's
+ * (codec.h) fixed form of DEP_XFER_HDR_WIRE bytes, one field table
+ * (xring.c) in this order, little-endian, no padding:
+ *
+ *     0  magic u32   4  src u32   8  dest u32   12  parity u32
+ *    16  seq u64    24  bytes u64   32  kind u32   36  row0 u32
+ *    40  job_id, DEP_JOB_ID_MAX bytes: the id, then NULs (at least one)
+ *   104  slot, DEP_SLAB_CTRL_SLOT bytes: the slot image as it is
+ *
+ * These are the bytes the struct itself has on the little-endian hosts
+ * the project builds for, which earlier builds sent raw.
+ */
 struct dep_xfer_hdr {
-  uint32_t magic;
+  uint32_t magic;           /* DEP_XFER_MAGIC */
   uint32_t src;             /* the sending rank (on the opener's node) */
   uint32_t dest;            /* the receiving rank (on the listener's node) */
   uint32_t parity;
@@ -193,6 +206,30 @@ struct dep_xfer_hdr {
   uint8_t slot[DEP_SLAB_CTRL_SLOT]; /* the control slot, flag first, as the sender wrote it
                                        into its out slot */
 };
-DEP_STATIC_ASSERT(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data stream is little-endian");
+#define DEP_XFER_HDR_WIRE (6u * 4u + 2u * 8u + DEP_JOB_ID_MAX + DEP_SLAB_CTRL_SLOT)
+
+struct proto_buf;
+/* Append h's wire form (DEP_XFER_HDR_WIRE bytes) to b: 0, or
+ * DEP_ERR_INVALID (a magic not DEP_XFER_MAGIC, a job id without its NUL) or
+ * DEP_ERR_NO_MEMORY, with b as it was. */
+int dep__xfer_hdr_encode(struct proto_buf *b, const struct dep_xfer_hdr *h);
+/* Read the len bytes at p, a header's whole wire form, into h: 0, or
+ * DEP_ERR_PROTOCOL with why (a length not DEP_XFER_HDR_WIRE, a magic not
+ * DEP_XFER_MAGIC, a job id that is not a string NUL-padded to its size). */
+int dep__xfer_hdr_decode(const uint8_t *p, size_t len, struct dep_xfer_hdr *h, char *why,
+                         size_t whylen);
+
+/*
+ * The slot image and the payloads are bytes of the exchange regions,
+ * carried as one node's ranks wrote them in its byte order and read as
+ * they are by the other node's ranks (and the receiving daemon reads the
+ * slot's flag so): the nodes of a job must share a byte order, and the
+ * project builds for little-endian hosts only.  The frame header does
+ * not need it (the codec); the handshake's words (dep_xfer_ack,
+ * dep_xfer_challenge, dep_xfer_rdma_req's version) still go as raw
+ * structs and do.
+ */
+DEP_STATIC_ASSERT(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+                  "the data path carries exchange region bytes between hosts as they are");
 
 #endif /* DEP_XRING_H */

@@ -3,7 +3,8 @@
  * holds the key) against a real daemon: a data connection must prove the
  * peer key, bytes right behind its HELLO reach the data path, an unknown
  * type leaves the link up, a stream outside the version window is refused
- * naming both, and a flood of data offers starts a bounded number of
+ * naming both, a frame header with a malformed job id drops its data
+ * connection, and a flood of data offers starts a bounded number of
  * threads.  The helpers it shares with check_peers.c are peerlab.c's.
  */
 #include <arpa/inet.h>
@@ -18,6 +19,7 @@
 #include <signal.h>
 #include <sodium.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -485,6 +487,57 @@ START_TEST(a_flood_of_data_offers_starts_a_bounded_number_of_threads) {
 }
 END_TEST
 
+/*
+ * A frame header is decoded whole before the receiver acts on a field
+ * (xring.h, the codec): on a proven data connection, a header of a job
+ * that does not run here is dropped and the connection kept, and then one
+ * whose job id has no NUL (its 64 bytes all 'a') is refused as not a
+ * deepepd's stream, and the connection dropped, saying why.  Before, the
+ * receiver cut such a job id to 63 bytes, took the frame for one of a job
+ * that ended here and went on reading the stream.  The link is answered
+ * meanwhile (fp_answer), so that no peer-down closes the connection for
+ * another reason.
+ */
+START_TEST(a_frame_header_whose_job_id_has_no_nul_drops_the_data_connection) {
+  struct fp f;
+  fp_start(&f);
+  struct fp_answerer ans = {.f = &f};
+  atomic_init(&ans.stop, false);
+  ck_assert_int_eq(pthread_create(&ans.th, NULL, fp_answer, &ans), 0);
+  uint8_t dkey[DEP_PEER_MAC_LEN], nonce[DEP_XFER_NONCE_LEN], mac[DEP_XFER_MAC_LEN];
+  peerauth_data_key(f.key, f.keylen, "fakepeer", f.dnode, dkey);
+  int fd = fp_data_open(&f, f.tok[0], nonce);
+  ck_assert_int_ge(fd, 0);
+  peerauth_data_mac(dkey, nonce, f.tok[0], mac);
+  ck_assert_msg(fp_data_prove(fd, mac), "the peer's own proof was refused");
+
+  struct dep_xfer_hdr h = {.magic = DEP_XFER_MAGIC, .src = 1, .dest = 0, .job_id = "nojob"};
+  struct proto_buf b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(dep__xfer_hdr_encode(&b, &h), 0);
+  ck_assert_int_eq(dw_send_all(fd, b.data, b.len), 0);
+  ck_assert_msg(dw_log_has(&f.d, "frame(s) of jobs that do not run here dropped", 10000),
+                "a well-formed frame of a job not here was not dropped as one");
+  memset(b.data + offsetof(struct dep_xfer_hdr, job_id), 'a', DEP_JOB_ID_MAX);
+  ck_assert_int_eq(dw_send_all(fd, b.data, b.len), 0);
+  proto_buf_free(&b);
+  /* 10 s: a ceiling for the receiver to read 168 bytes and close. */
+  struct timeval tv = {.tv_sec = 10};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  uint8_t byte;
+  const ssize_t n = recv(fd, &byte, 1, 0);
+  const int err = errno;
+  atomic_store(&ans.stop, true);
+  pthread_join(ans.th, NULL);
+  ck_assert_msg(n == 0, "the data connection was kept after a job id without its NUL (recv %zd: "
+                "%s)", n, n < 0 ? strerror(err) : "bytes");
+  ck_assert_msg(dw_log_has(&f.d, "inbound data connection dropped: a frame whose job id is not "
+                "a string", 5000), "the refusal was not said");
+  close(fd);
+  fp_stop(&f);
+}
+END_TEST
+
 /* The data stream's window (xring.h): a listener whose challenge is of a
  * version below or above it is refused by the opening daemon, which names
  * the window and the listener's version. */
@@ -525,6 +578,7 @@ Suite *peer_data_suite(void) {
   tcase_add_test(tc, bytes_right_behind_a_data_hello_reach_the_data_path);
   tcase_add_test(tc, an_unknown_type_from_an_authenticated_peer_leaves_the_link_up);
   tcase_add_test(tc, a_data_stream_outside_the_version_window_is_refused_naming_both);
+  tcase_add_test(tc, a_frame_header_whose_job_id_has_no_nul_drops_the_data_connection);
   tcase_add_test(tc, a_flood_of_data_offers_starts_a_bounded_number_of_threads);
   suite_add_tcase(s, tc);
   return s;

@@ -106,6 +106,7 @@ struct every_kind {
   struct {
     uint32_t h;
   } in;
+  char z[6];
 };
 
 static const struct codec_field every_kind_f[] = {
@@ -113,14 +114,16 @@ static const struct codec_field every_kind_f[] = {
     CODEC_U32(struct every_kind, c),  CODEC_U64(struct every_kind, d),
     CODEC_I32(struct every_kind, e),  CODEC_STR(struct every_kind, f),
     CODEC_BYTES(struct every_kind, g), CODEC_U32(struct every_kind, in.h),
+    CODEC_FSTR(struct every_kind, z),
 };
 
 START_TEST(a_field_table_writes_each_kind_in_order_and_reads_it_back) {
   struct every_kind x = {.a = 0xA1, .b = 0xB2C3, .c = 0xC4D5E6F7u, .d = 0x0102030405060708ull,
-                         .e = -42, .f = "seven!!", .g = {9, 8, 7, 6, 5}, .in = {.h = 77}};
+                         .e = -42, .f = "seven!!", .g = {9, 8, 7, 6, 5}, .in = {.h = 77},
+                         .z = "ab"};
   static const uint8_t wire[] = {0xA1, 0xC3, 0xB2, 0xF7, 0xE6, 0xD5, 0xC4, 8, 7, 6, 5, 4, 3,
                                  2, 1, 0xD6, 0xFF, 0xFF, 0xFF, 7, 0, 's', 'e', 'v', 'e', 'n',
-                                 '!', '!', 9, 8, 7, 6, 5, 77, 0, 0, 0};
+                                 '!', '!', 9, 8, 7, 6, 5, 77, 0, 0, 0, 'a', 'b', 0, 0, 0, 0};
   struct proto_buf b = {0};
   struct codec_w w;
   codec_w_init(&w, &b);
@@ -139,6 +142,19 @@ START_TEST(a_field_table_writes_each_kind_in_order_and_reads_it_back) {
             y.in.h == x.in.h);
   ck_assert_str_eq(y.f, x.f);
   ck_assert_mem_eq(y.g, x.g, sizeof x.g);
+  ck_assert_str_eq(y.z, x.z);
+
+  /* A fixed string must hold its NUL and nothing after it: one encoding per string. */
+  uint8_t odd[sizeof wire];
+  memcpy(odd, wire, sizeof wire);
+  odd[sizeof wire - 1] = 'c';
+  codec_r_init(&r, odd, sizeof odd);
+  codec_r_rec(&r, every_kind_f, CODEC_NFIELDS(every_kind_f), &y);
+  ck_assert_int_eq(codec_r_finish(&r), DEP_ERR_PROTOCOL);
+  memset(odd + sizeof wire - sizeof x.z, 'c', sizeof x.z);
+  codec_r_init(&r, odd, sizeof odd);
+  codec_r_rec(&r, every_kind_f, CODEC_NFIELDS(every_kind_f), &y);
+  ck_assert_int_eq(codec_r_finish(&r), DEP_ERR_PROTOCOL);
 
   /* The smallest encoding is that of a record whose string is empty. */
   struct every_kind z = {0};
@@ -161,6 +177,11 @@ START_TEST(a_field_table_writes_each_kind_in_order_and_reads_it_back) {
 
   /* A string that does not fit its member fails the write and leaves the buffer as it was. */
   size_t before = b.len;
+  memset(x.z, 'x', sizeof x.z); /* no NUL */
+  codec_w_init(&w, &b);
+  codec_w_rec(&w, every_kind_f, CODEC_NFIELDS(every_kind_f), &x);
+  ck_assert_int_eq(codec_w_finish(&w), DEP_ERR_INVALID);
+  ck_assert_uint_eq(b.len, before);
   memset(x.f, 'x', sizeof x.f); /* no NUL */
   codec_w_init(&w, &b);
   codec_w_rec(&w, every_kind_f, CODEC_NFIELDS(every_kind_f), &x);

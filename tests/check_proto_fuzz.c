@@ -20,6 +20,7 @@
 #include "peer_proto.h"
 #include "proto.h"
 #include "protosamples.h"
+#include "xring.h"
 
 /* ---- random frames ------------------------------------------------------- */
 
@@ -290,6 +291,10 @@ static int decode_seed(enum corpus_seed_kind kind, const uint8_t *p, size_t len,
   why[0] = '\0';
   if (kind == CORPUS_FRAME)
     return decode_frame_seed(p, len, why, whylen);
+  if (kind == CORPUS_XFER_HDR) {
+    struct dep_xfer_hdr h;
+    return dep__xfer_hdr_decode(p, len, &h, why, whylen);
+  }
   if (kind == CORPUS_PEERS_BODY) {
     struct dep_msg_peers m;
     int rc = proto_decode_peers(p, len, &m);

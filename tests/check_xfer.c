@@ -2,7 +2,9 @@
  * check_xfer.c — the TCP data path's checks and its hold on a job's
  * exchange regions (daemon/xfer.c, xfer_internal.h), in process: a route
  * of a 4-rank job with ranks 0 and 1 here and 2 and 3 on peer 0, its
- * exchange regions plain memory.  A frame's header is checked against the
+ * exchange regions plain memory.  A frame's header goes on the wire as the
+ * codec's fixed form, the bytes the raw struct had, and a header cut short
+ * or malformed is refused whole; it is checked against the
  * job before any byte of it may be written (a peer daemon is untrusted
  * input), and names exactly the in block and slot of its source in its
  * destination's region; a route that threads still send from or receive
@@ -28,6 +30,7 @@
 #include <unistd.h>
 
 #include "client_internal.h"
+#include "codec.h"
 #include "daemonwire.h"
 #include "deepep.h"
 #include "job.h"
@@ -234,6 +237,143 @@ START_TEST(a_chunk_lands_at_its_ring_rows_and_a_credit_only_grows) {
   xfer__frame_publish(&t, &c);
   ck_assert_uint_eq(atomic_load(t.credit), DEP_SLAB_CHAN_AT(9, 7));
   xf_free(&f);
+}
+END_TEST
+
+/* A header with a distinct value in every field and a slot image of a pattern. */
+static struct dep_xfer_hdr xf_every_field(void) {
+  struct dep_xfer_hdr h = xf_hdr("moe-run.7", 0x01020304u, 0x05060708u, 1, 0x1112131415161718ull);
+  h.seq = 0x2122232425262728ull;
+  h.kind = DEP_XRING_CHUNK | DEP_XRING_SLOT;
+  h.row0 = 0x31323334u;
+  for (size_t i = 0; i < sizeof h.slot; i++)
+    h.slot[i] = (uint8_t)(0x80 + i);
+  return h;
+}
+
+/*
+ * The frame header goes through the codec (xring.c's field table), and
+ * its wire bytes are the ones the old code sent, the raw struct: each
+ * field, read back from the encoding at the struct member's offset, is
+ * that member, little-endian, the job id NUL-padded as the zeroed struct
+ * held it, and the whole encoding is the struct's bytes (this host is
+ * little-endian: xring.h).  The offsets are spelled out, as the layout
+ * xring.h documents.  It decodes back to the same header.
+ */
+START_TEST(a_frame_header_encodes_to_the_bytes_the_raw_struct_had) {
+  const struct dep_xfer_hdr h = xf_every_field();
+  struct proto_buf b = {0};
+  ck_assert_int_eq(dep__xfer_hdr_encode(&b, &h), 0);
+  ck_assert_uint_eq(b.len, DEP_XFER_HDR_WIRE);
+  ck_assert_uint_eq(sizeof h, DEP_XFER_HDR_WIRE);
+  const struct {
+    size_t wire, member, size;
+    const char *name;
+  } fields[] = {
+      {0, offsetof(struct dep_xfer_hdr, magic), 4, "magic"},
+      {4, offsetof(struct dep_xfer_hdr, src), 4, "src"},
+      {8, offsetof(struct dep_xfer_hdr, dest), 4, "dest"},
+      {12, offsetof(struct dep_xfer_hdr, parity), 4, "parity"},
+      {16, offsetof(struct dep_xfer_hdr, seq), 8, "seq"},
+      {24, offsetof(struct dep_xfer_hdr, bytes), 8, "bytes"},
+      {32, offsetof(struct dep_xfer_hdr, kind), 4, "kind"},
+      {36, offsetof(struct dep_xfer_hdr, row0), 4, "row0"},
+      {40, offsetof(struct dep_xfer_hdr, job_id), DEP_JOB_ID_MAX, "job_id"},
+      {104, offsetof(struct dep_xfer_hdr, slot), DEP_SLAB_CTRL_SLOT, "slot"},
+  };
+  size_t covered = 0;
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    ck_assert_msg(fields[i].wire == fields[i].member, "%s: at %zu on the wire, %zu in the struct",
+                  fields[i].name, fields[i].wire, fields[i].member);
+    ck_assert_msg(memcmp(b.data + fields[i].wire, (const uint8_t *)&h + fields[i].member,
+                         fields[i].size) == 0, "%s differs from the raw struct's bytes",
+                  fields[i].name);
+    covered += fields[i].size;
+  }
+  ck_assert_uint_eq(covered, DEP_XFER_HDR_WIRE);
+  /* The integers little-endian, whatever this host's order. */
+  ck_assert_uint_eq(codec_get_u32(b.data + 0), DEP_XFER_MAGIC);
+  ck_assert_uint_eq(codec_get_u32(b.data + 4), 0x01020304u);
+  ck_assert_uint_eq(b.data[4], 0x04);
+  ck_assert_uint_eq(codec_get_u64(b.data + 16), 0x2122232425262728ull);
+  ck_assert_uint_eq(b.data[16], 0x28);
+  ck_assert_uint_eq(codec_get_u64(b.data + 24), 0x1112131415161718ull);
+  ck_assert_uint_eq(codec_get_u32(b.data + 36), 0x31323334u);
+  ck_assert_str_eq((const char *)b.data + 40, "moe-run.7");
+  for (size_t i = 40 + strlen("moe-run.7"); i < 104; i++)
+    ck_assert_msg(b.data[i] == 0, "the job id is not NUL-padded at byte %zu", i);
+  ck_assert_int_eq(memcmp(b.data, &h, sizeof h), 0);
+
+  struct dep_xfer_hdr back;
+  char why[256] = "";
+  ck_assert_msg(dep__xfer_hdr_decode(b.data, b.len, &back, why, sizeof why) == 0, "%s", why);
+  ck_assert_int_eq(memcmp(&back, &h, sizeof h), 0);
+  proto_buf_free(&b);
+}
+END_TEST
+
+/*
+ * What a peer sends as a frame header is checked before the receiver acts
+ * on any field: a header cut short or one byte long, another magic, a job
+ * id without its NUL or with bytes after it, each is refused saying why,
+ * and leaves nothing decoded.  The encoder refuses to write a header the
+ * decoder would refuse, leaving the buffer as it was.
+ */
+START_TEST(a_truncated_or_malformed_frame_header_is_refused) {
+  const struct dep_xfer_hdr h = xf_every_field();
+  struct proto_buf b = {0};
+  ck_assert_int_eq(dep__xfer_hdr_encode(&b, &h), 0);
+  uint8_t wire[DEP_XFER_HDR_WIRE + 1];
+  memcpy(wire, b.data, DEP_XFER_HDR_WIRE);
+  wire[DEP_XFER_HDR_WIRE] = 0;
+  struct dep_xfer_hdr got;
+  char why[256];
+  for (size_t n = 0; n <= DEP_XFER_HDR_WIRE + 1; n++) {
+    if (n == DEP_XFER_HDR_WIRE)
+      continue;
+    why[0] = '\0';
+    ck_assert_msg(dep__xfer_hdr_decode(wire, n, &got, why, sizeof why) == DEP_ERR_PROTOCOL,
+                  "a header of %zu bytes was taken", n);
+    ck_assert_msg(strstr(why, "bytes, not") != NULL, "%zu bytes: %s", n, why);
+  }
+  const size_t id_at = offsetof(struct dep_xfer_hdr, job_id);
+  const struct {
+    size_t at;
+    uint8_t byte;
+    const char *why;
+  } bad[] = {
+      {0, 0x45, "not a deepepd's data stream"},         /* the magic's first byte */
+      {3, 0x00, "not a deepepd's data stream"},         /* and its last */
+      {id_at + strlen("moe-run.7") + 1, 'x', "job id"}, /* a byte after the NUL */
+      {id_at + DEP_JOB_ID_MAX - 1, 'x', "job id"},      /* the last, after it too */
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    uint8_t w[DEP_XFER_HDR_WIRE];
+    memcpy(w, wire, sizeof w);
+    w[bad[i].at] = bad[i].byte;
+    memset(&got, 0x55, sizeof got);
+    why[0] = '\0';
+    ck_assert_msg(dep__xfer_hdr_decode(w, sizeof w, &got, why, sizeof why) == DEP_ERR_PROTOCOL,
+                  "byte %zu set to %#x was taken", bad[i].at, bad[i].byte);
+    ck_assert_msg(strstr(why, bad[i].why) != NULL, "byte %zu: %s", bad[i].at, why);
+    const struct dep_xfer_hdr zero = {0};
+    ck_assert_msg(memcmp(&got, &zero, sizeof got) == 0, "byte %zu: a refused header was kept",
+                  bad[i].at);
+  }
+  /* A job id of every byte, no NUL: the old receiver cut it to 63 bytes. */
+  uint8_t w[DEP_XFER_HDR_WIRE];
+  memcpy(w, wire, sizeof w);
+  memset(w + id_at, 'a', DEP_JOB_ID_MAX);
+  ck_assert_int_eq(dep__xfer_hdr_decode(w, sizeof w, &got, why, sizeof why), DEP_ERR_PROTOCOL);
+
+  struct dep_xfer_hdr x = h;
+  memset(x.job_id, 'a', sizeof x.job_id);
+  ck_assert_int_eq(dep__xfer_hdr_encode(&b, &x), DEP_ERR_INVALID);
+  x = h;
+  x.magic = 0;
+  ck_assert_int_eq(dep__xfer_hdr_encode(&b, &x), DEP_ERR_INVALID);
+  ck_assert_uint_eq(b.len, DEP_XFER_HDR_WIRE);
+  proto_buf_free(&b);
 }
 END_TEST
 
@@ -610,6 +750,8 @@ Suite *xfer_suite(void) {
   tcase_add_test(t, a_chunk_lands_at_its_ring_rows_and_a_credit_only_grows);
   tcase_add_test(t, a_frame_the_job_does_not_allow_is_refused_before_a_byte_is_written);
   tcase_add_test(t, a_frame_is_published_fields_first_and_the_flag_last);
+  tcase_add_test(t, a_frame_header_encodes_to_the_bytes_the_raw_struct_had);
+  tcase_add_test(t, a_truncated_or_malformed_frame_header_is_refused);
   tcase_add_test(t, a_job_ends_only_once_its_sends_and_receives_are_done);
   tcase_add_test(t, a_receive_the_peer_stalls_at_the_job_end_is_cut_not_waited_out);
   tcase_set_timeout(t, 20);

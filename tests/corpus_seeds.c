@@ -384,6 +384,17 @@ static int p_unknown_type(struct proto_buf *b) {
   return 0;
 }
 
+/* ---- the data stream (xring.h) ---- */
+
+/* A chunk's frame header with the slot image: every field set. */
+static int x_hdr(struct proto_buf *b) {
+  struct dep_xfer_hdr h = {.magic = DEP_XFER_MAGIC, .src = 9, .dest = 2, .parity = 1, .seq = 77,
+                           .bytes = 3 * 8192, .kind = DEP_XRING_CHUNK | DEP_XRING_SLOT,
+                           .row0 = 0, .job_id = SEED_JOB};
+  pattern(h.slot, sizeof h.slot, 0x40);
+  return dep__xfer_hdr_encode(b, &h);
+}
+
 const struct corpus_seed corpus_seeds[] = {
     {"frame", "error", CORPUS_FRAME, f_error},
     {"frame", "hello", CORPUS_FRAME, f_hello},
@@ -420,6 +431,7 @@ const struct corpus_seed corpus_seeds[] = {
     {"frame", "tune", CORPUS_FRAME, f_tune},
     {"frame", "tune_ok", CORPUS_FRAME, f_tune_ok},
     {"frame", "unknown_type", CORPUS_FRAME, f_unknown_type},
+    {"frame", "xfer_hdr", CORPUS_XFER_HDR, x_hdr},
     {"peer", "hello", CORPUS_PEER, p_hello},
     {"peer", "auth", CORPUS_PEER, p_auth},
     {"peer", "auth_ok", CORPUS_PEER, p_auth_ok},

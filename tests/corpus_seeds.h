@@ -17,6 +17,8 @@ enum corpus_seed_kind {
   CORPUS_FRAME,      /* frame/: one control-protocol frame, header and body */
   CORPUS_PEER,       /* peer/: one peer-protocol message */
   CORPUS_PEERS_BODY, /* peer/: a PEERS_OK body without its frame (fuzz_peer.c decodes both) */
+  CORPUS_XFER_HDR,   /* frame/: a data connection's frame header (xring.h; fuzz_frame.c decodes
+                        both) */
 };
 
 struct corpus_seed {

@@ -8,7 +8,11 @@
  * decodes must re-encode to the very same bytes and pass the field checks
  * without crashing, and what a decoder allocated is freed as its callers
  * free it (a refused body must leave nothing allocated); a mismatch aborts
- * so libFuzzer keeps the input.  Seeds: tests/corpus/frame/.
+ * so libFuzzer keeps the input.  The input, and its first
+ * DEP_XFER_HDR_WIRE bytes, are also decoded as a data connection's frame
+ * header (xring.h), which must refuse all but its exact length, say why it
+ * refuses, and re-encode what it takes to the same bytes.  Seeds:
+ * tests/corpus/frame/.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +20,7 @@
 #include <string.h>
 
 #include "proto.h"
+#include "xring.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -104,7 +109,28 @@ static void decode_every_type(const uint8_t *body, size_t len) {
   proto_buf_free(&b);
 }
 
+/* data[0, len) as a data connection's frame header. */
+static void decode_xfer_hdr(const uint8_t *data, size_t len) {
+  struct dep_xfer_hdr h;
+  char why[256] = "";
+  int rc = dep__xfer_hdr_decode(data, len, &h, why, sizeof why);
+  if (rc != 0 && (rc != DEP_ERR_PROTOCOL || why[0] == '\0'))
+    die("data frame header refused wrongly or without saying why", 0);
+  if (rc == 0 && len != DEP_XFER_HDR_WIRE)
+    die("data frame header of the wrong length taken", 0);
+  if (rc != 0)
+    return;
+  struct proto_buf b;
+  proto_buf_init(&b);
+  if (dep__xfer_hdr_encode(&b, &h) != 0 || b.len != len || memcmp(b.data, data, len) != 0)
+    die("data frame header round trip changed bytes", 0);
+  proto_buf_free(&b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  decode_xfer_hdr(data, size);
+  if (size > DEP_XFER_HDR_WIRE)
+    decode_xfer_hdr(data, DEP_XFER_HDR_WIRE);
   if (size < DEP_PROTO_HDR_LEN) {
     decode_every_type(data, size);
     return 0;
