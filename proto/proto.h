@@ -80,7 +80,9 @@
  *      their chunks' marks (slab.h), and its ring version 3 descriptors
  *      (xring.h); a low-latency handle keeps each row's source token, so
  *      the private area's warm-up handle is larger: a library of 7 would
- *      address other layouts.
+ *      address other layouts.  RELOAD_OK is structured: the message, the
+ *      live keys applied and the keys that need a restart, by name (it was
+ *      one string).
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -142,7 +144,7 @@
   X(SHUTDOWN, shutdown, 10, empty, DAEMON)         /* a notice, request_id 0: it is stopping */  \
   X(SLAB, slab, 11, slab, DAEMON)                  /* part of the ATTACH reply, + chunk fds */   \
   X(RELOAD, reload, 12, empty, OPERATOR)                                                         \
-  X(RELOAD_OK, reload_ok, 13, text, DAEMON)        /* what was applied, what needs a restart */  \
+  X(RELOAD_OK, reload_ok, 13, reload_ok, DAEMON)   /* what was applied, what needs a restart */  \
   X(DRAIN, drain, 14, drain, OPERATOR)                                                           \
   X(DRAIN_OK, drain_ok, 15, text, DAEMON)          /* the state now, the jobs still running */   \
   X(PEERS, peers, 16, empty, CLIENT)                                                             \
@@ -193,6 +195,21 @@ struct dep_msg_error {
 /* A reply that is one line of text for the operator. */
 struct dep_msg_text {
   char text[DEP_MSG_TEXT_MAX];
+};
+
+/*
+ * RELOAD_OK: what a reload did.  The keys by their dotted names ("limits.max_clients"), in the
+ * file's order; the test of config's key table (tests/check_config_reload.c) holds every key
+ * deepepd.yaml has within these bounds, so no list is ever cut.
+ */
+#define DEP_RELOAD_KEYS_MAX 64 /* names in one list */
+#define DEP_RELOAD_KEY_MAX 48  /* a key's dotted name and its NUL */
+struct dep_msg_reload_ok {
+  char message[DEP_MSG_TEXT_MAX]; /* for people: the file, the changes, what needs a restart */
+  uint32_t n_applied;             /* 0..DEP_RELOAD_KEYS_MAX */
+  char applied[DEP_RELOAD_KEYS_MAX][DEP_RELOAD_KEY_MAX]; /* live keys changed, now in effect */
+  uint32_t n_restart;             /* 0..DEP_RELOAD_KEYS_MAX */
+  char restart[DEP_RELOAD_KEYS_MAX][DEP_RELOAD_KEY_MAX]; /* keys changed that need a restart */
 };
 
 /* DRAIN: 1 stops new jobs (running ones finish), 0 accepts them again. */
@@ -506,6 +523,7 @@ int proto_frame_encode(struct proto_buf *b, uint16_t type, uint32_t flags,
   X(tune_ok, struct dep_msg_tune_ok, UNION)      /* proto_rank.c */                              \
   X(status, struct dep_status, UNION)            /* proto_ctl.c: allocates */                    \
   X(text, struct dep_msg_text, UNION)            /* proto_ctl.c */                               \
+  X(reload_ok, struct dep_msg_reload_ok, UNION)  /* proto_ctl.c */                               \
   X(drain, struct dep_msg_drain, UNION)          /* proto_ctl.c */                               \
   X(peers, struct dep_msg_peers, OWN)            /* proto_ctl.c: allocates */                    \
   X(job_nodes, struct dep_msg_job_nodes, OWN)    /* proto_ctl.c: large */                        \

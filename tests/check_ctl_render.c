@@ -97,6 +97,31 @@ START_TEST(a_value_a_row_lacks_is_a_dash_in_text_and_null_in_json) {
 }
 END_TEST
 
+/* A list (reload's keys) is an array of its values in JSON, empty or not, and a table the text
+ * leaves to a field's words is not in the text at all. */
+START_TEST(a_list_is_an_array_of_values_in_json_and_may_stay_out_of_the_text) {
+  static const struct ctl_col fields[] = {{"message", "reload", CTL_STR, 0}};
+  const struct ctl_val vals[] = {{.s = "applied f: log_level info -> debug"}};
+  static const struct ctl_col key = {"key", "KEY", CTL_STR, 0};
+  const struct ctl_val keys[] = {{.s = "log_level"}, {.s = "limits.max_clients"}};
+  const struct ctl_table tables[] = {
+      {"applied", "", &key, 1, 2, keys, CTL_TABLE_LIST | CTL_TABLE_NOTEXT},
+      {"restart", "", &key, 1, 0, keys, CTL_TABLE_LIST | CTL_TABLE_NOTEXT}};
+  const struct ctl_doc doc = {fields, vals, 1, tables, 2};
+  char *out = render_text(&doc);
+  ck_assert_str_eq(out, "reload: applied f: log_level info -> debug\n");
+  free(out);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  ck_assert_int_eq(ctl_out_render(f, &doc, true), 0);
+  fclose(f);
+  ck_assert_str_eq(buf, "{\"message\":\"applied f: log_level info -> debug\","
+                        "\"applied\":[\"log_level\",\"limits.max_clients\"],\"restart\":[]}\n");
+  free(buf);
+}
+END_TEST
+
 /* The exposition of one node (a device, a peer, a rank of job j that ran dispatches) whose
  * figures are too large for a double's 9 significant digits, or have fractions of seconds. */
 static char *render_metrics(void) {
@@ -213,6 +238,7 @@ Suite *ctl_render_suite(void) {
   TCase *local = tcase_create("local");
   tcase_add_test(local, text_output_shows_long_strings_whole);
   tcase_add_test(local, a_value_a_row_lacks_is_a_dash_in_text_and_null_in_json);
+  tcase_add_test(local, a_list_is_an_array_of_values_in_json_and_may_stay_out_of_the_text);
   tcase_add_test(local, metrics_print_counts_and_bytes_as_exact_integers);
   tcase_add_test(local, metrics_show_the_data_paths_traffic_per_peer_and_job);
   tcase_add_test(local, metrics_quantiles_of_no_steady_call_are_nan);

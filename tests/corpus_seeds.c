@@ -112,7 +112,10 @@ static int f_slab(struct proto_buf *b) {
 }
 static int f_reload(struct proto_buf *b) { return frame(b, DEP_MSG_RELOAD, 0, NULL); }
 static int f_reload_ok(struct proto_buf *b) {
-  struct dep_msg_text m = {.text = "applied /etc/deepepd/deepepd.yaml; needs a restart: socket"};
+  static struct dep_msg_reload_ok m = {
+      .message = "applied /etc/deepepd/deepepd.yaml: log_level info -> debug; needs restart "
+                 "(still running with the old values): socket.path",
+      .n_applied = 1, .applied = {"log_level"}, .n_restart = 1, .restart = {"socket.path"}};
   return frame(b, DEP_MSG_RELOAD_OK, 0, &m);
 }
 static int f_drain(struct proto_buf *b) {
