@@ -82,7 +82,8 @@
  *      the private area's warm-up handle is larger: a library of 7 would
  *      address other layouts.  RELOAD_OK is structured: the message, the
  *      live keys applied and the keys that need a restart, by name (it was
- *      one string).
+ *      one string).  PEERS_OK carries per peer what went to it as RDMA
+ *      writes: blocks, writes, posts and bytes.
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -289,6 +290,10 @@ struct dep_msg_peer_info {
    * each way, and what moved on them since the daemon started. */
   uint32_t data_out, data_in;
   uint64_t data_bytes_out, data_bytes_in, data_frames_out, data_frames_in;
+  /* ... and what went to the peer as RDMA writes since the daemon started (xfer_rdma.h):
+   * descriptors, work requests, posts (chains of them) and bytes.  Outbound only: a write
+   * lands without the far daemon taking part. */
+  uint64_t rdma_blocks_out, rdma_writes_out, rdma_posts_out, rdma_bytes_out;
 };
 
 struct dep_msg_peers {

@@ -195,7 +195,8 @@ static const struct codec_field peers_record[] = {
     PEER_F(U64, bytes_out),      PEER_F(U64, rtt_us),        PEER_F(U64, backoff_ms),
     PEER_F(U64, rdma_rtt_us),    PEER_F(U32, data_out),      PEER_F(U32, data_in),
     PEER_F(U64, data_bytes_out), PEER_F(U64, data_bytes_in), PEER_F(U64, data_frames_out),
-    PEER_F(U64, data_frames_in),
+    PEER_F(U64, data_frames_in), PEER_F(U64, rdma_blocks_out), PEER_F(U64, rdma_writes_out),
+    PEER_F(U64, rdma_posts_out), PEER_F(U64, rdma_bytes_out),
 };
 #undef PEER_F
 

@@ -146,7 +146,9 @@ static char *render_metrics(void) {
                                    .transport = "tcp", .bytes_out = 15700000001ull,
                                    .data_out = 4, .data_in = 3,
                                    .data_bytes_out = 107374182400ull, .data_bytes_in = 7,
-                                   .data_frames_out = 1600, .data_frames_in = 9};
+                                   .data_frames_out = 1600, .data_frames_in = 9,
+                                   .rdma_blocks_out = 21, .rdma_writes_out = 84,
+                                   .rdma_posts_out = 3, .rdma_bytes_out = 107374182401ull};
   struct dep_msg_peers pm = {.n_peers = 1, .peers = &peer, .proxy_threads = 2,
                              .proxy_busy_us = 1500001, .nic_bytes = 8};
   static struct dep_msg_job_nodes jn = {
@@ -203,8 +205,9 @@ START_TEST(metrics_quantiles_of_no_steady_call_are_nan) {
 END_TEST
 
 /* The data path is in the exposition as deepepctl peers and status show it: per peer its
- * connections, bytes and frames each way; its proxy threads; per job that spans nodes its
- * traffic and its rings' fullest.  It once had the control link's bytes alone. */
+ * connections, bytes and frames each way and what went to the peer as RDMA writes; its proxy
+ * threads; per job that spans nodes its traffic and its rings' fullest.  It once had the
+ * control link's bytes alone, then the TCP data connections' and no RDMA write. */
 START_TEST(metrics_show_the_data_paths_traffic_per_peer_and_job) {
   char *out = render_metrics();
   static const char *const want[] = {
@@ -216,6 +219,10 @@ START_TEST(metrics_show_the_data_paths_traffic_per_peer_and_job) {
       "deepep_peer_data_frames_total{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"out\"} "
       "1600\n",
       "deepep_peer_data_frames_total{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"in\"} 9\n",
+      "\ndeepep_peer_rdma_blocks_total{peer=\"10.0.0.2:7470\",transport=\"tcp\"} 21\n",
+      "\ndeepep_peer_rdma_writes_total{peer=\"10.0.0.2:7470\",transport=\"tcp\"} 84\n",
+      "\ndeepep_peer_rdma_posts_total{peer=\"10.0.0.2:7470\",transport=\"tcp\"} 3\n",
+      "\ndeepep_peer_rdma_bytes_total{peer=\"10.0.0.2:7470\",transport=\"tcp\"} 107374182401\n",
       "\ndeepep_proxy_threads 2\n",
       "\ndeepep_proxy_busy_seconds_total 1.500001\n",
       "\ndeepep_rdma_registered_bytes 8\n",
