@@ -3,7 +3,8 @@
  * with and how each is: state, transport (configured and settled),
  * connections up of the pool and of them those on RDMA queue pairs,
  * inbound connections, round trips of the last keep-alives (the TCP link's
- * and the queue pair's), bytes, reconnects and the last error; the RDMA
+ * and the queue pair's), bytes (the data path's over TCP and as RDMA
+ * writes), reconnects and the last error; the RDMA
  * device and the bytes registered with it (the exchange regions of running
  * multi-node jobs); as a table or --json.
  */
@@ -46,6 +47,10 @@ static const struct ctl_col peer_cols[] = {
     {"data_bytes_in", "DATA_RX", CTL_BYTES, 0},
     {"data_frames_out", "FRAMES_TX", CTL_UINT, 0},
     {"data_frames_in", "FRAMES_RX", CTL_UINT, 0},
+    {"rdma_bytes_out", "RDMA_TX", CTL_BYTES, 0},
+    {"rdma_blocks_out", "RDMA_BLOCKS", CTL_UINT, CTL_COL_NOTEXT},
+    {"rdma_writes_out", "RDMA_WRITES", CTL_UINT, CTL_COL_NOTEXT},
+    {"rdma_posts_out", "RDMA_POSTS", CTL_UINT, CTL_COL_NOTEXT},
     {"last_error", "LAST ERROR", CTL_STR, 0},
 };
 #define PEER_NCOLS (sizeof peer_cols / sizeof peer_cols[0])
@@ -99,7 +104,11 @@ static int peers_render(const struct ctl *ctl, const struct dep_msg_peers *m) {
     row[18].u = p->data_bytes_in;
     row[19].u = p->data_frames_out;
     row[20].u = p->data_frames_in;
-    row[21] = (struct ctl_val){.s = p->last_error, .none = p->last_error[0] == '\0'};
+    row[21].u = p->rdma_bytes_out;
+    row[22].u = p->rdma_blocks_out;
+    row[23].u = p->rdma_writes_out;
+    row[24].u = p->rdma_posts_out;
+    row[25] = (struct ctl_val){.s = p->last_error, .none = p->last_error[0] == '\0'};
   }
   const struct ctl_table tables[] = {
       {"peers", "no peers configured", peer_cols, PEER_NCOLS, m->n_peers, cells, 0},

@@ -145,6 +145,15 @@ size_t config_diff_restart(const struct config *old_c, const struct config *new_
 size_t config_diff_live(const struct config *old_c, const struct config *new_c, char *changes,
                         size_t len);
 
+/*
+ * The keys of one kind (live, or needing a restart) whose values differ between old and new,
+ * by their dotted names ("limits.max_clients"), in the file's order: the first max into
+ * names, an array of max names of name_size bytes each (a name cut to fit).  Returns how many
+ * differ, which may exceed max.
+ */
+size_t config_diff_names(const struct config *old_c, const struct config *new_c, bool live,
+                         char *names, size_t name_size, size_t max);
+
 /* Copy every live key from src to dst: what a reload applies to the running configuration. */
 void config_copy_live(struct config *dst, const struct config *src);
 

@@ -139,56 +139,72 @@ static void append_entry(char *out, size_t len, bool first, const char *entry) {
     snprintf(out + used, len - used, "%s...", sep);
 }
 
-/*
- * The keys of a table (and its sections) whose values differ between a and b: the live ones as
- * "key old -> new", or the others by name.
- */
+/* Where a diff goes: a message's text, the keys' names, or both (NULL: not wanted). */
+struct diff_out {
+  bool live;            /* the live keys, or those that need a restart */
+  char *text;           /* live: "key old -> new" joined by ", "; else the names so joined */
+  size_t len;
+  char *names;          /* max names of name_size bytes each, in the table's order */
+  size_t name_size, max;
+  size_t count;         /* keys that differ, whether or not they fitted */
+};
+
+/* The keys of a table (and its sections) whose values differ between a and b, into o. */
 static void diff_table(const struct key *table, const char *prefix, const char *a, const char *b,
-                       bool live, char *out, size_t len, size_t *count) {
+                       struct diff_out *o) {
   for (const struct key *k = table; k->name != NULL; k++) {
     char full[64];
     config__path_join(full, sizeof full, "%s%s%s", prefix, prefix[0] != '\0' ? "." : "", k->name);
     if (k->kind == K_SECTION) {
-      diff_table(k->sub, full, a, b, live, out, len, count);
+      diff_table(k->sub, full, a, b, o);
       continue;
     }
-    if (k->live != live || same_value(k, a, b))
+    if (k->live != o->live || same_value(k, a, b))
       continue;
-    if (out != NULL && len > 0 && live) {
+    if (o->text != NULL && o->len > 0 && o->live) {
       char was[160], now[160], entry[400];
       snprintf(entry, sizeof entry, "%s %s -> %s", full, value_text(k, a, was, sizeof was),
                value_text(k, b, now, sizeof now));
-      append_entry(out, len, *count == 0, entry);
-    } else if (out != NULL && len > 0) {
-      size_t used = strlen(out);
-      if (used < len)
-        snprintf(out + used, len - used, "%s%s", *count > 0 ? ", " : "", full);
+      append_entry(o->text, o->len, o->count == 0, entry);
+    } else if (o->text != NULL && o->len > 0) {
+      size_t used = strlen(o->text);
+      if (used < o->len)
+        snprintf(o->text + used, o->len - used, "%s%s", o->count > 0 ? ", " : "", full);
     }
-    (*count)++;
+    if (o->names != NULL && o->count < o->max)
+      snprintf(o->names + o->count * o->name_size, o->name_size, "%s", full);
+    o->count++;
   }
 }
 
-/* The keys of one kind (live, or needing a restart) whose values differ, into out: how many. */
-static size_t diff_kind(const struct config *old_c, const struct config *new_c, bool live,
-                        char *out, size_t len) {
-  size_t count = 0;
-  if (out != NULL && len > 0)
-    out[0] = '\0';
+/* The keys of one kind (live, or needing a restart) whose values differ, into o: how many. */
+static size_t diff_kind(const struct config *old_c, const struct config *new_c,
+                        struct diff_out *o) {
+  if (o->text != NULL && o->len > 0)
+    o->text[0] = '\0';
   if (old_c == NULL || new_c == NULL)
     return 0;
-  diff_table(config__root_keys, "", (const char *)old_c, (const char *)new_c, live, out, len,
-             &count);
-  return count;
+  diff_table(config__root_keys, "", (const char *)old_c, (const char *)new_c, o);
+  return o->count;
 }
 
 size_t config_diff_restart(const struct config *old_c, const struct config *new_c,
                            char *restart_keys, size_t len) {
-  return diff_kind(old_c, new_c, false, restart_keys, len);
+  struct diff_out o = {.live = false, .text = restart_keys, .len = len};
+  return diff_kind(old_c, new_c, &o);
 }
 
 size_t config_diff_live(const struct config *old_c, const struct config *new_c, char *changes,
                         size_t len) {
-  return diff_kind(old_c, new_c, true, changes, len);
+  struct diff_out o = {.live = true, .text = changes, .len = len};
+  return diff_kind(old_c, new_c, &o);
+}
+
+size_t config_diff_names(const struct config *old_c, const struct config *new_c, bool live,
+                         char *names, size_t name_size, size_t max) {
+  struct diff_out o = {.live = live, .names = name_size > 0 ? names : NULL,
+                       .name_size = name_size, .max = max};
+  return diff_kind(old_c, new_c, &o);
 }
 
 static void copy_live(const struct key *table, char *dst, const char *src) {

@@ -200,17 +200,15 @@ struct control_reload_wait {
   uint32_t request_id;
 };
 
-static void control_reload_done(void *arg, int rc, const char *msg) {
+static void control_reload_done(void *arg, int rc, const struct dep_msg_reload_ok *r) {
   struct control_reload_wait *w = arg;
   struct conn *c = conn_find(w->conn_id);
   if (c == NULL || !conn_open(c)) {
     log_debug("client %llu left before its RELOAD was answered", (unsigned long long)w->conn_id);
   } else if (rc != 0) {
-    conn_send_error(c, w->request_id, rc, "%s", msg);
+    conn_send_error(c, w->request_id, rc, "%s", r->message);
   } else {
-    struct dep_msg_text m;
-    snprintf(m.text, sizeof m.text, "%s", msg);
-    conn_send(c, DEP_MSG_RELOAD_OK, w->request_id, &m, NULL, 0);
+    conn_send(c, DEP_MSG_RELOAD_OK, w->request_id, r, NULL, 0);
   }
   free(w);
 }

@@ -115,14 +115,23 @@ static struct reload_waiter *reload_next; /* the waiters of that one, in order *
 static void deepepd_reload_begin(struct reload_waiter *w);
 
 /* Tell every waiter of a list how its reload ended, and free the list. */
-static void deepepd_reload_tell(struct reload_waiter *w, int rc, const char *msg) {
+static void deepepd_reload_tell(struct reload_waiter *w, int rc,
+                                const struct dep_msg_reload_ok *r) {
   while (w != NULL) {
     struct reload_waiter *next = w->next;
     if (w->done != NULL)
-      w->done(w->arg, rc, msg);
+      w->done(w->arg, rc, r);
     free(w);
     w = next;
   }
+}
+
+/* The same for an end that changed nothing: msg alone, no key in either list. */
+static void deepepd_reload_tell_msg(struct reload_waiter *w, int rc, const char *msg) {
+  struct dep_msg_reload_ok r;
+  memset(&r, 0, sizeof r);
+  snprintf(r.message, sizeof r.message, "%s", msg);
+  deepepd_reload_tell(w, rc, &r);
 }
 
 /*
@@ -164,8 +173,12 @@ static void deepepd_msg_add(char *msg, size_t len, const char *fmt, ...) {
   va_end(ap);
 }
 
-/* Apply what a run read; msg says what happened.  0 or DEP_ERR_*. */
-static int deepepd_reload_apply(struct reload_run *run, int status, char *msg, size_t len) {
+/* Apply what a run read into r: its message says what happened, its lists which keys changed.
+ * 0 or DEP_ERR_*. */
+static int deepepd_reload_apply(struct reload_run *run, int status, struct dep_msg_reload_ok *r) {
+  char *msg = r->message;
+  const size_t len = sizeof r->message;
+  memset(r, 0, sizeof *r);
   if (deepepd.stopping) {
     snprintf(msg, len, "deepepd is stopping; nothing reloaded");
     return DEP_ERR_STATE;
@@ -188,6 +201,13 @@ static int deepepd_reload_apply(struct reload_run *run, int status, char *msg, s
   size_t k = config_diff_restart(&deepepd.cfg, n, restart, sizeof restart);
   size_t changed = config_diff_live(&deepepd.cfg, n, changes, sizeof changes);
   config_diff_live(&deepepd.cfg, n, told, sizeof told); /* the reply's shorter list */
+  /* Every key fits (tests/check_config_reload.c holds the table to DEP_RELOAD_KEYS_MAX). */
+  size_t na = config_diff_names(&deepepd.cfg, n, true, r->applied[0], sizeof r->applied[0],
+                                DEP_RELOAD_KEYS_MAX);
+  size_t nr = config_diff_names(&deepepd.cfg, n, false, r->restart[0], sizeof r->restart[0],
+                                DEP_RELOAD_KEYS_MAX);
+  r->n_applied = (uint32_t)(na < DEP_RELOAD_KEYS_MAX ? na : DEP_RELOAD_KEYS_MAX);
+  r->n_restart = (uint32_t)(nr < DEP_RELOAD_KEYS_MAX ? nr : DEP_RELOAD_KEYS_MAX);
   deepepd_apply_live(&deepepd.cfg, n);
   if (strcmp(run->path, deepepd.config_path) != 0)
     snprintf(deepepd.config_path, sizeof deepepd.config_path, "%s", run->path);
@@ -212,11 +232,11 @@ static int deepepd_reload_apply(struct reload_run *run, int status, char *msg, s
  * meanwhile. */
 static void deepepd_reload_after(uv_work_t *req, int status) {
   struct reload_run *run = req->data;
-  char msg[DEP_MSG_TEXT_MAX];
-  int rc = deepepd_reload_apply(run, status, msg, sizeof msg);
+  struct dep_msg_reload_ok r;
+  int rc = deepepd_reload_apply(run, status, &r);
   reload_running = NULL;
   deepepd_reload_notify_ready();
-  deepepd_reload_tell(run->waiters, rc, msg);
+  deepepd_reload_tell(run->waiters, rc, &r);
   free(run);
   if (reload_again) {
     struct reload_waiter *w = reload_next;
@@ -230,7 +250,7 @@ static void deepepd_reload_after(uv_work_t *req, int status) {
 static void deepepd_reload_begin(struct reload_waiter *w) {
   char msg[DEP_MSG_TEXT_MAX];
   if (deepepd.stopping) {
-    deepepd_reload_tell(w, DEP_ERR_STATE, "deepepd is stopping; nothing reloaded");
+    deepepd_reload_tell_msg(w, DEP_ERR_STATE, "deepepd is stopping; nothing reloaded");
     return;
   }
   if (reload_running != NULL) {
@@ -260,7 +280,7 @@ static void deepepd_reload_begin(struct reload_waiter *w) {
              DEEPEPD_DEFAULT_CONFIG);
     log_notice("reload: %s", msg);
     deepepd_reload_notify_ready();
-    deepepd_reload_tell(w, 0, msg);
+    deepepd_reload_tell_msg(w, 0, msg);
     return;
   }
   struct reload_run *run = calloc(1, sizeof *run);
@@ -284,15 +304,17 @@ static void deepepd_reload_begin(struct reload_waiter *w) {
   }
   log_errx("reload: %s", msg);
   deepepd_reload_notify_ready();
-  deepepd_reload_tell(w, rc, msg);
+  deepepd_reload_tell_msg(w, rc, msg);
 }
 
 void deepepd_reload(deepepd_reload_done *done, void *arg) {
   struct reload_waiter *w = calloc(1, sizeof *w);
   if (w == NULL) {
-    log_errx("reload: out of memory; keeping the running configuration");
+    static const struct dep_msg_reload_ok oom = {
+        .message = "out of memory; keeping the running configuration"};
+    log_errx("reload: %s", oom.message);
     if (done != NULL)
-      done(arg, DEP_ERR_NO_MEMORY, "out of memory; keeping the running configuration");
+      done(arg, DEP_ERR_NO_MEMORY, &oom);
     return;
   }
   w->done = done;

@@ -12,6 +12,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "proto.h"
 
 /* The configuration file read when -c is not given (and it exists). */
 #define DEEPEPD_DEFAULT_CONFIG DEP_SYSCONFDIR "/deepepd/deepepd.yaml"
@@ -61,11 +62,12 @@ void deepepd_fini(void);
  */
 void deepepd_shutdown(const char *why);
 /*
- * How a reload ended: rc 0 or DEP_ERR_*; msg (shorter than DEP_MSG_TEXT_MAX)
- * says which live keys changed and what needs a restart, or why nothing was
- * applied.  msg lives only for the call.
+ * How a reload ended: rc 0 or DEP_ERR_*; r's message says which live keys
+ * changed and what needs a restart, or why nothing was applied, and its
+ * lists name the keys applied and those that need a restart (both empty
+ * when rc is not 0).  r lives only for the call.
  */
-typedef void deepepd_reload_done(void *arg, int rc, const char *msg);
+typedef void deepepd_reload_done(void *arg, int rc, const struct dep_msg_reload_ok *r);
 
 /*
  * Re-read the configuration file and apply what can change live (SIGHUP,

@@ -840,11 +840,18 @@ static int xfer_start_threads(void) {
   return 0;
 }
 
-/* The data path's part of PEERS_OK: its proxy threads, each peer's data connections. */
+/* The data path's part of PEERS_OK: its proxy threads, each peer's data connections and what
+ * went to it as RDMA writes. */
 static void xfer_fill_peers(struct dep_msg_peers *m) {
   xfer_proxy_stats(&m->proxy_threads, &m->proxy_busy_us);
   for (uint32_t k = 0; k < m->n_peers; k++) {
     struct dep_msg_peer_info *q = &m->peers[k];
+    struct xfer_rdma_stats rs;
+    xfer_rdma_peer_stats((int)k, &rs);
+    q->rdma_blocks_out = rs.blocks;
+    q->rdma_writes_out = rs.writes;
+    q->rdma_posts_out = rs.posts;
+    q->rdma_bytes_out = rs.bytes;
     struct xfer_peer_stats xs;
     xfer_peer_stats((int)k, &xs);
     q->data_out = xs.conns_out;

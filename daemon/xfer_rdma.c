@@ -49,6 +49,8 @@ struct xr_dest {
   struct xr_win w[XR_WIN_MAX];
 };
 
+/* What went to a peer as RDMA writes: blocks taken, the work requests they made, the chains
+ * posted (one ibv_post_send each) and the bytes the writes carry. */
 struct xr_count {
   _Atomic uint64_t blocks, writes, posts, bytes;
 };
@@ -110,6 +112,10 @@ static struct {
   struct xr_peer p[CONFIG_MAX_LIST];
   struct xr_end ends[3][CONFIG_MAX_LIST]; /* [0] in, [1] out, [2] the test's wrong proof */
   _Atomic uint64_t lost;          /* peers whose writes in flight were lost (the loop saw it) */
+  /* Per peer since the daemon started, every job's together (a route's own counts go with
+   * it): counters that only grow, for the metrics (xfer_rdma_peer_stats).  A chain posts
+   * blocks of several routes at once, so a peer's posts are counted here, not summed. */
+  struct xr_count sent[CONFIG_MAX_LIST];
   int test_bad_proofs;            /* $DEEPEPD_TEST_RDMA_BAD_PROOFS left to do for data queue
                                      pairs (the loop's; the one made for the other direction) */
 } XR;
@@ -311,6 +317,17 @@ void xfer_rdma_fini(void) {
     xfer_rdma_peer_down(k);
   rdmaxp_set_data_events(NULL);
   XR.active = false;
+}
+
+void xfer_rdma_peer_stats(int k, struct xfer_rdma_stats *out) {
+  memset(out, 0, sizeof *out);
+  if (!XR.active || k < 0 || k >= CONFIG_MAX_LIST)
+    return;
+  const struct xr_count *c = &XR.sent[k];
+  out->blocks = atomic_load_explicit(&c->blocks, memory_order_relaxed);
+  out->writes = atomic_load_explicit(&c->writes, memory_order_relaxed);
+  out->posts = atomic_load_explicit(&c->posts, memory_order_relaxed);
+  out->bytes = atomic_load_explicit(&c->bytes, memory_order_relaxed);
 }
 
 bool xfer_rdma_wanted(int k) {
@@ -549,6 +566,7 @@ static bool chain_post(int k, struct xr_chain *c) {
   p->posted += c->n;
   for (uint32_t i = 0; i < c->n_routes; i++)
     atomic_fetch_add_explicit(&c->routes[i]->by_peer[k].posts, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&XR.sent[k].posts, 1, memory_order_relaxed);
   (void)reap(k, p);
   ok = true;
 out:
@@ -700,9 +718,11 @@ bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr, 
     c->routes[c->n_routes++] = xr;
   uint64_t bytes = (s->payload != NULL ? d->bytes : 0) + (s->slot != NULL ? DEP_SLAB_CTRL_SLOT : 0) +
                    (s->mark != NULL || s->credit != NULL ? sizeof(uint64_t) : 0);
-  struct xr_count *rc = &xr->by_peer[k];
-  atomic_fetch_add_explicit(&rc->blocks, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&rc->writes, n, memory_order_relaxed);
-  atomic_fetch_add_explicit(&rc->bytes, bytes, memory_order_relaxed);
+  struct xr_count *counts[] = {&xr->by_peer[k], &XR.sent[k]};
+  for (int i = 0; i < 2; i++) {
+    atomic_fetch_add_explicit(&counts[i]->blocks, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&counts[i]->writes, n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&counts[i]->bytes, bytes, memory_order_relaxed);
+  }
   return true;
 }

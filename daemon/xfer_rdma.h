@@ -68,6 +68,17 @@ void xfer_rdma_init(const struct config *cfg, const struct xfer_rdma_offers *off
 /* Close every data queue pair (the proxy threads have stopped). */
 void xfer_rdma_fini(void);
 
+/*
+ * What went to peer k as RDMA writes since the daemon started, every job's together: the
+ * blocks (each a descriptor: a block, a chunk or a credit), the work requests they made, the
+ * chains posted and the bytes written.  Only the sender counts them: a write lands in the
+ * peer's memory without its daemon taking part.  Any thread.
+ */
+struct xfer_rdma_stats {
+  uint64_t blocks, writes, posts, bytes;
+};
+void xfer_rdma_peer_stats(int k, struct xfer_rdma_stats *out);
+
 /* Whether blocks for peer k may go over RDMA: an RDMA device here and a
  * transport other than tcp for k.  Then one more DATA_OFFER goes to k. */
 bool xfer_rdma_wanted(int k);

@@ -87,6 +87,10 @@
  *      STATS_OK says how many ranks' counts the reply left out.  Its
  *      stats page is sized by the job's world (stats_page.h version 2), and
  *      STATS_LEND_OK's bytes say so.
+ *      RELOAD_OK is structured: the message, the
+ *      live keys applied and the keys that need a restart, by name (it was
+ *      one string).  PEERS_OK carries per peer what went to it as RDMA
+ *      writes: blocks, writes, posts and bytes.
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -148,7 +152,7 @@
   X(SHUTDOWN, shutdown, 10, empty, DAEMON)         /* a notice, request_id 0: it is stopping */  \
   X(SLAB, slab, 11, slab, DAEMON)                  /* part of the ATTACH reply, + chunk fds */   \
   X(RELOAD, reload, 12, empty, OPERATOR)                                                         \
-  X(RELOAD_OK, reload_ok, 13, text, DAEMON)        /* what was applied, what needs a restart */  \
+  X(RELOAD_OK, reload_ok, 13, reload_ok, DAEMON)   /* what was applied, what needs a restart */  \
   X(DRAIN, drain, 14, drain, OPERATOR)                                                           \
   X(DRAIN_OK, drain_ok, 15, text, DAEMON)          /* the state now, the jobs still running */   \
   X(PEERS, peers, 16, empty, CLIENT)                                                             \
@@ -199,6 +203,21 @@ struct dep_msg_error {
 /* A reply that is one line of text for the operator. */
 struct dep_msg_text {
   char text[DEP_MSG_TEXT_MAX];
+};
+
+/*
+ * RELOAD_OK: what a reload did.  The keys by their dotted names ("limits.max_clients"), in the
+ * file's order; the test of config's key table (tests/check_config_reload.c) holds every key
+ * deepepd.yaml has within these bounds, so no list is ever cut.
+ */
+#define DEP_RELOAD_KEYS_MAX 64 /* names in one list */
+#define DEP_RELOAD_KEY_MAX 48  /* a key's dotted name and its NUL */
+struct dep_msg_reload_ok {
+  char message[DEP_MSG_TEXT_MAX]; /* for people: the file, the changes, what needs a restart */
+  uint32_t n_applied;             /* 0..DEP_RELOAD_KEYS_MAX */
+  char applied[DEP_RELOAD_KEYS_MAX][DEP_RELOAD_KEY_MAX]; /* live keys changed, now in effect */
+  uint32_t n_restart;             /* 0..DEP_RELOAD_KEYS_MAX */
+  char restart[DEP_RELOAD_KEYS_MAX][DEP_RELOAD_KEY_MAX]; /* keys changed that need a restart */
 };
 
 /* DRAIN: 1 stops new jobs (running ones finish), 0 accepts them again. */
@@ -278,6 +297,10 @@ struct dep_msg_peer_info {
    * each way, and what moved on them since the daemon started. */
   uint32_t data_out, data_in;
   uint64_t data_bytes_out, data_bytes_in, data_frames_out, data_frames_in;
+  /* ... and what went to the peer as RDMA writes since the daemon started (xfer_rdma.h):
+   * descriptors, work requests, posts (chains of them) and bytes.  Outbound only: a write
+   * lands without the far daemon taking part. */
+  uint64_t rdma_blocks_out, rdma_writes_out, rdma_posts_out, rdma_bytes_out;
 };
 
 struct dep_msg_peers {
@@ -518,6 +541,7 @@ int proto_frame_encode(struct proto_buf *b, uint16_t type, uint32_t flags,
   X(tune_ok, struct dep_msg_tune_ok, UNION)      /* proto_rank.c */                              \
   X(status, struct dep_status, UNION)            /* proto_ctl.c: allocates */                    \
   X(text, struct dep_msg_text, UNION)            /* proto_ctl.c */                               \
+  X(reload_ok, struct dep_msg_reload_ok, UNION)  /* proto_ctl.c */                               \
   X(drain, struct dep_msg_drain, UNION)          /* proto_ctl.c */                               \
   X(peers, struct dep_msg_peers, OWN)            /* proto_ctl.c: allocates */                    \
   X(job_nodes, struct dep_msg_job_nodes, OWN)    /* proto_ctl.c: large */                        \

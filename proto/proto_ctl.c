@@ -1,14 +1,14 @@
 /*
  * proto_ctl.c — the bodies of what deepepctl asks about the daemon itself
- * (proto.h; the library's dep_status asks STATUS too): STATUS_OK, the text
- * of RELOAD_OK and DRAIN_OK, DRAIN, PEERS_OK and JOB_NODES_OK, with the
+ * (proto.h; the library's dep_status asks STATUS too): STATUS_OK, RELOAD_OK,
+ * the text of DRAIN_OK, DRAIN, PEERS_OK and JOB_NODES_OK, with the
  * shared codec (codec.h).  Each record's fields are one table below, in wire
  * order, which drives its encoder, its decoder and its smallest size (a
  * string's bound is its member's array, less the NUL); a body with records
  * is the head's fields, a u32 count, then that many records (STATUS_OK: two
  * counts, devices then jobs), every count bounded by what the body can hold
- * before anything is allocated.  RELOAD_OK and DRAIN_OK are one string,
- * DRAIN one u32 (0 or 1).
+ * before anything is allocated.  RELOAD_OK is a string and two lists of
+ * key names; DRAIN_OK is one string, DRAIN one u32 (0 or 1).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -118,7 +118,7 @@ DEP_EXPORT void dep_status_free(struct dep_status *st) {
   free(st);
 }
 
-/* ---- DRAIN, RELOAD_OK and DRAIN_OK ------------------------------------------- */
+/* ---- DRAIN and DRAIN_OK ---------------------------------------------------- */
 
 static const struct codec_field drain_fields[] = {
     CODEC_U32(struct dep_msg_drain, drain), /* 0 or 1 */
@@ -129,6 +129,53 @@ static const struct codec_field text_fields[] = {
 static bool drain_check(const void *rec) { return ((const struct dep_msg_drain *)rec)->drain <= 1; }
 CODEC_BODY(drain, struct dep_msg_drain, drain_fields, drain_check, drain_check)
 CODEC_BODY(text, struct dep_msg_text, text_fields, NULL, NULL)
+
+/* ---- RELOAD_OK ---------------------------------------------------------------
+ * Its message, then two lists of key names: each a u32 count and that many strings. */
+
+static const struct codec_field reload_ok_head[] = {
+    CODEC_STR(struct dep_msg_reload_ok, message),
+};
+
+static void reload_ok_w_names(struct codec_w *w, uint32_t n,
+                              const char (*names)[DEP_RELOAD_KEY_MAX]) {
+  codec_w_u32(w, n);
+  for (uint32_t i = 0; i < n && !w->err; i++)
+    codec_w_str(w, names[i], DEP_RELOAD_KEY_MAX);
+}
+
+int proto_encode_reload_ok(struct proto_buf *b, const struct dep_msg_reload_ok *m) {
+  if (m->n_applied > DEP_RELOAD_KEYS_MAX || m->n_restart > DEP_RELOAD_KEYS_MAX)
+    return DEP_ERR_INVALID;
+  struct codec_w w;
+  codec_w_init(&w, b);
+  codec_w_rec(&w, reload_ok_head, CODEC_NFIELDS(reload_ok_head), m);
+  reload_ok_w_names(&w, m->n_applied, m->applied);
+  reload_ok_w_names(&w, m->n_restart, m->restart);
+  return codec_w_finish(&w);
+}
+
+/* A list's count, bounded before any name is read, then its names. */
+static uint32_t reload_ok_r_names(struct codec_r *r, char (*names)[DEP_RELOAD_KEY_MAX]) {
+  uint32_t n = codec_r_u32(r);
+  if (n > DEP_RELOAD_KEYS_MAX) {
+    r->bad = true;
+    return 0;
+  }
+  for (uint32_t i = 0; i < n && !r->bad; i++)
+    codec_r_str(r, names[i], DEP_RELOAD_KEY_MAX);
+  return r->bad ? 0 : n;
+}
+
+int proto_decode_reload_ok(const uint8_t *p, size_t len, struct dep_msg_reload_ok *m) {
+  struct codec_r r;
+  codec_r_init(&r, p, len);
+  memset(m, 0, sizeof *m);
+  codec_r_rec(&r, reload_ok_head, CODEC_NFIELDS(reload_ok_head), m);
+  m->n_applied = reload_ok_r_names(&r, m->applied);
+  m->n_restart = reload_ok_r_names(&r, m->restart);
+  return codec_r_finish(&r);
+}
 
 /* ---- PEERS_OK --------------------------------------------------------------- */
 
@@ -148,7 +195,8 @@ static const struct codec_field peers_record[] = {
     PEER_F(U64, bytes_out),      PEER_F(U64, rtt_us),        PEER_F(U64, backoff_ms),
     PEER_F(U64, rdma_rtt_us),    PEER_F(U32, data_out),      PEER_F(U32, data_in),
     PEER_F(U64, data_bytes_out), PEER_F(U64, data_bytes_in), PEER_F(U64, data_frames_out),
-    PEER_F(U64, data_frames_in),
+    PEER_F(U64, data_frames_in), PEER_F(U64, rdma_blocks_out), PEER_F(U64, rdma_writes_out),
+    PEER_F(U64, rdma_posts_out), PEER_F(U64, rdma_bytes_out),
 };
 #undef PEER_F
 

@@ -206,7 +206,7 @@ static int ctl_out_text(FILE *f, const struct ctl_doc *d) {
     free(text);
   }
   for (size_t i = 0; i < d->ntables; i++)
-    if (ctl_out_text_table(f, &d->tables[i]) != 0)
+    if ((d->tables[i].flags & CTL_TABLE_NOTEXT) == 0 && ctl_out_text_table(f, &d->tables[i]) != 0)
       return -1;
   return 0;
 }
@@ -292,9 +292,7 @@ static void ctl_out_json_str(FILE *f, const char *s) {
 
 /* A value in its JSON type: a string, a number, true or false, or null where the row has none
  * (where the text shows "-"), never a number or a string standing in for one of the others. */
-static void ctl_out_json_val(FILE *f, const struct ctl_col *col, const struct ctl_val *v) {
-  ctl_out_json_str(f, col->key);
-  fputc(':', f);
+static void ctl_out_json_bare(FILE *f, const struct ctl_col *col, const struct ctl_val *v) {
   if (v->none)
     fputs("null", f);
   else if (col->kind == CTL_BOOL)
@@ -310,6 +308,13 @@ static void ctl_out_json_val(FILE *f, const struct ctl_col *col, const struct ct
     fputc(']', f);
   } else
     fprintf(f, "%" PRIu64, v->u);
+}
+
+/* "key":value. */
+static void ctl_out_json_val(FILE *f, const struct ctl_col *col, const struct ctl_val *v) {
+  ctl_out_json_str(f, col->key);
+  fputc(':', f);
+  ctl_out_json_bare(f, col, v);
 }
 
 static void ctl_out_json(FILE *f, const struct ctl_doc *d) {
@@ -335,6 +340,15 @@ static void ctl_out_json(FILE *f, const struct ctl_doc *d) {
     }
     if (!one)
       fputc('[', f);
+    if ((t->flags & CTL_TABLE_LIST) != 0 && !one) {
+      for (size_t r = 0; r < t->nrows; r++) {
+        if (r > 0)
+          fputc(',', f);
+        ctl_out_json_bare(f, &t->cols[0], &t->cells[r * t->ncols]);
+      }
+      fputc(']', f);
+      continue;
+    }
     for (size_t r = 0; r < (one ? 1 : t->nrows); r++) {
       fputs(r == 0 ? "{" : ",{", f);
       for (size_t c = 0; c < t->ncols; c++) {

@@ -50,6 +50,10 @@ struct ctl_val {
 
 /* A table of at most one row: in JSON an object, or null without a row. */
 #define CTL_TABLE_ONE 0x1u
+/* A table of one column: in JSON an array of its values (["a","b"]), not of objects. */
+#define CTL_TABLE_LIST 0x2u
+/* Only in JSON: the text says the same otherwise (in a field's words). */
+#define CTL_TABLE_NOTEXT 0x4u
 
 struct ctl_table {
   const char *key;   /* JSON key of the array; text section title */

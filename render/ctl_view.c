@@ -376,10 +376,12 @@ static const struct ctl_metric pool_metrics[] = {
 };
 
 /* A peer: its control link (peer.c), then the data path's connections and traffic to and from
- * it (PEERS_OK's, as deepepctl peers shows them: what the proxy's TCP connections carried). */
+ * it (PEERS_OK's, as deepepctl peers shows them: what the proxy's TCP connections carried, and
+ * what went to the peer as RDMA writes), each counter the daemon's since it started. */
 enum {
   XC_PEER, XC_TRANSPORT, XC_UP, XC_CONNS, XC_RX, XC_TX, XC_RECONNECTS, XC_DATA_OUT, XC_DATA_IN,
-  XC_DATA_TX, XC_DATA_RX, XC_FRAMES_TX, XC_FRAMES_RX, XC_N
+  XC_DATA_TX, XC_DATA_RX, XC_FRAMES_TX, XC_FRAMES_RX, XC_RDMA_BLOCKS, XC_RDMA_WRITES,
+  XC_RDMA_POSTS, XC_RDMA_BYTES, XC_N
 };
 static const struct ctl_col peer_cols[XC_N] = {
     [XC_PEER] = {"peer", "PEER", CTL_STR, CTL_COL_LABEL},
@@ -395,6 +397,10 @@ static const struct ctl_col peer_cols[XC_N] = {
     [XC_DATA_RX] = {"data_bytes_in", "DATA_RX", CTL_BYTES, 0},
     [XC_FRAMES_TX] = {"data_frames_out", "FRAMES_TX", CTL_UINT, 0},
     [XC_FRAMES_RX] = {"data_frames_in", "FRAMES_RX", CTL_UINT, 0},
+    [XC_RDMA_BLOCKS] = {"rdma_blocks_out", "RDMA_BLOCKS", CTL_UINT, 0},
+    [XC_RDMA_WRITES] = {"rdma_writes_out", "RDMA_WRITES", CTL_UINT, 0},
+    [XC_RDMA_POSTS] = {"rdma_posts_out", "RDMA_POSTS", CTL_UINT, 0},
+    [XC_RDMA_BYTES] = {"rdma_bytes_out", "RDMA_TX", CTL_BYTES, 0},
 };
 static const struct ctl_metric peer_metrics[] = {
     {XC_UP, "deepep_peer_up", "", "gauge", "1: the peer daemon's connections are up.", 0, NULL},
@@ -419,6 +425,17 @@ static const struct ctl_metric peer_metrics[] = {
      "Frames (a block of a rank's tokens each) the data path's TCP connections moved to the "
      "peer (out) and from it (in).", 0, "direction=\"out\""},
     {XC_FRAMES_RX, "deepep_peer_data_frames_total", "", "counter", "", 0, "direction=\"in\""},
+    {XC_RDMA_BLOCKS, "deepep_peer_rdma_blocks_total", "", "counter",
+     "Blocks (a block, a chunk or a credit of a rank's) the data path sent to the peer as RDMA "
+     "writes; only the sender counts them.", 0, NULL},
+    {XC_RDMA_WRITES, "deepep_peer_rdma_writes_total", "", "counter",
+     "RDMA write requests those blocks made (payload segments, marks, slot fields and flags).",
+     0, NULL},
+    {XC_RDMA_POSTS, "deepep_peer_rdma_posts_total", "", "counter",
+     "Chains of those requests posted to the peer's queue pair (one ibv_post_send each).", 0,
+     NULL},
+    {XC_RDMA_BYTES, "deepep_peer_rdma_bytes_total", "", "counter",
+     "Bytes the data path's RDMA writes carried to the peer.", 0, NULL},
 };
 
 /* The data path as a whole: its proxy threads and the bytes registered with the RDMA device. */
@@ -556,6 +573,10 @@ int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stat
       row[XC_DATA_RX].u = pm->peers[i].data_bytes_in;
       row[XC_FRAMES_TX].u = pm->peers[i].data_frames_out;
       row[XC_FRAMES_RX].u = pm->peers[i].data_frames_in;
+      row[XC_RDMA_BLOCKS].u = pm->peers[i].rdma_blocks_out;
+      row[XC_RDMA_WRITES].u = pm->peers[i].rdma_writes_out;
+      row[XC_RDMA_POSTS].u = pm->peers[i].rdma_posts_out;
+      row[XC_RDMA_BYTES].u = pm->peers[i].rdma_bytes_out;
     }
     for (uint32_t i = 0; i < nxjobs; i++) {
       struct ctl_val *row = jcells + (size_t)i * JC_N;

@@ -3,13 +3,18 @@
  * file (config/config_reload.c): the live keys need no restart, each
  * restart key is named, several are listed together, a reload copies
  * every live key and no other, and each changed live key is named with
- * both values; short buffers are cut and the counts stay right.
+ * both values; short buffers are cut and the counts stay right.  Each
+ * changed key is named alone too (RELOAD_OK's lists), and every key of the
+ * table fits those lists whole.
  */
 #include <check.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "config.h"
+#include "config_keys.h"
 #include "configtest.h"
+#include "proto.h"
 
 START_TEST(live_keys_need_no_restart) {
   struct config a, b;
@@ -160,6 +165,70 @@ START_TEST(changed_live_keys_are_named_with_both_values) {
 }
 END_TEST
 
+/* RELOAD_OK's lists: each changed key by its name alone, in the file's order; a short list
+ * keeps the first and the count stays right. */
+START_TEST(changed_keys_are_named_one_by_one) {
+  struct config a, b;
+  char names[DEP_RELOAD_KEYS_MAX][DEP_RELOAD_KEY_MAX];
+  config_defaults(&a);
+  ct_load_ok(&b, "limits:\n  max_clients: 512\nlog_level: debug\nsocket:\n  mode: 0600\n"
+                 "pool:\n  chunk_size: 32MiB\n");
+  ck_assert_uint_eq(config_diff_names(&a, &b, true, names[0], sizeof names[0],
+                                      DEP_RELOAD_KEYS_MAX), 2);
+  ck_assert_str_eq(names[0], "limits.max_clients");
+  ck_assert_str_eq(names[1], "log_level");
+  ck_assert_uint_eq(config_diff_names(&a, &b, false, names[0], sizeof names[0],
+                                      DEP_RELOAD_KEYS_MAX), 2);
+  ck_assert_str_eq(names[0], "socket.mode");
+  ck_assert_str_eq(names[1], "pool.chunk_size");
+  ck_assert_uint_eq(config_diff_names(&a, &a, true, names[0], sizeof names[0],
+                                      DEP_RELOAD_KEYS_MAX), 0);
+  /* The same keys as the messages count, live and not. */
+  ct_load_ok(&b, every_key_changed);
+  ck_assert_uint_eq(config_diff_names(&a, &b, true, names[0], sizeof names[0],
+                                      DEP_RELOAD_KEYS_MAX), 16);
+  ck_assert_str_eq(names[15], "log_level");
+  ck_assert_uint_eq(config_diff_names(&a, &b, false, names[0], sizeof names[0],
+                                      DEP_RELOAD_KEYS_MAX), 17);
+  ck_assert_str_eq(names[0], "socket.path");
+  strcpy(names[1], "untouched");
+  ck_assert_uint_eq(config_diff_names(&a, &b, false, names[0], sizeof names[0], 1), 17);
+  ck_assert_str_eq(names[0], "socket.path");
+  ck_assert_str_eq(names[1], "untouched");
+}
+END_TEST
+
+/* The keys of a table and its sections: how many, and the longest dotted name. */
+static void count_keys(const struct key *table, const char *prefix, size_t *n, size_t *longest,
+                       char *which, size_t len) {
+  for (const struct key *k = table; k->name != NULL; k++) {
+    char full[128];
+    snprintf(full, sizeof full, "%s%s%s", prefix, prefix[0] != '\0' ? "." : "", k->name);
+    if (k->kind == K_SECTION) {
+      count_keys(k->sub, full, n, longest, which, len);
+      continue;
+    }
+    (*n)++;
+    if (strlen(full) > *longest) {
+      *longest = strlen(full);
+      snprintf(which, len, "%s", full);
+    }
+  }
+}
+
+/* RELOAD_OK names a key in DEP_RELOAD_KEY_MAX bytes and at most DEP_RELOAD_KEYS_MAX of them in a
+ * list: every key of deepepd.yaml fits, so the daemon never cuts a name or a list. */
+START_TEST(every_key_fits_a_reload_answer) {
+  size_t n = 0, longest = 0;
+  char which[128] = "";
+  count_keys(config__root_keys, "", &n, &longest, which, sizeof which);
+  ck_assert_uint_gt(n, 20); /* the walk found the table */
+  ck_assert_msg(n <= DEP_RELOAD_KEYS_MAX, "%zu keys; RELOAD_OK lists %d", n, DEP_RELOAD_KEYS_MAX);
+  ck_assert_msg(longest < DEP_RELOAD_KEY_MAX, "%s: %zu bytes; RELOAD_OK names %d with the NUL",
+                which, longest, DEP_RELOAD_KEY_MAX);
+}
+END_TEST
+
 Suite *config_reload_suite(void);
 Suite *config_reload_suite(void) {
   Suite *s = suite_create("config_reload");
@@ -171,6 +240,8 @@ Suite *config_reload_suite(void) {
   tcase_add_loop_test(t, restart_keys_are_named, 0,
                       (int)(sizeof restart_changes / sizeof restart_changes[0]));
   tcase_add_test(t, restart_keys_are_listed_together);
+  tcase_add_test(t, changed_keys_are_named_one_by_one);
+  tcase_add_test(t, every_key_fits_a_reload_answer);
   suite_add_tcase(s, t);
   return s;
 }

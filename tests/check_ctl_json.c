@@ -157,7 +157,8 @@ static const char ctl_json_schema_py[] =
     "        'conns_up': I, 'conns_total': I, 'qps_up': I, 'inbound_up': I, 'rtt_us': I,\n"
     "        'rdma_rtt_us': I, 'bytes_in': I, 'bytes_out': I, 'reconnects': I, 'backoff_ms': I,\n"
     "        'data_out': I, 'data_in': I, 'data_bytes_out': I, 'data_bytes_in': I,\n"
-    "        'data_frames_out': I, 'data_frames_in': I, 'last_error': opt(S)}\n"
+    "        'data_frames_out': I, 'data_frames_in': I, 'rdma_bytes_out': I,\n"
+    "        'rdma_blocks_out': I, 'rdma_writes_out': I, 'rdma_posts_out': I, 'last_error': opt(S)}\n"
     "CLIENT = {'pid': I, 'uid': I, 'name': S, 'job': opt(S), 'rank': opt(I), 'local_rank': opt(I),\n"
     "          'device': opt(S), 'connected_ms': I, 'attached_ms': opt(I), 'attached': opt(S)}\n"
     "CHECK = {'check': S, 'result': S, 'detail': S, 'action': S}\n"
@@ -165,7 +166,7 @@ static const char ctl_json_schema_py[] =
     "SCHEMAS = {\n"
     "    'status': {'version': S, 'state': S, 'pid': I, 'uptime_ms': I, 'backend': S,\n"
     "               'proto_version': I, 'clients': I, 'devices': [DEV], 'jobs': [JOB]},\n"
-    "    'reload': {'result': S},\n"
+    "    'reload': {'message': S, 'applied': [S], 'restart': [S]},\n"
     "    'drain': {'result': S},\n"
     "    'drain_wait': {'result': S, 'waited_ms': I},\n"
     "    'peers': {'node': S, 'listen': opt(S), 'auth': S, 'rdma': opt(S), 'nic_bytes': I,\n"
@@ -234,8 +235,9 @@ static void json_output(const char *dir, const char *name, const char *const *ar
 
 /* Every command's --json holds its schema: a daemon with a peer that never answers and a job
  * whose ranks made one call of each op (no steady call: no median), and deepepctl's own
- * connection, which is no rank.  It once said "ok":"true", "rank":0 for no rank, "median_ns":0
- * for none and "listen":"-". */
+ * connection, which is no rank; a reload that changes a live key and one that needs a restart.
+ * It once said "ok":"true", "rank":0 for no rank, "median_ns":0 for none, "listen":"-", and
+ * reload's answer was one string ({"result": text}) naming no key a script could read. */
 START_TEST(every_json_output_holds_its_types) {
   struct tu_daemon d;
   dw_start(&d, "peers: [{host: 127.0.0.1, port: 1}]\npeer_insecure: true\npeer_wait_ms: 0\n");
@@ -251,6 +253,13 @@ START_TEST(every_json_output_holds_its_types) {
   /* The peer that never answers fails the connections check: exit 1, the object all the same. */
   json_output(d.dir, "doctor", DW_ARGS("-s", s, "--json", "doctor"), 0, 1, list, sizeof list);
   json_output(d.dir, "version", DW_ARGS("-s", s, "--json", "version"), 0, 0, list, sizeof list);
+  /* A file that changes a live key and one that needs a restart: both lists have a key. */
+  char *conf = dw_slurp(d.conf), *more = malloc(strlen(conf) + 64);
+  ck_assert_ptr_nonnull(more);
+  sprintf(more, "%slog_level: debug\nconnection_pool_size: 3\n", conf);
+  ck_assert_int_eq(tu_write_file(d.conf, more), 0);
+  free(conf);
+  free(more);
   json_output(d.dir, "reload", DW_ARGS("-s", s, "--json", "reload"), 0, 0, list, sizeof list);
   json_output(d.dir, "drain", DW_ARGS("-s", s, "--json", "drain"), 0, 0, list, sizeof list);
   json_output(d.dir, "drain", DW_ARGS("-s", s, "--json", "drain", "--cancel"), 0, 0, list,

@@ -97,6 +97,31 @@ START_TEST(a_value_a_row_lacks_is_a_dash_in_text_and_null_in_json) {
 }
 END_TEST
 
+/* A list (reload's keys) is an array of its values in JSON, empty or not, and a table the text
+ * leaves to a field's words is not in the text at all. */
+START_TEST(a_list_is_an_array_of_values_in_json_and_may_stay_out_of_the_text) {
+  static const struct ctl_col fields[] = {{"message", "reload", CTL_STR, 0}};
+  const struct ctl_val vals[] = {{.s = "applied f: log_level info -> debug"}};
+  static const struct ctl_col key = {"key", "KEY", CTL_STR, 0};
+  const struct ctl_val keys[] = {{.s = "log_level"}, {.s = "limits.max_clients"}};
+  const struct ctl_table tables[] = {
+      {"applied", "", &key, 1, 2, keys, CTL_TABLE_LIST | CTL_TABLE_NOTEXT},
+      {"restart", "", &key, 1, 0, keys, CTL_TABLE_LIST | CTL_TABLE_NOTEXT}};
+  const struct ctl_doc doc = {fields, vals, 1, tables, 2};
+  char *out = render_text(&doc);
+  ck_assert_str_eq(out, "reload: applied f: log_level info -> debug\n");
+  free(out);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  ck_assert_int_eq(ctl_out_render(f, &doc, true), 0);
+  fclose(f);
+  ck_assert_str_eq(buf, "{\"message\":\"applied f: log_level info -> debug\","
+                        "\"applied\":[\"log_level\",\"limits.max_clients\"],\"restart\":[]}\n");
+  free(buf);
+}
+END_TEST
+
 /* The exposition of one node (a device, a peer, a rank of job j that ran dispatches) whose
  * figures are too large for a double's 9 significant digits, or have fractions of seconds. */
 static char *render_metrics(void) {
@@ -121,7 +146,9 @@ static char *render_metrics(void) {
                                    .transport = "tcp", .bytes_out = 15700000001ull,
                                    .data_out = 4, .data_in = 3,
                                    .data_bytes_out = 107374182400ull, .data_bytes_in = 7,
-                                   .data_frames_out = 1600, .data_frames_in = 9};
+                                   .data_frames_out = 1600, .data_frames_in = 9,
+                                   .rdma_blocks_out = 21, .rdma_writes_out = 84,
+                                   .rdma_posts_out = 3, .rdma_bytes_out = 107374182401ull};
   struct dep_msg_peers pm = {.n_peers = 1, .peers = &peer, .proxy_threads = 2,
                              .proxy_busy_us = 1500001, .nic_bytes = 8};
   static struct dep_msg_job_nodes jn = {
@@ -178,8 +205,9 @@ START_TEST(metrics_quantiles_of_no_steady_call_are_nan) {
 END_TEST
 
 /* The data path is in the exposition as deepepctl peers and status show it: per peer its
- * connections, bytes and frames each way; its proxy threads; per job that spans nodes its
- * traffic and its rings' fullest.  It once had the control link's bytes alone. */
+ * connections, bytes and frames each way and what went to the peer as RDMA writes; its proxy
+ * threads; per job that spans nodes its traffic and its rings' fullest.  It once had the
+ * control link's bytes alone, then the TCP data connections' and no RDMA write. */
 START_TEST(metrics_show_the_data_paths_traffic_per_peer_and_job) {
   char *out = render_metrics();
   static const char *const want[] = {
@@ -191,6 +219,10 @@ START_TEST(metrics_show_the_data_paths_traffic_per_peer_and_job) {
       "deepep_peer_data_frames_total{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"out\"} "
       "1600\n",
       "deepep_peer_data_frames_total{peer=\"10.0.0.2:7470\",transport=\"tcp\",direction=\"in\"} 9\n",
+      "\ndeepep_peer_rdma_blocks_total{peer=\"10.0.0.2:7470\",transport=\"tcp\"} 21\n",
+      "\ndeepep_peer_rdma_writes_total{peer=\"10.0.0.2:7470\",transport=\"tcp\"} 84\n",
+      "\ndeepep_peer_rdma_posts_total{peer=\"10.0.0.2:7470\",transport=\"tcp\"} 3\n",
+      "\ndeepep_peer_rdma_bytes_total{peer=\"10.0.0.2:7470\",transport=\"tcp\"} 107374182401\n",
       "\ndeepep_proxy_threads 2\n",
       "\ndeepep_proxy_busy_seconds_total 1.500001\n",
       "\ndeepep_rdma_registered_bytes 8\n",
@@ -213,6 +245,7 @@ Suite *ctl_render_suite(void) {
   TCase *local = tcase_create("local");
   tcase_add_test(local, text_output_shows_long_strings_whole);
   tcase_add_test(local, a_value_a_row_lacks_is_a_dash_in_text_and_null_in_json);
+  tcase_add_test(local, a_list_is_an_array_of_values_in_json_and_may_stay_out_of_the_text);
   tcase_add_test(local, metrics_print_counts_and_bytes_as_exact_integers);
   tcase_add_test(local, metrics_show_the_data_paths_traffic_per_peer_and_job);
   tcase_add_test(local, metrics_quantiles_of_no_steady_call_are_nan);

@@ -455,7 +455,7 @@ START_TEST(test_reload_while_starting_does_not_say_ready) {
   }
   /* RELOAD_OK comes after whatever the reload notifies (sent before it, on a local socket). */
   int fd = dw_client(&d);
-  struct dep_msg_text m;
+  struct dep_msg_reload_ok m;
   dw_reload(fd, 2, &m);
   close(fd);
   while (notify_next(ns, got, sizeof got, 0) > 0)
@@ -570,10 +570,17 @@ START_TEST(test_reload_request_reports_and_is_for_root_only) {
           "allow:\n  users: [\"65534\"]\npool:\n  host_size: 64MiB\n  chunk_size: 2MiB\n",
           d.dir);
   ck_assert_int_eq(tu_write_file(d.conf, yaml), 0);
-  struct dep_msg_text m;
+  struct dep_msg_reload_ok m;
   dw_reload(fd, 2, &m);
-  ck_assert_msg(strstr(m.text, "needs restart") != NULL && strstr(m.text, "socket.path") != NULL,
-                "RELOAD_OK said: %s", m.text);
+  ck_assert_msg(strstr(m.message, "needs restart") != NULL &&
+                    strstr(m.message, "socket.path") != NULL,
+                "RELOAD_OK said: %s", m.message);
+  /* The file leaves pool.size_per_device to its default, which tu_daemon_start's set. */
+  ck_assert_uint_eq(m.n_restart, 2);
+  ck_assert_str_eq(m.restart[0], "socket.path");
+  ck_assert_str_eq(m.restart[1], "pool.size_per_device");
+  ck_assert_uint_eq(m.n_applied, 1);
+  ck_assert_str_eq(m.applied[0], "log_level");
   ck_assert(dw_log_has(&d, "reload requested by uid", 3000));
   /* A broken file: an error naming the place, and the running configuration kept. */
   ck_assert_int_eq(tu_write_file(d.conf, "log_level: [\n"), 0);

@@ -532,7 +532,7 @@ static void detach_job(int obs, const char *id, const int *conns, uint32_t lws) 
 
 /* Rewrite d's file as a host daemon with these pool lines, and RELOAD it over obs. */
 static void reload_host_pool(const struct tu_daemon *d, int obs, const char *pool,
-                             struct dep_msg_text *m) {
+                             struct dep_msg_reload_ok *m) {
   char yaml[1024];
   dw_sfmt(yaml, sizeof yaml, "socket:\n  path: %s\n  mode: 0666\nbackend: host\n%s", d->sock,
           pool);
@@ -570,11 +570,11 @@ START_TEST(test_reload_of_max_allocation_splits_the_next_arena_anew) {
   /* Raise the cap over RELOAD: applied, and nothing waits for a restart. */
   char pool[256];
   dw_sfmt(pool, sizeof pool, pool_fmt, "64MiB");
-  struct dep_msg_text m;
+  struct dep_msg_reload_ok m;
   reload_host_pool(&d, obs, pool, &m);
-  ck_assert_msg(strstr(m.text, "applied") != NULL &&
-                    strstr(m.text, "nothing needs a restart") != NULL, "RELOAD_OK said: %s",
-                m.text);
+  ck_assert_msg(strstr(m.message, "applied") != NULL &&
+                    strstr(m.message, "nothing needs a restart") != NULL, "RELOAD_OK said: %s",
+                m.message);
 
   /* A job of another shape (no cached arena to fall back on), over the
    * old cap and under the new one: one piece. */
@@ -622,9 +622,9 @@ START_TEST(test_max_allocation_0_keeps_host_arenas_whole_and_a_set_value_cuts_th
   detach_job(obs, big.job_id, conns, 2);
 
   dw_sfmt(pool, sizeof pool, pool_fmt, "  max_allocation: 480MiB\n");
-  struct dep_msg_text m;
+  struct dep_msg_reload_ok m;
   reload_host_pool(&d, obs, pool, &m);
-  ck_assert_msg(strstr(m.text, "applied") != NULL, "RELOAD_OK said: %s", m.text);
+  ck_assert_msg(strstr(m.message, "applied") != NULL, "RELOAD_OK said: %s", m.message);
   struct dep_attach_args cut = big;
   dw_sfmt(cut.job_id, sizeof cut.job_id, "%s", "cut-at-480MiB");
   cut.shape.max_tokens_per_rank = 32704; /* another shape: nothing cached to fall back on */

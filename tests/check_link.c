@@ -549,10 +549,10 @@ START_TEST(a_link_over_tcp_carries_frames_both_ways) {
 
   struct dep_msg_text t;
   snprintf(t.text, sizeof t.text, "hello back");
-  ck_assert_int_eq(link_send(&w.link, DEP_MSG_RELOAD_OK, 11, &t, NULL, 0), 0);
+  ck_assert_int_eq(link_send(&w.link, DEP_MSG_DRAIN_OK, 11, &t, NULL, 0), 0);
   uint8_t body[DEP_PROTO_MAX_BODY];
   struct dep_frame_hdr h = read_frame(far, body, sizeof body);
-  ck_assert_uint_eq(h.type, DEP_MSG_RELOAD_OK);
+  ck_assert_uint_eq(h.type, DEP_MSG_DRAIN_OK);
   ck_assert_uint_eq(h.request_id, 11);
   ck_assert_int_eq(w.closings, 0);
   w_stop(&w);

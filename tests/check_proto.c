@@ -273,10 +273,26 @@ START_TEST(every_message_type_round_trips) {
   bad.n_ranks = DEP_MAX_LOCAL_RANKS + 1;
   ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_SLAB, 0, 1, &bad), DEP_ERR_INVALID);
 
-  body = encode_frame(&b, DEP_MSG_RELOAD_OK, &s_text, &len);
-  struct dep_msg_text tx;
-  ck_assert_int_eq(proto_body_decode(DEP_MSG_RELOAD_OK, body, len, &tx), 0);
-  ck_assert_str_eq(tx.text, s_text.text);
+  /* RELOAD_OK: the message and both lists of keys read back, each name whole. */
+  body = encode_frame(&b, DEP_MSG_RELOAD_OK, &s_reload_ok, &len);
+  static struct dep_msg_reload_ok ro;
+  ck_assert_int_eq(proto_body_decode(DEP_MSG_RELOAD_OK, body, len, &ro), 0);
+  ck_assert_str_eq(ro.message, s_reload_ok.message);
+  ck_assert_uint_eq(ro.n_applied, 1);
+  ck_assert_str_eq(ro.applied[0], "log_level");
+  ck_assert_uint_eq(ro.n_restart, 2);
+  ck_assert_str_eq(ro.restart[0], "socket.path");
+  ck_assert_str_eq(ro.restart[1], "pool.chunk_size");
+  /* A list longer than DEP_RELOAD_KEYS_MAX is neither written nor read. */
+  ro = s_reload_ok;
+  ro.n_restart = DEP_RELOAD_KEYS_MAX + 1;
+  ck_assert_int_eq(proto_frame_encode(&b, DEP_MSG_RELOAD_OK, 0, 1, &ro), DEP_ERR_INVALID);
+  /* An empty message, DEP_RELOAD_KEYS_MAX + 1 empty names, no restart key: whole but too many. */
+  uint8_t many[2 + 4 + 2 * (DEP_RELOAD_KEYS_MAX + 1) + 4] = {0};
+  codec_put_u32(many + 2, DEP_RELOAD_KEYS_MAX + 1);
+  ck_assert_int_eq(proto_body_decode(DEP_MSG_RELOAD_OK, many, sizeof many, &ro), DEP_ERR_PROTOCOL);
+  codec_put_u32(many + 2, DEP_RELOAD_KEYS_MAX);
+  ck_assert_int_eq(proto_body_decode(DEP_MSG_RELOAD_OK, many, sizeof many - 2, &ro), 0);
 
   const uint16_t empty[] = {DEP_MSG_STATUS, DEP_MSG_DETACH, DEP_MSG_DETACH_OK, DEP_MSG_SHUTDOWN,
                             DEP_MSG_RELOAD};

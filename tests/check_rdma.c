@@ -140,7 +140,7 @@ START_TEST(test_daemon_without_libibverbs_starts_says_why_once_and_serves_status
   ck_assert_str_ne(state, "starting");
   /* A reload is a second chance to repeat it. */
   int fd = dw_client(&d);
-  struct dep_msg_text out;
+  struct dep_msg_reload_ok out;
   dw_reload(fd, 10, &out);
   close(fd);
   ck_assert(dw_log_has(&d, "peer daemons will use TCP", 2000));

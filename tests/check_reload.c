@@ -99,13 +99,13 @@ static void wait_reload_blocked(const struct tu_daemon *d) {
   ck_abort_msg("no thread of deepepd is opening the leased file");
 }
 
-/* The next frame on fd is RELOAD_OK for req; its text in *m. */
-static void expect_reload_ok(int fd, uint32_t req, struct dep_msg_text *m) {
+/* The next frame on fd is RELOAD_OK for req, in *m. */
+static void expect_reload_ok(int fd, uint32_t req, struct dep_msg_reload_ok *m) {
   struct dw_frame *f = dw_frame_new();
   ck_assert_int_eq(dw_recv_frame(fd, f, 5000), 0);
   ck_assert_str_eq(proto_type_name(f->h.type), "RELOAD_OK");
   ck_assert_uint_eq(f->h.request_id, req);
-  ck_assert_int_eq(proto_decode_text(f->body, f->h.body_len, m), 0);
+  ck_assert_int_eq(proto_decode_reload_ok(f->body, f->h.body_len, m), 0);
   free(f);
 }
 
@@ -139,10 +139,10 @@ START_TEST(test_status_is_answered_while_a_reload_waits_for_its_file) {
   expect_status_within(c, 1000);
   dw_expect_silence(a, 200);
   lease_release(lease);
-  struct dep_msg_text m;
+  struct dep_msg_reload_ok m;
   expect_reload_ok(a, 2, &m);
-  ck_assert_msg(strstr(m.text, "limits.max_clients 1024 -> 512") != NULL, "RELOAD_OK said: %s",
-                m.text);
+  ck_assert_msg(strstr(m.message, "limits.max_clients 1024 -> 512") != NULL, "RELOAD_OK said: %s",
+                m.message);
   close(a);
   close(b);
   close(c);
@@ -215,11 +215,13 @@ START_TEST(test_a_reload_asked_for_meanwhile_follows_and_reads_the_file_again) {
   ck_assert(dw_log_has(&d, "this reload follows, reading it again", 3000));
   dw_expect_silence(b, 100);
   lease_release(lease);
-  struct dep_msg_text m;
+  struct dep_msg_reload_ok m;
   expect_reload_ok(a, 2, &m);
-  ck_assert_msg(strstr(m.text, "limits.max_clients 1024 -> 512") != NULL, "first: %s", m.text);
+  ck_assert_msg(strstr(m.message, "limits.max_clients 1024 -> 512") != NULL, "first: %s",
+                m.message);
   expect_reload_ok(b, 3, &m);
-  ck_assert_msg(strstr(m.text, "limits.max_clients 512 -> 256") != NULL, "second: %s", m.text);
+  ck_assert_msg(strstr(m.message, "limits.max_clients 512 -> 256") != NULL, "second: %s",
+                m.message);
   close(a);
   close(b);
   free(base);
@@ -235,20 +237,27 @@ START_TEST(test_reload_names_each_changed_live_key_with_both_values) {
   char *base = dw_slurp(d.conf);
   int fd = dw_client(&d);
   rewrite_conf(&d, base, "limits:\n  max_clients: 512\nlog_level: debug\n");
-  struct dep_msg_text m;
+  struct dep_msg_reload_ok m;
   dw_reload(fd, 2, &m);
   char want[400];
   dw_sfmt(want, sizeof want,
           "applied %s: limits.max_clients 1024 -> 512, log_level info -> debug; nothing needs a "
           "restart", d.conf);
-  ck_assert_str_eq(m.text, want);
+  ck_assert_str_eq(m.message, want);
+  /* ... and names them one by one, as `deepepctl reload --json` lists them. */
+  ck_assert_uint_eq(m.n_applied, 2);
+  ck_assert_str_eq(m.applied[0], "limits.max_clients");
+  ck_assert_str_eq(m.applied[1], "log_level");
+  ck_assert_uint_eq(m.n_restart, 0);
   dw_sfmt(want, sizeof want,
           "reload: applied %s: limits.max_clients 1024 -> 512, log_level info -> debug", d.conf);
   ck_assert(dw_log_has(&d, want, 3000));
   /* The same file again changes nothing, and says so. */
   dw_reload(fd, 3, &m);
   dw_sfmt(want, sizeof want, "applied %s: no live key changed; nothing needs a restart", d.conf);
-  ck_assert_str_eq(m.text, want);
+  ck_assert_str_eq(m.message, want);
+  ck_assert_uint_eq(m.n_applied, 0);
+  ck_assert_uint_eq(m.n_restart, 0);
   close(fd);
   free(base);
   dw_stop_ok(&d);
@@ -265,10 +274,11 @@ START_TEST(test_missing_accounts_are_warned_at_start_and_on_reload) {
   char *base = dw_slurp(d.conf);
   int fd = dw_client(&d);
   rewrite_conf(&d, base, "  groups: [no-such-group-4d3]\n");
-  struct dep_msg_text m;
+  struct dep_msg_reload_ok m;
   dw_reload(fd, 2, &m);
-  ck_assert_msg(strstr(m.text, "'allow.groups' lists 'no-such-group-4d3': no such group") != NULL,
-                "RELOAD_OK said: %s", m.text);
+  ck_assert_msg(strstr(m.message, "'allow.groups' lists 'no-such-group-4d3': no such group") !=
+                    NULL,
+                "RELOAD_OK said: %s", m.message);
   ck_assert(dw_log_has(&d, "<4>reload: 'allow.users' lists 'no-such-user-4d2'", 3000));
   close(fd);
   free(base);

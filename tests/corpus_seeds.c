@@ -112,7 +112,10 @@ static int f_slab(struct proto_buf *b) {
 }
 static int f_reload(struct proto_buf *b) { return frame(b, DEP_MSG_RELOAD, 0, NULL); }
 static int f_reload_ok(struct proto_buf *b) {
-  struct dep_msg_text m = {.text = "applied /etc/deepepd/deepepd.yaml; needs a restart: socket"};
+  static struct dep_msg_reload_ok m = {
+      .message = "applied /etc/deepepd/deepepd.yaml: log_level info -> debug; needs restart "
+                 "(still running with the old values): socket.path",
+      .n_applied = 1, .applied = {"log_level"}, .n_restart = 1, .restart = {"socket.path"}};
   return frame(b, DEP_MSG_RELOAD_OK, 0, &m);
 }
 static int f_drain(struct proto_buf *b) {
@@ -133,7 +136,8 @@ static void seed_peers(struct dep_msg_peers *m, struct dep_msg_peer_info *p) {
       .qps_up = 2, .reconnects = 1, .bytes_in = 4096, .bytes_out = 8192, .rtt_us = 85,
       .backoff_ms = 0, .rdma_rtt_us = 12, .data_out = 1, .data_in = 1,
       .data_bytes_out = 1u << 20, .data_bytes_in = 2u << 20, .data_frames_out = 16,
-      .data_frames_in = 32};
+      .data_frames_in = 32, .rdma_blocks_out = 64, .rdma_writes_out = 200, .rdma_posts_out = 20,
+      .rdma_bytes_out = 3u << 20};
   *m = (struct dep_msg_peers){.node = "node01", .listen = "10.0.0.1:7470", .auth = 1,
                               .rdma = "mlx5_0", .nic_bytes = 1ull << 30, .proxy_threads = 1,
                               .proxy_busy_us = 5000, .n_peers = 1, .peers = p};

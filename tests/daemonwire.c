@@ -224,13 +224,13 @@ struct dep_status *dw_status(int fd) {
   return dw_recv_status(fd, 7);
 }
 
-void dw_reload(int fd, uint32_t req, struct dep_msg_text *out) {
+void dw_reload(int fd, uint32_t req, struct dep_msg_reload_ok *out) {
   ck_assert_int_eq(dw_send_frame(fd, DEP_MSG_RELOAD, req, NULL), 0);
   struct dw_frame *f = dw_frame_new();
   ck_assert_int_eq(dw_recv_frame(fd, f, 5000), 0);
   ck_assert_str_eq(proto_type_name(f->h.type), "RELOAD_OK");
   ck_assert_uint_eq(f->h.request_id, req);
-  ck_assert_int_eq(proto_decode_text(f->body, f->h.body_len, out), 0);
+  ck_assert_int_eq(proto_decode_reload_ok(f->body, f->h.body_len, out), 0);
   free(f);
 }
 

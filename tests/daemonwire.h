@@ -69,8 +69,8 @@ int dw_client(const struct tu_daemon *d);
 /* STATUS_OK for request req, decoded (dep_status_free it); dw_status asks first. */
 struct dep_status *dw_recv_status(int fd, uint32_t req);
 struct dep_status *dw_status(int fd);
-/* Send RELOAD on fd (request req), expect RELOAD_OK, and return its text in *out. */
-void dw_reload(int fd, uint32_t req, struct dep_msg_text *out);
+/* Send RELOAD on fd (request req), expect RELOAD_OK, and return it in *out. */
+void dw_reload(int fd, uint32_t req, struct dep_msg_reload_ok *out);
 
 /* Whether a fresh STATUS lists the job; *attached / *expected filled when non-NULL. */
 bool dw_job_listed(int fd, const char *id, uint32_t *attached, uint32_t *expected);

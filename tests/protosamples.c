@@ -95,7 +95,13 @@ struct dep_msg_slab s_slab = {.chunk_bytes = 64ull << 20,
 
 struct dep_attach_args s_attach;
 
-struct dep_msg_text s_text = {.text = "applied /etc/deepepd/deepepd.yaml; nothing needs a restart"};
+struct dep_msg_reload_ok s_reload_ok = {
+    .message = "applied /etc/deepepd/deepepd.yaml: log_level info -> debug; needs restart (still "
+               "running with the old values): socket.path, pool.chunk_size",
+    .n_applied = 1,
+    .applied = {"log_level"},
+    .n_restart = 2,
+    .restart = {"socket.path", "pool.chunk_size"}};
 
 int samples(struct sample *out, struct dep_status **st) {
   s_attach = sample_attach();
@@ -108,6 +114,6 @@ int samples(struct sample *out, struct dep_status **st) {
   out[n++] = (struct sample){DEP_MSG_ATTACH, &s_attach};
   out[n++] = (struct sample){DEP_MSG_ATTACH_OK, &s_attach_ok};
   out[n++] = (struct sample){DEP_MSG_SLAB, &s_slab};
-  out[n++] = (struct sample){DEP_MSG_RELOAD_OK, &s_text};
+  out[n++] = (struct sample){DEP_MSG_RELOAD_OK, &s_reload_ok};
   return n;
 }

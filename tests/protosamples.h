@@ -30,7 +30,7 @@ extern struct dep_msg_hello_ok s_hello_ok;
 extern struct dep_msg_attach_ok s_attach_ok;
 extern struct dep_msg_slab s_slab;
 extern struct dep_attach_args s_attach;
-extern struct dep_msg_text s_text;
+extern struct dep_msg_reload_ok s_reload_ok;
 
 /* Fill out with one sample of every body-carrying type, *st the STATUS_OK
  * one's body (the caller frees it); their count. */

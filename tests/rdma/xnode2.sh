@@ -19,7 +19,9 @@
 # the same with node 2 on transport: tcp and one data connection each way:
 # node 1's queue pair cannot connect, so it must spend that token on TCP
 # (else it would have no data connection at all), and the blocks go over
-# TCP both ways.
+# TCP both ways.  With RDMA, each daemon's metrics count per peer what went
+# as RDMA writes (deepep_peer_rdma_*_total): after the first job exactly what
+# its log says the job moved, and after the third job more, never less.
 # rdmavm: nodes=2 timeout=420
 set -euo pipefail
 . tests/rdmavm/lib.sh
@@ -47,6 +49,20 @@ cc -std=c11 -D_GNU_SOURCE ${XRANK_CFLAGS:-} -Iinclude -Iclient -Iproto -Ikernels
 "$B/deepepd" -c "$d/deepepd.yaml" 2>>"$d/log" &
 pid=$!
 cleanup() { kill -9 "$pid" 2>/dev/null || true; }
+# The daemon's RDMA counters for its one peer into $RDMA, "blocks writes posts bytes", each
+# family's only sample an integer (deepepctl metrics), or a failure naming what is wrong.
+rdma_counters() {
+  local f n v out=()
+  "$B/deepepctl" -s "$sock" metrics >"$d/metrics" || fail "deepepctl metrics failed"
+  for f in blocks writes posts bytes; do
+    n=$(grep -c "^deepep_peer_rdma_${f}_total{" "$d/metrics" || true)
+    v=$(grep "^deepep_peer_rdma_${f}_total{" "$d/metrics" | awk '{print $2}')
+    [[ $n == 1 && $v =~ ^[0-9]+$ ]] \
+      || { grep deepep_peer_rdma "$d/metrics"; fail "deepep_peer_rdma_${f}_total: $n samples ($v)"; }
+    out+=("$v")
+  done
+  RDMA="${out[*]}"
+}
 show() { echo "--- deepepd's log"; cat "$d/log"; "$B/deepepctl" -s "$sock" peers 2>&1 || true; }
 if [[ $MIXED == 0 ]]; then
   rdma_data() { grep -q "data path over RDMA" "$d/log"; }
@@ -92,6 +108,14 @@ if [[ $MIXED == 0 ]]; then
   say "node $RDMAVM_NODE: $(grep -m1 -o 'to node .* by RDMA: .*' "$d/log")"
   grep -qE '"data_frames_out":0[,}]' "$d/peers.json" \
     || { cat "$d/peers.json"; show; fail "frames went over the TCP data connections"; }
+  # The only job that sent to the peer so far: the metrics say what its log line says.
+  logged=$(grep -m1 -o 'job xr-spread: to node .* by RDMA: [0-9]* blocks in [0-9]* writes over [0-9]* posts, [0-9]* bytes' "$d/log" |
+           sed -E 's/.* ([0-9]+) blocks in ([0-9]+) writes over ([0-9]+) posts, ([0-9]+) bytes/\1 \2 \3 \4/') || true
+  rdma_counters
+  rdma_then=$RDMA
+  [[ -n $logged && $rdma_then == "$logged" ]] \
+    || fail "the metrics' RDMA blocks, writes, posts and bytes ($rdma_then) are not the log's ($logged)"
+  say "node $RDMAVM_NODE: metrics: RDMA blocks, writes, posts, bytes to the peer: $rdma_then"
 else
   grep -qE '"data_frames_out":[1-9]' "$d/peers.json" \
     || { cat "$d/peers.json"; show; fail "no frame went over the TCP data connections"; }
@@ -150,6 +174,17 @@ else
   ((secs <= OP_MS / 1000 + 10)) || fail "node 1's ranks took $secs s to fail, past the op timeout"
   say "node 1: both ranks failed within $secs s: $(sed 's/ \[world.*//' "$d/kill.0")"
   "$B/deepepctl" -s "$sock" status >/dev/null || { show; fail "node 1's daemon does not answer"; }
+  if [[ $MIXED == 0 ]]; then
+    # The third job's writes add to the first's: each counter grew, none went back.
+    rdma_counters
+    rdma_now=$RDMA
+    read -r -a a <<<"$rdma_then"
+    read -r -a b <<<"$rdma_now"
+    for i in 0 1 2 3; do
+      ((b[i] > a[i])) || fail "RDMA counters went from $rdma_then to $rdma_now across jobs"
+    done
+    say "node 1: metrics: RDMA counters $rdma_then after the first job, $rdma_now after the third"
+  fi
 fi
 barrier failed 120
 kill -TERM "$pid" 2>/dev/null || true # node 2's was killed
