@@ -258,35 +258,43 @@ int cuda_ops_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream
   return cuops_launch(c, CUOPS_K_LAYOUT, grid, 0, &k, s, op);
 }
 
-int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct dep_handle *h,
-                      dep_stream_t stream) {
-  const char *op = "dep_dispatch";
-  CUstream s = stream;
-  char why[256] = "";
+/* cuda_ops_dispatch's checks before launch, on the host: why says what is wrong. */
+static int cuops_dispatch_check(const dep_client_t *c, const struct dep_dispatch_args *a,
+                                const struct dep_handle *h, char *why, size_t whylen) {
   /* The host must not read device ids: the checks run on num_tokens 0 (a
    * cached dispatch reads none, and its num_tokens is checked against the
    * handle's), then the pointers num_tokens needs. */
   struct dep_dispatch_args z = *a;
   if (!a->cached)
     z.num_tokens = 0;
-  int rc = ops_check_dispatch(&c->ops, &z, h, why, sizeof why);
+  int rc = ops_check_dispatch(&c->ops, &z, h, why, whylen);
   if (rc == 0)
-    rc = tokens_ok(why, sizeof why, a->num_tokens, c->ops.shape.max_tokens_per_rank, "dispatch",
+    rc = tokens_ok(why, whylen, a->num_tokens, c->ops.shape.max_tokens_per_rank, "dispatch",
                    "max_tokens_per_rank");
   if (rc == 0 && a->num_tokens > 0 && !a->cached &&
-      (rc = need(why, sizeof why, a->x, a->use_fp8 ? 1 : 2, "dispatch", "x")) == 0 &&
-      (!a->use_fp8 || (rc = need(why, sizeof why, a->x_scales, 4, "dispatch", "x_scales")) == 0) &&
-      (rc = need(why, sizeof why, a->topk_idx, IDX_ALIGN(a->index_type), "dispatch",
+      (rc = need(why, whylen, a->x, a->use_fp8 ? 1 : 2, "dispatch", "x")) == 0 &&
+      (!a->use_fp8 || (rc = need(why, whylen, a->x_scales, 4, "dispatch", "x_scales")) == 0) &&
+      (rc = need(why, whylen, a->topk_idx, IDX_ALIGN(a->index_type), "dispatch",
                  "topk_idx")) == 0)
-    rc = need(why, sizeof why, a->topk_weights, 4, "dispatch", "topk_weights");
+    rc = need(why, whylen, a->topk_weights, 4, "dispatch", "topk_weights");
   if (rc == 0 && a->cached && h->cuda == NULL)
-    rc = DEP_ERR_INVALID, snprintf(why, sizeof why, "dispatch (cached): handle was not filled on the GPU");
+    rc = DEP_ERR_INVALID, snprintf(why, whylen, "dispatch (cached): handle was not filled on the GPU");
   const uint32_t le = c->cuops.job.le;
   if (rc == 0 && a->recv_count_per_expert_host != NULL && le > c->cuops.host_counts_cap)
     rc = DEP_ERR_INTERNAL,
-    snprintf(why, sizeof why, "dispatch: the job's %u local experts overrun the pinned room for "
+    snprintf(why, whylen, "dispatch: the job's %u local experts overrun the pinned room for "
              "recv_count_per_expert_host (%u, made at attach); this is a bug, please report it",
              le, c->cuops.host_counts_cap);
+  return rc;
+}
+
+int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct dep_handle *h,
+                      dep_stream_t stream) {
+  const char *op = "dep_dispatch";
+  CUstream s = stream;
+  char why[256] = "";
+  int rc = cuops_dispatch_check(c, a, h, why, sizeof why);
+  const uint32_t le = c->cuops.job.le;
   if (rc != 0)
     return cuops_refused(c, DEP_STATS_OP_DISPATCH, rc, op, why);
   if ((rc = cuops_begin(c, op, s)) != 0 ||
