@@ -199,20 +199,19 @@ class _Throughput:
         if self._pending:
             self._complete()
         x, scales = self._dispatch_scalars(x, expert_alignment, num_worst_tokens)
-        cached = handle is not None
-        h = self._dispatch_cached(handle, topk_idx, topk_weights, expert_alignment) \
-            if cached else None
-        if cached:
+        h = None
+        if handle is not None:
+            h = self._dispatch_cached(handle, topk_idx, topk_weights, expert_alignment)
             num_worst_tokens = num_worst_tokens or h.worst
         elif topk_idx is None or topk_weights is None:
             raise ValueError("dispatch: topk_idx and topk_weights are required (or a handle, "
                              "for cached mode)")
+        cached = h is not None
         capturing = self._dispatch_capturing(cached, num_worst_tokens)
         x, scales, idx, w, itype = self._dispatch_inputs(x, scales, h, topk_idx, topk_weights)
         rows = self._dispatch_rows(x, scales, h, idx, num_worst_tokens, num_tokens_per_expert,
                                    num_tokens_per_rank, is_token_in_rank)
         fp8 = scales is not None
-        a = self._da
         mode = (fp8, cached, num_worst_tokens, expert_alignment, itype)
         if mode != self._da_mode:
             self._dispatch_mode(mode)
@@ -220,14 +219,10 @@ class _Throughput:
         cs = None if self._host else self._stream()
         n = x.size(0)
         recv_x, recv_s, recv_idx, recv_w, counts, alloc = \
-            self._dispatch_outputs(x, scales, rows, cached, num_worst_tokens)
+            self._dispatch_outputs(x, scales, idx, w, rows, num_worst_tokens)
         if not cached:
             h = Handle(self, "dispatch", n, stream=cs, capturing=capturing)
-            if n:
-                a.topk_idx, a.topk_weights = idx.data_ptr(), w.data_ptr()
-            else:
-                a.topk_idx = a.topk_weights = None
-        a.num_tokens = n
+        self._da.num_tokens = n
         if num_worst_tokens:
             self._num_recv.value = 0  # not written with num_worst_tokens
         if previous_event is not None:
@@ -407,17 +402,18 @@ class _Throughput:
             a.recv_count_per_expert_host = self._counts_addr
         self._da_mode = mode
 
-    def _dispatch_outputs(self, x: torch.Tensor, scales: Optional[torch.Tensor], rows: int,
-                          cached: bool, num_worst_tokens: int) -> tuple:
+    def _dispatch_outputs(self, x: torch.Tensor, scales: Optional[torch.Tensor],
+                          idx: Optional[torch.Tensor], w: Optional[torch.Tensor], rows: int,
+                          num_worst_tokens: int) -> tuple:
         """dispatch's outputs allocated and their addresses (and the inputs') set in the
         arguments: (recv_x, recv_scales, recv_topk_idx, recv_topk_weights, counts, rows
-        allocated); recv_scales None unless FP8, the topk pair None in cached mode, counts
-        the per-call counts (with num_worst_tokens on cuda; else None), which the caller
-        keeps alive through the call."""
+        allocated); recv_scales None unless FP8, the topk pair None in cached mode (idx
+        None), counts the per-call counts (with num_worst_tokens on cuda; else None), which
+        the caller keeps alive through the call."""
         a = self._da
         n = x.size(0)
         k, hid = self.num_topk, self.hidden
-        fp8 = scales is not None
+        fp8, cached = scales is not None, idx is None
         recv_s = recv_idx = recv_w = counts = None
         if fp8 or cached:
             # A row at least, so that the pointers are never NULL (a cached dispatch may
@@ -445,6 +441,10 @@ class _Throughput:
             if num_worst_tokens and not self._host:
                 counts = self._new((self.num_local_experts,), torch.int32)
                 a.recv_count_per_expert = counts.data_ptr()
+            if n:
+                a.topk_idx, a.topk_weights = idx.data_ptr(), w.data_ptr()
+            else:
+                a.topk_idx = a.topk_weights = None
             a.recv_topk_idx, a.recv_topk_weights = recv_idx.data_ptr(), recv_w.data_ptr()
         return recv_x, recv_s, recv_idx, recv_w, counts, alloc
 
