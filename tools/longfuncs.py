@@ -4,9 +4,11 @@
 STYLE: "a function is one step; past ~80 lines it is usually a sequence of
 steps that want names".  This prints every function of the shipped C, CUDA
 and Python code longer than --show lines (default 80), longest first, as
-"LINES  FILE:LINE  NAME", and exits 1 when one is longer than --max, so CI
-holds the tree to the ceiling and a new long function is seen when it lands
-rather than at the next review.
+"LINES  FILE:LINE  NAME", and exits 1 when one is longer than --max (default
+MAX_LINES), so CI holds the tree to the ceiling and a new long function is
+seen when it lands rather than at the next review.  The few functions in
+HELD are held to their length now instead (they may shrink, not grow): the
+CUDA kernels, whose split needs a GPU to check the fatbin's behaviour.
 
 A function's length is counted from the line that names it (the line of
 "name(" in C, of "def" in Python; a C return type on the line above is not
@@ -32,6 +34,20 @@ C_DIRS = ["daemon", "client", "kernels", "proto", "config", "render", "cuda",
           "include"]
 C_EXTS = (".c", ".h", ".cu", ".cuh")
 PY_DIRS = ["python/deepep", "python/deep_ep_compat"]
+
+# The ceiling: STYLE's "~80 lines", with room for a docstring that lists every
+# argument (Buffer.dispatch's is 45 lines of its 87).
+MAX_LINES = 90
+
+# (file, function) -> the most lines it may have, for those over MAX_LINES
+# that are not split yet, each with why.
+HELD = {
+    # Device code: a split must be checked on a GPU (the fatbin's behaviour and
+    # registers), which this tree's checks cannot do without one.
+    ("kernels/ops_ll.cuh", "ll_dispatch_recv"): 112,
+    ("kernels/ops_tp.cuh", "dispatch_send"): 103,
+    ("kernels/ops_tp.cuh", "dispatch_recv"): 96,
+}
 
 # Headers at depth 0 that open a block which is not a function body.
 NOT_FUNCTION = re.compile(r"\b(struct|union|enum|class)\b[^()]*$|=\s*$")
@@ -173,8 +189,9 @@ def main():
     ap.add_argument("--root", default=".", help="the tree's top (default .)")
     ap.add_argument("--show", type=int, default=80,
                     help="print functions longer than this (default 80)")
-    ap.add_argument("--max", type=int, default=None,
-                    help="exit 1 when a function is longer than this")
+    ap.add_argument("--max", type=int, default=MAX_LINES,
+                    help="exit 1 when a function is longer than this (default %d), "
+                    "or one in HELD longer than its own bound" % MAX_LINES)
     args = ap.parse_args()
 
     found = []
@@ -192,14 +209,17 @@ def main():
     for length, path, first, name in found:
         if length <= args.show:
             break
+        bound = HELD.get((path, name), args.max)
         mark = ""
-        if args.max is not None and length > args.max:
-            mark = "  (over --max %d)" % args.max
+        if length > bound:
+            mark = "  (over %d)" % bound
             over += 1
+        elif bound != args.max:
+            mark = "  (held at %d)" % bound
         print("%5d  %s:%d  %s%s" % (length, path, first, name, mark))
     if over:
-        print("longfuncs: %d function(s) longer than %d lines: split them "
-              "into named steps" % (over, args.max), file=sys.stderr)
+        print("longfuncs: %d function(s) over their bound: split them into "
+              "named steps" % over, file=sys.stderr)
         return 1
     return 0
 
