@@ -324,19 +324,11 @@ static int attach_bind_device(dep_client_t *c, const struct dep_attach_args *a) 
   return 0;
 }
 
-DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in) {
-  if (c == NULL)
-    return DEP_ERR_INVALID;
-  double t0 = now_ms();
-  /* The caller's struct as this library knows it (deepep.h: structs grow). */
-  struct dep_attach_args args_[1];
-  int rc = CLIENT_TAKE(c, "dep_attach", dep_attach_args, shape, args_in, args_);
-  if (rc != 0)
-    return rc;
-  const struct dep_attach_args *const args = args_;
-  /* Bad arguments are caught here, before anything goes on the wire. */
+/* dep_attach's checks of its arguments and of the handle, before anything goes on the
+ * wire; c->layout is left the smallest layout of the job (attach_check_arena). */
+static int attach_check(dep_client_t *c, const struct dep_attach_args *args) {
   char why[256] = "";
-  rc = proto_check_attach(args, why, sizeof why);
+  int rc = proto_check_attach(args, why, sizeof why);
   if (rc == 0)
     rc = dep__slab_layout_nodes(&args->shape, args->world_size, args->local_world_size, 1,
                                &c->layout, why, sizeof why); /* the smallest: attach_check_arena */
@@ -348,17 +340,15 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in
     return client_seterr(c, DEP_ERR_STATE,
                          "this handle is already attached to job \"%s\"; dep_detach first",
                          c->job_id);
-  int timeout_ms = 0;
-  if ((rc = attach_timeout(c, &timeout_ms)) != 0 || (rc = attach_bind_device(c, args)) != 0)
-    return rc;
-  c->args = *args;
-  memset(&c->times, 0, sizeof c->times);
-  /* A compile of the kernels from the daemon where the fatbin has no SASS
-   * for this GPU: asked before ATTACH, whose reply may come at once. */
-  if (c->cuda && (rc = cuda_ops_fetch_kernels(c)) != 0)
-    return rc;
+  return 0;
+}
+
+/* The ATTACH request and its reply (the memory mapped), with the kernels loaded while
+ * the daemon waits for the other local ranks; on failure the mappings are undone. */
+static int attach_exchange(dep_client_t *c, const struct dep_attach_args *args,
+                           int timeout_ms) {
   uint32_t id = 0;
-  rc = client_send_request(c, DEP_MSG_ATTACH, args, &id);
+  int rc = client_send_request(c, DEP_MSG_ATTACH, args, &id);
   /* While the daemon waits for the other local ranks and lends the memory,
    * load the kernels.  A failure here is reported once the reply is read
    * (the daemon's answer must be taken off the socket either way). */
@@ -379,14 +369,17 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in
                   "($" CLIENT_ATTACH_TIMEOUT_ENV " + %d ms); the connection was closed, "
                   "reconnect with dep_connect",
                   args->job_id, timeout_ms, CLIENT_ATTACH_MARGIN_MS);
-  if (rc != 0) {
+  if (rc != 0)
     client_unmap(c);
-    return rc;
-  }
-  static _Atomic uint64_t attachments;
-  c->attached = true;
-  c->attach_id = atomic_fetch_add(&attachments, 1) + 1;
-  snprintf(c->job_id, sizeof c->job_id, "%.*s", (int)sizeof c->job_id - 1, args->job_id);
+  return rc;
+}
+
+/* What an attached handle needs before its operations can run: the ring between nodes,
+ * the operations' context, the warm-up, and on cuda the launcher's state; on failure
+ * the handle has been detached. */
+static int attach_ops_ready(dep_client_t *c, const struct dep_attach_args *args) {
+  char why[256] = "";
+  int rc;
   /* The operations run among the ranks of one node; a job spanning nodes
    * attaches (its memory is lent) but its operations need the proxy.  On
    * cuda the context holds device pointers, for the checks and addressing;
@@ -411,6 +404,38 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in
     dep_detach(c);
     return client_seterr(c, rc, "%s", msg);
   }
+  return 0;
+}
+
+DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in) {
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  double t0 = now_ms();
+  /* The caller's struct as this library knows it (deepep.h: structs grow). */
+  struct dep_attach_args args_[1];
+  int rc = CLIENT_TAKE(c, "dep_attach", dep_attach_args, shape, args_in, args_);
+  if (rc != 0)
+    return rc;
+  const struct dep_attach_args *const args = args_;
+  if ((rc = attach_check(c, args)) != 0)
+    return rc;
+  int timeout_ms = 0;
+  if ((rc = attach_timeout(c, &timeout_ms)) != 0 || (rc = attach_bind_device(c, args)) != 0)
+    return rc;
+  c->args = *args;
+  memset(&c->times, 0, sizeof c->times);
+  /* A compile of the kernels from the daemon where the fatbin has no SASS
+   * for this GPU: asked before ATTACH, whose reply may come at once. */
+  if (c->cuda && (rc = cuda_ops_fetch_kernels(c)) != 0)
+    return rc;
+  if ((rc = attach_exchange(c, args, timeout_ms)) != 0)
+    return rc;
+  static _Atomic uint64_t attachments;
+  c->attached = true;
+  c->attach_id = atomic_fetch_add(&attachments, 1) + 1;
+  snprintf(c->job_id, sizeof c->job_id, "%.*s", (int)sizeof c->job_id - 1, args->job_id);
+  if ((rc = attach_ops_ready(c, args)) != 0)
+    return rc;
   /* The stats page comes last, so that the warm-up's calls are not counted. */
   statrec_lend(c);
   if (c->cuda)

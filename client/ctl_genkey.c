@@ -17,10 +17,9 @@
 
 #define GENKEY_BYTES 32
 
-int ctl_genkey(struct ctl *ctl, int argc, char **argv) {
-  /* No options of its own; a single optional FILE argument. */
-  int rc = -1;
-  const char *path = NULL;
+/* The FILE argument, into *path (NULL when none): -1 to go on, else the exit status
+ * (--help, or a usage error).  No options of its own; a single optional FILE argument. */
+static int genkey_args(struct ctl *ctl, int argc, char **argv, const char **path) {
   for (int i = 1; i < argc; i++) {
     if (argv[i][0] == '-' && argv[i][1] != '\0') {
       if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
@@ -32,13 +31,20 @@ int ctl_genkey(struct ctl *ctl, int argc, char **argv) {
       }
       return ctl_usage_error(ctl, "genkey takes no option \"%s\"", argv[i]);
     }
-    if (path != NULL)
+    if (*path != NULL)
       return ctl_usage_error(ctl, "genkey takes one FILE, not also \"%s\"", argv[i]);
     if (argv[i][0] == '\0')
       return ctl_usage_error(ctl, "genkey needs a FILE name, not an empty string (none, or -, "
                                   "for standard output)");
-    path = argv[i];
+    *path = argv[i];
   }
+  return -1;
+}
+
+/* A new key into hex (2 * GENKEY_BYTES + 2 bytes): 64 hex digits and a newline.  Returns
+ * -1 to go on, else the exit status of getrandom's failure.  The raw bytes are wiped once
+ * written out. */
+static int genkey_make(struct ctl *ctl, char *hex) {
   unsigned char key[GENKEY_BYTES];
   size_t got = 0;
   while (got < sizeof key) {
@@ -49,26 +55,17 @@ int ctl_genkey(struct ctl *ctl, int argc, char **argv) {
       return ctl_fail(ctl, DEP_ERR_IO, "genkey: getrandom: %s", strerror(errno));
     got += (size_t)n;
   }
-  char hex[2 * GENKEY_BYTES + 2];
   for (size_t i = 0; i < sizeof key; i++)
     snprintf(hex + 2 * i, 3, "%02x", key[i]);
   hex[2 * GENKEY_BYTES] = '\n';
   hex[2 * GENKEY_BYTES + 1] = '\0';
   memset(key, 0, sizeof key);
-  if (path == NULL || strcmp(path, "-") == 0) {
-    if (ctl->json) {
-      /* --json: one object, as every command prints ({"key": "64 hex digits"}). */
-      hex[2 * GENKEY_BYTES] = '\0';
-      static const struct ctl_col cols[] = {{"key", "key", CTL_STR, 0}};
-      const struct ctl_val vals[] = {{.s = hex}};
-      const struct ctl_doc doc = {cols, vals, 1, NULL, 0};
-      ctl_out_render(stdout, &doc, true);
-    } else {
-      fputs(hex, stdout);
-    }
-    memset(hex, 0, sizeof hex);
-    return ctl_finish_output(CTL_EXIT_OK);
-  }
+  return -1;
+}
+
+/* The key into a new FILE of mode 0600 (never over an existing one; a failed write
+ * leaves no file), then what was done: on stderr, or with --json as one object. */
+static int genkey_to_file(struct ctl *ctl, const char *path, char *hex, size_t hexlen) {
   int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0)
     return ctl_fail(ctl, errno == EEXIST ? DEP_ERR_EXISTS : DEP_ERR_IO,
@@ -82,7 +79,7 @@ int ctl_genkey(struct ctl *ctl, int argc, char **argv) {
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0) {
-      rc = ctl_fail(ctl, DEP_ERR_IO, "genkey: writing %s: %s", path, strerror(errno));
+      int rc = ctl_fail(ctl, DEP_ERR_IO, "genkey: writing %s: %s", path, strerror(errno));
       close(fd);
       unlink(path);
       return rc;
@@ -91,7 +88,7 @@ int ctl_genkey(struct ctl *ctl, int argc, char **argv) {
   }
   if (fsync(fd) != 0 || close(fd) != 0)
     return ctl_fail(ctl, DEP_ERR_IO, "genkey: writing %s: %s", path, strerror(errno));
-  memset(hex, 0, sizeof hex);
+  memset(hex, 0, hexlen);
   char said[PATH_MAX + 96];
   snprintf(said, sizeof said, "wrote a new peer key to %s (mode 0600); copy it to every node",
            path);
@@ -105,5 +102,29 @@ int ctl_genkey(struct ctl *ctl, int argc, char **argv) {
   const struct ctl_val vals[] = {{.s = said}, {.s = path}};
   const struct ctl_doc doc = {cols, vals, 2, NULL, 0};
   ctl_out_render(stdout, &doc, true);
+  return ctl_finish_output(CTL_EXIT_OK);
+}
+
+int ctl_genkey(struct ctl *ctl, int argc, char **argv) {
+  const char *path = NULL;
+  int rc = genkey_args(ctl, argc, argv, &path);
+  if (rc >= 0)
+    return rc;
+  char hex[2 * GENKEY_BYTES + 2];
+  if ((rc = genkey_make(ctl, hex)) >= 0)
+    return rc;
+  if (path != NULL && strcmp(path, "-") != 0)
+    return genkey_to_file(ctl, path, hex, sizeof hex);
+  if (ctl->json) {
+    /* --json: one object, as every command prints ({"key": "64 hex digits"}). */
+    hex[2 * GENKEY_BYTES] = '\0';
+    static const struct ctl_col cols[] = {{"key", "key", CTL_STR, 0}};
+    const struct ctl_val vals[] = {{.s = hex}};
+    const struct ctl_doc doc = {cols, vals, 1, NULL, 0};
+    ctl_out_render(stdout, &doc, true);
+  } else {
+    fputs(hex, stdout);
+  }
+  memset(hex, 0, sizeof hex);
   return ctl_finish_output(CTL_EXIT_OK);
 }

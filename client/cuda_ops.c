@@ -21,6 +21,86 @@ static const char *op_name(uint32_t op) {
   return op == 0 ? "layout" : host_ops_op_name(op);
 }
 
+/* The words for a kernel's error record r (code as cuops_poll reads it, what the
+ * operation's name), into m: which rank, which call, what it waited for, and what to do. */
+static void cuops_record_words(const dep_client_t *c, const struct ops_err_record *r,
+                               int32_t code, const char *what, char *m, size_t len) {
+  switch (r->phase) {
+  case CUOPS_PHASE_WAIT:
+    snprintf(m, len, "timeout in %s waiting for rank %u (call %llu, %u ms, its flag read "
+             "%llu): that rank did not make the same call%s; check that every rank runs the same "
+             "sequence of operations and is alive", what, r->source, (unsigned long long)r->seq,
+             r->waited_ms, (unsigned long long)r->seen_flag,
+             r->source < 64 && (c->cuops.job.remote_mask >> r->source) & 1
+                 ? ", or its node's daemon or the link to it is stuck (deepepctl peers on both "
+                   "nodes)"
+                 : "");
+    break;
+  case CUOPS_PHASE_ROW:
+    snprintf(m, len, "timeout in %s waiting for rows from rank %u (call %llu, %u ms, a row's "
+             "mark read %#llx): that rank posted the call but stopped sending (it died or its "
+             "GPU is stuck); restart the job", what, r->source, (unsigned long long)r->seq,
+             r->waited_ms, (unsigned long long)r->seen_flag);
+    break;
+  case CUOPS_PHASE_GONE: {
+    if (code == DEP_ERR_DAEMON_GONE) {
+      snprintf(m, len, "%s (call %llu, after %u ms): " OPS_DAEMON_GONE_WHY, what,
+               (unsigned long long)r->seq, r->waited_ms);
+      break;
+    }
+    char pidtext[24] = ""; /* no pid: a rank on another node, whose pid this daemon never learns */
+    if ((uint32_t)r->seen_flag != 0)
+      snprintf(pidtext, sizeof pidtext, " (pid %u)", (uint32_t)r->seen_flag);
+    snprintf(m, len, "rank %u%s of the job is gone (%s) while this rank waited in %s "
+             "(call %llu, after %u ms); the job cannot go on: restart it", r->source, pidtext,
+             (r->seen_flag >> 32) == DEP_SLAB_GONE_NODE ? "its node is lost: the peer link to its "
+                                                          "daemon dropped"
+             : (r->seen_flag >> 32) == DEP_SLAB_GONE_DETACHED ? "it detached"
+                                                              : "its process ended",
+             what, (unsigned long long)r->seq, r->waited_ms);
+    break;
+  }
+  case CUOPS_PHASE_RING:
+    if (code == DEP_ERR_TIMEOUT)
+      snprintf(m, len, "%s: the proxy's ring stayed full for %u ms (call %llu, for rank %u "
+               "on another node); the daemon's proxy is stuck or its link to that node is too "
+               "slow: see deepepctl peers", what, r->waited_ms, (unsigned long long)r->seq,
+               r->source);
+    else if (code == DEP_ERR_DAEMON_GONE)
+      snprintf(m, len, "%s (call %llu, for rank %u on another node): " OPS_DAEMON_GONE_WHY,
+               what, (unsigned long long)r->seq, r->source);
+    else
+      snprintf(m, len, "%s: the daemon's proxy stopped serving this rank (call %llu, for "
+               "rank %u on another node): %s; restart the job", what, (unsigned long long)r->seq,
+               r->source, code == DEP_ERR_PEER ? "a node of the job is gone" : dep_strerror(code));
+    break;
+  case CUOPS_PHASE_AHEAD:
+    snprintf(m, len, "in %s rank %u is at call %llu, this rank at call %llu; a rank "
+             "restarted or the slabs were not fresh: restart the job", what, r->source,
+             (unsigned long long)r->seen_flag, (unsigned long long)r->seq);
+    break;
+  case CUOPS_PHASE_WORST:
+    snprintf(m, len, "%s (call %llu) received %llu rows, more than its num_worst_tokens; "
+             "give num_worst_tokens at least the rows a rank can receive (world_size * "
+             "max_tokens_per_rank at most); the call's outputs are not valid", what,
+             (unsigned long long)r->seq, (unsigned long long)r->seen_flag);
+    break;
+  case CUOPS_PHASE_IDS:
+    snprintf(m, len, "%s found topk_idx of token %u = %lld: expert ids must be in [-1, "
+             "num_experts %u)%s; the call's outputs are not valid", what, r->source,
+             (long long)r->seen_flag, c->args.shape.num_experts,
+             (r->op & ~OPS_OP_FP8) == OPS_OP_LL_COMBINE
+                 ? " and equal to those given to the matching dep_ll_dispatch" : "");
+    break;
+  default:
+    snprintf(m, len, "call %llu (%s): rank %u made another call, combined another dispatch "
+             "or sent malformed rows (its slot read %#llx); every rank must make the same "
+             "sequence of calls, each combine with the handle of the same dispatch; outputs were "
+             "not written", (unsigned long long)r->seq, what, r->source,
+             (unsigned long long)r->seen_flag);
+  }
+}
+
 /*
  * Report what the kernels recorded, if anything: the record's code with a
  * message.  `own` says the record is this synchronised call's: its ranks
@@ -51,80 +131,7 @@ int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
     drv()->cuMemsetD32Async(c->cuops.dev + offsetof(struct cuops_dev, claim), 0, 1, s);
   }
   char m[600];
-  switch (r.phase) {
-  case CUOPS_PHASE_WAIT:
-    snprintf(m, sizeof m, "timeout in %s waiting for rank %u (call %llu, %u ms, its flag read "
-             "%llu): that rank did not make the same call%s; check that every rank runs the same "
-             "sequence of operations and is alive", what, r.source, (unsigned long long)r.seq,
-             r.waited_ms, (unsigned long long)r.seen_flag,
-             r.source < 64 && (c->cuops.job.remote_mask >> r.source) & 1
-                 ? ", or its node's daemon or the link to it is stuck (deepepctl peers on both "
-                   "nodes)"
-                 : "");
-    break;
-  case CUOPS_PHASE_ROW:
-    snprintf(m, sizeof m, "timeout in %s waiting for rows from rank %u (call %llu, %u ms, a row's "
-             "mark read %#llx): that rank posted the call but stopped sending (it died or its "
-             "GPU is stuck); restart the job", what, r.source, (unsigned long long)r.seq,
-             r.waited_ms, (unsigned long long)r.seen_flag);
-    break;
-  case CUOPS_PHASE_GONE: {
-    if (code == DEP_ERR_DAEMON_GONE) {
-      snprintf(m, sizeof m, "%s (call %llu, after %u ms): " OPS_DAEMON_GONE_WHY, what,
-               (unsigned long long)r.seq, r.waited_ms);
-      break;
-    }
-    char pidtext[24] = ""; /* no pid: a rank on another node, whose pid this daemon never learns */
-    if ((uint32_t)r.seen_flag != 0)
-      snprintf(pidtext, sizeof pidtext, " (pid %u)", (uint32_t)r.seen_flag);
-    snprintf(m, sizeof m, "rank %u%s of the job is gone (%s) while this rank waited in %s "
-             "(call %llu, after %u ms); the job cannot go on: restart it", r.source, pidtext,
-             (r.seen_flag >> 32) == DEP_SLAB_GONE_NODE ? "its node is lost: the peer link to its "
-                                                         "daemon dropped"
-             : (r.seen_flag >> 32) == DEP_SLAB_GONE_DETACHED ? "it detached"
-                                                             : "its process ended",
-             what, (unsigned long long)r.seq, r.waited_ms);
-    break;
-  }
-  case CUOPS_PHASE_RING:
-    if (code == DEP_ERR_TIMEOUT)
-      snprintf(m, sizeof m, "%s: the proxy's ring stayed full for %u ms (call %llu, for rank %u "
-               "on another node); the daemon's proxy is stuck or its link to that node is too "
-               "slow: see deepepctl peers", what, r.waited_ms, (unsigned long long)r.seq,
-               r.source);
-    else if (code == DEP_ERR_DAEMON_GONE)
-      snprintf(m, sizeof m, "%s (call %llu, for rank %u on another node): " OPS_DAEMON_GONE_WHY,
-               what, (unsigned long long)r.seq, r.source);
-    else
-      snprintf(m, sizeof m, "%s: the daemon's proxy stopped serving this rank (call %llu, for "
-               "rank %u on another node): %s; restart the job", what, (unsigned long long)r.seq,
-               r.source, code == DEP_ERR_PEER ? "a node of the job is gone" : dep_strerror(code));
-    break;
-  case CUOPS_PHASE_AHEAD:
-    snprintf(m, sizeof m, "in %s rank %u is at call %llu, this rank at call %llu; a rank "
-             "restarted or the slabs were not fresh: restart the job", what, r.source,
-             (unsigned long long)r.seen_flag, (unsigned long long)r.seq);
-    break;
-  case CUOPS_PHASE_WORST:
-    snprintf(m, sizeof m, "%s (call %llu) received %llu rows, more than its num_worst_tokens; "
-             "give num_worst_tokens at least the rows a rank can receive (world_size * "
-             "max_tokens_per_rank at most); the call's outputs are not valid", what,
-             (unsigned long long)r.seq, (unsigned long long)r.seen_flag);
-    break;
-  case CUOPS_PHASE_IDS:
-    snprintf(m, sizeof m, "%s found topk_idx of token %u = %lld: expert ids must be in [-1, "
-             "num_experts %u)%s; the call's outputs are not valid", what, r.source,
-             (long long)r.seen_flag, c->args.shape.num_experts,
-             (r.op & ~OPS_OP_FP8) == OPS_OP_LL_COMBINE
-                 ? " and equal to those given to the matching dep_ll_dispatch" : "");
-    break;
-  default:
-    snprintf(m, sizeof m, "call %llu (%s): rank %u made another call, combined another dispatch "
-             "or sent malformed rows (its slot read %#llx); every rank must make the same "
-             "sequence of calls, each combine with the handle of the same dispatch; outputs were "
-             "not written", (unsigned long long)r.seq, what, r.source,
-             (unsigned long long)r.seen_flag);
-  }
+  cuops_record_words(c, &r, code, what, m, sizeof m);
   if (own)
     return client_seterr(c, code, "%s: %s", op, m);
   return client_seterr(c, code, "%s: not run: an earlier call failed on the GPU: %s; this rank "
@@ -251,35 +258,43 @@ int cuda_ops_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream
   return cuops_launch(c, CUOPS_K_LAYOUT, grid, 0, &k, s, op);
 }
 
-int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct dep_handle *h,
-                      dep_stream_t stream) {
-  const char *op = "dep_dispatch";
-  CUstream s = stream;
-  char why[256] = "";
+/* cuda_ops_dispatch's checks before launch, on the host: why says what is wrong. */
+static int cuops_dispatch_check(const dep_client_t *c, const struct dep_dispatch_args *a,
+                                const struct dep_handle *h, char *why, size_t whylen) {
   /* The host must not read device ids: the checks run on num_tokens 0 (a
    * cached dispatch reads none, and its num_tokens is checked against the
    * handle's), then the pointers num_tokens needs. */
   struct dep_dispatch_args z = *a;
   if (!a->cached)
     z.num_tokens = 0;
-  int rc = ops_check_dispatch(&c->ops, &z, h, why, sizeof why);
+  int rc = ops_check_dispatch(&c->ops, &z, h, why, whylen);
   if (rc == 0)
-    rc = tokens_ok(why, sizeof why, a->num_tokens, c->ops.shape.max_tokens_per_rank, "dispatch",
+    rc = tokens_ok(why, whylen, a->num_tokens, c->ops.shape.max_tokens_per_rank, "dispatch",
                    "max_tokens_per_rank");
   if (rc == 0 && a->num_tokens > 0 && !a->cached &&
-      (rc = need(why, sizeof why, a->x, a->use_fp8 ? 1 : 2, "dispatch", "x")) == 0 &&
-      (!a->use_fp8 || (rc = need(why, sizeof why, a->x_scales, 4, "dispatch", "x_scales")) == 0) &&
-      (rc = need(why, sizeof why, a->topk_idx, IDX_ALIGN(a->index_type), "dispatch",
+      (rc = need(why, whylen, a->x, a->use_fp8 ? 1 : 2, "dispatch", "x")) == 0 &&
+      (!a->use_fp8 || (rc = need(why, whylen, a->x_scales, 4, "dispatch", "x_scales")) == 0) &&
+      (rc = need(why, whylen, a->topk_idx, IDX_ALIGN(a->index_type), "dispatch",
                  "topk_idx")) == 0)
-    rc = need(why, sizeof why, a->topk_weights, 4, "dispatch", "topk_weights");
+    rc = need(why, whylen, a->topk_weights, 4, "dispatch", "topk_weights");
   if (rc == 0 && a->cached && h->cuda == NULL)
-    rc = DEP_ERR_INVALID, snprintf(why, sizeof why, "dispatch (cached): handle was not filled on the GPU");
+    rc = DEP_ERR_INVALID, snprintf(why, whylen, "dispatch (cached): handle was not filled on the GPU");
   const uint32_t le = c->cuops.job.le;
   if (rc == 0 && a->recv_count_per_expert_host != NULL && le > c->cuops.host_counts_cap)
     rc = DEP_ERR_INTERNAL,
-    snprintf(why, sizeof why, "dispatch: the job's %u local experts overrun the pinned room for "
+    snprintf(why, whylen, "dispatch: the job's %u local experts overrun the pinned room for "
              "recv_count_per_expert_host (%u, made at attach); this is a bug, please report it",
              le, c->cuops.host_counts_cap);
+  return rc;
+}
+
+int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct dep_handle *h,
+                      dep_stream_t stream) {
+  const char *op = "dep_dispatch";
+  CUstream s = stream;
+  char why[256] = "";
+  int rc = cuops_dispatch_check(c, a, h, why, sizeof why);
+  const uint32_t le = c->cuops.job.le;
   if (rc != 0)
     return cuops_refused(c, DEP_STATS_OP_DISPATCH, rc, op, why);
   if ((rc = cuops_begin(c, op, s)) != 0 ||

@@ -199,58 +199,152 @@ DEP_EXPORT int dep_handle_recv_from(dep_client_t *c, const dep_handle_t *h, uint
   return 0;
 }
 
-/* A dispatch that routed afresh makes the handle this attachment's. */
-static void stamp_handle(const dep_client_t *c, dep_handle_t *h, bool fresh) {
-  if (fresh)
-    h->attach_id = c->attach_id;
+/*
+ * The four operations that move tokens differ only in their argument struct and the
+ * backend functions they call; one descriptor each says which, and ops_call runs the
+ * path they share.  The adapters below take the argument struct as the caller's (taken)
+ * copy behind a void pointer; a call reads h (a combine's, a cached dispatch's) and a
+ * dispatch fills `fill`, which is NULL for a combine.
+ */
+struct ops_desc {
+  const char *name; /* the public function, in messages */
+  unsigned sop;     /* DEP_STATS_OP_*: its line in the stats page */
+  int (*check)(const struct ops_ctx *o, const void *a, const dep_handle_t *h, char *why,
+               size_t whylen);
+  int (*run)(struct ops_ctx *o, const void *a, const dep_handle_t *h, dep_handle_t *fill);
+  int (*cuda_run)(dep_client_t *c, const void *a, const dep_handle_t *h, dep_handle_t *fill,
+                  dep_stream_t stream);
+  /* The call's bytes for the stats page, asked only of a call that ran on the host. */
+  uint64_t (*bytes)(const dep_client_t *c, const void *a, const dep_handle_t *h);
+};
+
+/* A combine moves the rows of its handle's dispatch back, unquantised. */
+static uint64_t bytes_combine(const dep_client_t *c, const void *a, const dep_handle_t *h) {
+  return dep_stats_bytes(h ? h->num_tokens : 0, c->ops.shape.hidden, false);
 }
+
+static int check_dispatch(const struct ops_ctx *o, const void *a, const dep_handle_t *h,
+                          char *why, size_t whylen) {
+  return ops_check_dispatch(o, a, h, why, whylen);
+}
+static int run_dispatch(struct ops_ctx *o, const void *a, const dep_handle_t *h,
+                        dep_handle_t *fill) {
+  return host_ops_dispatch(o, a, fill);
+}
+static int cuda_dispatch(dep_client_t *c, const void *a, const dep_handle_t *h,
+                         dep_handle_t *fill, dep_stream_t stream) {
+  return cuda_ops_dispatch(c, a, fill, stream);
+}
+static uint64_t bytes_dispatch(const dep_client_t *c, const void *a, const dep_handle_t *h) {
+  const struct dep_dispatch_args *d = a;
+  return dep_stats_bytes(d->num_tokens, c->ops.shape.hidden, d->use_fp8 != 0);
+}
+
+static int check_combine(const struct ops_ctx *o, const void *a, const dep_handle_t *h,
+                         char *why, size_t whylen) {
+  return ops_check_combine(o, a, h, why, whylen);
+}
+static int run_combine(struct ops_ctx *o, const void *a, const dep_handle_t *h,
+                       dep_handle_t *fill) {
+  return host_ops_combine(o, a, h);
+}
+static int cuda_combine(dep_client_t *c, const void *a, const dep_handle_t *h,
+                        dep_handle_t *fill, dep_stream_t stream) {
+  return cuda_ops_combine(c, a, h, stream);
+}
+
+static int check_ll_dispatch(const struct ops_ctx *o, const void *a, const dep_handle_t *h,
+                             char *why, size_t whylen) {
+  return ops_check_ll_dispatch(o, a, h, why, whylen);
+}
+static int run_ll_dispatch(struct ops_ctx *o, const void *a, const dep_handle_t *h,
+                           dep_handle_t *fill) {
+  return host_ops_ll_dispatch(o, a, fill);
+}
+static int cuda_ll_dispatch(dep_client_t *c, const void *a, const dep_handle_t *h,
+                            dep_handle_t *fill, dep_stream_t stream) {
+  return cuda_ops_ll_dispatch(c, a, fill, stream);
+}
+static uint64_t bytes_ll_dispatch(const dep_client_t *c, const void *a, const dep_handle_t *h) {
+  const struct dep_ll_dispatch_args *d = a;
+  return dep_stats_bytes(d->num_tokens, c->ops.shape.hidden, d->use_fp8 != 0);
+}
+
+static int check_ll_combine(const struct ops_ctx *o, const void *a, const dep_handle_t *h,
+                            char *why, size_t whylen) {
+  return ops_check_ll_combine(o, a, h, why, whylen);
+}
+static int run_ll_combine(struct ops_ctx *o, const void *a, const dep_handle_t *h,
+                          dep_handle_t *fill) {
+  return host_ops_ll_combine(o, a, h);
+}
+static int cuda_ll_combine(dep_client_t *c, const void *a, const dep_handle_t *h,
+                           dep_handle_t *fill, dep_stream_t stream) {
+  return cuda_ops_ll_combine(c, a, h, stream);
+}
+
+static const struct ops_desc op_dispatch = {"dep_dispatch", DEP_STATS_OP_DISPATCH,
+                                            check_dispatch, run_dispatch, cuda_dispatch,
+                                            bytes_dispatch};
+static const struct ops_desc op_combine = {"dep_combine", DEP_STATS_OP_COMBINE, check_combine,
+                                           run_combine, cuda_combine, bytes_combine};
+static const struct ops_desc op_ll_dispatch = {"dep_ll_dispatch", DEP_STATS_OP_LL_DISPATCH,
+                                               check_ll_dispatch, run_ll_dispatch,
+                                               cuda_ll_dispatch, bytes_ll_dispatch};
+static const struct ops_desc op_ll_combine = {"dep_ll_combine", DEP_STATS_OP_LL_COMBINE,
+                                              check_ll_combine, run_ll_combine, cuda_ll_combine,
+                                              bytes_combine};
+
+/* One call of an operation, as its public function hands it to ops_call. */
+struct ops_call {
+  const void *a;         /* the argument struct, taken (TAKE) */
+  const dep_handle_t *h; /* the handle the call reads */
+  dep_handle_t *fill;    /* the handle a dispatch fills; NULL for a combine */
+  bool routed;           /* h routes the call, so it must be this attachment's */
+};
 
 /*
  * On the host backend each call is timed on the host clock around the
  * synchronous C code and logged in the stats page (statrec.h): a call that
  * ran consumed a seq and is logged under it, with its status; one refused
  * before it ran (bad arguments, a broken context) is counted as refused.
- * On cuda the kernels log their own calls, on the GPU's timer.
+ * On cuda the kernels log their own calls, on the GPU's timer.  A dispatch
+ * that routed afresh makes the handle it filled this attachment's.
  */
-#define OPS_CALL(op, type, last, sop, bytes, routed, stamp, check, run, cuda_run) \
-  do {                                                              \
-    if (c == NULL)                                                  \
-      return DEP_ERR_INVALID;                                       \
-    struct type a_[1];                                              \
-    int rc_ = TAKE(op, type, last, a_in, a_);                       \
-    if (rc_ != 0)                                                   \
-      return rc_;                                                   \
-    const struct type *const a = a_;                                \
-    rc_ = ops_ready(c, op);                                         \
-    if (rc_ != 0)                                                   \
-      return rc_;                                                   \
-    if ((routed) && (rc_ = handle_of_this_attach(c, op, h)) != 0) { \
-      statrec_rejected(&c->stats, sop);                             \
-      return rc_;                                                   \
-    }                                                               \
-    if (c->cuda) {                                                  \
-      rc_ = (cuda_run);                                             \
-      if (rc_ == 0)                                                 \
-        stamp;                                                      \
-      return ops_cuda_result(c, op, rc_);                           \
-    }                                                               \
-    char why_[256] = "";                                            \
-    rc_ = (check);                                                  \
-    if (rc_ != 0) {                                                 \
-      statrec_rejected(&c->stats, sop);                             \
-      return ops_fail(c, op, rc_, why_);                            \
-    }                                                               \
-    const uint64_t seq_ = c->ops.seq, t0_ = statrec_now_ns();       \
-    rc_ = (run);                                                    \
-    const uint64_t ns_ = statrec_now_ns() - t0_;                    \
-    if (rc_ == 0)                                                   \
-      stamp;                                                        \
-    if (c->ops.seq != seq_)                                         \
-      statrec_call(&c->stats, sop, c->ops.seq, ns_, rc_, (bytes));  \
-    else if (rc_ != 0)                                              \
-      statrec_rejected(&c->stats, sop);                             \
-    return ops_result(c, op, rc_);                                  \
-  } while (0)
+static int ops_call(dep_client_t *c, const struct ops_desc *d, const struct ops_call *k,
+                    dep_stream_t stream) {
+  const char *op = d->name;
+  int rc = ops_ready(c, op);
+  if (rc != 0)
+    return rc;
+  if (k->routed && (rc = handle_of_this_attach(c, op, k->h)) != 0) {
+    statrec_rejected(&c->stats, d->sop);
+    return rc;
+  }
+  const bool stamp = k->fill != NULL && !k->routed;
+  if (c->cuda) {
+    rc = d->cuda_run(c, k->a, k->h, k->fill, stream);
+    if (rc == 0 && stamp)
+      k->fill->attach_id = c->attach_id;
+    return ops_cuda_result(c, op, rc);
+  }
+  char why[256] = "";
+  rc = d->check(&c->ops, k->a, k->h, why, sizeof why);
+  if (rc != 0) {
+    statrec_rejected(&c->stats, d->sop);
+    return ops_fail(c, op, rc, why);
+  }
+  const uint64_t seq = c->ops.seq, t0 = statrec_now_ns();
+  rc = d->run(&c->ops, k->a, k->h, k->fill);
+  const uint64_t ns = statrec_now_ns() - t0;
+  if (rc == 0 && stamp)
+    k->fill->attach_id = c->attach_id;
+  if (c->ops.seq != seq)
+    statrec_call(&c->stats, d->sop, c->ops.seq, ns, rc, d->bytes(c, k->a, k->h));
+  else if (rc != 0)
+    statrec_rejected(&c->stats, d->sop);
+  return ops_result(c, op, rc);
+}
 
 DEP_EXPORT int dep_layout(dep_client_t *c, const struct dep_layout_args *a_in,
                           dep_stream_t stream) {
@@ -280,40 +374,51 @@ DEP_EXPORT int dep_layout(dep_client_t *c, const struct dep_layout_args *a_in,
 
 DEP_EXPORT int dep_dispatch(dep_client_t *c, const struct dep_dispatch_args *a_in,
                             dep_handle_t *h, dep_stream_t stream) {
-  OPS_CALL("dep_dispatch", dep_dispatch_args, expert_alignment, DEP_STATS_OP_DISPATCH,
-           dep_stats_bytes(a->num_tokens, c->ops.shape.hidden, a->use_fp8 != 0),
-           a->cached == 1, stamp_handle(c, h, a->cached != 1),
-           ops_check_dispatch(&c->ops, a, h, why_, sizeof why_),
-           host_ops_dispatch(&c->ops, a, h),
-           cuda_ops_dispatch(c, a, h, stream));
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  struct dep_dispatch_args a[1];
+  int rc = TAKE(op_dispatch.name, dep_dispatch_args, expert_alignment, a_in, a);
+  if (rc != 0)
+    return rc;
+  /* A cached dispatch is routed by the handle; any other routes afresh and fills it. */
+  return ops_call(c, &op_dispatch,
+                  &(struct ops_call){.a = a, .h = h, .fill = h, .routed = a->cached == 1},
+                  stream);
 }
 
 DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a_in,
                            const dep_handle_t *h, dep_stream_t stream) {
-  OPS_CALL("dep_combine", dep_combine_args, out_topk_weights, DEP_STATS_OP_COMBINE,
-           dep_stats_bytes(h ? h->num_tokens : 0, c->ops.shape.hidden, false), true, (void)0,
-           ops_check_combine(&c->ops, a, h, why_, sizeof why_),
-           host_ops_combine(&c->ops, a, h),
-           cuda_ops_combine(c, a, h, stream));
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  struct dep_combine_args a[1];
+  int rc = TAKE(op_combine.name, dep_combine_args, out_topk_weights, a_in, a);
+  if (rc != 0)
+    return rc;
+  return ops_call(c, &op_combine, &(struct ops_call){.a = a, .h = h, .routed = true}, stream);
 }
 
 DEP_EXPORT int dep_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a_in,
                                dep_handle_t *h, dep_stream_t stream) {
-  OPS_CALL("dep_ll_dispatch", dep_ll_dispatch_args, recv_count, DEP_STATS_OP_LL_DISPATCH,
-           dep_stats_bytes(a->num_tokens, c->ops.shape.hidden, a->use_fp8 != 0), false,
-           stamp_handle(c, h, true),
-           ops_check_ll_dispatch(&c->ops, a, h, why_, sizeof why_),
-           host_ops_ll_dispatch(&c->ops, a, h),
-           cuda_ops_ll_dispatch(c, a, h, stream));
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  struct dep_ll_dispatch_args a[1];
+  int rc = TAKE(op_ll_dispatch.name, dep_ll_dispatch_args, recv_count, a_in, a);
+  if (rc != 0)
+    return rc;
+  return ops_call(c, &op_ll_dispatch,
+                  &(struct ops_call){.a = a, .h = h, .fill = h, .routed = false},
+                  stream);
 }
 
 DEP_EXPORT int dep_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a_in,
                               const dep_handle_t *h, dep_stream_t stream) {
-  OPS_CALL("dep_ll_combine", dep_ll_combine_args, out, DEP_STATS_OP_LL_COMBINE,
-           dep_stats_bytes(h ? h->num_tokens : 0, c->ops.shape.hidden, false), true, (void)0,
-           ops_check_ll_combine(&c->ops, a, h, why_, sizeof why_),
-           host_ops_ll_combine(&c->ops, a, h),
-           cuda_ops_ll_combine(c, a, h, stream));
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  struct dep_ll_combine_args a[1];
+  int rc = TAKE(op_ll_combine.name, dep_ll_combine_args, out, a_in, a);
+  if (rc != 0)
+    return rc;
+  return ops_call(c, &op_ll_combine, &(struct ops_call){.a = a, .h = h, .routed = true}, stream);
 }
 
 /*

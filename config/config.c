@@ -298,7 +298,138 @@ static int take_peers(struct loader *L, const struct key *k, const yaml_node_t *
   return 0;
 }
 
-/* One value for one known key. */
+/* A scalar value as the typed keys read it: s and n its text (s NULL when the node is not
+ * a scalar), ok whether it is a plain scalar (not null, no NUL inside), raw its bytes for
+ * quoting in messages (NULL unless ok). */
+struct scalar {
+  const char *s;
+  size_t n;
+  bool ok;
+  const unsigned char *raw;
+};
+
+static struct scalar scalar_of(const yaml_node_t *v) {
+  struct scalar sc;
+  sc.s = (const char *)(v->type == YAML_SCALAR_NODE ? v->data.scalar.value : NULL);
+  sc.n = sc.s != NULL ? v->data.scalar.length : 0;
+  sc.ok = sc.s != NULL && !is_null(v) && strlen(sc.s) == sc.n;
+  sc.raw = sc.ok ? v->data.scalar.value : NULL;
+  return sc;
+}
+
+static int take_bool(struct loader *L, const yaml_node_t *v, const struct scalar *sc,
+                     const char *path, char *dst) {
+  bool x;
+  if (!sc->ok || config_value_bool(sc->s, sc->n, &x) != CONFIG_VALUE_OK)
+    return wrong_type(L, v, "a boolean (true/false)", path);
+  memcpy(dst, &x, sizeof x);
+  return 0;
+}
+
+static int take_uint(struct loader *L, const struct key *k, const yaml_node_t *v,
+                     const struct scalar *sc, const char *path, char *dst) {
+  char got[48];
+  int64_t x = 0;
+  int rc = sc->ok ? config_value_int(sc->s, sc->n, &x) : CONFIG_VALUE_BAD;
+  if (rc == CONFIG_VALUE_BAD)
+    return wrong_type(L, v, "a decimal integer", path);
+  if (rc != CONFIG_VALUE_OK || x < (int64_t)k->min || x > (int64_t)k->max)
+    return fail(L, v->start_mark, "'%s' must be between %" PRIu64 " and %" PRIu64 ", got %s",
+                path, k->min, k->max, shown(sc->raw, sc->n, got, sizeof got));
+  config__put_uint(dst, k->size, (uint64_t)x);
+  return 0;
+}
+
+/* A size: its own step, since its messages suggest the spelling to use (a fraction of a
+ * unit, a unit it does not know), say what 0 means where a key takes 0, and the nodes of
+ * the pool's sizes are kept for the checks across keys. */
+static int take_size(struct loader *L, const struct key *k, const yaml_node_t *v,
+                     const struct scalar *sc, const char *path, char *dst) {
+  char a[48], b[48], got[48];
+  uint64_t x = 0;
+  size_t unit_at = 0;
+  int rc = sc->ok ? config_value_size(sc->s, sc->n, &x, &unit_at) : CONFIG_VALUE_BAD;
+  if (rc == CONFIG_VALUE_BAD)
+    return wrong_type(L, v, "a size (bytes, or a number with KiB, MiB, GiB or TiB)", path);
+  if (rc == CONFIG_VALUE_UNIT)
+    return fail(L, v->start_mark, "unknown size unit '%s' in '%s' (use B, KiB, MiB, GiB or TiB)",
+                shown(sc->raw + unit_at, sc->n - unit_at, got, sizeof got), path);
+  if (rc == CONFIG_VALUE_FRACTION) {
+    /* The same size in a smaller unit, when it is a whole number of bytes; plain bytes
+     * below 1 KiB, since "N bytes" is not a spelling the parser takes. */
+    if (x % KiB == 0)
+      config_value_size_text(x, a, sizeof a);
+    else
+      snprintf(a, sizeof a, "%" PRIu64, x);
+    return fail(L, v->start_mark,
+                "'%s' must be a whole number of bytes or of KiB, MiB, GiB or TiB, got %s%s%s",
+                path, shown(sc->raw, sc->n, got, sizeof got), x != 0 ? "; write " : "",
+                x != 0 ? a : "");
+  }
+  const bool auto_ok = (k->flags & F_ZERO_AUTO) && rc == CONFIG_VALUE_OK && x == 0;
+  /* What 0 means for this key, said beside the range ("0 (no bound per user) or ..."). */
+  const char *zero = (k->flags & F_ZERO_AUTO) ? (k->zero != NULL ? k->zero : "off") : NULL;
+  if (!auto_ok && (rc != CONFIG_VALUE_OK || x < k->min || x > k->max))
+    return fail(L, v->start_mark, "'%s' must be %s%s%sbetween %s and %s, got %s", path,
+                zero != NULL ? "0 (" : "", zero != NULL ? zero : "", zero != NULL ? ") or " : "",
+                config_value_size_text(k->min, a, sizeof a),
+                config_value_size_text(k->max, b, sizeof b),
+                shown(sc->raw, sc->n, got, sizeof got));
+  if ((k->flags & F_GRANULE) && x % CHUNK_GRANULE != 0)
+    return fail(L, v->start_mark,
+                "'%s' must be a multiple of 2 MiB (the CUDA VMM granularity), got %s", path,
+                config_value_size_text(x, a, sizeof a));
+  if (k->off == offsetof(struct config, pool_chunk_size)) {
+    L->chunk_node = v;
+  } else if (k->off == offsetof(struct config, pool_size_per_device)) {
+    L->pool_size_node = v;
+  } else if (k->off == offsetof(struct config, host_pool_size)) {
+    L->host_node = v;
+  }
+  config__put_uint(dst, k->size, x);
+  return 0;
+}
+
+static int take_mode(struct loader *L, const struct key *k, const yaml_node_t *v,
+                     const struct scalar *sc, const char *path, char *dst) {
+  char got[48];
+  uint64_t x = 0;
+  int rc = sc->ok ? config_value_mode(sc->s, sc->n, &x) : CONFIG_VALUE_BAD;
+  if (rc == CONFIG_VALUE_BAD)
+    return wrong_type(L, v, "a file mode in octal (like 0660)", path);
+  if (rc != CONFIG_VALUE_OK || x > k->max)
+    return fail(L, v->start_mark, "'%s' must be at most 0%" PRIo64 ", got %s", path, k->max,
+                shown(sc->raw, sc->n, got, sizeof got));
+  config__put_uint(dst, k->size, x);
+  return 0;
+}
+
+static int take_ratio(struct loader *L, const struct key *k, const yaml_node_t *v,
+                      const struct scalar *sc, const char *path, char *dst) {
+  char got[48];
+  double x = 0;
+  int rc = sc->ok ? config_value_ratio(sc->s, sc->n, &x) : CONFIG_VALUE_BAD;
+  if (rc == CONFIG_VALUE_BAD)
+    return wrong_type(L, v, "a number", path);
+  if (rc != CONFIG_VALUE_OK || x < k->dmin || x > k->dmax)
+    return fail(L, v->start_mark, "'%s' must be between %.1f and %g, got %s", path, k->dmin,
+                k->dmax, shown(sc->raw, sc->n, got, sizeof got));
+  memcpy(dst, &x, sizeof x);
+  return 0;
+}
+
+static int take_enum(struct loader *L, const struct key *k, const yaml_node_t *v,
+                     const struct scalar *sc, const char *path, char *dst) {
+  for (const struct name_value *t = k->names; sc->ok && t->name != NULL; t++)
+    if (strlen(t->name) == sc->n && strncasecmp(sc->s, t->name, sc->n) == 0) {
+      memcpy(dst, &t->value, sizeof t->value);
+      return 0;
+    }
+  return wrong_type(L, v, k->expected, path);
+}
+
+/* One value for one known key: the structured kinds (a section, a list, the peers, a
+ * string) by their own readers, the rest as one scalar each, by the reader of its kind. */
 static int apply_value(struct loader *L, const struct key *k, const yaml_node_t *v, char *base,
                        const char *path) {
   char *dst = base + k->off;
@@ -319,103 +450,20 @@ static int apply_value(struct loader *L, const struct key *k, const yaml_node_t 
     break;
   }
 
-  /* The rest are single scalars. */
-  const char *s = (const char *)(v->type == YAML_SCALAR_NODE ? v->data.scalar.value : NULL);
-  size_t n = s != NULL ? v->data.scalar.length : 0;
-  bool scalar = s != NULL && !is_null(v) && strlen(s) == n;
-  const unsigned char *raw = scalar ? v->data.scalar.value : NULL;
-  char a[48], b[48], got[48];
+  const struct scalar sc = scalar_of(v);
   switch (k->kind) {
-  case K_BOOL: {
-    bool x;
-    if (!scalar || config_value_bool(s, n, &x) != CONFIG_VALUE_OK)
-      return wrong_type(L, v, "a boolean (true/false)", path);
-    memcpy(dst, &x, sizeof x);
-    return 0;
-  }
-  case K_UINT: {
-    int64_t x = 0;
-    int rc = scalar ? config_value_int(s, n, &x) : CONFIG_VALUE_BAD;
-    if (rc == CONFIG_VALUE_BAD)
-      return wrong_type(L, v, "a decimal integer", path);
-    if (rc != CONFIG_VALUE_OK || x < (int64_t)k->min || x > (int64_t)k->max)
-      return fail(L, v->start_mark, "'%s' must be between %" PRIu64 " and %" PRIu64 ", got %s",
-                  path, k->min, k->max, shown(raw, n, got, sizeof got));
-    config__put_uint(dst, k->size, (uint64_t)x);
-    return 0;
-  }
-  case K_SIZE: {
-    uint64_t x = 0;
-    size_t unit_at = 0;
-    int rc = scalar ? config_value_size(s, n, &x, &unit_at) : CONFIG_VALUE_BAD;
-    if (rc == CONFIG_VALUE_BAD)
-      return wrong_type(L, v, "a size (bytes, or a number with KiB, MiB, GiB or TiB)", path);
-    if (rc == CONFIG_VALUE_UNIT)
-      return fail(L, v->start_mark, "unknown size unit '%s' in '%s' (use B, KiB, MiB, GiB or TiB)",
-                  shown(raw + unit_at, n - unit_at, got, sizeof got), path);
-    if (rc == CONFIG_VALUE_FRACTION) {
-      /* The same size in a smaller unit, when it is a whole number of bytes; plain bytes
-       * below 1 KiB, since "N bytes" is not a spelling the parser takes. */
-      if (x % KiB == 0)
-        config_value_size_text(x, a, sizeof a);
-      else
-        snprintf(a, sizeof a, "%" PRIu64, x);
-      return fail(L, v->start_mark,
-                  "'%s' must be a whole number of bytes or of KiB, MiB, GiB or TiB, got %s%s%s",
-                  path, shown(raw, n, got, sizeof got), x != 0 ? "; write " : "",
-                  x != 0 ? a : "");
-    }
-    const bool auto_ok = (k->flags & F_ZERO_AUTO) && rc == CONFIG_VALUE_OK && x == 0;
-    /* What 0 means for this key, said beside the range ("0 (no bound per user) or ..."). */
-    const char *zero = (k->flags & F_ZERO_AUTO) ? (k->zero != NULL ? k->zero : "off") : NULL;
-    if (!auto_ok && (rc != CONFIG_VALUE_OK || x < k->min || x > k->max))
-      return fail(L, v->start_mark, "'%s' must be %s%s%sbetween %s and %s, got %s", path,
-                  zero != NULL ? "0 (" : "", zero != NULL ? zero : "", zero != NULL ? ") or " : "",
-                  config_value_size_text(k->min, a, sizeof a),
-                  config_value_size_text(k->max, b, sizeof b), shown(raw, n, got, sizeof got));
-    if ((k->flags & F_GRANULE) && x % CHUNK_GRANULE != 0)
-      return fail(L, v->start_mark,
-                  "'%s' must be a multiple of 2 MiB (the CUDA VMM granularity), got %s", path,
-                  config_value_size_text(x, a, sizeof a));
-    if (k->off == offsetof(struct config, pool_chunk_size)) {
-      L->chunk_node = v;
-    } else if (k->off == offsetof(struct config, pool_size_per_device)) {
-      L->pool_size_node = v;
-    } else if (k->off == offsetof(struct config, host_pool_size)) {
-      L->host_node = v;
-    }
-    config__put_uint(dst, k->size, x);
-    return 0;
-  }
-  case K_MODE: {
-    uint64_t x = 0;
-    int rc = scalar ? config_value_mode(s, n, &x) : CONFIG_VALUE_BAD;
-    if (rc == CONFIG_VALUE_BAD)
-      return wrong_type(L, v, "a file mode in octal (like 0660)", path);
-    if (rc != CONFIG_VALUE_OK || x > k->max)
-      return fail(L, v->start_mark, "'%s' must be at most 0%" PRIo64 ", got %s", path, k->max,
-                  shown(raw, n, got, sizeof got));
-    config__put_uint(dst, k->size, x);
-    return 0;
-  }
-  case K_RATIO: {
-    double x = 0;
-    int rc = scalar ? config_value_ratio(s, n, &x) : CONFIG_VALUE_BAD;
-    if (rc == CONFIG_VALUE_BAD)
-      return wrong_type(L, v, "a number", path);
-    if (rc != CONFIG_VALUE_OK || x < k->dmin || x > k->dmax)
-      return fail(L, v->start_mark, "'%s' must be between %.1f and %g, got %s", path, k->dmin,
-                  k->dmax, shown(raw, n, got, sizeof got));
-    memcpy(dst, &x, sizeof x);
-    return 0;
-  }
+  case K_BOOL:
+    return take_bool(L, v, &sc, path, dst);
+  case K_UINT:
+    return take_uint(L, k, v, &sc, path, dst);
+  case K_SIZE:
+    return take_size(L, k, v, &sc, path, dst);
+  case K_MODE:
+    return take_mode(L, k, v, &sc, path, dst);
+  case K_RATIO:
+    return take_ratio(L, k, v, &sc, path, dst);
   case K_ENUM:
-    for (const struct name_value *t = k->names; scalar && t->name != NULL; t++)
-      if (strlen(t->name) == n && strncasecmp(s, t->name, n) == 0) {
-        memcpy(dst, &t->value, sizeof t->value);
-        return 0;
-      }
-    return wrong_type(L, v, k->expected, path);
+    return take_enum(L, k, v, &sc, path, dst);
   default:
     return fail(L, v->start_mark, "internal error: key '%s' has no type", path);
   }

@@ -322,6 +322,105 @@ static uint32_t job_count_of(uid_t uid) {
   return n;
 }
 
+/* A new job for the first rank's ATTACH, or NULL after the refusal has been sent: a
+ * draining daemon starts none, and the daemon's and the uid's job limits hold. */
+static struct job *job_start_for(struct conn *c, uint32_t request_id,
+                                 const struct dep_attach_args *a, uint64_t slab_bytes,
+                                 uint64_t host_bytes) {
+  char msg[DEP_MSG_TEXT_MAX];
+  if (deepepd.draining) {
+    job_refuse(NULL, c, request_id, a, DEP_ERR_STATE,
+               "deepepd is draining (deepepctl drain): it starts no new job until "
+               "`deepepctl drain --cancel`; running jobs go on");
+    return NULL;
+  }
+  if (job_n >= job_cfg->max_jobs) {
+    snprintf(msg, sizeof msg,
+             "deepepd already holds %u jobs (limits.max_jobs); wait for one to end or raise "
+             "the limit",
+             job_n);
+    job_refuse(NULL, c, request_id, a, DEP_ERR_LIMIT, msg);
+    return NULL;
+  }
+  uint32_t mine = job_count_of(c->uid);
+  if (mine >= job_cfg->max_jobs_per_uid) {
+    log_warnx("job %s: uid %u (pid %d) already holds %u jobs (limits.max_jobs_per_uid); "
+              "refused", a->job_id, (unsigned)c->uid, (int)c->pid, mine);
+    snprintf(msg, sizeof msg,
+             "uid %u already holds %u jobs (limits.max_jobs_per_uid %u); wait for one to end, "
+             "or ask the administrator to raise the limit",
+             (unsigned)c->uid, mine, job_cfg->max_jobs_per_uid);
+    job_refuse(NULL, c, request_id, a, DEP_ERR_LIMIT, msg);
+    return NULL;
+  }
+  struct job *j = job_create(c, a);
+  if (j == NULL) {
+    job_refuse(NULL, c, request_id, a, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
+    return NULL;
+  }
+  j->slab_bytes = slab_bytes; /* the layout's size; the stride once lent */
+  j->host_bytes = host_bytes;
+  return j;
+}
+
+/* Whether a later rank may join job j (else its refusal has been sent): the job is still
+ * gathering its ranks, the rank's arguments match the first rank's, and neither its local
+ * rank nor its rank is taken. */
+static bool job_may_join(struct job *j, struct conn *c, uint32_t request_id,
+                         const struct dep_attach_args *a, bool created) {
+  char msg[DEP_MSG_TEXT_MAX];
+  if (!created) {
+    if (j->ready) {
+      conn_send_error(c, request_id, DEP_ERR_STATE,
+                      "job %s has already started (all %u local ranks attached); a rank cannot "
+                      "join a running job: restart the whole job, or use a new job id",
+                      j->id, j->local_world_size);
+      return false;
+    }
+    if (job_mismatch(j, a, msg, sizeof msg)) {
+      job_refuse(j, c, request_id, a, DEP_ERR_MISMATCH, msg);
+      return false;
+    }
+  }
+  const struct job_rank *slot = &j->ranks[a->local_rank];
+  if (slot->conn != NULL) {
+    snprintf(msg, sizeof msg, "local rank %u of job %s is already attached by pid %d",
+             a->local_rank, j->id, (int)slot->pid);
+    job_refuse(j, c, request_id, a, DEP_ERR_EXISTS, msg);
+    return false;
+  }
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
+    if (j->ranks[i].conn != NULL && j->ranks[i].rank == a->rank) {
+      snprintf(msg, sizeof msg, "rank %u of job %s is already attached by pid %d (local rank %u)",
+               a->rank, j->id, (int)j->ranks[i].pid, i);
+      job_refuse(j, c, request_id, a, DEP_ERR_EXISTS, msg);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* The rank takes its slot in j; its ATTACH waits there until the job is complete. */
+static void job_seat(struct job *j, struct conn *c, uint32_t request_id,
+                     const struct dep_attach_args *a) {
+  struct job_rank *slot = &j->ranks[a->local_rank];
+  slot->conn = c;
+  slot->rank = a->rank;
+  slot->pid = c->pid;
+  /* Who it is, now rather than when the last rank arrives: the rendezvous
+   * completes without a look at /proc. */
+  if (proc_identify(c->pid, &slot->proc) != 0)
+    slot->proc = (struct proc_id){0};
+  slot->request_id = request_id;
+  slot->waiting = true;
+  memcpy(slot->device_uuid, a->device_uuid, sizeof slot->device_uuid);
+  c->job = j;
+  c->job_local_rank = a->local_rank;
+  j->attached++;
+  log_info("job %s: rank %u (local %u, pid %d) attached (%u of %u local ranks)", j->id, a->rank,
+           a->local_rank, (int)c->pid, j->attached, j->local_world_size);
+}
+
 void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_args *a) {
   if (c->job != NULL) {
     conn_send_error(c, request_id, DEP_ERR_STATE,
@@ -346,82 +445,12 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
     job_refuse_taken(c, request_id, a->job_id, j);
     return;
   }
-  if (j == NULL) {
-    if (deepepd.draining) {
-      job_refuse(NULL, c, request_id, a, DEP_ERR_STATE,
-                 "deepepd is draining (deepepctl drain): it starts no new job until "
-                 "`deepepctl drain --cancel`; running jobs go on");
-      return;
-    }
-    if (job_n >= job_cfg->max_jobs) {
-      snprintf(msg, sizeof msg,
-               "deepepd already holds %u jobs (limits.max_jobs); wait for one to end or raise "
-               "the limit",
-               job_n);
-      job_refuse(NULL, c, request_id, a, DEP_ERR_LIMIT, msg);
-      return;
-    }
-    uint32_t mine = job_count_of(c->uid);
-    if (mine >= job_cfg->max_jobs_per_uid) {
-      log_warnx("job %s: uid %u (pid %d) already holds %u jobs (limits.max_jobs_per_uid); "
-                "refused", a->job_id, (unsigned)c->uid, (int)c->pid, mine);
-      snprintf(msg, sizeof msg,
-               "uid %u already holds %u jobs (limits.max_jobs_per_uid %u); wait for one to end, "
-               "or ask the administrator to raise the limit",
-               (unsigned)c->uid, mine, job_cfg->max_jobs_per_uid);
-      job_refuse(NULL, c, request_id, a, DEP_ERR_LIMIT, msg);
-      return;
-    }
-    j = job_create(c, a);
-    if (j == NULL) {
-      job_refuse(NULL, c, request_id, a, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
-      return;
-    }
-    j->slab_bytes = slab_bytes; /* the layout's size; the stride once lent */
-    j->host_bytes = host_bytes;
-  } else {
-    if (j->ready) {
-      conn_send_error(c, request_id, DEP_ERR_STATE,
-                      "job %s has already started (all %u local ranks attached); a rank cannot "
-                      "join a running job: restart the whole job, or use a new job id",
-                      j->id, j->local_world_size);
-      return;
-    }
-    if (job_mismatch(j, a, msg, sizeof msg)) {
-      job_refuse(j, c, request_id, a, DEP_ERR_MISMATCH, msg);
-      return;
-    }
-  }
-  struct job_rank *slot = &j->ranks[a->local_rank];
-  if (slot->conn != NULL) {
-    snprintf(msg, sizeof msg, "local rank %u of job %s is already attached by pid %d",
-             a->local_rank, j->id, (int)slot->pid);
-    job_refuse(j, c, request_id, a, DEP_ERR_EXISTS, msg);
+  const bool created = j == NULL;
+  if (created && (j = job_start_for(c, request_id, a, slab_bytes, host_bytes)) == NULL)
     return;
-  }
-  for (uint32_t i = 0; i < j->local_world_size; i++) {
-    if (j->ranks[i].conn != NULL && j->ranks[i].rank == a->rank) {
-      snprintf(msg, sizeof msg, "rank %u of job %s is already attached by pid %d (local rank %u)",
-               a->rank, j->id, (int)j->ranks[i].pid, i);
-      job_refuse(j, c, request_id, a, DEP_ERR_EXISTS, msg);
-      return;
-    }
-  }
-  slot->conn = c;
-  slot->rank = a->rank;
-  slot->pid = c->pid;
-  /* Who it is, now rather than when the last rank arrives: the rendezvous
-   * completes without a look at /proc. */
-  if (proc_identify(c->pid, &slot->proc) != 0)
-    slot->proc = (struct proc_id){0};
-  slot->request_id = request_id;
-  slot->waiting = true;
-  memcpy(slot->device_uuid, a->device_uuid, sizeof slot->device_uuid);
-  c->job = j;
-  c->job_local_rank = a->local_rank;
-  j->attached++;
-  log_info("job %s: rank %u (local %u, pid %d) attached (%u of %u local ranks)", j->id, a->rank,
-           a->local_rank, (int)c->pid, j->attached, j->local_world_size);
+  if (!job_may_join(j, c, request_id, a, created))
+    return;
+  job_seat(j, c, request_id, a);
   if (j->multinode)
     job_progress(j);
   else if (j->attached == j->local_world_size)

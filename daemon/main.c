@@ -313,7 +313,17 @@ static void main_stop(size_t n) {
     main_modules[--n].fini();
 }
 
-int main(int argc, char **argv) {
+/* What the command line asked for: each NULL where its option was not given. */
+struct main_args {
+  const char *config_path;   /* -c */
+  const char *check_path;    /* --check-config */
+  const char *warmup_socket; /* the warm-up's child */
+  const char *tune_socket;   /* the autotune's child */
+};
+
+/* The options, into m and deepepd's overrides: -1 to go on, else the status to exit with
+ * (0 after --help or --version, 2 for a malformed option, as deepepd(8) says). */
+static int main_parse(int argc, char **argv, struct main_args *m) {
   enum { OPT_BACKEND = 256, OPT_LOG_LEVEL, OPT_CHECK, OPT_WARMUP, OPT_TUNE };
   static const struct option opts[] = {
       {"config", required_argument, NULL, 'c'},
@@ -326,13 +336,11 @@ int main(int argc, char **argv) {
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
-  const char *config_path = NULL;
-  const char *check_path = NULL, *warmup_socket = NULL, *tune_socket = NULL;
   int o;
   while ((o = getopt_long(argc, argv, "c:s:hV", opts, NULL)) != -1) {
     switch (o) {
     case 'c':
-      config_path = optarg;
+      m->config_path = optarg;
       break;
     case 's':
       /* An empty override would quietly mean "no override": the default socket. */
@@ -362,13 +370,13 @@ int main(int argc, char **argv) {
       }
       break;
     case OPT_CHECK:
-      check_path = optarg;
+      m->check_path = optarg;
       break;
     case OPT_WARMUP:
-      warmup_socket = optarg;
+      m->warmup_socket = optarg;
       break;
     case OPT_TUNE:
-      tune_socket = optarg;
+      m->tune_socket = optarg;
       break;
     case 'h':
       usage(stdout);
@@ -381,22 +389,12 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (warmup_socket != NULL) { /* the start-up warm-up's child (warmup.h): GPU UUIDs follow */
-    log_init(LOG_PRIO_INFO);
-    return warmup_child_main(warmup_socket, argc - optind, argv + optind);
-  }
-  if (tune_socket != NULL) { /* adaptive_optimization's measurement (autotune.h) */
-    log_init(LOG_PRIO_INFO);
-    return autotune_child_main(tune_socket, argc - optind, argv + optind);
-  }
-  if (optind < argc) {
-    fprintf(stderr, "deepepd: unexpected argument: %s\n", argv[optind]);
-    usage(stderr);
-    return 2;
-  }
-  if (check_path != NULL)
-    return check_config(check_path);
+  return -1;
+}
 
+/* The daemon itself: the configuration loaded, the modules started in order, the loop
+ * run until a stop, and everything undone in reverse; returns the exit status. */
+static int main_serve(const char *config_path) {
   /* Replies go out with MSG_NOSIGNAL; this covers anything else that writes. */
   signal(SIGPIPE, SIG_IGN);
   log_init(deepepd.log_level_override >= 0 ? deepepd.log_level_override : LOG_PRIO_INFO);
@@ -438,4 +436,27 @@ int main(int argc, char **argv) {
   notify_fini();
   log_fini();
   return status;
+}
+
+int main(int argc, char **argv) {
+  struct main_args m = {0};
+  int status = main_parse(argc, argv, &m);
+  if (status >= 0)
+    return status;
+  if (m.warmup_socket != NULL) { /* the start-up warm-up's child (warmup.h): GPU UUIDs follow */
+    log_init(LOG_PRIO_INFO);
+    return warmup_child_main(m.warmup_socket, argc - optind, argv + optind);
+  }
+  if (m.tune_socket != NULL) { /* adaptive_optimization's measurement (autotune.h) */
+    log_init(LOG_PRIO_INFO);
+    return autotune_child_main(m.tune_socket, argc - optind, argv + optind);
+  }
+  if (optind < argc) {
+    fprintf(stderr, "deepepd: unexpected argument: %s\n", argv[optind]);
+    usage(stderr);
+    return 2;
+  }
+  if (m.check_path != NULL)
+    return check_config(m.check_path);
+  return main_serve(m.config_path);
 }

@@ -307,12 +307,12 @@ static void peer_log_unknown(const struct peer_conn *c, const char *what) {
   skipped = 0;
 }
 
-static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const uint8_t *body,
-                          size_t len, int *fds, int nfds) {
-  struct peer_conn *c = l->user;
-  c->last_rx_ms = now_ms();
-  if (c->peer != NULL)
-    c->peer->bytes_in += DEP_PROTO_HDR_LEN + len;
+/* A frame's checks before its message is handled: a control frame type of a newer peer
+ * is logged, any other control frame refused, the body decoded, and a peer message type
+ * of a newer peer answered UNSUPPORTED.  Returns whether *m holds a message to handle;
+ * false when the frame has been dealt with here. */
+static bool peer_frame_msg(struct peer_conn *c, const struct dep_frame_hdr *h,
+                           const uint8_t *body, size_t len, struct dep_peer_msg *m) {
   if (h->type != DEP_MSG_PEER && c->up && !proto_type_known(h->type)) {
     /* A control frame type of a newer peer: not answered, since peers
      * speak to each other only in PEER frames (and before authentication
@@ -320,30 +320,82 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
     char what[64];
     snprintf(what, sizeof what, "control frame type %u", (unsigned)h->type);
     peer_log_unknown(c, what);
-    return;
+    return false;
   }
   if (h->type != DEP_MSG_PEER) {
     peer__refuse(c, DEP_ERR_PROTOCOL, "sent a %s frame on a peer link", proto_type_name(h->type));
-    return;
+    return false;
   }
-  struct dep_peer_msg m;
   char why[256];
-  int rc = peer_proto_decode(body, len, &m, why, sizeof why);
+  int rc = peer_proto_decode(body, len, m, why, sizeof why);
   if (rc == DEP_ERR_UNSUPPORTED && c->up) {
     /* A newer peer may probe: say so and keep the link (peer_proto.h). */
     char what[64];
-    snprintf(what, sizeof what, "peer message type %u", (unsigned)m.type);
+    snprintf(what, sizeof what, "peer message type %u", (unsigned)m->type);
     peer_log_unknown(c, what);
     struct dep_peer_msg e = {.type = DEP_PEER_ERROR};
     e.u.error.code = DEP_ERR_UNSUPPORTED;
     snprintf(e.u.error.message, sizeof e.u.error.message, "%s", why);
     (void)peer__send(c, &e);
-    return;
+    return false;
   }
   if (rc != 0) {
     peer__refuse(c, rc, "%s", why);
+    return false;
+  }
+  return true;
+}
+
+/* The peer's ERROR: its words kept for the link's end, or logged while the link stays
+ * up. */
+static void peer_on_error_msg(struct link *l, struct peer_conn *c,
+                              const struct dep_peer_msg *m) {
+  if (c->slot < 0 && !c->authed) {
+    /* A stranger's words are not repeated in our log. */
+    link_drop(l, "sent ERROR before authenticating");
     return;
   }
+  char msg[4 * DEP_MSG_TEXT_MAX], err[sizeof msg + 32];
+  log_escape(m->u.error.message, strlen(m->u.error.message), msg, sizeof msg);
+  snprintf(err, sizeof err, "refused by the peer: %s", msg);
+  cut(c->err, sizeof c->err, err);
+  if (!c->up)
+    link_drop(l, "%s", c->err);
+  else
+    log_warnx("peer %s: says: %s", c->peer->name, msg);
+}
+
+/* A KEEPALIVE: a request is echoed as a reply; a reply gives the round trip. */
+static void peer_on_keepalive(struct peer_conn *c, struct dep_peer_msg *m) {
+  if (m->u.keepalive.reply == 0) {
+    m->u.keepalive.reply = 1;
+    (void)peer__send(c, m);
+  } else {
+    uint64_t now_us = uv_hrtime() / 1000u;
+    if (now_us >= m->u.keepalive.stamp)
+      c->peer->rtt_us = now_us - m->u.keepalive.stamp;
+  }
+}
+
+/* The peer's CLOSE: the link ends with its words. */
+static void peer_on_close_msg(struct link *l, struct peer_conn *c,
+                              const struct dep_peer_msg *m) {
+  char msg[4 * DEP_MSG_TEXT_MAX], err[sizeof msg + 32];
+  log_escape(m->u.error.message, strlen(m->u.error.message), msg, sizeof msg);
+  snprintf(err, sizeof err, "closed by the peer: %s", msg);
+  cut(c->err, sizeof c->err, err);
+  link_close(l, c->err);
+}
+
+static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const uint8_t *body,
+                          size_t len, int *fds, int nfds) {
+  struct peer_conn *c = l->user;
+  c->last_rx_ms = now_ms();
+  if (c->peer != NULL)
+    c->peer->bytes_in += DEP_PROTO_HDR_LEN + len;
+  struct dep_peer_msg m;
+  if (!peer_frame_msg(c, h, body, len, &m))
+    return;
   if (m.type == DEP_PEER_DATA_HELLO) {
     conn_on_data_hello(c, &m.u.data_hello);
     return;
@@ -373,31 +425,11 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
     peer__take_node(c);
     peerxport_begin(c);
     break;
-  case DEP_PEER_ERROR: {
-    if (c->slot < 0 && !c->authed) {
-      /* A stranger's words are not repeated in our log. */
-      link_drop(l, "sent ERROR before authenticating");
-      return;
-    }
-    char msg[4 * DEP_MSG_TEXT_MAX], err[sizeof msg + 32];
-    log_escape(m.u.error.message, strlen(m.u.error.message), msg, sizeof msg);
-    snprintf(err, sizeof err, "refused by the peer: %s", msg);
-    cut(c->err, sizeof c->err, err);
-    if (!c->up)
-      link_drop(l, "%s", c->err);
-    else
-      log_warnx("peer %s: says: %s", c->peer->name, msg);
+  case DEP_PEER_ERROR:
+    peer_on_error_msg(l, c, &m);
     break;
-  }
   case DEP_PEER_KEEPALIVE:
-    if (m.u.keepalive.reply == 0) {
-      m.u.keepalive.reply = 1;
-      (void)peer__send(c, &m);
-    } else {
-      uint64_t now_us = uv_hrtime() / 1000u;
-      if (now_us >= m.u.keepalive.stamp)
-        c->peer->rtt_us = now_us - m.u.keepalive.stamp;
-    }
+    peer_on_keepalive(c, &m);
     break;
   case DEP_PEER_XPORT:
     peerxport_on_xport(c, &m.u.xport);
@@ -418,14 +450,9 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
     if (P->ev != NULL && P->ev->job_msg != NULL)
       P->ev->job_msg((int)(c->peer - P->peers), &m);
     break;
-  case DEP_PEER_CLOSE: {
-    char msg[4 * DEP_MSG_TEXT_MAX], err[sizeof msg + 32];
-    log_escape(m.u.error.message, strlen(m.u.error.message), msg, sizeof msg);
-    snprintf(err, sizeof err, "closed by the peer: %s", msg);
-    cut(c->err, sizeof c->err, err);
-    link_close(l, c->err);
+  case DEP_PEER_CLOSE:
+    peer_on_close_msg(l, c, &m);
     break;
-  }
   }
 }
 

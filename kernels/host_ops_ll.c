@@ -64,22 +64,14 @@ static void select_token(const struct ops_ctx *c, const void *idx, int type, uin
   }
 }
 
-int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a,
-                         struct dep_handle *h) {
-  if (c == NULL)
-    return DEP_ERR_INVALID;
-  int rc = ops_check_ll_dispatch(c, a, h, c->why, sizeof c->why);
-  if (rc != 0 || (rc = host_ops__handle_reserve(c, h, OPS_HANDLE_LL)) != 0 ||
-      (rc = host_ops__begin(c)) != 0)
-    return rc;
-  const uint32_t hid = c->shape.hidden, k = c->shape.topk, le = local_experts(c);
-  const uint32_t kd = k < le ? k : le, groups = hid / 128;
-  const uint64_t rows = (uint64_t)c->world * c->lay.max_ll_tokens;
-  const unsigned parity = (unsigned)(c->seq & 1);
-  const uint32_t op = OPS_OP_LL_DISPATCH | (a->use_fp8 ? OPS_OP_FP8 : 0);
+/* The send half of a low-latency dispatch: each token once to each rank owning one of
+ * its experts (cast to FP8 once per token), with its index and those experts' local ids;
+ * sent[d] counts the rows for rank d. */
+static void ll_dispatch_send(struct ops_ctx *c, const struct dep_ll_dispatch_args *a,
+                             unsigned parity, uint32_t *sent) {
+  const uint32_t hid = c->shape.hidden, groups = hid / 128;
   const size_t payload = a->use_fp8 ? hid + groups * sizeof(float) : 2u * hid;
   const uint16_t *x = a->x;
-  uint32_t *sent = c->per_rank;
   memset(sent, 0, c->world * sizeof *sent);
   struct token_sel sel;
 
@@ -102,17 +94,22 @@ int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a
       memcpy(row + ops_ids_off(hid), sel.ids[p], sel.n[p] * sizeof(int32_t));
     }
   }
-  if ((rc = host_ops__post_all(c, sent, op, 0, a->num_tokens, c->lay.row_bytes)) != 0 ||
-      (rc = host_ops__wait_all(c, op)) != 0)
-    return rc;
+}
 
+/* The receive half, once every rank has posted: each received token expanded into its
+ * experts' rows, sources ascending and tokens ascending, so each expert's rows are in
+ * (source, token) order; the handle learns where each row came from.  A row that names
+ * an expert not ours, or overflows one, is a peer's malformed row. */
+static int ll_dispatch_expand(struct ops_ctx *c, const struct dep_ll_dispatch_args *a,
+                              struct dep_handle *h, unsigned parity) {
+  const uint32_t hid = c->shape.hidden, k = c->shape.topk, le = local_experts(c);
+  const uint32_t kd = k < le ? k : le, groups = hid / 128;
+  const uint64_t rows = (uint64_t)c->world * c->lay.max_ll_tokens;
   for (uint32_t src = 0; src < c->world; src++)
     if (in_slot(c, parity, src)->rows > c->lay.max_ll_tokens)
       return set_why(c, DEP_ERR_MISMATCH, "ll_dispatch: rank %u posted %u rows, over the job's "
                      "max_ll_tokens_per_rank %u", src, in_slot(c, parity, src)->rows,
                      c->lay.max_ll_tokens);
-  /* Expand each received token into its experts' rows: sources ascending,
-   * tokens ascending, so each expert's rows are in (source, token) order. */
   memset(a->recv_count, 0, le * sizeof(int32_t));
   uint64_t nv = 0;
   for (uint32_t src = 0; src < c->world; src++) {
@@ -142,9 +139,28 @@ int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a
     }
     h->recv_from[src] = owed;
   }
-  h->num_tokens = a->num_tokens;
   h->num_recv = (uint32_t)nv;
-  h->idx_hash = ops_check_idx_hash(a->topk_idx, a->index_type, (size_t)a->num_tokens * k);
+  return 0;
+}
+
+int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a,
+                         struct dep_handle *h) {
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  int rc = ops_check_ll_dispatch(c, a, h, c->why, sizeof c->why);
+  if (rc != 0 || (rc = host_ops__handle_reserve(c, h, OPS_HANDLE_LL)) != 0 ||
+      (rc = host_ops__begin(c)) != 0)
+    return rc;
+  const unsigned parity = (unsigned)(c->seq & 1);
+  const uint32_t op = OPS_OP_LL_DISPATCH | (a->use_fp8 ? OPS_OP_FP8 : 0);
+  uint32_t *sent = c->per_rank;
+  ll_dispatch_send(c, a, parity, sent);
+  if ((rc = host_ops__post_all(c, sent, op, 0, a->num_tokens, c->lay.row_bytes)) != 0 ||
+      (rc = host_ops__wait_all(c, op)) != 0 || (rc = ll_dispatch_expand(c, a, h, parity)) != 0)
+    return rc;
+  h->num_tokens = a->num_tokens;
+  h->idx_hash = ops_check_idx_hash(a->topk_idx, a->index_type,
+                                   (size_t)a->num_tokens * c->shape.topk);
   h->seq = c->seq;
   h->kind = OPS_HANDLE_LL;
   return 0;

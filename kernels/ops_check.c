@@ -147,6 +147,57 @@ static int check_handle(const struct ops_ctx *c, const struct dep_handle *h, uin
                       op, name, mode);                                                   \
   } while (0)
 
+/* A cached dispatch's own checks: the handle routes, so what routing would read or
+ * write is refused, and the handle's token and row counts must fit the call. */
+static int check_dispatch_cached(const struct ops_ctx *c, const struct dep_dispatch_args *a,
+                                 const struct dep_handle *h, char *why, size_t whylen) {
+  const char *op = "dispatch";
+  int rc;
+  if ((rc = check_handle(c, h, OPS_HANDLE_TP, "dispatch (cached)", why, whylen)) != 0)
+    return rc;
+  UNUSED_IN(a->topk_idx, op, "topk_idx", "in cached mode (the handle routes)");
+  UNUSED_IN(a->topk_weights, op, "topk_weights", "in cached mode");
+  UNUSED_IN(a->recv_topk_idx, op, "recv_topk_idx", "in cached mode (not written)");
+  UNUSED_IN(a->recv_topk_weights, op, "recv_topk_weights", "in cached mode (not written)");
+  UNUSED_IN(a->recv_count_per_expert, op, "recv_count_per_expert", "in cached mode (not written)");
+  UNUSED_IN(a->recv_count_per_expert_host, op, "recv_count_per_expert_host",
+            "in cached mode (no counts are written)");
+  if (a->expert_alignment > 1)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: expert_alignment is not used in cached mode (no counts "
+                    "are written); give 0 or 1");
+  if (a->num_tokens != h->num_tokens)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch (cached): num_tokens %u, but the handle's dispatch had "
+                    "%u; x must hold the same tokens", a->num_tokens, h->num_tokens);
+  if (h->worst != 0 && a->num_worst_tokens == 0)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch (cached): the handle's dispatch gave num_worst_tokens %u "
+                    "and so did not learn its row count; give num_worst_tokens here too", h->worst);
+  if (h->worst == 0 && a->num_worst_tokens != 0 && a->num_worst_tokens < h->num_recv)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch (cached): num_worst_tokens %u is below the %u rows the "
+                    "handle's dispatch received", a->num_worst_tokens, h->num_recv);
+  return 0;
+}
+
+/* A dispatch that routes afresh: its ids' type and the outputs routing writes. */
+static int check_dispatch_routed(const struct ops_ctx *c, const struct dep_dispatch_args *a,
+                                 char *why, size_t whylen) {
+  const char *op = "dispatch";
+  int rc;
+  if ((rc = check_index_type(a->index_type, op, why, whylen)) != 0)
+    return rc;
+  NEED_AL(a->recv_topk_idx, ops_recv_idx_bytes(a), op, "recv_topk_idx");
+  NEED(a->recv_topk_weights, op, "recv_topk_weights");
+  NEED(a->recv_count_per_expert, op, "recv_count_per_expert");
+  if (a->recv_count_per_expert_host != NULL) {
+    /* The copy rides on the wait for num_recv, which num_worst_tokens does without. */
+    if (a->num_worst_tokens != 0)
+      return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: recv_count_per_expert_host is "
+                      "not written with num_worst_tokens (the call does not wait for the "
+                      "counts); pass NULL and read recv_count_per_expert");
+    NEED(a->recv_count_per_expert_host, op, "recv_count_per_expert_host");
+  }
+  return 0;
+}
+
 int ops_check_dispatch(const struct ops_ctx *c, const struct dep_dispatch_args *a,
                        const struct dep_handle *h, char *why, size_t whylen) {
   const char *op = "dispatch";
@@ -188,43 +239,10 @@ int ops_check_dispatch(const struct ops_ctx *c, const struct dep_dispatch_args *
   if (a->num_worst_tokens == 0 && a->num_recv == NULL)
     return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: num_recv is NULL; give it, or num_worst_tokens "
                     "(outputs of that many rows, no wait for the count)");
-  if (a->cached) {
-    if ((rc = check_handle(c, h, OPS_HANDLE_TP, "dispatch (cached)", why, whylen)) != 0)
-      return rc;
-    UNUSED_IN(a->topk_idx, op, "topk_idx", "in cached mode (the handle routes)");
-    UNUSED_IN(a->topk_weights, op, "topk_weights", "in cached mode");
-    UNUSED_IN(a->recv_topk_idx, op, "recv_topk_idx", "in cached mode (not written)");
-    UNUSED_IN(a->recv_topk_weights, op, "recv_topk_weights", "in cached mode (not written)");
-    UNUSED_IN(a->recv_count_per_expert, op, "recv_count_per_expert", "in cached mode (not written)");
-    UNUSED_IN(a->recv_count_per_expert_host, op, "recv_count_per_expert_host",
-              "in cached mode (no counts are written)");
-    if (a->expert_alignment > 1)
-      return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: expert_alignment is not used in cached mode (no counts "
-                      "are written); give 0 or 1");
-    if (a->num_tokens != h->num_tokens)
-      return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch (cached): num_tokens %u, but the handle's dispatch had "
-                      "%u; x must hold the same tokens", a->num_tokens, h->num_tokens);
-    if (h->worst != 0 && a->num_worst_tokens == 0)
-      return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch (cached): the handle's dispatch gave num_worst_tokens %u "
-                      "and so did not learn its row count; give num_worst_tokens here too", h->worst);
-    if (h->worst == 0 && a->num_worst_tokens != 0 && a->num_worst_tokens < h->num_recv)
-      return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch (cached): num_worst_tokens %u is below the %u rows the "
-                      "handle's dispatch received", a->num_worst_tokens, h->num_recv);
-  } else {
-    if ((rc = check_index_type(a->index_type, op, why, whylen)) != 0)
-      return rc;
-    NEED_AL(a->recv_topk_idx, ops_recv_idx_bytes(a), op, "recv_topk_idx");
-    NEED(a->recv_topk_weights, op, "recv_topk_weights");
-    NEED(a->recv_count_per_expert, op, "recv_count_per_expert");
-    if (a->recv_count_per_expert_host != NULL) {
-      /* The copy rides on the wait for num_recv, which num_worst_tokens does without. */
-      if (a->num_worst_tokens != 0)
-        return why_fail(why, whylen, DEP_ERR_INVALID, "dispatch: recv_count_per_expert_host is "
-                        "not written with num_worst_tokens (the call does not wait for the "
-                        "counts); pass NULL and read recv_count_per_expert");
-      NEED(a->recv_count_per_expert_host, op, "recv_count_per_expert_host");
-    }
-  }
+  rc = a->cached ? check_dispatch_cached(c, a, h, why, whylen)
+                 : check_dispatch_routed(c, a, why, whylen);
+  if (rc != 0)
+    return rc;
   if (a->num_tokens > 0) {
     NEED_AL(a->x, a->use_fp8 ? 1u : 2u, op, "x");
     if (a->use_fp8)

@@ -526,6 +526,58 @@ static int ctl_view_latest_runs(const struct ctl_stats *s, struct ctl_stats *out
   return 0;
 }
 
+/* The metrics' rows of the pools, one per device, into cells (PC_N a row). */
+static void metrics_pool_rows(struct ctl_val *pcells, const struct dep_status *st) {
+  for (uint32_t i = 0; i < st->num_devices; i++) {
+    struct ctl_val *row = pcells + (size_t)i * PC_N;
+    row[PC_DEVICE].s = st->devices[i].uuid;
+    row[PC_TOTAL].u = st->devices[i].pool_total_bytes;
+    row[PC_USED].u = st->devices[i].pool_used_bytes;
+    row[PC_CACHED].u = st->devices[i].pool_cached_bytes;
+    row[PC_HELD].u = st->devices[i].pool_held_bytes;
+  }
+}
+
+/* The metrics' rows of the peers, one per peer daemon, into cells (XC_N a row). */
+static void metrics_peer_rows(struct ctl_val *xcells, const struct dep_msg_peers *pm,
+                              uint32_t npeers) {
+  for (uint32_t i = 0; i < npeers; i++) {
+    struct ctl_val *row = xcells + (size_t)i * XC_N;
+    row[XC_PEER].s = pm->peers[i].address;
+    row[XC_TRANSPORT].s = pm->peers[i].transport;
+    row[XC_UP].u = strcmp(pm->peers[i].state, "up") == 0;
+    row[XC_CONNS].u = pm->peers[i].conns_up;
+    row[XC_RX].u = pm->peers[i].bytes_in;
+    row[XC_TX].u = pm->peers[i].bytes_out;
+    row[XC_RECONNECTS].u = pm->peers[i].reconnects;
+    row[XC_DATA_OUT].u = pm->peers[i].data_out;
+    row[XC_DATA_IN].u = pm->peers[i].data_in;
+    row[XC_DATA_TX].u = pm->peers[i].data_bytes_out;
+    row[XC_DATA_RX].u = pm->peers[i].data_bytes_in;
+    row[XC_FRAMES_TX].u = pm->peers[i].data_frames_out;
+    row[XC_FRAMES_RX].u = pm->peers[i].data_frames_in;
+    row[XC_RDMA_BLOCKS].u = pm->peers[i].rdma_blocks_out;
+    row[XC_RDMA_WRITES].u = pm->peers[i].rdma_writes_out;
+    row[XC_RDMA_POSTS].u = pm->peers[i].rdma_posts_out;
+    row[XC_RDMA_BYTES].u = pm->peers[i].rdma_bytes_out;
+  }
+}
+
+/* The metrics' rows of the jobs across nodes, into cells (JC_N a row). */
+static void metrics_job_rows(struct ctl_val *jcells, const struct dep_msg_job_nodes *jn,
+                             uint32_t nxjobs) {
+  for (uint32_t i = 0; i < nxjobs; i++) {
+    struct ctl_val *row = jcells + (size_t)i * JC_N;
+    row[JC_JOB].s = jn->jobs[i].job_id;
+    row[JC_TX].u = jn->jobs[i].bytes_out;
+    row[JC_RX].u = jn->jobs[i].bytes_in;
+    row[JC_FRAMES_TX].u = jn->jobs[i].frames_out;
+    row[JC_FRAMES_RX].u = jn->jobs[i].frames_in;
+    row[JC_RING_PEAK].u = jn->jobs[i].ring_peak;
+    row[JC_RING_ENTRIES].u = jn->jobs[i].ring_entries;
+  }
+}
+
 int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stats *all_runs,
                      const struct dep_msg_peers *pm, const struct dep_msg_job_nodes *jn) {
   struct ctl_stats latest;
@@ -550,44 +602,9 @@ int ctl_view_metrics(FILE *f, const struct dep_status *st, const struct ctl_stat
   struct ctl_view v;
   int out = -1;
   if (pcells != NULL && xcells != NULL && jcells != NULL && ctl_view_stats(s, &v) == 0) {
-    for (uint32_t i = 0; i < st->num_devices; i++) {
-      struct ctl_val *row = pcells + (size_t)i * PC_N;
-      row[PC_DEVICE].s = st->devices[i].uuid;
-      row[PC_TOTAL].u = st->devices[i].pool_total_bytes;
-      row[PC_USED].u = st->devices[i].pool_used_bytes;
-      row[PC_CACHED].u = st->devices[i].pool_cached_bytes;
-      row[PC_HELD].u = st->devices[i].pool_held_bytes;
-    }
-    for (uint32_t i = 0; i < npeers; i++) {
-      struct ctl_val *row = xcells + (size_t)i * XC_N;
-      row[XC_PEER].s = pm->peers[i].address;
-      row[XC_TRANSPORT].s = pm->peers[i].transport;
-      row[XC_UP].u = strcmp(pm->peers[i].state, "up") == 0;
-      row[XC_CONNS].u = pm->peers[i].conns_up;
-      row[XC_RX].u = pm->peers[i].bytes_in;
-      row[XC_TX].u = pm->peers[i].bytes_out;
-      row[XC_RECONNECTS].u = pm->peers[i].reconnects;
-      row[XC_DATA_OUT].u = pm->peers[i].data_out;
-      row[XC_DATA_IN].u = pm->peers[i].data_in;
-      row[XC_DATA_TX].u = pm->peers[i].data_bytes_out;
-      row[XC_DATA_RX].u = pm->peers[i].data_bytes_in;
-      row[XC_FRAMES_TX].u = pm->peers[i].data_frames_out;
-      row[XC_FRAMES_RX].u = pm->peers[i].data_frames_in;
-      row[XC_RDMA_BLOCKS].u = pm->peers[i].rdma_blocks_out;
-      row[XC_RDMA_WRITES].u = pm->peers[i].rdma_writes_out;
-      row[XC_RDMA_POSTS].u = pm->peers[i].rdma_posts_out;
-      row[XC_RDMA_BYTES].u = pm->peers[i].rdma_bytes_out;
-    }
-    for (uint32_t i = 0; i < nxjobs; i++) {
-      struct ctl_val *row = jcells + (size_t)i * JC_N;
-      row[JC_JOB].s = jn->jobs[i].job_id;
-      row[JC_TX].u = jn->jobs[i].bytes_out;
-      row[JC_RX].u = jn->jobs[i].bytes_in;
-      row[JC_FRAMES_TX].u = jn->jobs[i].frames_out;
-      row[JC_FRAMES_RX].u = jn->jobs[i].frames_in;
-      row[JC_RING_PEAK].u = jn->jobs[i].ring_peak;
-      row[JC_RING_ENTRIES].u = jn->jobs[i].ring_entries;
-    }
+    metrics_pool_rows(pcells, st);
+    metrics_peer_rows(xcells, pm, npeers);
+    metrics_job_rows(jcells, jn, nxjobs);
     const struct ctl_table stt = {"state", "", state_cols, SC_N, 1, scells, 0};
     const struct ctl_table dt = {"daemon", "", daemon_cols, DC_N, 1, dcells, 0};
     const struct ctl_table pt = {"pools", "", pool_cols, PC_N, st->num_devices, pcells, 0};

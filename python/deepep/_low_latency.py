@@ -88,6 +88,39 @@ class _LowLatency:
         """
         op = "low_latency_dispatch"
         self._low_latency_begin(op, async_finish, return_recv_hook)
+        x, idx, itype = self._ll_dispatch_inputs(x, topk_idx, num_max_dispatch_tokens_per_rank,
+                                                 num_experts, dispatch_wait_recv_cost_stats,
+                                                 round_scale, use_ue8m0)
+        n = x.size(0)
+        stats = self._ll_recv_stats(cumulative_local_expert_recv_stats)
+        fp8 = bool(use_fp8)
+        recv_x, scales, count = self._ll_outputs(fp8)
+        cs = None if self._host else self._stream()
+        h = Handle(self, "low_latency_dispatch", n, stream=cs)
+        out_x = (recv_x, scales) if fp8 else recv_x
+        if return_recv_hook:
+            # The exchange runs in the hook; the caller may write x and topk_idx once this
+            # returns (DeepEP's send has read them by then), so it runs on copies.
+            xc, ic = x.clone(), idx.clone()
+            h._unreceived = True  # low_latency_handle_info waits for the hook
+
+            def receive() -> None:
+                self._ll_dispatch_now(xc, ic, itype, n, fp8, recv_x, scales, count, h, stats)
+                h._unreceived = False
+
+            return out_x, count, h, EventOverlap(None), self._defer(receive)
+        self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, stats, cs)
+        return (out_x, count, h,
+                self._event(None, async_finish) if async_finish else EventOverlap(None), _no_hook)
+
+    def _ll_dispatch_inputs(self, x: Any, topk_idx: Any, num_max_dispatch_tokens_per_rank: Any,
+                            num_experts: Any, dispatch_wait_recv_cost_stats: Any,
+                            round_scale: Any, use_ue8m0: Any
+                            ) -> Tuple[torch.Tensor, torch.Tensor, int]:
+        """low_latency_dispatch's arguments checked, what is not supported first, then the
+        ints, the tensors (made contiguous) and their sizes against the job's shape (a first
+        call gives it hidden) and the Buffer's bound: (x, topk_idx, index type)."""
+        op = "low_latency_dispatch"
         if dispatch_wait_recv_cost_stats is not None:
             raise Unsupported("low_latency_dispatch(dispatch_wait_recv_cost_stats=...)")
         if round_scale or use_ue8m0:
@@ -120,38 +153,31 @@ class _LowLatency:
         if n > self.max_ll_tokens_per_rank:
             self._tokens_fit(op, n, self.max_ll_tokens_per_rank,
                              "num_max_dispatch_tokens_per_rank")
-        stats = None
-        if cumulative_local_expert_recv_stats is not None:
-            stats = self._input("cumulative_local_expert_recv_stats",
-                                cumulative_local_expert_recv_stats, _I32, 1)
-            if stats.numel() != self.num_local_experts or \
-                    stats.data_ptr() != cumulative_local_expert_recv_stats.data_ptr():
-                raise ValueError("cumulative_local_expert_recv_stats must be a contiguous "
-                                 f"[{self.num_local_experts}] int32 tensor")
-        fp8 = bool(use_fp8)
-        # The outputs, from prototypes kept per FP8 setting (the shapes are the job's).
+        return x, idx, itype
+
+    def _ll_recv_stats(self, cumulative_local_expert_recv_stats: Any
+                       ) -> Optional[torch.Tensor]:
+        """low_latency_dispatch's cumulative_local_expert_recv_stats checked: the counts are
+        added to the caller's own tensor, so it must be that tensor (contiguous), not a copy."""
+        if cumulative_local_expert_recv_stats is None:
+            return None
+        stats = self._input("cumulative_local_expert_recv_stats",
+                            cumulative_local_expert_recv_stats, _I32, 1)
+        if stats.numel() != self.num_local_experts or \
+                stats.data_ptr() != cumulative_local_expert_recv_stats.data_ptr():
+            raise ValueError("cumulative_local_expert_recv_stats must be a contiguous "
+                             f"[{self.num_local_experts}] int32 tensor")
+        return stats
+
+    def _ll_outputs(self, fp8: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor],
+                                              torch.Tensor]:
+        """low_latency_dispatch's outputs (recv_x, recv scales or None, recv_count), from
+        prototypes kept per FP8 setting (the shapes are the job's)."""
         pr = self._ll_protos[fp8]
         if pr is None:
             pr = self._ll_prototypes(fp8)
         recv_x, count = _empty_like(pr[0]), _empty_like(pr[2])
-        scales = _empty_like(pr[1]) if fp8 else None
-        cs = None if self._host else self._stream()
-        h = Handle(self, "low_latency_dispatch", n, stream=cs)
-        out_x = (recv_x, scales) if fp8 else recv_x
-        if return_recv_hook:
-            # The exchange runs in the hook; the caller may write x and topk_idx once this
-            # returns (DeepEP's send has read them by then), so it runs on copies.
-            xc, ic = x.clone(), idx.clone()
-            h._unreceived = True  # low_latency_handle_info waits for the hook
-
-            def receive() -> None:
-                self._ll_dispatch_now(xc, ic, itype, n, fp8, recv_x, scales, count, h, stats)
-                h._unreceived = False
-
-            return out_x, count, h, EventOverlap(None), self._defer(receive)
-        self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, stats, cs)
-        return (out_x, count, h,
-                self._event(None, async_finish) if async_finish else EventOverlap(None), _no_hook)
+        return recv_x, _empty_like(pr[1]) if fp8 else None, count
 
     def _ll_dispatch_now(self, x: torch.Tensor, idx: torch.Tensor, itype: int, n: int,
                          fp8: bool, recv_x: torch.Tensor, scales: Optional[torch.Tensor],

@@ -196,9 +196,52 @@ class _Throughput:
             event: an EventOverlap.
             In cached mode: (recv_x, None, None, None, None, event).
         """
-        op = "dispatch"
         if self._pending:
             self._complete()
+        x, scales = self._dispatch_scalars(x, expert_alignment, num_worst_tokens)
+        h = None
+        if handle is not None:
+            h = self._dispatch_cached(handle, topk_idx, topk_weights, expert_alignment)
+            num_worst_tokens = num_worst_tokens or h.worst
+        elif topk_idx is None or topk_weights is None:
+            raise ValueError("dispatch: topk_idx and topk_weights are required (or a handle, "
+                             "for cached mode)")
+        cached = h is not None
+        capturing = self._dispatch_capturing(cached, num_worst_tokens)
+        x, scales, idx, w, itype = self._dispatch_inputs(x, scales, h, topk_idx, topk_weights)
+        rows = self._dispatch_rows(x, scales, h, idx, num_worst_tokens, num_tokens_per_expert,
+                                   num_tokens_per_rank, is_token_in_rank)
+        fp8 = scales is not None
+        mode = (fp8, cached, num_worst_tokens, expert_alignment, itype)
+        if mode != self._da_mode:
+            self._dispatch_mode(mode)
+        # The caller's current stream, looked up once per call (None on the host backend).
+        cs = None if self._host else self._stream()
+        n = x.size(0)
+        recv_x, recv_s, recv_idx, recv_w, counts, alloc = \
+            self._dispatch_outputs(x, scales, idx, w, rows, num_worst_tokens)
+        if not cached:
+            h = Handle(self, "dispatch", n, stream=cs, capturing=capturing)
+        self._da.num_tokens = n
+        if num_worst_tokens:
+            self._num_recv.value = 0  # not written with num_worst_tokens
+        if previous_event is not None:
+            self._wait(previous_event)
+        if cached and cs is not None:
+            self._use(h, cs, capturing)
+        rc = self._fn_dispatch(self._conn.ptr, self._da_ref, h._ptr, cs)
+        if rc:
+            self._fail(rc, "dep_dispatch")
+        ev = self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
+        del counts  # kept alive through the call, which writes it; not returned
+        return self._dispatch_results(h, rows, alloc, recv_x, recv_s, recv_idx, recv_w, cached,
+                                      num_worst_tokens, ev)
+
+    def _dispatch_scalars(self, x: Any, expert_alignment: Any, num_worst_tokens: Any
+                          ) -> Tuple[Any, Any]:
+        """dispatch's first step: x split into (values, scales) when it is an FP8 tuple
+        (scales None otherwise), and the two int arguments checked, before any tensor is
+        looked at, so a wrong call fails on what the caller wrote first."""
         scales = None
         if type(x) is not _Tensor and isinstance(x, (tuple, list)):
             if len(x) != 2:
@@ -216,26 +259,38 @@ class _Throughput:
         if num_worst_tokens < 0:
             raise ValueError(f"dispatch: num_worst_tokens is {num_worst_tokens}; give 0 or "
                              "the rows the outputs should have")
-        cached = handle is not None
-        h = self._handle(op, handle, "dispatch") if cached else None
-        if cached:
-            if topk_idx is not None or topk_weights is not None:
-                raise ValueError("dispatch: with handle= (cached mode) the handle routes the "
-                                 "tokens; pass no topk_idx or topk_weights")
-            if expert_alignment != 1:
-                raise ValueError("dispatch: expert_alignment has no effect in cached mode "
-                                 "(no counts are returned); leave it 1")
-            num_worst_tokens = num_worst_tokens or h.worst
-        elif topk_idx is None or topk_weights is None:
-            raise ValueError("dispatch: topk_idx and topk_weights are required (or a handle, "
-                             "for cached mode)")
-        # Whether the current stream captures a CUDA graph: asked once a call (the Handle
-        # takes the answer).
+        return x, scales
+
+    def _dispatch_cached(self, handle: Any, topk_idx: Any, topk_weights: Any,
+                         expert_alignment: int) -> Handle:
+        """A cached dispatch's Handle, checked, and the arguments that mode forbids refused:
+        the handle routes the tokens and no counts are returned."""
+        h = self._handle("dispatch", handle, "dispatch")
+        if topk_idx is not None or topk_weights is not None:
+            raise ValueError("dispatch: with handle= (cached mode) the handle routes the "
+                             "tokens; pass no topk_idx or topk_weights")
+        if expert_alignment != 1:
+            raise ValueError("dispatch: expert_alignment has no effect in cached mode "
+                             "(no counts are returned); leave it 1")
+        return h
+
+    def _dispatch_capturing(self, cached: bool, num_worst_tokens: int) -> bool:
+        """Whether the current stream captures a CUDA graph: asked once a call (the Handle
+        takes the answer), and a capture refused where the call would wait on the host."""
         capturing = False if self._host else _capturing()
         if capturing and not cached and num_worst_tokens == 0:
             raise Unsupported("dispatch inside a CUDA-graph capture without num_worst_tokens",
                               "dep_dispatch waits on the host for its row count; give "
                               "num_worst_tokens (outputs of that many rows, no wait)")
+        return capturing
+
+    def _dispatch_inputs(self, x: Any, scales: Any, h: Optional[Handle], topk_idx: Any,
+                         topk_weights: Any) -> Tuple[torch.Tensor, Optional[torch.Tensor],
+                                                     Optional[torch.Tensor],
+                                                     Optional[torch.Tensor], int]:
+        """dispatch's tensors checked (types, dtypes, ranks, devices) and made contiguous:
+        (x, scales, topk_idx, topk_weights, index type); the topk pair None in cached mode
+        (h given), whose x must have the handle's token count."""
         dev = self.device
         fp8 = scales is not None
         if fp8:
@@ -251,41 +306,49 @@ class _Throughput:
                 raise Unsupported("dispatch with int32 (packed UE8M0) FP8 scales",
                                   "give float32 scales, one per token and 128 channels")
             scales = self._input("x scales", scales, _F32, 2)
-        if cached:
+        if h is not None:
             if not fp8:
                 x = self._input("x", x, _BF16, 2)
             if x.size(0) != h.num_tokens:
                 raise ValueError(f"dispatch: x has {x.size(0)} tokens but the handle's dispatch "
                                  f"had {h.num_tokens}; cached mode moves the same tokens")
-            itype, idx, w = _lib.INDEX_I64, None, None
+            return x, scales, None, None, _lib.INDEX_I64
+        itype = _INDEX_TYPES.get(topk_idx.dtype) if type(topk_idx) is _Tensor else None
+        # The usual inputs in one test (types, dtypes, shapes, devices; torch.Size
+        # compares as a tuple), the checks that name what is wrong only where it fails.
+        if itype is not None and type(x) is _Tensor and type(topk_weights) is _Tensor and \
+                (fp8 or x.dtype is torch.bfloat16) and topk_weights.dtype is torch.float32:
+            ks, xs = topk_idx.shape, x.shape
+            usual = len(ks) == 2 and ks == topk_weights.shape and len(xs) == 2 and \
+                ks[0] == xs[0] and x.device == dev and topk_idx.device == dev and \
+                topk_weights.device == dev
         else:
-            itype = _INDEX_TYPES.get(topk_idx.dtype) if type(topk_idx) is _Tensor else None
-            # The usual inputs in one test (types, dtypes, shapes, devices; torch.Size
-            # compares as a tuple), the checks that name what is wrong only where it fails.
-            if itype is not None and type(x) is _Tensor and type(topk_weights) is _Tensor and \
-                    (fp8 or x.dtype is torch.bfloat16) and topk_weights.dtype is torch.float32:
-                ks, xs = topk_idx.shape, x.shape
-                usual = len(ks) == 2 and ks == topk_weights.shape and len(xs) == 2 and \
-                    ks[0] == xs[0] and x.device == dev and topk_idx.device == dev and \
-                    topk_weights.device == dev
-            else:
-                usual = False
-            if usual:
-                x, idx, w = x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
-            else:
-                if not fp8:
-                    x = self._input("x", x, _BF16, 2)
-                idx, itype = self._topk(op, topk_idx, x.size(0))
-                w = self._input("topk_weights", topk_weights, _F32, 2)
-                if w.shape != idx.shape:
-                    raise ValueError(f"dispatch: topk_weights has shape {tuple(w.shape)} but "
-                                     f"topk_idx {tuple(idx.shape)}")
+            usual = False
+        if usual:
+            return x.contiguous(), scales, topk_idx.contiguous(), topk_weights.contiguous(), \
+                itype
+        if not fp8:
+            x = self._input("x", x, _BF16, 2)
+        idx, itype = self._topk("dispatch", topk_idx, x.size(0))
+        w = self._input("topk_weights", topk_weights, _F32, 2)
+        if w.shape != idx.shape:
+            raise ValueError(f"dispatch: topk_weights has shape {tuple(w.shape)} but "
+                             f"topk_idx {tuple(idx.shape)}")
+        return x, scales, idx, w, itype
+
+    def _dispatch_rows(self, x: torch.Tensor, scales: Optional[torch.Tensor],
+                       h: Optional[Handle], idx: Optional[torch.Tensor], num_worst_tokens: int,
+                       num_tokens_per_expert: Any, num_tokens_per_rank: Any,
+                       is_token_in_rank: Any) -> int:
+        """The checked inputs' sizes against the job's shape (a first dispatch gives the
+        shape its hidden) and the Buffer's bounds; returns the rows of the outputs."""
+        op = "dispatch"
         n, hx = x.shape
-        if fp8 and tuple(scales.shape) != (n, hx // _FP8_GROUP):
+        if scales is not None and tuple(scales.shape) != (n, hx // _FP8_GROUP):
             raise ValueError(f"dispatch: FP8 scales have shape {tuple(scales.shape)}; expected "
                              f"{(n, hx // _FP8_GROUP)} (float32, one per token and "
                              f"{_FP8_GROUP} channels)")
-        if not cached:
+        if h is None:
             ne = None
             if num_tokens_per_expert is not None:
                 ne = self._input("num_tokens_per_expert", num_tokens_per_expert,
@@ -310,37 +373,51 @@ class _Throughput:
             raise ValueError(f"dispatch: num_worst_tokens {num_worst_tokens} exceeds the "
                              f"{self._rows} rows a rank can receive (world_size * "
                              "max_tokens_per_rank)")
-        rows = num_worst_tokens or (h.num_recv if cached else self._rows)
+        rows = num_worst_tokens or (h.num_recv if h is not None else self._rows)
         if rows is None:  # pragma: no cover - h.worst is set whenever num_recv is unknown
             raise Error(-17, "the handle's row count is unknown", op)
-        k, hid = self.num_topk, self.hidden
+        return rows
+
+    def _dispatch_mode(self, mode: Tuple[bool, bool, int, int, int]) -> None:
+        """The fields of the dispatch arguments that stay as they were while the call's mode
+        (fp8, cached, num_worst_tokens, expert_alignment, index type) does: set when it
+        changes, so the usual call repeating the last one's mode sets none of them."""
+        fp8, cached, num_worst_tokens, expert_alignment, itype = mode
         a = self._da
-        # The fields that stay as they were while the call's mode does (set when it changes).
-        mode = (fp8, cached, num_worst_tokens, expert_alignment, itype)
-        if mode != self._da_mode:
-            a.use_fp8, a.cached = int(fp8), int(cached)
-            a.num_worst_tokens, a.expert_alignment = num_worst_tokens, expert_alignment
-            a.index_type = itype
-            a.x_scales = a.recv_x_scales = None
-            # The counts (_prepare): none cached; on the host backend straight into the host
-            # scratch; on cuda, where the call waits, the device scratch and a copy to the
-            # host one; with num_worst_tokens, per call (below), none copied.
-            a.recv_count_per_expert_host = None
-            if cached:
-                a.topk_idx = a.topk_weights = a.recv_topk_idx = a.recv_topk_weights = None
-                a.recv_count_per_expert = None
-            elif self._host:
-                a.recv_count_per_expert = self._counts_addr
-            elif not num_worst_tokens:
-                a.recv_count_per_expert = self._counts_dev.data_ptr()
-                a.recv_count_per_expert_host = self._counts_addr
-            self._da_mode = mode
-        # The caller's current stream, looked up once per call (None on the host backend).
-        cs = None if self._host else self._stream()
-        recv_s = None
+        a.use_fp8, a.cached = int(fp8), int(cached)
+        a.num_worst_tokens, a.expert_alignment = num_worst_tokens, expert_alignment
+        a.index_type = itype
+        a.x_scales = a.recv_x_scales = None
+        # The counts (_prepare): none cached; on the host backend straight into the host
+        # scratch; on cuda, where the call waits, the device scratch and a copy to the
+        # host one; with num_worst_tokens, per call (_dispatch_outputs), none copied.
+        a.recv_count_per_expert_host = None
+        if cached:
+            a.topk_idx = a.topk_weights = a.recv_topk_idx = a.recv_topk_weights = None
+            a.recv_count_per_expert = None
+        elif self._host:
+            a.recv_count_per_expert = self._counts_addr
+        elif not num_worst_tokens:
+            a.recv_count_per_expert = self._counts_dev.data_ptr()
+            a.recv_count_per_expert_host = self._counts_addr
+        self._da_mode = mode
+
+    def _dispatch_outputs(self, x: torch.Tensor, scales: Optional[torch.Tensor],
+                          idx: Optional[torch.Tensor], w: Optional[torch.Tensor], rows: int,
+                          num_worst_tokens: int) -> tuple:
+        """dispatch's outputs allocated and their addresses (and the inputs') set in the
+        arguments: (recv_x, recv_scales, recv_topk_idx, recv_topk_weights, counts, rows
+        allocated); recv_scales None unless FP8, the topk pair None in cached mode (idx
+        None), counts the per-call counts (with num_worst_tokens on cuda; else None), which
+        the caller keeps alive through the call."""
+        a = self._da
+        n = x.size(0)
+        k, hid = self.num_topk, self.hidden
+        fp8, cached = scales is not None, idx is None
+        recv_s = recv_idx = recv_w = counts = None
         if fp8 or cached:
             # A row at least, so that the pointers are never NULL (a cached dispatch may
-            # receive none), shrunk below once the call is made.
+            # receive none), shrunk (_dispatch_results) once the call is made.
             alloc = rows or 1
             recv_x = self._new((alloc, hid), x.dtype if fp8 else torch.bfloat16)
             if fp8:
@@ -362,26 +439,23 @@ class _Throughput:
                 recv_idx = self._new((rows, k), torch.int64)
                 recv_w = self._new((rows, k), torch.float32)
             if num_worst_tokens and not self._host:
-                counts = self._new((self.num_local_experts,), torch.int32)  # alive to return
+                counts = self._new((self.num_local_experts,), torch.int32)
                 a.recv_count_per_expert = counts.data_ptr()
-            h = Handle(self, "dispatch", n, stream=cs, capturing=capturing)
             if n:
                 a.topk_idx, a.topk_weights = idx.data_ptr(), w.data_ptr()
             else:
                 a.topk_idx = a.topk_weights = None
             a.recv_topk_idx, a.recv_topk_weights = recv_idx.data_ptr(), recv_w.data_ptr()
-        a.num_tokens = n
-        num_recv = self._num_recv
-        if num_worst_tokens:
-            num_recv.value = 0  # not written with num_worst_tokens
-        if previous_event is not None:
-            self._wait(previous_event)
-        if cached and cs is not None:
-            self._use(h, cs, capturing)
-        rc = self._fn_dispatch(self._conn.ptr, self._da_ref, h._ptr, cs)
-        if rc:
-            self._fail(rc, "dep_dispatch")
-        ev = self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
+        return recv_x, recv_s, recv_idx, recv_w, counts, alloc
+
+    def _dispatch_results(self, h: Handle, rows: int, alloc: int, recv_x: torch.Tensor,
+                          recv_s: Optional[torch.Tensor], recv_idx: Optional[torch.Tensor],
+                          recv_w: Optional[torch.Tensor], cached: bool, num_worst_tokens: int,
+                          ev: EventOverlap) -> tuple:
+        """dispatch's return value once the call is made: the outputs shrunk to the rows
+        received and the handle told its row count."""
+        fp8 = recv_s is not None
+        hid, k = self.hidden, self.num_topk
         if rows != alloc:
             recv_x.resize_((rows, hid))
             if fp8:
@@ -391,9 +465,9 @@ class _Throughput:
             return out_x, None, None, None, None, ev
         h.worst = num_worst_tokens
         if num_worst_tokens:
-            h.num_recv = num_recv.value if self._host else None
+            h.num_recv = self._num_recv.value if self._host else None
             return out_x, recv_idx, recv_w, [], h, ev
-        r = h.num_recv = num_recv.value
+        r = h.num_recv = self._num_recv.value
         if r != rows:
             # Shrunk in place (the storage keeps its capacity, as a slice's would): cheaper
             # than a view.

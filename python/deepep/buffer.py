@@ -60,6 +60,16 @@ except OSError:
     pass
 
 
+def _socket_path(socket: Any) -> str:
+    """Buffer's socket argument checked, or else $DEEPEPD_SOCKET's path, or the default one."""
+    if socket is not None and not isinstance(socket, str):
+        raise TypeError(f"socket must be a path (str), not {type(socket).__name__}")
+    if socket is not None and "\0" in socket:
+        # C would read the path up to the NUL, and connect to another socket than named.
+        raise ValueError(f"socket {socket!r} contains a NUL character, which no path can")
+    return socket or os.environ.get(_lib.SOCKET_ENV) or _lib.DEFAULT_SOCKET
+
+
 class _Deferred:
     """A low-latency call made with return_recv_hook: its exchange, run by its hook (or by
     the Buffer's next operation, which runs every deferred one first, in call order)."""
@@ -215,13 +225,16 @@ class Buffer(_Checks, _Throughput, _LowLatency, HandlePools):
             "max_tokens_per_rank", max_tokens_per_rank, "DEEPEP_MAX_TOKENS_PER_RANK")
         self.max_ll_tokens_per_rank = self._opt_int(
             "max_ll_tokens_per_rank", max_ll_tokens_per_rank, "DEEPEP_MAX_LL_TOKENS_PER_RANK")
-        if socket is not None and not isinstance(socket, str):
-            raise TypeError(f"socket must be a path (str), not {type(socket).__name__}")
-        if socket is not None and "\0" in socket:
-            # C would read the path up to the NUL, and connect to another socket than named.
-            raise ValueError(f"socket {socket!r} contains a NUL character, which no path can")
-        self.socket = socket or os.environ.get(_lib.SOCKET_ENV) or _lib.DEFAULT_SOCKET
+        self.socket = _socket_path(socket)
+        self._connect()
+        if None not in (self.hidden, self.num_experts, self.num_topk):
+            self._attach()
 
+    # ---- set-up -----------------------------------------------------------
+
+    def _connect(self) -> None:
+        """The constructor's connection: the library loaded, the daemon connected and asked
+        its backend, and the Buffer's device chosen from it; each step timed."""
         #: Where the constructor's (and the attach's) time went, in ms: load (the library,
         #: once per process), connect, status (the daemon's backend), device, attach
         #: (dep_attach: attach_times() splits it), prepare (this binding's per-job state).
@@ -239,10 +252,6 @@ class Buffer(_Checks, _Throughput, _LowLatency, HandlePools):
             torch.device("cuda", torch.cuda.current_device())
         self._dev_index = self.device.index
         self._lap("device", t)
-        if None not in (self.hidden, self.num_experts, self.num_topk):
-            self._attach()
-
-    # ---- set-up -----------------------------------------------------------
 
     def _lap(self, name: str, t0: int) -> int:
         t = _clock()
