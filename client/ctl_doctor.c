@@ -351,10 +351,7 @@ static void doctor_balance(const struct ctl_stats *s, struct doctor_check *k) {
   uint32_t judged = 0;
   for (uint32_t i = 0; i < s->n; i++) {
     const char *job = s->ranks[i].job_id;
-    bool seen = false;
-    for (uint32_t j = 0; j < i && !seen; j++)
-      seen = strcmp(s->ranks[j].job_id, job) == 0;
-    if (seen)
+    if (!ctl_stats_job_first(s, i))
       continue;
     uint32_t hot = 0;
     double skew = ctl_stats_skew(s, job, &hot);

@@ -190,10 +190,7 @@ static int ctl_view_balance(const struct ctl_stats *s, struct ctl_view *v) {
   size_t rows = 0;
   for (uint32_t i = 0; i < s->n; i++) {
     const char *job = s->ranks[i].job_id;
-    bool seen = false;
-    for (uint32_t j = 0; j < i && !seen; j++)
-      seen = strcmp(s->ranks[j].job_id, job) == 0;
-    if (seen)
+    if (!ctl_stats_job_first(s, i))
       continue;
     struct ctl_balance b;
     if (ctl_balance_of(s, job, &b) != 0)

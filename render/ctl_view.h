@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "ctl_out.h"
 #include "deepep.h"
@@ -38,6 +39,13 @@ struct ctl_balance {
   uint32_t top[CTL_BALANCE_TOP]; /* the ranks receiving most, most first (ties: lower rank) */
   uint32_t ntop;        /* those that receive any */
 };
+/* Whether s->ranks[i] is the first of its job's rows in s (a job's tables are made once). */
+static inline bool ctl_stats_job_first(const struct ctl_stats *s, uint32_t i) {
+  for (uint32_t j = 0; j < i; j++)
+    if (strcmp(s->ranks[j].job_id, s->ranks[i].job_id) == 0)
+      return false;
+  return true;
+}
 /* The balance of job in s: 0, or -1 out of memory.  Free with ctl_balance_free. */
 int ctl_balance_of(const struct ctl_stats *s, const char *job, struct ctl_balance *b);
 void ctl_balance_free(struct ctl_balance *b);
