@@ -3,8 +3,8 @@
  * private to them (xfer.h): the routes, the per-peer connections and
  * offers, and the state the loop and the threads share.  xfer.c keeps the
  * routes and the rings; xfer_proxy.c the proxy threads that drain them;
- * xfer_conn.c the TCP data connections (offers, connectors, receivers,
- * sending a batch).
+ * xfer_conn.c the TCP data connections (offers, connectors, receivers);
+ * xfer_send.c the send of a batch on them.
  */
 #ifndef DEP_DAEMON_XFER_INTERNAL_H
 #define DEP_DAEMON_XFER_INTERNAL_H
@@ -34,6 +34,11 @@
  * the last one has its route.  A frame of a job not expected waits not at
  * all. */
 #define XFER_ROUTE_WAIT_MS 5000
+/* A connect, or a send or receive that makes no progress, gives up after
+ * this; so does a data connection's handshake after DATA_HELLO (the
+ * challenge, the proof and the ack), each step of it. */
+#define XFER_CONNECT_MS 3000
+#define XFER_IO_MS 10000
 /* Jobs that ended here, remembered so that their late frames are dropped at once. */
 #define XFER_ENDED_MAX 64
 
@@ -241,6 +246,10 @@ void xfer__batch_free(struct xfer_batch *b);
 
 /* Forget j's expectation, or every one (NULL: xfer_fini); lock held for writing. */
 void xfer__unexpect(const struct job *j);
+/* Close peer k's outbound connection i (its mutex held). */
+void xfer__out_close(struct xfer_peer *xp, uint32_t i);
+
+/* ---- xfer_send.c ---- */
 
 /* Send batch b (frames of them) to peer k on one of its data connections:
  * 0, or -1 with every route that sends to k failed. */

@@ -3,7 +3,7 @@
  * xfer_internal.h): each sweeps the rings of the routes of xfer.c in
  * deficit round robin, takes their descriptors and sends what they name,
  * as RDMA writes through xfer_rdma.c or as frames gathered into one batch
- * per peer for the TCP data connections of xfer_conn.c.
+ * per peer for the TCP data connections (xfer_send.c, xfer_conn.c).
  */
 #include "xfer.h"
 
