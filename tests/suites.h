@@ -16,6 +16,7 @@
   XX(daemon)                \
   XX(reload)                \
   XX(server)                \
+  XX(server_proto)          \
   XX(link)                  \
   XX(job)                   \
   XX(client)                \
