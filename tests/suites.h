@@ -48,6 +48,7 @@
   XX(xfer)                  \
   XX(stats)                 \
   XX(stats_forged)          \
+  XX(stats_world)           \
   XX(metrics)               \
   XX(doctor)                \
   XX(runner)                \
