@@ -259,7 +259,7 @@ asan:
 # (stats.c, statrec.c, cuda_ops.c) order memory shared with another process
 # or the GPU, which ThreadSanitizer does not watch either way.
 TSAN_SUITES ?= xfer xnode xnode_faults xnode_ring multinode multinode_fail peers peer_strangers \
-               peer_data server client ops link job
+               peer_data server server_proto client ops ops_args link job
 tsan:
 	$(MAKE) BUILD=build-tsan NVCC=/nonexistent CFLAGS="-O1 -g -fno-omit-frame-pointer -Wno-tsan" \
 	  SANFLAGS="-fsanitize=thread" all build-tsan/check_deepepd

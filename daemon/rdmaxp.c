@@ -1,9 +1,10 @@
 /*
- * rdmaxp.c — the RDMA transport (rdmaxp.h): the device, the connection
- * manager's listener and events, one queue pair with its own completion
- * queue per peer link, and the mailbox keep-alive.  Reached through the
- * dlopen seam (rdmadrv.h); the inline verbs (post_send, post_recv,
- * poll_cq, req_notify_cq) come from the header.
+ * rdmaxp.c — the RDMA transport (rdmaxp.h): the device and the connection
+ * manager's listener, one queue pair with its own completion queue per
+ * peer link, and the mailbox keep-alive; the manager's events and the
+ * connections they make are rdmaxp_cm.c's.  Reached through the dlopen
+ * seam (rdmadrv.h); the inline verbs (post_send, post_recv, poll_cq,
+ * req_notify_cq) come from the header.
  */
 #include "rdmaxp.h"
 
@@ -18,12 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec.h"
 #include "deepep.h"
 #include "log.h"
-#include "peerauth.h"
 #include "rdmadrv.h"
-#include "xfer.h"
+#include "rdmaxp_internal.h"
 
 /* Receives kept posted per queue pair: a write with immediate data consumes one. */
 #define RDMA_RECV_DEPTH 32
@@ -35,72 +34,8 @@
 /* The keep-alive's immediate values, above what the data path may use. */
 #define RDMA_IMM_PING 0xfffffff0u
 #define RDMA_IMM_PONG 0xfffffff1u
-/* The mailbox: incoming ping stamp, incoming pong stamp, outgoing ping, outgoing pong. */
-#define MBOX_BYTES 64u
-#define MBOX_PING_IN 0u
-#define MBOX_PONG_IN 8u
-#define MBOX_PING_OUT 16u
-#define MBOX_PONG_OUT 24u
-/* What an RC connection request's private data holds: a link's is
- * peer_proto.h's dep_peer_qp_req, a data queue pair's xring.h's
- * dep_xfer_rdma_req. */
-#define PRIV_MAX 56
-_Static_assert(sizeof(struct dep_peer_qp_req) <= PRIV_MAX,
-               "RC connection private data holds 56 bytes");
-_Static_assert(sizeof(struct dep_xfer_rdma_req) <= PRIV_MAX &&
-                   sizeof((struct dep_xfer_rdma_req *)0)->token == DEP_PEER_TOKEN_LEN,
-               "a data queue pair's request is its token, version and proof");
 
-struct rdmaxp_qp {
-  struct rdmaxp_qp *next;
-  uint64_t serial;          /* what its completion queue's context names */
-  void *owner;
-  bool acceptor;
-  bool data;                /* a data path queue pair (rdmaxp_data_connect or the data hook) */
-  struct rdma_cm_id *id;    /* NULL: an offer not yet taken */
-  struct ibv_cq *cq;
-  bool connected;
-  uint8_t token[DEP_PEER_TOKEN_LEN];
-  uint8_t proof[DEP_XFER_RDMA_PROOF_LEN]; /* a data queue pair's, connecting */
-  /* A link's: the key its connection request's proof is made with (the
-   * connecting end's direction), until the request is made or accepted. */
-  uint8_t dkey[DEP_PEER_MAC_LEN];
-  /* A link's connecting end, the test's request with a wrong proof
-   * (RDMAXP_TEST_BAD_PROOFS_ENV) out: dialled again from src to dst with
-   * the right one once it is rejected. */
-  bool wrong;
-  struct sockaddr_storage src, dst;
-  uint8_t *mbox;
-  struct ibv_mr *mbox_mr;
-  uint64_t far_mbox;
-  uint32_t far_rkey;
-  uint64_t ping_sent_ms;    /* 0: none out */
-  uint64_t ping_stamp_us;
-};
-
-static struct {
-  const struct rdmadrv *rd;
-  uv_loop_t *loop;
-  const struct rdmaxp_events *ev;
-  bool active;
-  char why[256];
-  char dev[64];
-  struct ibv_context **devs; /* rdma_get_devices: the contexts the manager uses */
-  struct ibv_context *ctx;
-  struct ibv_pd *pd;
-  struct ibv_comp_channel *cch;
-  uv_poll_t cch_poll;
-  struct rdma_event_channel *ech;
-  uv_poll_t ech_poll;
-  struct rdma_cm_id *listener;
-  struct rdmaxp_qp *qps;
-  uint64_t serial;
-  const struct rdmaxp_data_events *dev_ev; /* the data path's hooks; NULL: none */
-  /* Links' connection requests that named an offer but did not prove the
-   * key since the last line about them, and when that was (XFER_SAY_MS). */
-  uint64_t bad_proofs, bad_said_ms;
-  int test_bad_proofs;      /* $DEEPEPD_TEST_RDMA_BAD_PROOFS left to do for links */
-} R;
+struct rdmaxp_state rdmaxp__state;
 
 bool rdmaxp_active(void) { return R.active; }
 const char *rdmaxp_why(void) { return R.active ? "" : R.why; }
@@ -167,8 +102,8 @@ uint32_t rdmaxp_mr_lkey(const struct ibv_mr *mr) { return mr != NULL ? mr->lkey 
 
 /* ---- queue pairs ------------------------------------------------------------- */
 
-static struct rdmaxp_qp *qp_new(void *owner, bool acceptor, bool data, char *why,
-                               size_t whylen) {
+struct rdmaxp_qp *rdmaxp__qp_new(void *owner, bool acceptor, bool data, char *why,
+                                 size_t whylen) {
   struct rdmaxp_qp *q = calloc(1, sizeof *q);
   if (q == NULL || (!data && posix_memalign((void **)&q->mbox, MBOX_BYTES, MBOX_BYTES) != 0)) {
     free(q);
@@ -201,7 +136,7 @@ static void qp_unlink(struct rdmaxp_qp *q) {
     }
 }
 
-static void qp_free(struct rdmaxp_qp *q) {
+void rdmaxp__qp_free(struct rdmaxp_qp *q) {
   qp_unlink(q);
   if (q->id != NULL) {
     if (q->connected)
@@ -218,8 +153,7 @@ static void qp_free(struct rdmaxp_qp *q) {
   free(q);
 }
 
-static void qp_fail(struct rdmaxp_qp *q, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void qp_fail(struct rdmaxp_qp *q, const char *fmt, ...) {
+void rdmaxp__qp_fail(struct rdmaxp_qp *q, const char *fmt, ...) {
   char why[384];
   va_list ap;
   va_start(ap, fmt);
@@ -230,15 +164,15 @@ static void qp_fail(struct rdmaxp_qp *q, const char *fmt, ...) {
     /* Its owner's threads may be posting on it: they let go first. */
     if (R.dev_ev != NULL && R.dev_ev->down != NULL)
       R.dev_ev->down(owner, q, why);
-    qp_free(q);
+    rdmaxp__qp_free(q);
     return;
   }
-  qp_free(q);
+  rdmaxp__qp_free(q);
   if (R.ev != NULL && R.ev->down != NULL)
     R.ev->down(owner, why);
 }
 
-static struct rdmaxp_qp *qp_by_serial(uint64_t serial) {
+struct rdmaxp_qp *rdmaxp__qp_by_serial(uint64_t serial) {
   for (struct rdmaxp_qp *q = R.qps; q != NULL; q = q->next)
     if (q->serial == serial)
       return q;
@@ -258,7 +192,7 @@ static int post_recv(struct rdmaxp_qp *q) {
  * (its thread polls the queue itself), nothing received (plain writes
  * consume no receive), and only the sends it asks for signalled.
  */
-static int qp_create(struct rdmaxp_qp *q, char *why, size_t whylen) {
+int rdmaxp__qp_create(struct rdmaxp_qp *q, char *why, size_t whylen) {
   if (q->id->verbs != R.ctx) {
     snprintf(why, whylen, "the route uses RDMA device %s, deepepd registers its memory with %s",
              q->id->verbs != NULL ? q->id->verbs->device->name : "(none)", R.dev);
@@ -314,7 +248,7 @@ static int post_write_imm(struct rdmaxp_qp *q, uint32_t local_off, uint32_t far_
 }
 
 /* An offer's id is set when a connection request takes it; a failed
- * rdma_accept frees q (qp_fail). */
+ * rdma_accept frees q (rdmaxp__qp_fail). */
 bool rdmaxp_qp_accepted(const struct rdmaxp_qp *q) {
   return q != NULL && q->acceptor && q->id != NULL;
 }
@@ -327,7 +261,7 @@ uint64_t rdmaxp_ping(struct rdmaxp_qp *q, uint64_t now_ms) {
   q->ping_stamp_us = uv_hrtime() / 1000u;
   memcpy(q->mbox + MBOX_PING_OUT, &q->ping_stamp_us, 8);
   if (post_write_imm(q, MBOX_PING_OUT, MBOX_PING_IN, RDMA_IMM_PING) != 0) {
-    qp_fail(q, "ibv_post_send of a keep-alive failed");
+    rdmaxp__qp_fail(q, "ibv_post_send of a keep-alive failed");
     return 0;
   }
   q->ping_sent_ms = now_ms != 0 ? now_ms : 1;
@@ -340,7 +274,7 @@ static void on_imm(struct rdmaxp_qp *q, uint32_t imm) {
     /* Echo the far end's stamp back into its mailbox. */
     memcpy(q->mbox + MBOX_PONG_OUT, q->mbox + MBOX_PING_IN, 8);
     if (post_write_imm(q, MBOX_PONG_OUT, MBOX_PONG_IN, RDMA_IMM_PONG) != 0)
-      qp_fail(q, "ibv_post_send of a keep-alive answer failed");
+      rdmaxp__qp_fail(q, "ibv_post_send of a keep-alive answer failed");
   } else if (imm == RDMA_IMM_PONG) {
     uint64_t stamp;
     memcpy(&stamp, q->mbox + MBOX_PONG_IN, 8);
@@ -361,24 +295,25 @@ static bool qp_poll(struct rdmaxp_qp *q) {
   while ((n = ibv_poll_cq(q->cq, 16, wc)) > 0) {
     for (int i = 0; i < n; i++) {
       if (wc[i].status != IBV_WC_SUCCESS) {
-        qp_fail(q, "%s failed: %s", wc[i].opcode & IBV_WC_RECV ? "a receive" : "an RDMA write",
-                R.rd->ibv.wc_status_str(wc[i].status));
+        rdmaxp__qp_fail(q, "%s failed: %s",
+                        wc[i].opcode & IBV_WC_RECV ? "a receive" : "an RDMA write",
+                        R.rd->ibv.wc_status_str(wc[i].status));
         return false;
       }
       if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
         if (post_recv(q) != 0) {
-          qp_fail(q, "ibv_post_recv failed");
+          rdmaxp__qp_fail(q, "ibv_post_recv failed");
           return false;
         }
         uint64_t serial = q->serial;
         on_imm(q, ntohl(wc[i].imm_data));
-        if (qp_by_serial(serial) == NULL)
+        if (rdmaxp__qp_by_serial(serial) == NULL)
           return false;
       }
     }
   }
   if (n < 0) {
-    qp_fail(q, "ibv_poll_cq failed");
+    rdmaxp__qp_fail(q, "ibv_poll_cq failed");
     return false;
   }
   return true;
@@ -390,343 +325,16 @@ static void on_cch(uv_poll_t *h, int status, int events) {
   void *ctx;
   while (R.rd->ibv.get_cq_event(R.cch, &cq, &ctx) == 0) {
     R.rd->ibv.ack_cq_events(cq, 1);
-    struct rdmaxp_qp *q = qp_by_serial((uint64_t)(uintptr_t)ctx);
+    struct rdmaxp_qp *q = rdmaxp__qp_by_serial((uint64_t)(uintptr_t)ctx);
     if (q == NULL)
       continue;
     /* Ask for the next event before draining, so that none is lost between. */
     if (ibv_req_notify_cq(q->cq, 0) != 0) {
-      qp_fail(q, "ibv_req_notify_cq failed");
+      rdmaxp__qp_fail(q, "ibv_req_notify_cq failed");
       continue;
     }
     (void)qp_poll(q);
   }
-}
-
-/* ---- the connection manager ---------------------------------------------------- */
-
-/* Both ends' connection parameters: one RDMA read in flight each way (none
- * is made), and a reliable connection's retries at their most. */
-static struct rdma_conn_param conn_param(const void *priv, uint8_t privlen) {
-  return (struct rdma_conn_param){
-      .private_data = priv,
-      .private_data_len = privlen,
-      .responder_resources = 1,
-      .initiator_depth = 1,
-      .retry_count = 7,
-      .rnr_retry_count = 7,
-  };
-}
-
-/* The accepting end, a link's or the data path's: q takes the request's id,
- * gets its queue pair and accepts; on a failure the request is rejected and
- * q fails. */
-static void qp_accept(struct rdmaxp_qp *q, struct rdma_cm_id *id) {
-  q->id = id;
-  id->context = q;
-  char why[256];
-  if (qp_create(q, why, sizeof why) != 0) {
-    (void)R.rd->cm.reject(id, NULL, 0);
-    qp_fail(q, "%s", why);
-    return;
-  }
-  struct rdma_conn_param p = conn_param(NULL, 0);
-  if (R.rd->cm.accept(id, &p) != 0)
-    qp_fail(q, "rdma_accept: %s", strerror(errno));
-}
-
-static void on_route_resolved(struct rdmaxp_qp *q) {
-  char why[256];
-  if (qp_create(q, why, sizeof why) != 0) {
-    qp_fail(q, "%s", why);
-    return;
-  }
-  uint8_t priv[PRIV_MAX];
-  size_t len;
-  if (q->data) {
-    struct dep_xfer_rdma_req req = {.version = DEP_XFER_VERSION};
-    memcpy(req.token, q->token, sizeof req.token);
-    memcpy(req.proof, q->proof, sizeof req.proof);
-    memcpy(priv, &req, sizeof req);
-    len = sizeof req;
-  } else {
-    const uint64_t mbox = (uintptr_t)q->mbox;
-    const uint32_t rkey = rdmaxp_mr_rkey(q->mbox_mr);
-    memcpy(priv, q->token, DEP_PEER_QP_TOKEN_NAME);
-    codec_put_u64(priv + offsetof(struct dep_peer_qp_req, mbox_addr), mbox);
-    codec_put_u32(priv + offsetof(struct dep_peer_qp_req, mbox_rkey), rkey);
-    peerauth_qp_proof(q->dkey, q->token, mbox, rkey,
-                      priv + offsetof(struct dep_peer_qp_req, proof));
-    if (!q->wrong) /* else qp_redial makes the right one with it */
-      sodium_memzero(q->dkey, sizeof q->dkey);
-    len = sizeof(struct dep_peer_qp_req);
-  }
-  struct rdma_conn_param p = conn_param(priv, (uint8_t)len);
-  if (R.rd->cm.connect(q->id, &p) != 0)
-    qp_fail(q, "rdma_connect: %s", strerror(errno));
-}
-
-/* Whether a link's request (priv) that names q's offer proves the key;
- * one that does not is said at most every XFER_SAY_MS, with a count. */
-static bool link_proven(const struct rdmaxp_qp *q, const uint8_t *priv) {
-  if (peerauth_qp_check(q->dkey, q->token,
-                        codec_get_u64(priv + offsetof(struct dep_peer_qp_req, mbox_addr)),
-                        codec_get_u32(priv + offsetof(struct dep_peer_qp_req, mbox_rkey)),
-                        priv + offsetof(struct dep_peer_qp_req, proof)))
-    return true;
-  R.bad_proofs++;
-  const uint64_t now = uv_hrtime() / 1000000u;
-  if (R.bad_said_ms == 0 || now - R.bad_said_ms >= XFER_SAY_MS) {
-    log_warnx("rdma: %llu connection request(s) that named a link's open offer but did not "
-              "prove the peer key are rejected: someone who saw the offer on the wire",
-              (unsigned long long)R.bad_proofs);
-    R.bad_proofs = 0;
-    R.bad_said_ms = now;
-  }
-  return false;
-}
-
-/* A connection request on the listener: it must name an open offer and
- * prove the peer key (a link's or a data queue pair's way). */
-static void on_connect_request(struct rdma_cm_id *id, const uint8_t *priv, size_t privlen) {
-  struct rdmaxp_qp *q = NULL;
-  bool said = false;
-  if (privlen >= sizeof(struct dep_peer_qp_req))
-    for (q = R.qps; q != NULL; q = q->next)
-      if (q->acceptor && q->id == NULL &&
-          sodium_memcmp(q->token, priv, DEP_PEER_QP_TOKEN_NAME) == 0)
-        break;
-  if (q != NULL && !link_proven(q, priv)) {
-    /* The offer stays open for the link's own request. */
-    (void)R.rd->cm.reject(id, NULL, 0);
-    (void)R.rd->cm.destroy_id(id);
-    return;
-  }
-  if (q == NULL && privlen >= sizeof(struct dep_xfer_rdma_req) && R.dev_ev != NULL &&
-      R.dev_ev->accept != NULL) {
-    /* Not a link's: perhaps a data connection, with a token the data path offered. */
-    char why[256];
-    struct dep_xfer_rdma_req req;
-    memcpy(&req, priv, sizeof req);
-    void *owner = R.dev_ev->accept(&req, &said);
-    sodium_memzero(&req, sizeof req);
-    if (owner != NULL && (q = qp_new(owner, true, true, why, sizeof why)) == NULL) {
-      log_warnx("rdma: a data connection cannot be accepted: %s", why);
-      (void)R.rd->cm.reject(id, NULL, 0);
-      (void)R.rd->cm.destroy_id(id);
-      return;
-    }
-    if (q != NULL) {
-      qp_accept(q, id);
-      return;
-    }
-  }
-  if (q == NULL) {
-    if (!said)
-      log_warnx("rdma: a connection request that names no open offer of an authenticated peer "
-                "link: rejected");
-    (void)R.rd->cm.reject(id, NULL, 0);
-    (void)R.rd->cm.destroy_id(id);
-    return;
-  }
-  /* Single use: the token is spent whatever happens next. */
-  sodium_memzero(q->token, sizeof q->token);
-  sodium_memzero(q->dkey, sizeof q->dkey);
-  q->far_mbox = codec_get_u64(priv + offsetof(struct dep_peer_qp_req, mbox_addr));
-  q->far_rkey = codec_get_u32(priv + offsetof(struct dep_peer_qp_req, mbox_rkey));
-  qp_accept(q, id);
-}
-
-static void qp_redial(struct rdmaxp_qp *q);
-
-static void on_cm_event(enum rdma_cm_event_type type, struct rdma_cm_id *id, int status,
-                        const uint8_t *priv, size_t privlen) {
-  if (type == RDMA_CM_EVENT_CONNECT_REQUEST) {
-    on_connect_request(id, priv, privlen);
-    return;
-  }
-  struct rdmaxp_qp *q = id != NULL && id != R.listener ? id->context : NULL;
-  if (q == NULL || qp_by_serial(q->serial) != q)
-    return;
-  switch (type) {
-  case RDMA_CM_EVENT_ADDR_RESOLVED:
-    if (R.rd->cm.resolve_route(id, RDMAXP_RESOLVE_MS) != 0)
-      qp_fail(q, "rdma_resolve_route: %s", strerror(errno));
-    break;
-  case RDMA_CM_EVENT_ROUTE_RESOLVED:
-    on_route_resolved(q);
-    break;
-  case RDMA_CM_EVENT_ESTABLISHED:
-    q->connected = true;
-    if (q->wrong)
-      log_warnx("rdma: a link's connection request with a wrong proof ($" RDMAXP_TEST_BAD_PROOFS_ENV
-                ") was accepted: the peer opened the queue pair on the token alone");
-    if (q->data && R.dev_ev != NULL && R.dev_ev->up != NULL)
-      R.dev_ev->up(q->owner, q);
-    else if (!q->data && R.ev != NULL && R.ev->up != NULL)
-      R.ev->up(q->owner, q);
-    break;
-  case RDMA_CM_EVENT_REJECTED:
-    q->connected = false;
-    if (q->wrong)
-      qp_redial(q);
-    else
-      qp_fail(q, "the peer rejected the RDMA connection (status %d)", status);
-    break;
-  case RDMA_CM_EVENT_DISCONNECTED:
-    q->connected = false;
-    qp_fail(q, "the RDMA connection was closed by the peer");
-    break;
-  case RDMA_CM_EVENT_TIMEWAIT_EXIT:
-    break;
-  default:
-    q->connected = false;
-    qp_fail(q, "rdma connection manager: %s (status %d)", R.rd->cm.event_str(type), status);
-    break;
-  }
-}
-
-static void on_ech(uv_poll_t *h, int status, int events) {
-  (void)h, (void)status, (void)events;
-  struct rdma_cm_event *e;
-  while (R.ech != NULL && R.rd->cm.get_cm_event(R.ech, &e) == 0) {
-    /* Copy what the handler needs and acknowledge first: destroying an id
-     * waits for its events to be acknowledged. */
-    enum rdma_cm_event_type type = e->event;
-    struct rdma_cm_id *id = e->id;
-    int st = e->status;
-    uint8_t priv[64];
-    size_t privlen = e->param.conn.private_data_len;
-    if (privlen > sizeof priv)
-      privlen = sizeof priv;
-    if (e->param.conn.private_data != NULL)
-      memcpy(priv, e->param.conn.private_data, privlen);
-    else
-      privlen = 0;
-    (void)R.rd->cm.ack_cm_event(e);
-    on_cm_event(type, id, st, priv, privlen);
-  }
-}
-
-/* The connecting end, a link's or the data path's: an id on the event
- * channel, resolving the address from src (NULL: any) to dst; the route,
- * the queue pair and the connect follow as events.  -1 with why when it
- * cannot start (q keeps no id). */
-static int dial(struct rdmaxp_qp *q, const struct sockaddr *src, const struct sockaddr *dst,
-                char *why, size_t whylen) {
-  if (R.rd->cm.create_id(R.ech, &q->id, q, RDMA_PS_TCP) != 0) {
-    snprintf(why, whylen, "rdma_create_id: %s", strerror(errno));
-    q->id = NULL;
-    return -1;
-  }
-  if (R.rd->cm.resolve_addr(q->id, (struct sockaddr *)src, (struct sockaddr *)dst,
-                            RDMAXP_RESOLVE_MS) != 0) {
-    snprintf(why, whylen, "rdma_resolve_addr: %s", strerror(errno));
-    (void)R.rd->cm.destroy_id(q->id);
-    q->id = NULL;
-    return -1;
-  }
-  return 0;
-}
-
-/* dial, or NULL with why and q freed. */
-static struct rdmaxp_qp *qp_dial(struct rdmaxp_qp *q, const struct sockaddr *src,
-                                 const struct sockaddr *dst, char *why, size_t whylen) {
-  if (dial(q, src, dst, why, whylen) != 0) {
-    qp_free(q);
-    return NULL;
-  }
-  return q;
-}
-
-/* The test's request with a wrong proof was rejected: q's id, queue pair
- * and completion queue go, and q dials again with the right proof (its
- * owner keeps q). */
-static void qp_redial(struct rdmaxp_qp *q) {
-  log_info("rdma: a link's connection request with a wrong proof ($" RDMAXP_TEST_BAD_PROOFS_ENV
-           ") was rejected; sending ours");
-  q->wrong = false;
-  q->dkey[0] ^= 1; /* the right key again */
-  if (q->id->qp != NULL)
-    R.rd->cm.destroy_qp(q->id);
-  (void)R.rd->cm.destroy_id(q->id);
-  q->id = NULL;
-  if (q->cq != NULL)
-    (void)R.rd->ibv.destroy_cq(q->cq);
-  q->cq = NULL;
-  char why[256];
-  if (dial(q, (struct sockaddr *)&q->src, (struct sockaddr *)&q->dst, why, sizeof why) != 0)
-    qp_fail(q, "%s", why);
-}
-
-struct rdmaxp_qp *rdmaxp_offer(void *owner, const uint8_t dkey[DEP_PEER_MAC_LEN],
-                               struct dep_peer_xport *out, char *why, size_t whylen) {
-  if (!R.active) {
-    snprintf(why, whylen, "%s", R.why);
-    return NULL;
-  }
-  struct rdmaxp_qp *q = qp_new(owner, true, false, why, whylen);
-  if (q == NULL)
-    return NULL;
-  randombytes_buf(q->token, sizeof q->token);
-  memcpy(q->dkey, dkey, sizeof q->dkey);
-  memset(out, 0, sizeof *out);
-  out->kind = DEP_PEER_XPORT_RDMA;
-  memcpy(out->token, q->token, sizeof out->token);
-  out->mbox_addr = (uintptr_t)q->mbox;
-  out->mbox_rkey = q->mbox_mr->rkey;
-  out->mbox_len = MBOX_BYTES;
-  return q;
-}
-
-struct rdmaxp_qp *rdmaxp_connect(void *owner, const struct sockaddr *src, const struct sockaddr *dst,
-                                 const struct dep_peer_xport *offer,
-                                 const uint8_t dkey[DEP_PEER_MAC_LEN], char *why, size_t whylen) {
-  if (!R.active) {
-    snprintf(why, whylen, "%s", R.why);
-    return NULL;
-  }
-  if (offer->mbox_len < MBOX_BYTES) {
-    snprintf(why, whylen, "the peer's mailbox of %u bytes is smaller than %u",
-             (unsigned)offer->mbox_len, MBOX_BYTES);
-    return NULL;
-  }
-  struct rdmaxp_qp *q = qp_new(owner, false, false, why, whylen);
-  if (q == NULL)
-    return NULL;
-  memcpy(q->token, offer->token, sizeof q->token);
-  memcpy(q->dkey, dkey, sizeof q->dkey);
-  if (R.test_bad_proofs > 0) {
-    /* The test's request goes first, its proof made with a key one bit
-     * off: without the key. */
-    R.test_bad_proofs--;
-    q->wrong = true;
-    q->dkey[0] ^= 1;
-    memcpy(&q->src, src, src->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                                     : sizeof(struct sockaddr_in));
-    memcpy(&q->dst, dst, dst->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                                     : sizeof(struct sockaddr_in));
-  }
-  q->far_mbox = offer->mbox_addr;
-  q->far_rkey = offer->mbox_rkey;
-  return qp_dial(q, src, dst, why, whylen);
-}
-
-void rdmaxp_set_data_events(const struct rdmaxp_data_events *ev) { R.dev_ev = ev; }
-
-struct rdmaxp_qp *rdmaxp_data_connect(void *owner, const struct sockaddr *dst,
-                                      const uint8_t token[DEP_PEER_TOKEN_LEN],
-                                      const uint8_t proof[DEP_XFER_RDMA_PROOF_LEN], char *why,
-                                      size_t whylen) {
-  if (!R.active) {
-    snprintf(why, whylen, "%s", R.why);
-    return NULL;
-  }
-  struct rdmaxp_qp *q = qp_new(owner, false, true, why, whylen);
-  if (q == NULL)
-    return NULL;
-  memcpy(q->token, token, sizeof q->token);
-  memcpy(q->proof, proof, sizeof q->proof);
-  return qp_dial(q, NULL, dst, why, whylen);
 }
 
 struct ibv_qp *rdmaxp_qp_verbs(const struct rdmaxp_qp *q) {
@@ -740,7 +348,7 @@ const char *rdmaxp_wc_status(int status) {
 
 void rdmaxp_close(struct rdmaxp_qp *q) {
   if (q != NULL)
-    qp_free(q);
+    rdmaxp__qp_free(q);
 }
 
 /* ---- start and stop --------------------------------------------------------------- */
@@ -830,14 +438,14 @@ static bool rdmaxp_open(const struct config *cfg) {
     set_why("uv_poll_init failed");
     return false;
   }
-  uv_poll_start(&R.ech_poll, UV_READABLE, on_ech);
+  uv_poll_start(&R.ech_poll, UV_READABLE, rdmaxp__on_ech);
   uv_poll_start(&R.cch_poll, UV_READABLE, on_cch);
   return true;
 }
 
 static void rdmaxp_teardown(void) {
   while (R.qps != NULL)
-    qp_free(R.qps);
+    rdmaxp__qp_free(R.qps);
   if (R.listener != NULL)
     (void)R.rd->cm.destroy_id(R.listener);
   R.listener = NULL;

@@ -2,8 +2,9 @@
  * xfer_internal.h — what the files of the data path between nodes share,
  * private to them (xfer.h): the routes, the per-peer connections and
  * offers, and the state the loop and the threads share.  xfer.c keeps the
- * routes, the rings and the proxy threads; xfer_conn.c the TCP data
- * connections (offers, connectors, receivers, sending a batch).
+ * routes and the rings; xfer_proxy.c the proxy threads that drain them;
+ * xfer_conn.c the TCP data connections (offers, connectors, receivers);
+ * xfer_send.c the send of a batch on them.
  */
 #ifndef DEP_DAEMON_XFER_INTERNAL_H
 #define DEP_DAEMON_XFER_INTERNAL_H
@@ -33,6 +34,11 @@
  * the last one has its route.  A frame of a job not expected waits not at
  * all. */
 #define XFER_ROUTE_WAIT_MS 5000
+/* A connect, or a send or receive that makes no progress, gives up after
+ * this; so does a data connection's handshake after DATA_HELLO (the
+ * challenge, the proof and the ack), each step of it. */
+#define XFER_CONNECT_MS 3000
+#define XFER_IO_MS 10000
 /* Jobs that ended here, remembered so that their late frames are dropped at once. */
 #define XFER_ENDED_MAX 64
 
@@ -62,12 +68,12 @@ struct xfer_route {
   _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in; /* deepepctl status */
   _Atomic uint32_t ring_peak;    /* most descriptors a sweep found waiting in one ring */
   struct xfer_rdma_route *rdma;  /* where its blocks may go by RDMA writes (NULL: TCP only) */
-  /* Its place in the proxy threads' round robin over rings (xfer.c's
+  /* Its place in the proxy threads' round robin over rings (xfer_proxy.c's
    * sweep): routes listed later have larger serials.  The loop's, set
    * before the route is listed. */
   uint64_t serial;
   /* By local rank: the bytes the proxy thread serving that ring may still
-   * take from it in its current turn (deficit round robin, xfer.c).  Only
+   * take from it in its current turn (deficit round robin, xfer_proxy.c).  Only
    * that thread (local rank mod proxy threads) reads or writes it. */
   uint64_t deficit[DEP_MAX_LOCAL_RANKS];
   /* Threads reading or writing its exchange regions without the lock: a
@@ -200,6 +206,12 @@ struct xfer_target {
   _Atomic uint64_t *credit;    /* a credit: the destination's out slot's credit word */
   uint64_t value;              /* what mark or credit stores */
 };
+/* Why a chunk (rows row0 .. row0 + bytes / row_bytes of a call's stream,
+ * kind DEP_XRING_CHUNK and or SLOT) does not fit layout l; NULL when it does. */
+const char *xfer__chunk_wrong(const struct dep_slab_layout *l, uint32_t kind, uint32_t row0,
+                              uint64_t bytes);
+/* Whether kind is one a descriptor or frame may have. */
+bool xfer__kind_known(uint32_t kind);
 /* Check a frame's header from peer k against the routes (lock held); on
  * success say where its parts go (t), valid while the lock is held.
  * DEP_ERR_NOT_FOUND: no such job here now; DEP_ERR_STATE: none, but it may
@@ -219,6 +231,11 @@ void xfer__payload_end(void);
 /* Give back a route taken (users) for I/O outside the lock. */
 void xfer__route_put(struct xfer_route *r);
 
+/* ---- xfer_proxy.c ---- */
+
+/* The proxy threads start with the first job that needs them, when the
+ * devices are known: 0 once one of them runs, else -1. */
+int xfer__start_threads(void);
 /* Grow b's buf to hold n more bytes past its len; false when out of memory. */
 bool xfer__batch_room(struct xfer_batch *b, size_t n);
 /* Empty a sent (or failed) batch, giving back the routes its segments hold. */
@@ -229,6 +246,10 @@ void xfer__batch_free(struct xfer_batch *b);
 
 /* Forget j's expectation, or every one (NULL: xfer_fini); lock held for writing. */
 void xfer__unexpect(const struct job *j);
+/* Close peer k's outbound connection i (its mutex held). */
+void xfer__out_close(struct xfer_peer *xp, uint32_t i);
+
+/* ---- xfer_send.c ---- */
 
 /* Send batch b (frames of them) to peer k on one of its data connections:
  * 0, or -1 with every route that sends to k failed. */

@@ -124,10 +124,10 @@ struct xfer_src {
 struct ibv_mr;
 bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr, uint32_t src,
                     const struct dep_xring_desc *d, const struct xfer_src *s);
-/* Post what this thread queued (the end of a sweep, with xfer.c's route
+/* Post what this thread queued (the end of a sweep, with the routes'
  * lock still held, so that no route goes while its writes wait), and
  * retire what completed.  Returns the peers (bit k) whose queue pair
- * failed just now: xfer.c fails the routes that send to them. */
+ * failed just now: xfer_proxy.c fails the routes that send to them. */
 uint64_t xfer_rdma_flush(void);
 /* A proxy thread is ending: its chains go. */
 void xfer_rdma_thread_end(void);

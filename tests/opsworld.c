@@ -400,6 +400,14 @@ int ow_dispatch(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o,
   return host_ops_dispatch(c, &da, h);
 }
 
+int ow_ll_dispatch(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, int fp8) {
+  const struct ref_rank_in *in = &d->in_ll[c->rank];
+  struct dep_ll_dispatch_args la = {sizeof(struct dep_ll_dispatch_args), in->x, d->idx[c->rank],
+                                    d->sc.itype, in->num_tokens, fp8,
+                                    o->lx, o->lscales, o->lcnt};
+  return host_ops_ll_dispatch(c, &la, &o->h);
+}
+
 int ow_all_zero(const uint8_t *p, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (p[i] != 0)

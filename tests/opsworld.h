@@ -154,6 +154,9 @@ void ow_rank0_close(struct ow_rank0 *r);
 /* dispatch of d's inputs for c's rank into o with handle h (no checks). */
 int ow_dispatch(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o,
                 struct dep_handle *h);
+/* ll_dispatch of d's low-latency inputs for c's rank into o (its handle
+ * o->h), FP8 when fp8 (no checks). */
+int ow_ll_dispatch(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, int fp8);
 /* 1 when n bytes at p are all zero. */
 int ow_all_zero(const uint8_t *p, size_t n);
 /* One throughput round (dispatch, then combine) against the oracle, outputs

@@ -16,6 +16,7 @@
   XX(daemon)                \
   XX(reload)                \
   XX(server)                \
+  XX(server_proto)          \
   XX(link)                  \
   XX(job)                   \
   XX(client)                \
@@ -25,6 +26,7 @@
   XX(ctl_json)              \
   XX(ops)                   \
   XX(ops_ext)               \
+  XX(ops_args)              \
   XX(handles)               \
   XX(memory)                \
   XX(pool)                  \
@@ -46,6 +48,7 @@
   XX(xfer)                  \
   XX(stats)                 \
   XX(stats_forged)          \
+  XX(stats_world)           \
   XX(metrics)               \
   XX(doctor)                \
   XX(runner)                \
