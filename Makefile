@@ -62,7 +62,8 @@ WARN    += -Werror
 endif
 # include/ holds the public API (deepep.h), the contract that the library,
 # the daemon, deepepctl and the kernels all compile against: in no part's folder.
-CPPFLAGS += -std=c11 -D_GNU_SOURCE -Iinclude -Iclient -Iproto -Iconfig -Idaemon -Ikernels -Irender -Icuda \
+CPPFLAGS += -std=c11 -D_GNU_SOURCE -Iinclude -Iclient -Iclient/daemon_api -Iproto -Iconfig -Idaemon -Ikernels \
+            -Irender -Icuda \
             -DDEP_SYSCONFDIR='"$(SYSCONFDIR)"' -DDEP_RUNSTATEDIR='"$(RUNSTATEDIR)"'
 ALLCFLAGS = $(CPPFLAGS) $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -MMD -MP $(SANFLAGS)
 

@@ -18,6 +18,7 @@
 
 #include "client_internal.h"
 #include "cuda_ops_internal.h"
+#include "deepep_daemon.h"
 #include "kimage.h"
 #include "shape.h"
 #include "sm_budget.h"
@@ -220,6 +221,10 @@ static void host_record_free(const struct cudadrv *cu, struct cuops_state *st) {
     return;
   cu->cuMemHostUnregister(st->host);
   munmap(st->host, st->host_bytes);
+}
+
+bool dep__client_kernels_lent(const dep_client_t *c) {
+  return c != NULL && c->attached && c->cuda && c->cuops.lent_kernels;
 }
 
 void cuda_ops_drop_kernels(dep_client_t *c) {
