@@ -4,6 +4,7 @@
 #   make                 build everything into $(BUILD)/
 #   make check           build and run the test suite (GPU tests skip without a GPU)
 #   make check-gpu       only the GPU-tagged tests (on the GPU machine)
+#   make check-includes  each part reaches only neutral ground (tools/includes.py)
 #   make check-python    the Python package's tests (python/tests, pytest, host backend)
 #   make check-rdma      Soft-RoCE scenarios (tests/rdma/) in QEMU guests; root only
 #   make asan            the test suite under ASan + UBSan (in build-asan/)
@@ -60,11 +61,32 @@ WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-
 ifeq ($(WERROR),1)
 WARN    += -Werror
 endif
-# include/ holds the public API (deepep.h), the contract that the library,
-# the daemon, deepepctl and the kernels all compile against: in no part's folder.
-CPPFLAGS += -std=c11 -D_GNU_SOURCE -Iinclude -Iclient -Iproto -Iconfig -Idaemon -Ikernels -Irender -Icuda \
-            -DDEP_SYSCONFDIR='"$(SYSCONFDIR)"' -DDEP_RUNSTATEDIR='"$(RUNSTATEDIR)"'
+CPPFLAGS += -std=c11 -D_GNU_SOURCE -DDEP_SYSCONFDIR='"$(SYSCONFDIR)"' -DDEP_RUNSTATEDIR='"$(RUNSTATEDIR)"'
 ALLCFLAGS = $(CPPFLAGS) $(CFLAGS) $(WARN) -fPIC -fvisibility=hidden -MMD -MP $(SANFLAGS)
+
+# Each part compiles against its own folder and the neutral ground it
+# shares (DESIGN §2), so that a part that includes another's header fails to
+# build: include/ (the public API, deepep.h), proto/ (the protocols, layouts
+# and the launcher/kernel interface), config/, render/ and cuda/.  The
+# daemon reaches one folder of the library's, client/daemon_api/, the
+# library's internal interface for it (deepep_daemon.h); deepepctl uses the
+# library's internal header client_internal.h, whose handle holds kernels/'
+# host state and cuda/'s types.  Tests and benchmarks see every part.
+# tools/includes.py (make check-includes, part of make check) holds them to it.
+INC_proto   := -Iinclude -Iproto
+INC_config  := $(INC_proto) -Iconfig
+INC_cuda    := $(INC_proto) -Icuda
+INC_render  := $(INC_proto) -Irender
+INC_kernels := $(INC_proto) -Ikernels
+INC_daemon  := $(INC_proto) -Idaemon -Iconfig -Irender -Icuda -Iclient/daemon_api
+INC_client  := $(INC_proto) -Iclient -Iclient/daemon_api -Ikernels -Icuda
+INC_ctl     := $(INC_proto) -Iclient -Irender -Icuda -Ikernels
+INC_ALL     := $(INC_proto) -Iclient -Iclient/daemon_api -Iconfig -Idaemon -Ikernels -Irender -Icuda
+INC_tests   := $(INC_ALL)
+INC_bench   := $(INC_ALL)
+# The include path of source file $1: its part's (deepepctl is client/ctl*.c).
+part_inc = $(or $(if $(filter client/ctl%,$1),$(INC_ctl)),$(INC_$(firstword $(subst /, ,$1))),\
+  $(error $1: no include path for its folder; add INC_<folder> to the Makefile))
 
 PKGS_DAEMON := libuv yaml-0.1
 PKGS_TEST   := check
@@ -145,19 +167,19 @@ CTL      := $(BUILD)/deepepctl
 TESTS    := $(BUILD)/check_deepepd
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all check check-python check-rdma check-gpu asan tsan fuzz deps run install uninstall deb clean \
+.PHONY: all check check-includes check-python check-rdma check-gpu asan tsan fuzz deps run install uninstall deb clean \
         verify-unit lint-man
 all: $(DAEMON) $(CTL) $(LIB_SO) $(BUILD)/libdeepep-client.so $(LIB_A) $(BUILD)/deepep-client.pc $(BENCHES)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
-	$(CC) $(ALLCFLAGS) -c $< -o $@
+	$(CC) $(ALLCFLAGS) $(call part_inc,$<) -c $< -o $@
 
 ifneq ($(FATBIN),)
 $(FATBIN): $(KCUDA_SRC) $(wildcard kernels/*.cuh) proto/kabi.h proto/ccuda.h proto/slab.h \
            proto/shape.h proto/stats_page.h proto/xring.h include/deepep.h
 	@mkdir -p $(@D)
-	$(NVCC) -fatbin -O3 -std=c++17 -Ikernels -Iinclude -Iproto $(NVCC_GENCODE) -o $@ $(KCUDA_SRC)
+	$(NVCC) -fatbin -O3 -std=c++17 $(INC_kernels) $(NVCC_GENCODE) -o $@ $(KCUDA_SRC)
 # The fatbin is embedded with .incbin so the library needs no file at run time,
 # with its build id beside it: the SHA-256 of the fatbin, by which the daemon's
 # kernel cache (which links this same object) keys what it compiled from it and
@@ -189,8 +211,11 @@ $(LIB_A): $(LIB_OBJ) $(PROTO_OBJ) $(CUDA_OBJ) $(KHOST_OBJ)
 
 # The daemon links the CUDA seam and the library's fatbin object (cuda/: its
 # kernel cache compiles the very kernels this build's library carries) and
-# the library itself, whose attach and warm-up its start-up check runs in a
-# child process (warmup.c); of kernels/, only what that library carries.
+# the library itself: its start-up warm-up (warmup.c) and its tuner
+# (tunechild.c) run the library's own code in child processes, through
+# deepep.h as a trainer does, plus what client/daemon_api/deepep_daemon.h
+# declares, the library's internal interface for the daemon (dep__ symbols,
+# linked from the static archive); of kernels/, only what that library carries.
 $(DAEMON): $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(CUDA_OBJ) $(FATBIN_OBJ) $(RENDER_OBJ) $(LIB_A)
 	$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(CONFIG_OBJ) $(PROTO_OBJ) $(CUDA_OBJ) $(FATBIN_OBJ) \
 	  $(RENDER_OBJ) $(LIB_A) $(LIBS_UV) $(LIBS_YAML) $(LIBS_SODIUM) -ldl -lpthread -lm
@@ -208,7 +233,7 @@ BENCH_LIBS_peers = $(LIBS_SODIUM)
 .SECONDARY: $(call obj,$(BENCHLIB_SRC) $(wildcard bench/*/*.c))
 $(BUILD)/bench/%: bench/%.c $(call obj,$(BENCHLIB_SRC)) $$(call obj,$$(wildcard bench/%/*.c) $$(BENCH_DAEMON_$$*)) $(LIB_A)
 	@mkdir -p $(@D)
-	$(CC) $(ALLCFLAGS) -o $@ $< $(call obj,$(BENCHLIB_SRC) $(wildcard bench/$*/*.c) $(BENCH_DAEMON_$*)) \
+	$(CC) $(ALLCFLAGS) $(INC_bench) -o $@ $< $(call obj,$(BENCHLIB_SRC) $(wildcard bench/$*/*.c) $(BENCH_DAEMON_$*)) \
 	  $(LIB_A) $(BENCH_LIBS_$*) -ldl -lpthread -lm
 
 # install writes the .pc again: PREFIX on the install line may differ from the build's.
@@ -225,9 +250,14 @@ $(TESTS): $(TEST_OBJ) $(TESTLIB_OBJ) $(filter-out $(DAEMON_MAIN),$(DAEMON_OBJ)) 
 
 # DEP_BUILD tells the tests where the binaries are.  The Python suite runs too,
 # except under the sanitizers (an ASan library cannot be loaded into python).
-check: all $(TESTS)
+check: all $(TESTS) check-includes
 	DEP_BUILD=$(abspath $(BUILD)) $(TESTS)
 	$(if $(SANFLAGS),,$(PYTEST))
+
+# The parts include one another's headers only through neutral ground (DESIGN
+# §2): each part's include path, and its sources' includes (tools/includes.py).
+check-includes:
+	$(PYTHON) tools/includes.py
 
 # The Python package from the source tree (PYTHONPATH) over this build's library,
 # against a daemon its fixture starts from this build.
@@ -266,7 +296,7 @@ tsan:
 	tests/tsan.sh build-tsan $(TSAN_SUITES)
 
 FUZZ_SECONDS ?= 30
-FUZZ_CFLAGS := $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined
+FUZZ_CFLAGS := $(CPPFLAGS) $(INC_ALL) -g -O1 -fsanitize=fuzzer,address,undefined
 fuzz: $(patsubst tests/fuzz_%.c,$(BUILD)/fuzz/fuzz_%,$(FUZZ_SRC))
 	@for f in $^; do n=$$(basename $$f); mkdir -p $(BUILD)/fuzz/$$n.corpus; \
 	  echo "fuzz: $$n for $(FUZZ_SECONDS)s"; \
@@ -283,7 +313,7 @@ corpus: $(BUILD)/corpus_seeds
 	$(BUILD)/corpus_seeds tests/corpus
 $(BUILD)/corpus_seeds: tests/corpus_seeds.c tests/corpus_seeds.h $(PROTO_SRC)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -DDEP_CORPUS_SEEDS_MAIN -o $@ tests/corpus_seeds.c $(PROTO_SRC)
+	$(CC) $(CPPFLAGS) $(INC_ALL) $(CFLAGS) $(WARN) -DDEP_CORPUS_SEEDS_MAIN -o $@ tests/corpus_seeds.c $(PROTO_SRC)
 
 # make deps installs what the goals beside it need: with run (or all) alone,
 # what building and running the daemon needs; otherwise, or alone, also what

@@ -22,9 +22,9 @@
 #include <unistd.h>
 
 #include "benchlib.h"
-#include "client_internal.h"
 #include "cudadrv.h"
 #include "deepep.h"
+#include "deepep_daemon.h"
 
 /* One process: attach a job of one rank on GPU 0, report, detach. */
 static int one(const char *sock, int i, int out_fd) {
@@ -62,7 +62,7 @@ static int one(const char *sock, int i, int out_fd) {
   }
   struct dep_attach_times t = {.size = sizeof t};
   dep_attach_times(c, &t);
-  double line[4] = {total, t.setup_ms, t.warmup_ms, c->cuops.lent_kernels ? 1.0 : 0.0};
+  double line[4] = {total, t.setup_ms, t.warmup_ms, dep__client_kernels_lent(c) ? 1.0 : 0.0};
   if (write(out_fd, line, sizeof line) != (ssize_t)sizeof line)
     return 1;
   dep_detach(c);

@@ -8,7 +8,6 @@
  * every kernel; and their undoing.  The operations themselves are
  * cuda_ops.c's.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,8 +18,10 @@
 
 #include "client_internal.h"
 #include "cuda_ops_internal.h"
+#include "deepep_daemon.h"
 #include "kimage.h"
 #include "shape.h"
+#include "sm_budget.h"
 #include "xring.h"
 
 #ifdef DEP_HAVE_FATBIN
@@ -114,42 +115,6 @@ static int warmup(dep_client_t *c) {
   return rc;
 }
 #endif
-
-/*
- * CTAs one communicating kernel of this rank may use (kabi.h: the SM
- * budget): the GPU's SMs shared out among the job's ranks on it, at most
- * CUOPS_MAX_CTAS, so that every rank's kernel is resident at once and a
- * lone rank leaves most of its GPU to the trainer's compute.
- */
-uint32_t cuops_most_ctas(int sms, uint32_t sharing) {
-  sms = sms < 1 ? 1 : sms;
-  sharing = sharing < 1 ? 1 : sharing;
-  const uint32_t most = CUOPS_CTAS_PER_SM * (uint32_t)sms / sharing;
-  return most < 1 ? 1 : most;
-}
-
-int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, char *why,
-                    size_t whylen) {
-  sms = sms < 1 ? 1 : sms;
-  sharing = sharing < 1 ? 1 : sharing;
-  const uint32_t budget = (uint32_t)sms / sharing;
-  *out = budget > CUOPS_MAX_CTAS ? CUOPS_MAX_CTAS : budget < 1 ? 1 : budget;
-  /* The operator's override; at most what keeps every rank on this GPU
-   * resident at once (CUOPS_CTAS_PER_SM each SM, shared out). */
-  if (env == NULL || env[0] == '\0')
-    return 0;
-  const uint32_t most = cuops_most_ctas(sms, sharing);
-  char *end = NULL;
-  errno = 0;
-  unsigned long v = strtoul(env, &end, 10);
-  if (env[0] < '0' || env[0] > '9' || errno != 0 || *end != '\0' || v < 1 || v > most) {
-    snprintf(why, whylen, "$" CUOPS_CTAS_ENV "=\"%s\" must be a number of CTAs from 1 to %u (%d "
-             "SMs, %u ranks of the job on this GPU); fix or unset it", env, most, sms, sharing);
-    return DEP_ERR_INVALID;
-  }
-  *out = (uint32_t)v;
-  return 0;
-}
 
 int cuops_block_layout(const struct dep_job_shape *shape, uint32_t world,
                        const struct dep_slab_layout *lay, int sms, struct dep_slab_priv *out,
@@ -256,6 +221,10 @@ static void host_record_free(const struct cudadrv *cu, struct cuops_state *st) {
     return;
   cu->cuMemHostUnregister(st->host);
   munmap(st->host, st->host_bytes);
+}
+
+bool dep__client_kernels_lent(const dep_client_t *c) {
+  return c != NULL && c->attached && c->cuda && c->cuops.lent_kernels;
 }
 
 void cuda_ops_drop_kernels(dep_client_t *c) {

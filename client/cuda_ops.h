@@ -50,8 +50,6 @@
 #include "kabi.h"
 #include "slab.h"
 
-/* Overrides the SM budget (CTAs per communicating kernel) of every rank. */
-#define CUOPS_CTAS_ENV "DEEPEP_KERNEL_CTAS"
 /* "1": load the library's own fatbin even where the daemon lends a compile
  * of it (the kernel cache): to measure the driver's own JIT, or to rule the
  * cache out; "0" or unset: take the daemon's where it has one. */
@@ -107,18 +105,6 @@ struct dep_handle;
 int cuops_block_layout(const struct dep_job_shape *shape, uint32_t world,
                        const struct dep_slab_layout *lay, int sms, struct dep_slab_priv *out,
                        char *why, size_t whylen);
-
-/*
- * The SM budget of one rank: CTAs per communicating kernel, the GPU's sms
- * shared out among the `sharing` ranks of the job on it, at most
- * CUOPS_MAX_CTAS; or env (the value of $DEEPEP_KERNEL_CTAS; NULL or "" for
- * none), from 1 to what keeps every rank resident at once.  0 with *out,
- * or DEP_ERR_INVALID with why saying the bounds.
- */
-int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, char *why,
-                    size_t whylen);
-/* The largest budget of a rank that keeps every one of the `sharing` ranks resident. */
-uint32_t cuops_most_ctas(int sms, uint32_t sharing);
 
 /*
  * At dep_attach on cuda, before anything goes on the wire or touches the

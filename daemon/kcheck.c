@@ -9,8 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cuda_ops.h"
 #include "cudadrv.h"
+#include "kabi.h"
 #include "kcache.h"
 #include "kimage.h"
 #include "log.h"

@@ -37,10 +37,10 @@
 #include <unistd.h>
 
 #include "codec.h"
-#include "cuda_ops.h"
 #include "grow.h"
 #include "log.h"
 #include "shape.h"
+#include "sm_budget.h"
 
 #define TUNE_MAGIC "DEPTUNE1"
 #define TUNE_FORMAT 1u

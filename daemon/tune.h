@@ -74,7 +74,7 @@ struct tune_entry {
 
 /* Where a rank's budget came from: enum dep_tune_how (proto.h). */
 
-/* The library's default budget (cuops_sm_budget's) and the largest it accepts. */
+/* The library's default budget (cuops_sm_budget's, sm_budget.h) and the largest it accepts. */
 uint32_t tune_default_ctas(uint32_t sms, uint32_t ranks_per_gpu);
 uint32_t tune_most_ctas(uint32_t sms, uint32_t ranks_per_gpu);
 /*

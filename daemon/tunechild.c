@@ -32,6 +32,7 @@
 #include "cudadrv.h"
 #include "deepep.h"
 #include "log.h"
+#include "sm_budget.h"
 #include "tune.h"
 #include "uuid.h"
 
@@ -247,7 +248,7 @@ static void *tc_thread(void *arg) {
       if (k->r == 0) {
         char v[16];
         snprintf(v, sizeof v, "%u", w->cands[ci]);
-        setenv("DEEPEP_KERNEL_CTAS", v, 1);
+        setenv(CUOPS_CTAS_ENV, v, 1);
       }
       pthread_barrier_wait(&w->bar);
       if (ok && !w->failed)

@@ -10,8 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client_internal.h"
 #include "deepep.h"
+#include "deepep_daemon.h"
 #include "devices.h"
 #include "log.h"
 #include "pool.h"
@@ -136,7 +136,7 @@ static int warmup_one(const char *socket, const char *uuid, int i) {
   if (rc == 0) {
     dep_attach_times(c, &t);
     log_info("kernel warm-up: GPU %s: kernels (%s) loaded in %.1f ms, each run once in %.1f ms",
-             uuid, c->cuops.lent_kernels ? "the daemon's compile" : "the library's fatbin",
+             uuid, dep__client_kernels_lent(c) ? "the daemon's compile" : "the library's fatbin",
              t.setup_ms, t.warmup_ms);
     rc = dep_detach(c);
   }

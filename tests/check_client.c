@@ -28,6 +28,7 @@
 #include "fake_daemon.h"
 #include "proto.h"
 #include "slab.h"
+#include "sm_budget.h"
 #include "testutil.h"
 
 /* ---- helpers ------------------------------------------------------------- */
@@ -498,7 +499,7 @@ START_TEST(bad_attach_timeout_env_is_invalid) {
 END_TEST
 
 /*
- * The SM budget and $DEEPEP_KERNEL_CTAS (cuda_ops.h), without a GPU: the
+ * The SM budget and $DEEPEP_KERNEL_CTAS (sm_budget.h), without a GPU: the
  * SMs shared out and capped; an override within the residency bound taken;
  * anything else refused with the bounds, and the default kept.
  */

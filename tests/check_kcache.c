@@ -26,6 +26,7 @@
 #include "clienttest.h"
 #include "codec.h"
 #include "cudaranks.h"
+#include "deepep_daemon.h"
 #include "kcache.h"
 #include "kimage.h"
 #include "testutil.h"
@@ -516,7 +517,8 @@ static int gpu_rank_lent(const char *sock) {
       fprintf(stderr, "kcache rank: %s\n", c ? dep_errmsg(c) : "no client");
       _exit(11);
     }
-    int lent = c->cuops.lent_kernels;
+    /* The query the daemon's warm-up reports with (deepep_daemon.h). */
+    bool lent = dep__client_kernels_lent(c);
     dep_detach(c);
     dep_client_free(c);
     _exit(lent ? 0 : 12);

@@ -34,6 +34,7 @@
 #include "nodes.h"
 #include "opsworld.h"
 #include "slab.h"
+#include "sm_budget.h"
 #include "testutil.h"
 #include "xnjob.h"
 #include "xnround.h"

@@ -1,0 +1,29 @@
+/*
+ * sm_budget.h — a rank's SM budget: how many CTAs each communicating kernel
+ * of the rank launches (kabi.h, "SM budget", says how the kernels use it).
+ * The library computes it at dep_attach (client/cuda_attach.c) and the
+ * daemon's tuner (daemon/tune.c) times budgets around the same default and
+ * within the same ceiling, so the rule is here, where both reach it.
+ */
+#ifndef DEP_SM_BUDGET_H
+#define DEP_SM_BUDGET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Overrides the SM budget (CTAs per communicating kernel) of every rank. */
+#define CUOPS_CTAS_ENV "DEEPEP_KERNEL_CTAS"
+
+/*
+ * The SM budget of one rank: CTAs per communicating kernel, the GPU's sms
+ * shared out among the `sharing` ranks of the job on it, at most
+ * CUOPS_MAX_CTAS; or env (the value of $DEEPEP_KERNEL_CTAS; NULL or "" for
+ * none), from 1 to what keeps every rank resident at once.  0 with *out,
+ * or DEP_ERR_INVALID with why saying the bounds.
+ */
+int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, char *why,
+                    size_t whylen);
+/* The largest budget of a rank that keeps every one of the `sharing` ranks resident. */
+uint32_t cuops_most_ctas(int sms, uint32_t sharing);
+
+#endif /* DEP_SM_BUDGET_H */
