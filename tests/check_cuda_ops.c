@@ -233,8 +233,7 @@ static int body_ext(struct rk *k, void *arg) {
     const uint8_t pz = round & 1 ? 0x5A : 0xA5;
     const uint32_t worst = round % 2 == 0 ? (uint32_t)rows : 0;
     if (cr_put(k, B_X, e->x8[r], (size_t)n * h) ||
-        (n && (k->cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)(xs + sc_off), e->scales[r],
-                                   (size_t)n * G * 4) != CUDA_SUCCESS)) ||
+        cr_put_at(k, (CUdeviceptr)(uintptr_t)(xs + sc_off), e->scales[r], (size_t)n * G * 4) ||
         cr_poison(k, B_RX, pz) || cr_poison(k, B_RIDX, pz) || cr_poison(k, B_RW, pz) ||
         cr_poison(k, B_CNT, pz))
       return ow_fail(k->msg, "round %d: uploading the FP8 inputs failed", round);

@@ -115,9 +115,17 @@ void rk_close(struct rk *k) {
     k->cu->cuDevicePrimaryCtxRelease(k->dev);
 }
 
+/* On the rank's stream, and whole before it returns: a cuMemcpyHtoD from pageable memory
+ * may return before its DMA lands, ordered after nothing on a non-blocking stream, so the
+ * next operation on k->s could read the buffer's old bytes. */
 int cr_put(struct rk *k, int i, const void *src, size_t n) {
-  if (n > 0)
-    CR_CU(k, k->cu->cuMemcpyHtoD(k->b[i], src, n), "cuMemcpyHtoD");
+  return cr_put_at(k, k->b[i], src, n);
+}
+int cr_put_at(struct rk *k, CUdeviceptr dst, const void *src, size_t n) {
+  if (n > 0) {
+    CR_CU(k, k->cu->cuMemcpyHtoDAsync(dst, src, n, k->s), "cuMemcpyHtoDAsync");
+    CR_CU(k, k->cu->cuStreamSynchronize(k->s), "cuStreamSynchronize");
+  }
   return 0;
 }
 int cr_poison(struct rk *k, int i, uint8_t pz) {

@@ -71,6 +71,8 @@ int rk_open_at(struct rk *k, const char *sock, const char *job, const struct dep
                uint32_t rank, uint32_t W, uint32_t local, uint32_t lws);
 void rk_close(struct rk *k);
 int cr_put(struct rk *k, int i, const void *src, size_t n);
+/* The same into dst (a place inside one of k's buffers). */
+int cr_put_at(struct rk *k, CUdeviceptr dst, const void *src, size_t n);
 int cr_poison(struct rk *k, int i, uint8_t pz);
 /* Synchronise, then copy buffer i back into k->host. */
 int cr_get(struct rk *k, int i);
