@@ -81,9 +81,6 @@ static const struct dep_dlsym drv_syms[] = {
     SYM(cuLinkDestroy, "cuLinkDestroy"),
     SYM(cuPointerGetAttribute, "cuPointerGetAttribute"),
     SYM(cuMemGetInfo, "cuMemGetInfo_v2"),
-    /* Optional: drivers before 11.7 lack it (cudadrv.h). */
-    {.name = "cuMemGetHandleForAddressRange", .at = &drv.cuMemGetHandleForAddressRange,
-     .optional = true},
 };
 
 static void drv_load_once(void) {

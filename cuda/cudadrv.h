@@ -165,9 +165,6 @@ struct cudadrv {
   CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
   /* deepepctl doctor: a GPU's free memory against its pool's budget. */
   CUresult (*cuMemGetInfo)(size_t *, size_t *);
-  /* Optional (NULL on drivers before 11.7): a dma-buf fd of device memory, which the
-   * daemon registers with the NIC (ibv_reg_dmabuf_mr) for inter-node writes. */
-  CUresult (*cuMemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);
 };
 
 /*

@@ -57,11 +57,6 @@ struct backend_ops {
    * slab.h).  0 or DEP_ERR_* with why. */
   int (*chunk_write)(struct backend_dev *d, struct chunk_mem *m, uint64_t off, const void *src,
                      size_t len, char *why, size_t whylen);
-  /* Optional (NULL: host, whose chunks the daemon maps and registers by
-   * address): a dma-buf fd of the chunk for ibv_reg_dmabuf_mr, the caller's
-   * to close, and the address its first byte has.  0 or DEP_ERR_* with why. */
-  int (*chunk_dmabuf)(struct backend_dev *d, struct chunk_mem *m, int *fd, uint64_t *iova,
-                      char *why, size_t whylen);
   void (*release_dev)(struct backend_dev *d);
 };
 

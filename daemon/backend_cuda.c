@@ -163,29 +163,6 @@ fail:
   return rc;
 }
 
-/* The daemon's own mapping of the chunk as a dma-buf, for the NIC (rdma.h). */
-static int cuda_chunk_dmabuf(struct backend_dev *d, struct chunk_mem *m, int *fd, uint64_t *iova,
-                             char *why, size_t whylen) {
-  int rc = 0;
-  if (cu->cuMemGetHandleForAddressRange == NULL || !d->rdma_capable) {
-    snprintf(why, whylen, "%s", cu->cuMemGetHandleForAddressRange == NULL
-                                    ? "the CUDA driver has no cuMemGetHandleForAddressRange (11.7 "
-                                      "or later needed for dma-buf)"
-                                    : "the GPU does not support GPUDirect RDMA with VMM memory");
-    return DEP_ERR_UNSUPPORTED;
-  }
-  CU_TRY(cu->cuCtxSetCurrent((CUcontext)d->ctx), "cuCtxSetCurrent");
-  int f = -1;
-  CU_TRY(cu->cuMemGetHandleForAddressRange(&f, m->dev_ptr, m->bytes,
-                                           CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
-         "cuMemGetHandleForAddressRange (dma-buf)");
-  *fd = f;
-  *iova = m->dev_ptr;
-  return 0;
-fail:
-  return rc;
-}
-
 static void cuda_release_dev(struct backend_dev *d) {
   if (cu != NULL && d->ctx != NULL)
     cu->cuDevicePrimaryCtxRelease(d->ordinal);
@@ -200,6 +177,5 @@ const struct backend_ops backend_cuda_ops = {
     .chunk_destroy = cuda_chunk_destroy,
     .chunk_scrub = cuda_chunk_scrub,
     .chunk_write = cuda_chunk_write,
-    .chunk_dmabuf = cuda_chunk_dmabuf,
     .release_dev = cuda_release_dev,
 };

@@ -34,10 +34,8 @@ static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 #define RDMADRV_SYM(part, field, sym, ver, opt)                                           \
   {.name = #sym, .version = ver, .at = &drv.part.field, .optional = opt},
 #define RDMADRV_SYM_IBV(field, sym, ver, ret, params) RDMADRV_SYM(ibv, field, sym, ver, false)
-#define RDMADRV_SYM_IBV_OPT(field, sym, ver, ret, params) RDMADRV_SYM(ibv, field, sym, ver, true)
 #define RDMADRV_SYM_CM(field, sym, ver, ret, params) RDMADRV_SYM(cm, field, sym, ver, false)
-static const struct dep_dlsym ibv_syms[] = {RDMADRV_IBV(RDMADRV_SYM_IBV)
-                                                RDMADRV_IBV_OPTIONAL(RDMADRV_SYM_IBV_OPT)};
+static const struct dep_dlsym ibv_syms[] = {RDMADRV_IBV(RDMADRV_SYM_IBV)};
 static const struct dep_dlsym cm_syms[] = {RDMADRV_CM(RDMADRV_SYM_CM)};
 
 /* Load the library named by $env, else `name`, and resolve syms; false with drv_why (and

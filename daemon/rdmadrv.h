@@ -67,12 +67,6 @@
   /* A failed completion is logged by its name. */                                           \
   X(wc_status_str, ibv_wc_status_str, "IBVERBS_1.1", const char *, (enum ibv_wc_status))
 
-/* Entry points older rdma-core lacks: NULL in the table when absent, never a load failure. */
-#define RDMADRV_IBV_OPTIONAL(X)                                                               \
-  /* GPU memory through dma-buf (rdma-core 34, IBVERBS_1.12). */                             \
-  X(reg_dmabuf_mr, ibv_reg_dmabuf_mr, "IBVERBS_1.12", struct ibv_mr *,                        \
-    (struct ibv_pd *, uint64_t, size_t, uint64_t, int, int))
-
 /* The connection manager.  bind_addr (a listener binds before rdma_listen), reject (an
  * unconfigured peer is refused), disconnect and event_str go beyond connect and accept. */
 #define RDMADRV_CM(X)                                                                         \
@@ -108,7 +102,6 @@
 struct rdmadrv {
   struct {
     RDMADRV_IBV(RDMADRV_FIELD)
-    RDMADRV_IBV_OPTIONAL(RDMADRV_FIELD)
   } ibv;
   struct {
     RDMADRV_CM(RDMADRV_FIELD)

@@ -77,21 +77,6 @@ int rdmaxp_reg_host(void *addr, size_t len, struct ibv_mr **mr, char *why, size_
   return *mr != NULL ? 0 : reg_fail("ibv_reg_mr", errno ? errno : EINVAL, why, whylen);
 }
 
-int rdmaxp_reg_dmabuf(int fd, uint64_t offset, size_t len, uint64_t iova, struct ibv_mr **mr,
-                    char *why, size_t whylen) {
-  if (!R.active) {
-    snprintf(why, whylen, "no RDMA device: %s", R.why);
-    return DEP_ERR_UNSUPPORTED;
-  }
-  if (R.rd->ibv.reg_dmabuf_mr == NULL) {
-    snprintf(why, whylen, "libibverbs lacks ibv_reg_dmabuf_mr (rdma-core 34 or later needed)");
-    return DEP_ERR_UNSUPPORTED;
-  }
-  errno = 0;
-  *mr = R.rd->ibv.reg_dmabuf_mr(R.pd, offset, len, iova, fd, MR_ACCESS);
-  return *mr != NULL ? 0 : reg_fail("ibv_reg_dmabuf_mr", errno ? errno : EINVAL, why, whylen);
-}
-
 void rdmaxp_dereg(struct ibv_mr *mr) {
   if (mr != NULL && R.rd != NULL)
     (void)R.rd->ibv.dereg_mr(mr);

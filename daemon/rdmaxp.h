@@ -86,15 +86,13 @@ const char *rdmaxp_why(void);
 const char *rdmaxp_device(void);
 
 /*
- * Register memory with the device for remote writes and reads: host memory
- * the daemon maps (ibv_reg_mr), or GPU memory as a dma-buf fd
- * (ibv_reg_dmabuf_mr; iova is the address peers will name).  0 with *mr,
- * or DEP_ERR_UNSUPPORTED (no device, no dma-buf support) / DEP_ERR_NO_MEMORY
- * (RLIMIT_MEMLOCK, the NIC's tables) / DEP_ERR_IO with why.
+ * Register host memory the daemon maps with the device for remote writes
+ * and reads (ibv_reg_mr: the exchange regions).  0 with *mr, or
+ * DEP_ERR_UNSUPPORTED (no device) / DEP_ERR_NO_MEMORY (RLIMIT_MEMLOCK, the
+ * NIC's tables) / DEP_ERR_IO with why.  GPU memory is not registered: the
+ * data path stages through host memory (DESIGN §7 says where it goes next).
  */
 int rdmaxp_reg_host(void *addr, size_t len, struct ibv_mr **mr, char *why, size_t whylen);
-int rdmaxp_reg_dmabuf(int fd, uint64_t offset, size_t len, uint64_t iova, struct ibv_mr **mr,
-                    char *why, size_t whylen);
 void rdmaxp_dereg(struct ibv_mr *mr);
 uint32_t rdmaxp_mr_rkey(const struct ibv_mr *mr);
 uint32_t rdmaxp_mr_lkey(const struct ibv_mr *mr);

@@ -67,14 +67,6 @@ START_TEST(test_seam_loads_and_resolves_every_entry_point) {
 #define CHECK_CM(field, sym, ver, ret, params) CHECK_ROW(cm, field, sym)
   RDMADRV_IBV(CHECK_IBV)
   RDMADRV_CM(CHECK_CM)
-  /* The optional entry point is there exactly when the library has it. */
-  void *h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
-  ck_assert_ptr_nonnull(h);
-#define CHECK_OPT(field, sym, ver, ret, params)                                        \
-  ck_assert_msg((rd->ibv.field != NULL) == (dlvsym(h, #sym, ver) != NULL),             \
-                "%s@%s: the seam and the library disagree", #sym, ver);
-  RDMADRV_IBV_OPTIONAL(CHECK_OPT)
-  dlclose(h);
   /* A second load is the same table. */
   ck_assert_ptr_eq(rdmadrv_load(NULL, 0), rd);
 }
@@ -353,41 +345,6 @@ START_TEST(test_a_link_queue_pair_proof_holds_for_its_key_direction_token_and_ma
 }
 END_TEST
 
-START_TEST(test_a_cuda_chunk_exports_as_dma_buf) {
-  char why[256] = "";
-  if (!backend_cuda_available(why, sizeof why)) {
-    tu_skip(__func__, "no CUDA driver here (%s): the GPU machine runs it", why);
-    return;
-  }
-  struct backend_dev dev[8];
-  int n = backend_cuda_ops.probe(dev, 8, why, sizeof why);
-  ck_assert_msg(n >= 0, "probe: %s", why);
-  if (n == 0) {
-    tu_skip(__func__, "no GPU here");
-    return;
-  }
-  if (!dev[0].rdma_capable) {
-    tu_skip(__func__, "%s has no GPUDirect RDMA with VMM memory", dev[0].name);
-    backend_cuda_ops.release_dev(&dev[0]);
-    return;
-  }
-  struct chunk_mem m;
-  ck_assert_msg(backend_cuda_ops.chunk_create(&dev[0], dev[0].granularity, &m, why, sizeof why) == 0,
-                "chunk_create: %s", why);
-  int fd = -1;
-  uint64_t iova = 0;
-  int rc = backend_cuda_ops.chunk_dmabuf(&dev[0], &m, &fd, &iova, why, sizeof why);
-  ck_assert_msg(rc == 0, "chunk_dmabuf: %s", why);
-  /* A dma-buf knows its size; the NIC will name the daemon's own mapping. */
-  ck_assert_int_eq((long long)lseek(fd, 0, SEEK_END), (long long)m.bytes);
-  ck_assert_uint_eq(iova, m.dev_ptr);
-  close(fd);
-  backend_cuda_ops.chunk_destroy(&dev[0], &m);
-  for (int i = 0; i < n; i++)
-    backend_cuda_ops.release_dev(&dev[i]);
-}
-END_TEST
-
 /* ---- the shared loader (proto/dlload.h), which cudadrv.c and rdmadrv.c both use ---- */
 
 /* libc stands for a library: it is there wherever the tests run, and lacks what we name. */
@@ -455,10 +412,6 @@ Suite *rdma_suite(void) {
   tcase_add_test(proof, test_a_data_queue_pair_proof_holds_for_its_key_direction_and_token_only);
   tcase_add_test(proof,
                  test_a_link_queue_pair_proof_holds_for_its_key_direction_token_and_mailbox_only);
-  TCase *gpu = tcase_create("dmabuf");
-  tcase_set_tags(gpu, "gpu");
-  suite_add_tcase(s, gpu);
-  tcase_add_test(gpu, test_a_cuda_chunk_exports_as_dma_buf);
   suite_add_tcase(s, daemon);
   return s;
 }
