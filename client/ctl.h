@@ -1,6 +1,7 @@
 /*
  * ctl.h — what the files of deepepctl share: the command table entry, the
- * global options, and the output table that renders the same records as
+ * global options, one request to the daemon and its decoded reply
+ * (ctl_ask), and the output table that renders the same records as
  * aligned text or as JSON (render/ctl_out.h, which deepepd links too).
  */
 #ifndef DEP_CTL_H
@@ -97,6 +98,22 @@ int ctl_usage_error(const struct ctl *ctl, const char *fmt, ...)
 int ctl_dep_connect(const struct ctl *ctl, dep_client_t *c);
 /* A new handle connected to the daemon, or NULL after reporting why. */
 dep_client_t *ctl_connect(const struct ctl *ctl);
+/*
+ * Ask the daemon one thing: send a request of `type` (body req, or NULL for
+ * none), wait for its reply of ok_type and decode it into out.  0, or the
+ * DEP_ERR_* code with the message in dep_errmsg(c): the daemon's refusal, a
+ * broken connection, or "deepepd sent a malformed <ok_type>".  A decoder
+ * that allocates leaves out for its free function either way.
+ */
+typedef int (*ctl_decode_fn)(const uint8_t *p, size_t len, void *out);
+int ctl_ask(dep_client_t *c, uint16_t type, const void *req, uint16_t ok_type,
+            ctl_decode_fn decode, void *out);
+/* The replies deepepctl decodes: ctl_decode_<body> is proto_decode_<body>
+ * with its out as void *, the shape ctl_ask calls. */
+#define CTL_REPLY_BODIES(X) X(reload_ok) X(text) X(peers) X(job_nodes) X(clients) X(kernels_ok)
+#define CTL_DECODE_DECL_(body) int ctl_decode_##body(const uint8_t *p, size_t len, void *out);
+CTL_REPLY_BODIES(CTL_DECODE_DECL_)
+#undef CTL_DECODE_DECL_
 /* Flush stdout and turn a write error into CTL_EXIT_FAIL. */
 int ctl_finish_output(int code);
 

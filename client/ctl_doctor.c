@@ -96,17 +96,12 @@ static void doctor_socket(const struct ctl *ctl, struct doctor_check *k, bool co
 }
 
 static void doctor_peers(dep_client_t *c, struct doctor_check *k) {
-  struct client_frame f;
   struct dep_msg_peers m = {0};
-  if (client_request(c, DEP_MSG_PEERS, NULL, DEP_MSG_PEERS_OK, CLIENT_REQUEST_TIMEOUT_MS, &f) !=
-      0) {
+  if (ctl_ask(c, DEP_MSG_PEERS, NULL, DEP_MSG_PEERS_OK, ctl_decode_peers, &m) != 0) {
     doctor_note(k, DOCTOR_WARN, "the daemon did not list its peers: %s", dep_errmsg(c));
     doctor_do(k, "deepepctl peers says more");
     return;
   }
-  if (proto_decode_peers(f.body, f.hdr.body_len, &m) != 0)
-    m.n_peers = 0;
-  client_frame_release(&f);
   if (m.n_peers == 0)
     doctor_note(k, DOCTOR_OK, "no peers configured");
   uint32_t up = 0;
@@ -171,23 +166,13 @@ static void doctor_kernels(dep_client_t *c, const struct dep_status *st, struct 
       continue;
     struct doctor_kernels_in in = {.gpu = gpu, .build = img.id, .lend_why = ""};
     in.fit = doctor_fit(cu, &img, m.device_uuid, &in.arch);
-    struct client_frame f;
     struct dep_msg_kernels_ok ok;
-    bool release = false;
     if (doctor_kernels_ask(in.fit)) {
-      in.lend_rc = client_request(c, DEP_MSG_KERNELS, &m, DEP_MSG_KERNELS_OK,
-                                  CLIENT_REQUEST_TIMEOUT_MS, &f);
+      in.lend_rc = ctl_ask(c, DEP_MSG_KERNELS, &m, DEP_MSG_KERNELS_OK, ctl_decode_kernels_ok, &ok);
       in.lend_why = dep_errmsg(c);
-      release = in.lend_rc == 0;
-      if (in.lend_rc == 0 && proto_decode_kernels_ok(f.body, f.hdr.body_len, &ok) != 0) {
-        in.lend_rc = DEP_ERR_PROTOCOL;
-        in.lend_why = "a malformed KERNELS_OK";
-      }
       in.lent = in.lend_rc == 0 ? &ok : NULL;
     }
     doctor_judge_kernels(k, &in);
-    if (release)
-      client_frame_release(&f);
   }
 #else
   doctor_note(k, DOCTOR_FAIL, "this build of libdeepep-client has no CUDA kernels (built "
@@ -247,14 +232,9 @@ static void doctor_gpus(dep_client_t *c, const struct dep_status *st, struct doc
     doctor_do(k, "run deepepctl doctor on the node itself, where libcuda.so.1 loads");
     return;
   }
-  struct client_frame f;
   struct dep_msg_clients m = {0};
-  if (client_request(c, DEP_MSG_CLIENTS, NULL, DEP_MSG_CLIENTS_OK, CLIENT_REQUEST_TIMEOUT_MS,
-                     &f) == 0) {
-    if (proto_decode_clients(f.body, f.hdr.body_len, &m) != 0)
-      m.n = 0;
-    client_frame_release(&f);
-  }
+  if (ctl_ask(c, DEP_MSG_CLIENTS, NULL, DEP_MSG_CLIENTS_OK, ctl_decode_clients, &m) != 0)
+    m.n = 0;
   for (uint32_t i = 0; i < st->num_devices; i++) {
     uint8_t uuid[16];
     CUdevice dev;

@@ -167,14 +167,8 @@ int ctl_drain(struct ctl *ctl, int argc, char **argv) {
   if (c == NULL)
     return CTL_EXIT_FAIL;
   struct dep_msg_drain req = {.drain = o.cancel ? 0 : 1};
-  struct client_frame f;
-  rc = client_request(c, DEP_MSG_DRAIN, &req, DEP_MSG_DRAIN_OK, CLIENT_REQUEST_TIMEOUT_MS, &f);
   struct dep_msg_text m;
-  if (rc == 0) {
-    if (proto_decode_text(f.body, f.hdr.body_len, &m) != 0)
-      rc = client_seterr(c, DEP_ERR_PROTOCOL, "deepepd sent a malformed DRAIN_OK");
-    client_frame_release(&f);
-  }
+  rc = ctl_ask(c, DEP_MSG_DRAIN, &req, DEP_MSG_DRAIN_OK, ctl_decode_text, &m);
   if (rc != 0)
     return ctl_fail_client(ctl, c, rc, "drain");
   if (o.wait) {

@@ -34,21 +34,13 @@ int ctl_metrics(struct ctl *ctl, int argc, char **argv) {
     return ctl_fail_client(ctl, c, rc, "metrics");
   }
   struct dep_msg_peers pm = {0};
-  struct client_frame f;
-  if (client_request(c, DEP_MSG_PEERS, NULL, DEP_MSG_PEERS_OK, CLIENT_REQUEST_TIMEOUT_MS, &f) ==
-      0) {
-    if (proto_decode_peers(f.body, f.hdr.body_len, &pm) != 0)
-      memset(&pm, 0, sizeof pm);
-    client_frame_release(&f);
-  }
+  if (ctl_ask(c, DEP_MSG_PEERS, NULL, DEP_MSG_PEERS_OK, ctl_decode_peers, &pm) != 0)
+    memset(&pm, 0, sizeof pm);
   /* The jobs that span nodes, for their traffic and rings (as deepepctl status shows them). */
   struct dep_msg_job_nodes *jn = calloc(1, sizeof *jn);
-  if (jn != NULL && client_request(c, DEP_MSG_JOB_NODES, NULL, DEP_MSG_JOB_NODES_OK,
-                                   CLIENT_REQUEST_TIMEOUT_MS, &f) == 0) {
-    if (proto_decode_job_nodes(f.body, f.hdr.body_len, jn) != 0)
-      jn->n = 0;
-    client_frame_release(&f);
-  }
+  if (jn != NULL &&
+      ctl_ask(c, DEP_MSG_JOB_NODES, NULL, DEP_MSG_JOB_NODES_OK, ctl_decode_job_nodes, jn) != 0)
+    jn->n = 0;
   dep_client_free(c);
   int out = jn != NULL ? ctl_view_metrics(stdout, st, &s, &pm, jn) : -1;
   free(jn);

@@ -128,14 +128,8 @@ int ctl_peers(struct ctl *ctl, int argc, char **argv) {
   dep_client_t *c = ctl_connect(ctl);
   if (c == NULL)
     return CTL_EXIT_FAIL;
-  struct client_frame f;
-  rc = client_request(c, DEP_MSG_PEERS, NULL, DEP_MSG_PEERS_OK, CLIENT_REQUEST_TIMEOUT_MS, &f);
   struct dep_msg_peers m = {0};
-  if (rc == 0) {
-    if (proto_decode_peers(f.body, f.hdr.body_len, &m) != 0)
-      rc = client_seterr(c, DEP_ERR_PROTOCOL, "deepepd sent a malformed PEERS_OK");
-    client_frame_release(&f);
-  }
+  rc = ctl_ask(c, DEP_MSG_PEERS, NULL, DEP_MSG_PEERS_OK, ctl_decode_peers, &m);
   if (rc != 0)
     return ctl_fail_client(ctl, c, rc, "peers");
   dep_client_free(c);

@@ -25,16 +25,9 @@ int ctl_reload(struct ctl *ctl, int argc, char **argv) {
   dep_client_t *c = ctl_connect(ctl);
   if (c == NULL)
     return CTL_EXIT_FAIL;
-  struct client_frame f;
-  rc = client_request(c, DEP_MSG_RELOAD, NULL, DEP_MSG_RELOAD_OK, CLIENT_REQUEST_TIMEOUT_MS, &f);
   struct dep_msg_reload_ok *m = malloc(sizeof *m);
-  if (rc == 0) {
-    if (m == NULL)
-      rc = client_seterr(c, DEP_ERR_NO_MEMORY, "out of memory reading RELOAD_OK");
-    else if (proto_decode_reload_ok(f.body, f.hdr.body_len, m) != 0)
-      rc = client_seterr(c, DEP_ERR_PROTOCOL, "deepepd sent a malformed RELOAD_OK");
-    client_frame_release(&f);
-  }
+  rc = m != NULL ? ctl_ask(c, DEP_MSG_RELOAD, NULL, DEP_MSG_RELOAD_OK, ctl_decode_reload_ok, m)
+                 : client_seterr(c, DEP_ERR_NO_MEMORY, "out of memory reading RELOAD_OK");
   if (rc != 0) {
     free(m);
     return ctl_fail_client(ctl, c, rc, "reload");

@@ -138,13 +138,8 @@ int ctl_stats(struct ctl *ctl, int argc, char **argv) {
   }
   /* The peers' connections, where there are peers (an older daemon without PEERS: none). */
   struct dep_msg_peers pm = {0};
-  struct client_frame f;
-  if (client_request(c, DEP_MSG_PEERS, NULL, DEP_MSG_PEERS_OK, CLIENT_REQUEST_TIMEOUT_MS, &f) ==
-      0) {
-    if (proto_decode_peers(f.body, f.hdr.body_len, &pm) != 0)
-      memset(&pm, 0, sizeof pm);
-    client_frame_release(&f);
-  }
+  if (ctl_ask(c, DEP_MSG_PEERS, NULL, DEP_MSG_PEERS_OK, ctl_decode_peers, &pm) != 0)
+    memset(&pm, 0, sizeof pm);
   dep_client_free(c);
   struct ctl_view v;
   struct ctl_val *pools = calloc((size_t)st->num_devices * POOL_NCOLS + 1, sizeof *pools);

@@ -141,15 +141,9 @@ int ctl_status(struct ctl *ctl, int argc, char **argv) {
   bool multinode = false;
   for (uint32_t i = 0; i < st->num_jobs; i++)
     multinode |= st->jobs[i].world_size > st->jobs[i].ranks_expected;
-  if (multinode && (mn = calloc(1, sizeof *mn)) != NULL) {
-    struct client_frame f;
-    if (client_request(c, DEP_MSG_JOB_NODES, NULL, DEP_MSG_JOB_NODES_OK,
-                       CLIENT_REQUEST_TIMEOUT_MS, &f) == 0) {
-      if (proto_decode_job_nodes(f.body, f.hdr.body_len, mn) != 0)
-        mn->n = 0;
-      client_frame_release(&f);
-    }
-  }
+  if (multinode && (mn = calloc(1, sizeof *mn)) != NULL &&
+      ctl_ask(c, DEP_MSG_JOB_NODES, NULL, DEP_MSG_JOB_NODES_OK, ctl_decode_job_nodes, mn) != 0)
+    mn->n = 0;
   dep_client_free(c);
   rc = status_render(ctl, st, mn, multinode);
   free(mn);
