@@ -30,6 +30,7 @@
 #include "server.h"
 #include "warmup.h"
 #include "stats.h"
+#include "testhooks.h"
 #include "xfer.h"
 
 static void usage(FILE *f) {
@@ -261,14 +262,25 @@ static int main_xfer_init(uv_loop_t *loop, const struct config *cfg) {
   return xfer_init(cfg) == 0 ? 0 : -1;
 }
 
+/* First of all, so that every module below finds its test faults read and
+ * a daemon running with any says so before it does anything else.  In the
+ * table rather than in main: --check-config and the daemon's own children
+ * (warm-up, tuning), which inherit the environment, neither act on the
+ * hooks nor repeat the warning. */
+static int main_testhooks_init(uv_loop_t *loop, const struct config *cfg) {
+  (void)loop;
+  (void)cfg;
+  return testhooks_init();
+}
+
 /*
  * deepepd's modules in the order they start; they stop in the reverse, so
  * that what a module uses is there until it stops: the proxy threads (xfer)
  * stop before the slabs they read go back (job), every slab before its pool
  * (devices), the data path's RDMA before the device it was made on (peer),
- * and the socket (server) goes last but for the signals.  A module whose
- * start fails is stopped too (each fini is safe after its init failed
- * partway), then those before it; each module stops once.  The warm-up and
+ * and the socket (server) goes last but for the signals and the test hooks.
+ * A module whose start fails is stopped too (each fini is safe after its
+ * init failed partway), then those before it; each module stops once.  The warm-up and
  * the tuning start later, once the pools are made (main_on_pools): they have
  * no start here, and stop in their place.  There is no reload column: every
  * module reads the running configuration, which a reload rewrites in place
@@ -279,6 +291,7 @@ static const struct main_module {
   int (*init)(uv_loop_t *loop, const struct config *cfg); /* NULL: started later */
   void (*fini)(void);
 } main_modules[] = {
+    {"test hooks", main_testhooks_init, testhooks_fini},
     {"signals", main_deepepd_init, deepepd_fini},
     {"connections", main_conn_init, conn_fini},
     {"stats", main_stats_init, stats_fini},

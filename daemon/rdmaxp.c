@@ -23,6 +23,7 @@
 #include "log.h"
 #include "rdmadrv.h"
 #include "rdmaxp_internal.h"
+#include "testhooks.h"
 
 /* Receives kept posted per queue pair: a write with immediate data consumes one. */
 #define RDMA_RECV_DEPTH 32
@@ -484,8 +485,7 @@ int rdmaxp_init(uv_loop_t *loop, const struct config *cfg, const struct rdmaxp_e
     return 0;
   }
   R.active = true;
-  const char *t = getenv(RDMAXP_TEST_BAD_PROOFS_ENV);
-  R.test_bad_proofs = t != NULL ? atoi(t) : 0;
+  R.test_bad_proofs = testhook_value(TESTHOOK_RDMA_BAD_PROOFS);
   log_info("rdma: peer links on %s%s%s", R.dev,
            cfg->listen_address[0] ? ", listening on " : " (no listener: listen.address unset)",
            cfg->listen_address);

@@ -60,12 +60,6 @@ struct rdmaxp_events {
 
 /* A connect, a route or an address taking longer than this fails the queue pair. */
 #define RDMAXP_RESOLVE_MS 2000
-/* A test's fault (tests/rdma/badproof2.sh): the first N link queue pairs
- * and the first N data queue pairs (xfer_rdma.h) this daemon opens are
- * each preceded by a request with the right token and a wrong proof; its
- * own follows, with the same token, once the peer has rejected that one. */
-#define RDMAXP_TEST_BAD_PROOFS_ENV "DEEPEPD_TEST_RDMA_BAD_PROOFS"
-
 /*
  * Open the RDMA device for the peer links when a configured peer may use
  * RDMA (transport auto or rdma): the connection manager's listener on

@@ -18,6 +18,7 @@
 #include "peerauth.h"
 #include "rdmadrv.h"
 #include "rdmaxp_internal.h"
+#include "testhooks.h"
 #include "xfer.h"
 
 /* What an RC connection request's private data holds: a link's is
@@ -184,7 +185,7 @@ static void on_cm_event(enum rdma_cm_event_type type, struct rdma_cm_id *id, int
   case RDMA_CM_EVENT_ESTABLISHED:
     q->connected = true;
     if (q->wrong)
-      log_warnx("rdma: a link's connection request with a wrong proof ($" RDMAXP_TEST_BAD_PROOFS_ENV
+      log_warnx("rdma: a link's connection request with a wrong proof ($" TESTHOOK_RDMA_BAD_PROOFS_ENV
                 ") was accepted: the peer opened the queue pair on the token alone");
     if (q->data && R.dev_ev != NULL && R.dev_ev->up != NULL)
       R.dev_ev->up(q->owner, q);
@@ -268,7 +269,7 @@ static struct rdmaxp_qp *qp_dial(struct rdmaxp_qp *q, const struct sockaddr *src
  * and completion queue go, and q dials again with the right proof (its
  * owner keeps q). */
 static void qp_redial(struct rdmaxp_qp *q) {
-  log_info("rdma: a link's connection request with a wrong proof ($" RDMAXP_TEST_BAD_PROOFS_ENV
+  log_info("rdma: a link's connection request with a wrong proof ($" TESTHOOK_RDMA_BAD_PROOFS_ENV
            ") was rejected; sending ours");
   q->wrong = false;
   q->dkey[0] ^= 1; /* the right key again */

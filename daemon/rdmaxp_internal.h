@@ -40,7 +40,7 @@ struct rdmaxp_qp {
    * connecting end's direction), until the request is made or accepted. */
   uint8_t dkey[DEP_PEER_MAC_LEN];
   /* A link's connecting end, the test's request with a wrong proof
-   * (RDMAXP_TEST_BAD_PROOFS_ENV) out: dialled again from src to dst with
+   * ($DEEPEPD_TEST_RDMA_BAD_PROOFS, testhooks.h) out: dialled again from src to dst with
    * the right one once it is rejected. */
   bool wrong;
   struct sockaddr_storage src, dst;

@@ -29,6 +29,7 @@
 #include "pool.h"
 #include "proto.h"
 #include "slab.h"
+#include "testhooks.h"
 #include "xfer_internal.h"
 #include "xfer_rdma.h"
 #include "xring.h"
@@ -475,8 +476,7 @@ int xfer_init(const struct config *cfg) {
   }
   for (int i = 0; i < XFER_OFFERS_MAX; i++)
     X->offers[i].peer = -1;
-  const char *drops = getenv(XFER_TEST_DROPS_ENV); /* a test's fault (xfer_internal.h) */
-  atomic_store(&X->test_drops, drops != NULL ? atoi(drops) : 0);
+  atomic_store(&X->test_drops, testhook_value(TESTHOOK_DATA_DROPS));
   X->cfg = cfg;
   X->active = true;
   xfer_rdma_init(cfg, &xfer_rdma_offer_ops);

@@ -32,6 +32,7 @@
 #include "peerauth.h"
 #include "pool.h"
 #include "proto.h"
+#include "testhooks.h"
 #include "xfer_internal.h"
 #include "xfer_rdma.h"
 #include "xring.h"
@@ -351,7 +352,7 @@ static void *receiver_main(void *arg) {
     struct dep_xfer_ack ack = {DEP_XFER_MAGIC, DEP_XFER_VERSION};
     const bool acked = io_all(rv.fd, &ack, sizeof ack, true) == 0;
     if (acked && atomic_load(&X->test_drops) > 0 && atomic_fetch_sub(&X->test_drops, 1) > 0)
-      log_warnx("peer %s: an inbound data connection closed at once ($" XFER_TEST_DROPS_ENV ")",
+      log_warnx("peer %s: an inbound data connection closed at once ($" TESTHOOK_DATA_DROPS_ENV ")",
                 peer_name(rv.peer));
     else if (acked)
       receive(rv.peer, rv.fd);

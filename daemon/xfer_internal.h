@@ -24,10 +24,6 @@
 #include "xring.h"
 
 #define XFER_OFFERS_MAX (CONFIG_MAX_LIST * XFER_CONNS_MAX * 2)
-/* A test's fault (check_xnode): the first N inbound data connections of this
- * daemon are closed as soon as they are acknowledged, as a connection the
- * network cuts while the peer link stays up. */
-#define XFER_TEST_DROPS_ENV "DEEPEPD_TEST_DATA_DROPS"
 /* A frame for a job expected here (xfer_job_expect) that has no route yet
  * waits at most this long for it: the nodes of a job learn that it is
  * complete one after another, and the first one's ranks may send before
@@ -165,7 +161,7 @@ struct xfer_state {
   uint32_t started;
   struct xfer_peer peers[CONFIG_MAX_LIST];
   struct xfer_offer offers[XFER_OFFERS_MAX]; /* under xfer_conn.c's offers_mu */
-  _Atomic int test_drops;        /* $DEEPEPD_TEST_DATA_DROPS left to do (xfer_conn.c) */
+  _Atomic int test_drops;        /* $DEEPEPD_TEST_DATA_DROPS left to do (testhooks.h) */
   char ended[XFER_ENDED_MAX][DEP_JOB_ID_MAX];  /* under lock: the last jobs whose route went */
   uint32_t n_ended;
   _Atomic uint32_t helpers;      /* connector and receiver threads running */

@@ -23,6 +23,7 @@
 #include "peer.h"
 #include "peerauth.h"
 #include "rdmaxp.h"
+#include "testhooks.h"
 #include "xfer.h"
 
 /* Work requests in one thread's chain for one peer: a quarter of the send
@@ -66,7 +67,7 @@ struct xfer_rdma_route {
 };
 
 /* What rdmaxp's callbacks are given as owner: one per peer and direction,
- * and the test's queue pair with a wrong proof (RDMAXP_TEST_BAD_PROOFS_ENV). */
+ * and the test's queue pair with a wrong proof (TESTHOOK_RDMA_BAD_PROOFS_ENV). */
 struct xr_end {
   int peer;
   bool out, wrong;
@@ -209,7 +210,7 @@ static void token_to_tcp(int k, const uint8_t token[DEP_PEER_TOKEN_LEN]) {
 static void wrong_done(int k, const char *why) {
   struct xr_peer *p = &XR.p[k];
   p->wrong = NULL;
-  log_info("peer %s: the RDMA data queue pair with a wrong proof ($" RDMAXP_TEST_BAD_PROOFS_ENV
+  log_info("peer %s: the RDMA data queue pair with a wrong proof ($" TESTHOOK_RDMA_BAD_PROOFS_ENV
            ") did not connect (%s); opening ours with the same token", peer_name(k), why);
   char w[256];
   struct rdmaxp_qp *q = open_out(k, p->token, false, w, sizeof w);
@@ -228,7 +229,7 @@ static void on_up(void *owner, struct rdmaxp_qp *q) {
   struct xr_end *e = owner;
   struct xr_peer *p = &XR.p[e->peer];
   if (e->wrong) {
-    log_warnx("peer %s: the RDMA data queue pair with a wrong proof ($" RDMAXP_TEST_BAD_PROOFS_ENV
+    log_warnx("peer %s: the RDMA data queue pair with a wrong proof ($" TESTHOOK_RDMA_BAD_PROOFS_ENV
               ") was accepted: the peer opened it on the token alone", peer_name(e->peer));
     return; /* it stays, unused, until the peer goes down */
   }
@@ -304,8 +305,7 @@ void xfer_rdma_init(const struct config *cfg, const struct xfer_rdma_offers *off
     XR.ends[1][k] = (struct xr_end){.peer = k, .out = true};
     XR.ends[2][k] = (struct xr_end){.peer = k, .out = true, .wrong = true};
   }
-  const char *t = getenv(RDMAXP_TEST_BAD_PROOFS_ENV);
-  XR.test_bad_proofs = t != NULL ? atoi(t) : 0;
+  XR.test_bad_proofs = testhook_value(TESTHOOK_RDMA_BAD_PROOFS);
   rdmaxp_set_data_events(&xr_events);
   XR.active = true;
 }

@@ -784,6 +784,45 @@ START_TEST(test_job_of_another_uid_cannot_be_joined) {
 }
 END_TEST
 
+/* ---- test hooks ----------------------------------------------------------- */
+
+/* A daemon started with test faults ($DEEPEPD_TEST_*, daemon/testhooks.h)
+ * says so at warning level, naming each hook that is on; a malformed value
+ * or a name that is no hook is ignored with a warning that names it, and
+ * the daemon runs. */
+START_TEST(test_test_hooks_are_announced_and_malformed_ones_named) {
+  setenv("DEEPEPD_TEST_DATA_DROPS", "2", 1);
+  setenv("DEEPEPD_TEST_RDMA_BAD_PROOFS", "1x", 1);
+  setenv("DEEPEPD_TEST_DATA_DROP", "1", 1);
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  unsetenv("DEEPEPD_TEST_DATA_DROPS");
+  unsetenv("DEEPEPD_TEST_RDMA_BAD_PROOFS");
+  unsetenv("DEEPEPD_TEST_DATA_DROP");
+  /* The lines are written before the daemon answers STATUS (its first module). */
+  ck_assert(dw_log_has(&d, "<4>test hooks: test faults are on", 3000));
+  ck_assert(dw_log_has(&d, "$DEEPEPD_TEST_DATA_DROPS=2 (the first N inbound data", 0));
+  ck_assert(dw_log_has(&d, "<4>test hooks: $DEEPEPD_TEST_RDMA_BAD_PROOFS=\"1x\" is ignored", 0));
+  ck_assert(dw_log_has(&d, "<4>test hooks: $DEEPEPD_TEST_DATA_DROP is no test hook", 0));
+  /* The malformed hook is off: the line of those that are on leaves it out. */
+  ck_assert(!dw_log_has(&d, "$DEEPEPD_TEST_RDMA_BAD_PROOFS=1 (", 0));
+  int fd = dw_client(&d);
+  close(fd);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+/* Without them, not a word about test hooks. */
+START_TEST(test_no_test_hooks_no_warning) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  int fd = dw_client(&d);
+  close(fd);
+  ck_assert(!dw_log_has(&d, "test hooks", 0));
+  dw_stop_ok(&d);
+}
+END_TEST
+
 Suite *daemon_suite(void);
 Suite *daemon_suite(void) {
   Suite *s = suite_create("daemon");
@@ -806,6 +845,9 @@ Suite *daemon_suite(void) {
         test_reload_request_reports_and_is_for_root_only, test_check_config, NULL}},
       {"auth", {test_allow_list, test_socket_group_members_are_allowed,
                 test_job_of_another_uid_cannot_be_joined, NULL}},
+      {"testhooks",
+       {test_test_hooks_are_announced_and_malformed_ones_named, test_no_test_hooks_no_warning,
+        NULL}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     TCase *tc = tcase_create(cases[i].name);

@@ -62,7 +62,7 @@ static struct xn_result *spawn_2_plus_2_running(const struct nodes *ns, struct x
 /*
  * A data connection cut while its peer link stays up comes back: each
  * daemon closes its first inbound data connection as soon as it is opened
- * ($DEEPEPD_TEST_DATA_DROPS=1, xfer_internal.h); within a few of the
+ * ($DEEPEPD_TEST_DATA_DROPS=1, daemon/testhooks.h); within a few of the
  * loop's ticks both nodes have their two data connections each way again
  * (the listener offers a token for the missing one, the opener replaces
  * the cut one), and a job across them runs.
