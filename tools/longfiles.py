@@ -18,9 +18,10 @@ a reader has to get past those too.
 Python 3 standard library only, so CI needs nothing more than python3.
 """
 
-import argparse
 import os
 import sys
+
+import ceiling
 
 DIRS = ["daemon", "client", "kernels", "proto", "config", "render", "cuda",
         "include", "tests", "bench", "tools", "python"]
@@ -58,35 +59,12 @@ def count_lines(path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", default=".", help="the tree's top (default .)")
-    ap.add_argument("--show", type=int, default=800,
-                    help="print files longer than this (default 800)")
-    ap.add_argument("--max", type=int, default=MAX_LINES,
-                    help="exit 1 when a file is longer than this (default %d), "
-                    "or one in HELD longer than its own bound" % MAX_LINES)
-    args = ap.parse_args()
-
+    args = ceiling.options(__doc__, "file", 800, MAX_LINES)
     found = sorted(((count_lines(p), os.path.relpath(p, args.root))
                     for p in sources(args.root)), key=lambda r: (-r[0], r[1]))
-    over = 0
-    for length, path in found:
-        if length <= args.show:
-            break
-        bound = HELD.get(path, args.max)
-        mark = ""
-        if length > bound:
-            mark = "  (over %d)" % bound
-            over += 1
-        elif bound != args.max:
-            mark = "  (held at %d)" % bound
-        print("%5d  %s%s" % (length, path, mark))
-    if over:
-        print("longfiles: %d file(s) over their bound: split them by topic "
-              "(a module's files share its <m>_internal.h; a test file's themes "
-              "become suites of their own)" % over, file=sys.stderr)
-        return 1
-    return 0
+    return ceiling.report([(n, path, path) for n, path in found], HELD, args, "longfiles",
+                          "split them by topic (a module's files share its <m>_internal.h; "
+                          "a test file's themes become suites of their own)")
 
 
 if __name__ == "__main__":

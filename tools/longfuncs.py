@@ -24,11 +24,12 @@ holds a "(" and is not a struct, union, enum or initialiser opens a function.
 Python 3 standard library only, so CI needs nothing more than python3.
 """
 
-import argparse
 import ast
 import os
 import re
 import sys
+
+import ceiling
 
 C_DIRS = ["daemon", "client", "kernels", "proto", "config", "render", "cuda",
           "include"]
@@ -185,14 +186,7 @@ def sources(root, dirs, exts):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", default=".", help="the tree's top (default .)")
-    ap.add_argument("--show", type=int, default=80,
-                    help="print functions longer than this (default 80)")
-    ap.add_argument("--max", type=int, default=MAX_LINES,
-                    help="exit 1 when a function is longer than this (default %d), "
-                    "or one in HELD longer than its own bound" % MAX_LINES)
-    args = ap.parse_args()
+    args = ceiling.options(__doc__, "function", 80, MAX_LINES)
 
     found = []
     for path in sources(args.root, C_DIRS, C_EXTS):
@@ -204,24 +198,9 @@ def main():
             found.append((last - first + 1, os.path.relpath(path, args.root),
                           first, name))
     found.sort(key=lambda r: (-r[0], r[1], r[2]))
-
-    over = 0
-    for length, path, first, name in found:
-        if length <= args.show:
-            break
-        bound = HELD.get((path, name), args.max)
-        mark = ""
-        if length > bound:
-            mark = "  (over %d)" % bound
-            over += 1
-        elif bound != args.max:
-            mark = "  (held at %d)" % bound
-        print("%5d  %s:%d  %s%s" % (length, path, first, name, mark))
-    if over:
-        print("longfuncs: %d function(s) over their bound: split them into "
-              "named steps" % over, file=sys.stderr)
-        return 1
-    return 0
+    return ceiling.report([(n, (path, name), "%s:%d  %s" % (path, first, name))
+                           for n, path, first, name in found], HELD, args, "longfuncs",
+                          "split them into named steps")
 
 
 if __name__ == "__main__":
