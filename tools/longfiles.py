@@ -31,15 +31,9 @@ EXTS = (".c", ".h", ".cu", ".cuh", ".py", ".sh")
 # grown past it to be split at a topic's edge rather than mid-topic.
 MAX_LINES = 900
 
-# file -> the most lines it may have, for those over MAX_LINES that are not
-# split yet, each with why.
-HELD = {
-    # deepep.Buffer's contract outside the data path (identity, errors,
-    # refused arguments, events, Config): to be split by theme where the
-    # Python package's tests are changed and run (make check-python), which
-    # needs torch.
-    "python/tests/test_buffer.py": 942,
-}
+# file -> the most lines it may have, for one over MAX_LINES that is not
+# split yet, with why (none today).
+HELD = {}
 
 
 def sources(root):

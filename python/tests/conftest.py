@@ -156,3 +156,12 @@ def spawn_ranks(fn, nprocs: int, args: tuple, d: str, timeout: float, what: str)
         with open(os.path.join(d, f"{r}.pkl"), "rb") as f:
             out.append(pickle.load(f))
     return out
+
+
+@pytest.fixture
+def buf(daemon):
+    """One rank's deepep.Buffer of onerank.SHAPE on the session's daemon, destroyed after."""
+    import onerank
+    b = onerank.one_rank(daemon, **onerank.SHAPE)
+    yield b
+    b.destroy()
