@@ -357,19 +357,19 @@ int host_ops__ring_push(struct ops_ctx *c, uint32_t op, uint32_t dest, uint32_t 
  * start) to dest: its control slot in dest's slab, or the out slot of our
  * exchange region and a descriptor for the proxy (dest on another node).
  */
-int host_ops__post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op, uint64_t ref_seq,
-                   uint32_t num_tokens, uint64_t bytes) {
-  unsigned parity = (unsigned)(c->seq & 1);
-  struct ops_slot *s = c->remote[dest] < 0
-                           ? slot_at(c, dest, parity, c->rank)
-                           : (struct ops_slot *)(c->xchg +
-                                                 dep_slab_out_slot(&c->lay, parity,
-                                                                   (uint32_t)c->remote[dest]));
+void host_ops__slot_post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op,
+                         uint64_t ref_seq, uint32_t num_tokens) {
+  struct ops_slot *s = out_slot(c, dest);
   s->rows = rows;
   s->op = op;
   s->ref_seq = ref_seq;
   s->num_tokens = num_tokens;
   atomic_store_explicit(&s->flag, c->seq, memory_order_release);
+}
+
+int host_ops__post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op, uint64_t ref_seq,
+                   uint32_t num_tokens, uint64_t bytes) {
+  host_ops__slot_post(c, dest, rows, op, ref_seq, num_tokens);
   return c->remote[dest] < 0 ? 0 : host_ops__ring_push(c, op, dest, DEP_XRING_BLOCK, 0, bytes);
 }
 
@@ -416,9 +416,8 @@ int host_ops__timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_
  * fail a wait for another, live rank that is merely slower.
  */
 int host_ops__aborted(const struct ops_ctx *c, unsigned parity, uint32_t src) {
-  const struct dep_slab_abort *ab = (const struct dep_slab_abort *)(c->slabs[c->rank] +
-                                                                    DEP_SLAB_ABORT_OFF);
-  if (__atomic_load_n(&ab->code, __ATOMIC_ACQUIRE) == 0)
+  const struct dep_slab_abort *ab = host_ops__gone(c);
+  if (ab == NULL)
     return 0;
   uint32_t gone = ab->rank;
   if (gone == src || gone >= c->world || ab->detached == DEP_SLAB_GONE_NODE ||
@@ -438,8 +437,7 @@ int host_ops__aborted(const struct ops_ctx *c, unsigned parity, uint32_t src) {
  * source: every rank on another node is out of reach.
  */
 int host_ops__peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t waited_ns) {
-  const struct dep_slab_abort *ab = (const struct dep_slab_abort *)(c->slabs[c->rank] +
-                                                                    DEP_SLAB_ABORT_OFF);
+  const struct dep_slab_abort *ab = host_ops__abort_words(c);
   /* The daemon stores code last with release ordering, and aborted() read
    * it with acquire: the words stored before it are visible here. */
   uint32_t gone = ab->rank, pid = ab->pid, detached = ab->detached;
@@ -489,7 +487,7 @@ void host_ops_daemon_gone(struct ops_ctx *c, int slabs_on_host) {
 static int ring_fail(struct ops_ctx *c, uint32_t op, uint32_t dest, int code, uint64_t waited_ns) {
   /* The proxy stops serving a job whose rank is gone after the daemon has
    * said which (the abort words): the call fails naming it. */
-  if (code == DEP_ERR_PEER && host_ops__gone_said(c))
+  if (code == DEP_ERR_PEER && host_ops__gone(c) != NULL)
     return host_ops__peer_fail(c, op, dest, waited_ns);
   host_ops__record_fail(c, op, dest, 0, waited_ns, code);
   if (code == DEP_ERR_TIMEOUT)

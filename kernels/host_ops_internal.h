@@ -77,6 +77,16 @@ static inline uint8_t *out_block(const struct ops_ctx *c, uint32_t dest, unsigne
   return c->xchg + dep_slab_out_block(&c->lay, parity, (uint32_t)c->remote[dest]);
 }
 
+/* The slot this rank announces its rows of this call to dest by: in dest's
+ * slab, or (dest on another node) the out slot image of our exchange region. */
+static inline struct ops_slot *out_slot(const struct ops_ctx *c, uint32_t dest) {
+  const unsigned parity = (unsigned)(c->seq & 1);
+  if (c->remote[dest] < 0)
+    return slot_at(c, dest, parity, c->rank);
+  return (struct ops_slot *)(c->xchg + dep_slab_out_slot(&c->lay, parity,
+                                                         (uint32_t)c->remote[dest]));
+}
+
 static inline uint8_t *out_row(const struct ops_ctx *c, uint32_t dest, unsigned parity,
                                uint32_t row) {
   return out_block(c, dest, parity) + (uint64_t)row * c->lay.row_bytes;
@@ -119,14 +129,21 @@ void host_ops__backoff(uint32_t i);
 /* Push a descriptor of kind (xring.h DEP_XRING_*) for dest to the proxy's ring. */
 int host_ops__ring_push(struct ops_ctx *c, uint32_t op, uint32_t dest, uint32_t kind,
                         uint32_t row0, uint64_t bytes);
+/* Fill dest's slot for this call (out_slot): its fields, then its flag with release ordering. */
+void host_ops__slot_post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op,
+                         uint64_t ref_seq, uint32_t num_tokens);
 /* Publish this rank's block for the current call (rows of it, bytes long) to dest. */
 int host_ops__post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op, uint64_t ref_seq,
                    uint32_t num_tokens, uint64_t bytes);
-/* Whether the daemon has written the abort words (a rank of the job is gone). */
-static inline bool host_ops__gone_said(const struct ops_ctx *c) {
-  const struct dep_slab_abort *ab = (const struct dep_slab_abort *)(c->slabs[c->rank] +
-                                                                    DEP_SLAB_ABORT_OFF);
-  return __atomic_load_n(&ab->code, __ATOMIC_ACQUIRE) != 0;
+/* This rank's abort words (slab.h), which the daemon writes when a rank of the job is gone. */
+static inline const struct dep_slab_abort *host_ops__abort_words(const struct ops_ctx *c) {
+  return (const struct dep_slab_abort *)(c->slabs[c->rank] + DEP_SLAB_ABORT_OFF);
+}
+/* The abort words once the daemon has written them (their code read with acquire, so the
+ * rest is visible), NULL while no rank of the job is gone. */
+static inline const struct dep_slab_abort *host_ops__gone(const struct ops_ctx *c) {
+  const struct dep_slab_abort *ab = host_ops__abort_words(c);
+  return __atomic_load_n(&ab->code, __ATOMIC_ACQUIRE) != 0 ? ab : NULL;
 }
 /* Whether a gone rank (the abort words) fails a wait of this call for src. */
 int host_ops__aborted(const struct ops_ctx *c, unsigned parity, uint32_t src);

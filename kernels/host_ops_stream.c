@@ -159,16 +159,6 @@ static int push_credits(struct ops_ctx *c, const struct ops_stream *s) {
   return 0;
 }
 
-/* The slot dest's rows of this call are announced by: in dest's slab, or
- * (dest on another node) the out slot image of our exchange region. */
-static inline struct ops_slot *out_slot(const struct ops_ctx *c, uint32_t dest) {
-  const unsigned parity = (unsigned)(c->seq & 1);
-  if (c->remote[dest] < 0)
-    return slot_at(c, dest, parity, c->rank);
-  return (struct ops_slot *)(c->xchg + dep_slab_out_slot(&c->lay, parity,
-                                                         (uint32_t)c->remote[dest]));
-}
-
 /* Whether dest has taken enough to let row j into its ring. */
 static bool room_for(const struct ops_ctx *c, uint32_t dest, uint32_t j) {
   const uint32_t chan = c->lay.chan_rows;
@@ -237,9 +227,8 @@ static int peer_stopped(struct ops_ctx *c, const struct ops_stream *s, uint32_t 
                         uint64_t waited_ns) {
   /* Stopped by a rank that died or a node lost, most likely: name that
    * one, the cause (one that detached had finished its calls). */
-  const struct dep_slab_abort *ab = (const struct dep_slab_abort *)(c->slabs[c->rank] +
-                                                                    DEP_SLAB_ABORT_OFF);
-  if (host_ops__gone_said(c) && ab->detached != DEP_SLAB_GONE_DETACHED)
+  const struct dep_slab_abort *ab = host_ops__gone(c);
+  if (ab != NULL && ab->detached != DEP_SLAB_GONE_DETACHED)
     return host_ops__peer_fail(c, s->op, r, waited_ns);
   struct ops_err_record theirs;
   host_ops_err_read(c->slabs[r], &theirs);
@@ -263,9 +252,8 @@ static int peer_stopped(struct ops_ctx *c, const struct ops_stream *s, uint32_t 
 static bool remote_may_have_stopped(const struct ops_ctx *c, uint32_t r) {
   if (c->remote[r] < 0)
     return false;
-  const struct dep_slab_abort *ab = (const struct dep_slab_abort *)(c->slabs[c->rank] +
-                                                                    DEP_SLAB_ABORT_OFF);
-  return host_ops__gone_said(c) && ab->detached == DEP_SLAB_GONE_DIED;
+  const struct dep_slab_abort *ab = host_ops__gone(c);
+  return ab != NULL && ab->detached == DEP_SLAB_GONE_DIED;
 }
 
 int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s) {
@@ -274,12 +262,7 @@ int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s) {
   /* The slot before any row: the receiver learns the count at once (one
    * on another node, with the first chunk, or alone for no rows). */
   for (uint32_t d = 0; d < c->world; d++) {
-    struct ops_slot *sl = out_slot(c, d);
-    sl->rows = c->peer[d].to_rows;
-    sl->op = s->op;
-    sl->ref_seq = s->ref_seq;
-    sl->num_tokens = s->num_tokens;
-    atomic_store_explicit(&sl->flag, c->seq, memory_order_release);
+    host_ops__slot_post(c, d, c->peer[d].to_rows, s->op, s->ref_seq, s->num_tokens);
     if (c->remote[d] >= 0 && c->peer[d].to_rows == 0 && (rc = push_chunk(c, s, d, 0, 0)) != 0)
       return rc;
   }

@@ -25,27 +25,6 @@
  */
 #define EP_DEFAULT_RUN_CEILING_S 150
 
-/* A shell command's stdout and stderr (malloc'd) and its wait status. */
-static char *run_all(const char *cmd, int *status) {
-  FILE *p = popen(cmd, "r");
-  ck_assert_ptr_nonnull(p);
-  size_t cap = 1 << 16, len = 0;
-  char *out = malloc(cap);
-  ck_assert_ptr_nonnull(out);
-  size_t got;
-  while ((got = fread(out + len, 1, cap - len - 1, p)) > 0) {
-    len += got;
-    if (cap - len < 4096) {
-      cap *= 2;
-      out = realloc(out, cap);
-      ck_assert_ptr_nonnull(out);
-    }
-  }
-  out[len] = '\0';
-  *status = pclose(p);
-  return out;
-}
-
 /* The host backend's defaults as ep's usage text states them. */
 struct ep_host_defaults {
   char counts[32];
@@ -57,12 +36,12 @@ static void usage_host_defaults(struct ep_host_defaults *d) {
   char cmd[600];
   dw_sfmt(cmd, sizeof cmd, "'%s' -h 2>&1", tu_bin("bench/ep"));
   int st;
-  char *usage = run_all(cmd, &st);
+  char *usage = tu_sh_out(cmd, &st);
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 2, "ep -h: status 0x%x", st);
   ck_assert_msg(strstr(usage, "defaults by the daemon's backend") != NULL,
                 "the usage does not say the defaults per backend:\n%s", usage);
   /* docs/benchmarks.md says the same, option for option. */
-  char *doc = run_all("cat docs/benchmarks.md", &st);
+  char *doc = tu_sh_out("cat docs/benchmarks.md", &st);
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0 && doc[0] != '\0',
                 "no docs/benchmarks.md in the current directory (run from the root)");
   const char *backends[] = {"cuda", "host"};
@@ -101,7 +80,7 @@ START_TEST(ep_with_its_defaults_on_two_host_daemons_finishes_as_its_usage_says) 
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   int st;
-  char *out = run_all(cmd, &st);
+  char *out = tu_sh_out(cmd, &st);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
   nodes_stop(&ns);

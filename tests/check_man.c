@@ -26,34 +26,12 @@
 #include "proto.h"
 #include "testutil.h"
 
-/* A shell command's output (malloc'd, stderr too unless the command redirects it). */
-static char *sh_out(const char *cmd, int *status) {
-  FILE *p = popen(cmd, "r");
-  ck_assert_ptr_nonnull(p);
-  size_t cap = 1 << 16, len = 0, got;
-  char *out = malloc(cap);
-  ck_assert_ptr_nonnull(out);
-  while ((got = fread(out + len, 1, cap - len - 1, p)) > 0) {
-    len += got;
-    if (cap - len < 4096) {
-      cap *= 2;
-      out = realloc(out, cap);
-      ck_assert_ptr_nonnull(out);
-    }
-  }
-  out[len] = '\0';
-  int st = pclose(p);
-  if (status != NULL)
-    *status = st;
-  return out;
-}
-
 /* A whole file (malloc'd); fails the test if it cannot be read. */
 static char *read_all(const char *path) {
   char cmd[600];
   dw_sfmt(cmd, sizeof cmd, "cat '%s'", path);
   int st;
-  char *s = sh_out(cmd, &st);
+  char *s = tu_sh_out(cmd, &st);
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "cannot read %s",
                 path);
   return s;
@@ -81,7 +59,7 @@ static char *render(const char *page) {
   /* man-db renders for a pipe as plain text (no overstrikes). */
   dw_sfmt(cmd, sizeof cmd, "MANWIDTH=100 man -l '%s' 2>/dev/null", page);
   int st;
-  char *out = sh_out(cmd, &st);
+  char *out = tu_sh_out(cmd, &st);
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0 && out[0] != '\0', "man -l %s failed",
                 page);
   return out;
@@ -170,7 +148,7 @@ START_TEST(deepepctl_status_example_is_what_deepepctl_prints_now) {
   char cmd[600];
   dw_sfmt(cmd, sizeof cmd, "'%s' -s '%s' status 2>&1", tu_bin("deepepctl"), d.sock);
   int st;
-  char *real = sh_out(cmd, &st);
+  char *real = tu_sh_out(cmd, &st);
   tu_daemon_stop(&d);
   tu_daemon_cleanup(&d);
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "deepepctl status: %s", real);
@@ -266,7 +244,7 @@ START_TEST(install_gives_every_public_name_a_man3_page) {
   dw_sfmt(cmd, sizeof cmd, "make -s -o all install DESTDIR='%s/stage' PREFIX=/usr BUILD='%s' 2>&1",
           dir, build);
   int st;
-  char *out = sh_out(cmd, &st);
+  char *out = tu_sh_out(cmd, &st);
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "make install: %.2000s", out);
   free(out);
   char *names[64];
@@ -282,7 +260,7 @@ START_TEST(install_gives_every_public_name_a_man3_page) {
     if (man) { /* as `man dep_status` finds and shows it */
       dw_sfmt(cmd, sizeof cmd, "MANPATH='%s/stage/usr/share/man' MANWIDTH=100 man 3 %s 2>&1",
               dir, names[i]);
-      out = sh_out(cmd, &st);
+      out = tu_sh_out(cmd, &st);
       ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(out, "libdeepep-client") &&
                         strstr(out, names[i]),
                     "man 3 %s: %.2000s", names[i], out);
@@ -327,7 +305,7 @@ START_TEST(pages_pass_make_lint_man) {
   if (!have(__func__, "mandoc", "mandoc") || !have(__func__, "man", "man-db"))
     return;
   int st;
-  char *out = sh_out("make -s lint-man 2>&1", &st);
+  char *out = tu_sh_out("make -s lint-man 2>&1", &st);
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "make lint-man:\n%.2000s", out);
   free(out);
 }

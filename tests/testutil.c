@@ -4,6 +4,7 @@
  */
 #include "testutil.h"
 
+#include <check.h>
 #include <dirent.h>
 #include <dlfcn.h>
 #include <grp.h>
@@ -598,4 +599,25 @@ int tu_lowest_free_fd(pid_t pid) {
   while (n < 4096 && open_fd[n])
     n++;
   return n;
+}
+
+char *tu_sh_out(const char *cmd, int *status) {
+  FILE *p = popen(cmd, "r");
+  ck_assert_ptr_nonnull(p);
+  size_t cap = 1 << 16, len = 0, got;
+  char *out = malloc(cap);
+  ck_assert_ptr_nonnull(out);
+  while ((got = fread(out + len, 1, cap - len - 1, p)) > 0) {
+    len += got;
+    if (cap - len < 4096) {
+      cap *= 2;
+      out = realloc(out, cap);
+      ck_assert_ptr_nonnull(out);
+    }
+  }
+  out[len] = '\0';
+  const int st = pclose(p);
+  if (status != NULL)
+    *status = st;
+  return out;
 }

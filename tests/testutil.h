@@ -75,6 +75,9 @@ void tu_daemon_cleanup(struct tu_daemon *d);
 
 /* Read the daemon's log so far into a malloc'd string (caller frees). */
 char *tu_daemon_log(const struct tu_daemon *d);
+/* A shell command's output (what the command sends to stdout; malloc'd, fails the test on no
+ * memory) and, where status is not NULL, its wait status. */
+char *tu_sh_out(const char *cmd, int *status);
 
 /* Connect a raw Unix socket to path; returns the fd or -1. */
 int tu_connect_raw(const char *path);
