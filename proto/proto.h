@@ -91,6 +91,9 @@
  *      live keys applied and the keys that need a restart, by name (it was
  *      one string).  PEERS_OK carries per peer what went to it as RDMA
  *      writes: blocks, writes, posts and bytes.
+ *   9  A slab's control area ends in the live mask (slab.h: an epoch word
+ *      and a bit per rank), which the daemon writes for elastic jobs: the
+ *      data blocks of large worlds may start a page later.
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -111,8 +114,8 @@
  * deepepctl of another version is refused at HELLO with the window named,
  * and told to upgrade whichever end is older.  Widening it means keeping
  * the older layouts' codecs for connections that said an older version. */
-#define DEP_PROTO_VERSION 8
-#define DEP_PROTO_MIN_VERSION 8
+#define DEP_PROTO_VERSION 9
+#define DEP_PROTO_MIN_VERSION 9
 #define DEP_PROTO_HDR_LEN 24
 #define DEP_PROTO_MAX_BODY (256u * 1024u)
 /* Linux accepts at most 253 fds in one SCM_RIGHTS message. */

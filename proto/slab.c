@@ -59,7 +59,9 @@ int dep__slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
   out->xblock_bytes = block;
   out->chunk_rows = chan == s->max_tokens_per_rank ? chan : chunk_rows;
   out->chan_rows = chan;
-  uint64_t ctrl = DEP_SLAB_ERR_BYTES + 2ull * world_size * DEP_SLAB_CTRL_SLOT;
+  const uint64_t mask_off = DEP_SLAB_ERR_BYTES + 2ull * world_size * DEP_SLAB_CTRL_SLOT;
+  const uint64_t ctrl = mask_off + sizeof(uint64_t) * (1u + DEP_SLAB_MASK_WORDS(world_size));
+  out->mask_off = mask_off;
   out->world_size = world_size;
   out->max_tokens = s->max_tokens_per_rank;
   out->max_ll_tokens = ll;

@@ -131,6 +131,20 @@ struct dep_slab_abort {
 #define DEP_SLAB_GONE_NO_RANK 0xffffffffu
 DEP_STATIC_ASSERT(DEP_SLAB_ABORT_OFF + sizeof(struct dep_slab_abort) <= DEP_SLAB_ERR_BYTES,
                   "the abort words must fit the error words");
+/*
+ * The live mask (DESIGN §14): after the control slots, an epoch word, then
+ * one bit per rank of the world (bit r % 64 of word r / 64 set: rank r is
+ * masked).  The daemon alone writes it, into the slab of every rank left,
+ * when a rank of an elastic job is gone or rejoins: the bits first, the
+ * epoch last with release ordering, so that an operation that reads the
+ * epoch (acquire) and then the bits sees the mask of that epoch or of a
+ * later one.  It starts zero (epoch 0, every rank live) in a new job and
+ * stays zero in a job that is not elastic.  A rank's own mask (DeepEP's
+ * low_latency_update_mask_buffer) is the library's, not these words.
+ */
+#define DEP_SLAB_MASK_BIT(rank) (1ull << ((rank) % 64u))
+#define DEP_SLAB_MASK_WORDS(world) (((uint64_t)(world) + 63u) / 64u)
+
 /* The largest GPU (in SMs) whose per-CTA scratch the private area holds. */
 #define DEP_SLAB_MAX_SMS 512u
 
@@ -150,7 +164,8 @@ struct dep_slab_layout {
   uint32_t chunk_rows;   /* rows a sender publishes at a time (max_tokens: no streaming) */
   uint32_t chan_rows;    /* rows a local channel holds: max_tokens, or DEP_SLAB_CHUNKS chunks */
   uint64_t ctrl_off;    /* always 0 */
-  uint64_t ctrl_bytes;
+  uint64_t ctrl_bytes;   /* error words, control slots and the live mask */
+  uint64_t mask_off;     /* the live mask's epoch word; its bits follow */
   uint32_t max_ll_tokens; /* the low-latency bound in effect */
   uint64_t row_bytes;
   uint64_t block_bytes;  /* one source's block (or channel) in one parity of the slab */
@@ -302,6 +317,14 @@ static inline uint64_t dep_slab_out_mark(const struct dep_slab_layout *l, unsign
   return DEP_XCHG_ENTRY_AT(l->out_mark_off, sizeof(uint64_t),
                            dep_xchg_index(l, parity, ri) * DEP_SLAB_CHUNKS +
                                chunk % DEP_SLAB_CHUNKS);
+}
+
+/* Offsets of the live mask's epoch word and of the word holding rank's bit. */
+static inline uint64_t dep_slab_mask_epoch(const struct dep_slab_layout *l) {
+  return l->mask_off;
+}
+static inline uint64_t dep_slab_mask_word(const struct dep_slab_layout *l, uint32_t rank) {
+  return l->mask_off + sizeof(uint64_t) * (1u + rank / 64u);
 }
 
 /* Round a size up to a whole number of chunks. */

@@ -251,6 +251,36 @@ START_TEST(the_exchange_region_holds_every_remote_ranks_slots_and_blocks_apart) 
 }
 END_TEST
 
+/*
+ * The live mask (slab.h) lies between the control slots and the data, in
+ * every world: its epoch word right after the last (parity, source) slot,
+ * a bit for every rank, the whole inside ctrl_bytes and before data_off,
+ * so that the daemon's writes to it never touch a slot or a block.
+ */
+START_TEST(the_live_mask_has_a_bit_per_rank_between_the_slots_and_the_data) {
+  struct dep_shape_world sw = sample_shape();
+  sw.shape.max_tokens_per_rank = 64;
+  sw.shape.max_ll_tokens_per_rank = 0;
+  sw.shape.hidden = 256;
+  sw.shape.topk = 4;
+  static const uint32_t worlds[] = {1, 2, 63, 64, 65, 128, 1000, DEP_MAX_WORLD};
+  for (size_t i = 0; i < sizeof worlds / sizeof worlds[0]; i++) {
+    const uint32_t W = worlds[i];
+    sw.shape.num_experts = W * 4;
+    struct dep_slab_layout l;
+    char why[256] = "";
+    ck_assert_msg(dep__slab_layout(&sw.shape, W, &l, why, sizeof why) == 0, "%s", why);
+    ck_assert_uint_eq(dep_slab_mask_epoch(&l), DEP_SLAB_CTRL_SLOT_AT(W, 2, 0));
+    ck_assert_uint_eq(dep_slab_mask_word(&l, 0), dep_slab_mask_epoch(&l) + 8);
+    ck_assert_uint_eq(dep_slab_mask_word(&l, 63), dep_slab_mask_word(&l, 0));
+    ck_assert_uint_eq(dep_slab_mask_word(&l, W - 1), l.mask_off + 8 * ((W - 1) / 64 + 1));
+    ck_assert_uint_le(dep_slab_mask_word(&l, W - 1) + 8, l.ctrl_bytes);
+    ck_assert_uint_le(l.ctrl_bytes, l.data_off);
+    ck_assert_uint_eq(DEP_SLAB_MASK_BIT(W - 1), 1ull << ((W - 1) % 64));
+  }
+}
+END_TEST
+
 Suite *shape_suite(void);
 Suite *shape_suite(void) {
   Suite *s = suite_create("shape");
@@ -260,6 +290,7 @@ Suite *shape_suite(void) {
   tcase_add_test(tc, a_default_and_its_value_are_the_same_shape);
   tcase_add_test(tc, shape_limits_are_one_definition_with_messages_naming_the_field);
   tcase_add_test(tc, the_exchange_region_holds_every_remote_ranks_slots_and_blocks_apart);
+  tcase_add_test(tc, the_live_mask_has_a_bit_per_rank_between_the_slots_and_the_data);
   suite_add_tcase(s, tc);
   return s;
 }
