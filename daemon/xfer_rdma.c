@@ -46,6 +46,7 @@ struct xr_win {
 /* One remote rank's exchange region, as an RDMA target. */
 struct xr_dest {
   int16_t peer;                   /* -1: held here */
+  uint32_t local;                 /* held here: its number among the ranks held here */
   uint32_t n;                     /* windows; 0: not a target (a window without a key) */
   struct xr_win w[XR_WIN_MAX];
 };
@@ -63,6 +64,10 @@ struct xfer_rdma_route {
   uint32_t world;
   uint64_t peers;                 /* bit k: peer k holds ranks of it */
   struct xr_count by_peer[CONFIG_MAX_LIST];
+  /* [local number * CONFIG_MAX_LIST + peer]: a rank held here is remote rank
+   * number ri_at[..] of that peer's ranks (their exchange regions are by it):
+   * counted once here, not per block. */
+  uint32_t *ri_at;
   struct xr_dest dest[];          /* by global rank: world entries */
 };
 
@@ -415,6 +420,30 @@ static bool reap(int k, struct xr_peer *p) {
 
 /* ---- routes (the loop) --------------------------------------------------------------- */
 
+/* Number the ranks held here and fill ri_at: on node k, a rank held here is
+ * remote rank number g - (the ranks below g that node k holds).  false: no
+ * memory. */
+static bool remote_numbers(struct xfer_rdma_route *xr) {
+  uint32_t n_local = 0, seen[CONFIG_MAX_LIST] = {0};
+  for (uint32_t g = 0; g < xr->world; g++)
+    if (xr->dest[g].peer < 0)
+      xr->dest[g].local = n_local++;
+  xr->ri_at = calloc((size_t)n_local * CONFIG_MAX_LIST + 1, sizeof *xr->ri_at);
+  if (xr->ri_at == NULL)
+    return false;
+  for (uint32_t g = 0; g < xr->world; g++) {
+    const struct xr_dest *d = &xr->dest[g];
+    if (d->peer >= 0) {
+      if (d->peer < CONFIG_MAX_LIST)
+        seen[d->peer]++;
+      continue;
+    }
+    for (int k = 0; k < CONFIG_MAX_LIST; k++)
+      xr->ri_at[(size_t)d->local * CONFIG_MAX_LIST + k] = g - seen[k];
+  }
+  return true;
+}
+
 struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who,
                                             xfer_membership_fn *membership) {
   if (!XR.active || !rdmaxp_active())
@@ -474,6 +503,10 @@ struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *
       keyed[d->peer]++;
     }
   }
+  if (!remote_numbers(xr)) {
+    free(xr);
+    return NULL;
+  }
   for (int k = 0; k < CONFIG_MAX_LIST; k++) {
     if (!(xr->peers >> k & 1))
       continue;
@@ -517,6 +550,7 @@ void xfer_rdma_route_free(struct xfer_rdma_route *xr) {
                (unsigned long long)bytes, writes ? (double)bytes / (double)writes : 0.0,
                posts ? (double)writes / (double)posts : 0.0);
   }
+  free(xr->ri_at);
   free(xr);
 }
 
@@ -641,22 +675,16 @@ static uint32_t segments(const struct ibv_mr *mr, const uint8_t *src, const stru
 
 /* Source rank src's number among the ranks that peer k does not hold: where
  * its blocks land in the exchange regions of k's ranks (slab.h). */
-static uint32_t remote_at(const struct xfer_rdma_route *xr, int k, uint32_t src) {
-  uint32_t n = 0;
-  for (uint32_t g = 0; g < src; g++)
-    n += xr->dest[g].peer != k;
-  return n;
-}
-
 bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr, uint32_t src,
                     const struct dep_xring_desc *d, const struct xfer_src *s) {
   if (xr == NULL || mr == NULL || d->dest >= xr->world || xr->dest[d->dest].n == 0 || k < 0 ||
-      k >= CONFIG_MAX_LIST || !atomic_load_explicit(&XR.p[k].ready, memory_order_acquire))
+      k >= CONFIG_MAX_LIST || src >= xr->world || xr->dest[src].peer >= 0 ||
+      !atomic_load_explicit(&XR.p[k].ready, memory_order_acquire))
     return false;
   const struct xr_dest *t = &xr->dest[d->dest];
   const struct dep_slab_layout *tl = &xr->lay_of[k];
   const unsigned par = d->parity;
-  const uint32_t ri = remote_at(xr, k, src);
+  const uint32_t ri = xr->ri_at[(size_t)xr->dest[src].local * CONFIG_MAX_LIST + k];
   /* Payload, then the chunk's mark, then the slot's fields, then its flag
    * (or a credit word alone): the same queue pair places them in that
    * order, so a reader that sees a mark or the flag sees what came before. */
