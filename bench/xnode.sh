@@ -258,6 +258,17 @@ echo "# the op's run);"
 echo "# targets: ll_dispatch med/rtt <= 2x, 1st/med <= 1.1x"
 echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
+echo "## bytes between the nodes over the whole run, as the daemons counted them"
+for i in 0 1; do
+  "$BUILD/deepepctl" -s "$DIR/n$i.sock" --json peers 2>/dev/null | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["peers"]:
+    print("node %s: %d bytes in %d frames to %s" % (sys.argv[1], p["data_bytes_out"],
+          p["data_frames_out"], p["address"]))' "$i" || true
+done
+echo "# every op's calls (first, warm-up and timed) with their frame headers, slots and credits;"
+echo "# two runs of another CALLS give the bytes of one call of a pair by their difference"
+echo
 echo "## raw outputs"
 for f in "$DIR"/ep-*.txt "$DIR/pp.txt"; do echo "### $(basename "$f")"; cat "$f"; done
 for i in 0 1; do

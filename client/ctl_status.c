@@ -45,6 +45,7 @@ static const struct ctl_col job_cols[] = {
     {"bytes_out", "TX", CTL_BYTES, 0},
     {"bytes_in", "RX", CTL_BYTES, 0},
     {"ring_peak", "RING_PEAK", CTL_UINT, 0},
+    {"payload_out", "PAYLOAD_TX", CTL_BYTES, 0},
 };
 #define JOB_NCOLS (sizeof job_cols / sizeof job_cols[0])
 
@@ -52,7 +53,7 @@ static const struct ctl_col job_cols[] = {
  * memory, one node, nothing sent or received, an empty ring) they stay in the JSON but out
  * of the text table, as deepepctl(1) says. */
 #define JOB_NODE_COL 7
-_Static_assert(JOB_NCOLS == JOB_NODE_COL + 6, "the node columns end the job columns");
+_Static_assert(JOB_NCOLS == JOB_NODE_COL + 7, "the node columns end the job columns");
 
 /* Turn the daemon's status into the output records and render them. */
 static int status_render(const struct ctl *ctl, const struct dep_status *st,
@@ -105,6 +106,7 @@ static int status_render(const struct ctl *ctl, const struct dep_status *st,
         row[JOB_NODE_COL + 3].u = mn->jobs[k].bytes_out;
         row[JOB_NODE_COL + 4].u = mn->jobs[k].bytes_in;
         row[JOB_NODE_COL + 5].u = mn->jobs[k].ring_peak;
+        row[JOB_NODE_COL + 6].u = mn->jobs[k].payload_out;
       }
     }
   }

@@ -28,6 +28,7 @@
 #include "peer.h"
 #include "pool.h"
 #include "proto.h"
+#include "shape.h"
 #include "slab.h"
 #include "testhooks.h"
 #include "xfer_internal.h"
@@ -109,6 +110,34 @@ struct xfer_route *xfer__route_new(uint32_t world) {
   return r;
 }
 
+/*
+ * The fan table of route r's rings (xring.h): each node whose blocks from
+ * here go over TCP, with more than one rank of the job, takes a dispatch's
+ * rows as one node channel, led by its first rank; a node with a rank
+ * this route reaches by RDMA writes keeps a channel per rank (no daemon
+ * takes part in a write, so none could fan one out), as does a node of one
+ * rank (its node channel would be its own).  Written before the rings are
+ * lent: the ranks read it once, at attach.
+ */
+static void route_fan(struct xfer_route *r) {
+  uint32_t ranks[CONFIG_MAX_LIST] = {0}, lead[CONFIG_MAX_LIST];
+  bool rdma[CONFIG_MAX_LIST] = {false};
+  for (uint32_t g = r->world; g-- > 0;) {
+    const int k = r->peer_of[g];
+    if (k < 0 || k >= CONFIG_MAX_LIST)
+      continue;
+    ranks[k]++;
+    lead[k] = g; /* the lowest, walking down */
+    rdma[k] = rdma[k] || xfer_rdma_route_reaches(r->rdma, g);
+  }
+  for (uint32_t g = 0; g < r->world; g++) {
+    const int k = r->peer_of[g];
+    const bool fan = k >= 0 && k < CONFIG_MAX_LIST && ranks[k] > 1 && !rdma[k];
+    for (uint32_t i = 0; i < r->local_world && k >= 0; i++)
+      r->ring[i]->fan[r->remote_of[g]] = fan ? (uint16_t)(r->remote_of[lead[k]] + 1) : 0;
+  }
+}
+
 void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn *membership) {
   if (!X->active || j->xchg == NULL)
     return;
@@ -125,6 +154,9 @@ void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn 
   snprintf(r->id, sizeof r->id, "%s", j->id);
   r->job = j;
   r->local_world = j->local_world_size;
+  r->hidden = j->shape.hidden;
+  r->topk = j->shape.topk;
+  r->experts = j->shape.num_experts;
   char why[256];
   if (dep__slab_layout_nodes(&j->shape, j->world_size, j->local_world_size, j->chunk_rows,
                              &r->lay, why, sizeof why) != 0) {
@@ -147,6 +179,7 @@ void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn 
     r->mr[i] = j->xchg[i].region->mr;
   }
   r->rdma = xfer_rdma_route_new(j, who, membership);
+  route_fan(r);
   r->serial = ++X->serials;
   pthread_rwlock_wrlock(&X->lock);
   r->next = X->routes;
@@ -279,7 +312,8 @@ const char *xfer__chunk_wrong(const struct dep_slab_layout *l, uint32_t kind, ui
 
 bool xfer__kind_known(uint32_t kind) {
   return kind == DEP_XRING_BLOCK || kind == DEP_XRING_CHUNK || kind == DEP_XRING_SLOT ||
-         kind == (DEP_XRING_CHUNK | DEP_XRING_SLOT) || kind == DEP_XRING_CREDIT;
+         kind == (DEP_XRING_CHUNK | DEP_XRING_SLOT) || kind == DEP_XRING_CREDIT ||
+         kind == DEP_XRING_NODE;
 }
 
 int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
@@ -298,7 +332,12 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
     wrong = "more bytes than a block holds";
   else if (h->kind == DEP_XRING_CREDIT && (h->bytes != 0 || h->row0 > l->max_tokens))
     wrong = "a credit past the rows a call holds";
-  else if (h->kind != DEP_XRING_BLOCK && h->kind != DEP_XRING_CREDIT)
+  else if (h->kind == DEP_XRING_NODE &&
+           (h->bytes < DEP_XFER_NODE_BYTES(0) ||
+            h->bytes > DEP_XFER_NODE_BYTES(r->local_world) + (uint64_t)l->chunk_rows * l->row_bytes ||
+            l->chunk_rows == 0 || h->row0 % l->chunk_rows != 0 || h->row0 >= l->max_tokens))
+    wrong = "a node channel's chunk larger than its table and rows, or not at a chunk";
+  else if (h->kind != DEP_XRING_BLOCK && h->kind != DEP_XRING_CREDIT && h->kind != DEP_XRING_NODE)
     wrong = xfer__chunk_wrong(l, h->kind, h->row0, h->bytes);
   if (wrong != NULL) {
     snprintf(why, whylen, "a frame of job %s from rank %u to rank %u (kind %u, parity %u, row "
@@ -308,6 +347,10 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
   }
   if (atomic_load(&r->failed) != 0)
     return DEP_ERR_NOT_FOUND; /* the job cannot go on here; its bytes have no reader */
+  if (h->kind == DEP_XRING_NODE) {
+    t->node = true; /* its table says where its rows go: xfer__node_fanout */
+    return 0;
+  }
   uint8_t *x = r->xchg[r->local_of[h->dest]];
   const uint32_t ri = r->remote_of[h->src];
   if (h->kind == DEP_XRING_CREDIT) {
@@ -323,7 +366,7 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
     t->payload += (uint64_t)(h->row0 % l->chan_rows) * l->row_bytes;
     t->mark = (_Atomic uint64_t *)(x + dep_slab_in_mark(l, h->parity, ri,
                                                          h->row0 / l->chunk_rows));
-    t->value = DEP_SLAB_CHAN_AT(h->seq, h->row0 + n);
+    t->value = DEP_SLAB_CHAN_AT(h->seq, n);
   }
   if (h->kind == DEP_XRING_BLOCK || (h->kind & DEP_XRING_SLOT))
     t->slot = x + dep_slab_in_slot(l, h->parity, ri);
@@ -364,9 +407,151 @@ void xfer__payload_begin(void) {}
 void xfer__payload_end(void) {}
 #endif
 
+/*
+ * Add DEP_SLAB_CHAN_AT(seq, n)'s n rows to a chunk's count (slab.h), with
+ * release ordering after the rows: from 0 when the word names another
+ * call (one whose chunk its reader never took, a call that failed), so
+ * that no count of an earlier call passes for this one's.  A chunk's
+ * rows may come in several frames at once (a node channel's fan-out, on
+ * several data connections): the count is the sum.
+ */
+static void count_add(_Atomic uint64_t *w, uint64_t value) {
+  uint64_t was = atomic_load_explicit(w, memory_order_relaxed), now;
+  do {
+    const bool same = was >> DEP_SLAB_CHAN_SHIFT == value >> DEP_SLAB_CHAN_SHIFT;
+    now = same ? was + (value & ((1u << DEP_SLAB_CHAN_SHIFT) - 1u)) : value;
+  } while (!atomic_compare_exchange_weak_explicit(w, &was, now, memory_order_release,
+                                                  memory_order_relaxed));
+}
+
+/* Where row j of the call's stream from remote source number ri lands in
+ * the in channel of exchange region x. */
+static uint8_t *in_row_at(const struct dep_slab_layout *l, uint8_t *x, unsigned parity,
+                          uint32_t ri, uint32_t j) {
+  return x + dep_slab_in_block(l, parity, ri) + (uint64_t)(j % l->chan_rows) * l->row_bytes;
+}
+
+/* A node channel row's destinations held here, each once, in the order
+ * its ids name them: their table entries (ent_of, by local rank) into e;
+ * how many, or -1 when an id is no expert of the job.  A rank the ids
+ * name but the table leaves out takes none of this source's rows (it made
+ * another op: host_ops_stream.c), and is skipped. */
+static int row_dests(const struct xfer_route *r, const uint8_t *row, const int16_t *ent_of,
+                     uint32_t *e) {
+  const uint32_t le = r->experts / r->world;
+  int n = 0;
+  for (uint32_t i = 0; i < r->topk; i++) {
+    int32_t id;
+    memcpy(&id, row + DEP_SLAB_IDS_OFF(r->hidden) + 4u * i, sizeof id);
+    if (id < 0)
+      continue;
+    if ((uint32_t)id >= r->experts)
+      return -1;
+    const int16_t lr = r->local_of[(uint32_t)id / le];
+    if (lr < 0 || ent_of[lr] < 0)
+      continue;
+    bool again = false;
+    for (int j = 0; j < n && !again; j++)
+      again = e[j] == (uint32_t)ent_of[lr];
+    if (!again)
+      e[n++] = (uint32_t)ent_of[lr];
+  }
+  return n;
+}
+
+/* Row `row` for destination d (global), written at `to` with its ids and
+ * weights remapped as the source rank would have written them on a
+ * channel of d's own (host_ops_tp.c disp_fill): d's experts as local ids,
+ * -1 and 0 elsewhere. */
+static void row_put(const struct xfer_route *r, const uint8_t *row, uint32_t d, uint8_t *to) {
+  const uint32_t le = r->experts / r->world;
+  const uint64_t ids = DEP_SLAB_IDS_OFF(r->hidden), w = DEP_SLAB_WEIGHTS_OFF(r->hidden, r->topk);
+  memcpy(to, row, r->lay.row_bytes);
+  for (uint32_t i = 0; i < r->topk; i++) {
+    int32_t id;
+    float wt;
+    memcpy(&id, row + ids + 4u * i, sizeof id);
+    memcpy(&wt, row + w + 4u * i, sizeof wt);
+    const bool mine = id >= 0 && (uint32_t)id / le == d;
+    const int32_t local = mine ? (int32_t)((uint32_t)id % le) : -1;
+    const float weight = mine ? wt : 0.0f;
+    memcpy(to + ids + 4u * i, &local, sizeof local);
+    memcpy(to + w + 4u * i, &weight, sizeof weight);
+  }
+}
+
+int xfer__node_fanout(struct xfer_route *r, const struct dep_xfer_hdr *h, const uint8_t *buf,
+                      char *why, size_t whylen) {
+  const struct dep_slab_layout *l = &r->lay;
+  struct dep_xfer_node nh;
+  memcpy(&nh, buf, sizeof nh);
+  const char *wrong = NULL;
+  if (nh.n_dest > r->local_world || nh.rows == 0 || nh.rows > l->chunk_rows ||
+      h->row0 + nh.rows > l->max_tokens ||
+      DEP_XFER_NODE_BYTES(nh.n_dest) + (uint64_t)nh.rows * l->row_bytes != h->bytes)
+    wrong = "a table that does not fit its frame or a chunk";
+  struct dep_xfer_node_dest ent[DEP_MAX_LOCAL_RANKS];
+  uint32_t seen[DEP_MAX_LOCAL_RANKS] = {0}, next[DEP_MAX_LOCAL_RANKS];
+  int16_t ent_of[DEP_MAX_LOCAL_RANKS];
+  for (uint32_t i = 0; i < DEP_MAX_LOCAL_RANKS; i++)
+    ent_of[i] = -1;
+  for (uint32_t i = 0; wrong == NULL && i < nh.n_dest; i++) {
+    memcpy(&ent[i], buf + DEP_XFER_NODE_BYTES(i), sizeof ent[i]);
+    const struct dep_xfer_node_dest *e = &ent[i];
+    if (e->dest >= r->world || r->local_of[e->dest] < 0 || ent_of[r->local_of[e->dest]] >= 0 ||
+        e->count == 0 || e->count > nh.rows || e->start + e->count > l->max_tokens)
+      wrong = "a destination not held here, twice, or rows out of its stream";
+    else
+      ent_of[r->local_of[e->dest]] = (int16_t)i;
+    next[i] = e->start;
+  }
+  /* Every row's destinations against the table before a byte is written. */
+  const uint8_t *rows = buf + DEP_XFER_NODE_BYTES(nh.n_dest);
+  uint32_t e[DEP_SHAPE_MAX_TOPK];
+  for (uint32_t k = 0; wrong == NULL && k < nh.rows; k++) {
+    const int n = row_dests(r, rows + (uint64_t)k * l->row_bytes, ent_of, e);
+    if (n < 0)
+      wrong = "a row whose ids are no experts of the job";
+    for (int j = 0; j < n; j++)
+      seen[e[j]]++;
+  }
+  for (uint32_t i = 0; wrong == NULL && i < nh.n_dest; i++)
+    if (seen[i] != ent[i].count)
+      wrong = "a destination's count that its rows' ids do not give";
+  if (wrong != NULL) {
+    snprintf(why, whylen, "a node channel's chunk of job %s from rank %u (row %u, %llu bytes): %s",
+             r->id, h->src, h->row0, (unsigned long long)h->bytes, wrong);
+    return DEP_ERR_PROTOCOL;
+  }
+  const unsigned parity = h->parity;
+  const uint32_t ri = r->remote_of[h->src];
+  xfer__payload_begin();
+  for (uint32_t k = 0; k < nh.rows; k++) {
+    const uint8_t *row = rows + (uint64_t)k * l->row_bytes;
+    const int n = row_dests(r, row, ent_of, e);
+    for (int j = 0; j < n; j++) {
+      const uint32_t d = ent[e[j]].dest;
+      row_put(r, row, d, in_row_at(l, r->xchg[r->local_of[d]], parity, ri, next[e[j]]++));
+    }
+  }
+  xfer__payload_end();
+  /* Then each destination's counts, chunk by chunk of its own stream. */
+  for (uint32_t i = 0; i < nh.n_dest; i++) {
+    uint8_t *x = r->xchg[r->local_of[ent[i].dest]];
+    for (uint32_t j = ent[i].start, end = ent[i].start + ent[i].count; j < end;) {
+      const uint32_t n = j / l->chunk_rows, stop = (n + 1) * l->chunk_rows;
+      const uint32_t to = stop < end ? stop : end;
+      count_add((_Atomic uint64_t *)(x + dep_slab_in_mark(l, parity, ri, n)),
+                DEP_SLAB_CHAN_AT(h->seq, to - j));
+      j = to;
+    }
+  }
+  return 0;
+}
+
 void xfer__frame_publish(const struct xfer_target *t, const struct dep_xfer_hdr *h) {
   if (t->mark != NULL)
-    atomic_store_explicit(t->mark, t->value, memory_order_release);
+    count_add(t->mark, t->value);
   if (t->slot != NULL) {
     /* The fields the sender writes; the tail and credit words are not a
      * remote slot's (slab.h), and credit is its reader's own. */
@@ -400,6 +585,7 @@ void xfer_job_stats(const struct job *j, struct dep_msg_job_node *out) {
     out->frames_in = atomic_load(&r->frames_in);
     out->ring_peak = atomic_load(&r->ring_peak);
     out->ring_entries = DEP_XRING_ENTRIES;
+    out->payload_out = atomic_load(&r->payload_out);
   }
   pthread_rwlock_unlock(&X->lock);
 }

@@ -311,7 +311,25 @@ static void receive(int k, int fd) {
                 "%s%s)", peer_name(k), (unsigned long long)n, h.job_id,
                 rc == DEP_ERR_STATE ? ", expected here but still without its route" : "");
     int io;
-    if (rc == 0) {
+    if (rc == 0 && t.node) {
+      /* A node channel's chunk: into scratch, then out to each of its
+       * destinations' in channels (one crossing per node, xring.h).  A
+       * chunk that does not fit the job fails the job, not the connection:
+       * the stream itself is whole. */
+      io = xfer__batch_room(&in, h.bytes) ? io_all(fd, in.buf, h.bytes, false)
+                                          : (errno = ENOMEM, -1);
+      char bad[256];
+      if (io == 0 && xfer__node_fanout(route, &h, in.buf, bad, sizeof bad) != 0) {
+        if (!atomic_exchange(&route->said, true))
+          log_warnx("peer %s: %s; the job fails", peer_name(k), bad);
+        xfer__route_fail(route, DEP_ERR_PROTOCOL);
+      } else if (io == 0) {
+        atomic_fetch_add_explicit(&route->bytes_in, sizeof wire + h.bytes,
+                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&route->frames_in, 1, memory_order_relaxed);
+      }
+      xfer__route_put(route);
+    } else if (rc == 0) {
       xfer__payload_begin();
       io = h.bytes > 0 ? io_all(fd, t.payload, h.bytes, false) : 0;
       xfer__payload_end();

@@ -47,6 +47,7 @@ struct xfer_route {
   const struct job *job;         /* the loop's handle; never dereferenced by threads */
   uint32_t world, local_world;
   struct dep_slab_layout lay;
+  uint32_t hidden, topk, experts; /* the shape's: a node channel's rows are remapped here */
   /* By global rank, world entries each (allocated with the route: a world
    * is bounded by DEP_MAX_WORLD, not by the local ranks). */
   int16_t *peer_of;               /* global rank -> peer holding it; -1: held here */
@@ -62,6 +63,8 @@ struct xfer_route {
   _Atomic int failed;            /* 0, or the code it stopped with */
   _Atomic bool said;             /* a failure of its frames was logged */
   _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in; /* deepepctl status */
+  _Atomic uint64_t payload_out;  /* of bytes_out, rows of blocks and chunks (no header,
+                                    no node channel's table, no slot or credit) */
   _Atomic uint32_t ring_peak;    /* most descriptors a sweep found waiting in one ring */
   struct xfer_rdma_route *rdma;  /* where its blocks may go by RDMA writes (NULL: TCP only) */
   /* Its place in the proxy threads' round robin over rings (xfer_proxy.c's
@@ -199,6 +202,8 @@ struct xfer_target {
   uint8_t *payload;            /* its bytes: the in block, or a chunk's ring rows in it */
   _Atomic uint64_t *mark;      /* a chunk's mark (in_mark) */
   uint8_t *slot;               /* the in slot */
+  bool node;                   /* a node channel's chunk: read, then fanned out
+                                  (xfer__node_fanout) */
   _Atomic uint64_t *credit;    /* a credit: the destination's out slot's credit word */
   uint64_t value;              /* what mark or credit stores */
 };
@@ -215,6 +220,12 @@ bool xfer__kind_known(uint32_t kind);
  * not allow it. */
 int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
                        struct xfer_target *t, char *why, size_t whylen);
+/* Write node channel chunk h (its payload, buf: the table, then the rows)
+ * into the in channels of its destinations held here, route r held: every
+ * row, then each chunk's count.  0, or DEP_ERR_PROTOCOL with why (nothing
+ * written): the table or a row's ids do not fit the job. */
+int xfer__node_fanout(struct xfer_route *r, const struct dep_xfer_hdr *h, const uint8_t *buf,
+                      char *why, size_t whylen);
 /* Once a frame's payload is in (t->payload), store its mark (release),
  * then its slot's fields and flag (release), or its credit if larger:
  * plain stores into host memory, which a kernel waiting on the flag over

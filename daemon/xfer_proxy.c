@@ -144,6 +144,10 @@ static bool desc_source(const struct xfer_route *r, uint32_t lr, const struct de
     wrong = "a block's bytes";
   else if (d->kind == DEP_XRING_CREDIT && (d->bytes != 0 || d->row0 != 0))
     wrong = "a credit without bytes";
+  else if (d->kind == DEP_XRING_NODE)
+    wrong = xfer__chunk_wrong(l, DEP_XRING_CHUNK, d->row0, d->bytes) != NULL
+                ? "whole rows of a node channel's chunk"
+                : NULL;
   else if (d->kind != DEP_XRING_BLOCK && d->kind != DEP_XRING_CREDIT)
     wrong = xfer__chunk_wrong(l, d->kind, d->row0, d->bytes) != NULL ? "whole rows of a chunk"
                                                                       : NULL;
@@ -161,11 +165,11 @@ static bool desc_source(const struct xfer_route *r, uint32_t lr, const struct de
     return true;
   }
   s->payload = x + dep_slab_out_block(l, d->parity, ri);
-  if (d->kind & DEP_XRING_CHUNK) {
+  if (d->kind & (DEP_XRING_CHUNK | DEP_XRING_NODE)) {
     s->at = (uint64_t)(d->row0 % l->chan_rows) * l->row_bytes;
     s->payload += s->at;
     s->chunk = d->row0 / l->chunk_rows;
-    s->mark = x + dep_slab_out_mark(l, d->parity, ri, s->chunk);
+    s->mark = d->kind == DEP_XRING_NODE ? NULL : x + dep_slab_out_mark(l, d->parity, ri, s->chunk);
   }
   if (d->kind == DEP_XRING_BLOCK || (d->kind & DEP_XRING_SLOT)) {
     /* The rank wrote the slot before the descriptor (the ring's head, read
@@ -178,6 +182,42 @@ static bool desc_source(const struct xfer_route *r, uint32_t lr, const struct de
       return false;
     }
   }
+  return true;
+}
+
+/*
+ * A node channel's chunk (descriptor d of local rank lr's ring in route r,
+ * xring.h): its table, from the node's ranks' out mark words at the
+ * chunk, into *t (n_dest entries of dep_xfer_node_dest after its head):
+ * true, or false with why when a word holds more rows than the chunk.
+ */
+static bool node_table(const struct xfer_route *r, uint32_t lr, const struct dep_xring_desc *d,
+                       uint8_t *t, uint32_t *n_dest, char *why, size_t len) {
+  const struct dep_slab_layout *l = &r->lay;
+  const int peer = r->peer_of[d->dest];
+  const uint32_t rows = (uint32_t)(d->bytes / l->row_bytes);
+  uint32_t n = 0;
+  for (uint32_t g = 0; g < r->world; g++) {
+    if (r->peer_of[g] != peer)
+      continue;
+    const uint64_t w = atomic_load_explicit(
+        (const _Atomic uint64_t *)(r->xchg[lr] + dep_slab_out_mark(l, d->parity, r->remote_of[g],
+                                                                   d->row0 / l->chunk_rows)),
+        memory_order_relaxed);
+    const struct dep_xfer_node_dest e = {.dest = g, .start = (uint32_t)(w >> 32),
+                                         .count = (uint32_t)w};
+    if (e.count == 0)
+      continue;
+    if (e.count > rows || n == DEP_MAX_LOCAL_RANKS) {
+      snprintf(why, len, "a node channel's chunk of %u rows whose table gives rank %u %u rows",
+               rows, g, e.count);
+      return false;
+    }
+    memcpy(t + DEP_XFER_NODE_BYTES(n++), &e, sizeof e);
+  }
+  const struct dep_xfer_node head = {.n_dest = n, .rows = rows};
+  memcpy(t, &head, sizeof head);
+  *n_dest = n;
   return true;
 }
 
@@ -195,11 +235,15 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
     goto bad;
   const int peer = r->peer_of[d->dest];
   const uint64_t payload = s.payload != NULL ? d->bytes : 0;
-  if (xfer_rdma_take(r->rdma, peer, r->mr[lr], r->rank_of[lr], d, &s)) {
+  /* A node channel's chunk is the far daemon's to fan out: never an RDMA
+   * write (the fan table keeps nodes reached by RDMA off node channels). */
+  if (d->kind != DEP_XRING_NODE &&
+      xfer_rdma_take(r->rdma, peer, r->mr[lr], r->rank_of[lr], d, &s)) {
     /* queued as RDMA writes (xfer_rdma.h) */
     atomic_fetch_add_explicit(&r->bytes_out, (s.slot ? DEP_SLAB_CTRL_SLOT : 0) + payload +
                                                  (s.mark || s.credit ? sizeof(uint64_t) : 0),
                               memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->payload_out, payload, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
     return true;
   }
@@ -209,8 +253,13 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
    * sends this rank the next call's block only once it has all of this
    * one's; a chunk until the destination's credit covers it). */
   struct xfer_batch *b = &batches[peer];
+  uint8_t table[DEP_XFER_NODE_BYTES(DEP_MAX_LOCAL_RANKS)];
+  uint32_t n_dest = 0;
+  if (d->kind == DEP_XRING_NODE && !node_table(r, lr, d, table, &n_dest, why, sizeof why))
+    goto bad;
+  const uint64_t tab = d->kind == DEP_XRING_NODE ? DEP_XFER_NODE_BYTES(n_dest) : 0;
   struct dep_xfer_hdr h = {.magic = DEP_XFER_MAGIC, .src = r->rank_of[lr], .dest = d->dest,
-                           .parity = d->parity, .seq = d->seq, .bytes = payload,
+                           .parity = d->parity, .seq = d->seq, .bytes = tab + payload,
                            .kind = d->kind, .row0 = d->row0};
   snprintf(h.job_id, sizeof h.job_id, "%s", r->id);
   if (s.slot != NULL)
@@ -222,10 +271,14 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
     h.seq = w >> DEP_SLAB_CHAN_SHIFT;
     h.row0 = (uint32_t)(w & ((1u << DEP_SLAB_CHAN_SHIFT) - 1u));
   }
-  const bool copy = payload < XFER_COPY_MAX;
-  if (!batch_reserve(b, DEP_XFER_HDR_WIRE + (copy ? payload : 0))) {
+  /* A streamed node channel's chunk is copied whatever its size: the rank
+   * writes its place again once the ring's tail is past it (xring.h),
+   * before its credits could tell it the rows are across. */
+  const bool copy = payload < XFER_COPY_MAX ||
+                    (d->kind == DEP_XRING_NODE && r->lay.chan_rows < r->lay.max_tokens);
+  if (!batch_reserve(b, DEP_XFER_HDR_WIRE + tab + (copy ? payload : 0))) {
     snprintf(why, sizeof why, "out of memory for a batch of %llu bytes",
-             (unsigned long long)(b->bytes + DEP_XFER_HDR_WIRE + payload));
+             (unsigned long long)(b->bytes + DEP_XFER_HDR_WIRE + tab + payload));
     goto bad;
   }
   const size_t at = b->bytes;
@@ -235,12 +288,16 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
     goto bad;
   }
   b->mark[b->n_mark++] = at;
+  if (tab > 0)
+    batch_copy(b, table, tab);
   if (copy && payload > 0)
     batch_copy(b, s.payload, payload);
   else if (!copy)
     batch_ref(b, s.payload, payload, r);
   frames[peer]++;
-  atomic_fetch_add_explicit(&r->bytes_out, DEP_XFER_HDR_WIRE + payload, memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->bytes_out, DEP_XFER_HDR_WIRE + tab + payload,
+                            memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->payload_out, payload, memory_order_relaxed);
   atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
   return true;
 bad:

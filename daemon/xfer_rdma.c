@@ -523,6 +523,10 @@ struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *
   return xr;
 }
 
+bool xfer_rdma_route_reaches(const struct xfer_rdma_route *xr, uint32_t g) {
+  return xr != NULL && g < xr->world && xr->dest[g].n > 0;
+}
+
 void xfer_rdma_route_free(struct xfer_rdma_route *xr) {
   if (xr == NULL)
     return;

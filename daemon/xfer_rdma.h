@@ -97,6 +97,10 @@ void xfer_rdma_peer_down(int k);
  */
 struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who,
                                             xfer_membership_fn *membership);
+/* Whether route xr has RDMA windows for global rank g (its blocks may go
+ * as RDMA writes, which no daemon fans out: xfer.c keeps such a rank's
+ * node off the node channels, xring.h).  NULL is fine (false). */
+bool xfer_rdma_route_reaches(const struct xfer_rdma_route *xr, uint32_t g);
 /* The job's route goes: wait (bounded) until no write of ours is in
  * flight, say what moved, free it.  NULL is fine. */
 void xfer_rdma_route_free(struct xfer_rdma_route *xr);

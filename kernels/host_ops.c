@@ -118,6 +118,66 @@ int host_ops_init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32
   return rc;
 }
 
+/*
+ * The nodes this rank's dispatch rows reach through one node channel each,
+ * from the fan table the daemon wrote into the ring (xring.h): every remote
+ * rank whose entry names a lead is a rank of that lead's node.  What the
+ * daemon wrote is checked like anything lent: a lead that is no remote
+ * rank, or whose own entry names another, is refused.
+ */
+static int init_fan(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world, char *why,
+                    size_t whylen) {
+  const uint32_t nr = c->lay.n_remote;
+  uint32_t *node_of_lead = malloc((size_t)nr * sizeof *node_of_lead);
+  c->node_of = malloc((size_t)world * sizeof *c->node_of);
+  c->node = calloc(nr, sizeof *c->node);
+  c->node_ranks = malloc((size_t)nr * sizeof *c->node_ranks);
+  c->nodelist = malloc((size_t)s->max_tokens_per_rank * s->topk * sizeof *c->nodelist);
+  if (node_of_lead == NULL || c->node_of == NULL || c->node == NULL || c->node_ranks == NULL ||
+      c->nodelist == NULL) {
+    free(node_of_lead);
+    snprintf(why, whylen, "out of memory for the node tables of %u remote ranks", nr);
+    return DEP_ERR_NO_MEMORY;
+  }
+  for (uint32_t i = 0; i < nr; i++)
+    node_of_lead[i] = OPS_NO_NODE;
+  int rc = 0;
+  for (uint32_t r = 0; r < world && rc == 0; r++) {
+    c->node_of[r] = OPS_NO_NODE;
+    const uint32_t v = c->remote[r] >= 0 ? c->ring->fan[c->remote[r]] : 0;
+    if (v == 0)
+      continue;
+    if (v > nr || c->ring->fan[v - 1] != v) {
+      snprintf(why, whylen, "the proxy's ring names remote rank number %u as the lead of rank "
+               "%u's node, which is not one (a daemon of another build?)", v - 1, r);
+      rc = DEP_ERR_INVALID;
+      break;
+    }
+    if (node_of_lead[v - 1] == OPS_NO_NODE)
+      node_of_lead[v - 1] = c->n_nodes++;
+    c->node_of[r] = node_of_lead[v - 1];
+    c->node[c->node_of[r]].n++;
+  }
+  free(node_of_lead);
+  if (rc != 0)
+    return rc;
+  /* Each node's ranks, ascending; its lead is the one the table names. */
+  for (uint32_t n = 0, at = 0; n < c->n_nodes; n++) {
+    c->node[n].first = at;
+    at += c->node[n].n;
+    c->node[n].n = 0;
+  }
+  for (uint32_t r = 0; r < world; r++) {
+    if (c->node_of[r] == OPS_NO_NODE)
+      continue;
+    struct ops_node *n = &c->node[c->node_of[r]];
+    c->node_ranks[n->first + n->n++] = r;
+    if (c->ring->fan[c->remote[r]] == (uint32_t)c->remote[r] + 1)
+      n->lead = r;
+  }
+  return 0;
+}
+
 /* host_ops_init_nodes past its checks of the world and the shape; what it
  * allocated is the caller's to free (host_ops_fini) whatever it returns. */
 static int init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t world,
@@ -171,6 +231,8 @@ static int init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t
     return DEP_ERR_INVALID;
   }
   c->xchg = c->ring != NULL ? dep_xring_xchg(c->ring) : NULL;
+  if (c->ring != NULL && (rc = init_fan(c, s, world, why, whylen)) != 0)
+    return rc;
   if (timeout_ms == 0) {
     snprintf(why, whylen, "op timeout is 0 ms; give a bound (e.g. 10000)");
     return DEP_ERR_INVALID;
@@ -199,6 +261,15 @@ void host_ops_fini(struct ops_ctx *c) {
   free(c->peer);
   free(c->rowoff);
   free(c->rowlist);
+  free(c->node);
+  free(c->node_of);
+  free(c->node_ranks);
+  free(c->nodelist);
+  c->node = NULL;
+  c->node_of = NULL;
+  c->node_ranks = NULL;
+  c->nodelist = NULL;
+  c->n_nodes = 0;
   c->peer = NULL;
   c->rowoff = NULL;
   c->rowlist = NULL;

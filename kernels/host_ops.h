@@ -80,9 +80,9 @@
  * vector i at block + i * 2h, in the order the origin enumerates them.
  */
 static inline uint64_t ops_meta_off(uint32_t hidden) { return 2ull * hidden; }
-static inline uint64_t ops_ids_off(uint32_t hidden) { return 2ull * hidden + 16; }
+static inline uint64_t ops_ids_off(uint32_t hidden) { return DEP_SLAB_IDS_OFF(hidden); }
 static inline uint64_t ops_weights_off(uint32_t hidden, uint32_t topk) {
-  return 2ull * hidden + 16 + 4ull * topk;
+  return DEP_SLAB_WEIGHTS_OFF(hidden, topk);
 }
 
 /*
@@ -110,6 +110,25 @@ struct ops_peer {
   uint32_t from_in;    /* its rows whose chunks are in (their marks seen) */
   uint32_t cred_sent;  /* the credit last handed to the proxy for it */
   uint32_t cred_due;   /* a credit it may wait for is not handed yet */
+  uint32_t node_start; /* its rows go through a node channel: to_done when the node's
+                          current chunk began */
+};
+
+/*
+ * A node whose ranks this rank's dispatch rows reach through one node
+ * channel (xring.h: the ring's fan table), and that channel's state in
+ * the current call.
+ */
+struct ops_node {
+  uint32_t lead;       /* the global rank whose out channel carries the node channel */
+  uint32_t first, n;   /* its ranks: ops_ctx.node_ranks[first .. first + n), ascending */
+  uint32_t rows;       /* this call's rows for it: tokens that go to any of its ranks */
+  uint32_t done;       /* ... written into the node channel */
+  uint32_t off;        /* where its tokens start in ops_ctx.nodelist */
+  /* For each chunk of the ring (DEP_SLAB_CHUNKS): the ring's head just after
+   * the descriptor of the last chunk written there, which the proxy has
+   * copied out once the ring's tail reaches it (then the place is free). */
+  uint64_t pushed_at[DEP_SLAB_CHUNKS];
 };
 
 struct ops_ctx {
@@ -131,9 +150,18 @@ struct ops_ctx {
   struct ops_peer *peer;               /* [world]: a streamed call's state with each rank */
   uint32_t *rowoff, *rowlist;          /* a dispatch's tokens for each rank, in token order:
                                           rowlist[rowoff[d] .. rowoff[d + 1]) */
+  /* One crossing per destination node (xring.h), from the ring's fan table. */
+  uint32_t n_nodes;
+  struct ops_node *node;               /* [n_nodes] */
+  uint32_t *node_of;                   /* [world]: a rank's node in node[], or OPS_NO_NODE */
+  uint32_t *node_ranks;                /* the nodes' ranks, node by node */
+  uint32_t *nodelist;                  /* a dispatch's tokens for each node, in token order */
   int stream_rc;                       /* a streamed call's first fault, said at its end */
   char why[256];                       /* message of the last failure */
 };
+
+/* ops_ctx.node_of of a rank whose rows take a channel of their own. */
+#define OPS_NO_NODE UINT32_MAX
 
 /* The world-sized counters of ops_ctx.per_rank, for the low-latency calls
  * (the throughput ones keep theirs in ops_ctx.peer): a dispatch's rows sent

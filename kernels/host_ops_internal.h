@@ -164,12 +164,21 @@ int host_ops__timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_
  * into the outputs (host_ops__stream_avail, _row, _taken), returns 1 if it
  * moved anything, and names in *awaited a rank it still waits for
  * (UINT32_MAX: it is done).
+ *
+ * A dispatch also gives fill_node and its tokens' ranks (token_ranks,
+ * token_nranks: the handle's): its rows for the ranks of a node in the
+ * ring's fan table (xring.h) then go once per token through the node's
+ * channel, fill_node writing token t's row as that channel carries it.
+ * A call without fill_node (combine) sends every rank its own rows.
  */
 struct ops_stream {
   uint32_t op;
   uint64_t ref_seq;
   uint32_t num_tokens;
   void (*fill)(struct ops_ctx *c, void *arg, uint32_t dest, uint32_t j, uint8_t *row);
+  void (*fill_node)(struct ops_ctx *c, void *arg, uint32_t t, uint8_t *row);
+  const uint32_t *token_ranks; /* [num_tokens * topk]: token t's ranks, ascending */
+  const uint8_t *token_nranks; /* [num_tokens]: how many */
   void (*see)(struct ops_ctx *c, void *arg, uint32_t src, const struct ops_slot *slot);
   int (*take)(struct ops_ctx *c, void *arg, const struct ops_stream *s, uint32_t *awaited);
   void *arg;

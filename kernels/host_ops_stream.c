@@ -14,9 +14,13 @@
  * for credit.  To a rank on another node the same channel passes through
  * the exchange regions (slab.h): each chunk goes into the out channel and
  * to the proxy as a descriptor (with the slot image, the first), the far
- * daemon writes it into the receiver's in channel and its mark; the
- * receiver's credit comes back through both daemons, and is handed to the
- * proxy only while the sender may still wait for it.
+ * daemon writes it into the receiver's in channel and adds its rows to the
+ * chunk's count; the receiver's credit comes back through both daemons,
+ * and is handed to the proxy only while the sender may still wait for it.
+ * A dispatch's rows for the ranks of a node the ring's fan table names
+ * (xring.h) go once per token through that node's channel instead, which
+ * the far daemon fans out into the same rows of the same in channels: a
+ * token crosses the network once per destination node.
  *
  * Where rows land is the caller's (a take function): dispatch places each
  * source's rows at that source's offset in its output, whatever order they
@@ -59,17 +63,28 @@ int host_ops__stream_fault(struct ops_ctx *c, int rc, const char *fmt, ...) {
   return rc;
 }
 
-/* The rows of remote source src whose chunks are in: its marks, in order (slab.h). */
+/* The count word of chunk n of remote source src's channel to this rank (slab.h's in_mark). */
+static _Atomic uint64_t *in_count(const struct ops_ctx *c, uint32_t src, uint32_t n) {
+  return (_Atomic uint64_t *)(c->xchg + dep_slab_in_mark(&c->lay, (unsigned)(c->seq & 1),
+                                                         (uint32_t)c->remote[src], n));
+}
+
+/* The rows of remote source src whose chunks are in: each chunk's count
+ * of rows in, in order (slab.h).  A chunk's rows may come in several
+ * frames (a node channel's fan-out: xring.h), so the count, not one
+ * store, says when the last of them is in.  The word of chunk n is the
+ * word of chunk n - DEP_SLAB_CHUNKS until that one is taken and credited
+ * (its count set back to 0): chunk n is looked at only after. */
 static uint32_t remote_in(struct ops_ctx *c, uint32_t src) {
   struct ops_peer *p = &c->peer[src];
-  const unsigned parity = (unsigned)(c->seq & 1);
-  const uint32_t chunk = c->lay.chunk_rows, ri = (uint32_t)c->remote[src];
+  const uint32_t chunk = c->lay.chunk_rows;
   while (p->from_in < p->from_rows) {
     const uint32_t n = p->from_in / chunk;
+    if (n >= DEP_SLAB_CHUNKS && p->from_cred < (n - DEP_SLAB_CHUNKS + 1) * chunk)
+      break;
     const uint32_t end = p->from_rows - p->from_in > chunk ? (n + 1) * chunk : p->from_rows;
-    const _Atomic uint64_t *mark =
-        (const _Atomic uint64_t *)(c->xchg + dep_slab_in_mark(&c->lay, parity, ri, n));
-    if (atomic_load_explicit(mark, memory_order_acquire) != DEP_SLAB_CHAN_AT(c->seq, end))
+    if (atomic_load_explicit(in_count(c, src, n), memory_order_acquire) !=
+        DEP_SLAB_CHAN_AT(c->seq, end - n * chunk))
       break;
     p->from_in = end;
   }
@@ -134,6 +149,13 @@ void host_ops__stream_taken(struct ops_ctx *c, uint32_t src, uint32_t n) {
   const uint32_t chunk = c->lay.chunk_rows;
   if (p->from_taken != p->from_rows && p->from_taken / chunk == p->from_cred / chunk)
     return;
+  /* A remote source's chunks taken whole go back to a count of 0 before
+   * the credit lets it write their places again (slab.h). */
+  for (uint32_t ch = p->from_cred / chunk; c->remote[src] >= 0 && ch * chunk < p->from_taken &&
+                                           ((ch + 1) * chunk <= p->from_taken ||
+                                            p->from_taken == p->from_rows);
+       ch++)
+    atomic_store_explicit(in_count(c, src, ch), 0, memory_order_relaxed);
   p->from_cred = p->from_taken;
   struct ops_slot *sl = in_slot(c, (unsigned)(c->seq & 1), src);
   atomic_store_explicit(&sl->credit, DEP_SLAB_CHAN_AT(c->seq, p->from_taken),
@@ -169,7 +191,8 @@ static bool room_for(const struct ops_ctx *c, uint32_t dest, uint32_t j) {
 }
 
 /* Rows [from, end) for dest, on another node, are in the out channel:
- * their chunk's mark, then the descriptor (with the slot image, the first). */
+ * their chunk's mark (its count of rows), then the descriptor (with the
+ * slot image, the first). */
 static int push_chunk(struct ops_ctx *c, const struct ops_stream *s, uint32_t dest,
                       uint32_t from, uint32_t end) {
   struct ops_peer *p = &c->peer[dest];
@@ -179,7 +202,7 @@ static int push_chunk(struct ops_ctx *c, const struct ops_stream *s, uint32_t de
   if (end > from) {
     _Atomic uint64_t *mark = (_Atomic uint64_t *)(c->xchg + dep_slab_out_mark(
                                                       &c->lay, parity, ri, from / c->lay.chunk_rows));
-    atomic_store_explicit(mark, DEP_SLAB_CHAN_AT(c->seq, end), memory_order_relaxed);
+    atomic_store_explicit(mark, DEP_SLAB_CHAN_AT(c->seq, end - from), memory_order_relaxed);
     kind |= DEP_XRING_CHUNK;
   }
   p->to_pushed = 1;
@@ -213,6 +236,128 @@ static int send_some(struct ops_ctx *c, const struct ops_stream *s, uint32_t des
                             memory_order_release);
     }
     moved = 1;
+  }
+  return moved;
+}
+
+/* Whether dest's rows of this call go through its node's channel. */
+static bool by_node(const struct ops_ctx *c, const struct ops_stream *s, uint32_t dest) {
+  return s->fill_node != NULL && c->n_nodes > 0 && c->node_of[dest] != OPS_NO_NODE;
+}
+
+/* Whether rank d takes the rows of node `node`'s channel: one of its ranks
+ * that makes the same op (one that makes another takes none of ours, as
+ * on a channel of its own: the node channel's table leaves it out, and
+ * the far daemon writes it nothing). */
+static bool node_dest(const struct ops_ctx *c, uint32_t d, uint32_t node) {
+  return c->node_of[d] == node && !c->peer[d].other_op;
+}
+
+/* Each node's tokens of this dispatch, in token order: nodelist[off ..
+ * off + rows) (a counting sort, O(tokens * topk^2) at most). */
+static void node_setup(struct ops_ctx *c, const struct ops_stream *s) {
+  const uint32_t k = c->shape.topk;
+  for (uint32_t n = 0; n < c->n_nodes; n++) {
+    c->node[n].rows = c->node[n].done = 0;
+    memset(c->node[n].pushed_at, 0, sizeof c->node[n].pushed_at);
+  }
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass == 1)
+      for (uint32_t n = 0, at = 0; n < c->n_nodes; n++) {
+        c->node[n].off = at;
+        at += c->node[n].rows;
+        c->node[n].rows = 0;
+      }
+    for (uint32_t t = 0; t < s->num_tokens; t++) {
+      const uint32_t *dest = s->token_ranks + (size_t)t * k;
+      for (uint32_t i = 0; i < s->token_nranks[t]; i++) {
+        const uint32_t n = c->node_of[dest[i]];
+        bool again = n == OPS_NO_NODE;
+        for (uint32_t j = 0; j < i && !again; j++)
+          again = c->node_of[dest[j]] == n;
+        if (again)
+          continue;
+        if (pass == 1)
+          c->nodelist[c->node[n].off + c->node[n].rows] = t;
+        c->node[n].rows++;
+      }
+    }
+  }
+}
+
+/* The node channel's chunk ending at row `end` is written: each of the
+ * node's ranks' start and count in it (xring.h's node out marks), then the
+ * descriptor. */
+static int push_node(struct ops_ctx *c, const struct ops_stream *s, struct ops_node *n,
+                     uint32_t end) {
+  const unsigned parity = (unsigned)(c->seq & 1);
+  const uint32_t chunk = c->lay.chunk_rows, from = (end - 1) / chunk * chunk;
+  for (uint32_t i = 0; i < n->n; i++) {
+    const uint32_t d = c->node_ranks[n->first + i];
+    const struct ops_peer *p = &c->peer[d];
+    _Atomic uint64_t *w = (_Atomic uint64_t *)(c->xchg + dep_slab_out_mark(
+                                                   &c->lay, parity, (uint32_t)c->remote[d],
+                                                   from / chunk));
+    atomic_store_explicit(w, DEP_XRING_NODE_AT(p->node_start, p->to_done - p->node_start),
+                          memory_order_relaxed);
+  }
+  int rc = host_ops__ring_push(c, s->op, n->lead, DEP_XRING_NODE, from,
+                               (uint64_t)(end - from) * c->lay.row_bytes);
+  if (rc == 0)
+    n->pushed_at[from / chunk % DEP_SLAB_CHUNKS] =
+        atomic_load_explicit(&c->ring->head, memory_order_relaxed);
+  return rc;
+}
+
+/*
+ * Write what the node channel's room and its ranks' credits allow of node
+ * n's rows, each token once, publishing each chunk: 1 if any row moved, 0
+ * if none (*blocked: a rank of it whose credit it waits for, or its lead
+ * while the proxy has not taken the chunk whose place it needs), or the
+ * DEP_ERR_* (below 0) of a failure to hand one to the proxy.  A row goes
+ * only when every rank it is for has room for it (credits stay per rank).
+ */
+static int send_node(struct ops_ctx *c, const struct ops_stream *s, struct ops_node *n,
+                     uint32_t *blocked) {
+  const unsigned parity = (unsigned)(c->seq & 1);
+  const uint32_t chunk = c->lay.chunk_rows, chan = c->lay.chan_rows, k = c->shape.topk;
+  const uint32_t node = (uint32_t)(n - c->node);
+  int moved = 0;
+  while (n->done < n->rows) {
+    const uint32_t i = n->done;
+    if (i % chunk == 0) {
+      /* A chunk's place is free once the proxy has copied out the chunk
+       * that was there (xfer_proxy.c copies a streamed node chunk). */
+      if (i >= chan && atomic_load_explicit(&c->ring->tail, memory_order_acquire) <
+                           n->pushed_at[i / chunk % DEP_SLAB_CHUNKS]) {
+        *blocked = n->lead;
+        break;
+      }
+      for (uint32_t j = 0; j < n->n; j++)
+        c->peer[c->node_ranks[n->first + j]].node_start =
+            c->peer[c->node_ranks[n->first + j]].to_done;
+    }
+    const uint32_t t = c->nodelist[n->off + i];
+    const uint32_t *dest = s->token_ranks + (size_t)t * k;
+    uint32_t j = 0;
+    for (; j < s->token_nranks[t]; j++)
+      if (node_dest(c, dest[j], node) && !room_for(c, dest[j], c->peer[dest[j]].to_done))
+        break;
+    if (j < s->token_nranks[t]) {
+      *blocked = dest[j];
+      break;
+    }
+    s->fill_node(c, s->arg, t, out_row(c, n->lead, parity, i % chan));
+    for (j = 0; j < s->token_nranks[t]; j++)
+      if (node_dest(c, dest[j], node))
+        c->peer[dest[j]].to_done++;
+    n->done++;
+    moved = 1;
+    if (n->done % chunk == 0 || n->done == n->rows) {
+      int rc = push_node(c, s, n, n->done);
+      if (rc != 0)
+        return rc;
+    }
   }
   return moved;
 }
@@ -261,9 +406,12 @@ int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s) {
   int rc;
   /* The slot before any row: the receiver learns the count at once (one
    * on another node, with the first chunk, or alone for no rows). */
+  if (s->fill_node != NULL && c->n_nodes > 0)
+    node_setup(c, s);
   for (uint32_t d = 0; d < c->world; d++) {
     host_ops__slot_post(c, d, c->peer[d].to_rows, s->op, s->ref_seq, s->num_tokens);
-    if (c->remote[d] >= 0 && c->peer[d].to_rows == 0 && (rc = push_chunk(c, s, d, 0, 0)) != 0)
+    if (c->remote[d] >= 0 && (c->peer[d].to_rows == 0 || by_node(c, s, d)) &&
+        (rc = push_chunk(c, s, d, 0, 0)) != 0)
       return rc;
   }
   const uint64_t limit = (uint64_t)c->timeout_ms * 1000000ull;
@@ -272,8 +420,22 @@ int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s) {
     int moved = 0;
     uint32_t waiting = UINT32_MAX; /* a rank this pass could not go on without */
     bool sent = true;
+    for (uint32_t n = 0; s->fill_node != NULL && n < c->n_nodes; n++) {
+      struct ops_node *nd = &c->node[n];
+      if (nd->done == nd->rows)
+        continue;
+      uint32_t blocked = nd->lead;
+      int m = send_node(c, s, nd, &blocked);
+      if (m < 0)
+        return m;
+      moved |= m;
+      if (nd->done < nd->rows) {
+        sent = false;
+        waiting = waiting == UINT32_MAX ? blocked : waiting;
+      }
+    }
     for (uint32_t d = 0; d < c->world; d++) {
-      if (c->peer[d].to_done == c->peer[d].to_rows || c->peer[d].other_op)
+      if (c->peer[d].to_done == c->peer[d].to_rows || c->peer[d].other_op || by_node(c, s, d))
         continue;
       int m = send_some(c, s, d);
       if (m < 0)

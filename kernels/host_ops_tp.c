@@ -93,6 +93,36 @@ static void disp_fill(struct ops_ctx *c, void *arg, uint32_t d, uint32_t j, uint
   }
 }
 
+/*
+ * Token t's row as a node channel carries it (xring.h): its payload and
+ * source, and every k's global id and weight, which the far daemon remaps
+ * for each rank of the node the token goes to as disp_fill would have.  A
+ * cached dispatch sends no ids or weights: its ids name an expert of each
+ * of the token's ranks in its handle, so that the far daemon finds them.
+ */
+static void disp_fill_node(struct ops_ctx *c, void *arg, uint32_t t, uint8_t *row) {
+  const struct disp_call *x = arg;
+  const struct dep_dispatch_args *a = x->a;
+  const uint32_t hid = c->shape.hidden, k = c->shape.topk, le = local_experts(c);
+  put_payload(c, a, t, row);
+  int32_t *meta = (int32_t *)(row + ops_meta_off(hid));
+  meta[0] = (int32_t)t;
+  meta[1] = (int32_t)k;
+  int32_t *ids = (int32_t *)(row + ops_ids_off(hid));
+  float *w = (float *)(row + ops_weights_off(hid, k));
+  for (uint32_t i = 0; i < k; i++) {
+    if (a->cached) {
+      ids[i] = i < x->h->token_nranks[t] ? (int32_t)(x->h->token_ranks[(size_t)t * k + i] * le)
+                                         : -1;
+      w[i] = 0.0f;
+    } else {
+      int64_t e = idx_at(a->topk_idx, a->index_type, (size_t)t * k + i);
+      ids[i] = e >= 0 ? (int32_t)e : -1;
+      w[i] = a->topk_weights[(size_t)t * k + i];
+    }
+  }
+}
+
 static void disp_see(struct ops_ctx *c, void *arg, uint32_t src, const struct ops_slot *sl) {
   const struct disp_call *x = arg;
   if (!x->a->cached)
@@ -202,7 +232,8 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
                                    : (uint64_t)c->world * c->shape.max_tokens_per_rank};
   const struct ops_stream s = {.op = op, .ref_seq = a->cached ? h->seq : 0,
                                .num_tokens = a->num_tokens, .fill = disp_fill, .see = disp_see,
-                               .take = disp_take, .arg = &x};
+                               .take = disp_take, .arg = &x, .fill_node = disp_fill_node,
+                               .token_ranks = h->token_ranks, .token_nranks = h->token_nranks};
   if ((rc = host_ops__stream(c, &s)) != 0)
     return rc;
   const uint64_t total = x.next_base;

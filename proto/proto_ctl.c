@@ -248,7 +248,7 @@ static const struct codec_field job_node_record[] = {
     JOB_NODE_F(STR, job_id),     JOB_NODE_F(U32, world_size), JOB_NODE_F(U32, local_ranks),
     JOB_NODE_F(U32, remote_ranks), JOB_NODE_F(U32, nodes),    JOB_NODE_F(U64, bytes_out),
     JOB_NODE_F(U64, bytes_in),   JOB_NODE_F(U64, frames_out), JOB_NODE_F(U64, frames_in),
-    JOB_NODE_F(U32, ring_peak),  JOB_NODE_F(U32, ring_entries),
+    JOB_NODE_F(U32, ring_peak),  JOB_NODE_F(U32, ring_entries), JOB_NODE_F(U64, payload_out),
 };
 #undef JOB_NODE_F
 

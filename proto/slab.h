@@ -37,11 +37,19 @@
  *             is the daemon's: the rows the destination has taken, as its
  *             node's daemon last reported them.
  *   in_mark   for each parity, remote source and chunk of the ring
- *             (DEP_SLAB_CHUNKS), a word DEP_SLAB_CHAN_AT(call, end) the
- *             daemon stores (release) once that chunk's rows, up to row
- *             `end` of the call's stream, are in the in block.
+ *             (DEP_SLAB_CHUNKS), DEP_SLAB_CHAN_AT(call, rows): the count of
+ *             that chunk's rows of the call that are in the in block.  The
+ *             daemon adds each frame's rows to it (release) once they are
+ *             written, starting from 0 when the word names another call;
+ *             an RDMA write stores the sender's count behind the rows; and
+ *             this rank sets it back to 0 once it has taken the chunk,
+ *             before it credits it (no row of a later chunk of the call in
+ *             that place comes before the credit).
  *   out_mark  the same words as this rank means them for each remote
- *             destination (the source of an RDMA write of the mark).
+ *             destination (the source of an RDMA write of the mark): the
+ *             chunk's rows; for a destination whose rows go through a
+ *             node channel (xring.h), its start and count in the node's
+ *             chunk (DEP_XRING_NODE_AT), which the proxy reads.
  *   in        4 KiB-aligned: for each parity and each remote source, one
  *             block of xblock_bytes: what that source pushed in a call of
  *             that parity, or that source's channel.
@@ -57,9 +65,10 @@
  * chunk by chunk as the destination's credit allows (out_slot's credit
  * word), writes each chunk's out_mark and pushes a chunk descriptor; the
  * far daemon writes the rows at the same ring rows of the destination's
- * in channel, then its in_mark.  Chunks may come over different data
- * connections in any order: a chunk's own mark, not a tail that counts
- * rows in order, says it is in.  The receiver takes rows in order, stores
+ * in channel, then adds to its in_mark.  Chunks may come over different
+ * data connections in any order, and a chunk of a node channel (xring.h)
+ * holds rows of several destinations' chunks: a chunk's own count, not a
+ * tail that counts rows in order, says it is in.  The receiver takes rows in order, stores
  * its credit in in_slot and pushes a credit descriptor; the proxy carries
  * the word to the source's daemon, which stores it into the source's
  * out_slot credit if it is larger (credits too may cross).
@@ -245,6 +254,12 @@ uint64_t dep__slab_key(const struct dep_job_shape *shape, uint32_t world_size, u
  * each expression out (a function's arguments are evaluated first, which
  * reorders the loads nvcc emits).
  */
+
+/* Where a dispatch row's ids and weights start (kernels/host_ops.h says
+ * what a row holds): here, for the daemon too, which remaps a node
+ * channel's rows for each of their destinations (xring.h). */
+#define DEP_SLAB_IDS_OFF(hidden) (2ull * (hidden) + 16u)
+#define DEP_SLAB_WEIGHTS_OFF(hidden, topk) (DEP_SLAB_IDS_OFF(hidden) + 4ull * (topk))
 
 /* Offset of the control slot of (parity, source rank) in a world of `world`. */
 #define DEP_SLAB_CTRL_SLOT_AT(world, parity, src) \

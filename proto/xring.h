@@ -37,6 +37,26 @@
  * the proxy carries the rank's credit word (its in slot's) to the daemon
  * holding the source.
  *
+ * One crossing per destination node (DESIGN §7): where the daemon says so
+ * in the ring's fan table (below), a dispatch's rows for the ranks of one
+ * node go as one node channel instead of one channel per rank: each token
+ * that goes to any of that node's ranks is one row, in token order, with
+ * its global expert ids and its weights as the caller gave them (a cached
+ * dispatch: ids naming an expert of each destination, weights unread).
+ * The node channel's ring is the out channel of the node's lead remote
+ * rank (the fan table's), chan_rows rows; a NODE descriptor names rows
+ * row0 .. row0 + bytes / row_bytes of it (dest: the lead), and for each
+ * remote rank d of the node the out mark word of d at chunk row0 /
+ * chunk_rows holds DEP_XRING_NODE_AT(start, count): d's rows of the chunk
+ * are its stream's rows start .. start + count.  The proxy sends the
+ * chunk with those words as a table (dep_xfer_node, dep_xfer_node_dest)
+ * in front of the rows, and the far daemon writes each row, its ids and
+ * weights remapped as the rank would have written them, into each
+ * destination's in channel from this rank at that destination's ring
+ * row, then adds the rows it wrote to each chunk's mark.  Each
+ * destination's slot goes alone (SLOT, no rows) at the start of the call,
+ * and credits stay per (source, destination rank) as above.
+ *
  * Nothing the ring holds is trusted by the daemon: each descriptor is
  * checked against the job's layout (a destination on another node, a
  * parity of 0 or 1, bytes within a block) before anything moves, and a
@@ -60,9 +80,12 @@
  *   2  the exchange region follows the ring in the memfd (xchg_bytes).
  *   3  a descriptor says its kind (block, chunk, credit) and a chunk's
  *      first row, and the exchange region has its chunks' marks.
+ *   4  the fan table after the descriptors, NODE descriptors (a node
+ *      channel's chunk), and a chunk's mark counts the rows in (slab.h)
+ *      rather than naming the call and the chunk's last row.
  */
 #define DEP_XRING_MAGIC 0x47525844u /* "DXRG" */
-#define DEP_XRING_VERSION 3
+#define DEP_XRING_VERSION 4
 /* Descriptors a ring holds, a power of two: every remote rank's block of
  * two calls in flight for worlds of up to ~512 remote ranks; above that a
  * rank's posts wait for the proxy to drain (bounded by the op timeout, as
@@ -74,6 +97,10 @@
 #define DEP_XRING_CHUNK 1u  /* rows of the channel from row0, then the chunk's mark */
 #define DEP_XRING_SLOT 2u   /* or-ed into CHUNK: the slot image after the mark */
 #define DEP_XRING_CREDIT 4u /* the credit word for the channel from dest */
+#define DEP_XRING_NODE 8u   /* rows of a node channel from row0, for the ranks of dest's node */
+/* A node channel's out mark word for one destination rank (above): the
+ * destination's rows of the chunk are its stream's start .. start + count. */
+#define DEP_XRING_NODE_AT(start, count) (((uint64_t)(start) << 32) | (uint32_t)(count))
 
 /* One block, chunk or credit for the proxy to move (32 bytes). */
 struct dep_xring_desc {
@@ -82,7 +109,7 @@ struct dep_xring_desc {
   uint64_t seq;    /* the call: the slot image's flag */
   uint64_t bytes;  /* of the payload: a block's from its start (<= xblock_bytes), a chunk's
                       from row0's ring row (whole rows, at most chunk_rows of them) */
-  uint32_t kind;   /* DEP_XRING_*: BLOCK, CHUNK (| SLOT) or CREDIT */
+  uint32_t kind;   /* DEP_XRING_*: BLOCK, CHUNK (| SLOT), SLOT, CREDIT or NODE */
   uint32_t row0;   /* CHUNK: the chunk's first row in the call's stream (a multiple of
                       chunk_rows) */
 };
@@ -103,6 +130,16 @@ struct dep_xring {
   DEP_ATOMIC(int32_t) failed;
   uint8_t pad3[60];
   struct dep_xring_desc desc[DEP_XRING_ENTRIES];
+  /*
+   * The fan table, written by the daemon before it lends the ring: for
+   * each remote rank number ri (slab.h), 0 when this rank's rows for it
+   * cross one channel per rank, else 1 + the remote rank number of the
+   * lead of its node, whose out channel carries the node channel.  The
+   * daemon fans a node out where its frames go over TCP; where a peer's
+   * blocks go as RDMA writes, which land without the far daemon, every
+   * rank of it stays on its own channel.
+   */
+  uint16_t fan[DEP_MAX_WORLD];
 };
 
 #define DEP_XRING_BYTES ((sizeof(struct dep_xring) + 4095u) / 4096u * 4096u)
@@ -142,6 +179,9 @@ static inline uint8_t *dep_xring_xchg(struct dep_xring *r) {
  *      12 bytes of zeros, opened it.
  *   4  a frame says its kind (a block, a chunk of a channel, a credit) and
  *      a chunk's first row: the channels between nodes (slab.h).
+ *   5  NODE frames (a node channel's chunk: the dep_xfer_node table, then
+ *      its rows, fanned out by the receiving daemon), and a chunk's mark
+ *      counts its rows in: the receiving daemon adds a frame's rows to it.
  *
  * The window this build answers is DEP_XFER_MIN_VERSION..DEP_XFER_VERSION:
  * the opener checks the listener's challenge against it and names both
@@ -149,8 +189,8 @@ static inline uint8_t *dep_xring_xchg(struct dep_xring *r) {
  * connections, or their RDMA queue pairs, open on the token alone.
  */
 #define DEP_XFER_MAGIC 0x46584444u /* "DDXF" */
-#define DEP_XFER_VERSION 4
-#define DEP_XFER_MIN_VERSION 4
+#define DEP_XFER_VERSION 5
+#define DEP_XFER_MIN_VERSION 5
 #define DEP_XFER_NONCE_LEN 32
 #define DEP_XFER_MAC_LEN 32
 struct dep_xfer_ack {
@@ -207,6 +247,27 @@ struct dep_xfer_hdr {
                                        into its out slot */
 };
 #define DEP_XFER_HDR_WIRE (6u * 4u + 2u * 8u + DEP_JOB_ID_MAX + DEP_SLAB_CTRL_SLOT)
+
+/*
+ * A NODE frame's payload: this table, then the chunk's rows (row_bytes
+ * each, as the sender's node channel holds them).  n_dest entries follow
+ * the table's head, one per destination rank with rows in the chunk; the
+ * receiving daemon checks each row's destinations (from its ids) against
+ * them before it writes a byte.
+ */
+struct dep_xfer_node {
+  uint32_t n_dest; /* entries that follow: 1 .. the ranks of the node */
+  uint32_t rows;   /* rows after the table: bytes / row_bytes of the descriptor */
+};
+struct dep_xfer_node_dest {
+  uint32_t dest;   /* a global rank the receiving daemon holds */
+  uint32_t start;  /* its first row of the chunk in the call's stream to it */
+  uint32_t count;  /* its rows in the chunk: start .. start + count */
+  uint32_t pad;
+};
+/* A NODE frame's table for n destinations, in bytes. */
+#define DEP_XFER_NODE_BYTES(n) \
+  (sizeof(struct dep_xfer_node) + (uint64_t)(n) * sizeof(struct dep_xfer_node_dest))
 
 struct proto_buf;
 /* Append h's wire form (DEP_XFER_HDR_WIRE bytes) to b: 0, or

@@ -537,7 +537,8 @@ START_TEST(peers_without_peers_says_none_are_configured_not_peer_insecure) {
 END_TEST
 
 /* A job on this node alone shows no node columns in the text (deepepctl(1): the table shows
- * NODES, REMOTE, TX, RX and RING_PEAK when a job spans nodes); the JSON keeps their keys. */
+ * NODES, REMOTE, TX, RX, RING_PEAK and PAYLOAD_TX when a job spans nodes); the JSON keeps
+ * their keys. */
 START_TEST(status_shows_node_columns_only_for_jobs_that_span_nodes) {
   struct tu_daemon d;
   dw_start(&d, NULL);
@@ -552,7 +553,7 @@ START_TEST(status_shows_node_columns_only_for_jobs_that_span_nodes) {
   free(err);
   ck_assert_int_eq(ctl_run(DW_ARGS("-s", d.sock, "--json", "status"), &out, &err), 0);
   ck_assert_msg(strstr(out, ",\"nodes\":1,\"remote_ranks\":0,\"bytes_out\":0,\"bytes_in\":0,"
-                            "\"ring_peak\":0}") != NULL,
+                            "\"ring_peak\":0,\"payload_out\":0}") != NULL,
                 "%s", out);
   free(out);
   free(err);

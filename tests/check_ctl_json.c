@@ -137,7 +137,7 @@ static const char ctl_json_schema_py[] =
     "       'pool_cached_bytes': I, 'pool_held_bytes': I}\n"
     "JOB = {'job_id': S, 'owner_uid': I, 'ranks_attached': I, 'ranks_expected': I, 'world_size': I,\n"
     "       'slab_bytes': I, 'age_ms': I, 'host_bytes': I, 'nodes': I, 'remote_ranks': I, 'bytes_out': I,\n"
-    "       'bytes_in': I, 'ring_peak': I}\n"
+    "       'bytes_in': I, 'ring_peak': I, 'payload_out': I}\n"
     "OP = {'job': S, 'rank': I, 'op': S, 'device': S, 'state': S, 'calls': I, 'first_ns': opt(I),\n"
     "      'median_ns': opt(I), 'p99_ns': opt(I), 'first_over_median': opt(N),\n"
     "      'gbytes_per_s': opt(N), 'errors': I, 'timeouts': I, 'bytes': I, 'steady_calls': I,\n"

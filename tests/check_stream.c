@@ -9,6 +9,8 @@
  * whole blocks.
  */
 #include <check.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +19,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "daemonwire.h"
 #include "deepep.h"
 #include "nodes.h"
+#include "opsworld.h"
+#include "ref.h"
 #include "slab.h"
 #include "testutil.h"
 #include "xnjob.h"
@@ -309,6 +314,174 @@ START_TEST(two_streaming_daemons_lend_the_smaller_exchange_region_and_status_sho
 END_TEST
 
 /*
+ * One crossing per destination node: a rank's dispatch of one call, over
+ * two daemons of 3 ranks each (top-6 of 12 experts: most tokens go to
+ * several ranks of the other node), whole blocks and chunks of 1 and 3
+ * rows.  What each daemon's proxy sent of rows for the job (deepepctl
+ * status's payload_out) is, to the byte, each row once per node other
+ * than its sender's that holds one of its experts (layout's row_bytes
+ * each), counted here from the test's own topk; and every rank's outputs
+ * are the oracle's, bit for bit.  A token for 3 ranks of the other node
+ * crosses once, not 3 times.
+ */
+#define ST_ONE_W 6
+struct st_once {
+  _Atomic int ready;  /* the rank dispatched and checked what it got */
+  int rc;             /* 0, a DEP_ERR_* or 1 (a wrong row) */
+  char msg[OW_MSG];
+};
+
+/* Rank g: attach (placed as p), one fresh dispatch against the oracle,
+ * then hold the job until `hold` closes, so that its counters are read
+ * while it runs. */
+static int st_once_rank(const struct nodes *ns, const struct xn_place *p, const char *job,
+                        const struct ow_case *d, uint32_t g, int hold, struct st_once *res) {
+  dep_client_t *c = NULL;
+  struct ow_outs o;
+  ow_outs_alloc(&o, d);
+  struct dep_attach_args a = {.size = sizeof a, .rank = g, .world_size = d->sc.world,
+                              .local_rank = p->local[g], .local_world_size = p->lws[g],
+                              .shape = d->shape};
+  snprintf(a.job_id, sizeof a.job_id, "%s", job);
+  int rc = dep_client_new(&c);
+  if (rc == 0)
+    rc = dep_connect(c, ns->d[p->node[g]].sock);
+  if (rc == 0)
+    rc = dep_attach(c, &a);
+  dep_handle_t *hd = NULL;
+  if (rc == 0)
+    rc = dep_handle_new(c, &hd);
+  const struct ref_rank_in *in = &d->in[g];
+  const struct ref_dispatch_out *want = &d->disp[g];
+  struct dep_dispatch_args da = {.size = sizeof da, .x = in->x, .topk_idx = d->idx[g],
+                                 .index_type = d->sc.itype, .topk_weights = in->topk_weights,
+                                 .num_tokens = in->num_tokens, .recv_x = o.rx,
+                                 .recv_topk_idx = o.ridx, .recv_topk_weights = o.rw,
+                                 .recv_count_per_expert = o.cnt, .num_recv = &o.num_recv};
+  if (rc == 0)
+    rc = dep_dispatch(c, &da, hd, NULL);
+  const size_t n = rc == 0 ? o.num_recv : 0, h = d->sc.hidden, k = d->sc.topk;
+  if (rc != 0)
+    snprintf(res->msg, sizeof res->msg, "rank %u: %s", g, c ? dep_errmsg(c) : "no client");
+  else if (n != want->num_recv || memcmp(o.rx, want->x, n * h * 2) != 0 ||
+           memcmp(o.rw, want->topk_weights, n * k * sizeof(float)) != 0 ||
+           (d->sc.itype == DEP_INDEX_I32 && memcmp(o.ridx, want->topk_idx, n * k * 4) != 0))
+    rc = 1, snprintf(res->msg, sizeof res->msg, "rank %u: %zu rows, the oracle's %u, or their "
+                     "bytes, ids or weights differ", g, n, want->num_recv);
+  res->rc = rc;
+  atomic_store(&res->ready, 1);
+  char b;
+  (void)read(hold, &b, 1);
+  if (hd != NULL)
+    dep_handle_free(hd);
+  if (c != NULL && dep_detach(c) != 0 && rc == 0)
+    rc = DEP_ERR_INTERNAL;
+  dep_client_free(c);
+  ow_outs_free(&o);
+  return rc;
+}
+
+/* What the job's proxy on node i sent of rows: its payload_out in deepepctl status --json. */
+static uint64_t st_payload_out(const struct nodes *ns, int i, const char *job) {
+  static char out[65536];
+  char key[96];
+  xn_ctl_json_at(ns, i, "status", out, sizeof out);
+  snprintf(key, sizeof key, "\"job_id\":\"%s\"", job);
+  const char *j = strstr(out, key), *v = j != NULL ? strstr(j, "\"payload_out\":") : NULL;
+  ck_assert_msg(v != NULL, "node %d: no payload_out for job %s in %s", i, job, out);
+  return strtoull(v + strlen("\"payload_out\":"), NULL, 10);
+}
+
+START_TEST(a_dispatch_row_crosses_once_per_destination_node_as_the_daemons_count_it) {
+  static const char *const cfgs[] = {"", "stream_chunk_rows: 1\n", "stream_chunk_rows: 3\n"};
+  static const uint32_t chunk[] = {0, 1, 3};
+  static const char *const how[] = {"whole blocks", "chunks of 1 row", "chunks of 3 rows"};
+  ow_seed_init(7100 + (uint64_t)_i);
+  const struct ow_scenario sc = {ST_ONE_W, 128, 6, 12, 16, 8, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
+  struct ow_case *d = xn_case_new(&sc, 0);
+  struct xn_place p;
+  const uint32_t split[NODES_MAX] = {3, 3};
+  xn_place(&p, split, 2);
+  struct dep_slab_layout lay;
+  char why[256];
+  ck_assert_int_eq(dep__slab_layout_nodes(&d->shape, ST_ONE_W, 3, chunk[_i], &lay, why,
+                                          sizeof why), 0);
+  /* The layout's count: per sending node, each token once per other node
+   * that holds one of its experts; and what one crossing per rank was. */
+  uint64_t rows[2] = {0}, per_rank[2] = {0};
+  for (uint32_t g = 0; g < ST_ONE_W; g++) {
+    const int32_t *idx = d->idx[g];
+    for (uint32_t t = 0; t < d->in[g].num_tokens; t++) {
+      bool node_hit = false, rank_hit[ST_ONE_W] = {false};
+      for (uint32_t j = 0; j < sc.topk; j++) {
+        const int32_t e = idx[(size_t)t * sc.topk + j];
+        const uint32_t r = e >= 0 ? (uint32_t)e / d->le : 0;
+        if (e < 0 || p.node[r] == p.node[g])
+          continue;
+        node_hit = true;
+        rank_hit[r] = true;
+      }
+      rows[p.node[g]] += node_hit;
+      for (uint32_t r = 0; r < ST_ONE_W; r++)
+        per_rank[p.node[g]] += rank_hit[r];
+    }
+  }
+  ck_assert_msg(per_rank[0] > rows[0] && per_rank[1] > rows[1], "a test whose tokens go to one "
+                "rank of a node at most shows nothing (seed %llu)", (unsigned long long)ow_seed);
+  struct nodes ns;
+  xn_nodes_start(&ns, 2, 20000, ST_OP_TIMEOUT_MS, cfgs[_i]);
+  struct st_once *res = mmap(NULL, ST_ONE_W * sizeof *res, PROT_READ | PROT_WRITE,
+                             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(res, MAP_FAILED);
+  memset(res, 0, ST_ONE_W * sizeof *res);
+  int hold[2];
+  ck_assert_int_eq(pipe(hold), 0);
+  pid_t kids[ST_ONE_W];
+  for (uint32_t g = 0; g < ST_ONE_W; g++) {
+    kids[g] = fork();
+    ck_assert_int_ge(kids[g], 0);
+    if (kids[g] == 0) {
+      close(hold[1]);
+      _exit(st_once_rank(&ns, &p, "once", d, g, hold[0], &res[g]) == 0 ? 0 : 1);
+    }
+  }
+  close(hold[0]);
+  /* Every rank's dispatch returns within the op timeout (ranks that fail say so). */
+  for (int waited = 0; waited < 2 * ST_OP_TIMEOUT_MS; waited += 20) {
+    uint32_t ready = 0;
+    for (uint32_t g = 0; g < ST_ONE_W; g++)
+      ready += atomic_load(&res[g].ready) != 0;
+    if (ready == ST_ONE_W)
+      break;
+    dw_sleep_ms(20);
+  }
+  for (uint32_t g = 0; g < ST_ONE_W; g++)
+    ck_assert_msg(atomic_load(&res[g].ready) && res[g].rc == 0, "rank %u: rc %d: %s", g,
+                  res[g].rc, res[g].msg);
+  const uint64_t got[2] = {st_payload_out(&ns, 0, "once"), st_payload_out(&ns, 1, "once")};
+  close(hold[1]);
+  bool reaped = xn_reap(kids, ST_ONE_W, 2 * ST_OP_TIMEOUT_MS);
+  nodes_stop(&ns);
+  for (int i = 0; i < 2; i++)
+    ck_assert_msg(got[i] == rows[i] * lay.row_bytes, "node %d sent %llu bytes of rows for one "
+                  "dispatch (%s): %llu rows of %llu bytes, once per destination node, are "
+                  "%llu; once per destination rank, %llu", i, (unsigned long long)got[i],
+                  how[_i], (unsigned long long)rows[i],
+                  (unsigned long long)lay.row_bytes,
+                  (unsigned long long)(rows[i] * lay.row_bytes),
+                  (unsigned long long)(per_rank[i] * lay.row_bytes));
+  ck_assert(reaped);
+  printf("stream: one dispatch over 2 nodes (%s): %llu + %llu row bytes between nodes, "
+         "%llu + %llu once per rank\n", how[_i],
+         (unsigned long long)got[0], (unsigned long long)got[1],
+         (unsigned long long)(per_rank[0] * lay.row_bytes),
+         (unsigned long long)(per_rank[1] * lay.row_bytes));
+  munmap(res, ST_ONE_W * sizeof *res);
+  xn_case_free(d);
+}
+END_TEST
+
+/*
  * A rank killed while its job streams (4 ranks in one-row chunks, calls
  * back to back; on one daemon, and 2 + 2 on two, where rank 3's channels
  * to ranks 0 and 1 pass through both daemons): every survivor's call fails
@@ -368,6 +541,8 @@ Suite *stream_suite(void) {
   tcase_add_test(t, daemons_streaming_in_other_chunks_fail_the_job_at_attach_saying_so);
   tcase_add_test(t, two_streaming_daemons_lend_the_smaller_exchange_region_and_status_shows_it);
   tcase_add_loop_test(t, a_rank_killed_mid_stream_fails_the_survivors_with_peer_not_a_hang, 0, 2);
+  tcase_add_loop_test(t, a_dispatch_row_crosses_once_per_destination_node_as_the_daemons_count_it,
+                      0, 3);
   suite_add_tcase(s, t);
   return s;
 }

@@ -67,6 +67,9 @@ static void xf_make(struct xf *f, const char *id) {
   r->local_world = 2;
   struct dep_job_shape shape = {.max_tokens_per_rank = 16, .hidden = 256, .num_experts = 8,
                                 .topk = 2, .dtype = DEP_DTYPE_BF16, .max_ll_tokens_per_rank = 16};
+  r->hidden = shape.hidden;
+  r->topk = shape.topk;
+  r->experts = shape.num_experts;
   char why[256];
   ck_assert_msg(dep__slab_layout_nodes(&shape, 4, 2, 0, &r->lay, why, sizeof why) == 0, "%s", why);
   for (uint32_t g = 0; g < 4; g++) {
@@ -130,6 +133,99 @@ START_TEST(a_frame_names_the_in_block_and_slot_of_its_source_in_its_destination)
         ck_assert_ptr_null(t.credit);
         ck_assert_uint_le(t.payload + h.bytes - f.region[dest], l->xchg_bytes);
       }
+  xf_free(&f);
+}
+END_TEST
+
+/* A node channel's chunk from rank 2 (xring.h): its table, then two rows of
+ * row_bytes, each a pattern byte, then ids and weights as the rank wrote them
+ * (global ids; experts 2 a rank). */
+static size_t xf_node(const struct dep_slab_layout *l, uint8_t *buf,
+                      const struct dep_xfer_node_dest *ent, uint32_t n_dest,
+                      const int32_t ids[2][2]) {
+  const struct dep_xfer_node head = {.n_dest = n_dest, .rows = 2};
+  memcpy(buf, &head, sizeof head);
+  memcpy(buf + DEP_XFER_NODE_BYTES(0), ent, n_dest * sizeof *ent);
+  const float w[2][2] = {{0.25f, 0.75f}, {0.5f, 0.125f}};
+  for (int k = 0; k < 2; k++) {
+    uint8_t *row = buf + DEP_XFER_NODE_BYTES(n_dest) + k * l->row_bytes;
+    memset(row, 0xa0 + k, l->row_bytes);
+    memcpy(row + DEP_SLAB_IDS_OFF(256), ids[k], sizeof ids[k]);
+    memcpy(row + DEP_SLAB_WEIGHTS_OFF(256, 2), w[k], sizeof w[k]);
+  }
+  return DEP_XFER_NODE_BYTES(n_dest) + 2 * l->row_bytes;
+}
+
+/*
+ * A node channel's chunk is written into each of its destinations' in
+ * channels from its source at that destination's own rows, ids and
+ * weights remapped for it (its experts local, -1 and 0 elsewhere; an id of
+ * a rank on another node takes no row), then each destination's chunk
+ * counts its rows; a table whose counts the rows' ids do not give, a
+ * destination not held here, or an id past the experts is refused with
+ * nothing written.
+ */
+START_TEST(a_node_chunk_fans_out_remapped_and_a_table_that_does_not_fit_writes_nothing) {
+  struct xf f;
+  xf_make(&f, "xf");
+  const struct dep_slab_layout *l = &f.r->lay;
+  static uint8_t buf[1 << 16];
+  const int32_t ids[2][2] = {{1, 2}, {0, 7}}; /* rank 0 and 1; rank 0 and rank 3 (remote) */
+  const struct dep_xfer_node_dest ent[2] = {{.dest = 0, .start = 3, .count = 2},
+                                            {.dest = 1, .start = 0, .count = 1}};
+  struct dep_xfer_hdr h = xf_kind(2, 0, DEP_XRING_NODE, 0, xf_node(l, buf, ent, 2, ids));
+  h.seq = 9;
+  struct xfer_target t;
+  ck_assert_int_eq(xf_target(0, &h, &t), 0);
+  ck_assert(t.node);
+  char why[256] = "";
+  ck_assert_msg(xfer__node_fanout(f.r, &h, buf, why, sizeof why) == 0, "%s", why);
+  /* Rank 0: both rows at its rows 3 and 4; rank 1: the first at its row 0. */
+  const struct {
+    uint32_t dest, j, k;
+    int32_t id[2];
+    float w[2];
+  } want[] = {{0, 3, 0, {1, -1}, {0.25f, 0.0f}},
+              {0, 4, 1, {0, -1}, {0.5f, 0.0f}},
+              {1, 0, 0, {-1, 0}, {0.0f, 0.75f}}};
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    const uint8_t *row = f.region[want[i].dest] + dep_slab_in_block(l, 1, 0) +
+                         (uint64_t)want[i].j * l->row_bytes;
+    ck_assert_uint_eq(row[0], 0xa0 + want[i].k);
+    ck_assert_uint_eq(row[DEP_SLAB_IDS_OFF(256) - 1], 0xa0 + want[i].k);
+    ck_assert_int_eq(memcmp(row + DEP_SLAB_IDS_OFF(256), want[i].id, sizeof want[i].id), 0);
+    ck_assert_int_eq(memcmp(row + DEP_SLAB_WEIGHTS_OFF(256, 2), want[i].w, sizeof want[i].w), 0);
+  }
+  ck_assert_uint_eq(*(const uint64_t *)(f.region[0] + dep_slab_in_mark(l, 1, 0, 0)),
+                    DEP_SLAB_CHAN_AT(9, 2));
+  ck_assert_uint_eq(*(const uint64_t *)(f.region[1] + dep_slab_in_mark(l, 1, 0, 0)),
+                    DEP_SLAB_CHAN_AT(9, 1));
+  /* A second frame of the same call adds to the count. */
+  ck_assert_int_eq(xfer__node_fanout(f.r, &h, buf, why, sizeof why), 0);
+  ck_assert_uint_eq(*(const uint64_t *)(f.region[1] + dep_slab_in_mark(l, 1, 0, 0)),
+                    DEP_SLAB_CHAN_AT(9, 2));
+  memset(f.region[0], 0, l->xchg_bytes);
+  memset(f.region[1], 0, l->xchg_bytes);
+  const int32_t past[2][2] = {{1, 2}, {0, 8}};
+  const struct dep_xfer_node_dest bad[][2] = {
+      {{.dest = 0, .start = 0, .count = 2}, {.dest = 1, .start = 0, .count = 2}}, /* 1 row */
+      {{.dest = 0, .start = 0, .count = 2}, {.dest = 2, .start = 0, .count = 1}}, /* remote */
+      {{.dest = 0, .start = 15, .count = 2}, {.dest = 1, .start = 0, .count = 1}}, /* past 16 */
+      {{.dest = 0, .start = 0, .count = 2}, {.dest = 1, .start = 0, .count = 1}}, /* id 8 */
+  };
+  for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+    h.bytes = xf_node(l, buf, bad[b], 2, b == 3 ? past : ids);
+    why[0] = '\0';
+    ck_assert_int_eq(xfer__node_fanout(f.r, &h, buf, why, sizeof why), DEP_ERR_PROTOCOL);
+    ck_assert_msg(strstr(why, "node channel") != NULL, "%s", why);
+    for (int i = 0; i < 2; i++)
+      for (uint64_t o = 0; o < l->xchg_bytes; o++)
+        ck_assert_msg(f.region[i][o] == 0, "table %zu wrote byte %llu of rank %d's region", b,
+                      (unsigned long long)o, i);
+  }
+  /* A frame larger than its table and a chunk's rows is refused at its header. */
+  h.bytes = DEP_XFER_NODE_BYTES(2) + (uint64_t)l->chunk_rows * l->row_bytes + 1;
+  ck_assert_int_eq(xf_target(0, &h, &t), DEP_ERR_PROTOCOL);
   xf_free(&f);
 }
 END_TEST
@@ -748,6 +844,7 @@ Suite *xfer_suite(void) {
   TCase *t = tcase_create("frames");
   tcase_add_test(t, a_frame_names_the_in_block_and_slot_of_its_source_in_its_destination);
   tcase_add_test(t, a_chunk_lands_at_its_ring_rows_and_a_credit_only_grows);
+  tcase_add_test(t, a_node_chunk_fans_out_remapped_and_a_table_that_does_not_fit_writes_nothing);
   tcase_add_test(t, a_frame_the_job_does_not_allow_is_refused_before_a_byte_is_written);
   tcase_add_test(t, a_frame_is_published_fields_first_and_the_flag_last);
   tcase_add_test(t, a_frame_header_encodes_to_the_bytes_the_raw_struct_had);
