@@ -93,9 +93,9 @@
  *      writes: blocks, writes, posts and bytes.
  *   9  A slab's control area ends in the live mask (slab.h: an epoch word
  *      and a bit per rank), which the daemon writes for elastic jobs: the
- *      data blocks of large worlds may start a page later.
- *  10  JOB_NODES_OK's job record ends in payload_out (the rows its proxy
- *      sent: one crossing per destination node, xring.h version 4).
+ *      data blocks of large worlds may start a page later.  JOB_NODES_OK's
+ *      job record ends in payload_out (the rows its proxy sent: one
+ *      crossing per destination node, xring.h version 4).
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -116,8 +116,8 @@
  * deepepctl of another version is refused at HELLO with the window named,
  * and told to upgrade whichever end is older.  Widening it means keeping
  * the older layouts' codecs for connections that said an older version. */
-#define DEP_PROTO_VERSION 10
-#define DEP_PROTO_MIN_VERSION 10
+#define DEP_PROTO_VERSION 9
+#define DEP_PROTO_MIN_VERSION 9
 #define DEP_PROTO_HDR_LEN 24
 #define DEP_PROTO_MAX_BODY (256u * 1024u)
 /* Linux accepts at most 253 fds in one SCM_RIGHTS message. */
