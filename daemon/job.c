@@ -79,6 +79,7 @@ static void job_destroy(struct job *j, const char *why) {
   j->attached = 0;
   xfer_job_end(j); /* the proxy lets go of its slabs before they go back */
   lend_release(j, deepepd.stopping);
+  elastic_free(j);
   log_info("job %s: removed (%s) after %llu ms", j->id, why,
            (unsigned long long)job_age_ms(j));
   uv_timer_stop(&j->timer);
@@ -93,9 +94,14 @@ static void job_remove_rank(struct job *j, uint32_t local_rank, bool detached) {
   log_info("job %s: rank %u (local %u, pid %d) %s (%u of %u local ranks left)", j->id, r->rank,
            local_rank, (int)r->pid, detached ? "detached" : "disconnected", j->attached - 1,
            j->local_world_size);
-  if (j->ready && !deepepd.stopping)
+  /* An elastic job goes on without it (job_elastic.c): masked, not aborted, and its
+   * slot keeps its rank and slab for a process that comes back as that rank. */
+  const bool masks = j->ready && !deepepd.stopping && j->elastic != NULL;
+  if (masks)
+    elastic_leave(j, r, detached ? DEP_SLAB_GONE_DETACHED : DEP_SLAB_GONE_DIED);
+  else if (j->ready && !deepepd.stopping)
     lend_tell_gone(j, r, detached ? DEP_SLAB_GONE_DETACHED : DEP_SLAB_GONE_DIED);
-  if (j->multinode && !deepepd.stopping) {
+  if (j->multinode && !deepepd.stopping && !masks) {
     char msg[DEP_MSG_TEXT_MAX];
     if (j->ready) {
       /* The other nodes' ranks are told as the local ones are. */
@@ -118,9 +124,14 @@ static void job_remove_rank(struct job *j, uint32_t local_rank, bool detached) {
   r->conn->job = NULL;
   /* The arena stays with the job: peers still map it, so it goes back to
    * the pool only when the last rank is gone (lend_release). */
-  struct pool_block *arena = r->arena;
+  const struct job_rank was = *r;
   memset(r, 0, sizeof *r);
-  r->arena = arena;
+  r->arena = was.arena;
+  if (masks) {
+    r->rank = was.rank;
+    r->offset = was.offset;
+    memcpy(r->device_uuid, was.device_uuid, sizeof r->device_uuid);
+  }
   j->attached--;
   if (j->attached == 0)
     job_destroy(j, "no ranks left");
@@ -236,6 +247,11 @@ static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {
   j->local_world_size = a->local_world_size;
   j->shape = a->shape;
   j->chunk_rows = job_cfg->stream_chunk_rows;
+  j->flags = a->flags;
+  if ((j->flags & DEP_ATTACH_ELASTIC) && !elastic_new(j)) {
+    free(j);
+    return NULL;
+  }
   /* With no peers configured there is nobody to hold the other ranks: the
    * job completes with its local ranks, as before multi-node jobs (the
    * memory is still laid out for world_size). */
@@ -263,6 +279,10 @@ static bool job_mismatch(const struct job *j, const struct dep_attach_args *a, c
     field = "local_world_size";
     have = j->local_world_size;
     gives = a->local_world_size;
+  } else if (j->flags != a->flags) {
+    field = "flags (DEP_ATTACH_ELASTIC, elastic=True)";
+    have = j->flags;
+    gives = a->flags;
   } else if (!dep__shape_diff(&j->shape, j->world_size, &a->shape, a->world_size, &field, &have,
                              &gives)) {
     return false;
@@ -501,6 +521,7 @@ int job_fill_status(struct dep_status *st, uid_t viewer_uid, uint32_t max_jobs) 
     o->slab_bytes = j->slab_bytes;
     o->age_ms = job_age_ms(j);
     o->host_bytes = j->host_bytes;
+    elastic_status(j, o);
   }
   return 0;
 }
@@ -522,6 +543,15 @@ void job_fill_nodes(struct dep_msg_job_nodes *m, uid_t viewer_uid) {
     o->nodes++;
     xfer_job_stats(j, o);
   }
+}
+
+void job_fill_events(struct dep_msg_job_events *m, uid_t viewer_uid) {
+  m->n = 0;
+  m->left_out = 0;
+  bool all = viewer_uid == 0 || viewer_uid == getuid();
+  for (struct job *j = job_list; j != NULL; j = j->next)
+    if (all || j->owner_uid == viewer_uid)
+      elastic_events(j, m);
 }
 
 void job_fini(void) {
