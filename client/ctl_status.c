@@ -72,6 +72,20 @@ static const struct ctl_col event_cols[] = {
 };
 #define EVENT_NCOLS (sizeof event_cols / sizeof event_cols[0])
 
+/* The history's rows (JOB_EVENTS_OK) into cells, EVENT_NCOLS a row. */
+static void event_rows(const struct dep_msg_job_events *ev, struct ctl_val *cells) {
+  for (uint32_t i = 0; ev != NULL && i < ev->n; i++) {
+    const struct dep_msg_job_event *e = &ev->ev[i];
+    struct ctl_val *row = cells + (size_t)i * EVENT_NCOLS;
+    row[0].s = e->job_id;
+    row[1].u = e->age_ms;
+    row[2].u = e->rank;
+    row[3].s = proto_job_event_name(e->why);
+    row[4].u = e->pid;
+    row[5].u = e->epoch;
+  }
+}
+
 /* Turn the daemon's status into the output records and render them. */
 static int status_render(const struct ctl *ctl, const struct dep_status *st,
                          const struct dep_msg_job_nodes *mn, bool multinode,
@@ -139,16 +153,7 @@ static int status_render(const struct ctl *ctl, const struct dep_status *st,
     jcols[k].flags |= CTL_COL_NOTEXT;
   for (size_t k = JOB_ELASTIC_COL; !elastic && k < JOB_NODE_COL; k++)
     jcols[k].flags |= CTL_COL_NOTEXT;
-  for (uint32_t i = 0; i < nev; i++) {
-    const struct dep_msg_job_event *e = &ev->ev[i];
-    struct ctl_val *row = evs + (size_t)i * EVENT_NCOLS;
-    row[0].s = e->job_id;
-    row[1].u = e->age_ms;
-    row[2].u = e->rank;
-    row[3].s = proto_job_event_name(e->why);
-    row[4].u = e->pid;
-    row[5].u = e->epoch;
-  }
+  event_rows(ev, evs);
   const struct ctl_table tables[] = {
       {"devices", "no devices", device_cols, DEVICE_NCOLS, st->num_devices, dev, 0},
       {"jobs", "no jobs", jcols, JOB_NCOLS, st->num_jobs, job, 0},

@@ -206,6 +206,8 @@ bool job_lend(struct job *j) {
   return true;
 }
 
+static void job_answer_waiting(struct job *j);
+
 /* Every rank is here: lend memory (unless it was) and answer them all. */
 void job_complete(struct job *j) {
   uv_timer_stop(&j->timer);
@@ -215,6 +217,11 @@ void job_complete(struct job *j) {
   j->ready_ns = uv_hrtime();
   log_info("job %s: all %u local ranks attached after %llu ms", j->id, j->local_world_size,
            (unsigned long long)job_age_ms(j));
+  job_answer_waiting(j);
+}
+
+/* Answer every local rank of the ready job j whose ATTACH waits: its arenas, then ATTACH_OK. */
+static void job_answer_waiting(struct job *j) {
   struct dep_msg_attach_ok ok = {
       .slab_bytes = j->slab_bytes,
       .local_world_size = j->local_world_size,
@@ -235,6 +242,70 @@ void job_complete(struct job *j) {
     if (lend_send(j, r->conn, r->request_id) == 0)
       conn_send(r->conn, DEP_MSG_ATTACH_OK, r->request_id, &ok, NULL, 0);
   }
+}
+
+static void job_seat(struct job *j, struct conn *c, uint32_t request_id,
+                     const struct dep_attach_args *a);
+static bool job_mismatch(const struct job *j, const struct dep_attach_args *a, char *msg,
+                         size_t len);
+
+/*
+ * A process attaches to the running elastic job j with the id of a rank
+ * that left it (DESIGN §14): it takes that rank's slot and memory, scrubbed
+ * (elastic_scrub), and is answered at once, the same SLAB frames and
+ * ATTACH_OK the job's ranks had; no survivor re-attaches and nothing is
+ * made.  The arguments must be the job's (shape, local ranks, flags, uid:
+ * checked before), and the rank one of this node's that is masked, on the
+ * device its memory is on.  Its bit is cleared with a join call above
+ * every call the survivors have posted (elastic_join, slab.h), so that it
+ * joins their calls at a boundary they all reach.  A job that spans nodes
+ * is refused for now: its exchange region's ring is the proxy's.
+ */
+static void job_rejoin(struct job *j, struct conn *c, uint32_t request_id,
+                       const struct dep_attach_args *a) {
+  char msg[DEP_MSG_TEXT_MAX];
+  struct job_rank *slot = &j->ranks[a->local_rank];
+  if (job_mismatch(j, a, msg, sizeof msg)) {
+    conn_send_error(c, request_id, DEP_ERR_MISMATCH, "%s", msg);
+    return;
+  }
+  if (j->multinode) {
+    conn_send_error(c, request_id, DEP_ERR_UNSUPPORTED,
+                    "job %s spans nodes: a rank rejoins an elastic job on one node only, so far "
+                    "(its exchange region is the proxy's); start the job again to bring rank %u "
+                    "back", j->id, a->rank);
+    return;
+  }
+  if (slot->conn != NULL) {
+    conn_send_error(c, request_id, DEP_ERR_EXISTS,
+                    "local rank %u of job %s is attached by pid %d; only a rank that left the "
+                    "job can be taken", a->local_rank, j->id, (int)slot->pid);
+    return;
+  }
+  if (slot->rank != a->rank || !elastic_masked(j, a->rank)) {
+    conn_send_error(c, request_id, DEP_ERR_MISMATCH,
+                    "local rank %u of job %s is rank %u, not %u; attach with the rank and local "
+                    "rank that left", a->local_rank, j->id, slot->rank, a->rank);
+    return;
+  }
+  if (memcmp(slot->device_uuid, a->device_uuid, sizeof slot->device_uuid) != 0) {
+    conn_send_error(c, request_id, DEP_ERR_MISMATCH,
+                    "rank %u of job %s has its memory on another device than this process "
+                    "gives; attach from the GPU the rank used", a->rank, j->id);
+    return;
+  }
+  char why[DEP_MSG_TEXT_MAX - DEP_JOB_ID_MAX - 64] = "";
+  int rc = elastic_scrub(j, slot, why, sizeof why);
+  if (rc == 0)
+    rc = elastic_join(j, slot, c->pid, why, sizeof why);
+  if (rc != 0) {
+    log_warnx("job %s: pid %d cannot take rank %u: %s", j->id, (int)c->pid, a->rank, why);
+    conn_send_error(c, request_id, rc, "job %s: rank %u cannot be taken: %s", j->id, a->rank,
+                    why);
+    return;
+  }
+  job_seat(j, c, request_id, a);
+  job_answer_waiting(j);
 }
 
 static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {
@@ -466,6 +537,10 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
     return;
   }
   const bool created = j == NULL;
+  if (!created && j->ready && j->elastic != NULL) {
+    job_rejoin(j, c, request_id, a);
+    return;
+  }
   if (created && (j = job_start_for(c, request_id, a, slab_bytes, host_bytes)) == NULL)
     return;
   if (!job_may_join(j, c, request_id, a, created))

@@ -41,12 +41,13 @@ struct elastic_event {
 };
 
 struct job_elastic {
-  uint64_t mask_off;  /* the layout's (slab.h): the same for every local rank */
+  struct dep_slab_layout l; /* where the mask and the slots are: the same in every local slab */
   uint64_t epoch;     /* the sum of gen[] */
   uint32_t masked;    /* ranks whose gen is odd */
   uint32_t n_events;  /* recorded so far; the newest DEP_JOB_EVENTS_KEPT are kept */
   struct elastic_event events[DEP_JOB_EVENTS_KEPT];
-  uint32_t gen[];     /* per world rank: its changes (above) */
+  uint64_t *join;     /* per world rank: its join word (slab.h), in the same allocation */
+  uint32_t *gen;      /* per world rank: its changes (above), likewise */
 };
 
 bool elastic_new(struct job *j) {
@@ -56,10 +57,14 @@ bool elastic_new(struct job *j) {
   if (dep__slab_layout_nodes(&j->shape, j->world_size, j->local_world_size, j->chunk_rows, &l,
                              why, sizeof why) != 0)
     return false;
-  j->elastic = calloc(1, sizeof *j->elastic + sizeof(uint32_t) * j->world_size);
-  if (j->elastic == NULL)
+  struct job_elastic *e =
+      calloc(1, sizeof *e + (sizeof(uint64_t) + sizeof(uint32_t)) * j->world_size);
+  if (e == NULL)
     return false;
-  j->elastic->mask_off = l.mask_off;
+  e->l = l;
+  e->join = (uint64_t *)(e + 1);
+  e->gen = (uint32_t *)(e->join + j->world_size);
+  j->elastic = e;
   return true;
 }
 
@@ -74,10 +79,10 @@ bool elastic_masked(const struct job *j, uint32_t rank) {
 
 /*
  * Write the mask into the slab of every local rank of j, the gone ones'
- * included (a rank that comes back finds it there): the bits first, then
- * the epoch, each write ending in a release fence (pool.h), so that a rank
- * that reads the epoch with acquire and then the bits sees this mask or a
- * later one.
+ * included (a rank that comes back finds it there): the join words and the
+ * bits first, then the epoch, each write ending in a release fence
+ * (pool.h), so that a rank that reads the epoch with acquire and then the
+ * rest sees this mask or a later one.
  */
 static void elastic_write(struct job *j) {
   const struct job_elastic *e = j->elastic;
@@ -92,9 +97,12 @@ static void elastic_write(struct job *j) {
     if (q->arena == NULL)
       continue;
     char why[256] = "";
-    const uint64_t at = q->offset + e->mask_off;
-    int rc = pool_block_write(q->arena, at + sizeof(uint64_t), words, n * sizeof(uint64_t), why,
-                              sizeof why);
+    const uint64_t at = q->offset + e->l.mask_off;
+    int rc = pool_block_write(q->arena, q->offset + dep_slab_mask_join(&e->l, 0), e->join,
+                              sizeof(uint64_t) * j->world_size, why, sizeof why);
+    if (rc == 0)
+      rc = pool_block_write(q->arena, at + sizeof(uint64_t), words, n * sizeof(uint64_t), why,
+                            sizeof why);
     if (rc == 0)
       rc = pool_block_write(q->arena, at, &e->epoch, sizeof e->epoch, why, sizeof why);
     if (rc != 0)
@@ -215,4 +223,115 @@ void elastic_events(const struct job *j, struct dep_msg_job_events *m) {
     o->pid = v->pid;
     o->epoch = v->epoch;
   }
+}
+
+/* Zero bytes [off, off + len) of local rank q's slab, a piece at a time. */
+static int elastic_zero(const struct job_rank *q, uint64_t off, uint64_t len, char *why,
+                        size_t whylen) {
+  static const uint8_t zero[64 * 1024];
+  while (len > 0) {
+    const size_t n = len < sizeof zero ? (size_t)len : sizeof zero;
+    int rc = pool_block_write(q->arena, q->offset + off, zero, n, why, whylen);
+    if (rc != 0)
+      return rc;
+    off += n;
+    len -= n;
+  }
+  return 0;
+}
+
+int elastic_scrub(struct job *j, const struct job_rank *slot, char *why, size_t whylen) {
+  const struct dep_slab_layout l = j->elastic->l;
+  const uint64_t mask_end = l.mask_off + DEP_SLAB_MASK_AREA_BYTES(j->world_size);
+  int rc;
+  /* Its own slab: the error and abort words and every slot (what its peers
+   * posted before it left), the rest of the control area after the mask,
+   * and its private area (the library's counters and scratch, as a new
+   * job's slab has them).  The mask stays: it is the job's now.  Its data
+   * blocks keep the job's own bytes, which a receiver reads only after a
+   * slot of a later call says they are in. */
+  rc = elastic_zero(slot, 0, l.mask_off, why, whylen);
+  if (rc == 0)
+    rc = elastic_zero(slot, mask_end, l.data_off - mask_end, why, whylen);
+  if (rc == 0)
+    rc = elastic_zero(slot, l.priv_off, l.priv_bytes, why, whylen);
+  /* In every other local slab, the slots this rank posted to before it left. */
+  for (uint32_t i = 0; rc == 0 && i < j->local_world_size; i++) {
+    const struct job_rank *q = &j->ranks[i];
+    if (q == slot || q->arena == NULL)
+      continue;
+    for (unsigned parity = 0; rc == 0 && parity < 2; parity++)
+      rc = elastic_zero(q, dep_slab_ctrl_slot(&l, parity, slot->rank), DEP_SLAB_CTRL_SLOT, why,
+                        whylen);
+  }
+  return rc;
+}
+
+/*
+ * The largest call any local rank of j but `slot` has posted (the flags of
+ * the slots in their slabs: a rank posts to every rank, itself included, at
+ * every call: kernels/host_ops.h), into *seq.  0, or DEP_ERR_* with why.
+ */
+static int elastic_posted(struct job *j, const struct job_rank *slot, uint64_t *seq, char *why,
+                          size_t whylen) {
+  const struct dep_slab_layout *l = &j->elastic->l;
+  const uint64_t first = dep_slab_ctrl_slot(l, 0, 0), bytes = l->mask_off - first;
+  uint64_t *slots = malloc(bytes);
+  if (slots == NULL) {
+    snprintf(why, whylen, "out of memory for %llu bytes of slots", (unsigned long long)bytes);
+    return DEP_ERR_NO_MEMORY;
+  }
+  *seq = 0;
+  int rc = 0;
+  for (uint32_t i = 0; rc == 0 && i < j->local_world_size; i++) {
+    const struct job_rank *q = &j->ranks[i];
+    if (q == slot || q->conn == NULL || q->arena == NULL)
+      continue;
+    rc = pool_block_read(q->arena, q->offset + first, slots, bytes, why, whylen);
+    /* The flag is each slot's first word (kabi.h struct ops_slot). */
+    for (uint64_t k = 0; rc == 0 && k < bytes / DEP_SLAB_CTRL_SLOT; k++) {
+      const uint64_t flag = slots[k * (DEP_SLAB_CTRL_SLOT / sizeof(uint64_t))];
+      *seq = flag > *seq ? flag : *seq;
+    }
+  }
+  free(slots);
+  return rc;
+}
+
+/* Calls ahead of the survivors' newest that a rank that comes back joins at:
+ * room for the calls they make while the daemon writes the epoch. */
+#define ELASTIC_JOIN_AHEAD 8u
+
+int elastic_join(struct job *j, const struct job_rank *slot, pid_t pid, char *why,
+                 size_t whylen) {
+  struct job_elastic *e = j->elastic;
+  const uint32_t rank = slot->rank;
+  uint64_t before = 0, after = 0;
+  int rc = elastic_posted(j, slot, &before, why, whylen);
+  if (rc != 0)
+    return rc;
+  const uint64_t at = before + ELASTIC_JOIN_AHEAD;
+  e->join[rank] = at;
+  (void)elastic_take(j, rank, e->gen[rank] + 1, DEP_JOB_EVENT_REJOINED, (uint32_t)pid);
+  elastic_write(j);
+  /* A survivor starts call `at` only once every rank has posted at - 1 to
+   * it; none has, after the epoch went out, so each will see it first. */
+  rc = elastic_posted(j, slot, &after, why, whylen);
+  if (rc == 0 && after + 1 < at) {
+    log_notice("job %s: pid %d is rank %u again, from call %llu (the survivors had posted call "
+               "%llu; epoch %llu, %u of %u ranks masked)", j->id, (int)pid, rank,
+               (unsigned long long)at, (unsigned long long)before,
+               (unsigned long long)e->epoch, e->masked, j->world_size);
+    return 0;
+  }
+  /* The survivors ran past it (or could not be read): masked again, as it was. */
+  (void)elastic_take(j, rank, e->gen[rank] + 1, DEP_SLAB_GONE_DETACHED, (uint32_t)pid);
+  elastic_write(j);
+  if (rc == 0) {
+    snprintf(why, whylen, "the job's calls reached call %llu while rank %u was brought back "
+             "from call %llu; attach again", (unsigned long long)after, rank,
+             (unsigned long long)at);
+    rc = DEP_ERR_STATE;
+  }
+  return rc;
 }

@@ -84,6 +84,18 @@ void elastic_node_lost(struct job *j, const struct dep_peer_membership *x);
 /* Peer k's JOB_MASK about j: taken when it is news (job_elastic.c). */
 void elastic_on_mask(struct job *j, int k, const struct dep_peer_membership *x,
                      const struct dep_peer_job_mask *m);
+/* Before a process takes the slot of a rank that left the running elastic job
+ * j: scrub what its protocol reads (job_elastic.c says which bytes).  0, or
+ * DEP_ERR_* with why. */
+int elastic_scrub(struct job *j, const struct job_rank *slot, char *why, size_t whylen);
+/* Process pid takes the slot of the masked rank `slot` of j (scrubbed): the
+ * rank is made live from a call above every call the survivors posted
+ * (slab.h's join word), and its history says so.  0; or, when the
+ * survivors' calls ran past that call meanwhile, the rank masked again and
+ * DEP_ERR_STATE with why (or another DEP_ERR_* where a slab could not be
+ * read). */
+int elastic_join(struct job *j, const struct job_rank *slot, pid_t pid, char *why,
+                 size_t whylen);
 /* Whether global rank `rank` of j is masked now. */
 bool elastic_masked(const struct job *j, uint32_t rank);
 /* j's status: its masked ranks' count, epoch and ranks as text (dep_status_job). */

@@ -93,7 +93,8 @@
  *      writes: blocks, writes, posts and bytes.
  *   9  A slab's control area ends in the live mask (slab.h: an epoch word
  *      and a bit per rank), which the daemon writes for elastic jobs: the
- *      data blocks of large worlds may start a page later.  ATTACH ends
+ *      data blocks of large worlds may start a page later; after the bits,
+ *      a join word per rank.  ATTACH ends
  *      in the job's flags (DEP_ATTACH_ELASTIC); STATUS_OK's job record in
  *      its flags, masked ranks, epoch and mask; JOB_EVENTS and
  *      JOB_EVENTS_OK (an elastic job's history: who left, when, why; who

@@ -125,7 +125,7 @@ static void arena_attach(struct arena *ar, const struct tu_daemon *d,
   ck_assert_uint_eq(ar->m.n_chunks, 1);
   ck_assert_uint_eq(ar->m.n_ranks, a->local_world_size);
   ar->len = (size_t)ar->m.chunk_bytes;
-  ar->base = mmap(NULL, ar->len, PROT_READ, MAP_SHARED, fds[0], 0);
+  ar->base = mmap(NULL, ar->len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
   ck_assert_ptr_ne(ar->base, MAP_FAILED);
   close(fds[0]);
   ck_assert_int_eq(dw_recv_frame(ar->fd, f, 10000), 0);
@@ -143,7 +143,7 @@ static void arena_done(struct arena *ar) {
   close(ar->fd);
 }
 
-static const uint8_t *arena_slab(const struct arena *ar, uint32_t lr) {
+static uint8_t *arena_slab(const struct arena *ar, uint32_t lr) {
   for (uint32_t i = 0; i < ar->m.n_ranks; i++)
     if (ar->m.ranks[i].local_rank == lr)
       return ar->base + ar->m.ranks[i].offset;
@@ -300,6 +300,142 @@ START_TEST(ranks_that_disagree_on_elastic_are_refused_naming_the_flag) {
 }
 END_TEST
 
+/* Whether bytes [off, off + len) of local rank lr's slab are all `v`. */
+static bool slab_all(const struct arena *ar, uint32_t lr, uint64_t off, uint64_t len, uint8_t v) {
+  const uint8_t *p = arena_slab(ar, lr) + off;
+  for (uint64_t i = 0; i < len; i++)
+    if (p[i] != v)
+      return false;
+  return true;
+}
+
+/* The daemon's open fds (/proc/<pid>/fd). */
+static int daemon_fds(const struct tu_daemon *d) {
+  char cmd[128];
+  dw_sfmt(cmd, sizeof cmd, "ls /proc/%d/fd | wc -l", (int)d->pid);
+  char *out = tu_sh_out(cmd, NULL);
+  int n = atoi(out);
+  free(out);
+  return n;
+}
+
+START_TEST(a_process_that_attaches_as_a_rank_that_left_gets_its_memory_scrubbed) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  enum { W = 4 };
+  struct dw_child c[W];
+  for (uint32_t r = 1; r < W; r++) {
+    struct dep_attach_args a = eargs("back", r, W, r, W, DEP_ATTACH_ELASTIC);
+    rank_spawn(&c[r], &d, &a);
+  }
+  struct arena ar;
+  struct dep_attach_args a0 = eargs("back", 0, W, 0, W, DEP_ATTACH_ELASTIC);
+  arena_attach(&ar, &d, &a0);
+  for (uint32_t r = 1; r < W; r++)
+    ck_assert_int_eq(rank_word(&c[r]), 'r');
+  rank_kill(&c[2]);
+  const uint32_t all[] = {0, 1, 2, 3};
+  expect_mask(&ar, all, 4, W, 1, "0010");
+
+  /* What rank 2's protocol reads, dirtied as a dead rank's calls would leave it: its own
+   * slots and error words, its private area, and the slots it posted into rank 0's slab. */
+  const struct dep_slab_layout *l = &ar.l;
+  memset(arena_slab(&ar, 2), 0xa5, l->mask_off);
+  memset(arena_slab(&ar, 2) + l->priv_off, 0xa5, l->priv_bytes);
+  memset(arena_slab(&ar, 0) + dep_slab_ctrl_slot(l, 1, 2), 0xa5, DEP_SLAB_CTRL_SLOT);
+  /* Rank 1 posted call 41 to rank 0 (a slot's flag is its first word, kabi.h): that slot is
+   * not rank 2's and stays, and rank 2 comes back from a call above it. */
+  uint64_t *posted = (uint64_t *)(arena_slab(&ar, 0) + dep_slab_ctrl_slot(l, 1, 1));
+  __atomic_store_n(posted, 41, __ATOMIC_RELEASE);
+
+  /* A new process attaches as rank 2: answered at once, with the same arena. */
+  struct arena back;
+  struct dep_attach_args a2 = eargs("back", 2, W, 2, W, DEP_ATTACH_ELASTIC);
+  arena_attach(&back, &d, &a2);
+  for (uint32_t i = 0; i < W; i++) {
+    ck_assert_uint_eq(back.m.ranks[i].local_rank, ar.m.ranks[i].local_rank);
+    ck_assert_uint_eq(back.m.ranks[i].offset, ar.m.ranks[i].offset);
+  }
+  ck_assert(slab_all(&ar, 2, 0, l->mask_off, 0));
+  ck_assert(slab_all(&ar, 2, l->priv_off, l->priv_bytes, 0));
+  ck_assert(slab_all(&ar, 0, dep_slab_ctrl_slot(l, 1, 2), DEP_SLAB_CTRL_SLOT, 0));
+  ck_assert_uint_eq(__atomic_load_n(posted, __ATOMIC_ACQUIRE), 41);
+  /* Its bit is clear in every slab, its own new one too, with a new epoch, and it takes part
+   * from call 49 (the newest posted, 41, and the daemon's 8 calls of room: job_elastic.c). */
+  expect_mask(&ar, all, 4, W, 2, "0000");
+  expect_mask(&back, all, 4, W, 2, "0000");
+  for (uint32_t lr = 0; lr < W; lr++) {
+    const uint64_t *join = (const uint64_t *)(arena_slab(&ar, lr) + dep_slab_mask_join(l, 2));
+    ck_assert_uint_eq(__atomic_load_n(join, __ATOMIC_ACQUIRE), 49);
+  }
+  ck_assert(dw_log_has(&d, "is rank 2 again, from call 49", 5000));
+  EXPECT_STATUS(&d, "\"rank\":2,\"event\":\"rejoined\"", "\"ranks_attached\":4",
+                "\"epoch\":2,\"masked_ranks\":\"\"");
+
+  /* A rank that is live cannot be taken, nor one that left under another rank's id. */
+  struct dep_attach_args a1 = eargs("back", 1, W, 1, W, DEP_ATTACH_ELASTIC);
+  int f1 = attach_args(&d, &a1);
+  expect_fail(f1, DEP_ERR_EXISTS, "is attached by pid", NULL);
+  close(f1);
+  arena_done(&back);
+  expect_mask(&ar, all, 4, W, 3, "0010");
+  struct dep_attach_args wrong = eargs("back", 3, W, 2, W, DEP_ATTACH_ELASTIC);
+  int fw = attach_args(&d, &wrong);
+  expect_fail(fw, DEP_ERR_MISMATCH, "is rank 2, not 3", NULL);
+  close(fw);
+  struct dep_attach_args shape = eargs("back", 2, W, 2, W, DEP_ATTACH_ELASTIC);
+  shape.shape.hidden *= 2;
+  int fs = attach_args(&d, &shape);
+  expect_fail(fs, DEP_ERR_MISMATCH, "hidden", NULL);
+  close(fs);
+  arena_done(&ar);
+  for (uint32_t r = 1; r < W; r++)
+    rank_reap(&c[r]);
+  dw_stop_ok(&d);
+}
+END_TEST
+
+/* The count; each cycle is a fork, an attach and a SIGKILL (seconds in all). */
+#define REJOIN_CYCLES 500
+
+START_TEST(kill_and_rejoin_cycles_leak_no_fd_and_no_memory) {
+  struct tu_daemon d;
+  dw_start(&d, NULL);
+  struct dw_child c;
+  struct dep_attach_args a1 = eargs("cycles", 1, 2, 1, 2, DEP_ATTACH_ELASTIC);
+  rank_spawn(&c, &d, &a1);
+  struct arena ar;
+  struct dep_attach_args a0 = eargs("cycles", 0, 2, 0, 2, DEP_ATTACH_ELASTIC);
+  arena_attach(&ar, &d, &a0);
+  ck_assert_int_eq(rank_word(&c), 'r');
+  rank_kill(&c);
+  rank_reap(&c);
+  const uint32_t here[] = {0};
+  expect_mask(&ar, here, 1, 2, 1, "01");
+  int s = dw_client(&d);
+  struct dep_status *st0 = dw_status(s);
+  const int fds0 = daemon_fds(&d);
+  for (int i = 0; i < REJOIN_CYCLES; i++) {
+    rank_spawn(&c, &d, &a1);
+    ck_assert_msg(rank_word(&c) == 'r', "cycle %d: the rank did not rejoin", i);
+    expect_mask(&ar, here, 1, 2, 2u + 2u * (uint64_t)i, "00");
+    rank_kill(&c);
+    rank_reap(&c);
+    /* Masked again before the next one comes. */
+    expect_mask(&ar, here, 1, 2, 3u + 2u * (uint64_t)i, "01");
+  }
+  ck_assert_int_eq(daemon_fds(&d), fds0);
+  struct dep_status *st1 = dw_status(s);
+  ck_assert_uint_eq(st1->devices[0].pool_used_bytes, st0->devices[0].pool_used_bytes);
+  ck_assert_uint_eq(st1->devices[0].pool_held_bytes, st0->devices[0].pool_held_bytes);
+  dep_status_free(st0);
+  dep_status_free(st1);
+  close(s);
+  arena_done(&ar);
+  dw_stop_ok(&d);
+}
+END_TEST
+
 /* ---- two daemons -------------------------------------------------------------- */
 
 START_TEST(an_elastic_job_over_two_daemons_masks_a_remote_rank_then_its_lost_node) {
@@ -365,6 +501,8 @@ Suite *elastic_suite(void) {
   tcase_add_test(tc, an_elastic_job_masks_each_rank_that_dies_or_detaches_and_goes_on);
   tcase_add_test(tc, a_job_that_is_not_elastic_still_aborts_its_survivors);
   tcase_add_test(tc, ranks_that_disagree_on_elastic_are_refused_naming_the_flag);
+  tcase_add_test(tc, a_process_that_attaches_as_a_rank_that_left_gets_its_memory_scrubbed);
+  tcase_add_test(tc, kill_and_rejoin_cycles_leak_no_fd_and_no_memory);
   suite_add_tcase(s, tc);
   tc = tcase_create("two_daemons");
   tcase_set_timeout(tc, 30);
