@@ -35,9 +35,20 @@
 
 /* ---- ranks ------------------------------------------------------------------ */
 
-/* A rank process: attaches *a on d, reports 'r' once its ATTACH is answered
- * (or 'f'), then on the word 'd' detaches and reports 'D'; it exits when the
- * go pipe closes, or is killed. */
+/* Ask for the rank's stats page on fd (STATS_LEND): whether it came. */
+static bool stats_page_lent(int fd, struct dw_frame *f) {
+  int fds[DEP_PROTO_MAX_FDS], nfds = 0;
+  if (dw_send_frame(fd, DEP_MSG_STATS_LEND, 8, NULL) != 0 ||
+      dw_recv_frame_fds(fd, f, 10000, fds, &nfds) != 0)
+    return false;
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  return f->h.type == DEP_MSG_STATS_LEND_OK && nfds == 1;
+}
+
+/* A rank process: attaches *a on d and takes its stats page, as the library
+ * does, reports 'r' once both are answered (or 'f'), then on the word 'd'
+ * detaches and reports 'D'; it exits when the go pipe closes, or is killed. */
 static void rank_spawn(struct dw_child *c, const struct tu_daemon *d,
                        const struct dep_attach_args *a) {
   dw_child_fork(c);
@@ -57,6 +68,8 @@ static void rank_spawn(struct dw_child *c, const struct tu_daemon *d,
     if (f->h.type != DEP_MSG_SLAB)
       break;
   }
+  if (word == 'r' && !stats_page_lent(fd, f))
+    word = 'f';
   if (write(c->rep, &word, 1) != 1)
     _exit(3);
   char x;
@@ -73,7 +86,7 @@ static void rank_spawn(struct dw_child *c, const struct tu_daemon *d,
   _exit(0);
 }
 
-/* The child's next word within 10 s ('?' when none came). */
+
 static char rank_word(const struct dw_child *c) {
   struct pollfd p = {.fd = c->rep, .events = POLLIN};
   char x = '?';
@@ -352,6 +365,10 @@ START_TEST(a_process_that_attaches_as_a_rank_that_left_gets_its_memory_scrubbed)
   struct arena back;
   struct dep_attach_args a2 = eargs("back", 2, W, 2, W, DEP_ATTACH_ELASTIC);
   arena_attach(&back, &d, &a2);
+  /* Its stats page is its own, not the dead process's. */
+  struct dw_frame *f = dw_frame_new();
+  ck_assert(stats_page_lent(back.fd, f));
+  free(f);
   for (uint32_t i = 0; i < W; i++) {
     ck_assert_uint_eq(back.m.ranks[i].local_rank, ar.m.ranks[i].local_rank);
     ck_assert_uint_eq(back.m.ranks[i].offset, ar.m.ranks[i].offset);
