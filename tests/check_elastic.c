@@ -412,6 +412,42 @@ START_TEST(a_process_that_attaches_as_a_rank_that_left_gets_its_memory_scrubbed)
 }
 END_TEST
 
+/* A rejoin whose survivors ran past its join call while the epoch went out
+ * (DEEPEPD_TEST_JOIN_OVERTAKEN makes the first one so) is undone: the rank is
+ * masked again, the process told to attach again, and the next try works. */
+START_TEST(a_rejoin_overtaken_by_the_survivors_calls_is_undone_and_can_be_tried_again) {
+  struct tu_daemon d;
+  setenv("DEEPEPD_TEST_JOIN_OVERTAKEN", "1", 1);
+  dw_start(&d, NULL);
+  unsetenv("DEEPEPD_TEST_JOIN_OVERTAKEN");
+  struct dw_child c;
+  struct dep_attach_args a1 = eargs("overtaken", 1, 2, 1, 2, DEP_ATTACH_ELASTIC);
+  rank_spawn(&c, &d, &a1);
+  struct arena ar;
+  struct dep_attach_args a0 = eargs("overtaken", 0, 2, 0, 2, DEP_ATTACH_ELASTIC);
+  arena_attach(&ar, &d, &a0);
+  ck_assert_int_eq(rank_word(&c), 'r');
+  rank_kill(&c);
+  rank_reap(&c);
+  const uint32_t here[] = {0};
+  expect_mask(&ar, here, 1, 2, 1, "01");
+  int f = attach_args(&d, &a1);
+  expect_fail(f, DEP_ERR_STATE, "attach again", "brought back from call 8");
+  close(f);
+  /* Live at epoch 2, masked again at 3 (a survivor that had taken call 8 with the rank live
+   * has its wait on it completed masked when the epoch changes: the operations' part). */
+  expect_mask(&ar, here, 1, 2, 3, "01");
+  EXPECT_STATUS(&d, "\"rank\":1,\"event\":\"rejoined\"", "\"rank\":1,\"event\":\"detached\"",
+                "\"ranks_attached\":1");
+  rank_spawn(&c, &d, &a1);
+  ck_assert_int_eq(rank_word(&c), 'r');
+  expect_mask(&ar, here, 1, 2, 4, "00");
+  rank_reap(&c);
+  arena_done(&ar);
+  dw_stop_ok(&d);
+}
+END_TEST
+
 /* The count; each cycle is a fork, an attach and a SIGKILL (seconds in all). */
 #define REJOIN_CYCLES 500
 
@@ -520,6 +556,7 @@ Suite *elastic_suite(void) {
   tcase_add_test(tc, ranks_that_disagree_on_elastic_are_refused_naming_the_flag);
   tcase_add_test(tc, a_process_that_attaches_as_a_rank_that_left_gets_its_memory_scrubbed);
   tcase_add_test(tc, kill_and_rejoin_cycles_leak_no_fd_and_no_memory);
+  tcase_add_test(tc, a_rejoin_overtaken_by_the_survivors_calls_is_undone_and_can_be_tried_again);
   suite_add_tcase(s, tc);
   tc = tcase_create("two_daemons");
   tcase_set_timeout(tc, 30);
