@@ -133,13 +133,11 @@ static bool peer_check(const struct dep_peer_msg *m, char *why, size_t whylen) {
     return true;
   }
   case DEP_PEER_JOB_MASK: {
-    /* A change that masks comes with an odd count, a rejoin with an even
-     * one (job_elastic.c); a rank past any world is refused here, a rank
-     * past the job's own world by the receiver. */
+    /* A change that masks comes with an odd count (job_elastic.c); a rank
+     * past any world is refused here, a rank past the job's own world by
+     * the receiver. */
     const struct dep_peer_job_mask *x = &m->u.mask;
-    const bool back = x->why == DEP_JOB_EVENT_REJOINED;
-    if (x->rank >= DEP_MAX_WORLD || x->gen == 0 || (x->gen % 2 == 0) != back ||
-        (!back && x->why > DEP_SLAB_GONE_NODE)) {
+    if (x->rank >= DEP_MAX_WORLD || x->gen % 2 == 0 || x->why > DEP_SLAB_GONE_NODE) {
       why_set(why, whylen, "peer JOB_MASK of rank %u carries gen %u, why %u",
               (unsigned)x->rank, (unsigned)x->gen, (unsigned)x->why);
       return false;

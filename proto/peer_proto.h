@@ -39,10 +39,9 @@
  *   MEMBERSHIP_OK str job_id, u32 owner_uid
  *   MEMBERSHIP carries, after chunk_rows, u32 flags (the job's
  *              DEP_ATTACH_* bits, deepep.h)
- *   JOB_MASK   str job_id, u32 owner_uid, u32 rank, u32 gen (> 0), u32
- *              why (DEP_SLAB_GONE_DIED, DETACHED, NODE or
- *              DEP_JOB_EVENT_REJOINED: gen odd for the first three, even
- *              for the last), u64 epoch (the sender's after it)
+ *   JOB_MASK   str job_id, u32 owner_uid, u32 rank, u32 gen (odd), u32
+ *              why (DEP_SLAB_GONE_DIED, DETACHED or NODE), u64 epoch (the
+ *              sender's after it)
  *
  * Multi-node jobs (daemon/job_members.c): a daemon whose local ranks of a job have all
  * attached sends MEMBERSHIP (which global ranks it holds, under which uid
@@ -54,9 +53,10 @@
  * sender took the receiver's MEMBERSHIP of that job (owner uid and id) as
  * a record; a MEMBERSHIP it cannot take it answers with JOB_FAIL instead.
  * JOB_MASK is an elastic job's (DESIGN §14): the sender holds `rank`, which
- * left (or came back), and this is that rank's gen'th such change; the
+ * left, and this is that rank's gen'th change (its leaves and returns); the
  * receiver takes it when gen is above the one it holds for the rank
- * (daemon/job_elastic.c says how the daemons agree on the epoch).
+ * (daemon/job_elastic.c says how the daemons agree on the epoch).  A rank
+ * comes back only in a job on one node so far, so no JOB_MASK says so.
  * A node answers its ranks' ATTACH only once every node holding ranks of
  * the job has taken its MEMBERSHIP, so that a refusal never reaches a job
  * that has started.  MEMBERSHIP's windows say
@@ -302,13 +302,13 @@ struct dep_peer_job_event {
   char message[DEP_MSG_TEXT_MAX];
 };
 
-/* JOB_MASK: rank `rank` of an elastic job, held by the sender, left or came back. */
+/* JOB_MASK: rank `rank` of an elastic job, held by the sender, left it. */
 struct dep_peer_job_mask {
   char job_id[DEP_JOB_ID_MAX];
   uint32_t owner_uid;
   uint32_t rank;   /* the global rank */
-  uint32_t gen;    /* its changes so far, this one included: odd, masked; even, live */
-  uint32_t why;    /* DEP_SLAB_GONE_DIED / DETACHED / NODE, or DEP_JOB_EVENT_REJOINED */
+  uint32_t gen;    /* its changes so far, this one included: odd (masked) */
+  uint32_t why;    /* DEP_SLAB_GONE_DIED / DETACHED / NODE */
   uint64_t epoch;  /* the sender's epoch after it (for the logs: the receiver computes its own) */
 };
 

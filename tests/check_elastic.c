@@ -24,6 +24,7 @@
 #include "deepep.h"
 #include "mnrank.h"
 #include "nodes.h"
+#include "peer_proto.h"
 #include "proto.h"
 #include "slab.h"
 #include "testutil.h"
@@ -32,6 +33,49 @@
  * closed connection (or a peer's JOB_MASK) within milliseconds; 5 s is a
  * ceiling for a loaded CI machine, not an expectation. */
 #define MASK_WAIT_MS 5000
+
+/* ---- JOB_MASK, the peers' word for it ----------------------------------------- */
+
+START_TEST(job_mask_round_trips_and_only_a_masking_change_is_taken) {
+  struct dep_peer_msg m = {.type = DEP_PEER_JOB_MASK}, out;
+  m.u.mask = (struct dep_peer_job_mask){.job_id = "train-7", .owner_uid = 1000, .rank = 5,
+                                        .gen = 3, .why = DEP_SLAB_GONE_NODE, .epoch = 9};
+  struct proto_buf b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(peer_proto_encode(&b, &m), 0);
+  char why[256];
+  ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), 0);
+  ck_assert_mem_eq(&out.u.mask, &m.u.mask, sizeof m.u.mask);
+  for (size_t n = 0; n < b.len; n++)
+    ck_assert_int_ne(peer_proto_decode(b.data, n, &out, NULL, 0), 0);
+  proto_buf_free(&b);
+  /* An even count (a rank back: not said across nodes), a reason that is no leave, a rank
+   * past every world: refused by both ends. */
+  const struct dep_peer_job_mask bad[] = {
+      {.job_id = "j", .rank = 1, .gen = 2, .why = DEP_SLAB_GONE_DIED},
+      {.job_id = "j", .rank = 1, .gen = 1, .why = DEP_SLAB_GONE_DAEMON},
+      {.job_id = "j", .rank = 1, .gen = 1, .why = DEP_JOB_EVENT_REJOINED},
+      {.job_id = "j", .rank = DEP_MAX_WORLD, .gen = 1, .why = DEP_SLAB_GONE_DIED},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    m.u.mask = bad[i];
+    proto_buf_init(&b);
+    ck_assert_int_eq(peer_proto_encode(&b, &m), DEP_ERR_INVALID);
+    m.u.mask.gen = 1;
+    m.u.mask.why = DEP_SLAB_GONE_DIED;
+    m.u.mask.rank = 1;
+    ck_assert_int_eq(peer_proto_encode(&b, &m), 0);
+    /* The same fields forged on the wire: rank, gen and why end before the 8-byte epoch. */
+    b.data[b.len - 16] = (uint8_t)bad[i].gen;
+    b.data[b.len - 12] = (uint8_t)bad[i].why;
+    b.data[b.len - 20] = (uint8_t)(bad[i].rank & 0xff);
+    b.data[b.len - 19] = (uint8_t)(bad[i].rank >> 8);
+    ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_PROTOCOL);
+    ck_assert_ptr_nonnull(strstr(why, "JOB_MASK"));
+    proto_buf_free(&b);
+  }
+}
+END_TEST
 
 /* ---- ranks ------------------------------------------------------------------ */
 
@@ -549,7 +593,10 @@ END_TEST
 Suite *elastic_suite(void);
 Suite *elastic_suite(void) {
   Suite *s = suite_create("elastic");
-  TCase *tc = tcase_create("one_daemon");
+  TCase *tc = tcase_create("codec");
+  tcase_add_test(tc, job_mask_round_trips_and_only_a_masking_change_is_taken);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("one_daemon");
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, an_elastic_job_masks_each_rank_that_dies_or_detaches_and_goes_on);
   tcase_add_test(tc, a_job_that_is_not_elastic_still_aborts_its_survivors);
