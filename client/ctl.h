@@ -110,7 +110,8 @@ int ctl_ask(dep_client_t *c, uint16_t type, const void *req, uint16_t ok_type,
             ctl_decode_fn decode, void *out);
 /* The replies deepepctl decodes: ctl_decode_<body> is proto_decode_<body>
  * with its out as void *, the shape ctl_ask calls. */
-#define CTL_REPLY_BODIES(X) X(reload_ok) X(text) X(peers) X(job_nodes) X(clients) X(kernels_ok)
+#define CTL_REPLY_BODIES(X) X(reload_ok) X(text) X(peers) X(job_nodes) X(job_events) X(clients) \
+  X(kernels_ok)
 #define CTL_DECODE_DECL_(body) int ctl_decode_##body(const uint8_t *p, size_t len, void *out);
 CTL_REPLY_BODIES(CTL_DECODE_DECL_)
 #undef CTL_DECODE_DECL_

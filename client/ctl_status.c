@@ -1,6 +1,7 @@
 /*
  * ctl_status.c — `deepepctl status`: the daemon's version, state, uptime,
- * backend, devices, clients and jobs, as text or JSON from the same records.
+ * backend, devices, clients and jobs (with each elastic job's epoch, masked
+ * ranks and history), as text or JSON from the same records.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,9 @@ static const struct ctl_col job_cols[] = {
     {"world_size", "WORLD", CTL_UINT, 0},
     {"slab_bytes", "SLAB", CTL_BYTES, 0},
     {"age_ms", "AGE", CTL_MS, 0},
+    {"elastic", "ELASTIC", CTL_BOOL, 0},
+    {"epoch", "EPOCH", CTL_UINT, 0},
+    {"masked_ranks", "MASKED", CTL_STR, 0},
     {"host_bytes", "HOST", CTL_BYTES, 0},
     {"nodes", "NODES", CTL_UINT, 0},
     {"remote_ranks", "REMOTE", CTL_UINT, 0},
@@ -52,12 +56,41 @@ static const struct ctl_col job_cols[] = {
 /* The node columns, job_cols[JOB_NODE_COL...]: when no job spans nodes (no pinned host
  * memory, one node, nothing sent or received, an empty ring) they stay in the JSON but out
  * of the text table, as deepepctl(1) says. */
-#define JOB_NODE_COL 7
+#define JOB_NODE_COL 10
+/* The elastic columns, job_cols[JOB_ELASTIC_COL...]: out of the text table when no job is
+ * elastic, as deepepctl(1) says. */
+#define JOB_ELASTIC_COL 7
 _Static_assert(JOB_NCOLS == JOB_NODE_COL + 7, "the node columns end the job columns");
+
+/* An elastic job's history (JOB_EVENTS_OK): who left, when and why; who came back. */
+static const struct ctl_col event_cols[] = {
+    {"job_id", "JOB", CTL_STR, 0},
+    {"age_ms", "AT", CTL_MS, 0},
+    {"rank", "RANK", CTL_UINT, 0},
+    {"event", "EVENT", CTL_STR, 0},
+    {"pid", "PID", CTL_UINT, 0},
+    {"epoch", "EPOCH", CTL_UINT, 0},
+};
+#define EVENT_NCOLS (sizeof event_cols / sizeof event_cols[0])
+
+/* The history's rows (JOB_EVENTS_OK) into cells, EVENT_NCOLS a row. */
+static void event_rows(const struct dep_msg_job_events *ev, struct ctl_val *cells) {
+  for (uint32_t i = 0; ev != NULL && i < ev->n; i++) {
+    const struct dep_msg_job_event *e = &ev->ev[i];
+    struct ctl_val *row = cells + (size_t)i * EVENT_NCOLS;
+    row[0].s = e->job_id;
+    row[1].u = e->age_ms;
+    row[2].u = e->rank;
+    row[3].s = proto_job_event_name(e->why);
+    row[4].u = e->pid;
+    row[5].u = e->epoch;
+  }
+}
 
 /* Turn the daemon's status into the output records and render them. */
 static int status_render(const struct ctl *ctl, const struct dep_status *st,
-                         const struct dep_msg_job_nodes *mn, bool multinode) {
+                         const struct dep_msg_job_nodes *mn, bool multinode,
+                         const struct dep_msg_job_events *ev, bool elastic) {
   struct ctl_val fields[STATUS_NFIELDS] = {
       {.s = st->version},
       {.s = st->state},
@@ -69,9 +102,12 @@ static int status_render(const struct ctl *ctl, const struct dep_status *st,
   };
   struct ctl_val *dev = calloc((size_t)st->num_devices * DEVICE_NCOLS + 1, sizeof *dev);
   struct ctl_val *job = calloc((size_t)st->num_jobs * JOB_NCOLS + 1, sizeof *job);
-  if (dev == NULL || job == NULL) {
+  const uint32_t nev = ev != NULL ? ev->n : 0;
+  struct ctl_val *evs = calloc((size_t)nev * EVENT_NCOLS + 1, sizeof *evs);
+  if (dev == NULL || job == NULL || evs == NULL) {
     free(dev);
     free(job);
+    free(evs);
     return ctl_fail(ctl, DEP_ERR_NO_MEMORY, "out of memory");
   }
   for (uint32_t i = 0; i < st->num_devices; i++) {
@@ -95,6 +131,9 @@ static int status_render(const struct ctl *ctl, const struct dep_status *st,
     row[4].u = j->world_size;
     row[5].u = j->slab_bytes;
     row[6].u = j->age_ms;
+    row[JOB_ELASTIC_COL].u = (j->flags & DEP_ATTACH_ELASTIC) != 0;
+    row[JOB_ELASTIC_COL + 1].u = j->epoch;
+    row[JOB_ELASTIC_COL + 2].s = j->mask;
     row[JOB_NODE_COL].u = j->host_bytes;
     /* One node and no remote ranks, unless JOB_NODES says otherwise. */
     row[JOB_NODE_COL + 1].u = 1;
@@ -114,14 +153,20 @@ static int status_render(const struct ctl *ctl, const struct dep_status *st,
   memcpy(jcols, job_cols, sizeof jcols);
   for (size_t k = JOB_NODE_COL; !multinode && k < JOB_NCOLS; k++)
     jcols[k].flags |= CTL_COL_NOTEXT;
+  for (size_t k = JOB_ELASTIC_COL; !elastic && k < JOB_NODE_COL; k++)
+    jcols[k].flags |= CTL_COL_NOTEXT;
+  event_rows(ev, evs);
   const struct ctl_table tables[] = {
       {"devices", "no devices", device_cols, DEVICE_NCOLS, st->num_devices, dev, 0},
       {"jobs", "no jobs", jcols, JOB_NCOLS, st->num_jobs, job, 0},
+      {"job_events", "no elastic job events", event_cols, EVENT_NCOLS, nev, evs,
+       elastic ? 0u : CTL_TABLE_NOTEXT},
   };
-  const struct ctl_doc doc = {status_fields, fields, STATUS_NFIELDS, tables, 2};
+  const struct ctl_doc doc = {status_fields, fields, STATUS_NFIELDS, tables, 3};
   int rc = ctl_out_render(stdout, &doc, ctl->json);
   free(dev);
   free(job);
+  free(evs);
   if (rc != 0)
     return ctl_fail(ctl, DEP_ERR_NO_MEMORY, "out of memory");
   return CTL_EXIT_OK;
@@ -146,9 +191,18 @@ int ctl_status(struct ctl *ctl, int argc, char **argv) {
   if (multinode && (mn = calloc(1, sizeof *mn)) != NULL &&
       ctl_ask(c, DEP_MSG_JOB_NODES, NULL, DEP_MSG_JOB_NODES_OK, ctl_decode_job_nodes, mn) != 0)
     mn->n = 0;
+  /* The elastic jobs' histories: a third request, only when some job is elastic. */
+  struct dep_msg_job_events *ev = NULL;
+  bool elastic = false;
+  for (uint32_t i = 0; i < st->num_jobs; i++)
+    elastic |= (st->jobs[i].flags & DEP_ATTACH_ELASTIC) != 0;
+  if (elastic && (ev = calloc(1, sizeof *ev)) != NULL &&
+      ctl_ask(c, DEP_MSG_JOB_EVENTS, NULL, DEP_MSG_JOB_EVENTS_OK, ctl_decode_job_events, ev) != 0)
+    ev->n = 0;
   dep_client_free(c);
-  rc = status_render(ctl, st, mn, multinode);
+  rc = status_render(ctl, st, mn, multinode, ev, elastic);
   free(mn);
+  free(ev);
   dep_status_free(st);
   return ctl_finish_output(rc);
 }

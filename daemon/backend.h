@@ -57,6 +57,11 @@ struct backend_ops {
    * slab.h).  0 or DEP_ERR_* with why. */
   int (*chunk_write)(struct backend_dev *d, struct chunk_mem *m, uint64_t off, const void *src,
                      size_t len, char *why, size_t whylen);
+  /* Read len bytes at off of the chunk as the processes that map it last
+   * wrote them (an elastic job's call counters: job_elastic.c).  0 or
+   * DEP_ERR_* with why. */
+  int (*chunk_read)(struct backend_dev *d, struct chunk_mem *m, uint64_t off, void *dst,
+                    size_t len, char *why, size_t whylen);
   void (*release_dev)(struct backend_dev *d);
 };
 

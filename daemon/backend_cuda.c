@@ -163,6 +163,16 @@ fail:
   return rc;
 }
 
+static int cuda_chunk_read(struct backend_dev *d, struct chunk_mem *m, uint64_t off, void *dst,
+                           size_t len, char *why, size_t whylen) {
+  int rc = 0;
+  CU_TRY(cu->cuCtxSetCurrent((CUcontext)d->ctx), "cuCtxSetCurrent");
+  CU_TRY(cu->cuMemcpyDtoH(dst, m->dev_ptr + off, len), "cuMemcpyDtoH (call counters)");
+  return 0;
+fail:
+  return rc;
+}
+
 static void cuda_release_dev(struct backend_dev *d) {
   if (cu != NULL && d->ctx != NULL)
     cu->cuDevicePrimaryCtxRelease(d->ordinal);
@@ -177,5 +187,6 @@ const struct backend_ops backend_cuda_ops = {
     .chunk_destroy = cuda_chunk_destroy,
     .chunk_scrub = cuda_chunk_scrub,
     .chunk_write = cuda_chunk_write,
+    .chunk_read = cuda_chunk_read,
     .release_dev = cuda_release_dev,
 };

@@ -98,6 +98,17 @@ static int host_chunk_write(struct backend_dev *d, struct chunk_mem *m, uint64_t
   return 0;
 }
 
+static int host_chunk_read(struct backend_dev *d, struct chunk_mem *m, uint64_t off, void *dst,
+                           size_t len, char *why, size_t whylen) {
+  (void)d;
+  (void)why;
+  (void)whylen;
+  /* After the caller's own stores (the writers' release stores pair with it). */
+  atomic_thread_fence(memory_order_seq_cst);
+  memcpy(dst, (const uint8_t *)m->host_ptr + off, len);
+  return 0;
+}
+
 static void host_release_dev(struct backend_dev *d) { (void)d; }
 
 const struct backend_ops backend_host_ops = {
@@ -108,5 +119,6 @@ const struct backend_ops backend_host_ops = {
     .chunk_destroy = host_chunk_destroy,
     .chunk_scrub = host_chunk_scrub,
     .chunk_write = host_chunk_write,
+    .chunk_read = host_chunk_read,
     .release_dev = host_release_dev,
 };

@@ -268,6 +268,19 @@ static void control_job_nodes(struct conn *c, const struct dep_frame_hdr *h,
   free(m);
 }
 
+/* JOB_EVENTS: the histories of the elastic jobs c may see (deepepctl status). */
+static void control_job_events(struct conn *c, const struct dep_frame_hdr *h,
+                               const union dep_msg_body *body) {
+  struct dep_msg_job_events *m = calloc(1, sizeof *m);
+  if (m == NULL) {
+    conn_send_error(c, h->request_id, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
+    return;
+  }
+  job_fill_events(m, c->uid);
+  conn_send(c, DEP_MSG_JOB_EVENTS_OK, h->request_id, m, NULL, 0);
+  free(m);
+}
+
 /* XRING_LEND: a rank of a running job that spans nodes asks for its ring (xfer.c). */
 static void control_xring_lend(struct conn *c, const struct dep_frame_hdr *h,
                                const union dep_msg_body *body) {

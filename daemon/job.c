@@ -79,6 +79,7 @@ static void job_destroy(struct job *j, const char *why) {
   j->attached = 0;
   xfer_job_end(j); /* the proxy lets go of its slabs before they go back */
   lend_release(j, deepepd.stopping);
+  elastic_free(j);
   log_info("job %s: removed (%s) after %llu ms", j->id, why,
            (unsigned long long)job_age_ms(j));
   uv_timer_stop(&j->timer);
@@ -93,9 +94,14 @@ static void job_remove_rank(struct job *j, uint32_t local_rank, bool detached) {
   log_info("job %s: rank %u (local %u, pid %d) %s (%u of %u local ranks left)", j->id, r->rank,
            local_rank, (int)r->pid, detached ? "detached" : "disconnected", j->attached - 1,
            j->local_world_size);
-  if (j->ready && !deepepd.stopping)
+  /* An elastic job goes on without it (job_elastic.c): masked, not aborted, and its
+   * slot keeps its rank and slab for a process that comes back as that rank. */
+  const bool masks = j->ready && !deepepd.stopping && j->elastic != NULL;
+  if (masks)
+    elastic_leave(j, r, detached ? DEP_SLAB_GONE_DETACHED : DEP_SLAB_GONE_DIED);
+  else if (j->ready && !deepepd.stopping)
     lend_tell_gone(j, r, detached ? DEP_SLAB_GONE_DETACHED : DEP_SLAB_GONE_DIED);
-  if (j->multinode && !deepepd.stopping) {
+  if (j->multinode && !deepepd.stopping && !masks) {
     char msg[DEP_MSG_TEXT_MAX];
     if (j->ready) {
       /* The other nodes' ranks are told as the local ones are. */
@@ -118,9 +124,14 @@ static void job_remove_rank(struct job *j, uint32_t local_rank, bool detached) {
   r->conn->job = NULL;
   /* The arena stays with the job: peers still map it, so it goes back to
    * the pool only when the last rank is gone (lend_release). */
-  struct pool_block *arena = r->arena;
+  const struct job_rank was = *r;
   memset(r, 0, sizeof *r);
-  r->arena = arena;
+  r->arena = was.arena;
+  if (masks) {
+    r->rank = was.rank;
+    r->offset = was.offset;
+    memcpy(r->device_uuid, was.device_uuid, sizeof r->device_uuid);
+  }
   j->attached--;
   if (j->attached == 0)
     job_destroy(j, "no ranks left");
@@ -195,6 +206,8 @@ bool job_lend(struct job *j) {
   return true;
 }
 
+static void job_answer_waiting(struct job *j);
+
 /* Every rank is here: lend memory (unless it was) and answer them all. */
 void job_complete(struct job *j) {
   uv_timer_stop(&j->timer);
@@ -204,6 +217,11 @@ void job_complete(struct job *j) {
   j->ready_ns = uv_hrtime();
   log_info("job %s: all %u local ranks attached after %llu ms", j->id, j->local_world_size,
            (unsigned long long)job_age_ms(j));
+  job_answer_waiting(j);
+}
+
+/* Answer every local rank of the ready job j whose ATTACH waits: its arenas, then ATTACH_OK. */
+static void job_answer_waiting(struct job *j) {
   struct dep_msg_attach_ok ok = {
       .slab_bytes = j->slab_bytes,
       .local_world_size = j->local_world_size,
@@ -226,6 +244,70 @@ void job_complete(struct job *j) {
   }
 }
 
+static void job_seat(struct job *j, struct conn *c, uint32_t request_id,
+                     const struct dep_attach_args *a);
+static bool job_mismatch(const struct job *j, const struct dep_attach_args *a, char *msg,
+                         size_t len);
+
+/*
+ * A process attaches to the running elastic job j with the id of a rank
+ * that left it (DESIGN §14): it takes that rank's slot and memory, scrubbed
+ * (elastic_scrub), and is answered at once, the same SLAB frames and
+ * ATTACH_OK the job's ranks had; no survivor re-attaches and nothing is
+ * made.  The arguments must be the job's (shape, local ranks, flags, uid:
+ * checked before), and the rank one of this node's that is masked, on the
+ * device its memory is on.  Its bit is cleared with a join call above
+ * every call the survivors have posted (elastic_join, slab.h), so that it
+ * joins their calls at a boundary they all reach.  A job that spans nodes
+ * is refused for now: its exchange region's ring is the proxy's.
+ */
+static void job_rejoin(struct job *j, struct conn *c, uint32_t request_id,
+                       const struct dep_attach_args *a) {
+  char msg[DEP_MSG_TEXT_MAX];
+  struct job_rank *slot = &j->ranks[a->local_rank];
+  if (job_mismatch(j, a, msg, sizeof msg)) {
+    conn_send_error(c, request_id, DEP_ERR_MISMATCH, "%s", msg);
+    return;
+  }
+  if (j->multinode) {
+    conn_send_error(c, request_id, DEP_ERR_UNSUPPORTED,
+                    "job %s spans nodes: a rank rejoins an elastic job on one node only, so far "
+                    "(its exchange region is the proxy's); start the job again to bring rank %u "
+                    "back", j->id, a->rank);
+    return;
+  }
+  if (slot->conn != NULL) {
+    conn_send_error(c, request_id, DEP_ERR_EXISTS,
+                    "local rank %u of job %s is attached by pid %d; only a rank that left the "
+                    "job can be taken", a->local_rank, j->id, (int)slot->pid);
+    return;
+  }
+  if (slot->rank != a->rank || !elastic_masked(j, a->rank)) {
+    conn_send_error(c, request_id, DEP_ERR_MISMATCH,
+                    "local rank %u of job %s is rank %u, not %u; attach with the rank and local "
+                    "rank that left", a->local_rank, j->id, slot->rank, a->rank);
+    return;
+  }
+  if (memcmp(slot->device_uuid, a->device_uuid, sizeof slot->device_uuid) != 0) {
+    conn_send_error(c, request_id, DEP_ERR_MISMATCH,
+                    "rank %u of job %s has its memory on another device than this process "
+                    "gives; attach from the GPU the rank used", a->rank, j->id);
+    return;
+  }
+  char why[DEP_MSG_TEXT_MAX - DEP_JOB_ID_MAX - 64] = "";
+  int rc = elastic_scrub(j, slot, why, sizeof why);
+  if (rc == 0)
+    rc = elastic_join(j, slot, c->pid, why, sizeof why);
+  if (rc != 0) {
+    log_warnx("job %s: pid %d cannot take rank %u: %s", j->id, (int)c->pid, a->rank, why);
+    conn_send_error(c, request_id, rc, "job %s: rank %u cannot be taken: %s", j->id, a->rank,
+                    why);
+    return;
+  }
+  job_seat(j, c, request_id, a);
+  job_answer_waiting(j);
+}
+
 static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {
   struct job *j = calloc(1, sizeof *j + sizeof(struct job_rank) * a->local_world_size);
   if (j == NULL)
@@ -236,6 +318,11 @@ static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {
   j->local_world_size = a->local_world_size;
   j->shape = a->shape;
   j->chunk_rows = job_cfg->stream_chunk_rows;
+  j->flags = a->flags;
+  if ((j->flags & DEP_ATTACH_ELASTIC) && !elastic_new(j)) {
+    free(j);
+    return NULL;
+  }
   /* With no peers configured there is nobody to hold the other ranks: the
    * job completes with its local ranks, as before multi-node jobs (the
    * memory is still laid out for world_size). */
@@ -263,6 +350,10 @@ static bool job_mismatch(const struct job *j, const struct dep_attach_args *a, c
     field = "local_world_size";
     have = j->local_world_size;
     gives = a->local_world_size;
+  } else if (j->flags != a->flags) {
+    field = "flags (DEP_ATTACH_ELASTIC, elastic=True)";
+    have = j->flags;
+    gives = a->flags;
   } else if (!dep__shape_diff(&j->shape, j->world_size, &a->shape, a->world_size, &field, &have,
                              &gives)) {
     return false;
@@ -446,6 +537,10 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
     return;
   }
   const bool created = j == NULL;
+  if (!created && j->ready && j->elastic != NULL) {
+    job_rejoin(j, c, request_id, a);
+    return;
+  }
   if (created && (j = job_start_for(c, request_id, a, slab_bytes, host_bytes)) == NULL)
     return;
   if (!job_may_join(j, c, request_id, a, created))
@@ -501,6 +596,7 @@ int job_fill_status(struct dep_status *st, uid_t viewer_uid, uint32_t max_jobs) 
     o->slab_bytes = j->slab_bytes;
     o->age_ms = job_age_ms(j);
     o->host_bytes = j->host_bytes;
+    elastic_status(j, o);
   }
   return 0;
 }
@@ -522,6 +618,15 @@ void job_fill_nodes(struct dep_msg_job_nodes *m, uid_t viewer_uid) {
     o->nodes++;
     xfer_job_stats(j, o);
   }
+}
+
+void job_fill_events(struct dep_msg_job_events *m, uid_t viewer_uid) {
+  m->n = 0;
+  m->left_out = 0;
+  bool all = viewer_uid == 0 || viewer_uid == getuid();
+  for (struct job *j = job_list; j != NULL; j = j->next)
+    if (all || j->owner_uid == viewer_uid)
+      elastic_events(j, m);
 }
 
 void job_fini(void) {

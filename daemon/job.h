@@ -36,6 +36,7 @@
 struct conn;
 struct pool_block; /* one block of a device's pool (pool.h) */
 struct lend_xchg;  /* a rank's ring and exchange region (lend.h) */
+struct job_elastic; /* an elastic job's live mask and history (job_elastic.c) */
 
 /* One local rank's place in its job. */
 struct job_rank {
@@ -75,6 +76,9 @@ struct job {
   bool dead;                 /* torn down, waiting for the timer's close callback */
   uint32_t told;             /* what the abort words say (lend_tell_gone): 0 nothing yet,
                                 else 1 + the DEP_SLAB_GONE_* of the rank they name */
+  uint32_t flags;            /* its ranks' DEP_ATTACH_* bits (every rank's, every node's) */
+  struct job_elastic *elastic; /* an elastic job's mask and history (job_elastic.c), made
+                                  with the job; NULL for a job that is not elastic */
   uv_timer_t timer;          /* the attach timeout */
   struct lend_xchg *xchg;    /* a job that spans nodes, once lent: each local rank's ring and
                                 exchange region (lend.h), by local rank; NULL otherwise */
@@ -131,5 +135,8 @@ int job_fill_status(struct dep_status *st, uid_t viewer_uid, uint32_t max_jobs);
 /* Fill m (JOB_NODES_OK) with the multi-node jobs viewer_uid may see, as
  * job_fill_status chooses them. */
 void job_fill_nodes(struct dep_msg_job_nodes *m, uid_t viewer_uid);
+/* Fill m (JOB_EVENTS_OK) with the histories of the elastic jobs viewer_uid may
+ * see, as job_fill_status chooses them. */
+void job_fill_events(struct dep_msg_job_events *m, uid_t viewer_uid);
 
 #endif /* DEP_DAEMON_JOB_H */

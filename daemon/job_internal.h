@@ -45,6 +45,8 @@ void job_complete(struct job *j);
 /* What job.c hands peer.c (peer_set_events). */
 extern const struct peer_events job_peer_events;
 
+/* "0-3,8,10-11" into buf (cut with ",..." when long) from a byte per world rank (1: in). */
+void ranks_fmt(const uint8_t *set, uint32_t world, char *buf, size_t len);
 /* Whether a peer holds id for another uid than `uid`, and none for uid. */
 bool member_taken(const char *id, uid_t uid);
 /* A JOB_FAIL (code < 0) or JOB_END (code 0) about the job (owner, id). */
@@ -66,6 +68,40 @@ void job_refuse_taken(struct conn *c, uint32_t request_id, const char *id,
                       const struct job *j);
 /* Forget every peer's record (the daemon is stopping). */
 void job_members_fini(void);
+
+/* ---- job_elastic.c: elastic jobs (DESIGN §14) ---------------------------- */
+
+/* Make j's mask and history (j->elastic) for a job of world_size ranks; false: no memory. */
+bool elastic_new(struct job *j);
+/* Free them (the job goes). */
+void elastic_free(struct job *j);
+/* Local rank r of the running elastic job j left (how: DEP_SLAB_GONE_DIED or
+ * DETACHED): its bit set in every local slab, a new epoch, the peers told (JOB_MASK). */
+void elastic_leave(struct job *j, const struct job_rank *r, uint32_t how);
+/* The ranks peer k held of the running elastic job j are gone with it (the
+ * link dropped, or its part of the job ended): each one masked here. */
+void elastic_node_lost(struct job *j, const struct dep_peer_membership *x);
+/* Peer k's JOB_MASK about j: taken when it is news (job_elastic.c). */
+void elastic_on_mask(struct job *j, int k, const struct dep_peer_membership *x,
+                     const struct dep_peer_job_mask *m);
+/* Before a process takes the slot of a rank that left the running elastic job
+ * j: scrub what its protocol reads (job_elastic.c says which bytes).  0, or
+ * DEP_ERR_* with why. */
+int elastic_scrub(struct job *j, const struct job_rank *slot, char *why, size_t whylen);
+/* Process pid takes the slot of the masked rank `slot` of j (scrubbed): the
+ * rank is made live from a call above every call the survivors posted
+ * (slab.h's join word), and its history says so.  0; or, when the
+ * survivors' calls ran past that call meanwhile, the rank masked again and
+ * DEP_ERR_STATE with why (or another DEP_ERR_* where a slab could not be
+ * read). */
+int elastic_join(struct job *j, const struct job_rank *slot, pid_t pid, char *why,
+                 size_t whylen);
+/* Whether global rank `rank` of j is masked now. */
+bool elastic_masked(const struct job *j, uint32_t rank);
+/* j's status: its masked ranks' count, epoch and ranks as text (dep_status_job). */
+void elastic_status(const struct job *j, struct dep_status_job *o);
+/* Append j's history to m (JOB_EVENTS_OK), within its bound. */
+void elastic_events(const struct job *j, struct dep_msg_job_events *m);
 
 /* ---- job_failed.c: failures remembered ----------------------------------- */
 

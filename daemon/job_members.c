@@ -120,7 +120,7 @@ uint32_t job_remote_ranks(const struct job *j, uint32_t *nodes) {
 }
 
 /* "0-3,8,10-11" into buf (cut with "..." when long) from a bitmap of world ranks. */
-static void ranks_fmt(const uint8_t *set, uint32_t world, char *buf, size_t len) {
+void ranks_fmt(const uint8_t *set, uint32_t world, char *buf, size_t len) {
   size_t off = 0;
   buf[0] = '\0';
   for (uint32_t r = 0; r < world; r++) {
@@ -193,6 +193,7 @@ static bool job_announce(struct job *j, int k) {
   x->sw.shape = j->shape;
   x->sw.world_size = j->world_size;
   x->chunk_rows = j->chunk_rows;
+  x->flags = j->flags;
   x->local_world_size = j->local_world_size;
   x->n_ranks = j->local_world_size;
   for (uint32_t i = 0; i < j->local_world_size; i++)
@@ -273,6 +274,17 @@ static bool job_gather(struct job *j, uint32_t *held) {
                "job %s: node %s streams in chunks of %u rows (stream_chunk_rows), this node in "
                "chunks of %u (0: whole blocks); set stream_chunk_rows the same on every node",
                j->id, peer_name(x->peer), x->m.chunk_rows, j->chunk_rows);
+      job_fail_everywhere(j, DEP_ERR_MISMATCH, msg);
+      return false;
+    }
+    if (x->m.flags != j->flags) {
+      snprintf(msg, sizeof msg,
+               "job %s: the ranks on node %s give flags 0x%x (elastic %s) but this node's give "
+               "0x%x (elastic %s); every rank of a job must pass the same DEP_ATTACH_ELASTIC on "
+               "every node",
+               j->id, peer_name(x->peer), x->m.flags,
+               (x->m.flags & DEP_ATTACH_ELASTIC) ? "on" : "off", j->flags,
+               (j->flags & DEP_ATTACH_ELASTIC) ? "on" : "off");
       job_fail_everywhere(j, DEP_ERR_MISMATCH, msg);
       return false;
     }
@@ -437,6 +449,10 @@ static void job_on_peer_down(int k) {
                  j->id, peer_name(k), x->m.n_ranks);
         log_warnx("%s", msg);
         job_fail(j, DEP_ERR_PEER, msg);
+      } else if (j != NULL && !j->dead && j->multinode && j->ready && j->elastic != NULL) {
+        log_warnx("job %s: node %s went down while the elastic job ran: its %u rank(s) are "
+                  "masked", j->id, peer_name(k), x->m.n_ranks);
+        elastic_node_lost(j, &x->m);
       } else if (j != NULL && !j->dead && j->multinode && j->ready && x->m.n_ranks > 0) {
         log_warnx("job %s: node %s went down while the job ran: its ranks are told that rank %u "
                   "is gone", j->id, peer_name(k), x->m.ranks[0]);
@@ -571,7 +587,12 @@ static void job_on_membership(int k, const struct dep_peer_membership *in) {
 static void job_on_job_event(int k, uint16_t type, const struct dep_peer_job_event *e) {
   struct job_member **pp = member_slot(e->job_id, k);
   uint32_t first = DEP_PEER_NO_RANK;
-  /* The peer's job of that id and uid is over: its record goes, another uid's stays. */
+  /* The peer's job of that id and uid is over: its record goes, another uid's stays.
+   * In a running elastic job, its ranks left with it: they are masked. */
+  struct job *ej = job_find(e->job_id);
+  if (*pp != NULL && ej != NULL && !ej->dead && ej->ready && ej->elastic != NULL &&
+      member_of(*pp, ej))
+    elastic_node_lost(ej, &(*pp)->m);
   if (*pp != NULL && (*pp)->m.owner_uid == e->owner_uid) {
     if ((*pp)->m.n_ranks > 0)
       first = (*pp)->m.ranks[0];
@@ -633,6 +654,15 @@ static void job_on_membership_ok(int k, const struct dep_peer_job_event *e) {
   job_progress(j);
 }
 
+/* Peer k's JOB_MASK: a rank it holds of a running elastic job left or came back. */
+static void job_on_mask(int k, const struct dep_peer_job_mask *m) {
+  struct job *j = job_find(m->job_id);
+  if (j == NULL || j->dead || !j->ready || !j->multinode || j->elastic == NULL ||
+      (uint32_t)j->owner_uid != m->owner_uid)
+    return; /* not a running elastic job of that uid here: nothing to mask */
+  elastic_on_mask(j, k, job_membership(j, k), m);
+}
+
 static void job_on_peer_msg(int k, const struct dep_peer_msg *m) {
   if (m->type == DEP_PEER_MEMBERSHIP)
     job_on_membership(k, &m->u.membership);
@@ -640,6 +670,8 @@ static void job_on_peer_msg(int k, const struct dep_peer_msg *m) {
     job_on_membership_ok(k, &m->u.job);
   else if (m->type == DEP_PEER_JOB_FAIL || m->type == DEP_PEER_JOB_END)
     job_on_job_event(k, m->type, &m->u.job);
+  else if (m->type == DEP_PEER_JOB_MASK)
+    job_on_mask(k, &m->u.mask);
 }
 
 const struct peer_events job_peer_events = {

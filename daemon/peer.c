@@ -447,6 +447,7 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
   case DEP_PEER_MEMBERSHIP_OK:
   case DEP_PEER_JOB_FAIL:
   case DEP_PEER_JOB_END:
+  case DEP_PEER_JOB_MASK:
     if (P->ev != NULL && P->ev->job_msg != NULL)
       P->ev->job_msg((int)(c->peer - P->peers), &m);
     break;

@@ -646,6 +646,27 @@ int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t
   return 0;
 }
 
+int pool_block_read(struct pool_block *b, uint64_t off, void *dst, size_t len, char *why,
+                    size_t whylen) {
+  struct pool *p = b->pool;
+  uint8_t *buf = dst;
+  while (len > 0) {
+    uint64_t i = off / b->piece_bytes, in = off % b->piece_bytes;
+    if (i >= b->n_pieces) {
+      snprintf(why, whylen, "read past the end of the block");
+      return DEP_ERR_INVALID;
+    }
+    size_t n = len < b->piece_bytes - in ? len : (size_t)(b->piece_bytes - in);
+    int rc = p->ops->chunk_read(&p->dev, &b->piece[i], in, buf, n, why, whylen);
+    if (rc != 0)
+      return rc;
+    buf += n;
+    off += n;
+    len -= n;
+  }
+  return 0;
+}
+
 void pool_block_put(struct pool_block *b, bool cache) {
   struct pool *p = b->pool;
   char why[256] = "";

@@ -221,6 +221,9 @@ void pool_block_abandon(struct pool_block *b);
  * Safe from any thread while the block is lent (lend.c writes the abort words with it). */
 int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
                      size_t whylen);
+/* Read len bytes at off of the block (across its pieces); 0 or DEP_ERR_* with why. */
+int pool_block_read(struct pool_block *b, uint64_t off, void *dst, size_t len, char *why,
+                    size_t whylen);
 
 
 /* The block's size, and how it is made: pieces of piece bytes each. */

@@ -530,6 +530,13 @@ void stats_lend(struct conn *c, uint32_t request_id) {
     return;
   }
   uint32_t lr = c->job_local_rank;
+  /* A process that took the place of a rank that left an elastic job (job.c) gets a page of
+   * its own: the one there was its predecessor's. */
+  if (lr < DEP_MAX_LOCAL_RANKS && sj->ranks[lr] != NULL && j->elastic != NULL &&
+      sj->ranks[lr]->pid != (uint32_t)c->pid) {
+    stats_rank_free(sj->ranks[lr]);
+    sj->ranks[lr] = NULL;
+  }
   if (lr >= DEP_MAX_LOCAL_RANKS || sj->ranks[lr] != NULL) {
     conn_send_error(c, request_id, DEP_ERR_STATE,
                     "STATS_LEND: local rank %u of job %s already has its stats page", lr, j->id);

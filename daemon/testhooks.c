@@ -26,6 +26,9 @@ static const struct testhook_row {
     [TESTHOOK_RDMA_BAD_PROOFS] = {TESTHOOK_RDMA_BAD_PROOFS_ENV,
                                   "the first N link and N data RDMA queue pairs are each first "
                                   "requested with a wrong proof, then with the right one"},
+    [TESTHOOK_JOIN_OVERTAKEN] = {TESTHOOK_JOIN_OVERTAKEN_ENV,
+                                 "the first N rejoins of an elastic job find the survivors' calls "
+                                 "past the join call once the epoch is out, as a busy job might"},
 };
 
 /* Each hook's value, set by testhooks_init. */

@@ -140,6 +140,8 @@ struct dep_status_device {
 };
 
 /* An element of dep_status.jobs; its size is dep_status.job_size. */
+/* dep_status_job.mask's size: the masked ranks as ranges, cut with "..." past it. */
+#define DEP_STATUS_MASK_TEXT 128
 struct dep_status_job {
   char job_id[DEP_JOB_ID_MAX];
   uint32_t owner_uid;
@@ -150,6 +152,10 @@ struct dep_status_job {
   uint64_t age_ms;
   uint64_t host_bytes;     /* per rank: the pinned host memory of a job across nodes (its
                               ring and exchange region); 0 for a job on one node */
+  uint32_t flags;          /* its dep_attach_args.flags (DEP_ATTACH_ELASTIC) */
+  uint32_t masked;         /* ranks of its world masked now (elastic jobs) */
+  uint64_t epoch;          /* its live mask's epoch: 0 until a rank is masked or rejoins */
+  char mask[DEP_STATUS_MASK_TEXT]; /* the masked ranks, "3,5-7" ("...": cut) */
 };
 
 struct dep_status {
@@ -216,7 +222,23 @@ struct dep_attach_args {
   uint32_t local_world_size;     /* ranks of this job on this node */
   uint8_t device_uuid[16];       /* the GPU this rank uses; all zero on the host backend */
   struct dep_job_shape shape;
+  /* DEP_ATTACH_* bits, the same on every rank of the job (a rank that
+   * differs is refused, DEP_ERR_MISMATCH, naming the flag); other bits are
+   * DEP_ERR_INVALID. */
+  uint32_t flags;
 };
+
+/*
+ * An elastic job (DESIGN §14): a rank that dies or detaches does not end
+ * it.  The daemons mask the rank instead (its bit in every survivor's live
+ * mask, slab.h, and a new epoch), every node alike, and hold its memory
+ * for a process that attaches later with its rank (deepepctl status shows
+ * each job's epoch, mask and history).  Without it a rank that goes fails
+ * every wait on it with DEP_ERR_PEER, as before.
+ */
+#define DEP_ATTACH_ELASTIC 0x1u
+/* Every DEP_ATTACH_* bit this library knows. */
+#define DEP_ATTACH_FLAGS_KNOWN DEP_ATTACH_ELASTIC
 
 /*
  * Register this rank in its job and wait until every local rank of the job

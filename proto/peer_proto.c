@@ -8,6 +8,7 @@
  */
 #include "peer_proto.h"
 #include "codec.h"
+#include "slab.h"
 #include "why.h"
 
 #include <stdarg.h>
@@ -51,6 +52,10 @@ static const struct codec_field job_f[] = {
 static const struct codec_field membership_ok_f[] = {
     MSG_F(STR, job.job_id),
     MSG_F(U32, job.owner_uid),
+};
+static const struct codec_field job_mask_f[] = {
+    MSG_F(STR, mask.job_id), MSG_F(U32, mask.owner_uid), MSG_F(U32, mask.rank),
+    MSG_F(U32, mask.gen),    MSG_F(U32, mask.why),       MSG_F(U64, mask.epoch),
 };
 #undef MSG_F
 
@@ -127,6 +132,18 @@ static bool peer_check(const struct dep_peer_msg *m, char *why, size_t whylen) {
     }
     return true;
   }
+  case DEP_PEER_JOB_MASK: {
+    /* A change that masks comes with an odd count (job_elastic.c); a rank
+     * past any world is refused here, a rank past the job's own world by
+     * the receiver. */
+    const struct dep_peer_job_mask *x = &m->u.mask;
+    if (x->rank >= DEP_MAX_WORLD || x->gen % 2 == 0 || x->why > DEP_SLAB_GONE_NODE) {
+      why_set(why, whylen, "peer JOB_MASK of rank %u carries gen %u, why %u",
+              (unsigned)x->rank, (unsigned)x->gen, (unsigned)x->why);
+      return false;
+    }
+    return true;
+  }
   default:
     return true;
   }
@@ -144,6 +161,7 @@ static void membership_encode(struct codec_w *w, const struct dep_peer_membershi
   for (unsigned f = 0; f < DEP_SHAPE_NFIELDS; f++)
     codec_w_u32(w, dep__shape_raw(&x->sw.shape, x->sw.world_size, f));
   codec_w_u32(w, x->chunk_rows);
+  codec_w_u32(w, x->flags);
   codec_w_u32(w, x->local_world_size);
   codec_w_u32(w, x->n_ranks);
   for (uint32_t i = 0; i < x->n_ranks && w->err == 0; i++)
@@ -190,6 +208,7 @@ static int membership_decode(struct codec_r *r, struct dep_peer_membership *x, c
     memcpy((uint8_t *)&x->sw + dep__shape_fields[f].off, &v, sizeof v);
   }
   x->chunk_rows = codec_r_u32(r);
+  x->flags = codec_r_u32(r);
   x->local_world_size = codec_r_u32(r);
   x->n_ranks = codec_r_u32(r);
   if (!r->bad && (x->n_ranks > DEP_MAX_LOCAL_RANKS || x->n_ranks != x->local_world_size)) {

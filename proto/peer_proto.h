@@ -37,6 +37,11 @@
  *              u32 detached (0/1), i32 code (< 0), str message (<= 511)
  *   JOB_END    as JOB_FAIL, with code 0
  *   MEMBERSHIP_OK str job_id, u32 owner_uid
+ *   MEMBERSHIP carries, after chunk_rows, u32 flags (the job's
+ *              DEP_ATTACH_* bits, deepep.h)
+ *   JOB_MASK   str job_id, u32 owner_uid, u32 rank, u32 gen (odd), u32
+ *              why (DEP_SLAB_GONE_DIED, DETACHED or NODE), u64 epoch (the
+ *              sender's after it)
  *
  * Multi-node jobs (daemon/job_members.c): a daemon whose local ranks of a job have all
  * attached sends MEMBERSHIP (which global ranks it holds, under which uid
@@ -47,6 +52,11 @@
  * gone, so the receiver forgets its MEMBERSHIP.  MEMBERSHIP_OK says the
  * sender took the receiver's MEMBERSHIP of that job (owner uid and id) as
  * a record; a MEMBERSHIP it cannot take it answers with JOB_FAIL instead.
+ * JOB_MASK is an elastic job's (DESIGN §14): the sender holds `rank`, which
+ * left, and this is that rank's gen'th change (its leaves and returns); the
+ * receiver takes it when gen is above the one it holds for the rank
+ * (daemon/job_elastic.c says how the daemons agree on the epoch).  A rank
+ * comes back only in a job on one node so far, so no JOB_MASK says so.
  * A node answers its ranks' ATTACH only once every node holding ranks of
  * the job has taken its MEMBERSHIP, so that a refusal never reaches a job
  * that has started.  MEMBERSHIP's windows say
@@ -114,6 +124,8 @@
  *   6  MEMBERSHIP carries the job's chunk_rows: the exchange regions hold
  *      channels of that many rows' chunks (slab.h), and a frame of version
  *      4 of the data stream (xring.h) writes into them.
+ *   7  MEMBERSHIP carries the job's flags (DEP_ATTACH_ELASTIC: every node
+ *      must agree); JOB_MASK (an elastic job's rank masked or back).
  */
 #ifndef DEP_PEER_PROTO_H
 #define DEP_PEER_PROTO_H
@@ -133,8 +145,8 @@
  * before authentication, naming the window; an older peer reads that ERROR
  * as a version mismatch naming both versions, since every version checks
  * the version before anything else. */
-#define DEP_PEER_VERSION 6
-#define DEP_PEER_MIN_VERSION 6
+#define DEP_PEER_VERSION 7
+#define DEP_PEER_MIN_VERSION 7
 #define DEP_PEER_HDR_LEN 8
 #define DEP_PEER_CHALLENGE_LEN 32
 #define DEP_PEER_MAC_LEN 32
@@ -176,7 +188,8 @@
   X(XPORT_NAK, 11, TABLE, nak_f)                                                                  \
   X(DATA_OFFER, 12, TABLE, data_offer_f)                                                          \
   X(DATA_HELLO, 13, TABLE, data_hello_f)                                                          \
-  X(MEMBERSHIP_OK, 14, TABLE, membership_ok_f)
+  X(MEMBERSHIP_OK, 14, TABLE, membership_ok_f)                                                   \
+  X(JOB_MASK, 15, TABLE, job_mask_f)
 
 enum dep_peer_type {
 #define DEP_PEER_ENUM_(NAME, number, body, table) DEP_PEER_##NAME = number,
@@ -222,6 +235,7 @@ struct dep_peer_membership {
   uint32_t owner_uid;          /* the uid number: uids must agree across nodes */
   struct dep_shape_world sw;   /* the job's shape and world_size */
   uint32_t chunk_rows;         /* the job's channels' chunk (slab.h): the same on every node */
+  uint32_t flags;              /* the job's DEP_ATTACH_* bits: the same on every node */
   uint32_t local_world_size;   /* the sender's */
   uint32_t n_ranks;            /* == local_world_size */
   uint32_t ranks[DEP_MAX_LOCAL_RANKS];
@@ -288,6 +302,16 @@ struct dep_peer_job_event {
   char message[DEP_MSG_TEXT_MAX];
 };
 
+/* JOB_MASK: rank `rank` of an elastic job, held by the sender, left it. */
+struct dep_peer_job_mask {
+  char job_id[DEP_JOB_ID_MAX];
+  uint32_t owner_uid;
+  uint32_t rank;   /* the global rank */
+  uint32_t gen;    /* its changes so far, this one included: odd (masked) */
+  uint32_t why;    /* DEP_SLAB_GONE_DIED / DETACHED / NODE */
+  uint64_t epoch;  /* the sender's epoch after it (for the logs: the receiver computes its own) */
+};
+
 /* One decoded message: the type says which member is set. */
 struct dep_peer_msg {
   uint16_t type;
@@ -298,6 +322,7 @@ struct dep_peer_msg {
     struct dep_peer_keepalive keepalive;
     struct dep_peer_membership membership;
     struct dep_peer_job_event job; /* JOB_FAIL, JOB_END, MEMBERSHIP_OK */
+    struct dep_peer_job_mask mask; /* JOB_MASK */
     struct dep_peer_xport xport;
     struct dep_peer_error nak;     /* XPORT_NAK */
     struct dep_peer_data_offer data_offer;

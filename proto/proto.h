@@ -93,9 +93,13 @@
  *      writes: blocks, writes, posts and bytes.
  *   9  A slab's control area ends in the live mask (slab.h: an epoch word
  *      and a bit per rank), which the daemon writes for elastic jobs: the
- *      data blocks of large worlds may start a page later.  JOB_NODES_OK's
- *      job record ends in payload_out (the rows its proxy sent: one
- *      crossing per destination node, xring.h version 4).
+ *      data blocks of large worlds may start a page later; after the bits,
+ *      a join word per rank.  ATTACH ends
+ *      in the job's flags (DEP_ATTACH_ELASTIC); STATUS_OK's job record in
+ *      its flags, masked ranks, epoch and mask; JOB_EVENTS and
+ *      JOB_EVENTS_OK (an elastic job's history: who left, when, why; who
+ *      came back).  JOB_NODES_OK's job record ends in payload_out (the rows
+ *      its proxy sent: one crossing per destination node, xring.h version 4).
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -177,7 +181,9 @@
   X(XRING_LEND, xring_lend, 30, empty, CLIENT)     /* a rank of a job across nodes: its ring */  \
   X(XRING_LEND_OK, xring_lend_ok, 31, lend_ok, DAEMON) /* the ring's memfd riding on it */       \
   X(TUNE, tune, 32, tune, CLIENT)                  /* an attached rank asks its SM budget */     \
-  X(TUNE_OK, tune_ok, 33, tune_ok, DAEMON)
+  X(TUNE_OK, tune_ok, 33, tune_ok, DAEMON)                                                       \
+  X(JOB_EVENTS, job_events, 34, empty, CLIENT)                                                   \
+  X(JOB_EVENTS_OK, job_events_ok, 35, job_events, DAEMON) /* elastic jobs' histories */
 
 enum dep_msg_type {
 #define DEP_MSG_ENUM_(NAME, name, number, body, from) DEP_MSG_##NAME = number,
@@ -343,6 +349,33 @@ struct dep_msg_job_nodes {
   uint32_t n;             /* 0..DEP_JOB_NODES_MAX */
   struct dep_msg_job_node jobs[DEP_JOB_NODES_MAX];
 };
+
+/*
+ * JOB_EVENTS_OK: the history of each elastic job the viewer may see
+ * (DESIGN §14), oldest first within a job: each rank that left it (why:
+ * slab.h's DEP_SLAB_GONE_DIED, DETACHED or NODE) and each that came back
+ * (DEP_JOB_EVENT_REJOINED), with the epoch of the live mask it made.  A
+ * job keeps its newest DEP_JOB_EVENTS_KEPT events; a reply holds at most
+ * DEP_JOB_EVENTS_MAX, and says how many it left out.
+ */
+#define DEP_JOB_EVENT_REJOINED 4u
+#define DEP_JOB_EVENTS_KEPT 32u
+#define DEP_JOB_EVENTS_MAX 1024u
+struct dep_msg_job_event {
+  char job_id[DEP_JOB_ID_MAX];
+  uint64_t age_ms;        /* the job's age when it happened */
+  uint32_t rank;          /* the global rank */
+  uint32_t why;           /* DEP_SLAB_GONE_DIED / DETACHED / NODE, DEP_JOB_EVENT_REJOINED */
+  uint32_t pid;           /* its process, where this node held it (0: another node's) */
+  uint64_t epoch;         /* the live mask's epoch it made here */
+};
+struct dep_msg_job_events {
+  uint32_t n;             /* 0..DEP_JOB_EVENTS_MAX */
+  uint32_t left_out;      /* events past DEP_JOB_EVENTS_MAX, not in this reply */
+  struct dep_msg_job_event ev[DEP_JOB_EVENTS_MAX];
+};
+/* An event's why as a word for people and JSON ("died", "detached", "node lost", "rejoined"). */
+const char *proto_job_event_name(uint32_t why);
 
 /* STATS_LEND_OK (the rank's stats page, stats_page.h) and XRING_LEND_OK (its
  * ring to the daemon's proxy, xring.h): a sealed memfd rides on the frame. */
@@ -553,6 +586,7 @@ int proto_frame_encode(struct proto_buf *b, uint16_t type, uint32_t flags,
   X(drain, struct dep_msg_drain, UNION)          /* proto_ctl.c */                               \
   X(peers, struct dep_msg_peers, OWN)            /* proto_ctl.c: allocates */                    \
   X(job_nodes, struct dep_msg_job_nodes, OWN)    /* proto_ctl.c: large */                        \
+  X(job_events, struct dep_msg_job_events, OWN)  /* proto_ctl.c: large */                        \
   X(lend_ok, struct dep_msg_lend_ok, UNION)      /* proto_stats.c */                             \
   X(stats_req, struct dep_msg_stats_req, UNION)  /* proto_stats.c */                             \
   X(stats_rank, struct dep_msg_stats_rank, UNION) /* proto_stats.c: allocates */                 \

@@ -15,6 +15,7 @@
 
 #include "codec.h"
 #include "proto.h"
+#include "slab.h"
 
 /* ---- STATUS_OK's fields ------------------------------------------------------ */
 
@@ -42,6 +43,8 @@ static const struct codec_field status_job[] = {
     CODEC_U32(struct dep_status_job, ranks_expected),
     CODEC_U32(struct dep_status_job, world_size),   CODEC_U64(struct dep_status_job, slab_bytes),
     CODEC_U64(struct dep_status_job, age_ms),       CODEC_U64(struct dep_status_job, host_bytes),
+    CODEC_U32(struct dep_status_job, flags),        CODEC_U32(struct dep_status_job, masked),
+    CODEC_U64(struct dep_status_job, epoch),        CODEC_STR(struct dep_status_job, mask),
 };
 
 /* ---- STATUS_OK ----------------------------------------------------------- */
@@ -274,4 +277,64 @@ int proto_decode_job_nodes(const uint8_t *p, size_t len, struct dep_msg_job_node
   for (uint32_t i = 0; i < n && !r.bad; i++)
     codec_r_rec(&r, job_node_record, CODEC_NFIELDS(job_node_record), &m->jobs[i]);
   return codec_r_finish(&r);
+}
+
+/* ---- JOB_EVENTS_OK ----------------------------------------------------------- */
+
+#define JOB_EVENT_F(kind, m) CODEC_##kind(struct dep_msg_job_event, m)
+static const struct codec_field job_event_record[] = {
+    JOB_EVENT_F(STR, job_id), JOB_EVENT_F(U64, age_ms), JOB_EVENT_F(U32, rank),
+    JOB_EVENT_F(U32, why),    JOB_EVENT_F(U32, pid),    JOB_EVENT_F(U64, epoch),
+};
+#undef JOB_EVENT_F
+
+static bool job_event_ok(const struct dep_msg_job_event *e) {
+  return e->why <= DEP_JOB_EVENT_REJOINED && e->why != DEP_SLAB_GONE_DAEMON;
+}
+
+int proto_encode_job_events(struct proto_buf *b, const struct dep_msg_job_events *m) {
+  if (m->n > DEP_JOB_EVENTS_MAX)
+    return DEP_ERR_INVALID;
+  for (uint32_t i = 0; i < m->n; i++)
+    if (!job_event_ok(&m->ev[i]))
+      return DEP_ERR_INVALID;
+  struct codec_w w;
+  codec_w_init(&w, b);
+  codec_w_u32(&w, m->n);
+  codec_w_u32(&w, m->left_out);
+  for (uint32_t i = 0; i < m->n && !w.err; i++)
+    codec_w_rec(&w, job_event_record, CODEC_NFIELDS(job_event_record), &m->ev[i]);
+  return codec_w_finish(&w);
+}
+
+int proto_decode_job_events(const uint8_t *p, size_t len, struct dep_msg_job_events *m) {
+  struct codec_r r;
+  codec_r_init(&r, p, len);
+  memset(m, 0, sizeof *m);
+  uint32_t n = codec_r_u32(&r);
+  m->left_out = codec_r_u32(&r);
+  if (r.bad || n > DEP_JOB_EVENTS_MAX)
+    return DEP_ERR_PROTOCOL;
+  m->n = n;
+  for (uint32_t i = 0; i < n && !r.bad; i++) {
+    codec_r_rec(&r, job_event_record, CODEC_NFIELDS(job_event_record), &m->ev[i]);
+    if (!r.bad && !job_event_ok(&m->ev[i]))
+      return DEP_ERR_PROTOCOL;
+  }
+  return codec_r_finish(&r);
+}
+
+const char *proto_job_event_name(uint32_t why) {
+  switch (why) {
+  case DEP_SLAB_GONE_DIED:
+    return "died";
+  case DEP_SLAB_GONE_DETACHED:
+    return "detached";
+  case DEP_SLAB_GONE_NODE:
+    return "node lost";
+  case DEP_JOB_EVENT_REJOINED:
+    return "rejoined";
+  default:
+    return "unknown";
+  }
 }

@@ -25,6 +25,7 @@ static const struct codec_field attach_fields[] = {
     ATTACH_F(U32, shape.max_tokens_per_rank), ATTACH_F(U32, shape.hidden),
     ATTACH_F(U32, shape.num_experts), ATTACH_F(U32, shape.topk),
     ATTACH_F(U32, shape.dtype),      ATTACH_F(U32, shape.max_ll_tokens_per_rank),
+    ATTACH_F(U32, flags),
 };
 #undef ATTACH_F
 
@@ -236,6 +237,12 @@ int proto_check_attach(const struct dep_attach_args *a, char *why, size_t whylen
   if (a->local_rank >= a->local_world_size) {
     why_set(why, whylen, "local_rank %u is out of range (allowed 0..%u for local_world_size %u)",
             a->local_rank, a->local_world_size - 1, a->local_world_size);
+    return DEP_ERR_INVALID;
+  }
+  if ((a->flags & ~(uint32_t)DEP_ATTACH_FLAGS_KNOWN) != 0) {
+    why_set(why, whylen, "flags 0x%x hold bits this deepepd does not know (known: 0x%x, "
+            "DEP_ATTACH_ELASTIC); run the same deepep version as the daemon",
+            a->flags, (unsigned)DEP_ATTACH_FLAGS_KNOWN);
     return DEP_ERR_INVALID;
   }
   return 0;

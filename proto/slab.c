@@ -60,7 +60,7 @@ int dep__slab_layout_nodes(const struct dep_job_shape *s, uint32_t world_size,
   out->chunk_rows = chan == s->max_tokens_per_rank ? chan : chunk_rows;
   out->chan_rows = chan;
   const uint64_t mask_off = DEP_SLAB_ERR_BYTES + 2ull * world_size * DEP_SLAB_CTRL_SLOT;
-  const uint64_t ctrl = mask_off + sizeof(uint64_t) * (1u + DEP_SLAB_MASK_WORDS(world_size));
+  const uint64_t ctrl = mask_off + DEP_SLAB_MASK_AREA_BYTES(world_size);
   out->mask_off = mask_off;
   out->world_size = world_size;
   out->max_tokens = s->max_tokens_per_rank;

@@ -150,9 +150,24 @@ DEP_STATIC_ASSERT(DEP_SLAB_ABORT_OFF + sizeof(struct dep_slab_abort) <= DEP_SLAB
  * later one.  It starts zero (epoch 0, every rank live) in a new job and
  * stays zero in a job that is not elastic.  A rank's own mask (DeepEP's
  * low_latency_update_mask_buffer) is the library's, not these words.
+ *
+ * After the bits, a join word per rank (dep_slab_mask_join): the first call
+ * (seq) in which that rank takes part again after it was masked; 0 for a
+ * rank never brought back.  Rank r is masked in call s iff its bit is set
+ * or s < join[r]: a rule that needs no memory of earlier epochs, so a
+ * reader that skipped one decides as every other.  The daemon clears a
+ * rank's bit only when a process has taken its place (it attached with the
+ * rank's id), writing join first: a call J above every call the survivors
+ * have posted (their slots' flags), checked again after the epoch is out
+ * (daemon/job_elastic.c), so that no survivor starts call J before it can
+ * see the epoch that makes the rank live from J.  The process that came
+ * back reads join for its own rank and makes J its first call.
  */
 #define DEP_SLAB_MASK_BIT(rank) (1ull << ((rank) % 64u))
 #define DEP_SLAB_MASK_WORDS(world) (((uint64_t)(world) + 63u) / 64u)
+/* The whole area: the epoch, the bits and the join words. */
+#define DEP_SLAB_MASK_AREA_BYTES(world) \
+  (sizeof(uint64_t) * (1u + DEP_SLAB_MASK_WORDS(world) + (uint64_t)(world)))
 
 /* The largest GPU (in SMs) whose per-CTA scratch the private area holds. */
 #define DEP_SLAB_MAX_SMS 512u
@@ -340,6 +355,10 @@ static inline uint64_t dep_slab_mask_epoch(const struct dep_slab_layout *l) {
 }
 static inline uint64_t dep_slab_mask_word(const struct dep_slab_layout *l, uint32_t rank) {
   return l->mask_off + sizeof(uint64_t) * (1u + rank / 64u);
+}
+/* Offset of rank's join word (above). */
+static inline uint64_t dep_slab_mask_join(const struct dep_slab_layout *l, uint32_t rank) {
+  return l->mask_off + sizeof(uint64_t) * (1u + DEP_SLAB_MASK_WORDS(l->world_size) + rank);
 }
 
 /* Round a size up to a whole number of chunks. */

@@ -23,6 +23,7 @@
 #include "ctl_view.h"
 #include "ctlrun.h"
 #include "daemonwire.h"
+#include "mnrank.h"
 #include "deepep.h"
 #include "proto.h"
 #include "slab.h"
@@ -137,7 +138,9 @@ static const char ctl_json_schema_py[] =
     "       'pool_cached_bytes': I, 'pool_held_bytes': I}\n"
     "JOB = {'job_id': S, 'owner_uid': I, 'ranks_attached': I, 'ranks_expected': I, 'world_size': I,\n"
     "       'slab_bytes': I, 'age_ms': I, 'host_bytes': I, 'nodes': I, 'remote_ranks': I, 'bytes_out': I,\n"
-    "       'bytes_in': I, 'ring_peak': I, 'payload_out': I}\n"
+    "       'bytes_in': I, 'ring_peak': I, 'payload_out': I, 'elastic': B, 'epoch': I,\n"
+    "       'masked_ranks': S}\n"
+    "EVENT = {'job_id': S, 'age_ms': I, 'rank': I, 'event': S, 'pid': I, 'epoch': I}\n"
     "OP = {'job': S, 'rank': I, 'op': S, 'device': S, 'state': S, 'calls': I, 'first_ns': opt(I),\n"
     "      'median_ns': opt(I), 'p99_ns': opt(I), 'first_over_median': opt(N),\n"
     "      'gbytes_per_s': opt(N), 'errors': I, 'timeouts': I, 'bytes': I, 'steady_calls': I,\n"
@@ -165,7 +168,8 @@ static const char ctl_json_schema_py[] =
     "# A list is [row]: at least one row, each of the row's schema.\n"
     "SCHEMAS = {\n"
     "    'status': {'version': S, 'state': S, 'pid': I, 'uptime_ms': I, 'backend': S,\n"
-    "               'proto_version': I, 'clients': I, 'devices': [DEV], 'jobs': [JOB]},\n"
+    "               'proto_version': I, 'clients': I, 'devices': [DEV], 'jobs': [JOB],\n"
+    "               'job_events': [EVENT]},\n"
     "    'reload': {'message': S, 'applied': [S], 'restart': [S]},\n"
     "    'drain': {'result': S},\n"
     "    'drain_wait': {'result': S, 'waited_ms': I},\n"
@@ -244,6 +248,15 @@ START_TEST(every_json_output_holds_its_types) {
   struct st_rank r[ST_W];
   const struct st_plan plan = {.pairs = 1, .layouts = 1};
   st_job_start(r, &d, "json-types", &plan);
+  /* An elastic job whose rank 1 left: its history has a row. */
+  struct dep_attach_args e0 = job_args("json-elastic", 0, 2, 0, 2);
+  struct dep_attach_args e1 = job_args("json-elastic", 1, 2, 1, 2);
+  e0.flags = e1.flags = DEP_ATTACH_ELASTIC;
+  int ef0 = attach_args(&d, &e0), ef1 = attach_args(&d, &e1);
+  expect_ready(ef0, 2);
+  expect_ready(ef1, 2);
+  close(ef1);
+  ck_assert(dw_log_has(&d, "it is masked", 5000));
   char list[4096] = "";
   const char *s = d.sock;
   json_output(d.dir, "status", DW_ARGS("-s", s, "--json", "status"), 0, 0, list, sizeof list);
@@ -269,6 +282,7 @@ START_TEST(every_json_output_holds_its_types) {
               sizeof list);
   /* Once the job has ended, a drain that waits says how long it waited. */
   st_job_end(r, false);
+  close(ef0);
   json_output(d.dir, "drain_wait", DW_ARGS("-s", s, "--json", "drain", "--wait"), 0, 0, list,
               sizeof list);
   json_output(d.dir, "drain", DW_ARGS("-s", s, "--json", "drain", "--cancel"), 0, 0, list,

@@ -268,6 +268,11 @@ static int decode_frame_seed(const uint8_t *p, size_t len, char *why, size_t why
     ck_assert_ptr_nonnull(m);
     rc = proto_decode_job_nodes(body, blen, m);
     free(m);
+  } else if (h.type == DEP_MSG_JOB_EVENTS_OK) {
+    struct dep_msg_job_events *m = malloc(sizeof *m);
+    ck_assert_ptr_nonnull(m);
+    rc = proto_decode_job_events(body, blen, m);
+    free(m);
   } else {
     union dep_msg_body *m = malloc(sizeof *m);
     ck_assert_ptr_nonnull(m);

@@ -137,7 +137,7 @@ END_TEST
 START_TEST(test_each_type_from_a_client_is_checked_as_it_always_was) {
   static const char *const empty_requests[] = {"STATUS", "DETACH", "RELOAD", "PEERS",
                                                "JOB_NODES", "STATS_LEND", "CLIENTS",
-                                               "XRING_LEND"};
+                                               "XRING_LEND", "JOB_EVENTS"};
   static const char *const body_requests[] = {"HELLO", "ATTACH", "DRAIN", "STATS", "KERNELS",
                                               "TUNE"};
   struct tu_daemon d;
@@ -167,7 +167,7 @@ START_TEST(test_each_type_from_a_client_is_checked_as_it_always_was) {
     close(fd);
     requests += empty || body;
   }
-  ck_assert_int_eq(requests, 14); /* every request above is a known type */
+  ck_assert_int_eq(requests, 15); /* every request above is a known type */
   dw_stop_ok(&d);
 }
 END_TEST

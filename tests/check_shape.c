@@ -254,7 +254,8 @@ END_TEST
 /*
  * The live mask (slab.h) lies between the control slots and the data, in
  * every world: its epoch word right after the last (parity, source) slot,
- * a bit for every rank, the whole inside ctrl_bytes and before data_off,
+ * a bit for every rank, a join word for every rank, the whole inside
+ * ctrl_bytes and before data_off,
  * so that the daemon's writes to it never touch a slot or a block.
  */
 START_TEST(the_live_mask_has_a_bit_per_rank_between_the_slots_and_the_data) {
@@ -275,6 +276,11 @@ START_TEST(the_live_mask_has_a_bit_per_rank_between_the_slots_and_the_data) {
     ck_assert_uint_eq(dep_slab_mask_word(&l, 63), dep_slab_mask_word(&l, 0));
     ck_assert_uint_eq(dep_slab_mask_word(&l, W - 1), l.mask_off + 8 * ((W - 1) / 64 + 1));
     ck_assert_uint_le(dep_slab_mask_word(&l, W - 1) + 8, l.ctrl_bytes);
+    /* The join words follow the bits, one per rank, and end the area. */
+    ck_assert_uint_eq(dep_slab_mask_join(&l, 0), dep_slab_mask_word(&l, W - 1) + 8);
+    ck_assert_uint_eq(dep_slab_mask_join(&l, W - 1) + 8,
+                      l.mask_off + DEP_SLAB_MASK_AREA_BYTES(W));
+    ck_assert_uint_le(dep_slab_mask_join(&l, W - 1) + 8, l.ctrl_bytes);
     ck_assert_uint_le(l.ctrl_bytes, l.data_off);
     ck_assert_uint_eq(DEP_SLAB_MASK_BIT(W - 1), 1ull << ((W - 1) % 64));
   }

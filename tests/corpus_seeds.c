@@ -181,6 +181,18 @@ static int f_job_nodes_ok(struct proto_buf *b) {
                                         .ring_entries = 256};
   return frame(b, DEP_MSG_JOB_NODES_OK, 0, &m);
 }
+static int f_job_events(struct proto_buf *b) { return frame(b, DEP_MSG_JOB_EVENTS, 0, NULL); }
+static int f_job_events_ok(struct proto_buf *b) {
+  /* Static: the struct holds DEP_JOB_EVENTS_MAX records. */
+  static struct dep_msg_job_events m;
+  memset(&m, 0, sizeof m);
+  m.n = 2;
+  m.ev[0] = (struct dep_msg_job_event){.job_id = SEED_JOB, .age_ms = 1500, .rank = 3,
+                                       .why = DEP_SLAB_GONE_DIED, .pid = 4242, .epoch = 1};
+  m.ev[1] = (struct dep_msg_job_event){.job_id = SEED_JOB, .age_ms = 2500, .rank = 3,
+                                       .why = DEP_JOB_EVENT_REJOINED, .pid = 4343, .epoch = 2};
+  return frame(b, DEP_MSG_JOB_EVENTS_OK, 0, &m);
+}
 static int f_stats_lend(struct proto_buf *b) { return frame(b, DEP_MSG_STATS_LEND, 0, NULL); }
 static int f_stats_lend_ok(struct proto_buf *b) {
   struct dep_msg_lend_ok m = {.version = DEP_STATS_VERSION,
@@ -377,6 +389,12 @@ static int p_membership_ok(struct proto_buf *b) {
   m.u.job = (struct dep_peer_job_event){.job_id = SEED_JOB, .owner_uid = SEED_UID};
   return peer(b, &m);
 }
+static int p_job_mask(struct proto_buf *b) {
+  struct dep_peer_msg m = {.type = DEP_PEER_JOB_MASK};
+  m.u.mask = (struct dep_peer_job_mask){.job_id = SEED_JOB, .owner_uid = SEED_UID, .rank = 3,
+                                        .gen = 1, .why = DEP_SLAB_GONE_DIED, .epoch = 1};
+  return peer(b, &m);
+}
 /* The KEEPALIVE seed with its type set past the last this build knows: the
  * header's magic and version are the encoder's own. */
 static int p_unknown_type(struct proto_buf *b) {
@@ -421,6 +439,8 @@ const struct corpus_seed corpus_seeds[] = {
     {"frame", "peer", CORPUS_FRAME, f_peer},
     {"frame", "job_nodes", CORPUS_FRAME, f_job_nodes},
     {"frame", "job_nodes_ok", CORPUS_FRAME, f_job_nodes_ok},
+    {"frame", "job_events", CORPUS_FRAME, f_job_events},
+    {"frame", "job_events_ok", CORPUS_FRAME, f_job_events_ok},
     {"frame", "stats_lend", CORPUS_FRAME, f_stats_lend},
     {"frame", "stats_lend_ok", CORPUS_FRAME, f_stats_lend_ok},
     {"frame", "stats", CORPUS_FRAME, f_stats},
@@ -451,6 +471,7 @@ const struct corpus_seed corpus_seeds[] = {
     {"peer", "data_offer", CORPUS_PEER, p_data_offer},
     {"peer", "data_hello", CORPUS_PEER, p_data_hello},
     {"peer", "membership_ok", CORPUS_PEER, p_membership_ok},
+    {"peer", "job_mask", CORPUS_PEER, p_job_mask},
     {"peer", "unknown_type", CORPUS_PEER, p_unknown_type},
     {"peer", "peers_ok", CORPUS_PEERS_BODY, p_peers_ok_body},
 };

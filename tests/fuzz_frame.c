@@ -35,6 +35,7 @@ static void die(const char *what, uint16_t type) {
  * here (libFuzzer runs one input at a time). */
 static struct dep_msg_peers peers;
 static struct dep_msg_job_nodes job_nodes;
+static struct dep_msg_job_events job_events;
 static struct dep_msg_clients clients;
 
 /* Decodes `body` as type t with the decoder its callers use and points *msg
@@ -48,6 +49,9 @@ static int decode_type(uint16_t t, const uint8_t *body, size_t len, union dep_ms
   case DEP_MSG_JOB_NODES_OK:
     *msg = &job_nodes;
     return proto_decode_job_nodes(body, len, &job_nodes);
+  case DEP_MSG_JOB_EVENTS_OK:
+    *msg = &job_events;
+    return proto_decode_job_events(body, len, &job_events);
   case DEP_MSG_CLIENTS_OK:
     *msg = &clients;
     return proto_decode_clients(body, len, &clients);

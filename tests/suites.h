@@ -40,6 +40,7 @@
   XX(peer_data)             \
   XX(multinode)             \
   XX(multinode_fail)        \
+  XX(elastic)               \
   XX(bigworld)              \
   XX(stream)                \
   XX(xnode)                 \

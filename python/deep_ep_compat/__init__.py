@@ -35,7 +35,8 @@ class Buffer(_deepep.Buffer):
         self._destroyed = False
         super().__init__(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode,
                          num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl,
-                         use_fabric, explicitly_destroy, enable_shrink, comm, **own)
+                         use_fabric, explicitly_destroy, enable_shrink, comm,
+                         elastic=bool(enable_shrink), **own)
 
 
     def destroy(self) -> None:

@@ -27,6 +27,8 @@ JOB_ID_MAX = 64
 MAX_WORLD = 4096
 MAX_LOCAL_RANKS = 64
 
+ATTACH_ELASTIC = 0x1  # DEP_ATTACH_ELASTIC
+STATUS_MASK_TEXT = 128  # DEP_STATUS_MASK_TEXT
 DTYPE_BF16 = 1
 DTYPE_FP8_E4M3 = 2
 INDEX_I64 = 1
@@ -70,6 +72,7 @@ class AttachArgs(_Sized):
         ("local_world_size", c_uint32),
         ("device_uuid", c_uint8 * 16),
         ("shape", JobShape),
+        ("flags", c_uint32),
     ]
 
 
@@ -123,6 +126,10 @@ class StatusJob(Structure):
         ("slab_bytes", c_uint64),
         ("age_ms", c_uint64),
         ("host_bytes", c_uint64),
+        ("flags", c_uint32),
+        ("masked", c_uint32),
+        ("epoch", c_uint64),
+        ("mask", c_char * STATUS_MASK_TEXT),
     ]
 
 

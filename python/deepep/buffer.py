@@ -136,7 +136,7 @@ class Buffer(_Checks, _Throughput, _LowLatency, HandlePools):
             job shape.
         low_latency_mode, num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl,
             use_fabric, explicitly_destroy, enable_shrink: accepted and kept; they change
-            nothing here.
+            nothing here (deep_ep.Buffer maps enable_shrink to elastic, below).
         comm: an mpi4py communicator in place of group (its Get_size() is checked against
             the world size from the arguments or the environment).
 
@@ -157,6 +157,8 @@ class Buffer(_Checks, _Throughput, _LowLatency, HandlePools):
             num_max_dispatch_tokens_per_rank must equal (else
             $DEEPEP_MAX_LL_TOKENS_PER_RANK, else the first low-latency call's, else
             min(max_tokens_per_rank, 256)).
+        elastic: the job survives a rank that dies or leaves (DEP_ATTACH_ELASTIC): deepepd
+            masks it instead of failing the job's calls; every rank must pass the same.
 
     Raises:
         NoDaemon: no deepepd answers on the socket (the message says how to start one).
@@ -179,7 +181,7 @@ class Buffer(_Checks, _Throughput, _LowLatency, HandlePools):
                  local_world_size: Optional[int] = None, socket: Optional[str] = None,
                  hidden: Optional[int] = None, num_experts: Optional[int] = None,
                  num_topk: Optional[int] = None, max_tokens_per_rank: Optional[int] = None,
-                 max_ll_tokens_per_rank: Optional[int] = None):
+                 max_ll_tokens_per_rank: Optional[int] = None, elastic: bool = False):
         self._conn: Optional[_Conn] = None
         #: Low-latency calls made with return_recv_hook whose hooks have not run yet, in
         #: call order (_defer).
@@ -206,6 +208,7 @@ class Buffer(_Checks, _Throughput, _LowLatency, HandlePools):
         self.low_latency_mode = bool(low_latency_mode)
         self.num_qps_per_rank = num_qps_per_rank
         self.explicitly_destroy = bool(explicitly_destroy)
+        self.elastic = bool(elastic)
         given = dict(job_id=job_id, rank=rank, world_size=world_size, local_rank=local_rank,
                      local_world_size=local_world_size)
         if group is not None:
@@ -301,6 +304,7 @@ class Buffer(_Checks, _Throughput, _LowLatency, HandlePools):
         a.shape.topk = self.num_topk
         a.shape.dtype = _lib.DTYPE_BF16
         a.shape.max_ll_tokens_per_rank = self.max_ll_tokens_per_rank
+        a.flags = _lib.ATTACH_ELASTIC if self.elastic else 0
         self._conn.check(self._conn.lib.dep_attach(self._conn.ptr, ctypes.byref(a)), "dep_attach")
         t = self._lap("attach", t)
         self.attached = True

@@ -240,3 +240,28 @@ def test_size_hints_are_deepeps_formulas():
     assert c.get_rdma_buffer_size_hint(2 * H, 16) == (rdma + 127) // 128 * 128
     nvl16 = 12 * 8 * (2 * 2 + 3) * 4 + 12 * 8 * 256 * per_token
     assert c.get_nvl_buffer_size_hint(2 * H, 16) == (nvl16 + 127) // 128 * 128
+
+
+def job_flags(daemon, job_id: str) -> int:
+    """The flags deepepd holds for job_id (its dep_status job record)."""
+    def read(st):
+        return {st.jobs[i].job_id.decode(): st.jobs[i].flags for i in range(st.num_jobs)}
+    return conftest.daemon_status(daemon, read)[job_id]
+
+
+def test_enable_shrink_and_elastic_make_the_job_elastic(daemon):
+    """deep_ep's enable_shrink=True and deepep's elastic=True attach with DEP_ATTACH_ELASTIC
+    (deepepd masks a rank that dies instead of failing the job); without them, no flag.
+    enable_shrink was accepted and changed nothing."""
+    from deepep import _lib
+    import deepep
+    b = one_rank(daemon, enable_shrink=True, explicitly_destroy=True)
+    assert b.elastic and job_flags(daemon, b.identity.job_id) == _lib.ATTACH_ELASTIC
+    b.destroy()
+    b = one_rank(daemon, explicitly_destroy=True)
+    assert not b.elastic and job_flags(daemon, b.identity.job_id) == 0
+    b.destroy()
+    d = deepep.Buffer(job_id="el-" + uuid.uuid4().hex[:8], rank=0, world_size=1, socket=daemon,
+                      elastic=True, **_SHAPE)
+    assert job_flags(daemon, d.identity.job_id) == _lib.ATTACH_ELASTIC
+    d.destroy()
