@@ -80,6 +80,10 @@ uint32_t host_ops__stream_avail(struct ops_ctx *c, const struct ops_stream *s, u
   struct ops_peer *p = &c->peer[src];
   const unsigned parity = (unsigned)(c->seq & 1);
   const struct ops_slot *sl = in_slot(c, parity, src);
+  if (ops_masked(c, src)) { /* masks: nothing (more) is taken from a masked rank */
+    p->seen = 1; /* one never seen: 0 rows */
+    return p->from_taken;
+  }
   if (!p->seen) {
     uint64_t f = atomic_load_explicit(&sl->flag, memory_order_acquire);
     if (f != c->seq) {
@@ -262,6 +266,8 @@ int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s) {
   /* The slot before any row: the receiver learns the count at once (one
    * on another node, with the first chunk, or alone for no rows). */
   for (uint32_t d = 0; d < c->world; d++) {
+    if (ops_masked(c, d))
+      continue; /* masks: a masked rank is sent nothing */
     host_ops__slot_post(c, d, c->peer[d].to_rows, s->op, s->ref_seq, s->num_tokens);
     if (c->remote[d] >= 0 && c->peer[d].to_rows == 0 && (rc = push_chunk(c, s, d, 0, 0)) != 0)
       return rc;
@@ -273,7 +279,7 @@ int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s) {
     uint32_t waiting = UINT32_MAX; /* a rank this pass could not go on without */
     bool sent = true;
     for (uint32_t d = 0; d < c->world; d++) {
-      if (c->peer[d].to_done == c->peer[d].to_rows || c->peer[d].other_op)
+      if (c->peer[d].to_done == c->peer[d].to_rows || c->peer[d].other_op || ops_masked(c, d))
         continue;
       int m = send_some(c, s, d);
       if (m < 0)
@@ -300,7 +306,7 @@ int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s) {
       since = stream_now_ns();
       continue;
     }
-    if (i < 256)
+    if (i < 256 || host_ops__mask_grew(c)) /* masks: a rank masked now is waited for no more */
       continue;
     const uint64_t waited = stream_now_ns() - since;
     if (host_ops__aborted(c, parity, waiting) || remote_may_have_stopped(c, waiting))
