@@ -486,51 +486,42 @@ DEP_EXPORT int dep_shape_sizes(dep_client_t *c, const struct dep_job_shape *shap
 }
 
 /* ---- masked ranks (DESIGN §14) ------------------------------------------------------------
- * The host backend keeps this rank's own mask in its operations' context and reads the live
- * mask from its slab (host_ops_mask_live); the cuda kernels do not skip masked ranks yet, so
- * there every mask call is refused rather than half honoured.
+ * This rank's own mask is kept in the operations' context on both backends (host_ops.h);
+ * the cuda kernels read their copy of it (kabi.h cuops_dev.own_mask) and the live mask in
+ * the slab themselves.
  */
-#define MASK_CUDA_WHY                                                                            \
-  "masked ranks are not in the cuda backend's kernels yet (the host backend has them); "       \
-  "a job on cuda runs with every rank live"
-
-/* Attached, on the host backend: the operations' context holds the masks. */
-static int mask_ready(dep_client_t *c, const char *op) {
-  int rc = ops_ready(c, op);
-  if (rc != 0)
-    return rc;
-  if (c->cuda)
-    return client_seterr(c, DEP_ERR_UNSUPPORTED, "%s: " MASK_CUDA_WHY, op);
-  return 0;
-}
 
 DEP_EXPORT int dep_mask_update(dep_client_t *c, uint32_t rank, int masked) {
   const char *op = "dep_mask_update";
   if (c == NULL)
     return DEP_ERR_INVALID;
-  int rc = mask_ready(c, op);
+  int rc = ops_ready(c, op);
   if (rc != 0)
     return rc;
   if (masked != 0 && masked != 1)
     return client_seterr(c, DEP_ERR_INVALID, "%s: masked is %d; give 1 (mask the rank) or 0 "
                          "(unmask it)", op, masked);
-  return ops_result(c, op, host_ops_mask_update(&c->ops, rank, masked));
+  if ((rc = ops_result(c, op, host_ops_mask_update(&c->ops, rank, masked))) != 0)
+    return rc;
+  return c->cuda ? cuda_ops_mask_own(c, op) : 0;
 }
 
 DEP_EXPORT int dep_mask_clear(dep_client_t *c) {
+  const char *op = "dep_mask_clear";
   if (c == NULL)
     return DEP_ERR_INVALID;
-  int rc = mask_ready(c, "dep_mask_clear");
-  if (rc == 0)
-    host_ops_mask_clear(&c->ops);
-  return rc;
+  int rc = ops_ready(c, op);
+  if (rc != 0)
+    return rc;
+  host_ops_mask_clear(&c->ops);
+  return c->cuda ? cuda_ops_mask_own(c, op) : 0;
 }
 
 DEP_EXPORT int dep_mask_query(dep_client_t *c, int32_t *out, uint32_t n, uint64_t *epoch) {
   const char *op = "dep_mask_query";
   if (c == NULL)
     return DEP_ERR_INVALID;
-  int rc = mask_ready(c, op);
+  int rc = ops_ready(c, op);
   if (rc != 0)
     return rc;
   if (out == NULL)
@@ -543,13 +534,19 @@ DEP_EXPORT int dep_mask_query(dep_client_t *c, int32_t *out, uint32_t n, uint64_
   if (words == NULL)
     return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory", op);
   memcpy(words, c->ops.own, DEP_SLAB_MASK_WORDS(w) * sizeof *words);
-  const uint64_t e = host_ops_mask_live(&c->ops, words, 0);
-  for (uint32_t r = 0; r < w; r++)
+  uint64_t e = 0, live = 0;
+  if (c->cuda) { /* the slab is device memory; the kernels' world is one word */
+    if ((rc = cuda_ops_mask_live(c, op, &e, &live)) == 0 && e != 0)
+      words[0] |= live;
+  } else {
+    e = host_ops_mask_live(&c->ops, words, 0);
+  }
+  for (uint32_t r = 0; rc == 0 && r < w; r++)
     out[r] = (int32_t)((words[r / 64u] >> (r % 64u)) & 1u);
   free(words);
-  if (epoch != NULL)
+  if (rc == 0 && epoch != NULL)
     *epoch = e;
-  return 0;
+  return rc;
 }
 
 DEP_EXPORT int dep_handle_dropped(dep_client_t *c, const dep_handle_t *h, uint64_t *pairs) {
@@ -558,9 +555,13 @@ DEP_EXPORT int dep_handle_dropped(dep_client_t *c, const dep_handle_t *h, uint64
     return DEP_ERR_INVALID;
   if (h == NULL || pairs == NULL)
     return client_seterr(c, DEP_ERR_INVALID, "%s: %s is NULL", op, h == NULL ? "h" : "pairs");
-  int rc = mask_ready(c, op);
+  int rc = ops_ready(c, op);
   if (rc != 0 || (rc = handle_of_this_attach(c, op, h)) != 0)
     return rc;
+  if (c->cuda)
+    return client_seterr(c, DEP_ERR_UNSUPPORTED, "%s: the cuda kernels do not count the pairs "
+                         "they drop (the host backend does); count them from topk_idx and "
+                         "dep_mask_query", op);
   if (h->kind == OPS_HANDLE_EMPTY)
     return client_seterr(c, DEP_ERR_INVALID, "%s: the handle holds no dispatch; pass the "
                          "handle of a dep_dispatch or dep_ll_dispatch", op);

@@ -562,9 +562,14 @@ DEP_EXPORT int dep_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_in
  * (DEP_ERR_TIMEOUT); a mask cleared between a dispatch and its combine
  * makes that combine DEP_ERR_MISMATCH.  A layout is local and ignores the
  * masks.  A job that never writes the live mask and a rank that never
- * sets its own behave as before: a gone rank is DEP_ERR_PEER.  The cuda
- * backend refuses these calls (DEP_ERR_UNSUPPORTED) until its kernels skip
- * masked ranks.  All need an attached handle (DEP_ERR_STATE).
+ * sets its own behave as before: a gone rank is DEP_ERR_PEER.  On the cuda
+ * backend each CTA of a call reads the masks as it begins, so two
+ * differences: a live mask written while a call's kernel starts may be
+ * seen by part of it only (that call's outputs are then undefined), and a
+ * call already waiting for a rank does not see it masked (it fails as
+ * before: DEP_ERR_TIMEOUT, or DEP_ERR_PEER through the abort words); and
+ * the kernels do not count the pairs they drop (dep_handle_dropped is
+ * DEP_ERR_UNSUPPORTED there).  All need an attached handle (DEP_ERR_STATE).
  *
  * dep_mask_update: set (masked 1) or clear (masked 0) rank's bit in this
  * rank's own mask; rank past the world or masked not 0/1: DEP_ERR_INVALID.

@@ -4,8 +4,8 @@ dep_mask_update, dep_mask_clear, dep_mask_query and dep_handle_dropped.
 A rank is masked for a call when the daemon's live mask (an elastic job's gone ranks) or
 this rank's own mask says so; every operation then sends it nothing, waits for nothing from
 it and drops the (token, k) pairs whose expert is on it (their contribution is zero).  The
-masks of the ranks in a call must agree, as DeepEP's must.  The host backend has them; on
-cuda the library refuses them (deepep.Unsupported) until its kernels skip masked ranks.
+masks of the ranks in a call must agree, as DeepEP's must.  On cuda the kernels do not count
+the pairs they drop (dropped() raises deepep.Unsupported there).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class _Masks:
 
         Raises:
             ValueError: rank out of range; deepep.Error: not attached yet (the library's
-            DEP_ERR_STATE); deepep.Unsupported: the cuda backend.
+            DEP_ERR_STATE).
         """
         if not isinstance(rank, int) or isinstance(rank, bool):
             raise TypeError(f"update_mask: rank must be an int, not {type(rank).__name__}")

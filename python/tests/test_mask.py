@@ -20,7 +20,8 @@ _TIMEOUT = 300
 @pytest.fixture(scope="module")
 def spawned(daemon, seed, tmp_path_factory):
     if conftest.BACKEND != "host":
-        pytest.skip("the masks are the host backend's (the cuda kernels refuse them)")
+        pytest.skip("the spawned worlds run on the host backend (CPU tensors, gloo); the GPU "
+                    "suite cuda_ops/masks holds the kernels")
     d = tmp_path_factory.mktemp("masks")
     out = conftest.spawn_ranks(maskranks.mask_rank, maskranks.MASK_WORLD,
                                (daemon, str(d / "store"), seed, str(d)), str(d), _TIMEOUT,
@@ -60,7 +61,8 @@ def test_a_masked_rank_gets_nothing_and_contributes_zero_in_throughput(spawned):
 
 def test_deepep_buffer_masks_on_one_rank(daemon):
     if conftest.BACKEND != "host":
-        pytest.skip("the masks are the host backend's")
+        pytest.skip("dropped() is the host backend's; the GPU suite cuda_ops/masks holds the "
+                    "kernels")
     b = onerank.one_rank(daemon, **onerank.SHAPE)
     try:
         x, idx, w = onerank.tokens()
@@ -87,7 +89,8 @@ def test_deepep_buffer_masks_on_one_rank(daemon):
 
 def test_the_mask_buffer_needs_enable_shrink_as_deepeps(daemon):
     if conftest.BACKEND != "host":
-        pytest.skip("the masks are the host backend's")
+        pytest.skip("dropped() is the host backend's; the GPU suite cuda_ops/masks holds the "
+                    "kernels")
     deep_ep = ranks.import_compat()
     args = dict(onerank.SHAPE, job_id=onerank.one_rank.__name__ + "-shrink", rank=0,
                 world_size=1, socket=daemon)
