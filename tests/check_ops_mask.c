@@ -5,7 +5,8 @@
  * slabs as the daemon writes it: the bits, then the epoch with release
  * ordering) or by every rank's own mask gets nothing and stops no one, and
  * every other rank's outputs match the oracle with that rank masked
- * (ref_mask), throughput and low-latency, bf16 and FP8; a masked rank that
+ * (ref_mask), throughput and low-latency, bf16 and FP8 (and the pairs each
+ * dispatch dropped); a masked rank that
  * is dead, in a job whose abort words are never written, stops no one; a
  * wait already waiting for a rank when its bit is written completes.
  *
@@ -43,7 +44,47 @@ struct mask_run {
   uint8_t masked[OW_MAXW];
   int how;
   uint32_t dead; /* a rank that makes no call at all (UINT32_MAX: none) */
+  /* With d.sc.fp8: every rank's throughput FP8 inputs (any bytes; scales) and the masked
+   * oracle's dispatch of them. */
+  uint8_t *x8[OW_MAXW];
+  float *scales[OW_MAXW];
+  struct ref_dispatch_out disp8[OW_MAXW];
 };
+
+/* A throughput FP8 dispatch of rank r's x8 into o (recv_x as bytes, scales into sc). */
+static int fp8_dispatch(struct ops_ctx *c, const struct mask_run *m, struct ow_outs *o,
+                        float *sc) {
+  const struct ow_case *d = &m->d;
+  const uint32_t r = c->rank;
+  struct dep_dispatch_args da = {.size = sizeof da, .x = m->x8[r], .topk_idx = d->idx[r],
+                                 .index_type = d->sc.itype,
+                                 .topk_weights = d->in[r].topk_weights,
+                                 .num_tokens = d->in[r].num_tokens, .recv_x = o->rx,
+                                 .recv_topk_idx = o->ridx, .recv_topk_weights = o->rw,
+                                 .recv_count_per_expert = o->cnt, .num_recv = &o->num_recv,
+                                 .use_fp8 = 1, .x_scales = m->scales[r], .recv_x_scales = sc};
+  return host_ops_dispatch(c, &da, &o->h);
+}
+
+/* The FP8 rows, their scales and ids against the masked oracle's, bit for bit. */
+static int fp8_round(struct ops_ctx *c, const struct mask_run *m, struct ow_outs *o, float *sc,
+                     char *msg) {
+  const struct ow_case *d = &m->d;
+  const struct ref_dispatch_out *e = &m->disp8[c->rank];
+  const uint32_t h = d->sc.hidden, G = h / 128, K = d->sc.topk;
+  int rc = fp8_dispatch(c, m, o, sc);
+  if (rc != 0)
+    return ow_fail(msg, "fp8 dispatch returned %s: %s [%s]", dep_errname(rc), c->why, d->desc);
+  if (o->num_recv != e->num_recv)
+    return ow_fail(msg, "fp8 dispatch: num_recv %u, want %u [%s]", o->num_recv, e->num_recv,
+                   d->desc);
+  if (memcmp(o->rx, e->x8, (size_t)e->num_recv * h) != 0 ||
+      memcmp(sc, e->scales, (size_t)e->num_recv * G * sizeof *sc) != 0 ||
+      memcmp(o->ridx, e->topk_idx, (size_t)e->num_recv * K * 4) != 0)
+    return ow_fail(msg, "fp8 dispatch: rows, scales or ids differ from the masked oracle [%s]",
+                   d->desc);
+  return 0;
+}
 
 /* The (token, k) pairs of in whose expert is on a masked rank: what a dispatch drops. */
 static uint64_t pairs_dropped(const struct ow_case *d, const struct ref_rank_in *in,
@@ -63,8 +104,15 @@ static int masked_rank_rounds(struct ops_ctx *c, const struct mask_run *m, char 
   const uint32_t r = c->rank, h = d->sc.hidden;
   struct ow_outs o;
   ow_outs_alloc(&o, d);
+  float *sc = malloc(o.rows_tp * (h / 128) * sizeof *sc);
   int rc = 0;
   for (int round = 0; round < 2 && rc == 0; round++) {
+    int e8 = d->sc.fp8 ? fp8_dispatch(c, m, &o, sc) : 0;
+    if (e8 != 0 || (d->sc.fp8 && o.num_recv != 0)) {
+      rc = ow_fail(msg, "masked rank's fp8 dispatch: %s, %u rows: %s [%s]", dep_errname(e8),
+                   o.num_recv, c->why, d->desc);
+      break;
+    }
     int e = ow_dispatch(c, d, &o, &o.h);
     if (e != 0 || o.num_recv != 0 || o.h.dropped != pairs_dropped(d, &d->in[r], m->masked, 1)) {
       rc = ow_fail(msg, "masked rank's dispatch: %s, %u rows, %llu dropped: %s [%s]",
@@ -93,6 +141,7 @@ static int masked_rank_rounds(struct ops_ctx *c, const struct mask_run *m, char 
       rc = ow_fail(msg, "masked rank's ll_combine: %s, or not zeros: %s [%s]", dep_errname(e),
                    c->why, d->desc);
   }
+  free(sc);
   ow_outs_free(&o);
   return rc;
 }
@@ -115,10 +164,13 @@ static int mask_rank(struct ops_ctx *c, void *arg, char *msg) {
     return masked_rank_rounds(c, m, msg);
   struct ow_outs o;
   ow_outs_alloc(&o, d);
+  float *sc = malloc(o.rows_tp * (d->sc.hidden / 128) * sizeof *sc);
   uint64_t dig = 0;
   int rc = 0;
   for (int round = 0; round < 2 && rc == 0; round++) {
     uint8_t pz = round ? 0x5A : 0xA5;
+    if (d->sc.fp8 && (rc = fp8_round(c, m, &o, sc, msg)) != 0)
+      break;
     if ((rc = ow_round_tp(c, d, &o, pz, &dig, msg)) != 0)
       break;
     if (o.h.dropped != pairs_dropped(d, &d->in[r], m->masked, 0)) {
@@ -134,6 +186,7 @@ static int mask_rank(struct ops_ctx *c, void *arg, char *msg) {
                    (unsigned long long)o.h.dropped,
                    (unsigned long long)pairs_dropped(d, &d->in_ll[r], m->masked, 0), d->desc);
   }
+  free(sc);
   ow_outs_free(&o);
   return rc;
 }
@@ -163,6 +216,24 @@ static struct mask_run *mask_run_make(uint32_t i, uint32_t dead) {
   m->how = mask_cases[i].how;
   m->dead = dead;
   ow_case_mask(&m->d, m->masked);
+  if (sc.fp8) {
+    struct ref_rank_in in8[OW_MAXW];
+    ck_assert_int_eq(ref_mask(&m->d.shape, W, m->d.in, m->masked, in8), 0);
+    for (uint32_t r = 0; r < W; r++) {
+      const size_t n = m->d.in[r].num_tokens, h = sc.hidden;
+      m->x8[r] = malloc(n * h + 1);
+      m->scales[r] = malloc((n * (h / 128) + 1) * sizeof(float));
+      ck_assert(m->x8[r] && m->scales[r]);
+      for (size_t j = 0; j < n * h; j++)
+        m->x8[r][j] = (uint8_t)ow_rnd(); /* moved as bytes: any code */
+      for (size_t j = 0; j < n * (h / 128); j++)
+        m->scales[r][j] = ow_unif() + 1e-3f;
+      in8[r].x8 = m->x8[r];
+      in8[r].scales = m->scales[r];
+    }
+    ck_assert_int_eq(ref_dispatch(&m->d.shape, W, in8, m->disp8), 0);
+    ref_mask_free(in8, W);
+  }
   snprintf(m->d.desc + strlen(m->d.desc), sizeof m->d.desc - strlen(m->d.desc),
            ", masked %#x by %s", mask_cases[i].masked,
            m->how == BY_LIVE_BIT ? "live bit" : "own mask");
@@ -170,6 +241,12 @@ static struct mask_run *mask_run_make(uint32_t i, uint32_t dead) {
 }
 
 static void mask_run_free(struct mask_run *m) {
+  if (m->d.sc.fp8)
+    ref_dispatch_free(m->disp8, m->d.sc.world);
+  for (uint32_t r = 0; r < m->d.sc.world; r++) {
+    free(m->x8[r]);
+    free(m->scales[r]);
+  }
   ow_case_free(&m->d);
   free(m);
 }
