@@ -8,7 +8,8 @@
  * (ref_mask), throughput and low-latency, bf16 and FP8 (and the pairs each
  * dispatch dropped); a masked rank that
  * is dead, in a job whose abort words are never written, stops no one; a
- * wait already waiting for a rank when its bit is written completes.
+ * wait already waiting for a rank when its bit is written completes; and
+ * the C API's mask calls through a real daemon.
  *
  * Inputs are fresh random data each run; a failure prints the seed, and
  * DEP_TEST_SEED=<seed> replays it.
@@ -22,9 +23,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clienttest.h"
 #include "host_ops.h"
 #include "opsworld.h"
 #include "ref.h"
+#include "testutil.h"
 
 /* Write the live mask into a rank's slab as the daemon does: bits, then the epoch (release). */
 static void write_live_mask(uint8_t *slab, const struct dep_slab_layout *lay, const uint8_t *masked,
@@ -342,6 +345,70 @@ START_TEST(a_wait_for_a_rank_masked_mid_wait_completes) {
 }
 END_TEST
 
+/* ---- the C API through a real daemon ------------------------------------------------ */
+
+#define EXPECT_RC(call, want)                                                                \
+  do {                                                                                       \
+    int rc_ = (call);                                                                        \
+    ck_assert_msg(rc_ == (want), "%s: %s (%s), want %s", #call, dep_errname(rc_),            \
+                  dep_errmsg(c), dep_errname(want));                                         \
+  } while (0)
+
+/* dep_mask_update, dep_mask_clear and dep_mask_query on one attached rank of the host
+ * backend: refusals first (not attached, a rank past the world, masked not 0 or 1, a short
+ * or NULL out, a handle with no dispatch), then the own mask and the live mask (written
+ * into the slab as the daemon writes it) each seen by the query, the epoch with it. */
+START_TEST(the_mask_calls_refuse_bad_arguments_and_query_both_masks) {
+  struct tu_daemon dm;
+  ck_assert_int_eq(tu_daemon_start(&dm, NULL), 0);
+  dep_client_t *c = cl_connect(dm.sock);
+  int32_t q[2] = {7, 7};
+  uint64_t epoch = 99, pairs = 0;
+  EXPECT_RC(dep_mask_update(c, 0, 1), DEP_ERR_STATE);
+  EXPECT_RC(dep_mask_query(c, q, 2, &epoch), DEP_ERR_STATE);
+  struct dep_attach_args a = cl_attach_args("mask-api", 0);
+  a.world_size = a.local_world_size = 1;
+  EXPECT_RC(dep_attach(c, &a), DEP_OK);
+  EXPECT_RC(dep_mask_update(c, 1, 1), DEP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dep_errmsg(c), "rank 1"));
+  EXPECT_RC(dep_mask_update(c, 0, 2), DEP_ERR_INVALID);
+  EXPECT_RC(dep_mask_query(c, q, 0, &epoch), DEP_ERR_INVALID);
+  EXPECT_RC(dep_mask_query(c, NULL, 1, &epoch), DEP_ERR_INVALID);
+  dep_handle_t *h = NULL;
+  EXPECT_RC(dep_handle_new(c, &h), DEP_OK);
+  EXPECT_RC(dep_handle_dropped(c, h, &pairs), DEP_ERR_INVALID);
+  EXPECT_RC(dep_handle_dropped(c, h, NULL), DEP_ERR_INVALID);
+  EXPECT_RC(dep_mask_query(c, q, 2, &epoch), DEP_OK);
+  ck_assert_int_eq(q[0], 0);
+  ck_assert_int_eq(q[1], 7); /* past the world: not written */
+  ck_assert_uint_eq(epoch, 0);
+  EXPECT_RC(dep_mask_update(c, 0, 1), DEP_OK);
+  EXPECT_RC(dep_mask_query(c, q, 1, NULL), DEP_OK);
+  ck_assert_int_eq(q[0], 1);
+  EXPECT_RC(dep_mask_clear(c), DEP_OK);
+  EXPECT_RC(dep_mask_query(c, q, 1, &epoch), DEP_OK);
+  ck_assert_int_eq(q[0], 0);
+  /* The live mask, as the daemon writes it: the query or-s it in, with its epoch. */
+  struct dep_attach_info info = {.size = sizeof info};
+  EXPECT_RC(dep_attach_info(c, &info), DEP_OK);
+  struct dep_slab_layout lay;
+  char why[256];
+  ck_assert_int_eq(dep__slab_layout(&a.shape, 1, &lay, why, sizeof why), 0);
+  const uint8_t one[1] = {1};
+  write_live_mask(info.slabs[0], &lay, one, 1, 3);
+  EXPECT_RC(dep_mask_query(c, q, 1, &epoch), DEP_OK);
+  ck_assert_int_eq(q[0], 1);
+  ck_assert_uint_eq(epoch, 3);
+  EXPECT_RC(dep_mask_clear(c), DEP_OK); /* the rank's own: the live bit stays */
+  EXPECT_RC(dep_mask_query(c, q, 1, &epoch), DEP_OK);
+  ck_assert_int_eq(q[0], 1);
+  dep_handle_free(h);
+  dep_client_free(c);
+  ck_assert_int_eq(tu_daemon_stop(&dm), 0);
+  tu_daemon_cleanup(&dm);
+}
+END_TEST
+
 Suite *ops_mask_suite(void);
 Suite *ops_mask_suite(void) {
   Suite *s = suite_create("ops_mask");
@@ -352,5 +419,9 @@ Suite *ops_mask_suite(void) {
   tcase_add_loop_test(t, a_dead_masked_rank_stops_no_one_without_abort_words, 0, 2);
   tcase_add_loop_test(t, a_wait_for_a_rank_masked_mid_wait_completes, 0, 2);
   suite_add_tcase(s, t);
+  TCase *api = tcase_create("api");
+  tcase_set_timeout(api, 60);
+  tcase_add_test(api, the_mask_calls_refuse_bad_arguments_and_query_both_masks);
+  suite_add_tcase(s, api);
   return s;
 }
