@@ -16,6 +16,7 @@
  */
 #include <check.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -345,6 +346,60 @@ START_TEST(a_wait_for_a_rank_masked_mid_wait_completes) {
 }
 END_TEST
 
+/* Rank 0 of a world of 2 in the test's process; rank 1's part of call 1, written by hand as
+ * a sender that dies mid-stream writes it: its slot (2 rows), its first row and the tail
+ * after it, then nothing.  Rank 0's dispatch waits for the second row until the daemon writes
+ * rank 1's bit: it completes, rank 1's first row in its place, the second zeros with ids -1
+ * and weights 0 (the old code waited out the op timeout: DEP_ERR_TIMEOUT). */
+START_TEST(a_rank_masked_mid_stream_leaves_its_missing_rows_zero) {
+  static const struct ow_scenario two = {2, 128, 2, 4, 4, 4, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
+  struct ow_rank0 *g = ow_rank0_open(&two, OW_TIMEOUT_MS);
+  const uint32_t h = 128, K = 2, parity = 1;
+  uint8_t *slab0 = g->w.slabs[0];
+  uint8_t *row = slab0 + dep_slab_row(&g->w.lay, parity, 1, 0);
+  for (uint32_t i = 0; i < h; i++)
+    ((uint16_t *)row)[i] = (uint16_t)(0x3f80 + i); /* bf16 payload: any bits */
+  int32_t *meta = (int32_t *)(row + ops_meta_off(h));
+  meta[0] = 3; /* its token 3 */
+  meta[1] = (int32_t)K;
+  int32_t *ids = (int32_t *)(row + ops_ids_off(h));
+  float *w = (float *)(row + ops_weights_off(h, K));
+  ids[0] = 1, ids[1] = -1; /* local expert 1 of rank 0, and an expert of rank 1 */
+  w[0] = 0.25f, w[1] = 0.0f;
+  struct ops_slot *sl = (struct ops_slot *)(slab0 + dep_slab_ctrl_slot(&g->w.lay, parity, 1));
+  sl->rows = 2;
+  sl->op = OPS_OP_DISPATCH;
+  sl->ref_seq = 0;
+  sl->num_tokens = 4;
+  atomic_store_explicit(&sl->flag, 1, memory_order_release);
+  atomic_store_explicit(&sl->tail, DEP_SLAB_CHAN_AT(1, 1), memory_order_release);
+  uint8_t masked[2] = {0, 1};
+  ow_case_mask(&g->d, masked); /* rank 0's own rows: the masked oracle's */
+  struct later l = {slab0, &g->c.lay, {0, 1}, 2};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, mask_later, &l), 0);
+  memset(g->o.rx, 0xA5, g->o.rows_tp * h * 2);
+  int rc = ow_dispatch(&g->c, &g->d, &g->o, &g->o.h);
+  pthread_join(th, NULL);
+  ck_assert_msg(rc == 0, "dispatch: %s: %s", dep_errname(rc), g->c.why);
+  const struct ref_dispatch_out *e = &g->d.disp[0];
+  const uint32_t n0 = e->num_recv;
+  ck_assert_uint_eq(g->o.num_recv, n0 + 2);
+  ck_assert_uint_eq(g->o.h.recv_from[1], 2);
+  ck_assert(memcmp(g->o.rx, e->x, (size_t)n0 * h * 2) == 0);
+  ck_assert(memcmp(g->o.ridx, e->topk_idx, (size_t)n0 * K * 4) == 0);
+  ck_assert(memcmp(g->o.rx + (size_t)n0 * h, row, h * 2) == 0);
+  ck_assert_int_eq(g->o.ridx[(size_t)n0 * K], 1);
+  ck_assert_int_eq(g->o.ridx[(size_t)n0 * K + 1], -1);
+  ck_assert(g->o.rw[(size_t)n0 * K] == 0.25f);
+  ck_assert(ow_all_zero((const uint8_t *)(g->o.rx + (size_t)(n0 + 1) * h), h * 2));
+  ck_assert_int_eq(g->o.ridx[(size_t)(n0 + 1) * K], -1);
+  ck_assert_int_eq(g->o.ridx[(size_t)(n0 + 1) * K + 1], -1);
+  ck_assert(g->o.rw[(size_t)(n0 + 1) * K] == 0.0f && g->o.rw[(size_t)(n0 + 1) * K + 1] == 0.0f);
+  ow_rank0_close(g);
+}
+END_TEST
+
 /* ---- the C API through a real daemon ------------------------------------------------ */
 
 #define EXPECT_RC(call, want)                                                                \
@@ -418,6 +473,7 @@ Suite *ops_mask_suite(void) {
                       (int)(sizeof mask_cases / sizeof mask_cases[0]));
   tcase_add_loop_test(t, a_dead_masked_rank_stops_no_one_without_abort_words, 0, 2);
   tcase_add_loop_test(t, a_wait_for_a_rank_masked_mid_wait_completes, 0, 2);
+  tcase_add_test(t, a_rank_masked_mid_stream_leaves_its_missing_rows_zero);
   suite_add_tcase(s, t);
   TCase *api = tcase_create("api");
   tcase_set_timeout(api, 60);
