@@ -333,15 +333,16 @@ void host_ops_mask_clear(struct ops_ctx *c) {
   memset(c->own, 0, DEP_SLAB_MASK_WORDS(c->world) * sizeof *c->own);
 }
 
-/* Count the call's mask; a rank masked itself talks to no rank: all are masked. */
+/* Count the call's mask (a word at a time: every call does it); a rank masked itself talks
+ * to no rank: all are masked (bits past the world too, which no rank reads). */
 static void mask_settle(struct ops_ctx *c) {
   const uint32_t n = (uint32_t)DEP_SLAB_MASK_WORDS(c->world);
   if ((c->mask[c->rank / 64u] & DEP_SLAB_MASK_BIT(c->rank)) != 0)
     for (uint32_t i = 0; i < n; i++)
       c->mask[i] = ~0ull;
   c->nmasked = 0;
-  for (uint32_t r = 0; r < c->world; r++)
-    c->nmasked += (uint32_t)((c->mask[r / 64u] >> (r % 64u)) & 1u);
+  for (uint32_t i = 0; i < n; i++)
+    c->nmasked += (uint32_t)__builtin_popcountll(c->mask[i]);
 }
 
 void host_ops__mask_begin(struct ops_ctx *c) {
