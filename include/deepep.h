@@ -554,7 +554,8 @@ DEP_EXPORT int dep_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_in
  *     changes) stops waiting and completes with r masked for the rest of
  *     the call; a throughput dispatch's rows from r that had not arrived
  *     by then hold zeros with ids -1 and weights 0, in the place r's count
- *     gave them.
+ *     gave them (a cached dispatch's rows from r, whose place its handle
+ *     keeps, are zeros too).
  * A rank that masks itself talks to no rank (every rank is masked for it:
  * its calls complete at once, receiving nothing).  Each call reads the
  * mask as it begins; the masks of the ranks that take part in a call must
@@ -563,7 +564,7 @@ DEP_EXPORT int dep_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_in
  * makes that combine DEP_ERR_MISMATCH.  A layout is local and ignores the
  * masks.  A job that never writes the live mask and a rank that never
  * sets its own behave as before: a gone rank is DEP_ERR_PEER.  On the cuda
- * backend each CTA of a call reads the masks as it begins, so two
+ * backend each CTA of a call reads the masks as it begins, so three
  * differences: a live mask written while a call's kernel starts may be
  * seen by part of it only (that call's outputs are then undefined), and a
  * call already waiting for a rank does not see it masked (it fails as
