@@ -157,7 +157,8 @@ __device__ __forceinline__ void dispatch_payload(const cuops_job &J, const cuops
 }
 
 /*
- * Sender part `part` for rank d; false when the call failed.  A cached
+ * Sender part `part` for rank d; false when the call failed.  A masked d
+ * is sent nothing: no slot, no row (kabi.h "Masked ranks").  A cached
  * dispatch (a.cached) sends each token to the row its handle's dispatch
  * gave it (tp_pos), so it needs neither the counts nor the grid barrier:
  * the rows of a group of tokens are still contiguous, in token order.
@@ -174,13 +175,12 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
   __shared__ uint32_t s_go[CUOPS_WARPS][DEP_SHAPE_MAX_TOKENS / CUOPS_WARPS / 32];
   uint32_t *go_bits = s_go[threadIdx.x >> 5];
   uint32_t before = 0, all = 0; /* the rows before the group's, and to d in all */
-  const bool dead = masked(k, d); /* a masked d is sent nothing (kabi.h) */
   if (a.cached) {
     /* 1'. the handle says which tokens go to d and where the group's rows start */
     bool first = true;
     for (uint32_t b = t0; b < t1; b += 32) {
       const uint32_t t = b + lane;
-      const int32_t p = t < t1 && !dead ? a.h.tp_pos[(uint64_t)t * J.world + d] : -1;
+      const int32_t p = t < t1 && !masked(k, d) ? a.h.tp_pos[(uint64_t)t * J.world + d] : -1;
       const uint32_t bits = __ballot_sync(FULL_MASK, p >= 0);
       if (lane == 0)
         go_bits[(b - t0) / 32] = bits;
@@ -190,8 +190,8 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
       }
     }
     __syncwarp();
-    all = dead ? 0 : a.h.tp_sent[d];
-    if (g == 0 && lane == 0 && !dead)
+    all = masked(k, d) ? 0 : a.h.tp_sent[d];
+    if (g == 0 && lane == 0 && !masked(k, d))
       post_header(J, k, d, all, dispatch_op(a), *a.h.seq, a.num_tokens);
   } else {
     /* 1. count the group's rows for d: lane i takes every 32nd token */
@@ -201,7 +201,7 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
       bool go = false; /* every id read: rank 0's senders report bad ones */
       for (uint32_t j = 0; t < t1 && j < K; j++) {
         int64_t e = checked_id(J, a.idx, a.itype, (uint64_t)t * K + j, OPS_OP_DISPATCH, d == 0);
-        go |= e >= 0 && (uint64_t)e / J.le == d && !dead;
+        go |= e >= 0 && (uint64_t)e / J.le == d && !masked(k, d);
       }
       if (t < t1 && !go)
         a.h.tp_pos[(uint64_t)t * J.world + d] = -1;
@@ -224,11 +224,10 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
       before += __shfl_xor_sync(FULL_MASK, before, o);
       all += __shfl_xor_sync(FULL_MASK, all, o);
     }
-    if (g == 0 && lane == 0) { /* the count first: receivers place their rows by it */
+    if (g == 0 && lane == 0) /* the count first: receivers place their rows by it */
       a.h.tp_sent[d] = all;
-      if (!dead)
-        post_header(J, k, d, all, dispatch_op(a), 0, a.num_tokens);
-    }
+    if (g == 0 && lane == 0 && !masked(k, d))
+      post_header(J, k, d, all, dispatch_op(a), 0, a.num_tokens);
   }
   /* 3. the rows, marked every few */
   uint8_t *blk = send_block(J, k.parity, d);
@@ -276,11 +275,23 @@ __device__ __forceinline__ void ridx_put(const cuops_dispatch_args &a, uint64_t 
     ((int32_t *)a.ridx)[i] = v;
 }
 
+/* Whether source s's slot is not this dispatch's: another op, too many rows, or (cached)
+ * another handle's dispatch or row count.  A masked source's is not read. */
+__device__ __forceinline__ bool dispatch_slot_bad(const cuops_job &J,
+                                                  const cuops_dispatch_args &a, const call &k,
+                                                  const peers &p, uint32_t s, uint32_t op,
+                                                  uint64_t hseq) {
+  return !masked(k, s) && (p.op[s] != op || p.rows[s] > J.max_tokens ||
+                           (a.cached && (p.ref[s] != hseq || p.rows[s] != a.h.tp_from[s])));
+}
+
 /* A cached dispatch's rows from a masked source, whose place its handle keeps: zeros, over
  * the grid (the host backend's too).  Rare: a rank masked since the handle's dispatch. */
 __device__ __forceinline__ void dispatch_zero_masked(const cuops_job &J,
                                                      const cuops_dispatch_args &a, const call &k,
                                                      const uint32_t *off) {
+  if (!a.cached || k.mask == 0)
+    return;
   const uint32_t h = J.hidden, G = h / 128;
   const uint64_t rb = a.fp8 ? h : 2ull * h;
   for (uint32_t s = 0; s < J.world; s++) {
@@ -313,16 +324,14 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
     uint32_t ok = wait_peers(J, k, op, &s_p) == 0, off = 0;
     const uint64_t hseq = a.cached ? *a.h.seq : 0;
     for (uint32_t s = 0; ok && s < W; s++) {
-      const bool m = masked(k, s); /* no rows from it; a cached dispatch keeps their place */
-      if (!m && (s_p.op[s] != op || s_p.rows[s] > J.max_tokens ||
-                 (a.cached && (s_p.ref[s] != hseq || s_p.rows[s] != a.h.tp_from[s])))) {
+      if (dispatch_slot_bad(J, a, k, s_p, s, op, hseq)) {
         if (blockIdx.x == 0)
           rec_fail(J, DEP_ERR_MISMATCH, op, s, CUOPS_PHASE_PEER, k.seq,
                    ((uint64_t)s_p.op[s] << 32) | s_p.rows[s], 0);
         ok = 0;
       }
-      s_off[s] = off;
-      off += m && a.cached ? a.h.tp_from[s] : s_p.rows[s];
+      s_off[s] = off; /* none from a masked source; a cached dispatch keeps their place */
+      off += masked(k, s) && a.cached ? a.h.tp_from[s] : s_p.rows[s];
     }
     if (ok && a.worst != 0 && off > a.worst) {
       if (blockIdx.x == 0)
@@ -349,8 +358,7 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
   if (!s_ok)
     return;
   const uint32_t total = s_first[W];
-  if (a.cached && k.mask != 0)
-    dispatch_zero_masked(J, a, k, s_off);
+  dispatch_zero_masked(J, a, k, s_off);
   if (a.worst > total && !a.cached)
     for (uint64_t i = (uint64_t)total * K + (uint64_t)blockIdx.x * CUOPS_THREADS + threadIdx.x;
          i < (uint64_t)a.worst * K; i += (uint64_t)gridDim.x * CUOPS_THREADS) {
