@@ -421,6 +421,8 @@ int cuda_ops_attach(dep_client_t *c) {
   if ((rc = ring_bind(c)) != 0)
     return rc;
   j->data_off = o->lay.data_off;
+  j->mask_epoch_off = dep_slab_mask_epoch(&o->lay);
+  j->mask_word_off = dep_slab_mask_word(&o->lay, 0);
   j->block_bytes = o->lay.block_bytes;
   j->parity_bytes = o->lay.parity_bytes;
   j->row_bytes = o->lay.row_bytes;

@@ -457,3 +457,35 @@ int cuda_ops_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_arg
   struct cuops_ll_info_args k = {a->src_info, a->layout_range, hdl_of(h)};
   return cuops_launch(c, CUOPS_K_LL_INFO, c->cuops.job.le, 0, &k, s, op);
 }
+
+/* ---- masked ranks (deepep.h; the kernels' side is kabi.h's) ------------------------------- */
+
+int cuda_ops_mask_own(dep_client_t *c, const char *op) {
+  if (!c->cuops.ready)
+    return no_kernels(c, op);
+  struct ctx_guard g;
+  int rc = ctx_enter(c, &g, op);
+  if (rc != 0)
+    return rc;
+  /* One word: the kernels' world is at most 64 ranks (kabi.h). */
+  const unsigned long long own = c->ops.own[0];
+  CUresult r = drv()->cuMemcpyHtoD(c->cuops.dev + offsetof(struct cuops_dev, own_mask), &own,
+                                   sizeof own);
+  ctx_leave(&g);
+  return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, "cuMemcpyHtoD (the rank's own mask)", r);
+}
+
+int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t *epoch, uint64_t *bits) {
+  if (!c->cuops.ready)
+    return no_kernels(c, op);
+  struct ctx_guard g;
+  int rc = ctx_enter(c, &g, op);
+  if (rc != 0)
+    return rc;
+  const CUdeviceptr slab = (CUdeviceptr)(uintptr_t)c->cuops.job.slabs[c->cuops.job.rank];
+  CUresult r = drv()->cuMemcpyDtoH(epoch, slab + c->cuops.job.mask_epoch_off, sizeof *epoch);
+  if (r == CUDA_SUCCESS)
+    r = drv()->cuMemcpyDtoH(bits, slab + c->cuops.job.mask_word_off, sizeof *bits);
+  ctx_leave(&g);
+  return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, "cuMemcpyDtoH (the live mask)", r);
+}

@@ -192,4 +192,10 @@ int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
 int cuda_ops_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_args *a,
                             const struct dep_handle *h, dep_stream_t s);
 
+/* Masked ranks (deepep.h, kabi.h): this rank's own mask (c->ops.own) into the kernels'
+ * cuops_dev.own_mask, which every call launched after it reads; and the live mask's epoch
+ * and bits as they are in this rank's slab (device memory), for dep_mask_query. */
+int cuda_ops_mask_own(dep_client_t *c, const char *op);
+int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t *epoch, uint64_t *bits);
+
 #endif /* DEP_CUDA_OPS_H */

@@ -484,3 +484,87 @@ DEP_EXPORT int dep_shape_sizes(dep_client_t *c, const struct dep_job_shape *shap
   client_args_give(out, &z, sizeof z);
   return 0;
 }
+
+/* ---- masked ranks (DESIGN §14) ------------------------------------------------------------
+ * This rank's own mask is kept in the operations' context on both backends (host_ops.h);
+ * the cuda kernels read their copy of it (kabi.h cuops_dev.own_mask) and the live mask in
+ * the slab themselves.
+ */
+
+DEP_EXPORT int dep_mask_update(dep_client_t *c, uint32_t rank, int masked) {
+  const char *op = "dep_mask_update";
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  int rc = ops_ready(c, op);
+  if (rc != 0)
+    return rc;
+  if (masked != 0 && masked != 1)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: masked is %d; give 1 (mask the rank) or 0 "
+                         "(unmask it)", op, masked);
+  if ((rc = ops_result(c, op, host_ops_mask_update(&c->ops, rank, masked))) != 0)
+    return rc;
+  return c->cuda ? cuda_ops_mask_own(c, op) : 0;
+}
+
+DEP_EXPORT int dep_mask_clear(dep_client_t *c) {
+  const char *op = "dep_mask_clear";
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  int rc = ops_ready(c, op);
+  if (rc != 0)
+    return rc;
+  host_ops_mask_clear(&c->ops);
+  return c->cuda ? cuda_ops_mask_own(c, op) : 0;
+}
+
+DEP_EXPORT int dep_mask_query(dep_client_t *c, int32_t *out, uint32_t n, uint64_t *epoch) {
+  const char *op = "dep_mask_query";
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  int rc = ops_ready(c, op);
+  if (rc != 0)
+    return rc;
+  if (out == NULL)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: out is NULL", op);
+  const uint32_t w = c->ops.world;
+  if (n < w)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: n is %u; the job has %u ranks, one entry "
+                         "each", op, n, w);
+  uint64_t *words = calloc(DEP_SLAB_MASK_WORDS(w), sizeof *words);
+  if (words == NULL)
+    return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory", op);
+  memcpy(words, c->ops.own, DEP_SLAB_MASK_WORDS(w) * sizeof *words);
+  uint64_t e = 0, live = 0;
+  if (c->cuda) { /* the slab is device memory; the kernels' world is one word */
+    if ((rc = cuda_ops_mask_live(c, op, &e, &live)) == 0 && e != 0)
+      words[0] |= live;
+  } else {
+    e = host_ops_mask_live(&c->ops, words, 0);
+  }
+  for (uint32_t r = 0; rc == 0 && r < w; r++)
+    out[r] = (int32_t)((words[r / 64u] >> (r % 64u)) & 1u);
+  free(words);
+  if (rc == 0 && epoch != NULL)
+    *epoch = e;
+  return rc;
+}
+
+DEP_EXPORT int dep_handle_dropped(dep_client_t *c, const dep_handle_t *h, uint64_t *pairs) {
+  const char *op = "dep_handle_dropped";
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  if (h == NULL || pairs == NULL)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: %s is NULL", op, h == NULL ? "h" : "pairs");
+  int rc = ops_ready(c, op);
+  if (rc != 0 || (rc = handle_of_this_attach(c, op, h)) != 0)
+    return rc;
+  if (c->cuda)
+    return client_seterr(c, DEP_ERR_UNSUPPORTED, "%s: the cuda kernels do not count the pairs "
+                         "they drop (the host backend does); count them from topk_idx and "
+                         "dep_mask_query", op);
+  if (h->kind == OPS_HANDLE_EMPTY)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: the handle holds no dispatch; pass the "
+                         "handle of a dep_dispatch or dep_ll_dispatch", op);
+  *pairs = h->dropped;
+  return 0;
+}

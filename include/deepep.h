@@ -29,9 +29,9 @@ extern "C" {
 
 /* Library version; the wire protocol has its own version (proto/proto.h). */
 #define DEP_VERSION_MAJOR 0
-#define DEP_VERSION_MINOR 4
-#define DEP_VERSION_PATCH 3
-#define DEP_VERSION_STRING "0.4.3"
+#define DEP_VERSION_MINOR 5
+#define DEP_VERSION_PATCH 0
+#define DEP_VERSION_STRING "0.5.0"
 
 /* Where the daemon listens unless the caller or $DEEPEPD_SOCKET says otherwise. */
 #define DEP_DEFAULT_SOCKET "/run/deepepd/deepepd.sock"
@@ -559,6 +559,56 @@ DEP_EXPORT int dep_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_in
 #define DEP_LL_RANGE(begin, count) ((int64_t)(((uint64_t)(begin) << 32) | (uint32_t)(count)))
 #define DEP_LL_RANGE_BEGIN(r) ((uint32_t)((uint64_t)(r) >> 32))
 #define DEP_LL_RANGE_COUNT(r) ((uint32_t)(uint64_t)(r))
+
+/* ---- masked ranks (added in 0.5.0; DESIGN §14) ---------------------------------
+ * A rank is masked for a call when its bit is set in the live mask, which
+ * the daemon writes into this rank's slab when a rank of an elastic job is
+ * gone (bits, then an epoch that only grows), or in this rank's own mask
+ * (dep_mask_update: DeepEP's low_latency_update_mask_buffer).  For a
+ * masked rank r, every operation of this rank, throughput and low-latency:
+ *   - dispatch sends r nothing: each (token, k) whose expert is on r is
+ *     dropped (the token still goes to its other ranks; DeepEP's shrink
+ *     mode) and counted (dep_handle_dropped); nothing waits for r; r sends
+ *     no rows (0 from r in every count);
+ *   - combine sends nothing back to r and waits for nothing from r; the
+ *     contributions of r's experts are zero;
+ *   - a call that is waiting for r when r becomes masked (the epoch
+ *     changes) stops waiting and completes with r masked for the rest of
+ *     the call; a throughput dispatch's rows from r that had not arrived
+ *     by then hold zeros with ids -1 and weights 0, in the place r's count
+ *     gave them (a cached dispatch's rows from r, whose place its handle
+ *     keeps, are zeros too).
+ * A rank that masks itself talks to no rank (every rank is masked for it:
+ * its calls complete at once, receiving nothing).  Each call reads the
+ * mask as it begins; the masks of the ranks that take part in a call must
+ * agree (DeepEP's do too), or a rank waits for one that sends it nothing
+ * (DEP_ERR_TIMEOUT); a mask cleared between a dispatch and its combine
+ * makes that combine DEP_ERR_MISMATCH.  A layout is local and ignores the
+ * masks.  A job that never writes the live mask and a rank that never
+ * sets its own behave as before: a gone rank is DEP_ERR_PEER.  On the cuda
+ * backend each CTA of a call reads the masks as it begins, so three
+ * differences: a live mask written while a call's kernel starts may be
+ * seen by part of it only (that call's outputs are then undefined), and a
+ * call already waiting for a rank does not see it masked (it fails as
+ * before: DEP_ERR_TIMEOUT, or DEP_ERR_PEER through the abort words); and
+ * the kernels do not count the pairs they drop (dep_handle_dropped is
+ * DEP_ERR_UNSUPPORTED there).  All need an attached handle (DEP_ERR_STATE).
+ *
+ * dep_mask_update: set (masked 1) or clear (masked 0) rank's bit in this
+ * rank's own mask; rank past the world or masked not 0/1: DEP_ERR_INVALID.
+ * dep_mask_clear: clear every bit of it (the live mask is the daemon's).
+ * dep_mask_query: out[r] = 1 where rank r is masked (the live mask or-ed
+ * with this rank's own: what the next call will use), 0 elsewhere, for r
+ * in 0..world_size-1; n is out's length, at least world_size; *epoch
+ * (epoch may be NULL) the live mask's epoch (0: never written).
+ * dep_handle_dropped: the (token, k) pairs the dispatch into h dropped
+ * because their expert's rank was masked; a handle that holds no dispatch
+ * of this attachment: DEP_ERR_INVALID.
+ */
+DEP_EXPORT int dep_mask_update(dep_client_t *c, uint32_t rank, int masked);
+DEP_EXPORT int dep_mask_clear(dep_client_t *c);
+DEP_EXPORT int dep_mask_query(dep_client_t *c, int32_t *out, uint32_t n, uint64_t *epoch);
+DEP_EXPORT int dep_handle_dropped(dep_client_t *c, const dep_handle_t *h, uint64_t *pairs);
 
 /*
  * The sizes a caller allocates for, as a job of this shape and world size

@@ -192,8 +192,10 @@ static int init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t
   c->peer = calloc(world, sizeof *c->peer);
   c->rowoff = calloc((size_t)world + 1, sizeof *c->rowoff);
   c->rowlist = calloc((size_t)s->max_tokens_per_rank * s->topk, sizeof *c->rowlist);
+  c->own = calloc(DEP_SLAB_MASK_WORDS(world), sizeof *c->own);
+  c->mask = calloc(DEP_SLAB_MASK_WORDS(world), sizeof *c->mask);
   if (c->slabs == NULL || c->remote == NULL || c->per_rank == NULL || c->peer == NULL ||
-      c->rowoff == NULL || c->rowlist == NULL) {
+      c->rowoff == NULL || c->rowlist == NULL || c->own == NULL || c->mask == NULL) {
     snprintf(why, whylen, "out of memory for the tables of a world of %u ranks", world);
     return DEP_ERR_NO_MEMORY;
   }
@@ -270,6 +272,11 @@ void host_ops_fini(struct ops_ctx *c) {
   c->node_ranks = NULL;
   c->nodelist = NULL;
   c->n_nodes = 0;
+  free(c->own);
+  free(c->mask);
+  c->own = NULL;
+  c->mask = NULL;
+  c->nmasked = 0;
   c->peer = NULL;
   c->rowoff = NULL;
   c->rowlist = NULL;
@@ -367,6 +374,76 @@ int host_ops__handle_reserve(struct ops_ctx *c, struct dep_handle *h, uint32_t k
   return 0;
 }
 
+/* ---- masked ranks (host_ops.h) ------------------------------------------------ */
+
+uint64_t host_ops_mask_live(const struct ops_ctx *c, uint64_t *words, uint64_t known) {
+  const uint8_t *slab = c->slabs[c->rank];
+  const uint64_t epoch =
+      __atomic_load_n((const uint64_t *)(slab + dep_slab_mask_epoch(&c->lay)), __ATOMIC_ACQUIRE);
+  /* 0: never written, every rank live (a job that is not elastic); known: read before. */
+  if (epoch == 0 || epoch == known)
+    return epoch;
+  for (uint32_t i = 0; i < DEP_SLAB_MASK_WORDS(c->world); i++)
+    words[i] |= __atomic_load_n((const uint64_t *)(slab + dep_slab_mask_word(&c->lay, 64u * i)),
+                                __ATOMIC_RELAXED);
+  return epoch;
+}
+
+int host_ops_mask_update(struct ops_ctx *c, uint32_t rank, int masked) {
+  if (rank >= c->world)
+    return set_why(c, DEP_ERR_INVALID, "rank %u is past the job's world of %u ranks", rank,
+                   c->world);
+  if (masked)
+    c->own[rank / 64u] |= DEP_SLAB_MASK_BIT(rank);
+  else
+    c->own[rank / 64u] &= ~DEP_SLAB_MASK_BIT(rank);
+  return 0;
+}
+
+void host_ops_mask_clear(struct ops_ctx *c) {
+  memset(c->own, 0, DEP_SLAB_MASK_WORDS(c->world) * sizeof *c->own);
+}
+
+/* Count the call's mask (a word at a time: every call does it); a rank masked itself talks
+ * to no rank: all are masked (bits past the world too, which no rank reads). */
+static void mask_settle(struct ops_ctx *c) {
+  const uint32_t n = (uint32_t)DEP_SLAB_MASK_WORDS(c->world);
+  if ((c->mask[c->rank / 64u] & DEP_SLAB_MASK_BIT(c->rank)) != 0)
+    for (uint32_t i = 0; i < n; i++)
+      c->mask[i] = ~0ull;
+  c->nmasked = 0;
+  for (uint32_t i = 0; i < n; i++)
+    c->nmasked += (uint32_t)__builtin_popcountll(c->mask[i]);
+}
+
+void host_ops__mask_begin(struct ops_ctx *c) {
+  memcpy(c->mask, c->own, DEP_SLAB_MASK_WORDS(c->world) * sizeof *c->mask);
+  c->epoch = host_ops_mask_live(c, c->mask, 0);
+  mask_settle(c);
+}
+
+bool host_ops__mask_grew(struct ops_ctx *c) {
+  const uint64_t epoch = host_ops_mask_live(c, c->mask, c->epoch);
+  if (epoch == c->epoch)
+    return false;
+  const uint32_t before = c->nmasked;
+  c->epoch = epoch;
+  mask_settle(c);
+  return c->nmasked != before;
+}
+
+uint64_t host_ops__dropped(const struct ops_ctx *c, const void *idx, int type, uint32_t tokens) {
+  if (c->nmasked == 0)
+    return 0;
+  uint64_t n = 0;
+  const uint32_t le = local_experts(c);
+  for (size_t i = 0; i < (size_t)tokens * c->shape.topk; i++) {
+    const int64_t e = idx_at(idx, type, i);
+    n += e >= 0 && ops_masked(c, (uint32_t)(e / le));
+  }
+  return n;
+}
+
 /* ---- the protocol: post, wait ------------------------------------------------- */
 
 static uint64_t now_ns(void) {
@@ -448,6 +525,8 @@ int host_ops__post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32_t op,
 int host_ops__post_all(struct ops_ctx *c, const uint32_t *rows, uint32_t op, uint64_t ref_seq,
                        uint32_t num_tokens, uint64_t stride) {
   for (uint32_t d = 0; d < c->world; d++) {
+    if (ops_masked(c, d))
+      continue; /* it is sent nothing, not even the slot */
     int rc = host_ops__post(c, d, rows[d], op, ref_seq, num_tokens, (uint64_t)rows[d] * stride);
     if (rc != 0)
       return rc;
@@ -491,6 +570,8 @@ int host_ops__aborted(const struct ops_ctx *c, unsigned parity, uint32_t src) {
   if (ab == NULL)
     return 0;
   uint32_t gone = ab->rank;
+  if (gone < c->world && ops_masked(c, gone))
+    return 0; /* the call waits for nothing from a masked rank */
   if (gone == src || gone >= c->world || ab->detached == DEP_SLAB_GONE_NODE ||
       ab->detached == DEP_SLAB_GONE_DAEMON)
     return 1;
@@ -589,7 +670,7 @@ int host_ops__wait_all(struct ops_ctx *c, uint32_t op) {
   uint64_t start = now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull;
   for (uint32_t src = 0; src < c->world; src++) {
     struct ops_slot *s = in_slot(c, parity, src);
-    for (uint32_t i = 0;; i++) {
+    for (uint32_t i = 0; !ops_masked(c, src); i++) {
       uint64_t f = atomic_load_explicit(&s->flag, memory_order_acquire);
       if (f == c->seq)
         break;
@@ -602,6 +683,8 @@ int host_ops__wait_all(struct ops_ctx *c, uint32_t op) {
       }
       if (i < 256)
         continue;
+      if (host_ops__mask_grew(c))
+        continue; /* src may be masked now: the loop's condition says */
       uint64_t waited = now_ns() - start;
       /* The flag again after the abort words: a rank that posted and then
        * left between the two reads (this one preempted) is no error. */
@@ -615,7 +698,7 @@ int host_ops__wait_all(struct ops_ctx *c, uint32_t op) {
   }
   for (uint32_t src = 0; src < c->world; src++) {
     struct ops_slot *s = in_slot(c, parity, src);
-    if (s->op != op)
+    if (!ops_masked(c, src) && s->op != op)
       return set_why(c, DEP_ERR_MISMATCH, "call %llu: this rank ran %s%s, rank %u ran %s%s; every "
                      "rank must make the same sequence of calls, in the same modes (use_fp8, "
                      "cached, a combine's out_topk_weights)", (unsigned long long)c->seq,
@@ -631,6 +714,8 @@ int host_ops__check_combine_slots(struct ops_ctx *c, const struct dep_handle *h,
   unsigned parity = (unsigned)(c->seq & 1);
   for (uint32_t src = 0; src < c->world; src++) {
     struct ops_slot *s = in_slot(c, parity, src);
+    if (ops_masked(c, src))
+      continue;
     if (s->ref_seq != h->seq)
       return set_why(c, DEP_ERR_MISMATCH, "%s: rank %u combined the dispatch of call %llu, this "
                      "rank the dispatch of call %llu; pass each rank the handle of the same call",
@@ -649,6 +734,7 @@ int host_ops__begin(struct ops_ctx *c) {
   if (c->broken)
     return set_why(c, DEP_ERR_STATE, "%s", OPS_BROKEN_WHY);
   c->seq++;
+  host_ops__mask_begin(c);
   return 0;
 }
 

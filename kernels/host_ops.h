@@ -22,6 +22,18 @@
  *   call n+2 (same parity as n) before every peer has entered call n+1,
  *   i.e. has finished reading call n: parity double-buffering is safe.
  *
+ * Masked ranks (DESIGN §14, deepep.h "Masked ranks"): a call reads its
+ * mask once as it begins (host_ops__mask_begin: the live mask the daemon
+ * writes into this rank's slab, or-ed with this rank's own) and skips
+ * every masked rank in both directions: it posts nothing to one, routes
+ * no token to its experts (each such (token, k) is counted in the
+ * handle's dropped), and waits for nothing from one.  A wait that finds
+ * the live mask's epoch changed reads the mask again and stops waiting
+ * for a rank that is masked now: the rank stays masked for the rest of
+ * the call.  A rank whose own bit is set talks to no rank at all.  The
+ * pairwise argument below still holds for every two ranks that are not
+ * masked to each other, which post to each other on every call.
+ *
  * Failures: bad arguments are DEP_ERR_INVALID before anything is written
  * anywhere (the call does not consume a seq and may be retried).  A source
  * that made a different call (other op, other FP8 setting, a combine
@@ -157,6 +169,11 @@ struct ops_ctx {
   uint32_t *node_ranks;                /* the nodes' ranks, node by node */
   uint32_t *nodelist;                  /* a dispatch's tokens for each node, in token order */
   int stream_rc;                       /* a streamed call's first fault, said at its end */
+  /* Masked ranks (a bit per rank, DEP_SLAB_MASK_WORDS(world) words each). */
+  uint64_t *own;                       /* this rank's own mask (host_ops_mask_update) */
+  uint64_t *mask;                      /* the running call's: live | own */
+  uint64_t epoch;                      /* the live mask's epoch the call last read */
+  uint32_t nmasked;                    /* bits set in mask (0: the call skips nothing) */
   char why[256];                       /* message of the last failure */
 };
 
@@ -206,6 +223,8 @@ struct dep_handle {
   struct ops_ll_vec *ll_rows;
   uint64_t ll_cap;
   uint64_t idx_hash;   /* LL: hash of the dispatched topk_idx */
+  uint64_t dropped;    /* (token, k) pairs the dispatch dropped: their expert's rank was
+                          masked (a cached dispatch leaves it as it was) */
   void *cuda;          /* cuda backend: the device arrays (client/cuda_ops.c) */
   uint64_t attach_id;  /* the attachment whose dispatch filled it (client/ops.c) */
   /* Memory the caller lent for the arrays (dep_handle_new_in), host or
@@ -304,6 +323,20 @@ int host_ops_ll_handle_info(struct ops_ctx *c, const struct dep_ll_handle_info_a
  * thread may be inside an operation: it touches only those shared words.
  */
 void host_ops_daemon_gone(struct ops_ctx *c, int slabs_on_host);
+
+/*
+ * The live mask in this rank's slab (slab.h), the one place the host
+ * backend reads it: the epoch with acquire, then, unless it is 0 (never
+ * written) or `known` (read before), the bits, or-ed into words
+ * (DEP_SLAB_MASK_WORDS(world) of them); returns the epoch.  The daemon
+ * writes the bits before the epoch (release), so the bits read are those
+ * of that epoch or of a later one.
+ */
+uint64_t host_ops_mask_live(const struct ops_ctx *c, uint64_t *words, uint64_t known);
+/* This rank's own mask: set or clear rank's bit (DEP_ERR_INVALID for a
+ * rank past the world), or clear every bit.  Read by the next call. */
+int host_ops_mask_update(struct ops_ctx *c, uint32_t rank, int masked);
+void host_ops_mask_clear(struct ops_ctx *c);
 
 /* The error record in a slab's error words (a copy; code 0 means none). */
 void host_ops_err_read(const uint8_t *slab, struct ops_err_record *out);

@@ -33,6 +33,11 @@ static inline int64_t idx_at(const void *idx, int type, size_t i) {
   return type == DEP_INDEX_I64 ? ((const int64_t *)idx)[i] : ((const int32_t *)idx)[i];
 }
 
+/* Whether rank r is masked for the running call (host_ops.h "Masked ranks"). */
+static inline bool ops_masked(const struct ops_ctx *c, uint32_t r) {
+  return c->nmasked != 0 && ((c->mask[r / 64u] >> (r % 64u)) & 1u) != 0;
+}
+
 /* Store a received id as the dispatch's recv_index_type says (0: int32). */
 static inline void ridx_put(void *idx, int wide, size_t i, int32_t v) {
   if (wide)
@@ -100,10 +105,11 @@ static inline uint32_t local_experts(const struct ops_ctx *c) {
  * The ranks token t of topk_idx (topk ids per token) goes to: those owning
  * one of its experts, each once, ascending, into dest (at most topk);
  * returns how many.  O(topk^2) per token whatever the world: a token's ids
- * are few.
+ * are few.  The operations' calls skip the ranks masked for the call
+ * (skip_masked); a layout, which is local, does not.
  */
-static inline uint32_t token_dests(const struct ops_ctx *c, const void *idx, int type, uint32_t t,
-                                   uint32_t *dest) {
+static inline uint32_t token_dests_of(const struct ops_ctx *c, const void *idx, int type,
+                                      uint32_t t, uint32_t *dest, bool skip_masked) {
   const uint32_t k = c->shape.topk, le = local_experts(c);
   uint32_t n = 0;
   for (uint32_t j = 0; j < k; j++) {
@@ -111,6 +117,8 @@ static inline uint32_t token_dests(const struct ops_ctx *c, const void *idx, int
     if (e < 0)
       continue;
     uint32_t d = (uint32_t)(e / le), i = n;
+    if (skip_masked && ops_masked(c, d))
+      continue;
     while (i > 0 && dest[i - 1] > d)
       i--;
     if (i > 0 && dest[i - 1] == d)
@@ -121,6 +129,18 @@ static inline uint32_t token_dests(const struct ops_ctx *c, const void *idx, int
   }
   return n;
 }
+static inline uint32_t token_dests(const struct ops_ctx *c, const void *idx, int type, uint32_t t,
+                                   uint32_t *dest) {
+  return token_dests_of(c, idx, type, t, dest, true);
+}
+
+/* The call's mask as it begins: the live mask or-ed with this rank's own. */
+void host_ops__mask_begin(struct ops_ctx *c);
+/* In a wait: whether the live mask's epoch moved and masked a rank more
+ * (or-ed into the call's mask, which never loses a bit mid-call). */
+bool host_ops__mask_grew(struct ops_ctx *c);
+/* (token, k) pairs of topk_idx whose expert's rank is masked (a handle's dropped). */
+uint64_t host_ops__dropped(const struct ops_ctx *c, const void *idx, int type, uint32_t tokens);
 
 /* The modes or-ed into a slot's op, as a mismatch message shows them after the name. */
 const char *host_ops__op_modes(uint32_t op);

@@ -53,6 +53,8 @@ static void select_token(const struct ops_ctx *c, const void *idx, int type, uin
       continue;
     uint32_t d = (uint32_t)(e / le), p = 0;
     int32_t l = (int32_t)(e % le);
+    if (ops_masked(c, d))
+      continue; /* dropped: its rank is masked (token_dests left it out) */
     while (s->dest[p] != d)
       p++;
     uint32_t i = 0;
@@ -106,14 +108,14 @@ static int ll_dispatch_expand(struct ops_ctx *c, const struct dep_ll_dispatch_ar
   const uint32_t kd = k < le ? k : le, groups = hid / 128;
   const uint64_t rows = (uint64_t)c->world * c->lay.max_ll_tokens;
   for (uint32_t src = 0; src < c->world; src++)
-    if (in_slot(c, parity, src)->rows > c->lay.max_ll_tokens)
+    if (!ops_masked(c, src) && in_slot(c, parity, src)->rows > c->lay.max_ll_tokens)
       return set_why(c, DEP_ERR_MISMATCH, "ll_dispatch: rank %u posted %u rows, over the job's "
                      "max_ll_tokens_per_rank %u", src, in_slot(c, parity, src)->rows,
                      c->lay.max_ll_tokens);
   memset(a->recv_count, 0, le * sizeof(int32_t));
   uint64_t nv = 0;
   for (uint32_t src = 0; src < c->world; src++) {
-    uint32_t n = in_slot(c, parity, src)->rows, owed = 0;
+    uint32_t n = ops_masked(c, src) ? 0 : in_slot(c, parity, src)->rows, owed = 0;
     for (uint32_t j = 0; j < n; j++) {
       const uint8_t *row = in_row(c, parity, src, j);
       const int32_t *meta = (const int32_t *)(row + ops_meta_off(hid));
@@ -159,6 +161,7 @@ int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a
       (rc = host_ops__wait_all(c, op)) != 0 || (rc = ll_dispatch_expand(c, a, h, parity)) != 0)
     return rc;
   h->num_tokens = a->num_tokens;
+  h->dropped = host_ops__dropped(c, a->topk_idx, a->index_type, a->num_tokens);
   h->idx_hash = ops_check_idx_hash(a->topk_idx, a->index_type,
                                    (size_t)a->num_tokens * c->shape.topk);
   h->seq = c->seq;
@@ -183,6 +186,10 @@ int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
    * enumerates them from its topk_idx. */
   uint64_t nv = 0;
   for (uint32_t d = 0; d < c->world; d++) {
+    if (ops_masked(c, d)) { /* nothing goes back to a masked rank */
+      nv += h->recv_from[d];
+      continue;
+    }
     uint8_t *block = out_block(c, d, parity);
     for (uint32_t i = 0; i < h->recv_from[d]; i++, nv++) {
       uint64_t at = (uint64_t)h->ll_rows[nv].expert * rows + h->ll_rows[nv].row;
@@ -212,8 +219,8 @@ int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
     memset(acc, 0, hid * sizeof *acc);
     for (uint32_t j = 0; j < k; j++) {
       int64_t e = idx_at(a->topk_idx, a->index_type, (size_t)t * k + j);
-      if (e < 0)
-        continue;
+      if (e < 0 || sel.vec[j] < 0)
+        continue; /* none, or its rank is masked: its contribution is zero */
       uint32_t d = (uint32_t)(e / (c->shape.num_experts / c->world));
       const uint16_t *v = (const uint16_t *)(in_row(c, parity, d, 0) +
                                              (uint64_t)(base[d] + (uint32_t)sel.vec[j]) * 2u * hid);

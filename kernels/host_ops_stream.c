@@ -95,6 +95,10 @@ uint32_t host_ops__stream_avail(struct ops_ctx *c, const struct ops_stream *s, u
   struct ops_peer *p = &c->peer[src];
   const unsigned parity = (unsigned)(c->seq & 1);
   const struct ops_slot *sl = in_slot(c, parity, src);
+  if (ops_masked(c, src)) { /* masks: nothing (more) is taken from a masked rank */
+    p->seen = 1; /* one never seen: 0 rows */
+    return p->from_taken;
+  }
   if (!p->seen) {
     uint64_t f = atomic_load_explicit(&sl->flag, memory_order_acquire);
     if (f != c->seq) {
@@ -248,9 +252,11 @@ static bool by_node(const struct ops_ctx *c, const struct ops_stream *s, uint32_
 /* Whether rank d takes the rows of node `node`'s channel: one of its ranks
  * that makes the same op (one that makes another takes none of ours, as
  * on a channel of its own: the node channel's table leaves it out, and
- * the far daemon writes it nothing). */
+ * the far daemon writes it nothing), and is not masked (a rank masked
+ * mid-call is sent nothing more and waited for by no one, as on its own
+ * channel). */
 static bool node_dest(const struct ops_ctx *c, uint32_t d, uint32_t node) {
-  return c->node_of[d] == node && !c->peer[d].other_op;
+  return c->node_of[d] == node && !c->peer[d].other_op && !ops_masked(c, d);
 }
 
 /* Each node's tokens of this dispatch, in token order: nodelist[off ..
@@ -409,6 +415,8 @@ int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s) {
   if (s->fill_node != NULL && c->n_nodes > 0)
     node_setup(c, s);
   for (uint32_t d = 0; d < c->world; d++) {
+    if (ops_masked(c, d))
+      continue; /* masks: a masked rank is sent nothing */
     host_ops__slot_post(c, d, c->peer[d].to_rows, s->op, s->ref_seq, s->num_tokens);
     if (c->remote[d] >= 0 && (c->peer[d].to_rows == 0 || by_node(c, s, d)) &&
         (rc = push_chunk(c, s, d, 0, 0)) != 0)
@@ -435,7 +443,8 @@ int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s) {
       }
     }
     for (uint32_t d = 0; d < c->world; d++) {
-      if (c->peer[d].to_done == c->peer[d].to_rows || c->peer[d].other_op || by_node(c, s, d))
+      if (c->peer[d].to_done == c->peer[d].to_rows || c->peer[d].other_op || by_node(c, s, d) ||
+          ops_masked(c, d))
         continue;
       int m = send_some(c, s, d);
       if (m < 0)
@@ -462,7 +471,7 @@ int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s) {
       since = stream_now_ns();
       continue;
     }
-    if (i < 256)
+    if (i < 256 || host_ops__mask_grew(c)) /* masks: a rank masked now is waited for no more */
       continue;
     const uint64_t waited = stream_now_ns() - since;
     if (host_ops__aborted(c, parity, waiting) || remote_may_have_stopped(c, waiting))

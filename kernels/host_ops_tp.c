@@ -32,7 +32,8 @@ int host_ops_layout(struct ops_ctx *c, const struct dep_layout_args *a) {
     }
     uint8_t *in = a->token_in_rank + (size_t)t * c->world;
     memset(in, 0, c->world);
-    for (uint32_t i = 0, n = token_dests(c, a->topk_idx, a->index_type, t, dest); i < n; i++) {
+    for (uint32_t i = 0, n = token_dests_of(c, a->topk_idx, a->index_type, t, dest, false); i < n;
+         i++) {
       in[dest[i]] = 1;
       a->tokens_per_rank[dest[i]]++;
     }
@@ -171,7 +172,8 @@ static int disp_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, u
     if (!p->seen)
       break;
     p->from_base = x->next_base;
-    x->next_base += p->from_rows;
+    /* A cached dispatch's rows lie where its handle's put them, a masked source's too. */
+    x->next_base += x->a->cached ? x->h->recv_from[x->known] : p->from_rows;
     x->known++;
   }
   for (uint32_t src = 0; src < c->world; src++) {
@@ -187,10 +189,36 @@ static int disp_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, u
       host_ops__stream_taken(c, src, n - p->from_taken);
       moved = 1;
     }
-    if ((!p->seen || p->from_taken < p->from_rows) && *awaited == UINT32_MAX)
+    if (!ops_masked(c, src) && (!p->seen || p->from_taken < p->from_rows) &&
+        *awaited == UINT32_MAX)
       *awaited = src;
   }
   return moved;
+}
+
+/* The rows of a source masked while it streamed that never came: ids -1 and weights 0 (as
+ * DeepEP's padding), the payload zero, so that no row holds another call's bytes. */
+static void disp_cut_rows(struct ops_ctx *c, const struct dep_dispatch_args *a,
+                          const struct dep_handle *h, uint64_t cap) {
+  const uint32_t hid = c->shape.hidden, k = c->shape.topk;
+  const uint64_t bytes = a->use_fp8 ? hid : 2ull * hid;
+  for (uint32_t src = 0; src < c->world; src++) {
+    const struct ops_peer *p = &c->peer[src];
+    if (!ops_masked(c, src))
+      continue;
+    const uint64_t end = p->from_base + (a->cached ? h->recv_from[src] : p->from_rows);
+    for (uint64_t off = p->from_base + p->from_taken; off < end && off < cap; off++) {
+      memset((uint8_t *)a->recv_x + off * bytes, 0, bytes);
+      if (a->use_fp8)
+        memset(a->recv_x_scales + off * (hid / 128), 0, (hid / 128) * sizeof(float));
+      if (a->cached)
+        continue;
+      for (uint32_t i = 0; i < k; i++) {
+        ridx_put(a->recv_topk_idx, a->recv_index_type == DEP_INDEX_I64, off * k + i, -1);
+        a->recv_topk_weights[off * k + i] = 0.0f;
+      }
+    }
+  }
 }
 
 int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, struct dep_handle *h) {
@@ -236,6 +264,8 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
                                .token_ranks = h->token_ranks, .token_nranks = h->token_nranks};
   if ((rc = host_ops__stream(c, &s)) != 0)
     return rc;
+  if (c->nmasked != 0)
+    disp_cut_rows(c, a, h, x.cap);
   const uint64_t total = x.next_base;
   if (a->num_worst_tokens != 0 && total > a->num_worst_tokens)
     return set_why(c, DEP_ERR_INVALID, "dispatch: num_worst_tokens %u is below the %llu rows "
@@ -265,6 +295,7 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
   if (a->num_worst_tokens == 0)
     *a->num_recv = (uint32_t)total;
   h->num_recv = (uint32_t)total;
+  h->dropped = host_ops__dropped(c, a->topk_idx, a->index_type, a->num_tokens);
   h->worst = a->num_worst_tokens;
   h->num_tokens = a->num_tokens;
   h->seq = c->seq;
@@ -322,6 +353,8 @@ static int comb_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, u
     }
     for (; x->p < h->token_nranks[t]; x->p++) {
       const uint32_t r = h->token_ranks[(size_t)t * k + x->p];
+      if (ops_masked(c, r))
+        continue; /* its vector is zero */
       if (host_ops__stream_avail(c, s, r) <= c->peer[r].from_taken || c->stream_rc != 0) {
         *awaited = r;
         return moved;
@@ -354,7 +387,8 @@ static int comb_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, u
       host_ops__stream_taken(c, src, n - p->from_taken);
       moved = 1;
     }
-    if ((!p->seen || p->from_taken < p->from_rows) && *awaited == UINT32_MAX)
+    if (!ops_masked(c, src) && (!p->seen || p->from_taken < p->from_rows) &&
+        *awaited == UINT32_MAX)
       *awaited = src;
   }
   return moved;
@@ -376,12 +410,12 @@ int host_ops_combine(struct ops_ctx *c, const struct dep_combine_args *a,
   uint64_t off = 0;
   for (uint32_t d = 0; d < c->world; d++) {
     c->peer[d].to_base = off;
-    c->peer[d].to_rows = h->recv_from[d];
+    c->peer[d].to_rows = ops_masked(c, d) ? 0 : h->recv_from[d];
     off += h->recv_from[d];
   }
   for (uint32_t t = 0; t < h->num_tokens; t++)
     for (uint32_t i = 0; i < h->token_nranks[t]; i++)
-      c->peer[h->token_ranks[(size_t)t * k + i]].want++;
+      c->peer[h->token_ranks[(size_t)t * k + i]].want++; /* a masked rank's: never seen */
   struct comb_call x = {.a = a, .h = h};
   const struct ops_stream s = {.op = OPS_OP_COMBINE | (weighted ? OPS_OP_WEIGHTS : 0),
                                .ref_seq = h->seq, .num_tokens = h->num_tokens, .fill = comb_fill,

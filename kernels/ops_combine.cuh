@@ -19,7 +19,7 @@ __device__ __forceinline__ bool combine_wait(const cuops_job &J, const call &k, 
   if (threadIdx.x == 0) {
     uint32_t ok = wait_peers(J, k, op, &s_p) == 0;
     for (uint32_t s = 0; ok && s < J.world; s++)
-      if (s_p.op[s] != op || s_p.ref[s] != hseq || s_p.rows[s] != expect[s]) {
+      if (!masked(k, s) && (s_p.op[s] != op || s_p.ref[s] != hseq || s_p.rows[s] != expect[s])) {
         if (report)
           rec_fail(J, DEP_ERR_MISMATCH, op, s, CUOPS_PHASE_PEER, k.seq, s_p.ref[s], 0);
         ok = 0;

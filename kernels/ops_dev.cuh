@@ -200,7 +200,28 @@ struct call {
   unsigned parity;
   uint64_t t0;
   bool skip; /* the context is broken: do nothing */
+  uint64_t mask; /* the ranks masked for this call (cuops_mask), a bit each */
 };
+
+/* Whether rank r is masked for the call (kabi.h "Masked ranks"). */
+__device__ __forceinline__ bool masked(const call &k, uint32_t r) {
+  return ((k.mask >> r) & 1ull) != 0;
+}
+
+/*
+ * The one place the kernels read the live mask (slab.h): its epoch with
+ * acquire (system scope: the daemon writes it from the host), then, once
+ * an epoch is written, its bits; or-ed with this rank's own mask
+ * (cuops_dev.own_mask).  A rank masked itself talks to no rank.  Thread 0
+ * of each CTA, once, as the CTA begins (call_begin).
+ */
+__device__ __forceinline__ uint64_t cuops_mask(const cuops_job &J) {
+  const uint8_t *slab = J.slabs[J.rank];
+  const uint64_t epoch = ld_acquire_sys((const uint64_t *)(slab + J.mask_epoch_off));
+  const uint64_t live = epoch != 0 ? *(const volatile uint64_t *)(slab + J.mask_word_off) : 0;
+  const uint64_t m = live | *(volatile unsigned long long *)&J.dev->own_mask;
+  return ((m >> J.rank) & 1ull) != 0 ? ~0ull : m;
+}
 
 /*
  * Whether the rank named in the abort words is one a wait for `src` (a
@@ -213,6 +234,8 @@ __device__ __forceinline__ bool gone_blocks(const cuops_job &J, const call &k, u
   const volatile dep_slab_abort *a =
       (const volatile dep_slab_abort *)(J.slabs[J.rank] + DEP_SLAB_ABORT_OFF);
   const uint32_t gone = a->rank;
+  if (gone < J.world && masked(k, gone))
+    return false; /* the call waits for nothing from a masked rank */
   if (gone == src || gone >= J.world || a->detached == DEP_SLAB_GONE_NODE)
     return true;
   return ld_acquire_sys((const uint64_t *)recv_slot(J, k.parity, gone)) != k.seq;
@@ -220,12 +243,13 @@ __device__ __forceinline__ bool gone_blocks(const cuops_job &J, const call &k, u
 
 /* Every CTA of a communicating kernel starts here (all threads). */
 __device__ __forceinline__ call call_begin(const cuops_job &J) {
-  __shared__ uint64_t s_seq, s_t0;
+  __shared__ uint64_t s_seq, s_t0, s_mask;
   __shared__ uint32_t s_broken;
   if (threadIdx.x == 0) {
     s_seq = *(volatile uint64_t *)&J.dev->seq + 1;
     s_broken = *(volatile uint32_t *)&J.dev->broken;
     s_t0 = globaltimer_ns();
+    s_mask = cuops_mask(J);
   }
   __syncthreads();
   call k;
@@ -233,6 +257,7 @@ __device__ __forceinline__ call call_begin(const cuops_job &J) {
   k.parity = (unsigned)(s_seq & 1u);
   k.t0 = s_t0;
   k.skip = s_broken != 0;
+  k.mask = s_mask;
   return k;
 }
 
@@ -375,6 +400,8 @@ __device__ __forceinline__ void arrive(const cuops_job &J, const call &k, uint32
   if (atomicAdd(&J.dev->arrive[d], 1u) != senders - 1)
     return;
   J.dev->arrive[d] = 0;
+  if (masked(k, d))
+    return; /* counted, so that the counter stays in step; a masked rank is sent nothing */
   __threadfence_system();
   if (header)
     post_header(J, k, d, rows, op, ref_seq, num_tokens);
@@ -477,6 +504,12 @@ struct peers {
  */
 __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uint32_t op, peers *p) {
   for (uint32_t s = 0; s < J.world; s++) {
+    if (masked(k, s)) { /* nothing from it: no rows, no wait (its checks are the callers') */
+      p->rows[s] = 0;
+      p->op[s] = op;
+      p->ref[s] = 0;
+      continue;
+    }
     uint8_t *slot = recv_slot(J, k.parity, s);
     /* A remote source's flag is in host memory: CTA 0 alone polls it and
      * passes what it saw on through device memory (xseen), which the other

@@ -134,6 +134,7 @@ __device__ __forceinline__ void ll_dispatch_send(const cuops_job &J, const cuops
   const uint32_t stride = J.parts * CUOPS_WARPS, me = part * CUOPS_WARPS + (threadIdx.x >> 5);
   uint8_t *blk = send_block(J, k.parity, d);
   uint32_t rows = 0, vecs = 0;
+  const bool dead = masked(k, d); /* a masked d is sent nothing (kabi.h) */
   if (part == 0)
     for (uint32_t l = threadIdx.x; l < 2 * J.le; l += CUOPS_THREADS)
       s_dyn[l] = 0;
@@ -143,6 +144,8 @@ __device__ __forceinline__ void ll_dispatch_send(const cuops_job &J, const cuops
     int32_t ids[DEP_SHAPE_MAX_TOPK], idx[DEP_SHAPE_MAX_TOPK];
     if (t < a.num_tokens)
       n = ll_select(J, a.idx, a.itype, t, d, d == 0 && part == 0, ids);
+    if (dead)
+      n = 0; /* its ids were read all the same: rank 0's senders report bad ones */
     uint32_t roff = block_scan(n > 0, &trows);
     uint32_t voff = block_scan(n, &tvecs);
     if (t < a.num_tokens && part == 0) {
@@ -157,6 +160,10 @@ __device__ __forceinline__ void ll_dispatch_send(const cuops_job &J, const cuops
         }
         if ((uint64_t)e / J.le != d)
           continue;
+        if (dead) { /* dropped: the combine finds no vector for it (its contribution is 0) */
+          route[0] = (int32_t)e, route[1] = -1;
+          continue;
+        }
         uint32_t i = 0;
         while (ids[i] != (int32_t)(e % J.le))
           i++;
@@ -236,7 +243,7 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
   if (threadIdx.x == 0) {
     uint32_t ok = wait_peers(J, k, op, &s_p) == 0;
     for (uint32_t s = 0; ok && s < W; s++)
-      if (s_p.op[s] != op || s_p.rows[s] > J.max_ll) {
+      if (!masked(k, s) && (s_p.op[s] != op || s_p.rows[s] > J.max_ll)) {
         if (r == 0)
           rec_fail(J, DEP_ERR_MISMATCH, op, s, CUOPS_PHASE_PEER, k.seq,
                    ((uint64_t)s_p.op[s] << 32) | s_p.rows[s], 0);
@@ -357,7 +364,7 @@ __device__ __forceinline__ void ll_combine_send(const cuops_job &J, const cuops_
   const uint32_t h = J.hidden, stride = J.parts * CUOPS_WARPS, lane = threadIdx.x & 31u;
   const uint32_t me = part * CUOPS_WARPS + (threadIdx.x >> 5);
   const uint64_t rows_ll = (uint64_t)J.world * J.max_ll, cap = (uint64_t)J.le * rows_ll;
-  const uint32_t n = a.h.ll_rows[d];
+  const uint32_t n = masked(k, d) ? 0 : a.h.ll_rows[d]; /* nothing back to a masked rank */
   uint8_t *blk = send_block(J, k.parity, d);
   uint32_t vecs = 0;
   for (uint32_t base = 0; base < n; base += CUOPS_THREADS) {
@@ -412,7 +419,7 @@ KERNEL dep__k_ll_combine(const cuops_job J, const cuops_ll_combine_args a) {
                      (uint64_t)id, 0);
           int32_t e = route[0];
           uint32_t vi = (uint32_t)route[1];
-          if (e >= 0 && vi < vcap) {
+          if (e >= 0 && vi < vcap && !masked(k, (uint32_t)e / J.le)) { /* masked: zero */
             src = (uint64_t)(recv_block(J, k.parity, (uint32_t)e / J.le) + (uint64_t)vi * h * 2);
             w = a.w[(uint64_t)t * K + lane];
           }

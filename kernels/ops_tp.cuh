@@ -157,7 +157,8 @@ __device__ __forceinline__ void dispatch_payload(const cuops_job &J, const cuops
 }
 
 /*
- * Sender part `part` for rank d; false when the call failed.  A cached
+ * Sender part `part` for rank d; false when the call failed.  A masked d
+ * is sent nothing: no slot, no row (kabi.h "Masked ranks").  A cached
  * dispatch (a.cached) sends each token to the row its handle's dispatch
  * gave it (tp_pos), so it needs neither the counts nor the grid barrier:
  * the rows of a group of tokens are still contiguous, in token order.
@@ -179,7 +180,7 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
     bool first = true;
     for (uint32_t b = t0; b < t1; b += 32) {
       const uint32_t t = b + lane;
-      const int32_t p = t < t1 ? a.h.tp_pos[(uint64_t)t * J.world + d] : -1;
+      const int32_t p = t < t1 && !masked(k, d) ? a.h.tp_pos[(uint64_t)t * J.world + d] : -1;
       const uint32_t bits = __ballot_sync(FULL_MASK, p >= 0);
       if (lane == 0)
         go_bits[(b - t0) / 32] = bits;
@@ -189,8 +190,8 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
       }
     }
     __syncwarp();
-    all = a.h.tp_sent[d];
-    if (g == 0 && lane == 0)
+    all = masked(k, d) ? 0 : a.h.tp_sent[d];
+    if (g == 0 && lane == 0 && !masked(k, d))
       post_header(J, k, d, all, dispatch_op(a), *a.h.seq, a.num_tokens);
   } else {
     /* 1. count the group's rows for d: lane i takes every 32nd token */
@@ -200,7 +201,7 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
       bool go = false; /* every id read: rank 0's senders report bad ones */
       for (uint32_t j = 0; t < t1 && j < K; j++) {
         int64_t e = checked_id(J, a.idx, a.itype, (uint64_t)t * K + j, OPS_OP_DISPATCH, d == 0);
-        go |= e >= 0 && (uint64_t)e / J.le == d;
+        go |= e >= 0 && (uint64_t)e / J.le == d && !masked(k, d);
       }
       if (t < t1 && !go)
         a.h.tp_pos[(uint64_t)t * J.world + d] = -1;
@@ -223,10 +224,10 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
       before += __shfl_xor_sync(FULL_MASK, before, o);
       all += __shfl_xor_sync(FULL_MASK, all, o);
     }
-    if (g == 0 && lane == 0) { /* the count first: receivers place their rows by it */
+    if (g == 0 && lane == 0) /* the count first: receivers place their rows by it */
       a.h.tp_sent[d] = all;
+    if (g == 0 && lane == 0 && !masked(k, d))
       post_header(J, k, d, all, dispatch_op(a), 0, a.num_tokens);
-    }
   }
   /* 3. the rows, marked every few */
   uint8_t *blk = send_block(J, k.parity, d);
@@ -274,6 +275,39 @@ __device__ __forceinline__ void ridx_put(const cuops_dispatch_args &a, uint64_t 
     ((int32_t *)a.ridx)[i] = v;
 }
 
+/* Whether source s's slot is not this dispatch's: another op, too many rows, or (cached)
+ * another handle's dispatch or row count.  A masked source's is not read. */
+__device__ __forceinline__ bool dispatch_slot_bad(const cuops_job &J,
+                                                  const cuops_dispatch_args &a, const call &k,
+                                                  const peers &p, uint32_t s, uint32_t op,
+                                                  uint64_t hseq) {
+  return !masked(k, s) && (p.op[s] != op || p.rows[s] > J.max_tokens ||
+                           (a.cached && (p.ref[s] != hseq || p.rows[s] != a.h.tp_from[s])));
+}
+
+/* A cached dispatch's rows from a masked source, whose place its handle keeps: zeros, over
+ * the grid (the host backend's too).  Rare: a rank masked since the handle's dispatch. */
+__device__ __forceinline__ void dispatch_zero_masked(const cuops_job &J,
+                                                     const cuops_dispatch_args &a, const call &k,
+                                                     const uint32_t *off) {
+  if (!a.cached || k.mask == 0)
+    return;
+  const uint32_t h = J.hidden, G = h / 128;
+  const uint64_t rb = a.fp8 ? h : 2ull * h;
+  for (uint32_t s = 0; s < J.world; s++) {
+    if (!masked(k, s))
+      continue;
+    const uint64_t n = (uint64_t)a.h.tp_from[s];
+    for (uint64_t i = (uint64_t)blockIdx.x * CUOPS_THREADS + threadIdx.x; i < n * rb;
+         i += (uint64_t)gridDim.x * CUOPS_THREADS)
+      ((uint8_t *)a.rx)[(uint64_t)off[s] * rb + i] = 0;
+    if (a.fp8)
+      for (uint64_t i = (uint64_t)blockIdx.x * CUOPS_THREADS + threadIdx.x; i < n * G;
+           i += (uint64_t)gridDim.x * CUOPS_THREADS)
+        a.rxs[(uint64_t)off[s] * G + i] = 0.0f;
+  }
+}
+
 /* Every warp: claim rows from the grid's counter, sources from this rank
  * on, and copy each into recv_x after every earlier source's rows.  A
  * cached dispatch checks that every source routed by the same dispatch,
@@ -290,15 +324,14 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
     uint32_t ok = wait_peers(J, k, op, &s_p) == 0, off = 0;
     const uint64_t hseq = a.cached ? *a.h.seq : 0;
     for (uint32_t s = 0; ok && s < W; s++) {
-      if (s_p.op[s] != op || s_p.rows[s] > J.max_tokens ||
-          (a.cached && (s_p.ref[s] != hseq || s_p.rows[s] != a.h.tp_from[s]))) {
+      if (dispatch_slot_bad(J, a, k, s_p, s, op, hseq)) {
         if (blockIdx.x == 0)
           rec_fail(J, DEP_ERR_MISMATCH, op, s, CUOPS_PHASE_PEER, k.seq,
                    ((uint64_t)s_p.op[s] << 32) | s_p.rows[s], 0);
         ok = 0;
       }
-      s_off[s] = off;
-      off += s_p.rows[s];
+      s_off[s] = off; /* none from a masked source; a cached dispatch keeps their place */
+      off += masked(k, s) && a.cached ? a.h.tp_from[s] : s_p.rows[s];
     }
     if (ok && a.worst != 0 && off > a.worst) {
       if (blockIdx.x == 0)
@@ -325,6 +358,7 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
   if (!s_ok)
     return;
   const uint32_t total = s_first[W];
+  dispatch_zero_masked(J, a, k, s_off);
   if (a.worst > total && !a.cached)
     for (uint64_t i = (uint64_t)total * K + (uint64_t)blockIdx.x * CUOPS_THREADS + threadIdx.x;
          i < (uint64_t)a.worst * K; i += (uint64_t)gridDim.x * CUOPS_THREADS) {
@@ -400,6 +434,12 @@ KERNEL dep__k_align(const cuops_job J, const cuops_dispatch_args a) {
  * and with it the fatbin and its build id stay as they were. */
 #include "ops_combine.cuh"
 
+/* Where source s put token t in its rows back, or -1: not sent there, or s is masked. */
+__device__ __forceinline__ int32_t combine_pos(const cuops_job &J, const cuops_combine_args &a,
+                                               const call &k, uint32_t t, uint32_t s) {
+  return s < J.world && !masked(k, s) ? a.h.tp_pos[(uint64_t)t * J.world + s] : -1;
+}
+
 /* Combine's receive: the calling warp sums each token of [first, last),
  * sources ascending, from the rows each source sent back at the positions
  * its dispatch recorded, once they are marked; false when the call failed. */
@@ -411,7 +451,7 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
     uint8_t *out = (uint8_t *)a.out + (uint64_t)t * h * 2;
     for (uint32_t s0 = 0; s0 < W; s0 += 32) { /* every row of the token marked first */
       const uint32_t s = s0 + lane;
-      int32_t p = s < W ? a.h.tp_pos[(uint64_t)t * W + s] : -1;
+      int32_t p = combine_pos(J, a, k, t, s);
       const uint8_t *row = p >= 0 ? recv_block(J, k.parity, s) + (uint64_t)p * J.row_bytes : NULL;
       if (!wait_rows(J, k, OPS_OP_COMBINE, row, s))
         return false;
@@ -420,7 +460,7 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
       /* lane k: the weights' sum over the sources, in order (float32, as the host's) */
       float wsum = 0.0f;
       for (uint32_t s = 0; s < W; s++) {
-        const int32_t p = a.h.tp_pos[(uint64_t)t * W + s];
+        const int32_t p = combine_pos(J, a, k, t, s);
         if (p >= 0)
           wsum = __fadd_rn(wsum, __ldcg((const float *)(recv_block(J, k.parity, s) +
                                                         (uint64_t)p * J.row_bytes + 2ull * h +
@@ -434,7 +474,7 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
       for (uint32_t s0 = 0; s0 < W; s0 += 32) {
         /* this group's sources that hold the token, in order */
         const uint32_t s = s0 + lane;
-        int32_t p = s < W ? a.h.tp_pos[(uint64_t)t * W + s] : -1;
+        int32_t p = combine_pos(J, a, k, t, s);
         uint32_t have = __ballot_sync(FULL_MASK, p >= 0);
         uint64_t row =
             p >= 0 ? (uint64_t)(recv_block(J, k.parity, s) + (uint64_t)p * J.row_bytes) : 0;
@@ -469,9 +509,10 @@ KERNEL dep__k_combine(const cuops_job J, const cuops_combine_args a) {
     uint32_t off = 0;
     for (uint32_t s = 0; s < d; s++)
       off += a.h.tp_from[s];
-    const uint32_t n = a.h.tp_from[d];
+    const bool dead = masked(k, d); /* nothing goes back to a masked rank */
+    const uint32_t n = dead ? 0 : a.h.tp_from[d];
     const uint32_t op = OPS_OP_COMBINE | (a.ow != NULL ? OPS_OP_WEIGHTS : 0u);
-    if (part == 0 && threadIdx.x == 0)
+    if (part == 0 && threadIdx.x == 0 && !dead)
       post_header(J, k, d, n, op, hseq, a.num_tokens);
     uint8_t *blk = send_block(J, k.parity, d);
     const uint32_t K = J.topk;

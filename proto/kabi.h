@@ -59,6 +59,19 @@
  *     itself or while the gone rank has not posted this call: a peer that
  *     pushed its part and then left (it detached after its last call) is
  *     no error, not even for a wait on another, slower rank.
+ *   - Masked ranks (deepep.h): thread 0 of every CTA reads the mask once
+ *     as the CTA begins (cuops_mask: the live mask in this rank's slab, or-ed
+ *     with cuops_dev.own_mask) and the call skips every masked rank: no
+ *     slot or row to it (a CTA still arrives at the counters, so that they
+ *     stay in step; the last one posts nothing), no wait for its flag or
+ *     rows, no row from it (0 in every count; a cached dispatch's rows from
+ *     it, whose place the handle keeps, are zeros), and its experts'
+ *     contributions to a combine are zero.  Unlike the host backend's: a
+ *     live mask written while a call's CTAs start may be seen by some of
+ *     them only, which leaves that call's outputs undefined (a "from call"
+ *     word, for the daemon to write, would close it: one edit, in
+ *     cuops_mask), and a wait already waiting for a rank does not see it
+ *     (DEP_ERR_TIMEOUT, or DEP_ERR_PEER where the abort words are written).
  *   - SM budget: every communicating kernel is world * P CTAs of
  *     CUOPS_THREADS threads, each of which first sends (part of the rows
  *     for one peer) then receives (in the throughput ops, work claimed
@@ -201,6 +214,9 @@ struct cuops_dev {
    * region (CUOPS_XSEEN_FAILED set: that wait failed), for the other CTAs
    * to wait on in device memory (ops_dev.cuh wait_peers). */
   unsigned long long xseen[CUOPS_MAX_RANKS];
+  /* This rank's own mask (deepep.h "Masked ranks"): bit r set, rank r masked; written by the
+   * library (dep_mask_update), read by every CTA as it begins (cuops_mask). */
+  unsigned long long own_mask;
 };
 #define CUOPS_XSEEN_FAILED (1ull << 63)
 
@@ -226,8 +242,12 @@ struct cuops_job {
   /* Device address of the stats page (stats_page.h), pinned, or NULL: the
    * last CTA of each call writes its entry there (ops_dev.cuh stats_call). */
   struct dep_stats_page *stats;
+  /* The live mask in this rank's slab (slab.h dep_slab_mask_epoch, dep_slab_mask_word of
+   * rank 0: a world of at most 64 ranks has one word). */
+  uint64_t mask_epoch_off, mask_word_off;
 };
-DEP_STATIC_ASSERT(CUOPS_MAX_RANKS <= 64, "remote_mask has a bit per rank");
+DEP_STATIC_ASSERT(CUOPS_MAX_RANKS <= 64,
+                  "remote_mask (and the live mask's one word) has a bit per rank");
 
 /* dep__k_touch: the bytes of each slab to touch. */
 struct cuops_touch_args {

@@ -10,5 +10,7 @@
 
 /* The faults case, tagged gpu (check_cuda_ops_faults.c). */
 TCase *cuda_ops_faults_tcase(void);
+/* The masks case, tagged gpu (check_cuda_ops_mask.c). */
+TCase *cuda_ops_mask_tcase(void);
 
 #endif

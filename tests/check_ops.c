@@ -27,82 +27,6 @@
 #include "opsworld.h"
 #include "ref.h"
 
-/* A call that must succeed; otherwise the rank fails with the call's message. */
-#define CALL(expr, op)                                                                      \
-  do {                                                                                      \
-    int rc_ = (expr);                                                                       \
-    if (rc_ != 0)                                                                           \
-      return ow_fail(msg, "%s returned %s: %s [%s]", op, dep_errname(rc_), c->why, d->desc); \
-  } while (0)
-
-static int round_ll(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, uint8_t pz,
-                    uint64_t *dig, char *msg) {
-  const uint32_t r = c->rank, h = d->sc.hidden, G = h / 128, rows = d->rows_ll;
-  const struct ref_rank_in *in = &d->in_ll[r];
-  const struct ref_ll_out *e = &d->ll[r];
-  const int fp8 = d->sc.fp8;
-  const size_t es = fp8 ? 1 : 2;
-  memset(o->lx, pz, o->n_lx * es);
-  memset(o->lscales, pz, o->n_ls * 4);
-  memset(o->lcnt, pz, d->le * 4);
-  struct dep_ll_dispatch_args la = {sizeof(struct dep_ll_dispatch_args), in->x, d->idx[r],
-                                    d->sc.itype, in->num_tokens, fp8, o->lx,
-                                    fp8 ? o->lscales : NULL, o->lcnt};
-  CALL(host_ops_ll_dispatch(c, &la, &o->h), "ll_dispatch");
-  /* Where each row came from, as DeepEP's handle says it (dep_ll_handle_info). */
-  memset(o->lsrc, pz, (size_t)d->le * rows * 4);
-  memset(o->lrange, pz, (size_t)d->le * d->sc.world * 8);
-  struct dep_ll_handle_info_args ia = {sizeof ia, o->lsrc, o->lrange};
-  CALL(host_ops_ll_handle_info(c, &ia, &o->h), "ll_handle_info");
-  if (ow_check_ll_info(d, r, o->lsrc, o->lrange, msg))
-    return 1;
-  for (uint32_t l = 0; l < d->le; l++) {
-    if (o->lcnt[l] != e->count[l])
-      return ow_fail(msg, "ll_dispatch: recv_count[%u] %d, want %d [%s]", l, o->lcnt[l],
-                   e->count[l], d->desc);
-    for (uint32_t i = 0; i < rows; i++) {
-      size_t row = (size_t)l * rows + i;
-      int valid = (int32_t)i < e->count[l];
-      const void *got = (const uint8_t *)o->lx + row * h * es;
-      if (!valid) {
-        if (ow_unpoisoned(got, h * es, pz) >= 0 ||
-            (fp8 && ow_unpoisoned(o->lscales + row * G, G * 4, pz) >= 0))
-          return ow_fail(msg, "ll_dispatch: expert %u row %u past recv_count written [%s]", l, i,
-                       d->desc);
-        continue;
-      }
-      if (fp8) {
-        long bad = -1;
-        for (size_t ch = 0; ch < h && bad < 0; ch++)
-          if (((const uint8_t *)got)[ch] != e->x8[row * h + ch])
-            bad = (long)ch;
-        if (bad >= 0)
-          return ow_fail(msg, "ll_dispatch: expert %u row %u (rank %u token %u) channel %ld: e4m3 "
-                       "0x%02x, want 0x%02x [%s]", l, i, e->from[row].rank, e->from[row].token,
-                       bad, ((const uint8_t *)got)[bad], e->x8[row * h + bad], d->desc);
-        if (memcmp(o->lscales + row * G, e->scales + row * G, G * 4) != 0)
-          return ow_fail(msg, "ll_dispatch: expert %u row %u: scales differ [%s]", l, i, d->desc);
-      } else if (memcmp(got, e->x + row * h, h * 2) != 0) {
-        return ow_fail(msg, "ll_dispatch: expert %u row %u is not token %u of rank %u [%s]", l, i,
-                     e->from[row].token, e->from[row].rank, d->desc);
-      }
-    }
-  }
-  *dig = ow_fnv(*dig, o->lcnt, d->le * 4);
-
-  memset(o->lout, pz, (size_t)d->max_ll * h * 2);
-  struct dep_ll_combine_args lc = {sizeof(struct dep_ll_combine_args), d->lx[r], d->idx[r],
-                                   d->sc.itype, in->topk_weights, o->lout};
-  CALL(host_ops_ll_combine(c, &lc, &o->h), "ll_combine");
-  if (ow_check_sum(o->lout, &d->llc[r], in->num_tokens, h, "ll_combine", d->desc, msg))
-    return 1;
-  if (ow_unpoisoned(o->lout + (size_t)in->num_tokens * h,
-                 (size_t)(d->max_ll - in->num_tokens) * h * 2, pz) >= 0)
-    return ow_fail(msg, "ll_combine: wrote past num_tokens %u [%s]", in->num_tokens, d->desc);
-  *dig = ow_fnv(*dig, o->lout, (size_t)in->num_tokens * h * 2);
-  return 0;
-}
-
 static int round_layout(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, uint8_t pz,
                         char *msg) {
   const uint32_t r = c->rank, W = d->sc.world, E = d->sc.experts, n = d->in[r].num_tokens;
@@ -133,7 +57,7 @@ static int scenario_rank(struct ops_ctx *c, void *arg, char *msg) {
   for (int round = 0; round < 2 && rc == 0; round++) {
     uint8_t pz = round ? 0x5A : 0xA5;
     rc = round_layout(c, d, &o, pz, msg) || ow_round_tp(c, d, &o, pz, &dig[round], msg) ||
-         round_ll(c, d, &o, pz, &dig[round], msg);
+         ow_round_ll(c, d, &o, pz, &dig[round], msg);
   }
   if (rc == 0 && dig[0] != dig[1])
     rc = ow_fail(msg, "two identical rounds gave different outputs [%s]", d->desc);
@@ -194,7 +118,7 @@ static int back_to_back_rank(struct ops_ctx *c, void *arg, char *msg) {
     const struct ow_case *d = &s->d[round % NSETS];
     uint64_t dig = 0;
     uint8_t pz = round & 1 ? 0x5A : 0xA5;
-    rc = ow_round_tp(c, d, &o, pz, &dig, msg) || round_ll(c, d, &o, pz, &dig, msg);
+    rc = ow_round_tp(c, d, &o, pz, &dig, msg) || ow_round_ll(c, d, &o, pz, &dig, msg);
     if (rc)
       snprintf(msg + strlen(msg), OW_MSG - strlen(msg), " (round %d)", round);
     calls += rc ? 0 : 4;
@@ -501,7 +425,7 @@ static int out_of_step_rank(struct ops_ctx *c, void *arg, char *msg) {
   /* Still in step: a full round is right. */
   uint64_t dig = 0;
   if (rc == 0)
-    rc = ow_round_tp(c, d, &o, 0xA5, &dig, msg) || round_ll(c, d, &o, 0xA5, &dig, msg);
+    rc = ow_round_tp(c, d, &o, 0xA5, &dig, msg) || ow_round_ll(c, d, &o, 0xA5, &dig, msg);
   if (rc == 0 && c->seq != 9)
     rc = ow_fail(msg, "seq %llu after 9 calls", (unsigned long long)c->seq);
   host_ops_handle_fini(&h2);

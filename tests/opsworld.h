@@ -108,6 +108,9 @@ int ow_fail(char *msg, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 /* Draw inputs for a scenario and compute the oracle's outputs. */
 void ow_case_make(struct ow_case *d, const struct ow_scenario *sc, int fp8);
 void ow_case_free(struct ow_case *d);
+/* The oracle's outputs again, as with the ranks r where masked[r] is nonzero masked
+ * (ref_mask); the inputs the ranks pass stay as they are. */
+void ow_case_mask(struct ow_case *d, const uint8_t *masked);
 
 void ow_outs_alloc(struct ow_outs *o, const struct ow_case *d);
 void ow_outs_free(struct ow_outs *o);
@@ -162,6 +165,10 @@ int ow_all_zero(const uint8_t *p, size_t n);
 /* One throughput round (dispatch, then combine) against the oracle, outputs
  * poisoned with pz first, the moved bytes folded into *dig; 0, or 1 with msg. */
 int ow_round_tp(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, uint8_t pz,
+                uint64_t *dig, char *msg);
+/* One low-latency round (dispatch, handle info, combine) against the oracle, FP8 as
+ * d->sc.fp8 says, outputs poisoned with pz first; 0, or 1 with msg. */
+int ow_round_ll(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, uint8_t pz,
                 uint64_t *dig, char *msg);
 /* In a test holding a struct ow_rank0 *r that has made no call: refused
  * with DEP_ERR_INVALID, a message naming the argument, no seq used, and

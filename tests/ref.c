@@ -306,3 +306,29 @@ int ref_ll_combine(const struct dep_job_shape *s, uint32_t world, const struct r
   }
   return 0;
 }
+
+int ref_mask(const struct dep_job_shape *s, uint32_t world, const struct ref_rank_in *in,
+             const uint8_t *masked, struct ref_rank_in *out) {
+  for (uint32_t r = 0; r < world; r++) {
+    out[r] = in[r];
+    if (masked[r])
+      out[r].num_tokens = 0; /* a masked rank sends nothing */
+    size_t n = (size_t)in[r].num_tokens * s->topk;
+    int64_t *idx = malloc((n + 1) * sizeof *idx);
+    out[r].topk_idx = idx;
+    if (idx == NULL)
+      return -1;
+    for (size_t i = 0; i < n; i++) {
+      int64_t e = in[r].topk_idx[i];
+      idx[i] = e >= 0 && masked[owner(s, world, e)] ? -1 : e;
+    }
+  }
+  return 0;
+}
+
+void ref_mask_free(struct ref_rank_in *out, uint32_t world) {
+  for (uint32_t r = 0; r < world; r++) {
+    free((void *)out[r].topk_idx);
+    out[r].topk_idx = NULL;
+  }
+}

@@ -92,6 +92,17 @@ void ref_ll_free(struct ref_ll_out *out, uint32_t world);
 int ref_ll_combine(const struct dep_job_shape *s, uint32_t world, const struct ref_rank_in *in,
                    const struct ref_ll_out *ll, const uint16_t *const *lx, struct ref_sum *out);
 
+/*
+ * Masked ranks (deepep.h): every operation with the ranks r where
+ * masked[r] is nonzero masked is the same computation on these inputs:
+ * each masked rank's experts removed from every top-k (-1), a masked
+ * rank's tokens none.  out[r] is in[r] with its own topk_idx (freed by
+ * ref_mask_free).  0, or -1 when out of memory.
+ */
+int ref_mask(const struct dep_job_shape *s, uint32_t world, const struct ref_rank_in *in,
+             const uint8_t *masked, struct ref_rank_in *out);
+void ref_mask_free(struct ref_rank_in *out, uint32_t world);
+
 /* e4m3 by brute force: the nearest of all finite codes, ties to the even
  * code, saturating to +-448; NaN -> 0x7f (with the sign bit). */
 uint8_t ref_e4m3(float v);

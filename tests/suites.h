@@ -26,6 +26,7 @@
   XX(ctl_json)              \
   XX(ops)                   \
   XX(ops_ext)               \
+  XX(ops_mask)              \
   XX(ops_args)              \
   XX(handles)               \
   XX(memory)                \

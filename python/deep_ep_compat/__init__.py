@@ -164,6 +164,46 @@ class Buffer(_deepep.Buffer):
         """deepep.Buffer.get_next_low_latency_combine_buffer, taking a LowLatencyHandle."""
         return super().get_next_low_latency_combine_buffer(_unwrap(handle))
 
+    # ---- enable_shrink's mask buffer (DeepEP's names over deepep's masks) ----
+
+    def _shrink(self, call: str) -> None:
+        # DeepEP's host assert, which its binding raises as RuntimeError.
+        if not self.enable_shrink:
+            raise RuntimeError(f"{call}: the mask buffer needs Buffer(..., enable_shrink=True), "
+                               "as DeepEP's")
+
+    def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
+        """DeepEP's: mask (mask=True) or unmask rank_to_mask, so that dispatch and combine,
+        in both modes here (DeepEP's in low-latency mode), neither send to it nor receive
+        from it: its experts' (token, k) pairs are dropped and contribute zero.  Every rank
+        must make the same updates.  Needs enable_shrink=True."""
+        self._shrink("low_latency_update_mask_buffer")
+        self.update_mask(rank_to_mask, bool(mask))
+
+    def low_latency_query_mask_buffer(self, mask_status: torch.Tensor) -> None:
+        """DeepEP's: mask_status ([num_ranks] torch.int) gets 1 for each masked rank (by
+        low_latency_update_mask_buffer, or by deepepd for a gone rank of an elastic job),
+        0 for the others.  Needs enable_shrink=True."""
+        self._shrink("low_latency_query_mask_buffer")
+        if not isinstance(mask_status, torch.Tensor):
+            raise TypeError("low_latency_query_mask_buffer: mask_status must be a tensor, not "
+                            f"{type(mask_status).__name__}")
+        if mask_status.dim() != 1 or mask_status.size(0) != self.group_size:
+            raise ValueError("low_latency_query_mask_buffer: mask_status must be [num_ranks] "
+                             f"([{self.group_size}]), not {list(mask_status.shape)}")
+        m, _ = self.mask()
+        mask_status.copy_(m.to(mask_status.dtype))
+
+    def low_latency_clean_mask_buffer(self) -> None:
+        """DeepEP's: unmask every rank this rank masked (deepepd's live mask of a gone rank
+        stays).  Needs enable_shrink=True."""
+        self._shrink("low_latency_clean_mask_buffer")
+        self.clear_mask()
+
+    def dropped(self, handle: Any) -> int:
+        """deepep.Buffer.dropped, taking a DispatchHandle or LowLatencyHandle."""
+        return super().dropped(_unwrap(handle))
+
     def combine(self, x: torch.Tensor, handle: Any, topk_weights: Optional[torch.Tensor] = None,
                 bias: Any = None, config: Optional[Config] = None,
                 previous_event: Optional[EventOverlap] = None, async_finish: bool = False,

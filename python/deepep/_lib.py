@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_uint8,
+from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int32, c_uint8,
                     c_uint32, c_uint64, c_void_p)
 from typing import Any, Optional, Tuple
 
@@ -298,6 +298,10 @@ _PROTOTYPES = [
     ("dep_ll_dispatch", c_int, [_client_p, POINTER(LLDispatchArgs), c_void_p, c_void_p]),
     ("dep_ll_combine", c_int, [_client_p, POINTER(LLCombineArgs), c_void_p, c_void_p]),
     ("dep_ll_handle_info", c_int, [_client_p, POINTER(LLHandleInfoArgs), c_void_p, c_void_p]),
+    ("dep_mask_update", c_int, [_client_p, c_uint32, c_int]),
+    ("dep_mask_clear", c_int, [_client_p]),
+    ("dep_mask_query", c_int, [_client_p, POINTER(c_int32), c_uint32, POINTER(c_uint64)]),
+    ("dep_handle_dropped", c_int, [_client_p, c_void_p, POINTER(c_uint64)]),
     ("dep_shape_sizes", c_int, [_client_p, POINTER(JobShape), c_uint32, POINTER(ShapeSizes)]),
 ]
 

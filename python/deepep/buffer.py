@@ -29,6 +29,7 @@ from . import _lib
 from ._checks import (DEFAULT_MAX_LL_TOKENS_PER_RANK, DEFAULT_MAX_TOKENS_PER_RANK, _FP8_GROUP,
                       _Checks, fp8_dtype, topk_idx_t)  # noqa: F401
 from ._low_latency import _LowLatency
+from ._mask import _Masks
 from ._throughput import _Throughput, _token_in_rank  # noqa: F401
 from .config import Config
 from .errors import Error, from_code
@@ -122,7 +123,7 @@ _COMBINE_CONFIGS = {
 }
 
 
-class Buffer(_Checks, _Throughput, _LowLatency, HandlePools):
+class Buffer(_Checks, _Throughput, _LowLatency, _Masks, HandlePools):
     """One rank's side of deepepd's dispatch and combine, with DeepEP's methods.
 
     Args (DeepEP's, in DeepEP's order; accepted for compatibility):
@@ -135,8 +136,11 @@ class Buffer(_Checks, _Throughput, _LowLatency, HandlePools):
         num_nvl_bytes, num_rdma_bytes: kept as attributes; deepepd sizes memory from the
             job shape.
         low_latency_mode, num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl,
-            use_fabric, explicitly_destroy, enable_shrink: accepted and kept; they change
-            nothing here (deep_ep.Buffer maps enable_shrink to elastic, below).
+            use_fabric, explicitly_destroy: accepted and kept; they change nothing here.
+        enable_shrink: kept; deepepd's masks (mask(), update_mask(), clear_mask(),
+            dropped(): deepep.h "Masked ranks") need no opt-in here, and deep_ep's
+            low_latency_*_mask_buffer methods need it, as DeepEP's; deep_ep.Buffer maps it
+            to elastic (below).
         comm: an mpi4py communicator in place of group (its Get_size() is checked against
             the world size from the arguments or the environment).
 
@@ -209,6 +213,7 @@ class Buffer(_Checks, _Throughput, _LowLatency, HandlePools):
         self.num_qps_per_rank = num_qps_per_rank
         self.explicitly_destroy = bool(explicitly_destroy)
         self.elastic = bool(elastic)
+        self.enable_shrink = bool(enable_shrink)
         given = dict(job_id=job_id, rank=rank, world_size=world_size, local_rank=local_rank,
                      local_world_size=local_world_size)
         if group is not None:
