@@ -393,6 +393,10 @@ static int attach_ops_ready(dep_client_t *c, const struct dep_attach_args *args)
     return client_seterr(c, rc, "dep_attach: %s", why);
   }
   const bool ops_here = one_node || c->xring != NULL; /* attach_ops may give the ring back */
+  /* A rank that came back to an elastic job starts at its join call
+   * (cuda: cuda_ops_attach, from the device's copy of the word). */
+  if (!c->cuda && ops_here)
+    host_ops_join_at(&c->ops, host_ops_join_word(&c->ops));
   if (!c->cuda && c->attach_ok.kernel_warmup && ops_here)
     host_warmup(c);
   /* A job across nodes: its waits fail at once when this node's daemon goes

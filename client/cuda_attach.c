@@ -413,6 +413,23 @@ int cuda_ops_attach(dep_client_t *c) {
   CUresult r = cu->cuMemsetD8Async(priv, 0, b.end, st->stream);
   if (r != CUDA_SUCCESS)
     return cu_fail(c, "dep_attach", "zeroing the operations' memory", r);
+  /* A rank that came back to an elastic job starts at its join call (slab.h): the counter
+   * the kernels count calls by, set on the stream after the zeroing. */
+  uint64_t join = 0;
+  r = cu->cuMemcpyDtoH(&join, (CUdeviceptr)(uintptr_t)(o->slabs[o->rank] +
+                                                       dep_slab_mask_join(&o->lay, o->rank)),
+                       sizeof join);
+  if (r != CUDA_SUCCESS)
+    return cu_fail(c, "dep_attach", "reading the rank's join call", r);
+  if (join > 0) {
+    const CUdeviceptr seq = st->dev + offsetof(struct cuops_dev, seq);
+    const uint64_t first = join - 1;
+    if ((r = cu->cuMemsetD32Async(seq, (unsigned)first, 1, st->stream)) != CUDA_SUCCESS ||
+        (r = cu->cuMemsetD32Async(seq + 4, (unsigned)(first >> 32), 1, st->stream)) !=
+            CUDA_SUCCESS)
+      return cu_fail(c, "dep_attach", "setting the rank's first call", r);
+    host_ops_join_at(&c->ops, join);
+  }
   j->remote_mask = 0;
   for (uint32_t i = 0; i < o->world; i++) {
     j->slabs[i] = o->slabs[i];
@@ -423,6 +440,7 @@ int cuda_ops_attach(dep_client_t *c) {
   j->data_off = o->lay.data_off;
   j->mask_epoch_off = dep_slab_mask_epoch(&o->lay);
   j->mask_word_off = dep_slab_mask_word(&o->lay, 0);
+  j->mask_join_off = dep_slab_mask_join(&o->lay, 0);
   j->block_bytes = o->lay.block_bytes;
   j->parity_bytes = o->lay.parity_bytes;
   j->row_bytes = o->lay.row_bytes;

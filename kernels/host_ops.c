@@ -386,7 +386,24 @@ uint64_t host_ops_mask_live(const struct ops_ctx *c, uint64_t *words, uint64_t k
   for (uint32_t i = 0; i < DEP_SLAB_MASK_WORDS(c->world); i++)
     words[i] |= __atomic_load_n((const uint64_t *)(slab + dep_slab_mask_word(&c->lay, 64u * i)),
                                 __ATOMIC_RELAXED);
+  /* A rank that came back is masked in the calls before its join call
+   * (slab.h): the rule needs no memory of earlier epochs. */
+  for (uint32_t r = 0; r < c->world; r++)
+    if (__atomic_load_n((const uint64_t *)(slab + dep_slab_mask_join(&c->lay, r)),
+                        __ATOMIC_RELAXED) > c->seq)
+      words[r / 64u] |= DEP_SLAB_MASK_BIT(r);
   return epoch;
+}
+
+void host_ops_join_at(struct ops_ctx *c, uint64_t join) {
+  if (join > 0)
+    c->seq = join - 1;
+}
+
+uint64_t host_ops_join_word(const struct ops_ctx *c) {
+  return __atomic_load_n((const uint64_t *)(c->slabs[c->rank] +
+                                            dep_slab_mask_join(&c->lay, c->rank)),
+                         __ATOMIC_ACQUIRE);
 }
 
 int host_ops_mask_update(struct ops_ctx *c, uint32_t rank, int masked) {

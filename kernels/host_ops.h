@@ -333,6 +333,14 @@ void host_ops_daemon_gone(struct ops_ctx *c, int slabs_on_host);
  * of that epoch or of a later one.
  */
 uint64_t host_ops_mask_live(const struct ops_ctx *c, uint64_t *words, uint64_t known);
+/* A process that took a masked rank's place in an elastic job (DESIGN §14)
+ * makes the join call the daemon chose for it (slab.h's join word) its
+ * first: host_ops_join_at(c, join) before any call (0: a rank that never
+ * left, nothing changes).  host_ops_join_word reads this rank's join word
+ * from its slab in host memory (the host backend's; cuda reads it from the
+ * device). */
+void host_ops_join_at(struct ops_ctx *c, uint64_t join);
+uint64_t host_ops_join_word(const struct ops_ctx *c);
 /* This rank's own mask: set or clear rank's bit (DEP_ERR_INVALID for a
  * rank past the world), or clear every bit.  Read by the next call. */
 int host_ops_mask_update(struct ops_ctx *c, uint32_t rank, int masked);

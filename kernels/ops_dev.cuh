@@ -211,14 +211,18 @@ __device__ __forceinline__ bool masked(const call &k, uint32_t r) {
 /*
  * The one place the kernels read the live mask (slab.h): its epoch with
  * acquire (system scope: the daemon writes it from the host), then, once
- * an epoch is written, its bits; or-ed with this rank's own mask
+ * an epoch is written, its bits and the join words (for call seq); or-ed with this rank's own mask
  * (cuops_dev.own_mask).  A rank masked itself talks to no rank.  Thread 0
  * of each CTA, once, as the CTA begins (call_begin).
  */
-__device__ __forceinline__ uint64_t cuops_mask(const cuops_job &J) {
+__device__ __forceinline__ uint64_t cuops_mask(const cuops_job &J, uint64_t seq) {
   const uint8_t *slab = J.slabs[J.rank];
   const uint64_t epoch = ld_acquire_sys((const uint64_t *)(slab + J.mask_epoch_off));
-  const uint64_t live = epoch != 0 ? *(const volatile uint64_t *)(slab + J.mask_word_off) : 0;
+  uint64_t live = epoch != 0 ? *(const volatile uint64_t *)(slab + J.mask_word_off) : 0;
+  /* A rank that came back is masked in the calls before its join call (slab.h). */
+  for (uint32_t r = 0; epoch != 0 && r < J.world; r++)
+    if (*(const volatile uint64_t *)(slab + J.mask_join_off + 8ull * r) > seq)
+      live |= 1ull << r;
   const uint64_t m = live | *(volatile unsigned long long *)&J.dev->own_mask;
   return ((m >> J.rank) & 1ull) != 0 ? ~0ull : m;
 }
@@ -249,7 +253,7 @@ __device__ __forceinline__ call call_begin(const cuops_job &J) {
     s_seq = *(volatile uint64_t *)&J.dev->seq + 1;
     s_broken = *(volatile uint32_t *)&J.dev->broken;
     s_t0 = globaltimer_ns();
-    s_mask = cuops_mask(J);
+    s_mask = cuops_mask(J, s_seq);
   }
   __syncthreads();
   call k;

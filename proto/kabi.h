@@ -243,8 +243,9 @@ struct cuops_job {
    * last CTA of each call writes its entry there (ops_dev.cuh stats_call). */
   struct dep_stats_page *stats;
   /* The live mask in this rank's slab (slab.h dep_slab_mask_epoch, dep_slab_mask_word of
-   * rank 0: a world of at most 64 ranks has one word). */
-  uint64_t mask_epoch_off, mask_word_off;
+   * rank 0: a world of at most 64 ranks has one word; dep_slab_mask_join of rank 0, the
+   * first of the world's join words). */
+  uint64_t mask_epoch_off, mask_word_off, mask_join_off;
 };
 DEP_STATIC_ASSERT(CUOPS_MAX_RANKS <= 64,
                   "remote_mask (and the live mask's one word) has a bit per rank");
