@@ -26,6 +26,8 @@ UUID_STR_LEN = 37
 JOB_ID_MAX = 64
 MAX_WORLD = 4096
 MAX_LOCAL_RANKS = 64
+#: dep_job_shape's largest topk (proto/shape.h DEP_SHAPE_MAX_TOPK).
+MAX_TOPK = 16
 
 DTYPE_BF16 = 1
 DTYPE_FP8_E4M3 = 2
