@@ -8,9 +8,11 @@ import torch
 
 import ranks
 
-#: The job of the low-latency script's calls: as its defaults, smaller (288 experts of
-#: hidden 7168 on 8 ranks there: 36 local experts, more than a warp's lanes).
+#: The job of the low-latency script's calls on the host backend: its defaults, smaller (288
+#: experts of hidden 7168 on 8 ranks there: 36 local experts, more than a warp's lanes).
 LL = dict(hidden=512, num_experts=36 * 2, num_topk=8, tokens=16)
+#: ... and on cuda (DEP_TEST_BACKEND=cuda, 8 ranks): the script's defaults themselves.
+LL_CUDA = dict(hidden=7168, num_experts=288, num_topk=8, tokens=128)
 
 
 def _e4m3_value(q: torch.Tensor) -> torch.Tensor:
@@ -35,6 +37,17 @@ def cast_back(q, s):
     return (x * s.view(q.size(0), -1, 1)).view(q.shape).bfloat16()
 
 
+def _recorded(b, num_experts: int) -> str:
+    """What the library reports at its next call (on cuda, a failure the kernels recorded in
+    an earlier call surfaces there): a layout of no tokens, which sends nothing."""
+    try:
+        b.get_dispatch_layout(torch.zeros((0, b.num_topk), dtype=torch.int64,
+                                          device=b.device), num_experts)
+    except Exception as e:  # what it says is the test's diagnostic
+        return f"{type(e).__name__}: {e}"
+    return "nothing"
+
+
 def ll_rank(args) -> List[Dict[str, np.ndarray]]:
     """test_low_latency.py's loop of checks: x a clone of the WHOLE packed receive buffer
     (rows past recv_count as the buffer held them, and NaN here as a reused one may),
@@ -42,9 +55,13 @@ def ll_rank(args) -> List[Dict[str, np.ndarray]]:
     sock, job, rank, world, seed, iters, dev = args
     deep_ep = ranks.import_compat()
     dev = torch.device(dev)
-    M, hid, E, K = LL["tokens"], LL["hidden"], LL["num_experts"], LL["num_topk"]
+    sh = LL_CUDA if dev.type == "cuda" else LL
+    M, hid, E, K = sh["tokens"], sh["hidden"], sh["num_experts"], sh["num_topk"]
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     b = deep_ep.Buffer(None, 0, 1 << 20, low_latency_mode=True, job_id=job, rank=rank,
-                       world_size=world, local_rank=rank, local_world_size=world, socket=sock)
+                       world_size=world, local_rank=rank, local_world_size=world, socket=sock,
+                       max_tokens_per_rank=M)
     out = []
     g = torch.Generator().manual_seed(seed * 1000 + rank)
     rnd = random.Random(seed * 1000 + rank)
@@ -81,11 +98,25 @@ def ll_rank(args) -> List[Dict[str, np.ndarray]]:
                             sim, idx, w, h, async_finish=not hook, zero_copy=zero_copy,
                             return_recv_hook=hook, out=o)
                         hk() if hook else ev.current_stream_wait()
-                        out.append(dict(x=x.float().cpu().numpy(), idx=idx.cpu().numpy(),
-                                        w=w.cpu().numpy(), fp8=fp8,
-                                        combined=combined.float().cpu().numpy(),
-                                        same=combined.data_ptr() == o.data_ptr()))
+                        # The script's check: x times the sum of the selected weights.
+                        want = x.float() * w.masked_fill(idx == -1, 0).sum(1, keepdim=True)
+                        got = combined.float()
+                        nan = int(torch.isnan(got).sum())
+                        out.append(dict(nan=nan, err=float((got - want).abs().max()),
+                                        scale=float(want.abs().max()), fp8=fp8,
+                                        same=combined.data_ptr() == o.data_ptr(),
+                                        call=(n, hook, fp8, rs, ue, zero_copy),
+                                        recorded=_recorded(b, E) if nan else ""))
     return out
+
+
+def ll_rank_checked(args) -> List[Dict[str, np.ndarray]]:
+    """ll_rank, with what it raises reraised as a RuntimeError with its traceback."""
+    try:
+        return ll_rank(args)
+    except Exception:
+        import traceback
+        raise RuntimeError(traceback.format_exc()) from None
 
 
 #: The job of the intranode script's calls (4096 tokens of hidden 7168, 256 experts, top-8 on

@@ -14,16 +14,18 @@ def test_low_latency_combine_ignores_rows_past_count_and_unselected_entries(daem
     """test_low_latency.py combines the whole packed receive buffer (its rows past recv_count
     are whatever the buffer held: NaN here) with topk_idx holding -1 entries, into
     out=torch.empty: every token is the weighted sum of its selected experts' rows, and no
-    NaN."""
-    W = 2
+    NaN.  On cuda (DEP_TEST_BACKEND=cuda) with the script's own shape and 8 ranks, where the
+    script saw NaN; a NaN result says what the library reported at its next call."""
+    W = 8 if conftest.BACKEND == "cuda" else 2
     res = ranks.run_world(daemon, f"pyll-{uuid.uuid4().hex[:8]}", W, seed, iters=1,
-                          device=conftest.DEVICE, fn=scripts_ranks.ll_rank)
+                          device=conftest.DEVICE, fn=scripts_ranks.ll_rank_checked, timeout=600)
     for r in range(W):
         for got in res[r]:
             assert got["same"]
-            assert not np.isnan(got["combined"]).any()
-            want = got["x"] * np.where(got["idx"] >= 0, got["w"], 0).sum(1, keepdims=True)
-            np.testing.assert_allclose(got["combined"], want, rtol=0.1 if got['fp8'] else 1e-2, atol=0.1 if got['fp8'] else 0)
+            assert got["nan"] == 0, \
+                f"rank {r}, call {got['call']}: NaN; then the library said {got['recorded']}"
+            # bf16 rounds the sum once; FP8 rows are within an e4m3 step (1/16) of x.
+            assert got["err"] <= (0.07 if got["fp8"] else 2 ** -7) * max(got["scale"], 1), got
 
 
 def mask_rows(inps, r, key):
