@@ -190,6 +190,11 @@ def tp_rank(args) -> List[Dict[str, object]]:
                 comb, cw, _ = b.combine(rx, h, config=cfg)
                 r["combined"] = comb.float().cpu().numpy()
                 r["combined_w"] = cw
+        _, ridx, _, counts, _, _ = _tp_call(b, x, inp, dev, expert_alignment=4)
+        r["aligned"] = counts
+        worst = world * TP["tokens"]
+        rx, ridx, _, counts, h, _ = _tp_call(b, x, inp, dev, num_worst_tokens=worst)
+        r["worst"] = (rx.size(0), ridx, counts, b.combine(rx, h)[0].float().cpu().numpy())
         per_rank, _, per_expert, in_rank, _ = b.get_dispatch_layout(idx, E)
         r.update(layout=(per_rank.cpu().numpy(), per_expert.cpu().numpy(),
                          in_rank.cpu().numpy()))
@@ -212,3 +217,24 @@ def tp_rank_checked(args) -> List[Dict[str, object]]:
     except Exception:
         import traceback
         raise RuntimeError(traceback.format_exc()) from None
+
+
+def narrow_rank(args) -> str:
+    """A dispatch without top-k on a Buffer of num_topk 2 in a world of 3, whose tokens go to
+    every rank: what it raises (before anything is sent, so every rank raises alike)."""
+    sock, job, rank, world, seed, iters, dev = args
+    deep_ep = ranks.import_compat()
+    dev = torch.device(dev)
+    b = deep_ep.Buffer(None, 0, 0, job_id=job, rank=rank, world_size=world, local_rank=rank,
+                       local_world_size=world, socket=sock, hidden=256,
+                       num_experts=2 * world, num_topk=2)
+    n = 4
+    try:
+        b.dispatch(torch.zeros((n, 256), dtype=torch.bfloat16, device=dev),
+                   num_tokens_per_rank=torch.full((world,), n, dtype=torch.int32, device=dev),
+                   is_token_in_rank=torch.ones((n, world), dtype=torch.bool, device=dev),
+                   num_tokens_per_expert=torch.full((2 * world,), n, dtype=torch.int32,
+                                                    device=dev))
+    except ValueError as e:
+        return str(e)
+    return "no error"

@@ -65,6 +65,12 @@ def test_dispatch_without_topk_routes_by_is_token_in_rank_and_sums_the_counts(da
             inp = inps[r]
             np.testing.assert_array_equal(got["combined"],
                                           inp["x"] * inp["mask"].sum(1, keepdims=True))
+            assert got["aligned"] == [-(-c // 4) * 4 for c in want_counts]
+            # num_worst_tokens: that many rows, no counts (DeepEP's []), the combine as before.
+            rows_worst, idx_worst, counts_worst, comb_worst = got["worst"]
+            assert rows_worst == W * scripts_ranks.TP["tokens"] and idx_worst is None
+            assert counts_worst == []
+            np.testing.assert_array_equal(comb_worst, got["combined"])
             # With top-k: DeepEP's results, whatever width the Buffer took.
             for a, want in zip(got["layout"], (inp["per_rank"], inp["per_expert"], inp["mask"])):
                 np.testing.assert_array_equal(a, want)
@@ -82,3 +88,13 @@ def test_dispatch_without_topk_routes_by_is_token_in_rank_and_sums_the_counts(da
                                           np.where(inp["idx"] >= 0, inp["w"], 0))
         assert res[r][0]["num_topk"] == scripts_ranks.TP["num_topk"]
         assert res[r][1]["num_topk"] == min(16, Le * W)
+
+
+def test_dispatch_without_topk_to_more_ranks_than_num_topk_is_refused(daemon, seed):
+    """The mask routes through the Buffer's top-k width: a token that goes to more ranks than
+    num_topk is a ValueError saying so, raised before anything is sent."""
+    W = 3
+    res = ranks.run_world(daemon, f"pynarrow-{uuid.uuid4().hex[:8]}", W, seed,
+                          device=conftest.DEVICE, fn=scripts_ranks.narrow_rank, timeout=60)
+    for msg in res:
+        assert "goes to 3 ranks" in msg and "num_topk 2" in msg, msg
