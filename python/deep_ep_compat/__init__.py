@@ -108,9 +108,9 @@ class Buffer(_deepep.Buffer):
         call of k < num_topk entries gets -1 (and weight 0) in the rest, which select
         nothing: the results are those of a job of width k, whose columns the callers cut
         back to k.  (A Buffer whose first call is a dispatch without top-k takes the
-        library's largest width, min(16, num_experts), so that every later width fits.)  Anything else (no
-        top-k, the Buffer's width, a wrong argument, which the Buffer's checks name) is
-        returned as it is."""
+        library's largest width, min(16, num_experts), so that every later width fits.)
+        Anything else (no top-k, the Buffer's width, a wrong argument, which the Buffer's
+        checks name) is returned as it is."""
         K = self.num_topk
         if K is None or not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2 or \
                 topk_idx.size(1) >= K:

@@ -172,15 +172,9 @@ class _Throughput:
                 (as combine's).
             num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
                 num_tokens_per_expert: get_dispatch_layout's results; with topk_idx only their
-                sizes are checked (the library derives the layout from topk_idx itself);
-                without it is_token_in_rank and num_tokens_per_expert are needed
-                (_dispatch_by_mask).
-            topk_idx: [num_tokens, num_topk] int64 (or int32), -1 for none; with
-                topk_weights, or neither (DeepEP's dispatch without top-k: each token goes
-                to the ranks is_token_in_rank names, recv_topk_idx and recv_topk_weights are
-                None, and num_recv_tokens_per_expert_list is the sum over the source ranks
-                of their num_tokens_per_expert for this rank's experts).
-            topk_weights: [num_tokens, num_topk] float32.
+                sizes are checked (the library derives the layout from topk_idx itself).
+            topk_idx, topk_weights: [num_tokens, num_topk] int64 (or int32), -1 for none, and
+                float32; or neither (is_token_in_rank routes the tokens: _dispatch_by_mask).
             expert_alignment: each of num_recv_tokens_per_expert_list rounded up to a
                 multiple of it (DeepEP's; the rows themselves are not padded).
             num_worst_tokens: 0, or the rows of the outputs (at most world_size *
@@ -194,14 +188,14 @@ class _Throughput:
         Returns:
             recv_x: [rows, hidden] bfloat16, or the tuple (values, scales) for FP8, in
                 (source rank, source token) order; rows = num_recv, or num_worst_tokens.
-            recv_topk_idx: [rows, num_topk] int64 local expert ids, -1 where not ours.
+            recv_topk_idx: [rows, num_topk] int64 local expert ids, -1 where not ours
+                (None without topk_idx, as recv_topk_weights).
             recv_topk_weights: [rows, num_topk] float32, 0 where not ours.
             num_recv_tokens_per_expert_list: [num_local_experts] ints, (row, k) pairs per
                 local expert (rounded up to expert_alignment).
             handle: for the matching combine (and cached dispatches).
             event: an EventOverlap.
-            In cached mode: (recv_x, None, None, None, None, event).  Without top-k:
-            (recv_x, None, None, num_recv_tokens_per_expert_list, handle, event).
+            In cached mode: (recv_x, None, None, None, None, event).
         """
         if self._pending:
             self._complete()
@@ -210,13 +204,11 @@ class _Throughput:
         if handle is not None:
             h = self._dispatch_cached(handle, topk_idx, topk_weights, expert_alignment)
             num_worst_tokens = num_worst_tokens or h.worst
-        elif topk_idx is None and topk_weights is None:
-            return self._dispatch_by_mask(
-                x, scales, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
-                expert_alignment, num_worst_tokens, config, previous_event, async_finish)
         elif topk_idx is None or topk_weights is None:
-            raise ValueError("dispatch: topk_idx and topk_weights go together; give both, or "
-                             "neither (is_token_in_rank routes the tokens then)")
+            return self._dispatch_by_mask(
+                x, scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
+                num_tokens_per_expert, expert_alignment, num_worst_tokens, config,
+                previous_event, async_finish)
         cached = h is not None
         capturing = self._dispatch_capturing(cached, num_worst_tokens)
         x, scales, idx, w, itype = self._dispatch_inputs(x, scales, h, topk_idx, topk_weights)
@@ -248,9 +240,10 @@ class _Throughput:
         return self._dispatch_results(h, rows, alloc, recv_x, recv_s, recv_idx, recv_w, cached,
                                       num_worst_tokens, ev)
 
-    def _dispatch_by_mask(self, x: Any, scales: Any, num_tokens_per_rank: Any,
-                          is_token_in_rank: Any, num_tokens_per_expert: Any,
-                          expert_alignment: int, num_worst_tokens: int, config: Any,
+    def _dispatch_by_mask(self, x: Any, scales: Any, topk_idx: Any, topk_weights: Any,
+                          num_tokens_per_rank: Any, is_token_in_rank: Any,
+                          num_tokens_per_expert: Any, expert_alignment: int,
+                          num_worst_tokens: int, config: Any,
                           previous_event: Optional[EventOverlap], async_finish: bool) -> tuple:
         """DeepEP's dispatch without top-k: token t goes to every rank r with
         is_token_in_rank[t, r], and each rank's num_recv_tokens_per_expert_list is the sum over
@@ -268,6 +261,9 @@ class _Throughput:
         num_topk ranks (ValueError otherwise; a Buffer with num_topk >= world_size always
         fits)."""
         op = "dispatch"
+        if topk_idx is not None or topk_weights is not None:
+            raise ValueError("dispatch: topk_idx and topk_weights go together; give both, or "
+                             "neither (is_token_in_rank routes the tokens then)")
         if is_token_in_rank is None or num_tokens_per_expert is None:
             raise ValueError("dispatch without topk_idx needs is_token_in_rank and "
                              "num_tokens_per_expert (get_dispatch_layout's), as DeepEP's")
@@ -290,16 +286,18 @@ class _Throughput:
         # Buffer's (a Buffer that lacks it cannot learn it from this call).
         self._shape(op, xv.size(1), per_expert.numel(), None)
         K, L = self.num_topk, self.num_local_experts
-        if K < W and n and int(mask.sum(1).max()) > K:
-            raise ValueError(f"dispatch: a token of is_token_in_rank goes to "
-                             f"{int(mask.sum(1).max())} ranks, but this Buffer's dispatches "
-                             f"route through num_topk {K} entries a token; make the Buffer "
-                             f"with num_topk >= {min(W, _lib.MAX_TOPK)}")
+        need = int(mask.sum(1).max()) if K < W and n else 0  # a sync only where it can fail
+        if need > K:
+            raise ValueError(f"dispatch: a token of is_token_in_rank goes to {need} ranks, but "
+                             f"this Buffer's dispatches route through num_topk {K} entries a "
+                             f"token; make the Buffer with num_topk >= {need} (at most "
+                             f"{_lib.MAX_TOPK})")
         # Column c of token t: the c-th rank it goes to (ascending), as that rank's expert 0;
         # the unused columns -1 (column K takes nothing: it absorbs the unset places).
         dev = self.device
         ranks = torch.arange(W, dtype=torch.int64, device=dev)
-        place = torch.where(mask, mask.long().cumsum(1) - 1, torch.full_like(ranks, K).expand(n, W))
+        place = torch.where(mask, mask.long().cumsum(1) - 1,
+                            torch.full_like(ranks, K).expand(n, W))
         idx = torch.full((n, K + 1), -1, dtype=torch.int64, device=dev)
         idx.scatter_(1, place, torch.where(mask, ranks * L, torch.full_like(ranks, -1)))
         idx = idx[:, :K].contiguous()
