@@ -37,6 +37,15 @@ def cast_back(q, s):
     return (x * s.view(q.size(0), -1, 1)).view(q.shape).bfloat16()
 
 
+def _as_the_scripts(dev: torch.device) -> None:
+    """The defaults DeepEP's tests' init_dist sets before any call: bfloat16 floats, and the
+    GPU as the default device (where torch has set_default_device), so that a tensor the
+    binding makes without naming its dtype or device would show it."""
+    torch.set_default_dtype(torch.bfloat16)
+    if dev.type == "cuda" and hasattr(torch, "set_default_device"):
+        torch.set_default_device(dev)
+
+
 def _recorded(b, num_experts: int) -> str:
     """What the library reports at its next call (on cuda, a failure the kernels recorded in
     an earlier call surfaces there): a layout of no tokens, which sends nothing."""
@@ -59,18 +68,19 @@ def ll_rank(args) -> List[Dict[str, np.ndarray]]:
     M, hid, E, K = sh["tokens"], sh["hidden"], sh["num_experts"], sh["num_topk"]
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    b = deep_ep.Buffer(None, 0, 1 << 20, low_latency_mode=True, job_id=job, rank=rank,
-                       world_size=world, local_rank=rank, local_world_size=world, socket=sock,
-                       max_tokens_per_rank=M)
     out = []
     g = torch.Generator().manual_seed(seed * 1000 + rank)
     rnd = random.Random(seed * 1000 + rank)
     x = (torch.randint(-32, 33, (M, hid), generator=g).float() / 8).bfloat16().to(dev)
-    scores = torch.rand((M, E), generator=g) + 1
+    scores = torch.rand((M, E), generator=g, dtype=torch.float32) + 1
     idx = torch.topk(scores, K, dim=-1, largest=True, sorted=True)[1].to(dev)
     for _ in range(4):
         idx[rnd.randrange(M), rnd.randrange(K)] = -1
     w = (torch.randint(1, 5, (M, K), generator=g).float() / 4).to(dev)
+    _as_the_scripts(dev)
+    b = deep_ep.Buffer(None, 0, 1 << 20, low_latency_mode=True, job_id=job, rank=rank,
+                       world_size=world, local_rank=rank, local_world_size=world, socket=sock,
+                       max_tokens_per_rank=M)
     n = 0
     for hook in (False, True):
         for fp8 in (False, True):
@@ -155,6 +165,7 @@ def tp_rank(args) -> List[Dict[str, object]]:
     deep_ep = ranks.import_compat()
     dev = torch.device(dev)
     inp = tp_inputs(seed, rank, world)
+    _as_the_scripts(dev)
     E = TP["experts_per_rank"] * world
     x = torch.from_numpy(inp["x"]).bfloat16().to(dev)
     idx = torch.from_numpy(inp["idx"]).to(dev)
