@@ -58,6 +58,8 @@ static const struct ow_scenario scenarios[] = {
   {8, 128, 2, 8, 16, 16, P_RANDOM, T_ZERO, DEP_INDEX_I32, 1},
   {8, 128, 8, 256, 64, 64, P_RANDOM, T_MAX, DEP_INDEX_I32, 1},  /* 32 experts a rank */
   {8, 2048, 8, 64, 64, 32, P_RANDOM, T_ONE, DEP_INDEX_I64, 0},
+  /* DeepEP's test_low_latency.py's defaults: 36 experts a rank, 128 low-latency tokens */
+  {8, 7168, 8, 288, 128, 128, P_RANDOM, T_MAX, DEP_INDEX_I64, 1},
 };
 
 static void run_scenario(const struct ow_scenario *sc, int salt, bool threads) {

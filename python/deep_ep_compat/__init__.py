@@ -78,18 +78,61 @@ class Buffer(_deepep.Buffer):
         or one per token ([num_tokens]); they are moved as they are (bit for bit) and the
         received scales have their form, row-major (as DeepEP's)."""
         x, unpad = _padded_scales(x)
+        if handle is None and topk_idx is None and topk_weights is None and \
+                self.num_topk is None and not self.attached:
+            # The widest top-k the library takes (at most one entry per expert), so that
+            # _widen_topk serves every later width.
+            self.num_topk = _deepep._lib.MAX_TOPK
+            if isinstance(num_tokens_per_expert, torch.Tensor) and num_tokens_per_expert.numel():
+                self.num_topk = min(self.num_topk, num_tokens_per_expert.numel())
+        k = topk_idx.size(1) if isinstance(topk_idx, torch.Tensor) and topk_idx.dim() == 2 \
+            else None
+        idx, w = self._widen_topk(topk_idx, topk_weights)
         out = super().dispatch(
             x, _unwrap(handle), num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
-            num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_worst_tokens,
+            num_tokens_per_expert, idx, w, expert_alignment, num_worst_tokens,
             config, previous_event, async_finish, allocate_on_comm_stream)
         if unpad is not None:
             out = (unpad(out[0]),) + tuple(out[1:])
         if handle is not None:
             return out
         recv_x, recv_idx, recv_w, counts, h, ev = out
-        rows = recv_idx.size(0)
+        if idx is not topk_idx:
+            recv_idx, recv_w = recv_idx[:, :k].contiguous(), recv_w[:, :k].contiguous()
+        rows = (recv_x[0] if isinstance(recv_x, tuple) else recv_x).size(0)
         return recv_x, recv_idx, recv_w, counts, \
             DispatchHandle.made(self, h, topk_idx, is_token_in_rank, rows, config), ev
+
+    def _widen_topk(self, topk_idx: Any, topk_weights: Any) -> Tuple[Any, Any]:
+        """A call's top-k as wide as the Buffer's num_topk: DeepEP serves any top-k width per
+        call, where deepepd's job has one (docs/python.md, one job shape per Buffer), so a
+        call of k < num_topk entries gets -1 (and weight 0) in the rest, which select
+        nothing: the results are those of a job of width k, whose columns the callers cut
+        back to k.  (A Buffer whose first call is a dispatch without top-k takes the
+        library's largest width, min(16, num_experts), so that every later width fits.)
+        Anything else (no top-k, the Buffer's width, a wrong argument, which the Buffer's
+        checks name) is returned as it is."""
+        K = self.num_topk
+        if K is None or not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2 or \
+                topk_idx.size(1) >= K:
+            return topk_idx, topk_weights
+        n, k = topk_idx.shape
+        idx = torch.full((n, K), -1, dtype=topk_idx.dtype, device=topk_idx.device)
+        idx[:, :k] = topk_idx
+        w = topk_weights
+        if isinstance(w, torch.Tensor) and w.dim() == 2 and tuple(w.shape) == (n, k):
+            w = torch.zeros((n, K), dtype=w.dtype, device=w.device)
+            w[:, :k] = topk_weights
+        return idx, w
+
+    def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int,
+                            previous_event: Optional[EventOverlap] = None,
+                            async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """deepep.Buffer.get_dispatch_layout, for any top-k width up to the Buffer's
+        (_widen_topk)."""
+        idx, _ = self._widen_topk(topk_idx, None)
+        return super().get_dispatch_layout(idx, num_experts, previous_event, async_finish,
+                                           allocate_on_comm_stream)
 
     def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor,
                              num_max_dispatch_tokens_per_rank: int, num_experts: int,
@@ -119,6 +162,7 @@ class Buffer(_deepep.Buffer):
         # kernels' own FP8 cast has scales that are not powers of two, and requantising its
         # output would round twice): what a sender would have computed from the same rows.
         requant = bool(use_fp8) and bool(round_scale)
+        topk_idx, _ = self._widen_topk(topk_idx, None)
         recv, count, h, ev, hook = super().low_latency_dispatch(
             x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
             cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
@@ -155,7 +199,9 @@ class Buffer(_deepep.Buffer):
                             zero_copy: bool = False, async_finish: bool = False,
                             return_recv_hook: bool = False, out: Optional[torch.Tensor] = None,
                             combine_wait_recv_cost_stats: Optional[torch.Tensor] = None):
-        """deepep.Buffer.low_latency_combine, taking low_latency_dispatch's LowLatencyHandle."""
+        """deepep.Buffer.low_latency_combine, taking low_latency_dispatch's LowLatencyHandle
+        (any top-k width up to the Buffer's: _widen_topk)."""
+        topk_idx, topk_weights = self._widen_topk(topk_idx, topk_weights)
         return super().low_latency_combine(x, topk_idx, topk_weights, _unwrap(handle), use_logfmt,
                                            zero_copy, async_finish, return_recv_hook, out,
                                            combine_wait_recv_cost_stats)
@@ -208,9 +254,20 @@ class Buffer(_deepep.Buffer):
                 bias: Any = None, config: Optional[Config] = None,
                 previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
                 allocate_on_comm_stream: bool = False):
-        """deepep.Buffer.combine, taking dispatch's DispatchHandle."""
-        return super().combine(x, _unwrap(handle), topk_weights, bias, config, previous_event,
-                               async_finish, allocate_on_comm_stream)
+        """deepep.Buffer.combine, taking dispatch's DispatchHandle (topk_weights of any width up
+        to the Buffer's: _widen_topk)."""
+        k = topk_weights.size(1) if isinstance(topk_weights, torch.Tensor) and \
+            topk_weights.dim() == 2 else None
+        w = topk_weights
+        if k is not None and self.num_topk is not None and k < self.num_topk:
+            w = torch.zeros((topk_weights.size(0), self.num_topk), dtype=topk_weights.dtype,
+                            device=topk_weights.device)
+            w[:, :k] = topk_weights
+        out, out_w, ev = super().combine(x, _unwrap(handle), w, bias, config, previous_event,
+                                         async_finish, allocate_on_comm_stream)
+        if w is not topk_weights:
+            out_w = out_w[:, :k].contiguous()
+        return out, out_w, ev
 
     def internode_dispatch(self, x: Any, handle: Any = None, num_tokens_per_rank: Any = None,
                            num_tokens_per_rdma_rank: Any = None, is_token_in_rank: Any = None,

@@ -171,10 +171,10 @@ class _Throughput:
                 Used inside a CUDA-graph capture, it is kept by the Buffer until destroy()
                 (as combine's).
             num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
-                num_tokens_per_expert: get_dispatch_layout's results; accepted, and only their
+                num_tokens_per_expert: get_dispatch_layout's results; with topk_idx only their
                 sizes are checked (the library derives the layout from topk_idx itself).
-            topk_idx: [num_tokens, num_topk] int64 (or int32), -1 for none.
-            topk_weights: [num_tokens, num_topk] float32.
+            topk_idx, topk_weights: [num_tokens, num_topk] int64 (or int32), -1 for none, and
+                float32; or neither (is_token_in_rank routes the tokens: _dispatch_by_mask).
             expert_alignment: each of num_recv_tokens_per_expert_list rounded up to a
                 multiple of it (DeepEP's; the rows themselves are not padded).
             num_worst_tokens: 0, or the rows of the outputs (at most world_size *
@@ -188,7 +188,8 @@ class _Throughput:
         Returns:
             recv_x: [rows, hidden] bfloat16, or the tuple (values, scales) for FP8, in
                 (source rank, source token) order; rows = num_recv, or num_worst_tokens.
-            recv_topk_idx: [rows, num_topk] int64 local expert ids, -1 where not ours.
+            recv_topk_idx: [rows, num_topk] int64 local expert ids, -1 where not ours
+                (None without topk_idx, as recv_topk_weights).
             recv_topk_weights: [rows, num_topk] float32, 0 where not ours.
             num_recv_tokens_per_expert_list: [num_local_experts] ints, (row, k) pairs per
                 local expert (rounded up to expert_alignment).
@@ -204,8 +205,10 @@ class _Throughput:
             h = self._dispatch_cached(handle, topk_idx, topk_weights, expert_alignment)
             num_worst_tokens = num_worst_tokens or h.worst
         elif topk_idx is None or topk_weights is None:
-            raise ValueError("dispatch: topk_idx and topk_weights are required (or a handle, "
-                             "for cached mode)")
+            return self._dispatch_by_mask(
+                x, scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
+                num_tokens_per_expert, expert_alignment, num_worst_tokens, config,
+                previous_event, async_finish)
         cached = h is not None
         capturing = self._dispatch_capturing(cached, num_worst_tokens)
         x, scales, idx, w, itype = self._dispatch_inputs(x, scales, h, topk_idx, topk_weights)
@@ -236,6 +239,109 @@ class _Throughput:
         del counts  # kept alive through the call, which writes it; not returned
         return self._dispatch_results(h, rows, alloc, recv_x, recv_s, recv_idx, recv_w, cached,
                                       num_worst_tokens, ev)
+
+    def _dispatch_by_mask(self, x: Any, scales: Any, topk_idx: Any, topk_weights: Any,
+                          num_tokens_per_rank: Any, is_token_in_rank: Any,
+                          num_tokens_per_expert: Any, expert_alignment: int,
+                          num_worst_tokens: int, config: Any,
+                          previous_event: Optional[EventOverlap], async_finish: bool) -> tuple:
+        """DeepEP's dispatch without top-k: token t goes to every rank r with
+        is_token_in_rank[t, r], and each rank's num_recv_tokens_per_expert_list is the sum over
+        the source ranks of their num_tokens_per_expert for its experts (rounded up to
+        expert_alignment; [] with num_worst_tokens, as DeepEP's).
+
+        Made of the library's own dispatch, exactly: the tokens travel in one dispatch whose
+        top-k names, for each rank the token goes to, that rank's first expert (so each token
+        reaches exactly the ranks of its mask, once each, in the order DeepEP's rows have);
+        the counts in a second dispatch of world_size * ceil(L / num_topk) rows of zeros
+        (L = local experts), each going to one rank and carrying, as its top-k weights, the
+        counts of num_topk of that rank's experts (integers below 2**24, exact in float32),
+        which the receiver adds up by local expert.  No torch collective is used (DESIGN
+        §12).  The mask routes through the top-k width, so a token may go to at most
+        num_topk ranks (ValueError otherwise; a Buffer with num_topk >= world_size always
+        fits)."""
+        op = "dispatch"
+        if topk_idx is not None or topk_weights is not None:
+            raise ValueError("dispatch: topk_idx and topk_weights go together; give both, or "
+                             "neither (is_token_in_rank routes the tokens then)")
+        if is_token_in_rank is None or num_tokens_per_expert is None:
+            raise ValueError("dispatch without topk_idx needs is_token_in_rank and "
+                             "num_tokens_per_expert (get_dispatch_layout's), as DeepEP's")
+        fp8 = scales is not None
+        xv = x
+        if fp8 and isinstance(x, torch.Tensor):
+            xv = self._input("x", x, (x.dtype,), 2)
+        elif not fp8:
+            xv = self._input("x", x, _BF16, 2)
+        if not isinstance(xv, torch.Tensor):
+            raise TypeError(f"dispatch: x must be a torch.Tensor, not {type(xv).__name__}")
+        mask = self._input("is_token_in_rank", is_token_in_rank, (torch.bool,), 2)
+        per_expert = self._input("num_tokens_per_expert", num_tokens_per_expert,
+                                 (torch.int32, torch.int64), 1)
+        n, W = xv.size(0), self.group_size
+        if tuple(mask.shape) != (n, W):
+            raise ValueError(f"dispatch: is_token_in_rank has shape {tuple(mask.shape)}; "
+                             f"expected {(n, W)}")
+        # The shape: hidden from x and num_experts from the counts; the top-k width is the
+        # Buffer's (a Buffer that lacks it cannot learn it from this call).
+        self._shape(op, xv.size(1), per_expert.numel(), None)
+        K, L = self.num_topk, self.num_local_experts
+        need = int(mask.sum(1).max()) if K < W and n else 0  # a sync only where it can fail
+        if need > K:
+            raise ValueError(f"dispatch: a token of is_token_in_rank goes to {need} ranks, but "
+                             f"this Buffer's dispatches route through num_topk {K} entries a "
+                             f"token; make the Buffer with num_topk >= {need} (at most "
+                             f"{_lib.MAX_TOPK})")
+        # Column c of token t: the c-th rank it goes to (ascending), as that rank's expert 0;
+        # the unused columns -1 (column K takes nothing: it absorbs the unset places).
+        dev = self.device
+        ranks = torch.arange(W, dtype=torch.int64, device=dev)
+        place = torch.where(mask, mask.long().cumsum(1) - 1,
+                            torch.full_like(ranks, K).expand(n, W))
+        idx = torch.full((n, K + 1), -1, dtype=torch.int64, device=dev)
+        idx.scatter_(1, place, torch.where(mask, ranks * L, torch.full_like(ranks, -1)))
+        idx = idx[:, :K].contiguous()
+        w = torch.zeros((n, K), dtype=torch.float32, device=dev)
+        out = _Throughput.dispatch(
+            self, (xv, scales) if fp8 else xv, None, num_tokens_per_rank, None, None, None,
+            idx, w, 1, num_worst_tokens, config, previous_event, async_finish)
+        recv_x, h, ev = out[0], out[4], out[5]
+        counts: list = []
+        if not num_worst_tokens:
+            counts = self._dispatch_counts(per_expert, expert_alignment)
+        return recv_x, None, None, counts, h, ev
+
+    def _dispatch_counts(self, per_expert: torch.Tensor, expert_alignment: int) -> list:
+        """_dispatch_by_mask's counts: each rank's num_tokens_per_expert for rank d's experts,
+        to d, as the top-k weights of ceil(L / num_topk) rows to d, each naming num_topk of
+        d's experts; what arrives, added up by local expert, is the sum over sources."""
+        K, L, W, dev = self.num_topk, self.num_local_experts, self.group_size, self.device
+        m = -(-L // K)  # rows to each rank
+        if W * m > self.max_tokens_per_rank:
+            raise ValueError(f"dispatch without top-k: its counts need {W * m} rows a rank "
+                             f"(world_size * ceil(local experts / num_topk)), more than "
+                             f"max_tokens_per_rank {self.max_tokens_per_rank}")
+        slot = torch.arange(m * K, dtype=torch.int64, device=dev).view(1, m, K)  # local expert
+        d = torch.arange(W, dtype=torch.int64, device=dev).view(W, 1, 1)
+        ok = slot < L
+        ids = torch.where(ok, d * L + slot, torch.full_like(slot, -1)).reshape(W * m, K)
+        vals = per_expert.to(torch.float32)
+        wts = torch.where(ok, vals[(d * L + slot).clamp(max=vals.numel() - 1)],
+                          torch.zeros((), dtype=torch.float32, device=dev)).reshape(W * m, K)
+        zeros = self._count_rows
+        if zeros is None or zeros.size(0) != W * m:
+            zeros = self._count_rows = torch.zeros((W * m, self.hidden), dtype=torch.bfloat16,
+                                                   device=dev)
+        # Every rank sends each rank exactly m rows, so W * m rows arrive: num_worst_tokens
+        # says so, and the call does not wait for its row count.
+        _, r_idx, r_w, _, _, _ = _Throughput.dispatch(self, zeros, None, None, None, None,
+                                                      None, ids, wts, 1, W * m)
+        sel = r_idx >= 0
+        got = torch.zeros((L,), dtype=torch.int64, device=dev)
+        got.index_add_(0, r_idx[sel], r_w[sel].to(torch.int64))
+        if expert_alignment > 1:
+            got = (got + expert_alignment - 1) // expert_alignment * expert_alignment
+        return got.tolist()
 
     def _dispatch_scalars(self, x: Any, expert_alignment: Any, num_worst_tokens: Any
                           ) -> Tuple[Any, Any]:

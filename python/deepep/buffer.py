@@ -193,6 +193,8 @@ class Buffer(_Checks, _Throughput, _LowLatency, _Masks, HandlePools):
         #: get_next_low_latency_combine_buffer's tensor, and get_local_buffer_tensor's
         #: buffers (use_rdma_buffer -> uint8 tensor), made at their first call.
         self._ll_combine_buf: Optional[torch.Tensor] = None
+        #: The zero rows a dispatch without top-k sends its counts in (_dispatch_counts).
+        self._count_rows: Optional[torch.Tensor] = None
         self._raw_buffers: dict = {}
         self._handles_init()
         self._streams: dict = {}  # raw stream -> torch.cuda.Stream, for recording events
