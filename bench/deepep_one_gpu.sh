@@ -8,7 +8,7 @@
 #   DEEPEP_TESTS_DIR: DeepEP's tests/ at the commit to check (567632d; the machine has no
 #   network: carry it), holding test_intranode.py, test_low_latency.py and utils.py.
 # Knobs: RANKS ("2 4 8"), SCRIPTS ("test_intranode.py test_low_latency.py"), RUN_S (300)
-#   seconds a script may run, EXTRA_ARGS passed to every script, POOL (24GiB) the
+#   seconds a script may run, EXTRA_ARGS passed to every script, POOL (16GiB) the
 #   daemon's pool: the rest of the GPU is the ranks' own (torch allocates beside it).
 set -u
 R=$(pwd); B=$(cd "${1:?BUILD_DIR}" && pwd); T=$(cd "${2:?DEEPEP_TESTS_DIR}" && pwd)
@@ -20,7 +20,7 @@ $PY -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__versio
 export DEEPEP_CLIENT_LIB=$B/libdeepep-client.so.0
 D=$(mktemp -d /tmp/d1g.XXXX)
 printf 'socket:\n  path: %s/d.sock\nbackend: cuda\npool:\n  size_per_device: %s\n  chunk_size: 1GiB\n  host_size: 1GiB\n' \
-  "$D" "${POOL:-24GiB}" > "$D/d.yaml"
+  "$D" "${POOL:-16GiB}" > "$D/d.yaml"
 setsid "$B"/deepepd -c "$D/d.yaml" > "$OUTD/deepepd.log" 2>&1 &
 DPID=$!
 for i in $(seq 150); do [ -S "$D/d.sock" ] && "$B"/deepepctl -s "$D/d.sock" status >/dev/null 2>&1 && break; sleep 0.2; done

@@ -66,6 +66,13 @@ def quantise_rounded(x: torch.Tensor):
     e4m3 of x * 2**-e (exact: a power of two).  Returns (e4m3 bytes [.., hidden] uint8,
     exponents e [.., hidden // 128] int32)."""
     shape = x.shape
+    if x.dim() > 2 and x.shape[0] > 1:
+        # One leading slice (a local expert's rows) at a time: the cast's float32
+        # temporaries are several times the bf16 input, which for a whole low-latency
+        # receive buffer ([experts, world * tokens, hidden]) can be more than the GPU has
+        # left beside the job (8 ranks of DeepEP's test_low_latency.py on one GPU were).
+        parts = [quantise_rounded(x[i]) for i in range(x.shape[0])]
+        return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
     g = x.float().reshape(*shape[:-1], shape[-1] // GROUP, GROUP)
     amax = g.abs().amax(-1).clamp(min=_AMAX_FLOOR)
     e = _ceil_log2(amax * torch.tensor(1.0 / _E4M3_MAX, dtype=torch.float32))
