@@ -1,6 +1,6 @@
 /*
  * ops_combine.cuh — what the two combines of the cuda backend share
- * (ops_tp.cuh dep__k_combine, ops_ll.cuh dep__k_ll_combine): the receiver's
+ * (ops_tp.cuh deepepd::combine, ops_ll.cuh deepepd::ll::combine): the receiver's
  * check that every source answered the handle's dispatch, and a warp's
  * ordered float32 sum of a token's rows.  Part of the one translation unit
  * kernels/ops.cu.

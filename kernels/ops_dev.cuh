@@ -18,6 +18,21 @@
  * CUOPS_THREADS threads a CTA, CUOPS_CTAS_PER_SM CTAs resident per SM. */
 #define KERNEL extern "C" __global__ void __launch_bounds__(CUOPS_THREADS, CUOPS_CTAS_PER_SM)
 
+/* The four kernels a profiler times: C++ names in namespace deepepd, so that
+ * their names hold "::dispatch" or "::combine" as DeepEP's do (its tests'
+ * bench_kineto finds an op by them), looked up by their mangled names
+ * (kabi.h CUOPS_KERNELS).  The kernels beside them keep C names, which hold
+ * neither word. */
+#define TIMED_KERNEL __global__ void __launch_bounds__(CUOPS_THREADS, CUOPS_CTAS_PER_SM)
+namespace deepepd {
+TIMED_KERNEL dispatch(const cuops_job J, const cuops_dispatch_args a);
+TIMED_KERNEL combine(const cuops_job J, const cuops_combine_args a);
+namespace ll {
+TIMED_KERNEL dispatch(const cuops_job J, const cuops_ll_dispatch_args a);
+TIMED_KERNEL combine(const cuops_job J, const cuops_ll_combine_args a);
+} // namespace ll
+} // namespace deepepd
+
 #define FULL_MASK 0xffffffffu
 /* A wait on this rank's own CTAs, for no source rank (gone_blocks). */
 #define CUOPS_NO_SRC 0xffffffffu

@@ -344,7 +344,7 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
   }
 }
 
-KERNEL dep__k_ll_dispatch(const cuops_job J, const cuops_ll_dispatch_args a) {
+TIMED_KERNEL deepepd::ll::dispatch(const cuops_job J, const cuops_ll_dispatch_args a) {
   call k = call_begin(J);
   const uint32_t op = OPS_OP_LL_DISPATCH | (a.fp8 ? OPS_OP_FP8 : 0u);
   if (!k.skip) {
@@ -397,7 +397,7 @@ __device__ __forceinline__ void ll_combine_send(const cuops_job &J, const cuops_
     post(J, k, d, vecs, OPS_OP_LL_COMBINE, hseq, a.num_tokens, (uint64_t)vecs * h * 2);
 }
 
-KERNEL dep__k_ll_combine(const cuops_job J, const cuops_ll_combine_args a) {
+TIMED_KERNEL deepepd::ll::combine(const cuops_job J, const cuops_ll_combine_args a) {
   call k = call_begin(J);
   const uint32_t h = J.hidden, K = J.topk;
   const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
@@ -494,7 +494,7 @@ KERNEL dep__k_ll_info(const cuops_job J, const cuops_ll_info_args a) {
 /* ---- the FP8 cast of a low-latency dispatch --------------------------------------------- */
 
 /* Every token of this rank to FP8 once, a warp per token, into the staging
- * rows that dep__k_ll_dispatch's senders then copy (launched just before it). */
+ * rows that deepepd::ll::dispatch's senders then copy (launched just before it). */
 KERNEL dep__k_ll_cast(const cuops_job J, const cuops_ll_dispatch_args a) {
   const uint32_t h = J.hidden;
   for (uint32_t t = blockIdx.x * CUOPS_WARPS + (threadIdx.x >> 5); t < a.num_tokens;

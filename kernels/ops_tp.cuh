@@ -411,14 +411,14 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
   }
 }
 
-KERNEL dep__k_dispatch(const cuops_job J, const cuops_dispatch_args a) {
+TIMED_KERNEL deepepd::dispatch(const cuops_job J, const cuops_dispatch_args a) {
   call k = call_begin(J);
   if (!k.skip && dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts))
     dispatch_recv(J, a, k);
   call_end(J, k, DEP_STATS_OP_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, a.fp8 != 0));
 }
 
-/* DeepEP's expert_alignment: after dep__k_dispatch on the same stream, each
+/* DeepEP's expert_alignment: after deepepd::dispatch on the same stream, each
  * local expert's count rounded up to a multiple of a.align (one CTA). */
 KERNEL dep__k_align(const cuops_job J, const cuops_dispatch_args a) {
   if (*(volatile uint32_t *)&J.dev->broken)
@@ -497,7 +497,7 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
  * count posted first, rows marked as they land), then every warp claims
  * tokens to sum from the grid's counter, each as soon as its rows are
  * marked. */
-KERNEL dep__k_combine(const cuops_job J, const cuops_combine_args a) {
+TIMED_KERNEL deepepd::combine(const cuops_job J, const cuops_combine_args a) {
   call k = call_begin(J);
   const uint32_t h = J.hidden, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
   const uint64_t hseq = *a.h.seq;

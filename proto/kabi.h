@@ -370,13 +370,16 @@ struct cuops_ll_info_args {
   struct cuops_hdl h;
 };
 
-/* Kernel names in the fatbin, in the order of cuops_state.fn[]. */
-#define CUOPS_KERNELS(XX)                  \
-  XX(LAYOUT, "dep__k_layout")               \
-  XX(DISPATCH, "dep__k_dispatch")           \
-  XX(COMBINE, "dep__k_combine")             \
-  XX(LL_DISPATCH, "dep__k_ll_dispatch")     \
-  XX(LL_COMBINE, "dep__k_ll_combine")       \
+/* Kernel names in the fatbin, in the order of cuops_state.fn[]: the timed
+ * four by their mangled C++ names (deepepd::dispatch, deepepd::combine,
+ * deepepd::ll::dispatch, deepepd::ll::combine: kernels/ops_dev.cuh says
+ * why), the rest by their C names. */
+#define CUOPS_KERNELS(XX)                                                   \
+  XX(LAYOUT, "dep__k_layout")                                                \
+  XX(DISPATCH, "_ZN7deepepd8dispatchE9cuops_job19cuops_dispatch_args")       \
+  XX(COMBINE, "_ZN7deepepd7combineE9cuops_job18cuops_combine_args")          \
+  XX(LL_DISPATCH, "_ZN7deepepd2ll8dispatchE9cuops_job22cuops_ll_dispatch_args") \
+  XX(LL_COMBINE, "_ZN7deepepd2ll7combineE9cuops_job21cuops_ll_combine_args")    \
   XX(LL_CAST, "dep__k_ll_cast")              \
   XX(ALIGN, "dep__k_align")                 \
   XX(TOUCH, "dep__k_touch")                 \

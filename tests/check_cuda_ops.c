@@ -74,9 +74,9 @@ static void run_scenario(const struct ow_scenario *sc, int salt, bool threads) {
   char why[256] = "", yaml[160];
   ck_assert_msg(dep__slab_layout(&d->shape, sc->world, &l, why, sizeof why) == 0, "%s", why);
   const uint64_t gib = (l.total_bytes * sc->world + (1ull << 30) - 1) >> 30;
-  snprintf(yaml, sizeof yaml, "pool:\n  host_size: 64MiB\n  chunk_size: %s\n"
-           "  size_per_device: %lluGiB\n", gib > 1 ? "256MiB" : "2MiB",
-           (unsigned long long)(gib > 1 ? gib + 1 : 1));
+  snprintf(yaml, sizeof yaml, "pool:\n  host_size: %s\n  chunk_size: %s\n"
+           "  size_per_device: %lluGiB\n", gib > 1 ? "256MiB" : "64MiB",
+           gib > 1 ? "256MiB" : "2MiB", (unsigned long long)(gib > 1 ? gib + 1 : 1));
   struct cr_world w;
   cr_world_start(&w, yaml);
   struct cr_rounds a = {d, 1, 2};

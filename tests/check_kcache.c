@@ -413,6 +413,31 @@ START_TEST(the_fatbin_reader_tells_sass_from_ptx_only) {
 }
 END_TEST
 
+/*
+ * Every kernel the library and the daemon's check look up by name (kabi.h
+ * CUOPS_KERNELS) is in this build's image under that name: the four a
+ * profiler times by their mangled C++ names (deepepd::dispatch, ...), which
+ * a change of their argument types would change, the rest by their C names.
+ * No GPU needed: the names are in the image's bytes.
+ */
+START_TEST(every_kernel_the_library_looks_up_is_named_in_the_image) {
+  struct kimage own;
+  if (!kimage_embedded(&own)) {
+    tu_skip(__func__, "built without nvcc: no embedded image to read");
+    return;
+  }
+#define KCT_NAME(id, name) name,
+  static const char *const names[] = {CUOPS_KERNELS(KCT_NAME)};
+#undef KCT_NAME
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    ck_assert_msg(memmem(own.data, own.len, names[i], strlen(names[i]) + 1) != NULL,
+                  "kernel %s is not in the image", names[i]);
+  /* The timed ones hold DeepEP's "::dispatch" / "::combine" when demangled: namespaced. */
+  ck_assert_ptr_nonnull(strstr(names[1], "_ZN7deepepd8dispatch"));
+  ck_assert_ptr_nonnull(strstr(names[4], "_ZN7deepepd2ll7combine"));
+}
+END_TEST
+
 /* ---- KERNELS against a real daemon -------------------------------------------------------- */
 
 START_TEST(a_daemon_with_no_compile_to_lend_says_so_and_keeps_the_connection) {
@@ -598,6 +623,7 @@ Suite *kcache_suite(void) {
   tcase_add_test(tc, a_failed_compile_is_an_error_and_stores_nothing);
   tcase_add_test(tc, the_cache_directory_is_made_and_must_be_writable_by_deepepd_alone);
   tcase_add_test(tc, the_fatbin_reader_tells_sass_from_ptx_only);
+  tcase_add_test(tc, every_kernel_the_library_looks_up_is_named_in_the_image);
   tcase_add_test(tc, a_daemon_with_no_compile_to_lend_says_so_and_keeps_the_connection);
   tcase_add_test(tc, the_warm_up_child_attaches_a_rank_per_device_and_says_why_it_fails);
   suite_add_tcase(s, tc);
