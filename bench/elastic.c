@@ -3,7 +3,8 @@
  * dies and when a replacement comes back, beside a restart, on the public
  * API only (deepep.h).
  *
- *   elastic -s SOCKET [-n RANKS] [-c CYCLES] [-t TOKENS] [-H HIDDEN] [-e EXPERTS] [-k TOPK]
+ *   elastic -s SOCKET[,SOCKET...] [-n RANKS] [-c CYCLES] [-t TOKENS] [-H HIDDEN] [-e EXPERTS]
+ *           [-k TOPK]
  *
  * RANKS processes (8) attach as one elastic job and call without pause,
  * every rank the same operation (a throughput dispatch, or a low-latency
@@ -24,6 +25,11 @@
  *       first call; the time from the release to the last first call.
  * Medians and worst over the cycles; the ranks' processes stay up in (c)
  * (a trainer restarted from scratch pays its own start-up, reported beside).
+ * With several sockets, one daemon a node (each other's peers), the ranks
+ * spread over them in equal blocks and the job spans them; a rank cannot
+ * come back across nodes yet, so (b) is one attach that must be refused
+ * (its message printed), and each kill is followed by (c) instead, a fresh
+ * process for the killed rank started (and stopped) before the clock.
  */
 #include <errno.h>
 #include <signal.h>
@@ -74,7 +80,9 @@ struct eb_ctl {
 
 static struct eb_ctl *ctl;
 static uint32_t W = 8, T = 64, H = 2048, E = 64, K = 8, CYCLES = 20;
-static const char *sock;
+static const char *sock;          /* -s as given */
+static char *socks[EB_MAXW];       /* one a node */
+static uint32_t nodes, lws;    /* ranks a node: rank r is on node r / lws */
 static char job_base[48];
 
 static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -186,8 +194,9 @@ static long eb_call(dep_client_t *c, struct eb_bufs *b, int op) {
 }
 
 static int eb_attach(dep_client_t *c, uint32_t r, uint32_t job_gen) {
-  struct dep_attach_args a = {.size = sizeof a, .rank = r, .world_size = W, .local_rank = r,
-                              .local_world_size = W, .flags = DEP_ATTACH_ELASTIC};
+  struct dep_attach_args a = {.size = sizeof a, .rank = r, .world_size = W,
+                              .local_rank = r % lws, .local_world_size = lws,
+                              .flags = DEP_ATTACH_ELASTIC};
   a.shape = (struct dep_job_shape){.max_tokens_per_rank = T, .hidden = H, .num_experts = E,
                                    .topk = K, .dtype = DEP_DTYPE_BF16,
                                    .max_ll_tokens_per_rank = T};
@@ -207,7 +216,7 @@ static int eb_await(_Atomic int *w) {
 }
 
 /* A rank: calls without pause, stopping where rank 0 says when asked. */
-static void eb_rank(dep_client_t *c, uint32_t r, uint64_t n) {
+static void eb_rank(dep_client_t *c, uint32_t r, uint64_t n, int *attached) {
   struct eb_bufs b;
   eb_bufs(&b, r);
   for (;;) {
@@ -222,7 +231,8 @@ static void eb_rank(dep_client_t *c, uint32_t r, uint64_t n) {
       if (cmd == EB_EXIT)
         break;
       if (cmd == EB_RESTART) {
-        int rc = dep_detach(c);
+        int rc = *attached ? dep_detach(c) : 0;
+        *attached = 1;
         if (rc == 0)
           rc = eb_attach(c, r, atomic_load(&ctl->job_gen));
         if (rc != 0) {
@@ -267,18 +277,21 @@ static void eb_rank(dep_client_t *c, uint32_t r, uint64_t n) {
   }
 }
 
-static void eb_rank_main(uint32_t r) {
+/* A rank process; with `later`, one for a killed rank of a job across nodes, which waits
+ * stopped, unattached, until the next restart attaches it to the new job. */
+static void eb_rank_main(uint32_t r, int later) {
   dep_client_t *c = NULL;
   int rc = dep_client_new(&c);
   if (rc == 0)
-    rc = dep_connect(c, sock);
-  if (rc == 0)
+    rc = dep_connect(c, socks[r / lws]);
+  if (rc == 0 && !later)
     rc = eb_attach(c, r, 0);
   if (rc != 0) {
     fail("rank %u: %s: %s", r, dep_errname(rc), c ? dep_errmsg(c) : "");
     _exit(1);
   }
-  eb_rank(c, r, 0);
+  int attached = !later;
+  eb_rank(c, r, later ? EB_NONE : 0, &attached);
   dep_client_free(c);
   _exit(atomic_load(&ctl->failed) ? 1 : 0);
 }
@@ -289,7 +302,7 @@ static void eb_replacement_main(uint32_t v) {
   dep_client_t *c = NULL;
   int rc = dep_client_new(&c);
   if (rc == 0)
-    rc = dep_connect(c, sock);
+    rc = dep_connect(c, socks[v / lws]);
   ctl->rep_connected = bench_now_ms();
   atomic_store(&ctl->rep_ready, 1);
   if (rc != 0 || !eb_await(&ctl->rep_go)) {
@@ -319,7 +332,8 @@ static void eb_replacement_main(uint32_t v) {
   const double until = bench_now_ms() + EB_CEILING_MS;
   while (atomic_load(&ctl->n_join) == EB_NONE && bench_now_ms() < until)
     nap();
-  eb_rank(c, v, atomic_load(&ctl->n_join) + 1);
+  int attached = 1;
+  eb_rank(c, v, atomic_load(&ctl->n_join) + 1, &attached);
   dep_client_free(c);
   _exit(atomic_load(&ctl->failed) ? 1 : 0);
 }
@@ -375,13 +389,27 @@ static double eb_latest(uint32_t skip, const char *what) {
   return last;
 }
 
+/* A process attaching as killed rank v of the job across nodes: refused, and why. */
+static void eb_refused(uint32_t v, uint32_t job_gen) {
+  dep_client_t *c = NULL;
+  int rc = dep_client_new(&c);
+  if (rc == 0)
+    rc = dep_connect(c, socks[v / lws]);
+  if (rc == 0)
+    rc = eb_attach(c, v, job_gen);
+  printf("(b) a replacement across nodes: %s: %s\n", dep_errname(rc), dep_errmsg(c));
+  dep_client_free(c);
+  if (rc != DEP_ERR_UNSUPPORTED)
+    die("a rejoin across nodes was not refused as unsupported");
+}
+
 static void report(const char *what, double *v, uint32_t n) {
   bench_sort(v, n);
   printf("%-44s median %9.3f ms  worst %9.3f ms  (%u cycles)\n", what, v[n / 2], v[n - 1], n);
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: elastic -s SOCKET [-n RANKS] [-c CYCLES] [-t TOKENS] [-H HIDDEN] "
+  fprintf(stderr, "usage: elastic -s SOCKET[,SOCKET...] [-n RANKS] [-c CYCLES] [-t TOKENS] [-H HIDDEN] "
                   "[-e EXPERTS] [-k TOPK]\n");
   exit(2);
 }
@@ -400,6 +428,15 @@ int main(int argc, char **argv) {
     default: usage();
     }
   }
+  if (sock != NULL) {
+    char *list = strdup(sock), *save = NULL;
+    for (char *t = strtok_r(list, ",", &save); t != NULL && nodes < EB_MAXW;
+         t = strtok_r(NULL, ",", &save))
+      socks[nodes++] = t;
+  }
+  if (nodes == 0 || W % nodes != 0)
+    usage();
+  lws = W / nodes;
   if (sock == NULL || W < 2 || W > EB_MAXW || CYCLES < 1 || T < W || K > W || E % W != 0 ||
       H % 128 != 0)
     usage();
@@ -412,12 +449,13 @@ int main(int argc, char **argv) {
   snprintf(job_base, sizeof job_base, "bench-elastic-%d", (int)getpid());
   for (uint32_t r = 0; r < W; r++)
     if ((pids[r] = fork()) == 0)
-      eb_rank_main(r);
-  printf("elastic: %u ranks on %s, %u tokens per rank, hidden %u, top-%u of %u experts, bf16\n",
-         W, sock, T, H, K, E);
+      eb_rank_main(r, 0);
+  printf("elastic: %u ranks on %s (%u a node), %u tokens per rank, hidden %u, top-%u of %u experts, bf16\n",
+         W, sock, lws, T, H, K, E);
   double *ka[2], *rb[2], *rc = malloc(CYCLES * sizeof *rc), *start = malloc(2 * CYCLES * sizeof *start),
          *att = malloc(2 * CYCLES * sizeof *att);
-  uint32_t retries = 0;
+  uint32_t retries = 0, jg = 0;
+  double *rx = malloc(2 * CYCLES * sizeof *rx);
   for (int m = 0; m < 2; m++) {
     ka[m] = malloc(CYCLES * sizeof **ka);
     rb[m] = malloc(CYCLES * sizeof **rb);
@@ -441,6 +479,25 @@ int main(int argc, char **argv) {
     kill(pids[v], SIGKILL);
     waitpid(pids[v], NULL, 0);
     ka[op][i] = eb_latest(v, "the survivors' call after the kill") - t0;
+    if (nodes > 1) {
+      /* Across nodes a rank cannot come back (DEP_ERR_UNSUPPORTED, said once); what is left
+       * is the restart, with a fresh process for the killed rank (started, stopped, before
+       * the clock). */
+      if (cyc == 0)
+        eb_refused(v, jg);
+      atomic_store(&ctl->idle[v], 0);
+      if ((pids[v] = fork()) == 0)
+        eb_rank_main(v, 1);
+      eb_pause(W);
+      atomic_store(&ctl->dead[v], 0);
+      atomic_store(&ctl->job_gen, ++jg);
+      atomic_store(&ctl->op, op);
+      atomic_store(&ctl->rec_c, 1);
+      const double t1 = bench_now_ms();
+      eb_resume(EB_RESTART);
+      rx[cyc] = eb_latest(EB_MAXW, "the restarted job's first call") - t1;
+      continue;
+    }
     /* (b): the replacement, connected first, while the survivors keep calling. */
     atomic_store(&ctl->rec_a, 0);
     for (uint32_t r = 0; r < W; r++)
@@ -468,10 +525,10 @@ int main(int argc, char **argv) {
     retries += (uint32_t)ctl->rep_retries;
   }
   /* (c): every rank detaches and attaches to a new job, then its first call. */
-  for (uint32_t i = 0; i < CYCLES; i++) {
+  for (uint32_t i = 0; i < CYCLES && nodes == 1; i++) {
     eb_pause(W);
     atomic_store(&ctl->op, (int)(i % 2));
-    atomic_store(&ctl->job_gen, i + 1);
+    atomic_store(&ctl->job_gen, ++jg);
     atomic_store(&ctl->rec_c, 1);
     const double t0 = bench_now_ms();
     eb_resume(EB_RESTART);
@@ -489,6 +546,10 @@ int main(int argc, char **argv) {
     die("a rank failed");
   report("(a) SIGKILL -> survivors' next call, tp", ka[EB_TP], CYCLES);
   report("(a) SIGKILL -> survivors' next call, ll", ka[EB_LL], CYCLES);
+  if (nodes > 1) {
+    report("(c) restart after the kill: detach, attach, call", rx, 2 * CYCLES);
+    return 0;
+  }
   report("(b) dep_attach -> job's call with it, tp", rb[EB_TP], CYCLES);
   report("(b) dep_attach -> job's call with it, ll", rb[EB_LL], CYCLES);
   report("    of which dep_attach returning", att, 2 * CYCLES);
