@@ -1,7 +1,7 @@
 /*
  * elastic.c — what an elastic job (DESIGN §14, issue 25) costs when a rank
  * dies and when a replacement comes back, beside a restart, on the public
- * API only (deepep.h).
+ * API only (deepep.h), on the host backend (its buffers are host memory).
  *
  *   elastic -s SOCKET[,SOCKET...] [-n RANKS] [-c CYCLES] [-t TOKENS] [-H HIDDEN] [-e EXPERTS]
  *           [-k TOPK]
