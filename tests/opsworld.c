@@ -257,6 +257,7 @@ void ow_case_free(struct ow_case *d) {
 
 void ow_case_mask(struct ow_case *d, const uint8_t *masked) {
   const uint32_t W = d->sc.world;
+  memcpy(d->masked, masked, W);
   struct ref_rank_in m[OW_MAXW], mll[OW_MAXW];
   ck_assert_int_eq(ref_mask(&d->shape, W, d->in, masked, m), 0);
   ck_assert_int_eq(ref_mask(&d->shape, W, d->in_ll, masked, mll), 0);

@@ -66,6 +66,7 @@ struct ow_case {
   struct dep_job_shape shape;
   uint32_t le, max_ll, rows_ll;
   char desc[200];
+  uint8_t masked[OW_MAXW]; /* the ranks the oracle has masked (ow_case_mask) */
   struct ref_rank_in in[OW_MAXW], in_ll[OW_MAXW];
   void *idx[OW_MAXW];     /* topk_idx as the call takes it (int32 or int64) */
   uint16_t *cx[OW_MAXW];  /* combine input: one vector per received row */

@@ -42,6 +42,7 @@
   XX(multinode)             \
   XX(multinode_fail)        \
   XX(elastic)               \
+  XX(elastic_ops)           \
   XX(bigworld)              \
   XX(stream)                \
   XX(xnode)                 \
