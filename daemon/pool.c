@@ -625,46 +625,39 @@ void pool_block_abandon(struct pool_block *b) {
   block_unmake(p, b);
 }
 
-int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
-                     size_t whylen) {
+/* Bytes [off, off + len) of block b, piece by piece: written from src, or read into dst. */
+static int block_io(struct pool_block *b, uint64_t off, const void *src, void *dst, size_t len,
+                    char *why, size_t whylen) {
   struct pool *p = b->pool;
-  const uint8_t *buf = src;
   while (len > 0) {
     uint64_t i = off / b->piece_bytes, in = off % b->piece_bytes;
     if (i >= b->n_pieces) {
-      snprintf(why, whylen, "write past the end of the block");
+      snprintf(why, whylen, "%s past the end of the block", src != NULL ? "write" : "read");
       return DEP_ERR_INVALID;
     }
     size_t n = len < b->piece_bytes - in ? len : (size_t)(b->piece_bytes - in);
-    int rc = p->ops->chunk_write(&p->dev, &b->piece[i], in, buf, n, why, whylen);
+    int rc = src != NULL ? p->ops->chunk_write(&p->dev, &b->piece[i], in, src, n, why, whylen)
+                         : p->ops->chunk_read(&p->dev, &b->piece[i], in, dst, n, why, whylen);
     if (rc != 0)
       return rc;
-    buf += n;
+    if (src != NULL)
+      src = (const uint8_t *)src + n;
+    else
+      dst = (uint8_t *)dst + n;
     off += n;
     len -= n;
   }
   return 0;
 }
 
+int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
+                     size_t whylen) {
+  return block_io(b, off, src, NULL, len, why, whylen);
+}
+
 int pool_block_read(struct pool_block *b, uint64_t off, void *dst, size_t len, char *why,
                     size_t whylen) {
-  struct pool *p = b->pool;
-  uint8_t *buf = dst;
-  while (len > 0) {
-    uint64_t i = off / b->piece_bytes, in = off % b->piece_bytes;
-    if (i >= b->n_pieces) {
-      snprintf(why, whylen, "read past the end of the block");
-      return DEP_ERR_INVALID;
-    }
-    size_t n = len < b->piece_bytes - in ? len : (size_t)(b->piece_bytes - in);
-    int rc = p->ops->chunk_read(&p->dev, &b->piece[i], in, buf, n, why, whylen);
-    if (rc != 0)
-      return rc;
-    buf += n;
-    off += n;
-    len -= n;
-  }
-  return 0;
+  return block_io(b, off, NULL, dst, len, why, whylen);
 }
 
 void pool_block_put(struct pool_block *b, bool cache) {

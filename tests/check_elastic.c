@@ -259,6 +259,20 @@ static void expect_status(const struct tu_daemon *d, const char *const *needles)
 }
 #define EXPECT_STATUS(d, ...) expect_status((d), (const char *const[]){__VA_ARGS__, NULL})
 
+/* A job `id` of W ranks on daemon d: ranks 1..W-1 in child processes (c[r]), rank 0 here
+ * with its arena (ar), each rank attached ('r' from every child) before it returns. */
+static void job_up(const struct tu_daemon *d, const char *id, uint32_t W, uint32_t flags,
+                   struct dw_child *c, struct arena *ar) {
+  for (uint32_t r = 1; r < W; r++) {
+    struct dep_attach_args a = eargs(id, r, W, r, W, flags);
+    rank_spawn(&c[r], d, &a);
+  }
+  struct dep_attach_args a0 = eargs(id, 0, W, 0, W, flags);
+  arena_attach(ar, d, &a0);
+  for (uint32_t r = 1; r < W; r++)
+    ck_assert_int_eq(rank_word(&c[r]), 'r');
+}
+
 /* ---- one daemon --------------------------------------------------------------- */
 
 START_TEST(an_elastic_job_masks_each_rank_that_dies_or_detaches_and_goes_on) {
@@ -266,15 +280,8 @@ START_TEST(an_elastic_job_masks_each_rank_that_dies_or_detaches_and_goes_on) {
   dw_start(&d, NULL);
   enum { W = 4 };
   struct dw_child c[W];
-  for (uint32_t r = 1; r < W; r++) {
-    struct dep_attach_args a = eargs("el4", r, W, r, W, DEP_ATTACH_ELASTIC);
-    rank_spawn(&c[r], &d, &a);
-  }
   struct arena ar;
-  struct dep_attach_args a0 = eargs("el4", 0, W, 0, W, DEP_ATTACH_ELASTIC);
-  arena_attach(&ar, &d, &a0);
-  for (uint32_t r = 1; r < W; r++)
-    ck_assert_int_eq(rank_word(&c[r]), 'r');
+  job_up(&d, "el4", W, DEP_ATTACH_ELASTIC, c, &ar);
   const uint32_t all[] = {0, 1, 2, 3};
   expect_mask(&ar, all, 4, W, 0, "0000");
 
@@ -316,14 +323,10 @@ END_TEST
 START_TEST(a_job_that_is_not_elastic_still_aborts_its_survivors) {
   struct tu_daemon d;
   dw_start(&d, NULL);
-  struct dw_child c;
-  struct dep_attach_args a1 = eargs("plain", 1, 2, 1, 2, 0);
-  rank_spawn(&c, &d, &a1);
+  struct dw_child cs[2], *c = &cs[1];
   struct arena ar;
-  struct dep_attach_args a0 = eargs("plain", 0, 2, 0, 2, 0);
-  arena_attach(&ar, &d, &a0);
-  ck_assert_int_eq(rank_word(&c), 'r');
-  rank_kill(&c);
+  job_up(&d, "plain", 2, 0, cs, &ar);
+  rank_kill(c);
   int64_t until = dw_now_ms() + MASK_WAIT_MS;
   while (abort_code(&ar, 0) == 0 && dw_now_ms() < until)
     dw_sleep_ms(2);
@@ -332,7 +335,7 @@ START_TEST(a_job_that_is_not_elastic_still_aborts_its_survivors) {
   ck_assert(!masked_in(&ar, 0, 1));
   EXPECT_STATUS(&d, "\"elastic\":false,\"epoch\":0,\"masked_ranks\":\"\"", "\"job_events\":[]");
   arena_done(&ar);
-  rank_reap(&c);
+  rank_reap(c);
   dw_stop_ok(&d);
 }
 END_TEST
@@ -381,15 +384,8 @@ START_TEST(a_process_that_attaches_as_a_rank_that_left_gets_its_memory_scrubbed)
   dw_start(&d, NULL);
   enum { W = 4 };
   struct dw_child c[W];
-  for (uint32_t r = 1; r < W; r++) {
-    struct dep_attach_args a = eargs("back", r, W, r, W, DEP_ATTACH_ELASTIC);
-    rank_spawn(&c[r], &d, &a);
-  }
   struct arena ar;
-  struct dep_attach_args a0 = eargs("back", 0, W, 0, W, DEP_ATTACH_ELASTIC);
-  arena_attach(&ar, &d, &a0);
-  for (uint32_t r = 1; r < W; r++)
-    ck_assert_int_eq(rank_word(&c[r]), 'r');
+  job_up(&d, "back", W, DEP_ATTACH_ELASTIC, c, &ar);
   rank_kill(&c[2]);
   const uint32_t all[] = {0, 1, 2, 3};
   expect_mask(&ar, all, 4, W, 1, "0010");
@@ -464,15 +460,12 @@ START_TEST(a_rejoin_overtaken_by_the_survivors_calls_is_undone_and_can_be_tried_
   setenv("DEEPEPD_TEST_JOIN_OVERTAKEN", "1", 1);
   dw_start(&d, NULL);
   unsetenv("DEEPEPD_TEST_JOIN_OVERTAKEN");
-  struct dw_child c;
-  struct dep_attach_args a1 = eargs("overtaken", 1, 2, 1, 2, DEP_ATTACH_ELASTIC);
-  rank_spawn(&c, &d, &a1);
+  struct dw_child cs[2], *c = &cs[1];
   struct arena ar;
-  struct dep_attach_args a0 = eargs("overtaken", 0, 2, 0, 2, DEP_ATTACH_ELASTIC);
-  arena_attach(&ar, &d, &a0);
-  ck_assert_int_eq(rank_word(&c), 'r');
-  rank_kill(&c);
-  rank_reap(&c);
+  job_up(&d, "overtaken", 2, DEP_ATTACH_ELASTIC, cs, &ar);
+  struct dep_attach_args a1 = eargs("overtaken", 1, 2, 1, 2, DEP_ATTACH_ELASTIC);
+  rank_kill(c);
+  rank_reap(c);
   const uint32_t here[] = {0};
   expect_mask(&ar, here, 1, 2, 1, "01");
   int f = attach_args(&d, &a1);
@@ -483,10 +476,10 @@ START_TEST(a_rejoin_overtaken_by_the_survivors_calls_is_undone_and_can_be_tried_
   expect_mask(&ar, here, 1, 2, 3, "01");
   EXPECT_STATUS(&d, "\"rank\":1,\"event\":\"rejoined\"", "\"rank\":1,\"event\":\"detached\"",
                 "\"ranks_attached\":1");
-  rank_spawn(&c, &d, &a1);
-  ck_assert_int_eq(rank_word(&c), 'r');
+  rank_spawn(c, &d, &a1);
+  ck_assert_int_eq(rank_word(c), 'r');
   expect_mask(&ar, here, 1, 2, 4, "00");
-  rank_reap(&c);
+  rank_reap(c);
   arena_done(&ar);
   dw_stop_ok(&d);
 }
@@ -498,26 +491,23 @@ END_TEST
 START_TEST(kill_and_rejoin_cycles_leak_no_fd_and_no_memory) {
   struct tu_daemon d;
   dw_start(&d, NULL);
-  struct dw_child c;
-  struct dep_attach_args a1 = eargs("cycles", 1, 2, 1, 2, DEP_ATTACH_ELASTIC);
-  rank_spawn(&c, &d, &a1);
+  struct dw_child cs[2], *c = &cs[1];
   struct arena ar;
-  struct dep_attach_args a0 = eargs("cycles", 0, 2, 0, 2, DEP_ATTACH_ELASTIC);
-  arena_attach(&ar, &d, &a0);
-  ck_assert_int_eq(rank_word(&c), 'r');
-  rank_kill(&c);
-  rank_reap(&c);
+  job_up(&d, "cycles", 2, DEP_ATTACH_ELASTIC, cs, &ar);
+  struct dep_attach_args a1 = eargs("cycles", 1, 2, 1, 2, DEP_ATTACH_ELASTIC);
+  rank_kill(c);
+  rank_reap(c);
   const uint32_t here[] = {0};
   expect_mask(&ar, here, 1, 2, 1, "01");
   int s = dw_client(&d);
   struct dep_status *st0 = dw_status(s);
   const int fds0 = daemon_fds(&d);
   for (int i = 0; i < REJOIN_CYCLES; i++) {
-    rank_spawn(&c, &d, &a1);
-    ck_assert_msg(rank_word(&c) == 'r', "cycle %d: the rank did not rejoin", i);
+    rank_spawn(c, &d, &a1);
+    ck_assert_msg(rank_word(c) == 'r', "cycle %d: the rank did not rejoin", i);
     expect_mask(&ar, here, 1, 2, 2u + 2u * (uint64_t)i, "00");
-    rank_kill(&c);
-    rank_reap(&c);
+    rank_kill(c);
+    rank_reap(c);
     /* Masked again before the next one comes. */
     expect_mask(&ar, here, 1, 2, 3u + 2u * (uint64_t)i, "01");
   }
