@@ -384,6 +384,32 @@ static int ring_bind(dep_client_t *c) {
 }
 #endif
 
+/* A rank that came back to an elastic job starts at its join call (slab.h): the counter the
+ * kernels count calls by, set on the stream after the private area's zeroing (and the host's
+ * count beside it). */
+static int join_at(dep_client_t *c) {
+  const struct cudadrv *cu = drv();
+  struct cuops_state *st = &c->cuops;
+  const struct ops_ctx *o = &c->ops;
+  uint64_t join = 0;
+  CUresult r = cu->cuMemcpyDtoH(&join, (CUdeviceptr)(uintptr_t)(o->slabs[o->rank] +
+                                                                dep_slab_mask_join(&o->lay,
+                                                                                   o->rank)),
+                                sizeof join);
+  if (r != CUDA_SUCCESS)
+    return cu_fail(c, "dep_attach", "reading the rank's join call", r);
+  if (join == 0)
+    return 0;
+  const CUdeviceptr seq = st->dev + offsetof(struct cuops_dev, seq);
+  const uint64_t first = join - 1;
+  if ((r = cu->cuMemsetD32Async(seq, (unsigned)first, 1, st->stream)) != CUDA_SUCCESS ||
+      (r = cu->cuMemsetD32Async(seq + 4, (unsigned)(first >> 32), 1, st->stream)) !=
+          CUDA_SUCCESS)
+    return cu_fail(c, "dep_attach", "setting the rank's first call", r);
+  host_ops_join_at(&c->ops, join);
+  return 0;
+}
+
 int cuda_ops_attach(dep_client_t *c) {
 #ifndef DEP_HAVE_FATBIN
   return 0;
@@ -413,23 +439,8 @@ int cuda_ops_attach(dep_client_t *c) {
   CUresult r = cu->cuMemsetD8Async(priv, 0, b.end, st->stream);
   if (r != CUDA_SUCCESS)
     return cu_fail(c, "dep_attach", "zeroing the operations' memory", r);
-  /* A rank that came back to an elastic job starts at its join call (slab.h): the counter
-   * the kernels count calls by, set on the stream after the zeroing. */
-  uint64_t join = 0;
-  r = cu->cuMemcpyDtoH(&join, (CUdeviceptr)(uintptr_t)(o->slabs[o->rank] +
-                                                       dep_slab_mask_join(&o->lay, o->rank)),
-                       sizeof join);
-  if (r != CUDA_SUCCESS)
-    return cu_fail(c, "dep_attach", "reading the rank's join call", r);
-  if (join > 0) {
-    const CUdeviceptr seq = st->dev + offsetof(struct cuops_dev, seq);
-    const uint64_t first = join - 1;
-    if ((r = cu->cuMemsetD32Async(seq, (unsigned)first, 1, st->stream)) != CUDA_SUCCESS ||
-        (r = cu->cuMemsetD32Async(seq + 4, (unsigned)(first >> 32), 1, st->stream)) !=
-            CUDA_SUCCESS)
-      return cu_fail(c, "dep_attach", "setting the rank's first call", r);
-    host_ops_join_at(&c->ops, join);
-  }
+  if ((rc = join_at(c)) != 0)
+    return rc;
   j->remote_mask = 0;
   for (uint32_t i = 0; i < o->world; i++) {
     j->slabs[i] = o->slabs[i];

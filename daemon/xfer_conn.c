@@ -251,6 +251,79 @@ static bool receiver_proven(const struct receiver *rv, char *why, size_t whylen)
   return true;
 }
 
+/*
+ * The route and target of frame h from peer k, the route held (users) on 0,
+ * or the DEP_ERR_* of xfer__frame_target (why).  Every check comes before a
+ * byte is written: the job runs here, the peer holds the source, the
+ * destination is held here, the parity and size fit its layout; the held
+ * route keeps the job's regions its own until the payload is read.  A job
+ * with no route here (DEP_ERR_STATE) is waited for only while it is
+ * expected here (its ranks here all attached, its MEMBERSHIP sent: the peer
+ * may have completed it first), until its route is added, woken by
+ * xfer_job_start, not polled.  Any other job's frame is dropped at once
+ * (DEP_ERR_NOT_FOUND): the peer can send one only after our MEMBERSHIP, so
+ * a job not expected is not about to be held (it ended here, however long
+ * ago, or never ran), and waiting would stall every other job's frames
+ * behind it on this connection.
+ */
+static int frame_route(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
+                       struct xfer_target *t, char *why, size_t whylen) {
+  int rc;
+  uint64_t until = mono_ns() + (uint64_t)XFER_ROUTE_WAIT_MS * 1000000ull;
+  for (;;) {
+    uint64_t seen = atomic_load(&X->routes_added);
+    pthread_rwlock_rdlock(&X->lock);
+    rc = xfer__frame_target(k, h, route, t, why, whylen);
+    if (rc == 0)
+      atomic_fetch_add_explicit(&(*route)->users, 1, memory_order_relaxed);
+    if (rc == DEP_ERR_STATE && !expected_here(h->job_id))
+      rc = DEP_ERR_NOT_FOUND;
+    pthread_rwlock_unlock(&X->lock);
+    if (rc != DEP_ERR_STATE || atomic_load(&X->stop) || mono_ns() >= until)
+      return rc;
+    xfer__routes_wait(seen, until);
+  }
+}
+
+/*
+ * Read frame h's payload from fd to its target t on the held route, publish
+ * it and put the route back: 0, or -1 (errno) when the connection failed.
+ * A node channel's chunk goes into scratch (in), then out to each of its
+ * destinations' in channels (one crossing per node, xring.h); one that does
+ * not fit the job fails the job, not the connection: the stream is whole.
+ */
+static int frame_take(int k, int fd, struct xfer_route *route, const struct xfer_target *t,
+                      const struct dep_xfer_hdr *h, struct xfer_batch *in) {
+  int io;
+  bool counted = false;
+  if (t->node) {
+    io = xfer__batch_room(in, h->bytes) ? io_all(fd, in->buf, h->bytes, false)
+                                        : (errno = ENOMEM, -1);
+    char bad[256];
+    if (io == 0 && xfer__node_fanout(route, h, in->buf, bad, sizeof bad) != 0) {
+      if (!atomic_exchange(&route->said, true))
+        log_warnx("peer %s: %s; the job fails", peer_name(k), bad);
+      xfer__route_fail(route, DEP_ERR_PROTOCOL);
+    } else {
+      counted = io == 0;
+    }
+  } else {
+    xfer__payload_begin();
+    io = h->bytes > 0 ? io_all(fd, t->payload, h->bytes, false) : 0;
+    xfer__payload_end();
+    counted = io == 0;
+  }
+  if (counted) {
+    atomic_fetch_add_explicit(&route->bytes_in, DEP_XFER_HDR_WIRE + h->bytes,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&route->frames_in, 1, memory_order_relaxed);
+    if (!t->node)
+      xfer__frame_publish(t, h);
+  }
+  xfer__route_put(route);
+  return io;
+}
+
 /* Receive frames from peer k on fd and write them into the exchange regions here. */
 static void receive(int k, int fd) {
   struct xfer_peer *xp = &X->peers[k];
@@ -273,36 +346,9 @@ static void receive(int k, int fd) {
                (unsigned long long)h.bytes);
       break;
     }
-    /* Every check before a byte is written: the job runs here, the peer
-     * holds the source, the destination is held here, the parity and
-     * size fit its layout.  Then the route is held (users) while the
-     * payload is read straight into the destination's in block: the
-     * job's regions stay its own until the read is done. */
     struct xfer_route *route;
     struct xfer_target t;
-    int rc;
-    /* A job with no route here (DEP_ERR_STATE) is waited for only while it
-     * is expected here (its ranks here all attached, its MEMBERSHIP sent:
-     * the peer may have completed it first), until its route is added,
-     * woken by xfer_job_start, not polled.  Any other job's frame is
-     * dropped at once: the peer can send one only after our MEMBERSHIP,
-     * so a job not expected is not about to be held (it ended here, however
-     * long ago, or never ran), and waiting would stall every other job's
-     * frames behind it on this connection. */
-    uint64_t until = mono_ns() + (uint64_t)XFER_ROUTE_WAIT_MS * 1000000ull;
-    for (;;) {
-      uint64_t seen = atomic_load(&X->routes_added);
-      pthread_rwlock_rdlock(&X->lock);
-      rc = xfer__frame_target(k, &h, &route, &t, why, sizeof why);
-      if (rc == 0)
-        atomic_fetch_add_explicit(&route->users, 1, memory_order_relaxed);
-      if (rc == DEP_ERR_STATE && !expected_here(h.job_id))
-        rc = DEP_ERR_NOT_FOUND;
-      pthread_rwlock_unlock(&X->lock);
-      if (rc != DEP_ERR_STATE || atomic_load(&X->stop) || mono_ns() >= until)
-        break;
-      xfer__routes_wait(seen, until);
-    }
+    int rc = frame_route(k, &h, &route, &t, why, sizeof why);
     if (rc == DEP_ERR_PROTOCOL)
       break;
     uint64_t n;
@@ -310,39 +356,8 @@ static void receive(int k, int fd) {
       log_warnx("peer %s: %llu frame(s) of jobs that do not run here dropped (the latest of job "
                 "%s%s)", peer_name(k), (unsigned long long)n, h.job_id,
                 rc == DEP_ERR_STATE ? ", expected here but still without its route" : "");
-    int io;
-    if (rc == 0 && t.node) {
-      /* A node channel's chunk: into scratch, then out to each of its
-       * destinations' in channels (one crossing per node, xring.h).  A
-       * chunk that does not fit the job fails the job, not the connection:
-       * the stream itself is whole. */
-      io = xfer__batch_room(&in, h.bytes) ? io_all(fd, in.buf, h.bytes, false)
-                                          : (errno = ENOMEM, -1);
-      char bad[256];
-      if (io == 0 && xfer__node_fanout(route, &h, in.buf, bad, sizeof bad) != 0) {
-        if (!atomic_exchange(&route->said, true))
-          log_warnx("peer %s: %s; the job fails", peer_name(k), bad);
-        xfer__route_fail(route, DEP_ERR_PROTOCOL);
-      } else if (io == 0) {
-        atomic_fetch_add_explicit(&route->bytes_in, sizeof wire + h.bytes,
-                                  memory_order_relaxed);
-        atomic_fetch_add_explicit(&route->frames_in, 1, memory_order_relaxed);
-      }
-      xfer__route_put(route);
-    } else if (rc == 0) {
-      xfer__payload_begin();
-      io = h.bytes > 0 ? io_all(fd, t.payload, h.bytes, false) : 0;
-      xfer__payload_end();
-      if (io == 0) {
-        atomic_fetch_add_explicit(&route->bytes_in, sizeof wire + h.bytes,
-                                  memory_order_relaxed);
-        atomic_fetch_add_explicit(&route->frames_in, 1, memory_order_relaxed);
-        xfer__frame_publish(&t, &h);
-      }
-      xfer__route_put(route);
-    } else {
-      io = drain(fd, &in, h.bytes); /* a job that is not (or no longer) here: no reader */
-    }
+    int io = rc == 0 ? frame_take(k, fd, route, &t, &h, &in)
+                     : drain(fd, &in, h.bytes); /* a job not (or no longer) here: no reader */
     if (io != 0) {
       snprintf(why, sizeof why, "%s", errno ? strerror(errno) : "closed");
       break;
