@@ -176,6 +176,13 @@ static int cuops_begin(dep_client_t *c, const char *op, CUstream s) {
   return cuops_poll(c, op, s, false);
 }
 
+/* The communicating kernels, the timed four (kabi.h): each begins with call_begin and ends
+ * with call_end (ops_dev.cuh), which advances the device's count of calls by one. */
+static bool cuops_communicates(enum cuops_kernel k) {
+  return k == CUOPS_K_DISPATCH || k == CUOPS_K_COMBINE || k == CUOPS_K_LL_DISPATCH ||
+         k == CUOPS_K_LL_COMBINE;
+}
+
 int cuops_launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, unsigned shmem,
                  void *args, CUstream s, const char *op) {
   struct ctx_guard g;
@@ -186,7 +193,15 @@ int cuops_launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, unsigned s
   CUresult r = drv()->cuLaunchKernel(c->cuops.fn[k], grid, 1, 1, CUOPS_THREADS, 1, 1, shmem, s,
                                      params, NULL);
   ctx_leave(&g);
-  return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, "cuLaunchKernel", r);
+  if (r != CUDA_SUCCESS)
+    return cu_fail(c, op, "cuLaunchKernel", r);
+  /* The host counts the calls it launched where the host backend counts its own (ops_ctx.seq,
+   * from the join call on a rank that came back: cuda_ops_attach), so that dep_next_call
+   * reads the same count on both backends without reading device memory; the device's count
+   * reaches it as the launched calls end. */
+  if (cuops_communicates(k))
+    c->ops.seq++;
+  return 0;
 }
 
 /* ---- argument checks: ops_check_* with num_tokens 0 never reads device memory -------- */
@@ -459,6 +474,10 @@ int cuda_ops_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_arg
 }
 
 /* ---- masked ranks (deepep.h; the kernels' side is kabi.h's) ------------------------------- */
+
+int cuda_ops_counting(dep_client_t *c, const char *op) {
+  return c->cuops.ready ? 0 : no_kernels(c, op);
+}
 
 int cuda_ops_mask_own(dep_client_t *c, const char *op) {
   if (!c->cuops.ready)

@@ -197,5 +197,9 @@ int cuda_ops_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_arg
  * and bits as they are in this rank's slab (device memory), for dep_mask_query. */
 int cuda_ops_mask_own(dep_client_t *c, const char *op);
 int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t *epoch, uint64_t *bits);
+/* dep_next_call's check: 0 once the kernels are bound (cuda_ops_attach, where a rank that
+ * came back also takes its join call), so that c->ops.seq counts this rank's calls; before,
+ * the refusal every operation gives, saying why. */
+int cuda_ops_counting(dep_client_t *c, const char *op);
 
 #endif /* DEP_CUDA_OPS_H */

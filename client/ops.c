@@ -549,6 +549,21 @@ DEP_EXPORT int dep_mask_query(dep_client_t *c, int32_t *out, uint32_t n, uint64_
   return rc;
 }
 
+/* The host counts every communicating call in c->ops.seq on both backends (cuda: as it
+ * launches them, cuda_ops.c), from the join call on a rank that came back (attach.c). */
+DEP_EXPORT int dep_next_call(dep_client_t *c, uint64_t *call) {
+  const char *op = "dep_next_call";
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  if (call == NULL)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: call is NULL", op);
+  int rc = ops_ready(c, op);
+  if (rc != 0 || (c->cuda && (rc = cuda_ops_counting(c, op)) != 0))
+    return rc;
+  *call = c->ops.seq + 1;
+  return 0;
+}
+
 DEP_EXPORT int dep_handle_dropped(dep_client_t *c, const dep_handle_t *h, uint64_t *pairs) {
   const char *op = "dep_handle_dropped";
   if (c == NULL)

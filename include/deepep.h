@@ -611,6 +611,31 @@ DEP_EXPORT int dep_mask_query(dep_client_t *c, int32_t *out, uint32_t n, uint64_
 DEP_EXPORT int dep_handle_dropped(dep_client_t *c, const dep_handle_t *h, uint64_t *pairs);
 
 /*
+ * dep_next_call (added in 0.5.0): *call = the number of the next
+ * communicating call this rank will make: 1 after a fresh attach, one more
+ * after each dispatch, combine, LL dispatch or LL combine that ran, failed
+ * or not (a call refused before it ran, for its arguments or state, is not
+ * counted, and a layout, dep_ll_handle_info and the mask calls are local).
+ * Every rank of a job makes the same calls in the same order, so the ranks
+ * agree on it.  On cuda it counts the calls launched, not those ended on
+ * the GPU.  NULL c or call: DEP_ERR_INVALID; refused as the mask calls are
+ * (not attached: DEP_ERR_STATE).
+ *
+ * Rejoin (DEP_ATTACH_ELASTIC): a process that takes a masked rank's place
+ * starts at the join call J the daemon chose, above every call the
+ * survivors had made; after its dep_attach its dep_next_call is J, and its
+ * first call runs as the survivors' call J, which must be the same
+ * operation.  The recipe: the replacement reads its dep_next_call (J) and
+ * hands it to the survivors through the trainer's own store; each survivor
+ * reads its own, n (never above J: the survivors' call J waits for the
+ * replacement), and makes J - n calls with the rank still masked (a
+ * dispatch of no tokens will do, with or without its combine) before it
+ * goes on with the same sequence of operations as the replacement's, whose
+ * first is then the survivors' call J.
+ */
+DEP_EXPORT int dep_next_call(dep_client_t *c, uint64_t *call);
+
+/*
  * The sizes a caller allocates for, as a job of this shape and world size
  * has them (defaults applied: max_ll_tokens_per_rank 0 is the bound in
  * effect here).  Needs no daemon and no attach; c may be NULL (then no

@@ -6,7 +6,9 @@
  * between calls and during calls, the survivors' next calls checked against
  * the oracle with the gone ranks masked (ref_mask), and replacement
  * processes that attach with a gone rank's id and join at its join call,
- * from which every rank's calls match the oracle with the rank live again.
+ * which they learn from dep_next_call and hand to the survivors (the rejoin
+ * recipe of deepep.h), from which every rank's calls match the oracle with
+ * the rank live again.
  *
  * The pieces each have their suite (elastic: the daemon's masking and
  * rejoin; ops_mask: the operations' masks); this one holds them together.
@@ -26,17 +28,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "client_internal.h"
 #include "daemonwire.h"
 #include "deepep.h"
 #include "nodes.h"
-#include "slab.h"
 #include "testutil.h"
 #include "xnjob.h"
 #include "xnround.h"
 
 /* How long a rank or the test waits for the others at a phase's end, and for
- * a survivor to see a mask or a join word: a ceiling for a loaded CI machine
+ * a survivor to see a mask or a replacement's first call: a ceiling for a loaded CI machine
  * (8 ranks on 2 cores under ASan), not an expectation; the daemon writes a
  * mask within milliseconds. */
 #define EO_CEILING_MS 60000
@@ -48,8 +48,8 @@
 enum eo_kind {
   EO_ROUNDS,  /* rounds of random operations on the phase's case */
   EO_SILENT,  /* rounds until the leader sees `watch` masked (a rank is killed meanwhile) */
-  EO_REJOIN,  /* the survivors wait for `watch`'s join word, then calls up to it, then rounds;
-                 `watch`'s replacement attaches and starts at its join call with the rounds */
+  EO_REJOIN,  /* the survivors wait for `watch`'s replacement's first call, then calls up to
+                 it, then rounds; the replacement attaches and starts at it with the rounds */
   EO_END,     /* detach and exit */
 };
 
@@ -68,6 +68,9 @@ struct eo_ctl {
   _Atomic uint32_t stop_at;              /* EO_SILENT: the first round nobody makes */
   _Atomic uint32_t rounds[EO_MAXW];      /* rounds made by rank r's process so far */
   _Atomic uint64_t join_seen[EO_MAXW];   /* EO_REJOIN: the join call rank r took part at */
+  _Atomic uint64_t first_call[EO_MAXW];  /* rank r's replacement's dep_next_call after its
+                                            attach, handed to the survivors as a trainer's
+                                            store would (0: not yet) */
   struct xn_result res[2 * EO_MAXW];     /* [r]: rank r's first process; [W + r]: its replacement */
 };
 
@@ -138,11 +141,12 @@ static bool eo_await(_Atomic uint32_t *w, uint32_t want) {
   return true;
 }
 
-/* The join word of rank q in this rank's slab (slab.h): the call it takes part from again. */
-static uint64_t eo_join_word(const dep_client_t *c, uint32_t q) {
-  const struct ops_ctx *o = &c->ops;
-  return __atomic_load_n((const uint64_t *)(o->slabs[o->rank] + dep_slab_mask_join(&o->lay, q)),
-                         __ATOMIC_ACQUIRE);
+/* dep_next_call, its failure said in res. */
+static int eo_next_call(dep_client_t *c, uint64_t *next, struct xn_result *res) {
+  int rc = dep_next_call(c, next);
+  if (rc != 0)
+    snprintf(res->msg, sizeof res->msg, "dep_next_call: %s: %s", dep_errname(rc), dep_errmsg(c));
+  return rc;
 }
 
 /* Whether the live mask (dep_mask_query) shows rank q masked. */
@@ -184,8 +188,13 @@ static void eo_rank_main(struct eo_job *j, uint32_t r, uint32_t first) {
   if (rc != 0)
     EO_FAIL(rc, "attach of rank %u%s: %s: %s", r, replacement ? " (replacement)" : "",
             dep_errname(rc), c ? dep_errmsg(c) : "");
-  if (replacement)
-    atomic_store(&ctl->join_seen[r], c->ops.seq + 1); /* its first call (client/attach.c) */
+  if (replacement) { /* its first call is its join call, which it tells the survivors */
+    uint64_t at = 0;
+    if ((rc = eo_next_call(c, &at, res)) != 0)
+      goto out;
+    atomic_store(&ctl->join_seen[r], at);
+    atomic_store(&ctl->first_call[r], at);
+  }
   for (uint32_t p = first; j->phases[p].kind != EO_END; p++) {
     const struct eo_phase *ph = &j->phases[p];
     if (!replacement || p > first) {
@@ -213,20 +222,27 @@ static void eo_rank_main(struct eo_job *j, uint32_t r, uint32_t first) {
         atomic_fetch_add(&ctl->rounds[r], 1);
       }
     } else if (ph->kind == EO_REJOIN && !(replacement && p == first)) {
-      /* A survivor: no call until the replacement is in (the daemon puts its join call
-       * ahead of every call posted), then the calls before it, the rank masked in them. */
+      /* A survivor (deepep.h's rejoin recipe): no call until the replacement is in and has
+       * said its first call J, then J - n calls (n: this rank's next call), the rank masked
+       * in them, so that this rank's call J is the replacement's first. */
       const int64_t until = dw_now_ms() + EO_CEILING_MS;
-      uint64_t join;
-      while ((join = eo_join_word(c, ph->watch)) <= c->ops.seq) {
+      uint64_t join, next = 0;
+      while ((join = atomic_load(&ctl->first_call[ph->watch])) == 0) {
         if (dw_now_ms() > until)
-          EO_FAIL(1, "rank %u's join word stayed %llu (at call %llu)", ph->watch,
-                  (unsigned long long)join, (unsigned long long)c->ops.seq);
+          EO_FAIL(1, "rank %u's replacement never said its first call", ph->watch);
         dw_sleep_ms(1);
       }
-      atomic_store(&ctl->join_seen[r], join);
-      while (c->ops.seq + 1 < join)
+      if ((rc = eo_next_call(c, &next, res)) != 0)
+        goto out;
+      if (next > join)
+        EO_FAIL(1, "at call %llu, past rank %u's replacement's first call %llu",
+                (unsigned long long)next, ph->watch, (unsigned long long)join);
+      for (uint64_t i = next; i < join; i++)
         if ((rc = eo_dispatch(c, ph->before, r, &o, res)) != 0)
           goto out;
+      if ((rc = eo_next_call(c, &next, res)) != 0)
+        goto out;
+      atomic_store(&ctl->join_seen[r], next); /* the call it takes the rank back at */
     }
     if (ph->kind != EO_SILENT)
       for (uint32_t i = 0; i < n; i++) {
@@ -315,10 +331,15 @@ static void eo_reap(struct eo_job *j) {
 }
 
 /* Every rank live (but `gone`) took part from the join call that q's replacement made its
- * first: the survivors' calls and the replacement's agreed. */
-static void eo_expect_one_join(struct eo_job *j, uint32_t q, uint32_t gone) {
+ * first: the survivors' calls and the replacement's agreed, at the call the daemon chose. */
+static void eo_expect_one_join(const struct tu_daemon *dm, struct eo_job *j, uint32_t q,
+                               uint32_t gone) {
   const uint64_t want = atomic_load(&j->ctl->join_seen[q]);
   ck_assert_msg(want > 0, "rank %u's replacement reported no join call", q);
+  char line[96];
+  snprintf(line, sizeof line, "is rank %u again, from call %llu ", q, (unsigned long long)want);
+  ck_assert_msg(dw_log_has(dm, line, EO_CEILING_MS), "the daemon's log has no '%s': rank %u's "
+                "dep_next_call is not the join call the daemon chose", line, q);
   for (uint32_t r = 0; r < j->world; r++)
     if (r != q && r != gone)
       ck_assert_msg(atomic_load(&j->ctl->join_seen[r]) == want,
@@ -454,13 +475,12 @@ START_TEST(ranks_killed_between_and_during_calls_are_masked_and_replacements_rej
   eo_spawn(&j, k, 4);
   eo_next(&j, 4);
   eo_barrier(&j, 4, W - 1);
-  eo_expect_one_join(&j, k, k2);
+  eo_expect_one_join(&dm, &j, k, k2);
   eo_spawn(&j, k2, 5);
   eo_next(&j, 5);
   eo_barrier(&j, 5, W);
-  eo_expect_one_join(&j, k2, EO_NONE);
+  eo_expect_one_join(&dm, &j, k2, EO_NONE);
   eo_reap(&j);
-  ck_assert(dw_log_has(&dm, "again, from call", 5000));
   munmap(j.ctl, sizeof *j.ctl);
   dw_stop_ok(&dm);
   eo_variant_free(ck);

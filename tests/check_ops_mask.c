@@ -464,6 +464,89 @@ START_TEST(the_mask_calls_refuse_bad_arguments_and_query_both_masks) {
 }
 END_TEST
 
+/* dep_next_call succeeds and gives want. */
+#define EXPECT_NEXT(want)                                                                    \
+  do {                                                                                       \
+    uint64_t n_ = 0;                                                                         \
+    EXPECT_RC(dep_next_call(c, &n_), DEP_OK);                                                \
+    ck_assert_msg(n_ == (want), "dep_next_call gave %llu, want %llu", (unsigned long long)n_, \
+                  (unsigned long long)(want));                                               \
+  } while (0)
+
+/* dep_next_call on one attached rank of the host backend: 1 after the attach, one more for
+ * each dispatch, combine, LL dispatch and LL combine, none for a layout, the mask calls or a
+ * call refused before it ran, 1 again in the next attachment; and its refusals (a NULL
+ * client or call, not attached). */
+START_TEST(the_next_call_is_one_then_grows_by_one_per_communicating_call) {
+  struct tu_daemon dm;
+  ck_assert_int_eq(tu_daemon_start(&dm, NULL), 0);
+  dep_client_t *c = cl_connect(dm.sock);
+  uint64_t n = 99;
+  ck_assert_int_eq(dep_next_call(NULL, &n), DEP_ERR_INVALID);
+  EXPECT_RC(dep_next_call(c, &n), DEP_ERR_STATE);
+  ck_assert_uint_eq(n, 99);
+  struct dep_attach_args a = cl_attach_args("next-call", 0);
+  a.world_size = a.local_world_size = 1;
+  a.shape.max_tokens_per_rank = 4;
+  EXPECT_RC(dep_attach(c, &a), DEP_OK);
+  EXPECT_RC(dep_next_call(c, NULL), DEP_ERR_INVALID);
+  EXPECT_NEXT(1);
+  /* 4 tokens of the one rank, each to 2 of its 8 experts. */
+  int32_t idx[8] = {0, 1, 2, 3, 4, 5, 6, 7}, cnt[8], lcnt[8], per_rank[1], per_expert[8];
+  float w[8] = {1, 1, 1, 1, 1, 1, 1, 1}, rw[8];
+  static uint16_t x[4 * 256], rx[8 * 256], out[4 * 256], lx[8 * 4 * 256];
+  int32_t ridx[16];
+  uint8_t in_rank[4];
+  uint32_t nr = 0;
+  const struct dep_layout_args la = {.size = sizeof la, .topk_idx = idx,
+                                     .index_type = DEP_INDEX_I32, .num_tokens = 4,
+                                     .tokens_per_rank = per_rank, .tokens_per_expert = per_expert,
+                                     .token_in_rank = in_rank};
+  const struct dep_dispatch_args da = {.size = sizeof da, .x = x, .topk_idx = idx,
+                                       .index_type = DEP_INDEX_I32, .topk_weights = w,
+                                       .num_tokens = 4, .recv_x = rx, .recv_topk_idx = ridx,
+                                       .recv_topk_weights = rw, .recv_count_per_expert = cnt,
+                                       .num_recv = &nr};
+  const struct dep_combine_args ca = {.size = sizeof ca, .x = rx, .out = out};
+  const struct dep_ll_dispatch_args ld = {.size = sizeof ld, .x = x, .topk_idx = idx,
+                                          .index_type = DEP_INDEX_I32, .num_tokens = 4,
+                                          .recv_x = lx, .recv_count = lcnt};
+  const struct dep_ll_combine_args lc = {.size = sizeof lc, .x = lx, .topk_idx = idx,
+                                         .index_type = DEP_INDEX_I32, .topk_weights = w,
+                                         .out = out};
+  dep_handle_t *h = NULL, *hl = NULL, *empty = NULL;
+  EXPECT_RC(dep_handle_new(c, &h), DEP_OK);
+  EXPECT_RC(dep_handle_new(c, &hl), DEP_OK);
+  EXPECT_RC(dep_handle_new(c, &empty), DEP_OK);
+  EXPECT_RC(dep_layout(c, &la, NULL), DEP_OK);
+  EXPECT_NEXT(1);
+  EXPECT_RC(dep_dispatch(c, &da, h, NULL), DEP_OK);
+  EXPECT_NEXT(2);
+  EXPECT_RC(dep_combine(c, &ca, h, NULL), DEP_OK);
+  EXPECT_NEXT(3);
+  EXPECT_RC(dep_ll_dispatch(c, &ld, hl, NULL), DEP_OK);
+  EXPECT_NEXT(4);
+  EXPECT_RC(dep_ll_combine(c, &lc, hl, NULL), DEP_OK);
+  EXPECT_NEXT(5);
+  EXPECT_RC(dep_combine(c, &ca, empty, NULL), DEP_ERR_INVALID); /* refused: it holds no dispatch */
+  int32_t q[1];
+  EXPECT_RC(dep_mask_update(c, 0, 0), DEP_OK);
+  EXPECT_RC(dep_mask_query(c, q, 1, NULL), DEP_OK);
+  EXPECT_NEXT(5);
+  EXPECT_RC(dep_detach(c), DEP_OK);
+  EXPECT_RC(dep_next_call(c, &n), DEP_ERR_STATE);
+  snprintf(a.job_id, sizeof a.job_id, "next-call-2");
+  EXPECT_RC(dep_attach(c, &a), DEP_OK);
+  EXPECT_NEXT(1);
+  dep_handle_free(h);
+  dep_handle_free(hl);
+  dep_handle_free(empty);
+  dep_client_free(c);
+  ck_assert_int_eq(tu_daemon_stop(&dm), 0);
+  tu_daemon_cleanup(&dm);
+}
+END_TEST
+
 Suite *ops_mask_suite(void);
 Suite *ops_mask_suite(void) {
   Suite *s = suite_create("ops_mask");
@@ -478,6 +561,7 @@ Suite *ops_mask_suite(void) {
   TCase *api = tcase_create("api");
   tcase_set_timeout(api, 60);
   tcase_add_test(api, the_mask_calls_refuse_bad_arguments_and_query_both_masks);
+  tcase_add_test(api, the_next_call_is_one_then_grows_by_one_per_communicating_call);
   suite_add_tcase(s, api);
   return s;
 }

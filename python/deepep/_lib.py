@@ -304,6 +304,7 @@ _PROTOTYPES = [
     ("dep_mask_clear", c_int, [_client_p]),
     ("dep_mask_query", c_int, [_client_p, POINTER(c_int32), c_uint32, POINTER(c_uint64)]),
     ("dep_handle_dropped", c_int, [_client_p, c_void_p, POINTER(c_uint64)]),
+    ("dep_next_call", c_int, [_client_p, POINTER(c_uint64)]),
     ("dep_shape_sizes", c_int, [_client_p, POINTER(JobShape), c_uint32, POINTER(ShapeSizes)]),
 ]
 

@@ -1,5 +1,6 @@
 """Masked ranks (deepep.h "Masked ranks", DESIGN §14): the Buffer's methods over
-dep_mask_update, dep_mask_clear, dep_mask_query and dep_handle_dropped.
+dep_mask_update, dep_mask_clear, dep_mask_query and dep_handle_dropped, and over
+dep_next_call, which an elastic job's replacement rank and its survivors line up by.
 
 A rank is masked for a call when the daemon's live mask (an elastic job's gone ranks) or
 this rank's own mask says so; every operation then sends it nothing, waits for nothing from
@@ -78,4 +79,29 @@ class _Masks:
         n = ctypes.c_uint64()
         conn.check(conn.lib.dep_handle_dropped(conn.ptr, h._ptr, ctypes.byref(n)),
                    "dep_handle_dropped")
+        return n.value
+
+    def next_call(self) -> int:
+        """The number of the next communicating call this rank will make (dep_next_call).
+
+        1 after a fresh attach, one more after each dispatch, combine, low_latency_dispatch
+        and low_latency_combine that ran (failed or not); a call refused before it ran, the
+        layout and the mask calls are not counted.  Every rank of a job makes the same calls in
+        the same order, so the ranks agree on it.  A process that took a masked rank's place
+        in an elastic job (elastic=True) starts at the join call J the daemon chose: its
+        next_call() is J, and its first call runs as the survivors' call J.  To bring it in,
+        hand J to the survivors (the trainer's own store); each makes J - next_call() calls
+        with the rank still masked (a dispatch of no tokens will do), then every rank goes on
+        with the same operations.
+
+        Returns:
+            int, >= 1.
+
+        Raises:
+            deepep.Error: the Buffer is destroyed, or not attached yet (DEP_ERR_STATE: one
+            made without hidden attaches at its first dispatch).
+        """
+        conn = self._mask_conn("next_call")
+        n = ctypes.c_uint64()
+        conn.check(conn.lib.dep_next_call(conn.ptr, ctypes.byref(n)), "dep_next_call")
         return n.value

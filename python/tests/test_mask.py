@@ -2,12 +2,13 @@
 deep_ep.Buffer(enable_shrink=True)'s low_latency_update/query/clean_mask_buffer with DeepEP's
 signatures, in a world of processes started by torch.multiprocessing.spawn, every call held to
 numpy's answer with the masked rank's experts removed from every top-k (maskranks.mask_rank);
-deepep.Buffer's own mask(), update_mask(), clear_mask() and dropped() on one rank; and the
-refusals."""
+deepep.Buffer's own mask(), update_mask(), clear_mask() and dropped() on one rank; next_call(),
+the call count an elastic job's replacement and survivors line up by; and the refusals."""
 import pytest
 import torch
 
 import conftest
+import deepep
 import maskranks
 import onerank
 import ranks
@@ -85,6 +86,25 @@ def test_deepep_buffer_masks_on_one_rank(daemon):
             b.dropped(object())
     finally:
         b.destroy()
+
+
+def test_next_call_is_one_then_counts_each_communicating_call(daemon):
+    # Both backends: on cuda the library counts the calls it launches.
+    b = onerank.one_rank(daemon, **onerank.SHAPE)
+    try:
+        assert b.next_call() == 1
+        x, idx, w = onerank.tokens()
+        recv, count, handle, _, _ = b.low_latency_dispatch(x, idx, 8, 4, use_fp8=False)
+        assert b.next_call() == 2
+        b.low_latency_combine(recv, idx, w, handle)
+        assert b.next_call() == 3
+        b.update_mask(0, False)  # local: not a call of the job's sequence
+        b.mask()
+        assert b.next_call() == 3
+    finally:
+        b.destroy()
+    with pytest.raises(deepep.Error, match="destroyed"):
+        b.next_call()
 
 
 def test_the_mask_buffer_needs_enable_shrink_as_deepeps(daemon):
