@@ -58,6 +58,7 @@ static int warmup(dep_client_t *c) {
     return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory", op);
   host_ops_handle_init(h);
   st->warm_h = h;
+  const uint64_t seq = c->ops.seq;
   /* Its scratch is in this rank's private area of its slab (zeroed on
    * st->stream, ahead of these calls), which lasts until detach. */
   CUstream s = st->stream;
@@ -101,6 +102,9 @@ static int warmup(dep_client_t *c) {
       rc = cuda_ops_ll_combine(c, &lca, h, s);
   }
   st->job = job;
+  /* The warm-up's calls ran on its own world of one: the job's count of calls (dep_next_call)
+   * is what it was. */
+  c->ops.seq = seq;
   /* The job's own slabs last: read a word of every 64 KiB of each, so the
    * page tables of the peers' memory are walked here, not by the first
    * operation. */
