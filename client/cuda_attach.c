@@ -386,7 +386,6 @@ static int ring_bind(dep_client_t *c) {
   j->xchg = j->ring + DEP_XRING_BYTES;
   return 0;
 }
-#endif
 
 /* A rank that came back to an elastic job starts at its join call (slab.h): the counter the
  * kernels count calls by, set on the stream after the private area's zeroing (and the host's
@@ -413,6 +412,7 @@ static int join_at(dep_client_t *c) {
   host_ops_join_at(&c->ops, join);
   return 0;
 }
+#endif
 
 int cuda_ops_attach(dep_client_t *c) {
 #ifndef DEP_HAVE_FATBIN
