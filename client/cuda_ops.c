@@ -479,11 +479,14 @@ int cuda_ops_counting(dep_client_t *c, const char *op) {
   return c->cuops.ready ? 0 : no_kernels(c, op);
 }
 
+/* The mask calls' way in: the kernels bound, the rank's context current (g). */
+static int mask_enter(dep_client_t *c, const char *op, struct ctx_guard *g) {
+  return c->cuops.ready ? ctx_enter(c, g, op) : no_kernels(c, op);
+}
+
 int cuda_ops_mask_own(dep_client_t *c, const char *op) {
-  if (!c->cuops.ready)
-    return no_kernels(c, op);
   struct ctx_guard g;
-  int rc = ctx_enter(c, &g, op);
+  int rc = mask_enter(c, op, &g);
   if (rc != 0)
     return rc;
   /* One word: the kernels' world is at most 64 ranks (kabi.h). */
@@ -495,10 +498,8 @@ int cuda_ops_mask_own(dep_client_t *c, const char *op) {
 }
 
 int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t *epoch, uint64_t *bits) {
-  if (!c->cuops.ready)
-    return no_kernels(c, op);
   struct ctx_guard g;
-  int rc = ctx_enter(c, &g, op);
+  int rc = mask_enter(c, op, &g);
   if (rc != 0)
     return rc;
   const CUdeviceptr slab = (CUdeviceptr)(uintptr_t)c->cuops.job.slabs[c->cuops.job.rank];
