@@ -194,8 +194,10 @@ static int init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t
   c->rowlist = calloc((size_t)s->max_tokens_per_rank * s->topk, sizeof *c->rowlist);
   c->own = calloc(DEP_SLAB_MASK_WORDS(world), sizeof *c->own);
   c->mask = calloc(DEP_SLAB_MASK_WORDS(world), sizeof *c->mask);
+  c->live = calloc(DEP_SLAB_MASK_WORDS(world), sizeof *c->live);
   if (c->slabs == NULL || c->remote == NULL || c->per_rank == NULL || c->peer == NULL ||
-      c->rowoff == NULL || c->rowlist == NULL || c->own == NULL || c->mask == NULL) {
+      c->rowoff == NULL || c->rowlist == NULL || c->own == NULL || c->mask == NULL ||
+      c->live == NULL) {
     snprintf(why, whylen, "out of memory for the tables of a world of %u ranks", world);
     return DEP_ERR_NO_MEMORY;
   }
@@ -274,8 +276,11 @@ void host_ops_fini(struct ops_ctx *c) {
   c->n_nodes = 0;
   free(c->own);
   free(c->mask);
+  free(c->live);
   c->own = NULL;
   c->mask = NULL;
+  c->live = NULL;
+  c->live_epoch = c->live_join_max = 0;
   c->nmasked = 0;
   c->peer = NULL;
   c->rowoff = NULL;
@@ -376,22 +381,41 @@ int host_ops__handle_reserve(struct ops_ctx *c, struct dep_handle *h, uint32_t k
 
 /* ---- masked ranks (host_ops.h) ------------------------------------------------ */
 
-uint64_t host_ops_mask_live(const struct ops_ctx *c, uint64_t *words, uint64_t known) {
+static uint64_t live_epoch(const struct ops_ctx *c) {
+  return __atomic_load_n((const uint64_t *)(c->slabs[c->rank] + dep_slab_mask_epoch(&c->lay)),
+                         __ATOMIC_ACQUIRE);
+}
+
+static void live_or_bits(const struct ops_ctx *c, uint64_t *words) {
   const uint8_t *slab = c->slabs[c->rank];
-  const uint64_t epoch =
-      __atomic_load_n((const uint64_t *)(slab + dep_slab_mask_epoch(&c->lay)), __ATOMIC_ACQUIRE);
-  /* 0: never written, every rank live (a job that is not elastic); known: read before. */
-  if (epoch == 0 || epoch == known)
-    return epoch;
   for (uint32_t i = 0; i < DEP_SLAB_MASK_WORDS(c->world); i++)
     words[i] |= __atomic_load_n((const uint64_t *)(slab + dep_slab_mask_word(&c->lay, 64u * i)),
                                 __ATOMIC_RELAXED);
-  /* A rank that came back is masked in the calls before its join call
-   * (slab.h): the rule needs no memory of earlier epochs. */
-  for (uint32_t r = 0; r < c->world; r++)
-    if (__atomic_load_n((const uint64_t *)(slab + dep_slab_mask_join(&c->lay, r)),
-                        __ATOMIC_RELAXED) > c->seq)
+}
+
+/* A rank that came back is masked in the calls before its join call
+ * (slab.h): the rule needs no memory of earlier epochs.  Or those ranks
+ * into words; the largest join word. */
+static uint64_t live_or_joins(const struct ops_ctx *c, uint64_t *words) {
+  const uint8_t *slab = c->slabs[c->rank];
+  uint64_t most = 0;
+  for (uint32_t r = 0; r < c->world; r++) {
+    const uint64_t join = __atomic_load_n((const uint64_t *)(slab + dep_slab_mask_join(&c->lay, r)),
+                                          __ATOMIC_RELAXED);
+    most = join > most ? join : most;
+    if (join > c->seq)
       words[r / 64u] |= DEP_SLAB_MASK_BIT(r);
+  }
+  return most;
+}
+
+uint64_t host_ops_mask_live(const struct ops_ctx *c, uint64_t *words, uint64_t known) {
+  const uint64_t epoch = live_epoch(c);
+  /* 0: never written, every rank live (a job that is not elastic); known: read before. */
+  if (epoch == 0 || epoch == known)
+    return epoch;
+  live_or_bits(c, words);
+  (void)live_or_joins(c, words);
   return epoch;
 }
 
@@ -433,9 +457,24 @@ static void mask_settle(struct ops_ctx *c) {
     c->nmasked += (uint32_t)__builtin_popcountll(c->mask[i]);
 }
 
+/* The daemon writes the join words and the bits before the epoch (release):
+ * bits cached under an epoch are that epoch's or a later one's, and a
+ * later one is read again at the next call that sees its epoch. */
 void host_ops__mask_begin(struct ops_ctx *c) {
-  memcpy(c->mask, c->own, DEP_SLAB_MASK_WORDS(c->world) * sizeof *c->mask);
-  c->epoch = host_ops_mask_live(c, c->mask, 0);
+  const uint32_t n = (uint32_t)DEP_SLAB_MASK_WORDS(c->world);
+  const uint64_t epoch = live_epoch(c);
+  memcpy(c->mask, c->own, n * sizeof *c->mask);
+  if (epoch != c->live_epoch) {
+    memset(c->live, 0, n * sizeof *c->live);
+    live_or_bits(c, c->live);
+    c->live_join_max = live_or_joins(c, c->mask);
+    c->live_epoch = epoch;
+  } else if (c->live_join_max > c->seq) {
+    (void)live_or_joins(c, c->mask);
+  }
+  for (uint32_t i = 0; i < n; i++)
+    c->mask[i] |= c->live[i];
+  c->epoch = epoch;
   mask_settle(c);
 }
 

@@ -173,6 +173,11 @@ struct ops_ctx {
   uint64_t *own;                       /* this rank's own mask (host_ops_mask_update) */
   uint64_t *mask;                      /* the running call's: live | own */
   uint64_t epoch;                      /* the live mask's epoch the call last read */
+  /* The live mask as the daemon last wrote it, read again only when its
+   * epoch moves (a call of an elastic job does not read W join words). */
+  uint64_t *live;                      /* its bits */
+  uint64_t live_epoch;                 /* the epoch they were read at (0: none yet) */
+  uint64_t live_join_max;              /* the largest join word read with them */
   uint32_t nmasked;                    /* bits set in mask (0: the call skips nothing) */
   char why[256];                       /* message of the last failure */
 };
