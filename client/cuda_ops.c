@@ -502,10 +502,21 @@ int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t *epoch, uint64_
   int rc = mask_enter(c, op, &g);
   if (rc != 0)
     return rc;
-  const CUdeviceptr slab = (CUdeviceptr)(uintptr_t)c->cuops.job.slabs[c->cuops.job.rank];
-  CUresult r = drv()->cuMemcpyDtoH(epoch, slab + c->cuops.job.mask_epoch_off, sizeof *epoch);
-  if (r == CUDA_SUCCESS)
-    r = drv()->cuMemcpyDtoH(bits, slab + c->cuops.job.mask_word_off, sizeof *bits);
+  const struct cuops_job *J = &c->cuops.job;
+  const CUdeviceptr slab = (CUdeviceptr)(uintptr_t)J->slabs[J->rank];
+  uint64_t join[CUOPS_MAX_RANKS];
+  const char *what = "cuMemcpyDtoH (the live mask)";
+  CUresult r = drv()->cuMemcpyDtoH(epoch, slab + J->mask_epoch_off, sizeof *epoch);
+  if (r == CUDA_SUCCESS && *epoch != 0)
+    r = drv()->cuMemcpyDtoH(bits, slab + J->mask_word_off, sizeof *bits);
+  /* The join words too, as the kernels read them (cuops_mask): a rank that
+   * came back is masked before its join call, and the query says so. */
+  if (r == CUDA_SUCCESS && *epoch != 0) {
+    what = "cuMemcpyDtoH (the live mask's join words)";
+    r = drv()->cuMemcpyDtoH(join, slab + J->mask_join_off, J->world * sizeof *join);
+    if (r == CUDA_SUCCESS)
+      (void)host_ops_mask_joins(join, J->world, c->ops.seq, bits);
+  }
   ctx_leave(&g);
-  return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, "cuMemcpyDtoH (the live mask)", r);
+  return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, what, r);
 }

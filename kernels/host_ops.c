@@ -393,20 +393,22 @@ static void live_or_bits(const struct ops_ctx *c, uint64_t *words) {
                                 __ATOMIC_RELAXED);
 }
 
-/* A rank that came back is masked in the calls before its join call
- * (slab.h): the rule needs no memory of earlier epochs.  Or those ranks
- * into words; the largest join word. */
-static uint64_t live_or_joins(const struct ops_ctx *c, uint64_t *words) {
-  const uint8_t *slab = c->slabs[c->rank];
+uint64_t host_ops_mask_joins(const uint64_t *join, uint32_t world, uint64_t seq,
+                             uint64_t *words) {
   uint64_t most = 0;
-  for (uint32_t r = 0; r < c->world; r++) {
-    const uint64_t join = __atomic_load_n((const uint64_t *)(slab + dep_slab_mask_join(&c->lay, r)),
-                                          __ATOMIC_RELAXED);
-    most = join > most ? join : most;
-    if (join > c->seq)
+  for (uint32_t r = 0; r < world; r++) {
+    const uint64_t at = __atomic_load_n(&join[r], __ATOMIC_RELAXED);
+    most = at > most ? at : most;
+    if (at > seq)
       words[r / 64u] |= DEP_SLAB_MASK_BIT(r);
   }
   return most;
+}
+
+static uint64_t live_or_joins(const struct ops_ctx *c, uint64_t *words) {
+  return host_ops_mask_joins(
+      (const uint64_t *)(c->slabs[c->rank] + dep_slab_mask_join(&c->lay, 0)), c->world, c->seq,
+      words);
 }
 
 uint64_t host_ops_mask_live(const struct ops_ctx *c, uint64_t *words, uint64_t known) {

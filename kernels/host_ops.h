@@ -338,6 +338,13 @@ void host_ops_daemon_gone(struct ops_ctx *c, int slabs_on_host);
  * of that epoch or of a later one.
  */
 uint64_t host_ops_mask_live(const struct ops_ctx *c, uint64_t *words, uint64_t known);
+/* A rank that came back is masked in the calls before its join call
+ * (slab.h): with the join words of a world (join[r], as the slab holds
+ * them, or a copy) and the calls made so far (ops_ctx.seq), or into words
+ * the ranks still before theirs; returns the largest join word.  The one
+ * place the host applies the rule (the kernels': cuops_mask). */
+uint64_t host_ops_mask_joins(const uint64_t *join, uint32_t world, uint64_t seq,
+                             uint64_t *words);
 /* A process that took a masked rank's place in an elastic job (DESIGN §14)
  * makes the join call the daemon chose for it (slab.h's join word) its
  * first: host_ops_join_at(c, join) before any call (0: a rank that never
