@@ -312,3 +312,19 @@ int codec_body_decode(const uint8_t *p, size_t len, const struct codec_body *d, 
     rc = DEP_ERR_PROTOCOL;
   return rc;
 }
+
+void codec_w_list(struct codec_w *w, uint32_t n, uint32_t left_out, const struct codec_field *f,
+                  size_t nf, const void *recs, size_t stride) {
+  codec_w_u32(w, n);
+  codec_w_u32(w, left_out);
+  for (uint32_t i = 0; i < n && !w->err; i++)
+    codec_w_rec(w, f, nf, (const uint8_t *)recs + (size_t)i * stride);
+}
+
+void codec_r_list_head(struct codec_r *r, uint32_t max, const struct codec_field *f, size_t nf,
+                       uint32_t *n, uint32_t *left_out) {
+  *n = codec_r_u32(r);
+  *left_out = codec_r_u32(r);
+  if (!r->bad && (*n > max || *n > r->left / codec_rec_min(f, nf)))
+    r->bad = true;
+}

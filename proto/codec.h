@@ -134,6 +134,19 @@ void codec_r_rec(struct codec_r *r, const struct codec_field *f, size_t n, void 
 size_t codec_rec_min(const struct codec_field *f, size_t n);
 
 /*
+ * A counted list, the body of every listing reply: u32 n, u32 left_out
+ * (records the sender had no room for), then n records of table f.
+ * codec_w_list writes it from n records `stride` bytes apart;
+ * codec_r_list_head reads its two counts and fails (r->bad) where n is past
+ * max or past what the bytes left could hold; the caller then reads the n
+ * records with codec_r_rec, checking each as it needs.
+ */
+void codec_w_list(struct codec_w *w, uint32_t n, uint32_t left_out, const struct codec_field *f,
+                  size_t nf, const void *recs, size_t stride);
+void codec_r_list_head(struct codec_r *r, uint32_t max, const struct codec_field *f, size_t nf,
+                       uint32_t *n, uint32_t *left_out);
+
+/*
  * A body that is one field table and nothing more, with the checks of its
  * values each side makes (NULL: none).  The encoder refuses a record
  * enc_ok rejects (DEP_ERR_INVALID) before writing a byte; the decoder

@@ -300,10 +300,8 @@ int proto_encode_job_events(struct proto_buf *b, const struct dep_msg_job_events
       return DEP_ERR_INVALID;
   struct codec_w w;
   codec_w_init(&w, b);
-  codec_w_u32(&w, m->n);
-  codec_w_u32(&w, m->left_out);
-  for (uint32_t i = 0; i < m->n && !w.err; i++)
-    codec_w_rec(&w, job_event_record, CODEC_NFIELDS(job_event_record), &m->ev[i]);
+  codec_w_list(&w, m->n, m->left_out, job_event_record, CODEC_NFIELDS(job_event_record), m->ev,
+               sizeof m->ev[0]);
   return codec_w_finish(&w);
 }
 
@@ -311,9 +309,10 @@ int proto_decode_job_events(const uint8_t *p, size_t len, struct dep_msg_job_eve
   struct codec_r r;
   codec_r_init(&r, p, len);
   memset(m, 0, sizeof *m);
-  uint32_t n = codec_r_u32(&r);
-  m->left_out = codec_r_u32(&r);
-  if (r.bad || n > DEP_JOB_EVENTS_MAX)
+  uint32_t n = 0;
+  codec_r_list_head(&r, DEP_JOB_EVENTS_MAX, job_event_record, CODEC_NFIELDS(job_event_record), &n,
+                    &m->left_out);
+  if (r.bad)
     return DEP_ERR_PROTOCOL;
   m->n = n;
   for (uint32_t i = 0; i < n && !r.bad; i++) {

@@ -159,10 +159,8 @@ int proto_encode_clients(struct proto_buf *b, const struct dep_msg_clients *m) {
     return DEP_ERR_INVALID;
   struct codec_w w;
   codec_w_init(&w, b);
-  codec_w_u32(&w, m->n);
-  codec_w_u32(&w, m->left_out);
-  for (uint32_t i = 0; i < m->n && !w.err; i++)
-    codec_w_rec(&w, client_record, CODEC_NFIELDS(client_record), &m->clients[i]);
+  codec_w_list(&w, m->n, m->left_out, client_record, CODEC_NFIELDS(client_record), m->clients,
+               sizeof m->clients[0]);
   return codec_w_finish(&w);
 }
 
@@ -170,10 +168,10 @@ int proto_decode_clients(const uint8_t *p, size_t len, struct dep_msg_clients *m
   struct codec_r r;
   codec_r_init(&r, p, len);
   memset(m, 0, sizeof *m);
-  uint32_t n = codec_r_u32(&r);
-  m->left_out = codec_r_u32(&r);
-  if (r.bad || n > DEP_CLIENTS_MAX ||
-      n > r.left / codec_rec_min(client_record, CODEC_NFIELDS(client_record)))
+  uint32_t n = 0;
+  codec_r_list_head(&r, DEP_CLIENTS_MAX, client_record, CODEC_NFIELDS(client_record), &n,
+                    &m->left_out);
+  if (r.bad)
     return DEP_ERR_PROTOCOL;
   if (n > 0 && (m->clients = calloc(n, sizeof *m->clients)) == NULL)
     return DEP_ERR_NO_MEMORY;
