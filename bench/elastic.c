@@ -4,7 +4,7 @@
  * API only (deepep.h), on the host backend (its buffers are host memory).
  *
  *   elastic -s SOCKET[,SOCKET...] [-n RANKS] [-c CYCLES] [-t TOKENS] [-H HIDDEN] [-e EXPERTS]
- *           [-k TOPK]
+ *           [-k TOPK] [-g]
  *
  * RANKS processes (8) attach as one elastic job and call without pause,
  * every rank the same operation (a throughput dispatch, or a low-latency
@@ -25,6 +25,10 @@
  *       first call; the time from the release to the last first call.
  * Medians and worst over the cycles; the ranks' processes stay up in (c)
  * (a trainer restarted from scratch pays its own start-up, reported beside).
+ * With -g the ranks' buffers are device memory and each rank process uses
+ * the GPU (rank r on GPU r % the GPUs visible), for a daemon with the cuda
+ * backend; the replacement makes its CUDA context before the clock (its
+ * start-up, beside, includes it).
  * With several sockets, one daemon a node (each other's peers), the ranks
  * spread over them in equal blocks and the job spans them; a rank cannot
  * come back across nodes yet, so (b) is one attach that must be refused
@@ -45,6 +49,7 @@
 #include <unistd.h>
 
 #include "benchlib.h"
+#include "cudadrv.h"
 #include "deepep.h"
 
 #define EB_MAXW 64
@@ -84,6 +89,9 @@ static const char *sock;          /* -s as given */
 static char *socks[EB_MAXW];       /* one a node */
 static uint32_t nodes, lws;    /* ranks a node: rank r is on node r / lws */
 static char job_base[48];
+static int use_gpu, ngpus;        /* -g: device buffers, on ngpus GPUs */
+static const struct cudadrv *cu;  /* -g: loaded in each rank process, after its fork */
+static uint8_t gpu_uuid[16];      /* -g: this rank process's GPU */
 
 static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void fail(const char *fmt, ...) {
@@ -97,6 +105,34 @@ static void fail(const char *fmt, ...) {
 static void nap(void) {
   struct timespec ts = {0, 20000};
   nanosleep(&ts, NULL);
+}
+
+/* -g: this rank process's GPU, its primary context current; before any buffer. */
+static void eb_gpu(uint32_t r) {
+  char why[256] = "";
+  CUdevice dev;
+  CUcontext ctx;
+  CUuuid u;
+  cu = cudadrv_load(why, sizeof why);
+  if (cu == NULL || cu->cuDeviceGet(&dev, bench_gpu_of_rank((int)r, ngpus)) != CUDA_SUCCESS ||
+      cu->cuDeviceGetUuid(&u, dev) != CUDA_SUCCESS ||
+      cu->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
+      cu->cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+    fail("rank %u: its GPU: %s", r, why[0] ? why : "a CUDA driver call failed");
+    _exit(1);
+  }
+  memcpy(gpu_uuid, u.bytes, sizeof gpu_uuid);
+}
+
+/* -g: a device copy of n bytes of host (or, host NULL, n bytes of device memory). */
+static void *eb_dev(const void *host, size_t n) {
+  CUdeviceptr d = 0;
+  if (cu->cuMemAlloc(&d, n ? n : 1) != CUDA_SUCCESS ||
+      (host != NULL && cu->cuMemcpyHtoD(d, host, n) != CUDA_SUCCESS)) {
+    fail("out of device memory for %zu bytes", n);
+    _exit(1);
+  }
+  return (void *)(uintptr_t)d;
 }
 
 /* Token t of rank s goes to ranks t, t+1, ..., t+K-1 (mod W), one expert on
@@ -130,11 +166,13 @@ static uint32_t eb_full(uint32_t r) {
   return n;
 }
 
+/* What the calls take: host memory, or with -g device memory (lcnt_host: the
+ * low-latency counts read back). */
 struct eb_bufs {
   uint16_t *x, *rx;
   int64_t *idx;
   float *w, *rw, *lscales;
-  int32_t *ridx, *cnt, *lcnt;
+  int32_t *ridx, *cnt, *lcnt, *lcnt_host;
   uint8_t *lx;
 };
 
@@ -160,6 +198,20 @@ static void eb_bufs(struct eb_bufs *b, uint32_t r) {
       b->idx[(size_t)t * K + k] = eb_expert(r, t, k);
       b->w[(size_t)t * K + k] = 1.0f / (float)K;
     }
+  b->lcnt_host = b->lcnt;
+  if (!use_gpu)
+    return;
+  /* The host arrays stay: a rank process lives as long as the run. */
+  b->x = eb_dev(b->x, (size_t)T * H * 2);
+  b->idx = eb_dev(b->idx, (size_t)T * K * 8);
+  b->w = eb_dev(b->w, (size_t)T * K * 4);
+  b->rx = eb_dev(NULL, rows * H * 2);
+  b->ridx = eb_dev(NULL, rows * K * 4);
+  b->rw = eb_dev(NULL, rows * K * 4);
+  b->cnt = eb_dev(NULL, le * 4);
+  b->lcnt = eb_dev(NULL, le * 4);
+  b->lx = eb_dev(NULL, le * rows * H * 2);
+  b->lscales = eb_dev(NULL, le * rows * (H / 128) * 4);
 }
 
 /* One call of the mode: the rows received, or -1 (ctl->why says). */
@@ -180,10 +232,15 @@ static long eb_call(dep_client_t *c, struct eb_bufs *b, int op) {
     struct dep_ll_dispatch_args a = {.size = sizeof a, .x = b->x, .topk_idx = b->idx,
                                      .index_type = DEP_INDEX_I64, .num_tokens = T,
                                      .recv_x = b->lx, .recv_count = b->lcnt};
-    if ((rc = dep_ll_dispatch(c, &a, h, NULL)) == 0) {
+    /* On the GPU the counts are read back on the default stream, behind the call. */
+    if ((rc = dep_ll_dispatch(c, &a, h, NULL)) == 0 && use_gpu &&
+        cu->cuMemcpyDtoH(b->lcnt_host, (CUdeviceptr)(uintptr_t)b->lcnt, (E / W) * 4) !=
+            CUDA_SUCCESS)
+      rc = DEP_ERR_CUDA;
+    if (rc == 0) {
       rows = 0;
       for (uint32_t l = 0; l < E / W; l++)
-        rows += b->lcnt[l];
+        rows += b->lcnt_host[l];
     }
   }
   if (rc != 0)
@@ -201,6 +258,7 @@ static int eb_attach(dep_client_t *c, uint32_t r, uint32_t job_gen) {
                                    .topk = K, .dtype = DEP_DTYPE_BF16,
                                    .max_ll_tokens_per_rank = T};
   snprintf(a.job_id, sizeof a.job_id, "%s-%u", job_base, job_gen);
+  memcpy(a.device_uuid, gpu_uuid, sizeof a.device_uuid);
   return dep_attach(c, &a);
 }
 
@@ -281,6 +339,8 @@ static void eb_rank(dep_client_t *c, uint32_t r, uint64_t n, int *attached) {
  * stopped, unattached, until the next restart attaches it to the new job. */
 static void eb_rank_main(uint32_t r, int later) {
   dep_client_t *c = NULL;
+  if (use_gpu)
+    eb_gpu(r);
   int rc = dep_client_new(&c);
   if (rc == 0)
     rc = dep_connect(c, socks[r / lws]);
@@ -300,6 +360,8 @@ static void eb_rank_main(uint32_t r, int later) {
  * overtook its join call), make its first call, then go on as the rank. */
 static void eb_replacement_main(uint32_t v) {
   dep_client_t *c = NULL;
+  if (use_gpu)
+    eb_gpu(v);
   int rc = dep_client_new(&c);
   if (rc == 0)
     rc = dep_connect(c, socks[v / lws]);
@@ -392,6 +454,8 @@ static double eb_latest(uint32_t skip, const char *what) {
 /* A process attaching as killed rank v of the job across nodes: refused, and why. */
 static void eb_refused(uint32_t v, uint32_t job_gen) {
   dep_client_t *c = NULL;
+  if (use_gpu)
+    eb_gpu(v); /* in the parent, after its ranks are forked: the uuid the attach gives */
   int rc = dep_client_new(&c);
   if (rc == 0)
     rc = dep_connect(c, socks[v / lws]);
@@ -410,13 +474,13 @@ static void report(const char *what, double *v, uint32_t n) {
 
 static void usage(void) {
   fprintf(stderr, "usage: elastic -s SOCKET[,SOCKET...] [-n RANKS] [-c CYCLES] [-t TOKENS] [-H HIDDEN] "
-                  "[-e EXPERTS] [-k TOPK]\n");
+                  "[-e EXPERTS] [-k TOPK] [-g]\n");
   exit(2);
 }
 
 int main(int argc, char **argv) {
   int o;
-  while ((o = getopt(argc, argv, "s:n:c:t:H:e:k:h")) != -1) {
+  while ((o = getopt(argc, argv, "s:n:c:t:H:e:k:gh")) != -1) {
     switch (o) {
     case 's': sock = optarg; break;
     case 'n': W = (uint32_t)atoi(optarg); break;
@@ -425,6 +489,7 @@ int main(int argc, char **argv) {
     case 'H': H = (uint32_t)atoi(optarg); break;
     case 'e': E = (uint32_t)atoi(optarg); break;
     case 'k': K = (uint32_t)atoi(optarg); break;
+    case 'g': use_gpu = 1; break;
     default: usage();
     }
   }
@@ -440,6 +505,11 @@ int main(int argc, char **argv) {
   if (sock == NULL || W < 2 || W > EB_MAXW || CYCLES < 1 || T < W || K > W || E % W != 0 ||
       H % 128 != 0)
     usage();
+  char why[256] = "";
+  if (use_gpu && (ngpus = bench_gpus(0, why, sizeof why)) < 1) {
+    fprintf(stderr, "elastic: -g: %s\n", why);
+    return 1;
+  }
   ctl = mmap(NULL, sizeof *ctl, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (ctl == MAP_FAILED)
     return 1;
@@ -450,8 +520,8 @@ int main(int argc, char **argv) {
   for (uint32_t r = 0; r < W; r++)
     if ((pids[r] = fork()) == 0)
       eb_rank_main(r, 0);
-  printf("elastic: %u ranks on %s (%u a node), %u tokens per rank, hidden %u, top-%u of %u experts, bf16\n",
-         W, sock, lws, T, H, K, E);
+  printf("elastic: %u ranks on %s (%u a node), %u tokens per rank, hidden %u, top-%u of %u experts, "
+         "bf16, %s buffers\n", W, sock, lws, T, H, K, E, use_gpu ? "device" : "host");
   double *ka[2], *rb[2], *rc = malloc(CYCLES * sizeof *rc), *start = malloc(2 * CYCLES * sizeof *start),
          *att = malloc(2 * CYCLES * sizeof *att);
   uint32_t retries = 0, jg = 0;
@@ -553,7 +623,8 @@ int main(int argc, char **argv) {
   report("(b) dep_attach -> job's call with it, tp", rb[EB_TP], CYCLES);
   report("(b) dep_attach -> job's call with it, ll", rb[EB_LL], CYCLES);
   report("    of which dep_attach returning", att, 2 * CYCLES);
-  report("    replacement start-up (fork, connect)", start, 2 * CYCLES);
+  report(use_gpu ? "    replacement start-up (fork, CUDA, connect)"
+                 : "    replacement start-up (fork, connect)", start, 2 * CYCLES);
   report("(c) restart: detach, attach, first call", rc, CYCLES);
   printf("replacement attaches refused as overtaken and tried again: %u\n", retries);
   return 0;
