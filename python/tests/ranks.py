@@ -381,6 +381,41 @@ def bias_rank(args) -> List[Dict[str, np.ndarray]]:
     return out
 
 
+#: bf16 bits of 1 and 1 + 2^-7 (one ulp above 1): the tie case's two answers.
+TIE_ONE, TIE_ONE_ULP = 0x3F80, 0x3F81
+
+
+def tie_rank(args) -> Dict[str, Dict[str, np.ndarray]]:
+    """Rank `rank` of a world of 2, for each binding (deepep and deep_ep, a job each): one
+    token on both ranks (experts 0 and 2), rows back as 1 from rank 0 and 2^-8 from rank 1,
+    combined with no bias, bias=(2^-9, 2^-9) and bias=2^-8.  Summed in float32 with the
+    biases before the one rounding (DeepEP's) that is 1 + 2^-7, a bf16; the combine rounded
+    first is bf16(1 + 2^-8), a tie, to even 1, and 1 + 2^-8 again once the bias is added."""
+    sock, job, rank, world, seed, iters, dev = args
+    import deepep
+    assert world == 2
+    dev = torch.device(dev)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    s = shape(world)
+    out = {}
+    for name, cls in (("deepep", deepep.Buffer), ("deep_ep", import_compat().Buffer)):
+        b = cls(job_id=f"{job}-{name}", rank=rank, world_size=world, local_rank=rank,
+                local_world_size=world, socket=sock, **s)
+        x = torch.ones(1, s["hidden"], dtype=torch.bfloat16, device=dev)
+        idx = torch.tensor([[0, 2] + [-1] * (s["num_topk"] - 2)], dtype=torch.int64, device=dev)
+        w = torch.ones(1, s["num_topk"], dtype=torch.float32, device=dev)
+        rx, _, _, _, h, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)
+        assert rx.shape[0] == 2
+        y = torch.full_like(rx, 1.0 if rank == 0 else 2.0 ** -8)
+        b9 = torch.full_like(x, 2.0 ** -9)
+        out[name] = {"plain": bits(b.combine(y, h)[0]),
+                     "pair": bits(b.combine(y, h, bias=(b9, b9))[0]),
+                     "one": bits(b.combine(y, h, bias=b9 * 2)[0])}
+        b.destroy()
+    return out
+
+
 def graph_tp_rank(args) -> List[Dict[str, np.ndarray]]:
     """Rank `rank` of a job on the cuda backend: one layer's throughput pair with
     num_worst_tokens captured in a CUDA graph (dispatch, the experts' x (rank + 1), combine),
