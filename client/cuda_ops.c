@@ -383,7 +383,7 @@ int cuda_ops_combine(dep_client_t *c, const struct dep_combine_args *a, const st
   if ((rc = cuops_begin(c, op, s)) != 0)
     return rc;
   struct cuops_combine_args k = {a->x, a->out, h->num_tokens, 0, a->topk_weights,
-                                 a->out_topk_weights, hdl_of(h)};
+                                 a->out_topk_weights, a->bias_0, a->bias_1, hdl_of(h)};
   return cuops_launch(c, CUOPS_K_COMBINE, comm_grid(c), 0, &k, s, op);
 }
 

@@ -29,9 +29,9 @@ extern "C" {
 
 /* Library version; the wire protocol has its own version (proto/proto.h). */
 #define DEP_VERSION_MAJOR 0
-#define DEP_VERSION_MINOR 5
+#define DEP_VERSION_MINOR 6
 #define DEP_VERSION_PATCH 0
-#define DEP_VERSION_STRING "0.5.0"
+#define DEP_VERSION_STRING "0.6.0"
 
 /* Where the daemon listens unless the caller or $DEEPEPD_SOCKET says otherwise. */
 #define DEP_DEFAULT_SOCKET "/run/deepepd/deepepd.sock"
@@ -485,6 +485,20 @@ DEP_EXPORT int dep_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, 
  * token that selected nothing); given each rank's recv_topk_weights it is
  * the origin's topk_weights again.  The vectors are not weighted: that is
  * the caller's, before combine.
+ *
+ * bias_0, bias_1 (appended in 0.6.0; DeepEP's combine(bias=)): NULL, or
+ * bf16 [num_tokens, hidden] of the dispatching call (num_tokens the
+ * handle's), in the memory the operations read (device memory on cuda),
+ * 2-byte aligned; either may be given without the other, and a call with
+ * no tokens reads neither.  Each is added to the origin's sum before its
+ * one rounding, in DeepEP's order: for token t and channel c, in float32
+ * rounded to nearest, acc = bias_0[t][c] + bias_1[t][c] (a NULL one counts
+ * as +0), then acc += the vector of each rank that received t, ranks
+ * ascending, and out[t][c] = bf16(acc), rounded once to nearest even.  So
+ * the result is not bf16(bf16(sum) + bias): it is DeepEP's bit for bit
+ * wherever the ranks' vectors are summed in the same order.  A cached, a
+ * weighted and a plain combine take them alike.  A library older than
+ * 0.6.0 refuses a non-NULL one (DEP_ERR_UNSUPPORTED, "Structs grow").
  */
 struct dep_combine_args {
   uint32_t size;               /* sizeof(struct dep_combine_args) */
@@ -492,6 +506,9 @@ struct dep_combine_args {
   void *out;                   /* bf16 [num_tokens, hidden] of the dispatching call */
   const float *topk_weights;   /* weighted: [rows, topk] */
   float *out_topk_weights;     /* weighted: [num_tokens, topk]; NULL: not weighted */
+  /* Appended in 0.6.0 (0.5.0's sizeof ends after out_topk_weights): */
+  const void *bias_0;          /* NULL, or bf16 [num_tokens, hidden]: added before rounding */
+  const void *bias_1;          /* NULL, or bf16 [num_tokens, hidden]: added before rounding */
 };
 DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a,
                            const dep_handle_t *h, dep_stream_t stream);

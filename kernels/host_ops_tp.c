@@ -307,8 +307,8 @@ int host_ops_dispatch(struct ops_ctx *c, const struct dep_dispatch_args *a, stru
  * Throughput combine: every received row's vector back to its origin, and
  * in a weighted combine (out_topk_weights given) its topk weights too, in
  * the row where dispatch put the weights; both summed in float32, sources
- * ascending: token by token, each token's vectors taken in rank order as
- * they arrive (host_ops__stream).
+ * ascending, after the biases (comb_bias): token by token, each token's
+ * vectors taken in rank order as they arrive (host_ops__stream).
  */
 struct comb_call {
   const struct dep_combine_args *a;
@@ -339,6 +339,22 @@ static void comb_see(struct ops_ctx *c, void *arg, uint32_t src, const struct op
                            host_ops_op_name(sl->op), src, sl->rows, c->peer[src].want);
 }
 
+/* A token's sum begins as DeepEP's does (deepep.h dep_combine_args): bias_0 + bias_1 in
+ * float32, a missing one +0, so that the ranks' vectors are added to it before the one
+ * rounding. */
+static void comb_bias(struct ops_ctx *c, const struct dep_combine_args *a, uint32_t t) {
+  const uint32_t hid = c->shape.hidden;
+  const uint16_t *b0 = a->bias_0 ? (const uint16_t *)a->bias_0 + (size_t)t * hid : NULL;
+  const uint16_t *b1 = a->bias_1 ? (const uint16_t *)a->bias_1 + (size_t)t * hid : NULL;
+  if (b0 == NULL && b1 == NULL) {
+    memset(c->acc, 0, hid * sizeof *c->acc);
+    return;
+  }
+  for (uint32_t i = 0; i < hid; i++)
+    c->acc[i] = (b0 ? host_ops_bf16_to_float(b0[i]) : 0.0f) +
+                (b1 ? host_ops_bf16_to_float(b1[i]) : 0.0f);
+}
+
 static int comb_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, uint32_t *awaited) {
   struct comb_call *x = arg;
   const struct dep_combine_args *a = x->a;
@@ -348,7 +364,7 @@ static int comb_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, u
   while (c->stream_rc == 0 && x->t < h->num_tokens) {
     const uint32_t t = x->t;
     if (x->p == 0) {
-      memset(c->acc, 0, hid * sizeof *c->acc);
+      comb_bias(c, a, t);
       memset(x->wacc, 0, sizeof x->wacc);
     }
     for (; x->p < h->token_nranks[t]; x->p++) {

@@ -269,8 +269,14 @@ int ops_check_combine(const struct ops_ctx *c, const struct dep_combine_args *a,
   const uint32_t rows = h->worst ? h->worst : h->num_recv;
   if (rows > 0)
     NEED_BF16(a->x, op, "x");
-  if (h->num_tokens > 0)
+  if (h->num_tokens > 0) {
     NEED_BF16(a->out, op, "out");
+    /* Biases are optional, so only a given one's alignment is checked. */
+    if (a->bias_0 != NULL)
+      NEED_BF16(a->bias_0, op, "bias_0");
+    if (a->bias_1 != NULL)
+      NEED_BF16(a->bias_1, op, "bias_1");
+  }
   /* Weighted when out_topk_weights is given (even for no tokens): every rank of the
    * call must say the same, since their rows carry the weights or not. */
   if (a->out_topk_weights == NULL && a->topk_weights != NULL)

@@ -440,9 +440,47 @@ __device__ __forceinline__ int32_t combine_pos(const cuops_job &J, const cuops_c
   return s < J.world && !masked(k, s) ? a.h.tp_pos[(uint64_t)t * J.world + s] : -1;
 }
 
+/* Where a lane's sum of token t begins (deepep.h dep_combine_args): DeepEP's
+ * bias_0 + bias_1 in float32, a missing one +0, at the lane's 8 channels of each
+ * of its RED_C groups.  A bias 16-byte aligned is read as vectors (hidden is a
+ * multiple of 128, so each row is too), any other 2-byte aligned one element by
+ * element. */
+__device__ __forceinline__ void combine_bias(red_acc &acc, const cuops_combine_args &a,
+                                             uint32_t t, uint32_t c0, uint32_t h) {
+  const uint8_t *b[2] = {(const uint8_t *)a.b0, (const uint8_t *)a.b1};
+#pragma unroll
+  for (int cc = 0; cc < RED_C; cc++) {
+    float v[2][8] = {};
+    const uint32_t c = c0 + 256u * cc;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      if (b[i] == NULL || c >= h)
+        continue;
+      const uint8_t *p = b[i] + ((uint64_t)t * h + c) * 2;
+      uint32_t u[4];
+      if (((uintptr_t)b[i] & 15u) == 0) {
+        const int4 q = __ldg((const int4 *)p);
+        u[0] = (uint32_t)q.x, u[1] = (uint32_t)q.y, u[2] = (uint32_t)q.z, u[3] = (uint32_t)q.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          u[e] = (uint32_t)__ldg((const unsigned short *)p + 2 * e) |
+                 ((uint32_t)__ldg((const unsigned short *)p + 2 * e + 1) << 16);
+      }
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        v[i][e] = bf2f(u[e / 2] >> (16 * (e % 2)));
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+      acc.v[cc][e] = __fadd_rn(v[0][e], v[1][e]);
+  }
+}
+
 /* Combine's receive: the calling warp sums each token of [first, last),
- * sources ascending, from the rows each source sent back at the positions
- * its dispatch recorded, once they are marked; false when the call failed. */
+ * after its biases (combine_bias), sources ascending, from the rows each
+ * source sent back at the positions its dispatch recorded, once they are
+ * marked; false when the call failed. */
 __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_combine_args &a,
                                                const call &k, uint32_t first, uint32_t last) {
   const uint32_t h = J.hidden, W = J.world, lane = threadIdx.x & 31u;
@@ -470,7 +508,8 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
     }
     for (uint32_t c = 0; c < h; c += 256u * RED_C) { /* warp-uniform: red_add shuffles */
       const uint32_t c0 = c + lane * 8;
-      red_acc acc = {};
+      red_acc acc;
+      combine_bias(acc, a, t, c0, h);
       for (uint32_t s0 = 0; s0 < W; s0 += 32) {
         /* this group's sources that hold the token, in order */
         const uint32_t s = s0 + lane;

@@ -326,7 +326,8 @@ struct cuops_dispatch_args {
 };
 
 /* w/ow: DeepEP's combine of weights (ow NULL: none; w NULL only with no rows),
- * w [rows, topk], ow [num_tokens, topk]. */
+ * w [rows, topk], ow [num_tokens, topk]; b0/b1: dep_combine_args's bias_0 and
+ * bias_1 (NULL: none), bf16 [num_tokens, hidden], where each token's sum begins. */
 struct cuops_combine_args {
   const void *x;
   void *out;
@@ -334,6 +335,7 @@ struct cuops_combine_args {
   uint32_t pad;
   const float *w;
   float *ow;
+  const void *b0, *b1;
   struct cuops_hdl h;
 };
 

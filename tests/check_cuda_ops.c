@@ -23,6 +23,7 @@
  * all on GPU 0.  Asking for more GPUs than are visible fails each test.
  */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -384,6 +385,114 @@ START_TEST(throughput_extensions_match_the_oracle) {
 }
 END_TEST
 
+/* ---- combine's biases (deepep.h dep_combine_args bias_0, bias_1) ------------------------ */
+
+/* A case and each rank's two biases, bf16 [num_tokens, hidden] in [-4, 4). */
+struct bias_gpu {
+  struct ow_case d;
+  uint16_t *b[2][OW_MAXW];
+};
+
+/*
+ * Per round a dispatch and a combine with biases, bit for bit the host
+ * backend's single rounding (ow_want_combine, which check_ops_ext.c holds
+ * the host backend to): both biases, bias_0 16-byte aligned (read as
+ * vectors) and bias_1 only 2-byte aligned (element by element); bias_1
+ * alone after a cached dispatch; bias_0 alone in a weighted combine.
+ */
+static int body_bias(struct rk *k, void *arg) {
+  const struct bias_gpu *e = arg;
+  const struct ow_case *d = &e->d;
+  const uint32_t r = k->rank, h = k->h_, n = d->in[r].num_tokens, nr = d->disp[r].num_recv;
+  const size_t cells = (size_t)n * h;
+  if (cr_put(k, B_X, d->in[r].x, cells * 2) ||
+      cr_put(k, B_IDX, d->idx[r], (size_t)n * k->K * (d->sc.itype == DEP_INDEX_I64 ? 8 : 4)) ||
+      cr_put(k, B_W, d->in[r].topk_weights, (size_t)n * k->K * 4) ||
+      cr_put(k, B_CX, d->cx[r], (size_t)nr * h * 2))
+    return 1;
+  /* bias_0 at the allocation (aligned), bias_1 two bytes past a 16-byte boundary. */
+  CUdeviceptr bm = 0;
+  const size_t b1_off = (cells * 2 + 15) / 16 * 16 + 2;
+  CR_CU(k, k->cu->cuMemAlloc(&bm, b1_off + cells * 2 + 2), "cuMemAlloc (biases)");
+  uint16_t *want = malloc(cells * 2 + 2);
+  float *acc = malloc(h * 4);
+  int rc = cr_put_at(k, bm, e->b[0][r], cells * 2) ||
+           cr_put_at(k, bm + b1_off, e->b[1][r], cells * 2);
+  const void *dev[2] = {(const void *)(uintptr_t)bm, (const void *)(uintptr_t)(bm + b1_off)};
+  for (int round = 0; round < 3 && rc == 0; round++) {
+    const uint8_t pz = round & 1 ? 0x5A : 0xA5;
+    const bool g0 = round != 1, g1 = round != 2;
+    uint32_t nrecv = 0;
+    struct dep_dispatch_args da = {
+        .size = sizeof da, .x = CR_DEV(k, B_X), .topk_idx = CR_DEV(k, B_IDX),
+        .index_type = d->sc.itype, .topk_weights = CR_DEV(k, B_W), .num_tokens = n,
+        .recv_x = CR_DEV(k, B_RX), .recv_topk_idx = CR_DEV(k, B_RIDX),
+        .recv_topk_weights = CR_DEV(k, B_RW), .recv_count_per_expert = CR_DEV(k, B_CNT),
+        .num_recv = &nrecv};
+    CALL(k, dep_dispatch(k->c, &da, k->h, k->s), "dep_dispatch");
+    if (round == 1) {
+      struct dep_dispatch_args cb = {.size = sizeof cb, .cached = 1, .x = CR_DEV(k, B_X),
+                                     .num_tokens = n, .recv_x = CR_DEV(k, B_RX),
+                                     .num_recv = &nrecv};
+      CALL(k, dep_dispatch(k->c, &cb, k->h, k->s), "dep_dispatch (cached)");
+    }
+    if (cr_poison(k, B_OUT, pz)) {
+      rc = 1;
+      break;
+    }
+    struct dep_combine_args ca = {.size = sizeof ca, .x = CR_DEV(k, B_CX), .out = CR_DEV(k, B_OUT),
+                                  .bias_0 = g0 ? dev[0] : NULL, .bias_1 = g1 ? dev[1] : NULL};
+    if (round == 2) /* the rows' recv_topk_weights, still in B_RW */
+      ca.topk_weights = CR_DEV(k, B_RW), ca.out_topk_weights = CR_DEV(k, B_LRX);
+    CALL(k, dep_combine(k->c, &ca, k->h, k->s), "dep_combine (bias)");
+    ow_want_combine(d, r, g0 ? e->b[0][r] : NULL, g1 ? e->b[1][r] : NULL, want, acc);
+    if ((rc = cr_get(k, B_OUT)) != 0)
+      break;
+    const uint16_t *got = (const uint16_t *)k->host;
+    for (size_t i = 0; i < cells && rc == 0; i++)
+      if (got[i] != want[i])
+        rc = ow_fail(k->msg, "combine (bias_0 %s, bias_1 %s): token %zu channel %zu is 0x%04x, "
+                     "the host backend's 0x%04x [%s]", g0 ? "aligned" : "NULL",
+                     g1 ? "2-byte aligned" : "NULL", i / h, i % h, got[i], want[i], d->desc);
+    if (rc == 0 && ow_unpoisoned(k->host + cells * 2, (size_t)k->mt * h * 2 - cells * 2, pz) >= 0)
+      rc = ow_fail(k->msg, "combine (bias): out written past num_tokens [%s]", d->desc);
+  }
+  k->cu->cuStreamSynchronize(k->s);
+  k->cu->cuMemFree(bm);
+  free(want);
+  free(acc);
+  return rc;
+}
+
+/* Combine with biases: the host backend's result, bit for bit, on every scenario of ext's. */
+START_TEST(combine_with_biases_matches_the_host_backend) {
+  CR_NEEDS_GPU();
+  ow_seed_init(300 + (uint64_t)_i);
+  struct bias_gpu *e = calloc(1, sizeof *e);
+  ck_assert_ptr_nonnull(e);
+  ow_case_make(&e->d, &ext_scenarios[_i], 0);
+  const uint32_t h = e->d.sc.hidden;
+  for (uint32_t r = 0; r < e->d.sc.world; r++)
+    for (int j = 0; j < 2; j++) {
+      const size_t cells = (size_t)e->d.in[r].num_tokens * h;
+      e->b[j][r] = malloc(cells * 2 + 2);
+      ck_assert_ptr_nonnull(e->b[j][r]);
+      for (size_t i = 0; i < cells; i++)
+        e->b[j][r][i] = host_ops_float_to_bf16(ldexpf(ow_unif() * 2.0f - 1.0f, 2));
+    }
+  struct cr_world w;
+  cr_world_start(&w, NULL);
+  char job[32];
+  snprintf(job, sizeof job, "bias-%d", _i);
+  cr_run_procs(&w, job, &e->d.shape, e->d.sc.world, body_bias, e, e->d.desc);
+  cr_world_stop(&w);
+  for (uint32_t r = 0; r < e->d.sc.world; r++)
+    free(e->b[0][r]), free(e->b[1][r]);
+  ow_case_free(&e->d);
+  free(e);
+}
+END_TEST
+
 /* ---- handles in memory the caller lends (dep_handle_new_in) ------------------------------ */
 
 #define LENT_GUARD 4096u
@@ -520,6 +629,8 @@ Suite *cuda_ops_suite(void) {
                       (int)(sizeof scenarios / sizeof scenarios[0]));
   tcase_add_test(tc, two_hundred_forty_calls_back_to_back_stay_correct);
   tcase_add_loop_test(tc, throughput_extensions_match_the_oracle, 0,
+                      (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
+  tcase_add_loop_test(tc, combine_with_biases_matches_the_host_backend, 0,
                       (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
   tcase_add_loop_test(tc, ops_through_a_handle_in_lent_device_memory_match_the_oracle, 0,
                       (int)(sizeof lent_scenarios / sizeof lent_scenarios[0]));

@@ -461,6 +461,137 @@ START_TEST(a_layout_after_a_timed_out_call_is_state) {
 }
 END_TEST
 
+/* ---- combine's biases (deepep.h dep_combine_args bias_0, bias_1) ------------------ */
+
+/* A bf16 in [-4, 4): a bias of the size of the vectors it is added to. */
+static uint16_t bias_value(void) {
+  return host_ops_float_to_bf16(ldexpf(ow_unif() * 2.0f - 1.0f, 2));
+}
+
+/*
+ * Per round a dispatch and a combine with biases, each result bit for bit
+ * the oracle's single rounding (ow_want_combine): both biases; bias_1 alone
+ * in a weighted combine; bias_0 alone after a cached dispatch; none.
+ */
+static int bias_rank(struct ops_ctx *c, void *arg, char *msg) {
+  const struct ext_case *e = arg;
+  const struct ow_case *d = &e->d;
+  const uint32_t r = c->rank, h = d->sc.hidden, K = d->sc.topk, mt = d->sc.max_tokens;
+  const struct ref_rank_in *in = &d->in[r];
+  const size_t cells = (size_t)in->num_tokens * h;
+  struct ow_outs o;
+  ow_outs_alloc(&o, d);
+  uint16_t *b0 = malloc(cells * 2 + 2), *b1 = malloc(cells * 2 + 2);
+  uint16_t *want = malloc(cells * 2 + 2);
+  float *acc = malloc(h * 4), *ow = malloc(((size_t)mt * K + 1) * 4);
+  ck_assert(b0 && b1 && want && acc && ow);
+  for (size_t i = 0; i < cells; i++)
+    b0[i] = bias_value(), b1[i] = bias_value();
+  int rc = 0;
+  for (int round = 0; round < 4 && rc == 0; round++) {
+    const uint8_t pz = round & 1 ? 0x5A : 0xA5;
+    const uint16_t *g0 = round == 0 || round == 2 ? b0 : NULL;
+    const uint16_t *g1 = round <= 1 ? b1 : NULL;
+    EXT_CALL(ow_dispatch(c, d, &o, &o.h), "dispatch");
+    if (round == 2) {
+      struct dep_dispatch_args cb = {.size = sizeof cb, .cached = 1, .x = in->x,
+                                     .num_tokens = in->num_tokens, .recv_x = o.rx,
+                                     .num_recv = &o.num_recv};
+      EXT_CALL(host_ops_dispatch(c, &cb, &o.h), "dispatch (cached)");
+    }
+    memset(o.out, pz, (size_t)mt * h * 2);
+    struct dep_combine_args ca = {.size = sizeof ca, .x = d->cx[r], .out = o.out,
+                                  .bias_0 = g0, .bias_1 = g1};
+    if (round == 1)
+      ca.topk_weights = e->cw[r], ca.out_topk_weights = ow;
+    EXT_CALL(host_ops_combine(c, &ca, &o.h), "combine (bias)");
+    ow_want_combine(d, r, g0, g1, want, acc);
+    for (size_t i = 0; i < cells; i++)
+      if (o.out[i] != want[i]) {
+        rc = ow_fail(msg, "combine (bias_0 %s, bias_1 %s%s): token %zu channel %zu is 0x%04x, "
+                     "want 0x%04x, the float32 sum rounded once [%s]", g0 ? "given" : "NULL",
+                     g1 ? "given" : "NULL", round == 2 ? ", cached" : round == 1 ? ", weighted" : "",
+                     i / h, i % h, o.out[i], want[i], d->desc);
+        break;
+      }
+    if (rc == 0 && ow_unpoisoned(o.out + cells, (size_t)mt * h * 2 - cells * 2, pz) >= 0)
+      rc = ow_fail(msg, "combine (bias): written past num_tokens [%s]", d->desc);
+  }
+  free(b0), free(b1), free(want), free(acc), free(ow);
+  ow_outs_free(&o);
+  return rc;
+}
+
+START_TEST(combine_with_biases_rounds_once_as_the_oracle) {
+  ext_run(_i, 400 + (uint64_t)_i, bias_rank);
+}
+END_TEST
+
+/*
+ * A case built so that adding the biases after the combine's rounding (what
+ * deep_ep did before 0.6.0) gives another bf16 than DeepEP's one rounding:
+ * one token, on both of two ranks, whose vectors are 1 (rank 0) and 2^-8
+ * (rank 1), biases 2^-9 each.  DeepEP's order: 2^-9 + 2^-9 + 1 + 2^-8 =
+ * 1 + 2^-7, a bf16 (0x3f81).  Rounded first: bf16(1 + 2^-8) is a tie, to
+ * even 1 (0x3f80), and bf16(1 + 2^-9 + 2^-9) is the same tie, 1 again.
+ */
+#define TIE_ONE 0x3f80u        /* bf16 1.0 */
+#define TIE_ULP_HALF 0x3b80u   /* bf16 2^-8: half of 1.0's ulp */
+#define TIE_BIAS 0x3b00u       /* bf16 2^-9 */
+#define TIE_ONE_ULP 0x3f81u    /* bf16 1 + 2^-7 */
+
+static int tie_rank(struct ops_ctx *c, void *arg, char *msg) {
+  (void)arg;
+  enum { H = 128 };
+  const uint32_t r = c->rank;
+  static uint16_t x[H], cx[2 * H], out[H], bias[H];
+  const int64_t idx[2] = {0, 1}; /* experts 0 and 1: ranks 0 and 1 */
+  const float w[2] = {1.0f, 1.0f};
+  uint16_t rx[2 * H];
+  int32_t ridx[4], cnt[1];
+  float rw[4];
+  uint32_t nr = 0;
+  struct dep_handle hd;
+  host_ops_handle_init(&hd);
+  for (int i = 0; i < H; i++)
+    x[i] = (uint16_t)TIE_ONE, bias[i] = (uint16_t)TIE_BIAS;
+  struct dep_dispatch_args da = {.size = sizeof da, .x = x, .topk_idx = idx,
+                                 .index_type = DEP_INDEX_I64, .topk_weights = w, .num_tokens = 1,
+                                 .recv_x = rx, .recv_topk_idx = ridx, .recv_topk_weights = rw,
+                                 .recv_count_per_expert = cnt, .num_recv = &nr};
+  int rc = host_ops_dispatch(c, &da, &hd);
+  if (rc != 0 || nr != 2)
+    return ow_fail(msg, "dispatch: %s, %u rows (want 2): %s", dep_errname(rc), nr, c->why);
+  for (int i = 0; i < 2 * H; i++) /* each row this rank sends back: 1 from rank 0, 2^-8 from 1 */
+    cx[i] = (uint16_t)(r == 0 ? TIE_ONE : TIE_ULP_HALF);
+  struct dep_combine_args ca = {.size = sizeof ca, .x = cx, .out = out};
+  if ((rc = host_ops_combine(c, &ca, &hd)) != 0)
+    return ow_fail(msg, "combine: %s: %s", dep_errname(rc), c->why);
+  /* Adding the biases to this rounded sum is the old way: it must land on the tie's even. */
+  const float late = host_ops_bf16_to_float(out[0]) + host_ops_bf16_to_float(TIE_BIAS) +
+                     host_ops_bf16_to_float(TIE_BIAS);
+  if (out[0] != TIE_ONE || host_ops_float_to_bf16(late) != TIE_ONE)
+    return ow_fail(msg, "the built case does not part the two roundings: combine gave 0x%04x, "
+                   "bias added after it 0x%04x (want 0x%04x both)", out[0],
+                   host_ops_float_to_bf16(late), TIE_ONE);
+  ca.bias_0 = bias, ca.bias_1 = bias;
+  if ((rc = host_ops_combine(c, &ca, &hd)) != 0)
+    return ow_fail(msg, "combine (bias): %s: %s", dep_errname(rc), c->why);
+  for (int i = 0; i < H; i++)
+    if (out[i] != TIE_ONE_ULP)
+      return ow_fail(msg, "combine (bias): channel %d is 0x%04x, want 0x%04x (1 + 2^-7: the "
+                     "biases added before the one rounding, as DeepEP's kernel does; 0x%04x is "
+                     "the bias added after rounding)", i, out[i], TIE_ONE_ULP, TIE_ONE);
+  host_ops_handle_fini(&hd);
+  return 0;
+}
+
+START_TEST(biases_are_added_before_the_one_rounding) {
+  const struct dep_job_shape s = {1, 128, 2, 2, DEP_DTYPE_BF16, 1};
+  ow_run_ranks(&s, 2, tie_rank, NULL, "bias before rounding");
+}
+END_TEST
+
 /* The new arguments' refusals: DEP_ERR_INVALID naming each, nothing written. */
 START_TEST(bad_extension_arguments_are_refused_before_any_write) {
   struct ow_rank0 *r = ow_rank0_open(&ow_small, 200);
@@ -521,6 +652,16 @@ START_TEST(bad_extension_arguments_are_refused_before_any_write) {
   OW_REFUSED(host_ops_combine(c, &cw, &h), "topk_weights (required with out_topk_weights) is NULL");
   cw.out_topk_weights = NULL, cw.topk_weights = sc;
   OW_REFUSED(host_ops_combine(c, &cw, &h), "topk_weights is given without out_topk_weights");
+  cw.topk_weights = NULL;
+  const uint16_t *odd = (const uint16_t *)((uintptr_t)o->out + 1);
+  cw.bias_0 = odd;
+  OW_REFUSED(host_ops_combine(c, &cw, &h), "bias_0 is not 2-byte aligned");
+  cw.bias_0 = NULL, cw.bias_1 = odd;
+  OW_REFUSED(host_ops_combine(c, &cw, &h), "bias_1 is not 2-byte aligned");
+  /* With no tokens the biases are not read, so neither is checked. */
+  h.num_tokens = 0, cw.bias_0 = odd;
+  char why[256] = "";
+  ck_assert_msg(ops_check_combine(c, &cw, &h, why, sizeof why) == 0, "no tokens: %s", why);
   ow_rank0_close(r);
 }
 END_TEST
@@ -536,6 +677,9 @@ Suite *ops_ext_suite(void) {
                       (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
   tcase_add_loop_test(ops, counts_on_the_host_are_the_oracles_as_the_call_returns, 0,
                       (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
+  tcase_add_loop_test(ops, combine_with_biases_rounds_once_as_the_oracle, 0,
+                      (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
+  tcase_add_test(ops, biases_are_added_before_the_one_rounding);
   suite_add_tcase(s, ops);
 
   TCase *faults = tcase_create("faults");

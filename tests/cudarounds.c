@@ -14,17 +14,7 @@
 
 /* The host backend's float32 sums in its order, rounded once: bit for bit. */
 void cr_want_combine(const struct ow_case *d, uint32_t o, uint16_t *want, float *acc) {
-  const uint32_t h = d->sc.hidden;
-  for (uint32_t t = 0; t < d->in[o].num_tokens; t++) {
-    memset(acc, 0, h * sizeof *acc);
-    for (uint32_t r = 0; r < d->sc.world; r++)
-      for (uint32_t i = 0; i < d->disp[r].num_recv; i++)
-        if (d->disp[r].from[i].rank == o && d->disp[r].from[i].token == t)
-          for (uint32_t c = 0; c < h; c++)
-            acc[c] += host_ops_bf16_to_float(d->cx[r][(size_t)i * h + c]);
-    for (uint32_t c = 0; c < h; c++)
-      want[(size_t)t * h + c] = host_ops_float_to_bf16(acc[c]);
-  }
+  ow_want_combine(d, o, NULL, NULL, want, acc);
 }
 
 void cr_want_ll_combine(const struct ow_case *d, uint32_t o, uint16_t *want, float *acc) {

@@ -368,6 +368,23 @@ int ow_check_sum(const uint16_t *got, const struct ref_sum *want, uint32_t ntok,
   return 0;
 }
 
+void ow_want_combine(const struct ow_case *d, uint32_t o, const uint16_t *b0,
+                     const uint16_t *b1, uint16_t *want, float *acc) {
+  const uint32_t h = d->sc.hidden;
+  for (uint32_t t = 0; t < d->in[o].num_tokens; t++) {
+    for (uint32_t c = 0; c < h; c++)
+      acc[c] = (b0 ? host_ops_bf16_to_float(b0[(size_t)t * h + c]) : 0.0f) +
+               (b1 ? host_ops_bf16_to_float(b1[(size_t)t * h + c]) : 0.0f);
+    for (uint32_t r = 0; r < d->sc.world; r++)
+      for (uint32_t i = 0; i < d->disp[r].num_recv; i++)
+        if (d->disp[r].from[i].rank == o && d->disp[r].from[i].token == t)
+          for (uint32_t c = 0; c < h; c++)
+            acc[c] += host_ops_bf16_to_float(d->cx[r][(size_t)i * h + c]);
+    for (uint32_t c = 0; c < h; c++)
+      want[(size_t)t * h + c] = host_ops_float_to_bf16(acc[c]);
+  }
+}
+
 
 /* ---- calls the suites share (check_ops.c, check_ops_ext.c) ---------------- */
 

@@ -130,6 +130,12 @@ int ow_check_ll_info(const struct ow_case *d, uint32_t r, const int32_t *src,
                      const int64_t *range, char *msg);
 int ow_check_sum(const uint16_t *got, const struct ref_sum *want, uint32_t ntok, uint32_t h,
                  const char *op, const char *desc, char *msg);
+/* What a combine of d's vectors gives rank o, bit for bit (deepep.h dep_combine_args):
+ * per token and channel, in float32, b0 + b1 (a NULL one +0; each bf16 [num_tokens,
+ * hidden] of rank o), then each receiving rank's vector, ranks ascending, rounded once
+ * to bf16 into want [num_tokens, hidden]; acc is scratch of hidden floats. */
+void ow_want_combine(const struct ow_case *d, uint32_t o, const uint16_t *b0,
+                     const uint16_t *b1, uint16_t *want, float *acc);
 
 /* A small two-rank scenario for the refusal tests. */
 extern const struct ow_scenario ow_small;

@@ -69,11 +69,32 @@ class Buffer(_deepep.Buffer):
                  previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
                  allocate_on_comm_stream: bool = False):
         """deepep.Buffer.dispatch (its docstring says each argument's shape and dtype), with
-        DeepEP's handle: a DispatchHandle tuple; one passed back (cached mode) is
-        deepepd's handle inside it.  An FP8 x's scales may also be DeepEP's other forms: any
+        DeepEP's handle: a DispatchHandle tuple, or in a job whose ranks span nodes (the
+        nodes known: DeepEP goes internode there) an InternodeHandle, as DeepEP's dispatch
+        returns internode_dispatch's; one passed back (cached mode) is deepepd's handle
+        inside it.  An FP8 x's scales may also be DeepEP's other forms: any
         strides, int32 (UE8M0 exponents packed four to an int, [num_tokens, hidden // 512]),
         or one per token ([num_tokens]); they are moved as they are (bit for bit) and the
         received scales have their form, row-major (as DeepEP's)."""
+        return self._dispatch(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank,
+                              is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
+                              expert_alignment, num_worst_tokens, config, previous_event,
+                              async_finish, allocate_on_comm_stream, self._nodes())
+
+    def _nodes(self) -> Optional[Tuple[int, ...]]:
+        """The node of each rank where the job spans nodes and they are known (where
+        get_dispatch_layout's num_tokens_per_rdma_rank is a tensor), else None."""
+        ident = self.identity
+        return ident.node_of() if ident.world_size != ident.local_world_size else None
+
+    def _dispatch(self, x: Any, handle: Any, num_tokens_per_rank: Any,
+                  num_tokens_per_rdma_rank: Any, is_token_in_rank: Any,
+                  num_tokens_per_expert: Any, topk_idx: Any, topk_weights: Any,
+                  expert_alignment: int, num_worst_tokens: int, config: Optional[Config],
+                  previous_event: Optional[EventOverlap], async_finish: bool,
+                  allocate_on_comm_stream: bool, nodes: Optional[Tuple[int, ...]]):
+        """dispatch, whose fresh handle is an InternodeHandle over `nodes` (the node of
+        each rank), or a DispatchHandle where nodes is None."""
         x, unpad = _padded_scales(x)
         if handle is None and topk_idx is None and topk_weights is None and \
                 self.num_topk is None and not self.attached:
@@ -97,8 +118,10 @@ class Buffer(_deepep.Buffer):
         if idx is not topk_idx:
             recv_idx, recv_w = recv_idx[:, :k].contiguous(), recv_w[:, :k].contiguous()
         rows = (recv_x[0] if isinstance(recv_x, tuple) else recv_x).size(0)
-        return recv_x, recv_idx, recv_w, counts, \
-            DispatchHandle.made(self, h, topk_idx, is_token_in_rank, rows, config), ev
+        made = DispatchHandle.made(self, h, topk_idx, is_token_in_rank, rows, config) \
+            if nodes is None else \
+            InternodeHandle.made(self, h, topk_idx, is_token_in_rank, rows, config, nodes)
+        return recv_x, recv_idx, recv_w, counts, made, ev
 
     def _widen_topk(self, topk_idx: Any, topk_weights: Any) -> Tuple[Any, Any]:
         """A call's top-k as wide as the Buffer's num_topk: DeepEP serves any top-k width per
@@ -274,13 +297,21 @@ class Buffer(_deepep.Buffer):
                            previous_event: Optional[EventOverlap] = None,
                            async_finish: bool = False, allocate_on_comm_stream: bool = False):
         """DeepEP's internode_dispatch, with its signature (no num_worst_tokens; config follows
-        expert_alignment): dispatch itself, which serves every topology (deepepd moves the
-        blocks between nodes), so the results, and the handle (a DispatchHandle, not DeepEP's
-        internode 10-tuple), are dispatch's.  config may be None (DeepEP asserts it is not)."""
-        return self.dispatch(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank,
-                             is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
-                             expert_alignment, 0, config, previous_event, async_finish,
-                             allocate_on_comm_stream)
+        expert_alignment): dispatch's rows (deepepd moves the blocks between nodes, whatever
+        the topology) with DeepEP's internode handle, an InternodeHandle, on one node too (a
+        node of every rank, as DeepEP's there).  config may be None (DeepEP asserts it is
+        not).  ValueError where the node of each rank is not known (a world of uneven nodes
+        from the environment: give the Buffer its group)."""
+        nodes = self.identity.node_of() if handle is None else None
+        if handle is None and nodes is None:
+            raise ValueError("internode_dispatch: the node of each rank is not known (world "
+                             f"{self.identity.world_size} is not whole nodes of "
+                             f"{self.identity.local_world_size} ranks); give the Buffer its "
+                             "group, whose members say their hosts")
+        return self._dispatch(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank,
+                              is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
+                              expert_alignment, 0, config, previous_event, async_finish,
+                              allocate_on_comm_stream, nodes)
 
     def internode_combine(self, x: torch.Tensor, handle: Any,
                           topk_weights: Optional[torch.Tensor] = None, bias: Any = None,
@@ -288,7 +319,8 @@ class Buffer(_deepep.Buffer):
                           previous_event: Optional[EventOverlap] = None,
                           async_finish: bool = False, allocate_on_comm_stream: bool = False):
         """DeepEP's internode_combine (the same signature as combine): combine itself, taking
-        the handle of dispatch or internode_dispatch."""
+        the handle of dispatch or internode_dispatch (an InternodeHandle or a
+        DispatchHandle)."""
         return self.combine(x, handle, topk_weights, bias, config, previous_event, async_finish,
                             allocate_on_comm_stream)
 
@@ -338,7 +370,38 @@ def _padded_scales(x: Any):
 
 
 def _unwrap(handle: Any) -> Any:
-    return handle.handle if isinstance(handle, (DispatchHandle, LowLatencyHandle)) else handle
+    return handle.handle if isinstance(handle, (DispatchHandle, InternodeHandle,
+                                                LowLatencyHandle)) else handle
+
+
+def _channels(buf: "Buffer", n: int, config: Optional[Config]) -> Tuple[int, torch.Tensor]:
+    """DeepEP's channels of a dispatch of n tokens: C = config.num_sms // 2 of them, token t
+    in channel t // ceil(n / C); (C, each token's channel)."""
+    C = max((config or buf.get_dispatch_config(buf.group_size)).num_sms // 2, 1)
+    per = max(-(-n // C), 1)  # ceil(n / C): DeepEP's tokens per channel
+    return C, torch.arange(n, device=buf.device) // per
+
+
+def _sent(goes: torch.Tensor, C: int, channel: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The sender's tables of a [n, D] bool `goes` (token t goes to destination d):
+    ([D, C] int32, per destination the running sum over channels of the tokens sent there;
+    [n, D] int32, -1 where t does not go to d, else its place among the tokens sent to d)."""
+    i32 = torch.int32
+    n, D = goes.shape
+    sent = torch.zeros((D, C), dtype=i32, device=goes.device)
+    if n:
+        sent.index_add_(1, channel, goes.t().to(i32))
+    head = torch.where(goes, goes.to(i32).cumsum(0).to(i32) - 1,
+                       torch.full((n, D), -1, dtype=i32, device=goes.device))
+    return sent.cumsum(1).to(i32), head
+
+
+def _in_rank(buf: "Buffer", topk_idx: Optional[torch.Tensor],
+             is_token_in_rank: Optional[torch.Tensor]) -> torch.Tensor:
+    """The dispatch's [n, R] bool token-in-rank: the argument, or computed from topk_idx."""
+    if is_token_in_rank is None:
+        return _token_in_rank(topk_idx.to(buf.device).long(), buf.num_experts, buf.group_size)
+    return is_token_in_rank.to(buf.device, torch.bool)
 
 
 class DispatchHandle(tuple):
@@ -370,28 +433,86 @@ class DispatchHandle(tuple):
              is_token_in_rank: Optional[torch.Tensor], rows: int,
              config: Optional[Config]) -> "DispatchHandle":
         R, dev, n = buf.group_size, buf.device, h.num_tokens
-        if is_token_in_rank is None:
-            in_rank = _token_in_rank(topk_idx.to(dev).long(), buf.num_experts, R)
-        else:
-            in_rank = is_token_in_rank.to(dev, torch.bool)
+        in_rank = _in_rank(buf, topk_idx, is_token_in_rank)
         i32 = torch.int32
         prefix = torch.full((R, R), -1, dtype=i32, device=dev)
         counts = buf.recv_from(h)
         if counts is not None:
             prefix[:, buf.rank] = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(dev, i32)
-        C = max((config or buf.get_dispatch_config(R)).num_sms // 2, 1)
-        per = -(-n // C)  # ceil(n / C): DeepEP's tokens per channel
-        sent = torch.zeros((R, C), dtype=i32, device=dev)
-        if n:
-            channel = torch.arange(n, device=dev) // per
-            sent.index_add_(1, channel, in_rank.t().to(i32))
-        chan_prefix = sent.cumsum(1).to(i32)
-        head = torch.where(in_rank, in_rank.to(i32).cumsum(0).to(i32) - 1,
-                           torch.full((n, R), -1, dtype=i32, device=dev))
+        C, channel = _channels(buf, n, config)
+        chan_prefix, head = _sent(in_rank, C, channel)
         t = cls((prefix, chan_prefix, torch.full((R, C), -1, dtype=i32, device=dev),
                  torch.full((rows,), -1, dtype=i32, device=dev), in_rank, head))
         t.handle = h
         return t
+
+
+class InternodeHandle(tuple):
+    """DeepEP's internode dispatch handle, (is_token_in_rank, rdma_channel_prefix_matrix,
+    gbl_channel_prefix_matrix, recv_rdma_channel_prefix_matrix, recv_rdma_rank_prefix_sum,
+    recv_gbl_channel_prefix_matrix, recv_gbl_rank_prefix_sum, recv_src_meta,
+    send_rdma_head, send_nvl_head), with DeepEP's shapes and dtypes on the Buffer's device,
+    and deepepd's deepep.Handle as `.handle` (what combine and cached dispatches use).
+    DeepEP's RDMA ranks are nodes here (Identity.node_of: the group's hosts, else node by
+    node).  With R ranks on N nodes, n tokens sent, `rows` received and C channels
+    (DispatchHandle's), what the receiving rank knows, and -1 for what it does not:
+
+    - is_token_in_rank [n, R] bool: DeepEP's (the argument, or computed from topk_idx).
+    - rdma_channel_prefix_matrix [N, C], gbl_channel_prefix_matrix [R, C] int32: DeepEP's,
+      per destination node (rank) the running sum over channels of the tokens sent there.
+    - recv_rdma_channel_prefix_matrix [N, C], recv_rdma_rank_prefix_sum [N],
+      recv_gbl_channel_prefix_matrix [R, C] int32: -1.  DeepEP's count what the node's
+      RDMA buffer took in and the senders' channels; deepepd moves rows from each rank
+      straight to its destination, so no rank forwards another's and none is known here.
+    - recv_gbl_rank_prefix_sum [R] int32: DeepEP's, the running sum over source ranks of
+      the rows received from each (contiguous by source: rows recv_gbl_rank_prefix_sum[i - 1]
+      .. recv_gbl_rank_prefix_sum[i] - 1 came from rank i, the last entry is `rows`); -1 after
+      a dispatch with num_worst_tokens on cuda (its counts stay on the device).
+    - recv_src_meta [rows, 8] uint8: DeepEP's SourceMeta per row, two int32: the source
+      rank's node (DeepEP's src_rdma_rank), then -1 for its is_token_in_nvl_rank_bits (which
+      other ranks of this node took the token is not known here); all -1 where the counts
+      are not known (num_worst_tokens on cuda).
+    - send_rdma_head [n, N] int32: -1 where token t goes to no rank of node m, else its place
+      among the tokens this rank sends node m (DeepEP's is a slot of its RDMA ring buffer).
+    - send_nvl_head [rows, NUM_MAX_NVL_PEERS] int32: -1 (DeepEP's is the forwarder's NVLink
+      ring slots, [tokens its RDMA buffer took in, 8]; deepepd forwards nothing).
+    """
+
+    handle: "_deepep.Handle"
+
+    @classmethod
+    def made(cls, buf: "Buffer", h: "_deepep.Handle", topk_idx: Optional[torch.Tensor],
+             is_token_in_rank: Optional[torch.Tensor], rows: int, config: Optional[Config],
+             nodes: Tuple[int, ...]) -> "InternodeHandle":
+        R, dev, n = buf.group_size, buf.device, h.num_tokens
+        i32 = torch.int32
+        node = torch.tensor(nodes, dtype=torch.int64, device=dev)
+        N = max(nodes) + 1
+        in_rank = _in_rank(buf, topk_idx, is_token_in_rank)
+        in_node = torch.zeros((n, N), dtype=i32, device=dev)
+        in_node.index_add_(1, node, in_rank.to(i32))
+        C, channel = _channels(buf, n, config)
+        rdma_prefix, rdma_head = _sent(in_node > 0, C, channel)
+        gbl_prefix, _ = _sent(in_rank, C, channel)
+        recv_prefix = torch.full((R,), -1, dtype=i32, device=dev)
+        meta = torch.full((rows, 2), -1, dtype=i32, device=dev)
+        counts = buf.recv_from(h)
+        if counts is not None:
+            per = torch.tensor(counts, dtype=torch.int64)
+            recv_prefix = per.cumsum(0).to(dev, i32)
+            meta[:, 0] = torch.repeat_interleave(node, per.to(dev))[:rows].to(i32)
+        t = cls((in_rank, rdma_prefix, gbl_prefix,
+                 torch.full((N, C), -1, dtype=i32, device=dev),
+                 torch.full((N,), -1, dtype=i32, device=dev),
+                 torch.full((R, C), -1, dtype=i32, device=dev), recv_prefix,
+                 meta.view(torch.uint8), rdma_head,
+                 torch.full((rows, NUM_MAX_NVL_PEERS), -1, dtype=i32, device=dev)))
+        t.handle = h
+        return t
+
+
+#: DeepEP's ranks per node (its NUM_MAX_NVL_PEERS): send_nvl_head's width.
+NUM_MAX_NVL_PEERS = 8
 
 
 class LowLatencyHandle(tuple):
@@ -463,4 +584,4 @@ _DEEPEP_KWARGS = ("job_id", "rank", "world_size", "local_rank", "local_world_siz
                   "max_ll_tokens_per_rank")
 
 __all__ = ["Buffer", "Config", "DispatchHandle", "EventHandle", "EventOverlap",
-           "LowLatencyHandle", "Unsupported", "topk_idx_t"]
+           "InternodeHandle", "LowLatencyHandle", "Unsupported", "topk_idx_t"]

@@ -203,6 +203,8 @@ class CombineArgs(_Sized):
         ("out", c_void_p),
         ("topk_weights", c_void_p),
         ("out_topk_weights", c_void_p),
+        ("bias_0", c_void_p),  # appended in 0.6.0
+        ("bias_1", c_void_p),
     ]
 
 

@@ -599,13 +599,10 @@ class _Throughput:
                 graph reads its arrays at every replay.
             topk_weights: optional [rows, num_topk] float32 (DeepEP's): summed back too.
             bias: None, a [num_tokens, hidden] bfloat16 tensor, or a tuple (or list) of up to
-                two such tensors (or None in their place), DeepEP's bias_0 and bias_1: added to
-                the combined rows, after the library's combine, as
-                bf16(float32(combined_x) + float32(bias_0) + float32(bias_1)).  DeepEP adds
-                them to its float32 sum before its one rounding; here the sum has been rounded
-                to bfloat16 first, so a result may differ from DeepEP's by that rounding.  On
-                cuda the additions are torch ops queued on the caller's current stream, after
-                the combine and before the returned event.
+                two such tensors (or None in their place), DeepEP's bias_0 and bias_1: added by
+                the library's combine as DeepEP's kernel adds them, to the float32 sum before
+                its one rounding (float32(bias_0) + float32(bias_1) first, then each rank's
+                row, ranks ascending; deepep.h dep_combine_args).
             config, previous_event, async_finish, allocate_on_comm_stream: as DeepEP's.
 
         Returns:
@@ -646,6 +643,10 @@ class _Throughput:
                 out_w.resize_((0, self.num_topk))
         else:
             a.topk_weights = a.out_topk_weights = None
+        # Kept contiguous (and referenced) until the call returns: the library reads them.
+        biases = [None if b is None or not nt else b.contiguous() for b in biases or []]
+        biases += [None] * (2 - len(biases))
+        a.bias_0, a.bias_1 = (None if b is None else b.data_ptr() for b in biases)
         if previous_event is not None:
             self._wait(previous_event)
         cs = None
@@ -655,21 +656,15 @@ class _Throughput:
         rc = self._fn_combine(self._conn.ptr, self._ca_ref, h._ptr, cs)
         if rc:
             self._fail(rc, "dep_combine")
-        if biases and nt:
-            # On the current stream, behind the combine (cuda), as DeepEP's kernel adds them
-            # before the event it records; in float32, rounded to bfloat16 once.
-            acc = out.float()
-            for b in biases:
-                acc += b
-            out.copy_(acc)
         return out, out_w, \
             self._event(previous_event, async_finish) if async_finish else EventOverlap(None)
 
     def _biases(self, bias: Any, num_tokens: int) -> list:
         """combine's bias (DeepEP's: a tensor, or a tuple of bias_0 and bias_1, either None)
-        as the list of tensors to add, each checked to be [num_tokens, hidden] bfloat16 on
-        this Buffer's device (the combine's dtype, as DeepEP requires), before the combine
-        is sent (a wrong one must not leave the other ranks' combine done and this one's not)."""
+        as [bias_0, bias_1] (None where not given), each checked to be [num_tokens, hidden]
+        bfloat16 on this Buffer's device (the combine's dtype, as DeepEP requires), before
+        the combine is sent (a wrong one must not leave the other ranks' combine done and
+        this one's not)."""
         if isinstance(bias, (tuple, list)):
             if not 1 <= len(bias) <= 2:
                 raise ValueError(f"combine: bias is a {type(bias).__name__} of {len(bias)} "
@@ -683,6 +678,7 @@ class _Throughput:
             name = "bias" if len(items) == 1 and not isinstance(bias, (tuple, list)) \
                 else f"bias[{i}]"
             if b is None:
+                out.append(None)
                 continue
             if not isinstance(b, torch.Tensor):
                 raise TypeError(f"combine: {name} must be a torch.Tensor or None, not "

@@ -7,7 +7,7 @@ cuda backend the inputs go to the GPU (every rank on GPU 0) and the outputs
 come back from it.
 """
 import multiprocessing as mp
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import numpy as np
 import torch
@@ -378,6 +378,91 @@ def bias_rank(args) -> List[Dict[str, np.ndarray]]:
         r.update(inter_combined=bits(comb), inter_combined_w=comb_w.cpu().numpy())
         out.append(r)
     b.destroy()
+    return out
+
+
+#: The multi-node job of test_internode.py: 2 nodes (daemons) of 2 ranks.
+NODES, NODE_RANKS = 2, 2
+
+
+def internode_rank(args) -> List[Dict[str, Any]]:
+    """Rank `rank` of a job over NODES daemons (sock: their sockets, rank r on node
+    r // NODE_RANKS), per iteration, through deep_ep's Buffer: get_dispatch_layout, dispatch
+    (DeepEP's arguments, which go internode across nodes), internode_dispatch, a cached
+    dispatch through dispatch's handle, and combine with weights through each handle.  The
+    handles' members come back as numpy arrays (and their dtypes' names)."""
+    socks, job, rank, world, seed, iters, dev = args
+    dev = torch.device(dev)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    deep_ep = import_compat()
+    s = shape(world)
+    b = deep_ep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank % NODE_RANKS,
+                       local_world_size=NODE_RANKS, socket=socks[rank // NODE_RANKS],
+                       explicitly_destroy=True, **s)
+    out = []
+
+    def members(h):
+        return [(t.cpu().numpy().copy(), str(t.dtype)) for t in h]
+
+    for it in range(iters):
+        inp = inputs(seed, rank, world, it)
+        x = torch.from_numpy(inp["x"]).bfloat16().to(dev)
+        idx = torch.from_numpy(inp["idx"]).to(dev)
+        w = torch.from_numpy(inp["w"]).to(dev)
+        per_rank, rdma, per_expert, in_rank, _ = b.get_dispatch_layout(idx, s["num_experts"])
+        rx, ri, rw, counts, h, _ = b.dispatch(x, num_tokens_per_rank=per_rank,
+                                              num_tokens_per_rdma_rank=rdma,
+                                              is_token_in_rank=in_rank,
+                                              num_tokens_per_expert=per_expert, topk_idx=idx,
+                                              topk_weights=w)
+        ix, _, iw, _, ih, _ = b.internode_dispatch(x, None, per_rank, rdma, in_rank, per_expert,
+                                                   idx, w, 1, b.get_dispatch_config(world))
+        cx = b.dispatch(x, handle=h)[0]
+        y = (rx.float() * (rank + 1)).bfloat16()
+        r = {"type": type(h).__name__, "inter_type": type(ih).__name__, "rdma": bits(rdma),
+             "channels": b.get_dispatch_config(world).num_sms // 2,
+             "x": bits(rx), "inter_x": bits(ix), "cached_x": bits(cx),
+             "handle": members(h), "inter_handle": members(ih),
+             "combined": bits(b.combine(y, h, topk_weights=rw)[0]),
+             "inter_combined": bits(b.internode_combine(y, ih, iw)[0])}
+        out.append(r)
+    b.destroy()
+    return out
+
+
+#: bf16 bits of 1 and 1 + 2^-7 (one ulp above 1): the tie case's two answers.
+TIE_ONE, TIE_ONE_ULP = 0x3F80, 0x3F81
+
+
+def tie_rank(args) -> Dict[str, Dict[str, np.ndarray]]:
+    """Rank `rank` of a world of 2, for each binding (deepep and deep_ep, a job each): one
+    token on both ranks (experts 0 and 2), rows back as 1 from rank 0 and 2^-8 from rank 1,
+    combined with no bias, bias=(2^-9, 2^-9) and bias=2^-8.  Summed in float32 with the
+    biases before the one rounding (DeepEP's) that is 1 + 2^-7, a bf16; the combine rounded
+    first is bf16(1 + 2^-8), a tie, to even 1, and 1 + 2^-8 again once the bias is added."""
+    sock, job, rank, world, seed, iters, dev = args
+    import deepep
+    assert world == 2
+    dev = torch.device(dev)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    s = shape(world)
+    out = {}
+    for name, cls in (("deepep", deepep.Buffer), ("deep_ep", import_compat().Buffer)):
+        b = cls(job_id=f"{job}-{name}", rank=rank, world_size=world, local_rank=rank,
+                local_world_size=world, socket=sock, **s)
+        x = torch.ones(1, s["hidden"], dtype=torch.bfloat16, device=dev)
+        idx = torch.tensor([[0, 2] + [-1] * (s["num_topk"] - 2)], dtype=torch.int64, device=dev)
+        w = torch.ones(1, s["num_topk"], dtype=torch.float32, device=dev)
+        rx, _, _, _, h, _ = b.dispatch(x, topk_idx=idx, topk_weights=w)
+        assert rx.shape[0] == 2
+        y = torch.full_like(rx, 1.0 if rank == 0 else 2.0 ** -8)
+        b9 = torch.full_like(x, 2.0 ** -9)
+        out[name] = {"plain": bits(b.combine(y, h)[0]),
+                     "pair": bits(b.combine(y, h, bias=(b9, b9))[0]),
+                     "one": bits(b.combine(y, h, bias=b9 * 2)[0])}
+        b.destroy()
     return out
 
 

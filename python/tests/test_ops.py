@@ -332,17 +332,18 @@ def bias_world(request, daemon, seed):
 
 
 def combined_reference(inp, W, L):
-    """The combine of run_rank's experts (rank r multiplies by r + 1) as float32 values of the
-    bf16 result (check_combine's)."""
+    """The float32 sum, before its rounding, of run_rank's experts' rows (rank r multiplies by
+    r + 1): exact, as the inputs' grid makes every term and partial sum."""
     o = owner(inp["idx"], L)
     factor = np.array([sum(q + 1 for q in range(W) if (o[t] == q).any())
                        for t in range(len(o))], np.float32)
-    return bf16_round(inp["x"] * factor[:, None] + np.float32(0)) if len(o) else \
+    return inp["x"] * factor[:, None] + np.float32(0) if len(o) else \
         np.zeros((0, inp["x"].shape[1]), np.float32)
 
 
 def test_combine_adds_bias_0_and_bias_1_to_each_combined_token(bias_world, seed):
-    """DeepEP's combine(bias=t | (t0, t1)): bf16(combined + t0 + t1), the sum in float32."""
+    """DeepEP's combine(bias=t | (t0, t1)): bf16(t0 + t1 + the rows' sum), in float32 rounded
+    once (exact here, so in any order)."""
     W, res = bias_world
     L = ranks.shape(W)["num_experts"] // W
     for it in range(len(res[0])):
@@ -386,3 +387,18 @@ def test_internode_dispatch_and_combine_are_dispatch_and_combine_with_deepeps_si
             np.testing.assert_array_equal(res[s][it]["inter_combined_w"],
                                           np.where(inp["idx"] >= 0, inp["w"], 0)
                                           .astype(np.float32))
+
+
+def test_combine_adds_the_bias_before_its_one_rounding_in_both_bindings(daemon, seed):
+    """A case where the two roundings part (ranks.tie_rank): deepep's and deep_ep's combine
+    with a bias give DeepEP's 1 + 2^-7, not the 1 of a bias added to the rounded sum."""
+    res = ranks.run_world(daemon, f"pytie-{uuid.uuid4().hex[:8]}", 2, seed,
+                          device=conftest.DEVICE, fn=ranks.tie_rank)
+    for rank, per in enumerate(res):
+        for name, got in per.items():
+            what = f"rank {rank}, {name}"
+            assert (got["plain"] & 0xFFFF == ranks.TIE_ONE).all(), what
+            for bias in ("pair", "one"):
+                assert (got[bias] & 0xFFFF == ranks.TIE_ONE_ULP).all(), \
+                    f"{what}, bias {bias}: {got[bias][0, :4] & 0xFFFF} (0x3f80 is the bias " \
+                    "added after the rounding)"
