@@ -38,21 +38,33 @@
 
 START_TEST(job_mask_round_trips_and_only_a_masking_change_is_taken) {
   struct dep_peer_msg m = {.type = DEP_PEER_JOB_MASK}, out;
-  m.u.mask = (struct dep_peer_job_mask){.job_id = "train-7", .owner_uid = 1000, .rank = 5,
-                                        .gen = 3, .why = DEP_SLAB_GONE_NODE, .epoch = 9};
+  const struct dep_peer_job_mask good[] = {
+      {.job_id = "train-7", .owner_uid = 1000, .rank = 5, .gen = 3, .why = DEP_SLAB_GONE_NODE,
+       .epoch = 9},
+      /* A rank back (peer protocol 8): an even count with its join call. */
+      {.job_id = "train-7", .owner_uid = 1000, .rank = 5, .gen = 4,
+       .why = DEP_JOB_EVENT_REJOINED, .epoch = 10, .join = 77},
+  };
   struct proto_buf b;
-  proto_buf_init(&b);
-  ck_assert_int_eq(peer_proto_encode(&b, &m), 0);
   char why[256];
-  ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), 0);
-  ck_assert_mem_eq(&out.u.mask, &m.u.mask, sizeof m.u.mask);
-  for (size_t n = 0; n < b.len; n++)
-    ck_assert_int_ne(peer_proto_decode(b.data, n, &out, NULL, 0), 0);
-  proto_buf_free(&b);
-  /* An even count (a rank back: not said across nodes), a reason that is no leave, a rank
-   * past every world: refused by both ends. */
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    m.u.mask = good[i];
+    proto_buf_init(&b);
+    ck_assert_int_eq(peer_proto_encode(&b, &m), 0);
+    ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), 0);
+    ck_assert_mem_eq(&out.u.mask, &m.u.mask, sizeof m.u.mask);
+    for (size_t n = 0; n < b.len; n++)
+      ck_assert_int_ne(peer_proto_decode(b.data, n, &out, NULL, 0), 0);
+    proto_buf_free(&b);
+  }
+  /* An even count without its join call (or with a reason that is no return), an odd one
+   * with a join call, a reason that is no leave, a rank past every world: refused by both
+   * ends. */
   const struct dep_peer_job_mask bad[] = {
       {.job_id = "j", .rank = 1, .gen = 2, .why = DEP_SLAB_GONE_DIED},
+      {.job_id = "j", .rank = 1, .gen = 2, .why = DEP_JOB_EVENT_REJOINED},
+      {.job_id = "j", .rank = 1, .gen = 2, .why = DEP_SLAB_GONE_DIED, .join = 5},
+      {.job_id = "j", .rank = 1, .gen = 1, .why = DEP_SLAB_GONE_DIED, .join = 5},
       {.job_id = "j", .rank = 1, .gen = 1, .why = DEP_SLAB_GONE_DAEMON},
       {.job_id = "j", .rank = 1, .gen = 1, .why = DEP_JOB_EVENT_REJOINED},
       {.job_id = "j", .rank = DEP_MAX_WORLD, .gen = 1, .why = DEP_SLAB_GONE_DIED},
@@ -64,16 +76,36 @@ START_TEST(job_mask_round_trips_and_only_a_masking_change_is_taken) {
     m.u.mask.gen = 1;
     m.u.mask.why = DEP_SLAB_GONE_DIED;
     m.u.mask.rank = 1;
+    m.u.mask.join = 0;
     ck_assert_int_eq(peer_proto_encode(&b, &m), 0);
-    /* The same fields forged on the wire: rank, gen and why end before the 8-byte epoch. */
-    b.data[b.len - 16] = (uint8_t)bad[i].gen;
-    b.data[b.len - 12] = (uint8_t)bad[i].why;
-    b.data[b.len - 20] = (uint8_t)(bad[i].rank & 0xff);
-    b.data[b.len - 19] = (uint8_t)(bad[i].rank >> 8);
+    /* The same fields forged on the wire: rank, gen and why end before the 8-byte epoch,
+     * and the 8-byte join call is last. */
+    b.data[b.len - 24] = (uint8_t)bad[i].gen;
+    b.data[b.len - 20] = (uint8_t)bad[i].why;
+    b.data[b.len - 28] = (uint8_t)(bad[i].rank & 0xff);
+    b.data[b.len - 27] = (uint8_t)(bad[i].rank >> 8);
+    b.data[b.len - 8] = (uint8_t)bad[i].join;
     ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_PROTOCOL);
     ck_assert_ptr_nonnull(strstr(why, "JOB_MASK"));
     proto_buf_free(&b);
   }
+  /* JOB_JOINED, the answer to a return: round trips; an odd count or an ok past 1 is
+   * refused. */
+  m.type = DEP_PEER_JOB_JOINED;
+  m.u.joined = (struct dep_peer_job_joined){.job_id = "train-7", .owner_uid = 1000, .rank = 5,
+                                            .gen = 4, .ok = 1, .posted = 70};
+  proto_buf_init(&b);
+  ck_assert_int_eq(peer_proto_encode(&b, &m), 0);
+  ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), 0);
+  ck_assert_mem_eq(&out.u.joined, &m.u.joined, sizeof m.u.joined);
+  proto_buf_free(&b);
+  m.u.joined.gen = 3;
+  proto_buf_init(&b);
+  ck_assert_int_eq(peer_proto_encode(&b, &m), DEP_ERR_INVALID);
+  m.u.joined.gen = 4;
+  m.u.joined.ok = 2;
+  ck_assert_int_eq(peer_proto_encode(&b, &m), DEP_ERR_INVALID);
+  proto_buf_free(&b);
 }
 END_TEST
 
