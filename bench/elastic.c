@@ -30,10 +30,9 @@
  * backend; the replacement makes its CUDA context before the clock (its
  * start-up, beside, includes it).
  * With several sockets, one daemon a node (each other's peers), the ranks
- * spread over them in equal blocks and the job spans them; a rank cannot
- * come back across nodes yet, so (b) is one attach that must be refused
- * (its message printed), and each kill is followed by (c) instead, a fresh
- * process for the killed rank started (and stopped) before the clock.
+ * spread over them in equal blocks and the job spans them; the replacement
+ * of (b) attaches on the killed rank's node, whose daemon agrees on the join
+ * call with the others, and (c) is not measured.
  */
 #include <errno.h>
 #include <signal.h>
@@ -335,23 +334,22 @@ static void eb_rank(dep_client_t *c, uint32_t r, uint64_t n, int *attached) {
   }
 }
 
-/* A rank process; with `later`, one for a killed rank of a job across nodes, which waits
- * stopped, unattached, until the next restart attaches it to the new job. */
-static void eb_rank_main(uint32_t r, int later) {
+/* A rank process. */
+static void eb_rank_main(uint32_t r) {
   dep_client_t *c = NULL;
   if (use_gpu)
     eb_gpu(r);
   int rc = dep_client_new(&c);
   if (rc == 0)
     rc = dep_connect(c, socks[r / lws]);
-  if (rc == 0 && !later)
+  if (rc == 0)
     rc = eb_attach(c, r, 0);
   if (rc != 0) {
     fail("rank %u: %s: %s", r, dep_errname(rc), c ? dep_errmsg(c) : "");
     _exit(1);
   }
-  int attached = !later;
-  eb_rank(c, r, later ? EB_NONE : 0, &attached);
+  int attached = 1;
+  eb_rank(c, r, 0, &attached);
   dep_client_free(c);
   _exit(atomic_load(&ctl->failed) ? 1 : 0);
 }
@@ -451,22 +449,6 @@ static double eb_latest(uint32_t skip, const char *what) {
   return last;
 }
 
-/* A process attaching as killed rank v of the job across nodes: refused, and why. */
-static void eb_refused(uint32_t v, uint32_t job_gen) {
-  dep_client_t *c = NULL;
-  if (use_gpu)
-    eb_gpu(v); /* in the parent, after its ranks are forked: the uuid the attach gives */
-  int rc = dep_client_new(&c);
-  if (rc == 0)
-    rc = dep_connect(c, socks[v / lws]);
-  if (rc == 0)
-    rc = eb_attach(c, v, job_gen);
-  printf("(b) a replacement across nodes: %s: %s\n", dep_errname(rc), dep_errmsg(c));
-  dep_client_free(c);
-  if (rc != DEP_ERR_UNSUPPORTED)
-    die("a rejoin across nodes was not refused as unsupported");
-}
-
 static void report(const char *what, double *v, uint32_t n) {
   bench_sort(v, n);
   printf("%-44s median %9.3f ms  worst %9.3f ms  (%u cycles)\n", what, v[n / 2], v[n - 1], n);
@@ -519,13 +501,12 @@ int main(int argc, char **argv) {
   snprintf(job_base, sizeof job_base, "bench-elastic-%d", (int)getpid());
   for (uint32_t r = 0; r < W; r++)
     if ((pids[r] = fork()) == 0)
-      eb_rank_main(r, 0);
+      eb_rank_main(r);
   printf("elastic: %u ranks on %s (%u a node), %u tokens per rank, hidden %u, top-%u of %u experts, "
          "bf16, %s buffers\n", W, sock, lws, T, H, K, E, use_gpu ? "device" : "host");
   double *ka[2], *rb[2], *rc = malloc(CYCLES * sizeof *rc), *start = malloc(2 * CYCLES * sizeof *start),
          *att = malloc(2 * CYCLES * sizeof *att);
   uint32_t retries = 0, jg = 0;
-  double *rx = malloc(2 * CYCLES * sizeof *rx);
   for (int m = 0; m < 2; m++) {
     ka[m] = malloc(CYCLES * sizeof **ka);
     rb[m] = malloc(CYCLES * sizeof **rb);
@@ -549,25 +530,6 @@ int main(int argc, char **argv) {
     kill(pids[v], SIGKILL);
     waitpid(pids[v], NULL, 0);
     ka[op][i] = eb_latest(v, "the survivors' call after the kill") - t0;
-    if (nodes > 1) {
-      /* Across nodes a rank cannot come back (DEP_ERR_UNSUPPORTED, said once); what is left
-       * is the restart, with a fresh process for the killed rank (started, stopped, before
-       * the clock). */
-      if (cyc == 0)
-        eb_refused(v, jg);
-      atomic_store(&ctl->idle[v], 0);
-      if ((pids[v] = fork()) == 0)
-        eb_rank_main(v, 1);
-      eb_pause(W);
-      atomic_store(&ctl->dead[v], 0);
-      atomic_store(&ctl->job_gen, ++jg);
-      atomic_store(&ctl->op, op);
-      atomic_store(&ctl->rec_c, 1);
-      const double t1 = bench_now_ms();
-      eb_resume(EB_RESTART);
-      rx[cyc] = eb_latest(EB_MAXW, "the restarted job's first call") - t1;
-      continue;
-    }
     /* (b): the replacement, connected first, while the survivors keep calling. */
     atomic_store(&ctl->rec_a, 0);
     for (uint32_t r = 0; r < W; r++)
@@ -616,16 +578,13 @@ int main(int argc, char **argv) {
     die("a rank failed");
   report("(a) SIGKILL -> survivors' next call, tp", ka[EB_TP], CYCLES);
   report("(a) SIGKILL -> survivors' next call, ll", ka[EB_LL], CYCLES);
-  if (nodes > 1) {
-    report("(c) restart after the kill: detach, attach, call", rx, 2 * CYCLES);
-    return 0;
-  }
   report("(b) dep_attach -> job's call with it, tp", rb[EB_TP], CYCLES);
   report("(b) dep_attach -> job's call with it, ll", rb[EB_LL], CYCLES);
   report("    of which dep_attach returning", att, 2 * CYCLES);
   report(use_gpu ? "    replacement start-up (fork, CUDA, connect)"
                  : "    replacement start-up (fork, connect)", start, 2 * CYCLES);
-  report("(c) restart: detach, attach, first call", rc, CYCLES);
+  if (nodes == 1)
+    report("(c) restart: detach, attach, first call", rc, CYCLES);
   printf("replacement attaches refused as overtaken and tried again: %u\n", retries);
   return 0;
 }

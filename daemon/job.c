@@ -252,14 +252,18 @@ static bool job_mismatch(const struct job *j, const struct dep_attach_args *a, c
 /*
  * A process attaches to the running elastic job j with the id of a rank
  * that left it (DESIGN §14): it takes that rank's slot and memory, scrubbed
- * (elastic_scrub), and is answered at once, the same SLAB frames and
+ * (elastic_scrub), and is answered with the same SLAB frames and
  * ATTACH_OK the job's ranks had; no survivor re-attaches and nothing is
  * made.  The arguments must be the job's (shape, local ranks, flags, uid:
  * checked before), and the rank one of this node's that is masked, on the
  * device its memory is on.  Its bit is cleared with a join call above
  * every call the survivors have posted (elastic_join, slab.h), so that it
- * joins their calls at a boundary they all reach.  A job that spans nodes
- * is refused for now: its exchange region's ring is the proxy's.
+ * joins their calls at a boundary they all reach.  In a job across nodes
+ * the other daemons must agree on that call first (job_elastic.c): the
+ * process takes the slot at once and its ATTACH waits for them
+ * (job_rejoined); its exchange region and ring are the rank's, kept by the
+ * route between nodes.  A rank of a node that is lost cannot come back:
+ * nothing holds its memory.
  */
 static void job_rejoin(struct job *j, struct conn *c, uint32_t request_id,
                        const struct dep_attach_args *a) {
@@ -269,11 +273,22 @@ static void job_rejoin(struct job *j, struct conn *c, uint32_t request_id,
     conn_send_error(c, request_id, DEP_ERR_MISMATCH, "%s", msg);
     return;
   }
-  if (j->multinode) {
-    conn_send_error(c, request_id, DEP_ERR_UNSUPPORTED,
-                    "job %s spans nodes: a rank rejoins an elastic job on one node only, so far "
-                    "(its exchange region is the proxy's); start the job again to bring rank %u "
-                    "back", j->id, a->rank);
+  bool here = false;
+  for (uint32_t i = 0; i < j->local_world_size; i++)
+    here |= j->ranks[i].rank == a->rank;
+  const int holder = here ? -1 : member_holder(j, a->rank);
+  if (!here && holder >= 0) {
+    conn_send_error(c, request_id, DEP_ERR_MISMATCH,
+                    "rank %u of job %s is held by node %s; a rank rejoins only on the node that "
+                    "held it: attach there", a->rank, j->id, peer_name(holder));
+    return;
+  }
+  if (!here && j->multinode && elastic_masked(j, a->rank)) {
+    conn_send_error(c, request_id, DEP_ERR_STATE,
+                    "rank %u of job %s was held by a node that is lost (its peer link dropped "
+                    "or its part of the job ended): a lost node's ranks cannot come back, since "
+                    "nothing holds their memory; the job goes on without them, or start it "
+                    "again to have them", a->rank, j->id);
     return;
   }
   if (slot->conn != NULL) {
@@ -295,9 +310,10 @@ static void job_rejoin(struct job *j, struct conn *c, uint32_t request_id,
     return;
   }
   char why[DEP_MSG_TEXT_MAX - DEP_JOB_ID_MAX - 64] = "";
+  bool asked = false;
   int rc = elastic_scrub(j, slot, why, sizeof why);
   if (rc == 0)
-    rc = elastic_join(j, slot, c->pid, why, sizeof why);
+    rc = elastic_join(j, slot, c->pid, &asked, why, sizeof why);
   if (rc != 0) {
     log_warnx("job %s: pid %d cannot take rank %u: %s", j->id, (int)c->pid, a->rank, why);
     conn_send_error(c, request_id, rc, "job %s: rank %u cannot be taken: %s", j->id, a->rank,
@@ -305,7 +321,24 @@ static void job_rejoin(struct job *j, struct conn *c, uint32_t request_id,
     return;
   }
   job_seat(j, c, request_id, a);
-  job_answer_waiting(j);
+  if (!asked)
+    job_answer_waiting(j);
+}
+
+void job_rejoined(struct job *j, uint32_t local_rank, int code, const char *why) {
+  struct job_rank *r = &j->ranks[local_rank];
+  if (r->conn == NULL || !r->waiting)
+    return;
+  if (code == 0) {
+    job_answer_waiting(j);
+    return;
+  }
+  log_warnx("job %s: pid %d cannot take rank %u: %s", j->id, (int)r->pid, r->rank, why);
+  r->waiting = false;
+  conn_send_error(r->conn, r->request_id, code, "job %s: rank %u cannot be taken: %s", j->id,
+                  r->rank, why);
+  /* Masked again everywhere (elastic_leave), its slot kept for the next try. */
+  job_remove_rank(j, local_rank, true);
 }
 
 static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {

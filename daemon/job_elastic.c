@@ -19,20 +19,35 @@
  * seen the same changes writes the same mask and the same epoch, in
  * whatever order the messages came, and the epoch of a later mask is
  * always larger.
+ *
+ * A rank that comes back (elastic_join) is made live from a join call
+ * above every call its node's ranks have posted.  A daemon reads only its
+ * own slabs, so in a job across nodes each daemon checks its own ranks:
+ * the holder writes the even count with the join call, tells the others
+ * (JOB_MASK, gen even, join), and each of them writes it into its slabs
+ * and answers (JOB_JOINED) whether its ranks had all stayed short of the
+ * join call's predecessor once it was there.  The holder answers the
+ * process's ATTACH only when every daemon of the job said so (a node lost
+ * meanwhile needs no answer: its ranks are masked), and otherwise, or
+ * after limits.attach_timeout_ms, masks the rank again everywhere with
+ * the next (odd) count and refuses the ATTACH: the process may try again.
  */
 #include "job.h"
 #include "job_internal.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "lend.h"
 #include "log.h"
 #include "peer.h"
 #include "pool.h"
 #include "proto.h"
 #include "slab.h"
 #include "testhooks.h"
+#include "xring.h"
 
 /* One change of the job's mask, as JOB_EVENTS_OK reports it. */
 struct elastic_event {
@@ -41,8 +56,18 @@ struct elastic_event {
   uint64_t epoch;
 };
 
+/* A rejoin across nodes that waits for the other daemons' answers (one per job at a time). */
+struct elastic_pending {
+  bool on;
+  uint32_t local_rank, rank, gen; /* the slot taken, its rank and the (even) count proposed */
+  uint64_t at, before;            /* the join call; the holder's ranks' newest posted call */
+  uint64_t need;                  /* bit k: peer k has not answered */
+  int pid;
+};
+
 struct job_elastic {
   struct dep_slab_layout l; /* where the mask and the slots are: the same in every local slab */
+  struct elastic_pending pending;
   uint64_t epoch;     /* the sum of gen[] */
   uint32_t masked;    /* ranks whose gen is odd */
   uint32_t n_events;  /* recorded so far; the newest DEP_JOB_EVENTS_KEPT are kept */
@@ -133,7 +158,30 @@ static uint32_t elastic_next_gone(const struct job *j, uint32_t rank) {
   return g % 2 == 1 ? 0 : g + 1;
 }
 
+/* Tell every peer of j that rank changed to count gen (JOB_MASK; join: an even count's). */
+static void elastic_tell(const struct job *j, uint32_t rank, uint32_t gen, uint32_t why,
+                         uint64_t join) {
+  if (!j->multinode)
+    return;
+  struct dep_peer_msg m = {.type = DEP_PEER_JOB_MASK};
+  snprintf(m.u.mask.job_id, sizeof m.u.mask.job_id, "%s", j->id);
+  m.u.mask.owner_uid = (uint32_t)j->owner_uid;
+  m.u.mask.rank = rank;
+  m.u.mask.gen = gen;
+  m.u.mask.why = why;
+  m.u.mask.epoch = j->elastic->epoch;
+  m.u.mask.join = join;
+  job_send_peers(&m);
+}
+
 void elastic_leave(struct job *j, const struct job_rank *r, uint32_t how) {
+  struct job_elastic *e = j->elastic;
+  if (e->pending.on && e->pending.rank == r->rank) {
+    /* The process that was taking the rank's place is gone before its daemons agreed:
+     * masking it again (below, everywhere) ends that rejoin; late answers are stale. */
+    e->pending.on = false;
+    uv_timer_stop(&j->timer);
+  }
   const uint32_t gen = elastic_next_gone(j, r->rank);
   if (gen == 0 || !elastic_take(j, r->rank, gen, how, (uint32_t)r->pid))
     return;
@@ -141,20 +189,13 @@ void elastic_leave(struct job *j, const struct job_rank *r, uint32_t how) {
   log_notice("job %s: rank %u (pid %d) %s; it is masked (epoch %llu, %u of %u ranks masked) and "
              "the job goes on; its memory is kept for a process that attaches as rank %u",
              j->id, r->rank, (int)r->pid, proto_job_event_name(how),
-             (unsigned long long)j->elastic->epoch, j->elastic->masked, j->world_size, r->rank);
-  if (!j->multinode)
-    return;
-  struct dep_peer_msg m = {.type = DEP_PEER_JOB_MASK};
-  snprintf(m.u.mask.job_id, sizeof m.u.mask.job_id, "%s", j->id);
-  m.u.mask.owner_uid = (uint32_t)j->owner_uid;
-  m.u.mask.rank = r->rank;
-  m.u.mask.gen = gen;
-  m.u.mask.why = how;
-  m.u.mask.epoch = j->elastic->epoch;
-  job_send_peers(&m);
+             (unsigned long long)e->epoch, e->masked, j->world_size, r->rank);
+  elastic_tell(j, r->rank, gen, how, 0);
 }
 
-void elastic_node_lost(struct job *j, const struct dep_peer_membership *x) {
+static void elastic_join_end(struct job *j, int code, const char *why);
+
+void elastic_node_lost(struct job *j, int k, const struct dep_peer_membership *x) {
   uint32_t n = 0;
   for (uint32_t i = 0; i < x->n_ranks; i++) {
     const uint32_t rank = x->ranks[i];
@@ -163,12 +204,47 @@ void elastic_node_lost(struct job *j, const struct dep_peer_membership *x) {
       n += gen != 0 && elastic_take(j, rank, gen, DEP_SLAB_GONE_NODE, 0);
     }
   }
-  if (n == 0)
-    return;
-  elastic_write(j);
-  log_notice("job %s: the %u rank(s) of a node that is gone are masked (epoch %llu, %u of %u "
-             "ranks masked); the job goes on", j->id, n, (unsigned long long)j->elastic->epoch,
-             j->elastic->masked, j->world_size);
+  if (n > 0) {
+    elastic_write(j);
+    log_notice("job %s: the %u rank(s) of a node that is gone are masked (epoch %llu, %u of %u "
+               "ranks masked); the job goes on", j->id, n, (unsigned long long)j->elastic->epoch,
+               j->elastic->masked, j->world_size);
+  }
+  /* A rejoin waiting for that node's answer needs none now: its ranks are masked, so
+   * none of them can run past the join call. */
+  struct elastic_pending *p = &j->elastic->pending;
+  if (p->on && (p->need & job_peer_bit(k)) != 0) {
+    p->need &= ~job_peer_bit(k);
+    if (p->need == 0)
+      elastic_join_end(j, 0, NULL);
+  }
+}
+
+static int elastic_posted(struct job *j, const struct job_rank *slot, uint64_t *seq, char *why,
+                          size_t whylen);
+static bool elastic_overtaken(uint64_t after, uint64_t at);
+
+/* Answer peer k's JOB_MASK m that brings a rank back, once it is in this node's slabs:
+ * whether every local rank is still short of call m->join - 1 (JOB_JOINED). */
+static void elastic_answer(struct job *j, int k, const struct dep_peer_job_mask *m) {
+  struct dep_peer_msg a = {.type = DEP_PEER_JOB_JOINED};
+  snprintf(a.u.joined.job_id, sizeof a.u.joined.job_id, "%s", j->id);
+  a.u.joined.owner_uid = (uint32_t)j->owner_uid;
+  a.u.joined.rank = m->rank;
+  a.u.joined.gen = m->gen;
+  char why[256] = "";
+  uint64_t after = 0;
+  const int rc = elastic_posted(j, NULL, &after, why, sizeof why);
+  if (rc != 0)
+    log_warnx("job %s: cannot read this node's slots to answer node %s's rejoin of rank %u: %s",
+              j->id, peer_name(k), m->rank, why);
+  a.u.joined.ok = rc == 0 && !elastic_overtaken(after, m->join);
+  a.u.joined.posted = after;
+  if (!a.u.joined.ok && rc == 0)
+    log_notice("job %s: this node's ranks had posted call %llu when node %s brought rank %u back "
+               "from call %llu: too late, it is masked again", j->id, (unsigned long long)after,
+               peer_name(k), m->rank, (unsigned long long)m->join);
+  (void)peer_send(k, &a);
 }
 
 void elastic_on_mask(struct job *j, int k, const struct dep_peer_membership *x,
@@ -183,13 +259,20 @@ void elastic_on_mask(struct job *j, int k, const struct dep_peer_membership *x,
               j->id, peer_name(k), m->rank);
     return;
   }
+  struct job_elastic *e = j->elastic;
+  const bool back = m->gen % 2 == 0;
+  /* A return's join call goes into the slabs with it (elastic_write), when it is news. */
+  if (back && m->gen > e->gen[m->rank])
+    e->join[m->rank] = m->join;
   if (!elastic_take(j, m->rank, m->gen, m->why, 0))
     return;
   elastic_write(j);
-  log_notice("job %s: node %s says rank %u %s; epoch %llu here (%llu there), %u of %u ranks "
+  log_notice("job %s: node %s says rank %u %s%s; epoch %llu here (%llu there), %u of %u ranks "
              "masked", j->id, peer_name(k), m->rank, proto_job_event_name(m->why),
-             (unsigned long long)j->elastic->epoch, (unsigned long long)m->epoch,
-             j->elastic->masked, j->world_size);
+             back ? " (from its join call on)" : "", (unsigned long long)e->epoch,
+             (unsigned long long)m->epoch, e->masked, j->world_size);
+  if (back)
+    elastic_answer(j, k, m);
 }
 
 void elastic_status(const struct job *j, struct dep_status_job *o) {
@@ -241,6 +324,50 @@ static int elastic_zero(const struct job_rank *q, uint64_t off, uint64_t len, ch
   return 0;
 }
 
+/*
+ * A job across nodes: the ring and exchange region of the rank that left
+ * (xring.h, slab.h), which the route between nodes kept for it (masking
+ * drops none of its routes, here or on the other nodes).  The ring stays
+ * as it is, head and tail included (the proxy reads them: the new process
+ * pushes from the head on), but only once the proxy has taken every
+ * descriptor the gone process pushed: one taken later would send its old
+ * call's slot over the new process's.  Its exchange region's slots, marks
+ * and credits go back to zero, as a new job's are (lend.c), so that the
+ * join call starts from nothing: the other nodes' ranks sent it nothing
+ * while it was masked, and their own words about it (their in slot and
+ * marks from it, their credit from it) name calls before the join call,
+ * which no reader takes for a later call's (slab.h: DEP_SLAB_CHAN_AT).
+ * Its ring may be lent again (XRING_LEND).
+ */
+static int elastic_scrub_xchg(struct job *j, const struct job_rank *slot, char *why,
+                              size_t whylen) {
+  const struct dep_slab_layout *l = &j->elastic->l;
+  struct lend_xchg *x = &j->xchg[slot - j->ranks];
+  if (x->region == NULL) {
+    snprintf(why, whylen, "rank %u has no exchange region to other nodes", slot->rank);
+    return DEP_ERR_STATE;
+  }
+  struct dep_xring *ring = x->region->map;
+  const int32_t failed = atomic_load_explicit(&ring->failed, memory_order_acquire);
+  if (failed != 0) {
+    snprintf(why, whylen, "the proxy stopped moving rank %u's blocks to other nodes (%s): the "
+             "job cannot go on between nodes; start it again", slot->rank,
+             dep_strerror(failed));
+    return DEP_ERR_STATE;
+  }
+  const uint64_t head = atomic_load_explicit(&ring->head, memory_order_acquire);
+  const uint64_t tail = atomic_load_explicit(&ring->tail, memory_order_acquire);
+  if (head != tail) {
+    snprintf(why, whylen, "the proxy is still moving %llu of the last blocks rank %u's process "
+             "pushed to other nodes; attach again", (unsigned long long)(head - tail),
+             slot->rank);
+    return DEP_ERR_STATE;
+  }
+  memset(dep_xring_xchg(ring) + l->in_slot_off, 0, l->in_off - l->in_slot_off);
+  x->lent = false;
+  return 0;
+}
+
 int elastic_scrub(struct job *j, const struct job_rank *slot, char *why, size_t whylen) {
   const struct dep_slab_layout l = j->elastic->l;
   const uint64_t mask_end = l.mask_off + DEP_SLAB_MASK_AREA_BYTES(j->world_size);
@@ -265,6 +392,8 @@ int elastic_scrub(struct job *j, const struct job_rank *slot, char *why, size_t 
       rc = elastic_zero(q, dep_slab_ctrl_slot(&l, parity, slot->rank), DEP_SLAB_CTRL_SLOT, why,
                         whylen);
   }
+  if (rc == 0 && j->xchg != NULL)
+    rc = elastic_scrub_xchg(j, slot, why, whylen);
   return rc;
 }
 
@@ -300,39 +429,136 @@ static int elastic_posted(struct job *j, const struct job_rank *slot, uint64_t *
 }
 
 /* Calls ahead of the survivors' newest that a rank that comes back joins at:
- * room for the calls they make while the daemon writes the epoch. */
+ * room for the calls they make while the daemons write the epoch. */
 #define ELASTIC_JOIN_AHEAD 8u
 
-int elastic_join(struct job *j, const struct job_rank *slot, pid_t pid, char *why,
+/* Whether the ranks that had posted call `after` (read once the join call was in their
+ * slabs) may have started call `at` before they saw it: they ran past the join call. */
+static bool elastic_overtaken(uint64_t after, uint64_t at) {
+  static int made; /* answers the test hook has made overtaken so far */
+  if (made < testhook_value(TESTHOOK_JOIN_OVERTAKEN)) {
+    made++;
+    return true;
+  }
+  return after + 1 >= at;
+}
+
+/* Rank `rank` masked again, as it was (its join call went out too late), everywhere. */
+static void elastic_undo(struct job *j, uint32_t rank, int pid) {
+  const uint32_t gen = j->elastic->gen[rank] + 1;
+  (void)elastic_take(j, rank, gen, DEP_SLAB_GONE_DETACHED, (uint32_t)pid);
+  elastic_write(j);
+  elastic_tell(j, rank, gen, DEP_SLAB_GONE_DETACHED, 0);
+}
+
+static void elastic_log_back(const struct job *j, int pid, uint32_t rank, uint64_t at,
+                             uint64_t before) {
+  log_notice("job %s: pid %d is rank %u again, from call %llu (the survivors had posted call "
+             "%llu; epoch %llu, %u of %u ranks masked)", j->id, pid, rank,
+             (unsigned long long)at, (unsigned long long)before,
+             (unsigned long long)j->elastic->epoch, j->elastic->masked, j->world_size);
+}
+
+/* The peers that must answer a rejoin of j: each one up that holds ranks of it. */
+static uint64_t elastic_peers(const struct job *j) {
+  uint64_t need = 0;
+  for (int k = 0; j->multinode && k < peer_count(); k++)
+    if (peer_is_up(k) && job_membership(j, k) != NULL)
+      need |= job_peer_bit(k);
+  return need;
+}
+
+/* The rejoin of j that waited for its peers ends: the process is answered (job.c). */
+static void elastic_join_end(struct job *j, int code, const char *why) {
+  struct elastic_pending p = j->elastic->pending;
+  j->elastic->pending.on = false;
+  uv_timer_stop(&j->timer);
+  if (code == 0)
+    elastic_log_back(j, p.pid, p.rank, p.at, p.before);
+  job_rejoined(j, p.local_rank, code, why);
+}
+
+/* The bound of a rejoin's wait for its peers' answers (limits.attach_timeout_ms). */
+static void elastic_join_timeout(uv_timer_t *t) {
+  struct job *j = t->data;
+  const struct elastic_pending *p = &j->elastic->pending;
+  if (!p->on)
+    return;
+  char who[200] = "";
+  size_t o = 0;
+  for (int k = 0; k < peer_count(); k++) {
+    if ((p->need & job_peer_bit(k)) == 0)
+      continue;
+    int n = snprintf(who + o, sizeof who - o, "%s%s", o ? ", " : "", peer_name(k));
+    if (n > 0 && (size_t)n < sizeof who - o)
+      o += (size_t)n;
+  }
+  char why[400];
+  snprintf(why, sizeof why, "node(s) %s did not say within %u ms (limits.attach_timeout_ms) "
+           "whether their ranks were short of call %llu, rank %u's join call; attach again, "
+           "and see deepepctl peers on both nodes", who, j->timeout_ms,
+           (unsigned long long)p->at, p->rank);
+  elastic_join_end(j, DEP_ERR_TIMEOUT, why);
+}
+
+void elastic_on_joined(struct job *j, int k, const struct dep_peer_job_joined *m) {
+  struct elastic_pending *p = &j->elastic->pending;
+  const uint64_t bit = job_peer_bit(k);
+  if (!p->on || m->rank != p->rank || m->gen != p->gen || (p->need & bit) == 0)
+    return; /* an answer to a rejoin that has ended (or a repeat): nothing waits for it */
+  if (!m->ok) {
+    char why[400];
+    snprintf(why, sizeof why, "the job's calls on node %s reached call %llu while rank %u was "
+             "brought back from call %llu; attach again", peer_name(k),
+             (unsigned long long)m->posted, p->rank, (unsigned long long)p->at);
+    elastic_join_end(j, DEP_ERR_STATE, why);
+    return;
+  }
+  p->need &= ~bit;
+  if (p->need == 0)
+    elastic_join_end(j, 0, NULL);
+}
+
+int elastic_join(struct job *j, const struct job_rank *slot, pid_t pid, bool *asked, char *why,
                  size_t whylen) {
   struct job_elastic *e = j->elastic;
   const uint32_t rank = slot->rank;
   uint64_t before = 0, after = 0;
+  *asked = false;
+  if (e->pending.on) {
+    snprintf(why, whylen, "rank %u is being brought back (the daemons of the job are agreeing "
+             "on its join call); attach again once it is in", e->pending.rank);
+    return DEP_ERR_STATE;
+  }
   int rc = elastic_posted(j, slot, &before, why, whylen);
   if (rc != 0)
     return rc;
   const uint64_t at = before + ELASTIC_JOIN_AHEAD;
+  const uint32_t gen = e->gen[rank] + 1;
   e->join[rank] = at;
-  (void)elastic_take(j, rank, e->gen[rank] + 1, DEP_JOB_EVENT_REJOINED, (uint32_t)pid);
+  (void)elastic_take(j, rank, gen, DEP_JOB_EVENT_REJOINED, (uint32_t)pid);
   elastic_write(j);
+  /* The other nodes write it into their slabs and check their own ranks (JOB_JOINED). */
+  const uint64_t need = elastic_peers(j);
+  if (need != 0)
+    elastic_tell(j, rank, gen, DEP_JOB_EVENT_REJOINED, at);
   /* A survivor starts call `at` only once every rank has posted at - 1 to
    * it; none has, after the epoch went out, so each will see it first. */
   rc = elastic_posted(j, slot, &after, why, whylen);
-  static int overtaken; /* rejoins the test hook has made overtaken so far */
-  if (rc == 0 && overtaken < testhook_value(TESTHOOK_JOIN_OVERTAKEN)) {
-    overtaken++;
-    after = at;
-  }
-  if (rc == 0 && after + 1 < at) {
-    log_notice("job %s: pid %d is rank %u again, from call %llu (the survivors had posted call "
-               "%llu; epoch %llu, %u of %u ranks masked)", j->id, (int)pid, rank,
-               (unsigned long long)at, (unsigned long long)before,
-               (unsigned long long)e->epoch, e->masked, j->world_size);
+  if (rc == 0 && !elastic_overtaken(after, at)) {
+    if (need == 0) {
+      elastic_log_back(j, (int)pid, rank, at, before);
+      return 0;
+    }
+    e->pending = (struct elastic_pending){.on = true, .local_rank = (uint32_t)(slot - j->ranks),
+                                          .rank = rank, .gen = gen, .at = at, .before = before,
+                                          .need = need, .pid = (int)pid};
+    *asked = true;
+    uv_timer_start(&j->timer, elastic_join_timeout, j->timeout_ms, 0);
     return 0;
   }
   /* The survivors ran past it (or could not be read): masked again, as it was. */
-  (void)elastic_take(j, rank, e->gen[rank] + 1, DEP_SLAB_GONE_DETACHED, (uint32_t)pid);
-  elastic_write(j);
+  elastic_undo(j, rank, (int)pid);
   if (rc == 0) {
     snprintf(why, whylen, "the job's calls reached call %llu while rank %u was brought back "
              "from call %llu; attach again", (unsigned long long)after, rank,

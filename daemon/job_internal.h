@@ -39,6 +39,10 @@ void job_fail(struct job *j, int code, const char *msg);
 bool job_lend(struct job *j);
 /* Every rank is here: lend memory (unless it was) and answer them all. */
 void job_complete(struct job *j);
+/* The rejoin of local rank local_rank of j, which waited for the other daemons, ended:
+ * 0, its process is answered as a rank of the job; else refused with code and why, and
+ * the rank masked again. */
+void job_rejoined(struct job *j, uint32_t local_rank, int code, const char *why);
 
 /* ---- job_members.c: across nodes ----------------------------------------- */
 
@@ -49,9 +53,15 @@ extern const struct peer_events job_peer_events;
 void ranks_fmt(const uint8_t *set, uint32_t world, char *buf, size_t len);
 /* Whether a peer holds id for another uid than `uid`, and none for uid. */
 bool member_taken(const char *id, uid_t uid);
+/* The peer whose record of j holds global rank `rank`, or -1 (none: this node's, or a
+ * lost node's). */
+int member_holder(const struct job *j, uint32_t rank);
 /* A JOB_FAIL (code < 0) or JOB_END (code 0) about the job (owner, id). */
 struct dep_peer_msg job_event(const char *id, uint32_t owner, int code, uint32_t rank,
                               bool detached, const char *msg);
+/* Peer k's bit in a set of peers (a job's `accepted`, a rejoin's answers to wait for):
+ * peers are at most CONFIG_MAX_LIST, 64 at most. */
+uint64_t job_peer_bit(int k);
 /* Send m to every peer that is up. */
 void job_send_peers(const struct dep_peer_msg *m);
 /* Send JOB_FAIL (code < 0) or JOB_END (code 0) about j to every peer that is up. */
@@ -79,8 +89,9 @@ void elastic_free(struct job *j);
  * DETACHED): its bit set in every local slab, a new epoch, the peers told (JOB_MASK). */
 void elastic_leave(struct job *j, const struct job_rank *r, uint32_t how);
 /* The ranks peer k held of the running elastic job j are gone with it (the
- * link dropped, or its part of the job ended): each one masked here. */
-void elastic_node_lost(struct job *j, const struct dep_peer_membership *x);
+ * link dropped, or its part of the job ended): each one masked here, and a
+ * rejoin waiting for k's answer waits no more. */
+void elastic_node_lost(struct job *j, int k, const struct dep_peer_membership *x);
 /* Peer k's JOB_MASK about j: taken when it is news (job_elastic.c). */
 void elastic_on_mask(struct job *j, int k, const struct dep_peer_membership *x,
                      const struct dep_peer_job_mask *m);
@@ -93,9 +104,13 @@ int elastic_scrub(struct job *j, const struct job_rank *slot, char *why, size_t 
  * (slab.h's join word), and its history says so.  0; or, when the
  * survivors' calls ran past that call meanwhile, the rank masked again and
  * DEP_ERR_STATE with why (or another DEP_ERR_* where a slab could not be
- * read). */
-int elastic_join(struct job *j, const struct job_rank *slot, pid_t pid, char *why,
+ * read, or while another rank of j is being brought back).  In a job
+ * across nodes 0 may come with *asked: the other daemons were asked, and
+ * job_rejoined says how it ended. */
+int elastic_join(struct job *j, const struct job_rank *slot, pid_t pid, bool *asked, char *why,
                  size_t whylen);
+/* Peer k's JOB_JOINED about j: its answer to the rejoin that waits, if it is that one's. */
+void elastic_on_joined(struct job *j, int k, const struct dep_peer_job_joined *m);
 /* Whether global rank `rank` of j is masked now. */
 bool elastic_masked(const struct job *j, uint32_t rank);
 /* j's status: its masked ranks' count, epoch and ranks as text (dep_status_job). */

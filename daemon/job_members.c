@@ -101,6 +101,14 @@ bool member_taken(const char *id, uid_t uid) {
   return other;
 }
 
+int member_holder(const struct job *j, uint32_t rank) {
+  for (const struct job_member *x = job_members; x != NULL; x = x->next)
+    for (uint32_t i = 0; member_of(x, j) && i < x->m.n_ranks; i++)
+      if (x->m.ranks[i] == rank)
+        return x->peer;
+  return -1;
+}
+
 const struct dep_peer_membership *job_membership(const struct job *j, int peer) {
   const struct job_member *x = *member_slot(j->id, peer);
   return x != NULL && member_of(x, j) ? &x->m : NULL;
@@ -167,9 +175,8 @@ void job_tell_peers(const struct job *j, int code, uint32_t rank, bool detached,
   job_send_peers(&m);
 }
 
-/* Peer k's bit in a job's `accepted` (peers are at most CONFIG_MAX_LIST). */
-_Static_assert(CONFIG_MAX_LIST <= 64, "job.accepted holds a bit per peer");
-static uint64_t job_peer_bit(int k) { return (uint64_t)1 << (unsigned)k; }
+_Static_assert(CONFIG_MAX_LIST <= 64, "a job's sets of peers hold a bit per peer");
+uint64_t job_peer_bit(int k) { return (uint64_t)1 << (unsigned)k; }
 
 /* The peers holding ranks of j (their records) that have not taken its MEMBERSHIP yet. */
 static uint64_t job_unaccepted(const struct job *j) {
@@ -452,7 +459,7 @@ static void job_on_peer_down(int k) {
       } else if (j != NULL && !j->dead && j->multinode && j->ready && j->elastic != NULL) {
         log_warnx("job %s: node %s went down while the elastic job ran: its %u rank(s) are "
                   "masked", j->id, peer_name(k), x->m.n_ranks);
-        elastic_node_lost(j, &x->m);
+        elastic_node_lost(j, k, &x->m);
       } else if (j != NULL && !j->dead && j->multinode && j->ready && x->m.n_ranks > 0) {
         log_warnx("job %s: node %s went down while the job ran: its ranks are told that rank %u "
                   "is gone", j->id, peer_name(k), x->m.ranks[0]);
@@ -592,7 +599,7 @@ static void job_on_job_event(int k, uint16_t type, const struct dep_peer_job_eve
   struct job *ej = job_find(e->job_id);
   if (*pp != NULL && ej != NULL && !ej->dead && ej->ready && ej->elastic != NULL &&
       member_of(*pp, ej))
-    elastic_node_lost(ej, &(*pp)->m);
+    elastic_node_lost(ej, k, &(*pp)->m);
   if (*pp != NULL && (*pp)->m.owner_uid == e->owner_uid) {
     if ((*pp)->m.n_ranks > 0)
       first = (*pp)->m.ranks[0];
@@ -654,13 +661,27 @@ static void job_on_membership_ok(int k, const struct dep_peer_job_event *e) {
   job_progress(j);
 }
 
+/* The running elastic job of (uid, id) that spans nodes, or NULL. */
+static struct job *job_elastic_of(const char *id, uint32_t uid) {
+  struct job *j = job_find(id);
+  if (j == NULL || j->dead || !j->ready || !j->multinode || j->elastic == NULL ||
+      (uint32_t)j->owner_uid != uid)
+    return NULL;
+  return j;
+}
+
 /* Peer k's JOB_MASK: a rank it holds of a running elastic job left or came back. */
 static void job_on_mask(int k, const struct dep_peer_job_mask *m) {
-  struct job *j = job_find(m->job_id);
-  if (j == NULL || j->dead || !j->ready || !j->multinode || j->elastic == NULL ||
-      (uint32_t)j->owner_uid != m->owner_uid)
-    return; /* not a running elastic job of that uid here: nothing to mask */
-  elastic_on_mask(j, k, job_membership(j, k), m);
+  struct job *j = job_elastic_of(m->job_id, m->owner_uid);
+  if (j != NULL) /* else not a running elastic job of that uid here: nothing to mask */
+    elastic_on_mask(j, k, job_membership(j, k), m);
+}
+
+/* Peer k's JOB_JOINED: its answer to a rank this node brings back. */
+static void job_on_joined(int k, const struct dep_peer_job_joined *m) {
+  struct job *j = job_elastic_of(m->job_id, m->owner_uid);
+  if (j != NULL)
+    elastic_on_joined(j, k, m);
 }
 
 static void job_on_peer_msg(int k, const struct dep_peer_msg *m) {
@@ -672,6 +693,8 @@ static void job_on_peer_msg(int k, const struct dep_peer_msg *m) {
     job_on_job_event(k, m->type, &m->u.job);
   else if (m->type == DEP_PEER_JOB_MASK)
     job_on_mask(k, &m->u.mask);
+  else if (m->type == DEP_PEER_JOB_JOINED)
+    job_on_joined(k, &m->u.joined);
 }
 
 const struct peer_events job_peer_events = {

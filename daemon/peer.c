@@ -448,6 +448,7 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
   case DEP_PEER_JOB_FAIL:
   case DEP_PEER_JOB_END:
   case DEP_PEER_JOB_MASK:
+  case DEP_PEER_JOB_JOINED:
     if (P->ev != NULL && P->ev->job_msg != NULL)
       P->ev->job_msg((int)(c->peer - P->peers), &m);
     break;

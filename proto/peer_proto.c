@@ -56,6 +56,11 @@ static const struct codec_field membership_ok_f[] = {
 static const struct codec_field job_mask_f[] = {
     MSG_F(STR, mask.job_id), MSG_F(U32, mask.owner_uid), MSG_F(U32, mask.rank),
     MSG_F(U32, mask.gen),    MSG_F(U32, mask.why),       MSG_F(U64, mask.epoch),
+    MSG_F(U64, mask.join),
+};
+static const struct codec_field job_joined_f[] = {
+    MSG_F(STR, joined.job_id), MSG_F(U32, joined.owner_uid), MSG_F(U32, joined.rank),
+    MSG_F(U32, joined.gen),    MSG_F(U32, joined.ok),        MSG_F(U64, joined.posted),
 };
 #undef MSG_F
 
@@ -133,13 +138,27 @@ static bool peer_check(const struct dep_peer_msg *m, char *why, size_t whylen) {
     return true;
   }
   case DEP_PEER_JOB_MASK: {
-    /* A change that masks comes with an odd count (job_elastic.c); a rank
-     * past any world is refused here, a rank past the job's own world by
-     * the receiver. */
+    /* A change that masks comes with an odd count and no join call, a
+     * return with an even one above 0 and its join call (job_elastic.c); a
+     * rank past any world is refused here, a rank past the job's own world
+     * by the receiver. */
     const struct dep_peer_job_mask *x = &m->u.mask;
-    if (x->rank >= DEP_MAX_WORLD || x->gen % 2 == 0 || x->why > DEP_SLAB_GONE_NODE) {
-      why_set(why, whylen, "peer JOB_MASK of rank %u carries gen %u, why %u",
-              (unsigned)x->rank, (unsigned)x->gen, (unsigned)x->why);
+    const bool leave = x->gen % 2 == 1 && x->join == 0 && x->why <= DEP_SLAB_GONE_NODE;
+    const bool back = x->gen % 2 == 0 && x->gen > 0 && x->join > 0 &&
+                      x->why == DEP_JOB_EVENT_REJOINED;
+    if (x->rank >= DEP_MAX_WORLD || !(leave || back)) {
+      why_set(why, whylen, "peer JOB_MASK of rank %u carries gen %u, why %u, join %llu",
+              (unsigned)x->rank, (unsigned)x->gen, (unsigned)x->why,
+              (unsigned long long)x->join);
+      return false;
+    }
+    return true;
+  }
+  case DEP_PEER_JOB_JOINED: {
+    const struct dep_peer_job_joined *x = &m->u.joined;
+    if (x->rank >= DEP_MAX_WORLD || x->gen % 2 == 1 || x->gen == 0 || x->ok > 1) {
+      why_set(why, whylen, "peer JOB_JOINED of rank %u carries gen %u, ok %u", (unsigned)x->rank,
+              (unsigned)x->gen, (unsigned)x->ok);
       return false;
     }
     return true;

@@ -39,9 +39,13 @@
  *   MEMBERSHIP_OK str job_id, u32 owner_uid
  *   MEMBERSHIP carries, after chunk_rows, u32 flags (the job's
  *              DEP_ATTACH_* bits, deepep.h)
- *   JOB_MASK   str job_id, u32 owner_uid, u32 rank, u32 gen (odd), u32
- *              why (DEP_SLAB_GONE_DIED, DETACHED or NODE), u64 epoch (the
- *              sender's after it)
+ *   JOB_MASK   str job_id, u32 owner_uid, u32 rank, u32 gen, u32 why
+ *              (gen odd: DEP_SLAB_GONE_DIED, DETACHED or NODE; gen even:
+ *              DEP_JOB_EVENT_REJOINED), u64 epoch (the sender's after it),
+ *              u64 join (gen even: the rank's join call, > 0; odd: 0)
+ *   JOB_JOINED str job_id, u32 owner_uid, u32 rank, u32 gen (even: the
+ *              JOB_MASK's it answers), u32 ok (0/1), u64 posted (the
+ *              largest call the sender's ranks had posted)
  *
  * Multi-node jobs (daemon/job_members.c): a daemon whose local ranks of a job have all
  * attached sends MEMBERSHIP (which global ranks it holds, under which uid
@@ -53,10 +57,15 @@
  * sender took the receiver's MEMBERSHIP of that job (owner uid and id) as
  * a record; a MEMBERSHIP it cannot take it answers with JOB_FAIL instead.
  * JOB_MASK is an elastic job's (DESIGN §14): the sender holds `rank`, which
- * left, and this is that rank's gen'th change (its leaves and returns); the
- * receiver takes it when gen is above the one it holds for the rank
- * (daemon/job_elastic.c says how the daemons agree on the epoch).  A rank
- * comes back only in a job on one node so far, so no JOB_MASK says so.
+ * left (gen odd) or which a new process takes from call `join` on (gen
+ * even), and this is that rank's gen'th change (its leaves and returns);
+ * the receiver takes it when gen is above the one it holds for the rank
+ * (daemon/job_elastic.c says how the daemons agree on the epoch).  A
+ * receiver that takes a return answers JOB_JOINED: ok when none of its
+ * ranks had posted call join - 1 once the change was in their slabs, so
+ * that each of them sees the rank live from join on; the sender seats the
+ * process only when every daemon of the job said ok, and else masks the
+ * rank again with the next (odd) count.
  * A node answers its ranks' ATTACH only once every node holding ranks of
  * the job has taken its MEMBERSHIP, so that a refusal never reaches a job
  * that has started.  MEMBERSHIP's windows say
@@ -126,6 +135,8 @@
  *      4 of the data stream (xring.h) writes into them.
  *   7  MEMBERSHIP carries the job's flags (DEP_ATTACH_ELASTIC: every node
  *      must agree); JOB_MASK (an elastic job's rank masked or back).
+ *   8  JOB_MASK carries the join call, and says a rank's return (gen even);
+ *      JOB_JOINED answers it: a rank rejoins an elastic job across nodes.
  */
 #ifndef DEP_PEER_PROTO_H
 #define DEP_PEER_PROTO_H
@@ -145,8 +156,8 @@
  * before authentication, naming the window; an older peer reads that ERROR
  * as a version mismatch naming both versions, since every version checks
  * the version before anything else. */
-#define DEP_PEER_VERSION 7
-#define DEP_PEER_MIN_VERSION 7
+#define DEP_PEER_VERSION 8
+#define DEP_PEER_MIN_VERSION 8
 #define DEP_PEER_HDR_LEN 8
 #define DEP_PEER_CHALLENGE_LEN 32
 #define DEP_PEER_MAC_LEN 32
@@ -189,7 +200,8 @@
   X(DATA_OFFER, 12, TABLE, data_offer_f)                                                          \
   X(DATA_HELLO, 13, TABLE, data_hello_f)                                                          \
   X(MEMBERSHIP_OK, 14, TABLE, membership_ok_f)                                                   \
-  X(JOB_MASK, 15, TABLE, job_mask_f)
+  X(JOB_MASK, 15, TABLE, job_mask_f)                                                             \
+  X(JOB_JOINED, 16, TABLE, job_joined_f)
 
 enum dep_peer_type {
 #define DEP_PEER_ENUM_(NAME, number, body, table) DEP_PEER_##NAME = number,
@@ -302,14 +314,25 @@ struct dep_peer_job_event {
   char message[DEP_MSG_TEXT_MAX];
 };
 
-/* JOB_MASK: rank `rank` of an elastic job, held by the sender, left it. */
+/* JOB_MASK: rank `rank` of an elastic job, held by the sender, left it or comes back. */
 struct dep_peer_job_mask {
   char job_id[DEP_JOB_ID_MAX];
   uint32_t owner_uid;
   uint32_t rank;   /* the global rank */
-  uint32_t gen;    /* its changes so far, this one included: odd (masked) */
-  uint32_t why;    /* DEP_SLAB_GONE_DIED / DETACHED / NODE */
+  uint32_t gen;    /* its changes so far, this one included: odd (masked), even (back) */
+  uint32_t why;    /* DEP_SLAB_GONE_DIED / DETACHED / NODE; DEP_JOB_EVENT_REJOINED (even) */
   uint64_t epoch;  /* the sender's epoch after it (for the logs: the receiver computes its own) */
+  uint64_t join;   /* gen even: the first call the rank takes part in again; odd: 0 */
+};
+
+/* JOB_JOINED: the answer to a JOB_MASK that brings a rank back (gen even). */
+struct dep_peer_job_joined {
+  char job_id[DEP_JOB_ID_MAX];
+  uint32_t owner_uid;
+  uint32_t rank;   /* the JOB_MASK's */
+  uint32_t gen;    /* the JOB_MASK's (even) */
+  uint32_t ok;     /* 1: no rank of the sender had posted join - 1; 0: they ran past it */
+  uint64_t posted; /* the largest call the sender's ranks had posted (for the refusal) */
 };
 
 /* One decoded message: the type says which member is set. */
@@ -323,6 +346,7 @@ struct dep_peer_msg {
     struct dep_peer_membership membership;
     struct dep_peer_job_event job; /* JOB_FAIL, JOB_END, MEMBERSHIP_OK */
     struct dep_peer_job_mask mask; /* JOB_MASK */
+    struct dep_peer_job_joined joined; /* JOB_JOINED */
     struct dep_peer_xport xport;
     struct dep_peer_error nak;     /* XPORT_NAK */
     struct dep_peer_data_offer data_offer;

@@ -38,21 +38,33 @@
 
 START_TEST(job_mask_round_trips_and_only_a_masking_change_is_taken) {
   struct dep_peer_msg m = {.type = DEP_PEER_JOB_MASK}, out;
-  m.u.mask = (struct dep_peer_job_mask){.job_id = "train-7", .owner_uid = 1000, .rank = 5,
-                                        .gen = 3, .why = DEP_SLAB_GONE_NODE, .epoch = 9};
+  const struct dep_peer_job_mask good[] = {
+      {.job_id = "train-7", .owner_uid = 1000, .rank = 5, .gen = 3, .why = DEP_SLAB_GONE_NODE,
+       .epoch = 9},
+      /* A rank back (peer protocol 8): an even count with its join call. */
+      {.job_id = "train-7", .owner_uid = 1000, .rank = 5, .gen = 4,
+       .why = DEP_JOB_EVENT_REJOINED, .epoch = 10, .join = 77},
+  };
   struct proto_buf b;
-  proto_buf_init(&b);
-  ck_assert_int_eq(peer_proto_encode(&b, &m), 0);
   char why[256];
-  ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), 0);
-  ck_assert_mem_eq(&out.u.mask, &m.u.mask, sizeof m.u.mask);
-  for (size_t n = 0; n < b.len; n++)
-    ck_assert_int_ne(peer_proto_decode(b.data, n, &out, NULL, 0), 0);
-  proto_buf_free(&b);
-  /* An even count (a rank back: not said across nodes), a reason that is no leave, a rank
-   * past every world: refused by both ends. */
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    m.u.mask = good[i];
+    proto_buf_init(&b);
+    ck_assert_int_eq(peer_proto_encode(&b, &m), 0);
+    ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), 0);
+    ck_assert_mem_eq(&out.u.mask, &m.u.mask, sizeof m.u.mask);
+    for (size_t n = 0; n < b.len; n++)
+      ck_assert_int_ne(peer_proto_decode(b.data, n, &out, NULL, 0), 0);
+    proto_buf_free(&b);
+  }
+  /* An even count without its join call (or with a reason that is no return), an odd one
+   * with a join call, a reason that is no leave, a rank past every world: refused by both
+   * ends. */
   const struct dep_peer_job_mask bad[] = {
       {.job_id = "j", .rank = 1, .gen = 2, .why = DEP_SLAB_GONE_DIED},
+      {.job_id = "j", .rank = 1, .gen = 2, .why = DEP_JOB_EVENT_REJOINED},
+      {.job_id = "j", .rank = 1, .gen = 2, .why = DEP_SLAB_GONE_DIED, .join = 5},
+      {.job_id = "j", .rank = 1, .gen = 1, .why = DEP_SLAB_GONE_DIED, .join = 5},
       {.job_id = "j", .rank = 1, .gen = 1, .why = DEP_SLAB_GONE_DAEMON},
       {.job_id = "j", .rank = 1, .gen = 1, .why = DEP_JOB_EVENT_REJOINED},
       {.job_id = "j", .rank = DEP_MAX_WORLD, .gen = 1, .why = DEP_SLAB_GONE_DIED},
@@ -64,16 +76,36 @@ START_TEST(job_mask_round_trips_and_only_a_masking_change_is_taken) {
     m.u.mask.gen = 1;
     m.u.mask.why = DEP_SLAB_GONE_DIED;
     m.u.mask.rank = 1;
+    m.u.mask.join = 0;
     ck_assert_int_eq(peer_proto_encode(&b, &m), 0);
-    /* The same fields forged on the wire: rank, gen and why end before the 8-byte epoch. */
-    b.data[b.len - 16] = (uint8_t)bad[i].gen;
-    b.data[b.len - 12] = (uint8_t)bad[i].why;
-    b.data[b.len - 20] = (uint8_t)(bad[i].rank & 0xff);
-    b.data[b.len - 19] = (uint8_t)(bad[i].rank >> 8);
+    /* The same fields forged on the wire: rank, gen and why end before the 8-byte epoch,
+     * and the 8-byte join call is last. */
+    b.data[b.len - 24] = (uint8_t)bad[i].gen;
+    b.data[b.len - 20] = (uint8_t)bad[i].why;
+    b.data[b.len - 28] = (uint8_t)(bad[i].rank & 0xff);
+    b.data[b.len - 27] = (uint8_t)(bad[i].rank >> 8);
+    b.data[b.len - 8] = (uint8_t)bad[i].join;
     ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), DEP_ERR_PROTOCOL);
     ck_assert_ptr_nonnull(strstr(why, "JOB_MASK"));
     proto_buf_free(&b);
   }
+  /* JOB_JOINED, the answer to a return: round trips; an odd count or an ok past 1 is
+   * refused. */
+  m.type = DEP_PEER_JOB_JOINED;
+  m.u.joined = (struct dep_peer_job_joined){.job_id = "train-7", .owner_uid = 1000, .rank = 5,
+                                            .gen = 4, .ok = 1, .posted = 70};
+  proto_buf_init(&b);
+  ck_assert_int_eq(peer_proto_encode(&b, &m), 0);
+  ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), 0);
+  ck_assert_mem_eq(&out.u.joined, &m.u.joined, sizeof m.u.joined);
+  proto_buf_free(&b);
+  m.u.joined.gen = 3;
+  proto_buf_init(&b);
+  ck_assert_int_eq(peer_proto_encode(&b, &m), DEP_ERR_INVALID);
+  m.u.joined.gen = 4;
+  m.u.joined.ok = 2;
+  ck_assert_int_eq(peer_proto_encode(&b, &m), DEP_ERR_INVALID);
+  proto_buf_free(&b);
 }
 END_TEST
 
@@ -525,23 +557,29 @@ END_TEST
 
 /* ---- two daemons -------------------------------------------------------------- */
 
+/* An elastic job `id` of 2 + 2 ranks over the daemons of ns: rank 0 this process on node 0
+ * (its arena mapped: ar), rank 1 on node 0 and ranks 2 and 3 on node 1 in child processes
+ * (c[r]), each attached before it returns. */
+enum { XW = 4 };
+static void xjob_up(const struct nodes *ns, const char *id, struct dw_child *c,
+                    struct arena *ar) {
+  for (uint32_t r = 1; r < XW; r++) {
+    struct dep_attach_args a = eargs(id, r, XW, r % 2, 2, DEP_ATTACH_ELASTIC);
+    rank_spawn(&c[r], &ns->d[r / 2], &a);
+  }
+  struct dep_attach_args a0 = eargs(id, 0, XW, 0, 2, DEP_ATTACH_ELASTIC);
+  arena_attach(ar, &ns->d[0], &a0);
+  for (uint32_t r = 1; r < XW; r++)
+    ck_assert_int_eq(rank_word(&c[r]), 'r');
+}
+
 START_TEST(an_elastic_job_over_two_daemons_masks_a_remote_rank_then_its_lost_node) {
   struct nodes ns;
   nodes_start(&ns, 2, 8000);
-  enum { W = 4 };
-  /* Node 0: ranks 0 (this process) and 1; node 1: ranks 2 and 3. */
+  enum { W = XW };
   struct dw_child c[W];
-  struct dep_attach_args a1 = eargs("el22", 1, W, 1, 2, DEP_ATTACH_ELASTIC);
-  rank_spawn(&c[1], &ns.d[0], &a1);
-  for (uint32_t r = 2; r < W; r++) {
-    struct dep_attach_args a = eargs("el22", r, W, r - 2, 2, DEP_ATTACH_ELASTIC);
-    rank_spawn(&c[r], &ns.d[1], &a);
-  }
   struct arena ar;
-  struct dep_attach_args a0 = eargs("el22", 0, W, 0, 2, DEP_ATTACH_ELASTIC);
-  arena_attach(&ar, &ns.d[0], &a0);
-  for (uint32_t r = 1; r < W; r++)
-    ck_assert_int_eq(rank_word(&c[r]), 'r');
+  xjob_up(&ns, "el22", c, &ar);
   const uint32_t here[] = {0, 1};
   expect_mask(&ar, here, 2, W, 0, "0000");
 
@@ -550,6 +588,11 @@ START_TEST(an_elastic_job_over_two_daemons_masks_a_remote_rank_then_its_lost_nod
   expect_mask(&ar, here, 2, W, 1, "0001");
   EXPECT_STATUS(&ns.d[0], "\"epoch\":1,\"masked_ranks\":\"3\"", "\"rank\":3,\"event\":\"died\"");
   EXPECT_STATUS(&ns.d[1], "\"epoch\":1,\"masked_ranks\":\"3\"", "\"rank\":3,\"event\":\"died\"");
+  /* It comes back only on its own node. */
+  struct dep_attach_args a3 = eargs("el22", 3, W, 1, 2, DEP_ATTACH_ELASTIC);
+  int f3 = attach_args(&ns.d[0], &a3);
+  expect_fail(f3, DEP_ERR_MISMATCH, "is held by node", "attach there");
+  close(f3);
 
   /* The other node is lost: its rank left is masked here, and the job goes on. */
   kill(ns.d[1].pid, SIGKILL);
@@ -558,8 +601,108 @@ START_TEST(an_elastic_job_over_two_daemons_masks_a_remote_rank_then_its_lost_nod
   expect_mask(&ar, here, 2, W, 2, "0011");
   EXPECT_STATUS(&ns.d[0], "\"epoch\":2,\"masked_ranks\":\"2-3\"",
                 "\"rank\":2,\"event\":\"node lost\"");
+  /* A lost node's ranks cannot come back: nothing holds their memory. */
+  struct dep_attach_args a2 = eargs("el22", 2, W, 0, 2, DEP_ATTACH_ELASTIC);
+  int f2 = attach_args(&ns.d[0], &a2);
+  expect_fail(f2, DEP_ERR_STATE, "a node that is lost", "cannot come back");
+  close(f2);
+  expect_mask(&ar, here, 2, W, 2, "0011");
   arena_done(&ar);
   for (uint32_t r = 1; r < W; r++)
+    rank_reap(&c[r]);
+  nodes_stop(&ns);
+}
+END_TEST
+
+/*
+ * A rejoin across nodes is agreed by both daemons: node 1 (DEEPEPD_TEST_JOIN_OVERTAKEN
+ * makes its first answer so) says its ranks ran past the join call, so node 0 masks the
+ * rank again on both nodes and refuses the ATTACH, naming node 1; the job goes on with the
+ * rank masked, and the next try brings it back on both.
+ */
+START_TEST(a_rejoin_that_the_other_node_finds_overtaken_is_undone_on_both) {
+  struct nodes ns;
+  nodes_config(&ns, 2, 8000);
+  node_start(&ns, 0);
+  setenv("DEEPEPD_TEST_JOIN_OVERTAKEN", "1", 1);
+  node_start(&ns, 1);
+  unsetenv("DEEPEPD_TEST_JOIN_OVERTAKEN");
+  nodes_wait_up(&ns);
+  struct dw_child c[XW];
+  struct arena ar;
+  xjob_up(&ns, "xover", c, &ar);
+  rank_kill(&c[1]);
+  const uint32_t here[] = {0, 1};
+  expect_mask(&ar, here, 2, XW, 1, "0100");
+  struct dep_attach_args a1 = eargs("xover", 1, XW, 1, 2, DEP_ATTACH_ELASTIC);
+  int f = attach_args(&ns.d[0], &a1);
+  expect_fail(f, DEP_ERR_STATE, "calls on node", "attach again");
+  close(f);
+  /* Live at epoch 2 on both, masked again at 3 on both. */
+  expect_mask(&ar, here, 2, XW, 3, "0100");
+  EXPECT_STATUS(&ns.d[1], "\"epoch\":3,\"masked_ranks\":\"1\"",
+                "\"rank\":1,\"event\":\"rejoined\"", "\"rank\":1,\"event\":\"detached\"");
+  EXPECT_STATUS(&ns.d[0], "\"epoch\":3,\"masked_ranks\":\"1\"", "\"ranks_attached\":1");
+  rank_reap(&c[1]);
+  rank_spawn(&c[1], &ns.d[0], &a1);
+  ck_assert_int_eq(rank_word(&c[1]), 'r');
+  expect_mask(&ar, here, 2, XW, 4, "0000");
+  EXPECT_STATUS(&ns.d[1], "\"epoch\":4,\"masked_ranks\":\"\"");
+  ck_assert(dw_log_has(&ns.d[0], "is rank 1 again, from call 8", 5000));
+  arena_done(&ar);
+  for (uint32_t r = 1; r < XW; r++)
+    rank_reap(&c[r]);
+  nodes_stop(&ns);
+}
+END_TEST
+
+/* Kill and rejoin cycles across nodes (the one-daemon test makes 500; each of these is two
+ * rejoins, one on each node, with a round trip between the daemons for each). */
+#define XREJOIN_CYCLES 50
+
+START_TEST(kill_and_rejoin_cycles_across_nodes_leak_no_fd_and_no_memory) {
+  struct nodes ns;
+  nodes_start(&ns, 2, 8000);
+  struct dw_child c[XW];
+  struct arena ar;
+  xjob_up(&ns, "xcycles", c, &ar);
+  rank_kill(&c[1]);
+  rank_kill(&c[3]);
+  const uint32_t here[] = {0, 1};
+  expect_mask(&ar, here, 2, XW, 2, "0101");
+  int s[2];
+  struct dep_status *st0[2];
+  int fds0[2];
+  for (int i = 0; i < 2; i++) {
+    s[i] = dw_client(&ns.d[i]);
+    st0[i] = dw_status(s[i]);
+    fds0[i] = daemon_fds(&ns.d[i]);
+  }
+  for (int i = 0; i < XREJOIN_CYCLES; i++) {
+    const uint64_t e = 2u + 4u * (uint64_t)i;
+    static const char *const live[] = {"0001", "0100"};
+    for (int n = 0; n < 2; n++) {
+      const uint32_t q = n == 0 ? 1 : 3;
+      struct dep_attach_args a = eargs("xcycles", q, XW, 1, 2, DEP_ATTACH_ELASTIC);
+      rank_reap(&c[q]);
+      rank_spawn(&c[q], &ns.d[n], &a);
+      ck_assert_msg(rank_word(&c[q]) == 'r', "cycle %d: rank %u did not rejoin", i, q);
+      expect_mask(&ar, here, 2, XW, e + 1u + 2u * (uint64_t)n, live[n]);
+      rank_kill(&c[q]);
+      expect_mask(&ar, here, 2, XW, e + 2u + 2u * (uint64_t)n, "0101");
+    }
+  }
+  for (int i = 0; i < 2; i++) {
+    ck_assert_int_eq(daemon_fds(&ns.d[i]), fds0[i]);
+    struct dep_status *st1 = dw_status(s[i]);
+    ck_assert_uint_eq(st1->devices[0].pool_used_bytes, st0[i]->devices[0].pool_used_bytes);
+    ck_assert_uint_eq(st1->devices[0].pool_held_bytes, st0[i]->devices[0].pool_held_bytes);
+    dep_status_free(st0[i]);
+    dep_status_free(st1);
+    close(s[i]);
+  }
+  arena_done(&ar);
+  for (uint32_t r = 1; r < XW; r++)
     rank_reap(&c[r]);
   nodes_stop(&ns);
 }
@@ -599,6 +742,8 @@ Suite *elastic_suite(void) {
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, an_elastic_job_over_two_daemons_masks_a_remote_rank_then_its_lost_node);
   tcase_add_test(tc, ranks_that_disagree_on_elastic_across_nodes_fail_the_job_on_both);
+  tcase_add_test(tc, a_rejoin_that_the_other_node_finds_overtaken_is_undone_on_both);
+  tcase_add_test(tc, kill_and_rejoin_cycles_across_nodes_leak_no_fd_and_no_memory);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -395,6 +395,19 @@ static int p_job_mask(struct proto_buf *b) {
                                         .gen = 1, .why = DEP_SLAB_GONE_DIED, .epoch = 1};
   return peer(b, &m);
 }
+static int p_job_mask_back(struct proto_buf *b) {
+  struct dep_peer_msg m = {.type = DEP_PEER_JOB_MASK};
+  m.u.mask = (struct dep_peer_job_mask){.job_id = SEED_JOB, .owner_uid = SEED_UID, .rank = 3,
+                                        .gen = 2, .why = DEP_JOB_EVENT_REJOINED, .epoch = 2,
+                                        .join = 9};
+  return peer(b, &m);
+}
+static int p_job_joined(struct proto_buf *b) {
+  struct dep_peer_msg m = {.type = DEP_PEER_JOB_JOINED};
+  m.u.joined = (struct dep_peer_job_joined){.job_id = SEED_JOB, .owner_uid = SEED_UID,
+                                            .rank = 3, .gen = 2, .ok = 1, .posted = 1};
+  return peer(b, &m);
+}
 /* The KEEPALIVE seed with its type set past the last this build knows: the
  * header's magic and version are the encoder's own. */
 static int p_unknown_type(struct proto_buf *b) {
@@ -472,6 +485,8 @@ const struct corpus_seed corpus_seeds[] = {
     {"peer", "data_hello", CORPUS_PEER, p_data_hello},
     {"peer", "membership_ok", CORPUS_PEER, p_membership_ok},
     {"peer", "job_mask", CORPUS_PEER, p_job_mask},
+    {"peer", "job_mask_back", CORPUS_PEER, p_job_mask_back},
+    {"peer", "job_joined", CORPUS_PEER, p_job_joined},
     {"peer", "unknown_type", CORPUS_PEER, p_unknown_type},
     {"peer", "peers_ok", CORPUS_PEERS_BODY, p_peers_ok_body},
 };
