@@ -16,8 +16,9 @@
 #             restart to its first dispatch; NCCL's init and first all_to_all beside it)
 #   pyover    issue 17: bench/py_overhead.py --device cuda under MPS
 #   hostwarm  the host backend's first calls with and without its warm-up
-#   elastic   issue 25: bench/elastic -g, 8 rank processes under MPS on a cuda daemon
-#             (a rank SIGKILLed, a replacement rejoining, a restart beside)
+#   elastic   issue 25: bench/elastic, 8 rank processes, one daemon and 4 + 4 over two,
+#             host backend and cuda under MPS (a rank SIGKILLed, a replacement
+#             rejoining, a restart beside)                    [gpu-xnode.sh]
 # Logs under $OUT, one file per step (the device tool brings back only a few
 # files: the console output says what each step found).  Daemons stay outside MPS.
 # Build here first:
@@ -109,16 +110,7 @@ for s in ${STEPS:-cudaops xnode ep doctor pytest restart pyover hostwarm}; do
       -o "$OUTD/py-overhead-cuda.csv" 2>&1 | tee "$OUTD/py-overhead-cuda.txt"
     echo "== pyover rc ${PIPESTATUS[0]}"
     mps_off ;;
-  elastic)
-    fits 150 elastic || continue
-    cuda_daemon elastic-deepepd.log
-    mps_on
-    echo "== elastic: bench/elastic -g, 8 processes, MPS"
-    timeout 140 "$B"/bench/elastic -s "$D/d.sock" -g -c ${ELASTIC_CYCLES:-10} 2>&1 |
-      tee "$OUTD/elastic-cuda.txt"
-    echo "== elastic rc ${PIPESTATUS[0]}"
-    mps_off
-    pkill -TERM -f "deepepd -c $D/" ;;
+  elastic) fits 500 elastic && OUT=$OUTD STEPS=elastic bench/gpu-xnode.sh "$B" ;;
   hostwarm) fits 80 hostwarm && OUT=$OUTD STEPS=hostwarm HW_TOKENS=128 bench/gpu-xnode.sh "$B" ;;
   *) echo "== unknown step $s" ;;
   esac

@@ -11,8 +11,9 @@
 # Build here first with: make BUILD=build-gpu STATIC_DEPS=1 all build-gpu/check_deepepd
 # Usage there, from the repository root: bench/gpu-xnode.sh [BUILD_DIR]
 # Knobs: STEPS (default "xnode oracle sliced"; "ep": bench/ep across two
-# daemons and on one, and loopback TCP round trips; "hostwarm": the host
-# backend's first calls with and without its warm-up), SECS (per step, 150).
+# daemons and on one, and loopback TCP round trips; "elastic": bench/elastic
+# on one daemon and two, host and cuda; "hostwarm": the host backend's first
+# calls with and without its warm-up), SECS (per step, 150).
 set -u
 B=$(cd "${1:-build-gpu}" && pwd) || exit 2
 OUTD=${OUT:-/tmp/dep-out}
@@ -34,19 +35,18 @@ step() {
 
 . "$(dirname "${BASH_SOURCE[0]}")/mps.sh"
 
-# Two cuda daemons on loopback, each the other's peer, started outside MPS
-# (before it): bench/ep's ranks spread over them, then all on the first (the
-# same job on one node), then the TCP round trip of the LL ops' bytes on
-# loopback (bench/xnode_pingpong), all in this one step.
-ep_step() {
-  local D t0=$SECONDS i
+# pair_up BACKEND LOGTAG: two daemons of BACKEND on loopback, each the other's
+# peer, started outside MPS (before it), in a new directory $D (n0.sock,
+# n1.sock); returns once each sees the other up.
+pair_up() {
+  local i t
   D=$(mktemp -d /tmp/dep-gx.XXXXXX)
   "$B"/deepepctl genkey "$D/peer.key" >/dev/null
   for i in 0 1; do
     cat > "$D/n$i.yaml" <<YAML
 socket: {path: $D/n$i.sock}
-backend: ${EP_BACKEND:-cuda}
-pool: {size_per_device: 8GiB, chunk_size: 1GiB, host_size: 1GiB}
+backend: $1
+pool: {size_per_device: 8GiB, chunk_size: 1GiB, host_size: 2GiB}
 connection_pool_size: 2
 listen: {address: 127.0.0.1, port: $((7481 + i))}
 peers: [{host: 127.0.0.1, port: $((7482 - i))}]
@@ -55,7 +55,7 @@ peer_wait_ms: 0
 limits: {attach_timeout_ms: 60000}
 YAML
     env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY "$B"/deepepd -c "$D/n$i.yaml" \
-      2> "$OUTD/ep-deepepd-n$i.log" &
+      2> "$OUTD/$2-deepepd-n$i.log" &
   done
   for i in 0 1; do
     for t in $(seq 300); do
@@ -63,6 +63,14 @@ YAML
       sleep 0.1
     done
   done
+}
+
+# Two cuda daemons on loopback: bench/ep's ranks spread over them, then all on
+# the first (the same job on one node), then the TCP round trip of the LL ops'
+# bytes on loopback (bench/xnode_pingpong), all in this one step.
+ep_step() {
+  local D t0=$SECONDS i
+  pair_up "${EP_BACKEND:-cuda}" ep
   mps_on
   echo "== ep: two daemons, ranks spread over them"
   timeout 120 "$B"/bench/ep -s "$D/n0.sock,$D/n1.sock" -n 2,4 -m processes -t ${EP_TOKENS:-128} \
@@ -81,6 +89,26 @@ YAML
   pkill -TERM -f "deepepd -c $D/" ; sleep 1
   mps_off
   echo "== ep step in $((SECONDS - t0)) s"
+}
+
+# Elastic jobs (issue 25): bench/elastic, 8 ranks, on one daemon and as 4 + 4
+# over two, on the host backend (this machine's quiet CPUs) and on cuda (-g,
+# the ranks under MPS).
+elastic_step() {
+  local D t0=$SECONDS be g
+  for be in ${ELASTIC_BACKENDS:-host cuda}; do
+    pair_up "$be" "elastic-$be"
+    g=; [ "$be" = cuda ] && { g=-g; mps_on; }
+    echo "== elastic ($be): one daemon"
+    timeout 120 "$B"/bench/elastic -s "$D/n0.sock" $g -c ${ELASTIC_CYCLES:-10} 2>&1 |
+      tee "$OUTD/elastic-$be-one.txt"
+    echo "== elastic ($be): 4 + 4 over two daemons"
+    timeout 120 "$B"/bench/elastic -s "$D/n0.sock,$D/n1.sock" $g -c ${ELASTIC_CYCLES:-10} 2>&1 |
+      tee "$OUTD/elastic-$be-two.txt"
+    pkill -TERM -f "deepepd -c $D/"; sleep 1
+    [ "$be" = cuda ] && mps_off
+  done
+  echo "== elastic step in $((SECONDS - t0)) s"
 }
 
 # The host backend's warm-up (kernel_warmup maps the slabs' pages in at
@@ -107,6 +135,7 @@ hostwarm_step() {
 for s in ${STEPS:-xnode oracle sliced}; do
   case $s in
   ep) ep_step ;;
+  elastic) elastic_step ;;
   hostwarm) hostwarm_step ;;
   xnode) mps_on; step xnode-mps xnode gpu ;;
   oracle) step oracle-mps cuda_ops oracle; mps_off ;;
