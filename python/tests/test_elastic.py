@@ -26,6 +26,7 @@ import pytest
 
 import conftest
 import elasticranks
+from deepep import _lib
 import ranks
 from elasticranks import CEILING_S, PHASES, WORLD, it_of, phase_masked
 from test_ops import bf16_bits, bf16_round, ll_rows, owner
@@ -56,7 +57,7 @@ def _run_job(daemon: str, seed: int, d: str, graph: bool) -> dict:
                seed=seed, port=store.port, outdir=d, k1=k1, k2=k2, graph=graph,
                device=conftest.DEVICE)
     ctx = mp.get_context("spawn")
-    procs, killed = {}, set()
+    procs, killed, status = {}, set(), {}
 
     def start(r: int, first: int) -> None:
         p = ctx.Process(target=elasticranks.elastic_rank, args=(r, first, cfg))
@@ -73,7 +74,7 @@ def _run_job(daemon: str, seed: int, d: str, graph: bool) -> dict:
                 out.append(f"rank {r} (from phase {first}):\n{why}")
         return "\n".join(out)
 
-    def await_done(p: int, n: int) -> None:
+    def await_ranks(p: int, n: int) -> None:
         deadline = time.monotonic() + CEILING_S
         while store.add(f"done/{p}", 0) < n:
             f = failures()
@@ -83,6 +84,19 @@ def _run_job(daemon: str, seed: int, d: str, graph: bool) -> dict:
                 raise _Failed(p, f"phase {p}: {store.add(f'done/{p}', 0)} of {n} ranks ended "
                               f"it within {CEILING_S} s (k1 {k1}, k2 {k2}, seed {seed})")
             time.sleep(0.01)  # a poll of the ranks' counters, bounded above
+
+    def job_status(st) -> dict:
+        for i in range(st.num_jobs):
+            j = st.jobs[i]
+            if j.job_id.decode() == cfg["job"]:
+                return dict(attached=j.ranks_attached, flags=j.flags, masked=j.masked,
+                            epoch=j.epoch, mask=j.mask.decode())
+        return {}
+
+    def await_done(p: int, n: int) -> None:
+        await_ranks(p, n)
+        # What dep_status (deepepctl status) says of the job once every live rank ended p.
+        status[p] = conftest.daemon_status(daemon, job_status)
 
     def kill(r: int) -> None:
         # Between calls: every rank has ended phase p's calls and waits for the next start.
@@ -127,7 +141,7 @@ def _run_job(daemon: str, seed: int, d: str, graph: bool) -> dict:
             if p.is_alive():
                 p.kill()
                 p.join()
-    out = dict(k1=k1, k2=k2, graph=graph, failed=failed)
+    out = dict(k1=k1, k2=k2, graph=graph, failed=failed, status=status, job=cfg["job"])
     for p in range(len(PHASES)):
         for r in range(WORLD):
             path = os.path.join(d, f"{r}.{p}.pkl")
@@ -329,6 +343,26 @@ def test_a_replacement_joins_at_its_join_call_and_the_job_matches_the_reference_
     for r, p, i, got, masked in _rounds(job, [3, 4]):
         assert masked == ([job["k2"]] if p == 3 else [])
         check_round(got, r, seed, masked, job["graph"])
+
+
+def _ranges(ranks_: list) -> str:
+    """deepepctl's text of a set of ranks: "3,5-7"."""
+    out, i = [], 0
+    while i < len(ranks_):
+        j = i
+        while j + 1 < len(ranks_) and ranks_[j + 1] == ranks_[j] + 1:
+            j += 1
+        out.append(str(ranks_[i]) if i == j else f"{ranks_[i]}-{ranks_[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def test_the_daemons_status_shows_each_phases_epoch_and_masked_ranks(job):
+    for r, p, o, masked in _phases(job):
+        st = job["status"][p]
+        assert st, f"phase {p}: dep_status lists no job {job['job']}"
+        assert st == dict(attached=WORLD - len(masked), flags=_lib.ATTACH_ELASTIC, masked=len(masked),
+                          epoch=o["after"]["epoch"], mask=_ranges(masked)), (p, st, masked)
 
 
 def test_next_call_counts_every_call_on_every_rank_of_the_eager_job(eager):
