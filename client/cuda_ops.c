@@ -497,7 +497,8 @@ int cuda_ops_mask_own(dep_client_t *c, const char *op) {
   return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, "cuMemcpyHtoD (the rank's own mask)", r);
 }
 
-int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t *epoch, uint64_t *bits) {
+int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t call, uint64_t *epoch,
+                       uint64_t *bits) {
   struct ctx_guard g;
   int rc = mask_enter(c, op, &g);
   if (rc != 0)
@@ -515,8 +516,19 @@ int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t *epoch, uint64_
     what = "cuMemcpyDtoH (the live mask's join words)";
     r = drv()->cuMemcpyDtoH(join, slab + J->mask_join_off, J->world * sizeof *join);
     if (r == CUDA_SUCCESS)
-      (void)host_ops_mask_joins(join, J->world, c->ops.seq, bits);
+      (void)host_ops_mask_joins(join, J->world, call, bits);
   }
   ctx_leave(&g);
   return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, what, r);
+}
+
+int cuda_ops_device_calls(dep_client_t *c, const char *op, uint64_t *calls) {
+  struct ctx_guard g;
+  int rc = mask_enter(c, op, &g);
+  if (rc != 0)
+    return rc;
+  CUresult r = drv()->cuMemcpyDtoH(calls, c->cuops.dev + offsetof(struct cuops_dev, seq),
+                                   sizeof *calls);
+  ctx_leave(&g);
+  return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, "cuMemcpyDtoH (the device's count of calls)", r);
 }

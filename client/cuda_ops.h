@@ -196,7 +196,11 @@ int cuda_ops_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_arg
  * cuops_dev.own_mask, which every call launched after it reads; and the live mask's epoch
  * and bits as they are in this rank's slab (device memory), for dep_mask_query. */
 int cuda_ops_mask_own(dep_client_t *c, const char *op);
-int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t *epoch, uint64_t *bits);
+int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t call, uint64_t *epoch,
+                       uint64_t *bits);
+/* The communicating calls the device has counted (cuops_dev.seq): those the
+ * library launched and those replayed from CUDA graphs, once they ended. */
+int cuda_ops_device_calls(dep_client_t *c, const char *op, uint64_t *calls);
 /* dep_next_call's check: 0 once the kernels are bound (cuda_ops_attach, where a rank that
  * came back also takes its join call), so that c->ops.seq counts this rank's calls; before,
  * the refusal every operation gives, saying why. */

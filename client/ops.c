@@ -517,6 +517,22 @@ DEP_EXPORT int dep_mask_clear(dep_client_t *c) {
   return c->cuda ? cuda_ops_mask_own(c, op) : 0;
 }
 
+/*
+ * The number of this rank's next communicating call, into *call.  The host
+ * counts the calls it makes in c->ops.seq on both backends (cuda: as it
+ * launches them, cuda_ops.c), from the join call on a rank that came back
+ * (attach.c).  On cuda the device counts too, and its count holds calls
+ * the host never saw (a CUDA graph's replays): the larger of the two,
+ * which is exact once the calls launched have ended.
+ */
+static int next_call(dep_client_t *c, const char *op, uint64_t *call) {
+  uint64_t made = c->ops.seq, dev = 0;
+  int rc = c->cuda ? cuda_ops_device_calls(c, op, &dev) : 0;
+  if (rc == 0)
+    *call = (dev > made ? dev : made) + 1;
+  return rc;
+}
+
 DEP_EXPORT int dep_mask_query(dep_client_t *c, int32_t *out, uint32_t n, uint64_t *epoch) {
   const char *op = "dep_mask_query";
   if (c == NULL)
@@ -534,12 +550,14 @@ DEP_EXPORT int dep_mask_query(dep_client_t *c, int32_t *out, uint32_t n, uint64_
   if (words == NULL)
     return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory", op);
   memcpy(words, c->ops.own, DEP_SLAB_MASK_WORDS(w) * sizeof *words);
-  uint64_t e = 0, live = 0;
-  if (c->cuda) { /* the slab is device memory; the kernels' world is one word */
-    if ((rc = cuda_ops_mask_live(c, op, &e, &live)) == 0 && e != 0)
+  /* The mask the next call will see: the join rule is a call's. */
+  uint64_t e = 0, live = 0, call = 0;
+  rc = next_call(c, op, &call);
+  if (rc == 0 && c->cuda) { /* the slab is device memory; the kernels' world is one word */
+    if ((rc = cuda_ops_mask_live(c, op, call, &e, &live)) == 0 && e != 0)
       words[0] |= live;
-  } else {
-    e = host_ops_mask_live(&c->ops, words, 0);
+  } else if (rc == 0) {
+    e = host_ops_mask_live(&c->ops, words, 0, call);
   }
   for (uint32_t r = 0; rc == 0 && r < w; r++)
     out[r] = (int32_t)((words[r / 64u] >> (r % 64u)) & 1u);
@@ -549,8 +567,6 @@ DEP_EXPORT int dep_mask_query(dep_client_t *c, int32_t *out, uint32_t n, uint64_
   return rc;
 }
 
-/* The host counts every communicating call in c->ops.seq on both backends (cuda: as it
- * launches them, cuda_ops.c), from the join call on a rank that came back (attach.c). */
 DEP_EXPORT int dep_next_call(dep_client_t *c, uint64_t *call) {
   const char *op = "dep_next_call";
   if (c == NULL)
@@ -560,8 +576,7 @@ DEP_EXPORT int dep_next_call(dep_client_t *c, uint64_t *call) {
   int rc = ops_ready(c, op);
   if (rc != 0 || (c->cuda && (rc = cuda_ops_counting(c, op)) != 0))
     return rc;
-  *call = c->ops.seq + 1;
-  return 0;
+  return next_call(c, op, call);
 }
 
 DEP_EXPORT int dep_handle_dropped(dep_client_t *c, const dep_handle_t *h, uint64_t *pairs) {

@@ -615,7 +615,8 @@ DEP_EXPORT int dep_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_in
  * rank's own mask; rank past the world or masked not 0/1: DEP_ERR_INVALID.
  * dep_mask_clear: clear every bit of it (the live mask is the daemon's).
  * dep_mask_query: out[r] = 1 where rank r is masked (the live mask or-ed
- * with this rank's own: what the next call will use), 0 elsewhere, for r
+ * with this rank's own: what the next call, dep_next_call's, will use;
+ * a rank that came back is masked before its join call), 0 elsewhere, for r
  * in 0..world_size-1; n is out's length, at least world_size; *epoch
  * (epoch may be NULL) the live mask's epoch (0: never written).
  * dep_handle_dropped: the (token, k) pairs the dispatch into h dropped
@@ -634,8 +635,10 @@ DEP_EXPORT int dep_handle_dropped(dep_client_t *c, const dep_handle_t *h, uint64
  * or not (a call refused before it ran, for its arguments or state, is not
  * counted, and a layout, dep_ll_handle_info and the mask calls are local).
  * Every rank of a job makes the same calls in the same order, so the ranks
- * agree on it.  On cuda it counts the calls launched, not those ended on
- * the GPU.  NULL c or call: DEP_ERR_INVALID; refused as the mask calls are
+ * agree on it.  On cuda it is the larger of the calls the library launched
+ * and those the GPU counted (a CUDA graph's replays are launched by the
+ * caller, not the library): exact once the calls launched have ended
+ * (synchronise the stream first).  NULL c or call: DEP_ERR_INVALID; refused as the mask calls are
  * (not attached: DEP_ERR_STATE).
  *
  * Rejoin (DEP_ATTACH_ELASTIC): a process that takes a masked rank's place

@@ -411,13 +411,15 @@ static uint64_t live_or_joins(const struct ops_ctx *c, uint64_t *words) {
       words);
 }
 
-uint64_t host_ops_mask_live(const struct ops_ctx *c, uint64_t *words, uint64_t known) {
+uint64_t host_ops_mask_live(const struct ops_ctx *c, uint64_t *words, uint64_t known,
+                            uint64_t call) {
   const uint64_t epoch = live_epoch(c);
   /* 0: never written, every rank live (a job that is not elastic); known: read before. */
   if (epoch == 0 || epoch == known)
     return epoch;
   live_or_bits(c, words);
-  (void)live_or_joins(c, words);
+  (void)host_ops_mask_joins((const uint64_t *)(c->slabs[c->rank] + dep_slab_mask_join(&c->lay, 0)),
+                            c->world, call, words);
   return epoch;
 }
 
@@ -481,7 +483,7 @@ void host_ops__mask_begin(struct ops_ctx *c) {
 }
 
 bool host_ops__mask_grew(struct ops_ctx *c) {
-  const uint64_t epoch = host_ops_mask_live(c, c->mask, c->epoch);
+  const uint64_t epoch = host_ops_mask_live(c, c->mask, c->epoch, c->seq);
   if (epoch == c->epoch)
     return false;
   const uint32_t before = c->nmasked;

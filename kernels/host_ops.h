@@ -333,11 +333,14 @@ void host_ops_daemon_gone(struct ops_ctx *c, int slabs_on_host);
  * The live mask in this rank's slab (slab.h), the one place the host
  * backend reads it: the epoch with acquire, then, unless it is 0 (never
  * written) or `known` (read before), the bits, or-ed into words
- * (DEP_SLAB_MASK_WORDS(world) of them); returns the epoch.  The daemon
- * writes the bits before the epoch (release), so the bits read are those
- * of that epoch or of a later one.
+ * (DEP_SLAB_MASK_WORDS(world) of them), with the ranks still before their
+ * join call in call `call` (a call's own number, ops_ctx.seq inside it;
+ * the next call's outside one); returns the epoch.  The daemon writes the
+ * bits before the epoch (release), so the bits read are those of that
+ * epoch or of a later one.
  */
-uint64_t host_ops_mask_live(const struct ops_ctx *c, uint64_t *words, uint64_t known);
+uint64_t host_ops_mask_live(const struct ops_ctx *c, uint64_t *words, uint64_t known,
+                            uint64_t call);
 /* A rank that came back is masked in the calls before its join call
  * (slab.h): with the join words of a world (join[r], as the slab holds
  * them, or a copy) and the calls made so far (ops_ctx.seq), or into words

@@ -15,7 +15,8 @@ from typing import Any, Tuple
 
 import torch
 
-from .errors import Error
+from . import _lib
+from .errors import Error, Unsupported
 from .handle import Handle
 
 
@@ -77,8 +78,15 @@ class _Masks:
         h = self._handle("dropped", handle, handle.kind)
         conn = self._mask_conn("dropped")
         n = ctypes.c_uint64()
-        conn.check(conn.lib.dep_handle_dropped(conn.ptr, h._ptr, ctypes.byref(n)),
-                   "dep_handle_dropped")
+        try:
+            conn.check(conn.lib.dep_handle_dropped(conn.ptr, h._ptr, ctypes.byref(n)),
+                       "dep_handle_dropped")
+        except Error as e:
+            # The cuda kernels do not count what they drop: the refusal is deepep's Unsupported,
+            # as for every other argument or mode the library cannot serve.
+            if e.code == _lib.ERR_UNSUPPORTED:
+                raise Unsupported("dropped() on this backend", e.message) from e
+            raise
         return n.value
 
     def next_call(self) -> int:

@@ -377,14 +377,8 @@ def test_next_call_counts_every_call_on_every_rank_of_the_eager_job(eager):
             assert lu["next_call_at_join"] == lu["join"]
 
 
-# ---- what does not hold yet (the lead decides) -------------------------------------------
+# ---- the join call, graph replays and dropped() on cuda ------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "dep_mask_query applies the join rule to the last call made (ops.seq: host_ops_mask_live's "
-    "live_or_joins, cuda_ops_mask_live's host_ops_mask_joins), where a call applies it to its "
-    "own number, one more (host_ops__begin counts the call first; cuops_mask's seq): at "
-    "next_call() == J the query says the rank masked, though call J takes it live, and a "
-    "replacement's query after its attach says it masked itself"))
 def test_at_the_join_call_the_query_shows_the_replacement_live(eager):
     """deepep.h: dep_mask_query says "what the next call will use".  When the next call is
     the join call J, that is the rank live: on every survivor once it has lined up (its
@@ -399,14 +393,6 @@ def test_at_the_join_call_the_query_shows_the_replacement_live(eager):
         assert all(m == want for m in got.values()), (p, watch, want, got)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "on cuda next_call() is the library's count of the calls it launched (cuops_launch, "
-    "c->ops.seq): a capture counts its calls once though none runs, and a replay (torch's "
-    "cuGraphLaunch) is not seen by the library, while the kernels count each replayed call on "
-    "the device (call_end) and the daemon picks J from the calls posted (elastic_posted); so "
-    "after replays next_call() is below the call the survivor is at, and the recipe's J - "
-    "next_call() padding calls would put a padding dispatch where the replacement makes its "
-    "first call.  These survivors line up by their own count (elasticranks' true_next)"))
 def test_next_call_counts_a_replayed_graphs_calls(graph):
     for r, p, o, masked in _phases(graph):
         assert o["next_call_after"] == o["true_next_after"], (r, p, o["next_call_after"],
@@ -415,20 +401,10 @@ def test_next_call_counts_a_replayed_graphs_calls(graph):
             assert o["rejoin"]["next_call"] == o["rejoin"]["true_next"], (r, p, o["rejoin"])
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "on cuda dep_mask_query applies the join rule to the library's count of launched calls "
-    "(cuda_ops_mask_live, c->ops.seq), which a survivor's graph replays do not advance: after "
-    "the replacement's join call and the rounds past it, the query still says the rank "
-    "masked while the kernels (cuops_mask, by the device's count) take it live"))
 def test_the_mask_after_a_rejoin_in_the_graph_job(graph):
     _check_masks(graph, [3, 4])
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "deepep.Buffer.dropped() on cuda raises deepep.Error (DEP_ERR_UNSUPPORTED from "
-    "dep_handle_dropped, through errors.from_code, which maps only DEP_ERR_INVALID and "
-    "DEP_ERR_NO_DAEMON to classes of their own), where docs/python.md and _mask.py say "
-    "deepep.Unsupported"))
 def test_dropped_raises_deepep_unsupported_on_cuda(eager):
     if conftest.BACKEND != "cuda":
         pytest.skip("dropped() counts on the host backend (the other tests check its counts)")
