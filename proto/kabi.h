@@ -146,6 +146,10 @@ struct ops_slot {
    * the one word of the slot the receiver writes. */
   DEP_ATOMIC(uint64_t) tail;
   DEP_ATOMIC(uint64_t) credit;
+  /* The host backend: the call whose post in this slot the receiver has
+   * read to its end (release), which a sender checks before it writes the
+   * slot's parity again (host_ops.h, "Split calls"); the receiver writes it. */
+  DEP_ATOMIC(uint64_t) taken;
 };
 DEP_STATIC_ASSERT(sizeof(struct ops_slot) <= DEP_SLAB_CTRL_SLOT, "slot exceeds DEP_SLAB_CTRL_SLOT");
 
