@@ -502,8 +502,7 @@ DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a,
  * Split calls (phases, appended in 0.6.0, in both low-latency argument
  * structs): 0 or DEP_LL_SEND | DEP_LL_RECV is the whole call.  DEP_LL_SEND
  * runs its send only and returns once the rows (a combine's vectors) have
- * left: written into the peers' slabs and published; on cuda, a send
- * kernel queued on the stream.  DEP_LL_RECV, with the same arguments, is
+ * left: written into the peers' slabs and published.  DEP_LL_RECV, with the same arguments, is
  * the receive of the call whose send the handle holds: it waits for what
  * the peers sent and writes the outputs.  The caller computes in between
  * (DeepEP's return_recv_hook).  The send reads the inputs a whole call
@@ -520,8 +519,9 @@ DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a,
  * slots are held by a send not yet received is refused: receive it first.
  * Every rank makes the same calls, split or not, in the same order; a
  * receive may come after later calls' sends (send A, send B, receive A,
- * receive B).  Where the job spans nodes, split calls are
- * DEP_ERR_UNSUPPORTED (whole calls only).  A library older than 0.6.0
+ * receive B).  On the cuda backend, and where the job spans nodes, split
+ * calls are DEP_ERR_UNSUPPORTED (whole calls only, for now).  A library
+ * older than 0.6.0
  * refuses a non-zero phases (DEP_ERR_UNSUPPORTED, "Structs grow").
  */
 #define DEP_LL_SEND 1u

@@ -13,7 +13,7 @@ import torch
 
 from . import _lib
 from ._checks import _BF16, _F32, _I32, _INDEX_TYPES, _Tensor, _empty_like, _ok
-from .errors import Unsupported
+from .errors import Error, Unsupported
 from .event import EventOverlap
 from .handle import Handle, _capturing
 
@@ -26,10 +26,12 @@ class _LowLatency:
     """DeepEP's low-latency operations (a mixin of Buffer)."""
 
     def _low_latency_begin(self, op: str, async_finish: bool, return_recv_hook: bool) -> None:
-        """What both low-latency calls do first: a call made without a hook runs the hooked
-        calls still queued (a combine's matching dispatch among them, where its hook has not
-        run), so each rank's calls reach the library in call order; and async_finish with a
-        hook is refused (DeepEP's rule: the hook receives, so there is no event to wait for)."""
+        """What both low-latency calls do first: on cuda, a call made without a hook runs the
+        hooked calls still queued (a combine's matching dispatch among them, where its hook
+        has not run), so each rank's calls reach the library in call order (on the host
+        backend nothing is queued: the library sends at the call and receives in the hook);
+        and async_finish with a hook is refused (DeepEP's rule: the hook receives, so there is
+        no event to wait for)."""
         if self._pending and not return_recv_hook:
             self._complete()
         if async_finish and return_recv_hook:
@@ -63,16 +65,17 @@ class _LowLatency:
             round_scale, use_ue8m0: must be False (not supported yet).
             async_finish: return an event recorded after the call (cuda).
             return_recv_hook: defer the receive to the hook the call returns (DeepEP's), so
-                that the caller can compute between: the call checks its arguments, copies x
-                and topk_idx (the caller may write them once it returns) and returns; recv_x,
-                recv_count (and the stats) are written when hook() is called, which makes the
-                whole exchange then (the library has no separate send and receive: nothing
-                overlaps the caller's work; on cuda the kernels are queued on the stream
-                current at hook()).  Hooked calls queue behind one another; a hook runs
-                those before its own first, and every operation of the Buffer made without a
-                hook runs them all before its own, so each rank's calls reach the library in
-                call order.  Not with async_finish
-                (ValueError, as DeepEP asserts).
+                that the caller can compute between.  On the host backend the call sends (the
+                rows leave: the caller may write x and topk_idx once it returns) and hook()
+                receives (recv_x, recv_count and the stats are written then); the peers
+                receive this rank's rows whether or not its hook has run.  At most two calls
+                may be between send and hook, as DeepEP's two buffers allow (a third call
+                raises InvalidArgument: call a hook first).  On cuda (whose kernels do not
+                split yet) the call copies x and topk_idx and the whole exchange runs at
+                hook(), on the stream current then; hooked calls queue behind one another, a
+                hook runs those before its own first, and every operation of the Buffer made
+                without a hook runs them all first.  Not with async_finish (ValueError, as
+                DeepEP asserts).
 
         Returns:
             recv_x: [num_local_experts, world_size * max, hidden] bfloat16, or with use_fp8 a
@@ -98,6 +101,18 @@ class _LowLatency:
         cs = None if self._host else self._stream()
         h = Handle(self, "low_latency_dispatch", n, stream=cs)
         out_x = (recv_x, scales) if fp8 else recv_x
+        if return_recv_hook and self._host:
+            # The library sends now and receives in the hook (DEP_LL_SEND, DEP_LL_RECV).
+            h._unreceived = True  # low_latency_handle_info waits for the hook
+            self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, None, None,
+                                  _lib.LL_SEND)
+
+            def receive_split() -> None:
+                self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, stats,
+                                      None, _lib.LL_RECV)
+                h._unreceived = False
+
+            return out_x, count, h, EventOverlap(None), self._split_hook(receive_split)
         if return_recv_hook:
             # The exchange runs in the hook; the caller may write x and topk_idx once this
             # returns (DeepEP's send has read them by then), so it runs on copies.
@@ -182,11 +197,12 @@ class _LowLatency:
     def _ll_dispatch_now(self, x: torch.Tensor, idx: torch.Tensor, itype: int, n: int,
                          fp8: bool, recv_x: torch.Tensor, scales: Optional[torch.Tensor],
                          count: torch.Tensor, h: Handle, stats: Optional[torch.Tensor],
-                         cs: Any = False) -> None:
+                         cs: Any = False, phases: int = 0) -> None:
         """dep_ll_dispatch of checked inputs into the outputs given, on stream cs (False: the
         current stream, looked up now, as a deferred call's hook does: the handle's arrays
         are then used on that stream, which may not be the call's, and maybe in a capture
-        the call was not in, so it is noted as a combine's is)."""
+        the call was not in, so it is noted as a combine's is); phases as the library's
+        (0: the whole call; the stats count what a call that receives received)."""
         if cs is False:
             cs = None
             if not self._host:
@@ -200,6 +216,7 @@ class _LowLatency:
         a.index_type, a.num_tokens, a.use_fp8 = itype, n, int(fp8)
         a.recv_x, a.recv_count = recv_x.data_ptr(), count.data_ptr()
         a.recv_scales = scales.data_ptr() if fp8 else None
+        a.phases = phases
         rc = self._fn_ll_dispatch(self._conn.ptr, self._lla_ref, h._ptr, cs)
         if rc:
             self._fail(rc, "dep_ll_dispatch")
@@ -260,9 +277,12 @@ class _LowLatency:
             use_logfmt: must be False; combine_wait_recv_cost_stats: None.
             zero_copy: read the input from get_next_low_latency_combine_buffer's tensor
                 (which the caller has written) instead of x (still checked for its shape).
-            async_finish, return_recv_hook: as for low_latency_dispatch (with the hook,
-                x, topk_idx and topk_weights, or the zero-copy buffer, are copied at the
-                call, and combined_x is written when hook() is called).
+            async_finish, return_recv_hook: as for low_latency_dispatch.  With the hook
+                on the host backend the call sends x (or the zero-copy buffer), which the
+                caller may write once it returns; hook() receives and combines, reading
+                topk_idx and topk_weights then (as DeepEP's receive does), and writes
+                combined_x.  On cuda x, topk_idx and topk_weights are copied at the call and
+                the whole exchange runs at hook().
             out: optional [num_tokens, hidden] bfloat16 to write into.
 
         Returns:
@@ -312,6 +332,11 @@ class _LowLatency:
             if o.data_ptr() != out.data_ptr() or o.shape != (nt, self.hidden):
                 raise ValueError(f"{op}: out must be a contiguous "
                                  f"[{nt}, {self.hidden}] bfloat16 tensor")
+        if return_recv_hook and self._host:
+            # The library sends now and receives in the hook (DEP_LL_SEND, DEP_LL_RECV).
+            self._ll_combine_now(x, idx, itype, w, out, nt, h, _lib.LL_SEND)
+            return out, EventOverlap(None), self._split_hook(
+                lambda: self._ll_combine_now(x, idx, itype, w, out, nt, h, _lib.LL_RECV))
         if return_recv_hook:
             # As low_latency_dispatch's: the exchange runs in the hook, on copies of the
             # inputs (the zero-copy buffer's too), which the caller may write once this returns.
@@ -323,15 +348,17 @@ class _LowLatency:
             _no_hook
 
     def _ll_combine_now(self, x: torch.Tensor, idx: torch.Tensor, itype: int,
-                        w: torch.Tensor, out: torch.Tensor, nt: int, h: Handle) -> None:
-        """dep_ll_combine of checked inputs into out, on the current stream."""
+                        w: torch.Tensor, out: torch.Tensor, nt: int, h: Handle,
+                        phases: int = 0) -> None:
+        """dep_ll_combine of checked inputs into out, on the current stream; phases as the
+        library's (0: the whole call)."""
         a = self._llca
         a.x = x.data_ptr()
         if nt:
             a.topk_idx, a.topk_weights, a.out = idx.data_ptr(), w.data_ptr(), out.data_ptr()
         else:
             a.topk_idx = a.topk_weights = a.out = None
-        a.index_type = itype
+        a.index_type, a.phases = itype, phases
         cs = None
         if not self._host:
             cs = self._stream()
@@ -339,6 +366,21 @@ class _LowLatency:
         rc = self._fn_ll_combine(self._conn.ptr, self._llca_ref, h._ptr, cs)
         if rc:
             self._fail(rc, "dep_ll_combine")
+
+    def _split_hook(self, receive: Any) -> Any:
+        """The hook of a call whose send the library has made: it receives once (a second
+        call does nothing); after destroy() the receive is gone with the connection."""
+        state = {"done": False}
+
+        def hook() -> None:
+            if state["done"]:
+                return
+            if self._conn is None or not self.attached:
+                raise Error(-17, "this Buffer was destroyed before the hook ran; its call "
+                            "never received", "hook")
+            state["done"] = True
+            receive()
+        return hook
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int,
                                  num_experts: int) -> None:
