@@ -424,7 +424,8 @@ int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
     return rc;
   struct cuops_ll_dispatch_args k = {a->x, a->topk_idx, a->index_type, a->num_tokens, a->use_fp8,
                                      0, a->recv_x, a->recv_scales, a->recv_count,
-                                     (uint8_t *)(uintptr_t)c->cuops.stage, hdl_of(h)};
+                                     (uint8_t *)(uintptr_t)c->cuops.stage, hdl_of(h),
+                                     a->wait_cost};
   /* FP8: every token cast once, before the senders copy it to each rank
    * that needs it (the cast, not the copy, bounded the call). */
   unsigned cast = (a->num_tokens + CUOPS_WARPS - 1) / CUOPS_WARPS;
@@ -467,7 +468,7 @@ int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
   if ((rc = cuops_begin(c, op, s)) != 0)
     return rc;
   struct cuops_ll_combine_args k = {a->x, a->topk_idx, a->index_type, h->num_tokens,
-                                    a->topk_weights, a->out, hdl_of(h)};
+                                    a->topk_weights, a->out, hdl_of(h), a->wait_cost};
   return cuops_launch(c, CUOPS_K_LL_COMBINE, comm_grid(c), 0, &k, s, op);
 }
 

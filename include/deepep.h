@@ -519,7 +519,18 @@ DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a,
  * slots are held by a send not yet received is refused: receive it first.
  * Every rank makes the same calls, split or not, in the same order; a
  * receive may come after later calls' sends (send A, send B, receive A,
- * receive B).  On the cuda backend, and where the job spans nodes, split
+ * receive B).
+ *
+ * wait_cost (appended in 0.6.0, both low-latency argument structs;
+ * DeepEP's dispatch_wait_recv_cost_stats and combine_wait_recv_cost_stats):
+ * NULL, or world_size int64 counters (8-byte aligned; device memory on
+ * cuda), to which a call that receives adds, for each source rank s, the
+ * time from the start of its receive's wait until s's rows were there:
+ * nanoseconds on the host backend, the GPU's clock64 cycles on cuda
+ * (DeepEP's unit).  A masked source adds 0; a send (DEP_LL_SEND) adds
+ * nothing.
+ *
+ * On the cuda backend, and where the job spans nodes, split
  * calls are DEP_ERR_UNSUPPORTED (whole calls only, for now).  A library
  * older than 0.6.0
  * refuses a non-zero phases (DEP_ERR_UNSUPPORTED, "Structs grow").
@@ -539,6 +550,7 @@ struct dep_ll_dispatch_args {
   int32_t *recv_count;         /* [local_experts] valid rows */
   /* Appended in 0.6.0: */
   uint32_t phases;             /* 0 or DEP_LL_SEND | DEP_LL_RECV: whole; or one (above) */
+  int64_t *wait_cost;          /* NULL, or [world_size]: the receive's wait per source (below) */
 };
 DEP_EXPORT int dep_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
                                dep_handle_t *h, dep_stream_t stream);
@@ -553,6 +565,7 @@ struct dep_ll_combine_args {
   void *out;                   /* bf16 [num_tokens, hidden] */
   /* Appended in 0.6.0: */
   uint32_t phases;             /* as dep_ll_dispatch_args's */
+  int64_t *wait_cost;          /* as dep_ll_dispatch_args's */
 };
 DEP_EXPORT int dep_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
                               const dep_handle_t *h, dep_stream_t stream);

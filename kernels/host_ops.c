@@ -696,8 +696,11 @@ int host_ops__wait_all(struct ops_ctx *c, uint32_t op) {
     struct ops_slot *s = in_slot(c, parity, src);
     for (uint32_t i = 0; !ops_masked(c, src); i++) {
       uint64_t f = atomic_load_explicit(&s->flag, memory_order_acquire);
-      if (f == c->seq)
+      if (f == c->seq) {
+        if (c->wait_cost != NULL)
+          c->wait_cost[src] += (int64_t)(now_ns() - start);
         break;
+      }
       if (f > c->seq) {
         c->broken = 1;
         return set_why(c, DEP_ERR_MISMATCH, "%s: rank %u is at call %llu, this rank at call %llu; "

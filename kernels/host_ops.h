@@ -202,6 +202,8 @@ struct ops_ctx {
   uint64_t epoch;                      /* the live mask's epoch the call last read */
   uint32_t nmasked;                    /* bits set in mask (0: the call skips nothing) */
   struct ops_pending pend[2];          /* split calls sent, not received, by parity */
+  int64_t *wait_cost;                  /* the running LL receive's (deepep.h), else NULL:
+                                          wait_all adds each source's wait, in ns */
   char why[256];                       /* message of the last failure */
 };
 

@@ -190,7 +190,9 @@ static int ll_dispatch_recv(struct ops_ctx *c, const void *args, const struct de
   const struct dep_ll_dispatch_args *a = args;
   struct dep_handle *h = (struct dep_handle *)(uintptr_t)hc; /* the caller's, to fill */
   const uint32_t op = OPS_OP_LL_DISPATCH | (a->use_fp8 ? OPS_OP_FP8 : 0);
+  c->wait_cost = a->wait_cost;
   int rc = host_ops__wait_all(c, op);
+  c->wait_cost = NULL;
   if (rc != 0 || (rc = ll_dispatch_expand(c, a, h, (unsigned)(c->seq & 1))) != 0)
     return rc;
   h->kind = OPS_HANDLE_LL;
@@ -250,7 +252,9 @@ static int ll_combine_recv(struct ops_ctx *c, const void *args, const struct dep
   const struct dep_ll_combine_args *a = args;
   const uint32_t hid = c->shape.hidden, k = c->shape.topk;
   const unsigned parity = (unsigned)(c->seq & 1);
+  c->wait_cost = a->wait_cost;
   int rc = host_ops__wait_all(c, OPS_OP_LL_COMBINE);
+  c->wait_cost = NULL;
   if (rc != 0)
     return rc;
 

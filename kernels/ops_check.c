@@ -332,6 +332,8 @@ int ops_check_ll_dispatch(const struct ops_ctx *c, const struct dep_ll_dispatch_
     return why_fail(why, whylen, DEP_ERR_INVALID, "ll_dispatch: handle is NULL; make one with dep_handle_new");
   if ((rc = check_phases(c, a->phases, h, OPS_OP_LL_DISPATCH, op, why, whylen)) != 0)
     return rc;
+  if (a->wait_cost != NULL)
+    NEED(a->wait_cost, op, "wait_cost");
   if ((rc = check_index_type(a->index_type, op, why, whylen)) != 0 ||
       (rc = check_tokens(a->num_tokens, c->lay.max_ll_tokens, op, "max_ll_tokens_per_rank", why,
                          whylen)) != 0)
@@ -375,6 +377,8 @@ int ops_check_ll_combine(const struct ops_ctx *c, const struct dep_ll_combine_ar
       (rc = check_handle(c, h, OPS_HANDLE_LL, op, why, whylen)) != 0 ||
       (rc = check_index_type(a->index_type, op, why, whylen)) != 0)
     return rc;
+  if (a->wait_cost != NULL)
+    NEED(a->wait_cost, op, "wait_cost");
   NEED_BF16(a->x, op, "x");
   if (h->num_tokens == 0)
     return 0;

@@ -352,6 +352,7 @@ struct cuops_ll_dispatch_args {
   int32_t *cnt;
   uint8_t *stage;      /* FP8: this rank's tokens, cast once (dep__k_ll_cast), CUOPS_STAGE_ROW each */
   struct cuops_hdl h;
+  int64_t *wait_cost;  /* NULL, or [world]: clock64 cycles the receive waited for each source */
 };
 
 /* A staged FP8 token: hidden bytes of e4m3, then hidden / 128 float32 scales (the row's layout). */
@@ -364,6 +365,7 @@ struct cuops_ll_combine_args {
   const float *w;
   void *out;
   struct cuops_hdl h;
+  int64_t *wait_cost;  /* as cuops_ll_dispatch_args's */
 };
 
 /* dep__k_ll_info (dep_ll_handle_info): src [le, world * max_ll] and range [le, world]

@@ -58,14 +58,14 @@ static struct dep_ll_dispatch_args split_da(const struct ow_case *d, uint32_t r,
                                             uint32_t phases) {
   return (struct dep_ll_dispatch_args){sizeof(struct dep_ll_dispatch_args), s->x, s->idx,
                                        d->sc.itype, d->in_ll[r].num_tokens, d->sc.fp8, o->lx,
-                                       d->sc.fp8 ? o->lscales : NULL, o->lcnt, phases};
+                                       d->sc.fp8 ? o->lscales : NULL, o->lcnt, phases, NULL};
 }
 
 static struct dep_ll_combine_args split_ca(const struct ow_case *d, uint32_t r,
                                            const struct split_in *s, struct ow_outs *o,
                                            uint32_t phases) {
   return (struct dep_ll_combine_args){sizeof(struct dep_ll_combine_args), s->lx, d->idx[r],
-                                      d->sc.itype, d->in_ll[r].topk_weights, o->lout, phases};
+                                      d->sc.itype, d->in_ll[r].topk_weights, o->lout, phases, NULL};
 }
 
 static void split_poison(const struct ow_case *d, struct ow_outs *o) {
@@ -399,6 +399,82 @@ START_TEST(invalid_sequences_are_refused_naming_phases_and_the_job_goes_on) {
 }
 END_TEST
 
+/* ---- wait costs ----------------------------------------------------------------------- */
+
+/* Base of the counters: what a call adds must land above it, and below it plus a bound. */
+#define SPLIT_COST_BASE (1ll << 40)
+
+/* Every counter of cost[0..W) in [lo[i], lo[i] + limit] (limit 0: equal); 0, or 1 with msg. */
+static int split_costs(const int64_t *cost, const int64_t *lo, uint32_t W, int64_t limit,
+                       const char *what, char *msg) {
+  for (uint32_t s = 0; s < W; s++)
+    if (cost[s] < lo[s] || cost[s] - lo[s] > limit)
+      return ow_fail(msg, "%s: wait_cost[%u] went from %lld to %lld (at most %lld more)", what,
+                     s, (long long)lo[s], (long long)cost[s], (long long)limit);
+  return 0;
+}
+
+/*
+ * wait_cost (DeepEP's *_wait_recv_cost_stats): a send adds nothing; a
+ * receive adds each source's wait, in ns, at most the op timeout (the
+ * bound on every wait: a generous ceiling, not a timing); a whole call
+ * adds too, to what is there; a misaligned pointer is refused naming it.
+ */
+static int split_cost_rank(struct ops_ctx *c, void *arg, char *msg) {
+  const struct ow_case *d = arg;
+  const uint32_t r = c->rank, W = d->sc.world;
+  const int64_t limit = (int64_t)OW_TIMEOUT_MS * 1000000;
+  struct ow_outs o;
+  ow_outs_alloc(&o, d);
+  struct split_in s;
+  split_in_make(&s, d, r);
+  int64_t cost[2 * OW_MAXW + 1], before[2 * OW_MAXW];
+  for (uint32_t i = 0; i < 2 * W; i++)
+    cost[i] = SPLIT_COST_BASE;
+  memcpy(before, cost, 2 * W * sizeof *cost);
+  struct dep_ll_dispatch_args da = split_da(d, r, &s, &o, DEP_LL_SEND);
+  struct dep_ll_combine_args ca = split_ca(d, r, &s, &o, DEP_LL_SEND);
+  da.wait_cost = (int64_t *)((uint8_t *)cost + 4);
+  c->why[0] = 0;
+  if (host_ops_ll_dispatch(c, &da, &o.h) != DEP_ERR_INVALID || !strstr(c->why, "wait_cost"))
+    return ow_fail(msg, "a misaligned wait_cost: \"%s\", want DEP_ERR_INVALID naming it", c->why);
+  da.wait_cost = cost, ca.wait_cost = cost + W;
+  RUN(host_ops_ll_dispatch(c, &da, &o.h), "dispatch send");
+  int rc = split_costs(cost, before, 2 * W, 0, "a dispatch's send", msg);
+  da.phases = DEP_LL_RECV;
+  if (rc == 0)
+    RUN(host_ops_ll_dispatch(c, &da, &o.h), "dispatch receive");
+  rc = rc || split_costs(cost, before, W, limit, "a dispatch's receive", msg) ||
+       split_costs(cost + W, before + W, W, 0, "a dispatch's receive (combine's counters)", msg);
+  memcpy(before, cost, 2 * W * sizeof *cost);
+  if (rc == 0)
+    RUN(host_ops_ll_combine(c, &ca, &o.h), "combine send");
+  ca.phases = DEP_LL_RECV;
+  if (rc == 0)
+    RUN(host_ops_ll_combine(c, &ca, &o.h), "combine receive");
+  rc = rc || split_costs(cost, before, W, 0, "a combine (dispatch's counters)", msg) ||
+       split_costs(cost + W, before + W, W, limit, "a combine's receive", msg);
+  memcpy(before, cost, 2 * W * sizeof *cost);
+  da.phases = 0;
+  if (rc == 0)
+    RUN(host_ops_ll_dispatch(c, &da, &o.h), "whole dispatch");
+  rc = rc || split_costs(cost, before, W, limit, "a whole dispatch", msg);
+  split_in_free(&s);
+  ow_outs_free(&o);
+  return rc;
+}
+
+START_TEST(wait_costs_are_added_by_receives_only) {
+  ow_seed_init(340);
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &split_scenarios[2], 0);
+  ow_run_ranks(&d->shape, d->sc.world, split_cost_rank, d, "wait costs");
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
 Suite *ops_split_suite(void);
 Suite *ops_split_suite(void) {
   Suite *s = suite_create("ops_split");
@@ -408,6 +484,7 @@ Suite *ops_split_suite(void) {
   tcase_add_loop_test(t, two_micro_batches_interleave_on_every_rank, 0, N_SPLIT_SCENARIOS);
   tcase_add_test(t, a_call_waits_for_a_peer_two_receives_behind);
   tcase_add_test(t, invalid_sequences_are_refused_naming_phases_and_the_job_goes_on);
+  tcase_add_test(t, wait_costs_are_added_by_receives_only);
   suite_add_tcase(s, t);
   return s;
 }

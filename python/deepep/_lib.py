@@ -221,6 +221,7 @@ class LLDispatchArgs(_Sized):
         ("recv_scales", c_void_p),
         ("recv_count", c_void_p),
         ("phases", c_uint32),
+        ("wait_cost", c_void_p),
     ]
 
 
@@ -234,6 +235,7 @@ class LLCombineArgs(_Sized):
         ("topk_weights", c_void_p),
         ("out", c_void_p),
         ("phases", c_uint32),
+        ("wait_cost", c_void_p),
     ]
 
 

@@ -676,7 +676,9 @@ def overlap_rank(args) -> List[Dict[str, np.ndarray]]:
     rank 1 sets once its own hooked dispatch's hook() has returned, before calling its hook.
     Rank 1's receive needs rank 0's rows, which left at rank 0's call: where the exchange
     waited for rank 0's hook, rank 1's hook would wait for rank 0, and rank 0 for rank 1
-    (rank 0 raises after wait_s).  Results as rank_ops' (ll_x, ll_count), one iteration."""
+    (rank 0 raises after wait_s).  The call's dispatch_wait_recv_cost_stats is untouched by
+    the send and added to by the hook (nanoseconds on the host backend).  Results as
+    rank_ops' (ll_x, ll_count), one iteration."""
     sock, job, rank, world, seed, received, wait_s = args
     import deepep
     s = shape(world)
@@ -685,8 +687,12 @@ def overlap_rank(args) -> List[Dict[str, np.ndarray]]:
                       local_world_size=world, socket=sock, **s)
     li = inputs(seed, rank, world, 0, ll=True)
     x, idx = torch.from_numpy(li["x"]).bfloat16(), torch.from_numpy(li["idx"])
+    base = 1 << 40
+    cost = torch.full((world,), base, dtype=torch.int64)
     recv, count, h, ev, hook = b.low_latency_dispatch(x, idx, M, E, use_fp8=False,
+                                                      dispatch_wait_recv_cost_stats=cost,
                                                       return_recv_hook=True)
+    assert (cost == base).all(), "the send added to dispatch_wait_recv_cost_stats"
     if rank == 0:
         if not received.wait(wait_s):
             raise AssertionError(f"rank 1's hook did not return within {wait_s} s while this "
@@ -695,6 +701,8 @@ def overlap_rank(args) -> List[Dict[str, np.ndarray]]:
     else:
         hook()
         received.set()
+    # Each source's wait, bounded by the op timeout (a generous ceiling: 10 minutes in ns).
+    assert ((cost >= base) & (cost - base < 600 * 10**9)).all(), cost
     out = [{"ll_x": bits(recv), "ll_count": count.cpu().numpy()}]
     b.destroy()
     return out
