@@ -793,11 +793,11 @@ static int wait_free(struct ops_ctx *c) {
         return host_ops__peer_fail(c, s->op, d, waited);
       if (waited > limit) {
         host_ops__record_fail(c, s->op, d, f, waited, DEP_ERR_TIMEOUT);
-        return set_why(c, DEP_ERR_TIMEOUT, "call %llu: rank %u has not received call %llu "
-                       "(%u ms), whose slots this call reuses: that rank sent a later call and "
-                       "never ran this call's receive (DEP_LL_RECV); every rank must receive "
-                       "its split calls", (unsigned long long)c->seq, d,
-                       (unsigned long long)f, c->timeout_ms);
+        return set_why(c, DEP_ERR_TIMEOUT, "call %llu: rank %u has not read call %llu in %u "
+                       "ms, and this call reuses its slots: that rank has not run call %llu's "
+                       "receive (DEP_LL_RECV), or has stopped; every rank must receive each of "
+                       "its split calls", (unsigned long long)c->seq, d, (unsigned long long)f,
+                       c->timeout_ms, (unsigned long long)f);
       }
       host_ops__backoff(i);
     }

@@ -316,6 +316,75 @@ START_TEST(a_call_waits_for_a_peer_two_receives_behind) {
 }
 END_TEST
 
+/*
+ * A peer that never receives: rank 1 sends calls 1 and 2 and waits on the
+ * pipe; rank 0 sends and receives both, and its call 3 waits for rank 1 to
+ * read call 1, which it does not: DEP_ERR_TIMEOUT after the op timeout
+ * (OW_TIMEOUT_MS, the bound of every wait), naming rank 1 and call 1, its
+ * context broken; rank 1's rows of call 1 were not overwritten (it then
+ * receives both calls, told by the pipe, and checks them).
+ */
+static int split_stuck_rank(struct ops_ctx *c, void *arg, char *msg) {
+  struct split_behind *b = arg;
+  const struct ow_case *d[2] = {&b->p.a, &b->p.b};
+  const uint32_t r = c->rank;
+  struct ow_outs o[3];
+  struct split_in s[2];
+  for (int i = 0; i < 2; i++)
+    split_in_make(&s[i], d[i], r);
+  for (int i = 0; i < 3; i++)
+    ow_outs_alloc(&o[i], d[i % 2]);
+  char byte = 1;
+  for (int i = 0; i < 2; i++) {
+    struct dep_ll_dispatch_args da = split_da(d[i], r, &s[i], &o[i], DEP_LL_SEND);
+    RUN(host_ops_ll_dispatch(c, &da, &o[i].h), "send");
+  }
+  if (r == 1 && read(b->fd[0], &byte, 1) != 1)
+    return ow_fail(msg, "the pipe from rank 0 closed");
+  for (int i = 0; i < 2; i++) {
+    struct dep_ll_dispatch_args da = split_da(d[i], r, &s[i], &o[i], DEP_LL_RECV);
+    RUN(host_ops_ll_dispatch(c, &da, &o[i].h), "receive");
+  }
+  int rc = 0;
+  if (r == 0) {
+    c->why[0] = 0;
+    const int got = ow_ll_dispatch(c, d[0], &o[2], 0);
+    if (got != DEP_ERR_TIMEOUT || strstr(c->why, "rank 1 has not read call 1") == NULL ||
+        !c->broken)
+      rc = ow_fail(msg, "call 3 with rank 1 stuck before its receives: %s (%s), broken %d; "
+                   "want DEP_ERR_TIMEOUT naming rank 1 and call 1, broken", dep_errname(got),
+                   c->why, c->broken);
+    if (write(b->fd[1], &byte, 1) != 1)
+      rc = ow_fail(msg, "the pipe to rank 1 failed");
+  }
+  for (int i = 0; rc == 0 && i < 2; i++) {
+    const struct ref_ll_out *e = &d[i]->ll[r];
+    for (uint32_t l = 0; rc == 0 && l < d[i]->le; l++)
+      if (o[i].lcnt[l] != e->count[l] ||
+          memcmp((const uint16_t *)o[i].lx + (size_t)l * d[i]->rows_ll * d[i]->sc.hidden,
+                 e->x + (size_t)l * d[i]->rows_ll * d[i]->sc.hidden,
+                 (size_t)e->count[l] * d[i]->sc.hidden * 2) != 0)
+        rc = ow_fail(msg, "call %d: expert %u's rows are not the oracle's", i + 1, l);
+  }
+  return rc;
+}
+
+START_TEST(a_peer_that_never_receives_times_the_next_call_out_unoverwritten) {
+  ow_seed_init(325);
+  struct split_behind *b = malloc(sizeof *b);
+  ck_assert_ptr_nonnull(b);
+  struct ow_scenario sc = split_scenarios[0];
+  ow_case_make(&b->p.a, &sc, 0);
+  ow_case_make(&b->p.b, &sc, 0);
+  ck_assert_int_eq(pipe(b->fd), 0);
+  ow_run_ranks(&b->p.a.shape, sc.world, split_stuck_rank, b, "a peer that never receives");
+  close(b->fd[0]), close(b->fd[1]);
+  ow_case_free(&b->p.a);
+  ow_case_free(&b->p.b);
+  free(b);
+}
+END_TEST
+
 /* ---- invalid sequences ---------------------------------------------------------------- */
 
 /* Refused with DEP_ERR_INVALID naming phases and what, no seq taken. */
@@ -483,6 +552,7 @@ Suite *ops_split_suite(void) {
   tcase_add_loop_test(t, split_calls_equal_whole_calls_bit_for_bit, 0, N_SPLIT_SCENARIOS);
   tcase_add_loop_test(t, two_micro_batches_interleave_on_every_rank, 0, N_SPLIT_SCENARIOS);
   tcase_add_test(t, a_call_waits_for_a_peer_two_receives_behind);
+  tcase_add_test(t, a_peer_that_never_receives_times_the_next_call_out_unoverwritten);
   tcase_add_test(t, invalid_sequences_are_refused_naming_phases_and_the_job_goes_on);
   tcase_add_test(t, wait_costs_are_added_by_receives_only);
   suite_add_tcase(s, t);
