@@ -103,9 +103,24 @@ class _LowLatency:
         cs = None if self._host else self._stream()
         h = Handle(self, "low_latency_dispatch", n, stream=cs)
         out_x = (recv_x, scales) if fp8 else recv_x
-        if return_recv_hook and self._host:
-            # The library sends now and receives in the hook (DEP_LL_SEND, DEP_LL_RECV).
-            h._unreceived = True  # low_latency_handle_info waits for the hook
+        if return_recv_hook:
+            return out_x, count, h, EventOverlap(None), self._ll_dispatch_hooked(
+                x, idx, itype, n, fp8, recv_x, scales, count, h, stats, cost)
+        self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, stats, cs,
+                              cost=cost)
+        return (out_x, count, h,
+                self._event(None, async_finish) if async_finish else EventOverlap(None), _no_hook)
+
+    def _ll_dispatch_hooked(self, x: torch.Tensor, idx: torch.Tensor, itype: int, n: int,
+                            fp8: bool, recv_x: torch.Tensor, scales: Optional[torch.Tensor],
+                            count: torch.Tensor, h: Handle, stats: Optional[torch.Tensor],
+                            cost: Optional[int]) -> Any:
+        """low_latency_dispatch with return_recv_hook: on the host backend the library sends
+        now and receives in the hook (DEP_LL_SEND, DEP_LL_RECV); on cuda the exchange runs in
+        the hook, on copies (the caller may write x and topk_idx once the call returns, as
+        DeepEP's send has read them).  The hook."""
+        h._unreceived = True  # low_latency_handle_info waits for the hook
+        if self._host:
             self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, None, None,
                                   _lib.LL_SEND)
 
@@ -114,23 +129,15 @@ class _LowLatency:
                                       None, _lib.LL_RECV, cost)
                 h._unreceived = False
 
-            return out_x, count, h, EventOverlap(None), self._split_hook(receive_split)
-        if return_recv_hook:
-            # The exchange runs in the hook; the caller may write x and topk_idx once this
-            # returns (DeepEP's send has read them by then), so it runs on copies.
-            xc, ic = x.clone(), idx.clone()
-            h._unreceived = True  # low_latency_handle_info waits for the hook
+            return self._split_hook(receive_split)
+        xc, ic = x.clone(), idx.clone()
 
-            def receive() -> None:
-                self._ll_dispatch_now(xc, ic, itype, n, fp8, recv_x, scales, count, h, stats,
-                                      cost=cost)
-                h._unreceived = False
+        def receive() -> None:
+            self._ll_dispatch_now(xc, ic, itype, n, fp8, recv_x, scales, count, h, stats,
+                                  cost=cost)
+            h._unreceived = False
 
-            return out_x, count, h, EventOverlap(None), self._defer(receive)
-        self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, stats, cs,
-                              cost=cost)
-        return (out_x, count, h,
-                self._event(None, async_finish) if async_finish else EventOverlap(None), _no_hook)
+        return self._defer(receive)
 
     def _ll_dispatch_inputs(self, x: Any, topk_idx: Any, num_max_dispatch_tokens_per_rank: Any,
                             num_experts: Any, round_scale: Any, use_ue8m0: Any
