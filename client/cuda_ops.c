@@ -387,6 +387,17 @@ int cuda_ops_combine(dep_client_t *c, const struct dep_combine_args *a, const st
   return cuops_launch(c, CUOPS_K_COMBINE, comm_grid(c), 0, &k, s, op);
 }
 
+/* The kernels run a low-latency call whole: a split one (deepep.h "Split calls") is the host
+ * backend's for now; a phases that is neither is ops_check's to refuse. */
+static int ll_whole(uint32_t phases, const char *op, char *why, size_t whylen) {
+  if (phases != DEP_LL_SEND && phases != DEP_LL_RECV)
+    return 0;
+  snprintf(why, whylen, "%s: phases is %s, but the cuda kernels run a low-latency call whole "
+           "(the host backend splits it); give phases 0", op,
+           phases == DEP_LL_SEND ? "DEP_LL_SEND" : "DEP_LL_RECV");
+  return DEP_ERR_UNSUPPORTED;
+}
+
 int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
                          struct dep_handle *h, dep_stream_t stream) {
   const char *op = "dep_ll_dispatch";
@@ -394,7 +405,9 @@ int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
   char why[256] = "";
   struct dep_ll_dispatch_args z = *a;
   z.num_tokens = 0;
-  int rc = ops_check_ll_dispatch(&c->ops, &z, h, why, sizeof why);
+  int rc = ll_whole(a->phases, "ll_dispatch", why, sizeof why);
+  if (rc == 0)
+    rc = ops_check_ll_dispatch(&c->ops, &z, h, why, sizeof why);
   if (rc == 0)
     rc = tokens_ok(why, sizeof why, a->num_tokens, c->ops.lay.max_ll_tokens, "ll_dispatch",
                    "max_ll_tokens_per_rank");
@@ -411,7 +424,8 @@ int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
     return rc;
   struct cuops_ll_dispatch_args k = {a->x, a->topk_idx, a->index_type, a->num_tokens, a->use_fp8,
                                      0, a->recv_x, a->recv_scales, a->recv_count,
-                                     (uint8_t *)(uintptr_t)c->cuops.stage, hdl_of(h)};
+                                     (uint8_t *)(uintptr_t)c->cuops.stage, hdl_of(h),
+                                     a->wait_cost};
   /* FP8: every token cast once, before the senders copy it to each rank
    * that needs it (the cast, not the copy, bounded the call). */
   unsigned cast = (a->num_tokens + CUOPS_WARPS - 1) / CUOPS_WARPS;
@@ -434,12 +448,12 @@ int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
   const char *op = "dep_ll_combine";
   CUstream s = stream;
   char why[256] = "";
-  int rc = 0;
-  if (h != NULL) {
+  int rc = ll_whole(a->phases, "ll_combine", why, sizeof why);
+  if (rc == 0 && h != NULL) {
     struct dep_handle hz = *h; /* num_tokens 0: the host must not hash device ids */
     hz.num_tokens = 0;
     rc = ops_check_ll_combine(&c->ops, a, &hz, why, sizeof why);
-  } else {
+  } else if (rc == 0) {
     rc = ops_check_ll_combine(&c->ops, a, h, why, sizeof why);
   }
   if (rc == 0 && h->cuda == NULL)
@@ -454,7 +468,7 @@ int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
   if ((rc = cuops_begin(c, op, s)) != 0)
     return rc;
   struct cuops_ll_combine_args k = {a->x, a->topk_idx, a->index_type, h->num_tokens,
-                                    a->topk_weights, a->out, hdl_of(h)};
+                                    a->topk_weights, a->out, hdl_of(h), a->wait_cost};
   return cuops_launch(c, CUOPS_K_LL_COMBINE, comm_grid(c), 0, &k, s, op);
 }
 

@@ -321,6 +321,17 @@ static int ops_call(dep_client_t *c, const struct ops_desc *d, const struct ops_
     statrec_rejected(&c->stats, d->sop);
     return rc;
   }
+  /* A low-latency send not yet received holds its handle (the LL checks say so for their
+   * own calls, host_ops.h "Split calls"); no other call may fill or read it meanwhile. */
+  const uint64_t held = c->cuda || d->sop == DEP_STATS_OP_LL_DISPATCH ||
+                                d->sop == DEP_STATS_OP_LL_COMBINE
+                            ? 0 : host_ops_pending(&c->ops, k->h);
+  if (held != 0) {
+    statrec_rejected(&c->stats, d->sop);
+    return client_seterr(c, DEP_ERR_INVALID, "%s: the handle holds the send of low-latency "
+                         "call %llu, whose receive (DEP_LL_RECV) has not run; run it first, or "
+                         "use another handle", op, (unsigned long long)held);
+  }
   const bool stamp = k->fill != NULL && !k->routed;
   if (c->cuda) {
     rc = d->cuda_run(c, k->a, k->h, k->fill, stream);

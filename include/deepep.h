@@ -513,7 +513,47 @@ struct dep_combine_args {
 DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a,
                            const dep_handle_t *h, dep_stream_t stream);
 
-/* Low-latency dispatch: fixed-shape per-local-expert output, no host sync. */
+/*
+ * Low-latency dispatch: fixed-shape per-local-expert output, no host sync.
+ *
+ * Split calls (phases, appended in 0.6.0, in both low-latency argument
+ * structs): 0 or DEP_LL_SEND | DEP_LL_RECV is the whole call.  DEP_LL_SEND
+ * runs its send only and returns once the rows (a combine's vectors) have
+ * left: written into the peers' slabs and published.  DEP_LL_RECV, with the same arguments, is
+ * the receive of the call whose send the handle holds: it waits for what
+ * the peers sent and writes the outputs.  The caller computes in between
+ * (DeepEP's return_recv_hook).  The send reads the inputs a whole call
+ * reads, and the receive does not read them again, except a combine's
+ * topk_idx and topk_weights, which its receive reads (as DeepEP's does):
+ * a dispatch's x and topk_idx, and a combine's x, may be written once the
+ * send returns.  A split call is one call of the job's sequence
+ * (dep_next_call, the masks): it is counted, and reads the mask, at its
+ * send.  Rules, each DEP_ERR_INVALID naming phases: a receive needs the
+ * handle to hold that operation's pending send; a dispatch may not send
+ * into, nor any call read, a handle whose send has not received; and at
+ * most two calls may be between send and receive (the slots alternate
+ * between two call parities), so a call (of any operation) whose parity's
+ * slots are held by a send not yet received is refused: receive it first.
+ * Every rank makes the same calls, split or not, in the same order; a
+ * receive may come after later calls' sends (send A, send B, receive A,
+ * receive B).
+ *
+ * wait_cost (appended in 0.6.0, both low-latency argument structs;
+ * DeepEP's dispatch_wait_recv_cost_stats and combine_wait_recv_cost_stats):
+ * NULL, or world_size int64 counters (8-byte aligned; device memory on
+ * cuda), to which a call that receives adds, for each source rank s, the
+ * time from the start of its receive's wait until s's rows were there:
+ * nanoseconds on the host backend, the GPU's clock64 cycles on cuda
+ * (DeepEP's unit).  A masked source adds 0; a send (DEP_LL_SEND) adds
+ * nothing.
+ *
+ * On the cuda backend, and where the job spans nodes, split
+ * calls are DEP_ERR_UNSUPPORTED (whole calls only, for now).  A library
+ * older than 0.6.0
+ * refuses a non-zero phases (DEP_ERR_UNSUPPORTED, "Structs grow").
+ */
+#define DEP_LL_SEND 1u
+#define DEP_LL_RECV 2u
 struct dep_ll_dispatch_args {
   uint32_t size;               /* sizeof(struct dep_ll_dispatch_args) */
   const void *x;               /* bf16 [num_tokens, hidden] */
@@ -525,6 +565,9 @@ struct dep_ll_dispatch_args {
   void *recv_x;                /* [local_experts, rows, hidden] bf16, or fp8 bytes */
   float *recv_scales;          /* [local_experts, rows, hidden / 128] when use_fp8 */
   int32_t *recv_count;         /* [local_experts] valid rows */
+  /* Appended in 0.6.0: */
+  uint32_t phases;             /* 0 or DEP_LL_SEND | DEP_LL_RECV: whole; or one (above) */
+  int64_t *wait_cost;          /* NULL, or [world_size]: the receive's wait per source (below) */
 };
 DEP_EXPORT int dep_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
                                dep_handle_t *h, dep_stream_t stream);
@@ -537,6 +580,9 @@ struct dep_ll_combine_args {
   int index_type;
   const float *topk_weights;   /* [num_tokens, topk] */
   void *out;                   /* bf16 [num_tokens, hidden] */
+  /* Appended in 0.6.0: */
+  uint32_t phases;             /* as dep_ll_dispatch_args's */
+  int64_t *wait_cost;          /* as dep_ll_dispatch_args's */
 };
 DEP_EXPORT int dep_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
                               const dep_handle_t *h, dep_stream_t stream);

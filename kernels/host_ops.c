@@ -195,9 +195,11 @@ static int init_nodes(struct ops_ctx *c, const struct dep_job_shape *s, uint32_t
   c->own = calloc(DEP_SLAB_MASK_WORDS(world), sizeof *c->own);
   c->mask = calloc(DEP_SLAB_MASK_WORDS(world), sizeof *c->mask);
   c->live = calloc(DEP_SLAB_MASK_WORDS(world), sizeof *c->live);
+  c->pend[0].mask = calloc(DEP_SLAB_MASK_WORDS(world), sizeof *c->mask);
+  c->pend[1].mask = calloc(DEP_SLAB_MASK_WORDS(world), sizeof *c->mask);
   if (c->slabs == NULL || c->remote == NULL || c->per_rank == NULL || c->peer == NULL ||
       c->rowoff == NULL || c->rowlist == NULL || c->own == NULL || c->mask == NULL ||
-      c->live == NULL) {
+      c->live == NULL || c->pend[0].mask == NULL || c->pend[1].mask == NULL) {
     snprintf(why, whylen, "out of memory for the tables of a world of %u ranks", world);
     return DEP_ERR_NO_MEMORY;
   }
@@ -281,6 +283,10 @@ void host_ops_fini(struct ops_ctx *c) {
   c->mask = NULL;
   c->live = NULL;
   c->live_epoch = c->live_join_max = 0;
+  for (int p = 0; p < 2; p++) {
+    free(c->pend[p].mask);
+    c->pend[p] = (struct ops_pending){0};
+  }
   c->nmasked = 0;
   c->peer = NULL;
   c->rowoff = NULL;
@@ -732,8 +738,11 @@ int host_ops__wait_all(struct ops_ctx *c, uint32_t op) {
     struct ops_slot *s = in_slot(c, parity, src);
     for (uint32_t i = 0; !ops_masked(c, src); i++) {
       uint64_t f = atomic_load_explicit(&s->flag, memory_order_acquire);
-      if (f == c->seq)
+      if (f == c->seq) {
+        if (c->wait_cost != NULL)
+          c->wait_cost[src] += (int64_t)(now_ns() - start);
         break;
+      }
       if (f > c->seq) {
         c->broken = 1;
         return set_why(c, DEP_ERR_MISMATCH, "%s: rank %u is at call %llu, this rank at call %llu; "
@@ -788,14 +797,119 @@ int host_ops__check_combine_slots(struct ops_ctx *c, const struct dep_handle *h,
   return 0;
 }
 
+/* ---- split calls (host_ops.h) --------------------------------------------------- */
+
+/* This rank has read call q to its end: say so in every local source's slot of q's parity. */
+void host_ops__taken(struct ops_ctx *c, uint64_t q) {
+  for (uint32_t src = 0; src < c->world; src++)
+    if (c->remote[src] < 0)
+      atomic_store_explicit(&in_slot(c, (unsigned)(q & 1), src)->taken, q,
+                            memory_order_release);
+}
+
+/*
+ * Before this call writes its parity's blocks: every local peer it posts to
+ * has read what this rank posted there two calls before (its slot's taken).
+ * A slot that holds no post of that call (a masked peer's, a fresh slab's)
+ * is free.  A peer that never reads it is a timeout, or the peer gone.
+ */
+static int wait_free(struct ops_ctx *c) {
+  const unsigned parity = (unsigned)(c->seq & 1);
+  const uint64_t start = now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull;
+  for (uint32_t d = 0; d < c->world; d++) {
+    if (c->remote[d] >= 0 || d == c->rank)
+      continue;
+    const struct ops_slot *s = slot_at(c, d, parity, c->rank);
+    for (uint32_t i = 0; !ops_masked(c, d); i++) {
+      const uint64_t f = atomic_load_explicit(&s->flag, memory_order_acquire);
+      const uint64_t t = atomic_load_explicit(&s->taken, memory_order_acquire);
+      if (f + 2 != c->seq || t >= f)
+        break;
+      if (i < 256)
+        continue;
+      if (host_ops__mask_grew(c))
+        continue;
+      const uint64_t waited = now_ns() - start;
+      const struct dep_slab_abort *ab = host_ops__gone(c);
+      if (ab != NULL && (ab->rank == d || ab->rank >= c->world))
+        return host_ops__peer_fail(c, s->op, d, waited);
+      if (waited > limit) {
+        host_ops__record_fail(c, s->op, d, f, waited, DEP_ERR_TIMEOUT);
+        return set_why(c, DEP_ERR_TIMEOUT, "call %llu: rank %u has not read call %llu in %u "
+                       "ms, and this call reuses its slots: that rank has not run call %llu's "
+                       "receive (DEP_LL_RECV), or has stopped; every rank must receive each of "
+                       "its split calls", (unsigned long long)c->seq, d, (unsigned long long)f,
+                       c->timeout_ms, (unsigned long long)f);
+      }
+      host_ops__backoff(i);
+    }
+  }
+  return 0;
+}
+
+/* Whether h is held by a send not yet received: that call's seq, else 0. */
+uint64_t host_ops_pending(const struct ops_ctx *c, const struct dep_handle *h) {
+  for (int p = 0; p < 2; p++)
+    if (c->pend[p].seq != 0 && c->pend[p].h == h)
+      return c->pend[p].seq;
+  return 0;
+}
+
+/* The current call's send has run and its receive is deferred: keep what the receive needs. */
+void host_ops__pend_save(struct ops_ctx *c, uint32_t op, const struct dep_handle *h) {
+  struct ops_pending *p = &c->pend[c->seq & 1];
+  memcpy(p->mask, c->mask, DEP_SLAB_MASK_WORDS(c->world) * sizeof *c->mask);
+  p->seq = c->seq;
+  p->op = op;
+  p->h = h;
+  p->epoch = c->epoch;
+  p->nmasked = c->nmasked;
+}
+
+/* Run the receive of pend[parity] as its call: the context takes the call's seq and mask
+ * (the current ones kept in *keep and in the pending entry's arrays) until pend_leave. */
+void host_ops__pend_enter(struct ops_ctx *c, unsigned parity, struct ops_pending *keep) {
+  struct ops_pending *p = &c->pend[parity];
+  *keep = (struct ops_pending){.seq = c->seq, .mask = c->mask, .epoch = c->epoch,
+                               .nmasked = c->nmasked};
+  c->seq = p->seq;
+  c->mask = p->mask;
+  c->epoch = p->epoch;
+  c->nmasked = p->nmasked;
+  p->mask = keep->mask;
+}
+
+/* The receive of pend[parity] has ended (well or not): it is no longer pending, and the
+ * context is back at its latest call. */
+void host_ops__pend_leave(struct ops_ctx *c, unsigned parity, const struct ops_pending *keep) {
+  struct ops_pending *p = &c->pend[parity];
+  uint64_t *mask = c->mask;
+  c->seq = keep->seq;
+  c->mask = p->mask;
+  c->epoch = keep->epoch;
+  c->nmasked = keep->nmasked;
+  *p = (struct ops_pending){.mask = mask};
+}
+
 int host_ops__begin(struct ops_ctx *c) {
   if (c->acc == NULL || c->stage == NULL)
     return set_why(c, DEP_ERR_STATE, "ops context not initialised (host_ops_init)");
   if (c->broken)
     return set_why(c, DEP_ERR_STATE, "%s", OPS_BROKEN_WHY);
+  const struct ops_pending *held = &c->pend[(c->seq + 1) & 1];
+  if (held->seq != 0)
+    return set_why(c, DEP_ERR_INVALID, "phases: call %llu would reuse the slots of call %llu "
+                   "(%s), whose send (DEP_LL_SEND) has run and whose receive has not: at most 2 "
+                   "calls may be between send and receive; run call %llu's DEP_LL_RECV first",
+                   (unsigned long long)(c->seq + 1), (unsigned long long)held->seq,
+                   host_ops_op_name(held->op), (unsigned long long)held->seq);
   c->seq++;
   host_ops__mask_begin(c);
-  return 0;
+  /* The calls before this one that are not pending have been read to their end. */
+  for (uint64_t q = c->seq - 1; q + 2 >= c->seq && q > 0; q--)
+    if (c->pend[q & 1].seq != q)
+      host_ops__taken(c, q);
+  return wait_free(c);
 }
 
 void host_ops_err_read(const uint8_t *slab, struct ops_err_record *out) {

@@ -34,6 +34,20 @@
  * pairwise argument below still holds for every two ranks that are not
  * masked to each other, which post to each other on every call.
  *
+ * Split calls (deepep.h DEP_LL_SEND, DEP_LL_RECV): a low-latency call's
+ * send consumes its seq and posts, and its receive runs later, maybe after
+ * another call's send, with the seq and mask the send had (ops_pending).
+ * The argument above then no longer holds: a peer may post call n+1
+ * before it has read call n, so a rank that has received n+1 could start
+ * n+2 and overwrite n unread.  So each receiver stores, in each slot, the
+ * call it has read to its end (taken; a whole call's when the next call
+ * begins, a split receive's as it ends), and a rank that begins a call
+ * first waits, bounded as every wait, until every local peer has taken
+ * what it posted into that parity's slot two calls before.  A call whose
+ * parity's slots hold a pending send of this rank is refused.  Split calls
+ * are refused where a rank is on another node (its slots are not mapped
+ * here to check), so that ranks there never run ahead of a receiver.
+ *
  * Failures: bad arguments are DEP_ERR_INVALID before anything is written
  * anywhere (the call does not consume a seq and may be retried).  A source
  * that made a different call (other op, other FP8 setting, a combine
@@ -143,6 +157,19 @@ struct ops_node {
   uint64_t pushed_at[DEP_SLAB_CHUNKS];
 };
 
+/* A low-latency call whose send has run and whose receive has not (at most
+ * one per parity: its slots are held until it receives): what its receive
+ * runs with. */
+struct ops_pending {
+  uint64_t seq;                        /* its call; 0: none pending */
+  uint32_t op;                         /* OPS_OP_LL_DISPATCH (| OPS_OP_FP8) or _LL_COMBINE */
+  const struct dep_handle *h;          /* the handle it fills (dispatch) or reads (combine) */
+  uint64_t *mask;                      /* the call's mask as its send left it (and its
+                                          epoch and count) */
+  uint64_t epoch;
+  uint32_t nmasked;
+};
+
 struct ops_ctx {
   struct dep_job_shape shape;
   struct dep_slab_layout lay;
@@ -179,6 +206,9 @@ struct ops_ctx {
   uint64_t live_epoch;                 /* the epoch they were read at (0: none yet) */
   uint64_t live_join_max;              /* the largest join word read with them */
   uint32_t nmasked;                    /* bits set in mask (0: the call skips nothing) */
+  struct ops_pending pend[2];          /* split calls sent, not received, by parity */
+  int64_t *wait_cost;                  /* the running LL receive's (deepep.h), else NULL:
+                                          wait_all adds each source's wait, in ns */
   char why[256];                       /* message of the last failure */
 };
 
@@ -288,6 +318,9 @@ int ops_check_ll_combine(const struct ops_ctx *c, const struct dep_ll_combine_ar
 static inline uint32_t ops_recv_idx_bytes(const struct dep_dispatch_args *a) {
   return a->recv_index_type == DEP_INDEX_I64 ? 8u : 4u;
 }
+
+/* The call whose send holds h and whose receive has not run (split calls), else 0. */
+uint64_t host_ops_pending(const struct ops_ctx *c, const struct dep_handle *h);
 
 /* Hash of a topk_idx array as int64 values (LL combine checks it matches). */
 uint64_t ops_check_idx_hash(const void *idx, int index_type, size_t n);

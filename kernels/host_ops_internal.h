@@ -219,6 +219,12 @@ void host_ops__stream_taken(struct ops_ctx *c, uint32_t src, uint32_t n);
 int host_ops__handle_reserve(struct ops_ctx *c, struct dep_handle *h, uint32_t kind);
 /* Start a communicating call: refuse an unready or broken context, else take the next seq. */
 int host_ops__begin(struct ops_ctx *c);
+/* Split calls (host_ops.h): this rank has read call q; keep the current call's state for
+ * its deferred receive; run a pending receive as its call, then come back. */
+void host_ops__taken(struct ops_ctx *c, uint64_t q);
+void host_ops__pend_save(struct ops_ctx *c, uint32_t op, const struct dep_handle *h);
+void host_ops__pend_enter(struct ops_ctx *c, unsigned parity, struct ops_pending *keep);
+void host_ops__pend_leave(struct ops_ctx *c, unsigned parity, const struct ops_pending *keep);
 /* Post this rank's block to every rank, rows[d] rows of stride bytes each. */
 int host_ops__post_all(struct ops_ctx *c, const uint32_t *rows, uint32_t op, uint64_t ref_seq,
                        uint32_t num_tokens, uint64_t stride);

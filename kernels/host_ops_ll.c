@@ -98,7 +98,7 @@ static void ll_dispatch_send(struct ops_ctx *c, const struct dep_ll_dispatch_arg
   }
 }
 
-/* The receive half, once every rank has posted: each received token expanded into its
+/* The expansion, once every rank has posted: each received token expanded into its
  * experts' rows, sources ascending and tokens ascending, so each expert's rows are in
  * (source, token) order; the handle learns where each row came from.  A row that names
  * an expert not ours, or overflows one, is a peer's malformed row. */
@@ -145,45 +145,91 @@ static int ll_dispatch_expand(struct ops_ctx *c, const struct dep_ll_dispatch_ar
   return 0;
 }
 
-int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a,
-                         struct dep_handle *h) {
-  if (c == NULL)
-    return DEP_ERR_INVALID;
-  int rc = ops_check_ll_dispatch(c, a, h, c->why, sizeof c->why);
-  if (rc != 0 || (rc = host_ops__handle_reserve(c, h, OPS_HANDLE_LL)) != 0 ||
-      (rc = host_ops__begin(c)) != 0)
+/* A call's phases as it runs them (0 is the whole call). */
+static uint32_t ll_phases(uint32_t phases) {
+  return phases == 0 ? DEP_LL_SEND | DEP_LL_RECV : phases;
+}
+
+/*
+ * The receive of a split call (DEP_LL_RECV): run recv as the pending call
+ * of h (its seq and mask, host_ops.h "Split calls"), then say the call's
+ * slots are read, whatever recv returned, and the call is no longer pending.
+ */
+static int ll_split_recv(struct ops_ctx *c, const struct dep_handle *h, const void *a,
+                         int (*recv)(struct ops_ctx *c, const void *a, const struct dep_handle *h)) {
+  if (c->broken)
+    return set_why(c, DEP_ERR_STATE, "%s", OPS_BROKEN_WHY);
+  const unsigned parity = (unsigned)(host_ops_pending(c, h) & 1);
+  struct ops_pending keep;
+  host_ops__pend_enter(c, parity, &keep);
+  const int rc = recv(c, a, h);
+  host_ops__taken(c, c->seq);
+  host_ops__pend_leave(c, parity, &keep);
+  return rc;
+}
+
+/* The send half of a dispatch: what its handle keeps of the inputs, then the rows posted. */
+static int ll_dispatch_post(struct ops_ctx *c, const struct dep_ll_dispatch_args *a,
+                            struct dep_handle *h) {
+  int rc = host_ops__handle_reserve(c, h, OPS_HANDLE_LL);
+  if (rc != 0 || (rc = host_ops__begin(c)) != 0)
     return rc;
-  const unsigned parity = (unsigned)(c->seq & 1);
   const uint32_t op = OPS_OP_LL_DISPATCH | (a->use_fp8 ? OPS_OP_FP8 : 0);
   uint32_t *sent = c->per_rank;
-  ll_dispatch_send(c, a, parity, sent);
-  if ((rc = host_ops__post_all(c, sent, op, 0, a->num_tokens, c->lay.row_bytes)) != 0 ||
-      (rc = host_ops__wait_all(c, op)) != 0 || (rc = ll_dispatch_expand(c, a, h, parity)) != 0)
-    return rc;
+  ll_dispatch_send(c, a, (unsigned)(c->seq & 1), sent);
   h->num_tokens = a->num_tokens;
   h->dropped = host_ops__dropped(c, a->topk_idx, a->index_type, a->num_tokens);
   h->idx_hash = ops_check_idx_hash(a->topk_idx, a->index_type,
                                    (size_t)a->num_tokens * c->shape.topk);
   h->seq = c->seq;
+  return host_ops__post_all(c, sent, op, 0, a->num_tokens, c->lay.row_bytes);
+}
+
+/* The receive half: the rows of the call c->seq, which reads no input of the caller's. */
+static int ll_dispatch_recv(struct ops_ctx *c, const void *args, const struct dep_handle *hc) {
+  const struct dep_ll_dispatch_args *a = args;
+  struct dep_handle *h = (struct dep_handle *)(uintptr_t)hc; /* the caller's, to fill */
+  const uint32_t op = OPS_OP_LL_DISPATCH | (a->use_fp8 ? OPS_OP_FP8 : 0);
+  c->wait_cost = a->wait_cost;
+  int rc = host_ops__wait_all(c, op);
+  c->wait_cost = NULL;
+  if (rc != 0 || (rc = ll_dispatch_expand(c, a, h, (unsigned)(c->seq & 1))) != 0)
+    return rc;
   h->kind = OPS_HANDLE_LL;
   return 0;
 }
 
-int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
-                        const struct dep_handle *h) {
+int host_ops_ll_dispatch(struct ops_ctx *c, const struct dep_ll_dispatch_args *a,
+                         struct dep_handle *h) {
   if (c == NULL)
     return DEP_ERR_INVALID;
-  int rc = ops_check_ll_combine(c, a, h, c->why, sizeof c->why);
-  if (rc != 0 || (rc = host_ops__begin(c)) != 0)
+  int rc = ops_check_ll_dispatch(c, a, h, c->why, sizeof c->why);
+  if (rc != 0)
     return rc;
-  const uint32_t hid = c->shape.hidden, k = c->shape.topk;
+  const uint32_t ph = ll_phases(a->phases);
+  if (ph == DEP_LL_RECV)
+    return ll_split_recv(c, h, a, ll_dispatch_recv);
+  if ((rc = ll_dispatch_post(c, a, h)) != 0)
+    return rc;
+  if (ph == DEP_LL_SEND) {
+    host_ops__pend_save(c, OPS_OP_LL_DISPATCH | (a->use_fp8 ? OPS_OP_FP8 : 0), h);
+    return 0;
+  }
+  return ll_dispatch_recv(c, a, h);
+}
+
+/* The send half of a combine: each source one vector per (token, distinct local expert),
+ * in the order the dispatch received them, which is the order the origin enumerates them
+ * from its topk_idx. */
+static int ll_combine_post(struct ops_ctx *c, const struct dep_ll_combine_args *a,
+                           const struct dep_handle *h) {
+  int rc = host_ops__begin(c);
+  if (rc != 0)
+    return rc;
+  const uint32_t hid = c->shape.hidden;
   const uint64_t rows = (uint64_t)c->world * c->lay.max_ll_tokens;
   const unsigned parity = (unsigned)(c->seq & 1);
   const uint16_t *x = a->x;
-
-  /* Send each source one vector per (token, distinct local expert), in
-   * the order the dispatch received them, which is the order the origin
-   * enumerates them from its topk_idx. */
   uint64_t nv = 0;
   for (uint32_t d = 0; d < c->world; d++) {
     if (ops_masked(c, d)) { /* nothing goes back to a masked rank */
@@ -196,9 +242,20 @@ int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
       memcpy(block + (uint64_t)i * 2u * hid, x + at * hid, 2u * hid);
     }
   }
-  if ((rc = host_ops__post_all(c, h->recv_from, OPS_OP_LL_COMBINE, h->seq, h->num_tokens,
-                               2ull * hid)) != 0 ||
-      (rc = host_ops__wait_all(c, OPS_OP_LL_COMBINE)) != 0)
+  return host_ops__post_all(c, h->recv_from, OPS_OP_LL_COMBINE, h->seq, h->num_tokens,
+                            2ull * hid);
+}
+
+/* The receive half: the vectors of the call c->seq, summed as topk_idx and topk_weights
+ * (read now, as DeepEP's receive reads them) say. */
+static int ll_combine_recv(struct ops_ctx *c, const void *args, const struct dep_handle *h) {
+  const struct dep_ll_combine_args *a = args;
+  const uint32_t hid = c->shape.hidden, k = c->shape.topk;
+  const unsigned parity = (unsigned)(c->seq & 1);
+  c->wait_cost = a->wait_cost;
+  int rc = host_ops__wait_all(c, OPS_OP_LL_COMBINE);
+  c->wait_cost = NULL;
+  if (rc != 0)
     return rc;
 
   struct token_sel sel;
@@ -234,6 +291,25 @@ int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
       out[(size_t)t * hid + i] = host_ops_float_to_bf16(acc[i]);
   }
   return 0;
+}
+
+int host_ops_ll_combine(struct ops_ctx *c, const struct dep_ll_combine_args *a,
+                        const struct dep_handle *h) {
+  if (c == NULL)
+    return DEP_ERR_INVALID;
+  int rc = ops_check_ll_combine(c, a, h, c->why, sizeof c->why);
+  if (rc != 0)
+    return rc;
+  const uint32_t ph = ll_phases(a->phases);
+  if (ph == DEP_LL_RECV)
+    return ll_split_recv(c, h, a, ll_combine_recv);
+  if ((rc = ll_combine_post(c, a, h)) != 0)
+    return rc;
+  if (ph == DEP_LL_SEND) {
+    host_ops__pend_save(c, OPS_OP_LL_COMBINE, h);
+    return 0;
+  }
+  return ll_combine_recv(c, a, h);
 }
 
 /*

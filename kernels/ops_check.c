@@ -290,6 +290,43 @@ int ops_check_combine(const struct ops_ctx *c, const struct dep_combine_args *a,
   return 0;
 }
 
+/*
+ * A low-latency call's phases (deepep.h "Split calls") against the handle:
+ * whole, or a send into a handle no send holds, or a receive of the send
+ * of `kind` (OPS_OP_LL_*) the handle holds.
+ */
+static int check_phases(const struct ops_ctx *c, uint32_t phases, const struct dep_handle *h,
+                        uint32_t kind, const char *op, char *why, size_t whylen) {
+  const uint32_t whole = DEP_LL_SEND | DEP_LL_RECV;
+  if ((phases & ~whole) != 0)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "%s: phases is %u; give 0 or DEP_LL_SEND | "
+                    "DEP_LL_RECV (the whole call), DEP_LL_SEND (its send) or DEP_LL_RECV (the "
+                    "receive of the send the handle holds)", op, phases);
+  if (h == NULL)
+    return 0; /* the handle checks say it */
+  if (phases != 0 && phases != whole)
+    for (uint32_t r = 0; r < c->world; r++)
+      if (c->remote[r] >= 0)
+        return why_fail(why, whylen, DEP_ERR_UNSUPPORTED, "%s: phases is %s, but the job spans "
+                        "nodes (rank %u is on another), where a call runs whole: give phases 0",
+                        op, phases == DEP_LL_SEND ? "DEP_LL_SEND" : "DEP_LL_RECV", r);
+  const uint64_t held = host_ops_pending(c, h);
+  const struct ops_pending *p = held != 0 ? &c->pend[held & 1] : NULL;
+  if (phases == DEP_LL_RECV) {
+    if (p == NULL || (p->op & ~OPS_OP_FP8) != kind)
+      return why_fail(why, whylen, DEP_ERR_INVALID, "%s: phases is DEP_LL_RECV, but the handle "
+                      "holds no pending send of %s%s; send first (phases DEP_LL_SEND), with the "
+                      "same handle", op, op, p == NULL ? "" : " (it holds another operation's)");
+    return 0;
+  }
+  if (p != NULL)
+    return why_fail(why, whylen, DEP_ERR_INVALID, "phases: the handle holds the send of call "
+                    "%llu (%s), whose receive has not run; run its DEP_LL_RECV first%s",
+                    (unsigned long long)held, host_ops_op_name(p->op),
+                    kind == OPS_OP_LL_DISPATCH ? ", or dispatch into another handle" : "");
+  return 0;
+}
+
 int ops_check_ll_dispatch(const struct ops_ctx *c, const struct dep_ll_dispatch_args *a,
                           const struct dep_handle *h, char *why, size_t whylen) {
   const char *op = "ll_dispatch";
@@ -299,6 +336,10 @@ int ops_check_ll_dispatch(const struct ops_ctx *c, const struct dep_ll_dispatch_
   NEED(a, op, "args");
   if (h == NULL)
     return why_fail(why, whylen, DEP_ERR_INVALID, "ll_dispatch: handle is NULL; make one with dep_handle_new");
+  if ((rc = check_phases(c, a->phases, h, OPS_OP_LL_DISPATCH, op, why, whylen)) != 0)
+    return rc;
+  if (a->wait_cost != NULL)
+    NEED(a->wait_cost, op, "wait_cost");
   if ((rc = check_index_type(a->index_type, op, why, whylen)) != 0 ||
       (rc = check_tokens(a->num_tokens, c->lay.max_ll_tokens, op, "max_ll_tokens_per_rank", why,
                          whylen)) != 0)
@@ -309,6 +350,20 @@ int ops_check_ll_dispatch(const struct ops_ctx *c, const struct dep_ll_dispatch_
   NEED(a->recv_count, op, "recv_count");
   if (a->use_fp8)
     NEED(a->recv_scales, op, "recv_scales (required with use_fp8)");
+  if (a->phases == DEP_LL_RECV) {
+    /* The receive reads no input: they are the send's, which the caller may have written
+     * since; the arguments must still be the send's. */
+    const struct ops_pending *p = &c->pend[host_ops_pending(c, h) & 1];
+    if (a->num_tokens != h->num_tokens || a->use_fp8 != ((p->op & OPS_OP_FP8) != 0))
+      return why_fail(why, whylen, DEP_ERR_INVALID, "%s: phases is DEP_LL_RECV with %s %u; its "
+                      "send (call %llu) had %u: pass the receive the send's arguments", op,
+                      a->num_tokens != h->num_tokens ? "num_tokens" : "use_fp8",
+                      a->num_tokens != h->num_tokens ? a->num_tokens : (uint32_t)a->use_fp8,
+                      (unsigned long long)p->seq,
+                      a->num_tokens != h->num_tokens ? h->num_tokens
+                                                     : (uint32_t)((p->op & OPS_OP_FP8) != 0));
+    return 0;
+  }
   if (a->num_tokens > 0) {
     NEED_BF16(a->x, op, "x");
     NEED_IDX(a->topk_idx, a->index_type, op);
@@ -324,9 +379,12 @@ int ops_check_ll_combine(const struct ops_ctx *c, const struct dep_ll_combine_ar
   if (rc != 0)
     return rc;
   NEED(a, op, "args");
-  if ((rc = check_handle(c, h, OPS_HANDLE_LL, op, why, whylen)) != 0 ||
+  if ((rc = check_phases(c, a->phases, h, OPS_OP_LL_COMBINE, op, why, whylen)) != 0 ||
+      (rc = check_handle(c, h, OPS_HANDLE_LL, op, why, whylen)) != 0 ||
       (rc = check_index_type(a->index_type, op, why, whylen)) != 0)
     return rc;
+  if (a->wait_cost != NULL)
+    NEED(a->wait_cost, op, "wait_cost");
   NEED_BF16(a->x, op, "x");
   if (h->num_tokens == 0)
     return 0;

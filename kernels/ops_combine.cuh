@@ -13,11 +13,11 @@
 /* Receiver side shared by both combines: wait, then check that every source
  * answered this handle's dispatch with the expected number of vectors. */
 __device__ __forceinline__ bool combine_wait(const cuops_job &J, const call &k, uint32_t op, uint64_t hseq,
-                             const uint32_t *expect, bool report) {
+                             const uint32_t *expect, bool report, int64_t *cost = nullptr) {
   __shared__ peers s_p;
   __shared__ uint32_t s_ok;
   if (threadIdx.x == 0) {
-    uint32_t ok = wait_peers(J, k, op, &s_p) == 0;
+    uint32_t ok = wait_peers(J, k, op, &s_p, cost) == 0;
     for (uint32_t s = 0; ok && s < J.world; s++)
       if (!masked(k, s) && (s_p.op[s] != op || s_p.ref[s] != hseq || s_p.rows[s] != expect[s])) {
         if (report)

@@ -519,9 +519,13 @@ struct peers {
  * Thread 0: wait, bounded, until every source has posted this call into
  * this rank's slab (a remote source: its exchange region), then read their
  * slots.  0, or 1 when the call failed
- * (recorded here or by another CTA).
+ * (recorded here or by another CTA).  cost (the low-latency calls'
+ * wait_cost; NULL for the others): CTA 0 adds to cost[s] the clock64
+ * cycles from the start of this wait until source s's post was there.
  */
-__device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uint32_t op, peers *p) {
+__device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uint32_t op, peers *p,
+                                          int64_t *cost = nullptr) {
+  const long long start = clock64();
   for (uint32_t s = 0; s < J.world; s++) {
     if (masked(k, s)) { /* nothing from it: no rows, no wait (its checks are the callers') */
       p->rows[s] = 0;
@@ -574,6 +578,8 @@ __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uin
     }
     if (is_remote(J, s) && !mirror)
       st_release_gpu(seen, k.seq);
+    if (cost != nullptr && blockIdx.x == 0)
+      atomicAdd((unsigned long long *)&cost[s], (unsigned long long)(clock64() - start));
     const volatile ops_slot *sl = (const volatile ops_slot *)slot;
     p->rows[s] = sl->rows;
     p->op[s] = sl->op;

@@ -241,7 +241,7 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
   const uint64_t rows_ll = (uint64_t)W * J.max_ll;
   uint32_t *off = s_dyn, *cnt = s_dyn + W * le;
   if (threadIdx.x == 0) {
-    uint32_t ok = wait_peers(J, k, op, &s_p) == 0;
+    uint32_t ok = wait_peers(J, k, op, &s_p, a.wait_cost) == 0;
     for (uint32_t s = 0; ok && s < W; s++)
       if (!masked(k, s) && (s_p.op[s] != op || s_p.rows[s] > J.max_ll)) {
         if (r == 0)
@@ -405,7 +405,7 @@ TIMED_KERNEL deepepd::ll::combine(const cuops_job J, const cuops_ll_combine_args
   if (!k.skip) {
     ll_combine_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts, hseq);
     const uint32_t r = blockIdx.x, R = gridDim.x;
-    if (combine_wait(J, k, OPS_OP_LL_COMBINE, hseq, a.h.ll_expect, r == 0)) {
+    if (combine_wait(J, k, OPS_OP_LL_COMBINE, hseq, a.h.ll_expect, r == 0, a.wait_cost)) {
       const bool vec = ((uintptr_t)a.out & 15u) == 0;
       for (uint32_t t = r * CUOPS_WARPS + warp; t < a.num_tokens; t += R * CUOPS_WARPS) {
         /* lane j < K: route j of this token; the ids must be the dispatch's */

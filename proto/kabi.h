@@ -146,6 +146,10 @@ struct ops_slot {
    * the one word of the slot the receiver writes. */
   DEP_ATOMIC(uint64_t) tail;
   DEP_ATOMIC(uint64_t) credit;
+  /* The host backend: the call whose post in this slot the receiver has
+   * read to its end (release), which a sender checks before it writes the
+   * slot's parity again (host_ops.h, "Split calls"); the receiver writes it. */
+  DEP_ATOMIC(uint64_t) taken;
 };
 DEP_STATIC_ASSERT(sizeof(struct ops_slot) <= DEP_SLAB_CTRL_SLOT, "slot exceeds DEP_SLAB_CTRL_SLOT");
 
@@ -350,6 +354,7 @@ struct cuops_ll_dispatch_args {
   int32_t *cnt;
   uint8_t *stage;      /* FP8: this rank's tokens, cast once (dep__k_ll_cast), CUOPS_STAGE_ROW each */
   struct cuops_hdl h;
+  int64_t *wait_cost;  /* NULL, or [world]: clock64 cycles the receive waited for each source */
 };
 
 /* A staged FP8 token: hidden bytes of e4m3, then hidden / 128 float32 scales (the row's layout). */
@@ -362,6 +367,7 @@ struct cuops_ll_combine_args {
   const float *w;
   void *out;
   struct cuops_hdl h;
+  int64_t *wait_cost;  /* as cuops_ll_dispatch_args's */
 };
 
 /* dep__k_ll_info (dep_ll_handle_info): src [le, world * max_ll] and range [le, world]

@@ -618,6 +618,65 @@ static void say_placement(void) {
   fflush(stdout);
 }
 
+/*
+ * The low-latency calls' wait_cost (DeepEP's *_wait_recv_cost_stats): each
+ * receive adds, for every source, the clock64 cycles it waited for that
+ * source's post, which is above 0 (the wait reads the flag at least once),
+ * so two calls leave each counter above what one left; the dispatch's and
+ * combine's counters are their own; a round without them after is still
+ * the oracle's.  Counters: the first 2 * world int64 of B_LRANGE, zeroed.
+ */
+static int body_wait_cost(struct rk *k, void *arg) {
+  const struct ow_case *d = arg;
+  const uint32_t W = d->sc.world;
+  if (cr_upload(k, d) || cr_poison(k, B_LRANGE, 0))
+    return 1;
+  int64_t *cost = CR_DEV(k, B_LRANGE);
+  struct dep_ll_dispatch_args la = {.size = sizeof la, .x = CR_DEV(k, B_X),
+                                    .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype,
+                                    .num_tokens = d->in_ll[k->rank].num_tokens,
+                                    .recv_x = CR_DEV(k, B_LRX), .recv_count = CR_DEV(k, B_LCNT),
+                                    .wait_cost = cost};
+  struct dep_ll_combine_args lc = {.size = sizeof lc, .x = CR_DEV(k, B_LX),
+                                   .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype,
+                                   .topk_weights = CR_DEV(k, B_W), .out = CR_DEV(k, B_LOUT),
+                                   .wait_cost = cost + W};
+  int64_t once[2 * OW_MAXW];
+  for (int round = 0; round < 2; round++) {
+    CALL(k, dep_ll_dispatch(k->c, &la, k->h, k->s), "dep_ll_dispatch");
+    CALL(k, dep_ll_combine(k->c, &lc, k->h, k->s), "dep_ll_combine");
+    if (cr_get(k, B_LRANGE))
+      return 1;
+    const int64_t *got = (const int64_t *)k->host;
+    for (uint32_t i = 0; i < 2 * W; i++) {
+      if (got[i] <= (round == 0 ? 0 : once[i]))
+        return ow_fail(k->msg, "rank %u: %s wait_cost[%u] is %lld after call %d%s [%s]",
+                       k->rank, i < W ? "dispatch" : "combine", i % W, (long long)got[i],
+                       round + 1, round == 0 ? "" : ", not above the first call's", d->desc);
+      once[i] = got[i];
+    }
+  }
+  uint64_t dig = 0;
+  return cr_round_ll(k, d, 0, 0xA5, &dig);
+}
+
+START_TEST(low_latency_wait_costs_add_each_sources_wait) {
+  CR_NEEDS_GPU();
+  ow_seed_init(240);
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  /* Two local experts at least: B_LRANGE ([local experts, world] int64) holds both counters. */
+  const struct ow_scenario sc = {4, 128, 4, 16, 16, 16, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
+  ow_case_make(d, &sc, 0);
+  struct cr_world w;
+  cr_world_start(&w, NULL);
+  cr_run_procs(&w, "wait-cost", &d->shape, sc.world, body_wait_cost, d, d->desc);
+  cr_world_stop(&w);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
 Suite *cuda_ops_suite(void);
 Suite *cuda_ops_suite(void) {
   Suite *s = suite_create("cuda_ops");
@@ -634,6 +693,7 @@ Suite *cuda_ops_suite(void) {
                       (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
   tcase_add_loop_test(tc, ops_through_a_handle_in_lent_device_memory_match_the_oracle, 0,
                       (int)(sizeof lent_scenarios / sizeof lent_scenarios[0]));
+  tcase_add_test(tc, low_latency_wait_costs_add_each_sources_wait);
   suite_add_tcase(s, tc);
   /* Its own case, so that it can run outside MPS alone (CK_RUN_CASE=threads). */
   TCase *th = tcase_create("threads");

@@ -60,10 +60,10 @@ static void fault_calls(struct rk *k, const struct ow_case *d, uint32_t n, struc
                                      .recv_count_per_expert = CR_DEV(k, B_CNT), .num_recv = &f->nrecv};
   f->la = (struct dep_ll_dispatch_args){sizeof(struct dep_ll_dispatch_args), CR_DEV(k, B_X),
                                         CR_DEV(k, B_IDX), d->sc.itype, n, 0,
-                                        CR_DEV(k, B_LRX), NULL, CR_DEV(k, B_LCNT)};
+                                        CR_DEV(k, B_LRX), NULL, CR_DEV(k, B_LCNT), 0, NULL};
   f->lc = (struct dep_ll_combine_args){sizeof(struct dep_ll_combine_args), CR_DEV(k, B_LX),
                                        CR_DEV(k, B_IDX), d->sc.itype,
-                                       CR_DEV(k, B_W), CR_DEV(k, B_LOUT)};
+                                       CR_DEV(k, B_W), CR_DEV(k, B_LOUT), 0, NULL};
 }
 
 /* Rank 1 attaches but never calls; rank 0's call must fail within the bound. */

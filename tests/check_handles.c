@@ -425,6 +425,88 @@ START_TEST(ll_handle_info_reads_only_this_attachments_low_latency_dispatch) {
 END_TEST
 
 /*
+ * A low-latency send not yet received holds its handle (deepep.h "Split
+ * calls"), through the public entry points: the call is counted at its
+ * send (dep_next_call); a throughput dispatch into the handle, a read of it
+ * and a combine of it are refused until the receive has run; then the
+ * receive writes the dispatch's rows and a split combine returns each
+ * token's rows weighted, as a whole one does.
+ */
+START_TEST(a_handle_held_by_a_send_is_refused_to_other_calls_until_its_receive) {
+  struct tu_daemon dm;
+  dw_start(&dm, NULL);
+  const struct dep_job_shape sh = {.max_tokens_per_rank = 8, .hidden = 128, .num_experts = 4,
+                                   .topk = 2, .dtype = DEP_DTYPE_BF16,
+                                   .max_ll_tokens_per_rank = 8};
+  dep_client_t *c = hd_attach_one(&dm, "hd-split", &sh);
+  dep_handle_t *h = NULL;
+  ck_assert_int_eq(dep_handle_new(c, &h), 0);
+  /* Token t (value t + 1 in every channel) names experts t % 4 and 3 (not twice). */
+  static uint16_t x[8 * 128], rx[4 * 8 * 128], out[8 * 128], want[8 * 128];
+  static int64_t idx[8 * 2];
+  static int32_t cnt[4], src[4 * 8];
+  static int64_t range[4];
+  static float w[8 * 2];
+  for (int t = 0; t < 8; t++) {
+    idx[2 * t] = t % 4, idx[2 * t + 1] = t % 4 == 3 ? -1 : 3;
+    w[2 * t] = w[2 * t + 1] = 1.0f;
+    for (int i = 0; i < 128; i++) {
+      const float f = (float)(t + 1), g = (float)(t % 4 == 3 ? t + 1 : 2 * (t + 1));
+      uint32_t u, v;
+      memcpy(&u, &f, 4), memcpy(&v, &g, 4);
+      x[t * 128 + i] = (uint16_t)(u >> 16), want[t * 128 + i] = (uint16_t)(v >> 16);
+    }
+  }
+  struct dep_ll_dispatch_args la = {.size = sizeof la, .x = x, .topk_idx = idx,
+                                    .index_type = DEP_INDEX_I64, .num_tokens = 8, .recv_x = rx,
+                                    .recv_count = cnt, .phases = DEP_LL_SEND};
+  ck_assert_msg(dep_ll_dispatch(c, &la, h, NULL) == 0, "send: %s", dep_errmsg(c));
+  uint64_t call = 0;
+  ck_assert_int_eq(dep_next_call(c, &call), 0);
+  ck_assert_uint_eq(call, 2);
+  memset(x, 0xFF, sizeof x); /* the send has read it */
+  uint32_t nr = 0;
+  static uint16_t trx[64 * 128];
+  static int32_t tidx[64 * 2], tcnt[4];
+  static float tw[64 * 2];
+  struct dep_dispatch_args da = {.size = sizeof da, .x = x, .topk_idx = idx,
+                                 .index_type = DEP_INDEX_I64, .topk_weights = w, .num_tokens = 8,
+                                 .recv_x = trx, .recv_topk_idx = tidx, .recv_topk_weights = tw,
+                                 .recv_count_per_expert = tcnt, .num_recv = &nr};
+  ck_assert_int_eq(dep_dispatch(c, &da, h, NULL), DEP_ERR_INVALID);
+  ck_assert_msg(strstr(dep_errmsg(c), "dep_dispatch: the handle holds the send of low-latency "
+                       "call 1, whose receive (DEP_LL_RECV) has not run") != NULL, "%s",
+                dep_errmsg(c));
+  struct dep_ll_handle_info_args ia = {.size = sizeof ia, .src_info = src, .layout_range = range};
+  ck_assert_int_eq(dep_ll_handle_info(c, &ia, h, NULL), DEP_ERR_INVALID);
+  struct dep_ll_combine_args lc = {.size = sizeof lc, .x = rx, .topk_idx = idx,
+                                   .index_type = DEP_INDEX_I64, .topk_weights = w, .out = out};
+  ck_assert_int_eq(dep_ll_combine(c, &lc, h, NULL), DEP_ERR_INVALID);
+  ck_assert_msg(strstr(dep_errmsg(c), "phases: the handle holds the send of call 1") != NULL,
+                "%s", dep_errmsg(c));
+  ck_assert_int_eq(dep_next_call(c, &call), 0);
+  ck_assert_uint_eq(call, 2);
+  la.phases = DEP_LL_RECV;
+  ck_assert_msg(dep_ll_dispatch(c, &la, h, NULL) == 0, "receive: %s", dep_errmsg(c));
+  for (int l = 0; l < 4; l++)
+    ck_assert_int_eq(cnt[l], l == 3 ? 8 : 2);
+  ck_assert_msg(dep_ll_handle_info(c, &ia, h, NULL) == 0, "%s", dep_errmsg(c));
+  lc.phases = DEP_LL_SEND;
+  ck_assert_msg(dep_ll_combine(c, &lc, h, NULL) == 0, "combine send: %s", dep_errmsg(c));
+  lc.phases = DEP_LL_RECV;
+  ck_assert_msg(dep_ll_combine(c, &lc, h, NULL) == 0, "combine receive: %s", dep_errmsg(c));
+  ck_assert_msg(memcmp(out, want, sizeof out) == 0, "the split combine's out is not each "
+                "token's rows summed");
+  ck_assert_int_eq(dep_next_call(c, &call), 0);
+  ck_assert_uint_eq(call, 3);
+  dep_handle_free(h);
+  ck_assert_int_eq(dep_detach(c), 0);
+  dep_client_free(c);
+  dw_stop_ok(&dm);
+}
+END_TEST
+
+/*
  * A handle's size is its job's: after a dep_attach to a job whose handles
  * take more, a dispatch into the old memory is refused before anything
  * runs (and the memory stays untouched), and one sized anew works.
@@ -497,6 +579,7 @@ Suite *handles_suite(void) {
   tcase_add_test(lent, a_client_not_attached_is_refused_and_told_to_attach);
   tcase_add_test(lent, a_handle_too_small_for_a_later_job_is_refused_at_its_dispatch);
   tcase_add_test(lent, ll_handle_info_reads_only_this_attachments_low_latency_dispatch);
+  tcase_add_test(lent, a_handle_held_by_a_send_is_refused_to_other_calls_until_its_receive);
   suite_add_tcase(s, lent);
   return s;
 }

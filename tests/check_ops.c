@@ -186,7 +186,7 @@ static int timeout_rank(struct ops_ctx *c, void *arg, char *msg) {
   } else {
     struct dep_ll_combine_args lc = {sizeof(struct dep_ll_combine_args), d->lx[c->rank],
                                      d->idx[c->rank], d->sc.itype,
-                                     d->in_ll[c->rank].topk_weights, o.lout};
+                                     d->in_ll[c->rank].topk_weights, o.lout, 0, NULL};
     rc = host_ops_ll_combine(c, &lc, &o.h);
   }
   uint64_t waited = ms_now() - t0;

@@ -67,7 +67,7 @@ START_TEST(bad_arguments_are_refused_before_any_write) {
 
   const struct dep_ll_dispatch_args lda = {sizeof(struct dep_ll_dispatch_args), in->x, idx,
                                            DEP_INDEX_I64, 4, 1, o->lx, o->lscales,
-                                           o->lcnt};
+                                           o->lcnt, 0, NULL};
   struct dep_ll_dispatch_args lb2 = lda;
 #define BAD(field, value) (lb2 = lda, lb2.field = value, host_ops_ll_dispatch(c, &lb2, &o->h))
   OW_REFUSED(host_ops_ll_dispatch(c, NULL, &o->h), "args");
@@ -91,7 +91,7 @@ START_TEST(bad_arguments_are_refused_before_any_write) {
   OW_REFUSED(host_ops_combine(c, &ca, &o->h), "holds no dispatch");
   OW_REFUSED(host_ops_combine(c, NULL, &o->h), "args");
   struct dep_ll_combine_args lc = {sizeof(struct dep_ll_combine_args), d->lx[0], idx, DEP_INDEX_I64,
-                                   in->topk_weights, o->lout};
+                                   in->topk_weights, o->lout, 0, NULL};
   OW_REFUSED(host_ops_ll_combine(c, &lc, NULL), "handle is NULL");
   OW_REFUSED(host_ops_ll_combine(c, &lc, &o->h), "holds no dispatch");
   ck_assert_int_eq(host_ops_dispatch(NULL, &da, &o->h), DEP_ERR_INVALID);
@@ -118,7 +118,7 @@ START_TEST(handles_of_the_wrong_kind_are_refused) {
                                 .out = o->out};
   struct dep_ll_combine_args lc = {sizeof(struct dep_ll_combine_args), d->lx[0], d->idx[0],
                                    DEP_INDEX_I64, d->in[0].topk_weights,
-                                   o->lout};
+                                   o->lout, 0, NULL};
 #define REFUSED_H(call, name)                                                                      \
   do {                                                                                             \
     int rc_ = (call);                                                                              \

@@ -139,7 +139,7 @@ static int masked_rank_rounds(struct ops_ctx *c, const struct mask_run *m, char 
     }
     memset(o.lout, 0x5A, (size_t)d->max_ll * h * 2);
     struct dep_ll_combine_args lc = {sizeof lc, d->lx[r], d->idx[r], d->sc.itype,
-                                     d->in_ll[r].topk_weights, o.lout};
+                                     d->in_ll[r].topk_weights, o.lout, 0, NULL};
     if ((e = host_ops_ll_combine(c, &lc, &o.h)) != 0 ||
         !ow_all_zero((const uint8_t *)o.lout, (size_t)d->in_ll[r].num_tokens * h * 2))
       rc = ow_fail(msg, "masked rank's ll_combine: %s, or not zeros: %s [%s]", dep_errname(e),

@@ -132,10 +132,10 @@ int cr_round_ll(struct rk *k, const struct ow_case *d, int fp8, uint8_t pz, uint
     return 1;
   struct dep_ll_dispatch_args la = {sizeof(struct dep_ll_dispatch_args), CR_DEV(k, B_X),
                                     CR_DEV(k, B_IDX), d->sc.itype, in->num_tokens, fp8,
-                                    CR_DEV(k, B_LRX), fp8 ? CR_DEV(k, B_LSC) : NULL, CR_DEV(k, B_LCNT)};
+                                    CR_DEV(k, B_LRX), fp8 ? CR_DEV(k, B_LSC) : NULL, CR_DEV(k, B_LCNT), 0, NULL};
   struct dep_ll_combine_args lc = {sizeof(struct dep_ll_combine_args), CR_DEV(k, B_LX),
                                    CR_DEV(k, B_IDX), d->sc.itype, CR_DEV(k, B_W),
-                                   CR_DEV(k, B_LOUT)};
+                                   CR_DEV(k, B_LOUT), 0, NULL};
   /* Back to back with no synchronisation between them, as a graph would run them. */
   CALL(k, dep_ll_dispatch(k->c, &la, k->h, k->s), "dep_ll_dispatch");
   CALL(k, dep_ll_combine(k->c, &lc, k->h, k->s), "dep_ll_combine");

@@ -442,7 +442,7 @@ int ow_ll_dispatch(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o
   const struct ref_rank_in *in = &d->in_ll[c->rank];
   struct dep_ll_dispatch_args la = {sizeof(struct dep_ll_dispatch_args), in->x, d->idx[c->rank],
                                     d->sc.itype, in->num_tokens, fp8,
-                                    o->lx, o->lscales, o->lcnt};
+                                    o->lx, o->lscales, o->lcnt, 0, NULL};
   return host_ops_ll_dispatch(c, &la, &o->h);
 }
 
@@ -530,7 +530,7 @@ int ow_round_ll(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, u
   memset(o->lcnt, pz, d->le * 4);
   struct dep_ll_dispatch_args la = {sizeof(struct dep_ll_dispatch_args), in->x, d->idx[r],
                                     d->sc.itype, in->num_tokens, fp8, o->lx,
-                                    fp8 ? o->lscales : NULL, o->lcnt};
+                                    fp8 ? o->lscales : NULL, o->lcnt, 0, NULL};
   CALL(host_ops_ll_dispatch(c, &la, &o->h), "ll_dispatch");
   /* Where each row came from, as DeepEP's handle says it (dep_ll_handle_info). */
   memset(o->lsrc, pz, (size_t)d->le * rows * 4);
@@ -575,7 +575,7 @@ int ow_round_ll(struct ops_ctx *c, const struct ow_case *d, struct ow_outs *o, u
 
   memset(o->lout, pz, (size_t)d->max_ll * h * 2);
   struct dep_ll_combine_args lc = {sizeof(struct dep_ll_combine_args), d->lx[r], d->idx[r],
-                                   d->sc.itype, in->topk_weights, o->lout};
+                                   d->sc.itype, in->topk_weights, o->lout, 0, NULL};
   CALL(host_ops_ll_combine(c, &lc, &o->h), "ll_combine");
   if (ow_check_sum(o->lout, &d->llc[r], in->num_tokens, h, "ll_combine", d->desc, msg))
     return 1;

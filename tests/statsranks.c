@@ -61,10 +61,10 @@ static int st_rank_run(dep_client_t *c, const struct st_plan *p, char *msg, size
   }
   for (uint32_t i = 0; i < p->ll_pairs && rc == 0; i++) {
     struct dep_ll_dispatch_args d = {sizeof(struct dep_ll_dispatch_args), x, idx, DEP_INDEX_I64, L,
-                                     0, lrx, NULL, lcnt};
+                                     0, lrx, NULL, lcnt, 0, NULL};
     ST_CALL("dep_ll_dispatch", dep_ll_dispatch(c, &d, h, NULL));
     struct dep_ll_combine_args cb = {sizeof(struct dep_ll_combine_args), lrx, idx, DEP_INDEX_I64, w,
-                                     out};
+                                     out, 0, NULL};
     ST_CALL("dep_ll_combine", dep_ll_combine(c, &cb, h, NULL));
   }
   for (uint32_t i = 0; i < p->bad && rc == 0; i++) {

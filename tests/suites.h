@@ -28,6 +28,7 @@
   XX(ops_ext)               \
   XX(ops_mask)              \
   XX(ops_args)              \
+  XX(ops_split)             \
   XX(handles)               \
   XX(memory)                \
   XX(pool)                  \

@@ -35,6 +35,8 @@ DTYPE_BF16 = 1
 DTYPE_FP8_E4M3 = 2
 INDEX_I64 = 1
 INDEX_I32 = 2
+LL_SEND = 1  # DEP_LL_SEND
+LL_RECV = 2  # DEP_LL_RECV
 
 # The error table's codes that Python code names (deepep.h DEP_ERRNO_MAP).
 ERR_INVALID = -1
@@ -220,6 +222,8 @@ class LLDispatchArgs(_Sized):
         ("recv_x", c_void_p),
         ("recv_scales", c_void_p),
         ("recv_count", c_void_p),
+        ("phases", c_uint32),
+        ("wait_cost", c_void_p),
     ]
 
 
@@ -232,6 +236,8 @@ class LLCombineArgs(_Sized):
         ("index_type", c_int),
         ("topk_weights", c_void_p),
         ("out", c_void_p),
+        ("phases", c_uint32),
+        ("wait_cost", c_void_p),
     ]
 
 

@@ -13,7 +13,7 @@ import torch
 
 from . import _lib
 from ._checks import _BF16, _F32, _I32, _INDEX_TYPES, _Tensor, _empty_like, _ok
-from .errors import Unsupported
+from .errors import Error, Unsupported
 from .event import EventOverlap
 from .handle import Handle, _capturing
 
@@ -26,10 +26,12 @@ class _LowLatency:
     """DeepEP's low-latency operations (a mixin of Buffer)."""
 
     def _low_latency_begin(self, op: str, async_finish: bool, return_recv_hook: bool) -> None:
-        """What both low-latency calls do first: a call made without a hook runs the hooked
-        calls still queued (a combine's matching dispatch among them, where its hook has not
-        run), so each rank's calls reach the library in call order; and async_finish with a
-        hook is refused (DeepEP's rule: the hook receives, so there is no event to wait for)."""
+        """What both low-latency calls do first: on cuda, a call made without a hook runs the
+        hooked calls still queued (a combine's matching dispatch among them, where its hook
+        has not run), so each rank's calls reach the library in call order (on the host
+        backend nothing is queued: the library sends at the call and receives in the hook);
+        and async_finish with a hook is refused (DeepEP's rule: the hook receives, so there is
+        no event to wait for)."""
         if self._pending and not return_recv_hook:
             self._complete()
         if async_finish and return_recv_hook:
@@ -57,22 +59,25 @@ class _LowLatency:
             num_experts: experts in the job.
             cumulative_local_expert_recv_stats: optional [num_local_experts] int32, to which
                 the counts received are added.
-            dispatch_wait_recv_cost_stats: must be None (not supported yet).
+            dispatch_wait_recv_cost_stats: optional [world_size] int64 (DeepEP's), to which
+                each receive adds the time it waited for each source rank: nanoseconds on the
+                host backend, the GPU's clock64 cycles on cuda.
             use_fp8: cast to e4m3 with one float32 scale per token and 128 channels
                 (scale = max(amax, 1e-4) / 448).
             round_scale, use_ue8m0: must be False (not supported yet).
             async_finish: return an event recorded after the call (cuda).
             return_recv_hook: defer the receive to the hook the call returns (DeepEP's), so
-                that the caller can compute between: the call checks its arguments, copies x
-                and topk_idx (the caller may write them once it returns) and returns; recv_x,
-                recv_count (and the stats) are written when hook() is called, which makes the
-                whole exchange then (the library has no separate send and receive: nothing
-                overlaps the caller's work; on cuda the kernels are queued on the stream
-                current at hook()).  Hooked calls queue behind one another; a hook runs
-                those before its own first, and every operation of the Buffer made without a
-                hook runs them all before its own, so each rank's calls reach the library in
-                call order.  Not with async_finish
-                (ValueError, as DeepEP asserts).
+                that the caller can compute between.  On the host backend the call sends (the
+                rows leave: the caller may write x and topk_idx once it returns) and hook()
+                receives (recv_x, recv_count and the stats are written then); the peers
+                receive this rank's rows whether or not its hook has run.  At most two calls
+                may be between send and hook, as DeepEP's two buffers allow (a third call
+                raises InvalidArgument: call a hook first).  On cuda (whose kernels do not
+                split yet) the call copies x and topk_idx and the whole exchange runs at
+                hook(), on the stream current then; hooked calls queue behind one another, a
+                hook runs those before its own first, and every operation of the Buffer made
+                without a hook runs them all first.  Not with async_finish (ValueError, as
+                DeepEP asserts).
 
         Returns:
             recv_x: [num_local_experts, world_size * max, hidden] bfloat16, or with use_fp8 a
@@ -89,40 +94,58 @@ class _LowLatency:
         op = "low_latency_dispatch"
         self._low_latency_begin(op, async_finish, return_recv_hook)
         x, idx, itype = self._ll_dispatch_inputs(x, topk_idx, num_max_dispatch_tokens_per_rank,
-                                                 num_experts, dispatch_wait_recv_cost_stats,
-                                                 round_scale, use_ue8m0)
+                                                 num_experts, round_scale, use_ue8m0)
         n = x.size(0)
         stats = self._ll_recv_stats(cumulative_local_expert_recv_stats)
+        cost = self._wait_cost("dispatch_wait_recv_cost_stats", dispatch_wait_recv_cost_stats)
         fp8 = bool(use_fp8)
         recv_x, scales, count = self._ll_outputs(fp8)
         cs = None if self._host else self._stream()
         h = Handle(self, "low_latency_dispatch", n, stream=cs)
         out_x = (recv_x, scales) if fp8 else recv_x
         if return_recv_hook:
-            # The exchange runs in the hook; the caller may write x and topk_idx once this
-            # returns (DeepEP's send has read them by then), so it runs on copies.
-            xc, ic = x.clone(), idx.clone()
-            h._unreceived = True  # low_latency_handle_info waits for the hook
-
-            def receive() -> None:
-                self._ll_dispatch_now(xc, ic, itype, n, fp8, recv_x, scales, count, h, stats)
-                h._unreceived = False
-
-            return out_x, count, h, EventOverlap(None), self._defer(receive)
-        self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, stats, cs)
+            return out_x, count, h, EventOverlap(None), self._ll_dispatch_hooked(
+                x, idx, itype, n, fp8, recv_x, scales, count, h, stats, cost)
+        self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, stats, cs,
+                              cost=cost)
         return (out_x, count, h,
                 self._event(None, async_finish) if async_finish else EventOverlap(None), _no_hook)
 
+    def _ll_dispatch_hooked(self, x: torch.Tensor, idx: torch.Tensor, itype: int, n: int,
+                            fp8: bool, recv_x: torch.Tensor, scales: Optional[torch.Tensor],
+                            count: torch.Tensor, h: Handle, stats: Optional[torch.Tensor],
+                            cost: Optional[int]) -> Any:
+        """low_latency_dispatch with return_recv_hook: on the host backend the library sends
+        now and receives in the hook (DEP_LL_SEND, DEP_LL_RECV); on cuda the exchange runs in
+        the hook, on copies (the caller may write x and topk_idx once the call returns, as
+        DeepEP's send has read them).  The hook."""
+        h._unreceived = True  # low_latency_handle_info waits for the hook
+        if self._host:
+            self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, None, None,
+                                  _lib.LL_SEND)
+
+            def receive_split() -> None:
+                self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, stats,
+                                      None, _lib.LL_RECV, cost)
+                h._unreceived = False
+
+            return self._split_hook(receive_split)
+        xc, ic = x.clone(), idx.clone()
+
+        def receive() -> None:
+            self._ll_dispatch_now(xc, ic, itype, n, fp8, recv_x, scales, count, h, stats,
+                                  cost=cost)
+            h._unreceived = False
+
+        return self._defer(receive)
+
     def _ll_dispatch_inputs(self, x: Any, topk_idx: Any, num_max_dispatch_tokens_per_rank: Any,
-                            num_experts: Any, dispatch_wait_recv_cost_stats: Any,
-                            round_scale: Any, use_ue8m0: Any
+                            num_experts: Any, round_scale: Any, use_ue8m0: Any
                             ) -> Tuple[torch.Tensor, torch.Tensor, int]:
         """low_latency_dispatch's arguments checked, what is not supported first, then the
         ints, the tensors (made contiguous) and their sizes against the job's shape (a first
         call gives it hidden) and the Buffer's bound: (x, topk_idx, index type)."""
         op = "low_latency_dispatch"
-        if dispatch_wait_recv_cost_stats is not None:
-            raise Unsupported("low_latency_dispatch(dispatch_wait_recv_cost_stats=...)")
         if round_scale or use_ue8m0:
             raise Unsupported("low_latency_dispatch(round_scale=True / use_ue8m0=True)",
                               "scales are plain float32")
@@ -169,6 +192,18 @@ class _LowLatency:
                              f"[{self.num_local_experts}] int32 tensor")
         return stats
 
+    def _wait_cost(self, name: str, t: Any) -> Optional[int]:
+        """A *_wait_recv_cost_stats argument checked: None, or the caller's own contiguous
+        [world_size] int64 tensor on the Buffer's device (the library adds to it, so not a
+        copy); its address."""
+        if t is None:
+            return None
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1 or \
+                t.numel() != self.group_size or not t.is_contiguous() or t.device != self.device:
+            raise ValueError(f"{name} must be a contiguous [{self.group_size}] int64 tensor on "
+                             f"{self.device}")
+        return t.data_ptr()
+
     def _ll_outputs(self, fp8: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor],
                                               torch.Tensor]:
         """low_latency_dispatch's outputs (recv_x, recv scales or None, recv_count), from
@@ -182,11 +217,13 @@ class _LowLatency:
     def _ll_dispatch_now(self, x: torch.Tensor, idx: torch.Tensor, itype: int, n: int,
                          fp8: bool, recv_x: torch.Tensor, scales: Optional[torch.Tensor],
                          count: torch.Tensor, h: Handle, stats: Optional[torch.Tensor],
-                         cs: Any = False) -> None:
+                         cs: Any = False, phases: int = 0, cost: Optional[int] = None) -> None:
         """dep_ll_dispatch of checked inputs into the outputs given, on stream cs (False: the
         current stream, looked up now, as a deferred call's hook does: the handle's arrays
         are then used on that stream, which may not be the call's, and maybe in a capture
-        the call was not in, so it is noted as a combine's is)."""
+        the call was not in, so it is noted as a combine's is); phases as the library's
+        (0: the whole call; the stats count what a call that receives received); cost: the
+        wait counters' address (dispatch_wait_recv_cost_stats) or None."""
         if cs is False:
             cs = None
             if not self._host:
@@ -200,6 +237,7 @@ class _LowLatency:
         a.index_type, a.num_tokens, a.use_fp8 = itype, n, int(fp8)
         a.recv_x, a.recv_count = recv_x.data_ptr(), count.data_ptr()
         a.recv_scales = scales.data_ptr() if fp8 else None
+        a.phases, a.wait_cost = phases, cost
         rc = self._fn_ll_dispatch(self._conn.ptr, self._lla_ref, h._ptr, cs)
         if rc:
             self._fail(rc, "dep_ll_dispatch")
@@ -257,12 +295,17 @@ class _LowLatency:
             topk_weights: [num_tokens, num_topk] float32.
             handle: the matching low_latency_dispatch's; kept by the Buffer until destroy()
                 where the call is captured in a CUDA graph (as combine's).
-            use_logfmt: must be False; combine_wait_recv_cost_stats: None.
+            use_logfmt: must be False.
+            combine_wait_recv_cost_stats: as low_latency_dispatch's
+                dispatch_wait_recv_cost_stats, for the combine's receive.
             zero_copy: read the input from get_next_low_latency_combine_buffer's tensor
                 (which the caller has written) instead of x (still checked for its shape).
-            async_finish, return_recv_hook: as for low_latency_dispatch (with the hook,
-                x, topk_idx and topk_weights, or the zero-copy buffer, are copied at the
-                call, and combined_x is written when hook() is called).
+            async_finish, return_recv_hook: as for low_latency_dispatch.  With the hook
+                on the host backend the call sends x (or the zero-copy buffer), which the
+                caller may write once it returns; hook() receives and combines, reading
+                topk_idx and topk_weights then (as DeepEP's receive does), and writes
+                combined_x.  On cuda x, topk_idx and topk_weights are copied at the call and
+                the whole exchange runs at hook().
             out: optional [num_tokens, hidden] bfloat16 to write into.
 
         Returns:
@@ -275,8 +318,7 @@ class _LowLatency:
         self._low_latency_begin(op, async_finish, return_recv_hook)
         if use_logfmt:
             raise Unsupported("low_latency_combine(use_logfmt=True)")
-        if combine_wait_recv_cost_stats is not None:
-            raise Unsupported("low_latency_combine(combine_wait_recv_cost_stats=...)")
+        cost = self._wait_cost("combine_wait_recv_cost_stats", combine_wait_recv_cost_stats)
         h = self._handle(op, handle, "low_latency_dispatch")
         nt, dev = h.num_tokens, self.device
         want = (self.num_local_experts, self._ll_rows, self.hidden)
@@ -312,26 +354,33 @@ class _LowLatency:
             if o.data_ptr() != out.data_ptr() or o.shape != (nt, self.hidden):
                 raise ValueError(f"{op}: out must be a contiguous "
                                  f"[{nt}, {self.hidden}] bfloat16 tensor")
+        if return_recv_hook and self._host:
+            # The library sends now and receives in the hook (DEP_LL_SEND, DEP_LL_RECV).
+            self._ll_combine_now(x, idx, itype, w, out, nt, h, _lib.LL_SEND)
+            return out, EventOverlap(None), self._split_hook(
+                lambda: self._ll_combine_now(x, idx, itype, w, out, nt, h, _lib.LL_RECV, cost))
         if return_recv_hook:
             # As low_latency_dispatch's: the exchange runs in the hook, on copies of the
             # inputs (the zero-copy buffer's too), which the caller may write once this returns.
             xc, ic, wc = x.clone(), idx.clone(), w.clone()
             return out, EventOverlap(None), self._defer(
-                lambda: self._ll_combine_now(xc, ic, itype, wc, out, nt, h))
-        self._ll_combine_now(x, idx, itype, w, out, nt, h)
+                lambda: self._ll_combine_now(xc, ic, itype, wc, out, nt, h, cost=cost))
+        self._ll_combine_now(x, idx, itype, w, out, nt, h, cost=cost)
         return out, self._event(None, async_finish) if async_finish else EventOverlap(None), \
             _no_hook
 
     def _ll_combine_now(self, x: torch.Tensor, idx: torch.Tensor, itype: int,
-                        w: torch.Tensor, out: torch.Tensor, nt: int, h: Handle) -> None:
-        """dep_ll_combine of checked inputs into out, on the current stream."""
+                        w: torch.Tensor, out: torch.Tensor, nt: int, h: Handle,
+                        phases: int = 0, cost: Optional[int] = None) -> None:
+        """dep_ll_combine of checked inputs into out, on the current stream; phases as the
+        library's (0: the whole call); cost: combine_wait_recv_cost_stats's address or None."""
         a = self._llca
         a.x = x.data_ptr()
         if nt:
             a.topk_idx, a.topk_weights, a.out = idx.data_ptr(), w.data_ptr(), out.data_ptr()
         else:
             a.topk_idx = a.topk_weights = a.out = None
-        a.index_type = itype
+        a.index_type, a.phases, a.wait_cost = itype, phases, cost
         cs = None
         if not self._host:
             cs = self._stream()
@@ -339,6 +388,21 @@ class _LowLatency:
         rc = self._fn_ll_combine(self._conn.ptr, self._llca_ref, h._ptr, cs)
         if rc:
             self._fail(rc, "dep_ll_combine")
+
+    def _split_hook(self, receive: Any) -> Any:
+        """The hook of a call whose send the library has made: it receives once (a second
+        call does nothing); after destroy() the receive is gone with the connection."""
+        state = {"done": False}
+
+        def hook() -> None:
+            if state["done"]:
+                return
+            if self._conn is None or not self.attached:
+                raise Error(-17, "this Buffer was destroyed before the hook ran; its call "
+                            "never received", "hook")
+            state["done"] = True
+            receive()
+        return hook
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int,
                                  num_experts: int) -> None:

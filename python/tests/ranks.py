@@ -702,8 +702,9 @@ def hook_rank(args) -> List[Dict[str, np.ndarray]]:
     (ceiling `wait_s`) before their own call: a call that received before returning would
     wait for them, and they for it.  Then every rank makes two hooked dispatches (of
     iterations 1 and 2) and calls their hooks in reverse order, and a hooked combine of
-    iteration 0's rows whose x it overwrites before the hook.  Results as rank_ops'
-    (ll_x, ll_count, ll_combined), per iteration."""
+    iteration 0's rows whose x it overwrites before the hook (its topk_idx and topk_weights
+    are read at the hook, as DeepEP's receive reads them).  Results as rank_ops' (ll_x,
+    ll_count, ll_combined), per iteration."""
     sock, job, rank, world, seed, returned, wait_s = args
     import deepep
     s = shape(world)
@@ -748,9 +749,46 @@ def hook_rank(args) -> List[Dict[str, np.ndarray]]:
     y = (recv.float() * scale).bfloat16()
     comb, ev, hook = b.low_latency_combine(y, idx, w, h, return_recv_hook=True)
     y.zero_()
-    w.zero_()
     hook()
     out[0]["ll_combined"] = bits(comb)
+    b.destroy()
+    return out
+
+
+def overlap_rank(args) -> List[Dict[str, np.ndarray]]:
+    """Rank `rank` of a job of 2, showing that a hooked call sends at the call: rank 0 makes
+    a hooked low-latency dispatch and then waits for `received` (ceiling `wait_s`), which
+    rank 1 sets once its own hooked dispatch's hook() has returned, before calling its hook.
+    Rank 1's receive needs rank 0's rows, which left at rank 0's call: where the exchange
+    waited for rank 0's hook, rank 1's hook would wait for rank 0, and rank 0 for rank 1
+    (rank 0 raises after wait_s).  The call's dispatch_wait_recv_cost_stats is untouched by
+    the send and added to by the hook (nanoseconds on the host backend).  Results as
+    rank_ops' (ll_x, ll_count), one iteration."""
+    sock, job, rank, world, seed, received, wait_s = args
+    import deepep
+    s = shape(world)
+    M, E = s["max_ll_tokens_per_rank"], s["num_experts"]
+    b = deepep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
+                      local_world_size=world, socket=sock, **s)
+    li = inputs(seed, rank, world, 0, ll=True)
+    x, idx = torch.from_numpy(li["x"]).bfloat16(), torch.from_numpy(li["idx"])
+    base = 1 << 40
+    cost = torch.full((world,), base, dtype=torch.int64)
+    recv, count, h, ev, hook = b.low_latency_dispatch(x, idx, M, E, use_fp8=False,
+                                                      dispatch_wait_recv_cost_stats=cost,
+                                                      return_recv_hook=True)
+    assert (cost == base).all(), "the send added to dispatch_wait_recv_cost_stats"
+    if rank == 0:
+        if not received.wait(wait_s):
+            raise AssertionError(f"rank 1's hook did not return within {wait_s} s while this "
+                                 "rank's hook had not run: the receive waited for this hook")
+        hook()
+    else:
+        hook()
+        received.set()
+    # Each source's wait, bounded by the op timeout (a generous ceiling: 10 minutes in ns).
+    assert ((cost >= base) & (cost - base < 600 * 10**9)).all(), cost
+    out = [{"ll_x": bits(recv), "ll_count": count.cpu().numpy()}]
     b.destroy()
     return out
 
