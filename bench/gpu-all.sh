@@ -27,7 +27,8 @@
 #   a pure-Python pytest in build-gpu/pylib where the GPU machine has none
 # Usage there, from the repository root: bench/gpu-all.sh [BUILD_DIR]
 # Knobs: STEPS (default "cudaops xnode ep doctor pytest restart pyover hostwarm"), BUDGET (seconds, 400),
-# PYTEST_SECS (the pytest step's limit, 240; a test past 60 s dumps its stacks).
+# PYTEST_SECS (the pytest step's limit, 240; a test past 60 s dumps its stacks), PYTEST_FILES
+# (python/tests), CUDAOPS_SECS (the cuda_ops suite's limit, 120).
 set -u
 R=$(pwd)
 B=$(cd "${1:-build-gpu}" && pwd) || exit 2
@@ -62,11 +63,11 @@ for s in ${STEPS:-cudaops xnode ep doctor pytest restart pyover hostwarm}; do
   t=$SECONDS
   case $s in
   cudaops)
-    fits 130 cudaops || continue
+    fits $((${CUDAOPS_SECS:-120} + 10)) cudaops || continue
     mps_on
     echo "== cudaops: CK_RUN_SUITE=cuda_ops (gpu-tagged), MPS"
     env DEP_BUILD="$B" DEP_TEST_TAGS=gpu DEP_TEST_BACKEND=cuda CK_RUN_SUITE=cuda_ops \
-      CK_VERBOSITY=verbose timeout 120 "$B"/check_deepepd > "$OUTD/cudaops-gpu.log" 2>&1
+      CK_VERBOSITY=verbose timeout ${CUDAOPS_SECS:-120} "$B"/check_deepepd > "$OUTD/cudaops-gpu.log" 2>&1
     echo "== cudaops rc $?"; grep -E "Checks:|:F:|:E:" "$OUTD/cudaops-gpu.log" | tail -30
     mps_off ;;
   xnode) fits 130 xnode && OUT=$OUTD STEPS=xnode SECS=120 bench/gpu-xnode.sh "$B" ;;
@@ -85,7 +86,7 @@ for s in ${STEPS:-cudaops xnode ep doctor pytest restart pyover hostwarm}; do
     echo "== pytest: python/tests on CUDA tensors, MPS"
     DEEPEP_CLIENT_LIB=$B/libdeepep-client.so.0 DEP_BUILD=$B DEP_TEST_BACKEND=cuda DEP_TEST_SOCKET=$D/d.sock \
       PYTHONPATH=$PP timeout ${PYTEST_SECS:-240} $PY -m pytest -p no:cacheprovider -rs -v \
-      -o faulthandler_timeout=60 python/tests > "$OUTD/pytest-cuda-mps.log" 2>&1
+      -o faulthandler_timeout=60 ${PYTEST_FILES:-python/tests} > "$OUTD/pytest-cuda-mps.log" 2>&1
     rc=$?
     echo "== pytest rc $rc$([ $rc = 124 ] && echo " (timed out after ${PYTEST_SECS:-240} s; the log's end:)")"
     grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUTD/pytest-cuda-mps.log" | tail -20
