@@ -245,9 +245,19 @@ static void conn_on_data_hello(struct peer_conn *c, const struct dep_peer_data_h
     peer__refuse(c, DEP_ERR_INTERNAL, "cannot take the data connection: %s", strerror(errno));
     return;
   }
-  if (P->data == NULL || !P->data->accept((int)(p - P->peers), h->token, fd)) {
+  const enum peer_token t =
+      P->data != NULL ? P->data->accept((int)(p - P->peers), h->token, fd) : PEER_TOKEN_UNKNOWN;
+  if (t == PEER_TOKEN_STALE) {
+    /* The peer's connector was under way while one end stalled or lost the
+     * links: not a stranger's, and the offers made since stand (peer.h;
+     * xfer says it). */
     close(fd);
-    c->refusal = PEER_REFUSED_AUTH;
+    link_close(&c->link, "its offer expired or was withdrawn");
+    return;
+  }
+  if (t != PEER_TOKEN_TAKEN) {
+    close(fd);
+    c->refusal = PEER_REFUSED_TOKEN;
     peer__refuse(c, DEP_ERR_PERMISSION, "opened a data connection with a token this daemon did "
                 "not offer it (or used it already)");
     return;

@@ -37,7 +37,8 @@ enum peer_refusal {
   PEER_REFUSED_EVICTED,  /* still unauthenticated when a newer connection from its address needed the place */
   PEER_REFUSED_TIMEOUT,  /* did not authenticate within PEER_HANDSHAKE_MS */
   PEER_REFUSED_UNLISTED, /* says a listen port that no configured peer at its address has */
-  PEER_REFUSED_AUTH,     /* failed authentication, or a data connection's token */
+  PEER_REFUSED_AUTH,     /* failed authentication */
+  PEER_REFUSED_TOKEN,    /* named a data connection's token not offered to its peer */
   PEER_REFUSAL_KINDS
 };
 

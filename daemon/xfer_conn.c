@@ -92,19 +92,26 @@ static int drain(int fd, struct xfer_batch *scratch, uint64_t n) {
   return 0;
 }
 
-/* Wait until fd is readable, checking for stop each second: 1 readable, 0 stopping, -1 error. */
-static int wait_readable(int fd) {
+/* Wait until fd is readable, checking for stop each second, until until_ms
+ * (mono_ns ms; 0: no end): 1 readable, 0 stopping or timed out, -1 error. */
+static int wait_readable_until(int fd, uint64_t until_ms) {
   for (;;) {
     if (atomic_load(&X->stop))
       return 0;
+    const uint64_t now = mono_ns() / 1000000ull;
+    if (until_ms != 0 && now >= until_ms)
+      return 0;
+    const int ms = until_ms != 0 && until_ms - now < 1000 ? (int)(until_ms - now) : 1000;
     struct pollfd pf = {.fd = fd, .events = POLLIN};
-    int r = poll(&pf, 1, 1000);
+    int r = poll(&pf, 1, ms);
     if (r > 0)
       return 1;
     if (r < 0 && errno != EINTR)
       return -1;
   }
 }
+
+static int wait_readable(int fd) { return wait_readable_until(fd, 0); }
 
 static void tune_socket(int fd) {
   int one = 1;
@@ -182,17 +189,29 @@ static bool expected_here(const char *id) {
  * receiver whose connection proves the key. */
 static pthread_mutex_t offers_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* The open offer with token made to peer k (to any peer: k < 0), offers_mu
+/* Whether offer x, in use, is open at now: neither withdrawn nor expired. */
+static bool offer_open(const struct xfer_offer *x, uint64_t now) {
+  return x->peer >= 0 && !x->withdrawn && x->expires_ms >= now;
+}
+
+/* The offer with token made to peer k (to any peer: k < 0), open or (stale)
+ * withdrawn or expired unused, its place not yet taken by another; offers_mu
  * held; NULL when none. */
-static struct xfer_offer *offer_find(int k, const uint8_t *token) {
+static struct xfer_offer *offer_lookup(int k, const uint8_t *token, bool stale) {
   const uint64_t now = mono_ns() / 1000000ull;
   for (int i = 0; i < XFER_OFFERS_MAX; i++) {
     struct xfer_offer *x = &X->offers[i];
-    if (x->peer >= 0 && (k < 0 || x->peer == k) && x->expires_ms >= now &&
+    if (x->peer >= 0 && (k < 0 || x->peer == k) && offer_open(x, now) != stale &&
         sodium_memcmp(x->token, token, DEP_PEER_TOKEN_LEN) == 0)
       return x;
   }
   return NULL;
+}
+
+/* The open offer with token made to peer k (to any peer: k < 0), offers_mu
+ * held; NULL when none. */
+static struct xfer_offer *offer_find(int k, const uint8_t *token) {
+  return offer_lookup(k, token, false);
 }
 
 /* Spend the open offer with token (made to peer k, or to any: k < 0): the
@@ -432,17 +451,27 @@ int xfer_offer_spend(const uint8_t *token) {
   return X->active ? offer_spend(-1, token) : -1;
 }
 
-bool xfer_accept(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd) {
+enum peer_token xfer_accept(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd) {
   if (!X->active || k < 0 || k >= CONFIG_MAX_LIST)
-    return false;
+    return PEER_TOKEN_UNKNOWN;
   pthread_mutex_lock(&offers_mu);
   const bool offered = offer_find(k, token) != NULL;
+  const bool stale = !offered && offer_lookup(k, token, true) != NULL;
   pthread_mutex_unlock(&offers_mu);
+  struct xfer_peer *xp = &X->peers[k];
+  if (stale) {
+    uint64_t n;
+    if (xfer_say_now(&xp->stale_offers, &n))
+      log_info("peer %s: %llu data connection(s) named an offer of ours that expired unused or "
+               "was withdrawn when the links to it went down (one end was stalled or lost the "
+               "links meanwhile): closed; the offers made since stand", peer_name(k),
+               (unsigned long long)n);
+    return PEER_TOKEN_STALE;
+  }
   if (!offered)
-    return false;
+    return PEER_TOKEN_UNKNOWN;
   /* A receiver thread per slot at most: a peer, or whoever names its
    * tokens, has at most XFER_CONNS_MAX of them here, proving or proven. */
-  struct xfer_peer *xp = &X->peers[k];
   pthread_rwlock_wrlock(&X->lock);
   int slot = -1;
   for (int i = 0; i < XFER_CONNS_MAX && slot < 0; i++)
@@ -466,7 +495,7 @@ bool xfer_accept(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd) {
     free(rv);
     goto fail;
   }
-  return true;
+  return PEER_TOKEN_TAKEN;
 fail:
   if (slot >= 0) {
     pthread_rwlock_wrlock(&X->lock);
@@ -474,7 +503,7 @@ fail:
     pthread_rwlock_unlock(&X->lock);
   }
   close(fd);
-  return true; /* the token was one offered: fd is ours, and closed */
+  return PEER_TOKEN_TAKEN; /* the token was one offered: fd is ours, and closed */
 }
 
 /* ---- connectors --------------------------------------------------------------- */
@@ -482,11 +511,35 @@ fail:
 struct connector {
   int peer;
   uint64_t gen;
+  uint64_t until_ms; /* when the offer expires at the peer, at the latest (mono_ns ms) */
   uint8_t token[DEP_PEER_TOKEN_LEN];
   uint8_t dkey[DEP_PEER_MAC_LEN];    /* peer_data_key(peer, true) */
   struct sockaddr_storage addr;
   socklen_t addrlen;
 };
+
+/*
+ * The connectors of the peer's current generation (xfer_peer.dialing): one
+ * more of generation gen, if it has fewer than X->conns (the loop's); and
+ * one of generation gen done, counted off only while gen is the peer's.
+ */
+static uint64_t dial_gen(uint64_t gen) { return (gen & 0xffffffffull) << 32; }
+static bool dial_take(struct xfer_peer *xp, uint64_t gen) {
+  uint64_t v = atomic_load(&xp->dialing);
+  for (;;) {
+    const uint64_t n = (v & ~0xffffffffull) == dial_gen(gen) ? (v & 0xffffffffull) : 0;
+    if (n >= X->conns)
+      return false;
+    if (atomic_compare_exchange_weak(&xp->dialing, &v, dial_gen(gen) | (n + 1)))
+      return true;
+  }
+}
+static void dial_done(struct xfer_peer *xp, uint64_t gen) {
+  uint64_t v = atomic_load(&xp->dialing);
+  while ((v & ~0xffffffffull) == dial_gen(gen) && (v & 0xffffffffull) > 0 &&
+         !atomic_compare_exchange_weak(&xp->dialing, &v, v - 1))
+    ;
+}
 
 /* Whether an outbound data connection was closed or cut at the other end:
  * after its acknowledgement nothing more comes in on it, so anything to
@@ -536,11 +589,18 @@ static int connect_data(const struct connector *c, char *why, size_t whylen) {
     goto fail;
   }
   /* Its challenge (magic and version first, so that another version is
-   * named rather than timed out), our proof of the key, its ack. */
+   * named rather than timed out), our proof of the key, its ack.  The
+   * challenge is waited for while the peer holds the offer open: a peer
+   * whose loop is stalled accepts the connection late, and one given up
+   * here would leave the offer standing there, unused, until it expired. */
   struct dep_xfer_challenge ch;
   struct dep_xfer_ack ack;
   const size_t head = sizeof ack;
-  const int io = io_within(fd, &ch, head, false, XFER_CONNECT_MS);
+  const uint64_t now = mono_ns() / 1000000ull;
+  const uint64_t until = c->until_ms > now + XFER_CONNECT_MS ? c->until_ms : now + XFER_CONNECT_MS;
+  const int io = wait_readable_until(fd, until) == 1
+                     ? io_within(fd, &ch, head, false, XFER_CONNECT_MS)
+                     : (errno = ETIMEDOUT, -1);
   if (io != 0 || ch.magic != DEP_XFER_MAGIC || ch.version < DEP_XFER_MIN_VERSION ||
       ch.version > DEP_XFER_VERSION) {
     if (io == 0 && ch.magic == DEP_XFER_MAGIC)
@@ -580,7 +640,12 @@ static void *connector_main(void *arg) {
   int fd = connect_data(&c, why, sizeof why);
   sodium_memzero(c.dkey, sizeof c.dkey);
   if (fd < 0) {
-    if (!atomic_load(&X->stop))
+    /* The peer went down since the offer: it withdrew the token and closes
+     * the connection unread (PEER_TOKEN_STALE), and offers anew. */
+    if (atomic_load(&xp->gen) != c.gen)
+      log_debug("peer %s: a data connection opened with an offer made before the peer went "
+                "down did not complete: %s", peer_name(c.peer), why);
+    else if (!atomic_load(&X->stop))
       log_warnx("peer %s: cannot open a data connection: %s", peer_name(c.peer), why);
   } else {
     bool placed = false;
@@ -597,6 +662,7 @@ static void *connector_main(void *arg) {
     if (!placed)
       close(fd);
   }
+  dial_done(xp, c.gen);
   atomic_fetch_sub(&xp->connecting, 1);
   atomic_fetch_sub(&X->helpers, 1);
   return NULL;
@@ -610,9 +676,15 @@ void xfer_on_offer(int k, const struct dep_peer_data_offer *o) {
   /* A connector thread per data connection the peer may have from us, at
    * most: an offer past them is ignored (the peer offers again, at its
    * tick, for a connection still missing), so that no peer, however many
-   * offers it sends, makes more threads here than that. */
+   * offers it sends, makes more threads here than that.  Those still under
+   * way from before the peer last went down count apart (twice that in
+   * all): their tokens are withdrawn at the peer, which closes their
+   * connections unread, and the offers it makes once it is back would
+   * otherwise be ignored behind them and stand unused there until they
+   * expired (XFER_OFFER_MS) before the peer offered again. */
   struct xfer_peer *xp = &X->peers[k];
-  if (atomic_load(&xp->connecting) >= X->conns) {
+  const uint64_t gen = atomic_load(&xp->gen);
+  if (atomic_load(&xp->connecting) >= 2 * X->conns || !dial_take(xp, gen)) {
     uint64_t n;
     if (xfer_say_now(&xp->excess_offers, &n))
       log_warnx("peer %s: %llu DATA_OFFER(s) ignored: %u data connection(s) to it are being "
@@ -621,20 +693,25 @@ void xfer_on_offer(int k, const struct dep_peer_data_offer *o) {
     return;
   }
   struct connector *c = calloc(1, sizeof *c);
-  if (c == NULL)
+  if (c == NULL) {
+    dial_done(xp, gen);
     return;
+  }
   c->peer = k;
-  c->gen = atomic_load(&xp->gen);
+  c->gen = gen;
+  c->until_ms = mono_ns() / 1000000ull + XFER_OFFER_MS;
   memcpy(c->token, o->token, DEP_PEER_TOKEN_LEN);
   if (peer_data_address(k, &c->addr, &c->addrlen) != 0) {
     log_warnx("peer %s: a data connection is offered but the peer has no address here",
               peer_name(k));
+    dial_done(xp, gen);
     free(c);
     return;
   }
   peer_data_key(k, true, c->dkey);
   atomic_fetch_add(&xp->connecting, 1);
   if (!spawn_helper(connector_main, c)) {
+    dial_done(xp, gen);
     atomic_fetch_sub(&xp->connecting, 1);
     sodium_memzero(c, sizeof *c);
     free(c);
@@ -649,11 +726,16 @@ static void offer(int k, uint32_t offers, uint64_t now) {
     struct xfer_offer *o = NULL;
     pthread_mutex_lock(&offers_mu);
     for (int i = 0; i < XFER_OFFERS_MAX && o == NULL; i++)
-      if (X->offers[i].peer < 0 || X->offers[i].expires_ms < now)
+      if (X->offers[i].peer < 0)
+        o = &X->offers[i];
+    /* Else a stale one: remembered only to close its connection quietly. */
+    for (int i = 0; i < XFER_OFFERS_MAX && o == NULL; i++)
+      if (!offer_open(&X->offers[i], now))
         o = &X->offers[i];
     if (o != NULL) {
       memcpy(o->token, m.u.data_offer.token, DEP_PEER_TOKEN_LEN);
       o->peer = k;
+      o->withdrawn = false;
       o->expires_ms = now + XFER_OFFER_MS;
     }
     pthread_mutex_unlock(&offers_mu);
@@ -685,7 +767,7 @@ void xfer_tick(void) {
     uint32_t have = atomic_load(&X->peers[k].conns_in);
     pthread_mutex_lock(&offers_mu);
     for (int i = 0; i < XFER_OFFERS_MAX; i++)
-      have += X->offers[i].peer == k && X->offers[i].expires_ms >= now;
+      have += X->offers[i].peer == k && offer_open(&X->offers[i], now);
     pthread_mutex_unlock(&offers_mu);
     if (have >= X->conns)
       continue;
@@ -700,10 +782,13 @@ void xfer_peer_down(int k) {
     return;
   struct xfer_peer *xp = &X->peers[k];
   atomic_fetch_add(&xp->gen, 1);
+  /* Withdrawn, and remembered until their places are needed: a connector
+   * the peer started with one before its links went down may reach us yet,
+   * and is closed then without counting as a stranger's (PEER_TOKEN_STALE). */
   pthread_mutex_lock(&offers_mu);
   for (int i = 0; i < XFER_OFFERS_MAX; i++)
     if (X->offers[i].peer == k)
-      X->offers[i].peer = -1;
+      X->offers[i].withdrawn = true;
   pthread_mutex_unlock(&offers_mu);
   xfer_rdma_peer_down(k);
   for (uint32_t i = 0; i < X->conns; i++) {

@@ -102,6 +102,8 @@ struct xfer_out {
  * proves the key (under xfer_conn.c's offers_mu). */
 struct xfer_offer {
   int peer;                      /* -1: free */
+  bool withdrawn;                /* the peer went down since: stale, as when expired (told
+                                    apart from a token never offered: peer.h PEER_TOKEN_STALE) */
   uint8_t token[DEP_PEER_TOKEN_LEN];
   uint64_t expires_ms;
 };
@@ -111,8 +113,10 @@ struct xfer_peer {
   struct xfer_out out[XFER_CONNS_MAX];
   _Atomic uint32_t next;         /* round robin over out[] */
   _Atomic uint32_t conns_in;      /* proven and receiving */
-  _Atomic uint32_t connecting;    /* connector threads to it: at most X->conns */
-  struct xfer_say excess_offers, bad_proofs, stale_frames;
+  _Atomic uint32_t connecting;    /* connector threads to it, of any generation */
+  _Atomic uint64_t dialing;       /* those of generation gen: its low 32 bits << 32 | their
+                                     count, at most X->conns (xfer_on_offer) */
+  struct xfer_say excess_offers, bad_proofs, stale_frames, stale_offers;
   _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in;
   _Atomic uint64_t gen;          /* bumped when the peer goes down: connectors of an older one quit */
   int in_fds[XFER_CONNS_MAX];    /* inbound connections' fds, for shutdown (under X->lock) */
