@@ -455,8 +455,15 @@ enum peer_token xfer_accept(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], int 
   if (!X->active || k < 0 || k >= CONFIG_MAX_LIST)
     return PEER_TOKEN_UNKNOWN;
   pthread_mutex_lock(&offers_mu);
-  const bool offered = offer_find(k, token) != NULL;
+  struct xfer_offer *live = offer_find(k, token);
+  const bool offered = live != NULL;
   const bool stale = !offered && offer_lookup(k, token, true) != NULL;
+  /* Good until its proof has had its time (receiver_proven's two waits):
+   * a daemon that read the DATA_HELLO late, stalled, does not let the offer
+   * expire under the connector that used it in time. */
+  const uint64_t proof_by = mono_ns() / 1000000ull + 2 * XFER_CONNECT_MS;
+  if (offered && live->expires_ms < proof_by)
+    live->expires_ms = proof_by;
   pthread_mutex_unlock(&offers_mu);
   struct xfer_peer *xp = &X->peers[k];
   if (stale) {
@@ -630,30 +637,32 @@ fail:
   return -1;
 }
 
-static void *connector_main(void *arg) {
-  struct connector c = *(struct connector *)arg;
-  sodium_memzero(arg, sizeof c);
-  free(arg);
-  prctl(PR_SET_NAME, "deepepd-dc");
-  struct xfer_peer *xp = &X->peers[c.peer];
+/* Open a data connection to c's peer with its offer, and place it among
+ * the peer's outbound ones (or close it: the peer went down since, or has
+ * them all). */
+static void connector_dial(struct connector *c) {
+  struct xfer_peer *xp = &X->peers[c->peer];
   char why[256] = "";
-  int fd = connect_data(&c, why, sizeof why);
-  sodium_memzero(c.dkey, sizeof c.dkey);
+  int fd = connect_data(c, why, sizeof why);
+  sodium_memzero(c->dkey, sizeof c->dkey);
   if (fd < 0) {
     /* The peer went down since the offer: it withdrew the token and closes
      * the connection unread (PEER_TOKEN_STALE), and offers anew. */
-    if (atomic_load(&xp->gen) != c.gen)
+    if (atomic_load(&xp->gen) != c->gen)
       log_debug("peer %s: a data connection opened with an offer made before the peer went "
-                "down did not complete: %s", peer_name(c.peer), why);
+                "down did not complete: %s", peer_name(c->peer), why);
+    else if (mono_ns() / 1000000ull >= c->until_ms)
+      log_info("peer %s: a data connection was not answered while its offer stood (the peer "
+               "is stalled?): %s; the peer offers again", peer_name(c->peer), why);
     else if (!atomic_load(&X->stop))
-      log_warnx("peer %s: cannot open a data connection: %s", peer_name(c.peer), why);
+      log_warnx("peer %s: cannot open a data connection: %s", peer_name(c->peer), why);
   } else {
     bool placed = false;
     for (uint32_t i = 0; i < X->conns && !placed; i++) {
       pthread_mutex_lock(&xp->out[i].mu);
       if (xp->out[i].fd >= 0 && out_dead(xp->out[i].fd))
         xfer__out_close(xp, i); /* cut at the other end: this offer replaces it */
-      if (xp->out[i].fd < 0 && atomic_load(&xp->gen) == c.gen && !atomic_load(&X->stop)) {
+      if (xp->out[i].fd < 0 && atomic_load(&xp->gen) == c->gen && !atomic_load(&X->stop)) {
         xp->out[i].fd = fd;
         placed = true;
       }
@@ -662,8 +671,76 @@ static void *connector_main(void *arg) {
     if (!placed)
       close(fd);
   }
-  dial_done(xp, c.gen);
-  atomic_fetch_sub(&xp->connecting, 1);
+}
+
+
+/*
+ * Queue peer k's offer o (gen: the peer's generation now) for the next
+ * connector to finish (the loop's, offers_mu held): false when the peer's
+ * X->conns places all hold offers still good, of this generation (it
+ * offered more than it may have connections).
+ */
+static bool offer_queue(int k, const struct dep_peer_data_offer *o, uint64_t gen) {
+  struct xfer_peer *xp = &X->peers[k];
+  const uint64_t now = mono_ns() / 1000000ull;
+  struct xfer_queued *q = NULL;
+  for (uint32_t i = 0; i < X->conns && q == NULL; i++)
+    if (xp->queued[i].until_ms <= now || xp->queued[i].gen != gen)
+      q = &xp->queued[i];
+  if (q != NULL) {
+    memcpy(q->token, o->token, DEP_PEER_TOKEN_LEN);
+    peer_data_key(k, true, q->dkey);
+    q->gen = gen;
+    q->until_ms = now + XFER_OFFER_MS;
+  }
+  return q != NULL;
+}
+
+/*
+ * Connector c has finished: take the queued offer of the peer's current
+ * generation that expires last, if one is still good, into c, counted in
+ * that generation (c may have been of an older one): whether c dials
+ * again; if not, c is counted off.  Under offers_mu, as xfer_on_offer's
+ * count and queueing are, so that no offer is queued behind a connector
+ * that has looked and is going.
+ */
+static bool dial_next(struct connector *c) {
+  struct xfer_peer *xp = &X->peers[c->peer];
+  const uint64_t gen = atomic_load(&xp->gen), now = mono_ns() / 1000000ull;
+  pthread_mutex_lock(&offers_mu);
+  struct xfer_queued *q = NULL;
+  for (uint32_t i = 0; i < X->conns && !atomic_load(&X->stop); i++) {
+    struct xfer_queued *e = &xp->queued[i];
+    if (e->gen == gen && e->until_ms > now && (q == NULL || e->until_ms > q->until_ms))
+      q = e;
+  }
+  const bool next = q != NULL && (c->gen == gen || dial_take(xp, gen));
+  if (c->gen != gen || !next)
+    dial_done(xp, c->gen);
+  if (next) {
+    c->gen = gen;
+    c->until_ms = q->until_ms;
+    memcpy(c->token, q->token, DEP_PEER_TOKEN_LEN);
+    memcpy(c->dkey, q->dkey, DEP_PEER_MAC_LEN);
+    sodium_memzero(q, sizeof *q);
+  } else {
+    atomic_fetch_sub(&xp->connecting, 1);
+  }
+  pthread_mutex_unlock(&offers_mu);
+  return next;
+}
+
+/* Open a data connection with c's offer and place it; then with each offer
+ * queued for the peer meanwhile (dial_next). */
+static void *connector_main(void *arg) {
+  struct connector c = *(struct connector *)arg;
+  sodium_memzero(arg, sizeof c);
+  free(arg);
+  prctl(PR_SET_NAME, "deepepd-dc");
+  do
+    connector_dial(&c);
+  while (dial_next(&c));
+  sodium_memzero(&c, sizeof c);
   atomic_fetch_sub(&X->helpers, 1);
   return NULL;
 }
@@ -674,27 +751,36 @@ void xfer_on_offer(int k, const struct dep_peer_data_offer *o) {
   if (xfer_rdma_on_offer(k, o->token))
     return; /* spent on our data queue pair to k */
   /* A connector thread per data connection the peer may have from us, at
-   * most: an offer past them is ignored (the peer offers again, at its
-   * tick, for a connection still missing), so that no peer, however many
-   * offers it sends, makes more threads here than that.  Those still under
-   * way from before the peer last went down count apart (twice that in
-   * all): their tokens are withdrawn at the peer, which closes their
-   * connections unread, and the offers it makes once it is back would
-   * otherwise be ignored behind them and stand unused there until they
-   * expired (XFER_OFFER_MS) before the peer offered again. */
+   * most, so that no peer, however many offers it sends, makes more
+   * threads here than that.  An offer past them waits for the next of
+   * them to finish (as many as the peer may have connections; the rest are
+   * ignored): the peer counts an offer as pending until it expires
+   * (XFER_OFFER_MS) and would not offer again before.  Connectors still
+   * under way from before the peer last went down count apart (twice that
+   * in all): their tokens are withdrawn at the peer, which closes their
+   * connections unread. */
   struct xfer_peer *xp = &X->peers[k];
   const uint64_t gen = atomic_load(&xp->gen);
-  if (atomic_load(&xp->connecting) >= 2 * X->conns || !dial_take(xp, gen)) {
+  pthread_mutex_lock(&offers_mu);
+  const bool start = atomic_load(&xp->connecting) < 2 * X->conns && dial_take(xp, gen);
+  if (start)
+    atomic_fetch_add(&xp->connecting, 1);
+  const bool queued = !start && offer_queue(k, o, gen);
+  pthread_mutex_unlock(&offers_mu);
+  if (queued)
+    return;
+  if (!start) {
     uint64_t n;
     if (xfer_say_now(&xp->excess_offers, &n))
       log_warnx("peer %s: %llu DATA_OFFER(s) ignored: %u data connection(s) to it are being "
-                "opened already, as many as it may have", peer_name(k), (unsigned long long)n,
-                X->conns);
+                "opened already, as many as it may have, and as many offers wait for them",
+                peer_name(k), (unsigned long long)n, X->conns);
     return;
   }
   struct connector *c = calloc(1, sizeof *c);
   if (c == NULL) {
     dial_done(xp, gen);
+    atomic_fetch_sub(&xp->connecting, 1);
     return;
   }
   c->peer = k;
@@ -705,11 +791,11 @@ void xfer_on_offer(int k, const struct dep_peer_data_offer *o) {
     log_warnx("peer %s: a data connection is offered but the peer has no address here",
               peer_name(k));
     dial_done(xp, gen);
+    atomic_fetch_sub(&xp->connecting, 1);
     free(c);
     return;
   }
   peer_data_key(k, true, c->dkey);
-  atomic_fetch_add(&xp->connecting, 1);
   if (!spawn_helper(connector_main, c)) {
     dial_done(xp, gen);
     atomic_fetch_sub(&xp->connecting, 1);
@@ -789,6 +875,7 @@ void xfer_peer_down(int k) {
   for (int i = 0; i < XFER_OFFERS_MAX; i++)
     if (X->offers[i].peer == k)
       X->offers[i].withdrawn = true;
+  sodium_memzero(xp->queued, sizeof xp->queued); /* the peer's offers of before are void */
   pthread_mutex_unlock(&offers_mu);
   xfer_rdma_peer_down(k);
   for (uint32_t i = 0; i < X->conns; i++) {

@@ -657,6 +657,56 @@ START_TEST(an_offer_made_after_the_peer_came_back_is_not_ignored_behind_an_older
 }
 END_TEST
 
+/* Wait until the daemon has handled everything the fake sent on its link
+ * before: a keep-alive's answer comes after them (answering its own
+ * keep-alives meanwhile). */
+static void fp_sync(struct fp *f) {
+  struct dep_peer_msg m = {.type = DEP_PEER_KEEPALIVE};
+  m.u.keepalive.stamp = 0x5eed;
+  fp_send(f->link, &m);
+  for (;;) {
+    ck_assert_int_eq(fp_recv(f->link, &m, 10000, NULL, NULL), 0);
+    if (m.type == DEP_PEER_KEEPALIVE && m.u.keepalive.reply && m.u.keepalive.stamp == 0x5eed)
+      return;
+    if (m.type == DEP_PEER_KEEPALIVE && !m.u.keepalive.reply) {
+      m.u.keepalive.reply = 1;
+      fp_send(f->link, &m);
+    }
+  }
+}
+
+/*
+ * An offer that comes while as many connectors to the peer are under way
+ * as it may have data connections (one, here) is dialled as soon as one
+ * of them finishes: the peer counts it as pending until it expires
+ * (XFER_OFFER_MS) and offers no other meanwhile.  Before, it was ignored
+ * ("DATA_OFFER(s) ignored"), and the data connection was missing for 10
+ * s: two daemons stalled together at start re-offered as their first
+ * offers expired, while the connectors for those still waited.
+ */
+START_TEST(an_offer_past_the_connectors_under_way_is_dialled_when_one_finishes) {
+  struct fp f;
+  fp_start(&f);
+  struct dep_peer_msg o = {.type = DEP_PEER_DATA_OFFER};
+  randombytes_buf(o.u.data_offer.token, sizeof o.u.data_offer.token);
+  fp_send(f.link, &o);
+  const int first = fp_data_accept(&f, o.u.data_offer.token); /* left unanswered */
+  randombytes_buf(o.u.data_offer.token, sizeof o.u.data_offer.token);
+  fp_send(f.link, &o);
+  fp_sync(&f); /* the second offer came while the first's connector waits */
+  struct fp_answerer ans = {.f = &f};
+  atomic_init(&ans.stop, false);
+  ck_assert_int_eq(pthread_create(&ans.th, NULL, fp_answer, &ans), 0);
+  close(first); /* its connector finishes, without a challenge */
+  const int second = fp_data_accept(&f, o.u.data_offer.token);
+  atomic_store(&ans.stop, true);
+  pthread_join(ans.th, NULL);
+  ck_assert_msg(!log_has(&f.d, "DATA_OFFER(s) ignored"), "the offer was ignored");
+  close(second);
+  fp_stop(&f);
+}
+END_TEST
+
 Suite *peer_data_suite(void);
 Suite *peer_data_suite(void) {
   Suite *s = suite_create("peer_data");
@@ -670,6 +720,7 @@ Suite *peer_data_suite(void) {
   tcase_add_test(tc, a_flood_of_data_offers_starts_a_bounded_number_of_threads);
   tcase_add_test(tc, a_data_connection_naming_an_offer_withdrawn_with_the_links_is_closed_not_refused);
   tcase_add_test(tc, an_offer_made_after_the_peer_came_back_is_not_ignored_behind_an_older_connector);
+  tcase_add_test(tc, an_offer_past_the_connectors_under_way_is_dialled_when_one_finishes);
   suite_add_tcase(s, tc);
   return s;
 }
