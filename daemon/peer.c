@@ -245,9 +245,19 @@ static void conn_on_data_hello(struct peer_conn *c, const struct dep_peer_data_h
     peer__refuse(c, DEP_ERR_INTERNAL, "cannot take the data connection: %s", strerror(errno));
     return;
   }
-  if (P->data == NULL || !P->data->accept((int)(p - P->peers), h->token, fd)) {
+  const enum peer_token t =
+      P->data != NULL ? P->data->accept((int)(p - P->peers), h->token, fd) : PEER_TOKEN_UNKNOWN;
+  if (t == PEER_TOKEN_STALE) {
+    /* The peer's connector was under way while one end stalled or lost the
+     * links: not a stranger's, and the offers made since stand (peer.h;
+     * xfer says it). */
     close(fd);
-    c->refusal = PEER_REFUSED_AUTH;
+    link_close(&c->link, "its offer expired or was withdrawn");
+    return;
+  }
+  if (t != PEER_TOKEN_TAKEN) {
+    close(fd);
+    c->refusal = PEER_REFUSED_TOKEN;
     peer__refuse(c, DEP_ERR_PERMISSION, "opened a data connection with a token this daemon did "
                 "not offer it (or used it already)");
     return;
@@ -514,16 +524,20 @@ const struct link_ops peer__link_ops = {
 };
 /* ---- the tick: retries, keep-alives, timeouts, readiness ----------------- */
 
+/* The later of t and the end of the loop's last stall: what a link's wait
+ * or silence counts from (peer_on_tick). */
+static uint64_t since(uint64_t t) { return t > P->resumed_ms ? t : P->resumed_ms; }
+
 /* Keep-alive and the timeouts of one linked connection. */
 static void conn_tick(struct peer_conn *c, uint64_t now) {
   if (!link_open(&c->link))
     return;
   if (!c->up) {
-    if (!c->authed && now - c->opened_ms > PEER_HANDSHAKE_MS) {
+    if (!c->authed && now - since(c->opened_ms) > PEER_HANDSHAKE_MS) {
       c->refusal = PEER_REFUSED_TIMEOUT;
       snprintf(c->err, sizeof c->err, "did not authenticate within %d ms", PEER_HANDSHAKE_MS);
       link_drop(&c->link, "%s", c->err);
-    } else if (c->authed && now - c->authed_ms > PEER_TRANSPORT_MS) {
+    } else if (c->authed && now - since(c->authed_ms) > PEER_TRANSPORT_MS) {
       snprintf(c->err, sizeof c->err, "its transport was not settled within %d ms (%s)",
                PEER_TRANSPORT_MS, c->qp != NULL ? "the RDMA connection did not complete"
                                                 : "no XPORT came");
@@ -531,13 +545,15 @@ static void conn_tick(struct peer_conn *c, uint64_t now) {
     }
     return;
   }
-  if (now - c->last_rx_ms > PEER_DEAD_MS) {
+  if (now - since(c->last_rx_ms) > PEER_DEAD_MS) {
     snprintf(c->err, sizeof c->err, "nothing received for %d ms: dead peer", PEER_DEAD_MS);
     link_drop(&c->link, "%s", c->err);
     return;
   }
   if (now - c->last_ping_ms >= PEER_KEEPALIVE_MS) {
-    if (c->qp != NULL && rdmaxp_ping(c->qp, now) > PEER_DEAD_MS) {
+    /* The queue pair's keep-alive out, as the link's silence, from the end of a stall at most. */
+    if (c->qp != NULL && rdmaxp_ping(c->qp, now) > PEER_DEAD_MS &&
+        now - P->resumed_ms > PEER_DEAD_MS) {
       snprintf(c->err, sizeof c->err, "its RDMA queue pair answered no keep-alive for %d ms",
                PEER_DEAD_MS);
       link_drop(&c->link, "%s", c->err);
@@ -589,14 +605,20 @@ void peer__check_ready(void) {
 
 static void peer_on_tick(uv_timer_t *t) {
   uint64_t now = now_ms();
-  /* A loop that ran nothing for this long sent no keep-alive either: the
-   * peers drop its links as silent, and it drops theirs (the tick runs
-   * before the reads that waited), so a "dead peer" that follows is this
-   * daemon's stall, and the log says so. */
-  if (P->last_tick_ms != 0 && now - P->last_tick_ms > PEER_STALL_MS)
+  /* A loop that ran nothing for this long sent no keep-alive, and its
+   * peers may drop its links as silent.  Nor did it read: what they sent
+   * meanwhile waits unread, and the tick runs before those reads, so the
+   * links' silence (and the handshakes' waits) count from now, not from
+   * before the stall; else this daemon would drop every link as dead for
+   * its own stall (as both daemons of a pair did when the making of their
+   * pools stalled them together at start, withdrawing the offers of the
+   * data connections under way). */
+  if (now - P->last_tick_ms > PEER_STALL_MS) {
     log_warnx("peers: the loop ran no tick for %llu ms (this daemon was blocked or starved of "
-              "CPU); links silent past %d ms are dropped as dead",
-              (unsigned long long)(now - P->last_tick_ms), PEER_DEAD_MS);
+              "CPU); the links' silence counts from now; peers may drop the links as dead past "
+              "%d ms", (unsigned long long)(now - P->last_tick_ms), PEER_DEAD_MS);
+    P->resumed_ms = now;
+  }
   P->last_tick_ms = now;
   if (P->accept_paused_until != 0 && now >= P->accept_paused_until) {
     P->accept_paused_until = 0;
@@ -609,7 +631,7 @@ static void peer_on_tick(uv_timer_t *t) {
       if (s->state == SLOT_BACKOFF && now >= s->retry_at_ms) {
         peerconn_connect(p, (int)i);
       } else if (s->state == SLOT_CONNECTING && s->conn != NULL && !s->conn->linked &&
-                 now - s->conn->opened_ms > PEER_HANDSHAKE_MS) {
+                 now - since(s->conn->opened_ms) > PEER_HANDSHAKE_MS) {
         char why[DEP_MSG_TEXT_MAX];
         snprintf(why, sizeof why, "connect to %s: no answer within %d ms", p->name,
                  PEER_HANDSHAKE_MS);
@@ -647,6 +669,7 @@ int peer_init(uv_loop_t *loop, const struct config *cfg) {
   P->listen_port = cfg->listen_port;
   snprintf(P->listen_address, sizeof P->listen_address, "%s", cfg->listen_address);
   P->start_ms = uv_now(loop);
+  P->last_tick_ms = P->start_ms; /* a stall before the first tick is one too */
   if (gethostname(P->node, sizeof P->node) != 0)
     snprintf(P->node, sizeof P->node, "unknown");
   P->node[sizeof P->node - 1] = '\0';

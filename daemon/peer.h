@@ -83,17 +83,28 @@ void peer_set_events(const struct peer_events *ev);
  * DATA_OFFERs go on the link ahead of the jobs' MEMBERSHIP); `down`, its
  * last link closed, after the job table failed or told its jobs (whose
  * routes go before their data connections); `accept`, an inbound connection from peer k said DATA_HELLO with
- * token: whether the token was one offered to k (fd is then the data path's;
- * else the caller closes it); `offer`, peer k's DATA_OFFER; `tick`, the
+ * token: whether the token is one offered to k (PEER_TOKEN_TAKEN: fd is then
+ * the data path's; else the caller closes it); `offer`, peer k's DATA_OFFER; `tick`, the
  * layer's periodic tick; `fill`, the data path's part of a PEERS record (its
  * proxy threads, and each of m->n_peers peers' data connections and
  * traffic).  Before any are registered a DATA_HELLO is refused and the rest
  * are not called.
  */
+/*
+ * What a DATA_HELLO's token is to the data path (peer_data_ops.accept):
+ * one offered to that peer and open (the connection is taken); one offered
+ * to it that expired unused or was withdrawn when its links all went down
+ * (its connector was under way while one end stalled or lost the links:
+ * closed, not refused, as the offers made since stand); or one never
+ * offered to it, or spent (refused, and counted with the source's
+ * refusals).
+ */
+enum peer_token { PEER_TOKEN_TAKEN, PEER_TOKEN_STALE, PEER_TOKEN_UNKNOWN };
+
 struct peer_data_ops {
   void (*up)(int peer);
   void (*down)(int peer);
-  bool (*accept)(int peer, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd);
+  enum peer_token (*accept)(int peer, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd);
   void (*offer)(int peer, const struct dep_peer_data_offer *o);
   void (*tick)(void);
   void (*fill)(struct dep_msg_peers *m);

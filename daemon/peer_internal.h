@@ -37,7 +37,8 @@ enum peer_refusal {
   PEER_REFUSED_EVICTED,  /* still unauthenticated when a newer connection from its address needed the place */
   PEER_REFUSED_TIMEOUT,  /* did not authenticate within PEER_HANDSHAKE_MS */
   PEER_REFUSED_UNLISTED, /* says a listen port that no configured peer at its address has */
-  PEER_REFUSED_AUTH,     /* failed authentication, or a data connection's token */
+  PEER_REFUSED_AUTH,     /* failed authentication */
+  PEER_REFUSED_TOKEN,    /* named a data connection's token not offered to its peer */
   PEER_REFUSAL_KINDS
 };
 
@@ -145,7 +146,9 @@ struct peer_layer {
   struct peer_refusals refusals_other; /* sources past the table, counted together */
   uv_timer_t tick;
   uint64_t start_ms;
-  uint64_t last_tick_ms;         /* when the tick last ran: a late one is said */
+  uint64_t last_tick_ms;         /* when the tick last ran (start_ms before): a late one is said */
+  uint64_t resumed_ms;           /* the end of the loop's last stall: its links' silences and
+                                    waits count from there, not from before it (peer_on_tick) */
   peer_ready_fn *ready_cb;
   char status[DEP_MSG_TEXT_MAX]; /* the last STATUS= sent while waiting */
   const struct peer_events *ev;

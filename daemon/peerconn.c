@@ -227,6 +227,7 @@ static const char *const refusal_names[PEER_REFUSAL_KINDS] = {
     [PEER_REFUSED_TIMEOUT] = "did not authenticate in time",
     [PEER_REFUSED_UNLISTED] = "not a configured peer's listen port",
     [PEER_REFUSED_AUTH] = "failed authentication",
+    [PEER_REFUSED_TOKEN] = "named a data connection token not offered",
 };
 
 bool peerconn_same_address(const struct sockaddr_storage *x, const struct sockaddr_storage *y) {

@@ -44,6 +44,7 @@
 #include <time.h>
 
 #include "config.h"
+#include "peer.h"
 #include "peer_proto.h"
 #include "proto.h"
 
@@ -97,12 +98,13 @@ void xfer_on_offer(int peer, const struct dep_peer_data_offer *o);
 
 /*
  * An inbound connection from peer `peer` opened with DATA_HELLO: whether
- * the token is one offered to that peer and not yet used (then fd, which
- * peer.c no longer reads, is xfer's to close: a receiver thread asks it
- * for its proof of the key and spends the offer only on a proof that
- * holds), or not (the caller closes fd and drops the link).
+ * the token is one offered to that peer and not yet used (PEER_TOKEN_TAKEN:
+ * then fd, which peer.c no longer reads, is xfer's to close: a receiver
+ * thread asks it for its proof of the key and spends the offer only on a
+ * proof that holds), one withdrawn when the peer went down, or neither (the
+ * caller closes fd and the link, peer.h).
  */
-bool xfer_accept(int peer, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd);
+enum peer_token xfer_accept(int peer, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd);
 
 /* An RDMA data queue pair's connection request named token (xfer_rdma.h):
  * the peer the open offer that has it was made to, the offer left open

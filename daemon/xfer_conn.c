@@ -92,19 +92,26 @@ static int drain(int fd, struct xfer_batch *scratch, uint64_t n) {
   return 0;
 }
 
-/* Wait until fd is readable, checking for stop each second: 1 readable, 0 stopping, -1 error. */
-static int wait_readable(int fd) {
+/* Wait until fd is readable, checking for stop each second, until until_ms
+ * (mono_ns ms; 0: no end): 1 readable, 0 stopping or timed out, -1 error. */
+static int wait_readable_until(int fd, uint64_t until_ms) {
   for (;;) {
     if (atomic_load(&X->stop))
       return 0;
+    const uint64_t now = mono_ns() / 1000000ull;
+    if (until_ms != 0 && now >= until_ms)
+      return 0;
+    const int ms = until_ms != 0 && until_ms - now < 1000 ? (int)(until_ms - now) : 1000;
     struct pollfd pf = {.fd = fd, .events = POLLIN};
-    int r = poll(&pf, 1, 1000);
+    int r = poll(&pf, 1, ms);
     if (r > 0)
       return 1;
     if (r < 0 && errno != EINTR)
       return -1;
   }
 }
+
+static int wait_readable(int fd) { return wait_readable_until(fd, 0); }
 
 static void tune_socket(int fd) {
   int one = 1;
@@ -182,17 +189,29 @@ static bool expected_here(const char *id) {
  * receiver whose connection proves the key. */
 static pthread_mutex_t offers_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* The open offer with token made to peer k (to any peer: k < 0), offers_mu
+/* Whether offer x, in use, is open at now: neither withdrawn nor expired. */
+static bool offer_open(const struct xfer_offer *x, uint64_t now) {
+  return x->peer >= 0 && !x->withdrawn && x->expires_ms >= now;
+}
+
+/* The offer with token made to peer k (to any peer: k < 0), open or (stale)
+ * withdrawn or expired unused, its place not yet taken by another; offers_mu
  * held; NULL when none. */
-static struct xfer_offer *offer_find(int k, const uint8_t *token) {
+static struct xfer_offer *offer_lookup(int k, const uint8_t *token, bool stale) {
   const uint64_t now = mono_ns() / 1000000ull;
   for (int i = 0; i < XFER_OFFERS_MAX; i++) {
     struct xfer_offer *x = &X->offers[i];
-    if (x->peer >= 0 && (k < 0 || x->peer == k) && x->expires_ms >= now &&
+    if (x->peer >= 0 && (k < 0 || x->peer == k) && offer_open(x, now) != stale &&
         sodium_memcmp(x->token, token, DEP_PEER_TOKEN_LEN) == 0)
       return x;
   }
   return NULL;
+}
+
+/* The open offer with token made to peer k (to any peer: k < 0), offers_mu
+ * held; NULL when none. */
+static struct xfer_offer *offer_find(int k, const uint8_t *token) {
+  return offer_lookup(k, token, false);
 }
 
 /* Spend the open offer with token (made to peer k, or to any: k < 0): the
@@ -432,17 +451,34 @@ int xfer_offer_spend(const uint8_t *token) {
   return X->active ? offer_spend(-1, token) : -1;
 }
 
-bool xfer_accept(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd) {
+enum peer_token xfer_accept(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd) {
   if (!X->active || k < 0 || k >= CONFIG_MAX_LIST)
-    return false;
+    return PEER_TOKEN_UNKNOWN;
   pthread_mutex_lock(&offers_mu);
-  const bool offered = offer_find(k, token) != NULL;
+  struct xfer_offer *live = offer_find(k, token);
+  const bool offered = live != NULL;
+  const bool stale = !offered && offer_lookup(k, token, true) != NULL;
+  /* Good until its proof has had its time (receiver_proven's two waits):
+   * a daemon that read the DATA_HELLO late, stalled, does not let the offer
+   * expire under the connector that used it in time. */
+  const uint64_t proof_by = mono_ns() / 1000000ull + 2 * XFER_CONNECT_MS;
+  if (offered && live->expires_ms < proof_by)
+    live->expires_ms = proof_by;
   pthread_mutex_unlock(&offers_mu);
+  struct xfer_peer *xp = &X->peers[k];
+  if (stale) {
+    uint64_t n;
+    if (xfer_say_now(&xp->stale_offers, &n))
+      log_info("peer %s: %llu data connection(s) named an offer of ours that expired unused or "
+               "was withdrawn when the links to it went down (one end was stalled or lost the "
+               "links meanwhile): closed; the offers made since stand", peer_name(k),
+               (unsigned long long)n);
+    return PEER_TOKEN_STALE;
+  }
   if (!offered)
-    return false;
+    return PEER_TOKEN_UNKNOWN;
   /* A receiver thread per slot at most: a peer, or whoever names its
    * tokens, has at most XFER_CONNS_MAX of them here, proving or proven. */
-  struct xfer_peer *xp = &X->peers[k];
   pthread_rwlock_wrlock(&X->lock);
   int slot = -1;
   for (int i = 0; i < XFER_CONNS_MAX && slot < 0; i++)
@@ -466,7 +502,7 @@ bool xfer_accept(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd) {
     free(rv);
     goto fail;
   }
-  return true;
+  return PEER_TOKEN_TAKEN;
 fail:
   if (slot >= 0) {
     pthread_rwlock_wrlock(&X->lock);
@@ -474,7 +510,7 @@ fail:
     pthread_rwlock_unlock(&X->lock);
   }
   close(fd);
-  return true; /* the token was one offered: fd is ours, and closed */
+  return PEER_TOKEN_TAKEN; /* the token was one offered: fd is ours, and closed */
 }
 
 /* ---- connectors --------------------------------------------------------------- */
@@ -482,11 +518,35 @@ fail:
 struct connector {
   int peer;
   uint64_t gen;
+  uint64_t until_ms; /* when the offer expires at the peer, at the latest (mono_ns ms) */
   uint8_t token[DEP_PEER_TOKEN_LEN];
   uint8_t dkey[DEP_PEER_MAC_LEN];    /* peer_data_key(peer, true) */
   struct sockaddr_storage addr;
   socklen_t addrlen;
 };
+
+/*
+ * The connectors of the peer's current generation (xfer_peer.dialing): one
+ * more of generation gen, if it has fewer than X->conns (the loop's); and
+ * one of generation gen done, counted off only while gen is the peer's.
+ */
+static uint64_t dial_gen(uint64_t gen) { return (gen & 0xffffffffull) << 32; }
+static bool dial_take(struct xfer_peer *xp, uint64_t gen) {
+  uint64_t v = atomic_load(&xp->dialing);
+  for (;;) {
+    const uint64_t n = (v & ~0xffffffffull) == dial_gen(gen) ? (v & 0xffffffffull) : 0;
+    if (n >= X->conns)
+      return false;
+    if (atomic_compare_exchange_weak(&xp->dialing, &v, dial_gen(gen) | (n + 1)))
+      return true;
+  }
+}
+static void dial_done(struct xfer_peer *xp, uint64_t gen) {
+  uint64_t v = atomic_load(&xp->dialing);
+  while ((v & ~0xffffffffull) == dial_gen(gen) && (v & 0xffffffffull) > 0 &&
+         !atomic_compare_exchange_weak(&xp->dialing, &v, v - 1))
+    ;
+}
 
 /* Whether an outbound data connection was closed or cut at the other end:
  * after its acknowledgement nothing more comes in on it, so anything to
@@ -536,11 +596,18 @@ static int connect_data(const struct connector *c, char *why, size_t whylen) {
     goto fail;
   }
   /* Its challenge (magic and version first, so that another version is
-   * named rather than timed out), our proof of the key, its ack. */
+   * named rather than timed out), our proof of the key, its ack.  The
+   * challenge is waited for while the peer holds the offer open: a peer
+   * whose loop is stalled accepts the connection late, and one given up
+   * here would leave the offer standing there, unused, until it expired. */
   struct dep_xfer_challenge ch;
   struct dep_xfer_ack ack;
   const size_t head = sizeof ack;
-  const int io = io_within(fd, &ch, head, false, XFER_CONNECT_MS);
+  const uint64_t now = mono_ns() / 1000000ull;
+  const uint64_t until = c->until_ms > now + XFER_CONNECT_MS ? c->until_ms : now + XFER_CONNECT_MS;
+  const int io = wait_readable_until(fd, until) == 1
+                     ? io_within(fd, &ch, head, false, XFER_CONNECT_MS)
+                     : (errno = ETIMEDOUT, -1);
   if (io != 0 || ch.magic != DEP_XFER_MAGIC || ch.version < DEP_XFER_MIN_VERSION ||
       ch.version > DEP_XFER_VERSION) {
     if (io == 0 && ch.magic == DEP_XFER_MAGIC)
@@ -570,25 +637,32 @@ fail:
   return -1;
 }
 
-static void *connector_main(void *arg) {
-  struct connector c = *(struct connector *)arg;
-  sodium_memzero(arg, sizeof c);
-  free(arg);
-  prctl(PR_SET_NAME, "deepepd-dc");
-  struct xfer_peer *xp = &X->peers[c.peer];
+/* Open a data connection to c's peer with its offer, and place it among
+ * the peer's outbound ones (or close it: the peer went down since, or has
+ * them all). */
+static void connector_dial(struct connector *c) {
+  struct xfer_peer *xp = &X->peers[c->peer];
   char why[256] = "";
-  int fd = connect_data(&c, why, sizeof why);
-  sodium_memzero(c.dkey, sizeof c.dkey);
+  int fd = connect_data(c, why, sizeof why);
+  sodium_memzero(c->dkey, sizeof c->dkey);
   if (fd < 0) {
-    if (!atomic_load(&X->stop))
-      log_warnx("peer %s: cannot open a data connection: %s", peer_name(c.peer), why);
+    /* The peer went down since the offer: it withdrew the token and closes
+     * the connection unread (PEER_TOKEN_STALE), and offers anew. */
+    if (atomic_load(&xp->gen) != c->gen)
+      log_debug("peer %s: a data connection opened with an offer made before the peer went "
+                "down did not complete: %s", peer_name(c->peer), why);
+    else if (mono_ns() / 1000000ull >= c->until_ms)
+      log_info("peer %s: a data connection was not answered while its offer stood (the peer "
+               "is stalled?): %s; the peer offers again", peer_name(c->peer), why);
+    else if (!atomic_load(&X->stop))
+      log_warnx("peer %s: cannot open a data connection: %s", peer_name(c->peer), why);
   } else {
     bool placed = false;
     for (uint32_t i = 0; i < X->conns && !placed; i++) {
       pthread_mutex_lock(&xp->out[i].mu);
       if (xp->out[i].fd >= 0 && out_dead(xp->out[i].fd))
         xfer__out_close(xp, i); /* cut at the other end: this offer replaces it */
-      if (xp->out[i].fd < 0 && atomic_load(&xp->gen) == c.gen && !atomic_load(&X->stop)) {
+      if (xp->out[i].fd < 0 && atomic_load(&xp->gen) == c->gen && !atomic_load(&X->stop)) {
         xp->out[i].fd = fd;
         placed = true;
       }
@@ -597,7 +671,76 @@ static void *connector_main(void *arg) {
     if (!placed)
       close(fd);
   }
-  atomic_fetch_sub(&xp->connecting, 1);
+}
+
+
+/*
+ * Queue peer k's offer o (gen: the peer's generation now) for the next
+ * connector to finish (the loop's, offers_mu held): false when the peer's
+ * X->conns places all hold offers still good, of this generation (it
+ * offered more than it may have connections).
+ */
+static bool offer_queue(int k, const struct dep_peer_data_offer *o, uint64_t gen) {
+  struct xfer_peer *xp = &X->peers[k];
+  const uint64_t now = mono_ns() / 1000000ull;
+  struct xfer_queued *q = NULL;
+  for (uint32_t i = 0; i < X->conns && q == NULL; i++)
+    if (xp->queued[i].until_ms <= now || xp->queued[i].gen != gen)
+      q = &xp->queued[i];
+  if (q != NULL) {
+    memcpy(q->token, o->token, DEP_PEER_TOKEN_LEN);
+    peer_data_key(k, true, q->dkey);
+    q->gen = gen;
+    q->until_ms = now + XFER_OFFER_MS;
+  }
+  return q != NULL;
+}
+
+/*
+ * Connector c has finished: take the queued offer of the peer's current
+ * generation that expires last, if one is still good, into c, counted in
+ * that generation (c may have been of an older one): whether c dials
+ * again; if not, c is counted off.  Under offers_mu, as xfer_on_offer's
+ * count and queueing are, so that no offer is queued behind a connector
+ * that has looked and is going.
+ */
+static bool dial_next(struct connector *c) {
+  struct xfer_peer *xp = &X->peers[c->peer];
+  const uint64_t gen = atomic_load(&xp->gen), now = mono_ns() / 1000000ull;
+  pthread_mutex_lock(&offers_mu);
+  struct xfer_queued *q = NULL;
+  for (uint32_t i = 0; i < X->conns && !atomic_load(&X->stop); i++) {
+    struct xfer_queued *e = &xp->queued[i];
+    if (e->gen == gen && e->until_ms > now && (q == NULL || e->until_ms > q->until_ms))
+      q = e;
+  }
+  const bool next = q != NULL && (c->gen == gen || dial_take(xp, gen));
+  if (c->gen != gen || !next)
+    dial_done(xp, c->gen);
+  if (next) {
+    c->gen = gen;
+    c->until_ms = q->until_ms;
+    memcpy(c->token, q->token, DEP_PEER_TOKEN_LEN);
+    memcpy(c->dkey, q->dkey, DEP_PEER_MAC_LEN);
+    sodium_memzero(q, sizeof *q);
+  } else {
+    atomic_fetch_sub(&xp->connecting, 1);
+  }
+  pthread_mutex_unlock(&offers_mu);
+  return next;
+}
+
+/* Open a data connection with c's offer and place it; then with each offer
+ * queued for the peer meanwhile (dial_next). */
+static void *connector_main(void *arg) {
+  struct connector c = *(struct connector *)arg;
+  sodium_memzero(arg, sizeof c);
+  free(arg);
+  prctl(PR_SET_NAME, "deepepd-dc");
+  do
+    connector_dial(&c);
+  while (dial_next(&c));
+  sodium_memzero(&c, sizeof c);
   atomic_fetch_sub(&X->helpers, 1);
   return NULL;
 }
@@ -608,33 +751,53 @@ void xfer_on_offer(int k, const struct dep_peer_data_offer *o) {
   if (xfer_rdma_on_offer(k, o->token))
     return; /* spent on our data queue pair to k */
   /* A connector thread per data connection the peer may have from us, at
-   * most: an offer past them is ignored (the peer offers again, at its
-   * tick, for a connection still missing), so that no peer, however many
-   * offers it sends, makes more threads here than that. */
+   * most, so that no peer, however many offers it sends, makes more
+   * threads here than that.  An offer past them waits for the next of
+   * them to finish (as many as the peer may have connections; the rest are
+   * ignored): the peer counts an offer as pending until it expires
+   * (XFER_OFFER_MS) and would not offer again before.  Connectors still
+   * under way from before the peer last went down count apart (twice that
+   * in all): their tokens are withdrawn at the peer, which closes their
+   * connections unread. */
   struct xfer_peer *xp = &X->peers[k];
-  if (atomic_load(&xp->connecting) >= X->conns) {
+  const uint64_t gen = atomic_load(&xp->gen);
+  pthread_mutex_lock(&offers_mu);
+  const bool start = atomic_load(&xp->connecting) < 2 * X->conns && dial_take(xp, gen);
+  if (start)
+    atomic_fetch_add(&xp->connecting, 1);
+  const bool queued = !start && offer_queue(k, o, gen);
+  pthread_mutex_unlock(&offers_mu);
+  if (queued)
+    return;
+  if (!start) {
     uint64_t n;
     if (xfer_say_now(&xp->excess_offers, &n))
       log_warnx("peer %s: %llu DATA_OFFER(s) ignored: %u data connection(s) to it are being "
-                "opened already, as many as it may have", peer_name(k), (unsigned long long)n,
-                X->conns);
+                "opened already, as many as it may have, and as many offers wait for them",
+                peer_name(k), (unsigned long long)n, X->conns);
     return;
   }
   struct connector *c = calloc(1, sizeof *c);
-  if (c == NULL)
+  if (c == NULL) {
+    dial_done(xp, gen);
+    atomic_fetch_sub(&xp->connecting, 1);
     return;
+  }
   c->peer = k;
-  c->gen = atomic_load(&xp->gen);
+  c->gen = gen;
+  c->until_ms = mono_ns() / 1000000ull + XFER_OFFER_MS;
   memcpy(c->token, o->token, DEP_PEER_TOKEN_LEN);
   if (peer_data_address(k, &c->addr, &c->addrlen) != 0) {
     log_warnx("peer %s: a data connection is offered but the peer has no address here",
               peer_name(k));
+    dial_done(xp, gen);
+    atomic_fetch_sub(&xp->connecting, 1);
     free(c);
     return;
   }
   peer_data_key(k, true, c->dkey);
-  atomic_fetch_add(&xp->connecting, 1);
   if (!spawn_helper(connector_main, c)) {
+    dial_done(xp, gen);
     atomic_fetch_sub(&xp->connecting, 1);
     sodium_memzero(c, sizeof *c);
     free(c);
@@ -649,11 +812,16 @@ static void offer(int k, uint32_t offers, uint64_t now) {
     struct xfer_offer *o = NULL;
     pthread_mutex_lock(&offers_mu);
     for (int i = 0; i < XFER_OFFERS_MAX && o == NULL; i++)
-      if (X->offers[i].peer < 0 || X->offers[i].expires_ms < now)
+      if (X->offers[i].peer < 0)
+        o = &X->offers[i];
+    /* Else a stale one: remembered only to close its connection quietly. */
+    for (int i = 0; i < XFER_OFFERS_MAX && o == NULL; i++)
+      if (!offer_open(&X->offers[i], now))
         o = &X->offers[i];
     if (o != NULL) {
       memcpy(o->token, m.u.data_offer.token, DEP_PEER_TOKEN_LEN);
       o->peer = k;
+      o->withdrawn = false;
       o->expires_ms = now + XFER_OFFER_MS;
     }
     pthread_mutex_unlock(&offers_mu);
@@ -685,7 +853,7 @@ void xfer_tick(void) {
     uint32_t have = atomic_load(&X->peers[k].conns_in);
     pthread_mutex_lock(&offers_mu);
     for (int i = 0; i < XFER_OFFERS_MAX; i++)
-      have += X->offers[i].peer == k && X->offers[i].expires_ms >= now;
+      have += X->offers[i].peer == k && offer_open(&X->offers[i], now);
     pthread_mutex_unlock(&offers_mu);
     if (have >= X->conns)
       continue;
@@ -700,10 +868,14 @@ void xfer_peer_down(int k) {
     return;
   struct xfer_peer *xp = &X->peers[k];
   atomic_fetch_add(&xp->gen, 1);
+  /* Withdrawn, and remembered until their places are needed: a connector
+   * the peer started with one before its links went down may reach us yet,
+   * and is closed then without counting as a stranger's (PEER_TOKEN_STALE). */
   pthread_mutex_lock(&offers_mu);
   for (int i = 0; i < XFER_OFFERS_MAX; i++)
     if (X->offers[i].peer == k)
-      X->offers[i].peer = -1;
+      X->offers[i].withdrawn = true;
+  sodium_memzero(xp->queued, sizeof xp->queued); /* the peer's offers of before are void */
   pthread_mutex_unlock(&offers_mu);
   xfer_rdma_peer_down(k);
   for (uint32_t i = 0; i < X->conns; i++) {

@@ -102,8 +102,20 @@ struct xfer_out {
  * proves the key (under xfer_conn.c's offers_mu). */
 struct xfer_offer {
   int peer;                      /* -1: free */
+  bool withdrawn;                /* the peer went down since: stale, as when expired (told
+                                    apart from a token never offered: peer.h PEER_TOKEN_STALE) */
   uint8_t token[DEP_PEER_TOKEN_LEN];
   uint64_t expires_ms;
+};
+
+/* A peer's offer that came while as many of our connectors to it were under
+ * way as it may have: the next of them to finish dials it (xfer_conn.c,
+ * under its offers_mu).  Free once until_ms has passed. */
+struct xfer_queued {
+  uint8_t token[DEP_PEER_TOKEN_LEN];
+  uint8_t dkey[DEP_PEER_MAC_LEN]; /* peer_data_key(peer, true), taken on the loop */
+  uint64_t gen;                   /* the peer's generation when it came */
+  uint64_t until_ms;              /* when it expires at the peer, at the latest (mono ms) */
 };
 
 /* What a peer did beyond its bounds, said at most every XFER_SAY_MS (xfer_conn.c). */
@@ -111,8 +123,11 @@ struct xfer_peer {
   struct xfer_out out[XFER_CONNS_MAX];
   _Atomic uint32_t next;         /* round robin over out[] */
   _Atomic uint32_t conns_in;      /* proven and receiving */
-  _Atomic uint32_t connecting;    /* connector threads to it: at most X->conns */
-  struct xfer_say excess_offers, bad_proofs, stale_frames;
+  _Atomic uint32_t connecting;    /* connector threads to it, of any generation */
+  _Atomic uint64_t dialing;       /* those of generation gen: its low 32 bits << 32 | their
+                                     count, at most X->conns (xfer_on_offer) */
+  struct xfer_queued queued[XFER_CONNS_MAX]; /* at most X->conns in use */
+  struct xfer_say excess_offers, bad_proofs, stale_frames, stale_offers;
   _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in;
   _Atomic uint64_t gen;          /* bumped when the peer goes down: connectors of an older one quit */
   int in_fds[XFER_CONNS_MAX];    /* inbound connections' fds, for shutdown (under X->lock) */

@@ -109,6 +109,8 @@ static void fp_pump(struct fp *f, int ms, int want) {
   }
 }
 
+static void fp_take_link(struct fp *f);
+
 /* Start the daemon with the test as its one peer, and bring the link up. */
 static void fp_start(struct fp *f) {
   memset(f, 0, sizeof *f);
@@ -130,6 +132,12 @@ static void fp_start(struct fp *f) {
            "peers: [{host: 127.0.0.1, port: %d, transport: tcp}]\npeer_key_file: %s\n"
            "peer_wait_ms: 0\n", f->dport, f->fport, key);
   ck_assert_int_eq(tu_daemon_start(&f->d, y), 0);
+  fp_take_link(f);
+}
+
+/* Take the daemon's next connection to the fake as its link, answer its
+ * handshake, and read on until it offers a data connection (into tok). */
+static void fp_take_link(struct fp *f) {
   struct pollfd pf = {.fd = f->lfd, .events = POLLIN};
   ck_assert_int_eq(poll(&pf, 1, 10000), 1);
   f->link = accept(f->lfd, NULL, NULL);
@@ -173,8 +181,9 @@ static void fp_start(struct fp *f) {
   snprintf(x.u.xport.reason, sizeof x.u.xport.reason, "transport: tcp here");
   fp_send(f->link, &x);
   /* The link is up: the daemon offers its data connection. */
-  fp_pump(f, 10000, 1);
-  ck_assert_msg(f->ntok >= 1, "the daemon offered no data connection");
+  const int had = f->ntok;
+  fp_pump(f, 10000, had + 1);
+  ck_assert_msg(f->ntok > had, "the daemon offered no data connection");
 }
 
 static void fp_stop(struct fp *f) {
@@ -569,6 +578,135 @@ START_TEST(a_data_stream_outside_the_version_window_is_refused_naming_both) {
 }
 END_TEST
 
+/*
+ * A data connection that names an offer the daemon withdrew when the
+ * peer's links went down (a connector under way across the loss, as when
+ * one of two daemons started together stalled past PEER_DEAD_MS) is closed
+ * without a challenge and said as such, not taken for a stranger's; one
+ * that names a token never offered is refused and said as before.  Before,
+ * the first was refused as a token "this daemon did not offer", counted
+ * with the source's failed authentications.
+ */
+START_TEST(a_data_connection_naming_an_offer_withdrawn_with_the_links_is_closed_not_refused) {
+  struct fp f;
+  fp_start(&f);
+  /* The peer's only link goes: the daemon takes the peer for down. */
+  close(f.link);
+  f.link = -1;
+  ck_assert_msg(dw_log_has(&f.d, "connection 0 lost", 10000), "the daemon kept the link");
+  uint8_t nonce[DEP_XFER_NONCE_LEN];
+  ck_assert_msg(fp_data_open(&f, f.tok[0], nonce) < 0, "a withdrawn offer opened a connection");
+  ck_assert_msg(!log_has(&f.d, "did not offer"), "refused as a stranger's token");
+  ck_assert_msg(dw_log_has(&f.d, "was withdrawn when the links to it went down", 10000),
+                "the withdrawn offer's connection is not said");
+  uint8_t never[DEP_PEER_TOKEN_LEN];
+  randombytes_buf(never, sizeof never);
+  ck_assert_msg(fp_data_open(&f, never, nonce) < 0, "a token never offered was taken");
+  ck_assert_msg(dw_log_has(&f.d, "with a token this daemon did not offer it", 10000),
+                "a token never offered is not refused as one");
+  fp_stop(&f);
+}
+END_TEST
+
+/* The next connection the daemon opens to the fake (within 10 s, a ceiling
+ * for a loaded machine), which must be a data connection naming token. */
+static int fp_data_accept(struct fp *f, const uint8_t *token) {
+  struct pollfd pf = {.fd = f->lfd, .events = POLLIN};
+  ck_assert_msg(poll(&pf, 1, 10000) == 1, "the daemon opened no data connection");
+  int fd = accept(f->lfd, NULL, NULL);
+  ck_assert_int_ge(fd, 0);
+  struct dep_peer_msg m;
+  ck_assert_int_eq(fp_recv(fd, &m, 5000, NULL, NULL), 0);
+  ck_assert_uint_eq(m.type, DEP_PEER_DATA_HELLO);
+  ck_assert_msg(memcmp(m.u.data_hello.token, token, DEP_PEER_TOKEN_LEN) == 0,
+                "the data connection names another offer");
+  return fd;
+}
+
+/*
+ * An offer the peer makes once it is back after its links went down gets a
+ * connector at once, although the one for its offer of before still waits
+ * for its challenge (the peer, stalled, has not answered it): the older
+ * generation's connectors count apart.  Before, the new offer was ignored
+ * ("DATA_OFFER(s) ignored": as many connections were being opened as the
+ * peer may have), and stood unused at the peer until it expired
+ * (XFER_OFFER_MS), 10 s without the data connection.
+ */
+START_TEST(an_offer_made_after_the_peer_came_back_is_not_ignored_behind_an_older_connector) {
+  struct fp f;
+  fp_start(&f);
+  struct dep_peer_msg o = {.type = DEP_PEER_DATA_OFFER};
+  randombytes_buf(o.u.data_offer.token, sizeof o.u.data_offer.token);
+  fp_send(f.link, &o);
+  const int before = fp_data_accept(&f, o.u.data_offer.token); /* left unanswered */
+  close(f.link);
+  fp_take_link(&f); /* the daemon's next connection: its link again */
+  randombytes_buf(o.u.data_offer.token, sizeof o.u.data_offer.token);
+  fp_send(f.link, &o);
+  /* The link answered meanwhile, so that it is not dropped as dead. */
+  struct fp_answerer ans = {.f = &f};
+  atomic_init(&ans.stop, false);
+  ck_assert_int_eq(pthread_create(&ans.th, NULL, fp_answer, &ans), 0);
+  const int after = fp_data_accept(&f, o.u.data_offer.token);
+  atomic_store(&ans.stop, true);
+  pthread_join(ans.th, NULL);
+  ck_assert_msg(!log_has(&f.d, "DATA_OFFER(s) ignored"), "an offer was ignored");
+  close(after);
+  close(before);
+  fp_stop(&f);
+}
+END_TEST
+
+/* Wait until the daemon has handled everything the fake sent on its link
+ * before: a keep-alive's answer comes after them (answering its own
+ * keep-alives meanwhile). */
+static void fp_sync(struct fp *f) {
+  struct dep_peer_msg m = {.type = DEP_PEER_KEEPALIVE};
+  m.u.keepalive.stamp = 0x5eed;
+  fp_send(f->link, &m);
+  for (;;) {
+    ck_assert_int_eq(fp_recv(f->link, &m, 10000, NULL, NULL), 0);
+    if (m.type == DEP_PEER_KEEPALIVE && m.u.keepalive.reply && m.u.keepalive.stamp == 0x5eed)
+      return;
+    if (m.type == DEP_PEER_KEEPALIVE && !m.u.keepalive.reply) {
+      m.u.keepalive.reply = 1;
+      fp_send(f->link, &m);
+    }
+  }
+}
+
+/*
+ * An offer that comes while as many connectors to the peer are under way
+ * as it may have data connections (one, here) is dialled as soon as one
+ * of them finishes: the peer counts it as pending until it expires
+ * (XFER_OFFER_MS) and offers no other meanwhile.  Before, it was ignored
+ * ("DATA_OFFER(s) ignored"), and the data connection was missing for 10
+ * s: two daemons stalled together at start re-offered as their first
+ * offers expired, while the connectors for those still waited.
+ */
+START_TEST(an_offer_past_the_connectors_under_way_is_dialled_when_one_finishes) {
+  struct fp f;
+  fp_start(&f);
+  struct dep_peer_msg o = {.type = DEP_PEER_DATA_OFFER};
+  randombytes_buf(o.u.data_offer.token, sizeof o.u.data_offer.token);
+  fp_send(f.link, &o);
+  const int first = fp_data_accept(&f, o.u.data_offer.token); /* left unanswered */
+  randombytes_buf(o.u.data_offer.token, sizeof o.u.data_offer.token);
+  fp_send(f.link, &o);
+  fp_sync(&f); /* the second offer came while the first's connector waits */
+  struct fp_answerer ans = {.f = &f};
+  atomic_init(&ans.stop, false);
+  ck_assert_int_eq(pthread_create(&ans.th, NULL, fp_answer, &ans), 0);
+  close(first); /* its connector finishes, without a challenge */
+  const int second = fp_data_accept(&f, o.u.data_offer.token);
+  atomic_store(&ans.stop, true);
+  pthread_join(ans.th, NULL);
+  ck_assert_msg(!log_has(&f.d, "DATA_OFFER(s) ignored"), "the offer was ignored");
+  close(second);
+  fp_stop(&f);
+}
+END_TEST
+
 Suite *peer_data_suite(void);
 Suite *peer_data_suite(void) {
   Suite *s = suite_create("peer_data");
@@ -580,6 +718,9 @@ Suite *peer_data_suite(void) {
   tcase_add_test(tc, a_data_stream_outside_the_version_window_is_refused_naming_both);
   tcase_add_test(tc, a_frame_header_whose_job_id_has_no_nul_drops_the_data_connection);
   tcase_add_test(tc, a_flood_of_data_offers_starts_a_bounded_number_of_threads);
+  tcase_add_test(tc, a_data_connection_naming_an_offer_withdrawn_with_the_links_is_closed_not_refused);
+  tcase_add_test(tc, an_offer_made_after_the_peer_came_back_is_not_ignored_behind_an_older_connector);
+  tcase_add_test(tc, an_offer_past_the_connectors_under_way_is_dialled_when_one_finishes);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -23,6 +23,7 @@
 #include "deepep.h"
 #include "nodes.h"
 #include "opsworld.h"
+#include "peer.h"
 #include "testutil.h"
 #include "xnjob.h"
 #include "xnround.h"
@@ -323,7 +324,7 @@ END_TEST
 /* ---- frames of a job the receiver forgot ---------------------------------------- */
 
 /* What the test and its lingering rank say to each other, in shared memory. */
-struct linger {
+struct lingerer {
   _Atomic int ready;  /* the rank ran its first round with its peer */
   _Atomic int go;     /* the test: call on, the peer gone */
   _Atomic int stop;   /* the test: detach */
@@ -335,7 +336,7 @@ struct linger {
  * calls on (each call sends its blocks for rank 1, whose node ended the
  * job, and waits out the op timeout) until told to stop. */
 static void linger_main(const struct nodes *ns, const char *id, const struct ow_case *d,
-                        struct linger *l) {
+                        struct lingerer *l) {
   dep_client_t *c = NULL;
   int rc = dep_client_new(&c);
   if (rc == 0)
@@ -387,7 +388,7 @@ START_TEST(frames_of_a_forgotten_job_are_dropped_at_once_and_stall_no_other_job)
   memset(&p, 0, sizeof p);
   xn_place(&p, L->split, L->nodes);
   /* The job that lingers on node 0, its rank 1 on node 1 gone after a round. */
-  struct linger *l = mmap(NULL, sizeof *l, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+  struct lingerer *l = mmap(NULL, sizeof *l, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
                           -1, 0);
   ck_assert_ptr_ne(l, MAP_FAILED);
   memset(l, 0, sizeof *l);
@@ -441,6 +442,70 @@ START_TEST(frames_of_a_forgotten_job_are_dropped_at_once_and_stall_no_other_job)
 }
 END_TEST
 
+/*
+ * Two daemons started together that stall together as soon as they see
+ * each other up, for longer than PEER_DEAD_MS (as the making of both
+ * daemons' pools stalled their loops on a loaded machine; here a SIGSTOP
+ * of both, held for PEER_DEAD_MS + 1 s: the fault's length, not a wait for
+ * anything), keep their links and data connections: each counts the
+ * links' silence from the end of its own stall.  A job of 4 + 4 ranks then
+ * runs its first round well within its op timeout (half of it, a ceiling
+ * for a loaded machine: a round takes milliseconds once the data
+ * connections are there), and neither log has a link dropped as dead or a
+ * data connection refused.  Twice over.  Before, each daemon took its own
+ * stall for the other's death and dropped every link; the offers of data
+ * connections under way were withdrawn with them, their connections
+ * refused as naming a token "this daemon did not offer", and the far end,
+ * which still counted those connectors, ignored the offers made once the
+ * links were back, so that a job's first call waited 10 s (XFER_OFFER_MS)
+ * for its data connections, or failed with DEP_ERR_TIMEOUT.
+ */
+START_TEST(two_daemons_stalled_together_as_they_link_keep_links_and_data_connections) {
+  enum { OP_MS = 20000, REPS = 2 };
+  ow_seed_init(67);
+  const struct xn_layout *L = &xn_layouts[xn_nlayouts - 1]; /* 4 + 4 ranks */
+  ck_assert_int_eq(L->sc.world, 8);
+  struct ow_case *d = xn_case_new(&L->sc, L->sc.fp8);
+  for (int rep = 0; rep < REPS; rep++) {
+    struct nodes ns;
+    xn_nodes_start(&ns, 2, 20000, OP_MS, "");
+    for (int i = 0; i < 2; i++)
+      ck_assert_int_eq(kill(ns.d[i].pid, SIGSTOP), 0);
+    dw_sleep_ms(PEER_DEAD_MS + 1000);
+    for (int i = 0; i < 2; i++)
+      ck_assert_int_eq(kill(ns.d[i].pid, SIGCONT), 0);
+    nodes_wait_up(&ns);
+    struct xn_place p;
+    memset(&p, 0, sizeof p);
+    xn_place(&p, L->split, L->nodes);
+    struct xn_run run = {.d = d, .rounds = 1};
+    struct xn_result *r = xn_results(d->sc.world);
+    const int64_t t0 = xn_mono_ms();
+    xn_run_job(&ns, &p, "stalled-together", &run, r);
+    const int64_t took = xn_mono_ms() - t0;
+    munmap(r, d->sc.world * sizeof *r);
+    for (int i = 0; i < 2; i++) {
+      char *log = tu_daemon_log(&ns.d[i]);
+      const bool stalled = strstr(log, "the loop ran no tick") != NULL;
+      const bool dead = strstr(log, "dead peer") != NULL;
+      const bool refused = strstr(log, "did not offer") != NULL;
+      if (!stalled || dead || refused)
+        fprintf(stderr, "node %d's log:\n%s\n", i, log);
+      free(log);
+      ck_assert_msg(stalled, "node %d saw no stall", i);
+      ck_assert_msg(!dead, "node %d dropped a link as dead (its log above)", i);
+      ck_assert_msg(!refused, "node %d refused a data connection (its log above)", i);
+    }
+    ck_assert_msg(took < OP_MS / 2, "repetition %d: the job's round took %lld ms", rep,
+                  (long long)took);
+    nodes_stop(&ns);
+  }
+  printf("xnode: two daemons stalled together as they linked kept their links; a job's first "
+         "round ran at once, %d times\n", REPS);
+  xn_case_free(d);
+}
+END_TEST
+
 Suite *xnode_faults_suite(void);
 Suite *xnode_faults_suite(void) {
   Suite *s = suite_create("xnode_faults");
@@ -454,5 +519,9 @@ Suite *xnode_faults_suite(void) {
   tcase_add_test(f, sigkill_of_a_ranks_own_daemon_fails_it_with_daemon_gone_at_once);
   tcase_add_test(f, a_restart_of_a_ranks_own_daemon_fails_it_with_daemon_gone_and_it_attaches_again);
   suite_add_tcase(s, f);
+  TCase *st = tcase_create("stall");
+  tcase_set_timeout(st, 120);
+  tcase_add_test(st, two_daemons_stalled_together_as_they_link_keep_links_and_data_connections);
+  suite_add_tcase(s, st);
   return s;
 }
