@@ -21,6 +21,24 @@ static const char *op_name(uint32_t op) {
   return op == 0 ? "layout" : host_ops_op_name(op);
 }
 
+/* The words for a split call's failures (kabi.h "Split calls"), into m. */
+static void cuops_split_words(const struct ops_err_record *r, const char *what, char *m,
+                              size_t len) {
+  if (r->phase == CUOPS_PHASE_TAKEN)
+    snprintf(m, len, "call %llu: rank %u has not read call %llu in %u ms, and %s reuses its "
+             "slots: that rank has not run call %llu's receive (DEP_LL_RECV), or has stopped; "
+             "every rank must receive each of its split calls", (unsigned long long)r->seq,
+             r->source, (unsigned long long)r->seen_flag, r->waited_ms, what,
+             (unsigned long long)r->seen_flag);
+  else
+    snprintf(m, len, "%s: the receive (DEP_LL_RECV) of call %llu found no send of that call on "
+             "the device (it holds call %llu's); a CUDA graph that counts calls was replayed, or "
+             "a call launched on another stream, between the send and its receive: keep a split "
+             "call's send, the calls between, and its receive on one stream, and a captured "
+             "send with its receive", what, (unsigned long long)r->seq,
+             (unsigned long long)r->seen_flag);
+}
+
 /* The words for a kernel's error record r (code as cuops_poll reads it, what the
  * operation's name), into m: which rank, which call, what it waited for, and what to do. */
 static void cuops_record_words(const dep_client_t *c, const struct ops_err_record *r,
@@ -93,19 +111,8 @@ static void cuops_record_words(const dep_client_t *c, const struct ops_err_recor
                  ? " and equal to those given to the matching dep_ll_dispatch" : "");
     break;
   case CUOPS_PHASE_TAKEN:
-    snprintf(m, len, "call %llu: rank %u has not read call %llu in %u ms, and %s reuses its "
-             "slots: that rank has not run call %llu's receive (DEP_LL_RECV), or has stopped; "
-             "every rank must receive each of its split calls", (unsigned long long)r->seq,
-             r->source, (unsigned long long)r->seen_flag, r->waited_ms, what,
-             (unsigned long long)r->seen_flag);
-    break;
   case CUOPS_PHASE_UNSENT:
-    snprintf(m, len, "%s: the receive (DEP_LL_RECV) of call %llu found no send of that call on "
-             "the device (it holds call %llu's); a CUDA graph that counts calls was replayed, or "
-             "a call launched on another stream, between the send and its receive: keep a split "
-             "call's send, the calls between, and its receive on one stream, and a captured "
-             "send with its receive", what, (unsigned long long)r->seq,
-             (unsigned long long)r->seen_flag);
+    cuops_split_words(r, what, m, len);
     break;
   default:
     snprintf(m, len, "call %llu (%s): rank %u made another call, combined another dispatch "
