@@ -565,6 +565,13 @@ int cuda_ops_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_arg
   CUstream s = stream;
   if (h->cuda == NULL)
     return client_seterr(c, DEP_ERR_INVALID, "%s: handle was not filled on the GPU", op);
+  /* A split send fills the handle's host fields (the host backend's leaves it empty until
+   * its receive); its arrays are the receive's to write. */
+  const uint64_t held = host_ops_pending(&c->ops, h);
+  if (held != 0)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: phases: the handle holds the send of call "
+                         "%llu, whose receive (DEP_LL_RECV) has not run; run it first", op,
+                         (unsigned long long)held);
   int rc = cuops_begin(c, op, s);
   if (rc != 0)
     return rc;

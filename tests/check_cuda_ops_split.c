@@ -287,6 +287,7 @@ static int body_refuse(struct rk *k, const struct ow_case *d, int fp8, uint8_t p
   dn.num_tokens = n == 0 ? 1 : n - 1;
   struct dep_ll_combine_args cr = ll_comb(k, d, DEP_LL_RECV, NULL);
   struct dep_ll_combine_args cw = ll_comb(k, d, 0, NULL);
+  struct dep_ll_handle_info_args ia = {sizeof ia, CR_DEV(k, B_LSRC), CR_DEV(k, B_LRANGE)};
   int rc = cr_upload(k, d) ||
            refused(k, dep_ll_dispatch(k->c, &dr, h3, k->s), DEP_ERR_INVALID,
                    "a receive with no send", d) ||
@@ -299,6 +300,8 @@ static int body_refuse(struct rk *k, const struct ow_case *d, int fp8, uint8_t p
                    "a combine's receive of A's dispatch send", d) ||
            refused(k, dep_ll_combine(k->c, &cw, k->h, k->s), DEP_ERR_INVALID,
                    "a combine of A's handle before its receive", d) ||
+           refused(k, dep_ll_handle_info(k->c, &ia, k->h, k->s), DEP_ERR_INVALID,
+                   "dep_ll_handle_info of A's handle before its receive", d) ||
            refused(k, dep_ll_dispatch(k->c, &dn, k->h, k->s), DEP_ERR_INVALID,
                    "A's receive with another num_tokens", d) ||
            refused(k, dep_ll_dispatch(k->c, &ds, h2, k->s), 0, "send B", d) ||
