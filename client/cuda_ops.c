@@ -21,6 +21,24 @@ static const char *op_name(uint32_t op) {
   return op == 0 ? "layout" : host_ops_op_name(op);
 }
 
+/* The words for a split call's failures (kabi.h "Split calls"), into m. */
+static void cuops_split_words(const struct ops_err_record *r, const char *what, char *m,
+                              size_t len) {
+  if (r->phase == CUOPS_PHASE_TAKEN)
+    snprintf(m, len, "call %llu: rank %u has not read call %llu in %u ms, and %s reuses its "
+             "slots: that rank has not run call %llu's receive (DEP_LL_RECV), or has stopped; "
+             "every rank must receive each of its split calls", (unsigned long long)r->seq,
+             r->source, (unsigned long long)r->seen_flag, r->waited_ms, what,
+             (unsigned long long)r->seen_flag);
+  else
+    snprintf(m, len, "%s: the receive (DEP_LL_RECV) of call %llu found no send of that call on "
+             "the device (it holds call %llu's); a CUDA graph that counts calls was replayed, or "
+             "a call launched on another stream, between the send and its receive: keep a split "
+             "call's send, the calls between, and its receive on one stream, and a captured "
+             "send with its receive", what, (unsigned long long)r->seq,
+             (unsigned long long)r->seen_flag);
+}
+
 /* The words for a kernel's error record r (code as cuops_poll reads it, what the
  * operation's name), into m: which rank, which call, what it waited for, and what to do. */
 static void cuops_record_words(const dep_client_t *c, const struct ops_err_record *r,
@@ -91,6 +109,10 @@ static void cuops_record_words(const dep_client_t *c, const struct ops_err_recor
              (long long)r->seen_flag, c->args.shape.num_experts,
              (r->op & ~OPS_OP_FP8) == OPS_OP_LL_COMBINE
                  ? " and equal to those given to the matching dep_ll_dispatch" : "");
+    break;
+  case CUOPS_PHASE_TAKEN:
+  case CUOPS_PHASE_UNSENT:
+    cuops_split_words(r, what, m, len);
     break;
   default:
     snprintf(m, len, "call %llu (%s): rank %u made another call, combined another dispatch "
@@ -183,8 +205,12 @@ static bool cuops_communicates(enum cuops_kernel k) {
          k == CUOPS_K_LL_COMBINE;
 }
 
-int cuops_launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, unsigned shmem,
-                 void *args, CUstream s, const char *op) {
+/* Launch k; `counts`: it is a call of the job's sequence, which the host counts where the
+ * host backend counts its own (ops_ctx.seq, from the join call on a rank that came back:
+ * cuda_ops_attach), so that dep_next_call reads the same count on both backends without
+ * reading device memory; the device's count reaches it as the launched calls end. */
+static int launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, unsigned shmem,
+                  void *args, CUstream s, const char *op, bool counts) {
   struct ctx_guard g;
   int rc = ctx_enter(c, &g, op);
   if (rc != 0)
@@ -195,13 +221,31 @@ int cuops_launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, unsigned s
   ctx_leave(&g);
   if (r != CUDA_SUCCESS)
     return cu_fail(c, op, "cuLaunchKernel", r);
-  /* The host counts the calls it launched where the host backend counts its own (ops_ctx.seq,
-   * from the join call on a rank that came back: cuda_ops_attach), so that dep_next_call
-   * reads the same count on both backends without reading device memory; the device's count
-   * reaches it as the launched calls end. */
-  if (cuops_communicates(k))
+  if (counts)
     c->ops.seq++;
   return 0;
+}
+
+int cuops_launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, unsigned shmem,
+                 void *args, CUstream s, const char *op) {
+  return launch(c, k, grid, shmem, args, s, op, cuops_communicates(k));
+}
+
+/*
+ * A call that is to send (any operation; a split receive sends nothing): refused while its
+ * parity's slots are held by a low-latency send not yet received (kabi.h "Split calls"), as
+ * the host backend refuses it (host_ops__begin), before anything is launched.
+ */
+static int slots_free(const dep_client_t *c, char *why, size_t whylen) {
+  const struct ops_pending *held = &c->ops.pend[(c->ops.seq + 1) & 1];
+  if (held->seq == 0)
+    return 0;
+  snprintf(why, whylen, "phases: call %llu would reuse the slots of call %llu (%s), whose send "
+           "(DEP_LL_SEND) has run and whose receive has not: at most 2 calls may be between "
+           "send and receive; run call %llu's DEP_LL_RECV first",
+           (unsigned long long)(c->ops.seq + 1), (unsigned long long)held->seq,
+           host_ops_op_name(held->op), (unsigned long long)held->seq);
+  return DEP_ERR_INVALID;
 }
 
 /* ---- argument checks: ops_check_* with num_tokens 0 never reads device memory -------- */
@@ -283,6 +327,8 @@ static int cuops_dispatch_check(const dep_client_t *c, const struct dep_dispatch
   if (!a->cached)
     z.num_tokens = 0;
   int rc = ops_check_dispatch(&c->ops, &z, h, why, whylen);
+  if (rc == 0)
+    rc = slots_free(c, why, whylen);
   if (rc == 0)
     rc = tokens_ok(why, whylen, a->num_tokens, c->ops.shape.max_tokens_per_rank, "dispatch",
                    "max_tokens_per_rank");
@@ -376,6 +422,8 @@ int cuda_ops_combine(dep_client_t *c, const struct dep_combine_args *a, const st
   CUstream s = stream;
   char why[256] = "";
   int rc = ops_check_combine(&c->ops, a, h, why, sizeof why);
+  if (rc == 0)
+    rc = slots_free(c, why, sizeof why);
   if (rc == 0 && h->cuda == NULL)
     rc = DEP_ERR_INVALID, snprintf(why, sizeof why, "combine: handle was not filled on the GPU");
   if (rc != 0)
@@ -387,15 +435,29 @@ int cuda_ops_combine(dep_client_t *c, const struct dep_combine_args *a, const st
   return cuops_launch(c, CUOPS_K_COMBINE, comm_grid(c), 0, &k, s, op);
 }
 
-/* The kernels run a low-latency call whole: a split one (deepep.h "Split calls") is the host
- * backend's for now; a phases that is neither is ops_check's to refuse. */
-static int ll_whole(uint32_t phases, const char *op, char *why, size_t whylen) {
-  if (phases != DEP_LL_SEND && phases != DEP_LL_RECV)
-    return 0;
-  snprintf(why, whylen, "%s: phases is %s, but the cuda kernels run a low-latency call whole "
-           "(the host backend splits it); give phases 0", op,
-           phases == DEP_LL_SEND ? "DEP_LL_SEND" : "DEP_LL_RECV");
-  return DEP_ERR_UNSUPPORTED;
+/* A low-latency call's phases as the kernels run them (0 is the whole call). */
+static uint32_t ll_phase(uint32_t phases) {
+  return phases == 0 ? CUOPS_WHOLE : phases;
+}
+
+/* A split send (kabi.h "Split calls") has been launched as call c->ops.seq: what its
+ * receive checks (ops_check's phases rules, slots_free) and runs with. */
+static void ll_sent(dep_client_t *c, uint32_t op, const struct dep_handle *h) {
+  struct ops_pending *p = &c->ops.pend[c->ops.seq & 1];
+  p->seq = c->ops.seq;
+  p->op = op;
+  p->h = h;
+}
+
+/* A split receive of the send h holds, about to be launched: its `back` (the calls
+ * launched since the send, 0 or 1 by slots_free), and the send is no longer pending,
+ * whatever the launch returns (as on the host backend). */
+static uint32_t ll_received(dep_client_t *c, const struct dep_handle *h) {
+  const uint64_t sent = host_ops_pending(&c->ops, h);
+  struct ops_pending *p = &c->ops.pend[sent & 1];
+  p->seq = 0;
+  p->h = NULL;
+  return (uint32_t)(c->ops.seq - sent);
 }
 
 int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
@@ -403,11 +465,15 @@ int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
   const char *op = "dep_ll_dispatch";
   CUstream s = stream;
   char why[256] = "";
+  const uint32_t phase = ll_phase(a->phases);
+  /* The host must not read device ids; a receive reads none, and its num_tokens is checked
+   * against its send's. */
   struct dep_ll_dispatch_args z = *a;
-  z.num_tokens = 0;
-  int rc = ll_whole(a->phases, "ll_dispatch", why, sizeof why);
-  if (rc == 0)
-    rc = ops_check_ll_dispatch(&c->ops, &z, h, why, sizeof why);
+  if (phase != CUOPS_RECV)
+    z.num_tokens = 0;
+  int rc = ops_check_ll_dispatch(&c->ops, &z, h, why, sizeof why);
+  if (rc == 0 && phase != CUOPS_RECV)
+    rc = slots_free(c, why, sizeof why);
   if (rc == 0)
     rc = tokens_ok(why, sizeof why, a->num_tokens, c->ops.lay.max_ll_tokens, "ll_dispatch",
                    "max_ll_tokens_per_rank");
@@ -416,30 +482,38 @@ int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
     snprintf(why, sizeof why, "ll_dispatch: the cuda kernels take at most %u experts (the job has "
              "%u); use throughput mode (dep_dispatch) or the host backend", CUOPS_LL_MAX_EXPERTS,
              c->ops.shape.num_experts);
-  if (rc == 0 && a->num_tokens > 0 && (rc = need(why, sizeof why, a->x, 2, "ll_dispatch", "x")) == 0)
+  if (rc == 0 && phase != CUOPS_RECV && a->num_tokens > 0 &&
+      (rc = need(why, sizeof why, a->x, 2, "ll_dispatch", "x")) == 0)
     rc = need(why, sizeof why, a->topk_idx, IDX_ALIGN(a->index_type), "ll_dispatch", "topk_idx");
   if (rc != 0)
     return cuops_refused(c, DEP_STATS_OP_LL_DISPATCH, rc, op, why);
-  if ((rc = cuops_begin(c, op, s)) != 0 || (rc = cuops_handle_reserve(c, h, op, 0)) != 0)
+  if ((rc = cuops_begin(c, op, s)) != 0 ||
+      (phase != CUOPS_RECV && (rc = cuops_handle_reserve(c, h, op, 0)) != 0))
     return rc;
   struct cuops_ll_dispatch_args k = {a->x, a->topk_idx, a->index_type, a->num_tokens, a->use_fp8,
-                                     0, a->recv_x, a->recv_scales, a->recv_count,
+                                     phase, a->recv_x, a->recv_scales, a->recv_count,
                                      (uint8_t *)(uintptr_t)c->cuops.stage, hdl_of(h),
-                                     a->wait_cost};
+                                     a->wait_cost, 0, 0};
+  const unsigned shmem = CUOPS_LL_SHMEM(c->cuops.job.num_experts);
+  if (phase == CUOPS_RECV) {
+    k.back = ll_received(c, h);
+    return launch(c, CUOPS_K_LL_DISPATCH, comm_grid(c), shmem, &k, s, op, false);
+  }
   /* FP8: every token cast once, before the senders copy it to each rank
    * that needs it (the cast, not the copy, bounded the call). */
   unsigned cast = (a->num_tokens + CUOPS_WARPS - 1) / CUOPS_WARPS;
   cast = cast < 1 ? 1 : cast > CUOPS_MAX_CTAS ? CUOPS_MAX_CTAS : cast;
   if (a->use_fp8 && (rc = cuops_launch(c, CUOPS_K_LL_CAST, cast, 0, &k, s, op)) != 0)
     return rc;
-  if ((rc = cuops_launch(c, CUOPS_K_LL_DISPATCH, comm_grid(c),
-                         CUOPS_LL_SHMEM(c->cuops.job.num_experts), &k, s, op)) != 0)
+  if ((rc = cuops_launch(c, CUOPS_K_LL_DISPATCH, comm_grid(c), shmem, &k, s, op)) != 0)
     return rc;
   /* No synchronisation: what the host cannot know stays on the device. */
   h->num_tokens = a->num_tokens;
   h->num_recv = 0;
   h->idx_hash = 0;
   h->kind = OPS_HANDLE_LL;
+  if (phase == CUOPS_SEND)
+    ll_sent(c, OPS_OP_LL_DISPATCH | (a->use_fp8 ? OPS_OP_FP8 : 0u), h);
   return 0;
 }
 
@@ -448,14 +522,17 @@ int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
   const char *op = "dep_ll_combine";
   CUstream s = stream;
   char why[256] = "";
-  int rc = ll_whole(a->phases, "ll_combine", why, sizeof why);
-  if (rc == 0 && h != NULL) {
+  const uint32_t phase = ll_phase(a->phases);
+  int rc;
+  if (h != NULL) {
     struct dep_handle hz = *h; /* num_tokens 0: the host must not hash device ids */
     hz.num_tokens = 0;
     rc = ops_check_ll_combine(&c->ops, a, &hz, why, sizeof why);
-  } else if (rc == 0) {
+  } else {
     rc = ops_check_ll_combine(&c->ops, a, h, why, sizeof why);
   }
+  if (rc == 0 && phase != CUOPS_RECV)
+    rc = slots_free(c, why, sizeof why);
   if (rc == 0 && h->cuda == NULL)
     rc = DEP_ERR_INVALID, snprintf(why, sizeof why, "ll_combine: handle was not filled on the GPU");
   if (rc == 0 && h->num_tokens > 0 &&
@@ -468,8 +545,16 @@ int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
   if ((rc = cuops_begin(c, op, s)) != 0)
     return rc;
   struct cuops_ll_combine_args k = {a->x, a->topk_idx, a->index_type, h->num_tokens,
-                                    a->topk_weights, a->out, hdl_of(h), a->wait_cost};
-  return cuops_launch(c, CUOPS_K_LL_COMBINE, comm_grid(c), 0, &k, s, op);
+                                    a->topk_weights, a->out, hdl_of(h), a->wait_cost, phase, 0};
+  if (phase == CUOPS_RECV) {
+    k.back = ll_received(c, h);
+    return launch(c, CUOPS_K_LL_COMBINE, comm_grid(c), 0, &k, s, op, false);
+  }
+  if ((rc = cuops_launch(c, CUOPS_K_LL_COMBINE, comm_grid(c), 0, &k, s, op)) != 0)
+    return rc;
+  if (phase == CUOPS_SEND)
+    ll_sent(c, OPS_OP_LL_COMBINE, h);
+  return 0;
 }
 
 /* ops.c checked the handle's kind and the pointers; here what the kernel
@@ -480,6 +565,13 @@ int cuda_ops_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_arg
   CUstream s = stream;
   if (h->cuda == NULL)
     return client_seterr(c, DEP_ERR_INVALID, "%s: handle was not filled on the GPU", op);
+  /* A split send fills the handle's host fields (the host backend's leaves it empty until
+   * its receive); its arrays are the receive's to write. */
+  const uint64_t held = host_ops_pending(&c->ops, h);
+  if (held != 0)
+    return client_seterr(c, DEP_ERR_INVALID, "%s: phases: the handle holds the send of call "
+                         "%llu, whose receive (DEP_LL_RECV) has not run; run it first", op,
+                         (unsigned long long)held);
   int rc = cuops_begin(c, op, s);
   if (rc != 0)
     return rc;

@@ -323,8 +323,7 @@ static int ops_call(dep_client_t *c, const struct ops_desc *d, const struct ops_
   }
   /* A low-latency send not yet received holds its handle (the LL checks say so for their
    * own calls, host_ops.h "Split calls"); no other call may fill or read it meanwhile. */
-  const uint64_t held = c->cuda || d->sop == DEP_STATS_OP_LL_DISPATCH ||
-                                d->sop == DEP_STATS_OP_LL_COMBINE
+  const uint64_t held = d->sop == DEP_STATS_OP_LL_DISPATCH || d->sop == DEP_STATS_OP_LL_COMBINE
                             ? 0 : host_ops_pending(&c->ops, k->h);
   if (held != 0) {
     statrec_rejected(&c->stats, d->sop);

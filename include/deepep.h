@@ -547,10 +547,12 @@ DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a,
  * (DeepEP's unit).  A masked source adds 0; a send (DEP_LL_SEND) adds
  * nothing.
  *
- * On the cuda backend, and where the job spans nodes, split
- * calls are DEP_ERR_UNSUPPORTED (whole calls only, for now).  A library
- * older than 0.6.0
- * refuses a non-zero phases (DEP_ERR_UNSUPPORTED, "Structs grow").
+ * On cuda each half is a launch of the call's kernel on the caller's
+ * stream with no host synchronisation (a captured send and receive replay
+ * as a pair); the send, the calls between and the receive must be in
+ * stream order.  Where the job spans nodes split calls are
+ * DEP_ERR_UNSUPPORTED (whole calls only, for now).  A library older than
+ * 0.6.0 refuses a non-zero phases (DEP_ERR_UNSUPPORTED, "Structs grow").
  */
 #define DEP_LL_SEND 1u
 #define DEP_LL_RECV 2u

@@ -216,6 +216,7 @@ struct call {
   uint64_t t0;
   bool skip; /* the context is broken: do nothing */
   uint64_t mask; /* the ranks masked for this call (cuops_mask), a bit each */
+  uint32_t phase; /* CUOPS_WHOLE, CUOPS_SEND or CUOPS_RECV (kabi.h "Split calls") */
 };
 
 /* Whether rank r is masked for the call (kabi.h "Masked ranks"). */
@@ -260,15 +261,72 @@ __device__ __forceinline__ bool gone_blocks(const cuops_job &J, const call &k, u
   return ld_acquire_sys((const uint64_t *)recv_slot(J, k.parity, gone)) != k.seq;
 }
 
-/* Every CTA of a communicating kernel starts here (all threads). */
-__device__ __forceinline__ call call_begin(const cuops_job &J) {
+/*
+ * Thread 0 of a CTA that is to send call k to rank t (kabi.h "Split calls"):
+ * wait, bounded and abort-aware, until local peer t has taken (read to its
+ * end) what this rank posted into its slot of k's parity two calls before.
+ * A slot that holds no post of that call (a masked peer's, a fresh slab's)
+ * is free.  False when the wait failed (recorded here).
+ */
+__device__ __forceinline__ bool wait_taken(const cuops_job &J, const call &k, uint32_t op,
+                                           uint32_t t) {
+  if (t >= J.world || t == J.rank || is_remote(J, t) || masked(k, t))
+    return true;
+  const ops_slot *sl = (const ops_slot *)slot_at(J, t, k.parity, J.rank);
+  for (uint32_t i = 0;; i++) {
+    const uint64_t f = ld_acquire_sys((const uint64_t *)&sl->flag);
+    const uint64_t got = ld_acquire_sys((const uint64_t *)&sl->taken);
+    if (f + 2 != k.seq || got >= f)
+      return true;
+    if ((i & 31u) == 31u) {
+      const uint64_t waited = globaltimer_ns() - k.t0;
+      if (*(volatile uint32_t *)&J.dev->broken)
+        return false;
+      if (job_aborted(J, k, t, waited)) {
+        rec_gone(J, op, k.seq, waited);
+        return false;
+      }
+      if (waited > J.timeout_ns) {
+        rec_fail(J, DEP_ERR_TIMEOUT, op, t, CUOPS_PHASE_TAKEN, k.seq, f, waited);
+        return false;
+      }
+      __nanosleep(64);
+    }
+  }
+}
+
+/*
+ * Every CTA of a communicating kernel starts here (all threads).  phase:
+ * CUOPS_WHOLE, or a low-latency call's CUOPS_SEND or CUOPS_RECV (kabi.h
+ * "Split calls"); a receive runs as the call its send made, `back` calls
+ * before the device's count, and sends nothing, so it waits for no taken.
+ * op: the call's, for the error record.
+ */
+__device__ __forceinline__ call call_begin(const cuops_job &J, uint32_t phase = CUOPS_WHOLE,
+                                           uint32_t back = 0, uint32_t op = 0) {
   __shared__ uint64_t s_seq, s_t0, s_mask;
   __shared__ uint32_t s_broken;
   if (threadIdx.x == 0) {
-    s_seq = *(volatile uint64_t *)&J.dev->seq + 1;
+    const uint64_t now = *(volatile uint64_t *)&J.dev->seq;
     s_broken = *(volatile uint32_t *)&J.dev->broken;
     s_t0 = globaltimer_ns();
-    s_mask = cuops_mask(J, s_seq);
+    if (phase == CUOPS_RECV) {
+      s_seq = now - back;
+      const uint64_t sent = *(volatile uint64_t *)&J.dev->pend_seq[s_seq & 1u];
+      s_mask = *(volatile unsigned long long *)&J.dev->pend_mask[s_seq & 1u];
+      if (sent != s_seq && s_broken == 0) {
+        if (blockIdx.x == 0)
+          rec_fail(J, DEP_ERR_MISMATCH, op, J.rank, CUOPS_PHASE_UNSENT, s_seq, sent, 0);
+        s_broken = 1; /* this CTA: nothing to receive */
+      }
+    } else {
+      s_seq = now + 1;
+      s_mask = cuops_mask(J, s_seq);
+      if (phase == CUOPS_SEND && blockIdx.x == 0) {
+        J.dev->pend_mask[s_seq & 1u] = s_mask;
+        J.dev->pend_seq[s_seq & 1u] = s_seq;
+      }
+    }
   }
   __syncthreads();
   call k;
@@ -277,6 +335,16 @@ __device__ __forceinline__ call call_begin(const cuops_job &J) {
   k.t0 = s_t0;
   k.skip = s_broken != 0;
   k.mask = s_mask;
+  k.phase = phase;
+  /* CTA b of every communicating kernel writes into rank b / parts's slab alone (kabi.h, the
+   * SM budget), so it waits for that rank alone: one load in the steady state. */
+  if (phase != CUOPS_RECV && !k.skip) {
+    __shared__ uint32_t s_free;
+    if (threadIdx.x == 0)
+      s_free = wait_taken(J, k, op, blockIdx.x / J.parts);
+    __syncthreads();
+    k.skip = s_free == 0;
+  }
   return k;
 }
 
@@ -305,8 +373,15 @@ __device__ __forceinline__ void stats_call(const cuops_job &J, const call &k, ui
   e->seq = k.seq;
 }
 
-/* Every CTA ends here (all threads): the last one to finish publishes seq,
- * and logs the call (op, bytes) in the stats page where the rank has one. */
+/*
+ * Every CTA ends here (all threads).  The last one to finish: a call that
+ * received (whole, or a split receive) says so in each local source's slot
+ * (taken, kabi.h "Split calls"); a call that sent (whole, or a split send)
+ * publishes seq, and logs the call (op, bytes) in the stats page where the
+ * rank has one.  A receive leaves seq as it found it and logs nothing (its
+ * call was logged at its send, as on the host backend); what it failed is
+ * in the error record.
+ */
 __device__ __forceinline__ void call_end(const cuops_job &J, const call &k, uint32_t op,
                                          uint64_t bytes) {
   __syncthreads();
@@ -315,6 +390,20 @@ __device__ __forceinline__ void call_end(const cuops_job &J, const call &k, uint
     if (atomicAdd(&J.dev->done, 1u) == gridDim.x - 1) {
       J.dev->done = 0;
       J.dev->ticket = 0; /* the throughput ops' work counter, for the next call */
+      if (k.phase != CUOPS_SEND && !k.skip) {
+        __threadfence_system(); /* every CTA's reads of the blocks before the word */
+        for (uint32_t s = 0; s < J.world; s++)
+          if (!is_remote(J, s))
+            st_release_sys((uint64_t *)(slot_at(J, J.rank, k.parity, s) +
+                                        offsetof(ops_slot, taken)),
+                           k.seq);
+      }
+      if (k.phase == CUOPS_RECV) {
+        J.dev->pend_seq[k.parity] = 0;
+        J.dev->code = 0;
+        __threadfence();
+        return;
+      }
       *(volatile uint64_t *)&J.dev->seq = k.seq;
       __threadfence();
       if (J.stats != nullptr && !k.skip)

@@ -344,12 +344,16 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
   }
 }
 
+/* a.phase: the whole call, its send alone or its receive alone (kabi.h "Split calls"); the
+ * receive reads none of the caller's inputs, only the slab and the handle. */
 TIMED_KERNEL deepepd::ll::dispatch(const cuops_job J, const cuops_ll_dispatch_args a) {
-  call k = call_begin(J);
   const uint32_t op = OPS_OP_LL_DISPATCH | (a.fp8 ? OPS_OP_FP8 : 0u);
+  call k = call_begin(J, a.phase, a.back, op);
   if (!k.skip) {
-    ll_dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts, op);
-    ll_dispatch_recv(J, a, k, blockIdx.x, gridDim.x, op);
+    if (a.phase & CUOPS_SEND)
+      ll_dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts, op);
+    if (a.phase & CUOPS_RECV)
+      ll_dispatch_recv(J, a, k, blockIdx.x, gridDim.x, op);
   }
   call_end(J, k, DEP_STATS_OP_LL_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, a.fp8 != 0));
 }
@@ -397,15 +401,18 @@ __device__ __forceinline__ void ll_combine_send(const cuops_job &J, const cuops_
     post(J, k, d, vecs, OPS_OP_LL_COMBINE, hseq, a.num_tokens, (uint64_t)vecs * h * 2);
 }
 
+/* a.phase as the dispatch's; the receive reads topk_idx and topk_weights (deepep.h), not x. */
 TIMED_KERNEL deepepd::ll::combine(const cuops_job J, const cuops_ll_combine_args a) {
-  call k = call_begin(J);
+  call k = call_begin(J, a.phase, a.back, OPS_OP_LL_COMBINE);
   const uint32_t h = J.hidden, K = J.topk;
   const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
   const uint64_t hseq = *a.h.seq, vcap = (uint64_t)J.max_ll * J.kd;
   if (!k.skip) {
-    ll_combine_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts, hseq);
+    if (a.phase & CUOPS_SEND)
+      ll_combine_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts, hseq);
     const uint32_t r = blockIdx.x, R = gridDim.x;
-    if (combine_wait(J, k, OPS_OP_LL_COMBINE, hseq, a.h.ll_expect, r == 0, a.wait_cost)) {
+    if ((a.phase & CUOPS_RECV) &&
+        combine_wait(J, k, OPS_OP_LL_COMBINE, hseq, a.h.ll_expect, r == 0, a.wait_cost)) {
       const bool vec = ((uintptr_t)a.out & 15u) == 0;
       for (uint32_t t = r * CUOPS_WARPS + warp; t < a.num_tokens; t += R * CUOPS_WARPS) {
         /* lane j < K: route j of this token; the ids must be the dispatch's */

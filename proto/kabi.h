@@ -146,9 +146,10 @@ struct ops_slot {
    * the one word of the slot the receiver writes. */
   DEP_ATOMIC(uint64_t) tail;
   DEP_ATOMIC(uint64_t) credit;
-  /* The host backend: the call whose post in this slot the receiver has
-   * read to its end (release), which a sender checks before it writes the
-   * slot's parity again (host_ops.h, "Split calls"); the receiver writes it. */
+  /* The call whose post in this slot the receiver has read to its end
+   * (release), which a sender checks before it writes the slot's parity
+   * again (host_ops.h, "Split calls"; on cuda below, "Split calls"); the
+   * receiver writes it. */
   DEP_ATOMIC(uint64_t) taken;
 };
 DEP_STATIC_ASSERT(sizeof(struct ops_slot) <= DEP_SLAB_CTRL_SLOT, "slot exceeds DEP_SLAB_CTRL_SLOT");
@@ -188,6 +189,10 @@ enum cuops_phase {
   CUOPS_PHASE_WORST = 7,   /* dispatch: more rows arrived than num_worst_tokens (seen_flag: rows) */
   CUOPS_PHASE_RING = 8,    /* the proxy's ring: full past the timeout, or no longer served
                               (code: the proxy's); source is the destination rank */
+  CUOPS_PHASE_TAKEN = 9,   /* waiting for a peer to read (taken) this rank's post of two calls
+                              before, whose slots the call reuses; seen_flag: that call */
+  CUOPS_PHASE_UNSENT = 10, /* a split receive found no send of its call on the device;
+                              seen_flag: the call the device holds sent in that parity */
 };
 
 /* Pinned host memory mapped for the device: written by kernels, read by the library. */
@@ -221,6 +226,10 @@ struct cuops_dev {
   /* This rank's own mask (deepep.h "Masked ranks"): bit r set, rank r masked; written by the
    * library (dep_mask_update), read by every CTA as it begins (cuops_mask). */
   unsigned long long own_mask;
+  /* Split calls (below): the call a low-latency send (CUOPS_SEND) made in each parity and the
+   * mask it ran with, for its receive (CUOPS_RECV) to run with; the receive sets the seq to 0. */
+  uint64_t pend_seq[2];
+  unsigned long long pend_mask[2];
 };
 #define CUOPS_XSEEN_FAILED (1ull << 63)
 
@@ -343,18 +352,44 @@ struct cuops_combine_args {
   struct cuops_hdl h;
 };
 
+/*
+ * Split calls (deepep.h DEP_LL_SEND, DEP_LL_RECV) on the GPU: both phases
+ * are launches of the same kernel (deepepd::ll::dispatch, ::combine), its
+ * phase argument CUOPS_SEND, CUOPS_RECV or both (CUOPS_WHOLE).  The send
+ * counts the call as a whole call does (call_begin takes seq + 1 and the
+ * mask, call_end publishes seq) and keeps both in cuops_dev.pend_*[parity];
+ * it posts and returns.  The receive takes that call's seq as the device's
+ * count less `back` (the calls the host launched since the send: 0 or 1,
+ * the same on every replay of a captured pair), its mask from pend_mask,
+ * waits and unpacks, and leaves cuops_dev.seq as it found it.
+ * A peer may thus post call n+1 before it has read call n, so every
+ * receive, whole or split, stores in each local source's slot of its
+ * parity the call it has read to its end (ops_slot.taken, release, by the
+ * receive's last CTA), and every CTA of a communicating kernel that sends,
+ * as it begins (call_begin), waits, bounded and abort-aware as every wait,
+ * until the local peer it sends to has taken what this rank posted there
+ * two calls before.  The
+ * library refuses what the host backend refuses (ops_check, and a call
+ * whose parity a pending send holds), before launching anything.
+ */
+#define CUOPS_SEND DEP_LL_SEND
+#define CUOPS_RECV DEP_LL_RECV
+#define CUOPS_WHOLE (DEP_LL_SEND | DEP_LL_RECV)
+
 struct cuops_ll_dispatch_args {
   const void *x, *idx;
   int32_t itype;
   uint32_t num_tokens;
   int32_t fp8;
-  uint32_t pad;
+  uint32_t phase;      /* CUOPS_SEND, CUOPS_RECV or CUOPS_WHOLE (split calls, above) */
   void *rx;
   float *rs;
   int32_t *cnt;
   uint8_t *stage;      /* FP8: this rank's tokens, cast once (dep__k_ll_cast), CUOPS_STAGE_ROW each */
   struct cuops_hdl h;
   int64_t *wait_cost;  /* NULL, or [world]: clock64 cycles the receive waited for each source */
+  uint32_t back;       /* CUOPS_RECV: calls counted since its send (split calls, above) */
+  uint32_t pad;
 };
 
 /* A staged FP8 token: hidden bytes of e4m3, then hidden / 128 float32 scales (the row's layout). */
@@ -368,6 +403,7 @@ struct cuops_ll_combine_args {
   void *out;
   struct cuops_hdl h;
   int64_t *wait_cost;  /* as cuops_ll_dispatch_args's */
+  uint32_t phase, back; /* as cuops_ll_dispatch_args's */
 };
 
 /* dep__k_ll_info (dep_ll_handle_info): src [le, world * max_ll] and range [le, world]

@@ -10,7 +10,8 @@
  * calls back to back, and every op through a handle in memory the caller
  * lends (dep_handle_new_in).  The suite's faults case (a rank that never
  * calls, a rank gone, bad ids and arguments) is check_cuda_ops_faults.c's,
- * its masks case (masked ranks skipped) check_cuda_ops_mask.c's.
+ * its masks case (masked ranks skipped) check_cuda_ops_mask.c's, its split
+ * case (low-latency calls split into send and receive) check_cuda_ops_split.c's.
  *
  * Tagged "gpu": each test skips, saying why, unless DEP_TEST_BACKEND=cuda
  * and a GPU is present (make check-gpu).  The test process never touches
@@ -704,6 +705,7 @@ Suite *cuda_ops_suite(void) {
   suite_add_tcase(s, th);
   suite_add_tcase(s, cuda_ops_faults_tcase()); /* after threads, as it always ran */
   suite_add_tcase(s, cuda_ops_mask_tcase());
+  suite_add_tcase(s, cuda_ops_split_tcase());
   TCase *ts = tcase_create("timesliced");
   tcase_set_tags(ts, "gpu");
   tcase_set_timeout(ts, 240);

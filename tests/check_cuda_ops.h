@@ -12,5 +12,7 @@
 TCase *cuda_ops_faults_tcase(void);
 /* The masks case, tagged gpu (check_cuda_ops_mask.c). */
 TCase *cuda_ops_mask_tcase(void);
+/* The split case, tagged gpu (check_cuda_ops_split.c). */
+TCase *cuda_ops_split_tcase(void);
 
 #endif

@@ -2,8 +2,7 @@
 dep_ll_dispatch and dep_ll_combine, with their receive hooks, where a dispatch's rows came
 from (dep_ll_handle_info), and the buffer a zero-copy combine reads (buffer.py's Buffer
 takes them as the _LowLatency mixin).  Of the Buffer it uses the job's shape and argument
-structs (_prepare), its checks (_checks.py), streams, events, handles and deferred calls
-(_defer)."""
+structs (_prepare), its checks (_checks.py), streams, events and handles."""
 from __future__ import annotations
 
 import ctypes
@@ -26,14 +25,8 @@ class _LowLatency:
     """DeepEP's low-latency operations (a mixin of Buffer)."""
 
     def _low_latency_begin(self, op: str, async_finish: bool, return_recv_hook: bool) -> None:
-        """What both low-latency calls do first: on cuda, a call made without a hook runs the
-        hooked calls still queued (a combine's matching dispatch among them, where its hook
-        has not run), so each rank's calls reach the library in call order (on the host
-        backend nothing is queued: the library sends at the call and receives in the hook);
-        and async_finish with a hook is refused (DeepEP's rule: the hook receives, so there is
-        no event to wait for)."""
-        if self._pending and not return_recv_hook:
-            self._complete()
+        """What both low-latency calls do first: async_finish with a hook is refused (DeepEP's
+        rule: the hook receives, so there is no event to wait for)."""
         if async_finish and return_recv_hook:
             raise ValueError(f"{op}: async_finish and return_recv_hook cannot both be set "
                              "(DeepEP's rule): the hook receives, so there is no event to "
@@ -67,17 +60,15 @@ class _LowLatency:
             round_scale, use_ue8m0: must be False (not supported yet).
             async_finish: return an event recorded after the call (cuda).
             return_recv_hook: defer the receive to the hook the call returns (DeepEP's), so
-                that the caller can compute between.  On the host backend the call sends (the
-                rows leave: the caller may write x and topk_idx once it returns) and hook()
-                receives (recv_x, recv_count and the stats are written then); the peers
-                receive this rank's rows whether or not its hook has run.  At most two calls
-                may be between send and hook, as DeepEP's two buffers allow (a third call
-                raises InvalidArgument: call a hook first).  On cuda (whose kernels do not
-                split yet) the call copies x and topk_idx and the whole exchange runs at
-                hook(), on the stream current then; hooked calls queue behind one another, a
-                hook runs those before its own first, and every operation of the Buffer made
-                without a hook runs them all first.  Not with async_finish (ValueError, as
-                DeepEP asserts).
+                that the caller can compute between.  The call sends (the rows leave: the
+                caller may write x and topk_idx once it returns; on cuda a kernel on the
+                current stream, which returns without waiting) and hook() receives (recv_x,
+                recv_count and the stats are written then; on cuda a second kernel, on the
+                stream current then), so on cuda a hooked call is two kernels, both
+                deepepd::ll::dispatch; the peers receive this rank's rows whether or not its
+                hook has run.  At most two calls may be between send and hook, as DeepEP's
+                two buffers allow (a third call raises InvalidArgument: call a hook first).
+                Not with async_finish (ValueError, as DeepEP asserts).
 
         Returns:
             recv_x: [num_local_experts, world_size * max, hidden] bfloat16, or with use_fp8 a
@@ -115,29 +106,19 @@ class _LowLatency:
                             fp8: bool, recv_x: torch.Tensor, scales: Optional[torch.Tensor],
                             count: torch.Tensor, h: Handle, stats: Optional[torch.Tensor],
                             cost: Optional[int]) -> Any:
-        """low_latency_dispatch with return_recv_hook: on the host backend the library sends
-        now and receives in the hook (DEP_LL_SEND, DEP_LL_RECV); on cuda the exchange runs in
-        the hook, on copies (the caller may write x and topk_idx once the call returns, as
-        DeepEP's send has read them).  The hook."""
+        """low_latency_dispatch with return_recv_hook: the library sends now and receives in
+        the hook (DEP_LL_SEND, DEP_LL_RECV), each on the stream current then (on cuda).  The
+        hook."""
         h._unreceived = True  # low_latency_handle_info waits for the hook
-        if self._host:
-            self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, None, None,
-                                  _lib.LL_SEND)
-
-            def receive_split() -> None:
-                self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, stats,
-                                      None, _lib.LL_RECV, cost)
-                h._unreceived = False
-
-            return self._split_hook(receive_split)
-        xc, ic = x.clone(), idx.clone()
+        self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, None,
+                              phases=_lib.LL_SEND)
 
         def receive() -> None:
-            self._ll_dispatch_now(xc, ic, itype, n, fp8, recv_x, scales, count, h, stats,
-                                  cost=cost)
+            self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, stats,
+                                  phases=_lib.LL_RECV, cost=cost)
             h._unreceived = False
 
-        return self._defer(receive)
+        return self._split_hook(receive)
 
     def _ll_dispatch_inputs(self, x: Any, topk_idx: Any, num_max_dispatch_tokens_per_rank: Any,
                             num_experts: Any, round_scale: Any, use_ue8m0: Any
@@ -301,11 +282,10 @@ class _LowLatency:
             zero_copy: read the input from get_next_low_latency_combine_buffer's tensor
                 (which the caller has written) instead of x (still checked for its shape).
             async_finish, return_recv_hook: as for low_latency_dispatch.  With the hook
-                on the host backend the call sends x (or the zero-copy buffer), which the
-                caller may write once it returns; hook() receives and combines, reading
-                topk_idx and topk_weights then (as DeepEP's receive does), and writes
-                combined_x.  On cuda x, topk_idx and topk_weights are copied at the call and
-                the whole exchange runs at hook().
+                the call sends x (or the zero-copy buffer), which the caller may write once
+                it returns; hook() receives and combines, reading topk_idx and topk_weights
+                then (as DeepEP's receive does), and writes combined_x (on cuda: two kernels,
+                both deepepd::ll::combine, each on the stream current at its call).
             out: optional [num_tokens, hidden] bfloat16 to write into.
 
         Returns:
@@ -354,17 +334,11 @@ class _LowLatency:
             if o.data_ptr() != out.data_ptr() or o.shape != (nt, self.hidden):
                 raise ValueError(f"{op}: out must be a contiguous "
                                  f"[{nt}, {self.hidden}] bfloat16 tensor")
-        if return_recv_hook and self._host:
+        if return_recv_hook:
             # The library sends now and receives in the hook (DEP_LL_SEND, DEP_LL_RECV).
             self._ll_combine_now(x, idx, itype, w, out, nt, h, _lib.LL_SEND)
             return out, EventOverlap(None), self._split_hook(
                 lambda: self._ll_combine_now(x, idx, itype, w, out, nt, h, _lib.LL_RECV, cost))
-        if return_recv_hook:
-            # As low_latency_dispatch's: the exchange runs in the hook, on copies of the
-            # inputs (the zero-copy buffer's too), which the caller may write once this returns.
-            xc, ic, wc = x.clone(), idx.clone(), w.clone()
-            return out, EventOverlap(None), self._defer(
-                lambda: self._ll_combine_now(xc, ic, itype, wc, out, nt, h, cost=cost))
         self._ll_combine_now(x, idx, itype, w, out, nt, h, cost=cost)
         return out, self._event(None, async_finish) if async_finish else EventOverlap(None), \
             _no_hook

@@ -197,8 +197,6 @@ class _Throughput:
             event: an EventOverlap.
             In cached mode: (recv_x, None, None, None, None, event).
         """
-        if self._pending:
-            self._complete()
         x, scales = self._dispatch_scalars(x, expert_alignment, num_worst_tokens)
         h = None
         if handle is not None:
@@ -613,8 +611,6 @@ class _Throughput:
                 combine to the original weights); else None.
             event: an EventOverlap.
         """
-        if self._pending:
-            self._complete()
         h = self._handle("combine", handle, "dispatch")
         biases = None if bias is None else self._biases(bias, h.num_tokens)
         x = x.contiguous() if _ok(x, torch.bfloat16, 2, self.device) else \

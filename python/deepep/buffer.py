@@ -71,17 +71,6 @@ def _socket_path(socket: Any) -> str:
     return socket or os.environ.get(_lib.SOCKET_ENV) or _lib.DEFAULT_SOCKET
 
 
-class _Deferred:
-    """A low-latency call made with return_recv_hook: its exchange, run by its hook (or by
-    the Buffer's next operation, which runs every deferred one first, in call order)."""
-
-    __slots__ = ("run", "done")
-
-    def __init__(self, run: Any):
-        self.run = run
-        self.done = False
-
-
 class _Conn:
     """One dep_client_t: freed once, after every handle made on it."""
 
@@ -187,9 +176,6 @@ class Buffer(_Checks, _Throughput, _LowLatency, _Masks, HandlePools):
                  num_topk: Optional[int] = None, max_tokens_per_rank: Optional[int] = None,
                  max_ll_tokens_per_rank: Optional[int] = None, elastic: bool = False):
         self._conn: Optional[_Conn] = None
-        #: Low-latency calls made with return_recv_hook whose hooks have not run yet, in
-        #: call order (_defer).
-        self._pending: list = []
         #: get_next_low_latency_combine_buffer's tensor, and get_local_buffer_tensor's
         #: buffers (use_rdma_buffer -> uint8 tensor), made at their first call.
         self._ll_combine_buf: Optional[torch.Tensor] = None
@@ -445,27 +431,6 @@ class Buffer(_Checks, _Throughput, _LowLatency, _Masks, HandlePools):
         else:
             previous_event.current_stream_wait()
 
-    def _defer(self, run: Any) -> Any:
-        """return_recv_hook: queue run (the call's whole exchange, with its inputs already
-        copied) and return the hook that runs it.  A hook runs every call deferred before
-        its own first, and every operation of the Buffer made without a hook runs them all
-        before its own, so the library sees each rank's calls in the order the caller made
-        them (which every rank of a job makes in one order, as DeepEP requires)."""
-        d = _Deferred(run)
-        self._pending.append(d)  # behind the hooked calls before it, which it does not run
-        return lambda: self._complete(d)
-
-    def _complete(self, d: Optional[_Deferred] = None) -> None:
-        """Run the deferred calls up to d (all of them where d is None), in call order; a
-        hook called again does nothing."""
-        while self._pending and (d is None or not d.done):
-            first = self._pending.pop(0)
-            first.done = True
-            first.run()
-        if d is not None and not d.done:
-            raise Error(-17, "this Buffer was destroyed before the hook ran; its call never "
-                        "made its exchange", "hook")
-
     # ---- DeepEP's class-level helpers ---------------------------------------
 
     @classmethod
@@ -600,8 +565,7 @@ class Buffer(_Checks, _Throughput, _LowLatency, _Masks, HandlePools):
 
     def destroy(self) -> None:
         """Free every handle, detach and close the connection (idempotent).  A low-latency
-        call whose hook has not run never makes its exchange."""
-        self._pending = []
+        call whose hook has not run never receives (its hook raises)."""
         self._handles_free()
         self._streams = {}
         if self._conn is not None:

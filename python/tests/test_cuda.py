@@ -1,7 +1,8 @@
 """deepep.Buffer on the cuda backend: the GPU's UUID, the caller's current stream, real CUDA
 events, device tensors, one layer's low-latency pair captured in a CUDA graph and replayed
-with new inputs, sixteen layers' pairs in one graph, handles made before a capture and used
-in it kept for the graph, and a low-latency handle's read-back captured with its dispatch.
+with new inputs, sixteen layers' pairs in one graph, a hooked pair (send and receive) in one
+graph, handles made before a capture and used in it kept for the graph, and a low-latency
+handle's read-back captured with its dispatch.
 Each test skips, saying so, unless DEP_TEST_BACKEND=cuda (conftest.py)."""
 import gc
 import uuid
@@ -346,9 +347,10 @@ def test_dispatch_without_worst_case_rows_in_a_capture_is_refused_before_anythin
 
 
 def test_a_hooked_low_latency_pair_runs_on_the_stream_current_at_its_hook(daemon):
-    """return_recv_hook defers the exchange to the hook, which queues it on the stream current
-    then: the handle notes that stream (as a combine's use does), the outputs are the
-    unhooked pair's, and the inputs may be overwritten between call and hook."""
+    """return_recv_hook: the call queues the send on the current stream and the hook the
+    receive on the stream current then: the handle notes that stream (as a combine's use
+    does), the outputs are the unhooked pair's, and the inputs may be overwritten between
+    call and hook."""
     b = one_rank(daemon)
     x, idx, w = tokens()
     want = ll_reference(x, idx, w)
@@ -367,6 +369,76 @@ def test_a_hooked_low_latency_pair_runs_on_the_stream_current_at_its_hook(daemon
     torch.cuda.synchronize()
     assert type(h._stream) is tuple and side.cuda_stream in h._stream
     assert torch.equal(out, want)
+    b.destroy()
+
+
+def test_a_hooked_low_latency_call_is_two_kernels_the_send_at_the_call(daemon):
+    """DeepEP's bench_kineto (num_kernels_per_period=2) times a hooked call as a send kernel
+    and a receive kernel: here two launches of deepepd::ll::dispatch (::combine), the first
+    made by the call itself, before hook().  Before, the cuda path launched nothing at the
+    call and one whole kernel at hook()."""
+    b = one_rank(daemon)
+    x, idx, w = tokens()
+    kinds = (torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA)
+
+    def launched(prof, name):
+        return sum(1 for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA and name in e.name)
+
+    for op in ("dispatch", "combine"):
+        recv, _, h, _, hook = b.low_latency_dispatch(x, idx, 16, 4, use_fp8=False,
+                                                     return_recv_hook=op == "combine")
+        if op == "combine":
+            hook()
+        with torch.profiler.profile(activities=kinds) as before:
+            if op == "dispatch":
+                recv, _, h, _, hook = b.low_latency_dispatch(x, idx, 16, 4, use_fp8=False,
+                                                             return_recv_hook=True)
+            else:
+                out, _, hook = b.low_latency_combine(recv, idx, w, h, return_recv_hook=True)
+            torch.cuda.synchronize()
+        with torch.profiler.profile(activities=kinds) as after:
+            hook()
+            torch.cuda.synchronize()
+        name = f"deepepd::ll::{op}"
+        assert (launched(before, name), launched(after, name)) == (1, 1), op
+    assert torch.equal(out, ll_reference(x, idx, w))
+    b.destroy()
+
+
+def test_a_hooked_low_latency_pair_captured_in_a_cuda_graph_replays_with_new_inputs(daemon):
+    """On cuda a hooked call is two kernels, the send at the call and the receive at hook(),
+    neither waiting on the host, so a call and its hook capture in one CUDA graph; each
+    replay with new inputs gives the unhooked pair's outputs, though x is overwritten between
+    the send and the receive (the receive does not read it).  Before, the cuda path copied
+    the inputs at the call and ran the whole exchange at hook()."""
+    b = one_rank(daemon)
+    x, idx, w = tokens()
+    sx = x.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # torch's warm-up rule before a capture
+        recv, _, h, _, hook = b.low_latency_dispatch(sx, idx, 16, 4, use_fp8=False,
+                                                     return_recv_hook=True)
+        hook()
+        b.low_latency_combine(recv, idx, w, h)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        recv, _, h, _, hook = b.low_latency_dispatch(sx, idx, 16, 4, use_fp8=False,
+                                                     return_recv_hook=True)
+        sx.fill_(7)  # the caller's work between send and receive
+        hook()
+        out, _, hook2 = b.low_latency_combine(recv, idx, w, h, return_recv_hook=True)
+        hook2()
+    for seed in range(2, 6):
+        nx, _, _ = tokens(seed=seed)
+        sx.copy_(nx)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ll_reference(nx, idx, w))
+    del g
     b.destroy()
 
 
