@@ -111,28 +111,25 @@ struct xfer_route *xfer__route_new(uint32_t world) {
 }
 
 /*
- * The fan table of route r's rings (xring.h): each node whose blocks from
- * here go over TCP, with more than one rank of the job, takes a dispatch's
- * rows as one node channel, led by its first rank; a node with a rank
- * this route reaches by RDMA writes keeps a channel per rank (no daemon
- * takes part in a write, so none could fan one out), as does a node of one
- * rank (its node channel would be its own).  Written before the rings are
- * lent: the ranks read it once, at attach.
+ * The fan table of route r's rings (xring.h): each node with more than one
+ * rank of the job takes a dispatch's rows as one node channel, led by its
+ * first rank, and its daemon fans them out, whether they come over TCP or
+ * into its staging by RDMA writes (xfer_rdma.h); a node of one rank keeps
+ * its channel (its node channel would be its own).  Written before the
+ * rings are lent: the ranks read it once, at attach.
  */
 static void route_fan(struct xfer_route *r) {
   uint32_t ranks[CONFIG_MAX_LIST] = {0}, lead[CONFIG_MAX_LIST];
-  bool rdma[CONFIG_MAX_LIST] = {false};
   for (uint32_t g = r->world; g-- > 0;) {
     const int k = r->peer_of[g];
     if (k < 0 || k >= CONFIG_MAX_LIST)
       continue;
     ranks[k]++;
     lead[k] = g; /* the lowest, walking down */
-    rdma[k] = rdma[k] || xfer_rdma_route_reaches(r->rdma, g);
   }
   for (uint32_t g = 0; g < r->world; g++) {
     const int k = r->peer_of[g];
-    const bool fan = k >= 0 && k < CONFIG_MAX_LIST && ranks[k] > 1 && !rdma[k];
+    const bool fan = k >= 0 && k < CONFIG_MAX_LIST && ranks[k] > 1;
     for (uint32_t i = 0; i < r->local_world && k >= 0; i++)
       r->ring[i]->fan[r->remote_of[g]] = fan ? (uint16_t)(r->remote_of[lead[k]] + 1) : 0;
   }

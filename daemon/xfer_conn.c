@@ -292,6 +292,19 @@ static int frame_route(int k, const struct dep_xfer_hdr *h, struct xfer_route **
  * destinations' in channels (one crossing per node, xring.h); one that does
  * not fit the job fails the job, not the connection: the stream is whole.
  */
+/* Fan NODE frame h (its payload at buf) of peer k out on route (xfer__node_fanout): true, or
+ * false with the job failed when it does not fit the job (a TCP stream or a staging goes on). */
+static bool node_fan(int k, struct xfer_route *route, const struct dep_xfer_hdr *h,
+                     const uint8_t *buf) {
+  char bad[256];
+  if (xfer__node_fanout(route, h, buf, bad, sizeof bad) == 0)
+    return true;
+  if (!atomic_exchange(&route->said, true))
+    log_warnx("peer %s: %s; the job fails", peer_name(k), bad);
+  xfer__route_fail(route, DEP_ERR_PROTOCOL);
+  return false;
+}
+
 static int frame_take(int k, int fd, struct xfer_route *route, const struct xfer_target *t,
                       const struct dep_xfer_hdr *h, struct xfer_batch *in) {
   int io;
@@ -299,14 +312,7 @@ static int frame_take(int k, int fd, struct xfer_route *route, const struct xfer
   if (t->node) {
     io = xfer__batch_room(in, h->bytes) ? io_all(fd, in->buf, h->bytes, false)
                                         : (errno = ENOMEM, -1);
-    char bad[256];
-    if (io == 0 && xfer__node_fanout(route, h, in->buf, bad, sizeof bad) != 0) {
-      if (!atomic_exchange(&route->said, true))
-        log_warnx("peer %s: %s; the job fails", peer_name(k), bad);
-      xfer__route_fail(route, DEP_ERR_PROTOCOL);
-    } else {
-      counted = io == 0;
-    }
+    counted = io == 0 && node_fan(k, route, h, in->buf);
   } else {
     xfer__payload_begin();
     io = h->bytes > 0 ? io_all(fd, t->payload, h->bytes, false) : 0;
@@ -322,6 +328,55 @@ static int frame_take(int k, int fd, struct xfer_route *route, const struct xfer
   }
   xfer__route_put(route);
   return io;
+}
+
+/*
+ * A NODE frame peer k wrote into our staging by RDMA (xfer_rdma.h's
+ * xfer_stage_fn; the routes' lock held by the proxy thread that calls it):
+ * checked as a frame over TCP is (xfer__frame_target), then fanned out.
+ * A job whose route is not here yet but is expected waits in its chunk
+ * (1); anything else is done with (0): fanned out, or dropped and said
+ * (a job not here, or a frame that is not a NODE frame of its size: the
+ * peer wrote what no deepepd does).
+ */
+int xfer__stage_take(int k, const uint8_t *frame, uint64_t room, struct xfer_rdma_route **to) {
+  struct xfer_peer *xp = &X->peers[k];
+  struct dep_xfer_hdr h;
+  char why[256];
+  *to = NULL;
+  int rc = dep__xfer_hdr_decode(frame, DEP_XFER_HDR_WIRE, &h, why, sizeof why);
+  if (rc == 0 && (h.kind != DEP_XRING_NODE || h.bytes > room - DEP_XFER_HDR_WIRE)) {
+    snprintf(why, sizeof why, "a staged frame of kind %u and %llu bytes: only a node "
+             "channel's chunk of at most %llu", h.kind, (unsigned long long)h.bytes,
+             (unsigned long long)(room - DEP_XFER_HDR_WIRE));
+    rc = DEP_ERR_PROTOCOL;
+  }
+  struct xfer_route *route = NULL;
+  struct xfer_target t;
+  if (rc == 0)
+    rc = xfer__frame_target(k, &h, &route, &t, why, sizeof why);
+  if (rc == DEP_ERR_STATE && expected_here(h.job_id))
+    return 1;
+  uint64_t n;
+  if (rc == DEP_ERR_PROTOCOL) {
+    if (xfer_say_now(&xp->bad_staged, &n))
+      log_warnx("peer %s: %llu frame(s) written into our staging dropped (the latest: %s)",
+                peer_name(k), (unsigned long long)n, why);
+    return 0;
+  }
+  if (rc != 0) {
+    if (xfer_say_now(&xp->stale_frames, &n))
+      log_warnx("peer %s: %llu frame(s) of jobs that do not run here dropped (the latest of job "
+                "%s)", peer_name(k), (unsigned long long)n, h.job_id);
+    return 0;
+  }
+  *to = route->rdma;
+  if (node_fan(k, route, &h, frame + DEP_XFER_HDR_WIRE)) {
+    atomic_fetch_add_explicit(&route->bytes_in, DEP_XFER_HDR_WIRE + h.bytes,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&route->frames_in, 1, memory_order_relaxed);
+  }
+  return 0;
 }
 
 /* Receive frames from peer k on fd and write them into the exchange regions here. */

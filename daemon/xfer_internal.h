@@ -112,7 +112,7 @@ struct xfer_peer {
   _Atomic uint32_t next;         /* round robin over out[] */
   _Atomic uint32_t conns_in;      /* proven and receiving */
   _Atomic uint32_t connecting;    /* connector threads to it: at most X->conns */
-  struct xfer_say excess_offers, bad_proofs, stale_frames;
+  struct xfer_say excess_offers, bad_proofs, stale_frames, bad_staged;
   _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in;
   _Atomic uint64_t gen;          /* bumped when the peer goes down: connectors of an older one quit */
   int in_fds[XFER_CONNS_MAX];    /* inbound connections' fds, for shutdown (under X->lock) */
@@ -226,6 +226,9 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
  * written): the table or a row's ids do not fit the job. */
 int xfer__node_fanout(struct xfer_route *r, const struct dep_xfer_hdr *h, const uint8_t *buf,
                       char *why, size_t whylen);
+/* A NODE frame that peer k wrote into our staging by RDMA: xfer_rdma.h's
+ * xfer_stage_fn (xfer_conn.c), the routes' lock held. */
+int xfer__stage_take(int k, const uint8_t *frame, uint64_t room, struct xfer_rdma_route **to);
 /* Once a frame's payload is in (t->payload), store its mark (release),
  * then its slot's fields and flag (release), or its credit if larger:
  * plain stores into host memory, which a kernel waiting on the flag over

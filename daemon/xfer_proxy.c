@@ -222,21 +222,51 @@ static bool node_table(const struct xfer_route *r, uint32_t lr, const struct dep
 }
 
 /*
+ * A node channel's chunk (header h, table tab bytes, rows at s) into the
+ * staging of the far daemon by RDMA writes, which fans it out there
+ * (xfer_rdma.h): QUEUED, TCP (it goes as a frame) or WAIT (no chunk of
+ * that staging free now), or TCP with *bad set when its header does not
+ * encode.
+ */
+static enum xfer_rdma_node_rc node_rdma(struct xfer_route *r, int peer,
+                                        const struct dep_xfer_hdr *h, const uint8_t *table,
+                                        uint64_t tab, const uint8_t *rows, uint64_t payload,
+                                        char *why, size_t len, bool *bad) {
+  struct proto_buf pb = {0};
+  const int rc = dep__xfer_hdr_encode(&pb, h);
+  enum xfer_rdma_node_rc out = XFER_RDMA_NODE_TCP;
+  if (rc != 0) {
+    snprintf(why, len, "a frame header that does not encode (%s)", dep_strerror(rc));
+    *bad = true;
+  } else {
+    out = xfer_rdma_node(r->rdma, peer, pb.data, table, tab, rows, payload);
+  }
+  free(pb.data);
+  return out;
+}
+
+/* What take_desc did with a descriptor. */
+enum px_take {
+  PX_TAKEN, /* queued as RDMA writes or into a batch */
+  PX_LATER, /* left in the ring: the staging it goes into has no chunk free */
+  PX_BAD    /* the descriptor was bad: the route is failed, and said why */
+};
+
+/*
  * Take one descriptor of local rank lr's ring in route r into the batch of
  * the peer holding its destination, or into RDMA writes: what it names in
- * the exchange region (desc_source), read in place.  false: the descriptor
- * was bad (the route is failed, and said why).
+ * the exchange region (desc_source), read in place.
  */
-static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_desc *d,
-                      struct xfer_batch *batches, uint64_t *frames) {
+static enum px_take take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_desc *d,
+                              struct xfer_batch *batches, uint64_t *frames) {
   char why[256] = "";
   struct xfer_src s;
   if (!desc_source(r, lr, d, &s, why, sizeof why))
     goto bad;
   const int peer = r->peer_of[d->dest];
   const uint64_t payload = s.payload != NULL ? d->bytes : 0;
-  /* A node channel's chunk is the far daemon's to fan out: never an RDMA
-   * write (the fan table keeps nodes reached by RDMA off node channels). */
+  /* A node channel's chunk is the far daemon's to fan out: into its
+   * staging (below), never straight into a rank's exchange region. */
   if (d->kind != DEP_XRING_NODE &&
       xfer_rdma_take(r->rdma, peer, r->mr[lr], r->rank_of[lr], d, &s)) {
     /* queued as RDMA writes (xfer_rdma.h) */
@@ -245,7 +275,7 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
                               memory_order_relaxed);
     atomic_fetch_add_explicit(&r->payload_out, payload, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
-    return true;
+    return PX_TAKEN;
   }
   /* The header, then the payload: copied in below XFER_COPY_MAX, else sent
    * from the out block in place, which the rank leaves alone until the
@@ -270,6 +300,22 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
                                             memory_order_acquire);
     h.seq = w >> DEP_SLAB_CHAN_SHIFT;
     h.row0 = (uint32_t)(w & ((1u << DEP_SLAB_CHAN_SHIFT) - 1u));
+  }
+  if (d->kind == DEP_XRING_NODE) {
+    bool wrong = false;
+    const enum xfer_rdma_node_rc nr =
+        node_rdma(r, peer, &h, table, tab, s.payload, payload, why, sizeof why, &wrong);
+    if (wrong)
+      goto bad;
+    if (nr == XFER_RDMA_NODE_WAIT)
+      return PX_LATER;
+    if (nr == XFER_RDMA_NODE_QUEUED) {
+      atomic_fetch_add_explicit(&r->bytes_out, DEP_XFER_HDR_WIRE + tab + payload + sizeof(uint64_t),
+                                memory_order_relaxed);
+      atomic_fetch_add_explicit(&r->payload_out, payload, memory_order_relaxed);
+      atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
+      return PX_TAKEN;
+    }
   }
   /* A streamed node channel's chunk is copied whatever its size: the rank
    * writes its place again once the ring's tail is past it (xring.h),
@@ -299,12 +345,12 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
                             memory_order_relaxed);
   atomic_fetch_add_explicit(&r->payload_out, payload, memory_order_relaxed);
   atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
-  return true;
+  return PX_TAKEN;
 bad:
   if (!atomic_exchange(&r->said, true))
     log_warnx("job %s: local rank %u's ring holds %s; the job fails", r->id, lr, why);
   xfer__route_fail(r, DEP_ERR_PROTOCOL);
-  return false;
+  return PX_BAD;
 }
 
 /*
@@ -338,6 +384,8 @@ static uint64_t desc_cost(const struct xfer_route *r, const struct dep_xring_des
 enum px_turn {
   PX_DRAINED,  /* the ring had nothing more (as its head read at the start of the turn) */
   PX_SHORT,    /* its next descriptor costs more than its deficit: it waits for its next turn */
+  PX_WAITS,    /* its next descriptor waits for a chunk of a peer's staging (xfer_rdma.h):
+                   the ring waits, bounded by its calls' timeout, as for a full ring */
   PX_FULL,     /* a peer's batch filled: the sweep ends */
   PX_FAILED    /* the ring was bad: its job is failed */
 };
@@ -374,8 +422,11 @@ static enum px_turn ring_turn(struct xfer_route *r, uint32_t lr, bool fresh,
     const uint64_t cost = desc_cost(r, &d);
     if (cost > r->deficit[lr])
       return PX_SHORT;
-    if (!take_desc(r, lr, &d, batches, frames))
+    const enum px_take took = take_desc(r, lr, &d, batches, frames);
+    if (took == PX_BAD)
       return PX_FAILED;
+    if (took == PX_LATER)
+      return PX_WAITS;
     r->deficit[lr] -= cost;
     tail++;
     (*taken)++;
@@ -419,7 +470,7 @@ static uint64_t sweep(uint32_t self, struct px_cursor *cur, struct xfer_batch *b
         /* After a whole round, the next sweep starts at the second ring of this one. */
         if (++visited == 2)
           next = (struct px_cursor){.serial = r->serial, .lr = lr};
-        if (t == PX_SHORT)
+        if (t == PX_SHORT || t == PX_WAITS)
           *more = true;
         if (t == PX_FULL) {
           /* The ring goes on with what is left of its quantum; with nothing
@@ -434,6 +485,9 @@ static uint64_t sweep(uint32_t self, struct px_cursor *cur, struct xfer_batch *b
   }
   if (visited > 0)
     *cur = next;
+  /* The node channels' chunks the peers wrote into our staging: fanned out,
+   * and their credits queued with the sweep's writes. */
+  taken += xfer_rdma_stage_poll(xfer__stage_take);
   /* The sweep's RDMA writes go before the lock does, so that no route ends
    * with writes of it still waiting in a chain. */
   uint64_t lost = xfer_rdma_flush();
