@@ -332,8 +332,8 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
   else if (h->kind == DEP_XRING_NODE &&
            (h->bytes < DEP_XFER_NODE_BYTES(0) ||
             h->bytes > DEP_XFER_NODE_BYTES(r->local_world) + (uint64_t)l->chunk_rows * l->row_bytes ||
-            l->chunk_rows == 0 || h->row0 % l->chunk_rows != 0 || h->row0 >= l->max_tokens))
-    wrong = "a node channel's chunk larger than its table and rows, or not at a chunk";
+            l->chunk_rows == 0 || h->row0 >= l->max_tokens))
+    wrong = "a node channel's chunk larger than its table and rows, or past a call's rows";
   else if (h->kind != DEP_XRING_BLOCK && h->kind != DEP_XRING_CREDIT && h->kind != DEP_XRING_NODE)
     wrong = xfer__chunk_wrong(l, h->kind, h->row0, h->bytes);
   if (wrong != NULL) {
@@ -483,8 +483,10 @@ int xfer__node_fanout(struct xfer_route *r, const struct dep_xfer_hdr *h, const 
   struct dep_xfer_node nh;
   memcpy(&nh, buf, sizeof nh);
   const char *wrong = NULL;
-  if (nh.n_dest > r->local_world || nh.rows == 0 || nh.rows > l->chunk_rows ||
-      h->row0 + nh.rows > l->max_tokens ||
+  /* Its rows lie in one chunk of the node channel: the whole chunk, or a
+   * piece of it (one staging chunk's worth over RDMA, xfer_proxy.c). */
+  if (nh.n_dest > r->local_world || nh.rows == 0 ||
+      h->row0 % l->chunk_rows + nh.rows > l->chunk_rows || h->row0 + nh.rows > l->max_tokens ||
       DEP_XFER_NODE_BYTES(nh.n_dest) + (uint64_t)nh.rows * l->row_bytes != h->bytes)
     wrong = "a table that does not fit its frame or a chunk";
   struct dep_xfer_node_dest ent[DEP_MAX_LOCAL_RANKS];

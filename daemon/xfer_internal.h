@@ -75,6 +75,15 @@ struct xfer_route {
    * take from it in its current turn (deficit round robin, xfer_proxy.c).  Only
    * that thread (local rank mod proxy threads) reads or writes it. */
   uint64_t deficit[DEP_MAX_LOCAL_RANKS];
+  /* By local rank: how much of the NODE descriptor at its ring's tail has
+   * gone into the far daemon's staging, a piece at a time (xfer_proxy.c's
+   * node_rdma: a chunk larger than one of the staging's): its rows, and
+   * each of its table's entries' rows.  Only the thread serving that ring
+   * reads or writes it. */
+  struct xfer_node_part {
+    uint32_t rows;
+    uint32_t sent[DEP_MAX_LOCAL_RANKS];
+  } part[DEP_MAX_LOCAL_RANKS];
   /* Threads reading or writing its exchange regions without the lock: a
    * proxy's send straight from an out block, a receiver's read straight
    * into an in block.  Taken with the lock held (the route is listed),

@@ -21,6 +21,7 @@
 #include "grow.h"
 #include "kabi.h"
 #include "log.h"
+#include "peer.h"
 #include "slab.h"
 #include "xfer_internal.h"
 #include "xfer_rdma.h"
@@ -221,28 +222,137 @@ static bool node_table(const struct xfer_route *r, uint32_t lr, const struct dep
   return true;
 }
 
-/*
- * A node channel's chunk (header h, table tab bytes, rows at s) into the
- * staging of the far daemon by RDMA writes, which fans it out there
- * (xfer_rdma.h): QUEUED, TCP (it goes as a frame) or WAIT (no chunk of
- * that staging free now), or TCP with *bad set when its header does not
- * encode.
- */
-static enum xfer_rdma_node_rc node_rdma(struct xfer_route *r, int peer,
-                                        const struct dep_xfer_hdr *h, const uint8_t *table,
-                                        uint64_t tab, const uint8_t *rows, uint64_t payload,
-                                        char *why, size_t len, bool *bad) {
+/* The entries of node table ent (n of them) that a node channel's row
+ * names by its ids: a bit per entry.  An id of no expert, or of a rank the
+ * table leaves out, names none (the far daemon's checks say what is wrong
+ * with such a row: xfer__node_fanout). */
+static uint64_t row_entries(const struct xfer_route *r, const uint8_t *row,
+                            const struct dep_xfer_node_dest *ent, uint32_t n) {
+  const uint32_t le = r->experts / r->world;
+  uint64_t hit = 0;
+  for (uint32_t i = 0; i < r->topk; i++) {
+    int32_t id;
+    memcpy(&id, row + DEP_SLAB_IDS_OFF(r->hidden) + 4u * i, sizeof id);
+    if (id < 0 || (uint32_t)id >= r->experts)
+      continue;
+    for (uint32_t e = 0; e < n; e++)
+      if (ent[e].dest == (uint32_t)id / le)
+        hit |= 1ull << e;
+  }
+  return hit;
+}
+
+/* What node_rdma did with a node channel's chunk. */
+enum px_node {
+  PX_NODE_SENT,   /* all of it is queued as RDMA writes (and counted) */
+  PX_NODE_TCP,    /* none of it: it goes as a frame */
+  PX_NODE_LATER,  /* the staging had no chunk free for (the rest of) it */
+  PX_NODE_BAD,    /* its header did not encode (why) */
+  PX_NODE_LOST    /* the staging went with part of it across (why) */
+};
+
+/* Count a NODE frame's piece of tab bytes of table and n of rows, queued
+ * as RDMA writes (its ready word too), in route r's counters. */
+static void node_counted(struct xfer_route *r, uint64_t tab, uint64_t n) {
+  atomic_fetch_add_explicit(&r->bytes_out, DEP_XFER_HDR_WIRE + tab + n + sizeof(uint64_t),
+                            memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->payload_out, n, memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
+}
+
+/* Header h (rows from its row0) with table (tab bytes) and rows (n bytes)
+ * into the far daemon's staging: xfer_rdma_node's answer, or -1 with why
+ * when the header does not encode. */
+static int node_piece(struct xfer_route *r, int peer, const struct dep_xfer_hdr *h,
+                      const uint8_t *table, uint64_t tab, const uint8_t *rows, uint64_t n,
+                      char *why, size_t len) {
   struct proto_buf pb = {0};
   const int rc = dep__xfer_hdr_encode(&pb, h);
-  enum xfer_rdma_node_rc out = XFER_RDMA_NODE_TCP;
-  if (rc != 0) {
+  int out = -1;
+  if (rc != 0)
     snprintf(why, len, "a frame header that does not encode (%s)", dep_strerror(rc));
-    *bad = true;
-  } else {
-    out = xfer_rdma_node(r->rdma, peer, pb.data, table, tab, rows, payload);
-  }
+  else
+    out = (int)xfer_rdma_node(r->rdma, peer, pb.data, table, tab, rows, n);
   free(pb.data);
   return out;
+}
+
+/*
+ * A node channel's chunk of local rank lr's ring (header h, its table of
+ * n_dest entries, rows at `rows`, payload bytes) into the staging of the
+ * far daemon by RDMA writes, which fans it out there (xfer_rdma.h).  A
+ * chunk larger than a staging chunk goes in pieces of whole rows, each
+ * with its own table (each entry's rows of the piece, from where the
+ * pieces before it left that entry's stream); how far it got is kept in
+ * r->part[lr] while it waits for the staging's credit.
+ */
+static enum px_node node_rdma(struct xfer_route *r, uint32_t lr, int peer,
+                              const struct dep_xfer_hdr *h, const uint8_t *table,
+                              uint32_t n_dest, const uint8_t *rows, uint64_t payload,
+                              char *why, size_t len) {
+  const uint64_t rb = r->lay.row_bytes, tab = DEP_XFER_NODE_BYTES(n_dest);
+  const uint32_t total = (uint32_t)(payload / rb);
+  struct xfer_node_part *pt = &r->part[lr];
+  if (pt->rows == 0 && tab + payload <= xfer_rdma_node_room()) {
+    const int rc = node_piece(r, peer, h, table, tab, rows, payload, why, len);
+    if (rc == XFER_RDMA_NODE_QUEUED)
+      node_counted(r, tab, payload);
+    return rc < 0 ? PX_NODE_BAD
+           : rc == XFER_RDMA_NODE_QUEUED ? PX_NODE_SENT
+           : rc == XFER_RDMA_NODE_WAIT  ? PX_NODE_LATER
+                                         : PX_NODE_TCP;
+  }
+  const uint64_t room = xfer_rdma_node_room();
+  const uint32_t per = room > tab ? (uint32_t)((room - tab) / rb) : 0;
+  if (per == 0)
+    return PX_NODE_TCP; /* not a row fits beside its table: never in pieces */
+  struct dep_xfer_node_dest ent[DEP_MAX_LOCAL_RANKS];
+  for (uint32_t i = 0; i < n_dest; i++)
+    memcpy(&ent[i], table + DEP_XFER_NODE_BYTES(i), sizeof ent[i]);
+  uint8_t piece[DEP_XFER_NODE_BYTES(DEP_MAX_LOCAL_RANKS)];
+  while (pt->rows < total) {
+    const uint32_t m = total - pt->rows < per ? total - pt->rows : per;
+    const uint8_t *at = rows + (uint64_t)pt->rows * rb;
+    uint32_t count[DEP_MAX_LOCAL_RANKS] = {0}, n = 0;
+    for (uint32_t k = 0; k < m; k++) {
+      const uint64_t hit = row_entries(r, at + (uint64_t)k * rb, ent, n_dest);
+      for (uint32_t e = 0; e < n_dest; e++)
+        count[e] += (uint32_t)(hit >> e & 1);
+    }
+    for (uint32_t e = 0; e < n_dest; e++) {
+      if (count[e] == 0)
+        continue;
+      const struct dep_xfer_node_dest pe = {.dest = ent[e].dest,
+                                            .start = ent[e].start + pt->sent[e],
+                                            .count = count[e]};
+      memcpy(piece + DEP_XFER_NODE_BYTES(n++), &pe, sizeof pe);
+    }
+    const struct dep_xfer_node head = {.n_dest = n, .rows = m};
+    memcpy(piece, &head, sizeof head);
+    struct dep_xfer_hdr ph = *h;
+    ph.row0 = h->row0 + pt->rows;
+    ph.bytes = DEP_XFER_NODE_BYTES(n) + (uint64_t)m * rb;
+    const int rc = node_piece(r, peer, &ph, piece, DEP_XFER_NODE_BYTES(n), at,
+                              (uint64_t)m * rb, why, len);
+    if (rc == XFER_RDMA_NODE_WAIT)
+      return PX_NODE_LATER;
+    if (rc != XFER_RDMA_NODE_QUEUED) {
+      if (rc == XFER_RDMA_NODE_TCP && pt->rows == 0)
+        return PX_NODE_TCP; /* none of it went: all of it goes as one frame */
+      if (rc == XFER_RDMA_NODE_TCP)
+        snprintf(why, len, "a node channel's chunk of %u rows of which %u went into the "
+                 "staging of node %s, which went before the rest could", total, pt->rows,
+                 peer_name(peer));
+      memset(pt, 0, sizeof *pt);
+      return rc < 0 ? PX_NODE_BAD : PX_NODE_LOST;
+    }
+    node_counted(r, DEP_XFER_NODE_BYTES(n), (uint64_t)m * rb);
+    for (uint32_t e = 0; e < n_dest; e++)
+      pt->sent[e] += count[e];
+    pt->rows += m;
+  }
+  memset(pt, 0, sizeof *pt);
+  return PX_NODE_SENT;
 }
 
 /* What take_desc did with a descriptor. */
@@ -301,21 +411,21 @@ static enum px_take take_desc(struct xfer_route *r, uint32_t lr, const struct de
     h.seq = w >> DEP_SLAB_CHAN_SHIFT;
     h.row0 = (uint32_t)(w & ((1u << DEP_SLAB_CHAN_SHIFT) - 1u));
   }
-  if (d->kind == DEP_XRING_NODE) {
-    bool wrong = false;
-    const enum xfer_rdma_node_rc nr =
-        node_rdma(r, peer, &h, table, tab, s.payload, payload, why, sizeof why, &wrong);
-    if (wrong)
+  if (d->kind == DEP_XRING_NODE && r->rdma != NULL) {
+    const enum px_node nr =
+        node_rdma(r, lr, peer, &h, table, n_dest, s.payload, payload, why, sizeof why);
+    if (nr == PX_NODE_BAD)
       goto bad;
-    if (nr == XFER_RDMA_NODE_WAIT)
-      return PX_LATER;
-    if (nr == XFER_RDMA_NODE_QUEUED) {
-      atomic_fetch_add_explicit(&r->bytes_out, DEP_XFER_HDR_WIRE + tab + payload + sizeof(uint64_t),
-                                memory_order_relaxed);
-      atomic_fetch_add_explicit(&r->payload_out, payload, memory_order_relaxed);
-      atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
-      return PX_TAKEN;
+    if (nr == PX_NODE_LOST) {
+      if (!atomic_exchange(&r->said, true))
+        log_warnx("job %s: local rank %u: %s; the job fails", r->id, lr, why);
+      xfer__route_fail(r, DEP_ERR_PEER);
+      return PX_BAD;
     }
+    if (nr == PX_NODE_LATER)
+      return PX_LATER;
+    if (nr == PX_NODE_SENT)
+      return PX_TAKEN;
   }
   /* A streamed node channel's chunk is copied whatever its size: the rank
    * writes its place again once the ring's tail is past it (xring.h),

@@ -109,6 +109,7 @@ struct xr_peer {
    * the loop with the first queue pair either way and kept to the end. */
   uint8_t *stage;
   struct ibv_mr *stage_mr;
+  bool stage_failed;              /* the loop's: it could not be made (said once) */
   /* Under mu: the peer's staging for us (its acceptance of out), and the
    * frames we have written into it on out. */
   struct dep_xfer_rdma_stage far;
@@ -269,10 +270,8 @@ static _Atomic uint64_t *stage_word(const struct xr_peer *p, uint64_t off) {
  * it cannot be (said once), and NODE frames go over TCP. */
 static bool stage_ensure(int k) {
   struct xr_peer *p = &XR.p[k];
-  if (p->stage != NULL)
-    return true;
-  if (p->stage_mr != NULL)
-    return false; /* a sentinel: it failed before */
+  if (p->stage != NULL || p->stage_failed)
+    return p->stage != NULL;
   uint8_t *m = aligned_alloc(4096, (XR_STAGE_LEN + 4095u) / 4096u * 4096u);
   char why[256] = "out of memory";
   struct ibv_mr *mr = NULL;
@@ -286,7 +285,7 @@ static bool stage_ensure(int k) {
   if (m == NULL) {
     log_warnx("peer %s: no staging for its node channels' frames (%s): they go over TCP",
               peer_name(k), why);
-    p->stage_mr = (struct ibv_mr *)&XR; /* not NULL: tried */
+    p->stage_failed = true;
     return false;
   }
   atomic_store_explicit((_Atomic uint64_t *)(m + XR_STAGE_FREED), 1, memory_order_relaxed);
@@ -472,6 +471,7 @@ void xfer_rdma_fini(void) {
     }
     p->stage = NULL;
     p->stage_mr = NULL;
+    p->stage_failed = false;
   }
   atomic_store(&XR.staging, 0);
   rdmaxp_set_data_events(NULL);
@@ -922,6 +922,10 @@ bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr, 
 }
 
 /* ---- the staging's frames and credits (xfer_rdma.h) ---------------------------------------- */
+
+uint64_t xfer_rdma_node_room(void) {
+  return XR_STAGE_BYTES - DEP_XFER_STAGE_DATA - DEP_XFER_HDR_WIRE;
+}
 
 enum xfer_rdma_node_rc xfer_rdma_node(struct xfer_rdma_route *xr, int k, const uint8_t *hdr,
                                       const uint8_t *table, uint64_t tab, const uint8_t *rows,

@@ -152,9 +152,12 @@ void xfer_rdma_thread_end(void);
  */
 enum xfer_rdma_node_rc {
   XFER_RDMA_NODE_QUEUED, /* its writes are in this thread's chain */
-  XFER_RDMA_NODE_TCP,    /* not RDMA's: no staging at the peer, or a frame larger than a chunk */
+  XFER_RDMA_NODE_TCP,    /* not RDMA's: no staging at the peer (or larger than its chunk) */
   XFER_RDMA_NODE_WAIT    /* every chunk of the peer's staging is in use: take it again later */
 };
+/* The most payload (table and rows) a NODE frame into a staging may carry:
+ * a larger chunk goes in pieces, each with its own table. */
+uint64_t xfer_rdma_node_room(void);
 /* NODE frame hdr (its wire form, DEP_XFER_HDR_WIRE bytes) and its payload
  * (table, tab bytes, then rows, n bytes) of route xr for peer k. */
 enum xfer_rdma_node_rc xfer_rdma_node(struct xfer_rdma_route *xr, int k, const uint8_t *hdr,

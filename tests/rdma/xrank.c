@@ -17,7 +17,8 @@
  * throughput dispatch of top-4 of 8 experts (most tokens go to both ranks of
  * the other node), checks it against the oracle bit for bit and prints
  * "rank R: once ok: N rows for other nodes, M for their ranks, B bytes a
- * row" (N: its tokens with an expert on the other node, each once; M: each
+ * row" (or "rank R: once: ..." or "rank R: attach: ..." saying what
+ * failed; N: its tokens with an expert on the other node, each once; M: each
  * once per rank of it; B: the layout's row_bytes with $XRANK_CHUNK rows a
  * chunk); then it holds the job until the file $XRANK_ONCE names exists,
  * so that the daemons' counters are read while it runs.
@@ -137,6 +138,7 @@ static int xr_main(char **argv) {
     /* Top-4 of 8 experts, every rank its most tokens: a token for both ranks of a node. */
     xr_scenario.topk = 4;
     xr_scenario.tokens = T_MAX;
+    xr_scenario.max_ll = 1; /* no LL call: the oracle's LL rows would only cost time */
   }
   ow_seed_init(0);
   static struct ow_case d;
