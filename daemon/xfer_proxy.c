@@ -248,7 +248,7 @@ enum px_node {
   PX_NODE_TCP,    /* none of it: it goes as a frame */
   PX_NODE_LATER,  /* the staging had no chunk free for (the rest of) it */
   PX_NODE_BAD,    /* its header did not encode (why) */
-  PX_NODE_LOST    /* the staging went with part of it across (why) */
+  PX_NODE_LOST    /* the staging went with part of it across: the route failed (said) */
 };
 
 /* Count a NODE frame's piece of tab bytes of table and n of rows, queued
@@ -339,12 +339,16 @@ static enum px_node node_rdma(struct xfer_route *r, uint32_t lr, int peer,
     if (rc != XFER_RDMA_NODE_QUEUED) {
       if (rc == XFER_RDMA_NODE_TCP && pt->rows == 0)
         return PX_NODE_TCP; /* none of it went: all of it goes as one frame */
-      if (rc == XFER_RDMA_NODE_TCP)
-        snprintf(why, len, "a node channel's chunk of %u rows of which %u went into the "
-                 "staging of node %s, which went before the rest could", total, pt->rows,
-                 peer_name(peer));
+      const uint32_t went = pt->rows;
       memset(pt, 0, sizeof *pt);
-      return rc < 0 ? PX_NODE_BAD : PX_NODE_LOST;
+      if (rc < 0)
+        return PX_NODE_BAD;
+      if (!atomic_exchange(&r->said, true))
+        log_warnx("job %s: local rank %u: %u of a node channel's chunk of %u rows went into the "
+                  "staging of node %s, which went before the rest could; the job fails", r->id,
+                  lr, went, total, peer_name(peer));
+      xfer__route_fail(r, DEP_ERR_PEER);
+      return PX_NODE_LOST;
     }
     node_counted(r, DEP_XFER_NODE_BYTES(n), (uint64_t)m * rb);
     for (uint32_t e = 0; e < n_dest; e++)
@@ -416,16 +420,8 @@ static enum px_take take_desc(struct xfer_route *r, uint32_t lr, const struct de
         node_rdma(r, lr, peer, &h, table, n_dest, s.payload, payload, why, sizeof why);
     if (nr == PX_NODE_BAD)
       goto bad;
-    if (nr == PX_NODE_LOST) {
-      if (!atomic_exchange(&r->said, true))
-        log_warnx("job %s: local rank %u: %s; the job fails", r->id, lr, why);
-      xfer__route_fail(r, DEP_ERR_PEER);
-      return PX_BAD;
-    }
-    if (nr == PX_NODE_LATER)
-      return PX_LATER;
-    if (nr == PX_NODE_SENT)
-      return PX_TAKEN;
+    if (nr != PX_NODE_TCP)
+      return nr == PX_NODE_SENT ? PX_TAKEN : nr == PX_NODE_LATER ? PX_LATER : PX_BAD;
   }
   /* A streamed node channel's chunk is copied whatever its size: the rank
    * writes its place again once the ring's tail is past it (xring.h),

@@ -25,136 +25,10 @@
 #include "rdmaxp.h"
 #include "testhooks.h"
 #include "xfer.h"
+#include "xfer_rdma_internal.h"
 
-/* Work requests in one thread's chain for one peer: a quarter of the send
- * queue, so that a chain always finds room once the one before it is out. */
-#define XR_CHAIN 128u
-/* A block's payload spans at most this many (source piece, target window) segments. */
-#define XR_SEGS 8u
-/* Windows per remote slab kept: MEMBERSHIP's pieces per rank. */
-#define XR_WIN_MAX 4u
-/* A full send queue is waited on this long before the queue pair is taken as broken. */
-#define XR_ROOM_MS 10000ull
-/* A route's end waits this long for its writes in flight. */
-#define XR_QUIESCE_MS 2000ull
-/* A peer's staging (xfer_rdma.h): chunks, and the bytes of each (its ready
- * word's room, then a NODE frame: its header and payload).  A frame larger
- * than a chunk goes over TCP. */
-#define XR_STAGE_CHUNKS 4u
-#define XR_STAGE_BYTES (2ull << 20)
-/* Where our staging for a peer keeps its words and chunks: the credit word
- * the peer writes (1 + our chunks it has freed), ours for it (1 + its
- * chunks we have freed, the source of our credit writes), then the chunks
- * it writes into, then those we copy our frames into for it. */
-#define XR_STAGE_CREDIT 0u
-#define XR_STAGE_FREED 8u
-#define XR_STAGE_IN(i) (DEP_XFER_STAGE_HEAD + (uint64_t)(i) * XR_STAGE_BYTES)
-#define XR_STAGE_OUT(i) XR_STAGE_IN(XR_STAGE_CHUNKS + (i))
-#define XR_STAGE_LEN XR_STAGE_IN(2u * XR_STAGE_CHUNKS)
-
-struct xr_win {
-  uint64_t slab_off, len, addr; /* slab_off: of the exchange region (peer_proto.h) */
-  uint32_t rkey;
-};
-
-/* One remote rank's exchange region, as an RDMA target. */
-struct xr_dest {
-  int16_t peer;                   /* -1: held here */
-  uint32_t local;                 /* held here: its number among the ranks held here */
-  uint32_t n;                     /* windows; 0: not a target (a window without a key) */
-  struct xr_win w[XR_WIN_MAX];
-};
-
-/* What went to a peer as RDMA writes: blocks taken, the work requests they made, the chains
- * posted (one ibv_post_send each) and the bytes the writes carry. */
-struct xr_count {
-  _Atomic uint64_t blocks, writes, posts, bytes;
-};
-
-struct xfer_rdma_route {
-  char id[DEP_JOB_ID_MAX];
-  struct dep_slab_layout lay_of[CONFIG_MAX_LIST]; /* peer k's ranks' layout: where blocks land
-                                                     in their exchange regions */
-  uint32_t world;
-  uint64_t peers;                 /* bit k: peer k holds ranks of it */
-  struct xr_count by_peer[CONFIG_MAX_LIST];
-  /* [local number * CONFIG_MAX_LIST + peer]: a rank held here is remote rank
-   * number ri_at[..] of that peer's ranks (their exchange regions are by it):
-   * counted once here, not per block. */
-  uint32_t *ri_at;
-  struct xr_dest dest[];          /* by global rank: world entries */
-};
-
-/* What rdmaxp's callbacks are given as owner: one per peer and direction,
- * and the test's queue pair with a wrong proof (TESTHOOK_RDMA_BAD_PROOFS_ENV). */
-struct xr_end {
-  int peer;
-  bool out, wrong;
-};
-
-/* What a peer did wrong here, said at most every XFER_SAY_MS (the loop's). */
-struct xr_peer {
-  pthread_mutex_t mu;             /* one poster/poller at a time; the loop's changes */
-  struct rdmaxp_qp *out;          /* under mu: our queue pair into the peer, connecting or up */
-  _Atomic bool ready;             /* out is up and not broken (read without mu to choose) */
-  bool broken;                    /* under mu: a request failed; nothing more is posted */
-  uint64_t posted, done;          /* under mu: requests posted, retired by completions */
-  struct rdmaxp_qp *in;           /* the loop's: the peer's queue pair into us */
-  /* The loop's: the offer's token out was opened with, whether out came
-   * up, and whether it failed to (then TCP until the peer is down). */
-  uint8_t token[DEP_PEER_TOKEN_LEN];
-  bool was_up, no_rdma;
-  struct rdmaxp_qp *wrong;        /* the loop's: the test's request with a wrong proof */
-  /* Our staging for the peer (XR_STAGE_*, registered as stage_mr), made by
-   * the loop with the first queue pair either way and kept to the end. */
-  uint8_t *stage;
-  struct ibv_mr *stage_mr;
-  bool stage_failed;              /* the loop's: it could not be made (said once) */
-  /* Under mu: the peer's staging for us (its acceptance of out), and the
-   * frames we have written into it on out. */
-  struct dep_xfer_rdma_stage far;
-  bool far_known;
-  uint64_t staged;
-  /* in_mu: one proxy thread at a time takes the peer's chunks (in_next:
-   * those taken since its queue pair into us was accepted); the loop
-   * starts them again from 0 there. */
-  pthread_mutex_t in_mu;
-  uint64_t in_next;
-  /* The loop's: its requests that named an offer but did not prove the
-   * key, or were of another data stream version. */
-  struct xfer_say bad_proofs, bad_versions;
-};
-
-/* One proxy thread's chain for one peer. */
-struct xr_chain {
-  uint32_t n;
-  struct ibv_send_wr wr[XR_CHAIN];
-  struct ibv_sge sge[XR_CHAIN];
-  struct xfer_rdma_route *routes[8]; /* whose blocks it holds, for their post counts */
-  uint32_t n_routes;
-};
-
-struct xr_thread {
-  uint64_t queued;                /* bit k: a chain for peer k holds requests */
-  uint64_t outstanding;           /* bit k: requests posted to k may not be retired */
-  struct xr_chain *chain[CONFIG_MAX_LIST];
-};
-
-static struct {
-  bool active;
-  const struct config *cfg;
-  const struct xfer_rdma_offers *offers;
-  struct xr_peer p[CONFIG_MAX_LIST];
-  struct xr_end ends[3][CONFIG_MAX_LIST]; /* [0] in, [1] out, [2] the test's wrong proof */
-  _Atomic uint64_t lost;          /* peers whose writes in flight were lost (the loop saw it) */
-  /* Per peer since the daemon started, every job's together (a route's own counts go with
-   * it): counters that only grow, for the metrics (xfer_rdma_peer_stats).  A chain posts
-   * blocks of several routes at once, so a peer's posts are counted here, not summed. */
-  struct xr_count sent[CONFIG_MAX_LIST];
-  int test_bad_proofs;            /* $DEEPEPD_TEST_RDMA_BAD_PROOFS left to do for data queue
-                                     pairs (the loop's; the one made for the other direction) */
-  _Atomic uint64_t staging;       /* bit k: our staging for peer k is made (the proxies poll it) */
-} XR;
+/* The state is xfer_rdma_internal.h's. */
+struct xfer_rdma_state xfer_rdma__state;
 
 static _Thread_local struct xr_thread *XT;
 
@@ -260,112 +134,6 @@ static void wrong_done(int k, const char *why) {
   pthread_mutex_unlock(&p->mu);
 }
 
-/* ---- the staging (xfer_rdma.h: one crossing per destination node) ---------------------- */
-
-static _Atomic uint64_t *stage_word(const struct xr_peer *p, uint64_t off) {
-  return (_Atomic uint64_t *)(p->stage + off);
-}
-
-/* Our staging for peer k, made and registered once (the loop): false when
- * it cannot be (said once), and NODE frames go over TCP. */
-static bool stage_ensure(int k) {
-  struct xr_peer *p = &XR.p[k];
-  if (p->stage != NULL || p->stage_failed)
-    return p->stage != NULL;
-  uint8_t *m = aligned_alloc(4096, (XR_STAGE_LEN + 4095u) / 4096u * 4096u);
-  char why[256] = "out of memory";
-  struct ibv_mr *mr = NULL;
-  if (m != NULL) {
-    memset(m, 0, XR_STAGE_LEN);
-    if (rdmaxp_reg_host(m, XR_STAGE_LEN, &mr, why, sizeof why) != 0) {
-      free(m);
-      m = NULL;
-    }
-  }
-  if (m == NULL) {
-    log_warnx("peer %s: no staging for its node channels' frames (%s): they go over TCP",
-              peer_name(k), why);
-    p->stage_failed = true;
-    return false;
-  }
-  atomic_store_explicit((_Atomic uint64_t *)(m + XR_STAGE_FREED), 1, memory_order_relaxed);
-  pthread_mutex_lock(&p->in_mu);
-  p->stage = m;
-  p->stage_mr = mr;
-  pthread_mutex_unlock(&p->in_mu);
-  atomic_fetch_or(&XR.staging, 1ull << k);
-  return true;
-}
-
-/* Post the write of our count of peer k's freed chunks into its staging's
- * credit word, at once (the loop; mu held): when our queue pair into it
- * comes up and when a new one of its is accepted, so that it learns that
- * we can credit it, and from what count.  Skipped when the send queue is
- * full: a chunk taken later credits the same word. */
-static void stage_credit_now(int k, struct xr_peer *p) {
-  if (p->out == NULL || !atomic_load(&p->ready) || p->broken || !p->far_known ||
-      p->stage == NULL || p->posted - p->done >= rdmaxp_data_depth())
-    return;
-  struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)(p->stage + XR_STAGE_FREED),
-                        .length = sizeof(uint64_t), .lkey = rdmaxp_mr_lkey(p->stage_mr)};
-  struct ibv_send_wr wr = {.wr_id = p->posted + 1, .sg_list = &sge, .num_sge = 1,
-                           .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED},
-                     *bad = NULL;
-  wr.wr.rdma.remote_addr = p->far.addr + XR_STAGE_CREDIT;
-  wr.wr.rdma.rkey = p->far.rkey;
-  int rc = ibv_post_send(rdmaxp_qp_verbs(p->out), &wr, &bad);
-  if (rc != 0) {
-    log_warnx("peer %s: ibv_post_send of a staging credit failed: %s; its jobs fail",
-              peer_name(k), strerror(rc));
-    p->broken = true;
-    atomic_store(&p->ready, false);
-    return;
-  }
-  p->posted++;
-}
-
-/* Our acceptance of peer k's data queue pair: our staging for it, whose
- * chunks it writes from 0 again (its count starts anew with the queue
- * pair), and, if we can already credit it, that we can. */
-static size_t on_reply(void *owner, uint8_t *priv, size_t max) {
-  const struct xr_end *e = owner;
-  struct xr_peer *p = &XR.p[e->peer];
-  if (e->out || max < sizeof(struct dep_xfer_rdma_stage) || !stage_ensure(e->peer))
-    return 0;
-  pthread_mutex_lock(&p->in_mu);
-  p->in_next = 0;
-  for (uint32_t i = 0; i < XR_STAGE_CHUNKS; i++)
-    atomic_store_explicit(stage_word(p, XR_STAGE_IN(i)), 0, memory_order_relaxed);
-  atomic_store_explicit(stage_word(p, XR_STAGE_FREED), 1, memory_order_relaxed);
-  pthread_mutex_lock(&p->mu);
-  stage_credit_now(e->peer, p);
-  pthread_mutex_unlock(&p->mu);
-  pthread_mutex_unlock(&p->in_mu);
-  const struct dep_xfer_rdma_stage st = {.addr = (uint64_t)(uintptr_t)p->stage,
-                                         .rkey = rdmaxp_mr_rkey(p->stage_mr),
-                                         .chunks = XR_STAGE_CHUNKS,
-                                         .chunk_bytes = XR_STAGE_BYTES};
-  memcpy(priv, &st, sizeof st);
-  return sizeof st;
-}
-
-/* The peer's staging for us, from its acceptance of our queue pair: used
- * only when it is of our own chunks and sizes (one build's), else NODE
- * frames to it go over TCP. */
-static bool far_stage(int k, const uint8_t *priv, size_t privlen, struct dep_xfer_rdma_stage *st) {
-  if (privlen < sizeof *st || !stage_ensure(k))
-    return false;
-  memcpy(st, priv, sizeof *st);
-  if (st->addr != 0 && st->rkey != 0 && st->chunks == XR_STAGE_CHUNKS &&
-      st->chunk_bytes == XR_STAGE_BYTES)
-    return true;
-  log_warnx("peer %s: its staging for node channels' frames (%u chunks of %llu bytes) is not "
-            "this deepepd's (%u of %llu): they go over TCP", peer_name(k), st->chunks,
-            (unsigned long long)st->chunk_bytes, XR_STAGE_CHUNKS,
-            (unsigned long long)XR_STAGE_BYTES);
-  return false;
-}
-
 static void on_up(void *owner, struct rdmaxp_qp *q, const uint8_t *priv, size_t privlen) {
   struct xr_end *e = owner;
   struct xr_peer *p = &XR.p[e->peer];
@@ -382,7 +150,7 @@ static void on_up(void *owner, struct rdmaxp_qp *q, const uint8_t *priv, size_t 
     return;
   }
   struct dep_xfer_rdma_stage st;
-  const bool staged = far_stage(e->peer, priv, privlen, &st);
+  const bool staged = xfer_rdma__stage_far(e->peer, priv, privlen, &st);
   pthread_mutex_lock(&p->mu);
   bool ours = p->out == q;
   if (ours) {
@@ -392,7 +160,7 @@ static void on_up(void *owner, struct rdmaxp_qp *q, const uint8_t *priv, size_t 
     p->far = st;
     p->far_known = staged;
     p->staged = 0;
-    stage_credit_now(e->peer, p);
+    xfer_rdma__stage_credit_now(e->peer, p);
   }
   pthread_mutex_unlock(&p->mu);
   p->was_up |= ours;
@@ -441,7 +209,7 @@ static void on_down(void *owner, struct rdmaxp_qp *q, const char *why) {
 }
 
 static const struct rdmaxp_data_events xr_events = {
-    .accept = on_accept, .reply = on_reply, .up = on_up, .down = on_down};
+    .accept = on_accept, .reply = xfer_rdma__stage_reply, .up = on_up, .down = on_down};
 
 void xfer_rdma_init(const struct config *cfg, const struct xfer_rdma_offers *offers) {
   memset(&XR, 0, sizeof XR);
@@ -464,14 +232,7 @@ void xfer_rdma_fini(void) {
     return;
   for (int k = 0; k < CONFIG_MAX_LIST; k++) {
     xfer_rdma_peer_down(k);
-    struct xr_peer *p = &XR.p[k];
-    if (p->stage != NULL) {
-      rdmaxp_dereg(p->stage_mr);
-      free(p->stage);
-    }
-    p->stage = NULL;
-    p->stage_mr = NULL;
-    p->stage_failed = false;
+    xfer_rdma__stage_free(&XR.p[k]);
   }
   atomic_store(&XR.staging, 0);
   rdmaxp_set_data_events(NULL);
@@ -536,8 +297,7 @@ void xfer_rdma_peer_down(int k) {
   p->posted = p->done = 0;
   p->far_known = false;
   p->staged = 0;
-  if (p->stage != NULL) /* the peer's credits for our frames start anew with its next queue pair */
-    atomic_store_explicit(stage_word(p, XR_STAGE_CREDIT), 0, memory_order_relaxed);
+  xfer_rdma__stage_reset(p); /* the peer's credits for our frames start anew */
   pthread_mutex_unlock(&p->mu);
   rdmaxp_close(q); /* no proxy thread holds it: they take mu first */
   rdmaxp_close(p->in);
@@ -800,11 +560,8 @@ void xfer_rdma_thread_end(void) {
   XT = NULL;
 }
 
-/* Append n work requests (wr, sge) for peer k to this thread's chain, on
- * behalf of route xr (NULL: none), and count them with bytes: false when
- * out of memory or the chain could not be posted (then lost). */
-static bool chain_add(int k, struct xfer_rdma_route *xr, const struct ibv_send_wr *wr,
-                      const struct ibv_sge *sge, uint32_t n, uint64_t bytes) {
+bool xfer_rdma__chain_add(int k, struct xfer_rdma_route *xr, const struct ibv_send_wr *wr,
+                          const struct ibv_sge *sge, uint32_t n, uint64_t bytes) {
   if (XT == NULL && (XT = calloc(1, sizeof *XT)) == NULL)
     return false;
   struct xr_chain *c = XT->chain[k];
@@ -918,107 +675,5 @@ bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr, 
   }
   uint64_t bytes = (s->payload != NULL ? d->bytes : 0) + (s->slot != NULL ? DEP_SLAB_CTRL_SLOT : 0) +
                    (s->mark != NULL || s->credit != NULL ? sizeof(uint64_t) : 0);
-  return chain_add(k, xr, wr, sge, n, bytes);
-}
-
-/* ---- the staging's frames and credits (xfer_rdma.h) ---------------------------------------- */
-
-uint64_t xfer_rdma_node_room(void) {
-  return XR_STAGE_BYTES - DEP_XFER_STAGE_DATA - DEP_XFER_HDR_WIRE;
-}
-
-enum xfer_rdma_node_rc xfer_rdma_node(struct xfer_rdma_route *xr, int k, const uint8_t *hdr,
-                                      const uint8_t *table, uint64_t tab, const uint8_t *rows,
-                                      uint64_t n) {
-  const uint64_t len = DEP_XFER_HDR_WIRE + tab + n;
-  if (xr == NULL || k < 0 || k >= CONFIG_MAX_LIST || !(xr->peers >> k & 1) ||
-      DEP_XFER_STAGE_DATA + len > XR_STAGE_BYTES)
-    return XFER_RDMA_NODE_TCP;
-  struct xr_peer *p = &XR.p[k];
-  pthread_mutex_lock(&p->mu);
-  if (p->out == NULL || !atomic_load(&p->ready) || p->broken || !p->far_known) {
-    pthread_mutex_unlock(&p->mu);
-    return XFER_RDMA_NODE_TCP;
-  }
-  /* The peer's word: 0 until it can credit us, then 1 + our frames it has freed. */
-  const uint64_t credit = atomic_load_explicit(stage_word(p, XR_STAGE_CREDIT),
-                                               memory_order_acquire);
-  if (credit == 0) {
-    pthread_mutex_unlock(&p->mu);
-    return XFER_RDMA_NODE_TCP;
-  }
-  if (credit - 1 > p->staged || p->staged - (credit - 1) >= XR_STAGE_CHUNKS) {
-    pthread_mutex_unlock(&p->mu);
-    return XFER_RDMA_NODE_WAIT; /* a word of a queue pair before this one's, or no chunk free */
-  }
-  const uint64_t seq = ++p->staged;
-  const struct dep_xfer_rdma_stage far = p->far;
-  pthread_mutex_unlock(&p->mu);
-  /* Chunk seq - 1 of ours is this thread's until the peer frees its twin. */
-  const uint32_t i = (uint32_t)((seq - 1) % XR_STAGE_CHUNKS);
-  uint8_t *c = p->stage + XR_STAGE_OUT(i);
-  memcpy(c + DEP_XFER_STAGE_DATA, hdr, DEP_XFER_HDR_WIRE);
-  memcpy(c + DEP_XFER_STAGE_DATA + DEP_XFER_HDR_WIRE, table, tab);
-  memcpy(c + DEP_XFER_STAGE_DATA + DEP_XFER_HDR_WIRE + tab, rows, n);
-  memcpy(c, &seq, sizeof seq);
-  /* The frame, then its ready word: one queue pair places them in that order. */
-  const uint64_t at = far.addr + DEP_XFER_STAGE_HEAD + (uint64_t)i * far.chunk_bytes;
-  const uint32_t lkey = rdmaxp_mr_lkey(p->stage_mr);
-  struct ibv_sge sge[2] = {
-      {.addr = (uint64_t)(uintptr_t)(c + DEP_XFER_STAGE_DATA), .length = (uint32_t)len, .lkey = lkey},
-      {.addr = (uint64_t)(uintptr_t)c, .length = sizeof seq, .lkey = lkey}};
-  struct ibv_send_wr wr[2] = {{.num_sge = 1, .opcode = IBV_WR_RDMA_WRITE},
-                              {.num_sge = 1, .opcode = IBV_WR_RDMA_WRITE}};
-  wr[0].wr.rdma.remote_addr = at + DEP_XFER_STAGE_DATA;
-  wr[1].wr.rdma.remote_addr = at;
-  wr[0].wr.rdma.rkey = wr[1].wr.rdma.rkey = far.rkey;
-  /* Lost (the queue pair broke): the routes to k fail at the sweep's end,
-   * and this frame goes over TCP meanwhile. */
-  return chain_add(k, xr, wr, sge, 2, len + sizeof seq) ? XFER_RDMA_NODE_QUEUED
-                                                        : XFER_RDMA_NODE_TCP;
-}
-
-/* Take what peer k staged here (in_mu held): the chunks taken. */
-static uint64_t stage_take(int k, struct xr_peer *p, xfer_stage_fn *take) {
-  pthread_mutex_lock(&p->mu);
-  /* Only while our credits can go back: else the peer would wait for them in vain. */
-  const bool can = p->out != NULL && atomic_load(&p->ready) && !p->broken && p->far_known;
-  const struct dep_xfer_rdma_stage far = p->far;
-  pthread_mutex_unlock(&p->mu);
-  uint64_t taken = 0;
-  for (; can && taken < XR_STAGE_CHUNKS; taken++) {
-    const uint32_t i = (uint32_t)(p->in_next % XR_STAGE_CHUNKS);
-    const uint8_t *c = p->stage + XR_STAGE_IN(i);
-    if (atomic_load_explicit(stage_word(p, XR_STAGE_IN(i)), memory_order_acquire) !=
-        p->in_next + 1)
-      break;
-    struct xfer_rdma_route *to = NULL;
-    if (take(k, c + DEP_XFER_STAGE_DATA, XR_STAGE_BYTES - DEP_XFER_STAGE_DATA, &to) != 0)
-      break;
-    p->in_next++;
-    atomic_store_explicit(stage_word(p, XR_STAGE_FREED), p->in_next + 1, memory_order_relaxed);
-    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)(p->stage + XR_STAGE_FREED),
-                          .length = sizeof(uint64_t), .lkey = rdmaxp_mr_lkey(p->stage_mr)};
-    struct ibv_send_wr wr = {.num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
-    wr.wr.rdma.remote_addr = far.addr + XR_STAGE_CREDIT;
-    wr.wr.rdma.rkey = far.rkey;
-    if (!chain_add(k, to, &wr, &sge, 1, sizeof(uint64_t))) {
-      taken++;
-      break; /* the queue pair broke: the routes to k fail at the sweep's end */
-    }
-  }
-  return taken;
-}
-
-uint64_t xfer_rdma_stage_poll(xfer_stage_fn *take) {
-  uint64_t peers = atomic_load_explicit(&XR.staging, memory_order_relaxed), taken = 0;
-  for (int k = 0; peers != 0; k++, peers >>= 1) {
-    struct xr_peer *p = &XR.p[k];
-    if (!(peers & 1) || pthread_mutex_trylock(&p->in_mu) != 0)
-      continue; /* another proxy thread takes its chunks */
-    if (p->stage != NULL)
-      taken += stage_take(k, p, take);
-    pthread_mutex_unlock(&p->in_mu);
-  }
-  return taken;
+  return xfer_rdma__chain_add(k, xr, wr, sge, n, bytes);
 }
