@@ -121,7 +121,8 @@ bool rdmaxp_qp_accepted(const struct rdmaxp_qp *q);
  * dep_xfer_rdma_req), set up and torn down on the loop like the links' but
  * driven by a proxy thread: a completion queue of their own with no
  * channel, which that thread polls, no receives, no keep-alive, and only
- * the sends it asks for signalled.
+ * the sends it asks for signalled.  The accepting end's acceptance carries
+ * private data of the owner's (reply), which the connecting end's up gets.
  */
 struct rdmaxp_data_events {
   /* A connection request whose token names no link's offer: the owner for
@@ -129,8 +130,12 @@ struct rdmaxp_data_events {
    * proof holds (the offer spent then), else NULL (it is rejected; *said
    * when the hook logged why, else rdmaxp says it names no offer). */
   void *(*accept)(const struct dep_xfer_rdma_req *req, bool *said);
-  /* q is connected. */
-  void (*up)(void *owner, struct rdmaxp_qp *q);
+  /* The private data of our acceptance of the request owner took: written
+   * at priv (at most max bytes), its length returned. */
+  size_t (*reply)(void *owner, uint8_t *priv, size_t max);
+  /* q is connected; at the connecting end, priv holds the acceptance's
+   * private data (privlen bytes, as the far end's reply wrote it). */
+  void (*up)(void *owner, struct rdmaxp_qp *q, const uint8_t *priv, size_t privlen);
   /* q failed or the far end closed it: called before q is freed, so that
    * the owner's threads let go of it first. */
   void (*down)(void *owner, struct rdmaxp_qp *q, const char *why);

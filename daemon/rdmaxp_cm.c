@@ -25,6 +25,11 @@
  * peer_proto.h's dep_peer_qp_req, a data queue pair's xring.h's
  * dep_xfer_rdma_req. */
 #define PRIV_MAX 56
+/* What an RC connection's acceptance carries: a data queue pair's is
+ * xring.h's dep_xfer_rdma_stage (the acceptor's staging for the peer). */
+#define PRIV_REP_MAX 64
+_Static_assert(sizeof(struct dep_xfer_rdma_stage) <= PRIV_REP_MAX,
+               "a data queue pair's acceptance is the acceptor's staging");
 _Static_assert(sizeof(struct dep_peer_qp_req) <= PRIV_MAX,
                "RC connection private data holds 56 bytes");
 _Static_assert(sizeof(struct dep_xfer_rdma_req) <= PRIV_MAX &&
@@ -56,7 +61,11 @@ static void qp_accept(struct rdmaxp_qp *q, struct rdma_cm_id *id) {
     rdmaxp__qp_fail(q, "%s", why);
     return;
   }
-  struct rdma_conn_param p = conn_param(NULL, 0);
+  uint8_t priv[PRIV_REP_MAX];
+  size_t len = 0;
+  if (q->data && R.dev_ev != NULL && R.dev_ev->reply != NULL)
+    len = R.dev_ev->reply(q->owner, priv, sizeof priv);
+  struct rdma_conn_param p = conn_param(len > 0 ? priv : NULL, (uint8_t)len);
   if (R.rd->cm.accept(id, &p) != 0)
     rdmaxp__qp_fail(q, "rdma_accept: %s", strerror(errno));
 }
@@ -188,7 +197,7 @@ static void on_cm_event(enum rdma_cm_event_type type, struct rdma_cm_id *id, int
       log_warnx("rdma: a link's connection request with a wrong proof ($" TESTHOOK_RDMA_BAD_PROOFS_ENV
                 ") was accepted: the peer opened the queue pair on the token alone");
     if (q->data && R.dev_ev != NULL && R.dev_ev->up != NULL)
-      R.dev_ev->up(q->owner, q);
+      R.dev_ev->up(q->owner, q, priv, privlen);
     else if (!q->data && R.ev != NULL && R.ev->up != NULL)
       R.ev->up(q->owner, q);
     break;

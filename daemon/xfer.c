@@ -111,28 +111,25 @@ struct xfer_route *xfer__route_new(uint32_t world) {
 }
 
 /*
- * The fan table of route r's rings (xring.h): each node whose blocks from
- * here go over TCP, with more than one rank of the job, takes a dispatch's
- * rows as one node channel, led by its first rank; a node with a rank
- * this route reaches by RDMA writes keeps a channel per rank (no daemon
- * takes part in a write, so none could fan one out), as does a node of one
- * rank (its node channel would be its own).  Written before the rings are
- * lent: the ranks read it once, at attach.
+ * The fan table of route r's rings (xring.h): each node with more than one
+ * rank of the job takes a dispatch's rows as one node channel, led by its
+ * first rank, and its daemon fans them out, whether they come over TCP or
+ * into its staging by RDMA writes (xfer_rdma.h); a node of one rank keeps
+ * its channel (its node channel would be its own).  Written before the
+ * rings are lent: the ranks read it once, at attach.
  */
 static void route_fan(struct xfer_route *r) {
   uint32_t ranks[CONFIG_MAX_LIST] = {0}, lead[CONFIG_MAX_LIST];
-  bool rdma[CONFIG_MAX_LIST] = {false};
   for (uint32_t g = r->world; g-- > 0;) {
     const int k = r->peer_of[g];
     if (k < 0 || k >= CONFIG_MAX_LIST)
       continue;
     ranks[k]++;
     lead[k] = g; /* the lowest, walking down */
-    rdma[k] = rdma[k] || xfer_rdma_route_reaches(r->rdma, g);
   }
   for (uint32_t g = 0; g < r->world; g++) {
     const int k = r->peer_of[g];
-    const bool fan = k >= 0 && k < CONFIG_MAX_LIST && ranks[k] > 1 && !rdma[k];
+    const bool fan = k >= 0 && k < CONFIG_MAX_LIST && ranks[k] > 1;
     for (uint32_t i = 0; i < r->local_world && k >= 0; i++)
       r->ring[i]->fan[r->remote_of[g]] = fan ? (uint16_t)(r->remote_of[lead[k]] + 1) : 0;
   }
@@ -335,8 +332,8 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
   else if (h->kind == DEP_XRING_NODE &&
            (h->bytes < DEP_XFER_NODE_BYTES(0) ||
             h->bytes > DEP_XFER_NODE_BYTES(r->local_world) + (uint64_t)l->chunk_rows * l->row_bytes ||
-            l->chunk_rows == 0 || h->row0 % l->chunk_rows != 0 || h->row0 >= l->max_tokens))
-    wrong = "a node channel's chunk larger than its table and rows, or not at a chunk";
+            l->chunk_rows == 0 || h->row0 >= l->max_tokens))
+    wrong = "a node channel's chunk larger than its table and rows, or past a call's rows";
   else if (h->kind != DEP_XRING_BLOCK && h->kind != DEP_XRING_CREDIT && h->kind != DEP_XRING_NODE)
     wrong = xfer__chunk_wrong(l, h->kind, h->row0, h->bytes);
   if (wrong != NULL) {
@@ -486,8 +483,10 @@ int xfer__node_fanout(struct xfer_route *r, const struct dep_xfer_hdr *h, const 
   struct dep_xfer_node nh;
   memcpy(&nh, buf, sizeof nh);
   const char *wrong = NULL;
-  if (nh.n_dest > r->local_world || nh.rows == 0 || nh.rows > l->chunk_rows ||
-      h->row0 + nh.rows > l->max_tokens ||
+  /* Its rows lie in one chunk of the node channel: the whole chunk, or a
+   * piece of it (one staging chunk's worth over RDMA, xfer_proxy.c). */
+  if (nh.n_dest > r->local_world || nh.rows == 0 ||
+      h->row0 % l->chunk_rows + nh.rows > l->chunk_rows || h->row0 + nh.rows > l->max_tokens ||
       DEP_XFER_NODE_BYTES(nh.n_dest) + (uint64_t)nh.rows * l->row_bytes != h->bytes)
     wrong = "a table that does not fit its frame or a chunk";
   struct dep_xfer_node_dest ent[DEP_MAX_LOCAL_RANKS];

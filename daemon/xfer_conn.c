@@ -1,9 +1,8 @@
 /*
  * xfer_conn.c — the TCP data connections between nodes (xfer.h,
  * xfer_internal.h): the single-use tokens this daemon offers a peer once
- * it is up (DATA_OFFER), the connector threads that open a connection with
- * a peer's token and prove the peer key on it (xring.h's challenge and
- * proof), a receiver thread per inbound connection that checks the proof,
+ * it is up (DATA_OFFER; the connector threads that dial a peer's are
+ * xfer_dial.c's), a receiver thread per inbound connection that checks the proof,
  * then reads each frame's payload straight into the destination rank's in
  * block (or drops a frame of a job not held here).  What goes out on them
  * is sent by xfer_send.c.
@@ -37,15 +36,13 @@
 #include "xfer_rdma.h"
 #include "xring.h"
 
-/* A DATA_OFFER's token is good for this long. */
-#define XFER_OFFER_MS 10000
 /* The largest payload a frame may carry (a block of the largest shape fits). */
 #define XFER_MAX_PAYLOAD (1ull << 32)
 
 /* ---- socket helpers (threads) ------------------------------------------------ */
 
 /* Send or receive all len bytes, waiting at most ms for any progress. */
-static int io_within(int fd, void *buf, size_t len, bool send_it, int ms) {
+int xfer__io_within(int fd, void *buf, size_t len, bool send_it, int ms) {
   uint8_t *p = buf;
   while (len > 0) {
     ssize_t n = send_it ? send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT)
@@ -73,8 +70,8 @@ static int io_within(int fd, void *buf, size_t len, bool send_it, int ms) {
   return 0;
 }
 
-static int io_all(int fd, void *buf, size_t len, bool send_it) {
-  return io_within(fd, buf, len, send_it, XFER_IO_MS);
+int xfer__io_all(int fd, void *buf, size_t len, bool send_it) {
+  return xfer__io_within(fd, buf, len, send_it, XFER_IO_MS);
 }
 
 /* Read and drop n bytes of fd (a payload no job here reads), through scratch. */
@@ -85,7 +82,7 @@ static int drain(int fd, struct xfer_batch *scratch, uint64_t n) {
       errno = ENOMEM;
       return -1;
     }
-    if (io_all(fd, scratch->buf, c, false) != 0)
+    if (xfer__io_all(fd, scratch->buf, c, false) != 0)
       return -1;
     n -= c;
   }
@@ -94,7 +91,7 @@ static int drain(int fd, struct xfer_batch *scratch, uint64_t n) {
 
 /* Wait until fd is readable, checking for stop each second, until until_ms
  * (mono_ns ms; 0: no end): 1 readable, 0 stopping or timed out, -1 error. */
-static int wait_readable_until(int fd, uint64_t until_ms) {
+int xfer__wait_readable_until(int fd, uint64_t until_ms) {
   for (;;) {
     if (atomic_load(&X->stop))
       return 0;
@@ -111,9 +108,9 @@ static int wait_readable_until(int fd, uint64_t until_ms) {
   }
 }
 
-static int wait_readable(int fd) { return wait_readable_until(fd, 0); }
+static int wait_readable(int fd) { return xfer__wait_readable_until(fd, 0); }
 
-static void tune_socket(int fd) {
+void xfer__tune_socket(int fd) {
   int one = 1;
   (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   int buf = 4 << 20;
@@ -127,6 +124,14 @@ void xfer__out_close(struct xfer_peer *xp, uint32_t i) {
     close(xp->out[i].fd);
     xp->out[i].fd = -1;
   }
+}
+
+/* Whether an outbound data connection was closed or cut at the other end:
+ * after its acknowledgement nothing more comes in on it, so anything to
+ * read (the end of the stream) or an error says it is gone. */
+bool xfer__out_dead(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+  return poll(&p, 1, 0) > 0;
 }
 
 /* ---- receivers --------------------------------------------------------------- */
@@ -187,7 +192,7 @@ static bool expected_here(const char *id) {
 
 /* The offers (X->offers): made and withdrawn by the loop, spent by the
  * receiver whose connection proves the key. */
-static pthread_mutex_t offers_mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t xfer__offers_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* Whether offer x, in use, is open at now: neither withdrawn nor expired. */
 static bool offer_open(const struct xfer_offer *x, uint64_t now) {
@@ -195,7 +200,7 @@ static bool offer_open(const struct xfer_offer *x, uint64_t now) {
 }
 
 /* The offer with token made to peer k (to any peer: k < 0), open or (stale)
- * withdrawn or expired unused, its place not yet taken by another; offers_mu
+ * withdrawn or expired unused, its place not yet taken by another; xfer__offers_mu
  * held; NULL when none. */
 static struct xfer_offer *offer_lookup(int k, const uint8_t *token, bool stale) {
   const uint64_t now = mono_ns() / 1000000ull;
@@ -208,7 +213,7 @@ static struct xfer_offer *offer_lookup(int k, const uint8_t *token, bool stale) 
   return NULL;
 }
 
-/* The open offer with token made to peer k (to any peer: k < 0), offers_mu
+/* The open offer with token made to peer k (to any peer: k < 0), xfer__offers_mu
  * held; NULL when none. */
 static struct xfer_offer *offer_find(int k, const uint8_t *token) {
   return offer_lookup(k, token, false);
@@ -217,12 +222,12 @@ static struct xfer_offer *offer_find(int k, const uint8_t *token) {
 /* Spend the open offer with token (made to peer k, or to any: k < 0): the
  * peer it was made to, or -1 when none is open (single use). */
 static int offer_spend(int k, const uint8_t *token) {
-  pthread_mutex_lock(&offers_mu);
+  pthread_mutex_lock(&xfer__offers_mu);
   struct xfer_offer *o = offer_find(k, token);
   const int peer = o != NULL ? o->peer : -1;
   if (o != NULL)
     o->peer = -1;
-  pthread_mutex_unlock(&offers_mu);
+  pthread_mutex_unlock(&xfer__offers_mu);
   return peer;
 }
 
@@ -248,8 +253,8 @@ static bool receiver_proven(const struct receiver *rv, char *why, size_t whylen)
   struct dep_xfer_challenge ch = {.magic = DEP_XFER_MAGIC, .version = DEP_XFER_VERSION};
   randombytes_buf(ch.nonce, sizeof ch.nonce);
   struct dep_xfer_proof pr;
-  if (io_within(rv->fd, &ch, sizeof ch, true, XFER_CONNECT_MS) != 0 ||
-      io_within(rv->fd, &pr, sizeof pr, false, XFER_CONNECT_MS) != 0) {
+  if (xfer__io_within(rv->fd, &ch, sizeof ch, true, XFER_CONNECT_MS) != 0 ||
+      xfer__io_within(rv->fd, &pr, sizeof pr, false, XFER_CONNECT_MS) != 0) {
     snprintf(why, whylen, "no proof of the peer key came (%s)",
              errno ? strerror(errno) : "closed");
     return false;
@@ -311,24 +316,30 @@ static int frame_route(int k, const struct dep_xfer_hdr *h, struct xfer_route **
  * destinations' in channels (one crossing per node, xring.h); one that does
  * not fit the job fails the job, not the connection: the stream is whole.
  */
+/* Fan NODE frame h (its payload at buf) of peer k out on route (xfer__node_fanout): true, or
+ * false with the job failed when it does not fit the job (a TCP stream or a staging goes on). */
+static bool node_fan(int k, struct xfer_route *route, const struct dep_xfer_hdr *h,
+                     const uint8_t *buf) {
+  char bad[256];
+  if (xfer__node_fanout(route, h, buf, bad, sizeof bad) == 0)
+    return true;
+  if (!atomic_exchange(&route->said, true))
+    log_warnx("peer %s: %s; the job fails", peer_name(k), bad);
+  xfer__route_fail(route, DEP_ERR_PROTOCOL);
+  return false;
+}
+
 static int frame_take(int k, int fd, struct xfer_route *route, const struct xfer_target *t,
                       const struct dep_xfer_hdr *h, struct xfer_batch *in) {
   int io;
   bool counted = false;
   if (t->node) {
-    io = xfer__batch_room(in, h->bytes) ? io_all(fd, in->buf, h->bytes, false)
+    io = xfer__batch_room(in, h->bytes) ? xfer__io_all(fd, in->buf, h->bytes, false)
                                         : (errno = ENOMEM, -1);
-    char bad[256];
-    if (io == 0 && xfer__node_fanout(route, h, in->buf, bad, sizeof bad) != 0) {
-      if (!atomic_exchange(&route->said, true))
-        log_warnx("peer %s: %s; the job fails", peer_name(k), bad);
-      xfer__route_fail(route, DEP_ERR_PROTOCOL);
-    } else {
-      counted = io == 0;
-    }
+    counted = io == 0 && node_fan(k, route, h, in->buf);
   } else {
     xfer__payload_begin();
-    io = h->bytes > 0 ? io_all(fd, t->payload, h->bytes, false) : 0;
+    io = h->bytes > 0 ? xfer__io_all(fd, t->payload, h->bytes, false) : 0;
     xfer__payload_end();
     counted = io == 0;
   }
@@ -343,6 +354,55 @@ static int frame_take(int k, int fd, struct xfer_route *route, const struct xfer
   return io;
 }
 
+/*
+ * A NODE frame peer k wrote into our staging by RDMA (xfer_rdma.h's
+ * xfer_stage_fn; the routes' lock held by the proxy thread that calls it):
+ * checked as a frame over TCP is (xfer__frame_target), then fanned out.
+ * A job whose route is not here yet but is expected waits in its chunk
+ * (1); anything else is done with (0): fanned out, or dropped and said
+ * (a job not here, or a frame that is not a NODE frame of its size: the
+ * peer wrote what no deepepd does).
+ */
+int xfer__stage_take(int k, const uint8_t *frame, uint64_t room, struct xfer_rdma_route **to) {
+  struct xfer_peer *xp = &X->peers[k];
+  struct dep_xfer_hdr h;
+  char why[256];
+  *to = NULL;
+  int rc = dep__xfer_hdr_decode(frame, DEP_XFER_HDR_WIRE, &h, why, sizeof why);
+  if (rc == 0 && (h.kind != DEP_XRING_NODE || h.bytes > room - DEP_XFER_HDR_WIRE)) {
+    snprintf(why, sizeof why, "a staged frame of kind %u and %llu bytes: only a node "
+             "channel's chunk of at most %llu", h.kind, (unsigned long long)h.bytes,
+             (unsigned long long)(room - DEP_XFER_HDR_WIRE));
+    rc = DEP_ERR_PROTOCOL;
+  }
+  struct xfer_route *route = NULL;
+  struct xfer_target t;
+  if (rc == 0)
+    rc = xfer__frame_target(k, &h, &route, &t, why, sizeof why);
+  if (rc == DEP_ERR_STATE && expected_here(h.job_id))
+    return 1;
+  uint64_t n;
+  if (rc == DEP_ERR_PROTOCOL) {
+    if (xfer_say_now(&xp->bad_staged, &n))
+      log_warnx("peer %s: %llu frame(s) written into our staging dropped (the latest: %s)",
+                peer_name(k), (unsigned long long)n, why);
+    return 0;
+  }
+  if (rc != 0) {
+    if (xfer_say_now(&xp->stale_frames, &n))
+      log_warnx("peer %s: %llu frame(s) of jobs that do not run here dropped (the latest of job "
+                "%s)", peer_name(k), (unsigned long long)n, h.job_id);
+    return 0;
+  }
+  *to = route->rdma;
+  if (node_fan(k, route, &h, frame + DEP_XFER_HDR_WIRE)) {
+    atomic_fetch_add_explicit(&route->bytes_in, DEP_XFER_HDR_WIRE + h.bytes,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&route->frames_in, 1, memory_order_relaxed);
+  }
+  return 0;
+}
+
 /* Receive frames from peer k on fd and write them into the exchange regions here. */
 static void receive(int k, int fd) {
   struct xfer_peer *xp = &X->peers[k];
@@ -354,7 +414,7 @@ static void receive(int k, int fd) {
       break;
     uint8_t wire[DEP_XFER_HDR_WIRE];
     struct dep_xfer_hdr h;
-    if (io_all(fd, wire, sizeof wire, false) != 0) {
+    if (xfer__io_all(fd, wire, sizeof wire, false) != 0) {
       snprintf(why, sizeof why, "%s", errno ? strerror(errno) : "closed");
       break;
     }
@@ -402,7 +462,7 @@ static void *receiver_main(void *arg) {
   if (proven) {
     atomic_fetch_add(&xp->conns_in, 1);
     struct dep_xfer_ack ack = {DEP_XFER_MAGIC, DEP_XFER_VERSION};
-    const bool acked = io_all(rv.fd, &ack, sizeof ack, true) == 0;
+    const bool acked = xfer__io_all(rv.fd, &ack, sizeof ack, true) == 0;
     if (acked && atomic_load(&X->test_drops) > 0 && atomic_fetch_sub(&X->test_drops, 1) > 0)
       log_warnx("peer %s: an inbound data connection closed at once ($" TESTHOOK_DATA_DROPS_ENV ")",
                 peer_name(rv.peer));
@@ -421,7 +481,7 @@ static void *receiver_main(void *arg) {
 }
 
 /* Run fn(arg) on a detached thread counted in X->helpers; false when none could start. */
-static bool spawn_helper(void *(*fn)(void *), void *arg) {
+bool xfer__spawn_helper(void *(*fn)(void *), void *arg) {
   pthread_attr_t a;
   pthread_attr_init(&a);
   pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
@@ -440,10 +500,10 @@ static bool spawn_helper(void *(*fn)(void *), void *arg) {
 int xfer_offer_peer(const uint8_t *token) {
   if (!X->active)
     return -1;
-  pthread_mutex_lock(&offers_mu);
+  pthread_mutex_lock(&xfer__offers_mu);
   const struct xfer_offer *o = offer_find(-1, token);
   const int peer = o != NULL ? o->peer : -1;
-  pthread_mutex_unlock(&offers_mu);
+  pthread_mutex_unlock(&xfer__offers_mu);
   return peer;
 }
 
@@ -454,7 +514,7 @@ int xfer_offer_spend(const uint8_t *token) {
 enum peer_token xfer_accept(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], int fd) {
   if (!X->active || k < 0 || k >= CONFIG_MAX_LIST)
     return PEER_TOKEN_UNKNOWN;
-  pthread_mutex_lock(&offers_mu);
+  pthread_mutex_lock(&xfer__offers_mu);
   struct xfer_offer *live = offer_find(k, token);
   const bool offered = live != NULL;
   const bool stale = !offered && offer_lookup(k, token, true) != NULL;
@@ -464,7 +524,7 @@ enum peer_token xfer_accept(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], int 
   const uint64_t proof_by = mono_ns() / 1000000ull + 2 * XFER_CONNECT_MS;
   if (offered && live->expires_ms < proof_by)
     live->expires_ms = proof_by;
-  pthread_mutex_unlock(&offers_mu);
+  pthread_mutex_unlock(&xfer__offers_mu);
   struct xfer_peer *xp = &X->peers[k];
   if (stale) {
     uint64_t n;
@@ -496,8 +556,8 @@ enum peer_token xfer_accept(int k, const uint8_t token[DEP_PEER_TOKEN_LEN], int 
   int fl = fcntl(fd, F_GETFL);
   if (fl >= 0)
     (void)fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-  tune_socket(fd);
-  if (!spawn_helper(receiver_main, rv)) {
+  xfer__tune_socket(fd);
+  if (!xfer__spawn_helper(receiver_main, rv)) {
     sodium_memzero(rv, sizeof *rv);
     free(rv);
     goto fail;
@@ -513,304 +573,13 @@ fail:
   return PEER_TOKEN_TAKEN; /* the token was one offered: fd is ours, and closed */
 }
 
-/* ---- connectors --------------------------------------------------------------- */
-
-struct connector {
-  int peer;
-  uint64_t gen;
-  uint64_t until_ms; /* when the offer expires at the peer, at the latest (mono_ns ms) */
-  uint8_t token[DEP_PEER_TOKEN_LEN];
-  uint8_t dkey[DEP_PEER_MAC_LEN];    /* peer_data_key(peer, true) */
-  struct sockaddr_storage addr;
-  socklen_t addrlen;
-};
-
-/*
- * The connectors of the peer's current generation (xfer_peer.dialing): one
- * more of generation gen, if it has fewer than X->conns (the loop's); and
- * one of generation gen done, counted off only while gen is the peer's.
- */
-static uint64_t dial_gen(uint64_t gen) { return (gen & 0xffffffffull) << 32; }
-static bool dial_take(struct xfer_peer *xp, uint64_t gen) {
-  uint64_t v = atomic_load(&xp->dialing);
-  for (;;) {
-    const uint64_t n = (v & ~0xffffffffull) == dial_gen(gen) ? (v & 0xffffffffull) : 0;
-    if (n >= X->conns)
-      return false;
-    if (atomic_compare_exchange_weak(&xp->dialing, &v, dial_gen(gen) | (n + 1)))
-      return true;
-  }
-}
-static void dial_done(struct xfer_peer *xp, uint64_t gen) {
-  uint64_t v = atomic_load(&xp->dialing);
-  while ((v & ~0xffffffffull) == dial_gen(gen) && (v & 0xffffffffull) > 0 &&
-         !atomic_compare_exchange_weak(&xp->dialing, &v, v - 1))
-    ;
-}
-
-/* Whether an outbound data connection was closed or cut at the other end:
- * after its acknowledgement nothing more comes in on it, so anything to
- * read (the end of the stream) or an error says it is gone. */
-static bool out_dead(int fd) {
-  struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
-  return poll(&p, 1, 0) > 0;
-}
-
-/* Open a data connection to the peer's listener with the offer's token. */
-static int connect_data(const struct connector *c, char *why, size_t whylen) {
-  int fd = socket(c->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    snprintf(why, whylen, "socket: %s", strerror(errno));
-    return -1;
-  }
-  tune_socket(fd);
-  if (connect(fd, (const struct sockaddr *)&c->addr, c->addrlen) != 0 && errno != EINPROGRESS) {
-    snprintf(why, whylen, "connect: %s", strerror(errno));
-    goto fail;
-  }
-  struct pollfd pf = {.fd = fd, .events = POLLOUT};
-  int err = 0;
-  socklen_t el = sizeof err;
-  if (poll(&pf, 1, XFER_CONNECT_MS) != 1 ||
-      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0) {
-    snprintf(why, whylen, "connect: %s", err ? strerror(err) : "timed out");
-    goto fail;
-  }
-  /* One PEER frame holding DATA_HELLO, as a peer link's first frame. */
-  struct dep_peer_msg m = {.type = DEP_PEER_DATA_HELLO};
-  memcpy(m.u.data_hello.token, c->token, DEP_PEER_TOKEN_LEN);
-  m.u.data_hello.listen_port = X->listen_port;
-  struct proto_buf inner, frame;
-  proto_buf_init(&inner);
-  proto_buf_init(&frame);
-  int rc = peer_proto_encode(&inner, &m);
-  struct dep_msg_opaque o = {.data = inner.data, .len = inner.len};
-  if (rc == 0)
-    rc = proto_frame_encode(&frame, DEP_MSG_PEER, 0, 0, &o);
-  if (rc == 0 && io_all(fd, frame.data, frame.len, true) != 0)
-    rc = -1;
-  proto_buf_free(&inner);
-  proto_buf_free(&frame);
-  if (rc != 0) {
-    snprintf(why, whylen, "cannot send DATA_HELLO: %s", errno ? strerror(errno) : "closed");
-    goto fail;
-  }
-  /* Its challenge (magic and version first, so that another version is
-   * named rather than timed out), our proof of the key, its ack.  The
-   * challenge is waited for while the peer holds the offer open: a peer
-   * whose loop is stalled accepts the connection late, and one given up
-   * here would leave the offer standing there, unused, until it expired. */
-  struct dep_xfer_challenge ch;
-  struct dep_xfer_ack ack;
-  const size_t head = sizeof ack;
-  const uint64_t now = mono_ns() / 1000000ull;
-  const uint64_t until = c->until_ms > now + XFER_CONNECT_MS ? c->until_ms : now + XFER_CONNECT_MS;
-  const int io = wait_readable_until(fd, until) == 1
-                     ? io_within(fd, &ch, head, false, XFER_CONNECT_MS)
-                     : (errno = ETIMEDOUT, -1);
-  if (io != 0 || ch.magic != DEP_XFER_MAGIC || ch.version < DEP_XFER_MIN_VERSION ||
-      ch.version > DEP_XFER_VERSION) {
-    if (io == 0 && ch.magic == DEP_XFER_MAGIC)
-      snprintf(why, whylen, "the peer speaks data stream version %u; this deepepd speaks "
-               "versions %u..%u: run the same deepepd on every node", ch.version,
-               DEP_XFER_MIN_VERSION, DEP_XFER_VERSION);
-    else
-      snprintf(why, whylen, "the peer did not take the data connection (no challenge)");
-    goto fail;
-  }
-  struct dep_xfer_proof pr;
-  if (io_within(fd, (uint8_t *)&ch + head, sizeof ch - head, false, XFER_CONNECT_MS) != 0) {
-    snprintf(why, whylen, "the peer did not take the data connection (no challenge)");
-    goto fail;
-  }
-  peerauth_data_mac(c->dkey, ch.nonce, c->token, pr.mac);
-  if (io_within(fd, &pr, sizeof pr, true, XFER_CONNECT_MS) != 0 ||
-      io_within(fd, &ack, sizeof ack, false, XFER_CONNECT_MS) != 0 ||
-      ack.magic != DEP_XFER_MAGIC || ack.version != DEP_XFER_VERSION) {
-    snprintf(why, whylen, "the peer refused our proof of the peer key (is peer_key_file the same "
-             "on both nodes?)");
-    goto fail;
-  }
-  return fd;
-fail:
-  close(fd);
-  return -1;
-}
-
-/* Open a data connection to c's peer with its offer, and place it among
- * the peer's outbound ones (or close it: the peer went down since, or has
- * them all). */
-static void connector_dial(struct connector *c) {
-  struct xfer_peer *xp = &X->peers[c->peer];
-  char why[256] = "";
-  int fd = connect_data(c, why, sizeof why);
-  sodium_memzero(c->dkey, sizeof c->dkey);
-  if (fd < 0) {
-    /* The peer went down since the offer: it withdrew the token and closes
-     * the connection unread (PEER_TOKEN_STALE), and offers anew. */
-    if (atomic_load(&xp->gen) != c->gen)
-      log_debug("peer %s: a data connection opened with an offer made before the peer went "
-                "down did not complete: %s", peer_name(c->peer), why);
-    else if (mono_ns() / 1000000ull >= c->until_ms)
-      log_info("peer %s: a data connection was not answered while its offer stood (the peer "
-               "is stalled?): %s; the peer offers again", peer_name(c->peer), why);
-    else if (!atomic_load(&X->stop))
-      log_warnx("peer %s: cannot open a data connection: %s", peer_name(c->peer), why);
-  } else {
-    bool placed = false;
-    for (uint32_t i = 0; i < X->conns && !placed; i++) {
-      pthread_mutex_lock(&xp->out[i].mu);
-      if (xp->out[i].fd >= 0 && out_dead(xp->out[i].fd))
-        xfer__out_close(xp, i); /* cut at the other end: this offer replaces it */
-      if (xp->out[i].fd < 0 && atomic_load(&xp->gen) == c->gen && !atomic_load(&X->stop)) {
-        xp->out[i].fd = fd;
-        placed = true;
-      }
-      pthread_mutex_unlock(&xp->out[i].mu);
-    }
-    if (!placed)
-      close(fd);
-  }
-}
-
-
-/*
- * Queue peer k's offer o (gen: the peer's generation now) for the next
- * connector to finish (the loop's, offers_mu held): false when the peer's
- * X->conns places all hold offers still good, of this generation (it
- * offered more than it may have connections).
- */
-static bool offer_queue(int k, const struct dep_peer_data_offer *o, uint64_t gen) {
-  struct xfer_peer *xp = &X->peers[k];
-  const uint64_t now = mono_ns() / 1000000ull;
-  struct xfer_queued *q = NULL;
-  for (uint32_t i = 0; i < X->conns && q == NULL; i++)
-    if (xp->queued[i].until_ms <= now || xp->queued[i].gen != gen)
-      q = &xp->queued[i];
-  if (q != NULL) {
-    memcpy(q->token, o->token, DEP_PEER_TOKEN_LEN);
-    peer_data_key(k, true, q->dkey);
-    q->gen = gen;
-    q->until_ms = now + XFER_OFFER_MS;
-  }
-  return q != NULL;
-}
-
-/*
- * Connector c has finished: take the queued offer of the peer's current
- * generation that expires last, if one is still good, into c, counted in
- * that generation (c may have been of an older one): whether c dials
- * again; if not, c is counted off.  Under offers_mu, as xfer_on_offer's
- * count and queueing are, so that no offer is queued behind a connector
- * that has looked and is going.
- */
-static bool dial_next(struct connector *c) {
-  struct xfer_peer *xp = &X->peers[c->peer];
-  const uint64_t gen = atomic_load(&xp->gen), now = mono_ns() / 1000000ull;
-  pthread_mutex_lock(&offers_mu);
-  struct xfer_queued *q = NULL;
-  for (uint32_t i = 0; i < X->conns && !atomic_load(&X->stop); i++) {
-    struct xfer_queued *e = &xp->queued[i];
-    if (e->gen == gen && e->until_ms > now && (q == NULL || e->until_ms > q->until_ms))
-      q = e;
-  }
-  const bool next = q != NULL && (c->gen == gen || dial_take(xp, gen));
-  if (c->gen != gen || !next)
-    dial_done(xp, c->gen);
-  if (next) {
-    c->gen = gen;
-    c->until_ms = q->until_ms;
-    memcpy(c->token, q->token, DEP_PEER_TOKEN_LEN);
-    memcpy(c->dkey, q->dkey, DEP_PEER_MAC_LEN);
-    sodium_memzero(q, sizeof *q);
-  } else {
-    atomic_fetch_sub(&xp->connecting, 1);
-  }
-  pthread_mutex_unlock(&offers_mu);
-  return next;
-}
-
-/* Open a data connection with c's offer and place it; then with each offer
- * queued for the peer meanwhile (dial_next). */
-static void *connector_main(void *arg) {
-  struct connector c = *(struct connector *)arg;
-  sodium_memzero(arg, sizeof c);
-  free(arg);
-  prctl(PR_SET_NAME, "deepepd-dc");
-  do
-    connector_dial(&c);
-  while (dial_next(&c));
-  sodium_memzero(&c, sizeof c);
-  atomic_fetch_sub(&X->helpers, 1);
-  return NULL;
-}
-
-void xfer_on_offer(int k, const struct dep_peer_data_offer *o) {
-  if (!X->active || k < 0 || k >= CONFIG_MAX_LIST)
-    return;
-  if (xfer_rdma_on_offer(k, o->token))
-    return; /* spent on our data queue pair to k */
-  /* A connector thread per data connection the peer may have from us, at
-   * most, so that no peer, however many offers it sends, makes more
-   * threads here than that.  An offer past them waits for the next of
-   * them to finish (as many as the peer may have connections; the rest are
-   * ignored): the peer counts an offer as pending until it expires
-   * (XFER_OFFER_MS) and would not offer again before.  Connectors still
-   * under way from before the peer last went down count apart (twice that
-   * in all): their tokens are withdrawn at the peer, which closes their
-   * connections unread. */
-  struct xfer_peer *xp = &X->peers[k];
-  const uint64_t gen = atomic_load(&xp->gen);
-  pthread_mutex_lock(&offers_mu);
-  const bool start = atomic_load(&xp->connecting) < 2 * X->conns && dial_take(xp, gen);
-  if (start)
-    atomic_fetch_add(&xp->connecting, 1);
-  const bool queued = !start && offer_queue(k, o, gen);
-  pthread_mutex_unlock(&offers_mu);
-  if (queued)
-    return;
-  if (!start) {
-    uint64_t n;
-    if (xfer_say_now(&xp->excess_offers, &n))
-      log_warnx("peer %s: %llu DATA_OFFER(s) ignored: %u data connection(s) to it are being "
-                "opened already, as many as it may have, and as many offers wait for them",
-                peer_name(k), (unsigned long long)n, X->conns);
-    return;
-  }
-  struct connector *c = calloc(1, sizeof *c);
-  if (c == NULL) {
-    dial_done(xp, gen);
-    atomic_fetch_sub(&xp->connecting, 1);
-    return;
-  }
-  c->peer = k;
-  c->gen = gen;
-  c->until_ms = mono_ns() / 1000000ull + XFER_OFFER_MS;
-  memcpy(c->token, o->token, DEP_PEER_TOKEN_LEN);
-  if (peer_data_address(k, &c->addr, &c->addrlen) != 0) {
-    log_warnx("peer %s: a data connection is offered but the peer has no address here",
-              peer_name(k));
-    dial_done(xp, gen);
-    atomic_fetch_sub(&xp->connecting, 1);
-    free(c);
-    return;
-  }
-  peer_data_key(k, true, c->dkey);
-  if (!spawn_helper(connector_main, c)) {
-    dial_done(xp, gen);
-    atomic_fetch_sub(&xp->connecting, 1);
-    sodium_memzero(c, sizeof *c);
-    free(c);
-  }
-}
-
 /* Offer peer k n tokens for data connections into this daemon (the loop's). */
 static void offer(int k, uint32_t offers, uint64_t now) {
   for (uint32_t n = 0; n < offers; n++) {
     struct dep_peer_msg m = {.type = DEP_PEER_DATA_OFFER};
     randombytes_buf(m.u.data_offer.token, DEP_PEER_TOKEN_LEN);
     struct xfer_offer *o = NULL;
-    pthread_mutex_lock(&offers_mu);
+    pthread_mutex_lock(&xfer__offers_mu);
     for (int i = 0; i < XFER_OFFERS_MAX && o == NULL; i++)
       if (X->offers[i].peer < 0)
         o = &X->offers[i];
@@ -824,7 +593,7 @@ static void offer(int k, uint32_t offers, uint64_t now) {
       o->withdrawn = false;
       o->expires_ms = now + XFER_OFFER_MS;
     }
-    pthread_mutex_unlock(&offers_mu);
+    pthread_mutex_unlock(&xfer__offers_mu);
     if (o == NULL)
       return;
     if (peer_send(k, &m) != 0) { /* not sent: no one holds it (outside the lock: a
@@ -851,10 +620,10 @@ void xfer_tick(void) {
       continue;
     /* What it has, and what it may still open with the tokens it holds. */
     uint32_t have = atomic_load(&X->peers[k].conns_in);
-    pthread_mutex_lock(&offers_mu);
+    pthread_mutex_lock(&xfer__offers_mu);
     for (int i = 0; i < XFER_OFFERS_MAX; i++)
       have += X->offers[i].peer == k && offer_open(&X->offers[i], now);
-    pthread_mutex_unlock(&offers_mu);
+    pthread_mutex_unlock(&xfer__offers_mu);
     if (have >= X->conns)
       continue;
     log_info("peer %s: %u of its %u data connections into this node are missing; offering "
@@ -871,12 +640,12 @@ void xfer_peer_down(int k) {
   /* Withdrawn, and remembered until their places are needed: a connector
    * the peer started with one before its links went down may reach us yet,
    * and is closed then without counting as a stranger's (PEER_TOKEN_STALE). */
-  pthread_mutex_lock(&offers_mu);
+  pthread_mutex_lock(&xfer__offers_mu);
   for (int i = 0; i < XFER_OFFERS_MAX; i++)
     if (X->offers[i].peer == k)
       X->offers[i].withdrawn = true;
   sodium_memzero(xp->queued, sizeof xp->queued); /* the peer's offers of before are void */
-  pthread_mutex_unlock(&offers_mu);
+  pthread_mutex_unlock(&xfer__offers_mu);
   xfer_rdma_peer_down(k);
   for (uint32_t i = 0; i < X->conns; i++) {
     pthread_mutex_lock(&xp->out[i].mu);
@@ -898,7 +667,7 @@ void xfer_peer_stats(int k, struct xfer_peer_stats *out) {
   struct xfer_peer *xp = &X->peers[k];
   for (uint32_t i = 0; i < X->conns; i++) {
     pthread_mutex_lock(&xp->out[i].mu);
-    out->conns_out += xp->out[i].fd >= 0 && !out_dead(xp->out[i].fd); /* cut ones are none */
+    out->conns_out += xp->out[i].fd >= 0 && !xfer__out_dead(xp->out[i].fd); /* cut ones are none */
     pthread_mutex_unlock(&xp->out[i].mu);
   }
   out->conns_in = atomic_load(&xp->conns_in);

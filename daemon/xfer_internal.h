@@ -34,6 +34,8 @@
  * this; so does a data connection's handshake after DATA_HELLO (the
  * challenge, the proof and the ack), each step of it. */
 #define XFER_CONNECT_MS 3000
+/* A DATA_OFFER's token is good for this long. */
+#define XFER_OFFER_MS 10000
 #define XFER_IO_MS 10000
 /* Jobs that ended here, remembered so that their late frames are dropped at once. */
 #define XFER_ENDED_MAX 64
@@ -75,6 +77,15 @@ struct xfer_route {
    * take from it in its current turn (deficit round robin, xfer_proxy.c).  Only
    * that thread (local rank mod proxy threads) reads or writes it. */
   uint64_t deficit[DEP_MAX_LOCAL_RANKS];
+  /* By local rank: how much of the NODE descriptor at its ring's tail has
+   * gone into the far daemon's staging, a piece at a time (xfer_proxy.c's
+   * node_rdma: a chunk larger than one of the staging's): its rows, and
+   * each of its table's entries' rows.  Only the thread serving that ring
+   * reads or writes it. */
+  struct xfer_node_part {
+    uint32_t rows;
+    uint32_t sent[DEP_MAX_LOCAL_RANKS];
+  } part[DEP_MAX_LOCAL_RANKS];
   /* Threads reading or writing its exchange regions without the lock: a
    * proxy's send straight from an out block, a receiver's read straight
    * into an in block.  Taken with the lock held (the route is listed),
@@ -127,7 +138,8 @@ struct xfer_peer {
   _Atomic uint64_t dialing;       /* those of generation gen: its low 32 bits << 32 | their
                                      count, at most X->conns (xfer_on_offer) */
   struct xfer_queued queued[XFER_CONNS_MAX]; /* at most X->conns in use */
-  struct xfer_say excess_offers, bad_proofs, stale_frames, stale_offers;
+  struct xfer_say excess_offers, bad_proofs, stale_frames, stale_offers,
+      bad_staged;
   _Atomic uint64_t bytes_out, bytes_in, frames_out, frames_in;
   _Atomic uint64_t gen;          /* bumped when the peer goes down: connectors of an older one quit */
   int in_fds[XFER_CONNS_MAX];    /* inbound connections' fds, for shutdown (under X->lock) */
@@ -241,6 +253,9 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
  * written): the table or a row's ids do not fit the job. */
 int xfer__node_fanout(struct xfer_route *r, const struct dep_xfer_hdr *h, const uint8_t *buf,
                       char *why, size_t whylen);
+/* A NODE frame that peer k wrote into our staging by RDMA: xfer_rdma.h's
+ * xfer_stage_fn (xfer_conn.c), the routes' lock held. */
+int xfer__stage_take(int k, const uint8_t *frame, uint64_t room, struct xfer_rdma_route **to);
 /* Once a frame's payload is in (t->payload), store its mark (release),
  * then its slot's fields and flag (release), or its credit if larger:
  * plain stores into host memory, which a kernel waiting on the flag over
@@ -270,6 +285,21 @@ void xfer__batch_free(struct xfer_batch *b);
 void xfer__unexpect(const struct job *j);
 /* Close peer k's outbound connection i (its mutex held). */
 void xfer__out_close(struct xfer_peer *xp, uint32_t i);
+/* Send or receive all len bytes, waiting at most ms for any progress (xfer__io_all:
+ * XFER_IO_MS): 0, or -1. */
+int xfer__io_within(int fd, void *buf, size_t len, bool send_it, int ms);
+int xfer__io_all(int fd, void *buf, size_t len, bool send_it);
+/* Wait until fd is readable, checking for stop each second, until until_ms (mono_ns ms;
+ * 0: no end): 1 readable, 0 stopping or timed out, -1 error. */
+int xfer__wait_readable_until(int fd, uint64_t until_ms);
+/* Whether a connection's other end has closed it (or sent what none expects). */
+bool xfer__out_dead(int fd);
+/* Guards the offers this daemon made and each peer's queued offers (xfer_peer.queued). */
+extern pthread_mutex_t xfer__offers_mu;
+/* A data connection's socket options. */
+void xfer__tune_socket(int fd);
+/* Run fn(arg) on a detached thread counted in X->helpers; false when none could start. */
+bool xfer__spawn_helper(void *(*fn)(void *), void *arg);
 
 /* ---- xfer_send.c ---- */
 

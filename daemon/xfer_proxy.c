@@ -21,6 +21,7 @@
 #include "grow.h"
 #include "kabi.h"
 #include "log.h"
+#include "peer.h"
 #include "slab.h"
 #include "xfer_internal.h"
 #include "xfer_rdma.h"
@@ -221,22 +222,165 @@ static bool node_table(const struct xfer_route *r, uint32_t lr, const struct dep
   return true;
 }
 
+/* The entries of node table ent (n of them) that a node channel's row
+ * names by its ids: a bit per entry.  An id of no expert, or of a rank the
+ * table leaves out, names none (the far daemon's checks say what is wrong
+ * with such a row: xfer__node_fanout). */
+static uint64_t row_entries(const struct xfer_route *r, const uint8_t *row,
+                            const struct dep_xfer_node_dest *ent, uint32_t n) {
+  const uint32_t le = r->experts / r->world;
+  uint64_t hit = 0;
+  for (uint32_t i = 0; i < r->topk; i++) {
+    int32_t id;
+    memcpy(&id, row + DEP_SLAB_IDS_OFF(r->hidden) + 4u * i, sizeof id);
+    if (id < 0 || (uint32_t)id >= r->experts)
+      continue;
+    for (uint32_t e = 0; e < n; e++)
+      if (ent[e].dest == (uint32_t)id / le)
+        hit |= 1ull << e;
+  }
+  return hit;
+}
+
+/* What node_rdma did with a node channel's chunk. */
+enum px_node {
+  PX_NODE_SENT,   /* all of it is queued as RDMA writes (and counted) */
+  PX_NODE_TCP,    /* none of it: it goes as a frame */
+  PX_NODE_LATER,  /* the staging had no chunk free for (the rest of) it */
+  PX_NODE_BAD,    /* its header did not encode (why) */
+  PX_NODE_LOST    /* the staging went with part of it across: the route failed (said) */
+};
+
+/* Count a NODE frame's piece of tab bytes of table and n of rows, queued
+ * as RDMA writes (its ready word too), in route r's counters. */
+static void node_counted(struct xfer_route *r, uint64_t tab, uint64_t n) {
+  atomic_fetch_add_explicit(&r->bytes_out, DEP_XFER_HDR_WIRE + tab + n + sizeof(uint64_t),
+                            memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->payload_out, n, memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
+}
+
+/* Header h (rows from its row0) with table (tab bytes) and rows (n bytes)
+ * into the far daemon's staging: xfer_rdma_node's answer, or -1 with why
+ * when the header does not encode. */
+static int node_piece(struct xfer_route *r, int peer, const struct dep_xfer_hdr *h,
+                      const uint8_t *table, uint64_t tab, const uint8_t *rows, uint64_t n,
+                      char *why, size_t len) {
+  struct proto_buf pb = {0};
+  const int rc = dep__xfer_hdr_encode(&pb, h);
+  int out = -1;
+  if (rc != 0)
+    snprintf(why, len, "a frame header that does not encode (%s)", dep_strerror(rc));
+  else
+    out = (int)xfer_rdma_node(r->rdma, peer, pb.data, table, tab, rows, n);
+  free(pb.data);
+  return out;
+}
+
+/*
+ * A node channel's chunk of local rank lr's ring (header h, its table of
+ * n_dest entries, rows at `rows`, payload bytes) into the staging of the
+ * far daemon by RDMA writes, which fans it out there (xfer_rdma.h).  A
+ * chunk larger than a staging chunk goes in pieces of whole rows, each
+ * with its own table (each entry's rows of the piece, from where the
+ * pieces before it left that entry's stream); how far it got is kept in
+ * r->part[lr] while it waits for the staging's credit.
+ */
+static enum px_node node_rdma(struct xfer_route *r, uint32_t lr, int peer,
+                              const struct dep_xfer_hdr *h, const uint8_t *table,
+                              uint32_t n_dest, const uint8_t *rows, uint64_t payload,
+                              char *why, size_t len) {
+  const uint64_t rb = r->lay.row_bytes, tab = DEP_XFER_NODE_BYTES(n_dest);
+  const uint32_t total = (uint32_t)(payload / rb);
+  struct xfer_node_part *pt = &r->part[lr];
+  if (pt->rows == 0 && tab + payload <= xfer_rdma_node_room()) {
+    const int rc = node_piece(r, peer, h, table, tab, rows, payload, why, len);
+    if (rc == XFER_RDMA_NODE_QUEUED)
+      node_counted(r, tab, payload);
+    return rc < 0 ? PX_NODE_BAD
+           : rc == XFER_RDMA_NODE_QUEUED ? PX_NODE_SENT
+           : rc == XFER_RDMA_NODE_WAIT  ? PX_NODE_LATER
+                                         : PX_NODE_TCP;
+  }
+  const uint64_t room = xfer_rdma_node_room();
+  const uint32_t per = room > tab ? (uint32_t)((room - tab) / rb) : 0;
+  if (per == 0)
+    return PX_NODE_TCP; /* not a row fits beside its table: never in pieces */
+  struct dep_xfer_node_dest ent[DEP_MAX_LOCAL_RANKS];
+  for (uint32_t i = 0; i < n_dest; i++)
+    memcpy(&ent[i], table + DEP_XFER_NODE_BYTES(i), sizeof ent[i]);
+  uint8_t piece[DEP_XFER_NODE_BYTES(DEP_MAX_LOCAL_RANKS)];
+  while (pt->rows < total) {
+    const uint32_t m = total - pt->rows < per ? total - pt->rows : per;
+    const uint8_t *at = rows + (uint64_t)pt->rows * rb;
+    uint32_t count[DEP_MAX_LOCAL_RANKS] = {0}, n = 0;
+    for (uint32_t k = 0; k < m; k++) {
+      const uint64_t hit = row_entries(r, at + (uint64_t)k * rb, ent, n_dest);
+      for (uint32_t e = 0; e < n_dest; e++)
+        count[e] += (uint32_t)(hit >> e & 1);
+    }
+    for (uint32_t e = 0; e < n_dest; e++) {
+      if (count[e] == 0)
+        continue;
+      const struct dep_xfer_node_dest pe = {.dest = ent[e].dest,
+                                            .start = ent[e].start + pt->sent[e],
+                                            .count = count[e]};
+      memcpy(piece + DEP_XFER_NODE_BYTES(n++), &pe, sizeof pe);
+    }
+    const struct dep_xfer_node head = {.n_dest = n, .rows = m};
+    memcpy(piece, &head, sizeof head);
+    struct dep_xfer_hdr ph = *h;
+    ph.row0 = h->row0 + pt->rows;
+    ph.bytes = DEP_XFER_NODE_BYTES(n) + (uint64_t)m * rb;
+    const int rc = node_piece(r, peer, &ph, piece, DEP_XFER_NODE_BYTES(n), at,
+                              (uint64_t)m * rb, why, len);
+    if (rc == XFER_RDMA_NODE_WAIT)
+      return PX_NODE_LATER;
+    if (rc != XFER_RDMA_NODE_QUEUED) {
+      if (rc == XFER_RDMA_NODE_TCP && pt->rows == 0)
+        return PX_NODE_TCP; /* none of it went: all of it goes as one frame */
+      const uint32_t went = pt->rows;
+      memset(pt, 0, sizeof *pt);
+      if (rc < 0)
+        return PX_NODE_BAD;
+      if (!atomic_exchange(&r->said, true))
+        log_warnx("job %s: local rank %u: %u of a node channel's chunk of %u rows went into the "
+                  "staging of node %s, which went before the rest could; the job fails", r->id,
+                  lr, went, total, peer_name(peer));
+      xfer__route_fail(r, DEP_ERR_PEER);
+      return PX_NODE_LOST;
+    }
+    node_counted(r, DEP_XFER_NODE_BYTES(n), (uint64_t)m * rb);
+    for (uint32_t e = 0; e < n_dest; e++)
+      pt->sent[e] += count[e];
+    pt->rows += m;
+  }
+  memset(pt, 0, sizeof *pt);
+  return PX_NODE_SENT;
+}
+
+/* What take_desc did with a descriptor. */
+enum px_take {
+  PX_TAKEN, /* queued as RDMA writes or into a batch */
+  PX_LATER, /* left in the ring: the staging it goes into has no chunk free */
+  PX_BAD    /* the descriptor was bad: the route is failed, and said why */
+};
+
 /*
  * Take one descriptor of local rank lr's ring in route r into the batch of
  * the peer holding its destination, or into RDMA writes: what it names in
- * the exchange region (desc_source), read in place.  false: the descriptor
- * was bad (the route is failed, and said why).
+ * the exchange region (desc_source), read in place.
  */
-static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_desc *d,
-                      struct xfer_batch *batches, uint64_t *frames) {
+static enum px_take take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_desc *d,
+                              struct xfer_batch *batches, uint64_t *frames) {
   char why[256] = "";
   struct xfer_src s;
   if (!desc_source(r, lr, d, &s, why, sizeof why))
     goto bad;
   const int peer = r->peer_of[d->dest];
   const uint64_t payload = s.payload != NULL ? d->bytes : 0;
-  /* A node channel's chunk is the far daemon's to fan out: never an RDMA
-   * write (the fan table keeps nodes reached by RDMA off node channels). */
+  /* A node channel's chunk is the far daemon's to fan out: into its
+   * staging (below), never straight into a rank's exchange region. */
   if (d->kind != DEP_XRING_NODE &&
       xfer_rdma_take(r->rdma, peer, r->mr[lr], r->rank_of[lr], d, &s)) {
     /* queued as RDMA writes (xfer_rdma.h) */
@@ -245,7 +389,7 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
                               memory_order_relaxed);
     atomic_fetch_add_explicit(&r->payload_out, payload, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
-    return true;
+    return PX_TAKEN;
   }
   /* The header, then the payload: copied in below XFER_COPY_MAX, else sent
    * from the out block in place, which the rank leaves alone until the
@@ -270,6 +414,14 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
                                             memory_order_acquire);
     h.seq = w >> DEP_SLAB_CHAN_SHIFT;
     h.row0 = (uint32_t)(w & ((1u << DEP_SLAB_CHAN_SHIFT) - 1u));
+  }
+  if (d->kind == DEP_XRING_NODE && r->rdma != NULL) {
+    const enum px_node nr =
+        node_rdma(r, lr, peer, &h, table, n_dest, s.payload, payload, why, sizeof why);
+    if (nr == PX_NODE_BAD)
+      goto bad;
+    if (nr != PX_NODE_TCP)
+      return nr == PX_NODE_SENT ? PX_TAKEN : nr == PX_NODE_LATER ? PX_LATER : PX_BAD;
   }
   /* A streamed node channel's chunk is copied whatever its size: the rank
    * writes its place again once the ring's tail is past it (xring.h),
@@ -299,12 +451,12 @@ static bool take_desc(struct xfer_route *r, uint32_t lr, const struct dep_xring_
                             memory_order_relaxed);
   atomic_fetch_add_explicit(&r->payload_out, payload, memory_order_relaxed);
   atomic_fetch_add_explicit(&r->frames_out, 1, memory_order_relaxed);
-  return true;
+  return PX_TAKEN;
 bad:
   if (!atomic_exchange(&r->said, true))
     log_warnx("job %s: local rank %u's ring holds %s; the job fails", r->id, lr, why);
   xfer__route_fail(r, DEP_ERR_PROTOCOL);
-  return false;
+  return PX_BAD;
 }
 
 /*
@@ -338,6 +490,8 @@ static uint64_t desc_cost(const struct xfer_route *r, const struct dep_xring_des
 enum px_turn {
   PX_DRAINED,  /* the ring had nothing more (as its head read at the start of the turn) */
   PX_SHORT,    /* its next descriptor costs more than its deficit: it waits for its next turn */
+  PX_WAITS,    /* its next descriptor waits for a chunk of a peer's staging (xfer_rdma.h):
+                   the ring waits, bounded by its calls' timeout, as for a full ring */
   PX_FULL,     /* a peer's batch filled: the sweep ends */
   PX_FAILED    /* the ring was bad: its job is failed */
 };
@@ -374,8 +528,11 @@ static enum px_turn ring_turn(struct xfer_route *r, uint32_t lr, bool fresh,
     const uint64_t cost = desc_cost(r, &d);
     if (cost > r->deficit[lr])
       return PX_SHORT;
-    if (!take_desc(r, lr, &d, batches, frames))
+    const enum px_take took = take_desc(r, lr, &d, batches, frames);
+    if (took == PX_BAD)
       return PX_FAILED;
+    if (took == PX_LATER)
+      return PX_WAITS;
     r->deficit[lr] -= cost;
     tail++;
     (*taken)++;
@@ -419,7 +576,7 @@ static uint64_t sweep(uint32_t self, struct px_cursor *cur, struct xfer_batch *b
         /* After a whole round, the next sweep starts at the second ring of this one. */
         if (++visited == 2)
           next = (struct px_cursor){.serial = r->serial, .lr = lr};
-        if (t == PX_SHORT)
+        if (t == PX_SHORT || t == PX_WAITS)
           *more = true;
         if (t == PX_FULL) {
           /* The ring goes on with what is left of its quantum; with nothing
@@ -434,6 +591,9 @@ static uint64_t sweep(uint32_t self, struct px_cursor *cur, struct xfer_batch *b
   }
   if (visited > 0)
     *cur = next;
+  /* The node channels' chunks the peers wrote into our staging: fanned out,
+   * and their credits queued with the sweep's writes. */
+  taken += xfer_rdma_stage_poll(xfer__stage_take);
   /* The sweep's RDMA writes go before the lock does, so that no route ends
    * with writes of it still waiting in a chain. */
   uint64_t lost = xfer_rdma_flush();

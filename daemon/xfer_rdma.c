@@ -25,106 +25,10 @@
 #include "rdmaxp.h"
 #include "testhooks.h"
 #include "xfer.h"
+#include "xfer_rdma_internal.h"
 
-/* Work requests in one thread's chain for one peer: a quarter of the send
- * queue, so that a chain always finds room once the one before it is out. */
-#define XR_CHAIN 128u
-/* A block's payload spans at most this many (source piece, target window) segments. */
-#define XR_SEGS 8u
-/* Windows per remote slab kept: MEMBERSHIP's pieces per rank. */
-#define XR_WIN_MAX 4u
-/* A full send queue is waited on this long before the queue pair is taken as broken. */
-#define XR_ROOM_MS 10000ull
-/* A route's end waits this long for its writes in flight. */
-#define XR_QUIESCE_MS 2000ull
-
-struct xr_win {
-  uint64_t slab_off, len, addr; /* slab_off: of the exchange region (peer_proto.h) */
-  uint32_t rkey;
-};
-
-/* One remote rank's exchange region, as an RDMA target. */
-struct xr_dest {
-  int16_t peer;                   /* -1: held here */
-  uint32_t local;                 /* held here: its number among the ranks held here */
-  uint32_t n;                     /* windows; 0: not a target (a window without a key) */
-  struct xr_win w[XR_WIN_MAX];
-};
-
-/* What went to a peer as RDMA writes: blocks taken, the work requests they made, the chains
- * posted (one ibv_post_send each) and the bytes the writes carry. */
-struct xr_count {
-  _Atomic uint64_t blocks, writes, posts, bytes;
-};
-
-struct xfer_rdma_route {
-  char id[DEP_JOB_ID_MAX];
-  struct dep_slab_layout lay_of[CONFIG_MAX_LIST]; /* peer k's ranks' layout: where blocks land
-                                                     in their exchange regions */
-  uint32_t world;
-  uint64_t peers;                 /* bit k: peer k holds ranks of it */
-  struct xr_count by_peer[CONFIG_MAX_LIST];
-  /* [local number * CONFIG_MAX_LIST + peer]: a rank held here is remote rank
-   * number ri_at[..] of that peer's ranks (their exchange regions are by it):
-   * counted once here, not per block. */
-  uint32_t *ri_at;
-  struct xr_dest dest[];          /* by global rank: world entries */
-};
-
-/* What rdmaxp's callbacks are given as owner: one per peer and direction,
- * and the test's queue pair with a wrong proof (TESTHOOK_RDMA_BAD_PROOFS_ENV). */
-struct xr_end {
-  int peer;
-  bool out, wrong;
-};
-
-/* What a peer did wrong here, said at most every XFER_SAY_MS (the loop's). */
-struct xr_peer {
-  pthread_mutex_t mu;             /* one poster/poller at a time; the loop's changes */
-  struct rdmaxp_qp *out;          /* under mu: our queue pair into the peer, connecting or up */
-  _Atomic bool ready;             /* out is up and not broken (read without mu to choose) */
-  bool broken;                    /* under mu: a request failed; nothing more is posted */
-  uint64_t posted, done;          /* under mu: requests posted, retired by completions */
-  struct rdmaxp_qp *in;           /* the loop's: the peer's queue pair into us */
-  /* The loop's: the offer's token out was opened with, whether out came
-   * up, and whether it failed to (then TCP until the peer is down). */
-  uint8_t token[DEP_PEER_TOKEN_LEN];
-  bool was_up, no_rdma;
-  struct rdmaxp_qp *wrong;        /* the loop's: the test's request with a wrong proof */
-  /* The loop's: its requests that named an offer but did not prove the
-   * key, or were of another data stream version. */
-  struct xfer_say bad_proofs, bad_versions;
-};
-
-/* One proxy thread's chain for one peer. */
-struct xr_chain {
-  uint32_t n;
-  struct ibv_send_wr wr[XR_CHAIN];
-  struct ibv_sge sge[XR_CHAIN];
-  struct xfer_rdma_route *routes[8]; /* whose blocks it holds, for their post counts */
-  uint32_t n_routes;
-};
-
-struct xr_thread {
-  uint64_t queued;                /* bit k: a chain for peer k holds requests */
-  uint64_t outstanding;           /* bit k: requests posted to k may not be retired */
-  struct xr_chain *chain[CONFIG_MAX_LIST];
-};
-
-static struct {
-  bool active;
-  const struct config *cfg;
-  const struct xfer_rdma_offers *offers;
-  struct xr_peer p[CONFIG_MAX_LIST];
-  struct xr_end ends[3][CONFIG_MAX_LIST]; /* [0] in, [1] out, [2] the test's wrong proof */
-  _Atomic uint64_t lost;          /* peers whose writes in flight were lost (the loop saw it) */
-  /* Per peer since the daemon started, every job's together (a route's own counts go with
-   * it): counters that only grow, for the metrics (xfer_rdma_peer_stats).  A chain posts
-   * blocks of several routes at once, so a peer's posts are counted here, not summed. */
-  struct xr_count sent[CONFIG_MAX_LIST];
-  int test_bad_proofs;            /* $DEEPEPD_TEST_RDMA_BAD_PROOFS left to do for data queue
-                                     pairs (the loop's; the one made for the other direction) */
-} XR;
+/* The state is xfer_rdma_internal.h's. */
+struct xfer_rdma_state xfer_rdma__state;
 
 static _Thread_local struct xr_thread *XT;
 
@@ -230,7 +134,7 @@ static void wrong_done(int k, const char *why) {
   pthread_mutex_unlock(&p->mu);
 }
 
-static void on_up(void *owner, struct rdmaxp_qp *q) {
+static void on_up(void *owner, struct rdmaxp_qp *q, const uint8_t *priv, size_t privlen) {
   struct xr_end *e = owner;
   struct xr_peer *p = &XR.p[e->peer];
   if (e->wrong) {
@@ -245,12 +149,18 @@ static void on_up(void *owner, struct rdmaxp_qp *q) {
     log_debug("peer %s: its blocks for us come by RDMA writes", peer_name(e->peer));
     return;
   }
+  struct dep_xfer_rdma_stage st;
+  const bool staged = xfer_rdma__stage_far(e->peer, priv, privlen, &st);
   pthread_mutex_lock(&p->mu);
   bool ours = p->out == q;
   if (ours) {
     p->broken = false;
     p->posted = p->done = 0;
     atomic_store(&p->ready, true);
+    p->far = st;
+    p->far_known = staged;
+    p->staged = 0;
+    xfer_rdma__stage_credit_now(e->peer, p);
   }
   pthread_mutex_unlock(&p->mu);
   p->was_up |= ours;
@@ -277,6 +187,7 @@ static void on_down(void *owner, struct rdmaxp_qp *q, const char *why) {
   if (ours) {
     p->out = NULL;
     atomic_store(&p->ready, false);
+    p->far_known = false;
   }
   pthread_mutex_unlock(&p->mu);
   if (!ours)
@@ -298,7 +209,7 @@ static void on_down(void *owner, struct rdmaxp_qp *q, const char *why) {
 }
 
 static const struct rdmaxp_data_events xr_events = {
-    .accept = on_accept, .up = on_up, .down = on_down};
+    .accept = on_accept, .reply = xfer_rdma__stage_reply, .up = on_up, .down = on_down};
 
 void xfer_rdma_init(const struct config *cfg, const struct xfer_rdma_offers *offers) {
   memset(&XR, 0, sizeof XR);
@@ -306,6 +217,7 @@ void xfer_rdma_init(const struct config *cfg, const struct xfer_rdma_offers *off
   XR.offers = offers;
   for (int k = 0; k < CONFIG_MAX_LIST; k++) {
     pthread_mutex_init(&XR.p[k].mu, NULL);
+    pthread_mutex_init(&XR.p[k].in_mu, NULL);
     XR.ends[0][k] = (struct xr_end){.peer = k, .out = false};
     XR.ends[1][k] = (struct xr_end){.peer = k, .out = true};
     XR.ends[2][k] = (struct xr_end){.peer = k, .out = true, .wrong = true};
@@ -318,8 +230,11 @@ void xfer_rdma_init(const struct config *cfg, const struct xfer_rdma_offers *off
 void xfer_rdma_fini(void) {
   if (!XR.active)
     return;
-  for (int k = 0; k < CONFIG_MAX_LIST; k++)
+  for (int k = 0; k < CONFIG_MAX_LIST; k++) {
     xfer_rdma_peer_down(k);
+    xfer_rdma__stage_free(&XR.p[k]);
+  }
+  atomic_store(&XR.staging, 0);
   rdmaxp_set_data_events(NULL);
   XR.active = false;
 }
@@ -380,6 +295,9 @@ void xfer_rdma_peer_down(int k) {
   atomic_store(&p->ready, false);
   p->broken = false;
   p->posted = p->done = 0;
+  p->far_known = false;
+  p->staged = 0;
+  xfer_rdma__stage_reset(p); /* the peer's credits for our frames start anew */
   pthread_mutex_unlock(&p->mu);
   rdmaxp_close(q); /* no proxy thread holds it: they take mu first */
   rdmaxp_close(p->in);
@@ -523,10 +441,6 @@ struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *
   return xr;
 }
 
-bool xfer_rdma_route_reaches(const struct xfer_rdma_route *xr, uint32_t g) {
-  return xr != NULL && g < xr->world && xr->dest[g].n > 0;
-}
-
 void xfer_rdma_route_free(struct xfer_rdma_route *xr) {
   if (xr == NULL)
     return;
@@ -646,6 +560,43 @@ void xfer_rdma_thread_end(void) {
   XT = NULL;
 }
 
+bool xfer_rdma__chain_add(int k, struct xfer_rdma_route *xr, const struct ibv_send_wr *wr,
+                          const struct ibv_sge *sge, uint32_t n, uint64_t bytes) {
+  if (XT == NULL && (XT = calloc(1, sizeof *XT)) == NULL)
+    return false;
+  struct xr_chain *c = XT->chain[k];
+  if (c == NULL && (c = XT->chain[k] = calloc(1, sizeof *c)) == NULL)
+    return false;
+  if (c->n + n > XR_CHAIN) {
+    if (!chain_post(k, c)) {
+      /* What the chain held is lost: its routes fail at the sweep's end. */
+      atomic_fetch_or(&XR.lost, 1ull << k);
+      XT->queued &= ~(1ull << k);
+      return false;
+    }
+    XT->outstanding |= 1ull << k;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    c->wr[c->n + i] = wr[i];
+    c->sge[c->n + i] = sge[i];
+    c->wr[c->n + i].sg_list = &c->sge[c->n + i];
+  }
+  c->n += n;
+  XT->queued |= 1ull << k;
+  bool seen = xr == NULL;
+  for (uint32_t i = 0; i < c->n_routes && !seen; i++)
+    seen = c->routes[i] == xr;
+  if (!seen && c->n_routes < 8)
+    c->routes[c->n_routes++] = xr;
+  struct xr_count *counts[] = {&XR.sent[k], xr != NULL ? &xr->by_peer[k] : NULL};
+  for (int i = 0; i < 2 && counts[i] != NULL; i++) {
+    atomic_fetch_add_explicit(&counts[i]->blocks, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&counts[i]->writes, n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&counts[i]->bytes, bytes, memory_order_relaxed);
+  }
+  return true;
+}
+
 /* The segments of bytes [src, src + len) of an exchange region here
  * (registered as mr) written to dst_off of the target's exchange region,
  * split where a target window ends.  Returns how many, or 0 when they do
@@ -722,39 +673,7 @@ bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr, 
       return false;
     n += 1;
   }
-  if (XT == NULL && (XT = calloc(1, sizeof *XT)) == NULL)
-    return false;
-  struct xr_chain *c = XT->chain[k];
-  if (c == NULL && (c = XT->chain[k] = calloc(1, sizeof *c)) == NULL)
-    return false;
-  if (c->n + n > XR_CHAIN) {
-    if (!chain_post(k, c)) {
-      /* What the chain held is lost: its routes fail at the sweep's end. */
-      atomic_fetch_or(&XR.lost, 1ull << k);
-      XT->queued &= ~(1ull << k);
-      return false;
-    }
-    XT->outstanding |= 1ull << k;
-  }
-  for (uint32_t i = 0; i < n; i++) {
-    c->wr[c->n + i] = wr[i];
-    c->sge[c->n + i] = sge[i];
-    c->wr[c->n + i].sg_list = &c->sge[c->n + i];
-  }
-  c->n += n;
-  XT->queued |= 1ull << k;
-  bool seen = false;
-  for (uint32_t i = 0; i < c->n_routes && !seen; i++)
-    seen = c->routes[i] == xr;
-  if (!seen && c->n_routes < 8)
-    c->routes[c->n_routes++] = xr;
   uint64_t bytes = (s->payload != NULL ? d->bytes : 0) + (s->slot != NULL ? DEP_SLAB_CTRL_SLOT : 0) +
                    (s->mark != NULL || s->credit != NULL ? sizeof(uint64_t) : 0);
-  struct xr_count *counts[] = {&xr->by_peer[k], &XR.sent[k]};
-  for (int i = 0; i < 2; i++) {
-    atomic_fetch_add_explicit(&counts[i]->blocks, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&counts[i]->writes, n, memory_order_relaxed);
-    atomic_fetch_add_explicit(&counts[i]->bytes, bytes, memory_order_relaxed);
-  }
-  return true;
+  return xfer_rdma__chain_add(k, xr, wr, sge, n, bytes);
 }

@@ -6,8 +6,10 @@
  * straight into the in block of the destination rank's exchange region
  * (the windows of the receiver's MEMBERSHIP: addr, rkey), then writes the
  * out slot into the in slot behind it on the same queue pair, its flag
- * last; no thread of the receiving daemon takes part.  Anything else goes
- * over TCP, as xfer.c does it.
+ * last; no thread of the receiving daemon takes part.  A node channel's
+ * chunk, which the receiving daemon fans out, goes into that daemon's
+ * staging instead (below).  Anything else goes over TCP, as xfer.c does
+ * it.
  *
  * The queue pairs are the data path's own, one per peer and direction,
  * not the peer links' (rdmaxp.h): they are opened like the TCP data
@@ -97,10 +99,6 @@ void xfer_rdma_peer_down(int k);
  */
 struct xfer_rdma_route *xfer_rdma_route_new(const struct job *j, const int16_t *who,
                                             xfer_membership_fn *membership);
-/* Whether route xr has RDMA windows for global rank g (its blocks may go
- * as RDMA writes, which no daemon fans out: xfer.c keeps such a rank's
- * node off the node channels, xring.h).  NULL is fine (false). */
-bool xfer_rdma_route_reaches(const struct xfer_rdma_route *xr, uint32_t g);
 /* The job's route goes: wait (bounded) until no write of ours is in
  * flight, say what moved, free it.  NULL is fine. */
 void xfer_rdma_route_free(struct xfer_rdma_route *xr);
@@ -135,5 +133,47 @@ bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr, 
 uint64_t xfer_rdma_flush(void);
 /* A proxy thread is ending: its chains go. */
 void xfer_rdma_thread_end(void);
+
+/*
+ * One crossing per destination node over RDMA (DESIGN §7, xring.h's
+ * dep_xfer_rdma_stage).  A NODE frame must be fanned out by the daemon
+ * that holds its destinations, which a write into a rank's exchange region
+ * never reaches; so each daemon keeps, per peer, a staging of its own
+ * (XR_STAGE_CHUNKS chunks of XR_STAGE_BYTES, registered with its NIC,
+ * which its acceptance of the peer's data queue pair names): the peer's
+ * proxy copies a NODE frame (header, table, rows) into a chunk of its own
+ * staging (the rank writes its node channel's place again once the ring's
+ * tail is past it), writes it into ours and then the chunk's ready word;
+ * a proxy thread here finds the word, fans the frame out as a frame over
+ * TCP is (xfer_conn.c) and writes its count of freed chunks back over our
+ * queue pair into the peer, whose next frame waits for a free chunk.  So
+ * the chunks in flight are bounded, and none is overwritten before it is
+ * fanned out.
+ */
+enum xfer_rdma_node_rc {
+  XFER_RDMA_NODE_QUEUED, /* its writes are in this thread's chain */
+  XFER_RDMA_NODE_TCP,    /* not RDMA's: no staging at the peer (or larger than its chunk) */
+  XFER_RDMA_NODE_WAIT    /* every chunk of the peer's staging is in use: take it again later */
+};
+/* The most payload (table and rows) a NODE frame into a staging may carry:
+ * a larger chunk goes in pieces, each with its own table. */
+uint64_t xfer_rdma_node_room(void);
+/* NODE frame hdr (its wire form, DEP_XFER_HDR_WIRE bytes) and its payload
+ * (table, tab bytes, then rows, n bytes) of route xr for peer k. */
+enum xfer_rdma_node_rc xfer_rdma_node(struct xfer_rdma_route *xr, int k, const uint8_t *hdr,
+                                      const uint8_t *table, uint64_t tab, const uint8_t *rows,
+                                      uint64_t n);
+/*
+ * What a proxy thread does with a NODE frame peer k staged here: frame
+ * (its header's wire form, then its payload) in room bytes; 0 when it is
+ * done with it (fanned out, or dropped with a reason said), the route
+ * whose count its credit adds to in *to (NULL: none), 1 when it must wait
+ * (its job's route is not here yet).  The routes' lock is held.
+ */
+typedef int xfer_stage_fn(int k, const uint8_t *frame, uint64_t room,
+                          struct xfer_rdma_route **to);
+/* Take what the peers staged here, in order, with take, and queue the
+ * credits (posted at xfer_rdma_flush): the chunks taken. */
+uint64_t xfer_rdma_stage_poll(xfer_stage_fn *take);
 
 #endif /* DEP_DAEMON_XFER_RDMA_H */

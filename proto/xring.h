@@ -134,10 +134,10 @@ struct dep_xring {
    * The fan table, written by the daemon before it lends the ring: for
    * each remote rank number ri (slab.h), 0 when this rank's rows for it
    * cross one channel per rank, else 1 + the remote rank number of the
-   * lead of its node, whose out channel carries the node channel.  The
-   * daemon fans a node out where its frames go over TCP; where a peer's
-   * blocks go as RDMA writes, which land without the far daemon, every
-   * rank of it stays on its own channel.
+   * lead of its node, whose out channel carries the node channel.  Every
+   * node of more than one rank of the job takes one, over TCP or over
+   * RDMA (into the far daemon's staging, dep_xfer_rdma_stage below): its
+   * daemon fans it out either way.
    */
   uint16_t fan[DEP_MAX_WORLD];
 };
@@ -189,8 +189,8 @@ static inline uint8_t *dep_xring_xchg(struct dep_xring *r) {
  * connections, or their RDMA queue pairs, open on the token alone.
  */
 #define DEP_XFER_MAGIC 0x46584444u /* "DDXF" */
-#define DEP_XFER_VERSION 5
-#define DEP_XFER_MIN_VERSION 5
+#define DEP_XFER_VERSION 6
+#define DEP_XFER_MIN_VERSION 6
 #define DEP_XFER_NONCE_LEN 32
 #define DEP_XFER_MAC_LEN 32
 struct dep_xfer_ack {
@@ -220,6 +220,28 @@ struct dep_xfer_rdma_req {
 };
 DEP_STATIC_ASSERT(sizeof(struct dep_xfer_rdma_req) == 56,
                   "RC connection private data holds 56 bytes");
+/*
+ * The private data of an RDMA data queue pair's acceptance (version 6):
+ * the accepting daemon's staging for the connecting one, memory of its own
+ * registered with its NIC (daemon/xfer_rdma.h).  At `addr` (rkey), a
+ * credit word, then `chunks` chunks of `chunk_bytes` each, the first at
+ * DEP_XFER_STAGE_HEAD: the connecting daemon writes a NODE frame (its
+ * header's wire form, then its payload) into a chunk after the chunk's
+ * first 64 bytes, then the chunk's ready word (its first 8: the number of
+ * chunks it has written so far, this one included), on one queue pair in
+ * order; the accepting daemon fans the frame out as it does a frame over
+ * TCP and writes into the connecting daemon's staging's credit word, over
+ * its own queue pair into that daemon, 1 + the number of chunks it has
+ * freed (0: it has no queue pair into the writer to say it with yet).
+ */
+struct dep_xfer_rdma_stage {
+  uint64_t addr;
+  uint32_t rkey;
+  uint32_t chunks;
+  uint64_t chunk_bytes;
+};
+#define DEP_XFER_STAGE_HEAD 64u /* the credit word's room, before the first chunk */
+#define DEP_XFER_STAGE_DATA 64u /* a chunk's ready word's room, before its frame */
 /*
  * A frame's header, as the daemons use it; on the wire it is the codec's
  * (codec.h) fixed form of DEP_XFER_HDR_WIRE bytes, one field table

@@ -79,8 +79,9 @@ data_up() {
 }
 wait_until 60 data_up || { cat "$d/peers.json"; show; fail "not $pool TCP data connection(s) each way"; }
 
+# XNODE2_SEED (run.sh -e): the seed, for comparing two builds on the same calls.
 if [[ $RDMAVM_NODE == 1 ]]; then
-  echo $(( (RANDOM << 15 | RANDOM) + 1 )) >"$RDMAVM_SHARED/seed"
+  echo "${XNODE2_SEED:-$(( (RANDOM << 15 | RANDOM) + 1 ))}" >"$RDMAVM_SHARED/seed"
 fi
 barrier seeded 120
 export DEP_TEST_SEED=$(cat "$RDMAVM_SHARED/seed")
