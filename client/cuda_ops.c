@@ -525,9 +525,16 @@ int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
   const uint32_t phase = ll_phase(a->phases);
   int rc;
   if (h != NULL) {
-    struct dep_handle hz = *h; /* num_tokens 0: the host must not hash device ids */
+    /* num_tokens 0: the host must not hash device ids.  The phases are checked against h
+     * itself: its pending send is found by its address, which the copy has not. */
+    struct dep_handle hz = *h;
+    struct dep_ll_combine_args az = *a;
     hz.num_tokens = 0;
-    rc = ops_check_ll_combine(&c->ops, a, &hz, why, sizeof why);
+    az.phases = 0;
+    rc = ops_check_ll_combine(&c->ops, &az, &hz, why, sizeof why);
+    if (rc == 0)
+      rc = ops_check_phases(&c->ops, a->phases, h, OPS_OP_LL_COMBINE, "ll_combine", why,
+                            sizeof why);
   } else {
     rc = ops_check_ll_combine(&c->ops, a, h, why, sizeof why);
   }

@@ -311,6 +311,11 @@ int ops_check_combine(const struct ops_ctx *c, const struct dep_combine_args *a,
                       const struct dep_handle *h, char *why, size_t whylen);
 int ops_check_ll_dispatch(const struct ops_ctx *c, const struct dep_ll_dispatch_args *a,
                           const struct dep_handle *h, char *why, size_t whylen);
+/* A low-latency call's phases against the handle h itself (a pending send is found by
+ * its address): whole, a send into a handle no send holds, or a receive of the send of
+ * `kind` (OPS_OP_LL_*) it holds; the ops_check_ll_* above call it. */
+int ops_check_phases(const struct ops_ctx *c, uint32_t phases, const struct dep_handle *h,
+                     uint32_t kind, const char *op, char *why, size_t whylen);
 int ops_check_ll_combine(const struct ops_ctx *c, const struct dep_ll_combine_args *a,
                          const struct dep_handle *h, char *why, size_t whylen);
 

@@ -295,8 +295,8 @@ int ops_check_combine(const struct ops_ctx *c, const struct dep_combine_args *a,
  * whole, or a send into a handle no send holds, or a receive of the send
  * of `kind` (OPS_OP_LL_*) the handle holds.
  */
-static int check_phases(const struct ops_ctx *c, uint32_t phases, const struct dep_handle *h,
-                        uint32_t kind, const char *op, char *why, size_t whylen) {
+int ops_check_phases(const struct ops_ctx *c, uint32_t phases, const struct dep_handle *h,
+                     uint32_t kind, const char *op, char *why, size_t whylen) {
   const uint32_t whole = DEP_LL_SEND | DEP_LL_RECV;
   if ((phases & ~whole) != 0)
     return why_fail(why, whylen, DEP_ERR_INVALID, "%s: phases is %u; give 0 or DEP_LL_SEND | "
@@ -336,7 +336,7 @@ int ops_check_ll_dispatch(const struct ops_ctx *c, const struct dep_ll_dispatch_
   NEED(a, op, "args");
   if (h == NULL)
     return why_fail(why, whylen, DEP_ERR_INVALID, "ll_dispatch: handle is NULL; make one with dep_handle_new");
-  if ((rc = check_phases(c, a->phases, h, OPS_OP_LL_DISPATCH, op, why, whylen)) != 0)
+  if ((rc = ops_check_phases(c, a->phases, h, OPS_OP_LL_DISPATCH, op, why, whylen)) != 0)
     return rc;
   if (a->wait_cost != NULL)
     NEED(a->wait_cost, op, "wait_cost");
@@ -379,7 +379,7 @@ int ops_check_ll_combine(const struct ops_ctx *c, const struct dep_ll_combine_ar
   if (rc != 0)
     return rc;
   NEED(a, op, "args");
-  if ((rc = check_phases(c, a->phases, h, OPS_OP_LL_COMBINE, op, why, whylen)) != 0 ||
+  if ((rc = ops_check_phases(c, a->phases, h, OPS_OP_LL_COMBINE, op, why, whylen)) != 0 ||
       (rc = check_handle(c, h, OPS_HANDLE_LL, op, why, whylen)) != 0 ||
       (rc = check_index_type(a->index_type, op, why, whylen)) != 0)
     return rc;
