@@ -274,7 +274,11 @@ class _Rank:
         self.sidx = torch.full((self.M, s["num_topk"]), -1, dtype=torch.int64, device=dev)
         self.sw = torch.zeros(self.M, s["num_topk"], dtype=torch.float32, device=dev)
         self.g_out = torch.empty_like(self.sx)
-        scale = self.scale()
+        # Kept as long as the graph: a replay reads the captured tensors at their addresses,
+        # and torch's allocator hands a dropped tensor's memory to the next tensor made (a
+        # round's throughput call makes several), whose contents a replay would read as the
+        # experts' scales.
+        scale = self.g_scale = self.scale()
         # torch's own kernels once outside the capture (torch's rule); no deepep call before.
         ((torch.zeros(self.L, 1, s["hidden"], device=dev).float() * scale).bfloat16())
         torch.cuda.synchronize()
