@@ -65,6 +65,14 @@ struct elastic_pending {
   int pid;
 };
 
+/* Calls ahead of the survivors' newest that a rank that comes back joins at:
+ * room for the calls they make while the daemons write the epoch.  A job
+ * whose ranks ran past it doubles it for the next attempt, up to the most:
+ * the survivors' calls per epoch write are the job's (a GPU's low-latency
+ * calls take microseconds, a training step's milliseconds). */
+#define ELASTIC_JOIN_AHEAD 8u
+#define ELASTIC_JOIN_AHEAD_MAX 65536u
+
 struct job_elastic {
   struct dep_slab_layout l; /* where the mask and the slots are: the same in every local slab */
   struct elastic_pending pending;
@@ -74,6 +82,7 @@ struct job_elastic {
   struct elastic_event events[DEP_JOB_EVENTS_KEPT];
   uint64_t *join;     /* per world rank: its join word (slab.h), in the same allocation */
   uint32_t *gen;      /* per world rank: its changes (above), likewise */
+  uint32_t ahead;     /* calls past the survivors' newest that a rank comes back at (below) */
 };
 
 bool elastic_new(struct job *j) {
@@ -88,6 +97,7 @@ bool elastic_new(struct job *j) {
   if (e == NULL)
     return false;
   e->l = l;
+  e->ahead = ELASTIC_JOIN_AHEAD;
   e->join = (uint64_t *)(e + 1);
   e->gen = (uint32_t *)(e->join + j->world_size);
   j->elastic = e;
@@ -428,9 +438,10 @@ static int elastic_posted(struct job *j, const struct job_rank *slot, uint64_t *
   return rc;
 }
 
-/* Calls ahead of the survivors' newest that a rank that comes back joins at:
- * room for the calls they make while the daemons write the epoch. */
-#define ELASTIC_JOIN_AHEAD 8u
+/* A rejoin was overtaken: the next attempt leaves the survivors twice the calls. */
+static void elastic_widen(struct job_elastic *e) {
+  e->ahead = e->ahead * 2 > ELASTIC_JOIN_AHEAD_MAX ? ELASTIC_JOIN_AHEAD_MAX : e->ahead * 2;
+}
 
 /* Whether the ranks that had posted call `after` (read once the join call was in their
  * slabs) may have started call `at` before they saw it: they ran past the join call. */
@@ -508,9 +519,11 @@ void elastic_on_joined(struct job *j, int k, const struct dep_peer_job_joined *m
     return; /* an answer to a rejoin that has ended (or a repeat): nothing waits for it */
   if (!m->ok) {
     char why[400];
+    elastic_widen(j->elastic);
     snprintf(why, sizeof why, "the job's calls on node %s reached call %llu while rank %u was "
-             "brought back from call %llu; attach again", peer_name(k),
-             (unsigned long long)m->posted, p->rank, (unsigned long long)p->at);
+             "brought back from call %llu; attach again (the next attempt joins %u calls "
+             "ahead)", peer_name(k), (unsigned long long)m->posted, p->rank,
+             (unsigned long long)p->at, j->elastic->ahead);
     elastic_join_end(j, DEP_ERR_STATE, why);
     return;
   }
@@ -533,7 +546,7 @@ int elastic_join(struct job *j, const struct job_rank *slot, pid_t pid, bool *as
   int rc = elastic_posted(j, slot, &before, why, whylen);
   if (rc != 0)
     return rc;
-  const uint64_t at = before + ELASTIC_JOIN_AHEAD;
+  const uint64_t at = before + e->ahead;
   const uint32_t gen = e->gen[rank] + 1;
   e->join[rank] = at;
   (void)elastic_take(j, rank, gen, DEP_JOB_EVENT_REJOINED, (uint32_t)pid);
@@ -560,9 +573,10 @@ int elastic_join(struct job *j, const struct job_rank *slot, pid_t pid, bool *as
   /* The survivors ran past it (or could not be read): masked again, as it was. */
   elastic_undo(j, rank, (int)pid);
   if (rc == 0) {
+    elastic_widen(e);
     snprintf(why, whylen, "the job's calls reached call %llu while rank %u was brought back "
-             "from call %llu; attach again", (unsigned long long)after, rank,
-             (unsigned long long)at);
+             "from call %llu; attach again (the next attempt joins %u calls ahead)",
+             (unsigned long long)after, rank, (unsigned long long)at, e->ahead);
     rc = DEP_ERR_STATE;
   }
   return rc;

@@ -651,11 +651,9 @@ DEP_EXPORT int dep_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_in
  * makes that combine DEP_ERR_MISMATCH.  A layout is local and ignores the
  * masks.  A job that never writes the live mask and a rank that never
  * sets its own behave as before: a gone rank is DEP_ERR_PEER.  On the cuda
- * backend each CTA of a call reads the masks as it begins, so three
+ * backend each CTA of a call reads the masks as it begins, so two
  * differences: a live mask written while a call's kernel starts may be
- * seen by part of it only (that call's outputs are then undefined), and a
- * call already waiting for a rank does not see it masked (it fails as
- * before: DEP_ERR_TIMEOUT, or DEP_ERR_PEER through the abort words); and
+ * seen by part of it only (that call's outputs are then undefined); and
  * the kernels do not count the pairs they drop (dep_handle_dropped is
  * DEP_ERR_UNSUPPORTED there).  All need an attached handle (DEP_ERR_STATE).
  *

@@ -11,15 +11,17 @@
 #include "ops_dev.cuh"
 
 /* Receiver side shared by both combines: wait, then check that every source
- * answered this handle's dispatch with the expected number of vectors. */
-__device__ __forceinline__ bool combine_wait(const cuops_job &J, const call &k, uint32_t op, uint64_t hseq,
+ * answered this handle's dispatch with the expected number of vectors (one
+ * that left the job during the wait is masked in k from here on). */
+__device__ __forceinline__ bool combine_wait(const cuops_job &J, call &k, uint32_t op, uint64_t hseq,
                              const uint32_t *expect, bool report, int64_t *cost = nullptr) {
   __shared__ peers s_p;
   __shared__ uint32_t s_ok;
   if (threadIdx.x == 0) {
     uint32_t ok = wait_peers(J, k, op, &s_p, cost) == 0;
     for (uint32_t s = 0; ok && s < J.world; s++)
-      if (!masked(k, s) && (s_p.op[s] != op || s_p.ref[s] != hseq || s_p.rows[s] != expect[s])) {
+      if (!skipped(k, s_p, s) &&
+          (s_p.op[s] != op || s_p.ref[s] != hseq || s_p.rows[s] != expect[s])) {
         if (report)
           rec_fail(J, DEP_ERR_MISMATCH, op, s, CUOPS_PHASE_PEER, k.seq, s_p.ref[s], 0);
         ok = 0;
@@ -27,6 +29,9 @@ __device__ __forceinline__ bool combine_wait(const cuops_job &J, const call &k, 
     s_ok = ok;
   }
   __syncthreads();
+  /* A source gone during the wait (wait_peers) is masked for the rest of the call: its
+   * vectors are never read, their contribution zero. */
+  k.mask |= s_p.left;
   return s_ok != 0;
 }
 

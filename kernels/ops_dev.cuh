@@ -602,7 +602,27 @@ struct peers {
   uint32_t rows[CUOPS_MAX_RANKS];
   uint32_t op[CUOPS_MAX_RANKS];
   uint64_t ref[CUOPS_MAX_RANKS];
+  uint64_t left; /* sources that left the job while this call waited for them, a bit each */
 };
+
+/* Whether the call takes nothing from source s: masked as it began, or gone since. */
+__device__ __forceinline__ bool skipped(const call &k, const peers &p, uint32_t s) {
+  return masked(k, s) || ((p.left >> s) & 1ull) != 0;
+}
+
+/*
+ * Whether rank r has left an elastic job since the call read the live mask
+ * (cuops_mask): its bit in the live mask now.  The daemon masks a rank that
+ * died, detached or whose node was lost instead of aborting the job, so a
+ * wait for it would never end; the call goes on as one that began with it
+ * masked, as the host backend's does (host_ops__mask_grew).
+ */
+__device__ __forceinline__ bool left_since(const cuops_job &J, uint32_t r) {
+  const uint8_t *slab = J.slabs[J.rank];
+  if (ld_acquire_sys((const uint64_t *)(slab + J.mask_epoch_off)) == 0)
+    return false;
+  return ((*(const volatile uint64_t *)(slab + J.mask_word_off) >> r) & 1ull) != 0;
+}
 
 /*
  * Thread 0: wait, bounded, until every source has posted this call into
@@ -615,6 +635,7 @@ struct peers {
 __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uint32_t op, peers *p,
                                           int64_t *cost = nullptr) {
   const long long start = clock64();
+  p->left = 0;
   for (uint32_t s = 0; s < J.world; s++) {
     if (masked(k, s)) { /* nothing from it: no rows, no wait (its checks are the callers') */
       p->rows[s] = 0;
@@ -633,6 +654,7 @@ __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uin
      * ordered before their reads. */
     const bool mirror = is_remote(J, s) && blockIdx.x != 0;
     unsigned long long *seen = &J.dev->xseen[s];
+    bool left = false;
     for (uint32_t i = 0;; i++) {
       uint64_t f = mirror ? ld_acquire_gpu(seen) : ld_acquire_sys((const uint64_t *)slot);
       if (f == k.seq)
@@ -656,14 +678,29 @@ __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uin
         } else if (job_aborted(J, k, s, waited)) {
           rec_gone(J, op, k.seq, waited);
           failed = 1;
+        } else if (waited >= CUOPS_ABORT_POLL_NS && left_since(J, s)) {
+          /* Its post may have come just before it left: read the flag once more. */
+          left = (mirror ? ld_acquire_gpu(seen) : ld_acquire_sys((const uint64_t *)slot)) !=
+                 k.seq;
+          if (!left)
+            break;
         }
         if (failed) {
           if (is_remote(J, s) && !mirror)
             st_release_gpu(seen, k.seq | CUOPS_XSEEN_FAILED);
           return 1;
         }
+        if (left)
+          break;
         __nanosleep(64);
       }
+    }
+    if (left) { /* as a masked source's (skipped) */
+      p->rows[s] = 0;
+      p->op[s] = op;
+      p->ref[s] = 0;
+      p->left |= 1ull << s;
+      continue;
     }
     if (is_remote(J, s) && !mirror)
       st_release_gpu(seen, k.seq);

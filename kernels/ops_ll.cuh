@@ -243,7 +243,7 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
   if (threadIdx.x == 0) {
     uint32_t ok = wait_peers(J, k, op, &s_p, a.wait_cost) == 0;
     for (uint32_t s = 0; ok && s < W; s++)
-      if (!masked(k, s) && (s_p.op[s] != op || s_p.rows[s] > J.max_ll)) {
+      if (!skipped(k, s_p, s) && (s_p.op[s] != op || s_p.rows[s] > J.max_ll)) {
         if (r == 0)
           rec_fail(J, DEP_ERR_MISMATCH, op, s, CUOPS_PHASE_PEER, k.seq,
                    ((uint64_t)s_p.op[s] << 32) | s_p.rows[s], 0);

@@ -281,7 +281,7 @@ __device__ __forceinline__ bool dispatch_slot_bad(const cuops_job &J,
                                                   const cuops_dispatch_args &a, const call &k,
                                                   const peers &p, uint32_t s, uint32_t op,
                                                   uint64_t hseq) {
-  return !masked(k, s) && (p.op[s] != op || p.rows[s] > J.max_tokens ||
+  return !skipped(k, p, s) && (p.op[s] != op || p.rows[s] > J.max_tokens ||
                            (a.cached && (p.ref[s] != hseq || p.rows[s] != a.h.tp_from[s])));
 }
 

@@ -70,8 +70,10 @@
  *     live mask written while a call's CTAs start may be seen by some of
  *     them only, which leaves that call's outputs undefined (a "from call"
  *     word, for the daemon to write, would close it: one edit, in
- *     cuops_mask), and a wait already waiting for a rank does not see it
- *     (DEP_ERR_TIMEOUT, or DEP_ERR_PEER where the abort words are written).
+ *     cuops_mask).  A wait for a source's post that is still unmet after
+ *     CUOPS_ABORT_POLL_NS also reads the live bits (left_since): a source
+ *     masked since the call began is skipped for the rest of it (its rows
+ *     0, its contributions to a combine zero), as on the host backend.
  *   - SM budget: every communicating kernel is world * P CTAs of
  *     CUOPS_THREADS threads, each of which first sends (part of the rows
  *     for one peer) then receives (in the throughput ops, work claimed

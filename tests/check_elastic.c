@@ -618,7 +618,8 @@ END_TEST
  * A rejoin across nodes is agreed by both daemons: node 1 (DEEPEPD_TEST_JOIN_OVERTAKEN
  * makes its first answer so) says its ranks ran past the join call, so node 0 masks the
  * rank again on both nodes and refuses the ATTACH, naming node 1; the job goes on with the
- * rank masked, and the next try brings it back on both.
+ * rank masked, and the next try brings it back on both, with twice the calls ahead (the
+ * ranks made none here: 16 past call 0).
  */
 START_TEST(a_rejoin_that_the_other_node_finds_overtaken_is_undone_on_both) {
   struct nodes ns;
@@ -636,7 +637,7 @@ START_TEST(a_rejoin_that_the_other_node_finds_overtaken_is_undone_on_both) {
   expect_mask(&ar, here, 2, XW, 1, "0100");
   struct dep_attach_args a1 = eargs("xover", 1, XW, 1, 2, DEP_ATTACH_ELASTIC);
   int f = attach_args(&ns.d[0], &a1);
-  expect_fail(f, DEP_ERR_STATE, "calls on node", "attach again");
+  expect_fail(f, DEP_ERR_STATE, "calls on node", "attach again (the next attempt joins 16 calls");
   close(f);
   /* Live at epoch 2 on both, masked again at 3 on both. */
   expect_mask(&ar, here, 2, XW, 3, "0100");
@@ -648,7 +649,7 @@ START_TEST(a_rejoin_that_the_other_node_finds_overtaken_is_undone_on_both) {
   ck_assert_int_eq(rank_word(&c[1]), 'r');
   expect_mask(&ar, here, 2, XW, 4, "0000");
   EXPECT_STATUS(&ns.d[1], "\"epoch\":4,\"masked_ranks\":\"\"");
-  ck_assert(dw_log_has(&ns.d[0], "is rank 1 again, from call 8", 5000));
+  ck_assert(dw_log_has(&ns.d[0], "is rank 1 again, from call 16", 5000));
   arena_done(&ar);
   for (uint32_t r = 1; r < XW; r++)
     rank_reap(&c[r]);

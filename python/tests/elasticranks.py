@@ -15,7 +15,6 @@ outdir/err.<rank>.<first phase>.txt (and exits 1), for the test to hold to numpy
 import datetime
 import os
 import pickle
-import time
 import traceback
 from typing import Dict, List
 
@@ -165,27 +164,10 @@ class _Rank:
                          next_call_before=self.b.next_call(), true_next_before=self.true_next())
         if ph["kind"] == "rejoin" and not (self.replacement and p == self.first):
             out["rejoin"] = self.line_up(store, cfg[ph["watch"]])
-        elif masked and self.dev.type == "cuda":
-            # On cuda a call already waiting for a rank does not see it masked (deepep.h
-            # "Masked ranks"): the survivors make their next call once the mask shows the
-            # rank killed, as a trainer asks dep_mask_query between steps.  The host backend's
-            # calls see it mid-call, so there the next call is made at once.
-            out["waited_ms"] = self.await_masked(masked)
         out["rounds"] = [self.round(p, i) for i in range(ph["rounds"])]
         out["after"] = self.masks()
         out.update(next_call_after=self.b.next_call(), true_next_after=self.true_next())
         return out
-
-    def await_masked(self, masked: List[int]) -> float:
-        t0 = time.monotonic()
-        while True:
-            m = self.b.mask()[0].tolist()
-            if all(m[q] for q in masked):
-                return (time.monotonic() - t0) * 1e3
-            if time.monotonic() - t0 > CEILING_S:
-                raise TimeoutError(f"rank {self.rank}: ranks {masked} not masked within "
-                                   f"{CEILING_S} s (mask {m})")
-            time.sleep(0.001)  # a poll of the daemon's write, bounded above
 
     def line_up(self, store, q: int) -> dict:
         """docs/operating.md's rejoin recipe on a survivor: J from the replacement of rank q
