@@ -80,14 +80,20 @@ static void fp_send(int fd, const struct dep_peer_msg *m) {
 
 /* The next peer message on fd within ms (its raw bytes in raw when not NULL): 0, or -1. */
 static int fp_recv(int fd, struct dep_peer_msg *m, int ms, uint8_t *raw, size_t *rawlen) {
-  static struct dw_frame f;
-  if (dw_recv_frame(fd, &f, ms) != 0 || f.h.type != DEP_MSG_PEER)
-    return -1;
-  if (raw != NULL) {
-    memcpy(raw, f.body, f.h.body_len);
-    *rawlen = f.h.body_len;
+  /* A frame of its own per call: a test's connector thread reads its link while the main
+   * thread reads another (a shared static frame was a data race). */
+  struct dw_frame *f = malloc(sizeof *f);
+  ck_assert_ptr_nonnull(f);
+  int rc = -1;
+  if (dw_recv_frame(fd, f, ms) == 0 && f->h.type == DEP_MSG_PEER) {
+    if (raw != NULL) {
+      memcpy(raw, f->body, f->h.body_len);
+      *rawlen = f->h.body_len;
+    }
+    rc = peer_proto_decode(f->body, f->h.body_len, m, NULL, 0) == 0 ? 0 : -1;
   }
-  return peer_proto_decode(f.body, f.h.body_len, m, NULL, 0) == 0 ? 0 : -1;
+  free(f);
+  return rc;
 }
 
 /* Read the daemon's link for ms, answering its keep-alives and keeping the
