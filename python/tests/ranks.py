@@ -426,6 +426,21 @@ def internode_rank(args) -> List[Dict[str, Any]]:
              "handle": members(h), "inter_handle": members(ih),
              "combined": bits(b.combine(y, h, topk_weights=rw)[0]),
              "inter_combined": bits(b.internode_combine(y, ih, iw)[0])}
+        # The low-latency pair with and without the receive hook: a job across nodes runs a
+        # hooked call whole (the library's split calls are one node's), with the same results.
+        li = inputs(seed, rank, world, it, ll=True)
+        lx, lidx = torch.from_numpy(li["x"]).bfloat16().to(dev), torch.from_numpy(li["idx"]).to(dev)
+        lw = torch.from_numpy(li["w"]).to(dev)
+        M = s["max_ll_tokens_per_rank"]
+        for hooked in (False, True):
+            recv, count, lh, _, hook = b.low_latency_dispatch(lx, lidx, M, s["num_experts"],
+                                                             use_fp8=False,
+                                                             return_recv_hook=hooked)
+            hook()
+            comb, _, hook = b.low_latency_combine(recv, lidx, lw, lh, return_recv_hook=hooked)
+            hook()
+            r["ll_hooked" if hooked else "ll"] = (bits(recv), count.cpu().numpy().copy(),
+                                                  bits(comb))
         out.append(r)
     b.destroy()
     return out

@@ -189,3 +189,19 @@ def test_the_internode_handle_indexes_as_deepeps_test_internode(internode, seed)
                 np.zeros((0, inp["x"].shape[1]), np.int16)
             np.testing.assert_array_equal(res[s][it]["combined"], want)
             np.testing.assert_array_equal(res[s][it]["inter_combined"], want)
+
+
+def test_a_hooked_low_latency_pair_across_nodes_equals_the_unhooked_one(internode):
+    """The receive hook in a job that spans nodes: the library splits a call on one node only,
+    so deepep runs a hooked call whole (its hook finds it received); the rows, counts and
+    combined output are those of the same call without the hook."""
+    W, res = internode
+    for r in range(W):
+        for it, o in enumerate(res[r]):
+            (x0, c0, y0), (x1, c1, y1) = o["ll"], o["ll_hooked"]
+            np.testing.assert_array_equal(c1, c0, err_msg=f"rank {r} iteration {it}: counts")
+            for e in range(len(c0)):
+                n = int(c0[e])
+                np.testing.assert_array_equal(x1[e, :n], x0[e, :n],
+                                              err_msg=f"rank {r} iteration {it} expert {e}")
+            np.testing.assert_array_equal(y1, y0, err_msg=f"rank {r} iteration {it}: combined")
