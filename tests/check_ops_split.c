@@ -255,18 +255,37 @@ struct split_behind {
   int fd[2];
 };
 
+/* The inputs of micro-batches A and B (s) and the outputs of calls A, B, A (o) of rank r. */
+static void behind_make(const struct ow_case *const d[2], uint32_t r, struct split_in s[2],
+                        struct ow_outs o[3]) {
+  for (int i = 0; i < 2; i++)
+    split_in_make(&s[i], d[i], r);
+  for (int i = 0; i < 3; i++)
+    ow_outs_alloc(&o[i], d[i % 2]);
+}
+
+/* Whether call `call`'s low-latency rows (o, of case d) on rank r are the oracle's. */
+static int behind_rows_ok(const struct ow_case *d, const struct ow_outs *o, uint32_t r,
+                          int call, char *msg) {
+  const struct ref_ll_out *e = &d->ll[r];
+  const size_t h = d->sc.hidden;
+  for (uint32_t l = 0; l < d->le; l++)
+    if (o->lcnt[l] != e->count[l] ||
+        memcmp((const uint16_t *)o->lx + (size_t)l * d->rows_ll * h, e->x + (size_t)l * d->rows_ll * h,
+               (size_t)e->count[l] * h * 2) != 0)
+      return ow_fail(msg, "call %d: expert %u's rows are not the oracle's", call, l);
+  return 0;
+}
+
 static int split_behind_rank(struct ops_ctx *c, void *arg, char *msg) {
   struct split_behind *b = arg;
   const struct ow_case *d[2] = {&b->p.a, &b->p.b};
   const uint32_t r = c->rank;
   struct ow_outs o[3];
   struct split_in s[2];
-  for (int i = 0; i < 2; i++)
-    split_in_make(&s[i], d[i], r);
-  for (int i = 0; i < 3; i++) {
-    ow_outs_alloc(&o[i], d[i % 2]);
+  behind_make(d, r, s, o);
+  for (int i = 0; i < 3; i++)
     split_poison(d[i % 2], &o[i]);
-  }
   int rc = 0;
   char byte = 1;
   for (int i = 0; rc == 0 && i < 2; i++) {
@@ -284,15 +303,8 @@ static int split_behind_rank(struct ops_ctx *c, void *arg, char *msg) {
   if (rc == 0)
     RUN(ow_ll_dispatch(c, d[0], &o[2], 0), "whole dispatch, call 3");
   /* Each dispatch's rows are the oracle's: call 1 and call 3 (A) alike, call 2 (B). */
-  for (int i = 0; rc == 0 && i < 3; i++) {
-    const struct ref_ll_out *e = &d[i % 2]->ll[r];
-    for (uint32_t l = 0; rc == 0 && l < d[i % 2]->le; l++)
-      if (o[i].lcnt[l] != e->count[l] ||
-          memcmp((const uint16_t *)o[i].lx + (size_t)l * d[0]->rows_ll * d[0]->sc.hidden,
-                 e->x + (size_t)l * d[0]->rows_ll * d[0]->sc.hidden,
-                 (size_t)e->count[l] * d[0]->sc.hidden * 2) != 0)
-        rc = ow_fail(msg, "call %d: expert %u's rows are not the oracle's", i + 1, l);
-  }
+  for (int i = 0; rc == 0 && i < 3; i++)
+    rc = behind_rows_ok(d[i % 2], &o[i], r, i + 1, msg);
   for (int i = 0; i < 2; i++)
     split_in_free(&s[i]);
   for (int i = 0; i < 3; i++)
@@ -336,10 +348,7 @@ static int split_stuck_rank(struct ops_ctx *c, void *arg, char *msg) {
   const uint32_t r = c->rank;
   struct ow_outs o[3];
   struct split_in s[2];
-  for (int i = 0; i < 2; i++)
-    split_in_make(&s[i], d[i], r);
-  for (int i = 0; i < 3; i++)
-    ow_outs_alloc(&o[i], d[i % 2]);
+  behind_make(d, r, s, o);
   char byte = 1;
   for (int i = 0; i < 2; i++) {
     struct dep_ll_dispatch_args da = split_da(d[i], r, &s[i], &o[i], DEP_LL_SEND);
@@ -363,15 +372,8 @@ static int split_stuck_rank(struct ops_ctx *c, void *arg, char *msg) {
     if (write(b->fd[1], &byte, 1) != 1)
       rc = ow_fail(msg, "the pipe to rank 1 failed");
   }
-  for (int i = 0; rc == 0 && i < 2; i++) {
-    const struct ref_ll_out *e = &d[i]->ll[r];
-    for (uint32_t l = 0; rc == 0 && l < d[i]->le; l++)
-      if (o[i].lcnt[l] != e->count[l] ||
-          memcmp((const uint16_t *)o[i].lx + (size_t)l * d[i]->rows_ll * d[i]->sc.hidden,
-                 e->x + (size_t)l * d[i]->rows_ll * d[i]->sc.hidden,
-                 (size_t)e->count[l] * d[i]->sc.hidden * 2) != 0)
-        rc = ow_fail(msg, "call %d: expert %u's rows are not the oracle's", i + 1, l);
-  }
+  for (int i = 0; rc == 0 && i < 2; i++)
+    rc = behind_rows_ok(d[i], &o[i], r, i + 1, msg);
   return rc;
 }
 

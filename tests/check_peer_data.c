@@ -614,6 +614,12 @@ START_TEST(a_data_connection_naming_an_offer_withdrawn_with_the_links_is_closed_
 }
 END_TEST
 
+/* Offer the daemon a data connection with a fresh token (o's, kept for the accept). */
+static void fp_offer(struct fp *f, struct dep_peer_msg *o) {
+  randombytes_buf(o->u.data_offer.token, sizeof o->u.data_offer.token);
+  fp_send(f->link, o);
+}
+
 /* The next connection the daemon opens to the fake (within 10 s, a ceiling
  * for a loaded machine), which must be a data connection naming token. */
 static int fp_data_accept(struct fp *f, const uint8_t *token) {
@@ -642,13 +648,11 @@ START_TEST(an_offer_made_after_the_peer_came_back_is_not_ignored_behind_an_older
   struct fp f;
   fp_start(&f);
   struct dep_peer_msg o = {.type = DEP_PEER_DATA_OFFER};
-  randombytes_buf(o.u.data_offer.token, sizeof o.u.data_offer.token);
-  fp_send(f.link, &o);
+  fp_offer(&f, &o);
   const int before = fp_data_accept(&f, o.u.data_offer.token); /* left unanswered */
   close(f.link);
   fp_take_link(&f); /* the daemon's next connection: its link again */
-  randombytes_buf(o.u.data_offer.token, sizeof o.u.data_offer.token);
-  fp_send(f.link, &o);
+  fp_offer(&f, &o);
   /* The link answered meanwhile, so that it is not dropped as dead. */
   struct fp_answerer ans = {.f = &f};
   atomic_init(&ans.stop, false);
@@ -694,11 +698,9 @@ START_TEST(an_offer_past_the_connectors_under_way_is_dialled_when_one_finishes) 
   struct fp f;
   fp_start(&f);
   struct dep_peer_msg o = {.type = DEP_PEER_DATA_OFFER};
-  randombytes_buf(o.u.data_offer.token, sizeof o.u.data_offer.token);
-  fp_send(f.link, &o);
+  fp_offer(&f, &o);
   const int first = fp_data_accept(&f, o.u.data_offer.token); /* left unanswered */
-  randombytes_buf(o.u.data_offer.token, sizeof o.u.data_offer.token);
-  fp_send(f.link, &o);
+  fp_offer(&f, &o);
   fp_sync(&f); /* the second offer came while the first's connector waits */
   struct fp_answerer ans = {.f = &f};
   atomic_init(&ans.stop, false);
