@@ -588,10 +588,6 @@ int cuda_ops_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_arg
 
 /* ---- masked ranks (deepep.h; the kernels' side is kabi.h's) ------------------------------- */
 
-int cuda_ops_counting(dep_client_t *c, const char *op) {
-  return c->cuops.ready ? 0 : no_kernels(c, op);
-}
-
 /* The mask calls' way in: the kernels bound, the rank's context current (g). */
 static int mask_enter(dep_client_t *c, const char *op, struct ctx_guard *g) {
   return c->cuops.ready ? ctx_enter(c, g, op) : no_kernels(c, op);

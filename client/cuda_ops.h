@@ -201,9 +201,5 @@ int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t call, uint64_t 
 /* The communicating calls the device has counted (cuops_dev.seq): those the
  * library launched and those replayed from CUDA graphs, once they ended. */
 int cuda_ops_device_calls(dep_client_t *c, const char *op, uint64_t *calls);
-/* dep_next_call's check: 0 once the kernels are bound (cuda_ops_attach, where a rank that
- * came back also takes its join call), so that c->ops.seq counts this rank's calls; before,
- * the refusal every operation gives, saying why. */
-int cuda_ops_counting(dep_client_t *c, const char *op);
 
 #endif /* DEP_CUDA_OPS_H */

@@ -584,9 +584,9 @@ DEP_EXPORT int dep_next_call(dep_client_t *c, uint64_t *call) {
   if (call == NULL)
     return client_seterr(c, DEP_ERR_INVALID, "%s: call is NULL", op);
   int rc = ops_ready(c, op);
-  if (rc != 0 || (c->cuda && (rc = cuda_ops_counting(c, op)) != 0))
-    return rc;
-  return next_call(c, op, call);
+  /* On cuda, next_call's read of the device's count refuses as every operation does until
+   * the kernels are bound (cuda_ops_attach, where a rank that came back takes its join call). */
+  return rc != 0 ? rc : next_call(c, op, call);
 }
 
 DEP_EXPORT int dep_handle_dropped(dep_client_t *c, const dep_handle_t *h, uint64_t *pairs) {
