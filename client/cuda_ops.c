@@ -231,23 +231,6 @@ int cuops_launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, unsigned s
   return launch(c, k, grid, shmem, args, s, op, cuops_communicates(k));
 }
 
-/*
- * A call that is to send (any operation; a split receive sends nothing): refused while its
- * parity's slots are held by a low-latency send not yet received (kabi.h "Split calls"), as
- * the host backend refuses it (host_ops__begin), before anything is launched.
- */
-static int slots_free(const dep_client_t *c, char *why, size_t whylen) {
-  const struct ops_pending *held = &c->ops.pend[(c->ops.seq + 1) & 1];
-  if (held->seq == 0)
-    return 0;
-  snprintf(why, whylen, "phases: call %llu would reuse the slots of call %llu (%s), whose send "
-           "(DEP_LL_SEND) has run and whose receive has not: at most 2 calls may be between "
-           "send and receive; run call %llu's DEP_LL_RECV first",
-           (unsigned long long)(c->ops.seq + 1), (unsigned long long)held->seq,
-           host_ops_op_name(held->op), (unsigned long long)held->seq);
-  return DEP_ERR_INVALID;
-}
-
 /* ---- argument checks: ops_check_* with num_tokens 0 never reads device memory -------- */
 
 static int need(char *why, size_t len, const void *p, size_t align, const char *op,
@@ -328,7 +311,7 @@ static int cuops_dispatch_check(const dep_client_t *c, const struct dep_dispatch
     z.num_tokens = 0;
   int rc = ops_check_dispatch(&c->ops, &z, h, why, whylen);
   if (rc == 0)
-    rc = slots_free(c, why, whylen);
+    rc = host_ops_slots_free(&c->ops, why, whylen);
   if (rc == 0)
     rc = tokens_ok(why, whylen, a->num_tokens, c->ops.shape.max_tokens_per_rank, "dispatch",
                    "max_tokens_per_rank");
@@ -423,7 +406,7 @@ int cuda_ops_combine(dep_client_t *c, const struct dep_combine_args *a, const st
   char why[256] = "";
   int rc = ops_check_combine(&c->ops, a, h, why, sizeof why);
   if (rc == 0)
-    rc = slots_free(c, why, sizeof why);
+    rc = host_ops_slots_free(&c->ops, why, sizeof why);
   if (rc == 0 && h->cuda == NULL)
     rc = DEP_ERR_INVALID, snprintf(why, sizeof why, "combine: handle was not filled on the GPU");
   if (rc != 0)
@@ -441,7 +424,7 @@ static uint32_t ll_phase(uint32_t phases) {
 }
 
 /* A split send (kabi.h "Split calls") has been launched as call c->ops.seq: what its
- * receive checks (ops_check's phases rules, slots_free) and runs with. */
+ * receive checks (ops_check's phases rules, host_ops_slots_free) and runs with. */
 static void ll_sent(dep_client_t *c, uint32_t op, const struct dep_handle *h) {
   struct ops_pending *p = &c->ops.pend[c->ops.seq & 1];
   p->seq = c->ops.seq;
@@ -450,7 +433,7 @@ static void ll_sent(dep_client_t *c, uint32_t op, const struct dep_handle *h) {
 }
 
 /* A split receive of the send h holds, about to be launched: its `back` (the calls
- * launched since the send, 0 or 1 by slots_free), and the send is no longer pending,
+ * launched since the send, 0 or 1 by host_ops_slots_free), and the send is no longer pending,
  * whatever the launch returns (as on the host backend). */
 static uint32_t ll_received(dep_client_t *c, const struct dep_handle *h) {
   const uint64_t sent = host_ops_pending(&c->ops, h);
@@ -473,7 +456,7 @@ int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
     z.num_tokens = 0;
   int rc = ops_check_ll_dispatch(&c->ops, &z, h, why, sizeof why);
   if (rc == 0 && phase != CUOPS_RECV)
-    rc = slots_free(c, why, sizeof why);
+    rc = host_ops_slots_free(&c->ops, why, sizeof why);
   if (rc == 0)
     rc = tokens_ok(why, sizeof why, a->num_tokens, c->ops.lay.max_ll_tokens, "ll_dispatch",
                    "max_ll_tokens_per_rank");
@@ -539,7 +522,7 @@ int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
     rc = ops_check_ll_combine(&c->ops, a, h, why, sizeof why);
   }
   if (rc == 0 && phase != CUOPS_RECV)
-    rc = slots_free(c, why, sizeof why);
+    rc = host_ops_slots_free(&c->ops, why, sizeof why);
   if (rc == 0 && h->cuda == NULL)
     rc = DEP_ERR_INVALID, snprintf(why, sizeof why, "ll_combine: handle was not filled on the GPU");
   if (rc == 0 && h->num_tokens > 0 &&

@@ -723,6 +723,18 @@ static int wait_free(struct ops_ctx *c) {
   return 0;
 }
 
+int host_ops_slots_free(const struct ops_ctx *c, char *why, size_t whylen) {
+  const struct ops_pending *held = &c->pend[(c->seq + 1) & 1];
+  if (held->seq == 0)
+    return 0;
+  snprintf(why, whylen, "phases: call %llu would reuse the slots of call %llu (%s), whose send "
+           "(DEP_LL_SEND) has run and whose receive has not: at most 2 calls may be between "
+           "send and receive; run call %llu's DEP_LL_RECV first",
+           (unsigned long long)(c->seq + 1), (unsigned long long)held->seq,
+           host_ops_op_name(held->op), (unsigned long long)held->seq);
+  return DEP_ERR_INVALID;
+}
+
 /* Whether h is held by a send not yet received: that call's seq, else 0. */
 uint64_t host_ops_pending(const struct ops_ctx *c, const struct dep_handle *h) {
   for (int p = 0; p < 2; p++)
@@ -772,13 +784,9 @@ int host_ops__begin(struct ops_ctx *c) {
     return set_why(c, DEP_ERR_STATE, "ops context not initialised (host_ops_init)");
   if (c->broken)
     return set_why(c, DEP_ERR_STATE, "%s", OPS_BROKEN_WHY);
-  const struct ops_pending *held = &c->pend[(c->seq + 1) & 1];
-  if (held->seq != 0)
-    return set_why(c, DEP_ERR_INVALID, "phases: call %llu would reuse the slots of call %llu "
-                   "(%s), whose send (DEP_LL_SEND) has run and whose receive has not: at most 2 "
-                   "calls may be between send and receive; run call %llu's DEP_LL_RECV first",
-                   (unsigned long long)(c->seq + 1), (unsigned long long)held->seq,
-                   host_ops_op_name(held->op), (unsigned long long)held->seq);
+  const int rc = host_ops_slots_free(c, c->why, sizeof c->why);
+  if (rc != 0)
+    return rc;
   c->seq++;
   host_ops__mask_begin(c);
   /* The calls before this one that are not pending have been read to their end. */

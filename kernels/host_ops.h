@@ -326,6 +326,10 @@ static inline uint32_t ops_recv_idx_bytes(const struct dep_dispatch_args *a) {
 
 /* The call whose send holds h and whose receive has not run (split calls), else 0. */
 uint64_t host_ops_pending(const struct ops_ctx *c, const struct dep_handle *h);
+/* A call that is to send (any operation; a split receive sends nothing): DEP_ERR_INVALID
+ * with why while its parity's slots are held by a low-latency send not yet received (at
+ * most two calls between send and receive), else 0.  Both backends ask it before a send. */
+int host_ops_slots_free(const struct ops_ctx *c, char *why, size_t whylen);
 
 /* Hash of a topk_idx array as int64 values (LL combine checks it matches). */
 uint64_t ops_check_idx_hash(const void *idx, int index_type, size_t n);
