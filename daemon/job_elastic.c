@@ -31,6 +31,25 @@
  * meanwhile needs no answer: its ranks are masked), and otherwise, or
  * after limits.attach_timeout_ms, masks the rank again everywhere with
  * the next (odd) count and refuses the ATTACH: the process may try again.
+ *
+ * A split (DESIGN §14).  A daemon cannot tell a dead node from one it is
+ * cut off from, so while a link is down both sides mask the other's ranks
+ * and go on: the job runs in two parts.  When the link comes back, each
+ * daemon sends the other, for each elastic job it runs across nodes, its
+ * view (JOB_HELD: the ranks live in its mask, and which of them it holds)
+ * and keeps what it sent; both then hold the same two views and decide
+ * alike, whatever came first.  The views show a split when a rank one side
+ * holds live is masked in the other's.  The part with more live ranks goes
+ * on; on a tie, the part whose view holds the lowest rank that the two
+ * views disagree on (between two nodes: the part with the job's lowest
+ * live rank).  The other daemon ends its part (elastic_cut): its ranks'
+ * calls fail with DEP_ERR_PEER, its peers hear JOB_END, and it takes no
+ * further change of the job.  With more nodes the same rule runs on each
+ * link that comes back, between the two views it carries; a third node that
+ * saw both parts masks the ended one's ranks on its JOB_END.  Nothing is
+ * waited for: each side decides on the other's JOB_HELD, and a link that
+ * drops again before it comes leaves both parts going on, as before, until
+ * the next time it comes up.
  */
 #include "job.h"
 #include "job_internal.h"
@@ -47,6 +66,7 @@
 #include "proto.h"
 #include "slab.h"
 #include "testhooks.h"
+#include "xfer.h"
 #include "xring.h"
 
 /* One change of the job's mask, as JOB_EVENTS_OK reports it. */
@@ -83,6 +103,10 @@ struct job_elastic {
   uint64_t *join;     /* per world rank: its join word (slab.h), in the same allocation */
   uint32_t *gen;      /* per world rank: its changes (above), likewise */
   uint32_t ahead;     /* calls past the survivors' newest that a rank comes back at (below) */
+  bool cut;           /* this node's part lost a split and ended (elastic_cut) */
+  uint64_t told;      /* bit k: peer k has our JOB_HELD since its link came up */
+  uint64_t settled;   /* bit k: the views of that link's return were compared */
+  uint8_t *sent;      /* per peer: the live set our JOB_HELD said (DEP_PEER_RANK_BYTES), or NULL */
 };
 
 bool elastic_new(struct job *j) {
@@ -105,6 +129,8 @@ bool elastic_new(struct job *j) {
 }
 
 void elastic_free(struct job *j) {
+  if (j->elastic != NULL)
+    free(j->elastic->sent);
   free(j->elastic);
   j->elastic = NULL;
 }
@@ -125,7 +151,9 @@ static void elastic_write(struct job *j) {
   uint64_t words[DEP_SLAB_MASK_WORDS(DEP_MAX_WORLD)];
   const uint64_t n = DEP_SLAB_MASK_WORDS(j->world_size);
   memset(words, 0, sizeof words);
-  for (uint32_t r = 0; r < j->world_size; r++)
+  /* A part that ended (elastic_cut) masks nothing: its ranks' calls wait for
+   * the other part's ranks, which never answer, and fail on the abort words. */
+  for (uint32_t r = 0; !e->cut && r < j->world_size; r++)
     if (e->gen[r] % 2 == 1)
       words[r / 64u] |= DEP_SLAB_MASK_BIT(r);
   for (uint32_t i = 0; i < j->local_world_size; i++) {
@@ -150,8 +178,8 @@ static void elastic_write(struct job *j) {
 /* Take count gen for rank (above the one held); false when it is not news. */
 static bool elastic_take(struct job *j, uint32_t rank, uint32_t gen, uint32_t why, uint32_t pid) {
   struct job_elastic *e = j->elastic;
-  if (rank >= j->world_size || gen <= e->gen[rank])
-    return false;
+  if (e->cut || rank >= j->world_size || gen <= e->gen[rank])
+    return false; /* an ended part takes no change: its mask is gone */
   const bool was = e->gen[rank] % 2 == 1, is = gen % 2 == 1;
   e->epoch += gen - e->gen[rank];
   e->gen[rank] = gen;
@@ -379,6 +407,12 @@ static int elastic_scrub_xchg(struct job *j, const struct job_rank *slot, char *
 }
 
 int elastic_scrub(struct job *j, const struct job_rank *slot, char *why, size_t whylen) {
+  if (j->elastic->cut) {
+    snprintf(why, whylen, "this node's part of the job ended when a split of it was settled "
+             "for the other part (deepepctl status: partitioned); it cannot be joined: start "
+             "the job again");
+    return DEP_ERR_PEER;
+  }
   const struct dep_slab_layout l = j->elastic->l;
   const uint64_t mask_end = l.mask_off + DEP_SLAB_MASK_AREA_BYTES(j->world_size);
   int rc;
@@ -580,4 +614,174 @@ int elastic_join(struct job *j, const struct job_rank *slot, pid_t pid, bool *as
     rc = DEP_ERR_STATE;
   }
   return rc;
+}
+
+/* ---- a split settled when the link comes back (the banner) --------------- */
+
+static bool bit_of(const uint8_t *set, uint32_t r) { return (set[r / 8u] >> (r % 8u)) & 1u; }
+
+static uint32_t set_count(const uint8_t *set, uint32_t world) {
+  uint32_t n = 0;
+  for (uint32_t r = 0; r < world; r++)
+    n += bit_of(set, r);
+  return n;
+}
+
+/* The lowest rank in set, or world when it is empty. */
+static uint32_t set_lowest(const uint8_t *set, uint32_t world) {
+  uint32_t r = 0;
+  while (r < world && !bit_of(set, r))
+    r++;
+  return r;
+}
+
+/* Whether world rank r is one of this node's ranks of j. */
+static bool elastic_holds(const struct job *j, uint32_t r) {
+  for (uint32_t i = 0; i < j->local_world_size; i++)
+    if (j->ranks[i].rank == r)
+      return true;
+  return false;
+}
+
+/* Record one event of j's history that changes no rank's count. */
+static void elastic_note(struct job *j, uint32_t rank, uint32_t why) {
+  struct job_elastic *e = j->elastic;
+  e->events[e->n_events % DEP_JOB_EVENTS_KEPT] =
+      (struct elastic_event){uv_hrtime(), rank, why, 0, e->epoch};
+  e->n_events++;
+}
+
+void elastic_held_tell(struct job *j, int k) {
+  struct job_elastic *e = j->elastic;
+  if (e->cut || !j->multinode || k < 0 || k >= peer_count())
+    return;
+  if (e->sent == NULL && (e->sent = calloc((size_t)peer_count(), DEP_PEER_RANK_BYTES)) == NULL) {
+    log_warnx("job %s: out of memory for its view to send node %s; a split of the job is not "
+              "settled on this link's return", j->id, peer_name(k));
+    return;
+  }
+  static struct dep_peer_msg m; /* large (two sets); the loop is the only caller */
+  memset(&m, 0, sizeof m);
+  m.type = DEP_PEER_JOB_HELD;
+  struct dep_peer_job_held *h = &m.u.held;
+  snprintf(h->job_id, sizeof h->job_id, "%s", j->id);
+  h->owner_uid = (uint32_t)j->owner_uid;
+  h->world_size = j->world_size;
+  bool some = false;
+  for (uint32_t r = 0; r < j->world_size; r++) {
+    if (e->gen[r] % 2 == 1)
+      continue;
+    h->live[r / 8u] |= (uint8_t)(1u << (r % 8u));
+    if (elastic_holds(j, r)) {
+      h->held[r / 8u] |= (uint8_t)(1u << (r % 8u));
+      some = true;
+    }
+  }
+  if (!some)
+    return; /* every rank of ours is masked: no part of the job runs here to keep */
+  memcpy(e->sent + (size_t)k * DEP_PEER_RANK_BYTES, h->live, DEP_PEER_RANK_BYTES);
+  e->told |= job_peer_bit(k);
+  e->settled &= ~job_peer_bit(k);
+  (void)peer_send(k, &m);
+}
+
+void elastic_peer_down(struct job *j, int k) {
+  if (j->elastic != NULL)
+    j->elastic->told &= ~job_peer_bit(k);
+}
+
+/*
+ * This node's part of j lost the split with peer k: it ends.  Its mask is
+ * cleared at a new epoch, so that its ranks' next calls wait for the
+ * winner's ranks (which never answer: they are masked there), and the
+ * abort words say that this node's rank `self` is gone with its node
+ * (DEP_ERR_PEER): a rank live in every view this node's ranks may still
+ * hold, so that a wait of any call fails on them at once, one begun under
+ * the old mask too (a wait for a rank masked in the call is no failure).
+ * A call that reaches the other nodes fails likewise (the route failed).
+ * The peers hear JOB_END, so that a node that saw both parts masks this
+ * one's ranks; and nothing changes the job here again.
+ */
+static void elastic_cut(struct job *j, int k, uint32_t winner, uint32_t self, uint32_t theirs,
+                        uint32_t ours) {
+  struct job_elastic *e = j->elastic;
+  if (e->pending.on) {
+    e->pending.on = false;
+    uv_timer_stop(&j->timer);
+    job_rejoined(j, e->pending.local_rank, DEP_ERR_PEER,
+                 "the job split while this rank was brought back, and this node's part ended");
+  }
+  e->cut = true;
+  e->epoch++;
+  elastic_note(j, winner, DEP_JOB_EVENT_PARTITIONED);
+  elastic_write(j);
+  char msg[DEP_MSG_TEXT_MAX];
+  snprintf(msg, sizeof msg,
+           "job %s: this node was cut off from node %s while the elastic job ran, and both went "
+           "on, each masking the other's ranks; now that the link is back, the part with rank %u "
+           "(%u live ranks there, %u here) goes on without this node, and this node's ranks of "
+           "the job fail with DEP_ERR_PEER: end them (detach); the job keeps them masked, and a "
+           "lost node's ranks cannot rejoin, so start the job again to run on this node",
+           j->id, peer_name(k), winner, theirs, ours);
+  log_warnx("%s", msg);
+  struct job_rank gone = {.rank = self};
+  lend_tell_gone(j, &gone, DEP_SLAB_GONE_NODE);
+  xfer_job_fail(j, DEP_ERR_PEER);
+  job_tell_peers(j, 0, DEP_PEER_NO_RANK, false, msg);
+}
+
+void elastic_on_held(struct job *j, int k, const struct dep_peer_job_held *m) {
+  struct job_elastic *e = j->elastic;
+  const uint64_t bit = job_peer_bit(k);
+  if (e->cut || (e->settled & bit) != 0)
+    return; /* this part ended, or this return was settled: a repeat changes nothing */
+  if (m->world_size != j->world_size) {
+    log_warnx("job %s: node %s says it runs a job of this id over %u ranks, this node over %u; "
+              "its view is ignored", j->id, peer_name(k), m->world_size, j->world_size);
+    return;
+  }
+  for (uint32_t r = 0; r < j->world_size; r++) {
+    if (bit_of(m->held, r) && elastic_holds(j, r)) {
+      log_warnx("job %s: node %s says it holds rank %u, which this node holds; its view is "
+                "ignored", j->id, peer_name(k), r);
+      return;
+    }
+  }
+  if ((e->told & bit) == 0)
+    elastic_held_tell(j, k); /* ours goes now; what it says is what we compare */
+  if ((e->told & bit) == 0)
+    return; /* nothing of ours runs, or no memory: said */
+  e->settled |= bit;
+  const uint8_t *ours = e->sent + (size_t)k * DEP_PEER_RANK_BYTES;
+  /* A split: a rank one side holds live is masked on the other.  Both sides
+   * read the same two views (ours as sent), so both find the same. */
+  bool split = false;
+  uint8_t diff[DEP_PEER_RANK_BYTES];
+  for (uint32_t r = 0; r < j->world_size; r++) {
+    split |= (bit_of(m->held, r) && !bit_of(ours, r)) ||
+             (elastic_holds(j, r) && bit_of(ours, r) && !bit_of(m->live, r));
+    if (r % 8u == 0)
+      diff[r / 8u] = (uint8_t)(ours[r / 8u] ^ m->live[r / 8u]);
+  }
+  if (!split)
+    return;
+  const uint32_t n_ours = set_count(ours, j->world_size);
+  const uint32_t n_theirs = set_count(m->live, j->world_size);
+  const uint32_t low = set_lowest(diff, j->world_size);
+  const bool won = n_ours > n_theirs || (n_ours == n_theirs && bit_of(ours, low));
+  const uint32_t winner = set_lowest(won ? ours : m->live, j->world_size);
+  if (!won) {
+    uint32_t self = j->world_size;
+    for (uint32_t r = 0; r < j->world_size && self == j->world_size; r++)
+      if (bit_of(ours, r) && elastic_holds(j, r))
+        self = r; /* there is one: a view is sent only with one (elastic_held_tell) */
+    elastic_cut(j, k, winner, self, n_theirs, n_ours);
+    return;
+  }
+  elastic_note(j, winner, DEP_JOB_EVENT_PARTITIONED);
+  log_warnx("job %s: node %s was cut off from this node while the elastic job ran, and both "
+            "went on, each masking the other's ranks; now that the link is back, this part "
+            "(with rank %u, %u live ranks; node %s's part %u) goes on, with node %s's ranks "
+            "still masked, and node %s's ranks of the job fail there", j->id, peer_name(k),
+            winner, n_ours, peer_name(k), n_theirs, peer_name(k), peer_name(k));
 }

@@ -117,6 +117,14 @@ bool elastic_masked(const struct job *j, uint32_t rank);
 void elastic_status(const struct job *j, struct dep_status_job *o);
 /* Append j's history to m (JOB_EVENTS_OK), within its bound. */
 void elastic_events(const struct job *j, struct dep_msg_job_events *m);
+/* The link to peer k of the running elastic job j came up: send k this node's view of
+ * the job (JOB_HELD) and keep it, for settling a split (job_elastic.c). */
+void elastic_held_tell(struct job *j, int k);
+/* Peer k's JOB_HELD about j: when the two views show a split, the part the rule picks
+ * goes on and this node's part ends if it is the other (job_elastic.c). */
+void elastic_on_held(struct job *j, int k, const struct dep_peer_job_held *m);
+/* The link to peer k went down: a view sent it is of that link's last return. */
+void elastic_peer_down(struct job *j, int k);
 
 /* ---- job_failed.c: failures remembered ----------------------------------- */
 

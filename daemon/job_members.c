@@ -431,11 +431,16 @@ void job_refuse_taken(struct conn *c, uint32_t request_id, const char *id,
 
 /* ---- what the peers say ------------------------------------------------- */
 
-/* A peer came up: it learns the membership of every job gathering here. */
+/* A peer came up: it learns the membership of every job gathering here, and
+ * this node's view of every elastic job running across nodes (a split of
+ * one while the link was down is settled: job_elastic.c). */
 static void job_on_peer_up(int k) {
-  for (struct job *j = job_list; j != NULL; j = j->next)
+  for (struct job *j = job_list; j != NULL; j = j->next) {
     if (j->multinode && !j->ready && !j->dead && j->attached == j->local_world_size)
       job_announce(j, k);
+    else if (j->multinode && j->ready && !j->dead && j->elastic != NULL)
+      elastic_held_tell(j, k);
+  }
 }
 
 /* A peer's last link closed: its gathering jobs fail at once, its running
@@ -471,8 +476,10 @@ static void job_on_peer_down(int k) {
     }
     x = next;
   }
-  for (struct job *j = job_list; j != NULL; j = j->next)
+  for (struct job *j = job_list; j != NULL; j = j->next) {
     j->accepted &= ~job_peer_bit(k); /* it forgot our MEMBERSHIP: sent again when it is up */
+    elastic_peer_down(j, k);         /* and our view of its elastic jobs, likewise */
+  }
 }
 
 /*
@@ -684,6 +691,13 @@ static void job_on_joined(int k, const struct dep_peer_job_joined *m) {
     elastic_on_joined(j, k, m);
 }
 
+/* Peer k's JOB_HELD: its view of an elastic job that runs here too, as its link came up. */
+static void job_on_held(int k, const struct dep_peer_job_held *m) {
+  struct job *j = job_elastic_of(m->job_id, m->owner_uid);
+  if (j != NULL) /* else no running elastic job of that uid here: no split to settle */
+    elastic_on_held(j, k, m);
+}
+
 static void job_on_peer_msg(int k, const struct dep_peer_msg *m) {
   if (m->type == DEP_PEER_MEMBERSHIP)
     job_on_membership(k, &m->u.membership);
@@ -695,6 +709,8 @@ static void job_on_peer_msg(int k, const struct dep_peer_msg *m) {
     job_on_mask(k, &m->u.mask);
   else if (m->type == DEP_PEER_JOB_JOINED)
     job_on_joined(k, &m->u.joined);
+  else if (m->type == DEP_PEER_JOB_HELD)
+    job_on_held(k, &m->u.held);
 }
 
 const struct peer_events job_peer_events = {

@@ -459,6 +459,7 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
   case DEP_PEER_JOB_END:
   case DEP_PEER_JOB_MASK:
   case DEP_PEER_JOB_JOINED:
+  case DEP_PEER_JOB_HELD:
     if (P->ev != NULL && P->ev->job_msg != NULL)
       P->ev->job_msg((int)(c->peer - P->peers), &m);
     break;

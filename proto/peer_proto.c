@@ -62,6 +62,10 @@ static const struct codec_field job_joined_f[] = {
     MSG_F(STR, joined.job_id), MSG_F(U32, joined.owner_uid), MSG_F(U32, joined.rank),
     MSG_F(U32, joined.gen),    MSG_F(U32, joined.ok),        MSG_F(U64, joined.posted),
 };
+static const struct codec_field job_held_f[] = {
+    MSG_F(STR, held.job_id),     MSG_F(U32, held.owner_uid), MSG_F(U32, held.world_size),
+    MSG_F(BYTES, held.live),     MSG_F(BYTES, held.held),
+};
 #undef MSG_F
 
 /* The numbers run 1.. without a gap (the decoder's range check). */
@@ -159,6 +163,24 @@ static bool peer_check(const struct dep_peer_msg *m, char *why, size_t whylen) {
     if (x->rank >= DEP_MAX_WORLD || x->gen % 2 == 1 || x->gen == 0 || x->ok > 1) {
       why_set(why, whylen, "peer JOB_JOINED of rank %u carries gen %u, ok %u", (unsigned)x->rank,
               (unsigned)x->gen, (unsigned)x->ok);
+      return false;
+    }
+    return true;
+  }
+  case DEP_PEER_JOB_HELD: {
+    /* A view over a world of 1..DEP_MAX_WORLD ranks, nothing past it, and
+     * at least one rank that the sender holds and finds live: a daemon
+     * whose ranks of the job are all gone holds no part of it. */
+    const struct dep_peer_job_held *x = &m->u.held;
+    bool ok = x->world_size >= 1 && x->world_size <= DEP_MAX_WORLD, some = false;
+    for (uint32_t r = 0; ok && r < DEP_MAX_WORLD; r++) {
+      const bool live = (x->live[r / 8] >> (r % 8)) & 1u, held = (x->held[r / 8] >> (r % 8)) & 1u;
+      ok = !((live || held) && r >= x->world_size) && !(held && !live);
+      some |= held;
+    }
+    if (!ok || !some) {
+      why_set(why, whylen, "peer JOB_HELD over a world of %u ranks names a rank past it, "
+              "holds a rank it finds masked, or holds none", (unsigned)x->world_size);
       return false;
     }
     return true;

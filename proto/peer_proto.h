@@ -46,6 +46,11 @@
  *   JOB_JOINED str job_id, u32 owner_uid, u32 rank, u32 gen (even: the
  *              JOB_MASK's it answers), u32 ok (0/1), u64 posted (the
  *              largest call the sender's ranks had posted)
+ *   JOB_HELD   str job_id, u32 owner_uid, u32 world_size (1..DEP_MAX_WORLD),
+ *              DEP_PEER_RANK_BYTES bytes live (bit r of byte r / 8: rank r
+ *              is live in the sender's mask), DEP_PEER_RANK_BYTES bytes
+ *              held (the sender's own live ranks: not empty, within live;
+ *              no bit at or past world_size in either)
  *
  * Multi-node jobs (daemon/job_members.c): a daemon whose local ranks of a job have all
  * attached sends MEMBERSHIP (which global ranks it holds, under which uid
@@ -66,6 +71,14 @@
  * that each of them sees the rank live from join on; the sender seats the
  * process only when every daemon of the job said ok, and else masks the
  * rank again with the next (odd) count.
+ * JOB_HELD is an elastic job's too: a daemon sends it, for each elastic job
+ * it runs that spans nodes, to a peer whose link has just come up, since
+ * while the link was down each side may have masked the other's ranks as a
+ * lost node's and gone on alone (a partition, not a death).  Both daemons
+ * then hold the same two views (what each sent) and pick the same side to
+ * go on: the one with more live ranks, on a tie the one whose view holds
+ * the lowest rank the two views disagree on; the other side's daemon fails
+ * its ranks of the job (job_elastic.c, elastic_on_held).
  * A node answers its ranks' ATTACH only once every node holding ranks of
  * the job has taken its MEMBERSHIP, so that a refusal never reaches a job
  * that has started.  MEMBERSHIP's windows say
@@ -137,6 +150,9 @@
  *      must agree); JOB_MASK (an elastic job's rank masked or back).
  *   8  JOB_MASK carries the join call, and says a rank's return (gen even);
  *      JOB_JOINED answers it: a rank rejoins an elastic job across nodes.
+ *   9  JOB_HELD: an elastic job split by a link that dropped while both
+ *      daemons lived is reconciled when the link comes back (an older peer
+ *      would leave both halves running).
  */
 #ifndef DEP_PEER_PROTO_H
 #define DEP_PEER_PROTO_H
@@ -156,8 +172,8 @@
  * before authentication, naming the window; an older peer reads that ERROR
  * as a version mismatch naming both versions, since every version checks
  * the version before anything else. */
-#define DEP_PEER_VERSION 8
-#define DEP_PEER_MIN_VERSION 8
+#define DEP_PEER_VERSION 9
+#define DEP_PEER_MIN_VERSION 9
 #define DEP_PEER_HDR_LEN 8
 #define DEP_PEER_CHALLENGE_LEN 32
 #define DEP_PEER_MAC_LEN 32
@@ -166,6 +182,8 @@
 /* MEMBERSHIP's windows at most: every local rank's slab in up to 4 pieces. */
 #define DEP_PEER_WINDOWS_MAX (4 * DEP_MAX_LOCAL_RANKS)
 #define DEP_PEER_TOKEN_LEN 32
+/* JOB_HELD's sets of ranks: a bit per rank of the largest world. */
+#define DEP_PEER_RANK_BYTES (DEP_MAX_WORLD / 8)
 /* JOB_FAIL / JOB_END that name no rank. */
 #define DEP_PEER_NO_RANK UINT32_MAX
 /* The largest HELLO: the header, fixed fields and both strings at their longest. */
@@ -201,7 +219,8 @@
   X(DATA_HELLO, 13, TABLE, data_hello_f)                                                          \
   X(MEMBERSHIP_OK, 14, TABLE, membership_ok_f)                                                   \
   X(JOB_MASK, 15, TABLE, job_mask_f)                                                             \
-  X(JOB_JOINED, 16, TABLE, job_joined_f)
+  X(JOB_JOINED, 16, TABLE, job_joined_f)                                                         \
+  X(JOB_HELD, 17, TABLE, job_held_f)
 
 enum dep_peer_type {
 #define DEP_PEER_ENUM_(NAME, number, body, table) DEP_PEER_##NAME = number,
@@ -335,6 +354,15 @@ struct dep_peer_job_joined {
   uint64_t posted; /* the largest call the sender's ranks had posted (for the refusal) */
 };
 
+/* JOB_HELD: the sender runs this elastic job, and this is its view (sets: bit r of byte r / 8). */
+struct dep_peer_job_held {
+  char job_id[DEP_JOB_ID_MAX];
+  uint32_t owner_uid;
+  uint32_t world_size;
+  uint8_t live[DEP_PEER_RANK_BYTES]; /* the ranks live in the sender's mask */
+  uint8_t held[DEP_PEER_RANK_BYTES]; /* of those, the ones the sender holds */
+};
+
 /* One decoded message: the type says which member is set. */
 struct dep_peer_msg {
   uint16_t type;
@@ -347,6 +375,7 @@ struct dep_peer_msg {
     struct dep_peer_job_event job; /* JOB_FAIL, JOB_END, MEMBERSHIP_OK */
     struct dep_peer_job_mask mask; /* JOB_MASK */
     struct dep_peer_job_joined joined; /* JOB_JOINED */
+    struct dep_peer_job_held held; /* JOB_HELD */
     struct dep_peer_xport xport;
     struct dep_peer_error nak;     /* XPORT_NAK */
     struct dep_peer_data_offer data_offer;

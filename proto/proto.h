@@ -356,16 +356,21 @@ struct dep_msg_job_nodes {
  * slab.h's DEP_SLAB_GONE_DIED, DETACHED or NODE) and each that came back
  * (DEP_JOB_EVENT_REJOINED), with the epoch of the live mask it made.  A
  * job keeps its newest DEP_JOB_EVENTS_KEPT events; a reply holds at most
- * DEP_JOB_EVENTS_MAX, and says how many it left out.
+ * DEP_JOB_EVENTS_MAX, and says how many it left out.  DEP_JOB_EVENT_PARTITIONED:
+ * the job had gone on in two parts while a peer link was down, and when it
+ * came back one part was kept (daemon/job_elastic.c); its rank is the lowest
+ * live rank of the part that goes on, on both sides.
  */
 #define DEP_JOB_EVENT_REJOINED 4u
+#define DEP_JOB_EVENT_PARTITIONED 5u
 #define DEP_JOB_EVENTS_KEPT 32u
 #define DEP_JOB_EVENTS_MAX 1024u
 struct dep_msg_job_event {
   char job_id[DEP_JOB_ID_MAX];
   uint64_t age_ms;        /* the job's age when it happened */
   uint32_t rank;          /* the global rank */
-  uint32_t why;           /* DEP_SLAB_GONE_DIED / DETACHED / NODE, DEP_JOB_EVENT_REJOINED */
+  uint32_t why;           /* DEP_SLAB_GONE_DIED / DETACHED / NODE, DEP_JOB_EVENT_REJOINED,
+                             DEP_JOB_EVENT_PARTITIONED */
   uint32_t pid;           /* its process, where this node held it (0: another node's) */
   uint64_t epoch;         /* the live mask's epoch it made here */
 };
@@ -374,7 +379,8 @@ struct dep_msg_job_events {
   uint32_t left_out;      /* events past DEP_JOB_EVENTS_MAX, not in this reply */
   struct dep_msg_job_event ev[DEP_JOB_EVENTS_MAX];
 };
-/* An event's why as a word for people and JSON ("died", "detached", "node lost", "rejoined"). */
+/* An event's why as a word for people and JSON ("died", "detached", "node lost", "rejoined",
+ * "partitioned"). */
 const char *proto_job_event_name(uint32_t why);
 
 /* STATS_LEND_OK (the rank's stats page, stats_page.h) and XRING_LEND_OK (its

@@ -289,7 +289,7 @@ static const struct codec_field job_event_record[] = {
 #undef JOB_EVENT_F
 
 static bool job_event_ok(const struct dep_msg_job_event *e) {
-  return e->why <= DEP_JOB_EVENT_REJOINED && e->why != DEP_SLAB_GONE_DAEMON;
+  return e->why <= DEP_JOB_EVENT_PARTITIONED && e->why != DEP_SLAB_GONE_DAEMON;
 }
 
 int proto_encode_job_events(struct proto_buf *b, const struct dep_msg_job_events *m) {
@@ -333,6 +333,8 @@ const char *proto_job_event_name(uint32_t why) {
     return "node lost";
   case DEP_JOB_EVENT_REJOINED:
     return "rejoined";
+  case DEP_JOB_EVENT_PARTITIONED:
+    return "partitioned";
   default:
     return "unknown";
   }

@@ -109,6 +109,58 @@ START_TEST(job_mask_round_trips_and_only_a_masking_change_is_taken) {
 }
 END_TEST
 
+/*
+ * JOB_HELD (peer protocol 9), a daemon's view of an elastic job as a link comes back: round
+ * trips; a rank at or past the world in either set, a held rank the sender finds masked, no
+ * held rank at all, or a world of 0 or past DEP_MAX_WORLD is refused by both ends (the
+ * decoder's check forged on the wire: the sets are the body's last 2 x 512 bytes).
+ */
+START_TEST(job_held_round_trips_and_a_view_that_is_no_daemon_s_is_refused) {
+  static struct dep_peer_msg m, out;
+  memset(&m, 0, sizeof m);
+  m.type = DEP_PEER_JOB_HELD;
+  snprintf(m.u.held.job_id, sizeof m.u.held.job_id, "train-7");
+  m.u.held.owner_uid = 1000;
+  m.u.held.world_size = 12;
+  m.u.held.live[0] = 0x3b;            /* ranks 0, 1, 3, 4, 5 */
+  m.u.held.live[1] = 0x08;            /* and 11 */
+  m.u.held.held[0] = 0x18;            /* the sender's: 3 and 4 */
+  struct proto_buf b;
+  char why[256];
+  proto_buf_init(&b);
+  ck_assert_int_eq(peer_proto_encode(&b, &m), 0);
+  ck_assert_int_eq(peer_proto_decode(b.data, b.len, &out, why, sizeof why), 0);
+  ck_assert_mem_eq(&out.u.held, &m.u.held, sizeof m.u.held);
+  for (size_t n = 0; n < b.len; n++)
+    ck_assert_int_ne(peer_proto_decode(b.data, n, &out, NULL, 0), 0);
+  const size_t live = b.len - 2 * DEP_PEER_RANK_BYTES, held = b.len - DEP_PEER_RANK_BYTES;
+  /* Each forgery: the byte at `at` set to `v`. */
+  const struct { size_t at; uint8_t v; } bad[] = {
+      {live + 1, 0x18},  /* rank 12 live in a world of 12 */
+      {held + 1, 0x10},  /* rank 12 held */
+      {held, 0x1c},      /* rank 2 held but masked */
+      {held, 0x00},      /* none held */
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    struct proto_buf f;
+    proto_buf_init(&f);
+    ck_assert_int_eq(peer_proto_encode(&f, &m), 0);
+    f.data[bad[i].at] = bad[i].v;
+    ck_assert_int_eq(peer_proto_decode(f.data, f.len, &out, why, sizeof why), DEP_ERR_PROTOCOL);
+    ck_assert_ptr_nonnull(strstr(why, "JOB_HELD"));
+    proto_buf_free(&f);
+  }
+  m.u.held.world_size = 0;
+  ck_assert_int_eq(peer_proto_encode(&b, &m), DEP_ERR_INVALID);
+  m.u.held.world_size = DEP_MAX_WORLD + 1;
+  ck_assert_int_eq(peer_proto_encode(&b, &m), DEP_ERR_INVALID);
+  m.u.held.world_size = 12;
+  m.u.held.held[0] = 0x04;
+  ck_assert_int_eq(peer_proto_encode(&b, &m), DEP_ERR_INVALID);
+  proto_buf_free(&b);
+}
+END_TEST
+
 /* ---- ranks ------------------------------------------------------------------ */
 
 /* Ask for the rank's stats page on fd (STATS_LEND): whether it came. */
@@ -729,6 +781,7 @@ Suite *elastic_suite(void) {
   Suite *s = suite_create("elastic");
   TCase *tc = tcase_create("codec");
   tcase_add_test(tc, job_mask_round_trips_and_only_a_masking_change_is_taken);
+  tcase_add_test(tc, job_held_round_trips_and_a_view_that_is_no_daemon_s_is_refused);
   suite_add_tcase(s, tc);
   tc = tcase_create("one_daemon");
   tcase_set_timeout(tc, 30);

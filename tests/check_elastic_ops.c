@@ -50,6 +50,12 @@ enum eo_kind {
   EO_SILENT,  /* rounds until the leader sees `watch` masked (a rank is killed meanwhile) */
   EO_REJOIN,  /* the survivors wait for `watch`'s replacement's first call, then calls up to
                  it, then rounds; the replacement attaches and starts at it with the rounds */
+  EO_CUT,     /* the link between the nodes is down: each rank waits (EO_CEILING_MS at most)
+                 until it sees every rank of the other node masked, then rounds of its node's
+                 case (d: node 0's, d2: node 1's) */
+  EO_SETTLE,  /* the link is back: the ranks of the node that loses the split call rounds
+                 until a call fails (DEP_ERR_PEER, a lost node), then wait for the end; the
+                 winner's wait until they have, then make rounds */
   EO_END,     /* detach and exit */
 };
 
@@ -59,6 +65,7 @@ struct eo_phase {
   const struct ow_case *before; /* EO_REJOIN: the oracle of the calls before the join call */
   uint32_t watch;               /* EO_SILENT, EO_REJOIN: the rank watched */
   uint32_t rounds;
+  const struct ow_case *d2;     /* EO_CUT, EO_SETTLE: node 1's ranks' oracle (d: node 0's) */
 };
 
 /* Shared with the rank processes (and their replacements). */
@@ -72,6 +79,8 @@ struct eo_ctl {
                                             attach, handed to the survivors as a trainer's
                                             store would (0: not yet) */
   struct xn_result res[2 * EO_MAXW];     /* [r]: rank r's first process; [W + r]: its replacement */
+  _Atomic uint32_t cut_failed;           /* EO_SETTLE: ranks of the losing node whose call failed */
+  char cut_msg[EO_MAXW][512];            /* ... and what that call said */
 };
 
 struct eo_job {
@@ -80,6 +89,9 @@ struct eo_job {
   const char *sock[EO_MAXW];             /* each rank's daemon */
   uint32_t local[EO_MAXW], lws[EO_MAXW];
   uint32_t leader;                       /* a rank never killed: it reads the masks */
+  uint32_t node[EO_MAXW];                /* EO_CUT, EO_SETTLE: each rank's node (0 or 1) */
+  uint32_t winner, losers;               /* EO_SETTLE: the node whose part goes on; the
+                                            other's rank count */
   const struct eo_phase *phases;
   struct eo_ctl *ctl;
   pid_t pid[2 * EO_MAXW];
@@ -202,6 +214,42 @@ static void eo_rank_main(struct eo_job *j, uint32_t r, uint32_t first) {
         EO_FAIL(1, "phase %u never began", p);
     }
     uint32_t n = ph->rounds;
+    const struct ow_case *d = ph->d2 != NULL && j->node[r] == 1 ? ph->d2 : ph->d;
+    if (ph->kind == EO_CUT) {
+      const int64_t until = dw_now_ms() + EO_CEILING_MS;
+      for (uint32_t q = 0; q < j->world; q++) {
+        bool m = j->node[q] == j->node[r];
+        while (!m) {
+          if ((rc = eo_masked(c, j->world, q, &m)) != 0)
+            EO_FAIL(rc, "dep_mask_query: %s: %s", dep_errname(rc), dep_errmsg(c));
+          if (!m && dw_now_ms() > until)
+            EO_FAIL(1, "rank %u never saw rank %u (the other node) masked after the cut", r, q);
+          if (!m)
+            dw_sleep_ms(5);
+        }
+      }
+    } else if (ph->kind == EO_SETTLE && j->node[r] != j->winner) {
+      /* The losing part's calls go on, right, until its daemon settles the split. */
+      const int64_t until = dw_now_ms() + EO_CEILING_MS;
+      for (uint32_t i = 0; (rc = eo_round(c, d, r, p, i, &o, res)) == 0; i++)
+        if (dw_now_ms() > until)
+          EO_FAIL(1, "rank %u (the node that loses the split) still calls %d ms after the link "
+                  "came back", r, EO_CEILING_MS);
+      if (rc != DEP_ERR_PEER || strstr(res->msg, "its node is lost") == NULL)
+        EO_FAIL(rc, " (rank %u: the node that loses the split, whose calls must fail with "
+                "DEP_ERR_PEER naming a lost node)", r);
+      const size_t len = strnlen(res->msg, sizeof ctl->cut_msg[r] - 1);
+      memcpy(ctl->cut_msg[r], res->msg, len);
+      ctl->cut_msg[r][len] = '\0';
+      res->msg[0] = '\0';
+      atomic_fetch_add(&ctl->cut_failed, 1);
+      atomic_fetch_add(&ctl->arrived[p], 1);
+      rc = eo_await(&ctl->phase, EO_PHASES) ? 0 : 1; /* its daemon ends the job as it exits */
+      goto out;
+    } else if (ph->kind == EO_SETTLE) {
+      if (!eo_await(&ctl->cut_failed, j->losers))
+        EO_FAIL(1, "rank %u (the node that goes on): the other node's ranks never failed", r);
+    }
     if (ph->kind == EO_SILENT) {
       /* Every rank calls until the leader sees the watched rank masked; it then names the
        * next round as the last (the others are at most one call behind it: each round needs
@@ -216,7 +264,7 @@ static void eo_rank_main(struct eo_job *j, uint32_t r, uint32_t first) {
           atomic_store(&ctl->stop_at, n + 1);
         if (dw_now_ms() > until)
           EO_FAIL(1, "rank %u never seen masked by rank %u", ph->watch, r);
-        if ((rc = eo_round(c, ph->d, r, p, n, &o, res)) != 0)
+        if ((rc = eo_round(c, d, r, p, n, &o, res)) != 0)
           EO_FAIL(rc, " (silent round %u: the call in flight when rank %u was killed must "
                   "complete on the host backend, deepep.h)", n, ph->watch);
         atomic_fetch_add(&ctl->rounds[r], 1);
@@ -246,7 +294,7 @@ static void eo_rank_main(struct eo_job *j, uint32_t r, uint32_t first) {
     }
     if (ph->kind != EO_SILENT)
       for (uint32_t i = 0; i < n; i++) {
-        if ((rc = eo_round(c, ph->d, r, p, i, &o, res)) != 0)
+        if ((rc = eo_round(c, d, r, p, i, &o, res)) != 0)
           EO_FAIL(rc, " (phase %u round %u)", p, i);
         atomic_fetch_add(&ctl->rounds[r], 1);
       }
@@ -440,13 +488,13 @@ START_TEST(ranks_killed_between_and_during_calls_are_masked_and_replacements_rej
   struct ow_case *silent = eo_silent(sc, k2, mk);
   const uint32_t R = 2 + ow_below(3);
   const struct eo_phase phases[] = {
-    {EO_ROUNDS, full, NULL, 0, 1 + ow_below(4)},
-    {EO_ROUNDS, ck, NULL, 0, R},    /* k killed before it */
-    {EO_SILENT, silent, NULL, k2, 0},
-    {EO_ROUNDS, ckk2, NULL, 0, R},
-    {EO_REJOIN, ck2, ckk2, k, R},   /* k's replacement attaches at its start */
-    {EO_REJOIN, full, ck2, k2, R},  /* k2's */
-    {EO_END, NULL, NULL, 0, 0},
+    {EO_ROUNDS, full, NULL, 0, 1 + ow_below(4), NULL},
+    {EO_ROUNDS, ck, NULL, 0, R, NULL},    /* k killed before it */
+    {EO_SILENT, silent, NULL, k2, 0, NULL},
+    {EO_ROUNDS, ckk2, NULL, 0, R, NULL},
+    {EO_REJOIN, ck2, ckk2, k, R, NULL},   /* k's replacement attaches at its start */
+    {EO_REJOIN, full, ck2, k2, R, NULL},  /* k2's */
+    {EO_END, NULL, NULL, 0, 0, NULL},
   };
   struct tu_daemon dm;
   dw_start(&dm, NULL);
@@ -512,10 +560,10 @@ START_TEST(a_rank_killed_on_either_node_is_masked_on_both_and_its_replacement_re
   struct ow_case *full = xn_case_new(&sc, 1), *ck = eo_variant(full, mk);
   const uint32_t R = 3 + ow_below(3);
   const struct eo_phase phases[] = {
-    {EO_ROUNDS, full, NULL, 0, 2},
-    {EO_ROUNDS, ck, NULL, 0, R},    /* k killed before it */
-    {EO_REJOIN, full, ck, k, R},    /* k's replacement attaches at its start */
-    {EO_END, NULL, NULL, 0, 0},
+    {EO_ROUNDS, full, NULL, 0, 2, NULL},
+    {EO_ROUNDS, ck, NULL, 0, R, NULL},    /* k killed before it */
+    {EO_REJOIN, full, ck, k, R, NULL},    /* k's replacement attaches at its start */
+    {EO_END, NULL, NULL, 0, 0, NULL},
   };
   struct nodes ns;
   xn_nodes_start(&ns, 2, 8000, XN_OP_TIMEOUT_MS, "");
@@ -545,6 +593,118 @@ START_TEST(a_rank_killed_on_either_node_is_masked_on_both_and_its_replacement_re
 }
 END_TEST
 
+/* ---- two daemons cut apart while both live ------------------------------------- */
+
+/* deepepctl status --json on d holds needle. */
+static bool eo_status_has(const struct tu_daemon *d, const char *needle, char **out) {
+  free(*out);
+  *out = NULL;
+  return dw_run_ctl(NULL, d->dir, out, DW_ARGS("-s", d->sock, "status", "--json")) == 0 &&
+         strstr(*out, needle) != NULL;
+}
+
+/* Each split: where the ranks run (node of rank r), which veth end goes down, the winner. */
+static const struct {
+  uint32_t node[4];
+  int end;      /* the namespace whose end of the veth is taken down */
+  uint32_t winner, low;  /* the node whose part goes on, and its lowest rank */
+} eo_splits[] = {
+  {{0, 0, 1, 1}, 0, 0, 0}, /* 2 + 2: a tie, rank 0's part goes on */
+  {{1, 1, 0, 0}, 1, 1, 0}, /* 2 + 2, the nodes the other way round, the other end cut */
+  {{1, 0, 0, 0}, 0, 0, 1}, /* 1 + 3: the bigger part goes on, though rank 0 is not in it */
+};
+
+/*
+ * An elastic job of 4 ranks over two daemons in two network namespaces, its
+ * calls checked against the oracle on every rank.  The veth between them is
+ * taken down while both daemons and every rank live: each daemon masks the
+ * other's ranks as a lost node's, and each part's ranks call on against the
+ * oracle with the other part masked.  The veth comes back: the daemons
+ * settle the split, the same way on both, whichever end went down.  The
+ * losing part's next calls fail with DEP_ERR_PEER naming a lost node, the
+ * winning part's go on against the same oracle, and deepepctl status on
+ * both shows the "partitioned" event naming the winning part's lowest rank.
+ */
+START_TEST(a_job_split_by_a_link_that_drops_is_settled_for_one_part_when_it_returns) {
+  ow_seed_init(500 + (uint64_t)_i);
+  static const struct ow_scenario sc = {4, 256, 4, 16, 16, 8, P_RANDOM, T_MIXED, DEP_INDEX_I64,
+                                        1};
+  const uint32_t W = sc.world;
+  uint8_t m0[EO_MAXW] = {0}, m1[EO_MAXW] = {0}; /* node 0's view: node 1's ranks masked */
+  uint32_t lws[2] = {0, 0};
+  for (uint32_t r = 0; r < W; r++) {
+    (eo_splits[_i].node[r] == 1 ? m0 : m1)[r] = 1;
+    lws[eo_splits[_i].node[r]]++;
+  }
+  struct ow_case *full = xn_case_new(&sc, 1), *c0 = eo_variant(full, m0),
+                 *c1 = eo_variant(full, m1);
+  const uint32_t R = 2 + ow_below(3);
+  const struct eo_phase phases[] = {
+    {EO_ROUNDS, full, NULL, 0, 2, NULL},
+    {EO_CUT, c0, NULL, 0, R, c1},     /* the veth is down */
+    {EO_SETTLE, c0, NULL, 0, R, c1},  /* the veth is back */
+    {EO_END, NULL, NULL, 0, 0, NULL},
+  };
+  struct nodes ns;
+  char limits[64];
+  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", XN_OP_TIMEOUT_MS);
+  const char *why = nodes_config_netns(&ns, 8000, limits, "");
+  if (why != NULL) {
+    tu_skip("a_job_split_by_a_link_that_drops_is_settled_for_one_part_when_it_returns", "%s",
+            why);
+    eo_variant_free(c0);
+    eo_variant_free(c1);
+    xn_case_free(full);
+    return;
+  }
+  nodes_start_all(&ns);
+  struct eo_job j = {.job = "el-split", .world = W, .flags = DEP_ATTACH_ELASTIC,
+                     .phases = phases, .ctl = eo_ctl_new(), .winner = eo_splits[_i].winner};
+  uint32_t seen[2] = {0, 0};
+  for (uint32_t r = 0; r < W; r++) {
+    const uint32_t n = eo_splits[_i].node[r];
+    j.node[r] = n;
+    j.sock[r] = ns.d[n].sock;
+    j.local[r] = seen[n]++;
+    j.lws[r] = lws[n];
+    j.losers += n != j.winner;
+  }
+  for (uint32_t r = 0; r < W; r++)
+    eo_spawn(&j, r, 0);
+  eo_barrier(&j, 0, W);
+  const int end = eo_splits[_i].end;
+  ck_assert_int_eq(nodes_sh("ip -n %s link set dv%d%c down", ns.net.ns[end], (int)getpid(),
+                            "ab"[end]), 0);
+  eo_next(&j, 1);
+  eo_barrier(&j, 1, W);
+  ck_assert_int_eq(nodes_sh("ip -n %s link set dv%d%c up", ns.net.ns[end], (int)getpid(),
+                            "ab"[end]), 0);
+  eo_next(&j, 2);
+  eo_barrier(&j, 2, W);
+  for (uint32_t r = 0; r < W; r++)
+    if (j.node[r] != j.winner)
+      ck_assert_msg(strstr(j.ctl->cut_msg[r], "DEP_ERR_PEER") != NULL ||
+                    strstr(j.ctl->cut_msg[r], "is gone") != NULL, "rank %u: %s", r,
+                    j.ctl->cut_msg[r]);
+  /* Both daemons' history names the part that goes on; the loser's log says what to do. */
+  char want[96], *out = NULL;
+  snprintf(want, sizeof want, "\"rank\":%u,\"event\":\"partitioned\"", eo_splits[_i].low);
+  for (int n = 0; n < 2; n++)
+    ck_assert_msg(eo_status_has(&ns.d[n], want, &out), "node %d: status lacks %s:\n%s", n, want,
+                  out ? out : "");
+  free(out);
+  ck_assert(dw_log_has(&ns.d[1 - j.winner], "this node was cut off from node", 5000));
+  ck_assert(dw_log_has(&ns.d[1 - j.winner], "start the job again to run on this node", 5000));
+  ck_assert(dw_log_has(&ns.d[j.winner], "this part (with rank", 5000));
+  eo_reap(&j);
+  munmap(j.ctl, sizeof *j.ctl);
+  nodes_stop(&ns);
+  eo_variant_free(c0);
+  eo_variant_free(c1);
+  xn_case_free(full);
+}
+END_TEST
+
 Suite *elastic_ops_suite(void);
 Suite *elastic_ops_suite(void) {
   Suite *s = suite_create("elastic_ops");
@@ -557,6 +717,11 @@ Suite *elastic_ops_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, a_rank_killed_on_either_node_is_masked_on_both_and_its_replacement_rejoins,
                       0, 2);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("split");
+  tcase_set_timeout(tc, 240);
+  tcase_add_loop_test(tc, a_job_split_by_a_link_that_drops_is_settled_for_one_part_when_it_returns,
+                      0, (int)(sizeof eo_splits / sizeof eo_splits[0]));
   suite_add_tcase(s, tc);
   return s;
 }

@@ -408,6 +408,12 @@ static int p_job_joined(struct proto_buf *b) {
                                             .rank = 3, .gen = 2, .ok = 1, .posted = 1};
   return peer(b, &m);
 }
+static int p_job_held(struct proto_buf *b) {
+  struct dep_peer_msg m = {.type = DEP_PEER_JOB_HELD};
+  m.u.held = (struct dep_peer_job_held){.job_id = SEED_JOB, .owner_uid = SEED_UID,
+                                        .world_size = 4, .live = {0x3}, .held = {0x3}};
+  return peer(b, &m);
+}
 /* The KEEPALIVE seed with its type set past the last this build knows: the
  * header's magic and version are the encoder's own. */
 static int p_unknown_type(struct proto_buf *b) {
@@ -487,6 +493,7 @@ const struct corpus_seed corpus_seeds[] = {
     {"peer", "job_mask", CORPUS_PEER, p_job_mask},
     {"peer", "job_mask_back", CORPUS_PEER, p_job_mask_back},
     {"peer", "job_joined", CORPUS_PEER, p_job_joined},
+    {"peer", "job_held", CORPUS_PEER, p_job_held},
     {"peer", "unknown_type", CORPUS_PEER, p_unknown_type},
     {"peer", "peers_ok", CORPUS_PEERS_BODY, p_peers_ok_body},
 };
