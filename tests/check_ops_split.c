@@ -551,22 +551,18 @@ END_TEST
 
 /*
  * Split calls in a job over two daemons (2 + 2 ranks, host backend): every
- * rank runs micro-batches A and B in two interleavings, each receive held
- * against the oracle:
- *   pipelined    send 1 (dispatch A), send 2 (dispatch B), receive 1,
- *                send 3 (combine A), receive 2, send 4 (combine B),
- *                receive 3, receive 4;
- *   two batches  dispatch sends A, B, receives A, B; combine sends A, B,
- *                receives A, B;
- * then a whole round.  Rank 0 is slow to receive call 1: it waits for the
- * test's go.  Call 3 reuses call 1's blocks, and the ranks on node 1 may
- * not post it before rank 0 has read call 1 (host_ops.h "Split calls").
- * The test says go once both have returned from their send of call 3 and
- * node 0's daemon has written every frame of calls 1 to 3 from them, or
- * after XS_EARLY_MS if they have not: with the taken words they cannot
- * have, so the test waits that ceiling out every run; without them (the
- * old protocol with only the refusal removed) they return at once, and
- * rank 0's receive of call 1 finds their call 3 in its slots.
+ * rank runs xn_round_split (micro-batches A and B pipelined, send 1, send
+ * 2, receive 1, send 3, receive 2, ..., then as two batches, each receive
+ * against the oracle), then a whole round.  Rank 0 is slow to receive
+ * call 1: it waits for the test's go.  Call 3 reuses call 1's blocks, and
+ * the ranks on node 1 may not post it before rank 0 has read call 1
+ * (host_ops.h "Split calls").  The test says go once both have returned
+ * from their send of call 3 and node 0's daemon has written every frame of
+ * calls 1 to 3 from them, or after XS_EARLY_MS if they have not: with the
+ * taken words they cannot have, so the test waits that ceiling out every
+ * run; without them (the old protocol with only the refusal removed) they
+ * return at once, and rank 0's receive of call 1 finds their call 3 in its
+ * slots.
  */
 #define XS_SLOW 0u         /* the slow receiver, on node 0 */
 #define XS_FAR 2u          /* the first rank on node 1 */
@@ -584,83 +580,30 @@ struct xsplit {
   _Atomic int *go;         /* shared: set by the test; rank 0 may receive call 1 */
 };
 
-/* One step of an interleaving: dispatch or combine, of micro-batch mb, send or receive. */
-struct xs_step {
-  char op;
-  int mb;
-  uint32_t phase;
-};
-static const struct xs_step xs_modes[2][8] = {
-  {{'d', 0, DEP_LL_SEND}, {'d', 1, DEP_LL_SEND}, {'d', 0, DEP_LL_RECV}, {'c', 0, DEP_LL_SEND},
-   {'d', 1, DEP_LL_RECV}, {'c', 1, DEP_LL_SEND}, {'c', 0, DEP_LL_RECV}, {'c', 1, DEP_LL_RECV}},
-  {{'d', 0, DEP_LL_SEND}, {'d', 1, DEP_LL_SEND}, {'d', 0, DEP_LL_RECV}, {'d', 1, DEP_LL_RECV},
-   {'c', 0, DEP_LL_SEND}, {'c', 1, DEP_LL_SEND}, {'c', 0, DEP_LL_RECV}, {'c', 1, DEP_LL_RECV}},
-};
-
-static int xsplit_step(dep_client_t *c, const struct xsplit *x, const struct ow_case *d,
-                       uint32_t r, struct split_in *s, struct ow_outs *o, dep_handle_t *h,
-                       const struct xs_step *st, int mode, int i, struct xn_result *res) {
-  const char *what = st->op == 'd' ? (st->phase == DEP_LL_SEND ? "dispatch send"
-                                                               : "dispatch receive")
-                                   : (st->phase == DEP_LL_SEND ? "combine send"
-                                                               : "combine receive");
-  if (mode == 0 && i == 2 && r == XS_SLOW) {
+/* Rank 0 waits for go before its receive of call 1 (step 2); the ranks on node 1 say
+ * when their send of call 3 (step 3) has returned. */
+static void xsplit_hook(uint32_t r, int step, int after, void *arg) {
+  const struct xsplit *x = arg;
+  if (!after && step == 2 && r == XS_SLOW) {
     const int64_t until = xn_mono_ms() + 120000; /* a test that failed first leaves no rank */
     while (!atomic_load(x->go) && xn_mono_ms() < until)
       dw_sleep_ms(2);
   }
-  int rc;
-  if (st->op == 'd') {
-    struct dep_ll_dispatch_args da = split_da(d, r, s, o, st->phase);
-    rc = dep_ll_dispatch(c, &da, h, NULL);
-  } else {
-    struct dep_ll_combine_args ca = split_ca(d, r, s, o, st->phase);
-    rc = dep_ll_combine(c, &ca, h, NULL);
-  }
-  if (rc != 0) {
-    ow_fail(res->msg, "mode %d, step %d (%s of micro-batch %c): %s: %s", mode, i + 1, what,
-            'A' + st->mb, dep_errname(rc), dep_errmsg(c));
-    return rc;
-  }
-  if (mode == 0 && i == 3 && r >= XS_FAR)
+  if (after && step == 3 && r >= XS_FAR)
     atomic_fetch_add(x->sent3, 1);
-  if (st->phase != DEP_LL_RECV)
-    return 0;
-  if (st->op == 'd')
-    return behind_rows_ok(d, o, r, i + 1, res->msg);
-  return ow_check_sum(o->lout, &d->llc[r], d->in_ll[r].num_tokens, d->sc.hidden, "ll_combine",
-                      d->desc, res->msg);
 }
 
 static int xsplit_rank(dep_client_t *c, const struct xn_run *run, uint32_t r,
                        struct xn_result *res) {
-  const struct xsplit *x = run->arg;
-  const struct ow_case *d[2] = {&x->p.a, &x->p.b};
+  struct xsplit *x = run->arg;
   struct ow_outs o[2];
-  struct split_in s[2];
-  dep_handle_t *h[2] = {NULL, NULL};
-  int rc = 0;
-  for (int i = 0; i < 2; i++) {
-    ow_outs_alloc(&o[i], d[i]);
-    split_in_make(&s[i], d[i], r);
-    if (rc == 0 && (rc = dep_handle_new(c, &h[i])) != 0)
-      ow_fail(res->msg, "dep_handle_new: %s", dep_errname(rc));
-  }
-  for (int mode = 0; rc == 0 && mode < 2; mode++) {
-    for (int i = 0; i < 2; i++)
-      split_poison(d[i], &o[i]);
-    for (int i = 0; rc == 0 && i < 8; i++) {
-      const struct xs_step *st = &xs_modes[mode][i];
-      rc = xsplit_step(c, x, d[st->mb], r, &s[st->mb], &o[st->mb], h[st->mb], st, mode, i, res);
-    }
-  }
+  ow_outs_alloc(&o[0], &x->p.a);
+  ow_outs_alloc(&o[1], &x->p.b);
+  int rc = xn_round_split(c, &x->p.a, &x->p.b, r, o, xsplit_hook, x, res);
   if (rc == 0)
-    rc = xn_round(c, d[0], r, 0, &o[0], res); /* whole calls go on after split ones */
-  for (int i = 0; i < 2; i++) {
-    dep_handle_free(h[i]);
-    split_in_free(&s[i]);
-    ow_outs_free(&o[i]);
-  }
+    rc = xn_round(c, &x->p.a, r, 0, &o[0], res); /* whole calls go on after split ones */
+  ow_outs_free(&o[0]);
+  ow_outs_free(&o[1]);
   return rc;
 }
 
