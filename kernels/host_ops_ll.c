@@ -166,7 +166,8 @@ static int ll_split_recv(struct ops_ctx *c, const struct dep_handle *h, const vo
   host_ops__taken(c, c->seq);
   /* A later call's send said this one was not read yet (prev_read): sources on other
    * nodes learn it now, through the proxy. */
-  const int far = keep.seq > c->seq && !c->broken ? host_ops__taken_far(c, c->pend[parity].op) : 0;
+  const int far =
+      keep.seq > c->seq && !c->broken ? host_ops__taken_far(c, c->pend[parity].op) : 0;
   host_ops__pend_leave(c, parity, &keep);
   return rc != 0 ? rc : far;
 }
