@@ -310,7 +310,7 @@ const char *xfer__chunk_wrong(const struct dep_slab_layout *l, uint32_t kind, ui
 bool xfer__kind_known(uint32_t kind) {
   return kind == DEP_XRING_BLOCK || kind == DEP_XRING_CHUNK || kind == DEP_XRING_SLOT ||
          kind == (DEP_XRING_CHUNK | DEP_XRING_SLOT) || kind == DEP_XRING_CREDIT ||
-         kind == DEP_XRING_NODE;
+         kind == DEP_XRING_NODE || kind == DEP_XRING_TAKEN;
 }
 
 int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **route,
@@ -329,12 +329,15 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
     wrong = "more bytes than a block holds";
   else if (h->kind == DEP_XRING_CREDIT && (h->bytes != 0 || h->row0 > l->max_tokens))
     wrong = "a credit past the rows a call holds";
+  else if (h->kind == DEP_XRING_TAKEN && (h->bytes != 0 || h->row0 != 0))
+    wrong = "a taken word with bytes";
   else if (h->kind == DEP_XRING_NODE &&
            (h->bytes < DEP_XFER_NODE_BYTES(0) ||
             h->bytes > DEP_XFER_NODE_BYTES(r->local_world) + (uint64_t)l->chunk_rows * l->row_bytes ||
             l->chunk_rows == 0 || h->row0 >= l->max_tokens))
     wrong = "a node channel's chunk larger than its table and rows, or past a call's rows";
-  else if (h->kind != DEP_XRING_BLOCK && h->kind != DEP_XRING_CREDIT && h->kind != DEP_XRING_NODE)
+  else if (h->kind != DEP_XRING_BLOCK && h->kind != DEP_XRING_CREDIT &&
+           h->kind != DEP_XRING_NODE && h->kind != DEP_XRING_TAKEN)
     wrong = xfer__chunk_wrong(l, h->kind, h->row0, h->bytes);
   if (wrong != NULL) {
     snprintf(why, whylen, "a frame of job %s from rank %u to rank %u (kind %u, parity %u, row "
@@ -355,6 +358,14 @@ int xfer__frame_target(int k, const struct dep_xfer_hdr *h, struct xfer_route **
     t->credit = (_Atomic uint64_t *)(x + dep_slab_out_slot(l, h->parity, ri) +
                                      offsetof(struct ops_slot, credit));
     t->value = DEP_SLAB_CHAN_AT(h->seq, h->row0);
+    return 0;
+  }
+  if (h->kind == DEP_XRING_TAKEN) {
+    /* The destination's post of call seq to the source is read (host_ops.h "Split calls"):
+     * the taken word of its out slot, which its next call of that parity waits for. */
+    t->credit = (_Atomic uint64_t *)(x + dep_slab_out_slot(l, h->parity, ri) +
+                                     offsetof(struct ops_slot, taken));
+    t->value = h->seq;
     return 0;
   }
   t->payload = x + dep_slab_in_block(l, h->parity, ri);
@@ -560,7 +571,7 @@ void xfer__frame_publish(const struct xfer_target *t, const struct dep_xfer_hdr 
     atomic_store_explicit((_Atomic uint64_t *)t->slot, flag, memory_order_release);
   }
   if (t->credit != NULL) {
-    /* Credits may cross on the peer's connections: the largest stands. */
+    /* Credits (and taken words) may cross on the peer's connections: the largest stands. */
     uint64_t was = atomic_load_explicit(t->credit, memory_order_relaxed);
     while (was < t->value && !atomic_compare_exchange_weak_explicit(
                                  t->credit, &was, t->value, memory_order_release,

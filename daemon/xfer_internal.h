@@ -231,7 +231,8 @@ struct xfer_target {
   uint8_t *slot;               /* the in slot */
   bool node;                   /* a node channel's chunk: read, then fanned out
                                   (xfer__node_fanout) */
-  _Atomic uint64_t *credit;    /* a credit: the destination's out slot's credit word */
+  _Atomic uint64_t *credit;    /* a credit: the destination's out slot's credit word; a
+                                  taken word (DEP_XRING_TAKEN): its taken word */
   uint64_t value;              /* what mark or credit stores */
 };
 /* Why a chunk (rows row0 .. row0 + bytes / row_bytes of a call's stream,

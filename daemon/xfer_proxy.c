@@ -143,13 +143,15 @@ static bool desc_source(const struct xfer_route *r, uint32_t lr, const struct de
     wrong = "a remote rank, parity 0 or 1 and a known kind";
   else if (d->kind == DEP_XRING_BLOCK && d->bytes > l->xblock_bytes)
     wrong = "a block's bytes";
-  else if (d->kind == DEP_XRING_CREDIT && (d->bytes != 0 || d->row0 != 0))
-    wrong = "a credit without bytes";
+  else if ((d->kind == DEP_XRING_CREDIT || d->kind == DEP_XRING_TAKEN) &&
+           (d->bytes != 0 || d->row0 != 0))
+    wrong = "a credit or taken word without bytes";
   else if (d->kind == DEP_XRING_NODE)
     wrong = xfer__chunk_wrong(l, DEP_XRING_CHUNK, d->row0, d->bytes) != NULL
                 ? "whole rows of a node channel's chunk"
                 : NULL;
-  else if (d->kind != DEP_XRING_BLOCK && d->kind != DEP_XRING_CREDIT)
+  else if (d->kind != DEP_XRING_BLOCK && d->kind != DEP_XRING_CREDIT &&
+           d->kind != DEP_XRING_TAKEN)
     wrong = xfer__chunk_wrong(l, d->kind, d->row0, d->bytes) != NULL ? "whole rows of a chunk"
                                                                       : NULL;
   if (wrong != NULL) {
@@ -161,8 +163,10 @@ static bool desc_source(const struct xfer_route *r, uint32_t lr, const struct de
   }
   const uint32_t ri = r->remote_of[d->dest];
   const uint8_t *x = r->xchg[lr];
-  if (d->kind == DEP_XRING_CREDIT) {
-    s->credit = x + dep_slab_in_slot(l, d->parity, ri) + offsetof(struct ops_slot, credit);
+  if (d->kind == DEP_XRING_CREDIT || d->kind == DEP_XRING_TAKEN) {
+    s->credit = x + dep_slab_in_slot(l, d->parity, ri) +
+                (d->kind == DEP_XRING_CREDIT ? offsetof(struct ops_slot, credit)
+                                             : offsetof(struct ops_slot, taken));
     return true;
   }
   s->payload = x + dep_slab_out_block(l, d->parity, ri);
@@ -409,11 +413,12 @@ static enum px_take take_desc(struct xfer_route *r, uint32_t lr, const struct de
   if (s.slot != NULL)
     memcpy(h.slot, s.slot, sizeof h.slot);
   if (s.credit != NULL) {
-    /* The word as it is now: a credit only grows, and any later one is as true. */
+    /* The word as it is now: a credit or taken word only grows, and any later one is
+     * as true. */
     const uint64_t w = atomic_load_explicit((const _Atomic uint64_t *)s.credit,
                                             memory_order_acquire);
-    h.seq = w >> DEP_SLAB_CHAN_SHIFT;
-    h.row0 = (uint32_t)(w & ((1u << DEP_SLAB_CHAN_SHIFT) - 1u));
+    h.seq = d->kind == DEP_XRING_TAKEN ? w : w >> DEP_SLAB_CHAN_SHIFT;
+    h.row0 = d->kind == DEP_XRING_TAKEN ? 0 : (uint32_t)(w & ((1u << DEP_SLAB_CHAN_SHIFT) - 1u));
   }
   if (d->kind == DEP_XRING_NODE && r->rdma != NULL) {
     const enum px_node nr =
@@ -482,7 +487,8 @@ static bool at_or_after(const struct xfer_route *r, uint32_t lr, const struct px
  * wire.  One the layout does not allow costs nothing, so that take_desc
  * sees it (and fails the job) at once. */
 static uint64_t desc_cost(const struct xfer_route *r, const struct dep_xring_desc *d) {
-  return d->bytes > r->lay.xblock_bytes || d->kind == DEP_XRING_CREDIT
+  return d->bytes > r->lay.xblock_bytes || d->kind == DEP_XRING_CREDIT ||
+                 d->kind == DEP_XRING_TAKEN
              ? 0
              : DEP_XFER_HDR_WIRE + d->bytes;
 }

@@ -666,9 +666,11 @@ bool xfer_rdma_take(struct xfer_rdma_route *xr, int k, const struct ibv_mr *mr, 
     n += 2;
   }
   if (s->credit != NULL) {
-    /* Into the destination's out slot for its channel to src (one queue
-     * pair: a later credit lands after an earlier one). */
-    const uint64_t at = dep_slab_out_slot(tl, par, ri) + offsetof(struct ops_slot, credit);
+    /* Into the destination's out slot for its channel to src, or its taken
+     * word (one queue pair: a later word lands after an earlier one). */
+    const uint64_t at = dep_slab_out_slot(tl, par, ri) +
+                        (d->kind == DEP_XRING_TAKEN ? offsetof(struct ops_slot, taken)
+                                                    : offsetof(struct ops_slot, credit));
     if (segments(mr, s->credit, t, at, sizeof(uint64_t), wr + n, sge + n, 1) == 0)
       return false;
     n += 1;

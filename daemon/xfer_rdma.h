@@ -113,7 +113,8 @@ struct xfer_src {
   const uint8_t *mark;    /* a chunk's mark word (out_mark), after the payload */
   uint32_t chunk;         /* ... its chunk number in the stream */
   const uint8_t *slot;    /* the slot image (out_slot), after the mark */
-  const uint8_t *credit;  /* a credit: the rank's credit word (its in slot's) */
+  const uint8_t *credit;  /* a credit: the rank's credit word (its in slot's); a taken word
+                             (DEP_XRING_TAKEN): its in slot's taken word */
 };
 
 /*

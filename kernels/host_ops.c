@@ -454,6 +454,9 @@ void host_ops__slot_post(struct ops_ctx *c, uint32_t dest, uint32_t rows, uint32
   s->op = op;
   s->ref_seq = ref_seq;
   s->num_tokens = num_tokens;
+  /* Whether the call before this one is read (not a send whose receive is deferred): a
+   * source on another node reads it here instead of waiting for a taken frame. */
+  s->prev_read = c->seq == 1 || c->pend[(c->seq - 1) & 1].seq != c->seq - 1;
   atomic_store_explicit(&s->flag, c->seq, memory_order_release);
 }
 
@@ -675,31 +678,77 @@ int host_ops__check_combine_slots(struct ops_ctx *c, const struct dep_handle *h,
 
 /* ---- split calls (host_ops.h) --------------------------------------------------- */
 
-/* This rank has read call q to its end: say so in every local source's slot of q's parity. */
+/* This rank has read call q to its end: say so in every source's slot of q's parity (a
+ * remote source's in the exchange region, where the proxy reads it for a taken frame). */
 void host_ops__taken(struct ops_ctx *c, uint64_t q) {
   for (uint32_t src = 0; src < c->world; src++)
-    if (c->remote[src] < 0)
-      atomic_store_explicit(&in_slot(c, (unsigned)(q & 1), src)->taken, q,
-                            memory_order_release);
+    atomic_store_explicit(&in_slot(c, (unsigned)(q & 1), src)->taken, q, memory_order_release);
 }
 
 /*
- * Before this call writes its parity's blocks: every local peer it posts to
- * has read what this rank posted there two calls before (its slot's taken).
- * A slot that holds no post of that call (a masked peer's, a fresh slab's)
- * is free.  A peer that never reads it is a timeout, or the peer gone.
+ * A split receive of call c->seq has ended after this rank posted a later
+ * call, whose slots said that this one was not read yet (prev_read 0):
+ * tell each source on another node that posted it here, through the proxy
+ * (a TAKEN descriptor; the far daemon stores the word into the source's
+ * out slot).  Its next call of this parity waits for that (wait_free).
+ */
+int host_ops__taken_far(struct ops_ctx *c, uint32_t op) {
+  const unsigned parity = (unsigned)(c->seq & 1);
+  for (uint32_t src = 0; c->ring != NULL && src < c->world; src++) {
+    if (c->remote[src] < 0 ||
+        atomic_load_explicit(&in_slot(c, parity, src)->flag, memory_order_acquire) != c->seq)
+      continue; /* a local source reads the slot itself; one that posted nothing waits not */
+    const int rc = host_ops__ring_push(c, op, src, DEP_XRING_TAKEN, 0, 0);
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
+}
+
+/*
+ * Whether dest has read call f, which this rank posted to it in the slot
+ * s (out_slot: in dest's slab, or the out slot image for one on another
+ * node).  A local peer says so in the slot's taken word.  One on another
+ * node cannot write here, and says it in one of three ways (host_ops.h
+ * "Split calls"): its post of call f + 1 says it had read f (prev_read),
+ * or it has posted call f + 2 (a rank whose call f is pending posts
+ * nothing of that parity), or its taken frame for f has come back through
+ * both daemons into the out slot's taken word.
+ */
+static bool read_by(const struct ops_ctx *c, uint32_t dest, const struct ops_slot *s,
+                    uint64_t f) {
+  if (atomic_load_explicit(&s->taken, memory_order_acquire) >= f)
+    return true;
+  if (c->remote[dest] < 0)
+    return false;
+  const unsigned parity = (unsigned)(f & 1);
+  if (atomic_load_explicit(&in_slot(c, parity, dest)->flag, memory_order_acquire) >= f + 2)
+    return true;
+  /* dest cannot post f + 3 before this rank posts f + 2 (its call f + 3 waits for this
+   * rank's read of f + 1, said no earlier than that post): the fields read after the
+   * flag are call f + 1's. */
+  const struct ops_slot *next = in_slot(c, parity ^ 1u, dest);
+  return atomic_load_explicit(&next->flag, memory_order_acquire) == f + 1 && next->prev_read;
+}
+
+/*
+ * Before this call writes its parity's blocks: every peer it posts to has
+ * read what this rank posted there two calls before (read_by).  A slot
+ * that holds no post of that call (a masked peer's, a fresh slab's) is
+ * free.  A peer that never reads it is a timeout, or the peer gone (on
+ * another node: its node lost, this node's daemon gone, or the proxy
+ * stopped serving this rank).
  */
 static int wait_free(struct ops_ctx *c) {
-  const unsigned parity = (unsigned)(c->seq & 1);
   const uint64_t start = now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull;
   for (uint32_t d = 0; d < c->world; d++) {
-    if (c->remote[d] >= 0 || d == c->rank)
+    if (d == c->rank)
       continue;
-    const struct ops_slot *s = slot_at(c, d, parity, c->rank);
+    const struct ops_slot *s = out_slot(c, d);
+    const bool far = c->remote[d] >= 0;
     for (uint32_t i = 0; !ops_masked(c, d); i++) {
       const uint64_t f = atomic_load_explicit(&s->flag, memory_order_acquire);
-      const uint64_t t = atomic_load_explicit(&s->taken, memory_order_acquire);
-      if (f + 2 != c->seq || t >= f)
+      if (f + 2 != c->seq || read_by(c, d, s, f))
         break;
       if (i < 256)
         continue;
@@ -707,15 +756,23 @@ static int wait_free(struct ops_ctx *c) {
         continue;
       const uint64_t waited = now_ns() - start;
       const struct dep_slab_abort *ab = host_ops__gone(c);
-      if (ab != NULL && (ab->rank == d || ab->rank >= c->world))
+      if (ab != NULL && (ab->rank == d || ab->rank >= c->world ||
+                         (far && (ab->detached == DEP_SLAB_GONE_NODE ||
+                                  ab->detached == DEP_SLAB_GONE_DAEMON))))
         return host_ops__peer_fail(c, s->op, d, waited);
+      const int32_t failed =
+          far ? atomic_load_explicit(&c->ring->failed, memory_order_acquire) : 0;
+      if (failed != 0)
+        return ring_fail(c, s->op, d, failed, waited);
       if (waited > limit) {
         host_ops__record_fail(c, s->op, d, f, waited, DEP_ERR_TIMEOUT);
         return set_why(c, DEP_ERR_TIMEOUT, "call %llu: rank %u has not read call %llu in %u "
                        "ms, and this call reuses its slots: that rank has not run call %llu's "
-                       "receive (DEP_LL_RECV), or has stopped; every rank must receive each of "
-                       "its split calls", (unsigned long long)c->seq, d, (unsigned long long)f,
-                       c->timeout_ms, (unsigned long long)f);
+                       "receive (DEP_LL_RECV), or has stopped%s; every rank must receive each "
+                       "of its split calls", (unsigned long long)c->seq, d,
+                       (unsigned long long)f, c->timeout_ms, (unsigned long long)f,
+                       far ? ", or its node's daemon or the link to it is stuck (deepepctl "
+                             "peers on both nodes)" : "");
       }
       host_ops__backoff(i);
     }

@@ -42,11 +42,43 @@
  * n+2 and overwrite n unread.  So each receiver stores, in each slot, the
  * call it has read to its end (taken; a whole call's when the next call
  * begins, a split receive's as it ends), and a rank that begins a call
- * first waits, bounded as every wait, until every local peer has taken
- * what it posted into that parity's slot two calls before.  A call whose
- * parity's slots hold a pending send of this rank is refused.  Split calls
- * are refused where a rank is on another node (its slots are not mapped
- * here to check), so that ranks there never run ahead of a receiver.
+ * first waits, bounded as every wait, until every peer has taken what it
+ * posted into that parity's slot two calls before.  A call whose parity's
+ * slots hold a pending send of this rank is refused.
+ *
+ * Across nodes (DESIGN §7) the same rule holds.  With whole calls only, a
+ * rank's out block and the far in block of parity p are free two calls
+ * on because the destination posts call n + 1 only after it has read
+ * call n, and reading n means this rank's frame of n arrived, so the
+ * proxy is done with the out block too; split calls break that.  A
+ * remote peer's slots are not mapped here, so it says it has read call f
+ * in one of three ways, of which a begin takes the first that holds
+ * (host_ops.c read_by): its post of f + 1 carries prev_read (it had read
+ * f when it posted: every whole call, and a split receive run before the
+ * next send, so a job of whole calls sends nothing more); its post of
+ * f + 2 has come (it cannot post f + 2 with f pending); or, when its
+ * split receive of f ran after its send of f + 1, it pushes a TAKEN
+ * descriptor (xring.h) to each remote source that posted f, whose proxy
+ * sends a frame of no payload to the source's daemon, which stores the
+ * call into the source's out slot taken word if larger.  What this
+ * avoids:
+ *   - A receiving daemon never holds a frame: call n + 2's frame cannot
+ *     leave before its sender has begun n + 2, which waits for the taken
+ *     word, so a daemon writes every frame as it comes and a data
+ *     connection carrying several ranks' frames never blocks on one.
+ *   - A proxy thread never holds a descriptor: the wait is in the
+ *     sender's own call (its thread), before it writes its out block or
+ *     pushes a descriptor; a TAKEN descriptor is moved as a credit is.
+ *   - Memory: nothing is parked.  A taken word is the out slot's own
+ *     (two a remote peer, one a parity), a TAKEN descriptor a ring entry
+ *     (the ring's bound, waited on as for every push), a frame a header
+ *     of no payload sent as it is taken.
+ *   - The two ranks of a pair never wait for each other's next post: a
+ *     taken frame goes at the end of the receive, whatever the call after.
+ * The cuda backend's kernels neither push taken descriptors nor wait on
+ * remote taken words: there split calls across nodes stay refused
+ * (DEP_ERR_UNSUPPORTED; ops_ctx.split_far), so ranks there never run
+ * ahead of a receiver.
  *
  * Failures: bad arguments are DEP_ERR_INVALID before anything is written
  * anywhere (the call does not consume a seq and may be retried).  A source
@@ -207,6 +239,9 @@ struct ops_ctx {
   uint64_t live_join_max;              /* the largest join word read with them */
   uint32_t nmasked;                    /* bits set in mask (0: the call skips nothing) */
   struct ops_pending pend[2];          /* split calls sent, not received, by parity */
+  int split_far;                       /* split calls may run where the job spans nodes: the
+                                          host backend's calls (client/attach.c sets it), which
+                                          carry a receiver's taken back; not the kernels' */
   int64_t *wait_cost;                  /* the running LL receive's (deepep.h), else NULL:
                                           wait_all adds each source's wait, in ns */
   char why[256];                       /* message of the last failure */

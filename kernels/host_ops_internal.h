@@ -222,6 +222,9 @@ int host_ops__begin(struct ops_ctx *c);
 /* Split calls (host_ops.h): this rank has read call q; keep the current call's state for
  * its deferred receive; run a pending receive as its call, then come back. */
 void host_ops__taken(struct ops_ctx *c, uint64_t q);
+/* ... and, its receive having run after a later call's send, tell the sources on other
+ * nodes that posted it (inside pend_enter: c->seq is that call). */
+int host_ops__taken_far(struct ops_ctx *c, uint32_t op);
 void host_ops__pend_save(struct ops_ctx *c, uint32_t op, const struct dep_handle *h);
 void host_ops__pend_enter(struct ops_ctx *c, unsigned parity, struct ops_pending *keep);
 void host_ops__pend_leave(struct ops_ctx *c, unsigned parity, const struct ops_pending *keep);

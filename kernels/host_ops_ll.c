@@ -162,10 +162,14 @@ static int ll_split_recv(struct ops_ctx *c, const struct dep_handle *h, const vo
   const unsigned parity = (unsigned)(host_ops_pending(c, h) & 1);
   struct ops_pending keep;
   host_ops__pend_enter(c, parity, &keep);
-  const int rc = recv(c, a, h);
+  int rc = recv(c, a, h);
   host_ops__taken(c, c->seq);
+  /* A later call's send said this one was not read yet (prev_read): sources on other
+   * nodes learn it now, through the proxy. */
+  const int far =
+      keep.seq > c->seq && !c->broken ? host_ops__taken_far(c, c->pend[parity].op) : 0;
   host_ops__pend_leave(c, parity, &keep);
-  return rc;
+  return rc != 0 ? rc : far;
 }
 
 /* The send half of a dispatch: what its handle keeps of the inputs, then the rows posted. */

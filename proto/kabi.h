@@ -141,7 +141,12 @@ struct ops_slot {
   uint32_t op;           /* enum ops_op, | OPS_OP_FP8 */
   uint64_t ref_seq;      /* combines: seq of the dispatch their handle holds */
   uint32_t num_tokens;   /* the sender's num_tokens in this call (diagnostics) */
-  uint32_t reserved;
+  /* 1 when the sender had read the call before this one to its end as it
+   * posted this one (a whole call, or a split receive that ran before this
+   * send): what a source on another node learns of this rank's reading
+   * without a frame of its own (host_ops.h, "Split calls").  The host
+   * backend writes it; the kernels leave it 0. */
+  uint32_t prev_read;
   /* A streamed call (slab.h): the rows the sender has published into the
    * channel and the rows the receiver has taken out of it, each
    * DEP_SLAB_CHAN_AT(call, rows) stored with release ordering; credit is

@@ -35,7 +35,12 @@
  * the chunk's mark, then (SLOT) the slot.  A CREDIT descriptor names a
  * remote source (dest) whose channel to this rank it has taken rows of:
  * the proxy carries the rank's credit word (its in slot's) to the daemon
- * holding the source.
+ * holding the source.  A TAKEN descriptor names a remote source (dest)
+ * whose post of call seq this rank has read to its end after it posted a
+ * later call (a split receive, host_ops.h "Split calls"): the proxy
+ * carries the rank's taken word (its in slot's) to the daemon holding the
+ * source, which stores it into the source's out slot taken word if it is
+ * larger, as a credit.
  *
  * One crossing per destination node (DESIGN §7): where the daemon says so
  * in the ring's fan table (below), a dispatch's rows for the ranks of one
@@ -83,9 +88,11 @@
  *   4  the fan table after the descriptors, NODE descriptors (a node
  *      channel's chunk), and a chunk's mark counts the rows in (slab.h)
  *      rather than naming the call and the chunk's last row.
+ *   5  TAKEN descriptors (a split receive's taken word, carried back to
+ *      the source's out slot).
  */
 #define DEP_XRING_MAGIC 0x47525844u /* "DXRG" */
-#define DEP_XRING_VERSION 4
+#define DEP_XRING_VERSION 5
 /* Descriptors a ring holds, a power of two: every remote rank's block of
  * two calls in flight for worlds of up to ~512 remote ranks; above that a
  * rank's posts wait for the proxy to drain (bounded by the op timeout, as
@@ -98,6 +105,7 @@
 #define DEP_XRING_SLOT 2u   /* or-ed into CHUNK: the slot image after the mark */
 #define DEP_XRING_CREDIT 4u /* the credit word for the channel from dest */
 #define DEP_XRING_NODE 8u   /* rows of a node channel from row0, for the ranks of dest's node */
+#define DEP_XRING_TAKEN 16u /* the taken word for the slot of call seq from dest */
 /* A node channel's out mark word for one destination rank (above): the
  * destination's rows of the chunk are its stream's start .. start + count. */
 #define DEP_XRING_NODE_AT(start, count) (((uint64_t)(start) << 32) | (uint32_t)(count))
@@ -109,7 +117,7 @@ struct dep_xring_desc {
   uint64_t seq;    /* the call: the slot image's flag */
   uint64_t bytes;  /* of the payload: a block's from its start (<= xblock_bytes), a chunk's
                       from row0's ring row (whole rows, at most chunk_rows of them) */
-  uint32_t kind;   /* DEP_XRING_*: BLOCK, CHUNK (| SLOT), SLOT, CREDIT or NODE */
+  uint32_t kind;   /* DEP_XRING_*: BLOCK, CHUNK (| SLOT), SLOT, CREDIT, NODE or TAKEN */
   uint32_t row0;   /* CHUNK: the chunk's first row in the call's stream (a multiple of
                       chunk_rows) */
 };
@@ -182,6 +190,11 @@ static inline uint8_t *dep_xring_xchg(struct dep_xring *r) {
  *   5  NODE frames (a node channel's chunk: the dep_xfer_node table, then
  *      its rows, fanned out by the receiving daemon), and a chunk's mark
  *      counts its rows in: the receiving daemon adds a frame's rows to it.
+ *   6  an RDMA data queue pair's acceptance carries the accepting
+ *      daemon's staging for NODE frames (dep_xfer_rdma_stage).
+ *   7  TAKEN frames (a receiver's taken word for one call of a source,
+ *      seq the call, stored into the source's out slot if larger: split
+ *      calls across nodes, host_ops.h).
  *
  * The window this build answers is DEP_XFER_MIN_VERSION..DEP_XFER_VERSION:
  * the opener checks the listener's challenge against it and names both
@@ -189,8 +202,8 @@ static inline uint8_t *dep_xring_xchg(struct dep_xring *r) {
  * connections, or their RDMA queue pairs, open on the token alone.
  */
 #define DEP_XFER_MAGIC 0x46584444u /* "DDXF" */
-#define DEP_XFER_VERSION 6
-#define DEP_XFER_MIN_VERSION 6
+#define DEP_XFER_VERSION 7
+#define DEP_XFER_MIN_VERSION 7
 #define DEP_XFER_NONCE_LEN 32
 #define DEP_XFER_MAC_LEN 32
 struct dep_xfer_ack {
@@ -263,7 +276,8 @@ struct dep_xfer_hdr {
   uint64_t seq;             /* the call; the slot image's flag */
   uint64_t bytes;           /* payload after this header: <= the layout's block_bytes */
   uint32_t kind;            /* DEP_XRING_*, as the descriptor's */
-  uint32_t row0;            /* CHUNK: the chunk's first row; CREDIT: the rows taken */
+  uint32_t row0;            /* CHUNK: the chunk's first row; CREDIT: the rows taken
+                               (TAKEN: 0, seq is the call taken) */
   char job_id[DEP_JOB_ID_MAX];
   uint8_t slot[DEP_SLAB_CTRL_SLOT]; /* the control slot, flag first, as the sender wrote it
                                        into its out slot */

@@ -17,8 +17,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <stdatomic.h>
+#include <sys/mman.h>
+
+#include "daemonwire.h"
 #include "host_ops.h"
+#include "nodes.h"
 #include "opsworld.h"
+#include "xnjob.h"
 
 #define SPLIT_POISON 0xA5
 
@@ -541,6 +547,124 @@ START_TEST(wait_costs_are_added_by_receives_only) {
 }
 END_TEST
 
+/* ---- across nodes ------------------------------------------------------------------- */
+
+/*
+ * Split calls in a job over two daemons (2 + 2 ranks, host backend): every
+ * rank runs xn_round_split (micro-batches A and B pipelined, send 1, send
+ * 2, receive 1, send 3, receive 2, ..., then as two batches, each receive
+ * against the oracle), then a whole round.  Rank 0 is slow to receive
+ * call 1: it waits for the test's go.  Call 3 reuses call 1's blocks, and
+ * the ranks on node 1 may not post it before rank 0 has read call 1
+ * (host_ops.h "Split calls").  The test says go once both have returned
+ * from their send of call 3 and node 0's daemon has written every frame of
+ * calls 1 to 3 from them, or after XS_EARLY_MS if they have not: with the
+ * taken words they cannot have, so the test waits that ceiling out every
+ * run; without them (the old protocol with only the refusal removed) they
+ * return at once, and rank 0's receive of call 1 finds their call 3 in its
+ * slots.
+ */
+#define XS_SLOW 0u         /* the slow receiver, on node 0 */
+#define XS_FAR 2u          /* the first rank on node 1 */
+#define XS_WORLD 4u
+/* How long the test waits for the ranks on node 1 to return from call 3 early: a ceiling
+ * the fixed protocol always waits out (they cannot return), not a timing it relies on; a
+ * machine stalled for this long could only let the old protocol pass a run. */
+#define XS_EARLY_MS 1500
+/* Block frames of calls 1 to 3 from node 1 into node 0: 2 sources x 2 destinations each. */
+#define XS_FRAMES_3 12ull
+
+struct xsplit {
+  struct split_pair p;
+  _Atomic uint32_t *sent3; /* shared: ranks on node 1 whose send of call 3 has returned */
+  _Atomic int *go;         /* shared: set by the test; rank 0 may receive call 1 */
+};
+
+/* Rank 0 waits for go before its receive of call 1 (step 2); the ranks on node 1 say
+ * when their send of call 3 (step 3) has returned. */
+static void xsplit_hook(uint32_t r, int step, int after, void *arg) {
+  const struct xsplit *x = arg;
+  if (!after && step == 2 && r == XS_SLOW) {
+    const int64_t until = xn_mono_ms() + 120000; /* a test that failed first leaves no rank */
+    while (!atomic_load(x->go) && xn_mono_ms() < until)
+      dw_sleep_ms(2);
+  }
+  if (after && step == 3 && r >= XS_FAR)
+    atomic_fetch_add(x->sent3, 1);
+}
+
+static int xsplit_rank(dep_client_t *c, const struct xn_run *run, uint32_t r,
+                       struct xn_result *res) {
+  struct xsplit *x = run->arg;
+  struct ow_outs o[2];
+  ow_outs_alloc(&o[0], &x->p.a);
+  ow_outs_alloc(&o[1], &x->p.b);
+  int rc = xn_round_split(c, &x->p.a, &x->p.b, r, o, xsplit_hook, x, res);
+  if (rc == 0)
+    rc = xn_round(c, &x->p.a, r, 0, &o[0], res); /* whole calls go on after split ones */
+  ow_outs_free(&o[0]);
+  ow_outs_free(&o[1]);
+  return rc;
+}
+
+/* Node i's daemon's data frames in, from deepepctl peers (one peer). */
+static unsigned long long xs_frames_in(const struct nodes *ns, int i) {
+  static char out[16384];
+  xn_ctl_json_at(ns, i, "peers", out, sizeof out);
+  const char *p = strstr(out, "\"data_frames_in\":");
+  return p != NULL ? strtoull(p + strlen("\"data_frames_in\":"), NULL, 10) : 0;
+}
+
+START_TEST(across_nodes_a_slow_receiver_is_not_overwritten) {
+  ow_seed_init(340);
+  struct xsplit *x = malloc(sizeof *x);
+  ck_assert_ptr_nonnull(x);
+  const struct ow_scenario sc = {XS_WORLD, 128, 8, 16, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
+  ow_case_make(&x->p.a, &sc, 0);
+  ow_case_make(&x->p.b, &sc, 0);
+  void *shared = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(shared, MAP_FAILED);
+  memset(shared, 0, 4096);
+  x->sent3 = shared;
+  x->go = (_Atomic int *)((uint8_t *)shared + 64);
+  struct nodes ns;
+  xn_nodes_start(&ns, 2, 20000, XN_OP_TIMEOUT_MS * 4, "");
+  struct xn_place pl;
+  memset(&pl, 0, sizeof pl);
+  const uint32_t split[NODES_MAX] = {2, 2};
+  xn_place(&pl, split, 2);
+  struct xn_result *res = xn_results(XS_WORLD);
+  const struct xn_run run = {.d = &x->p.a, .body = xsplit_rank, .arg = x};
+  pid_t pids[OW_MAXW];
+  xn_spawn(&ns, &pl, "xsplit", &run, res, pids);
+  int64_t until = xn_mono_ms() + XS_EARLY_MS;
+  while (atomic_load(x->sent3) < XS_WORLD - XS_FAR && xn_mono_ms() < until)
+    dw_sleep_ms(5);
+  const bool early = atomic_load(x->sent3) == XS_WORLD - XS_FAR;
+  /* Their frames of call 3 written at node 0 (a ceiling for a loaded machine). */
+  until = xn_mono_ms() + 30000;
+  while (early && xs_frames_in(&ns, 0) < XS_FRAMES_3 && xn_mono_ms() < until)
+    dw_sleep_ms(5);
+  atomic_store(x->go, 1);
+  const bool ok = xn_reap(pids, XS_WORLD, 120000);
+  char all[4 * OW_MSG] = "";
+  for (uint32_t g = 0; g < XS_WORLD; g++)
+    if (res[g].rc != 0 || !res[g].done)
+      snprintf(all + strlen(all), sizeof all - strlen(all), "\n  rank %u: %s", g,
+               res[g].done ? res[g].msg : "did not finish");
+  nodes_stop(&ns);
+  ck_assert_msg(!early, "the ranks on node 1 returned from call 3 before rank 0 read call 1, "
+                "whose blocks call 3 reuses (seed %llu):%s", (unsigned long long)ow_seed, all);
+  ck_assert_msg(ok, "split calls across nodes (seed %llu): ranks failed:%s",
+                (unsigned long long)ow_seed, all);
+  munmap(res, XS_WORLD * sizeof *res);
+  munmap(shared, 4096);
+  ow_case_free(&x->p.a);
+  ow_case_free(&x->p.b);
+  free(x);
+}
+END_TEST
+
 Suite *ops_split_suite(void);
 Suite *ops_split_suite(void) {
   Suite *s = suite_create("ops_split");
@@ -553,5 +677,9 @@ Suite *ops_split_suite(void) {
   tcase_add_test(t, invalid_sequences_are_refused_naming_phases_and_the_job_goes_on);
   tcase_add_test(t, wait_costs_are_added_by_receives_only);
   suite_add_tcase(s, t);
+  TCase *x = tcase_create("across_nodes");
+  tcase_set_timeout(x, 180);
+  tcase_add_test(x, across_nodes_a_slow_receiver_is_not_overwritten);
+  suite_add_tcase(s, x);
   return s;
 }

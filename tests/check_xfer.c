@@ -264,6 +264,11 @@ START_TEST(a_frame_the_job_does_not_allow_is_refused_before_a_byte_is_written) {
       {0, xf_kind(2, 1, S, 0, rb), DEP_ERR_PROTOCOL, "a slot alone with rows"},
       {0, xf_kind(2, 1, K, mt + 1, 0), DEP_ERR_PROTOCOL, "a credit past the call's rows"},
       {0, xf_kind(2, 1, K, 0, rb), DEP_ERR_PROTOCOL, "a credit with bytes"},
+      {0, xf_kind(2, 1, DEP_XRING_TAKEN, 0, 0), 0, "a taken word"},
+      {0, xf_kind(2, 1, DEP_XRING_TAKEN, 0, rb), DEP_ERR_PROTOCOL, "a taken word with bytes"},
+      {0, xf_kind(2, 1, DEP_XRING_TAKEN, 1, 0), DEP_ERR_PROTOCOL, "a taken word with a row"},
+      {0, xf_kind(2, 1, DEP_XRING_TAKEN | C, 0, rb), DEP_ERR_PROTOCOL,
+       "a chunk and a taken word at once"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     struct xfer_target t;
@@ -305,7 +310,7 @@ END_TEST
 
 /* A chunk lands at its ring rows, its mark says which call's rows up to
  * where are in; a credit is the destination's out slot's, and the largest
- * of two that cross stands. */
+ * of two that cross stands, as of two taken words. */
 START_TEST(a_chunk_lands_at_its_ring_rows_and_a_credit_only_grows) {
   struct xf f;
   xf_make(&f, "xf");
@@ -332,6 +337,22 @@ START_TEST(a_chunk_lands_at_its_ring_rows_and_a_credit_only_grows) {
   ck_assert_int_eq(xf_target(0, &c, &t), 0);
   xfer__frame_publish(&t, &c);
   ck_assert_uint_eq(atomic_load(t.credit), DEP_SLAB_CHAN_AT(9, 7));
+
+  /* A taken word (split calls, host_ops.h): the call, into the out slot's taken word of the
+   * parity; a smaller one come later leaves it. */
+  struct dep_xfer_hdr k = xf_kind(2, 1, DEP_XRING_TAKEN, 0, 0);
+  k.seq = 11;
+  ck_assert_int_eq(xf_target(0, &k, &t), 0);
+  ck_assert_ptr_eq((uint8_t *)t.credit, f.region[1] + dep_slab_out_slot(l, 1, 0) +
+                                            offsetof(struct ops_slot, taken));
+  ck_assert_ptr_null(t.payload);
+  ck_assert_ptr_null(t.slot);
+  xfer__frame_publish(&t, &k);
+  ck_assert_uint_eq(atomic_load(t.credit), 11);
+  k.seq = 9;
+  ck_assert_int_eq(xf_target(0, &k, &t), 0);
+  xfer__frame_publish(&t, &k);
+  ck_assert_uint_eq(atomic_load(t.credit), 11);
   xf_free(&f);
 }
 END_TEST

@@ -217,6 +217,102 @@ START_TEST(init_refuses_a_remote_rank_without_a_ring_and_a_ring_of_another_rank)
 }
 END_TEST
 
+/* ---- split calls, the daemons played by the test --------------------------------------- */
+
+/* A low-latency dispatch of one token to rank 1's experts (2 and 3), in phases, into h
+ * (rows into rx: 2 experts x 2 ranks x max_ll_tokens bf16 rows of 128). */
+static int ring_ll(struct ring_rank *r, struct dep_handle *h, uint16_t *rx, uint32_t phases) {
+  static uint16_t x[128];
+  static int64_t idx[2] = {2, 3};
+  static int32_t cnt[2];
+  struct dep_ll_dispatch_args a = {.size = sizeof a, .x = x, .topk_idx = idx,
+                                   .index_type = DEP_INDEX_I64, .num_tokens = 1, .recv_x = rx,
+                                   .recv_count = cnt, .phases = phases};
+  return host_ops_ll_dispatch(&r->c, &a, h);
+}
+
+/* Rank 1's post of call seq to rank 0 (no rows), as its node's daemon writes it. */
+static struct ops_slot *ring_post_in(struct ring_rank *r, uint64_t seq, uint32_t prev_read) {
+  struct ops_slot *in =
+      (struct ops_slot *)(dep_xring_xchg(r->ring) + dep_slab_in_slot(&r->lay, seq & 1, 0));
+  in->rows = 0;
+  in->op = OPS_OP_LL_DISPATCH;
+  in->prev_read = prev_read;
+  atomic_store_explicit(&in->flag, seq, memory_order_release);
+  return in;
+}
+
+/* How rank 1 says it has read call 1, or (RING_NONE) does not. */
+enum ring_read { RING_NONE, RING_TAKEN_FRAME, RING_PREV_READ, RING_POST_3 };
+
+/*
+ * Split calls in a job across nodes (host_ops.h "Split calls"): without
+ * split_far (the cuda backend's kernels carry no taken back) a split send
+ * is DEP_ERR_UNSUPPORTED and nothing reaches the ring.  With it: send 1,
+ * send 2, both of rank 1's posts in (its call 2 posted before it read call
+ * 1: prev_read 0), the receive of call 1, which stores its taken word in
+ * the in slot and pushes a TAKEN descriptor for rank 1 (its receive ran
+ * after a later send), the receive of call 2 (no descriptor: no later send
+ * yet); then send 3, which reuses call 1's out block and rank 1's in block,
+ * waits until rank 1 says it has read call 1: through its taken frame
+ * (the out slot's taken word), its post of call 2 (prev_read) or its post
+ * of call 3.  With none of them it times out naming call 1, having written
+ * nothing (the old code posted it at once).
+ */
+START_TEST(a_split_call_across_nodes_waits_for_the_remote_receivers_read) {
+  for (int how = RING_NONE; how <= RING_POST_3; how++) {
+    struct ring_rank r;
+    ring_rank_open(&r, 300);
+    struct dep_handle h2;
+    host_ops_handle_init(&h2);
+    uint16_t *rx = malloc((size_t)2 * 2 * r.lay.max_ll_tokens * 128 * 2);
+    ck_assert_ptr_nonnull(rx);
+    uint8_t *xchg = dep_xring_xchg(r.ring);
+    if (how == RING_NONE) {
+      ck_assert_int_eq(ring_ll(&r, &r.h, rx, DEP_LL_SEND), DEP_ERR_UNSUPPORTED);
+      ck_assert_uint_eq(atomic_load(&r.ring->head), 0);
+    }
+    r.c.split_far = 1;
+    ck_assert_msg(ring_ll(&r, &r.h, rx, DEP_LL_SEND) == 0, "%s", r.c.why);
+    ck_assert_msg(ring_ll(&r, &h2, rx, DEP_LL_SEND) == 0, "%s", r.c.why);
+    ck_assert_uint_eq(atomic_load(&r.ring->head), 2);
+    struct ops_slot *in1 = ring_post_in(&r, 1, 1);
+    ring_post_in(&r, 2, 0);
+    ck_assert_msg(ring_ll(&r, &r.h, rx, DEP_LL_RECV) == 0, "%s", r.c.why);
+    ck_assert_uint_eq(atomic_load(&r.ring->head), 3);
+    const struct dep_xring_desc *d = &r.ring->desc[2];
+    ck_assert_uint_eq(d->kind, DEP_XRING_TAKEN);
+    ck_assert_uint_eq(d->dest, 1);
+    ck_assert_uint_eq(d->seq, 1);
+    ck_assert_uint_eq(d->parity, 1);
+    ck_assert_uint_eq(atomic_load(&in1->taken), 1);
+    ck_assert_msg(ring_ll(&r, &h2, rx, DEP_LL_RECV) == 0, "%s", r.c.why);
+    ck_assert_uint_eq(atomic_load(&r.ring->head), 3);
+    struct ops_slot *out1 = (struct ops_slot *)(xchg + dep_slab_out_slot(&r.lay, 1, 0));
+    if (how == RING_TAKEN_FRAME)
+      atomic_store(&out1->taken, 1); /* as the daemon stores a TAKEN frame's word */
+    else if (how == RING_PREV_READ)
+      ring_post_in(&r, 2, 1);
+    else if (how == RING_POST_3)
+      ring_post_in(&r, 3, 0);
+    const int rc = ring_ll(&r, &r.h, rx, DEP_LL_SEND);
+    if (how == RING_NONE) {
+      ck_assert_int_eq(rc, DEP_ERR_TIMEOUT);
+      ck_assert_msg(strstr(r.c.why, "has not read call 1") != NULL, "%s", r.c.why);
+      ck_assert_uint_eq(atomic_load(&r.ring->head), 3);
+      ck_assert_uint_eq(atomic_load(&out1->flag), 1);
+    } else {
+      ck_assert_msg(rc == 0, "way %d: %s", how, r.c.why);
+      ck_assert_uint_eq(atomic_load(&r.ring->head), 4);
+      ck_assert_uint_eq(atomic_load(&out1->flag), 3);
+    }
+    free(rx);
+    host_ops_handle_fini(&h2);
+    ring_rank_close(&r);
+  }
+}
+END_TEST
+
 Suite *xnode_ring_suite(void);
 Suite *xnode_ring_suite(void) {
   Suite *s = suite_create("xnode_ring");
@@ -226,6 +322,7 @@ Suite *xnode_ring_suite(void) {
   tcase_add_test(r, a_full_ring_is_a_bounded_wait_that_overwrites_nothing);
   tcase_add_test(r, a_ring_the_proxy_stopped_fails_the_call_at_once);
   tcase_add_test(r, init_refuses_a_remote_rank_without_a_ring_and_a_ring_of_another_rank);
+  tcase_add_test(r, a_split_call_across_nodes_waits_for_the_remote_receivers_read);
   suite_add_tcase(s, r);
   return s;
 }

@@ -98,7 +98,10 @@ static void xn_rank_main(const char *sock, const char *job, const struct xn_run 
   }
   struct ow_outs o;
   ow_outs_alloc(&o, d);
-  for (uint32_t i = 0; (run->until_error || i < run->rounds) && rc == 0; i++) {
+  if (run->body != NULL)
+    rc = run->body(c, run, rank, res);
+  for (uint32_t i = 0; run->body == NULL && (run->until_error || i < run->rounds) && rc == 0;
+       i++) {
     int fp8 = run->alternate_fp8 ? (int)(i & 1) : d->sc.fp8;
     if (run->slow_ms > 0 && rank == run->slow_rank)
       dw_sleep_ms((int)run->slow_ms);

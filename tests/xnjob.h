@@ -19,6 +19,12 @@
 
 #define XN_OP_TIMEOUT_MS 4000
 
+struct xn_run;
+/* A rank's whole run in place of xn_round's rounds (xn_run.body): 0, a DEP_ERR_* or 1 (a
+ * wrong result), res->msg saying which. */
+typedef int xn_body_fn(dep_client_t *c, const struct xn_run *run, uint32_t rank,
+                       struct xn_result *res);
+
 struct xn_run {
   const struct ow_case *d;
   uint32_t rounds;           /* rounds of layout, dispatch, combine, LL dispatch, LL combine */
@@ -33,6 +39,8 @@ struct xn_run {
   uint32_t slow_ms;          /* > 0: rank slow_rank sleeps this long before each round, so
                                 that the others' calls outrun it (a credit test) */
   uint32_t slow_rank;
+  xn_body_fn *body;          /* non-NULL: each rank runs it once instead of the rounds */
+  void *arg;                 /* ... with this (memory the test shares with the ranks) */
 };
 
 /* Where each global rank runs: node, local rank, and the node's rank count. */

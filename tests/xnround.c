@@ -229,3 +229,89 @@ out:
   free(x8), free(rx8), free(xs), free(rxs), free(ow);
   return rc;
 }
+
+/* One step of an interleaving: dispatch or combine, of micro-batch mb, send or receive. */
+struct xn_step {
+  char op;
+  int mb;
+  uint32_t phase;
+};
+static const struct xn_step xn_split_modes[2][8] = {
+  {{'d', 0, DEP_LL_SEND}, {'d', 1, DEP_LL_SEND}, {'d', 0, DEP_LL_RECV}, {'c', 0, DEP_LL_SEND},
+   {'d', 1, DEP_LL_RECV}, {'c', 1, DEP_LL_SEND}, {'c', 0, DEP_LL_RECV}, {'c', 1, DEP_LL_RECV}},
+  {{'d', 0, DEP_LL_SEND}, {'d', 1, DEP_LL_SEND}, {'d', 0, DEP_LL_RECV}, {'d', 1, DEP_LL_RECV},
+   {'c', 0, DEP_LL_SEND}, {'c', 1, DEP_LL_SEND}, {'c', 0, DEP_LL_RECV}, {'c', 1, DEP_LL_RECV}},
+};
+
+/* Step i of interleaving mode on rank r's micro-batch of case d, checked where it receives. */
+static int xn_split_step(dep_client_t *c, const struct ow_case *d, uint32_t r, struct ow_outs *o,
+                         dep_handle_t *h, const struct xn_step *st, int mode, int i,
+                         struct xn_result *res) {
+  const struct ref_rank_in *il = &d->in_ll[r];
+  int rc;
+  if (st->op == 'd') {
+    struct dep_ll_dispatch_args a = {.size = sizeof a, .x = il->x, .topk_idx = d->idx[r],
+                                     .index_type = d->sc.itype, .num_tokens = il->num_tokens,
+                                     .recv_x = o->lx, .recv_count = o->lcnt,
+                                     .phases = st->phase};
+    rc = dep_ll_dispatch(c, &a, h, NULL);
+  } else {
+    struct dep_ll_combine_args a = {.size = sizeof a, .x = d->lx[r], .topk_idx = d->idx[r],
+                                    .index_type = d->sc.itype, .topk_weights = il->topk_weights,
+                                    .out = o->lout, .phases = st->phase};
+    rc = dep_ll_combine(c, &a, h, NULL);
+  }
+  const char *what = st->op == 'd' ? "dispatch" : "combine";
+  const char *half = st->phase == DEP_LL_SEND ? "send" : "receive";
+  if (rc != 0) {
+    res->fail_ms = xn_mono_ms();
+    snprintf(res->msg, sizeof res->msg, "split calls, interleaving %d, step %d (%s %s of "
+             "micro-batch %c): %s: %s [%s]", mode, i + 1, what, half, 'A' + st->mb,
+             dep_errname(rc), dep_errmsg(c), d->desc);
+    return rc;
+  }
+  if (st->phase != DEP_LL_RECV)
+    return 0;
+  if (st->op == 'c')
+    return ow_check_sum(o->lout, &d->llc[r], il->num_tokens, d->sc.hidden, "split ll_combine",
+                        d->desc, res->msg);
+  const struct ref_ll_out *e = &d->ll[r];
+  const size_t hs = d->sc.hidden;
+  for (uint32_t l = 0; l < d->le; l++)
+    if (o->lcnt[l] != e->count[l] ||
+        memcmp((const uint16_t *)o->lx + (size_t)l * d->rows_ll * hs,
+               e->x + (size_t)l * d->rows_ll * hs, (size_t)e->count[l] * hs * 2) != 0)
+      return ow_fail(res->msg, "split calls, interleaving %d, step %d (dispatch receive of "
+                     "micro-batch %c): expert %u's rows are not the oracle's [%s]", mode, i + 1,
+                     'A' + st->mb, l, d->desc);
+  return 0;
+}
+
+int xn_round_split(dep_client_t *c, const struct ow_case *a, const struct ow_case *b, uint32_t r,
+                   struct ow_outs o[2], xn_split_hook *hook, void *arg, struct xn_result *res) {
+  const struct ow_case *d[2] = {a, b};
+  dep_handle_t *h[2] = {NULL, NULL};
+  int rc = 0;
+  for (int i = 0; rc == 0 && i < 2; i++)
+    if ((rc = dep_handle_new(c, &h[i])) != 0)
+      snprintf(res->msg, sizeof res->msg, "dep_handle_new: %s: %s", dep_errname(rc),
+               dep_errmsg(c));
+  for (int mode = 0; rc == 0 && mode < 2; mode++) {
+    for (int i = 0; i < 2; i++) { /* each receive writes its outputs anew */
+      memset(o[i].lx, 0xA5, o[i].n_lx * 2);
+      memset(o[i].lcnt, 0xA5, d[i]->le * sizeof *o[i].lcnt);
+      memset(o[i].lout, 0xA5, (size_t)d[i]->max_ll * d[i]->sc.hidden * 2);
+    }
+    for (int i = 0; rc == 0 && i < 8; i++) {
+      const struct xn_step *st = &xn_split_modes[mode][i];
+      if (hook != NULL && mode == 0)
+        hook(r, i, 0, arg);
+      rc = xn_split_step(c, d[st->mb], r, &o[st->mb], h[st->mb], st, mode, i, res);
+      if (rc == 0 && hook != NULL && mode == 0)
+        hook(r, i, 1, arg);
+    }
+  }
+  for (int i = 0; i < 2; i++)
+    dep_handle_free(h[i]);
+  return rc;
+}

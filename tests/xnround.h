@@ -47,4 +47,18 @@ int xn_round(dep_client_t *c, const struct ow_case *d, uint32_t r, int fp8, stru
 int xn_round_modes(dep_client_t *c, const struct ow_case *d, uint32_t r, struct ow_outs *o,
                    struct xn_result *res);
 
+/*
+ * Split low-latency calls (deepep.h DEP_LL_SEND, DEP_LL_RECV) of micro-batches A and B (two
+ * cases of one shape, bf16) on rank r, each receive against the oracle, in two
+ * interleavings: pipelined (send 1: dispatch A, send 2: dispatch B, receive 1, send 3:
+ * combine A, receive 2, send 4: combine B, receive 3, receive 4), then two batches
+ * (dispatch sends A, B, receives A, B; combine sends A, B, receives A, B).  o[i] holds
+ * micro-batch i's outputs (ow_outs_alloc of its case).  hook, when not NULL, is called
+ * before (after 0) and after (after 1) each step of the pipelined interleaving (step from
+ * 0).  0, a DEP_ERR_* of a call, or 1; res->msg says which.
+ */
+typedef void xn_split_hook(uint32_t r, int step, int after, void *arg);
+int xn_round_split(dep_client_t *c, const struct ow_case *a, const struct ow_case *b, uint32_t r,
+                   struct ow_outs o[2], xn_split_hook *hook, void *arg, struct xn_result *res);
+
 #endif /* DEP_XNROUND_H */

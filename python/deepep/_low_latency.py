@@ -19,8 +19,8 @@ from .handle import Handle, _capturing
 
 def _sent_split(send: Any, whole: Any) -> bool:
     """A hooked call's send (True), or, where the library runs a call whole (a job across
-    nodes: deepep.h "Split calls", refused before anything was sent), the whole call (False:
-    its hook finds it received)."""
+    nodes on the cuda backend: deepep.h "Split calls", refused before anything was sent), the
+    whole call (False: its hook finds it received)."""
     try:
         send()
         return True

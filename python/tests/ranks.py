@@ -426,8 +426,8 @@ def internode_rank(args) -> List[Dict[str, Any]]:
              "handle": members(h), "inter_handle": members(ih),
              "combined": bits(b.combine(y, h, topk_weights=rw)[0]),
              "inter_combined": bits(b.internode_combine(y, ih, iw)[0])}
-        # The low-latency pair with and without the receive hook: a job across nodes runs a
-        # hooked call whole (the library's split calls are one node's), with the same results.
+        # The low-latency pair with and without the receive hook (split across nodes too, on
+        # the host backend; on cuda deepep runs a hooked call whole): the same results.
         li = inputs(seed, rank, world, it, ll=True)
         lx, lidx = torch.from_numpy(li["x"]).bfloat16().to(dev), torch.from_numpy(li["idx"]).to(dev)
         lw = torch.from_numpy(li["w"]).to(dev)
@@ -711,7 +711,8 @@ def scales_rank(args) -> List[Dict[str, np.ndarray]]:
 
 
 def hook_rank(args) -> List[Dict[str, np.ndarray]]:
-    """Rank `rank` of a job of `world`, showing that return_recv_hook defers the receive.
+    """Rank `rank` of a job of `world` (sock: one daemon's socket, or a tuple of NODES
+    daemons' for a job across nodes), showing that return_recv_hook defers the receive.
     Rank 0 makes a hooked low-latency dispatch, overwrites its x and topk_idx (the caller may,
     once the call returns), then sets `returned`; the other ranks wait for `returned`
     (ceiling `wait_s`) before their own call: a call that received before returning would
@@ -724,8 +725,13 @@ def hook_rank(args) -> List[Dict[str, np.ndarray]]:
     import deepep
     s = shape(world)
     M, E, L = s["max_ll_tokens_per_rank"], s["num_experts"], s["num_experts"] // world
-    b = deepep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
-                      local_world_size=world, socket=sock, **s)
+    if isinstance(sock, tuple):  # a job over NODES daemons: rank r on node r // NODE_RANKS
+        b = deepep.Buffer(job_id=job, rank=rank, world_size=world,
+                          local_rank=rank % NODE_RANKS, local_world_size=NODE_RANKS,
+                          socket=sock[rank // NODE_RANKS], **s)
+    else:
+        b = deepep.Buffer(job_id=job, rank=rank, world_size=world, local_rank=rank,
+                          local_world_size=world, socket=sock, **s)
 
     def load(it):
         li = inputs(seed, rank, world, it, ll=True)

@@ -1,7 +1,9 @@
 """deep_ep's internode handle (DeepEP's internode_dispatch 10-tuple) in a job over two
 daemons on 127.0.0.1, each the other's peer (one node each, as tests/nodes.c starts them):
 dispatch across nodes returns it as DeepEP's does, internode_dispatch too, and both handles
-index as DeepEP's test_internode.py indexes them and serve a cached dispatch and a combine."""
+index as DeepEP's test_internode.py indexes them and serve a cached dispatch and a combine;
+a hooked low-latency call defers its receive across nodes as on one node (host backend)."""
+import multiprocessing as mp
 import os
 import socket
 import subprocess
@@ -14,7 +16,8 @@ import pytest
 
 import conftest
 import ranks
-from test_ops import bf16_bits, expected_rows, every_input, owner
+from test_ops import (bf16_bits, check_ll_combine, check_ll_dispatch, expected_rows,
+                      every_input, owner)
 
 ITERS = 2
 #: A ceiling for the daemons to see each other on a loaded machine, not a timing.
@@ -192,9 +195,8 @@ def test_the_internode_handle_indexes_as_deepeps_test_internode(internode, seed)
 
 
 def test_a_hooked_low_latency_pair_across_nodes_equals_the_unhooked_one(internode):
-    """The receive hook in a job that spans nodes: the library splits a call on one node only,
-    so deepep runs a hooked call whole (its hook finds it received); the rows, counts and
-    combined output are those of the same call without the hook."""
+    """The receive hook in a job that spans nodes (split on the host backend, whole on cuda):
+    the rows, counts and combined output are those of the same call without the hook."""
     W, res = internode
     for r in range(W):
         for it, o in enumerate(res[r]):
@@ -205,3 +207,38 @@ def test_a_hooked_low_latency_pair_across_nodes_equals_the_unhooked_one(internod
                 np.testing.assert_array_equal(x1[e, :n], x0[e, :n],
                                               err_msg=f"rank {r} iteration {it} expert {e}")
             np.testing.assert_array_equal(y1, y0, err_msg=f"rank {r} iteration {it}: combined")
+
+
+#: A ceiling for a rank's wait for rank 0's hooked call to return (process start-up and torch
+#: import on a loaded machine included): it returns at once where the receive is deferred,
+#: and never where it is not.
+HOOK_WAIT_S = 60
+
+
+@pytest.fixture(scope="module")
+def hooked_across(two_nodes, seed):
+    """ranks.hook_rank's results in a job over the two daemons: rank 0's hooked dispatch
+    returns before any other rank, those on the other node included, has made its call (where
+    the receive is deferred: the host backend splits calls across nodes; it raised or ran whole
+    before), then pipelined hooked dispatches with their hooks in reverse order and a hooked
+    combine."""
+    if conftest.BACKEND != "host":
+        pytest.skip("the cuda backend runs a hooked call whole across nodes (deepep.3)")
+    W = ranks.NODES * ranks.NODE_RANKS
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as m, ctx.Pool(W) as pool:
+        returned = m.Event()
+        job = f"pyxnhook-{uuid.uuid4().hex[:8]}"
+        res = pool.map_async(ranks.hook_rank, [(tuple(two_nodes), job, r, W, seed, returned,
+                                                HOOK_WAIT_S) for r in range(W)])
+        return W, res.get(4 * HOOK_WAIT_S)
+
+
+def test_a_hooked_dispatch_across_nodes_returns_before_the_peers_call(hooked_across, seed):
+    W, res = hooked_across
+    check_ll_dispatch(W, res, seed)
+
+
+def test_a_hooked_combine_across_nodes_combines_its_inputs_as_at_the_call(hooked_across, seed):
+    W, res = hooked_across
+    check_ll_combine(W, [r[:1] for r in res], seed)

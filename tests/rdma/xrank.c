@@ -4,7 +4,8 @@
  * dispatch, combine, LL dispatch with FP8 in odd rounds, LL combine) on
  * random inputs drawn from $DEP_TEST_SEED, check each against the oracle
  * as check_xnode does (tests/xnround.h), and print the digest of all it
- * received, which must be the same whether the job spans nodes or not.
+ * received, which must be the same whether the job spans nodes or not;
+ * then split low-latency calls in two interleavings (xn_round_split).
  * Compiled by the scenario against the build's objects.
  *
  *   xrank SOCKET JOB RANK LOCAL_RANK LOCAL_WORLD ROUNDS
@@ -178,7 +179,17 @@ static int xr_main(char **argv) {
   int64_t ms = xn_mono_ms() - t0;
   if (rc != 0)
     printf("rank %u: round %u: %s\n", rank, i, res.msg);
-  else
+  /* Then split calls (their taken words go back over the data path too: host_ops.h "Split
+   * calls"), each receive against the oracle; the digest is the whole rounds'. */
+  struct ow_outs so[2];
+  ow_outs_alloc(&so[0], &d);
+  ow_outs_alloc(&so[1], &d);
+  static struct xn_result sres;
+  if (rc == 0 && (rc = xn_round_split(c, &d, &d, rank, so, NULL, NULL, &sres)) != 0)
+    printf("rank %u: %s\n", rank, sres.msg);
+  ow_outs_free(&so[0]);
+  ow_outs_free(&so[1]);
+  if (rc == 0)
     printf("rank %u: %u rounds ok in %lld ms, digest 0x%016llx [%s]\n", rank, rounds,
            (long long)ms, (unsigned long long)res.digest, d.desc);
   ow_outs_free(&o);
