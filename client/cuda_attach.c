@@ -123,10 +123,11 @@ static int warmup(dep_client_t *c) {
 int cuops_block_layout(const struct dep_job_shape *shape, uint32_t world,
                        const struct dep_slab_layout *lay, int sms, struct dep_slab_priv *out,
                        char *why, size_t whylen) {
-  if (lay->chan_rows < lay->max_tokens) {
+  if (lay->chan_rows < lay->max_tokens && lay->n_remote > 0) {
     snprintf(why, whylen, "deepepd streams this job's throughput operations in chunks of %u rows "
-             "(its stream_chunk_rows), which the cuda kernels do not do yet; set "
-             "stream_chunk_rows: 0 in its configuration", lay->chunk_rows);
+             "(its stream_chunk_rows), which the cuda kernels do within a node only, and this "
+             "job spans nodes; set stream_chunk_rows: 0 in the configuration of its nodes' "
+             "daemons", lay->chunk_rows);
     return DEP_ERR_UNSUPPORTED;
   }
   if (sms < 1 || (unsigned)sms > DEP_SLAB_MAX_SMS) {
@@ -468,6 +469,8 @@ int cuda_ops_attach(dep_client_t *c) {
   j->kd = j->topk < j->le ? j->topk : j->le;
   j->max_tokens = o->shape.max_tokens_per_rank;
   j->max_ll = o->lay.max_ll_tokens;
+  j->chunk_rows = o->lay.chunk_rows;
+  j->chan_rows = o->lay.chan_rows;
   uint32_t budget = 0;
   rc = sm_budget(c, &budget);
   if (rc != 0)

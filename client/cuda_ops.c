@@ -39,6 +39,22 @@ static void cuops_split_words(const struct ops_err_record *r, const char *what, 
              (unsigned long long)r->seen_flag);
 }
 
+/* The words for a streamed call's failures (kernels/ops_stream.cuh), into m. */
+static void cuops_stream_words(const struct ops_err_record *r, int32_t code, const char *what,
+                               char *m, size_t len) {
+  if (r->phase == CUOPS_PHASE_CREDIT)
+    snprintf(m, len, "timeout in %s waiting for rank %u to take this rank's rows out of its "
+             "channel (call %llu, %u ms, %llu rows taken): that rank posted the call but stopped "
+             "receiving (it died or its GPU is stuck); restart the job", what, r->source,
+             (unsigned long long)r->seq, r->waited_ms, (unsigned long long)r->seen_flag);
+  else
+    snprintf(m, len, "in %s (call %llu) rank %u failed its part of the call with %s, and sends "
+             "or takes no more of its rows (its own error says why); %s", what,
+             (unsigned long long)r->seq, r->source, dep_errname((int)(int32_t)r->seen_flag),
+             code == DEP_ERR_PEER ? "the job cannot go on: restart it"
+                                  : "this call's outputs are not valid");
+}
+
 /* The words for a kernel's error record r (code as cuops_poll reads it, what the
  * operation's name), into m: which rank, which call, what it waited for, and what to do. */
 static void cuops_record_words(const dep_client_t *c, const struct ops_err_record *r,
@@ -113,6 +129,10 @@ static void cuops_record_words(const dep_client_t *c, const struct ops_err_recor
   case CUOPS_PHASE_TAKEN:
   case CUOPS_PHASE_UNSENT:
     cuops_split_words(r, what, m, len);
+    break;
+  case CUOPS_PHASE_CREDIT:
+  case CUOPS_PHASE_STOPPED:
+    cuops_stream_words(r, code, what, m, len);
     break;
   default:
     snprintf(m, len, "call %llu (%s): rank %u made another call, combined another dispatch "
@@ -202,7 +222,13 @@ static int cuops_begin(dep_client_t *c, const char *op, CUstream s) {
  * with call_end (ops_dev.cuh), which advances the device's count of calls by one. */
 static bool cuops_communicates(enum cuops_kernel k) {
   return k == CUOPS_K_DISPATCH || k == CUOPS_K_COMBINE || k == CUOPS_K_LL_DISPATCH ||
-         k == CUOPS_K_LL_COMBINE;
+         k == CUOPS_K_LL_COMBINE || k == CUOPS_K_DISPATCH_STREAM || k == CUOPS_K_COMBINE_STREAM;
+}
+
+/* The throughput kernel of a job: the streamed one where the layout makes channels (slab.h). */
+static enum cuops_kernel tp_kernel(const dep_client_t *c, enum cuops_kernel whole,
+                                   enum cuops_kernel streamed) {
+  return c->cuops.job.chan_rows < c->cuops.job.max_tokens ? streamed : whole;
 }
 
 /* Launch k; `counts`: it is a call of the job's sequence, which the host counts where the
@@ -355,7 +381,8 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
       (r = drv()->cuMemsetD32Async((CUdeviceptr)(uintptr_t)a->recv_count_per_expert, 0, le,
                                    s)) != CUDA_SUCCESS)
     return cu_fail(c, op, "cuMemsetD32Async", r);
-  if ((rc = cuops_launch(c, CUOPS_K_DISPATCH, comm_grid(c), 0, &k, s, op)) != 0)
+  if ((rc = cuops_launch(c, tp_kernel(c, CUOPS_K_DISPATCH, CUOPS_K_DISPATCH_STREAM), comm_grid(c),
+                         0, &k, s, op)) != 0)
     return rc;
   if (align != 0 && (rc = cuops_launch(c, CUOPS_K_ALIGN, 1, 0, &k, s, op)) != 0)
     return rc;
@@ -415,7 +442,8 @@ int cuda_ops_combine(dep_client_t *c, const struct dep_combine_args *a, const st
     return rc;
   struct cuops_combine_args k = {a->x, a->out, h->num_tokens, 0, a->topk_weights,
                                  a->out_topk_weights, a->bias_0, a->bias_1, hdl_of(h)};
-  return cuops_launch(c, CUOPS_K_COMBINE, comm_grid(c), 0, &k, s, op);
+  return cuops_launch(c, tp_kernel(c, CUOPS_K_COMBINE, CUOPS_K_COMBINE_STREAM), comm_grid(c), 0,
+                      &k, s, op);
 }
 
 /* A low-latency call's phases as the kernels run them (0 is the whole call). */

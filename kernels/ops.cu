@@ -15,8 +15,11 @@
  * work — in the low-latency ops a fixed share (part b % P of source
  * b / P's rows, or every gridDim.x-th token or row), in the throughput ops
  * rows or tokens claimed from a counter as each becomes ready (the row
- * marks of ops_dev.cuh).  Every CTA doing both halves keeps every warp
- * busy in each phase (a receiver-only CTA idles while the senders run).  Every order is
+ * marks of ops_rows.cuh).  Every CTA doing both halves keeps every warp
+ * busy in each phase (a receiver-only CTA idles while the senders run).
+ * A job that streams is the exception (ops_stream.cuh): a sender waiting
+ * for credit must not hold a receiver back, so there each CTA's first
+ * warps send and the others receive.  Every order is
  * the host's (sources, tokens, k ascending) and every sum a float32 sum in
  * that order with explicit round-to-nearest adds and multiplies (no FMA
  * contraction), so outputs are bit-identical to the host backend's and

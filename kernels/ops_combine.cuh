@@ -9,15 +9,19 @@
 #define DEP_OPS_COMBINE_CUH
 
 #include "ops_dev.cuh"
+#include "ops_stream.cuh"
 
 /* Receiver side shared by both combines: wait, then check that every source
  * answered this handle's dispatch with the expected number of vectors (one
- * that left the job during the wait is masked in k from here on). */
+ * that left the job during the wait is masked in k from here on).  Every
+ * thread of the CTA calls it, or (RING, a streamed combine: ops_stream.cuh)
+ * every receiving one. */
+template <bool RING = false>
 __device__ __forceinline__ bool combine_wait(const cuops_job &J, call &k, uint32_t op, uint64_t hseq,
                              const uint32_t *expect, bool report, int64_t *cost = nullptr) {
   __shared__ peers s_p;
   __shared__ uint32_t s_ok;
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == (RING ? STREAM_RECV_BASE : 0)) {
     uint32_t ok = wait_peers(J, k, op, &s_p, cost) == 0;
     for (uint32_t s = 0; ok && s < J.world; s++)
       if (!skipped(k, s_p, s) &&
@@ -28,7 +32,7 @@ __device__ __forceinline__ bool combine_wait(const cuops_job &J, call &k, uint32
       }
     s_ok = ok;
   }
-  __syncthreads();
+  recv_sync<RING>();
   /* A source gone during the wait (wait_peers) is masked for the rest of the call: its
    * vectors are never read, their contribution zero. */
   k.mask |= s_p.left;

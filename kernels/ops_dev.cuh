@@ -4,7 +4,8 @@
  * acquire at system scope, bounded waits on %globaltimer, the error
  * record), number formats bit-identical to kernels/host_ops.c, 16-byte
  * vector copies, a block-wide prefix sum and the declaration every kernel
- * has (KERNEL).  The ABI and the protocol are described in proto/kabi.h.
+ * has (KERNEL); the throughput rows' marks are ops_rows.cuh's.  The ABI
+ * and the protocol are described in proto/kabi.h.
  */
 #ifndef DEP_OPS_DEV_CUH
 #define DEP_OPS_DEV_CUH
@@ -27,6 +28,8 @@
 namespace deepepd {
 TIMED_KERNEL dispatch(const cuops_job J, const cuops_dispatch_args a);
 TIMED_KERNEL combine(const cuops_job J, const cuops_combine_args a);
+TIMED_KERNEL dispatch_stream(const cuops_job J, const cuops_dispatch_args a);
+TIMED_KERNEL combine_stream(const cuops_job J, const cuops_combine_args a);
 namespace ll {
 TIMED_KERNEL dispatch(const cuops_job J, const cuops_ll_dispatch_args a);
 TIMED_KERNEL combine(const cuops_job J, const cuops_ll_combine_args a);
@@ -390,6 +393,8 @@ __device__ __forceinline__ void call_end(const cuops_job &J, const call &k, uint
     if (atomicAdd(&J.dev->done, 1u) == gridDim.x - 1) {
       J.dev->done = 0;
       J.dev->ticket = 0; /* the throughput ops' work counter, for the next call */
+      for (uint32_t s = 0; J.chan_rows < J.max_tokens && s < J.world; s++)
+        J.dev->chan_took[s] = 0; /* a streamed call's channels, for the next call */
       if (k.phase != CUOPS_SEND && !k.skip) {
         __threadfence_system(); /* every CTA's reads of the blocks before the word */
         for (uint32_t s = 0; s < J.world; s++)
@@ -528,73 +533,6 @@ __device__ __forceinline__ void post(const cuops_job &J, const call &k, uint32_t
                                   uint32_t op, uint64_t ref_seq, uint32_t num_tokens,
                                   uint64_t bytes) {
   arrive(J, k, d, J.parts, true, rows, op, ref_seq, num_tokens, bytes);
-}
-
-/* ---- row marks (throughput ops) ----------------------------------------------------
- * A throughput row carries, in its meta word 3 (host_ops.h leaves it
- * unused), the call that wrote it: never 0 (a scrubbed slab), and a row
- * left from the call before of the same parity holds another value, so a
- * receiver waits on exactly this call's row.  Calls 2^31 apart share a
- * mark; a row index is rewritten long before that.
- */
-__device__ __forceinline__ uint32_t row_tag(uint64_t seq) {
-  return ((uint32_t)seq & 0x7fffffffu) | 0x80000000u;
-}
-
-__device__ __forceinline__ uint32_t *row_tag_at(const cuops_job &J, uint8_t *row) {
-  return (uint32_t *)(row + 2ull * J.hidden + 12);
-}
-
-/*
- * Every lane of a sender warp, after writing its rows: make them visible
- * (system scope: the receiver may be another GPU), then mark them.  Lane
- * L marks the warp's L-th row in the list (first, first + step, ...).
- */
-__device__ __forceinline__ void mark_rows(const cuops_job &J, const call &k, uint8_t *blk,
-                                          uint32_t first, uint32_t step, uint32_t end) {
-  __syncwarp();
-  __threadfence_system();
-  const uint32_t lane = threadIdx.x & 31u, tag = row_tag(k.seq);
-  for (uint32_t i = first + lane * step; i < end; i += 32 * step)
-    *(volatile uint32_t *)row_tag_at(J, blk + (uint64_t)i * J.row_bytes) = tag;
-}
-
-/*
- * A warp waits, bounded, until every lane's row (row != NULL) carries this
- * call's mark.  Lane `src` names the failing source in the error record.
- * True when every row is there; false when the call failed (recorded here
- * or by another CTA).  Ends with __syncwarp, which orders each lane's
- * acquire before the warp's reads of any of the rows.
- */
-__device__ __forceinline__ bool wait_rows(const cuops_job &J, const call &k, uint32_t op,
-                                          const uint8_t *row, uint32_t src) {
-  const uint32_t want = row_tag(k.seq);
-  const uint32_t *tag = row != NULL ? row_tag_at(J, (uint8_t *)row) : NULL;
-  for (uint32_t i = 0;; i++) {
-    uint32_t seen = tag != NULL ? ld_acquire_sys32(tag) : want;
-    uint32_t late = __ballot_sync(FULL_MASK, seen != want);
-    if (late == 0)
-      break;
-    if ((i & 31u) == 31u) {
-      /* lane 0's reading for all: the warp must leave together */
-      uint64_t waited = __shfl_sync(FULL_MASK, globaltimer_ns() - k.t0, 0);
-      bool broken = __shfl_sync(FULL_MASK, *(volatile uint32_t *)&J.dev->broken, 0) != 0;
-      /* the first late lane's source: the rank this wait is stuck on */
-      const uint32_t late_src = __shfl_sync(FULL_MASK, src, __ffs(late) - 1);
-      bool gone = __shfl_sync(FULL_MASK, (threadIdx.x & 31u) == 0 && !broken &&
-                                             job_aborted(J, k, late_src, waited), 0);
-      const bool first_late = (threadIdx.x & 31u) == (uint32_t)(__ffs(late) - 1);
-      if (gone && first_late)
-        rec_gone(J, op, k.seq, waited);
-      else if (waited > J.timeout_ns && !broken && first_late)
-        rec_fail(J, DEP_ERR_TIMEOUT, op, src, CUOPS_PHASE_ROW, k.seq, seen, waited);
-      if (waited > J.timeout_ns || broken || gone)
-        return false;
-      __nanosleep(32);
-    }
-  }
-  __syncwarp();
-  return true;
 }
 
 /* What a receiver CTA learns from every source's slot. */

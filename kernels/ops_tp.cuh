@@ -8,6 +8,7 @@
 #define DEP_OPS_TP_CUH
 
 #include "ops_dev.cuh"
+#include "ops_stream.cuh"
 
 /* ---- layout: local, no communication ------------------------------------------- */
 
@@ -76,7 +77,7 @@ KERNEL dep__k_layout(const cuops_job J, const cuops_layout_args a) {
  * each group makes for that rank, meet once (a barrier of the whole grid:
  * every CTA is resident, kabi.h), learn from the counts of the groups
  * before theirs where their rows go, and write them, marking them as they
- * go (the row marks of ops_dev.cuh); part 0's first warp posts the rank's
+ * go (the row marks of ops_rows.cuh); part 0's first warp posts the rank's
  * row count before any row.  Then each warp claims rows to receive from a
  * counter shared by the grid, sources from this rank onwards (its own rows
  * come first: they are written soonest), waits for each row's mark and
@@ -157,24 +158,89 @@ __device__ __forceinline__ void dispatch_payload(const cuops_job &J, const cuops
 }
 
 /*
+ * Step 3 of dispatch_send: the calling sender warp writes the rows of its
+ * group's tokens t0..t1 (go_bits) for rank d from row `before` on, marked
+ * every few (RING: into d's channel, each once d has room for it, and
+ * stamped).  False when a RING wait ended it: the call failed, or d left
+ * the job (nothing more goes to it).
+ */
+template <bool RING>
+__device__ __forceinline__ bool dispatch_rows(const cuops_job &J, const cuops_dispatch_args &a,
+                                              const call &k, uint32_t d, uint32_t t0, uint32_t t1,
+                                              const uint32_t *go_bits, uint32_t before) {
+  const uint32_t lane = threadIdx.x & 31u, K = J.topk, h = J.hidden;
+  uint8_t *blk = send_block(J, k.parity, d);
+  uint32_t row = before, marked = before, credited = 0;
+  for (uint32_t b = t0; b < t1; b += 32) {
+    for (uint32_t bits = go_bits[(b - t0) / 32]; bits != 0; bits &= bits - 1) {
+      const uint32_t t = b + __ffs(bits) - 1;
+      if (RING && row >= J.chan_rows + credited) {
+        stamp_rows(J, k, blk, marked, 1, row);
+        marked = row;
+        if (wait_credit(J, k, dispatch_op(a), d, row, &credited) <= 0)
+          return false;
+      }
+      uint8_t *dst = stream_row<RING>(J, blk, row);
+      dispatch_payload(J, a, dst, t);
+      int32_t *meta = (int32_t *)(dst + 2ull * h);
+      if (lane == 0) {
+        meta[0] = (int32_t)t;
+        meta[1] = (int32_t)K;
+      }
+      if (!a.cached) {
+        int64_t e;
+        const bool mine = id_for(J, a, t, d, false, &e);
+        if (lane == 0)
+          a.h.tp_pos[(uint64_t)t * J.world + d] = (int32_t)row;
+        if (lane < K) {
+          ((int32_t *)(meta + 4))[lane] = mine ? (int32_t)((uint64_t)e % J.le) : -1;
+          ((float *)(meta + 4 + K))[lane] = mine ? a.w[(uint64_t)t * K + lane] : 0.0f;
+        }
+      }
+      row++;
+      if (row - marked == DISPATCH_MARK_EVERY) {
+        if (RING)
+          stamp_rows(J, k, blk, marked, 1, row);
+        else
+          mark_rows(J, k, blk, marked, 1, row);
+        marked = row;
+      }
+    }
+  }
+  if (RING)
+    stamp_rows(J, k, blk, marked, 1, row);
+  else if (row > marked)
+    mark_rows(J, k, blk, marked, 1, row);
+  return true;
+}
+
+/*
  * Sender part `part` for rank d; false when the call failed.  A masked d
  * is sent nothing: no slot, no row (kabi.h "Masked ranks").  A cached
  * dispatch (a.cached) sends each token to the row its handle's dispatch
  * gave it (tp_pos), so it needs neither the counts nor the grid barrier:
  * the rows of a group of tokens are still contiguous, in token order.
+ * RING (a streamed call, ops_stream.cuh): the CTA's first STREAM_SEND_WARPS
+ * warps send, into d's channel as its credit allows; the others only meet
+ * the grid with them, and return true.
  */
+template <bool RING>
 __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_dispatch_args &a,
                                               const call &k, uint32_t d, uint32_t part) {
-  const uint32_t lane = threadIdx.x & 31u, K = J.topk, h = J.hidden;
-  const uint32_t ng = J.parts * CUOPS_WARPS, g = part * CUOPS_WARPS + (threadIdx.x >> 5);
+  constexpr uint32_t NW = RING ? STREAM_SEND_WARPS : CUOPS_WARPS; /* sender warps a CTA */
+  const uint32_t lane = threadIdx.x & 31u, K = J.topk, warp = threadIdx.x >> 5;
+  const bool sends = warp < NW;
+  const uint32_t ng = J.parts * NW, g = part * NW + warp;
   const uint32_t gs = (a.num_tokens + ng - 1) / ng;
   const uint32_t t0 = min(g * gs, a.num_tokens), t1 = min(t0 + gs, a.num_tokens);
   uint32_t *cnt = J.tcnt + (uint64_t)d * ng;
   /* which of the group's tokens go to d, a bit each (the group is at most
-   * DEP_SHAPE_MAX_TOKENS / CUOPS_WARPS tokens: one part, the largest max_tokens_per_rank) */
-  __shared__ uint32_t s_go[CUOPS_WARPS][DEP_SHAPE_MAX_TOKENS / CUOPS_WARPS / 32];
-  uint32_t *go_bits = s_go[threadIdx.x >> 5];
+   * DEP_SHAPE_MAX_TOKENS / NW tokens: one part, the largest max_tokens_per_rank) */
+  __shared__ uint32_t s_go[DEP_SHAPE_MAX_TOKENS / 32];
+  uint32_t *go_bits = s_go + (sends ? warp : 0) * (DEP_SHAPE_MAX_TOKENS / NW / 32);
   uint32_t before = 0, all = 0; /* the rows before the group's, and to d in all */
+  if (a.cached && !sends)
+    return true;
   if (a.cached) {
     /* 1'. the handle says which tokens go to d and where the group's rows start */
     bool first = true;
@@ -196,7 +262,7 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
   } else {
     /* 1. count the group's rows for d: lane i takes every 32nd token */
     uint32_t c = 0;
-    for (uint32_t b = t0; b < t1; b += 32) {
+    for (uint32_t b = t0; sends && b < t1; b += 32) {
       const uint32_t t = b + lane;
       bool go = false; /* every id read: rank 0's senders report bad ones */
       for (uint32_t j = 0; t < t1 && j < K; j++) {
@@ -210,10 +276,12 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
         go_bits[(b - t0) / 32] = bits;
       c += __popc(bits);
     }
-    if (lane == 0)
+    if (lane == 0 && sends)
       cnt[g] = c;
     if (!grid_meet(J, k, OPS_OP_DISPATCH))
       return false;
+    if (!sends)
+      return true;
     /* 2. where the group's rows start: the rows of the groups before it */
     for (uint32_t i = lane; i < ng; i += 32) {
       uint32_t v = __ldcg(cnt + i);
@@ -229,40 +297,11 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
     if (g == 0 && lane == 0 && !masked(k, d))
       post_header(J, k, d, all, dispatch_op(a), 0, a.num_tokens);
   }
-  /* 3. the rows, marked every few */
-  uint8_t *blk = send_block(J, k.parity, d);
-  uint32_t row = before, marked = before;
-  for (uint32_t b = t0; b < t1; b += 32) {
-    for (uint32_t bits = go_bits[(b - t0) / 32]; bits != 0; bits &= bits - 1) {
-      const uint32_t t = b + __ffs(bits) - 1;
-      uint8_t *dst = blk + (uint64_t)row * J.row_bytes;
-      dispatch_payload(J, a, dst, t);
-      int32_t *meta = (int32_t *)(dst + 2ull * h);
-      if (lane == 0) {
-        meta[0] = (int32_t)t;
-        meta[1] = (int32_t)K;
-      }
-      if (!a.cached) {
-        int64_t e;
-        const bool mine = id_for(J, a, t, d, false, &e);
-        if (lane == 0)
-          a.h.tp_pos[(uint64_t)t * J.world + d] = (int32_t)row;
-        if (lane < K) {
-          ((int32_t *)(meta + 4))[lane] = mine ? (int32_t)((uint64_t)e % J.le) : -1;
-          ((float *)(meta + 4 + K))[lane] = mine ? a.w[(uint64_t)t * K + lane] : 0.0f;
-        }
-      }
-      row++;
-      if (row - marked == DISPATCH_MARK_EVERY) {
-        mark_rows(J, k, blk, marked, 1, row);
-        marked = row;
-      }
-    }
-  }
-  if (row > marked)
-    mark_rows(J, k, blk, marked, 1, row);
+  /* 3. the rows, marked every few (RING: stamped, each once d has room for it) */
+  if (!dispatch_rows<RING>(J, a, k, d, t0, t1, go_bits, before))
+    return RING; /* RING: d left the job, or the call failed (a sender's end either way) */
   __syncwarp();
-  if (lane == 0) /* a remote d: the block goes to the proxy once every group's rows are in */
+  if (!RING && lane == 0) /* a remote d: the block goes to the proxy once every group's rows are in */
     arrive(J, k, d, ng, false, 0, dispatch_op(a), 0, a.num_tokens, (uint64_t)all * J.row_bytes);
   return true;
 }
@@ -286,10 +325,12 @@ __device__ __forceinline__ bool dispatch_slot_bad(const cuops_job &J,
 }
 
 /* A cached dispatch's rows from a masked source, whose place its handle keeps: zeros, over
- * the grid (the host backend's too).  Rare: a rank masked since the handle's dispatch. */
+ * the grid's receiving threads (nt a CTA, this one tid of them; the host backend's too).
+ * Rare: a rank masked since the handle's dispatch. */
 __device__ __forceinline__ void dispatch_zero_masked(const cuops_job &J,
                                                      const cuops_dispatch_args &a, const call &k,
-                                                     const uint32_t *off) {
+                                                     const uint32_t *off, uint32_t tid,
+                                                     uint32_t nt) {
   if (!a.cached || k.mask == 0)
     return;
   const uint32_t h = J.hidden, G = h / 128;
@@ -298,29 +339,44 @@ __device__ __forceinline__ void dispatch_zero_masked(const cuops_job &J,
     if (!masked(k, s))
       continue;
     const uint64_t n = (uint64_t)a.h.tp_from[s];
-    for (uint64_t i = (uint64_t)blockIdx.x * CUOPS_THREADS + threadIdx.x; i < n * rb;
-         i += (uint64_t)gridDim.x * CUOPS_THREADS)
+    for (uint64_t i = (uint64_t)blockIdx.x * nt + tid; i < n * rb; i += (uint64_t)gridDim.x * nt)
       ((uint8_t *)a.rx)[(uint64_t)off[s] * rb + i] = 0;
     if (a.fp8)
-      for (uint64_t i = (uint64_t)blockIdx.x * CUOPS_THREADS + threadIdx.x; i < n * G;
-           i += (uint64_t)gridDim.x * CUOPS_THREADS)
+      for (uint64_t i = (uint64_t)blockIdx.x * nt + tid; i < n * G; i += (uint64_t)gridDim.x * nt)
         a.rxs[(uint64_t)off[s] * G + i] = 0.0f;
   }
 }
 
-/* Every warp: claim rows from the grid's counter, sources from this rank
- * on, and copy each into recv_x after every earlier source's rows.  A
+/* With num_worst_tokens, the rows past the `total` received get ids -1 and weights 0 (DeepEP's
+ * padding), over the grid's receiving threads (nt a CTA, this one tid of them). */
+__device__ __forceinline__ void dispatch_pad(const cuops_job &J, const cuops_dispatch_args &a,
+                                             uint32_t total, uint32_t tid, uint32_t nt) {
+  if (a.worst <= total || a.cached)
+    return;
+  const uint32_t K = J.topk;
+  for (uint64_t i = (uint64_t)total * K + (uint64_t)blockIdx.x * nt + tid;
+       i < (uint64_t)a.worst * K; i += (uint64_t)gridDim.x * nt) {
+    ridx_put(a, i, -1);
+    a.rw[i] = 0.0f;
+  }
+}
+
+/* Every warp (RING: every receiving warp): claim rows from the grid's
+ * counter, sources from this rank on, and copy each into recv_x after
+ * every earlier source's rows (RING: then take it out of its channel).  A
  * cached dispatch checks that every source routed by the same dispatch,
  * with the rows that dispatch sent here, and leaves the handle as it is;
  * with num_worst_tokens the rows past those received get ids -1 and
  * weights 0 (DeepEP's padding). */
+template <bool RING>
 __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_dispatch_args &a,
                                               const call &k) {
+  constexpr uint32_t BASE = RING ? STREAM_RECV_BASE : 0, NT = CUOPS_THREADS - BASE;
   __shared__ peers s_p;
   __shared__ uint32_t s_ok, s_off[CUOPS_MAX_RANKS], s_first[CUOPS_MAX_RANKS + 1];
   const uint32_t K = J.topk, h = J.hidden, W = J.world, lane = threadIdx.x & 31u;
-  const uint32_t op = dispatch_op(a);
-  if (threadIdx.x == 0) {
+  const uint32_t op = dispatch_op(a), tid = threadIdx.x - BASE;
+  if (tid == 0) {
     uint32_t ok = wait_peers(J, k, op, &s_p) == 0, off = 0;
     const uint64_t hseq = a.cached ? *a.h.seq : 0;
     for (uint32_t s = 0; ok && s < W; s++) {
@@ -354,17 +410,12 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
         *a.h.seq = k.seq;
     }
   }
-  __syncthreads();
+  recv_sync<RING>();
   if (!s_ok)
     return;
   const uint32_t total = s_first[W];
-  dispatch_zero_masked(J, a, k, s_off);
-  if (a.worst > total && !a.cached)
-    for (uint64_t i = (uint64_t)total * K + (uint64_t)blockIdx.x * CUOPS_THREADS + threadIdx.x;
-         i < (uint64_t)a.worst * K; i += (uint64_t)gridDim.x * CUOPS_THREADS) {
-      ridx_put(a, i, -1);
-      a.rw[i] = 0.0f;
-    }
+  dispatch_zero_masked(J, a, k, s_off, tid, NT);
+  dispatch_pad(J, a, total, tid, NT);
   const uint32_t G = h / 128;
   uint32_t next = lane == 0 ? atomicAdd(&J.dev->ticket, RECV_CLAIM) : 0;
   next = __shfl_sync(FULL_MASK, next, 0);
@@ -381,9 +432,9 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
         q++;
       src = (J.rank + q) % W;
       j = first + lane - s_first[q];
-      row = recv_block(J, k.parity, src) + (uint64_t)j * J.row_bytes;
+      row = stream_row<RING>(J, recv_block(J, k.parity, src), j);
     }
-    if (!wait_rows(J, k, op, row, src))
+    if (!wait_rows<RING>(J, k, op, row, src, j))
       return;
     for (uint32_t i = 0; i < n; i++) {
       const uint8_t *row_i = (const uint8_t *)__shfl_sync(FULL_MASK, (uint64_t)row, i);
@@ -408,13 +459,24 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
           atomicAdd(&a.cnt[l], 1);
       }
     }
+    if (RING && !take_claimed(J, k, op, n, src, j, s_p.rows))
+      return;
   }
 }
 
 TIMED_KERNEL deepepd::dispatch(const cuops_job J, const cuops_dispatch_args a) {
   call k = call_begin(J);
-  if (!k.skip && dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts))
-    dispatch_recv(J, a, k);
+  if (!k.skip && dispatch_send<false>(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts))
+    dispatch_recv<false>(J, a, k);
+  call_end(J, k, DEP_STATS_OP_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, a.fp8 != 0));
+}
+
+/* A job that streams (ops_stream.cuh): the same, each CTA's warps sending or receiving. */
+TIMED_KERNEL deepepd::dispatch_stream(const cuops_job J, const cuops_dispatch_args a) {
+  call k = call_begin(J);
+  if (!k.skip && dispatch_send<true>(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts) &&
+      threadIdx.x >= STREAM_RECV_BASE)
+    dispatch_recv<true>(J, a, k);
   call_end(J, k, DEP_STATS_OP_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, a.fp8 != 0));
 }
 
@@ -480,7 +542,9 @@ __device__ __forceinline__ void combine_bias(red_acc &acc, const cuops_combine_a
 /* Combine's receive: the calling warp sums each token of [first, last),
  * after its biases (combine_bias), sources ascending, from the rows each
  * source sent back at the positions its dispatch recorded, once they are
- * marked; false when the call failed. */
+ * marked (RING: stamped, then taken out of their channels once summed);
+ * false when the call failed. */
+template <bool RING>
 __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_combine_args &a,
                                                const call &k, uint32_t first, uint32_t last) {
   const uint32_t h = J.hidden, W = J.world, lane = threadIdx.x & 31u;
@@ -490,8 +554,8 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
     for (uint32_t s0 = 0; s0 < W; s0 += 32) { /* every row of the token marked first */
       const uint32_t s = s0 + lane;
       int32_t p = combine_pos(J, a, k, t, s);
-      const uint8_t *row = p >= 0 ? recv_block(J, k.parity, s) + (uint64_t)p * J.row_bytes : NULL;
-      if (!wait_rows(J, k, OPS_OP_COMBINE, row, s))
+      const uint8_t *row = p >= 0 ? stream_row<RING>(J, recv_block(J, k.parity, s), p) : NULL;
+      if (!wait_rows<RING>(J, k, OPS_OP_COMBINE, row, s, p))
         return false;
     }
     if (a.ow != NULL && lane < J.topk) {
@@ -500,9 +564,9 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
       for (uint32_t s = 0; s < W; s++) {
         const int32_t p = combine_pos(J, a, k, t, s);
         if (p >= 0)
-          wsum = __fadd_rn(wsum, __ldcg((const float *)(recv_block(J, k.parity, s) +
-                                                        (uint64_t)p * J.row_bytes + 2ull * h +
-                                                        16 + 4ull * J.topk) + lane));
+          wsum = __fadd_rn(wsum, __ldcg((const float *)(stream_row<RING>(J, recv_block(J, k.parity,
+                                                                                        s), p) +
+                                                        2ull * h + 16 + 4ull * J.topk) + lane));
       }
       a.ow[(uint64_t)t * J.topk + lane] = wsum;
     }
@@ -515,13 +579,23 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
         const uint32_t s = s0 + lane;
         int32_t p = combine_pos(J, a, k, t, s);
         uint32_t have = __ballot_sync(FULL_MASK, p >= 0);
-        uint64_t row =
-            p >= 0 ? (uint64_t)(recv_block(J, k.parity, s) + (uint64_t)p * J.row_bytes) : 0;
+        uint64_t row = p >= 0 ? (uint64_t)stream_row<RING>(J, recv_block(J, k.parity, s), p) : 0;
         uint32_t from = __fns(have, 0, (int)lane + 1); /* lane i takes the i-th present row */
         uint64_t mine = __shfl_sync(FULL_MASK, row, from < 32 ? from : 0);
         red_add(acc, c0, h, mine, 1.0f, false, __popc(have));
       }
       red_store(acc, out, c0, h, vec);
+    }
+    /* RING: the token's rows taken, lane i each source i (mod 32) that sent one; the
+     * sources' channels are apart, so the lanes wait for no one of this warp */
+    for (uint32_t s0 = 0; RING && s0 < W; s0 += 32) {
+      const uint32_t s = s0 + lane;
+      const int32_t p = combine_pos(J, a, k, t, s);
+      __syncwarp(); /* every lane's reads of the rows before any credit */
+      const bool ok = p < 0 || take_row(J, k, OPS_OP_COMBINE | (a.ow != NULL ? OPS_OP_WEIGHTS : 0u),
+                                        s, (uint32_t)p, a.h.tp_sent[s]);
+      if (__ballot_sync(FULL_MASK, !ok) != 0)
+        return false;
     }
   }
   return true;
@@ -531,6 +605,25 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
 #define COMBINE_MARK_EVERY 4u
 /* Tokens a reducing warp claims at a time. */
 #define REDUCE_CLAIM 2u
+
+/* Every warp that sums (RING: every receiving warp): claim tokens from the grid's counter
+ * and sum each (combine_reduce) until none is left or the call failed. */
+template <bool RING>
+__device__ __forceinline__ void combine_claim(const cuops_job &J, const cuops_combine_args &a,
+                                              const call &k) {
+  const uint32_t lane = threadIdx.x & 31u;
+  uint32_t next = lane == 0 ? atomicAdd(&J.dev->ticket, REDUCE_CLAIM) : 0;
+  next = __shfl_sync(FULL_MASK, next, 0);
+  while (next < a.num_tokens) {
+    const uint32_t first = next;
+    next = lane == 0 ? atomicAdd(&J.dev->ticket, REDUCE_CLAIM) : 0;
+    next = __shfl_sync(FULL_MASK, next, 0);
+    const uint32_t last = first + REDUCE_CLAIM < a.num_tokens ? first + REDUCE_CLAIM
+                                                             : a.num_tokens;
+    if (!combine_reduce<RING>(J, a, k, first, last))
+      break;
+  }
+}
 
 /* As dispatch: CTA b sends part b % P of the rows back to rank b / P (its
  * count posted first, rows marked as they land), then every warp claims
@@ -568,19 +661,61 @@ TIMED_KERNEL deepepd::combine(const cuops_job J, const cuops_combine_args a) {
     __syncwarp();
     if (lane == 0) /* a remote d: the block goes to the proxy once every warp's rows are in */
       arrive(J, k, d, stride, false, 0, op, hseq, a.num_tokens, (uint64_t)n * J.row_bytes);
-    if (combine_wait(J, k, op, hseq, a.h.tp_sent, blockIdx.x == 0)) {
-      uint32_t next = lane == 0 ? atomicAdd(&J.dev->ticket, REDUCE_CLAIM) : 0;
-      next = __shfl_sync(FULL_MASK, next, 0);
-      while (next < a.num_tokens) {
-        const uint32_t first = next;
-        next = lane == 0 ? atomicAdd(&J.dev->ticket, REDUCE_CLAIM) : 0;
-        next = __shfl_sync(FULL_MASK, next, 0);
-        const uint32_t last = first + REDUCE_CLAIM < a.num_tokens ? first + REDUCE_CLAIM
-                                                                 : a.num_tokens;
-        if (!combine_reduce(J, a, k, first, last))
-          break;
-      }
+    if (combine_wait(J, k, op, hseq, a.h.tp_sent, blockIdx.x == 0))
+      combine_claim<false>(J, a, k);
+  }
+  call_end(J, k, DEP_STATS_OP_COMBINE, dep_stats_bytes(a.num_tokens, J.hidden, false));
+}
+
+/*
+ * A streamed combine's sending warps (ops_stream.cuh): CTA b's send part
+ * b % P of the rows back to rank b / P, its count posted first, each row
+ * into d's channel once d has room for it, stamped every few.
+ */
+__device__ __forceinline__ void combine_send_ring(const cuops_job &J, const cuops_combine_args &a,
+                                                  const call &k, uint32_t op, uint64_t hseq) {
+  const uint32_t h = J.hidden, K = J.topk, lane = threadIdx.x & 31u;
+  const uint32_t d = blockIdx.x / J.parts, part = blockIdx.x % J.parts;
+  const uint32_t stride = J.parts * STREAM_SEND_WARPS, mine = part * STREAM_SEND_WARPS +
+                                                              (threadIdx.x >> 5);
+  uint32_t off = 0;
+  for (uint32_t s = 0; s < d; s++)
+    off += a.h.tp_from[s];
+  const bool dead = masked(k, d); /* nothing goes back to a masked rank */
+  const uint32_t n = dead ? 0 : a.h.tp_from[d];
+  if (part == 0 && threadIdx.x == 0 && !dead)
+    post_header(J, k, d, n, op, hseq, a.num_tokens);
+  uint8_t *blk = send_block(J, k.parity, d);
+  uint32_t credited = 0, marked = mine, written = 0;
+  for (uint32_t j = mine; j < n; j += stride) {
+    if (j >= J.chan_rows + credited) {
+      stamp_rows(J, k, blk, marked, stride, j);
+      marked = j;
+      if (wait_credit(J, k, op, d, j, &credited) <= 0)
+        return; /* failed, or d left the job: nothing more for it */
     }
+    uint8_t *row = stream_row<true>(J, blk, j);
+    warp_copy(row, (const uint8_t *)a.x + ((uint64_t)off + j) * h * 2, 2ull * h);
+    if (a.ow != NULL && lane < K) /* the weights where a dispatch row has them */
+      ((float *)(row + 2ull * h + 16 + 4ull * K))[lane] = a.w[((uint64_t)off + j) * K + lane];
+    if (++written % COMBINE_MARK_EVERY == 0) {
+      stamp_rows(J, k, blk, marked, stride, j + 1);
+      marked = j + stride;
+    }
+  }
+  stamp_rows(J, k, blk, marked, stride, n);
+}
+
+/* A job that streams (ops_stream.cuh): each CTA's first warps send, the others sum. */
+TIMED_KERNEL deepepd::combine_stream(const cuops_job J, const cuops_combine_args a) {
+  call k = call_begin(J);
+  const uint64_t hseq = *a.h.seq;
+  const uint32_t op = OPS_OP_COMBINE | (a.ow != NULL ? OPS_OP_WEIGHTS : 0u);
+  if (!k.skip) {
+    if (threadIdx.x < STREAM_RECV_BASE)
+      combine_send_ring(J, a, k, op, hseq);
+    else if (combine_wait<true>(J, k, op, hseq, a.h.tp_sent, blockIdx.x == 0))
+      combine_claim<true>(J, a, k);
   }
   call_end(J, k, DEP_STATS_OP_COMBINE, dep_stats_bytes(a.num_tokens, J.hidden, false));
 }

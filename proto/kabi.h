@@ -22,6 +22,11 @@
  *     rows, and mark each row with the call in its meta word 3 after a
  *     system fence; receivers wait for the flag, then for each row's mark.
  *     Every rank posts to every rank on every call, zero rows included.
+ *     A job that streams (slab.h "Streaming": its chan_rows below
+ *     max_tokens) launches deepepd::dispatch_stream and ::combine_stream
+ *     instead, whose rows go through each receiver's channel as its credit
+ *     allows, each CTA's warps split into senders and receivers
+ *     (kernels/ops_stream.cuh says how, and why); within a node only.
  *   - A rank on another node (cuops_job.remote_mask) is reached through
  *     this rank's daemon (DESIGN §7, proto/xring.h) and this rank's
  *     exchange region (proto/slab.h): host memory the daemon lent after
@@ -200,6 +205,10 @@ enum cuops_phase {
                               before, whose slots the call reuses; seen_flag: that call */
   CUOPS_PHASE_UNSENT = 10, /* a split receive found no send of its call on the device;
                               seen_flag: the call the device holds sent in that parity */
+  CUOPS_PHASE_CREDIT = 11, /* a streamed call (kernels/ops_stream.cuh): waiting for a local
+                              peer to take rows (its credit); seen_flag: the rows it had taken */
+  CUOPS_PHASE_STOPPED = 12, /* a streamed call: a local peer (source) failed its part of this
+                               call, so it sends or takes no more of it; seen_flag: its code */
 };
 
 /* Pinned host memory mapped for the device: written by kernels, read by the library. */
@@ -237,6 +246,11 @@ struct cuops_dev {
    * mask it ran with, for its receive (CUOPS_RECV) to run with; the receive sets the seq to 0. */
   uint64_t pend_seq[2];
   unsigned long long pend_mask[2];
+  /* A streamed call (kernels/ops_stream.cuh): the rows of each local source's channel this
+   * rank has taken in the running call, modulo 2^16 (a wait compares it with a row number
+   * below 2^16 that it never passes, so the low bits say it exactly, and the struct keeps
+   * the size its carve in the private area rounds it to); 0 between calls. */
+  uint16_t chan_took[CUOPS_MAX_RANKS];
 };
 #define CUOPS_XSEEN_FAILED (1ull << 63)
 
@@ -255,6 +269,9 @@ struct cuops_job {
   uint8_t *ring;
   uint8_t *xchg;
   uint32_t world, rank, hidden, topk, num_experts, le, kd, max_tokens, max_ll, parts;
+  /* The layout's chunk_rows and chan_rows (slab.h): chan_rows below max_tokens, the job
+   * streams its throughput calls through channels (kernels/ops_stream.cuh). */
+  uint32_t chunk_rows, chan_rows;
   uint32_t *tcnt;                  /* dispatch: [world][parts * warps] rows counted, scratch */
   uint64_t timeout_ns;
   struct cuops_host *host;         /* device address of the pinned block */
@@ -422,8 +439,10 @@ struct cuops_ll_info_args {
 };
 
 /* Kernel names in the fatbin, in the order of cuops_state.fn[]: the timed
- * four by their mangled C++ names (deepepd::dispatch, deepepd::combine,
- * deepepd::ll::dispatch, deepepd::ll::combine: kernels/ops_dev.cuh says
+ * ones by their mangled C++ names (deepepd::dispatch, deepepd::combine,
+ * deepepd::ll::dispatch, deepepd::ll::combine, and the streamed
+ * deepepd::dispatch_stream and deepepd::combine_stream that a job with
+ * channels launches instead of the first two: kernels/ops_dev.cuh says
  * why), the rest by their C names. */
 #define CUOPS_KERNELS(XX)                                                   \
   XX(LAYOUT, "dep__k_layout")                                                \
@@ -434,6 +453,8 @@ struct cuops_ll_info_args {
   XX(LL_CAST, "dep__k_ll_cast")              \
   XX(ALIGN, "dep__k_align")                 \
   XX(TOUCH, "dep__k_touch")                 \
-  XX(LL_INFO, "dep__k_ll_info")
+  XX(LL_INFO, "dep__k_ll_info")              \
+  XX(DISPATCH_STREAM, "_ZN7deepepd15dispatch_streamE9cuops_job19cuops_dispatch_args") \
+  XX(COMBINE_STREAM, "_ZN7deepepd14combine_streamE9cuops_job18cuops_combine_args")
 
 #endif /* DEP_KABI_H */

@@ -590,6 +590,15 @@ START_TEST(the_operations_memory_fits_every_slabs_private_area) {
                    DEP_ERR_UNSUPPORTED);
   ck_assert_msg(strstr(why, "private area") != NULL, "said %s", why);
   ck_assert_int_eq(cuops_block_layout(&sh, 8, &l, 0, &b, why, sizeof why), DEP_ERR_UNSUPPORTED);
+  /* A job that streams (channels of 64 rows): the kernels stream within a node, so its
+   * single-node layout is bound, one across nodes refused naming why. */
+  ck_assert_int_eq(dep__slab_layout_nodes(&sh, 8, 8, 16, &l, why, sizeof why), 0);
+  ck_assert_msg(cuops_block_layout(&sh, 8, &l, 132, &b, why, sizeof why) == 0, "%s", why);
+  ck_assert_int_eq(dep__slab_layout_nodes(&sh, 16, 8, 16, &l, why, sizeof why), 0);
+  ck_assert_int_eq(cuops_block_layout(&sh, 16, &l, 132, &b, why, sizeof why),
+                   DEP_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(why, "stream_chunk_rows") != NULL && strstr(why, "within a node only"),
+                "said %s", why);
 }
 END_TEST
 

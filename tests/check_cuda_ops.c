@@ -182,16 +182,7 @@ END_TEST
 
 /* ---- throughput extensions: FP8, num_worst_tokens, alignment, cached, weights ---------- */
 
-/* A case with FP8 inputs (any bytes, with scales) and their oracle beside the bf16 ones. */
-struct ext_gpu {
-  struct ow_case d;
-  uint8_t *x8[OW_MAXW];
-  float *scales[OW_MAXW];
-  struct ref_dispatch_out disp8[OW_MAXW];
-  uint32_t align[OW_MAXW];
-};
-
-static void ext_gpu_make(struct ext_gpu *e, const struct ow_scenario *sc) {
+void ext_gpu_make(struct ext_gpu *e, const struct ow_scenario *sc) {
   memset(e, 0, sizeof *e);
   ow_case_make(&e->d, sc, 0);
   const uint32_t h = sc->hidden;
@@ -213,7 +204,7 @@ static void ext_gpu_make(struct ext_gpu *e, const struct ow_scenario *sc) {
   ck_assert_int_eq(ref_dispatch(&e->d.shape, sc->world, in8, e->disp8), 0);
 }
 
-static void ext_gpu_free(struct ext_gpu *e) {
+void ext_gpu_free(struct ext_gpu *e) {
   for (uint32_t r = 0; r < e->d.sc.world; r++)
     free(e->x8[r]), free(e->scales[r]);
   ref_dispatch_free(e->disp8, e->d.sc.world);
@@ -229,7 +220,7 @@ static void ext_gpu_free(struct ext_gpu *e) {
  * Buffers reused: FP8 x and its scales in B_X, the FP8 rows and their
  * scales in B_RX, out_topk_weights in B_LRX.
  */
-static int body_ext(struct rk *k, void *arg) {
+int ext_gpu_body(struct rk *k, void *arg) {
   const struct ext_gpu *e = arg;
   const struct ow_case *d = &e->d;
   const uint32_t r = k->rank, h = k->h_, K = k->K, G = h / 128, n = d->in[r].num_tokens;
@@ -379,7 +370,7 @@ START_TEST(throughput_extensions_match_the_oracle) {
   cr_world_start(&w, NULL);
   char job[32];
   snprintf(job, sizeof job, "ext-%d", _i);
-  cr_run_procs(&w, job, &e->d.shape, e->d.sc.world, body_ext, e, e->d.desc);
+  cr_run_procs(&w, job, &e->d.shape, e->d.sc.world, ext_gpu_body, e, e->d.desc);
   cr_world_stop(&w);
   ext_gpu_free(e);
   free(e);
@@ -706,6 +697,8 @@ Suite *cuda_ops_suite(void) {
   suite_add_tcase(s, cuda_ops_faults_tcase()); /* after threads, as it always ran */
   suite_add_tcase(s, cuda_ops_mask_tcase());
   suite_add_tcase(s, cuda_ops_split_tcase());
+  suite_add_tcase(s, cuda_ops_stream_tcase());
+  suite_add_tcase(s, cuda_ops_stream_lend_tcase());
   TCase *ts = tcase_create("timesliced");
   tcase_set_tags(ts, "gpu");
   tcase_set_timeout(ts, 240);

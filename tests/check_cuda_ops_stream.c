@@ -1,0 +1,330 @@
+/*
+ * check_cuda_ops_stream.c — suite cuda_ops's stream case (check_cuda_ops.c
+ * makes the suite and adds it): a cuda daemon with stream_chunk_rows set
+ * lends slabs whose blocks are channels of 4 chunks (slab.h "Streaming"),
+ * and the throughput dispatch and combine run through them
+ * (kernels/ops_stream.cuh).  Every throughput op (plain, FP8, cached,
+ * num_worst_tokens, weighted combine) against the oracle with chunks of 1
+ * and 3 rows and of 16 (a channel of 64 rows, below the shapes' 128-512
+ * tokens), worlds 2, 4 and 8, rows of all -1, all to one rank and 0 tokens;
+ * a receiver that comes late to every call (its senders wait for its
+ * credit and overwrite nothing); a rank whose process ends while its peer
+ * streams to it (DEP_ERR_PEER through the daemon's abort words, never a
+ * hang); and a job across two daemons that stream, refused at attach
+ * (the kernels stream within a node only).  Tagged "gpu" and run as
+ * check_cuda_ops.c says: each test skips, saying why, unless
+ * DEP_TEST_BACKEND=cuda and a GPU is present.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "check_cuda_ops.h"
+#include "cuda_ops.h"
+#include "cudaranks.h"
+#include "cudarounds.h"
+#include "deepep.h"
+#include "lend.h"
+#include "nodes.h"
+#include "opsworld.h"
+#include "slab.h"
+#include "xnjob.h"
+
+/* The chunks every case streams in: one row, three, and sixteen. */
+static const uint32_t chunks[] = {1, 3, 16};
+#define N_CHUNKS (sizeof chunks / sizeof chunks[0])
+
+/* The daemon's configuration for chunks of `chunk` rows, in yaml[len]; its slabs checked to be
+ * channels (so that no case passes on whole blocks). */
+static void stream_yaml(const struct ow_case *d, uint32_t chunk, char *yaml, size_t len) {
+  struct dep_slab_layout l;
+  char why[256] = "";
+  ck_assert_msg(dep__slab_layout_nodes(&d->shape, d->sc.world, d->sc.world, chunk, &l, why,
+                                       sizeof why) == 0, "%s", why);
+  ck_assert_msg(l.chan_rows < l.max_tokens, "test set-up: chunks of %u rows make whole blocks "
+                "of %u rows [%s]", chunk, l.max_tokens, d->desc);
+  snprintf(yaml, len, "stream_chunk_rows: %u\n", chunk);
+}
+
+static const struct ow_scenario scenarios[] = {
+  /* world hidden topk experts max_tokens max_ll  routing  tokens  index  fp8 */
+  {2, 2048, 2, 8, 128, 64, P_RANDOM, T_MIXED, DEP_INDEX_I32, 1},
+  {2, 128, 4, 4, 128, 16, P_ONE_RANK, T_MAX, DEP_INDEX_I64, 0}, /* every row to one rank */
+  {4, 7168, 8, 32, 128, 16, P_RANDOM, T_MAX, DEP_INDEX_I64, 1},
+  {4, 128, 8, 16, 128, 16, P_NONE, T_MAX, DEP_INDEX_I32, 0},    /* every id -1 */
+  {4, 128, 1, 4, 512, 64, P_ONE_EXPERT, T_MAX, DEP_INDEX_I64, 0},
+  {8, 2048, 8, 64, 128, 32, P_RANDOM, T_MIXED, DEP_INDEX_I32, 1},
+  {8, 128, 2, 8, 128, 16, P_RANDOM, T_ZERO, DEP_INDEX_I64, 0},  /* no tokens */
+  {8, 128, 16, 128, 128, 16, P_DUP, T_MAX, DEP_INDEX_I64, 1},
+};
+#define N_SCENARIOS (sizeof scenarios / sizeof scenarios[0])
+
+/* Every scenario in every chunk: layout, dispatch and combine (and the low-latency calls, which
+ * share the blocks) as the oracle says, twice, bit for bit; on the old daemon the attach was
+ * refused (DEP_ERR_UNSUPPORTED: only the host backend streamed). */
+START_TEST(every_op_streams_through_channels_as_the_oracle_says) {
+  CR_NEEDS_GPU();
+  const struct ow_scenario *sc = &scenarios[(uint32_t)_i % N_SCENARIOS];
+  const uint32_t chunk = chunks[(uint32_t)_i / N_SCENARIOS];
+  ow_seed_init(4000 + (uint64_t)_i);
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, sc, sc->fp8);
+  char yaml[64], job[32];
+  stream_yaml(d, chunk, yaml, sizeof yaml);
+  struct cr_world w;
+  cr_world_start(&w, yaml);
+  struct cr_rounds a = {d, 1, 2};
+  snprintf(job, sizeof job, "stream-%d", _i);
+  const uint64_t t0 = cr_ms_now();
+  cr_run_procs(&w, job, &d->shape, sc->world, cr_body_rounds, &a, d->desc);
+  printf("cuda_ops stream: chunks of %u rows: %s: ok in %llu ms\n", chunk, d->desc,
+         (unsigned long long)(cr_ms_now() - t0));
+  cr_world_stop(&w);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
+static const struct ow_scenario ext_scenarios[] = {
+  /* world hidden topk experts max_tokens max_ll  routing  tokens  index  fp8 */
+  {2, 2048, 8, 16, 128, 64, P_DUP, T_MIXED, DEP_INDEX_I32, 0},
+  {4, 128, 4, 16, 128, 32, P_RANDOM, T_MIXED, DEP_INDEX_I64, 0},
+  {8, 7168, 8, 64, 128, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 0},
+  {8, 128, 2, 8, 128, 16, P_ONE_RANK, T_ZERO, DEP_INDEX_I64, 0},
+};
+#define N_EXT (sizeof ext_scenarios / sizeof ext_scenarios[0])
+
+/* FP8 dispatch, num_worst_tokens, expert_alignment, cached mode and a weighted combine through
+ * the channels: each as the oracle says, bit for bit (check_cuda_ops.c ext_gpu_body). */
+START_TEST(throughput_extensions_stream_as_the_oracle_says) {
+  CR_NEEDS_GPU();
+  const uint32_t chunk = chunks[(uint32_t)_i / N_EXT];
+  ow_seed_init(4200 + (uint64_t)_i);
+  struct ext_gpu *e = malloc(sizeof *e);
+  ck_assert_ptr_nonnull(e);
+  ext_gpu_make(e, &ext_scenarios[(uint32_t)_i % N_EXT]);
+  char yaml[64], job[32];
+  stream_yaml(&e->d, chunk, yaml, sizeof yaml);
+  struct cr_world w;
+  cr_world_start(&w, yaml);
+  snprintf(job, sizeof job, "stream-ext-%d", _i);
+  cr_run_procs(&w, job, &e->d.shape, e->d.sc.world, ext_gpu_body, e, e->d.desc);
+  printf("cuda_ops stream: extensions, chunks of %u rows: %s: ok\n", chunk, e->d.desc);
+  cr_world_stop(&w);
+  ext_gpu_free(e);
+  free(e);
+}
+END_TEST
+
+/* Rank 1 comes late to every round: its senders' peers fill its 4-row channels and wait for
+ * its credit. */
+static int body_late(struct rk *k, void *arg) {
+  const struct ow_case *d = arg;
+  uint64_t dig = 0;
+  if (cr_upload(k, d))
+    return 1;
+  for (int round = 0; round < 4; round++) {
+    if (k->rank == 1)
+      usleep(30000); /* not a synchronisation: the outputs are checked whatever the order */
+    if (cr_round_tp(k, d, round & 1 ? 0x5A : 0xA5, &dig))
+      return 1;
+  }
+  return 0;
+}
+
+/* A receiver that comes late: every sender waits for its credit, overwrites nothing it has not
+ * taken, and every output is the oracle's. */
+START_TEST(a_late_receiver_holds_its_senders_back_and_loses_nothing) {
+  CR_NEEDS_GPU();
+  static const struct ow_scenario sc = {4, 2048, 4, 8, 128, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
+  ow_seed_init(4300);
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &sc, 0);
+  char yaml[64];
+  stream_yaml(d, 1, yaml, sizeof yaml);
+  struct cr_world w;
+  cr_world_start(&w, yaml);
+  cr_run_procs(&w, "stream-late", &d->shape, sc.world, body_late, d, d->desc);
+  cr_world_stop(&w);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
+/* Shared with the rank processes: when rank 1 exited (cr_ms_now). */
+static uint64_t *exit_at;
+
+/*
+ * Rank 1 makes one round, then its process ends (no detach) while rank 0
+ * dispatches its next call: 128 rows to rank 1 through a 4-row channel,
+ * so that rank 0's senders wait for rank 1's credit (and its receivers for
+ * rank 1's post).  The daemon's abort words fail the call with
+ * DEP_ERR_PEER naming rank 1, long before the 10 s op timeout.
+ */
+static int body_dying(struct rk *k, void *arg) {
+  const struct ow_case *d = arg;
+  uint64_t dig = 0;
+  if (cr_upload(k, d) || cr_round_tp(k, d, 0xA5, &dig))
+    return 1;
+  if (k->rank == 1) {
+    usleep(300000);
+    *exit_at = cr_ms_now();
+    _exit(0); /* no detach, no free: as a crash ends it */
+  }
+  uint32_t nrecv = 0;
+  struct dep_dispatch_args da = {.size = sizeof da, .x = CR_DEV(k, B_X),
+                                 .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype,
+                                 .topk_weights = CR_DEV(k, B_W),
+                                 .num_tokens = d->in[0].num_tokens, .recv_x = CR_DEV(k, B_RX),
+                                 .recv_topk_idx = CR_DEV(k, B_RIDX),
+                                 .recv_topk_weights = CR_DEV(k, B_RW),
+                                 .recv_count_per_expert = CR_DEV(k, B_CNT), .num_recv = &nrecv};
+  const int rc = dep_dispatch(k->c, &da, k->h, k->s);
+  const uint64_t now = cr_ms_now();
+  if (rc != DEP_ERR_PEER)
+    return ow_fail(k->msg, "rank 0: dep_dispatch returned %s (%s), expected DEP_ERR_PEER",
+                   dep_errname(rc), dep_errmsg(k->c));
+  if (strstr(dep_errmsg(k->c), "rank 1 (pid ") == NULL ||
+      strstr(dep_errmsg(k->c), "its process ended") == NULL)
+    return ow_fail(k->msg, "rank 0: the message does not name rank 1's end: %s",
+                   dep_errmsg(k->c));
+  /* A ceiling far above the milliseconds it takes, far below the 10 s op timeout. */
+  if (*exit_at == 0 || now - *exit_at > 5000)
+    return ow_fail(k->msg, "rank 0: DEP_ERR_PEER %llu ms after rank 1's exit",
+                   (unsigned long long)(now - *exit_at));
+  printf("cuda_ops stream: a peer's process ended mid-stream: DEP_ERR_PEER %llu ms after its "
+         "exit: %s\n", (unsigned long long)(now - *exit_at), dep_errmsg(k->c));
+  fflush(stdout); /* a rank process ends with _exit */
+  return 0;
+}
+
+START_TEST(a_rank_whose_process_ends_mid_stream_fails_its_peer_through_the_daemon) {
+  CR_NEEDS_GPU();
+  /* Every token to rank 1: 128 rows for its 4-row channel. */
+  static const struct ow_scenario sc = {2, 128, 2, 4, 128, 16, P_ONE_RANK, T_MAX, DEP_INDEX_I64,
+                                        0};
+  ow_seed_init(4400);
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &sc, 0);
+  exit_at = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert(exit_at != MAP_FAILED);
+  *exit_at = 0;
+  char yaml[64];
+  stream_yaml(d, 1, yaml, sizeof yaml);
+  struct cr_world w;
+  cr_world_start(&w, yaml); /* the default 10 s op timeout */
+  cr_run_procs(&w, "stream-dying", &d->shape, 2, body_dying, d, "a peer that ends mid-stream");
+  cr_world_stop(&w);
+  munmap(exit_at, 4096);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
+static int body_never(struct rk *k, void *arg) {
+  return ow_fail(k->msg, "rank %u attached a job that spans nodes and streams", k->rank);
+}
+
+/* A job of 1 + 1 ranks over two cuda daemons that stream: each rank's attach is refused,
+ * naming the key and why (the kernels stream within a node only), rather than a job whose
+ * calls would go through channels the kernels do not fill across nodes. */
+START_TEST(a_job_across_daemons_that_stream_is_refused_naming_why) {
+  CR_NEEDS_GPU();
+  static const struct ow_scenario sc = {2, 128, 2, 4, 128, 16, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
+  ow_seed_init(4500);
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &sc, 0);
+  struct nodes ns;
+  nodes_config_with(&ns, 2, 60000, "", "stream_chunk_rows: 1\n");
+  nodes_start_all(&ns);
+  static const uint32_t split[NODES_MAX] = {1, 1};
+  struct xn_place spread;
+  memset(&spread, 0, sizeof spread);
+  xn_place(&spread, split, ns.n);
+  struct cr_place p = {.wait_all = true};
+  for (uint32_t g = 0; g < sc.world; g++) {
+    p.sock[g] = ns.d[spread.node[g]].sock;
+    p.local[g] = spread.local[g];
+    p.lws[g] = spread.lws[g];
+  }
+  struct cr_world w;
+  cr_world_msgs(&w);
+  static char fails[OW_FAILS_LEN];
+  const int nfail = cr_run_procs_placed(&w, &p, "stream-xnode", &d->shape, sc.world, body_never,
+                                        NULL, fails, sizeof fails);
+  cr_world_msgs_free(&w);
+  ck_assert_msg(nfail == (int)sc.world, "%d of %u ranks failed: %s", nfail, sc.world, fails);
+  ck_assert_msg(strstr(fails, "stream_chunk_rows") != NULL &&
+                    strstr(fails, "within a node only") != NULL,
+                "want each attach refused naming stream_chunk_rows and why: %s", fails);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
+/*
+ * What a daemon says of a job that streams before the rank joins
+ * (lend_check's lend_stream_check), on each backend, no GPU needed: the
+ * cuda backend runs one on a node (the old daemon refused it, "only the
+ * host backend's operations do so far") and refuses one across nodes
+ * naming why; the host backend runs both; whole blocks run everywhere.
+ */
+START_TEST(a_cuda_daemon_lends_a_streamed_job_on_one_node_and_refuses_one_across_nodes) {
+  const struct dep_job_shape sh = {.max_tokens_per_rank = 4096, .hidden = 7168,
+                                   .num_experts = 256, .topk = 8, .dtype = DEP_DTYPE_BF16};
+  static const struct {
+    uint32_t world, local, chunk;
+    const char *backend;
+    int want;
+  } cases[] = {
+      {8, 8, 16, "cuda", 0},      {16, 8, 16, "cuda", DEP_ERR_UNSUPPORTED},
+      {8, 8, 16, "host", 0},      {16, 8, 16, "host", 0},
+      {16, 8, 0, "cuda", 0},      {16, 8, 1024, "cuda", 0}, /* 4 chunks hold 4096: whole */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct dep_attach_args a = {.size = sizeof a, .shape = sh, .world_size = cases[i].world,
+                                .local_world_size = cases[i].local};
+    struct dep_slab_layout l;
+    char why[512] = "";
+    ck_assert_int_eq(dep__slab_layout_nodes(&sh, cases[i].world, cases[i].local, cases[i].chunk,
+                                            &l, why, sizeof why), 0);
+    const int rc = lend_stream_check(cases[i].backend, &a, &l, why, sizeof why);
+    ck_assert_msg(rc == cases[i].want, "%s backend, world %u, %u here, chunks of %u: %s (%s)",
+                  cases[i].backend, cases[i].world, cases[i].local, cases[i].chunk,
+                  dep_errname(rc), why);
+    if (rc != 0)
+      ck_assert_msg(strstr(why, "stream_chunk_rows") != NULL &&
+                        strstr(why, "within a node only") != NULL &&
+                        strstr(why, "8 of its 16 ranks here") != NULL,
+                    "said %s", why);
+  }
+}
+END_TEST
+
+TCase *cuda_ops_stream_lend_tcase(void) {
+  TCase *t = tcase_create("stream_lend");
+  tcase_add_test(t, a_cuda_daemon_lends_a_streamed_job_on_one_node_and_refuses_one_across_nodes);
+  return t;
+}
+
+TCase *cuda_ops_stream_tcase(void) {
+  TCase *t = tcase_create("stream");
+  tcase_set_tags(t, "gpu");
+  tcase_set_timeout(t, 240);
+  tcase_add_loop_test(t, every_op_streams_through_channels_as_the_oracle_says, 0,
+                      (int)(N_SCENARIOS * N_CHUNKS));
+  tcase_add_loop_test(t, throughput_extensions_stream_as_the_oracle_says, 0,
+                      (int)(N_EXT * N_CHUNKS));
+  tcase_add_test(t, a_late_receiver_holds_its_senders_back_and_loses_nothing);
+  tcase_add_test(t, a_rank_whose_process_ends_mid_stream_fails_its_peer_through_the_daemon);
+  tcase_add_test(t, a_job_across_daemons_that_stream_is_refused_naming_why);
+  return t;
+}
