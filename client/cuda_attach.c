@@ -354,6 +354,15 @@ int cuda_ops_prepare(dep_client_t *c) {
 }
 
 #ifdef DEP_HAVE_FATBIN
+/* The 64-bit word at device address at set to v on st's stream, after the private area's
+ * zeroing (two 32-bit memsets: the driver has no 64-bit one). */
+static CUresult dev_set64(const struct cuops_state *st, CUdeviceptr at, uint64_t v) {
+  const struct cudadrv *cu = drv();
+  CUresult r = cu->cuMemsetD32Async(at, (unsigned)v, 1, st->stream);
+  return r == CUDA_SUCCESS ? cu->cuMemsetD32Async(at + 4, (unsigned)(v >> 32), 1, st->stream)
+                           : r;
+}
+
 /*
  * A job that spans nodes: the proxy's ring and the exchange region after it
  * (xring.h, slab.h), one host mapping registered for the device, where the
@@ -385,6 +394,18 @@ static int ring_bind(dep_client_t *c) {
     return cu_fail(c, "dep_attach", "cuMemHostGetDevicePointer (the ring to the proxy)", r);
   j->ring = (uint8_t *)(uintptr_t)d;
   j->xchg = j->ring + DEP_XRING_BYTES;
+  /* The kernels push from the ring's head as it is, not from 0: a rank that came back to an
+   * elastic job is lent the ring its rank had, whose head and tail the daemon keeps (its
+   * proxy reads them; job_elastic.c elastic_scrub_xchg).  Their counters from 0 would
+   * publish a head behind the tail, and the proxy fails the job on it.  Nothing pushes
+   * meanwhile: this rank is the ring's only producer and no kernel of it has run. */
+  const uint64_t head = atomic_load_explicit(&c->xring->head, memory_order_acquire);
+  const uint64_t tail = atomic_load_explicit(&c->xring->tail, memory_order_acquire);
+  const CUdeviceptr dev = st->dev;
+  if ((r = dev_set64(st, dev + offsetof(struct cuops_dev, xr_next), head)) != CUDA_SUCCESS ||
+      (r = dev_set64(st, dev + offsetof(struct cuops_dev, xr_pub), head)) != CUDA_SUCCESS ||
+      (r = dev_set64(st, dev + offsetof(struct cuops_dev, xr_tail), tail)) != CUDA_SUCCESS)
+    return cu_fail(c, "dep_attach", "setting the kernels' place in the ring to the proxy", r);
   return 0;
 }
 
@@ -404,11 +425,7 @@ static int join_at(dep_client_t *c) {
     return cu_fail(c, "dep_attach", "reading the rank's join call", r);
   if (join == 0)
     return 0;
-  const CUdeviceptr seq = st->dev + offsetof(struct cuops_dev, seq);
-  const uint64_t first = join - 1;
-  if ((r = cu->cuMemsetD32Async(seq, (unsigned)first, 1, st->stream)) != CUDA_SUCCESS ||
-      (r = cu->cuMemsetD32Async(seq + 4, (unsigned)(first >> 32), 1, st->stream)) !=
-          CUDA_SUCCESS)
+  if ((r = dev_set64(st, st->dev + offsetof(struct cuops_dev, seq), join - 1)) != CUDA_SUCCESS)
     return cu_fail(c, "dep_attach", "setting the rank's first call", r);
   host_ops_join_at(&c->ops, join);
   return 0;

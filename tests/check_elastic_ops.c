@@ -43,6 +43,9 @@
 #define EO_MAXW 8
 #define EO_PHASES 8
 #define EO_NONE UINT32_MAX
+/* A replacement's attaches refused in a row before it gives up: the daemons' test hooks
+ * refuse two at most. */
+#define EO_TRIES 20u
 
 /* What a phase of the job does. */
 enum eo_kind {
@@ -78,6 +81,8 @@ struct eo_ctl {
   _Atomic uint64_t first_call[EO_MAXW];  /* rank r's replacement's dep_next_call after its
                                             attach, handed to the survivors as a trainer's
                                             store would (0: not yet) */
+  _Atomic uint32_t refused[EO_MAXW];     /* rank r's replacement's attaches refused as
+                                            overtaken (DEP_ERR_STATE), each tried again */
   struct xn_result res[2 * EO_MAXW];     /* [r]: rank r's first process; [W + r]: its replacement */
   _Atomic uint32_t cut_failed;           /* EO_SETTLE: ranks of the losing node whose call failed */
   char cut_msg[EO_MAXW][512];            /* ... and what that call said */
@@ -197,6 +202,12 @@ static void eo_rank_main(struct eo_job *j, uint32_t r, uint32_t first) {
   snprintf(a.job_id, sizeof a.job_id, "%s", j->job);
   if (rc == 0)
     rc = dep_attach(c, &a);
+  /* A replacement refused as overtaken attaches again in the same process and client, as a
+   * trainer would (deepep.h's rejoin recipe). */
+  while (replacement && rc == DEP_ERR_STATE && atomic_load(&ctl->refused[r]) < EO_TRIES) {
+    atomic_fetch_add(&ctl->refused[r], 1);
+    rc = dep_attach(c, &a);
+  }
   if (rc != 0)
     EO_FAIL(rc, "attach of rank %u%s: %s: %s", r, replacement ? " (replacement)" : "",
             dep_errname(rc), c ? dep_errmsg(c) : "");
@@ -548,13 +559,16 @@ END_TEST
  * calls, the survivors on both nodes go on against the oracle with it
  * masked; a replacement attaches with its id on its node, the daemons agree
  * on its join call, and from it the whole job's calls match the full
- * oracle again, several rounds.
+ * oracle again, several rounds.  The third run (rank 1) as issue 25's GPU
+ * run: the replacement's first two attaches are found overtaken
+ * (DEEPEPD_TEST_JOIN_OVERTAKEN), once by its own node and once by the other,
+ * each undone on both, and it attaches again in the same process and client.
  */
 START_TEST(a_rank_killed_on_either_node_is_masked_on_both_and_its_replacement_rejoins) {
   ow_seed_init(400 + (uint64_t)_i);
   static const struct ow_scenario sc = {4, 256, 4, 16, 16, 8, P_RANDOM, T_MIXED, DEP_INDEX_I64,
                                         1};
-  const uint32_t W = sc.world, k = _i == 0 ? 1 : 3;
+  const uint32_t W = sc.world, k = _i == 1 ? 3 : 1;
   uint8_t mk[EO_MAXW] = {0};
   mk[k] = 1;
   struct ow_case *full = xn_case_new(&sc, 1), *ck = eo_variant(full, mk);
@@ -566,7 +580,21 @@ START_TEST(a_rank_killed_on_either_node_is_masked_on_both_and_its_replacement_re
     {EO_END, NULL, NULL, 0, 0, NULL},
   };
   struct nodes ns;
-  xn_nodes_start(&ns, 2, 8000, XN_OP_TIMEOUT_MS, "");
+  char limits[64];
+  snprintf(limits, sizeof limits, ", op_timeout_ms: %d", XN_OP_TIMEOUT_MS);
+  nodes_config_with(&ns, 2, 8000, limits, "");
+  /* The third run: the replacement's first attach is found overtaken by its own node, its
+   * second by the other (which answers both), each undone on both nodes; the third brings
+   * it back, in the same process and client. */
+  const uint32_t refusals = _i == 2 ? 2 : 0;
+  if (refusals > 0)
+    setenv("DEEPEPD_TEST_JOIN_OVERTAKEN", "1", 1);
+  node_start(&ns, 0);
+  if (refusals > 0)
+    setenv("DEEPEPD_TEST_JOIN_OVERTAKEN", "2", 1);
+  node_start(&ns, 1);
+  unsetenv("DEEPEPD_TEST_JOIN_OVERTAKEN");
+  nodes_wait_up(&ns);
   struct eo_job j = {.job = "el-x2", .world = W, .flags = DEP_ATTACH_ELASTIC, .leader = 0,
                      .phases = phases, .ctl = eo_ctl_new()};
   for (uint32_t r = 0; r < W; r++) {
@@ -585,6 +613,10 @@ START_TEST(a_rank_killed_on_either_node_is_masked_on_both_and_its_replacement_re
   eo_barrier(&j, 2, W);
   /* The join call is the one its node's daemon chose, and the other node took it too. */
   eo_expect_one_join(&ns.d[k / 2], &j, k, EO_NONE);
+  ck_assert_msg(atomic_load(&j.ctl->refused[k]) == refusals, "rank %u's replacement was refused "
+                "%u times, want %u", k, atomic_load(&j.ctl->refused[k]), refusals);
+  if (refusals > 0)
+    ck_assert(dw_log_has(&ns.d[0], "cannot take rank 1: the job's calls on node", 5000));
   eo_reap(&j);
   munmap(j.ctl, sizeof *j.ctl);
   nodes_stop(&ns);
@@ -716,7 +748,7 @@ Suite *elastic_ops_suite(void) {
   tc = tcase_create("two_daemons");
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, a_rank_killed_on_either_node_is_masked_on_both_and_its_replacement_rejoins,
-                      0, 2);
+                      0, 3);
   suite_add_tcase(s, tc);
   tc = tcase_create("split");
   tcase_set_timeout(tc, 240);

@@ -611,6 +611,152 @@ START_TEST(on_the_gpu_a_ranks_own_daemon_killed_fails_it_with_daemon_gone_at_onc
 }
 END_TEST
 
+/* ---- the cuda backend: a rank that rejoins an elastic job across daemons --------- */
+
+/* What the rank processes of the rejoin share (mmap): the rank that leaves and comes back
+ * says its first call, as a trainer's store would (deepep.h's rejoin recipe). */
+struct gpu_rejoin {
+  const struct ow_case *full;          /* the oracle */
+  _Atomic uint32_t first_done;         /* ranks that made their first round */
+  _Atomic uint64_t first;              /* GR_RANK's first call after it is back; 0 until then */
+  _Atomic uint32_t refused;            /* its attaches refused as overtaken */
+};
+#define GR_RANK 1u
+/* Its attaches refused in a row before the test gives up: the daemons' hooks refuse two. */
+#define GR_TRIES 20u
+/* How long a survivor waits for GR_RANK to be back: a ceiling for a loaded machine. */
+#define GR_CEILING_MS 60000
+
+/* One dispatch of d's inputs with GR_RANK masked, its outputs unread: a survivor's call
+ * before the join call (the operations' masks are check_cuda_ops_mask.c's; what this test
+ * holds is the calls after). */
+static int gr_masked_call(struct rk *k, const struct ow_case *d) {
+  uint32_t nrecv = 0;
+  struct dep_dispatch_args da = {.size = sizeof da, .x = CR_DEV(k, B_X),
+                                 .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype,
+                                 .topk_weights = CR_DEV(k, B_W),
+                                 .num_tokens = d->in[k->rank].num_tokens,
+                                 .recv_x = CR_DEV(k, B_RX), .recv_topk_idx = CR_DEV(k, B_RIDX),
+                                 .recv_topk_weights = CR_DEV(k, B_RW),
+                                 .recv_count_per_expert = CR_DEV(k, B_CNT), .num_recv = &nrecv};
+  CALL(k, dep_dispatch(k->c, &da, k->h, k->s), "dep_dispatch (a rank masked)");
+  return 0;
+}
+
+/* Every rank: a round; GR_RANK then detaches and attaches again in the same process and
+ * client (refused as overtaken, tried again, as bench/elastic's replacement), the others
+ * make the calls up to its first one; then every rank's rounds against the full oracle. */
+static int body_rejoin(struct rk *k, void *arg) {
+  struct gpu_rejoin *g = arg;
+  const struct ow_case *d = g->full;
+  uint64_t dig = 0, next = 0;
+  if (cr_upload(k, d) || cr_round_tp(k, d, 0xA5, &dig))
+    return 1;
+  atomic_fetch_add(&g->first_done, 1);
+  const uint64_t until = cr_ms_now() + GR_CEILING_MS;
+  if (k->rank == GR_RANK) {
+    while (atomic_load(&g->first_done) < k->W)
+      if (cr_ms_now() > until)
+        return ow_fail(k->msg, "rank %u: the others never ended their first round", k->rank);
+    dep_handle_free(k->h);
+    k->h = NULL;
+    CALL(k, dep_detach(k->c), "dep_detach");
+    int rc;
+    uint32_t refused = 0;
+    while ((rc = dep_attach(k->c, &k->args)) == DEP_ERR_STATE && refused < GR_TRIES)
+      refused++;
+    atomic_store(&g->refused, refused);
+    CALL(k, rc, "dep_attach (the rank again)");
+    CALL(k, dep_handle_new(k->c, &k->h), "dep_handle_new");
+    CALL(k, dep_next_call(k->c, &next), "dep_next_call");
+    atomic_store(&g->first, next);
+  } else {
+    uint64_t join;
+    while ((join = atomic_load(&g->first)) == 0)
+      if (cr_ms_now() > until)
+        return ow_fail(k->msg, "rank %u: rank %u never came back", k->rank, GR_RANK);
+    CALL(k, dep_next_call(k->c, &next), "dep_next_call");
+    if (next > join)
+      return ow_fail(k->msg, "rank %u: at call %llu, past rank %u's first call %llu", k->rank,
+                     (unsigned long long)next, GR_RANK, (unsigned long long)join);
+    for (; next < join; next++)
+      if (gr_masked_call(k, d))
+        return 1;
+  }
+  return cr_round_tp(k, d, 0x5A, &dig) || cr_round_ll(k, d, 0, 0x5A, &dig) ||
+         cr_round_tp(k, d, 0x3C, &dig);
+}
+
+/*
+ * On the cuda backend, an elastic job of 2 + 2 ranks on two daemons sharing the GPU: rank 1
+ * (node 0) detaches after a round (masked; its ring and exchange region kept for it) and
+ * attaches again in the same process and client.  Its first attach is refused as overtaken
+ * by node 0, its second by node 1 (DEEPEPD_TEST_JOIN_OVERTAKEN), each undone on both; the
+ * third brings it back, and from its first call every rank's outputs match the full oracle.
+ * On the old library the kernels of the rank that came back counted their pushes to the
+ * ring from 0 while the ring's head and tail stood where its first attach had left them:
+ * the proxy read a head behind the tail, failed the job, and every rank's next call
+ * timed out.
+ */
+START_TEST(on_the_gpu_a_rank_that_rejoins_across_daemons_pushes_on_from_its_rings_head) {
+  CR_NEEDS_GPU();
+  static const struct ow_scenario sc = {4, 2048, 8, 16, 16, 16, P_RANDOM, T_MAX, DEP_INDEX_I32,
+                                        0};
+  ow_seed_init(3100);
+  struct ow_case *full = xn_case_new(&sc, 0);
+  struct nodes ns;
+  nodes_config_with(&ns, 2, 60000, ", op_timeout_ms: 10000", "");
+  setenv("DEEPEPD_TEST_JOIN_OVERTAKEN", "1", 1); /* node 0 refuses the first attach itself */
+  node_start(&ns, 0);
+  setenv("DEEPEPD_TEST_JOIN_OVERTAKEN", "2", 1); /* node 1 the second (it answers both) */
+  node_start(&ns, 1);
+  unsetenv("DEEPEPD_TEST_JOIN_OVERTAKEN");
+  nodes_wait_up(&ns);
+  struct gpu_rejoin *g = mmap(NULL, sizeof *g, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                              -1, 0);
+  ck_assert_ptr_ne(g, MAP_FAILED);
+  memset(g, 0, sizeof *g);
+  g->full = full;
+  static const uint32_t split[NODES_MAX] = {2, 2};
+  struct xn_place spread;
+  memset(&spread, 0, sizeof spread);
+  xn_place(&spread, split, ns.n);
+  struct cr_place p = {.wait_all = false, .flags = DEP_ATTACH_ELASTIC};
+  for (uint32_t r = 0; r < sc.world; r++) {
+    p.sock[r] = ns.d[spread.node[r]].sock;
+    p.local[r] = spread.local[r];
+    p.lws[r] = spread.lws[r];
+  }
+  setenv(CUOPS_CTAS_ENV, "16", 1); /* as gpu_run: every rank's CTAs resident at once */
+  struct cr_world w;
+  cr_world_msgs(&w);
+  static char fails[OW_FAILS_LEN];
+  const int nfail = cr_run_procs_placed(&w, &p, "gpu-rejoin", &full->shape, sc.world,
+                                        body_rejoin, g, fails, sizeof fails);
+  cr_world_msgs_free(&w);
+  for (int i = 0; nfail > 0 && i < ns.n; i++) {
+    char cmd[700];
+    printf("--- node %d: deepepd's log (last 40 lines)\n", i);
+    fflush(stdout);
+    dw_sfmt(cmd, sizeof cmd, "tail -n 40 %s", ns.d[i].log);
+    if (system(cmd) != 0)
+      printf("(tail failed)\n");
+  }
+  OW_ASSERT_NONE_FAILED("a rank that rejoins across daemons", nfail, fails);
+  ck_assert_msg(atomic_load(&g->refused) == 2, "rank %u's attach was refused %u times, want 2 "
+                "(once by each node)", GR_RANK, atomic_load(&g->refused));
+  char line[64];
+  snprintf(line, sizeof line, "is rank %u again, from call %llu ", GR_RANK,
+           (unsigned long long)atomic_load(&g->first));
+  ck_assert_msg(dw_log_has(&ns.d[0], line, 5000), "node 0's log lacks '%s'", line);
+  printf("xnode gpu: rank %u back across daemons after %u refused attaches, from call %llu\n",
+         GR_RANK, atomic_load(&g->refused), (unsigned long long)atomic_load(&g->first));
+  munmap(g, sizeof *g);
+  nodes_stop(&ns);
+  xn_case_free(full);
+}
+END_TEST
+
 Suite *xnode_suite(void);
 Suite *xnode_suite(void) {
   Suite *s = suite_create("xnode");
@@ -630,6 +776,7 @@ Suite *xnode_suite(void) {
   tcase_add_test(g, on_the_gpu_calls_across_daemons_read_each_calls_own_rows_as_inputs_change);
   tcase_add_test(g, on_the_gpu_a_lost_node_fails_the_survivors_within_the_op_timeout);
   tcase_add_test(g, on_the_gpu_a_ranks_own_daemon_killed_fails_it_with_daemon_gone_at_once);
+  tcase_add_test(g, on_the_gpu_a_rank_that_rejoins_across_daemons_pushes_on_from_its_rings_head);
   suite_add_tcase(s, g);
   return s;
 }

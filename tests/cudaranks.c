@@ -59,7 +59,7 @@ int rk_open_at(struct rk *k, const char *sock, const char *job, const struct dep
   if (k->cu == NULL)
     return ow_fail(k->msg, "rank %u: %s", rank, why);
   struct dep_attach_args a = {.size = sizeof a, .rank = rank, .world_size = W, .local_rank = local,
-                              .local_world_size = lws, .shape = *sh};
+                              .local_world_size = lws, .shape = *sh, .flags = k->flags};
   snprintf(a.job_id, sizeof a.job_id, "%s", job);
   /* This rank's GPU's primary context current on this thread before
    * anything else: dep_attach keeps a current context of the device it
@@ -73,6 +73,7 @@ int rk_open_at(struct rk *k, const char *sock, const char *job, const struct dep
   CR_CU(k, k->cu->cuDevicePrimaryCtxRetain(&k->ctx, k->dev), "cuDevicePrimaryCtxRetain");
   CR_CU(k, k->cu->cuCtxSetCurrent(k->ctx), "cuCtxSetCurrent");
   memcpy(a.device_uuid, u.bytes, 16);
+  k->args = a;
   if (dep_client_new(&k->c) != 0 || dep_connect(k->c, sock) != 0 || dep_attach(k->c, &a) != 0)
     return ow_fail(k->msg, "rank %u: connect/attach: %s", rank, dep_errmsg(k->c));
   if (dep_handle_new(k->c, &k->h) != 0)
@@ -219,6 +220,7 @@ int cr_run_procs_placed(struct cr_world *w, const struct cr_place *p, const char
       struct rk k;
       memset(&k, 0, sizeof k);
       k.msg = w->msg + r * OW_MSG;
+      k.flags = p->flags;
       int rc = rk_open_at(&k, p->sock[r], job, sh, r, W, p->local[r], p->lws[r]) || fn(&k, arg);
       rk_close(&k);
       _exit(rc ? 1 : 0);

@@ -52,6 +52,8 @@ struct rk {
   size_t sz[B_COUNT];
   uint8_t *host; /* readback, as large as the largest buffer */
   char *msg;
+  uint32_t flags;             /* dep_attach's flags (DEP_ATTACH_ELASTIC): set before rk_open_at */
+  struct dep_attach_args args; /* what rk_open_at attached with, for a body that attaches again */
 };
 
 #define CR_DEV(k, i) ((void *)(uintptr_t)(k)->b[i])
@@ -98,6 +100,7 @@ struct cr_place {
   const char *sock[OW_MAXW];
   uint32_t local[OW_MAXW], lws[OW_MAXW];
   bool wait_all; /* wait for every rank even after one failed (else the rest are killed) */
+  uint32_t flags; /* every rank's attach flags (DEP_ATTACH_ELASTIC) */
 };
 /* cr_run_procs with every rank placed as p says (w->dm need not run):
  * how many ranks failed, their messages in out. */
