@@ -459,8 +459,8 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
           atomicAdd(&a.cnt[l], 1);
       }
     }
-    if (RING && !take_claimed(J, k, op, n, src, j, s_p.rows))
-      return;
+    if (RING)
+      take_claimed(J, k, n, src, j, s_p.rows);
   }
 }
 
@@ -586,17 +586,25 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
       }
       red_store(acc, out, c0, h, vec);
     }
-    /* RING: the token's rows taken, lane i each source i (mod 32) that sent one; the
-     * sources' channels are apart, so the lanes wait for no one of this warp */
-    for (uint32_t s0 = 0; RING && s0 < W; s0 += 32) {
-      const uint32_t s = s0 + lane;
+  }
+  /* RING: the tokens' rows taken, lane i those of each source i (mod 32), a run of
+   * consecutive rows at a time: a source's rows of consecutive tokens are consecutive in its
+   * stream (it sends back, in order, the rows this rank's dispatch sent it in token order) */
+  for (uint32_t s0 = 0; RING && s0 < W; s0 += 32) {
+    const uint32_t s = s0 + lane;
+    __syncwarp(); /* every lane's reads of the rows before any count */
+    uint32_t j0 = 0, j1 = 0; /* the rows not counted yet */
+    for (uint32_t t = first; t < last; t++) {
       const int32_t p = combine_pos(J, a, k, t, s);
-      __syncwarp(); /* every lane's reads of the rows before any credit */
-      const bool ok = p < 0 || take_row(J, k, OPS_OP_COMBINE | (a.ow != NULL ? OPS_OP_WEIGHTS : 0u),
-                                        s, (uint32_t)p, a.h.tp_sent[s]);
-      if (__ballot_sync(FULL_MASK, !ok) != 0)
-        return false;
+      if (p < 0)
+        continue;
+      if ((uint32_t)p != j1 && j1 > j0)
+        take_rows(J, k, s, j0, j1, a.h.tp_sent[s]);
+      j0 = (uint32_t)p != j1 ? (uint32_t)p : j0;
+      j1 = (uint32_t)p + 1;
     }
+    if (j1 > j0)
+      take_rows(J, k, s, j0, j1, a.h.tp_sent[s]);
   }
   return true;
 }
