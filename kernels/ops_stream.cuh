@@ -161,7 +161,8 @@ __device__ __forceinline__ void chunk_taken(const cuops_job &J, const call &k, u
   const uint32_t place = c % DEP_SLAB_CHUNKS, front_mask = (1u << CUOPS_CHAN_DONE_SHIFT) - 1u;
   /* Its count back to 0 for chunk c + DEP_SLAB_CHUNKS, whose rows the sender writes only once
    * this chunk is credited, below. */
-  atomicAdd(&J.dev->chan_took[s], 0ull - ((unsigned long long)len << (CUOPS_CHAN_TOOK_BITS * place)));
+  atomicAdd(&J.dev->chan_took[s],
+            0ull - ((unsigned long long)len << (CUOPS_CHAN_TOOK_BITS * place)));
   __threadfence();
   uint32_t *front = &J.dev->chan_front[s];
   uint32_t was = *(volatile uint32_t *)front, now, f;

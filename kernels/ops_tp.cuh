@@ -593,18 +593,22 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
   for (uint32_t s0 = 0; RING && s0 < W; s0 += 32) {
     const uint32_t s = s0 + lane;
     __syncwarp(); /* every lane's reads of the rows before any count */
-    uint32_t j0 = 0, j1 = 0; /* the rows not counted yet */
+    uint32_t j0 = 0, n = 0; /* a run of n rows from j0, not counted yet */
     for (uint32_t t = first; t < last; t++) {
       const int32_t p = combine_pos(J, a, k, t, s);
       if (p < 0)
         continue;
-      if ((uint32_t)p != j1 && j1 > j0)
-        take_rows(J, k, s, j0, j1, a.h.tp_sent[s]);
-      j0 = (uint32_t)p != j1 ? (uint32_t)p : j0;
-      j1 = (uint32_t)p + 1;
+      if (n != 0 && (uint32_t)p == j0 + n) {
+        n++;
+        continue;
+      }
+      if (n != 0)
+        take_rows(J, k, s, j0, j0 + n, a.h.tp_sent[s]);
+      j0 = (uint32_t)p;
+      n = 1;
     }
-    if (j1 > j0)
-      take_rows(J, k, s, j0, j1, a.h.tp_sent[s]);
+    if (n != 0)
+      take_rows(J, k, s, j0, j0 + n, a.h.tp_sent[s]);
   }
   return true;
 }
