@@ -27,8 +27,9 @@
  * (chunk_taken, cuops_dev.chan_front).  Taking never waits, so a receiver
  * waits only for rows: bounded, since a stream's earlier rows are claimed
  * first, and once those are taken their chunks are credited, so the
- * senders may write the rows claimed next (a claim spans fewer rows than
- * the ring's chunks after the first).
+ * senders may write the rows claimed next (a claim's rows of a source fit
+ * in the ring past the chunks credited: ops_tp.cuh, RECV_CLAIM and
+ * REDUCE_CLAIM).
  *
  * Deadlock: a sender that waits for credit must not hold back any
  * receiver, its own rank's or another's, for every rank's senders may be

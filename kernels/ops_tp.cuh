@@ -617,6 +617,11 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
 #define COMBINE_MARK_EVERY 4u
 /* Tokens a reducing warp claims at a time. */
 #define REDUCE_CLAIM 2u
+/* A streamed call is bounded (ops_stream.cuh) since a claim's rows of one source, from the
+ * first not taken on, are in its channel once the chunks before that row are credited: the
+ * ring holds that chunk and DEP_SLAB_CHUNKS - 1 more of one row at the least. */
+static_assert(RECV_CLAIM <= DEP_SLAB_CHUNKS && REDUCE_CLAIM <= DEP_SLAB_CHUNKS,
+              "a claim's rows of one source fit its channel past the chunks credited");
 
 /* Every warp that sums (RING: every receiving warp): claim tokens from the grid's counter
  * and sum each (combine_reduce) until none is left or the call failed. */
