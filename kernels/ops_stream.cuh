@@ -144,6 +144,13 @@ __device__ __forceinline__ int wait_credit(const cuops_job &J, const call &k, ui
   }
 }
 
+/* Every lane of a receiving warp, once it has read the rows it is to take: every lane's reads
+ * before any of the warp's counts (take_rows), one fence for the warp. */
+__device__ __forceinline__ void take_fence() {
+  __syncwarp();
+  __threadfence();
+}
+
 /*
  * One lane, once chunk c of local source s's stream (len rows of the
  * stream's `rows`) is taken whole (take_rows): credit it, and every chunk
@@ -190,15 +197,15 @@ __device__ __forceinline__ void chunk_taken(const cuops_job &J, const call &k, u
 
 /*
  * One lane, once its warp has read rows j0..j1 - 1 of local source s's
- * stream (`rows` in all) and met at a __syncwarp: count them taken, chunk
- * by chunk (cuops_dev.chan_took, an atomic add), and credit each chunk
- * the count completes (chunk_taken).  It never waits: the rows of a
- * source are taken in any order, by many warps at once, and a chunk is
- * credited once every row of it and of the chunks before it is taken.
+ * stream (`rows` in all), then met at a __syncwarp and fenced (the reads
+ * before the counts, take_fence): count them taken, chunk by chunk
+ * (cuops_dev.chan_took, an atomic add), and credit each chunk the count
+ * completes (chunk_taken).  It never waits: the rows of a source are taken
+ * in any order, by many warps at once, and a chunk is credited once every
+ * row of it and of the chunks before it is taken.
  */
 __device__ __forceinline__ void take_rows(const cuops_job &J, const call &k, uint32_t s,
                                           uint32_t j0, uint32_t j1, uint32_t rows) {
-  __threadfence(); /* the warp's reads of the rows before they count */
   for (uint32_t j = j0; j < j1;) {
     const uint32_t c = j / J.chunk_rows, end = min((c + 1) * J.chunk_rows, j1);
     const uint32_t len = min(J.chunk_rows, rows - c * J.chunk_rows);
@@ -220,7 +227,7 @@ __device__ __forceinline__ void take_rows(const cuops_job &J, const call &k, uin
 __device__ __forceinline__ void take_claimed(const cuops_job &J, const call &k, uint32_t n,
                                              uint32_t src, uint32_t j, const uint32_t *rows) {
   const uint32_t lane = threadIdx.x & 31u;
-  __syncwarp(); /* every lane's reads of the rows before any count */
+  take_fence();
   const uint32_t prev = __shfl_up_sync(FULL_MASK, src, 1);
   const uint32_t heads = __ballot_sync(FULL_MASK, lane < n && (lane == 0 || src != prev));
   if (((heads >> lane) & 1u) == 0)

@@ -592,7 +592,7 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
    * stream (it sends back, in order, the rows this rank's dispatch sent it in token order) */
   for (uint32_t s0 = 0; RING && s0 < W; s0 += 32) {
     const uint32_t s = s0 + lane;
-    __syncwarp(); /* every lane's reads of the rows before any count */
+    take_fence();
     uint32_t j0 = 0, n = 0; /* a run of n rows from j0, not counted yet */
     for (uint32_t t = first; t < last; t++) {
       const int32_t p = combine_pos(J, a, k, t, s);
