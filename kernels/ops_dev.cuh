@@ -112,6 +112,11 @@ __device__ __forceinline__ void st_release_sys(uint64_t *p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+/* *p = max(*p, v), ordered after this thread's earlier accesses at system scope. */
+__device__ __forceinline__ void red_max_release_sys(uint64_t *p, uint64_t v) {
+  asm volatile("red.release.sys.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ uint64_t ld_acquire_gpu(const unsigned long long *p) {
   uint64_t v;
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -393,8 +398,10 @@ __device__ __forceinline__ void call_end(const cuops_job &J, const call &k, uint
     if (atomicAdd(&J.dev->done, 1u) == gridDim.x - 1) {
       J.dev->done = 0;
       J.dev->ticket = 0; /* the throughput ops' work counter, for the next call */
-      for (uint32_t s = 0; J.chan_rows < J.max_tokens && s < J.world; s++)
+      for (uint32_t s = 0; J.chan_rows < J.max_tokens && s < J.world; s++) {
         J.dev->chan_took[s] = 0; /* a streamed call's channels, for the next call */
+        J.dev->chan_front[s] = 0;
+      }
       if (k.phase != CUOPS_SEND && !k.skip) {
         __threadfence_system(); /* every CTA's reads of the blocks before the word */
         for (uint32_t s = 0; s < J.world; s++)

@@ -20,11 +20,16 @@
  * slot's tail word stays unused here, and both ends of a channel in a node
  * are this backend's kernels.  The receive claims rows (dispatch) or tokens
  * (combine) from a counter in stream order, so the rows of one source are
- * taken by several warps: each, once it has copied a row out, waits until
- * the rows before it are taken (cuops_dev.chan_took) and counts it, and the
- * one that completes a chunk stores the credit.  Bounded: a stream's earlier
- * rows are claimed first, by warps that wait only for rows the senders may
- * write.
+ * taken by many warps at once, in any order: each, once it has copied its
+ * claim's rows out, counts them per chunk (cuops_dev.chan_took, one atomic
+ * add per source and chunk), and the chunks taken whole are credited in
+ * order, by whoever takes the last row of the first chunk not credited
+ * (chunk_taken, cuops_dev.chan_front).  Taking never waits, so a receiver
+ * waits only for rows: bounded, since a stream's earlier rows are claimed
+ * first, and once those are taken their chunks are credited, so the
+ * senders may write the rows claimed next (a claim's rows of a source fit
+ * in the ring past the chunks credited: ops_tp.cuh, RECV_CLAIM and
+ * REDUCE_CLAIM).
  *
  * Deadlock: a sender that waits for credit must not hold back any
  * receiver, its own rank's or another's, for every rank's senders may be
@@ -139,53 +144,97 @@ __device__ __forceinline__ int wait_credit(const cuops_job &J, const call &k, ui
   }
 }
 
-/*
- * One lane, once its warp has read row j of local source s's stream (a
- * __syncwarp after the reads): wait, bounded, until the rows before it are
- * taken (by this or other warps: they were claimed first), count it, and
- * at the end of a chunk or of the stream (rows in all) store the credit.
- * False when the call failed (recorded here or elsewhere).
- */
-__device__ __forceinline__ bool take_row(const cuops_job &J, const call &k, uint32_t op,
-                                         uint32_t s, uint32_t j, uint32_t rows) {
-  volatile uint16_t *took = &J.dev->chan_took[s];
-  for (uint32_t i = 0; *took != (uint16_t)j; i++) {
-    if ((i & 31u) != 31u)
-      continue;
-    if (*(volatile uint32_t *)&J.dev->broken)
-      return false;
-    const uint64_t waited = globaltimer_ns() - k.t0;
-    if (waited > J.timeout_ns) {
-      rec_fail(J, DEP_ERR_TIMEOUT, op, s, CUOPS_PHASE_ROW, k.seq, j, waited);
-      return false;
-    }
-    __nanosleep(32);
-  }
-  __threadfence(); /* the earlier rows' credit, stored by whoever took them, before ours */
-  const uint32_t n = j + 1;
-  if (n % J.chunk_rows == 0 || n == rows) {
-    __threadfence_system(); /* the warp's reads of the rows before the credit */
-    st_release_sys((uint64_t *)(slot_at(J, J.rank, k.parity, s) + offsetof(ops_slot, credit)),
-                   DEP_SLAB_CHAN_AT(k.seq, n));
-  }
+/* Every lane of a receiving warp, once it has read the rows it is to take: every lane's reads
+ * before any of the warp's counts (take_rows), one fence for the warp. */
+__device__ __forceinline__ void take_fence() {
+  __syncwarp();
   __threadfence();
-  *took = (uint16_t)n;
-  return true;
 }
 
-/* A receiving warp, after reading its claimed rows (lane i < n: row j of source src): take
- * them in claim order (take_row; rows[s]: source s's stream).  False when the call failed. */
-__device__ __forceinline__ bool take_claimed(const cuops_job &J, const call &k, uint32_t op,
-                                             uint32_t n, uint32_t src, uint32_t j,
-                                             const uint32_t *rows) {
-  __syncwarp();
-  for (uint32_t i = 0; i < n; i++) {
-    const uint32_t s = __shfl_sync(FULL_MASK, src, i), r = __shfl_sync(FULL_MASK, j, i);
-    const bool ok = (threadIdx.x & 31u) != 0 || take_row(J, k, op, s, r, rows[s]);
-    if (!__shfl_sync(FULL_MASK, ok, 0))
-      return false;
+/*
+ * One lane, once chunk c of local source s's stream (len rows of the
+ * stream's `rows`) is taken whole (take_rows): credit it, and every chunk
+ * after it already taken whole, once every chunk before it is credited.
+ * Nothing waits here: the first chunk not credited yet holds the front
+ * (cuops_dev.chan_front), and each chunk taken whole behind it leaves a
+ * done bit there, in the same word, so that whoever takes the front's
+ * chunk last moves the front over them all (the compare-and-swap that sets
+ * a chunk's bit sees every bit set before it, and the one that moves the
+ * front past a chunk clears its bit).  Whoever moves the front stores the
+ * credit, as a maximum: two that moved it one after the other may store
+ * out of order.
+ */
+__device__ __forceinline__ void chunk_taken(const cuops_job &J, const call &k, uint32_t s,
+                                            uint32_t c, uint32_t len, uint32_t rows) {
+  const uint32_t place = c % DEP_SLAB_CHUNKS, front_mask = (1u << CUOPS_CHAN_DONE_SHIFT) - 1u;
+  /* Its count back to 0 for chunk c + DEP_SLAB_CHUNKS, whose rows the sender writes only once
+   * this chunk is credited, below. */
+  atomicAdd(&J.dev->chan_took[s],
+            0ull - ((unsigned long long)len << (CUOPS_CHAN_TOOK_BITS * place)));
+  __threadfence();
+  uint32_t *front = &J.dev->chan_front[s];
+  uint32_t was = *(volatile uint32_t *)front, now, f;
+  for (;;) {
+    now = was | 1u << (CUOPS_CHAN_DONE_SHIFT + place);
+    for (f = now & front_mask;; f++) { /* over the chunks taken whole from the front on */
+      const uint32_t done = 1u << (CUOPS_CHAN_DONE_SHIFT + f % DEP_SLAB_CHUNKS);
+      if ((now & done) == 0)
+        break;
+      now &= ~done;
+    }
+    now = (now & ~front_mask) | f;
+    const uint32_t seen = atomicCAS(front, was, now);
+    if (seen == was)
+      break;
+    was = seen;
   }
-  return true;
+  if (f == (was & front_mask))
+    return; /* a chunk before it is not taken whole yet: whoever takes it credits this one */
+  __threadfence_system(); /* the reads of every row it credits (counted after a fence) first */
+  red_max_release_sys((uint64_t *)(slot_at(J, J.rank, k.parity, s) + offsetof(ops_slot, credit)),
+                       DEP_SLAB_CHAN_AT(k.seq, min(f * J.chunk_rows, rows)));
+}
+
+/*
+ * One lane, once its warp has read rows j0..j1 - 1 of local source s's
+ * stream (`rows` in all), then met at a __syncwarp and fenced (the reads
+ * before the counts, take_fence): count them taken, chunk by chunk
+ * (cuops_dev.chan_took, an atomic add), and credit each chunk the count
+ * completes (chunk_taken).  It never waits: the rows of a source are taken
+ * in any order, by many warps at once, and a chunk is credited once every
+ * row of it and of the chunks before it is taken.
+ */
+__device__ __forceinline__ void take_rows(const cuops_job &J, const call &k, uint32_t s,
+                                          uint32_t j0, uint32_t j1, uint32_t rows) {
+  for (uint32_t j = j0; j < j1;) {
+    const uint32_t c = j / J.chunk_rows, end = min((c + 1) * J.chunk_rows, j1);
+    const uint32_t len = min(J.chunk_rows, rows - c * J.chunk_rows);
+    const uint32_t shift = CUOPS_CHAN_TOOK_BITS * (c % DEP_SLAB_CHUNKS);
+    const unsigned long long add = (unsigned long long)(end - j) << shift;
+    const unsigned long long now = atomicAdd(&J.dev->chan_took[s], add) + add;
+    if (((now >> shift) & ((1u << CUOPS_CHAN_TOOK_BITS) - 1u)) == len)
+      chunk_taken(J, k, s, c, len, rows);
+    j = end;
+  }
+}
+
+/*
+ * A receiving warp, after reading its claimed rows (lane i < n: row j of
+ * source src, in stream order: a source's rows are consecutive): take
+ * them, the first lane of each source's rows for all of them (take_rows;
+ * rows[s]: source s's stream).
+ */
+__device__ __forceinline__ void take_claimed(const cuops_job &J, const call &k, uint32_t n,
+                                             uint32_t src, uint32_t j, const uint32_t *rows) {
+  const uint32_t lane = threadIdx.x & 31u;
+  take_fence();
+  const uint32_t prev = __shfl_up_sync(FULL_MASK, src, 1);
+  const uint32_t heads = __ballot_sync(FULL_MASK, lane < n && (lane == 0 || src != prev));
+  if (((heads >> lane) & 1u) == 0)
+    return;
+  const uint32_t later = heads & ~((2u << lane) - 1u); /* 2u << 31 wraps to 0: none later */
+  const uint32_t last = later != 0 ? (uint32_t)__ffs(later) - 1 : n;
+  take_rows(J, k, src, j, j + (last - lane), rows[src]);
 }
 
 #endif /* DEP_OPS_STREAM_CUH */

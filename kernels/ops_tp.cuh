@@ -459,8 +459,8 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
           atomicAdd(&a.cnt[l], 1);
       }
     }
-    if (RING && !take_claimed(J, k, op, n, src, j, s_p.rows))
-      return;
+    if (RING)
+      take_claimed(J, k, n, src, j, s_p.rows);
   }
 }
 
@@ -586,17 +586,29 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
       }
       red_store(acc, out, c0, h, vec);
     }
-    /* RING: the token's rows taken, lane i each source i (mod 32) that sent one; the
-     * sources' channels are apart, so the lanes wait for no one of this warp */
-    for (uint32_t s0 = 0; RING && s0 < W; s0 += 32) {
-      const uint32_t s = s0 + lane;
+  }
+  /* RING: the tokens' rows taken, lane i those of each source i (mod 32), a run of
+   * consecutive rows at a time: a source's rows of consecutive tokens are consecutive in its
+   * stream (it sends back, in order, the rows this rank's dispatch sent it in token order) */
+  for (uint32_t s0 = 0; RING && s0 < W; s0 += 32) {
+    const uint32_t s = s0 + lane;
+    take_fence();
+    uint32_t j0 = 0, n = 0; /* a run of n rows from j0, not counted yet */
+    for (uint32_t t = first; t < last; t++) {
       const int32_t p = combine_pos(J, a, k, t, s);
-      __syncwarp(); /* every lane's reads of the rows before any credit */
-      const bool ok = p < 0 || take_row(J, k, OPS_OP_COMBINE | (a.ow != NULL ? OPS_OP_WEIGHTS : 0u),
-                                        s, (uint32_t)p, a.h.tp_sent[s]);
-      if (__ballot_sync(FULL_MASK, !ok) != 0)
-        return false;
+      if (p < 0)
+        continue;
+      if (n != 0 && (uint32_t)p == j0 + n) {
+        n++;
+        continue;
+      }
+      if (n != 0)
+        take_rows(J, k, s, j0, j0 + n, a.h.tp_sent[s]);
+      j0 = (uint32_t)p;
+      n = 1;
     }
+    if (n != 0)
+      take_rows(J, k, s, j0, j0 + n, a.h.tp_sent[s]);
   }
   return true;
 }
@@ -605,6 +617,11 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
 #define COMBINE_MARK_EVERY 4u
 /* Tokens a reducing warp claims at a time. */
 #define REDUCE_CLAIM 2u
+/* A streamed call is bounded (ops_stream.cuh) since a claim's rows of one source, from the
+ * first not taken on, are in its channel once the chunks before that row are credited: the
+ * ring holds that chunk and DEP_SLAB_CHUNKS - 1 more of one row at the least. */
+static_assert(RECV_CLAIM <= DEP_SLAB_CHUNKS && REDUCE_CLAIM <= DEP_SLAB_CHUNKS,
+              "a claim's rows of one source fit its channel past the chunks credited");
 
 /* Every warp that sums (RING: every receiving warp): claim tokens from the grid's counter
  * and sum each (combine_reduce) until none is left or the call failed. */

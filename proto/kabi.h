@@ -246,13 +246,25 @@ struct cuops_dev {
    * mask it ran with, for its receive (CUOPS_RECV) to run with; the receive sets the seq to 0. */
   uint64_t pend_seq[2];
   unsigned long long pend_mask[2];
-  /* A streamed call (kernels/ops_stream.cuh): the rows of each local source's channel this
-   * rank has taken in the running call, modulo 2^16 (a wait compares it with a row number
-   * below 2^16 that it never passes, so the low bits say it exactly, and the struct keeps
-   * the size its carve in the private area rounds it to); 0 between calls. */
-  uint16_t chan_took[CUOPS_MAX_RANKS];
+  /* A streamed call (kernels/ops_stream.cuh), for each local source's channel in the running
+   * call: chan_took, the rows its receiving warps have taken (copied out) of each chunk not
+   * yet credited, CUOPS_CHAN_TOOK_BITS a chunk, by the chunk's place in the ring (its number
+   * modulo DEP_SLAB_CHUNKS); chan_front, the chunks credited (the bits below
+   * CUOPS_CHAN_DONE_SHIFT) and, from that bit on, one by place for each chunk taken whole
+   * but not credited yet, since a chunk before it is not.  0 between calls. */
+  unsigned long long chan_took[CUOPS_MAX_RANKS];
+  uint32_t chan_front[CUOPS_MAX_RANKS];
 };
 #define CUOPS_XSEEN_FAILED (1ull << 63)
+#define CUOPS_CHAN_TOOK_BITS 16u
+#define CUOPS_CHAN_DONE_SHIFT 28u
+/* A streamed job's chunk_rows * DEP_SLAB_CHUNKS is below max_tokens_per_rank (slab.h). */
+DEP_STATIC_ASSERT(DEP_SLAB_CHUNKS * CUOPS_CHAN_TOOK_BITS <= 64 &&
+                      DEP_SHAPE_MAX_TOKENS / DEP_SLAB_CHUNKS <= (1u << CUOPS_CHAN_TOOK_BITS) - 1,
+                  "chan_took holds a count of every chunk of the ring, each up to chunk_rows");
+DEP_STATIC_ASSERT(DEP_SHAPE_MAX_TOKENS < (1u << CUOPS_CHAN_DONE_SHIFT) &&
+                      CUOPS_CHAN_DONE_SHIFT + DEP_SLAB_CHUNKS <= 32,
+                  "chan_front holds a stream's chunks and a done bit for each of the ring's");
 
 /* One rank's view of its job, passed by value to every kernel. */
 struct cuops_job {

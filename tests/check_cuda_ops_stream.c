@@ -7,7 +7,8 @@
  * num_worst_tokens, weighted combine) against the oracle with chunks of 1
  * and 3 rows and of 16 (a channel of 64 rows, below the shapes' 128-512
  * tokens), worlds 2, 4 and 8, rows of all -1, all to one rank and 0 tokens;
- * a receiver that comes late to every call (its senders wait for its
+ * rows that lap their channels many times over several calls (the chunks
+ * taken in any order, credited in order); a receiver that comes late to every call (its senders wait for its
  * credit and overwrite nothing); a rank whose process ends while its peer
  * streams to it (DEP_ERR_PEER through the daemon's abort words, never a
  * hang); and a job across two daemons that stream, refused at attach
@@ -117,6 +118,41 @@ START_TEST(throughput_extensions_stream_as_the_oracle_says) {
   cr_world_stop(&w);
   ext_gpu_free(e);
   free(e);
+}
+END_TEST
+
+/*
+ * Every pair of 8 ranks streams some 340 rows a call (512 tokens, top-8 of 64 experts) through
+ * its channel: some 85 laps of a 4-row channel in chunks of 1 row, 5 of a 64-row one in chunks
+ * of 16; four rounds, so each call's channels run four times.  The receivers take rows in any order
+ * and credit the chunks in order without waiting (ops_stream.cuh chunk_taken): a chunk
+ * credited before its rows were read would let its sender overwrite them (a wrong output or a
+ * row's wait timing out), one never credited would hold its sender until the op timeout, and
+ * counts left from a call would do either in the next.
+ */
+START_TEST(rows_that_lap_their_channels_many_times_arrive_as_the_oracle_says) {
+  CR_NEEDS_GPU();
+  static const struct ow_scenario sc = {8, 128, 8, 64, 512, 16, P_RANDOM, T_MAX, DEP_INDEX_I32,
+                                        0};
+  static const uint32_t laps_chunks[] = {1, 16};
+  const uint32_t chunk = laps_chunks[_i];
+  ow_seed_init(4600 + (uint64_t)_i);
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &sc, 0);
+  char yaml[64], job[32];
+  stream_yaml(d, chunk, yaml, sizeof yaml);
+  struct cr_world w;
+  cr_world_start(&w, yaml);
+  struct cr_rounds a = {d, 1, 4};
+  snprintf(job, sizeof job, "stream-laps-%d", _i);
+  const uint64_t t0 = cr_ms_now();
+  cr_run_procs(&w, job, &d->shape, sc.world, cr_body_rounds, &a, d->desc);
+  printf("cuda_ops stream: many laps, chunks of %u rows: %s: ok in %llu ms\n", chunk, d->desc,
+         (unsigned long long)(cr_ms_now() - t0));
+  cr_world_stop(&w);
+  ow_case_free(d);
+  free(d);
 }
 END_TEST
 
@@ -323,6 +359,7 @@ TCase *cuda_ops_stream_tcase(void) {
                       (int)(N_SCENARIOS * N_CHUNKS));
   tcase_add_loop_test(t, throughput_extensions_stream_as_the_oracle_says, 0,
                       (int)(N_EXT * N_CHUNKS));
+  tcase_add_loop_test(t, rows_that_lap_their_channels_many_times_arrive_as_the_oracle_says, 0, 2);
   tcase_add_test(t, a_late_receiver_holds_its_senders_back_and_loses_nothing);
   tcase_add_test(t, a_rank_whose_process_ends_mid_stream_fails_its_peer_through_the_daemon);
   tcase_add_test(t, a_job_across_daemons_that_stream_is_refused_naming_why);
