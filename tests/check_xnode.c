@@ -950,7 +950,12 @@ Suite *xnode_suite(void) {
   tcase_add_test(g, on_the_gpu_a_lost_node_fails_the_survivors_within_the_op_timeout);
   tcase_add_test(g, on_the_gpu_a_ranks_own_daemon_killed_fails_it_with_daemon_gone_at_once);
   tcase_add_test(g, on_the_gpu_a_rank_that_rejoins_across_daemons_pushes_on_from_its_rings_head);
-  tcase_add_test(g, on_the_gpu_split_calls_across_daemons_never_overwrite_a_slow_receiver);
   suite_add_tcase(s, g);
+  /* Its own case, so that a GPU pass can run it alone (bench/gpu-xnode.sh's splitx step). */
+  TCase *gs = tcase_create("gpu_split");
+  tcase_set_tags(gs, "gpu");
+  tcase_set_timeout(gs, 120);
+  tcase_add_test(gs, on_the_gpu_split_calls_across_daemons_never_overwrite_a_slow_receiver);
+  suite_add_tcase(s, gs);
   return s;
 }
