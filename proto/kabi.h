@@ -202,7 +202,8 @@ enum cuops_phase {
   CUOPS_PHASE_RING = 8,    /* the proxy's ring: full past the timeout, or no longer served
                               (code: the proxy's); source is the destination rank */
   CUOPS_PHASE_TAKEN = 9,   /* waiting for a peer to read (taken) this rank's post of two calls
-                              before, whose slots the call reuses; seen_flag: that call */
+                              before, whose slots the call reuses; seen_flag: that call (for
+                              a peer on another node code may be the proxy's, its ring failed) */
   CUOPS_PHASE_UNSENT = 10, /* a split receive found no send of its call on the device;
                               seen_flag: the call the device holds sent in that parity */
   CUOPS_PHASE_CREDIT = 11, /* a streamed call (kernels/ops_stream.cuh): waiting for a local
