@@ -397,7 +397,6 @@ static int attach_ops_ready(dep_client_t *c, const struct dep_attach_args *args)
    * (cuda: cuda_ops_attach, from the device's copy of the word). */
   if (!c->cuda && ops_here)
     host_ops_join_at(&c->ops, host_ops_join_word(&c->ops));
-  c->ops.split_far = !c->cuda; /* host_ops.h "Split calls": the kernels carry no taken back */
   if (!c->cuda && c->attach_ok.kernel_warmup && ops_here)
     host_warmup(c);
   /* A job across nodes: its waits fail at once when this node's daemon goes

@@ -22,14 +22,27 @@ static const char *op_name(uint32_t op) {
 }
 
 /* The words for a split call's failures (kabi.h "Split calls"), into m. */
-static void cuops_split_words(const struct ops_err_record *r, const char *what, char *m,
-                              size_t len) {
-  if (r->phase == CUOPS_PHASE_TAKEN)
+static void cuops_split_words(const dep_client_t *c, const struct ops_err_record *r,
+                              int32_t code, const char *what, char *m, size_t len) {
+  const bool far = r->source < 64 && (c->cuops.job.remote_mask >> r->source) & 1;
+  if (r->phase == CUOPS_PHASE_TAKEN && code == DEP_ERR_DAEMON_GONE)
+    snprintf(m, len, "%s (call %llu, waiting for rank %u on another node to read call %llu): "
+             OPS_DAEMON_GONE_WHY, what, (unsigned long long)r->seq, r->source,
+             (unsigned long long)r->seen_flag);
+  else if (r->phase == CUOPS_PHASE_TAKEN && code != DEP_ERR_TIMEOUT)
+    snprintf(m, len, "%s: the daemon's proxy stopped serving this rank while call %llu waited "
+             "for rank %u on another node to read call %llu: %s; restart the job", what,
+             (unsigned long long)r->seq, r->source, (unsigned long long)r->seen_flag,
+             code == DEP_ERR_PEER ? "a node of the job is gone" : dep_strerror(code));
+  else if (r->phase == CUOPS_PHASE_TAKEN)
     snprintf(m, len, "call %llu: rank %u has not read call %llu in %u ms, and %s reuses its "
-             "slots: that rank has not run call %llu's receive (DEP_LL_RECV), or has stopped; "
+             "slots: that rank has not run call %llu's receive (DEP_LL_RECV), or has stopped%s; "
              "every rank must receive each of its split calls", (unsigned long long)r->seq,
              r->source, (unsigned long long)r->seen_flag, r->waited_ms, what,
-             (unsigned long long)r->seen_flag);
+             (unsigned long long)r->seen_flag,
+             far ? ", or its node's daemon or the link to it is stuck (deepepctl peers on both "
+                   "nodes)"
+                 : "");
   else
     snprintf(m, len, "%s: the receive (DEP_LL_RECV) of call %llu found no send of that call on "
              "the device (it holds call %llu's); a CUDA graph that counts calls was replayed, or "
@@ -128,7 +141,7 @@ static void cuops_record_words(const dep_client_t *c, const struct ops_err_recor
     break;
   case CUOPS_PHASE_TAKEN:
   case CUOPS_PHASE_UNSENT:
-    cuops_split_words(r, what, m, len);
+    cuops_split_words(c, r, code, what, m, len);
     break;
   case CUOPS_PHASE_CREDIT:
   case CUOPS_PHASE_STOPPED:
@@ -166,7 +179,8 @@ int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
   if (r.phase == CUOPS_PHASE_GONE && (r.seen_flag >> 32) == DEP_SLAB_GONE_DAEMON)
     code = DEP_ERR_DAEMON_GONE;
   if (!own || code == DEP_ERR_TIMEOUT || code == DEP_ERR_PEER || code == DEP_ERR_DAEMON_GONE ||
-      r.phase == CUOPS_PHASE_AHEAD || r.phase == CUOPS_PHASE_RING) {
+      r.phase == CUOPS_PHASE_AHEAD || r.phase == CUOPS_PHASE_RING ||
+      r.phase == CUOPS_PHASE_TAKEN) {
     c->cuops.broken = true;
   } else {
     e->code = 0;

@@ -550,9 +550,9 @@ DEP_EXPORT int dep_combine(dep_client_t *c, const struct dep_combine_args *a,
  * On cuda each half is a launch of the call's kernel on the caller's
  * stream with no host synchronisation (a captured send and receive replay
  * as a pair); the send, the calls between and the receive must be in
- * stream order.  Where the job spans nodes the host backend splits calls
- * as on one node; on cuda they are DEP_ERR_UNSUPPORTED there (whole calls
- * only, for now).  A library older than
+ * stream order.  Where the job spans nodes both backends split calls as
+ * on one node (a receive's taken goes back to the senders on other nodes
+ * through the daemons).  A library older than
  * 0.6.0 refuses a non-zero phases (DEP_ERR_UNSUPPORTED, "Structs grow").
  */
 #define DEP_LL_SEND 1u

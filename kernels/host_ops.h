@@ -75,10 +75,10 @@
  *     of no payload sent as it is taken.
  *   - The two ranks of a pair never wait for each other's next post: a
  *     taken frame goes at the end of the receive, whatever the call after.
- * The cuda backend's kernels neither push taken descriptors nor wait on
- * remote taken words: there split calls across nodes stay refused
- * (DEP_ERR_UNSUPPORTED; ops_ctx.split_far), so ranks there never run
- * ahead of a receiver.
+ * The cuda backend's kernels do the same (kabi.h "Split calls"): every
+ * post carries prev_read, a split receive after a later call pushes the
+ * TAKEN descriptors, and a sending CTA's wait at its call's begin is
+ * read_by's rule (kernels/ops_dev.cuh wait_taken).
  *
  * Failures: bad arguments are DEP_ERR_INVALID before anything is written
  * anywhere (the call does not consume a seq and may be retried).  A source
@@ -239,9 +239,6 @@ struct ops_ctx {
   uint64_t live_join_max;              /* the largest join word read with them */
   uint32_t nmasked;                    /* bits set in mask (0: the call skips nothing) */
   struct ops_pending pend[2];          /* split calls sent, not received, by parity */
-  int split_far;                       /* split calls may run where the job spans nodes: the
-                                          host backend's calls (client/attach.c sets it), which
-                                          carry a receiver's taken back; not the kernels' */
   int64_t *wait_cost;                  /* the running LL receive's (deepep.h), else NULL:
                                           wait_all adds each source's wait, in ns */
   char why[256];                       /* message of the last failure */

@@ -304,15 +304,6 @@ int ops_check_phases(const struct ops_ctx *c, uint32_t phases, const struct dep_
                     "receive of the send the handle holds)", op, phases);
   if (h == NULL)
     return 0; /* the handle checks say it */
-  /* Across nodes a split receive's taken goes back through the daemons, which the host
-   * backend's calls do (host_ops.h "Split calls") and the kernels do not. */
-  if (phases != 0 && phases != whole && !c->split_far)
-    for (uint32_t r = 0; r < c->world; r++)
-      if (c->remote[r] >= 0)
-        return why_fail(why, whylen, DEP_ERR_UNSUPPORTED, "%s: phases is %s, but the job spans "
-                        "nodes (rank %u is on another), where the cuda backend runs a call "
-                        "whole: give phases 0", op,
-                        phases == DEP_LL_SEND ? "DEP_LL_SEND" : "DEP_LL_RECV", r);
   const uint64_t held = host_ops_pending(c, h);
   const struct ops_pending *p = held != 0 ? &c->pend[held & 1] : NULL;
   if (phases == DEP_LL_RECV) {

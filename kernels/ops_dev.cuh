@@ -270,23 +270,51 @@ __device__ __forceinline__ bool gone_blocks(const cuops_job &J, const call &k, u
 }
 
 /*
+ * Whether peer t has read call f, which this rank posted into its slot of
+ * f's parity (sl: in t's slab, or the out slot image for t on another
+ * node): the rule of host_ops.c read_by.  A local peer says so in the
+ * slot's taken word.  One on another node says it in one of three ways
+ * (kernels/host_ops.h "Split calls"), asked here in the order a job of
+ * whole calls meets them, each a read across the bus: its post of f + 1
+ * with prev_read (it had read f as it posted); its post of f + 2 (it posts
+ * nothing of f's parity while f is pending); or the taken word its TAKEN
+ * descriptor had the daemons store into the out slot.  t cannot post
+ * f + 3 before this rank posts f + 2 (its call f + 3 waits for this rank's
+ * read of f + 1), so the prev_read read after f + 1's flag is that post's.
+ */
+__device__ __forceinline__ bool read_by(const cuops_job &J, const call &k, uint32_t t,
+                                        const ops_slot *sl, uint64_t f) {
+  if (!is_remote(J, t))
+    return ld_acquire_sys((const uint64_t *)&sl->taken) >= f;
+  const ops_slot *next = (const ops_slot *)recv_slot(J, k.parity ^ 1u, t);
+  if (ld_acquire_sys((const uint64_t *)&next->flag) == f + 1 &&
+      *(const volatile uint32_t *)&next->prev_read != 0)
+    return true;
+  return ld_acquire_sys((const uint64_t *)recv_slot(J, k.parity, t)) >= f + 2 ||
+         ld_acquire_sys((const uint64_t *)&sl->taken) >= f;
+}
+
+/*
  * Thread 0 of a CTA that is to send call k to rank t (kabi.h "Split calls"):
- * wait, bounded and abort-aware, until local peer t has taken (read to its
- * end) what this rank posted into its slot of k's parity two calls before.
- * A slot that holds no post of that call (a masked peer's, a fresh slab's)
- * is free.  False when the wait failed (recorded here).
+ * wait, bounded and abort-aware, until peer t has read (read_by) what this
+ * rank posted into its slot of k's parity two calls before.  A slot that
+ * holds no post of that call (a masked peer's, a fresh slab's) is free.
+ * For t on another node the words are in host memory, so the wait sleeps
+ * between reads rather than load the bus, and it fails as well when the
+ * proxy stopped serving this rank's ring (its code).  False when the wait
+ * failed (recorded here).
  */
 __device__ __forceinline__ bool wait_taken(const cuops_job &J, const call &k, uint32_t op,
                                            uint32_t t) {
-  if (t >= J.world || t == J.rank || is_remote(J, t) || masked(k, t))
+  if (t >= J.world || t == J.rank || masked(k, t))
     return true;
-  const ops_slot *sl = (const ops_slot *)slot_at(J, t, k.parity, J.rank);
+  const bool far = is_remote(J, t);
+  const ops_slot *sl = (const ops_slot *)send_slot(J, k.parity, t);
   for (uint32_t i = 0;; i++) {
     const uint64_t f = ld_acquire_sys((const uint64_t *)&sl->flag);
-    const uint64_t got = ld_acquire_sys((const uint64_t *)&sl->taken);
-    if (f + 2 != k.seq || got >= f)
+    if (f + 2 != k.seq || read_by(J, k, t, sl, f))
       return true;
-    if ((i & 31u) == 31u) {
+    if (far || (i & 31u) == 31u) {
       const uint64_t waited = globaltimer_ns() - k.t0;
       if (*(volatile uint32_t *)&J.dev->broken)
         return false;
@@ -294,11 +322,17 @@ __device__ __forceinline__ bool wait_taken(const cuops_job &J, const call &k, ui
         rec_gone(J, op, k.seq, waited);
         return false;
       }
-      if (waited > J.timeout_ns) {
-        rec_fail(J, DEP_ERR_TIMEOUT, op, t, CUOPS_PHASE_TAKEN, k.seq, f, waited);
+      const int32_t failed =
+          far ? (int32_t)ld_acquire_sys32((const uint32_t *)(J.ring + offsetof(dep_xring, failed)))
+              : 0;
+      if (failed != 0 || waited > J.timeout_ns) {
+        if (failed != 0)
+          atomicExch(&J.dev->broken, 1u); /* t will not get this call, whatever the code */
+        rec_fail(J, failed != 0 ? failed : DEP_ERR_TIMEOUT, op, t, CUOPS_PHASE_TAKEN, k.seq, f,
+                 waited);
         return false;
       }
-      __nanosleep(64);
+      __nanosleep(far ? 1024 : 64);
     }
   }
 }
@@ -381,14 +415,20 @@ __device__ __forceinline__ void stats_call(const cuops_job &J, const call &k, ui
   e->seq = k.seq;
 }
 
+/* Defined below, with the posts: hand a descriptor of kind for rank d to the proxy. */
+__device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, uint32_t op,
+                                           uint32_t d, uint64_t bytes,
+                                           uint32_t kind = DEP_XRING_BLOCK);
+
 /*
  * Every CTA ends here (all threads).  The last one to finish: a call that
  * received (whole, or a split receive) says so in each local source's slot
- * (taken, kabi.h "Split calls"); a call that sent (whole, or a split send)
- * publishes seq, and logs the call (op, bytes) in the stats page where the
- * rank has one.  A receive leaves seq as it found it and logs nothing (its
- * call was logged at its send, as on the host backend); what it failed is
- * in the error record.
+ * (taken, kabi.h "Split calls"), and a split receive that ran after a
+ * later call says so to each source on another node (a TAKEN descriptor);
+ * a call that sent (whole, or a split send) publishes seq, and logs the
+ * call (op, bytes) in the stats page where the rank has one.  A receive
+ * leaves seq as it found it and logs nothing (its call was logged at its
+ * send, as on the host backend); what it failed is in the error record.
  */
 __device__ __forceinline__ void call_end(const cuops_job &J, const call &k, uint32_t op,
                                          uint64_t bytes) {
@@ -409,6 +449,20 @@ __device__ __forceinline__ void call_end(const cuops_job &J, const call &k, uint
             st_release_sys((uint64_t *)(slot_at(J, J.rank, k.parity, s) +
                                         offsetof(ops_slot, taken)),
                            k.seq);
+        /* A split receive after a later call, whose posts said this one was unread
+         * (prev_read 0): each source on another node that posted it is told through the
+         * proxy, a TAKEN descriptor that carries its in slot's taken word (xring.h). */
+        const bool later = *(volatile uint64_t *)&J.dev->seq != k.seq &&
+                           *(volatile uint32_t *)&J.dev->broken == 0;
+        const uint32_t ll = op == DEP_STATS_OP_LL_DISPATCH ? OPS_OP_LL_DISPATCH : OPS_OP_LL_COMBINE;
+        for (uint32_t s = 0; later && k.phase == CUOPS_RECV && s < J.world; s++) {
+          uint8_t *in = recv_slot(J, k.parity, s);
+          if (!is_remote(J, s) || ld_acquire_sys((const uint64_t *)in) != k.seq)
+            continue; /* a local source reads its slot itself; one that posted nothing waits not */
+          st_release_sys((uint64_t *)(in + offsetof(ops_slot, taken)), k.seq);
+          if (!xring_push(J, k, ll, s, 0, DEP_XRING_TAKEN))
+            break;
+        }
       }
       if (k.phase == CUOPS_RECV) {
         J.dev->pend_seq[k.parity] = 0;
@@ -441,6 +495,10 @@ __device__ __forceinline__ void post_header(const cuops_job &J, const call &k, u
   sl->op = op;
   sl->ref_seq = ref_seq;
   sl->num_tokens = num_tokens;
+  /* Whether the call before is read (not a send whose receive is yet to run): a source on
+   * another node reads it here (read_by), as the host backend writes it. */
+  sl->prev_read = k.seq == 1 || *(volatile uint64_t *)&J.dev->pend_seq[(k.seq - 1) & 1u] !=
+                                    k.seq - 1;
   st_release_sys((uint64_t *)slot, k.seq);
 }
 
@@ -452,11 +510,12 @@ __device__ __forceinline__ void post_header(const cuops_job &J, const call &k, u
  * device memory, so the steady state reads nothing across the bus — write
  * it, then publish the ring's head in reservation order: after the
  * descriptors before it, each pushed by another CTA that is resident and
- * pushing.  False when the call failed (recorded here, or broken
- * elsewhere).
+ * pushing.  kind: DEP_XRING_BLOCK, or DEP_XRING_TAKEN (bytes 0: the in
+ * slot's taken word for source d, call_end).  False when the call failed
+ * (recorded here, or broken elsewhere).
  */
 __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, uint32_t op,
-                                           uint32_t d, uint64_t bytes) {
+                                           uint32_t d, uint64_t bytes, uint32_t kind) {
   uint8_t *r = J.ring;
   const unsigned long long i = atomicAdd(&J.dev->xr_next, 1ull);
   bool written = false;
@@ -474,7 +533,7 @@ __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, ui
         e->parity = k.parity;
         e->seq = k.seq;
         e->bytes = bytes;
-        e->kind = DEP_XRING_BLOCK;
+        e->kind = kind;
         e->row0 = 0;
         written = true;
       }

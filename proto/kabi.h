@@ -149,8 +149,8 @@ struct ops_slot {
   /* 1 when the sender had read the call before this one to its end as it
    * posted this one (a whole call, or a split receive that ran before this
    * send): what a source on another node learns of this rank's reading
-   * without a frame of its own (host_ops.h, "Split calls").  The host
-   * backend writes it; the kernels leave it 0. */
+   * without a frame of its own (host_ops.h, "Split calls").  Both
+   * backends write it. */
   uint32_t prev_read;
   /* A streamed call (slab.h): the rows the sender has published into the
    * channel and the rows the receiver has taken out of it, each
@@ -202,7 +202,8 @@ enum cuops_phase {
   CUOPS_PHASE_RING = 8,    /* the proxy's ring: full past the timeout, or no longer served
                               (code: the proxy's); source is the destination rank */
   CUOPS_PHASE_TAKEN = 9,   /* waiting for a peer to read (taken) this rank's post of two calls
-                              before, whose slots the call reuses; seen_flag: that call */
+                              before, whose slots the call reuses; seen_flag: that call (for
+                              a peer on another node code may be the proxy's, its ring failed) */
   CUOPS_PHASE_UNSENT = 10, /* a split receive found no send of its call on the device;
                               seen_flag: the call the device holds sent in that parity */
   CUOPS_PHASE_CREDIT = 11, /* a streamed call (kernels/ops_stream.cuh): waiting for a local
@@ -403,8 +404,11 @@ struct cuops_combine_args {
  * parity the call it has read to its end (ops_slot.taken, release, by the
  * receive's last CTA), and every CTA of a communicating kernel that sends,
  * as it begins (call_begin), waits, bounded and abort-aware as every wait,
- * until the local peer it sends to has taken what this rank posted there
- * two calls before.  The
+ * until the peer it sends to has read what this rank posted there two
+ * calls before.  A peer on another node says so as on the host backend
+ * (host_ops.h "Split calls"): every post carries prev_read, and a split
+ * receive that ran after a later call pushes a TAKEN descriptor (xring.h)
+ * for each source on another node that posted it.  The
  * library refuses what the host backend refuses (ops_check, and a call
  * whose parity a pending send holds), before launching anything.
  */

@@ -246,9 +246,7 @@ static struct ops_slot *ring_post_in(struct ring_rank *r, uint64_t seq, uint32_t
 enum ring_read { RING_NONE, RING_TAKEN_FRAME, RING_PREV_READ, RING_POST_3 };
 
 /*
- * Split calls in a job across nodes (host_ops.h "Split calls"): without
- * split_far (the cuda backend's kernels carry no taken back) a split send
- * is DEP_ERR_UNSUPPORTED and nothing reaches the ring.  With it: send 1,
+ * Split calls in a job across nodes (host_ops.h "Split calls"): send 1,
  * send 2, both of rank 1's posts in (its call 2 posted before it read call
  * 1: prev_read 0), the receive of call 1, which stores its taken word in
  * the in slot and pushes a TAKEN descriptor for rank 1 (its receive ran
@@ -268,11 +266,6 @@ START_TEST(a_split_call_across_nodes_waits_for_the_remote_receivers_read) {
     uint16_t *rx = malloc((size_t)2 * 2 * r.lay.max_ll_tokens * 128 * 2);
     ck_assert_ptr_nonnull(rx);
     uint8_t *xchg = dep_xring_xchg(r.ring);
-    if (how == RING_NONE) {
-      ck_assert_int_eq(ring_ll(&r, &r.h, rx, DEP_LL_SEND), DEP_ERR_UNSUPPORTED);
-      ck_assert_uint_eq(atomic_load(&r.ring->head), 0);
-    }
-    r.c.split_far = 1;
     ck_assert_msg(ring_ll(&r, &r.h, rx, DEP_LL_SEND) == 0, "%s", r.c.why);
     ck_assert_msg(ring_ll(&r, &h2, rx, DEP_LL_SEND) == 0, "%s", r.c.why);
     ck_assert_uint_eq(atomic_load(&r.ring->head), 2);

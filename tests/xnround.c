@@ -230,13 +230,7 @@ out:
   return rc;
 }
 
-/* One step of an interleaving: dispatch or combine, of micro-batch mb, send or receive. */
-struct xn_step {
-  char op;
-  int mb;
-  uint32_t phase;
-};
-static const struct xn_step xn_split_modes[2][8] = {
+const struct xn_step xn_split_modes[XN_SPLIT_MODES][XN_SPLIT_STEPS] = {
   {{'d', 0, DEP_LL_SEND}, {'d', 1, DEP_LL_SEND}, {'d', 0, DEP_LL_RECV}, {'c', 0, DEP_LL_SEND},
    {'d', 1, DEP_LL_RECV}, {'c', 1, DEP_LL_SEND}, {'c', 0, DEP_LL_RECV}, {'c', 1, DEP_LL_RECV}},
   {{'d', 0, DEP_LL_SEND}, {'d', 1, DEP_LL_SEND}, {'d', 0, DEP_LL_RECV}, {'d', 1, DEP_LL_RECV},
@@ -296,13 +290,13 @@ int xn_round_split(dep_client_t *c, const struct ow_case *a, const struct ow_cas
     if ((rc = dep_handle_new(c, &h[i])) != 0)
       snprintf(res->msg, sizeof res->msg, "dep_handle_new: %s: %s", dep_errname(rc),
                dep_errmsg(c));
-  for (int mode = 0; rc == 0 && mode < 2; mode++) {
+  for (int mode = 0; rc == 0 && mode < XN_SPLIT_MODES; mode++) {
     for (int i = 0; i < 2; i++) { /* each receive writes its outputs anew */
       memset(o[i].lx, 0xA5, o[i].n_lx * 2);
       memset(o[i].lcnt, 0xA5, d[i]->le * sizeof *o[i].lcnt);
       memset(o[i].lout, 0xA5, (size_t)d[i]->max_ll * d[i]->sc.hidden * 2);
     }
-    for (int i = 0; rc == 0 && i < 8; i++) {
+    for (int i = 0; rc == 0 && i < XN_SPLIT_STEPS; i++) {
       const struct xn_step *st = &xn_split_modes[mode][i];
       if (hook != NULL && mode == 0)
         hook(r, i, 0, arg);

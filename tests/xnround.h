@@ -58,6 +58,16 @@ int xn_round_modes(dep_client_t *c, const struct ow_case *d, uint32_t r, struct 
  * 0).  0, a DEP_ERR_* of a call, or 1; res->msg says which.
  */
 typedef void xn_split_hook(uint32_t r, int step, int after, void *arg);
+/* The two interleavings, step by step (check_xnode.c's GPU ranks run them on device
+ * buffers): dispatch ('d') or combine ('c'), of micro-batch mb, send or receive. */
+struct xn_step {
+  char op;
+  int mb;
+  uint32_t phase;
+};
+#define XN_SPLIT_MODES 2
+#define XN_SPLIT_STEPS 8
+extern const struct xn_step xn_split_modes[XN_SPLIT_MODES][XN_SPLIT_STEPS];
 int xn_round_split(dep_client_t *c, const struct ow_case *a, const struct ow_case *b, uint32_t r,
                    struct ow_outs o[2], xn_split_hook *hook, void *arg, struct xn_result *res);
 

@@ -17,20 +17,6 @@ from .event import EventOverlap
 from .handle import Handle, _capturing
 
 
-def _sent_split(send: Any, whole: Any) -> bool:
-    """A hooked call's send (True), or, where the library runs a call whole (a job across
-    nodes on the cuda backend: deepep.h "Split calls", refused before anything was sent), the
-    whole call (False: its hook finds it received)."""
-    try:
-        send()
-        return True
-    except Error as e:
-        if e.code != _lib.ERR_UNSUPPORTED:
-            raise
-    whole()
-    return False
-
-
 def _no_hook() -> None:
     """The receive hook of a call made without return_recv_hook (it has received)."""
 
@@ -124,13 +110,8 @@ class _LowLatency:
         the hook (DEP_LL_SEND, DEP_LL_RECV), each on the stream current then (on cuda).  The
         hook."""
         h._unreceived = True  # low_latency_handle_info waits for the hook
-        if not _sent_split(
-                lambda: self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h,
-                                              None, phases=_lib.LL_SEND),
-                lambda: self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h,
-                                              stats, cost=cost)):
-            h._unreceived = False
-            return _no_hook
+        self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, None,
+                              phases=_lib.LL_SEND)
 
         def receive() -> None:
             self._ll_dispatch_now(x, idx, itype, n, fp8, recv_x, scales, count, h, stats,
@@ -355,10 +336,7 @@ class _LowLatency:
                                  f"[{nt}, {self.hidden}] bfloat16 tensor")
         if return_recv_hook:
             # The library sends now and receives in the hook (DEP_LL_SEND, DEP_LL_RECV).
-            if not _sent_split(
-                    lambda: self._ll_combine_now(x, idx, itype, w, out, nt, h, _lib.LL_SEND),
-                    lambda: self._ll_combine_now(x, idx, itype, w, out, nt, h, cost=cost)):
-                return out, EventOverlap(None), _no_hook
+            self._ll_combine_now(x, idx, itype, w, out, nt, h, _lib.LL_SEND)
             return out, EventOverlap(None), self._split_hook(
                 lambda: self._ll_combine_now(x, idx, itype, w, out, nt, h, _lib.LL_RECV, cost))
         self._ll_combine_now(x, idx, itype, w, out, nt, h, cost=cost)

@@ -427,7 +427,7 @@ def internode_rank(args) -> List[Dict[str, Any]]:
              "combined": bits(b.combine(y, h, topk_weights=rw)[0]),
              "inter_combined": bits(b.internode_combine(y, ih, iw)[0])}
         # The low-latency pair with and without the receive hook (split across nodes too, on
-        # the host backend; on cuda deepep runs a hooked call whole): the same results.
+        # either backend): the same results.
         li = inputs(seed, rank, world, it, ll=True)
         lx, lidx = torch.from_numpy(li["x"]).bfloat16().to(dev), torch.from_numpy(li["idx"]).to(dev)
         lw = torch.from_numpy(li["w"]).to(dev)

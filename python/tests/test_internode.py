@@ -195,7 +195,7 @@ def test_the_internode_handle_indexes_as_deepeps_test_internode(internode, seed)
 
 
 def test_a_hooked_low_latency_pair_across_nodes_equals_the_unhooked_one(internode):
-    """The receive hook in a job that spans nodes (split on the host backend, whole on cuda):
+    """The receive hook in a job that spans nodes (a split call, on either backend):
     the rows, counts and combined output are those of the same call without the hook."""
     W, res = internode
     for r in range(W):
@@ -219,11 +219,11 @@ HOOK_WAIT_S = 60
 def hooked_across(two_nodes, seed):
     """ranks.hook_rank's results in a job over the two daemons: rank 0's hooked dispatch
     returns before any other rank, those on the other node included, has made its call (where
-    the receive is deferred: the host backend splits calls across nodes; it raised or ran whole
+    the receive is deferred: both backends split calls across nodes; it raised or ran whole
     before), then pipelined hooked dispatches with their hooks in reverse order and a hooked
     combine."""
     if conftest.BACKEND != "host":
-        pytest.skip("the cuda backend runs a hooked call whole across nodes (deepep.3)")
+        pytest.skip("hook_rank runs its ranks on CPU tensors (host backend), as test_hook's")
     W = ranks.NODES * ranks.NODE_RANKS
     ctx = mp.get_context("spawn")
     with ctx.Manager() as m, ctx.Pool(W) as pool:
