@@ -314,8 +314,61 @@ struct comb_call {
   const struct dep_combine_args *a;
   const struct dep_handle *h;
   uint32_t t, p;    /* the token being summed, and how many of its ranks are in */
+  bool fresh;       /* the token's sum holds nothing yet (no bias, no vector): +0 */
   float wacc[DEP_SHAPE_MAX_TOPK];
 };
+
+/*
+ * The sums run four channels at a time in GCC's vector extensions: each
+ * channel's additions keep their order (bias, then the ranks ascending),
+ * so every bit is what the one-channel loop gave, and the baseline
+ * x86-64 (SSE2) and aarch64 (NEON) targets have these operations, where
+ * the scalar loop, whose conversions -O2 does not vectorise, spent most
+ * of a combine's time on the rank.  hidden is a multiple of
+ * DEP_SHAPE_HIDDEN_STEP (shape.h), so no channel is left over; loads and
+ * stores go through memcpy, so rows need no alignment.
+ */
+typedef float comb_f32x4 __attribute__((vector_size(16)));
+typedef uint32_t comb_u32x4 __attribute__((vector_size(16)));
+typedef uint16_t comb_u16x4 __attribute__((vector_size(8)));
+_Static_assert(DEP_SHAPE_HIDDEN_STEP % 4 == 0, "a row's channels come four at a time");
+
+/* Four bf16 channels as float32 (host_ops_bf16_to_float). */
+static inline comb_f32x4 comb_load4(const uint16_t *v) {
+  comb_u16x4 h;
+  memcpy(&h, v, sizeof h);
+  return (comb_f32x4)(__builtin_convertvector(h, comb_u32x4) << 16);
+}
+
+/* acc = +0 + v (the sum's first vector; +0 + -0 is +0, as from a zeroed sum). */
+static void comb_row_set(float *acc, const uint16_t *v, uint32_t hid) {
+  for (uint32_t i = 0; i < hid; i += 4) {
+    const comb_f32x4 a = (comb_f32x4){0.0f, 0.0f, 0.0f, 0.0f} + comb_load4(v + i);
+    memcpy(acc + i, &a, sizeof a);
+  }
+}
+
+/* acc += v. */
+static void comb_row_add(float *acc, const uint16_t *v, uint32_t hid) {
+  for (uint32_t i = 0; i < hid; i += 4) {
+    comb_f32x4 a;
+    memcpy(&a, acc + i, sizeof a);
+    a += comb_load4(v + i);
+    memcpy(acc + i, &a, sizeof a);
+  }
+}
+
+/* out = bf16(acc), as host_ops_float_to_bf16: round to nearest even, a NaN quiet. */
+static void comb_row_put(uint16_t *out, const float *acc, uint32_t hid) {
+  for (uint32_t i = 0; i < hid; i += 4) {
+    comb_u32x4 u;
+    memcpy(&u, acc + i, sizeof u);
+    const comb_u32x4 nan = (comb_u32x4)((u & 0x7fffffffu) > 0x7f800000u);
+    const comb_u32x4 r = ((u >> 16 | 0x40u) & nan) | ((u + 0x7fffu + (u >> 16 & 1u)) >> 16 & ~nan);
+    const comb_u16x4 h = __builtin_convertvector(r, comb_u16x4);
+    memcpy(out + i, &h, sizeof h);
+  }
+}
 
 /* Row j back to dest: the vector of the j-th row dest sent this rank. */
 static void comb_fill(struct ops_ctx *c, void *arg, uint32_t d, uint32_t j, uint8_t *row) {
@@ -341,15 +394,15 @@ static void comb_see(struct ops_ctx *c, void *arg, uint32_t src, const struct op
 
 /* A token's sum begins as DeepEP's does (deepep.h dep_combine_args): bias_0 + bias_1 in
  * float32, a missing one +0, so that the ranks' vectors are added to it before the one
- * rounding. */
-static void comb_bias(struct ops_ctx *c, const struct dep_combine_args *a, uint32_t t) {
+ * rounding; without either, +0 (x->fresh until the first vector). */
+static void comb_bias(struct ops_ctx *c, struct comb_call *x, uint32_t t) {
+  const struct dep_combine_args *a = x->a;
   const uint32_t hid = c->shape.hidden;
   const uint16_t *b0 = a->bias_0 ? (const uint16_t *)a->bias_0 + (size_t)t * hid : NULL;
   const uint16_t *b1 = a->bias_1 ? (const uint16_t *)a->bias_1 + (size_t)t * hid : NULL;
-  if (b0 == NULL && b1 == NULL) {
-    memset(c->acc, 0, hid * sizeof *c->acc);
+  x->fresh = b0 == NULL && b1 == NULL; /* the first vector sets the sum (comb_row_set) */
+  if (x->fresh)
     return;
-  }
   for (uint32_t i = 0; i < hid; i++)
     c->acc[i] = (b0 ? host_ops_bf16_to_float(b0[i]) : 0.0f) +
                 (b1 ? host_ops_bf16_to_float(b1[i]) : 0.0f);
@@ -364,7 +417,7 @@ static int comb_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, u
   while (c->stream_rc == 0 && x->t < h->num_tokens) {
     const uint32_t t = x->t;
     if (x->p == 0) {
-      comb_bias(c, a, t);
+      comb_bias(c, x, t);
       memset(x->wacc, 0, sizeof x->wacc);
     }
     for (; x->p < h->token_nranks[t]; x->p++) {
@@ -376,9 +429,11 @@ static int comb_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, u
         return moved;
       }
       const uint8_t *row = host_ops__stream_row(c, r, c->peer[r].from_taken);
-      const uint16_t *v = (const uint16_t *)row;
-      for (uint32_t i = 0; i < hid; i++)
-        c->acc[i] += host_ops_bf16_to_float(v[i]);
+      if (x->fresh)
+        comb_row_set(c->acc, (const uint16_t *)row, hid);
+      else
+        comb_row_add(c->acc, (const uint16_t *)row, hid);
+      x->fresh = false;
       if (a->out_topk_weights != NULL) {
         const float *w = (const float *)(row + ops_weights_off(hid, k));
         for (uint32_t j = 0; j < k; j++)
@@ -387,8 +442,9 @@ static int comb_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, u
       host_ops__stream_taken(c, r, 1);
       moved = 1;
     }
-    for (uint32_t i = 0; i < hid; i++)
-      ((uint16_t *)a->out)[(size_t)t * hid + i] = host_ops_float_to_bf16(c->acc[i]);
+    if (x->fresh) /* nothing came: every vector masked, or none selected */
+      memset(c->acc, 0, hid * sizeof *c->acc);
+    comb_row_put((uint16_t *)a->out + (size_t)t * hid, c->acc, hid);
     if (a->out_topk_weights != NULL)
       memcpy(a->out_topk_weights + (size_t)t * k, x->wacc, k * sizeof(float));
     x->t++;

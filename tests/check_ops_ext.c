@@ -592,6 +592,71 @@ START_TEST(biases_are_added_before_the_one_rounding) {
 }
 END_TEST
 
+/*
+ * The combine's sum at the edges of float32 and bf16, bit for bit the
+ * one-channel sum (ow_want_combine's formula): every pair of the codes
+ * below, one from each of two ranks, in one token's channels: signed
+ * zeros (-0 + -0 is +0, the sum starting from +0), infinities and their
+ * difference, the largest finite values overflowing, subnormals, ties to
+ * even each way, a quiet and a signalling NaN; then the same with a bias.
+ * A sum that is NaN must be a NaN (which payload, when both terms are
+ * NaNs, is the hardware's operand order, which deepep.h does not promise).
+ */
+static const uint16_t edge_codes[16] = {
+    0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0x7f81, 0x7f7f, 0xff7f,
+    0x0001, 0x8001, 0x3f80, 0x3b80, 0xbf80, 0x3b00, 0x4000, 0x3f81};
+enum { EDGE_H = 256 }; /* every pair: 16 x 16 channels */
+
+static int edge_rank(struct ops_ctx *c, void *arg, char *msg) {
+  (void)arg;
+  const uint32_t r = c->rank;
+  static uint16_t x[EDGE_H], cx[2 * EDGE_H], out[EDGE_H], bias[EDGE_H], rx[2 * EDGE_H];
+  const int64_t idx[2] = {0, 1}; /* experts 0 and 1: ranks 0 and 1 */
+  const float w[2] = {1.0f, 1.0f};
+  int32_t ridx[4], cnt[1];
+  float rw[4];
+  uint32_t nr = 0;
+  struct dep_handle hd;
+  host_ops_handle_init(&hd);
+  for (int i = 0; i < EDGE_H; i++)
+    x[i] = 0x3f80, bias[i] = edge_codes[(i * 5 + 3) % 16];
+  struct dep_dispatch_args da = {.size = sizeof da, .x = x, .topk_idx = idx,
+                                 .index_type = DEP_INDEX_I64, .topk_weights = w, .num_tokens = 1,
+                                 .recv_x = rx, .recv_topk_idx = ridx, .recv_topk_weights = rw,
+                                 .recv_count_per_expert = cnt, .num_recv = &nr};
+  int rc = host_ops_dispatch(c, &da, &hd);
+  if (rc != 0 || nr != 2)
+    return ow_fail(msg, "dispatch: %s, %u rows (want 2): %s", dep_errname(rc), nr, c->why);
+  /* Rank 0 sends back the code of a channel's low four bits, rank 1 of its high four. */
+  for (int i = 0; i < 2 * EDGE_H; i++)
+    cx[i] = edge_codes[r == 0 ? i % 16 : i % EDGE_H / 16];
+  for (int with_bias = 0; with_bias < 2; with_bias++) {
+    struct dep_combine_args ca = {.size = sizeof ca, .x = cx, .out = out,
+                                  .bias_0 = with_bias ? bias : NULL};
+    if ((rc = host_ops_combine(c, &ca, &hd)) != 0)
+      return ow_fail(msg, "combine: %s: %s", dep_errname(rc), c->why);
+    for (int i = 0; i < EDGE_H; i++) {
+      const uint16_t a = edge_codes[i % 16], b = edge_codes[i / 16];
+      const float want_f = (with_bias ? host_ops_bf16_to_float(bias[i]) + 0.0f : 0.0f) +
+                           host_ops_bf16_to_float(a) + host_ops_bf16_to_float(b);
+      const uint16_t want = host_ops_float_to_bf16(want_f);
+      const bool nan = (want & 0x7fffu) > 0x7f80u, got_nan = (out[i] & 0x7fffu) > 0x7f80u;
+      if (nan ? !got_nan : out[i] != want)
+        return ow_fail(msg, "combine%s: channel %d: 0x%04x + 0x%04x%s gave 0x%04x, want 0x%04x",
+                       with_bias ? " (bias_0)" : "", i, a, b, with_bias ? " + bias" : "",
+                       out[i], want);
+    }
+  }
+  host_ops_handle_fini(&hd);
+  return 0;
+}
+
+START_TEST(a_combines_sum_keeps_every_bit_at_the_edges) {
+  const struct dep_job_shape s = {1, EDGE_H, 2, 2, DEP_DTYPE_BF16, 1};
+  ow_run_ranks(&s, 2, edge_rank, NULL, "combine at the edges");
+}
+END_TEST
+
 /* The new arguments' refusals: DEP_ERR_INVALID naming each, nothing written. */
 START_TEST(bad_extension_arguments_are_refused_before_any_write) {
   struct ow_rank0 *r = ow_rank0_open(&ow_small, 200);
@@ -680,6 +745,7 @@ Suite *ops_ext_suite(void) {
   tcase_add_loop_test(ops, combine_with_biases_rounds_once_as_the_oracle, 0,
                       (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
   tcase_add_test(ops, biases_are_added_before_the_one_rounding);
+  tcase_add_test(ops, a_combines_sum_keeps_every_bit_at_the_edges);
   suite_add_tcase(s, ops);
 
   TCase *faults = tcase_create("faults");
