@@ -540,28 +540,38 @@ END_TEST
 #define TIE_BIAS 0x3b00u       /* bf16 2^-9 */
 #define TIE_ONE_ULP 0x3f81u    /* bf16 1 + 2^-7 */
 
+/* One token of x, routed to experts 0 and 1 (ranks 0 and 1 of a world of 2) with weights 1,
+ * dispatched: its two rows into rx, the call's handle into hd.  0, or ow_fail's. */
+static int dispatch_one_to_both(struct ops_ctx *c, const uint16_t *x, uint16_t *rx,
+                                struct dep_handle *hd, char *msg) {
+  static const int64_t idx[2] = {0, 1};
+  static const float w[2] = {1.0f, 1.0f};
+  int32_t ridx[4], cnt[1];
+  float rw[4];
+  uint32_t nr = 0;
+  host_ops_handle_init(hd);
+  struct dep_dispatch_args da = {.size = sizeof da, .x = x, .topk_idx = idx,
+                                 .index_type = DEP_INDEX_I64, .topk_weights = w, .num_tokens = 1,
+                                 .recv_x = rx, .recv_topk_idx = ridx, .recv_topk_weights = rw,
+                                 .recv_count_per_expert = cnt, .num_recv = &nr};
+  int rc = host_ops_dispatch(c, &da, hd);
+  if (rc != 0 || nr != 2)
+    return ow_fail(msg, "dispatch: %s, %u rows (want 2): %s", dep_errname(rc), nr, c->why);
+  return 0;
+}
+
 static int tie_rank(struct ops_ctx *c, void *arg, char *msg) {
   (void)arg;
   enum { H = 128 };
   const uint32_t r = c->rank;
   static uint16_t x[H], cx[2 * H], out[H], bias[H];
-  const int64_t idx[2] = {0, 1}; /* experts 0 and 1: ranks 0 and 1 */
-  const float w[2] = {1.0f, 1.0f};
   uint16_t rx[2 * H];
-  int32_t ridx[4], cnt[1];
-  float rw[4];
-  uint32_t nr = 0;
   struct dep_handle hd;
-  host_ops_handle_init(&hd);
   for (int i = 0; i < H; i++)
     x[i] = (uint16_t)TIE_ONE, bias[i] = (uint16_t)TIE_BIAS;
-  struct dep_dispatch_args da = {.size = sizeof da, .x = x, .topk_idx = idx,
-                                 .index_type = DEP_INDEX_I64, .topk_weights = w, .num_tokens = 1,
-                                 .recv_x = rx, .recv_topk_idx = ridx, .recv_topk_weights = rw,
-                                 .recv_count_per_expert = cnt, .num_recv = &nr};
-  int rc = host_ops_dispatch(c, &da, &hd);
-  if (rc != 0 || nr != 2)
-    return ow_fail(msg, "dispatch: %s, %u rows (want 2): %s", dep_errname(rc), nr, c->why);
+  int rc = dispatch_one_to_both(c, x, rx, &hd, msg);
+  if (rc != 0)
+    return rc;
   for (int i = 0; i < 2 * H; i++) /* each row this rank sends back: 1 from rank 0, 2^-8 from 1 */
     cx[i] = (uint16_t)(r == 0 ? TIE_ONE : TIE_ULP_HALF);
   struct dep_combine_args ca = {.size = sizeof ca, .x = cx, .out = out};
@@ -611,22 +621,12 @@ static int edge_rank(struct ops_ctx *c, void *arg, char *msg) {
   (void)arg;
   const uint32_t r = c->rank;
   static uint16_t x[EDGE_H], cx[2 * EDGE_H], out[EDGE_H], bias[EDGE_H], rx[2 * EDGE_H];
-  const int64_t idx[2] = {0, 1}; /* experts 0 and 1: ranks 0 and 1 */
-  const float w[2] = {1.0f, 1.0f};
-  int32_t ridx[4], cnt[1];
-  float rw[4];
-  uint32_t nr = 0;
   struct dep_handle hd;
-  host_ops_handle_init(&hd);
   for (int i = 0; i < EDGE_H; i++)
     x[i] = 0x3f80, bias[i] = edge_codes[(i * 5 + 3) % 16];
-  struct dep_dispatch_args da = {.size = sizeof da, .x = x, .topk_idx = idx,
-                                 .index_type = DEP_INDEX_I64, .topk_weights = w, .num_tokens = 1,
-                                 .recv_x = rx, .recv_topk_idx = ridx, .recv_topk_weights = rw,
-                                 .recv_count_per_expert = cnt, .num_recv = &nr};
-  int rc = host_ops_dispatch(c, &da, &hd);
-  if (rc != 0 || nr != 2)
-    return ow_fail(msg, "dispatch: %s, %u rows (want 2): %s", dep_errname(rc), nr, c->why);
+  int rc = dispatch_one_to_both(c, x, rx, &hd, msg);
+  if (rc != 0)
+    return rc;
   /* Rank 0 sends back the code of a channel's low four bits, rank 1 of its high four. */
   for (int i = 0; i < 2 * EDGE_H; i++)
     cx[i] = edge_codes[r == 0 ? i % 16 : i % EDGE_H / 16];
