@@ -14,7 +14,7 @@
 # daemons and on one, and loopback TCP round trips; "elastic": bench/elastic
 # on one daemon and two, host and cuda; "hostwarm": the host backend's first
 # calls with and without its warm-up; "splitx": split low-latency calls across
-# two daemons, check_xnode's gpu_split case), SECS (per step, 150).
+# two daemons, check_xnode_split.c's gpu case), SECS (per step, 150).
 set -u
 B=$(cd "${1:-build-gpu}" && pwd) || exit 2
 OUTD=${OUT:-/tmp/dep-out}
@@ -139,7 +139,7 @@ for s in ${STEPS:-xnode oracle sliced}; do
   elastic) elastic_step ;;
   hostwarm) hostwarm_step ;;
   xnode) mps_on; step xnode-mps xnode gpu ;;
-  splitx) mps_on; step splitx-mps xnode gpu_split ;;
+  splitx) mps_on; step splitx-mps xnode_split gpu ;;
   oracle) step oracle-mps cuda_ops oracle; mps_off ;;
   sliced) [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && mps_off
           CK_RUN_CASE=gpu SECS=${SLICED_SECS:-90} step xnode-sliced xnode gpu ;;

@@ -49,6 +49,7 @@
   XX(xnode)                 \
   XX(xnode_faults)          \
   XX(xnode_ring)            \
+  XX(xnode_split)           \
   XX(xfer)                  \
   XX(stats)                 \
   XX(stats_forged)          \
