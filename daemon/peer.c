@@ -1,16 +1,17 @@
 /*
  * peer.c — the peer daemons (peer.h): the links, once open — running the
- * handshake (its logic is peerauth.c), their frames, keep-alive and
- * timeouts — and the layer's start, stop and queries, all on the loop
+ * handshake (its logic is peerauth.c) and handling their frames — the wait
+ * for readiness, and the layer's start, stop and queries, all on the loop
  * thread.  Opening links is peerconn.c's, settling their transport
- * peerxport.c's (peer_internal.h).
+ * peerxport.c's, the clock (keep-alives, timeouts, retries, the loop's
+ * stalls) peer_tick.c's (peer_internal.h).
  *
  * Each configured peer has connection_pool_size outbound slots.  A slot
  * is connecting (a non-blocking connect watched with its own uv_poll),
  * authenticating (a link, the handshake under way), settling its
  * transport, up, or in backoff (waiting to try again, with the last
  * error).  Inbound connections are links too; they count for the peer
- * they prove to be once authenticated.  One timer (PEER_TICK_MS) drives
+ * they prove to be once authenticated.  One timer (peer_tick.c) drives
  * retries, keep-alives and the timeouts.
  */
 #include "peer.h"
@@ -32,9 +33,6 @@
 #include "peerauth.h"
 #include "rdmaxp.h"
 
-#define PEER_TICK_MS 100
-/* A tick this late is said in the log (peer_on_tick). */
-#define PEER_STALL_MS (2 * PEER_KEEPALIVE_MS)
 /* Before a link has authenticated its frames are small: a HELLO at most. */
 #define PEER_PREAUTH_MAX_BODY 1024u
 #define PEER_QUEUE_BYTES (4u * 1024u * 1024u)
@@ -375,18 +373,6 @@ static void peer_on_error_msg(struct link *l, struct peer_conn *c,
     log_warnx("peer %s: says: %s", c->peer->name, msg);
 }
 
-/* A KEEPALIVE: a request is echoed as a reply; a reply gives the round trip. */
-static void peer_on_keepalive(struct peer_conn *c, struct dep_peer_msg *m) {
-  if (m->u.keepalive.reply == 0) {
-    m->u.keepalive.reply = 1;
-    (void)peer__send(c, m);
-  } else {
-    uint64_t now_us = uv_hrtime() / 1000u;
-    if (now_us >= m->u.keepalive.stamp)
-      c->peer->rtt_us = now_us - m->u.keepalive.stamp;
-  }
-}
-
 /* The peer's CLOSE: the link ends with its words. */
 static void peer_on_close_msg(struct link *l, struct peer_conn *c,
                               const struct dep_peer_msg *m) {
@@ -439,7 +425,7 @@ static void peer_on_frame(struct link *l, const struct dep_frame_hdr *h, const u
     peer_on_error_msg(l, c, &m);
     break;
   case DEP_PEER_KEEPALIVE:
-    peer_on_keepalive(c, &m);
+    peer__on_keepalive(c, &m);
     break;
   case DEP_PEER_XPORT:
     peerxport_on_xport(c, &m.u.xport);
@@ -523,49 +509,7 @@ const struct link_ops peer__link_ops = {
     .on_close = peer_on_close,
     .on_drop = peer_on_drop,
 };
-/* ---- the tick: retries, keep-alives, timeouts, readiness ----------------- */
-
-/* The later of t and the end of the loop's last stall: what a link's wait
- * or silence counts from (peer_on_tick). */
-static uint64_t since(uint64_t t) { return t > P->resumed_ms ? t : P->resumed_ms; }
-
-/* Keep-alive and the timeouts of one linked connection. */
-static void conn_tick(struct peer_conn *c, uint64_t now) {
-  if (!link_open(&c->link))
-    return;
-  if (!c->up) {
-    if (!c->authed && now - since(c->opened_ms) > PEER_HANDSHAKE_MS) {
-      c->refusal = PEER_REFUSED_TIMEOUT;
-      snprintf(c->err, sizeof c->err, "did not authenticate within %d ms", PEER_HANDSHAKE_MS);
-      link_drop(&c->link, "%s", c->err);
-    } else if (c->authed && now - since(c->authed_ms) > PEER_TRANSPORT_MS) {
-      snprintf(c->err, sizeof c->err, "its transport was not settled within %d ms (%s)",
-               PEER_TRANSPORT_MS, c->qp != NULL ? "the RDMA connection did not complete"
-                                                : "no XPORT came");
-      link_drop(&c->link, "%s", c->err);
-    }
-    return;
-  }
-  if (now - since(c->last_rx_ms) > PEER_DEAD_MS) {
-    snprintf(c->err, sizeof c->err, "nothing received for %d ms: dead peer", PEER_DEAD_MS);
-    link_drop(&c->link, "%s", c->err);
-    return;
-  }
-  if (now - c->last_ping_ms >= PEER_KEEPALIVE_MS) {
-    /* The queue pair's keep-alive out, as the link's silence, from the end of a stall at most. */
-    if (c->qp != NULL && rdmaxp_ping(c->qp, now) > PEER_DEAD_MS &&
-        now - P->resumed_ms > PEER_DEAD_MS) {
-      snprintf(c->err, sizeof c->err, "its RDMA queue pair answered no keep-alive for %d ms",
-               PEER_DEAD_MS);
-      link_drop(&c->link, "%s", c->err);
-      return;
-    }
-    struct dep_peer_msg m = {.type = DEP_PEER_KEEPALIVE};
-    m.u.keepalive.stamp = uv_hrtime() / 1000u;
-    c->last_ping_ms = now;
-    (void)peer__send(c, &m);
-  }
-}
+/* ---- readiness ----------------------------------------------------------- */
 
 /* "a:1 (backoff: ...), b:2 (connecting)" for the peers not up; "" when all are. */
 static void peer_missing(char *buf, size_t len) {
@@ -604,53 +548,6 @@ void peer__check_ready(void) {
   cb(missing[0] != '\0' ? missing : NULL);
 }
 
-static void peer_on_tick(uv_timer_t *t) {
-  uint64_t now = now_ms();
-  /* A loop that ran nothing for this long sent no keep-alive, and its
-   * peers may drop its links as silent.  Nor did it read: what they sent
-   * meanwhile waits unread, and the tick runs before those reads, so the
-   * links' silence (and the handshakes' waits) count from now, not from
-   * before the stall; else this daemon would drop every link as dead for
-   * its own stall (as both daemons of a pair did when the making of their
-   * pools stalled them together at start, withdrawing the offers of the
-   * data connections under way). */
-  if (now - P->last_tick_ms > PEER_STALL_MS) {
-    log_warnx("peers: the loop ran no tick for %llu ms (this daemon was blocked or starved of "
-              "CPU); the links' silence counts from now; peers may drop the links as dead past "
-              "%d ms", (unsigned long long)(now - P->last_tick_ms), PEER_DEAD_MS);
-    P->resumed_ms = now;
-  }
-  P->last_tick_ms = now;
-  if (P->accept_paused_until != 0 && now >= P->accept_paused_until) {
-    P->accept_paused_until = 0;
-    uv_poll_start(&P->listen_poll, UV_READABLE, peerconn_on_accept);
-  }
-  for (size_t k = 0; k < P->n; k++) {
-    struct peer *p = &P->peers[k];
-    for (uint32_t i = 0; i < P->pool_size; i++) {
-      struct peer_slot *s = &p->slots[i];
-      if (s->state == SLOT_BACKOFF && now >= s->retry_at_ms) {
-        peerconn_connect(p, (int)i);
-      } else if (s->state == SLOT_CONNECTING && s->conn != NULL && !s->conn->linked &&
-                 now - since(s->conn->opened_ms) > PEER_HANDSHAKE_MS) {
-        char why[DEP_MSG_TEXT_MAX];
-        snprintf(why, sizeof why, "connect to %s: no answer within %d ms", p->name,
-                 PEER_HANDSHAKE_MS);
-        peerconn_connect_done(s->conn, why);
-      } else if (s->conn != NULL && s->conn->linked) {
-        conn_tick(s->conn, now);
-      }
-    }
-  }
-  for (struct peer_conn *c = P->inbound, *next; c != NULL; c = next) {
-    next = c->next; /* conn_tick may drop c, which takes it out of the list */
-    conn_tick(c, now);
-  }
-  if (P->data != NULL)
-    P->data->tick(); /* data connections lost while their link stayed */
-  peerconn_refusals_tick(now, false);
-  peer__check_ready();
-}
 /* ---- init, fini, queries ------------------------------------------------- */
 
 /* What peerxport.c asks of this file (peer_internal.h). */
@@ -670,7 +567,6 @@ int peer_init(uv_loop_t *loop, const struct config *cfg) {
   P->listen_port = cfg->listen_port;
   snprintf(P->listen_address, sizeof P->listen_address, "%s", cfg->listen_address);
   P->start_ms = uv_now(loop);
-  P->last_tick_ms = P->start_ms; /* a stall before the first tick is one too */
   if (gethostname(P->node, sizeof P->node) != 0)
     snprintf(P->node, sizeof P->node, "unknown");
   P->node[sizeof P->node - 1] = '\0';
@@ -727,8 +623,7 @@ int peer_init(uv_loop_t *loop, const struct config *cfg) {
     }
     peerconn_resolve(p);
   }
-  uv_timer_init(loop, &P->tick);
-  uv_timer_start(&P->tick, peer_on_tick, PEER_TICK_MS, PEER_TICK_MS);
+  peer__tick_start();
   if (P->n > 0)
     log_info("peers: connecting to %zu peer(s), %u connection(s) each", P->n,
              (unsigned)P->pool_size);
@@ -743,7 +638,7 @@ void peer_fini(void) {
     return;
   P->stopping = true;
   P->active = false;
-  uv_close((uv_handle_t *)&P->tick, NULL);
+  peer__tick_stop();
   if (P->listening) {
     P->listening = false;
     uv_poll_stop(&P->listen_poll);

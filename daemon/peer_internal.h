@@ -1,9 +1,11 @@
 /*
  * peer_internal.h — what the files of the peer layer share, private to
  * them: the connection, slot and peer records and the layer's state.
- * peer.c runs the links (the handshake, frames, keep-alive, the tick) and
- * answers the queries of peer.h; peerconn.c opens them (resolving,
- * connecting with backoff, accepting, the listener); peerxport.c settles
+ * peer.c runs the links (the handshake, frames, the wait for readiness)
+ * and answers the queries of peer.h; peer_tick.c is the layer's clock
+ * (retries, keep-alives, timeouts, the loop's stalls); peerconn.c opens
+ * the links (resolving, connecting with backoff, accepting, the
+ * listener); peerxport.c settles
  * an authenticated link's transport (TCP, or an RDMA queue pair), calling
  * peer.c only through P->core; peerstate.c defines the layer's state.  All
  * of it runs on the loop thread.
@@ -187,6 +189,15 @@ bool peer__all_up(const struct peer *p);
 void peer__note_links(struct peer *p);
 /* Call the peer_wait callback once every peer is up or the wait is over. */
 void peer__check_ready(void);
+
+/* ---- peer_tick.c ---- */
+
+/* Start the layer's clock (peer_init, once the peers are set up); stop it (peer_fini). */
+void peer__tick_start(void);
+void peer__tick_stop(void);
+/* A KEEPALIVE came on c: a request is echoed as a reply (m becomes it); a
+ * reply gives the round trip. */
+void peer__on_keepalive(struct peer_conn *c, struct dep_peer_msg *m);
 
 /*
  * What peerxport.c asks of peer.c, through P->core (peer_init sets it), so

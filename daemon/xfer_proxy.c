@@ -514,10 +514,28 @@ static enum px_turn ring_turn(struct xfer_route *r, uint32_t lr, bool fresh,
   struct dep_xring *ring = r->ring[lr];
   uint64_t tail = atomic_load_explicit(&ring->tail, memory_order_relaxed);
   uint64_t head = atomic_load_explicit(&ring->head, memory_order_acquire);
+  /*
+   * A head behind the tail is a rank that pushed from a stale head: a
+   * process that took the rank back and counted its pushes from its own
+   * start rather than from the ring's head (xring.h).  A stale head that
+   * lands exactly on the tail cannot be told from an empty ring, and one
+   * that passes it from a store the proxy did not see cannot be told from
+   * pushes: the descriptors written meanwhile went into places the proxy
+   * had taken, and the calls waiting for them time out.  Only the client
+   * prevents it: the process that takes a rank back pushes from the head
+   * the ring holds (cuda_attach.c), which the daemon keeps equal to the
+   * tail across the change (job_elastic.c elastic_scrub_xchg).
+   */
   if (head - tail > DEP_XRING_ENTRIES) {
-    if (!atomic_exchange(&r->said, true))
-      log_warnx("job %s: local rank %u's ring says %llu descriptors are waiting, more than it "
-                "holds; the job fails", r->id, lr, (unsigned long long)(head - tail));
+    if (!atomic_exchange(&r->said, true)) {
+      if ((int64_t)(head - tail) < 0)
+        log_warnx("job %s: local rank %u's ring has its head (%llu) behind its tail (%llu): "
+                  "the rank pushed from a stale head; the job fails", r->id, lr,
+                  (unsigned long long)head, (unsigned long long)tail);
+      else
+        log_warnx("job %s: local rank %u's ring says %llu descriptors are waiting, more than it "
+                  "holds; the job fails", r->id, lr, (unsigned long long)(head - tail));
+    }
     xfer__route_fail(r, DEP_ERR_PROTOCOL);
     return PX_FAILED;
   }

@@ -5,16 +5,23 @@
  * chunk's mark and the out slot of its exchange region and a descriptor
  * into the proxy's ring, reads the peer's from the in channel once the
  * in slot and the chunk's in mark say so, waits a bounded time on a full
- * ring and fails at once on one the proxy stopped.
+ * ring and fails at once on one the proxy stopped.  Then one case with two
+ * real daemons: a ring whose head is behind its tail fails its job, saying
+ * so.
  */
 #include <check.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
+#include "client_internal.h"
+#include "daemonwire.h"
 #include "deepep.h"
 #include "host_ops.h"
 #include "slab.h"
+#include "xnjob.h"
 #include "xnround.h"
 #include "xring.h"
 
@@ -306,6 +313,87 @@ START_TEST(a_split_call_across_nodes_waits_for_the_remote_receivers_read) {
 }
 END_TEST
 
+/* ---- the proxy: a ring whose head is behind its tail ------------------------------- */
+
+/* What the two ranks of the stale-head job share (MAP_SHARED). */
+struct stale_head {
+  _Atomic int done;    /* rank 0 saw its ring stopped, or gave up: rank 1 may go */
+  int64_t failed_ms;   /* how long the proxy took to stop the forged ring */
+  int32_t failed;      /* the code it stopped it with */
+};
+
+/* Ceiling on the proxy's answer to the forged ring: it sweeps every ring it serves
+ * continually, so this is only a bound for a loaded machine, far past the few
+ * milliseconds it takes; a hang would be the op timeout's or forever. */
+#define STALE_HEAD_CEILING_MS 20000
+#define STALE_HEAD_TAIL 5u
+
+/* Rank 0 forges its ring as a process that pushed from a stale head leaves it (head 0,
+ * tail STALE_HEAD_TAIL, in one store, so that the proxy sees nothing else) and waits for
+ * the proxy to stop it; rank 1, on the other node, holds its place till then. */
+static int stale_head_rank(dep_client_t *c, const struct xn_run *run, uint32_t rank,
+                           struct xn_result *res) {
+  struct stale_head *sh = run->arg;
+  if (rank != 0) {
+    for (int64_t until = xn_mono_ms() + 2 * STALE_HEAD_CEILING_MS;
+         !atomic_load(&sh->done) && xn_mono_ms() < until;)
+      dw_sleep_ms(5);
+    return 0;
+  }
+  struct dep_xring *ring = c->xring;
+  if (ring == NULL) {
+    snprintf(res->msg, sizeof res->msg, "rank 0 has no ring: %s", c->xring_why);
+    atomic_store(&sh->done, 1);
+    return 1;
+  }
+  const int64_t t0 = xn_mono_ms();
+  atomic_store_explicit(&ring->tail, STALE_HEAD_TAIL, memory_order_release);
+  while (atomic_load_explicit(&ring->failed, memory_order_acquire) == 0 &&
+         xn_mono_ms() - t0 < STALE_HEAD_CEILING_MS)
+    dw_sleep_ms(5);
+  sh->failed = atomic_load_explicit(&ring->failed, memory_order_acquire);
+  sh->failed_ms = xn_mono_ms() - t0;
+  atomic_store(&sh->done, 1);
+  return 0;
+}
+
+/* The proxy fails the job of a ring whose head is behind its tail at once, naming both
+ * and what it means (it used to say "18446744073709551611 descriptors are waiting, more
+ * than it holds": head - tail, unsigned). */
+START_TEST(a_ring_whose_head_is_behind_its_tail_fails_its_job_naming_both) {
+  struct nodes ns;
+  xn_nodes_start(&ns, 2, 20000, XN_OP_TIMEOUT_MS, "");
+  struct xn_place pl;
+  const struct xn_layout *lay = &xn_layouts[0]; /* world 2, one rank on each node */
+  xn_place(&pl, lay->split, lay->nodes);
+  struct ow_case *d = xn_case_new(&lay->sc, 0);
+  struct stale_head *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE,
+                               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(sh, MAP_FAILED);
+  memset(sh, 0, sizeof *sh);
+  struct xn_result *res = xn_results(2);
+  const struct xn_run run = {.d = d, .body = stale_head_rank, .arg = sh};
+  pid_t pids[2];
+  xn_spawn(&ns, &pl, "stalehead", &run, res, pids);
+  const bool ok = xn_reap(pids, 2, 4 * STALE_HEAD_CEILING_MS);
+  char *log = tu_daemon_log(&ns.d[0]);
+  nodes_stop(&ns);
+  ck_assert_msg(ok, "the ranks failed: rank 0: %s; rank 1: %s", res[0].msg, res[1].msg);
+  ck_assert_msg(sh->failed == DEP_ERR_PROTOCOL,
+                "the proxy did not stop the ring within %d ms (its word: %d)",
+                STALE_HEAD_CEILING_MS, (int)sh->failed);
+  char want[200];
+  snprintf(want, sizeof want, "ring has its head (0) behind its tail (%u): the rank pushed from "
+           "a stale head; the job fails", STALE_HEAD_TAIL);
+  ck_assert_msg(log != NULL && strstr(log, want) != NULL, "node 0's log does not say \"%s\":\n%s",
+                want, log != NULL ? log : "(none)");
+  free(log);
+  munmap(res, 2 * sizeof *res);
+  munmap(sh, sizeof *sh);
+  xn_case_free(d);
+}
+END_TEST
+
 Suite *xnode_ring_suite(void);
 Suite *xnode_ring_suite(void) {
   Suite *s = suite_create("xnode_ring");
@@ -317,5 +405,9 @@ Suite *xnode_ring_suite(void) {
   tcase_add_test(r, init_refuses_a_remote_rank_without_a_ring_and_a_ring_of_another_rank);
   tcase_add_test(r, a_split_call_across_nodes_waits_for_the_remote_receivers_read);
   suite_add_tcase(s, r);
+  TCase *p = tcase_create("proxy");
+  tcase_set_timeout(p, 120);
+  tcase_add_test(p, a_ring_whose_head_is_behind_its_tail_fails_its_job_naming_both);
+  suite_add_tcase(s, p);
   return s;
 }
