@@ -95,15 +95,20 @@ static void cuops_record_words(const dep_client_t *c, const struct ops_err_recor
                (unsigned long long)r->seq, r->waited_ms);
       break;
     }
+    const uint32_t how = OPS_ERR_GONE_HOW(r->seen_flag), pid = OPS_ERR_GONE_PID(r->seen_flag);
+    if (how == DEP_SLAB_GONE_CUT) { /* source names this node's rank, pid the winner's */
+      snprintf(m, len, "%s (call %llu, after %u ms): " OPS_CUT_WHY, what,
+               (unsigned long long)r->seq, r->waited_ms, pid);
+      break;
+    }
     char pidtext[24] = ""; /* no pid: a rank on another node, whose pid this daemon never learns */
-    if ((uint32_t)r->seen_flag != 0)
-      snprintf(pidtext, sizeof pidtext, " (pid %u)", (uint32_t)r->seen_flag);
+    if (pid != 0)
+      snprintf(pidtext, sizeof pidtext, " (pid %u)", pid);
     snprintf(m, len, "rank %u%s of the job is gone (%s) while this rank waited in %s "
              "(call %llu, after %u ms); the job cannot go on: restart it", r->source, pidtext,
-             (r->seen_flag >> 32) == DEP_SLAB_GONE_NODE ? "its node is lost: the peer link to its "
-                                                          "daemon dropped"
-             : (r->seen_flag >> 32) == DEP_SLAB_GONE_DETACHED ? "it detached"
-                                                              : "its process ended",
+             how == DEP_SLAB_GONE_NODE ? "its node is lost: the peer link to its daemon dropped"
+             : how == DEP_SLAB_GONE_DETACHED ? "it detached"
+                                             : "its process ended",
              what, (unsigned long long)r->seq, r->waited_ms);
     break;
   }
@@ -176,7 +181,7 @@ int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own) {
   const char *what = op_name(r.op & ~(OPS_OP_FP8 | OPS_OP_CACHED | OPS_OP_WEIGHTS));
   /* The kernels record every abort as DEP_ERR_PEER; words the library wrote
    * because this node's daemon is gone (cuda_ops_daemon_gone) say so. */
-  if (r.phase == CUOPS_PHASE_GONE && (r.seen_flag >> 32) == DEP_SLAB_GONE_DAEMON)
+  if (r.phase == CUOPS_PHASE_GONE && OPS_ERR_GONE_HOW(r.seen_flag) == DEP_SLAB_GONE_DAEMON)
     code = DEP_ERR_DAEMON_GONE;
   if (!own || code == DEP_ERR_TIMEOUT || code == DEP_ERR_PEER || code == DEP_ERR_DAEMON_GONE ||
       r.phase == CUOPS_PHASE_AHEAD || r.phase == CUOPS_PHASE_RING ||

@@ -694,8 +694,8 @@ void elastic_peer_down(struct job *j, int k) {
  * This node's part of j lost the split with peer k: it ends.  Its mask is
  * cleared at a new epoch, so that its ranks' next calls wait for the
  * winner's ranks (which never answer: they are masked there), and the
- * abort words say that this node's rank `self` is gone with its node
- * (DEP_ERR_PEER): a rank live in every view this node's ranks may still
+ * abort words say that this node was cut off (DEP_SLAB_GONE_CUT, DEP_ERR_PEER)
+ * naming this node's rank `self`: a rank live in every view this node's ranks may still
  * hold, so that a wait of any call fails on them at once, one begun under
  * the old mask too (a wait for a rank masked in the call is no failure).
  * A call that reaches the other nodes fails likewise (the route failed).
@@ -724,8 +724,10 @@ static void elastic_cut(struct job *j, int k, uint32_t winner, uint32_t self, ui
            "lost node's ranks cannot rejoin, so start the job again to run on this node",
            j->id, peer_name(k), winner, theirs, ours);
   log_warnx("%s", msg);
-  struct job_rank gone = {.rank = self};
-  lend_tell_gone(j, &gone, DEP_SLAB_GONE_NODE);
+  /* pid carries the winner's rank (slab.h DEP_SLAB_GONE_CUT): the ranks are told that this
+   * node lost, and with whom the job went on, not that a peer is gone. */
+  struct job_rank gone = {.rank = self, .pid = (pid_t)winner};
+  lend_tell_gone(j, &gone, DEP_SLAB_GONE_CUT);
   xfer_job_fail(j, DEP_ERR_PEER);
   job_tell_peers(j, 0, DEP_PEER_NO_RANK, false, msg);
 }

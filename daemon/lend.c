@@ -409,7 +409,7 @@ void lend_tell_gone(struct job *j, const struct job_rank *gone, uint32_t how) {
   else if (told > 0 && how == DEP_SLAB_GONE_NODE)
     log_notice("job %s: the node of rank %u is lost; its %u local rank(s) here fail any call "
                "waiting with DEP_ERR_PEER", j->id, gone->rank, told);
-  else if (told > 0)
+  else if (told > 0 && how != DEP_SLAB_GONE_CUT) /* elastic_cut says why itself */
     log_notice("job %s: rank %u (pid %d) disconnected while the job ran; its %u local peer(s) "
                "fail any call waiting for it with DEP_ERR_PEER", j->id, gone->rank,
                (int)gone->pid, told);

@@ -517,7 +517,7 @@ int host_ops__aborted(const struct ops_ctx *c, unsigned parity, uint32_t src) {
   uint32_t gone = ab->rank;
   if (gone < c->world && ops_masked(c, gone))
     return 0; /* the call waits for nothing from a masked rank */
-  if (gone == src || gone >= c->world || ab->detached == DEP_SLAB_GONE_NODE ||
+  if (gone == src || gone >= c->world || DEP_SLAB_GONE_EVERY(ab->detached) ||
       ab->detached == DEP_SLAB_GONE_DAEMON)
     return 1;
   const struct ops_slot *g = in_slot(c, parity, gone);
@@ -544,6 +544,9 @@ int host_ops__peer_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_t w
   if (daemon)
     return set_why(c, DEP_ERR_DAEMON_GONE, "%s (call %llu, waiting for rank %u): "
                    OPS_DAEMON_GONE_WHY, host_ops_op_name(op), (unsigned long long)c->seq, src);
+  if (detached == DEP_SLAB_GONE_CUT) /* gone names this node's rank, pid the winner's */
+    return set_why(c, DEP_ERR_PEER, "%s (call %llu, waiting for rank %u): " OPS_CUT_WHY,
+                   host_ops_op_name(op), (unsigned long long)c->seq, src, pid);
   char whom[24] = "it", pidtext[24] = "";
   if (gone != src)
     snprintf(whom, sizeof whom, "rank %u", src);
@@ -757,7 +760,7 @@ static int wait_free(struct ops_ctx *c) {
       const uint64_t waited = now_ns() - start;
       const struct dep_slab_abort *ab = host_ops__gone(c);
       if (ab != NULL && (ab->rank == d || ab->rank >= c->world ||
-                         (far && (ab->detached == DEP_SLAB_GONE_NODE ||
+                         (far && (DEP_SLAB_GONE_EVERY(ab->detached) ||
                                   ab->detached == DEP_SLAB_GONE_DAEMON))))
         return host_ops__peer_fail(c, s->op, d, waited);
       const int32_t failed =

@@ -390,6 +390,13 @@ int host_ops_ll_handle_info(struct ops_ctx *c, const struct dep_ll_handle_info_a
   "deepepd on this node stopped or restarted, and the job's links to other nodes went with "   \
   "it: re-attach (dep_detach, then dep_connect and dep_attach, on every rank of the job)"
 
+/* The abort words' DEP_SLAB_GONE_CUT (slab.h), both backends' message: %u is the rank of the
+ * part that went on, which the words carry in pid. */
+#define OPS_CUT_WHY                                                                             \
+  "this node was cut off from the job's other nodes, and the job went on without it, on the "  \
+  "node of rank %u (deepepctl status names it): end this node's ranks of the job (dep_detach), " \
+  "and restart the job to use this node again"
+
 /*
  * This rank's daemon is gone (client/watch.c saw its control connection
  * close) in a job that spans nodes: mark the proxy's ring failed

@@ -264,7 +264,7 @@ __device__ __forceinline__ bool gone_blocks(const cuops_job &J, const call &k, u
   const uint32_t gone = a->rank;
   if (gone < J.world && masked(k, gone))
     return false; /* the call waits for nothing from a masked rank */
-  if (gone == src || gone >= J.world || a->detached == DEP_SLAB_GONE_NODE)
+  if (gone == src || gone >= J.world || DEP_SLAB_GONE_EVERY(a->detached))
     return true;
   return ld_acquire_sys((const uint64_t *)recv_slot(J, k.parity, gone)) != k.seq;
 }

@@ -184,9 +184,13 @@ struct ops_err_record {
   uint32_t phase;       /* cuda: where it failed (enum cuops_phase); the host backend
                            does not write it */
 };
-/* DEP_ERR_PEER's seen_flag: the gone rank's pid, and in bits 32-33 how it
- * went: the abort words' detached (slab.h DEP_SLAB_GONE_*). */
-#define OPS_ERR_GONE(pid, detached) ((uint64_t)(uint32_t)(pid) | ((uint64_t)((detached) & 3u) << 32))
+/* DEP_ERR_PEER's seen_flag: the gone rank's pid (DEP_SLAB_GONE_CUT: a rank
+ * of the part that went on), and in bits 32-34 how it went: the abort
+ * words' detached (slab.h DEP_SLAB_GONE_*).  OPS_ERR_GONE_PID and
+ * OPS_ERR_GONE_HOW read them back. */
+#define OPS_ERR_GONE(pid, detached) ((uint64_t)(uint32_t)(pid) | ((uint64_t)((detached) & 7u) << 32))
+#define OPS_ERR_GONE_PID(seen) ((uint32_t)(seen))
+#define OPS_ERR_GONE_HOW(seen) ((uint32_t)((seen) >> 32) & 7u)
 DEP_STATIC_ASSERT(sizeof(struct ops_err_record) <= DEP_SLAB_ABORT_OFF,
                   "record overlaps the abort words (slab.h)");
 

@@ -131,12 +131,21 @@ struct dep_slab_abort {
  * links to the other nodes, so every wait fails, with
  * DEP_ERR_DAEMON_GONE; rank is then DEP_SLAB_GONE_NO_RANK, which names no
  * rank of any world, so that a reader that knows only the codes above
- * (the kernels) fails every wait too.  How it went is 2 bits in an error
- * record (host_ops.h OPS_ERR_GONE). */
+ * (the kernels) fails every wait too.  DEP_SLAB_GONE_CUT: this node's part
+ * of an elastic job lost a split (daemon/job_elastic.c elastic_cut), and
+ * the job went on without this node: rank names one of this node's own
+ * ranks (live in every view its ranks may hold, so that every wait fails),
+ * and pid is not a pid but a rank of the part that went on, whose node
+ * deepepctl status names.  Its value skips 4 and 5, the job events'
+ * (proto.h DEP_JOB_EVENT_*), so that a reason and an event never share a
+ * number.  How it went is 3 bits in an error record (kabi.h OPS_ERR_GONE). */
 #define DEP_SLAB_GONE_DIED 0u     /* it disconnected (its process ended) */
 #define DEP_SLAB_GONE_DETACHED 1u /* it detached (or freed its handle) */
 #define DEP_SLAB_GONE_NODE 2u     /* rank names the first rank of a node that is lost */
 #define DEP_SLAB_GONE_DAEMON 3u   /* this node's daemon stopped, died or restarted */
+#define DEP_SLAB_GONE_CUT 6u      /* this node lost a split; pid: a rank of the part that went on */
+/* Whether the words fail every wait (a node's ranks all gone), not only those on the rank. */
+#define DEP_SLAB_GONE_EVERY(how) ((how) == DEP_SLAB_GONE_NODE || (how) == DEP_SLAB_GONE_CUT)
 #define DEP_SLAB_GONE_NO_RANK 0xffffffffu
 DEP_STATIC_ASSERT(DEP_SLAB_ABORT_OFF + sizeof(struct dep_slab_abort) <= DEP_SLAB_ERR_BYTES,
                   "the abort words must fit the error words");

@@ -97,6 +97,8 @@ struct eo_job {
   uint32_t node[EO_MAXW];                /* EO_CUT, EO_SETTLE: each rank's node (0 or 1) */
   uint32_t winner, losers;               /* EO_SETTLE: the node whose part goes on; the
                                             other's rank count */
+  uint32_t winner_rank;                  /* EO_SETTLE: the lowest rank of the part that goes on,
+                                            which the losers' failed calls name */
   const struct eo_phase *phases;
   struct eo_ctl *ctl;
   pid_t pid[2 * EO_MAXW];
@@ -246,9 +248,16 @@ static void eo_rank_main(struct eo_job *j, uint32_t r, uint32_t first) {
         if (dw_now_ms() > until)
           EO_FAIL(1, "rank %u (the node that loses the split) still calls %d ms after the link "
                   "came back", r, EO_CEILING_MS);
-      if (rc != DEP_ERR_PEER || strstr(res->msg, "its node is lost") == NULL)
+      /* It is told that its own node lost, and with whom the job went on: not that a peer is
+       * gone (which it said before). */
+      char want[96];
+      snprintf(want, sizeof want, "the job went on without it, on the node of rank %u ",
+               j->winner_rank);
+      if (rc != DEP_ERR_PEER || strstr(res->msg, "this node was cut off from the job's") == NULL ||
+          strstr(res->msg, want) == NULL || strstr(res->msg, "is gone") != NULL)
         EO_FAIL(rc, " (rank %u: the node that loses the split, whose calls must fail with "
-                "DEP_ERR_PEER naming a lost node)", r);
+                "DEP_ERR_PEER saying this node was cut off and the job went on on the node of "
+                "rank %u)", r, j->winner_rank);
       const size_t len = strnlen(res->msg, sizeof ctl->cut_msg[r] - 1);
       memcpy(ctl->cut_msg[r], res->msg, len);
       ctl->cut_msg[r][len] = '\0';
@@ -653,7 +662,8 @@ static const struct {
  * other's ranks as a lost node's, and each part's ranks call on against the
  * oracle with the other part masked.  The veth comes back: the daemons
  * settle the split, the same way on both, whichever end went down.  The
- * losing part's next calls fail with DEP_ERR_PEER naming a lost node, the
+ * losing part's next calls fail with DEP_ERR_PEER saying that their node was cut off and
+ * the job went on on the node of the winning part's lowest rank, the
  * winning part's go on against the same oracle, and deepepctl status on
  * both shows the "partitioned" event naming the winning part's lowest rank.
  */
@@ -691,7 +701,8 @@ START_TEST(a_job_split_by_a_link_that_drops_is_settled_for_one_part_when_it_retu
   }
   nodes_start_all(&ns);
   struct eo_job j = {.job = "el-split", .world = W, .flags = DEP_ATTACH_ELASTIC,
-                     .phases = phases, .ctl = eo_ctl_new(), .winner = eo_splits[_i].winner};
+                     .phases = phases, .ctl = eo_ctl_new(), .winner = eo_splits[_i].winner,
+                     .winner_rank = eo_splits[_i].low};
   uint32_t seen[2] = {0, 0};
   for (uint32_t r = 0; r < W; r++) {
     const uint32_t n = eo_splits[_i].node[r];
@@ -715,9 +726,8 @@ START_TEST(a_job_split_by_a_link_that_drops_is_settled_for_one_part_when_it_retu
   eo_barrier(&j, 2, W);
   for (uint32_t r = 0; r < W; r++)
     if (j.node[r] != j.winner)
-      ck_assert_msg(strstr(j.ctl->cut_msg[r], "DEP_ERR_PEER") != NULL ||
-                    strstr(j.ctl->cut_msg[r], "is gone") != NULL, "rank %u: %s", r,
-                    j.ctl->cut_msg[r]);
+      ck_assert_msg(strstr(j.ctl->cut_msg[r], "this node was cut off") != NULL, "rank %u: %s",
+                    r, j.ctl->cut_msg[r]);
   /* Both daemons' history names the part that goes on; the loser's log says what to do. */
   char want[96], *out = NULL;
   snprintf(want, sizeof want, "\"rank\":%u,\"event\":\"partitioned\"", eo_splits[_i].low);
