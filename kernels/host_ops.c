@@ -759,8 +759,11 @@ static int wait_free(struct ops_ctx *c) {
         continue;
       const uint64_t waited = now_ns() - start;
       const struct dep_slab_abort *ab = host_ops__gone(c);
+      /* A lost node or a gone daemon fails a wait for a rank on another node; a local peer
+       * may still read.  A cut ends this node's part: its local peers' calls fail too. */
       if (ab != NULL && (ab->rank == d || ab->rank >= c->world ||
-                         (far && (DEP_SLAB_GONE_EVERY(ab->detached) ||
+                         ab->detached == DEP_SLAB_GONE_CUT ||
+                         (far && (ab->detached == DEP_SLAB_GONE_NODE ||
                                   ab->detached == DEP_SLAB_GONE_DAEMON))))
         return host_ops__peer_fail(c, s->op, d, waited);
       const int32_t failed =
