@@ -5,13 +5,15 @@
  * (bf16 and FP8) while the sender overwrites its inputs between send and
  * receive; two micro-batches interleave (send A, send B, receive A,
  * receive B) on every rank; a rank that has received two calls ahead of a
- * peer waits for the peer's receive before it reuses the slots; and every
- * invalid sequence is refused naming phases, the job usable after.
+ * peer waits for the peer's receive before it reuses the slots (and, in an
+ * elastic job, stops waiting once that peer is killed and masked); and
+ * every invalid sequence is refused naming phases, the job usable after.
  *
  * Inputs are fresh random data each run; a failure prints the seed, and
  * DEP_TEST_SEED=<seed> replays it.
  */
 #include <check.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,12 +21,14 @@
 
 #include <stdatomic.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 
 #include "daemonwire.h"
 #include "host_ops.h"
 #include "nodes.h"
 #include "opsworld.h"
 #include "xnjob.h"
+#include "xnround.h"
 
 #define SPLIT_POISON 0xA5
 
@@ -665,6 +669,193 @@ START_TEST(across_nodes_a_slow_receiver_is_not_overwritten) {
 }
 END_TEST
 
+/* ---- an elastic job: a rank that dies with a split call of its unread ---------- */
+
+/* How long a survivor or the test waits for the others: a ceiling for a loaded CI machine,
+ * not an expectation (the daemon masks a killed rank within milliseconds). */
+#define ES_CEILING_MS 60000
+
+/* Shared with the rank processes of the elastic case. */
+struct es_ctl {
+  _Atomic uint32_t sent;    /* the victim has sent calls 1 and 2 (and receives neither) */
+  _Atomic uint32_t read;    /* survivors that have received calls 1 and 2 */
+  _Atomic uint32_t killed;  /* the test has killed the victim (it was reaped) */
+  struct xn_result res[OW_MAXW];
+};
+
+/* Wait (ES_CEILING_MS at most) until *w reaches want; whether it did. */
+static bool es_await(_Atomic uint32_t *w, uint32_t want) {
+  const int64_t until = dw_now_ms() + ES_CEILING_MS;
+  while (atomic_load(w) < want) {
+    if (dw_now_ms() > until)
+      return false;
+    dw_sleep_ms(1);
+  }
+  return true;
+}
+
+/* A low-latency dispatch split in two (deepep.h "Split calls"): phase DEP_LL_SEND or
+ * DEP_LL_RECV of case d's inputs for rank r; a receive checked against d's oracle when
+ * check says so. */
+static int es_ll(dep_client_t *c, const struct ow_case *d, uint32_t r, struct ow_outs *o,
+                 dep_handle_t *h, uint32_t phase, bool check, const char *what,
+                 struct xn_result *res) {
+  const struct ref_rank_in *il = &d->in_ll[r];
+  struct dep_ll_dispatch_args a = {.size = sizeof a, .x = il->x, .topk_idx = d->idx[r],
+                                   .index_type = d->sc.itype, .num_tokens = il->num_tokens,
+                                   .recv_x = o->lx, .recv_count = o->lcnt, .phases = phase};
+  const int rc = dep_ll_dispatch(c, &a, h, NULL);
+  if (rc != 0) {
+    ow_fail(res->msg, "%s: %s: %s [%s]", what, dep_errname(rc), dep_errmsg(c), d->desc);
+    return rc;
+  }
+  if (phase != DEP_LL_RECV || !check)
+    return 0;
+  const struct ref_ll_out *e = &d->ll[r];
+  const size_t hs = d->sc.hidden;
+  for (uint32_t l = 0; l < d->le; l++)
+    if (o->lcnt[l] != e->count[l] ||
+        memcmp((const uint16_t *)o->lx + (size_t)l * d->rows_ll * hs,
+               e->x + (size_t)l * d->rows_ll * hs, (size_t)e->count[l] * hs * 2) != 0)
+      return ow_fail(res->msg, "%s: expert %u's rows are not the oracle's [%s]", what, l,
+                     d->desc);
+  return 0;
+}
+
+/*
+ * Rank r of the elastic case: sends calls 1 and 2; the victim then stops there, never
+ * receiving call 1, until the test kills it.  A survivor receives both (their rows are the
+ * other cases' to check: the victim was live in them, and the oracle here masks it), then makes
+ * call 3 (the victim masked), whose send must first wait for every peer's read of call 1
+ * (its slots are call 3's): it waits while the victim is killed and must end with the
+ * victim masked, not at the op timeout.  Then whole low-latency rounds, masked.
+ */
+static void es_rank_main(struct es_ctl *ctl, const char *sock, uint32_t W, uint32_t r,
+                         uint32_t victim, const struct ow_case *cv) {
+  struct xn_result *res = &ctl->res[r];
+  struct ow_outs o[3];
+  for (int i = 0; i < 3; i++)
+    ow_outs_alloc(&o[i], cv);
+  dep_client_t *c = NULL;
+  dep_handle_t *h[3] = {NULL, NULL, NULL};
+  int rc = dep_client_new(&c);
+  if (rc == 0)
+    rc = dep_connect(c, sock);
+  struct dep_attach_args a = {.size = sizeof a, .rank = r, .world_size = W, .local_rank = r,
+                              .local_world_size = W, .shape = cv->shape,
+                              .flags = DEP_ATTACH_ELASTIC};
+  snprintf(a.job_id, sizeof a.job_id, "el-splitcall");
+  if (rc == 0)
+    rc = dep_attach(c, &a);
+  for (int i = 0; rc == 0 && i < 3; i++)
+    rc = dep_handle_new(c, &h[i]);
+  if (rc != 0) {
+    ow_fail(res->msg, "attach of rank %u: %s: %s", r, dep_errname(rc), c ? dep_errmsg(c) : "");
+    goto out;
+  }
+  if ((rc = es_ll(c, cv, r, &o[0], h[0], DEP_LL_SEND, false, "send of call 1", res)) != 0 ||
+      (rc = es_ll(c, cv, r, &o[1], h[1], DEP_LL_SEND, false, "send of call 2", res)) != 0)
+    goto out;
+  if (r == victim) {
+    atomic_store(&ctl->sent, 1);
+    for (;;)
+      pause(); /* killed here, with call 1 unread: no taken word for it will ever come */
+  }
+  if ((rc = es_ll(c, cv, r, &o[0], h[0], DEP_LL_RECV, false, "receive of call 1", res)) != 0 ||
+      (rc = es_ll(c, cv, r, &o[1], h[1], DEP_LL_RECV, false, "receive of call 2", res)) != 0)
+    goto out;
+  atomic_fetch_add(&ctl->read, 1);
+  /* Call 3 begins: its send waits for the victim's read of call 1, which the test kills
+   * (at once, or before this call began: either way the call ends with it masked). */
+  if ((rc = es_ll(c, cv, r, &o[2], h[2], DEP_LL_SEND, false,
+                  "send of call 3 (waits for the victim's "
+                  "read of call 1, and the victim is killed)", res)) != 0 ||
+      (rc = es_ll(c, cv, r, &o[2], h[2], DEP_LL_RECV, true, "receive of call 3", res)) != 0)
+    goto out;
+  if (!es_await(&ctl->killed, 1)) {
+    rc = ow_fail(res->msg, "the test never killed the victim");
+    goto out;
+  }
+  for (uint32_t i = 0; i < 3; i++)
+    if ((rc = xn_round(c, cv, r, (int)(i & 1u), &o[0], res)) != 0) {
+      snprintf(res->msg + strlen(res->msg), sizeof res->msg - strlen(res->msg),
+               " (round %u after the victim was masked)", i);
+      goto out;
+    }
+  if ((rc = dep_detach(c)) != 0)
+    ow_fail(res->msg, "dep_detach: %s: %s", dep_errname(rc), dep_errmsg(c));
+out:
+  res->rc = rc;
+  atomic_store(&res->done, 1);
+  for (int i = 0; i < 3; i++) {
+    dep_handle_free(h[i]);
+    ow_outs_free(&o[i]);
+  }
+  dep_client_free(c);
+  _exit(rc == 0 ? 0 : 1);
+}
+
+/*
+ * An elastic job of 4 ranks on one daemon making split low-latency calls: the victim sends
+ * calls 1 and 2 and never receives call 1; the survivors receive both, then their call 3's send waits for the victim's read of call 1 (its slots are
+ * call 3's) and the test SIGKILLs the victim.  Every survivor's call 3 ends with the victim
+ * masked, its rows the oracle's with the victim masked, and the calls after it too.  The op
+ * timeout is XN_OP_TIMEOUT_MS, so that a wait blind to the mask fails quickly
+ * (DEP_ERR_TIMEOUT); the survivors are bounded by ES_CEILING_MS, a ceiling for a loaded
+ * machine.
+ */
+START_TEST(a_split_call_waiting_for_a_killed_ranks_read_ends_with_it_masked) {
+  ow_seed_init(600 + (uint64_t)_i);
+  static const struct ow_scenario sc = {4, 256, 4, 16, 16, 8, P_RANDOM, T_MIXED, DEP_INDEX_I64,
+                                        1};
+  const uint32_t W = sc.world, victim = (uint32_t)_i % W;
+  uint8_t mv[OW_MAXW] = {0};
+  mv[victim] = 1;
+  struct ow_case *cv = xn_case_new(&sc, 1);
+  ow_case_mask(cv, mv); /* the inputs every call sends; the oracle of the calls after */
+  char yaml[96];
+  snprintf(yaml, sizeof yaml, "limits:\n  op_timeout_ms: %d\n", XN_OP_TIMEOUT_MS);
+  struct tu_daemon dm;
+  dw_start(&dm, yaml);
+  struct es_ctl *ctl = mmap(NULL, sizeof *ctl, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(ctl, MAP_FAILED);
+  memset(ctl, 0, sizeof *ctl);
+  pid_t pid[OW_MAXW];
+  for (uint32_t r = 0; r < W; r++) {
+    pid[r] = fork();
+    ck_assert_int_ge(pid[r], 0);
+    if (pid[r] == 0)
+      es_rank_main(ctl, dm.sock, W, r, victim, cv);
+  }
+  /* The survivors have read calls 1 and 2 and the victim has sent them: each survivor is in
+   * (or about to begin) call 3, whose send cannot go on while the victim lives. */
+  const bool ready = es_await(&ctl->sent, 1) && es_await(&ctl->read, W - 1);
+  kill(pid[victim], SIGKILL);
+  waitpid(pid[victim], NULL, 0);
+  atomic_store(&ctl->killed, 1);
+  char msg[4096] = "";
+  for (uint32_t r = 0; r < W; r++) {
+    if (r == victim)
+      continue;
+    if (xn_reap(&pid[r], 1, ES_CEILING_MS))
+      continue;
+    if (atomic_load(&ctl->res[r].done) && ctl->res[r].rc != 0)
+      snprintf(msg + strlen(msg), sizeof msg - strlen(msg), "\n  rank %u: %s", r,
+               ctl->res[r].msg);
+    else
+      snprintf(msg + strlen(msg), sizeof msg - strlen(msg), "\n  rank %u: did not end well "
+               "in %d ms", r, ES_CEILING_MS);
+  }
+  ck_assert_msg(ready && msg[0] == '\0', "victim rank %u%s (DEP_TEST_SEED=%llu):%s", victim,
+                ready ? "" : " (the ranks never reached call 3)", (unsigned long long)ow_seed,
+                msg);
+  munmap(ctl, sizeof *ctl);
+  dw_stop_ok(&dm);
+  xn_case_free(cv);
+}
+END_TEST
+
 Suite *ops_split_suite(void);
 Suite *ops_split_suite(void) {
   Suite *s = suite_create("ops_split");
@@ -681,5 +872,9 @@ Suite *ops_split_suite(void) {
   tcase_set_timeout(x, 180);
   tcase_add_test(x, across_nodes_a_slow_receiver_is_not_overwritten);
   suite_add_tcase(s, x);
+  TCase *e = tcase_create("elastic");
+  tcase_set_timeout(e, 120);
+  tcase_add_loop_test(e, a_split_call_waiting_for_a_killed_ranks_read_ends_with_it_masked, 0, 2);
+  suite_add_tcase(s, e);
   return s;
 }
