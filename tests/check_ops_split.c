@@ -711,14 +711,9 @@ static int es_ll(dep_client_t *c, const struct ow_case *d, uint32_t r, struct ow
   }
   if (phase != DEP_LL_RECV || !check)
     return 0;
-  const struct ref_ll_out *e = &d->ll[r];
-  const size_t hs = d->sc.hidden;
-  for (uint32_t l = 0; l < d->le; l++)
-    if (o->lcnt[l] != e->count[l] ||
-        memcmp((const uint16_t *)o->lx + (size_t)l * d->rows_ll * hs,
-               e->x + (size_t)l * d->rows_ll * hs, (size_t)e->count[l] * hs * 2) != 0)
-      return ow_fail(res->msg, "%s: expert %u's rows are not the oracle's [%s]", what, l,
-                     d->desc);
+  const int l = xn_ll_rows_differ(d, r, o);
+  if (l >= 0)
+    return ow_fail(res->msg, "%s: expert %d's rows are not the oracle's [%s]", what, l, d->desc);
   return 0;
 }
 

@@ -237,6 +237,17 @@ const struct xn_step xn_split_modes[XN_SPLIT_MODES][XN_SPLIT_STEPS] = {
    {'c', 0, DEP_LL_SEND}, {'c', 1, DEP_LL_SEND}, {'c', 0, DEP_LL_RECV}, {'c', 1, DEP_LL_RECV}},
 };
 
+int xn_ll_rows_differ(const struct ow_case *d, uint32_t r, const struct ow_outs *o) {
+  const struct ref_ll_out *e = &d->ll[r];
+  const size_t hs = d->sc.hidden;
+  for (uint32_t l = 0; l < d->le; l++)
+    if (o->lcnt[l] != e->count[l] ||
+        memcmp((const uint16_t *)o->lx + (size_t)l * d->rows_ll * hs,
+               e->x + (size_t)l * d->rows_ll * hs, (size_t)e->count[l] * hs * 2) != 0)
+      return (int)l;
+  return -1;
+}
+
 /* Step i of interleaving mode on rank r's micro-batch of case d, checked where it receives. */
 static int xn_split_step(dep_client_t *c, const struct ow_case *d, uint32_t r, struct ow_outs *o,
                          dep_handle_t *h, const struct xn_step *st, int mode, int i,
@@ -269,15 +280,11 @@ static int xn_split_step(dep_client_t *c, const struct ow_case *d, uint32_t r, s
   if (st->op == 'c')
     return ow_check_sum(o->lout, &d->llc[r], il->num_tokens, d->sc.hidden, "split ll_combine",
                         d->desc, res->msg);
-  const struct ref_ll_out *e = &d->ll[r];
-  const size_t hs = d->sc.hidden;
-  for (uint32_t l = 0; l < d->le; l++)
-    if (o->lcnt[l] != e->count[l] ||
-        memcmp((const uint16_t *)o->lx + (size_t)l * d->rows_ll * hs,
-               e->x + (size_t)l * d->rows_ll * hs, (size_t)e->count[l] * hs * 2) != 0)
-      return ow_fail(res->msg, "split calls, interleaving %d, step %d (dispatch receive of "
-                     "micro-batch %c): expert %u's rows are not the oracle's [%s]", mode, i + 1,
-                     'A' + st->mb, l, d->desc);
+  const int l = xn_ll_rows_differ(d, r, o);
+  if (l >= 0)
+    return ow_fail(res->msg, "split calls, interleaving %d, step %d (dispatch receive of "
+                   "micro-batch %c): expert %d's rows are not the oracle's [%s]", mode, i + 1,
+                   'A' + st->mb, l, d->desc);
   return 0;
 }
 

@@ -71,4 +71,8 @@ extern const struct xn_step xn_split_modes[XN_SPLIT_MODES][XN_SPLIT_STEPS];
 int xn_round_split(dep_client_t *c, const struct ow_case *a, const struct ow_case *b, uint32_t r,
                    struct ow_outs o[2], xn_split_hook *hook, void *arg, struct xn_result *res);
 
+/* Rank r's low-latency dispatch outputs in o (bf16 rows and counts per local expert) against
+ * the oracle's: the first local expert whose count or rows differ, or -1. */
+int xn_ll_rows_differ(const struct ow_case *d, uint32_t r, const struct ow_outs *o);
+
 #endif /* DEP_XNROUND_H */
