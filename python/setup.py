@@ -27,7 +27,9 @@ if os.environ.get("DEEPEP_INSTALL_DEEP_EP") == "1":
     if spec is not None and spec.origin and ours not in open(spec.origin).read():
         raise SystemExit(f"deepep: a deep_ep is already installed at {spec.origin}; the "
                          "compatibility module is not installed over it (uninstall DeepEP first)")
-    packages.append("deep_ep")
+    # deep_ep.utils is a package of its own (DeepEP 2.x's test helpers): listed, or the
+    # wheel ships deep_ep/ without it.
+    packages += ["deep_ep", "deep_ep.utils"]
     package_dir["deep_ep"] = "deep_ep_compat"
 
 scratch = tempfile.mkdtemp(prefix="deepep-build.")

@@ -539,7 +539,8 @@ def import_compat():
     import sys
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "deep_ep_compat")
-    for name in ("deep_ep.utils", "deep_ep"):
+    # Every deep_ep module (deep_ep.utils.math too), so that none is left bound to an older one.
+    for name in [n for n in sys.modules if n == "deep_ep" or n.startswith("deep_ep.")]:
         sys.modules.pop(name, None)
     spec = importlib.util.spec_from_file_location("deep_ep", os.path.join(root, "__init__.py"),
                                                   submodule_search_locations=[root])

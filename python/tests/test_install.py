@@ -130,8 +130,12 @@ def test_deep_ep_is_shipped_only_by_a_build_that_asks_whatever_was_built_before(
         opt_in = dict(PIP_ENV, DEEPEP_INSTALL_DEEP_EP="1")
         r = _wheel(src, os.path.join(d, "w1"), opt_in)
         assert r.returncode == 0, f"DEEPEP_INSTALL_DEEP_EP=1 pip wheel failed:\n{r.stderr}"
-        assert "deep_ep/__init__.py" in _wheel_files(os.path.join(d, "w1")), \
+        shipped = _wheel_files(os.path.join(d, "w1"))
+        assert "deep_ep/__init__.py" in shipped, \
             "DEEPEP_INSTALL_DEEP_EP=1 built a wheel without deep_ep/"
+        # deep_ep.utils as DeepEP 2.x's scripts import it, a package with its modules.
+        utils = {f"deep_ep/utils/{m}.py" for m in ("__init__", "envs", "math", "testing")}
+        assert utils <= set(shipped), f"the wheel lacks {sorted(utils - set(shipped))}"
         # A real DeepEP where the build can import it: the plain build after the opt-in
         # one must neither ship deep_ep/ over it nor refuse (it installs no deep_ep).
         real = os.path.join(d, "real")
