@@ -190,6 +190,36 @@ def test_bench_kineto_names_and_the_nvidia_tools_switch(monkeypatch):
             testing.bench_kineto(lambda: None, "dispatch")
 
 
+def test_bench_kineto_times_deepepds_low_latency_kernels_by_deepeps_names(cuda_only, daemon):
+    """On cuda: a low-latency dispatch and combine are one kernel each whose names hold
+    DeepEP's 'dispatch' and 'combine'; hooked, each is two launches (send, then receive at
+    hook()), which num_kernels_per_period=2 splits; DeepEP's 'notify' matches no kernel of
+    deepepd's and times 0; bench times the whole pair with events."""
+    import test_cuda
+    b = test_cuda.one_rank(daemon)
+    x, idx, w = test_cuda.tokens()
+
+    def pair(hooked: bool):
+        recv, _, h, _, hook = b.low_latency_dispatch(x, idx, 16, 4, use_fp8=False,
+                                                     return_recv_hook=hooked)
+        if hooked:
+            hook()
+        _, _, hook = b.low_latency_combine(recv, idx, w, h, return_recv_hook=hooked)
+        if hooked:
+            hook()
+
+    d, c = testing.bench_kineto(lambda: pair(False), ("dispatch", "combine"), num_tests=4,
+                                suppress_kineto_output=True)
+    assert d > 0 and c > 0, (d, c)
+    d2, c2 = testing.bench_kineto(lambda: pair(True), ("dispatch", "combine"), num_tests=4,
+                                  num_kernels_per_period=2)
+    assert len(d2) == 2 and len(c2) == 2 and min(d2 + c2) > 0, (d2, c2)
+    assert testing.bench_kineto(lambda: pair(False), "notify", num_tests=2) == 0
+    avg, least, most = testing.bench(lambda: pair(False), num_warmups=2, num_tests=4)
+    assert 0 < least <= avg <= most
+    b.destroy()
+
+
 # ---- deep_ep.utils.envs ------------------------------------------------------------------
 
 def test_launcher_env_reads_nodes_as_deepeps_init_dist(monkeypatch):
