@@ -135,6 +135,22 @@ def test_per_token_cast_back_reads_float32_and_ue8m0_scales():
         dmath.per_token_cast_back(fp8, torch.zeros(1, 2))
 
 
+def test_e4m3_bytes_decode_to_the_values_that_encode_back_to_them():
+    """Every finite e4m3 byte read by per_token_cast_back's decoder (the one a torch without
+    float8_e4m3fn uses) is the value _fp8.e4m3_bytes, deepepd's encoder, gives that byte for;
+    S.1111.111 is NaN; where torch has float8_e4m3fn its decoding agrees."""
+    from deep_ep import _fp8
+    b = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    v = dmath._e4m3_values(b)
+    finite = (b.int() & 0x7F) != 0x7F
+    assert torch.isnan(v[~finite]).all() and not torch.isnan(v[finite]).any()
+    assert torch.equal(_fp8.e4m3_bytes(v[finite]), b[finite])
+    assert v[0x38].item() == 1.0 and v[0x7E].item() == 448.0 and v[0x01].item() == 2.0 ** -9
+    if hasattr(torch, "float8_e4m3fn"):
+        torch_v = b.view(torch.float8_e4m3fn).float()
+        assert torch.equal(v[finite], torch_v[finite]) and torch.isnan(torch_v[~finite]).all()
+
+
 def test_per_token_cast_round_trip_is_within_an_e4m3_step(seed):
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(8, 512, generator=g) * 3).bfloat16()
