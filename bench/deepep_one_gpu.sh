@@ -6,7 +6,9 @@
 # Logs (each script's output, with its printed bandwidths) under $OUT.
 # Usage, from the repository root: bench/deepep_one_gpu.sh BUILD_DIR DEEPEP_TESTS_DIR
 #   DEEPEP_TESTS_DIR: DeepEP's tests/ at the commit to check (567632d; the machine has no
-#   network: carry it), holding test_intranode.py, test_low_latency.py and utils.py.
+#   network: carry it), holding test_intranode.py, test_low_latency.py and utils.py; or
+#   DeepEP 2.x's tests/legacy/, whose scripts import their helpers from deep_ep.utils
+#   (deepepd's, python/deep_ep_compat/utils/) and need no utils.py beside them.
 # Knobs: RANKS ("2 4 8"), SCRIPTS ("test_intranode.py test_low_latency.py"), RUN_S (300)
 #   seconds a script may run, EXTRA_ARGS passed to every script, POOL (16GiB) the
 #   daemon's pool: the rest of the GPU is the ranks' own (torch allocates beside it).
