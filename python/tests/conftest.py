@@ -11,6 +11,7 @@ import ctypes
 import os
 import pickle
 import random
+import socket
 import subprocess
 import sys
 import tempfile
@@ -165,3 +166,15 @@ def buf(daemon):
     b = onerank.one_rank(daemon, **onerank.SHAPE)
     yield b
     b.destroy()
+
+
+def free_ports(n: int = 1) -> list:
+    """n distinct TCP ports free on 127.0.0.1 now (all bound at once, then released)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -4,7 +4,6 @@ init_dist in a real two-process gloo group, and the scripts' own import lines in
 interpreter that finds deep_ep as an opt-in install lays it out."""
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import tempfile
@@ -289,15 +288,6 @@ def test_init_dist_on_cuda_sets_the_device_and_asks_for_nccl_through_torchs_name
     assert envs.get_local_seed() == 8 and envs.get_global_seed() == 3
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    try:
-        return s.getsockname()[1]
-    finally:
-        s.close()
-
-
 def init_dist_rank(local_rank: int, num_local_ranks: int, out: str) -> None:
     """One rank of a DeepEP script's start: init_dist, then a sum over the group it returns,
     dist_print, and what init_dist left set, pickled to out/<local_rank>.pkl."""
@@ -320,7 +310,7 @@ def test_init_dist_joins_two_local_ranks_in_one_group(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("runs the gloo path (no CUDA); on CUDA init_dist makes an NCCL group")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(conftest.free_ports()[0]))
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("RANK", "0")
     with tempfile.TemporaryDirectory(prefix="deepep-utils.") as d:

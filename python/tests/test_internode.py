@@ -5,7 +5,6 @@ index as DeepEP's test_internode.py indexes them and serve a cached dispatch and
 a hooked low-latency call defers its receive across nodes as on one node (host backend)."""
 import multiprocessing as mp
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,18 +23,6 @@ ITERS = 2
 PEERS_UP_S = 30
 
 
-def _free_ports(n):
-    """n TCP ports free on 127.0.0.1 now (bound and released)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _peers_up(ctl, sock):
     """Whether the daemon at sock sees its peer up (deepepctl peers --json)."""
     r = subprocess.run([ctl, "-s", sock, "peers", "--json"], capture_output=True, text=True)
@@ -49,7 +36,7 @@ def two_nodes():
     d = tempfile.mkdtemp(prefix="deepep-xn.")
     key = os.path.join(d, "key")
     subprocess.run([ctl, "genkey", key], check=True, capture_output=True)
-    ports = _free_ports(ranks.NODES)
+    ports = conftest.free_ports(ranks.NODES)
     procs, socks = [], []
     pool = "pool:\n  host_size: 64MiB\n  chunk_size: 2MiB\n" if conftest.BACKEND == "host" else \
         "pool:\n  size_per_device: 4GiB\n  host_size: 64MiB\n  chunk_size: 64MiB\n"

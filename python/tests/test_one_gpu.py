@@ -4,7 +4,6 @@ tests are (torch.multiprocessing.spawn, an NCCL group over tcp://, set_device(lo
 the collectives they call) run through it."""
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 
@@ -72,15 +71,6 @@ if __name__ == "__main__":
 '''
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    try:
-        return s.getsockname()[1]
-    finally:
-        s.close()
-
-
 def test_a_deepep_style_script_runs_unmodified_through_the_launcher(tmp_path):
     """The script asks for NCCL (which this CPU torch does not have) and set_device-free CUDA
     ids; through the launcher its ranks join a gloo group, its collectives give what NCCL's
@@ -89,7 +79,7 @@ def test_a_deepep_style_script_runs_unmodified_through_the_launcher(tmp_path):
     script.write_text(_SCRIPT)
     env = dict(os.environ, PYTHONPATH="")
     p = subprocess.run([sys.executable, _BENCH, "--gpu", "0", str(script), str(tmp_path),
-                        str(free_port())], env=env, capture_output=True, text=True,
+                        str(conftest.free_ports()[0])], env=env, capture_output=True, text=True,
                        timeout=_TIMEOUT)
     assert p.returncode == 0, p.stdout + p.stderr
     compat = os.path.join(conftest.REPO, "python", "deep_ep_compat", "__init__.py")
@@ -112,6 +102,6 @@ def test_without_the_launcher_the_script_fails_on_this_machine(tmp_path):
     script = tmp_path / "test_like_deepeps.py"
     script.write_text(_SCRIPT)
     env = dict(os.environ, PYTHONPATH=os.path.join(conftest.REPO, "python"))
-    p = subprocess.run([sys.executable, str(script), str(tmp_path), str(free_port())], env=env,
+    p = subprocess.run([sys.executable, str(script), str(tmp_path), str(conftest.free_ports()[0])], env=env,
                        capture_output=True, text=True, timeout=_TIMEOUT)
     assert p.returncode != 0
