@@ -225,6 +225,8 @@ struct call {
   bool skip; /* the context is broken: do nothing */
   uint64_t mask; /* the ranks masked for this call (cuops_mask), a bit each */
   uint32_t phase; /* CUOPS_WHOLE, CUOPS_SEND or CUOPS_RECV (kabi.h "Split calls") */
+  uint64_t gone; /* the destination that left the job while this CTA waited for its read
+                    (wait_taken), a bit: it is sent nothing */
 };
 
 /* Whether rank r is masked for the call (kabi.h "Masked ranks"). */
@@ -295,33 +297,61 @@ __device__ __forceinline__ bool read_by(const cuops_job &J, const call &k, uint3
 }
 
 /*
+ * Whether rank r has left an elastic job since the call read the live mask
+ * (cuops_mask): its bit in the live mask now.  The daemon masks a rank that
+ * died, detached or whose node was lost instead of aborting the job, so a
+ * wait for it would never end; the call goes on as one that began with it
+ * masked, as the host backend's does (host_ops__mask_grew).
+ */
+__device__ __forceinline__ bool left_since(const cuops_job &J, uint32_t r) {
+  const uint8_t *slab = J.slabs[J.rank];
+  if (ld_acquire_sys((const uint64_t *)(slab + J.mask_epoch_off)) == 0)
+    return false;
+  return ((*(const volatile uint64_t *)(slab + J.mask_word_off) >> r) & 1ull) != 0;
+}
+
+/* wait_taken's outcomes. */
+enum : uint32_t {
+  TAKEN_FAILED = 0, /* the wait failed (recorded) */
+  TAKEN_FREE = 1,   /* the slot is free: t read it, or holds no post of two calls before */
+  TAKEN_LEFT = 2,   /* t left the job since the call began (left_since): it never reads */
+};
+
+/*
  * Thread 0 of a CTA that is to send call k to rank t (kabi.h "Split calls"):
  * wait, bounded and abort-aware, until peer t has read (read_by) what this
  * rank posted into its slot of k's parity two calls before.  A slot that
  * holds no post of that call (a masked peer's, a fresh slab's) is free.
+ * A peer that left an elastic job while this wait ran (it died with that
+ * call unread) will never read it: the call goes on without t (TAKEN_LEFT:
+ * it is sent nothing), as the receive waits do (wait_peers) and as the
+ * host backend's wait_free does (host_ops__mask_grew), rather than time
+ * out and break the context.
  * For t on another node the words are in host memory, so the wait sleeps
  * between reads rather than load the bus, and it fails as well when the
- * proxy stopped serving this rank's ring (its code).  False when the wait
- * failed (recorded here).
+ * proxy stopped serving this rank's ring (its code).
  */
-__device__ __forceinline__ bool wait_taken(const cuops_job &J, const call &k, uint32_t op,
-                                           uint32_t t) {
+__device__ __forceinline__ uint32_t wait_taken(const cuops_job &J, const call &k, uint32_t op,
+                                               uint32_t t) {
   if (t >= J.world || t == J.rank || masked(k, t))
-    return true;
+    return TAKEN_FREE;
   const bool far = is_remote(J, t);
   const ops_slot *sl = (const ops_slot *)send_slot(J, k.parity, t);
   for (uint32_t i = 0;; i++) {
     const uint64_t f = ld_acquire_sys((const uint64_t *)&sl->flag);
     if (f + 2 != k.seq || read_by(J, k, t, sl, f))
-      return true;
+      return TAKEN_FREE;
     if (far || (i & 31u) == 31u) {
       const uint64_t waited = globaltimer_ns() - k.t0;
       if (*(volatile uint32_t *)&J.dev->broken)
-        return false;
+        return TAKEN_FAILED;
       if (job_aborted(J, k, t, waited)) {
         rec_gone(J, op, k.seq, waited);
-        return false;
+        return TAKEN_FAILED;
       }
+      /* Its read may have come just before it left: the words once more. */
+      if (waited >= CUOPS_ABORT_POLL_NS && left_since(J, t))
+        return read_by(J, k, t, sl, f) ? TAKEN_FREE : TAKEN_LEFT;
       const int32_t failed =
           far ? (int32_t)ld_acquire_sys32((const uint32_t *)(J.ring + offsetof(dep_xring, failed)))
               : 0;
@@ -330,7 +360,7 @@ __device__ __forceinline__ bool wait_taken(const cuops_job &J, const call &k, ui
           atomicExch(&J.dev->broken, 1u); /* t will not get this call, whatever the code */
         rec_fail(J, failed != 0 ? failed : DEP_ERR_TIMEOUT, op, t, CUOPS_PHASE_TAKEN, k.seq, f,
                  waited);
-        return false;
+        return TAKEN_FAILED;
       }
       __nanosleep(far ? 1024 : 64);
     }
@@ -377,6 +407,7 @@ __device__ __forceinline__ call call_begin(const cuops_job &J, uint32_t phase = 
   k.t0 = s_t0;
   k.skip = s_broken != 0;
   k.mask = s_mask;
+  k.gone = 0;
   k.phase = phase;
   /* CTA b of every communicating kernel writes into rank b / parts's slab alone (kabi.h, the
    * SM budget), so it waits for that rank alone: one load in the steady state. */
@@ -385,7 +416,13 @@ __device__ __forceinline__ call call_begin(const cuops_job &J, uint32_t phase = 
     if (threadIdx.x == 0)
       s_free = wait_taken(J, k, op, blockIdx.x / J.parts);
     __syncthreads();
-    k.skip = s_free == 0;
+    k.skip = s_free == TAKEN_FAILED;
+    /* A destination that left is sent nothing (arrive), as the host backend's grown mask
+     * sends it nothing.  Not k.mask: the receive side meets it as one that left (it posts
+     * nothing of this call: its receive of the call two before never ran, so neither did
+     * this call's send), and every CTA must lay out its rows alike (ops_tp.cuh). */
+    if (s_free == TAKEN_LEFT)
+      k.gone = 1ull << (blockIdx.x / J.parts);
   }
   return k;
 }
@@ -579,7 +616,7 @@ __device__ __forceinline__ void arrive(const cuops_job &J, const call &k, uint32
   if (atomicAdd(&J.dev->arrive[d], 1u) != senders - 1)
     return;
   J.dev->arrive[d] = 0;
-  if (masked(k, d))
+  if (masked(k, d) || ((k.gone >> d) & 1ull) != 0)
     return; /* counted, so that the counter stays in step; a masked rank is sent nothing */
   __threadfence_system();
   if (header)
@@ -612,20 +649,6 @@ struct peers {
 /* Whether the call takes nothing from source s: masked as it began, or gone since. */
 __device__ __forceinline__ bool skipped(const call &k, const peers &p, uint32_t s) {
   return masked(k, s) || ((p.left >> s) & 1ull) != 0;
-}
-
-/*
- * Whether rank r has left an elastic job since the call read the live mask
- * (cuops_mask): its bit in the live mask now.  The daemon masks a rank that
- * died, detached or whose node was lost instead of aborting the job, so a
- * wait for it would never end; the call goes on as one that began with it
- * masked, as the host backend's does (host_ops__mask_grew).
- */
-__device__ __forceinline__ bool left_since(const cuops_job &J, uint32_t r) {
-  const uint8_t *slab = J.slabs[J.rank];
-  if (ld_acquire_sys((const uint64_t *)(slab + J.mask_epoch_off)) == 0)
-    return false;
-  return ((*(const volatile uint64_t *)(slab + J.mask_word_off) >> r) & 1ull) != 0;
 }
 
 /*
