@@ -14,9 +14,11 @@
  */
 #include <check.h>
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "check_cuda_ops.h"
 #include "cudadrv.h"
@@ -383,6 +385,123 @@ START_TEST(each_invalid_split_sequence_is_refused_and_the_ranks_stay_in_step) {
 }
 END_TEST
 
+/* ---- a rank that leaves an elastic job with a split call of its unread ----------- */
+
+/* Shared by the rank processes (mmap). */
+struct unread_arg {
+  const struct ow_case *d; /* its oracle has the victim masked; its inputs are every call's */
+  uint32_t victim;
+  _Atomic uint32_t read;   /* survivors that received calls 1 and 2 */
+};
+/* How long the victim waits for the survivors: a ceiling for a loaded machine. */
+#define UNREAD_CEILING_MS 60000
+
+/*
+ * Every rank sends calls 1 and 2 (split dispatches, micro-batches A and B).  The victim
+ * then waits until the survivors have received both and detaches, never receiving call 1:
+ * the daemon masks it (an elastic job).  A survivor, once it has received both, makes a
+ * whole dispatch and combine (calls 3 and 4, cr_round_ll against the oracle with the
+ * victim masked), whose kernels first wait for every peer's read of calls 1 and 2 (their
+ * slots are theirs): they must end when the victim leaves, not at the op timeout.
+ */
+static int body_unread(struct rk *k, void *arg) {
+  struct unread_arg *u = arg;
+  const struct ow_case *d = u->d;
+  CUdeviceptr alt[S_N] = {0};
+  dep_handle_t *h2 = NULL;
+  int rc = cr_upload(k, d);
+  for (int i = 0; rc == 0 && i < S_N; i++)
+    if (k->cu->cuMemAlloc(&alt[i], k->sz[s_buf[i]]) != CUDA_SUCCESS)
+      rc = ow_fail(k->msg, "rank %u: cuMemAlloc failed", k->rank);
+  if (rc == 0 && dep_handle_new(k->c, &h2) != 0)
+    rc = ow_fail(k->msg, "rank %u: dep_handle_new: %s", k->rank, dep_errmsg(k->c));
+  struct dep_ll_dispatch_args as = ll_disp(k, d, 0, DEP_LL_SEND, NULL);
+  struct dep_ll_dispatch_args ar = ll_disp(k, d, 0, DEP_LL_RECV, NULL);
+  struct dep_ll_dispatch_args bs = ll_disp(k, d, 0, DEP_LL_SEND, alt);
+  struct dep_ll_dispatch_args br = ll_disp(k, d, 0, DEP_LL_RECV, alt);
+  if (rc == 0 && (rc = dep_ll_dispatch(k->c, &as, k->h, k->s)) != 0)
+    rc = ow_fail(k->msg, "rank %u: send of call 1: %s", k->rank, dep_errmsg(k->c));
+  if (rc == 0 && (rc = dep_ll_dispatch(k->c, &bs, h2, k->s)) != 0)
+    rc = ow_fail(k->msg, "rank %u: send of call 2: %s", k->rank, dep_errmsg(k->c));
+  if (rc == 0 && k->cu->cuStreamSynchronize(k->s) != CUDA_SUCCESS)
+    rc = ow_fail(k->msg, "rank %u: cuStreamSynchronize failed", k->rank);
+  if (rc == 0 && k->rank == u->victim) {
+    const uint64_t until = cr_ms_now() + UNREAD_CEILING_MS;
+    while (rc == 0 && atomic_load(&u->read) < k->W - 1)
+      if (cr_ms_now() > until)
+        rc = ow_fail(k->msg, "rank %u (the victim): the survivors never received calls 1 and 2",
+                     k->rank);
+    dep_handle_free(h2);
+    h2 = NULL;
+    dep_handle_free(k->h);
+    k->h = NULL;
+    if (rc == 0 && (rc = dep_detach(k->c)) != 0)
+      rc = ow_fail(k->msg, "rank %u: dep_detach: %s", k->rank, dep_errmsg(k->c));
+  } else if (rc == 0) {
+    if ((rc = dep_ll_dispatch(k->c, &ar, k->h, k->s)) != 0 ||
+        (rc = dep_ll_dispatch(k->c, &br, h2, k->s)) != 0)
+      rc = ow_fail(k->msg, "rank %u: receive of call 1 or 2: %s", k->rank, dep_errmsg(k->c));
+    if (rc == 0 && k->cu->cuStreamSynchronize(k->s) != CUDA_SUCCESS)
+      rc = ow_fail(k->msg, "rank %u: cuStreamSynchronize failed", k->rank);
+    if (rc == 0)
+      atomic_fetch_add(&u->read, 1);
+    uint64_t dig = 0;
+    rc = rc || cr_round_ll(k, d, 0, 0xA5, &dig) || cr_round_ll(k, d, 0, 0x5A, &dig);
+  }
+  if (k->cu->cuStreamSynchronize(k->s) != CUDA_SUCCESS && rc == 0)
+    rc = ow_fail(k->msg, "rank %u: cuStreamSynchronize failed", k->rank);
+  dep_handle_free(h2);
+  for (int i = 0; i < S_N; i++)
+    if (alt[i] != 0)
+      k->cu->cuMemFree(alt[i]);
+  return rc;
+}
+
+/*
+ * An elastic job of 4 ranks on one daemon: a rank that sent two split calls and leaves
+ * without receiving the first is masked, and the survivors' next calls, whose kernels wait
+ * for its read of those calls (wait_taken), end with it masked and match the masked
+ * oracle.  On the old kernels that wait looked only at the mask the call began with, and
+ * each survivor's call 3 failed DEP_ERR_TIMEOUT after the op timeout (5000 ms here, so that
+ * it fails quickly).
+ */
+START_TEST(a_split_call_waiting_for_the_read_of_a_rank_that_left_ends_with_it_masked) {
+  CR_NEEDS_GPU();
+  static const struct ow_scenario sc = {4, 2048, 4, 16, 32, 16, P_RANDOM, T_MAX, DEP_INDEX_I64,
+                                        0};
+  ow_seed_init(750 + (uint64_t)_i);
+  const uint32_t victim = _i == 0 ? 1u : 3u;
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &sc, 0);
+  uint8_t masked[OW_MAXW] = {0};
+  masked[victim] = 1;
+  ow_case_mask(d, masked);
+  struct unread_arg *u = mmap(NULL, sizeof *u, PROT_READ | PROT_WRITE,
+                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(u, MAP_FAILED);
+  memset(u, 0, sizeof *u);
+  u->d = d;
+  u->victim = victim;
+  struct cr_world w;
+  cr_world_start(&w, "limits:\n  op_timeout_ms: 5000\n");
+  struct cr_place p = {.wait_all = true, .flags = DEP_ATTACH_ELASTIC};
+  for (uint32_t r = 0; r < sc.world; r++) {
+    p.sock[r] = w.dm.sock;
+    p.local[r] = r;
+    p.lws[r] = sc.world;
+  }
+  static char fails[OW_FAILS_LEN];
+  const int nfail = cr_run_procs_placed(&w, &p, "unread", &d->shape, sc.world, body_unread, u,
+                                        fails, sizeof fails);
+  OW_ASSERT_NONE_FAILED("a split call waiting for a rank that left", nfail, fails);
+  cr_world_stop(&w);
+  munmap(u, sizeof *u);
+  ow_case_free(d);
+  free(d);
+}
+END_TEST
+
 TCase *cuda_ops_split_tcase(void) {
   TCase *t = tcase_create("split");
   tcase_set_tags(t, "gpu");
@@ -394,5 +513,7 @@ TCase *cuda_ops_split_tcase(void) {
   tcase_add_loop_test(t, a_captured_send_and_receive_replay_as_whole_calls, 0, N_SPLIT_CASES);
   tcase_add_loop_test(t, each_invalid_split_sequence_is_refused_and_the_ranks_stay_in_step, 0,
                       N_SPLIT_CASES);
+  tcase_add_loop_test(t, a_split_call_waiting_for_the_read_of_a_rank_that_left_ends_with_it_masked,
+                      0, 2);
   return t;
 }
