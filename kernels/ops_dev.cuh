@@ -2,10 +2,10 @@
  * ops_dev.cuh — device-side building blocks of the cuda backend's MoE
  * kernels (kernels/ops.cu): slab addressing, the flag protocol (release /
  * acquire at system scope, bounded waits on %globaltimer, the error
- * record), number formats bit-identical to kernels/host_ops.c, 16-byte
- * vector copies, a block-wide prefix sum and the declaration every kernel
- * has (KERNEL); the throughput rows' marks are ops_rows.cuh's.  The ABI
- * and the protocol are described in proto/kabi.h.
+ * record), 16-byte vector copies, a block-wide prefix sum and the
+ * declaration every kernel has (KERNEL); the number formats are
+ * ops_fmt.cuh's, the throughput rows' marks ops_rows.cuh's.  The ABI and the
+ * protocol are described in proto/kabi.h.
  */
 #ifndef DEP_OPS_DEV_CUH
 #define DEP_OPS_DEV_CUH
@@ -741,43 +741,7 @@ __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uin
   return 0;
 }
 
-/* ---- number formats: bit-identical to host_ops.c --------------------------------- */
-
-__device__ __forceinline__ float bf2f(uint32_t b) { return __uint_as_float((b & 0xffffu) << 16); }
-
-__device__ __forceinline__ uint32_t f2bf(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u)
-    return ((u >> 16) | 0x40u) & 0xffffu;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return u >> 16;
-}
-
-__device__ __forceinline__ uint32_t f2e4m3(float f) {
-  uint32_t u = __float_as_uint(f);
-  uint32_t sign = (u >> 24) & 0x80u;
-  uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u)
-    return sign | 0x7fu;
-  if (a >= 0x43e00000u)
-    return sign | 0x7eu;
-  if (a < 0x3c800000u) {
-    if (a < 0x00800000u)
-      return sign;
-    uint32_t m = (a & 0x7fffffu) | 0x800000u;
-    int e = (int)(a >> 23) - 127;
-    unsigned shift = (unsigned)(14 - e);
-    if (shift > 25)
-      return sign;
-    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u)))
-      q++;
-    return sign | q;
-  }
-  uint32_t r = (a + 0x7ffffu + ((a >> 20) & 1u)) >> 20;
-  uint32_t code = r - (120u << 3);
-  return sign | (code > 0x7eu ? 0x7eu : code);
-}
+#include "ops_fmt.cuh"
 
 /* ---- copies ---------------------------------------------------------------------- */
 
