@@ -118,7 +118,8 @@ class Buffer(_Checks, _Throughput, _LowLatency, _Masks, HandlePools):
     Args (DeepEP's, in DeepEP's order; accepted for compatibility):
         group: a torch.distributed ProcessGroup (the expert-parallel group), or None.  Where
             given, the job's identity is the group's (identity.from_group): rank and world
-            size are the group's, the local ranks its members on this host, and the job id
+            size are the group's, the local ranks its members on this node (this host and
+            daemon socket), and the job id
             is agreed over the group in one collective at construction (which every member
             must make); nothing else is sent over it.  Each Buffer so made is a job of its
             own, so several groups in one world, and one process in several groups, work.
@@ -204,8 +205,9 @@ class Buffer(_Checks, _Throughput, _LowLatency, _Masks, HandlePools):
         self.enable_shrink = bool(enable_shrink)
         given = dict(job_id=job_id, rank=rank, world_size=world_size, local_rank=local_rank,
                      local_world_size=local_world_size)
+        self.socket = _socket_path(socket)
         if group is not None:
-            self.identity: Identity = from_group(group, **given)
+            self.identity: Identity = from_group(group, daemon_socket=self.socket, **given)
         else:
             self.identity = from_environment(**given)
             if comm is not None and comm.Get_size() != self.identity.world_size:
@@ -221,7 +223,6 @@ class Buffer(_Checks, _Throughput, _LowLatency, _Masks, HandlePools):
             "max_tokens_per_rank", max_tokens_per_rank, "DEEPEP_MAX_TOKENS_PER_RANK")
         self.max_ll_tokens_per_rank = self._opt_int(
             "max_ll_tokens_per_rank", max_ll_tokens_per_rank, "DEEPEP_MAX_LL_TOKENS_PER_RANK")
-        self.socket = _socket_path(socket)
         self._connect()
         if None not in (self.hidden, self.num_experts, self.num_topk):
             self._attach()

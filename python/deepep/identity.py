@@ -14,7 +14,8 @@ already say all of it in the environment:
 
 Where the caller gives a torch.distributed process group (DeepEP's
 ``Buffer(group, ...)``), the identity is the group's instead (from_group):
-its rank and size, its members on this host as the local ranks, and a job
+its rank and size, its members that share this rank's node (its daemon) as the
+local ranks, and a job
 id agreed over the group, so that an expert-parallel group inside a larger
 world, several such groups, and one process in several groups each make a
 job of their own.
@@ -181,26 +182,36 @@ def _launcher_run_id(env: Mapping[str, str]) -> Optional[str]:
     return None
 
 
-def _host_key() -> str:
-    """What tells this host from every other: its name and this boot's id (two containers
-    may share a host name; a host's boot id is the same in each of its containers, whose
-    ranks share one deepepd)."""
+def _node_key(daemon_socket: str) -> str:
+    """What tells this rank's node from every other: a node is a daemon, so the host (its
+    name and this boot's id: two containers may share a host name, and a host's boot id is
+    the same in each of its containers, whose ranks share one deepepd) and the daemon's
+    socket on it, by its file's identity (device and inode, the same through every bind
+    mount of it), or by its path where it cannot be read.  Several daemons on one machine
+    (tests of several nodes on one host) are several nodes."""
     try:
         with open(_BOOT_ID) as f:
             boot = f.read().strip()
     except OSError:
         boot = ""
-    return f"{socket.gethostname()}/{boot}"
+    try:
+        st = os.stat(daemon_socket)
+        sock = f"{st.st_dev}:{st.st_ino}"
+    except OSError:
+        sock = os.path.abspath(daemon_socket)
+    return f"{socket.gethostname()}/{boot}/{sock}"
 
 
 def from_group(group: Any, env: Optional[Mapping[str, str]] = None,
-               **given: Optional[object]) -> Identity:
+               daemon_socket: Optional[str] = None, **given: Optional[object]) -> Identity:
     """The Identity of this process in a torch.distributed process group, agreed with the
     group's other members in one collective (all_gather_object) at construction, which every
     member must make; nothing else is ever sent over the group.
 
     rank and world_size are the group's (dist.get_rank(group), dist.get_world_size(group));
-    the local ranks are the group's members on this host, in group rank order; the job id is
+    the local ranks are the group's members on this node, in group rank order: on this host
+    and attaching to the same daemon (`daemon_socket`, else $DEEPEPD_SOCKET's, else the
+    default one; Buffer passes the one it connects to); the job id is
     given's job_id where the caller gives one (every member must then give the same), else
     rank 0's random id, after the launcher's run id where there is one (`env`, as
     from_environment reads it).  The launcher's RANK and WORLD_SIZE, which are the world's,
@@ -225,16 +236,18 @@ def from_group(group: Any, env: Optional[Mapping[str, str]] = None,
         if v is not None and v != have:
             raise ValueError(f"{name} {v!r} was given but the group says {have}; pass one or "
                              "the other (the group's rank and size are the job's)")
+    if daemon_socket is None:
+        daemon_socket = env.get(_lib.SOCKET_ENV) or _lib.DEFAULT_SOCKET
     every: list = [None] * size
-    dist.all_gather_object(every, (_host_key(), secrets.token_hex(_GROUP_ID_HEX // 2)),
-                           group=group)
+    dist.all_gather_object(every, (_node_key(daemon_socket),
+                                   secrets.token_hex(_GROUP_ID_HEX // 2)), group=group)
     here = [r for r, (host, _) in enumerate(every) if host == every[rank][0]]
     local_rank, local_world_size = here.index(rank), len(here)
     for name, have in (("local_rank", local_rank), ("local_world_size", local_world_size)):
         v = given.get(name)
         if v is not None and v != have:
-            raise ValueError(f"{name} {v!r} was given but the group has {have} on this host; "
-                             "pass one or the other")
+            raise ValueError(f"{name} {v!r} was given but the group has {have} on this node "
+                             "(this host and daemon); pass one or the other")
     job_id = given.get("job_id")
     if job_id is None:
         agreed = every[0][1]

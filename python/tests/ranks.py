@@ -634,6 +634,25 @@ def job_id_rank(rank: int, sock: str, store: str, outdir: str) -> None:
     dist.destroy_process_group()
 
 
+def node_key_rank(rank: int, socks: List[str], store: str, outdir: str) -> None:
+    """Process `rank` of a gloo world of len(socks) over a FileStore: from_group's identity
+    when this process names socks[rank] as its daemon's socket, as $DEEPEPD_SOCKET and as
+    the argument Buffer passes; pickled into outdir/<rank>.pkl as (by env, by argument)."""
+    import os
+    import pickle
+    import torch.distributed as dist
+    from deepep.identity import from_group
+    dist.init_process_group("gloo", store=dist.FileStore(store, len(socks)), rank=rank,
+                            world_size=len(socks))
+    os.environ["DEEPEPD_SOCKET"] = socks[rank]
+    by_env = from_group(None)
+    os.environ["DEEPEPD_SOCKET"] = "/nonexistent/deepepd.sock"
+    by_arg = from_group(None, daemon_socket=socks[rank])
+    with open(os.path.join(outdir, f"{rank}.pkl"), "wb") as f:
+        pickle.dump((by_env, by_arg), f)
+    dist.destroy_process_group()
+
+
 def scales_shape(world: int) -> Dict[str, int]:
     """scales_rank's job shape: shape(world) with hidden 512, so that UE8M0 packs one int."""
     return dict(shape(world), hidden=512)

@@ -64,7 +64,7 @@ def test_a_group_that_disagrees_with_explicit_arguments_is_a_value_error(spawned
         assert len(msgs) == 3, msgs
         assert "world_size 4 was given but the group says 2" in msgs[0]
         assert "rank" in msgs[1] and "but the group says" in msgs[1]
-        assert "local_world_size 1 was given but the group has 2 on this host" in msgs[2]
+        assert "local_world_size 1 was given but the group has 2 on this node" in msgs[2]
 
 
 @pytest.mark.parametrize("cut", ["pairs", "cross"])
@@ -135,3 +135,45 @@ def test_the_agreed_job_id_follows_the_launchers_run_id_and_fits(daemon, tmp_pat
     t = ids["torchrun"]
     assert re.fullmatch(r"r+-[0-9a-f]{16}", t) and len(t) == _lib.JOB_ID_MAX - 1
     assert re.fullmatch(r"fixed-[0-9a-f]{16}", ids["deepep"])
+
+
+def _sockets(d, n):
+    """n Unix sockets bound in d (files as a daemon's), their paths; the binders stay open."""
+    import socket
+    out = []
+    for i in range(n):
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(d / f"n{i}.sock"))
+        out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("how", ["two daemons", "one daemon by two paths"])
+def test_a_node_is_a_daemon_members_of_other_daemons_on_this_host_are_other_nodes(tmp_path,
+                                                                                 how):
+    """Four processes of one host in one group: with two daemons' sockets (ranks 0-1 on one,
+    2-3 on the other, as a test of two nodes on one machine runs them) the group is two
+    nodes of two local ranks; with one socket named by two paths (a symbolic link, as a
+    bind mount in a container) it is one node of four.  Before, every member of the host
+    was local, whatever daemon it used: such a job never met at its daemons' rendezvous."""
+    import pickle
+    if conftest.BACKEND != "host":
+        pytest.skip("the group tests run on the host backend (CPU tensors, gloo)")
+    held = _sockets(tmp_path, 2)
+    if how == "two daemons":
+        socks = [str(tmp_path / f"n{r // 2}.sock") for r in range(4)]
+        want = [(r, 4, r % 2, 2) for r in range(4)], (0, 0, 1, 1)
+    else:
+        (tmp_path / "link.sock").symlink_to(tmp_path / "n0.sock")
+        socks = [str(tmp_path / ("n0.sock" if r % 2 else "link.sock")) for r in range(4)]
+        want = [(r, 4, r, 4) for r in range(4)], (0, 0, 0, 0)
+    out = conftest.spawn_ranks(ranks.node_key_rank, 4, (socks, str(tmp_path / "store"),
+                                                        str(tmp_path)),
+                               str(tmp_path), _TIMEOUT, "processes")
+    for s in held:
+        s.close()
+    for r in range(4):
+        for ident in out[r]:
+            assert (ident.rank, ident.world_size, ident.local_rank,
+                    ident.local_world_size) == want[0][r]
+            assert ident.nodes == want[1]
