@@ -299,6 +299,11 @@ uint64_t dep__slab_key(const struct dep_job_shape *shape, uint32_t world_size, u
  * `off` (the in or out slots, or blocks). */
 #define DEP_XCHG_INDEX(n_remote, parity, ri) ((uint64_t)(parity) * (n_remote) + (uint64_t)(ri))
 #define DEP_XCHG_ENTRY_AT(off, unit, index) ((off) + (index) * (unit))
+/* The offset of chunk `chunk`'s mark (the stream's chunk number, taken
+ * modulo DEP_SLAB_CHUNKS) of entry `index` in the marks at `off` (the in
+ * or out marks). */
+#define DEP_XCHG_MARK_AT(off, index, chunk) \
+  DEP_XCHG_ENTRY_AT(off, sizeof(uint64_t), (index) * DEP_SLAB_CHUNKS + (chunk) % DEP_SLAB_CHUNKS)
 
 /* Offset of the control slot of (parity, source rank). */
 static inline uint64_t dep_slab_ctrl_slot(const struct dep_slab_layout *l, unsigned parity,
@@ -347,15 +352,11 @@ static inline uint64_t dep_slab_out_block(const struct dep_slab_layout *l, unsig
  * ri in a call of parity. */
 static inline uint64_t dep_slab_in_mark(const struct dep_slab_layout *l, unsigned parity,
                                         uint32_t ri, uint32_t chunk) {
-  return DEP_XCHG_ENTRY_AT(l->in_mark_off, sizeof(uint64_t),
-                           dep_xchg_index(l, parity, ri) * DEP_SLAB_CHUNKS +
-                               chunk % DEP_SLAB_CHUNKS);
+  return DEP_XCHG_MARK_AT(l->in_mark_off, dep_xchg_index(l, parity, ri), chunk);
 }
 static inline uint64_t dep_slab_out_mark(const struct dep_slab_layout *l, unsigned parity,
                                          uint32_t ri, uint32_t chunk) {
-  return DEP_XCHG_ENTRY_AT(l->out_mark_off, sizeof(uint64_t),
-                           dep_xchg_index(l, parity, ri) * DEP_SLAB_CHUNKS +
-                               chunk % DEP_SLAB_CHUNKS);
+  return DEP_XCHG_MARK_AT(l->out_mark_off, dep_xchg_index(l, parity, ri), chunk);
 }
 
 /* Offsets of the live mask's epoch word and of the word holding rank's bit. */
