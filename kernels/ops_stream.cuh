@@ -299,12 +299,14 @@ __device__ __forceinline__ void take_fence() {
  * out of order.  A source on another node's chunk first has its in mark
  * set back to 0 (slab.h: before the credit lets the sender write its
  * place again, and before in_mark_open lets a receiver look at it), and
- * its credit, stored in the in slot, goes back through the proxy (a
- * CREDIT descriptor, which carries the word as it is when the proxy takes
- * it) only while the sender may still wait for it, as the host backend's
+ * its credit, stored in the in slot (below: host memory), goes back
+ * through the proxy (a CREDIT descriptor, which carries the word as it is
+ * when the proxy takes it; the far daemon keeps the largest) only while
+ * the sender may still wait for it, as the host backend's
  * (host_ops__stream_taken): while the credit before this move leaves rows
- * of the stream beyond the ring.  The movers that push are the first ones,
- * so the credit pushed last lets the sender write every row.
+ * of the stream beyond the ring.  The movers that push are the first ones
+ * (the rule is monotone in the front), each after its word is the front
+ * it last read, so the credit pushed last lets the sender write every row.
  */
 __device__ __forceinline__ void chunk_taken(const cuops_job &J, const call &k, uint32_t op,
                                             uint32_t s, uint32_t c, uint32_t len, uint32_t rows) {
@@ -339,12 +341,25 @@ __device__ __forceinline__ void chunk_taken(const cuops_job &J, const call &k, u
   if (f == (was & front_mask))
     return; /* a chunk before it is not taken whole yet: whoever takes it credits this one */
   __threadfence_system(); /* the reads of every row it credits (counted after a fence) first */
-  red_max_release_sys((uint64_t *)(recv_slot(J, k.parity, s) + offsetof(ops_slot, credit)),
-                      DEP_SLAB_CHAN_AT(k.seq, min(f * J.chunk_rows, rows)));
-  if (far && (uint64_t)(was & front_mask) * J.chunk_rows + J.chan_rows < rows) {
-    __threadfence_system();
-    xring_push(J, k, op, s, 0, DEP_XRING_CREDIT);
+  uint64_t *word = (uint64_t *)(recv_slot(J, k.parity, s) + offsetof(ops_slot, credit));
+  if (!far) {
+    red_max_release_sys(word, DEP_SLAB_CHAN_AT(k.seq, min(f * J.chunk_rows, rows)));
+    return;
   }
+  /* The in slot is host memory, where an atomic of the device is not one the host (or, without
+   * the bus's atomics, the device) can count on: a plain store, then the front read again; a
+   * mover whose store came after a later mover's (a smaller credit over a larger) sees the
+   * front past its own and stores that, so the store that comes last is the front's. */
+  for (uint32_t stored = f;;) {
+    st_release_sys(word, DEP_SLAB_CHAN_AT(k.seq, min(stored * J.chunk_rows, rows)));
+    __threadfence_system();
+    const uint32_t at = ld_acquire_gpu32(front) & front_mask;
+    if (at == stored)
+      break;
+    stored = at;
+  }
+  if ((uint64_t)(was & front_mask) * J.chunk_rows + J.chan_rows < rows)
+    xring_push(J, k, op, s, 0, DEP_XRING_CREDIT);
 }
 
 /*
