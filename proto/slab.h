@@ -56,12 +56,13 @@
  *   out       4 KiB-aligned: for each parity and each remote destination,
  *             one block: the rows this rank means for it, or its channel.
  *
- * A whole block (the low-latency calls, and the cuda backend's throughput
- * calls) goes as before: the rank fills out and out_slot and pushes a
+ * A whole block (the low-latency calls, and the throughput calls of a job
+ * that does not stream) goes as before: the rank fills out and out_slot and pushes a
  * descriptor (xring.h); the proxy sends both, payload before slot, to the
  * daemon holding the destination, which writes them into its in and
- * in_slot.  A channel between nodes (the host backend's throughput calls)
- * mirrors a local one: the rank posts its out slot, fills the out channel
+ * in_slot.  A channel between nodes (the throughput calls of a job that
+ * streams, on either backend: kernels/ops_stream.cuh on cuda) mirrors a
+ * local one: the rank posts its out slot, fills the out channel
  * chunk by chunk as the destination's credit allows (out_slot's credit
  * word), writes each chunk's out_mark and pushes a chunk descriptor; the
  * far daemon writes the rows at the same ring rows of the destination's
