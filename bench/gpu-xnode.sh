@@ -14,7 +14,10 @@
 # daemons and on one, and loopback TCP round trips; "elastic": bench/elastic
 # on one daemon and two, host and cuda; "hostwarm": the host backend's first
 # calls with and without its warm-up; "splitx": split low-latency calls across
-# two daemons, check_xnode_split.c's gpu case), SECS (per step, 150).
+# two daemons, check_xnode_split.c's gpu case; "streamx": jobs that stream
+# (stream_chunk_rows) on one daemon, check_cuda_ops_stream.c's gpu case, then
+# across two and three, check_xnode_stream.c's), SECS (per step, 150;
+# STREAMX_SECS for streamx's, 600).
 set -u
 B=$(cd "${1:-build-gpu}" && pwd) || exit 2
 OUTD=${OUT:-/tmp/dep-out}
@@ -30,7 +33,7 @@ step() {
   echo "== $1: CK_RUN_SUITE=$2 CK_RUN_CASE=$3"
   CK_RUN_SUITE=$2 CK_RUN_CASE=$3 timeout "${SECS:-150}" "$B"/check_deepepd > "$OUTD/$1.log" 2>&1
   rc=$?
-  grep -E "xnode gpu:|cuda_ops processes:|Checks:|Failures|Skipped|skipped:|:F:|:E:" "$OUTD/$1.log" | head -40
+  grep -E "xnode gpu:|xnode_stream gpu:|cuda_ops stream:|cuda_ops processes:|Checks:|Failures|Skipped|skipped:|:F:|:E:" "$OUTD/$1.log" | head -40
   echo "== $1 rc $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (timed out)')"
 }
 
@@ -140,6 +143,8 @@ for s in ${STEPS:-xnode oracle sliced}; do
   hostwarm) hostwarm_step ;;
   xnode) mps_on; step xnode-mps xnode gpu ;;
   splitx) mps_on; step splitx-mps xnode_split gpu ;;
+  streamx) mps_on; SECS=${STREAMX_SECS:-600} step stream-mps cuda_ops stream
+           SECS=${STREAMX_SECS:-600} step streamx-mps xnode_stream gpu ;;
   oracle) step oracle-mps cuda_ops oracle; mps_off ;;
   sliced) [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && mps_off
           CK_RUN_CASE=gpu SECS=${SLICED_SECS:-90} step xnode-sliced xnode gpu ;;

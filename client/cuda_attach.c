@@ -123,13 +123,6 @@ static int warmup(dep_client_t *c) {
 int cuops_block_layout(const struct dep_job_shape *shape, uint32_t world,
                        const struct dep_slab_layout *lay, int sms, struct dep_slab_priv *out,
                        char *why, size_t whylen) {
-  if (lay->chan_rows < lay->max_tokens && lay->n_remote > 0) {
-    snprintf(why, whylen, "deepepd streams this job's throughput operations in chunks of %u rows "
-             "(its stream_chunk_rows), which the cuda kernels do within a node only, and this "
-             "job spans nodes; set stream_chunk_rows: 0 in the configuration of its nodes' "
-             "daemons", lay->chunk_rows);
-    return DEP_ERR_UNSUPPORTED;
-  }
   if (sms < 1 || (unsigned)sms > DEP_SLAB_MAX_SMS) {
     snprintf(why, whylen, "this GPU has %d SMs; the slab's private area holds the operations' "
              "scratch for GPUs of 1 to %u SMs: run deepepd with backend: host on it, or use a "
@@ -378,6 +371,8 @@ static int ring_bind(dep_client_t *c) {
   j->out_slot_off = o->lay.out_slot_off;
   j->in_off = o->lay.in_off;
   j->out_off = o->lay.out_off;
+  j->in_mark_off = o->lay.in_mark_off;
+  j->out_mark_off = o->lay.out_mark_off;
   j->n_remote = o->lay.n_remote;
   j->ring = j->xchg = NULL;
   if (j->remote_mask == 0)

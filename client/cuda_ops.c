@@ -53,13 +53,25 @@ static void cuops_split_words(const dep_client_t *c, const struct ops_err_record
 }
 
 /* The words for a streamed call's failures (kernels/ops_stream.cuh), into m. */
-static void cuops_stream_words(const struct ops_err_record *r, int32_t code, const char *what,
-                               char *m, size_t len) {
-  if (r->phase == CUOPS_PHASE_CREDIT)
+static void cuops_stream_words(const dep_client_t *c, const struct ops_err_record *r,
+                               int32_t code, const char *what, char *m, size_t len) {
+  const bool far = r->source < 64 && (c->cuops.job.remote_mask >> r->source) & 1;
+  if (r->phase == CUOPS_PHASE_CREDIT && code == DEP_ERR_DAEMON_GONE)
+    snprintf(m, len, "%s (call %llu, waiting for rank %u on another node to take this rank's "
+             "rows): " OPS_DAEMON_GONE_WHY, what, (unsigned long long)r->seq, r->source);
+  else if (r->phase == CUOPS_PHASE_CREDIT && code != DEP_ERR_TIMEOUT)
+    snprintf(m, len, "%s: the daemon's proxy stopped serving this rank while call %llu waited "
+             "for rank %u on another node to take this rank's rows: %s; restart the job", what,
+             (unsigned long long)r->seq, r->source,
+             code == DEP_ERR_PEER ? "a node of the job is gone" : dep_strerror(code));
+  else if (r->phase == CUOPS_PHASE_CREDIT)
     snprintf(m, len, "timeout in %s waiting for rank %u to take this rank's rows out of its "
              "channel (call %llu, %u ms, %llu rows taken): that rank posted the call but stopped "
-             "receiving (it died or its GPU is stuck); restart the job", what, r->source,
-             (unsigned long long)r->seq, r->waited_ms, (unsigned long long)r->seen_flag);
+             "receiving (it died or its GPU is stuck%s); restart the job", what, r->source,
+             (unsigned long long)r->seq, r->waited_ms, (unsigned long long)r->seen_flag,
+             far ? ", or its node's daemon or the link to it is stuck: deepepctl peers on both "
+                   "nodes"
+                 : "");
   else
     snprintf(m, len, "in %s (call %llu) rank %u failed its part of the call with %s, and sends "
              "or takes no more of its rows (its own error says why); %s", what,
@@ -150,7 +162,7 @@ static void cuops_record_words(const dep_client_t *c, const struct ops_err_recor
     break;
   case CUOPS_PHASE_CREDIT:
   case CUOPS_PHASE_STOPPED:
-    cuops_stream_words(r, code, what, m, len);
+    cuops_stream_words(c, r, code, what, m, len);
     break;
   default:
     snprintf(m, len, "call %llu (%s): rank %u made another call, combined another dispatch "

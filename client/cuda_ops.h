@@ -99,8 +99,8 @@ struct dep_handle;
  * Where the operations' memory sits in the rank's private area of its
  * slab: dep__slab_priv's carving (slab.h), for a GPU of `sms` SMs.  0, or
  * DEP_ERR_UNSUPPORTED with why for a GPU with more SMs than the area holds
- * scratch for (DEP_SLAB_MAX_SMS), or for a layout that streams (the
- * kernels read whole blocks).
+ * scratch for (DEP_SLAB_MAX_SMS).  Every layout the daemon lends is one the
+ * kernels run: whole blocks or channels, within a node and across nodes.
  */
 int cuops_block_layout(const struct dep_job_shape *shape, uint32_t world,
                        const struct dep_slab_layout *lay, int sms, struct dep_slab_priv *out,

@@ -309,20 +309,6 @@ int lend_send(const struct job *j, struct conn *c, uint32_t request_id) {
   return 0;
 }
 
-int lend_stream_check(const char *backend, const struct dep_attach_args *a,
-                      const struct dep_slab_layout *l, char *why, size_t whylen) {
-  /* The cuda kernels stream within a node (kernels/ops_stream.cuh), not yet between nodes. */
-  if (l->chan_rows < l->max_tokens && l->n_remote > 0 && strcmp(backend, "host") != 0) {
-    snprintf(why, whylen, "this deepepd streams the throughput operations in chunks of %u rows "
-             "(stream_chunk_rows), which the %s backend's operations do within a node only, and "
-             "this job spans nodes (%u of its %u ranks here); set stream_chunk_rows: 0 in the "
-             "configuration of its nodes' daemons", l->chunk_rows, backend, a->local_world_size,
-             a->world_size);
-    return DEP_ERR_UNSUPPORTED;
-  }
-  return 0;
-}
-
 /*
  * Check, before a rank joins, what would otherwise fail only at the
  * rendezvous: its device is one this daemon serves, and the arena of the
@@ -337,8 +323,6 @@ int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, uint64_t *s
   struct dep_slab_layout l;
   int rc = dep__slab_layout_nodes(&a->shape, a->world_size, a->local_world_size, chunk_rows, &l,
                                   why, whylen);
-  if (rc == 0)
-    rc = lend_stream_check(devices_backend_name(), a, &l, why, whylen);
   if (rc != 0)
     return rc;
   /* The worst case: every local rank on this device, in one arena, one

@@ -50,16 +50,6 @@ void lend_fini(void);
 int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, uint64_t *slab_bytes,
                uint64_t *host_bytes, char *why, size_t whylen);
 
-/*
- * lend_check's word on streaming: whether the operations of `backend`
- * (devices_backend_name) run a job of layout l that streams (l's channels
- * below max_tokens_per_rank; a = its attach arguments): the host backend's
- * within a node and between nodes, the cuda backend's within a node only
- * (kernels/ops_stream.cuh).  0, or DEP_ERR_UNSUPPORTED with why.
- */
-int lend_stream_check(const char *backend, const struct dep_attach_args *a,
-                      const struct dep_slab_layout *l, char *why, size_t whylen);
-
 /* The rendezvous completed: lend the job its arenas and place every local
  * rank's slab (j->slab_bytes becomes the stride), and for a job that spans
  * nodes make each local rank's ring and exchange region (j->xchg).  0, or

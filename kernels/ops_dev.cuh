@@ -127,6 +127,12 @@ __device__ __forceinline__ void st_release_gpu(unsigned long long *p, uint64_t v
   asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+__device__ __forceinline__ uint32_t ld_acquire_gpu32(const uint32_t *p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ uint32_t ld_acquire_sys32(const uint32_t *p) {
   uint32_t v;
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -455,7 +461,7 @@ __device__ __forceinline__ void stats_call(const cuops_job &J, const call &k, ui
 /* Defined below, with the posts: hand a descriptor of kind for rank d to the proxy. */
 __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, uint32_t op,
                                            uint32_t d, uint64_t bytes,
-                                           uint32_t kind = DEP_XRING_BLOCK);
+                                           uint32_t kind = DEP_XRING_BLOCK, uint32_t row0 = 0);
 
 /*
  * Every CTA ends here (all threads).  The last one to finish: a call that
@@ -478,6 +484,7 @@ __device__ __forceinline__ void call_end(const cuops_job &J, const call &k, uint
       for (uint32_t s = 0; J.chan_rows < J.max_tokens && s < J.world; s++) {
         J.dev->chan_took[s] = 0; /* a streamed call's channels, for the next call */
         J.dev->chan_front[s] = 0;
+        J.dev->chan_sent[s] = 0;
       }
       if (k.phase != CUOPS_SEND && !k.skip) {
         __threadfence_system(); /* every CTA's reads of the blocks before the word */
@@ -547,12 +554,18 @@ __device__ __forceinline__ void post_header(const cuops_job &J, const call &k, u
  * device memory, so the steady state reads nothing across the bus — write
  * it, then publish the ring's head in reservation order: after the
  * descriptors before it, each pushed by another CTA that is resident and
- * pushing.  kind: DEP_XRING_BLOCK, or DEP_XRING_TAKEN (bytes 0: the in
- * slot's taken word for source d, call_end).  False when the call failed
- * (recorded here, or broken elsewhere).
+ * pushing.  kind: DEP_XRING_BLOCK, DEP_XRING_TAKEN (bytes 0: the in
+ * slot's taken word for source d, call_end), or a streamed call's
+ * DEP_XRING_CHUNK (| DEP_XRING_SLOT: rows from row0 of the out channel),
+ * DEP_XRING_SLOT alone or DEP_XRING_CREDIT (ops_stream.cuh).  One lane of
+ * a warp calls it, and other lanes of the same warp may push at once:
+ * each waits for its own reservation, which the lanes that hold the ones
+ * before it publish (independent thread scheduling, sm_70 on).  False when
+ * the call failed (recorded here, or broken elsewhere).
  */
 __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, uint32_t op,
-                                           uint32_t d, uint64_t bytes, uint32_t kind) {
+                                           uint32_t d, uint64_t bytes, uint32_t kind,
+                                           uint32_t row0) {
   uint8_t *r = J.ring;
   const unsigned long long i = atomicAdd(&J.dev->xr_next, 1ull);
   bool written = false;
@@ -571,7 +584,7 @@ __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, ui
         e->seq = k.seq;
         e->bytes = bytes;
         e->kind = kind;
-        e->row0 = 0;
+        e->row0 = row0;
         written = true;
       }
     }

@@ -44,9 +44,30 @@
  * A whole-block call keeps its kernels (every warp sends, then receives):
  * they are the same functions instantiated without the ring.
  *
- * Across nodes a cuda job does not stream yet: the library refuses to
- * attach such a job (cuda_attach.c), and the daemon refuses to lend it
- * (daemon/lend.c), naming why.
+ * Across nodes a channel is the host backend's too, and both ends may be
+ * either backend: the out channel and out slot of this rank's exchange
+ * region (host memory mapped for the device) to a destination on another
+ * node, the in channel and in slot from a source on another node.  The
+ * stamps cannot say a row from another node is in (its daemon writes a
+ * frame's bytes in no order), so a chunk is the unit there, as on the host
+ * backend: the sending warps count the rows they have written into each
+ * chunk (cuops_dev.chan_sent, after a system fence), and the warp whose
+ * count completes a chunk writes the chunk's out mark and pushes one CHUNK
+ * descriptor to the proxy (chunk_sent; the first chunk's with the slot
+ * image, SLOT, which that warp posts; a stream of no rows pushes the slot
+ * alone); a sender waits for credit in its out slot's credit word, which
+ * this node's daemon stores when the receiver's credit comes back.  The
+ * far daemon counts each chunk's rows into the receiver's in mark, which
+ * the receiving warps wait on (wait_rows) once the chunk before it in
+ * that place is credited (in_mark_open); they copy rows out as from a
+ * local source, and whoever credits chunks of such a source sets their
+ * marks back to 0 first, stores the credit into the in slot and pushes a
+ * CREDIT descriptor while the sender may still wait for it (chunk_taken).
+ * The cuda kernels send once per destination rank, each through its own
+ * channel, whatever the ring's fan table says (xring.h): the host
+ * backend's dispatch sends a token once per destination node through a
+ * node channel, which the far daemon fans out; its per-rank frames (the
+ * host backend's combine) take the same path into a rank of a fanned node.
  */
 #ifndef DEP_OPS_STREAM_CUH
 #define DEP_OPS_STREAM_CUH
@@ -92,21 +113,26 @@ __device__ __forceinline__ void stamp_rows(const cuops_job &J, const call &k, ui
 }
 
 /*
- * A sender warp, before it writes row j of its stream to local rank d:
- * wait, bounded and abort-aware, until d has taken rows enough for j's ring
- * row (j - chan_rows + 1; *have: what it was last seen to have taken).
- * The caller has stamped every row it wrote before (the receiver takes
- * them, which is the credit this waits for).  1: write it; 0: the call
- * failed (recorded here or elsewhere); -1: d left the job since the call
- * began (elastic: the daemon masked it), so it is sent nothing more.
+ * A sender warp, before it writes row j of its stream to rank d: wait,
+ * bounded and abort-aware, until d has taken rows enough for j's ring row
+ * (j - chan_rows + 1; *have: what it was last seen to have taken).  A
+ * local d's credit is in its slab's slot; one on another node's is in the
+ * out slot, where this node's daemon stores what d's credit descriptors
+ * carried back (host memory: the wait sleeps between reads, and fails as
+ * well when the proxy stopped serving this rank's ring, with its code).
+ * The caller has published every row it wrote before (publish_rows: the
+ * receiver takes them, which is the credit this waits for).  1: write it;
+ * 0: the call failed (recorded here or elsewhere); -1: d left the job
+ * since the call began (elastic: the daemon masked it), so it is sent
+ * nothing more.
  */
 __device__ __forceinline__ int wait_credit(const cuops_job &J, const call &k, uint32_t op,
                                            uint32_t d, uint32_t j, uint32_t *have) {
   if (j < J.chan_rows + *have)
     return 1;
   const uint32_t lane = threadIdx.x & 31u, need = j - J.chan_rows + 1;
-  const uint64_t *word =
-      (const uint64_t *)(slot_at(J, d, k.parity, J.rank) + offsetof(ops_slot, credit));
+  const bool far = is_remote(J, d);
+  const uint64_t *word = (const uint64_t *)(send_slot(J, k.parity, d) + offsetof(ops_slot, credit));
   const uint64_t at = DEP_SLAB_CHAN_AT(k.seq, 0);
   for (uint32_t i = 0;; i++) {
     const uint64_t w = __shfl_sync(FULL_MASK, lane == 0 ? ld_acquire_sys(word) : 0, 0);
@@ -116,15 +142,24 @@ __device__ __forceinline__ int wait_credit(const cuops_job &J, const call &k, ui
       __syncwarp(); /* lane 0's acquire before every lane's stores into the ring */
       return 1;
     }
-    if ((i & 31u) != 31u)
+    /* Lane 0 reads the clock and the abort and ring words every 32nd read of a local word,
+     * every 8th of one in host memory, which it reads once a sleep. */
+    const uint32_t every = far ? 7u : 31u;
+    if ((i & every) != every) {
+      if (far)
+        __nanosleep(256);
       continue;
+    }
     int go = 2; /* lane 0 decides for the warp: 2, wait on */
     if (lane == 0) {
       const uint64_t waited = globaltimer_ns() - k.t0;
+      const int32_t failed =
+          far ? (int32_t)ld_acquire_sys32((const uint32_t *)(J.ring + offsetof(dep_xring, failed)))
+              : 0;
       int32_t code;
       if (*(volatile uint32_t *)&J.dev->broken) {
         go = 0;
-      } else if (job_aborted(J, k, d, waited)) {
+      } else if (stream_aborted(J, k, d, waited)) {
         rec_gone(J, op, k.seq, waited);
         go = 0;
       } else if (waited >= CUOPS_ABORT_POLL_NS && left_since(J, d)) {
@@ -132,15 +167,114 @@ __device__ __forceinline__ int wait_credit(const cuops_job &J, const call &k, ui
       } else if (waited >= CUOPS_ABORT_POLL_NS && (code = peer_stopped(J, k, d)) != 0) {
         rec_stopped(J, k, op, d, code, waited);
         go = 0;
-      } else if (waited > J.timeout_ns) {
-        rec_fail(J, DEP_ERR_TIMEOUT, op, d, CUOPS_PHASE_CREDIT, k.seq, got, waited);
+      } else if (failed != 0 || waited > J.timeout_ns) {
+        if (failed != 0)
+          atomicExch(&J.dev->broken, 1u); /* d will get no more of this call, whatever the code */
+        rec_fail(J, failed != 0 ? failed : DEP_ERR_TIMEOUT, op, d, CUOPS_PHASE_CREDIT, k.seq, got,
+                 waited);
         go = 0;
       }
     }
     go = __shfl_sync(FULL_MASK, go, 0);
     if (go != 2)
       return go;
-    __nanosleep(64);
+    __nanosleep(far ? 256 : 64);
+  }
+}
+
+/* What a streamed call posts in its slot for a destination (post_header's fields). */
+struct stream_post {
+  uint32_t rows, op;
+  uint64_t ref_seq;
+  uint32_t num_tokens;
+};
+
+/*
+ * The first sender warp's lane 0 for destination d, once the stream's row
+ * count is known: post the slot.  A local d's goes into its slab before
+ * any row; one on another node's goes with the stream's first chunk, whose
+ * last writer posts it (chunk_sent), or, for a stream of no rows, alone
+ * now (a SLOT descriptor, as the host backend's).  Nothing goes to a
+ * destination on another node that left since the call began (k.gone, as
+ * arrive): its daemon has no reader for it.
+ */
+__device__ __forceinline__ void stream_post_slot(const cuops_job &J, const call &k, uint32_t d,
+                                                 const stream_post &p) {
+  if (!is_remote(J, d)) {
+    post_header(J, k, d, p.rows, p.op, p.ref_seq, p.num_tokens);
+    return;
+  }
+  if (p.rows != 0 || ((k.gone >> d) & 1ull) != 0)
+    return;
+  post_header(J, k, d, 0, p.op, p.ref_seq, p.num_tokens);
+  __threadfence_system();
+  xring_push(J, k, p.op, d, 0, DEP_XRING_SLOT);
+}
+
+/*
+ * One lane, whose count completed chunk c (len rows) of this rank's stream
+ * to remote rank d (publish_rows): every row of it is written and fenced
+ * by its writer before that writer counted it.  Hand it to the proxy as
+ * the host backend does (host_ops_stream.c push_chunk): the chunk's out
+ * mark (its count of rows, the source of an RDMA write of the in mark),
+ * then one CHUNK descriptor; the first chunk's carries the slot image too
+ * (SLOT), which this lane posts first, so that the image is written before
+ * the descriptor names it whichever warp completes the chunk.  Chunks may
+ * be pushed in any order: the far daemon counts each into its own mark.
+ */
+__device__ __forceinline__ void chunk_sent(const cuops_job &J, const call &k, uint32_t d,
+                                           uint32_t c, uint32_t len, const stream_post &p) {
+  if (((k.gone >> d) & 1ull) != 0)
+    return; /* d left the job: nothing more goes to it (stream_post_slot) */
+  __threadfence_system(); /* the other writers' rows, seen through their counts, before the mark */
+  *(volatile uint64_t *)out_mark_at(J, k.parity, d, c) = DEP_SLAB_CHAN_AT(k.seq, len);
+  uint32_t kind = DEP_XRING_CHUNK;
+  if (c == 0) {
+    post_header(J, k, d, p.rows, p.op, p.ref_seq, p.num_tokens);
+    kind |= DEP_XRING_SLOT;
+  }
+  __threadfence_system();
+  xring_push(J, k, p.op, d, (uint64_t)len * J.row_bytes, kind, c * J.chunk_rows);
+}
+
+/*
+ * Every lane of a sender warp, after writing rows first, first + step, ...
+ * (below end) of its stream to rank d (p.rows rows in all) into blk, d's
+ * channel: publish them.  To a local d, each row's stamp (stamp_rows).  To
+ * one on another node, a count per chunk (cuops_dev.chan_sent, one atomic
+ * add per chunk the rows touch, after a system fence: many warps write one
+ * chunk, each its own rows, in no order among them); the warp whose count
+ * completes a chunk sets the chunk's count back to 0 for the chunk
+ * DEP_SLAB_CHUNKS later (whose rows no warp writes before this chunk is
+ * credited, which it cannot be before it is pushed) and pushes it
+ * (chunk_sent).  Each row is published once.
+ */
+__device__ __forceinline__ void publish_rows(const cuops_job &J, const call &k, uint8_t *blk,
+                                             uint32_t d, uint32_t first, uint32_t step,
+                                             uint32_t end, const stream_post &p) {
+  if (!is_remote(J, d)) {
+    stamp_rows(J, k, blk, first, step, end);
+    return;
+  }
+  __syncwarp();
+  if (first >= end)
+    return;
+  __threadfence_system(); /* every lane's stores into the out channel before the counts */
+  __syncwarp();
+  if ((threadIdx.x & 31u) != 0)
+    return;
+  for (uint32_t i = first; i < end;) {
+    const uint32_t c = i / J.chunk_rows, len = min(J.chunk_rows, p.rows - c * J.chunk_rows);
+    uint32_t m = 0;
+    for (; i < end && i / J.chunk_rows == c; i += step)
+      m++;
+    const uint32_t shift = CUOPS_CHAN_TOOK_BITS * (c % DEP_SLAB_CHUNKS);
+    const unsigned long long add = (unsigned long long)m << shift;
+    const unsigned long long now = atomicAdd(&J.dev->chan_sent[d], add) + add;
+    if (((now >> shift) & ((1u << CUOPS_CHAN_TOOK_BITS) - 1u)) != len)
+      continue;
+    atomicAdd(&J.dev->chan_sent[d], 0ull - ((unsigned long long)len << shift));
+    chunk_sent(J, k, d, c, len, p);
   }
 }
 
@@ -152,26 +286,42 @@ __device__ __forceinline__ void take_fence() {
 }
 
 /*
- * One lane, once chunk c of local source s's stream (len rows of the
- * stream's `rows`) is taken whole (take_rows): credit it, and every chunk
- * after it already taken whole, once every chunk before it is credited.
- * Nothing waits here: the first chunk not credited yet holds the front
+ * One lane, once chunk c of source s's stream (len rows of the stream's
+ * `rows`) is taken whole (take_rows): credit it, and every chunk after it
+ * already taken whole, once every chunk before it is credited.  Nothing
+ * waits here: the first chunk not credited yet holds the front
  * (cuops_dev.chan_front), and each chunk taken whole behind it leaves a
  * done bit there, in the same word, so that whoever takes the front's
  * chunk last moves the front over them all (the compare-and-swap that sets
  * a chunk's bit sees every bit set before it, and the one that moves the
  * front past a chunk clears its bit).  Whoever moves the front stores the
  * credit, as a maximum: two that moved it one after the other may store
- * out of order.
+ * out of order.  A source on another node's chunk first has its in mark
+ * set back to 0 (slab.h: before the credit lets the sender write its
+ * place again, and before in_mark_open lets a receiver look at it), and
+ * its credit, stored in the in slot (below: host memory), goes back
+ * through the proxy (a CREDIT descriptor, which carries the word as it is
+ * when the proxy takes it; the far daemon keeps the largest) only while
+ * the sender may still wait for it, as the host backend's
+ * (host_ops__stream_taken): while the credit before this move leaves rows
+ * of the stream beyond the ring.  The movers that push are the first ones
+ * (the rule is monotone in the front), each after its word is the front
+ * it last read, so the credit pushed last lets the sender write every row.
  */
-__device__ __forceinline__ void chunk_taken(const cuops_job &J, const call &k, uint32_t s,
-                                            uint32_t c, uint32_t len, uint32_t rows) {
+__device__ __forceinline__ void chunk_taken(const cuops_job &J, const call &k, uint32_t op,
+                                            uint32_t s, uint32_t c, uint32_t len, uint32_t rows) {
   const uint32_t place = c % DEP_SLAB_CHUNKS, front_mask = (1u << CUOPS_CHAN_DONE_SHIFT) - 1u;
+  const bool far = is_remote(J, s);
   /* Its count back to 0 for chunk c + DEP_SLAB_CHUNKS, whose rows the sender writes only once
    * this chunk is credited, below. */
   atomicAdd(&J.dev->chan_took[s],
             0ull - ((unsigned long long)len << (CUOPS_CHAN_TOOK_BITS * place)));
-  __threadfence();
+  if (far) {
+    *(volatile uint64_t *)in_mark_at(J, k.parity, s, c) = 0;
+    __threadfence_system();
+  } else {
+    __threadfence();
+  }
   uint32_t *front = &J.dev->chan_front[s];
   uint32_t was = *(volatile uint32_t *)front, now, f;
   for (;;) {
@@ -191,12 +341,29 @@ __device__ __forceinline__ void chunk_taken(const cuops_job &J, const call &k, u
   if (f == (was & front_mask))
     return; /* a chunk before it is not taken whole yet: whoever takes it credits this one */
   __threadfence_system(); /* the reads of every row it credits (counted after a fence) first */
-  red_max_release_sys((uint64_t *)(slot_at(J, J.rank, k.parity, s) + offsetof(ops_slot, credit)),
-                       DEP_SLAB_CHAN_AT(k.seq, min(f * J.chunk_rows, rows)));
+  uint64_t *word = (uint64_t *)(recv_slot(J, k.parity, s) + offsetof(ops_slot, credit));
+  if (!far) {
+    red_max_release_sys(word, DEP_SLAB_CHAN_AT(k.seq, min(f * J.chunk_rows, rows)));
+    return;
+  }
+  /* The in slot is host memory, where an atomic of the device is not one the host (or, without
+   * the bus's atomics, the device) can count on: a plain store, then the front read again; a
+   * mover whose store came after a later mover's (a smaller credit over a larger) sees the
+   * front past its own and stores that, so the store that comes last is the front's. */
+  for (uint32_t stored = f;;) {
+    st_release_sys(word, DEP_SLAB_CHAN_AT(k.seq, min(stored * J.chunk_rows, rows)));
+    __threadfence_system();
+    const uint32_t at = ld_acquire_gpu32(front) & front_mask;
+    if (at == stored)
+      break;
+    stored = at;
+  }
+  if ((uint64_t)(was & front_mask) * J.chunk_rows + J.chan_rows < rows)
+    xring_push(J, k, op, s, 0, DEP_XRING_CREDIT);
 }
 
 /*
- * One lane, once its warp has read rows j0..j1 - 1 of local source s's
+ * One lane, once its warp has read rows j0..j1 - 1 of source s's
  * stream (`rows` in all), then met at a __syncwarp and fenced (the reads
  * before the counts, take_fence): count them taken, chunk by chunk
  * (cuops_dev.chan_took, an atomic add), and credit each chunk the count
@@ -204,8 +371,8 @@ __device__ __forceinline__ void chunk_taken(const cuops_job &J, const call &k, u
  * in any order, by many warps at once, and a chunk is credited once every
  * row of it and of the chunks before it is taken.
  */
-__device__ __forceinline__ void take_rows(const cuops_job &J, const call &k, uint32_t s,
-                                          uint32_t j0, uint32_t j1, uint32_t rows) {
+__device__ __forceinline__ void take_rows(const cuops_job &J, const call &k, uint32_t op,
+                                          uint32_t s, uint32_t j0, uint32_t j1, uint32_t rows) {
   for (uint32_t j = j0; j < j1;) {
     const uint32_t c = j / J.chunk_rows, end = min((c + 1) * J.chunk_rows, j1);
     const uint32_t len = min(J.chunk_rows, rows - c * J.chunk_rows);
@@ -213,7 +380,7 @@ __device__ __forceinline__ void take_rows(const cuops_job &J, const call &k, uin
     const unsigned long long add = (unsigned long long)(end - j) << shift;
     const unsigned long long now = atomicAdd(&J.dev->chan_took[s], add) + add;
     if (((now >> shift) & ((1u << CUOPS_CHAN_TOOK_BITS) - 1u)) == len)
-      chunk_taken(J, k, s, c, len, rows);
+      chunk_taken(J, k, op, s, c, len, rows);
     j = end;
   }
 }
@@ -224,8 +391,9 @@ __device__ __forceinline__ void take_rows(const cuops_job &J, const call &k, uin
  * them, the first lane of each source's rows for all of them (take_rows;
  * rows[s]: source s's stream).
  */
-__device__ __forceinline__ void take_claimed(const cuops_job &J, const call &k, uint32_t n,
-                                             uint32_t src, uint32_t j, const uint32_t *rows) {
+__device__ __forceinline__ void take_claimed(const cuops_job &J, const call &k, uint32_t op,
+                                             uint32_t n, uint32_t src, uint32_t j,
+                                             const uint32_t *rows) {
   const uint32_t lane = threadIdx.x & 31u;
   take_fence();
   const uint32_t prev = __shfl_up_sync(FULL_MASK, src, 1);
@@ -234,7 +402,7 @@ __device__ __forceinline__ void take_claimed(const cuops_job &J, const call &k, 
     return;
   const uint32_t later = heads & ~((2u << lane) - 1u); /* 2u << 31 wraps to 0: none later */
   const uint32_t last = later != 0 ? (uint32_t)__ffs(later) - 1 : n;
-  take_rows(J, k, src, j, j + (last - lane), rows[src]);
+  take_rows(J, k, op, src, j, j + (last - lane), rows[src]);
 }
 
 #endif /* DEP_OPS_STREAM_CUH */

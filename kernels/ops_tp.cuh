@@ -161,13 +161,14 @@ __device__ __forceinline__ void dispatch_payload(const cuops_job &J, const cuops
  * Step 3 of dispatch_send: the calling sender warp writes the rows of its
  * group's tokens t0..t1 (go_bits) for rank d from row `before` on, marked
  * every few (RING: into d's channel, each once d has room for it, and
- * stamped).  False when a RING wait ended it: the call failed, or d left
- * the job (nothing more goes to it).
+ * published, publish_rows; p: the stream's slot).  False when a RING wait
+ * ended it: the call failed, or d left the job (nothing more goes to it).
  */
 template <bool RING>
 __device__ __forceinline__ bool dispatch_rows(const cuops_job &J, const cuops_dispatch_args &a,
                                               const call &k, uint32_t d, uint32_t t0, uint32_t t1,
-                                              const uint32_t *go_bits, uint32_t before) {
+                                              const uint32_t *go_bits, uint32_t before,
+                                              const stream_post &p) {
   const uint32_t lane = threadIdx.x & 31u, K = J.topk, h = J.hidden;
   uint8_t *blk = send_block(J, k.parity, d);
   uint32_t row = before, marked = before, credited = 0;
@@ -175,7 +176,7 @@ __device__ __forceinline__ bool dispatch_rows(const cuops_job &J, const cuops_di
     for (uint32_t bits = go_bits[(b - t0) / 32]; bits != 0; bits &= bits - 1) {
       const uint32_t t = b + __ffs(bits) - 1;
       if (RING && row >= J.chan_rows + credited) {
-        stamp_rows(J, k, blk, marked, 1, row);
+        publish_rows(J, k, blk, d, marked, 1, row, p);
         marked = row;
         if (wait_credit(J, k, dispatch_op(a), d, row, &credited) <= 0)
           return false;
@@ -200,7 +201,7 @@ __device__ __forceinline__ bool dispatch_rows(const cuops_job &J, const cuops_di
       row++;
       if (row - marked == DISPATCH_MARK_EVERY) {
         if (RING)
-          stamp_rows(J, k, blk, marked, 1, row);
+          publish_rows(J, k, blk, d, marked, 1, row, p);
         else
           mark_rows(J, k, blk, marked, 1, row);
         marked = row;
@@ -208,7 +209,7 @@ __device__ __forceinline__ bool dispatch_rows(const cuops_job &J, const cuops_di
     }
   }
   if (RING)
-    stamp_rows(J, k, blk, marked, 1, row);
+    publish_rows(J, k, blk, d, marked, 1, row, p);
   else if (row > marked)
     mark_rows(J, k, blk, marked, 1, row);
   return true;
@@ -257,7 +258,9 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
     }
     __syncwarp();
     all = masked(k, d) ? 0 : a.h.tp_sent[d];
-    if (g == 0 && lane == 0 && !masked(k, d))
+    if (g == 0 && lane == 0 && !masked(k, d) && RING)
+      stream_post_slot(J, k, d, {all, dispatch_op(a), *a.h.seq, a.num_tokens});
+    else if (g == 0 && lane == 0 && !masked(k, d))
       post_header(J, k, d, all, dispatch_op(a), *a.h.seq, a.num_tokens);
   } else {
     /* 1. count the group's rows for d: lane i takes every 32nd token */
@@ -294,11 +297,14 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
     }
     if (g == 0 && lane == 0) /* the count first: receivers place their rows by it */
       a.h.tp_sent[d] = all;
-    if (g == 0 && lane == 0 && !masked(k, d))
+    if (g == 0 && lane == 0 && !masked(k, d) && RING)
+      stream_post_slot(J, k, d, {all, dispatch_op(a), 0, a.num_tokens});
+    else if (g == 0 && lane == 0 && !masked(k, d))
       post_header(J, k, d, all, dispatch_op(a), 0, a.num_tokens);
   }
-  /* 3. the rows, marked every few (RING: stamped, each once d has room for it) */
-  if (!dispatch_rows<RING>(J, a, k, d, t0, t1, go_bits, before))
+  /* 3. the rows, marked every few (RING: published, each once d has room for it) */
+  const stream_post p = {all, dispatch_op(a), a.cached ? *a.h.seq : 0, a.num_tokens};
+  if (!dispatch_rows<RING>(J, a, k, d, t0, t1, go_bits, before, p))
     return RING; /* RING: d left the job, or the call failed (a sender's end either way) */
   __syncwarp();
   if (!RING && lane == 0) /* a remote d: the block goes to the proxy once every group's rows are in */
@@ -434,7 +440,7 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
       j = first + lane - s_first[q];
       row = stream_row<RING>(J, recv_block(J, k.parity, src), j);
     }
-    if (!wait_rows<RING>(J, k, op, row, src, j))
+    if (!wait_rows<RING>(J, k, op, row, src, j, RING && lane < n ? s_p.rows[src] : 0))
       return;
     for (uint32_t i = 0; i < n; i++) {
       const uint8_t *row_i = (const uint8_t *)__shfl_sync(FULL_MASK, (uint64_t)row, i);
@@ -460,7 +466,7 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
       }
     }
     if (RING)
-      take_claimed(J, k, n, src, j, s_p.rows);
+      take_claimed(J, k, op, n, src, j, s_p.rows);
   }
 }
 
@@ -555,7 +561,7 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
       const uint32_t s = s0 + lane;
       int32_t p = combine_pos(J, a, k, t, s);
       const uint8_t *row = p >= 0 ? stream_row<RING>(J, recv_block(J, k.parity, s), p) : NULL;
-      if (!wait_rows<RING>(J, k, OPS_OP_COMBINE, row, s, p))
+      if (!wait_rows<RING>(J, k, OPS_OP_COMBINE, row, s, p, RING && p >= 0 ? a.h.tp_sent[s] : 0))
         return false;
     }
     if (a.ow != NULL && lane < J.topk) {
@@ -603,12 +609,12 @@ __device__ __forceinline__ bool combine_reduce(const cuops_job &J, const cuops_c
         continue;
       }
       if (n != 0)
-        take_rows(J, k, s, j0, j0 + n, a.h.tp_sent[s]);
+        take_rows(J, k, OPS_OP_COMBINE, s, j0, j0 + n, a.h.tp_sent[s]);
       j0 = (uint32_t)p;
       n = 1;
     }
     if (n != 0)
-      take_rows(J, k, s, j0, j0 + n, a.h.tp_sent[s]);
+      take_rows(J, k, OPS_OP_COMBINE, s, j0, j0 + n, a.h.tp_sent[s]);
   }
   return true;
 }
@@ -700,13 +706,14 @@ __device__ __forceinline__ void combine_send_ring(const cuops_job &J, const cuop
     off += a.h.tp_from[s];
   const bool dead = masked(k, d); /* nothing goes back to a masked rank */
   const uint32_t n = dead ? 0 : a.h.tp_from[d];
+  const stream_post p = {n, op, hseq, a.num_tokens};
   if (part == 0 && threadIdx.x == 0 && !dead)
-    post_header(J, k, d, n, op, hseq, a.num_tokens);
+    stream_post_slot(J, k, d, p);
   uint8_t *blk = send_block(J, k.parity, d);
   uint32_t credited = 0, marked = mine, written = 0;
   for (uint32_t j = mine; j < n; j += stride) {
     if (j >= J.chan_rows + credited) {
-      stamp_rows(J, k, blk, marked, stride, j);
+      publish_rows(J, k, blk, d, marked, stride, j, p);
       marked = j;
       if (wait_credit(J, k, op, d, j, &credited) <= 0)
         return; /* failed, or d left the job: nothing more for it */
@@ -716,11 +723,11 @@ __device__ __forceinline__ void combine_send_ring(const cuops_job &J, const cuop
     if (a.ow != NULL && lane < K) /* the weights where a dispatch row has them */
       ((float *)(row + 2ull * h + 16 + 4ull * K))[lane] = a.w[((uint64_t)off + j) * K + lane];
     if (++written % COMBINE_MARK_EVERY == 0) {
-      stamp_rows(J, k, blk, marked, stride, j + 1);
+      publish_rows(J, k, blk, d, marked, stride, j + 1, p);
       marked = j + stride;
     }
   }
-  stamp_rows(J, k, blk, marked, stride, n);
+  publish_rows(J, k, blk, d, marked, stride, n, p);
 }
 
 /* A job that streams (ops_stream.cuh): each CTA's first warps send, the others sum. */

@@ -26,7 +26,9 @@
  *     max_tokens) launches deepepd::dispatch_stream and ::combine_stream
  *     instead, whose rows go through each receiver's channel as its credit
  *     allows, each CTA's warps split into senders and receivers
- *     (kernels/ops_stream.cuh says how, and why); within a node only.
+ *     (kernels/ops_stream.cuh says how, and why); to a rank on another
+ *     node through the exchange region's channels, chunk by chunk, as the
+ *     host backend does (slab.h, xring.h CHUNK and CREDIT descriptors).
  *   - A rank on another node (cuops_job.remote_mask) is reached through
  *     this rank's daemon (DESIGN §7, proto/xring.h) and this rank's
  *     exchange region (proto/slab.h): host memory the daemon lent after
@@ -210,8 +212,9 @@ enum cuops_phase {
                               a peer on another node code may be the proxy's, its ring failed) */
   CUOPS_PHASE_UNSENT = 10, /* a split receive found no send of its call on the device;
                               seen_flag: the call the device holds sent in that parity */
-  CUOPS_PHASE_CREDIT = 11, /* a streamed call (kernels/ops_stream.cuh): waiting for a local
-                              peer to take rows (its credit); seen_flag: the rows it had taken */
+  CUOPS_PHASE_CREDIT = 11, /* a streamed call (kernels/ops_stream.cuh): waiting for a peer to
+                              take rows (its credit); seen_flag: the rows it had taken (for a
+                              peer on another node code may be the proxy's, its ring failed) */
   CUOPS_PHASE_STOPPED = 12, /* a streamed call: a local peer (source) failed its part of this
                                call, so it sends or takes no more of it; seen_flag: its code */
 };
@@ -259,6 +262,11 @@ struct cuops_dev {
    * but not credited yet, since a chunk before it is not.  0 between calls. */
   unsigned long long chan_took[CUOPS_MAX_RANKS];
   uint32_t chan_front[CUOPS_MAX_RANKS];
+  /* A streamed call's channel to each destination on another node: the rows its sending
+   * warps have written (and fenced) of each chunk not yet handed to the proxy, packed as
+   * chan_took, by the chunk's place in the ring; the warp whose count completes a chunk sets
+   * it back to 0 and publishes the chunk (ops_stream.cuh chunk_sent).  0 between calls. */
+  unsigned long long chan_sent[CUOPS_MAX_RANKS];
 };
 #define CUOPS_XSEEN_FAILED (1ull << 63)
 #define CUOPS_CHAN_TOOK_BITS 16u
@@ -266,7 +274,8 @@ struct cuops_dev {
 /* A streamed job's chunk_rows * DEP_SLAB_CHUNKS is below max_tokens_per_rank (slab.h). */
 DEP_STATIC_ASSERT(DEP_SLAB_CHUNKS * CUOPS_CHAN_TOOK_BITS <= 64 &&
                       DEP_SHAPE_MAX_TOKENS / DEP_SLAB_CHUNKS <= (1u << CUOPS_CHAN_TOOK_BITS) - 1,
-                  "chan_took holds a count of every chunk of the ring, each up to chunk_rows");
+                  "chan_took (and chan_sent) holds a count of every chunk of the ring, each up "
+                  "to chunk_rows");
 DEP_STATIC_ASSERT(DEP_SHAPE_MAX_TOKENS < (1u << CUOPS_CHAN_DONE_SHIFT) &&
                       CUOPS_CHAN_DONE_SHIFT + DEP_SLAB_CHUNKS <= 32,
                   "chan_front holds a stream's chunks and a done bit for each of the ring's");
@@ -280,8 +289,9 @@ struct cuops_job {
    * ring to the daemon's proxy and the exchange region after it (device
    * addresses of the registered host mapping, xring.h), and the offsets in
    * the region of its in slots, out slots, in blocks and out blocks
-   * (slab.h: by parity and the rank's number among the remote ones). */
-  uint64_t remote_mask, in_slot_off, out_slot_off, in_off, out_off;
+   * (slab.h: by parity and the rank's number among the remote ones), and
+   * of its chunks' in and out marks (a job that streams). */
+  uint64_t remote_mask, in_slot_off, out_slot_off, in_off, out_off, in_mark_off, out_mark_off;
   uint32_t n_remote, pad0;
   uint8_t *ring;
   uint8_t *xchg;

@@ -56,12 +56,13 @@
  *   out       4 KiB-aligned: for each parity and each remote destination,
  *             one block: the rows this rank means for it, or its channel.
  *
- * A whole block (the low-latency calls, and the cuda backend's throughput
- * calls) goes as before: the rank fills out and out_slot and pushes a
+ * A whole block (the low-latency calls, and the throughput calls of a job
+ * that does not stream) goes as before: the rank fills out and out_slot and pushes a
  * descriptor (xring.h); the proxy sends both, payload before slot, to the
  * daemon holding the destination, which writes them into its in and
- * in_slot.  A channel between nodes (the host backend's throughput calls)
- * mirrors a local one: the rank posts its out slot, fills the out channel
+ * in_slot.  A channel between nodes (the throughput calls of a job that
+ * streams, on either backend: kernels/ops_stream.cuh on cuda) mirrors a
+ * local one: the rank posts its out slot, fills the out channel
  * chunk by chunk as the destination's credit allows (out_slot's credit
  * word), writes each chunk's out_mark and pushes a chunk descriptor; the
  * far daemon writes the rows at the same ring rows of the destination's
@@ -299,6 +300,11 @@ uint64_t dep__slab_key(const struct dep_job_shape *shape, uint32_t world_size, u
  * `off` (the in or out slots, or blocks). */
 #define DEP_XCHG_INDEX(n_remote, parity, ri) ((uint64_t)(parity) * (n_remote) + (uint64_t)(ri))
 #define DEP_XCHG_ENTRY_AT(off, unit, index) ((off) + (index) * (unit))
+/* The offset of chunk `chunk`'s mark (the stream's chunk number, taken
+ * modulo DEP_SLAB_CHUNKS) of entry `index` in the marks at `off` (the in
+ * or out marks). */
+#define DEP_XCHG_MARK_AT(off, index, chunk) \
+  DEP_XCHG_ENTRY_AT(off, sizeof(uint64_t), (index) * DEP_SLAB_CHUNKS + (chunk) % DEP_SLAB_CHUNKS)
 
 /* Offset of the control slot of (parity, source rank). */
 static inline uint64_t dep_slab_ctrl_slot(const struct dep_slab_layout *l, unsigned parity,
@@ -347,15 +353,11 @@ static inline uint64_t dep_slab_out_block(const struct dep_slab_layout *l, unsig
  * ri in a call of parity. */
 static inline uint64_t dep_slab_in_mark(const struct dep_slab_layout *l, unsigned parity,
                                         uint32_t ri, uint32_t chunk) {
-  return DEP_XCHG_ENTRY_AT(l->in_mark_off, sizeof(uint64_t),
-                           dep_xchg_index(l, parity, ri) * DEP_SLAB_CHUNKS +
-                               chunk % DEP_SLAB_CHUNKS);
+  return DEP_XCHG_MARK_AT(l->in_mark_off, dep_xchg_index(l, parity, ri), chunk);
 }
 static inline uint64_t dep_slab_out_mark(const struct dep_slab_layout *l, unsigned parity,
                                          uint32_t ri, uint32_t chunk) {
-  return DEP_XCHG_ENTRY_AT(l->out_mark_off, sizeof(uint64_t),
-                           dep_xchg_index(l, parity, ri) * DEP_SLAB_CHUNKS +
-                               chunk % DEP_SLAB_CHUNKS);
+  return DEP_XCHG_MARK_AT(l->out_mark_off, dep_xchg_index(l, parity, ri), chunk);
 }
 
 /* Offsets of the live mask's epoch word and of the word holding rank's bit. */

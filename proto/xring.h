@@ -26,8 +26,8 @@
  * (head - tail == entries) makes the rank wait, bounded by the op timeout
  * like every wait of the operations; it never overwrites.
  *
- * A channel between nodes (slab.h; the host backend's streamed throughput
- * calls) is moved chunk by chunk instead: a CHUNK descriptor names rows
+ * A channel between nodes (slab.h; the streamed throughput calls, on
+ * either backend) is moved chunk by chunk instead: a CHUNK descriptor names rows
  * row0 .. row0 + bytes / row_bytes of the call's stream to dest, at their
  * ring rows of the out channel, with the slot image too when SLOT is set
  * (the first chunk of a call, or the slot alone for a stream of no rows);

@@ -11,8 +11,9 @@
  * taken in any order, credited in order); a receiver that comes late to every call (its senders wait for its
  * credit and overwrite nothing); a rank whose process ends while its peer
  * streams to it (DEP_ERR_PEER through the daemon's abort words, never a
- * hang); and a job across two daemons that stream, refused at attach
- * (the kernels stream within a node only).  Tagged "gpu" and run as
+ * hang).  A job across daemons that stream is suite xnode_stream's
+ * (check_xnode_stream.c); the stream_lend case, which needs no GPU, checks
+ * the layout such a job is lent.  Tagged "gpu" and run as
  * check_cuda_ops.c says: each test skips, saying why, unless
  * DEP_TEST_BACKEND=cuda and a GPU is present.
  */
@@ -28,11 +29,8 @@
 #include "cudaranks.h"
 #include "cudarounds.h"
 #include "deepep.h"
-#include "lend.h"
-#include "nodes.h"
 #include "opsworld.h"
 #include "slab.h"
-#include "xnjob.h"
 
 /* The chunks every case streams in: one row, three, and sixteen. */
 static const uint32_t chunks[] = {1, 3, 16};
@@ -263,91 +261,47 @@ START_TEST(a_rank_whose_process_ends_mid_stream_fails_its_peer_through_the_daemo
 }
 END_TEST
 
-static int body_never(struct rk *k, void *arg) {
-  return ow_fail(k->msg, "rank %u attached a job that spans nodes and streams", k->rank);
-}
-
-/* A job of 1 + 1 ranks over two cuda daemons that stream: each rank's attach is refused,
- * naming the key and why (the kernels stream within a node only), rather than a job whose
- * calls would go through channels the kernels do not fill across nodes. */
-START_TEST(a_job_across_daemons_that_stream_is_refused_naming_why) {
-  CR_NEEDS_GPU();
-  static const struct ow_scenario sc = {2, 128, 2, 4, 128, 16, P_RANDOM, T_MAX, DEP_INDEX_I64, 0};
-  ow_seed_init(4500);
-  struct ow_case *d = malloc(sizeof *d);
-  ck_assert_ptr_nonnull(d);
-  ow_case_make(d, &sc, 0);
-  struct nodes ns;
-  nodes_config_with(&ns, 2, 60000, "", "stream_chunk_rows: 1\n");
-  nodes_start_all(&ns);
-  static const uint32_t split[NODES_MAX] = {1, 1};
-  struct xn_place spread;
-  memset(&spread, 0, sizeof spread);
-  xn_place(&spread, split, ns.n);
-  struct cr_place p = {.wait_all = true};
-  for (uint32_t g = 0; g < sc.world; g++) {
-    p.sock[g] = ns.d[spread.node[g]].sock;
-    p.local[g] = spread.local[g];
-    p.lws[g] = spread.lws[g];
-  }
-  struct cr_world w;
-  cr_world_msgs(&w);
-  static char fails[OW_FAILS_LEN];
-  const int nfail = cr_run_procs_placed(&w, &p, "stream-xnode", &d->shape, sc.world, body_never,
-                                        NULL, fails, sizeof fails);
-  cr_world_msgs_free(&w);
-  ck_assert_msg(nfail == (int)sc.world, "%d of %u ranks failed: %s", nfail, sc.world, fails);
-  ck_assert_msg(strstr(fails, "stream_chunk_rows") != NULL &&
-                    strstr(fails, "within a node only") != NULL,
-                "want each attach refused naming stream_chunk_rows and why: %s", fails);
-  nodes_stop(&ns);
-  ow_case_free(d);
-  free(d);
-}
-END_TEST
-
 /*
- * What a daemon says of a job that streams before the rank joins
- * (lend_check's lend_stream_check), on each backend, no GPU needed: the
- * cuda backend runs one on a node (the old daemon refused it, "only the
- * host backend's operations do so far") and refuses one across nodes
- * naming why; the host backend runs both; whole blocks run everywhere.
+ * The layout a cuda job that streams is lent and bound, on one node and
+ * across nodes (no GPU needed): the library binds every one
+ * (cuops_block_layout), and across nodes the pinned host memory of each
+ * rank's ring and exchange region (what lend_check charges and deepepctl
+ * size prints) holds the channels, not whole blocks: less than the same
+ * job's without streaming.  The old library refused the layouts across
+ * nodes (DEP_ERR_UNSUPPORTED, "within a node only"), and the old cuda
+ * daemon refused to lend them, so such a job ran only with whole blocks.
  */
-START_TEST(a_cuda_daemon_lends_a_streamed_job_on_one_node_and_refuses_one_across_nodes) {
+START_TEST(a_cuda_job_that_streams_across_nodes_is_bound_with_its_channels_pinned) {
   const struct dep_job_shape sh = {.max_tokens_per_rank = 4096, .hidden = 7168,
                                    .num_experts = 256, .topk = 8, .dtype = DEP_DTYPE_BF16};
   static const struct {
     uint32_t world, local, chunk;
-    const char *backend;
-    int want;
   } cases[] = {
-      {8, 8, 16, "cuda", 0},      {16, 8, 16, "cuda", DEP_ERR_UNSUPPORTED},
-      {8, 8, 16, "host", 0},      {16, 8, 16, "host", 0},
-      {16, 8, 0, "cuda", 0},      {16, 8, 1024, "cuda", 0}, /* 4 chunks hold 4096: whole */
+      {8, 8, 16}, {16, 8, 16}, {16, 8, 1}, {256, 8, 16}, {16, 8, 0}, {16, 8, 1024}, /* whole */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    struct dep_attach_args a = {.size = sizeof a, .shape = sh, .world_size = cases[i].world,
-                                .local_world_size = cases[i].local};
-    struct dep_slab_layout l;
+    struct dep_slab_layout l, whole;
+    struct dep_slab_priv b;
     char why[512] = "";
     ck_assert_int_eq(dep__slab_layout_nodes(&sh, cases[i].world, cases[i].local, cases[i].chunk,
                                             &l, why, sizeof why), 0);
-    const int rc = lend_stream_check(cases[i].backend, &a, &l, why, sizeof why);
-    ck_assert_msg(rc == cases[i].want, "%s backend, world %u, %u here, chunks of %u: %s (%s)",
-                  cases[i].backend, cases[i].world, cases[i].local, cases[i].chunk,
-                  dep_errname(rc), why);
-    if (rc != 0)
-      ck_assert_msg(strstr(why, "stream_chunk_rows") != NULL &&
-                        strstr(why, "within a node only") != NULL &&
-                        strstr(why, "8 of its 16 ranks here") != NULL,
-                    "said %s", why);
+    ck_assert_int_eq(dep__slab_layout_nodes(&sh, cases[i].world, cases[i].local, 0, &whole, why,
+                                            sizeof why), 0);
+    const int rc = cuops_block_layout(&sh, cases[i].world, &l, 132, &b, why, sizeof why);
+    ck_assert_msg(rc == 0, "world %u, %u here, chunks of %u: %s (%s)", cases[i].world,
+                  cases[i].local, cases[i].chunk, dep_errname(rc), why);
+    if (l.chan_rows < l.max_tokens && l.n_remote > 0)
+      ck_assert_msg(l.xchg_bytes < whole.xchg_bytes,
+                    "world %u, %u here, chunks of %u: %llu bytes of exchange region, whole "
+                    "blocks %llu", cases[i].world, cases[i].local, cases[i].chunk,
+                    (unsigned long long)l.xchg_bytes, (unsigned long long)whole.xchg_bytes);
   }
 }
 END_TEST
 
 TCase *cuda_ops_stream_lend_tcase(void) {
   TCase *t = tcase_create("stream_lend");
-  tcase_add_test(t, a_cuda_daemon_lends_a_streamed_job_on_one_node_and_refuses_one_across_nodes);
+  tcase_add_test(t, a_cuda_job_that_streams_across_nodes_is_bound_with_its_channels_pinned);
   return t;
 }
 
@@ -362,6 +316,5 @@ TCase *cuda_ops_stream_tcase(void) {
   tcase_add_loop_test(t, rows_that_lap_their_channels_many_times_arrive_as_the_oracle_says, 0, 2);
   tcase_add_test(t, a_late_receiver_holds_its_senders_back_and_loses_nothing);
   tcase_add_test(t, a_rank_whose_process_ends_mid_stream_fails_its_peer_through_the_daemon);
-  tcase_add_test(t, a_job_across_daemons_that_stream_is_refused_naming_why);
   return t;
 }

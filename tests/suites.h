@@ -50,6 +50,7 @@
   XX(xnode_faults)          \
   XX(xnode_ring)            \
   XX(xnode_split)           \
+  XX(xnode_stream)          \
   XX(xfer)                  \
   XX(stats)                 \
   XX(stats_forged)          \
