@@ -14,7 +14,8 @@
 # daemons and on one, and loopback TCP round trips; "elastic": bench/elastic
 # on one daemon and two, host and cuda; "hostwarm": the host backend's first
 # calls with and without its warm-up; "splitx": split low-latency calls across
-# two daemons, check_xnode_split.c's gpu case; "streamx": jobs that stream
+# two daemons, check_xnode_split.c's gpu case; "epstream": bench/ep across two
+# daemons streaming in chunks of EP_CHUNK rows against whole blocks; "streamx": jobs that stream
 # (stream_chunk_rows) on one daemon, check_cuda_ops_stream.c's gpu case, then
 # across two and three, check_xnode_stream.c's), SECS (per step, 150;
 # STREAMX_SECS for streamx's, 600).
@@ -57,6 +58,7 @@ peers: [{host: 127.0.0.1, port: $((7482 - i))}]
 peer_key_file: $D/peer.key
 peer_wait_ms: 0
 limits: {attach_timeout_ms: 60000}
+stream_chunk_rows: ${CHUNK_ROWS:-0}
 YAML
     env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY "$B"/deepepd -c "$D/n$i.yaml" \
       2> "$OUTD/$2-deepepd-n$i.log" &
@@ -93,6 +95,28 @@ ep_step() {
   pkill -TERM -f "deepepd -c $D/" ; sleep 1
   mps_off
   echo "== ep step in $((SECONDS - t0)) s"
+}
+
+# Streaming across nodes on cuda (issue 27): bench/ep across two daemons whose jobs stream in
+# chunks of EP_CHUNK rows (64) against the same with whole blocks, alternated twice, one pair
+# of daemons at a time, with each daemon's lent bytes (deepepctl status) beside.
+epstream_step() {
+  local D t0=$SECONDS r c
+  for r in 1 2; do
+    for c in 0 ${EP_CHUNK:-64}; do
+      CHUNK_ROWS=$c pair_up "${EP_BACKEND:-cuda}" "epstream-$c-$r"
+      mps_on
+      echo "== epstream: chunk rows $c, round $r"
+      timeout 120 "$B"/bench/ep -s "$D/n0.sock,$D/n1.sock" -n 2,4 -m processes \
+        -t ${EP_TOKENS:-512} -l ${EP_LL:-8} -c ${EP_CALLS:-30} 2>&1 |
+        tee "$OUTD/epstream-$c-$r.txt"
+      "$B"/deepepctl -s "$D/n0.sock" size --world 4 --ranks-per-node 2 \
+        --tokens ${EP_TOKENS:-512} --chunk-rows $c 2>&1 | tail -3
+      pkill -TERM -f "deepepd -c $D/"; sleep 1
+      mps_off
+    done
+  done
+  echo "== epstream step in $((SECONDS - t0)) s"
 }
 
 # Elastic jobs (issue 25): bench/elastic, 8 ranks, on one daemon and as 4 + 4
@@ -139,6 +163,7 @@ hostwarm_step() {
 for s in ${STEPS:-xnode oracle sliced}; do
   case $s in
   ep) ep_step ;;
+  epstream) epstream_step ;;
   elastic) elastic_step ;;
   hostwarm) hostwarm_step ;;
   xnode) mps_on; step xnode-mps xnode gpu ;;
