@@ -11,6 +11,7 @@ import pytest
 import torch.multiprocessing as tmp
 
 import conftest
+import identity_ranks
 import ranks
 from test_ops import (check_combine, check_dispatch, check_layout, check_ll_combine,
                       check_ll_dispatch, check_ll_fp8, every_input, owner)
@@ -120,7 +121,8 @@ def test_the_agreed_job_id_follows_the_launchers_run_id_and_fits(daemon, tmp_pat
     import pickle
     import re
     from deepep import _lib
-    ctx = tmp.spawn(ranks.job_id_rank, args=(daemon, str(tmp_path / "store"), str(tmp_path)),
+    ctx = tmp.spawn(identity_ranks.job_id_rank,
+                    args=(daemon, str(tmp_path / "store"), str(tmp_path)),
                     nprocs=1, join=False)
     deadline = time.monotonic() + _TIMEOUT
     while not ctx.join(timeout=5):
@@ -167,7 +169,7 @@ def test_a_node_is_a_daemon_members_of_other_daemons_on_this_host_are_other_node
         (tmp_path / "link.sock").symlink_to(tmp_path / "n0.sock")
         socks = [str(tmp_path / ("n0.sock" if r % 2 else "link.sock")) for r in range(4)]
         want = [(r, 4, r, 4) for r in range(4)], (0, 0, 0, 0)
-    out = conftest.spawn_ranks(ranks.node_key_rank, 4, (socks, str(tmp_path / "store"),
+    out = conftest.spawn_ranks(identity_ranks.node_key_rank, 4, (socks, str(tmp_path / "store"),
                                                         str(tmp_path)),
                                str(tmp_path), _TIMEOUT, "processes")
     for s in held:
