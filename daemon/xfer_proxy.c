@@ -659,12 +659,15 @@ static void *proxy_main(void *arg) {
     bool more;
     uint64_t t0 = mono_ns();
     uint64_t taken = sweep(self, &cur, batches, frames, &more);
-    /* Every peer's credits and taken words first, then the data. */
+    /* Every peer's credits and taken words first, then the data; a peer whose
+     * credits found no connection (its routes are failed) is not waited for again. */
+    bool lost[CONFIG_MAX_LIST] = {false};
     for (int i = 0; i < XFER_BATCHES; i++) {
       const int at = (i + CONFIG_MAX_LIST) % XFER_BATCHES, k = at % CONFIG_MAX_LIST;
       if (batches[at].n_seg == 0)
         continue;
-      (void)xfer__batch_send(k, &batches[at], frames[at]);
+      if (!lost[k])
+        lost[k] = xfer__batch_send(k, &batches[at], frames[at]) != 0;
       xfer__batch_reset(&batches[at]);
       frames[at] = 0;
     }
