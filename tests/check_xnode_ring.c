@@ -10,12 +10,18 @@
  * so.
  */
 #include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 
 #include "client_internal.h"
 #include "daemonwire.h"
@@ -23,6 +29,7 @@
 #include "host_ops.h"
 #include "slab.h"
 #include "xnjob.h"
+#include "xfer_internal.h"
 #include "xnround.h"
 #include "xring.h"
 
@@ -514,6 +521,78 @@ START_TEST(a_credit_goes_to_its_peer_ahead_of_the_data_frames_of_its_sweep) {
 }
 END_TEST
 
+/* ---- the data connections: little unsent ahead of a credit ----------------------- */
+
+/* The TCP sockets of process pid whose TCP_NOTSENT_LOWAT is XFER_NOTSENT_LOWAT (each taken
+ * into this process by pidfd_getfd), or -1 with why when they cannot be looked at. */
+static int lowat_sockets(pid_t pid, char *why, size_t len) {
+  const int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+  char dir[64];
+  snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+  DIR *d = pfd >= 0 ? opendir(dir) : NULL;
+  if (d == NULL) {
+    snprintf(why, len, "pidfd_open or %s: %s", dir, strerror(errno));
+    if (pfd >= 0)
+      close(pfd);
+    return -1;
+  }
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    char path[512], link[64] = "";
+    snprintf(path, sizeof path, "%s/%.256s", dir, e->d_name);
+    if (e->d_name[0] == '.' || readlink(path, link, sizeof link - 1) < 0 ||
+        strncmp(link, "socket:", 7) != 0)
+      continue;
+    const int fd = (int)syscall(SYS_pidfd_getfd, pfd, atoi(e->d_name), 0);
+    if (fd < 0) {
+      snprintf(why, len, "pidfd_getfd of fd %.16s: %s", e->d_name, strerror(errno));
+      n = -1;
+      break;
+    }
+    int proto = 0, lowat = 0;
+    socklen_t sl = sizeof proto, ll = sizeof lowat;
+    if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &sl) == 0 && proto == IPPROTO_TCP &&
+        getsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, &ll) == 0 &&
+        lowat == XFER_NOTSENT_LOWAT)
+      n++;
+    close(fd);
+  }
+  closedir(d);
+  close(pfd);
+  return n;
+}
+
+/* Ceiling on the data connections' opening: they follow the peer link at once, so this
+ * is only a bound for a loaded machine. */
+#define LOWAT_CEILING_MS 20000
+
+/*
+ * Every data connection holds at most XFER_NOTSENT_LOWAT bytes unsent
+ * (TCP_NOTSENT_LOWAT): a credit the proxy sends goes out behind what the
+ * socket holds unsent, and its sender waits for it.  Before, a connection
+ * took up to its 4 MiB send buffer, all of it ahead of the next credit.
+ * Each daemon has its two data connections out and the peer's two in.
+ */
+START_TEST(a_daemons_data_connections_hold_little_unsent_ahead_of_a_credit) {
+  struct nodes ns;
+  xn_nodes_start(&ns, 2, 20000, XN_OP_TIMEOUT_MS, "");
+  char why[256] = "";
+  int n[2] = {0, 0};
+  for (int i = 0; i < 2; i++)
+    for (int64_t until = xn_mono_ms() + LOWAT_CEILING_MS;
+         (n[i] = lowat_sockets(ns.d[i].pid, why, sizeof why)) >= 0 && n[i] < 4 &&
+         xn_mono_ms() < until;)
+      dw_sleep_ms(20);
+  nodes_stop(&ns);
+  for (int i = 0; i < 2; i++) {
+    ck_assert_msg(n[i] >= 0, "node %d's sockets could not be looked at: %s", i, why);
+    ck_assert_msg(n[i] == 4, "node %d's daemon has %d TCP sockets that hold at most %d bytes "
+                  "unsent, want its 2 data connections out and 2 in", i, n[i],
+                  XFER_NOTSENT_LOWAT);
+  }
+}
+END_TEST
+
 Suite *xnode_ring_suite(void);
 Suite *xnode_ring_suite(void) {
   Suite *s = suite_create("xnode_ring");
@@ -529,6 +608,7 @@ Suite *xnode_ring_suite(void) {
   tcase_set_timeout(p, 120);
   tcase_add_test(p, a_ring_whose_head_is_behind_its_tail_fails_its_job_naming_both);
   tcase_add_test(p, a_credit_goes_to_its_peer_ahead_of_the_data_frames_of_its_sweep);
+  tcase_add_test(p, a_daemons_data_connections_hold_little_unsent_ahead_of_a_credit);
   suite_add_tcase(s, p);
   return s;
 }
