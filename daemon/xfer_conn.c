@@ -116,6 +116,14 @@ void xfer__tune_socket(int fd) {
   int buf = 4 << 20;
   (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
   (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+  /* A credit goes out behind what the socket holds unsent (xfer_proxy.c
+   * sends a sweep's credits first, but an earlier sweep's data may still
+   * fill the send buffer), and its sender waits for it: the socket takes
+   * more only while less than this is unsent.  What is sent and not yet
+   * acknowledged (the link's bandwidth-delay product) is not counted, so
+   * the link stays full while the proxy thread wakes to write more. */
+  int unsent = XFER_NOTSENT_LOWAT;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &unsent, sizeof unsent);
 }
 
 void xfer__out_close(struct xfer_peer *xp, uint32_t i) {

@@ -37,6 +37,8 @@
 /* A DATA_OFFER's token is good for this long. */
 #define XFER_OFFER_MS 10000
 #define XFER_IO_MS 10000
+/* The most bytes a data connection holds unsent before its sender waits (xfer__tune_socket). */
+#define XFER_NOTSENT_LOWAT (256 << 10)
 /* Jobs that ended here, remembered so that their late frames are dropped at once. */
 #define XFER_ENDED_MAX 64
 

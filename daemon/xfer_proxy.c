@@ -2,8 +2,9 @@
  * xfer_proxy.c — the proxy threads of the data path between nodes (xfer.h,
  * xfer_internal.h): each sweeps the rings of the routes of xfer.c in
  * deficit round robin, takes their descriptors and sends what they name,
- * as RDMA writes through xfer_rdma.c or as frames gathered into one batch
- * per peer for the TCP data connections (xfer_send.c, xfer_conn.c).
+ * as RDMA writes through xfer_rdma.c or as frames gathered into batches
+ * per peer (its credits and taken words first, then its data) for the TCP
+ * data connections (xfer_send.c, xfer_conn.c).
  */
 #include "xfer.h"
 
@@ -47,6 +48,20 @@
  * iovec's cost does not.
  */
 #define XFER_COPY_MAX 4096u
+
+/*
+ * A proxy thread's batches: for each peer, one of its data frames
+ * (blocks, chunks) and, sent before it, one of its credit and taken
+ * frames (XFER_CTL_AT(peer)).  A credit is what a sender on the peer's
+ * node waits for before it writes more, and a taken word what a split
+ * call's sender waits for: queued behind the sweep's data frames (a rank
+ * pushes a chunk's credit right after the chunks of its own that it wrote
+ * meanwhile), it would reach the peer only after them.  Such words only
+ * grow and the largest stands (xfer__frame_publish), so they may pass the
+ * data frames of the same sweep.
+ */
+#define XFER_CTL_AT(peer) (CONFIG_MAX_LIST + (peer))
+#define XFER_BATCHES (2 * CONFIG_MAX_LIST)
 
 /* A proxy thread with nothing to do spins this long (yielding) before it
  * sleeps in steps of XFER_NAP_NS: a call's next descriptor usually comes
@@ -400,7 +415,9 @@ static enum px_take take_desc(struct xfer_route *r, uint32_t lr, const struct de
    * destination has it (a block until the call after next: the destination
    * sends this rank the next call's block only once it has all of this
    * one's; a chunk until the destination's credit covers it). */
-  struct xfer_batch *b = &batches[peer];
+  const int into = d->kind == DEP_XRING_CREDIT || d->kind == DEP_XRING_TAKEN ? XFER_CTL_AT(peer)
+                                                                              : peer;
+  struct xfer_batch *b = &batches[into];
   uint8_t table[DEP_XFER_NODE_BYTES(DEP_MAX_LOCAL_RANKS)];
   uint32_t n_dest = 0;
   if (d->kind == DEP_XRING_NODE && !node_table(r, lr, d, table, &n_dest, why, sizeof why))
@@ -451,7 +468,7 @@ static enum px_take take_desc(struct xfer_route *r, uint32_t lr, const struct de
     batch_copy(b, s.payload, payload);
   else if (!copy)
     batch_ref(b, s.payload, payload, r);
-  frames[peer]++;
+  frames[into]++;
   atomic_fetch_add_explicit(&r->bytes_out, DEP_XFER_HDR_WIRE + tab + payload,
                             memory_order_relaxed);
   atomic_fetch_add_explicit(&r->payload_out, payload, memory_order_relaxed);
@@ -634,20 +651,25 @@ static void *proxy_main(void *arg) {
   snprintf(name, sizeof name, "deepepd-px%u", self);
   prctl(PR_SET_NAME, name);
   prctl(PR_SET_TIMERSLACK, 1000ul); /* naps of XFER_NAP_NS, not the default 50 us more */
-  struct xfer_batch batches[CONFIG_MAX_LIST] = {{0}};
-  uint64_t frames[CONFIG_MAX_LIST] = {0};
+  struct xfer_batch batches[XFER_BATCHES] = {{0}};
+  uint64_t frames[XFER_BATCHES] = {0};
   struct px_cursor cur = {.serial = UINT64_MAX}; /* the newest route's first ring */
   uint64_t last_work = 0;
   while (!atomic_load(&X->stop)) {
     bool more;
     uint64_t t0 = mono_ns();
     uint64_t taken = sweep(self, &cur, batches, frames, &more);
-    for (int k = 0; k < CONFIG_MAX_LIST; k++) {
-      if (batches[k].n_seg == 0)
+    /* Every peer's credits and taken words first, then the data; a peer whose
+     * credits found no connection (its routes are failed) is not waited for again. */
+    bool lost[CONFIG_MAX_LIST] = {false};
+    for (int i = 0; i < XFER_BATCHES; i++) {
+      const int at = (i + CONFIG_MAX_LIST) % XFER_BATCHES, k = at % CONFIG_MAX_LIST;
+      if (batches[at].n_seg == 0)
         continue;
-      (void)xfer__batch_send(k, &batches[k], frames[k]);
-      xfer__batch_reset(&batches[k]);
-      frames[k] = 0;
+      if (!lost[k])
+        lost[k] = xfer__batch_send(k, &batches[at], frames[at]) != 0;
+      xfer__batch_reset(&batches[at]);
+      frames[at] = 0;
     }
     uint64_t now = mono_ns();
     if (taken > 0 || more) {
@@ -668,8 +690,8 @@ static void *proxy_main(void *arg) {
       nanosleep(&ts, NULL);
     }
   }
-  for (int k = 0; k < CONFIG_MAX_LIST; k++)
-    xfer__batch_free(&batches[k]);
+  for (int i = 0; i < XFER_BATCHES; i++)
+    xfer__batch_free(&batches[i]);
   xfer_rdma_thread_end();
   return NULL;
 }

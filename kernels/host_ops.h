@@ -167,7 +167,6 @@ struct ops_peer {
   uint32_t to_pushed;  /* our slot image for it is handed to the proxy */
   uint32_t from_in;    /* its rows whose chunks are in (their marks seen) */
   uint32_t cred_sent;  /* the credit last handed to the proxy for it */
-  uint32_t cred_due;   /* a credit it may wait for is not handed yet */
   uint32_t node_start; /* its rows go through a node channel: to_done when the node's
                           current chunk began */
 };

@@ -182,8 +182,8 @@ int host_ops__timeout_fail(struct ops_ctx *c, uint32_t op, uint32_t src, uint64_
  * writes row j for dest; see checks a source's slot once, when it is first
  * there (a fault: host_ops__stream_fault); take moves what has arrived
  * into the outputs (host_ops__stream_avail, _row, _taken), returns 1 if it
- * moved anything, and names in *awaited a rank it still waits for
- * (UINT32_MAX: it is done).
+ * moved anything (or _taken's failure, below 0), and names in *awaited a
+ * rank it still waits for (UINT32_MAX: it is done).
  *
  * A dispatch also gives fill_node and its tokens' ranks (token_ranks,
  * token_nranks: the handle's): its rows for the ranks of a node in the
@@ -212,8 +212,11 @@ int host_ops__stream_fault(struct ops_ctx *c, int rc, const char *fmt, ...)
 uint32_t host_ops__stream_avail(struct ops_ctx *c, const struct ops_stream *s, uint32_t src);
 /* Src's row r of this call. */
 const uint8_t *host_ops__stream_row(const struct ops_ctx *c, uint32_t src, uint32_t r);
-/* N more of src's rows are taken: credit it (a whole chunk, or its last row). */
-void host_ops__stream_taken(struct ops_ctx *c, uint32_t src, uint32_t n);
+/* N more of src's rows are taken: credit it (a whole chunk, or its last row), handing the
+ * credit of a source on another node to the proxy at once: 0, or the DEP_ERR_* (below 0)
+ * of a failure to hand it, which take returns. */
+int host_ops__stream_taken(struct ops_ctx *c, const struct ops_stream *s, uint32_t src,
+                           uint32_t n);
 
 /* Size h's arrays for c's shape for a handle of kind (OPS_HANDLE_TP or _LL) and mark it empty. */
 int host_ops__handle_reserve(struct ops_ctx *c, struct dep_handle *h, uint32_t kind);

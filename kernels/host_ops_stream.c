@@ -145,14 +145,15 @@ const uint8_t *host_ops__stream_row(const struct ops_ctx *c, uint32_t src, uint3
   return row_at(c, c->rank, parity, src, r % c->lay.chan_rows);
 }
 
-void host_ops__stream_taken(struct ops_ctx *c, uint32_t src, uint32_t n) {
+int host_ops__stream_taken(struct ops_ctx *c, const struct ops_stream *s, uint32_t src,
+                           uint32_t n) {
   struct ops_peer *p = &c->peer[src];
   p->from_taken += n;
   /* Credit a whole chunk at a time, and the end of the stream: the sender
    * waits for chunks, so a credit between them would buy it nothing. */
   const uint32_t chunk = c->lay.chunk_rows;
   if (p->from_taken != p->from_rows && p->from_taken / chunk == p->from_cred / chunk)
-    return;
+    return 0;
   /* A remote source's chunks taken whole go back to a count of 0 before
    * the credit lets it write their places again (slab.h). */
   for (uint32_t ch = p->from_cred / chunk; c->remote[src] >= 0 && ch * chunk < p->from_taken &&
@@ -165,24 +166,14 @@ void host_ops__stream_taken(struct ops_ctx *c, uint32_t src, uint32_t n) {
   atomic_store_explicit(&sl->credit, DEP_SLAB_CHAN_AT(c->seq, p->from_taken),
                         memory_order_release);
   /* A sender on another node learns it through the proxies, for as long
-   * as it may wait for it: until it may write its last row. */
-  if (c->remote[src] >= 0 && p->cred_sent + c->lay.chan_rows < p->from_rows)
-    p->cred_due = 1;
-}
-
-/* Hand the proxy the credits owed to senders on other nodes. */
-static int push_credits(struct ops_ctx *c, const struct ops_stream *s) {
-  for (uint32_t src = 0; src < c->world; src++) {
-    struct ops_peer *p = &c->peer[src];
-    if (!p->cred_due)
-      continue;
-    p->cred_due = 0;
-    p->cred_sent = p->from_cred;
-    int rc = host_ops__ring_push(c, s->op, src, DEP_XRING_CREDIT, 0, 0);
-    if (rc != 0)
-      return rc;
-  }
-  return 0;
+   * as it may wait for it (until it may write its last row), and at once:
+   * the sender waits for it through both daemons, and a take that goes on
+   * through later chunks (a combine sums token after token while their
+   * vectors are in) must not hold it back until the take returns. */
+  if (c->remote[src] < 0 || p->cred_sent + c->lay.chan_rows >= p->from_rows)
+    return 0;
+  p->cred_sent = p->from_cred;
+  return host_ops__ring_push(c, s->op, src, DEP_XRING_CREDIT, 0, 0);
 }
 
 /* Whether dest has taken enough to let row j into its ring. */
@@ -458,9 +449,7 @@ int host_ops__stream(struct ops_ctx *c, const struct ops_stream *s) {
     uint32_t awaited = UINT32_MAX;
     int taken = s->take(c, s->arg, s, &awaited);
     if (taken < 0)
-      return c->stream_rc != 0 ? c->stream_rc : DEP_ERR_INTERNAL;
-    if ((rc = push_credits(c, s)) != 0)
-      return rc;
+      return taken; /* a credit not handed to the proxy */
     moved |= taken > 0;
     if (sent && awaited == UINT32_MAX)
       break;

@@ -179,14 +179,20 @@ static int disp_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, u
   for (uint32_t src = 0; src < c->world; src++) {
     struct ops_peer *p = &c->peer[src];
     const uint32_t n = src < x->known ? host_ops__stream_avail(c, s, src) : 0;
-    if (n > p->from_taken) {
-      for (uint32_t r = p->from_taken; r < n; r++) {
+    /* Chunk by chunk, each credited as soon as it is taken: the sender
+     * waits for the first while this rank copies out the others. */
+    while (n > p->from_taken) {
+      const uint32_t chunk = c->lay.chunk_rows, from = p->from_taken;
+      const uint32_t end = n - from > chunk - from % chunk ? from - from % chunk + chunk : n;
+      for (uint32_t r = from; r < end; r++) {
         const uint64_t off = p->from_base + r;
         /* A fault (a count out of step) and rows past the outputs drain unread. */
         if (c->stream_rc == 0 && off < x->cap)
           disp_put(c, x->a, host_ops__stream_row(c, src, r), off);
       }
-      host_ops__stream_taken(c, src, n - p->from_taken);
+      const int rc = host_ops__stream_taken(c, s, src, end - from);
+      if (rc != 0)
+        return rc;
       moved = 1;
     }
     if (!ops_masked(c, src) && (!p->seen || p->from_taken < p->from_rows) &&
@@ -439,7 +445,9 @@ static int comb_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, u
         for (uint32_t j = 0; j < k; j++)
           x->wacc[j] += w[j];
       }
-      host_ops__stream_taken(c, r, 1);
+      const int rc = host_ops__stream_taken(c, s, r, 1);
+      if (rc != 0)
+        return rc;
       moved = 1;
     }
     if (x->fresh) /* nothing came: every vector masked, or none selected */
@@ -456,7 +464,9 @@ static int comb_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, u
     struct ops_peer *p = &c->peer[src];
     const uint32_t n = host_ops__stream_avail(c, s, src);
     if (c->stream_rc != 0 && n > p->from_taken) {
-      host_ops__stream_taken(c, src, n - p->from_taken);
+      const int rc = host_ops__stream_taken(c, s, src, n - p->from_taken);
+      if (rc != 0)
+        return rc;
       moved = 1;
     }
     if (!ops_masked(c, src) && (!p->seen || p->from_taken < p->from_rows) &&
