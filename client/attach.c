@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "client_internal.h"
+#include "pages.h"
 
 /* The client-side bound on the ATTACH wait: $DEEPEPD_ATTACH_TIMEOUT_MS + margin. */
 static int attach_timeout(dep_client_t *c, int *timeout_ms) {
@@ -264,20 +265,6 @@ static int attach_ops(dep_client_t *c, char *why, size_t whylen) {
   return rc;
 }
 
-/* Map in, writable, the pages of [p, p + len): MADV_POPULATE_WRITE, which
- * changes no byte (a local peer may be writing there already), or where
- * the kernel has none (before 5.14) a read of each page. */
-static void populate(uint8_t *p, uint64_t len) {
-  const uintptr_t page = 4096, a = (uintptr_t)p & ~(page - 1);
-  const uintptr_t b = ((uintptr_t)p + len + page - 1) & ~(page - 1);
-#ifdef MADV_POPULATE_WRITE
-  if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) == 0)
-    return;
-#endif
-  for (uintptr_t q = a; q < b; q += page)
-    (void)*(volatile const uint8_t *)q;
-}
-
 /*
  * The host backend's warm-up (kernel_warmup): the pages of every slab that
  * this rank's operations touch — all of its own, and its slots and blocks
@@ -295,16 +282,16 @@ static void host_warmup(dep_client_t *c) {
     if (s == NULL)
       continue; /* on another node */
     if (r == o->rank) {
-      populate(s, l->total_bytes);
+      dep__pages_populate(s, l->total_bytes);
       continue;
     }
     for (unsigned parity = 0; parity < 2; parity++) {
-      populate(s + dep_slab_ctrl_slot(l, parity, o->rank), DEP_SLAB_CTRL_SLOT);
-      populate(s + dep_slab_block(l, parity, o->rank), l->block_bytes);
+      dep__pages_populate(s + dep_slab_ctrl_slot(l, parity, o->rank), DEP_SLAB_CTRL_SLOT);
+      dep__pages_populate(s + dep_slab_block(l, parity, o->rank), l->block_bytes);
     }
   }
   if (o->xchg != NULL)
-    populate(o->xchg, l->xchg_bytes);
+    dep__pages_populate(o->xchg, l->xchg_bytes);
   c->times.warmup_ms = now_ms() - t0;
 }
 

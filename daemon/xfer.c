@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -26,6 +25,7 @@
 #include "kabi.h"
 #include "lend.h"
 #include "log.h"
+#include "pages.h"
 #include "peer.h"
 #include "pool.h"
 #include "proto.h"
@@ -136,26 +136,6 @@ static void route_fan(struct xfer_route *r) {
   }
 }
 
-/*
- * Map every page of a rank's ring and exchange region into the daemon's own
- * page tables now, at attach: the rank's warm-up maps them into its own
- * (client/attach.c), but the daemon's mapping is another, and its receivers
- * writing the first call's rows into the in blocks (and the proxy reading
- * the out blocks) took a page fault for each page, on the first call of
- * each parity, which later calls do not pay.  Where MADV_POPULATE_WRITE
- * is missing, a read of each page maps it: the mapping is shared and
- * writable, and a memfd asks for no notice of the first write.
- */
-static void route_populate(const struct pool_region *g) {
-  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-#ifdef MADV_POPULATE_WRITE
-  if (madvise(g->map, g->bytes, MADV_POPULATE_WRITE) == 0)
-    return;
-#endif
-  for (uintptr_t q = (uintptr_t)g->map; q < (uintptr_t)g->map + g->bytes; q += page)
-    (void)*(volatile const uint8_t *)q;
-}
-
 void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn *membership) {
   if (!X->active || j->xchg == NULL)
     return;
@@ -195,7 +175,11 @@ void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn 
     r->ring[i] = j->xchg[i].region->map;
     r->xchg[i] = dep_xring_xchg(j->xchg[i].region->map);
     r->mr[i] = j->xchg[i].region->mr;
-    route_populate(j->xchg[i].region);
+    /* Every page of the rank's ring and exchange region mapped into the daemon's own page
+     * tables now, at attach: the rank's warm-up maps them into its own mapping (attach.c),
+     * not this one, and the receivers writing the first call's rows (and the proxy reading
+     * them) took a fault a page on the first call of each parity. */
+    dep__pages_populate(j->xchg[i].region->map, j->xchg[i].region->bytes);
   }
   r->rdma = xfer_rdma_route_new(j, who, membership);
   route_fan(r);

@@ -402,125 +402,6 @@ START_TEST(a_ring_whose_head_is_behind_its_tail_fails_its_job_naming_both) {
 }
 END_TEST
 
-/* ---- the proxy: a credit passes the data frames of its sweep ---------------------- */
-
-/* What the two ranks of the credit-first job share (MAP_SHARED). */
-struct credit_first {
-  _Atomic int watching;   /* rank 1 watches its slots: rank 0 may publish */
-  _Atomic int sent;       /* rank 0 published its two descriptors (or gave up) */
-  _Atomic int seen;       /* rank 1 saw the block's slot (or gave up): both may detach */
-  int flag_seen;          /* rank 1 saw the block's slot within the ceiling */
-  int credit_with_block;  /* ... and the credit was already in when it did */
-  int credit_later;       /* the credit came at all (within the ceiling) */
-};
-
-#define CREDIT_FIRST_CEILING_MS 20000 /* a bound for a loaded machine, not a timing */
-#define CREDIT_FIRST_ROWS 3u          /* the credit rank 0 hands rank 1 */
-#define CREDIT_FIRST_BYTES 1024u      /* the block's payload: one batch on one connection */
-
-/* Rank 0 (node 0) writes call 1's block for rank 1 and its credit for rank 1's channel,
- * then publishes both descriptors, block first, with one store (one sweep takes both);
- * rank 1 (node 1) waits for the block's slot and says whether the credit was in by then. */
-static int credit_first_rank(dep_client_t *c, const struct xn_run *run, uint32_t rank,
-                             struct xn_result *res) {
-  struct credit_first *cf = run->arg;
-  struct dep_xring *ring = c->xring;
-  struct dep_slab_layout lay;
-  char why[256];
-  if (ring == NULL || dep__slab_layout_nodes(&run->d->shape, 2, 1, 0, &lay, why,
-                                             sizeof why) != 0) {
-    snprintf(res->msg, sizeof res->msg, "rank %u: no ring or layout: %s", rank,
-             ring == NULL ? c->xring_why : why);
-    atomic_store(&cf->sent, 1);
-    atomic_store(&cf->seen, 1);
-    return 1;
-  }
-  uint8_t *x = dep_xring_xchg(ring);
-  if (rank == 0) {
-    memset(x + dep_slab_out_block(&lay, 1, 0), 0x5a, CREDIT_FIRST_BYTES);
-    struct ops_slot *out = (struct ops_slot *)(x + dep_slab_out_slot(&lay, 1, 0));
-    out->rows = 0;
-    atomic_store_explicit(&out->flag, 1, memory_order_relaxed);
-    struct ops_slot *in = (struct ops_slot *)(x + dep_slab_in_slot(&lay, 1, 0));
-    atomic_store_explicit(&in->credit, DEP_SLAB_CHAN_AT(1, CREDIT_FIRST_ROWS),
-                          memory_order_relaxed);
-    for (int64_t until = xn_mono_ms() + CREDIT_FIRST_CEILING_MS;
-         !atomic_load(&cf->watching) && xn_mono_ms() < until;)
-      dw_sleep_ms(1);
-    const uint64_t head = atomic_load_explicit(&ring->head, memory_order_relaxed);
-    ring->desc[head % DEP_XRING_ENTRIES] = (struct dep_xring_desc){
-        .dest = 1, .parity = 1, .seq = 1, .bytes = CREDIT_FIRST_BYTES, .kind = DEP_XRING_BLOCK};
-    ring->desc[(head + 1) % DEP_XRING_ENTRIES] = (struct dep_xring_desc){
-        .dest = 1, .parity = 1, .seq = 1, .kind = DEP_XRING_CREDIT};
-    atomic_store_explicit(&ring->head, head + 2, memory_order_release);
-    atomic_store(&cf->sent, 1);
-    for (int64_t until = xn_mono_ms() + 2 * CREDIT_FIRST_CEILING_MS;
-         !atomic_load(&cf->seen) && xn_mono_ms() < until;)
-      dw_sleep_ms(5);
-    return 0;
-  }
-  const struct ops_slot *in = (const struct ops_slot *)(x + dep_slab_in_slot(&lay, 1, 0));
-  const struct ops_slot *out = (const struct ops_slot *)(x + dep_slab_out_slot(&lay, 1, 0));
-  const uint64_t want = DEP_SLAB_CHAN_AT(1, CREDIT_FIRST_ROWS);
-  const int64_t t0 = xn_mono_ms();
-  atomic_store(&cf->watching, 1);
-  while (atomic_load_explicit(&in->flag, memory_order_acquire) != 1 &&
-         xn_mono_ms() - t0 < CREDIT_FIRST_CEILING_MS)
-    sched_yield();
-  cf->flag_seen = atomic_load_explicit(&in->flag, memory_order_acquire) == 1;
-  cf->credit_with_block = atomic_load_explicit(&out->credit, memory_order_acquire) == want;
-  while (atomic_load_explicit(&out->credit, memory_order_acquire) != want &&
-         xn_mono_ms() - t0 < CREDIT_FIRST_CEILING_MS)
-    dw_sleep_ms(1);
-  cf->credit_later = atomic_load_explicit(&out->credit, memory_order_acquire) == want;
-  atomic_store(&cf->seen, 1);
-  return 0;
-}
-
-/*
- * The proxy sends a sweep's credits (and taken words) to a peer before the
- * sweep's data frames to it: a credit is what a sender on the peer's node
- * waits for, and a rank pushes it right after the chunks it wrote
- * meanwhile.  With one data connection each way the frames arrive in the
- * order they are sent, so the credit rank 0 pushed after its block is in
- * rank 1's out slot by the time the block's slot is in its in slot.  Before,
- * the frames went in ring order: the credit after the block.
- */
-START_TEST(a_credit_goes_to_its_peer_ahead_of_the_data_frames_of_its_sweep) {
-  /* One data connection each way (the harness's configs say 2): frames in send order. */
-  struct nodes ns;
-  nodes_config_with(&ns, 2, 20000, "", "");
-  for (int i = 0; i < 2; i++) {
-    char *k = strstr(ns.yaml[i], "connection_pool_size: 2\n");
-    ck_assert_ptr_nonnull(k);
-    k[strlen("connection_pool_size: ")] = '1';
-  }
-  nodes_start_all(&ns);
-  struct xn_place pl;
-  const struct xn_layout *lay = &xn_layouts[0]; /* world 2, one rank on each node */
-  xn_place(&pl, lay->split, lay->nodes);
-  struct ow_case *d = xn_case_new(&lay->sc, 0);
-  struct credit_first *cf = mmap(NULL, sizeof *cf, PROT_READ | PROT_WRITE,
-                                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ck_assert_ptr_ne(cf, MAP_FAILED);
-  memset(cf, 0, sizeof *cf);
-  struct xn_result *res = xn_results(2);
-  const struct xn_run run = {.d = d, .body = credit_first_rank, .arg = cf};
-  pid_t pids[2];
-  xn_spawn(&ns, &pl, "creditfirst", &run, res, pids);
-  const bool ok = xn_reap(pids, 2, 4 * CREDIT_FIRST_CEILING_MS);
-  nodes_stop(&ns);
-  ck_assert_msg(ok, "the ranks failed: rank 0: %s; rank 1: %s", res[0].msg, res[1].msg);
-  ck_assert_msg(cf->flag_seen && cf->credit_later, "the block (%d) or the credit (%d) did not "
-                "come within %d ms", cf->flag_seen, cf->credit_later, CREDIT_FIRST_CEILING_MS);
-  ck_assert_msg(cf->credit_with_block, "the block's slot was in before the credit pushed after "
-                "it: the proxy sent the credit behind the data frames of its sweep");
-  munmap(res, 2 * sizeof *res);
-  munmap(cf, sizeof *cf);
-  xn_case_free(d);
-}
-END_TEST
-
 /* ---- the data connections: little unsent ahead of a credit ----------------------- */
 
 /* The TCP sockets of process pid whose TCP_NOTSENT_LOWAT is XFER_NOTSENT_LOWAT (each taken
@@ -607,7 +488,6 @@ Suite *xnode_ring_suite(void) {
   TCase *p = tcase_create("proxy");
   tcase_set_timeout(p, 120);
   tcase_add_test(p, a_ring_whose_head_is_behind_its_tail_fails_its_job_naming_both);
-  tcase_add_test(p, a_credit_goes_to_its_peer_ahead_of_the_data_frames_of_its_sweep);
   tcase_add_test(p, a_daemons_data_connections_hold_little_unsent_ahead_of_a_credit);
   suite_add_tcase(s, p);
   return s;
