@@ -98,11 +98,11 @@ ep_step() {
 }
 
 # Streaming across nodes on cuda (issue 27): bench/ep across two daemons whose jobs stream in
-# chunks of EP_CHUNK rows (64) against the same with whole blocks, alternated twice, one pair
+# chunks of EP_CHUNK rows (64) against the same with whole blocks, alternated EP_ROUNDS (2) times, one pair
 # of daemons at a time, with each daemon's lent bytes (deepepctl status) beside.
 epstream_step() {
   local D t0=$SECONDS r c
-  for r in 1 2; do
+  for r in $(seq ${EP_ROUNDS:-2}); do
     for c in 0 ${EP_CHUNK:-64}; do
       CHUNK_ROWS=$c pair_up "${EP_BACKEND:-cuda}" "epstream-$c-$r"
       mps_on
