@@ -152,49 +152,6 @@ END_TEST
 /* Shared with the rank processes: when rank 1 exited (cr_ms_now). */
 static uint64_t *exit_at;
 
-/*
- * Rank 1 (node 1) makes one round, then its process ends (no detach) while
- * rank 0 (node 0) dispatches its next call: 128 rows to rank 1 through a
- * 4-row channel, so that rank 0's senders wait for rank 1's credit (and its
- * receivers for rank 1's post).  Rank 1's daemon tells rank 0's, whose
- * abort words fail the call with DEP_ERR_PEER, long before the 30 s op
- * timeout.
- */
-static int body_dying(struct rk *k, void *arg) {
-  const struct ow_case *d = arg;
-  uint64_t dig = 0;
-  if (cr_upload(k, d) || cr_round_tp(k, d, 0xA5, &dig))
-    return 1;
-  if (k->rank == 1) {
-    usleep(300000);
-    *exit_at = cr_ms_now();
-    _exit(0); /* no detach, no free: as a crash ends it */
-  }
-  uint32_t nrecv = 0;
-  struct dep_dispatch_args da = {.size = sizeof da, .x = CR_DEV(k, B_X),
-                                 .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype,
-                                 .topk_weights = CR_DEV(k, B_W),
-                                 .num_tokens = d->in[0].num_tokens, .recv_x = CR_DEV(k, B_RX),
-                                 .recv_topk_idx = CR_DEV(k, B_RIDX),
-                                 .recv_topk_weights = CR_DEV(k, B_RW),
-                                 .recv_count_per_expert = CR_DEV(k, B_CNT), .num_recv = &nrecv};
-  const int rc = dep_dispatch(k->c, &da, k->h, k->s);
-  const uint64_t now = cr_ms_now();
-  if (rc != DEP_ERR_PEER)
-    return ow_fail(k->msg, "rank 0: dep_dispatch returned %s (%s), expected DEP_ERR_PEER",
-                   dep_errname(rc), dep_errmsg(k->c));
-  if (strstr(dep_errmsg(k->c), "rank 1") == NULL)
-    return ow_fail(k->msg, "rank 0: the message does not name rank 1: %s", dep_errmsg(k->c));
-  /* A ceiling far above the time it takes the daemons to tell, far below the op timeout. */
-  if (*exit_at == 0 || now - *exit_at > 10000)
-    return ow_fail(k->msg, "rank 0: DEP_ERR_PEER %llu ms after rank 1's exit",
-                   (unsigned long long)(now - *exit_at));
-  printf("xnode_stream gpu: a peer on another daemon ended mid-stream: DEP_ERR_PEER %llu ms "
-         "after its exit: %s\n", (unsigned long long)(now - *exit_at), dep_errmsg(k->c));
-  fflush(stdout); /* a rank process ends with _exit */
-  return 0;
-}
-
 START_TEST(on_the_gpu_a_rank_that_ends_mid_stream_fails_its_peer_on_another_daemon) {
   CR_NEEDS_GPU();
   /* Every token to rank 1: 128 rows for its 4-row channel. */
@@ -209,7 +166,10 @@ START_TEST(on_the_gpu_a_rank_that_ends_mid_stream_fails_its_peer_on_another_daem
   struct nodes ns;
   xs_nodes_start(&ns, 2, split, d, 1);
   static char fails[OW_FAILS_LEN];
-  const int nfail = xg_run(&ns, split, "xstream-dying", d, body_dying, d, false, fails,
+  /* DEP_ERR_PEER naming rank 1 within 10 s, far below the 30 s op timeout. */
+  struct cr_peer_dies pd = {d, exit_at, 10000, {"rank 1", NULL},
+                            "xnode_stream gpu: a peer on another daemon ended mid-stream"};
+  const int nfail = xg_run(&ns, split, "xstream-dying", d, cr_body_peer_dies, &pd, false, fails,
                            sizeof fails);
   OW_ASSERT_NONE_FAILED(d->desc, nfail, fails);
   nodes_stop(&ns);

@@ -4,8 +4,10 @@
  */
 #include "cudarounds.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "deepep.h"
 #include "host_ops.h"
@@ -237,3 +239,39 @@ int cr_body_rounds(struct rk *k, void *arg) {
   return 0;
 }
 
+int cr_body_peer_dies(struct rk *k, void *arg) {
+  const struct cr_peer_dies *p = arg;
+  const struct ow_case *d = p->d;
+  uint64_t dig = 0;
+  if (cr_upload(k, d) || cr_round_tp(k, d, 0xA5, &dig))
+    return 1;
+  if (k->rank == 1) {
+    usleep(300000);
+    *p->exit_at = cr_ms_now();
+    _exit(0);
+  }
+  uint32_t nrecv = 0;
+  struct dep_dispatch_args da = {.size = sizeof da, .x = CR_DEV(k, B_X),
+                                 .topk_idx = CR_DEV(k, B_IDX), .index_type = d->sc.itype,
+                                 .topk_weights = CR_DEV(k, B_W),
+                                 .num_tokens = d->in[0].num_tokens, .recv_x = CR_DEV(k, B_RX),
+                                 .recv_topk_idx = CR_DEV(k, B_RIDX),
+                                 .recv_topk_weights = CR_DEV(k, B_RW),
+                                 .recv_count_per_expert = CR_DEV(k, B_CNT), .num_recv = &nrecv};
+  const int rc = dep_dispatch(k->c, &da, k->h, k->s);
+  const uint64_t now = cr_ms_now();
+  if (rc != DEP_ERR_PEER)
+    return ow_fail(k->msg, "rank 0: dep_dispatch returned %s (%s), expected DEP_ERR_PEER",
+                   dep_errname(rc), dep_errmsg(k->c));
+  for (int i = 0; i < 2; i++)
+    if (p->must[i] != NULL && strstr(dep_errmsg(k->c), p->must[i]) == NULL)
+      return ow_fail(k->msg, "rank 0: the message does not say \"%s\": %s", p->must[i],
+                     dep_errmsg(k->c));
+  if (*p->exit_at == 0 || now - *p->exit_at > p->bound_ms)
+    return ow_fail(k->msg, "rank 0: DEP_ERR_PEER %llu ms after rank 1's exit",
+                   (unsigned long long)(now - *p->exit_at));
+  printf("%s: DEP_ERR_PEER %llu ms after the peer's exit: %s\n", p->tag,
+         (unsigned long long)(now - *p->exit_at), dep_errmsg(k->c));
+  fflush(stdout); /* a rank process ends with _exit */
+  return 0;
+}

@@ -46,4 +46,22 @@ struct cr_rounds {
 };
 int cr_body_rounds(struct rk *k, void *arg);
 
+/*
+ * A peer that dies mid-call: every rank makes one throughput round of case
+ * d, then rank 1's process ends (no detach, no free: as a crash ends it),
+ * storing when into *exit_at (shared memory), while rank 0 dispatches its
+ * next call, which must fail with DEP_ERR_PEER within bound_ms of that exit
+ * (a ceiling far above what the daemons take to tell, far below the op
+ * timeout), its message holding each of `must` that is not NULL.  Rank 0
+ * prints the time under `tag`.
+ */
+struct cr_peer_dies {
+  const struct ow_case *d;
+  uint64_t *exit_at;
+  uint64_t bound_ms;
+  const char *must[2];
+  const char *tag;
+};
+int cr_body_peer_dies(struct rk *k, void *arg);
+
 #endif /* DEP_CUDAROUNDS_H */
