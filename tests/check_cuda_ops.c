@@ -34,6 +34,7 @@
 #include "host_ops.h"
 #include "opsworld.h"
 #include "ref.h"
+#include "sm_budget.h"
 #include "cudaranks.h"
 #include "check_cuda_ops.h"
 #include "cudarounds.h"
@@ -101,6 +102,35 @@ static void run_scenario(const struct ow_scenario *sc, int salt, bool threads) {
 START_TEST(ranks_as_processes_match_the_oracle) {
   CR_NEEDS_GPU();
   run_scenario(&scenarios[_i], _i, false);
+}
+END_TEST
+
+/*
+ * A budget below the world ($DEEPEP_KERNEL_CTAS, kabi.h "SM budget"): the
+ * grid is the budget's CTAs, each sending to several ranks in turn (a world
+ * of 3 on 2 CTAs: CTA 0 sends to ranks 0 and 2, CTA 1 to rank 1; of 8 on
+ * 1: all 8), then receiving its share.  Every op, low-latency ones
+ * included, as the oracle says, twice, bit for bit.
+ */
+static const struct {
+  uint32_t sc;
+  const char *ctas;
+} budgets[] = {
+  {5, "2"},  /* world 3: units not a multiple of the grid */
+  {6, "2"},  /* world 4, FP8 */
+  {8, "1"},  /* world 4, every row to one rank, one CTA */
+  {11, "2"}, /* world 8, mixed tokens */
+  {12, "1"}, /* world 8, hidden 7168, one CTA */
+  {13, "2"}, /* world 8, duplicate ids */
+  {17, "2"}, /* DeepEP's test_low_latency.py's defaults */
+};
+
+START_TEST(a_budget_below_the_world_loops_and_matches_the_oracle) {
+  CR_NEEDS_GPU();
+  setenv(CUOPS_CTAS_ENV, budgets[_i].ctas, 1); /* the rank processes inherit it */
+  printf("cuda_ops: " CUOPS_CTAS_ENV "=%s\n", budgets[_i].ctas);
+  run_scenario(&scenarios[budgets[_i].sc], 600 + _i, false);
+  unsetenv(CUOPS_CTAS_ENV);
 }
 END_TEST
 
@@ -679,6 +709,8 @@ Suite *cuda_ops_suite(void) {
   tcase_add_loop_test(tc, ranks_as_processes_match_the_oracle, 0,
                       (int)(sizeof scenarios / sizeof scenarios[0]));
   tcase_add_test(tc, two_hundred_forty_calls_back_to_back_stay_correct);
+  tcase_add_loop_test(tc, a_budget_below_the_world_loops_and_matches_the_oracle, 0,
+                      (int)(sizeof budgets / sizeof budgets[0]));
   tcase_add_loop_test(tc, throughput_extensions_match_the_oracle, 0,
                       (int)(sizeof ext_scenarios / sizeof ext_scenarios[0]));
   tcase_add_loop_test(tc, combine_with_biases_matches_the_host_backend, 0,

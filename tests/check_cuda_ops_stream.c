@@ -31,6 +31,7 @@
 #include "deepep.h"
 #include "opsworld.h"
 #include "slab.h"
+#include "sm_budget.h"
 
 /* The chunks every case streams in: one row, three, and sixteen. */
 static const uint32_t chunks[] = {1, 3, 16};
@@ -64,11 +65,9 @@ static const struct ow_scenario scenarios[] = {
 /* Every scenario in every chunk: layout, dispatch and combine (and the low-latency calls, which
  * share the blocks) as the oracle says, twice, bit for bit; on the old daemon the attach was
  * refused (DEP_ERR_UNSUPPORTED: only the host backend streamed). */
-START_TEST(every_op_streams_through_channels_as_the_oracle_says) {
-  CR_NEEDS_GPU();
-  const struct ow_scenario *sc = &scenarios[(uint32_t)_i % N_SCENARIOS];
-  const uint32_t chunk = chunks[(uint32_t)_i / N_SCENARIOS];
-  ow_seed_init(4000 + (uint64_t)_i);
+static void stream_case(const struct ow_scenario *sc, uint32_t chunk, int salt,
+                        const char *what) {
+  ow_seed_init((uint64_t)salt);
   struct ow_case *d = malloc(sizeof *d);
   ck_assert_ptr_nonnull(d);
   ow_case_make(d, sc, sc->fp8);
@@ -77,14 +76,50 @@ START_TEST(every_op_streams_through_channels_as_the_oracle_says) {
   struct cr_world w;
   cr_world_start(&w, yaml);
   struct cr_rounds a = {d, 1, 2};
-  snprintf(job, sizeof job, "stream-%d", _i);
+  snprintf(job, sizeof job, "stream-%d", salt);
   const uint64_t t0 = cr_ms_now();
   cr_run_procs(&w, job, &d->shape, sc->world, cr_body_rounds, &a, d->desc);
-  printf("cuda_ops stream: chunks of %u rows: %s: ok in %llu ms\n", chunk, d->desc,
+  printf("cuda_ops stream: chunks of %u rows%s: %s: ok in %llu ms\n", chunk, what, d->desc,
          (unsigned long long)(cr_ms_now() - t0));
   cr_world_stop(&w);
   ow_case_free(d);
   free(d);
+}
+
+START_TEST(every_op_streams_through_channels_as_the_oracle_says) {
+  CR_NEEDS_GPU();
+  stream_case(&scenarios[(uint32_t)_i % N_SCENARIOS], chunks[(uint32_t)_i / N_SCENARIOS],
+              4000 + _i, "");
+}
+END_TEST
+
+/*
+ * A budget below the world ($DEEPEP_KERNEL_CTAS, kabi.h "SM budget"): each
+ * CTA's sending warps send to several ranks in turn, each stream to its
+ * end, while its receiving warps take what every rank streams here (a
+ * world of 8 on 2 CTAs: 4 destinations a CTA; on 1: all 8).  As the
+ * oracle says, bit for bit; a unit that held its CTA's next one back on a
+ * receiver that waits for that next one would hang to the op timeout.
+ */
+static const struct {
+  uint32_t sc, chunk;
+  const char *ctas;
+} budgets[] = {
+  {2, 3, "2"},  /* world 4, hidden 7168, FP8 */
+  {4, 3, "1"},  /* world 4, 512 tokens to one expert: one CTA laps every channel */
+  {5, 1, "2"},  /* world 8, chunks of one row */
+  {7, 16, "1"}, /* world 8, duplicate ids, one CTA */
+  {6, 3, "2"},  /* world 8, no tokens */
+};
+#define N_BUDGETS (sizeof budgets / sizeof budgets[0])
+
+START_TEST(streams_on_a_budget_below_the_world_as_the_oracle_says) {
+  CR_NEEDS_GPU();
+  char what[48];
+  snprintf(what, sizeof what, ", " CUOPS_CTAS_ENV "=%s", budgets[_i].ctas);
+  setenv(CUOPS_CTAS_ENV, budgets[_i].ctas, 1); /* the rank processes inherit it */
+  stream_case(&scenarios[budgets[_i].sc], budgets[_i].chunk, 4500 + _i, what);
+  unsetenv(CUOPS_CTAS_ENV);
 }
 END_TEST
 
@@ -313,6 +348,8 @@ TCase *cuda_ops_stream_tcase(void) {
                       (int)(N_SCENARIOS * N_CHUNKS));
   tcase_add_loop_test(t, throughput_extensions_stream_as_the_oracle_says, 0,
                       (int)(N_EXT * N_CHUNKS));
+  tcase_add_loop_test(t, streams_on_a_budget_below_the_world_as_the_oracle_says, 0,
+                      (int)N_BUDGETS);
   tcase_add_loop_test(t, rows_that_lap_their_channels_many_times_arrive_as_the_oracle_says, 0, 2);
   tcase_add_test(t, a_late_receiver_holds_its_senders_back_and_loses_nothing);
   tcase_add_test(t, a_rank_whose_process_ends_mid_stream_fails_its_peer_through_the_daemon);
