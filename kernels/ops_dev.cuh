@@ -639,8 +639,9 @@ __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, ui
 
 /*
  * One lane of each of the `senders` warps or units writing this rank's
- * block for destination d (each unit's warps, or each unit: kabi.h "SM
- * budget"), once its part is written: the last to arrive publishes it.  For a local d that is posting the slot (post, with
+ * block for destination d (each of d's units' warps, or each of d's units:
+ * kabi.h "SM budget"), once its part is written: the last to arrive
+ * publishes it.  For a local d that is posting the slot (post, with
  * header) or nothing (the throughput ops posted theirs first: header
  * false); for a remote d, pushing the out block's first `bytes` and
  * its slot image to the proxy, once all of it is written.

@@ -331,9 +331,10 @@ __device__ __forceinline__ bool dispatch_unit(const cuops_job &J, const cuops_di
  * of a group of tokens are still contiguous, in token order.  RING (a
  * streamed call, ops_stream.cuh): the CTA's first STREAM_SEND_WARPS warps
  * send, into each d's channel as its credit allows, and go on to the next
- * unit when one ends early (d left the job, or the call failed: its waits
- * end at once then), as CTAs of a unit each would; the others only meet
- * the grid with them, and return true.
+ * unit when one ends early (d left the job, or the call failed, which ends
+ * the later units' waits at their first look at the broken word), as CTAs
+ * of a unit each did; the others only meet the grid with them, and return
+ * true.
  */
 template <bool RING>
 __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_dispatch_args &a,
@@ -707,12 +708,12 @@ __device__ __forceinline__ void combine_claim(const cuops_job &J, const cuops_co
   }
 }
 
-/* Unit u of a combine's sends (kabi.h "SM budget"): part u % P of the rows
- * back to rank d = u / P, by the CTA's first NW warps.  Rows from source d
- * are contiguous in x, sources ascending: each goes back to row j of d's
- * block, in the order they came.  The whole-block form (combine_send): its
- * count posted first, rows marked as they land, then (a remote d) the
- * block to the proxy once every unit's warps are in. */
+/* Unit u of a whole-block combine's sends (kabi.h "SM budget"), every warp
+ * of the CTA: part u % P of the rows back to rank d = u / P, its count
+ * posted first, rows marked as they land, then (a remote d) the block to
+ * the proxy once every warp of d's units is in.  Rows from source d are
+ * contiguous in x, sources ascending: each goes back to row j of d's
+ * block, in the order they came. */
 __device__ __forceinline__ void combine_send(const cuops_job &J, const cuops_combine_args &a,
                                              const call &k, uint32_t u, uint32_t op,
                                              uint64_t hseq) {
@@ -806,9 +807,10 @@ TIMED_KERNEL deepepd::combine_stream(const cuops_job J, const cuops_combine_args
   const uint64_t hseq = *a.h.seq;
   const uint32_t op = OPS_OP_COMBINE | (a.ow != NULL ? OPS_OP_WEIGHTS : 0u);
   if (!k.skip) {
-    if (threadIdx.x < STREAM_RECV_BASE) /* its units in turn, one's end early (d left, or the
-                                           call failed: the next one's waits end at once) the
-                                           next one's start */
+    /* the sending warps: the CTA's units in turn, each to its end or to its early end (d
+     * left the job, or the call failed, which ends the later units' waits at their first
+     * look at the broken word), as CTAs of a unit each did */
+    if (threadIdx.x < STREAM_RECV_BASE)
       for (uint32_t u = blockIdx.x; u < units(J); u += gridDim.x)
         combine_send_ring(J, a, k, u, op, hseq);
     else if (combine_wait<true>(J, k, op, hseq, a.h.tp_sent, blockIdx.x == 0))

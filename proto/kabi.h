@@ -96,8 +96,9 @@
  *     (8 ranks on 132 SMs: 16 CTAs each), and a rank alone on its GPU
  *     leaves the rest of it to the trainer's kernels.  $DEEPEP_KERNEL_CTAS
  *     sets B for every rank (at most CUOPS_CTAS_PER_SM * SMs / ranks on the
- *     GPU, so that all stay resident; below the world too).  "Ranks on the GPU" are the job's
- *     ranks that this rank's daemon holds there: daemons that share one GPU
+ *     GPU, so that all stay resident; below the world too).  "Ranks on the
+ *     GPU" are the job's ranks that this rank's daemon holds there: daemons
+ *     that share one GPU
  *     (a test of nodes on one machine) do not see each other's, and must
  *     be given a budget that fits them all.  Each lane keeps
  *     several 16-byte loads in flight (ops_dev.cuh), since a copy with one
