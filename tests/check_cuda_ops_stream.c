@@ -11,7 +11,8 @@
  * taken in any order, credited in order); a receiver that comes late to every call (its senders wait for its
  * credit and overwrite nothing); a rank whose process ends while its peer
  * streams to it (DEP_ERR_PEER through the daemon's abort words, never a
- * hang).  A job across daemons that stream is suite xnode_stream's
+ * hang).  Its stream_budget case streams on a budget below the world
+ * ($DEEPEP_KERNEL_CTAS: each CTA sends to several ranks in turn).  A job across daemons that stream is suite xnode_stream's
  * (check_xnode_stream.c); the stream_lend case, which needs no GPU, checks
  * the layout such a job is lent.  Tagged "gpu" and run as
  * check_cuda_ops.c says: each test skips, saying why, unless
@@ -93,36 +94,6 @@ START_TEST(every_op_streams_through_channels_as_the_oracle_says) {
 }
 END_TEST
 
-/*
- * A budget below the world ($DEEPEP_KERNEL_CTAS, kabi.h "SM budget"): each
- * CTA's sending warps send to several ranks in turn, each stream to its
- * end, while its receiving warps take what every rank streams here (a
- * world of 8 on 2 CTAs: 4 destinations a CTA; on 1: all 8).  As the
- * oracle says, bit for bit; a unit that held its CTA's next one back on a
- * receiver that waits for that next one would hang to the op timeout.
- */
-static const struct {
-  uint32_t sc, chunk;
-  const char *ctas;
-} budgets[] = {
-  {2, 3, "2"},  /* world 4, hidden 7168, FP8 */
-  {4, 3, "1"},  /* world 4, 512 tokens to one expert: one CTA laps every channel */
-  {5, 1, "2"},  /* world 8, chunks of one row */
-  {7, 16, "1"}, /* world 8, duplicate ids, one CTA */
-  {6, 3, "2"},  /* world 8, no tokens */
-};
-#define N_BUDGETS (sizeof budgets / sizeof budgets[0])
-
-START_TEST(streams_on_a_budget_below_the_world_as_the_oracle_says) {
-  CR_NEEDS_GPU();
-  char what[48];
-  snprintf(what, sizeof what, ", " CUOPS_CTAS_ENV "=%s", budgets[_i].ctas);
-  setenv(CUOPS_CTAS_ENV, budgets[_i].ctas, 1); /* the rank processes inherit it */
-  stream_case(&scenarios[budgets[_i].sc], budgets[_i].chunk, 4500 + _i, what);
-  unsetenv(CUOPS_CTAS_ENV);
-}
-END_TEST
-
 static const struct ow_scenario ext_scenarios[] = {
   /* world hidden topk experts max_tokens max_ll  routing  tokens  index  fp8 */
   {2, 2048, 8, 16, 128, 64, P_DUP, T_MIXED, DEP_INDEX_I32, 0},
@@ -134,23 +105,64 @@ static const struct ow_scenario ext_scenarios[] = {
 
 /* FP8 dispatch, num_worst_tokens, expert_alignment, cached mode and a weighted combine through
  * the channels: each as the oracle says, bit for bit (check_cuda_ops.c ext_gpu_body). */
-START_TEST(throughput_extensions_stream_as_the_oracle_says) {
-  CR_NEEDS_GPU();
-  const uint32_t chunk = chunks[(uint32_t)_i / N_EXT];
-  ow_seed_init(4200 + (uint64_t)_i);
+static void stream_ext_case(const struct ow_scenario *sc, uint32_t chunk, int salt,
+                            const char *what) {
+  ow_seed_init((uint64_t)salt);
   struct ext_gpu *e = malloc(sizeof *e);
   ck_assert_ptr_nonnull(e);
-  ext_gpu_make(e, &ext_scenarios[(uint32_t)_i % N_EXT]);
+  ext_gpu_make(e, sc);
   char yaml[64], job[32];
   stream_yaml(&e->d, chunk, yaml, sizeof yaml);
   struct cr_world w;
   cr_world_start(&w, yaml);
-  snprintf(job, sizeof job, "stream-ext-%d", _i);
+  snprintf(job, sizeof job, "stream-ext-%d", salt);
   cr_run_procs(&w, job, &e->d.shape, e->d.sc.world, ext_gpu_body, e, e->d.desc);
-  printf("cuda_ops stream: extensions, chunks of %u rows: %s: ok\n", chunk, e->d.desc);
+  printf("cuda_ops stream: extensions, chunks of %u rows%s: %s: ok\n", chunk, what, e->d.desc);
   cr_world_stop(&w);
   ext_gpu_free(e);
   free(e);
+}
+
+START_TEST(throughput_extensions_stream_as_the_oracle_says) {
+  CR_NEEDS_GPU();
+  stream_ext_case(&ext_scenarios[(uint32_t)_i % N_EXT], chunks[(uint32_t)_i / N_EXT], 4200 + _i,
+                  "");
+}
+END_TEST
+
+/*
+ * A budget below the world ($DEEPEP_KERNEL_CTAS, kabi.h "SM budget"): each
+ * CTA's sending warps send to several ranks in turn, each stream to its
+ * end, while its receiving warps take what every rank streams here (a
+ * world of 8 on 2 CTAs: 4 destinations a CTA; on 1: all 8).  As the
+ * oracle says, bit for bit; a unit that held its CTA's next one back on a
+ * receiver that waits for that next one would hang to the op timeout.
+ */
+static const struct {
+  bool ext; /* ext_scenarios[sc] (the throughput extensions), else scenarios[sc] */
+  uint32_t sc, chunk;
+  const char *ctas;
+} budgets[] = {
+  {false, 2, 3, "2"},  /* world 4, hidden 7168, FP8 */
+  {false, 4, 3, "1"},  /* world 4, 512 tokens to one expert: one CTA laps every channel */
+  {false, 5, 1, "2"},  /* world 8, chunks of one row */
+  {false, 7, 16, "1"}, /* world 8, duplicate ids, one CTA */
+  {false, 6, 3, "2"},  /* world 8, no tokens */
+  {true, 1, 3, "2"},   /* world 4, the extensions (cached: no grid barrier) */
+  {true, 2, 1, "1"},   /* world 8, hidden 7168, the extensions on one CTA */
+};
+#define N_BUDGETS (sizeof budgets / sizeof budgets[0])
+
+START_TEST(streams_on_a_budget_below_the_world_as_the_oracle_says) {
+  CR_NEEDS_GPU();
+  char what[48];
+  snprintf(what, sizeof what, ", " CUOPS_CTAS_ENV "=%s", budgets[_i].ctas);
+  setenv(CUOPS_CTAS_ENV, budgets[_i].ctas, 1); /* the rank processes inherit it */
+  if (budgets[_i].ext)
+    stream_ext_case(&ext_scenarios[budgets[_i].sc], budgets[_i].chunk, 4600 + _i, what);
+  else
+    stream_case(&scenarios[budgets[_i].sc], budgets[_i].chunk, 4500 + _i, what);
+  unsetenv(CUOPS_CTAS_ENV);
 }
 END_TEST
 
@@ -348,10 +360,18 @@ TCase *cuda_ops_stream_tcase(void) {
                       (int)(N_SCENARIOS * N_CHUNKS));
   tcase_add_loop_test(t, throughput_extensions_stream_as_the_oracle_says, 0,
                       (int)(N_EXT * N_CHUNKS));
-  tcase_add_loop_test(t, streams_on_a_budget_below_the_world_as_the_oracle_says, 0,
-                      (int)N_BUDGETS);
   tcase_add_loop_test(t, rows_that_lap_their_channels_many_times_arrive_as_the_oracle_says, 0, 2);
   tcase_add_test(t, a_late_receiver_holds_its_senders_back_and_loses_nothing);
   tcase_add_test(t, a_rank_whose_process_ends_mid_stream_fails_its_peer_through_the_daemon);
+  return t;
+}
+
+/* Its own case, so that a GPU pass can run it alone (CK_RUN_CASE=stream_budget). */
+TCase *cuda_ops_stream_budget_tcase(void) {
+  TCase *t = tcase_create("stream_budget");
+  tcase_set_tags(t, "gpu");
+  tcase_set_timeout(t, 240);
+  tcase_add_loop_test(t, streams_on_a_budget_below_the_world_as_the_oracle_says, 0,
+                      (int)N_BUDGETS);
   return t;
 }
