@@ -8,8 +8,9 @@
  * the oracle's bound).  Outputs are poisoned before every call, so an
  * unwritten element or a write past the valid count fails.  Also: 240
  * calls back to back, every op through a handle in memory the caller
- * lends (dep_handle_new_in), and (case budget) every op on a budget below
- * the world, each CTA sending to several ranks in turn.  The suite's faults case (a rank that never
+ * lends (dep_handle_new_in), (case budget) every op on a budget below
+ * the world, each CTA sending to several ranks in turn, and (case crowd)
+ * more ranks on one GPU than it could hold a CTA of each to each.  The suite's faults case (a rank that never
  * calls, a rank gone, bad ids and arguments) is check_cuda_ops_faults.c's,
  * its masks case (masked ranks skipped) check_cuda_ops_mask.c's, its split
  * case (low-latency calls split into send and receive) check_cuda_ops_split.c's.
@@ -103,6 +104,32 @@ static void run_scenario(const struct ow_scenario *sc, int salt, bool threads) {
 START_TEST(ranks_as_processes_match_the_oracle) {
   CR_NEEDS_GPU();
   run_scenario(&scenarios[_i], _i, false);
+}
+END_TEST
+
+/*
+ * 24 rank processes on one GPU under MPS (DeepEP's test_internode.py on one
+ * GPU runs 16): each rank's budget is 132 / 24 = 5 CTAs on an H100 or
+ * H200, and its kernels launch that many (kabi.h "SM budget"), 120 in all,
+ * every one resident at once.  On the old code each kernel was 24 CTAs, one
+ * a destination whatever the budget: 576 of the 264 such a GPU holds at
+ * once (two an SM), so a rank's dispatch waited at its grid barrier for
+ * CTAs that could not start until the op timeout.  Every op as the oracle
+ * says.  Needs MPS: without it the 24 contexts take turns on the GPU.
+ */
+START_TEST(ranks_crowding_one_gpu_stay_within_their_budgets_and_match_the_oracle) {
+  struct tu_gpus g;
+  if (!cr_gpu_probe(__func__, &g))
+    return;
+  if (!g.mps) {
+    tu_skip(__func__, "24 ranks on one GPU need MPS (without it their contexts take turns); "
+            "run this test under MPS");
+    return;
+  }
+  /* All on GPU 0 whatever DEP_TEST_GPUS says (this test runs in a process of its own). */
+  setenv("DEP_TEST_GPUS", "1", 1);
+  static const struct ow_scenario sc = {24, 128, 2, 24, 16, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
+  run_scenario(&sc, 700, false);
 }
 END_TEST
 
@@ -745,6 +772,11 @@ Suite *cuda_ops_suite(void) {
   tcase_add_loop_test(tb, a_budget_below_the_world_loops_and_matches_the_oracle, 0,
                       (int)(sizeof budgets / sizeof budgets[0]));
   suite_add_tcase(s, tb);
+  TCase *tcr = tcase_create("crowd");
+  tcase_set_tags(tcr, "gpu");
+  tcase_set_timeout(tcr, 240);
+  tcase_add_test(tcr, ranks_crowding_one_gpu_stay_within_their_budgets_and_match_the_oracle);
+  suite_add_tcase(s, tcr);
   suite_add_tcase(s, cuda_ops_faults_tcase()); /* after threads, as it always ran */
   suite_add_tcase(s, cuda_ops_mask_tcase());
   suite_add_tcase(s, cuda_ops_split_tcase());
