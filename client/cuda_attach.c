@@ -65,13 +65,14 @@ static int warmup(dep_client_t *c) {
   CUresult r;
   double t0 = mono_ms();
   const struct cuops_job job = st->job;
+  const uint32_t grid = st->grid;
   st->job.world = 1;
   st->job.rank = 0;
   st->job.remote_mask = 0; /* no ring, no exchange region: nothing leaves this rank */
   st->job.slabs[0] = (uint8_t *)(uintptr_t)st->loop_slab;
   st->job.le = job.num_experts;
   st->job.kd = job.topk < job.num_experts ? job.topk : job.num_experts;
-  st->job.parts = 8;
+  st->grid = dep__kernel_grid(8, 1, &st->job.parts); /* 8 CTAs, a part each */
   st->job.dev = (struct cuops_dev *)(uintptr_t)st->loop_dev;
   int32_t *scr = (int32_t *)(uintptr_t)st->scratch;
   uint32_t nrecv = 0;
@@ -102,6 +103,7 @@ static int warmup(dep_client_t *c) {
       rc = cuda_ops_ll_combine(c, &lca, h, s);
   }
   st->job = job;
+  st->grid = grid;
   /* The warm-up's calls ran on its own world of one: the job's count of calls (dep_next_call)
    * is what it was. */
   c->ops.seq = seq;
@@ -487,8 +489,7 @@ int cuda_ops_attach(dep_client_t *c) {
   rc = sm_budget(c, &budget);
   if (rc != 0)
     return rc;
-  j->parts = budget / o->world;
-  j->parts = j->parts < 1 ? 1 : j->parts;
+  st->grid = dep__kernel_grid(budget, o->world, &j->parts);
   /* The dispatch senders' counts: one word per (destination, sender warp);
    * the warm-up's world of one (8 parts) needs at most this or 4 KiB. */
   if ((uint64_t)o->world * j->parts * CUOPS_WARPS * 4 + 4096 > st->tcnt_bytes)

@@ -313,9 +313,10 @@ static int tokens_ok(char *why, size_t len, uint32_t n, uint32_t max, const char
 
 #define IDX_ALIGN(t) ((t) == DEP_INDEX_I64 ? 8u : 4u)
 
-/* The grid of a communicating kernel (kabi.h: the SM budget). */
+/* The grid of a communicating kernel (kabi.h: the SM budget), at most the budget whatever
+ * the world: its CTAs loop over the units (dep__kernel_grid). */
 static unsigned comm_grid(const dep_client_t *c) {
-  return c->cuops.job.world * c->cuops.job.parts;
+  return c->cuops.grid;
 }
 
 /* A call refused before launch: counted in the stats page as the host path counts it (ops.c). */

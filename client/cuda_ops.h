@@ -90,6 +90,7 @@ struct cuops_state {
   void *stats_pinned;             /* the stats page as registered (cuda_ops_stats_bind), or NULL */
   void *ring_pinned;              /* the ring to the proxy and the exchange region after it, as
                                      registered (a job across nodes) */
+  uint32_t grid;                  /* CTAs of a communicating kernel (dep__kernel_grid) */
   struct cuops_job job;
 };
 

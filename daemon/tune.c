@@ -64,10 +64,10 @@ uint32_t tune_most_ctas(uint32_t sms, uint32_t ranks_per_gpu) {
   return cuops_most_ctas(sms > 1024 ? 1024 : (int)sms, ranks_per_gpu);
 }
 
-/* The kernels use budget / world CTAs per destination, at least 1. */
-static uint32_t tune_parts(uint32_t ctas, uint32_t world) {
-  uint32_t p = ctas / (world ? world : 1);
-  return p < 1 ? 1 : p;
+/* The CTAs a budget launches (dep__kernel_grid): two budgets of one grid run alike. */
+static uint32_t tune_grid(uint32_t ctas, uint32_t world) {
+  uint32_t parts;
+  return dep__kernel_grid(ctas, world, &parts);
 }
 
 unsigned tune_candidates(const struct tune_key *k, uint32_t out[TUNE_MAX_CANDS]) {
@@ -79,7 +79,7 @@ unsigned tune_candidates(const struct tune_key *k, uint32_t out[TUNE_MAX_CANDS])
     uint32_t b = want[i] < 1 ? 1 : want[i] > most ? most : want[i];
     bool dup = false;
     for (unsigned j = 0; j < n; j++)
-      dup |= tune_parts(out[j], k->world) == tune_parts(b, k->world);
+      dup |= tune_grid(out[j], k->world) == tune_grid(b, k->world);
     if (!dup)
       out[n++] = b;
   }

@@ -79,8 +79,9 @@ uint32_t tune_default_ctas(uint32_t sms, uint32_t ranks_per_gpu);
 uint32_t tune_most_ctas(uint32_t sms, uint32_t ranks_per_gpu);
 /*
  * The budgets worth timing for a key: the default, half and 1.5 and 2
- * times it, and the most, each at most the most, one per distinct number
- * of CTAs per destination (budget / world).  The default is first.  Returns
+ * times it, and the most, each at most the most, one per distinct grid
+ * (dep__kernel_grid: world * budget / world CTAs, or the budget where
+ * that is fewer than the world).  The default is first.  Returns
  * how many (1..TUNE_MAX_CANDS).
  */
 unsigned tune_candidates(const struct tune_key *k, uint32_t out[TUNE_MAX_CANDS]);

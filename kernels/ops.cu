@@ -8,12 +8,14 @@
  * ones in ops_ll.cuh, what both combines share in ops_combine.cuh, their
  * building blocks in ops_dev.cuh; here is the warm-up.
  *
- * Grid of every communicating kernel: world * P CTAs (P = J.parts, the SM
- * budget: client/cuda_attach.c).  CTA b first sends, as part b % P of the
- * rows for peer b / P, without waiting; then it receives: it waits,
+ * Grid of every communicating kernel: G = min(world * P, B) CTAs (P =
+ * J.parts, B the SM budget: kabi.h, client/cuda_attach.c), and world * P
+ * units of send work, unit u part u % P of the rows for peer u / P.  CTA b
+ * first sends units b, b + G, ... in turn (units, ops_dev.cuh), waiting
+ * only as a unit's own protocol does; then it receives: it waits,
  * bounded, for every source's flag and takes its share of the receive
- * work — in the low-latency ops a fixed share (part b % P of source
- * b / P's rows, or every gridDim.x-th token or row), in the throughput ops
+ * work — in the low-latency ops a fixed share (every gridDim.x-th token
+ * or row), in the throughput ops
  * rows or tokens claimed from a counter as each becomes ready (the row
  * marks of ops_rows.cuh).  Every CTA doing both halves keeps every warp
  * busy in each phase (a receiver-only CTA idles while the senders run).

@@ -231,9 +231,20 @@ struct call {
   bool skip; /* the context is broken: do nothing */
   uint64_t mask; /* the ranks masked for this call (cuops_mask), a bit each */
   uint32_t phase; /* CUOPS_WHOLE, CUOPS_SEND or CUOPS_RECV (kabi.h "Split calls") */
-  uint64_t gone; /* the destination that left the job while this CTA waited for its read
-                    (wait_taken), a bit: it is sent nothing */
+  uint64_t gone; /* the destinations of this CTA's units that left the job while it waited
+                    for their reads (wait_taken), a bit each: they are sent nothing */
 };
+
+/*
+ * The send work of a communicating kernel in units (kabi.h "SM budget"):
+ * world * parts of them, unit u part u % parts of the rows for destination
+ * u / parts.  CTA b sends units b, b + gridDim.x, b + 2 * gridDim.x, ...
+ * in that order: the grid is at most the rank's budget, fewer CTAs than
+ * units where the world is larger than it.
+ */
+__device__ __forceinline__ uint32_t units(const cuops_job &J) {
+  return J.world * J.parts;
+}
 
 /* Whether rank r is masked for the call (kabi.h "Masked ranks"). */
 __device__ __forceinline__ bool masked(const call &k, uint32_t r) {
@@ -415,20 +426,34 @@ __device__ __forceinline__ call call_begin(const cuops_job &J, uint32_t phase = 
   k.mask = s_mask;
   k.gone = 0;
   k.phase = phase;
-  /* CTA b of every communicating kernel writes into rank b / parts's slab alone (kabi.h, the
-   * SM budget), so it waits for that rank alone: one load in the steady state. */
+  /* A CTA writes into the slabs of its units' destinations alone (units, kabi.h "SM
+   * budget"), so it waits for those ranks alone, each unit's in turn: one load each in the
+   * steady state.  All of them here, before any unit is sent, rather than each before its
+   * unit: every thread of the CTA meets here, where the streamed kernels' sending warps have
+   * no barrier of their own, and no wait depends on this call (each is for a read of the call
+   * two before), so waiting for them in a row holds nothing back but this CTA's first send. */
   if (phase != CUOPS_RECV && !k.skip) {
     __shared__ uint32_t s_free;
-    if (threadIdx.x == 0)
-      s_free = wait_taken(J, k, op, blockIdx.x / J.parts);
+    __shared__ uint64_t s_gone;
+    if (threadIdx.x == 0) {
+      uint32_t got = TAKEN_FREE;
+      uint64_t gone = 0;
+      for (uint32_t u = blockIdx.x; got != TAKEN_FAILED && u < units(J); u += gridDim.x) {
+        const uint32_t d = u / J.parts, f = wait_taken(J, k, op, d);
+        got = f == TAKEN_FAILED ? f : got;
+        /* A destination that left is sent nothing (arrive), as the host backend's grown
+         * mask sends it nothing.  Not k.mask: the receive side meets it as one that left
+         * (it posts nothing of this call: its receive of the call two before never ran,
+         * so neither did this call's send), and every CTA must lay out its rows alike
+         * (ops_tp.cuh). */
+        gone |= f == TAKEN_LEFT ? 1ull << d : 0ull;
+      }
+      s_free = got;
+      s_gone = gone;
+    }
     __syncthreads();
     k.skip = s_free == TAKEN_FAILED;
-    /* A destination that left is sent nothing (arrive), as the host backend's grown mask
-     * sends it nothing.  Not k.mask: the receive side meets it as one that left (it posts
-     * nothing of this call: its receive of the call two before never ran, so neither did
-     * this call's send), and every CTA must lay out its rows alike (ops_tp.cuh). */
-    if (s_free == TAKEN_LEFT)
-      k.gone = 1ull << (blockIdx.x / J.parts);
+    k.gone = s_gone;
   }
   return k;
 }
@@ -613,8 +638,9 @@ __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, ui
 }
 
 /*
- * One lane of each of the `senders` warps or CTAs writing this rank's
- * block for destination d, once its part is written: the last to arrive
+ * One lane of each of the `senders` warps or units writing this rank's
+ * block for destination d (each of d's units' warps, or each of d's units:
+ * kabi.h "SM budget"), once its part is written: the last to arrive
  * publishes it.  For a local d that is posting the slot (post, with
  * header) or nothing (the throughput ops posted theirs first: header
  * false); for a remote d, pushing the out block's first `bytes` and
@@ -641,9 +667,9 @@ __device__ __forceinline__ void arrive(const cuops_job &J, const call &k, uint32
 }
 
 /*
- * Thread 0 of a sender CTA, after the CTA's writes for destination d: the
- * last of the J.parts CTAs sending to d publishes the slot and the flag
- * (through the proxy for a remote d: bytes of the block).
+ * Thread 0 of a sender CTA, after the CTA's writes for its unit of
+ * destination d: the last of d's J.parts units to arrive publishes the slot
+ * and the flag (through the proxy for a remote d: bytes of the block).
  */
 __device__ __forceinline__ void post(const cuops_job &J, const call &k, uint32_t d, uint32_t rows,
                                   uint32_t op, uint64_t ref_seq, uint32_t num_tokens,

@@ -350,8 +350,10 @@ TIMED_KERNEL deepepd::ll::dispatch(const cuops_job J, const cuops_ll_dispatch_ar
   const uint32_t op = OPS_OP_LL_DISPATCH | (a.fp8 ? OPS_OP_FP8 : 0u);
   call k = call_begin(J, a.phase, a.back, op);
   if (!k.skip) {
-    if (a.phase & CUOPS_SEND)
-      ll_dispatch_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts, op);
+    /* the CTA's units in turn (kabi.h "SM budget"): each begins and ends at a __syncthreads
+     * of the whole CTA, so the next one's shared counts start over */
+    for (uint32_t u = blockIdx.x; (a.phase & CUOPS_SEND) && u < units(J); u += gridDim.x)
+      ll_dispatch_send(J, a, k, u / J.parts, u % J.parts, op);
     if (a.phase & CUOPS_RECV)
       ll_dispatch_recv(J, a, k, blockIdx.x, gridDim.x, op);
   }
@@ -408,8 +410,8 @@ TIMED_KERNEL deepepd::ll::combine(const cuops_job J, const cuops_ll_combine_args
   const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
   const uint64_t hseq = *a.h.seq, vcap = (uint64_t)J.max_ll * J.kd;
   if (!k.skip) {
-    if (a.phase & CUOPS_SEND)
-      ll_combine_send(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts, hseq);
+    for (uint32_t u = blockIdx.x; (a.phase & CUOPS_SEND) && u < units(J); u += gridDim.x)
+      ll_combine_send(J, a, k, u / J.parts, u % J.parts, hseq); /* its units in turn */
     const uint32_t r = blockIdx.x, R = gridDim.x;
     if ((a.phase & CUOPS_RECV) &&
         combine_wait(J, k, OPS_OP_LL_COMBINE, hseq, a.h.ll_expect, r == 0, a.wait_cost)) {

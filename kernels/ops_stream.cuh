@@ -34,13 +34,22 @@
  * Deadlock: a sender that waits for credit must not hold back any
  * receiver, its own rank's or another's, for every rank's senders may be
  * waiting on every rank's receivers at once.  So a CTA's warps are
- * specialised: its first STREAM_SEND_WARPS warps send (the rows for rank
- * b / parts, as every CTA of a whole-block call does), the others receive
+ * specialised: its first STREAM_SEND_WARPS warps send (the CTA's units in
+ * turn, as every CTA of a whole-block call does), the others receive
  * (claiming from the grid's counter); all are resident (the SM budget,
  * kabi.h), so a receiver always runs.  Warps rather than CTAs, because the
- * grid, the SM budget and call_begin's wait for the one rank a CTA sends
+ * grid, the SM budget and call_begin's waits for the ranks a CTA sends
  * to stay what they are; interleaving sends and receives within a warp
  * would hold a sender's rows behind receives that wait for other ranks.
+ * A CTA with several units (a world above the budget) sends them one
+ * after the other, each to its end, and every CTA of every rank takes its
+ * units in ascending order: a unit that waits for credit from rank d
+ * waits on d's receivers, which wait for every source's unit of d (its
+ * post, its rows); a source not at its unit of d yet is at a unit of a
+ * lower-numbered rank (a CTA has several units only where P is 1), so no
+ * cycle of waits closes: the lowest rank still waited on always moves.  Each wait stays bounded and abort-aware
+ * (wait_credit), and a unit that ends early (its d left the job) hands on
+ * to the CTA's next.
  * A whole-block call keeps its kernels (every warp sends, then receives):
  * they are the same functions instantiated without the ring.
  *

@@ -216,32 +216,59 @@ __device__ __forceinline__ bool dispatch_rows(const cuops_job &J, const cuops_di
 }
 
 /*
- * Sender part `part` for rank d; false when the call failed.  A masked d
- * is sent nothing: no slot, no row (kabi.h "Masked ranks").  A cached
- * dispatch (a.cached) sends each token to the row its handle's dispatch
- * gave it (tp_pos), so it needs neither the counts nor the grid barrier:
- * the rows of a group of tokens are still contiguous, in token order.
- * RING (a streamed call, ops_stream.cuh): the CTA's first STREAM_SEND_WARPS
- * warps send, into d's channel as its credit allows; the others only meet
- * the grid with them, and return true.
+ * Step 1 of a dispatch unit (part `part` for rank d, dispatch_send): the
+ * calling sender warp counts its group's rows for d, lane i taking every
+ * 32nd of the group's tokens t0..t1, and marks which of them go to d
+ * (go_bits, a bit each).  first: the unit's first count, which also sets
+ * tp_pos to -1 where a token does not go to d and reads every id with rank
+ * 0's senders reporting bad ones; a count again (a CTA of several units
+ * whose bits are another unit's by now) only reads.
+ */
+__device__ __forceinline__ uint32_t dispatch_count(const cuops_job &J,
+                                                   const cuops_dispatch_args &a, const call &k,
+                                                   uint32_t d, uint32_t t0, uint32_t t1,
+                                                   uint32_t *go_bits, bool first) {
+  const uint32_t lane = threadIdx.x & 31u, K = J.topk;
+  uint32_t c = 0;
+  for (uint32_t b = t0; b < t1; b += 32) {
+    const uint32_t t = b + lane;
+    bool go = false;
+    for (uint32_t j = 0; t < t1 && j < K; j++) {
+      int64_t e = checked_id(J, a.idx, a.itype, (uint64_t)t * K + j, OPS_OP_DISPATCH,
+                             first && d == 0);
+      go |= e >= 0 && (uint64_t)e / J.le == d && !masked(k, d);
+    }
+    if (first && t < t1 && !go)
+      a.h.tp_pos[(uint64_t)t * J.world + d] = -1;
+    const uint32_t bits = __ballot_sync(FULL_MASK, go);
+    if (lane == 0)
+      go_bits[(b - t0) / 32] = bits;
+    c += __popc(bits);
+  }
+  __syncwarp(); /* lane 0's bits before every lane reads them */
+  return c;
+}
+
+/*
+ * A sender warp's share of unit u (part u % parts for rank d = u / parts,
+ * kabi.h "SM budget"), steps 1' (cached) or 2 (the counts met) and 3; false
+ * when a RING wait ended it: the call failed, or d left the job (nothing
+ * more goes to it).  recount: the counts of step 1 were met, but this
+ * warp's bits are of a later unit of its CTA (dispatch_count again).
  */
 template <bool RING>
-__device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_dispatch_args &a,
-                                              const call &k, uint32_t d, uint32_t part) {
+__device__ __forceinline__ bool dispatch_unit(const cuops_job &J, const cuops_dispatch_args &a,
+                                              const call &k, uint32_t u, uint32_t *go_bits,
+                                              bool recount) {
   constexpr uint32_t NW = RING ? STREAM_SEND_WARPS : CUOPS_WARPS; /* sender warps a CTA */
-  const uint32_t lane = threadIdx.x & 31u, K = J.topk, warp = threadIdx.x >> 5;
-  const bool sends = warp < NW;
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const uint32_t d = u / J.parts, part = u % J.parts;
   const uint32_t ng = J.parts * NW, g = part * NW + warp;
   const uint32_t gs = (a.num_tokens + ng - 1) / ng;
   const uint32_t t0 = min(g * gs, a.num_tokens), t1 = min(t0 + gs, a.num_tokens);
-  uint32_t *cnt = J.tcnt + (uint64_t)d * ng;
-  /* which of the group's tokens go to d, a bit each (the group is at most
-   * DEP_SHAPE_MAX_TOKENS / NW tokens: one part, the largest max_tokens_per_rank) */
-  __shared__ uint32_t s_go[DEP_SHAPE_MAX_TOKENS / 32];
-  uint32_t *go_bits = s_go + (sends ? warp : 0) * (DEP_SHAPE_MAX_TOKENS / NW / 32);
+  const uint32_t *cnt = J.tcnt + (uint64_t)d * ng; /* unit u's warps' counts from cnt + part * NW */
   uint32_t before = 0, all = 0; /* the rows before the group's, and to d in all */
-  if (a.cached && !sends)
-    return true;
+  __syncwarp(); /* every lane done with the bits of the unit before */
   if (a.cached) {
     /* 1'. the handle says which tokens go to d and where the group's rows start */
     bool first = true;
@@ -263,28 +290,8 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
     else if (g == 0 && lane == 0 && !masked(k, d))
       post_header(J, k, d, all, dispatch_op(a), *a.h.seq, a.num_tokens);
   } else {
-    /* 1. count the group's rows for d: lane i takes every 32nd token */
-    uint32_t c = 0;
-    for (uint32_t b = t0; sends && b < t1; b += 32) {
-      const uint32_t t = b + lane;
-      bool go = false; /* every id read: rank 0's senders report bad ones */
-      for (uint32_t j = 0; t < t1 && j < K; j++) {
-        int64_t e = checked_id(J, a.idx, a.itype, (uint64_t)t * K + j, OPS_OP_DISPATCH, d == 0);
-        go |= e >= 0 && (uint64_t)e / J.le == d && !masked(k, d);
-      }
-      if (t < t1 && !go)
-        a.h.tp_pos[(uint64_t)t * J.world + d] = -1;
-      const uint32_t bits = __ballot_sync(FULL_MASK, go);
-      if (lane == 0)
-        go_bits[(b - t0) / 32] = bits;
-      c += __popc(bits);
-    }
-    if (lane == 0 && sends)
-      cnt[g] = c;
-    if (!grid_meet(J, k, OPS_OP_DISPATCH))
-      return false;
-    if (!sends)
-      return true;
+    if (recount)
+      (void)dispatch_count(J, a, k, d, t0, t1, go_bits, false);
     /* 2. where the group's rows start: the rows of the groups before it */
     for (uint32_t i = lane; i < ng; i += 32) {
       uint32_t v = __ldcg(cnt + i);
@@ -305,10 +312,63 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
   /* 3. the rows, marked every few (RING: published, each once d has room for it) */
   const stream_post p = {all, dispatch_op(a), a.cached ? *a.h.seq : 0, a.num_tokens};
   if (!dispatch_rows<RING>(J, a, k, d, t0, t1, go_bits, before, p))
-    return RING; /* RING: d left the job, or the call failed (a sender's end either way) */
+    return false;
   __syncwarp();
   if (!RING && lane == 0) /* a remote d: the block goes to the proxy once every group's rows are in */
     arrive(J, k, d, ng, false, 0, dispatch_op(a), 0, a.num_tokens, (uint64_t)all * J.row_bytes);
+  return true;
+}
+
+/*
+ * The CTA's sends: its units in turn (kabi.h "SM budget"); false when the
+ * call failed.  A masked d is sent nothing: no slot, no row (kabi.h
+ * "Masked ranks").  Each of a unit's warps takes a contiguous group of
+ * tokens; it counts the group's rows for d (step 1), the whole grid meets
+ * once every unit is counted (every CTA is resident, kabi.h), and each
+ * group's rows start after the groups' before it.  A cached dispatch
+ * (a.cached) sends each token to the row its handle's dispatch gave it
+ * (tp_pos), so it needs neither the counts nor the grid barrier: the rows
+ * of a group of tokens are still contiguous, in token order.  RING (a
+ * streamed call, ops_stream.cuh): the CTA's first STREAM_SEND_WARPS warps
+ * send, into each d's channel as its credit allows, and go on to the next
+ * unit when one ends early (d left the job, or the call failed, which ends
+ * the later units' waits at their first look at the broken word), as CTAs
+ * of a unit each did; the others only meet the grid with them, and return
+ * true.
+ */
+template <bool RING>
+__device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_dispatch_args &a,
+                                              const call &k) {
+  constexpr uint32_t NW = RING ? STREAM_SEND_WARPS : CUOPS_WARPS; /* sender warps a CTA */
+  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const bool sends = warp < NW;
+  /* which of the group's tokens go to d, a bit each (the group is at most
+   * DEP_SHAPE_MAX_TOKENS / NW tokens: one part, the largest max_tokens_per_rank); one unit's
+   * at a time */
+  __shared__ uint32_t s_go[DEP_SHAPE_MAX_TOKENS / 32];
+  uint32_t *go_bits = s_go + (sends ? warp : 0) * (DEP_SHAPE_MAX_TOKENS / NW / 32);
+  const bool several = blockIdx.x + gridDim.x < units(J); /* this CTA sends more than one unit */
+  if (a.cached && !sends)
+    return true;
+  if (!a.cached) {
+    /* 1. every unit's groups counted (tcnt: a word per unit and sender warp), then the grid
+     * meets: each unit's warps read the counts of every unit of its d, any CTA's */
+    for (uint32_t u = blockIdx.x; sends && u < units(J); u += gridDim.x) {
+      const uint32_t d = u / J.parts, ng = J.parts * NW, g = (u % J.parts) * NW + warp;
+      const uint32_t gs = (a.num_tokens + ng - 1) / ng;
+      const uint32_t t0 = min(g * gs, a.num_tokens), t1 = min(t0 + gs, a.num_tokens);
+      const uint32_t c = dispatch_count(J, a, k, d, t0, t1, go_bits, true);
+      if (lane == 0)
+        J.tcnt[(uint64_t)d * ng + g] = c;
+    }
+    if (!grid_meet(J, k, OPS_OP_DISPATCH))
+      return false;
+    if (!sends)
+      return true;
+  }
+  for (uint32_t u = blockIdx.x; u < units(J); u += gridDim.x)
+    if (!dispatch_unit<RING>(J, a, k, u, go_bits, several) && !RING)
+      return false;
   return true;
 }
 
@@ -472,7 +532,7 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
 
 TIMED_KERNEL deepepd::dispatch(const cuops_job J, const cuops_dispatch_args a) {
   call k = call_begin(J);
-  if (!k.skip && dispatch_send<false>(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts))
+  if (!k.skip && dispatch_send<false>(J, a, k))
     dispatch_recv<false>(J, a, k);
   call_end(J, k, DEP_STATS_OP_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, a.fp8 != 0));
 }
@@ -480,7 +540,7 @@ TIMED_KERNEL deepepd::dispatch(const cuops_job J, const cuops_dispatch_args a) {
 /* A job that streams (ops_stream.cuh): the same, each CTA's warps sending or receiving. */
 TIMED_KERNEL deepepd::dispatch_stream(const cuops_job J, const cuops_dispatch_args a) {
   call k = call_begin(J);
-  if (!k.skip && dispatch_send<true>(J, a, k, blockIdx.x / J.parts, blockIdx.x % J.parts) &&
+  if (!k.skip && dispatch_send<true>(J, a, k) &&
       threadIdx.x >= STREAM_RECV_BASE)
     dispatch_recv<true>(J, a, k);
   call_end(J, k, DEP_STATS_OP_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, a.fp8 != 0));
@@ -648,42 +708,52 @@ __device__ __forceinline__ void combine_claim(const cuops_job &J, const cuops_co
   }
 }
 
-/* As dispatch: CTA b sends part b % P of the rows back to rank b / P (its
- * count posted first, rows marked as they land), then every warp claims
- * tokens to sum from the grid's counter, each as soon as its rows are
- * marked. */
+/* Unit u of a whole-block combine's sends (kabi.h "SM budget"), every warp
+ * of the CTA: part u % P of the rows back to rank d = u / P, its count
+ * posted first, rows marked as they land, then (a remote d) the block to
+ * the proxy once every warp of d's units is in.  Rows from source d are
+ * contiguous in x, sources ascending: each goes back to row j of d's
+ * block, in the order they came. */
+__device__ __forceinline__ void combine_send(const cuops_job &J, const cuops_combine_args &a,
+                                             const call &k, uint32_t u, uint32_t op,
+                                             uint64_t hseq) {
+  const uint32_t h = J.hidden, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+  const uint32_t d = u / J.parts, part = u % J.parts;
+  const uint32_t stride = J.parts * CUOPS_WARPS, group = stride * COMBINE_MARK_EVERY;
+  uint32_t off = 0;
+  for (uint32_t s = 0; s < d; s++)
+    off += a.h.tp_from[s];
+  const bool dead = masked(k, d); /* nothing goes back to a masked rank */
+  const uint32_t n = dead ? 0 : a.h.tp_from[d];
+  if (part == 0 && threadIdx.x == 0 && !dead)
+    post_header(J, k, d, n, op, hseq, a.num_tokens);
+  uint8_t *blk = send_block(J, k.parity, d);
+  const uint32_t K = J.topk;
+  for (uint32_t g = part * CUOPS_WARPS + warp; g < n; g += group) {
+    const uint32_t end = g + group < n ? g + group : n;
+    for (uint32_t j = g; j < end; j += stride) {
+      uint8_t *row = blk + (uint64_t)j * J.row_bytes;
+      warp_copy(row, (const uint8_t *)a.x + ((uint64_t)off + j) * h * 2, 2ull * h);
+      if (a.ow != NULL && lane < K) /* the weights where a dispatch row has them */
+        ((float *)(row + 2ull * h + 16 + 4ull * K))[lane] = a.w[((uint64_t)off + j) * K + lane];
+    }
+    mark_rows(J, k, blk, g, stride, end);
+  }
+  __syncwarp();
+  if (lane == 0) /* a remote d: the block goes to the proxy once every warp's rows are in */
+    arrive(J, k, d, stride, false, 0, op, hseq, a.num_tokens, (uint64_t)n * J.row_bytes);
+}
+
+/* As dispatch: the CTA sends its units in turn (combine_send), then every
+ * warp claims tokens to sum from the grid's counter, each as soon as its
+ * rows are marked. */
 TIMED_KERNEL deepepd::combine(const cuops_job J, const cuops_combine_args a) {
   call k = call_begin(J);
-  const uint32_t h = J.hidden, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
   const uint64_t hseq = *a.h.seq;
   if (!k.skip) {
-    /* Rows from source d are contiguous in x, sources ascending: send each
-     * back to row j of d's block, in the order they came. */
-    const uint32_t d = blockIdx.x / J.parts, part = blockIdx.x % J.parts;
-    const uint32_t stride = J.parts * CUOPS_WARPS, group = stride * COMBINE_MARK_EVERY;
-    uint32_t off = 0;
-    for (uint32_t s = 0; s < d; s++)
-      off += a.h.tp_from[s];
-    const bool dead = masked(k, d); /* nothing goes back to a masked rank */
-    const uint32_t n = dead ? 0 : a.h.tp_from[d];
     const uint32_t op = OPS_OP_COMBINE | (a.ow != NULL ? OPS_OP_WEIGHTS : 0u);
-    if (part == 0 && threadIdx.x == 0 && !dead)
-      post_header(J, k, d, n, op, hseq, a.num_tokens);
-    uint8_t *blk = send_block(J, k.parity, d);
-    const uint32_t K = J.topk;
-    for (uint32_t g = part * CUOPS_WARPS + warp; g < n; g += group) {
-      const uint32_t end = g + group < n ? g + group : n;
-      for (uint32_t j = g; j < end; j += stride) {
-        uint8_t *row = blk + (uint64_t)j * J.row_bytes;
-        warp_copy(row, (const uint8_t *)a.x + ((uint64_t)off + j) * h * 2, 2ull * h);
-        if (a.ow != NULL && lane < K) /* the weights where a dispatch row has them */
-          ((float *)(row + 2ull * h + 16 + 4ull * K))[lane] = a.w[((uint64_t)off + j) * K + lane];
-      }
-      mark_rows(J, k, blk, g, stride, end);
-    }
-    __syncwarp();
-    if (lane == 0) /* a remote d: the block goes to the proxy once every warp's rows are in */
-      arrive(J, k, d, stride, false, 0, op, hseq, a.num_tokens, (uint64_t)n * J.row_bytes);
+    for (uint32_t u = blockIdx.x; u < units(J); u += gridDim.x)
+      combine_send(J, a, k, u, op, hseq);
     if (combine_wait(J, k, op, hseq, a.h.tp_sent, blockIdx.x == 0))
       combine_claim<false>(J, a, k);
   }
@@ -691,14 +761,15 @@ TIMED_KERNEL deepepd::combine(const cuops_job J, const cuops_combine_args a) {
 }
 
 /*
- * A streamed combine's sending warps (ops_stream.cuh): CTA b's send part
- * b % P of the rows back to rank b / P, its count posted first, each row
- * into d's channel once d has room for it, stamped every few.
+ * A streamed combine's sending warps (ops_stream.cuh), for unit u: part
+ * u % P of the rows back to rank d = u / P, its count posted first, each
+ * row into d's channel once d has room for it, stamped every few.
  */
 __device__ __forceinline__ void combine_send_ring(const cuops_job &J, const cuops_combine_args &a,
-                                                  const call &k, uint32_t op, uint64_t hseq) {
+                                                  const call &k, uint32_t u, uint32_t op,
+                                                  uint64_t hseq) {
   const uint32_t h = J.hidden, K = J.topk, lane = threadIdx.x & 31u;
-  const uint32_t d = blockIdx.x / J.parts, part = blockIdx.x % J.parts;
+  const uint32_t d = u / J.parts, part = u % J.parts;
   const uint32_t stride = J.parts * STREAM_SEND_WARPS, mine = part * STREAM_SEND_WARPS +
                                                               (threadIdx.x >> 5);
   uint32_t off = 0;
@@ -736,8 +807,12 @@ TIMED_KERNEL deepepd::combine_stream(const cuops_job J, const cuops_combine_args
   const uint64_t hseq = *a.h.seq;
   const uint32_t op = OPS_OP_COMBINE | (a.ow != NULL ? OPS_OP_WEIGHTS : 0u);
   if (!k.skip) {
+    /* the sending warps: the CTA's units in turn, each to its end or to its early end (d
+     * left the job, or the call failed, which ends the later units' waits at their first
+     * look at the broken word), as CTAs of a unit each did */
     if (threadIdx.x < STREAM_RECV_BASE)
-      combine_send_ring(J, a, k, op, hseq);
+      for (uint32_t u = blockIdx.x; u < units(J); u += gridDim.x)
+        combine_send_ring(J, a, k, u, op, hseq);
     else if (combine_wait<true>(J, k, op, hseq, a.h.tp_sent, blockIdx.x == 0))
       combine_claim<true>(J, a, k);
   }

@@ -81,18 +81,24 @@
  *     CUOPS_ABORT_POLL_NS also reads the live bits (left_since): a source
  *     masked since the call began is skipped for the rest of it (its rows
  *     0, its contributions to a combine zero), as on the host backend.
- *   - SM budget: every communicating kernel is world * P CTAs of
- *     CUOPS_THREADS threads, each of which first sends (part of the rows
- *     for one peer) then receives (in the throughput ops, work claimed
- *     from a counter, so that CTAs done sending early receive while others
- *     still push across NVLink).  P = max(1, B / world), where B, the
+ *   - SM budget: every communicating kernel's sends are world * P units
+ *     (unit u: part u % P of the rows for peer u / P) and its grid is
+ *     G = min(world * P, B) CTAs of CUOPS_THREADS threads
+ *     (dep__kernel_grid, sm_budget.h).  CTA b first sends units b, b + G,
+ *     b + 2G, ... in turn, then receives (in the throughput ops, work
+ *     claimed from a counter, so that CTAs done sending early receive
+ *     while others still push across NVLink).  Every CTA of a kernel must
+ *     be resident at once (grid barriers; every rank waits on every rank),
+ *     so the grid is never larger than B, whatever the world: a world
+ *     above B loops rather than grows.  P = max(1, B / world), where B, the
  *     rank's budget, is the GPU's SMs divided by the job's ranks on that
  *     GPU, at most CUOPS_MAX_CTAS: ranks sharing one GPU all fit at once
  *     (8 ranks on 132 SMs: 16 CTAs each), and a rank alone on its GPU
  *     leaves the rest of it to the trainer's kernels.  $DEEPEP_KERNEL_CTAS
  *     sets B for every rank (at most CUOPS_CTAS_PER_SM * SMs / ranks on the
- *     GPU, so that all stay resident).  "Ranks on the GPU" are the job's
- *     ranks that this rank's daemon holds there: daemons that share one GPU
+ *     GPU, so that all stay resident; below the world too).  "Ranks on the
+ *     GPU" are the job's ranks that this rank's daemon holds there: daemons
+ *     that share one GPU
  *     (a test of nodes on one machine) do not see each other's, and must
  *     be given a budget that fits them all.  Each lane keeps
  *     several 16-byte loads in flight (ops_dev.cuh), since a copy with one

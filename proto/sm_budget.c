@@ -45,3 +45,11 @@ int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, c
   *out = (uint32_t)v;
   return 0;
 }
+
+uint32_t dep__kernel_grid(uint32_t budget, uint32_t world, uint32_t *parts) {
+  budget = budget < 1 ? 1 : budget;
+  world = world < 1 ? 1 : world;
+  *parts = budget / world < 1 ? 1 : budget / world;
+  const uint64_t units = (uint64_t)world * *parts;
+  return units < budget ? (uint32_t)units : budget;
+}

@@ -26,4 +26,14 @@ int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, c
 /* The largest budget of a rank that keeps every one of the `sharing` ranks resident. */
 uint32_t cuops_most_ctas(int sms, uint32_t sharing);
 
+/*
+ * The grid of a communicating kernel of a rank with `budget` CTAs in a job
+ * of `world` ranks (kabi.h "SM budget"): *parts, the units a destination's
+ * rows are split into, max(1, budget / world), and the CTAs, world * parts
+ * or budget where that is fewer (a world larger than the budget: each CTA
+ * sends several units in turn).  Never more CTAs than the budget, nor
+ * than units.
+ */
+uint32_t dep__kernel_grid(uint32_t budget, uint32_t world, uint32_t *parts);
+
 #endif /* DEP_SM_BUDGET_H */

@@ -531,6 +531,41 @@ START_TEST(kernel_ctas_override_is_bounded_and_refused_clearly) {
 END_TEST
 
 /*
+ * The grid of a communicating cuda kernel (dep__kernel_grid, kabi.h "SM
+ * budget"), without a GPU: never more CTAs than the rank's budget,
+ * whatever the world (the old grid was world * parts, at least the world:
+ * 16 ranks sharing one H100 under MPS, budget 8 each, launched 16 CTAs
+ * each, 256 of the GPU's 264 resident places), and where the world fits the
+ * budget the grid is what it was, world * parts with parts = budget / world.
+ */
+START_TEST(kernel_grid_never_exceeds_the_budget) {
+  uint32_t parts = 0;
+  ck_assert_uint_eq(dep__kernel_grid(8, 16, &parts), 8); /* 16 ranks on one H100 */
+  ck_assert_uint_eq(parts, 1);
+  ck_assert_uint_eq(dep__kernel_grid(2, 8, &parts), 2); /* $DEEPEP_KERNEL_CTAS=2 at world 8 */
+  ck_assert_uint_eq(parts, 1);
+  ck_assert_uint_eq(dep__kernel_grid(1, 4, &parts), 1);
+  ck_assert_uint_eq(parts, 1);
+  ck_assert_uint_eq(dep__kernel_grid(96, 1024, &parts), 96); /* a world no GPU holds a CTA of each */
+  ck_assert_uint_eq(parts, 1);
+  ck_assert_uint_eq(dep__kernel_grid(96, 8, &parts), 96); /* 12 parts a destination, as before */
+  ck_assert_uint_eq(parts, 12);
+  ck_assert_uint_eq(dep__kernel_grid(16, 6, &parts), 12); /* 2 parts; 4 CTAs of the budget unused */
+  ck_assert_uint_eq(parts, 2);
+  for (uint32_t b = 1; b <= 2 * CUOPS_MAX_CTAS; b++)
+    for (uint32_t w = 1; w <= 2 * CUOPS_MAX_RANKS; w++) {
+      const uint32_t g = dep__kernel_grid(b, w, &parts);
+      ck_assert_uint_eq(parts, b / w < 1 ? 1 : b / w);
+      ck_assert_msg(g >= 1 && g <= b && g <= w * parts, "budget %u world %u: grid %u", b, w, g);
+      if (b >= w) /* it fits: one unit a CTA, as before */
+        ck_assert_uint_eq(g, w * parts);
+      else /* each CTA loops over the units b apart */
+        ck_assert_uint_eq(g, b);
+    }
+}
+END_TEST
+
+/*
  * The slab's private area (slab.h) holds the cuda library's operation
  * memory, carved by one function (dep__slab_priv) whose end is the area's
  * size: without a GPU, for shapes at the ends of every range, the parts
@@ -755,6 +790,7 @@ Suite *client_suite(void) {
   tcase_add_test(local, the_shipped_library_and_programs_carry_no_test_oracle);
   tcase_add_test(local, the_man_page_synopsis_lists_every_exported_function);
   tcase_add_test(local, kernel_ctas_override_is_bounded_and_refused_clearly);
+  tcase_add_test(local, kernel_grid_never_exceeds_the_budget);
   tcase_add_test(local, the_operations_memory_fits_every_slabs_private_area);
   suite_add_tcase(s, local);
 

@@ -7,8 +7,10 @@
  * bit, sums bit for bit against the host backend's float32 order (and within
  * the oracle's bound).  Outputs are poisoned before every call, so an
  * unwritten element or a write past the valid count fails.  Also: 240
- * calls back to back, and every op through a handle in memory the caller
- * lends (dep_handle_new_in).  The suite's faults case (a rank that never
+ * calls back to back, every op through a handle in memory the caller
+ * lends (dep_handle_new_in), (case budget) every op on a budget below
+ * the world, each CTA sending to several ranks in turn, and (case crowd)
+ * more ranks on one GPU than it could hold a CTA of each to each.  The suite's faults case (a rank that never
  * calls, a rank gone, bad ids and arguments) is check_cuda_ops_faults.c's,
  * its masks case (masked ranks skipped) check_cuda_ops_mask.c's, its split
  * case (low-latency calls split into send and receive) check_cuda_ops_split.c's.
@@ -34,6 +36,7 @@
 #include "host_ops.h"
 #include "opsworld.h"
 #include "ref.h"
+#include "sm_budget.h"
 #include "cudaranks.h"
 #include "check_cuda_ops.h"
 #include "cudarounds.h"
@@ -101,6 +104,32 @@ static void run_scenario(const struct ow_scenario *sc, int salt, bool threads) {
 START_TEST(ranks_as_processes_match_the_oracle) {
   CR_NEEDS_GPU();
   run_scenario(&scenarios[_i], _i, false);
+}
+END_TEST
+
+/*
+ * 24 rank processes on one GPU under MPS (DeepEP's test_internode.py on one
+ * GPU runs 16): each rank's budget is 132 / 24 = 5 CTAs on an H100 or
+ * H200, and its kernels launch that many (kabi.h "SM budget"), 120 in all,
+ * every one resident at once.  On the old code each kernel was 24 CTAs, one
+ * a destination whatever the budget: 576 of the 264 such a GPU holds at
+ * once (two an SM), so a rank's dispatch waited at its grid barrier for
+ * CTAs that could not start until the op timeout.  Every op as the oracle
+ * says.  Needs MPS: without it the 24 contexts take turns on the GPU.
+ */
+START_TEST(ranks_crowding_one_gpu_stay_within_their_budgets_and_match_the_oracle) {
+  struct tu_gpus g;
+  if (!cr_gpu_probe(__func__, &g))
+    return;
+  if (!g.mps) {
+    tu_skip(__func__, "24 ranks on one GPU need MPS (without it their contexts take turns); "
+            "run this test under MPS");
+    return;
+  }
+  /* All on GPU 0 whatever DEP_TEST_GPUS says (this test runs in a process of its own). */
+  setenv("DEP_TEST_GPUS", "1", 1);
+  static const struct ow_scenario sc = {24, 128, 2, 24, 16, 16, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
+  run_scenario(&sc, 700, false);
 }
 END_TEST
 
@@ -360,20 +389,62 @@ static const struct ow_scenario ext_scenarios[] = {
 
 /* FP8 dispatch, num_worst_tokens (no synchronisation), expert_alignment, cached mode and a
  * weighted combine: each against the oracle, bit for bit. */
-START_TEST(throughput_extensions_match_the_oracle) {
-  CR_NEEDS_GPU();
-  ow_seed_init(200 + (uint64_t)_i);
+static void run_ext(const struct ow_scenario *sc, int salt) {
+  ow_seed_init((uint64_t)salt);
   struct ext_gpu *e = malloc(sizeof *e);
   ck_assert_ptr_nonnull(e);
-  ext_gpu_make(e, &ext_scenarios[_i]);
+  ext_gpu_make(e, sc);
   struct cr_world w;
   cr_world_start(&w, NULL);
   char job[32];
-  snprintf(job, sizeof job, "ext-%d", _i);
+  snprintf(job, sizeof job, "ext-%d", salt);
   cr_run_procs(&w, job, &e->d.shape, e->d.sc.world, ext_gpu_body, e, e->d.desc);
   cr_world_stop(&w);
   ext_gpu_free(e);
   free(e);
+}
+
+START_TEST(throughput_extensions_match_the_oracle) {
+  CR_NEEDS_GPU();
+  run_ext(&ext_scenarios[_i], 200 + _i);
+}
+END_TEST
+
+/* ---- a budget below the world ------------------------------------------------------------ */
+
+/*
+ * $DEEPEP_KERNEL_CTAS below the world (kabi.h "SM budget"): the grid is the
+ * budget's CTAs, each sending to several ranks in turn (a world of 3 on 2
+ * CTAs: CTA 0 sends to ranks 0 and 2, CTA 1 to rank 1; of 8 on 1: all 8),
+ * then receiving its share.  Every op, low-latency ones included, and the
+ * throughput extensions (FP8, num_worst_tokens, alignment, cached, a
+ * weighted combine), as the oracle says, twice, bit for bit.
+ */
+static const struct {
+  bool ext; /* ext_scenarios[sc], else scenarios[sc] */
+  uint32_t sc;
+  const char *ctas;
+} budgets[] = {
+  {false, 5, "2"},  /* world 3: units not a multiple of the grid */
+  {false, 6, "2"},  /* world 4, FP8 */
+  {false, 8, "1"},  /* world 4, every row to one rank, one CTA */
+  {false, 11, "2"}, /* world 8, mixed tokens */
+  {false, 12, "1"}, /* world 8, hidden 7168, one CTA */
+  {false, 13, "2"}, /* world 8, duplicate ids */
+  {false, 17, "2"}, /* DeepEP's test_low_latency.py's defaults */
+  {true, 2, "2"},   /* world 4, the extensions */
+  {true, 3, "1"},   /* world 8, hidden 7168, the extensions on one CTA */
+};
+
+START_TEST(a_budget_below_the_world_loops_and_matches_the_oracle) {
+  CR_NEEDS_GPU();
+  setenv(CUOPS_CTAS_ENV, budgets[_i].ctas, 1); /* the rank processes inherit it */
+  printf("cuda_ops budget: " CUOPS_CTAS_ENV "=%s\n", budgets[_i].ctas);
+  if (budgets[_i].ext)
+    run_ext(&ext_scenarios[budgets[_i].sc], 600 + _i);
+  else
+    run_scenario(&scenarios[budgets[_i].sc], 600 + _i, false);
+  unsetenv(CUOPS_CTAS_ENV);
 }
 END_TEST
 
@@ -694,11 +765,24 @@ Suite *cuda_ops_suite(void) {
   tcase_add_loop_test(th, ranks_as_threads_of_one_process_match_the_oracle, 0,
                       (int)(sizeof thread_scenarios / sizeof thread_scenarios[0]));
   suite_add_tcase(s, th);
+  /* Its own case, so that a GPU pass can run it alone (CK_RUN_CASE=budget). */
+  TCase *tb = tcase_create("budget");
+  tcase_set_tags(tb, "gpu");
+  tcase_set_timeout(tb, 240);
+  tcase_add_loop_test(tb, a_budget_below_the_world_loops_and_matches_the_oracle, 0,
+                      (int)(sizeof budgets / sizeof budgets[0]));
+  suite_add_tcase(s, tb);
+  TCase *tcr = tcase_create("crowd");
+  tcase_set_tags(tcr, "gpu");
+  tcase_set_timeout(tcr, 240);
+  tcase_add_test(tcr, ranks_crowding_one_gpu_stay_within_their_budgets_and_match_the_oracle);
+  suite_add_tcase(s, tcr);
   suite_add_tcase(s, cuda_ops_faults_tcase()); /* after threads, as it always ran */
   suite_add_tcase(s, cuda_ops_mask_tcase());
   suite_add_tcase(s, cuda_ops_split_tcase());
   suite_add_tcase(s, cuda_ops_stream_tcase());
   suite_add_tcase(s, cuda_ops_stream_lend_tcase());
+  suite_add_tcase(s, cuda_ops_stream_budget_tcase());
   TCase *ts = tcase_create("timesliced");
   tcase_set_tags(ts, "gpu");
   tcase_set_timeout(ts, 240);

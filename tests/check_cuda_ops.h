@@ -23,6 +23,9 @@ TCase *cuda_ops_split_tcase(void);
  * (check_cuda_ops_stream.c). */
 TCase *cuda_ops_stream_tcase(void);
 TCase *cuda_ops_stream_lend_tcase(void);
+/* The stream_budget case, tagged gpu: streams on a budget below the world
+ * (check_cuda_ops_stream.c). */
+TCase *cuda_ops_stream_budget_tcase(void);
 
 /* A case with FP8 inputs (any bytes, with scales) and their oracle beside the bf16 ones
  * (check_cuda_ops.c), for the throughput extensions' rounds (ext_gpu_body: FP8 dispatch,

@@ -11,7 +11,8 @@
  * taken in any order, credited in order); a receiver that comes late to every call (its senders wait for its
  * credit and overwrite nothing); a rank whose process ends while its peer
  * streams to it (DEP_ERR_PEER through the daemon's abort words, never a
- * hang).  A job across daemons that stream is suite xnode_stream's
+ * hang).  Its stream_budget case streams on a budget below the world
+ * ($DEEPEP_KERNEL_CTAS: each CTA sends to several ranks in turn).  A job across daemons that stream is suite xnode_stream's
  * (check_xnode_stream.c); the stream_lend case, which needs no GPU, checks
  * the layout such a job is lent.  Tagged "gpu" and run as
  * check_cuda_ops.c says: each test skips, saying why, unless
@@ -31,6 +32,7 @@
 #include "deepep.h"
 #include "opsworld.h"
 #include "slab.h"
+#include "sm_budget.h"
 
 /* The chunks every case streams in: one row, three, and sixteen. */
 static const uint32_t chunks[] = {1, 3, 16};
@@ -64,11 +66,9 @@ static const struct ow_scenario scenarios[] = {
 /* Every scenario in every chunk: layout, dispatch and combine (and the low-latency calls, which
  * share the blocks) as the oracle says, twice, bit for bit; on the old daemon the attach was
  * refused (DEP_ERR_UNSUPPORTED: only the host backend streamed). */
-START_TEST(every_op_streams_through_channels_as_the_oracle_says) {
-  CR_NEEDS_GPU();
-  const struct ow_scenario *sc = &scenarios[(uint32_t)_i % N_SCENARIOS];
-  const uint32_t chunk = chunks[(uint32_t)_i / N_SCENARIOS];
-  ow_seed_init(4000 + (uint64_t)_i);
+static void stream_case(const struct ow_scenario *sc, uint32_t chunk, int salt,
+                        const char *what) {
+  ow_seed_init((uint64_t)salt);
   struct ow_case *d = malloc(sizeof *d);
   ck_assert_ptr_nonnull(d);
   ow_case_make(d, sc, sc->fp8);
@@ -77,14 +77,20 @@ START_TEST(every_op_streams_through_channels_as_the_oracle_says) {
   struct cr_world w;
   cr_world_start(&w, yaml);
   struct cr_rounds a = {d, 1, 2};
-  snprintf(job, sizeof job, "stream-%d", _i);
+  snprintf(job, sizeof job, "stream-%d", salt);
   const uint64_t t0 = cr_ms_now();
   cr_run_procs(&w, job, &d->shape, sc->world, cr_body_rounds, &a, d->desc);
-  printf("cuda_ops stream: chunks of %u rows: %s: ok in %llu ms\n", chunk, d->desc,
+  printf("cuda_ops stream: chunks of %u rows%s: %s: ok in %llu ms\n", chunk, what, d->desc,
          (unsigned long long)(cr_ms_now() - t0));
   cr_world_stop(&w);
   ow_case_free(d);
   free(d);
+}
+
+START_TEST(every_op_streams_through_channels_as_the_oracle_says) {
+  CR_NEEDS_GPU();
+  stream_case(&scenarios[(uint32_t)_i % N_SCENARIOS], chunks[(uint32_t)_i / N_SCENARIOS],
+              4000 + _i, "");
 }
 END_TEST
 
@@ -99,23 +105,64 @@ static const struct ow_scenario ext_scenarios[] = {
 
 /* FP8 dispatch, num_worst_tokens, expert_alignment, cached mode and a weighted combine through
  * the channels: each as the oracle says, bit for bit (check_cuda_ops.c ext_gpu_body). */
-START_TEST(throughput_extensions_stream_as_the_oracle_says) {
-  CR_NEEDS_GPU();
-  const uint32_t chunk = chunks[(uint32_t)_i / N_EXT];
-  ow_seed_init(4200 + (uint64_t)_i);
+static void stream_ext_case(const struct ow_scenario *sc, uint32_t chunk, int salt,
+                            const char *what) {
+  ow_seed_init((uint64_t)salt);
   struct ext_gpu *e = malloc(sizeof *e);
   ck_assert_ptr_nonnull(e);
-  ext_gpu_make(e, &ext_scenarios[(uint32_t)_i % N_EXT]);
+  ext_gpu_make(e, sc);
   char yaml[64], job[32];
   stream_yaml(&e->d, chunk, yaml, sizeof yaml);
   struct cr_world w;
   cr_world_start(&w, yaml);
-  snprintf(job, sizeof job, "stream-ext-%d", _i);
+  snprintf(job, sizeof job, "stream-ext-%d", salt);
   cr_run_procs(&w, job, &e->d.shape, e->d.sc.world, ext_gpu_body, e, e->d.desc);
-  printf("cuda_ops stream: extensions, chunks of %u rows: %s: ok\n", chunk, e->d.desc);
+  printf("cuda_ops stream: extensions, chunks of %u rows%s: %s: ok\n", chunk, what, e->d.desc);
   cr_world_stop(&w);
   ext_gpu_free(e);
   free(e);
+}
+
+START_TEST(throughput_extensions_stream_as_the_oracle_says) {
+  CR_NEEDS_GPU();
+  stream_ext_case(&ext_scenarios[(uint32_t)_i % N_EXT], chunks[(uint32_t)_i / N_EXT], 4200 + _i,
+                  "");
+}
+END_TEST
+
+/*
+ * A budget below the world ($DEEPEP_KERNEL_CTAS, kabi.h "SM budget"): each
+ * CTA's sending warps send to several ranks in turn, each stream to its
+ * end, while its receiving warps take what every rank streams here (a
+ * world of 8 on 2 CTAs: 4 destinations a CTA; on 1: all 8).  As the
+ * oracle says, bit for bit; a unit that held its CTA's next one back on a
+ * receiver that waits for that next one would hang to the op timeout.
+ */
+static const struct {
+  bool ext; /* ext_scenarios[sc] (the throughput extensions), else scenarios[sc] */
+  uint32_t sc, chunk;
+  const char *ctas;
+} budgets[] = {
+  {false, 2, 3, "2"},  /* world 4, hidden 7168, FP8 */
+  {false, 4, 3, "1"},  /* world 4, 512 tokens to one expert: one CTA laps every channel */
+  {false, 5, 1, "2"},  /* world 8, chunks of one row */
+  {false, 7, 16, "1"}, /* world 8, duplicate ids, one CTA */
+  {false, 6, 3, "2"},  /* world 8, no tokens */
+  {true, 1, 3, "2"},   /* world 4, the extensions (cached: no grid barrier) */
+  {true, 2, 1, "1"},   /* world 8, hidden 7168, the extensions on one CTA */
+};
+#define N_BUDGETS (sizeof budgets / sizeof budgets[0])
+
+START_TEST(streams_on_a_budget_below_the_world_as_the_oracle_says) {
+  CR_NEEDS_GPU();
+  char what[48];
+  snprintf(what, sizeof what, ", " CUOPS_CTAS_ENV "=%s", budgets[_i].ctas);
+  setenv(CUOPS_CTAS_ENV, budgets[_i].ctas, 1); /* the rank processes inherit it */
+  if (budgets[_i].ext)
+    stream_ext_case(&ext_scenarios[budgets[_i].sc], budgets[_i].chunk, 4600 + _i, what);
+  else
+    stream_case(&scenarios[budgets[_i].sc], budgets[_i].chunk, 4500 + _i, what);
+  unsetenv(CUOPS_CTAS_ENV);
 }
 END_TEST
 
@@ -276,5 +323,15 @@ TCase *cuda_ops_stream_tcase(void) {
   tcase_add_loop_test(t, rows_that_lap_their_channels_many_times_arrive_as_the_oracle_says, 0, 2);
   tcase_add_test(t, a_late_receiver_holds_its_senders_back_and_loses_nothing);
   tcase_add_test(t, a_rank_whose_process_ends_mid_stream_fails_its_peer_through_the_daemon);
+  return t;
+}
+
+/* Its own case, so that a GPU pass can run it alone (CK_RUN_CASE=stream_budget). */
+TCase *cuda_ops_stream_budget_tcase(void) {
+  TCase *t = tcase_create("stream_budget");
+  tcase_set_tags(t, "gpu");
+  tcase_set_timeout(t, 240);
+  tcase_add_loop_test(t, streams_on_a_budget_below_the_world_as_the_oracle_says, 0,
+                      (int)N_BUDGETS);
   return t;
 }

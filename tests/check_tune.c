@@ -58,7 +58,7 @@ static int failing_run(void *arg, struct tune_entry *e, char *why, size_t whylen
 }
 static const struct tune_measure fake = {fake_run, NULL}, failing = {failing_run, NULL};
 
-START_TEST(the_candidates_are_the_default_and_its_multiples_one_per_ctas_per_destination) {
+START_TEST(the_candidates_are_the_default_and_its_multiples_one_per_grid) {
   uint32_t c[TUNE_MAX_CANDS];
   /* 8 ranks on one 132-SM GPU: default 16 (2 per destination), at most 33 (4 per destination). */
   struct tune_key k = key_of(8, 8);
@@ -80,6 +80,15 @@ START_TEST(the_candidates_are_the_default_and_its_multiples_one_per_ctas_per_des
   ck_assert_uint_eq(tune_most_ctas(132, 1), 264);
   ck_assert_uint_eq(tune_candidates(&k, c), 5);
   ck_assert_uint_eq(c[4], 264);
+  /* 16 ranks on the GPU, a world of 16: default 8, at most 16, each fewer CTAs than ranks,
+   * so each budget is its own grid (kabi.h "SM budget"; when the grid was at least the world,
+   * every one of them ran 16 CTAs and only the default was measured). */
+  k = key_of(16, 16);
+  ck_assert_uint_eq(tune_candidates(&k, c), 4);
+  ck_assert_uint_eq(c[0], 8);
+  ck_assert_uint_eq(c[1], 4);
+  ck_assert_uint_eq(c[2], 12);
+  ck_assert_uint_eq(c[3], 16);
 }
 END_TEST
 
@@ -432,7 +441,7 @@ Suite *tune_suite(void);
 Suite *tune_suite(void) {
   Suite *s = suite_create("tune");
   TCase *tc = tcase_create("table");
-  tcase_add_test(tc, the_candidates_are_the_default_and_its_multiples_one_per_ctas_per_destination);
+  tcase_add_test(tc, the_candidates_are_the_default_and_its_multiples_one_per_grid);
   tcase_add_test(tc, a_budget_is_chosen_only_for_a_real_gain_that_makes_no_op_slower);
   tcase_add_test(tc, an_entry_is_named_by_its_key_and_round_trips);
   tcase_add_test(tc, a_damaged_entry_fails_its_checksum_length_or_bounds);
