@@ -4,8 +4,9 @@
  * acquire at system scope, bounded waits on %globaltimer, the error
  * record), 16-byte vector copies, a block-wide prefix sum and the
  * declaration every kernel has (KERNEL); the number formats are
- * ops_fmt.cuh's, the throughput rows' marks ops_rows.cuh's.  The ABI and the
- * protocol are described in proto/kabi.h.
+ * ops_fmt.cuh's, the ordered loads and stores ops_order.cuh's, the
+ * throughput rows' marks ops_rows.cuh's.  The ABI and the protocol are
+ * described in proto/kabi.h.
  */
 #ifndef DEP_OPS_DEV_CUH
 #define DEP_OPS_DEV_CUH
@@ -100,50 +101,7 @@ __device__ __forceinline__ int64_t idx_at(const void *idx, int32_t itype, uint64
   return itype == DEP_INDEX_I64 ? ((const int64_t *)idx)[i] : (int64_t)((const int32_t *)idx)[i];
 }
 
-/* ---- memory ordering -------------------------------------------------------- */
-
-__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t *p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void st_release_sys(uint64_t *p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-/* *p = max(*p, v), ordered after this thread's earlier accesses at system scope. */
-__device__ __forceinline__ void red_max_release_sys(uint64_t *p, uint64_t v) {
-  asm volatile("red.release.sys.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ __forceinline__ uint64_t ld_acquire_gpu(const unsigned long long *p) {
-  uint64_t v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void st_release_gpu(unsigned long long *p, uint64_t v) {
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ __forceinline__ uint32_t ld_acquire_gpu32(const uint32_t *p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ uint32_t ld_acquire_sys32(const uint32_t *p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ uint64_t globaltimer_ns(void) {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+#include "ops_order.cuh"
 
 /* ---- failures ------------------------------------------------------------------ */
 
