@@ -7,6 +7,9 @@
 # the others' peer over loopback TCP, are N nodes: the script is started once per node as a
 # launcher starts it on N hosts (WORLD_SIZE=N nodes, RANK=the node, MASTER_ADDR/PORT), each
 # with $DEEPEPD_SOCKET naming its node's daemon (a node is a daemon: python/deepep/identity.py).
+# Its 16 ranks fit one GPU at once with DEEPEP_KERNEL_CTAS=8 (each daemon sees only its own 8
+# ranks, so each would take 16 CTAs a rank), DEEPEP_MAX_TOKENS_PER_RANK and --num-tokens small
+# enough that both daemons' pools and the ranks' torch fit the GPU's memory (BENCHMARKS.md).
 # Logs (each script's output, with its printed bandwidths) under $OUT.
 # Usage, from the repository root: bench/deepep_one_gpu.sh BUILD_DIR DEEPEP_TESTS_DIR
 #   DEEPEP_TESTS_DIR: DeepEP's tests/ at the commit to check (567632d; the machine has no
