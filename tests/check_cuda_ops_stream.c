@@ -201,22 +201,6 @@ START_TEST(rows_that_lap_their_channels_many_times_arrive_as_the_oracle_says) {
 }
 END_TEST
 
-/* Rank 1 comes late to every round: its senders' peers fill its 4-row channels and wait for
- * its credit. */
-static int body_late(struct rk *k, void *arg) {
-  const struct ow_case *d = arg;
-  uint64_t dig = 0;
-  if (cr_upload(k, d))
-    return 1;
-  for (int round = 0; round < 4; round++) {
-    if (k->rank == 1)
-      usleep(30000); /* not a synchronisation: the outputs are checked whatever the order */
-    if (cr_round_tp(k, d, round & 1 ? 0x5A : 0xA5, &dig))
-      return 1;
-  }
-  return 0;
-}
-
 /* A receiver that comes late: every sender waits for its credit, overwrites nothing it has not
  * taken, and every output is the oracle's. */
 START_TEST(a_late_receiver_holds_its_senders_back_and_loses_nothing) {
@@ -230,7 +214,8 @@ START_TEST(a_late_receiver_holds_its_senders_back_and_loses_nothing) {
   stream_yaml(d, 1, yaml, sizeof yaml);
   struct cr_world w;
   cr_world_start(&w, yaml);
-  cr_run_procs(&w, "stream-late", &d->shape, sc.world, body_late, d, d->desc);
+  struct cr_late late = {d, 1}; /* rank 1 comes late; its peers wait for its credit */
+  cr_run_procs(&w, "stream-late", &d->shape, sc.world, cr_body_late, &late, d->desc);
   cr_world_stop(&w);
   ow_case_free(d);
   free(d);

@@ -112,23 +112,6 @@ START_TEST(on_the_gpu_every_throughput_op_streams_across_daemons_as_the_oracle_s
 }
 END_TEST
 
-/* Rank XS_LATE (node 1) comes late to every round: the senders of node 0 fill its 4-row
- * channels and wait for its credit, which comes back through both daemons. */
-#define XS_LATE 2u
-static int body_late(struct rk *k, void *arg) {
-  const struct ow_case *d = arg;
-  uint64_t dig = 0;
-  if (cr_upload(k, d))
-    return 1;
-  for (int round = 0; round < 4; round++) {
-    if (k->rank == XS_LATE)
-      usleep(30000); /* not a synchronisation: the outputs are checked whatever the order */
-    if (cr_round_tp(k, d, round & 1 ? 0x5A : 0xA5, &dig))
-      return 1;
-  }
-  return 0;
-}
-
 /* A receiver on another daemon that comes late, in chunks of one row: every sender waits for
  * its credit, overwrites nothing it has not taken (a row overwritten differs from the
  * oracle), and every output is the oracle's. */
@@ -141,7 +124,10 @@ START_TEST(on_the_gpu_a_late_receiver_on_another_daemon_loses_nothing) {
   struct nodes ns;
   xs_nodes_start(&ns, 2, split, d, 1);
   static char fails[OW_FAILS_LEN];
-  const int nfail = xg_run(&ns, split, "xstream-late", d, body_late, d, false, fails,
+  /* Rank 2 (node 1) comes late: node 0's senders fill its channels and wait for its credit,
+   * which comes back through both daemons. */
+  struct cr_late late = {d, 2};
+  const int nfail = xg_run(&ns, split, "xstream-late", d, cr_body_late, &late, false, fails,
                            sizeof fails);
   OW_ASSERT_NONE_FAILED(d->desc, nfail, fails);
   nodes_stop(&ns);

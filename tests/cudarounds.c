@@ -239,6 +239,20 @@ int cr_body_rounds(struct rk *k, void *arg) {
   return 0;
 }
 
+int cr_body_late(struct rk *k, void *arg) {
+  const struct cr_late *l = arg;
+  uint64_t dig = 0;
+  if (cr_upload(k, l->d))
+    return 1;
+  for (int round = 0; round < 4; round++) {
+    if (k->rank == l->late)
+      usleep(30000);
+    if (cr_round_tp(k, l->d, round & 1 ? 0x5A : 0xA5, &dig))
+      return 1;
+  }
+  return 0;
+}
+
 int cr_body_peer_dies(struct rk *k, void *arg) {
   const struct cr_peer_dies *p = arg;
   const struct ow_case *d = p->d;

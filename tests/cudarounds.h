@@ -46,6 +46,15 @@ struct cr_rounds {
 };
 int cr_body_rounds(struct rk *k, void *arg);
 
+/* A late receiver: every rank makes four throughput rounds of case d, rank `late` sleeping
+ * 30 ms before each (not a synchronisation: the outputs are checked whatever the order), so
+ * that its senders fill its channels and wait for its credit. */
+struct cr_late {
+  const struct ow_case *d;
+  uint32_t late;
+};
+int cr_body_late(struct rk *k, void *arg);
+
 /*
  * A peer that dies mid-call: every rank makes one throughput round of case
  * d, then rank 1's process ends (no detach, no free: as a crash ends it),
