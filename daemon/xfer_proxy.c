@@ -645,6 +645,21 @@ static uint64_t sweep(uint32_t self, struct px_cursor *cur, struct xfer_batch *b
   return taken;
 }
 
+/* Send and empty the batches of every peer k at batches[first + k] (data: first 0; credits
+ * and taken words: XFER_CTL_AT(0)), except to a peer lost[k], whose earlier batch of this
+ * sweep found no connection; a failed send marks its peer lost. */
+static void send_batches(struct xfer_batch *batches, uint64_t *frames, int first, bool *lost) {
+  for (int k = 0; k < CONFIG_MAX_LIST; k++) {
+    struct xfer_batch *b = &batches[first + k];
+    if (b->n_seg == 0)
+      continue;
+    if (!lost[k])
+      lost[k] = xfer__batch_send(k, b, frames[first + k]) != 0;
+    xfer__batch_reset(b);
+    frames[first + k] = 0;
+  }
+}
+
 static void *proxy_main(void *arg) {
   uint32_t self = (uint32_t)(uintptr_t)arg;
   char name[16];
@@ -662,15 +677,8 @@ static void *proxy_main(void *arg) {
     /* Every peer's credits and taken words first, then the data; a peer whose
      * credits found no connection (its routes are failed) is not waited for again. */
     bool lost[CONFIG_MAX_LIST] = {false};
-    for (int i = 0; i < XFER_BATCHES; i++) {
-      const int at = (i + CONFIG_MAX_LIST) % XFER_BATCHES, k = at % CONFIG_MAX_LIST;
-      if (batches[at].n_seg == 0)
-        continue;
-      if (!lost[k])
-        lost[k] = xfer__batch_send(k, &batches[at], frames[at]) != 0;
-      xfer__batch_reset(&batches[at]);
-      frames[at] = 0;
-    }
+    send_batches(batches, frames, XFER_CTL_AT(0), lost);
+    send_batches(batches, frames, 0, lost);
     uint64_t now = mono_ns();
     if (taken > 0 || more) {
       atomic_fetch_add_explicit(&X->busy_ns, now - t0, memory_order_relaxed);

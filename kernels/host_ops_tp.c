@@ -183,7 +183,8 @@ static int disp_take(struct ops_ctx *c, void *arg, const struct ops_stream *s, u
      * waits for the first while this rank copies out the others. */
     while (n > p->from_taken) {
       const uint32_t chunk = c->lay.chunk_rows, from = p->from_taken;
-      const uint32_t end = n - from > chunk - from % chunk ? from - from % chunk + chunk : n;
+      const uint32_t next = from - from % chunk + chunk; /* the next chunk's first row */
+      const uint32_t end = n < next ? n : next;
       for (uint32_t r = from; r < end; r++) {
         const uint64_t off = p->from_base + r;
         /* A fault (a count out of step) and rows past the outputs drain unread. */

@@ -170,25 +170,39 @@ static int pairs_run(struct rk *k, const struct ow_case *d, int fp8, const CUdev
   return 0;
 }
 
-static int body_pairs(struct rk *k, const struct ow_case *d, int fp8, uint8_t pz) {
-  struct outs want = {0};
-  CUdeviceptr alt[S_N] = {0};
-  dep_handle_t *h2 = NULL;
-  int rc = whole_first(k, d, fp8, pz, &want);
+/* A second micro-batch's outputs (alt, as s_buf's) and handle (*h2), for split calls that
+ * interleave two: 0, or 1 with k->msg; batch_b_end frees what it made, either way. */
+static int batch_b_new(struct rk *k, CUdeviceptr *alt, dep_handle_t **h2) {
+  int rc = 0;
   for (int i = 0; rc == 0 && i < S_N; i++)
     if (k->cu->cuMemAlloc(&alt[i], k->sz[s_buf[i]]) != CUDA_SUCCESS)
       rc = ow_fail(k->msg, "rank %u: cuMemAlloc failed", k->rank);
-  if (rc == 0 && dep_handle_new(k->c, &h2) != 0)
+  if (rc == 0 && dep_handle_new(k->c, h2) != 0)
     rc = ow_fail(k->msg, "rank %u: dep_handle_new: %s", k->rank, dep_errmsg(k->c));
-  rc = rc || outs_poison(k, NULL, pz) || outs_poison(k, alt, pz) ||
-       pairs_run(k, d, fp8, alt, h2) || outs_same(k, &want, NULL, "micro-batch A", d) ||
-       outs_same(k, &want, alt, "micro-batch B", d);
+  return rc;
+}
+
+/* Wait for the stream, then free what batch_b_new made: rc, or the first failure. */
+static int batch_b_end(struct rk *k, CUdeviceptr *alt, dep_handle_t *h2, int rc) {
   if (k->cu->cuStreamSynchronize(k->s) != CUDA_SUCCESS && rc == 0)
     rc = ow_fail(k->msg, "rank %u: cuStreamSynchronize failed", k->rank);
   dep_handle_free(h2);
   for (int i = 0; i < S_N; i++)
     if (alt[i] != 0)
       k->cu->cuMemFree(alt[i]);
+  return rc;
+}
+
+static int body_pairs(struct rk *k, const struct ow_case *d, int fp8, uint8_t pz) {
+  struct outs want = {0};
+  CUdeviceptr alt[S_N] = {0};
+  dep_handle_t *h2 = NULL;
+  int rc = whole_first(k, d, fp8, pz, &want);
+  rc = rc || batch_b_new(k, alt, &h2);
+  rc = rc || outs_poison(k, NULL, pz) || outs_poison(k, alt, pz) ||
+       pairs_run(k, d, fp8, alt, h2) || outs_same(k, &want, NULL, "micro-batch A", d) ||
+       outs_same(k, &want, alt, "micro-batch B", d);
+  rc = batch_b_end(k, alt, h2, rc);
   outs_free(&want);
   return rc;
 }
@@ -410,11 +424,7 @@ static int body_unread(struct rk *k, void *arg) {
   CUdeviceptr alt[S_N] = {0};
   dep_handle_t *h2 = NULL;
   int rc = cr_upload(k, d);
-  for (int i = 0; rc == 0 && i < S_N; i++)
-    if (k->cu->cuMemAlloc(&alt[i], k->sz[s_buf[i]]) != CUDA_SUCCESS)
-      rc = ow_fail(k->msg, "rank %u: cuMemAlloc failed", k->rank);
-  if (rc == 0 && dep_handle_new(k->c, &h2) != 0)
-    rc = ow_fail(k->msg, "rank %u: dep_handle_new: %s", k->rank, dep_errmsg(k->c));
+  rc = rc || batch_b_new(k, alt, &h2);
   struct dep_ll_dispatch_args as = ll_disp(k, d, 0, DEP_LL_SEND, NULL);
   struct dep_ll_dispatch_args ar = ll_disp(k, d, 0, DEP_LL_RECV, NULL);
   struct dep_ll_dispatch_args bs = ll_disp(k, d, 0, DEP_LL_SEND, alt);
@@ -448,12 +458,7 @@ static int body_unread(struct rk *k, void *arg) {
     uint64_t dig = 0;
     rc = rc || cr_round_ll(k, d, 0, 0xA5, &dig) || cr_round_ll(k, d, 0, 0x5A, &dig);
   }
-  if (k->cu->cuStreamSynchronize(k->s) != CUDA_SUCCESS && rc == 0)
-    rc = ow_fail(k->msg, "rank %u: cuStreamSynchronize failed", k->rank);
-  dep_handle_free(h2);
-  for (int i = 0; i < S_N; i++)
-    if (alt[i] != 0)
-      k->cu->cuMemFree(alt[i]);
+  rc = batch_b_end(k, alt, h2, rc);
   return rc;
 }
 
