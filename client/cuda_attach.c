@@ -33,6 +33,18 @@ static const char *const kernel_names[CUOPS_K_COUNT] = {
 #endif
 
 #ifdef DEP_HAVE_FATBIN
+/* Point j's per-world counters (kabi.h cuops_world_carve) at the arrays for a world of W at
+ * device address base. */
+static void world_bind(struct cuops_job *j, CUdeviceptr base, uint32_t W) {
+  uint64_t at[CUOPS_WORLD_ARRAYS];
+  (void)cuops_world_carve(W, at);
+  j->arrive = (uint32_t *)(uintptr_t)(base + at[0]);
+  j->xseen = (unsigned long long *)(uintptr_t)(base + at[1]);
+  j->chan_took = (unsigned long long *)(uintptr_t)(base + at[2]);
+  j->chan_front = (uint32_t *)(uintptr_t)(base + at[3]);
+  j->chan_sent = (unsigned long long *)(uintptr_t)(base + at[4]);
+}
+
 static double mono_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -74,6 +86,7 @@ static int warmup(dep_client_t *c) {
   st->job.kd = job.topk < job.num_experts ? job.topk : job.num_experts;
   st->grid = dep__kernel_grid(8, 1, &st->job.parts); /* 8 CTAs, a part each */
   st->job.dev = (struct cuops_dev *)(uintptr_t)st->loop_dev;
+  world_bind(&st->job, st->loop_world, 1);
   int32_t *scr = (int32_t *)(uintptr_t)st->scratch;
   uint32_t nrecv = 0;
   int rc = cuops_handle_reserve(c, h, op, st->warm_mem);
@@ -183,22 +196,26 @@ static int sm_budget(dep_client_t *c, uint32_t *out) {
  * mapping.  A page of our own pinned with cuMemHostRegister rather than
  * cuMemHostAlloc, which sets up the driver's pinned pool and makes attach
  * several times slower (BENCHMARKS.md, run 17).
- * After the record, in the same registration, room for `le` counts: a
+ * After the record, in the same registration, the dispatch's rows from
+ * each rank of the world (cuops_job.recv_from, which the library reads
+ * after the dispatch's synchronisation), then room for `le` counts: a
  * dispatch given recv_count_per_expert_host copies its counts there on its
  * stream (a copy into pinned memory is queued, not staged), before the
- * synchronisation it makes anyway.  One page holds the record and some 950
- * counts.
+ * synchronisation it makes anyway.  One page holds the record, the rows of
+ * 64 sources and some 890 counts.
  */
 #ifdef DEP_HAVE_FATBIN
-#define HOST_COUNTS_OFF dep_round_up(sizeof(struct cuops_host), 64)
+#define HOST_FROM_OFF dep_round_up(sizeof(struct cuops_host), 64)
+#define HOST_COUNTS_OFF(world) (HOST_FROM_OFF + dep_round_up(4ull * (world), 64))
 
-static size_t host_record_bytes(uint32_t le) {
-  return dep_round_up(HOST_COUNTS_OFF + (uint64_t)le * sizeof(int32_t),
+static size_t host_record_bytes(uint32_t world, uint32_t le) {
+  return dep_round_up(HOST_COUNTS_OFF(world) + (uint64_t)le * sizeof(int32_t),
                       (uint64_t)sysconf(_SC_PAGESIZE));
 }
 
-static CUresult host_record_make(const struct cudadrv *cu, struct cuops_state *st, uint32_t le) {
-  const size_t bytes = host_record_bytes(le);
+static CUresult host_record_make(const struct cudadrv *cu, struct cuops_state *st, uint32_t world,
+                                 uint32_t le) {
+  const size_t bytes = host_record_bytes(world, le);
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -210,7 +227,9 @@ static CUresult host_record_make(const struct cudadrv *cu, struct cuops_state *s
   }
   st->host = p; /* zero, as anonymous memory is */
   st->host_bytes = bytes;
-  st->host_counts = (int32_t *)((uint8_t *)p + HOST_COUNTS_OFF);
+  st->host_from = (uint32_t *)((uint8_t *)p + HOST_FROM_OFF);
+  st->host_from_cap = world;
+  st->host_counts = (int32_t *)((uint8_t *)p + HOST_COUNTS_OFF(world));
   st->host_counts_cap = le;
   return CUDA_SUCCESS;
 }
@@ -329,7 +348,10 @@ int cuda_ops_prepare(dep_client_t *c) {
   const struct dep_attach_args *aa = &c->args;
   const uint32_t le = aa->world_size > 0 && aa->shape.num_experts <= DEP_SHAPE_MAX_EXPERTS
                           ? aa->shape.num_experts / aa->world_size : 0;
-  if ((r = host_record_make(cu, st, le)) != CUDA_SUCCESS)
+  /* The rows from each source, for the world this rank asks for (one the daemon refuses gets
+   * no call; cuda_ops_attach checks the world it binds against this room). */
+  const uint32_t world = aa->world_size <= DEP_MAX_WORLD ? aa->world_size : 0;
+  if ((r = host_record_make(cu, st, world, le)) != CUDA_SUCCESS)
     return cu_fail(c, op, "pinning the error record (cuMemHostRegister)", r);
   if ((r = cu->cuMemHostGetDevicePointer(&st->host_dev, st->host, 0)) != CUDA_SUCCESS)
     return cu_fail(c, op, "cuMemHostGetDevicePointer (the error record)", r);
@@ -448,6 +470,8 @@ int cuda_ops_attach(dep_client_t *c) {
     return client_seterr(c, rc, "dep_attach: %s", why);
   const CUdeviceptr priv = (CUdeviceptr)(uintptr_t)(o->slabs[o->rank] + o->lay.priv_off);
   st->dev = priv + b.dev;
+  st->world_arrays = priv + b.world;
+  st->loop_world = priv + b.loop_world;
   st->scratch = priv + b.scratch;
   st->stage = priv + b.stage;
   st->tcnt = priv + b.tcnt;
@@ -497,6 +521,12 @@ int cuda_ops_attach(dep_client_t *c) {
                          "dispatch's count scratch (%llu bytes); this is a bug, please report it",
                          j->parts, o->world, (unsigned long long)st->tcnt_bytes);
   j->tcnt = (uint32_t *)(uintptr_t)st->tcnt;
+  if (o->world > st->host_from_cap)
+    return client_seterr(c, DEP_ERR_INTERNAL, "dep_attach: a world of %u ranks overruns the "
+                         "pinned record's room for %u; this is a bug, please report it",
+                         o->world, st->host_from_cap);
+  world_bind(j, st->world_arrays, o->world);
+  j->recv_from = (uint32_t *)(uintptr_t)(st->host_dev + HOST_FROM_OFF);
   j->timeout_ns = (uint64_t)o->timeout_ms * 1000000ull;
   j->host = (struct cuops_host *)(uintptr_t)st->host_dev;
   j->dev = (struct cuops_dev *)(uintptr_t)st->dev;

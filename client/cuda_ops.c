@@ -448,9 +448,10 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
   if (a->recv_count_per_expert_host != NULL)
     memcpy(a->recv_count_per_expert_host, c->cuops.host_counts, le * sizeof(int32_t));
   const volatile struct cuops_host *hp = c->cuops.host;
+  const volatile uint32_t *from = c->cuops.host_from;
   h->num_recv = hp->num_recv;
   for (uint32_t i = 0; i < c->ops.world; i++)
-    h->recv_from[i] = hp->recv_from[i];
+    h->recv_from[i] = from[i];
   *a->num_recv = h->num_recv;
   h->worst = 0;
   h->num_tokens = a->num_tokens;

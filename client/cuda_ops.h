@@ -73,17 +73,20 @@ struct cuops_state {
   struct cuops_host *host;        /* registered pages, host address: the error record, */
   CUdeviceptr host_dev;           /* ... and its device address */
   size_t host_bytes;              /* ... their length */
+  uint32_t *host_from;            /* ... then the dispatch's rows from each source, */
+  uint32_t host_from_cap;         /* ... room for this many (the world asked for), */
   int32_t *host_counts;           /* ... then where a dispatch's counts land for the caller
                                      (recv_count_per_expert_host), */
   uint32_t host_counts_cap;       /* ... room for this many (the job's local experts) */
-  CUstream stream;                /* zeroes the next six, runs the warm-up; gone after attach */
+  CUstream stream;                /* zeroes the private area, runs the warm-up; gone after attach */
   CUdeviceptr dev;                /* struct cuops_dev */
+  CUdeviceptr world_arrays;       /* its counters per rank of the world (cuops_world_carve) */
   CUdeviceptr scratch;            /* warm-up outputs */
   CUdeviceptr stage;              /* FP8 tokens of an ll_dispatch: max_ll_tokens rows */
   CUdeviceptr tcnt;               /* the dispatch senders' counts (cuops_job.tcnt) */
   int sms;                        /* the GPU's SMs (cuda_ops_prepare) */
   uint64_t tcnt_bytes;            /* ... sized for the largest SM budget */
-  CUdeviceptr loop_slab, loop_dev; /* the warm-up's world of one */
+  CUdeviceptr loop_slab, loop_dev, loop_world; /* the warm-up's world of one */
   CUdeviceptr warm_mem;           /* ... and its handle's arrays */
   struct dep_handle *warm_h;      /* the warm-up's handle */
   bool lent_kernels;              /* the module is the daemon's compile (KERNELS), not the fatbin */

@@ -465,9 +465,9 @@ __device__ __forceinline__ void call_end(const cuops_job &J, const call &k, uint
       J.dev->done = 0;
       J.dev->ticket = 0; /* the throughput ops' work counter, for the next call */
       for (uint32_t s = 0; J.chan_rows < J.max_tokens && s < J.world; s++) {
-        J.dev->chan_took[s] = 0; /* a streamed call's channels, for the next call */
-        J.dev->chan_front[s] = 0;
-        J.dev->chan_sent[s] = 0;
+        J.chan_took[s] = 0; /* a streamed call's channels, for the next call */
+        J.chan_front[s] = 0;
+        J.chan_sent[s] = 0;
       }
       if (k.phase != CUOPS_SEND && !k.skip) {
         __threadfence_system(); /* every CTA's reads of the blocks before the word */
@@ -610,9 +610,9 @@ __device__ __forceinline__ void arrive(const cuops_job &J, const call &k, uint32
   if (!header && !is_remote(J, d))
     return;
   __threadfence_system();
-  if (atomicAdd(&J.dev->arrive[d], 1u) != senders - 1)
+  if (atomicAdd(&J.arrive[d], 1u) != senders - 1)
     return;
-  J.dev->arrive[d] = 0;
+  J.arrive[d] = 0;
   if (masked(k, d) || ((k.gone >> d) & 1ull) != 0)
     return; /* counted, so that the counter stays in step; a masked rank is sent nothing */
   __threadfence_system();
@@ -677,7 +677,7 @@ __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uin
      * release then acquire (GPU) to the others: the block's bytes are
      * ordered before their reads. */
     const bool mirror = is_remote(J, s) && blockIdx.x != 0;
-    unsigned long long *seen = &J.dev->xseen[s];
+    unsigned long long *seen = &J.xseen[s];
     bool left = false;
     for (uint32_t i = 0;; i++) {
       uint64_t f = mirror ? ld_acquire_gpu(seen) : ld_acquire_sys((const uint64_t *)slot);

@@ -83,13 +83,13 @@ __device__ __forceinline__ uint64_t *out_mark_at(const cuops_job &J, unsigned pa
  * mark: the mark's place holds chunk c - DEP_SLAB_CHUNKS's count until
  * that chunk is taken whole, its count set back to 0 and then credited
  * (chunk_taken, ops_stream.cuh), so chunk c is looked for only once the
- * chunks credited (cuops_dev.chan_front, read with acquire: the reset
+ * chunks credited (cuops_job.chan_front, read with acquire: the reset
  * before it) reach past that one, as the host's remote_in does.  The sender
  * writes no row of chunk c before that credit either, so this adds no wait.
  */
 __device__ __forceinline__ bool in_mark_open(const cuops_job &J, uint32_t s, uint32_t c) {
   return c < DEP_SLAB_CHUNKS ||
-         (ld_acquire_gpu32(&J.dev->chan_front[s]) & ((1u << CUOPS_CHAN_DONE_SHIFT) - 1u)) +
+         (ld_acquire_gpu32(&J.chan_front[s]) & ((1u << CUOPS_CHAN_DONE_SHIFT) - 1u)) +
                  DEP_SLAB_CHUNKS > c;
 }
 

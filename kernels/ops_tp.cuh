@@ -469,7 +469,7 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
       for (uint32_t s = 0; s < W; s++) {
         if (!a.cached)
           a.h.tp_from[s] = s_p.rows[s];
-        ((volatile uint32_t *)J.host->recv_from)[s] = s_p.rows[s];
+        ((volatile uint32_t *)J.recv_from)[s] = s_p.rows[s];
       }
       *(volatile uint32_t *)&J.host->num_recv = off;
       if (!a.cached)

@@ -225,11 +225,12 @@ enum cuops_phase {
                                call, so it sends or takes no more of it; seen_flag: its code */
 };
 
-/* Pinned host memory mapped for the device: written by kernels, read by the library. */
+/* Pinned host memory mapped for the device: written by kernels, read by the library.  The
+ * dispatch's rows from each source (cuops_job.recv_from, one word per rank of the world) follow
+ * it in the same registration (client/cuda_attach.c). */
 struct cuops_host {
   struct ops_err_record err;       /* code stored last */
   uint32_t num_recv;               /* dispatch: rows received */
-  uint32_t recv_from[CUOPS_MAX_RANKS]; /* dispatch: rows from each source */
 };
 
 /* Device scratch of one client. */
@@ -239,7 +240,6 @@ struct cuops_dev {
   uint32_t claim;                  /* 1 once a failure is recorded */
   uint32_t broken;                 /* 1 after a timeout: kernels do nothing */
   uint32_t pad;
-  uint32_t arrive[CUOPS_MAX_RANKS]; /* sender CTAs done per destination */
   uint32_t bar_count, bar_gen;     /* the dispatch's grid barrier (ops_tp.cuh grid_meet) */
   uint32_t ticket;                 /* the throughput ops' receive work, claimed; 0 between calls */
   int32_t code;                    /* the failure rec_fail recorded in the running call, for its
@@ -249,10 +249,6 @@ struct cuops_dev {
   /* The proxy's ring: descriptors reserved, published (its head as this
    * rank last stored it) and known taken (its tail as last read). */
   unsigned long long xr_next, xr_pub, xr_tail;
-  /* Per remote source: the call whose flag CTA 0 last saw in the exchange
-   * region (CUOPS_XSEEN_FAILED set: that wait failed), for the other CTAs
-   * to wait on in device memory (ops_dev.cuh wait_peers). */
-  unsigned long long xseen[CUOPS_MAX_RANKS];
   /* This rank's own mask (deepep.h "Masked ranks"): bit r set, rank r masked; written by the
    * library (dep_mask_update), read by every CTA as it begins (cuops_mask). */
   unsigned long long own_mask;
@@ -260,20 +256,44 @@ struct cuops_dev {
    * mask it ran with, for its receive (CUOPS_RECV) to run with; the receive sets the seq to 0. */
   uint64_t pend_seq[2];
   unsigned long long pend_mask[2];
-  /* A streamed call (kernels/ops_stream.cuh), for each local source's channel in the running
-   * call: chan_took, the rows its receiving warps have taken (copied out) of each chunk not
-   * yet credited, CUOPS_CHAN_TOOK_BITS a chunk, by the chunk's place in the ring (its number
-   * modulo DEP_SLAB_CHUNKS); chan_front, the chunks credited (the bits below
-   * CUOPS_CHAN_DONE_SHIFT) and, from that bit on, one by place for each chunk taken whole
-   * but not credited yet, since a chunk before it is not.  0 between calls. */
-  unsigned long long chan_took[CUOPS_MAX_RANKS];
-  uint32_t chan_front[CUOPS_MAX_RANKS];
-  /* A streamed call's channel to each destination on another node: the rows its sending
-   * warps have written (and fenced) of each chunk not yet handed to the proxy, packed as
-   * chan_took, by the chunk's place in the ring; the warp whose count completes a chunk sets
-   * it back to 0 and publishes the chunk (ops_stream.cuh chunk_sent).  0 between calls. */
-  unsigned long long chan_sent[CUOPS_MAX_RANKS];
 };
+
+/*
+ * The device counters a rank keeps for each rank of its world, in arrays
+ * of the world's length rather than in struct cuops_dev (whose size is
+ * fixed), so that every world the library serves has them:
+ *   arrive     sender units (or warps) done per destination (ops_dev.cuh arrive);
+ *   xseen      per remote source, the call whose flag CTA 0 last saw in the
+ *              exchange region (CUOPS_XSEEN_FAILED set: that wait failed), for
+ *              the other CTAs to wait on in device memory (wait_peers);
+ *   chan_took  a streamed call (kernels/ops_stream.cuh), for each local source's
+ *              channel in the running call: the rows its receiving warps have
+ *              taken (copied out) of each chunk not yet credited,
+ *              CUOPS_CHAN_TOOK_BITS a chunk, by the chunk's place in the ring
+ *              (its number modulo DEP_SLAB_CHUNKS);
+ *   chan_front the chunks credited (the bits below CUOPS_CHAN_DONE_SHIFT) and,
+ *              from that bit on, one by place for each chunk taken whole but not
+ *              credited yet, since a chunk before it is not;
+ *   chan_sent  a streamed call's channel to each destination on another node:
+ *              the rows its sending warps have written (and fenced) of each chunk
+ *              not yet handed to the proxy, packed as chan_took; the warp whose
+ *              count completes a chunk sets it back to 0 and publishes the chunk
+ *              (ops_stream.cuh chunk_sent).
+ * The chan_* words are 0 between calls (call_end).  They lie in the slab's
+ * private area (dep__slab_priv: the job's world, and the warm-up's world of
+ * one), where cuops_world_carve places them; cuops_job carries their device
+ * addresses.
+ */
+#define CUOPS_WORLD_ARRAYS 5
+static inline uint64_t cuops_world_carve(uint64_t W, uint64_t at[CUOPS_WORLD_ARRAYS]) {
+  uint64_t off = 0;
+  at[0] = dep_carve(&off, 4 * W);
+  at[1] = dep_carve(&off, 8 * W);
+  at[2] = dep_carve(&off, 8 * W);
+  at[3] = dep_carve(&off, 4 * W);
+  at[4] = dep_carve(&off, 8 * W);
+  return off;
+}
 #define CUOPS_XSEEN_FAILED (1ull << 63)
 #define CUOPS_CHAN_TOOK_BITS 16u
 #define CUOPS_CHAN_DONE_SHIFT 28u
@@ -306,6 +326,13 @@ struct cuops_job {
    * streams its throughput calls through channels (kernels/ops_stream.cuh). */
   uint32_t chunk_rows, chan_rows;
   uint32_t *tcnt;                  /* dispatch: [world][parts * warps] rows counted, scratch */
+  /* The per-world counters (cuops_world_carve's, in its order; device memory) and the
+   * dispatch's rows from each source (pinned host memory after cuops_host), [world] each. */
+  uint32_t *arrive;
+  unsigned long long *xseen, *chan_took;
+  uint32_t *chan_front;
+  unsigned long long *chan_sent;
+  uint32_t *recv_from;
   uint64_t timeout_ns;
   struct cuops_host *host;         /* device address of the pinned block */
   struct cuops_dev *dev;
