@@ -43,6 +43,8 @@ static void world_bind(struct cuops_job *j, CUdeviceptr base, uint32_t W) {
   j->chan_took = (unsigned long long *)(uintptr_t)(base + at[2]);
   j->chan_front = (uint32_t *)(uintptr_t)(base + at[3]);
   j->chan_sent = (unsigned long long *)(uintptr_t)(base + at[4]);
+  j->own_mask = (unsigned long long *)(uintptr_t)(base + at[5]);
+  j->pend_mask = (unsigned long long *)(uintptr_t)(base + at[6]);
 }
 
 static double mono_ms(void) {

@@ -8,6 +8,7 @@
  */
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
@@ -642,36 +643,44 @@ int cuda_ops_mask_own(dep_client_t *c, const char *op) {
   int rc = mask_enter(c, op, &g);
   if (rc != 0)
     return rc;
-  /* One word: the kernels' world is at most 64 ranks (kabi.h). */
-  const unsigned long long own = c->ops.own[0];
-  CUresult r = drv()->cuMemcpyHtoD(c->cuops.dev + offsetof(struct cuops_dev, own_mask), &own,
-                                   sizeof own);
+  /* The bitmap of the world, word for word as the host keeps it (kabi.h cuops_job.own_mask). */
+  CUresult r = drv()->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)c->cuops.job.own_mask, c->ops.own,
+                                   DEP_SLAB_MASK_WORDS(c->ops.world) * sizeof *c->ops.own);
   ctx_leave(&g);
   return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, "cuMemcpyHtoD (the rank's own mask)", r);
 }
 
 int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t call, uint64_t *epoch,
-                       uint64_t *bits) {
+                       uint64_t *words) {
   struct ctx_guard g;
   int rc = mask_enter(c, op, &g);
   if (rc != 0)
     return rc;
   const struct cuops_job *J = &c->cuops.job;
+  const size_t nw = DEP_SLAB_MASK_WORDS(J->world);
+  /* The live words, then the world's join words after them. */
+  uint64_t *live = calloc(nw + J->world, sizeof *live);
+  if (live == NULL) {
+    ctx_leave(&g);
+    return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory", op);
+  }
   const CUdeviceptr slab = (CUdeviceptr)(uintptr_t)J->slabs[J->rank];
-  uint64_t join[CUOPS_MAX_RANKS];
   const char *what = "cuMemcpyDtoH (the live mask)";
   CUresult r = drv()->cuMemcpyDtoH(epoch, slab + J->mask_epoch_off, sizeof *epoch);
   if (r == CUDA_SUCCESS && *epoch != 0)
-    r = drv()->cuMemcpyDtoH(bits, slab + J->mask_word_off, sizeof *bits);
+    r = drv()->cuMemcpyDtoH(live, slab + J->mask_word_off, nw * sizeof *live);
   /* The join words too, as the kernels read them (cuops_mask): a rank that
    * came back is masked before its join call, and the query says so. */
   if (r == CUDA_SUCCESS && *epoch != 0) {
     what = "cuMemcpyDtoH (the live mask's join words)";
-    r = drv()->cuMemcpyDtoH(join, slab + J->mask_join_off, J->world * sizeof *join);
+    r = drv()->cuMemcpyDtoH(live + nw, slab + J->mask_join_off, J->world * sizeof *live);
     if (r == CUDA_SUCCESS)
-      (void)host_ops_mask_joins(join, J->world, call, bits);
+      (void)host_ops_mask_joins(live + nw, J->world, call, live);
+    for (size_t i = 0; r == CUDA_SUCCESS && i < nw; i++)
+      words[i] |= live[i];
   }
   ctx_leave(&g);
+  free(live);
   return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, what, r);
 }
 

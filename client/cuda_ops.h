@@ -197,11 +197,13 @@ int cuda_ops_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_arg
                             const struct dep_handle *h, dep_stream_t s);
 
 /* Masked ranks (deepep.h, kabi.h): this rank's own mask (c->ops.own) into the kernels'
- * cuops_dev.own_mask, which every call launched after it reads; and the live mask's epoch
- * and bits as they are in this rank's slab (device memory), for dep_mask_query. */
+ * cuops_job.own_mask, which every call launched after it reads; and the live mask's epoch
+ * as it is in this rank's slab (device memory), and once an epoch is written its bits for
+ * call (the join rule) or-ed into words (DEP_SLAB_MASK_WORDS(world) of them), for
+ * dep_mask_query. */
 int cuda_ops_mask_own(dep_client_t *c, const char *op);
 int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t call, uint64_t *epoch,
-                       uint64_t *bits);
+                       uint64_t *words);
 /* The communicating calls the device has counted (cuops_dev.seq): those the
  * library launched and those replayed from CUDA graphs, once they ended. */
 int cuda_ops_device_calls(dep_client_t *c, const char *op, uint64_t *calls);

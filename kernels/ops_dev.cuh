@@ -187,10 +187,16 @@ struct call {
   unsigned parity;
   uint64_t t0;
   bool skip; /* the context is broken: do nothing */
-  uint64_t mask; /* the ranks masked for this call (cuops_mask), a bit each */
+  /* The ranks masked for this call (cuops_mask), a bitmap of the world (slab.h
+   * DEP_SLAB_MASK_BIT): its word 0 here, every word in the CTA's shared memory (maskw). */
+  uint64_t mask;
+  const uint64_t *maskw;
   uint32_t phase; /* CUOPS_WHOLE, CUOPS_SEND or CUOPS_RECV (kabi.h "Split calls") */
-  uint64_t gone; /* the destinations of this CTA's units that left the job while it waited
-                    for their reads (wait_taken), a bit each: they are sent nothing */
+  /* The destinations of this CTA's units that left the job while it waited for their reads
+   * (wait_taken), the same bitmap (word 0, and every word in shared memory): they are sent
+   * nothing. */
+  uint64_t gone;
+  const uint64_t *gonew;
 };
 
 /*
@@ -204,28 +210,52 @@ __device__ __forceinline__ uint32_t units(const cuops_job &J) {
   return J.world * J.parts;
 }
 
+/*
+ * Bit r of a bitmap of the world whose word 0 is w0 and whose words are w
+ * (shared memory): a world of at most 64 ranks asks w0 alone, a register,
+ * so its calls load nothing more than when the bitmap was one word.
+ */
+__device__ __forceinline__ bool world_bit(uint64_t w0, const uint64_t *w, uint32_t r) {
+  return r < 64u ? ((w0 >> r) & 1ull) != 0 : ((w[r >> 6] >> (r & 63u)) & 1ull) != 0;
+}
+
 /* Whether rank r is masked for the call (kabi.h "Masked ranks"). */
 __device__ __forceinline__ bool masked(const call &k, uint32_t r) {
-  return ((k.mask >> r) & 1ull) != 0;
+  return world_bit(k.mask, k.maskw, r);
+}
+
+/* Whether destination d left the job while this CTA waited for its read (call_begin). */
+__device__ __forceinline__ bool gone_to(const call &k, uint32_t d) {
+  return world_bit(k.gone, k.gonew, d);
+}
+
+/* The words of a bitmap of the world (slab.h DEP_SLAB_MASK_WORDS). */
+__device__ __forceinline__ uint32_t mask_words(const cuops_job &J) {
+  return (uint32_t)DEP_SLAB_MASK_WORDS(J.world);
 }
 
 /*
  * The one place the kernels read the live mask (slab.h): its epoch with
  * acquire (system scope: the daemon writes it from the host), then, once
- * an epoch is written, its bits and the join words (for call seq); or-ed with this rank's own mask
- * (cuops_dev.own_mask).  A rank masked itself talks to no rank.  Thread 0
- * of each CTA, once, as the CTA begins (call_begin).
+ * an epoch is written, its words and the join words (for call seq); or-ed
+ * with this rank's own mask (cuops_job.own_mask), word by word into m
+ * (mask_words of them).  A rank masked itself talks to no rank: every bit
+ * set.  Thread 0 of each CTA, once, as the CTA begins (call_begin).
  */
-__device__ __forceinline__ uint64_t cuops_mask(const cuops_job &J, uint64_t seq) {
+__device__ __forceinline__ void cuops_mask(const cuops_job &J, uint64_t seq, uint64_t *m) {
   const uint8_t *slab = J.slabs[J.rank];
+  const uint32_t nw = mask_words(J);
   const uint64_t epoch = ld_acquire_sys((const uint64_t *)(slab + J.mask_epoch_off));
-  uint64_t live = epoch != 0 ? *(const volatile uint64_t *)(slab + J.mask_word_off) : 0;
+  for (uint32_t i = 0; i < nw; i++)
+    m[i] = (epoch != 0 ? *(const volatile uint64_t *)(slab + J.mask_word_off + 8ull * i) : 0) |
+           *(volatile unsigned long long *)&J.own_mask[i];
   /* A rank that came back is masked in the calls before its join call (slab.h). */
   for (uint32_t r = 0; epoch != 0 && r < J.world; r++)
     if (*(const volatile uint64_t *)(slab + J.mask_join_off + 8ull * r) > seq)
-      live |= 1ull << r;
-  const uint64_t m = live | *(volatile unsigned long long *)&J.dev->own_mask;
-  return ((m >> J.rank) & 1ull) != 0 ? ~0ull : m;
+      m[r >> 6] |= DEP_SLAB_MASK_BIT(r);
+  if (((m[J.rank >> 6] >> (J.rank & 63u)) & 1ull) != 0)
+    for (uint32_t i = 0; i < nw; i++)
+      m[i] = ~0ull;
 }
 
 /*
@@ -282,7 +312,8 @@ __device__ __forceinline__ bool left_since(const cuops_job &J, uint32_t r) {
   const uint8_t *slab = J.slabs[J.rank];
   if (ld_acquire_sys((const uint64_t *)(slab + J.mask_epoch_off)) == 0)
     return false;
-  return ((*(const volatile uint64_t *)(slab + J.mask_word_off) >> r) & 1ull) != 0;
+  return ((*(const volatile uint64_t *)(slab + J.mask_word_off + 8ull * (r >> 6)) >>
+           (r & 63u)) & 1ull) != 0;
 }
 
 /* wait_taken's outcomes. */
@@ -351,16 +382,21 @@ __device__ __forceinline__ uint32_t wait_taken(const cuops_job &J, const call &k
  */
 __device__ __forceinline__ call call_begin(const cuops_job &J, uint32_t phase = CUOPS_WHOLE,
                                            uint32_t back = 0, uint32_t op = 0) {
-  __shared__ uint64_t s_seq, s_t0, s_mask;
+  /* The call's mask and gone destinations, bitmaps of the world (call), this CTA's copies. */
+  __shared__ uint64_t s_seq, s_t0, s_mask[CUOPS_MASK_WORDS], s_gone[CUOPS_MASK_WORDS];
   __shared__ uint32_t s_broken;
+  const uint32_t nw = mask_words(J);
   if (threadIdx.x == 0) {
     const uint64_t now = *(volatile uint64_t *)&J.dev->seq;
     s_broken = *(volatile uint32_t *)&J.dev->broken;
     s_t0 = globaltimer_ns();
+    for (uint32_t i = 0; i < nw; i++)
+      s_gone[i] = 0;
     if (phase == CUOPS_RECV) {
       s_seq = now - back;
       const uint64_t sent = *(volatile uint64_t *)&J.dev->pend_seq[s_seq & 1u];
-      s_mask = *(volatile unsigned long long *)&J.dev->pend_mask[s_seq & 1u];
+      for (uint32_t i = 0; i < nw; i++)
+        s_mask[i] = *(volatile unsigned long long *)&J.pend_mask[(s_seq & 1u) * nw + i];
       if (sent != s_seq && s_broken == 0) {
         if (blockIdx.x == 0)
           rec_fail(J, DEP_ERR_MISMATCH, op, J.rank, CUOPS_PHASE_UNSENT, s_seq, sent, 0);
@@ -368,9 +404,10 @@ __device__ __forceinline__ call call_begin(const cuops_job &J, uint32_t phase = 
       }
     } else {
       s_seq = now + 1;
-      s_mask = cuops_mask(J, s_seq);
+      cuops_mask(J, s_seq, s_mask);
       if (phase == CUOPS_SEND && blockIdx.x == 0) {
-        J.dev->pend_mask[s_seq & 1u] = s_mask;
+        for (uint32_t i = 0; i < nw; i++)
+          J.pend_mask[(s_seq & 1u) * nw + i] = s_mask[i];
         J.dev->pend_seq[s_seq & 1u] = s_seq;
       }
     }
@@ -381,8 +418,10 @@ __device__ __forceinline__ call call_begin(const cuops_job &J, uint32_t phase = 
   k.parity = (unsigned)(s_seq & 1u);
   k.t0 = s_t0;
   k.skip = s_broken != 0;
-  k.mask = s_mask;
+  k.mask = s_mask[0];
+  k.maskw = s_mask;
   k.gone = 0;
+  k.gonew = s_gone;
   k.phase = phase;
   /* A CTA writes into the slabs of its units' destinations alone (units, kabi.h "SM
    * budget"), so it waits for those ranks alone, each unit's in turn: one load each in the
@@ -392,10 +431,8 @@ __device__ __forceinline__ call call_begin(const cuops_job &J, uint32_t phase = 
    * two before), so waiting for them in a row holds nothing back but this CTA's first send. */
   if (phase != CUOPS_RECV && !k.skip) {
     __shared__ uint32_t s_free;
-    __shared__ uint64_t s_gone;
     if (threadIdx.x == 0) {
       uint32_t got = TAKEN_FREE;
-      uint64_t gone = 0;
       for (uint32_t u = blockIdx.x; got != TAKEN_FAILED && u < units(J); u += gridDim.x) {
         const uint32_t d = u / J.parts, f = wait_taken(J, k, op, d);
         got = f == TAKEN_FAILED ? f : got;
@@ -404,14 +441,14 @@ __device__ __forceinline__ call call_begin(const cuops_job &J, uint32_t phase = 
          * (it posts nothing of this call: its receive of the call two before never ran,
          * so neither did this call's send), and every CTA must lay out its rows alike
          * (ops_tp.cuh). */
-        gone |= f == TAKEN_LEFT ? 1ull << d : 0ull;
+        if (f == TAKEN_LEFT)
+          s_gone[d >> 6] |= DEP_SLAB_MASK_BIT(d);
       }
       s_free = got;
-      s_gone = gone;
     }
     __syncthreads();
     k.skip = s_free == TAKEN_FAILED;
-    k.gone = s_gone;
+    k.gone = s_gone[0];
   }
   return k;
 }
@@ -613,7 +650,7 @@ __device__ __forceinline__ void arrive(const cuops_job &J, const call &k, uint32
   if (atomicAdd(&J.arrive[d], 1u) != senders - 1)
     return;
   J.arrive[d] = 0;
-  if (masked(k, d) || ((k.gone >> d) & 1ull) != 0)
+  if (masked(k, d) || gone_to(k, d))
     return; /* counted, so that the counter stays in step; a masked rank is sent nothing */
   __threadfence_system();
   if (header)
@@ -640,12 +677,13 @@ struct peers {
   uint32_t rows[CUOPS_MAX_RANKS];
   uint32_t op[CUOPS_MAX_RANKS];
   uint64_t ref[CUOPS_MAX_RANKS];
-  uint64_t left; /* sources that left the job while this call waited for them, a bit each */
+  /* Sources that left the job while this call waited for them, a bitmap of the world. */
+  uint64_t left[CUOPS_MASK_WORDS];
 };
 
 /* Whether the call takes nothing from source s: masked as it began, or gone since. */
 __device__ __forceinline__ bool skipped(const call &k, const peers &p, uint32_t s) {
-  return masked(k, s) || ((p.left >> s) & 1ull) != 0;
+  return masked(k, s) || ((p.left[s >> 6] >> (s & 63u)) & 1ull) != 0;
 }
 
 /*
@@ -659,7 +697,8 @@ __device__ __forceinline__ bool skipped(const call &k, const peers &p, uint32_t 
 __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uint32_t op, peers *p,
                                           int64_t *cost = nullptr) {
   const long long start = clock64();
-  p->left = 0;
+  for (uint32_t i = 0; i < mask_words(J); i++)
+    p->left[i] = 0;
   for (uint32_t s = 0; s < J.world; s++) {
     if (masked(k, s)) { /* nothing from it: no rows, no wait (its checks are the callers') */
       p->rows[s] = 0;
@@ -723,7 +762,7 @@ __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uin
       p->rows[s] = 0;
       p->op[s] = op;
       p->ref[s] = 0;
-      p->left |= 1ull << s;
+      p->left[s >> 6] |= DEP_SLAB_MASK_BIT(s);
       continue;
     }
     if (is_remote(J, s) && !mirror)

@@ -213,7 +213,7 @@ __device__ __forceinline__ void stream_post_slot(const cuops_job &J, const call 
     post_header(J, k, d, p.rows, p.op, p.ref_seq, p.num_tokens);
     return;
   }
-  if (p.rows != 0 || ((k.gone >> d) & 1ull) != 0)
+  if (p.rows != 0 || gone_to(k, d))
     return;
   post_header(J, k, d, 0, p.op, p.ref_seq, p.num_tokens);
   __threadfence_system();
@@ -233,7 +233,7 @@ __device__ __forceinline__ void stream_post_slot(const cuops_job &J, const call 
  */
 __device__ __forceinline__ void chunk_sent(const cuops_job &J, const call &k, uint32_t d,
                                            uint32_t c, uint32_t len, const stream_post &p) {
-  if (((k.gone >> d) & 1ull) != 0)
+  if (gone_to(k, d))
     return; /* d left the job: nothing more goes to it (stream_post_slot) */
   __threadfence_system(); /* the other writers' rows, seen through their counts, before the mark */
   *(volatile uint64_t *)out_mark_at(J, k.parity, d, c) = DEP_SLAB_CHAN_AT(k.seq, len);

@@ -68,7 +68,10 @@
  *     no error, not even for a wait on another, slower rank.
  *   - Masked ranks (deepep.h): thread 0 of every CTA reads the mask once
  *     as the CTA begins (cuops_mask: the live mask in this rank's slab, or-ed
- *     with cuops_dev.own_mask) and the call skips every masked rank: no
+ *     with cuops_job.own_mask; a bitmap of the world, a word per 64 ranks,
+ *     which the CTA keeps in shared memory and every thread's word 0 in a
+ *     register, so that a world of at most 64 ranks reads no more than one
+ *     word did) and the call skips every masked rank: no
  *     slot or row to it (a CTA still arrives at the counters, so that they
  *     stay in step; the last one posts nothing), no wait for its flag or
  *     rows, no row from it (0 in every count; a cached dispatch's rows from
@@ -249,13 +252,9 @@ struct cuops_dev {
   /* The proxy's ring: descriptors reserved, published (its head as this
    * rank last stored it) and known taken (its tail as last read). */
   unsigned long long xr_next, xr_pub, xr_tail;
-  /* This rank's own mask (deepep.h "Masked ranks"): bit r set, rank r masked; written by the
-   * library (dep_mask_update), read by every CTA as it begins (cuops_mask). */
-  unsigned long long own_mask;
-  /* Split calls (below): the call a low-latency send (CUOPS_SEND) made in each parity and the
-   * mask it ran with, for its receive (CUOPS_RECV) to run with; the receive sets the seq to 0. */
+  /* Split calls (below): the call a low-latency send (CUOPS_SEND) made in each parity, whose
+   * mask (cuops_job.pend_mask) its receive (CUOPS_RECV) runs with; the receive sets it to 0. */
   uint64_t pend_seq[2];
-  unsigned long long pend_mask[2];
 };
 
 /*
@@ -278,13 +277,19 @@ struct cuops_dev {
  *              the rows its sending warps have written (and fenced) of each chunk
  *              not yet handed to the proxy, packed as chan_took; the warp whose
  *              count completes a chunk sets it back to 0 and publishes the chunk
- *              (ops_stream.cuh chunk_sent).
+ *              (ops_stream.cuh chunk_sent);
+ *   own_mask   this rank's own mask (deepep.h "Masked ranks"), a bitmap of the
+ *              world as the live mask's words are (slab.h DEP_SLAB_MASK_BIT):
+ *              written by the library (dep_mask_update), read by every CTA as
+ *              it begins (cuops_mask);
+ *   pend_mask  split calls (below): for each parity, the mask a low-latency
+ *              send ran with, the same bitmap, for its receive to run with.
  * The chan_* words are 0 between calls (call_end).  They lie in the slab's
  * private area (dep__slab_priv: the job's world, and the warm-up's world of
  * one), where cuops_world_carve places them; cuops_job carries their device
  * addresses.
  */
-#define CUOPS_WORLD_ARRAYS 5
+#define CUOPS_WORLD_ARRAYS 7
 static inline uint64_t cuops_world_carve(uint64_t W, uint64_t at[CUOPS_WORLD_ARRAYS]) {
   uint64_t off = 0;
   at[0] = dep_carve(&off, 4 * W);
@@ -292,8 +297,13 @@ static inline uint64_t cuops_world_carve(uint64_t W, uint64_t at[CUOPS_WORLD_ARR
   at[2] = dep_carve(&off, 8 * W);
   at[3] = dep_carve(&off, 4 * W);
   at[4] = dep_carve(&off, 8 * W);
+  at[5] = dep_carve(&off, 8 * DEP_SLAB_MASK_WORDS(W));
+  at[6] = dep_carve(&off, 2 * 8 * DEP_SLAB_MASK_WORDS(W));
   return off;
 }
+/* The most words a bitmap of the world holds (a CTA's copies of the call's masks, in shared
+ * memory: ops_dev.cuh call_begin). */
+#define CUOPS_MASK_WORDS DEP_SLAB_MASK_WORDS(DEP_MAX_WORLD)
 #define CUOPS_XSEEN_FAILED (1ull << 63)
 #define CUOPS_CHAN_TOOK_BITS 16u
 #define CUOPS_CHAN_DONE_SHIFT 28u
@@ -332,6 +342,7 @@ struct cuops_job {
   unsigned long long *xseen, *chan_took;
   uint32_t *chan_front;
   unsigned long long *chan_sent;
+  unsigned long long *own_mask, *pend_mask; /* [mask words], [2][mask words] */
   uint32_t *recv_from;
   uint64_t timeout_ns;
   struct cuops_host *host;         /* device address of the pinned block */
@@ -339,13 +350,12 @@ struct cuops_job {
   /* Device address of the stats page (stats_page.h), pinned, or NULL: the
    * last CTA of each call writes its entry there (ops_dev.cuh stats_call). */
   struct dep_stats_page *stats;
-  /* The live mask in this rank's slab (slab.h dep_slab_mask_epoch, dep_slab_mask_word of
-   * rank 0: a world of at most 64 ranks has one word; dep_slab_mask_join of rank 0, the
-   * first of the world's join words). */
+  /* The live mask in this rank's slab (slab.h dep_slab_mask_epoch; dep_slab_mask_word of
+   * rank 0, the first of the world's DEP_SLAB_MASK_WORDS words; dep_slab_mask_join of rank 0,
+   * the first of the world's join words). */
   uint64_t mask_epoch_off, mask_word_off, mask_join_off;
 };
-DEP_STATIC_ASSERT(CUOPS_MAX_RANKS <= 64,
-                  "remote_mask (and the live mask's one word) has a bit per rank");
+DEP_STATIC_ASSERT(CUOPS_MAX_RANKS <= 64, "remote_mask has a bit per rank");
 
 /* dep__k_touch: the bytes of each slab to touch. */
 struct cuops_touch_args {
