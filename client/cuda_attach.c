@@ -274,12 +274,13 @@ static void take_kernels(dep_client_t *c, const struct client_frame *f, const st
 }
 
 int cuda_ops_world_check(dep_client_t *c, const struct dep_attach_args *a) {
-  if (a->world_size <= CUOPS_MAX_RANKS)
+  if (a->world_size <= CUOPS_MAX_WORLD)
     return 0;
   return client_seterr(c, DEP_ERR_UNSUPPORTED, "dep_attach: job \"%s\" has a world of %u "
-                       "ranks; the cuda backend serves worlds of up to %u ranks for now (its "
-                       "kernels address ranks by a 64-bit mask), so run it with fewer ranks",
-                       a->job_id, a->world_size, CUOPS_MAX_RANKS);
+                       "ranks; the cuda backend serves worlds of up to %u ranks (its kernels "
+                       "keep every source's slot in shared memory), so run it with fewer ranks "
+                       "or with backend: host",
+                       a->job_id, a->world_size, CUOPS_MAX_WORLD);
 }
 
 int cuda_ops_fetch_kernels(dep_client_t *c) {
@@ -401,7 +402,7 @@ static int ring_bind(dep_client_t *c) {
   j->out_mark_off = o->lay.out_mark_off;
   j->n_remote = o->lay.n_remote;
   j->ring = j->xchg = NULL;
-  if (j->remote_mask == 0)
+  if (j->n_remote == 0)
     return 0;
   const struct cudadrv *cu = drv();
   CUresult r = cu->cuMemHostRegister(c->xring, DEP_XRING_BYTES + o->lay.xchg_bytes,
@@ -427,6 +428,55 @@ static int ring_bind(dep_client_t *c) {
       (r = dev_set64(st, dev + offsetof(struct cuops_dev, xr_pub), head)) != CUDA_SUCCESS ||
       (r = dev_set64(st, dev + offsetof(struct cuops_dev, xr_tail), tail)) != CUDA_SUCCESS)
     return cu_fail(c, "dep_attach", "setting the kernels' place in the ring to the proxy", r);
+  return 0;
+}
+
+/*
+ * Where the kernels find each rank's slab and its place among the remote
+ * ranks (ops_dev.cuh slab_of, is_remote): in the job descriptor for a world
+ * of at most CUOPS_MAX_RANKS (slabs[], remote_mask), else in the world
+ * arrays at base (kabi.h wslabs, xnum), copied there on the stream after
+ * the private area's zeroing, from memory that lives until that copy is
+ * done (the stream is synchronised here: a large world's attach only).
+ */
+static int rank_tables(dep_client_t *c, CUdeviceptr base) {
+  struct cuops_state *st = &c->cuops;
+  struct cuops_job *j = &st->job;
+  const struct ops_ctx *o = &c->ops;
+  uint64_t at[CUOPS_WORLD_ARRAYS];
+  (void)cuops_world_carve(o->world, at);
+  j->remote_mask = 0;
+  j->wslabs = NULL;
+  j->xnum = NULL;
+  if (o->world <= CUOPS_MAX_RANKS) {
+    for (uint32_t i = 0; i < o->world; i++) {
+      j->slabs[i] = o->slabs[i];
+      j->remote_mask |= o->remote[i] >= 0 ? 1ull << i : 0;
+    }
+    return 0;
+  }
+  memset(j->slabs, 0, sizeof j->slabs);
+  uint8_t **slabs = calloc(o->world, sizeof *slabs);
+  int32_t *xnum = calloc(o->world, sizeof *xnum);
+  const struct cudadrv *cu = drv();
+  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (slabs != NULL && xnum != NULL) {
+    for (uint32_t i = 0; i < o->world; i++) {
+      slabs[i] = o->slabs[i];
+      xnum[i] = o->remote[i];
+    }
+    r = cu->cuMemcpyHtoDAsync(base + at[7], slabs, o->world * sizeof *slabs, st->stream);
+    if (r == CUDA_SUCCESS)
+      r = cu->cuMemcpyHtoDAsync(base + at[8], xnum, o->world * sizeof *xnum, st->stream);
+    const CUresult rs = cu->cuStreamSynchronize(st->stream);
+    r = r == CUDA_SUCCESS ? rs : r;
+  }
+  free(slabs);
+  free(xnum);
+  if (r != CUDA_SUCCESS)
+    return cu_fail(c, "dep_attach", "copying the world's slab table to the GPU", r);
+  j->wslabs = (uint8_t **)(uintptr_t)(base + at[7]);
+  j->xnum = (int32_t *)(uintptr_t)(base + at[8]);
   return 0;
 }
 
@@ -486,11 +536,8 @@ int cuda_ops_attach(dep_client_t *c) {
     return cu_fail(c, "dep_attach", "zeroing the operations' memory", r);
   if ((rc = join_at(c)) != 0)
     return rc;
-  j->remote_mask = 0;
-  for (uint32_t i = 0; i < o->world; i++) {
-    j->slabs[i] = o->slabs[i];
-    j->remote_mask |= o->remote[i] >= 0 ? 1ull << i : 0;
-  }
+  if ((rc = rank_tables(c, priv + b.world)) != 0)
+    return rc;
   if ((rc = ring_bind(c)) != 0)
     return rc;
   j->data_off = o->lay.data_off;

@@ -22,10 +22,15 @@ static const char *op_name(uint32_t op) {
   return op == 0 ? "layout" : host_ops_op_name(op);
 }
 
+/* Whether rank r of the job is on another node (the host's table, for every world). */
+static bool source_far(const dep_client_t *c, uint32_t r) {
+  return r < c->ops.world && c->ops.remote != NULL && c->ops.remote[r] >= 0;
+}
+
 /* The words for a split call's failures (kabi.h "Split calls"), into m. */
 static void cuops_split_words(const dep_client_t *c, const struct ops_err_record *r,
                               int32_t code, const char *what, char *m, size_t len) {
-  const bool far = r->source < 64 && (c->cuops.job.remote_mask >> r->source) & 1;
+  const bool far = source_far(c, r->source);
   if (r->phase == CUOPS_PHASE_TAKEN && code == DEP_ERR_DAEMON_GONE)
     snprintf(m, len, "%s (call %llu, waiting for rank %u on another node to read call %llu): "
              OPS_DAEMON_GONE_WHY, what, (unsigned long long)r->seq, r->source,
@@ -56,7 +61,7 @@ static void cuops_split_words(const dep_client_t *c, const struct ops_err_record
 /* The words for a streamed call's failures (kernels/ops_stream.cuh), into m. */
 static void cuops_stream_words(const dep_client_t *c, const struct ops_err_record *r,
                                int32_t code, const char *what, char *m, size_t len) {
-  const bool far = r->source < 64 && (c->cuops.job.remote_mask >> r->source) & 1;
+  const bool far = source_far(c, r->source);
   if (r->phase == CUOPS_PHASE_CREDIT && code == DEP_ERR_DAEMON_GONE)
     snprintf(m, len, "%s (call %llu, waiting for rank %u on another node to take this rank's "
              "rows): " OPS_DAEMON_GONE_WHY, what, (unsigned long long)r->seq, r->source);
@@ -91,7 +96,7 @@ static void cuops_record_words(const dep_client_t *c, const struct ops_err_recor
              "%llu): that rank did not make the same call%s; check that every rank runs the same "
              "sequence of operations and is alive", what, r->source, (unsigned long long)r->seq,
              r->waited_ms, (unsigned long long)r->seen_flag,
-             r->source < 64 && (c->cuops.job.remote_mask >> r->source) & 1
+             source_far(c, r->source)
                  ? ", or its node's daemon or the link to it is stuck (deepepctl peers on both "
                    "nodes)"
                  : "");
@@ -664,7 +669,9 @@ int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t call, uint64_t 
     ctx_leave(&g);
     return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory", op);
   }
-  const CUdeviceptr slab = (CUdeviceptr)(uintptr_t)J->slabs[J->rank];
+  /* This rank's slab from the host's table: the job descriptor's slabs[] holds a world of at
+   * most CUOPS_MAX_RANKS ranks only (kabi.h). */
+  const CUdeviceptr slab = (CUdeviceptr)(uintptr_t)c->ops.slabs[c->ops.rank];
   const char *what = "cuMemcpyDtoH (the live mask)";
   CUresult r = drv()->cuMemcpyDtoH(epoch, slab + J->mask_epoch_off, sizeof *epoch);
   if (r == CUDA_SUCCESS && *epoch != 0)

@@ -112,9 +112,8 @@ int cuops_block_layout(const struct dep_job_shape *shape, uint32_t world,
 
 /*
  * At dep_attach on cuda, before anything goes on the wire or touches the
- * driver: a world the kernels cannot address (more than CUOPS_MAX_RANKS
- * ranks: kabi.h keeps a 64-bit mask of ranks) is DEP_ERR_UNSUPPORTED
- * naming the limit; 0 otherwise.
+ * driver: a world larger than the kernels serve (CUOPS_MAX_WORLD, kabi.h
+ * says why) is DEP_ERR_UNSUPPORTED naming the limit; 0 otherwise.
  */
 int cuda_ops_world_check(dep_client_t *c, const struct dep_attach_args *a);
 /*

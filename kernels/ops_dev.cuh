@@ -43,26 +43,45 @@ TIMED_KERNEL combine(const cuops_job J, const cuops_ll_combine_args a);
 
 /* ---- slab addressing (proto/slab.h's functions, on the job's numbers) ------- */
 
+/*
+ * Where a rank's slab and its place among the remote ranks are kept: in
+ * the job descriptor itself for a world of at most CUOPS_MAX_RANKS (its
+ * slabs[] and the bits of remote_mask, kernel parameters: no load from
+ * memory), in the world arrays beyond it (kabi.h wslabs, xnum).  The test
+ * is on a kernel parameter, the same for every thread.
+ */
+__device__ __forceinline__ uint8_t *slab_of(const cuops_job &J, uint32_t r) {
+  /* A branch the compiler lays out for the small world (a select kept both tables' operands
+   * live, and the streamed combine spilled). */
+  if (__builtin_expect(J.world > CUOPS_MAX_RANKS, 0))
+    return J.wslabs[r];
+  return J.slabs[r];
+}
+
 __device__ __forceinline__ uint8_t *slot_at(const cuops_job &J, uint32_t slab, unsigned parity,
                                             uint32_t src) {
-  return J.slabs[slab] + DEP_SLAB_CTRL_SLOT_AT(J.world, parity, src);
+  return slab_of(J, slab) + DEP_SLAB_CTRL_SLOT_AT(J.world, parity, src);
 }
 
 __device__ __forceinline__ uint8_t *block_at(const cuops_job &J, uint32_t slab, unsigned parity,
                                              uint32_t src) {
-  return J.slabs[slab] + DEP_SLAB_BLOCK_AT(J.data_off, J.parity_bytes, J.block_bytes, parity, src);
+  return slab_of(J, slab) +
+         DEP_SLAB_BLOCK_AT(J.data_off, J.parity_bytes, J.block_bytes, parity, src);
 }
 
 /* Whether rank d is on another node: reached through the exchange region and the ring. */
 __device__ __forceinline__ bool is_remote(const cuops_job &J, uint32_t d) {
-  return ((J.remote_mask >> d) & 1ull) != 0;
+  return J.world <= CUOPS_MAX_RANKS ? ((J.remote_mask >> d) & 1ull) != 0 : J.xnum[d] >= 0;
 }
 
 /* The exchange region's entry of remote rank d in a call of parity: its
  * index among (parity, remote rank) pairs (slab.h DEP_XCHG_INDEX), the
  * remote ranks numbered in rank order. */
 __device__ __forceinline__ uint64_t out_index(const cuops_job &J, unsigned parity, uint32_t d) {
-  return DEP_XCHG_INDEX(J.n_remote, parity, __popcll(J.remote_mask & ((1ull << d) - 1ull)));
+  const uint32_t ri = J.world <= CUOPS_MAX_RANKS
+                          ? (uint32_t)__popcll(J.remote_mask & ((1ull << d) - 1ull))
+                          : (uint32_t)J.xnum[d];
+  return DEP_XCHG_INDEX(J.n_remote, parity, ri);
 }
 
 /* Where this rank's block (and slot) for destination d goes in a call of
@@ -120,7 +139,7 @@ __device__ __forceinline__ void rec_fail(const cuops_job &J, int32_t code, uint3
   atomicCAS((unsigned *)&J.dev->code, 0u, (unsigned)code);
   if (atomicCAS(&J.dev->claim, 0u, 1u) != 0u)
     return;
-  volatile ops_err_record *rec[2] = {&J.host->err, (volatile ops_err_record *)J.slabs[J.rank]};
+  volatile ops_err_record *rec[2] = {&J.host->err, (volatile ops_err_record *)slab_of(J, J.rank)};
   for (int i = 0; i < 2; i++) {
     rec[i]->op = op;
     rec[i]->rank = J.rank;
@@ -150,7 +169,7 @@ __device__ __forceinline__ bool job_aborted(const cuops_job &J, const call &k, u
                                             uint64_t waited) {
   if (waited < CUOPS_ABORT_POLL_NS)
     return false;
-  const uint8_t *w = J.slabs[J.rank] + DEP_SLAB_ABORT_OFF;
+  const uint8_t *w = slab_of(J, J.rank) + DEP_SLAB_ABORT_OFF;
   if (ld_acquire_sys32((const uint32_t *)(w + offsetof(dep_slab_abort, code))) == 0u)
     return false;
   return gone_blocks(J, k, src);
@@ -161,7 +180,7 @@ __device__ __forceinline__ bool job_aborted(const cuops_job &J, const call &k, u
  * the one that asked), so the words stored before it are visible. */
 __device__ __forceinline__ void rec_gone(const cuops_job &J, uint32_t op, uint64_t seq,
                                          uint64_t waited) {
-  const uint8_t *w = J.slabs[J.rank] + DEP_SLAB_ABORT_OFF;
+  const uint8_t *w = slab_of(J, J.rank) + DEP_SLAB_ABORT_OFF;
   (void)ld_acquire_sys32((const uint32_t *)(w + offsetof(dep_slab_abort, code)));
   const volatile dep_slab_abort *a = (const volatile dep_slab_abort *)w;
   rec_fail(J, DEP_ERR_PEER, op, a->rank, CUOPS_PHASE_GONE, seq, OPS_ERR_GONE(a->pid, a->detached),
@@ -243,7 +262,7 @@ __device__ __forceinline__ uint32_t mask_words(const cuops_job &J) {
  * set.  Thread 0 of each CTA, once, as the CTA begins (call_begin).
  */
 __device__ __forceinline__ void cuops_mask(const cuops_job &J, uint64_t seq, uint64_t *m) {
-  const uint8_t *slab = J.slabs[J.rank];
+  const uint8_t *slab = slab_of(J, J.rank);
   const uint32_t nw = mask_words(J);
   const uint64_t epoch = ld_acquire_sys((const uint64_t *)(slab + J.mask_epoch_off));
   for (uint32_t i = 0; i < nw; i++)
@@ -267,7 +286,7 @@ __device__ __forceinline__ void cuops_mask(const cuops_job &J, uint64_t seq, uin
  */
 __device__ __forceinline__ bool gone_blocks(const cuops_job &J, const call &k, uint32_t src) {
   const volatile dep_slab_abort *a =
-      (const volatile dep_slab_abort *)(J.slabs[J.rank] + DEP_SLAB_ABORT_OFF);
+      (const volatile dep_slab_abort *)(slab_of(J, J.rank) + DEP_SLAB_ABORT_OFF);
   const uint32_t gone = a->rank;
   if (gone < J.world && masked(k, gone))
     return false; /* the call waits for nothing from a masked rank */
@@ -309,7 +328,7 @@ __device__ __forceinline__ bool read_by(const cuops_job &J, const call &k, uint3
  * masked, as the host backend's does (host_ops__mask_grew).
  */
 __device__ __forceinline__ bool left_since(const cuops_job &J, uint32_t r) {
-  const uint8_t *slab = J.slabs[J.rank];
+  const uint8_t *slab = slab_of(J, J.rank);
   if (ld_acquire_sys((const uint64_t *)(slab + J.mask_epoch_off)) == 0)
     return false;
   return ((*(const volatile uint64_t *)(slab + J.mask_word_off + 8ull * (r >> 6)) >>
@@ -674,9 +693,9 @@ __device__ __forceinline__ void post(const cuops_job &J, const call &k, uint32_t
 
 /* What a receiver CTA learns from every source's slot. */
 struct peers {
-  uint32_t rows[CUOPS_MAX_RANKS];
-  uint32_t op[CUOPS_MAX_RANKS];
-  uint64_t ref[CUOPS_MAX_RANKS];
+  uint32_t rows[CUOPS_MAX_WORLD];
+  uint32_t op[CUOPS_MAX_WORLD];
+  uint64_t ref[CUOPS_MAX_WORLD];
   /* Sources that left the job while this call waited for them, a bitmap of the world. */
   uint64_t left[CUOPS_MASK_WORDS];
 };

@@ -59,7 +59,7 @@ __device__ __forceinline__ uint64_t *stamp_at(const cuops_job &J, uint8_t *row) 
 __device__ __forceinline__ int32_t peer_stopped(const cuops_job &J, const call &k, uint32_t r) {
   if (r >= J.world || is_remote(J, r))
     return 0;
-  const ops_err_record *rec = (const ops_err_record *)J.slabs[r];
+  const ops_err_record *rec = (const ops_err_record *)slab_of(J, r);
   const int32_t code = (int32_t)ld_acquire_sys32((const uint32_t *)&rec->code);
   return code != 0 && *(const volatile uint64_t *)&rec->seq == k.seq ? code : 0;
 }
@@ -107,7 +107,7 @@ __device__ __forceinline__ bool stream_aborted(const cuops_job &J, const call &k
     return true;
   if (waited < CUOPS_ABORT_POLL_NS || r >= J.world || !is_remote(J, r))
     return false;
-  const uint8_t *w = J.slabs[J.rank] + DEP_SLAB_ABORT_OFF;
+  const uint8_t *w = slab_of(J, J.rank) + DEP_SLAB_ABORT_OFF;
   if (ld_acquire_sys32((const uint32_t *)(w + offsetof(dep_slab_abort, code))) == 0u)
     return false;
   const volatile dep_slab_abort *a = (const volatile dep_slab_abort *)w;

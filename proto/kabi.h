@@ -123,6 +123,18 @@
 #define CUOPS_THREADS 256
 #define CUOPS_WARPS (CUOPS_THREADS / 32)
 #define CUOPS_MAX_RANKS DEP_MAX_LOCAL_RANKS
+/*
+ * The largest world the kernels serve.  A receiving CTA keeps what it read
+ * of every source's slot, and the throughput and low-latency receives each
+ * source's first row, in static shared memory (peers, and the receives'
+ * s_first, s_off and s_cnt: 24 bytes a source at the most), which with the
+ * low-latency dispatch's dynamic shared memory for CUOPS_LL_MAX_EXPERTS
+ * experts must stay within the 48 KiB a kernel gets without opting in:
+ * 512 sources leave it some 4 KiB (sm_90: ptxas -v).  Every other array
+ * the kernels index by rank is sized by the job's world (cuops_world_carve,
+ * the handles), and the grid by the SM budget alone (below).
+ */
+#define CUOPS_MAX_WORLD 512u
 #define CUOPS_MAX_CTAS 96u
 /* CTAs of one communicating kernel resident per SM (__launch_bounds__: ops_dev.cuh KERNEL). */
 #define CUOPS_CTAS_PER_SM 2u
@@ -131,6 +143,12 @@
  * gets without opting in. */
 #define CUOPS_LL_MAX_EXPERTS 4096u
 #define CUOPS_LL_SHMEM(num_experts) (8u * (num_experts))
+/* The low-latency dispatch's static shared memory holds 20 bytes a source (its peers and
+ * s_first) and some 1.3 KiB besides (sm_90); with its dynamic part it fits the 48 KiB. */
+DEP_STATIC_ASSERT(20u * CUOPS_MAX_WORLD + CUOPS_LL_SHMEM(CUOPS_LL_MAX_EXPERTS) + 4096u <=
+                      48u * 1024u,
+                  "a world of CUOPS_MAX_WORLD sources fits the low-latency dispatch's shared "
+                  "memory");
 
 /* How long a wait goes unmet before it polls the abort code (slab.h's
  * abort words) too. */
@@ -283,13 +301,19 @@ struct cuops_dev {
  *              written by the library (dep_mask_update), read by every CTA as
  *              it begins (cuops_mask);
  *   pend_mask  split calls (below): for each parity, the mask a low-latency
- *              send ran with, the same bitmap, for its receive to run with.
+ *              send ran with, the same bitmap, for its receive to run with;
+ *   wslabs     a world above CUOPS_MAX_RANKS: every rank's slab (device
+ *              pointers; NULL for a rank on another node), as slabs[] holds
+ *              them for a smaller world (ops_dev.cuh slab_of);
+ *   xnum       ... and each rank's number among the ranks on other nodes (-1:
+ *              a local rank), which remote_mask says for a smaller world
+ *              (is_remote, out_index).  The library writes both at attach.
  * The chan_* words are 0 between calls (call_end).  They lie in the slab's
  * private area (dep__slab_priv: the job's world, and the warm-up's world of
  * one), where cuops_world_carve places them; cuops_job carries their device
  * addresses.
  */
-#define CUOPS_WORLD_ARRAYS 7
+#define CUOPS_WORLD_ARRAYS 9
 static inline uint64_t cuops_world_carve(uint64_t W, uint64_t at[CUOPS_WORLD_ARRAYS]) {
   uint64_t off = 0;
   at[0] = dep_carve(&off, 4 * W);
@@ -299,11 +323,13 @@ static inline uint64_t cuops_world_carve(uint64_t W, uint64_t at[CUOPS_WORLD_ARR
   at[4] = dep_carve(&off, 8 * W);
   at[5] = dep_carve(&off, 8 * DEP_SLAB_MASK_WORDS(W));
   at[6] = dep_carve(&off, 2 * 8 * DEP_SLAB_MASK_WORDS(W));
+  at[7] = dep_carve(&off, 8 * W);
+  at[8] = dep_carve(&off, 4 * W);
   return off;
 }
 /* The most words a bitmap of the world holds (a CTA's copies of the call's masks, in shared
  * memory: ops_dev.cuh call_begin). */
-#define CUOPS_MASK_WORDS DEP_SLAB_MASK_WORDS(DEP_MAX_WORLD)
+#define CUOPS_MASK_WORDS DEP_SLAB_MASK_WORDS(CUOPS_MAX_WORLD)
 #define CUOPS_XSEEN_FAILED (1ull << 63)
 #define CUOPS_CHAN_TOOK_BITS 16u
 #define CUOPS_CHAN_DONE_SHIFT 28u
@@ -318,10 +344,12 @@ DEP_STATIC_ASSERT(DEP_SHAPE_MAX_TOKENS < (1u << CUOPS_CHAN_DONE_SHIFT) &&
 
 /* One rank's view of its job, passed by value to every kernel. */
 struct cuops_job {
-  uint8_t *slabs[CUOPS_MAX_RANKS]; /* every local rank's slab (device pointers), by rank;
-                                      NULL for a rank on another node */
+  uint8_t *slabs[CUOPS_MAX_RANKS]; /* a world of at most CUOPS_MAX_RANKS: every local rank's
+                                      slab (device pointers), by rank; NULL for a rank on
+                                      another node (a larger world: wslabs) */
   uint64_t data_off, block_bytes, parity_bytes, row_bytes;
-  /* A job that spans nodes: bit r set for each rank on another node; the
+  /* A job that spans nodes: bit r set for each rank on another node (a world of at most 64
+   * ranks; a larger one: xnum); the
    * ring to the daemon's proxy and the exchange region after it (device
    * addresses of the registered host mapping, xring.h), and the offsets in
    * the region of its in slots, out slots, in blocks and out blocks
@@ -343,6 +371,8 @@ struct cuops_job {
   uint32_t *chan_front;
   unsigned long long *chan_sent;
   unsigned long long *own_mask, *pend_mask; /* [mask words], [2][mask words] */
+  uint8_t **wslabs;                /* a world above CUOPS_MAX_RANKS only (slab_of) */
+  int32_t *xnum;                   /* ... (is_remote, out_index) */
   uint32_t *recv_from;
   uint64_t timeout_ns;
   struct cuops_host *host;         /* device address of the pinned block */

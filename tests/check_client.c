@@ -597,12 +597,12 @@ START_TEST(the_operations_memory_fits_every_slabs_private_area) {
             ck_assert_uint_eq(l.total_bytes, l.priv_off + l.priv_bytes);
             struct dep_slab_priv p;
             dep__slab_priv(&sh, W, &l, &p);
-            /* The counters per rank of the world and the own and pending masks' words
-             * (kabi.h cuops_world_carve) after the cuops_dev, for the job's world and the
-             * warm-up's world of one. */
+            /* The counters per rank of the world, the own and pending masks' words and the
+             * rank tables (kabi.h cuops_world_carve) after the cuops_dev, for the job's
+             * world and the warm-up's world of one. */
             uint64_t wat[CUOPS_WORLD_ARRAYS];
             const uint64_t wb = cuops_world_carve(W, wat), wb1 = cuops_world_carve(1, wat);
-            ck_assert_uint_ge(wb, (4 + 8 + 8 + 4 + 8) * (uint64_t)W +
+            ck_assert_uint_ge(wb, (4 + 8 + 8 + 4 + 8 + 8 + 4) * (uint64_t)W +
                                       3 * 8 * DEP_SLAB_MASK_WORDS(W)); /* own, pend[2] */
             ck_assert(p.dev + sizeof(struct cuops_dev) <= p.world && p.world + wb <= p.scratch &&
                       p.scratch < p.stage && p.stage < p.tcnt &&
