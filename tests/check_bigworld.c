@@ -418,12 +418,13 @@ static const struct xn_layout gpu_big[] = {
  * three daemons on this machine's GPU 0, every output twice (under two
  * poisons) as the oracle says: masks and gone/left bitmaps of two words,
  * ranks from 64 on addressed through the world tables (kabi.h wslabs,
- * xnum), and a budget of 16 CTAs (xg_run) below the world, so each CTA
- * loops over several units.  65 to 80 processes are more than MPS takes
- * (some 48 clients a GPU), so this runs time-sliced, without MPS, and
- * skips under it: each context runs alone in its slice and a call's waits
- * end as the others get theirs, so the bounds are generous (op_timeout_ms
- * 120 s, the case 900 s).
+ * xnum), and a budget of 4 CTAs a rank, far below the world, so each CTA
+ * loops over 17 to 20 units (4: what a daemon holding 64 ranks of a GPU of
+ * 132 SMs allows, sm_budget.h).  65 to 80 processes are more than MPS
+ * takes (some 48 clients a GPU), so this runs time-sliced, without MPS,
+ * and skips under it: each context runs alone in its slice and a call's
+ * waits end as the others get theirs, so the bounds are generous
+ * (op_timeout_ms 120 s, the case 900 s).
  */
 START_TEST(on_the_gpu_worlds_of_65_to_80_over_daemons_sharing_it_match_the_oracle) {
   struct tu_gpus g;
@@ -447,7 +448,8 @@ START_TEST(on_the_gpu_worlds_of_65_to_80_over_daemons_sharing_it_match_the_oracl
   char job[32];
   snprintf(job, sizeof job, "gpu-wide-%d", _i);
   static char fails[OW_FAILS_LEN];
-  int nfail = xg_run(&ns, L->split, job, d, cr_body_rounds, &a, false, fails, sizeof fails);
+  int nfail = xg_run_ctas(&ns, L->split, job, d, cr_body_rounds, &a, false, "4", fails,
+                          sizeof fails);
   OW_ASSERT_NONE_FAILED(d->desc, nfail, fails);
   printf("bigworld gpu: %s over %d daemons on one GPU: as the oracle says\n", d->desc, L->nodes);
   nodes_stop(&ns);
