@@ -33,6 +33,20 @@ static const char *const kernel_names[CUOPS_K_COUNT] = {
 #endif
 
 #ifdef DEP_HAVE_FATBIN
+/* Point j's per-world counters (kabi.h cuops_world_carve) at the arrays for a world of W at
+ * device address base. */
+static void world_bind(struct cuops_job *j, CUdeviceptr base, uint32_t W) {
+  uint64_t at[CUOPS_WORLD_ARRAYS];
+  (void)cuops_world_carve(W, at);
+  j->arrive = (uint32_t *)(uintptr_t)(base + at[0]);
+  j->xseen = (unsigned long long *)(uintptr_t)(base + at[1]);
+  j->chan_took = (unsigned long long *)(uintptr_t)(base + at[2]);
+  j->chan_front = (uint32_t *)(uintptr_t)(base + at[3]);
+  j->chan_sent = (unsigned long long *)(uintptr_t)(base + at[4]);
+  j->own_mask = (unsigned long long *)(uintptr_t)(base + at[5]);
+  j->pend_mask = (unsigned long long *)(uintptr_t)(base + at[6]);
+}
+
 static double mono_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -74,6 +88,7 @@ static int warmup(dep_client_t *c) {
   st->job.kd = job.topk < job.num_experts ? job.topk : job.num_experts;
   st->grid = dep__kernel_grid(8, 1, &st->job.parts); /* 8 CTAs, a part each */
   st->job.dev = (struct cuops_dev *)(uintptr_t)st->loop_dev;
+  world_bind(&st->job, st->loop_world, 1);
   int32_t *scr = (int32_t *)(uintptr_t)st->scratch;
   uint32_t nrecv = 0;
   int rc = cuops_handle_reserve(c, h, op, st->warm_mem);
@@ -183,22 +198,26 @@ static int sm_budget(dep_client_t *c, uint32_t *out) {
  * mapping.  A page of our own pinned with cuMemHostRegister rather than
  * cuMemHostAlloc, which sets up the driver's pinned pool and makes attach
  * several times slower (BENCHMARKS.md, run 17).
- * After the record, in the same registration, room for `le` counts: a
+ * After the record, in the same registration, the dispatch's rows from
+ * each rank of the world (cuops_job.recv_from, which the library reads
+ * after the dispatch's synchronisation), then room for `le` counts: a
  * dispatch given recv_count_per_expert_host copies its counts there on its
  * stream (a copy into pinned memory is queued, not staged), before the
- * synchronisation it makes anyway.  One page holds the record and some 950
- * counts.
+ * synchronisation it makes anyway.  One page holds the record, the rows of
+ * 64 sources and some 890 counts.
  */
 #ifdef DEP_HAVE_FATBIN
-#define HOST_COUNTS_OFF dep_round_up(sizeof(struct cuops_host), 64)
+#define HOST_FROM_OFF dep_round_up(sizeof(struct cuops_host), 64)
+#define HOST_COUNTS_OFF(world) (HOST_FROM_OFF + dep_round_up(4ull * (world), 64))
 
-static size_t host_record_bytes(uint32_t le) {
-  return dep_round_up(HOST_COUNTS_OFF + (uint64_t)le * sizeof(int32_t),
+static size_t host_record_bytes(uint32_t world, uint32_t le) {
+  return dep_round_up(HOST_COUNTS_OFF(world) + (uint64_t)le * sizeof(int32_t),
                       (uint64_t)sysconf(_SC_PAGESIZE));
 }
 
-static CUresult host_record_make(const struct cudadrv *cu, struct cuops_state *st, uint32_t le) {
-  const size_t bytes = host_record_bytes(le);
+static CUresult host_record_make(const struct cudadrv *cu, struct cuops_state *st, uint32_t world,
+                                 uint32_t le) {
+  const size_t bytes = host_record_bytes(world, le);
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -210,7 +229,9 @@ static CUresult host_record_make(const struct cudadrv *cu, struct cuops_state *s
   }
   st->host = p; /* zero, as anonymous memory is */
   st->host_bytes = bytes;
-  st->host_counts = (int32_t *)((uint8_t *)p + HOST_COUNTS_OFF);
+  st->host_from = (uint32_t *)((uint8_t *)p + HOST_FROM_OFF);
+  st->host_from_cap = world;
+  st->host_counts = (int32_t *)((uint8_t *)p + HOST_COUNTS_OFF(world));
   st->host_counts_cap = le;
   return CUDA_SUCCESS;
 }
@@ -253,12 +274,13 @@ static void take_kernels(dep_client_t *c, const struct client_frame *f, const st
 }
 
 int cuda_ops_world_check(dep_client_t *c, const struct dep_attach_args *a) {
-  if (a->world_size <= CUOPS_MAX_RANKS)
+  if (a->world_size <= CUOPS_MAX_WORLD)
     return 0;
   return client_seterr(c, DEP_ERR_UNSUPPORTED, "dep_attach: job \"%s\" has a world of %u "
-                       "ranks; the cuda backend serves worlds of up to %u ranks for now (its "
-                       "kernels address ranks by a 64-bit mask), so run it with fewer ranks",
-                       a->job_id, a->world_size, CUOPS_MAX_RANKS);
+                       "ranks; the cuda backend serves worlds of up to %u ranks (its kernels "
+                       "keep every source's slot in shared memory), so run it with fewer ranks "
+                       "or with backend: host",
+                       a->job_id, a->world_size, CUOPS_MAX_WORLD);
 }
 
 int cuda_ops_fetch_kernels(dep_client_t *c) {
@@ -329,7 +351,10 @@ int cuda_ops_prepare(dep_client_t *c) {
   const struct dep_attach_args *aa = &c->args;
   const uint32_t le = aa->world_size > 0 && aa->shape.num_experts <= DEP_SHAPE_MAX_EXPERTS
                           ? aa->shape.num_experts / aa->world_size : 0;
-  if ((r = host_record_make(cu, st, le)) != CUDA_SUCCESS)
+  /* The rows from each source, for the world this rank asks for (one the daemon refuses gets
+   * no call; cuda_ops_attach checks the world it binds against this room). */
+  const uint32_t world = aa->world_size <= DEP_MAX_WORLD ? aa->world_size : 0;
+  if ((r = host_record_make(cu, st, world, le)) != CUDA_SUCCESS)
     return cu_fail(c, op, "pinning the error record (cuMemHostRegister)", r);
   if ((r = cu->cuMemHostGetDevicePointer(&st->host_dev, st->host, 0)) != CUDA_SUCCESS)
     return cu_fail(c, op, "cuMemHostGetDevicePointer (the error record)", r);
@@ -377,7 +402,7 @@ static int ring_bind(dep_client_t *c) {
   j->out_mark_off = o->lay.out_mark_off;
   j->n_remote = o->lay.n_remote;
   j->ring = j->xchg = NULL;
-  if (j->remote_mask == 0)
+  if (j->n_remote == 0)
     return 0;
   const struct cudadrv *cu = drv();
   CUresult r = cu->cuMemHostRegister(c->xring, DEP_XRING_BYTES + o->lay.xchg_bytes,
@@ -403,6 +428,55 @@ static int ring_bind(dep_client_t *c) {
       (r = dev_set64(st, dev + offsetof(struct cuops_dev, xr_pub), head)) != CUDA_SUCCESS ||
       (r = dev_set64(st, dev + offsetof(struct cuops_dev, xr_tail), tail)) != CUDA_SUCCESS)
     return cu_fail(c, "dep_attach", "setting the kernels' place in the ring to the proxy", r);
+  return 0;
+}
+
+/*
+ * Where the kernels find each rank's slab and its place among the remote
+ * ranks (ops_dev.cuh slab_of, is_remote): in the job descriptor for a world
+ * of at most CUOPS_MAX_RANKS (slabs[], remote_mask), else in the world
+ * arrays at base (kabi.h wslabs, xnum), copied there on the stream after
+ * the private area's zeroing, from memory that lives until that copy is
+ * done (the stream is synchronised here: a large world's attach only).
+ */
+static int rank_tables(dep_client_t *c, CUdeviceptr base) {
+  struct cuops_state *st = &c->cuops;
+  struct cuops_job *j = &st->job;
+  const struct ops_ctx *o = &c->ops;
+  uint64_t at[CUOPS_WORLD_ARRAYS];
+  (void)cuops_world_carve(o->world, at);
+  j->remote_mask = 0;
+  j->wslabs = NULL;
+  j->xnum = NULL;
+  if (o->world <= CUOPS_MAX_RANKS) {
+    for (uint32_t i = 0; i < o->world; i++) {
+      j->slabs[i] = o->slabs[i];
+      j->remote_mask |= o->remote[i] >= 0 ? 1ull << i : 0;
+    }
+    return 0;
+  }
+  memset(j->slabs, 0, sizeof j->slabs);
+  uint8_t **slabs = calloc(o->world, sizeof *slabs);
+  int32_t *xnum = calloc(o->world, sizeof *xnum);
+  const struct cudadrv *cu = drv();
+  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (slabs != NULL && xnum != NULL) {
+    for (uint32_t i = 0; i < o->world; i++) {
+      slabs[i] = o->slabs[i];
+      xnum[i] = o->remote[i];
+    }
+    r = cu->cuMemcpyHtoDAsync(base + at[7], slabs, o->world * sizeof *slabs, st->stream);
+    if (r == CUDA_SUCCESS)
+      r = cu->cuMemcpyHtoDAsync(base + at[8], xnum, o->world * sizeof *xnum, st->stream);
+    const CUresult rs = cu->cuStreamSynchronize(st->stream);
+    r = r == CUDA_SUCCESS ? rs : r;
+  }
+  free(slabs);
+  free(xnum);
+  if (r != CUDA_SUCCESS)
+    return cu_fail(c, "dep_attach", "copying the world's slab table to the GPU", r);
+  j->wslabs = (uint8_t **)(uintptr_t)(base + at[7]);
+  j->xnum = (int32_t *)(uintptr_t)(base + at[8]);
   return 0;
 }
 
@@ -448,6 +522,8 @@ int cuda_ops_attach(dep_client_t *c) {
     return client_seterr(c, rc, "dep_attach: %s", why);
   const CUdeviceptr priv = (CUdeviceptr)(uintptr_t)(o->slabs[o->rank] + o->lay.priv_off);
   st->dev = priv + b.dev;
+  st->world_arrays = priv + b.world;
+  st->loop_world = priv + b.loop_world;
   st->scratch = priv + b.scratch;
   st->stage = priv + b.stage;
   st->tcnt = priv + b.tcnt;
@@ -460,11 +536,8 @@ int cuda_ops_attach(dep_client_t *c) {
     return cu_fail(c, "dep_attach", "zeroing the operations' memory", r);
   if ((rc = join_at(c)) != 0)
     return rc;
-  j->remote_mask = 0;
-  for (uint32_t i = 0; i < o->world; i++) {
-    j->slabs[i] = o->slabs[i];
-    j->remote_mask |= o->remote[i] >= 0 ? 1ull << i : 0;
-  }
+  if ((rc = rank_tables(c, priv + b.world)) != 0)
+    return rc;
   if ((rc = ring_bind(c)) != 0)
     return rc;
   j->data_off = o->lay.data_off;
@@ -497,6 +570,12 @@ int cuda_ops_attach(dep_client_t *c) {
                          "dispatch's count scratch (%llu bytes); this is a bug, please report it",
                          j->parts, o->world, (unsigned long long)st->tcnt_bytes);
   j->tcnt = (uint32_t *)(uintptr_t)st->tcnt;
+  if (o->world > st->host_from_cap)
+    return client_seterr(c, DEP_ERR_INTERNAL, "dep_attach: a world of %u ranks overruns the "
+                         "pinned record's room for %u; this is a bug, please report it",
+                         o->world, st->host_from_cap);
+  world_bind(j, st->world_arrays, o->world);
+  j->recv_from = (uint32_t *)(uintptr_t)(st->host_dev + HOST_FROM_OFF);
   j->timeout_ns = (uint64_t)o->timeout_ms * 1000000ull;
   j->host = (struct cuops_host *)(uintptr_t)st->host_dev;
   j->dev = (struct cuops_dev *)(uintptr_t)st->dev;

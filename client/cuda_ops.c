@@ -8,6 +8,7 @@
  */
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
@@ -21,10 +22,15 @@ static const char *op_name(uint32_t op) {
   return op == 0 ? "layout" : host_ops_op_name(op);
 }
 
+/* Whether rank r of the job is on another node (the host's table, for every world). */
+static bool source_far(const dep_client_t *c, uint32_t r) {
+  return r < c->ops.world && c->ops.remote != NULL && c->ops.remote[r] >= 0;
+}
+
 /* The words for a split call's failures (kabi.h "Split calls"), into m. */
 static void cuops_split_words(const dep_client_t *c, const struct ops_err_record *r,
                               int32_t code, const char *what, char *m, size_t len) {
-  const bool far = r->source < 64 && (c->cuops.job.remote_mask >> r->source) & 1;
+  const bool far = source_far(c, r->source);
   if (r->phase == CUOPS_PHASE_TAKEN && code == DEP_ERR_DAEMON_GONE)
     snprintf(m, len, "%s (call %llu, waiting for rank %u on another node to read call %llu): "
              OPS_DAEMON_GONE_WHY, what, (unsigned long long)r->seq, r->source,
@@ -55,7 +61,7 @@ static void cuops_split_words(const dep_client_t *c, const struct ops_err_record
 /* The words for a streamed call's failures (kernels/ops_stream.cuh), into m. */
 static void cuops_stream_words(const dep_client_t *c, const struct ops_err_record *r,
                                int32_t code, const char *what, char *m, size_t len) {
-  const bool far = r->source < 64 && (c->cuops.job.remote_mask >> r->source) & 1;
+  const bool far = source_far(c, r->source);
   if (r->phase == CUOPS_PHASE_CREDIT && code == DEP_ERR_DAEMON_GONE)
     snprintf(m, len, "%s (call %llu, waiting for rank %u on another node to take this rank's "
              "rows): " OPS_DAEMON_GONE_WHY, what, (unsigned long long)r->seq, r->source);
@@ -90,7 +96,7 @@ static void cuops_record_words(const dep_client_t *c, const struct ops_err_recor
              "%llu): that rank did not make the same call%s; check that every rank runs the same "
              "sequence of operations and is alive", what, r->source, (unsigned long long)r->seq,
              r->waited_ms, (unsigned long long)r->seen_flag,
-             r->source < 64 && (c->cuops.job.remote_mask >> r->source) & 1
+             source_far(c, r->source)
                  ? ", or its node's daemon or the link to it is stuck (deepepctl peers on both "
                    "nodes)"
                  : "");
@@ -448,9 +454,10 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
   if (a->recv_count_per_expert_host != NULL)
     memcpy(a->recv_count_per_expert_host, c->cuops.host_counts, le * sizeof(int32_t));
   const volatile struct cuops_host *hp = c->cuops.host;
+  const volatile uint32_t *from = c->cuops.host_from;
   h->num_recv = hp->num_recv;
   for (uint32_t i = 0; i < c->ops.world; i++)
-    h->recv_from[i] = hp->recv_from[i];
+    h->recv_from[i] = from[i];
   *a->num_recv = h->num_recv;
   h->worst = 0;
   h->num_tokens = a->num_tokens;
@@ -641,36 +648,46 @@ int cuda_ops_mask_own(dep_client_t *c, const char *op) {
   int rc = mask_enter(c, op, &g);
   if (rc != 0)
     return rc;
-  /* One word: the kernels' world is at most 64 ranks (kabi.h). */
-  const unsigned long long own = c->ops.own[0];
-  CUresult r = drv()->cuMemcpyHtoD(c->cuops.dev + offsetof(struct cuops_dev, own_mask), &own,
-                                   sizeof own);
+  /* The bitmap of the world, word for word as the host keeps it (kabi.h cuops_job.own_mask). */
+  CUresult r = drv()->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)c->cuops.job.own_mask, c->ops.own,
+                                   DEP_SLAB_MASK_WORDS(c->ops.world) * sizeof *c->ops.own);
   ctx_leave(&g);
   return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, "cuMemcpyHtoD (the rank's own mask)", r);
 }
 
 int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t call, uint64_t *epoch,
-                       uint64_t *bits) {
+                       uint64_t *words) {
   struct ctx_guard g;
   int rc = mask_enter(c, op, &g);
   if (rc != 0)
     return rc;
   const struct cuops_job *J = &c->cuops.job;
-  const CUdeviceptr slab = (CUdeviceptr)(uintptr_t)J->slabs[J->rank];
-  uint64_t join[CUOPS_MAX_RANKS];
+  const size_t nw = DEP_SLAB_MASK_WORDS(J->world);
+  /* The live words, then the world's join words after them. */
+  uint64_t *live = calloc(nw + J->world, sizeof *live);
+  if (live == NULL) {
+    ctx_leave(&g);
+    return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory", op);
+  }
+  /* This rank's slab from the host's table: the job descriptor's slabs[] holds a world of at
+   * most CUOPS_MAX_RANKS ranks only (kabi.h). */
+  const CUdeviceptr slab = (CUdeviceptr)(uintptr_t)c->ops.slabs[c->ops.rank];
   const char *what = "cuMemcpyDtoH (the live mask)";
   CUresult r = drv()->cuMemcpyDtoH(epoch, slab + J->mask_epoch_off, sizeof *epoch);
   if (r == CUDA_SUCCESS && *epoch != 0)
-    r = drv()->cuMemcpyDtoH(bits, slab + J->mask_word_off, sizeof *bits);
+    r = drv()->cuMemcpyDtoH(live, slab + J->mask_word_off, nw * sizeof *live);
   /* The join words too, as the kernels read them (cuops_mask): a rank that
    * came back is masked before its join call, and the query says so. */
   if (r == CUDA_SUCCESS && *epoch != 0) {
     what = "cuMemcpyDtoH (the live mask's join words)";
-    r = drv()->cuMemcpyDtoH(join, slab + J->mask_join_off, J->world * sizeof *join);
+    r = drv()->cuMemcpyDtoH(live + nw, slab + J->mask_join_off, J->world * sizeof *live);
     if (r == CUDA_SUCCESS)
-      (void)host_ops_mask_joins(join, J->world, call, bits);
+      (void)host_ops_mask_joins(live + nw, J->world, call, live);
+    for (size_t i = 0; r == CUDA_SUCCESS && i < nw; i++)
+      words[i] |= live[i];
   }
   ctx_leave(&g);
+  free(live);
   return r == CUDA_SUCCESS ? 0 : cu_fail(c, op, what, r);
 }
 

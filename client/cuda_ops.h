@@ -73,17 +73,20 @@ struct cuops_state {
   struct cuops_host *host;        /* registered pages, host address: the error record, */
   CUdeviceptr host_dev;           /* ... and its device address */
   size_t host_bytes;              /* ... their length */
+  uint32_t *host_from;            /* ... then the dispatch's rows from each source, */
+  uint32_t host_from_cap;         /* ... room for this many (the world asked for), */
   int32_t *host_counts;           /* ... then where a dispatch's counts land for the caller
                                      (recv_count_per_expert_host), */
   uint32_t host_counts_cap;       /* ... room for this many (the job's local experts) */
-  CUstream stream;                /* zeroes the next six, runs the warm-up; gone after attach */
+  CUstream stream;                /* zeroes the private area, runs the warm-up; gone after attach */
   CUdeviceptr dev;                /* struct cuops_dev */
+  CUdeviceptr world_arrays;       /* its counters per rank of the world (cuops_world_carve) */
   CUdeviceptr scratch;            /* warm-up outputs */
   CUdeviceptr stage;              /* FP8 tokens of an ll_dispatch: max_ll_tokens rows */
   CUdeviceptr tcnt;               /* the dispatch senders' counts (cuops_job.tcnt) */
   int sms;                        /* the GPU's SMs (cuda_ops_prepare) */
   uint64_t tcnt_bytes;            /* ... sized for the largest SM budget */
-  CUdeviceptr loop_slab, loop_dev; /* the warm-up's world of one */
+  CUdeviceptr loop_slab, loop_dev, loop_world; /* the warm-up's world of one */
   CUdeviceptr warm_mem;           /* ... and its handle's arrays */
   struct dep_handle *warm_h;      /* the warm-up's handle */
   bool lent_kernels;              /* the module is the daemon's compile (KERNELS), not the fatbin */
@@ -109,9 +112,8 @@ int cuops_block_layout(const struct dep_job_shape *shape, uint32_t world,
 
 /*
  * At dep_attach on cuda, before anything goes on the wire or touches the
- * driver: a world the kernels cannot address (more than CUOPS_MAX_RANKS
- * ranks: kabi.h keeps a 64-bit mask of ranks) is DEP_ERR_UNSUPPORTED
- * naming the limit; 0 otherwise.
+ * driver: a world larger than the kernels serve (CUOPS_MAX_WORLD, kabi.h
+ * says why) is DEP_ERR_UNSUPPORTED naming the limit; 0 otherwise.
  */
 int cuda_ops_world_check(dep_client_t *c, const struct dep_attach_args *a);
 /*
@@ -194,11 +196,13 @@ int cuda_ops_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_arg
                             const struct dep_handle *h, dep_stream_t s);
 
 /* Masked ranks (deepep.h, kabi.h): this rank's own mask (c->ops.own) into the kernels'
- * cuops_dev.own_mask, which every call launched after it reads; and the live mask's epoch
- * and bits as they are in this rank's slab (device memory), for dep_mask_query. */
+ * cuops_job.own_mask, which every call launched after it reads; and the live mask's epoch
+ * as it is in this rank's slab (device memory), and once an epoch is written its bits for
+ * call (the join rule) or-ed into words (DEP_SLAB_MASK_WORDS(world) of them), for
+ * dep_mask_query. */
 int cuda_ops_mask_own(dep_client_t *c, const char *op);
 int cuda_ops_mask_live(dep_client_t *c, const char *op, uint64_t call, uint64_t *epoch,
-                       uint64_t *bits);
+                       uint64_t *words);
 /* The communicating calls the device has counted (cuops_dev.seq): those the
  * library launched and those replayed from CUDA graphs, once they ended. */
 int cuda_ops_device_calls(dep_client_t *c, const char *op, uint64_t *calls);

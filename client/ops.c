@@ -561,11 +561,10 @@ DEP_EXPORT int dep_mask_query(dep_client_t *c, int32_t *out, uint32_t n, uint64_
     return client_seterr(c, DEP_ERR_NO_MEMORY, "%s: out of memory", op);
   memcpy(words, c->ops.own, DEP_SLAB_MASK_WORDS(w) * sizeof *words);
   /* The mask the next call will see: the join rule is a call's. */
-  uint64_t e = 0, live = 0, call = 0;
+  uint64_t e = 0, call = 0;
   rc = next_call(c, op, &call);
-  if (rc == 0 && c->cuda) { /* the slab is device memory; the kernels' world is one word */
-    if ((rc = cuda_ops_mask_live(c, op, call, &e, &live)) == 0 && e != 0)
-      words[0] |= live;
+  if (rc == 0 && c->cuda) { /* the slab is device memory */
+    rc = cuda_ops_mask_live(c, op, call, &e, words);
   } else if (rc == 0) {
     e = host_ops_mask_live(&c->ops, words, 0, call);
   }

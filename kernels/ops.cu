@@ -42,7 +42,7 @@
  */
 KERNEL dep__k_touch(const cuops_job J, const cuops_touch_args a) {
   uint32_t v = 0;
-  const uint8_t *slab = J.slabs[blockIdx.x];
+  const uint8_t *slab = slab_of(J, blockIdx.x);
   if (slab == nullptr) /* a rank on another node: its blocks come through the exchange region */
     return;
   for (uint64_t off = (uint64_t)threadIdx.x << 16; off < a.bytes; off += (uint64_t)CUOPS_THREADS << 16)

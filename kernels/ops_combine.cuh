@@ -21,8 +21,13 @@ __device__ __forceinline__ bool combine_wait(const cuops_job &J, call &k, uint32
                              const uint32_t *expect, bool report, int64_t *cost = nullptr) {
   __shared__ peers s_p;
   __shared__ uint32_t s_ok;
+  /* The receivers' mask from the wait on: the call's with the sources that left.  A copy of
+   * their own, since a streamed combine's sending warps go on reading the call's. */
+  __shared__ uint64_t s_rmask[CUOPS_MASK_WORDS];
   if (threadIdx.x == (RING ? STREAM_RECV_BASE : 0)) {
     uint32_t ok = wait_peers(J, k, op, &s_p, cost) == 0;
+    for (uint32_t i = 0; i < mask_words(J); i++)
+      s_rmask[i] = k.maskw[i] | s_p.left[i];
     for (uint32_t s = 0; ok && s < J.world; s++)
       if (!skipped(k, s_p, s) &&
           (s_p.op[s] != op || s_p.ref[s] != hseq || s_p.rows[s] != expect[s])) {
@@ -35,7 +40,8 @@ __device__ __forceinline__ bool combine_wait(const cuops_job &J, call &k, uint32
   recv_sync<RING>();
   /* A source gone during the wait (wait_peers) is masked for the rest of the call: its
    * vectors are never read, their contribution zero. */
-  k.mask |= s_p.left;
+  k.mask |= s_p.left[0];
+  k.maskw = s_rmask;
   return s_ok != 0;
 }
 

@@ -1,11 +1,11 @@
 /*
  * ops_dev.cuh — device-side building blocks of the cuda backend's MoE
- * kernels (kernels/ops.cu): slab addressing, the flag protocol (release /
- * acquire at system scope, bounded waits on %globaltimer, the error
- * record), 16-byte vector copies, a block-wide prefix sum and the
- * declaration every kernel has (KERNEL); the number formats are
- * ops_fmt.cuh's, the ordered loads and stores ops_order.cuh's, the
- * throughput rows' marks ops_rows.cuh's.  The ABI and the protocol are
+ * kernels (kernels/ops.cu): slab addressing, the call's masks, the flag
+ * protocol (release / acquire at system scope, bounded waits on
+ * %globaltimer, the error record) and the declaration every kernel has
+ * (KERNEL); the number formats are ops_fmt.cuh's, the ordered loads and
+ * stores ops_order.cuh's, the copies and the block-wide prefix sum
+ * ops_copy.cuh's, the throughput rows' marks ops_rows.cuh's.  The ABI and the protocol are
  * described in proto/kabi.h.
  */
 #ifndef DEP_OPS_DEV_CUH
@@ -43,26 +43,45 @@ TIMED_KERNEL combine(const cuops_job J, const cuops_ll_combine_args a);
 
 /* ---- slab addressing (proto/slab.h's functions, on the job's numbers) ------- */
 
+/*
+ * Where a rank's slab and its place among the remote ranks are kept: in
+ * the job descriptor itself for a world of at most CUOPS_MAX_RANKS (its
+ * slabs[] and the bits of remote_mask, kernel parameters: no load from
+ * memory), in the world arrays beyond it (kabi.h wslabs, xnum).  The test
+ * is on a kernel parameter, the same for every thread.
+ */
+__device__ __forceinline__ uint8_t *slab_of(const cuops_job &J, uint32_t r) {
+  /* A branch the compiler lays out for the small world (a select kept both tables' operands
+   * live, and the streamed combine spilled). */
+  if (__builtin_expect(J.world > CUOPS_MAX_RANKS, 0))
+    return J.wslabs[r];
+  return J.slabs[r];
+}
+
 __device__ __forceinline__ uint8_t *slot_at(const cuops_job &J, uint32_t slab, unsigned parity,
                                             uint32_t src) {
-  return J.slabs[slab] + DEP_SLAB_CTRL_SLOT_AT(J.world, parity, src);
+  return slab_of(J, slab) + DEP_SLAB_CTRL_SLOT_AT(J.world, parity, src);
 }
 
 __device__ __forceinline__ uint8_t *block_at(const cuops_job &J, uint32_t slab, unsigned parity,
                                              uint32_t src) {
-  return J.slabs[slab] + DEP_SLAB_BLOCK_AT(J.data_off, J.parity_bytes, J.block_bytes, parity, src);
+  return slab_of(J, slab) +
+         DEP_SLAB_BLOCK_AT(J.data_off, J.parity_bytes, J.block_bytes, parity, src);
 }
 
 /* Whether rank d is on another node: reached through the exchange region and the ring. */
 __device__ __forceinline__ bool is_remote(const cuops_job &J, uint32_t d) {
-  return ((J.remote_mask >> d) & 1ull) != 0;
+  return J.world <= CUOPS_MAX_RANKS ? ((J.remote_mask >> d) & 1ull) != 0 : J.xnum[d] >= 0;
 }
 
 /* The exchange region's entry of remote rank d in a call of parity: its
  * index among (parity, remote rank) pairs (slab.h DEP_XCHG_INDEX), the
  * remote ranks numbered in rank order. */
 __device__ __forceinline__ uint64_t out_index(const cuops_job &J, unsigned parity, uint32_t d) {
-  return DEP_XCHG_INDEX(J.n_remote, parity, __popcll(J.remote_mask & ((1ull << d) - 1ull)));
+  const uint32_t ri = J.world <= CUOPS_MAX_RANKS
+                          ? (uint32_t)__popcll(J.remote_mask & ((1ull << d) - 1ull))
+                          : (uint32_t)J.xnum[d];
+  return DEP_XCHG_INDEX(J.n_remote, parity, ri);
 }
 
 /* Where this rank's block (and slot) for destination d goes in a call of
@@ -120,7 +139,7 @@ __device__ __forceinline__ void rec_fail(const cuops_job &J, int32_t code, uint3
   atomicCAS((unsigned *)&J.dev->code, 0u, (unsigned)code);
   if (atomicCAS(&J.dev->claim, 0u, 1u) != 0u)
     return;
-  volatile ops_err_record *rec[2] = {&J.host->err, (volatile ops_err_record *)J.slabs[J.rank]};
+  volatile ops_err_record *rec[2] = {&J.host->err, (volatile ops_err_record *)slab_of(J, J.rank)};
   for (int i = 0; i < 2; i++) {
     rec[i]->op = op;
     rec[i]->rank = J.rank;
@@ -150,7 +169,7 @@ __device__ __forceinline__ bool job_aborted(const cuops_job &J, const call &k, u
                                             uint64_t waited) {
   if (waited < CUOPS_ABORT_POLL_NS)
     return false;
-  const uint8_t *w = J.slabs[J.rank] + DEP_SLAB_ABORT_OFF;
+  const uint8_t *w = slab_of(J, J.rank) + DEP_SLAB_ABORT_OFF;
   if (ld_acquire_sys32((const uint32_t *)(w + offsetof(dep_slab_abort, code))) == 0u)
     return false;
   return gone_blocks(J, k, src);
@@ -161,7 +180,7 @@ __device__ __forceinline__ bool job_aborted(const cuops_job &J, const call &k, u
  * the one that asked), so the words stored before it are visible. */
 __device__ __forceinline__ void rec_gone(const cuops_job &J, uint32_t op, uint64_t seq,
                                          uint64_t waited) {
-  const uint8_t *w = J.slabs[J.rank] + DEP_SLAB_ABORT_OFF;
+  const uint8_t *w = slab_of(J, J.rank) + DEP_SLAB_ABORT_OFF;
   (void)ld_acquire_sys32((const uint32_t *)(w + offsetof(dep_slab_abort, code)));
   const volatile dep_slab_abort *a = (const volatile dep_slab_abort *)w;
   rec_fail(J, DEP_ERR_PEER, op, a->rank, CUOPS_PHASE_GONE, seq, OPS_ERR_GONE(a->pid, a->detached),
@@ -187,10 +206,16 @@ struct call {
   unsigned parity;
   uint64_t t0;
   bool skip; /* the context is broken: do nothing */
-  uint64_t mask; /* the ranks masked for this call (cuops_mask), a bit each */
+  /* The ranks masked for this call (cuops_mask), a bitmap of the world (slab.h
+   * DEP_SLAB_MASK_BIT): its word 0 here, every word in the CTA's shared memory (maskw). */
+  uint64_t mask;
+  const uint64_t *maskw;
   uint32_t phase; /* CUOPS_WHOLE, CUOPS_SEND or CUOPS_RECV (kabi.h "Split calls") */
-  uint64_t gone; /* the destinations of this CTA's units that left the job while it waited
-                    for their reads (wait_taken), a bit each: they are sent nothing */
+  /* The destinations of this CTA's units that left the job while it waited for their reads
+   * (wait_taken), the same bitmap (word 0, and every word in shared memory): they are sent
+   * nothing. */
+  uint64_t gone;
+  const uint64_t *gonew;
 };
 
 /*
@@ -204,28 +229,52 @@ __device__ __forceinline__ uint32_t units(const cuops_job &J) {
   return J.world * J.parts;
 }
 
+/*
+ * Bit r of a bitmap of the world whose word 0 is w0 and whose words are w
+ * (shared memory): a world of at most 64 ranks asks w0 alone, a register,
+ * so its calls load nothing more than when the bitmap was one word.
+ */
+__device__ __forceinline__ bool world_bit(uint64_t w0, const uint64_t *w, uint32_t r) {
+  return r < 64u ? ((w0 >> r) & 1ull) != 0 : ((w[r >> 6] >> (r & 63u)) & 1ull) != 0;
+}
+
 /* Whether rank r is masked for the call (kabi.h "Masked ranks"). */
 __device__ __forceinline__ bool masked(const call &k, uint32_t r) {
-  return ((k.mask >> r) & 1ull) != 0;
+  return world_bit(k.mask, k.maskw, r);
+}
+
+/* Whether destination d left the job while this CTA waited for its read (call_begin). */
+__device__ __forceinline__ bool gone_to(const call &k, uint32_t d) {
+  return world_bit(k.gone, k.gonew, d);
+}
+
+/* The words of a bitmap of the world (slab.h DEP_SLAB_MASK_WORDS). */
+__device__ __forceinline__ uint32_t mask_words(const cuops_job &J) {
+  return (uint32_t)DEP_SLAB_MASK_WORDS(J.world);
 }
 
 /*
  * The one place the kernels read the live mask (slab.h): its epoch with
  * acquire (system scope: the daemon writes it from the host), then, once
- * an epoch is written, its bits and the join words (for call seq); or-ed with this rank's own mask
- * (cuops_dev.own_mask).  A rank masked itself talks to no rank.  Thread 0
- * of each CTA, once, as the CTA begins (call_begin).
+ * an epoch is written, its words and the join words (for call seq); or-ed
+ * with this rank's own mask (cuops_job.own_mask), word by word into m
+ * (mask_words of them).  A rank masked itself talks to no rank: every bit
+ * set.  Thread 0 of each CTA, once, as the CTA begins (call_begin).
  */
-__device__ __forceinline__ uint64_t cuops_mask(const cuops_job &J, uint64_t seq) {
-  const uint8_t *slab = J.slabs[J.rank];
+__device__ __forceinline__ void cuops_mask(const cuops_job &J, uint64_t seq, uint64_t *m) {
+  const uint8_t *slab = slab_of(J, J.rank);
+  const uint32_t nw = mask_words(J);
   const uint64_t epoch = ld_acquire_sys((const uint64_t *)(slab + J.mask_epoch_off));
-  uint64_t live = epoch != 0 ? *(const volatile uint64_t *)(slab + J.mask_word_off) : 0;
+  for (uint32_t i = 0; i < nw; i++)
+    m[i] = (epoch != 0 ? *(const volatile uint64_t *)(slab + J.mask_word_off + 8ull * i) : 0) |
+           *(volatile unsigned long long *)&J.own_mask[i];
   /* A rank that came back is masked in the calls before its join call (slab.h). */
   for (uint32_t r = 0; epoch != 0 && r < J.world; r++)
     if (*(const volatile uint64_t *)(slab + J.mask_join_off + 8ull * r) > seq)
-      live |= 1ull << r;
-  const uint64_t m = live | *(volatile unsigned long long *)&J.dev->own_mask;
-  return ((m >> J.rank) & 1ull) != 0 ? ~0ull : m;
+      m[r >> 6] |= DEP_SLAB_MASK_BIT(r);
+  if (((m[J.rank >> 6] >> (J.rank & 63u)) & 1ull) != 0)
+    for (uint32_t i = 0; i < nw; i++)
+      m[i] = ~0ull;
 }
 
 /*
@@ -237,7 +286,7 @@ __device__ __forceinline__ uint64_t cuops_mask(const cuops_job &J, uint64_t seq)
  */
 __device__ __forceinline__ bool gone_blocks(const cuops_job &J, const call &k, uint32_t src) {
   const volatile dep_slab_abort *a =
-      (const volatile dep_slab_abort *)(J.slabs[J.rank] + DEP_SLAB_ABORT_OFF);
+      (const volatile dep_slab_abort *)(slab_of(J, J.rank) + DEP_SLAB_ABORT_OFF);
   const uint32_t gone = a->rank;
   if (gone < J.world && masked(k, gone))
     return false; /* the call waits for nothing from a masked rank */
@@ -279,10 +328,11 @@ __device__ __forceinline__ bool read_by(const cuops_job &J, const call &k, uint3
  * masked, as the host backend's does (host_ops__mask_grew).
  */
 __device__ __forceinline__ bool left_since(const cuops_job &J, uint32_t r) {
-  const uint8_t *slab = J.slabs[J.rank];
+  const uint8_t *slab = slab_of(J, J.rank);
   if (ld_acquire_sys((const uint64_t *)(slab + J.mask_epoch_off)) == 0)
     return false;
-  return ((*(const volatile uint64_t *)(slab + J.mask_word_off) >> r) & 1ull) != 0;
+  return ((*(const volatile uint64_t *)(slab + J.mask_word_off + 8ull * (r >> 6)) >>
+           (r & 63u)) & 1ull) != 0;
 }
 
 /* wait_taken's outcomes. */
@@ -351,16 +401,21 @@ __device__ __forceinline__ uint32_t wait_taken(const cuops_job &J, const call &k
  */
 __device__ __forceinline__ call call_begin(const cuops_job &J, uint32_t phase = CUOPS_WHOLE,
                                            uint32_t back = 0, uint32_t op = 0) {
-  __shared__ uint64_t s_seq, s_t0, s_mask;
+  /* The call's mask and gone destinations, bitmaps of the world (call), this CTA's copies. */
+  __shared__ uint64_t s_seq, s_t0, s_mask[CUOPS_MASK_WORDS], s_gone[CUOPS_MASK_WORDS];
   __shared__ uint32_t s_broken;
+  const uint32_t nw = mask_words(J);
   if (threadIdx.x == 0) {
     const uint64_t now = *(volatile uint64_t *)&J.dev->seq;
     s_broken = *(volatile uint32_t *)&J.dev->broken;
     s_t0 = globaltimer_ns();
+    for (uint32_t i = 0; i < nw; i++)
+      s_gone[i] = 0;
     if (phase == CUOPS_RECV) {
       s_seq = now - back;
       const uint64_t sent = *(volatile uint64_t *)&J.dev->pend_seq[s_seq & 1u];
-      s_mask = *(volatile unsigned long long *)&J.dev->pend_mask[s_seq & 1u];
+      for (uint32_t i = 0; i < nw; i++)
+        s_mask[i] = *(volatile unsigned long long *)&J.pend_mask[(s_seq & 1u) * nw + i];
       if (sent != s_seq && s_broken == 0) {
         if (blockIdx.x == 0)
           rec_fail(J, DEP_ERR_MISMATCH, op, J.rank, CUOPS_PHASE_UNSENT, s_seq, sent, 0);
@@ -368,9 +423,10 @@ __device__ __forceinline__ call call_begin(const cuops_job &J, uint32_t phase = 
       }
     } else {
       s_seq = now + 1;
-      s_mask = cuops_mask(J, s_seq);
+      cuops_mask(J, s_seq, s_mask);
       if (phase == CUOPS_SEND && blockIdx.x == 0) {
-        J.dev->pend_mask[s_seq & 1u] = s_mask;
+        for (uint32_t i = 0; i < nw; i++)
+          J.pend_mask[(s_seq & 1u) * nw + i] = s_mask[i];
         J.dev->pend_seq[s_seq & 1u] = s_seq;
       }
     }
@@ -381,8 +437,10 @@ __device__ __forceinline__ call call_begin(const cuops_job &J, uint32_t phase = 
   k.parity = (unsigned)(s_seq & 1u);
   k.t0 = s_t0;
   k.skip = s_broken != 0;
-  k.mask = s_mask;
+  k.mask = s_mask[0];
+  k.maskw = s_mask;
   k.gone = 0;
+  k.gonew = s_gone;
   k.phase = phase;
   /* A CTA writes into the slabs of its units' destinations alone (units, kabi.h "SM
    * budget"), so it waits for those ranks alone, each unit's in turn: one load each in the
@@ -392,10 +450,8 @@ __device__ __forceinline__ call call_begin(const cuops_job &J, uint32_t phase = 
    * two before), so waiting for them in a row holds nothing back but this CTA's first send. */
   if (phase != CUOPS_RECV && !k.skip) {
     __shared__ uint32_t s_free;
-    __shared__ uint64_t s_gone;
     if (threadIdx.x == 0) {
       uint32_t got = TAKEN_FREE;
-      uint64_t gone = 0;
       for (uint32_t u = blockIdx.x; got != TAKEN_FAILED && u < units(J); u += gridDim.x) {
         const uint32_t d = u / J.parts, f = wait_taken(J, k, op, d);
         got = f == TAKEN_FAILED ? f : got;
@@ -404,14 +460,14 @@ __device__ __forceinline__ call call_begin(const cuops_job &J, uint32_t phase = 
          * (it posts nothing of this call: its receive of the call two before never ran,
          * so neither did this call's send), and every CTA must lay out its rows alike
          * (ops_tp.cuh). */
-        gone |= f == TAKEN_LEFT ? 1ull << d : 0ull;
+        if (f == TAKEN_LEFT)
+          s_gone[d >> 6] |= DEP_SLAB_MASK_BIT(d);
       }
       s_free = got;
-      s_gone = gone;
     }
     __syncthreads();
     k.skip = s_free == TAKEN_FAILED;
-    k.gone = s_gone;
+    k.gone = s_gone[0];
   }
   return k;
 }
@@ -465,9 +521,9 @@ __device__ __forceinline__ void call_end(const cuops_job &J, const call &k, uint
       J.dev->done = 0;
       J.dev->ticket = 0; /* the throughput ops' work counter, for the next call */
       for (uint32_t s = 0; J.chan_rows < J.max_tokens && s < J.world; s++) {
-        J.dev->chan_took[s] = 0; /* a streamed call's channels, for the next call */
-        J.dev->chan_front[s] = 0;
-        J.dev->chan_sent[s] = 0;
+        J.chan_took[s] = 0; /* a streamed call's channels, for the next call */
+        J.chan_front[s] = 0;
+        J.chan_sent[s] = 0;
       }
       if (k.phase != CUOPS_SEND && !k.skip) {
         __threadfence_system(); /* every CTA's reads of the blocks before the word */
@@ -610,10 +666,10 @@ __device__ __forceinline__ void arrive(const cuops_job &J, const call &k, uint32
   if (!header && !is_remote(J, d))
     return;
   __threadfence_system();
-  if (atomicAdd(&J.dev->arrive[d], 1u) != senders - 1)
+  if (atomicAdd(&J.arrive[d], 1u) != senders - 1)
     return;
-  J.dev->arrive[d] = 0;
-  if (masked(k, d) || ((k.gone >> d) & 1ull) != 0)
+  J.arrive[d] = 0;
+  if (masked(k, d) || gone_to(k, d))
     return; /* counted, so that the counter stays in step; a masked rank is sent nothing */
   __threadfence_system();
   if (header)
@@ -637,15 +693,16 @@ __device__ __forceinline__ void post(const cuops_job &J, const call &k, uint32_t
 
 /* What a receiver CTA learns from every source's slot. */
 struct peers {
-  uint32_t rows[CUOPS_MAX_RANKS];
-  uint32_t op[CUOPS_MAX_RANKS];
-  uint64_t ref[CUOPS_MAX_RANKS];
-  uint64_t left; /* sources that left the job while this call waited for them, a bit each */
+  uint32_t rows[CUOPS_MAX_WORLD];
+  uint32_t op[CUOPS_MAX_WORLD];
+  uint64_t ref[CUOPS_MAX_WORLD];
+  /* Sources that left the job while this call waited for them, a bitmap of the world. */
+  uint64_t left[CUOPS_MASK_WORDS];
 };
 
 /* Whether the call takes nothing from source s: masked as it began, or gone since. */
 __device__ __forceinline__ bool skipped(const call &k, const peers &p, uint32_t s) {
-  return masked(k, s) || ((p.left >> s) & 1ull) != 0;
+  return masked(k, s) || ((p.left[s >> 6] >> (s & 63u)) & 1ull) != 0;
 }
 
 /*
@@ -659,7 +716,8 @@ __device__ __forceinline__ bool skipped(const call &k, const peers &p, uint32_t 
 __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uint32_t op, peers *p,
                                           int64_t *cost = nullptr) {
   const long long start = clock64();
-  p->left = 0;
+  for (uint32_t i = 0; i < mask_words(J); i++)
+    p->left[i] = 0;
   for (uint32_t s = 0; s < J.world; s++) {
     if (masked(k, s)) { /* nothing from it: no rows, no wait (its checks are the callers') */
       p->rows[s] = 0;
@@ -677,7 +735,7 @@ __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uin
      * release then acquire (GPU) to the others: the block's bytes are
      * ordered before their reads. */
     const bool mirror = is_remote(J, s) && blockIdx.x != 0;
-    unsigned long long *seen = &J.dev->xseen[s];
+    unsigned long long *seen = &J.xseen[s];
     bool left = false;
     for (uint32_t i = 0;; i++) {
       uint64_t f = mirror ? ld_acquire_gpu(seen) : ld_acquire_sys((const uint64_t *)slot);
@@ -723,7 +781,7 @@ __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uin
       p->rows[s] = 0;
       p->op[s] = op;
       p->ref[s] = 0;
-      p->left |= 1ull << s;
+      p->left[s >> 6] |= DEP_SLAB_MASK_BIT(s);
       continue;
     }
     if (is_remote(J, s) && !mirror)
@@ -740,123 +798,6 @@ __device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uin
 
 #include "ops_fmt.cuh"
 
-/* ---- copies ---------------------------------------------------------------------- */
-
-/*
- * One warp copies `bytes` (even): 16-byte vectors when both ends allow,
- * else 4- or 2-byte words.  Loads bypass L1 (.cg): slab lines another
- * rank rewrote since this SM last read them must not come from L1.  Each
- * lane keeps COPY_UNROLL loads in flight before it stores: a copy with one
- * load in flight per thread runs at the memory's latency, not its bandwidth.
- */
-#define COPY_UNROLL 8
-
-__device__ __forceinline__ void warp_copy(void *dst, const void *src, uint64_t bytes) {
-  const uint32_t lane = threadIdx.x & 31u;
-  uintptr_t al = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)bytes;
-  if ((al & 15u) == 0) {
-    const int4 *s = (const int4 *)src;
-    int4 *d = (int4 *)dst;
-    const uint64_t n = bytes / 16;
-    for (uint64_t i = lane; i < n; i += 32 * COPY_UNROLL) {
-      int4 v[COPY_UNROLL];
-#pragma unroll
-      for (int u = 0; u < COPY_UNROLL; u++)
-        if (i + 32u * u < n)
-          v[u] = __ldcg(s + i + 32u * u);
-#pragma unroll
-      for (int u = 0; u < COPY_UNROLL; u++)
-        if (i + 32u * u < n)
-          d[i + 32u * u] = v[u];
-    }
-  } else if ((al & 3u) == 0) {
-    const uint32_t *s = (const uint32_t *)src;
-    uint32_t *d = (uint32_t *)dst;
-    for (uint64_t i = lane; i < bytes / 4; i += 32)
-      d[i] = __ldcg(s + i);
-  } else {
-    const unsigned short *s = (const unsigned short *)src;
-    unsigned short *d = (unsigned short *)dst;
-    for (uint64_t i = lane; i < bytes / 2; i += 32)
-      d[i] = __ldcg(s + i);
-  }
-}
-
-/*
- * One warp copies `bytes` from src to n destinations, lane i < n holding
- * destination i (dst_lane): the source is read once (16-byte vectors,
- * COPY_UNROLL in flight) and stored n times.  Every pointer and `bytes`
- * must be 16-byte aligned.
- */
-__device__ __forceinline__ void warp_copy_multi(uint64_t dst_lane, uint32_t n, const void *src,
-                                                uint64_t bytes) {
-  const uint32_t lane = threadIdx.x & 31u;
-  const int4 *s = (const int4 *)src;
-  const uint64_t m = bytes / 16;
-  for (uint64_t b = 0; b < m; b += 32 * COPY_UNROLL) { /* warp-uniform: the stores shuffle */
-    const uint64_t i = b + lane;
-    int4 v[COPY_UNROLL];
-#pragma unroll
-    for (int u = 0; u < COPY_UNROLL; u++)
-      if (i + 32u * u < m)
-        v[u] = __ldcg(s + i + 32u * u);
-    for (uint32_t j = 0; j < n; j++) {
-      int4 *d = (int4 *)__shfl_sync(FULL_MASK, dst_lane, j);
-#pragma unroll
-      for (int u = 0; u < COPY_UNROLL; u++)
-        if (i + 32u * u < m)
-          d[i + 32u * u] = v[u];
-    }
-  }
-}
-
-/* 8 floats rounded to bf16 at p (16-byte aligned when `vec`). */
-__device__ __forceinline__ void store8(void *p, bool vec, const float *v) {
-  if (vec) {
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-      w[i] = f2bf(v[2 * i]) | (f2bf(v[2 * i + 1]) << 16);
-    *(int4 *)p = make_int4((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
-  } else {
-    unsigned short *d = (unsigned short *)p;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-      d[i] = (unsigned short)f2bf(v[i]);
-  }
-}
-
-/* ---- block-wide exclusive prefix sum (every thread of the CTA calls it) ------------ */
-
-__device__ __forceinline__ uint32_t block_scan(uint32_t v, uint32_t *total) {
-  __shared__ uint32_t s_warp[CUOPS_WARPS];
-  const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-  uint32_t x = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    uint32_t y = __shfl_up_sync(FULL_MASK, x, o);
-    if (lane >= (uint32_t)o)
-      x += y;
-  }
-  if (lane == 31)
-    s_warp[warp] = x;
-  __syncthreads();
-  if (warp == 0) {
-    uint32_t w = lane < CUOPS_WARPS ? s_warp[lane] : 0;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      uint32_t y = __shfl_up_sync(FULL_MASK, w, o);
-      if (lane >= (uint32_t)o)
-        w += y;
-    }
-    if (lane < CUOPS_WARPS)
-      s_warp[lane] = w;
-  }
-  __syncthreads();
-  uint32_t base = warp ? s_warp[warp - 1] : 0;
-  *total = s_warp[CUOPS_WARPS - 1];
-  __syncthreads();
-  return base + x - v;
-}
+#include "ops_copy.cuh"
 
 #endif /* DEP_OPS_DEV_CUH */

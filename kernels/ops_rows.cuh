@@ -59,7 +59,7 @@ __device__ __forceinline__ uint64_t *stamp_at(const cuops_job &J, uint8_t *row) 
 __device__ __forceinline__ int32_t peer_stopped(const cuops_job &J, const call &k, uint32_t r) {
   if (r >= J.world || is_remote(J, r))
     return 0;
-  const ops_err_record *rec = (const ops_err_record *)J.slabs[r];
+  const ops_err_record *rec = (const ops_err_record *)slab_of(J, r);
   const int32_t code = (int32_t)ld_acquire_sys32((const uint32_t *)&rec->code);
   return code != 0 && *(const volatile uint64_t *)&rec->seq == k.seq ? code : 0;
 }
@@ -83,13 +83,13 @@ __device__ __forceinline__ uint64_t *out_mark_at(const cuops_job &J, unsigned pa
  * mark: the mark's place holds chunk c - DEP_SLAB_CHUNKS's count until
  * that chunk is taken whole, its count set back to 0 and then credited
  * (chunk_taken, ops_stream.cuh), so chunk c is looked for only once the
- * chunks credited (cuops_dev.chan_front, read with acquire: the reset
+ * chunks credited (cuops_job.chan_front, read with acquire: the reset
  * before it) reach past that one, as the host's remote_in does.  The sender
  * writes no row of chunk c before that credit either, so this adds no wait.
  */
 __device__ __forceinline__ bool in_mark_open(const cuops_job &J, uint32_t s, uint32_t c) {
   return c < DEP_SLAB_CHUNKS ||
-         (ld_acquire_gpu32(&J.dev->chan_front[s]) & ((1u << CUOPS_CHAN_DONE_SHIFT) - 1u)) +
+         (ld_acquire_gpu32(&J.chan_front[s]) & ((1u << CUOPS_CHAN_DONE_SHIFT) - 1u)) +
                  DEP_SLAB_CHUNKS > c;
 }
 
@@ -107,7 +107,7 @@ __device__ __forceinline__ bool stream_aborted(const cuops_job &J, const call &k
     return true;
   if (waited < CUOPS_ABORT_POLL_NS || r >= J.world || !is_remote(J, r))
     return false;
-  const uint8_t *w = J.slabs[J.rank] + DEP_SLAB_ABORT_OFF;
+  const uint8_t *w = slab_of(J, J.rank) + DEP_SLAB_ABORT_OFF;
   if (ld_acquire_sys32((const uint32_t *)(w + offsetof(dep_slab_abort, code))) == 0u)
     return false;
   const volatile dep_slab_abort *a = (const volatile dep_slab_abort *)w;

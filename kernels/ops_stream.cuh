@@ -21,10 +21,10 @@
  * are this backend's kernels.  The receive claims rows (dispatch) or tokens
  * (combine) from a counter in stream order, so the rows of one source are
  * taken by many warps at once, in any order: each, once it has copied its
- * claim's rows out, counts them per chunk (cuops_dev.chan_took, one atomic
+ * claim's rows out, counts them per chunk (cuops_job.chan_took, one atomic
  * add per source and chunk), and the chunks taken whole are credited in
  * order, by whoever takes the last row of the first chunk not credited
- * (chunk_taken, cuops_dev.chan_front).  Taking never waits, so a receiver
+ * (chunk_taken, cuops_job.chan_front).  Taking never waits, so a receiver
  * waits only for rows: bounded, since a stream's earlier rows are claimed
  * first, and once those are taken their chunks are credited, so the
  * senders may write the rows claimed next (a claim's rows of a source fit
@@ -60,7 +60,7 @@
  * stamps cannot say a row from another node is in (its daemon writes a
  * frame's bytes in no order), so a chunk is the unit there, as on the host
  * backend: the sending warps count the rows they have written into each
- * chunk (cuops_dev.chan_sent, after a system fence), and the warp whose
+ * chunk (cuops_job.chan_sent, after a system fence), and the warp whose
  * count completes a chunk writes the chunk's out mark and pushes one CHUNK
  * descriptor to the proxy (chunk_sent; the first chunk's with the slot
  * image, SLOT, which that warp posts; a stream of no rows pushes the slot
@@ -213,7 +213,7 @@ __device__ __forceinline__ void stream_post_slot(const cuops_job &J, const call 
     post_header(J, k, d, p.rows, p.op, p.ref_seq, p.num_tokens);
     return;
   }
-  if (p.rows != 0 || ((k.gone >> d) & 1ull) != 0)
+  if (p.rows != 0 || gone_to(k, d))
     return;
   post_header(J, k, d, 0, p.op, p.ref_seq, p.num_tokens);
   __threadfence_system();
@@ -233,7 +233,7 @@ __device__ __forceinline__ void stream_post_slot(const cuops_job &J, const call 
  */
 __device__ __forceinline__ void chunk_sent(const cuops_job &J, const call &k, uint32_t d,
                                            uint32_t c, uint32_t len, const stream_post &p) {
-  if (((k.gone >> d) & 1ull) != 0)
+  if (gone_to(k, d))
     return; /* d left the job: nothing more goes to it (stream_post_slot) */
   __threadfence_system(); /* the other writers' rows, seen through their counts, before the mark */
   *(volatile uint64_t *)out_mark_at(J, k.parity, d, c) = DEP_SLAB_CHAN_AT(k.seq, len);
@@ -250,7 +250,7 @@ __device__ __forceinline__ void chunk_sent(const cuops_job &J, const call &k, ui
  * Every lane of a sender warp, after writing rows first, first + step, ...
  * (below end) of its stream to rank d (p.rows rows in all) into blk, d's
  * channel: publish them.  To a local d, each row's stamp (stamp_rows).  To
- * one on another node, a count per chunk (cuops_dev.chan_sent, one atomic
+ * one on another node, a count per chunk (cuops_job.chan_sent, one atomic
  * add per chunk the rows touch, after a system fence: many warps write one
  * chunk, each its own rows, in no order among them); the warp whose count
  * completes a chunk sets the chunk's count back to 0 for the chunk
@@ -279,10 +279,10 @@ __device__ __forceinline__ void publish_rows(const cuops_job &J, const call &k, 
       m++;
     const uint32_t shift = CUOPS_CHAN_TOOK_BITS * (c % DEP_SLAB_CHUNKS);
     const unsigned long long add = (unsigned long long)m << shift;
-    const unsigned long long now = atomicAdd(&J.dev->chan_sent[d], add) + add;
+    const unsigned long long now = atomicAdd(&J.chan_sent[d], add) + add;
     if (((now >> shift) & ((1u << CUOPS_CHAN_TOOK_BITS) - 1u)) != len)
       continue;
-    atomicAdd(&J.dev->chan_sent[d], 0ull - ((unsigned long long)len << shift));
+    atomicAdd(&J.chan_sent[d], 0ull - ((unsigned long long)len << shift));
     chunk_sent(J, k, d, c, len, p);
   }
 }
@@ -299,7 +299,7 @@ __device__ __forceinline__ void take_fence() {
  * `rows`) is taken whole (take_rows): credit it, and every chunk after it
  * already taken whole, once every chunk before it is credited.  Nothing
  * waits here: the first chunk not credited yet holds the front
- * (cuops_dev.chan_front), and each chunk taken whole behind it leaves a
+ * (cuops_job.chan_front), and each chunk taken whole behind it leaves a
  * done bit there, in the same word, so that whoever takes the front's
  * chunk last moves the front over them all (the compare-and-swap that sets
  * a chunk's bit sees every bit set before it, and the one that moves the
@@ -323,7 +323,7 @@ __device__ __forceinline__ void chunk_taken(const cuops_job &J, const call &k, u
   const bool far = is_remote(J, s);
   /* Its count back to 0 for chunk c + DEP_SLAB_CHUNKS, whose rows the sender writes only once
    * this chunk is credited, below. */
-  atomicAdd(&J.dev->chan_took[s],
+  atomicAdd(&J.chan_took[s],
             0ull - ((unsigned long long)len << (CUOPS_CHAN_TOOK_BITS * place)));
   if (far) {
     *(volatile uint64_t *)in_mark_at(J, k.parity, s, c) = 0;
@@ -331,7 +331,7 @@ __device__ __forceinline__ void chunk_taken(const cuops_job &J, const call &k, u
   } else {
     __threadfence();
   }
-  uint32_t *front = &J.dev->chan_front[s];
+  uint32_t *front = &J.chan_front[s];
   uint32_t was = *(volatile uint32_t *)front, now, f;
   for (;;) {
     now = was | 1u << (CUOPS_CHAN_DONE_SHIFT + place);
@@ -375,7 +375,7 @@ __device__ __forceinline__ void chunk_taken(const cuops_job &J, const call &k, u
  * One lane, once its warp has read rows j0..j1 - 1 of source s's
  * stream (`rows` in all), then met at a __syncwarp and fenced (the reads
  * before the counts, take_fence): count them taken, chunk by chunk
- * (cuops_dev.chan_took, an atomic add), and credit each chunk the count
+ * (cuops_job.chan_took, an atomic add), and credit each chunk the count
  * completes (chunk_taken).  It never waits: the rows of a source are taken
  * in any order, by many warps at once, and a chunk is credited once every
  * row of it and of the chunks before it is taken.
@@ -387,7 +387,7 @@ __device__ __forceinline__ void take_rows(const cuops_job &J, const call &k, uin
     const uint32_t len = min(J.chunk_rows, rows - c * J.chunk_rows);
     const uint32_t shift = CUOPS_CHAN_TOOK_BITS * (c % DEP_SLAB_CHUNKS);
     const unsigned long long add = (unsigned long long)(end - j) << shift;
-    const unsigned long long now = atomicAdd(&J.dev->chan_took[s], add) + add;
+    const unsigned long long now = atomicAdd(&J.chan_took[s], add) + add;
     if (((now >> shift) & ((1u << CUOPS_CHAN_TOOK_BITS) - 1u)) == len)
       chunk_taken(J, k, op, s, c, len, rows);
     j = end;

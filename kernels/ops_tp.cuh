@@ -52,17 +52,29 @@ KERNEL dep__k_layout(const cuops_job J, const cuops_layout_args a) {
   const uint64_t t0 = J.stats != nullptr && threadIdx.x == 0 ? globaltimer_ns() : 0;
   for (uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < a.num_tokens;
        t += gridDim.x * blockDim.x) {
+    /* The token's destinations: a bit each in a world of at most 64 ranks; in a larger one
+     * its row of tir itself, cleared first (the thread's own bytes), each set once. */
     uint64_t mask = 0;
+    uint8_t *tir = a.tir + (uint64_t)t * J.world;
+    const bool wide = J.world > 64u;
+    for (uint32_t d = 0; wide && d < J.world; d++)
+      tir[d] = 0;
     for (uint32_t k = 0; k < K; k++) {
       int64_t e = checked_id(J, a.idx, a.itype, (uint64_t)t * K + k, 0, true);
       if (e < 0)
         continue;
       atomicAdd(&a.tpe[e], 1);
-      mask |= 1ull << (e / J.le);
+      const uint32_t d = (uint32_t)(e / J.le);
+      if (!wide) {
+        mask |= 1ull << d;
+      } else if (tir[d] == 0) {
+        tir[d] = 1;
+        atomicAdd(&a.tpr[d], 1);
+      }
     }
-    for (uint32_t d = 0; d < J.world; d++) {
+    for (uint32_t d = 0; !wide && d < J.world; d++) {
       uint32_t in = (uint32_t)(mask >> d) & 1u;
-      a.tir[(uint64_t)t * J.world + d] = (uint8_t)in;
+      tir[d] = (uint8_t)in;
       if (in)
         atomicAdd(&a.tpr[d], 1);
     }
@@ -397,7 +409,10 @@ __device__ __forceinline__ void dispatch_zero_masked(const cuops_job &J,
                                                      const cuops_dispatch_args &a, const call &k,
                                                      const uint32_t *off, uint32_t tid,
                                                      uint32_t nt) {
-  if (!a.cached || k.mask == 0)
+  bool any = false; /* a rank masked: word 0 alone in a world of at most 64 ranks */
+  for (uint32_t i = 0; i < mask_words(J); i++)
+    any |= (i == 0 ? k.mask : k.maskw[i]) != 0;
+  if (!a.cached || !any)
     return;
   const uint32_t h = J.hidden, G = h / 128;
   const uint64_t rb = a.fp8 ? h : 2ull * h;
@@ -439,7 +454,7 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
                                               const call &k) {
   constexpr uint32_t BASE = RING ? STREAM_RECV_BASE : 0, NT = CUOPS_THREADS - BASE;
   __shared__ peers s_p;
-  __shared__ uint32_t s_ok, s_off[CUOPS_MAX_RANKS], s_first[CUOPS_MAX_RANKS + 1];
+  __shared__ uint32_t s_ok, s_off[CUOPS_MAX_WORLD], s_first[CUOPS_MAX_WORLD + 1];
   const uint32_t K = J.topk, h = J.hidden, W = J.world, lane = threadIdx.x & 31u;
   const uint32_t op = dispatch_op(a), tid = threadIdx.x - BASE;
   if (tid == 0) {
@@ -469,7 +484,7 @@ __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_di
       for (uint32_t s = 0; s < W; s++) {
         if (!a.cached)
           a.h.tp_from[s] = s_p.rows[s];
-        ((volatile uint32_t *)J.host->recv_from)[s] = s_p.rows[s];
+        ((volatile uint32_t *)J.recv_from)[s] = s_p.rows[s];
       }
       *(volatile uint32_t *)&J.host->num_recv = off;
       if (!a.cached)

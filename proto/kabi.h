@@ -68,7 +68,10 @@
  *     no error, not even for a wait on another, slower rank.
  *   - Masked ranks (deepep.h): thread 0 of every CTA reads the mask once
  *     as the CTA begins (cuops_mask: the live mask in this rank's slab, or-ed
- *     with cuops_dev.own_mask) and the call skips every masked rank: no
+ *     with cuops_job.own_mask; a bitmap of the world, a word per 64 ranks,
+ *     which the CTA keeps in shared memory and every thread's word 0 in a
+ *     register, so that a world of at most 64 ranks reads no more than one
+ *     word did) and the call skips every masked rank: no
  *     slot or row to it (a CTA still arrives at the counters, so that they
  *     stay in step; the last one posts nothing), no wait for its flag or
  *     rows, no row from it (0 in every count; a cached dispatch's rows from
@@ -120,6 +123,18 @@
 #define CUOPS_THREADS 256
 #define CUOPS_WARPS (CUOPS_THREADS / 32)
 #define CUOPS_MAX_RANKS DEP_MAX_LOCAL_RANKS
+/*
+ * The largest world the kernels serve.  A receiving CTA keeps what it read
+ * of every source's slot, and the throughput and low-latency receives each
+ * source's first row, in static shared memory (peers, and the receives'
+ * s_first, s_off and s_cnt: 24 bytes a source at the most), which with the
+ * low-latency dispatch's dynamic shared memory for CUOPS_LL_MAX_EXPERTS
+ * experts must stay within the 48 KiB a kernel gets without opting in:
+ * 512 sources leave it some 4 KiB (sm_90: ptxas -v).  Every other array
+ * the kernels index by rank is sized by the job's world (cuops_world_carve,
+ * the handles), and the grid by the SM budget alone (below).
+ */
+#define CUOPS_MAX_WORLD 512u
 #define CUOPS_MAX_CTAS 96u
 /* CTAs of one communicating kernel resident per SM (__launch_bounds__: ops_dev.cuh KERNEL). */
 #define CUOPS_CTAS_PER_SM 2u
@@ -128,6 +143,12 @@
  * gets without opting in. */
 #define CUOPS_LL_MAX_EXPERTS 4096u
 #define CUOPS_LL_SHMEM(num_experts) (8u * (num_experts))
+/* The low-latency dispatch's static shared memory holds 20 bytes a source (its peers and
+ * s_first) and some 1.3 KiB besides (sm_90); with its dynamic part it fits the 48 KiB. */
+DEP_STATIC_ASSERT(20u * CUOPS_MAX_WORLD + CUOPS_LL_SHMEM(CUOPS_LL_MAX_EXPERTS) + 4096u <=
+                      48u * 1024u,
+                  "a world of CUOPS_MAX_WORLD sources fits the low-latency dispatch's shared "
+                  "memory");
 
 /* How long a wait goes unmet before it polls the abort code (slab.h's
  * abort words) too. */
@@ -225,11 +246,12 @@ enum cuops_phase {
                                call, so it sends or takes no more of it; seen_flag: its code */
 };
 
-/* Pinned host memory mapped for the device: written by kernels, read by the library. */
+/* Pinned host memory mapped for the device: written by kernels, read by the library.  The
+ * dispatch's rows from each source (cuops_job.recv_from, one word per rank of the world) follow
+ * it in the same registration (client/cuda_attach.c). */
 struct cuops_host {
   struct ops_err_record err;       /* code stored last */
   uint32_t num_recv;               /* dispatch: rows received */
-  uint32_t recv_from[CUOPS_MAX_RANKS]; /* dispatch: rows from each source */
 };
 
 /* Device scratch of one client. */
@@ -239,7 +261,6 @@ struct cuops_dev {
   uint32_t claim;                  /* 1 once a failure is recorded */
   uint32_t broken;                 /* 1 after a timeout: kernels do nothing */
   uint32_t pad;
-  uint32_t arrive[CUOPS_MAX_RANKS]; /* sender CTAs done per destination */
   uint32_t bar_count, bar_gen;     /* the dispatch's grid barrier (ops_tp.cuh grid_meet) */
   uint32_t ticket;                 /* the throughput ops' receive work, claimed; 0 between calls */
   int32_t code;                    /* the failure rec_fail recorded in the running call, for its
@@ -249,31 +270,66 @@ struct cuops_dev {
   /* The proxy's ring: descriptors reserved, published (its head as this
    * rank last stored it) and known taken (its tail as last read). */
   unsigned long long xr_next, xr_pub, xr_tail;
-  /* Per remote source: the call whose flag CTA 0 last saw in the exchange
-   * region (CUOPS_XSEEN_FAILED set: that wait failed), for the other CTAs
-   * to wait on in device memory (ops_dev.cuh wait_peers). */
-  unsigned long long xseen[CUOPS_MAX_RANKS];
-  /* This rank's own mask (deepep.h "Masked ranks"): bit r set, rank r masked; written by the
-   * library (dep_mask_update), read by every CTA as it begins (cuops_mask). */
-  unsigned long long own_mask;
-  /* Split calls (below): the call a low-latency send (CUOPS_SEND) made in each parity and the
-   * mask it ran with, for its receive (CUOPS_RECV) to run with; the receive sets the seq to 0. */
+  /* Split calls (below): the call a low-latency send (CUOPS_SEND) made in each parity, whose
+   * mask (cuops_job.pend_mask) its receive (CUOPS_RECV) runs with; the receive sets it to 0. */
   uint64_t pend_seq[2];
-  unsigned long long pend_mask[2];
-  /* A streamed call (kernels/ops_stream.cuh), for each local source's channel in the running
-   * call: chan_took, the rows its receiving warps have taken (copied out) of each chunk not
-   * yet credited, CUOPS_CHAN_TOOK_BITS a chunk, by the chunk's place in the ring (its number
-   * modulo DEP_SLAB_CHUNKS); chan_front, the chunks credited (the bits below
-   * CUOPS_CHAN_DONE_SHIFT) and, from that bit on, one by place for each chunk taken whole
-   * but not credited yet, since a chunk before it is not.  0 between calls. */
-  unsigned long long chan_took[CUOPS_MAX_RANKS];
-  uint32_t chan_front[CUOPS_MAX_RANKS];
-  /* A streamed call's channel to each destination on another node: the rows its sending
-   * warps have written (and fenced) of each chunk not yet handed to the proxy, packed as
-   * chan_took, by the chunk's place in the ring; the warp whose count completes a chunk sets
-   * it back to 0 and publishes the chunk (ops_stream.cuh chunk_sent).  0 between calls. */
-  unsigned long long chan_sent[CUOPS_MAX_RANKS];
 };
+
+/*
+ * The device counters a rank keeps for each rank of its world, in arrays
+ * of the world's length rather than in struct cuops_dev (whose size is
+ * fixed), so that every world the library serves has them:
+ *   arrive     sender units (or warps) done per destination (ops_dev.cuh arrive);
+ *   xseen      per remote source, the call whose flag CTA 0 last saw in the
+ *              exchange region (CUOPS_XSEEN_FAILED set: that wait failed), for
+ *              the other CTAs to wait on in device memory (wait_peers);
+ *   chan_took  a streamed call (kernels/ops_stream.cuh), for each local source's
+ *              channel in the running call: the rows its receiving warps have
+ *              taken (copied out) of each chunk not yet credited,
+ *              CUOPS_CHAN_TOOK_BITS a chunk, by the chunk's place in the ring
+ *              (its number modulo DEP_SLAB_CHUNKS);
+ *   chan_front the chunks credited (the bits below CUOPS_CHAN_DONE_SHIFT) and,
+ *              from that bit on, one by place for each chunk taken whole but not
+ *              credited yet, since a chunk before it is not;
+ *   chan_sent  a streamed call's channel to each destination on another node:
+ *              the rows its sending warps have written (and fenced) of each chunk
+ *              not yet handed to the proxy, packed as chan_took; the warp whose
+ *              count completes a chunk sets it back to 0 and publishes the chunk
+ *              (ops_stream.cuh chunk_sent);
+ *   own_mask   this rank's own mask (deepep.h "Masked ranks"), a bitmap of the
+ *              world as the live mask's words are (slab.h DEP_SLAB_MASK_BIT):
+ *              written by the library (dep_mask_update), read by every CTA as
+ *              it begins (cuops_mask);
+ *   pend_mask  split calls (below): for each parity, the mask a low-latency
+ *              send ran with, the same bitmap, for its receive to run with;
+ *   wslabs     a world above CUOPS_MAX_RANKS: every rank's slab (device
+ *              pointers; NULL for a rank on another node), as slabs[] holds
+ *              them for a smaller world (ops_dev.cuh slab_of);
+ *   xnum       ... and each rank's number among the ranks on other nodes (-1:
+ *              a local rank), which remote_mask says for a smaller world
+ *              (is_remote, out_index).  The library writes both at attach.
+ * The chan_* words are 0 between calls (call_end).  They lie in the slab's
+ * private area (dep__slab_priv: the job's world, and the warm-up's world of
+ * one), where cuops_world_carve places them; cuops_job carries their device
+ * addresses.
+ */
+#define CUOPS_WORLD_ARRAYS 9
+static inline uint64_t cuops_world_carve(uint64_t W, uint64_t at[CUOPS_WORLD_ARRAYS]) {
+  uint64_t off = 0;
+  at[0] = dep_carve(&off, 4 * W);
+  at[1] = dep_carve(&off, 8 * W);
+  at[2] = dep_carve(&off, 8 * W);
+  at[3] = dep_carve(&off, 4 * W);
+  at[4] = dep_carve(&off, 8 * W);
+  at[5] = dep_carve(&off, 8 * DEP_SLAB_MASK_WORDS(W));
+  at[6] = dep_carve(&off, 2 * 8 * DEP_SLAB_MASK_WORDS(W));
+  at[7] = dep_carve(&off, 8 * W);
+  at[8] = dep_carve(&off, 4 * W);
+  return off;
+}
+/* The most words a bitmap of the world holds (a CTA's copies of the call's masks, in shared
+ * memory: ops_dev.cuh call_begin). */
+#define CUOPS_MASK_WORDS DEP_SLAB_MASK_WORDS(CUOPS_MAX_WORLD)
 #define CUOPS_XSEEN_FAILED (1ull << 63)
 #define CUOPS_CHAN_TOOK_BITS 16u
 #define CUOPS_CHAN_DONE_SHIFT 28u
@@ -288,10 +344,12 @@ DEP_STATIC_ASSERT(DEP_SHAPE_MAX_TOKENS < (1u << CUOPS_CHAN_DONE_SHIFT) &&
 
 /* One rank's view of its job, passed by value to every kernel. */
 struct cuops_job {
-  uint8_t *slabs[CUOPS_MAX_RANKS]; /* every local rank's slab (device pointers), by rank;
-                                      NULL for a rank on another node */
+  uint8_t *slabs[CUOPS_MAX_RANKS]; /* a world of at most CUOPS_MAX_RANKS: every local rank's
+                                      slab (device pointers), by rank; NULL for a rank on
+                                      another node (a larger world: wslabs) */
   uint64_t data_off, block_bytes, parity_bytes, row_bytes;
-  /* A job that spans nodes: bit r set for each rank on another node; the
+  /* A job that spans nodes: bit r set for each rank on another node (a world of at most 64
+   * ranks; a larger one: xnum); the
    * ring to the daemon's proxy and the exchange region after it (device
    * addresses of the registered host mapping, xring.h), and the offsets in
    * the region of its in slots, out slots, in blocks and out blocks
@@ -306,19 +364,28 @@ struct cuops_job {
    * streams its throughput calls through channels (kernels/ops_stream.cuh). */
   uint32_t chunk_rows, chan_rows;
   uint32_t *tcnt;                  /* dispatch: [world][parts * warps] rows counted, scratch */
+  /* The per-world counters (cuops_world_carve's, in its order; device memory) and the
+   * dispatch's rows from each source (pinned host memory after cuops_host), [world] each. */
+  uint32_t *arrive;
+  unsigned long long *xseen, *chan_took;
+  uint32_t *chan_front;
+  unsigned long long *chan_sent;
+  unsigned long long *own_mask, *pend_mask; /* [mask words], [2][mask words] */
+  uint8_t **wslabs;                /* a world above CUOPS_MAX_RANKS only (slab_of) */
+  int32_t *xnum;                   /* ... (is_remote, out_index) */
+  uint32_t *recv_from;
   uint64_t timeout_ns;
   struct cuops_host *host;         /* device address of the pinned block */
   struct cuops_dev *dev;
   /* Device address of the stats page (stats_page.h), pinned, or NULL: the
    * last CTA of each call writes its entry there (ops_dev.cuh stats_call). */
   struct dep_stats_page *stats;
-  /* The live mask in this rank's slab (slab.h dep_slab_mask_epoch, dep_slab_mask_word of
-   * rank 0: a world of at most 64 ranks has one word; dep_slab_mask_join of rank 0, the
-   * first of the world's join words). */
+  /* The live mask in this rank's slab (slab.h dep_slab_mask_epoch; dep_slab_mask_word of
+   * rank 0, the first of the world's DEP_SLAB_MASK_WORDS words; dep_slab_mask_join of rank 0,
+   * the first of the world's join words). */
   uint64_t mask_epoch_off, mask_word_off, mask_join_off;
 };
-DEP_STATIC_ASSERT(CUOPS_MAX_RANKS <= 64,
-                  "remote_mask (and the live mask's one word) has a bit per rank");
+DEP_STATIC_ASSERT(CUOPS_MAX_RANKS <= 64, "remote_mask has a bit per rank");
 
 /* dep__k_touch: the bytes of each slab to touch. */
 struct cuops_touch_args {

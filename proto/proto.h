@@ -100,7 +100,7 @@
  *      JOB_EVENTS_OK (an elastic job's history: who left, when, why; who
  *      came back).  JOB_NODES_OK's job record ends in payload_out (the rows
  *      its proxy sent: one crossing per destination node, xring.h version 4).
- *      The private area's cuda scratch (kabi.h cuops_dev) holds a streamed
+ *      The private area's cuda scratch (kabi.h cuops_world_carve) holds a streamed
  *      call's counts of the chunks it sends to other nodes (chan_sent): a
  *      slab may be a page larger.
  * Bump the version only when an existing message's layout changes; add

@@ -99,7 +99,9 @@ void dep__slab_priv(const struct dep_job_shape *s, uint32_t world_size,
                     const struct dep_slab_layout *l, struct dep_slab_priv *out) {
   uint64_t off = 0;
   const uint64_t W = world_size, K = s->topk;
+  uint64_t wat[CUOPS_WORLD_ARRAYS];
   out->dev = dep_carve(&off, sizeof(struct cuops_dev));
+  out->world = dep_carve(&off, cuops_world_carve(W, wat));
   out->scratch = dep_carve(&off, 4ull * s->num_experts + 256);
   out->stage = dep_carve(&off, (uint64_t)l->max_ll_tokens * CUOPS_STAGE_ROW(s->hidden));
   /* A word per warp of every CTA the largest SM budget may launch (any
@@ -108,6 +110,7 @@ void dep__slab_priv(const struct dep_job_shape *s, uint32_t world_size,
   out->tcnt_bytes = ((uint64_t)CUOPS_CTAS_PER_SM * DEP_SLAB_MAX_SMS + W) * CUOPS_WARPS * 4 + 4096;
   out->tcnt = dep_carve(&off, out->tcnt_bytes);
   out->loop_dev = dep_carve(&off, sizeof(struct cuops_dev));
+  out->loop_world = dep_carve(&off, cuops_world_carve(1, wat));
   /* The warm-up's world of one: its control slots fit the job's, and a page of data. */
   out->loop_slab = dep_carve(&off, l->data_off + 4096);
   /* The warm-up's handle, whose world of one has every expert local. */

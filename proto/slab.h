@@ -242,18 +242,21 @@ int dep__slab_layout(const struct dep_job_shape *shape, uint32_t world_size,
 
 /*
  * The private area's parts, as offsets from its start, and its size (end):
- * the cuda library's counters (struct cuops_dev, kabi.h), the layout's
+ * the cuda library's counters (struct cuops_dev, kabi.h) and its counters
+ * per rank of the world (world: kabi.h cuops_world_carve), the layout's
  * per-expert scratch, the low-latency FP8 staging rows, the dispatch's
  * per-warp count scratch (tcnt, tcnt_bytes: for a GPU of up to
- * DEP_SLAB_MAX_SMS SMs), the warm-up's counters and world of one
- * (loop_dev, loop_slab) and its handle (warm_handle).  One function carves
+ * DEP_SLAB_MAX_SMS SMs), the warm-up's counters, their arrays for its
+ * world of one, and that world's slab (loop_dev, loop_world, loop_slab)
+ * and its handle (warm_handle).  One function carves
  * it: the layout's priv_bytes is its end, and the library addresses the
  * parts by its offsets, so the two cannot disagree.  The host backend keeps
  * nothing there; the area is part of the layout all the same, which is one
  * for both backends.
  */
 struct dep_slab_priv {
-  uint64_t dev, scratch, stage, tcnt, tcnt_bytes, loop_dev, loop_slab, warm_handle, end;
+  uint64_t dev, world, scratch, stage, tcnt, tcnt_bytes, loop_dev, loop_world, loop_slab,
+      warm_handle, end;
 };
 void dep__slab_priv(const struct dep_job_shape *shape, uint32_t world_size,
                     const struct dep_slab_layout *lay, struct dep_slab_priv *out);

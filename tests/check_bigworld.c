@@ -22,11 +22,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cuda_ops.h"
+#include "cudaranks.h"
+#include "cudarounds.h"
 #include "daemonwire.h"
 #include "deepep.h"
 #include "fake_daemon.h"
 #include "nodes.h"
+#include "slab.h"
 #include "testutil.h"
+#include "xngpu.h"
 #include "xnjob.h"
 
 /* What every rank and the test must finish within: a ceiling for 128
@@ -327,8 +332,8 @@ START_TEST(more_than_64_ranks_on_one_node_are_refused_at_attach_naming_the_limit
 END_TEST
 
 /*
- * The cuda library refuses a world its kernels cannot address (above 64
- * ranks: kabi.h's rank masks) at dep_attach, with DEP_ERR_UNSUPPORTED
+ * The cuda library refuses a world its kernels cannot serve (above
+ * CUOPS_MAX_WORLD: kabi.h says why) at dep_attach, with DEP_ERR_UNSUPPORTED
  * naming the limit and the backend, before it touches the driver or sends
  * anything: the fake daemon (which says its backend is cuda) hears no
  * request after HELLO.  Before, the library bound the GPU and sent ATTACH,
@@ -340,14 +345,116 @@ START_TEST(the_cuda_library_refuses_a_world_above_its_kernels_limit_before_sendi
   dep_client_t *c = NULL;
   ck_assert_int_eq(dep_client_new(&c), 0);
   ck_assert_int_eq(dep_connect(c, f.sock), 0);
-  struct dep_attach_args a = {.size = sizeof a, .rank = 0, .world_size = 2 * DEP_MAX_LOCAL_RANKS,
-                              .local_rank = 0, .local_world_size = DEP_MAX_LOCAL_RANKS,
-                              .shape = bw_shape(2 * DEP_MAX_LOCAL_RANKS)};
+  const uint32_t W = 2 * CUOPS_MAX_WORLD;
+  struct dep_attach_args a = {.size = sizeof a, .rank = 0, .world_size = W, .local_rank = 0,
+                              .local_world_size = DEP_MAX_LOCAL_RANKS, .shape = bw_shape(W)};
   snprintf(a.job_id, sizeof a.job_id, "cudawide");
   ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_UNSUPPORTED);
-  expect_has(dep_errmsg(c), "world of 128 ranks; the cuda backend serves worlds of up to 64");
+  char want[128];
+  snprintf(want, sizeof want, "world of %u ranks; the cuda backend serves worlds of up to %u", W,
+           CUOPS_MAX_WORLD);
+  expect_has(dep_errmsg(c), want);
   dep_client_free(c);
   ck_assert_int_eq(fake_daemon_wait(&f), 0);
+}
+END_TEST
+
+/*
+ * A world above 64 ranks on cuda (issue 27): the library's check passes
+ * worlds of 65, 128 (two nodes of 64) and CUOPS_MAX_WORLD and refuses one
+ * more, and the layout of a job of 128 ranks over two nodes of 64 binds as
+ * every other (cuops_block_layout), its private area holding the per-world
+ * tables the kernels address a large world by (kabi.h cuops_world_carve:
+ * the counters, the masks' words, every rank's slab and its number among
+ * the remote ranks) between the counters and the scratch.  The old library
+ * refused every world above 64 ranks (the kernels' 64-bit masks).
+ */
+START_TEST(the_cuda_library_takes_a_world_of_128_and_carves_its_tables) {
+  dep_client_t *c = NULL;
+  ck_assert_int_eq(dep_client_new(&c), 0);
+  static const uint32_t ok[] = {DEP_MAX_LOCAL_RANKS + 1, 2 * DEP_MAX_LOCAL_RANKS, CUOPS_MAX_WORLD};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    struct dep_attach_args a = {.size = sizeof a, .world_size = ok[i],
+                                .local_world_size = DEP_MAX_LOCAL_RANKS, .shape = bw_shape(ok[i])};
+    ck_assert_msg(cuda_ops_world_check(c, &a) == 0, "world %u: %s", ok[i], dep_errmsg(c));
+  }
+  struct dep_attach_args big = {.size = sizeof big, .world_size = CUOPS_MAX_WORLD + 1,
+                                .local_world_size = DEP_MAX_LOCAL_RANKS,
+                                .shape = bw_shape(CUOPS_MAX_WORLD + 1)};
+  ck_assert_int_eq(cuda_ops_world_check(c, &big), DEP_ERR_UNSUPPORTED);
+  dep_client_free(c);
+  const uint32_t W = 2 * DEP_MAX_LOCAL_RANKS;
+  const struct dep_job_shape sh = bw_shape(W);
+  struct dep_slab_layout l;
+  char why[256] = "";
+  ck_assert_msg(dep__slab_layout_nodes(&sh, W, DEP_MAX_LOCAL_RANKS, 0, &l, why, sizeof why) == 0,
+                "%s", why);
+  ck_assert_uint_eq(l.n_remote, DEP_MAX_LOCAL_RANKS);
+  struct dep_slab_priv b;
+  ck_assert_msg(cuops_block_layout(&sh, W, &l, 132, &b, why, sizeof why) == 0, "%s", why);
+  uint64_t at[CUOPS_WORLD_ARRAYS];
+  const uint64_t bytes = cuops_world_carve(W, at);
+  ck_assert_uint_eq(at[7] + 8 * W <= at[8] ? 1 : 0, 1);    /* wslabs: a pointer a rank */
+  ck_assert_uint_eq(at[8] + 4 * W <= bytes ? 1 : 0, 1);    /* xnum: a number a rank */
+  ck_assert_uint_ge(at[6] - at[5], 8 * DEP_SLAB_MASK_WORDS(W)); /* own mask: 2 words */
+  ck_assert(b.dev + sizeof(struct cuops_dev) <= b.world && b.world + bytes <= b.scratch);
+  ck_assert_uint_le(b.end, l.priv_bytes);
+}
+END_TEST
+
+/* ---- the cuda backend above 64 ranks: daemons sharing one GPU (gpu) ---------------- */
+
+/* Worlds of 65 to 80 ranks over two or three daemons, tiny shapes (one or two experts a
+ * rank, four tokens), FP8 and bf16, both index types. */
+static const struct xn_layout gpu_big[] = {
+  /* world hidden topk experts max_tokens max_ll routing tokens index fp8;  nodes, split */
+  {{65, 128, 2, 65, 4, 4, P_RANDOM, T_MAX, DEP_INDEX_I32, 1}, 2, {33, 32}},
+  {{72, 128, 2, 144, 4, 4, P_RANDOM, T_MIXED, DEP_INDEX_I64, 0}, 3, {24, 24, 24}},
+  {{80, 128, 2, 80, 4, 4, P_ONE_RANK, T_MAX, DEP_INDEX_I32, 1}, 2, {64, 16}},
+};
+
+/*
+ * Rank processes of a world of 65 to 80 on the cuda backend, over two or
+ * three daemons on this machine's GPU 0, every output twice (under two
+ * poisons) as the oracle says: masks and gone/left bitmaps of two words,
+ * ranks from 64 on addressed through the world tables (kabi.h wslabs,
+ * xnum), and a budget of 4 CTAs a rank, far below the world, so each CTA
+ * loops over 17 to 20 units (4: what a daemon holding 64 ranks of a GPU of
+ * 132 SMs allows, sm_budget.h).  65 to 80 processes are more than MPS
+ * takes (some 48 clients a GPU), so this runs time-sliced, without MPS,
+ * and skips under it: each context runs alone in its slice and a call's
+ * waits end as the others get theirs, so the bounds are generous
+ * (op_timeout_ms 120 s, the case 900 s).
+ */
+START_TEST(on_the_gpu_worlds_of_65_to_80_over_daemons_sharing_it_match_the_oracle) {
+  struct tu_gpus g;
+  if (!cr_gpu_probe(__func__, &g))
+    return;
+  if (g.mps) {
+    tu_skip(__func__, "65 to 80 rank processes on one GPU are more clients than MPS takes; "
+            "run this test without MPS (time-sliced)");
+    return;
+  }
+  setenv("DEP_TEST_GPUS", "1", 1); /* all on GPU 0: this test runs in a process of its own */
+  const struct xn_layout *L = &gpu_big[_i];
+  ow_seed_init(5000 + (uint64_t)_i);
+  struct ow_case *d = malloc(sizeof *d);
+  ck_assert_ptr_nonnull(d);
+  ow_case_make(d, &L->sc, L->sc.fp8);
+  struct nodes ns;
+  nodes_config_with(&ns, L->nodes, 300000, ", op_timeout_ms: 120000", "");
+  nodes_start_all(&ns);
+  struct cr_rounds a = {d, 1, 2};
+  char job[32];
+  snprintf(job, sizeof job, "gpu-wide-%d", _i);
+  static char fails[OW_FAILS_LEN];
+  int nfail = xg_run_ctas(&ns, L->split, job, d, cr_body_rounds, &a, false, "4", fails,
+                          sizeof fails);
+  OW_ASSERT_NONE_FAILED(d->desc, nfail, fails);
+  printf("bigworld gpu: %s over %d daemons on one GPU: as the oracle says\n", d->desc, L->nodes);
+  nodes_stop(&ns);
+  ow_case_free(d);
+  free(d);
 }
 END_TEST
 
@@ -368,6 +475,13 @@ Suite *bigworld_suite(void) {
   tcase_add_test(lim, more_than_64_ranks_on_one_node_are_refused_at_attach_naming_the_limit);
   tcase_add_test(lim,
                  the_cuda_library_refuses_a_world_above_its_kernels_limit_before_sending_anything);
+  tcase_add_test(lim, the_cuda_library_takes_a_world_of_128_and_carves_its_tables);
   suite_add_tcase(s, lim);
+  TCase *g = tcase_create("gpu");
+  tcase_set_tags(g, "gpu");
+  tcase_set_timeout(g, 900);
+  tcase_add_loop_test(g, on_the_gpu_worlds_of_65_to_80_over_daemons_sharing_it_match_the_oracle,
+                      0, (int)(sizeof gpu_big / sizeof gpu_big[0]));
+  suite_add_tcase(s, g);
   return s;
 }

@@ -597,8 +597,18 @@ START_TEST(the_operations_memory_fits_every_slabs_private_area) {
             ck_assert_uint_eq(l.total_bytes, l.priv_off + l.priv_bytes);
             struct dep_slab_priv p;
             dep__slab_priv(&sh, W, &l, &p);
-            ck_assert(p.dev < p.scratch && p.scratch < p.stage && p.stage < p.tcnt &&
-                      p.tcnt + p.tcnt_bytes <= p.loop_dev && p.loop_dev < p.loop_slab &&
+            /* The counters per rank of the world, the own and pending masks' words and the
+             * rank tables (kabi.h cuops_world_carve) after the cuops_dev, for the job's
+             * world and the warm-up's world of one. */
+            uint64_t wat[CUOPS_WORLD_ARRAYS];
+            const uint64_t wb = cuops_world_carve(W, wat), wb1 = cuops_world_carve(1, wat);
+            ck_assert_uint_ge(wb, (4 + 8 + 8 + 4 + 8 + 8 + 4) * (uint64_t)W +
+                                      3 * 8 * DEP_SLAB_MASK_WORDS(W)); /* own, pend[2] */
+            ck_assert(p.dev + sizeof(struct cuops_dev) <= p.world && p.world + wb <= p.scratch &&
+                      p.scratch < p.stage && p.stage < p.tcnt &&
+                      p.tcnt + p.tcnt_bytes <= p.loop_dev &&
+                      p.loop_dev + sizeof(struct cuops_dev) <= p.loop_world &&
+                      p.loop_world + wb1 <= p.loop_slab &&
                       p.loop_slab + l.data_off + 4096 <= p.warm_handle &&
                       p.warm_handle < p.end);
             ck_assert_uint_eq(l.priv_bytes, dep_round_up(p.end, DEP_SLAB_ALIGN));

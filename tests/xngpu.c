@@ -28,6 +28,12 @@
 int xg_run(const struct nodes *ns, const uint32_t *split, const char *job,
            const struct ow_case *d, cr_rank_body fn, void *arg, bool wait_all, char *fails,
            size_t len) {
+  return xg_run_ctas(ns, split, job, d, fn, arg, wait_all, "16", fails, len);
+}
+
+int xg_run_ctas(const struct nodes *ns, const uint32_t *split, const char *job,
+                const struct ow_case *d, cr_rank_body fn, void *arg, bool wait_all,
+                const char *ctas, char *fails, size_t len) {
   struct xn_place spread;
   memset(&spread, 0, sizeof spread);
   xn_place(&spread, split, ns->n);
@@ -37,7 +43,7 @@ int xg_run(const struct nodes *ns, const uint32_t *split, const char *job,
     p.local[g] = spread.local[g];
     p.lws[g] = spread.lws[g];
   }
-  setenv(CUOPS_CTAS_ENV, "16", 1);
+  setenv(CUOPS_CTAS_ENV, ctas, 1);
   struct cr_world w;
   cr_world_msgs(&w);
   int nfail = cr_run_procs_placed(&w, &p, job, &d->shape, d->sc.world, fn, arg, fails, len);

@@ -16,5 +16,9 @@
 int xg_run(const struct nodes *ns, const uint32_t *split, const char *job,
            const struct ow_case *d, cr_rank_body fn, void *arg, bool wait_all, char *fails,
            size_t len);
+/* The same with every rank's SM budget ctas (xg_run's is 16). */
+int xg_run_ctas(const struct nodes *ns, const uint32_t *split, const char *job,
+                const struct ow_case *d, cr_rank_body fn, void *arg, bool wait_all,
+                const char *ctas, char *fails, size_t len);
 
 #endif
