@@ -310,9 +310,55 @@ int lend_send(const struct job *j, struct conn *c, uint32_t request_id) {
 }
 
 /*
+ * What a job of a's shape takes of pool p when its channels hold chunks of
+ * chunk_rows rows (0: whole blocks): the worst case, every local rank on
+ * this device, in one arena, one block, in pieces (which round up most),
+ * and, across nodes, each local rank's ring and exchange region (pool.h).
+ * The layout is l's; *xchg is a rank's ring and exchange region.
+ */
+static int lend_need(struct pool *p, const struct dep_attach_args *a, uint32_t chunk_rows,
+                     struct dep_slab_layout *l, uint64_t *xchg, uint64_t *need, char *why,
+                     size_t whylen) {
+  int rc = dep__slab_layout_nodes(&a->shape, a->world_size, a->local_world_size, chunk_rows, l,
+                                  why, whylen);
+  if (rc != 0)
+    return rc;
+  uint64_t stride = dep_round_up(l->total_bytes, LEND_SLAB_ALIGN);
+  uint32_t pieces;
+  uint64_t piece;
+  *need = pool_block_layout(p, stride * a->local_world_size, lend_peer_cap(p), &pieces, &piece);
+  *xchg = l->n_remote > 0 ? DEP_XRING_BYTES + l->xchg_bytes : 0;
+  *need += *xchg * a->local_world_size;
+  return 0;
+}
+
+/*
+ * For a job of whole blocks that does not fit: the largest chunk, a power of
+ * two below a block's rows, with which it would (its bytes a rank in
+ * *per_rank), or 0 where streaming does not make it fit either.
+ */
+static uint32_t lend_fitting_chunk(struct pool *p, const struct dep_attach_args *a,
+                                   uint64_t *per_rank) {
+  for (uint32_t rows = 1u << 12; rows >= 1; rows >>= 1) {
+    if (4ull * rows >= a->shape.max_tokens_per_rank)
+      continue; /* 4 chunks of it hold a whole block: no smaller */
+    struct dep_slab_layout l;
+    uint64_t xchg, need;
+    char ignored[8];
+    if (lend_need(p, a, rows, &l, &xchg, &need, ignored, sizeof ignored) == 0 &&
+        need <= pool_total_bytes(p)) {
+      *per_rank = l.total_bytes + xchg;
+      return rows;
+    }
+  }
+  return 0;
+}
+
+/*
  * Check, before a rank joins, what would otherwise fail only at the
  * rendezvous: its device is one this daemon serves, and the arena of the
- * job's shape fits that device's pool's budget at all.
+ * job's shape fits that device's pool's budget at all.  A job of whole
+ * blocks that streaming would fit is told the chunk that does.
  */
 int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, uint64_t *slab_bytes,
                uint64_t *host_bytes,
@@ -321,27 +367,25 @@ int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, uint64_t *s
   if (p == NULL)
     return DEP_ERR_NOT_FOUND;
   struct dep_slab_layout l;
-  int rc = dep__slab_layout_nodes(&a->shape, a->world_size, a->local_world_size, chunk_rows, &l,
-                                  why, whylen);
+  uint64_t xchg, need;
+  int rc = lend_need(p, a, chunk_rows, &l, &xchg, &need, why, whylen);
   if (rc != 0)
     return rc;
-  /* The worst case: every local rank on this device, in one arena, one
-   * block, in pieces (which round up most). */
-  uint64_t stride = dep_round_up(l.total_bytes, LEND_SLAB_ALIGN);
-  uint32_t pieces;
-  uint64_t piece;
-  uint64_t need = pool_block_layout(p, stride * a->local_world_size, lend_peer_cap(p), &pieces,
-                                    &piece);
-  /* And, across nodes, each local rank's ring and exchange region (pool.h). */
-  const uint64_t xchg = l.n_remote > 0 ? DEP_XRING_BYTES + l.xchg_bytes : 0;
-  need += xchg * a->local_world_size;
   if (need > pool_total_bytes(p)) {
     const double mib = 1024.0 * 1024.0;
+    uint64_t streamed = 0;
+    const uint32_t fit = chunk_rows == 0 ? lend_fitting_chunk(p, a, &streamed) : 0;
+    char stream[112] = "";
+    if (fit != 0)
+      snprintf(stream, sizeof stream,
+               ", or set stream_chunk_rows: %u on every node (%.1f MiB per rank; deepepctl size "
+               "--chunk-rows N)",
+               fit, (double)streamed / mib);
     snprintf(why, whylen, "this job shape needs %.1f MiB per rank, %.1f MiB for its %u local "
              "ranks, but device %s's pool holds %.1f MiB; lower max_tokens_per_rank or hidden, "
-             "or raise pool.size_per_device (pool.host_size on the host backend)",
+             "or raise pool.size_per_device (pool.host_size on the host backend)%s",
              (double)(l.total_bytes + xchg) / mib, (double)need / mib, a->local_world_size,
-             p->dev.uuid_str, (double)pool_total_bytes(p) / mib);
+             p->dev.uuid_str, (double)pool_total_bytes(p) / mib, stream);
     return DEP_ERR_NO_MEMORY;
   }
   *slab_bytes = l.total_bytes;

@@ -687,6 +687,18 @@ START_TEST(bad_input_fails_its_own_job_at_once_and_every_other_job_carries_on) {
   char msg[DEP_MSG_TEXT_MAX];
   ck_assert_int_eq(raw_attach_error(&d, &bad[1].a, msg, sizeof msg), DEP_ERR_INVALID);
   ck_assert_msg(strstr(msg, "rank 2 is out of range") != NULL, "said: %s", msg);
+  /* HUGE's low-latency rows (the default, 256) outweigh any chunk, so it is told no chunk; with
+   * one low-latency row, 64-row chunks are the largest power of two whose rank fits 64 MiB
+   * (40.3 MiB: deepepctl size --world 4 --ranks-per-node 1 --tokens 1024 --hidden 4096
+   * --experts 8 --topk 2 --ll-tokens 1 --chunk-rows 64; 128 rows take 80.4). */
+  ck_assert_int_eq(raw_attach_error(&d, &bad[0].a, msg, sizeof msg), DEP_ERR_NO_MEMORY);
+  ck_assert_msg(strstr(msg, "stream_chunk_rows") == NULL, "said: %s", msg);
+  struct dep_attach_args few_ll = bad[0].a;
+  few_ll.shape.max_ll_tokens_per_rank = 1;
+  ck_assert_int_eq(raw_attach_error(&d, &few_ll, msg, sizeof msg), DEP_ERR_NO_MEMORY);
+  ck_assert_msg(strstr(msg, "or set stream_chunk_rows: 64 on every node (40.3 MiB per rank;") !=
+                    NULL,
+                "said: %s", msg);
   ck_assert_int_eq(raw_attach_error(&d, &bad[4].a, msg, sizeof msg), DEP_ERR_NOT_FOUND);
   ck_assert_msg(strstr(msg, "device dededede-dede-dede-dede-dededededede is not served") != NULL,
                 "said: %s", msg);
