@@ -4,8 +4,10 @@
 # each (the other its peer), and bench/ep's ranks spread over them; beside
 # it, in the same run and between the same namespaces, the ceilings: raw
 # TCP with as many streams as the daemons open data connections each way
-# (iperf3), and a TCP round trip of each low-latency operation's bytes
-# (bench/xnode_pingpong).  Prints one table with the issue's ratios;
+# (iperf3; each daemon's control lane, one more connection each way that
+# carries only credits, is not counted), and a TCP round trip of each
+# low-latency operation's bytes (bench/xnode_pingpong).  Prints one table
+# with the issue's ratios;
 # everything it made (namespaces, daemons, scratch) goes at exit.
 #
 #   bench/xnode.sh [BUILD]          as root; BUILD defaults to build
@@ -117,7 +119,7 @@ echo "# xnode: $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), $(nproc) CPUs" \
      "($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)), commit" \
      "$(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "# two namespaces over veth (${ADDR[0]}, ${ADDR[1]}), deepepd host backend," \
-     "connection_pool_size $CONNS, stream_chunk_rows $STREAM, default proxy_threads; nice $NICE;" \
+     "connection_pool_size $CONNS (and a control lane), stream_chunk_rows $STREAM, default proxy_threads; nice $NICE;" \
      "load average at start:" \
      "$(cut -d' ' -f1-3 /proc/loadavg)"
 

@@ -666,8 +666,9 @@ int xfer_init(const struct config *cfg) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* mono_ns's deadlines */
   pthread_cond_init(&X->routes_cv, &ca);
   pthread_condattr_destroy(&ca);
-  X->conns = cfg->connection_pool_size < XFER_CONNS_MAX ? cfg->connection_pool_size
-                                                       : XFER_CONNS_MAX;
+  X->data_conns = cfg->connection_pool_size < XFER_DATA_CONNS_MAX ? cfg->connection_pool_size
+                                                                 : XFER_DATA_CONNS_MAX;
+  X->conns = X->data_conns + 1; /* and the control lane, out[data_conns] */
   X->listen_port = cfg->listen_port;
   for (int k = 0; k < CONFIG_MAX_LIST; k++) {
     for (int i = 0; i < XFER_CONNS_MAX; i++) {

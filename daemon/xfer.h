@@ -23,7 +23,10 @@
  * DATA_HELLO with one (peer.c hands the socket over), proves on it that it
  * holds the peer key (xring.h's challenge and proof), and from then on it
  * carries the peer's frames to us.  Each direction has its own
- * connections: min(connection_pool_size, XFER_CONNS_MAX) of them.
+ * connections: min(connection_pool_size, XFER_DATA_CONNS_MAX) for the data
+ * and one more, the control lane, which carries only the credits and taken
+ * words, so that none waits behind a data batch in a socket's queue or
+ * in the far end's receiver (xfer_send.c).
  *
  * Where the peer's links are on RDMA and both exchange regions are
  * registered with the NIC, blocks go instead as RDMA writes straight into
@@ -51,7 +54,10 @@
 struct conn;
 struct job;
 
-#define XFER_CONNS_MAX 8
+/* Data connections each way to a peer at most; each direction has one
+ * more, its control lane (xfer_send.c), so XFER_CONNS_MAX in all. */
+#define XFER_DATA_CONNS_MAX 8
+#define XFER_CONNS_MAX (XFER_DATA_CONNS_MAX + 1)
 
 /* Make ready when peers are configured; the proxy threads (cfg->proxy_threads,
  * or one per served device) start with the first job that spans nodes.

@@ -178,7 +178,9 @@ struct xfer_batch {
 struct xfer_state {
   bool active;
   const struct config *cfg;
-  uint32_t nthreads, conns;
+  uint32_t nthreads;
+  uint32_t conns;      /* connections each way to a peer: the data's, then the control lane */
+  uint32_t data_conns; /* of them, the data's: out[0..data_conns); out[data_conns] the lane */
   uint16_t listen_port;
   pthread_rwlock_t lock;         /* routes, in_fds */
   pthread_mutex_t routes_mu;      /* routes_cv's */
@@ -306,8 +308,9 @@ bool xfer__spawn_helper(void *(*fn)(void *), void *arg);
 
 /* ---- xfer_send.c ---- */
 
-/* Send batch b (frames of them) to peer k on one of its data connections:
+/* Send batch b (frames of them) to peer k on its data connections, or a
+ * batch of credits and taken words (ctl) on its control lane (xfer_send.c):
  * 0, or -1 with every route that sends to k failed. */
-int xfer__batch_send(int k, struct xfer_batch *b, uint64_t frames);
+int xfer__batch_send(int k, struct xfer_batch *b, uint64_t frames, bool ctl);
 
 #endif /* DEP_DAEMON_XFER_INTERNAL_H */

@@ -654,7 +654,7 @@ static void send_batches(struct xfer_batch *batches, uint64_t *frames, int first
     if (b->n_seg == 0)
       continue;
     if (!lost[k])
-      lost[k] = xfer__batch_send(k, b, frames[first + k]) != 0;
+      lost[k] = xfer__batch_send(k, b, frames[first + k], first != 0) != 0;
     xfer__batch_reset(b);
     frames[first + k] = 0;
   }
@@ -724,7 +724,7 @@ int xfer__start_threads(void) {
     X->started++;
   }
   log_info("data path between nodes: %u proxy thread(s), %u data connection(s) each way to "
-           "each peer", X->nthreads, X->conns);
+           "each peer and one for credits", X->nthreads, X->data_conns);
   return 0;
 }
 

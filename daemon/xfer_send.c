@@ -4,6 +4,17 @@
  * xfer_conn.c, round robin, or a large one cut at frame boundaries and
  * sent on all of them at once (sendmsg, the larger payloads from their out
  * blocks in place).
+ *
+ * A batch of credits and taken words goes on the peer's control lane, the
+ * last of its connections (out[X->data_conns]), which carries nothing
+ * else: on a data connection it would wait behind the unsent data of
+ * earlier batches (up to TCP_NOTSENT_LOWAT of it), behind another proxy
+ * thread's batch holding the connection, and at the far end behind the
+ * receiver's writing of the frames ahead of it; on the lane its only
+ * queue is other credits.  A lane not open (yet, or dropped) sends it on
+ * a data connection as before.  A connection opened takes the first free
+ * place (xfer_dial.c), so the lane is the last to open and a data
+ * connection cut is replaced before the lane takes anything from the data.
  */
 #include "xfer.h"
 
@@ -148,8 +159,8 @@ static int send_whole(int k, struct xfer_batch *b, size_t from, size_t to) {
   uint64_t deadline = mono_ns() + (uint64_t)XFER_CONNECT_MS * 1000000ull;
   for (;;) {
     uint32_t start = atomic_fetch_add(&xp->next, 1);
-    for (uint32_t t = 0; t < X->conns; t++) {
-      uint32_t i = (start + t) % X->conns;
+    for (uint32_t t = 0; t < X->data_conns; t++) {
+      uint32_t i = (start + t) % X->data_conns;
       pthread_mutex_lock(&xp->out[i].mu);
       if (xp->out[i].fd < 0) {
         pthread_mutex_unlock(&xp->out[i].mu);
@@ -180,7 +191,7 @@ static int send_whole(int k, struct xfer_batch *b, size_t from, size_t to) {
 static int send_split(int k, struct xfer_batch *b) {
   struct xfer_peer *xp = &X->peers[k];
   uint32_t open[XFER_CONNS_MAX], n_open = 0;
-  for (uint32_t i = 0; i < X->conns; i++) { /* in order: no two senders wait on each other */
+  for (uint32_t i = 0; i < X->data_conns; i++) { /* in order: no two senders wait on each other */
     pthread_mutex_lock(&xp->out[i].mu);
     if (xp->out[i].fd >= 0)
       open[n_open++] = i;
@@ -219,14 +230,39 @@ static int send_split(int k, struct xfer_batch *b) {
 }
 
 /*
- * Send batch b (frames of them) to peer k: split over its open data
- * connections at once when it is large, else whole on one.  0, or -1 with
- * every route that sends to k failed.
+ * Send a batch of credits and taken words to peer k whole on its control
+ * lane: 0, or 1 when the lane is not open or failed (nothing of the batch
+ * is lost: a part that failed is sent again whole elsewhere, and a word
+ * received twice is harmless, the largest standing).
  */
-int xfer__batch_send(int k, struct xfer_batch *b, uint64_t frames) {
+static int send_ctl(int k, struct xfer_batch *b) {
+  struct xfer_peer *xp = &X->peers[k];
+  struct xfer_out *o = &xp->out[X->data_conns];
+  pthread_mutex_lock(&o->mu);
+  if (o->fd < 0) {
+    pthread_mutex_unlock(&o->mu);
+    return 1;
+  }
+  struct xfer_part part;
+  part_init(&part, b, X->data_conns, 0, b->bytes);
+  parts_send(xp, b, &part, 1);
+  parts_close_failed(k, xp, &part, 1);
+  pthread_mutex_unlock(&o->mu);
+  return part.err == 0 ? 0 : 1;
+}
+
+/*
+ * Send batch b (frames of them) to peer k: credits and taken words (ctl)
+ * on its control lane; data split over its open data connections at once
+ * when it is large, else whole on one.  0, or -1 with every route that
+ * sends to k failed.
+ */
+int xfer__batch_send(int k, struct xfer_batch *b, uint64_t frames, bool ctl) {
   struct xfer_peer *xp = &X->peers[k];
   int rc = 1;
-  if (b->bytes >= XFER_SPLIT_MIN && X->conns > 1 && b->n_mark > 1)
+  if (ctl)
+    rc = send_ctl(k, b);
+  else if (b->bytes >= XFER_SPLIT_MIN && X->data_conns > 1 && b->n_mark > 1)
     rc = send_split(k, b);
   if (rc == 1)
     rc = send_whole(k, b, 0, b->bytes);

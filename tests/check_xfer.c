@@ -9,11 +9,13 @@
  * input), and names exactly the in block and slot of its source in its
  * destination's region; a route that threads still send from or receive
  * into outlives its job's end until they are done, and a receive the peer
- * stalls is cut rather than waited out.  Across two real daemons: the
+ * stalls is cut rather than waited out; a batch of credits and taken
+ * words goes on the peer's control lane, data never does.  Across two real daemons: the
  * proxy serves its rings fairly, so a rank that keeps its ring full holds
  * up another job's calls by a bounded time, never past the op timeout.
  */
 #include <check.h>
+#include <errno.h>
 #include <grp.h>
 #include <pthread.h>
 #include <signal.h>
@@ -859,6 +861,94 @@ START_TEST(a_rank_flooding_its_ring_holds_up_another_jobs_calls_a_bounded_time) 
 }
 END_TEST
 
+/* A data connection's or the control lane's far end (a socketpair's): the bytes read until
+ * the near end closes. */
+struct xf_sink {
+  int fd;
+  size_t got;
+  pthread_t th;
+};
+
+static void *xf_sink_main(void *arg) {
+  struct xf_sink *k = arg;
+  uint8_t buf[65536];
+  for (ssize_t n; (n = read(k->fd, buf, sizeof buf)) != 0;)
+    if (n > 0)
+      k->got += (size_t)n;
+    else if (errno != EINTR)
+      break;
+  return NULL;
+}
+
+/* A batch of `frames` frames of `each` bytes (marks at their starts), in its buf. */
+static void xf_batch(struct xfer_batch *b, uint32_t frames, size_t each) {
+  memset(b, 0, sizeof *b);
+  b->len = b->cap = b->bytes = frames * each;
+  b->buf = calloc(1, b->len);
+  b->seg = calloc(1, sizeof *b->seg);
+  b->mark = calloc(frames, sizeof *b->mark);
+  ck_assert(b->buf != NULL && b->seg != NULL && b->mark != NULL);
+  b->seg[0] = (struct xfer_seg){.off = 0, .len = b->len};
+  b->n_seg = b->cap_seg = 1;
+  for (uint32_t i = 0; i < frames; i++)
+    b->mark[i] = i * each;
+  b->n_mark = b->cap_mark = frames;
+}
+
+/*
+ * A peer has two data connections and its control lane (out[2]), each a
+ * socketpair drained by a thread.  A data batch large enough to split goes
+ * on both data connections and not a byte on the lane; a batch of credits
+ * (ctl) goes on the lane alone, so no credit waits behind data queued on a
+ * data connection; with the lane closed it goes on a data connection.
+ * Structural: every byte is counted where it arrived, nothing is timed.
+ */
+START_TEST(a_credit_batch_goes_on_the_control_lane_and_data_never_does) {
+  memset(X, 0, sizeof *X);
+  pthread_rwlock_init(&X->lock, NULL);
+  X->active = true;
+  X->data_conns = 2;
+  X->conns = 3;
+  struct xfer_peer *xp = &X->peers[0];
+  struct xf_sink sink[3];
+  for (int i = 0; i < 3; i++) {
+    int sv[2];
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    pthread_mutex_init(&xp->out[i].mu, NULL);
+    xp->out[i].fd = sv[0];
+    sink[i] = (struct xf_sink){.fd = sv[1]};
+    ck_assert_int_eq(pthread_create(&sink[i].th, NULL, xf_sink_main, &sink[i]), 0);
+  }
+  struct xfer_batch data, ctl;
+  xf_batch(&data, 4, 128u << 10); /* 512 KiB: above the split's threshold, in 4 frames */
+  xf_batch(&ctl, 3, DEP_XFER_HDR_WIRE);
+  ck_assert_int_eq(xfer__batch_send(0, &data, 4, false), 0);
+  ck_assert_int_eq(xfer__batch_send(0, &ctl, 3, true), 0);
+  const int lane = xp->out[2].fd;
+  xp->out[2].fd = -1; /* the lane is gone: the credits go on a data connection */
+  ck_assert_int_eq(xfer__batch_send(0, &ctl, 3, true), 0);
+  close(lane);
+  for (int i = 0; i < 2; i++)
+    close(xp->out[i].fd);
+  for (int i = 0; i < 3; i++) {
+    pthread_join(sink[i].th, NULL);
+    close(sink[i].fd);
+  }
+  ck_assert_msg(sink[2].got == ctl.bytes, "the control lane carried %zu bytes; the credits "
+                "were %zu, the data %zu", sink[2].got, ctl.bytes, data.bytes);
+  ck_assert_msg(sink[0].got + sink[1].got == data.bytes + ctl.bytes && sink[0].got > 0 &&
+                    sink[1].got > 0,
+                "the data connections carried %zu and %zu bytes; the data was %zu, split over "
+                "both, and the credits sent with the lane gone %zu",
+                sink[0].got, sink[1].got, data.bytes, ctl.bytes);
+  ck_assert_uint_eq(atomic_load(&xp->bytes_out), data.bytes + 2 * ctl.bytes);
+  xfer__batch_free(&data);
+  xfer__batch_free(&ctl);
+  for (int i = 0; i < 3; i++)
+    pthread_mutex_destroy(&xp->out[i].mu);
+}
+END_TEST
+
 Suite *xfer_suite(void);
 Suite *xfer_suite(void) {
   Suite *s = suite_create("xfer");
@@ -872,6 +962,7 @@ Suite *xfer_suite(void) {
   tcase_add_test(t, a_truncated_or_malformed_frame_header_is_refused);
   tcase_add_test(t, a_job_ends_only_once_its_sends_and_receives_are_done);
   tcase_add_test(t, a_receive_the_peer_stalls_at_the_job_end_is_cut_not_waited_out);
+  tcase_add_test(t, a_credit_batch_goes_on_the_control_lane_and_data_never_does);
   tcase_set_timeout(t, 20);
   suite_add_tcase(s, t);
   TCase *f = tcase_create("fairness");

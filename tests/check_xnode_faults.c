@@ -64,9 +64,10 @@ static struct xn_result *spawn_2_plus_2_running(const struct nodes *ns, struct x
  * A data connection cut while its peer link stays up comes back: each
  * daemon closes its first inbound data connection as soon as it is opened
  * ($DEEPEPD_TEST_DATA_DROPS=1, daemon/testhooks.h); within a few of the
- * loop's ticks both nodes have their two data connections each way again
- * (the listener offers a token for the missing one, the opener replaces
- * the cut one), and a job across them runs.
+ * loop's ticks both nodes have their three connections each way again
+ * (connection_pool_size 2 and the control lane; the listener offers a
+ * token for the missing one, the opener replaces the cut one), and a job
+ * across them runs.
  */
 START_TEST(a_data_connection_cut_while_its_link_stays_comes_back) {
   setenv("DEEPEPD_TEST_DATA_DROPS", "1", 1);
@@ -79,14 +80,14 @@ START_TEST(a_data_connection_cut_while_its_link_stays_comes_back) {
     bool back = false;
     for (int t = 0; t < 200 && !back; t++) {
       xn_ctl_json_at(&ns, i, "peers", out, sizeof out);
-      back = strstr(out, "\"data_out\":2,\"data_in\":2") != NULL;
+      back = strstr(out, "\"data_out\":3,\"data_in\":3") != NULL;
       if (!back)
         dw_sleep_ms(50);
     }
     char *log = tu_daemon_log(&ns.d[i]);
     ck_assert_msg(strstr(log, "inbound data connection closed at once") != NULL,
                   "node %d cut no data connection:\n%s", i, log);
-    ck_assert_msg(back, "node %d: not two data connections each way 10 s after one was cut: %s"
+    ck_assert_msg(back, "node %d: not three connections each way 10 s after one was cut: %s"
                   "\n%s", i, out, log);
     ck_assert_msg(strstr(log, "offering new ones") != NULL, "node %d offered none:\n%s", i, log);
     free(log);
@@ -104,7 +105,8 @@ END_TEST
 
 /*
  * A running job's traffic shows: per peer (deepepctl peers) and per job
- * (status).  A peer's second data connection may still be opening while the
+ * (status): connection_pool_size 2 data connections and the control lane
+ * each way.  A peer's second data connection may still be opening while the
  * first carries the job (each one proves the key in a round trip of its own,
  * which takes long on a loaded machine), so the count is waited for, up to
  * 20 s, a bound far above any handshake.
@@ -113,11 +115,11 @@ static void expect_traffic(const struct nodes *ns) {
   char out[16384];
   for (int waited = 0;; waited += 50) {
     xn_ctl_json(ns, "peers", out, sizeof out);
-    if (strstr(out, "\"data_out\":2,\"data_in\":2") != NULL || waited >= 20000)
+    if (strstr(out, "\"data_out\":3,\"data_in\":3") != NULL || waited >= 20000)
       break;
     dw_sleep_ms(50);
   }
-  ck_assert_msg(strstr(out, "\"data_out\":2,\"data_in\":2") != NULL &&
+  ck_assert_msg(strstr(out, "\"data_out\":3,\"data_in\":3") != NULL &&
                 strstr(out, "\"proxy_threads\":1") != NULL &&
                 strstr(out, "\"data_frames_out\":0") == NULL, "peers: %s", out);
   xn_ctl_json(ns, "status", out, sizeof out);

@@ -73,11 +73,14 @@ elif [[ $RDMAVM_NODE == 1 ]]; then
   wait_until 120 tcp_data || { show; fail "node 1 did not fall back to TCP within 120 s"; }
   say "node 1: $(grep -m1 -o 'peer .*data path over TCP.*' "$d/log" | sed 's/^[^ ]* [^ ]* //')"
 fi
+# The pool's data connections and the control lane (credits alone), each way.
 data_up() {
   "$B/deepepctl" -s "$sock" peers --json >"$d/peers.json" 2>&1 &&
-    grep -qE "\"data_out\":$pool[,}]" "$d/peers.json" && grep -qE "\"data_in\":$pool[,}]" "$d/peers.json"
+    grep -qE "\"data_out\":$((pool + 1))[,}]" "$d/peers.json" &&
+    grep -qE "\"data_in\":$((pool + 1))[,}]" "$d/peers.json"
 }
-wait_until 60 data_up || { cat "$d/peers.json"; show; fail "not $pool TCP data connection(s) each way"; }
+wait_until 60 data_up ||
+  { cat "$d/peers.json"; show; fail "not $pool TCP data connection(s) and the control lane each way"; }
 
 # XNODE2_SEED (run.sh -e): the seed, for comparing two builds on the same calls.
 if [[ $RDMAVM_NODE == 1 ]]; then

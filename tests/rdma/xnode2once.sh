@@ -28,9 +28,10 @@ pid=
 cleanup() { [[ -z $pid ]] || kill -9 "$pid" 2>/dev/null || true; }
 show() { echo "--- deepepd's log"; cat "$d/log"; "$B/deepepctl" -s "$sock" peers 2>&1 || true; }
 rdma_data() { grep -q "data path over RDMA" "$d/log"; }
+# connection_pool_size 2 and the control lane (credits alone), each way.
 data_up() {
   "$B/deepepctl" -s "$sock" peers --json >"$d/peers.json" 2>&1 &&
-    grep -qE '"data_out":2[,}]' "$d/peers.json" && grep -qE '"data_in":2[,}]' "$d/peers.json"
+    grep -qE '"data_out":3[,}]' "$d/peers.json" && grep -qE '"data_in":3[,}]' "$d/peers.json"
 }
 # The job's payload_out in deepepctl status --json (the rows its proxy sent).
 payload_out() {
