@@ -44,37 +44,6 @@ const char *host_ops__op_modes(uint32_t op) {
 
 /* ---- number formats --------------------------------------------------------- */
 
-uint8_t host_ops_float_to_e4m3(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-  uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u)
-    return sign | 0x7fu;           /* NaN */
-  if (a >= 0x43e00000u)
-    return sign | 0x7eu;           /* >= 448, infinity included: saturate */
-  if (a < 0x3c800000u) {
-    /* Below 2^-6, the e4m3 subnormals m * 2^-9: round |f| * 2^9 to an
-     * integer, nearest even.  A result of 8 is 2^-6, which is code 0x08. */
-    if (a < 0x00800000u)
-      return sign;                 /* float32 subnormal: far below 2^-10 */
-    uint32_t m = (a & 0x7fffffu) | 0x800000u;
-    int e = (int)(a >> 23) - 127;  /* |f| = m * 2^(e-23), so |f| * 2^9 = m >> (14 - e) */
-    unsigned shift = (unsigned)(14 - e); /* >= 21 because e <= -7 */
-    if (shift > 25)
-      return sign;
-    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u)))
-      q++;
-    return sign | (uint8_t)q;
-  }
-  /* Normal: keep 3 mantissa bits, nearest even; a carry moves into the
-   * exponent by itself.  e4m3's bias is 7, float32's 127. */
-  uint32_t r = (a + 0x7ffffu + ((a >> 20) & 1u)) >> 20;
-  uint32_t code = r - (120u << 3);
-  return sign | (uint8_t)(code > 0x7eu ? 0x7eu : code);
-}
-
 float host_ops_e4m3_to_float(uint8_t c) {
   uint32_t e = (c >> 3) & 15u, m = c & 7u;
   float v;

@@ -465,9 +465,35 @@ static inline uint16_t host_ops_float_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
-/* float32 -> FP8 e4m3 (the "fn" variant: no infinities, 0x7f is NaN),
- * round to nearest even, saturating to +-448. */
-uint8_t host_ops_float_to_e4m3(float f);
+/*
+ * float32 -> FP8 e4m3 (the "fn" variant: no infinities, 0x7f is NaN), round
+ * to nearest even, saturating to +-448; bit for bit ops_fmt.cuh's f2e4m3.
+ * Without branches: a cast's values below 2^-6 (the subnormals) come in no
+ * order a branch predictor learns, and a miss a value made the FP8 cast most
+ * of a low-latency dispatch.  Both codes are made and one is selected:
+ * - normal: keep 3 mantissa bits, nearest even (a carry moves into the
+ *   exponent by itself; e4m3's bias is 7, float32's 127), capped at 0x7e,
+ *   which also saturates 448 and above, infinity included;
+ * - below 2^-6, the subnormals m * 2^-9: |f| * 512 is exact (a power of
+ *   two), and adding 2^23 rounds it to an integer, nearest even, in the
+ *   float's low mantissa bits (8 is 2^-6, code 0x08; float32 subnormals
+ *   round to 0).
+ */
+static inline uint8_t host_ops_float_to_e4m3(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  const uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  uint32_t normal = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+  normal = normal > 0x7eu ? 0x7eu : normal;
+  float af, y;
+  memcpy(&af, &a, sizeof af);
+  y = af * 512.0f + 0x1p23f;
+  uint32_t sub;
+  memcpy(&sub, &y, sizeof sub);
+  uint32_t code = a < 0x3c800000u ? sub & 0xfu : normal;
+  code = a > 0x7f800000u ? 0x7fu : code;
+  return (uint8_t)(sign | code);
+}
 float host_ops_e4m3_to_float(uint8_t c);
 
 #endif /* DEP_HOST_OPS_H */
