@@ -159,6 +159,7 @@ void warm_start(struct dep_client *c) {
   int err = pthread_create(&w->thread, NULL, warm_main, w);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (err == 0) {
+    (void)pthread_setname_np(w->thread, WARM_THREAD_NAME); /* named before dep_attach returns */
     w->running = true;
     w->pid = getpid();
     return;

@@ -47,6 +47,9 @@ struct dep_client;
  * rest itself instead of waiting on the thread. */
 #define WARM_NICE 19
 
+/* The thread's name (top -H, /proc/PID/task/TID/comm): under 16 bytes. */
+#define WARM_THREAD_NAME "deepep-warmup"
+
 /* A test's hold on the warm-up: the thread waits, before it maps anything,
  * until this descriptor (inherited by the rank) is readable or closed, or the
  * attachment ends.  The project's tests use it to act while the warm-up has

@@ -25,6 +25,7 @@
 #include "proto.h"
 #include "slab.h"
 #include "testutil.h"
+#include "warm.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -431,37 +432,61 @@ static bool job_left(dep_client_t *c, const char *id) {
   return false;
 }
 
-/* The threads of this process now. */
-static int threads_here(void) {
+/* The library's warm-up threads in this process now (by their name, warm.h: a
+ * sanitizer's own threads come and go). */
+static int warm_threads(void) {
   DIR *d = opendir("/proc/self/task");
   ck_assert_ptr_nonnull(d);
   int n = 0;
-  for (struct dirent *e; (e = readdir(d)) != NULL;)
-    n += e->d_name[0] != '.';
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.')
+      continue;
+    char path[300], comm[32] = "";
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+      continue; /* the thread ended meanwhile */
+    if (fgets(comm, sizeof comm, f) != NULL)
+      n += strncmp(comm, WARM_THREAD_NAME "\n", sizeof WARM_THREAD_NAME) == 0;
+    fclose(f);
+  }
   closedir(d);
   return n;
 }
 
-/*
- * A rank of a one-rank job on a daemon with kernel_warmup, its warm-up held
- * by the test's hook ($DEEPEP_TEST_WARMUP_HOLD_FD: a pipe the test never
- * writes), so that what follows the attach happens while the warm-up has
- * mapped nothing, with no timing.  *threads: this process's threads before
- * the attach.
- */
-static dep_client_t *attach_held(struct tu_daemon *d, int hold[2], struct dep_slab_layout *lay,
-                                 struct dep_attach_info *info, int *threads) {
+/* Whether no warm-up thread is left within 10 s: a joined thread's task may
+ * still be listed for a moment after pthread_join returns (the kernel wakes
+ * the joiner before it has reaped the thread); one left running would stay. */
+static bool no_warm_thread_left(void) {
+  for (int i = 0; i < 1000; i++) {
+    if (warm_threads() == 0)
+      return true;
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  return false;
+}
+
+/* A daemon with kernel_warmup, and a client of it whose warm-ups the test's
+ * hook holds ($DEEPEP_TEST_WARMUP_HOLD_FD: a pipe the test never writes), so
+ * that what follows an attach happens while the warm-up has mapped nothing,
+ * with no timing.  A process forked from it inherits the hold. */
+static dep_client_t *held_daemon(struct tu_daemon *d, int hold[2]) {
   ck_assert_int_eq(pipe(hold), 0);
   char v[16];
   snprintf(v, sizeof v, "%d", hold[0]);
   setenv("DEEPEP_TEST_WARMUP_HOLD_FD", v, 1);
-  dep_client_t *c = daemon_and_client(d, "kernel_warmup: true\n");
+  return daemon_and_client(d, "kernel_warmup: true\n");
+}
+
+/* c attached as the rank of a one-rank job, its warm-up held. */
+static void attach_held(dep_client_t *c, struct dep_slab_layout *lay,
+                        struct dep_attach_info *info) {
   struct dep_attach_args a = warm_job_args(lay);
-  *threads = threads_here();
+  ck_assert(no_warm_thread_left());
   ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
   *info = (struct dep_attach_info){.size = sizeof *info};
   ck_assert_int_eq(dep_attach_info(c, info), 0);
-  return c;
 }
 
 static void held_end(struct tu_daemon *d, dep_client_t *c, int hold[2]) {
@@ -476,20 +501,21 @@ static void held_end(struct tu_daemon *d, dep_client_t *c, int hold[2]) {
  * every page is mapped once it returns, though the thread is still held. */
 START_TEST(the_host_warmup_runs_after_the_attach_and_the_first_call_finishes_it) {
   struct tu_daemon d;
-  int hold[2], threads;
+  int hold[2];
   struct dep_slab_layout lay;
   struct dep_attach_info info;
-  dep_client_t *c = attach_held(&d, hold, &lay, &info, &threads);
+  dep_client_t *c = held_daemon(&d, hold);
+  attach_held(c, &lay, &info);
   double at_attach = pages_mapped(info.slabs[0], lay.priv_off);
   ck_assert_msg(at_attach < 0.5, "dep_attach returned with %.0f%% of the slab mapped: the "
                 "warm-up ran in it", at_attach * 100);
-  ck_assert_int_eq(threads_here(), threads + 1);
+  ck_assert_int_eq(warm_threads(), 1);
   uint64_t call = 0;
   ck_assert_msg(dep_next_call(c, &call) == 0, "%s", dep_errmsg(c));
   double at_call = pages_mapped(info.slabs[0], lay.priv_off);
   ck_assert_msg(at_call == 1.0, "the first call returned with %.1f%% of the slab unmapped",
                 (1 - at_call) * 100);
-  ck_assert_int_eq(threads_here(), threads);
+  ck_assert(no_warm_thread_left());
   struct dep_attach_times t = {.size = sizeof t};
   ck_assert_int_eq(dep_attach_times(c, &t), 0);
   ck_assert_msg(t.warmup_ms > 0.0, "warmup_ms says nothing of the warm-up the call finished");
@@ -502,18 +528,19 @@ END_TEST
  * in the process, and a second attach of the handle works. */
 START_TEST(a_detach_during_the_host_warmup_leaves_no_thread) {
   struct tu_daemon d;
-  int hold[2], threads;
+  int hold[2];
   struct dep_slab_layout lay;
   struct dep_attach_info info;
-  dep_client_t *c = attach_held(&d, hold, &lay, &info, &threads);
-  ck_assert_int_eq(threads_here(), threads + 1);
+  dep_client_t *c = held_daemon(&d, hold);
+  attach_held(c, &lay, &info);
+  ck_assert_int_eq(warm_threads(), 1);
   ck_assert_msg(dep_detach(c) == 0, "%s", dep_errmsg(c));
-  ck_assert_int_eq(threads_here(), threads);
+  ck_assert(no_warm_thread_left());
   struct dep_attach_args a = warm_job_args(&lay);
   ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
-  ck_assert_int_eq(threads_here(), threads + 1);
+  ck_assert_int_eq(warm_threads(), 1);
   dep_client_free(c); /* frees while held: joined as well */
-  ck_assert_int_eq(threads_here(), threads);
+  ck_assert(no_warm_thread_left());
   c = cl_connect(d.sock);
   held_end(&d, c, hold);
 }
@@ -524,11 +551,29 @@ END_TEST
  * exits during the warm-up is gone from the daemon as any other. */
 START_TEST(a_fork_or_an_exit_during_the_host_warmup_is_clean) {
   struct tu_daemon d;
-  int hold[2], threads;
+  int hold[2];
   struct dep_slab_layout lay;
   struct dep_attach_info info;
-  dep_client_t *c = attach_held(&d, hold, &lay, &info, &threads);
+  dep_client_t *c = held_daemon(&d, hold);
+  /* A rank process that exits with its warm-up held: the daemon lets its job go.  (It
+   * is forked first: a process with threads may not start one in a forked child
+   * under ThreadSanitizer.) */
   pid_t kid = fork();
+  ck_assert_int_ge(kid, 0);
+  if (kid == 0) {
+    dep_client_t *k = cl_connect(d.sock);
+    struct dep_attach_args a = warm_job_args(&lay);
+    snprintf(a.job_id, sizeof a.job_id, "job-warm-exit");
+    _exit(dep_attach(k, &a) == 0 && warm_threads() == 1 ? 0 : 1);
+  }
+  int ws = 0;
+  ck_assert_int_eq(waitpid(kid, &ws, 0), kid);
+  ck_assert_msg(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "the rank that exited failed to attach "
+                "or had no warm-up thread");
+  ck_assert_msg(job_left(c, "job-warm-exit"), "the job of the rank that exited stayed");
+  /* A child forked while the warm-up runs: its calls do not wait for the parent's. */
+  attach_held(c, &lay, &info);
+  kid = fork();
   ck_assert_int_ge(kid, 0);
   if (kid == 0) {
     alarm(30); /* a ceiling for a wait on the parent's thread: the test's failure, not a hang */
@@ -536,24 +581,12 @@ START_TEST(a_fork_or_an_exit_during_the_host_warmup_is_clean) {
     uint64_t call = 0;
     _exit(dep_attach_times(c, &t) == 0 && dep_next_call(c, &call) == 0 ? 0 : 1);
   }
-  int ws = 0;
   ck_assert_int_eq(waitpid(kid, &ws, 0), kid);
   ck_assert_msg(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "the forked child's calls failed or hung "
                 "(status %#x)", ws);
-  ck_assert_int_eq(threads_here(), threads + 1); /* the parent's warm-up is still there */
-  /* A rank process that exits with its warm-up held: the daemon lets its job go. */
-  kid = fork();
-  ck_assert_int_ge(kid, 0);
-  if (kid == 0) {
-    dep_client_t *k = cl_connect(d.sock);
-    struct dep_attach_args a = warm_job_args(&lay);
-    snprintf(a.job_id, sizeof a.job_id, "job-warm-exit");
-    _exit(dep_attach(k, &a) == 0 ? 0 : 1);
-  }
-  ck_assert_int_eq(waitpid(kid, &ws, 0), kid);
-  ck_assert_msg(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "the rank that exited failed to attach");
-  ck_assert_msg(job_left(c, "job-warm-exit"), "the job of the rank that exited stayed");
+  ck_assert_int_eq(warm_threads(), 1); /* the parent's warm-up is still there */
   ck_assert_int_eq(dep_detach(c), 0);
+  ck_assert(no_warm_thread_left());
   held_end(&d, c, hold);
 }
 END_TEST
