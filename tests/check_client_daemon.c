@@ -591,6 +591,27 @@ START_TEST(a_fork_or_an_exit_during_the_host_warmup_is_clean) {
 }
 END_TEST
 
+/* The test hook is checked like any input: a value that is no open descriptor
+ * fails the attach, saying so, before anything goes on the wire. */
+START_TEST(a_bad_warmup_hold_fails_the_attach) {
+  struct tu_daemon d;
+  dep_client_t *c = daemon_and_client(&d, "kernel_warmup: true\n");
+  struct dep_slab_layout lay;
+  struct dep_attach_args a = warm_job_args(&lay);
+  const char *bad[] = {"x", "-1", "12x", "65536", "999"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("DEEPEP_TEST_WARMUP_HOLD_FD", bad[i], 1);
+    ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_INVALID);
+    ck_assert_msg(strstr(dep_errmsg(c), "DEEPEP_TEST_WARMUP_HOLD_FD") != NULL, "%s: %s", bad[i],
+                  dep_errmsg(c));
+  }
+  unsetenv("DEEPEP_TEST_WARMUP_HOLD_FD");
+  ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
+  ck_assert_int_eq(dep_detach(c), 0);
+  daemon_and_client_end(&d, c);
+}
+END_TEST
+
 /* ---- deepepctl ---------------------------------------------------------------------- */
 
 START_TEST(ctl_status_prints_the_daemon) {
@@ -680,6 +701,7 @@ Suite *client_daemon_suite(void) {
   tcase_add_test(real, the_host_warmup_runs_after_the_attach_and_the_first_call_finishes_it);
   tcase_add_test(real, a_detach_during_the_host_warmup_leaves_no_thread);
   tcase_add_test(real, a_fork_or_an_exit_during_the_host_warmup_is_clean);
+  tcase_add_test(real, a_bad_warmup_hold_fails_the_attach);
   tcase_set_timeout(real, 60);
   suite_add_tcase(s, real);
 
