@@ -22,7 +22,9 @@
  * warm round (the daemon's first job of that shape), median and worst of
  * the rounds, for warm and cold, the ratio, and where the slowest warm
  * rank's time went (with -d, the last one released's; dep_attach_times:
- * wait, map, setup, warmup; medians).
+ * wait, map, setup, warmup; medians).  A rank is ready when dep_attach
+ * returns; the host backend's warm-up runs after that, until the first
+ * call (client/warm.h), so its column is not part of the ready time there.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -122,14 +124,20 @@ static void warm_round(const struct opts *o, bool cuda, int n, int rank, int rou
   for (int i = 0; i < n; i++)
     if (info.slabs[i] == NULL)
       die("%s%s", "a slab pointer is missing", "");
+  /* Ready once dep_attach returned: the host warm-up runs on behind it until the
+   * rank's first call (client/warm.h).  dep_attach_times finishes it to say how
+   * long it took, so it is asked once every rank is ready (it would take the
+   * CPU from the ranks still attaching). */
+  const double ready = bench_now_ms();
+  char go;
+  if (write(STDOUT_FILENO, &ready, sizeof ready) != sizeof ready ||
+      read(STDIN_FILENO, &go, 1) != 1) /* hold the job until every rank reported */
+    exit(1);
   struct dep_attach_times tm = {.size = sizeof tm};
   if (dep_attach_times(c, &tm) != 0)
     die("%s%s", "dep_attach_times failed", "");
-  double t[1 + PHASES] = {bench_now_ms(), tm.wait_ms, tm.map_ms, tm.setup_ms, tm.warmup_ms};
+  double t[PHASES] = {tm.wait_ms, tm.map_ms, tm.setup_ms, tm.warmup_ms};
   if (write(STDOUT_FILENO, t, sizeof t) != sizeof t)
-    exit(1);
-  char go;
-  if (read(STDIN_FILENO, &go, 1) != 1) /* hold the job until every rank reported */
     exit(1);
   dep_detach(c);
   dep_client_free(c);
@@ -339,22 +347,28 @@ static void run_path(const struct opts *o, bool cuda, bool warm, int n, double *
         die("%s%s", "release", "");
     }
     double last = t0;
+    int slowest = n - 1;
     for (int r = 0; r < n; r++) {
-      double t[1 + PHASES] = {0};
-      size_t len = warm ? sizeof t : sizeof t[0];
-      if (read(rp[r].from, t, len) != (ssize_t)len)
+      double t = 0;
+      if (read(rp[r].from, &t, sizeof t) != (ssize_t)sizeof t)
         die("%s%s", "a rank died during the round", "");
       /* The phases of the slowest rank; with -d, of the last one released
        * (the others' wait holds the stagger). */
-      bool slowest = o->stagger_ms > 0 ? r == n - 1 : (t[0] > last || r == 0);
-      if (warm && slowest)
-        memcpy(phases[round], t + 1, sizeof phases[round]);
-      last = t[0] > last ? t[0] : last;
+      if (o->stagger_ms == 0 && (t > last || r == 0))
+        slowest = r;
+      last = t > last ? t : last;
     }
     out[round] = last - t0;
     for (int r = 0; r < n; r++)
       if (write(rp[r].to, "d", 1) != 1)
         die("%s%s", "finish", "");
+    for (int r = 0; warm && r < n; r++) {
+      double t[PHASES];
+      if (read(rp[r].from, t, sizeof t) != (ssize_t)sizeof t)
+        die("%s%s", "a rank died after the round", "");
+      if (r == slowest)
+        memcpy(phases[round], t, sizeof phases[round]);
+    }
   }
   for (int r = 0; r < n; r++) {
     int st;

@@ -56,6 +56,7 @@
 #include "benchlib.h"
 #include "peers/peers.h"
 #include "slab.h"
+#include "xring.h"
 
 #define MAX_ROUNDS 200
 #define MAX_COLD 100
@@ -297,15 +298,19 @@ int main(int argc, char **argv) {
   if (o.reg_gb > 0)
     return reg_mode(&o);
 
-  struct dep_slab_layout l4, l2;
+  struct dep_slab_layout l4, l2, lx;
   char why[512];
   if (dep__slab_layout(&o.shape, 4, &l4, why, sizeof why) != 0 ||
-      dep__slab_layout(&o.shape, 2, &l2, why, sizeof why) != 0)
+      dep__slab_layout(&o.shape, 2, &l2, why, sizeof why) != 0 ||
+      dep__slab_layout_nodes(&o.shape, 4, 2, 0, &lx, why, sizeof why) != 0)
     die("%s", why);
   uint64_t slab4 = dep_round_up(l4.total_bytes, 2u << 20);
   uint64_t slab2 = dep_round_up(l2.total_bytes, 2u << 20);
-  /* Node 0 keeps every kind's arena cached at once (2 + 4 slabs of world 4, 2 of world 2). */
-  uint64_t pool = dep_round_up(6 * slab4 + 2 * slab2 + (64u << 20), 64u << 20);
+  /* Node 0 keeps every kind's arena cached at once (2 + 4 slabs of world 4, 2 of world 2),
+   * beside the 2-node job's exchange regions, one a rank (ring first: xring.h), which are
+   * pool memory too: without them a job's arena was evicted and made again every round. */
+  uint64_t xchg = dep_round_up(DEP_XRING_BYTES + lx.xchg_bytes, 2u << 20);
+  uint64_t pool = dep_round_up(6 * slab4 + 2 * slab2 + 2 * xchg + (64u << 20), 64u << 20);
 
   static struct world w;
   w.shape = o.shape;

@@ -16,7 +16,6 @@
 #include <time.h>
 
 #include "client_internal.h"
-#include "pages.h"
 
 /* The client-side bound on the ATTACH wait: $DEEPEPD_ATTACH_TIMEOUT_MS + margin. */
 static int attach_timeout(dep_client_t *c, int *timeout_ms) {
@@ -64,6 +63,7 @@ static void xring_drain(dep_client_t *c) {
 }
 
 void client_unmap(dep_client_t *c) {
+  warm_stop(c); /* it maps the slabs' pages in: joined before they go */
   watch_stop(c); /* it writes to the slab and the ring: joined before they go */
   cuda_ops_detach(c); /* the kernels and their memory go before the slabs they address */
   statrec_unmap(c);
@@ -265,36 +265,6 @@ static int attach_ops(dep_client_t *c, char *why, size_t whylen) {
   return rc;
 }
 
-/*
- * The host backend's warm-up (kernel_warmup): the pages of every slab that
- * this rank's operations touch — all of its own, and its slots and blocks
- * in each local peer's, and its exchange region in a job that spans
- * nodes — mapped in now, so that the first call of each
- * operation does not take a page fault per 4 KiB it touches (which made
- * the host's first dispatch 2-4x its steady time: BENCHMARKS.md).
- */
-static void host_warmup(dep_client_t *c) {
-  const struct ops_ctx *o = &c->ops;
-  const struct dep_slab_layout *l = &o->lay;
-  double t0 = now_ms();
-  for (uint32_t r = 0; r < o->world; r++) {
-    uint8_t *s = o->slabs[r];
-    if (s == NULL)
-      continue; /* on another node */
-    if (r == o->rank) {
-      dep__pages_populate(s, l->total_bytes);
-      continue;
-    }
-    for (unsigned parity = 0; parity < 2; parity++) {
-      dep__pages_populate(s + dep_slab_ctrl_slot(l, parity, o->rank), DEP_SLAB_CTRL_SLOT);
-      dep__pages_populate(s + dep_slab_block(l, parity, o->rank), l->block_bytes);
-    }
-  }
-  if (o->xchg != NULL)
-    dep__pages_populate(o->xchg, l->xchg_bytes);
-  c->times.warmup_ms = now_ms() - t0;
-}
-
 /* Where the slabs will live: on cuda, a context on this rank's GPU. */
 static int attach_bind_device(dep_client_t *c, const struct dep_attach_args *a) {
   c->cuda = strcmp(c->hello.backend, "cuda") == 0;
@@ -384,8 +354,6 @@ static int attach_ops_ready(dep_client_t *c, const struct dep_attach_args *args)
    * (cuda: cuda_ops_attach, from the device's copy of the word). */
   if (!c->cuda && ops_here)
     host_ops_join_at(&c->ops, host_ops_join_word(&c->ops));
-  if (!c->cuda && c->attach_ok.kernel_warmup && ops_here)
-    host_warmup(c);
   /* A job across nodes: its waits fail at once when this node's daemon goes
    * (watch.h), once everything the watcher writes to is in place. */
   if ((c->cuda && (rc = cuda_ops_attach(c)) != 0) ||
@@ -411,7 +379,8 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in
   if ((rc = attach_check(c, args)) != 0)
     return rc;
   int timeout_ms = 0;
-  if ((rc = attach_timeout(c, &timeout_ms)) != 0 || (rc = attach_bind_device(c, args)) != 0)
+  if ((rc = attach_timeout(c, &timeout_ms)) != 0 || (rc = warm_hold(c)) != 0 ||
+      (rc = attach_bind_device(c, args)) != 0)
     return rc;
   c->args = *args;
   memset(&c->times, 0, sizeof c->times);
@@ -433,6 +402,11 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in
     cuda_ops_stats_bind(c);
   c->times.total_ms = now_ms() - t0;
   statrec_attached(c);
+  /* The host warm-up runs on after dep_attach returns (warm.h), started last so
+   * that none of the attach's own work waits behind it. */
+  if (!c->cuda && c->attach_ok.kernel_warmup && (args->world_size == args->local_world_size ||
+                                                 c->xring != NULL))
+    warm_start(c);
   return DEP_OK;
 }
 
@@ -445,6 +419,7 @@ DEP_EXPORT int dep_attach_times(dep_client_t *c, struct dep_attach_times *out) {
     return rc;
   if (!c->attached)
     return DEP_ERR_STATE;
+  warm_wait(c); /* the host warm-up runs on after dep_attach: its time once it is done */
   const uint32_t size = z.size;
   z = c->times;
   z.size = size;

@@ -19,6 +19,7 @@
 #include "proto.h"
 #include "slab.h"
 #include "statrec.h"
+#include "warm.h"
 #include "watch.h"
 
 #define CLIENT_ERRMSG_MAX 1024
@@ -70,6 +71,7 @@ struct dep_client {
   char xring_why[256];            /* ... or why this rank has none (operations refuse) */
   struct watch watch;             /* ... and the thread that fails its waits when the daemon
                                      goes (watch.h) */
+  struct warm warm;               /* the host warm-up's thread (warm.h) */
   struct proto_buf tx;            /* reused for every request */
   char errmsg[CLIENT_ERRMSG_MAX]; /* the last failure on this handle */
 };

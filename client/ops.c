@@ -17,10 +17,12 @@
 
 /* The handle must be attached, and a job that spans nodes must have its ring
  * and its daemon (watch.h: once the daemon is gone every call fails at once,
- * as the call that was waiting did). */
+ * as the call that was waiting did).  The first call waits for the host
+ * warm-up (warm.h), so that it runs at steady speed. */
 static int ops_ready(dep_client_t *c, const char *op) {
   if (!c->attached)
     return client_seterr(c, DEP_ERR_STATE, "%s: not attached to a job; call dep_attach first", op);
+  warm_wait(c);
   if (watch_gone(c))
     return client_seterr(c, DEP_ERR_DAEMON_GONE, "%s: " OPS_DAEMON_GONE_WHY, op);
   if (c->args.world_size != c->args.local_world_size && c->xring == NULL)

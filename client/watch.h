@@ -1,6 +1,6 @@
 /*
- * watch.h — the one thread libdeepep-client makes, and only for a rank of a
- * job that spans nodes: it waits for the rank's control connection to
+ * watch.h — a thread libdeepep-client makes (the other is the host
+ * warm-up's, warm.h), and only for a rank of a job that spans nodes: it waits for the rank's control connection to
  * deepepd to close, and then fails the rank's operations at once with
  * DEP_ERR_DAEMON_GONE instead of letting them wait out the op timeout.
  *

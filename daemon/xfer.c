@@ -176,10 +176,13 @@ void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn 
     r->xchg[i] = dep_xring_xchg(j->xchg[i].region->map);
     r->mr[i] = j->xchg[i].region->mr;
     /* Every page of the rank's ring and exchange region mapped into the daemon's own page
-     * tables now, at attach: the rank's warm-up maps them into its own mapping (attach.c),
+     * tables now, at attach: the rank's warm-up maps them into its own mapping (warm.c),
      * not this one, and the receivers writing the first call's rows (and the proxy reading
-     * them) took a fault a page on the first call of each parity. */
-    dep__pages_populate(j->xchg[i].region->map, j->xchg[i].region->bytes);
+     * them) took a fault a page on the first call of each parity.  A region an earlier job
+     * left cached (warm) is mapped in already: the daemon keeps its mapping, and walking
+     * its pages again held the loop for as long as mapping them in. */
+    if (!j->xchg[i].region->warm)
+      dep__pages_populate(j->xchg[i].region->map, j->xchg[i].region->bytes);
   }
   r->rdma = xfer_rdma_route_new(j, who, membership);
   route_fan(r);

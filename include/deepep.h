@@ -281,7 +281,8 @@ struct dep_attach_times {
   double map_ms;    /* importing and mapping every local slab */
   double setup_ms;  /* cuda: loading the kernels and making their memory (0 on host) */
   double warmup_ms; /* kernel_warmup: cuda, running every kernel once; host, mapping in the
-                       slabs' pages the calls touch; 0 without it */
+                       slabs' pages the calls touch, which runs after dep_attach returns and
+                       which dep_attach_times finishes first; 0 without it */
 };
 
 /* Fill `out` (out->size set) for an attached handle; DEP_ERR_STATE when not attached. */

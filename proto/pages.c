@@ -10,8 +10,8 @@ void dep__pages_populate(void *p, uint64_t len) {
   const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
   const uintptr_t a = (uintptr_t)p & ~(page - 1);
   const uintptr_t b = ((uintptr_t)p + len + page - 1) & ~(page - 1);
-#ifdef MADV_POPULATE_WRITE
-  if (madvise((void *)a, b - a, MADV_POPULATE_WRITE) == 0)
+#ifdef MADV_POPULATE_READ
+  if (madvise((void *)a, b - a, MADV_POPULATE_READ) == 0)
     return;
 #endif
   for (uintptr_t q = a; q < b; q += page)

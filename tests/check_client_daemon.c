@@ -7,6 +7,7 @@
  * or with a fake one: check_client.c.
  */
 #include <check.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@
 #include "proto.h"
 #include "slab.h"
 #include "testutil.h"
+#include "warm.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -357,44 +359,256 @@ static double pages_mapped(const void *p, uint64_t len) {
   return (double)present / (double)n;
 }
 
-/* Attach a job of one rank on the host backend (kernel_warmup as `warm` says) and
- * return how much of its slab is mapped in before any call; warmup_ms in *ms. */
-static double attached_slab_mapped(bool warm, double *ms) {
-  struct tu_daemon d;
-  dep_client_t *c =
-      daemon_and_client(&d, warm ? "kernel_warmup: true\n" : "kernel_warmup: false\n");
+/* The layout of the one-rank jobs below: what the host calls touch of the slab is its
+ * control area and data, [0, priv_off); the private area after it is the cuda library's. */
+static struct dep_attach_args warm_job_args(struct dep_slab_layout *lay) {
   struct dep_attach_args a = cl_attach_args("job-warm", 0);
   a.world_size = a.local_world_size = 1;
   a.shape.hidden = 2048;
+  char why[256];
+  ck_assert_int_eq(dep__slab_layout(&a.shape, 1, lay, why, sizeof why), 0);
+  ck_assert_uint_gt(lay->priv_bytes, 0);
+  return a;
+}
+
+/* Attach a job of one rank on the host backend (kernel_warmup as `warm` says), let
+ * dep_attach_times finish the warm-up, and return how much of the slab's touched
+ * part is mapped in (of its private area in *priv); warmup_ms in *ms. */
+static double attached_slab_mapped(bool warm, double *ms, double *priv) {
+  struct tu_daemon d;
+  dep_client_t *c =
+      daemon_and_client(&d, warm ? "kernel_warmup: true\n" : "kernel_warmup: false\n");
+  struct dep_slab_layout lay;
+  struct dep_attach_args a = warm_job_args(&lay);
   ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
   struct dep_attach_info info = {.size = sizeof info};
   ck_assert_int_eq(dep_attach_info(c, &info), 0);
   struct dep_attach_times t = {.size = sizeof t};
   ck_assert_int_eq(dep_attach_times(c, &t), 0);
   *ms = t.warmup_ms;
-  /* What the operations touch: the layout's bytes (the slab is rounded up to chunks). */
-  struct dep_slab_layout lay;
-  char why[256];
-  ck_assert_int_eq(dep__slab_layout(&a.shape, 1, &lay, why, sizeof why), 0);
   ck_assert_uint_ge(info.slab_bytes, lay.total_bytes);
-  double f = pages_mapped(info.slabs[0], lay.total_bytes);
+  double f = pages_mapped(info.slabs[0], lay.priv_off);
+  *priv = pages_mapped((uint8_t *)info.slabs[0] + lay.priv_off, lay.priv_bytes);
   ck_assert_int_eq(dep_detach(c), 0);
   daemon_and_client_end(&d, c);
   return f;
 }
 
-/* The host backend's warm-up maps every page of the rank's slab in at
- * attach, so that the first call takes no page faults; without it nothing
- * but what the attach itself read is mapped. */
-START_TEST(host_warmup_maps_the_slab_in_before_the_first_call) {
-  double ms_on = 0, ms_off = 0;
-  double on = attached_slab_mapped(true, &ms_on), off = attached_slab_mapped(false, &ms_off);
-  printf("host warm-up: %.0f%% of the slab mapped in %.3f ms; without it %.0f%%\n", on * 100,
-         ms_on, off * 100);
+/* The host backend's warm-up maps in every page of the rank's slab that its
+ * calls touch, and only those: not the private area, which only the cuda
+ * library uses.  Without it nothing but what the attach itself read is
+ * mapped. */
+START_TEST(host_warmup_maps_in_what_the_calls_touch) {
+  double ms_on = 0, ms_off = 0, priv_on = 0, priv_off = 0;
+  double on = attached_slab_mapped(true, &ms_on, &priv_on);
+  double off = attached_slab_mapped(false, &ms_off, &priv_off);
+  printf("host warm-up: %.0f%% of the slab's calls' part mapped in %.3f ms (private area "
+         "%.0f%%); without it %.0f%%\n", on * 100, ms_on, priv_on * 100, off * 100);
   ck_assert_msg(on == 1.0, "kernel_warmup: true left %.1f%% of the slab unmapped", (1 - on) * 100);
+  /* The kernel maps a read fault's neighbours too (fault-around: 64 KiB), so
+   * the private area's first pages may be mapped; most of it must not be. */
+  ck_assert_msg(priv_on < 0.5, "the warm-up mapped %.0f%% of the private area, which no host "
+                "call touches", priv_on * 100);
   ck_assert_msg(ms_on > 0.0, "warmup_ms says nothing of the warm-up");
   ck_assert_msg(off < 0.5, "kernel_warmup: false mapped %.0f%% of the slab anyway", off * 100);
   ck_assert_msg(ms_off == 0.0, "warmup_ms %.3f without a warm-up", ms_off);
+}
+END_TEST
+
+/* Whether the job leaves the daemon's STATUS within 30 s: it hears of a rank's
+ * exit when the connection closes, asynchronously; the bound is a ceiling for a
+ * loaded machine, not a measure. */
+static bool job_left(dep_client_t *c, const char *id) {
+  for (int i = 0; i < 3000; i++) {
+    struct dep_status *st = NULL;
+    ck_assert_int_eq(dep_status(c, &st), 0);
+    const bool there = find_job(st, id) != NULL;
+    dep_status_free(st);
+    if (!there)
+      return true;
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  return false;
+}
+
+/* The library's warm-up threads in this process now (by their name, warm.h: a
+ * sanitizer's own threads come and go). */
+static int warm_threads(void) {
+  DIR *d = opendir("/proc/self/task");
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.')
+      continue;
+    char path[300], comm[32] = "";
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+      continue; /* the thread ended meanwhile */
+    if (fgets(comm, sizeof comm, f) != NULL)
+      n += strncmp(comm, WARM_THREAD_NAME "\n", sizeof WARM_THREAD_NAME) == 0;
+    fclose(f);
+  }
+  closedir(d);
+  return n;
+}
+
+/* Whether no warm-up thread is left within 10 s: a joined thread's task may
+ * still be listed for a moment after pthread_join returns (the kernel wakes
+ * the joiner before it has reaped the thread); one left running would stay. */
+static bool no_warm_thread_left(void) {
+  for (int i = 0; i < 1000; i++) {
+    if (warm_threads() == 0)
+      return true;
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  return false;
+}
+
+/* A daemon with kernel_warmup, and a client of it whose warm-ups the test's
+ * hook holds ($DEEPEP_TEST_WARMUP_HOLD_FD: a pipe the test never writes), so
+ * that what follows an attach happens while the warm-up has mapped nothing,
+ * with no timing.  A process forked from it inherits the hold. */
+static dep_client_t *held_daemon(struct tu_daemon *d, int hold[2]) {
+  ck_assert_int_eq(pipe(hold), 0);
+  char v[16];
+  snprintf(v, sizeof v, "%d", hold[0]);
+  setenv("DEEPEP_TEST_WARMUP_HOLD_FD", v, 1);
+  return daemon_and_client(d, "kernel_warmup: true\n");
+}
+
+/* c attached as the rank of a one-rank job, its warm-up held. */
+static void attach_held(dep_client_t *c, struct dep_slab_layout *lay,
+                        struct dep_attach_info *info) {
+  struct dep_attach_args a = warm_job_args(lay);
+  ck_assert(no_warm_thread_left());
+  ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
+  *info = (struct dep_attach_info){.size = sizeof *info};
+  ck_assert_int_eq(dep_attach_info(c, info), 0);
+}
+
+static void held_end(struct tu_daemon *d, dep_client_t *c, int hold[2]) {
+  daemon_and_client_end(d, c);
+  close(hold[0]);
+  close(hold[1]);
+  unsetenv("DEEPEP_TEST_WARMUP_HOLD_FD");
+}
+
+/* dep_attach returns before the warm-up (a thread) has mapped the slab in;
+ * the rank's first call finishes it, so that the call runs at steady speed:
+ * every page is mapped once it returns, though the thread is still held. */
+START_TEST(the_host_warmup_runs_after_the_attach_and_the_first_call_finishes_it) {
+  struct tu_daemon d;
+  int hold[2];
+  struct dep_slab_layout lay;
+  struct dep_attach_info info;
+  dep_client_t *c = held_daemon(&d, hold);
+  attach_held(c, &lay, &info);
+  double at_attach = pages_mapped(info.slabs[0], lay.priv_off);
+  ck_assert_msg(at_attach < 0.5, "dep_attach returned with %.0f%% of the slab mapped: the "
+                "warm-up ran in it", at_attach * 100);
+  ck_assert_int_eq(warm_threads(), 1);
+  uint64_t call = 0;
+  ck_assert_msg(dep_next_call(c, &call) == 0, "%s", dep_errmsg(c));
+  double at_call = pages_mapped(info.slabs[0], lay.priv_off);
+  ck_assert_msg(at_call == 1.0, "the first call returned with %.1f%% of the slab unmapped",
+                (1 - at_call) * 100);
+  ck_assert(no_warm_thread_left());
+  struct dep_attach_times t = {.size = sizeof t};
+  ck_assert_int_eq(dep_attach_times(c, &t), 0);
+  ck_assert_msg(t.warmup_ms > 0.0, "warmup_ms says nothing of the warm-up the call finished");
+  ck_assert_int_eq(dep_detach(c), 0);
+  held_end(&d, c, hold);
+}
+END_TEST
+
+/* A detach while the warm-up runs stops and joins its thread: none is left
+ * in the process, and a second attach of the handle works. */
+START_TEST(a_detach_during_the_host_warmup_leaves_no_thread) {
+  struct tu_daemon d;
+  int hold[2];
+  struct dep_slab_layout lay;
+  struct dep_attach_info info;
+  dep_client_t *c = held_daemon(&d, hold);
+  attach_held(c, &lay, &info);
+  ck_assert_int_eq(warm_threads(), 1);
+  ck_assert_msg(dep_detach(c) == 0, "%s", dep_errmsg(c));
+  ck_assert(no_warm_thread_left());
+  struct dep_attach_args a = warm_job_args(&lay);
+  ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
+  ck_assert_int_eq(warm_threads(), 1);
+  dep_client_free(c); /* frees while held: joined as well */
+  ck_assert(no_warm_thread_left());
+  c = cl_connect(d.sock);
+  held_end(&d, c, hold);
+}
+END_TEST
+
+/* A child forked during the warm-up has no warm-up thread: its calls do not
+ * wait for its parent's (the child's first call returns), and a rank that
+ * exits during the warm-up is gone from the daemon as any other. */
+START_TEST(a_fork_or_an_exit_during_the_host_warmup_is_clean) {
+  struct tu_daemon d;
+  int hold[2];
+  struct dep_slab_layout lay;
+  struct dep_attach_info info;
+  dep_client_t *c = held_daemon(&d, hold);
+  /* A rank process that exits with its warm-up held: the daemon lets its job go.  (It
+   * is forked first: a process with threads may not start one in a forked child
+   * under ThreadSanitizer.) */
+  pid_t kid = fork();
+  ck_assert_int_ge(kid, 0);
+  if (kid == 0) {
+    dep_client_t *k = cl_connect(d.sock);
+    struct dep_attach_args a = warm_job_args(&lay);
+    snprintf(a.job_id, sizeof a.job_id, "job-warm-exit");
+    _exit(dep_attach(k, &a) == 0 && warm_threads() == 1 ? 0 : 1);
+  }
+  int ws = 0;
+  ck_assert_int_eq(waitpid(kid, &ws, 0), kid);
+  ck_assert_msg(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "the rank that exited failed to attach "
+                "or had no warm-up thread");
+  ck_assert_msg(job_left(c, "job-warm-exit"), "the job of the rank that exited stayed");
+  /* A child forked while the warm-up runs: its calls do not wait for the parent's. */
+  attach_held(c, &lay, &info);
+  kid = fork();
+  ck_assert_int_ge(kid, 0);
+  if (kid == 0) {
+    alarm(30); /* a ceiling for a wait on the parent's thread: the test's failure, not a hang */
+    struct dep_attach_times t = {.size = sizeof t};
+    uint64_t call = 0;
+    _exit(dep_attach_times(c, &t) == 0 && dep_next_call(c, &call) == 0 ? 0 : 1);
+  }
+  ck_assert_int_eq(waitpid(kid, &ws, 0), kid);
+  ck_assert_msg(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "the forked child's calls failed or hung "
+                "(status %#x)", ws);
+  ck_assert_int_eq(warm_threads(), 1); /* the parent's warm-up is still there */
+  ck_assert_int_eq(dep_detach(c), 0);
+  ck_assert(no_warm_thread_left());
+  held_end(&d, c, hold);
+}
+END_TEST
+
+/* The test hook is checked like any input: a value that is no open descriptor
+ * fails the attach, saying so, before anything goes on the wire. */
+START_TEST(a_bad_warmup_hold_fails_the_attach) {
+  struct tu_daemon d;
+  dep_client_t *c = daemon_and_client(&d, "kernel_warmup: true\n");
+  struct dep_slab_layout lay;
+  struct dep_attach_args a = warm_job_args(&lay);
+  const char *bad[] = {"x", "-1", "12x", "65536", "999"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("DEEPEP_TEST_WARMUP_HOLD_FD", bad[i], 1);
+    ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_INVALID);
+    ck_assert_msg(strstr(dep_errmsg(c), "DEEPEP_TEST_WARMUP_HOLD_FD") != NULL, "%s: %s", bad[i],
+                  dep_errmsg(c));
+  }
+  unsetenv("DEEPEP_TEST_WARMUP_HOLD_FD");
+  ck_assert_msg(dep_attach(c, &a) == 0, "%s", dep_errmsg(c));
+  ck_assert_int_eq(dep_detach(c), 0);
+  daemon_and_client_end(&d, c);
 }
 END_TEST
 
@@ -483,7 +697,11 @@ Suite *client_daemon_suite(void) {
   tcase_add_test(real, two_handles_are_independent);
   tcase_add_test(real, daemon_stop_is_daemon_gone_at_once_and_reconnect_works);
   tcase_add_test(real, two_ranks_attach_show_in_status_and_detach);
-  tcase_add_test(real, host_warmup_maps_the_slab_in_before_the_first_call);
+  tcase_add_test(real, host_warmup_maps_in_what_the_calls_touch);
+  tcase_add_test(real, the_host_warmup_runs_after_the_attach_and_the_first_call_finishes_it);
+  tcase_add_test(real, a_detach_during_the_host_warmup_leaves_no_thread);
+  tcase_add_test(real, a_fork_or_an_exit_during_the_host_warmup_is_clean);
+  tcase_add_test(real, a_bad_warmup_hold_fails_the_attach);
   tcase_set_timeout(real, 60);
   suite_add_tcase(s, real);
 

@@ -3,7 +3,8 @@
  * its node's network namespace and then runs one attach per round, as
  * bench/attach's do: connect, dep_attach (which returns when every rank of
  * the job, on every node, has attached), check the slabs are mapped, report
- * the time, hold the job until the parent says, detach.
+ * the time, then (once every rank is ready) the attach's parts, hold the job
+ * until the parent says, detach.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -51,14 +52,20 @@ static void rank_round(const struct rank_cmd *cmd, int in, int out) {
   double now = bench_now_ms();
   /* Ready: every local slab is mapped (a missing pointer would be a lazy map). */
   struct dep_attach_info info = {.size = sizeof info};
-  struct dep_attach_times tm = {.size = sizeof tm};
-  if (dep_attach_info(c, &info) != 0 || dep_attach_times(c, &tm) != 0)
+  if (dep_attach_info(c, &info) != 0)
     _exit(1);
-  struct rank_time t = {now, tm.total_ms, tm.wait_ms, tm.map_ms};
   for (uint32_t i = 0; i < info.local_world_size; i++)
     if (info.slabs[i] == NULL)
       _exit(1);
+  /* The attach's parts once every rank is ready: dep_attach_times finishes the host
+   * warm-up, which runs after dep_attach returns (client/warm.h), and would take the
+   * CPU from the ranks still attaching. */
   char go;
+  struct dep_attach_times tm = {.size = sizeof tm};
+  if (write(out, &now, sizeof now) != sizeof now || !read_all(in, &go, 1) ||
+      dep_attach_times(c, &tm) != 0)
+    _exit(1);
+  struct rank_time t = {now, tm.total_ms, tm.wait_ms, tm.map_ms};
   if (write(out, &t, sizeof t) != sizeof t || !read_all(in, &go, 1)) /* hold the job */
     _exit(1);
   dep_detach(c);
@@ -107,9 +114,17 @@ double ranks_round(struct rank_proc *const *rp, const struct rank_cmd *cmd, int 
     if (write(rp[i]->to, &cmd[i], sizeof cmd[i]) != (ssize_t)sizeof cmd[i])
       die("cannot release a rank");
   for (int i = 0; i < n; i++) {
-    if (!read_all(rp[i]->from, &t[i], sizeof t[i]))
+    double ready = 0;
+    if (!read_all(rp[i]->from, &ready, sizeof ready))
       die("rank %u of job %s died before it was ready", cmd[i].rank, cmd[i].job_id);
-    last = t[i].ready_ms > last ? t[i].ready_ms : last;
+    last = ready > last ? ready : last;
+  }
+  for (int i = 0; i < n; i++)
+    if (write(rp[i]->to, "t", 1) != 1)
+      die("cannot ask a rank for its attach's parts");
+  for (int i = 0; i < n; i++) {
+    if (!read_all(rp[i]->from, &t[i], sizeof t[i]))
+      die("rank %u of job %s died after it was ready", cmd[i].rank, cmd[i].job_id);
     t[i].ready_ms -= t0; /* the rank sent its clock: from the release */
   }
   double td = bench_now_ms();
