@@ -304,7 +304,8 @@ static void stats_check_first(const struct stats_job *sj, struct stats_rank *r) 
     stats_warnings++;
     log_warnx("job %s rank %u: the first %s took %.3f ms, %.1f x its steady median of %.3f ms "
               "(warn_first_call_ratio %g); check that kernel_warmup is on and that the job's "
-              "buffers were touched before it (deepepctl stats %s)",
+              "buffers were touched before it (on the host backend a call right after "
+              "dep_attach also finishes the library's warm-up; deepepctl stats %s)",
               sj->id, r->rank, dep__stats_op_name(op), (double)o->first_ns / 1e6,
               (double)o->first_ns / (double)med, (double)med / 1e6, ratio, sj->id);
   }
