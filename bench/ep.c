@@ -5,7 +5,7 @@
  *
  *   ep -s SOCKET[,SOCKET...] [-S SOCKET_NO_WARMUP] [-n COUNTS] [-m processes,threads] [-g GPUS]
  *      [-c CALLS] [-w WARMUP] [-r COPY_REPS] [-t TOKENS] [-l LL_TOKENS] [-H HIDDEN]
- *      [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-p tp,ll,ll8]
+ *      [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-G MS] [-p tp,ll,ll8]
  *
  * For each rank count and mode (ranks as processes, or as threads of one
  * process, one client handle and stream each) a fresh world attaches as
@@ -123,7 +123,7 @@ static void usage(void) {
           "usage: ep -s SOCKET[,SOCKET...] [-S SOCKET_NO_WARMUP] [-n COUNTS] [-m processes,threads]\n"
           "          [-g GPUS]\n"
           "          [-c CALLS] [-w WARMUP] [-r COPY_REPS] [-t TOKENS] [-l LL_TOKENS] [-H HIDDEN]\n"
-          "          [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-T] [-P N] [-p PAIRS]\n"
+          "          [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-T] [-G MS] [-P N] [-p PAIRS]\n"
           "  -s  deepepd socket (its backend, host or cuda, is the one benchmarked); several,\n"
           "      comma-separated: one daemon per node, peers of each other, the ranks spread\n"
           "      over them in equal blocks (rank counts divisible by the nodes; no -S)\n"
@@ -138,6 +138,8 @@ static void usage(void) {
           "  -T  rewrite each op's outputs just before its first call (cuda): the first call\n"
           "      then meets the caller's buffers as recently used ones, so first/med is the\n"
           "      library's own first-call cost\n"
+          "  -G  each rank pauses MS ms between dep_attach and its first call, as a trainer\n"
+          "      building its model does (the host backend's warm-up runs meanwhile)\n"
           "  -p  the pairs timed after the first calls (default tp,ll,ll8): tp dispatch and\n"
           "      combine, ll the low-latency pair in bf16, ll8 with the FP8 dispatch; the first\n"
           "      call of every op is timed either way\n"
@@ -346,7 +348,7 @@ static void parse_args(int argc, char **argv, struct opts *o, struct ep_given *g
                        const char **pairs, const char **modes) {
   const char *socks = NULL;
   int opt;
-  while ((opt = getopt(argc, argv, "s:S:n:m:c:w:r:t:l:H:e:k:x:o:FTg:P:p:h")) != -1) {
+  while ((opt = getopt(argc, argv, "s:S:n:m:c:w:r:t:l:H:e:k:x:o:FTG:g:P:p:h")) != -1) {
     switch (opt) {
     case 's': socks = optarg; break;
     case 'S': o->sock_nowarm = optarg; break;
@@ -365,6 +367,7 @@ static void parse_args(int argc, char **argv, struct opts *o, struct ep_given *g
     case 'F': o->first_only = true; break;
     case 'p': *pairs = optarg; break;
     case 'T': o->retouch = true; break;
+    case 'G': o->gap_ms = atoi(optarg); break;
     case 'g': o->gpus_want = atoi(optarg); break;
     case 'P': o->stats_pairs = atoi(optarg); break;
     default: usage();
@@ -423,6 +426,7 @@ static void settle_args(struct opts *o, const struct ep_given *g, const char *pa
     sh->topk = (uint32_t)atoi(g->k);
   /* The first rule an argument breaks, said before the usage. */
   const char *bad = o->gpus_want < 0 ? "-g must be 0 or more"
+                    : o->gap_ms < 0 || o->gap_ms > 60000 ? "-G must be from 0 to 60000 ms"
                     : o->calls < 1 || o->calls > MAX_CALLS ? "-c must be from 1 to the most calls"
                     : o->stats_pairs < 0 || o->stats_pairs > 100 ? "-P must be from 0 to 100"
                     : o->warm < 0 ? "-w must be 0 or more"
@@ -541,6 +545,8 @@ int main(int argc, char **argv) {
     printf("# placement: every rank on GPU 0 (-g N spreads them over N GPUs)\n");
   if (o.retouch)
     printf("# -T: each op's outputs rewritten just before its first call (cuda only)\n");
+  if (o.gap_ms > 0)
+    printf("# -G: each rank pauses %d ms between dep_attach and its first call\n", o.gap_ms);
   printf("# times: %s; bytes: what each rank sends per call, to every rank (itself included), "
          "counted once\n",
          cuda ? "CUDA events on each rank's stream" : "CLOCK_MONOTONIC from the common release");

@@ -4,12 +4,14 @@
  * and the timed loop.  A rank is a process of its own or a thread of the
  * world's process.
  */
+#include <errno.h>
 #include <math.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../benchlib.h"
@@ -481,6 +483,11 @@ void rank_run(struct rank *k) {
   struct dep_attach_info info = {.size = sizeof info};
   dep_attach_info(k->c, &info);
   k->s->attach_ms[k->r] = info.attach_ms;
+  if (o->gap_ms > 0) { /* the trainer's own start-up, which the library's warm-up may overlap */
+    struct timespec gap = {o->gap_ms / 1000, (long)(o->gap_ms % 1000) * 1000000L};
+    while (nanosleep(&gap, &gap) != 0 && errno == EINTR) {
+    }
+  }
 
   for (int op = 0; op < NOPS; op++) {
     if (o->retouch && k->cuda)
