@@ -52,6 +52,7 @@
   XX(xnode_split)           \
   XX(xnode_stream)          \
   XX(xfer)                  \
+  XX(xfer_fair)             \
   XX(stats)                 \
   XX(stats_forged)          \
   XX(stats_world)           \
