@@ -6,9 +6,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -96,6 +98,13 @@ static void warm_run(struct warm *w) {
   w->done = true;
 }
 
+/*
+ * The thread is detached, so a process that exits attached (without
+ * dep_detach or a call) leaves no finished thread unjoined; warm_end waits
+ * for `finished` instead of a join.  Its last touch of *w is that store: the
+ * wake after it names the word's address only (a private futex's key is
+ * the address, whatever became of the memory).
+ */
 static void *warm_main(void *arg) {
   struct warm *w = arg;
   /* Below every other thread of the node: the rank's own attach, its peers' and the
@@ -104,7 +113,16 @@ static void *warm_main(void *arg) {
   (void)setpriority(PRIO_PROCESS, (id_t)gettid(), WARM_NICE);
   if (w->hold < 0 || warm_held(w))
     warm_run(w);
+  _Atomic uint32_t *finished = &w->finished;
+  atomic_store_explicit(finished, 1, memory_order_release);
+  (void)syscall(SYS_futex, finished, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
   return NULL;
+}
+
+/* Until the thread has stored `finished` (warm_main). */
+static void warm_join(struct warm *w) {
+  while (atomic_load_explicit(&w->finished, memory_order_acquire) == 0)
+    (void)syscall(SYS_futex, &w->finished, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
 }
 
 int warm_hold(struct dep_client *c) {
@@ -145,6 +163,7 @@ void warm_start(struct dep_client *c) {
   struct warm *w = &c->warm;
   warm_regions(c, w);
   atomic_store(&w->stop, 0);
+  atomic_store(&w->finished, 0);
   w->done = false;
   w->ms = 0;
   w->at = 0;
@@ -160,6 +179,7 @@ void warm_start(struct dep_client *c) {
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (err == 0) {
     (void)pthread_setname_np(w->thread, WARM_THREAD_NAME); /* named before dep_attach returns */
+    pthread_detach(w->thread); /* after the name: a joinable thread's handle stays valid */
     w->running = true;
     w->pid = getpid();
     return;
@@ -171,7 +191,7 @@ void warm_start(struct dep_client *c) {
 }
 
 /*
- * Stop the thread (a test's hold ends too) and join it; then, unless the
+ * Stop the thread (a test's hold ends too) and wait for its end; then, unless the
  * attachment is ending, map what it had not yet mapped here, at the
  * caller's priority rather than the thread's.  Forget it.
  */
@@ -185,7 +205,7 @@ static void warm_end(struct dep_client *c, bool ending) {
   w->wake[1] = -1;
   const bool ours = w->pid == getpid();
   if (ours)
-    pthread_join(w->thread, NULL);
+    warm_join(w);
   warm_close(w);
   w->running = false;
   if (!ours) {

@@ -68,7 +68,8 @@ struct warm {
   int hold;            /* $DEEPEP_TEST_WARMUP_HOLD_FD, or -1 */
   int wake[2];         /* with a hold: closing wake[1] ends the thread's wait */
   _Atomic int stop;    /* the attachment is ending: map no more */
-  bool done;           /* every region is mapped (read after the join) */
+  _Atomic uint32_t finished; /* the thread touches *this no more (it is detached) */
+  bool done;           /* every region is mapped (read once `finished`) */
   double ms;           /* ... which took this long, thread and caller together */
   uint32_t at;         /* the cursor: the region being mapped ... */
   uint64_t off;        /* ... and the offset in it */
