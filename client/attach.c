@@ -35,7 +35,7 @@ static int attach_timeout(dep_client_t *c, int *timeout_ms) {
   return 0;
 }
 
-static double now_ms(void) {
+double client_clock_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
@@ -53,10 +53,10 @@ static double now_ms(void) {
 static void xring_drain(dep_client_t *c) {
   struct dep_xring *r = c->xring;
   const uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
-  const double t0 = now_ms(), limit = c->attach_ok.op_timeout_ms;
+  const double t0 = client_clock_ms(), limit = c->attach_ok.op_timeout_ms;
   while (atomic_load_explicit(&r->tail, memory_order_acquire) != head &&
-         atomic_load_explicit(&r->failed, memory_order_acquire) == 0 && now_ms() - t0 < limit &&
-         !watch_hung_up(c->fd)) {
+         atomic_load_explicit(&r->failed, memory_order_acquire) == 0 &&
+         client_clock_ms() - t0 < limit && !watch_hung_up(c->fd)) {
     struct timespec ts = {0, 50000};
     nanosleep(&ts, NULL);
   }
@@ -132,10 +132,10 @@ static int attach_slab(dep_client_t *c, struct client_frame *f, bool *seen) {
     return rc;
   char why[256] = "";
   struct mem_map *arena = &c->arenas[c->n_arenas];
-  double t0 = now_ms();
+  double t0 = client_clock_ms();
   rc = mem_map_slab(arena, c->cuda, f->fds, m.n_chunks, m.chunk_bytes, c->cuda_dev, why,
                     sizeof why);
-  c->times.map_ms += now_ms() - t0;
+  c->times.map_ms += client_clock_ms() - t0;
   f->nfds = 0; /* mem_map_slab closed them */
   if (rc != 0)
     return client_seterr(c, rc, "mapping the slabs of local rank %u: %s", m.ranks[0].local_rank,
@@ -311,12 +311,12 @@ static int attach_exchange(dep_client_t *c, const struct dep_attach_args *args,
    * (the daemon's answer must be taken off the socket either way). */
   int prep_rc = 0;
   char prep_msg[CLIENT_ERRMSG_MAX] = "";
-  double t_sent = now_ms();
+  double t_sent = client_clock_ms();
   if (rc == 0 && c->cuda && (prep_rc = cuda_ops_prepare(c)) != 0)
     snprintf(prep_msg, sizeof prep_msg, "%s", c->errmsg);
   if (rc == 0)
     rc = attach_reply(c, id, timeout_ms);
-  c->times.wait_ms = now_ms() - t_sent - c->times.map_ms - c->times.setup_ms;
+  c->times.wait_ms = client_clock_ms() - t_sent - c->times.map_ms - c->times.setup_ms;
   c->times.wait_ms = c->times.wait_ms > 0 ? c->times.wait_ms : 0;
   if (rc == 0 && prep_rc != 0)
     rc = client_seterr(c, prep_rc, "%s", prep_msg);
@@ -369,7 +369,7 @@ static int attach_ops_ready(dep_client_t *c, const struct dep_attach_args *args)
 DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in) {
   if (c == NULL)
     return DEP_ERR_INVALID;
-  double t0 = now_ms();
+  double t0 = client_clock_ms();
   /* The caller's struct as this library knows it (deepep.h: structs grow). */
   struct dep_attach_args args_[1];
   int rc = CLIENT_TAKE(c, "dep_attach", dep_attach_args, shape, args_in, args_);
@@ -400,7 +400,7 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in
   statrec_lend(c);
   if (c->cuda)
     cuda_ops_stats_bind(c);
-  c->times.total_ms = now_ms() - t0;
+  c->times.total_ms = client_clock_ms() - t0;
   statrec_attached(c);
   /* The host warm-up runs on after dep_attach returns (warm.h), started last so
    * that none of the attach's own work waits behind it. */

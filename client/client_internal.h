@@ -94,6 +94,8 @@ void client_frame_init(struct client_frame *f);
 void client_frame_release(struct client_frame *f);
 
 /* Record a failure on the handle and return `code` (printf-style message). */
+/* CLOCK_MONOTONIC in milliseconds: the attach's and the warm-up's times (attach.c). */
+double client_clock_ms(void);
 int client_seterr(dep_client_t *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

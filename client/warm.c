@@ -19,12 +19,6 @@
 #include "client_internal.h"
 #include "pages.h"
 
-static double warm_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* Add [p, p + len) to the list, joined to the last region where it follows on. */
 static void warm_add(struct warm *w, uint8_t *p, uint64_t len) {
   struct warm_region *last = w->n > 0 ? &w->r[w->n - 1] : NULL;
@@ -84,17 +78,17 @@ static bool warm_held(struct warm *w) {
 
 /* Map the regions in from the cursor on, a piece at a time, until done or stopped. */
 static void warm_run(struct warm *w) {
-  const double t0 = warm_now_ms();
+  const double t0 = client_clock_ms();
   for (; w->at < w->n; w->at++, w->off = 0)
     for (; w->off < w->r[w->at].len; w->off += WARM_PIECE_BYTES) {
       if (atomic_load_explicit(&w->stop, memory_order_relaxed)) {
-        w->ms += warm_now_ms() - t0;
+        w->ms += client_clock_ms() - t0;
         return;
       }
       const uint64_t left = w->r[w->at].len - w->off;
       dep__pages_populate(w->r[w->at].p + w->off, left < WARM_PIECE_BYTES ? left : WARM_PIECE_BYTES);
     }
-  w->ms += warm_now_ms() - t0;
+  w->ms += client_clock_ms() - t0;
   w->done = true;
 }
 
