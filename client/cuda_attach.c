@@ -127,7 +127,7 @@ static int warmup(dep_client_t *c) {
    * operation. */
   struct cuops_touch_args ta = {c->layout.total_bytes};
   if (rc == 0)
-    rc = cuops_launch(c, CUOPS_K_TOUCH, job.world, 0, &ta, s, op);
+    rc = cuops_launch(c, CUOPS_K_TOUCH, job.world, &ta, s, op);
   if ((r = drv()->cuStreamSynchronize(s)) != CUDA_SUCCESS && rc == 0)
     rc = cu_fail(c, op, "cuStreamSynchronize", r);
   if (rc == 0)
@@ -177,6 +177,15 @@ static int sm_budget(dep_client_t *c, uint32_t *out) {
   if (rc != 0)
     return client_seterr(c, rc, "dep_attach: %s", why);
   const bool by_env = env != NULL && env[0] != '\0';
+  /* Every rank's CTAs resident at once, at the CTAs an SM holds of this world's kernels
+   * (shmem_fit); the default budget (one CTA an SM, shared out) always is. */
+  const uint32_t fit = dep__fit_ctas(c->cuops.sms, sharing, c->cuops.ctas_per_sm);
+  if (by_env && *out > fit)
+    return client_seterr(c, DEP_ERR_INVALID, "dep_attach: $" CUOPS_CTAS_ENV "=\"%s\" must be "
+                         "a number of CTAs from 1 to %u: a world of %u ranks holds enough shared "
+                         "memory a CTA that an SM keeps %u of them at once (%d SMs, %u ranks of "
+                         "the job on this GPU); lower or unset it", env, fit, c->ops.world,
+                         c->cuops.ctas_per_sm, c->cuops.sms, sharing);
   struct dep_msg_tune m = {.sms = (uint32_t)c->cuops.sms, .env_ctas = by_env ? *out : 0};
   struct dep_msg_tune_ok ok;
   struct client_frame f;
@@ -186,7 +195,7 @@ static int sm_budget(dep_client_t *c, uint32_t *out) {
   if (rc != 0)
     return c->fd < 0 ? rc : 0;
   if (!by_env && proto_decode_tune_ok(f.body, f.hdr.body_len, &ok) == 0 && ok.ctas >= 1 &&
-      ok.ctas <= cuops_most_ctas(c->cuops.sms, sharing))
+      ok.ctas <= fit)
     *out = ok.ctas;
   client_frame_release(&f);
   return 0;
@@ -274,13 +283,12 @@ static void take_kernels(dep_client_t *c, const struct client_frame *f, const st
 }
 
 int cuda_ops_world_check(dep_client_t *c, const struct dep_attach_args *a) {
-  if (a->world_size <= CUOPS_MAX_WORLD)
+  if (a->world_size <= DEP_MAX_WORLD)
     return 0;
   return client_seterr(c, DEP_ERR_UNSUPPORTED, "dep_attach: job \"%s\" has a world of %u "
-                       "ranks; the cuda backend serves worlds of up to %u ranks (its kernels "
-                       "keep every source's slot in shared memory), so run it with fewer ranks "
-                       "or with backend: host",
-                       a->job_id, a->world_size, CUOPS_MAX_WORLD);
+                       "ranks; the cuda backend serves worlds of up to %u ranks (DEP_MAX_WORLD), "
+                       "so run it with fewer ranks",
+                       a->job_id, a->world_size, DEP_MAX_WORLD);
 }
 
 int cuda_ops_fetch_kernels(dep_client_t *c) {
@@ -313,6 +321,63 @@ int cuda_ops_fetch_kernels(dep_client_t *c) {
   client_frame_release(&f);
   return 0;
 }
+
+#ifdef DEP_HAVE_FATBIN
+/*
+ * The shared memory of the job's kernels (kabi.h "Shared memory"), as the
+ * module is loaded: for each kernel that holds some (dep__shmem_of, for
+ * the world and experts this rank asks for), its static bytes and the
+ * dynamic ones must fit what the GPU gives a CTA when asked (the opt-in
+ * maximum), else the world is DEP_ERR_UNSUPPORTED, saying why; above the
+ * 48 KiB a CTA gets unasked the kernel is opted in for its bytes.  How many
+ * CTAs of the largest an SM holds at once, at most CUOPS_CTAS_PER_SM, goes
+ * to st->ctas_per_sm, the SM budget's residency (sm_budget).  The
+ * warm-up's world of one needs less.
+ */
+static int shmem_fit(dep_client_t *c, uint32_t world, uint32_t num_experts) {
+  struct cuops_state *st = &c->cuops;
+  const struct cudadrv *cu = drv();
+  CUdevice dev;
+  int optin = 0, per_sm = 0, reserved = 0;
+  CUresult r = cu->cuCtxGetDevice(&dev);
+  if (r == CUDA_SUCCESS)
+    r = cu->cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                 dev);
+  if (r == CUDA_SUCCESS)
+    r = cu->cuDeviceGetAttribute(&per_sm, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                                 dev);
+  if (r == CUDA_SUCCESS)
+    r = cu->cuDeviceGetAttribute(&reserved, CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK,
+                                 dev);
+  if (r != CUDA_SUCCESS)
+    return cu_fail(c, "dep_attach", "cuDeviceGetAttribute (shared memory)", r);
+  st->ctas_per_sm = CUOPS_CTAS_PER_SM;
+  for (int k = 0; k < CUOPS_K_COUNT; k++) {
+    const unsigned dyn = dep__shmem_of((enum cuops_kernel)k, world, num_experts);
+    /* The low-latency calls refuse a job of more experts (cuda_ops.c): never launched. */
+    if (dyn == 0 || (k == CUOPS_K_LL_DISPATCH && num_experts > CUOPS_LL_MAX_EXPERTS))
+      continue;
+    int fixed = 0;
+    if ((r = cu->cuFuncGetAttribute(&fixed, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, st->fn[k])) !=
+        CUDA_SUCCESS)
+      return cu_fail(c, "dep_attach", "cuFuncGetAttribute (shared memory)", r);
+    const uint64_t need = (uint64_t)fixed + dyn;
+    if (need > (uint64_t)optin)
+      return client_seterr(c, DEP_ERR_UNSUPPORTED, "dep_attach: a world of %u ranks needs %llu "
+                           "bytes of shared memory a CTA in kernel %s, more than this GPU gives "
+                           "one (%d); run the job with fewer ranks (or fewer experts), or with "
+                           "backend: host", world, (unsigned long long)need, kernel_names[k],
+                           optin);
+    if (need > 48u * 1024u &&
+        (r = cu->cuFuncSetAttribute(st->fn[k], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    (int)dyn)) != CUDA_SUCCESS)
+      return cu_fail(c, "dep_attach", "cuFuncSetAttribute (dynamic shared memory)", r);
+    const uint32_t fit = dep__ctas_per_sm(need + (uint64_t)reserved, (uint64_t)per_sm);
+    st->ctas_per_sm = fit < st->ctas_per_sm ? fit : st->ctas_per_sm;
+  }
+  return 0;
+}
+#endif
 
 int cuda_ops_prepare(dep_client_t *c) {
   struct cuops_state *st = &c->cuops;
@@ -354,6 +419,9 @@ int cuda_ops_prepare(dep_client_t *c) {
   /* The rows from each source, for the world this rank asks for (one the daemon refuses gets
    * no call; cuda_ops_attach checks the world it binds against this room). */
   const uint32_t world = aa->world_size <= DEP_MAX_WORLD ? aa->world_size : 0;
+  int rc = shmem_fit(c, world, aa->shape.num_experts);
+  if (rc != 0)
+    return rc;
   if ((r = host_record_make(cu, st, world, le)) != CUDA_SUCCESS)
     return cu_fail(c, op, "pinning the error record (cuMemHostRegister)", r);
   if ((r = cu->cuMemHostGetDevicePointer(&st->host_dev, st->host, 0)) != CUDA_SUCCESS)

@@ -14,6 +14,7 @@
 #include "client_internal.h"
 #include "cuda_ops_internal.h"
 #include "shape.h"
+#include "sm_budget.h"
 #include "xring.h"
 
 /* ---- the error record -------------------------------------------------------------- */
@@ -272,15 +273,17 @@ static enum cuops_kernel tp_kernel(const dep_client_t *c, enum cuops_kernel whol
  * host backend counts its own (ops_ctx.seq, from the join call on a rank that came back:
  * cuda_ops_attach), so that dep_next_call reads the same count on both backends without
  * reading device memory; the device's count reaches it as the launched calls end. */
-static int launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, unsigned shmem,
-                  void *args, CUstream s, const char *op, bool counts) {
+static int launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, void *args, CUstream s,
+                  const char *op, bool counts) {
   struct ctx_guard g;
   int rc = ctx_enter(c, &g, op);
   if (rc != 0)
     return rc;
   void *params[2] = {&c->cuops.job, args};
-  CUresult r = drv()->cuLaunchKernel(c->cuops.fn[k], grid, 1, 1, CUOPS_THREADS, 1, 1, shmem, s,
-                                     params, NULL);
+  CUresult r = drv()->cuLaunchKernel(c->cuops.fn[k], grid, 1, 1, CUOPS_THREADS, 1, 1,
+                                     dep__shmem_of(k, c->cuops.job.world,
+                                                   c->cuops.job.num_experts),
+                                     s, params, NULL);
   ctx_leave(&g);
   if (r != CUDA_SUCCESS)
     return cu_fail(c, op, "cuLaunchKernel", r);
@@ -289,9 +292,25 @@ static int launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, unsigned 
   return 0;
 }
 
-int cuops_launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, unsigned shmem,
-                 void *args, CUstream s, const char *op) {
-  return launch(c, k, grid, shmem, args, s, op, cuops_communicates(k));
+int cuops_launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, void *args, CUstream s,
+                 const char *op) {
+  return launch(c, k, grid, args, s, op, cuops_communicates(k));
+}
+
+unsigned dep__shmem_of(enum cuops_kernel k, uint32_t world, uint32_t num_experts) {
+  switch (k) {
+  case CUOPS_K_LL_DISPATCH:
+    return dep__kernel_shmem(world, num_experts, true);
+  case CUOPS_K_DISPATCH:
+  case CUOPS_K_COMBINE:
+  case CUOPS_K_LL_COMBINE:
+  case CUOPS_K_DISPATCH_STREAM:
+  case CUOPS_K_COMBINE_STREAM:
+  case CUOPS_K_LL_INFO:
+    return dep__kernel_shmem(world, num_experts, false);
+  default:
+    return 0;
+  }
 }
 
 /* ---- argument checks: ops_check_* with num_tokens 0 never reads device memory -------- */
@@ -361,7 +380,7 @@ int cuda_ops_layout(dep_client_t *c, const struct dep_layout_args *a, dep_stream
     return cu_fail(c, op, "cuMemsetD32Async", r);
   unsigned grid = (a->num_tokens + CUOPS_THREADS - 1) / CUOPS_THREADS;
   grid = grid < 1 ? 1 : grid > 8 ? 8 : grid;
-  return cuops_launch(c, CUOPS_K_LAYOUT, grid, 0, &k, s, op);
+  return cuops_launch(c, CUOPS_K_LAYOUT, grid, &k, s, op);
 }
 
 /* cuda_ops_dispatch's checks before launch, on the host: why says what is wrong. */
@@ -420,9 +439,9 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
                                    s)) != CUDA_SUCCESS)
     return cu_fail(c, op, "cuMemsetD32Async", r);
   if ((rc = cuops_launch(c, tp_kernel(c, CUOPS_K_DISPATCH, CUOPS_K_DISPATCH_STREAM), comm_grid(c),
-                         0, &k, s, op)) != 0)
+                         &k, s, op)) != 0)
     return rc;
-  if (align != 0 && (rc = cuops_launch(c, CUOPS_K_ALIGN, 1, 0, &k, s, op)) != 0)
+  if (align != 0 && (rc = cuops_launch(c, CUOPS_K_ALIGN, 1, &k, s, op)) != 0)
     return rc;
   if (a->cached) {
     /* The routing is the handle's: its row count, where the host learnt it. */
@@ -481,7 +500,7 @@ int cuda_ops_combine(dep_client_t *c, const struct dep_combine_args *a, const st
     return rc;
   struct cuops_combine_args k = {a->x, a->out, h->num_tokens, 0, a->topk_weights,
                                  a->out_topk_weights, a->bias_0, a->bias_1, hdl_of(h)};
-  return cuops_launch(c, tp_kernel(c, CUOPS_K_COMBINE, CUOPS_K_COMBINE_STREAM), comm_grid(c), 0,
+  return cuops_launch(c, tp_kernel(c, CUOPS_K_COMBINE, CUOPS_K_COMBINE_STREAM), comm_grid(c),
                       &k, s, op);
 }
 
@@ -544,18 +563,17 @@ int cuda_ops_ll_dispatch(dep_client_t *c, const struct dep_ll_dispatch_args *a,
                                      phase, a->recv_x, a->recv_scales, a->recv_count,
                                      (uint8_t *)(uintptr_t)c->cuops.stage, hdl_of(h),
                                      a->wait_cost, 0, 0};
-  const unsigned shmem = CUOPS_LL_SHMEM(c->cuops.job.num_experts);
   if (phase == CUOPS_RECV) {
     k.back = ll_received(c, h);
-    return launch(c, CUOPS_K_LL_DISPATCH, comm_grid(c), shmem, &k, s, op, false);
+    return launch(c, CUOPS_K_LL_DISPATCH, comm_grid(c), &k, s, op, false);
   }
   /* FP8: every token cast once, before the senders copy it to each rank
    * that needs it (the cast, not the copy, bounded the call). */
   unsigned cast = (a->num_tokens + CUOPS_WARPS - 1) / CUOPS_WARPS;
   cast = cast < 1 ? 1 : cast > CUOPS_MAX_CTAS ? CUOPS_MAX_CTAS : cast;
-  if (a->use_fp8 && (rc = cuops_launch(c, CUOPS_K_LL_CAST, cast, 0, &k, s, op)) != 0)
+  if (a->use_fp8 && (rc = cuops_launch(c, CUOPS_K_LL_CAST, cast, &k, s, op)) != 0)
     return rc;
-  if ((rc = cuops_launch(c, CUOPS_K_LL_DISPATCH, comm_grid(c), shmem, &k, s, op)) != 0)
+  if ((rc = cuops_launch(c, CUOPS_K_LL_DISPATCH, comm_grid(c), &k, s, op)) != 0)
     return rc;
   /* No synchronisation: what the host cannot know stays on the device. */
   h->num_tokens = a->num_tokens;
@@ -605,9 +623,9 @@ int cuda_ops_ll_combine(dep_client_t *c, const struct dep_ll_combine_args *a,
                                     a->topk_weights, a->out, hdl_of(h), a->wait_cost, phase, 0};
   if (phase == CUOPS_RECV) {
     k.back = ll_received(c, h);
-    return launch(c, CUOPS_K_LL_COMBINE, comm_grid(c), 0, &k, s, op, false);
+    return launch(c, CUOPS_K_LL_COMBINE, comm_grid(c), &k, s, op, false);
   }
-  if ((rc = cuops_launch(c, CUOPS_K_LL_COMBINE, comm_grid(c), 0, &k, s, op)) != 0)
+  if ((rc = cuops_launch(c, CUOPS_K_LL_COMBINE, comm_grid(c), &k, s, op)) != 0)
     return rc;
   if (phase == CUOPS_SEND)
     ll_sent(c, OPS_OP_LL_COMBINE, h);
@@ -633,7 +651,7 @@ int cuda_ops_ll_handle_info(dep_client_t *c, const struct dep_ll_handle_info_arg
   if (rc != 0)
     return rc;
   struct cuops_ll_info_args k = {a->src_info, a->layout_range, hdl_of(h)};
-  return cuops_launch(c, CUOPS_K_LL_INFO, c->cuops.job.le, 0, &k, s, op);
+  return cuops_launch(c, CUOPS_K_LL_INFO, c->cuops.job.le, &k, s, op);
 }
 
 /* ---- masked ranks (deepep.h; the kernels' side is kabi.h's) ------------------------------- */

@@ -94,6 +94,7 @@ struct cuops_state {
   void *ring_pinned;              /* the ring to the proxy and the exchange region after it, as
                                      registered (a job across nodes) */
   uint32_t grid;                  /* CTAs of a communicating kernel (dep__kernel_grid) */
+  uint32_t ctas_per_sm;           /* of the kernels, for the job's world (shmem_fit) */
   struct cuops_job job;
 };
 
@@ -112,8 +113,10 @@ int cuops_block_layout(const struct dep_job_shape *shape, uint32_t world,
 
 /*
  * At dep_attach on cuda, before anything goes on the wire or touches the
- * driver: a world larger than the kernels serve (CUOPS_MAX_WORLD, kabi.h
- * says why) is DEP_ERR_UNSUPPORTED naming the limit; 0 otherwise.
+ * driver: a world larger than the kernels serve (DEP_MAX_WORLD; whether
+ * the GPU gives its CTAs the shared memory the world needs is known once it
+ * is bound: cuda_ops_attach) is DEP_ERR_UNSUPPORTED naming the limit; 0
+ * otherwise.
  */
 int cuda_ops_world_check(dep_client_t *c, const struct dep_attach_args *a);
 /*

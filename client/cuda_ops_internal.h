@@ -72,8 +72,12 @@ int cuops_handle_reserve(dep_client_t *c, struct dep_handle *h, const char *op,
 
 /* Launch kernel k on stream s with the job and args as its two parameters,
  * in the rank's context (cuda_ops.c). */
-int cuops_launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, unsigned shmem,
-                 void *args, CUstream s, const char *op);
+int cuops_launch(dep_client_t *c, enum cuops_kernel k, unsigned grid, void *args, CUstream s,
+                 const char *op);
+/* The dynamic shared memory kernel k is launched with in a job of `world` ranks and
+ * num_experts experts (dep__kernel_shmem: the receiving kernels' per-source state, the
+ * low-latency dispatch's experts besides); 0 for the kernels that receive nothing. */
+unsigned dep__shmem_of(enum cuops_kernel k, uint32_t world, uint32_t num_experts);
 /* Report what the kernels recorded, if anything; `own`: the record is this
  * synchronised call's (cuda_ops.c). */
 int cuops_poll(dep_client_t *c, const char *op, CUstream s, bool own);

@@ -81,6 +81,8 @@ static const struct dep_dlsym drv_syms[] = {
     SYM(cuLinkDestroy, "cuLinkDestroy"),
     SYM(cuPointerGetAttribute, "cuPointerGetAttribute"),
     SYM(cuMemGetInfo, "cuMemGetInfo_v2"),
+    SYM(cuFuncGetAttribute, "cuFuncGetAttribute"),
+    SYM(cuFuncSetAttribute, "cuFuncSetAttribute"),
 };
 
 static void drv_load_once(void) {

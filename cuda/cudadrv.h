@@ -43,6 +43,11 @@ typedef struct CUlinkState_st *CUlinkState;
 #define CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
 #define CU_DEVICE_ATTRIBUTE_MPS_ENABLED 133
 #define CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID 134
+#define CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR 81
+#define CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
+#define CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK 111
+#define CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES 1
+#define CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 #define CU_MEMHOSTREGISTER_PORTABLE 0x01
 #define CU_MEMHOSTREGISTER_DEVICEMAP 0x02
 #define CU_STREAM_NON_BLOCKING 0x1
@@ -165,6 +170,8 @@ struct cudadrv {
   CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
   /* deepepctl doctor: a GPU's free memory against its pool's budget. */
   CUresult (*cuMemGetInfo)(size_t *, size_t *);
+  CUresult (*cuFuncGetAttribute)(int *, int, CUfunction);
+  CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
 };
 
 /*

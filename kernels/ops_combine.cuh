@@ -19,7 +19,7 @@
 template <bool RING = false>
 __device__ __forceinline__ bool combine_wait(const cuops_job &J, call &k, uint32_t op, uint64_t hseq,
                              const uint32_t *expect, bool report, int64_t *cost = nullptr) {
-  __shared__ peers s_p;
+  const peers s_p = peers_of(J);
   __shared__ uint32_t s_ok;
   /* The receivers' mask from the wait on: the call's with the sources that left.  A copy of
    * their own, since a streamed combine's sending warps go on reading the call's. */

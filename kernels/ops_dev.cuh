@@ -691,14 +691,43 @@ __device__ __forceinline__ void post(const cuops_job &J, const call &k, uint32_t
   arrive(J, k, d, J.parts, true, rows, op, ref_seq, num_tokens, bytes);
 }
 
-/* What a receiver CTA learns from every source's slot. */
+/*
+ * The dynamic shared memory of a communicating kernel's CTA (kabi.h
+ * "Shared memory"): the receive's state for each source of the job's world
+ * at the offsets CUOPS_SHM_* say, then the low-latency dispatch's per-expert
+ * part (ll_dyn).  The launch gives each kernel the bytes its world needs
+ * (dep__kernel_shmem), so a small world's CTA holds no more than it uses.
+ */
+extern __shared__ __align__(16) uint8_t cuops_dyn[];
+
+/* What a receiver CTA learns from every source's slot: views of its dynamic shared memory,
+ * offsets from one symbol by the job's world (a kernel parameter), so no load finds them. */
 struct peers {
-  uint32_t rows[CUOPS_MAX_WORLD];
-  uint32_t op[CUOPS_MAX_WORLD];
-  uint64_t ref[CUOPS_MAX_WORLD];
+  uint32_t *rows, *op;
+  uint64_t *ref;
   /* Sources that left the job while this call waited for them, a bitmap of the world. */
-  uint64_t left[CUOPS_MASK_WORDS];
+  uint64_t *left;
 };
+
+__device__ __forceinline__ peers peers_of(const cuops_job &J) {
+  __shared__ uint64_t s_left[CUOPS_MASK_WORDS];
+  return {(uint32_t *)(cuops_dyn + CUOPS_SHM_ROWS(J.world)),
+          (uint32_t *)(cuops_dyn + CUOPS_SHM_OP(J.world)),
+          (uint64_t *)(cuops_dyn + CUOPS_SHM_REF(J.world)), s_left};
+}
+
+/* A receive's [world + 1] running first rows of each source, and its [world] offsets (the
+ * throughput dispatch's) or counts (dep__k_ll_info's), in the same dynamic shared memory. */
+__device__ __forceinline__ uint32_t *src_first(const cuops_job &J) {
+  return (uint32_t *)(cuops_dyn + CUOPS_SHM_FIRST(J.world));
+}
+__device__ __forceinline__ uint32_t *src_off(const cuops_job &J) {
+  return (uint32_t *)(cuops_dyn + CUOPS_SHM_OFF(J.world));
+}
+/* The low-latency dispatch's per-expert words (CUOPS_LL_SHMEM), after the per-source state. */
+__device__ __forceinline__ uint32_t *ll_dyn(const cuops_job &J) {
+  return (uint32_t *)(cuops_dyn + CUOPS_SHM_SRC(J.world));
+}
 
 /* Whether the call takes nothing from source s: masked as it began, or gone since. */
 __device__ __forceinline__ bool skipped(const call &k, const peers &p, uint32_t s) {
@@ -713,8 +742,8 @@ __device__ __forceinline__ bool skipped(const call &k, const peers &p, uint32_t 
  * wait_cost; NULL for the others): CTA 0 adds to cost[s] the clock64
  * cycles from the start of this wait until source s's post was there.
  */
-__device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uint32_t op, peers *p,
-                                          int64_t *cost = nullptr) {
+__device__ __forceinline__ int wait_peers(const cuops_job &J, const call &k, uint32_t op,
+                                          const peers *p, int64_t *cost = nullptr) {
   const long long start = clock64();
   for (uint32_t i = 0; i < mask_words(J); i++)
     p->left[i] = 0;

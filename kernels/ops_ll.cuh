@@ -129,7 +129,7 @@ __device__ __forceinline__ void ll_expert_index(const int32_t *ids, uint32_t n, 
 __device__ __forceinline__ void ll_dispatch_send(const cuops_job &J, const cuops_ll_dispatch_args &a,
                                  const call &k, uint32_t d, uint32_t part, uint32_t op) {
   __shared__ uint32_t s_tok[CUOPS_THREADS];
-  extern __shared__ uint32_t s_dyn[]; /* [le] lane masks, [le] running counts */
+  uint32_t *const s_dyn = ll_dyn(J); /* [le] lane masks, [le] running counts */
   const uint32_t K = J.topk, h = J.hidden;
   const uint32_t stride = J.parts * CUOPS_WARPS, me = part * CUOPS_WARPS + (threadIdx.x >> 5);
   uint8_t *blk = send_block(J, k.parity, d);
@@ -233,9 +233,10 @@ __device__ __forceinline__ uint32_t ll_row_ids(const cuops_job &J, const uint8_t
  */
 __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops_ll_dispatch_args &a,
                                  const call &k, uint32_t r, uint32_t R, uint32_t op) {
-  __shared__ peers s_p;
-  __shared__ uint32_t s_ok, s_first[CUOPS_MAX_WORLD + 1];
-  extern __shared__ uint32_t s_dyn[]; /* [world][le] offsets, then [world][le] counts */
+  const peers s_p = peers_of(J);
+  __shared__ uint32_t s_ok;
+  uint32_t *const s_first = src_first(J);
+  uint32_t *const s_dyn = ll_dyn(J); /* [world][le] offsets, then [world][le] counts */
   const uint32_t h = J.hidden, G = h / 128, W = J.world, le = J.le, K = J.topk;
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint64_t rows_ll = (uint64_t)W * J.max_ll;
@@ -462,7 +463,7 @@ TIMED_KERNEL deepepd::ll::combine(const cuops_job J, const cuops_ll_combine_args
  * beside the rows' payload the dispatch moved.
  */
 KERNEL dep__k_ll_info(const cuops_job J, const cuops_ll_info_args a) {
-  __shared__ uint32_t s_first[CUOPS_MAX_WORLD + 1], s_cnt[CUOPS_MAX_WORLD];
+  uint32_t *const s_first = src_first(J), *const s_cnt = src_off(J);
   const uint32_t W = J.world, l = blockIdx.x;
   const uint64_t rows_ll = (uint64_t)W * J.max_ll;
   int32_t *src = a.src + (uint64_t)l * rows_ll;

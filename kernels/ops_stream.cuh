@@ -247,6 +247,25 @@ __device__ __forceinline__ void chunk_sent(const cuops_job &J, const call &k, ui
 }
 
 /*
+ * One lane: add m rows to chunk c's count in a packed counter (chan_took,
+ * chan_sent: CUOPS_CHAN_TOOK_BITS a chunk, by the chunk's place in the ring)
+ * and say whether the add completed the chunk (len rows).  The lane whose
+ * add completes it sets the count back to 0 for the chunk DEP_SLAB_CHUNKS
+ * later in that place, whose rows nobody counts before this chunk is
+ * handed on (sent, or credited), which only that lane does, after this.
+ */
+__device__ __forceinline__ bool chunk_count(unsigned long long *counter, uint32_t c, uint32_t m,
+                                            uint32_t len) {
+  const uint32_t shift = CUOPS_CHAN_TOOK_BITS * (c % DEP_SLAB_CHUNKS);
+  const unsigned long long add = (unsigned long long)m << shift;
+  const unsigned long long now = atomicAdd(counter, add) + add;
+  if (((now >> shift) & ((1u << CUOPS_CHAN_TOOK_BITS) - 1u)) != len)
+    return false;
+  atomicAdd(counter, 0ull - ((unsigned long long)len << shift));
+  return true;
+}
+
+/*
  * Every lane of a sender warp, after writing rows first, first + step, ...
  * (below end) of its stream to rank d (p.rows rows in all) into blk, d's
  * channel: publish them.  To a local d, each row's stamp (stamp_rows).  To
@@ -277,13 +296,8 @@ __device__ __forceinline__ void publish_rows(const cuops_job &J, const call &k, 
     uint32_t m = 0;
     for (; i < end && i / J.chunk_rows == c; i += step)
       m++;
-    const uint32_t shift = CUOPS_CHAN_TOOK_BITS * (c % DEP_SLAB_CHUNKS);
-    const unsigned long long add = (unsigned long long)m << shift;
-    const unsigned long long now = atomicAdd(&J.chan_sent[d], add) + add;
-    if (((now >> shift) & ((1u << CUOPS_CHAN_TOOK_BITS) - 1u)) != len)
-      continue;
-    atomicAdd(&J.chan_sent[d], 0ull - ((unsigned long long)len << shift));
-    chunk_sent(J, k, d, c, len, p);
+    if (chunk_count(&J.chan_sent[d], c, m, len))
+      chunk_sent(J, k, d, c, len, p);
   }
 }
 
@@ -321,10 +335,6 @@ __device__ __forceinline__ void chunk_taken(const cuops_job &J, const call &k, u
                                             uint32_t s, uint32_t c, uint32_t len, uint32_t rows) {
   const uint32_t place = c % DEP_SLAB_CHUNKS, front_mask = (1u << CUOPS_CHAN_DONE_SHIFT) - 1u;
   const bool far = is_remote(J, s);
-  /* Its count back to 0 for chunk c + DEP_SLAB_CHUNKS, whose rows the sender writes only once
-   * this chunk is credited, below. */
-  atomicAdd(&J.chan_took[s],
-            0ull - ((unsigned long long)len << (CUOPS_CHAN_TOOK_BITS * place)));
   if (far) {
     *(volatile uint64_t *)in_mark_at(J, k.parity, s, c) = 0;
     __threadfence_system();
@@ -385,10 +395,7 @@ __device__ __forceinline__ void take_rows(const cuops_job &J, const call &k, uin
   for (uint32_t j = j0; j < j1;) {
     const uint32_t c = j / J.chunk_rows, end = min((c + 1) * J.chunk_rows, j1);
     const uint32_t len = min(J.chunk_rows, rows - c * J.chunk_rows);
-    const uint32_t shift = CUOPS_CHAN_TOOK_BITS * (c % DEP_SLAB_CHUNKS);
-    const unsigned long long add = (unsigned long long)(end - j) << shift;
-    const unsigned long long now = atomicAdd(&J.chan_took[s], add) + add;
-    if (((now >> shift) & ((1u << CUOPS_CHAN_TOOK_BITS) - 1u)) == len)
+    if (chunk_count(&J.chan_took[s], c, end - j, len))
       chunk_taken(J, k, op, s, c, len, rows);
     j = end;
   }

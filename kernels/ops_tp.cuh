@@ -453,8 +453,9 @@ template <bool RING>
 __device__ __forceinline__ void dispatch_recv(const cuops_job &J, const cuops_dispatch_args &a,
                                               const call &k) {
   constexpr uint32_t BASE = RING ? STREAM_RECV_BASE : 0, NT = CUOPS_THREADS - BASE;
-  __shared__ peers s_p;
-  __shared__ uint32_t s_ok, s_off[CUOPS_MAX_WORLD], s_first[CUOPS_MAX_WORLD + 1];
+  const peers s_p = peers_of(J);
+  __shared__ uint32_t s_ok;
+  uint32_t *const s_off = src_off(J), *const s_first = src_first(J);
   const uint32_t K = J.topk, h = J.hidden, W = J.world, lane = threadIdx.x & 31u;
   const uint32_t op = dispatch_op(a), tid = threadIdx.x - BASE;
   if (tid == 0) {

@@ -99,7 +99,9 @@
  *     (8 ranks on 132 SMs: 16 CTAs each), and a rank alone on its GPU
  *     leaves the rest of it to the trainer's kernels.  $DEEPEP_KERNEL_CTAS
  *     sets B for every rank (at most CUOPS_CTAS_PER_SM * SMs / ranks on the
- *     GPU, so that all stay resident; below the world too).  "Ranks on the
+ *     GPU, or the CTAs an SM holds of a large world's kernels where that
+ *     is fewer (dep__fit_ctas: "Shared memory" below), so that all stay
+ *     resident; below the world too).  "Ranks on the
  *     GPU" are the job's ranks that this rank's daemon holds there: daemons
  *     that share one GPU
  *     (a test of nodes on one machine) do not see each other's, and must
@@ -124,31 +126,34 @@
 #define CUOPS_WARPS (CUOPS_THREADS / 32)
 #define CUOPS_MAX_RANKS DEP_MAX_LOCAL_RANKS
 /*
- * The largest world the kernels serve.  A receiving CTA keeps what it read
- * of every source's slot, and the throughput and low-latency receives each
- * source's first row, in static shared memory (peers, and the receives'
- * s_first, s_off and s_cnt: 24 bytes a source at the most), which with the
- * low-latency dispatch's dynamic shared memory for CUOPS_LL_MAX_EXPERTS
- * experts must stay within the 48 KiB a kernel gets without opting in:
- * 512 sources leave it some 4 KiB (sm_90: ptxas -v).  Every other array
- * the kernels index by rank is sized by the job's world (cuops_world_carve,
- * the handles), and the grid by the SM budget alone (below).
+ * Shared memory: a receiving CTA keeps the receives' first row (and
+ * offset, or count) of each source and what it read of every source's
+ * slot (ops_dev.cuh peers: rows, op, ref_seq) in dynamic shared memory
+ * sized by the job's world, at these byte offsets for a world of W (the
+ * first rows at 0, where the receive's claims scan them at fixed
+ * addresses); the low-latency dispatch's per-expert part (CUOPS_LL_SHMEM)
+ * follows at CUOPS_SHM_SRC(W).
+ * dep__kernel_shmem (sm_budget.h) says what each kernel is launched with;
+ * above the 48 KiB a kernel gets without asking, the library opts in as
+ * it loads the module (client/cuda_attach.c shmem_fit: up to the GPU's
+ * CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, else it refuses
+ * the world), and the SM budget's residency counts the CTA's bytes
+ * (dep__ctas_per_sm).  So the kernels serve every world up to
+ * DEP_MAX_WORLD.
  */
-#define CUOPS_MAX_WORLD 512u
+#define CUOPS_SHM_FIRST(W) 0u
+#define CUOPS_SHM_OFF(W) (4u * (uint32_t)(W) + 4u)
+#define CUOPS_SHM_ROWS(W) (8u * (uint32_t)(W) + 4u)
+#define CUOPS_SHM_OP(W) (12u * (uint32_t)(W) + 4u)
+#define CUOPS_SHM_REF(W) (16u * (uint32_t)(W) + 8u)
+#define CUOPS_SHM_SRC(W) ((24u * (uint32_t)(W) + 8u + 15u) & ~15u)
 #define CUOPS_MAX_CTAS 96u
 /* CTAs of one communicating kernel resident per SM (__launch_bounds__: ops_dev.cuh KERNEL). */
 #define CUOPS_CTAS_PER_SM 2u
 /* Low-latency dispatch keeps per-(source, local expert) counts and offsets
- * in dynamic shared memory: 8 bytes per expert, within the 48 KiB a kernel
- * gets without opting in. */
+ * in dynamic shared memory (after the per-source state): 8 bytes per expert. */
 #define CUOPS_LL_MAX_EXPERTS 4096u
 #define CUOPS_LL_SHMEM(num_experts) (8u * (num_experts))
-/* The low-latency dispatch's static shared memory holds 20 bytes a source (its peers and
- * s_first) and some 1.3 KiB besides (sm_90); with its dynamic part it fits the 48 KiB. */
-DEP_STATIC_ASSERT(20u * CUOPS_MAX_WORLD + CUOPS_LL_SHMEM(CUOPS_LL_MAX_EXPERTS) + 4096u <=
-                      48u * 1024u,
-                  "a world of CUOPS_MAX_WORLD sources fits the low-latency dispatch's shared "
-                  "memory");
 
 /* How long a wait goes unmet before it polls the abort code (slab.h's
  * abort words) too. */
@@ -329,7 +334,7 @@ static inline uint64_t cuops_world_carve(uint64_t W, uint64_t at[CUOPS_WORLD_ARR
 }
 /* The most words a bitmap of the world holds (a CTA's copies of the call's masks, in shared
  * memory: ops_dev.cuh call_begin). */
-#define CUOPS_MASK_WORDS DEP_SLAB_MASK_WORDS(CUOPS_MAX_WORLD)
+#define CUOPS_MASK_WORDS DEP_SLAB_MASK_WORDS(DEP_MAX_WORLD)
 #define CUOPS_XSEEN_FAILED (1ull << 63)
 #define CUOPS_CHAN_TOOK_BITS 16u
 #define CUOPS_CHAN_DONE_SHIFT 28u

@@ -17,10 +17,24 @@
  * lone rank leaves most of its GPU to the trainer's compute.
  */
 uint32_t cuops_most_ctas(int sms, uint32_t sharing) {
+  return dep__fit_ctas(sms, sharing, CUOPS_CTAS_PER_SM);
+}
+
+uint32_t dep__fit_ctas(int sms, uint32_t sharing, uint32_t per_sm) {
   sms = sms < 1 ? 1 : sms;
   sharing = sharing < 1 ? 1 : sharing;
-  const uint32_t most = CUOPS_CTAS_PER_SM * (uint32_t)sms / sharing;
+  per_sm = per_sm < 1 ? 1 : per_sm > CUOPS_CTAS_PER_SM ? CUOPS_CTAS_PER_SM : per_sm;
+  const uint32_t most = per_sm * (uint32_t)sms / sharing;
   return most < 1 ? 1 : most;
+}
+
+uint32_t dep__kernel_shmem(uint32_t world, uint32_t num_experts, bool ll) {
+  return CUOPS_SHM_SRC(world) + (ll ? CUOPS_LL_SHMEM(num_experts) : 0u);
+}
+
+uint32_t dep__ctas_per_sm(uint64_t cta_bytes, uint64_t sm_bytes) {
+  const uint64_t n = cta_bytes == 0 ? CUOPS_CTAS_PER_SM : sm_bytes / cta_bytes;
+  return n > CUOPS_CTAS_PER_SM ? CUOPS_CTAS_PER_SM : (uint32_t)n;
 }
 
 int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, char *why,

@@ -8,6 +8,7 @@
 #ifndef DEP_SM_BUDGET_H
 #define DEP_SM_BUDGET_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,6 +26,24 @@ int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, c
                     size_t whylen);
 /* The largest budget of a rank that keeps every one of the `sharing` ranks resident. */
 uint32_t cuops_most_ctas(int sms, uint32_t sharing);
+/* ... where an SM holds per_sm CTAs of the kernels at once (dep__ctas_per_sm). */
+uint32_t dep__fit_ctas(int sms, uint32_t sharing, uint32_t per_sm);
+
+/*
+ * The dynamic shared memory a communicating kernel's CTA is launched with
+ * in a job of `world` ranks and num_experts experts (kabi.h "Shared
+ * memory"): the receive's per-source state, and for the low-latency
+ * dispatch (ll) its per-expert counts and offsets after it.  The one rule
+ * for the launch, the opt-in above 48 KiB and the residency below.
+ */
+uint32_t dep__kernel_shmem(uint32_t world, uint32_t num_experts, bool ll);
+/*
+ * CTAs of one kernel an SM of sm_bytes shared memory holds at once, each
+ * holding cta_bytes (its static and dynamic shared memory and what the
+ * GPU reserves a CTA): at most CUOPS_CTAS_PER_SM (the registers'
+ * __launch_bounds__), 0 where not even one fits.
+ */
+uint32_t dep__ctas_per_sm(uint64_t cta_bytes, uint64_t sm_bytes);
 
 /*
  * The grid of a communicating kernel of a rank with `budget` CTAs in a job

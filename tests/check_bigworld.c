@@ -30,6 +30,7 @@
 #include "fake_daemon.h"
 #include "nodes.h"
 #include "slab.h"
+#include "sm_budget.h"
 #include "testutil.h"
 #include "xngpu.h"
 #include "xnjob.h"
@@ -332,27 +333,30 @@ START_TEST(more_than_64_ranks_on_one_node_are_refused_at_attach_naming_the_limit
 END_TEST
 
 /*
- * The cuda library refuses a world its kernels cannot serve (above
- * CUOPS_MAX_WORLD: kabi.h says why) at dep_attach, with DEP_ERR_UNSUPPORTED
- * naming the limit and the backend, before it touches the driver or sends
- * anything: the fake daemon (which says its backend is cuda) hears no
- * request after HELLO.  Before, the library bound the GPU and sent ATTACH,
- * and its job attached with operations that could never run.
+ * A world above DEP_MAX_WORLD on cuda is refused at dep_attach naming the
+ * limit, before the library touches the driver or sends anything: the fake
+ * daemon (which says its backend is cuda) hears no request after HELLO.
+ * The library's own check (cuda_ops_world_check) refuses it too, naming
+ * DEP_MAX_WORLD, where it refused every world above 512 before (the
+ * kernels' static shared memory).
  */
-START_TEST(the_cuda_library_refuses_a_world_above_its_kernels_limit_before_sending_anything) {
+START_TEST(the_cuda_library_refuses_a_world_above_DEP_MAX_WORLD_before_sending_anything) {
   struct fake_daemon f;
   fake_daemon_start(&f, FAKE_CUDA_SILENT);
   dep_client_t *c = NULL;
   ck_assert_int_eq(dep_client_new(&c), 0);
   ck_assert_int_eq(dep_connect(c, f.sock), 0);
-  const uint32_t W = 2 * CUOPS_MAX_WORLD;
+  const uint32_t W = DEP_MAX_WORLD + 1;
   struct dep_attach_args a = {.size = sizeof a, .rank = 0, .world_size = W, .local_rank = 0,
                               .local_world_size = DEP_MAX_LOCAL_RANKS, .shape = bw_shape(W)};
   snprintf(a.job_id, sizeof a.job_id, "cudawide");
-  ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_UNSUPPORTED);
+  ck_assert_int_eq(dep_attach(c, &a), DEP_ERR_INVALID);
   char want[128];
+  snprintf(want, sizeof want, "world_size %u is out of range (allowed 1..%u)", W, DEP_MAX_WORLD);
+  expect_has(dep_errmsg(c), want);
+  ck_assert_int_eq(cuda_ops_world_check(c, &a), DEP_ERR_UNSUPPORTED);
   snprintf(want, sizeof want, "world of %u ranks; the cuda backend serves worlds of up to %u", W,
-           CUOPS_MAX_WORLD);
+           DEP_MAX_WORLD);
   expect_has(dep_errmsg(c), want);
   dep_client_free(c);
   ck_assert_int_eq(fake_daemon_wait(&f), 0);
@@ -361,44 +365,109 @@ END_TEST
 
 /*
  * A world above 64 ranks on cuda (issue 27): the library's check passes
- * worlds of 65, 128 (two nodes of 64) and CUOPS_MAX_WORLD and refuses one
- * more, and the layout of a job of 128 ranks over two nodes of 64 binds as
- * every other (cuops_block_layout), its private area holding the per-world
- * tables the kernels address a large world by (kabi.h cuops_world_carve:
- * the counters, the masks' words, every rank's slab and its number among
- * the remote ranks) between the counters and the scratch.  The old library
- * refused every world above 64 ranks (the kernels' 64-bit masks).
+ * worlds of 65, 128 (two nodes of 64), 512, 1024 and DEP_MAX_WORLD, and the
+ * layouts of jobs of 128 ranks over two nodes of 64 and of 1024 ranks over
+ * sixteen bind as every other (cuops_block_layout), the private area
+ * holding the per-world tables the kernels address a large world by
+ * (kabi.h cuops_world_carve: the counters, the masks' words, every rank's
+ * slab and its number among the remote ranks) between the counters and the
+ * scratch.  The old library refused every world above 512 ranks (the
+ * kernels' per-source state in static shared memory).
  */
-START_TEST(the_cuda_library_takes_a_world_of_128_and_carves_its_tables) {
+START_TEST(the_cuda_library_takes_a_world_of_1024_and_carves_its_tables) {
   dep_client_t *c = NULL;
   ck_assert_int_eq(dep_client_new(&c), 0);
-  static const uint32_t ok[] = {DEP_MAX_LOCAL_RANKS + 1, 2 * DEP_MAX_LOCAL_RANKS, CUOPS_MAX_WORLD};
+  static const uint32_t ok[] = {DEP_MAX_LOCAL_RANKS + 1, 2 * DEP_MAX_LOCAL_RANKS, 512, 1024,
+                                DEP_MAX_WORLD};
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
     struct dep_attach_args a = {.size = sizeof a, .world_size = ok[i],
                                 .local_world_size = DEP_MAX_LOCAL_RANKS, .shape = bw_shape(ok[i])};
     ck_assert_msg(cuda_ops_world_check(c, &a) == 0, "world %u: %s", ok[i], dep_errmsg(c));
   }
-  struct dep_attach_args big = {.size = sizeof big, .world_size = CUOPS_MAX_WORLD + 1,
-                                .local_world_size = DEP_MAX_LOCAL_RANKS,
-                                .shape = bw_shape(CUOPS_MAX_WORLD + 1)};
-  ck_assert_int_eq(cuda_ops_world_check(c, &big), DEP_ERR_UNSUPPORTED);
   dep_client_free(c);
-  const uint32_t W = 2 * DEP_MAX_LOCAL_RANKS;
-  const struct dep_job_shape sh = bw_shape(W);
-  struct dep_slab_layout l;
-  char why[256] = "";
-  ck_assert_msg(dep__slab_layout_nodes(&sh, W, DEP_MAX_LOCAL_RANKS, 0, &l, why, sizeof why) == 0,
-                "%s", why);
-  ck_assert_uint_eq(l.n_remote, DEP_MAX_LOCAL_RANKS);
-  struct dep_slab_priv b;
-  ck_assert_msg(cuops_block_layout(&sh, W, &l, 132, &b, why, sizeof why) == 0, "%s", why);
-  uint64_t at[CUOPS_WORLD_ARRAYS];
-  const uint64_t bytes = cuops_world_carve(W, at);
-  ck_assert_uint_eq(at[7] + 8 * W <= at[8] ? 1 : 0, 1);    /* wslabs: a pointer a rank */
-  ck_assert_uint_eq(at[8] + 4 * W <= bytes ? 1 : 0, 1);    /* xnum: a number a rank */
-  ck_assert_uint_ge(at[6] - at[5], 8 * DEP_SLAB_MASK_WORDS(W)); /* own mask: 2 words */
-  ck_assert(b.dev + sizeof(struct cuops_dev) <= b.world && b.world + bytes <= b.scratch);
-  ck_assert_uint_le(b.end, l.priv_bytes);
+  static const uint32_t worlds[] = {2 * DEP_MAX_LOCAL_RANKS, 1024};
+  for (size_t i = 0; i < sizeof worlds / sizeof worlds[0]; i++) {
+    const uint32_t W = worlds[i];
+    const struct dep_job_shape sh = bw_shape(W);
+    struct dep_slab_layout l;
+    char why[256] = "";
+    ck_assert_msg(dep__slab_layout_nodes(&sh, W, DEP_MAX_LOCAL_RANKS, 0, &l, why, sizeof why) ==
+                      0, "world %u: %s", W, why);
+    ck_assert_uint_eq(l.n_remote, W - DEP_MAX_LOCAL_RANKS);
+    struct dep_slab_priv b;
+    ck_assert_msg(cuops_block_layout(&sh, W, &l, 132, &b, why, sizeof why) == 0, "world %u: %s",
+                  W, why);
+    uint64_t at[CUOPS_WORLD_ARRAYS];
+    const uint64_t bytes = cuops_world_carve(W, at);
+    ck_assert_uint_eq(at[7] + 8 * W <= at[8] ? 1 : 0, 1);    /* wslabs: a pointer a rank */
+    ck_assert_uint_eq(at[8] + 4 * W <= bytes ? 1 : 0, 1);    /* xnum: a number a rank */
+    ck_assert_uint_ge(at[6] - at[5], 8 * DEP_SLAB_MASK_WORDS(W)); /* own mask */
+    ck_assert(b.dev + sizeof(struct cuops_dev) <= b.world && b.world + bytes <= b.scratch);
+    ck_assert_uint_le(b.end, l.priv_bytes);
+  }
+}
+END_TEST
+
+/*
+ * The kernels' dynamic shared memory (kabi.h "Shared memory",
+ * dep__kernel_shmem): 24 bytes a source (and 8, rounded to 16) for every
+ * receiving kernel, the low-latency dispatch's 8 bytes an expert besides,
+ * the one function the launch, the opt-in and the residency read.  The
+ * bytes for worlds of 8, 64, 512, 1024 and DEP_MAX_WORLD: up to 512 sources
+ * with CUOPS_LL_MAX_EXPERTS experts the low-latency dispatch's CTA stays
+ * within the 48 KiB a kernel gets unasked (no opt-in, as before), the
+ * throughput kernels' up to 1024 sources, and DEP_MAX_WORLD within the
+ * opt-in maximum of every GPU the fatbin is built for (sm_80's 163 KiB,
+ * the least; H100's is 227 KiB).  BW_STATIC_SHM and BW_LL_STATIC_SHM are
+ * ceilings of the kernels' static shared memory (ptxas -v on sm_90: 9.8
+ * KiB at the most, the throughput dispatch's; the low-latency dispatch's
+ * 2.6 KiB), and 1 KiB is what the GPU reserves a CTA.  An SM (H100: 228
+ * KiB) keeps CUOPS_CTAS_PER_SM CTAs of a world of 1024 at once and one of
+ * DEP_MAX_WORLD with 4096 experts, which the budget's ceiling follows
+ * (dep__fit_ctas).  Before, the per-source state was static shared memory
+ * sized for 512 sources, the most that fitted.
+ */
+#define BW_STATIC_SHM (12u * 1024u)
+#define BW_LL_STATIC_SHM (3u * 1024u)
+START_TEST(the_kernels_shared_memory_is_sized_by_the_world_and_fits_the_opt_in) {
+  static const struct {
+    uint32_t world, recv;
+  } want[] = {{8, 208}, {64, 1552}, {512, 12304}, {1024, 24592}, {DEP_MAX_WORLD, 98320}};
+  const uint32_t E = CUOPS_LL_MAX_EXPERTS;
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    const uint32_t W = want[i].world;
+    ck_assert_uint_eq(dep__kernel_shmem(W, E, false), want[i].recv);
+    ck_assert_uint_eq(dep__kernel_shmem(W, E, true), want[i].recv + CUOPS_LL_SHMEM(E));
+    ck_assert_uint_eq(dep__kernel_shmem(W, 8, true), want[i].recv + 64);
+    /* The offsets the kernels read it at: each array after the last, all within it, the
+     * 8-byte ones aligned. */
+    ck_assert_uint_eq(CUOPS_SHM_FIRST(W), 0);
+    ck_assert_uint_eq(CUOPS_SHM_OFF(W), CUOPS_SHM_FIRST(W) + 4 * (W + 1));
+    ck_assert_uint_eq(CUOPS_SHM_ROWS(W), CUOPS_SHM_OFF(W) + 4 * W);
+    ck_assert_uint_eq(CUOPS_SHM_OP(W), CUOPS_SHM_ROWS(W) + 4 * W);
+    ck_assert_uint_ge(CUOPS_SHM_REF(W), CUOPS_SHM_OP(W) + 4 * W);
+    ck_assert_uint_eq(CUOPS_SHM_REF(W) % 8, 0);
+    ck_assert_uint_le(CUOPS_SHM_REF(W) + 8 * W, want[i].recv);
+    ck_assert_uint_eq(want[i].recv % 16, 0);
+    const uint64_t ll = BW_LL_STATIC_SHM + dep__kernel_shmem(W, E, true);
+    const uint64_t tp = BW_STATIC_SHM + dep__kernel_shmem(W, E, false);
+    if (W <= 512)
+      ck_assert_uint_le(ll, 48u * 1024u);
+    if (W <= 1024)
+      ck_assert_uint_le(tp, 48u * 1024u);
+    ck_assert_uint_le(ll, 163u * 1024u);
+    ck_assert_uint_le(tp, 163u * 1024u);
+  }
+  const uint64_t h100_sm = 228u * 1024u, reserved = 1024u;
+  ck_assert_uint_eq(
+      dep__ctas_per_sm(BW_LL_STATIC_SHM + dep__kernel_shmem(1024, E, true) + reserved, h100_sm),
+      CUOPS_CTAS_PER_SM);
+  const uint64_t widest = BW_LL_STATIC_SHM + dep__kernel_shmem(DEP_MAX_WORLD, E, true);
+  ck_assert_uint_eq(dep__ctas_per_sm(widest + reserved, h100_sm), 1);
+  ck_assert_uint_eq(dep__ctas_per_sm(h100_sm + 1, h100_sm), 0);
+  ck_assert_uint_eq(dep__fit_ctas(132, 1, CUOPS_CTAS_PER_SM), cuops_most_ctas(132, 1));
+  ck_assert_uint_eq(dep__fit_ctas(132, 1, 1), 132);
+  ck_assert_uint_eq(dep__fit_ctas(132, 8, 1), 16);
 }
 END_TEST
 
@@ -473,9 +542,9 @@ Suite *bigworld_suite(void) {
   suite_add_tcase(s, ops);
   TCase *lim = tcase_create("limits");
   tcase_add_test(lim, more_than_64_ranks_on_one_node_are_refused_at_attach_naming_the_limit);
-  tcase_add_test(lim,
-                 the_cuda_library_refuses_a_world_above_its_kernels_limit_before_sending_anything);
-  tcase_add_test(lim, the_cuda_library_takes_a_world_of_128_and_carves_its_tables);
+  tcase_add_test(lim, the_cuda_library_refuses_a_world_above_DEP_MAX_WORLD_before_sending_anything);
+  tcase_add_test(lim, the_cuda_library_takes_a_world_of_1024_and_carves_its_tables);
+  tcase_add_test(lim, the_kernels_shared_memory_is_sized_by_the_world_and_fits_the_opt_in);
   suite_add_tcase(s, lim);
   TCase *g = tcase_create("gpu");
   tcase_set_tags(g, "gpu");
