@@ -21,6 +21,7 @@ struct backend_dev {
   char name[64];
   int ordinal;            /* CUDA device ordinal in the daemon; -1 for host */
   void *ctx;              /* CUcontext (primary context) for cuda */
+  void *stage;            /* cuda: chunk_batch's stream and pinned staging buffer */
   uint64_t granularity;   /* allocation sizes must be multiples of this */
   bool rdma_capable;      /* cuda: allocations are made GPUDirect-RDMA capable (the device
                              supports it with VMM), so a NIC may register them */
@@ -38,6 +39,14 @@ struct chunk_mem {
   uint64_t file_dev, file_ino;
 };
 
+/* One copy of a batch (chunk_batch): len bytes at off of chunk m, from or into buf. */
+struct chunk_io {
+  struct chunk_mem *m;
+  uint64_t off;
+  void *buf;              /* a write's bytes (NULL: zeros), or where a read's go */
+  size_t len;
+};
+
 struct backend_ops {
   const char *name;       /* "cuda" or "host"; also the wire name */
   /* Where this backend cuts a job's arena into pieces (job.c): host, only
@@ -52,16 +61,24 @@ struct backend_ops {
   void (*chunk_destroy)(struct backend_dev *d, struct chunk_mem *m);
   /* Zero the chunk so no byte of one job reaches the next. */
   int (*chunk_scrub)(struct backend_dev *d, struct chunk_mem *m, char *why, size_t whylen);
-  /* Write len bytes at off of the chunk, visible to every process that maps
-   * it once this returns, in the order of successive calls (the abort words:
-   * slab.h).  0 or DEP_ERR_* with why. */
-  int (*chunk_write)(struct backend_dev *d, struct chunk_mem *m, uint64_t off, const void *src,
-                     size_t len, char *why, size_t whylen);
-  /* Read len bytes at off of the chunk as the processes that map it last
-   * wrote them (an elastic job's call counters: job_elastic.c).  0 or
-   * DEP_ERR_* with why. */
-  int (*chunk_read)(struct backend_dev *d, struct chunk_mem *m, uint64_t off, void *dst,
-                    size_t len, char *why, size_t whylen);
+  /*
+   * A batch of copies between the daemon and chunks of this device, done in
+   * list order: with write, io[i].buf's len bytes (zeros where buf is NULL)
+   * go to off of io[i].m, each visible to every process that maps it once
+   * this returns, and in the order of the list to a reader that polls them
+   * (the mask words before the epoch: slab.h); without, len bytes at off go
+   * into buf, as the processes that map the chunks last wrote them (an
+   * elastic job's call counters: job_elastic.c).  The bytes copied through
+   * buf (not zeros) may total at most batch_bytes (below); the pool cuts a
+   * larger batch into pieces.  0, or DEP_ERR_* with why when a copy could not
+   * be made: the batch failed (copies before it may have landed).  cuda waits for the GPU once per batch, not per
+   * copy: a wait is a time slice the ranks' kernels may hold for
+   * milliseconds (BENCHMARKS.md, elastic jobs on the cuda backend).
+   */
+  int (*chunk_batch)(struct backend_dev *d, bool write, const struct chunk_io *io, size_t n,
+                     char *why, size_t whylen);
+  /* The most bytes one chunk_batch copies through buf (cuda: its pinned staging buffer). */
+  size_t batch_bytes;
   void (*release_dev)(struct backend_dev *d);
 };
 

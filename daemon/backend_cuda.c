@@ -3,9 +3,13 @@
  * allocations (cuMemCreate) on one GPU, each exported as a POSIX file
  * descriptor, so each can be lent to one job alone and imported by any
  * local process.  The daemon keeps its own mapping of every chunk to scrub
- * it with cuMemsetD8.  The driver is reached through cuda/cudadrv.
+ * it with cuMemsetD8, and writes and reads the words of a job's slabs
+ * (chunk_batch) through a pinned staging buffer on a stream of its own.
+ * The driver is reached through cuda/cudadrv.
  */
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -14,6 +18,20 @@
 #include "uuid.h"
 
 static const struct cudadrv *cu;
+
+/* What chunk_batch copies through per wait: a read of every control slot
+ * of 8 local ranks of a 1024-rank world (2 * 1024 * DEP_SLAB_CTRL_SLOT
+ * bytes each) in one; the pool cuts a larger batch into pieces. */
+#define CUDA_STAGE_BYTES (1u << 20)
+
+/* A device's batches: a stream of the daemon's context and the pinned
+ * buffer the copies go through (made with the device: backend.h stage).
+ * One batch at a time over all devices: they are few and short. */
+struct cuda_stage {
+  CUstream stream;
+  uint8_t *host;
+};
+static pthread_mutex_t stage_lock = PTHREAD_MUTEX_INITIALIZER;
 
 bool backend_cuda_available(char *why, size_t whylen) {
   return cudadrv_load(why, whylen) != NULL;
@@ -36,6 +54,46 @@ static void prop_for(const struct backend_dev *d, CUmemAllocationProp *p) {
   p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   p->location.id = d->ordinal;
   p->allocFlags.gpuDirectRDMACapable = d->rdma_capable ? 1 : 0;
+}
+
+static void cuda_stage_free(struct backend_dev *d) {
+  struct cuda_stage *st = d->stage;
+  if (st == NULL)
+    return;
+  cu->cuCtxSetCurrent((CUcontext)d->ctx);
+  if (st->stream != NULL)
+    cu->cuStreamDestroy(st->stream);
+  if (st->host != NULL) {
+    cu->cuMemHostUnregister(st->host);
+    free(st->host);
+  }
+  free(st);
+  d->stage = NULL;
+}
+
+/* Device d's stream and staging buffer (struct cuda_stage). */
+static int cuda_stage_make(struct backend_dev *d, char *why, size_t whylen) {
+  int rc = 0;
+  struct cuda_stage *st = calloc(1, sizeof *st);
+  if (st == NULL || (st->host = aligned_alloc(4096, CUDA_STAGE_BYTES)) == NULL) {
+    free(st);
+    snprintf(why, whylen, "out of memory for device %s's staging buffer", d->uuid_str);
+    return DEP_ERR_NO_MEMORY;
+  }
+  d->stage = st;
+  CU_TRY(cu->cuCtxSetCurrent((CUcontext)d->ctx), "cuCtxSetCurrent");
+  /* Non-blocking: the batch waits for its own copies, not for the legacy stream. */
+  CU_TRY(cu->cuStreamCreate(&st->stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate (batches)");
+  const CUresult r = cu->cuMemHostRegister(st->host, CUDA_STAGE_BYTES, 0);
+  if (r != CUDA_SUCCESS) {
+    free(st->host); /* never registered: cuda_stage_free must not unregister it */
+    st->host = NULL;
+    CU_TRY(r, "cuMemHostRegister (the batches' staging buffer)");
+  }
+  return 0;
+fail:
+  cuda_stage_free(d);
+  return rc;
 }
 
 static int cuda_probe(struct backend_dev *devs, int max, char *why, size_t whylen) {
@@ -67,6 +125,9 @@ static int cuda_probe(struct backend_dev *devs, int max, char *why, size_t whyle
     CUcontext ctx;
     CU_TRY(cu->cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
     d->ctx = ctx;
+    rc = cuda_stage_make(d, why, whylen);
+    if (rc != 0)
+      goto fail;
     int rdma = 0;
     if (cu->cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
                                  dev) == CUDA_SUCCESS)
@@ -151,31 +212,67 @@ fail:
   return rc;
 }
 
-/* Synchronous: the copy is done, and visible to kernels polling with
- * system-scope loads, when cuMemcpyHtoD returns; successive calls land in order. */
-static int cuda_chunk_write(struct backend_dev *d, struct chunk_mem *m, uint64_t off,
-                            const void *src, size_t len, char *why, size_t whylen) {
+/*
+ * Every copy of the batch goes on the device's stream, in list order, and
+ * the batch waits once, for the last: stream order lands each copy before
+ * the next starts (the mask words before the epoch that publishes them),
+ * and all are visible to kernels polling with system-scope loads once the
+ * wait returns.  Zeros are a memset on the stream; bytes go through the
+ * pinned staging buffer (a copy from pageable memory would wait on its own).
+ */
+static int cuda_chunk_batch(struct backend_dev *d, bool write, const struct chunk_io *io,
+                            size_t n, char *why, size_t whylen) {
+  struct cuda_stage *st = d->stage;
   int rc = 0;
+  size_t used = 0;
+  bool queued = false;
+  pthread_mutex_lock(&stage_lock);
   CU_TRY(cu->cuCtxSetCurrent((CUcontext)d->ctx), "cuCtxSetCurrent");
-  CU_TRY(cu->cuMemcpyHtoD(m->dev_ptr + off, src, len), "cuMemcpyHtoD (abort words)");
+  for (size_t i = 0; i < n; i++) {
+    const CUdeviceptr at = io[i].m->dev_ptr + io[i].off;
+    if (write && io[i].buf == NULL) {
+      CU_TRY(cu->cuMemsetD8Async(at, 0, io[i].len, st->stream), "cuMemsetD8Async (slab words)");
+      queued = true;
+      continue;
+    }
+    if (io[i].len > CUDA_STAGE_BYTES - used) {
+      snprintf(why, whylen, "a batch copies more than the %u bytes of its staging buffer",
+               CUDA_STAGE_BYTES);
+      rc = DEP_ERR_INTERNAL;
+      goto fail;
+    }
+    if (write) {
+      memcpy(st->host + used, io[i].buf, io[i].len);
+      CU_TRY(cu->cuMemcpyHtoDAsync(at, st->host + used, io[i].len, st->stream),
+             "cuMemcpyHtoDAsync (slab words)");
+    } else {
+      CU_TRY(cu->cuMemcpyDtoHAsync(st->host + used, at, io[i].len, st->stream),
+             "cuMemcpyDtoHAsync (call counters)");
+    }
+    queued = true;
+    used += io[i].len;
+  }
+  queued = false; /* the wait below is the batch's, failed or not */
+  CU_TRY(cu->cuStreamSynchronize(st->stream), "cuStreamSynchronize (slab words)");
+  for (size_t i = 0, o = 0; !write && i < n; i++) {
+    memcpy(io[i].buf, st->host + o, io[i].len);
+    o += io[i].len;
+  }
+  pthread_mutex_unlock(&stage_lock);
   return 0;
 fail:
-  return rc;
-}
-
-static int cuda_chunk_read(struct backend_dev *d, struct chunk_mem *m, uint64_t off, void *dst,
-                           size_t len, char *why, size_t whylen) {
-  int rc = 0;
-  CU_TRY(cu->cuCtxSetCurrent((CUcontext)d->ctx), "cuCtxSetCurrent");
-  CU_TRY(cu->cuMemcpyDtoH(dst, m->dev_ptr + off, len), "cuMemcpyDtoH (call counters)");
-  return 0;
-fail:
+  /* The staging buffer is the next batch's only once what was queued is done. */
+  if (queued)
+    (void)cu->cuStreamSynchronize(st->stream);
+  pthread_mutex_unlock(&stage_lock);
   return rc;
 }
 
 static void cuda_release_dev(struct backend_dev *d) {
-  if (cu != NULL && d->ctx != NULL)
+  if (cu != NULL && d->ctx != NULL) {
+    cuda_stage_free(d);
     cu->cuDevicePrimaryCtxRelease(d->ordinal);
+  }
   d->ctx = NULL;
 }
 
@@ -186,7 +283,7 @@ const struct backend_ops backend_cuda_ops = {
     .chunk_create = cuda_chunk_create,
     .chunk_destroy = cuda_chunk_destroy,
     .chunk_scrub = cuda_chunk_scrub,
-    .chunk_write = cuda_chunk_write,
-    .chunk_read = cuda_chunk_read,
+    .chunk_batch = cuda_chunk_batch,
+    .batch_bytes = CUDA_STAGE_BYTES,
     .release_dev = cuda_release_dev,
 };

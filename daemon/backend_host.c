@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -87,25 +88,27 @@ static int host_chunk_scrub(struct backend_dev *d, struct chunk_mem *m, char *wh
   return 0;
 }
 
-static int host_chunk_write(struct backend_dev *d, struct chunk_mem *m, uint64_t off,
-                            const void *src, size_t len, char *why, size_t whylen) {
+static int host_chunk_batch(struct backend_dev *d, bool write, const struct chunk_io *io,
+                            size_t n, char *why, size_t whylen) {
   (void)d;
   (void)why;
   (void)whylen;
-  memcpy((uint8_t *)m->host_ptr + off, src, len);
-  /* The readers are other processes polling with acquire loads. */
-  atomic_thread_fence(memory_order_release);
-  return 0;
-}
-
-static int host_chunk_read(struct backend_dev *d, struct chunk_mem *m, uint64_t off, void *dst,
-                           size_t len, char *why, size_t whylen) {
-  (void)d;
-  (void)why;
-  (void)whylen;
-  /* After the caller's own stores (the writers' release stores pair with it). */
-  atomic_thread_fence(memory_order_seq_cst);
-  memcpy(dst, (const uint8_t *)m->host_ptr + off, len);
+  for (size_t i = 0; i < n; i++) {
+    uint8_t *at = (uint8_t *)io[i].m->host_ptr + io[i].off;
+    if (write) {
+      if (io[i].buf != NULL)
+        memcpy(at, io[i].buf, io[i].len);
+      else
+        memset(at, 0, io[i].len);
+      /* The readers are other processes polling with acquire loads: each
+       * copy is out before the next (the epoch after the mask). */
+      atomic_thread_fence(memory_order_release);
+    } else {
+      /* After the caller's own stores (the writers' release stores pair with it). */
+      atomic_thread_fence(memory_order_seq_cst);
+      memcpy(io[i].buf, at, io[i].len);
+    }
+  }
   return 0;
 }
 
@@ -118,7 +121,7 @@ const struct backend_ops backend_host_ops = {
     .chunk_create = host_chunk_create,
     .chunk_destroy = host_chunk_destroy,
     .chunk_scrub = host_chunk_scrub,
-    .chunk_write = host_chunk_write,
-    .chunk_read = host_chunk_read,
+    .chunk_batch = host_chunk_batch,
+    .batch_bytes = SIZE_MAX, /* nothing is staged */
     .release_dev = host_release_dev,
 };

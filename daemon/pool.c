@@ -625,39 +625,75 @@ void pool_block_abandon(struct pool_block *b) {
   block_unmake(p, b);
 }
 
-/* Bytes [off, off + len) of block b, piece by piece: written from src, or read into dst. */
-static int block_io(struct pool_block *b, uint64_t off, const void *src, void *dst, size_t len,
-                    char *why, size_t whylen) {
-  struct pool *p = b->pool;
-  while (len > 0) {
-    uint64_t i = off / b->piece_bytes, in = off % b->piece_bytes;
-    if (i >= b->n_pieces) {
-      snprintf(why, whylen, "%s past the end of the block", src != NULL ? "write" : "read");
+/* The backend copies one flush of pool_batch hands it at most: the rest waits for the next. */
+#define POOL_BATCH_IOS 64
+
+/* Pool p's part of a batch, as backend copies: cut at the blocks' pieces and
+ * at the backend's staging (ops->batch_bytes), a flush whenever either fills. */
+static int batch_on(struct pool *p, bool write, const struct pool_io *io, size_t n, char *why,
+                    size_t whylen) {
+  struct chunk_io c[POOL_BATCH_IOS];
+  size_t k = 0, staged = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (io[i].b->pool != p)
+      continue;
+    const struct pool_block *b = io[i].b;
+    for (size_t done = 0; done < io[i].len;) {
+      const uint64_t off = io[i].off + done, in = off % b->piece_bytes;
+      size_t len = io[i].len - done;
+      if (len > b->piece_bytes - in)
+        len = (size_t)(b->piece_bytes - in);
+      const bool zeros = write && io[i].buf == NULL;
+      if (!zeros && len > p->ops->batch_bytes - staged)
+        len = p->ops->batch_bytes - staged;
+      if (len > 0)
+        c[k++] = (struct chunk_io){.m = &io[i].b->piece[off / b->piece_bytes], .off = in,
+                                   .buf = zeros ? NULL : (uint8_t *)io[i].buf + done, .len = len};
+      staged += zeros ? 0 : len;
+      done += len;
+      if (k == POOL_BATCH_IOS || (!zeros && staged == p->ops->batch_bytes)) {
+        int rc = p->ops->chunk_batch(&p->dev, write, c, k, why, whylen);
+        if (rc != 0)
+          return rc;
+        k = staged = 0;
+      }
+    }
+  }
+  return k > 0 ? p->ops->chunk_batch(&p->dev, write, c, k, why, whylen) : 0;
+}
+
+int pool_batch(bool write, const struct pool_io *io, size_t n, char *why, size_t whylen) {
+  for (size_t i = 0; i < n; i++) {
+    if (io[i].off > pool_block_bytes(io[i].b) ||
+        io[i].len > pool_block_bytes(io[i].b) - io[i].off) {
+      snprintf(why, whylen, "%s of %zu bytes at %llu passes the end of a block of %llu bytes",
+               write ? "a write" : "a read", io[i].len, (unsigned long long)io[i].off,
+               (unsigned long long)pool_block_bytes(io[i].b));
       return DEP_ERR_INVALID;
     }
-    size_t n = len < b->piece_bytes - in ? len : (size_t)(b->piece_bytes - in);
-    int rc = src != NULL ? p->ops->chunk_write(&p->dev, &b->piece[i], in, src, n, why, whylen)
-                         : p->ops->chunk_read(&p->dev, &b->piece[i], in, dst, n, why, whylen);
+  }
+  /* Each device's copies at once, in the order of their first. */
+  for (size_t i = 0; i < n; i++) {
+    bool seen = false;
+    for (size_t h = 0; h < i && !seen; h++)
+      seen = io[h].b->pool == io[i].b->pool;
+    int rc = seen ? 0 : batch_on(io[i].b->pool, write, io, n, why, whylen);
     if (rc != 0)
       return rc;
-    if (src != NULL)
-      src = (const uint8_t *)src + n;
-    else
-      dst = (uint8_t *)dst + n;
-    off += n;
-    len -= n;
   }
   return 0;
 }
 
 int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
                      size_t whylen) {
-  return block_io(b, off, src, NULL, len, why, whylen);
+  const struct pool_io io = {.b = b, .off = off, .buf = (void *)src, .len = len};
+  return pool_batch(true, &io, 1, why, whylen);
 }
 
 int pool_block_read(struct pool_block *b, uint64_t off, void *dst, size_t len, char *why,
                     size_t whylen) {
-  return block_io(b, off, NULL, dst, len, why, whylen);
+  const struct pool_io io = {.b = b, .off = off, .buf = dst, .len = len};
+  return pool_batch(false, &io, 1, why, whylen);
 }
 
 void pool_block_put(struct pool_block *b, bool cache) {

@@ -32,6 +32,7 @@
   XX(handles)               \
   XX(memory)                \
   XX(pool)                  \
+  XX(pool_batch)            \
   XX(lifecycle)             \
   XX(cuda_ops)              \
   XX(kcache)                \
