@@ -23,14 +23,15 @@
  * A rank that comes back (elastic_join) is made live from a join call
  * above every call its node's ranks have posted.  A daemon reads only its
  * own slabs, so in a job across nodes each daemon checks its own ranks:
- * the holder writes the even count with the join call, tells the others
- * (JOB_MASK, gen even, join), and each of them writes it into its slabs
- * and answers (JOB_JOINED) whether its ranks had all stayed short of the
- * join call's predecessor once it was there.  The holder answers the
- * process's ATTACH only when every daemon of the job said so (a node lost
- * meanwhile needs no answer: its ranks are masked), and otherwise, or
- * after limits.attach_timeout_ms, masks the rank again everywhere with
- * the next (odd) count and refuses the ATTACH: the process may try again.
+ * the holder tells the others the even count with the join call (JOB_MASK,
+ * gen even, join) and writes it into its own slabs, and each of them
+ * writes it into its slabs meanwhile and answers (JOB_JOINED) whether its
+ * ranks had all stayed short of the join call's predecessor once it was
+ * there.  The holder answers the process's ATTACH only when every daemon
+ * of the job said so (a node lost meanwhile needs no answer: its ranks are
+ * masked), and otherwise, or after limits.attach_timeout_ms, masks the
+ * rank again everywhere with the next (odd) count and refuses the ATTACH:
+ * the process may try again.
  *
  * A split (DESIGN §14).  A daemon cannot tell a dead node from one it is
  * cut off from, so while a link is down both sides mask the other's ranks
@@ -83,6 +84,8 @@ struct elastic_pending {
   uint64_t at, before;            /* the join call; the holder's ranks' newest posted call */
   uint64_t need;                  /* bit k: peer k has not answered */
   int pid;
+  char took[96];                  /* this node's phases (elastic_took), for the log */
+  uint64_t done_ns;               /* uv_hrtime() when this node's own phases were done */
 };
 
 /* Calls ahead of the survivors' newest that a rank that comes back joins at:
@@ -107,7 +110,12 @@ struct job_elastic {
   uint64_t told;      /* bit k: peer k has our JOB_HELD since its link came up */
   uint64_t settled;   /* bit k: the views of that link's return were compared */
   uint8_t *sent;      /* per peer: the live set our JOB_HELD said (DEP_PEER_RANK_BYTES), or NULL */
+  uint64_t scrub_ns;  /* the last elastic_scrub's time, for its rejoin's log line */
 };
+
+/* Milliseconds since t0 (uv_hrtime()), for the log lines that say where a change's time went:
+ * on cuda each batch of slab words waits for a GPU time slice (pool.h pool_batch). */
+static double ms_since(uint64_t t0) { return (double)(uv_hrtime() - t0) / 1e6; }
 
 bool elastic_new(struct job *j) {
   struct dep_slab_layout l;
@@ -141,38 +149,41 @@ bool elastic_masked(const struct job *j, uint32_t rank) {
 
 /*
  * Write the mask into the slab of every local rank of j, the gone ones'
- * included (a rank that comes back finds it there): the join words and the
- * bits first, then the epoch, each write ending in a release fence
- * (pool.h), so that a rank that reads the epoch with acquire and then the
- * rest sees this mask or a later one.
+ * included (a rank that comes back finds it there): in each slab the join
+ * words and the bits first, then the epoch, all in one batch whose copies
+ * land in order (pool.h pool_batch), so that a rank that reads the epoch
+ * with acquire and then the rest sees this mask or a later one.  Returns
+ * the milliseconds it took.
  */
-static void elastic_write(struct job *j) {
+static double elastic_write(struct job *j) {
   const struct job_elastic *e = j->elastic;
   uint64_t words[DEP_SLAB_MASK_WORDS(DEP_MAX_WORLD)];
   const uint64_t n = DEP_SLAB_MASK_WORDS(j->world_size);
+  const uint64_t t0 = uv_hrtime();
   memset(words, 0, sizeof words);
   /* A part that ended (elastic_cut) masks nothing: its ranks' calls wait for
    * the other part's ranks, which never answer, and fail on the abort words. */
   for (uint32_t r = 0; !e->cut && r < j->world_size; r++)
     if (e->gen[r] % 2 == 1)
       words[r / 64u] |= DEP_SLAB_MASK_BIT(r);
+  struct pool_io io[3 * DEP_MAX_LOCAL_RANKS];
+  size_t k = 0;
+  uint64_t epoch = e->epoch;
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     const struct job_rank *q = &j->ranks[i];
     if (q->arena == NULL)
       continue;
-    char why[256] = "";
     const uint64_t at = q->offset + e->l.mask_off;
-    int rc = pool_block_write(q->arena, q->offset + dep_slab_mask_join(&e->l, 0), e->join,
-                              sizeof(uint64_t) * j->world_size, why, sizeof why);
-    if (rc == 0)
-      rc = pool_block_write(q->arena, at + sizeof(uint64_t), words, n * sizeof(uint64_t), why,
-                            sizeof why);
-    if (rc == 0)
-      rc = pool_block_write(q->arena, at, &e->epoch, sizeof e->epoch, why, sizeof why);
-    if (rc != 0)
-      log_warnx("job %s: cannot write the live mask (epoch %llu) into rank %u's slab: %s", j->id,
-                (unsigned long long)e->epoch, q->rank, why);
+    io[k++] = (struct pool_io){q->arena, q->offset + dep_slab_mask_join(&e->l, 0), e->join,
+                               sizeof(uint64_t) * j->world_size};
+    io[k++] = (struct pool_io){q->arena, at + sizeof(uint64_t), words, n * sizeof(uint64_t)};
+    io[k++] = (struct pool_io){q->arena, at, &epoch, sizeof epoch};
   }
+  char why[256] = "";
+  if (k > 0 && pool_batch(true, io, k, why, sizeof why) != 0)
+    log_warnx("job %s: cannot write the live mask (epoch %llu) into the slabs of its %u local "
+              "ranks: %s", j->id, (unsigned long long)e->epoch, j->local_world_size, why);
+  return ms_since(t0);
 }
 
 /* Take count gen for rank (above the one held); false when it is not news. */
@@ -223,12 +234,12 @@ void elastic_leave(struct job *j, const struct job_rank *r, uint32_t how) {
   const uint32_t gen = elastic_next_gone(j, r->rank);
   if (gen == 0 || !elastic_take(j, r->rank, gen, how, (uint32_t)r->pid))
     return;
-  elastic_write(j);
-  log_notice("job %s: rank %u (pid %d) %s; it is masked (epoch %llu, %u of %u ranks masked) and "
-             "the job goes on; its memory is kept for a process that attaches as rank %u",
-             j->id, r->rank, (int)r->pid, proto_job_event_name(how),
-             (unsigned long long)e->epoch, e->masked, j->world_size, r->rank);
+  const double wrote = elastic_write(j);
   elastic_tell(j, r->rank, gen, how, 0);
+  log_notice("job %s: rank %u (pid %d) %s; it is masked (epoch %llu, %u of %u ranks masked; "
+             "write %.1f ms) and the job goes on; its memory is kept for a process that attaches "
+             "as rank %u", j->id, r->rank, (int)r->pid, proto_job_event_name(how),
+             (unsigned long long)e->epoch, e->masked, j->world_size, wrote, r->rank);
 }
 
 static void elastic_join_end(struct job *j, int code, const char *why);
@@ -243,10 +254,10 @@ void elastic_node_lost(struct job *j, int k, const struct dep_peer_membership *x
     }
   }
   if (n > 0) {
-    elastic_write(j);
+    const double wrote = elastic_write(j);
     log_notice("job %s: the %u rank(s) of a node that is gone are masked (epoch %llu, %u of %u "
-               "ranks masked); the job goes on", j->id, n, (unsigned long long)j->elastic->epoch,
-               j->elastic->masked, j->world_size);
+               "ranks masked; write %.1f ms); the job goes on", j->id, n,
+               (unsigned long long)j->elastic->epoch, j->elastic->masked, j->world_size, wrote);
   }
   /* A rejoin waiting for that node's answer needs none now: its ranks are masked, so
    * none of them can run past the join call. */
@@ -263,8 +274,9 @@ static int elastic_posted(struct job *j, const struct job_rank *slot, uint64_t *
 static bool elastic_overtaken(uint64_t after, uint64_t at);
 
 /* Answer peer k's JOB_MASK m that brings a rank back, once it is in this node's slabs:
- * whether every local rank is still short of call m->join - 1 (JOB_JOINED). */
-static void elastic_answer(struct job *j, int k, const struct dep_peer_job_mask *m) {
+ * whether every local rank is still short of call m->join - 1 (JOB_JOINED).  Returns the
+ * milliseconds the read of the slots took. */
+static double elastic_answer(struct job *j, int k, const struct dep_peer_job_mask *m) {
   struct dep_peer_msg a = {.type = DEP_PEER_JOB_JOINED};
   snprintf(a.u.joined.job_id, sizeof a.u.joined.job_id, "%s", j->id);
   a.u.joined.owner_uid = (uint32_t)j->owner_uid;
@@ -272,7 +284,9 @@ static void elastic_answer(struct job *j, int k, const struct dep_peer_job_mask 
   a.u.joined.gen = m->gen;
   char why[256] = "";
   uint64_t after = 0;
+  const uint64_t t0 = uv_hrtime();
   const int rc = elastic_posted(j, NULL, &after, why, sizeof why);
+  const double read = ms_since(t0);
   if (rc != 0)
     log_warnx("job %s: cannot read this node's slots to answer node %s's rejoin of rank %u: %s",
               j->id, peer_name(k), m->rank, why);
@@ -283,6 +297,7 @@ static void elastic_answer(struct job *j, int k, const struct dep_peer_job_mask 
                "from call %llu: too late, it is masked again", j->id, (unsigned long long)after,
                peer_name(k), m->rank, (unsigned long long)m->join);
   (void)peer_send(k, &a);
+  return read;
 }
 
 void elastic_on_mask(struct job *j, int k, const struct dep_peer_membership *x,
@@ -304,13 +319,16 @@ void elastic_on_mask(struct job *j, int k, const struct dep_peer_membership *x,
     e->join[m->rank] = m->join;
   if (!elastic_take(j, m->rank, m->gen, m->why, 0))
     return;
-  elastic_write(j);
-  log_notice("job %s: node %s says rank %u %s%s; epoch %llu here (%llu there), %u of %u ranks "
-             "masked", j->id, peer_name(k), m->rank, proto_job_event_name(m->why),
-             back ? " (from its join call on)" : "", (unsigned long long)e->epoch,
-             (unsigned long long)m->epoch, e->masked, j->world_size);
+  const double wrote = elastic_write(j);
+  /* Answered before the line is logged: the holder's process waits for it. */
+  char read[40] = "";
   if (back)
-    elastic_answer(j, k, m);
+    snprintf(read, sizeof read, ", read %.1f ms", elastic_answer(j, k, m));
+  log_notice("job %s: node %s says rank %u %s%s; epoch %llu here (%llu there), %u of %u ranks "
+             "masked (write %.1f ms%s)", j->id, peer_name(k), m->rank,
+             proto_job_event_name(m->why), back ? " (from its join call on)" : "",
+             (unsigned long long)e->epoch, (unsigned long long)m->epoch, e->masked,
+             j->world_size, wrote, read);
 }
 
 void elastic_status(const struct job *j, struct dep_status_job *o) {
@@ -345,21 +363,6 @@ void elastic_events(const struct job *j, struct dep_msg_job_events *m) {
     o->pid = v->pid;
     o->epoch = v->epoch;
   }
-}
-
-/* Zero bytes [off, off + len) of local rank q's slab, a piece at a time. */
-static int elastic_zero(const struct job_rank *q, uint64_t off, uint64_t len, char *why,
-                        size_t whylen) {
-  static const uint8_t zero[64 * 1024];
-  while (len > 0) {
-    const size_t n = len < sizeof zero ? (size_t)len : sizeof zero;
-    int rc = pool_block_write(q->arena, q->offset + off, zero, n, why, whylen);
-    if (rc != 0)
-      return rc;
-    off += n;
-    len -= n;
-  }
-  return 0;
 }
 
 /*
@@ -415,27 +418,29 @@ int elastic_scrub(struct job *j, const struct job_rank *slot, char *why, size_t 
   }
   const struct dep_slab_layout l = j->elastic->l;
   const uint64_t mask_end = l.mask_off + DEP_SLAB_MASK_AREA_BYTES(j->world_size);
-  int rc;
+  const uint64_t t0 = uv_hrtime();
   /* Its own slab: the error and abort words and every slot (what its peers
    * posted before it left), the rest of the control area after the mask,
    * and its private area (the library's counters and scratch, as a new
    * job's slab has them).  The mask stays: it is the job's now.  Its data
    * blocks keep the job's own bytes, which a receiver reads only after a
-   * slot of a later call says they are in. */
-  rc = elastic_zero(slot, 0, l.mask_off, why, whylen);
-  if (rc == 0)
-    rc = elastic_zero(slot, mask_end, l.data_off - mask_end, why, whylen);
-  if (rc == 0)
-    rc = elastic_zero(slot, l.priv_off, l.priv_bytes, why, whylen);
-  /* In every other local slab, the slots this rank posted to before it left. */
-  for (uint32_t i = 0; rc == 0 && i < j->local_world_size; i++) {
+   * slot of a later call says they are in.  In every other local slab, the
+   * slots this rank posted to before it left.  All zeros, in one batch. */
+  struct pool_io io[3 + 2 * DEP_MAX_LOCAL_RANKS];
+  size_t k = 0;
+  io[k++] = (struct pool_io){slot->arena, slot->offset, NULL, l.mask_off};
+  io[k++] = (struct pool_io){slot->arena, slot->offset + mask_end, NULL, l.data_off - mask_end};
+  io[k++] = (struct pool_io){slot->arena, slot->offset + l.priv_off, NULL, l.priv_bytes};
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
     const struct job_rank *q = &j->ranks[i];
     if (q == slot || q->arena == NULL)
       continue;
-    for (unsigned parity = 0; rc == 0 && parity < 2; parity++)
-      rc = elastic_zero(q, dep_slab_ctrl_slot(&l, parity, slot->rank), DEP_SLAB_CTRL_SLOT, why,
-                        whylen);
+    for (unsigned parity = 0; parity < 2; parity++)
+      io[k++] = (struct pool_io){q->arena, q->offset + dep_slab_ctrl_slot(&l, parity, slot->rank),
+                                 NULL, DEP_SLAB_CTRL_SLOT};
   }
+  int rc = pool_batch(true, io, k, why, whylen);
+  j->elastic->scrub_ns = uv_hrtime() - t0;
   if (rc == 0 && j->xchg != NULL)
     rc = elastic_scrub_xchg(j, slot, why, whylen);
   return rc;
@@ -450,21 +455,30 @@ static int elastic_posted(struct job *j, const struct job_rank *slot, uint64_t *
                           size_t whylen) {
   const struct dep_slab_layout *l = &j->elastic->l;
   const uint64_t first = dep_slab_ctrl_slot(l, 0, 0), bytes = l->mask_off - first;
-  uint64_t *slots = malloc(bytes);
+  uint8_t *slots = malloc(bytes * j->local_world_size);
   if (slots == NULL) {
-    snprintf(why, whylen, "out of memory for %llu bytes of slots", (unsigned long long)bytes);
+    snprintf(why, whylen, "out of memory for %llu bytes of slots",
+             (unsigned long long)(bytes * j->local_world_size));
     return DEP_ERR_NO_MEMORY;
   }
-  *seq = 0;
-  int rc = 0;
-  for (uint32_t i = 0; rc == 0 && i < j->local_world_size; i++) {
+  /* Every slab's slots in one batch (pool.h pool_batch). */
+  struct pool_io io[DEP_MAX_LOCAL_RANKS];
+  size_t n = 0;
+  for (uint32_t i = 0; i < j->local_world_size; i++) {
     const struct job_rank *q = &j->ranks[i];
     if (q == slot || q->conn == NULL || q->arena == NULL)
       continue;
-    rc = pool_block_read(q->arena, q->offset + first, slots, bytes, why, whylen);
-    /* The flag is each slot's first word (kabi.h struct ops_slot). */
-    for (uint64_t k = 0; rc == 0 && k < bytes / DEP_SLAB_CTRL_SLOT; k++) {
-      const uint64_t flag = slots[k * (DEP_SLAB_CTRL_SLOT / sizeof(uint64_t))];
+    io[n] = (struct pool_io){q->arena, q->offset + first, slots + n * bytes, bytes};
+    n++;
+  }
+  *seq = 0;
+  int rc = n > 0 ? pool_batch(false, io, n, why, whylen) : 0;
+  /* The flag is each slot's first word (kabi.h struct ops_slot). */
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    const uint8_t *at = slots + i * bytes;
+    for (uint64_t k = 0; k < bytes / DEP_SLAB_CTRL_SLOT; k++) {
+      uint64_t flag;
+      memcpy(&flag, at + k * DEP_SLAB_CTRL_SLOT, sizeof flag);
       *seq = flag > *seq ? flag : *seq;
     }
   }
@@ -496,12 +510,20 @@ static void elastic_undo(struct job *j, uint32_t rank, int pid) {
   elastic_tell(j, rank, gen, DEP_SLAB_GONE_DETACHED, 0);
 }
 
+/* took: where this node's time went (elastic_join), and the wait for the peers' answers. */
 static void elastic_log_back(const struct job *j, int pid, uint32_t rank, uint64_t at,
-                             uint64_t before) {
+                             uint64_t before, const char *took) {
   log_notice("job %s: pid %d is rank %u again, from call %llu (the survivors had posted call "
-             "%llu; epoch %llu, %u of %u ranks masked)", j->id, pid, rank,
+             "%llu; epoch %llu, %u of %u ranks masked; %s)", j->id, pid, rank,
              (unsigned long long)at, (unsigned long long)before,
-             (unsigned long long)j->elastic->epoch, j->elastic->masked, j->world_size);
+             (unsigned long long)j->elastic->epoch, j->elastic->masked, j->world_size, took);
+}
+
+/* A rejoin's phases on this node, in milliseconds, for its log line or refusal. */
+static void elastic_took(char *out, size_t len, uint64_t scrub_ns, double before, double wrote,
+                         double after) {
+  snprintf(out, len, "scrub %.1f ms, read %.1f ms, write %.1f ms, read again %.1f ms",
+           (double)scrub_ns / 1e6, before, wrote, after);
 }
 
 /* The peers that must answer a rejoin of j: each one up that holds ranks of it. */
@@ -518,8 +540,11 @@ static void elastic_join_end(struct job *j, int code, const char *why) {
   struct elastic_pending p = j->elastic->pending;
   j->elastic->pending.on = false;
   uv_timer_stop(&j->timer);
-  if (code == 0)
-    elastic_log_back(j, p.pid, p.rank, p.at, p.before);
+  if (code == 0) {
+    char took[sizeof p.took + 32];
+    snprintf(took, sizeof took, "%s, peers %.1f ms", p.took, ms_since(p.done_ns));
+    elastic_log_back(j, p.pid, p.rank, p.at, p.before, took);
+  }
   job_rejoined(j, p.local_rank, code, why);
 }
 
@@ -556,8 +581,9 @@ void elastic_on_joined(struct job *j, int k, const struct dep_peer_job_joined *m
     elastic_widen(j->elastic);
     snprintf(why, sizeof why, "the job's calls on node %s reached call %llu while rank %u was "
              "brought back from call %llu; attach again (the next attempt joins %u calls "
-             "ahead)", peer_name(k), (unsigned long long)m->posted, p->rank,
-             (unsigned long long)p->at, j->elastic->ahead);
+             "ahead; this one: %s, peers %.1f ms)", peer_name(k), (unsigned long long)m->posted,
+             p->rank, (unsigned long long)p->at, j->elastic->ahead, p->took,
+             ms_since(p->done_ns));
     elastic_join_end(j, DEP_ERR_STATE, why);
     return;
   }
@@ -577,29 +603,40 @@ int elastic_join(struct job *j, const struct job_rank *slot, pid_t pid, bool *as
              "on its join call); attach again once it is in", e->pending.rank);
     return DEP_ERR_STATE;
   }
+  uint64_t t0 = uv_hrtime();
   int rc = elastic_posted(j, slot, &before, why, whylen);
   if (rc != 0)
     return rc;
+  const double read_before = ms_since(t0);
   const uint64_t at = before + e->ahead;
   const uint32_t gen = e->gen[rank] + 1;
   e->join[rank] = at;
   (void)elastic_take(j, rank, gen, DEP_JOB_EVENT_REJOINED, (uint32_t)pid);
-  elastic_write(j);
-  /* The other nodes write it into their slabs and check their own ranks (JOB_JOINED). */
+  /* The other nodes write it into their slabs and check their own ranks
+   * (JOB_JOINED) while this one does the same with its own: each node's
+   * check covers only its ranks and reads them after its own write, so
+   * neither needs the other's done first, and an answer is taken only once
+   * this returns (the loop's thread). */
   const uint64_t need = elastic_peers(j);
   if (need != 0)
     elastic_tell(j, rank, gen, DEP_JOB_EVENT_REJOINED, at);
+  const double wrote = elastic_write(j);
   /* A survivor starts call `at` only once every rank has posted at - 1 to
    * it; none has, after the epoch went out, so each will see it first. */
+  t0 = uv_hrtime();
   rc = elastic_posted(j, slot, &after, why, whylen);
+  const uint64_t done_ns = uv_hrtime(); /* the peers' time is what is waited for past this */
+  char took[sizeof e->pending.took];
+  elastic_took(took, sizeof took, e->scrub_ns, read_before, wrote, ms_since(t0));
   if (rc == 0 && !elastic_overtaken(after, at)) {
     if (need == 0) {
-      elastic_log_back(j, (int)pid, rank, at, before);
+      elastic_log_back(j, (int)pid, rank, at, before, took);
       return 0;
     }
     e->pending = (struct elastic_pending){.on = true, .local_rank = (uint32_t)(slot - j->ranks),
                                           .rank = rank, .gen = gen, .at = at, .before = before,
-                                          .need = need, .pid = (int)pid};
+                                          .need = need, .pid = (int)pid, .done_ns = done_ns};
+    memcpy(e->pending.took, took, sizeof took);
     *asked = true;
     uv_timer_start(&j->timer, elastic_join_timeout, j->timeout_ms, 0);
     return 0;
@@ -609,8 +646,8 @@ int elastic_join(struct job *j, const struct job_rank *slot, pid_t pid, bool *as
   if (rc == 0) {
     elastic_widen(e);
     snprintf(why, whylen, "the job's calls reached call %llu while rank %u was brought back "
-             "from call %llu; attach again (the next attempt joins %u calls ahead)",
-             (unsigned long long)after, rank, (unsigned long long)at, e->ahead);
+             "from call %llu; attach again (the next attempt joins %u calls ahead; this one: "
+             "%s)", (unsigned long long)after, rank, (unsigned long long)at, e->ahead, took);
     rc = DEP_ERR_STATE;
   }
   return rc;

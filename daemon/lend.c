@@ -410,24 +410,25 @@ void lend_tell_gone(struct job *j, const struct job_rank *gone, uint32_t how) {
   j->told = 1 + how;
   struct dep_slab_abort ab = {.rank = gone->rank, .pid = (uint32_t)gone->pid, .detached = how,
                               .code = DEP_ERR_PEER};
+  /* Who and how first, the code last (a reader that sees the code sees the
+   * rest), every local rank's in one batch: its copies land in order. */
+  struct pool_io io[2 * DEP_MAX_LOCAL_RANKS];
   uint32_t told = 0;
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     struct job_rank *q = &j->ranks[i];
     if (q == gone || q->conn == NULL || q->arena == NULL)
       continue;
-    char why[256] = "";
-    uint64_t at = q->offset + DEP_SLAB_ABORT_OFF;
-    /* Who and how first, the code last: a reader that sees the code sees the rest. */
-    int rc = pool_block_write(q->arena, at, &ab, offsetof(struct dep_slab_abort, code), why,
-                              sizeof why);
-    if (rc == 0)
-      rc = pool_block_write(q->arena, at + offsetof(struct dep_slab_abort, code), &ab.code,
-                            sizeof ab.code, why, sizeof why);
-    if (rc != 0)
-      log_warnx("job %s: cannot tell rank %u that rank %u is gone: %s", j->id, q->rank,
-                gone->rank, why);
-    else
-      told++;
+    const uint64_t at = q->offset + DEP_SLAB_ABORT_OFF;
+    io[2 * told] = (struct pool_io){q->arena, at, &ab, offsetof(struct dep_slab_abort, code)};
+    io[2 * told + 1] = (struct pool_io){q->arena, at + offsetof(struct dep_slab_abort, code),
+                                        &ab.code, sizeof ab.code};
+    told++;
+  }
+  char why[256] = "";
+  if (told > 0 && pool_batch(true, io, 2 * told, why, sizeof why) != 0) {
+    log_warnx("job %s: cannot tell its %u local rank(s) that rank %u is gone: %s", j->id, told,
+              gone->rank, why);
+    told = 0;
   }
   /* A detach is how a job ends, rank by rank; a disconnect mid-job is news. */
   if (told > 0 && detached)

@@ -382,6 +382,8 @@ START_TEST(an_elastic_job_masks_each_rank_that_dies_or_detaches_and_goes_on) {
   ck_assert_uint_eq(attached, 3);
   EXPECT_STATUS(&d, "\"job_id\":\"el4\"", "\"elastic\":true,\"epoch\":1,\"masked_ranks\":\"2\"",
                 "\"rank\":2,\"event\":\"died\"");
+  /* The line says how long the mask's write took (on cuda, a wait for the GPU). */
+  ck_assert(dw_log_has(&d, "1 of 4 ranks masked; write ", 5000));
 
   /* A second one, then a detach on purpose. */
   rank_kill(&c[3]);
@@ -514,6 +516,10 @@ START_TEST(a_process_that_attaches_as_a_rank_that_left_gets_its_memory_scrubbed)
     ck_assert_uint_eq(__atomic_load_n(join, __ATOMIC_ACQUIRE), 49);
   }
   ck_assert(dw_log_has(&d, "is rank 2 again, from call 49", 5000));
+  /* And where the rejoin's time went, phase by phase. */
+  ck_assert(dw_log_has(&d, "ranks masked; scrub ", 5000));
+  ck_assert(dw_log_has(&d, " ms, write ", 5000));
+  ck_assert(dw_log_has(&d, " ms, read again ", 5000));
   EXPECT_STATUS(&d, "\"rank\":2,\"event\":\"rejoined\"", "\"ranks_attached\":4",
                 "\"epoch\":2,\"masked_ranks\":\"\"");
 
@@ -706,6 +712,10 @@ START_TEST(a_rejoin_that_the_other_node_finds_overtaken_is_undone_on_both) {
   expect_mask(&ar, here, 2, XW, 4, "0000");
   EXPECT_STATUS(&ns.d[1], "\"epoch\":4,\"masked_ranks\":\"\"");
   ck_assert(dw_log_has(&ns.d[0], "is rank 1 again, from call 16", 5000));
+  /* Its line says how long node 1 took to answer; node 1's, its write and read. */
+  ck_assert(dw_log_has(&ns.d[0], " ms, peers ", 5000));
+  ck_assert(dw_log_has(&ns.d[1], "ranks masked (write ", 5000));
+  ck_assert(dw_log_has(&ns.d[1], " ms, read ", 5000));
   arena_done(&ar);
   for (uint32_t r = 1; r < XW; r++)
     rank_reap(&c[r]);
