@@ -39,12 +39,13 @@ struct chunk_mem {
   uint64_t file_dev, file_ino;
 };
 
-/* One copy of a batch (chunk_batch): len bytes at off of chunk m, from or into buf. */
+/* One copy of a batch (chunk_batch): len bytes at off of chunk m, from buf or, read, into it. */
 struct chunk_io {
   struct chunk_mem *m;
   uint64_t off;
   void *buf;              /* a write's bytes (NULL: zeros), or where a read's go */
   size_t len;
+  bool read;
 };
 
 struct backend_ops {
@@ -63,20 +64,21 @@ struct backend_ops {
   int (*chunk_scrub)(struct backend_dev *d, struct chunk_mem *m, char *why, size_t whylen);
   /*
    * A batch of copies between the daemon and chunks of this device, done in
-   * list order: with write, io[i].buf's len bytes (zeros where buf is NULL)
-   * go to off of io[i].m, each visible to every process that maps it once
+   * list order: a write puts io[i].buf's len bytes (zeros where buf is
+   * NULL) at off of io[i].m, visible to every process that maps it once
    * this returns, and in the order of the list to a reader that polls them
-   * (the mask words before the epoch: slab.h); without, len bytes at off go
-   * into buf, as the processes that map the chunks last wrote them (an
-   * elastic job's call counters: job_elastic.c).  The bytes copied through
+   * (the mask words before the epoch: slab.h); a read puts the len bytes at
+   * off into buf, as the processes that map the chunk last wrote them (an
+   * elastic job's call counters: job_elastic.c), after every write listed
+   * before it has landed.  The bytes copied through
    * buf (not zeros) may total at most batch_bytes (below); the pool cuts a
    * larger batch into pieces.  0, or DEP_ERR_* with why when a copy could not
    * be made: the batch failed (copies before it may have landed).  cuda waits for the GPU once per batch, not per
    * copy: a wait is a time slice the ranks' kernels may hold for
    * milliseconds (BENCHMARKS.md, elastic jobs on the cuda backend).
    */
-  int (*chunk_batch)(struct backend_dev *d, bool write, const struct chunk_io *io, size_t n,
-                     char *why, size_t whylen);
+  int (*chunk_batch)(struct backend_dev *d, const struct chunk_io *io, size_t n, char *why,
+                     size_t whylen);
   /* The most bytes one chunk_batch copies through buf (cuda: its pinned staging buffer). */
   size_t batch_bytes;
   void (*release_dev)(struct backend_dev *d);

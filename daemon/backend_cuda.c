@@ -215,13 +215,13 @@ fail:
 /*
  * Every copy of the batch goes on the device's stream, in list order, and
  * the batch waits once, for the last: stream order lands each copy before
- * the next starts (the mask words before the epoch that publishes them),
- * and all are visible to kernels polling with system-scope loads once the
+ * the next starts (the mask words before the epoch that publishes them;
+ * a read after the writes it must see), and all are visible to kernels polling with system-scope loads once the
  * wait returns.  Zeros are a memset on the stream; bytes go through the
  * pinned staging buffer (a copy from pageable memory would wait on its own).
  */
-static int cuda_chunk_batch(struct backend_dev *d, bool write, const struct chunk_io *io,
-                            size_t n, char *why, size_t whylen) {
+static int cuda_chunk_batch(struct backend_dev *d, const struct chunk_io *io, size_t n,
+                            char *why, size_t whylen) {
   struct cuda_stage *st = d->stage;
   int rc = 0;
   size_t used = 0;
@@ -230,7 +230,7 @@ static int cuda_chunk_batch(struct backend_dev *d, bool write, const struct chun
   CU_TRY(cu->cuCtxSetCurrent((CUcontext)d->ctx), "cuCtxSetCurrent");
   for (size_t i = 0; i < n; i++) {
     const CUdeviceptr at = io[i].m->dev_ptr + io[i].off;
-    if (write && io[i].buf == NULL) {
+    if (!io[i].read && io[i].buf == NULL) {
       CU_TRY(cu->cuMemsetD8Async(at, 0, io[i].len, st->stream), "cuMemsetD8Async (slab words)");
       queued = true;
       continue;
@@ -241,7 +241,7 @@ static int cuda_chunk_batch(struct backend_dev *d, bool write, const struct chun
       rc = DEP_ERR_INTERNAL;
       goto fail;
     }
-    if (write) {
+    if (!io[i].read) {
       memcpy(st->host + used, io[i].buf, io[i].len);
       CU_TRY(cu->cuMemcpyHtoDAsync(at, st->host + used, io[i].len, st->stream),
              "cuMemcpyHtoDAsync (slab words)");
@@ -254,9 +254,10 @@ static int cuda_chunk_batch(struct backend_dev *d, bool write, const struct chun
   }
   queued = false; /* the wait below is the batch's, failed or not */
   CU_TRY(cu->cuStreamSynchronize(st->stream), "cuStreamSynchronize (slab words)");
-  for (size_t i = 0, o = 0; !write && i < n; i++) {
-    memcpy(io[i].buf, st->host + o, io[i].len);
-    o += io[i].len;
+  for (size_t i = 0, o = 0; i < n; i++) {
+    if (io[i].read)
+      memcpy(io[i].buf, st->host + o, io[i].len);
+    o += io[i].buf != NULL ? io[i].len : 0; /* where the next staged copy went */
   }
   pthread_mutex_unlock(&stage_lock);
   return 0;

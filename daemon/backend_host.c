@@ -88,14 +88,14 @@ static int host_chunk_scrub(struct backend_dev *d, struct chunk_mem *m, char *wh
   return 0;
 }
 
-static int host_chunk_batch(struct backend_dev *d, bool write, const struct chunk_io *io,
-                            size_t n, char *why, size_t whylen) {
+static int host_chunk_batch(struct backend_dev *d, const struct chunk_io *io, size_t n,
+                            char *why, size_t whylen) {
   (void)d;
   (void)why;
   (void)whylen;
   for (size_t i = 0; i < n; i++) {
     uint8_t *at = (uint8_t *)io[i].m->host_ptr + io[i].off;
-    if (write) {
+    if (!io[i].read) {
       if (io[i].buf != NULL)
         memcpy(at, io[i].buf, io[i].len);
       else

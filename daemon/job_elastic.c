@@ -147,42 +147,56 @@ bool elastic_masked(const struct job *j, uint32_t rank) {
   return j->elastic != NULL && rank < j->world_size && j->elastic->gen[rank] % 2 == 1;
 }
 
+/* The words of j's mask as elastic_mask_io writes them; they outlive its batch. */
+struct elastic_words {
+  uint64_t bits[DEP_SLAB_MASK_WORDS(DEP_MAX_WORLD)];
+  uint64_t epoch;
+};
+
 /*
- * Write the mask into the slab of every local rank of j, the gone ones'
- * included (a rank that comes back finds it there): in each slab the join
- * words and the bits first, then the epoch, all in one batch whose copies
- * land in order (pool.h pool_batch), so that a rank that reads the epoch
- * with acquire and then the rest sees this mask or a later one.  Returns
- * the milliseconds it took.
+ * The copies that write the mask into the slab of every local rank of j,
+ * the gone ones' included (a rank that comes back finds it there), into io
+ * (room for 3 a local rank), from w: in each slab the join words and the
+ * bits first, then the epoch, and a batch's copies land in order (pool.h
+ * pool_batch), so that a rank that reads the epoch with acquire and then
+ * the rest sees this mask or a later one.  Returns how many.
  */
-static double elastic_write(struct job *j) {
+static size_t elastic_mask_io(const struct job *j, struct elastic_words *w, struct pool_io *io) {
   const struct job_elastic *e = j->elastic;
-  uint64_t words[DEP_SLAB_MASK_WORDS(DEP_MAX_WORLD)];
   const uint64_t n = DEP_SLAB_MASK_WORDS(j->world_size);
-  const uint64_t t0 = uv_hrtime();
-  memset(words, 0, sizeof words);
+  memset(w, 0, sizeof *w);
+  w->epoch = e->epoch;
   /* A part that ended (elastic_cut) masks nothing: its ranks' calls wait for
    * the other part's ranks, which never answer, and fail on the abort words. */
   for (uint32_t r = 0; !e->cut && r < j->world_size; r++)
     if (e->gen[r] % 2 == 1)
-      words[r / 64u] |= DEP_SLAB_MASK_BIT(r);
-  struct pool_io io[3 * DEP_MAX_LOCAL_RANKS];
+      w->bits[r / 64u] |= DEP_SLAB_MASK_BIT(r);
   size_t k = 0;
-  uint64_t epoch = e->epoch;
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     const struct job_rank *q = &j->ranks[i];
     if (q->arena == NULL)
       continue;
     const uint64_t at = q->offset + e->l.mask_off;
     io[k++] = (struct pool_io){q->arena, q->offset + dep_slab_mask_join(&e->l, 0), e->join,
-                               sizeof(uint64_t) * j->world_size};
-    io[k++] = (struct pool_io){q->arena, at + sizeof(uint64_t), words, n * sizeof(uint64_t)};
-    io[k++] = (struct pool_io){q->arena, at, &epoch, sizeof epoch};
+                               sizeof(uint64_t) * j->world_size, false};
+    io[k++] = (struct pool_io){q->arena, at + sizeof(uint64_t), w->bits, n * sizeof(uint64_t),
+                               false};
+    io[k++] = (struct pool_io){q->arena, at, &w->epoch, sizeof w->epoch, false};
   }
+  return k;
+}
+
+/* Write j's mask into its local slabs (elastic_mask_io), in one batch; returns the
+ * milliseconds it took. */
+static double elastic_write(struct job *j) {
+  const uint64_t t0 = uv_hrtime();
+  struct elastic_words w;
+  struct pool_io io[3 * DEP_MAX_LOCAL_RANKS];
+  const size_t k = elastic_mask_io(j, &w, io);
   char why[256] = "";
-  if (k > 0 && pool_batch(true, io, k, why, sizeof why) != 0)
+  if (k > 0 && pool_batch(io, k, why, sizeof why) != 0)
     log_warnx("job %s: cannot write the live mask (epoch %llu) into the slabs of its %u local "
-              "ranks: %s", j->id, (unsigned long long)e->epoch, j->local_world_size, why);
+              "ranks: %s", j->id, (unsigned long long)w.epoch, j->local_world_size, why);
   return ms_since(t0);
 }
 
@@ -269,13 +283,13 @@ void elastic_node_lost(struct job *j, int k, const struct dep_peer_membership *x
   }
 }
 
-static int elastic_posted(struct job *j, const struct job_rank *slot, uint64_t *seq, char *why,
-                          size_t whylen);
+static int elastic_posted(struct job *j, const struct job_rank *slot, bool write, uint64_t *seq,
+                          char *why, size_t whylen);
 static bool elastic_overtaken(uint64_t after, uint64_t at);
 
-/* Answer peer k's JOB_MASK m that brings a rank back, once it is in this node's slabs:
- * whether every local rank is still short of call m->join - 1 (JOB_JOINED).  Returns the
- * milliseconds the read of the slots took. */
+/* Write the mask that brings m's rank back into this node's slabs and answer peer k's
+ * JOB_MASK m: whether every local rank is still short of call m->join - 1 once it is there
+ * (JOB_JOINED).  Returns the milliseconds the write and read took (one batch). */
 static double elastic_answer(struct job *j, int k, const struct dep_peer_job_mask *m) {
   struct dep_peer_msg a = {.type = DEP_PEER_JOB_JOINED};
   snprintf(a.u.joined.job_id, sizeof a.u.joined.job_id, "%s", j->id);
@@ -285,11 +299,12 @@ static double elastic_answer(struct job *j, int k, const struct dep_peer_job_mas
   char why[256] = "";
   uint64_t after = 0;
   const uint64_t t0 = uv_hrtime();
-  const int rc = elastic_posted(j, NULL, &after, why, sizeof why);
+  const int rc = elastic_posted(j, NULL, true, &after, why, sizeof why);
   const double read = ms_since(t0);
   if (rc != 0)
-    log_warnx("job %s: cannot read this node's slots to answer node %s's rejoin of rank %u: %s",
-              j->id, peer_name(k), m->rank, why);
+    log_warnx("job %s: cannot write the live mask (epoch %llu) and read this node's slots to "
+              "answer node %s's rejoin of rank %u: %s", j->id,
+              (unsigned long long)j->elastic->epoch, peer_name(k), m->rank, why);
   a.u.joined.ok = rc == 0 && !elastic_overtaken(after, m->join);
   a.u.joined.posted = after;
   if (!a.u.joined.ok && rc == 0)
@@ -319,16 +334,13 @@ void elastic_on_mask(struct job *j, int k, const struct dep_peer_membership *x,
     e->join[m->rank] = m->join;
   if (!elastic_take(j, m->rank, m->gen, m->why, 0))
     return;
-  const double wrote = elastic_write(j);
   /* Answered before the line is logged: the holder's process waits for it. */
-  char read[40] = "";
-  if (back)
-    snprintf(read, sizeof read, ", read %.1f ms", elastic_answer(j, k, m));
+  const double took = back ? elastic_answer(j, k, m) : elastic_write(j);
   log_notice("job %s: node %s says rank %u %s%s; epoch %llu here (%llu there), %u of %u ranks "
-             "masked (write %.1f ms%s)", j->id, peer_name(k), m->rank,
+             "masked (write%s %.1f ms)", j->id, peer_name(k), m->rank,
              proto_job_event_name(m->why), back ? " (from its join call on)" : "",
              (unsigned long long)e->epoch, (unsigned long long)m->epoch, e->masked,
-             j->world_size, wrote, read);
+             j->world_size, back ? " and read" : "", took);
 }
 
 void elastic_status(const struct job *j, struct dep_status_job *o) {
@@ -428,18 +440,19 @@ int elastic_scrub(struct job *j, const struct job_rank *slot, char *why, size_t 
    * slots this rank posted to before it left.  All zeros, in one batch. */
   struct pool_io io[3 + 2 * DEP_MAX_LOCAL_RANKS];
   size_t k = 0;
-  io[k++] = (struct pool_io){slot->arena, slot->offset, NULL, l.mask_off};
-  io[k++] = (struct pool_io){slot->arena, slot->offset + mask_end, NULL, l.data_off - mask_end};
-  io[k++] = (struct pool_io){slot->arena, slot->offset + l.priv_off, NULL, l.priv_bytes};
+  io[k++] = (struct pool_io){slot->arena, slot->offset, NULL, l.mask_off, false};
+  io[k++] = (struct pool_io){slot->arena, slot->offset + mask_end, NULL, l.data_off - mask_end,
+                             false};
+  io[k++] = (struct pool_io){slot->arena, slot->offset + l.priv_off, NULL, l.priv_bytes, false};
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     const struct job_rank *q = &j->ranks[i];
     if (q == slot || q->arena == NULL)
       continue;
     for (unsigned parity = 0; parity < 2; parity++)
       io[k++] = (struct pool_io){q->arena, q->offset + dep_slab_ctrl_slot(&l, parity, slot->rank),
-                                 NULL, DEP_SLAB_CTRL_SLOT};
+                                 NULL, DEP_SLAB_CTRL_SLOT, false};
   }
-  int rc = pool_batch(true, io, k, why, whylen);
+  int rc = pool_batch(io, k, why, whylen);
   j->elastic->scrub_ns = uv_hrtime() - t0;
   if (rc == 0 && j->xchg != NULL)
     rc = elastic_scrub_xchg(j, slot, why, whylen);
@@ -449,10 +462,13 @@ int elastic_scrub(struct job *j, const struct job_rank *slot, char *why, size_t 
 /*
  * The largest call any local rank of j but `slot` has posted (the flags of
  * the slots in their slabs: a rank posts to every rank, itself included, at
- * every call: kernels/host_ops.h), into *seq.  0, or DEP_ERR_* with why.
+ * every call: kernels/host_ops.h), into *seq; with write, read once j's
+ * mask is written (elastic_mask_io), in the same batch: one wait for the
+ * GPU on cuda, and the read lands after the epoch.  0, or DEP_ERR_* with
+ * why (the mask may not have been written).
  */
-static int elastic_posted(struct job *j, const struct job_rank *slot, uint64_t *seq, char *why,
-                          size_t whylen) {
+static int elastic_posted(struct job *j, const struct job_rank *slot, bool write, uint64_t *seq,
+                          char *why, size_t whylen) {
   const struct dep_slab_layout *l = &j->elastic->l;
   const uint64_t first = dep_slab_ctrl_slot(l, 0, 0), bytes = l->mask_off - first;
   uint8_t *slots = malloc(bytes * j->local_world_size);
@@ -461,24 +477,25 @@ static int elastic_posted(struct job *j, const struct job_rank *slot, uint64_t *
              (unsigned long long)(bytes * j->local_world_size));
     return DEP_ERR_NO_MEMORY;
   }
-  /* Every slab's slots in one batch (pool.h pool_batch). */
-  struct pool_io io[DEP_MAX_LOCAL_RANKS];
+  struct elastic_words w;
+  struct pool_io io[4 * DEP_MAX_LOCAL_RANKS];
+  const size_t k = write ? elastic_mask_io(j, &w, io) : 0;
   size_t n = 0;
   for (uint32_t i = 0; i < j->local_world_size; i++) {
     const struct job_rank *q = &j->ranks[i];
     if (q == slot || q->conn == NULL || q->arena == NULL)
       continue;
-    io[n] = (struct pool_io){q->arena, q->offset + first, slots + n * bytes, bytes};
+    io[k + n] = (struct pool_io){q->arena, q->offset + first, slots + n * bytes, bytes, true};
     n++;
   }
   *seq = 0;
-  int rc = n > 0 ? pool_batch(false, io, n, why, whylen) : 0;
+  int rc = k + n > 0 ? pool_batch(io, k + n, why, whylen) : 0;
   /* The flag is each slot's first word (kabi.h struct ops_slot). */
   for (size_t i = 0; rc == 0 && i < n; i++) {
     const uint8_t *at = slots + i * bytes;
-    for (uint64_t k = 0; k < bytes / DEP_SLAB_CTRL_SLOT; k++) {
+    for (uint64_t s = 0; s < bytes / DEP_SLAB_CTRL_SLOT; s++) {
       uint64_t flag;
-      memcpy(&flag, at + k * DEP_SLAB_CTRL_SLOT, sizeof flag);
+      memcpy(&flag, at + s * DEP_SLAB_CTRL_SLOT, sizeof flag);
       *seq = flag > *seq ? flag : *seq;
     }
   }
@@ -520,10 +537,9 @@ static void elastic_log_back(const struct job *j, int pid, uint32_t rank, uint64
 }
 
 /* A rejoin's phases on this node, in milliseconds, for its log line or refusal. */
-static void elastic_took(char *out, size_t len, uint64_t scrub_ns, double before, double wrote,
-                         double after) {
-  snprintf(out, len, "scrub %.1f ms, read %.1f ms, write %.1f ms, read again %.1f ms",
-           (double)scrub_ns / 1e6, before, wrote, after);
+static void elastic_took(char *out, size_t len, uint64_t scrub_ns, double before, double after) {
+  snprintf(out, len, "scrub %.1f ms, read %.1f ms, write and read again %.1f ms",
+           (double)scrub_ns / 1e6, before, after);
 }
 
 /* The peers that must answer a rejoin of j: each one up that holds ranks of it. */
@@ -604,7 +620,7 @@ int elastic_join(struct job *j, const struct job_rank *slot, pid_t pid, bool *as
     return DEP_ERR_STATE;
   }
   uint64_t t0 = uv_hrtime();
-  int rc = elastic_posted(j, slot, &before, why, whylen);
+  int rc = elastic_posted(j, slot, false, &before, why, whylen);
   if (rc != 0)
     return rc;
   const double read_before = ms_since(t0);
@@ -620,14 +636,14 @@ int elastic_join(struct job *j, const struct job_rank *slot, pid_t pid, bool *as
   const uint64_t need = elastic_peers(j);
   if (need != 0)
     elastic_tell(j, rank, gen, DEP_JOB_EVENT_REJOINED, at);
-  const double wrote = elastic_write(j);
-  /* A survivor starts call `at` only once every rank has posted at - 1 to
-   * it; none has, after the epoch went out, so each will see it first. */
+  /* The mask, then the slots read again: a survivor starts call `at` only
+   * once every rank has posted at - 1 to it; none has, after the epoch went
+   * out, so each will see it first. */
   t0 = uv_hrtime();
-  rc = elastic_posted(j, slot, &after, why, whylen);
+  rc = elastic_posted(j, slot, true, &after, why, whylen);
   const uint64_t done_ns = uv_hrtime(); /* the peers' time is what is waited for past this */
   char took[sizeof e->pending.took];
-  elastic_took(took, sizeof took, e->scrub_ns, read_before, wrote, ms_since(t0));
+  elastic_took(took, sizeof took, e->scrub_ns, read_before, ms_since(t0));
   if (rc == 0 && !elastic_overtaken(after, at)) {
     if (need == 0) {
       elastic_log_back(j, (int)pid, rank, at, before, took);

@@ -419,13 +419,14 @@ void lend_tell_gone(struct job *j, const struct job_rank *gone, uint32_t how) {
     if (q == gone || q->conn == NULL || q->arena == NULL)
       continue;
     const uint64_t at = q->offset + DEP_SLAB_ABORT_OFF;
-    io[2 * told] = (struct pool_io){q->arena, at, &ab, offsetof(struct dep_slab_abort, code)};
+    io[2 * told] = (struct pool_io){q->arena, at, &ab, offsetof(struct dep_slab_abort, code),
+                                    false};
     io[2 * told + 1] = (struct pool_io){q->arena, at + offsetof(struct dep_slab_abort, code),
-                                        &ab.code, sizeof ab.code};
+                                        &ab.code, sizeof ab.code, false};
     told++;
   }
   char why[256] = "";
-  if (told > 0 && pool_batch(true, io, 2 * told, why, sizeof why) != 0) {
+  if (told > 0 && pool_batch(io, 2 * told, why, sizeof why) != 0) {
     log_warnx("job %s: cannot tell its %u local rank(s) that rank %u is gone: %s", j->id, told,
               gone->rank, why);
     told = 0;

@@ -630,7 +630,7 @@ void pool_block_abandon(struct pool_block *b) {
 
 /* Pool p's part of a batch, as backend copies: cut at the blocks' pieces and
  * at the backend's staging (ops->batch_bytes), a flush whenever either fills. */
-static int batch_on(struct pool *p, bool write, const struct pool_io *io, size_t n, char *why,
+static int batch_on(struct pool *p, const struct pool_io *io, size_t n, char *why,
                     size_t whylen) {
   struct chunk_io c[POOL_BATCH_IOS];
   size_t k = 0, staged = 0;
@@ -643,31 +643,37 @@ static int batch_on(struct pool *p, bool write, const struct pool_io *io, size_t
       size_t len = io[i].len - done;
       if (len > b->piece_bytes - in)
         len = (size_t)(b->piece_bytes - in);
-      const bool zeros = write && io[i].buf == NULL;
+      const bool zeros = io[i].buf == NULL;
       if (!zeros && len > p->ops->batch_bytes - staged)
         len = p->ops->batch_bytes - staged;
       if (len > 0)
         c[k++] = (struct chunk_io){.m = &io[i].b->piece[off / b->piece_bytes], .off = in,
-                                   .buf = zeros ? NULL : (uint8_t *)io[i].buf + done, .len = len};
+                                   .buf = zeros ? NULL : (uint8_t *)io[i].buf + done, .len = len,
+                                   .read = io[i].read};
       staged += zeros ? 0 : len;
       done += len;
       if (k == POOL_BATCH_IOS || (!zeros && staged == p->ops->batch_bytes)) {
-        int rc = p->ops->chunk_batch(&p->dev, write, c, k, why, whylen);
+        int rc = p->ops->chunk_batch(&p->dev, c, k, why, whylen);
         if (rc != 0)
           return rc;
         k = staged = 0;
       }
     }
   }
-  return k > 0 ? p->ops->chunk_batch(&p->dev, write, c, k, why, whylen) : 0;
+  return k > 0 ? p->ops->chunk_batch(&p->dev, c, k, why, whylen) : 0;
 }
 
-int pool_batch(bool write, const struct pool_io *io, size_t n, char *why, size_t whylen) {
+int pool_batch(const struct pool_io *io, size_t n, char *why, size_t whylen) {
   for (size_t i = 0; i < n; i++) {
+    if (io[i].read && io[i].buf == NULL) {
+      snprintf(why, whylen, "a read of %zu bytes at %llu has nowhere to go", io[i].len,
+               (unsigned long long)io[i].off);
+      return DEP_ERR_INVALID;
+    }
     if (io[i].off > pool_block_bytes(io[i].b) ||
         io[i].len > pool_block_bytes(io[i].b) - io[i].off) {
       snprintf(why, whylen, "%s of %zu bytes at %llu passes the end of a block of %llu bytes",
-               write ? "a write" : "a read", io[i].len, (unsigned long long)io[i].off,
+               io[i].read ? "a read" : "a write", io[i].len, (unsigned long long)io[i].off,
                (unsigned long long)pool_block_bytes(io[i].b));
       return DEP_ERR_INVALID;
     }
@@ -677,7 +683,7 @@ int pool_batch(bool write, const struct pool_io *io, size_t n, char *why, size_t
     bool seen = false;
     for (size_t h = 0; h < i && !seen; h++)
       seen = io[h].b->pool == io[i].b->pool;
-    int rc = seen ? 0 : batch_on(io[i].b->pool, write, io, n, why, whylen);
+    int rc = seen ? 0 : batch_on(io[i].b->pool, io, n, why, whylen);
     if (rc != 0)
       return rc;
   }
@@ -687,13 +693,13 @@ int pool_batch(bool write, const struct pool_io *io, size_t n, char *why, size_t
 int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
                      size_t whylen) {
   const struct pool_io io = {.b = b, .off = off, .buf = (void *)src, .len = len};
-  return pool_batch(true, &io, 1, why, whylen);
+  return pool_batch(&io, 1, why, whylen);
 }
 
 int pool_block_read(struct pool_block *b, uint64_t off, void *dst, size_t len, char *why,
                     size_t whylen) {
-  const struct pool_io io = {.b = b, .off = off, .buf = dst, .len = len};
-  return pool_batch(false, &io, 1, why, whylen);
+  const struct pool_io io = {.b = b, .off = off, .buf = dst, .len = len, .read = true};
+  return pool_batch(&io, 1, why, whylen);
 }
 
 void pool_block_put(struct pool_block *b, bool cache) {

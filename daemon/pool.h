@@ -217,28 +217,30 @@ void pool_block_put(struct pool_block *b, bool cache);
  * it (live ranks may still compute on it; it goes with the last of them). */
 void pool_block_abandon(struct pool_block *b);
 
-/* One copy of a batch (pool_batch): len bytes at off of block b, from or into buf. */
+/* One copy of a batch (pool_batch): len bytes at off of block b, from buf or, read, into it. */
 struct pool_io {
   struct pool_block *b;
   uint64_t off;
   void *buf;                   /* a write's bytes (NULL: zeros), or where a read's go */
   size_t len;
+  bool read;
 };
 
 /*
- * Copy between the daemon and lent blocks (across their pieces): with
- * write, each io[i].buf's len bytes (zeros where buf is NULL) go to off of
- * io[i].b, landing in list order for any reader on the block's device, all
- * visible once this returns; without, the bytes at off go into buf.  The
+ * Copy between the daemon and lent blocks (across their pieces), in list
+ * order: a write puts io[i].buf's len bytes (zeros where buf is NULL) at
+ * off of io[i].b, landing in list order for any reader on the block's
+ * device, all visible once this returns; a read puts the bytes at off into
+ * buf, after the writes listed before it on that device have landed.  The
  * blocks may be on several devices: each device's copies are one backend
  * batch (one wait for the GPU on cuda, backend.h chunk_batch), device after
  * device; a batch larger than the backend's staging goes in pieces, in
  * order.  0, or DEP_ERR_* with why: DEP_ERR_INVALID (nothing copied) when a
- * copy passes the end of its block, else the backend's (copies before the
- * failed one may have landed).  Safe from any thread while the blocks are
- * lent (lend.c writes the abort words with it).
+ * copy passes the end of its block or a read has no buf, else the
+ * backend's (copies before the failed one may have landed).  Safe from any
+ * thread while the blocks are lent (lend.c writes the abort words with it).
  */
-int pool_batch(bool write, const struct pool_io *io, size_t n, char *why, size_t whylen);
+int pool_batch(const struct pool_io *io, size_t n, char *why, size_t whylen);
 /* pool_batch of one write: len bytes of src at off of the block. */
 int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
                      size_t whylen);

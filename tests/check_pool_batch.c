@@ -29,8 +29,8 @@ static unsigned n_recs, calls;
 static size_t most_staged; /* the most bytes one batch copied through buf */
 static unsigned fail_call;  /* > 0: the batch with this number fails */
 
-static int rec_batch(struct backend_dev *d, bool write, const struct chunk_io *io, size_t n,
-                     char *why, size_t whylen) {
+static int rec_batch(struct backend_dev *d, const struct chunk_io *io, size_t n, char *why,
+                     size_t whylen) {
   calls++;
   if (calls == fail_call) {
     snprintf(why, whylen, "copy failed on purpose");
@@ -39,11 +39,12 @@ static int rec_batch(struct backend_dev *d, bool write, const struct chunk_io *i
   size_t staged = 0;
   for (size_t i = 0; i < n; i++) {
     ck_assert_uint_lt(n_recs, sizeof recs / sizeof recs[0]);
-    recs[n_recs++] = (struct rec){io[i].m, io[i].off, io[i].len, write, io[i].buf == NULL, calls};
+    recs[n_recs++] =
+        (struct rec){io[i].m, io[i].off, io[i].len, !io[i].read, io[i].buf == NULL, calls};
     staged += io[i].buf != NULL ? io[i].len : 0;
   }
   most_staged = staged > most_staged ? staged : most_staged;
-  return backend_host_ops.chunk_batch(d, write, io, n, why, whylen);
+  return backend_host_ops.chunk_batch(d, io, n, why, whylen);
 }
 
 static struct backend_ops ops;
@@ -104,13 +105,13 @@ START_TEST(every_word_lands_in_the_order_listed_in_one_batch) {
     across[i] = (uint8_t)(i + 1);
   uint64_t first = 0x1111, second = 0x2222;
   const struct pool_io io[] = {
-      {b, 16 * KIB - 8, across, sizeof across},
-      {b, 20 * KIB, NULL, 100},
-      {b, 40 * KIB, &first, sizeof first},
-      {b, 40 * KIB, &second, sizeof second},
+      {b, 16 * KIB - 8, across, sizeof across, false},
+      {b, 20 * KIB, NULL, 100, false},
+      {b, 40 * KIB, &first, sizeof first, false},
+      {b, 40 * KIB, &second, sizeof second, false},
   };
   char why[256] = "";
-  ck_assert_int_eq(pool_batch(true, io, 4, why, sizeof why), 0);
+  ck_assert_int_eq(pool_batch(io, 4, why, sizeof why), 0);
   ck_assert_uint_eq(calls, 1);
   ck_assert_uint_eq(n_recs, 5);
   expect_rec(0, b, 0, 16 * KIB - 8, 8, false, 1);
@@ -142,12 +143,12 @@ START_TEST(a_read_batch_returns_what_was_written) {
   for (unsigned k = 0; k < 3; k++) {
     for (unsigned i = 0; i < sizeof in[k]; i++)
       in[k][i] = (uint8_t)(i * 7 + k * 31 + 1);
-    w[k] = (struct pool_io){b, off[k], in[k], sizeof in[k]};
-    r[k] = (struct pool_io){b, off[k], out[k], sizeof out[k]};
+    w[k] = (struct pool_io){b, off[k], in[k], sizeof in[k], false};
+    r[k] = (struct pool_io){b, off[k], out[k], sizeof out[k], true};
   }
   char why[256] = "";
-  ck_assert_int_eq(pool_batch(true, w, 3, why, sizeof why), 0);
-  ck_assert_int_eq(pool_batch(false, r, 3, why, sizeof why), 0);
+  ck_assert_int_eq(pool_batch(w, 3, why, sizeof why), 0);
+  ck_assert_int_eq(pool_batch(r, 3, why, sizeof why), 0);
   ck_assert_uint_eq(calls, 2);
   for (unsigned k = 0; k < 3; k++)
     ck_assert_msg(memcmp(in[k], out[k], sizeof in[k]) == 0, "read %u differs", k);
@@ -173,9 +174,11 @@ START_TEST(a_batch_larger_than_the_staging_goes_in_pieces) {
   memset(a, 0xaa, sizeof a);
   memset(c, 0xcc, sizeof c);
   memset(at(b, 1000), 0xff, 5000);
-  const struct pool_io io[] = {{b, 0, a, sizeof a}, {b, 1000, NULL, 5000}, {b, 8, c, sizeof c}};
+  const struct pool_io io[] = {{b, 0, a, sizeof a, false},
+                               {b, 1000, NULL, 5000, false},
+                               {b, 8, c, sizeof c, false}};
   char why[256] = "";
-  ck_assert_int_eq(pool_batch(true, io, 3, why, sizeof why), 0);
+  ck_assert_int_eq(pool_batch(io, 3, why, sizeof why), 0);
   ck_assert_uint_le(most_staged, 40);
   ck_assert_uint_eq(calls, 4); /* 130 bytes staged, 40 a batch */
   for (unsigned i = 0; i < 100; i++)
@@ -184,8 +187,8 @@ START_TEST(a_batch_larger_than_the_staging_goes_in_pieces) {
     ck_assert_uint_eq(*at(b, 1000 + i), 0);
   /* A read of more than the staging, in pieces too. */
   calls = 0;
-  const struct pool_io r = {b, 0, back, sizeof back};
-  ck_assert_int_eq(pool_batch(false, &r, 1, why, sizeof why), 0);
+  const struct pool_io r = {b, 0, back, sizeof back, true};
+  ck_assert_int_eq(pool_batch(&r, 1, why, sizeof why), 0);
   ck_assert_uint_eq(calls, 4);
   ck_assert_mem_eq(back, at(b, 0), sizeof back);
   /* 70 copies of one byte each: more than a backend batch is handed at once. */
@@ -195,9 +198,9 @@ START_TEST(a_batch_larger_than_the_staging_goes_in_pieces) {
   uint8_t bytes[70];
   for (unsigned i = 0; i < 70; i++) {
     bytes[i] = (uint8_t)(i + 1);
-    many[i] = (struct pool_io){b, 2000 + 2 * i, &bytes[i], 1};
+    many[i] = (struct pool_io){b, 2000 + 2 * i, &bytes[i], 1, false};
   }
-  ck_assert_int_eq(pool_batch(true, many, 70, why, sizeof why), 0);
+  ck_assert_int_eq(pool_batch(many, 70, why, sizeof why), 0);
   ck_assert_uint_eq(calls, 2);
   for (unsigned i = 0; i < 70; i++)
     ck_assert_uint_eq(*at(b, 2000 + 2 * i), i + 1);
@@ -217,10 +220,10 @@ START_TEST(a_failing_copy_fails_the_whole_batch) {
   struct pool_block *b = block4(&p);
   uint8_t a[100];
   memset(a, 0xaa, sizeof a);
-  const struct pool_io io = {b, 0, a, sizeof a};
+  const struct pool_io io = {b, 0, a, sizeof a, false};
   char why[256] = "";
   fail_call = 2;
-  ck_assert_int_eq(pool_batch(true, &io, 1, why, sizeof why), DEP_ERR_CUDA);
+  ck_assert_int_eq(pool_batch(&io, 1, why, sizeof why), DEP_ERR_CUDA);
   ck_assert_str_eq(why, "copy failed on purpose");
   ck_assert_uint_eq(calls, 2); /* the third piece was never sent */
   ck_assert_uint_eq(*at(b, 39), 0xaa);
@@ -229,13 +232,50 @@ START_TEST(a_failing_copy_fails_the_whole_batch) {
   calls = 0;
   fail_call = 0;
   memset(at(b, 0), 0, 100);
-  const struct pool_io past[] = {{b, 0, a, 8}, {b, 64 * KIB - 4, a, 8}};
-  ck_assert_int_eq(pool_batch(true, past, 2, why, sizeof why), DEP_ERR_INVALID);
+  const struct pool_io past[] = {{b, 0, a, 8, false}, {b, 64 * KIB - 4, a, 8, false}};
+  ck_assert_int_eq(pool_batch(past, 2, why, sizeof why), DEP_ERR_INVALID);
   ck_assert_msg(strstr(why, "passes the end of a block of 65536 bytes") != NULL, "%s", why);
   ck_assert_uint_eq(calls, 0);
   ck_assert_uint_eq(*at(b, 0), 0);
-  const struct pool_io huge = {b, 64 * KIB + 1, a, 0};
-  ck_assert_int_eq(pool_batch(false, &huge, 1, why, sizeof why), DEP_ERR_INVALID);
+  const struct pool_io huge = {b, 64 * KIB + 1, a, 0, true};
+  ck_assert_int_eq(pool_batch(&huge, 1, why, sizeof why), DEP_ERR_INVALID);
+  /* A read with nowhere to go. */
+  const struct pool_io nowhere = {b, 0, NULL, 8, true};
+  ck_assert_int_eq(pool_batch(&nowhere, 1, why, sizeof why), DEP_ERR_INVALID);
+  ck_assert_msg(strstr(why, "has nowhere to go") != NULL, "%s", why);
+  ck_assert_uint_eq(calls, 0);
+  pool_block_put(b, false);
+  pool_fini(&p);
+}
+END_TEST
+
+/*
+ * Reads and writes in one batch, as a daemon writes an epoch and then reads
+ * the call counters: each read sees the writes listed before it and none
+ * after, and the whole is one backend batch (one wait for the GPU on cuda).
+ */
+START_TEST(a_read_in_a_batch_sees_the_writes_listed_before_it) {
+  struct pool p;
+  pool_open(&p, 4096);
+  struct pool_block *b = block4(&p);
+  uint64_t old = 7, mid = 8, last = 0x900000009ull, seen[3] = {0, 0, 0};
+  memcpy(at(b, 16 * KIB + 64), &old, sizeof old);
+  const struct pool_io io[] = {
+      {b, 16 * KIB + 64, &seen[0], 8, true},
+      {b, 16 * KIB + 64, &mid, 8, false},
+      {b, 16 * KIB + 64, &seen[1], 8, true},
+      {b, 16 * KIB + 64, &last, 8, false},
+      {b, 16 * KIB + 64, NULL, 4, false},
+      {b, 16 * KIB + 64, &seen[2], 8, true},
+  };
+  char why[256] = "";
+  ck_assert_int_eq(pool_batch(io, 6, why, sizeof why), 0);
+  ck_assert_uint_eq(calls, 1);
+  ck_assert_uint_eq(seen[0], old);
+  ck_assert_uint_eq(seen[1], mid);
+  ck_assert_uint_eq(seen[2], last & ~0xffffffffull); /* its low half zeroed after it */
+  for (unsigned i = 0; i < 6; i++)
+    ck_assert_uint_eq(recs[i].write, !io[i].read);
   pool_block_put(b, false);
   pool_fini(&p);
 }
@@ -251,9 +291,9 @@ START_TEST(each_devices_copies_are_one_batch) {
   ck_assert_int_eq(pool_init(&q, &ops, &dev, 8 * MIB, 2 * MIB, false, why, sizeof why), 0);
   struct pool_block *a = block4(&p), *b = block4(&q);
   uint64_t w[4] = {1, 2, 3, 4};
-  const struct pool_io io[] = {{a, 8, &w[0], 8}, {b, 16, &w[1], 8}, {a, 24, &w[2], 8},
-                               {b, 32, &w[3], 8}};
-  ck_assert_int_eq(pool_batch(true, io, 4, why, sizeof why), 0);
+  const struct pool_io io[] = {{a, 8, &w[0], 8, false}, {b, 16, &w[1], 8, false},
+                               {a, 24, &w[2], 8, false}, {b, 32, &w[3], 8, false}};
+  ck_assert_int_eq(pool_batch(io, 4, why, sizeof why), 0);
   ck_assert_uint_eq(calls, 2);
   expect_rec(0, a, 0, 8, 8, false, 1);
   expect_rec(1, a, 0, 24, 8, false, 1);
@@ -274,6 +314,7 @@ Suite *pool_batch_suite(void) {
   TCase *tc = tcase_create("batches");
   tcase_add_test(tc, every_word_lands_in_the_order_listed_in_one_batch);
   tcase_add_test(tc, a_read_batch_returns_what_was_written);
+  tcase_add_test(tc, a_read_in_a_batch_sees_the_writes_listed_before_it);
   tcase_add_test(tc, a_batch_larger_than_the_staging_goes_in_pieces);
   tcase_add_test(tc, a_failing_copy_fails_the_whole_batch);
   tcase_add_test(tc, each_devices_copies_are_one_batch);
