@@ -228,7 +228,7 @@ static void *w_shared_for_dying;
 /*
  * The whole path on device memory: rank 1's process ends (no detach) while
  * rank 0's kernel waits for it; the daemon sees the socket close and writes
- * the abort words into rank 0's device slab (its cuda chunk_write), and
+ * the abort words into rank 0's device slab (a cuda chunk_batch), and
  * the call fails with DEP_ERR_PEER naming rank 1, long before the 10 s op
  * timeout.  The time from rank 1's exit to rank 0's error is printed.
  */
