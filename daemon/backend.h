@@ -70,16 +70,16 @@ struct backend_ops {
    * (the mask words before the epoch: slab.h); a read puts the len bytes at
    * off into buf, as the processes that map the chunk last wrote them (an
    * elastic job's call counters: job_elastic.c), after every write listed
-   * before it has landed.  The bytes copied through
-   * buf (not zeros) may total at most batch_bytes (below); the pool cuts a
-   * larger batch into pieces.  0, or DEP_ERR_* with why when a copy could not
-   * be made: the batch failed (copies before it may have landed).  cuda waits for the GPU once per batch, not per
-   * copy: a wait is a time slice the ranks' kernels may hold for
-   * milliseconds (BENCHMARKS.md, elastic jobs on the cuda backend).
+   * before it has landed.  The bytes copied through buf (not zeros) total
+   * at most batch_bytes; the pool cuts a larger batch into pieces.  0, or
+   * DEP_ERR_* with why when a copy could not be made: the batch failed
+   * (copies before it may have landed).  cuda waits for the GPU once a
+   * batch, not once a copy: the daemon's context is outside MPS, so a wait
+   * may last a time slice of the ranks' kernels.
    */
   int (*chunk_batch)(struct backend_dev *d, const struct chunk_io *io, size_t n, char *why,
                      size_t whylen);
-  /* The most bytes one chunk_batch copies through buf (cuda: its pinned staging buffer). */
+  /* The most bytes one chunk_batch copies through buf (> 0; cuda: its pinned staging buffer). */
   size_t batch_bytes;
   void (*release_dev)(struct backend_dev *d);
 };
