@@ -251,7 +251,7 @@ void elastic_leave(struct job *j, const struct job_rank *r, uint32_t how) {
   const double wrote = elastic_write(j);
   elastic_tell(j, r->rank, gen, how, 0);
   log_notice("job %s: rank %u (pid %d) %s; it is masked (epoch %llu, %u of %u ranks masked; "
-             "write %.1f ms) and the job goes on; its memory is kept for a process that attaches "
+             "write %.2f ms) and the job goes on; its memory is kept for a process that attaches "
              "as rank %u", j->id, r->rank, (int)r->pid, proto_job_event_name(how),
              (unsigned long long)e->epoch, e->masked, j->world_size, wrote, r->rank);
 }
@@ -270,7 +270,7 @@ void elastic_node_lost(struct job *j, int k, const struct dep_peer_membership *x
   if (n > 0) {
     const double wrote = elastic_write(j);
     log_notice("job %s: the %u rank(s) of a node that is gone are masked (epoch %llu, %u of %u "
-               "ranks masked; write %.1f ms); the job goes on", j->id, n,
+               "ranks masked; write %.2f ms); the job goes on", j->id, n,
                (unsigned long long)j->elastic->epoch, j->elastic->masked, j->world_size, wrote);
   }
   /* A rejoin waiting for that node's answer needs none now: its ranks are masked, so
@@ -337,7 +337,7 @@ void elastic_on_mask(struct job *j, int k, const struct dep_peer_membership *x,
   /* Answered before the line is logged: the holder's process waits for it. */
   const double took = back ? elastic_answer(j, k, m) : elastic_write(j);
   log_notice("job %s: node %s says rank %u %s%s; epoch %llu here (%llu there), %u of %u ranks "
-             "masked (write%s %.1f ms)", j->id, peer_name(k), m->rank,
+             "masked (write%s %.2f ms)", j->id, peer_name(k), m->rank,
              proto_job_event_name(m->why), back ? " (from its join call on)" : "",
              (unsigned long long)e->epoch, (unsigned long long)m->epoch, e->masked,
              j->world_size, back ? " and read" : "", took);
@@ -538,7 +538,7 @@ static void elastic_log_back(const struct job *j, int pid, uint32_t rank, uint64
 
 /* A rejoin's phases on this node, in milliseconds, for its log line or refusal. */
 static void elastic_took(char *out, size_t len, uint64_t scrub_ns, double before, double after) {
-  snprintf(out, len, "scrub %.1f ms, read %.1f ms, write and read again %.1f ms",
+  snprintf(out, len, "scrub %.2f ms, read %.2f ms, write and read again %.2f ms",
            (double)scrub_ns / 1e6, before, after);
 }
 
@@ -558,7 +558,7 @@ static void elastic_join_end(struct job *j, int code, const char *why) {
   uv_timer_stop(&j->timer);
   if (code == 0) {
     char took[sizeof p.took + 32];
-    snprintf(took, sizeof took, "%s, peers %.1f ms", p.took, ms_since(p.done_ns));
+    snprintf(took, sizeof took, "%s, peers %.2f ms", p.took, ms_since(p.done_ns));
     elastic_log_back(j, p.pid, p.rank, p.at, p.before, took);
   }
   job_rejoined(j, p.local_rank, code, why);
@@ -597,7 +597,7 @@ void elastic_on_joined(struct job *j, int k, const struct dep_peer_job_joined *m
     elastic_widen(j->elastic);
     snprintf(why, sizeof why, "the job's calls on node %s reached call %llu while rank %u was "
              "brought back from call %llu; attach again (the next attempt joins %u calls "
-             "ahead; this one: %s, peers %.1f ms)", peer_name(k), (unsigned long long)m->posted,
+             "ahead; this one: %s, peers %.2f ms)", peer_name(k), (unsigned long long)m->posted,
              p->rank, (unsigned long long)p->at, j->elastic->ahead, p->took,
              ms_since(p->done_ns));
     elastic_join_end(j, DEP_ERR_STATE, why);
