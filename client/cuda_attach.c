@@ -112,6 +112,12 @@ static int warmup(dep_client_t *c) {
     rc = cuda_ops_layout(c, &la, s);
   if (rc == 0)
     rc = cuda_ops_dispatch(c, &da, h, s);
+  /* A job with node channels dispatches with a kernel of its own (kabi.h): warmed too, in
+   * the world of one, where no rank takes a node channel (its fan table is zeros). */
+  st->job.n_nodes = job.n_nodes;
+  if (rc == 0 && job.n_nodes != 0)
+    rc = cuda_ops_dispatch(c, &da, h, s);
+  st->job.n_nodes = 0;
   if (rc == 0)
     rc = cuda_ops_combine(c, &ca, h, s);
   /* Low-latency ops refuse jobs above CUOPS_LL_MAX_EXPERTS: nothing to warm there. */

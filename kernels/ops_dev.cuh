@@ -31,6 +31,7 @@ TIMED_KERNEL dispatch(const cuops_job J, const cuops_dispatch_args a);
 TIMED_KERNEL combine(const cuops_job J, const cuops_combine_args a);
 TIMED_KERNEL dispatch_stream(const cuops_job J, const cuops_dispatch_args a);
 TIMED_KERNEL combine_stream(const cuops_job J, const cuops_combine_args a);
+TIMED_KERNEL dispatch_node(const cuops_job J, const cuops_dispatch_args a);
 namespace ll {
 TIMED_KERNEL dispatch(const cuops_job J, const cuops_ll_dispatch_args a);
 TIMED_KERNEL combine(const cuops_job J, const cuops_ll_combine_args a);

@@ -4,7 +4,10 @@
  * is host_ops_stream.c send_node): a token goes over the network once to
  * each node the ring's fan table gives a node channel, whatever number of
  * that node's ranks it is for.  Part of the one translation unit
- * kernels/ops.cu, included by ops_tp.cuh (whose dispatch_unit calls it).
+ * kernels/ops.cu, included by ops_tp.cuh, whose dispatch_unit calls it in
+ * a kernel of its own, deepepd::dispatch_node (dispatch_stream's with node
+ * channels, kabi.h CUOPS_KERNELS), so that the other kernels' registers
+ * are what they were.
  *
  * The node channel's rows are the tokens that go to any of the node's
  * ranks the call sends to (masked ones left out), in token order, each with

@@ -270,7 +270,7 @@ __device__ __forceinline__ uint32_t dispatch_count(const cuops_job &J,
  * more goes to it).  recount: the counts of step 1 were met, but this
  * warp's bits are of a later unit of its CTA (dispatch_count again).
  */
-template <bool RING>
+template <bool RING, bool NODES>
 __device__ __forceinline__ bool dispatch_unit(const cuops_job &J, const cuops_dispatch_args &a,
                                               const call &k, uint32_t u, uint32_t *go_bits,
                                               bool recount) {
@@ -282,7 +282,7 @@ __device__ __forceinline__ bool dispatch_unit(const cuops_job &J, const cuops_di
   const uint32_t t0 = min(g * gs, a.num_tokens), t1 = min(t0 + gs, a.num_tokens);
   const uint32_t *cnt = J.tcnt + (uint64_t)d * ng; /* unit u's warps' counts from cnt + part * NW */
   uint32_t before = 0, all = 0; /* the rows before the group's, and to d in all */
-  const uint64_t fw = RING ? fan_of(J, d) : 0; /* d's rows go through its node's channel */
+  const uint64_t fw = NODES ? fan_of(J, d) : 0; /* d's rows go through its node's channel */
   __syncwarp(); /* every lane done with the bits of the unit before */
   if (a.cached) {
     /* 1'. the handle says which tokens go to d and where the group's rows start */
@@ -358,7 +358,7 @@ __device__ __forceinline__ bool dispatch_unit(const cuops_job &J, const cuops_di
  * of a unit each did; the others only meet the grid with them, and return
  * true.
  */
-template <bool RING>
+template <bool RING, bool NODES = false>
 __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_dispatch_args &a,
                                               const call &k) {
   constexpr uint32_t NW = RING ? STREAM_SEND_WARPS : CUOPS_WARPS; /* sender warps a CTA */
@@ -370,7 +370,7 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
   __shared__ uint32_t s_go[DEP_SHAPE_MAX_TOKENS / 32];
   uint32_t *go_bits = s_go + (sends ? warp : 0) * (DEP_SHAPE_MAX_TOKENS / NW / 32);
   const bool several = blockIdx.x + gridDim.x < units(J); /* this CTA sends more than one unit */
-  const bool nodes = RING && J.n_nodes != 0; /* node channels (ops_node.cuh) */
+  const bool nodes = NODES && J.n_nodes != 0; /* node channels (ops_node.cuh) */
   if (a.cached && !nodes && !sends)
     return true;
   if (!a.cached || nodes) {
@@ -395,7 +395,7 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
       return true;
   }
   for (uint32_t u = blockIdx.x; u < units(J); u += gridDim.x)
-    if (!dispatch_unit<RING>(J, a, k, u, go_bits, several) && !RING)
+    if (!dispatch_unit<RING, NODES>(J, a, k, u, go_bits, several) && !RING)
       return false;
   return true;
 }
@@ -574,6 +574,16 @@ TIMED_KERNEL deepepd::dispatch_stream(const cuops_job J, const cuops_dispatch_ar
   call k = call_begin(J);
   if (!k.skip && dispatch_send<true>(J, a, k) &&
       threadIdx.x >= STREAM_RECV_BASE)
+    dispatch_recv<true>(J, a, k);
+  call_end(J, k, DEP_STATS_OP_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, a.fp8 != 0));
+}
+
+/* A job that streams and has node channels (ops_node.cuh): the same, the lead of each
+ * node's units sending its node channel.  A kernel of its own, so that dispatch_stream's
+ * registers are what they were (kabi.h CUOPS_KERNELS). */
+TIMED_KERNEL deepepd::dispatch_node(const cuops_job J, const cuops_dispatch_args a) {
+  call k = call_begin(J);
+  if (!k.skip && dispatch_send<true, true>(J, a, k) && threadIdx.x >= STREAM_RECV_BASE)
     dispatch_recv<true>(J, a, k);
   call_end(J, k, DEP_STATS_OP_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, a.fp8 != 0));
 }

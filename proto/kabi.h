@@ -595,8 +595,10 @@ struct cuops_ll_info_args {
  * ones by their mangled C++ names (deepepd::dispatch, deepepd::combine,
  * deepepd::ll::dispatch, deepepd::ll::combine, and the streamed
  * deepepd::dispatch_stream and deepepd::combine_stream that a job with
- * channels launches instead of the first two: kernels/ops_dev.cuh says
- * why), the rest by their C names. */
+ * channels launches instead of the first two, deepepd::dispatch_node for
+ * dispatch_stream where it has node channels (cuops_job.n_nodes: its own
+ * kernel, so that the node channels' code costs the other kernels no
+ * registers): kernels/ops_dev.cuh says why), the rest by their C names. */
 #define CUOPS_KERNELS(XX)                                                   \
   XX(LAYOUT, "dep__k_layout")                                                \
   XX(DISPATCH, "_ZN7deepepd8dispatchE9cuops_job19cuops_dispatch_args")       \
@@ -608,6 +610,7 @@ struct cuops_ll_info_args {
   XX(TOUCH, "dep__k_touch")                 \
   XX(LL_INFO, "dep__k_ll_info")              \
   XX(DISPATCH_STREAM, "_ZN7deepepd15dispatch_streamE9cuops_job19cuops_dispatch_args") \
-  XX(COMBINE_STREAM, "_ZN7deepepd14combine_streamE9cuops_job18cuops_combine_args")
+  XX(COMBINE_STREAM, "_ZN7deepepd14combine_streamE9cuops_job18cuops_combine_args") \
+  XX(DISPATCH_NODE, "_ZN7deepepd13dispatch_nodeE9cuops_job19cuops_dispatch_args")
 
 #endif /* DEP_KABI_H */
