@@ -45,6 +45,11 @@ static void world_bind(struct cuops_job *j, CUdeviceptr base, uint32_t W) {
   j->chan_sent = (unsigned long long *)(uintptr_t)(base + at[4]);
   j->own_mask = (unsigned long long *)(uintptr_t)(base + at[5]);
   j->pend_mask = (unsigned long long *)(uintptr_t)(base + at[6]);
+  j->fan = (unsigned long long *)(uintptr_t)(base + at[9]);
+  j->fan_rank = (uint32_t *)(uintptr_t)(base + at[10]);
+  j->node_acc = (uint32_t *)(uintptr_t)(base + at[11]);
+  j->node_push = (unsigned long long *)(uintptr_t)(base + at[12]);
+  j->n_nodes = 0;
 }
 
 static double mono_ms(void) {
@@ -107,6 +112,12 @@ static int warmup(dep_client_t *c) {
     rc = cuda_ops_layout(c, &la, s);
   if (rc == 0)
     rc = cuda_ops_dispatch(c, &da, h, s);
+  /* A job with node channels dispatches with a kernel of its own (kabi.h): warmed too, in
+   * the world of one, where no rank takes a node channel (its fan table is zeros). */
+  st->job.n_nodes = job.n_nodes;
+  if (rc == 0 && job.n_nodes != 0)
+    rc = cuda_ops_dispatch(c, &da, h, s);
+  st->job.n_nodes = 0;
   if (rc == 0)
     rc = cuda_ops_combine(c, &ca, h, s);
   /* Low-latency ops refuse jobs above CUOPS_LL_MAX_EXPERTS: nothing to warm there. */
@@ -548,6 +559,63 @@ static int rank_tables(dep_client_t *c, CUdeviceptr base) {
   return 0;
 }
 
+/*
+ * A streamed dispatch's node channels (kabi.h cuops_job.fan): the nodes the
+ * ring's fan table names, as the host operations read and checked it at
+ * attach (host_ops.c init_fan: c->ops's nodes), into the world arrays, copied
+ * on the stream after the private area's zeroing.  A job of whole blocks
+ * keeps a channel per rank (its kernels have no node channel), and so do
+ * the ranks of a node whose ranks are not consecutive: the kernels' waits
+ * end only where every rank of a node claims the other nodes' sources in
+ * one order (kernels/ops_node.cuh "Deadlock").  A node of more ranks than a
+ * daemon holds is refused: the kernels' per-node state is sized by
+ * DEP_MAX_LOCAL_RANKS.
+ */
+static int fan_tables(dep_client_t *c) {
+  struct cuops_state *st = &c->cuops;
+  struct cuops_job *j = &st->job;
+  const struct ops_ctx *o = &c->ops;
+  if (o->n_nodes == 0 || o->lay.chan_rows >= o->lay.max_tokens)
+    return 0;
+  for (uint32_t n = 0; n < o->n_nodes; n++)
+    if (o->node[n].n > DEP_MAX_LOCAL_RANKS)
+      return client_seterr(c, DEP_ERR_INVALID, "dep_attach: the proxy's ring makes a node of "
+                           "%u ranks of rank %u's, more than a daemon holds (%u); is the daemon "
+                           "of another build? restart the job with matching deepepd builds",
+                           o->node[n].n, o->node[n].lead, DEP_MAX_LOCAL_RANKS);
+  uint64_t *fan = calloc(o->world, sizeof *fan);
+  uint32_t *rank = calloc(o->world, sizeof *rank);
+  const struct cudadrv *cu = drv();
+  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (fan != NULL && rank != NULL) {
+    for (uint32_t n = 0; n < o->n_nodes; n++) {
+      const struct ops_node *nd = &o->node[n];
+      if (o->node_ranks[nd->first + nd->n - 1] - o->node_ranks[nd->first] != nd->n - 1)
+        continue; /* ascending: consecutive when the last is n - 1 past the first */
+      j->n_nodes++;
+      for (uint32_t i = 0; i < nd->n; i++) {
+        const uint32_t d = o->node_ranks[nd->first + i];
+        rank[nd->first + i] = d;
+        fan[d] = CUOPS_FAN(nd->lead, i, nd->n, nd->first);
+      }
+    }
+    r = cu->cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)j->fan, fan, o->world * sizeof *fan,
+                              st->stream);
+    if (r == CUDA_SUCCESS)
+      r = cu->cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)j->fan_rank, rank,
+                                o->world * sizeof *rank, st->stream);
+    const CUresult rs = cu->cuStreamSynchronize(st->stream);
+    r = r == CUDA_SUCCESS ? rs : r;
+  }
+  free(fan);
+  free(rank);
+  if (r != CUDA_SUCCESS) {
+    j->n_nodes = 0;
+    return cu_fail(c, "dep_attach", "copying the node channels' table to the GPU", r);
+  }
+  return 0;
+}
+
 /* A rank that came back to an elastic job starts at its join call (slab.h): the counter the
  * kernels count calls by, set on the stream after the private area's zeroing (and the host's
  * count beside it). */
@@ -643,6 +711,8 @@ int cuda_ops_attach(dep_client_t *c) {
                          "pinned record's room for %u; this is a bug, please report it",
                          o->world, st->host_from_cap);
   world_bind(j, st->world_arrays, o->world);
+  if ((rc = fan_tables(c)) != 0)
+    return rc;
   j->recv_from = (uint32_t *)(uintptr_t)(st->host_dev + HOST_FROM_OFF);
   j->timeout_ns = (uint64_t)o->timeout_ms * 1000000ull;
   j->host = (struct cuops_host *)(uintptr_t)st->host_dev;

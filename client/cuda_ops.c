@@ -260,7 +260,8 @@ static int cuops_begin(dep_client_t *c, const char *op, CUstream s) {
  * with call_end (ops_dev.cuh), which advances the device's count of calls by one. */
 static bool cuops_communicates(enum cuops_kernel k) {
   return k == CUOPS_K_DISPATCH || k == CUOPS_K_COMBINE || k == CUOPS_K_LL_DISPATCH ||
-         k == CUOPS_K_LL_COMBINE || k == CUOPS_K_DISPATCH_STREAM || k == CUOPS_K_COMBINE_STREAM;
+         k == CUOPS_K_LL_COMBINE || k == CUOPS_K_DISPATCH_STREAM || k == CUOPS_K_COMBINE_STREAM ||
+         k == CUOPS_K_DISPATCH_NODE;
 }
 
 /* The throughput kernel of a job: the streamed one where the layout makes channels (slab.h). */
@@ -306,6 +307,7 @@ unsigned dep__shmem_of(enum cuops_kernel k, uint32_t world, uint32_t num_experts
   case CUOPS_K_LL_COMBINE:
   case CUOPS_K_DISPATCH_STREAM:
   case CUOPS_K_COMBINE_STREAM:
+  case CUOPS_K_DISPATCH_NODE:
   case CUOPS_K_LL_INFO:
     return dep__kernel_shmem(world, num_experts, false);
   default:
@@ -438,8 +440,11 @@ int cuda_ops_dispatch(dep_client_t *c, const struct dep_dispatch_args *a, struct
       (r = drv()->cuMemsetD32Async((CUdeviceptr)(uintptr_t)a->recv_count_per_expert, 0, le,
                                    s)) != CUDA_SUCCESS)
     return cu_fail(c, op, "cuMemsetD32Async", r);
-  if ((rc = cuops_launch(c, tp_kernel(c, CUOPS_K_DISPATCH, CUOPS_K_DISPATCH_STREAM), comm_grid(c),
-                         &k, s, op)) != 0)
+  /* A job with node channels: its own kernel of the streamed dispatch (kabi.h). */
+  const enum cuops_kernel streamed =
+      c->cuops.job.n_nodes != 0 ? CUOPS_K_DISPATCH_NODE : CUOPS_K_DISPATCH_STREAM;
+  if ((rc = cuops_launch(c, tp_kernel(c, CUOPS_K_DISPATCH, streamed), comm_grid(c), &k, s,
+                         op)) != 0)
     return rc;
   if (align != 0 && (rc = cuops_launch(c, CUOPS_K_ALIGN, 1, &k, s, op)) != 0)
     return rc;

@@ -31,6 +31,7 @@ TIMED_KERNEL dispatch(const cuops_job J, const cuops_dispatch_args a);
 TIMED_KERNEL combine(const cuops_job J, const cuops_combine_args a);
 TIMED_KERNEL dispatch_stream(const cuops_job J, const cuops_dispatch_args a);
 TIMED_KERNEL combine_stream(const cuops_job J, const cuops_combine_args a);
+TIMED_KERNEL dispatch_node(const cuops_job J, const cuops_dispatch_args a);
 namespace ll {
 TIMED_KERNEL dispatch(const cuops_job J, const cuops_ll_dispatch_args a);
 TIMED_KERNEL combine(const cuops_job J, const cuops_ll_combine_args a);
@@ -500,7 +501,8 @@ __device__ __forceinline__ void stats_call(const cuops_job &J, const call &k, ui
 /* Defined below, with the posts: hand a descriptor of kind for rank d to the proxy. */
 __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, uint32_t op,
                                            uint32_t d, uint64_t bytes,
-                                           uint32_t kind = DEP_XRING_BLOCK, uint32_t row0 = 0);
+                                           uint32_t kind = DEP_XRING_BLOCK, uint32_t row0 = 0,
+                                           unsigned long long *head = nullptr);
 
 /*
  * Every CTA ends here (all threads).  The last one to finish: a call that
@@ -600,11 +602,13 @@ __device__ __forceinline__ void post_header(const cuops_job &J, const call &k, u
  * a warp calls it, and other lanes of the same warp may push at once:
  * each waits for its own reservation, which the lanes that hold the ones
  * before it publish (independent thread scheduling, sm_70 on).  False when
- * the call failed (recorded here, or broken elsewhere).
+ * the call failed (recorded here, or broken elsewhere); *head (where given):
+ * the ring's head it published, which the proxy's tail passes once it has
+ * taken the descriptor (a node channel's chunk place, ops_node.cuh).
  */
 __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, uint32_t op,
                                            uint32_t d, uint64_t bytes, uint32_t kind,
-                                           uint32_t row0) {
+                                           uint32_t row0, unsigned long long *head) {
   uint8_t *r = J.ring;
   const unsigned long long i = atomicAdd(&J.dev->xr_next, 1ull);
   bool written = false;
@@ -632,6 +636,8 @@ __device__ __forceinline__ bool xring_push(const cuops_job &J, const call &k, ui
       st_release_sys((uint64_t *)(r + offsetof(dep_xring, head)), i + 1);
       __threadfence_system();
       *(volatile unsigned long long *)&J.dev->xr_pub = i + 1;
+      if (head != nullptr)
+        *head = i + 1;
       return true;
     }
     if ((n & 31u) == 31u) {

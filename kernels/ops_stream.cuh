@@ -72,11 +72,11 @@
  * local source, and whoever credits chunks of such a source sets their
  * marks back to 0 first, stores the credit into the in slot and pushes a
  * CREDIT descriptor while the sender may still wait for it (chunk_taken).
- * The cuda kernels send once per destination rank, each through its own
- * channel, whatever the ring's fan table says (xring.h): the host
- * backend's dispatch sends a token once per destination node through a
- * node channel, which the far daemon fans out; its per-rank frames (the
- * host backend's combine) take the same path into a rank of a fanned node.
+ * A dispatch's rows for the ranks of a node that the ring's fan table
+ * (xring.h) gives a node channel go once per token through that channel
+ * instead (ops_node.cuh), as the host backend's, and the far daemon fans
+ * them out into the same in channels; a combine's rows, and every rank's
+ * of a node without one, take a channel per rank.
  */
 #ifndef DEP_OPS_STREAM_CUH
 #define DEP_OPS_STREAM_CUH
@@ -202,20 +202,21 @@ struct stream_post {
  * The first sender warp's lane 0 for destination d, once the stream's row
  * count is known: post the slot.  A local d's goes into its slab before
  * any row; one on another node's goes with the stream's first chunk, whose
- * last writer posts it (chunk_sent), or, for a stream of no rows, alone
- * now (a SLOT descriptor, as the host backend's).  Nothing goes to a
+ * last writer posts it (chunk_sent), or, for a stream of no rows or one
+ * whose rows go through d's node channel (alone: ops_node.cuh), alone now
+ * (a SLOT descriptor, as the host backend's).  Nothing goes to a
  * destination on another node that left since the call began (k.gone, as
  * arrive): its daemon has no reader for it.
  */
 __device__ __forceinline__ void stream_post_slot(const cuops_job &J, const call &k, uint32_t d,
-                                                 const stream_post &p) {
+                                                 const stream_post &p, bool alone = false) {
   if (!is_remote(J, d)) {
     post_header(J, k, d, p.rows, p.op, p.ref_seq, p.num_tokens);
     return;
   }
-  if (p.rows != 0 || gone_to(k, d))
+  if ((p.rows != 0 && !alone) || gone_to(k, d))
     return;
-  post_header(J, k, d, 0, p.op, p.ref_seq, p.num_tokens);
+  post_header(J, k, d, p.rows, p.op, p.ref_seq, p.num_tokens);
   __threadfence_system();
   xring_push(J, k, p.op, d, 0, DEP_XRING_SLOT);
 }

@@ -169,6 +169,8 @@ __device__ __forceinline__ void dispatch_payload(const cuops_job &J, const cuops
   }
 }
 
+#include "ops_node.cuh"
+
 /*
  * Step 3 of dispatch_send: the calling sender warp writes the rows of its
  * group's tokens t0..t1 (go_bits) for rank d from row `before` on, marked
@@ -268,7 +270,7 @@ __device__ __forceinline__ uint32_t dispatch_count(const cuops_job &J,
  * more goes to it).  recount: the counts of step 1 were met, but this
  * warp's bits are of a later unit of its CTA (dispatch_count again).
  */
-template <bool RING>
+template <bool RING, bool NODES>
 __device__ __forceinline__ bool dispatch_unit(const cuops_job &J, const cuops_dispatch_args &a,
                                               const call &k, uint32_t u, uint32_t *go_bits,
                                               bool recount) {
@@ -280,6 +282,7 @@ __device__ __forceinline__ bool dispatch_unit(const cuops_job &J, const cuops_di
   const uint32_t t0 = min(g * gs, a.num_tokens), t1 = min(t0 + gs, a.num_tokens);
   const uint32_t *cnt = J.tcnt + (uint64_t)d * ng; /* unit u's warps' counts from cnt + part * NW */
   uint32_t before = 0, all = 0; /* the rows before the group's, and to d in all */
+  const uint64_t fw = NODES ? fan_of(J, d) : 0; /* d's rows go through its node's channel */
   __syncwarp(); /* every lane done with the bits of the unit before */
   if (a.cached) {
     /* 1'. the handle says which tokens go to d and where the group's rows start */
@@ -298,7 +301,7 @@ __device__ __forceinline__ bool dispatch_unit(const cuops_job &J, const cuops_di
     __syncwarp();
     all = masked(k, d) ? 0 : a.h.tp_sent[d];
     if (g == 0 && lane == 0 && !masked(k, d) && RING)
-      stream_post_slot(J, k, d, {all, dispatch_op(a), *a.h.seq, a.num_tokens});
+      stream_post_slot(J, k, d, {all, dispatch_op(a), *a.h.seq, a.num_tokens}, fw != 0);
     else if (g == 0 && lane == 0 && !masked(k, d))
       post_header(J, k, d, all, dispatch_op(a), *a.h.seq, a.num_tokens);
   } else {
@@ -317,9 +320,16 @@ __device__ __forceinline__ bool dispatch_unit(const cuops_job &J, const cuops_di
     if (g == 0 && lane == 0) /* the count first: receivers place their rows by it */
       a.h.tp_sent[d] = all;
     if (g == 0 && lane == 0 && !masked(k, d) && RING)
-      stream_post_slot(J, k, d, {all, dispatch_op(a), 0, a.num_tokens});
+      stream_post_slot(J, k, d, {all, dispatch_op(a), 0, a.num_tokens}, fw != 0);
     else if (g == 0 && lane == 0 && !masked(k, d))
       post_header(J, k, d, all, dispatch_op(a), 0, a.num_tokens);
+  }
+  if (fw != 0) { /* 3'. d's rows are the node channel's (ops_node.cuh): their places alone */
+    for (uint32_t b = t0, row = before; !a.cached && b < t1; b += 32)
+      for (uint32_t bits = go_bits[(b - t0) / 32]; bits != 0; bits &= bits - 1, row++)
+        if (lane == 0)
+          a.h.tp_pos[(uint64_t)(b + __ffs(bits) - 1) * J.world + d] = (int32_t)row;
+    return CUOPS_FAN_LEAD(fw) != d || node_rows(J, a, k, d, g, ng, t0, t1);
   }
   /* 3. the rows, marked every few (RING: published, each once d has room for it) */
   const stream_post p = {all, dispatch_op(a), a.cached ? *a.h.seq : 0, a.num_tokens};
@@ -348,7 +358,7 @@ __device__ __forceinline__ bool dispatch_unit(const cuops_job &J, const cuops_di
  * of a unit each did; the others only meet the grid with them, and return
  * true.
  */
-template <bool RING>
+template <bool RING, bool NODES = false>
 __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_dispatch_args &a,
                                               const call &k) {
   constexpr uint32_t NW = RING ? STREAM_SEND_WARPS : CUOPS_WARPS; /* sender warps a CTA */
@@ -360,18 +370,24 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
   __shared__ uint32_t s_go[DEP_SHAPE_MAX_TOKENS / 32];
   uint32_t *go_bits = s_go + (sends ? warp : 0) * (DEP_SHAPE_MAX_TOKENS / NW / 32);
   const bool several = blockIdx.x + gridDim.x < units(J); /* this CTA sends more than one unit */
-  if (a.cached && !sends)
+  const bool nodes = NODES && J.n_nodes != 0; /* node channels (ops_node.cuh) */
+  if (a.cached && !nodes && !sends)
     return true;
-  if (!a.cached) {
-    /* 1. every unit's groups counted (tcnt: a word per unit and sender warp), then the grid
-     * meets: each unit's warps read the counts of every unit of its d, any CTA's */
+  if (!a.cached || nodes) {
+    /* 1. every unit's groups counted (tcnt: a word per unit and sender warp; a lead's node
+     * channel's after the world's), then the grid meets: each unit's warps read the counts
+     * of every unit of its d, any CTA's */
     for (uint32_t u = blockIdx.x; sends && u < units(J); u += gridDim.x) {
       const uint32_t d = u / J.parts, ng = J.parts * NW, g = (u % J.parts) * NW + warp;
       const uint32_t gs = (a.num_tokens + ng - 1) / ng;
       const uint32_t t0 = min(g * gs, a.num_tokens), t1 = min(t0 + gs, a.num_tokens);
-      const uint32_t c = dispatch_count(J, a, k, d, t0, t1, go_bits, true);
+      const uint32_t c = a.cached ? 0 : dispatch_count(J, a, k, d, t0, t1, go_bits, true);
+      const uint32_t cn =
+          nodes && CUOPS_FAN_LEAD(fan_of(J, d)) == d ? node_count(J, a, k, d, t0, t1) : 0;
       if (lane == 0)
         J.tcnt[(uint64_t)d * ng + g] = c;
+      if (lane == 0 && nodes)
+        J.tcnt[((uint64_t)J.world + d) * ng + g] = cn;
     }
     if (!grid_meet(J, k, OPS_OP_DISPATCH))
       return false;
@@ -379,7 +395,7 @@ __device__ __forceinline__ bool dispatch_send(const cuops_job &J, const cuops_di
       return true;
   }
   for (uint32_t u = blockIdx.x; u < units(J); u += gridDim.x)
-    if (!dispatch_unit<RING>(J, a, k, u, go_bits, several) && !RING)
+    if (!dispatch_unit<RING, NODES>(J, a, k, u, go_bits, several) && !RING)
       return false;
   return true;
 }
@@ -558,6 +574,16 @@ TIMED_KERNEL deepepd::dispatch_stream(const cuops_job J, const cuops_dispatch_ar
   call k = call_begin(J);
   if (!k.skip && dispatch_send<true>(J, a, k) &&
       threadIdx.x >= STREAM_RECV_BASE)
+    dispatch_recv<true>(J, a, k);
+  call_end(J, k, DEP_STATS_OP_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, a.fp8 != 0));
+}
+
+/* A job that streams and has node channels (ops_node.cuh): the same, the lead of each
+ * node's units sending its node channel.  A kernel of its own, so that dispatch_stream's
+ * registers are what they were (kabi.h CUOPS_KERNELS). */
+TIMED_KERNEL deepepd::dispatch_node(const cuops_job J, const cuops_dispatch_args a) {
+  call k = call_begin(J);
+  if (!k.skip && dispatch_send<true, true>(J, a, k) && threadIdx.x >= STREAM_RECV_BASE)
     dispatch_recv<true>(J, a, k);
   call_end(J, k, DEP_STATS_OP_DISPATCH, dep_stats_bytes(a.num_tokens, J.hidden, a.fp8 != 0));
 }

@@ -313,12 +313,28 @@ struct cuops_dev {
  *   xnum       ... and each rank's number among the ranks on other nodes (-1:
  *              a local rank), which remote_mask says for a smaller world
  *              (is_remote, out_index).  The library writes both at attach.
+ *   fan        a streamed dispatch's node channels (xring.h "One crossing per
+ *              destination node"): for each rank, 0 where its rows take a
+ *              channel of its own, else CUOPS_FAN of its node (below), from the
+ *              ring's fan table as the host backend reads it (host_ops.c
+ *              init_fan), written by the library at attach;
+ *   fan_rank   ... each node's ranks, ascending, node after node (CUOPS_FAN_FIRST
+ *              is where a node's begin);
+ *   node_acc   for each rank of a node and each chunk place of the node channel,
+ *              two words: the rows of the chunk for it (count) and one past the
+ *              last of them in its own stream, added to and raised by the sending
+ *              warps (ops_node.cuh); the warp that completes the chunk makes its
+ *              out mark word (DEP_XRING_NODE_AT) of them and sets them back to 0;
+ *   node_push  for each lead and chunk place, two words: the ring's head once
+ *              the NODE descriptor of the chunk last pushed in that place was
+ *              published, then DEP_SLAB_CHAN_AT(call, chunk + 1): a place is
+ *              written again only once the proxy's tail is past that head.
  * The chan_* words are 0 between calls (call_end).  They lie in the slab's
  * private area (dep__slab_priv: the job's world, and the warm-up's world of
  * one), where cuops_world_carve places them; cuops_job carries their device
  * addresses.
  */
-#define CUOPS_WORLD_ARRAYS 9
+#define CUOPS_WORLD_ARRAYS 13
 static inline uint64_t cuops_world_carve(uint64_t W, uint64_t at[CUOPS_WORLD_ARRAYS]) {
   uint64_t off = 0;
   at[0] = dep_carve(&off, 4 * W);
@@ -330,8 +346,29 @@ static inline uint64_t cuops_world_carve(uint64_t W, uint64_t at[CUOPS_WORLD_ARR
   at[6] = dep_carve(&off, 2 * 8 * DEP_SLAB_MASK_WORDS(W));
   at[7] = dep_carve(&off, 8 * W);
   at[8] = dep_carve(&off, 4 * W);
+  at[9] = dep_carve(&off, 8 * W);
+  at[10] = dep_carve(&off, 4 * W);
+  at[11] = dep_carve(&off, 2 * 4 * DEP_SLAB_CHUNKS * W);
+  at[12] = dep_carve(&off, 2 * 8 * DEP_SLAB_CHUNKS * W);
   return off;
 }
+/*
+ * A rank's word of cuops_job.fan where its rows go through its node's
+ * channel: 1 + the node's lead (the global rank whose out channel carries
+ * it), the rank's place among the node's ranks (idx), their number (n) and
+ * where they begin in fan_rank (first).  The library refuses a ring whose
+ * fan table makes a node of more than DEP_MAX_LOCAL_RANKS ranks
+ * (cuda_attach.c), which these fields and the kernels' per-node arrays
+ * are sized by.
+ */
+#define CUOPS_FAN(lead, idx, n, first)                                                          \
+  ((uint64_t)(1u + (lead)) | (uint64_t)(idx) << 16 | (uint64_t)(n) << 24 | (uint64_t)(first) << 32)
+#define CUOPS_FAN_LEAD(w) ((uint32_t)((w) & 0xffffu) - 1u)
+#define CUOPS_FAN_IDX(w) ((uint32_t)((w) >> 16) & 0xffu)
+#define CUOPS_FAN_N(w) ((uint32_t)((w) >> 24) & 0xffu)
+#define CUOPS_FAN_FIRST(w) ((uint32_t)((w) >> 32))
+DEP_STATIC_ASSERT(DEP_MAX_WORLD < 0xffffu && DEP_MAX_LOCAL_RANKS <= 0xffu,
+                  "a fan word holds 1 + a rank, and a node's ranks and a place among them");
 /* The most words a bitmap of the world holds (a CTA's copies of the call's masks, in shared
  * memory: ops_dev.cuh call_begin). */
 #define CUOPS_MASK_WORDS DEP_SLAB_MASK_WORDS(DEP_MAX_WORLD)
@@ -361,14 +398,19 @@ struct cuops_job {
    * (slab.h: by parity and the rank's number among the remote ones), and
    * of its chunks' in and out marks (a job that streams). */
   uint64_t remote_mask, in_slot_off, out_slot_off, in_off, out_off, in_mark_off, out_mark_off;
-  uint32_t n_remote, pad0;
+  /* n_nodes: the nodes whose ranks take a node channel (fan, below); 0: none, or the job
+   * does not stream, and every remote rank's rows take a channel of its own. */
+  uint32_t n_remote, n_nodes;
   uint8_t *ring;
   uint8_t *xchg;
   uint32_t world, rank, hidden, topk, num_experts, le, kd, max_tokens, max_ll, parts;
   /* The layout's chunk_rows and chan_rows (slab.h): chan_rows below max_tokens, the job
    * streams its throughput calls through channels (kernels/ops_stream.cuh). */
   uint32_t chunk_rows, chan_rows;
-  uint32_t *tcnt;                  /* dispatch: [world][parts * warps] rows counted, scratch */
+  /* dispatch: [world][parts * warps] rows counted, scratch; a streamed one's sender warps are
+   * half of a CTA's, and its node channels' counts ([world][parts * sender warps], by lead)
+   * follow its ranks' in the other half */
+  uint32_t *tcnt;
   /* The per-world counters (cuops_world_carve's, in its order; device memory) and the
    * dispatch's rows from each source (pinned host memory after cuops_host), [world] each. */
   uint32_t *arrive;
@@ -378,6 +420,9 @@ struct cuops_job {
   unsigned long long *own_mask, *pend_mask; /* [mask words], [2][mask words] */
   uint8_t **wslabs;                /* a world above CUOPS_MAX_RANKS only (slab_of) */
   int32_t *xnum;                   /* ... (is_remote, out_index) */
+  unsigned long long *fan;         /* node channels (n_nodes of them; cuops_world_carve) */
+  uint32_t *fan_rank, *node_acc;
+  unsigned long long *node_push;
   uint32_t *recv_from;
   uint64_t timeout_ns;
   struct cuops_host *host;         /* device address of the pinned block */
@@ -550,8 +595,10 @@ struct cuops_ll_info_args {
  * ones by their mangled C++ names (deepepd::dispatch, deepepd::combine,
  * deepepd::ll::dispatch, deepepd::ll::combine, and the streamed
  * deepepd::dispatch_stream and deepepd::combine_stream that a job with
- * channels launches instead of the first two: kernels/ops_dev.cuh says
- * why), the rest by their C names. */
+ * channels launches instead of the first two, deepepd::dispatch_node for
+ * dispatch_stream where it has node channels (cuops_job.n_nodes: its own
+ * kernel, so that the node channels' code costs the other kernels no
+ * registers): kernels/ops_dev.cuh says why), the rest by their C names. */
 #define CUOPS_KERNELS(XX)                                                   \
   XX(LAYOUT, "dep__k_layout")                                                \
   XX(DISPATCH, "_ZN7deepepd8dispatchE9cuops_job19cuops_dispatch_args")       \
@@ -563,6 +610,7 @@ struct cuops_ll_info_args {
   XX(TOUCH, "dep__k_touch")                 \
   XX(LL_INFO, "dep__k_ll_info")              \
   XX(DISPATCH_STREAM, "_ZN7deepepd15dispatch_streamE9cuops_job19cuops_dispatch_args") \
-  XX(COMBINE_STREAM, "_ZN7deepepd14combine_streamE9cuops_job18cuops_combine_args")
+  XX(COMBINE_STREAM, "_ZN7deepepd14combine_streamE9cuops_job18cuops_combine_args") \
+  XX(DISPATCH_NODE, "_ZN7deepepd13dispatch_nodeE9cuops_job19cuops_dispatch_args")
 
 #endif /* DEP_KABI_H */

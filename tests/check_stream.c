@@ -26,6 +26,7 @@
 #include "ref.h"
 #include "slab.h"
 #include "testutil.h"
+#include "xnbytes.h"
 #include "xnjob.h"
 #include "xring.h"
 
@@ -381,15 +382,12 @@ static int st_once_rank(const struct nodes *ns, const struct xn_place *p, const 
   return rc;
 }
 
-/* What the job's proxy on node i sent of rows: its payload_out in deepepctl status --json. */
+/* What the job's proxy on node i sent of rows (xnbytes.h). */
 static uint64_t st_payload_out(const struct nodes *ns, int i, const char *job) {
-  static char out[65536];
-  char key[96];
-  xn_ctl_json_at(ns, i, "status", out, sizeof out);
-  snprintf(key, sizeof key, "\"job_id\":\"%s\"", job);
-  const char *j = strstr(out, key), *v = j != NULL ? strstr(j, "\"payload_out\":") : NULL;
-  ck_assert_msg(v != NULL, "node %d: no payload_out for job %s in %s", i, job, out);
-  return strtoull(v + strlen("\"payload_out\":"), NULL, 10);
+  char why[512] = "";
+  const uint64_t v = xn_payload_out(ns, i, job, why, sizeof why);
+  ck_assert_msg(v != UINT64_MAX, "%s", why);
+  return v;
 }
 
 START_TEST(a_dispatch_row_crosses_once_per_destination_node_as_the_daemons_count_it) {
@@ -408,24 +406,8 @@ START_TEST(a_dispatch_row_crosses_once_per_destination_node_as_the_daemons_count
                                           sizeof why), 0);
   /* The layout's count: per sending node, each token once per other node
    * that holds one of its experts; and what one crossing per rank was. */
-  uint64_t rows[2] = {0}, per_rank[2] = {0};
-  for (uint32_t g = 0; g < ST_ONE_W; g++) {
-    const int32_t *idx = d->idx[g];
-    for (uint32_t t = 0; t < d->in[g].num_tokens; t++) {
-      bool node_hit = false, rank_hit[ST_ONE_W] = {false};
-      for (uint32_t j = 0; j < sc.topk; j++) {
-        const int32_t e = idx[(size_t)t * sc.topk + j];
-        const uint32_t r = e >= 0 ? (uint32_t)e / d->le : 0;
-        if (e < 0 || p.node[r] == p.node[g])
-          continue;
-        node_hit = true;
-        rank_hit[r] = true;
-      }
-      rows[p.node[g]] += node_hit;
-      for (uint32_t r = 0; r < ST_ONE_W; r++)
-        per_rank[p.node[g]] += rank_hit[r];
-    }
-  }
+  uint64_t rows[2], per_rank[2];
+  xn_cross_rows(d, &p, 2, rows, per_rank);
   ck_assert_msg(per_rank[0] > rows[0] && per_rank[1] > rows[1], "a test whose tokens go to one "
                 "rank of a node at most shows nothing (seed %llu)", (unsigned long long)ow_seed);
   struct nodes ns;
