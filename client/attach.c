@@ -331,6 +331,15 @@ static int attach_exchange(dep_client_t *c, const struct dep_attach_args *args,
   return rc;
 }
 
+/* A failure (rc, the handle's message set) after the attachment was made:
+ * detach, keeping the message. */
+static int attach_undo(dep_client_t *c, int rc) {
+  char msg[CLIENT_ERRMSG_MAX];
+  snprintf(msg, sizeof msg, "%s", c->errmsg);
+  dep_detach(c);
+  return client_seterr(c, rc, "%s", msg);
+}
+
 /* What an attached handle needs before its operations can run: the ring between nodes,
  * the operations' context, the warm-up, and on cuda the launcher's state; on failure
  * the handle has been detached. */
@@ -357,12 +366,8 @@ static int attach_ops_ready(dep_client_t *c, const struct dep_attach_args *args)
   /* A job across nodes: its waits fail at once when this node's daemon goes
    * (watch.h), once everything the watcher writes to is in place. */
   if ((c->cuda && (rc = cuda_ops_attach(c)) != 0) ||
-      (c->xring != NULL && (rc = watch_start(c)) != 0)) {
-    char msg[CLIENT_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s", c->errmsg);
-    dep_detach(c);
-    return client_seterr(c, rc, "%s", msg);
-  }
+      (c->xring != NULL && (rc = watch_start(c)) != 0))
+    return attach_undo(c, rc);
   return 0;
 }
 
@@ -405,8 +410,9 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in
   /* The host warm-up runs on after dep_attach returns (warm.h), started last so
    * that none of the attach's own work waits behind it. */
   if (!c->cuda && c->attach_ok.kernel_warmup && (args->world_size == args->local_world_size ||
-                                                 c->xring != NULL))
-    warm_start(c);
+                                                 c->xring != NULL) &&
+      (rc = warm_start(c)) != 0)
+    return attach_undo(c, rc);
   return DEP_OK;
 }
 
