@@ -331,6 +331,10 @@ static int attach_exchange(dep_client_t *c, const struct dep_attach_args *args,
   return rc;
 }
 
+bool client_ops_here(const dep_client_t *c) {
+  return c->args.world_size == c->args.local_world_size || c->xring != NULL;
+}
+
 /* A failure (rc, the handle's message set) after the attachment was made:
  * detach, keeping the message. */
 static int attach_undo(dep_client_t *c, int rc) {
@@ -353,12 +357,11 @@ static int attach_ops_ready(dep_client_t *c, const struct dep_attach_args *args)
   c->xring_why[0] = '\0';
   if (args->world_size != args->local_world_size)
     attach_ring(c);
-  const bool one_node = args->world_size == args->local_world_size;
-  if ((one_node || c->xring != NULL) && (rc = attach_ops(c, why, sizeof why)) != 0) {
+  const bool ops_here = client_ops_here(c);
+  if (ops_here && (rc = attach_ops(c, why, sizeof why)) != 0) {
     dep_detach(c);
     return client_seterr(c, rc, "dep_attach: %s", why);
   }
-  const bool ops_here = one_node || c->xring != NULL; /* attach_ops may give the ring back */
   /* A rank that came back to an elastic job starts at its join call
    * (cuda: cuda_ops_attach, from the device's copy of the word). */
   if (!c->cuda && ops_here)
@@ -409,9 +412,7 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in
   statrec_attached(c);
   /* The host warm-up runs on after dep_attach returns (warm.h), started last so
    * that none of the attach's own work waits behind it. */
-  if (!c->cuda && c->attach_ok.kernel_warmup && (args->world_size == args->local_world_size ||
-                                                 c->xring != NULL) &&
-      (rc = warm_start(c)) != 0)
+  if (!c->cuda && c->attach_ok.kernel_warmup && client_ops_here(c) && (rc = warm_start(c)) != 0)
     return attach_undo(c, rc);
   return DEP_OK;
 }
