@@ -7,7 +7,9 @@
 # (iperf3; each daemon's control lane, one more connection each way that
 # carries only credits, is not counted), and a TCP round trip of each
 # low-latency operation's bytes (bench/xnode_pingpong).  Prints one table
-# with the issue's ratios;
+# with the issue's ratios, and for each ep run every daemon and rank
+# thread's CPU time as a share of the run's wall time (which thread bounds
+# the run: a proxy deepepd-px*, a receiver deepepd-rx, a rank's calls);
 # everything it made (namespaces, daemons, scratch) goes at exit.
 #
 #   bench/xnode.sh [BUILD]          as root; BUILD defaults to build
@@ -20,7 +22,8 @@
 # the scratch directory with the daemons' logs), STREAM (the daemons'
 # stream_chunk_rows, 0: whole blocks), NICE (run the daemons,
 # ranks and ceilings at this nice value, e.g. -10 on a machine that others
-# load; every figure of a run is taken at the same one).
+# load; every figure of a run is taken at the same one), THREADS_TOP (threads
+# listed for each ep run, the busiest first, 12).
 set -euo pipefail
 
 BUILD=${1:-build}
@@ -33,6 +36,7 @@ CONNS=${CONNS:-2}
 STREAM=${STREAM:-0}
 TCP_SECONDS=${TCP_SECONDS:-5} # (not SECONDS: bash keeps its own)
 NICE=${NICE:-0}
+THREADS_TOP=${THREADS_TOP:-12}
 PORT=7471    # the daemons' listen port
 PP_PORT=7472 # the ping-pong's
 ADDR=(10.79.0.1 10.79.0.2)
@@ -123,6 +127,88 @@ echo "# two namespaces over veth (${ADDR[0]}, ${ADDR[1]}), deepepd host backend,
      "load average at start:" \
      "$(cut -d' ' -f1-3 /proc/loadavg)"
 
+# ---- the threads' CPU time --------------------------------------------------------
+# During each ep run a sampler reads every thread's utime + stime
+# (/proc/PID/task/TID/stat) of the daemons and of ep's processes (its ranks)
+# every 0.1 s until ep exits: a thread's busy share is what it used over
+# the run's wall time (from its value before the run, or from 0 for a thread
+# that started during it), and its peak is its busiest 1 s.  The threads
+# are named (top -H): deepepd-px<N> the proxies, deepepd-rx the receivers,
+# deepepd-dc the connectors, deepepd-fill the exchange regions' populate;
+# a rank's calls run on its main thread (ep), deepep-warmup its warm-up.  A
+# thread that ends between two samples loses what it used since the last.
+cat >"$DIR/threads.py" <<'EOF'
+import os, sys, time
+ep, daemons = int(sys.argv[1]), [int(p) for p in sys.argv[2].split()]
+hz, top = os.sysconf("SC_CLK_TCK"), int(sys.argv[3])
+def stat(path):  # (comm, ppid, utime + stime in ticks) of a /proc stat file, or None
+    try:
+        with open(path) as f:
+            s = f.read()
+    except OSError:
+        return None
+    rest = s[s.rindex(")") + 2:].split()
+    return s[s.index("(") + 1:s.rindex(")")], int(rest[1]), int(rest[11]) + int(rest[12])
+def procs():  # the daemons and ep's processes: pid -> label
+    parent = {}
+    for d in os.listdir("/proc"):
+        st = d.isdigit() and stat("/proc/%s/stat" % d)
+        if st:
+            parent[int(d)] = st[1]
+    out = {}
+    for p in parent:
+        q, hops = p, 0
+        while q > 1 and hops < 64 and q not in daemons and q != ep:
+            q, hops = parent.get(q, 0), hops + 1
+        if q in daemons:
+            out[p] = "deepepd n%d" % daemons.index(q)
+        elif q == ep:
+            out[p] = "ep" if p == ep else "rank %d" % p
+    return out
+seen, t0, first = {}, time.monotonic(), True  # (pid, tid) -> [label, comm, start, [(t, ticks)]]
+while True:
+    now = time.monotonic()
+    for pid, label in procs().items():
+        try:
+            tids = os.listdir("/proc/%d/task" % pid)
+        except OSError:
+            continue
+        for tid in tids:
+            st = stat("/proc/%d/task/%s/stat" % (pid, tid))
+            if st is None:
+                continue
+            k = (pid, int(tid))
+            if k not in seen:  # there before the run: from its value then; else from 0
+                base = st[2] if first else 0
+                seen[k] = [label, st[0], base, [(now, base)]]
+            seen[k][1] = st[0]
+            seen[k][3].append((now, st[2]))
+    first = False
+    try:  # until ep has exited (a zombie until the script reaps it)
+        with open("/proc/%d/stat" % ep) as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+    except OSError:
+        break
+    time.sleep(0.1)
+wall = time.monotonic() - t0
+rows = []
+for (pid, tid), (label, comm, start, samples) in seen.items():
+    peak, j = 0.0, 0
+    for i in range(len(samples)):
+        while j + 1 < i and samples[i][0] - samples[j + 1][0] >= 1.0:
+            j += 1
+        if samples[i][0] - samples[j][0] >= 1.0:
+            peak = max(peak, (samples[i][1] - samples[j][1]) / hz / (samples[i][0] - samples[j][0]))
+    cpu = (samples[-1][1] - start) / hz
+    rows.append((cpu, peak, label, tid, comm))
+rows.sort(reverse=True)
+print("# %.1f s of wall time, %d threads seen; the top %d by CPU:" % (wall, len(rows), top))
+print("%7s %7s %8s  %-14s %8s  %s" % ("busy%", "peak%", "cpu_s", "process", "tid", "thread"))
+for cpu, peak, label, tid, comm in rows[:top]:
+    print("%7.1f %7.1f %8.2f  %-14s %8d  %s" % (100 * cpu / wall, 100 * peak, cpu, label, tid, comm))
+EOF
+
 # ---- the ceilings ---------------------------------------------------------------
 # Raw TCP, as many streams as data connections each way: an operation sends
 # both ways at once, each daemon with its own sender and receivers, so two
@@ -185,8 +271,13 @@ for t in $(printf '%s\n' $TOKENS $LL_TOKENS | sort -nu); do
   [[ -n ${want_ll[$t]:-} ]] && pairs=${pairs:+$pairs,}ll,ll8
   before=$TCP_LAST
   nice -n "$NICE" "$BUILD/bench/ep" -s "$SOCKS" -n "$NLIST" -m processes -t "$t" -l "$l" \
-    -H "$HIDDEN" -e 256 -k 8 -c "$CALLS" -w 5 -r 3 -p "$pairs" >"$DIR/ep-$t.txt" ||
+    -H "$HIDDEN" -e 256 -k 8 -c "$CALLS" -w 5 -r 3 -p "$pairs" >"$DIR/ep-$t.txt" &
+  ep=$!
+  python3 "$DIR/threads.py" "$ep" "${PIDS[0]} ${PIDS[1]}" "$THREADS_TOP" >"$DIR/threads-$t.txt" &
+  sampler=$!
+  wait "$ep" ||
     { cat "$DIR/ep-$t.txt"; KEEP=1; die "ep -t $t failed (the daemons' logs: $DIR/n*.log)"; }
+  wait "$sampler" || echo "# the threads' sampler failed" >>"$DIR/threads-$t.txt"
   # tokens, ll tokens, then ep's row: ranks mode op attach first med p99 MB GB/s rankGB/s
   # copy rkcopy frac first/med nowarm nowarm/med xB xGB/s rkxGB/s
   awk -v t="$t" -v l="$l" -v tp="${want_tp[$t]:-0}" -v ll="${want_ll[$l]:-0}" '
@@ -259,6 +350,15 @@ echo "# TCP round trip of that many bytes each way, one connection (xnode_pingpo
 echo "# the op's run);"
 echo "# targets: ll_dispatch med/rtt <= 2x, 1st/med <= 1.1x"
 echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+echo "## threads: each daemon and rank thread's CPU time during each ep run"
+for t in $(printf '%s\n' $TOKENS $LL_TOKENS | sort -nu); do
+  echo "### ep -t $t (ranks $NLIST)"
+  cat "$DIR/threads-$t.txt"
+done
+echo "# busy%: the thread's CPU time / the run's wall time (attach, warm-up, every pair and"
+echo "# world size of the run); peak%: its busiest 1 s; 100% is one CPU, so a thread near 100%"
+echo "# bounds what runs on it"
 echo
 echo "## bytes between the nodes over the whole run, as the daemons counted them"
 for i in 0 1; do

@@ -331,6 +331,19 @@ static int attach_exchange(dep_client_t *c, const struct dep_attach_args *args,
   return rc;
 }
 
+bool client_ops_here(const dep_client_t *c) {
+  return c->args.world_size == c->args.local_world_size || c->xring != NULL;
+}
+
+/* A failure (rc, the handle's message set) after the attachment was made:
+ * detach, keeping the message. */
+static int attach_undo(dep_client_t *c, int rc) {
+  char msg[CLIENT_ERRMSG_MAX];
+  snprintf(msg, sizeof msg, "%s", c->errmsg);
+  dep_detach(c);
+  return client_seterr(c, rc, "%s", msg);
+}
+
 /* What an attached handle needs before its operations can run: the ring between nodes,
  * the operations' context, the warm-up, and on cuda the launcher's state; on failure
  * the handle has been detached. */
@@ -344,12 +357,11 @@ static int attach_ops_ready(dep_client_t *c, const struct dep_attach_args *args)
   c->xring_why[0] = '\0';
   if (args->world_size != args->local_world_size)
     attach_ring(c);
-  const bool one_node = args->world_size == args->local_world_size;
-  if ((one_node || c->xring != NULL) && (rc = attach_ops(c, why, sizeof why)) != 0) {
+  const bool ops_here = client_ops_here(c);
+  if (ops_here && (rc = attach_ops(c, why, sizeof why)) != 0) {
     dep_detach(c);
     return client_seterr(c, rc, "dep_attach: %s", why);
   }
-  const bool ops_here = one_node || c->xring != NULL; /* attach_ops may give the ring back */
   /* A rank that came back to an elastic job starts at its join call
    * (cuda: cuda_ops_attach, from the device's copy of the word). */
   if (!c->cuda && ops_here)
@@ -357,12 +369,8 @@ static int attach_ops_ready(dep_client_t *c, const struct dep_attach_args *args)
   /* A job across nodes: its waits fail at once when this node's daemon goes
    * (watch.h), once everything the watcher writes to is in place. */
   if ((c->cuda && (rc = cuda_ops_attach(c)) != 0) ||
-      (c->xring != NULL && (rc = watch_start(c)) != 0)) {
-    char msg[CLIENT_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s", c->errmsg);
-    dep_detach(c);
-    return client_seterr(c, rc, "%s", msg);
-  }
+      (c->xring != NULL && (rc = watch_start(c)) != 0))
+    return attach_undo(c, rc);
   return 0;
 }
 
@@ -404,9 +412,8 @@ DEP_EXPORT int dep_attach(dep_client_t *c, const struct dep_attach_args *args_in
   statrec_attached(c);
   /* The host warm-up runs on after dep_attach returns (warm.h), started last so
    * that none of the attach's own work waits behind it. */
-  if (!c->cuda && c->attach_ok.kernel_warmup && (args->world_size == args->local_world_size ||
-                                                 c->xring != NULL))
-    warm_start(c);
+  if (!c->cuda && c->attach_ok.kernel_warmup && client_ops_here(c) && (rc = warm_start(c)) != 0)
+    return attach_undo(c, rc);
   return DEP_OK;
 }
 

@@ -130,6 +130,10 @@ void client_args_give(void *out, void *ours, size_t ours_size);
 
 /* Close the socket and forget attach state; the handle stays reusable. */
 void client_disconnect(dep_client_t *c);
+/* Whether an attached handle's operations run here: its job is on this node
+ * alone, or the daemon lent it a ring to its proxy (attach.c); else they
+ * refuse, saying xring_why. */
+bool client_ops_here(const dep_client_t *c);
 /* Unmap every slab and forget the attachment (attach.c). */
 void client_unmap(dep_client_t *c);
 /* A failure after which the stream cannot be trusted: record it, close. */

@@ -646,7 +646,7 @@ int cuda_ops_attach(dep_client_t *c) {
   struct cuops_state *st = &c->cuops;
   /* A job spanning nodes whose daemon lent no ring: its operations refuse
    * (ops.c, saying why), so nothing is bound. */
-  if (!st->prepared || (c->args.world_size != c->args.local_world_size && c->xring == NULL))
+  if (!st->prepared || !client_ops_here(c))
     return 0;
   const struct cudadrv *cu = drv();
   struct cuops_job *j = &st->job;

@@ -25,7 +25,7 @@ static int ops_ready(dep_client_t *c, const char *op) {
   warm_wait(c);
   if (watch_gone(c))
     return client_seterr(c, DEP_ERR_DAEMON_GONE, "%s: " OPS_DAEMON_GONE_WHY, op);
-  if (c->args.world_size != c->args.local_world_size && c->xring == NULL)
+  if (!client_ops_here(c))
     return client_seterr(c, DEP_ERR_UNSUPPORTED,
                          "%s: job %s spans nodes (world %u, %u on this node), but %s", op,
                          c->job_id, c->args.world_size, c->args.local_world_size, c->xring_why);

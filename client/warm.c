@@ -19,15 +19,18 @@
 #include "client_internal.h"
 #include "pages.h"
 
-/* Add [p, p + len) to the list, joined to the last region where it follows on. */
-static void warm_add(struct warm *w, uint8_t *p, uint64_t len) {
+/* Add [p, p + len) to the list, joined to the last region where it follows on;
+ * false where the list is full (the region is not listed). */
+static bool warm_add(struct warm *w, uint8_t *p, uint64_t len) {
   struct warm_region *last = w->n > 0 ? &w->r[w->n - 1] : NULL;
   if (last != NULL && last->p + last->len == p) {
     last->len += len;
-    return;
+    return true;
   }
-  if (w->n < WARM_MAX_REGIONS)
-    w->r[w->n++] = (struct warm_region){p, len};
+  if (w->n == WARM_MAX_REGIONS)
+    return false;
+  w->r[w->n++] = (struct warm_region){p, len};
+  return true;
 }
 
 /*
@@ -39,26 +42,36 @@ static void warm_add(struct warm *w, uint8_t *p, uint64_t len) {
  * (its error words, this rank's slots) and this rank's block of each
  * parity.
  */
-void warm_regions(const struct dep_client *c, struct warm *w) {
+int warm_regions(struct dep_client *c) {
   const struct ops_ctx *o = &c->ops;
   const struct dep_slab_layout *l = &o->lay;
+  struct warm *w = &c->warm;
   uint8_t *own = o->slabs[o->rank];
+  bool ok = true;
+  uint32_t local = 0;
   w->n = 0;
-  warm_add(w, own, l->data_off);
+  ok &= warm_add(w, own, l->data_off);
   for (unsigned parity = 0; parity < 2; parity++)
     for (uint32_t src = 0; src < o->world; src++)
       if (o->slabs[src] != NULL)
-        warm_add(w, own + dep_slab_block(l, parity, src), l->block_bytes);
+        ok &= warm_add(w, own + dep_slab_block(l, parity, src), l->block_bytes);
   for (uint32_t r = 0; r < o->world; r++) {
     uint8_t *s = o->slabs[r];
+    local += s != NULL;
     if (s == NULL || r == o->rank)
       continue;
-    warm_add(w, s, l->data_off);
+    ok &= warm_add(w, s, l->data_off);
     for (unsigned parity = 0; parity < 2; parity++)
-      warm_add(w, s + dep_slab_block(l, parity, o->rank), l->block_bytes);
+      ok &= warm_add(w, s + dep_slab_block(l, parity, o->rank), l->block_bytes);
   }
   if (o->xchg != NULL)
-    warm_add(w, o->xchg, l->xchg_bytes);
+    ok &= warm_add(w, o->xchg, l->xchg_bytes);
+  if (ok)
+    return 0;
+  w->n = 0;
+  return client_seterr(c, DEP_ERR_INTERNAL, "dep_attach: the warm-up's %u local slabs overrun "
+                       "its list of %u regions (a node has at most %u ranks); this is a bug, "
+                       "please report it", local, WARM_MAX_REGIONS, DEP_MAX_LOCAL_RANKS);
 }
 
 /* A test's hold (WARM_TEST_HOLD_ENV): true once released, false if the attachment ends first. */
@@ -153,9 +166,11 @@ static void warm_close(struct warm *w) {
   }
 }
 
-void warm_start(struct dep_client *c) {
+int warm_start(struct dep_client *c) {
   struct warm *w = &c->warm;
-  warm_regions(c, w);
+  int rc = warm_regions(c);
+  if (rc != 0)
+    return rc;
   atomic_store(&w->stop, 0);
   atomic_store(&w->finished, 0);
   w->done = false;
@@ -176,12 +191,13 @@ void warm_start(struct dep_client *c) {
     pthread_detach(w->thread); /* after the name: a joinable thread's handle stays valid */
     w->running = true;
     w->pid = getpid();
-    return;
+    return 0;
   }
   /* No thread to be had: the warm-up runs here, as it did before it had one. */
   warm_close(w);
   warm_run(w);
   warm_account(c);
+  return 0;
 }
 
 /*

@@ -34,11 +34,14 @@
 
 struct dep_client;
 
-/* The regions a rank's calls touch: the control area of each local slab
- * (its own and each peer's), in its own slab the blocks of the ranks on
- * this node (two parities each), in each peer's its own block of each
- * parity, and its exchange region: at most 5 a local rank. */
-#define WARM_MAX_REGIONS (5u * DEP_MAX_LOCAL_RANKS)
+/* The regions a rank's calls touch where `local` slabs are mapped (its own
+ * among them), as warm_regions lists them before any two that follow on
+ * are joined: its own slab's control area and the block of each local
+ * source in each of two parities, each peer's control area and this rank's
+ * block of each parity there, and its exchange region. */
+#define WARM_REGIONS(local) (1u + 2u * (local) + 3u * ((local) - 1u) + 1u)
+/* The most a rank can list: a job has at most DEP_MAX_LOCAL_RANKS ranks on a node. */
+#define WARM_MAX_REGIONS WARM_REGIONS(DEP_MAX_LOCAL_RANKS)
 /* The warm-up maps each region in pieces of this size, checking between
  * them whether the attachment is ending. */
 #define WARM_PIECE_BYTES (1ull << 20)
@@ -77,15 +80,17 @@ struct warm {
   struct warm_region r[WARM_MAX_REGIONS];
 };
 
-/* The regions c's calls touch (above), from its operations' context. */
-void warm_regions(const struct dep_client *c, struct warm *w);
+/* The regions c's calls touch (above), from its operations' context, into
+ * c->warm: 0, or DEP_ERR_INTERNAL with c's message set where they overrun
+ * WARM_MAX_REGIONS (more slabs mapped than a node has ranks: a bug). */
+int warm_regions(struct dep_client *c);
 
 /* Read $DEEPEP_TEST_WARMUP_HOLD_FD for the next attach: 0, or DEP_ERR_INVALID
  * (not an open descriptor) with the handle's message set. */
 int warm_hold(struct dep_client *c);
 /* Start the warm-up of c's current attachment, on its thread; where no thread
- * can be had it runs here. */
-void warm_start(struct dep_client *c);
+ * can be had it runs here.  0, or warm_regions's failure (nothing started). */
+int warm_start(struct dep_client *c);
 /* Finish the warm-up (if any): stop the thread and map the rest here; forget
  * it.  Its time goes to c->times.warmup_ms and the stats page.  Safe to call
  * again. */

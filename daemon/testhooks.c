@@ -29,6 +29,10 @@ static const struct testhook_row {
     [TESTHOOK_JOIN_OVERTAKEN] = {TESTHOOK_JOIN_OVERTAKEN_ENV,
                                  "the first N rejoins of an elastic job find the survivors' calls "
                                  "past the join call once the epoch is out, as a busy job might"},
+    [TESTHOOK_XCHG_FILL_HOLD_FD] = {TESTHOOK_XCHG_FILL_HOLD_FD_ENV,
+                                    "a new job's exchange regions are mapped into this daemon "
+                                    "only once descriptor N (inherited) is readable or closed, "
+                                    "or the job ends"},
 };
 
 /* Each hook's value, set by testhooks_init. */

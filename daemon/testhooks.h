@@ -14,12 +14,14 @@
 #define TESTHOOK_DATA_DROPS_ENV TESTHOOKS_PREFIX "DATA_DROPS"
 #define TESTHOOK_RDMA_BAD_PROOFS_ENV TESTHOOKS_PREFIX "RDMA_BAD_PROOFS"
 #define TESTHOOK_JOIN_OVERTAKEN_ENV TESTHOOKS_PREFIX "JOIN_OVERTAKEN"
+#define TESTHOOK_XCHG_FILL_HOLD_FD_ENV TESTHOOKS_PREFIX "XCHG_FILL_HOLD_FD"
 
 enum testhook {
   TESTHOOK_DATA_DROPS,      /* inbound data connections closed once acknowledged (xfer_conn.c) */
   TESTHOOK_RDMA_BAD_PROOFS, /* RDMA queue pairs first dialled with a wrong proof (rdmaxp_cm.c,
                                xfer_rdma.c) */
   TESTHOOK_JOIN_OVERTAKEN,  /* rejoins whose survivors ran past the join call (job_elastic.c) */
+  TESTHOOK_XCHG_FILL_HOLD_FD, /* a descriptor the exchange regions' populate waits on (xfer.c) */
   TESTHOOK_N_
 };
 

@@ -9,12 +9,14 @@
 #include "xfer.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,6 +41,11 @@
 /* How long an ended job's route waits for a receive into its regions
  * before it cuts the connections it is read from (xfer_job_end). */
 #define XFER_END_CUT_MS 2000
+
+/* The thread that maps a new route's regions into the daemon (fill_main; top -H), and the
+ * pieces it maps them in, looking between them whether the job has ended. */
+#define XFER_FILL_THREAD_NAME "deepepd-fill"
+#define XFER_FILL_PIECE (1ull << 20)
 
 struct xfer_state xfer__state;
 
@@ -136,6 +143,80 @@ static void route_fan(struct xfer_route *r) {
   }
 }
 
+/* ---- the populate of a new route's regions ---------------------------------------- */
+
+/*
+ * Every page of a rank's ring and exchange region is mapped into the daemon's
+ * own page tables once its route is made: the rank's warm-up maps them into
+ * its own mapping (warm.c), not this one, and the receivers writing the first
+ * call's rows (and the proxy reading them) took a fault a page on the first
+ * call of each parity.  A region an earlier job left cached (warm) is mapped
+ * in already: the daemon keeps its mapping.  The mapping is a thread's, not
+ * the loop's: for a large region it takes as long as touching every page,
+ * and every other client's request would wait behind it.  Nothing waits for
+ * it to finish (a page it has not mapped yet is faulted in by its first use);
+ * it holds one of the route's users, so that the regions go back to the pool
+ * only after it stops, which it does between pieces once the job has ended.
+ */
+struct xfer_fill {
+  struct xfer_route *r;
+  uint32_t n;
+  struct xfer_fill_part {
+    uint8_t *p;
+    uint64_t len;
+  } part[DEP_MAX_LOCAL_RANKS];
+};
+
+static bool fill_stopped(const struct xfer_route *r) {
+  return atomic_load_explicit(&r->ending, memory_order_relaxed) || atomic_load(&X->stop);
+}
+
+/* A test's hold ($DEEPEPD_TEST_XCHG_FILL_HOLD_FD): true once the descriptor is readable or
+ * closed, false if the job ends (or the threads stop) first.  It looks every 10 ms. */
+static bool fill_held(const struct xfer_route *r, int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  while (!fill_stopped(r)) {
+    p.revents = 0;
+    const int n = poll(&p, 1, 10);
+    if (n > 0 || (n < 0 && errno != EINTR))
+      return true;
+  }
+  return false;
+}
+
+static void fill_run(struct xfer_fill *f) {
+  for (uint32_t i = 0; i < f->n; i++)
+    for (uint64_t off = 0; off < f->part[i].len; off += XFER_FILL_PIECE) {
+      if (fill_stopped(f->r))
+        return;
+      const uint64_t left = f->part[i].len - off;
+      dep__pages_populate(f->part[i].p + off, left < XFER_FILL_PIECE ? left : XFER_FILL_PIECE);
+    }
+}
+
+static void *fill_main(void *arg) {
+  struct xfer_fill *f = arg;
+  prctl(PR_SET_NAME, XFER_FILL_THREAD_NAME);
+  const int hold = X->test_fill_hold;
+  if (hold <= 0 || fill_held(f->r, hold))
+    fill_run(f);
+  struct xfer_route *r = f->r;
+  free(f);
+  xfer__route_put(r); /* its last touch of the route: xfer_job_end may free it now */
+  atomic_fetch_sub(&X->helpers, 1);
+  return NULL;
+}
+
+/* Map f's regions in on a thread of their own (f is its), r holding a user for it since
+ * before it was listed; where no thread can be had, here, as before there was one. */
+static void fill_start(struct xfer_fill *f) {
+  if (xfer__spawn_helper(fill_main, f))
+    return;
+  fill_run(f);
+  xfer__route_put(f->r);
+  free(f);
+}
+
 void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn *membership) {
   if (!X->active || j->xchg == NULL)
     return;
@@ -162,6 +243,7 @@ void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn 
     free(r);
     return;
   }
+  struct xfer_fill *fill = calloc(1, sizeof *fill); /* NULL: mapped here, as before */
   uint32_t remote = 0;
   for (uint32_t g = 0; g < r->world; g++) {
     r->peer_of[g] = who[g] >= 0 ? who[g] : -1;
@@ -175,23 +257,29 @@ void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn 
     r->ring[i] = j->xchg[i].region->map;
     r->xchg[i] = dep_xring_xchg(j->xchg[i].region->map);
     r->mr[i] = j->xchg[i].region->mr;
-    /* Every page of the rank's ring and exchange region mapped into the daemon's own page
-     * tables now, at attach: the rank's warm-up maps them into its own mapping (warm.c),
-     * not this one, and the receivers writing the first call's rows (and the proxy reading
-     * them) took a fault a page on the first call of each parity.  A region an earlier job
-     * left cached (warm) is mapped in already: the daemon keeps its mapping, and walking
-     * its pages again held the loop for as long as mapping them in. */
-    if (!j->xchg[i].region->warm)
-      dep__pages_populate(j->xchg[i].region->map, j->xchg[i].region->bytes);
+    /* Its pages mapped into the daemon's page tables (struct xfer_fill). */
+    const struct pool_region *g = j->xchg[i].region;
+    if (!g->warm && fill != NULL)
+      fill->part[fill->n++] = (struct xfer_fill_part){g->map, g->bytes};
+    else if (!g->warm)
+      dep__pages_populate(g->map, g->bytes);
   }
   r->rdma = xfer_rdma_route_new(j, who, membership);
   route_fan(r);
   r->serial = ++X->serials;
+  if (fill != NULL && fill->n > 0) {
+    fill->r = r;
+    atomic_store(&r->users, 1); /* the populate's, before any thread sees the route */
+  }
   pthread_rwlock_wrlock(&X->lock);
   r->next = X->routes;
   X->routes = r;
   pthread_rwlock_unlock(&X->lock);
   routes_wake();
+  if (fill != NULL && fill->n > 0)
+    fill_start(fill);
+  else
+    free(fill);
 }
 
 void xfer_job_fail(const struct job *j, int code) {
@@ -222,6 +310,7 @@ void xfer_job_end(const struct job *j) {
   pthread_rwlock_unlock(&X->lock);
   if (r == NULL)
     return;
+  atomic_store(&r->ending, true); /* a populate still mapping its regions stops */
   /* Unlisted, it is taken by no one new; a proxy still sending from its out
    * blocks or a receiver reading into its in blocks finishes first: the
    * regions go back to the pool, for another job, right after this.  A
@@ -683,6 +772,7 @@ int xfer_init(const struct config *cfg) {
   for (int i = 0; i < XFER_OFFERS_MAX; i++)
     X->offers[i].peer = -1;
   atomic_store(&X->test_drops, testhook_value(TESTHOOK_DATA_DROPS));
+  X->test_fill_hold = testhook_value(TESTHOOK_XCHG_FILL_HOLD_FD);
   X->cfg = cfg;
   X->active = true;
   xfer_rdma_init(cfg, &xfer_rdma_offer_ops);

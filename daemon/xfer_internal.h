@@ -92,8 +92,11 @@ struct xfer_route {
    * proxy's send straight from an out block, a receiver's read straight
    * into an in block.  Taken with the lock held (the route is listed),
    * given back after the I/O; xfer_job_end, having unlisted the route,
-   * waits for 0 before the regions go back to the pool. */
+   * waits for 0 before the regions go back to the pool.  The populate of
+   * its new regions (xfer.c's fill) holds one from before the route is
+   * listed until it is done. */
   _Atomic uint32_t users;
+  _Atomic bool ending;           /* xfer_job_end has unlisted it: a populate stops */
   struct xfer_route *next;
 };
 
@@ -198,7 +201,8 @@ struct xfer_state {
   _Atomic int test_drops;        /* $DEEPEPD_TEST_DATA_DROPS left to do (testhooks.h) */
   char ended[XFER_ENDED_MAX][DEP_JOB_ID_MAX];  /* under lock: the last jobs whose route went */
   uint32_t n_ended;
-  _Atomic uint32_t helpers;      /* connector and receiver threads running */
+  _Atomic uint32_t helpers;      /* connector, receiver and populate threads running */
+  int test_fill_hold;            /* $DEEPEPD_TEST_XCHG_FILL_HOLD_FD (testhooks.h); 0: none */
   _Atomic uint64_t busy_ns;      /* proxy threads' time moving blocks, summed */
 };
 

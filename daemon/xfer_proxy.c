@@ -51,17 +51,24 @@
 
 /*
  * A proxy thread's batches: for each peer, one of its data frames
- * (blocks, chunks) and, sent before it, one of its credit and taken
- * frames (XFER_CTL_AT(peer)).  A credit is what a sender on the peer's
- * node waits for before it writes more, and a taken word what a split
- * call's sender waits for: queued behind the sweep's data frames (a rank
- * pushes a chunk's credit right after the chunks of its own that it wrote
- * meanwhile), it would reach the peer only after them.  Such words only
- * grow and the largest stands (xfer__frame_publish), so they may pass the
- * data frames of the same sweep.
+ * (blocks, chunks: PX_LANE_DATA) and, sent before it on the peer's
+ * control lane, one of its credit and taken frames (PX_LANE_CTL).  A
+ * credit is what a sender on the peer's node waits for before it writes
+ * more, and a taken word what a split call's sender waits for: queued
+ * behind the sweep's data frames (a rank pushes a chunk's credit right
+ * after the chunks of its own that it wrote meanwhile), it would reach the
+ * peer only after them.  Such words only grow and the largest stands
+ * (xfer__frame_publish), so they may pass the data frames of the same
+ * sweep.
  */
-#define XFER_CTL_AT(peer) (CONFIG_MAX_LIST + (peer))
-#define XFER_BATCHES (2 * CONFIG_MAX_LIST)
+enum px_lane { PX_LANE_DATA, PX_LANE_CTL, PX_LANES };
+#define XFER_BATCH_AT(lane, peer) ((int)(lane) * CONFIG_MAX_LIST + (peer))
+#define XFER_BATCHES (PX_LANES * CONFIG_MAX_LIST)
+
+/* The lane a descriptor's frame goes on: credits and taken words the control lane. */
+static inline enum px_lane lane_of(uint32_t kind) {
+  return kind == DEP_XRING_CREDIT || kind == DEP_XRING_TAKEN ? PX_LANE_CTL : PX_LANE_DATA;
+}
 
 /* A proxy thread with nothing to do spins this long (yielding) before it
  * sleeps in steps of XFER_NAP_NS: a call's next descriptor usually comes
@@ -415,8 +422,7 @@ static enum px_take take_desc(struct xfer_route *r, uint32_t lr, const struct de
    * destination has it (a block until the call after next: the destination
    * sends this rank the next call's block only once it has all of this
    * one's; a chunk until the destination's credit covers it). */
-  const int into = d->kind == DEP_XRING_CREDIT || d->kind == DEP_XRING_TAKEN ? XFER_CTL_AT(peer)
-                                                                              : peer;
+  const int into = XFER_BATCH_AT(lane_of(d->kind), peer);
   struct xfer_batch *b = &batches[into];
   uint8_t table[DEP_XFER_NODE_BYTES(DEP_MAX_LOCAL_RANKS)];
   uint32_t n_dest = 0;
@@ -645,18 +651,19 @@ static uint64_t sweep(uint32_t self, struct px_cursor *cur, struct xfer_batch *b
   return taken;
 }
 
-/* Send and empty the batches of every peer k at batches[first + k] (data: first 0; credits
- * and taken words: XFER_CTL_AT(0)), except to a peer lost[k], whose earlier batch of this
- * sweep found no connection; a failed send marks its peer lost. */
-static void send_batches(struct xfer_batch *batches, uint64_t *frames, int first, bool *lost) {
+/* Send and empty every peer k's batch of `lane`, except to a peer lost[k], whose
+ * earlier batch of this sweep found no connection; a failed send marks its peer lost. */
+static void send_batches(struct xfer_batch *batches, uint64_t *frames, enum px_lane lane,
+                         bool *lost) {
   for (int k = 0; k < CONFIG_MAX_LIST; k++) {
-    struct xfer_batch *b = &batches[first + k];
+    const int at = XFER_BATCH_AT(lane, k);
+    struct xfer_batch *b = &batches[at];
     if (b->n_seg == 0)
       continue;
     if (!lost[k])
-      lost[k] = xfer__batch_send(k, b, frames[first + k], first != 0) != 0;
+      lost[k] = xfer__batch_send(k, b, frames[at], lane == PX_LANE_CTL) != 0;
     xfer__batch_reset(b);
-    frames[first + k] = 0;
+    frames[at] = 0;
   }
 }
 
@@ -677,8 +684,8 @@ static void *proxy_main(void *arg) {
     /* Every peer's credits and taken words first, then the data; a peer whose
      * credits found no connection (its routes are failed) is not waited for again. */
     bool lost[CONFIG_MAX_LIST] = {false};
-    send_batches(batches, frames, XFER_CTL_AT(0), lost);
-    send_batches(batches, frames, 0, lost);
+    send_batches(batches, frames, PX_LANE_CTL, lost);
+    send_batches(batches, frames, PX_LANE_DATA, lost);
     uint64_t now = mono_ns();
     if (taken > 0 || more) {
       atomic_fetch_add_explicit(&X->busy_ns, now - t0, memory_order_relaxed);

@@ -13,11 +13,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "client_internal.h"
 #include "clienttest.h"
 #include "cuda_ops.h"
 #include "daemonwire.h"
@@ -612,6 +614,47 @@ START_TEST(a_bad_warmup_hold_fails_the_attach) {
 }
 END_TEST
 
+/*
+ * The warm-up's list holds every region a rank of a full node lists, and a
+ * list that would overrun it (more slabs mapped than a node has ranks) is
+ * DEP_ERR_INTERNAL rather than regions dropped.  The local ranks are every
+ * other rank of the world, in slabs apart, so that no two regions join:
+ * the most warm_regions can list.  (The old list dropped what did not fit,
+ * the exchange region first, and said nothing.)
+ */
+START_TEST(the_warm_up_lists_a_full_node_and_refuses_more) {
+  enum { WORLD = 2 * DEP_MAX_LOCAL_RANKS + 2 };
+  const uint64_t block = 8192, data_off = 4096, parity = WORLD * block;
+  const uint64_t span = data_off + 2 * parity;
+  const size_t bytes = (WORLD + 1) * span;
+  uint8_t *base = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ck_assert_ptr_ne(base, MAP_FAILED);
+  uint8_t *slabs[WORLD] = {NULL};
+  struct dep_client *c = calloc(1, sizeof *c);
+  ck_assert_ptr_nonnull(c);
+  c->ops.lay = (struct dep_slab_layout){.block_bytes = block, .data_off = data_off,
+                                        .parity_bytes = parity, .xchg_bytes = 4096};
+  c->ops.world = WORLD;
+  c->ops.rank = 1;
+  c->ops.slabs = slabs;
+  c->ops.xchg = base + WORLD * span;
+  for (uint32_t r = 1; r < WORLD; r += 2)
+    slabs[r] = base + r * span; /* DEP_MAX_LOCAL_RANKS + 1 of them */
+  ck_assert_int_eq(warm_regions(c), DEP_ERR_INTERNAL);
+  ck_assert_msg(strstr(c->errmsg, "this is a bug") != NULL, "%s", c->errmsg);
+  ck_assert_uint_eq(c->warm.n, 0);
+
+  slabs[WORLD - 1] = NULL; /* a full node: DEP_MAX_LOCAL_RANKS slabs */
+  ck_assert_int_eq(warm_regions(c), 0);
+  ck_assert_uint_eq(c->warm.n, WARM_MAX_REGIONS);
+  ck_assert_uint_eq(c->warm.n, 5 * DEP_MAX_LOCAL_RANKS - 1);
+  ck_assert_ptr_eq(c->warm.r[0].p, slabs[1]);
+  ck_assert_ptr_eq(c->warm.r[c->warm.n - 1].p, c->ops.xchg);
+  free(c);
+  munmap(base, bytes);
+}
+END_TEST
+
 /* ---- deepepctl ---------------------------------------------------------------------- */
 
 START_TEST(ctl_status_prints_the_daemon) {
@@ -704,6 +747,10 @@ Suite *client_daemon_suite(void) {
   tcase_add_test(real, a_bad_warmup_hold_fails_the_attach);
   tcase_set_timeout(real, 60);
   suite_add_tcase(s, real);
+
+  TCase *warm = tcase_create("warm-up");
+  tcase_add_test(warm, the_warm_up_lists_a_full_node_and_refuses_more);
+  suite_add_tcase(s, warm);
 
   TCase *ctl = tcase_create("deepepctl");
   tcase_add_test(ctl, ctl_status_prints_the_daemon);

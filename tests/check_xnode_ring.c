@@ -402,6 +402,131 @@ START_TEST(a_ring_whose_head_is_behind_its_tail_fails_its_job_naming_both) {
 }
 END_TEST
 
+/* ---- the populate of a new job's exchange regions, off the loop -------------------- */
+
+#define FILL_CEILING_MS 20000
+
+struct fill_hold {
+  _Atomic int attached[2]; /* rank g is attached */
+  _Atomic int go;          /* the test has looked: detach */
+};
+
+/* Threads of process pid named name (/proc/pid/task/TID/comm), or -1 when none can be read. */
+static int threads_named(pid_t pid, const char *name) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (d == NULL)
+    return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    char comm[400], got[32] = "";
+    snprintf(comm, sizeof comm, "%s/%s/comm", path, e->d_name);
+    FILE *f = e->d_name[0] != '.' ? fopen(comm, "r") : NULL;
+    if (f == NULL)
+      continue;
+    if (fgets(got, sizeof got, f) != NULL)
+      got[strcspn(got, "\n")] = '\0';
+    fclose(f);
+    n += strcmp(got, name) == 0;
+  }
+  closedir(d);
+  return n;
+}
+
+/* Each rank says it is attached and holds its place until the test has looked. */
+static int fill_hold_rank(dep_client_t *c, const struct xn_run *run, uint32_t rank,
+                          struct xn_result *res) {
+  struct fill_hold *fh = run->arg;
+  atomic_store(&fh->attached[rank], 1);
+  for (int64_t until = xn_mono_ms() + 2 * FILL_CEILING_MS;
+       !atomic_load(&fh->go) && xn_mono_ms() < until;)
+    dw_sleep_ms(5);
+  return 0;
+}
+
+/* Until every daemon of ns has `want` threads named deepepd-fill, at most FILL_CEILING_MS
+ * (a bound for a loaded machine, not a timing); fails the test saying what it saw. */
+static void fill_threads_await(const struct nodes *ns, int want, const char *when) {
+  int got[2] = {-1, -1};
+  for (int64_t until = xn_mono_ms() + FILL_CEILING_MS;; dw_sleep_ms(5)) {
+    for (int i = 0; i < 2; i++)
+      got[i] = threads_named(ns->d[i].pid, "deepepd-fill");
+    if ((got[0] == want && got[1] == want) || xn_mono_ms() > until)
+      break;
+  }
+  ck_assert_msg(got[0] == want && got[1] == want, "%s: the daemons have %d and %d threads "
+                "mapping exchange regions in, not %d", when, got[0], got[1], want);
+}
+
+/*
+ * A daemon maps a new job's exchange regions into its page tables on a
+ * thread of its own, not on its loop: with the test's hook holding that
+ * thread ($DEEPEPD_TEST_XCHG_FILL_HOLD_FD, a pipe the test never writes),
+ * the job's ranks attach and deepepctl status answers on each node; the
+ * job then ends with the thread still held, which stops it (the regions
+ * go back to the pool only after).  Before, the loop mapped them itself
+ * while every other client's request waited: held so, no rank would have
+ * attached and no status answered.
+ */
+START_TEST(a_new_jobs_exchange_regions_are_mapped_in_off_the_daemons_loop) {
+  int hold[2];
+  ck_assert_int_eq(pipe(hold), 0);
+  char v[16];
+  snprintf(v, sizeof v, "%d", hold[0]);
+  setenv("DEEPEPD_TEST_XCHG_FILL_HOLD_FD", v, 1);
+  struct nodes ns;
+  xn_nodes_start(&ns, 2, 20000, XN_OP_TIMEOUT_MS, "");
+  unsetenv("DEEPEPD_TEST_XCHG_FILL_HOLD_FD");
+  struct xn_place pl;
+  const struct xn_layout *lay = &xn_layouts[0]; /* world 2, one rank on each node */
+  xn_place(&pl, lay->split, lay->nodes);
+  struct ow_case *d = xn_case_new(&lay->sc, 0);
+  struct fill_hold *fh = mmap(NULL, sizeof *fh, PROT_READ | PROT_WRITE,
+                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(fh, MAP_FAILED);
+  memset(fh, 0, sizeof *fh);
+  struct xn_result *res = xn_results(2);
+  const struct xn_run run = {.d = d, .body = fill_hold_rank, .arg = fh};
+  pid_t pids[2];
+  xn_spawn(&ns, &pl, "fillheld", &run, res, pids);
+  for (int64_t until = xn_mono_ms() + 2 * FILL_CEILING_MS;
+       !(atomic_load(&fh->attached[0]) && atomic_load(&fh->attached[1])) &&
+       xn_mono_ms() < until;)
+    dw_sleep_ms(5);
+  const bool attached = atomic_load(&fh->attached[0]) && atomic_load(&fh->attached[1]);
+  if (attached) {
+    fill_threads_await(&ns, 1, "attached, the populate held");
+    char out[8192];
+    for (int i = 0; i < 2; i++) {
+      xn_ctl_json_at(&ns, i, "status", out, sizeof out); /* fails the test if it does not answer */
+      ck_assert_msg(strstr(out, "fillheld") != NULL, "node %d's status lacks the job: %s", i, out);
+    }
+  }
+  atomic_store(&fh->go, 1);
+  const bool ok = xn_reap(pids, 2, 4 * FILL_CEILING_MS);
+  ck_assert_msg(attached && ok, "the ranks did not attach (%d, %d) or failed: rank 0: %s; "
+                "rank 1: %s", atomic_load(&fh->attached[0]), atomic_load(&fh->attached[1]),
+                res[0].msg, res[1].msg);
+  fill_threads_await(&ns, 0, "the job ended, the populate still held");
+  char *log = tu_daemon_log(&ns.d[0]);
+  int st[2]; /* each stops cleanly (under make asan: the held thread touched nothing freed) */
+  for (int i = 0; i < 2; i++)
+    st[i] = tu_daemon_stop(&ns.d[i]);
+  nodes_stop(&ns);
+  for (int i = 0; i < 2; i++)
+    ck_assert_msg(st[i] == 0, "node %d's daemon's wait status on SIGTERM: %#x", i, st[i]);
+  ck_assert_msg(log != NULL && strstr(log, "still being received") == NULL,
+                "node 0's log:\n%s", log != NULL ? log : "(none)");
+  free(log);
+  close(hold[0]);
+  close(hold[1]);
+  munmap(res, 2 * sizeof *res);
+  munmap(fh, sizeof *fh);
+  xn_case_free(d);
+}
+END_TEST
+
 /* ---- the data connections: little unsent ahead of a credit ----------------------- */
 
 /* The TCP sockets of process pid whose TCP_NOTSENT_LOWAT is XFER_NOTSENT_LOWAT (each taken
@@ -490,6 +615,7 @@ Suite *xnode_ring_suite(void) {
   tcase_set_timeout(p, 120);
   tcase_add_test(p, a_ring_whose_head_is_behind_its_tail_fails_its_job_naming_both);
   tcase_add_test(p, a_daemons_data_connections_hold_little_unsent_ahead_of_a_credit);
+  tcase_add_test(p, a_new_jobs_exchange_regions_are_mapped_in_off_the_daemons_loop);
   suite_add_tcase(s, p);
   return s;
 }
