@@ -235,8 +235,7 @@ __device__ __forceinline__ void ll_dispatch_recv(const cuops_job &J, const cuops
                                  const call &k, uint32_t r, uint32_t R, uint32_t op) {
   const peers s_p = peers_of(J);
   __shared__ uint32_t s_ok;
-  uint32_t *const s_first = src_first(J);
-  uint32_t *const s_dyn = ll_dyn(J); /* [world][le] offsets, then [world][le] counts */
+  uint32_t *const s_first = src_first(J), *const s_dyn = ll_dyn(J); /* [W][le] offsets, counts */
   const uint32_t h = J.hidden, G = h / 128, W = J.world, le = J.le, K = J.topk;
   const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const uint64_t rows_ll = (uint64_t)W * J.max_ll;
