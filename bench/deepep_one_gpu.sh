@@ -20,7 +20,8 @@
 #   NODES (1), RUN_S (300) seconds a script may run, EXTRA_ARGS passed to every script, POOL
 #   (16GiB) each daemon's pool and HOST_POOL (1GiB) its pinned host memory (a job across
 #   nodes takes its exchange regions there): the rest of the GPU is the ranks' own.
-#   BACKEND (cuda) the daemons' backend.
+#   BACKEND (cuda) the daemons' backend, CHUNK_ROWS (0: whole blocks) the daemons'
+#   stream_chunk_rows (a job across nodes then streams, a dispatch row once per node).
 set -u
 R=$(pwd); B=$(cd "${1:?BUILD_DIR}" && pwd); T=$(cd "${2:?DEEPEP_TESTS_DIR}" && pwd)
 OUTD=${OUT:-/tmp/out}; mkdir -p "$OUTD"
@@ -44,8 +45,9 @@ peers: [$peers]
 peer_key_file: $D/key
 peer_wait_ms: 0
 "
-  printf 'socket:\n  path: %s/n%s.sock\nbackend: %s\npool:\n  size_per_device: %s\n  chunk_size: 1GiB\n  host_size: %s\n%s' \
-    "$D" $i "${BACKEND:-cuda}" "${POOL:-16GiB}" "${HOST_POOL:-1GiB}" "$net" > "$D/n$i.yaml"
+  printf 'socket:\n  path: %s/n%s.sock\nbackend: %s\npool:\n  size_per_device: %s\n  chunk_size: 1GiB\n  host_size: %s\nstream_chunk_rows: %s\n%s' \
+    "$D" $i "${BACKEND:-cuda}" "${POOL:-16GiB}" "${HOST_POOL:-1GiB}" "${CHUNK_ROWS:-0}" "$net" \
+    > "$D/n$i.yaml"
   setsid "$B"/deepepd -c "$D/n$i.yaml" > "$OUTD/deepepd-n$i.log" 2>&1 &
   DPIDS="$DPIDS $!"
 done
