@@ -448,20 +448,6 @@ START_TEST(an_unknown_type_from_an_authenticated_peer_leaves_the_link_up) {
 }
 END_TEST
 
-/* The daemon's threads now (/proc/PID/task). */
-static int task_count(pid_t pid) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-  DIR *d = opendir(path);
-  if (d == NULL)
-    return -1;
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d)) != NULL;)
-    n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
-
 /*
  * An authenticated peer that sends thousands of DATA_OFFERs makes no more
  * threads here than the data connections it may have (one, with
@@ -472,7 +458,7 @@ static int task_count(pid_t pid) {
 START_TEST(a_flood_of_data_offers_starts_a_bounded_number_of_threads) {
   struct fp f;
   fp_start(&f);
-  const int before = task_count(f.d.pid);
+  const int before = tu_threads(f.d.pid, NULL);
   ck_assert_int_gt(before, 0);
   enum { N = 3000 };
   struct dep_peer_msg m = {.type = DEP_PEER_DATA_OFFER};
@@ -481,7 +467,7 @@ START_TEST(a_flood_of_data_offers_starts_a_bounded_number_of_threads) {
     randombytes_buf(m.u.data_offer.token, sizeof m.u.data_offer.token);
     fp_send(f.link, &m);
     if (i % 100 == 0) {
-      int n = task_count(f.d.pid);
+      int n = tu_threads(f.d.pid, NULL);
       most = n > most ? n : most;
     }
   }
@@ -489,7 +475,7 @@ START_TEST(a_flood_of_data_offers_starts_a_bounded_number_of_threads) {
    * listener never sends: look for two seconds, while they would live. */
   for (int64_t until = dw_now_ms() + 2000; dw_now_ms() < until;) {
     fp_pump(&f, 20, 9); /* keep-alives answered */
-    int n = task_count(f.d.pid);
+    int n = tu_threads(f.d.pid, NULL);
     most = n > most ? n : most;
   }
   /* One connector thread at most, and a few for the loop's thread pool

@@ -411,29 +411,6 @@ struct fill_hold {
   _Atomic int go;          /* the test has looked: detach */
 };
 
-/* Threads of process pid named name (/proc/pid/task/TID/comm), or -1 when none can be read. */
-static int threads_named(pid_t pid, const char *name) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-  DIR *d = opendir(path);
-  if (d == NULL)
-    return -1;
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d)) != NULL;) {
-    char comm[400], got[32] = "";
-    snprintf(comm, sizeof comm, "%s/%s/comm", path, e->d_name);
-    FILE *f = e->d_name[0] != '.' ? fopen(comm, "r") : NULL;
-    if (f == NULL)
-      continue;
-    if (fgets(got, sizeof got, f) != NULL)
-      got[strcspn(got, "\n")] = '\0';
-    fclose(f);
-    n += strcmp(got, name) == 0;
-  }
-  closedir(d);
-  return n;
-}
-
 /* Each rank says it is attached and holds its place until the test has looked. */
 static int fill_hold_rank(dep_client_t *c, const struct xn_run *run, uint32_t rank,
                           struct xn_result *res) {
@@ -451,7 +428,7 @@ static void fill_threads_await(const struct nodes *ns, int want, const char *whe
   int got[2] = {-1, -1};
   for (int64_t until = xn_mono_ms() + FILL_CEILING_MS;; dw_sleep_ms(5)) {
     for (int i = 0; i < 2; i++)
-      got[i] = threads_named(ns->d[i].pid, "deepepd-fill");
+      got[i] = tu_threads(ns->d[i].pid, "deepepd-fill");
     if ((got[0] == want && got[1] == want) || xn_mono_ms() > until)
       break;
   }

@@ -621,3 +621,31 @@ char *tu_sh_out(const char *cmd, int *status) {
     *status = st;
   return out;
 }
+
+int tu_threads(pid_t pid, const char *name) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (d == NULL)
+    return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.')
+      continue;
+    if (name == NULL) {
+      n++;
+      continue;
+    }
+    char comm[400], got[32] = "";
+    snprintf(comm, sizeof comm, "%s/%s/comm", path, e->d_name);
+    FILE *f = fopen(comm, "r");
+    if (f == NULL)
+      continue;
+    if (fgets(got, sizeof got, f) != NULL)
+      got[strcspn(got, "\n")] = '\0';
+    fclose(f);
+    n += strcmp(got, name) == 0;
+  }
+  closedir(d);
+  return n;
+}

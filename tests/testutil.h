@@ -75,6 +75,10 @@ void tu_daemon_cleanup(struct tu_daemon *d);
 
 /* Read the daemon's log so far into a malloc'd string (caller frees). */
 char *tu_daemon_log(const struct tu_daemon *d);
+
+/* Threads of process pid now (/proc/pid/task), only those named name (their comm) unless it is
+ * NULL; -1 when the list cannot be read. */
+int tu_threads(pid_t pid, const char *name);
 /* A shell command's output (what the command sends to stdout; malloc'd, fails the test on no
  * memory) and, where status is not NULL, its wait status. */
 char *tu_sh_out(const char *cmd, int *status);
