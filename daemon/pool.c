@@ -690,12 +690,6 @@ int pool_batch(const struct pool_io *io, size_t n, char *why, size_t whylen) {
   return 0;
 }
 
-int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
-                     size_t whylen) {
-  const struct pool_io io = {.b = b, .off = off, .buf = (void *)src, .len = len};
-  return pool_batch(&io, 1, why, whylen);
-}
-
 int pool_block_read(struct pool_block *b, uint64_t off, void *dst, size_t len, char *why,
                     size_t whylen) {
   const struct pool_io io = {.b = b, .off = off, .buf = dst, .len = len, .read = true};

@@ -241,9 +241,6 @@ struct pool_io {
  * thread while the blocks are lent (lend.c writes the abort words with it).
  */
 int pool_batch(const struct pool_io *io, size_t n, char *why, size_t whylen);
-/* pool_batch of one write: len bytes of src at off of the block. */
-int pool_block_write(struct pool_block *b, uint64_t off, const void *src, size_t len, char *why,
-                     size_t whylen);
 /* pool_batch of one read: len bytes at off of the block into dst. */
 int pool_block_read(struct pool_block *b, uint64_t off, void *dst, size_t len, char *why,
                     size_t whylen);
