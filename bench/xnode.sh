@@ -23,7 +23,8 @@
 # stream_chunk_rows, 0: whole blocks), NICE (run the daemons,
 # ranks and ceilings at this nice value, e.g. -10 on a machine that others
 # load; every figure of a run is taken at the same one), THREADS_TOP (threads
-# listed for each ep run, the busiest first, 12).
+# listed for each ep run, the busiest first, 12), EP_ARGS (more bench/ep options, e.g.
+# "-G 2000": each rank pauses 2 s between attach and its first call).
 set -euo pipefail
 
 BUILD=${1:-build}
@@ -271,7 +272,7 @@ for t in $(printf '%s\n' $TOKENS $LL_TOKENS | sort -nu); do
   [[ -n ${want_ll[$t]:-} ]] && pairs=${pairs:+$pairs,}ll,ll8
   before=$TCP_LAST
   nice -n "$NICE" "$BUILD/bench/ep" -s "$SOCKS" -n "$NLIST" -m processes -t "$t" -l "$l" \
-    -H "$HIDDEN" -e 256 -k 8 -c "$CALLS" -w 5 -r 3 -p "$pairs" >"$DIR/ep-$t.txt" &
+    -H "$HIDDEN" -e 256 -k 8 -c "$CALLS" -w 5 -r 3 -p "$pairs" ${EP_ARGS:-} >"$DIR/ep-$t.txt" &
   ep=$!
   python3 "$DIR/threads.py" "$ep" "${PIDS[0]} ${PIDS[1]}" "$THREADS_TOP" >"$DIR/threads-$t.txt" &
   sampler=$!
