@@ -213,9 +213,11 @@ static void job_answer_waiting(struct job *j);
 
 static void job_on_fill_poll(uv_timer_t *t) {
   struct job *j = t->data;
-  const uint64_t ms = (uv_hrtime() - j->filling_ns) / 1000000u;
+  const uint64_t now = uv_hrtime(), ms = (now - j->filling_ns) / 1000000u;
   const bool filled = xfer_job_filled(j);
-  if (!filled && ms < j->timeout_ms)
+  /* Bounded by the job's attach deadline, which its first rank's own wait outlasts
+   * (client/attach.c attach_timeout). */
+  if (!filled && (now - j->created_ns) / 1000000u < j->timeout_ms)
     return;
   if (!filled)
     log_warnx("job %s: its exchange regions were still being mapped in after %llu ms; its "
