@@ -208,6 +208,35 @@ bool job_lend(struct job *j) {
 
 static void job_answer_waiting(struct job *j);
 
+/* How often a job waiting for its exchange regions (job_complete_filled) asks. */
+#define JOB_FILL_POLL_MS 1
+
+static void job_on_fill_poll(uv_timer_t *t) {
+  struct job *j = t->data;
+  const uint64_t now = uv_hrtime(), ms = (now - j->filling_ns) / 1000000u;
+  const bool filled = xfer_job_filled(j);
+  /* Bounded by the job's attach deadline, which its first rank's own wait outlasts
+   * (client/attach.c attach_timeout). */
+  if (!filled && (now - j->created_ns) / 1000000u < j->timeout_ms)
+    return;
+  if (!filled)
+    log_warnx("job %s: its exchange regions were still being mapped in after %llu ms; its "
+              "ranks are answered now, and its first calls will map the rest", j->id,
+              (unsigned long long)ms);
+  j->filling = false;
+  job_complete(j);
+}
+
+void job_complete_filled(struct job *j) {
+  if (xfer_job_filled(j)) {
+    job_complete(j);
+    return;
+  }
+  j->filling = true;
+  j->filling_ns = uv_hrtime();
+  uv_timer_start(&j->timer, job_on_fill_poll, JOB_FILL_POLL_MS, JOB_FILL_POLL_MS);
+}
+
 /* Every rank is here: lend memory (unless it was) and answer them all. */
 void job_complete(struct job *j) {
   uv_timer_stop(&j->timer);

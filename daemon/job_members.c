@@ -335,7 +335,7 @@ static bool job_gather(struct job *j, uint32_t *held) {
  * peer's record): announce it when its local ranks are all here, check it,
  * and complete it when every world rank is held. */
 void job_progress(struct job *j) {
-  if (j->dead || j->ready || !j->multinode)
+  if (j->dead || j->ready || j->filling || !j->multinode)
     return;
   uint32_t held = 0;
   if (!job_gather(j, &held))
@@ -351,7 +351,7 @@ void job_progress(struct job *j) {
     (void)job_remote_ranks(j, &nodes);
     log_info("job %s: all %u ranks held on %u node(s)", j->id, j->world_size, 1 + nodes);
     xfer_job_start(j, job_who, job_membership); /* before the replies: a rank asks for its ring next */
-    job_complete(j);
+    job_complete_filled(j);
   }
 }
 

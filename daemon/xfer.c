@@ -153,10 +153,12 @@ static void route_fan(struct xfer_route *r) {
  * call of each parity.  A region an earlier job left cached (warm) is mapped
  * in already: the daemon keeps its mapping.  The mapping is a thread's, not
  * the loop's: for a large region it takes as long as touching every page,
- * and every other client's request would wait behind it.  Nothing waits for
- * it to finish (a page it has not mapped yet is faulted in by its first use);
- * it holds one of the route's users, so that the regions go back to the pool
- * only after it stops, which it does between pieces once the job has ended.
+ * and every other client's request would wait behind it.  The job's ranks
+ * are answered once it is done (xfer_job_filled): a page not mapped yet
+ * would be faulted in by the receiver's first write, in the job's first
+ * calls.  It holds one of the route's users, so that the regions go back to
+ * the pool only after it stops, which it does between pieces once the job
+ * has ended.
  */
 struct xfer_fill {
   struct xfer_route *r;
@@ -188,10 +190,12 @@ static void fill_run(struct xfer_fill *f) {
   for (uint32_t i = 0; i < f->n; i++)
     for (uint64_t off = 0; off < f->part[i].len; off += XFER_FILL_PIECE) {
       if (fill_stopped(f->r))
-        return;
+        goto out;
       const uint64_t left = f->part[i].len - off;
       dep__pages_populate(f->part[i].p + off, left < XFER_FILL_PIECE ? left : XFER_FILL_PIECE);
     }
+out:
+  atomic_store_explicit(&f->r->filling, false, memory_order_release);
 }
 
 static void *fill_main(void *arg) {
@@ -270,6 +274,7 @@ void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn 
   if (fill != NULL && fill->n > 0) {
     fill->r = r;
     atomic_store(&r->users, 1); /* the populate's, before any thread sees the route */
+    atomic_store(&r->filling, true);
   }
   pthread_rwlock_wrlock(&X->lock);
   r->next = X->routes;
@@ -280,6 +285,16 @@ void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn 
     fill_start(fill);
   else
     free(fill);
+}
+
+bool xfer_job_filled(const struct job *j) {
+  if (!X->active)
+    return true;
+  pthread_rwlock_rdlock(&X->lock);
+  const struct xfer_route *r = route_of(j);
+  const bool filling = r != NULL && atomic_load_explicit(&r->filling, memory_order_acquire);
+  pthread_rwlock_unlock(&X->lock);
+  return !filling;
 }
 
 void xfer_job_fail(const struct job *j, int code) {

@@ -86,6 +86,12 @@ void xfer_job_start(const struct job *j, const int16_t *who, xfer_membership_fn 
  * hold (one that ended, however long ago, or never ran here) is dropped
  * at once.  Until xfer_job_end. */
 void xfer_job_expect(const struct job *j);
+/* Whether j's exchange regions are in this daemon's page tables: false while
+ * the thread that maps a new route's regions in (xfer.c struct xfer_fill) is
+ * at it.  The job answers its ranks' ATTACH only after (job_members.c): a
+ * region a receiver first touched in the job's first calls cost those calls
+ * a page fault a page (BENCHMARKS.md). */
+bool xfer_job_filled(const struct job *j);
 /* j cannot go on (a node or a rank is gone): its rings stop, their ranks'
  * pushes fail with code, and nothing more is moved for it. */
 void xfer_job_fail(const struct job *j, int code);

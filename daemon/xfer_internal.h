@@ -97,6 +97,7 @@ struct xfer_route {
    * listed until it is done. */
   _Atomic uint32_t users;
   _Atomic bool ending;           /* xfer_job_end has unlisted it: a populate stops */
+  _Atomic bool filling;          /* its regions are being mapped in (struct xfer_fill) */
   struct xfer_route *next;
 };
 

@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 
 #include "client_internal.h"
 #include "daemonwire.h"
@@ -436,66 +438,116 @@ static void fill_threads_await(const struct nodes *ns, int want, const char *whe
                 "mapping exchange regions in, not %d", when, got[0], got[1], want);
 }
 
-/*
- * A daemon maps a new job's exchange regions into its page tables on a
- * thread of its own, not on its loop: with the test's hook holding that
- * thread ($DEEPEPD_TEST_XCHG_FILL_HOLD_FD, a pipe the test never writes),
- * the job's ranks attach and deepepctl status answers on each node; the
- * job then ends with the thread still held, which stops it (the regions
- * go back to the pool only after).  Before, the loop mapped them itself
- * while every other client's request waited: held so, no rank would have
- * attached and no status answered.
- */
-START_TEST(a_new_jobs_exchange_regions_are_mapped_in_off_the_daemons_loop) {
-  int hold[2];
+/* Two daemons whose populate of a new job's exchange regions the test's hook holds
+ * ($DEEPEPD_TEST_XCHG_FILL_HOLD_FD: hold[0], until hold[1] is written or closed), and the
+ * ranks of world 2, one on each, spawned into *pids; fh says what they do. */
+static void fill_held_job(struct nodes *ns, int hold[2], struct fill_hold **fh,
+                          struct ow_case **d, pid_t pids[2], struct xn_result **res) {
   ck_assert_int_eq(pipe(hold), 0);
   char v[16];
   snprintf(v, sizeof v, "%d", hold[0]);
   setenv("DEEPEPD_TEST_XCHG_FILL_HOLD_FD", v, 1);
-  struct nodes ns;
-  xn_nodes_start(&ns, 2, 20000, XN_OP_TIMEOUT_MS, "");
+  xn_nodes_start(ns, 2, 20000, XN_OP_TIMEOUT_MS, "");
   unsetenv("DEEPEPD_TEST_XCHG_FILL_HOLD_FD");
   struct xn_place pl;
   const struct xn_layout *lay = &xn_layouts[0]; /* world 2, one rank on each node */
   xn_place(&pl, lay->split, lay->nodes);
-  struct ow_case *d = xn_case_new(&lay->sc, 0);
-  struct fill_hold *fh = mmap(NULL, sizeof *fh, PROT_READ | PROT_WRITE,
-                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ck_assert_ptr_ne(fh, MAP_FAILED);
-  memset(fh, 0, sizeof *fh);
-  struct xn_result *res = xn_results(2);
-  const struct xn_run run = {.d = d, .body = fill_hold_rank, .arg = fh};
-  pid_t pids[2];
-  xn_spawn(&ns, &pl, "fillheld", &run, res, pids);
-  for (int64_t until = xn_mono_ms() + 2 * FILL_CEILING_MS;
-       !(atomic_load(&fh->attached[0]) && atomic_load(&fh->attached[1])) &&
-       xn_mono_ms() < until;)
-    dw_sleep_ms(5);
-  const bool attached = atomic_load(&fh->attached[0]) && atomic_load(&fh->attached[1]);
-  if (attached) {
-    fill_threads_await(&ns, 1, "attached, the populate held");
-    char out[8192];
-    for (int i = 0; i < 2; i++) {
-      xn_ctl_json_at(&ns, i, "status", out, sizeof out); /* fails the test if it does not answer */
-      ck_assert_msg(strstr(out, "fillheld") != NULL, "node %d's status lacks the job: %s", i, out);
-    }
-  }
-  atomic_store(&fh->go, 1);
-  const bool ok = xn_reap(pids, 2, 4 * FILL_CEILING_MS);
-  ck_assert_msg(attached && ok, "the ranks did not attach (%d, %d) or failed: rank 0: %s; "
-                "rank 1: %s", atomic_load(&fh->attached[0]), atomic_load(&fh->attached[1]),
-                res[0].msg, res[1].msg);
-  fill_threads_await(&ns, 0, "the job ended, the populate still held");
-  char *log = tu_daemon_log(&ns.d[0]);
-  int st[2]; /* each stops cleanly (under make asan: the held thread touched nothing freed) */
+  *d = xn_case_new(&lay->sc, 0);
+  *fh = mmap(NULL, sizeof **fh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(*fh, MAP_FAILED);
+  memset(*fh, 0, sizeof **fh);
+  *res = xn_results(2);
+  const struct xn_run run = {.d = *d, .body = fill_hold_rank, .arg = *fh};
+  xn_spawn(ns, &pl, "fillheld", &run, *res, pids);
+}
+
+/* Each daemon of ns stops cleanly on SIGTERM (under make asan: the held thread touched
+ * nothing freed), and node 0's log does not say a frame was still being received. */
+static void fill_nodes_stop(struct nodes *ns) {
+  char *log = tu_daemon_log(&ns->d[0]);
+  int st[2];
   for (int i = 0; i < 2; i++)
-    st[i] = tu_daemon_stop(&ns.d[i]);
-  nodes_stop(&ns);
+    st[i] = tu_daemon_stop(&ns->d[i]);
+  nodes_stop(ns);
   for (int i = 0; i < 2; i++)
     ck_assert_msg(st[i] == 0, "node %d's daemon's wait status on SIGTERM: %#x", i, st[i]);
   ck_assert_msg(log != NULL && strstr(log, "still being received") == NULL,
                 "node 0's log:\n%s", log != NULL ? log : "(none)");
   free(log);
+}
+
+/*
+ * A daemon maps a new job's exchange regions into its page tables on a
+ * thread of its own, not on its loop, and answers the job's ranks once
+ * they are in: with the test's hook holding that thread, deepepctl status
+ * answers on each node and no rank is attached; let go, the ranks attach
+ * and run, and the threads end.  Before the thread, the loop mapped the
+ * regions itself while every other client's request waited (no status
+ * answered while held); before the ranks waited for it, they attached at
+ * once and their first calls faulted the regions in, page by page
+ * (BENCHMARKS.md: a first call 3.4 times the median between namespaces).
+ */
+START_TEST(a_new_jobs_ranks_are_answered_once_its_exchange_regions_are_mapped_in) {
+  int hold[2];
+  struct nodes ns;
+  struct fill_hold *fh;
+  struct ow_case *d;
+  struct xn_result *res;
+  pid_t pids[2];
+  fill_held_job(&ns, hold, &fh, &d, pids, &res);
+  fill_threads_await(&ns, 1, "every rank held, the populate held");
+  char out[8192];
+  for (int i = 0; i < 2; i++) {
+    xn_ctl_json_at(&ns, i, "status", out, sizeof out); /* fails the test if it does not answer */
+    ck_assert_msg(strstr(out, "fillheld") != NULL, "node %d's status lacks the job: %s", i, out);
+  }
+  const bool early = atomic_load(&fh->attached[0]) || atomic_load(&fh->attached[1]);
+  ck_assert_int_eq(write(hold[1], "x", 1), 1); /* let the populate go */
+  for (int64_t until = xn_mono_ms() + 2 * FILL_CEILING_MS;
+       !(atomic_load(&fh->attached[0]) && atomic_load(&fh->attached[1])) &&
+       xn_mono_ms() < until;)
+    dw_sleep_ms(5);
+  const bool attached = atomic_load(&fh->attached[0]) && atomic_load(&fh->attached[1]);
+  atomic_store(&fh->go, 1);
+  const bool ok = xn_reap(pids, 2, 4 * FILL_CEILING_MS);
+  ck_assert_msg(!early, "a rank was answered while its job's exchange regions were being "
+                "mapped in (%d, %d)", atomic_load(&fh->attached[0]),
+                atomic_load(&fh->attached[1]));
+  ck_assert_msg(attached && ok, "the ranks did not attach (%d, %d) or failed: rank 0: %s; "
+                "rank 1: %s", atomic_load(&fh->attached[0]), atomic_load(&fh->attached[1]),
+                res[0].msg, res[1].msg);
+  fill_threads_await(&ns, 0, "the populate let go");
+  fill_nodes_stop(&ns);
+  close(hold[0]);
+  close(hold[1]);
+  munmap(res, 2 * sizeof *res);
+  munmap(fh, sizeof *fh);
+  xn_case_free(d);
+}
+END_TEST
+
+/*
+ * A job whose ranks go while its exchange regions are being mapped in (the
+ * populate held, as above; the ranks killed while they wait for ATTACH_OK)
+ * ends, and its populate stops between pieces: the threads end with the
+ * hold never let go, and the regions go back to the pool only after (the
+ * daemons stop cleanly).
+ */
+START_TEST(a_job_that_ends_while_its_regions_are_mapped_in_stops_their_populate) {
+  int hold[2];
+  struct nodes ns;
+  struct fill_hold *fh;
+  struct ow_case *d;
+  struct xn_result *res;
+  pid_t pids[2];
+  fill_held_job(&ns, hold, &fh, &d, pids, &res);
+  fill_threads_await(&ns, 1, "every rank held, the populate held");
+  for (int i = 0; i < 2; i++) {
+    kill(pids[i], SIGKILL);
+    waitpid(pids[i], NULL, 0);
+  }
+  fill_threads_await(&ns, 0, "the ranks killed, the populate still held");
+  fill_nodes_stop(&ns);
   close(hold[0]);
   close(hold[1]);
   munmap(res, 2 * sizeof *res);
@@ -592,7 +644,8 @@ Suite *xnode_ring_suite(void) {
   tcase_set_timeout(p, 120);
   tcase_add_test(p, a_ring_whose_head_is_behind_its_tail_fails_its_job_naming_both);
   tcase_add_test(p, a_daemons_data_connections_hold_little_unsent_ahead_of_a_credit);
-  tcase_add_test(p, a_new_jobs_exchange_regions_are_mapped_in_off_the_daemons_loop);
+  tcase_add_test(p, a_new_jobs_ranks_are_answered_once_its_exchange_regions_are_mapped_in);
+  tcase_add_test(p, a_job_that_ends_while_its_regions_are_mapped_in_stops_their_populate);
   suite_add_tcase(s, p);
   return s;
 }
