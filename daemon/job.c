@@ -54,7 +54,12 @@ static uint64_t job_age_ms(const struct job *j) {
   return (uv_hrtime() - j->created_ns) / 1000000u;
 }
 
-static void job_free(uv_handle_t *h) { free(h->data); }
+/* A close callback of the job's timers: the job goes with the last. */
+static void job_free(uv_handle_t *h) {
+  struct job *j = h->data;
+  if (--j->open_handles == 0)
+    free(j);
+}
 
 static void job_destroy(struct job *j, const char *why) {
   if (j->dead)
@@ -83,7 +88,10 @@ static void job_destroy(struct job *j, const char *why) {
   log_info("job %s: removed (%s) after %llu ms", j->id, why,
            (unsigned long long)job_age_ms(j));
   uv_timer_stop(&j->timer);
+  uv_timer_stop(&j->fill_timer);
+  j->open_handles = 2;
   uv_close((uv_handle_t *)&j->timer, job_free);
+  uv_close((uv_handle_t *)&j->fill_timer, job_free);
 }
 
 /* Free one local rank's slot; the job goes when its last rank does. */
@@ -208,6 +216,24 @@ bool job_lend(struct job *j) {
 
 static void job_answer_waiting(struct job *j);
 
+/* Every rank is here: lend memory (unless it was) and make j ready; false after failing it. */
+static bool job_make_ready(struct job *j) {
+  uv_timer_stop(&j->timer);
+  if (!job_lend(j))
+    return false;
+  j->ready = true;
+  j->ready_ns = uv_hrtime();
+  log_info("job %s: all %u local ranks attached after %llu ms", j->id, j->local_world_size,
+           (unsigned long long)job_age_ms(j));
+  return true;
+}
+
+/* Every rank is here: lend memory (unless it was) and answer them all. */
+void job_complete(struct job *j) {
+  if (job_make_ready(j))
+    job_answer_waiting(j);
+}
+
 /* How often a job waiting for its exchange regions (job_complete_filled) asks. */
 #define JOB_FILL_POLL_MS 1
 
@@ -223,30 +249,21 @@ static void job_on_fill_poll(uv_timer_t *t) {
     log_warnx("job %s: its exchange regions were still being mapped in after %llu ms; its "
               "ranks are answered now, and its first calls will map the rest", j->id,
               (unsigned long long)ms);
+  uv_timer_stop(&j->fill_timer);
   j->filling = false;
-  job_complete(j);
+  job_answer_waiting(j);
 }
 
 void job_complete_filled(struct job *j) {
+  if (!job_make_ready(j))
+    return;
   if (xfer_job_filled(j)) {
-    job_complete(j);
+    job_answer_waiting(j);
     return;
   }
   j->filling = true;
   j->filling_ns = uv_hrtime();
-  uv_timer_start(&j->timer, job_on_fill_poll, JOB_FILL_POLL_MS, JOB_FILL_POLL_MS);
-}
-
-/* Every rank is here: lend memory (unless it was) and answer them all. */
-void job_complete(struct job *j) {
-  uv_timer_stop(&j->timer);
-  if (!job_lend(j))
-    return;
-  j->ready = true;
-  j->ready_ns = uv_hrtime();
-  log_info("job %s: all %u local ranks attached after %llu ms", j->id, j->local_world_size,
-           (unsigned long long)job_age_ms(j));
-  job_answer_waiting(j);
+  uv_timer_start(&j->fill_timer, job_on_fill_poll, JOB_FILL_POLL_MS, JOB_FILL_POLL_MS);
 }
 
 /* Answer every local rank of the ready job j whose ATTACH waits: its arenas, then ATTACH_OK. */
@@ -392,6 +409,8 @@ static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {
   j->created_ns = uv_hrtime();
   uv_timer_init(job_loop, &j->timer);
   j->timer.data = j;
+  uv_timer_init(job_loop, &j->fill_timer);
+  j->fill_timer.data = j;
   j->timeout_ms = job_cfg->attach_timeout_ms;
   uv_timer_start(&j->timer, job_on_timeout, j->timeout_ms, 0);
   j->next = job_list;

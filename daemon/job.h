@@ -73,8 +73,8 @@ struct job {
   bool lent;                 /* its arenas are lent: at the rendezvous, or for a multi-node
                                 job once its local ranks are all here (MEMBERSHIP carries
                                 where peers write into them) */
-  bool filling;              /* every rank is held; the ATTACH replies wait for its exchange
-                                regions to be mapped in (job_complete_filled) */
+  bool filling;              /* ready, and the ATTACH replies wait for its exchange regions
+                                to be mapped in (job_complete_filled, fill_timer) */
   uint64_t filling_ns;       /* uv_hrtime() when that wait began */
   bool dead;                 /* torn down, waiting for the timer's close callback */
   uint32_t told;             /* what the abort words say (lend_tell_gone): 0 nothing yet,
@@ -83,6 +83,8 @@ struct job {
   struct job_elastic *elastic; /* an elastic job's mask and history (job_elastic.c), made
                                   with the job; NULL for a job that is not elastic */
   uv_timer_t timer;          /* the attach timeout */
+  uv_timer_t fill_timer;     /* the poll of a filling job (job_complete_filled) */
+  uint8_t open_handles;      /* of timer and fill_timer, still to close (job_destroy) */
   struct lend_xchg *xchg;    /* a job that spans nodes, once lent: each local rank's ring and
                                 exchange region (lend.h), by local rank; NULL otherwise */
   struct job *next;

@@ -39,10 +39,11 @@ void job_fail(struct job *j, int code, const char *msg);
 bool job_lend(struct job *j);
 /* Every rank is here: lend memory (unless it was) and answer them all. */
 void job_complete(struct job *j);
-/* job_complete for a multi-node job whose route just started (xfer_job_start): at once when
- * its exchange regions are mapped in (xfer_job_filled), else once they are, polled every
- * JOB_FILL_POLL_MS by the job's timer, or at its attach deadline (created_ns + timeout_ms)
- * whatever they are. */
+/* job_complete for a multi-node job whose route just started (xfer_job_start): ready at
+ * once, its ranks answered at once when its exchange regions are mapped in
+ * (xfer_job_filled), else once they are, polled every JOB_FILL_POLL_MS on fill_timer, or at
+ * its attach deadline (created_ns + timeout_ms) whatever they are.  A ready job's events
+ * (a rank that leaves, a peer's word) are a ready job's while its ranks wait. */
 void job_complete_filled(struct job *j);
 /* The rejoin of local rank local_rank of j, which waited for the other daemons, ended:
  * 0, its process is answered as a rank of the job; else refused with code and why, and

@@ -335,7 +335,7 @@ static bool job_gather(struct job *j, uint32_t *held) {
  * peer's record): announce it when its local ranks are all here, check it,
  * and complete it when every world rank is held. */
 void job_progress(struct job *j) {
-  if (j->dead || j->ready || j->filling || !j->multinode)
+  if (j->dead || j->ready || !j->multinode)
     return;
   uint32_t held = 0;
   if (!job_gather(j, &held))
