@@ -438,42 +438,59 @@ static void fill_threads_await(const struct nodes *ns, int want, const char *whe
                 "mapping exchange regions in, not %d", when, got[0], got[1], want);
 }
 
-/* Two daemons whose populate of a new job's exchange regions the test's hook holds
- * ($DEEPEPD_TEST_XCHG_FILL_HOLD_FD: hold[0], until hold[1] is written or closed), and the
- * ranks of world 2, one on each, spawned into *pids; fh says what they do. */
-static void fill_held_job(struct nodes *ns, int hold[2], struct fill_hold **fh,
-                          struct ow_case **d, pid_t pids[2], struct xn_result **res) {
-  ck_assert_int_eq(pipe(hold), 0);
+/* A job of world 2, one rank on each of two daemons whose populate of a new job's exchange
+ * regions the test's hook holds ($DEEPEPD_TEST_XCHG_FILL_HOLD_FD: hold[0], until hold[1] is
+ * written or closed); fh says what the ranks do. */
+struct fill_case {
+  int hold[2];
+  struct nodes ns;
+  struct fill_hold *fh;
+  struct ow_case *d;
+  struct xn_result *res;
+  pid_t pids[2];
+};
+
+/* Start fc's daemons and spawn its ranks; returns once both daemons' populate is held. */
+static void fill_case_start(struct fill_case *fc) {
+  ck_assert_int_eq(pipe(fc->hold), 0);
   char v[16];
-  snprintf(v, sizeof v, "%d", hold[0]);
+  snprintf(v, sizeof v, "%d", fc->hold[0]);
   setenv("DEEPEPD_TEST_XCHG_FILL_HOLD_FD", v, 1);
-  xn_nodes_start(ns, 2, 20000, XN_OP_TIMEOUT_MS, "");
+  xn_nodes_start(&fc->ns, 2, 20000, XN_OP_TIMEOUT_MS, "");
   unsetenv("DEEPEPD_TEST_XCHG_FILL_HOLD_FD");
   struct xn_place pl;
   const struct xn_layout *lay = &xn_layouts[0]; /* world 2, one rank on each node */
   xn_place(&pl, lay->split, lay->nodes);
-  *d = xn_case_new(&lay->sc, 0);
-  *fh = mmap(NULL, sizeof **fh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ck_assert_ptr_ne(*fh, MAP_FAILED);
-  memset(*fh, 0, sizeof **fh);
-  *res = xn_results(2);
-  const struct xn_run run = {.d = *d, .body = fill_hold_rank, .arg = *fh};
-  xn_spawn(ns, &pl, "fillheld", &run, *res, pids);
+  fc->d = xn_case_new(&lay->sc, 0);
+  fc->fh = mmap(NULL, sizeof *fc->fh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(fc->fh, MAP_FAILED);
+  memset(fc->fh, 0, sizeof *fc->fh);
+  fc->res = xn_results(2);
+  const struct xn_run run = {.d = fc->d, .body = fill_hold_rank, .arg = fc->fh};
+  xn_spawn(&fc->ns, &pl, "fillheld", &run, fc->res, fc->pids);
+  fill_threads_await(&fc->ns, 1, "every rank held, the populate held");
 }
 
-/* Each daemon of ns stops cleanly on SIGTERM (under make asan: the held thread touched
- * nothing freed), and node 0's log does not say a frame was still being received. */
-static void fill_nodes_stop(struct nodes *ns) {
-  char *log = tu_daemon_log(&ns->d[0]);
+/* Once fc's populate has stopped (when: how), each daemon stops cleanly on SIGTERM (under
+ * make asan: the held thread touched nothing freed), and node 0's log does not say a frame
+ * was still being received; then everything of fc goes. */
+static void fill_case_end(struct fill_case *fc, const char *when) {
+  fill_threads_await(&fc->ns, 0, when);
+  char *log = tu_daemon_log(&fc->ns.d[0]);
   int st[2];
   for (int i = 0; i < 2; i++)
-    st[i] = tu_daemon_stop(&ns->d[i]);
-  nodes_stop(ns);
+    st[i] = tu_daemon_stop(&fc->ns.d[i]);
+  nodes_stop(&fc->ns);
   for (int i = 0; i < 2; i++)
     ck_assert_msg(st[i] == 0, "node %d's daemon's wait status on SIGTERM: %#x", i, st[i]);
   ck_assert_msg(log != NULL && strstr(log, "still being received") == NULL,
                 "node 0's log:\n%s", log != NULL ? log : "(none)");
   free(log);
+  close(fc->hold[0]);
+  close(fc->hold[1]);
+  munmap(fc->res, 2 * sizeof *fc->res);
+  munmap(fc->fh, sizeof *fc->fh);
+  xn_case_free(fc->d);
 }
 
 /*
@@ -485,44 +502,33 @@ static void fill_nodes_stop(struct nodes *ns) {
  * regions itself while every other client's request waited (no status
  * answered while held); before the ranks waited for it, they attached at
  * once and their first calls faulted the regions in, page by page
- * (BENCHMARKS.md: a first call 3.4 times the median between namespaces).
+ * (BENCHMARKS.md: a first dispatch 3.4 times the median between namespaces).
  */
 START_TEST(a_new_jobs_ranks_are_answered_once_its_exchange_regions_are_mapped_in) {
-  int hold[2];
-  struct nodes ns;
-  struct fill_hold *fh;
-  struct ow_case *d;
-  struct xn_result *res;
-  pid_t pids[2];
-  fill_held_job(&ns, hold, &fh, &d, pids, &res);
-  fill_threads_await(&ns, 1, "every rank held, the populate held");
+  struct fill_case fc;
+  fill_case_start(&fc);
+  struct fill_hold *fh = fc.fh;
   char out[8192];
   for (int i = 0; i < 2; i++) {
-    xn_ctl_json_at(&ns, i, "status", out, sizeof out); /* fails the test if it does not answer */
+    xn_ctl_json_at(&fc.ns, i, "status", out, sizeof out); /* fails the test if it does not answer */
     ck_assert_msg(strstr(out, "fillheld") != NULL, "node %d's status lacks the job: %s", i, out);
   }
   const bool early = atomic_load(&fh->attached[0]) || atomic_load(&fh->attached[1]);
-  ck_assert_int_eq(write(hold[1], "x", 1), 1); /* let the populate go */
+  ck_assert_int_eq(write(fc.hold[1], "x", 1), 1); /* let the populate go */
   for (int64_t until = xn_mono_ms() + 2 * FILL_CEILING_MS;
        !(atomic_load(&fh->attached[0]) && atomic_load(&fh->attached[1])) &&
        xn_mono_ms() < until;)
     dw_sleep_ms(5);
   const bool attached = atomic_load(&fh->attached[0]) && atomic_load(&fh->attached[1]);
   atomic_store(&fh->go, 1);
-  const bool ok = xn_reap(pids, 2, 4 * FILL_CEILING_MS);
+  const bool ok = xn_reap(fc.pids, 2, 4 * FILL_CEILING_MS);
   ck_assert_msg(!early, "a rank was answered while its job's exchange regions were being "
                 "mapped in (%d, %d)", atomic_load(&fh->attached[0]),
                 atomic_load(&fh->attached[1]));
   ck_assert_msg(attached && ok, "the ranks did not attach (%d, %d) or failed: rank 0: %s; "
                 "rank 1: %s", atomic_load(&fh->attached[0]), atomic_load(&fh->attached[1]),
-                res[0].msg, res[1].msg);
-  fill_threads_await(&ns, 0, "the populate let go");
-  fill_nodes_stop(&ns);
-  close(hold[0]);
-  close(hold[1]);
-  munmap(res, 2 * sizeof *res);
-  munmap(fh, sizeof *fh);
-  xn_case_free(d);
+                fc.res[0].msg, fc.res[1].msg);
+  fill_case_end(&fc, "the populate let go");
 }
 END_TEST
 
@@ -534,25 +540,13 @@ END_TEST
  * daemons stop cleanly).
  */
 START_TEST(a_job_that_ends_while_its_regions_are_mapped_in_stops_their_populate) {
-  int hold[2];
-  struct nodes ns;
-  struct fill_hold *fh;
-  struct ow_case *d;
-  struct xn_result *res;
-  pid_t pids[2];
-  fill_held_job(&ns, hold, &fh, &d, pids, &res);
-  fill_threads_await(&ns, 1, "every rank held, the populate held");
+  struct fill_case fc;
+  fill_case_start(&fc);
   for (int i = 0; i < 2; i++) {
-    kill(pids[i], SIGKILL);
-    waitpid(pids[i], NULL, 0);
+    kill(fc.pids[i], SIGKILL);
+    waitpid(fc.pids[i], NULL, 0);
   }
-  fill_threads_await(&ns, 0, "the ranks killed, the populate still held");
-  fill_nodes_stop(&ns);
-  close(hold[0]);
-  close(hold[1]);
-  munmap(res, 2 * sizeof *res);
-  munmap(fh, sizeof *fh);
-  xn_case_free(d);
+  fill_case_end(&fc, "the ranks killed, the populate still held");
 }
 END_TEST
 
