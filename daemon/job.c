@@ -250,7 +250,6 @@ static void job_on_fill_poll(uv_timer_t *t) {
               "ranks are answered now, and its first calls will map the rest", j->id,
               (unsigned long long)ms);
   uv_timer_stop(&j->fill_timer);
-  j->filling = false;
   job_answer_waiting(j);
 }
 
@@ -261,7 +260,6 @@ void job_complete_filled(struct job *j) {
     job_answer_waiting(j);
     return;
   }
-  j->filling = true;
   j->filling_ns = uv_hrtime();
   uv_timer_start(&j->fill_timer, job_on_fill_poll, JOB_FILL_POLL_MS, JOB_FILL_POLL_MS);
 }

@@ -73,9 +73,8 @@ struct job {
   bool lent;                 /* its arenas are lent: at the rendezvous, or for a multi-node
                                 job once its local ranks are all here (MEMBERSHIP carries
                                 where peers write into them) */
-  bool filling;              /* ready, and the ATTACH replies wait for its exchange regions
-                                to be mapped in (job_complete_filled, fill_timer) */
-  uint64_t filling_ns;       /* uv_hrtime() when that wait began */
+  uint64_t filling_ns;       /* uv_hrtime() when its ATTACH replies began to wait for its
+                                exchange regions to be mapped in (job_complete_filled) */
   bool dead;                 /* torn down, waiting for the timer's close callback */
   uint32_t told;             /* what the abort words say (lend_tell_gone): 0 nothing yet,
                                 else 1 + the DEP_SLAB_GONE_* of the rank they name */
