@@ -54,11 +54,12 @@ static uint64_t job_age_ms(const struct job *j) {
   return (uv_hrtime() - j->created_ns) / 1000000u;
 }
 
-/* A close callback of the job's timers: the job goes with the last. */
-static void job_free(uv_handle_t *h) {
+static void job_free(uv_handle_t *h) { free(h->data); }
+
+/* The attach timer is closed: close the fill timer, and the job goes with it. */
+static void job_timer_closed(uv_handle_t *h) {
   struct job *j = h->data;
-  if (--j->open_handles == 0)
-    free(j);
+  uv_close((uv_handle_t *)&j->fill_timer, job_free);
 }
 
 static void job_destroy(struct job *j, const char *why) {
@@ -89,9 +90,7 @@ static void job_destroy(struct job *j, const char *why) {
            (unsigned long long)job_age_ms(j));
   uv_timer_stop(&j->timer);
   uv_timer_stop(&j->fill_timer);
-  j->open_handles = 2;
-  uv_close((uv_handle_t *)&j->timer, job_free);
-  uv_close((uv_handle_t *)&j->fill_timer, job_free);
+  uv_close((uv_handle_t *)&j->timer, job_timer_closed);
 }
 
 /* Free one local rank's slot; the job goes when its last rank does. */
@@ -239,7 +238,7 @@ void job_complete(struct job *j) {
 
 static void job_on_fill_poll(uv_timer_t *t) {
   struct job *j = t->data;
-  const uint64_t now = uv_hrtime(), ms = (now - j->filling_ns) / 1000000u;
+  const uint64_t now = uv_hrtime();
   const bool filled = xfer_job_filled(j);
   /* Bounded by the job's attach deadline, which its first rank's own wait outlasts
    * (client/attach.c attach_timeout). */
@@ -248,7 +247,7 @@ static void job_on_fill_poll(uv_timer_t *t) {
   if (!filled)
     log_warnx("job %s: its exchange regions were still being mapped in after %llu ms; its "
               "ranks are answered now, and its first calls will map the rest", j->id,
-              (unsigned long long)ms);
+              (unsigned long long)((now - j->filling_ns) / 1000000u));
   uv_timer_stop(&j->fill_timer);
   job_answer_waiting(j);
 }

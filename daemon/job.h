@@ -82,8 +82,8 @@ struct job {
   struct job_elastic *elastic; /* an elastic job's mask and history (job_elastic.c), made
                                   with the job; NULL for a job that is not elastic */
   uv_timer_t timer;          /* the attach timeout */
-  uv_timer_t fill_timer;     /* the poll of a filling job (job_complete_filled) */
-  uint8_t open_handles;      /* of timer and fill_timer, still to close (job_destroy) */
+  uv_timer_t fill_timer;     /* the poll of a filling job (job_complete_filled); closed
+                                after timer, and the job is freed with it (job_destroy) */
   struct lend_xchg *xchg;    /* a job that spans nodes, once lent: each local rank's ring and
                                 exchange region (lend.h), by local rank; NULL otherwise */
   struct job *next;
