@@ -166,6 +166,13 @@ DAEMON   := $(BUILD)/deepepd
 CTL      := $(BUILD)/deepepctl
 TESTS    := $(BUILD)/check_deepepd
 BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+# bench/hostbus.cu measures the bus between a GPU and pinned host memory, the
+# ceiling of the cuda path between nodes: a CUDA program of its own (the
+# runtime linked statically), built where nvcc exists.
+# Its rule is with the others' below (a rule here would be make's default goal).
+ifneq ($(HAVE_NVCC),)
+BENCHES += $(BUILD)/bench/hostbus
+endif
 
 .PHONY: all check check-includes check-python check-rdma check-gpu asan tsan fuzz deps run install uninstall deb clean \
         verify-unit lint-man
@@ -235,6 +242,11 @@ $(BUILD)/bench/%: bench/%.c $(call obj,$(BENCHLIB_SRC)) $$(call obj,$$(wildcard 
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $(INC_bench) -o $@ $< $(call obj,$(BENCHLIB_SRC) $(wildcard bench/$*/*.c) $(BENCH_DAEMON_$*)) \
 	  $(LIB_A) $(BENCH_LIBS_$*) -ldl -lpthread -lm
+ifneq ($(HAVE_NVCC),)
+$(BUILD)/bench/hostbus: bench/hostbus.cu $(BUILD)/kernels/gencode
+	@mkdir -p $(@D)
+	$(NVCC) -O3 -std=c++17 $(NVCC_GENCODE) -cudart static -o $@ $<
+endif
 
 # install writes the .pc again: PREFIX on the install line may differ from the build's.
 PC_SED = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \

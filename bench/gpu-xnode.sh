@@ -73,7 +73,8 @@ YAML
 
 # Two cuda daemons on loopback: bench/ep's ranks spread over them, then all on
 # the first (the same job on one node), then the TCP round trip of the LL ops'
-# bytes on loopback (bench/xnode_pingpong), all in this one step.
+# bytes on loopback (bench/xnode_pingpong) and the bus between the GPU and
+# pinned host memory (bench/hostbus, where the build has it), all in this one step.
 ep_step() {
   local D t0=$SECONDS i
   pair_up "${EP_BACKEND:-cuda}" ep
@@ -94,6 +95,10 @@ ep_step() {
   for i in 0 1; do "$B"/deepepctl -s "$D/n$i.sock" status > "$OUTD/ep-status-n$i.txt" 2>&1; done
   pkill -TERM -f "deepepd -c $D/" ; sleep 1
   mps_off
+  if [ -x "$B"/bench/hostbus ]; then
+    echo "== the bus between the GPU and pinned host memory (bench/hostbus)"
+    timeout 60 "$B"/bench/hostbus 2>&1 | tee "$OUTD/ep-hostbus.txt"
+  fi
   echo "== ep step in $((SECONDS - t0)) s"
 }
 
