@@ -23,7 +23,8 @@
 # stream_chunk_rows, 0: whole blocks), NICE (run the daemons,
 # ranks and ceilings at this nice value, e.g. -10 on a machine that others
 # load; every figure of a run is taken at the same one), THREADS_TOP (threads
-# listed for each ep run, the busiest first, 12), EP_ARGS (more bench/ep options, e.g.
+# listed for each ep run, the busiest first, 12), PROXY_THREADS (the daemons' proxy_threads,
+# 0: their default), EP_ARGS (more bench/ep options, e.g.
 # "-G 2000": each rank pauses 2 s between attach and its first call).
 set -euo pipefail
 
@@ -38,6 +39,7 @@ STREAM=${STREAM:-0}
 TCP_SECONDS=${TCP_SECONDS:-5} # (not SECONDS: bash keeps its own)
 NICE=${NICE:-0}
 THREADS_TOP=${THREADS_TOP:-12}
+PROXY_THREADS=${PROXY_THREADS:-0}
 PORT=7471    # the daemons' listen port
 PP_PORT=7472 # the ping-pong's
 ADDR=(10.79.0.1 10.79.0.2)
@@ -95,6 +97,7 @@ backend: host
 pool: {host_size: 1GiB}
 connection_pool_size: $CONNS
 stream_chunk_rows: $STREAM
+proxy_threads: $PROXY_THREADS
 listen: {address: ${ADDR[i]}, port: $PORT}
 peers: [{host: ${ADDR[1 - i]}, port: $PORT}]
 peer_key_file: $DIR/peer.key
@@ -124,7 +127,7 @@ echo "# xnode: $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), $(nproc) CPUs" \
      "($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)), commit" \
      "$(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "# two namespaces over veth (${ADDR[0]}, ${ADDR[1]}), deepepd host backend," \
-     "connection_pool_size $CONNS (and a control lane), stream_chunk_rows $STREAM, default proxy_threads; nice $NICE;" \
+     "connection_pool_size $CONNS (and a control lane), stream_chunk_rows $STREAM, proxy_threads $PROXY_THREADS (0: one); nice $NICE;" \
      "load average at start:" \
      "$(cut -d' ' -f1-3 /proc/loadavg)"
 

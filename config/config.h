@@ -81,7 +81,7 @@ struct config {
 
   /* peers */
   uint32_t connection_pool_size;      /* 1..1024 */
-  uint32_t proxy_threads;             /* inter-node proxy threads; 0: one per device */
+  uint32_t proxy_threads;             /* inter-node proxy threads; 0: xfer_proxy_threads_default */
   uint32_t stream_chunk_rows;         /* 0: whole blocks; N: the throughput ops stream through
                                          rings of chunks of N rows (proto/slab.h) */
   char listen_address[256];           /* listen.address; "": no peer listener */

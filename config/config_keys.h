@@ -66,8 +66,8 @@ struct key {
   /* The default, spelled as the shipped deepepd.yaml writes it ("8GiB", "0660", "auto"; "" an
    * empty string, "[]" an empty list), read by the value parsers the file's text goes through.
    * NULL: none of its own (the value stays zero; what zero means is the key's, e.g. a peer's
-   * transport left out is the top-level one).  Computed values (proxy_threads' 0: one per
-   * device) are the code's, not the table's. */
+   * transport left out is the top-level one).  Computed values (proxy_threads' 0:
+   * xfer_proxy_threads_default) are the code's, not the table's. */
   const char *dflt;
 };
 

@@ -60,11 +60,24 @@ struct job;
 #define XFER_CONNS_MAX (XFER_DATA_CONNS_MAX + 1)
 
 /* Make ready when peers are configured; the proxy threads (cfg->proxy_threads,
- * or one per served device) start with the first job that spans nodes.
+ * or xfer_proxy_threads_default's) start with the first job that spans nodes.
  * 0, or -1 after logging why not. */
 int xfer_init(const struct config *cfg);
 /* Stop the threads and close every data connection. */
 void xfer_fini(void);
+
+/* The most proxy threads a daemon runs (proxy_threads' bound). */
+#define XFER_PROXY_THREADS_MAX 64u
+/* The proxy threads a daemon runs where proxy_threads is 0: one per served
+ * device; a daemon that serves none (the host backend, whose ranks pack
+ * their blocks on the CPU) one per XFER_CPUS_PER_PROXY of the CPUs it may
+ * run on, at least one and at most XFER_HOST_PROXY_MAX.  One thread moves
+ * every byte a node sends (each send a copy into the kernel), which holds a
+ * node of four busy ranks to about half of what its links carry
+ * (BENCHMARKS.md, "Proxy threads on the host backend"). */
+#define XFER_CPUS_PER_PROXY 4u
+#define XFER_HOST_PROXY_MAX 8u
+uint32_t xfer_proxy_threads_default(size_t devices, uint32_t cpus);
 
 /* XRING_LEND from an attached rank of a running job that spans nodes. */
 void xfer_lend_ring(struct conn *c, uint32_t request_id);

@@ -716,11 +716,28 @@ void xfer_proxy_stats(uint32_t *threads, uint64_t *busy_us) {
   *busy_us = X->active ? atomic_load(&X->busy_ns) / 1000u : 0;
 }
 
+uint32_t xfer_proxy_threads_default(size_t devices, uint32_t cpus) {
+  if (devices > 0)
+    return devices < XFER_PROXY_THREADS_MAX ? (uint32_t)devices : XFER_PROXY_THREADS_MAX;
+  const uint32_t n = cpus / XFER_CPUS_PER_PROXY;
+  return n < 1 ? 1 : n > XFER_HOST_PROXY_MAX ? XFER_HOST_PROXY_MAX : n;
+}
+
+/* The CPUs this daemon may run on (its affinity: a cpuset or taskset counts), or 1. */
+static uint32_t usable_cpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0)
+    return 1;
+  const int n = CPU_COUNT(&set);
+  return n > 0 ? (uint32_t)n : 1;
+}
+
 int xfer__start_threads(void) {
-  X->nthreads = X->cfg->proxy_threads ? X->cfg->proxy_threads
-                                    : (devices_count() ? (uint32_t)devices_count() : 1);
-  if (X->nthreads > 64)
-    X->nthreads = 64;
+  X->nthreads = X->cfg->proxy_threads
+                    ? X->cfg->proxy_threads
+                    : xfer_proxy_threads_default(devices_count(), usable_cpus());
+  if (X->nthreads > XFER_PROXY_THREADS_MAX)
+    X->nthreads = XFER_PROXY_THREADS_MAX;
   for (uint32_t i = 0; i < X->nthreads; i++) {
     int rc = pthread_create(&X->threads[i], NULL, proxy_main, (void *)(uintptr_t)i);
     if (rc != 0) {

@@ -647,6 +647,21 @@ START_TEST(a_credit_batch_goes_on_the_control_lane_and_data_never_does) {
 }
 END_TEST
 
+/* proxy_threads 0: one thread per served device; a daemon without devices (the host backend)
+ * one per XFER_CPUS_PER_PROXY CPUs it may run on, at least one, at most XFER_HOST_PROXY_MAX. */
+START_TEST(the_default_proxy_threads_follow_the_devices_or_else_the_cpus) {
+  ck_assert_uint_eq(xfer_proxy_threads_default(8, 2), 8); /* devices, whatever the CPUs */
+  ck_assert_uint_eq(xfer_proxy_threads_default(1, 64), 1);
+  ck_assert_uint_eq(xfer_proxy_threads_default(200, 16), XFER_PROXY_THREADS_MAX);
+  ck_assert_uint_eq(xfer_proxy_threads_default(0, 0), 1);
+  ck_assert_uint_eq(xfer_proxy_threads_default(0, 2), 1);
+  ck_assert_uint_eq(xfer_proxy_threads_default(0, XFER_CPUS_PER_PROXY * 2 - 1), 1);
+  ck_assert_uint_eq(xfer_proxy_threads_default(0, XFER_CPUS_PER_PROXY * 2), 2);
+  ck_assert_uint_eq(xfer_proxy_threads_default(0, XFER_CPUS_PER_PROXY * 4), 4);
+  ck_assert_uint_eq(xfer_proxy_threads_default(0, 4096), XFER_HOST_PROXY_MAX);
+}
+END_TEST
+
 Suite *xfer_suite(void);
 Suite *xfer_suite(void) {
   Suite *s = suite_create("xfer");
@@ -661,6 +676,7 @@ Suite *xfer_suite(void) {
   tcase_add_test(t, a_job_ends_only_once_its_sends_and_receives_are_done);
   tcase_add_test(t, a_receive_the_peer_stalls_at_the_job_end_is_cut_not_waited_out);
   tcase_add_test(t, a_credit_batch_goes_on_the_control_lane_and_data_never_does);
+  tcase_add_test(t, the_default_proxy_threads_follow_the_devices_or_else_the_cpus);
   tcase_set_timeout(t, 20);
   suite_add_tcase(s, t);
   return s;

@@ -9,6 +9,7 @@
  * once with DEP_ERR_DAEMON_GONE, and its job can be joined again.
  */
 #include <check.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -25,6 +26,7 @@
 #include "opsworld.h"
 #include "peer.h"
 #include "testutil.h"
+#include "xfer.h"
 #include "xnjob.h"
 #include "xnround.h"
 
@@ -106,13 +108,19 @@ END_TEST
 /*
  * A running job's traffic shows: per peer (deepepctl peers) and per job
  * (status): connection_pool_size 2 data connections and the control lane
- * each way.  A peer's second data connection may still be opening while the
+ * each way, and the proxy threads proxy_threads 0 gives a daemon with no
+ * device on this machine.  A peer's second data connection may still be opening while the
  * first carries the job (each one proves the key in a round trip of its own,
  * which takes long on a loaded machine), so the count is waited for, up to
  * 20 s, a bound far above any handshake.
  */
 static void expect_traffic(const struct nodes *ns) {
-  char out[16384];
+  char out[16384], threads[48];
+  /* The daemons serve no device and run where this process may (their affinity is ours). */
+  cpu_set_t cpus;
+  ck_assert_int_eq(sched_getaffinity(0, sizeof cpus, &cpus), 0);
+  snprintf(threads, sizeof threads, "\"proxy_threads\":%u",
+           xfer_proxy_threads_default(0, (uint32_t)CPU_COUNT(&cpus)));
   for (int waited = 0;; waited += 50) {
     xn_ctl_json(ns, "peers", out, sizeof out);
     if (strstr(out, "\"data_out\":3,\"data_in\":3") != NULL || waited >= 20000)
@@ -120,7 +128,7 @@ static void expect_traffic(const struct nodes *ns) {
     dw_sleep_ms(50);
   }
   ck_assert_msg(strstr(out, "\"data_out\":3,\"data_in\":3") != NULL &&
-                strstr(out, "\"proxy_threads\":1") != NULL &&
+                strstr(out, threads) != NULL &&
                 strstr(out, "\"data_frames_out\":0") == NULL, "peers: %s", out);
   xn_ctl_json(ns, "status", out, sizeof out);
   const char *j = strstr(out, "\"job_id\":\"doomed\"");
