@@ -21,6 +21,7 @@
 #define CONFIG_NAME_MAX 64
 #define CONFIG_PATH_MAX 108  /* sun_path; longer socket paths are rejected */
 #define CONFIG_LISTEN_MAX 64 /* "[IPv6 address]:port" fits */
+#define CONFIG_MAX_PROXY_THREADS 64 /* proxy_threads' bound: the daemon's table of them */
 /* Where the unit's CacheDirectory=deepepd puts it (systemd/deepepd.service.in). */
 #define CONFIG_DEFAULT_KERNEL_CACHE_DIR "/var/cache/deepepd"
 /*

@@ -66,8 +66,6 @@ int xfer_init(const struct config *cfg);
 /* Stop the threads and close every data connection. */
 void xfer_fini(void);
 
-/* The most proxy threads a daemon runs (proxy_threads' bound). */
-#define XFER_PROXY_THREADS_MAX 64u
 /* The proxy threads a daemon runs where proxy_threads is 0: one per served
  * device; a daemon that serves none (the host backend, whose ranks pack
  * their blocks on the CPU) one per XFER_CPUS_PER_PROXY of the CPUs it may

@@ -195,7 +195,7 @@ struct xfer_state {
   uint64_t serials;              /* the loop's: routes listed so far (each one's serial) */
   struct xfer_expect *expected;   /* under lock: jobs whose frames may precede their route */
   _Atomic bool stop;
-  pthread_t threads[XFER_PROXY_THREADS_MAX];
+  pthread_t threads[CONFIG_MAX_PROXY_THREADS];
   uint32_t started;
   struct xfer_peer peers[CONFIG_MAX_LIST];
   struct xfer_offer offers[XFER_OFFERS_MAX]; /* under xfer_conn.c's offers_mu */

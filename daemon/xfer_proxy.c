@@ -718,7 +718,7 @@ void xfer_proxy_stats(uint32_t *threads, uint64_t *busy_us) {
 
 uint32_t xfer_proxy_threads_default(size_t devices, uint32_t cpus) {
   if (devices > 0)
-    return devices < XFER_PROXY_THREADS_MAX ? (uint32_t)devices : XFER_PROXY_THREADS_MAX;
+    return devices < CONFIG_MAX_PROXY_THREADS ? (uint32_t)devices : CONFIG_MAX_PROXY_THREADS;
   const uint32_t n = cpus / XFER_CPUS_PER_PROXY;
   return n < 1 ? 1 : n > XFER_HOST_PROXY_MAX ? XFER_HOST_PROXY_MAX : n;
 }
@@ -736,8 +736,8 @@ int xfer__start_threads(void) {
   X->nthreads = X->cfg->proxy_threads
                     ? X->cfg->proxy_threads
                     : xfer_proxy_threads_default(devices_count(), usable_cpus());
-  if (X->nthreads > XFER_PROXY_THREADS_MAX)
-    X->nthreads = XFER_PROXY_THREADS_MAX;
+  if (X->nthreads > CONFIG_MAX_PROXY_THREADS)
+    X->nthreads = CONFIG_MAX_PROXY_THREADS;
   for (uint32_t i = 0; i < X->nthreads; i++) {
     int rc = pthread_create(&X->threads[i], NULL, proxy_main, (void *)(uintptr_t)i);
     if (rc != 0) {

@@ -652,7 +652,7 @@ END_TEST
 START_TEST(the_default_proxy_threads_follow_the_devices_or_else_the_cpus) {
   ck_assert_uint_eq(xfer_proxy_threads_default(8, 2), 8); /* devices, whatever the CPUs */
   ck_assert_uint_eq(xfer_proxy_threads_default(1, 64), 1);
-  ck_assert_uint_eq(xfer_proxy_threads_default(200, 16), XFER_PROXY_THREADS_MAX);
+  ck_assert_uint_eq(xfer_proxy_threads_default(200, 16), CONFIG_MAX_PROXY_THREADS);
   ck_assert_uint_eq(xfer_proxy_threads_default(0, 0), 1);
   ck_assert_uint_eq(xfer_proxy_threads_default(0, 2), 1);
   ck_assert_uint_eq(xfer_proxy_threads_default(0, XFER_CPUS_PER_PROXY * 2 - 1), 1);
