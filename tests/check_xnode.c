@@ -46,15 +46,20 @@
 
 /* ---- correctness: across nodes as on one node ------------------------------------ */
 
+/* Each layout's daemons run 1, 2 or 3 proxy threads in turn, so that rings of one node are
+ * drained by several threads at once (a rank's by thread local_rank mod their count) whatever
+ * this machine's default. */
 START_TEST(a_job_across_nodes_gives_every_rank_what_it_gets_on_one_node) {
   const struct xn_layout *L = &xn_layouts[_i];
   ow_seed_init(1000 + (uint64_t)_i);
   struct ow_case *d = malloc(sizeof *d);
   ow_case_make(d, &L->sc, L->sc.fp8);
   struct nodes ns;
-  char limits[64];
+  char limits[64], extra[32];
   snprintf(limits, sizeof limits, ", op_timeout_ms: %d", XN_OP_TIMEOUT_MS * 4);
-  nodes_config_with(&ns, L->nodes, 20000, limits, "");
+  const int proxies = 1 + _i % 3;
+  snprintf(extra, sizeof extra, "proxy_threads: %d\n", proxies);
+  nodes_config_with(&ns, L->nodes, 20000, limits, extra);
   nodes_start_all(&ns);
   const uint32_t n = L->sc.world;
   struct xn_run run = {.d = d, .rounds = 2};
@@ -76,7 +81,8 @@ START_TEST(a_job_across_nodes_gives_every_rank_what_it_gets_on_one_node) {
                   "rank %u (node %u of %d) got other outputs across nodes than on one node "
                   "[%s] (seed %llu)", g, spread.node[g], L->nodes, d->desc,
                   (unsigned long long)ow_seed);
-  printf("xnode: %s over %d nodes: every rank as on one node\n", d->desc, L->nodes);
+  printf("xnode: %s over %d nodes, %d proxy thread(s) each: every rank as on one node\n",
+         d->desc, L->nodes, proxies);
   munmap(r1, n * sizeof *r1);
   munmap(r2, n * sizeof *r2);
   nodes_stop(&ns);
