@@ -76,6 +76,8 @@ void xfer_fini(void);
 #define XFER_CPUS_PER_PROXY 4u
 #define XFER_HOST_PROXY_MAX 8u
 uint32_t xfer_proxy_threads_default(size_t devices, uint32_t cpus);
+/* The CPUs this process may run on (its affinity: a cpuset or taskset counts), or 1. */
+uint32_t xfer_usable_cpus(void);
 
 /* XRING_LEND from an attached rank of a running job that spans nodes. */
 void xfer_lend_ring(struct conn *c, uint32_t request_id);

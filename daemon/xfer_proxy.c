@@ -723,8 +723,7 @@ uint32_t xfer_proxy_threads_default(size_t devices, uint32_t cpus) {
   return n < 1 ? 1 : n > XFER_HOST_PROXY_MAX ? XFER_HOST_PROXY_MAX : n;
 }
 
-/* The CPUs this daemon may run on (its affinity: a cpuset or taskset counts), or 1. */
-static uint32_t usable_cpus(void) {
+uint32_t xfer_usable_cpus(void) {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) != 0)
     return 1;
@@ -735,7 +734,7 @@ static uint32_t usable_cpus(void) {
 int xfer__start_threads(void) {
   X->nthreads = X->cfg->proxy_threads
                     ? X->cfg->proxy_threads
-                    : xfer_proxy_threads_default(devices_count(), usable_cpus());
+                    : xfer_proxy_threads_default(devices_count(), xfer_usable_cpus());
   if (X->nthreads > CONFIG_MAX_PROXY_THREADS)
     X->nthreads = CONFIG_MAX_PROXY_THREADS;
   for (uint32_t i = 0; i < X->nthreads; i++) {

@@ -116,11 +116,12 @@ END_TEST
  */
 static void expect_traffic(const struct nodes *ns) {
   char out[16384], threads[48];
-  /* The daemons serve no device and run where this process may (their affinity is ours). */
+  /* The daemons serve no device and run where this process may (their affinity is ours,
+   * readable here, so the count is the affinity's and not xfer_usable_cpus' fallback). */
   cpu_set_t cpus;
   ck_assert_int_eq(sched_getaffinity(0, sizeof cpus, &cpus), 0);
   snprintf(threads, sizeof threads, "\"proxy_threads\":%u",
-           xfer_proxy_threads_default(0, (uint32_t)CPU_COUNT(&cpus)));
+           xfer_proxy_threads_default(0, xfer_usable_cpus()));
   for (int waited = 0;; waited += 50) {
     xn_ctl_json(ns, "peers", out, sizeof out);
     if (strstr(out, "\"data_out\":3,\"data_in\":3") != NULL || waited >= 20000)
