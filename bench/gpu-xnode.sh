@@ -11,14 +11,15 @@
 # Build here first with: make BUILD=build-gpu STATIC_DEPS=1 all build-gpu/check_deepepd
 # Usage there, from the repository root: bench/gpu-xnode.sh [BUILD_DIR]
 # Knobs: STEPS (default "xnode oracle sliced"; "ep": bench/ep across two
-# daemons and on one, and loopback TCP round trips; "elastic": bench/elastic
+# daemons and on one, and loopback TCP round trips; "epctas": the same at each SM budget
+# of EP_CTAS; "elastic": bench/elastic
 # on one daemon and two, host and cuda; "hostwarm": the host backend's first
 # calls with and without its warm-up; "splitx": split low-latency calls across
 # two daemons, check_xnode_split.c's gpu case; "epstream": bench/ep across two
 # daemons streaming in chunks of EP_CHUNK rows against whole blocks; "streamx": jobs that stream
 # (stream_chunk_rows) on one daemon, check_cuda_ops_stream.c's gpu case, then
 # across two and three, check_xnode_stream.c's), SECS (per step, 150;
-# STREAMX_SECS for streamx's, 600).
+# STREAMX_SECS for streamx's, 600), PROXY_THREADS (the daemons' proxy_threads, 0: their default).
 set -u
 B=$(cd "${1:-build-gpu}" && pwd) || exit 2
 OUTD=${OUT:-/tmp/dep-out}
@@ -59,6 +60,7 @@ peer_key_file: $D/peer.key
 peer_wait_ms: 0
 limits: {attach_timeout_ms: 60000}
 stream_chunk_rows: ${CHUNK_ROWS:-0}
+proxy_threads: ${PROXY_THREADS:-0}
 YAML
     env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY "$B"/deepepd -c "$D/n$i.yaml" \
       2> "$OUTD/$2-deepepd-n$i.log" &
@@ -100,6 +102,26 @@ ep_step() {
     timeout 60 "$B"/bench/hostbus 2>&1 | tee "$OUTD/ep-hostbus.txt"
   fi
   echo "== ep step in $((SECONDS - t0)) s"
+}
+
+# The SM budget across daemons: bench/ep spread over two daemons and on one, at each
+# $DEEPEP_KERNEL_CTAS of EP_CTAS ("default": unset, the library's own budget), one pair of
+# daemons for all, so that a call's time is read against its CTAs on both paths in one run.
+epctas_step() {
+  local D t0=$SECONDS c where
+  pair_up cuda epctas
+  mps_on
+  for c in ${EP_CTAS:-default 4 8 16 32}; do
+    for where in "$D/n0.sock,$D/n1.sock" "$D/n0.sock"; do
+      echo "== epctas: CTAs $c, daemons ${where//$D\//}"
+      ( [ "$c" = default ] || export DEEPEP_KERNEL_CTAS=$c
+        timeout 120 "$B"/bench/ep -s "$where" -n 2,4 -m processes -t ${EP_TOKENS:-128} \
+          -l ${EP_LL:-8} -c ${EP_CALLS:-50} ) 2>&1 | tee -a "$OUTD/epctas.txt"
+    done
+  done
+  pkill -TERM -f "deepepd -c $D/"; sleep 1
+  mps_off
+  echo "== epctas step in $((SECONDS - t0)) s"
 }
 
 # Streaming across nodes on cuda (issue 27): bench/ep across two daemons whose jobs stream in
@@ -168,6 +190,7 @@ hostwarm_step() {
 for s in ${STEPS:-xnode oracle sliced}; do
   case $s in
   ep) ep_step ;;
+  epctas) epctas_step ;;
   epstream) epstream_step ;;
   elastic) elastic_step ;;
   hostwarm) hostwarm_step ;;

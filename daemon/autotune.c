@@ -21,6 +21,7 @@
 #include "log.h"
 #include "pool.h"
 #include "shape.h"
+#include "sm_budget.h"
 #include "stats.h"
 #include "tune.h"
 #include "uuid.h"
@@ -102,12 +103,15 @@ void autotune_request(struct conn *c, uint32_t request_id, const struct dep_msg_
     cu->cuDriverGetVersion(&k.driver);
 
   struct dep_msg_tune_ok ok = {.ctas = 0, .how = DEP_TUNE_HOW_DEFAULT};
-  const struct tune_entry *e = at.table != NULL ? tune_lookup(at.table, &k) : NULL;
+  /* The table's entries are measured on one node; a job across nodes runs the
+   * library's default for it (dep__xnode_budget), whatever an entry of its key says. */
+  const bool spans = j->world_size != j->local_world_size;
+  const struct tune_entry *e = at.table != NULL && !spans ? tune_lookup(at.table, &k) : NULL;
   const bool mine = autotune_own_job(j);
   if (m->env_ctas != 0) {
     ok.how = DEP_TUNE_HOW_ENV;
     ok.ctas = m->env_ctas;
-  } else if (!at.cfg->adaptive_optimization || at.table == NULL) {
+  } else if (!at.cfg->adaptive_optimization || at.table == NULL || spans) {
     ok.how = DEP_TUNE_HOW_DEFAULT;
   } else if (e != NULL) {
     ok.how = DEP_TUNE_HOW_MEASURED;
@@ -122,7 +126,7 @@ void autotune_request(struct conn *c, uint32_t request_id, const struct dep_msg_
   /* A key met for the first time is measured when the daemon is next idle;
    * only jobs whose operations run here (one node) can be repeated. */
   if (at.cfg->adaptive_optimization && at.table != NULL && !mine && e == NULL &&
-      j->world_size == j->local_world_size && own != 0) {
+      !spans && own != 0) {
     uint8_t place[DEP_MAX_LOCAL_RANKS][16];
     for (uint32_t i = 0; i < j->local_world_size; i++)
       memcpy(place[j->ranks[i].rank], j->ranks[i].device_uuid, 16);
@@ -137,7 +141,8 @@ void autotune_request(struct conn *c, uint32_t request_id, const struct dep_msg_
     at.yielded = true;
     autotune_kill();
   }
-  c->tune_ctas = ok.ctas != 0 ? ok.ctas : tune_default_ctas(k.sms, k.ranks_per_gpu);
+  const uint32_t d = tune_default_ctas(k.sms, k.ranks_per_gpu);
+  c->tune_ctas = ok.ctas != 0 ? ok.ctas : spans ? dep__xnode_budget(d, k.world) : d;
   c->tune_how = ok.how;
   stats_tuned(c);
   conn_send(c, DEP_MSG_TUNE_OK, request_id, &ok, NULL, 0);

@@ -97,7 +97,9 @@
  *     rank's budget, is the GPU's SMs divided by the job's ranks on that
  *     GPU, at most CUOPS_MAX_CTAS: ranks sharing one GPU all fit at once
  *     (8 ranks on 132 SMs: 16 CTAs each), and a rank alone on its GPU
- *     leaves the rest of it to the trainer's kernels.  $DEEPEP_KERNEL_CTAS
+ *     leaves the rest of it to the trainer's kernels; in a job that spans
+ *     nodes, at most CUOPS_XNODE_PARTS * world (dep__xnode_budget: every
+ *     CTA of its kernels works across the bus).  $DEEPEP_KERNEL_CTAS
  *     sets B for every rank (at most CUOPS_CTAS_PER_SM * SMs / ranks on the
  *     GPU, or the CTAs an SM holds of a large world's kernels where that
  *     is fewer (dep__fit_ctas: "Shared memory" below), so that all stay
@@ -148,6 +150,9 @@
 #define CUOPS_SHM_REF(W) (16u * (uint32_t)(W) + 8u)
 #define CUOPS_SHM_SRC(W) ((24u * (uint32_t)(W) + 8u + 15u) & ~15u)
 #define CUOPS_MAX_CTAS 96u
+/* A job whose ranks span nodes: its default budget is at most this many CTAs
+ * a rank of the world (P at most this: dep__xnode_budget). */
+#define CUOPS_XNODE_PARTS 2u
 /* CTAs of one communicating kernel resident per SM (__launch_bounds__: ops_dev.cuh KERNEL). */
 #define CUOPS_CTAS_PER_SM 2u
 /* Low-latency dispatch keeps per-(source, local expert) counts and offsets

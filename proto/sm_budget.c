@@ -60,6 +60,11 @@ int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, c
   return 0;
 }
 
+uint32_t dep__xnode_budget(uint32_t budget, uint32_t world) {
+  const uint64_t cap = (uint64_t)CUOPS_XNODE_PARTS * (world < 1 ? 1 : world);
+  return budget > cap ? (uint32_t)cap : budget < 1 ? 1 : budget;
+}
+
 uint32_t dep__kernel_grid(uint32_t budget, uint32_t world, uint32_t *parts) {
   budget = budget < 1 ? 1 : budget;
   world = world < 1 ? 1 : world;

@@ -566,6 +566,31 @@ START_TEST(kernel_grid_never_exceeds_the_budget) {
 END_TEST
 
 /*
+ * A job across nodes (dep__xnode_budget): the default budget is at most two
+ * CTAs a rank of the world, so its kernels split a destination's rows in at
+ * most two parts; a smaller budget (many ranks on a GPU, or a large world)
+ * is left as it is.
+ */
+START_TEST(a_job_across_nodes_runs_at_most_two_parts_a_destination) {
+  uint32_t parts = 0;
+  ck_assert_uint_eq(dep__xnode_budget(96, 2), 4); /* 1+1, a rank alone on its GPU: 48 parts before */
+  ck_assert_uint_eq(dep__kernel_grid(dep__xnode_budget(96, 2), 2, &parts), 4);
+  ck_assert_uint_eq(parts, CUOPS_XNODE_PARTS);
+  ck_assert_uint_eq(dep__xnode_budget(66, 4), 8);   /* 2+2 on one GPU */
+  ck_assert_uint_eq(dep__xnode_budget(96, 16), 32); /* two nodes of 8 */
+  ck_assert_uint_eq(dep__xnode_budget(96, 256), 96);
+  ck_assert_uint_eq(dep__xnode_budget(16, 16), 16);
+  ck_assert_uint_eq(dep__xnode_budget(0, 0), 1);
+  for (uint32_t w = 1; w <= 2 * CUOPS_MAX_RANKS; w++) {
+    const uint32_t b = dep__xnode_budget(CUOPS_MAX_CTAS, w);
+    dep__kernel_grid(b, w, &parts);
+    ck_assert_msg(b >= 1 && b <= CUOPS_MAX_CTAS && parts <= CUOPS_XNODE_PARTS,
+                  "world %u: budget %u, %u parts", w, b, parts);
+  }
+}
+END_TEST
+
+/*
  * The slab's private area (slab.h) holds the cuda library's operation
  * memory, carved by one function (dep__slab_priv) whose end is the area's
  * size: without a GPU, for shapes at the ends of every range, the parts
@@ -800,6 +825,7 @@ Suite *client_suite(void) {
   tcase_add_test(local, the_shipped_library_and_programs_carry_no_test_oracle);
   tcase_add_test(local, the_man_page_synopsis_lists_every_exported_function);
   tcase_add_test(local, kernel_ctas_override_is_bounded_and_refused_clearly);
+  tcase_add_test(local, a_job_across_nodes_runs_at_most_two_parts_a_destination);
   tcase_add_test(local, kernel_grid_never_exceeds_the_budget);
   tcase_add_test(local, the_operations_memory_fits_every_slabs_private_area);
   suite_add_tcase(s, local);

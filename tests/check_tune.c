@@ -13,16 +13,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "client_internal.h"
 #include "clienttest.h"
 #include "cudaranks.h"
+#include "kabi.h"
 #include "kimage.h"
+#include "nodes.h"
 #include "proto.h"
+#include "sm_budget.h"
 #include "testutil.h"
 #include "tune.h"
+#include "xnjob.h"
 
 #define BUILD_A "aaaaaaaaaaaaaaaa1111111111111111aaaaaaaaaaaaaaaa1111111111111111"
 #define BUILD_B "bbbbbbbbbbbbbbbb2222222222222222bbbbbbbbbbbbbbbb2222222222222222"
@@ -437,6 +442,93 @@ START_TEST(tune_before_attach_is_refused_and_the_connection_kept) {
 }
 END_TEST
 
+/* What each rank of a job across nodes was answered to TUNE (xspan_rank). */
+struct xspan {
+  int rc[2];
+  struct dep_msg_tune_ok ok[2];
+};
+
+static int xspan_rank(dep_client_t *c, const struct xn_run *run, uint32_t rank,
+                      struct xn_result *res) {
+  struct xspan *x = run->arg;
+  struct dep_msg_tune m = {.sms = 132};
+  struct client_frame f;
+  x->rc[rank] = client_request(c, DEP_MSG_TUNE, &m, DEP_MSG_TUNE_OK, 5000, &f);
+  if (x->rc[rank] == 0) {
+    x->rc[rank] = proto_decode_tune_ok(f.body, f.hdr.body_len, &x->ok[rank]);
+    client_frame_release(&f);
+  }
+  (void)res;
+  return x->rc[rank];
+}
+
+/*
+ * A job whose ranks span nodes runs the cross-node default budget
+ * (dep__xnode_budget: two CTAs a rank of the world), never a budget the
+ * table measured on one node for its key: two host daemons, each with an
+ * entry of 144 CTAs for the key of a 1+1 job of world 2 (the key holds no
+ * node count), answer its ranks "default", and deepepctl stats says 4.
+ */
+START_TEST(a_job_across_nodes_runs_the_cross_node_default_not_a_one_node_entry) {
+  if (cr_on_cuda()) {
+    tu_skip(__func__, "the host daemons' answer; on cuda the GPU run takes the budget");
+    return;
+  }
+  ow_seed_init(7100);
+  const struct ow_scenario sc = {2, 256, 2, 8, 64, 8, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
+  struct ow_case *d = xn_case_new(&sc, 0);
+  char dir[200], why[256] = "", extra[300];
+  tu_tmpdir(dir, sizeof dir);
+  chmod(dir, 0755);
+  struct tune_table *t = NULL;
+  struct kimage img;
+  const char *build = kimage_embedded(&img) ? img.id : "";
+  ck_assert_int_eq(tune_open(dir, 0, build, &t, why, sizeof why), 0);
+  struct tune_key k = {.gpu = "host", .sms = 132, .ranks_per_gpu = 1, .world = 2,
+                       .shape = d->shape};
+  snprintf(k.build, sizeof k.build, "%s", build);
+  struct tune_entry e = {.key = k, .n_cands = 2, .cands = {{96, {1000, 1000, 100, 100}},
+                                                           {144, {800, 800, 100, 100}}}};
+  ck_assert_int_eq(tune_put(t, &e), 0);
+  ck_assert_uint_eq(e.ctas, 144);
+  tune_close(t);
+
+  snprintf(extra, sizeof extra, "kernel_cache_dir: %s\nadaptive_optimization: true\n", dir);
+  struct nodes ns;
+  xn_nodes_start(&ns, 2, 20000, XN_OP_TIMEOUT_MS, extra);
+  struct xn_place pl;
+  memset(&pl, 0, sizeof pl);
+  const uint32_t split[NODES_MAX] = {1, 1};
+  xn_place(&pl, split, 2);
+  struct xspan *x = mmap(NULL, sizeof *x, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                         -1, 0);
+  ck_assert_ptr_ne(x, MAP_FAILED);
+  memset(x, 0, sizeof *x);
+  struct xn_result *res = xn_results(2);
+  const struct xn_run run = {.d = d, .body = xspan_rank, .arg = x};
+  xn_run_job(&ns, &pl, "tune-xspan", &run, res);
+  const uint32_t want = dep__xnode_budget(tune_default_ctas(132, 1), 2);
+  ck_assert_uint_eq(want, 2 * CUOPS_XNODE_PARTS);
+  for (int r = 0; r < 2; r++) {
+    ck_assert_int_eq(x->rc[r], 0);
+    ck_assert_msg(x->ok[r].how == DEP_TUNE_HOW_DEFAULT && x->ok[r].ctas == 0,
+                  "rank %d of a job across nodes was answered %s, %u CTAs: a budget measured "
+                  "on one node", r, proto_tune_how_name(x->ok[r].how), x->ok[r].ctas);
+    char *out = ctl_stats_json(ns.d[r].sock);
+    char ctas[64];
+    snprintf(ctas, sizeof ctas, "\"kernel_ctas\":%u,", want);
+    ck_assert_msg(strstr(out, ctas) != NULL && strstr(out, "\"kernel_ctas_from\":\"default\"") !=
+                  NULL, "node %d: deepepctl stats --json, not %s from default: %s", r, ctas, out);
+    free(out);
+  }
+  nodes_stop(&ns);
+  munmap(res, 2 * sizeof *res);
+  munmap(x, sizeof *x);
+  xn_case_free(d);
+  tu_rmtree(dir);
+}
+END_TEST
+
 Suite *tune_suite(void);
 Suite *tune_suite(void) {
   Suite *s = suite_create("tune");
@@ -450,6 +542,7 @@ Suite *tune_suite(void) {
   tcase_add_test(tc, tune_and_its_answer_round_trip_and_bad_values_are_refused);
   tcase_add_test(tc, a_job_is_given_the_tables_budget_at_attach);
   tcase_add_test(tc, tune_before_attach_is_refused_and_the_connection_kept);
+  tcase_add_test(tc, a_job_across_nodes_runs_the_cross_node_default_not_a_one_node_entry);
   /* Above Check's 4 s: the table's writes are fsync'd and some tests start a
    * daemon, which under ASan on a loaded 2-core machine took longer (CI). */
   tcase_set_timeout(tc, 30);

@@ -17,18 +17,19 @@
  * Run fn in rank processes of job on the GPU, world ranks placed over ns's
  * daemons in blocks of split (xn_place): how many failed, their messages in
  * fails.  When any did, each daemon's log tail and peers are shown (for a
- * failure on a machine one cannot log into).  Every rank's SM budget is
- * DEEPEP_KERNEL_CTAS=16: every CTA of a rank's call must be resident at
- * once (cuda_ops.h), and each daemon shares the GPU out among the ranks it
- * holds, not knowing those of the others here (one daemon per node is the
- * design): three ranks alone on three daemons took 96 CTAs each, more than
- * an H200 holds under MPS, and the last one's grid barrier waited for CTAs
- * that never started.  16 each keeps 8 ranks on 128 CTAs.
+ * failure on a machine one cannot log into).  Every rank runs the library's
+ * own SM budget for a job across nodes (sm_budget.h dep__xnode_budget: at
+ * most two CTAs a rank of the world, so 16 at a world of 8), which keeps
+ * every rank's CTAs resident at once (cuda_ops.h) though each daemon shares
+ * the GPU out among the ranks it holds only, not knowing those of the others
+ * here (one daemon per node is the design).  Before that cap, three ranks
+ * alone on three daemons took 96 CTAs each, more than an H200 holds under
+ * MPS, and the last one's grid barrier waited for CTAs that never started.
  */
 int xg_run(const struct nodes *ns, const uint32_t *split, const char *job,
            const struct ow_case *d, cr_rank_body fn, void *arg, bool wait_all, char *fails,
            size_t len) {
-  return xg_run_ctas(ns, split, job, d, fn, arg, wait_all, "16", fails, len);
+  return xg_run_ctas(ns, split, job, d, fn, arg, wait_all, "", fails, len);
 }
 
 int xg_run_ctas(const struct nodes *ns, const uint32_t *split, const char *job,
