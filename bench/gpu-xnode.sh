@@ -19,7 +19,8 @@
 # daemons streaming in chunks of EP_CHUNK rows against whole blocks; "streamx": jobs that stream
 # (stream_chunk_rows) on one daemon, check_cuda_ops_stream.c's gpu case, then
 # across two and three, check_xnode_stream.c's), SECS (per step, 150;
-# STREAMX_SECS for streamx's, 600), PROXY_THREADS (the daemons' proxy_threads, 0: their default).
+# STREAMX_SECS for streamx's, 600), PROXY_THREADS (the daemons' proxy_threads, 0: their default), CONNS (their
+# connection_pool_size, 2).
 set -u
 B=$(cd "${1:-build-gpu}" && pwd) || exit 2
 OUTD=${OUT:-/tmp/dep-out}
@@ -53,7 +54,7 @@ pair_up() {
 socket: {path: $D/n$i.sock}
 backend: $1
 pool: {size_per_device: 8GiB, chunk_size: 1GiB, host_size: 2GiB}
-connection_pool_size: 2
+connection_pool_size: ${CONNS:-2}
 listen: {address: 127.0.0.1, port: $((7481 + i))}
 peers: [{host: 127.0.0.1, port: $((7482 - i))}]
 peer_key_file: $D/peer.key
