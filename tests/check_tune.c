@@ -363,28 +363,38 @@ static char *ctl_stats_json(const char *sock) {
   return buf;
 }
 
-START_TEST(a_job_is_given_the_tables_budget_at_attach) {
-  if (cr_on_cuda()) {
-    tu_skip(__func__, "the host daemon's table; on cuda the GPU run measures it");
-    return;
-  }
-  /* The entry a measurement on this daemon's "GPU" would have made for the job's key. */
-  char dir[200], why[256] = "", yaml[512];
-  tu_tmpdir(dir, sizeof dir);
-  chmod(dir, 0755);
+/*
+ * Into the table in dir, the entry a measurement on a host daemon's "GPU"
+ * (132 SMs, one rank of the job on it) would have made for a job of world
+ * ranks of shape: 144 CTAs chosen over the default's 96.
+ */
+static void put_host_entry(const char *dir, uint32_t world, const struct dep_job_shape *shape) {
+  char why[256] = "";
   struct tune_table *t = NULL;
   struct kimage img;
   const char *build = kimage_embedded(&img) ? img.id : "";
   ck_assert_int_eq(tune_open(dir, 0, build, &t, why, sizeof why), 0);
-  struct tune_key k = {.gpu = "host", .sms = 132, .ranks_per_gpu = 1, .world = 1,
-                       .shape = {.max_tokens_per_rank = 64, .hidden = 256, .num_experts = 8,
-                                 .topk = 2, .dtype = DEP_DTYPE_BF16}};
+  struct tune_key k = {.gpu = "host", .sms = 132, .ranks_per_gpu = 1, .world = world,
+                       .shape = *shape};
   snprintf(k.build, sizeof k.build, "%s", build);
   struct tune_entry e = {.key = k, .n_cands = 2, .cands = {{96, {1000, 1000, 100, 100}},
                                                            {144, {800, 800, 100, 100}}}};
   ck_assert_int_eq(tune_put(t, &e), 0);
   ck_assert_uint_eq(e.ctas, 144);
   tune_close(t);
+}
+
+START_TEST(a_job_is_given_the_tables_budget_at_attach) {
+  if (cr_on_cuda()) {
+    tu_skip(__func__, "the host daemon's table; on cuda the GPU run measures it");
+    return;
+  }
+  char dir[200], yaml[512];
+  tu_tmpdir(dir, sizeof dir);
+  chmod(dir, 0755);
+  const struct dep_job_shape shape = {.max_tokens_per_rank = 64, .hidden = 256,
+                                      .num_experts = 8, .topk = 2, .dtype = DEP_DTYPE_BF16};
+  put_host_entry(dir, 1, &shape);
 
   struct tu_daemon d;
   snprintf(yaml, sizeof yaml, "kernel_cache_dir: %s\nadaptive_optimization: true\n", dir);
@@ -477,21 +487,10 @@ START_TEST(a_job_across_nodes_runs_the_cross_node_default_not_a_one_node_entry) 
   ow_seed_init(7100);
   const struct ow_scenario sc = {2, 256, 2, 8, 64, 8, P_RANDOM, T_MAX, DEP_INDEX_I32, 0};
   struct ow_case *d = xn_case_new(&sc, 0);
-  char dir[200], why[256] = "", extra[300];
+  char dir[200], extra[300];
   tu_tmpdir(dir, sizeof dir);
   chmod(dir, 0755);
-  struct tune_table *t = NULL;
-  struct kimage img;
-  const char *build = kimage_embedded(&img) ? img.id : "";
-  ck_assert_int_eq(tune_open(dir, 0, build, &t, why, sizeof why), 0);
-  struct tune_key k = {.gpu = "host", .sms = 132, .ranks_per_gpu = 1, .world = 2,
-                       .shape = d->shape};
-  snprintf(k.build, sizeof k.build, "%s", build);
-  struct tune_entry e = {.key = k, .n_cands = 2, .cands = {{96, {1000, 1000, 100, 100}},
-                                                           {144, {800, 800, 100, 100}}}};
-  ck_assert_int_eq(tune_put(t, &e), 0);
-  ck_assert_uint_eq(e.ctas, 144);
-  tune_close(t);
+  put_host_entry(dir, 2, &d->shape);
 
   snprintf(extra, sizeof extra, "kernel_cache_dir: %s\nadaptive_optimization: true\n", dir);
   struct nodes ns;
