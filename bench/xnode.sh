@@ -127,7 +127,7 @@ echo "# xnode: $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), $(nproc) CPUs" \
      "($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)), commit" \
      "$(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "# two namespaces over veth (${ADDR[0]}, ${ADDR[1]}), deepepd host backend," \
-     "connection_pool_size $CONNS (and a control lane), stream_chunk_rows $STREAM, proxy_threads $PROXY_THREADS (0: one); nice $NICE;" \
+     "connection_pool_size $CONNS (and a control lane), stream_chunk_rows $STREAM, proxy_threads $PROXY_THREADS (0: the daemons' default, one per 4 CPUs); nice $NICE;" \
      "load average at start:" \
      "$(cut -d' ' -f1-3 /proc/loadavg)"
 
