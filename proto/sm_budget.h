@@ -28,10 +28,11 @@ int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, c
  * The default budget of a rank of a job of `world` ranks that span nodes:
  * `budget` (cuops_sm_budget's default), at most CUOPS_XNODE_PARTS * world.
  * Every CTA of such a job's kernels stores to, fences and polls host memory
- * (the exchange region) across the GPU's bus, and a call between two
- * daemons took 2-5x longer at the single-node default (48 parts a
- * destination at 1+1) than at 2 parts (BENCHMARKS.md, "The SM budget
- * between nodes"), while its rows within the node are a small part of it.
+ * (the exchange region) across the GPU's bus, so more of them is more
+ * traffic on that one bus, not more bandwidth: a call between two daemons
+ * ran several times slower at the single-node default than at two parts
+ * (BENCHMARKS.md, "The SM budget between nodes"), and its rows within the
+ * node are a small part of it.
  * The library and the daemon's stats both take it; $DEEPEP_KERNEL_CTAS
  * still sets any budget.
  */
