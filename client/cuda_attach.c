@@ -176,8 +176,8 @@ static int gpu_sms(const struct cudadrv *cu) {
 /*
  * The rank's budget: $DEEPEP_KERNEL_CTAS where it is set, else the daemon's
  * choice for the job's key (TUNE: adaptive_optimization's table) where it
- * keeps every rank resident, else the default (a job across nodes: at most
- * dep__xnode_budget's, which the daemon's answer for such a job is too).  The daemon is told the
+ * keeps every rank resident, else the default (cuops_sm_budget's, which in a
+ * job across nodes the daemon's answer leaves as it is).  The daemon is told the
  * environment's value, so that deepepctl stats says which one the rank runs
  * with; a daemon that does not know TUNE leaves the default.
  */
@@ -185,12 +185,11 @@ static int sm_budget(dep_client_t *c, uint32_t *out) {
   char why[256] = "";
   const char *env = getenv(CUOPS_CTAS_ENV);
   const uint32_t sharing = c->ranks_on_dev ? c->ranks_on_dev : c->ops.world;
-  int rc = cuops_sm_budget(c->cuops.sms, sharing, env, out, why, sizeof why);
+  const uint32_t xworld = c->ops.lay.n_remote != 0 ? c->ops.world : 0;
+  int rc = cuops_sm_budget(c->cuops.sms, sharing, xworld, env, out, why, sizeof why);
   if (rc != 0)
     return client_seterr(c, rc, "dep_attach: %s", why);
   const bool by_env = env != NULL && env[0] != '\0';
-  if (!by_env && c->ops.lay.n_remote != 0)
-    *out = dep__xnode_budget(*out, c->ops.world);
   /* Every rank's CTAs resident at once, at the CTAs an SM holds of this world's kernels
    * (shmem_fit); the default budget (one CTA an SM, shared out) always is. */
   const uint32_t fit = dep__fit_ctas(c->cuops.sms, sharing, c->cuops.ctas_per_sm);

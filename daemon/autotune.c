@@ -21,7 +21,6 @@
 #include "log.h"
 #include "pool.h"
 #include "shape.h"
-#include "sm_budget.h"
 #include "stats.h"
 #include "tune.h"
 #include "uuid.h"
@@ -106,7 +105,7 @@ void autotune_request(struct conn *c, uint32_t request_id, const struct dep_msg_
   /* The table's entries are measured on one node; a job across nodes runs the
    * library's default for it (dep__xnode_budget), whatever an entry of its key says. */
   const bool spans = j->world_size != j->local_world_size;
-  const struct tune_entry *e = at.table != NULL && !spans ? tune_lookup(at.table, &k) : NULL;
+  const struct tune_entry *e = at.table != NULL ? tune_lookup(at.table, &k) : NULL;
   const bool mine = autotune_own_job(j);
   if (m->env_ctas != 0) {
     ok.how = DEP_TUNE_HOW_ENV;
@@ -141,8 +140,8 @@ void autotune_request(struct conn *c, uint32_t request_id, const struct dep_msg_
     at.yielded = true;
     autotune_kill();
   }
-  const uint32_t d = tune_default_ctas(k.sms, k.ranks_per_gpu);
-  c->tune_ctas = ok.ctas != 0 ? ok.ctas : spans ? dep__xnode_budget(d, k.world) : d;
+  c->tune_ctas = ok.ctas != 0 ? ok.ctas
+                               : tune_default_ctas(k.sms, k.ranks_per_gpu, spans ? k.world : 0);
   c->tune_how = ok.how;
   stats_tuned(c);
   conn_send(c, DEP_MSG_TUNE_OK, request_id, &ok, NULL, 0);

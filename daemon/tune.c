@@ -53,10 +53,10 @@ _Static_assert(TUNE_SUM_OFF + TUNE_SUM_LEN == TUNE_FILE_LEN, "entry length");
 
 /* ---- candidates and choice ------------------------------------------------- */
 
-uint32_t tune_default_ctas(uint32_t sms, uint32_t ranks_per_gpu) {
+uint32_t tune_default_ctas(uint32_t sms, uint32_t ranks_per_gpu, uint32_t xworld) {
   uint32_t b = 1;
   char why[8];
-  cuops_sm_budget(sms > 1024 ? 1024 : (int)sms, ranks_per_gpu, NULL, &b, why, sizeof why);
+  cuops_sm_budget(sms > 1024 ? 1024 : (int)sms, ranks_per_gpu, xworld, NULL, &b, why, sizeof why);
   return b;
 }
 
@@ -71,7 +71,7 @@ static uint32_t tune_grid(uint32_t ctas, uint32_t world) {
 }
 
 unsigned tune_candidates(const struct tune_key *k, uint32_t out[TUNE_MAX_CANDS]) {
-  const uint32_t d = tune_default_ctas(k->sms, k->ranks_per_gpu);
+  const uint32_t d = tune_default_ctas(k->sms, k->ranks_per_gpu, 0);
   const uint32_t most = tune_most_ctas(k->sms, k->ranks_per_gpu);
   const uint32_t want[] = {d, d / 2, d + d / 2, 2 * d, most};
   unsigned n = 0;
@@ -350,7 +350,7 @@ void tune_close(struct tune_table *t) {
 }
 
 int tune_put(struct tune_table *t, struct tune_entry *e) {
-  e->default_ctas = tune_default_ctas(e->key.sms, e->key.ranks_per_gpu);
+  e->default_ctas = tune_default_ctas(e->key.sms, e->key.ranks_per_gpu, 0);
   e->ctas = tune_choose(e);
   if (e->measured_at == 0)
     e->measured_at = (uint64_t)time(NULL);

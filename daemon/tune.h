@@ -74,8 +74,10 @@ struct tune_entry {
 
 /* Where a rank's budget came from: enum dep_tune_how (proto.h). */
 
-/* The library's default budget (cuops_sm_budget's, sm_budget.h) and the largest it accepts. */
-uint32_t tune_default_ctas(uint32_t sms, uint32_t ranks_per_gpu);
+/* The library's default budget (cuops_sm_budget's, sm_budget.h; xworld: the world of a job
+ * whose ranks span nodes, 0 for one on a node, whose keys the table measures) and the
+ * largest it accepts. */
+uint32_t tune_default_ctas(uint32_t sms, uint32_t ranks_per_gpu, uint32_t xworld);
 uint32_t tune_most_ctas(uint32_t sms, uint32_t ranks_per_gpu);
 /*
  * The budgets worth timing for a key: the default, half and 1.5 and 2

@@ -37,12 +37,14 @@ uint32_t dep__ctas_per_sm(uint64_t cta_bytes, uint64_t sm_bytes) {
   return n > CUOPS_CTAS_PER_SM ? CUOPS_CTAS_PER_SM : (uint32_t)n;
 }
 
-int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, char *why,
-                    size_t whylen) {
+int cuops_sm_budget(int sms, uint32_t sharing, uint32_t xworld, const char *env, uint32_t *out,
+                    char *why, size_t whylen) {
   sms = sms < 1 ? 1 : sms;
   sharing = sharing < 1 ? 1 : sharing;
   const uint32_t budget = (uint32_t)sms / sharing;
   *out = budget > CUOPS_MAX_CTAS ? CUOPS_MAX_CTAS : budget < 1 ? 1 : budget;
+  if (xworld != 0)
+    *out = dep__xnode_budget(*out, xworld);
   /* The operator's override; at most what keeps every rank on this GPU
    * resident at once (CUOPS_CTAS_PER_SM each SM, shared out). */
   if (env == NULL || env[0] == '\0')

@@ -18,23 +18,24 @@
 /*
  * The SM budget of one rank: CTAs per communicating kernel, the GPU's sms
  * shared out among the `sharing` ranks of the job on it, at most
- * CUOPS_MAX_CTAS; or env (the value of $DEEPEP_KERNEL_CTAS; NULL or "" for
- * none), from 1 to what keeps every rank resident at once.  0 with *out,
- * or DEP_ERR_INVALID with why saying the bounds.
+ * CUOPS_MAX_CTAS, and in a job whose xworld ranks span nodes (0: a job on
+ * one node) at most dep__xnode_budget's; or env (the value of
+ * $DEEPEP_KERNEL_CTAS; NULL or "" for none), from 1 to what keeps every
+ * rank resident at once.  0 with *out, or DEP_ERR_INVALID with why saying
+ * the bounds.
  */
-int cuops_sm_budget(int sms, uint32_t sharing, const char *env, uint32_t *out, char *why,
-                    size_t whylen);
+int cuops_sm_budget(int sms, uint32_t sharing, uint32_t xworld, const char *env, uint32_t *out,
+                    char *why, size_t whylen);
 /*
  * The default budget of a rank of a job of `world` ranks that span nodes:
- * `budget` (cuops_sm_budget's default), at most CUOPS_XNODE_PARTS * world.
+ * `budget` (the single-node default), at most CUOPS_XNODE_PARTS * world.
  * Every CTA of such a job's kernels stores to, fences and polls host memory
  * (the exchange region) across the GPU's bus, so more of them is more
  * traffic on that one bus, not more bandwidth: a call between two daemons
  * ran several times slower at the single-node default than at two parts
  * (BENCHMARKS.md, "The SM budget between nodes"), and its rows within the
  * node are a small part of it.
- * The library and the daemon's stats both take it; $DEEPEP_KERNEL_CTAS
- * still sets any budget.
+ * $DEEPEP_KERNEL_CTAS still sets any budget.
  */
 uint32_t dep__xnode_budget(uint32_t budget, uint32_t world);
 /* The largest budget of a rank that keeps every one of the `sharing` ranks resident. */

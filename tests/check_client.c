@@ -506,26 +506,26 @@ END_TEST
 START_TEST(kernel_ctas_override_is_bounded_and_refused_clearly) {
   uint32_t out = 0;
   char why[256] = "";
-  ck_assert_int_eq(cuops_sm_budget(132, 1, NULL, &out, why, sizeof why), 0);
+  ck_assert_int_eq(cuops_sm_budget(132, 1, 0, NULL, &out, why, sizeof why), 0);
   ck_assert_uint_eq(out, CUOPS_MAX_CTAS);
-  ck_assert_int_eq(cuops_sm_budget(132, 8, "", &out, why, sizeof why), 0);
+  ck_assert_int_eq(cuops_sm_budget(132, 8, 0, "", &out, why, sizeof why), 0);
   ck_assert_uint_eq(out, 16);
-  ck_assert_int_eq(cuops_sm_budget(132, 2, "132", &out, why, sizeof why), 0);
+  ck_assert_int_eq(cuops_sm_budget(132, 2, 0, "132", &out, why, sizeof why), 0);
   ck_assert_uint_eq(out, 132);
-  ck_assert_int_eq(cuops_sm_budget(132, 1, "264", &out, why, sizeof why), 0); /* 2 per SM */
+  ck_assert_int_eq(cuops_sm_budget(132, 1, 0, "264", &out, why, sizeof why), 0); /* 2 per SM */
   ck_assert_uint_eq(out, 264);
   static const char *const bad[] = {"0",    "265",  "-5",  "+5", " 5",
                                     "12x",  "lots", "99999999999999999999"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     out = 7;
     why[0] = '\0';
-    ck_assert_int_eq(cuops_sm_budget(132, 1, bad[i], &out, why, sizeof why), DEP_ERR_INVALID);
+    ck_assert_int_eq(cuops_sm_budget(132, 1, 0, bad[i], &out, why, sizeof why), DEP_ERR_INVALID);
     ck_assert_msg(strstr(why, "DEEPEP_KERNEL_CTAS") != NULL && strstr(why, "from 1 to 264") != NULL,
                   "%s: said %s", bad[i], why);
     ck_assert_uint_eq(out, CUOPS_MAX_CTAS); /* the default stands */
   }
   /* Eight ranks on the GPU: each may have at most a quarter of its SMs' CTAs. */
-  ck_assert_int_eq(cuops_sm_budget(132, 8, "34", &out, why, sizeof why), DEP_ERR_INVALID);
+  ck_assert_int_eq(cuops_sm_budget(132, 8, 0, "34", &out, why, sizeof why), DEP_ERR_INVALID);
   ck_assert_msg(strstr(why, "from 1 to 33 (132 SMs, 8 ranks") != NULL, "said %s", why);
 }
 END_TEST

@@ -81,7 +81,7 @@ START_TEST(the_candidates_are_the_default_and_its_multiples_one_per_grid) {
   ck_assert_uint_eq(c[3], 132);
   /* A rank alone on its GPU: the default is the cap, the most two CTAs per SM. */
   k = key_of(1, 4);
-  ck_assert_uint_eq(tune_default_ctas(132, 1), 96);
+  ck_assert_uint_eq(tune_default_ctas(132, 1, 0), 96);
   ck_assert_uint_eq(tune_most_ctas(132, 1), 264);
   ck_assert_uint_eq(tune_candidates(&k, c), 5);
   ck_assert_uint_eq(c[4], 264);
@@ -506,7 +506,7 @@ START_TEST(a_job_across_nodes_runs_the_cross_node_default_not_a_one_node_entry) 
   struct xn_result *res = xn_results(2);
   const struct xn_run run = {.d = d, .body = xspan_rank, .arg = x};
   xn_run_job(&ns, &pl, "tune-xspan", &run, res);
-  const uint32_t want = dep__xnode_budget(tune_default_ctas(132, 1), 2);
+  const uint32_t want = dep__xnode_budget(tune_default_ctas(132, 1, 0), 2);
   ck_assert_uint_eq(want, 2 * CUOPS_XNODE_PARTS);
   for (int r = 0; r < 2; r++) {
     ck_assert_int_eq(x->rc[r], 0);
