@@ -6,7 +6,9 @@
 # TCP with as many streams as the daemons open data connections each way
 # (iperf3; each daemon's control lane, one more connection each way that
 # carries only credits, is not counted), and a TCP round trip of each
-# low-latency operation's bytes (bench/xnode_pingpong).  Prints one table
+# low-latency operation's bytes (bench/xnode_pingpong), and the same
+# throughput job with every rank on one daemon (no network: what the ranks'
+# own work costs).  Prints one table
 # with the issue's ratios, and for each ep run every daemon and rank
 # thread's CPU time as a share of the run's wall time (which thread bounds
 # the run: a proxy deepepd-px*, a receiver deepepd-rx, a rank's calls);
@@ -88,13 +90,25 @@ done
 "$BUILD/deepepctl" genkey "$DIR/peer.key" >/dev/null
 
 # A node's ranks of the largest shape (2 x 512 tokens x 7168 hidden, LL 128)
-# take well under 1 GiB of slab; the pool is made once at start, and the
-# benchmark waits for it (log_level info says "device pools ready").
+# take well under 1 GiB of slab; the first node's pool also holds the whole
+# world of the largest run on one daemon (the one-node reference below), as
+# `deepepctl size` gives it.  The pools are made once at start, and the
+# benchmark waits for them (log_level info says "device pools ready").
+MAXR=$(printf '%s\n' $RANKS | sort -n | tail -1)
+MAXT=$(printf '%s\n' $TOKENS $LL_TOKENS | sort -n | tail -1)
+MAXL=$(printf '%s\n' $LL_TOKENS | sort -n | tail -1)
+ONE_BYTES=$("$BUILD/deepepctl" --json size --world "$MAXR" --ranks-per-node "$MAXR" \
+  --tokens "$MAXT" --ll-tokens "$MAXL" --hidden "$HIDDEN" --chunk-rows "$STREAM" |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["total_bytes"])') ||
+  die "deepepctl size failed for the one-node reference"
+POOL=(1 1)
+POOL[0]=$(( (MAXR * ONE_BYTES * 5 / 4 + (1 << 30) - 1) >> 30 ))
+(( POOL[0] >= 1 )) || POOL[0]=1
 for i in 0 1; do
   cat >"$DIR/n$i.yaml" <<EOF
 socket: {path: $DIR/n$i.sock}
 backend: host
-pool: {host_size: 1GiB}
+pool: {host_size: ${POOL[i]}GiB}
 connection_pool_size: $CONNS
 stream_chunk_rows: $STREAM
 proxy_threads: $PROXY_THREADS
@@ -289,6 +303,15 @@ for t in $(printf '%s\n' $TOKENS $LL_TOKENS | sort -nu); do
       if (($3 == "dispatch" || $3 == "combine") && tp) print "tp", t, $0
       if ($3 ~ /^ll_/ && ll && l == t) print "ll", l, $0
     }' "$DIR/ep-$t.txt" >>"$DIR/rows.txt"
+  # The same throughput job with every rank on the first daemon: no network at all, so what
+  # the ranks' own copies (and the host backend's work within a node) cost at this shape.
+  if [[ -n ${want_tp[$t]:-} ]]; then
+    nice -n "$NICE" "$BUILD/bench/ep" -s "$DIR/n0.sock" -n "$NLIST" -m processes -t "$t" -l "$l" \
+      -H "$HIDDEN" -e 256 -k 8 -c "$CALLS" -w 5 -r 3 -p tp ${EP_ARGS:-} >"$DIR/ep1-$t.txt" ||
+      { cat "$DIR/ep1-$t.txt"; KEEP=1; die "ep -t $t on one daemon failed"; }
+    awk -v t="$t" '$2 == "processes" && NF >= 15 && ($3 == "dispatch" || $3 == "combine") {
+      print "one", t, $0 }' "$DIR/ep1-$t.txt" >>"$DIR/rows.txt"
+  fi
   SIZES=$(awk -v t="$t" '$1 == "ll" && $2 == t { print $19 }' "$DIR/rows.txt" | sort -nu |
           tr '\n' ',' | sed 's/,$//')
   if [[ -n $SIZES ]]; then
@@ -314,9 +337,11 @@ awk '
     med[k, op] = $8; first[k, op] = $7; xb[k, op] = $19; rk[k, op] = $21 * $8
     keys[k] = 1
   }
+  $1 == "one" { one[$2 " " $3, $5] = $8 }
   END {
-    printf "%-6s %-5s %9s %9s %9s %9s %9s %8s %7s %7s %7s\n", "tokens", "ranks", "xMB/call",
-      "disp_ms", "comb_ms", "rankGB/s", "nodeGB/s", "tcpGB/s", "/tcp", "D 1st/", "C 1st/"
+    printf "%-6s %-5s %9s %9s %9s %9s %9s %8s %7s %7s %7s %9s %7s\n", "tokens", "ranks",
+      "xMB/call", "disp_ms", "comb_ms", "rankGB/s", "nodeGB/s", "tcpGB/s", "/tcp", "D 1st/",
+      "C 1st/", "1node_ms", "1n/tcp"
     n = 0; for (k in keys) order[++n] = k
     for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) {
       split(order[i], a, " "); split(order[j], b, " ")
@@ -328,16 +353,21 @@ awk '
       d = med[k, "dispatch"]; c = med[k, "combine"]
       node = (xb[k, "dispatch"] + xb[k, "combine"]) / (d + c) / 1e6
       rank = (rk[k, "dispatch"] + rk[k, "combine"]) / (d + c)
-      printf "%-6s %-5s %9.2f %9.3f %9.3f %9.3f %9.3f %8.3f %6.0f%% %6.2fx %6.2fx\n", a[1],
-        a[2] / 2 "+" a[2] / 2, (xb[k, "dispatch"] + xb[k, "combine"]) / 1e6, d, c, rank, node,
-        tcp[a[1]], 100 * node / tcp[a[1]], first[k, "dispatch"] / d, first[k, "combine"] / c
+      o = one[k, "dispatch"] + one[k, "combine"]
+      bound = o > 0 ? (xb[k, "dispatch"] + xb[k, "combine"]) / o / 1e6 : 0
+      printf "%-6s %-5s %9.2f %9.3f %9.3f %9.3f %9.3f %8.3f %6.0f%% %6.2fx %6.2fx %9.3f %6.0f%%\n",
+        a[1], a[2] / 2 "+" a[2] / 2, (xb[k, "dispatch"] + xb[k, "combine"]) / 1e6, d, c, rank,
+        node, tcp[a[1]], 100 * node / tcp[a[1]], first[k, "dispatch"] / d,
+        first[k, "combine"] / c, o, 100 * bound / tcp[a[1]]
     }
   }' "$DIR/tcp-run.txt" "$DIR/rows.txt"
 echo "# xMB/call: bytes from one node to the other per dispatch + combine (busiest direction);"
 echo "# rankGB/s: the smallest rank's bytes to the other node / (disp_ms + comb_ms);"
 echo "# nodeGB/s: xMB/call / (disp_ms + comb_ms); tcpGB/s: raw TCP per direction around the run;"
 echo "# /tcp: nodeGB/s / tcpGB/s (target >= 80%); 1st/: first call after attach / median"
-echo "# (target <= 1.1x)"
+echo "# (target <= 1.1x); 1node_ms: dispatch + combine of the same job with every rank on one"
+echo "# daemon (no network); 1n/tcp: xMB/call / 1node_ms / tcpGB/s, the /tcp a call between the"
+echo "# nodes would reach if it took only that: the most the ranks' own work allows"
 echo
 echo "## low latency, hidden $HIDDEN"
 awk '
@@ -376,7 +406,7 @@ echo "# every op's calls (first, warm-up and timed) with their frame headers, sl
 echo "# two runs of another CALLS give the bytes of one call of a pair by their difference"
 echo
 echo "## raw outputs"
-for f in "$DIR"/ep-*.txt "$DIR/pp.txt"; do echo "### $(basename "$f")"; cat "$f"; done
+for f in "$DIR"/ep-*.txt "$DIR"/ep1-*.txt "$DIR/pp.txt"; do echo "### $(basename "$f")"; cat "$f"; done
 for i in 0 1; do
   echo "### node $i: deepepctl peers"
   "$BUILD/deepepctl" -s "$DIR/n$i.sock" peers 2>&1 || true
