@@ -20,7 +20,8 @@
 # (stream_chunk_rows) on one daemon, check_cuda_ops_stream.c's gpu case, then
 # across two and three, check_xnode_stream.c's), SECS (per step, 150;
 # STREAMX_SECS for streamx's, 600), PROXY_THREADS (the daemons' proxy_threads, 0: their default), CONNS (their
-# connection_pool_size, 2).
+# connection_pool_size, 2), EP_ARGS (more bench/ep options for the epctas step, e.g. "-G 1000":
+# each rank pauses 1 s between attach and its first call).
 set -u
 B=$(cd "${1:-build-gpu}" && pwd) || exit 2
 OUTD=${OUT:-/tmp/dep-out}
@@ -117,7 +118,7 @@ epctas_step() {
       echo "== epctas: CTAs $c, daemons ${where//$D\//}"
       ( [ "$c" = default ] || export DEEPEP_KERNEL_CTAS=$c
         timeout 120 "$B"/bench/ep -s "$where" -n 2,4 -m processes -t ${EP_TOKENS:-128} \
-          -l ${EP_LL:-8} -c ${EP_CALLS:-50} ) 2>&1 | tee -a "$OUTD/epctas.txt"
+          -l ${EP_LL:-8} -c ${EP_CALLS:-50} ${EP_ARGS:-} ) 2>&1 | tee -a "$OUTD/epctas.txt"
     done
   done
   pkill -TERM -f "deepepd -c $D/"; sleep 1
