@@ -674,6 +674,7 @@ int job_fill_status(struct dep_status *st, uid_t viewer_uid, uint32_t max_jobs) 
     o->slab_bytes = j->slab_bytes;
     o->age_ms = job_age_ms(j);
     o->host_bytes = j->host_bytes;
+    o->chunk_rows = j->chunk_rows;
     elastic_status(j, o);
   }
   return 0;
