@@ -49,7 +49,7 @@ static const struct ctl_cmd ctl_cmds[] = {
      "--topk N\ttopk (8)\n"
      "--ll-tokens N\tmax_ll_tokens_per_rank (0: the default)\n"
      "--fp8\tthe job's dtype is fp8_e4m3\n"
-     "--chunk-rows N\tthe daemon's stream_chunk_rows (0: whole blocks)"},
+     "--chunk-rows N\ta stream_chunk_rows (0: whole blocks; auto's choice: deepepctl status)"},
     {"help", ctl_help, "show this help", NULL},
 };
 #define CTL_NCMDS (sizeof ctl_cmds / sizeof ctl_cmds[0])

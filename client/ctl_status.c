@@ -39,6 +39,7 @@ static const struct ctl_col job_cols[] = {
     {"ranks_expected", "", CTL_UINT, CTL_COL_JOIN},
     {"world_size", "WORLD", CTL_UINT, 0},
     {"slab_bytes", "SLAB", CTL_BYTES, 0},
+    {"chunk_rows", "CHUNK", CTL_UINT, 0},
     {"age_ms", "AGE", CTL_MS, 0},
     {"elastic", "ELASTIC", CTL_BOOL, 0},
     {"epoch", "EPOCH", CTL_UINT, 0},
@@ -56,10 +57,10 @@ static const struct ctl_col job_cols[] = {
 /* The node columns, job_cols[JOB_NODE_COL...]: when no job spans nodes (no pinned host
  * memory, one node, nothing sent or received, an empty ring) they stay in the JSON but out
  * of the text table, as deepepctl(1) says. */
-#define JOB_NODE_COL 10
+#define JOB_NODE_COL 11
 /* The elastic columns, job_cols[JOB_ELASTIC_COL...]: out of the text table when no job is
  * elastic, as deepepctl(1) says. */
-#define JOB_ELASTIC_COL 7
+#define JOB_ELASTIC_COL 8
 _Static_assert(JOB_NCOLS == JOB_NODE_COL + 7, "the node columns end the job columns");
 
 /* An elastic job's history (JOB_EVENTS_OK): who left, when and why; who came back. */
@@ -130,7 +131,8 @@ static int status_render(const struct ctl *ctl, const struct dep_status *st,
     row[3].u = j->ranks_expected;
     row[4].u = j->world_size;
     row[5].u = j->slab_bytes;
-    row[6].u = j->age_ms;
+    row[6].u = j->chunk_rows;
+    row[7].u = j->age_ms;
     row[JOB_ELASTIC_COL].u = (j->flags & DEP_ATTACH_ELASTIC) != 0;
     row[JOB_ELASTIC_COL + 1].u = j->epoch;
     row[JOB_ELASTIC_COL + 2].s = j->mask;

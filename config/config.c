@@ -330,12 +330,18 @@ static int take_uint(struct loader *L, const struct key *k, const yaml_node_t *v
                      const struct scalar *sc, const char *path, char *dst) {
   char got[48];
   int64_t x = 0;
+  const bool word = (k->flags & F_AUTO) != 0; /* auto is a value too */
+  if (sc->ok && config__is_auto(k, sc->s, sc->n)) {
+    config__put_uint(dst, k->size, config__auto(k));
+    return 0;
+  }
   int rc = sc->ok ? config_value_int(sc->s, sc->n, &x) : CONFIG_VALUE_BAD;
   if (rc == CONFIG_VALUE_BAD)
-    return wrong_type(L, v, "a decimal integer", path);
+    return wrong_type(L, v, word ? "auto or a decimal integer" : "a decimal integer", path);
   if (rc != CONFIG_VALUE_OK || x < (int64_t)k->min || x > (int64_t)k->max)
-    return fail(L, v->start_mark, "'%s' must be between %" PRIu64 " and %" PRIu64 ", got %s",
-                path, k->min, k->max, shown(sc->raw, sc->n, got, sizeof got));
+    return fail(L, v->start_mark, "'%s' must be %sbetween %" PRIu64 " and %" PRIu64 ", got %s",
+                path, word ? "auto or " : "", k->min, k->max,
+                shown(sc->raw, sc->n, got, sizeof got));
   config__put_uint(dst, k->size, (uint64_t)x);
   return 0;
 }

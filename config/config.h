@@ -22,6 +22,10 @@
 #define CONFIG_PATH_MAX 108  /* sun_path; longer socket paths are rejected */
 #define CONFIG_LISTEN_MAX 64 /* "[IPv6 address]:port" fits */
 #define CONFIG_MAX_PROXY_THREADS 64 /* proxy_threads' bound: the daemon's table of them */
+/* stream_chunk_rows: auto, the value the key's word stores (no number of rows is this
+ * large): whole blocks for a job whose whole blocks fit its device's pool, else the largest
+ * chunk that does (daemon/lend.c, lend_check). */
+#define CONFIG_CHUNK_ROWS_AUTO UINT32_MAX
 /* Where the unit's CacheDirectory=deepepd puts it (systemd/deepepd.service.in). */
 #define CONFIG_DEFAULT_KERNEL_CACHE_DIR "/var/cache/deepepd"
 /*
@@ -84,7 +88,8 @@ struct config {
   uint32_t connection_pool_size;      /* 1..1024 */
   uint32_t proxy_threads;             /* inter-node proxy threads; 0: xfer_proxy_threads_default */
   uint32_t stream_chunk_rows;         /* 0: whole blocks; N: the throughput ops stream through
-                                         rings of chunks of N rows (proto/slab.h) */
+                                         rings of chunks of N rows (proto/slab.h);
+                                         CONFIG_CHUNK_ROWS_AUTO: chosen per job (below) */
   char listen_address[256];           /* listen.address; "": no peer listener */
   uint16_t listen_port;               /* listen.port */
   size_t n_peers;
@@ -154,6 +159,12 @@ size_t config_diff_live(const struct config *old_c, const struct config *new_c, 
  */
 size_t config_diff_names(const struct config *old_c, const struct config *new_c, bool live,
                          char *names, size_t name_size, size_t max);
+
+/*
+ * The value of key (a dotted name, "pool.host_size", "stream_chunk_rows") in c as the reload's
+ * messages show it ("1 GiB", "auto"), into buf; NULL for a name that is no key, or a section.
+ */
+const char *config_key_text(const struct config *c, const char *key, char *buf, size_t len);
 
 /* Copy every live key from src to dst: what a reload applies to the running configuration. */
 void config_copy_live(struct config *dst, const struct config *src);

@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 /* listen.port, and a peer's port left out: a peer listens where this daemon would. */
 #define PEER_PORT "7470"
@@ -24,6 +25,9 @@
   .off = offsetof(struct config_peer, f), .size = sizeof(((struct config_peer *)0)->f)
 
 _Static_assert(sizeof(enum config_backend) == sizeof(int), "enums are stored as int");
+_Static_assert(sizeof(((struct config *)0)->stream_chunk_rows) == 4 &&
+                   CONFIG_CHUNK_ROWS_AUTO == UINT32_MAX && DEP_SHAPE_MAX_TOKENS < UINT32_MAX,
+               "stream_chunk_rows' auto is the largest u32, which no number of rows reaches");
 _Static_assert(sizeof(enum config_log_level) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(enum config_transport) == sizeof(int), "enums are stored as int");
 
@@ -131,7 +135,7 @@ const struct key config__root_keys[] = {
     {.name = "proxy_threads", .kind = K_UINT, AT(proxy_threads), .min = 0,
      .max = CONFIG_MAX_PROXY_THREADS, .dflt = "0"},
     {.name = "stream_chunk_rows", .kind = K_UINT, AT(stream_chunk_rows), .min = 0,
-     .max = DEP_SHAPE_MAX_TOKENS, .dflt = "0"},
+     .max = DEP_SHAPE_MAX_TOKENS, .flags = F_AUTO, .dflt = "auto"},
     {.name = "listen", .kind = K_SECTION, .sub = listen_keys},
     {.name = "peers", .kind = K_PEERS, LIST(peers, n_peers), .sub = peer_keys, .dflt = "[]"},
     {.name = "peer_key_file", .kind = K_STR, AT(peer_key_file), .dflt = ""},
@@ -188,6 +192,14 @@ uint64_t config__get_uint(const void *p, size_t size) {
   return size == 8 ? v64 : size == 4 ? v32 : v16;
 }
 
+uint64_t config__auto(const struct key *k) {
+  return k->size == 8 ? UINT64_MAX : k->size == 4 ? UINT32_MAX : UINT16_MAX;
+}
+
+bool config__is_auto(const struct key *k, const char *s, size_t n) {
+  return (k->flags & F_AUTO) && s != NULL && n == 4 && strncasecmp(s, "auto", 4) == 0;
+}
+
 void config__defaults(const struct key *table, char *base) {
   for (const struct key *k = table; k->name != NULL; k++) {
     char *dst = base + k->off;
@@ -210,7 +222,9 @@ void config__defaults(const struct key *table, char *base) {
       break;
     }
     case K_UINT:
-      if (config_value_int(d, n, &i) == CONFIG_VALUE_OK)
+      if (config__is_auto(k, d, n))
+        config__put_uint(dst, k->size, config__auto(k));
+      else if (config_value_int(d, n, &i) == CONFIG_VALUE_OK)
         config__put_uint(dst, k->size, (uint64_t)i);
       break;
     case K_SIZE:

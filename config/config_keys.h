@@ -48,6 +48,8 @@ struct name_value {
 #define F_ZERO_AUTO 16u /* K_SIZE: 0 is allowed too, meaning what .zero says */
 #define F_ABSPATH 32u /* K_STR: "" or an absolute path (the daemon's cwd is no place to rely on) */
 #define F_LISTEN 64u  /* K_STR: "" or "ADDRESS:PORT" (config_listen_split) */
+#define F_AUTO 128u   /* K_UINT: the word auto too, stored as the largest value of .size
+                         bytes (config__auto), which .max stays below */
 
 struct key {
   const char *name;
@@ -90,5 +92,10 @@ void config__path_join(char *out, size_t len, const char *fmt, ...)
 /* Integer members are uint16_t, uint32_t or uint64_t; the table gives the size, the range fits it. */
 void config__put_uint(void *p, size_t size, uint64_t v);
 uint64_t config__get_uint(const void *p, size_t size);
+/* What an F_AUTO key stores for auto: the largest value of its size (CONFIG_CHUNK_ROWS_AUTO for
+ * stream_chunk_rows). */
+uint64_t config__auto(const struct key *k);
+/* Whether an F_AUTO key's text (n bytes, not NUL-ended) is the word auto, in any case. */
+bool config__is_auto(const struct key *k, const char *s, size_t n);
 
 #endif /* DEP_CONFIG_KEYS_H */

@@ -384,7 +384,23 @@ void job_rejoined(struct job *j, uint32_t local_rank, int code, const char *why)
   job_remove_rank(j, local_rank, true);
 }
 
-static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {
+/* The job's chunk as lend_check chose it; under auto, a job that streams says so, once. */
+static void job_set_chunk(struct job *j, const struct lend_fit *f) {
+  const double mib = 1024.0 * 1024.0;
+  j->chunk_rows = f->chunk_rows;
+  j->chunk_auto = f->by_auto;
+  j->chunk_whole_bytes = f->whole_bytes;
+  j->chunk_pool_bytes = f->pool_bytes;
+  if (f->by_auto && f->chunk_rows != 0)
+    log_info("job %s streams in chunks of %u rows (stream_chunk_rows: auto): its whole blocks "
+             "need %.1f MiB a rank, more than its device's pool of %.1f MiB holds for its %u "
+             "local ranks; streamed, %.1f MiB a rank",
+             j->id, f->chunk_rows, (double)f->whole_bytes / mib, (double)f->pool_bytes / mib,
+             j->local_world_size, (double)(f->slab_bytes + f->host_bytes) / mib);
+}
+
+static struct job *job_create(struct conn *c, const struct dep_attach_args *a,
+                              const struct lend_fit *f) {
   struct job *j = calloc(1, sizeof *j + sizeof(struct job_rank) * a->local_world_size);
   if (j == NULL)
     return NULL;
@@ -393,7 +409,6 @@ static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {
   j->world_size = a->world_size;
   j->local_world_size = a->local_world_size;
   j->shape = a->shape;
-  j->chunk_rows = job_cfg->stream_chunk_rows;
   j->flags = a->flags;
   if ((j->flags & DEP_ATTACH_ELASTIC) && !elastic_new(j)) {
     free(j);
@@ -415,6 +430,7 @@ static struct job *job_create(struct conn *c, const struct dep_attach_args *a) {
   job_n++;
   log_info("job %s: created by uid %u (world_size %u, %u local ranks)", j->id,
            (unsigned)j->owner_uid, j->world_size, j->local_world_size);
+  job_set_chunk(j, f);
   return j;
 }
 
@@ -494,8 +510,7 @@ static uint32_t job_count_of(uid_t uid) {
 /* A new job for the first rank's ATTACH, or NULL after the refusal has been sent: a
  * draining daemon starts none, and the daemon's and the uid's job limits hold. */
 static struct job *job_start_for(struct conn *c, uint32_t request_id,
-                                 const struct dep_attach_args *a, uint64_t slab_bytes,
-                                 uint64_t host_bytes) {
+                                 const struct dep_attach_args *a, const struct lend_fit *f) {
   char msg[DEP_MSG_TEXT_MAX];
   if (deepepd.draining) {
     job_refuse(NULL, c, request_id, a, DEP_ERR_STATE,
@@ -522,13 +537,13 @@ static struct job *job_start_for(struct conn *c, uint32_t request_id,
     job_refuse(NULL, c, request_id, a, DEP_ERR_LIMIT, msg);
     return NULL;
   }
-  struct job *j = job_create(c, a);
+  struct job *j = job_create(c, a, f);
   if (j == NULL) {
     job_refuse(NULL, c, request_id, a, DEP_ERR_NO_MEMORY, "deepepd is out of memory");
     return NULL;
   }
-  j->slab_bytes = slab_bytes; /* the layout's size; the stride once lent */
-  j->host_bytes = host_bytes;
+  j->slab_bytes = f->slab_bytes; /* the layout's size; the stride once lent */
+  j->host_bytes = f->host_bytes;
   return j;
 }
 
@@ -603,8 +618,10 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
   struct job *j = job_find(a->job_id);
   char why[DEP_MSG_TEXT_MAX - DEP_JOB_ID_MAX - 8] = "";
   char msg[DEP_MSG_TEXT_MAX];
-  uint64_t slab_bytes = 0, host_bytes = 0;
-  int rc = lend_check(a, job_cfg->stream_chunk_rows, &slab_bytes, &host_bytes, why, sizeof why);
+  /* The job's chunk is chosen once, for its first rank here: a later one takes it. */
+  struct lend_fit fit;
+  int rc = lend_check(a, j != NULL ? j->chunk_rows : job_cfg->stream_chunk_rows, &fit, why,
+                      sizeof why);
   if (rc != 0) {
     snprintf(msg, sizeof msg, "job %s: %s", a->job_id, why);
     job_refuse(j, c, request_id, a, rc, msg);
@@ -619,7 +636,7 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
     job_rejoin(j, c, request_id, a);
     return;
   }
-  if (created && (j = job_start_for(c, request_id, a, slab_bytes, host_bytes)) == NULL)
+  if (created && (j = job_start_for(c, request_id, a, &fit)) == NULL)
     return;
   if (!job_may_join(j, c, request_id, a, created))
     return;
@@ -674,6 +691,7 @@ int job_fill_status(struct dep_status *st, uid_t viewer_uid, uint32_t max_jobs) 
     o->slab_bytes = j->slab_bytes;
     o->age_ms = job_age_ms(j);
     o->host_bytes = j->host_bytes;
+    o->chunk_rows = j->chunk_rows;
     elastic_status(j, o);
   }
   return 0;

@@ -57,7 +57,11 @@ struct job {
   uid_t owner_uid;           /* SO_PEERCRED of the creator */
   uint32_t world_size;
   uint32_t local_world_size;
-  uint32_t chunk_rows;       /* stream_chunk_rows when the job was made: its layout's (slab.h) */
+  uint32_t chunk_rows;       /* its layout's chunk (slab.h; 0: whole blocks), chosen once when
+                                the job was made: stream_chunk_rows, or auto's choice */
+  bool chunk_auto;           /* stream_chunk_rows: auto chose it, weighing its whole blocks
+                                (chunk_whole_bytes a rank) against its pool (chunk_pool_bytes) */
+  uint64_t chunk_whole_bytes, chunk_pool_bytes;
   struct dep_job_shape shape;
   uint64_t created_ns;       /* uv_hrtime() */
   uint64_t ready_ns;         /* uv_hrtime() when the rendezvous completed (deepepctl clients) */

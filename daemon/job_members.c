@@ -241,6 +241,39 @@ void job_fail_everywhere(struct job *j, int code, const char *msg) {
 static const char *job_node(int who) { return who == JOB_HERE ? "this node" : peer_name(who); }
 
 /*
+ * Whether peer x's ranks of j stream in other chunks than this node's (the
+ * channels between nodes mirror each other's rings, slab.h), with the
+ * message in msg: the chunk to set on every node, the smaller one (it fits
+ * wherever the larger does), and, where this node chose by auto, that it
+ * did and why, so that nodes of different pools know which number to write.
+ */
+static bool job_chunks_differ(const struct job *j, const struct job_member *x, char *msg,
+                              size_t len) {
+  const uint32_t ours = dep_slab_chan_rows(j->shape.max_tokens_per_rank, j->chunk_rows);
+  const uint32_t theirs = dep_slab_chan_rows(j->shape.max_tokens_per_rank, x->m.chunk_rows);
+  if (ours == theirs)
+    return false;
+  const uint32_t set = ours < theirs ? j->chunk_rows : x->m.chunk_rows;
+  const double mib = 1024.0 * 1024.0;
+  char here[40] = "whole blocks", there[40] = "whole blocks", chose[160] = "";
+  if (ours < j->shape.max_tokens_per_rank)
+    snprintf(here, sizeof here, "chunks of %u rows", j->chunk_rows);
+  if (theirs < j->shape.max_tokens_per_rank)
+    snprintf(there, sizeof there, "chunks of %u rows", x->m.chunk_rows);
+  if (j->chunk_auto)
+    snprintf(chose, sizeof chose,
+             " (this node chose by stream_chunk_rows: auto: its pool holds %.1f MiB, whole "
+             "blocks need %.1f MiB for each of its %u local ranks)",
+             (double)j->chunk_pool_bytes / mib, (double)j->chunk_whole_bytes / mib,
+             j->local_world_size);
+  snprintf(msg, len,
+           "job %s: node %s streams in %s, this node in %s (stream_chunk_rows); set "
+           "stream_chunk_rows: %u on every node%s",
+           j->id, peer_name(x->peer), there, here, set, chose);
+  return true;
+}
+
+/*
  * Fill job_who for j from its local ranks and the peers' records of its uid
  * (another uid's are held apart), checking each against the job: the same
  * shape and world, ranks within the world, no rank held twice, no more
@@ -273,14 +306,7 @@ static bool job_gather(struct job *j, uint32_t *held) {
       job_fail_everywhere(j, DEP_ERR_MISMATCH, msg);
       return false;
     }
-    /* The channels between nodes mirror each other's rings (slab.h). */
-    const uint32_t ours = dep_slab_chan_rows(j->shape.max_tokens_per_rank, j->chunk_rows);
-    const uint32_t theirs = dep_slab_chan_rows(j->shape.max_tokens_per_rank, x->m.chunk_rows);
-    if (ours != theirs) {
-      snprintf(msg, sizeof msg,
-               "job %s: node %s streams in chunks of %u rows (stream_chunk_rows), this node in "
-               "chunks of %u (0: whole blocks); set stream_chunk_rows the same on every node",
-               j->id, peer_name(x->peer), x->m.chunk_rows, j->chunk_rows);
+    if (job_chunks_differ(j, x, msg, sizeof msg)) {
       job_fail_everywhere(j, DEP_ERR_MISMATCH, msg);
       return false;
     }

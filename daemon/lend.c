@@ -334,62 +334,86 @@ static int lend_need(struct pool *p, const struct dep_attach_args *a, uint32_t c
 
 /*
  * For a job of whole blocks that does not fit: the largest chunk, a power of
- * two below a block's rows, with which it would (its bytes a rank in
- * *per_rank), or 0 where streaming does not make it fit either.
+ * two below a block's rows, with which it would (its layout in *l, a rank's
+ * ring and exchange region in *xchg), or 0 where streaming does not make it
+ * fit either.  The one rule of both auto's choice and the refusal's hint.
  */
 static uint32_t lend_fitting_chunk(struct pool *p, const struct dep_attach_args *a,
-                                   uint64_t *per_rank) {
+                                   struct dep_slab_layout *l, uint64_t *xchg) {
   for (uint32_t rows = 1u << 12; rows >= 1; rows >>= 1) {
     if (4ull * rows >= a->shape.max_tokens_per_rank)
       continue; /* 4 chunks of it hold a whole block: no smaller */
-    struct dep_slab_layout l;
-    uint64_t xchg, need;
+    uint64_t need;
     char ignored[8];
-    if (lend_need(p, a, rows, &l, &xchg, &need, ignored, sizeof ignored) == 0 &&
-        need <= pool_total_bytes(p)) {
-      *per_rank = l.total_bytes + xchg;
+    if (lend_need(p, a, rows, l, xchg, &need, ignored, sizeof ignored) == 0 &&
+        need <= pool_total_bytes(p))
       return rows;
-    }
   }
   return 0;
+}
+
+/* The refusal of a job that needs `need` bytes of p (l and xchg a rank's): what it needs,
+ * what the pool holds, and for whole blocks (chunk_rows 0) the chunk that would fit. */
+static void lend_refusal(struct pool *p, const struct dep_attach_args *a, uint32_t chunk_rows,
+                         const struct dep_slab_layout *l, uint64_t xchg, uint64_t need,
+                         char *why, size_t whylen) {
+  const double mib = 1024.0 * 1024.0;
+  struct dep_slab_layout sl;
+  uint64_t sx = 0;
+  const uint32_t fit = chunk_rows == 0 ? lend_fitting_chunk(p, a, &sl, &sx) : 0;
+  char stream[112] = "";
+  if (fit != 0)
+    snprintf(stream, sizeof stream,
+             ", or set stream_chunk_rows: %u on every node (%.1f MiB per rank; deepepctl size "
+             "--chunk-rows N)",
+             fit, (double)(sl.total_bytes + sx) / mib);
+  snprintf(why, whylen, "this job shape needs %.1f MiB per rank, %.1f MiB for its %u local "
+           "ranks, but device %s's pool holds %.1f MiB; lower max_tokens_per_rank or hidden, "
+           "or raise pool.size_per_device (pool.host_size on the host backend)%s",
+           (double)(l->total_bytes + xchg) / mib, (double)need / mib, a->local_world_size,
+           p->dev.uuid_str, (double)pool_total_bytes(p) / mib, stream);
 }
 
 /*
  * Check, before a rank joins, what would otherwise fail only at the
  * rendezvous: its device is one this daemon serves, and the arena of the
- * job's shape fits that device's pool's budget at all.  A job of whole
- * blocks that streaming would fit is told the chunk that does.
+ * job's shape fits that device's pool's budget at all.  Under auto the
+ * chunk is chosen here, from the shape, the worlds and the pool's budget
+ * alone (never what is free), so that nodes of the same configuration and
+ * devices choose alike.  A job of whole blocks that streaming would fit is
+ * told the chunk that does.
  */
-int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, uint64_t *slab_bytes,
-               uint64_t *host_bytes,
+int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, struct lend_fit *f,
                char *why, size_t whylen) {
   struct pool *p = devices_find(a->device_uuid, why, whylen);
   if (p == NULL)
     return DEP_ERR_NOT_FOUND;
+  const bool by_auto = chunk_rows == CONFIG_CHUNK_ROWS_AUTO;
   struct dep_slab_layout l;
   uint64_t xchg, need;
-  int rc = lend_need(p, a, chunk_rows, &l, &xchg, &need, why, whylen);
+  int rc = lend_need(p, a, by_auto ? 0 : chunk_rows, &l, &xchg, &need, why, whylen);
   if (rc != 0)
     return rc;
-  if (need > pool_total_bytes(p)) {
-    const double mib = 1024.0 * 1024.0;
-    uint64_t streamed = 0;
-    const uint32_t fit = chunk_rows == 0 ? lend_fitting_chunk(p, a, &streamed) : 0;
-    char stream[112] = "";
-    if (fit != 0)
-      snprintf(stream, sizeof stream,
-               ", or set stream_chunk_rows: %u on every node (%.1f MiB per rank; deepepctl size "
-               "--chunk-rows N)",
-               fit, (double)streamed / mib);
-    snprintf(why, whylen, "this job shape needs %.1f MiB per rank, %.1f MiB for its %u local "
-             "ranks, but device %s's pool holds %.1f MiB; lower max_tokens_per_rank or hidden, "
-             "or raise pool.size_per_device (pool.host_size on the host backend)%s",
-             (double)(l.total_bytes + xchg) / mib, (double)need / mib, a->local_world_size,
-             p->dev.uuid_str, (double)pool_total_bytes(p) / mib, stream);
+  *f = (struct lend_fit){.chunk_rows = by_auto ? 0 : chunk_rows, .by_auto = by_auto,
+                         .whole_bytes = by_auto ? l.total_bytes + xchg : 0,
+                         .pool_bytes = pool_total_bytes(p)};
+  if (need > f->pool_bytes && by_auto) {
+    struct dep_slab_layout sl;
+    uint64_t sx = 0;
+    const uint32_t fit = lend_fitting_chunk(p, a, &sl, &sx);
+    if (fit != 0) {
+      *f = (struct lend_fit){.chunk_rows = fit, .by_auto = true, .slab_bytes = sl.total_bytes,
+                             .host_bytes = sx, .whole_bytes = l.total_bytes + xchg,
+                             .pool_bytes = f->pool_bytes};
+      return 0;
+    }
+  }
+  if (need > f->pool_bytes) { /* auto too where streaming fits no better */
+    lend_refusal(p, a, f->chunk_rows, &l, xchg, need, why, whylen);
     return DEP_ERR_NO_MEMORY;
   }
-  *slab_bytes = l.total_bytes;
-  *host_bytes = xchg;
+  f->slab_bytes = l.total_bytes;
+  f->host_bytes = xchg;
   return 0;
 }
 

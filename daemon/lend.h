@@ -40,15 +40,26 @@ struct lend_xchg {
 void lend_init(uv_loop_t *loop, const struct config *cfg);
 void lend_fini(void);
 
+/* What a job of a shape is lent on a device (lend_check). */
+struct lend_fit {
+  uint32_t chunk_rows;  /* its chunk (slab.h; 0: whole blocks): the one asked, or auto's */
+  bool by_auto;         /* auto chose chunk_rows: 0 where whole blocks fit the pool */
+  uint64_t slab_bytes;  /* the layout's size of a slab */
+  uint64_t host_bytes;  /* a rank's ring and exchange region (0 on one node) */
+  uint64_t whole_bytes; /* by_auto: a rank's bytes with whole blocks (what auto weighed) */
+  uint64_t pool_bytes;  /* the device's pool's budget (pool_total_bytes) */
+};
+
 /*
  * Before a rank joins: its device is one this daemon serves, and an arena of
- * the job's shape fits that device's pool at all.  0 with the layout's size
- * per slab in *slab_bytes and per rank's ring and exchange region in
- * *host_bytes (0 on one node), or DEP_ERR_NOT_FOUND / NO_MEMORY / INVALID
- * with why.
+ * the job's shape fits that device's pool at all, its channels of chunks of
+ * chunk_rows rows (0: whole blocks; CONFIG_CHUNK_ROWS_AUTO: whole blocks
+ * where they fit, else the largest chunk that does, chosen from the shape,
+ * the worlds and the pool's budget alone).  0 with *f, or DEP_ERR_NOT_FOUND
+ * / NO_MEMORY / INVALID with why.
  */
-int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, uint64_t *slab_bytes,
-               uint64_t *host_bytes, char *why, size_t whylen);
+int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, struct lend_fit *f,
+               char *why, size_t whylen);
 
 /* The rendezvous completed: lend the job its arenas and place every local
  * rank's slab (j->slab_bytes becomes the stride), and for a job that spans

@@ -156,6 +156,8 @@ struct dep_status_job {
   uint32_t masked;         /* ranks of its world masked now (elastic jobs) */
   uint64_t epoch;          /* its live mask's epoch: 0 until a rank is masked or rejoins */
   char mask[DEP_STATUS_MASK_TEXT]; /* the masked ranks, "3,5-7" ("...": cut) */
+  uint32_t chunk_rows;     /* the rows of its channels' chunks (stream_chunk_rows, or the
+                              daemon's choice under auto); 0: whole blocks */
 };
 
 struct dep_status {

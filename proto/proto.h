@@ -103,6 +103,8 @@
  *      The private area's cuda scratch (kabi.h cuops_world_carve) holds a streamed
  *      call's counts of the chunks it sends to other nodes (chan_sent): a
  *      slab may be a page larger.
+ *  10  STATUS_OK's job record ends in its chunk_rows (stream_chunk_rows, or
+ *      the daemon's choice under auto; 0: whole blocks).
  * Bump the version only when an existing message's layout changes; add
  * new message types otherwise.
  */
@@ -123,8 +125,8 @@
  * deepepctl of another version is refused at HELLO with the window named,
  * and told to upgrade whichever end is older.  Widening it means keeping
  * the older layouts' codecs for connections that said an older version. */
-#define DEP_PROTO_VERSION 9
-#define DEP_PROTO_MIN_VERSION 9
+#define DEP_PROTO_VERSION 10
+#define DEP_PROTO_MIN_VERSION 10
 #define DEP_PROTO_HDR_LEN 24
 #define DEP_PROTO_MAX_BODY (256u * 1024u)
 /* Linux accepts at most 253 fds in one SCM_RIGHTS message. */

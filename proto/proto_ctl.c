@@ -45,6 +45,7 @@ static const struct codec_field status_job[] = {
     CODEC_U64(struct dep_status_job, age_ms),       CODEC_U64(struct dep_status_job, host_bytes),
     CODEC_U32(struct dep_status_job, flags),        CODEC_U32(struct dep_status_job, masked),
     CODEC_U64(struct dep_status_job, epoch),        CODEC_STR(struct dep_status_job, mask),
+    CODEC_U32(struct dep_status_job, chunk_rows),
 };
 
 /* ---- STATUS_OK ----------------------------------------------------------- */

@@ -137,7 +137,7 @@ static const char ctl_json_schema_py[] =
     "DEV = {'uuid': S, 'name': S, 'backend': S, 'pool_total_bytes': I, 'pool_used_bytes': I,\n"
     "       'pool_cached_bytes': I, 'pool_held_bytes': I}\n"
     "JOB = {'job_id': S, 'owner_uid': I, 'ranks_attached': I, 'ranks_expected': I, 'world_size': I,\n"
-    "       'slab_bytes': I, 'age_ms': I, 'host_bytes': I, 'nodes': I, 'remote_ranks': I, 'bytes_out': I,\n"
+    "       'slab_bytes': I, 'chunk_rows': I, 'age_ms': I, 'host_bytes': I, 'nodes': I, 'remote_ranks': I, 'bytes_out': I,\n"
     "       'bytes_in': I, 'ring_peak': I, 'payload_out': I, 'elastic': B, 'epoch': I,\n"
     "       'masked_ranks': S}\n"
     "EVENT = {'job_id': S, 'age_ms': I, 'rank': I, 'event': S, 'pid': I, 'epoch': I}\n"

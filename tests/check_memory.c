@@ -630,7 +630,8 @@ static int raw_attach_error(const struct tu_daemon *d, const struct dep_attach_a
 START_TEST(bad_input_fails_its_own_job_at_once_and_every_other_job_carries_on) {
   MR_NEEDS_BACKEND_ONE_GPU();
   struct tu_daemon d;
-  mr_start(&d, 64, NULL);
+  /* Whole blocks, refused where they do not fit (auto, the default, would stream few_ll's). */
+  mr_start(&d, 64, "stream_chunk_rows: 0\n");
   dep_client_t *obs = mr_observer(&d);
   static const struct mr_step run[] = {{FILL, 1}, {SYNC, 0}, {CHECK, 1}, {SYNC, 0}, {END, 0}};
   struct mr_grp gj, gwait, gbad;

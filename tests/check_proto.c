@@ -557,17 +557,17 @@ START_TEST(status_counts_beyond_the_body_are_rejected_before_allocating) {
   ck_assert_int_eq(proto_decode_status(body, n, &st), DEP_ERR_PROTOCOL);
   /* Exactly enough bytes for the minimal records decodes. */
   n = status_prefix(body, 3, 2);
-  /* A job record: 34 bytes, host_bytes, and 18 of the elastic fields. */
-  memset(body + n, 0, 3 * 38 + 2 * 60);
-  ck_assert_int_eq(proto_decode_status(body, n + 3 * 38 + 2 * 60, &st), 0);
+  /* A job record: 34 bytes, host_bytes, 18 of the elastic fields and chunk_rows. */
+  memset(body + n, 0, 3 * 38 + 2 * 64);
+  ck_assert_int_eq(proto_decode_status(body, n + 3 * 38 + 2 * 64, &st), 0);
   ck_assert_uint_eq(st.num_devices, 3);
   ck_assert_uint_eq(st.num_jobs, 2);
   free(st.devices);
   free(st.jobs);
   /* The same counts with a bad string in the last job: everything allocated
    * is freed (ASan's leak check holds us to it) and the struct is clean. */
-  body[n + 3 * 38 + 60] = 0xFF;
-  ck_assert_int_eq(proto_decode_status(body, n + 3 * 38 + 2 * 60, &st), DEP_ERR_PROTOCOL);
+  body[n + 3 * 38 + 64] = 0xFF;
+  ck_assert_int_eq(proto_decode_status(body, n + 3 * 38 + 2 * 64, &st), DEP_ERR_PROTOCOL);
   ck_assert_ptr_null(st.devices);
   ck_assert_ptr_null(st.jobs);
   ck_assert_uint_eq(st.num_devices, 0);

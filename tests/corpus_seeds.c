@@ -72,7 +72,7 @@ static int f_status_ok(struct proto_buf *b) {
                                 .pool_held_bytes = 0};
   struct dep_status_job j = {.job_id = SEED_JOB, .owner_uid = SEED_UID, .ranks_attached = 8,
                              .ranks_expected = 8, .world_size = 16,
-                             .slab_bytes = 512ull << 20, .age_ms = 60000};
+                             .slab_bytes = 512ull << 20, .age_ms = 60000, .chunk_rows = 64};
   struct dep_status m = {.size = sizeof m, .device_size = sizeof d, .job_size = sizeof j,
                          .version = "0.1.0", .state = "ready",
                          .proto_version = DEP_PROTO_VERSION, .pid = 99, .uptime_ms = 123456,

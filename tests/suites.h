@@ -47,6 +47,7 @@
   XX(elastic_ops)           \
   XX(bigworld)              \
   XX(stream)                \
+  XX(stream_auto)           \
   XX(xnode)                 \
   XX(xnode_faults)          \
   XX(xnode_ring)            \

@@ -134,6 +134,7 @@ class StatusJob(Structure):
         ("masked", c_uint32),
         ("epoch", c_uint64),
         ("mask", c_char * STATUS_MASK_TEXT),
+        ("chunk_rows", c_uint32),
     ]
 
 
