@@ -160,12 +160,6 @@ size_t config_diff_live(const struct config *old_c, const struct config *new_c, 
 size_t config_diff_names(const struct config *old_c, const struct config *new_c, bool live,
                          char *names, size_t name_size, size_t max);
 
-/*
- * The value of key (a dotted name, "pool.host_size", "stream_chunk_rows") in c as the reload's
- * messages show it ("1 GiB", "auto"), into buf; NULL for a name that is no key, or a section.
- */
-const char *config_key_text(const struct config *c, const char *key, char *buf, size_t len);
-
 /* Copy every live key from src to dst: what a reload applies to the running configuration. */
 void config_copy_live(struct config *dst, const struct config *src);
 

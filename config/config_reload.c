@@ -120,30 +120,10 @@ static const char *value_text(const struct key *k, const char *base, char *buf, 
     break;
   }
   default:
-    if ((k->flags & F_AUTO) && config__get_uint(p, k->size) == config__auto(k))
-      snprintf(buf, len, "auto");
-    else
-      snprintf(buf, len, "%" PRIu64, config__get_uint(p, k->size));
+    snprintf(buf, len, "%" PRIu64, config__get_uint(p, k->size));
     break;
   }
   return buf;
-}
-
-/* The key of table (and its sections) whose dotted name is `name`, below prefix; NULL: none. */
-static const struct key *key_named(const struct key *table, const char *prefix, const char *name) {
-  for (const struct key *k = table; k->name != NULL; k++) {
-    char full[64];
-    config__path_join(full, sizeof full, "%s%s%s", prefix, prefix[0] != '\0' ? "." : "", k->name);
-    const struct key *in = k->kind == K_SECTION ? key_named(k->sub, full, name) : NULL;
-    if (in != NULL || (k->kind != K_SECTION && strcmp(full, name) == 0))
-      return in != NULL ? in : k;
-  }
-  return NULL;
-}
-
-const char *config_key_text(const struct config *c, const char *key, char *buf, size_t len) {
-  const struct key *k = key_named(config__root_keys, "", key);
-  return k != NULL && len > 0 ? value_text(k, (const char *)c, buf, len) : NULL;
 }
 
 /* Add ", entry" to a list in out[len]; an entry that does not fit leaves "..." in its place
