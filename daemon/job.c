@@ -391,7 +391,12 @@ static void job_set_chunk(struct job *j, const struct lend_fit *f) {
   j->chunk_auto = f->by_auto;
   j->chunk_whole_bytes = f->whole_bytes;
   j->chunk_pool_bytes = f->pool_bytes;
-  if (f->by_auto && f->chunk_rows != 0)
+  j->chunk_xnode = f->xnode;
+  if (f->xnode)
+    log_info("job %s streams in chunks of %u rows (stream_chunk_rows: auto): a job across "
+             "nodes on the host backend streams; %.1f MiB a rank", j->id, f->chunk_rows,
+             (double)(f->slab_bytes + f->host_bytes) / (1024.0 * 1024.0));
+  else if (f->by_auto && f->chunk_rows != 0)
     log_info("job %s streams in chunks of %u rows (stream_chunk_rows: auto): its whole blocks "
              "need %.1f MiB a rank, more than its device's pool of %.1f MiB holds for its %u "
              "local ranks; streamed, %.1f MiB a rank",
@@ -414,10 +419,7 @@ static struct job *job_create(struct conn *c, const struct dep_attach_args *a,
     free(j);
     return NULL;
   }
-  /* With no peers configured there is nobody to hold the other ranks: the
-   * job completes with its local ranks, as before multi-node jobs (the
-   * memory is still laid out for world_size). */
-  j->multinode = a->world_size > a->local_world_size && peer_count() > 0;
+  j->multinode = lend_spans_nodes(a);
   j->created_ns = uv_hrtime();
   uv_timer_init(job_loop, &j->timer);
   j->timer.data = j;

@@ -61,6 +61,7 @@ struct job {
                                 the job was made: stream_chunk_rows, or auto's choice */
   bool chunk_auto;           /* stream_chunk_rows: auto chose it, weighing its whole blocks
                                 (chunk_whole_bytes a rank) against its pool (chunk_pool_bytes) */
+  bool chunk_xnode;          /* ... or as the host backend's chunk for a job across nodes */
   uint64_t chunk_whole_bytes, chunk_pool_bytes;
   struct dep_job_shape shape;
   uint64_t created_ns;       /* uv_hrtime() */

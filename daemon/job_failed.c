@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "conn.h"
+#include "lend.h"
 #include "log.h"
 #include "peer.h"
 #include "proto.h"
@@ -165,8 +166,7 @@ bool job_refuse_late(struct conn *c, uint32_t request_id, const struct dep_attac
  */
 void job_refuse_first(struct conn *c, const struct dep_attach_args *a, int code,
                       const char *msg) {
-  if (a->world_size <= a->local_world_size || peer_count() == 0 ||
-      proto_check_job_id(a->job_id, NULL, 0) != 0)
+  if (!lend_spans_nodes(a) || proto_check_job_id(a->job_id, NULL, 0) != 0)
     return;
   char all[DEP_MSG_TEXT_MAX];
   snprintf(all, sizeof all, "job %s cannot start: its rank %u (local %u, pid %d) was refused: "

@@ -260,7 +260,12 @@ static bool job_chunks_differ(const struct job *j, const struct job_member *x, c
     snprintf(here, sizeof here, "chunks of %u rows", j->chunk_rows);
   if (theirs < j->shape.max_tokens_per_rank)
     snprintf(there, sizeof there, "chunks of %u rows", x->m.chunk_rows);
-  if (j->chunk_auto)
+  if (j->chunk_xnode)
+    snprintf(chose, sizeof chose,
+             " (this node chose by stream_chunk_rows: auto: a job across nodes on the host "
+             "backend streams in chunks of %u rows where they fit its pool)",
+             LEND_AUTO_XNODE_HOST_ROWS);
+  else if (j->chunk_auto)
     snprintf(chose, sizeof chose,
              " (this node chose by stream_chunk_rows: auto: its pool holds %.1f MiB, whole "
              "blocks need %.1f MiB for each of its %u local ranks)",

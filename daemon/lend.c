@@ -24,6 +24,7 @@
 #include "devices.h"
 #include "held.h"
 #include "log.h"
+#include "peer.h"
 #include "pool.h"
 #include "proto.h"
 #include "rdmaxp.h"
@@ -352,6 +353,32 @@ static uint32_t lend_fitting_chunk(struct pool *p, const struct dep_attach_args 
   return 0;
 }
 
+bool lend_spans_nodes(const struct dep_attach_args *a) {
+  return a->world_size > a->local_world_size && peer_count() > 0;
+}
+
+/*
+ * auto's chunk for a job across nodes on the host backend (lend.h), into *f, where its
+ * blocks are larger than 4 such chunks and it fits p; false otherwise.
+ */
+static bool lend_auto_xnode(struct pool *p, const struct dep_attach_args *a,
+                            uint64_t whole_bytes, struct lend_fit *f) {
+  const uint32_t rows = LEND_AUTO_XNODE_HOST_ROWS;
+  if (strcmp(devices_backend_name(), "host") != 0 || !lend_spans_nodes(a) ||
+      4ull * rows >= a->shape.max_tokens_per_rank)
+    return false;
+  struct dep_slab_layout l;
+  uint64_t xchg, need;
+  char ignored[8];
+  if (lend_need(p, a, rows, &l, &xchg, &need, ignored, sizeof ignored) != 0 ||
+      need > pool_total_bytes(p))
+    return false;
+  *f = (struct lend_fit){.chunk_rows = rows, .by_auto = true, .xnode = true,
+                         .slab_bytes = l.total_bytes, .host_bytes = xchg,
+                         .whole_bytes = whole_bytes, .pool_bytes = pool_total_bytes(p)};
+  return true;
+}
+
 /* The refusal of a job that needs `need` bytes of p (l and xchg a rank's): what it needs,
  * what the pool holds, and for whole blocks (chunk_rows 0) the chunk that would fit. */
 static void lend_refusal(struct pool *p, const struct dep_attach_args *a, uint32_t chunk_rows,
@@ -394,6 +421,8 @@ int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, struct lend
   int rc = lend_need(p, a, by_auto ? 0 : chunk_rows, &l, &xchg, &need, why, whylen);
   if (rc != 0)
     return rc;
+  if (by_auto && lend_auto_xnode(p, a, l.total_bytes + xchg, f))
+    return 0;
   *f = (struct lend_fit){.chunk_rows = by_auto ? 0 : chunk_rows, .by_auto = by_auto,
                          .whole_bytes = by_auto ? l.total_bytes + xchg : 0,
                          .pool_bytes = pool_total_bytes(p)};

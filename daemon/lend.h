@@ -40,10 +40,25 @@ struct lend_xchg {
 void lend_init(uv_loop_t *loop, const struct config *cfg);
 void lend_fini(void);
 
+/* Whether a job of a's worlds spans nodes: ranks elsewhere, and peers to hold them (with
+ * none configured, the job completes with its local ranks, laid out for its world). */
+bool lend_spans_nodes(const struct dep_attach_args *a);
+
+/*
+ * auto's chunk for a job across nodes on the host backend, where it fits: there a call's
+ * packing, the wire and unpacking overlap chunk by chunk, and with 64-row chunks both
+ * throughput ops took a fifth less time than in whole blocks, and the first call nearer the
+ * median (BENCHMARKS.md, "Whole blocks against chunks on the host backend").  On cuda the
+ * streamed kernels are slower than whole blocks, and within a node the host backend's gain
+ * is within the noise: there auto keeps whole blocks where they fit.
+ */
+#define LEND_AUTO_XNODE_HOST_ROWS 64u
+
 /* What a job of a shape is lent on a device (lend_check). */
 struct lend_fit {
   uint32_t chunk_rows;  /* its chunk (slab.h; 0: whole blocks): the one asked, or auto's */
   bool by_auto;         /* auto chose chunk_rows: 0 where whole blocks fit the pool */
+  bool xnode;           /* ... as LEND_AUTO_XNODE_HOST_ROWS, the host backend's across nodes */
   uint64_t slab_bytes;  /* the layout's size of a slab */
   uint64_t host_bytes;  /* a rank's ring and exchange region (0 on one node) */
   uint64_t whole_bytes; /* by_auto: a rank's bytes with whole blocks (what auto weighed) */
@@ -55,7 +70,8 @@ struct lend_fit {
  * the job's shape fits that device's pool at all, its channels of chunks of
  * chunk_rows rows (0: whole blocks; CONFIG_CHUNK_ROWS_AUTO: whole blocks
  * where they fit, else the largest chunk that does, chosen from the shape,
- * the worlds and the pool's budget alone).  0 with *f, or DEP_ERR_NOT_FOUND
+ * the worlds and the pool's budget alone; a job across nodes on the host
+ * backend LEND_AUTO_XNODE_HOST_ROWS where they fit).  0 with *f, or DEP_ERR_NOT_FOUND
  * / NO_MEMORY / INVALID with why.
  */
 int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, struct lend_fit *f,

@@ -253,7 +253,8 @@ START_TEST(two_streaming_daemons_lend_the_smaller_exchange_region_and_status_sho
   ck_assert_uint_lt(chunked.xchg_bytes * 4, whole.xchg_bytes);
   for (int streamed = 0; streamed < 2; streamed++) {
     struct nodes ns;
-    xn_nodes_start(&ns, 2, 20000, ST_OP_TIMEOUT_MS, streamed ? "stream_chunk_rows: 8\n" : "");
+    xn_nodes_start(&ns, 2, 20000, ST_OP_TIMEOUT_MS,
+                   streamed ? "stream_chunk_rows: 8\n" : "stream_chunk_rows: 0\n");
     /* Ranks 1-3 attach in children (each dep_attach waits for the rest),
      * rank 0 here; each child waits for its pipe to close before it
      * detaches, so that the job is whole while status is asked. */

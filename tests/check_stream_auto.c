@@ -7,7 +7,9 @@
  * the oracle in every op, on one node and over two; a job that fits runs
  * whole blocks as with 0; stream_chunk_rows: 0 still refuses the big one
  * naming the chunk; and nodes whose pools make auto choose differently
- * fail the job at attach saying what each chose and what to set.
+ * fail the job at attach saying what each chose and what to set; a job
+ * across nodes on the host backend streams in 64-row chunks even where its
+ * whole blocks fit.
  */
 #include <check.h>
 #include <stdatomic.h>
@@ -18,6 +20,7 @@
 #include <unistd.h>
 
 #include "deepep.h"
+#include "lend.h"
 #include "nodes.h"
 #include "opsworld.h"
 #include "slab.h"
@@ -44,6 +47,11 @@ static const struct ow_scenario SA_BIG = {4, 256, 4, 8, 256, 8, P_RANDOM, T_MAX,
 /* The same world of 32 tokens a rank: whole blocks of 0.2 MiB a rank fit 2 MiB. */
 static const struct ow_scenario SA_SMALL = {4, 256, 4, 8, 32, 8, P_RANDOM, T_MAX, DEP_INDEX_I32,
                                             0};
+
+/* The same world of 512 tokens a rank: blocks of more than 4 chunks of
+ * LEND_AUTO_XNODE_HOST_ROWS, whole blocks well within a pool of 16 MiB on one node or two. */
+static const struct ow_scenario SA_LONG = {4, 256, 4, 8, 512, 8, P_RANDOM, T_MAX, DEP_INDEX_I32,
+                                           0};
 
 /* What a rank's own daemon said of its job while it ran (shared with the rank processes). */
 struct sa_seen {
@@ -269,6 +277,49 @@ START_TEST(daemons_whose_pools_make_auto_differ_fail_the_job_saying_what_to_set)
 }
 END_TEST
 
+/*
+ * (f) On the host backend a job across nodes streams by default, in chunks of
+ * LEND_AUTO_XNODE_HOST_ROWS rows, though its whole blocks fit (there chunks are the faster,
+ * lend.h): two daemons of the default configuration and roomy pools both lend a 2 + 2 job
+ * the layout of 64-row chunks, say so in their logs, and every op is the oracle's; the same
+ * job on one daemon runs whole blocks.  On the old code (auto: whole blocks where they fit)
+ * the job across nodes was lent whole blocks (chunk 0).
+ */
+START_TEST(a_job_across_host_nodes_streams_in_64_row_chunks_and_on_one_node_whole_blocks) {
+  ow_seed_init(8500);
+  struct ow_case *d = xn_case_new(&SA_LONG, 0);
+  ck_assert_uint_gt(d->shape.max_tokens_per_rank, 4 * LEND_AUTO_XNODE_HOST_ROWS);
+  ck_assert_uint_lt(4 * sa_rank_bytes(d, 4, 0), 16 * SA_MIB); /* whole blocks fit */
+  ck_assert_uint_lt(2 * sa_rank_bytes(d, 2, 0), 16 * SA_MIB);
+  struct nodes ns;
+  xn_nodes_start(&ns, 2, 20000, SA_OP_TIMEOUT_MS, SA_POOL(16));
+  struct xn_place p;
+  memset(&p, 0, sizeof p);
+  const uint32_t split[NODES_MAX] = {2, 2};
+  xn_place(&p, split, 2);
+  struct sa_seen *seen = sa_run(&ns, &p, "auto-across", d);
+  sa_assert_lent(seen, d, 2, LEND_AUTO_XNODE_HOST_ROWS);
+  munmap(seen, 4 * sizeof *seen);
+  for (int i = 0; i < 2; i++) {
+    char *log = tu_daemon_log(&ns.d[i]);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_msg(strstr(log, "job auto-across streams in chunks of 64 rows (stream_chunk_rows: "
+                              "auto): a job across nodes on the host backend streams") != NULL,
+                  "node %d's log does not say why auto-across streams:\n%s", i, log);
+    free(log);
+  }
+  struct xn_place one;
+  memset(&one, 0, sizeof one);
+  const uint32_t all[NODES_MAX] = {4};
+  xn_place(&one, all, 1);
+  seen = sa_run(&ns, &one, "auto-one-node", d);
+  sa_assert_lent(seen, d, 4, 0);
+  munmap(seen, 4 * sizeof *seen);
+  nodes_stop(&ns);
+  xn_case_free(d);
+}
+END_TEST
+
 Suite *stream_auto_suite(void);
 Suite *stream_auto_suite(void) {
   Suite *s = suite_create("stream_auto");
@@ -278,6 +329,7 @@ Suite *stream_auto_suite(void) {
   tcase_add_test(t, zero_still_refuses_the_big_job_naming_the_chunk_that_fits);
   tcase_add_test(t, two_daemons_of_equal_pools_choose_the_same_chunk_and_the_job_runs);
   tcase_add_test(t, daemons_whose_pools_make_auto_differ_fail_the_job_saying_what_to_set);
+  tcase_add_test(t, a_job_across_host_nodes_streams_in_64_row_chunks_and_on_one_node_whole_blocks);
   suite_add_tcase(s, t);
   return s;
 }
