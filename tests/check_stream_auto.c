@@ -88,24 +88,6 @@ static int sa_body(dep_client_t *c, const struct xn_run *run, uint32_t rank,
   return rc;
 }
 
-/* Run case d as job over ns placed as p, two rounds a rank; what each rank's daemon said of
- * the job into seen[world] (munmap'ed by the caller). */
-static struct sa_seen *sa_run(const struct nodes *ns, const struct xn_place *p, const char *job,
-                              const struct ow_case *d) {
-  const uint32_t n = d->sc.world;
-  struct sa_seen *seen = mmap(NULL, n * sizeof *seen, PROT_READ | PROT_WRITE,
-                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ck_assert_ptr_ne(seen, MAP_FAILED);
-  memset(seen, 0, n * sizeof *seen);
-  struct xn_run run = {.d = d, .rounds = 2, .body = sa_body, .arg = seen};
-  struct xn_result *res = xn_results(n);
-  xn_run_job(ns, p, job, &run, res);
-  for (uint32_t g = 0; g < n; g++)
-    ck_assert_uint_eq(atomic_load(&res[g].rounds), 2);
-  munmap(res, n * sizeof *res);
-  return seen;
-}
-
 /* The layout of d's job with lws ranks a node in chunks of `chunk` rows. */
 static struct dep_slab_layout sa_layout(const struct ow_case *d, uint32_t lws, uint32_t chunk) {
   struct dep_slab_layout l;
@@ -139,6 +121,31 @@ static void sa_assert_lent(const struct sa_seen *seen, const struct ow_case *d, 
   }
 }
 
+/* Run case d as job with its world spread evenly over the first `nodes` daemons of ns, two
+ * rounds a rank; every rank's daemon must have lent it the layout of `chunk` (sa_assert_lent). */
+static void sa_run(const struct nodes *ns, uint32_t nodes, const char *job,
+                   const struct ow_case *d, uint32_t chunk) {
+  const uint32_t n = d->sc.world;
+  struct sa_seen *seen = mmap(NULL, n * sizeof *seen, PROT_READ | PROT_WRITE,
+                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(seen, MAP_FAILED);
+  memset(seen, 0, n * sizeof *seen);
+  struct xn_place p;
+  memset(&p, 0, sizeof p);
+  uint32_t per[NODES_MAX] = {0};
+  for (uint32_t i = 0; i < nodes; i++)
+    per[i] = n / nodes;
+  xn_place(&p, per, nodes);
+  struct xn_run run = {.d = d, .rounds = 2, .body = sa_body, .arg = seen};
+  struct xn_result *res = xn_results(n);
+  xn_run_job(ns, &p, job, &run, res);
+  for (uint32_t g = 0; g < n; g++)
+    ck_assert_uint_eq(atomic_load(&res[g].rounds), 2);
+  munmap(res, n * sizeof *res);
+  sa_assert_lent(seen, d, n / nodes, chunk);
+  munmap(seen, n * sizeof *seen);
+}
+
 /* The shape's margins the tests rest on: with lws ranks a node in a pool of pool_mib, whole
  * blocks and chunks of twice SA_BIG_CHUNK do not fit, SA_BIG_CHUNK's do, with room. */
 static void sa_assert_margins(const struct ow_case *d, uint32_t lws, uint64_t pool_mib) {
@@ -162,22 +169,14 @@ START_TEST(auto_streams_a_job_whose_whole_blocks_do_not_fit_and_not_one_that_fit
   ck_assert_uint_lt(4 * sa_rank_bytes(small, 4, 0), 2 * SA_MIB);
   struct nodes ns;
   xn_nodes_start(&ns, 1, 20000, SA_OP_TIMEOUT_MS, SA_POOL(2));
-  struct xn_place one;
-  memset(&one, 0, sizeof one);
-  const uint32_t all[NODES_MAX] = {4};
-  xn_place(&one, all, 1);
-  struct sa_seen *seen = sa_run(&ns, &one, "auto-big", big);
-  sa_assert_lent(seen, big, 4, SA_BIG_CHUNK);
-  munmap(seen, 4 * sizeof *seen);
+  sa_run(&ns, 1, "auto-big", big, SA_BIG_CHUNK);
   char *log = tu_daemon_log(&ns.d[0]);
   ck_assert_ptr_nonnull(log);
   ck_assert_msg(strstr(log, "job auto-big streams in chunks of 16 rows (stream_chunk_rows: "
                             "auto): its whole blocks need 1.2 MiB a rank") != NULL,
                 "the log does not say why auto-big streams:\n%s", log);
   free(log);
-  seen = sa_run(&ns, &one, "auto-small", small);
-  sa_assert_lent(seen, small, 4, 0);
-  munmap(seen, 4 * sizeof *seen);
+  sa_run(&ns, 1, "auto-small", small, 0);
   log = tu_daemon_log(&ns.d[0]);
   ck_assert_ptr_null(strstr(log, "job auto-small streams"));
   free(log);
@@ -224,13 +223,7 @@ START_TEST(two_daemons_of_equal_pools_choose_the_same_chunk_and_the_job_runs) {
   sa_assert_margins(big, 2, 2);
   struct nodes ns;
   xn_nodes_start(&ns, 2, 20000, SA_OP_TIMEOUT_MS, SA_POOL(2));
-  struct xn_place p;
-  memset(&p, 0, sizeof p);
-  const uint32_t split[NODES_MAX] = {2, 2};
-  xn_place(&p, split, 2);
-  struct sa_seen *seen = sa_run(&ns, &p, "auto-two", big);
-  sa_assert_lent(seen, big, 2, SA_BIG_CHUNK);
-  munmap(seen, 4 * sizeof *seen);
+  sa_run(&ns, 2, "auto-two", big, SA_BIG_CHUNK);
   nodes_stop(&ns);
   xn_case_free(big);
 }
@@ -293,13 +286,7 @@ START_TEST(a_job_across_host_nodes_streams_in_64_row_chunks_and_on_one_node_whol
   ck_assert_uint_lt(2 * sa_rank_bytes(d, 2, 0), 16 * SA_MIB);
   struct nodes ns;
   xn_nodes_start(&ns, 2, 20000, SA_OP_TIMEOUT_MS, SA_POOL(16));
-  struct xn_place p;
-  memset(&p, 0, sizeof p);
-  const uint32_t split[NODES_MAX] = {2, 2};
-  xn_place(&p, split, 2);
-  struct sa_seen *seen = sa_run(&ns, &p, "auto-across", d);
-  sa_assert_lent(seen, d, 2, LEND_AUTO_XNODE_HOST_ROWS);
-  munmap(seen, 4 * sizeof *seen);
+  sa_run(&ns, 2, "auto-across", d, LEND_AUTO_XNODE_HOST_ROWS);
   for (int i = 0; i < 2; i++) {
     char *log = tu_daemon_log(&ns.d[i]);
     ck_assert_ptr_nonnull(log);
@@ -308,13 +295,7 @@ START_TEST(a_job_across_host_nodes_streams_in_64_row_chunks_and_on_one_node_whol
                   "node %d's log does not say why auto-across streams:\n%s", i, log);
     free(log);
   }
-  struct xn_place one;
-  memset(&one, 0, sizeof one);
-  const uint32_t all[NODES_MAX] = {4};
-  xn_place(&one, all, 1);
-  seen = sa_run(&ns, &one, "auto-one-node", d);
-  sa_assert_lent(seen, d, 4, 0);
-  munmap(seen, 4 * sizeof *seen);
+  sa_run(&ns, 1, "auto-one-node", d, 0);
   nodes_stop(&ns);
   xn_case_free(d);
 }
