@@ -33,6 +33,9 @@ static const struct testhook_row {
                                     "a new job's exchange regions are mapped into this daemon "
                                     "only once descriptor N (inherited) is readable or closed, "
                                     "or the job ends"},
+    [TESTHOOK_CPUS] = {TESTHOOK_CPUS_ENV,
+                       "the daemon counts N CPUs as its own, whatever its affinity, as on a "
+                       "larger machine (the proxy threads' default follows them)"},
 };
 
 /* Each hook's value, set by testhooks_init. */

@@ -15,6 +15,7 @@
 #define TESTHOOK_RDMA_BAD_PROOFS_ENV TESTHOOKS_PREFIX "RDMA_BAD_PROOFS"
 #define TESTHOOK_JOIN_OVERTAKEN_ENV TESTHOOKS_PREFIX "JOIN_OVERTAKEN"
 #define TESTHOOK_XCHG_FILL_HOLD_FD_ENV TESTHOOKS_PREFIX "XCHG_FILL_HOLD_FD"
+#define TESTHOOK_CPUS_ENV TESTHOOKS_PREFIX "CPUS"
 
 enum testhook {
   TESTHOOK_DATA_DROPS,      /* inbound data connections closed once acknowledged (xfer_conn.c) */
@@ -22,6 +23,7 @@ enum testhook {
                                xfer_rdma.c) */
   TESTHOOK_JOIN_OVERTAKEN,  /* rejoins whose survivors ran past the join call (job_elastic.c) */
   TESTHOOK_XCHG_FILL_HOLD_FD, /* a descriptor the exchange regions' populate waits on (xfer.c) */
+  TESTHOOK_CPUS,             /* the CPUs the daemon counts as its own (xfer_proxy.c) */
   TESTHOOK_N_
 };
 

@@ -788,6 +788,7 @@ int xfer_init(const struct config *cfg) {
     X->offers[i].peer = -1;
   atomic_store(&X->test_drops, testhook_value(TESTHOOK_DATA_DROPS));
   X->test_fill_hold = testhook_value(TESTHOOK_XCHG_FILL_HOLD_FD);
+  X->test_cpus = (uint32_t)testhook_value(TESTHOOK_CPUS);
   X->cfg = cfg;
   X->active = true;
   xfer_rdma_init(cfg, &xfer_rdma_offer_ops);

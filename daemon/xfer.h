@@ -67,7 +67,7 @@ int xfer_init(const struct config *cfg);
 void xfer_fini(void);
 
 /* The proxy threads a daemon runs where proxy_threads is 0: one per served
- * device; a daemon that serves none (the host backend, whose ranks pack
+ * GPU; a daemon that serves none (the host backend, whose ranks pack
  * their blocks on the CPU) one per XFER_CPUS_PER_PROXY of the CPUs it may
  * run on, at least one and at most XFER_HOST_PROXY_MAX.  One thread moves
  * every byte a node sends (each send a copy into the kernel), which holds a
@@ -75,7 +75,7 @@ void xfer_fini(void);
  * (BENCHMARKS.md, "Proxy threads on the host backend"). */
 #define XFER_CPUS_PER_PROXY 4u
 #define XFER_HOST_PROXY_MAX 8u
-uint32_t xfer_proxy_threads_default(size_t devices, uint32_t cpus);
+uint32_t xfer_proxy_threads_default(size_t gpus, uint32_t cpus);
 /* The CPUs this process may run on (its affinity: a cpuset or taskset counts), or 1. */
 uint32_t xfer_usable_cpus(void);
 

@@ -204,6 +204,7 @@ struct xfer_state {
   uint32_t n_ended;
   _Atomic uint32_t helpers;      /* connector, receiver and populate threads running */
   int test_fill_hold;            /* $DEEPEPD_TEST_XCHG_FILL_HOLD_FD (testhooks.h); 0: none */
+  uint32_t test_cpus;            /* $DEEPEPD_TEST_CPUS (testhooks.h); 0: the affinity's */
   _Atomic uint64_t busy_ns;      /* proxy threads' time moving blocks, summed */
 };
 

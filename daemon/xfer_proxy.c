@@ -716,9 +716,9 @@ void xfer_proxy_stats(uint32_t *threads, uint64_t *busy_us) {
   *busy_us = X->active ? atomic_load(&X->busy_ns) / 1000u : 0;
 }
 
-uint32_t xfer_proxy_threads_default(size_t devices, uint32_t cpus) {
-  if (devices > 0)
-    return devices < CONFIG_MAX_PROXY_THREADS ? (uint32_t)devices : CONFIG_MAX_PROXY_THREADS;
+uint32_t xfer_proxy_threads_default(size_t gpus, uint32_t cpus) {
+  if (gpus > 0)
+    return gpus < CONFIG_MAX_PROXY_THREADS ? (uint32_t)gpus : CONFIG_MAX_PROXY_THREADS;
   const uint32_t n = cpus / XFER_CPUS_PER_PROXY;
   return n < 1 ? 1 : n > XFER_HOST_PROXY_MAX ? XFER_HOST_PROXY_MAX : n;
 }
@@ -732,9 +732,12 @@ uint32_t xfer_usable_cpus(void) {
 }
 
 int xfer__start_threads(void) {
+  /* The host backend's one device is the host: it serves no GPU. */
+  const size_t gpus = strcmp(devices_backend_name(), "cuda") == 0 ? devices_count() : 0;
   X->nthreads = X->cfg->proxy_threads
                     ? X->cfg->proxy_threads
-                    : xfer_proxy_threads_default(devices_count(), xfer_usable_cpus());
+                    : xfer_proxy_threads_default(gpus, X->test_cpus ? X->test_cpus
+                                                                    : xfer_usable_cpus());
   if (X->nthreads > CONFIG_MAX_PROXY_THREADS)
     X->nthreads = CONFIG_MAX_PROXY_THREADS;
   for (uint32_t i = 0; i < X->nthreads; i++) {

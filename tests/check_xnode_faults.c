@@ -9,7 +9,6 @@
  * once with DEP_ERR_DAEMON_GONE, and its job can be joined again.
  */
 #include <check.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -25,6 +24,7 @@
 #include "nodes.h"
 #include "opsworld.h"
 #include "peer.h"
+#include "testhooks.h"
 #include "testutil.h"
 #include "xfer.h"
 #include "xnjob.h"
@@ -105,23 +105,26 @@ START_TEST(a_data_connection_cut_while_its_link_stays_comes_back) {
 }
 END_TEST
 
+/* The CPUs the traffic check's daemons count as theirs ($DEEPEPD_TEST_CPUS). */
+#define XF_CPUS 16u
+#define XF_CPUS_STR "16"
+
 /*
  * A running job's traffic shows: per peer (deepepctl peers) and per job
  * (status): connection_pool_size 2 data connections and the control lane
- * each way, and the proxy threads proxy_threads 0 gives a daemon with no
- * device on this machine.  A peer's second data connection may still be opening while the
+ * each way, and the proxy threads proxy_threads 0 gives a host daemon that counts
+ * XF_CPUS CPUs ($DEEPEPD_TEST_CPUS, as on a larger machine: more than one thread, where the
+ * old default gave one, taking the host backend's one device for a GPU).  A peer's second
+ * data connection may still be opening while the
  * first carries the job (each one proves the key in a round trip of its own,
  * which takes long on a loaded machine), so the count is waited for, up to
  * 20 s, a bound far above any handshake.
  */
 static void expect_traffic(const struct nodes *ns) {
   char out[16384], threads[48];
-  /* The daemons serve no device and run where this process may (their affinity is ours,
-   * readable here, so the count is the affinity's and not xfer_usable_cpus' fallback). */
-  cpu_set_t cpus;
-  ck_assert_int_eq(sched_getaffinity(0, sizeof cpus, &cpus), 0);
+  ck_assert_uint_gt(xfer_proxy_threads_default(0, XF_CPUS), 1);
   snprintf(threads, sizeof threads, "\"proxy_threads\":%u",
-           xfer_proxy_threads_default(0, xfer_usable_cpus()));
+           xfer_proxy_threads_default(0, XF_CPUS));
   for (int waited = 0;; waited += 50) {
     xn_ctl_json(ns, "peers", out, sizeof out);
     if (strstr(out, "\"data_out\":3,\"data_in\":3") != NULL || waited >= 20000)
@@ -179,7 +182,10 @@ static void kill_mid_run(int what) {
   } else {
     nodes_config_with(&ns, 2, 20000, limits, "");
   }
+  if (what == 0)
+    setenv(TESTHOOK_CPUS_ENV, XF_CPUS_STR, 1); /* expect_traffic's proxy threads */
   nodes_start_all(&ns);
+  unsetenv(TESTHOOK_CPUS_ENV);
   struct xn_run run = {.d = d, .until_error = true};
   struct xn_place p;
   pid_t pids[OW_MAXW];
