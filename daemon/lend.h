@@ -46,9 +46,9 @@ bool lend_spans_nodes(const struct dep_attach_args *a);
 
 /*
  * auto's chunk for a job across nodes on the host backend, where it fits: there a call's
- * packing, the wire and unpacking overlap chunk by chunk, and with 64-row chunks both
- * throughput ops took a fifth less time than in whole blocks, and the first call nearer the
- * median (BENCHMARKS.md, "Whole blocks against chunks on the host backend").  On cuda the
+ * packing, the wire and unpacking overlap chunk by chunk, its first call comes nearer its
+ * median than with whole blocks, its throughput is no worse, and the channels bound the
+ * memory (BENCHMARKS.md, "Whole blocks against chunks on the host backend").  On cuda the
  * streamed kernels are slower than whole blocks, and within a node the host backend's gain
  * is within the noise: there auto keeps whole blocks where they fit.
  */
