@@ -22,12 +22,13 @@
 # CONNS (connection_pool_size, so data connections each way, 2), TCP_SECONDS
 # (iperf3's run, 5), OUT (also write everything to this file), KEEP=1 (keep
 # the scratch directory with the daemons' logs), STREAM (the daemons'
-# stream_chunk_rows, 0: whole blocks), NICE (run the daemons,
+# stream_chunk_rows: auto, their default; 0: whole blocks; N rows), NICE (run the daemons,
 # ranks and ceilings at this nice value, e.g. -10 on a machine that others
 # load; every figure of a run is taken at the same one), THREADS_TOP (threads
 # listed for each ep run, the busiest first, 12), PROXY_THREADS (the daemons' proxy_threads,
 # 0: their default), EP_ARGS (more bench/ep options, e.g.
-# "-G 2000": each rank pauses 2 s between attach and its first call).
+# "-G 2000": each rank pauses 2 s between attach and its first call), TCP_SSAI (the
+# namespaces' net.ipv4.tcp_slow_start_after_idle, 0 or 1; unset: their default).
 set -euo pipefail
 
 BUILD=${1:-build}
@@ -37,7 +38,7 @@ RANKS=${RANKS:-2 4}
 HIDDEN=${HIDDEN:-7168}
 CALLS=${CALLS:-100}
 CONNS=${CONNS:-2}
-STREAM=${STREAM:-0}
+STREAM=${STREAM:-auto}
 TCP_SECONDS=${TCP_SECONDS:-5} # (not SECONDS: bash keeps its own)
 NICE=${NICE:-0}
 THREADS_TOP=${THREADS_TOP:-12}
@@ -86,6 +87,11 @@ ip link add "${NS[0]}" netns "${NS[0]}" type veth peer name "${NS[1]}" netns "${
 for i in 0 1; do
   ip -n "${NS[i]}" addr add "${ADDR[i]}/24" dev "${NS[i]}"
   ip -n "${NS[i]}" link set "${NS[i]}" up
+  # A TCP connection idle past its retransmission timeout starts slowly again (RFC 2861)
+  # unless the namespace's net.ipv4.tcp_slow_start_after_idle is 0: TCP_SSAI sets it.
+  [[ -z ${TCP_SSAI:-} ]] ||
+    ip netns exec "${NS[i]}" sysctl -q -w net.ipv4.tcp_slow_start_after_idle="$TCP_SSAI" ||
+    die "cannot set net.ipv4.tcp_slow_start_after_idle in ${NS[i]}"
 done
 "$BUILD/deepepctl" genkey "$DIR/peer.key" >/dev/null
 
@@ -98,7 +104,7 @@ MAXR=$(printf '%s\n' $RANKS | sort -n | tail -1)
 MAXT=$(printf '%s\n' $TOKENS $LL_TOKENS | sort -n | tail -1)
 MAXL=$(printf '%s\n' $LL_TOKENS | sort -n | tail -1)
 ONE_BYTES=$("$BUILD/deepepctl" --json size --world "$MAXR" --ranks-per-node "$MAXR" \
-  --tokens "$MAXT" --ll-tokens "$MAXL" --hidden "$HIDDEN" --chunk-rows "$STREAM" |
+  --tokens "$MAXT" --ll-tokens "$MAXL" --hidden "$HIDDEN" --chunk-rows "${STREAM/auto/0}" |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["total_bytes"])') ||
   die "deepepctl size failed for the one-node reference"
 POOL=(1 1)
@@ -142,6 +148,7 @@ echo "# xnode: $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), $(nproc) CPUs" \
      "$(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "# two namespaces over veth (${ADDR[0]}, ${ADDR[1]}), deepepd host backend," \
      "connection_pool_size $CONNS (and a control lane), stream_chunk_rows $STREAM, proxy_threads $PROXY_THREADS (0: the daemons' default, one per 4 CPUs); nice $NICE;" \
+     "tcp_slow_start_after_idle $(ip netns exec "${NS[0]}" cat /proc/sys/net/ipv4/tcp_slow_start_after_idle);" \
      "load average at start:" \
      "$(cut -d' ' -f1-3 /proc/loadavg)"
 
