@@ -5,7 +5,7 @@
  *
  *   ep -s SOCKET[,SOCKET...] [-S SOCKET_NO_WARMUP] [-n COUNTS] [-m processes,threads] [-g GPUS]
  *      [-c CALLS] [-w WARMUP] [-r COPY_REPS] [-t TOKENS] [-l LL_TOKENS] [-H HIDDEN]
- *      [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-G MS] [-p tp,ll,ll8]
+ *      [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-G MS] [-I MS] [-p tp,ll,ll8]
  *
  * For each rank count and mode (ranks as processes, or as threads of one
  * process, one client handle and stream each) a fresh world attaches as
@@ -123,7 +123,8 @@ static void usage(void) {
           "usage: ep -s SOCKET[,SOCKET...] [-S SOCKET_NO_WARMUP] [-n COUNTS] [-m processes,threads]\n"
           "          [-g GPUS]\n"
           "          [-c CALLS] [-w WARMUP] [-r COPY_REPS] [-t TOKENS] [-l LL_TOKENS] [-H HIDDEN]\n"
-          "          [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-T] [-G MS] [-P N] [-p PAIRS]\n"
+          "          [-e EXPERTS] [-k TOPK] [-x SEED] [-o RAW.csv] [-F] [-T] [-G MS] [-I MS] [-P N]\n"
+          "          [-p PAIRS]\n"
           "  -s  deepepd socket (its backend, host or cuda, is the one benchmarked); several,\n"
           "      comma-separated: one daemon per node, peers of each other, the ranks spread\n"
           "      over them in equal blocks (rank counts divisible by the nodes; no -S)\n"
@@ -140,6 +141,8 @@ static void usage(void) {
           "      library's own first-call cost\n"
           "  -G  each rank pauses MS ms between dep_attach and its first call, as a trainer\n"
           "      building its model does (the host backend's warm-up runs meanwhile)\n"
+          "  -I  each rank pauses MS ms before every pair after the first calls, as a trainer's\n"
+          "      compute between layers does: the median is then of calls after that much idle\n"
           "  -p  the pairs timed after the first calls (default tp,ll,ll8): tp dispatch and\n"
           "      combine, ll the low-latency pair in bf16, ll8 with the FP8 dispatch; the first\n"
           "      call of every op is timed either way\n"
@@ -348,7 +351,7 @@ static void parse_args(int argc, char **argv, struct opts *o, struct ep_given *g
                        const char **pairs, const char **modes) {
   const char *socks = NULL;
   int opt;
-  while ((opt = getopt(argc, argv, "s:S:n:m:c:w:r:t:l:H:e:k:x:o:FTG:g:P:p:h")) != -1) {
+  while ((opt = getopt(argc, argv, "s:S:n:m:c:w:r:t:l:H:e:k:x:o:FTG:I:g:P:p:h")) != -1) {
     switch (opt) {
     case 's': socks = optarg; break;
     case 'S': o->sock_nowarm = optarg; break;
@@ -368,6 +371,7 @@ static void parse_args(int argc, char **argv, struct opts *o, struct ep_given *g
     case 'p': *pairs = optarg; break;
     case 'T': o->retouch = true; break;
     case 'G': o->gap_ms = atoi(optarg); break;
+    case 'I': o->idle_ms = atoi(optarg); break;
     case 'g': o->gpus_want = atoi(optarg); break;
     case 'P': o->stats_pairs = atoi(optarg); break;
     default: usage();
@@ -427,6 +431,7 @@ static void settle_args(struct opts *o, const struct ep_given *g, const char *pa
   /* The first rule an argument breaks, said before the usage. */
   const char *bad = o->gpus_want < 0 ? "-g must be 0 or more"
                     : o->gap_ms < 0 || o->gap_ms > 60000 ? "-G must be from 0 to 60000 ms"
+                    : o->idle_ms < 0 || o->idle_ms > 10000 ? "-I must be from 0 to 10000 ms"
                     : o->calls < 1 || o->calls > MAX_CALLS ? "-c must be from 1 to the most calls"
                     : o->stats_pairs < 0 || o->stats_pairs > 100 ? "-P must be from 0 to 100"
                     : o->warm < 0 ? "-w must be 0 or more"
@@ -547,6 +552,8 @@ int main(int argc, char **argv) {
     printf("# -T: each op's outputs rewritten just before its first call (cuda only)\n");
   if (o.gap_ms > 0)
     printf("# -G: each rank pauses %d ms between dep_attach and its first call\n", o.gap_ms);
+  if (o.idle_ms > 0)
+    printf("# -I: each rank pauses %d ms before every pair after the first calls\n", o.idle_ms);
   printf("# times: %s; bytes: what each rank sends per call, to every rank (itself included), "
          "counted once\n",
          cuda ? "CUDA events on each rank's stream" : "CLOCK_MONOTONIC from the common release");

@@ -33,6 +33,7 @@ struct opts {
   bool pairs[3];   /* -p: the pairs timed after the first calls: tp, ll, ll8 (default all) */
   bool retouch;    /* -T: each op's outputs rewritten just before its first call */
   int gap_ms;      /* -G: each rank's pause between dep_attach and its first call */
+  int idle_ms;     /* -I: each rank's pause before every pair, warm-up and timed */
   int stats_pairs; /* -P N: N worlds with the stats page off, N with it on, alternating */
   int calls, warm, reps;
   int gpus_want; /* -g: 0 means every visible GPU */

@@ -408,6 +408,13 @@ static void check_op(struct rank *k, int op) {
   }
 }
 
+/* Sleep ms milliseconds (0: not at all), whatever signals come. */
+static void pause_ms(int ms) {
+  struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (ms > 0 && nanosleep(&t, &t) != 0 && errno == EINTR) {
+  }
+}
+
 /* One call, all ranks released together: its time in ms on this rank. */
 static double timed(struct rank *k, int op) {
   double rel = bar_wait(k);
@@ -483,11 +490,8 @@ void rank_run(struct rank *k) {
   struct dep_attach_info info = {.size = sizeof info};
   dep_attach_info(k->c, &info);
   k->s->attach_ms[k->r] = info.attach_ms;
-  if (o->gap_ms > 0) { /* the trainer's own start-up, which the library's warm-up may overlap */
-    struct timespec gap = {o->gap_ms / 1000, (long)(o->gap_ms % 1000) * 1000000L};
-    while (nanosleep(&gap, &gap) != 0 && errno == EINTR) {
-    }
-  }
+  /* the trainer's own start-up, which the library's warm-up may overlap */
+  pause_ms(o->gap_ms);
 
   for (int op = 0; op < NOPS; op++) {
     if (o->retouch && k->cuda)
@@ -500,12 +504,14 @@ void rank_run(struct rank *k) {
     for (int p = 0; p < 3; p++) {
       if (!o->pairs[p])
         continue;
-      for (int i = -o->warm; i < o->calls; i++)
+      for (int i = -o->warm; i < o->calls; i++) {
+        pause_ms(o->idle_ms); /* the trainer's compute between layers */
         for (int j = 0; j < 2; j++) {
           double ms = timed(k, pairs[p][j]);
           if (i >= 0)
             tcall(k, pairs[p][j])[i] = ms;
         }
+      }
       check_op(k, pairs[p][0]); /* the last pair worked too */
       check_op(k, pairs[p][1]);
     }
