@@ -333,6 +333,16 @@ static int lend_need(struct pool *p, const struct dep_attach_args *a, uint32_t c
   return 0;
 }
 
+/* Whether a's job in chunks of `rows` rows fits p's budget (its layout in *l, a rank's ring
+ * and exchange region in *xchg). */
+static bool lend_fits(struct pool *p, const struct dep_attach_args *a, uint32_t rows,
+                      struct dep_slab_layout *l, uint64_t *xchg) {
+  uint64_t need;
+  char ignored[8];
+  return lend_need(p, a, rows, l, xchg, &need, ignored, sizeof ignored) == 0 &&
+         need <= pool_total_bytes(p);
+}
+
 /*
  * For a job of whole blocks that does not fit: the largest chunk, a power of
  * two below a block's rows, with which it would (its layout in *l, a rank's
@@ -344,10 +354,7 @@ static uint32_t lend_fitting_chunk(struct pool *p, const struct dep_attach_args 
   for (uint32_t rows = 1u << 12; rows >= 1; rows >>= 1) {
     if (4ull * rows >= a->shape.max_tokens_per_rank)
       continue; /* 4 chunks of it hold a whole block: no smaller */
-    uint64_t need;
-    char ignored[8];
-    if (lend_need(p, a, rows, l, xchg, &need, ignored, sizeof ignored) == 0 &&
-        need <= pool_total_bytes(p))
+    if (lend_fits(p, a, rows, l, xchg))
       return rows;
   }
   return 0;
@@ -368,10 +375,8 @@ static bool lend_auto_xnode(struct pool *p, const struct dep_attach_args *a,
       4ull * rows >= a->shape.max_tokens_per_rank)
     return false;
   struct dep_slab_layout l;
-  uint64_t xchg, need;
-  char ignored[8];
-  if (lend_need(p, a, rows, &l, &xchg, &need, ignored, sizeof ignored) != 0 ||
-      need > pool_total_bytes(p))
+  uint64_t xchg;
+  if (!lend_fits(p, a, rows, &l, &xchg))
     return false;
   *f = (struct lend_fit){.chunk_rows = rows, .by_auto = true, .xnode = true,
                          .slab_bytes = l.total_bytes, .host_bytes = xchg,
