@@ -185,6 +185,7 @@ void devices_fini(void) {
 
 const char *devices_backend_name(void) { return devs.ops != NULL ? devs.ops->name : "none"; }
 size_t devices_count(void) { return devs.n; }
+size_t devices_gpus(void) { return strcmp(devices_backend_name(), "cuda") == 0 ? devs.n : 0; }
 struct pool *devices_at(size_t i) { return i < devs.n ? &devs.pools[i] : NULL; }
 
 struct pool *devices_find(const uint8_t uuid[16], char *why, size_t whylen) {

@@ -41,6 +41,9 @@ size_t devices_fd_count(const struct config *c);
 /* "cuda" or "host". */
 const char *devices_backend_name(void);
 size_t devices_count(void);
+/* The GPUs this daemon serves: devices_count() on cuda, 0 on the host backend (whose one
+ * device is the host, and whose ranks do their work on the CPUs). */
+size_t devices_gpus(void);
 struct pool *devices_at(size_t i);
 
 /*

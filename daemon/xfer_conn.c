@@ -15,6 +15,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -108,7 +109,17 @@ int xfer__wait_readable_until(int fd, uint64_t until_ms) {
   }
 }
 
-static int wait_readable(int fd) { return xfer__wait_readable_until(fd, 0); }
+/* Wait until fd is readable, looking (yielding) for X->rx_spin_ns after
+ * `last` (mono_ns), then blocked: as xfer__wait_readable_until without an end. */
+static int wait_readable(int fd, uint64_t last) {
+  while (mono_ns() - last < X->rx_spin_ns && !atomic_load(&X->stop)) {
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    if (poll(&pf, 1, 0) > 0)
+      return 1;
+    sched_yield();
+  }
+  return xfer__wait_readable_until(fd, 0);
+}
 
 void xfer__tune_socket(int fd) {
   int one = 1;
@@ -416,8 +427,8 @@ static void receive(int k, int fd) {
   struct xfer_peer *xp = &X->peers[k];
   struct xfer_batch in = {0}; /* scratch for payloads no job here reads */
   char why[256] = "";
-  for (;;) {
-    int w = wait_readable(fd);
+  for (uint64_t last = mono_ns();; last = mono_ns()) {
+    int w = wait_readable(fd, last);
     if (w <= 0)
       break;
     uint8_t wire[DEP_XFER_HDR_WIRE];

@@ -206,7 +206,26 @@ struct xfer_state {
   int test_fill_hold;            /* $DEEPEPD_TEST_XCHG_FILL_HOLD_FD (testhooks.h); 0: none */
   uint32_t test_cpus;            /* $DEEPEPD_TEST_CPUS (testhooks.h); 0: the affinity's */
   _Atomic uint64_t busy_ns;      /* proxy threads' time moving blocks, summed */
+  uint64_t spin_ns;              /* a proxy thread's look for work before it naps (below) */
+  uint64_t rx_spin_ns;           /* a receiver's look for its next frame before it blocks */
 };
+
+/*
+ * How long the data path stays hot after its last work.  A thread that
+ * sleeps is woken late: a nap's step or a blocked receiver's wake-up
+ * (scheduler, idle CPU), paid by every call that comes after a pause and
+ * by the first call after attach.  Serving GPUs, the CPUs are otherwise
+ * idle and a call's descriptors come from kernels that no host code
+ * announces, so the proxy threads (one a GPU) keep looking across a
+ * trainer's gap between layers, and receivers for a while after each
+ * frame.  On the host backend the CPUs do the ranks' copies: a proxy
+ * thread looks only for a call's next descriptor, which comes within
+ * microseconds of the last, and receivers block at once
+ * (BENCHMARKS.md, "The data path after a pause").
+ */
+#define XFER_SPIN_GPU_NS 10000000ull
+#define XFER_SPIN_HOST_NS 200000ull
+#define XFER_RX_SPIN_GPU_NS 200000ull
 
 extern struct xfer_state xfer__state;
 /* Each file's handle on it. */

@@ -70,10 +70,9 @@ static inline enum px_lane lane_of(uint32_t kind) {
   return kind == DEP_XRING_CREDIT || kind == DEP_XRING_TAKEN ? PX_LANE_CTL : PX_LANE_DATA;
 }
 
-/* A proxy thread with nothing to do spins this long (yielding) before it
- * sleeps in steps of XFER_NAP_NS: a call's next descriptor usually comes
- * within microseconds of the last. */
-#define XFER_SPIN_NS 200000ull
+/* A proxy thread with nothing to do keeps looking (yielding) for
+ * X->spin_ns after its last work (xfer_internal.h) before it sleeps in
+ * steps of XFER_NAP_NS. */
 #define XFER_NAP_NS 20000l
 
 /* ---- the proxy threads -------------------------------------------------------- */
@@ -698,7 +697,7 @@ static void *proxy_main(void *arg) {
     pthread_rwlock_unlock(&X->lock);
     if (none) {
       xfer__routes_wait(seen, now + 100000000ull);
-    } else if (now - last_work < XFER_SPIN_NS) {
+    } else if (now - last_work < X->spin_ns) {
       sched_yield();
     } else {
       struct timespec ts = {0, XFER_NAP_NS};
@@ -732,8 +731,9 @@ uint32_t xfer_usable_cpus(void) {
 }
 
 int xfer__start_threads(void) {
-  /* The host backend's one device is the host: it serves no GPU. */
-  const size_t gpus = strcmp(devices_backend_name(), "cuda") == 0 ? devices_count() : 0;
+  const size_t gpus = devices_gpus();
+  X->spin_ns = gpus > 0 ? XFER_SPIN_GPU_NS : XFER_SPIN_HOST_NS;
+  X->rx_spin_ns = gpus > 0 ? XFER_RX_SPIN_GPU_NS : 0;
   X->nthreads = X->cfg->proxy_threads
                     ? X->cfg->proxy_threads
                     : xfer_proxy_threads_default(gpus, X->test_cpus ? X->test_cpus
