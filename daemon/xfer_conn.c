@@ -112,7 +112,8 @@ int xfer__wait_readable_until(int fd, uint64_t until_ms) {
 /* Wait until fd is readable, looking (yielding) for X->rx_spin_ns after
  * `last` (mono_ns), then blocked: as xfer__wait_readable_until without an end. */
 static int wait_readable(int fd, uint64_t last) {
-  while (mono_ns() - last < X->rx_spin_ns && !atomic_load(&X->stop)) {
+  const uint64_t spin = atomic_load_explicit(&X->rx_spin_ns, memory_order_relaxed);
+  while (mono_ns() - last < spin && !atomic_load(&X->stop)) {
     struct pollfd pf = {.fd = fd, .events = POLLIN};
     if (poll(&pf, 1, 0) > 0)
       return 1;

@@ -207,7 +207,8 @@ struct xfer_state {
   uint32_t test_cpus;            /* $DEEPEPD_TEST_CPUS (testhooks.h); 0: the affinity's */
   _Atomic uint64_t busy_ns;      /* proxy threads' time moving blocks, summed */
   uint64_t spin_ns;              /* a proxy thread's look for work before it naps (below) */
-  uint64_t rx_spin_ns;           /* a receiver's look for its next frame before it blocks */
+  _Atomic uint64_t rx_spin_ns;   /* a receiver's look for its next frame before it blocks; set
+                                    with the proxy threads, while receivers may run */
 };
 
 /*
