@@ -212,21 +212,20 @@ struct xfer_state {
 };
 
 /*
- * How long the data path stays hot after its last work.  A thread that
- * sleeps is woken late: a nap's step or a blocked receiver's wake-up
- * (scheduler, idle CPU), paid by every call that comes after a pause and
+ * How long the data path stays awake after its last work.  A thread that
+ * sleeps is woken late: a nap's step, or a blocked receiver's wake-up
+ * through the scheduler, paid by every call that comes after a pause and
  * by the first call after attach.  Serving GPUs, the CPUs are otherwise
  * idle and a call's descriptors come from kernels that no host code
- * announces, so the proxy threads (one a GPU) keep looking across a
- * trainer's gap between layers, and receivers for a while after each
- * frame.  On the host backend the CPUs do the ranks' copies: a proxy
- * thread looks only for a call's next descriptor, which comes within
- * microseconds of the last, and receivers block at once
+ * announces, so the proxy threads (one a GPU) and the receivers of the
+ * data connections that carried a frame keep looking across a trainer's
+ * gap between layers.  On the host backend the CPUs do the ranks' copies:
+ * a proxy thread looks only for a call's next descriptor, which comes
+ * within microseconds of the last, and receivers block at once
  * (BENCHMARKS.md, "The data path after a pause").
  */
 #define XFER_SPIN_GPU_NS 10000000ull
 #define XFER_SPIN_HOST_NS 200000ull
-#define XFER_RX_SPIN_GPU_NS 200000ull
 
 extern struct xfer_state xfer__state;
 /* Each file's handle on it. */

@@ -733,7 +733,7 @@ uint32_t xfer_usable_cpus(void) {
 int xfer__start_threads(void) {
   const size_t gpus = devices_gpus();
   X->spin_ns = gpus > 0 ? XFER_SPIN_GPU_NS : XFER_SPIN_HOST_NS;
-  atomic_store_explicit(&X->rx_spin_ns, gpus > 0 ? XFER_RX_SPIN_GPU_NS : 0,
+  atomic_store_explicit(&X->rx_spin_ns, gpus > 0 ? XFER_SPIN_GPU_NS : 0,
                         memory_order_relaxed);
   X->nthreads = X->cfg->proxy_threads
                     ? X->cfg->proxy_threads
