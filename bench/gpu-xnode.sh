@@ -21,13 +21,21 @@
 # across two and three, check_xnode_stream.c's), SECS (per step, 150;
 # STREAMX_SECS for streamx's, 600), PROXY_THREADS (the daemons' proxy_threads, 0: their default), CONNS (their
 # connection_pool_size, 2), EP_ARGS (more bench/ep options for the epctas step, e.g. "-G 1000":
-# each rank pauses 1 s between attach and its first call).
+# each rank pauses 1 s between attach and its first call), SSAI (0 or 1: the whole pass in a
+# fresh network namespace whose net.ipv4.tcp_slow_start_after_idle is SSAI, root only; Linux's
+# default 1 restarts a connection idle past its retransmission timeout from a small window).
 set -u
+if [ -n "${SSAI:-}" ] && [ -z "${DEP_GX_NETNS:-}" ]; then
+  exec unshare -n env DEP_GX_NETNS=1 bash -c 'ip link set lo up &&
+    sysctl -qw net.ipv4.tcp_slow_start_after_idle="$SSAI" && exec "$0" "$@"' "$0" "$@"
+fi
 B=$(cd "${1:-build-gpu}" && pwd) || exit 2
 OUTD=${OUT:-/tmp/dep-out}
 mkdir -p "$OUTD"
 exec > >(tee "$OUTD/gpu-xnode.log") 2>&1
 date -u; nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,compute_mode --format=csv,noheader
+[ -n "${DEP_GX_NETNS:-}" ] &&
+  echo "== a fresh network namespace: tcp_slow_start_after_idle $(sysctl -n net.ipv4.tcp_slow_start_after_idle)"
 echo "== missing libraries (none expected):"; ldd "$B"/deepepd "$B"/check_deepepd | grep 'not found'
 export DEP_BUILD=$B DEP_TEST_TAGS=gpu DEP_TEST_BACKEND=cuda CK_VERBOSITY=verbose
 
