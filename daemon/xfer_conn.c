@@ -428,7 +428,7 @@ static void receive(int k, int fd) {
   struct xfer_peer *xp = &X->peers[k];
   struct xfer_batch in = {0}; /* scratch for payloads no job here reads */
   char why[256] = "";
-  for (uint64_t last = mono_ns();; last = mono_ns()) {
+  for (uint64_t last = 0;; last = mono_ns()) { /* 0: before the first frame, no looking */
     int w = wait_readable(fd, last);
     if (w <= 0)
       break;
