@@ -25,9 +25,19 @@
 # fresh network namespace whose net.ipv4.tcp_slow_start_after_idle is SSAI, root only; Linux's
 # default 1 restarts a connection idle past its retransmission timeout from a small window).
 set -u
+# lo_up: bring this namespace's loopback up, with ip(8) or, where there is none (the GPU
+# machine has none), the SIOCGIFFLAGS/SIOCSIFFLAGS ioctls from Python.
+lo_up() {
+  command -v ip >/dev/null && { ip link set lo up; return; }
+  python3 -c 'import fcntl, socket, struct
+s = socket.socket(); r = struct.pack("16sH22x", b"lo", 0)
+f = struct.unpack("16sH22x", fcntl.ioctl(s, 0x8913, r))[1]
+fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", f | 1))'
+}
 if [ -n "${SSAI:-}" ] && [ -z "${DEP_GX_NETNS:-}" ]; then
-  exec unshare -n env DEP_GX_NETNS=1 bash -c 'ip link set lo up &&
-    sysctl -qw net.ipv4.tcp_slow_start_after_idle="$SSAI" && exec "$0" "$@"' "$0" "$@"
+  exec unshare -n env DEP_GX_NETNS=1 bash -c "$(declare -f lo_up)"'
+    lo_up && echo "$SSAI" > /proc/sys/net/ipv4/tcp_slow_start_after_idle && exec "$0" "$@"' \
+    "$0" "$@"
 fi
 B=$(cd "${1:-build-gpu}" && pwd) || exit 2
 OUTD=${OUT:-/tmp/dep-out}
@@ -35,7 +45,7 @@ mkdir -p "$OUTD"
 exec > >(tee "$OUTD/gpu-xnode.log") 2>&1
 date -u; nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,compute_mode --format=csv,noheader
 [ -n "${DEP_GX_NETNS:-}" ] &&
-  echo "== a fresh network namespace: tcp_slow_start_after_idle $(sysctl -n net.ipv4.tcp_slow_start_after_idle)"
+  echo "== a fresh network namespace: tcp_slow_start_after_idle $(cat /proc/sys/net/ipv4/tcp_slow_start_after_idle)"
 echo "== missing libraries (none expected):"; ldd "$B"/deepepd "$B"/check_deepepd | grep 'not found'
 export DEP_BUILD=$B DEP_TEST_TAGS=gpu DEP_TEST_BACKEND=cuda CK_VERBOSITY=verbose
 
