@@ -398,10 +398,10 @@ static void job_set_chunk(struct job *j, const struct lend_fit *f) {
              (double)(f->slab_bytes + f->host_bytes) / (1024.0 * 1024.0));
   else if (f->by_auto && f->chunk_rows != 0)
     log_info("job %s streams in chunks of %u rows (stream_chunk_rows: auto): its whole blocks "
-             "need %.1f MiB a rank, more than its device's pool of %.1f MiB holds for its %u "
+             "need %.1f MiB a rank, more than a device's pool of %.1f MiB holds for %u of its %u "
              "local ranks; streamed, %.1f MiB a rank",
              j->id, f->chunk_rows, (double)f->whole_bytes / mib, (double)f->pool_bytes / mib,
-             j->local_world_size, (double)(f->slab_bytes + f->host_bytes) / mib);
+             f->here, j->local_world_size, (double)(f->slab_bytes + f->host_bytes) / mib);
 }
 
 static struct job *job_create(struct conn *c, const struct dep_attach_args *a,
@@ -607,6 +607,14 @@ static void job_seat(struct job *j, struct conn *c, uint32_t request_id,
            a->local_rank, (int)c->pid, j->attached, j->local_world_size);
 }
 
+/* How many of j's ranks, local rank `but` aside, are seated on device uuid. */
+static uint32_t job_seated_on(const struct job *j, const uint8_t *uuid, uint32_t but) {
+  uint32_t n = 0;
+  for (uint32_t k = 0; k < j->local_world_size; k++)
+    n += k != but && j->ranks[k].conn != NULL && memcmp(j->ranks[k].device_uuid, uuid, 16) == 0;
+  return n;
+}
+
 void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_args *a) {
   if (c->job != NULL) {
     conn_send_error(c, request_id, DEP_ERR_STATE,
@@ -622,7 +630,8 @@ void job_attach(struct conn *c, uint32_t request_id, const struct dep_attach_arg
   char msg[DEP_MSG_TEXT_MAX];
   /* The job's chunk is chosen once, for its first rank here: a later one takes it. */
   struct lend_fit fit;
-  int rc = lend_check(a, j != NULL ? j->chunk_rows : job_cfg->stream_chunk_rows, &fit, why,
+  int rc = lend_check(a, j != NULL ? j->chunk_rows : job_cfg->stream_chunk_rows,
+                      j != NULL ? job_seated_on(j, a->device_uuid, a->local_rank) : 0, &fit, why,
                       sizeof why);
   if (rc != 0) {
     snprintf(msg, sizeof msg, "job %s: %s", a->job_id, why);

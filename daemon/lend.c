@@ -312,14 +312,14 @@ int lend_send(const struct job *j, struct conn *c, uint32_t request_id) {
 
 /*
  * What a job of a's shape takes of pool p when its channels hold chunks of
- * chunk_rows rows (0: whole blocks): the worst case, every local rank on
- * this device, in one arena, one block, in pieces (which round up most),
- * and, across nodes, each local rank's ring and exchange region (pool.h).
- * The layout is l's; *xchg is a rank's ring and exchange region.
+ * chunk_rows rows (0: whole blocks) and `here` of its local ranks are on
+ * this device: their slabs in one arena, one block, in pieces (which round
+ * up most), and, across nodes, each one's ring and exchange region
+ * (pool.h).  The layout is l's; *xchg is a rank's ring and exchange region.
  */
 static int lend_need(struct pool *p, const struct dep_attach_args *a, uint32_t chunk_rows,
-                     struct dep_slab_layout *l, uint64_t *xchg, uint64_t *need, char *why,
-                     size_t whylen) {
+                     uint32_t here, struct dep_slab_layout *l, uint64_t *xchg, uint64_t *need,
+                     char *why, size_t whylen) {
   int rc = dep__slab_layout_nodes(&a->shape, a->world_size, a->local_world_size, chunk_rows, l,
                                   why, whylen);
   if (rc != 0)
@@ -327,34 +327,35 @@ static int lend_need(struct pool *p, const struct dep_attach_args *a, uint32_t c
   uint64_t stride = dep_round_up(l->total_bytes, LEND_SLAB_ALIGN);
   uint32_t pieces;
   uint64_t piece;
-  *need = pool_block_layout(p, stride * a->local_world_size, lend_peer_cap(p), &pieces, &piece);
+  *need = pool_block_layout(p, stride * here, lend_peer_cap(p), &pieces, &piece);
   *xchg = l->n_remote > 0 ? DEP_XRING_BYTES + l->xchg_bytes : 0;
-  *need += *xchg * a->local_world_size;
+  *need += *xchg * here;
   return 0;
 }
 
 /* Whether a's job in chunks of `rows` rows fits p's budget (its layout in *l, a rank's ring
  * and exchange region in *xchg). */
 static bool lend_fits(struct pool *p, const struct dep_attach_args *a, uint32_t rows,
-                      struct dep_slab_layout *l, uint64_t *xchg) {
+                      uint32_t here, struct dep_slab_layout *l, uint64_t *xchg) {
   uint64_t need;
   char ignored[8];
-  return lend_need(p, a, rows, l, xchg, &need, ignored, sizeof ignored) == 0 &&
+  return lend_need(p, a, rows, here, l, xchg, &need, ignored, sizeof ignored) == 0 &&
          need <= pool_total_bytes(p);
 }
 
 /*
  * For a job of whole blocks that does not fit: the largest chunk, a power of
- * two below a block's rows, with which it would (its layout in *l, a rank's
- * ring and exchange region in *xchg), or 0 where streaming does not make it
- * fit either.  The one rule of both auto's choice and the refusal's hint.
+ * two below a block's rows, with which `here` of its ranks would (its layout
+ * in *l, a rank's ring and exchange region in *xchg), or 0 where streaming
+ * does not make it fit either.  The one rule of both auto's choice and the
+ * refusal's hint.
  */
-static uint32_t lend_fitting_chunk(struct pool *p, const struct dep_attach_args *a,
+static uint32_t lend_fitting_chunk(struct pool *p, const struct dep_attach_args *a, uint32_t here,
                                    struct dep_slab_layout *l, uint64_t *xchg) {
   for (uint32_t rows = 1u << 12; rows >= 1; rows >>= 1) {
     if (4ull * rows >= a->shape.max_tokens_per_rank)
       continue; /* 4 chunks of it hold a whole block: no smaller */
-    if (lend_fits(p, a, rows, l, xchg))
+    if (lend_fits(p, a, rows, here, l, xchg))
       return rows;
   }
   return 0;
@@ -364,11 +365,18 @@ bool lend_spans_nodes(const struct dep_attach_args *a) {
   return a->world_size > a->local_world_size && peer_count() > 0;
 }
 
+uint32_t lend_ranks_here(uint32_t local_world, size_t devices, uint32_t seated_here) {
+  const uint32_t spread =
+      devices <= 1 ? local_world : (uint32_t)((local_world + devices - 1) / devices);
+  const uint32_t here = seated_here + 1 > spread ? seated_here + 1 : spread;
+  return here < local_world ? here : local_world;
+}
+
 /*
  * auto's chunk for a job across nodes on the host backend (lend.h), into *f, where its
- * blocks are larger than 4 such chunks and it fits p; false otherwise.
+ * blocks are larger than 4 such chunks and `here` of its ranks fit p; false otherwise.
  */
-static bool lend_auto_xnode(struct pool *p, const struct dep_attach_args *a,
+static bool lend_auto_xnode(struct pool *p, const struct dep_attach_args *a, uint32_t here,
                             uint64_t whole_bytes, struct lend_fit *f) {
   const uint32_t rows = LEND_AUTO_XNODE_HOST_ROWS;
   if (strcmp(devices_backend_name(), "host") != 0 || !lend_spans_nodes(a) ||
@@ -376,74 +384,81 @@ static bool lend_auto_xnode(struct pool *p, const struct dep_attach_args *a,
     return false;
   struct dep_slab_layout l;
   uint64_t xchg;
-  if (!lend_fits(p, a, rows, &l, &xchg))
+  if (!lend_fits(p, a, rows, here, &l, &xchg))
     return false;
-  *f = (struct lend_fit){.chunk_rows = rows, .by_auto = true, .xnode = true,
+  *f = (struct lend_fit){.chunk_rows = rows, .by_auto = true, .xnode = true, .here = here,
                          .slab_bytes = l.total_bytes, .host_bytes = xchg,
                          .whole_bytes = whole_bytes, .pool_bytes = pool_total_bytes(p)};
   return true;
 }
 
-/* The refusal of a job that needs `need` bytes of p (l and xchg a rank's): what it needs,
- * what the pool holds, and for whole blocks (chunk_rows 0) the chunk that would fit. */
+/* The refusal of a job that needs `need` bytes of p for `here` ranks (l and xchg a rank's):
+ * what it needs, what the pool holds, and for whole blocks (chunk_rows 0) the chunk that
+ * would fit. */
 static void lend_refusal(struct pool *p, const struct dep_attach_args *a, uint32_t chunk_rows,
-                         const struct dep_slab_layout *l, uint64_t xchg, uint64_t need,
-                         char *why, size_t whylen) {
+                         uint32_t here, const struct dep_slab_layout *l, uint64_t xchg,
+                         uint64_t need, char *why, size_t whylen) {
   const double mib = 1024.0 * 1024.0;
   struct dep_slab_layout sl;
   uint64_t sx = 0;
-  const uint32_t fit = chunk_rows == 0 ? lend_fitting_chunk(p, a, &sl, &sx) : 0;
+  const uint32_t fit = chunk_rows == 0 ? lend_fitting_chunk(p, a, here, &sl, &sx) : 0;
   char stream[112] = "";
   if (fit != 0)
     snprintf(stream, sizeof stream,
              ", or set stream_chunk_rows: %u on every node (%.1f MiB per rank; deepepctl size "
              "--chunk-rows N)",
              fit, (double)(sl.total_bytes + sx) / mib);
-  snprintf(why, whylen, "this job shape needs %.1f MiB per rank, %.1f MiB for its %u local "
-           "ranks, but device %s's pool holds %.1f MiB; lower max_tokens_per_rank or hidden, "
-           "or raise pool.size_per_device (pool.host_size on the host backend)%s",
-           (double)(l->total_bytes + xchg) / mib, (double)need / mib, a->local_world_size,
-           p->dev.uuid_str, (double)pool_total_bytes(p) / mib, stream);
+  char spread[96] = "";
+  if (here < a->local_world_size)
+    snprintf(spread, sizeof spread, " (its %u local ranks spread over the %zu GPUs served)",
+             a->local_world_size, devices_count());
+  snprintf(why, whylen, "this job shape needs %.1f MiB per rank, %.1f MiB for its %u rank(s) "
+           "on device %s%s, but that device's pool holds %.1f MiB; lower max_tokens_per_rank "
+           "or hidden, or raise pool.size_per_device (pool.host_size on the host backend)%s",
+           (double)(l->total_bytes + xchg) / mib, (double)need / mib, here, p->dev.uuid_str,
+           spread, (double)pool_total_bytes(p) / mib, stream);
 }
 
 /*
  * Check, before a rank joins, what would otherwise fail only at the
  * rendezvous: its device is one this daemon serves, and the arena of the
- * job's shape fits that device's pool's budget at all.  Under auto the
- * chunk is chosen here, from the shape, the worlds and the pool's budget
- * alone (never what is free), so that nodes of the same configuration and
+ * job's shape for the ranks it would hold fits that device's pool's budget
+ * at all (lend_ranks_here).  Under auto the chunk is chosen here, from the
+ * shape, the worlds, the count of GPUs served and the pool's budget alone
+ * (never what is free), so that nodes of the same configuration and
  * devices choose alike.  A job of whole blocks that streaming would fit is
  * told the chunk that does.
  */
-int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, struct lend_fit *f,
-               char *why, size_t whylen) {
+int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, uint32_t seated_here,
+               struct lend_fit *f, char *why, size_t whylen) {
   struct pool *p = devices_find(a->device_uuid, why, whylen);
   if (p == NULL)
     return DEP_ERR_NOT_FOUND;
   const bool by_auto = chunk_rows == CONFIG_CHUNK_ROWS_AUTO;
+  const uint32_t here = lend_ranks_here(a->local_world_size, devices_count(), seated_here);
   struct dep_slab_layout l;
   uint64_t xchg, need;
-  int rc = lend_need(p, a, by_auto ? 0 : chunk_rows, &l, &xchg, &need, why, whylen);
+  int rc = lend_need(p, a, by_auto ? 0 : chunk_rows, here, &l, &xchg, &need, why, whylen);
   if (rc != 0)
     return rc;
-  if (by_auto && lend_auto_xnode(p, a, l.total_bytes + xchg, f))
+  if (by_auto && lend_auto_xnode(p, a, here, l.total_bytes + xchg, f))
     return 0;
   *f = (struct lend_fit){.chunk_rows = by_auto ? 0 : chunk_rows, .by_auto = by_auto,
-                         .whole_bytes = by_auto ? l.total_bytes + xchg : 0,
+                         .here = here, .whole_bytes = by_auto ? l.total_bytes + xchg : 0,
                          .pool_bytes = pool_total_bytes(p)};
   if (need > f->pool_bytes && by_auto) {
     struct dep_slab_layout sl;
     uint64_t sx = 0;
-    const uint32_t fit = lend_fitting_chunk(p, a, &sl, &sx);
+    const uint32_t fit = lend_fitting_chunk(p, a, here, &sl, &sx);
     if (fit != 0) {
-      *f = (struct lend_fit){.chunk_rows = fit, .by_auto = true, .slab_bytes = sl.total_bytes,
-                             .host_bytes = sx, .whole_bytes = l.total_bytes + xchg,
-                             .pool_bytes = f->pool_bytes};
+      *f = (struct lend_fit){.chunk_rows = fit, .by_auto = true, .here = here,
+                             .slab_bytes = sl.total_bytes, .host_bytes = sx,
+                             .whole_bytes = l.total_bytes + xchg, .pool_bytes = f->pool_bytes};
       return 0;
     }
   }
   if (need > f->pool_bytes) { /* auto too where streaming fits no better */
-    lend_refusal(p, a, f->chunk_rows, &l, xchg, need, why, whylen);
+    lend_refusal(p, a, f->chunk_rows, here, &l, xchg, need, why, whylen);
     return DEP_ERR_NO_MEMORY;
   }
   f->slab_bytes = l.total_bytes;

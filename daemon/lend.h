@@ -59,6 +59,7 @@ struct lend_fit {
   uint32_t chunk_rows;  /* its chunk (slab.h; 0: whole blocks): the one asked, or auto's */
   bool by_auto;         /* auto chose chunk_rows: 0 where whole blocks fit the pool */
   bool xnode;           /* ... as LEND_AUTO_XNODE_HOST_ROWS, the host backend's across nodes */
+  uint32_t here;        /* the job's local ranks weighed on the device (lend_ranks_here) */
   uint64_t slab_bytes;  /* the layout's size of a slab */
   uint64_t host_bytes;  /* a rank's ring and exchange region (0 on one node) */
   uint64_t whole_bytes; /* by_auto: a rank's bytes with whole blocks (what auto weighed) */
@@ -66,16 +67,29 @@ struct lend_fit {
 };
 
 /*
- * Before a rank joins: its device is one this daemon serves, and an arena of
- * the job's shape fits that device's pool at all, its channels of chunks of
- * chunk_rows rows (0: whole blocks; CONFIG_CHUNK_ROWS_AUTO: whole blocks
- * where they fit, else the largest chunk that does, chosen from the shape,
- * the worlds and the pool's budget alone; a job across nodes on the host
- * backend LEND_AUTO_XNODE_HOST_ROWS where they fit).  0 with *f, or DEP_ERR_NOT_FOUND
- * / NO_MEMORY / INVALID with why.
+ * How many of a job's local_world local ranks a check weighs on one device
+ * of the `devices` this daemon serves, `seated_here` of them already seated
+ * there: as many as spreading them evenly puts on a device (all of them on
+ * a daemon of one device), or the seated ones and this one where more came.
+ * The first rank's count is the same on every node of a configuration, so
+ * auto's choice is too; a later rank that finds its device fuller than
+ * spread is weighed as it is, and refused at attach where that does not fit.
  */
-int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, struct lend_fit *f,
-               char *why, size_t whylen);
+uint32_t lend_ranks_here(uint32_t local_world, size_t devices, uint32_t seated_here);
+
+/*
+ * Before a rank joins: its device is one this daemon serves, and an arena of
+ * the job's shape for lend_ranks_here's count of its ranks fits that
+ * device's pool at all, its channels of chunks of chunk_rows rows (0: whole
+ * blocks; CONFIG_CHUNK_ROWS_AUTO: whole blocks where they fit, else the
+ * largest chunk that does, chosen from the shape, the worlds, the GPUs
+ * served and the pool's budget alone; a job across nodes on the host
+ * backend LEND_AUTO_XNODE_HOST_ROWS where they fit).  seated_here: the job's
+ * ranks already seated on the rank's device.  0 with *f, or
+ * DEP_ERR_NOT_FOUND / NO_MEMORY / INVALID with why.
+ */
+int lend_check(const struct dep_attach_args *a, uint32_t chunk_rows, uint32_t seated_here,
+               struct lend_fit *f, char *why, size_t whylen);
 
 /* The rendezvous completed: lend the job its arenas and place every local
  * rank's slab (j->slab_bytes becomes the stride), and for a job that spans

@@ -9,7 +9,8 @@
  * naming the chunk; and nodes whose pools make auto choose differently
  * fail the job at attach saying what each chose and what to set; a job
  * across nodes on the host backend streams in 64-row chunks even where its
- * whole blocks fit.
+ * whole blocks fit; and a device's check weighs the ranks an even spread over
+ * the daemon's devices puts there (lend_ranks_here).
  */
 #include <check.h>
 #include <signal.h>
@@ -313,9 +314,36 @@ START_TEST(a_job_across_host_nodes_streams_in_64_row_chunks_and_on_one_node_whol
 }
 END_TEST
 
+/*
+ * (f) The ranks a device's check weighs (lend_ranks_here): a daemon of one device weighs
+ * every local rank on it, as before; one of several weighs what an even spread puts on a
+ * device, so that a job of a rank a GPU on an 8-GPU node is not weighed as 8 on one GPU's
+ * pool (and streamed or refused for it); a rank that finds its device fuller than spread is
+ * weighed with those seated there; never more than the job's local ranks.
+ */
+START_TEST(a_device_weighs_an_even_spread_of_the_local_ranks_or_those_seated_there) {
+  static const struct { uint32_t local; size_t devices; uint32_t seated, want; } cases[] = {
+      {8, 1, 0, 8},  {8, 1, 7, 8},  {1, 1, 0, 1},  {8, 0, 0, 8},  /* one device (0: none known) */
+      {8, 8, 0, 1},  {8, 8, 1, 2},  {8, 8, 7, 8},  {16, 8, 0, 2}, /* a rank or two a GPU */
+      {9, 8, 0, 2},  {4, 8, 0, 1},  {64, 8, 3, 8}, {64, 8, 8, 9}, /* rounded up; fewer ranks */
+      {2, 8, 5, 2},                                               /* never past local */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    ck_assert_msg(lend_ranks_here(cases[i].local, cases[i].devices, cases[i].seated) ==
+                      cases[i].want,
+                  "%u local ranks, %zu devices, %u seated: %u weighed, want %u", cases[i].local,
+                  cases[i].devices, cases[i].seated,
+                  lend_ranks_here(cases[i].local, cases[i].devices, cases[i].seated),
+                  cases[i].want);
+}
+END_TEST
+
 Suite *stream_auto_suite(void);
 Suite *stream_auto_suite(void) {
   Suite *s = suite_create("stream_auto");
+  TCase *r = tcase_create("rules");
+  tcase_add_test(r, a_device_weighs_an_even_spread_of_the_local_ranks_or_those_seated_there);
+  suite_add_tcase(s, r);
   TCase *t = tcase_create("daemons");
   tcase_set_timeout(t, 240);
   tcase_add_test(t, auto_streams_a_job_whose_whole_blocks_do_not_fit_and_not_one_that_fits);
