@@ -95,6 +95,18 @@ static void doctor_socket(const struct ctl *ctl, struct doctor_check *k, bool co
   }
 }
 
+/* The whole number file `path` holds (a sysctl's), or -1. */
+static int doctor_read_int(const char *path) {
+  FILE *f = fopen(path, "re");
+  int v = -1;
+  if (f != NULL) {
+    if (fscanf(f, "%d", &v) != 1)
+      v = -1;
+    fclose(f);
+  }
+  return v;
+}
+
 static void doctor_peers(dep_client_t *c, struct doctor_check *k) {
   struct dep_msg_peers m = {0};
   if (ctl_ask(c, DEP_MSG_PEERS, NULL, DEP_MSG_PEERS_OK, ctl_decode_peers, &m) != 0) {
@@ -120,6 +132,10 @@ static void doctor_peers(dep_client_t *c, struct doctor_check *k) {
                  "firewall between, and that both use the same peer_key_file");
   if (m.n_peers > 0 && up > 0)
     doctor_note(k, DOCTOR_OK, "%u of %u peers up with every connection", up, m.n_peers);
+  uint32_t tcp = 0;
+  for (uint32_t i = 0; i < m.n_peers; i++)
+    tcp += strcmp(m.peers[i].transport, "tcp") == 0 || strcmp(m.peers[i].transport, "mixed") == 0;
+  doctor_judge_tcp_idle(k, tcp > 0 ? doctor_read_int(DOCTOR_SSAI_PATH) : -1, tcp);
   proto_peers_free(&m);
 }
 

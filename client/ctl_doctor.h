@@ -88,4 +88,12 @@ struct doctor_memory_in {
 
 void doctor_judge_memory(struct doctor_check *k, const struct doctor_memory_in *in);
 
+/* ---- connections: TCP's restart after idle, where peers' data goes over TCP --------------- */
+
+/* Where this node reads it (the daemon's network namespace where deepepctl runs beside it). */
+#define DOCTOR_SSAI_PATH "/proc/sys/net/ipv4/tcp_slow_start_after_idle"
+
+/* ssai: DOCTOR_SSAI_PATH's value (-1: unreadable); tcp_peers: peers up over TCP (or mixed). */
+void doctor_judge_tcp_idle(struct doctor_check *k, int ssai, uint32_t tcp_peers);
+
 #endif /* DEP_CTL_DOCTOR_H */

@@ -174,3 +174,26 @@ void doctor_judge_memory(struct doctor_check *k, const struct doctor_memory_in *
   doctor_do(k, "start deepepd before the trainers with preallocation: true (its pool is made "
                "at start), or lower pool.size_per_device to what the GPU can give");
 }
+
+/* ---- connections: TCP's restart after idle ---------------------------------------------- */
+
+void doctor_judge_tcp_idle(struct doctor_check *k, int ssai, uint32_t tcp_peers) {
+  if (tcp_peers == 0)
+    return; /* RDMA's writes, or no peers: no window to restart */
+  if (ssai < 0) {
+    doctor_note(k, DOCTOR_OK, "%s unreadable here: its setting for the %u TCP peer(s) not judged",
+                DOCTOR_SSAI_PATH, tcp_peers);
+    return;
+  }
+  if (ssai == 0) {
+    doctor_note(k, DOCTOR_OK, "net.ipv4.tcp_slow_start_after_idle 0: the data connections to "
+                "the %u TCP peer(s) keep their window across a pause", tcp_peers);
+    return;
+  }
+  doctor_note(k, DOCTOR_WARN, "net.ipv4.tcp_slow_start_after_idle %d with %u peer(s) over TCP: "
+              "a data connection idle past its retransmission timeout (a trainer's model build, "
+              "a pause between steps) restarts from its initial window, and the first call "
+              "after it pays round trips for it", ssai, tcp_peers);
+  doctor_do(k, "sysctl -w net.ipv4.tcp_slow_start_after_idle=0 on every node, and keep it in "
+               "/etc/sysctl.d/ (docs/between-nodes.md)");
+}

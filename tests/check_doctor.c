@@ -210,6 +210,28 @@ END_TEST
 
 /* ---- decisions: memory ------------------------------------------------------------------- */
 
+/* ---- decisions: TCP's restart after idle ---------------------------------------------- */
+
+START_TEST(tcp_slow_start_after_idle_warns_only_where_peers_run_over_tcp) {
+  struct doctor_check k;
+  dg_fresh(&k, "connections");
+  doctor_judge_tcp_idle(&k, 1, 0); /* no TCP peer: nothing to judge */
+  ck_assert_int_eq(k.result, DOCTOR_SKIP);
+  doctor_judge_tcp_idle(&k, 0, 2);
+  ck_assert_int_eq(k.result, DOCTOR_OK);
+  DG_HAS(&k, "tcp_slow_start_after_idle 0: the data connections to the 2 TCP peer(s) keep");
+  dg_fresh(&k, "connections");
+  doctor_judge_tcp_idle(&k, -1, 2); /* unreadable: said, not judged */
+  ck_assert_int_eq(k.result, DOCTOR_OK);
+  DG_HAS(&k, "unreadable here");
+  dg_fresh(&k, "connections");
+  doctor_judge_tcp_idle(&k, 1, 3);
+  ck_assert_int_eq(k.result, DOCTOR_WARN);
+  DG_HAS(&k, "net.ipv4.tcp_slow_start_after_idle 1 with 3 peer(s) over TCP");
+  DG_DOES(&k, "sysctl -w net.ipv4.tcp_slow_start_after_idle=0 on every node");
+}
+END_TEST
+
 START_TEST(memory_judges_the_pool_s_rest_and_the_largest_job_against_free_memory) {
   struct doctor_check k;
   /* The rest of the budget fits: OK. */
@@ -777,6 +799,7 @@ Suite *doctor_suite(void) {
   tcase_add_test(t, ranks_sharing_a_gpu_in_several_processes_want_mps);
   tcase_add_test(t, a_gpu_is_shared_by_ranks_of_one_job_in_different_processes);
   tcase_add_test(t, memory_judges_the_pool_s_rest_and_the_largest_job_against_free_memory);
+  tcase_add_test(t, tcp_slow_start_after_idle_warns_only_where_peers_run_over_tcp);
   suite_add_tcase(s, t);
   t = tcase_create("gpu");
   tcase_set_tags(t, "gpu");

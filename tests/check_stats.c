@@ -31,6 +31,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,7 @@
 #include "cudaranks.h"
 #include "daemonwire.h"
 #include "deepep.h"
+#include "nodes.h"
 #include "opsworld.h"
 #include "proto.h"
 #include "stats_page.h"
@@ -391,6 +393,83 @@ START_TEST(doctor_fails_connections_without_a_daemon_or_a_peer) {
 }
 END_TEST
 
+/* net.ipv4.tcp_slow_start_after_idle as this process's namespace has it, or -1. */
+static int st_ssai(void) {
+  char *v = dw_slurp("/proc/sys/net/ipv4/tcp_slow_start_after_idle");
+  int n = v != NULL ? atoi(v) : -1;
+  free(v);
+  return n;
+}
+
+/*
+ * deepepctl doctor --json against d in a fresh network namespace whose
+ * tcp_slow_start_after_idle is v (root; the daemon's socket is a path, reached from any):
+ * its output, or NULL where no namespace could be made.
+ */
+static char *st_doctor_in_netns(const struct tu_daemon *d, int v) {
+  char path[300];
+  dw_sfmt(path, sizeof path, "%s/ssai.out", d->dir);
+  pid_t pid = dw_fork_stdout_to(path);
+  if (pid == 0) {
+    FILE *f = NULL;
+    if (unshare(CLONE_NEWNET) != 0 ||
+        (f = fopen("/proc/sys/net/ipv4/tcp_slow_start_after_idle", "we")) == NULL)
+      _exit(3);
+    fprintf(f, "%d\n", v);
+    if (fclose(f) != 0)
+      _exit(3);
+    unsetenv(DEP_SOCKET_ENV);
+    execl(tu_bin("deepepctl"), "deepepctl", "-s", d->sock, "--json", "doctor", (char *)NULL);
+    _exit(127);
+  }
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert(WIFEXITED(st));
+  return WEXITSTATUS(st) == 3 ? NULL : dw_slurp(path);
+}
+
+/*
+ * Where peers are up over TCP, doctor's connections check reads this node's
+ * net.ipv4.tcp_slow_start_after_idle: 1 (Linux's default) restarts a connection idle past
+ * its retransmission timeout from its initial window, which a job's first call after a pause
+ * pays (docs/between-nodes.md), so WARN with the sysctl to set; 0 is OK.  As the machine has
+ * it, and as root both ways in namespaces of its own.  A WARN is not a failure (exit 0).
+ */
+START_TEST(doctor_warns_of_tcp_slow_start_after_idle_where_peers_run_over_tcp) {
+  struct nodes ns;
+  nodes_start(&ns, 2, 5000);
+  ck_assert_int_eq(chmod(ns.d[0].sock, 0660), 0);
+  char *out = NULL;
+  const int here = st_ssai();
+  ck_assert_int_eq(st_ctl(ns.d[0].dir, &out, DW_ARGS("-s", ns.d[0].sock, "--json", "doctor")),
+                   0);
+  if (here == 0) {
+    ck_assert_msg(st_doctor_says(out, "connections", "OK"), "%s", out);
+    ck_assert_msg(strstr(out, "tcp_slow_start_after_idle 0: the data connections to the 1 TCP "
+                              "peer(s) keep their window") != NULL, "%s", out);
+  } else if (here > 0) {
+    ck_assert_msg(st_doctor_says(out, "connections", "WARN"), "%s", out);
+    ck_assert_msg(strstr(out, "with 1 peer(s) over TCP") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "sysctl -w net.ipv4.tcp_slow_start_after_idle=0") != NULL, "%s",
+                  out);
+  }
+  free(out);
+  for (int v = 0; v <= 1 && geteuid() == 0; v++) {
+    out = st_doctor_in_netns(&ns.d[0], v);
+    if (out == NULL) {
+      fprintf(stderr, "stats: no network namespace here: doctor's setting %d not tried\n", v);
+      break;
+    }
+    ck_assert_msg(st_doctor_says(out, "connections", v == 0 ? "OK" : "WARN"), "%d: %s", v, out);
+    ck_assert_msg(strstr(out, v == 0 ? "tcp_slow_start_after_idle 0:"
+                                     : "tcp_slow_start_after_idle 1 with 1 peer(s)") != NULL,
+                  "%d: %s", v, out);
+    free(out);
+  }
+  nodes_stop(&ns);
+}
+END_TEST
+
 START_TEST(doctor_fails_allocation_when_the_largest_job_cannot_start_again) {
   /* A 48 MiB pool; job A's arena (two slabs of 512 tokens of 4096 channels) is about
    * 33 MB: it runs and ends; job B's (384 tokens) about 25 MB runs: A could not start again
@@ -660,6 +739,7 @@ Suite *stats_suite(void) {
   tcase_set_timeout(t, 60);
   tcase_add_test(t, doctor_passes_on_a_healthy_node);
   tcase_add_test(t, doctor_fails_connections_without_a_daemon_or_a_peer);
+  tcase_add_test(t, doctor_warns_of_tcp_slow_start_after_idle_where_peers_run_over_tcp);
   tcase_add_test(t, doctor_fails_allocation_when_the_largest_job_cannot_start_again);
   tcase_add_test(t, doctor_fails_balance_when_every_token_goes_to_one_rank);
   suite_add_tcase(s, t);
