@@ -36,6 +36,10 @@ static const struct testhook_row {
     [TESTHOOK_CPUS] = {TESTHOOK_CPUS_ENV,
                        "the daemon counts N CPUs as its own, whatever its affinity, as on a "
                        "larger machine (the proxy threads' default follows them)"},
+    [TESTHOOK_AWAKE_US] = {TESTHOOK_AWAKE_US_ENV,
+                           "the data path stays awake N us after its work, as where the daemon "
+                           "serves GPUs: proxy threads look for work and receivers for their "
+                           "connection's next frame, on any backend"},
 };
 
 /* Each hook's value, set by testhooks_init. */

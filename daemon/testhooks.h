@@ -16,6 +16,7 @@
 #define TESTHOOK_JOIN_OVERTAKEN_ENV TESTHOOKS_PREFIX "JOIN_OVERTAKEN"
 #define TESTHOOK_XCHG_FILL_HOLD_FD_ENV TESTHOOKS_PREFIX "XCHG_FILL_HOLD_FD"
 #define TESTHOOK_CPUS_ENV TESTHOOKS_PREFIX "CPUS"
+#define TESTHOOK_AWAKE_US_ENV TESTHOOKS_PREFIX "AWAKE_US"
 
 enum testhook {
   TESTHOOK_DATA_DROPS,      /* inbound data connections closed once acknowledged (xfer_conn.c) */
@@ -24,6 +25,7 @@ enum testhook {
   TESTHOOK_JOIN_OVERTAKEN,  /* rejoins whose survivors ran past the join call (job_elastic.c) */
   TESTHOOK_XCHG_FILL_HOLD_FD, /* a descriptor the exchange regions' populate waits on (xfer.c) */
   TESTHOOK_CPUS,             /* the CPUs the daemon counts as its own (xfer_proxy.c) */
+  TESTHOOK_AWAKE_US,         /* the data path's awake windows on any backend (xfer_proxy.c) */
   TESTHOOK_N_
 };
 

@@ -789,6 +789,7 @@ int xfer_init(const struct config *cfg) {
   atomic_store(&X->test_drops, testhook_value(TESTHOOK_DATA_DROPS));
   X->test_fill_hold = testhook_value(TESTHOOK_XCHG_FILL_HOLD_FD);
   X->test_cpus = (uint32_t)testhook_value(TESTHOOK_CPUS);
+  X->test_awake_ns = (uint64_t)testhook_value(TESTHOOK_AWAKE_US) * 1000u;
   X->cfg = cfg;
   X->active = true;
   xfer_rdma_init(cfg, &xfer_rdma_offer_ops);

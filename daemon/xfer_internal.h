@@ -205,6 +205,7 @@ struct xfer_state {
   _Atomic uint32_t helpers;      /* connector, receiver and populate threads running */
   int test_fill_hold;            /* $DEEPEPD_TEST_XCHG_FILL_HOLD_FD (testhooks.h); 0: none */
   uint32_t test_cpus;            /* $DEEPEPD_TEST_CPUS (testhooks.h); 0: the affinity's */
+  uint64_t test_awake_ns;        /* $DEEPEPD_TEST_AWAKE_US (testhooks.h), in ns; 0: off */
   _Atomic uint64_t busy_ns;      /* proxy threads' time moving blocks, summed */
   uint64_t spin_ns;              /* a proxy thread's look for work before it naps (below) */
   _Atomic uint64_t rx_spin_ns;   /* a receiver's look for its next frame before it blocks; set

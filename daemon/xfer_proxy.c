@@ -735,9 +735,11 @@ uint32_t xfer_usable_cpus(void) {
 
 int xfer__start_threads(void) {
   const size_t gpus = devices_gpus();
-  X->spin_ns = gpus > 0 ? XFER_SPIN_GPU_NS : XFER_SPIN_HOST_NS;
-  atomic_store_explicit(&X->rx_spin_ns, gpus > 0 ? XFER_SPIN_GPU_NS : 0,
-                        memory_order_relaxed);
+  /* A GPU daemon's windows, or the host backend's; $DEEPEPD_TEST_AWAKE_US gives the host
+   * backend windows of its own, so that the tests run the looking receivers there. */
+  const uint64_t awake = gpus > 0 ? XFER_SPIN_GPU_NS : X->test_awake_ns;
+  X->spin_ns = awake > 0 ? awake : XFER_SPIN_HOST_NS;
+  atomic_store_explicit(&X->rx_spin_ns, awake, memory_order_relaxed);
   X->nthreads = X->cfg->proxy_threads
                     ? X->cfg->proxy_threads
                     : xfer_proxy_threads_default(gpus, X->test_cpus ? X->test_cpus
@@ -754,7 +756,9 @@ int xfer__start_threads(void) {
     X->started++;
   }
   log_info("data path between nodes: %u proxy thread(s), %u data connection(s) each way to "
-           "each peer and one for credits", X->nthreads, X->data_conns);
+           "each peer and one for credits; proxy threads look for work %llu us after their "
+           "last, receivers for a frame %llu us after their last", X->nthreads, X->data_conns,
+           (unsigned long long)(X->spin_ns / 1000), (unsigned long long)(awake / 1000));
   return 0;
 }
 

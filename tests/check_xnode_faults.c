@@ -422,6 +422,48 @@ static void linger_main(const struct nodes *ns, const char *id, const struct ow_
 }
 
 /*
+ * The data path kept awake, as where the daemon serves GPUs (xfer_internal.h
+ * XFER_SPIN_GPU_NS: proxy threads look for work, and each receiver for its
+ * connection's next frame, yielding, for a window after their last): the
+ * host backend's receivers block at once, so $DEEPEPD_TEST_AWAKE_US gives
+ * these daemons a window (20 ms) and the looking receivers run here, under
+ * ThreadSanitizer too (make tsan).  Jobs over three daemons and over two,
+ * streaming in 3-row chunks (many frames, and credits on the control
+ * lane), get every op right against the oracle, each daemon saying its
+ * windows; then a daemon killed while a job runs over it, with the path
+ * awake, fails the survivors' calls within the op timeout, as asleep.
+ */
+START_TEST(a_data_path_kept_awake_gets_every_op_right_and_sees_a_daemon_die) {
+  setenv("DEEPEPD_TEST_AWAKE_US", "20000", 1);
+  struct nodes ns;
+  nodes_config_with(&ns, 3, 20000, ", op_timeout_ms: 8000", "stream_chunk_rows: 3\n");
+  nodes_start_all(&ns);
+  ow_seed_init(4400);
+  const int layouts[] = {7, 6, 2}; /* 2 + 2 + 2 and 1 + 1 + 1 over three daemons, 2 + 2 */
+  for (int i = 0; i < 3; i++) {
+    const struct xn_layout *L = &xn_layouts[layouts[i]];
+    struct ow_case *d = xn_case_new(&L->sc, L->sc.fp8);
+    char job[32];
+    snprintf(job, sizeof job, "awake-%d", i);
+    run_two_rounds(&ns, L->split, L->nodes, d, job);
+    xn_case_free(d);
+  }
+  for (int i = 0; i < 3; i++) {
+    char *log = tu_daemon_log(&ns.d[i]);
+    ck_assert_msg(strstr(log, "proxy threads look for work 20000 us after their last, receivers "
+                              "for a frame 20000 us after their last") != NULL,
+                  "node %d: not awake:\n%s", i, log);
+    free(log);
+  }
+  nodes_stop(&ns);
+  kill_mid_run(1);
+  unsetenv("DEEPEPD_TEST_AWAKE_US");
+  printf("xnode: a data path kept awake ran jobs right over three daemons and two, and a "
+         "daemon killed under it failed its peers' calls\n");
+}
+END_TEST
+
+/*
  * A receiver remembered the last 64 jobs that ended, and waited 5 s for
  * the route of any other: a frame of an older one (a rank kept attached on
  * node 0 after its peer on node 1 detached, then 70 short jobs) held node
@@ -571,6 +613,7 @@ Suite *xnode_faults_suite(void) {
   tcase_add_test(f, sigkill_of_a_remote_daemon_fails_the_others_within_the_op_timeout);
   tcase_add_test(f, a_link_taken_down_mid_run_fails_every_rank_within_the_op_timeout);
   tcase_add_test(f, frames_of_a_forgotten_job_are_dropped_at_once_and_stall_no_other_job);
+  tcase_add_test(f, a_data_path_kept_awake_gets_every_op_right_and_sees_a_daemon_die);
   tcase_add_test(f, sigkill_of_a_ranks_own_daemon_fails_it_with_daemon_gone_at_once);
   tcase_add_test(f, a_restart_of_a_ranks_own_daemon_fails_it_with_daemon_gone_and_it_attaches_again);
   suite_add_tcase(s, f);
