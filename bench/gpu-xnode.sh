@@ -84,6 +84,7 @@ proxy_threads: ${PROXY_THREADS:-0}
 YAML
     env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY "$B"/deepepd -c "$D/n$i.yaml" \
       2> "$OUTD/$2-deepepd-n$i.log" &
+    DPIDS[$i]=$!
   done
   for i in 0 1; do
     for t in $(seq 300); do
@@ -91,6 +92,16 @@ YAML
       sleep 0.1
     done
   done
+}
+
+# daemons_cpu: the CPU time pair_up's daemons have taken so far, in clock ticks (user and
+# system, every thread: the proxy threads and receivers that look take theirs).
+daemons_cpu() {
+  local i t=0
+  for i in "${DPIDS[@]}"; do
+    t=$((t + $(awk '{print $14 + $15}' "/proc/$i/stat" 2>/dev/null || echo 0)))
+  done
+  echo $t
 }
 
 # Two cuda daemons on loopback: bench/ep's ranks spread over them, then all on
@@ -134,9 +145,13 @@ epctas_step() {
   for c in ${EP_CTAS:-default 4 8 16 32}; do
     for where in "$D/n0.sock,$D/n1.sock" "$D/n0.sock"; do
       echo "== epctas: CTAs $c, daemons ${where//$D\//}"
+      local c0 w0=$(date +%s%N)
+      c0=$(daemons_cpu)
       ( [ "$c" = default ] || export DEEPEP_KERNEL_CTAS=$c
         timeout 120 "$B"/bench/ep -s "$where" -n 2,4 -m processes -t ${EP_TOKENS:-128} \
           -l ${EP_LL:-8} -c ${EP_CALLS:-50} ${EP_ARGS:-} ) 2>&1 | tee -a "$OUTD/epctas.txt"
+      echo "== epctas: the daemons took $(( ($(daemons_cpu) - c0) * 1000 / $(getconf CLK_TCK) )) ms" \
+        "of CPU in $(( ($(date +%s%N) - w0) / 1000000 )) ms" | tee -a "$OUTD/epctas.txt"
     done
   done
   pkill -TERM -f "deepepd -c $D/"; sleep 1
