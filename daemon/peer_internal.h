@@ -149,6 +149,7 @@ struct peer_layer {
   uv_timer_t tick;
   uint64_t start_ms;
   uint64_t last_tick_ms;         /* when the tick last ran (start_ms before): a late one is said */
+  bool ticking;                  /* the tick's timer is made (peer__tick_start): close it at stop */
   uint64_t resumed_ms;           /* the end of the loop's last stall: its links' silences and
                                     waits count from there, not from before it (peer_on_tick) */
   peer_ready_fn *ready_cb;

@@ -483,7 +483,12 @@ int peerconn_listen(void) {
   int one = 1;
   if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
       bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
-    log_warn("peers: cannot listen on %s port %u", P->listen_address, (unsigned)P->listen_port);
+    const int err = errno;
+    log_errx("peers: cannot listen on %s port %u: %s%s", P->listen_address,
+             (unsigned)P->listen_port, strerror(err),
+             err == EADDRINUSE ? " (another deepepd, or another program, holds it: stop it, or "
+                                 "set listen.port here and in the other nodes' peers)"
+                               : "");
     if (fd >= 0)
       close(fd);
     freeaddrinfo(res);

@@ -572,6 +572,33 @@ START_TEST(a_daemon_refuses_to_start_with_a_readable_key_or_none) {
 }
 END_TEST
 
+/*
+ * A daemon whose peer port another socket holds refuses to start: it exits, saying what holds
+ * the port and what to set, where it aborted on a libuv assertion (its stop closed a tick
+ * timer that its failed start had not made yet).
+ */
+START_TEST(a_daemon_whose_peer_port_is_taken_exits_saying_so) {
+  char dir[256], key[300], y[1024];
+  tu_tmpdir(dir, sizeof dir);
+  write_key(dir, "key", key, sizeof key);
+  const int pa = port_base();
+  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)pa)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ck_assert_int_ge(s, 0);
+  ck_assert_int_eq(bind(s, (struct sockaddr *)&sa, sizeof sa), 0);
+  ck_assert_int_eq(listen(s, 1), 0);
+  peer_yaml(y, sizeof y, "127.0.0.1", pa, "127.0.0.1", pa + 1, key);
+  struct tu_daemon a;
+  expect_refused_start(&a, dir, "a", y);
+  ck_assert(log_has(&a, "cannot listen on 127.0.0.1 port"));
+  ck_assert(log_has(&a, "Address already in use (another deepepd, or another program, holds "
+                        "it: stop it, or set listen.port"));
+  close(s);
+  tu_rmtree(dir);
+}
+END_TEST
+
 START_TEST(the_transport_is_chosen_per_peer_and_rdma_is_never_silently_tcp) {
   char dir[256], key[300], ya[1024], yb[1024], out[8192];
   tu_tmpdir(dir, sizeof dir);
@@ -693,6 +720,7 @@ Suite *peers_suite(void) {
   tcase_add_test(tc, random_bytes_on_the_peer_port_are_dropped);
   tcase_add_test(tc, a_flood_of_silent_connections_is_bounded);
   tcase_add_test(tc, a_daemon_refuses_to_start_with_a_readable_key_or_none);
+  tcase_add_test(tc, a_daemon_whose_peer_port_is_taken_exits_saying_so);
   tcase_add_test(tc, the_transport_is_chosen_per_peer_and_rdma_is_never_silently_tcp);
   tcase_add_test(tc, two_daemons_in_two_network_namespaces_come_up);
   tcase_add_test(tc, an_unauthenticated_hello_does_not_rename_the_peer);
