@@ -30,8 +30,8 @@ extern "C" {
 /* Library version; the wire protocol has its own version (proto/proto.h). */
 #define DEP_VERSION_MAJOR 0
 #define DEP_VERSION_MINOR 6
-#define DEP_VERSION_PATCH 9
-#define DEP_VERSION_STRING "0.6.9"
+#define DEP_VERSION_PATCH 10
+#define DEP_VERSION_STRING "0.6.10"
 
 /* Where the daemon listens unless the caller or $DEEPEPD_SOCKET says otherwise. */
 #define DEP_DEFAULT_SOCKET "/run/deepepd/deepepd.sock"

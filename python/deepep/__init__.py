@@ -13,7 +13,7 @@ from .errors import Error, InvalidArgument, NoDaemon, Unsupported
 from .event import EventHandle, EventOverlap
 from .identity import Identity, from_environment, from_group
 
-__version__ = "0.6.9"
+__version__ = "0.6.10"
 __all__ = ["Buffer", "Config", "EventHandle", "EventOverlap", "Error", "Handle", "Identity",
            "InvalidArgument", "NoDaemon", "Unsupported", "fp8_dtype", "from_environment",
            "from_group", "topk_idx_t", "DEFAULT_MAX_TOKENS_PER_RANK",
