@@ -432,9 +432,7 @@ static enum px_take take_desc(struct xfer_route *r, uint32_t lr, const struct de
                            .parity = d->parity, .seq = d->seq, .bytes = tab + payload,
                            .kind = d->kind, .row0 = d->row0};
   snprintf(h.job_id, sizeof h.job_id, "%s", r->id);
-  /* What the far end takes of the slot (xfer__frame_publish): the words before its tail.
-   * The rest are written meanwhile: the tail by the rank, the credit and taken words by a
-   * receiver here; they stay zero on the wire. */
+  /* The words the far end takes (those before the tail); the rest, others write meanwhile. */
   if (s.slot != NULL)
     memcpy(h.slot, s.slot, offsetof(struct ops_slot, tail));
   if (s.credit != NULL) {
