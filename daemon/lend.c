@@ -408,10 +408,15 @@ static void lend_refusal(struct pool *p, const struct dep_attach_args *a, uint32
              ", or set stream_chunk_rows: %u on every node (%.1f MiB per rank; deepepctl size "
              "--chunk-rows N)",
              fit, (double)(sl.total_bytes + sx) / mib);
-  char spread[96] = "";
-  if (here < a->local_world_size)
-    snprintf(spread, sizeof spread, " (its %u local ranks spread over the %zu GPUs served)",
-             a->local_world_size, devices_count());
+  /* On a daemon of several GPUs, how the count was reached (lend_ranks_here). */
+  char spread[80] = "";
+  const uint32_t even = lend_ranks_here(a->local_world_size, devices_count(), 0);
+  if (here > even)
+    snprintf(spread, sizeof spread, " (an even spread over its %zu GPUs puts %u: spread them)",
+             devices_count(), even);
+  else if (here < a->local_world_size)
+    snprintf(spread, sizeof spread, " (%u local ranks over %zu GPUs)", a->local_world_size,
+             devices_count());
   snprintf(why, whylen, "this job shape needs %.1f MiB per rank, %.1f MiB for its %u rank(s) "
            "on device %s%s, but that device's pool holds %.1f MiB; lower max_tokens_per_rank "
            "or hidden, or raise pool.size_per_device (pool.host_size on the host backend)%s",
