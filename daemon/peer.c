@@ -600,6 +600,9 @@ int peer_init(uv_loop_t *loop, const struct config *cfg) {
   if (rdmaxp_init(loop, cfg, &peerxport_events) != 0)
     return -1;
   P->active = true;
+  /* Made with P->active, which peer_fini closes it by: a start that fails from here on (its
+   * listener's port taken) stops without a libuv assertion on a timer never made. */
+  uv_timer_init(P->loop, &P->tick);
   if (P->listen_address[0] != '\0' && peerconn_listen() != 0)
     return -1;
   P->n = cfg->n_peers;

@@ -149,7 +149,6 @@ struct peer_layer {
   uv_timer_t tick;
   uint64_t start_ms;
   uint64_t last_tick_ms;         /* when the tick last ran (start_ms before): a late one is said */
-  bool ticking;                  /* the tick's timer is made (peer__tick_start): close it at stop */
   uint64_t resumed_ms;           /* the end of the loop's last stall: its links' silences and
                                     waits count from there, not from before it (peer_on_tick) */
   peer_ready_fn *ready_cb;
@@ -193,7 +192,8 @@ void peer__check_ready(void);
 
 /* ---- peer_tick.c ---- */
 
-/* Start the layer's clock (peer_init, once the peers are set up); stop it (peer_fini). */
+/* Start the layer's clock (peer_init, once the peers are set up; its timer is made when the
+ * layer becomes active); close it (peer_fini). */
 void peer__tick_start(void);
 void peer__tick_stop(void);
 /* A KEEPALIVE came on c: a request is echoed as a reply (m becomes it); a

@@ -122,14 +122,7 @@ static void peer_on_tick(uv_timer_t *t) {
 
 void peer__tick_start(void) {
   P->last_tick_ms = P->start_ms; /* a stall before the first tick is one too */
-  uv_timer_init(P->loop, &P->tick);
   uv_timer_start(&P->tick, peer_on_tick, PEER_TICK_MS, PEER_TICK_MS);
-  P->ticking = true;
 }
 
-/* A start that failed before the tick was made (its listener's port taken) stops too. */
-void peer__tick_stop(void) {
-  if (P->ticking)
-    uv_close((uv_handle_t *)&P->tick, NULL);
-  P->ticking = false;
-}
+void peer__tick_stop(void) { uv_close((uv_handle_t *)&P->tick, NULL); }
